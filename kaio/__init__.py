@@ -1,0 +1,27 @@
+"""kaio: write GPU kernels in typed Python, compile them to PTX, run them on the GPU through
+the CUDA driver (no toolkit) or on the CPU simulator."""
+
+__version__ = "0.1.0"
+
+from kaio.decorators import DeviceFunction, gpu_func, gpu_kernel
+from kaio.errors import CompileError, CudaError, LaunchError, SimulationError
+from kaio.kernel import Kernel, constexpr
+from kaio.lang import *  # noqa: F403  (the DSL builtins: thread_idx_x, shared, exp, ...)
+from kaio.lang import static_range
+from kaio.types import (
+    ArrayType,
+    ScalarType,
+    bf16,
+    bool_,
+    f16,
+    f32,
+    f64,
+    i8,
+    i16,
+    i32,
+    i64,
+    u8,
+    u16,
+    u32,
+    u64,
+)

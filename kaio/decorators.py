@@ -1,0 +1,50 @@
+"""``@kaio.gpu_kernel`` and ``@kaio.gpu_func``."""
+
+from __future__ import annotations
+
+from kaio.kernel import Kernel
+
+
+class DeviceFunction:
+    """A ``@kaio.gpu_func``: callable from kernels and other device functions, where it is
+    inlined. Calling it from host code is an error."""
+
+    def __init__(self, pyfunc):
+        self.pyfunc = pyfunc
+        self.__name__ = pyfunc.__name__
+        self.__doc__ = pyfunc.__doc__
+        self.__wrapped__ = pyfunc
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(
+            f"{self.__name__} is a @kaio.gpu_func: call it from a @kaio.gpu_kernel, "
+            "not from host code"
+        )
+
+    def __repr__(self) -> str:
+        return f"<kaio.gpu_func {self.__name__}>"
+
+
+def gpu_kernel(fn=None, *, block_size=None, arch: str | None = None, debug: bool = False):
+    """Compile a typed Python function into a GPU kernel.
+
+    Use bare (``@kaio.gpu_kernel``) or with options (``@kaio.gpu_kernel(block_size=256)``):
+    ``block_size`` is the default block (an int or a tuple of up to 3 ints), ``arch`` the
+    default PTX target of ``.ptx()``, ``debug`` turns on bounds checks.
+    """
+
+    def wrap(f):
+        if isinstance(f, Kernel | DeviceFunction):
+            raise TypeError(f"{f.__name__} is already decorated")
+        return Kernel(f, block_size=block_size, arch=arch, debug=debug)
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def gpu_func(fn=None):
+    """Mark a typed Python function as a device function, inlined where kernels call it."""
+
+    def wrap(f):
+        return DeviceFunction(f)
+
+    return wrap(fn) if fn is not None else wrap

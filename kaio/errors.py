@@ -1,0 +1,52 @@
+"""The exceptions kaio raises: each says what went wrong, where, and what to do instead."""
+
+from __future__ import annotations
+
+import linecache
+
+
+def _source_excerpt(filename: str, lineno: int, col: int) -> str:
+    line = linecache.getline(filename, lineno).rstrip("\n") if filename else ""
+    if not line:
+        return ""
+    return f"\n    {line}\n    {' ' * col}^"
+
+
+class CompileError(Exception):
+    """A kernel is outside the DSL's subset or ill-typed.
+
+    The message reads ``file.py:LINE:COL: error: ...`` followed by the source line and a caret;
+    ``filename``, ``lineno`` (1-based) and ``col`` (0-based) are kept as attributes.
+    """
+
+    def __init__(self, message: str, filename: str = "", lineno: int = 0, col: int = 0):
+        self.message = message
+        self.filename = filename
+        self.lineno = lineno
+        self.col = col
+        if filename:
+            text = f"{filename}:{lineno}:{col + 1}: error: {message}"
+            text += _source_excerpt(filename, lineno, col)
+        else:
+            text = f"error: {message}"
+        super().__init__(text)
+
+
+class LaunchError(Exception):
+    """A launch was refused before anything ran: bad grid or block, arguments or devices."""
+
+
+class CudaError(Exception):
+    """The CUDA driver reported an error; ``name`` is the CUresult name (e.g.
+    ``CUDA_ERROR_ILLEGAL_ADDRESS``) and ``code`` its number."""
+
+    def __init__(self, message: str, name: str = "", code: int = -1):
+        self.name = name
+        self.code = code
+        super().__init__(message)
+
+
+class SimulationError(Exception):
+    """The CPU simulator found an error: an out-of-bounds access, a barrier or shuffle in
+    divergent code, or a shared-memory race. The message names the kernel's source line, the
+    array, the index, the thread and the block."""

@@ -1,0 +1,92 @@
+"""Building IR: a block stack, fresh temporaries and the conversions promotion needs."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+
+from kaio.ir.nodes import Const, Instr, SourceLoc, Var
+from kaio.types import ScalarType
+
+
+def wrap_int(value: int, t: ScalarType) -> int:
+    """``value`` wrapped to the range of integer type ``t`` (two's complement)."""
+    mask = (1 << t.bits) - 1
+    value &= mask
+    if t.kind == "int" and value >= 1 << (t.bits - 1):
+        value -= 1 << t.bits
+    return value
+
+
+class Builder:
+    """Appends instructions to the innermost open block; every temporary is a fresh ``Var``
+    assigned exactly once."""
+
+    def __init__(self):
+        self._blocks: list[list] = [[]]
+        self._names = itertools.count()
+        self.loc: SourceLoc | None = None
+
+    @property
+    def body(self) -> list:
+        """The outermost block (the function body)."""
+        return self._blocks[0]
+
+    def append(self, stmt) -> None:
+        """Add a statement to the current block."""
+        if getattr(stmt, "loc", None) is None and hasattr(stmt, "loc"):
+            stmt.loc = self.loc
+        self._blocks[-1].append(stmt)
+
+    @contextlib.contextmanager
+    def block(self):
+        """Open a new block; statements appended inside go to the yielded list."""
+        stmts: list = []
+        self._blocks.append(stmts)
+        try:
+            yield stmts
+        finally:
+            self._blocks.pop()
+
+    def var(self, t: ScalarType, hint: str = "t") -> Var:
+        """A fresh virtual register of type ``t``."""
+        return Var(f"{hint}{next(self._names)}", t)
+
+    def emit(self, op: str, t: ScalarType | None, args: tuple, **attrs) -> Var | None:
+        """Append ``dst = op(args)`` with a fresh ``dst`` of type ``t`` (None: no result)."""
+        dst = self.var(t) if t is not None else None
+        self.append(Instr(op, dst, tuple(args), attrs, self.loc))
+        return dst
+
+    def assign(self, dst: Var, value) -> None:
+        """``dst = value`` (same type)."""
+        self.append(Instr("mov", dst, (value,), {}, self.loc))
+
+    def convert(self, value, t: ScalarType):
+        """``value`` converted to ``t``; constants are converted at compile time."""
+        if value.type == t:
+            return value
+        if isinstance(value, Const):
+            return const_convert(value.value, t)
+        return self.emit("cvt", t, (value,))
+
+
+def const_convert(value, t: ScalarType) -> Const:
+    """A Python number as a ``Const`` of type ``t`` with the conversion rules of ``cvt``
+    (only used for literals and constant operands, whose values are exact)."""
+    if t.is_bool:
+        return Const(bool(value), t)
+    if t.is_float:
+        import numpy as np
+
+        return Const(float(np.asarray(float(value)).astype(t.np_dtype)), t)
+    if isinstance(value, float):
+        import math
+
+        if math.isnan(value):
+            return Const(0, t)
+        lo, hi = (
+            (-(2 ** (t.bits - 1)), 2 ** (t.bits - 1) - 1) if t.kind == "int" else (0, 2**t.bits - 1)
+        )
+        return Const(max(lo, min(hi, int(value))), t)
+    return Const(wrap_int(int(value), t), t)

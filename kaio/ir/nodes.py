@@ -1,0 +1,255 @@
+"""The typed IR: values, instructions and structured control flow.
+
+The IR is what every backend consumes (PTX emitter, CPU simulator, LLVM). It is deliberately
+small:
+
+- Values are ``Var`` (a typed virtual register, mutable: user variables may be assigned more
+  than once; every temporary the frontend creates is assigned exactly once) and ``Const``.
+- Arrays are ``Array`` objects (global, shared, dynamic shared or local memory). They are not
+  values: only ``load``, ``store`` and ``atomic`` instructions name them.
+- ``Instr`` is the one instruction node: ``dst = op(args) {attrs}``. The op names, their
+  operand types and their meaning are catalogued in ``kaio.ir.ops``; the PTX emitter and the
+  simulator each have one table keyed by op name.
+- Control flow is structured: ``If``, ``Loop`` (with a ``step`` block run after the body and on
+  ``continue``), ``Region`` (a block that ``Break`` can leave: inlined device functions and
+  unrolled loop iterations use it), ``Break``/``Continue`` naming their target by id, ``Return``
+  (the thread exits) and ``StaticFor`` (removed by the unroll pass before any backend runs).
+
+Structured control flow keeps the simulator's per-thread masks simple (each construct saves and
+restores the mask) and lets the PTX emitter produce readable, predictable code. See
+docs/architecture.md for the argument.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from kaio.types import ScalarType
+
+_ids = itertools.count(1)
+
+
+def fresh_id() -> int:
+    """A new id for loops and regions, unique in this process."""
+    return next(_ids)
+
+
+@dataclass(eq=False)
+class Var:
+    """A typed virtual register. Identity (not name) distinguishes variables."""
+
+    name: str
+    type: ScalarType
+
+    def __repr__(self) -> str:
+        return f"%{self.name}"
+
+
+@dataclass(frozen=True)
+class Const:
+    """A typed constant. ``value`` is a Python int, float or bool, already in range for ``type``
+    (integers are stored as the value the type represents: -1 for i32, 2**32-1 for u32)."""
+
+    value: int | float | bool
+    type: ScalarType
+
+    def __repr__(self) -> str:
+        return f"{self.value!r}:{self.type.name}"
+
+
+Value = Var | Const
+
+
+@dataclass(frozen=True)
+class SourceLoc:
+    """Where a node came from in the Python source (1-based line, 0-based column)."""
+
+    filename: str
+    lineno: int
+    col: int
+
+
+@dataclass(eq=False)
+class Array:
+    """An array the kernel can index.
+
+    ``space`` is ``"global"`` (a kernel parameter), ``"shared"`` (static shared memory),
+    ``"shared_dyn"`` (dynamic shared memory, 1-D, sized at launch) or ``"local"`` (per-thread).
+
+    ``shape`` holds one value per dimension: i64 ``Var`` parameters for global arrays, ``Const``
+    for shared and local arrays; for ``shared_dyn`` it is ``(None,)`` (the size is known only at
+    launch). ``strides`` are in elements: ``None`` means C-contiguous (computed from the shape),
+    otherwise one i64 ``Var`` parameter per dimension. Indexing is row-major:
+    ``offset = sum(index[d] * stride[d])`` with indices sign- or zero-extended to 64 bits.
+
+    ``ptr`` is the u64 ``Var`` holding the base address of a global array (None otherwise).
+    """
+
+    name: str
+    dtype: ScalarType
+    space: str
+    shape: tuple
+    strides: tuple | None = None
+    ptr: Var | None = None
+
+    @property
+    def ndim(self) -> int:
+        """Number of dimensions."""
+        return len(self.shape)
+
+    @property
+    def static_size(self) -> int:
+        """Number of elements of a shared or local array (constant shape)."""
+        n = 1
+        for d in self.shape:
+            n *= d.value
+        return n
+
+    def __repr__(self) -> str:
+        return f"@{self.name}"
+
+
+@dataclass(eq=False)
+class Instr:
+    """``dst = op(args) {attrs}``; ``dst`` is None for instructions without a result.
+
+    ``args`` holds ``Var``, ``Const`` and, for memory instructions, ``Array`` operands.
+    ``attrs`` holds compile-time details (a shuffle's mode, an atomic's kind, a special
+    register's name); see ``kaio.ir.ops`` for each op.
+    """
+
+    op: str
+    dst: Var | None
+    args: tuple
+    attrs: dict = field(default_factory=dict)
+    loc: SourceLoc | None = None
+
+
+@dataclass(eq=False)
+class If:
+    """``if cond: then else: orelse``; ``cond`` is a bool_ value."""
+
+    cond: Value
+    then: list
+    orelse: list
+    loc: SourceLoc | None = None
+
+
+@dataclass(eq=False)
+class Loop:
+    """Repeat ``body`` then ``step`` until a ``Break(id)``. ``Continue(id)`` jumps to ``step``.
+
+    ``for`` and ``while`` loops both lower to this: the loop test is an ``If`` with a
+    ``Break`` at the top of ``body``.
+    """
+
+    id: int
+    body: list
+    step: list
+    loc: SourceLoc | None = None
+
+
+@dataclass(eq=False)
+class StaticFor:
+    """A loop over compile-time ``values`` that the unroll pass replaces by copies of ``body``
+    with ``var`` bound to each value (``kaio.static_range``). ``id`` is the target of the
+    ``Break``/``Continue`` statements inside."""
+
+    id: int
+    var: Var
+    values: tuple
+    body: list
+    loc: SourceLoc | None = None
+
+
+@dataclass(eq=False)
+class Region:
+    """A block that ``Break(id)`` leaves early (inlined device functions, unrolled bodies)."""
+
+    id: int
+    body: list
+    loc: SourceLoc | None = None
+
+
+@dataclass(eq=False)
+class Break:
+    """Leave the enclosing ``Loop``, ``StaticFor`` or ``Region`` with this ``target`` id."""
+
+    target: int
+    loc: SourceLoc | None = None
+
+
+@dataclass(eq=False)
+class Continue:
+    """Go to the ``step`` block of the enclosing ``Loop`` (or next ``StaticFor`` value)."""
+
+    target: int
+    loc: SourceLoc | None = None
+
+
+@dataclass(eq=False)
+class Return:
+    """The thread exits the kernel."""
+
+    loc: SourceLoc | None = None
+
+
+Stmt = Instr | If | Loop | StaticFor | Region | Break | Continue | Return
+
+
+@dataclass(frozen=True)
+class Param:
+    """A kernel parameter as the launch ABI sees it.
+
+    Scalars are one entry (``value`` a Var). A global array ``a`` becomes several entries in
+    order: its pointer (u64), then ``ndim`` i64 shape entries, then (non-contiguous layout only)
+    ``ndim`` i64 stride entries in elements. ``role`` is ``"scalar"``, ``"ptr"``, ``"shape"`` or
+    ``"stride"``; ``source`` is the Python parameter name, ``dim`` the dimension and ``array``
+    the ``Array`` the entry belongs to (None for scalars). A bool scalar travels as one byte
+    (``.u8`` in PTX).
+    """
+
+    name: str
+    value: Var
+    role: str
+    source: str
+    dim: int = -1
+    array: Array | None = None
+
+
+@dataclass(eq=False)
+class Function:
+    """A specialized kernel: its launch parameters, arrays and body."""
+
+    name: str
+    params: list[Param]
+    arrays: list[Array]
+    body: list
+    block_size: tuple | None = None
+    filename: str = ""
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def param_arrays(self) -> list[Array]:
+        """Global arrays, in parameter order."""
+        return [a for a in self.arrays if a.space == "global"]
+
+
+def walk(stmts: list):
+    """Yield every statement of ``stmts`` and of the blocks nested in it, depth first."""
+    for s in stmts:
+        yield s
+        for block in child_blocks(s):
+            yield from walk(block)
+
+
+def child_blocks(s) -> list[list]:
+    """The nested statement lists of one statement."""
+    if isinstance(s, If):
+        return [s.then, s.orelse]
+    if isinstance(s, Loop):
+        return [s.body, s.step]
+    if isinstance(s, StaticFor | Region):
+        return [s.body]
+    return []

@@ -1,0 +1,116 @@
+"""The catalogue of IR operations: one entry per op name, with its operand rule and meaning.
+
+Both backends key their lowering tables by these names (``kaio.ptx.lowering`` and
+``kaio.sim.semantics``); ``tests/test_op_tables.py`` checks that each op has an entry in each.
+Operands of an arithmetic op all have the destination's type: the frontend inserts ``cvt``s
+to apply the promotion rules, so backends never promote.
+
+Semantics that matter to both backends:
+
+- Integers wrap (two's complement) at their width. ``floordiv``/``mod`` follow Python: the
+  quotient is floored, the remainder has the divisor's sign. Division by zero gives an
+  unspecified value (as on the GPU).
+- ``shl``/``shr`` take a u32 amount; amounts >= the width give 0 (``shl``, unsigned ``shr``)
+  or the sign fill (signed ``shr``), as PTX's clamped shifts do.
+- f16 and bf16 arithmetic (``add sub mul div``) gives the correctly rounded f16/bf16 result
+  (round to nearest even): computing in f32 and rounding once is bit-identical.
+- ``cvt`` float to int truncates toward zero and saturates (NaN gives 0); int to float and
+  float narrowing round to nearest even; int to int wraps (truncates or extends by the source's
+  signedness); anything to bool is ``!= 0``; bool to a number is 0 or 1.
+- ``min``/``max`` on floats return the other operand when one is NaN (PTX ``min``/``max``).
+- Approximate math (``exp exp2 log log2 rsqrt sin cos tanh``) is f32 only and lowers to the
+  hardware's approximate instructions; docs/dsl-reference.md gives each error bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """One IR op: its operand ``rule`` (see below), whether it is ``pure`` (removable when its
+    result is unused, foldable when its operands are constant) and a one-line meaning.
+
+    Rules: ``"binary"`` (T, T) -> T; ``"shift"`` (T, u32) -> T; ``"unary"`` T -> T;
+    ``"compare"`` (T, T) -> bool_; ``"convert"`` S -> T; ``"select"`` (bool_, T, T) -> T;
+    ``"ternary"`` (T, T, T) -> T; ``"special"`` see the op's meaning.
+    """
+
+    rule: str
+    types: str
+    pure: bool
+    meaning: str
+
+
+# types: which operand types are allowed: "num" int+float, "int", "intbool", "float",
+# "f32" (approximate math), "float_exact" (f32 and f64), "any".
+OPS: dict[str, OpInfo] = {
+    "mov": OpInfo("unary", "any", True, "copy a value"),
+    "add": OpInfo("binary", "num", True, "a + b"),
+    "sub": OpInfo("binary", "num", True, "a - b"),
+    "mul": OpInfo("binary", "num", True, "a * b"),
+    "div": OpInfo("binary", "float", True, "a / b, IEEE round to nearest"),
+    "floordiv": OpInfo("binary", "int", True, "Python a // b (floored)"),
+    "mod": OpInfo("binary", "int", True, "Python a % b (sign of b)"),
+    "and": OpInfo("binary", "intbool", True, "bitwise/logical and"),
+    "or": OpInfo("binary", "intbool", True, "bitwise/logical or"),
+    "xor": OpInfo("binary", "intbool", True, "bitwise/logical xor"),
+    "shl": OpInfo("shift", "int", True, "a << b, clamped"),
+    "shr": OpInfo("shift", "int", True, "a >> b, arithmetic for signed, clamped"),
+    "min": OpInfo("binary", "num", True, "minimum (NaN-ignoring for floats)"),
+    "max": OpInfo("binary", "num", True, "maximum (NaN-ignoring for floats)"),
+    "neg": OpInfo("unary", "num", True, "-a (wraps for integers)"),
+    "not": OpInfo("unary", "bool", True, "logical not"),
+    "invert": OpInfo("unary", "int", True, "bitwise not ~a"),
+    "abs": OpInfo("unary", "num", True, "|a| (wraps for the most negative integer)"),
+    "lt": OpInfo("compare", "num", True, "a < b"),
+    "le": OpInfo("compare", "num", True, "a <= b"),
+    "gt": OpInfo("compare", "num", True, "a > b"),
+    "ge": OpInfo("compare", "num", True, "a >= b"),
+    "eq": OpInfo("compare", "any", True, "a == b"),
+    "ne": OpInfo("compare", "any", True, "a != b (true for NaN)"),
+    "select": OpInfo("select", "any", True, "c ? a : b (both evaluated)"),
+    "cvt": OpInfo("convert", "any", True, "convert to the destination type"),
+    "bitcast": OpInfo("convert", "any", True, "reinterpret the bits (same width)"),
+    "sqrt": OpInfo("unary", "float_exact", True, "square root, IEEE round to nearest"),
+    "floor": OpInfo("unary", "float_exact", True, "round toward -inf (exact)"),
+    "ceil": OpInfo("unary", "float_exact", True, "round toward +inf (exact)"),
+    "trunc": OpInfo("unary", "float_exact", True, "round toward zero (exact)"),
+    "rint": OpInfo("unary", "float_exact", True, "round to nearest even (exact)"),
+    "fma": OpInfo("ternary", "float_exact", True, "a * b + c rounded once"),
+    "exp2": OpInfo("unary", "f32", True, "2**a, ex2.approx"),
+    "log2": OpInfo("unary", "f32", True, "log2(a), lg2.approx"),
+    "rsqrt": OpInfo("unary", "f32", True, "1/sqrt(a), rsqrt.approx"),
+    "rcp_approx": OpInfo("unary", "f32", True, "1/a, rcp.approx"),
+    "sin": OpInfo("unary", "f32", True, "sin(a), sin.approx"),
+    "cos": OpInfo("unary", "f32", True, "cos(a), cos.approx"),
+    "tanh": OpInfo("unary", "f32", True, "tanh(a), tanh.approx (sm_75+)"),
+    "sreg": OpInfo("special", "u32", True, "read a special register attrs['name']"),
+    "load": OpInfo("special", "any", False, "dst = array[idx...]"),
+    "store": OpInfo("special", "any", False, "array[idx...] = value"),
+    "atomic": OpInfo("special", "any", False, "old = array[idx]; array[idx] = f(old, v...)"),
+    "shfl": OpInfo("special", "any", False, "warp shuffle attrs['mode'] of (value, lane/delta)"),
+    "vote_any": OpInfo("special", "bool", False, "any lane of the warp has p"),
+    "vote_all": OpInfo("special", "bool", False, "all lanes of the warp have p"),
+    "ballot": OpInfo("special", "bool", False, "u32 mask of the lanes with p"),
+    "sync_threads": OpInfo("special", "none", False, "block-wide barrier"),
+    "sync_warp": OpInfo("special", "none", False, "warp-wide barrier"),
+    "threadfence": OpInfo("special", "none", False, "device-wide memory fence"),
+}
+
+SPECIAL_REGISTERS = (
+    "tid.x tid.y tid.z ntid.x ntid.y ntid.z ctaid.x ctaid.y ctaid.z "
+    "nctaid.x nctaid.y nctaid.z laneid dynamic_smem_size"
+).split()
+
+SHUFFLE_MODES = ("bfly", "down", "up", "idx")
+
+ATOMIC_KINDS = ("add", "max", "min", "exch", "cas")
+
+# The attrs each special op carries (the verifier checks them).
+REQUIRED_ATTRS = {
+    "sreg": {"name": SPECIAL_REGISTERS},
+    "shfl": {"mode": SHUFFLE_MODES},
+    "atomic": {"kind": ATOMIC_KINDS},
+}

@@ -1,0 +1,157 @@
+"""The IR verifier: checks operand types, variable definitions and control-flow targets.
+
+Tests run it after every pass; a failure is a compiler bug, reported as ``ValueError``.
+"""
+
+from __future__ import annotations
+
+from kaio.ir.nodes import (
+    Array,
+    Break,
+    Const,
+    Continue,
+    Function,
+    If,
+    Instr,
+    Loop,
+    Region,
+    Return,
+    StaticFor,
+    Var,
+)
+from kaio.ir.ops import OPS, REQUIRED_ATTRS
+from kaio.types import bool_, u32
+
+_TYPE_CLASSES = {
+    "num": lambda t: t.is_int or t.is_float,
+    "int": lambda t: t.is_int,
+    "intbool": lambda t: t.is_int or t.is_bool,
+    "bool": lambda t: t.is_bool,
+    "float": lambda t: t.is_float,
+    "float_exact": lambda t: t.is_float and t.bits >= 32,
+    "f32": lambda t: t.name == "f32",
+    "any": lambda t: True,
+    "u32": lambda t: t == u32,
+    "none": lambda t: True,
+}
+
+
+class _Verifier:
+    def __init__(self, fn: Function):
+        self.fn = fn
+        self.defined = {p.value for p in fn.params}
+        self.arrays = set(fn.arrays)
+        for s in _all(fn.body):
+            if isinstance(s, Instr) and s.dst is not None:
+                self.defined.add(s.dst)
+            elif isinstance(s, StaticFor):
+                self.defined.add(s.var)
+
+    def fail(self, s, msg):
+        where = f" at line {s.loc.lineno}" if getattr(s, "loc", None) else ""
+        raise ValueError(f"IR verification failed in {self.fn.name}{where}: {msg}")
+
+    def operand(self, s, v):
+        if isinstance(v, Var):
+            if v not in self.defined:
+                self.fail(s, f"%{v.name} is used but never defined")
+        elif isinstance(v, Array):
+            if v not in self.arrays:
+                self.fail(s, f"array @{v.name} is not declared in the function")
+        elif not isinstance(v, Const):
+            self.fail(s, f"bad operand {v!r}")
+
+    def instr(self, s: Instr):
+        info = OPS.get(s.op)
+        if info is None:
+            self.fail(s, f"unknown op {s.op!r}")
+        for a in s.args:
+            self.operand(s, a)
+        for key, allowed in REQUIRED_ATTRS.get(s.op, {}).items():
+            if s.attrs.get(key) not in allowed:
+                self.fail(s, f"{s.op} needs attrs[{key!r}] in {allowed}")
+        scalars = [a for a in s.args if not isinstance(a, Array)]
+        ok = _TYPE_CLASSES[info.types]
+        rule = info.rule
+        dst_t = s.dst.type if s.dst is not None else None
+        if rule in ("binary", "unary", "ternary"):
+            n = {"binary": 2, "unary": 1, "ternary": 3}[rule]
+            if len(scalars) != n or any(a.type != dst_t for a in scalars):
+                self.fail(s, f"{s.op} needs {n} operand(s) of the result type {dst_t}")
+            if not ok(dst_t):
+                self.fail(s, f"{s.op} does not accept {dst_t}")
+        elif rule == "shift":
+            if len(scalars) != 2 or scalars[0].type != dst_t or scalars[1].type != u32:
+                self.fail(s, f"{s.op} needs ({dst_t}, u32)")
+        elif rule == "compare":
+            if dst_t != bool_ or len(scalars) != 2 or scalars[0].type != scalars[1].type:
+                self.fail(s, f"{s.op} compares two operands of one type into a bool")
+            if not ok(scalars[0].type):
+                self.fail(s, f"{s.op} does not accept {scalars[0].type}")
+        elif rule == "select":
+            if (
+                len(scalars) != 3
+                or scalars[0].type != bool_
+                or {
+                    scalars[1].type,
+                    scalars[2].type,
+                }
+                != {dst_t}
+            ):
+                self.fail(s, "select needs (bool, T, T) -> T")
+        elif rule == "convert":
+            if len(scalars) != 1 or dst_t is None:
+                self.fail(s, f"{s.op} converts one operand")
+            if s.op == "bitcast" and scalars[0].type.bits != dst_t.bits:
+                self.fail(s, "bitcast needs types of the same width")
+        elif s.op in ("load", "store", "atomic"):
+            arr = s.args[0]
+            if not isinstance(arr, Array):
+                self.fail(s, f"{s.op} needs an array first")
+            n_vals = {"load": 0, "store": 1}.get(s.op, 2 if s.attrs.get("kind") == "cas" else 1)
+            idx = s.args[1 : len(s.args) - n_vals]
+            if len(idx) != arr.ndim or any(not i.type.is_int for i in idx):
+                self.fail(s, f"{s.op} of @{arr.name} needs {arr.ndim} integer indices")
+            vals = s.args[len(s.args) - n_vals :]
+            if any(v.type != arr.dtype for v in vals):
+                self.fail(s, f"{s.op} value type differs from @{arr.name}'s {arr.dtype}")
+            if s.op != "store" and dst_t != arr.dtype:
+                self.fail(s, f"{s.op} result must be {arr.dtype}")
+
+    def block(self, stmts, targets: dict):
+        for s in stmts:
+            if isinstance(s, Instr):
+                self.instr(s)
+            elif isinstance(s, If):
+                self.operand(s, s.cond)
+                if s.cond.type != bool_:
+                    self.fail(s, "if condition must be bool_")
+                self.block(s.then, targets)
+                self.block(s.orelse, targets)
+            elif isinstance(s, Loop):
+                inner = {**targets, s.id: "loop"}
+                self.block(s.body, inner)
+                self.block(s.step, targets)
+            elif isinstance(s, StaticFor):
+                self.block(s.body, {**targets, s.id: "loop"})
+            elif isinstance(s, Region):
+                self.block(s.body, {**targets, s.id: "region"})
+            elif isinstance(s, Break):
+                if s.target not in targets:
+                    self.fail(s, f"break to {s.target}, which does not enclose it")
+            elif isinstance(s, Continue):
+                if targets.get(s.target) != "loop":
+                    self.fail(s, f"continue to {s.target}, which is not an enclosing loop")
+            elif not isinstance(s, Return):
+                self.fail(s, f"unknown statement {s!r}")
+
+
+def _all(stmts):
+    from kaio.ir.nodes import walk
+
+    return walk(stmts)
+
+
+def verify(fn: Function) -> None:
+    """Raise ``ValueError`` if ``fn`` breaks an IR invariant."""
+    _Verifier(fn).block(fn.body, {})

@@ -1,0 +1,274 @@
+"""``Kernel``: the object ``@kaio.gpu_kernel`` returns.
+
+It owns the specialization cache (one compiled IR per constexpr values and array layouts, one
+PTX text per arch) and the entry points ``.ptx()``, ``.ir()``, ``.resources()``, ``.sim[...]``
+and ``kernel[grid, block, stream, shared_bytes](...)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import os
+from dataclasses import dataclass, field
+
+from kaio.errors import LaunchError
+from kaio.types import ArrayType, ScalarType
+
+DEFAULT_ARCH = "sm_90"
+
+
+class _Constexpr:
+    """Annotation marker for compile-time parameters (``BM: kaio.constexpr``)."""
+
+    def __repr__(self) -> str:
+        return "kaio.constexpr"
+
+
+constexpr = _Constexpr()
+
+
+@dataclass
+class LaunchConfig:
+    """A parsed ``[grid, block, stream, shared_bytes]`` subscript; grid and block are 3-tuples
+    (block None when the decorator's block_size applies)."""
+
+    grid: tuple
+    block: tuple | None
+    stream: object = None
+    shared_bytes: int = 0
+
+
+def _dim3(value, what: str) -> tuple:
+    if isinstance(value, int):
+        value = (value,)
+    if not isinstance(value, tuple | list) or not 1 <= len(value) <= 3:
+        raise LaunchError(f"{what} must be an int or a tuple of 1 to 3 ints, got {value!r}")
+    dims = []
+    for v in value:
+        if not isinstance(v, int) or isinstance(v, bool):
+            try:
+                v = int(v.__index__())
+            except AttributeError:
+                raise LaunchError(f"{what} must hold ints, got {value!r}") from None
+        if v < 1:
+            raise LaunchError(f"{what} dimensions must be >= 1, got {tuple(value)}")
+        dims.append(v)
+    return tuple(dims) + (1,) * (3 - len(dims))
+
+
+def parse_launch_config(config, default_block) -> LaunchConfig:
+    """Parse ``kernel[grid]``, ``[grid, block]`` or ``[grid, block, stream, shared_bytes]``."""
+    if not isinstance(config, tuple) or (
+        len(config) == 3 and all(isinstance(c, int) for c in config) and default_block
+    ):
+        config = (config,)
+    if len(config) > 4:
+        raise LaunchError(
+            "launch takes kernel[grid], [grid, block] or [grid, block, stream, shared]"
+        )
+    grid = _dim3(config[0], "grid")
+    block = _dim3(config[1], "block") if len(config) > 1 and config[1] is not None else None
+    if block is None:
+        if default_block is None:
+            raise LaunchError(
+                "no block size: give one at launch (kernel[grid, block]) or in the decorator "
+                "(@kaio.gpu_kernel(block_size=...))"
+            )
+        block = _dim3(default_block, "block_size")
+    stream = config[2] if len(config) > 2 else None
+    shared = config[3] if len(config) > 3 else 0
+    if not isinstance(shared, int) or shared < 0:
+        raise LaunchError(f"shared_bytes must be a non-negative int, got {shared!r}")
+    return LaunchConfig(grid, block, stream, shared)
+
+
+@dataclass
+class Specialization:
+    """One compiled variant of a kernel: its constexpr values, array layouts and typed IR."""
+
+    kernel: Kernel
+    constexprs: dict
+    layouts: tuple
+    function: object
+    key: str
+    ptx_by_arch: dict = field(default_factory=dict)
+
+    def ptx(self, arch: str) -> str:
+        """The PTX text for ``arch``, compiled once."""
+        text = self.ptx_by_arch.get(arch)
+        if text is None:
+            from kaio.ptx import emit
+
+            text = emit(self.function, arch)
+            self.ptx_by_arch[arch] = text
+            _dump(self, arch, text)
+        return text
+
+
+def _dump(spec: Specialization, arch: str, ptx: str) -> None:
+    directory = os.environ.get("KAIO_DUMP_DIR")
+    if not directory:
+        return
+    from kaio.ir.printer import format_function
+
+    os.makedirs(directory, exist_ok=True)
+    stem = os.path.join(directory, f"{spec.function.name}.{spec.key[:12]}.{arch}")
+    with open(stem + ".ptx", "w") as f:
+        f.write(ptx)
+    with open(stem + ".ir", "w") as f:
+        f.write(format_function(spec.function))
+
+
+class Kernel:
+    """A ``@kaio.gpu_kernel`` function: compile with ``.ptx()``, inspect with ``.ir()``, run
+    with ``kernel[grid, block](...)`` on the GPU or ``kernel.sim[grid, block](...)`` on the CPU.
+    """
+
+    def __init__(self, pyfunc, block_size=None, arch: str | None = None, debug: bool = False):
+        self.pyfunc = pyfunc
+        self.__name__ = pyfunc.__name__
+        self.__doc__ = pyfunc.__doc__
+        self.__wrapped__ = pyfunc
+        self.block_size = block_size
+        self.arch = arch
+        self.debug = debug or os.environ.get("KAIO_DEBUG", "") not in ("", "0")
+        self._signature = inspect.signature(pyfunc)
+        self.param_names = list(self._signature.parameters)
+        self._annotations = {name: p.annotation for name, p in self._signature.parameters.items()}
+        self.constexpr_names = [
+            n for n, a in self._annotations.items() if a is constexpr or a == "kaio.constexpr"
+        ]
+        self._specs: dict = {}
+        self._launchers: dict = {}
+
+    # ----------------------------------------------------------------- arguments
+    def array_params(self) -> list[str]:
+        """Names of the parameters annotated as arrays, in order."""
+        return [n for n, a in self._annotations.items() if isinstance(a, ArrayType)]
+
+    def runtime_params(self) -> list[tuple[str, object]]:
+        """(name, annotation) of the parameters passed at launch (constexprs excluded)."""
+        return [(n, a) for n, a in self._annotations.items() if n not in self.constexpr_names]
+
+    def split_args(self, args: tuple, kwargs: dict) -> tuple[list, dict]:
+        """Bind launch arguments to parameters: (runtime values in order, constexpr dict)."""
+        try:
+            bound = self._signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise LaunchError(f"{self.__name__}: {e}") from None
+        values = []
+        constexprs = {}
+        for name in self.param_names:
+            if name not in bound.arguments:
+                raise LaunchError(f"{self.__name__}: missing argument {name!r}")
+            if name in self.constexpr_names:
+                constexprs[name] = bound.arguments[name]
+            else:
+                values.append(bound.arguments[name])
+        return values, constexprs
+
+    # ----------------------------------------------------------------- compiling
+    def specialize(self, constexprs: dict | None = None, layouts: tuple | None = None):
+        """The compiled variant for these constexpr values and array layouts ('C' contiguous,
+        'A' any strides); compiled on first use, then cached."""
+        constexprs = constexprs or {}
+        if layouts is None:
+            layouts = ("C",) * len(self.array_params())
+        cache_key = (tuple(sorted(constexprs.items(), key=lambda kv: kv[0])), layouts)
+        try:
+            return self._specs[cache_key]
+        except (KeyError, TypeError):
+            pass
+        missing = [n for n in self.constexpr_names if n not in constexprs]
+        if missing:
+            raise LaunchError(
+                f"{self.__name__}: constexpr parameter(s) {', '.join(missing)} need a value: "
+                f"pass them as keywords, e.g. kernel.ptx({missing[0]}=...)"
+            )
+        unknown = [n for n in constexprs if n not in self.constexpr_names]
+        if unknown:
+            raise LaunchError(
+                f"{self.__name__}: {', '.join(unknown)} is not a constexpr parameter of this "
+                f"kernel (constexprs: {', '.join(self.constexpr_names) or 'none'})"
+            )
+        from kaio.frontend import compile_kernel
+        from kaio.ir.passes import optimize
+
+        function = compile_kernel(self, constexprs, layouts)
+        optimize(function)
+        key = self._hash(constexprs, layouts)
+        spec = Specialization(self, dict(constexprs), layouts, function, key)
+        try:
+            self._specs[cache_key] = spec
+        except TypeError:
+            pass
+        return spec
+
+    def _hash(self, constexprs: dict, layouts: tuple) -> str:
+        from kaio import __version__
+        from kaio.frontend.resolve import dependency_sources
+
+        h = hashlib.sha256()
+        h.update(__version__.encode())
+        for src in dependency_sources(self.pyfunc):
+            h.update(src.encode())
+        h.update(repr(sorted((k, repr(v)) for k, v in constexprs.items())).encode())
+        h.update(repr(layouts).encode())
+        h.update(repr(self.block_size).encode())
+        h.update(repr(self.debug).encode())
+        return h.hexdigest()
+
+    def ptx(self, arch: str | None = None, **constexprs) -> str:
+        """Compile to PTX for ``arch`` (default: the decorator's arch, else sm_90). Needs no GPU."""
+        return self.specialize(constexprs).ptx(arch or self.arch or DEFAULT_ARCH)
+
+    def ir(self, **constexprs) -> str:
+        """The optimized typed IR, printed readably."""
+        from kaio.ir.printer import format_function
+
+        return format_function(self.specialize(constexprs).function)
+
+    def resources(self, arch: str | None = None, **constexprs):
+        """Registers, local (spill) bytes, shared bytes and max threads per block, read from
+        the driver after loading the kernel on the current GPU."""
+        from kaio.runtime.launch import resources
+
+        return resources(self, arch, constexprs)
+
+    # ----------------------------------------------------------------- running
+    def __getitem__(self, config):
+        cfg = parse_launch_config(config, self.block_size)
+        from kaio.runtime.launch import Launch
+
+        return Launch(self, cfg)
+
+    @property
+    def sim(self):
+        """``kernel.sim[grid, block](*args)`` runs the kernel in the CPU simulator on NumPy
+        arrays, modified in place."""
+        from kaio.sim import SimLauncher
+
+        return SimLauncher(self)
+
+    def __call__(self, *args, **kwargs):
+        raise LaunchError(
+            f"{self.__name__} is a GPU kernel: launch it as {self.__name__}[grid, block](...) "
+            f"or simulate it as {self.__name__}.sim[grid, block](...)"
+        )
+
+    def __repr__(self) -> str:
+        return f"<kaio.Kernel {self.__name__}>"
+
+
+def param_annotation_error(name: str, annotation) -> str:
+    """The message for a parameter whose annotation is not a kaio type."""
+    return (
+        f"parameter {name!r} needs a kaio type annotation (f32, u32, f16[:], kaio.constexpr, "
+        f"...), got {annotation!r}"
+    )
+
+
+def is_scalar_annotation(a) -> bool:
+    """True for scalar type annotations."""
+    return isinstance(a, ScalarType)

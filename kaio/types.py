@@ -1,0 +1,202 @@
+"""Scalar and array types of the DSL, and the promotion rules of shared/API.md.
+
+Every scalar type is one ``ScalarType`` instance (``kaio.f32``, ``kaio.u32``...). Calling one
+inside a kernel converts a value; outside a kernel it converts a Python or NumPy value to the
+matching NumPy scalar. Indexing one (``f32[:, :]``) gives the ``ArrayType`` used to annotate
+array parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+__all__ = [
+    "ScalarType",
+    "ArrayType",
+    "i8",
+    "u8",
+    "i16",
+    "u16",
+    "i32",
+    "u32",
+    "i64",
+    "u64",
+    "f16",
+    "bf16",
+    "f32",
+    "f64",
+    "bool_",
+    "SCALAR_TYPES",
+    "promote",
+    "literal_type",
+    "from_numpy_dtype",
+]
+
+
+@dataclass(frozen=True, eq=True)
+class ScalarType:
+    """A scalar type of the DSL.
+
+    ``kind`` is one of ``"int"`` (signed), ``"uint"``, ``"float"`` or ``"bool"``;
+    ``ptx`` is the PTX type suffix used for loads, stores and arithmetic (``"s32"``, ``"f32"``,
+    ``"bf16"``, ``"pred"``).
+    """
+
+    name: str
+    bits: int
+    kind: str
+    ptx: str
+    numpy_name: str
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        """The NumPy dtype holding values of this type (ml_dtypes.bfloat16 for bf16)."""
+        if self.name == "bf16":
+            return np.dtype(ml_dtypes.bfloat16)
+        return np.dtype(self.numpy_name)
+
+    @property
+    def is_float(self) -> bool:
+        """True for f16, bf16, f32 and f64."""
+        return self.kind == "float"
+
+    @property
+    def is_int(self) -> bool:
+        """True for signed and unsigned integers (not bool)."""
+        return self.kind in ("int", "uint")
+
+    @property
+    def is_signed(self) -> bool:
+        """True for signed integers and floats."""
+        return self.kind in ("int", "float")
+
+    @property
+    def is_bool(self) -> bool:
+        """True for ``bool_``."""
+        return self.kind == "bool"
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes one element takes in memory (bool takes one byte)."""
+        return max(1, self.bits // 8)
+
+    def __getitem__(self, dims) -> ArrayType:
+        if not isinstance(dims, tuple):
+            dims = (dims,)
+        for d in dims:
+            if not (isinstance(d, slice) and d == slice(None)):
+                raise TypeError(f"array annotations are written {self.name}[:], {self.name}[:, :]")
+        return ArrayType(self, len(dims))
+
+    def __call__(self, value):
+        """Convert a host value to this type (in kernels the frontend handles the call)."""
+        return self.np_dtype.type(value)
+
+    def __repr__(self) -> str:
+        return self.name
+
+    __str__ = __repr__
+
+
+@dataclass(frozen=True, eq=True)
+class ArrayType:
+    """A global-memory array parameter type: element type and number of dimensions."""
+
+    dtype: ScalarType
+    ndim: int
+
+    def __repr__(self) -> str:
+        return f"{self.dtype.name}[{', '.join([':'] * self.ndim)}]"
+
+    __str__ = __repr__
+
+
+i8 = ScalarType("i8", 8, "int", "s8", "int8")
+u8 = ScalarType("u8", 8, "uint", "u8", "uint8")
+i16 = ScalarType("i16", 16, "int", "s16", "int16")
+u16 = ScalarType("u16", 16, "uint", "u16", "uint16")
+i32 = ScalarType("i32", 32, "int", "s32", "int32")
+u32 = ScalarType("u32", 32, "uint", "u32", "uint32")
+i64 = ScalarType("i64", 64, "int", "s64", "int64")
+u64 = ScalarType("u64", 64, "uint", "u64", "uint64")
+f16 = ScalarType("f16", 16, "float", "f16", "float16")
+bf16 = ScalarType("bf16", 16, "float", "bf16", "bfloat16")
+f32 = ScalarType("f32", 32, "float", "f32", "float32")
+f64 = ScalarType("f64", 64, "float", "f64", "float64")
+bool_ = ScalarType("bool_", 8, "bool", "pred", "bool")
+
+SCALAR_TYPES: dict[str, ScalarType] = {
+    t.name: t for t in (i8, u8, i16, u16, i32, u32, i64, u64, f16, bf16, f32, f64, bool_)
+}
+
+_INT_BY_KIND_BITS = {(t.kind, t.bits): t for t in SCALAR_TYPES.values() if t.is_int}
+
+
+def int_type(signed: bool, bits: int) -> ScalarType:
+    """The integer type of the given signedness and width."""
+    return _INT_BY_KIND_BITS[("int" if signed else "uint", bits)]
+
+
+def promote(a: ScalarType, b: ScalarType) -> ScalarType | None:
+    """The common type of two operands (C-like rules of API.md), or None when none exists.
+
+    - two integers: the wider wins; equal widths with mixed signedness give the unsigned type;
+    - an integer (or bool) with a float gives the float;
+    - f16 or bf16 with f32 gives f32; f16 with bf16 gives f32; any float with f64 gives f64;
+    - bool with bool stays bool; bool with an integer gives the integer.
+    """
+    if a == b:
+        return a
+    if a.is_bool:
+        return b
+    if b.is_bool:
+        return a
+    if a.is_float and b.is_float:
+        if a.bits == b.bits:  # f16 with bf16
+            return f32
+        wider = a if a.bits > b.bits else b
+        return wider if wider.bits >= 32 else f32
+    if a.is_float:
+        return a
+    if b.is_float:
+        return b
+    if a.bits != b.bits:
+        return a if a.bits > b.bits else b
+    return a if a.kind == "uint" else b
+
+
+def literal_type(value) -> ScalarType:
+    """The type of a literal standing alone: i32 for ints, f32 for floats, bool_ for bools."""
+    if isinstance(value, bool | np.bool_):
+        return bool_
+    if isinstance(value, int | np.integer):
+        if isinstance(value, np.integer):
+            return from_numpy_dtype(np.asarray(value).dtype)
+        return i32 if -(2**31) <= value < 2**31 else i64
+    if isinstance(value, np.floating):
+        return from_numpy_dtype(np.asarray(value).dtype)
+    return f32
+
+
+def int_fits(value: int, t: ScalarType) -> bool:
+    """True when the integer literal fits ``t``'s width as a signed or unsigned bit pattern."""
+    if t.is_bool:
+        return value in (0, 1)
+    if t.is_float:
+        return True
+    return -(2 ** (t.bits - 1)) <= value < 2**t.bits
+
+
+_BY_NUMPY = {t.np_dtype: t for t in SCALAR_TYPES.values()}
+
+
+def from_numpy_dtype(dtype) -> ScalarType:
+    """The DSL type matching a NumPy dtype (``ml_dtypes.bfloat16`` maps to bf16)."""
+    dtype = np.dtype(dtype)
+    try:
+        return _BY_NUMPY[dtype]
+    except KeyError:
+        raise TypeError(f"NumPy dtype {dtype} has no kaio scalar type") from None
