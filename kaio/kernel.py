@@ -135,9 +135,14 @@ class Kernel:
         self.debug = debug or os.environ.get("KAIO_DEBUG", "") not in ("", "0")
         self._signature = inspect.signature(pyfunc)
         self.param_names = list(self._signature.parameters)
-        self._annotations = {name: p.annotation for name, p in self._signature.parameters.items()}
+        from kaio.frontend.resolve import annotations
+
+        resolved = annotations(pyfunc)
+        self._annotations = {
+            name: resolved.get(name, inspect.Parameter.empty) for name in self._signature.parameters
+        }
         self.constexpr_names = [
-            n for n, a in self._annotations.items() if a is constexpr or a == "kaio.constexpr"
+            n for n, a in self._annotations.items() if a is constexpr
         ]
         self._specs: dict = {}
         self._launchers: dict = {}

@@ -23,6 +23,7 @@ from kaio import lang
 from kaio import types as T
 from kaio.errors import CompileError
 from kaio.frontend.resolve import MISSING, lookup_global, parse
+from kaio.frontend.resolve import annotations as resolved_annotations
 from kaio.ir.builder import Builder, const_convert
 from kaio.ir.nodes import (
     Array,
@@ -301,6 +302,7 @@ class Lowerer:
         if isinstance(node.value, ast.Constant):  # docstrings and `...`
             return
         if not isinstance(node.value, ast.Call):
+            self.expr(node.value)  # reports unsupported expressions (yield, lambda...) first
             self.error("this expression has no effect; did you mean an assignment?", node)
         self.expr(node.value)
 
@@ -634,10 +636,8 @@ class Lowerer:
         return v.value
 
     def expr_Constant(self, node):
-        if isinstance(node.value, bool | int | float):
-            return Py(node.value)
-        if node.value is None:
-            return Py(None)
+        if isinstance(node.value, bool | int | float | str) or node.value is None:
+            return Py(node.value)  # strings only compare with constexprs at compile time
         self.error(f"{type(node.value).__name__} constants are not supported in kernels", node)
 
     def expr_Name(self, node):
@@ -1040,7 +1040,7 @@ class Lowerer:
                 f"got {len(args)}",
                 node,
             )
-        annotations = df.pyfunc.__annotations__
+        annotations = resolved_annotations(df.pyfunc)
         scope = Scope(df.pyfunc, parsed.filename, region_id=fresh_id())
         counts = _assigned_names(tree.body)
         scope.multi_assigned = {n for n, c in counts.items() if c > 1}

@@ -67,6 +67,21 @@ def lookup_global(pyfunc, name: str):
 MISSING = _MISSING
 
 
+def annotations(pyfunc) -> dict:
+    """A function's annotations with string annotations (``from __future__ import
+    annotations``) evaluated in its module."""
+    try:
+        return inspect.get_annotations(pyfunc, eval_str=True)
+    except Exception as e:  # noqa: BLE001  (any failure evaluating user annotations)
+        code = pyfunc.__code__
+        raise CompileError(
+            f"cannot evaluate the annotations of {pyfunc.__name__!r}: {e}",
+            code.co_filename,
+            code.co_firstlineno,
+            0,
+        ) from None
+
+
 def dependency_sources(pyfunc) -> list[str]:
     """The source of a function and of every device function and plain constant it refers
     to, transitively: what a compiled kernel depends on (for cache keys)."""

@@ -1,0 +1,185 @@
+"""Loads, stores and atomics: address computation and the memory instructions.
+
+IR operands: ``load dst, (array, *idx)``, ``store (array, *idx, value)``,
+``atomic dst, (array, *idx, value)`` or, for ``cas``, ``(array, *idx, expected, new)``; one
+index per dimension.
+
+Addresses: ``base + sum(idx[d] * stride_bytes[d]) + constant``. Global and local arrays use
+64-bit arithmetic (a 32-bit index times a constant stride is one ``mul.wide``); shared arrays
+use 32-bit arithmetic on the shared window. Constant indices against constant strides fold
+into the ``[reg+imm]`` immediate. Base registers and strides are computed once, in the
+kernel's prologue (``Emitter.array_base``, ``Emitter.byte_strides``).
+"""
+
+from __future__ import annotations
+
+from kaio.ir.nodes import Array, Const, Instr
+from kaio.ptx.regs import bty, immediate, is_half, is_narrow, mem_type
+from kaio.ptx.templates import fmt, pick
+from kaio.types import ScalarType, u32
+
+SPACE = {"global": "global", "shared": "shared", "shared_dyn": "shared", "local": "local"}
+
+# Atomics the hardware does in one instruction, by kind and type class; the others (float
+# max/min, 16-bit exch and add where absent) run a compare-and-swap loop.
+ATOMIC = {
+    "add": {
+        "int": "atom.{sp}.add.u{w} {d}, {addr}, {a}",
+        "float": "atom.{sp}.add.{ty} {d}, {addr}, {a}",
+        "f16": ("atom.{sp}.add.noftz.f16 {d}, {addr}, {a}", "atom_add_f16"),
+        "bf16": ("atom.{sp}.add.noftz.bf16 {d}, {addr}, {a}", "atom_add_bf16"),
+    },
+    "max": {"int": "atom.{sp}.max.{ty} {d}, {addr}, {a}"},
+    "min": {"int": "atom.{sp}.min.{ty} {d}, {addr}, {a}"},
+    "exch": {
+        "int": "atom.{sp}.exch.{bt} {d}, {addr}, {a}",
+        "float": "atom.{sp}.exch.{bt} {d}, {addr}, {a}",
+    },
+    "cas": {
+        "half": ("atom.{sp}.cas.b16 {d}, {addr}, {a}, {b}", "atom_cas_b16"),
+        "any": "atom.{sp}.cas.{bt} {d}, {addr}, {a}, {b}",
+    },
+}
+
+
+def _offset(imm: int) -> str:
+    return f"+{imm}" if imm else ""
+
+
+def address(e, arr: Array, idxs) -> str:
+    """The ``[...]`` address operand of ``arr[idxs]``."""
+    wide = arr.space in ("global", "local")
+    imm, terms = 0, []
+    for i, s in zip(idxs, e.byte_strides(arr), strict=True):
+        if isinstance(i, Const) and isinstance(s, int):
+            imm += int(i.value) * s
+        else:
+            terms.append((i, s))
+    if not terms and arr.space != "global":
+        return f"[{e.symbol(arr)}{_offset(imm)}]"
+    base = e.array_base(arr)
+    for i, s in terms:
+        acc = e.tmp_addr(wide)
+        if not wide:
+            e.line(f"mad.lo.s32 {acc}, {_index32(e, i)}, {s}, {base}")
+        elif isinstance(i, Const):
+            e.line(f"mad.lo.s64 {acc}, {s}, {immediate(i)}, {base}")
+        elif i.type.bits < 64 and isinstance(s, int):
+            prod = e.tmp_addr(True)
+            e.line(f"mul.wide.{'s' if i.type.kind == 'int' else 'u'}32 {prod}, {e.r(i)}, {s}")
+            e.line(f"add.s64 {acc}, {base}, {prod}")
+        else:
+            e.line(f"mad.lo.s64 {acc}, {_index64(e, i)}, {s}, {base}")
+        base = acc
+    return f"[{base}{_offset(imm)}]"
+
+
+def _index32(e, i) -> str:
+    if isinstance(i, Const) or i.type.bits < 64:
+        return e.o(i)
+    low = e.tmp(u32)
+    e.line(f"cvt.u32.u64 {low}, {e.r(i)}")
+    return low
+
+
+def _index64(e, i) -> str:
+    if i.type.bits == 64:
+        return e.r(i)
+    wide = e.tmp_addr(True)
+    e.line(f"cvt.{'s' if i.type.kind == 'int' else 'u'}64.{i.type.ptx[0]}32 {wide}, {e.r(i)}")
+    return wide
+
+
+def _local_register(e, arr: Array, idxs) -> str | None:
+    """The register holding a register-promoted local element, or None."""
+    regs = e.local_registers(arr)
+    if regs is None:
+        return None
+    flat = 0
+    for i, n in zip(idxs, arr.shape, strict=True):
+        if not 0 <= i.value < n.value:
+            e.fail(f"index {i.value} is out of bounds for local array {arr.name} of shape "
+                   f"{tuple(d.value for d in arr.shape)}")
+        flat = flat * n.value + i.value
+    return regs[flat]
+
+
+def _mov(t: ScalarType, d: str, a: str) -> str:
+    return f"mov.{bty(t)} {d}, {a}"
+
+
+def lower_load(e, ins: Instr) -> None:
+    """``dst = array[idx...]``."""
+    arr, *idxs = ins.args
+    d, t = e.dst(ins), arr.dtype
+    reg = _local_register(e, arr, idxs)
+    if reg is not None:
+        e.line(_mov(t, d, reg))
+        return
+    addr, sp = address(e, arr, idxs), SPACE[arr.space]
+    if t.is_bool:
+        byte = e.tmp(u32)
+        e.line(f"ld.{sp}.u8 {byte}, {addr}")
+        e.line(f"setp.ne.u32 {d}, {byte}, 0")
+    else:
+        e.line(f"ld.{sp}.{mem_type(t)} {d}, {addr}")
+
+
+def lower_store(e, ins: Instr) -> None:
+    """``array[idx...] = value``."""
+    arr, *idxs, value = ins.args
+    t = arr.dtype
+    reg = _local_register(e, arr, idxs)
+    if reg is not None:
+        e.line(_mov(t, reg, e.o(value)))
+        return
+    addr, sp = address(e, arr, idxs), SPACE[arr.space]
+    if t.is_bool:
+        byte = e.tmp(u32)
+        e.line(f"selp.u32 {byte}, 1, 0, {e.r(value)}")
+        e.line(f"st.{sp}.u8 {addr}, {byte}")
+    else:
+        e.line(f"st.{sp}.{mem_type(t)} {addr}, {e.o(value)}")
+
+
+def lower_atomic(e, ins: Instr, combine) -> None:
+    """``old = array[idx]; array[idx] = f(old, value...)``, returning ``old``. ``combine`` is
+    ``lowering.binary``: it computes ``f`` inside compare-and-swap loops."""
+    arr = ins.args[0]
+    idxs, values = ins.args[1 : 1 + arr.ndim], ins.args[1 + arr.ndim :]
+    kind, t = ins.attrs["kind"], arr.dtype
+    builtin = f"atomic_{kind}"
+    if arr.space == "local":
+        e.fail(f"{builtin} needs a global or shared array; {arr.name} is a local array")
+    if t.is_bool or is_narrow(t):
+        e.fail(f"{builtin} on {t} is not supported; use a 32- or 64-bit type, f16 or bf16")
+    d = e.dst(ins) if ins.dst is not None else e.tmp(t)
+    regs = [e.r(v) for v in values]
+    addr, sp = address(e, arr, idxs), SPACE[arr.space]
+    template = pick(e, ATOMIC[kind], t, builtin)
+    if template is not None:
+        b = regs[1] if len(regs) > 1 else ""
+        e.line(fmt(template, t, d=d, addr=addr, a=regs[0], b=b, sp=sp, w=str(t.bits)))
+        return
+    _cas_loop(e, kind, t, sp, d, addr, regs[0], combine)
+
+
+def _cas_loop(e, kind: str, t: ScalarType, sp: str, d: str, addr: str, v: str, combine) -> None:
+    """An atomic read-modify-write as a compare-and-swap loop on the element's bits."""
+    if is_half(t):
+        e.target.require("atom_cas_b16", f"atomic_{kind} on {t}", e.loc)
+    bt = bty(t)
+    old, new, seen = e.tmp(t), e.tmp(t), e.tmp(t)
+    retry = e.tmp_pred()
+    loop = e.new_label("cas")
+    e.line(f"ld.{sp}.{mem_type(t)} {old}, {addr}")
+    e.place(loop)
+    if kind == "exch":
+        e.line(_mov(t, new, v))
+    else:
+        combine(e, kind, t, new, old, v)
+    e.line(f"atom.{sp}.cas.{bt} {seen}, {addr}, {old}, {new}")
+    e.line(f"setp.ne.{bt} {retry}, {seen}, {old}")
+    e.line(_mov(t, old, seen))
+    e.line(f"@{retry} bra {loop}")
+    e.line(_mov(t, d, old))

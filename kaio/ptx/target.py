@@ -1,0 +1,94 @@
+"""Targets and PTX ISA versions: which ``.version`` a kernel needs and what its arch can do.
+
+The emitted ``.version`` is the lowest one that both the target and every instruction used
+accept, so that the PTX loads on the oldest driver possible. ``ARCHS`` gives each target's
+own minimum (PTX ISA "Target ISA notes"); ``FEATURES`` the instructions that need more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kaio.errors import CompileError
+
+# arch -> (SM number for feature checks, lowest PTX ISA version that accepts the target).
+ARCHS: dict[str, tuple[int, tuple[int, int]]] = {
+    "sm_75": (75, (6, 3)),
+    "sm_80": (80, (7, 0)),
+    "sm_86": (86, (7, 1)),
+    "sm_89": (89, (7, 8)),
+    "sm_90": (90, (7, 8)),
+    "sm_90a": (90, (8, 0)),
+    "sm_100": (100, (8, 6)),
+    "sm_120": (120, (8, 7)),
+}
+
+
+@dataclass(frozen=True)
+class Feature:
+    """An instruction form that needs at least ``sm`` and PTX ISA ``version``."""
+
+    sm: int
+    version: tuple[int, int]
+    what: str
+
+
+FEATURES: dict[str, Feature] = {
+    "tanh": Feature(75, (7, 0), "tanh.approx.f32"),
+    "f16_minmax": Feature(80, (7, 0), "min/max.f16"),
+    "bf16_from_f32": Feature(80, (7, 0), "cvt.rn.bf16.f32"),
+    "bf16_to_f32": Feature(80, (7, 1), "cvt.f32.bf16"),
+    "bf16_minmax": Feature(80, (7, 0), "min/max.bf16"),
+    "bf16_cvt": Feature(90, (7, 8), "cvt between bf16 and integers or f64"),
+    "bf16_arith": Feature(90, (7, 8), "add/sub/mul.rn.bf16"),
+    "bf16_setp": Feature(90, (7, 8), "setp.bf16"),
+    "atom_cas_b16": Feature(70, (6, 3), "atom.cas.b16"),
+    "atom_add_f16": Feature(70, (6, 3), "atom.add.noftz.f16"),
+    "atom_add_bf16": Feature(90, (7, 8), "atom.add.noftz.bf16"),
+}
+
+
+def _fmt(version: tuple[int, int]) -> str:
+    return f"{version[0]}.{version[1]}"
+
+
+@dataclass
+class Target:
+    """One compilation's target: the arch, its SM number and the ``.version`` needed so far."""
+
+    arch: str
+    sm: int
+    version: tuple[int, int]
+    used: set[str] = field(default_factory=set)
+
+    @classmethod
+    def for_arch(cls, arch: str) -> Target:
+        """The target for ``arch`` (``"sm_80"``...); CompileError for an unknown arch."""
+        if arch not in ARCHS:
+            known = ", ".join(ARCHS)
+            raise CompileError(f"unknown GPU architecture {arch!r}; kaio targets {known}")
+        sm, version = ARCHS[arch]
+        return cls(arch, sm, version)
+
+    @property
+    def version_text(self) -> str:
+        """The ``.version`` operand, e.g. ``"7.8"``."""
+        return _fmt(self.version)
+
+    def has(self, feature: str) -> bool:
+        """Whether the arch supports ``feature`` (without recording its use)."""
+        return self.sm >= FEATURES[feature].sm
+
+    def require(self, feature: str, builtin: str, loc=None) -> None:
+        """Record that ``feature`` is used (raising ``.version`` if needed); CompileError
+        naming ``builtin`` and the arch needed when the target lacks it."""
+        f = FEATURES[feature]
+        if self.sm < f.sm:
+            where = (loc.filename, loc.lineno, loc.col) if loc else ()
+            raise CompileError(
+                f"{builtin} needs sm_{f.sm} or newer ({f.what}); the target is {self.arch}: "
+                f"compile for a newer arch or avoid {builtin}",
+                *where,
+            )
+        self.used.add(feature)
+        self.version = max(self.version, f.version)

@@ -1,0 +1,66 @@
+"""``ArgInfo``: what a launch needs to know about one array argument, whatever library made it."""
+
+from __future__ import annotations
+
+from kaio.types import ScalarType
+
+__all__ = ["ArgInfo", "c_strides"]
+
+_SIGNATURES: dict[tuple, tuple] = {}
+
+
+def c_strides(shape: tuple) -> tuple:
+    """Row-major strides, in elements, of ``shape``."""
+    strides = []
+    step = 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+class ArgInfo:
+    """A CUDA array seen by a launch: ``ptr``, ``shape``, ``strides`` (in ELEMENTS), ``dtype``
+    (a kaio scalar type) and ``device`` (ordinal).
+
+    ``sig`` (dtype, ndim, contiguous, device) is interned, so launchers compare it with ``is``;
+    ``abi_c`` and ``abi_a`` are the argument's launch-ABI entries for a contiguous ('C') and a
+    strided ('A') specialization: pointer, shape, and for 'A' the strides.
+    """
+
+    __slots__ = (
+        "ptr",
+        "shape",
+        "strides",
+        "dtype",
+        "device",
+        "contiguous",
+        "sig",
+        "abi_c",
+        "abi_a",
+    )
+
+    def __init__(self, ptr: int, shape: tuple, strides: tuple, dtype: ScalarType, device: int):
+        self.ptr = ptr
+        self.shape = shape
+        self.strides = strides
+        self.dtype = dtype
+        self.device = device
+        self.contiguous = all(
+            n == 1 or s == c for n, s, c in zip(shape, strides, c_strides(shape), strict=True)
+        )
+        sig = (dtype, len(shape), self.contiguous, device)
+        self.sig = _SIGNATURES.setdefault(sig, sig)
+        self.abi_c = (ptr, *shape)
+        self.abi_a = (ptr, *shape, *strides)
+
+    @property
+    def layout(self) -> str:
+        """'C' for a row-major contiguous array, 'A' for any other strides."""
+        return "C" if self.contiguous else "A"
+
+    def __repr__(self) -> str:
+        return (
+            f"ArgInfo(ptr=0x{self.ptr:x}, shape={self.shape}, strides={self.strides}, "
+            f"dtype={self.dtype}, device={self.device})"
+        )

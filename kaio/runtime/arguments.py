@@ -1,0 +1,161 @@
+"""Launch arguments: ``describe`` turns any CUDA array (kaio, CuPy, numba, PyTorch, any DLPack
+producer) into an ``ArgInfo`` without copying; ``check_array`` and ``check_scalar`` refuse
+wrong arguments with a ``LaunchError`` that names the parameter and what it expects."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kaio.errors import LaunchError
+from kaio.runtime import dlpack
+from kaio.runtime.arginfo import ArgInfo, c_strides
+from kaio.runtime.memory import DeviceArray
+from kaio.types import ArrayType, ScalarType, from_numpy_dtype
+
+__all__ = ["describe", "check_array", "check_device", "check_scalar", "NUMPY_HINT"]
+
+NUMPY_HINT = (
+    "a NumPy array lives in host memory: copy it to the GPU with kaio.to_device(array) "
+    "(and read results back with .numpy()), or run on the CPU inside `with kaio.simulate():`"
+)
+
+_TORCH_DTYPES = {
+    "torch.float16": "f16",
+    "torch.bfloat16": "bf16",
+    "torch.float32": "f32",
+    "torch.float64": "f64",
+    "torch.int8": "i8",
+    "torch.uint8": "u8",
+    "torch.int16": "i16",
+    "torch.uint16": "u16",
+    "torch.int32": "i32",
+    "torch.uint32": "u32",
+    "torch.int64": "i64",
+    "torch.uint64": "u64",
+    "torch.bool": "bool_",
+}
+
+
+def _pointer_device(ptr: int) -> int:
+    from kaio.runtime.driver import check, cu
+
+    attr = cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+    return int(check(cu.cuPointerGetAttribute(attr, ptr), "cuPointerGetAttribute"))
+
+
+def _from_torch(obj) -> ArgInfo:
+    from kaio import types
+
+    if not obj.is_cuda:
+        raise LaunchError(f"a torch tensor on {obj.device}: move it to the GPU with .cuda()")
+    name = _TORCH_DTYPES.get(str(obj.dtype))
+    if name is None:
+        raise LaunchError(f"torch dtype {obj.dtype} has no kaio type")
+    dtype = types.SCALAR_TYPES[name]
+    return ArgInfo(obj.data_ptr(), tuple(obj.shape), tuple(obj.stride()), dtype, obj.get_device())
+
+
+def _from_cai(cai: dict) -> ArgInfo:
+    np_dtype = np.dtype(cai["typestr"])
+    try:
+        dtype = from_numpy_dtype(np_dtype)
+    except TypeError as e:
+        raise LaunchError(str(e)) from None
+    shape = tuple(cai["shape"])
+    ptr = int(cai["data"][0])
+    if cai.get("strides") is None:
+        strides = c_strides(shape)
+    else:
+        if any(s % np_dtype.itemsize for s in cai["strides"]):
+            raise LaunchError(f"strides {cai['strides']} are not a multiple of the element size")
+        strides = tuple(s // np_dtype.itemsize for s in cai["strides"])
+    device = _pointer_device(ptr) if ptr else 0
+    return ArgInfo(ptr, shape, strides, dtype, device)
+
+
+def _from_dlpack(obj) -> ArgInfo:
+    device_type, device_id = obj.__dlpack_device__()
+    if device_type not in (dlpack.KDL_CUDA, dlpack.KDL_CUDA_MANAGED):
+        raise LaunchError(
+            f"a DLPack array on device type {device_type}, not CUDA: move it to the GPU first"
+        )
+    try:
+        ptr, shape, strides, dtype, _ = dlpack.read_capsule(obj.__dlpack__(stream=None))
+    except TypeError as e:
+        raise LaunchError(str(e)) from None
+    return ArgInfo(ptr, shape, strides, dtype, int(device_id))
+
+
+def describe(obj) -> ArgInfo:
+    """Pointer, shape, strides (in elements), kaio dtype and device ordinal of a CUDA array:
+    a ``DeviceArray``, a torch tensor, anything with ``__cuda_array_interface__`` or a CUDA
+    ``__dlpack__``. Raises ``LaunchError`` for NumPy arrays, CPU tensors and non-arrays."""
+    if type(obj) is DeviceArray:
+        return obj._info
+    if type(obj).__module__.startswith("torch") and hasattr(obj, "data_ptr"):
+        return _from_torch(obj)
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None:
+        return _from_cai(cai)
+    if isinstance(obj, np.ndarray | np.generic):
+        raise LaunchError(NUMPY_HINT)
+    if hasattr(obj, "__dlpack_device__"):
+        return _from_dlpack(obj)
+    raise LaunchError(
+        f"{type(obj).__name__} is not a CUDA array: pass a kaio.DeviceArray (kaio.to_device), "
+        "a torch CUDA tensor, a CuPy array or any __cuda_array_interface__/DLPack CUDA array"
+    )
+
+
+def _where(kernel: str, name: str, expected) -> str:
+    return f"{kernel}: argument {name!r} (expects {expected})"
+
+
+def check_array(obj, name: str, expected: ArrayType, kernel: str) -> ArgInfo:
+    """``describe(obj)``, checked against the parameter's annotation (dtype and rank)."""
+    where = _where(kernel, name, expected)
+    try:
+        info = describe(obj)
+    except LaunchError as e:
+        raise LaunchError(f"{where}: {e}") from None
+    if info.dtype != expected.dtype:
+        raise LaunchError(f"{where}: got an array of {info.dtype}; convert it to {expected.dtype}")
+    if len(info.shape) != expected.ndim:
+        raise LaunchError(
+            f"{where}: got a {len(info.shape)}-d array of shape {info.shape}; "
+            f"reshape it to {expected.ndim} dimension(s)"
+        )
+    return info
+
+
+def check_device(info: ArgInfo, name: str, expected: ArrayType, kernel: str, device: int) -> None:
+    """Refuse an array that is not on the GPU the kernel runs on."""
+    if info.device != device:
+        raise LaunchError(
+            f"{_where(kernel, name, expected)}: the array is on GPU {info.device} but the kernel "
+            f"runs on GPU {device}; copy it over, or launch inside "
+            f"`with kaio.Device({info.device}):`"
+        )
+
+
+def check_scalar(value, name: str, expected: ScalarType, kernel: str) -> None:
+    """Refuse a scalar argument that ``expected`` cannot hold exactly (wrong kind or range)."""
+    where = _where(kernel, name, expected)
+    if isinstance(value, np.ndarray) or hasattr(value, "__cuda_array_interface__"):
+        raise LaunchError(f"{where}: got an array; this parameter is a scalar")
+    if expected.is_float:
+        if not isinstance(value, int | float | np.integer | np.floating | bool):
+            raise LaunchError(f"{where}: got {type(value).__name__} {value!r}")
+        return
+    if not isinstance(value, int | np.integer | bool | np.bool_):
+        hint = f"; pass int({value!r}) if truncation is intended" if expected.is_int else ""
+        raise LaunchError(f"{where}: got {type(value).__name__} {value!r}{hint}")
+    v = int(value)
+    if expected.is_bool:
+        lo, hi = 0, 1
+    elif expected.kind == "int":
+        lo, hi = -(2 ** (expected.bits - 1)), 2 ** (expected.bits - 1) - 1
+    else:
+        lo, hi = 0, 2**expected.bits - 1
+    if not lo <= v <= hi:
+        raise LaunchError(f"{where}: {v} is out of range [{lo}, {hi}]")

@@ -1,0 +1,193 @@
+"""GPUs and their primary contexts: ``kaio.Device``, ``kaio.device()``, ``kaio.synchronize()``.
+
+kaio uses each device's primary context (the one the CUDA runtime, PyTorch and CuPy share), so
+pointers and streams pass freely between them. ``current.ordinal`` is the device launches and
+allocations go to; ``Device(i).set_current()`` or ``with kaio.Device(i):`` changes it.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+from kaio.runtime.driver import check, cu, init
+
+__all__ = ["Device", "device", "device_count", "ensure_context", "synchronize", "current"]
+
+
+class _Current:
+    """The device kaio works on in this process (primary contexts are shared by threads;
+    a thread without a current context is given it on first use)."""
+
+    ordinal = 0
+    context_ready = False
+
+
+current = _Current()
+
+
+def device_count() -> int:
+    """Number of CUDA devices visible to this process."""
+    init()
+    return check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
+
+
+class Device:
+    """One CUDA device. ``kaio.Device(0)`` is the same object every time.
+
+    Attributes read from the driver: ``name``, ``compute_capability`` ((major, minor)),
+    ``arch`` (``"sm_90"``), ``total_memory`` (bytes), ``multiprocessor_count``,
+    ``max_threads_per_block``, ``max_block_dim``, ``max_grid_dim``, ``max_shared_per_block``
+    and ``max_shared_per_block_optin`` (bytes); ``attribute(name)`` reads any other
+    ``CU_DEVICE_ATTRIBUTE_*``.
+    """
+
+    _instances: dict[int, Device] = {}
+
+    def __new__(cls, ordinal: int = 0) -> Device:
+        ordinal = int(ordinal)
+        dev = cls._instances.get(ordinal)
+        if dev is None:
+            count = device_count()
+            if not 0 <= ordinal < count:
+                raise ValueError(f"no CUDA device {ordinal}: this machine has {count}")
+            dev = super().__new__(cls)
+            dev.ordinal = ordinal
+            dev._handle = check(cu.cuDeviceGet(ordinal), "cuDeviceGet")
+            dev._context = None
+            cls._instances[ordinal] = dev
+        return dev
+
+    def attribute(self, name: str | int) -> int:
+        """A device attribute by name (``"MULTIPROCESSOR_COUNT"`` or the full
+        ``"CU_DEVICE_ATTRIBUTE_..."``) or by ``CUdevice_attribute`` value."""
+        if isinstance(name, str):
+            full = (
+                name if name.startswith("CU_DEVICE_ATTRIBUTE_") else f"CU_DEVICE_ATTRIBUTE_{name}"
+            )
+            try:
+                attr = getattr(cu.CUdevice_attribute, full.upper())
+            except AttributeError:
+                raise ValueError(f"unknown device attribute {name!r}") from None
+        else:
+            attr = cu.CUdevice_attribute(name)
+        return check(cu.cuDeviceGetAttribute(attr, self._handle), f"cuDeviceGetAttribute({name})")
+
+    @cached_property
+    def name(self) -> str:
+        """The marketing name, e.g. ``"NVIDIA H100 80GB HBM3"``."""
+        raw = check(cu.cuDeviceGetName(256, self._handle), "cuDeviceGetName")
+        return raw.split(b"\0", 1)[0].decode()
+
+    @cached_property
+    def compute_capability(self) -> tuple[int, int]:
+        """``(major, minor)``, e.g. ``(9, 0)``."""
+        return (
+            self.attribute("COMPUTE_CAPABILITY_MAJOR"),
+            self.attribute("COMPUTE_CAPABILITY_MINOR"),
+        )
+
+    @property
+    def arch(self) -> str:
+        """The PTX target of this device, e.g. ``"sm_90"``."""
+        major, minor = self.compute_capability
+        return f"sm_{major}{minor}"
+
+    @cached_property
+    def total_memory(self) -> int:
+        """Global memory in bytes."""
+        return check(cu.cuDeviceTotalMem(self._handle), "cuDeviceTotalMem")
+
+    @cached_property
+    def multiprocessor_count(self) -> int:
+        """Number of SMs."""
+        return self.attribute("MULTIPROCESSOR_COUNT")
+
+    @cached_property
+    def max_threads_per_block(self) -> int:
+        """The most threads one block may have."""
+        return self.attribute("MAX_THREADS_PER_BLOCK")
+
+    @cached_property
+    def max_block_dim(self) -> tuple[int, int, int]:
+        """The largest block extent in x, y and z."""
+        return tuple(self.attribute(f"MAX_BLOCK_DIM_{c}") for c in "XYZ")
+
+    @cached_property
+    def max_grid_dim(self) -> tuple[int, int, int]:
+        """The largest grid extent in x, y and z."""
+        return tuple(self.attribute(f"MAX_GRID_DIM_{c}") for c in "XYZ")
+
+    @cached_property
+    def max_shared_per_block(self) -> int:
+        """Shared memory a block gets without opting in (48 KB)."""
+        return self.attribute("MAX_SHARED_MEMORY_PER_BLOCK")
+
+    @cached_property
+    def max_shared_per_block_optin(self) -> int:
+        """The most shared memory a block may opt in to (227 KB on H100)."""
+        return self.attribute("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN")
+
+    @property
+    def context(self):
+        """The device's primary context (retained once, for the life of the process)."""
+        if self._context is None:
+            self._context = check(
+                cu.cuDevicePrimaryCtxRetain(self._handle), "cuDevicePrimaryCtxRetain"
+            )
+        return self._context
+
+    def set_current(self) -> Device:
+        """Make this device current for kaio's allocations and launches (and the calling
+        thread's CUDA context)."""
+        check(cu.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+        current.ordinal = self.ordinal
+        current.context_ready = True
+        return self
+
+    def mem_info(self) -> tuple[int, int]:
+        """``(free, total)`` bytes of global memory."""
+        previous = current.ordinal
+        self.set_current()
+        try:
+            free, total = check(cu.cuMemGetInfo(), "cuMemGetInfo")
+        finally:
+            Device(previous).set_current()
+        return free, total
+
+    def synchronize(self) -> None:
+        """Wait for all work on this device; a GPU fault raises ``CudaError`` naming the last
+        kernel launched."""
+        previous = current.ordinal
+        self.set_current()
+        try:
+            check(cu.cuCtxSynchronize(), "synchronize")
+        finally:
+            Device(previous).set_current()
+
+    def __enter__(self) -> Device:
+        self._previous = current.ordinal
+        return self.set_current()
+
+    def __exit__(self, *exc) -> None:
+        Device(self._previous).set_current()
+
+    def __repr__(self) -> str:
+        return f"<kaio.Device {self.ordinal}: {self.name} ({self.arch})>"
+
+
+def ensure_context() -> Device:
+    """The current device, its primary context made current on first use."""
+    if not current.context_ready:
+        return Device(current.ordinal).set_current()
+    return Device(current.ordinal)
+
+
+def device() -> Device:
+    """The current device (``kaio.Device(0)`` unless changed)."""
+    return ensure_context()
+
+
+def synchronize() -> None:
+    """Wait for all work on the current device (``kaio.synchronize()``)."""
+    ensure_context()
+    check(cu.cuCtxSynchronize(), "synchronize")

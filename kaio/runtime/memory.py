@@ -1,0 +1,266 @@
+"""Device memory: ``kaio.DeviceArray`` and ``kaio.to_device``, ``kaio.empty``, ``kaio.zeros``.
+
+One ``Allocation`` owns each ``cuMemAlloc`` block and frees it when collected; views (slices,
+``.T``) share it, so memory lives as long as any array that sees it. Arrays speak
+``__cuda_array_interface__`` (v3) and DLPack, so CuPy, numba and PyTorch take them without a copy.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from kaio.runtime import dlpack
+from kaio.runtime.arginfo import ArgInfo, c_strides
+from kaio.runtime.device import Device, ensure_context
+from kaio.runtime.driver import check, cu
+from kaio.runtime.stream import Event, stream_handle
+from kaio.types import ScalarType, from_numpy_dtype
+
+__all__ = ["Allocation", "DeviceArray", "to_device", "empty", "zeros", "as_dtype"]
+
+
+def as_dtype(dtype) -> tuple[np.dtype, ScalarType]:
+    """``(numpy dtype, kaio scalar type)`` of a NumPy dtype (or anything ``np.dtype`` takes)
+    or a kaio scalar type such as ``kaio.f32``."""
+    if isinstance(dtype, ScalarType):
+        return dtype.np_dtype, dtype
+    np_dtype = np.dtype(dtype)
+    return np_dtype, from_numpy_dtype(np_dtype)
+
+
+def _free(ptr) -> None:
+    try:
+        cu.cuMemFree(ptr)
+    except Exception:  # interpreter shutdown: the driver may be gone already
+        pass
+
+
+class Allocation:
+    """One block of device memory, freed when the last array using it is collected."""
+
+    __slots__ = ("ptr", "nbytes", "device", "_finalizer", "__weakref__")
+
+    def __init__(self, nbytes: int, device: Device):
+        handle = check(cu.cuMemAlloc(max(nbytes, 1)), f"cuMemAlloc({nbytes} bytes)")
+        self.ptr = int(handle)
+        self.nbytes = nbytes
+        self.device = device
+        self._finalizer = weakref.finalize(self, _free, handle)
+
+
+def _copy_to_host(dst: np.ndarray, src: int, nbytes: int, stream) -> None:
+    if stream is None:
+        check(cu.cuMemcpyDtoH(dst.ctypes.data, src, nbytes), "copy to host", 0)
+        return
+    handle = stream_handle(stream)
+    check(cu.cuMemcpyDtoHAsync(dst.ctypes.data, src, nbytes, handle), "copy to host", handle)
+    check(cu.cuStreamSynchronize(handle), "copy to host", handle)
+
+
+class DeviceArray:
+    """An n-dimensional array in GPU memory.
+
+    ``dtype`` is a NumPy dtype (``ml_dtypes.bfloat16`` for bf16) and ``kaio_dtype`` the kaio
+    type; ``strides`` are in bytes (NumPy's convention); ``ptr`` is the device address of
+    element 0. Create with ``kaio.to_device``, ``kaio.empty`` or ``kaio.zeros``; read back with
+    ``.numpy()``; index with ints and slices for views that share memory.
+    """
+
+    __slots__ = ("shape", "strides", "dtype", "kaio_dtype", "ptr", "device", "_alloc", "_info")
+
+    def __init__(self, shape, dtype, device: Device | None = None):
+        shape = (int(shape),) if np.ndim(shape) == 0 else tuple(int(n) for n in shape)
+        if any(n < 0 for n in shape):
+            raise ValueError(f"negative dimension in shape {shape}")
+        np_dtype, kaio_dtype = as_dtype(dtype)
+        device = device or ensure_context()
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np_dtype.itemsize
+        alloc = Allocation(nbytes, device)
+        strides = tuple(s * np_dtype.itemsize for s in c_strides(shape))
+        self._init(alloc, alloc.ptr, shape, strides, np_dtype, kaio_dtype)
+
+    def _init(self, alloc, ptr, shape, strides, np_dtype, kaio_dtype) -> None:
+        self._alloc = alloc
+        self.ptr = ptr
+        self.shape = shape
+        self.strides = strides
+        self.dtype = np_dtype
+        self.kaio_dtype = kaio_dtype
+        self.device = alloc.device
+        item = np_dtype.itemsize
+        self._info = ArgInfo(
+            ptr, shape, tuple(s // item for s in strides), kaio_dtype, alloc.device.ordinal
+        )
+
+    def _view(self, ptr: int, shape: tuple, strides: tuple) -> DeviceArray:
+        view = DeviceArray.__new__(DeviceArray)
+        view._init(self._alloc, ptr, shape, strides, self.dtype, self.kaio_dtype)
+        return view
+
+    # ------------------------------------------------------------------ shape
+    @property
+    def ndim(self) -> int:
+        """Number of dimensions."""
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return self.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the elements (not of the whole allocation a view may belong to)."""
+        return self.size * self.itemsize
+
+    @property
+    def is_contiguous(self) -> bool:
+        """True when the array is row-major contiguous."""
+        return self._info.contiguous
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d DeviceArray")
+        return self.shape[0]
+
+    @property
+    def T(self) -> DeviceArray:
+        """The transposed view (no copy)."""
+        return self._view(self.ptr, self.shape[::-1], self.strides[::-1])
+
+    def __getitem__(self, key) -> DeviceArray:
+        """Basic indexing: ints, slices (any step), ``...`` and ``None``; returns a view."""
+        key = key if isinstance(key, tuple) else (key,)
+        if sum(k is Ellipsis for k in key) > 1:
+            raise IndexError("an index can only have a single ellipsis ('...')")
+        if Ellipsis in key:
+            at = key.index(Ellipsis)
+            fill = self.ndim - (len(key) - 1 - key.count(None))
+            key = key[:at] + (slice(None),) * fill + key[at + 1 :]
+        if len(key) - key.count(None) > self.ndim:
+            raise IndexError(f"too many indices for a {self.ndim}-d DeviceArray")
+        key = key + (slice(None),) * (self.ndim - (len(key) - key.count(None)))
+        ptr, shape, strides, dim = self.ptr, [], [], 0
+        for k in key:
+            if k is None:
+                shape.append(1)
+                strides.append(0)
+                continue
+            n, stride = self.shape[dim], self.strides[dim]
+            dim += 1
+            if isinstance(k, slice):
+                start, stop, step = k.indices(n)
+                shape.append(len(range(start, stop, step)))
+                strides.append(stride * step)
+                ptr += start * stride
+            elif hasattr(k, "__index__"):
+                i = k.__index__()
+                if not -n <= i < n:
+                    raise IndexError(f"index {i} is out of bounds for axis {dim - 1} of size {n}")
+                ptr += (i % n) * stride
+            else:
+                raise IndexError(
+                    f"DeviceArray supports ints, slices, ... and None as indices, got {k!r}; "
+                    "copy to the host with .numpy() for fancy indexing"
+                )
+        return self._view(ptr, tuple(shape), tuple(strides))
+
+    # ------------------------------------------------------------------ copies
+    def numpy(self, stream=None) -> np.ndarray:
+        """Copy to a new NumPy array (waits for the copy; on ``stream`` when given)."""
+        out = np.empty(self.shape, self.dtype)
+        if self.size == 0:
+            return out
+        if self.is_contiguous:
+            _copy_to_host(out, self.ptr, self.nbytes, stream)
+            return out
+        # A strided view: copy the byte range it spans, then gather on the host.
+        reach = [s * (n - 1) for n, s in zip(self.shape, self.strides, strict=True)]
+        lo = self.ptr + sum(r for r in reach if r < 0)
+        hi = self.ptr + sum(r for r in reach if r > 0)
+        span = np.empty(hi - lo + self.itemsize, np.uint8)
+        _copy_to_host(span, lo, span.nbytes, stream)
+        view = np.ndarray(self.shape, self.dtype, span, self.ptr - lo, self.strides)
+        out[...] = view
+        return out
+
+    copy_to_host = numpy
+
+    def copy_from_host(self, array, stream=None) -> DeviceArray:
+        """Overwrite this (contiguous) array with a host array of the same shape."""
+        if not self.is_contiguous:
+            raise ValueError(
+                "copy_from_host needs a contiguous DeviceArray; this is a strided view"
+            )
+        host = np.ascontiguousarray(array, dtype=self.dtype)
+        if host.shape != self.shape:
+            raise ValueError(f"shape mismatch: host {host.shape}, device {self.shape}")
+        if self.size:
+            if stream is None:
+                check(cu.cuMemcpyHtoD(self.ptr, host.ctypes.data, self.nbytes), "copy to device")
+            else:
+                h = stream_handle(stream)
+                check(cu.cuMemcpyHtoDAsync(self.ptr, host.ctypes.data, self.nbytes, h), "copy")
+        return self
+
+    # ------------------------------------------------------------------ interop
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return {
+            "shape": self.shape,
+            "typestr": self.dtype.str,
+            "data": (self.ptr, False),
+            "strides": None if self.is_contiguous else self.strides,
+            "version": 3,
+            "stream": None,
+        }
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (dlpack.KDL_CUDA, self.device.ordinal)
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """A DLPack capsule sharing this memory (``torch.from_dlpack(array)``). kaio's work
+        runs on the legacy default stream; a consumer stream other than it waits for that."""
+        if copy:
+            raise BufferError("kaio arrays export by reference only (copy=True not supported)")
+        if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
+            raise BufferError(f"cannot export a CUDA array to device {dl_device}")
+        if stream is not None and stream not in (-1, 0, 1, 2):
+            ready = Event(timing=False).record(0)
+            check(cu.cuStreamWaitEvent(stream, ready._event, 0), "cuStreamWaitEvent")
+        return dlpack.export(
+            self, self.ptr, self.shape, self._info.strides, self.kaio_dtype, self.device.ordinal
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"<kaio.DeviceArray shape={self.shape} dtype={self.dtype} "
+            f"device={self.device.ordinal} ptr=0x{self.ptr:x}>"
+        )
+
+
+def empty(shape, dtype) -> DeviceArray:
+    """An uninitialized array on the current device; ``dtype`` a NumPy dtype or kaio type."""
+    return DeviceArray(shape, dtype)
+
+
+def zeros(shape, dtype) -> DeviceArray:
+    """A zero-filled array on the current device."""
+    out = DeviceArray(shape, dtype)
+    if out.nbytes:
+        check(cu.cuMemsetD8(out.ptr, 0, out.nbytes), "cuMemsetD8")
+    return out
+
+
+def to_device(array, stream=None) -> DeviceArray:
+    """Copy a NumPy array (or anything ``np.asarray`` takes) to a new DeviceArray on the
+    current device."""
+    host = np.ascontiguousarray(array)
+    return DeviceArray(host.shape, host.dtype).copy_from_host(host, stream)

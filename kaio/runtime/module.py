@@ -1,0 +1,212 @@
+"""Loading kernels: PTX -> cubin with the driver's JIT linker (no toolkit), cubins cached on
+disk and loaded modules in memory, function attributes, and the opt-in to more than 48 KB of
+dynamic shared memory."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+from dataclasses import dataclass
+
+from kaio.errors import LaunchError
+from kaio.runtime.cache import DiskCache, cache_key
+from kaio.runtime.device import Device
+from kaio.runtime.driver import (
+    check,
+    check_ptx_supported,
+    cu,
+    cuda_error,
+    driver_version,
+    format_version,
+    libcuda,
+    max_ptx_isa,
+)
+
+__all__ = ["LoadedKernel", "Resources", "select_arch", "link_ptx", "load", "disk_cache"]
+
+_CU_JIT_ERROR_LOG_BUFFER = 5
+_CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 6
+_CU_JIT_INPUT_PTX = 1
+_LOG_BYTES = 16384
+
+_ENTRY = re.compile(r"\.entry\s+([A-Za-z_$%][\w$]*)")
+_REQNTID = re.compile(r"\.reqntid\s+(\d+)(?:\s*,\s*(\d+))?(?:\s*,\s*(\d+))?")
+_MAXNTID = re.compile(r"\.maxntid\s+(\d+)(?:\s*,\s*(\d+))?(?:\s*,\s*(\d+))?")
+
+
+@dataclass
+class Resources:
+    """What one compiled kernel uses, as the driver reports it."""
+
+    registers: int
+    local_bytes: int
+    shared_bytes: int
+    const_bytes: int
+    max_threads_per_block: int
+
+
+@dataclass(eq=False)
+class LoadedKernel:
+    """A kernel loaded on one device: its ``CUfunction`` (``handle`` as an int for ctypes),
+    the module that owns it, and the block constraints its PTX declares."""
+
+    name: str
+    module: object
+    function: object
+    handle: int
+    device: Device
+    reqntid: tuple | None
+    maxntid: int | None
+    from_disk: bool
+    dynamic_shared_limit: int = 0
+
+    def attribute(self, name: str) -> int:
+        """A ``CU_FUNC_ATTRIBUTE_*`` value (``"NUM_REGS"``, ``"LOCAL_SIZE_BYTES"``...)."""
+        attr = getattr(cu.CUfunction_attribute, f"CU_FUNC_ATTRIBUTE_{name}")
+        return check(cu.cuFuncGetAttribute(attr, self.function), f"cuFuncGetAttribute({name})")
+
+    def resources(self) -> Resources:
+        """Registers, local (spill) bytes, static shared bytes, constant bytes, max threads."""
+        return Resources(
+            registers=self.attribute("NUM_REGS"),
+            local_bytes=self.attribute("LOCAL_SIZE_BYTES"),
+            shared_bytes=self.attribute("SHARED_SIZE_BYTES"),
+            const_bytes=self.attribute("CONST_SIZE_BYTES"),
+            max_threads_per_block=self.attribute("MAX_THREADS_PER_BLOCK"),
+        )
+
+    def allow_dynamic_shared(self, nbytes: int) -> None:
+        """Make ``nbytes`` of dynamic shared memory launchable, opting in above the default
+        per-block limit (48 KB); over the device's opt-in limit raises ``LaunchError``."""
+        if nbytes <= self.dynamic_shared_limit:
+            return
+        static = self.attribute("SHARED_SIZE_BYTES")
+        if static + nbytes > self.device.max_shared_per_block:
+            limit = self.device.max_shared_per_block_optin
+            if static + nbytes > limit:
+                raise LaunchError(
+                    f"{self.name}: {nbytes} bytes of dynamic shared memory (+ {static} static) "
+                    f"is over the {limit} bytes a block may use on {self.device.name} "
+                    f"({self.device.arch}); use smaller tiles"
+                )
+            attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            check(cu.cuFuncSetAttribute(self.function, attr, nbytes), "cuFuncSetAttribute")
+        self.dynamic_shared_limit = nbytes
+
+
+def _arch_number(arch: str) -> int:
+    m = re.fullmatch(r"sm_(\d+)[af]?", arch)
+    if m is None:
+        raise LaunchError(f"arch must look like 'sm_90', got {arch!r}")
+    return int(m.group(1))
+
+
+def select_arch(requested: str | None, device: Device) -> str:
+    """The arch to compile for: the kernel's own (it must not be newer than the GPU), else the
+    GPU's."""
+    if requested is None:
+        return device.arch
+    if _arch_number(requested) > _arch_number(device.arch):
+        raise LaunchError(
+            f"the kernel is compiled for {requested} but {device.name} is {device.arch}: "
+            f"drop arch= from the decorator or set it to {device.arch} or older"
+        )
+    return requested
+
+
+def link_ptx(ptx: str, name: str, arch: str) -> bytes:
+    """JIT-compile ``ptx`` to a cubin for the current device with the driver's linker."""
+    lib = libcuda()
+    log = ctypes.create_string_buffer(_LOG_BYTES)
+    options = (ctypes.c_int * 2)(_CU_JIT_ERROR_LOG_BUFFER, _CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES)
+    values = (ctypes.c_void_p * 2)(ctypes.addressof(log), _LOG_BYTES)
+    state = ctypes.c_void_p()
+    rc = lib.cuLinkCreate_v2(2, options, values, ctypes.byref(state))
+    if rc:
+        raise cuda_error(rc, "cuLinkCreate")
+    try:
+        data = ptx.encode() + b"\0"
+        rc = lib.cuLinkAddData_v2(
+            state, _CU_JIT_INPUT_PTX, data, len(data), name.encode(), 0, None, None
+        )
+        cubin, size = ctypes.c_void_p(), ctypes.c_size_t()
+        if rc == 0:
+            rc = lib.cuLinkComplete(state, ctypes.byref(cubin), ctypes.byref(size))
+        if rc:
+            error = cuda_error(rc, f"compiling kernel {name} for {arch} (driver JIT)")
+            text = log.value.decode(errors="replace").strip()
+            if error.name == "CUDA_ERROR_UNSUPPORTED_PTX_VERSION":
+                top = max_ptx_isa(driver_version())
+                text += (
+                    f"\nthis driver (CUDA {format_version(driver_version())}) loads PTX ISA up "
+                    f"to {top[0]}.{top[1]}: update the NVIDIA driver"
+                )
+            raise type(error)(f"{error}\n{text}" if text else str(error), error.name, error.code)
+        return ctypes.string_at(cubin, size.value)
+    finally:
+        lib.cuLinkDestroy(state)
+
+
+_disk_cache: DiskCache | None = None
+
+
+def disk_cache() -> DiskCache:
+    """The process's cubin cache (directory read from the environment on first use)."""
+    global _disk_cache
+    if _disk_cache is None:
+        _disk_cache = DiskCache()
+    return _disk_cache
+
+
+def _dims(match) -> tuple:
+    return tuple(int(g) if g else 1 for g in match.groups())
+
+
+_loaded: dict[tuple, LoadedKernel] = {}
+
+
+def load(spec, device: Device, arch: str) -> LoadedKernel:
+    """The kernel of specialization ``spec`` compiled for ``arch`` and loaded on ``device``
+    (whose context is current); built once per process, its cubin cached on disk."""
+    memo = (spec.key, arch, device.ordinal)
+    loaded = _loaded.get(memo)
+    if loaded is not None:
+        return loaded
+    ptx = spec.ptx(arch)
+    entry = _ENTRY.search(ptx)
+    if entry is None:
+        raise LaunchError(f"the PTX of {spec.kernel.__name__} has no .entry")
+    name = entry.group(1)
+    version = driver_version()
+    check_ptx_supported(ptx, version, name)
+    cache = disk_cache()
+    key = cache_key(spec.key, arch, version)
+    cubin = cache.get(key)
+    from_disk = cubin is not None
+    module = None
+    if from_disk:
+        err, module = cu.cuModuleLoadData(cubin)
+        if err != cu.CUresult.CUDA_SUCCESS:  # an entry this driver rejects: rebuilt below
+            from_disk, module = False, None
+    if module is None:
+        cubin = link_ptx(ptx, name, arch)
+        cache.put(key, cubin)
+        module = check(cu.cuModuleLoadData(cubin), f"loading kernel {name}")
+    function = check(cu.cuModuleGetFunction(module, name.encode()), f"cuModuleGetFunction({name})")
+    req, maxn = _REQNTID.search(ptx), _MAXNTID.search(ptx)
+    maxntid = None
+    if maxn is not None:
+        x, y, z = _dims(maxn)
+        maxntid = x * y * z
+    loaded = LoadedKernel(
+        name=name,
+        module=module,
+        function=function,
+        handle=int(function),
+        device=device,
+        reqntid=_dims(req) if req else None,
+        maxntid=maxntid,
+        from_disk=from_disk,
+    )
+    _loaded[memo] = loaded
+    return loaded

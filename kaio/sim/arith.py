@@ -1,0 +1,132 @@
+"""The pure ops of the IR as NumPy functions ``fn(type, *operands)``, bit-exact with
+``kaio.ir.ops``: integers wrap at their width, f16/bf16 arithmetic is computed in f32 and
+rounded once, ``fma`` and every conversion round exactly once (``kaio.sim.numerics``).
+
+The approximate math ops (``exp2 log2 rsqrt rcp_approx sin cos tanh``) are computed in float64
+and rounded to f32: the correctly rounded value, which lies within the hardware instructions'
+documented error bounds but is not bit-identical to them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kaio.sim import numerics
+from kaio.types import ScalarType
+
+F32 = np.dtype(np.float32)
+F64 = np.dtype(np.float64)
+
+
+def _half(t: ScalarType) -> bool:
+    return t.is_float and t.bits == 16
+
+
+def _arith(ufunc):
+    """A binary or unary op that wraps for integers and rounds f16/bf16 once via f32."""
+
+    def run(t: ScalarType, *vals):
+        if _half(t):
+            return ufunc(*(v.astype(F32) for v in vals)).astype(t.np_dtype)
+        return ufunc(*vals)
+
+    return run
+
+
+def _minmax(int_fn, float_fn):
+    """Integer min/max, or the NaN-ignoring float version (PTX ``min``/``max``)."""
+    int_op, float_op = _arith(int_fn), _arith(float_fn)
+    return lambda t, a, b: (float_op if t.is_float else int_op)(t, a, b)
+
+
+add = _arith(np.add)
+sub = _arith(np.subtract)
+mul = _arith(np.multiply)
+div = _arith(np.divide)
+neg = _arith(np.negative)
+min_ = _minmax(np.minimum, np.fmin)
+max_ = _minmax(np.maximum, np.fmax)
+
+
+def abs_(t: ScalarType, a):
+    """|a|; the most negative integer stays itself, unsigned values are unchanged."""
+    return a if t.kind == "uint" else _arith(np.abs)(t, a)
+
+
+def shl(t: ScalarType, a, n):
+    """``a << n`` with a u32 amount; amounts >= the width give 0."""
+    s = np.minimum(n, t.bits - 1).astype(t.np_dtype)
+    return np.where(n >= t.bits, np.zeros((), t.np_dtype), np.left_shift(a, s))
+
+
+def shr(t: ScalarType, a, n):
+    """``a >> n`` with a u32 amount: arithmetic for signed types; clamped like PTX."""
+    s = np.minimum(n, t.bits - 1).astype(t.np_dtype)
+    shifted = np.right_shift(a, s)
+    if t.kind == "int":
+        return shifted  # a shift by width-1 already gives the sign fill
+    return np.where(n >= t.bits, np.zeros((), t.np_dtype), shifted)
+
+
+def fma(t: ScalarType, a, b, c):
+    """``a * b + c`` rounded once."""
+    fn = numerics.fma_f32 if t.bits == 32 else numerics.fma_f64
+    return fn(np.asarray(a), np.asarray(b), np.asarray(c))
+
+
+def approx(fn):
+    """f32 approximate math: computed in float64, rounded once to f32."""
+
+    def run(t: ScalarType, a):
+        return fn(np.asarray(a).astype(F64)).astype(F32)
+
+    return run
+
+
+def cvt(src: ScalarType, dst: ScalarType, a):
+    """Conversion with the rules of ``kaio.ir.ops``."""
+    a = np.asarray(a)
+    if dst.is_bool:
+        return a != 0
+    if src.is_bool or (src.is_int and dst.is_int):
+        return a.astype(dst.np_dtype)  # integer narrowing wraps
+    if dst.is_float:
+        if src.is_float:
+            return numerics.round_f64(a.astype(F64), dst.np_dtype)
+        return numerics.int_to_float(a, dst.np_dtype)
+    return numerics.float_to_int(a, dst)
+
+
+def bitcast(src: ScalarType, dst: ScalarType, a):
+    """Reinterpret the bits (same width)."""
+    return np.asarray(a).view(dst.np_dtype)
+
+
+def select(t: ScalarType, c, a, b):
+    """``c ? a : b``."""
+    return np.where(c, a, b)
+
+
+def mov(t: ScalarType, a):
+    """A copy (values are never modified in place, so no copy is made)."""
+    return a
+
+
+def compare(ufunc):
+    """A comparison (bf16 compared exactly through f32)."""
+
+    def run(t: ScalarType, a, b):
+        if t.name == "bf16":
+            return ufunc(a.astype(F32), b.astype(F32))
+        return ufunc(a, b)
+
+    return run
+
+
+def plain(fn):
+    """An op whose NumPy function already has the IR's meaning for every allowed type."""
+
+    def run(t: ScalarType, *vals):
+        return fn(*vals)
+
+    return run

@@ -1,0 +1,86 @@
+"""Launching a ``Kernel`` on the simulator: ``kernel.sim[grid, block](*args)`` and the launches
+that ``with kaio.simulate():`` redirects (``run_simulated``)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kaio.errors import LaunchError
+from kaio.kernel import LaunchConfig, parse_launch_config
+from kaio.sim.engine import simulate
+from kaio.sim.numerics import round_f64
+from kaio.types import ArrayType, ScalarType
+
+
+class SimLauncher:
+    """``kernel.sim``: subscript it with ``[grid]``, ``[grid, block]`` or ``[grid, block,
+    stream, shared_bytes]`` (the stream is ignored) and call the result with the kernel's
+    arguments, NumPy arrays being modified in place."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, config):
+        cfg = parse_launch_config(config, self.kernel.block_size)
+        return lambda *args, **kwargs: run_simulated(self.kernel, cfg, args, kwargs)
+
+
+def run_simulated(kernel, config: LaunchConfig, args: tuple, kwargs: dict) -> None:
+    """Run ``kernel`` with launch configuration ``config`` on the simulator."""
+    values, constexprs = kernel.split_args(args, kwargs)
+    params = kernel.runtime_params()
+    by_name = dict(zip((n for n, _ in params), values, strict=True))
+    layouts = []
+    for name, ann in params:
+        if isinstance(ann, ArrayType):
+            arr = _check_array(kernel, name, ann, by_name[name])
+            layouts.append("C" if arr.flags.c_contiguous else "A")
+    fn = kernel.specialize(constexprs, tuple(layouts)).function
+    arrays, scalars = {}, {}
+    for p in fn.params:
+        v = by_name[p.source]
+        if p.role == "scalar":
+            scalars[p.value] = _scalar(kernel, p.source, p.value.type, v)
+            continue
+        arrays[p.array] = v
+        if p.role == "stride" and v.strides[p.dim] % v.itemsize:
+            raise LaunchError(
+                f"{kernel.__name__}: array {p.source!r} has a stride of {v.strides[p.dim]} bytes, "
+                f"not a multiple of its {v.itemsize}-byte elements"
+            )
+    simulate(fn, config.grid, config.block, arrays, scalars, config.shared_bytes)
+
+
+def _check_array(kernel, name: str, ann: ArrayType, v) -> np.ndarray:
+    if not isinstance(v, np.ndarray):
+        raise LaunchError(
+            f"{kernel.__name__}: argument {name!r} must be a NumPy array ({ann}) for the "
+            f"simulator, got {type(v).__name__}"
+        )
+    if v.dtype != ann.dtype.np_dtype or v.ndim != ann.ndim:
+        raise LaunchError(
+            f"{kernel.__name__}: argument {name!r} is declared {ann} but got a {v.ndim}-d "
+            f"array of {v.dtype} (convert it with .astype, or reshape it)"
+        )
+    return v
+
+
+def _scalar(kernel, name: str, t: ScalarType, v):
+    """A launch argument converted to scalar type ``t``; out-of-range integers are refused."""
+    where = f"{kernel.__name__}: argument {name!r} ({t})"
+    if t.is_float:
+        if not isinstance(v, int | float | np.integer | np.floating):
+            raise LaunchError(f"{where} must be a number, got {type(v).__name__}")
+        return round_f64(np.asarray(float(v)), t.np_dtype)
+    if not isinstance(v, int | np.integer | np.bool_):
+        raise LaunchError(f"{where} must be an integer, got {type(v).__name__}")
+    v = int(v)
+    if t.is_bool:
+        lo, hi = 0, 1
+    elif t.kind == "int":
+        lo, hi = -(2 ** (t.bits - 1)), 2 ** (t.bits - 1) - 1
+    else:
+        lo, hi = 0, 2**t.bits - 1
+    if not lo <= v <= hi:
+        raise LaunchError(f"{where} is {v}, outside the type's range [{lo}, {hi}]")
+    return np.asarray(v).astype(t.np_dtype)

@@ -1,0 +1,276 @@
+"""Memory in the simulator: where each array lives, bounds-checked loads, stores and atomics,
+and the shared-memory race detector.
+
+Global arrays are the caller's NumPy arrays, indexed in place (non-contiguous views too).
+Shared arrays get one copy per block of the batch (``data[block, *index]``), local arrays one
+per lane (``data[lane, *index]``); both start filled with a poison value (NaN, all-ones
+integers, True) so that reading memory nobody wrote shows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kaio.errors import SimulationError
+from kaio.ir.nodes import Array, Instr
+from kaio.sim import arith
+from kaio.types import ScalarType
+
+
+def poison(dtype: np.dtype):
+    """The fill value of uninitialized shared and local memory."""
+    if dtype.kind == "b":
+        return True
+    if dtype.kind in "iu":
+        return np.array(-1).astype(dtype)
+    return np.nan
+
+
+class Storage:
+    """The elements of one ``Array`` during a batch of blocks.
+
+    ``scope`` says what the leading index of ``data`` is: ``"grid"`` (none: the caller's
+    global array), ``"block"`` (the block within the batch) or ``"lane"``. ``shape`` is the
+    array's shape as the kernel sees it; ``tracker`` is the race detector (shared memory).
+    """
+
+    def __init__(self, array: Array, data: np.ndarray, scope: str, tracker=None):
+        self.array = array
+        self.data = data
+        self.scope = scope
+        self.shape = data.shape if scope == "grid" else data.shape[1:]
+        self.tracker = tracker
+        self.size = int(np.prod(self.shape, dtype=np.int64))
+
+
+def make_storages(m, arrays: dict, dynamic_shared_bytes: int, race_check: bool) -> dict:
+    """The storage of every array of ``m.function`` for a batch of ``m.nb`` blocks."""
+    out = {}
+    dyn_views: dict = {}
+    dyn_bytes = np.zeros((m.nb, dynamic_shared_bytes), np.uint8)
+    dyn_bytes.fill(0xFF)  # all-ones: NaN for floats, -1 for integers
+    for a in m.function.arrays:
+        dtype = a.dtype.np_dtype
+        if a.space == "global":
+            out[a] = Storage(a, arrays[a], "grid")
+            continue
+        if a.space == "local":
+            shape = tuple(int(d.value) for d in a.shape)
+            out[a] = Storage(a, np.full((m.n, *shape), poison(dtype), dtype), "lane")
+            continue
+        if a.space == "shared_dyn":
+            if dtype not in dyn_views:  # arrays of one dtype share elements and race state
+                count = dynamic_shared_bytes // dtype.itemsize
+                data = dyn_bytes[:, : count * dtype.itemsize].view(dtype)
+                dyn_views[dtype] = Storage(a, data, "block")
+            st = dyn_views[dtype]
+            out[a] = st
+        else:
+            shape = tuple(int(d.value) for d in a.shape)
+            st = Storage(a, np.full((m.nb, *shape), poison(dtype), dtype), "block")
+            out[a] = st
+        if race_check and st.tracker is None:
+            st.tracker = RaceTracker(st, m.nb)
+    return out
+
+
+# ----------------------------------------------------------------------------- addressing
+def _locate(m, ins: Instr, st: Storage, idx_vals: list, what: str):
+    """Bounds-check the active lanes' indices; return (lanes, NumPy index tuple, flat key).
+
+    ``lanes`` is None when every lane is active. The flat key identifies the element across
+    the batch (block included), for the race detector and for atomics.
+    """
+    lanes = m.active_lanes()
+    idx = [m.pick(v, lanes).astype(np.int64, copy=False) for v in idx_vals]
+    bad = np.zeros(m.n if lanes is None else len(lanes), bool)
+    for i, size in zip(idx, st.shape, strict=True):
+        bad |= (i < 0) | (i >= size)
+    if bad.any():
+        k = int(np.argmax(bad))
+        lane = k if lanes is None else int(lanes[k])
+        _oob(m, ins, st, [m.pick(v, None)[lane] for v in idx_vals], lane, what)
+    flat = np.zeros(len(bad), np.int64)
+    for i, size in zip(idx, st.shape, strict=True):
+        flat = flat * size + i
+    if st.scope == "grid":
+        return lanes, tuple(idx), flat
+    lead = m.lane_block if st.scope == "block" else m.lane_index
+    lead = lead if lanes is None else lead[lanes]
+    return lanes, (lead, *idx), lead * st.size + flat
+
+
+def _oob(m, ins, st: Storage, index: list, lane: int, what: str):
+    shown = ", ".join(str(int(v)) for v in index)
+    raise SimulationError(
+        f"{m.where(ins)}: out-of-bounds {what} of {st.array.space} array "
+        f"'{st.array.name}' (shape {tuple(int(s) for s in st.shape)}) at index [{shown}] "
+        f"by {m.describe(lane)}{m.source(ins)}"
+    )
+
+
+# ----------------------------------------------------------------------------- load, store
+def load(m, ins: Instr, vals: list):
+    """``dst = array[index...]``."""
+    st = m.storage(ins.args[0])
+    lanes, ix, key = _locate(m, ins, st, vals, "load")
+    if st.tracker is not None:
+        st.tracker.access(m, ins, key, lanes, write=False)
+    return m.scatter(st.data[ix], lanes)
+
+
+def store(m, ins: Instr, vals: list):
+    """``array[index...] = value``."""
+    st = m.storage(ins.args[0])
+    lanes, ix, key = _locate(m, ins, st, vals[:-1], "store")
+    if st.tracker is not None:
+        st.tracker.access(m, ins, key, lanes, write=True)
+    st.data[ix] = m.pick(vals[-1], lanes)
+
+
+# ----------------------------------------------------------------------------- atomics
+def _bits(t: ScalarType, v):
+    return v.view(f"u{t.itemsize}") if t.is_float else v
+
+
+def _combine(t: ScalarType, kind: str, old, ops: list):
+    if kind == "add":
+        return arith.add(t, old, ops[0])
+    if kind == "max":
+        return arith.max_(t, old, ops[0])
+    if kind == "min":
+        return arith.min_(t, old, ops[0])
+    if kind == "exch":
+        return ops[0]
+    return np.where(_bits(t, old) == _bits(t, ops[0]), ops[1], old)  # cas
+
+
+def _accumulator(t: ScalarType, kind: str):
+    """The ufunc whose ``accumulate`` applies ``kind`` sequentially, exactly like
+    ``_combine`` (None where only element-by-element application is exact)."""
+    if kind == "cas" or (t.is_float and t.bits == 16):
+        return None
+    return {
+        "add": np.add,
+        "max": np.fmax if t.is_float else np.maximum,
+        "min": np.fmin if t.is_float else np.minimum,
+        "exch": None,
+    }[kind]
+
+
+def atomic(m, ins: Instr, vals: list):
+    """``old = array[index]; array[index] = f(old, operands...)``, applied lane by lane in
+    lane order (block-major, then thread order): the results are deterministic."""
+    st = m.storage(ins.args[0])
+    t, kind = st.array.dtype, ins.attrs["kind"]
+    nd = len(st.shape)
+    lanes, ix, key = _locate(m, ins, st, vals[:nd], "atomic")
+    ops = [np.asarray(m.pick(v, lanes)) for v in vals[nd:]]
+    order = np.argsort(key, kind="stable")
+    sk = key[order]
+    starts = np.flatnonzero(np.r_[True, sk[1:] != sk[:-1]])
+    sizes = np.diff(np.r_[starts, len(sk)])
+    if len(starts) == len(sk):  # every lane has its own element
+        old = st.data[ix]
+        st.data[ix] = _combine(t, kind, old, ops)
+        return m.scatter(old, lanes)
+    old = np.empty(len(sk), t.np_dtype)
+    single = sizes == 1
+    if single.any():
+        sel = order[starts[single]]
+        sub = tuple(i[sel] for i in ix)
+        old[sel] = st.data[sub]
+        st.data[sub] = _combine(t, kind, old[sel], [op[sel] for op in ops])
+    starts, sizes = starts[~single], sizes[~single]
+    ufunc = _accumulator(t, kind)
+    if (kind == "exch" or ufunc is not None) and len(starts) < sizes.max():
+        for s, size in zip(starts, sizes, strict=True):  # few elements, many lanes each
+            sel = order[s : s + size]
+            elem = tuple(i[sel[0]] for i in ix)
+            seq = np.concatenate([st.data[elem][None], ops[0][sel]]).astype(t.np_dtype)
+            acc = seq if ufunc is None else ufunc.accumulate(seq, dtype=t.np_dtype)
+            old[sel] = acc[:-1]
+            st.data[elem] = acc[-1]
+    else:
+        for r in range(int(sizes.max())):  # round r: the r-th lane of every element
+            sel = order[starts[sizes > r] + r]
+            sub = tuple(i[sel] for i in ix)
+            old[sel] = st.data[sub]
+            st.data[sub] = _combine(t, kind, old[sel], [op[sel] for op in ops])
+    return m.scatter(old, lanes)
+
+
+# ----------------------------------------------------------------------------- races
+class RaceTracker:
+    """Per element of a shared array, for the current barrier interval: the last writer and
+    up to two readers (lane, warp epoch, instruction). Two accesses conflict when they are
+    by different threads, at least one writes, and no ``sync_threads`` (or, within a warp,
+    ``sync_warp``) separates them. Atomics are not tracked."""
+
+    _SLOTS = ("w", "r1", "r2")
+
+    def __init__(self, st: Storage, nb: int):
+        self.storage = st
+        self.nb = nb
+        total = nb * st.size
+        self.lane = {s: np.full(total, -1, np.int64) for s in self._SLOTS}
+        self.epoch = {s: np.zeros(total, np.int64) for s in self._SLOTS}
+        self.at = {s: np.zeros(total, np.int64) for s in self._SLOTS}
+
+    def reset(self, blocks: np.ndarray) -> None:
+        """Forget the accesses of the blocks in ``blocks`` (a barrier)."""
+        for lane in self.lane.values():
+            lane.reshape(self.nb, -1)[blocks] = -1
+
+    def _conflict(self, m, slot: str, key, cur):
+        prev = self.lane[slot][key]
+        hit = (prev >= 0) & (prev != cur)
+        if hit.any():
+            cur_warp = m.warp_of_lane[cur]
+            same_warp = m.warp_of_lane[np.maximum(prev, 0)] == cur_warp
+            hit &= ~(same_warp & (m.warp_epoch[cur_warp] != self.epoch[slot][key]))
+        return hit
+
+    def _record(self, m, slot: str, key, cur, code: int, which=None):
+        if which is not None:
+            key, cur = key[which], cur[which]
+        self.lane[slot][key] = cur
+        self.epoch[slot][key] = m.warp_epoch[m.warp_of_lane[cur]]
+        self.at[slot][key] = code
+
+    def access(self, m, ins: Instr, key, lanes, write: bool) -> None:
+        """Check and record one load or store by the active lanes."""
+        cur = m.lane_index if lanes is None else lanes
+        for slot in ("w", "r1", "r2") if write else ("w",):
+            hit = self._conflict(m, slot, key, cur)
+            if hit.any():
+                k = int(np.argmax(hit))
+                prev = int(self.lane[slot][key[k]])
+                self._report(m, ins, int(key[k]), int(cur[k]), write, prev, slot)
+        code = m.instr_code(ins)
+        if write:
+            order = np.argsort(key, kind="stable")
+            dup = np.flatnonzero(key[order][1:] == key[order][:-1])
+            if len(dup):
+                a, b = order[dup[0]], order[dup[0] + 1]
+                self._record(m, "w", key[a : a + 1], cur[a : a + 1], code)
+                self._report(m, ins, int(key[b]), int(cur[b]), True, int(cur[a]), "w")
+            self._record(m, "w", key, cur, code)
+            return
+        self._record(m, "r1", key, cur, code, self.lane["r1"][key] < 0)
+        second = (self.lane["r1"][key] != cur) & (self.lane["r2"][key] < 0)
+        self._record(m, "r2", key, cur, code, second)
+
+    def _report(self, m, ins, key: int, lane: int, write: bool, prev: int, slot: str):
+        st = self.storage
+        elem = np.unravel_index(key % st.size, st.shape) if st.size else ()
+        index = ", ".join(str(int(i)) for i in elem)
+        other = m.instr_by_code(int(self.at[slot][key]))
+        verb, prev_verb = ("writes" if write else "reads"), ("wrote" if slot == "w" else "read")
+        raise SimulationError(
+            f"{m.where(ins)}: shared-memory race on '{st.array.name}'[{index}] in block "
+            f"{m.block_coords(lane)}: thread {m.thread_coords(lane)} {verb} it here"
+            f"{m.source(ins)}\nand thread {m.thread_coords(prev)} {prev_verb} it at "
+            f"{m.where(other)}{m.source(other)}\nwith no kaio.sync_threads() in between "
+            f"(or kaio.sync_warp() when both threads are in one warp)"
+        )

@@ -1,0 +1,162 @@
+"""Exact floating-point helpers for the simulator: one rounding, fused multiply-add, conversions.
+
+NumPy's own casts round twice in a few places (``float64 -> bfloat16`` and ``int64 ->
+bfloat16`` go through float32). Everything here rounds exactly once, using *round to odd*:
+rounding a value to odd at 53 bits and then to nearest even at p <= 51 bits gives the same
+result as one rounding to nearest even (Boldo and Melquiond, "Emulation of FMA and
+correctly-rounded sums: proved algorithms using rounding to odd", IEEE TC 2008).
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+
+from kaio.types import ScalarType
+
+F64 = np.dtype(np.float64)
+F32 = np.dtype(np.float32)
+
+
+def two_sum(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``s = fl(a + b)`` and the exact error ``e`` with ``a + b == s + e`` (Knuth's TwoSum)."""
+    s = a + b
+    bb = s - a
+    e = (a - (s - bb)) + (b - bb)
+    return s, e
+
+
+def _nudge_to_odd(s: np.ndarray, inexact: np.ndarray, toward: np.ndarray) -> np.ndarray:
+    """Round-to-odd fix-up: where ``inexact`` and the significand of ``s`` is even, step one
+    ulp toward ``toward`` (the exact value lies between ``s`` and that neighbour)."""
+    bits = s.view(np.uint64 if s.dtype == F64 else np.uint32)
+    fix = inexact & ((bits & 1) == 0) & np.isfinite(s)
+    if fix.any():
+        s = s.copy()
+        s[fix] = np.nextafter(s[fix], toward[fix])
+    return s
+
+
+def add_round_to_odd(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a + b`` (float64) rounded to odd."""
+    s, e = two_sum(a, b)
+    return _nudge_to_odd(s, e != 0, s + np.where(e > 0, np.inf, -np.inf))
+
+
+def f64_to_f32_round_to_odd(x: np.ndarray) -> np.ndarray:
+    """float64 values rounded to odd at float32 precision."""
+    r = x.astype(F32)
+    r64 = r.astype(F64)
+    inexact = (r64 != x) & ~np.isnan(x)
+    return _nudge_to_odd(r, inexact, np.where(x > r64, np.inf, -np.inf).astype(F32))
+
+
+def round_f64(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """float64 values rounded once to nearest even in ``dtype`` (f64, f32, f16 or bf16)."""
+    dtype = np.dtype(dtype)
+    if dtype == F64:
+        return x
+    if dtype in (F32, np.dtype(np.float16)):
+        return x.astype(dtype)  # NumPy rounds these directly from float64
+    return f64_to_f32_round_to_odd(x).astype(dtype)
+
+
+def int_to_f64_round_to_odd(x: np.ndarray) -> np.ndarray:
+    """64-bit integers as float64, rounded to odd (exact for |x| < 2**53)."""
+    hi = (x >> 32).astype(F64) * 2.0**32  # exact: at most 32 significant bits
+    lo = (x & 0xFFFFFFFF).astype(F64)
+    return add_round_to_odd(hi, lo)
+
+
+def int_to_float(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Integers converted to a float type, rounded once to nearest even."""
+    dtype = np.dtype(dtype)
+    if x.dtype.itemsize < 8:
+        return round_f64(x.astype(F64), dtype)
+    if dtype == F64:
+        return x.astype(F64)  # the C conversion rounds once
+    return round_f64(int_to_f64_round_to_odd(x), dtype)
+
+
+def float_to_int(x: np.ndarray, t: ScalarType) -> np.ndarray:
+    """Floats converted to integer type ``t``: truncate toward zero, saturate, NaN gives 0
+    (PTX ``cvt.rzi.sat``)."""
+    x = np.trunc(x.astype(F64))
+    lo = -(2 ** (t.bits - 1)) if t.kind == "int" else 0
+    hi = 2 ** (t.bits - 1) if t.kind == "int" else 2**t.bits  # exclusive, a power of two
+    over = x >= float(hi)
+    under = x < float(lo)
+    bad = over | under | np.isnan(x)
+    out = np.where(bad, 0.0, x).astype(t.np_dtype)
+    out[over] = hi - 1
+    out[under] = lo
+    return out
+
+
+def fma_f32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """Correctly rounded float32 ``a * b + c``: the float64 product is exact, the sum is
+    rounded to odd at 53 bits and then to nearest at 24 bits."""
+    p = a.astype(F64) * b.astype(F64)
+    return add_round_to_odd(p, c.astype(F64)).astype(F32)
+
+
+def _split(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Veltkamp split of float64 values into two 26-bit halves (|a| < 2**996)."""
+    t = a * 134217729.0  # 2**27 + 1
+    hi = t - (t - a)
+    return hi, a - hi
+
+
+def _two_prod(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Dekker's exact product ``a * b == p + e`` (no overflow or underflow)."""
+    p = a * b
+    ah, al = _split(a)
+    bh, bl = _split(b)
+    e = ((ah * bh - p) + ah * bl + al * bh) + al * bl
+    return p, e
+
+
+def _in_range(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    ax = np.abs(x)
+    return (ax >= lo) & (ax <= hi)
+
+
+def fma_f64(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """Correctly rounded float64 ``a * b + c``.
+
+    Vectorized Boldo-Melquiond emulation (exact product, exact sum, round to odd, one final
+    rounding) where no intermediate can overflow or underflow; the rare remaining finite
+    inputs are computed exactly with ``fractions.Fraction``.
+    """
+    a, b, c = np.broadcast_arrays(a.astype(F64), b.astype(F64), c.astype(F64))
+    with np.errstate(all="ignore"):
+        out = a * b + c  # exact whenever a product factor is 0, or for inf/nan inputs
+        finite = np.isfinite(a) & np.isfinite(b) & np.isfinite(c)
+        # a finite product plus an infinite c is c, even when the product overflows
+        out = np.where(np.isfinite(a) & np.isfinite(b) & np.isinf(c), c, out)
+        general = finite & (a != 0) & (b != 0)
+        safe = (
+            general
+            & _in_range(a, 2.0**-450, 2.0**450)
+            & _in_range(b, 2.0**-450, 2.0**450)
+            & ((c == 0) | _in_range(c, 2.0**-900, 2.0**900))
+        )
+        if safe.any():
+            sa, sb, sc = a[safe], b[safe], c[safe]
+            uh, ul = _two_prod(sa, sb)
+            th, tl = two_sum(sc, uh)
+            out[safe] = th + add_round_to_odd(tl, ul)
+    for i in np.flatnonzero(general & ~safe):
+        out[i] = _fma_exact(float(a[i]), float(b[i]), float(c[i]))
+    return out
+
+
+def _fma_exact(a: float, b: float, c: float) -> float:
+    exact = Fraction(a) * Fraction(b) + Fraction(c)
+    if exact == 0:  # a and b are nonzero: an exact cancellation, +0 when rounding to nearest
+        return 0.0
+    try:
+        return float(exact)  # int / int true division rounds correctly
+    except OverflowError:
+        return float("inf") if exact > 0 else float("-inf")

@@ -1,0 +1,104 @@
+"""The simulator's meaning of every IR op: ONE table, ``SEMANTICS``, keyed by op name.
+
+Each entry is ``handler(machine, instr, values) -> result``: ``values`` are the operands as
+NumPy values (a vector with one element per lane, or a 0-d array for a constant; ``Array``
+operands are left out, memory handlers read them from ``instr.args``); the result is a vector
+or 0-d array of the destination's dtype, or None. Pure ops (``kaio.sim.arith``) ignore the
+machine; the others are in ``kaio.sim.memory`` (load, store, atomic) and ``kaio.sim.threads``
+(special registers, barriers, shuffles, votes).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kaio.sim import memory, threads
+from kaio.sim.arith import (
+    abs_,
+    add,
+    approx,
+    bitcast,
+    compare,
+    cvt,
+    div,
+    fma,
+    max_,
+    min_,
+    mov,
+    mul,
+    neg,
+    plain,
+    select,
+    shl,
+    shr,
+    sub,
+)
+
+
+def _on_dst(fn):
+    """Handler for an op typed by its destination."""
+    return lambda m, ins, vals: fn(ins.dst.type, *vals)
+
+
+def _on_operand(fn, i=0):
+    """Handler for an op typed by its ``i``-th operand (comparisons)."""
+    return lambda m, ins, vals: fn(ins.args[i].type, *vals)
+
+
+def _convert(fn):
+    return lambda m, ins, vals: fn(ins.args[0].type, ins.dst.type, vals[0])
+
+
+SEMANTICS = {
+    "mov": _on_dst(mov),
+    "add": _on_dst(add),
+    "sub": _on_dst(sub),
+    "mul": _on_dst(mul),
+    "div": _on_dst(div),
+    "floordiv": _on_dst(plain(np.floor_divide)),
+    "mod": _on_dst(plain(np.remainder)),
+    "and": _on_dst(plain(np.bitwise_and)),
+    "or": _on_dst(plain(np.bitwise_or)),
+    "xor": _on_dst(plain(np.bitwise_xor)),
+    "shl": _on_dst(shl),
+    "shr": _on_dst(shr),
+    "min": _on_dst(min_),
+    "max": _on_dst(max_),
+    "neg": _on_dst(neg),
+    "not": _on_dst(plain(np.logical_not)),
+    "invert": _on_dst(plain(np.invert)),
+    "abs": _on_dst(abs_),
+    "lt": _on_operand(compare(np.less)),
+    "le": _on_operand(compare(np.less_equal)),
+    "gt": _on_operand(compare(np.greater)),
+    "ge": _on_operand(compare(np.greater_equal)),
+    "eq": _on_operand(compare(np.equal)),
+    "ne": _on_operand(compare(np.not_equal)),
+    "select": _on_dst(select),
+    "cvt": _convert(cvt),
+    "bitcast": _convert(bitcast),
+    "sqrt": _on_dst(plain(np.sqrt)),
+    "floor": _on_dst(plain(np.floor)),
+    "ceil": _on_dst(plain(np.ceil)),
+    "trunc": _on_dst(plain(np.trunc)),
+    "rint": _on_dst(plain(np.rint)),
+    "fma": _on_dst(fma),
+    "exp2": _on_dst(approx(np.exp2)),
+    "log2": _on_dst(approx(np.log2)),
+    "rsqrt": _on_dst(approx(lambda x: 1.0 / np.sqrt(x))),
+    "rcp_approx": _on_dst(approx(lambda x: 1.0 / x)),
+    "sin": _on_dst(approx(np.sin)),
+    "cos": _on_dst(approx(np.cos)),
+    "tanh": _on_dst(approx(np.tanh)),
+    "sreg": threads.sreg,
+    "load": memory.load,
+    "store": memory.store,
+    "atomic": memory.atomic,
+    "shfl": threads.shfl,
+    "vote_any": threads.vote_any,
+    "vote_all": threads.vote_all,
+    "ballot": threads.ballot,
+    "sync_threads": threads.sync_threads,
+    "sync_warp": threads.sync_warp,
+    "threadfence": threads.threadfence,
+}

@@ -1,0 +1,137 @@
+"""Ops that involve several threads or the thread's identity: special registers, barriers,
+warp shuffles and votes.
+
+A warp is 32 consecutive linear thread indices of a block (linear = x + y*bx + z*bx*by); the
+last warp of a block whose size is not a multiple of 32 is partial. Shuffles, votes and
+barriers must be reached by every thread of their warp (block) that has not returned: the
+simulator runs threads in lockstep and cannot reproduce what divergent code would do on a
+GPU, so it reports it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kaio.errors import SimulationError
+from kaio.ir.nodes import Instr
+
+
+def sreg(m, ins: Instr, vals: list):
+    """A special register (``tid.x``, ``ctaid.y``, ``laneid``, ``dynamic_smem_size``...)."""
+    return m.sreg[ins.attrs["name"]]
+
+
+def threadfence(m, ins: Instr, vals: list):
+    """A memory fence: lockstep execution already orders every access."""
+
+
+def _lanes_text(m, lanes: np.ndarray) -> str:
+    shown = ", ".join(str(m.thread_coords(int(x))) for x in lanes[:4])
+    return shown + (f" and {len(lanes) - 4} more" if len(lanes) > 4 else "")
+
+
+def _divergence_error(m, ins: Instr, what: str, group: np.ndarray, unit: str, hint: str):
+    """Raise for ``group`` (lane indices of one warp or block) being partly active."""
+    arrived = group[m.mask[group]]
+    missing = group[m.alive[group] & ~m.mask[group]]
+    raise SimulationError(
+        f"{m.where(ins)}: {what} in divergent code: in {unit} of block "
+        f"{m.block_coords(int(group[0]))}, threads {_lanes_text(m, arrived)} reached it but "
+        f"threads {_lanes_text(m, missing)} did not (they took another branch, left a loop "
+        f"early or are in another iteration){m.source(ins)}\n{hint}"
+    )
+
+
+def require_converged_warps(m, ins: Instr, what: str) -> None:
+    """Error unless every warp with an active lane has all its live lanes active."""
+    if m.all_active:
+        return
+    active = np.add.reduceat(m.mask, m.warp_starts)
+    diverged = np.add.reduceat(m.mask != m.alive, m.warp_starts)
+    bad = np.flatnonzero((active > 0) & (diverged > 0))
+    if len(bad):
+        w = int(bad[0])
+        group = np.flatnonzero(m.warp_of_lane == w)
+        _divergence_error(
+            m,
+            ins,
+            what,
+            group,
+            f"warp {int(m.lane_thread[group[0]]) // 32}",
+            "move it out of the branch so that the whole warp executes it",
+        )
+
+
+def sync_threads(m, ins: Instr, vals: list):
+    """Block-wide barrier: every live thread of each participating block must be active.
+    Ends the race detector's interval for those blocks."""
+    active = m.mask.reshape(m.nb, m.tpb)
+    blocks = active.any(axis=1)
+    if not m.all_active:
+        bad = np.flatnonzero(blocks & (active != m.alive.reshape(m.nb, m.tpb)).any(axis=1))
+        if len(bad):
+            b = int(bad[0])
+            group = np.arange(b * m.tpb, (b + 1) * m.tpb)
+            _divergence_error(
+                m,
+                ins,
+                "sync_threads() (barrier)",
+                group,
+                "the block",
+                "every thread of the block must reach the same sync_threads() (threads that "
+                "returned are not waited for)",
+            )
+    for tracker in m.trackers:
+        tracker.reset(blocks)
+
+
+def sync_warp(m, ins: Instr, vals: list):
+    """Warp-wide barrier: orders the shared-memory accesses of the lanes of each warp."""
+    require_converged_warps(m, ins, "sync_warp()")
+    warps = np.unique(m.warp_of_lane[m.mask])
+    m.warp_epoch[warps] += 1
+
+
+def shfl(m, ins: Instr, vals: list):
+    """Warp shuffle (``bfly``, ``down``, ``up``, ``idx``) with PTX's source-lane rule: an
+    out-of-range source lane gives the lane its own value (as does a lane that does not
+    exist in a partial warp, or has returned: undefined on the GPU)."""
+    require_converged_warps(m, ins, "a warp shuffle")
+    v = m.pick(vals[0], None)
+    b = m.pick(vals[1], None).astype(np.int64)
+    lane = m.laneid
+    mode = ins.attrs["mode"]
+    if mode == "bfly":
+        j = lane ^ b
+    elif mode == "down":
+        j = lane + b
+    elif mode == "up":
+        j = lane - b
+    else:
+        j = b & 31
+    ok = (j >= 0) & (j < m.warp_size_of_lane)
+    src = np.where(ok, m.lane_index - lane + j, m.lane_index)
+    src = np.where(m.alive[src], src, m.lane_index)
+    return v[src]
+
+
+def _per_warp(m, ins: Instr, what: str, values: np.ndarray, ufunc) -> np.ndarray:
+    require_converged_warps(m, ins, what)
+    return ufunc.reduceat(values, m.warp_starts)[m.warp_of_lane]
+
+
+def vote_any(m, ins: Instr, vals: list):
+    """True in every lane of a warp where some active lane has ``p``."""
+    return _per_warp(m, ins, "vote_any()", m.pick(vals[0], None) & m.mask, np.logical_or)
+
+
+def vote_all(m, ins: Instr, vals: list):
+    """True in every lane of a warp where all active lanes have ``p``."""
+    return _per_warp(m, ins, "vote_all()", m.pick(vals[0], None) | ~m.mask, np.logical_and)
+
+
+def ballot(m, ins: Instr, vals: list):
+    """The u32 mask of the active lanes of the warp that have ``p`` (bit = lane id)."""
+    p = m.pick(vals[0], None) & m.mask
+    bits = np.where(p, np.left_shift(np.uint64(1), m.laneid.astype(np.uint64)), np.uint64(0))
+    return _per_warp(m, ins, "ballot()", bits, np.bitwise_or).astype(np.uint32)
