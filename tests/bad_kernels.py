@@ -1,4 +1,4 @@
-"""Kernels outside the DSL, one per error case. ``# ERR`` marks the line the error must name."""
+"""Kernels outside the DSL, one per error case; an ERR comment marks the line to report."""
 
 import kaio
 from kaio import f32, i32, u32

@@ -1,0 +1,92 @@
+"""The ``kaio`` command: ``kaio ptx FILE::KERNEL``, ``kaio ir FILE::KERNEL``, ``kaio info``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+
+from kaio.errors import CompileError
+from kaio.kernel import Kernel
+
+
+def load_kernel(target: str) -> Kernel:
+    """Import ``path/to/file.py::name`` and return the kernel named there."""
+    path, sep, name = target.partition("::")
+    if not sep or not name:
+        raise SystemExit(f"kaio: expected FILE.py::KERNEL, got {target!r}")
+    if not os.path.exists(path):
+        raise SystemExit(f"kaio: no such file: {path}")
+    module_name = f"_kaio_cli_{os.path.splitext(os.path.basename(path))[0]}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    spec.loader.exec_module(module)
+    kernel = getattr(module, name, None)
+    if not isinstance(kernel, Kernel):
+        found = [k for k, v in vars(module).items() if isinstance(v, Kernel)]
+        raise SystemExit(
+            f"kaio: {name!r} is not a @kaio.gpu_kernel in {path} "
+            f"(kernels there: {', '.join(found) or 'none'})"
+        )
+    return kernel
+
+
+def _constexprs(pairs: list[str]) -> dict:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"kaio: constexpr values are NAME=VALUE, got {pair!r}")
+        try:
+            out[key] = int(value, 0)
+        except ValueError:
+            try:
+                out[key] = float(value)
+            except ValueError:
+                out[key] = value
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="kaio", description="Inspect and run kaio kernels.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, text in (("ptx", "print a kernel's PTX"), ("ir", "print a kernel's typed IR")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("target", help="path/to/file.py::kernel_name")
+        p.add_argument(
+            "-D",
+            dest="constexprs",
+            action="append",
+            default=[],
+            metavar="NAME=VALUE",
+            help="a constexpr parameter's value",
+        )
+        if name == "ptx":
+            p.add_argument("--arch", default=None, help="target, e.g. sm_80, sm_90 (default sm_90)")
+    sub.add_parser("info", help="driver, GPUs and cache directory")
+    args = parser.parse_args(argv)
+    if args.command == "info":
+        from kaio.runtime.info import info
+
+        print(info())
+        return 0
+    kernel = load_kernel(args.target)
+    constexprs = _constexprs(args.constexprs)
+    try:
+        if args.command == "ptx":
+            text = kernel.ptx(arch=args.arch, **constexprs)
+        else:
+            text = kernel.ir(**constexprs)
+    except CompileError as e:
+        print(e, file=sys.stderr)
+        return 1
+    sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
