@@ -1,0 +1,37 @@
+"""Running catalog cases and comparing their outputs with the references."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def launch_config(grid, block, shared_bytes):
+    """The subscript for kernel[...] / kernel.sim[...] (block None: the decorator's)."""
+    return (grid, block, None, shared_bytes)
+
+
+def with_views(args, views):
+    """The launch arguments: strided views of the arguments the case names."""
+    return [a[views[i]] if i in views else a for i, a in enumerate(args)]
+
+
+def host_copies(args):
+    """Copies of the NumPy arguments (references must not see kernel writes)."""
+    return [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+
+
+def assert_matches(name, got, expected, rtol, atol):
+    """Every element equal (NaN equal to NaN) when rtol == atol == 0, else within tolerance."""
+    expected = np.asarray(expected)
+    assert got.shape == expected.shape, f"{name}: shape {got.shape} != {expected.shape}"
+    g = got.astype(np.float64) if got.dtype.kind in "fV" or got.dtype.name == "bfloat16" else got
+    e = expected.astype(g.dtype) if g.dtype == np.float64 else expected.astype(got.dtype)
+    if rtol == 0 and atol == 0:
+        same = (g == e) | (np.isnan(g) & np.isnan(e)) if g.dtype == np.float64 else g == e
+    else:
+        same = np.isclose(g, e, rtol=rtol, atol=atol)
+        same &= ~np.isnan(g)
+    if not same.all():
+        bad = np.argwhere(~same)[:5]
+        details = ", ".join(f"{tuple(i)}: got {g[tuple(i)]!r} want {e[tuple(i)]!r}" for i in bad)
+        raise AssertionError(f"{name}: {int((~same).sum())} elements differ; first: {details}")

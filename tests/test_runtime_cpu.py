@@ -1,0 +1,414 @@
+"""Runtime logic that needs no GPU: cache, argument description and validation, DLPack
+metadata, launch-config parsing, PTX version checks, error formatting, parameter packing."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+import sys
+import types
+
+import numpy as np
+import pytest
+
+import kaio
+from kaio import f16, f32, i32, u32
+from kaio.errors import CudaError, LaunchError
+from kaio.kernel import parse_launch_config
+from kaio.runtime import dlpack, driver
+from kaio.runtime.arginfo import ArgInfo, c_strides
+from kaio.runtime.arguments import NUMPY_HINT, check_array, check_scalar, describe
+from kaio.runtime.cache import DiskCache, cache_dir, cache_key, cached
+from kaio.runtime.launcher import _expressions, bf16_bits, param_format
+
+
+@kaio.gpu_kernel(block_size=256)
+def add(x: f32[:], y: f32[:], out: f32[:], n: u32):
+    i = kaio.thread_idx_x() + kaio.block_idx_x() * kaio.block_dim_x()
+    if i < n:
+        out[i] = x[i] + y[i]
+
+
+# ----------------------------------------------------------------------------- cache
+def test_cache_dir_follows_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("KAIO_CACHE_DIR", str(tmp_path / "k"))
+    assert cache_dir() == str(tmp_path / "k")
+    monkeypatch.delenv("KAIO_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_dir() == str(tmp_path / "xdg" / "kaio")
+
+
+def test_cache_key_depends_on_spec_arch_and_driver():
+    base = cache_key("abc", "sm_90", 12080)
+    assert base == cache_key("abc", "sm_90", 12080)
+    assert len({base, cache_key("abd", "sm_90", 12080), cache_key("abc", "sm_80", 12080)}) == 3
+    assert base != cache_key("abc", "sm_90", 12090)
+
+
+def test_cache_round_trip_leaves_no_temporary_files(tmp_path):
+    cache = DiskCache(str(tmp_path))
+    assert cache.get("k") is None
+    cache.put("k", b"\x7fELF cubin bytes")
+    assert cache.get("k") == b"\x7fELF cubin bytes"
+    assert os.listdir(tmp_path) == ["k.cubin"]
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda data: data[: len(data) - 3],  # a partial write
+        lambda data: data[:-1] + bytes([data[-1] ^ 1]),  # a flipped bit
+        lambda data: b"garbage",  # not an entry at all
+        lambda data: b"",  # empty file
+    ],
+)
+def test_corrupt_entry_is_discarded_and_rebuilt(tmp_path, damage):
+    cache = DiskCache(str(tmp_path))
+    builds = []
+
+    def build() -> bytes:
+        builds.append(1)
+        return b"fresh cubin"
+
+    assert cached(cache, "k", build) == (b"fresh cubin", False)
+    path = cache.path("k")
+    with open(path, "rb") as f:
+        data = f.read()
+    with open(path, "wb") as f:
+        f.write(damage(data))
+    assert cache.get("k") is None
+    assert not os.path.exists(path)  # the damaged entry is gone
+    assert cached(cache, "k", build) == (b"fresh cubin", False)
+    assert cached(cache, "k", build) == (b"fresh cubin", True)
+    assert len(builds) == 2
+
+
+def test_unwritable_cache_warns_once_and_never_raises(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    cache = DiskCache(str(blocker / "sub"))
+    with pytest.warns(UserWarning, match="KAIO_CACHE_DIR"):
+        cache.put("k", b"x")
+    cache.put("k", b"x")  # no second warning, no exception
+    assert cache.get("k") is None
+
+
+# ----------------------------------------------------------------------------- arguments
+class FakeCAI:
+    def __init__(self, shape, typestr, strides=None, ptr=0x1000):
+        self.__cuda_array_interface__ = {
+            "shape": shape,
+            "typestr": typestr,
+            "data": (ptr, False),
+            "strides": strides,
+            "version": 3,
+        }
+
+
+@pytest.fixture
+def no_driver_pointer_query(monkeypatch):
+    monkeypatch.setattr("kaio.runtime.arguments._pointer_device", lambda ptr: 0)
+
+
+def test_describe_cuda_array_interface(no_driver_pointer_query):
+    info = describe(FakeCAI((4, 6), "<f4"))
+    assert (info.ptr, info.shape, info.strides, info.dtype) == (0x1000, (4, 6), (6, 1), f32)
+    assert info.contiguous and info.layout == "C"
+    strided = describe(FakeCAI((4, 3), "<f2", strides=(12, 4)))
+    assert strided.strides == (6, 2) and strided.dtype == f16 and strided.layout == "A"
+
+
+def test_describe_torch_like_tensor():
+    class Device:
+        type = "cuda"
+
+    class Tensor:
+        is_cuda = True
+        dtype = "torch.bfloat16"
+        shape = (3, 5)
+        device = Device()
+
+        def data_ptr(self):
+            return 0xABC0
+
+        def stride(self):
+            return (1, 3)
+
+        def get_device(self):
+            return 1
+
+    Tensor.__module__ = "torch"
+    info = describe(Tensor())
+    assert (info.ptr, info.shape, info.strides, info.dtype.name, info.device) == (
+        0xABC0,
+        (3, 5),
+        (1, 3),
+        "bf16",
+        1,
+    )
+    assert info.layout == "A"
+    Tensor.is_cuda = False
+    Tensor.device = "cpu"
+    with pytest.raises(LaunchError, match=r"\.cuda\(\)"):
+        describe(Tensor())
+
+
+def test_numpy_argument_names_both_ways_out():
+    with pytest.raises(LaunchError) as e:
+        describe(np.zeros(4, np.float32))
+    assert "kaio.to_device" in str(e.value) and "kaio.simulate()" in str(e.value)
+    assert "kaio.to_device" in NUMPY_HINT
+
+
+def test_check_array_names_parameter_and_expected_type(no_driver_pointer_query):
+    with pytest.raises(LaunchError, match=r"'x' \(expects f32\[:\]\).*array of f16"):
+        check_array(FakeCAI((4,), "<f2"), "x", f32[:], "k")
+    with pytest.raises(LaunchError, match=r"'x' \(expects f32\[:\]\).*2-d array"):
+        check_array(FakeCAI((4, 4), "<f4"), "x", f32[:], "k")
+    with pytest.raises(LaunchError, match=r"'x'.*to_device"):
+        check_array(np.zeros(4, np.float32), "x", f32[:], "k")
+    with pytest.raises(LaunchError, match=r"'x'.*not a CUDA array"):
+        check_array([1.0, 2.0], "x", f32[:], "k")
+
+
+def test_check_device_refuses_other_gpu():
+    from kaio.runtime.arguments import check_device
+
+    info = ArgInfo(0x10, (4,), (1,), f32, 1)
+    with pytest.raises(LaunchError, match=r"GPU 1 but the kernel runs on GPU 0.*kaio.Device\(1\)"):
+        check_device(info, "x", f32[:], "k", 0)
+
+
+def test_check_scalar_ranges_and_kinds():
+    check_scalar(7, "n", u32, "k")
+    check_scalar(np.uint32(7), "n", u32, "k")
+    check_scalar(3, "s", f32, "k")
+    with pytest.raises(LaunchError, match=r"'n' \(expects u32\): -1 is out of range"):
+        check_scalar(-1, "n", u32, "k")
+    with pytest.raises(LaunchError, match=r"out of range"):
+        check_scalar(2**31, "n", i32, "k")
+    with pytest.raises(LaunchError, match=r"got float 2.5; pass int"):
+        check_scalar(2.5, "n", i32, "k")
+    with pytest.raises(LaunchError, match="scalar"):
+        check_scalar(np.zeros(3), "n", f32, "k")
+
+
+def test_arginfo_signature_is_interned_and_abi_entries():
+    a = ArgInfo(0x100, (2, 3), (3, 1), f32, 0)
+    b = ArgInfo(0x200, (5, 7), (7, 1), f32, 0)
+    assert a.sig is b.sig
+    assert a.abi_c == (0x100, 2, 3) and a.abi_a == (0x100, 2, 3, 3, 1)
+    assert c_strides((2, 3, 4)) == (12, 4, 1)
+    assert ArgInfo(0, (4, 1), (1, 9), f32, 0).contiguous  # size-1 dims have any stride
+
+
+# ----------------------------------------------------------------------------- DLPack
+def test_dlpack_dtype_codes():
+    assert dlpack.dl_dtype(kaio.bf16) == (4, 16)
+    assert dlpack.dl_dtype(f32) == (2, 32)
+    assert dlpack.dl_dtype(kaio.u8) == (1, 8)
+    assert dlpack.dl_dtype(kaio.i64) == (0, 64)
+    assert dlpack.from_dl_dtype(4, 16) == kaio.bf16
+    with pytest.raises(TypeError):
+        dlpack.from_dl_dtype(2, 32, lanes=4)
+
+
+def test_dlpack_export_round_trip_and_release():
+    owner = object()
+    before = len(dlpack._live)
+    capsule = dlpack.export(owner, 0xDEAD00, (2, 3), (1, 2), kaio.bf16, 1)
+    assert len(dlpack._live) == before + 1
+    ptr, shape, strides, dtype, device = dlpack.read_capsule(capsule)
+    assert (ptr, shape, strides, dtype, device) == (0xDEAD00, (2, 3), (1, 2), kaio.bf16, (2, 1))
+    del capsule  # never consumed: the capsule destructor releases the tensor
+    assert len(dlpack._live) == before
+
+
+def test_dlpack_consumer_deleter_releases():
+    capsule = dlpack.export(None, 0x1000, (4,), (1,), f32, 0)
+    api = ctypes.pythonapi
+    address = api.PyCapsule_GetPointer(id(capsule), b"dltensor")
+    api.PyCapsule_SetName.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    api.PyCapsule_SetName(id(capsule), b"used_dltensor")  # what a consumer does
+    managed = dlpack.DLManagedTensor.from_address(address)
+    del capsule
+    assert address in dlpack._live  # consumed: the consumer owns it now
+    managed.deleter(ctypes.pointer(managed))
+    assert address not in dlpack._live
+
+
+def test_describe_dlpack_producer():
+    class Producer:
+        def __dlpack_device__(self):
+            return (2, 0)
+
+        def __dlpack__(self, stream=None):
+            return dlpack.export(self, 0x5000, (8,), (1,), f32, 0)
+
+    info = describe(Producer())
+    assert (info.ptr, info.shape, info.dtype, info.device) == (0x5000, (8,), f32, 0)
+
+    class HostProducer(Producer):
+        def __dlpack_device__(self):
+            return (1, 0)
+
+    with pytest.raises(LaunchError, match="not CUDA"):
+        describe(HostProducer())
+
+
+# ----------------------------------------------------------------------------- launch config
+def test_parse_launch_config_forms():
+    cfg = parse_launch_config(10, 256)
+    assert cfg.grid == (10, 1, 1) and cfg.block == (256, 1, 1) and cfg.shared_bytes == 0
+    cfg = parse_launch_config(((4, 2), (16, 16), None, 1024), None)
+    assert cfg.grid == (4, 2, 1) and cfg.block == (16, 16, 1) and cfg.shared_bytes == 1024
+    with pytest.raises(LaunchError, match="no block size"):
+        parse_launch_config(10, None)
+    with pytest.raises(LaunchError, match=">= 1"):
+        parse_launch_config((0, 32), None)
+
+
+def test_launch_routes_to_simulator_when_active(monkeypatch):
+    calls = []
+    fake = types.ModuleType("kaio.sim.launcher")
+    fake.run_simulated = lambda kernel, config, args, kwargs: calls.append((kernel, args, kwargs))
+    monkeypatch.setitem(sys.modules, "kaio.sim.launcher", fake)
+    monkeypatch.setattr("kaio.runtime.launch._sim_active", lambda: True)
+    x = np.zeros(4, np.float32)
+    add[1, 32](x, x, x, n=4)
+    assert calls == [(add, (x, x, x), {"n": 4})]
+
+
+def test_numpy_launch_outside_simulator_is_refused_before_any_driver_call(monkeypatch):
+    monkeypatch.setattr("kaio.runtime.launch._sim_active", lambda: False)
+    x = np.zeros(4, np.float32)
+    with pytest.raises(LaunchError, match=r"add: argument 'x'.*kaio.to_device.*kaio.simulate"):
+        add[1, 32](x, x, x, 4)
+    with pytest.raises(LaunchError, match="add"):
+        add[1, 32](x, x)
+
+
+# ----------------------------------------------------------------------------- packing
+def test_param_format_aligns_every_entry():
+    def param(type_):
+        return types.SimpleNamespace(value=types.SimpleNamespace(type=type_))
+
+    fmt, size = param_format([param(kaio.u8), param(kaio.u64), param(u32), param(kaio.f16)])
+    assert fmt == "=B" + "x" * 7 + "QIe"
+    assert struct.calcsize(fmt) == size == 22
+    assert param_format([])[1] == 0
+
+
+def test_launch_abi_expressions_follow_layouts():
+    spec = add.specialize({}, ("C", "C", "A"))
+    assert _expressions(add, spec) == ["*i0.abi_c", "*i1.abi_c", "*i2.abi_a", "a3"]
+    fmt, size = param_format(spec.function.params)
+    assert fmt == "=QqQqQqqI" and size == 60
+
+
+def test_bf16_bits():
+    assert bf16_bits(1.0) == 0x3F80
+    assert bf16_bits(-2.0) == 0xC000
+
+
+# ----------------------------------------------------------------------------- driver
+def test_max_ptx_isa_per_driver():
+    assert driver.max_ptx_isa(12000) == (8, 0)
+    assert driver.max_ptx_isa(12060) == (8, 5)
+    assert driver.max_ptx_isa(12070) == (8, 6)
+    assert driver.max_ptx_isa(12080) == (8, 7)
+    assert driver.max_ptx_isa(12090) == (8, 8)
+    assert driver.max_ptx_isa(13000) == (9, 0)
+
+
+def test_ptx_version_check_names_the_driver_needed():
+    ptx = "//\n.version 8.7\n.target sm_90\n.address_size 64\n"
+    assert driver.ptx_isa_of(ptx) == (8, 7)
+    driver.check_ptx_supported(ptx, 12080)
+    with pytest.raises(CudaError) as e:
+        driver.check_ptx_supported(ptx, 12060, "gemm")
+    message = str(e.value)
+    assert "gemm" in message and "CUDA 12.8 or newer" in message and "CUDA 12.6" in message
+    assert "up to 8.5" in message
+    assert e.value.name == "CUDA_ERROR_UNSUPPORTED_PTX_VERSION"
+    driver.check_ptx_supported(".version 9.9\n", 12080)  # unknown to kaio: the driver decides
+    with pytest.raises(ValueError):
+        driver.ptx_isa_of(".target sm_90\n")
+
+
+def test_error_name_and_text_formatting(monkeypatch):
+    monkeypatch.setattr(driver, "last_launched", {0: "attention", 7: "softmax"})
+    error = driver.cuda_error(700, "synchronize", stream=7)
+    assert isinstance(error, CudaError)
+    assert error.name == "CUDA_ERROR_ILLEGAL_ADDRESS" and error.code == 700
+    assert str(error).startswith("synchronize: CUDA_ERROR_ILLEGAL_ADDRESS")
+    assert "last kernel launched on this stream: softmax" in str(error)
+    assert "attention, softmax" in str(driver.cuda_error(700, "synchronize"))
+    plain = driver.cuda_error(1, "cuMemAlloc")
+    assert plain.name == "CUDA_ERROR_INVALID_VALUE" and "kernel" not in str(plain)
+    with pytest.raises(CudaError, match="CUDA_ERROR_OUT_OF_MEMORY"):
+        driver.check((driver.cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY, None), "cuMemAlloc")
+    assert driver.check((driver.cu.CUresult.CUDA_SUCCESS, 5)) == 5
+    assert driver.check((driver.cu.CUresult.CUDA_SUCCESS,)) is None
+
+
+def test_info_never_raises():
+    text = kaio.runtime.info()
+    assert "CUDA driver" in text and "kernel cache" in text
+
+
+# ----------------------------------------------------------------------------- launcher
+def test_generated_launcher_packs_and_rechecks_signature(monkeypatch):
+    """The fast launcher, driven against a fake libcuda: the parameter buffer holds the ABI
+    entries, and a different signature falls back (returns False) instead of launching."""
+    from kaio.runtime import launcher as launcher_mod
+    from kaio.runtime.memory import DeviceArray
+
+    calls = []
+
+    def fake_launch(func, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        size = ctypes.c_size_t.from_address(extra[3]).value
+        calls.append((func, (gx, gy, gz), (bx, by, bz), ctypes.string_at(extra[1], size)))
+        return 0
+
+    monkeypatch.setattr(
+        launcher_mod, "libcuda", lambda: types.SimpleNamespace(cuLaunchKernel=fake_launch)
+    )
+    device = types.SimpleNamespace(
+        ordinal=0,
+        max_block_dim=(1024, 1024, 64),
+        max_threads_per_block=1024,
+        max_grid_dim=(2**31 - 1, 65535, 65535),
+        name="fake",
+        arch="sm_90",
+    )
+    loaded = types.SimpleNamespace(
+        handle=0xF00,
+        device=device,
+        name="add",
+        reqntid=None,
+        maxntid=None,
+        attribute=lambda name: 1024,
+        allow_dynamic_shared=lambda n: None,
+    )
+    alloc = types.SimpleNamespace(ptr=0x1000, device=device)
+
+    def array(ptr, shape, strides):
+        a = DeviceArray.__new__(DeviceArray)
+        a._init(alloc, ptr, shape, strides, np.dtype(np.float32), f32)
+        return a
+
+    x, y, out = array(0x1000, (8,), (4,)), array(0x2000, (8,), (4,)), array(0x3000, (16,), (8,))
+    spec = add.specialize({}, ("C", "C", "A"))
+    args = (x, y, out, 8)
+    infos = {0: x._info, 1: y._info, 2: out._info}
+    launch = launcher_mod.build_launcher(add, spec, loaded, args, infos)
+    assert launch(args, (1, 1, 1), (256, 1, 1), 0, 0)
+    func, grid, block, buf = calls[-1]
+    assert func == 0xF00 and grid == (1, 1, 1) and block == (256, 1, 1)
+    assert struct.unpack("=QqQqQqqI", buf[:60]) == (0x1000, 8, 0x2000, 8, 0x3000, 16, 2, 8)
+    assert not launch((x, y, x, 8), (1, 1, 1), (256, 1, 1), 0, 0)  # contiguous out: other spec
+    assert not launch((x, y, out, -1), (1, 1, 1), (256, 1, 1), 0, 0)  # u32 cannot hold -1
+    assert not launch((x, y, out), (1, 1, 1), (256, 1, 1), 0, 0)
+    assert len(calls) == 1
