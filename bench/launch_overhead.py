@@ -74,6 +74,15 @@ def use_hand_ptx() -> str:
         return "hand-written"
 
 
+class Results(dict):
+    """The results, each printed as a table row as soon as it is measured."""
+
+    def __setitem__(self, name: str, value: float) -> None:
+        unit = "ms" if name.endswith("(ms)") else "us/launch"
+        print(f"  {name:<58} {value:8.2f} {unit}", flush=True)
+        super().__setitem__(name, value)
+
+
 def per_launch_us(launch_batch, sync) -> float:
     """Median host microseconds per launch over BATCHES batches of BATCH launches."""
     launch_batch()  # warm up
@@ -115,7 +124,8 @@ def bench_kaio(results: dict) -> None:
 
     dev = kaio.device()
     func = load(add.specialize({}, ("C", "C", "C")), dev, dev.arch).function
-    types = (None, ctypes.c_int64, None, ctypes.c_int64, None, ctypes.c_int64, ctypes.c_uint32)
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    types = (ptr, i64, ptr, i64, ptr, i64, ctypes.c_uint32)
 
     def raw():
         for _ in range(BATCH):
@@ -200,20 +210,19 @@ def main() -> None:
         cold_child()
         return
     ptx = use_hand_ptx()
-    results: dict = {}
-    bench_kaio(results)
-    bench_torch_and_triton(results)
-    bench_cold(results)
     dev = kaio.device()
     print(f"{dev.name} ({dev.arch}), kernel PTX: {ptx}, {BATCHES} batches of {BATCH} launches")
-    for name, value in results.items():
-        unit = "" if name.endswith("(ms)") else " us/launch"
-        print(f"  {name:<58} {value:8.2f}{unit}")
+    results, errors = Results(), {}
+    for group in (bench_kaio, bench_torch_and_triton, bench_cold):
+        try:
+            group(results)
+        except Exception as e:  # one failing peer must not lose the other rows
+            errors[group.__name__] = f"{type(e).__name__}: {e}"
+            print(f"  {group.__name__} failed: {errors[group.__name__]}", flush=True)
     if args.out:
+        report = {"device": dev.name, "arch": dev.arch, "ptx": ptx, "results": results}
         with open(args.out, "w") as f:
-            json.dump(
-                {"device": dev.name, "arch": dev.arch, "ptx": ptx, "results": results}, f, indent=2
-            )
+            json.dump({**report, "errors": errors}, f, indent=2)
 
 
 if __name__ == "__main__":

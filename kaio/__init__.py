@@ -8,6 +8,19 @@ from kaio.errors import CompileError, CudaError, LaunchError, SimulationError
 from kaio.kernel import Kernel, constexpr
 from kaio.lang import *  # noqa: F403  (the DSL builtins: thread_idx_x, shared, exp, ...)
 from kaio.lang import static_range
+from kaio.runtime import (
+    Device,
+    DeviceArray,
+    Event,
+    Stream,
+    device,
+    empty,
+    gpu_available,
+    synchronize,
+    to_device,
+    zeros,
+)
+from kaio.sim import simulate
 from kaio.types import (
     ArrayType,
     ScalarType,

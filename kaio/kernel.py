@@ -145,7 +145,8 @@ class Kernel:
             n for n, a in self._annotations.items() if a is constexpr
         ]
         self._specs: dict = {}
-        self._launchers: dict = {}
+        self._launches: dict = {}  # launch subscript -> Launch
+        self._launchers: dict = {}  # the runtime's per-argument-signature launchers
 
     # ----------------------------------------------------------------- arguments
     def array_params(self) -> list[str]:
@@ -243,10 +244,19 @@ class Kernel:
 
     # ----------------------------------------------------------------- running
     def __getitem__(self, config):
-        cfg = parse_launch_config(config, self.block_size)
+        try:
+            return self._launches[config]  # the host-side fast path: no re-parsing
+        except (KeyError, TypeError):
+            pass
         from kaio.runtime.launch import Launch
 
-        return Launch(self, cfg)
+        launch = Launch(self, parse_launch_config(config, self.block_size))
+        try:
+            if len(self._launches) < 64:
+                self._launches[config] = launch
+        except TypeError:
+            pass  # an unhashable stream object: parse each time
+        return launch
 
     @property
     def sim(self):

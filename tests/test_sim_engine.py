@@ -782,6 +782,14 @@ def test_atomic_add_returns_old_values_in_lane_order(t):
     assert old_out.tolist() == expect_old and c.tolist() == expect_c
 
 
+def _ref_combine(kind, t, old, v1, v2):
+    if kind == "add":
+        return np.float32(old) + np.float32(v1) if t.is_float else old + v1
+    if kind == "cas":
+        return v2 if old == v1 else old
+    return {"max": max, "min": min, "exch": lambda o, v: v}[kind](old, v1)
+
+
 @pytest.mark.parametrize("kind", ["add", "max", "min", "exch", "cas"])
 @pytest.mark.parametrize("t", [f32, f16, i64])
 @pytest.mark.parametrize("targets", [1, 3, 200])
@@ -814,13 +822,7 @@ def test_atomics_are_sequential_in_lane_order(kind, t, targets):
     for j in range(n):
         o = ref_a[idx_data[j]]
         ref_old[j] = o
-        new = {
-            "add": lambda: (np.float32(o) + np.float32(d1[j])) if t.is_float else o + d1[j],
-            "max": lambda: max(o, d1[j]),
-            "min": lambda: min(o, d1[j]),
-            "exch": lambda: d1[j],
-            "cas": lambda: d2[j] if o == d1[j] else o,
-        }[kind]()
+        new = _ref_combine(kind, t, o, d1[j], d2[j])
         ref_a[idx_data[j]] = t.np_dtype.type(new)
     old_out = poisoned(n, t.np_dtype)
     k.run(3, 100, {"a": a, "idx": idx_data, "v1": d1, "v2": d2, "old": old_out}, batch_lanes=100)
@@ -1048,7 +1050,10 @@ def test_real_kernel_transpose_and_race_without_barrier():
         transpose_tile.sim[1](a, out[::2], sync=False)
 
 
-def test_simulate_context_routes_nothing_by_itself():
-    with kaio.sim.simulate():
+def test_launches_inside_kaio_simulate_run_on_the_simulator():
+    x, y = np.arange(65, dtype=np.float32), poisoned(64, np.float32)
+    with kaio.simulate():
         assert kaio.sim.active()
+        shift_left[2, 32](x, y, 64)
     assert not kaio.sim.active()
+    assert np.array_equal(y, x[1:])

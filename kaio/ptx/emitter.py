@@ -5,8 +5,9 @@
 - Parameters: each ``Param`` is one ``.param`` (``.u64`` pointers, ``.s64`` shapes and strides,
   scalars by type, bool as ``.u8``), loaded in the prologue only if used; array pointers are
   converted with ``cvta.to.global`` once. Shape-derived byte strides are also computed there.
-- Control flow: ``If`` branches around its blocks; ``Loop`` is ``head: body; cont: step; bra
-  head; break:``; ``Region`` ends at a label that ``Break`` jumps to; ``Return`` is ``ret``.
+- Control flow: ``If`` branches around its blocks (an ``If`` holding only a jump becomes one
+  predicated ``bra``/``ret``); ``Loop`` is ``head: body; cont: step; bra head; break:``;
+  ``Region`` ends at a label that ``Break`` (and ``Continue``) jump to; ``Return`` is ``ret``.
 - Line info: a ``.file`` per source file and ``.loc file line col`` (1-based column) whenever a
   statement's location changes, with a ``// file.py:LINE  source`` comment per new line.
 - Local arrays indexed only by constants (and not atomically) live in registers.
@@ -70,7 +71,7 @@ class Emitter:
         self._prologue: list[str] = []
         self._body: list[str] = []
         self._labels = count(1)
-        self._targets: dict[int, tuple[str | None, str]] = {}
+        self._targets: dict[int, tuple[str, str]] = {}  # id -> (continue, break) labels
         self._bases: dict[Array, str] = {}
         self._strides: dict[Array, list] = {}
         self._in_registers = {a: None for a in _register_locals(fn)}
@@ -250,23 +251,29 @@ class Emitter:
                 self._loop(s)
             elif isinstance(s, Region):
                 end = self.new_label("region")
-                self._targets[s.id] = (None, end)
+                self._targets[s.id] = (end, end)  # continue in an unrolled body: next copy
                 self.block(s.body)
                 self.place(end)
-            elif isinstance(s, Break):
-                self.line(f"bra {self._targets[s.target][1]}")
-            elif isinstance(s, Continue):
-                self.line(f"bra {self._targets[s.target][0]}")
-            elif isinstance(s, Return):
-                self.line("ret")
+            elif isinstance(s, _JUMPS):
+                self.line(self._jump(s))
             else:
                 raise TypeError(f"the PTX emitter cannot lower {type(s).__name__} (run the passes)")
+
+    def _jump(self, s) -> str:
+        if isinstance(s, Return):
+            return "ret"
+        continue_label, break_label = self._targets[s.target]
+        return f"bra {break_label if isinstance(s, Break) else continue_label}"
 
     def _if(self, s: If) -> None:
         if isinstance(s.cond, Const):
             self.block(s.then if s.cond.value else s.orelse)
             return
         p = self.r(s.cond)
+        if not s.orelse and len(s.then) == 1 and isinstance(s.then[0], _JUMPS):
+            self._set_loc(s.then[0].loc)
+            self.line(f"@{p} {self._jump(s.then[0])}")
+            return
         end = self.new_label("endif")
         if not s.orelse:
             self.line(f"@!{p} bra {end}")
@@ -310,10 +317,10 @@ class Emitter:
         for a in fn.arrays:
             if a.space == "shared_dyn":
                 out.append(f".extern .shared .align 16 .b8 {self.symbol(a)}[];")
-        params = [
-            f"\t.param .{'u64' if p.role == 'ptr' else mem_type(p.value.type)} {self._names[p.value]}"
-            for p in fn.params
-        ]
+        params = []
+        for p in fn.params:
+            ptype = "u64" if p.role == "ptr" else mem_type(p.value.type)
+            params.append(f"\t.param .{ptype} {self._names[p.value]}")
         out += ["", f".visible .entry {_identifier(fn.name)}(", ",\n".join(params), ")", "{"]
         for cls, (prefix, decl) in REG_CLASSES.items():
             if self._counts[cls]:

@@ -1,13 +1,10 @@
 """Table-driven lowering of IR ops to PTX instructions.
 
 ``LOWERING`` maps every op of ``kaio.ir.ops.OPS`` to the function that emits it. Most ops are
-one line of a template table, keyed by the operand's type class (``"int"``, ``"uint"``,
-``"float"`` for f32/f64, ``"f16"``, ``"bf16"``, ``"half"`` for both, ``"pred"``, ``"any"``).
-Templates use ``{d} {a} {b} {c}`` for operands and ``{ty}`` (arithmetic type, ``s32`` for a
-narrow signed integer), ``{bt}`` (bit type) and ``{st}`` (signed type of the register width).
-A ``(template, feature)`` pair is used only when the arch has the feature (``target.FEATURES``);
-otherwise an f16/bf16 op is computed in f32 and rounded once (bit-identical for these ops), and
-any other type raises CompileError naming the builtin and the arch needed.
+one line of a template table (``BINARY``, ``UNARY``, ``TERNARY``, ``COMPARE``; the entry format
+is in ``kaio.ptx.templates``). An entry that needs a feature the arch lacks falls back, for
+f16/bf16, to computing in f32 and rounding once (bit-identical for these ops); for any other
+type it raises CompileError naming the builtin and the arch needed.
 
 The few ops that need sequences have small helpers here: Python floor ``floordiv``/``mod``,
 bool compares and selects, conversions (``convert``), shuffles of 16- and 64-bit values.
@@ -21,7 +18,6 @@ from kaio.ptx import memory
 from kaio.ptx.regs import bty, immediate, is_half, is_narrow, ity, normalise, storage
 from kaio.ptx.templates import fmt, pick
 from kaio.types import ScalarType, f32, u32
-
 
 # ----------------------------------------------------------------------------- arithmetic
 
@@ -266,14 +262,16 @@ def _int_to_int(e, d: str, dt: ScalarType, a: str, st: ScalarType) -> None:
 
 
 def _bf16_convert(e, d: str, dt: ScalarType, a: str, st: ScalarType) -> None:
-    """Conversions to or from bf16: f32 directly (sm_80); integers and f64 directly on sm_90,
-    else through f32 (exactly, or rounded to odd so that the final rounding is the only one)."""
+    """Conversions to or from bf16: f32 directly (sm_80); 32/64-bit integers and f64 directly
+    on sm_90, else through f32 (exactly, or rounded to odd so that the final rounding is the
+    only one). f16 and 8/16-bit integers (which cvt.bf16 does not accept in 32-bit registers)
+    always go through f32, exactly."""
     other = st if dt.name == "bf16" else dt
     if other == f32:
         feature = "bf16_from_f32" if dt.name == "bf16" else "bf16_to_f32"
         e.target.require(feature, "bf16 conversion", e.loc)
         _cvt(e, d, dt, a, st)
-    elif other.name != "f16" and e.target.has("bf16_cvt"):
+    elif other.bits > 16 and e.target.has("bf16_cvt"):  # ints of 32/64 bits, f64
         e.target.require("bf16_cvt", "bf16 conversion", e.loc)
         _cvt(e, d, dt, a, st)
     elif st.name == "bf16":

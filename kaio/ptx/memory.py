@@ -98,8 +98,10 @@ def _local_register(e, arr: Array, idxs) -> str | None:
     flat = 0
     for i, n in zip(idxs, arr.shape, strict=True):
         if not 0 <= i.value < n.value:
-            e.fail(f"index {i.value} is out of bounds for local array {arr.name} of shape "
-                   f"{tuple(d.value for d in arr.shape)}")
+            e.fail(
+                f"index {i.value} is out of bounds for local array {arr.name} of shape "
+                f"{tuple(d.value for d in arr.shape)}"
+            )
         flat = flat * n.value + i.value
     return regs[flat]
 

@@ -106,7 +106,7 @@ def immediate(c: Const) -> str:
         if t.bits == 16:
             return f"0x{half_bits(c.value, t):04X}"
         if t.bits == 32:
-            return "0f%08X" % struct.unpack(">I", struct.pack(">f", float(c.value)))[0]
-        return "0d%016X" % struct.unpack(">Q", struct.pack(">d", float(c.value)))[0]
+            return f"0f{struct.unpack('>I', struct.pack('>f', float(c.value)))[0]:08X}"
+        return f"0d{struct.unpack('>Q', struct.pack('>d', float(c.value)))[0]:016X}"
     v = int(c.value)
     return str(v) if v < 2**31 else hex(v)

@@ -7,7 +7,7 @@ own minimum (PTX ISA "Target ISA notes"); ``FEATURES`` the instructions that nee
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kaio.errors import CompileError
 
@@ -59,7 +59,6 @@ class Target:
     arch: str
     sm: int
     version: tuple[int, int]
-    used: set[str] = field(default_factory=set)
 
     @classmethod
     def for_arch(cls, arch: str) -> Target:
@@ -90,5 +89,4 @@ class Target:
                 f"compile for a newer arch or avoid {builtin}",
                 *where,
             )
-        self.used.add(feature)
         self.version = max(self.version, f.version)

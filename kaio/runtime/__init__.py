@@ -3,7 +3,7 @@
 Nothing here touches the driver at import time, so kaio imports on machines without a GPU.
 """
 
-from kaio.runtime.device import Device, device, synchronize
+from kaio.runtime.device import Device, device, gpu_available, synchronize
 from kaio.runtime.info import info
 from kaio.runtime.memory import DeviceArray, empty, to_device, zeros
 from kaio.runtime.module import Resources
@@ -17,6 +17,7 @@ __all__ = [
     "Stream",
     "device",
     "empty",
+    "gpu_available",
     "info",
     "synchronize",
     "to_device",

@@ -7,6 +7,7 @@ allocations go to; ``Device(i).set_current()`` or ``with kaio.Device(i):`` chang
 
 from __future__ import annotations
 
+import functools
 from functools import cached_property
 
 from kaio.runtime.driver import check, cu, init
@@ -23,6 +24,34 @@ class _Current:
 
 
 current = _Current()
+
+
+@functools.cache
+def gpu_unavailable_reason() -> str | None:
+    """None when cuInit succeeds and at least one GPU is visible, else why not (never raises:
+    machines without libcuda or cuda-bindings get a reason)."""
+    try:
+        from cuda.bindings import driver as cu
+    except ImportError:
+        try:
+            from cuda import cuda as cu
+        except ImportError:
+            return "cuda-bindings is not installed"
+    try:
+        (err,) = cu.cuInit(0)
+        if err != cu.CUresult.CUDA_SUCCESS:
+            return f"cuInit failed: {err.name}"
+        err, count = cu.cuDeviceGetCount()
+    except Exception as e:  # libcuda missing: the bindings raise instead of returning a code
+        return f"no NVIDIA driver: {e}"
+    if err != cu.CUresult.CUDA_SUCCESS or count == 0:
+        return "no CUDA GPU visible"
+    return None
+
+
+def gpu_available() -> bool:
+    """True when a CUDA driver and at least one GPU are usable (never raises)."""
+    return gpu_unavailable_reason() is None
 
 
 def device_count() -> int:

@@ -25,55 +25,52 @@ _DISPATCH = "runtime"
 _MAX_LAUNCHERS = 8
 
 
-def _never() -> bool:
-    return False
-
-
-_sim_active = None
-
-
-def _simulation_active() -> bool:
+def _resolve_simulation_active() -> bool:
+    """Bind ``_sim_active`` to ``kaio.sim.mode.active`` (or to a constant False while the
+    simulator is absent) on first use, then answer it."""
     global _sim_active
-    if _sim_active is None:
-        try:
-            from kaio.sim.mode import active
-        except ImportError:
-            active = _never
-        _sim_active = active
-    return _sim_active()
+    try:
+        from kaio.sim.mode import active
+    except ImportError:
+
+        def active() -> bool:
+            return False
+
+    _sim_active = active
+    return active()
+
+
+_sim_active = _resolve_simulation_active
 
 
 class Launch:
     """A kernel bound to a launch configuration; calling it launches (or simulates) it."""
 
-    __slots__ = ("kernel", "config")
+    __slots__ = ("kernel", "config", "_grid", "_block", "_shared", "_stream")
 
     def __init__(self, kernel, config: LaunchConfig):
         self.kernel = kernel
         self.config = config
+        self._grid, self._block, self._shared = config.grid, config.block, config.shared_bytes
+        try:
+            self._stream = stream_handle(config.stream)
+        except TypeError as e:
+            raise LaunchError(f"{kernel.__name__}: {e}") from None
 
     def __call__(self, *args, **kwargs) -> None:
-        if _simulation_active():
+        if _sim_active():
             from kaio.sim.launcher import run_simulated
 
             return run_simulated(self.kernel, self.config, args, kwargs)
-        kernel, cfg = self.kernel, self.config
+        kernel = self.kernel
         if kwargs:
             args = _positional(kernel, args, kwargs)
-        stream = cfg.stream
-        if stream is None:
-            handle = 0
-        else:
-            try:
-                handle = stream_handle(stream)
-            except TypeError as e:
-                raise LaunchError(f"{kernel.__name__}: {e}") from None
         launchers = kernel._launchers.get(_DISPATCH)
         if launchers:
             for launch in launchers:
-                if launch(args, cfg.grid, cfg.block, cfg.shared_bytes, handle):
+                if launch(args, self._grid, self._block, self._shared, self._stream):
                     return None
-        _launch_slow(kernel, cfg, args, handle)
+        _launch_slow(kernel, self.config, args, self._stream)
         return None
 
 

@@ -47,7 +47,8 @@ _CUDA_ERROR_INVALID_CONTEXT = 201
 
 def param_format(params) -> tuple[str, int]:
     """The ``struct`` format of the parameter buffer (``=`` sizes, explicit padding so every
-    entry sits at its natural alignment) and the buffer's size, a multiple of 8."""
+    entry sits at its natural alignment) and its size in bytes: exactly the end of the last
+    entry, with no tail padding, since the driver checks it against the kernel's own size."""
     fmt, offset = "=", 0
     for p in params:
         code = _CODES[p.value.type.name]
@@ -55,7 +56,7 @@ def param_format(params) -> tuple[str, int]:
         pad = -offset % size
         fmt += "x" * pad + code
         offset += pad + size
-    return fmt, offset + (-offset % 8)
+    return fmt, offset
 
 
 def bf16_bits(value) -> int:

@@ -35,7 +35,7 @@ def _divergence_error(m, ins: Instr, what: str, group: np.ndarray, unit: str, hi
     arrived = group[m.mask[group]]
     missing = group[m.alive[group] & ~m.mask[group]]
     raise SimulationError(
-        f"{m.where(ins)}: {what} in divergent code: in {unit} of block "
+        f"{m.where(ins)}: {what} in divergent code: in {unit}block "
         f"{m.block_coords(int(group[0]))}, threads {_lanes_text(m, arrived)} reached it but "
         f"threads {_lanes_text(m, missing)} did not (they took another branch, left a loop "
         f"early or are in another iteration){m.source(ins)}\n{hint}"
@@ -57,7 +57,7 @@ def require_converged_warps(m, ins: Instr, what: str) -> None:
             ins,
             what,
             group,
-            f"warp {int(m.lane_thread[group[0]]) // 32}",
+            f"warp {int(m.lane_thread[group[0]]) // 32} of ",
             "move it out of the branch so that the whole warp executes it",
         )
 
