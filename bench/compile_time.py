@@ -36,7 +36,10 @@ def measure(runs: int = 5) -> dict:
     for _ in range(runs):
         out = subprocess.run(
             [sys.executable, "-c", _CHILD.format(bench=here)],
-            capture_output=True, text=True, check=True, env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+            env=env,
         ).stdout
         results.append(json.loads(out.strip().splitlines()[-1]))
 

@@ -141,9 +141,7 @@ class Kernel:
         self._annotations = {
             name: resolved.get(name, inspect.Parameter.empty) for name in self._signature.parameters
         }
-        self.constexpr_names = [
-            n for n, a in self._annotations.items() if a is constexpr
-        ]
+        self.constexpr_names = [n for n, a in self._annotations.items() if a is constexpr]
         self._specs: dict = {}
         self._launches: dict = {}  # launch subscript -> Launch
         self._launchers: dict = {}  # the runtime's per-argument-signature launchers

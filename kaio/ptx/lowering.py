@@ -229,6 +229,12 @@ def _cvt(e, d: str, dt: ScalarType, a: str, st: ScalarType) -> None:
         rnd = ""  # exact widening
     dtype = dt.ptx if is_narrow(dt) else ity(dt)
     e.line(f"cvt{rnd}.{dtype}.{ity(st)} {d}, {a}")
+    if dt.is_int and st.is_float:
+        # the hardware gives INT64_MIN for NaN to 64-bit integers (seen on an H200); ops.py
+        # says NaN converts to 0 for every integer type, so make it explicit
+        nan = e.tmp_pred()
+        e.line(f"setp.nan.{st.ptx} {nan}, {a}, {a}")
+        e.line(f"@{nan} mov.{bty(dt)} {d}, 0")
     if is_narrow(dt):
         e.line(normalise(dt, d))
 

@@ -142,14 +142,18 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
     fmt, size = param_format(spec.function.params)
     buf = (ctypes.c_uint8 * max(size, 8))()
     buf_size = ctypes.c_size_t(size)
-    extra = (ctypes.c_void_p * 5)(1, ctypes.addressof(buf), 2, ctypes.addressof(buf_size), 0)
+    extra_array = (ctypes.c_void_p * 5)(
+        1, ctypes.addressof(buf), 2, ctypes.addressof(buf_size), 0
+    )
+    # converted to the prototype's ctypes once, so each call skips from_param conversions
+    extra = ctypes.cast(extra_array, ctypes.POINTER(ctypes.c_void_p))
     env = {
         "pack": struct.Struct(fmt).pack_into,
         "buf": buf,
         "extra": extra,
-        "keep": (buf_size,),
+        "keep": (buf_size, extra_array),
         "launch_kernel": libcuda().cuLaunchKernel,
-        "func": loaded.handle,
+        "func": ctypes.c_void_p(loaded.handle),
         "current": current,
         "DeviceArray": DeviceArray,
         "describe": _describe_quiet,
