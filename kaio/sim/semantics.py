@@ -49,6 +49,31 @@ def _convert(fn):
     return lambda m, ins, vals: fn(ins.args[0].type, ins.dst.type, vals[0])
 
 
+# The GPU's arithmetic returns one canonical NaN (all exponent and mantissa bits set, sign
+# clear) whatever the operands' NaN payloads: 0x7FFF for f16/bf16, 0x7FFFFFFF for f32.
+_CANONICAL_NAN = {"f16": 0x7FFF, "bf16": 0x7FFF, "f32": 0x7FFFFFFF, "f64": 0x7FFFFFFFFFFFFFFF}
+_UINT = {16: np.uint16, 32: np.uint32, 64: np.uint64}
+
+
+def _canonical_nan(handler):
+    """Wrap a float-producing handler so NaN results carry the GPU's canonical bits."""
+
+    def run(m, ins, vals):
+        result = handler(m, ins, vals)
+        t = ins.dst.type
+        if not t.is_float:
+            return result
+        result = np.asarray(result)
+        nan = np.isnan(result.astype(np.float32) if t.bits == 16 else result)
+        if not nan.any():
+            return result
+        bits = result.view(_UINT[t.bits]).copy()
+        bits[nan] = _CANONICAL_NAN[t.name]
+        return bits.view(result.dtype)
+
+    return run
+
+
 SEMANTICS = {
     "mov": _on_dst(mov),
     "add": _on_dst(add),
@@ -90,6 +115,15 @@ SEMANTICS = {
     "sin": _on_dst(approx(np.sin)),
     "cos": _on_dst(approx(np.cos)),
     "tanh": _on_dst(approx(np.tanh)),
+}
+SEMANTICS.update(
+    {
+        op: _canonical_nan(SEMANTICS[op])
+        for op in "add sub mul div min max cvt sqrt floor ceil trunc rint fma exp2 log2 "
+        "rsqrt rcp_approx sin cos tanh".split()
+    }
+)
+SEMANTICS |= {
     "sreg": threads.sreg,
     "load": memory.load,
     "store": memory.store,
