@@ -368,13 +368,12 @@ def test_generated_launcher_packs_and_rechecks_signature(monkeypatch):
     calls = []
 
     def fake_launch(func, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        extra = (ctypes.c_void_p * 5).from_address(extra)
         size = ctypes.c_size_t.from_address(extra[3]).value
         calls.append((func, (gx, gy, gz), (bx, by, bz), ctypes.string_at(extra[1], size)))
         return 0
 
-    monkeypatch.setattr(
-        launcher_mod, "libcuda", lambda: types.SimpleNamespace(cuLaunchKernel=fake_launch)
-    )
+    monkeypatch.setattr(launcher_mod, "raw_launch_kernel", lambda: fake_launch)
     device = types.SimpleNamespace(
         ordinal=0,
         max_block_dim=(1024, 1024, 64),
@@ -406,7 +405,7 @@ def test_generated_launcher_packs_and_rechecks_signature(monkeypatch):
     launch = launcher_mod.build_launcher(add, spec, loaded, args, infos)
     assert launch(args, (1, 1, 1), (256, 1, 1), 0, 0)
     func, grid, block, buf = calls[-1]
-    assert func.value == 0xF00 and grid == (1, 1, 1) and block == (256, 1, 1)
+    assert func == 0xF00 and grid == (1, 1, 1) and block == (256, 1, 1)
     assert struct.unpack("=QqQqQqqI", buf[:60]) == (0x1000, 8, 0x2000, 8, 0x3000, 16, 2, 8)
     assert not launch((x, y, x, 8), (1, 1, 1), (256, 1, 1), 0, 0)  # contiguous out: other spec
     assert not launch((x, y, out, -1), (1, 1, 1), (256, 1, 1), 0, 0)  # u32 cannot hold -1

@@ -49,10 +49,13 @@ def _convert(fn):
     return lambda m, ins, vals: fn(ins.args[0].type, ins.dst.type, vals[0])
 
 
-# The GPU's arithmetic returns one canonical NaN (all exponent and mantissa bits set, sign
-# clear) whatever the operands' NaN payloads: 0x7FFF for f16/bf16, 0x7FFFFFFF for f32.
-_CANONICAL_NAN = {"f16": 0x7FFF, "bf16": 0x7FFF, "f32": 0x7FFFFFFF, "f64": 0x7FFFFFFFFFFFFFFF}
-_UINT = {16: np.uint16, 32: np.uint32, 64: np.uint64}
+# NaN bits as measured on an H200: f16/bf16/f32 arithmetic returns one canonical NaN
+# (0x7FFF, 0x7FFFFFFF) whatever the operands' payloads, except f64 -> f32 conversion, which
+# gives 0x7FC00000. f64 arithmetic behaves like x86 (the first NaN operand, quieted; else
+# 0xFFF8000000000000), which NumPy already reproduces, so f64 results are left alone.
+_CANONICAL_NAN = {"f16": 0x7FFF, "bf16": 0x7FFF, "f32": 0x7FFFFFFF}
+_F64_TO_F32_NAN = 0x7FC00000
+_UINT = {16: np.uint16, 32: np.uint32}
 
 
 def _canonical_nan(handler):
@@ -61,14 +64,15 @@ def _canonical_nan(handler):
     def run(m, ins, vals):
         result = handler(m, ins, vals)
         t = ins.dst.type
-        if not t.is_float:
+        if t.name not in _CANONICAL_NAN:
             return result
         result = np.asarray(result)
         nan = np.isnan(result.astype(np.float32) if t.bits == 16 else result)
         if not nan.any():
             return result
         bits = result.view(_UINT[t.bits]).copy()
-        bits[nan] = _CANONICAL_NAN[t.name]
+        from_f64 = ins.op == "cvt" and ins.args[0].type.name == "f64"
+        bits[nan] = _F64_TO_F32_NAN if from_f64 else _CANONICAL_NAN[t.name]
         return bits.view(result.dtype)
 
     return run
