@@ -71,7 +71,7 @@ def _canonical_nan(handler):
         if not nan.any():
             return result
         bits = result.view(_UINT[t.bits]).copy()
-        from_f64 = ins.op == "cvt" and ins.args[0].type.name == "f64"
+        from_f64 = ins.op == "cvt" and ins.args[0].type.name == "f64" and t.name == "f32"
         bits[nan] = _F64_TO_F32_NAN if from_f64 else _CANONICAL_NAN[t.name]
         return bits.view(result.dtype)
 
