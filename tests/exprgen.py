@@ -297,6 +297,13 @@ def evaluate(node: Node, types: dict, row: dict):
     x, y = to_type(a, ta, t), to_type(b, tb, t)
     if is_float(t):
         if op in ("min", "max"):
+            if x == 0 and y == 0:  # PTX orders -0 below +0
+                neg = (
+                    (np.signbit(x) or np.signbit(y))
+                    if op == "min"
+                    else (np.signbit(x) and np.signbit(y))
+                )
+                return NP[t](-0.0 if neg else 0.0), t
             return (np.fmin if op == "min" else np.fmax)(x, y), t
         return _farith(op, x, y, t), t
     if op in ("floordiv", "mod"):

@@ -44,8 +44,29 @@ sub = _arith(np.subtract)
 mul = _arith(np.multiply)
 div = _arith(np.divide)
 neg = _arith(np.negative)
-min_ = _minmax(np.minimum, np.fmin)
-max_ = _minmax(np.maximum, np.fmax)
+
+
+def _zero_signs(r, a, b, negative):
+    """Where a and b are both zeros, give r the sign PTX min/max give (-0 < +0, seen on an
+    H200); the dtype stays r's."""
+    both_zero = (a == 0) & (b == 0)
+    if not np.any(both_zero):
+        return r
+    return np.where(both_zero, np.where(negative, -np.abs(r), np.abs(r)), r)
+
+
+def _signed_zero_fmin(a, b):
+    """np.fmin with -0.0 < +0.0."""
+    return _zero_signs(np.fmin(a, b), a, b, np.signbit(a) | np.signbit(b))
+
+
+def _signed_zero_fmax(a, b):
+    """np.fmax with +0.0 > -0.0."""
+    return _zero_signs(np.fmax(a, b), a, b, np.signbit(a) & np.signbit(b))
+
+
+min_ = _minmax(np.minimum, _signed_zero_fmin)
+max_ = _minmax(np.maximum, _signed_zero_fmax)
 
 
 def abs_(t: ScalarType, a):
