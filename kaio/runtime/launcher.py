@@ -137,7 +137,11 @@ def _expressions(kernel, spec) -> list[str]:
 
 
 _LAUNCH_PROTOTYPE = ctypes.CFUNCTYPE(
-    ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p, ctypes.c_void_p,
+    ctypes.c_int,
+    ctypes.c_void_p,
+    *[ctypes.c_uint] * 7,
+    ctypes.c_void_p,
+    ctypes.c_void_p,
     ctypes.c_void_p,
 )
 _raw_launch = None
@@ -158,9 +162,7 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
     fmt, size = param_format(spec.function.params)
     buf = (ctypes.c_uint8 * max(size, 8))()
     buf_size = ctypes.c_size_t(size)
-    extra_array = (ctypes.c_void_p * 5)(
-        1, ctypes.addressof(buf), 2, ctypes.addressof(buf_size), 0
-    )
+    extra_array = (ctypes.c_void_p * 5)(1, ctypes.addressof(buf), 2, ctypes.addressof(buf_size), 0)
     extra = ctypes.addressof(extra_array)
     env = {
         "pack": struct.Struct(fmt).pack_into,
