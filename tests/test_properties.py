@@ -49,47 +49,44 @@ def _same(got, want):
     return bool(np.array_equal(_bits(got), _bits(want)))
 
 
-@settings(
+PROPERTY_SETTINGS = settings(
     max_examples=int(os.environ.get("KAIO_PROPERTY_EXAMPLES", 150)),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-@given(expression_kernels())
-def test_simulator_matches_independent_evaluation(spec):
+
+
+def _simulated(spec):
+    """(kernel, inputs, simulator output, description) for one generated kernel; the
+    kernel's temporary source file is removed once the simulator has run."""
     types, node, t, seed = spec
     kernel, path, inputs = _prepare(types, node, t, seed)
     try:
         out = np.zeros(N, exprgen.NP[t])
         kernel.sim[1](inputs["a"], inputs["b"], inputs["c"], out, N)
-        want = _expected(types, node, t, inputs)
-        assert _same(out, want), (
-            f"{exprgen.render(node, types)} with {types} -> {t}\ngot  {out}\nwant {want}"
-        )
     finally:
         os.unlink(path)
+    return kernel, inputs, out, f"{exprgen.render(node, types)} with {types} -> {t}"
+
+
+@PROPERTY_SETTINGS
+@given(expression_kernels())
+def test_simulator_matches_independent_evaluation(spec):
+    types, node, t, _ = spec
+    _, inputs, out, what = _simulated(spec)
+    want = _expected(types, node, t, inputs)
+    assert _same(out, want), f"{what}\ngot  {out}\nwant {want}"
 
 
 @pytest.mark.gpu
-@settings(
-    max_examples=int(os.environ.get("KAIO_PROPERTY_EXAMPLES", 150)),
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+@PROPERTY_SETTINGS
 @given(expression_kernels())
 def test_gpu_bit_exact_with_simulator(spec):
     import kaio
 
-    types, node, t, seed = spec
-    kernel, path, inputs = _prepare(types, node, t, seed)
-    try:
-        sim_out = np.zeros(N, exprgen.NP[t])
-        kernel.sim[1](inputs["a"], inputs["b"], inputs["c"], sim_out, N)
-        dev = {v: kaio.to_device(x) for v, x in inputs.items()}
-        gpu_out = kaio.zeros(N, exprgen.NP[t])
-        kernel[1](dev["a"], dev["b"], dev["c"], gpu_out, N)
-        got = gpu_out.numpy()
-        assert _bits(got).tobytes() == _bits(sim_out).tobytes(), (
-            f"{exprgen.render(node, types)} with {types} -> {t}\ngpu {got}\nsim {sim_out}"
-        )
-    finally:
-        os.unlink(path)
+    kernel, inputs, sim_out, what = _simulated(spec)
+    dev = {v: kaio.to_device(x) for v, x in inputs.items()}
+    gpu_out = kaio.zeros(N, sim_out.dtype)
+    kernel[1](dev["a"], dev["b"], dev["c"], gpu_out, N)
+    got = gpu_out.numpy()
+    assert _bits(got).tobytes() == _bits(sim_out).tobytes(), f"{what}\ngpu {got}\nsim {sim_out}"
