@@ -15,8 +15,11 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from kaio import types as T
-from kaio.ir.nodes import Const
+from kaio.ir.nodes import Array, Const, Var
+from kaio.ir.ops import MMA_KINDS
 
 __all__ = ["BUILTINS", "Builtin", "static_range"]
 
@@ -251,6 +254,7 @@ def _float_operand(ctx, arg, node, name, approx: bool):
     """The operand as a float IR value and the type the result is converted back to."""
     v = ctx.value(arg, node, T.f32)
     t = v.type
+    require_scalar(ctx, v, node, f"kaio.{name}()")
     if t.is_bool or t.is_int:
         t = T.f32
     if t == T.f64 and approx:
@@ -406,6 +410,8 @@ def _fma(ctx, args, node):
     a, c = ctx.unify(a, args[2], node)
     b = ctx.convert(b, a.type)
     t = a.type
+    if t.is_packed:  # fma.rn.f16x2 / .bf16x2: each half rounded once
+        return ctx.b.emit("fma", t, (a, b, c))
     if not t.is_float:
         t = T.f32
     compute = T.f32 if t.bits < 32 else t
@@ -418,10 +424,10 @@ def _pow(ctx, args, node):
     return ctx.power(args[0], args[1], node)
 
 
-_define("abs", "abs(x): |x| for ints and floats (exact).", _abs)
+_define("abs", "abs(x): |x| for ints, floats and packed pairs (exact).", _abs)
 _define("min", "min(a, b, ...): minimum; for floats a NaN operand is ignored.", _minmax("min"))
 _define("max", "max(a, b, ...): maximum; for floats a NaN operand is ignored.", _minmax("max"))
-_define("fma", "fma(a, b, c): a*b+c rounded once (fma.rn), f32 and f64.", _fma)
+_define("fma", "fma(a, b, c): a*b+c rounded once (fma.rn), f32, f64 and f16x2/bf16x2 pairs.", _fma)
 _define(
     "pow",
     "pow(x, y): x**y; a small constant integer y is exact multiplication, otherwise "
@@ -451,6 +457,282 @@ def _bitcast(ctx, args, node):
 
 _define("select", "select(c, a, b): a where c else b; both sides are evaluated.", _select)
 _define("bitcast", "bitcast(x, dtype): the bits of x read as dtype (same width).", _bitcast)
+
+
+# ---------------------------------------------------------------- registers, vectors, tensor cores
+# Multi-register instructions read and write *fragments*: a kaio.local array, or a part of one
+# named by leading constant indices (acc[i, j] of a 3-D acc), kept in registers.
+_VECTOR_BYTES = (4, 8, 16)
+
+
+def _memory_array(ctx, v, node, name: str, spaces: tuple) -> Array:
+    arr = ctx.array_arg(v, node, name)
+    if arr.space not in spaces:
+        where = " or ".join("shared" if s == "shared_dyn" else s for s in spaces[:2])
+        ctx.error(f"kaio.{name}() needs a {where} array; {arr.name!r} is {arr.space}", node)
+    return arr
+
+
+def _vector_frag(ctx, v, arr, node, name: str):
+    frag = ctx.fragment(v, node, f"kaio.{name}()")
+    t = frag.array.dtype
+    nbytes = frag.size * t.itemsize
+    if t.is_bool or t.bits < 16 or nbytes not in _VECTOR_BYTES:
+        ctx.error(
+            f"kaio.{name}() moves 4, 8 or 16 bytes of 16-, 32- or 64-bit registers; "
+            f"{frag!r} is {frag.size} x {t} = {nbytes} bytes",
+            node,
+        )
+    if nbytes % arr.dtype.itemsize:
+        ctx.error(f"kaio.{name}(): {nbytes} bytes is not a whole number of {arr.dtype}", node)
+    return frag
+
+
+def _load_vector(ctx, args, node):
+    _arity(ctx, "load_vector", args, node, 3)
+    arr = _memory_array(ctx, args[1], node, "load_vector", ("global", "shared", "shared_dyn"))
+    frag = _vector_frag(ctx, args[0], arr, node, "load_vector")
+    ctx.b.emit("ld_vec", None, (frag, arr, *ctx.indices(arr, args[2], node)))
+
+
+def _store_vector(ctx, args, node):
+    _arity(ctx, "store_vector", args, node, 3)
+    arr = _memory_array(ctx, args[0], node, "store_vector", ("global", "shared", "shared_dyn"))
+    frag = _vector_frag(ctx, args[2], arr, node, "store_vector")
+    ctx.b.emit("st_vec", None, (arr, *ctx.indices(arr, args[1], node), frag))
+
+
+_define(
+    "load_vector",
+    "load_vector(regs, arr, index): regs[:] = the bytes at arr[index...] in ONE 4/8/16-byte "
+    "access (ld.v4.b32...); the address must be aligned to the size.",
+    _load_vector,
+)
+_define(
+    "store_vector",
+    "store_vector(arr, index, regs): write regs to arr[index...] in ONE 4/8/16-byte access; "
+    "the address must be aligned to the size.",
+    _store_vector,
+)
+
+
+def _word_frag(ctx, v, node, name: str, sizes: tuple, what: str):
+    """A fragment of 32-bit registers (u32, i32, packed pairs; f32 where allowed)."""
+    frag = ctx.fragment(v, node, f"kaio.{name}()")
+    t = frag.array.dtype
+    if t.bits != 32 or t.is_bool:
+        ctx.error(f"kaio.{name}(): {what} needs 32-bit registers (u32), got {t}", node)
+    if frag.size not in sizes:
+        ok = " or ".join(str(n) for n in sizes)
+        ctx.error(f"kaio.{name}(): {what} is {ok} registers, {frag!r} has {frag.size}", node)
+    return frag
+
+
+def _ldmatrix(trans: bool):
+    name = "ldmatrix_trans" if trans else "ldmatrix"
+
+    def lower(ctx, args, node):
+        _arity(ctx, name, args, node, 3)
+        frag = _word_frag(ctx, args[0], node, name, (1, 2, 4), "the destination")
+        if frag.array.dtype.is_float and frag.array.dtype.name == "f32":
+            ctx.error(f"kaio.{name}() loads 16-bit pairs: use u32 (or packed) registers", node)
+        arr = _memory_array(ctx, args[1], node, name, ("shared", "shared_dyn"))
+        if 16 % arr.dtype.itemsize or (trans and arr.dtype.itemsize != 2):
+            need = "16-bit" if trans else "8-, 16- or 32-bit"
+            ctx.error(f"kaio.{name}() reads rows of {need} elements, not {arr.dtype}", node)
+        ctx.b.emit("ldmatrix", None, (frag, arr, *ctx.indices(arr, args[2], node)), trans=trans)
+
+    return lower
+
+
+_define(
+    "ldmatrix",
+    "ldmatrix(frag, smem, index): warp-wide load of len(frag) (1, 2, 4) 8x8 matrices of "
+    "16-bit elements; lane 8*i+r gives the address of row r of matrix i, frag[i] gets this "
+    "lane's pair of matrix i (row lane//4, columns 2*(lane%4), +1). sm_75+.",
+    _ldmatrix(False),
+)
+_define(
+    "ldmatrix_trans",
+    "ldmatrix_trans(frag, smem, index): like ldmatrix, each 8x8 matrix transposed (frag[i] "
+    "holds rows 2*(lane%4), +1 of column lane//4). sm_75+.",
+    _ldmatrix(True),
+)
+
+
+def _mma(kind: str):
+    name = f"mma_{kind}"
+    info = MMA_KINDS[kind]
+    acc = T.i32 if info.acc == "s32" else T.f32
+
+    def lower(ctx, args, node):
+        _arity(ctx, name, args, node, 4)
+        d, a, b, c = (ctx.fragment(v, node, f"kaio.{name}()") for v in args)
+        for frag, regs, what in ((d, info.c_regs, "d"), (c, info.c_regs, "c")):
+            if frag.array.dtype != acc or frag.size != regs:
+                ctx.error(
+                    f"kaio.{name}(): {what} is {regs} x {acc} registers, got {frag!r} "
+                    f"({frag.size} x {frag.array.dtype})",
+                    node,
+                )
+        _word_frag(ctx, a, node, name, (info.a_regs,), "a")
+        _word_frag(ctx, b, node, name, (info.b_regs,), "b")
+        ctx.b.emit("mma", None, (d, a, b, c), kind=kind)
+
+    return lower
+
+
+for _kind, _what in (
+    ("f16", "f16 inputs, f32 accumulators, m16n8k16"),
+    ("bf16", "bf16 inputs, f32 accumulators, m16n8k16"),
+    ("s8", "s8 inputs, s32 accumulators (wrapping), m16n8k32"),
+    ("tf32", "tf32 inputs (f32 registers, low 13 mantissa bits ignored), f32 acc., m16n8k8"),
+):
+    _define(
+        f"mma_{_kind}",
+        f"mma_{_kind}(d, a, b, c): warp-wide tensor-core d = a @ b + c (mma.sync.aligned, "
+        f"{_what}); fragments per docs/tensor-cores.md. sm_80+.",
+        _mma(_kind),
+    )
+
+
+def _to_tf32(ctx, args, node):
+    _arity(ctx, "to_tf32", args, node, 1)
+    x = ctx.convert(ctx.value(args[0], node, T.f32), T.f32)
+    return ctx.b.emit("to_tf32", T.f32, (x,))
+
+
+_define(
+    "to_tf32",
+    "to_tf32(x): x rounded to tf32 (10 mantissa bits, nearest, ties away; cvt.rna.tf32.f32), "
+    "as an f32. sm_80+.",
+    _to_tf32,
+)
+
+
+def _cp_async(cache: str | None):
+    name = "cp_async" if cache is None else f"cp_async_{cache}"
+
+    def lower(ctx, args, node):
+        if len(args) not in (5, 6):
+            ctx.error(
+                f"kaio.{name}() takes (dst, dst_index, src, src_index, nbytes[, src_bytes])",
+                node,
+            )
+        dst = _memory_array(ctx, args[0], node, name, ("shared", "shared_dyn"))
+        src = _memory_array(ctx, args[2], node, name, ("global",))
+        nbytes = ctx.const_value(args[4], node, f"the size of kaio.{name}()")
+        if nbytes not in _VECTOR_BYTES:
+            ctx.error(f"kaio.{name}() copies 4, 8 or 16 bytes, got {nbytes!r}", node)
+        level = cache or ("cg" if nbytes == 16 else "ca")
+        if level == "cg" and nbytes != 16:
+            ctx.error("kaio.cp_async_cg() copies 16 bytes (use cp_async_ca for 4 or 8)", node)
+        for arr in (dst, src):
+            if nbytes % arr.dtype.itemsize:
+                ctx.error(
+                    f"kaio.{name}(): {nbytes} bytes is not a whole number of {arr.dtype}", node
+                )
+        size = ctx.value(args[5], node, T.u32) if len(args) == 6 else Const(nbytes, T.u32)
+        operands = (
+            dst,
+            *ctx.indices(dst, args[1], node),
+            src,
+            *ctx.indices(src, args[3], node),
+            ctx.convert(size, T.u32),
+        )
+        ctx.b.emit("cp_async", None, operands, bytes=nbytes, cache=level)
+
+    return lower
+
+
+_CP_ASYNC_DOC = (
+    "(dst, dst_index, src, src_index, nbytes[, src_bytes]): start an asynchronous copy of "
+    "nbytes (4, 8, 16) from global src[src_index...] to shared dst[dst_index...]; only the "
+    "first src_bytes are read, the rest of the destination is zero-filled (edge tiles). "
+    "Complete it with cp_async_commit() + cp_async_wait(n). sm_80+."
+)
+for _cache, _how in (
+    (None, " 16 bytes are cached in L2 only (.cg), 4 and 8 in L1 and L2 (.ca)."),
+    ("ca", " Cached in L1 and L2 (.ca)."),
+    ("cg", " Cached in L2 only (.cg); 16 bytes."),
+):
+    _cp_name = "cp_async" if _cache is None else f"cp_async_{_cache}"
+    _define(_cp_name, _cp_name + _CP_ASYNC_DOC + _how, _cp_async(_cache))
+
+
+def _cp_async_commit(ctx, args, node):
+    _arity(ctx, "cp_async_commit", args, node, 0)
+    ctx.b.emit("cp_async_commit", None, ())
+
+
+def _cp_async_wait(ctx, args, node):
+    _arity(ctx, "cp_async_wait", args, node, 1)
+    n = ctx.const_value(args[0], node, "the group count of kaio.cp_async_wait()")
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= 7:
+        ctx.error(f"kaio.cp_async_wait(n) needs a compile-time int 0..7, got {n!r}", node)
+    ctx.b.emit("cp_async_wait", None, (), pending=n)
+
+
+def _cp_async_wait_all(ctx, args, node):
+    _arity(ctx, "cp_async_wait_all", args, node, 0)
+    ctx.b.emit("cp_async_commit", None, ())
+    ctx.b.emit("cp_async_wait", None, (), pending=0)
+
+
+_define(
+    "cp_async_commit",
+    "cp_async_commit(): close this thread's group of pending cp_async copies. sm_80+.",
+    _cp_async_commit,
+)
+_define(
+    "cp_async_wait",
+    "cp_async_wait(n): wait until at most n of this thread's committed copy groups are "
+    "pending (the older ones are complete and visible to this thread; sync_threads() to "
+    "share them). sm_80+.",
+    _cp_async_wait,
+)
+_define(
+    "cp_async_wait_all",
+    "cp_async_wait_all(): commit, then wait for every copy of this thread. sm_80+.",
+    _cp_async_wait_all,
+)
+
+
+def _swizzle(ctx, args, node):
+    _arity(ctx, "swizzle", args, node, 3)
+    arr = _memory_array(ctx, args[0], node, "swizzle", ("shared",))
+    row_bytes = int(arr.shape[-1].value) * arr.dtype.itemsize
+    chunks = row_bytes // 16
+    if arr.ndim != 2 or row_bytes % 16 or chunks & (chunks - 1):
+        ctx.error(
+            "kaio.swizzle() permutes 16-byte chunks of a 2-D shared array whose rows are a "
+            f"power of two of 16-byte chunks; {arr.name!r} has rows of {row_bytes} bytes",
+            node,
+        )
+    row, col = ctx.unify(args[1], args[2], node)
+    t = col.type
+    if not t.is_int:
+        ctx.error(f"kaio.swizzle() takes integer row and column, got {t}", node)
+    span = builtins.min(chunks, 8)
+    if span == 1:
+        return col
+    b = ctx.b
+    shift = (8 // span).bit_length() - 1  # rows that share one 128-byte line
+    phase = b.emit("shr", t, (row, Const(shift, T.u32))) if shift else row
+    phase = b.emit("and", t, (phase, Const(span - 1, t)))
+    per_chunk = 16 // arr.dtype.itemsize
+    flip = b.emit("shl", t, (phase, Const(per_chunk.bit_length() - 1, T.u32)))
+    return b.emit("xor", t, (col, flip))
+
+
+_define(
+    "swizzle",
+    "swizzle(smem, row, col): the physical column of logical element [row, col] of a 2-D "
+    "shared tile stored XOR-swizzled: 16-byte chunk c of row r goes to chunk c ^ phase(r) "
+    "within its 128-byte line, so 8 consecutive rows at one logical chunk (ldmatrix, "
+    "cp_async) hit 8 different bank groups. Use it for every access of the tile.",
+    _swizzle,
+)
 
 
 def static_range(*args):
@@ -483,3 +765,143 @@ MATH_MODULE = {
     )
     if hasattr(math, n)
 }
+
+
+# ---------------------------------------------------------------- packed half-precision pairs
+# f16x2 / bf16x2 (kaio.types): two f16 (bf16) numbers in one 32-bit value, element 0 in the
+# low half. Calling the type packs (kaio.f16x2(lo, hi), kaio.f16x2(v)); low() and high()
+# unpack. + - * unary -, fma, min, max and abs work on both halves at once (kaio.ptx.packed,
+# kaio.sim.packed); a pair never meets a scalar (no promotion): pack the scalar first. The
+# frontend calls packed_mix, packed_conversion, require_scalar and pack; prmt is the byte
+# permute the int4/int8 unpacking tricks use.
+
+_PACKED_OPERATORS = {"+": "add", "-": "sub", "*": "mul"}
+
+
+def packed_mix(a: T.ScalarType, b: T.ScalarType) -> str | None:
+    """The error message for combining ``a`` and ``b`` when one is a packed pair (None when
+    neither is)."""
+    if not (a.is_packed or b.is_packed):
+        return None
+    p, other = (a, b) if a.is_packed else (b, a)
+    if other.is_packed:
+        return f"cannot combine {a} and {b}: a pair only combines with a pair of its own type"
+    return (
+        f"cannot combine {p} with the scalar {other}: pack it first (kaio.{p.name}(x) puts x "
+        f"in both halves), or unpack the pair with kaio.low()/kaio.high()"
+    )
+
+
+def packed_conversion(src: T.ScalarType, dst: T.ScalarType) -> str | None:
+    """The error message for converting between a packed pair and another type (None when
+    the conversion is not one of those)."""
+    if src == dst or not (src.is_packed or dst.is_packed):
+        return None
+    if src.is_packed:
+        return (
+            f"cannot convert {src} to {dst}: take a half with kaio.low()/kaio.high(), or the "
+            f"bits with kaio.bitcast(p, kaio.u32)"
+        )
+    how = f"kaio.{dst.name}(lo, hi) or kaio.{dst.name}(x)"
+    return f"cannot convert {src} to {dst}: pack it with {how}"
+
+
+def require_scalar(ctx, v, node, what: str) -> None:
+    """CompileError when the IR value ``v`` is a packed pair, which ``what`` cannot take."""
+    if v.type.is_packed:
+        ctx.error(
+            f"{what} needs a scalar, got {v.type}: unpack it with kaio.low()/kaio.high() "
+            f"(or take its bits with kaio.bitcast(p, kaio.u32))",
+            node,
+        )
+
+
+def packed_operator(ctx, sym: str, a, b, node):
+    """``a sym b`` on two pairs of one packed type: ``+ - *``, each half rounded once."""
+    op = _PACKED_OPERATORS.get(sym)
+    if op is None:
+        fix = (
+            "bit operations need integers: kaio.bitcast(p, kaio.u32) first"
+            if sym in "&|^"
+            else "only + - * (and kaio.fma, min, max, abs) work on pairs; unpack with "
+            "kaio.low()/kaio.high(), compute, and pack again"
+        )
+        ctx.error(f"'{sym}' on {a.type}: {fix}", node)
+    return ctx.b.emit(op, a.type, (a, b))
+
+
+def _exact_in_f32(t: T.ScalarType) -> bool:
+    return t.is_bool or (t.is_float and t.bits <= 32) or (t.is_int and t.bits <= 16)
+
+
+def pack(ctx, t: T.ScalarType, args, node):
+    """``kaio.f16x2(lo, hi)`` or ``kaio.f16x2(v)`` (both halves): each value rounded once to
+    nearest even to ``t.element``. Two f32 halves are one ``cvt.rn.f16x2.f32``; values exact
+    in f32 join them; others (f64, 32/64-bit ints) are converted to the element type first."""
+    if len(args) not in (1, 2):
+        ctx.error(f"kaio.{t.name}() takes (lo, hi), or one value for both halves", node)
+    halves = []
+    for arg in args:
+        if isinstance(arg, Array):
+            ctx.value(arg, node)  # the "array used as a value" error
+        if not isinstance(arg, Var | Const):  # a compile-time Python value
+            x = ctx.const_value(arg, node, f"an argument of kaio.{t.name}()")
+            if not isinstance(x, int | float | bool | np.number):
+                ctx.error(f"cannot pack {x!r} into {t}", node)
+            halves.append(x)
+            continue
+        require_scalar(ctx, arg, node, f"kaio.{t.name}()")
+        halves.append(arg)
+    if len(halves) == 1:
+        halves *= 2
+    if not any(isinstance(h, Var | Const) for h in halves):
+        return Const(int(T.pack_host(t, *halves)), t)
+    vals = []
+    for h in halves:
+        if not isinstance(h, Var | Const):
+            h = Const(float(T.unpack_host(t, T.pack_host(t, h))[0]), t.element)
+        elif h.type != t.element:
+            h = ctx.convert(h, T.f32 if _exact_in_f32(h.type) else t.element)
+        vals.append(h)
+    if any(v.type == T.f32 for v in vals):  # one cvt rounds both halves
+        vals = [ctx.convert(v, T.f32) for v in vals]
+    return ctx.b.emit("pack", t, tuple(vals))
+
+
+def _unpack(op: str, name: str):
+    def lower(ctx, args, node):
+        _arity(ctx, name, args, node, 1)
+        p = ctx.value(args[0], node)
+        if not p.type.is_packed:
+            ctx.error(f"kaio.{name}() takes a packed pair (f16x2, bf16x2), got {p.type}", node)
+        return ctx.b.emit(op, p.type.element, (p,))
+
+    return lower
+
+
+def _prmt(ctx, args, node):
+    _arity(ctx, "prmt", args, node, 3)
+    vals = []
+    for arg in args:
+        v = ctx.value(arg, node, T.u32)
+        if not v.type.is_int or v.type.bits > 32:
+            ctx.error(
+                f"kaio.prmt() takes 32-bit integers, got {v.type} (kaio.bitcast(x, kaio.u32) "
+                "reads other values as u32)",
+                node,
+            )
+        vals.append(ctx.convert(v, T.u32))
+    return ctx.b.emit("prmt", T.u32, tuple(vals))
+
+
+for _name, _op, _what in (
+    ("low", "unpack_lo", "element 0 (the low"),
+    ("high", "unpack_hi", "element 1 (the high"),
+):
+    _define(_name, f"{_name}(p): {_what} 16 bits) of an f16x2/bf16x2 pair.", _unpack(_op, _name))
+_define(
+    "prmt",
+    "prmt(a, b, selector): u32 byte permute (prmt.b32): byte i is byte (selector nibble i) & 7 "
+    "of {b, a} (a = bytes 0-3), or its sign replicated when the nibble's bit 3 is set.",
+    _prmt,
+)

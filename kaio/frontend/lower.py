@@ -12,6 +12,7 @@ import ast
 import builtins
 import contextlib
 import inspect
+import math
 import operator
 import types as pytypes
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from kaio.ir.nodes import (
     Break,
     Const,
     Continue,
+    Frag,
     Function,
     If,
     Instr,
@@ -680,7 +682,11 @@ class Lowerer:
     def expr_Subscript(self, node):
         base = self.expr(node.value)
         if isinstance(base, Array):
-            idx = self.indices(base, self.expr(node.slice), node.slice)
+            index = self.expr(node.slice)
+            part = self._fragment_of(base, index, node.slice)
+            if part is not None:
+                return part
+            idx = self.indices(base, index, node.slice)
             return self.b.emit("load", base.dtype, (base, *idx))
         if isinstance(base, Py) and isinstance(base.value, tuple):
             i = self.const_value(self.expr(node.slice), node.slice, "a tuple index")
@@ -693,6 +699,36 @@ class Lowerer:
         if isinstance(base, Py) and isinstance(base.value, ScalarType | T.ArrayType):
             self.error("array types are only used as annotations", node)
         self.error("only arrays and tuples can be indexed", node)
+
+    def _fragment_of(self, arr: Array, index, node) -> Frag | None:
+        """``arr[i, ...]`` with fewer constant indices than ``arr`` has dimensions, on a local
+        array: the run of elements it names (a fragment operand for builtins), else None."""
+        items = index.value if isinstance(index, Py) and isinstance(index.value, tuple) else None
+        items = (index,) if items is None else items
+        if arr.space != "local" or len(items) >= arr.ndim:
+            return None
+        dims = [int(d.value) for d in arr.shape]
+        start = 0
+        for item, n in zip(items, dims, strict=False):
+            i = self.const_value(item, node, "the index of a part of a local array")
+            if not isinstance(i, int) or not 0 <= i < n:
+                self.error(f"index {i!r} is out of bounds for dimension of size {n}", node)
+            start = start * n + i
+        size = math.prod(dims[len(items) :])
+        return Frag(arr, start * size, size)
+
+    def fragment(self, v, node, what: str) -> Frag:
+        """A register-fragment argument of a builtin: a whole local array, or a part of one
+        named by leading constant indices (``acc[i, j]`` of a 3-D ``acc``)."""
+        if isinstance(v, Frag):
+            return v
+        if isinstance(v, Array) and v.space == "local":
+            return Frag(v, 0, v.static_size)
+        self.error(
+            f"{what} needs a kaio.local array (or a part of one, like acc[i]) to hold its "
+            "registers",
+            node,
+        )
 
     def _subscript_target(self, node):
         arr = self.expr(node.value)
@@ -748,6 +784,8 @@ class Lowerer:
         a, b = self.unify(left, right, node)
         t = a.type
         sym = _OP_SYMBOL[opt]
+        if t.is_packed:
+            return lang.packed_operator(self, sym, a, b, node)
         if opt in _IR_BITS:
             if t.is_float:
                 self.error(f"'{sym}' needs integers or bools, got {t}", node)
@@ -916,6 +954,7 @@ class Lowerer:
                 c = Py(_PY_CMPOPS[type(op)](left.value, right.value))
             else:
                 a, b = self.unify(left, right, node)
+                lang.require_scalar(self, a, node, "a comparison")
                 c = self.b.emit(_IR_CMP[type(op)], T.bool_, (a, b))
             if i + 1 < len(node.ops) and isinstance(right, Var):
                 right = self._snapshot(right)
@@ -1012,6 +1051,8 @@ class Lowerer:
         self.error(f"{name!r} cannot be called in a kernel", node)
 
     def _type_call(self, t: ScalarType, args, node):
+        if t.is_packed:
+            return lang.pack(self, t, args, node)
         if len(args) != 1:
             self.error(f"{t.name}() takes one value to convert", node)
         v = args[0]
@@ -1101,8 +1142,16 @@ class Lowerer:
         ``hint``, the other operand's type, per the literal rules)."""
         if isinstance(v, Var | Const):
             return v
+        if hint is not None and hint.is_packed:
+            hint = None  # a literal is never a pair: kaio.f16x2(x) packs it
         if isinstance(v, Array):
             self.error(f"array {v.name!r} used where a scalar value is expected", node)
+        if isinstance(v, Frag):
+            self.error(
+                f"{v.array.name}[...] with fewer indices than dimensions is a part of the array "
+                "(for builtins such as kaio.mma_f16); index every dimension to read a value",
+                node,
+            )
         if isinstance(v, Py):
             x = v.value
             if isinstance(x, bool | np.bool_):
@@ -1131,6 +1180,9 @@ class Lowerer:
 
     def convert(self, v, t: ScalarType):
         """``v`` converted to ``t``."""
+        message = lang.packed_conversion(v.type, t)
+        if message:
+            self.error(message)
         return self.b.convert(v, t)
 
     def unify(self, a, b, node):
@@ -1145,7 +1197,8 @@ class Lowerer:
             va, vb = self.value(a, node), self.value(b, node)
         t = T.promote(va.type, vb.type)
         if t is None:
-            self.error(f"cannot combine {va.type} and {vb.type}", node)
+            message = lang.packed_mix(va.type, vb.type)
+            self.error(message or f"cannot combine {va.type} and {vb.type}", node)
         return self.convert(va, t), self.convert(vb, t)
 
     def truth(self, v, node):
@@ -1157,6 +1210,7 @@ class Lowerer:
         x = self.value(v, node)
         if x.type.is_bool:
             return x
+        lang.require_scalar(self, x, node, "a truth value")
         return self.b.emit("ne", T.bool_, (x, const_convert(0, x.type)))
 
     def const_value(self, v, node, what: str):

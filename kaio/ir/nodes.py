@@ -110,11 +110,27 @@ class Array:
         return f"@{self.name}"
 
 
+@dataclass(frozen=True, eq=False)
+class Frag:
+    """A run of ``size`` consecutive elements of a local ``array`` (row-major flat order) from
+    ``start``: the register operand of a multi-register instruction (vector loads and stores,
+    ``ldmatrix``, ``mma``). The elements are named by constants, so the array stays in
+    registers; instructions read or write all of them."""
+
+    array: Array
+    start: int
+    size: int
+
+    def __repr__(self) -> str:
+        return f"@{self.array.name}[{self.start}:{self.start + self.size}]"
+
+
 @dataclass(eq=False)
 class Instr:
     """``dst = op(args) {attrs}``; ``dst`` is None for instructions without a result.
 
-    ``args`` holds ``Var``, ``Const`` and, for memory instructions, ``Array`` operands.
+    ``args`` holds ``Var``, ``Const`` and, for memory instructions, ``Array`` and ``Frag``
+    operands.
     ``attrs`` holds compile-time details (a shuffle's mode, an atomic's kind, a special
     register's name); see ``kaio.ir.ops`` for each op.
     """

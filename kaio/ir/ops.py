@@ -20,6 +20,10 @@ Semantics that matter to both backends:
 - ``min``/``max`` on floats return the other operand when one is NaN (PTX ``min``/``max``).
 - Approximate math (``exp exp2 log log2 rsqrt sin cos tanh``) is f32 only and lowers to the
   hardware's approximate instructions; docs/dsl-reference.md gives each error bound.
+- Packed pairs (f16x2, bf16x2; element 0 in the low half): the ops of ``PACKED_OPS`` also take
+  them and work on each half independently, with the f16/bf16 meaning (each half rounded once;
+  a NaN result is the canonical 0x7FFF; ``neg``/``abs`` flip/clear the sign bits only).
+  ``pack`` builds a pair, ``unpack_lo``/``unpack_hi`` take a half, ``prmt`` permutes bytes.
 """
 
 from __future__ import annotations
@@ -86,6 +90,16 @@ OPS: dict[str, OpInfo] = {
     "sin": OpInfo("unary", "f32", True, "sin(a), sin.approx"),
     "cos": OpInfo("unary", "f32", True, "cos(a), cos.approx"),
     "tanh": OpInfo("unary", "f32", True, "tanh(a), tanh.approx (sm_75+)"),
+    # packed half-precision pairs (see PACKED_OPS)
+    "pack": OpInfo(
+        "special",
+        "any",
+        True,
+        "(lo, hi) -> f16x2/bf16x2: two halves, or two f32 each rounded once (nearest even)",
+    ),
+    "unpack_lo": OpInfo("convert", "any", True, "the low half (element 0) of a packed pair"),
+    "unpack_hi": OpInfo("convert", "any", True, "the high half (element 1) of a packed pair"),
+    "prmt": OpInfo("special", "u32", True, "(a, b, selector) u32: PTX prmt.b32 byte permute"),
     "sreg": OpInfo("special", "u32", True, "read a special register attrs['name']"),
     "load": OpInfo("special", "any", False, "dst = array[idx...]"),
     "store": OpInfo("special", "any", False, "array[idx...] = value"),
@@ -97,6 +111,52 @@ OPS: dict[str, OpInfo] = {
     "sync_threads": OpInfo("special", "none", False, "block-wide barrier"),
     "sync_warp": OpInfo("special", "none", False, "warp-wide barrier"),
     "threadfence": OpInfo("special", "none", False, "device-wide memory fence"),
+    # Register fragments (``Frag`` operands) and the tensor-core and async-copy instructions.
+    "to_tf32": OpInfo("unary", "f32", True, "round to tf32 (10-bit mantissa), nearest, ties away"),
+    "ld_vec": OpInfo("special", "any", False, "(frag, array, *idx): one 4/8/16-byte vector load"),
+    "st_vec": OpInfo("special", "any", False, "(array, *idx, frag): one 4/8/16-byte store"),
+    "ldmatrix": OpInfo(
+        "special", "any", False, "(frag, shared array, *idx): ldmatrix x1/x2/x4 {trans}"
+    ),
+    "mma": OpInfo("special", "any", False, "(d, a, b, c) frags: d = a @ b + c {kind}"),
+    "cp_async": OpInfo(
+        "special",
+        "any",
+        False,
+        "(shared, *idx, global, *idx, src_bytes): async copy of {bytes}, zero-filled past "
+        "src_bytes {cache}",
+    ),
+    "cp_async_commit": OpInfo("special", "none", False, "close this thread's async-copy group"),
+    "cp_async_wait": OpInfo(
+        "special", "none", False, "wait until at most {pending} async-copy groups are pending"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class MmaKind:
+    """One ``mma.sync.aligned`` form: the m x n x k shape, the PTX types of the inputs and the
+    accumulator, and how many 32-bit registers each thread holds for A, B and C/D."""
+
+    shape: tuple[int, int, int]
+    input: str
+    acc: str
+    a_regs: int
+    b_regs: int
+    c_regs: int
+
+    @property
+    def ptx_shape(self) -> str:
+        """``m16n8k16``."""
+        m, n, k = self.shape
+        return f"m{m}n{n}k{k}"
+
+
+MMA_KINDS: dict[str, MmaKind] = {
+    "f16": MmaKind((16, 8, 16), "f16", "f32", 4, 2, 4),
+    "bf16": MmaKind((16, 8, 16), "bf16", "f32", 4, 2, 4),
+    "s8": MmaKind((16, 8, 32), "s8", "s32", 4, 2, 4),
+    "tf32": MmaKind((16, 8, 8), "tf32", "f32", 4, 2, 4),
 }
 
 SPECIAL_REGISTERS = (
@@ -108,9 +168,15 @@ SHUFFLE_MODES = ("bfly", "down", "up", "idx")
 
 ATOMIC_KINDS = ("add", "max", "min", "exch", "cas")
 
+# Ops that also take packed pairs (every operand and the result of one packed type).
+PACKED_OPS = ("add", "sub", "mul", "fma", "min", "max", "neg", "abs")
+
 # The attrs each special op carries (the verifier checks them).
 REQUIRED_ATTRS = {
     "sreg": {"name": SPECIAL_REGISTERS},
     "shfl": {"mode": SHUFFLE_MODES},
     "atomic": {"kind": ATOMIC_KINDS},
+    "ldmatrix": {"trans": (False, True)},
+    "mma": {"kind": tuple(MMA_KINDS)},
+    "cp_async": {"bytes": (4, 8, 16), "cache": ("ca", "cg")},
 }

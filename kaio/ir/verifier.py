@@ -10,6 +10,7 @@ from kaio.ir.nodes import (
     Break,
     Const,
     Continue,
+    Frag,
     Function,
     If,
     Instr,
@@ -19,8 +20,8 @@ from kaio.ir.nodes import (
     StaticFor,
     Var,
 )
-from kaio.ir.ops import OPS, REQUIRED_ATTRS
-from kaio.types import bool_, u32
+from kaio.ir.ops import OPS, PACKED_OPS, REQUIRED_ATTRS
+from kaio.types import bool_, f32, u32
 
 _TYPE_CLASSES = {
     "num": lambda t: t.is_int or t.is_float,
@@ -58,6 +59,11 @@ class _Verifier:
         elif isinstance(v, Array):
             if v not in self.arrays:
                 self.fail(s, f"array @{v.name} is not declared in the function")
+        elif isinstance(v, Frag):
+            self.operand(s, v.array)
+            a = v.array
+            if a.space != "local" or not 0 <= v.start < v.start + v.size <= a.static_size:
+                self.fail(s, f"fragment {v!r} is not a run of elements of a local array")
         elif not isinstance(v, Const):
             self.fail(s, f"bad operand {v!r}")
 
@@ -70,10 +76,12 @@ class _Verifier:
         for key, allowed in REQUIRED_ATTRS.get(s.op, {}).items():
             if s.attrs.get(key) not in allowed:
                 self.fail(s, f"{s.op} needs attrs[{key!r}] in {allowed}")
-        scalars = [a for a in s.args if not isinstance(a, Array)]
+        scalars = [a for a in s.args if not isinstance(a, Array | Frag)]
         ok = _TYPE_CLASSES[info.types]
         rule = info.rule
         dst_t = s.dst.type if s.dst is not None else None
+        if dst_t is not None and dst_t.is_packed and s.op in PACKED_OPS:
+            ok = _TYPE_CLASSES["any"]  # f16x2/bf16x2, per half
         if rule in ("binary", "unary", "ternary"):
             n = {"binary": 2, "unary": 1, "ternary": 3}[rule]
             if len(scalars) != n or any(a.type != dst_t for a in scalars):
@@ -104,6 +112,23 @@ class _Verifier:
                 self.fail(s, f"{s.op} converts one operand")
             if s.op == "bitcast" and scalars[0].type.bits != dst_t.bits:
                 self.fail(s, "bitcast needs types of the same width")
+            src_t = scalars[0].type
+            if s.op == "cvt" and (src_t.is_packed or dst_t.is_packed):
+                self.fail(s, "cvt does not take packed pairs (pack, unpack_lo/hi do)")
+            if s.op in ("unpack_lo", "unpack_hi") and not (
+                src_t.is_packed and dst_t == src_t.element
+            ):
+                self.fail(s, f"{s.op} takes a packed pair to its element type")
+        elif s.op == "pack":
+            kinds = {a.type for a in scalars}
+            if not (dst_t is not None and dst_t.is_packed and len(scalars) == 2) or kinds not in (
+                {dst_t.element},
+                {f32},
+            ):
+                self.fail(s, "pack needs two operands of the pair's element type, or two f32")
+        elif s.op == "prmt":
+            if dst_t != u32 or len(scalars) != 3 or any(a.type != u32 for a in scalars):
+                self.fail(s, "prmt needs (u32, u32, u32) -> u32")
         elif s.op in ("load", "store", "atomic"):
             arr = s.args[0]
             if not isinstance(arr, Array):

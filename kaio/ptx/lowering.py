@@ -8,13 +8,14 @@ type it raises CompileError naming the builtin and the arch needed.
 
 The few ops that need sequences have small helpers here: Python floor ``floordiv``/``mod``,
 bool compares and selects, conversions (``convert``), shuffles of 16- and 64-bit values.
-Memory ops (load, store, atomics) live in ``kaio.ptx.memory``.
+Memory ops (load, store, atomics) live in ``kaio.ptx.memory``; packed pairs (f16x2, bf16x2)
+and ``prmt`` in ``kaio.ptx.packed``.
 """
 
 from __future__ import annotations
 
 from kaio.ir.nodes import Const, Instr
-from kaio.ptx import memory
+from kaio.ptx import memory, packed, tensor
 from kaio.ptx.regs import bty, immediate, is_half, is_narrow, ity, normalise, storage
 from kaio.ptx.templates import fmt, pick
 from kaio.types import ScalarType, f32, u32
@@ -440,4 +441,6 @@ LOWERING = {
     "sync_threads": _fixed("bar.sync 0"),
     "sync_warp": _fixed("bar.warp.sync 0xffffffff"),
     "threadfence": _fixed("membar.gl"),
+    **tensor.LOWERING,
 }
+LOWERING.update(packed.lowering(LOWERING))  # f16x2/bf16x2 arithmetic, pack/unpack, prmt

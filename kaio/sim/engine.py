@@ -24,6 +24,7 @@ from kaio.ir.nodes import (
     Array,
     Break,
     Continue,
+    Frag,
     Function,
     If,
     Instr,
@@ -128,6 +129,7 @@ class Machine:
         self.sreg = self._special_registers(dynamic_shared_bytes)
         self.env = {v: np.broadcast_to(x, (n,)) for v, x in params.items()}
         self.storages: dict = {}
+        self.async_copies = None  # kaio.sim.tensor.AsyncCopies, made by the first cp_async
         self.alive = np.ones(n, bool)
         self.off = np.zeros(n, bool)  # lanes parked by break/continue/return
         self.pending = {}  # (kind, target id) -> lanes parked for that construct
@@ -264,7 +266,7 @@ class Machine:
         return c[1]
 
     def _instr(self, ins: Instr) -> None:
-        vals = [self._value(a) for a in ins.args if not isinstance(a, Array)]
+        vals = [self._value(a) for a in ins.args if not isinstance(a, Array | Frag)]
         try:
             handler = SEMANTICS[ins.op]
         except KeyError:

@@ -75,13 +75,15 @@ def make_storages(m, arrays: dict, dynamic_shared_bytes: int, race_check: bool) 
 
 
 # ----------------------------------------------------------------------------- addressing
-def _locate(m, ins: Instr, st: Storage, idx_vals: list, what: str):
-    """Bounds-check the active lanes' indices; return (lanes, NumPy index tuple, flat key).
+def locate(m, ins: Instr, st: Storage, idx_vals: list, what: str, lanes=None):
+    """Bounds-check the indices of ``lanes`` (None: the active lanes); return (lanes, NumPy
+    index tuple, flat key).
 
-    ``lanes`` is None when every lane is active. The flat key identifies the element across
-    the batch (block included), for the race detector and for atomics.
+    The returned ``lanes`` is None when every lane is active. The flat key identifies the
+    element across the batch (block included), for the race detector and for atomics.
     """
-    lanes = m.active_lanes()
+    if lanes is None:
+        lanes = m.active_lanes()
     idx = [m.pick(v, lanes).astype(np.int64, copy=False) for v in idx_vals]
     bad = np.zeros(m.n if lanes is None else len(lanes), bool)
     for i, size in zip(idx, st.shape, strict=True):
@@ -89,7 +91,7 @@ def _locate(m, ins: Instr, st: Storage, idx_vals: list, what: str):
     if bad.any():
         k = int(np.argmax(bad))
         lane = k if lanes is None else int(lanes[k])
-        _oob(m, ins, st, [m.pick(v, None)[lane] for v in idx_vals], lane, what)
+        out_of_bounds(m, ins, st, [m.pick(v, None)[lane] for v in idx_vals], lane, what)
     flat = np.zeros(len(bad), np.int64)
     for i, size in zip(idx, st.shape, strict=True):
         flat = flat * size + i
@@ -100,7 +102,7 @@ def _locate(m, ins: Instr, st: Storage, idx_vals: list, what: str):
     return lanes, (lead, *idx), lead * st.size + flat
 
 
-def _oob(m, ins, st: Storage, index: list, lane: int, what: str):
+def out_of_bounds(m, ins, st: Storage, index: list, lane: int, what: str):
     shown = ", ".join(str(int(v)) for v in index)
     raise SimulationError(
         f"{m.where(ins)}: out-of-bounds {what} of {st.array.space} array "
@@ -113,7 +115,7 @@ def _oob(m, ins, st: Storage, index: list, lane: int, what: str):
 def load(m, ins: Instr, vals: list):
     """``dst = array[index...]``."""
     st = m.storage(ins.args[0])
-    lanes, ix, key = _locate(m, ins, st, vals, "load")
+    lanes, ix, key = locate(m, ins, st, vals, "load")
     if st.tracker is not None:
         st.tracker.access(m, ins, key, lanes, write=False)
     return m.scatter(st.data[ix], lanes)
@@ -122,7 +124,7 @@ def load(m, ins: Instr, vals: list):
 def store(m, ins: Instr, vals: list):
     """``array[index...] = value``."""
     st = m.storage(ins.args[0])
-    lanes, ix, key = _locate(m, ins, st, vals[:-1], "store")
+    lanes, ix, key = locate(m, ins, st, vals[:-1], "store")
     if st.tracker is not None:
         st.tracker.access(m, ins, key, lanes, write=True)
     st.data[ix] = m.pick(vals[-1], lanes)
@@ -164,7 +166,7 @@ def atomic(m, ins: Instr, vals: list):
     st = m.storage(ins.args[0])
     t, kind = st.array.dtype, ins.attrs["kind"]
     nd = len(st.shape)
-    lanes, ix, key = _locate(m, ins, st, vals[:nd], "atomic")
+    lanes, ix, key = locate(m, ins, st, vals[:nd], "atomic")
     ops = [np.asarray(m.pick(v, lanes)) for v in vals[nd:]]
     order = np.argsort(key, kind="stable")
     sk = key[order]

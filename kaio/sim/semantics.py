@@ -5,14 +5,15 @@ NumPy values (a vector with one element per lane, or a 0-d array for a constant;
 operands are left out, memory handlers read them from ``instr.args``); the result is a vector
 or 0-d array of the destination's dtype, or None. Pure ops (``kaio.sim.arith``) ignore the
 machine; the others are in ``kaio.sim.memory`` (load, store, atomic) and ``kaio.sim.threads``
-(special registers, barriers, shuffles, votes).
+(special registers, barriers, shuffles, votes). Packed pairs (f16x2, bf16x2) and ``prmt`` are
+in ``kaio.sim.packed``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from kaio.sim import memory, threads
+from kaio.sim import memory, packed, tensor, threads
 from kaio.sim.arith import (
     abs_,
     add,
@@ -119,14 +120,16 @@ SEMANTICS = {
     "sin": _on_dst(approx(np.sin)),
     "cos": _on_dst(approx(np.cos)),
     "tanh": _on_dst(approx(np.tanh)),
+    "to_tf32": _on_dst(tensor.to_tf32),
 }
 SEMANTICS.update(
     {
         op: _canonical_nan(SEMANTICS[op])
         for op in "add sub mul div min max cvt sqrt floor ceil trunc rint fma exp2 log2 "
-        "rsqrt rcp_approx sin cos tanh".split()
+        "rsqrt rcp_approx sin cos tanh to_tf32".split()
     }
 )
+SEMANTICS.update(packed.semantics(SEMANTICS))  # f16x2/bf16x2 arithmetic, pack/unpack, prmt
 SEMANTICS |= {
     "sreg": threads.sreg,
     "load": memory.load,
@@ -139,4 +142,11 @@ SEMANTICS |= {
     "sync_threads": threads.sync_threads,
     "sync_warp": threads.sync_warp,
     "threadfence": threads.threadfence,
+    "ld_vec": tensor.ld_vec,
+    "st_vec": tensor.st_vec,
+    "ldmatrix": tensor.ldmatrix,
+    "mma": tensor.mma,
+    "cp_async": tensor.cp_async,
+    "cp_async_commit": tensor.cp_async_commit,
+    "cp_async_wait": tensor.cp_async_wait,
 }
