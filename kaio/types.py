@@ -4,6 +4,11 @@ Every scalar type is one ``ScalarType`` instance (``kaio.f32``, ``kaio.u32``...)
 inside a kernel converts a value; outside a kernel it converts a Python or NumPy value to the
 matching NumPy scalar. Indexing one (``f32[:, :]``) gives the ``ArrayType`` used to annotate
 array parameters.
+
+``f16x2`` and ``bf16x2`` are packed pairs: one 32-bit value holding two f16 (bf16) numbers,
+element 0 in the low 16 bits, as in PTX. Their kind is ``"packed"``: they are neither floats
+nor integers, take part in no promotion, and live in NumPy as ``uint32`` bit patterns
+(``kaio.f16x2(1.0, 2.0)`` on the host gives that pattern).
 """
 
 from __future__ import annotations
@@ -29,7 +34,10 @@ __all__ = [
     "f32",
     "f64",
     "bool_",
+    "f16x2",
+    "bf16x2",
     "SCALAR_TYPES",
+    "PACKED_TYPES",
     "promote",
     "literal_type",
     "from_numpy_dtype",
@@ -40,7 +48,8 @@ __all__ = [
 class ScalarType:
     """A scalar type of the DSL.
 
-    ``kind`` is one of ``"int"`` (signed), ``"uint"``, ``"float"`` or ``"bool"``;
+    ``kind`` is one of ``"int"`` (signed), ``"uint"``, ``"float"``, ``"bool"`` or
+    ``"packed"`` (f16x2, bf16x2);
     ``ptx`` is the PTX type suffix used for loads, stores and arithmetic (``"s32"``, ``"f32"``,
     ``"bf16"``, ``"pred"``).
     """
@@ -79,11 +88,29 @@ class ScalarType:
         return self.kind == "bool"
 
     @property
+    def is_packed(self) -> bool:
+        """True for the packed pairs ``f16x2`` and ``bf16x2``."""
+        return self.kind == "packed"
+
+    @property
+    def element(self) -> ScalarType:
+        """The type of each half of a packed pair (f16 for f16x2, bf16 for bf16x2)."""
+        if not self.is_packed:
+            raise TypeError(f"{self.name} is not a packed type")
+        return SCALAR_TYPES[self.name[:-2]]
+
+    @property
     def itemsize(self) -> int:
         """Bytes one element takes in memory (bool takes one byte)."""
         return max(1, self.bits // 8)
 
     def __getitem__(self, dims) -> ArrayType:
+        if self.is_packed:
+            raise TypeError(
+                f"{self.name} cannot annotate an array parameter: declare it u32[:] and read "
+                f"elements with kaio.bitcast(x[i], kaio.{self.name}) (shared and local arrays of "
+                f"{self.name} are fine)"
+            )
         if not isinstance(dims, tuple):
             dims = (dims,)
         for d in dims:
@@ -91,8 +118,15 @@ class ScalarType:
                 raise TypeError(f"array annotations are written {self.name}[:], {self.name}[:, :]")
         return ArrayType(self, len(dims))
 
-    def __call__(self, value):
-        """Convert a host value to this type (in kernels the frontend handles the call)."""
+    def __call__(self, value, *more):
+        """Convert a host value to this type (in kernels the frontend handles the call).
+
+        A packed type takes ``(lo, hi)`` or one value for both halves and returns the packed
+        bits as ``numpy.uint32``, each half rounded once to nearest even."""
+        if self.is_packed:
+            return pack_host(self, value, *more)
+        if more:
+            raise TypeError(f"{self.name}() takes one value")
         return self.np_dtype.type(value)
 
     def __repr__(self) -> str:
@@ -127,10 +161,15 @@ bf16 = ScalarType("bf16", 16, "float", "bf16", "bfloat16")
 f32 = ScalarType("f32", 32, "float", "f32", "float32")
 f64 = ScalarType("f64", 64, "float", "f64", "float64")
 bool_ = ScalarType("bool_", 8, "bool", "pred", "bool")
+f16x2 = ScalarType("f16x2", 32, "packed", "b32", "uint32")
+bf16x2 = ScalarType("bf16x2", 32, "packed", "b32", "uint32")
 
 SCALAR_TYPES: dict[str, ScalarType] = {
     t.name: t for t in (i8, u8, i16, u16, i32, u32, i64, u64, f16, bf16, f32, f64, bool_)
 }
+
+# Packed pairs are not in SCALAR_TYPES: their NumPy dtype (uint32) is u32's.
+PACKED_TYPES: dict[str, ScalarType] = {t.name: t for t in (f16x2, bf16x2)}
 
 _INT_BY_KIND_BITS = {(t.kind, t.bits): t for t in SCALAR_TYPES.values() if t.is_int}
 
@@ -146,10 +185,13 @@ def promote(a: ScalarType, b: ScalarType) -> ScalarType | None:
     - two integers: the wider wins; equal widths with mixed signedness give the unsigned type;
     - an integer (or bool) with a float gives the float;
     - f16 or bf16 with f32 gives f32; f16 with bf16 gives f32; any float with f64 gives f64;
-    - bool with bool stays bool; bool with an integer gives the integer.
+    - bool with bool stays bool; bool with an integer gives the integer;
+    - a packed pair (f16x2, bf16x2) combines only with its own type.
     """
     if a == b:
         return a
+    if a.is_packed or b.is_packed:
+        return None
     if a.is_bool:
         return b
     if b.is_bool:
@@ -200,3 +242,25 @@ def from_numpy_dtype(dtype) -> ScalarType:
         return _BY_NUMPY[dtype]
     except KeyError:
         raise TypeError(f"NumPy dtype {dtype} has no kaio scalar type") from None
+
+
+def pack_host(t: ScalarType, lo, hi=None) -> np.uint32:
+    """The bits of the packed pair ``(lo, hi)`` of type ``t`` (``hi`` defaults to ``lo``):
+    each value rounded once to nearest even to ``t.element``, ``lo`` in the low half."""
+    from kaio.sim.numerics import round_f64
+
+    halves = [
+        int(round_f64(np.asarray(float(v)), t.element.np_dtype).view(np.uint16))
+        for v in (lo, lo if hi is None else hi)
+    ]
+    return np.uint32(halves[0] | halves[1] << 16)
+
+
+def unpack_host(t: ScalarType, bits) -> tuple:
+    """The two halves of packed bits (NumPy scalars or arrays of ``t.element``): (lo, hi)."""
+    bits = np.asarray(bits, dtype=np.uint32)
+    dtype = t.element.np_dtype
+    return (
+        (bits & 0xFFFF).astype(np.uint16).view(dtype),
+        (bits >> 16).astype(np.uint16).view(dtype),
+    )

@@ -10,6 +10,7 @@ import textwrap
 from dataclasses import dataclass
 
 from kaio.errors import CompileError
+from kaio.types import ScalarType
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ def dependency_sources(pyfunc) -> list[str]:
                     continue
                 if isinstance(value, DeviceFunction):
                     visit(value.pyfunc)
-                elif isinstance(value, int | float | bool | str | tuple):
+                elif isinstance(value, int | float | bool | str | tuple | ScalarType):
                     out.append(f"{node.id}={value!r}")
 
     visit(pyfunc)

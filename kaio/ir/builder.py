@@ -76,6 +76,10 @@ def const_convert(value, t: ScalarType) -> Const:
     (only used for literals and constant operands, whose values are exact)."""
     if t.is_bool:
         return Const(bool(value), t)
+    if t.is_packed:  # both halves (kaio.f16x2(v)), as bits
+        from kaio.types import pack_host
+
+        return Const(int(pack_host(t, value)), t)
     if t.is_float:
         import numpy as np
 

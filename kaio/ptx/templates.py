@@ -1,7 +1,8 @@
 """Template tables: how a table entry is chosen for a type and filled in.
 
 Entries are keyed by type class (``"int"``, ``"uint"``, ``"float"`` for f32/f64, ``"f16"``,
-``"bf16"``, ``"half"`` for both, ``"pred"``, ``"any"``). Templates use ``{d} {a} {b} {c}`` for
+``"bf16"``, ``"half"`` for both, ``"f16x2"``, ``"bf16x2"``, ``"packed"`` for both, ``"pred"``,
+``"any"``). Templates use ``{d} {a} {b} {c}`` for
 operands and ``{ty}`` (arithmetic type, ``s32`` for a narrow signed integer), ``{bt}`` (bit
 type) and ``{st}`` (signed type of the register width). A ``(template, feature)`` pair is used
 only when the arch has the feature (``kaio.ptx.target.FEATURES``).
@@ -23,6 +24,8 @@ def classes(t: ScalarType) -> tuple[str, ...]:
         return ("int", "any")
     if is_half(t):
         return (t.name, "half", "any")
+    if t.is_packed:
+        return (t.name, "packed", "any")
     return ("float", "any")
 
 
