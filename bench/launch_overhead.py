@@ -1,14 +1,32 @@
-"""Host time per launch of a 4-argument kernel (x, y, out, n: out = x + y), side by side:
+"""Host time per launch of a 4-argument kernel (x, y, out, n: out = x + y), side by side in one
+process:
 
-- kaio ``add[grid, 256](x, y, out, n)`` with DeviceArray arguments, with a pre-bound
-  ``launch = add[grid, 256]``, and with torch tensor arguments;
-- raw cuda.bindings ``cuLaunchKernel`` on the same CUfunction (kernelParams as (values, types));
-- Triton's launcher on an equivalent trivial kernel;
+- raw ctypes ``cuLaunchKernelEx`` / ``cuLaunchKernel`` on kaio's CUfunction with everything
+  prepared (parameters packed once, configuration built once): the floor for a Python launcher;
+- raw cuda.bindings ``cuLaunchKernel``, kernelParams as (values, types), the bindings' own
+  way of passing arguments;
+- kaio ``add[grid, 256](x, y, out, n)`` and pre-bound ``launch = add[grid, 256]``, with
+  DeviceArray, torch tensor and CuPy arguments;
+- Triton's launcher on an equivalent kernel, torch tensors;
 - the first launch in a new process, with an empty and with a warm disk cache.
 
-Host time is measured in batches of launches (the GPU drained between batches, not timed) and
-reported as the median microseconds per launch. Usage:
-``python bench/launch_overhead.py --out results.json``.
+Method. Each figure is the median, over BATCHES batches of BATCH launches, of the host time of
+one batch divided by BATCH, with no synchronization inside a batch (the GPU is drained between
+batches, untimed). The rows are measured in interleaved rounds (one batch of each row per
+round), so that a slow spell of the shared host falls on every row alike. Each kaio row has its
+own kernel object, so it measures one argument signature, as a kernel launched with one kind of
+argument sees it. Two columns:
+
+- ``host``: each batch is enqueued behind a kernel that spins on the GPU for SPIN_MS, so no
+  launch runs during the batch and the queue never fills: pure host-side cost. A batch after
+  which the spinner had already finished is counted and reported (it would mean the GPU could
+  have throttled the host);
+- ``free``: no spinner; the GPU runs the kernels while the host launches them. When the host
+  launches faster than the GPU runs them (``GPU us/kernel``, measured with events over a queued
+  batch), this column measures the GPU instead.
+
+Usage: ``python bench/launch_overhead.py --out results.json`` (``--skip-cold``: no first-launch
+rows).
 """
 
 from __future__ import annotations
@@ -18,6 +36,7 @@ import ctypes
 import json
 import os
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -51,9 +70,29 @@ DONE:
 }
 """
 
+# One thread that spins until %globaltimer has advanced by `ns` nanoseconds.
+SPIN_PTX = """.version 7.8
+.target sm_80
+.address_size 64
+.visible .entry spin(.param .u64 ns)
+{
+    .reg .pred %p; .reg .b64 %rd<5>;
+    ld.param.u64 %rd1, [ns];
+    mov.u64 %rd2, %globaltimer;
+LOOP:
+    mov.u64 %rd3, %globaltimer;
+    sub.u64 %rd4, %rd3, %rd2;
+    setp.lt.u64 %p, %rd4, %rd1;
+    @%p bra LOOP;
+    ret;
+}
+"""
+
 N = 4096
-BATCH = 500
+GRID = N // 256
+BATCH = 200
 BATCHES = 40
+SPIN_MS = 8.0
 
 
 @kaio.gpu_kernel(block_size=256)
@@ -63,93 +102,193 @@ def add(x: f32[:], y: f32[:], out: f32[:], n: u32):
         out[i] = x[i] + y[i]
 
 
-def use_hand_ptx() -> str:
+def use_hand_ptx(kernel=add) -> str:
     """Run the hand-written PTX unless the PTX emitter is available; returns which."""
     try:
         from kaio.ptx import emit  # noqa: F401
 
         return "emitted"
     except ImportError:
-        add.specialize({}, ("C", "C", "C")).ptx_by_arch[kaio.device().arch] = ADD_PTX
+        kernel.specialize({}, ("C", "C", "C")).ptx_by_arch[kaio.device().arch] = ADD_PTX
         return "hand-written"
 
 
-class Results(dict):
-    """The results, each printed as a table row as soon as it is measured."""
-
-    def __setitem__(self, name: str, value: float) -> None:
-        unit = "ms" if name.endswith("(ms)") else "us/launch"
-        print(f"  {name:<58} {value:8.2f} {unit}", flush=True)
-        super().__setitem__(name, value)
+def new_add():
+    """Another kernel object for ``add``: its own launchers, so one argument signature."""
+    kernel = kaio.gpu_kernel(block_size=256)(add.pyfunc)
+    use_hand_ptx(kernel)
+    return kernel
 
 
-def per_launch_us(launch_batch, sync) -> float:
-    """Median host microseconds per launch over BATCHES batches of BATCH launches."""
-    launch_batch()  # warm up
-    sync()
-    samples = []
-    for _ in range(BATCHES):
+class Spinner:
+    """Enqueues SPIN_MS of GPU spinning on the default stream; says whether it still runs."""
+
+    def __init__(self):
+        from cuda.bindings import driver as cu
+
+        from kaio.runtime.driver import check
+
+        kaio.device()  # the primary context, current
+        self.cu, self.check = cu, check
+        module = check(cu.cuModuleLoadData(SPIN_PTX.encode() + b"\0"), "load spin")
+        self.func = check(cu.cuModuleGetFunction(module, b"spin"), "spin")
+        self.params = ((int(SPIN_MS * 1e6),), (ctypes.c_uint64,))
+        self.module = module
+
+    def start(self) -> None:
+        self.check(self.cu.cuLaunchKernel(self.func, 1, 1, 1, 1, 1, 1, 0, 0, self.params, 0))
+
+    def running(self) -> bool:
+        return self.cu.cuStreamQuery(0)[0] == self.cu.CUresult.CUDA_ERROR_NOT_READY
+
+
+class CUlaunchConfig(ctypes.Structure):
+    _fields_ = [
+        ("grid", ctypes.c_uint * 3),
+        ("block", ctypes.c_uint * 3),
+        ("shared", ctypes.c_uint),
+        ("stream", ctypes.c_void_p),
+        ("attrs", ctypes.c_void_p),
+        ("num_attrs", ctypes.c_uint),
+    ]
+
+
+class Bench:
+    """Launch loops, measured in interleaved rounds."""
+
+    def __init__(self):
+        self.spinner = Spinner()
+        self.rows: dict = {}  # name -> launch_one
+        self.keep: list = []  # ctypes buffers that raw rows' launches point into
+        self.late = 0  # batches that outlasted the spinner
+
+    def row(self, name: str, launch_one) -> None:
+        launch_one()  # warm up (and build any launcher)
+        kaio.synchronize()
+        self.rows[name] = launch_one
+
+    def batch(self, launch_one, behind_spinner: bool) -> float:
+        """Host microseconds per launch over one batch."""
+        if behind_spinner:
+            self.spinner.start()
         t0 = time.perf_counter()
-        launch_batch()
-        samples.append((time.perf_counter() - t0) / BATCH * 1e6)
-        sync()
-    return statistics.median(samples)
-
-
-def bench_kaio(results: dict) -> None:
-    x = kaio.to_device(np.random.default_rng(0).standard_normal(N).astype(np.float32))
-    y = kaio.to_device(np.random.default_rng(1).standard_normal(N).astype(np.float32))
-    out = kaio.empty((N,), f32)
-    grid = N // 256
-
-    def subscripted():
         for _ in range(BATCH):
-            add[grid, 256](x, y, out, N)
+            launch_one()
+        elapsed = time.perf_counter() - t0
+        if behind_spinner and not self.spinner.running():
+            self.late += 1
+        kaio.synchronize()
+        return elapsed / BATCH * 1e6
 
-    launch = add[grid, 256]
+    def run(self) -> dict:
+        samples = {name: ([], []) for name in self.rows}
+        for _ in range(BATCHES):
+            for name, launch_one in self.rows.items():
+                samples[name][0].append(self.batch(launch_one, True))
+                samples[name][1].append(self.batch(launch_one, False))
+        results = {}
+        for name, (host, free) in samples.items():
+            results[name] = {"host_us": statistics.median(host), "free_us": statistics.median(free)}
+            print(f"  {name:<52} {results[name]['host_us']:8.2f} {results[name]['free_us']:8.2f}")
+        return results
 
-    def prebound():
+    def gpu_us_per_kernel(self, launch_one) -> float:
+        """GPU time per kernel when the kernels run back to back (queued behind the spinner)."""
+        start, end = kaio.Event(), kaio.Event()
+        self.spinner.start()
+        start.record()
         for _ in range(BATCH):
-            launch(x, y, out, N)
+            launch_one()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e3 / BATCH
 
-    results["kaio add[grid, block](DeviceArray x3, n)"] = per_launch_us(
-        subscripted, kaio.synchronize
-    )
-    results["kaio pre-bound launch(DeviceArray x3, n)"] = per_launch_us(prebound, kaio.synchronize)
-    assert np.array_equal(out.numpy(), x.numpy() + y.numpy())
 
+def raw_rows(bench: Bench, x, y, out) -> None:
+    """Launches of kaio's own CUfunction with no launcher at all."""
     from cuda.bindings import driver as cu
 
+    from kaio.runtime.driver import libcuda
+    from kaio.runtime.launcher import param_format
     from kaio.runtime.module import load
 
     dev = kaio.device()
-    func = load(add.specialize({}, ("C", "C", "C")), dev, dev.arch).function
+    spec = add.specialize({}, ("C", "C", "C"))
+    loaded = load(spec, dev, dev.arch)
+    lib = libcuda()
+    fmt, size = param_format(spec.function.params)
+    buf = ctypes.create_string_buffer(size)
+    struct.pack_into(fmt, buf, 0, x.ptr, N, y.ptr, N, out.ptr, N, N)
+    buf_size = ctypes.c_size_t(size)
+    extra = (ctypes.c_void_p * 5)(1, ctypes.addressof(buf), 2, ctypes.addressof(buf_size), 0)
+    offsets = [0, 8, 16, 24, 32, 40, 48]  # x, xn, y, yn, out, outn, n: fmt "=QqQqQqI"
+    params = (ctypes.c_void_p * 7)(*[ctypes.addressof(buf) + o for o in offsets])
+    config = CUlaunchConfig((GRID, 1, 1), (256, 1, 1), 0, None, None, 0)
+    func = ctypes.c_void_p(loaded.handle)
+    launch_ex = ctypes.CFUNCTYPE(ctypes.c_int)(("cuLaunchKernelEx", lib))
+    launch = ctypes.CFUNCTYPE(ctypes.c_int)(("cuLaunchKernel", lib))
+    cfg, ext, par = ctypes.byref(config), ctypes.byref(extra), ctypes.byref(params)
+    bench.keep += [buf, buf_size, extra, params, config]
+    bench.row("raw ctypes cuLaunchKernelEx, extra buffer", lambda: launch_ex(cfg, func, None, ext))
+    bench.row("raw ctypes cuLaunchKernelEx, kernelParams", lambda: launch_ex(cfg, func, par, None))
+    bench.row(
+        "raw ctypes cuLaunchKernel, extra buffer",
+        lambda: launch(func, GRID, 1, 1, 256, 1, 1, 0, None, None, ext),
+    )
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
     types = (ptr, i64, ptr, i64, ptr, i64, ctypes.c_uint32)
+    function = loaded.function
 
-    def raw():
-        for _ in range(BATCH):
-            params = ((x.ptr, N, y.ptr, N, out.ptr, N, N), types)
-            cu.cuLaunchKernel(func, grid, 1, 1, 256, 1, 1, 0, 0, params, 0)
+    def bindings():
+        params = ((x.ptr, N, y.ptr, N, out.ptr, N, N), types)
+        cu.cuLaunchKernel(function, GRID, 1, 1, 256, 1, 1, 0, 0, params, 0)
 
-    results["raw cuda.bindings cuLaunchKernel"] = per_launch_us(raw, kaio.synchronize)
+    bench.row("raw cuda.bindings cuLaunchKernel, (values, types)", bindings)
 
 
-def bench_torch_and_triton(results: dict) -> None:
+def kaio_rows(bench: Bench, x, y, out, kind: str) -> None:
+    subscripted, prebound = new_add(), new_add()
+    launch = prebound[GRID, 256]
+    bench.row(f"kaio add[grid, 256](...), {kind}", lambda: subscripted[GRID, 256](x, y, out, N))
+    bench.row(f"kaio pre-bound launch(...), {kind}", lambda: launch(x, y, out, N))
+
+
+def main_rows(bench: Bench, results: dict) -> None:
+    rng = np.random.default_rng(0)
+    hx, hy = rng.standard_normal(N).astype(np.float32), rng.standard_normal(N).astype(np.float32)
+    x, y, out = kaio.to_device(hx), kaio.to_device(hy), kaio.empty((N,), f32)
+    raw_rows(bench, x, y, out)
+    kaio_rows(bench, x, y, out, "DeviceArray")
+    results["GPU us/kernel, back to back"] = bench.gpu_us_per_kernel(
+        lambda: add[GRID, 256](x, y, out, N)
+    )
+    checks = [lambda: np.array_equal(out.numpy(), hx + hy)]
     try:
         import torch
     except ImportError:
-        return
-    x, y = torch.randn(N, device="cuda"), torch.randn(N, device="cuda")
-    out = torch.empty(N, device="cuda")
-    grid = N // 256
+        torch = None
+    if torch is not None:
+        tx, ty = torch.from_numpy(hx).cuda(), torch.from_numpy(hy).cuda()
+        tout = torch.empty(N, device="cuda")
+        kaio_rows(bench, tx, ty, tout, "torch")
+        checks.append(lambda: bool(torch.equal(tout, tx + ty)))
+    try:
+        import cupy as cp
+    except ImportError:
+        cp = None
+    if cp is not None:
+        cx, cy, cout = cp.asarray(hx), cp.asarray(hy), cp.empty(N, cp.float32)
+        kernel = new_add()
+        bench.row("kaio add[grid, 256](...), CuPy", lambda: kernel[GRID, 256](cx, cy, cout, N))
+        checks.append(lambda: np.array_equal(cp.asnumpy(cout), hx + hy))
+    if torch is not None:
+        triton_row(bench, tx, ty)
+    results["rows"] = bench.run()
+    if not all(check() for check in checks):
+        raise AssertionError("a launched kernel computed a wrong result")
 
-    def kaio_torch():
-        for _ in range(BATCH):
-            add[grid, 256](x, y, out, N)
 
-    results["kaio add[grid, block](torch x3, n)"] = per_launch_us(kaio_torch, kaio.synchronize)
-    torch.testing.assert_close(out, x + y)
+def triton_row(bench: Bench, x, y) -> None:
     try:
         import triton
         import triton.language as tl
@@ -166,29 +305,23 @@ def bench_torch_and_triton(results: dict) -> None:
             mask=mask,
         )
 
-    def triton_batch():
-        for _ in range(BATCH):
-            triton_add[(grid,)](x, y, out, N, BLOCK=256)
-
-    results["triton add[grid](torch x3, n)"] = per_launch_us(triton_batch, torch.cuda.synchronize)
-    torch.testing.assert_close(out, x + y)
+    out = x.new_empty(N)
+    bench.row("triton add[grid](...), torch", lambda: triton_add[(GRID,)](x, y, out, N, BLOCK=256))
+    assert bool((out == x + y).all())
 
 
 def cold_child() -> None:
-    """In a fresh process: time import, then the first launch (compile, link or cache load)."""
-    t0 = time.perf_counter()
+    """In a fresh process: time the first launch (compile, link or cache load)."""
     source = use_hand_ptx()
     x = kaio.zeros((N,), f32)
     t1 = time.perf_counter()
-    add[N // 256](x, x, x, N)
+    add[GRID](x, x, x, N)
     kaio.synchronize()
     t2 = time.perf_counter()
-    print(
-        json.dumps({"setup_ms": (t1 - t0) * 1e3, "first_launch_ms": (t2 - t1) * 1e3, "ptx": source})
-    )
+    print(json.dumps({"first_launch_ms": (t2 - t1) * 1e3, "ptx": source}))
 
 
-def bench_cold(results: dict) -> None:
+def cold_rows(results: dict) -> None:
     with tempfile.TemporaryDirectory() as cache:
         env = {**os.environ, "KAIO_CACHE_DIR": cache}
         for label in ("empty cache", "warm disk cache"):
@@ -198,12 +331,15 @@ def bench_cold(results: dict) -> None:
             if out.returncode != 0:
                 raise RuntimeError(out.stderr)
             child = json.loads(out.stdout.strip().splitlines()[-1])
-            results[f"first launch in a new process, {label} (ms)"] = child["first_launch_ms"]
+            name = f"first launch in a new process, {label} (ms)"
+            results[name] = child["first_launch_ms"]
+            print(f"  {name:<52} {child['first_launch_ms']:8.2f}", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="write the results as JSON to this file")
+    parser.add_argument("--skip-cold", action="store_true", help="no first-launch rows")
     parser.add_argument("--cold-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.cold_child:
@@ -211,18 +347,30 @@ def main() -> None:
         return
     ptx = use_hand_ptx()
     dev = kaio.device()
-    print(f"{dev.name} ({dev.arch}), kernel PTX: {ptx}, {BATCHES} batches of {BATCH} launches")
-    results, errors = Results(), {}
-    for group in (bench_kaio, bench_torch_and_triton, bench_cold):
+    print(
+        f"{dev.name} ({dev.arch}), kernel PTX: {ptx}; median of {BATCHES} batches of {BATCH} "
+        f"launches; microseconds per launch"
+    )
+    print(f"  {'':<52} {'host':>8} {'free':>8}")
+    bench, results, errors = Bench(), {}, {}
+    groups = [lambda: main_rows(bench, results)]
+    if not args.skip_cold:
+        groups.append(lambda: cold_rows(results))
+    for group in groups:
         try:
-            group(results)
+            group()
         except Exception as e:  # one failing peer must not lose the other rows
-            errors[group.__name__] = f"{type(e).__name__}: {e}"
-            print(f"  {group.__name__} failed: {errors[group.__name__]}", flush=True)
+            errors[len(errors)] = f"{type(e).__name__}: {e}"
+            print(f"  failed: {errors[len(errors) - 1]}", flush=True)
+    gpu = results.get("GPU us/kernel, back to back")
+    if gpu is not None:
+        print(f"  GPU time per kernel, back to back: {gpu:.2f} us")
+    print(f"  batches that outlasted the {SPIN_MS} ms spinner: {bench.late}")
     if args.out:
-        report = {"device": dev.name, "arch": dev.arch, "ptx": ptx, "results": results}
+        report = {"device": dev.name, "arch": dev.arch, "ptx": ptx, "method": __doc__}
+        report.update(results=results, late=bench.late, errors=errors)
         with open(args.out, "w") as f:
-            json.dump({**report, "errors": errors}, f, indent=2)
+            json.dump(report, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -125,8 +125,23 @@ def _alloc(space: str):
 
 
 def _shared_dynamic(ctx, args, node):
-    _arity(ctx, "shared_dynamic", args, node, 1)
-    return ctx.new_array("shared_dyn", ctx.dtype_arg(args[0], node), (None,), node)
+    if not 1 <= len(args) <= 3:
+        ctx.error("kaio.shared_dynamic() takes (dtype[, shape[, offset_bytes]])", node)
+    dtype = ctx.dtype_arg(args[0], node)
+    if len(args) == 1:
+        return ctx.new_array("shared_dyn", dtype, (None,), node)
+    shape = _shape_of(ctx, args[1], node, "shared_dynamic")
+    offset = 0
+    if len(args) == 3:
+        offset = ctx.const_value(args[2], node, "the offset of kaio.shared_dynamic()")
+    if not isinstance(offset, int) or offset < 0 or offset % 16:
+        ctx.error(
+            f"kaio.shared_dynamic(): the offset must be a multiple of 16 bytes, got {offset!r}",
+            node,
+        )
+    arr = ctx.new_array("shared_dyn", dtype, shape, node)
+    arr.offset = offset
+    return arr
 
 
 _define(
@@ -136,7 +151,9 @@ _define(
 )
 _define(
     "shared_dynamic",
-    "shared_dynamic(dtype): the block's dynamic shared memory as a 1-D array (bytes at launch).",
+    "shared_dynamic(dtype[, shape[, offset]]): the block's dynamic shared memory (sized at "
+    "launch) as a 1-D array, or as an array of a compile-time shape starting offset bytes in "
+    "(a multiple of 16): several shaped views split one allocation.",
     _shared_dynamic,
 )
 _define(
@@ -700,13 +717,15 @@ _define(
 
 def _swizzle(ctx, args, node):
     _arity(ctx, "swizzle", args, node, 3)
-    arr = _memory_array(ctx, args[0], node, "swizzle", ("shared",))
+    arr = _memory_array(ctx, args[0], node, "swizzle", ("shared", "shared_dyn"))
+    if arr.ndim < 2:
+        ctx.error("kaio.swizzle() needs a shared array of 2 or more dimensions (rows, cols)", node)
     row_bytes = int(arr.shape[-1].value) * arr.dtype.itemsize
     chunks = row_bytes // 16
-    if arr.ndim != 2 or row_bytes % 16 or chunks & (chunks - 1):
+    if row_bytes % 16 or chunks & (chunks - 1):
         ctx.error(
-            "kaio.swizzle() permutes 16-byte chunks of a 2-D shared array whose rows are a "
-            f"power of two of 16-byte chunks; {arr.name!r} has rows of {row_bytes} bytes",
+            "kaio.swizzle() permutes 16-byte chunks of rows that are a power of two of "
+            f"16-byte chunks; {arr.name!r} has rows of {row_bytes} bytes",
             node,
         )
     row, col = ctx.unify(args[1], args[2], node)
@@ -727,9 +746,9 @@ def _swizzle(ctx, args, node):
 
 _define(
     "swizzle",
-    "swizzle(smem, row, col): the physical column of logical element [row, col] of a 2-D "
-    "shared tile stored XOR-swizzled: 16-byte chunk c of row r goes to chunk c ^ phase(r) "
-    "within its 128-byte line, so 8 consecutive rows at one logical chunk (ldmatrix, "
+    "swizzle(smem, row, col): the physical column of logical element [..., row, col] of a "
+    "shared tile (2-D or more) stored XOR-swizzled: 16-byte chunk c of row r goes to chunk "
+    "c ^ phase(r) within its 128-byte line, so 8 consecutive rows at one logical chunk (ldmatrix, "
     "cp_async) hit 8 different bank groups. Use it for every access of the tile.",
     _swizzle,
 )

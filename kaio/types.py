@@ -246,11 +246,14 @@ def from_numpy_dtype(dtype) -> ScalarType:
 
 def pack_host(t: ScalarType, lo, hi=None) -> np.uint32:
     """The bits of the packed pair ``(lo, hi)`` of type ``t`` (``hi`` defaults to ``lo``):
-    each value rounded once to nearest even to ``t.element``, ``lo`` in the low half."""
-    from kaio.sim.numerics import round_f64
+    each value rounded once to nearest even to ``t.element`` (NaN: the canonical 0x7FFF, as
+    the GPU's conversions give), ``lo`` in the low half."""
+    from kaio.sim.numerics import round_f64  # one rounding (NumPy's bf16 casts round twice)
 
     halves = [
-        int(round_f64(np.asarray(float(v)), t.element.np_dtype).view(np.uint16))
+        0x7FFF
+        if np.isnan(float(v))
+        else int(round_f64(np.asarray(float(v)), t.element.np_dtype).view(np.uint16))
         for v in (lo, lo if hi is None else hi)
     ]
     return np.uint32(halves[0] | halves[1] << 16)

@@ -20,7 +20,7 @@ from kaio.runtime import dlpack, driver
 from kaio.runtime.arginfo import ArgInfo, c_strides
 from kaio.runtime.arguments import NUMPY_HINT, check_array, check_scalar, describe
 from kaio.runtime.cache import DiskCache, cache_dir, cache_key, cached
-from kaio.runtime.launcher import _expressions, bf16_bits, param_format
+from kaio.runtime.launcher import bf16_bits, launch_abi, param_format
 
 
 @kaio.gpu_kernel(block_size=256)
@@ -134,6 +134,9 @@ def test_describe_torch_like_tensor():
 
         def stride(self):
             return (1, 3)
+
+        def is_contiguous(self):
+            return False
 
         def get_device(self):
             return 1
@@ -300,9 +303,9 @@ def test_param_format_aligns_every_entry():
     assert param_format([])[1] == 0
 
 
-def test_launch_abi_expressions_follow_layouts():
+def test_launch_abi_follows_layouts():
     spec = add.specialize({}, ("C", "C", "A"))
-    assert _expressions(add, spec) == ["*i0.abi_c", "*i1.abi_c", "*i2.abi_a", "a3"]
+    assert launch_abi(add, spec) == [(0, "C"), (1, "C"), (2, "A"), (3, "u32")]
     fmt, size = param_format(spec.function.params)
     assert fmt == "=QqQqQqqI" and size == 60
 
@@ -359,18 +362,29 @@ def test_info_never_raises():
 
 
 # ----------------------------------------------------------------------------- launcher
-def test_generated_launcher_packs_and_rechecks_signature(monkeypatch):
-    """The fast launcher, driven against a fake libcuda: the parameter buffer holds the ABI
-    entries, and a different signature falls back (returns False) instead of launching."""
+@pytest.fixture
+def fake_driver(monkeypatch):
+    """A fake ``cuLaunchKernelEx`` that records (function, grid, block, shared, stream,
+    parameter bytes), and a fake loaded kernel on a fake GPU 0; yields (calls, loaded)."""
     from kaio.runtime import launcher as launcher_mod
-    from kaio.runtime.memory import DeviceArray
 
     calls = []
 
-    def fake_launch(func, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
-        extra = (ctypes.c_void_p * 5).from_address(extra)
-        size = ctypes.c_size_t.from_address(extra[3]).value
-        calls.append((func, (gx, gy, gz), (bx, by, bz), ctypes.string_at(extra[1], size)))
+    def fake_launch(config, func, params, extra):
+        cfg = config._obj  # the ctypes objects behind byref()
+        entries = extra._obj
+        assert params is None and entries[0] == 1 and entries[2] == 2 and entries[4] is None
+        size = ctypes.c_size_t.from_address(entries[3]).value
+        calls.append(
+            (
+                func.value,
+                tuple(cfg.grid),
+                tuple(cfg.block),
+                cfg.shared,
+                cfg.stream or 0,
+                ctypes.string_at(entries[1], size),
+            )
+        )
         return 0
 
     monkeypatch.setattr(launcher_mod, "raw_launch_kernel", lambda: fake_launch)
@@ -391,23 +405,179 @@ def test_generated_launcher_packs_and_rechecks_signature(monkeypatch):
         attribute=lambda name: 1024,
         allow_dynamic_shared=lambda n: None,
     )
-    alloc = types.SimpleNamespace(ptr=0x1000, device=device)
+    yield calls, loaded
 
-    def array(ptr, shape, strides):
-        a = DeviceArray.__new__(DeviceArray)
-        a._init(alloc, ptr, shape, strides, np.dtype(np.float32), f32)
-        return a
 
-    x, y, out = array(0x1000, (8,), (4,)), array(0x2000, (8,), (4,)), array(0x3000, (16,), (8,))
-    spec = add.specialize({}, ("C", "C", "A"))
+def fake_device_array(device, ptr, shape, strides):
+    from kaio.runtime.memory import DeviceArray
+
+    a = DeviceArray.__new__(DeviceArray)
+    a._init(types.SimpleNamespace(ptr=ptr, device=device), ptr, shape, strides, np.dtype("f4"), f32)
+    return a
+
+
+def build(kernel, spec, loaded, args):
+    """A launcher built the way the slow path builds one (infos from ``describe``)."""
+    from kaio.runtime.launcher import build_launcher
+
+    infos = {k: describe(a) for k, a in enumerate(args) if not isinstance(a, int)}
+    return build_launcher(kernel, spec, loaded, args, infos)
+
+
+GRID, BLOCK = (2, 1, 1), (256, 1, 1)
+
+
+def test_generated_launcher_packs_and_rechecks_signature(fake_driver):
+    """The fast launcher, driven against a fake libcuda: the parameter buffer holds the ABI
+    entries, and a different signature falls back (returns False) instead of launching."""
+    calls, loaded = fake_driver
+    dev = loaded.device
+    x, y = fake_device_array(dev, 0x1000, (8,), (4,)), fake_device_array(dev, 0x2000, (8,), (4,))
+    out = fake_device_array(dev, 0x3000, (16,), (8,))
     args = (x, y, out, 8)
-    infos = {0: x._info, 1: y._info, 2: out._info}
-    launch = launcher_mod.build_launcher(add, spec, loaded, args, infos)
-    assert launch(args, (1, 1, 1), (256, 1, 1), 0, 0)
-    func, grid, block, buf = calls[-1]
-    assert func == 0xF00 and grid == (1, 1, 1) and block == (256, 1, 1)
-    assert struct.unpack("=QqQqQqqI", buf[:60]) == (0x1000, 8, 0x2000, 8, 0x3000, 16, 2, 8)
-    assert not launch((x, y, x, 8), (1, 1, 1), (256, 1, 1), 0, 0)  # contiguous out: other spec
-    assert not launch((x, y, out, -1), (1, 1, 1), (256, 1, 1), 0, 0)  # u32 cannot hold -1
-    assert not launch((x, y, out), (1, 1, 1), (256, 1, 1), 0, 0)
+    launch = build(add, add.specialize({}, ("C", "C", "A")), loaded, args)(GRID, BLOCK, 0, 0x77)
+    assert launch(args)
+    func, grid, block, shared, stream, buf = calls[-1]
+    assert (func, grid, block, shared, stream) == (0xF00, GRID, BLOCK, 0, 0x77)
+    assert struct.unpack("=QqQqQqqI", buf) == (0x1000, 8, 0x2000, 8, 0x3000, 16, 2, 8)
+    assert not launch((x, y, x, 8))  # contiguous out: another specialization
+    assert not launch((x, y, out, -1))  # u32 cannot hold -1
+    assert not launch((x, y, out, 2.5))  # nor a float
+    assert not launch((x, y, out))
     assert len(calls) == 1
+
+
+class Tensor:
+    """Enough of a torch tensor for the launcher (its module is made to read "torch")."""
+
+    is_cuda = True
+
+    def __init__(self, ptr, shape, strides, dtype="torch.float32", device=0):
+        self.ptr, self.shape, self.strides, self.dtype, self.device = (
+            ptr,
+            shape,
+            strides,
+            dtype,
+            device,
+        )
+
+    def data_ptr(self):
+        return self.ptr
+
+    def stride(self):
+        return self.strides
+
+    def is_contiguous(self):
+        return self.strides == c_strides(self.shape)
+
+    def get_device(self):
+        return self.device
+
+
+Tensor.__module__ = "torch"
+
+
+class CupyArray:
+    """Enough of a CuPy array for the launcher and ``describe`` (module made to read "cupy")."""
+
+    def __init__(self, ptr, shape, dtype="f4", device=0):
+        self.shape, self.dtype, self.ndim = shape, np.dtype(dtype), len(shape)
+        self.data = types.SimpleNamespace(ptr=ptr, device_id=device)
+        self.flags = types.SimpleNamespace(c_contiguous=True)
+        self.__cuda_array_interface__ = {
+            "shape": shape,
+            "typestr": self.dtype.str,
+            "data": (ptr, False),
+            "strides": None,
+            "version": 3,
+        }
+
+
+CupyArray.__module__ = "cupy"
+
+
+def test_torch_and_cupy_fast_paths_check_dtype_rank_layout_device(
+    fake_driver, no_driver_pointer_query
+):
+    """Torch tensors and CuPy arrays are read through their own attributes; a dtype, rank,
+    contiguity or device other than the launcher's makes it refuse (no launch)."""
+    calls, loaded = fake_driver
+    x = Tensor(0x1000, (8,), (1,))
+    y = CupyArray(0x2000, (8,))
+    out = Tensor(0x3000, (16,), (2,))
+    args = (x, y, out, 8)
+    launch = build(add, add.specialize({}, ("C", "C", "A")), loaded, args)(GRID, BLOCK, 0, 0)
+    assert launch(args)
+    assert struct.unpack("=QqQqQqqI", calls[-1][-1]) == (0x1000, 8, 0x2000, 8, 0x3000, 16, 2, 8)
+    n = len(calls)
+    refused = [
+        (Tensor(0x1000, (8,), (1,), dtype="torch.float16"), y, out, 8),
+        (Tensor(0x1000, (8,), (1,), device=1), y, out, 8),
+        (Tensor(0x1000, (8,), (1,), device=-1), y, out, 8),  # a CPU tensor
+        (Tensor(0x1000, (2, 4), (4, 1)), y, out, 8),
+        (Tensor(0x1000, (8,), (2,)), y, out, 8),  # strided where the kernel wants 'C'
+        (x, y, Tensor(0x3000, (16,), (1,)), 8),  # contiguous where the launcher has 'A'
+        (x, CupyArray(0x2000, (8,), dtype="f2"), out, 8),
+        (x, CupyArray(0x2000, (8,), device=1), out, 8),
+        (x, CupyArray(0x2000, (2, 4)), out, 8),
+        (x, fake_device_array(loaded.device, 0x2000, (8,), (4,)), out, 8),  # another type
+    ]
+    for bad in refused:
+        assert not launch(bad)
+    assert len(calls) == n
+    strided = CupyArray(0x2000, (8,))
+    strided.flags.c_contiguous = False
+    assert not launch((x, strided, out, 8))
+    assert launch((Tensor(0x5000, (3,), (1,)), CupyArray(0x6000, (3,)), out, 3))
+    assert struct.unpack("=QqQq", calls[-1][-1][:32]) == (0x5000, 3, 0x6000, 3)
+
+
+def test_torch_dtypes_are_cached_per_dtype_object():
+    from kaio.runtime.arguments import torch_dtype
+
+    assert torch_dtype("torch.bfloat16") is kaio.bf16
+    assert torch_dtype("torch.complex64") is None
+
+
+def test_launch_binds_each_launcher_once_per_configuration(monkeypatch):
+    """A ``Launch`` binds the kernel's launchers to its configuration once, tries them most
+    recent first, and follows the kernel's list (new launchers, dropped ones)."""
+    from kaio.kernel import parse_launch_config
+    from kaio.runtime.launch import _DISPATCH, Launch
+
+    bound = []
+
+    def launcher(name, accepts):
+        def bind(grid, block, shared, stream):
+            bound.append((name, grid, block, shared, stream))
+            return lambda args: accepts(args)
+
+        return bind
+
+    ints = launcher("ints", lambda args: isinstance(args[0], int))
+    strs = launcher("strs", lambda args: isinstance(args[0], str))
+    kernel = types.SimpleNamespace(__name__="k", _launchers={_DISPATCH: [ints]})
+    launch = Launch(kernel, parse_launch_config((4, 32), None))
+    launch(1)
+    launch(2)
+    assert bound == [("ints", (4, 1, 1), (32, 1, 1), 0, 0)]
+    kernel._launchers[_DISPATCH].insert(0, strs)  # built by another configuration
+    launch("a")
+    launch(3)
+    assert [b[0] for b in bound] == ["ints", "strs"]
+    assert len(launch._bound) == 2
+    kernel._launchers[_DISPATCH].remove(ints)  # dropped from the kernel's list
+    launch("b")
+    assert len(launch._bound) == 2  # unchanged until a call misses
+    floats = launcher("floats", lambda args: isinstance(args[0], float))
+
+    def build(kernel_, args):
+        kernel_._launchers[_DISPATCH].insert(0, floats)
+        return floats
+
+    monkeypatch.setattr("kaio.runtime.launch._build", build)
+    launch(0.5)  # no bound launcher takes it: the slow path builds one
+    assert list(launch._bindings) == [floats, strs]
+    assert [b[0] for b in bound] == ["ints", "strs", "floats"]
+    launch(1.5)
+    assert len(bound) == 3

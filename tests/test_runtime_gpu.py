@@ -314,6 +314,48 @@ def test_cupy_zero_copy_both_ways():
     cp.testing.assert_array_equal(view, cp.arange(0, 10, 2, dtype=cp.float32))
 
 
+def test_fast_path_results_and_errors_for_each_array_kind():
+    """One pre-bound launch takes DeviceArrays, torch tensors and CuPy arrays (mixed too) with
+    right results; once the fast launchers exist, a wrong dtype, rank or device still raises
+    LaunchError before anything is launched."""
+    torch = pytest.importorskip("torch")
+    cp = pytest.importorskip("cupy")
+    n = 4096
+    launch = add[n // 256, 256]
+    x, y = rng_f32(n, 7), rng_f32(n, 8)
+    kinds = {
+        "kaio": (kaio.to_device, lambda a: a.numpy()),
+        "torch": (lambda h: torch.from_numpy(h).cuda(), lambda a: a.cpu().numpy()),
+        "cupy": (cp.asarray, cp.asnumpy),
+    }
+    for _ in range(3):  # the second and third rounds run on the fast launchers
+        for a_kind, b_kind, o_kind in [(k, k, k) for k in kinds] + [("torch", "kaio", "cupy")]:
+            out = kinds[o_kind][0](np.full(n, np.nan, np.float32))
+            launch(kinds[a_kind][0](x), kinds[b_kind][0](y), out, n)
+            np.testing.assert_array_equal(kinds[o_kind][1](out), x + y)
+    for to_gpu, _ in kinds.values():
+        good = to_gpu(x)
+        with pytest.raises(LaunchError, match=r"'y' \(expects f32\[:\]\).*f16"):
+            launch(good, to_gpu(x.astype(np.float16)), good, n)
+        with pytest.raises(LaunchError, match=r"'out'.*2-d"):
+            launch(good, good, to_gpu(x.reshape(64, 64)), n)
+        with pytest.raises(LaunchError, match="out of range"):
+            launch(good, good, good, -1)
+    with pytest.raises(LaunchError, match=r"\.cuda\(\)"):
+        launch(torch.zeros(n), torch.zeros(n, device="cuda"), torch.zeros(n, device="cuda"), n)
+
+
+def test_strided_torch_and_cupy_arguments():
+    torch = pytest.importorskip("torch")
+    cp = pytest.importorskip("cupy")
+    host = rng_f32(300, 9)
+    for x in (torch.from_numpy(host).cuda()[::3], cp.asarray(host)[::3]):
+        for _ in range(2):
+            out = kaio.to_device(np.full(100, np.nan, np.float32))
+            gather[1, 128](x, out)
+            np.testing.assert_array_equal(out.numpy(), host[::3])
+
+
 # ----------------------------------------------------------------------------- processes
 def _run(code: str, env: dict) -> str:
     result = subprocess.run(

@@ -75,15 +75,18 @@ class Array:
     """An array the kernel can index.
 
     ``space`` is ``"global"`` (a kernel parameter), ``"shared"`` (static shared memory),
-    ``"shared_dyn"`` (dynamic shared memory, 1-D, sized at launch) or ``"local"`` (per-thread).
+    ``"shared_dyn"`` (dynamic shared memory, sized at launch) or ``"local"`` (per-thread).
 
     ``shape`` holds one value per dimension: i64 ``Var`` parameters for global arrays, ``Const``
-    for shared and local arrays; for ``shared_dyn`` it is ``(None,)`` (the size is known only at
-    launch). ``strides`` are in elements: ``None`` means C-contiguous (computed from the shape),
-    otherwise one i64 ``Var`` parameter per dimension. Indexing is row-major:
-    ``offset = sum(index[d] * stride[d])`` with indices sign- or zero-extended to 64 bits.
+    for shared, local and shaped dynamic arrays; for a plain ``shared_dyn`` it is ``(None,)``
+    (the size is known only at launch). ``strides`` are in elements: ``None`` means
+    C-contiguous (computed from the shape), otherwise one i64 ``Var`` parameter per dimension.
+    Indexing is row-major: ``offset = sum(index[d] * stride[d])`` with indices sign- or
+    zero-extended to 64 bits.
 
     ``ptr`` is the u64 ``Var`` holding the base address of a global array (None otherwise).
+    ``offset`` is where a ``shared_dyn`` array starts in the dynamic shared memory, in bytes:
+    a shaped view (``kaio.shared_dynamic(dtype, shape, offset)``) has a constant shape.
     """
 
     name: str
@@ -92,6 +95,7 @@ class Array:
     shape: tuple
     strides: tuple | None = None
     ptr: Var | None = None
+    offset: int = 0
 
     @property
     def ndim(self) -> int:

@@ -18,7 +18,7 @@ from kaio.ir.nodes import Const, Instr
 from kaio.ptx import memory, packed, tensor
 from kaio.ptx.regs import bty, immediate, is_half, is_narrow, ity, normalise, storage
 from kaio.ptx.templates import fmt, pick
-from kaio.types import ScalarType, f32, u32
+from kaio.types import ScalarType, f32, f64, u32
 
 # ----------------------------------------------------------------------------- arithmetic
 
@@ -236,6 +236,12 @@ def _cvt(e, d: str, dt: ScalarType, a: str, st: ScalarType) -> None:
         nan = e.tmp_pred()
         e.line(f"setp.nan.{st.ptx} {nan}, {a}, {a}")
         e.line(f"@{nan} mov.{bty(dt)} {d}, 0")
+    elif is_half(dt) and st == f64:
+        # f64 to f16/bf16 keeps the NaN's sign and top payload bits (seen on an H200; the sm_80
+        # bf16 path through f32 gives 0x7FFF): make it the canonical 0x7FFF of every other NaN
+        nan = e.tmp_pred()
+        e.line(f"setp.nan.f64 {nan}, {a}, {a}")
+        e.line(f"@{nan} mov.b16 {d}, 0x7FFF")
     if is_narrow(dt):
         e.line(normalise(dt, d))
 

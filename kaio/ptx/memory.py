@@ -49,7 +49,7 @@ def _offset(imm: int) -> str:
 def address(e, arr: Array, idxs) -> str:
     """The ``[...]`` address operand of ``arr[idxs]``."""
     wide = arr.space in ("global", "local")
-    imm, terms = 0, []
+    imm, terms = arr.offset, []
     for i, s in zip(idxs, e.byte_strides(arr), strict=True):
         if isinstance(i, Const) and isinstance(s, int):
             imm += int(i.value) * s

@@ -21,7 +21,8 @@ def c_strides(shape: tuple) -> tuple:
 
 class ArgInfo:
     """A CUDA array seen by a launch: ``ptr``, ``shape``, ``strides`` (in ELEMENTS), ``dtype``
-    (a kaio scalar type) and ``device`` (ordinal).
+    (a kaio scalar type) and ``device`` (ordinal). ``contiguous`` may be given by a producer
+    that knows it (torch's ``is_contiguous()``), so that its launch fast path and this agree.
 
     ``sig`` (dtype, ndim, contiguous, device) is interned, so launchers compare it with ``is``;
     ``abi_c`` and ``abi_a`` are the argument's launch-ABI entries for a contiguous ('C') and a
@@ -40,15 +41,25 @@ class ArgInfo:
         "abi_a",
     )
 
-    def __init__(self, ptr: int, shape: tuple, strides: tuple, dtype: ScalarType, device: int):
+    def __init__(
+        self,
+        ptr: int,
+        shape: tuple,
+        strides: tuple,
+        dtype: ScalarType,
+        device: int,
+        contiguous: bool | None = None,
+    ):
         self.ptr = ptr
         self.shape = shape
         self.strides = strides
         self.dtype = dtype
         self.device = device
-        self.contiguous = all(
-            n == 1 or s == c for n, s, c in zip(shape, strides, c_strides(shape), strict=True)
-        )
+        if contiguous is None:
+            contiguous = all(
+                n == 1 or s == c for n, s, c in zip(shape, strides, c_strides(shape), strict=True)
+            )
+        self.contiguous = contiguous
         sig = (dtype, len(shape), self.contiguous, device)
         self.sig = _SIGNATURES.setdefault(sig, sig)
         self.abi_c = (ptr, *shape)

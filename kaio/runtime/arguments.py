@@ -12,7 +12,16 @@ from kaio.runtime.arginfo import ArgInfo, c_strides
 from kaio.runtime.memory import DeviceArray
 from kaio.types import ArrayType, ScalarType, from_numpy_dtype
 
-__all__ = ["describe", "check_array", "check_device", "check_scalar", "NUMPY_HINT"]
+__all__ = [
+    "describe",
+    "is_torch",
+    "is_cupy",
+    "torch_dtype",
+    "check_array",
+    "check_device",
+    "check_scalar",
+    "NUMPY_HINT",
+]
 
 NUMPY_HINT = (
     "a NumPy array lives in host memory: copy it to the GPU with kaio.to_device(array) "
@@ -43,16 +52,48 @@ def _pointer_device(ptr: int) -> int:
     return int(check(cu.cuPointerGetAttribute(attr, ptr), "cuPointerGetAttribute"))
 
 
-def _from_torch(obj) -> ArgInfo:
-    from kaio import types
+def is_torch(obj) -> bool:
+    """A torch tensor (read through torch's own API rather than DLPack: it is faster)."""
+    return type(obj).__module__.startswith("torch") and hasattr(obj, "data_ptr")
 
+
+def is_cupy(obj) -> bool:
+    """A CuPy array (``describe`` reads its ``__cuda_array_interface__``; the launch fast path
+    reads ``.data.ptr`` and ``.flags`` directly)."""
+    return (
+        type(obj).__module__.startswith("cupy") and hasattr(obj, "data") and hasattr(obj, "flags")
+    )
+
+
+_torch_dtypes: dict = {}  # torch dtype object -> kaio scalar type (None: no kaio type)
+
+
+def torch_dtype(dtype) -> ScalarType | None:
+    """The kaio type of a torch dtype, None when kaio has none; cached per dtype object."""
+    try:
+        return _torch_dtypes[dtype]
+    except KeyError:
+        from kaio import types
+
+        name = _TORCH_DTYPES.get(str(dtype))
+        scalar = _torch_dtypes[dtype] = types.SCALAR_TYPES[name] if name else None
+        return scalar
+
+
+def _from_torch(obj) -> ArgInfo:
     if not obj.is_cuda:
         raise LaunchError(f"a torch tensor on {obj.device}: move it to the GPU with .cuda()")
-    name = _TORCH_DTYPES.get(str(obj.dtype))
-    if name is None:
+    dtype = torch_dtype(obj.dtype)
+    if dtype is None:
         raise LaunchError(f"torch dtype {obj.dtype} has no kaio type")
-    dtype = types.SCALAR_TYPES[name]
-    return ArgInfo(obj.data_ptr(), tuple(obj.shape), tuple(obj.stride()), dtype, obj.get_device())
+    return ArgInfo(
+        obj.data_ptr(),
+        tuple(obj.shape),
+        tuple(obj.stride()),
+        dtype,
+        obj.get_device(),
+        obj.is_contiguous(),
+    )
 
 
 def _from_cai(cai: dict) -> ArgInfo:
@@ -92,7 +133,7 @@ def describe(obj) -> ArgInfo:
     ``__dlpack__``. Raises ``LaunchError`` for NumPy arrays, CPU tensors and non-arrays."""
     if type(obj) is DeviceArray:
         return obj._info
-    if type(obj).__module__.startswith("torch") and hasattr(obj, "data_ptr"):
+    if is_torch(obj):
         return _from_torch(obj)
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is not None:

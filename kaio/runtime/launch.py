@@ -1,10 +1,12 @@
 """``kernel[grid, block, stream, shared](*args)``: the ``Launch`` object and ``resources``.
 
-A launch first tries the launchers already built for this kernel (see ``launcher.py``), most
-recent first: a matching one packs and launches in a few microseconds. Otherwise the slow path
-validates every argument (``LaunchError`` naming the parameter), picks the array layouts ('C'
-contiguous, 'A' strided), specializes and loads the kernel, and builds a launcher for this
-signature. Inside ``with kaio.simulate():`` launches go to the CPU simulator instead.
+A ``Launch`` holds the kernel's launchers (see ``launcher.py``) bound to its configuration, most
+recent first: a call whose arguments one of them takes packs and launches in a few
+microseconds. Otherwise it binds the launchers other configurations built since, and failing
+those takes the slow path (``_build``): validate every argument (``LaunchError`` naming the
+parameter), pick the array layouts ('C' contiguous, 'A' strided), specialize and load the
+kernel, and build a launcher for this signature. Inside ``with kaio.simulate():`` launches go
+to the CPU simulator instead.
 """
 
 from __future__ import annotations
@@ -46,32 +48,55 @@ _sim_active = _resolve_simulation_active
 class Launch:
     """A kernel bound to a launch configuration; calling it launches (or simulates) it."""
 
-    __slots__ = ("kernel", "config", "_grid", "_block", "_shared", "_stream")
+    __slots__ = ("kernel", "config", "_stream", "_bound", "_bindings")
 
     def __init__(self, kernel, config: LaunchConfig):
         self.kernel = kernel
         self.config = config
-        self._grid, self._block, self._shared = config.grid, config.block, config.shared_bytes
         try:
             self._stream = stream_handle(config.stream)
         except TypeError as e:
             raise LaunchError(f"{kernel.__name__}: {e}") from None
+        self._bindings: dict = {}  # launcher -> its launch function bound to this config
+        self._bound: list = []  # those functions, in the kernel's launcher order
 
     def __call__(self, *args, **kwargs) -> None:
         if _sim_active():
             from kaio.sim.launcher import run_simulated
 
             return run_simulated(self.kernel, self.config, args, kwargs)
-        kernel = self.kernel
         if kwargs:
-            args = _positional(kernel, args, kwargs)
-        launchers = kernel._launchers.get(_DISPATCH)
-        if launchers:
-            for launch in launchers:
-                if launch(args, self._grid, self._block, self._shared, self._stream):
-                    return None
-        _launch_slow(kernel, self.config, args, self._stream)
+            args = _positional(self.kernel, args, kwargs)
+        for launch in self._bound:
+            if launch(args):
+                return None
+        self._launch_unbound(args)
         return None
+
+    def _launch_unbound(self, args: tuple) -> None:
+        """Try the kernel's launchers not bound here yet, else build one for ``args``."""
+        launchers = self.kernel._launchers.setdefault(_DISPATCH, [])
+        fresh = [self._bind(b) for b in launchers if b not in self._bindings]
+        self._sync_bound()
+        if any(launch(args) for launch in fresh):
+            return
+        launch = self._bind(_build(self.kernel, args))
+        self._sync_bound()
+        if not launch(args):
+            raise LaunchError(
+                f"{self.kernel.__name__}: the arguments could not be packed for launch: {args!r}"
+            )
+
+    def _bind(self, bind):
+        cfg = self.config
+        launch = self._bindings[bind] = bind(cfg.grid, cfg.block, cfg.shared_bytes, self._stream)
+        return launch
+
+    def _sync_bound(self) -> None:
+        """Follow the kernel's launcher list: its order, and the launchers it dropped."""
+        launchers = self.kernel._launchers[_DISPATCH]
+        self._bindings = {b: self._bindings[b] for b in launchers if b in self._bindings}
+        self._bound = list(self._bindings.values())
 
 
 def _positional(kernel, args: tuple, kwargs: dict) -> tuple:
@@ -83,7 +108,9 @@ def _positional(kernel, args: tuple, kwargs: dict) -> tuple:
     )
 
 
-def _launch_slow(kernel, cfg: LaunchConfig, args: tuple, handle: int) -> None:
+def _build(kernel, args: tuple):
+    """The slow path: validate ``args`` (all parameters, in order), specialize and load the
+    kernel for them, and add a launcher for their signature to the kernel's list (returned)."""
     values, constexprs = kernel.split_args(args, {})
     position = {name: i for i, name in enumerate(kernel.param_names)}
     infos = {}
@@ -103,14 +130,11 @@ def _launch_slow(kernel, cfg: LaunchConfig, args: tuple, handle: int) -> None:
     layouts = tuple(infos[position[name]].layout for name in kernel.array_params())
     spec = kernel.specialize(constexprs, layouts)
     loaded = load(spec, dev, select_arch(kernel.arch, dev))
-    launch = build_launcher(kernel, spec, loaded, args, infos)
+    bind = build_launcher(kernel, spec, loaded, args, infos)
     launchers = kernel._launchers.setdefault(_DISPATCH, [])
-    launchers.insert(0, launch)
+    launchers.insert(0, bind)
     del launchers[_MAX_LAUNCHERS:]
-    if not launch(args, cfg.grid, cfg.block, cfg.shared_bytes, handle):
-        raise LaunchError(
-            f"{kernel.__name__}: the arguments could not be packed for launch: {args!r}"
-        )
+    return bind
 
 
 def resources(kernel, arch: str | None, constexprs: dict) -> Resources:

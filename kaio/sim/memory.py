@@ -58,7 +58,10 @@ def make_storages(m, arrays: dict, dynamic_shared_bytes: int, race_check: bool) 
             shape = tuple(int(d.value) for d in a.shape)
             out[a] = Storage(a, np.full((m.n, *shape), poison(dtype), dtype), "lane")
             continue
-        if a.space == "shared_dyn":
+        if a.space == "shared_dyn" and a.shape != (None,):
+            st = Storage(a, _shaped_view(m, a, dyn_bytes), "block")
+            out[a] = st
+        elif a.space == "shared_dyn":
             if dtype not in dyn_views:  # arrays of one dtype share elements and race state
                 count = dynamic_shared_bytes // dtype.itemsize
                 data = dyn_bytes[:, : count * dtype.itemsize].view(dtype)
@@ -72,6 +75,19 @@ def make_storages(m, arrays: dict, dynamic_shared_bytes: int, race_check: bool) 
         if race_check and st.tracker is None:
             st.tracker = RaceTracker(st, m.nb)
     return out
+
+
+def _shaped_view(m, a: Array, dyn_bytes: np.ndarray) -> np.ndarray:
+    """The elements of a shaped dynamic-shared view: bytes [offset, offset + size)."""
+    shape = tuple(int(d.value) for d in a.shape)
+    end = a.offset + int(np.prod(shape)) * a.dtype.itemsize
+    if end > dyn_bytes.shape[1]:
+        raise SimulationError(
+            f"dynamic shared array '{a.name}' ends at byte {end}, but the launch gave "
+            f"{dyn_bytes.shape[1]} bytes of dynamic shared memory: pass at least {end} as "
+            "shared_bytes (kernel[grid, block, stream, shared_bytes])"
+        )
+    return dyn_bytes[:, a.offset : end].view(a.dtype.np_dtype).reshape(m.nb, *shape)
 
 
 # ----------------------------------------------------------------------------- addressing

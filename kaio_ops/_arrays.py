@@ -1,0 +1,206 @@
+"""The plumbing every op shares: what kind of array came in, checking it, making outputs.
+
+An op wraps each input with ``Inputs(op).array(obj, name, ...)``, which refuses a wrong dtype,
+rank, shape, device or a non-contiguous array with a ``ValueError`` naming the argument and
+the form expected. The first input fixes the *kind* of the call (torch, CuPy, kaio
+``DeviceArray``, or NumPy inside ``with kaio.simulate():``), and ``output`` allocates results
+of that kind on the same device. ``Operand.view`` reshapes without copying, which is how ops
+hand flat or 2-D views of their arrays to kernels.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from kaio.errors import LaunchError
+from kaio.runtime.arguments import NUMPY_HINT, describe
+from kaio.runtime.memory import DeviceArray
+from kaio.sim.mode import active as simulating
+from kaio.types import ScalarType, bf16, f16, f32, from_numpy_dtype
+
+__all__ = ["FLOATS", "Inputs", "Operand", "output", "stream_of", "view"]
+
+FLOATS = (f32, f16, bf16)
+MAX_ELEMENTS = 2**31 - 1  # kernels index with 32-bit integers
+
+
+def _alternatives(names: list) -> str:
+    """'a', 'a or b', 'a, b or c'."""
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One input of an op: the object itself, its kind ('torch', 'cupy', 'kaio', 'numpy'),
+    shape, kaio element type, device ordinal (None for NumPy) and the address of element 0."""
+
+    name: str
+    obj: object
+    kind: str
+    shape: tuple
+    dtype: ScalarType
+    device: int | None
+    ptr: int
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return math.prod(self.shape)
+
+    def aligned(self, nbytes: int) -> bool:
+        """True when element 0 sits on an ``nbytes`` boundary."""
+        return self.ptr % nbytes == 0
+
+    def view(self, *shape: int):
+        """The same (contiguous) memory as an array of ``shape``, of the same kind."""
+        return view(self.obj, self.kind, shape)
+
+
+def _kind(obj) -> str | None:
+    if type(obj) is DeviceArray:
+        return "kaio"
+    module = type(obj).__module__
+    if module.startswith("torch"):
+        return "torch"
+    if module.startswith("cupy"):
+        return "cupy"
+    if isinstance(obj, np.ndarray):
+        return "numpy"
+    return None
+
+
+def view(obj, kind: str, shape: tuple):
+    """Contiguous ``obj`` of ``kind`` seen as an array of ``shape`` (no copy)."""
+    if kind == "torch":
+        return obj.view(shape)
+    if kind == "kaio":
+        strides, step = [], obj.itemsize
+        for n in reversed(shape):
+            strides.append(step)
+            step *= max(n, 1)
+        return obj._view(obj.ptr, shape, tuple(reversed(strides)))
+    return obj.reshape(shape)  # NumPy and CuPy: a view of a contiguous array
+
+
+class Inputs:
+    """The inputs of one op call, checked one by one (``array``); the first sets the kind."""
+
+    def __init__(self, op: str):
+        self.op = op
+        self.first: Operand | None = None
+
+    def error(self, name: str, message: str) -> ValueError:
+        """A ValueError about argument ``name``."""
+        return ValueError(f"{self.op}: argument {name!r} {message}")
+
+    def _describe(self, obj, name: str) -> tuple[Operand, bool]:
+        """The operand and whether it is row-major contiguous."""
+        kind = _kind(obj)
+        if simulating():
+            if kind != "numpy":
+                raise self.error(
+                    name,
+                    "must be a NumPy array inside `with kaio.simulate():` (ops run on the CPU "
+                    f"simulator there), got {type(obj).__name__}",
+                )
+            try:
+                dtype = from_numpy_dtype(obj.dtype)
+            except TypeError:
+                raise self.error(name, f"has dtype {obj.dtype}, which no kaio type holds") from None
+            a = Operand(name, obj, kind, obj.shape, dtype, None, obj.ctypes.data)
+            return a, obj.flags.c_contiguous
+        if kind == "numpy":
+            raise self.error(name, f"is a NumPy array: {NUMPY_HINT}")
+        if kind is None:
+            raise self.error(
+                name,
+                "must be a torch CUDA tensor, a CuPy array or a kaio.DeviceArray, got "
+                f"{type(obj).__name__}",
+            )
+        try:
+            info = describe(obj)
+        except LaunchError as e:
+            raise self.error(name, f"is not usable on the GPU: {e}") from None
+        a = Operand(name, obj, kind, info.shape, info.dtype, info.device, info.ptr)
+        return a, info.contiguous
+
+    def array(
+        self,
+        obj,
+        name: str,
+        ndim: int | tuple = (2, 3),
+        shape: tuple | None = None,
+        dtypes: tuple | None = None,
+        form: str = "",
+    ) -> Operand:
+        """Check ``obj`` and return it as an ``Operand``.
+
+        ``ndim``: the allowed ranks; ``shape``: the exact shape wanted, where known;
+        ``dtypes``: the allowed element types (default: f32, f16, bf16 for the first input,
+        the first input's dtype for the others); ``form``: the expected shape as errors
+        write it (e.g. "[..., N]").
+        """
+        a, contiguous = self._describe(obj, name)
+        if dtypes is None:
+            dtypes = FLOATS if self.first is None else (self.first.dtype,)
+        ndims = (ndim,) if isinstance(ndim, int) else ndim
+        want = f"a {_alternatives([f'{n}-D' for n in ndims])} array" + f" {form}" * bool(form)
+        if a.dtype not in dtypes:
+            types = _alternatives([t.name for t in dtypes])
+            raise self.error(name, f"must be {want} of {types}, got dtype {a.dtype.name}")
+        if len(a.shape) not in ndims:
+            raise self.error(name, f"must be {want}, got shape {a.shape}")
+        if shape is not None and tuple(a.shape) != tuple(shape):
+            raise self.error(name, f"must have shape {tuple(shape)}, got {a.shape}")
+        if not contiguous:
+            raise self.error(name, "must be contiguous (row-major); pass a contiguous copy of it")
+        if a.size > MAX_ELEMENTS:
+            raise self.error(name, f"has {a.size} elements; ops take at most {MAX_ELEMENTS}")
+        if self.first is None:
+            self.first = a
+        elif a.device != self.first.device:
+            raise self.error(
+                name,
+                f"is on GPU {a.device} but {self.first.name!r} is on GPU {self.first.device}",
+            )
+        return a
+
+
+def _allocate(like: Operand, shape: tuple, dtype: ScalarType):
+    """A new uninitialized array of ``like``'s kind and device."""
+    if like.kind == "torch":
+        import torch
+
+        names = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+        return torch.empty(shape, dtype=names[dtype.name], device=like.obj.device)
+    if like.kind == "cupy":
+        import cupy
+
+        with cupy.cuda.Device(like.device):
+            return cupy.empty(shape, dtype=dtype.np_dtype)
+    if like.kind == "kaio":
+        return DeviceArray(shape, dtype.np_dtype, device=like.obj.device)
+    return np.empty(shape, dtype.np_dtype)
+
+
+def output(like: Operand, shape: tuple | None = None, dtype: ScalarType | None = None):
+    """A new output array of the same kind and device as ``like`` (shape and dtype default to
+    ``like``'s)."""
+    return _allocate(like, tuple(like.shape if shape is None else shape), dtype or like.dtype)
+
+
+def stream_of(like: Operand):
+    """The stream to launch on: the current torch or CuPy stream for their arrays (the one
+    the caller's surrounding work runs on), else the default stream."""
+    if like.kind == "torch":
+        import torch
+
+        return torch.cuda.current_stream(like.obj.device).cuda_stream
+    if like.kind == "cupy":
+        import cupy
+
+        return cupy.cuda.get_current_stream().ptr
+    return None

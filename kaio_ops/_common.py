@@ -1,0 +1,106 @@
+"""Device functions shared by the memory-bound kernels: chunk loads and stores, reductions.
+
+Kernels move data in *chunks* of ``VEC`` consecutive elements: with ``VEC > 1`` a chunk is one
+16-byte vector access (``kaio.load_vector``/``kaio.store_vector``), which needs its address
+aligned to 16 bytes; ``VEC == 1`` is the scalar path, correct for any alignment. The host side
+picks ``VEC`` (``vector_width``). Values are computed in f32 whatever the element type ``DT``.
+"""
+
+from __future__ import annotations
+
+import kaio
+from kaio import f32, u32
+from kaio_ops._arrays import Operand
+
+DT = f32  # the element type placeholder (see _typed.by_dtype)
+VECTOR_BYTES = 16
+
+
+def vector_width(*operands: Operand, multiple_of: int = 0) -> int:
+    """``VEC`` for kernels on these operands: the elements of one 16-byte access when every
+    operand starts on a 16-byte boundary and ``multiple_of`` (a row length, say, that chunks
+    must not straddle; 0 for none) is a multiple of it, else 1 (the scalar path)."""
+    vec = VECTOR_BYTES // operands[0].dtype.itemsize
+    ok = multiple_of % vec == 0 and all(op.aligned(VECTOR_BYTES) for op in operands)
+    return vec if ok else 1
+
+
+def widths(dtype) -> tuple:
+    """The ``VEC`` values kernels are specialized for with element type ``dtype``."""
+    return (1, VECTOR_BYTES // dtype.itemsize)
+
+
+@kaio.gpu_func
+def load_f32(dst: f32[:], at: kaio.constexpr, src: DT[:], i: u32, VEC: kaio.constexpr):
+    """dst[at : at + VEC] = src[i : i + VEC] converted to f32 (one vector load when VEC > 1)."""
+    raw = kaio.local(DT, (VEC,))
+    if VEC == 1:
+        raw[0] = src[i]
+    else:
+        kaio.load_vector(raw, src, i)
+    for j in kaio.static_range(VEC):
+        dst[at + j] = f32(raw[j])
+
+
+@kaio.gpu_func
+def store_f32(dst: DT[:], i: u32, src: f32[:], at: kaio.constexpr, VEC: kaio.constexpr):
+    """dst[i : i + VEC] = src[at : at + VEC] rounded to DT (one vector store when VEC > 1)."""
+    raw = kaio.local(DT, (VEC,))
+    for j in kaio.static_range(VEC):
+        raw[j] = src[at + j]
+    if VEC == 1:
+        dst[i] = raw[0]
+    else:
+        kaio.store_vector(dst, i, raw)
+
+
+@kaio.gpu_func
+def warp_sum(v: f32) -> f32:
+    """The sum of ``v`` over the warp, in every lane (the same bits in each)."""
+    for k in kaio.static_range(5):
+        v += kaio.shfl_xor(v, 16 >> k)
+    return v
+
+
+@kaio.gpu_func
+def block_sum(v: f32, red: f32[:]) -> f32:
+    """The sum of ``v`` over the block, in every thread. ``red``: a shared f32[32] that no
+    other reduction of this kernel uses. The block is a whole number of warps."""
+    v = warp_sum(v)
+    if kaio.lane_id() == 0:
+        red[kaio.warp_id()] = v
+    kaio.sync_threads()
+    lane = kaio.lane_id()
+    v = red[lane] if lane < (kaio.block_dim_x() >> 5) else 0.0
+    return warp_sum(v)
+
+
+@kaio.gpu_func
+def merge_max_sum(m: f32, s: f32, acc: f32[:]):
+    """acc[0], acc[1] = the running (max, sum of exp(v - max)) merged with the pair (m, s)."""
+    top = kaio.max(acc[0], m)
+    acc[1] = acc[1] * kaio.exp(acc[0] - top) + s * kaio.exp(m - top)
+    acc[0] = top
+
+
+@kaio.gpu_func
+def block_max_sum(acc: f32[:], red_m: f32[:], red_s: f32[:]):
+    """Merge every thread's (acc[0] max, acc[1] sum of exp(v - max)) over the block; every
+    thread gets the block's pair in acc. ``red_m``, ``red_s``: shared f32[32] arrays."""
+    for k in kaio.static_range(5):
+        merge_max_sum(kaio.shfl_xor(acc[0], 16 >> k), kaio.shfl_xor(acc[1], 16 >> k), acc)
+    lane = kaio.lane_id()
+    if lane == 0:
+        red_m[kaio.warp_id()] = acc[0]
+        red_s[kaio.warp_id()] = acc[1]
+    kaio.sync_threads()
+    acc[0] = LOWEST
+    acc[1] = 0.0
+    if lane < (kaio.block_dim_x() >> 5):
+        acc[0] = red_m[lane]
+        acc[1] = red_s[lane]
+    for k in kaio.static_range(5):
+        merge_max_sum(kaio.shfl_xor(acc[0], 16 >> k), kaio.shfl_xor(acc[1], 16 >> k), acc)
+
+
+LOWEST = -3.0e38  # the start of a running max: finite, so exp(LOWEST - LOWEST) is 1, not NaN

@@ -1,0 +1,300 @@
+"""Tensor-core matmul kernels: ``C[M, N] (f32) = A[M, K] @ B[K, N]``, A and B f16 or bf16.
+
+One kernel source, written in the kaio DSL, specialized by constexprs:
+
+- A block computes a ``BM x BN`` tile of C with ``WARPS_M x WARPS_N`` warps; each warp owns a
+  ``BM/WARPS_M x BN/WARPS_N`` sub-tile as 16x8 ``mma`` accumulators in registers.
+- K advances ``BK`` at a time through shared memory, tiles stored XOR-swizzled
+  (``kaio.swizzle``) so that ``ldmatrix`` (A) and ``ldmatrix_trans`` (B) read without bank
+  conflicts.
+- ``ASYNC``: ``STAGES``-deep ``cp.async`` pipeline (``STAGES - 1`` tiles in flight while one
+  is multiplied). Otherwise tiles go through registers with 16-byte vector loads and stores,
+  one at a time: the baseline, and the path that needs no sm_80 copy engine.
+- ``VEC``: 16-byte copies need K and N multiples of 8 and 16-byte aligned inputs; without
+  them (``VEC == 0``) tiles are loaded element by element (correct for any shape, slower).
+- Edge tiles are zero-filled in shared memory (``src_bytes = 0``) and masked on store.
+- Blocks run in groups of ``GROUP_M`` tile rows, so that consecutive blocks share A and B
+  tiles in L2.
+- ``SPLIT > 1`` (skinny shapes): block z multiplies one K slice and writes its partial tile
+  to a workspace; a second kernel sums the slices in a fixed order (deterministic).
+"""
+
+from __future__ import annotations
+
+import kaio
+from kaio import f16, f32, u32
+from kaio_ops._typed import by_dtype
+
+DT = f16  # the element type placeholder (see _typed.by_dtype)
+GROUP_M = 8
+
+
+@kaio.gpu_func
+def tile_origin(pid: u32, M: u32, N: u32, BM: kaio.constexpr, BN: kaio.constexpr) -> u32:
+    """The (row, column) of block ``pid``'s C tile, packed as row * 65536 + column tile
+    indices, blocks grouped GROUP_M tile rows at a time for L2 reuse."""
+    grid_m = (M + BM - 1) // BM
+    grid_n = (N + BN - 1) // BN
+    width = GROUP_M * grid_n
+    first_m = pid // width * GROUP_M
+    group_m = kaio.min(grid_m - first_m, GROUP_M)
+    pid_m = first_m + pid % width % group_m
+    pid_n = pid % width // group_m
+    return pid_m * 65536 + pid_n
+
+
+@kaio.gpu_kernel
+def matmul_kernel(
+    a: DT[:, :],
+    b: DT[:, :],
+    c: f32[:, :],
+    k_slice: u32,
+    BM: kaio.constexpr,
+    BN: kaio.constexpr,
+    BK: kaio.constexpr,
+    WARPS_M: kaio.constexpr,
+    WARPS_N: kaio.constexpr,
+    STAGES: kaio.constexpr,
+    ASYNC: kaio.constexpr,
+    VEC: kaio.constexpr,
+):
+    """C tile (or, with a K split, the partial tile of K slice ``block_idx_z``) of A @ B."""
+    THREADS = WARPS_M * WARPS_N * 32
+    WTM = BM // WARPS_M
+    WTN = BN // WARPS_N
+    MI = WTM // 16
+    NI = WTN // 8
+    M = u32(a.shape[0])
+    K = u32(a.shape[1])
+    N = u32(b.shape[1])
+    tid = kaio.thread_idx_x()
+    lane = kaio.lane_id()
+    warp = tid // 32
+    wm = warp // WARPS_N * WTM
+    wn = warp % WARPS_N * WTN
+    origin = tile_origin(kaio.block_idx_x(), M, N, BM, BN)
+    m0 = origin // 65536 * BM
+    n0 = origin % 65536 * BN
+    k_begin = kaio.block_idx_z() * k_slice
+    k_end = kaio.min(k_begin + k_slice, K)
+    tiles = (k_end - k_begin + BK - 1) // BK
+    row0 = kaio.block_idx_z() * M  # this K slice's rows in c (the workspace when split)
+
+    a_s = kaio.shared_dynamic(DT, (STAGES, BM, BK), 0)
+    b_s = kaio.shared_dynamic(DT, (STAGES, BK, BN), STAGES * BM * BK * 2)
+
+    acc = kaio.local(f32, (MI, NI, 2, 2))
+    for mi in kaio.static_range(MI):
+        for ni in kaio.static_range(NI):
+            for e in kaio.static_range(4):
+                acc[mi, ni, e // 2, e % 2] = 0.0
+    a_frag = kaio.local(u32, (MI, 4))
+    b_frag = kaio.local(u32, (NI // 2, 2, 2))
+
+    if ASYNC:
+        for s in kaio.static_range(STAGES - 1):
+            if s < tiles:
+                load_tiles(
+                    a_s,
+                    b_s,
+                    a,
+                    b,
+                    s,
+                    m0,
+                    n0,
+                    k_begin + s * BK,
+                    k_end,
+                    M,
+                    N,
+                    tid,
+                    BM,
+                    BN,
+                    BK,
+                    THREADS,
+                    VEC,
+                    ASYNC,
+                )
+            kaio.cp_async_commit()
+    for t in range(tiles):
+        stage = t % STAGES if ASYNC else u32(0)
+        if ASYNC:
+            kaio.cp_async_wait(STAGES - 2)
+            kaio.sync_threads()
+            ahead = t + STAGES - 1
+            if ahead < tiles:
+                load_tiles(
+                    a_s,
+                    b_s,
+                    a,
+                    b,
+                    ahead % STAGES,
+                    m0,
+                    n0,
+                    k_begin + ahead * BK,
+                    k_end,
+                    M,
+                    N,
+                    tid,
+                    BM,
+                    BN,
+                    BK,
+                    THREADS,
+                    VEC,
+                    ASYNC,
+                )
+            kaio.cp_async_commit()
+        else:
+            kaio.sync_threads()
+            load_tiles(
+                a_s,
+                b_s,
+                a,
+                b,
+                0,
+                m0,
+                n0,
+                k_begin + t * BK,
+                k_end,
+                M,
+                N,
+                tid,
+                BM,
+                BN,
+                BK,
+                THREADS,
+                VEC,
+                ASYNC,
+            )
+            kaio.sync_threads()
+        for kk in kaio.static_range(0, BK, 16):
+            for mi in kaio.static_range(MI):
+                r = wm + mi * 16 + lane % 16
+                col = kk + lane // 16 * 8
+                kaio.ldmatrix(a_frag[mi], a_s, (stage, r, kaio.swizzle(a_s, r, col)))
+            for nj in kaio.static_range(NI // 2):
+                r = kk + lane % 16
+                col = wn + nj * 16 + lane // 16 * 8
+                kaio.ldmatrix_trans(b_frag[nj], b_s, (stage, r, kaio.swizzle(b_s, r, col)))
+            for mi in kaio.static_range(MI):
+                for ni in kaio.static_range(NI):
+                    if DT == f16:
+                        kaio.mma_f16(acc[mi, ni], a_frag[mi], b_frag[ni // 2, ni % 2], acc[mi, ni])
+                    else:
+                        kaio.mma_bf16(acc[mi, ni], a_frag[mi], b_frag[ni // 2, ni % 2], acc[mi, ni])
+
+    for mi in kaio.static_range(MI):
+        for ni in kaio.static_range(NI):
+            col = n0 + wn + ni * 8 + lane % 4 * 2
+            for h in kaio.static_range(2):
+                row = m0 + wm + mi * 16 + lane // 4 + h * 8
+                if row < M:
+                    if VEC:
+                        if col < N:
+                            kaio.store_vector(c, (row0 + row, col), acc[mi, ni, h])
+                    else:
+                        for e in kaio.static_range(2):
+                            if col + e < N:
+                                c[row0 + row, col + e] = acc[mi, ni, h, e]
+
+
+@kaio.gpu_func
+def load_tiles(
+    a_s: DT[:, :, :],
+    b_s: DT[:, :, :],
+    a: DT[:, :],
+    b: DT[:, :],
+    stage: u32,
+    m0: u32,
+    n0: u32,
+    k0: u32,
+    k_end: u32,
+    M: u32,
+    N: u32,
+    tid: u32,
+    BM: kaio.constexpr,
+    BN: kaio.constexpr,
+    BK: kaio.constexpr,
+    THREADS: kaio.constexpr,
+    VEC: kaio.constexpr,
+    ASYNC: kaio.constexpr,
+):
+    """A[m0:m0+BM, k0:k0+BK] and B[k0:k0+BK, n0:n0+BN] into ``stage`` of the shared tiles,
+    swizzled, zeros outside the matrices (and past k_end)."""
+    if VEC:
+        load_tile(a_s, a, stage, m0, k0, M, k_end, tid, BM, BK, THREADS, ASYNC)
+        load_tile(b_s, b, stage, k0, n0, k_end, N, tid, BK, BN, THREADS, ASYNC)
+    else:
+        for i in kaio.static_range(BM * BK // THREADS):
+            e = tid + i * THREADS
+            r = e // BK
+            col = e % BK
+            v = DT(0.0)
+            if m0 + r < M and k0 + col < k_end:
+                v = a[m0 + r, k0 + col]
+            a_s[stage, r, kaio.swizzle(a_s, r, col)] = v
+        for i in kaio.static_range(BK * BN // THREADS):
+            e = tid + i * THREADS
+            r = e // BN
+            col = e % BN
+            v = DT(0.0)
+            if k0 + r < k_end and n0 + col < N:
+                v = b[k0 + r, n0 + col]
+            b_s[stage, r, kaio.swizzle(b_s, r, col)] = v
+
+
+@kaio.gpu_func
+def load_tile(
+    dst: DT[:, :, :],
+    src: DT[:, :],
+    stage: u32,
+    r0: u32,
+    c0: u32,
+    rows: u32,
+    cols: u32,
+    tid: u32,
+    R: kaio.constexpr,
+    C: kaio.constexpr,
+    THREADS: kaio.constexpr,
+    ASYNC: kaio.constexpr,
+):
+    """src[r0:r0+R, c0:c0+C] into dst[stage] in 16-byte chunks (zeros past rows x cols):
+    cp.async when ASYNC, else a vector load and store through registers."""
+    CHUNKS = C // 8
+    for i in kaio.static_range((R * CHUNKS + THREADS - 1) // THREADS):
+        chunk = tid + i * THREADS
+        if R * CHUNKS % THREADS == 0 or chunk < R * CHUNKS:
+            r = chunk // CHUNKS
+            col = chunk % CHUNKS * 8
+            inside = r0 + r < rows and c0 + col < cols
+            at = (stage, r, kaio.swizzle(dst, r, col))
+            if ASYNC:
+                size = kaio.select(inside, 16, 0)
+                src_r = kaio.select(inside, r0 + r, 0)
+                src_c = kaio.select(inside, c0 + col, 0)
+                kaio.cp_async(dst, at, src, (src_r, src_c), 16, size)
+            else:
+                regs = kaio.local(u32, 4)
+                if inside:
+                    kaio.load_vector(regs, src, (r0 + r, c0 + col))
+                else:
+                    for j in kaio.static_range(4):
+                        regs[j] = 0
+                kaio.store_vector(dst, at, regs)
+
+
+@kaio.gpu_kernel
+def sum_slices(ws: f32[:, :], c: f32[:, :], SPLIT: kaio.constexpr):
+    """c = the sum of the SPLIT partial products stacked in ws [SPLIT * M, N], in order."""
+    M = u32(c.shape[0])
+    N = u32(c.shape[1])
+    i = kaio.block_idx_x() * kaio.block_dim_x() + kaio.thread_idx_x()
+    if i < M * N:
+        row = i // N
+        col = i % N
+        total = ws[row, col]
+        for s in kaio.static_range(1, SPLIT):
+            total += ws[s * M + row, col]
+        c[row, col] = total
+
+
+MATMUL = by_dtype(matmul_kernel)

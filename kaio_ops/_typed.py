@@ -1,0 +1,67 @@
+"""One kernel source, one compiled kernel per element type.
+
+A kaio kernel's array parameters carry their element type in the annotation (``x: f16[:]``).
+The ops are written once against a module-level placeholder, ``DT``, and ``by_dtype(kernel)``
+gives the kernel compiled with ``DT`` bound to f32, f16 or bf16: a copy of the Python function
+whose globals have ``DT`` replaced, and so have the device functions it calls (transitively).
+The placeholder is a module-level dtype, which is part of each kernel's cache key.
+"""
+
+from __future__ import annotations
+
+import types
+
+from kaio.decorators import DeviceFunction
+from kaio.kernel import Kernel
+from kaio.types import ScalarType
+
+__all__ = ["by_dtype", "PLACEHOLDER"]
+
+PLACEHOLDER = "DT"
+
+
+def _copy(pyfunc, subs: dict, memo: dict):
+    """``pyfunc`` with the names in ``subs`` rebound in its globals, device functions too."""
+    done = memo.get(pyfunc)
+    if done is not None:
+        return done
+    scope = dict(pyfunc.__globals__)
+    copy = types.FunctionType(
+        pyfunc.__code__, scope, pyfunc.__name__, pyfunc.__defaults__, pyfunc.__closure__
+    )
+    copy.__annotations__ = dict(pyfunc.__annotations__)
+    copy.__qualname__ = pyfunc.__qualname__
+    copy.__doc__ = pyfunc.__doc__
+    memo[pyfunc] = copy
+    scope.update(subs)
+    for name, value in pyfunc.__globals__.items():
+        if isinstance(value, DeviceFunction) and PLACEHOLDER in value.pyfunc.__globals__:
+            scope[name] = DeviceFunction(_copy(value.pyfunc, subs, memo))
+    return copy
+
+
+class by_dtype:  # noqa: N801  (reads like a function at the use site)
+    """``by_dtype(kernel)[f16]``: ``kernel`` compiled with its module's ``DT`` bound to f16.
+
+    Variants are built on first use and kept; the one for the placeholder's own value is the
+    kernel itself.
+    """
+
+    def __init__(self, kernel: Kernel):
+        self.kernel = kernel
+        self._variants: dict[ScalarType, Kernel] = {}
+
+    def __getitem__(self, dtype: ScalarType) -> Kernel:
+        variant = self._variants.get(dtype)
+        if variant is None:
+            k = self.kernel
+            if k.pyfunc.__globals__.get(PLACEHOLDER) is dtype:
+                variant = k
+            else:
+                pyfunc = _copy(k.pyfunc, {PLACEHOLDER: dtype}, {})
+                variant = Kernel(pyfunc, block_size=k.block_size, arch=k.arch, debug=k.debug)
+            self._variants[dtype] = variant
+        return variant
+
+    def __repr__(self) -> str:
+        return f"<by_dtype {self.kernel.__name__}>"

@@ -1,0 +1,120 @@
+"""Rotary position embedding: ``rope(x, cos, sin, interleaved=False)``.
+
+x is ``[S, D]`` or ``[S, H, D]`` (positions, heads, head dim; D even); ``cos`` and ``sin`` are
+``[S, D/2]``: the angle of frequency pair j at position s is theta[s, j], and
+``cos[s, j] = cos(theta[s, j])``. Each pair (a, b) of a row becomes
+``(a * cos - b * sin, b * cos + a * sin)``. The pairs are ``(x[2j], x[2j+1])`` when
+``interleaved`` (GPT-J, Meta's original Llama) and ``(x[j], x[j + D/2])`` otherwise (the
+half-split layout of GPT-NeoX and Hugging Face Llama).
+
+The kernel is a grid-stride loop over units of ``VEC`` pairs of one row: one 16-byte access
+per operand (two for x's pairs), or one element each on the scalar path (``VEC == 1``).
+"""
+
+from __future__ import annotations
+
+import kaio
+from kaio import f32, u32
+from kaio_ops import _arrays
+from kaio_ops._common import DT, load_f32, store_f32, vector_width, widths
+from kaio_ops._typed import by_dtype
+
+__all__ = ["rope"]
+
+BLOCK = 256
+MAX_BLOCKS = 1 << 20
+
+
+@kaio.gpu_func
+def rotate(xv: f32[:], ia: kaio.constexpr, ib: kaio.constexpr, c: f32, s: f32):
+    """(xv[ia], xv[ib]) = (a cos - b sin, b cos + a sin)."""
+    a = xv[ia]
+    b = xv[ib]
+    xv[ia] = a * c - b * s
+    xv[ib] = b * c + a * s
+
+
+@kaio.gpu_kernel
+def _rope(
+    x: DT[:],
+    cos: DT[:],
+    sin: DT[:],
+    out: DT[:],
+    units: u32,
+    half: u32,
+    heads: u32,
+    INTERLEAVED: kaio.constexpr,
+    VEC: kaio.constexpr,
+):
+    per_row = half // VEC
+    stride = kaio.grid_dim_x() * kaio.block_dim_x()
+    u = kaio.block_idx_x() * kaio.block_dim_x() + kaio.thread_idx_x()
+    while u < units:
+        row = u // per_row
+        j = (u - row * per_row) * VEC  # the unit's first pair
+        cv = kaio.local(f32, (VEC,))
+        sv = kaio.local(f32, (VEC,))
+        xv = kaio.local(f32, (2 * VEC,))
+        at = (row // heads) * half + j
+        load_f32(cv, 0, cos, at, VEC)
+        load_f32(sv, 0, sin, at, VEC)
+        # pairs (x[2j], x[2j+1]) from two chunks, or (x[j], x[j + half]) from two chunks
+        first = row * 2 * half + (2 * j if INTERLEAVED else j)
+        second = first + VEC if INTERLEAVED else first + half
+        load_f32(xv, 0, x, first, VEC)
+        load_f32(xv, VEC, x, second, VEC)
+        for p in kaio.static_range(VEC):
+            if INTERLEAVED:
+                rotate(xv, 2 * p, 2 * p + 1, cv[p], sv[p])
+            else:
+                rotate(xv, p, VEC + p, cv[p], sv[p])
+        store_f32(out, first, xv, 0, VEC)
+        store_f32(out, second, xv, VEC, VEC)
+        u += stride
+
+
+_KERNEL = by_dtype(_rope)
+
+
+def rope(x, cos, sin, interleaved: bool = False):
+    """Rotary position embedding, computed in f32 (see the module docstring for the layouts).
+
+    x: [S, D] or [S, H, D] f32, f16 or bf16 with D even; cos, sin: [S, D/2] of x's dtype.
+    Returns a new array like x.
+    """
+    inputs = _arrays.Inputs("rope")
+    a = inputs.array(x, "x", ndim=(2, 3), form="[S, D] or [S, H, D]")
+    d = a.shape[-1]
+    if d % 2:
+        raise inputs.error("x", f"needs an even last dimension (head dim D), got shape {a.shape}")
+    half = d // 2
+    table = (a.shape[0], half)
+    c = inputs.array(cos, "cos", ndim=2, shape=table, form="[S, D/2]")
+    s = inputs.array(sin, "sin", ndim=2, shape=table, form="[S, D/2]")
+    out = _arrays.output(a)
+    if a.size == 0:
+        return out
+    vec = vector_width(a, c, s, multiple_of=half)
+    units = a.size // 2 // vec
+    heads = a.shape[1] if len(a.shape) == 3 else 1
+    grid = max(1, min(MAX_BLOCKS, -(-units // BLOCK)))
+    _KERNEL[a.dtype][grid, BLOCK, _arrays.stream_of(a)](
+        a.view(a.size),
+        c.view(c.size),
+        s.view(s.size),
+        _arrays.view(out, a.kind, (a.size,)),
+        units,
+        half,
+        heads,
+        INTERLEAVED=bool(interleaved),
+        VEC=vec,
+    )
+    return out
+
+
+def shipped():
+    """(kernel, constexprs) of every specialization rope launches."""
+    for dtype in _arrays.FLOATS:
+        for interleaved in (False, True):
+            for vec in widths(dtype):
+                yield _KERNEL[dtype], {"INTERLEAVED": interleaved, "VEC": vec}

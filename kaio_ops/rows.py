@@ -1,0 +1,314 @@
+"""Row ops: ``rms_norm``, ``rms_norm_residual``, ``layer_norm``, ``softmax``.
+
+One kernel, ``_rows``, specialized per op (``OP``), element type and ``VEC``; one block per row
+(rows: the last dimension). Each thread caches its part of the row in ``REGS`` f32 registers,
+``REGS // VEC`` chunks of ``VEC`` elements (one 16-byte access each when ``VEC > 1``), so a row
+is read from memory once when it fits in the block's registers (up to 16384 elements with
+MAX_BLOCK = 512 threads; 1024-thread blocks would cap the kernels at 64 registers a thread,
+which the driver's compilation can exceed). Longer rows are walked in segments of that size;
+passes alternate direction, so each starts with the segment the previous pass left in
+registers and reads the others again. The passes:
+
+- pass 0 loads (rms_norm_residual adds the residual and stores the sum here) and accumulates:
+  sum of squares (rms), sum (layer norm), running max and sum of exp(x - max) (softmax, which
+  keeps exp(x - max of the segment) in the registers: one exp an element for rows that fit);
+- a block reduction (warp shuffles, then shared memory across warps) gives the row's
+  statistics; layer norm runs one more pass for the sum of squared deviations from the mean;
+- the last pass writes the output.
+"""
+
+from __future__ import annotations
+
+import kaio
+from kaio import bool_, f32, u32
+from kaio_ops import _arrays
+from kaio_ops._common import (
+    DT,
+    LOWEST,
+    block_max_sum,
+    block_sum,
+    load_f32,
+    merge_max_sum,
+    store_f32,
+    vector_width,
+    widths,
+)
+from kaio_ops._typed import by_dtype
+
+__all__ = ["rms_norm", "rms_norm_residual", "layer_norm", "softmax"]
+
+REGS = 32  # f32 registers per thread that hold its part of a row
+MIN_BLOCK, MAX_BLOCK = 64, 512
+OPS = ("rms_norm", "rms_norm_residual", "layer_norm", "softmax")
+# acc[]: per-thread accumulators, then the row's statistics
+SUM, SQDEV, MEAN, SCALE = 0, 1, 2, 3  # rms and layer norm
+# softmax: running max and sum of exp(x - max) (after the reduction: the row's max and
+# 1/sum); the max of the segment whose exp(x - max) xs holds, and the factor turning those
+# into outputs
+MAX, EXPSUM, SEGMAX, CACHED = 0, 1, 2, 3
+
+
+@kaio.gpu_func
+def load_chunk(
+    PASS: kaio.constexpr,
+    OP: kaio.constexpr,
+    VEC: kaio.constexpr,
+    xs: f32[:],
+    at: kaio.constexpr,
+    x: DT[:],
+    res: DT[:],
+    res_out: DT[:],
+    i: u32,
+):
+    """xs[at : at + VEC] = the row's values at i (for rms_norm_residual: x + res, rounded to
+    DT and stored to res_out in pass 0, read back from res_out in later passes)."""
+    if OP == "rms_norm_residual" and PASS > 0:
+        load_f32(xs, at, res_out, i, VEC)
+    else:
+        load_f32(xs, at, x, i, VEC)
+    if OP == "rms_norm_residual" and PASS == 0:
+        rv = kaio.local(f32, (VEC,))
+        load_f32(rv, 0, res, i, VEC)
+        for j in kaio.static_range(VEC):
+            rv[j] = xs[at + j] + rv[j]
+            xs[at + j] = f32(DT(rv[j]))  # normalize exactly what is stored
+        store_f32(res_out, i, rv, 0, VEC)
+
+
+@kaio.gpu_func
+def visit(
+    PASS: kaio.constexpr,
+    OP: kaio.constexpr,
+    VEC: kaio.constexpr,
+    xs: f32[:],
+    at: kaio.constexpr,
+    acc: f32[:],
+    w: DT[:],
+    b: DT[:],
+    out: DT[:],
+    i: u32,
+    col: u32,
+    cached: bool_,
+):
+    """Pass PASS's work on the chunk xs[at : at + VEC] (row element col, array element i);
+    ``cached``: the chunk was not read again in this pass (softmax: xs holds exp(x - SEGMAX))."""
+    if PASS == 0 and OP == "softmax":
+        pass  # done a segment at a time by exp_segment
+    elif PASS == 0 and OP == "layer_norm":
+        for j in kaio.static_range(VEC):
+            acc[SUM] += xs[at + j]
+    elif PASS == 0:
+        for j in kaio.static_range(VEC):
+            acc[SUM] += xs[at + j] * xs[at + j]
+    elif PASS == 1 and OP == "layer_norm":
+        for j in kaio.static_range(VEC):
+            d = xs[at + j] - acc[MEAN]
+            acc[SQDEV] += d * d
+    else:  # the output pass
+        ov = kaio.local(f32, (VEC,))
+        wv = kaio.local(f32, (VEC,))
+        bv = kaio.local(f32, (VEC,))
+        if OP == "softmax" and cached:
+            for j in kaio.static_range(VEC):
+                ov[j] = xs[at + j] * acc[CACHED]
+        elif OP == "softmax":
+            for j in kaio.static_range(VEC):
+                ov[j] = kaio.exp(xs[at + j] - acc[MAX]) * acc[EXPSUM]
+        elif OP == "layer_norm":
+            load_f32(wv, 0, w, col, VEC)
+            load_f32(bv, 0, b, col, VEC)
+            for j in kaio.static_range(VEC):
+                ov[j] = (xs[at + j] - acc[MEAN]) * acc[SCALE] * wv[j] + bv[j]
+        else:
+            load_f32(wv, 0, w, col, VEC)
+            for j in kaio.static_range(VEC):
+                ov[j] = xs[at + j] * acc[SCALE] * wv[j]
+        store_f32(out, i, ov, 0, VEC)
+
+
+@kaio.gpu_func
+def exp_segment(VEC: kaio.constexpr, xs: f32[:], acc: f32[:], first: u32, nt: u32, chunks: u32):
+    """Softmax's pass 0 on the segment in xs (chunks first + k * nt): m = its max over this
+    thread's chunks, xs = exp(xs - m), (m, sum) merged into acc, acc[SEGMAX] = m. One exp
+    an element; the output pass scales the cached exps instead of computing them again."""
+    top = LOWEST  # finite, so a chunk of -inf gives exp(-inf) = 0, not NaN
+    for k in kaio.static_range(REGS // VEC):
+        if first + k * nt < chunks:
+            for j in kaio.static_range(VEC):
+                top = kaio.max(top, xs[k * VEC + j])
+    s = 0.0
+    for k in kaio.static_range(REGS // VEC):
+        if first + k * nt < chunks:
+            for j in kaio.static_range(VEC):
+                e = kaio.exp(xs[k * VEC + j] - top)
+                xs[k * VEC + j] = e
+                s += e
+    merge_max_sum(top, s, acc)
+    acc[SEGMAX] = top
+
+
+@kaio.gpu_func
+def row_pass(
+    PASS: kaio.constexpr,
+    OP: kaio.constexpr,
+    VEC: kaio.constexpr,
+    xs: f32[:],
+    acc: f32[:],
+    x: DT[:],
+    res: DT[:],
+    res_out: DT[:],
+    w: DT[:],
+    b: DT[:],
+    out: DT[:],
+    base: u32,
+    chunks: u32,
+):
+    """One pass over this block's row: element base.., ``chunks`` chunks of VEC."""
+    t = kaio.thread_idx_x()
+    nt = kaio.block_dim_x()
+    per = nt * (REGS // VEC)
+    segments = (chunks + per - 1) // per
+    for s in range(segments):
+        # Passes alternate direction, so each starts with the segment the last one left in xs
+        seg = s if PASS % 2 == 0 else segments - 1 - s
+        first = seg * per + t
+        if PASS == 0 or s > 0:
+            for k in kaio.static_range(REGS // VEC):
+                c = first + k * nt
+                if c < chunks:
+                    load_chunk(PASS, OP, VEC, xs, k * VEC, x, res, res_out, base + c * VEC)
+        if PASS == 0 and OP == "softmax":
+            exp_segment(VEC, xs, acc, first, nt, chunks)
+        for k in kaio.static_range(REGS // VEC):
+            c = first + k * nt
+            if c < chunks:
+                visit(PASS, OP, VEC, xs, k * VEC, acc, w, b, out, base + c * VEC, c * VEC, s == 0)
+
+
+@kaio.gpu_kernel
+def _rows(
+    x: DT[:],
+    res: DT[:],
+    w: DT[:],
+    b: DT[:],
+    out: DT[:],
+    res_out: DT[:],
+    n: u32,
+    eps: f32,
+    OP: kaio.constexpr,
+    VEC: kaio.constexpr,
+):
+    red0 = kaio.shared(f32, (32,))
+    red1 = kaio.shared(f32, (32,))
+    xs = kaio.local(f32, (REGS,))
+    acc = kaio.local(f32, (4,))
+    for k in kaio.static_range(4):
+        acc[k] = 0.0
+    if OP == "softmax":
+        acc[MAX] = LOWEST
+    base = kaio.block_idx_x() * n
+    chunks = n // VEC
+    row_pass(0, OP, VEC, xs, acc, x, res, res_out, w, b, out, base, chunks)
+    if OP == "softmax":
+        block_max_sum(acc, red0, red1)
+        acc[EXPSUM] = 1.0 / acc[EXPSUM]
+        acc[CACHED] = kaio.exp(acc[SEGMAX] - acc[MAX]) * acc[EXPSUM]
+        row_pass(1, OP, VEC, xs, acc, x, res, res_out, w, b, out, base, chunks)
+    elif OP == "layer_norm":
+        acc[MEAN] = block_sum(acc[SUM], red0) / f32(n)
+        row_pass(1, OP, VEC, xs, acc, x, res, res_out, w, b, out, base, chunks)
+        acc[SCALE] = kaio.rsqrt(block_sum(acc[SQDEV], red1) / f32(n) + eps)
+        row_pass(2, OP, VEC, xs, acc, x, res, res_out, w, b, out, base, chunks)
+    else:
+        acc[SCALE] = kaio.rsqrt(block_sum(acc[SUM], red0) / f32(n) + eps)
+        row_pass(1, OP, VEC, xs, acc, x, res, res_out, w, b, out, base, chunks)
+
+
+_KERNEL = by_dtype(_rows)
+
+
+def block_size(n: int, vec: int) -> int:
+    """Threads per row: enough that each holds at most REGS elements, a power of two."""
+    chunks_per_thread = REGS // vec
+    threads = -(-(n // vec) // chunks_per_thread)
+    return min(MAX_BLOCK, max(MIN_BLOCK, 1 << max(0, threads - 1).bit_length()))
+
+
+def _run(op: str, x: _arrays.Operand, res=None, w=None, b=None, eps: float = 0.0):
+    """Launch ``_rows`` for ``op``; returns out (and the new residual for the residual op)."""
+    out = _arrays.output(x)
+    res_out = _arrays.output(x) if res is not None else None
+    n = x.shape[-1]
+    rows = x.size // n if n else 0
+    if rows:
+        operands = [a for a in (x, res, w, b) if a is not None]
+        vec = vector_width(*operands, multiple_of=n)
+        flat = x.view(x.size)
+        args = [a.view(a.size) if a is not None else flat for a in (res, w, b)]
+        outs = [
+            _arrays.view(o, x.kind, (x.size,)) for o in (out, res_out if res is not None else out)
+        ]
+        _KERNEL[x.dtype][rows, block_size(n, vec), _arrays.stream_of(x)](
+            flat, *args, *outs, n, eps, OP=op, VEC=vec
+        )
+    return out if res is None else (out, res_out)
+
+
+def _row_inputs(op: str, x, *vectors):
+    """Check x [..., N] and the named row vectors [N] given as (array, name) pairs."""
+    inputs = _arrays.Inputs(op)
+    a = inputs.array(x, "x", ndim=(1, 2, 3), form="[..., N]")
+    n = a.shape[-1]
+    return a, [inputs.array(v, name, ndim=1, shape=(n,), form="[N]") for v, name in vectors]
+
+
+def rms_norm(x, w, eps: float = 1e-6):
+    """RMS norm over the last axis: ``x / sqrt(mean(x**2) + eps) * w``, computed in f32.
+
+    x: [..., N] (1-D to 3-D) f32, f16 or bf16; w: [N] of x's dtype. Returns a new array of
+    x's shape, dtype and kind.
+    """
+    a, (wv,) = _row_inputs("rms_norm", x, (w, "w"))
+    return _run("rms_norm", a, w=wv, eps=eps)
+
+
+def rms_norm_residual(x, residual, w, eps: float = 1e-6):
+    """The pre-norm transformer step in one pass: ``s = residual + x`` (rounded to the
+    dtype), then ``(rms_norm(s, w, eps), s)``.
+
+    x, residual: [..., N] of one shape and dtype (f32, f16, bf16); w: [N]. Returns the
+    normalized output and the new residual, both new arrays of x's kind.
+    """
+    inputs = _arrays.Inputs("rms_norm_residual")
+    a = inputs.array(x, "x", ndim=(1, 2, 3), form="[..., N]")
+    r = inputs.array(residual, "residual", ndim=len(a.shape), shape=a.shape)
+    wv = inputs.array(w, "w", ndim=1, shape=a.shape[-1:], form="[N]")
+    return _run("rms_norm_residual", a, res=r, w=wv, eps=eps)
+
+
+def layer_norm(x, w, b, eps: float = 1e-5):
+    """Layer norm over the last axis: ``(x - mean) / sqrt(var + eps) * w + b`` (biased
+    variance, as torch), computed in f32 with the variance taken around the mean.
+
+    x: [..., N] f32, f16 or bf16; w, b: [N] of x's dtype. Returns a new array like x.
+    """
+    a, (wv, bv) = _row_inputs("layer_norm", x, (w, "w"), (b, "b"))
+    return _run("layer_norm", a, w=wv, b=bv, eps=eps)
+
+
+def softmax(x):
+    """Softmax over the last axis, ``exp(x - max) / sum(exp(x - max))``, computed in f32;
+    rows of any length (a row longer than a block's registers is read twice).
+
+    x: [..., N] (1-D to 3-D) f32, f16 or bf16. Returns a new array like x.
+    """
+    a, _ = _row_inputs("softmax", x)
+    return _run("softmax", a)
+
+
+def shipped():
+    """(kernel, constexprs) of every specialization these ops launch."""
+    for dtype in _arrays.FLOATS:
+        for op in OPS:
+            for vec in widths(dtype):
+                yield _KERNEL[dtype], {"OP": op, "VEC": vec}

@@ -1,0 +1,116 @@
+"""The matmul autotuner: time every candidate plan on the GPU, keep the fastest.
+
+``kaio_ops.tune.matmul(a, b)`` runs each candidate tile configuration (and, for skinny
+shapes, each K split) on the caller's arrays, times it with CUDA events, and stores the
+fastest in ``$KAIO_CACHE_DIR/tune.json`` under the GPU's name, the variant and the shape
+bucket (M, N, K rounded up to powers of two). From then on the matmul ops use it for every
+shape in that bucket, in this process and the next; without an entry they use the
+heuristic (``kaio_ops.matmul.heuristic``). The simulator never reads the file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+
+import kaio
+from kaio.runtime.cache import cache_dir
+from kaio.sim.mode import active as simulating
+from kaio.types import bf16, f16
+
+__all__ = ["bucket", "lookup", "matmul", "path"]
+
+_table: dict | None = None
+
+
+def path() -> str:
+    """Where tuned plans are stored."""
+    return os.path.join(cache_dir(), "tune.json")
+
+
+def bucket(m: int, n: int, k: int) -> str:
+    """The shape bucket: each dimension rounded up to a power of two (M at least 16)."""
+    return "x".join(str(1 << max(0, math.ceil(math.log2(v)))) for v in (max(m, 16), n, k))
+
+
+def _key(variant: str, m: int, n: int, k: int) -> str:
+    return f"{kaio.device().name}|{variant}|{bucket(m, n, k)}"
+
+
+def _load() -> dict:
+    global _table
+    if _table is None:
+        try:
+            with open(path()) as f:
+                _table = json.load(f)
+        except (OSError, ValueError):
+            _table = {}
+    return _table
+
+
+def _save(table: dict) -> None:
+    os.makedirs(os.path.dirname(path()), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path()), suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(table, f, indent=1, sort_keys=True)
+    os.replace(tmp, path())  # atomic: a concurrent reader sees the old or the new file
+
+
+def lookup(variant: str, m: int, n: int, k: int):
+    """The stored plan for ``variant`` (``"f16_async"``...) and this shape's bucket, or None."""
+    from kaio_ops.matmul import CONFIGS, Plan
+
+    if simulating() or not kaio.gpu_available():
+        return None
+    entry = _load().get(_key(variant, m, n, k))
+    if not entry or entry.get("config") not in CONFIGS:
+        return None
+    return Plan(entry["config"], int(entry.get("split", 1)))
+
+
+def candidates(m: int, n: int, k: int) -> list:
+    """The plans worth timing for an ``m x n x k`` product."""
+    from kaio_ops.matmul import CONFIGS, SKINNY, SKINNY_M, Plan
+
+    if m <= SKINNY_M:
+        return [Plan(SKINNY, s) for s in (1, 2, 4, 8, 16) if k >= s * CONFIGS[SKINNY].bk]
+    return [Plan(name) for name in CONFIGS if name != SKINNY]
+
+
+def _time(fn, repeats: int, stream) -> float:
+    fn()
+    fn()
+    start, end = kaio.Event(), kaio.Event()
+    start.record(stream)
+    for _ in range(repeats):
+        fn()
+    end.record(stream)
+    end.synchronize()
+    return start.elapsed_time(end) / repeats
+
+
+def matmul(a, b, pipelined: bool = True, repeats: int = 20) -> dict:
+    """Time every candidate plan for ``a @ b`` (f16 or bf16 by ``a``'s dtype), store the
+    fastest for this GPU and shape bucket, and return ``{plan: milliseconds}``."""
+    from kaio_ops import _arrays
+    from kaio_ops.matmul import _check, run
+
+    if simulating() or not kaio.gpu_available():
+        raise RuntimeError("kaio_ops.tune.matmul times kernels on a GPU; none is available")
+    dtype = _arrays.Inputs("tune.matmul").array(a, "a", ndim=2, dtypes=(f16, bf16)).dtype
+    oa, ob = _check("tune.matmul", a, b, dtype)
+    m, k = oa.shape
+    n = ob.shape[1]
+    stream = _arrays.stream_of(oa)
+    times = {
+        plan: _time(lambda p=plan: run(a, b, dtype, pipelined, p), repeats, stream)
+        for plan in candidates(m, n, k)
+    }
+    best = min(times, key=times.get)
+    variant = f"{dtype.name}_{'async' if pipelined else 'sync'}"
+    table = _load()
+    table[_key(variant, m, n, k)] = {"config": best.config, "split": best.split}
+    _save(table)
+    return times
