@@ -45,9 +45,12 @@ def tile_origin(pid: u32, M: u32, N: u32, BM: kaio.constexpr, BN: kaio.constexpr
 
 @kaio.gpu_kernel
 def matmul_kernel(
-    a: DT[:, :],
-    b: DT[:, :],
+    a: DT[:],
+    b: DT[:],
     c: f32[:, :],
+    M: u32,
+    N: u32,
+    K: u32,
     k_slice: u32,
     BM: kaio.constexpr,
     BN: kaio.constexpr,
@@ -58,15 +61,14 @@ def matmul_kernel(
     ASYNC: kaio.constexpr,
     VEC: kaio.constexpr,
 ):
-    """C tile (or, with a K split, the partial tile of K slice ``block_idx_z``) of A @ B."""
+    """C tile (or, with a K split, the partial tile of K slice ``block_idx_z``) of A @ B.
+    A and B come flat (row-major M x K and K x N): flat indices are linear in k, so the
+    per-thread part of every copy address is computed once, outside the K loop."""
     THREADS = WARPS_M * WARPS_N * 32
     WTM = BM // WARPS_M
     WTN = BN // WARPS_N
     MI = WTM // 16
     NI = WTN // 8
-    M = u32(a.shape[0])
-    K = u32(a.shape[1])
-    N = u32(b.shape[1])
     tid = kaio.thread_idx_x()
     lane = kaio.lane_id()
     warp = tid // 32
@@ -93,94 +95,44 @@ def matmul_kernel(
 
     if ASYNC:
         for s in kaio.static_range(STAGES - 1):
-            if s < tiles:
-                load_tiles(
-                    a_s,
-                    b_s,
-                    a,
-                    b,
-                    s,
-                    m0,
-                    n0,
-                    k_begin + s * BK,
-                    k_end,
-                    M,
-                    N,
-                    tid,
-                    BM,
-                    BN,
-                    BK,
-                    THREADS,
-                    VEC,
-                    ASYNC,
-                )
+            load_tiles(a_s, b_s, a, b, s, m0, n0, k_begin + s * BK, k_end, M, N, K, tid,
+                       BM, BN, BK, THREADS, VEC, ASYNC)  # fmt: skip
             kaio.cp_async_commit()
+    stage = u32(0)  # the buffer multiplied now; the pipeline refills the one before it
+    refill = u32(STAGES - 1)
     for t in range(tiles):
-        stage = t % STAGES if ASYNC else u32(0)
         if ASYNC:
             kaio.cp_async_wait(STAGES - 2)
             kaio.sync_threads()
-            ahead = t + STAGES - 1
-            if ahead < tiles:
-                load_tiles(
-                    a_s,
-                    b_s,
-                    a,
-                    b,
-                    ahead % STAGES,
-                    m0,
-                    n0,
-                    k_begin + ahead * BK,
-                    k_end,
-                    M,
-                    N,
-                    tid,
-                    BM,
-                    BN,
-                    BK,
-                    THREADS,
-                    VEC,
-                    ASYNC,
-                )
+            # Past the last tile the copies read nothing and zero-fill a buffer no one reads:
+            # cheaper than a branch, which would keep ptxas from scheduling across it.
+            k_ahead = k_begin + (t + STAGES - 1) * BK
+            load_tiles(a_s, b_s, a, b, refill, m0, n0, k_ahead, k_end, M, N, K, tid,
+                       BM, BN, BK, THREADS, VEC, ASYNC)  # fmt: skip
             kaio.cp_async_commit()
         else:
             kaio.sync_threads()
-            load_tiles(
-                a_s,
-                b_s,
-                a,
-                b,
-                0,
-                m0,
-                n0,
-                k_begin + t * BK,
-                k_end,
-                M,
-                N,
-                tid,
-                BM,
-                BN,
-                BK,
-                THREADS,
-                VEC,
-                ASYNC,
-            )
+            load_tiles(a_s, b_s, a, b, stage, m0, n0, k_begin + t * BK, k_end, M, N, K, tid,
+                       BM, BN, BK, THREADS, VEC, ASYNC)  # fmt: skip
             kaio.sync_threads()
+        # Swizzle phases repeat every 8 rows and the warp's rows start at multiples of 16,
+        # so the phase is lane % 16's: the column offsets stay loop-invariant registers.
         for kk in kaio.static_range(0, BK, 16):
             for mi in kaio.static_range(MI):
-                r = wm + mi * 16 + lane % 16
-                col = kk + lane // 16 * 8
-                kaio.ldmatrix(a_frag[mi], a_s, (stage, r, kaio.swizzle(a_s, r, col)))
+                col = kaio.swizzle(a_s, lane % 16, kk + lane // 16 * 8)
+                kaio.ldmatrix(a_frag[mi], a_s, (stage, wm + mi * 16 + lane % 16, col))
             for nj in kaio.static_range(NI // 2):
-                r = kk + lane % 16
-                col = wn + nj * 16 + lane // 16 * 8
-                kaio.ldmatrix_trans(b_frag[nj], b_s, (stage, r, kaio.swizzle(b_s, r, col)))
+                col = kaio.swizzle(b_s, lane % 16, wn + nj * 16 + lane // 16 * 8)
+                kaio.ldmatrix_trans(b_frag[nj], b_s, (stage, kk + lane % 16, col))
             for mi in kaio.static_range(MI):
                 for ni in kaio.static_range(NI):
                     if DT == f16:
                         kaio.mma_f16(acc[mi, ni], a_frag[mi], b_frag[ni // 2, ni % 2], acc[mi, ni])
                     else:
                         kaio.mma_bf16(acc[mi, ni], a_frag[mi], b_frag[ni // 2, ni % 2], acc[mi, ni])
+        if ASYNC:
+            stage = kaio.select(stage == STAGES - 1, 0, stage + 1)
+            refill = kaio.select(refill == STAGES - 1, 0, refill + 1)
 
     for mi in kaio.static_range(MI):
         for ni in kaio.static_range(NI):
@@ -201,8 +153,8 @@ def matmul_kernel(
 def load_tiles(
     a_s: DT[:, :, :],
     b_s: DT[:, :, :],
-    a: DT[:, :],
-    b: DT[:, :],
+    a: DT[:],
+    b: DT[:],
     stage: u32,
     m0: u32,
     n0: u32,
@@ -210,6 +162,7 @@ def load_tiles(
     k_end: u32,
     M: u32,
     N: u32,
+    K: u32,
     tid: u32,
     BM: kaio.constexpr,
     BN: kaio.constexpr,
@@ -220,65 +173,50 @@ def load_tiles(
 ):
     """A[m0:m0+BM, k0:k0+BK] and B[k0:k0+BK, n0:n0+BN] into ``stage`` of the shared tiles,
     swizzled, zeros outside the matrices (and past k_end)."""
-    if VEC:
-        load_tile(a_s, a, stage, m0, k0, M, k_end, tid, BM, BK, THREADS, ASYNC)
-        load_tile(b_s, b, stage, k0, n0, k_end, N, tid, BK, BN, THREADS, ASYNC)
-    else:
-        for i in kaio.static_range(BM * BK // THREADS):
-            e = tid + i * THREADS
-            r = e // BK
-            col = e % BK
-            v = DT(0.0)
-            if m0 + r < M and k0 + col < k_end:
-                v = a[m0 + r, k0 + col]
-            a_s[stage, r, kaio.swizzle(a_s, r, col)] = v
-        for i in kaio.static_range(BK * BN // THREADS):
-            e = tid + i * THREADS
-            r = e // BN
-            col = e % BN
-            v = DT(0.0)
-            if k0 + r < k_end and n0 + col < N:
-                v = b[k0 + r, n0 + col]
-            b_s[stage, r, kaio.swizzle(b_s, r, col)] = v
+    load_tile(a_s, a, stage, m0, k0, M, k_end, K, tid, BM, BK, THREADS, VEC, ASYNC)
+    load_tile(b_s, b, stage, k0, n0, k_end, N, N, tid, BK, BN, THREADS, VEC, ASYNC)
 
 
 @kaio.gpu_func
 def load_tile(
     dst: DT[:, :, :],
-    src: DT[:, :],
+    src: DT[:],
     stage: u32,
     r0: u32,
     c0: u32,
     rows: u32,
     cols: u32,
+    ld: u32,
     tid: u32,
     R: kaio.constexpr,
     C: kaio.constexpr,
     THREADS: kaio.constexpr,
+    VEC: kaio.constexpr,
     ASYNC: kaio.constexpr,
 ):
-    """src[r0:r0+R, c0:c0+C] into dst[stage] in 16-byte chunks (zeros past rows x cols):
-    cp.async when ASYNC, else a vector load and store through registers."""
-    CHUNKS = C // 8
-    for i in kaio.static_range((R * CHUNKS + THREADS - 1) // THREADS):
-        chunk = tid + i * THREADS
-        if R * CHUNKS % THREADS == 0 or chunk < R * CHUNKS:
-            r = chunk // CHUNKS
-            col = chunk % CHUNKS * 8
+    """The R x C tile at (r0, c0) of the flat row-major matrix ``src`` (row length ``ld``)
+    into dst[stage], zeros past rows x cols: 16-byte chunks (cp.async when ASYNC, else a
+    vector load and store through registers) when VEC, else element by element."""
+    PER = 8 if VEC else 1  # elements per copy
+    PIECES = C // PER
+    for i in kaio.static_range((R * PIECES + THREADS - 1) // THREADS):
+        piece = tid + i * THREADS
+        if R * PIECES % THREADS == 0 or piece < R * PIECES:
+            r = piece // PIECES
+            col = piece % PIECES * PER
             inside = r0 + r < rows and c0 + col < cols
             at = (stage, r, kaio.swizzle(dst, r, col))
-            if ASYNC:
-                size = kaio.select(inside, 16, 0)
-                src_r = kaio.select(inside, r0 + r, 0)
-                src_c = kaio.select(inside, c0 + col, 0)
-                kaio.cp_async(dst, at, src, (src_r, src_c), 16, size)
+            index = kaio.select(inside, (r0 + r) * ld + c0 + col, 0)
+            if not VEC:
+                v = src[index]
+                dst[at] = kaio.select(inside, v, DT(0.0))
+            elif ASYNC:
+                kaio.cp_async(dst, at, src, index, 16, kaio.select(inside, 16, 0))
             else:
                 regs = kaio.local(u32, 4)
-                if inside:
-                    kaio.load_vector(regs, src, (r0 + r, c0 + col))
-                else:
-                    for j in kaio.static_range(4):
-                        regs[j] = 0
+                kaio.load_vector(regs, src, index)
+                for j in kaio.static_range(4):
+                    regs[j] = kaio.select(inside, regs[j], 0)
                 kaio.store_vector(dst, at, regs)
 
 

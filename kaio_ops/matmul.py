@@ -71,7 +71,13 @@ class MatmulConfig:
 
 
 CONFIGS: dict[str, MatmulConfig] = {
+    "128x256x64": MatmulConfig(128, 256, 64, 2, 4, 3),
+    "128x128x64": MatmulConfig(128, 128, 64, 2, 4, 3),
     "128x256": MatmulConfig(128, 256, 32, 2, 4, 3),
+    "128x128x64w4": MatmulConfig(128, 128, 64, 2, 2, 3),
+    "128x128x32w4": MatmulConfig(128, 128, 32, 2, 2, 4),
+    "256x128x64": MatmulConfig(256, 128, 64, 4, 2, 3),
+    "128x256x32s4": MatmulConfig(128, 256, 32, 2, 4, 4),
     "128x128": MatmulConfig(128, 128, 32, 2, 4, 4),
     "64x128": MatmulConfig(64, 128, 32, 2, 2, 4),
     "64x64": MatmulConfig(64, 64, 32, 2, 2, 4),
@@ -149,7 +155,10 @@ def run(a, b, dtype, pipelined: bool, plan: Plan | None = None, op: str = "matmu
     tiles = math.ceil(m / cfg.bm) * math.ceil(n / cfg.bn)
     stream = _arrays.stream_of(a)
     launch = ((tiles, 1, split), cfg.threads, stream, cfg.shared_bytes(pipelined))
-    MATMUL[dtype][launch](a.obj, b.obj, target, k_slice, **cfg.constexprs(pipelined, vec))
+    flat_a, flat_b = a.view(m * k), b.view(k * n)
+    MATMUL[dtype][launch](
+        flat_a, flat_b, target, m, n, k, k_slice, **cfg.constexprs(pipelined, vec)
+    )
     if split > 1:
         sum_slices[(math.ceil(m * n / 256), 256, stream, 0)](target, c, SPLIT=split)
     return c

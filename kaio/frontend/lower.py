@@ -44,6 +44,7 @@ from kaio.ir.nodes import (
     Var,
     fresh_id,
 )
+from kaio.ir.ops import OPS
 from kaio.types import ArrayType, ScalarType
 
 UNROLL_LIMIT = 8  # runtime range() loops with constant bounds and at most this many trips unroll
@@ -939,6 +940,14 @@ class Lowerer:
                 self.b.assign(result, v)
             if isinstance(v, Const) and v.value == is_and and len(rest) == 1:
                 continue  # 'x and True' is x
+            if all(isinstance(st, Instr) and OPS[st.op].pure for st in rest):
+                # Nothing to skip that could fault or write: evaluate it, combine without a
+                # branch (straight-line code schedules better, and the result is the same).
+                for st in rest[:-1]:
+                    self.b.append(st)
+                combined = self.b.emit("and" if is_and else "or", T.bool_, (result, v))
+                self.b.assign(result, combined)
+                continue
             cond = result if is_and else self.b.emit("not", T.bool_, (result,))
             self.b.append(If(cond, rest, []))
         return result if result is not None else Const(is_and, T.bool_)

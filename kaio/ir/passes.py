@@ -29,17 +29,39 @@ from kaio.ir.nodes import (
     walk,
 )
 from kaio.ir.ops import OPS
-from kaio.types import bool_
+from kaio.types import bool_, u32
 
 
 def optimize(fn: Function) -> None:
-    """Run every pass: unroll, then fold and clean up until nothing changes."""
+    """Run every pass: unroll, then fold and clean up until nothing changes, then reduce
+    divisions by powers of two to shifts and masks."""
     unroll(fn)
     for _ in range(8):
         changed = fold(fn)
         changed |= eliminate_dead_code(fn)
         if not changed:
             break
+    strength_reduce(fn)
+
+
+def strength_reduce(fn: Function) -> None:
+    """``x // 2**k`` becomes ``x >> k`` and ``x % 2**k`` becomes ``x & (2**k - 1)`` for
+    integers. Exact for signed ones too, since ``//`` and ``%`` follow Python (floor): an
+    arithmetic shift floors, and the mask gives the remainder's divisor sign. ptxas turns
+    ``div.u32 x, 8`` into a full reciprocal-based division, so this matters in hot loops."""
+    for s in walk(fn.body):
+        if not isinstance(s, Instr) or s.op not in ("floordiv", "mod"):
+            continue
+        a, b = s.args
+        if not isinstance(b, Const) or not b.type.is_int or b.value <= 0:
+            continue
+        k = int(b.value).bit_length() - 1
+        if b.value != 1 << k:
+            continue
+        if s.op == "floordiv":
+            s.op, s.args = "shr", (a, Const(k, u32))
+        else:
+            s.op, s.args = "and", (a, Const(b.value - 1, b.type))
 
 
 # ---------------------------------------------------------------- helpers

@@ -21,9 +21,9 @@ last the slow path, which raises ``LaunchError`` for wrong arguments). Per launc
   per-argument ``from_param`` conversions cost more than the rest of the launch) and four
   arguments made once per binding: a ``CUlaunchConfig`` struct (grid, block, shared bytes,
   stream), the function, NULL kernelParams and the ``extra`` array that hands over the buffer
-  (``CU_LAUNCH_PARAM_BUFFER_POINTER``, as tinygrad does). Measured on an H200 host, this call
-  costs 0.5 µs less than ``cuLaunchKernel`` with its eleven arguments, and ``extra`` and
-  kernelParams cost the same (bench/launch_overhead.py).
+  (``CU_LAUNCH_PARAM_BUFFER_POINTER``, as tinygrad does). On an H200 host this call cost 0.1 to
+  0.4 µs less than ``cuLaunchKernel`` with its eleven arguments, and ``extra`` and kernelParams
+  cost the same (bench/launch_overhead.py, docs/performance.md).
 
 The grid and block are validated against the device and the kernel once per binding.
 """

@@ -8,12 +8,17 @@ from __future__ import annotations
 import contextlib
 import threading
 
-_state = threading.local()
+
+class _State(threading.local):
+    depth = 0  # a class default: reading it in a fresh thread needs no getattr fallback
+
+
+_state = _State()
 
 
 def active() -> bool:
     """True inside a ``with kaio.simulate():`` block (in this Python thread)."""
-    return getattr(_state, "depth", 0) > 0
+    return _state.depth > 0
 
 
 @contextlib.contextmanager
@@ -21,7 +26,7 @@ def simulate():
     """Inside the block, every kernel launch and every ``kaio_ops`` call runs on the CPU
     simulator: arguments are NumPy arrays (modified in place) and ops return NumPy arrays.
     Blocks nest."""
-    _state.depth = getattr(_state, "depth", 0) + 1
+    _state.depth += 1
     try:
         yield
     finally:
