@@ -124,6 +124,27 @@ def _alloc(space: str):
     return lower
 
 
+def _launch_bounds(ctx, args, node):
+    if len(args) not in (1, 2):
+        ctx.error("kaio.launch_bounds() takes (max_threads[, min_blocks_per_sm])", node)
+    values = [ctx.const_value(a, node, "the arguments of kaio.launch_bounds()") for a in args]
+    for v, top in zip(values, (1024, 32), strict=False):
+        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= top:
+            ctx.error(f"kaio.launch_bounds() needs compile-time ints in 1..{top}, got {v!r}", node)
+    ctx.meta["max_threads"] = values[0]
+    if len(values) == 2:
+        ctx.meta["min_blocks"] = values[1]
+
+
+_define(
+    "launch_bounds",
+    "launch_bounds(n[, min_blocks]): promise that blocks have at most n threads (PTX "
+    ".maxntid; a larger launch is an error) and ask ptxas to fit min_blocks blocks per "
+    "multiprocessor (.minnctapersm), which caps registers per thread accordingly.",
+    _launch_bounds,
+)
+
+
 def _shared_dynamic(ctx, args, node):
     if not 1 <= len(args) <= 3:
         ctx.error("kaio.shared_dynamic() takes (dtype[, shape[, offset_bytes]])", node)

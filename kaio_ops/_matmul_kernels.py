@@ -65,6 +65,7 @@ def matmul_kernel(
     A and B come flat (row-major M x K and K x N): flat indices are linear in k, so the
     per-thread part of every copy address is computed once, outside the K loop."""
     THREADS = WARPS_M * WARPS_N * 32
+    kaio.launch_bounds(THREADS)
     WTM = BM // WARPS_M
     WTN = BN // WARPS_N
     MI = WTM // 16
@@ -90,49 +91,51 @@ def matmul_kernel(
         for ni in kaio.static_range(NI):
             for e in kaio.static_range(4):
                 acc[mi, ni, e // 2, e % 2] = 0.0
-    a_frag = kaio.local(u32, (MI, 4))
-    b_frag = kaio.local(u32, (NI // 2, 2, 2))
+    # Fragments are double-buffered: step ks multiplies buffer ks % 2 while the next step's
+    # fragments load into the other one (BK // 16 steps per tile, an even number).
+    a_frag = kaio.local(u32, (2, MI, 4))
+    b_frag = kaio.local(u32, (2, NI // 2, 2, 2))
+    KSTEPS = BK // 16
+    stage = u32(0)
 
     if ASYNC:
-        for s in kaio.static_range(STAGES - 1):
+        # All STAGES buffers in flight; tile t's buffer is refilled (with tile t + STAGES)
+        # as soon as its last fragments are in registers, and the barrier that allows it
+        # also makes tile t + 1 visible: it overlaps the last step's mma.
+        for s in kaio.static_range(STAGES):
             load_tiles(a_s, b_s, a, b, s, m0, n0, k_begin + s * BK, k_end, M, N, K, tid,
                        BM, BN, BK, THREADS, VEC, ASYNC)  # fmt: skip
             kaio.cp_async_commit()
-    stage = u32(0)  # the buffer multiplied now; the pipeline refills the one before it
-    refill = u32(STAGES - 1)
-    for t in range(tiles):
-        if ASYNC:
-            kaio.cp_async_wait(STAGES - 2)
-            kaio.sync_threads()
-            # Past the last tile the copies read nothing and zero-fill a buffer no one reads:
-            # cheaper than a branch, which would keep ptxas from scheduling across it.
-            k_ahead = k_begin + (t + STAGES - 1) * BK
-            load_tiles(a_s, b_s, a, b, refill, m0, n0, k_ahead, k_end, M, N, K, tid,
-                       BM, BN, BK, THREADS, VEC, ASYNC)  # fmt: skip
-            kaio.cp_async_commit()
-        else:
+        kaio.cp_async_wait(STAGES - 1)
+        kaio.sync_threads()
+        load_fragments(a_frag, b_frag, 0, a_s, b_s, stage, 0, wm, wn, lane, MI, NI)
+        for t in range(tiles):
+            for ks in kaio.static_range(KSTEPS):
+                if ks == KSTEPS - 1:
+                    kaio.cp_async_wait(STAGES - 2)
+                    kaio.sync_threads()
+                    # Past the last tile the copies read nothing and zero-fill a buffer no
+                    # one reads: cheaper than a branch that would split the loop body.
+                    k_refill = k_begin + (t + STAGES) * BK
+                    load_tiles(a_s, b_s, a, b, stage, m0, n0, k_refill, k_end, M, N, K, tid,
+                               BM, BN, BK, THREADS, VEC, ASYNC)  # fmt: skip
+                    kaio.cp_async_commit()
+                    stage = kaio.select(stage == STAGES - 1, 0, stage + 1)
+                    load_fragments(a_frag, b_frag, (ks + 1) % 2, a_s, b_s, stage, 0, wm, wn,
+                                   lane, MI, NI)  # fmt: skip
+                else:
+                    load_fragments(a_frag, b_frag, (ks + 1) % 2, a_s, b_s, stage,
+                                   (ks + 1) * 16, wm, wn, lane, MI, NI)  # fmt: skip
+                mma_step(acc, a_frag, b_frag, ks % 2, MI, NI)
+    else:
+        for t in range(tiles):
             kaio.sync_threads()
             load_tiles(a_s, b_s, a, b, stage, m0, n0, k_begin + t * BK, k_end, M, N, K, tid,
                        BM, BN, BK, THREADS, VEC, ASYNC)  # fmt: skip
             kaio.sync_threads()
-        # Swizzle phases repeat every 8 rows and the warp's rows start at multiples of 16,
-        # so the phase is lane % 16's: the column offsets stay loop-invariant registers.
-        for kk in kaio.static_range(0, BK, 16):
-            for mi in kaio.static_range(MI):
-                col = kaio.swizzle(a_s, lane % 16, kk + lane // 16 * 8)
-                kaio.ldmatrix(a_frag[mi], a_s, (stage, wm + mi * 16 + lane % 16, col))
-            for nj in kaio.static_range(NI // 2):
-                col = kaio.swizzle(b_s, lane % 16, wn + nj * 16 + lane // 16 * 8)
-                kaio.ldmatrix_trans(b_frag[nj], b_s, (stage, kk + lane % 16, col))
-            for mi in kaio.static_range(MI):
-                for ni in kaio.static_range(NI):
-                    if DT == f16:
-                        kaio.mma_f16(acc[mi, ni], a_frag[mi], b_frag[ni // 2, ni % 2], acc[mi, ni])
-                    else:
-                        kaio.mma_bf16(acc[mi, ni], a_frag[mi], b_frag[ni // 2, ni % 2], acc[mi, ni])
-        if ASYNC:
-            stage = kaio.select(stage == STAGES - 1, 0, stage + 1)
-            refill = kaio.select(refill == STAGES - 1, 0, refill + 1)
+            for ks in kaio.static_range(KSTEPS):
+                load_fragments(a_frag, b_frag, 0, a_s, b_s, stage, ks * 16, wm, wn, lane, MI, NI)
+                mma_step(acc, a_frag, b_frag, 0, MI, NI)
 
     for mi in kaio.static_range(MI):
         for ni in kaio.static_range(NI):
@@ -147,6 +150,54 @@ def matmul_kernel(
                         for e in kaio.static_range(2):
                             if col + e < N:
                                 c[row0 + row, col + e] = acc[mi, ni, h, e]
+
+
+@kaio.gpu_func
+def load_fragments(
+    a_frag: u32[:, :, :],
+    b_frag: u32[:, :, :, :],
+    BUF: kaio.constexpr,
+    a_s: DT[:, :, :],
+    b_s: DT[:, :, :],
+    stage: u32,
+    KK: kaio.constexpr,
+    wm: u32,
+    wn: u32,
+    lane: u32,
+    MI: kaio.constexpr,
+    NI: kaio.constexpr,
+):
+    """This warp's A (MI x 16x16) and B (NI x 16x8) fragments of k step KK of ``stage``
+    into buffer BUF. Swizzle phases repeat every 8 rows and the warp's rows start at
+    multiples of 16, so lane % 16 gives the phase: the column offsets stay invariant."""
+    for mi in kaio.static_range(MI):
+        col = kaio.swizzle(a_s, lane % 16, KK + lane // 16 * 8)
+        kaio.ldmatrix(a_frag[BUF, mi], a_s, (stage, wm + mi * 16 + lane % 16, col))
+    for nj in kaio.static_range(NI // 2):
+        col = kaio.swizzle(b_s, lane % 16, wn + nj * 16 + lane // 16 * 8)
+        kaio.ldmatrix_trans(b_frag[BUF, nj], b_s, (stage, KK + lane % 16, col))
+
+
+@kaio.gpu_func
+def mma_step(
+    acc: f32[:, :, :, :],
+    a_frag: u32[:, :, :],
+    b_frag: u32[:, :, :, :],
+    BUF: kaio.constexpr,
+    MI: kaio.constexpr,
+    NI: kaio.constexpr,
+):
+    """acc += the MI x NI tensor-core products of fragment buffer BUF."""
+    for mi in kaio.static_range(MI):
+        for ni in kaio.static_range(NI):
+            if DT == f16:
+                kaio.mma_f16(
+                    acc[mi, ni], a_frag[BUF, mi], b_frag[BUF, ni // 2, ni % 2], acc[mi, ni]
+                )
+            else:
+                kaio.mma_bf16(
+                    acc[mi, ni], a_frag[BUF, mi], b_frag[BUF, ni // 2, ni % 2], acc[mi, ni]
+                )
 
 
 @kaio.gpu_func

@@ -183,3 +183,9 @@ def test_gpu_bad_inputs():
         kaio_ops.matmul_tc(a, b.t())
     with pytest.raises(ValueError, match="'a' must be a 2-D array"):
         kaio_ops.matmul_tc_bf16(a, b)
+
+
+def test_matmul_example_runs():
+    import runpy
+
+    runpy.run_path("examples/matmul_ops.py", run_name="__main__")

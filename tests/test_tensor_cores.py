@@ -531,3 +531,22 @@ def test_gpu_example_matmul():
     import runpy
 
     runpy.run_path("examples/tensor_core_matmul.py", run_name="__main__")
+
+
+@kaio.gpu_kernel
+def bounded(x: f32[:], N: kaio.constexpr):
+    """Declares its block size to ptxas."""
+    kaio.launch_bounds(N, 2)
+    x[kaio.thread_idx_x()] = 1.0
+
+
+def test_launch_bounds_reach_ptx_and_the_simulator():
+    ptx = bounded.ptx(N=64)
+    assert ".maxntid 64, 1, 1" in ptx and ".minnctapersm 2" in ptx
+    x = np.zeros(128, np.float32)
+    bounded.sim[1, 64](x, N=64)
+    assert x[:64].sum() == 64 and x[64:].sum() == 0
+    with pytest.raises(kaio.LaunchError, match=r"launch_bounds\(64\) but was launched with 128"):
+        bounded.sim[1, 128](x, N=64)
+    if find_ptxas() is not None:
+        assemble(ptx, "sm_90")

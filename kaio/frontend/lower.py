@@ -184,6 +184,7 @@ class Lowerer:
     """Lowers one kernel specialization to an IR ``Function``; also the ``ctx`` of builtins."""
 
     def __init__(self, kernel, constexprs: dict, layouts: tuple):
+        self.meta: dict = {}  # kernel-level facts builtins record (launch bounds)
         self.kernel = kernel
         self.constexprs = constexprs
         self.layouts = layouts
@@ -249,7 +250,7 @@ class Lowerer:
             body=self.b.body,
             block_size=tuple(block) if block else None,
             filename=parsed.filename,
-            meta={"constexprs": dict(self.constexprs), "layouts": self.layouts},
+            meta={"constexprs": dict(self.constexprs), "layouts": self.layouts, **self.meta},
         )
 
     def _check_signature(self, tree: ast.FunctionDef):

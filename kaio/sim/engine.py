@@ -63,6 +63,12 @@ def simulate(
     tpb = math.prod(block)
     if tpb > MAX_THREADS_PER_BLOCK:
         raise LaunchError(f"a block has at most {MAX_THREADS_PER_BLOCK} threads, got {block}")
+    bound = fn.meta.get("max_threads")
+    if bound is not None and tpb > bound:
+        raise LaunchError(
+            f"{fn.name} declares kaio.launch_bounds({bound}) but was launched with {tpb} "
+            "threads per block"
+        )
     params = _param_values(fn, arrays, scalars)
     nblocks = math.prod(grid)
     per_batch = max(1, min(nblocks, batch_lanes // tpb))

@@ -1,0 +1,317 @@
+"""Debug mode: a bounds check before every memory access of the emitted PTX.
+
+With ``@kaio.gpu_kernel(debug=True)`` (or ``KAIO_DEBUG=1``) a specialization's IR carries
+``meta["debug"]`` and the emitter calls ``DebugChecks.check`` from ``memory.address``, that is
+before every global, shared, dynamic shared and local-memory access: loads, stores, atomics,
+vector loads and stores, ``ldmatrix`` and both sides of ``cp.async``. Each index is widened to
+64 bits (sign-extended when its type is signed, so a negative index is a huge unsigned one)
+and compared, unsigned, with its dimension; an access of several elements (vectors,
+``ldmatrix`` rows, ``cp.async``) also checks its last element; a shaped view of dynamic shared
+memory checks that it ends within the bytes the launch gave. Register-held local arrays are
+indexed by constants and checked at compile time already.
+
+A failing check branches to an out-of-line stub. The first failing thread of the launch claims
+the error record with a compare-and-swap on its first word, writes which access failed, the
+indices, the shape, its thread and its block, and exits; any other failing thread exits
+without writing. ``exit`` (not ``trap``) keeps the CUDA context usable, so the runtime can read
+the record after synchronizing and raise ``kaio.OutOfBoundsError`` (see
+``kaio.runtime.debug``); an exited thread counts as arrived at later barriers.
+
+The record is a hidden last kernel parameter (``.param .u64 kaio_debug``) pointing to
+``RECORD_BYTES`` of global memory laid out as ``RECORD`` says. Each access site is described by
+a ``// kaio-debug-site {json}`` comment in the PTX, which the runtime parses back to name the
+array, the kind of access and the source line. With debug off nothing of this is emitted.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from kaio.ir.nodes import Array, Const, Frag, Instr
+from kaio.types import u32
+
+PARAM = "kaio_debug"
+SITE_TAG = "// kaio-debug-site "
+MAX_DIMS = 8  # indices and extents recorded per access (the checks cover every dimension)
+# Byte offsets of the error record's fields: u32 flag (0 = no error), u32 site, u32 check,
+# u32 thread x y z, u32 block x y z, u64 value and limit of the failing check, u64 index[8],
+# u64 shape[8].
+RECORD = {
+    "flag": 0,
+    "site": 4,
+    "check": 8,
+    "thread": 12,
+    "block": 24,
+    "value": 40,
+    "limit": 48,
+    "index": 56,
+    "shape": 56 + 8 * MAX_DIMS,
+}
+RECORD_BYTES = RECORD["shape"] + 8 * MAX_DIMS
+
+Operand = int | str  # a compile-time value or a 64-bit register
+
+
+def _imm(v: int) -> str:
+    v &= 2**64 - 1
+    return str(v) if v < 2**31 else hex(v)
+
+
+def _op(v: Operand) -> str:
+    return _imm(v) if isinstance(v, int) else v
+
+
+@dataclass
+class _Site:
+    """One checked access: what it is, the array, its index values and the checks, each
+    ``(value, limit, kind)``: the access fails when ``value >= limit`` (unsigned)."""
+
+    what: str
+    arr: Array
+    idxs: list
+    ins: Instr
+    index: list = field(default_factory=list)
+    shape: list = field(default_factory=list)
+    tests: list = field(default_factory=list)
+
+    def describe(self, number: int) -> dict:
+        """The site's description, written into the PTX for the runtime's report."""
+        loc = self.ins.loc
+        return {
+            "site": number,
+            "what": self.what,
+            "array": self.arr.name,
+            "space": self.arr.space,
+            "checks": [kind for _, _, kind in self.tests],
+            "signed": [bool(i.type.is_signed) for i in self.idxs],
+            "file": loc.filename if loc else "",
+            "line": loc.lineno if loc else 0,
+            "col": loc.col if loc else 0,
+        }
+
+
+class DebugChecks:
+    """The bounds checks of one kernel being emitted by ``e`` (a ``kaio.ptx.emitter.Emitter``
+    whose ``instr`` is the instruction being lowered)."""
+
+    def __init__(self, e):
+        self.e = e
+        self.param = e._unique(PARAM)
+        self._base: str | None = None
+        self._dyn_bytes: str | None = None
+        self._extents: dict = {}
+        self._scratch: tuple | None = None
+        self._stubs: list[str] = []
+        self._tail_label: str | None = None
+        self._tail_code: list[str] = []
+        self._sites = 0
+
+    # ------------------------------------------------------------------ registers
+    def declaration(self) -> str:
+        """The hidden parameter's ``.param`` line (the entry's last parameter)."""
+        return f"\t.param .u64 {self.param}"
+
+    def _prologue(self, line: str) -> None:
+        self.e._prologue.append(f"\t{line};")
+
+    def _record(self) -> str:
+        """The record's global address, loaded once in the prologue."""
+        if self._base is None:
+            raw, self._base = self.e.tmp_addr(True), self.e.tmp_addr(True)
+            self._prologue(f"ld.param.u64 {raw}, [{self.param}]")
+            self._prologue(f"cvta.to.global.u64 {self._base}, {raw}")
+        return self._base
+
+    def _dynamic_bytes(self) -> str:
+        """``%dynamic_smem_size`` as a 64-bit register, read once in the prologue."""
+        if self._dyn_bytes is None:
+            small, self._dyn_bytes = self.e.tmp(u32), self.e.tmp_addr(True)
+            self._prologue(f"mov.u32 {small}, %dynamic_smem_size")
+            self._prologue(f"cvt.u64.u32 {self._dyn_bytes}, {small}")
+        return self._dyn_bytes
+
+    def _scratch_regs(self) -> tuple:
+        """(check number, value, limit, temporary, predicate) registers the stubs share: a
+        stub never returns, so one set serves them all."""
+        if self._scratch is None:
+            e = self.e
+            self._scratch = (e.tmp(u32), e.tmp_addr(True), e.tmp_addr(True), e.tmp(u32))
+            self._scratch += (e.tmp_pred(),)
+        return self._scratch
+
+    def _extent(self, arr: Array, d: int) -> Operand:
+        """Dimension ``d`` of ``arr``: a constant, a shape parameter's register, or (plain
+        dynamic shared arrays) the elements the launch's dynamic shared bytes hold."""
+        n = arr.shape[d]
+        if isinstance(n, Const):
+            return int(n.value)
+        if n is not None:
+            return self.e.var(n)
+        reg = self._extents.get(arr)
+        if reg is None:
+            reg = self._extents[arr] = self.e.tmp_addr(True)
+            size = arr.dtype.itemsize
+            available = self._dynamic_bytes()
+            if arr.offset:
+                self._prologue(f"max.u64 {reg}, {available}, {arr.offset}")
+                self._prologue(f"sub.u64 {reg}, {reg}, {arr.offset}")
+                available = reg
+            self._prologue(f"shr.u64 {reg}, {available}, {size.bit_length() - 1}")
+        return reg
+
+    def _wide(self, i) -> Operand:
+        """An index as a 64-bit operand (sign-extended when signed)."""
+        from kaio.ptx.memory import _index64
+
+        if isinstance(i, Const):
+            return int(i.value) & (2**64 - 1)
+        return _index64(self.e, i)
+
+    # ------------------------------------------------------------------ the checks
+    def _access(self, ins: Instr, arr: Array) -> tuple[str, Operand, object]:
+        """(what the access is, how many elements it reaches past the first minus one as an
+        operand, and a guard: None, or a function emitting a branch to a label that skips the
+        checks for threads that do not access memory)."""
+        op = ins.op
+        size = arr.dtype.itemsize
+        if op == "atomic":
+            return f"atomic_{ins.attrs['kind']}", 0, None
+        if op in ("ld_vec", "st_vec"):
+            frag = ins.args[0] if op == "ld_vec" else ins.args[-1]
+            nbytes = frag.size * frag.array.dtype.itemsize
+            return ("vector load" if op == "ld_vec" else "vector store"), nbytes // size - 1, None
+        if op == "ldmatrix":
+            frag: Frag = ins.args[0]
+            return "ldmatrix row read", 16 // size - 1, self._lane_guard(8 * frag.size)
+        if op == "cp_async":
+            nbytes = ins.attrs["bytes"]
+            if arr is ins.args[0]:
+                return "cp_async write", nbytes // size - 1, None
+            return "cp_async read", *self._source_span(ins.args[-1], size)
+        return op, 0, None
+
+    def _lane_guard(self, readers: int):
+        if readers >= 32:
+            return None
+
+        def guard(skip: str) -> None:
+            lane, p = self.e.tmp(u32), self.e.tmp_pred()
+            self.e.line(f"mov.u32 {lane}, %laneid")
+            self.e.line(f"setp.ge.u32 {p}, {lane}, {readers}")
+            self.e.line(f"@{p} bra {skip}")
+
+        return guard
+
+    def _source_span(self, src_bytes, size: int) -> tuple[Operand, object]:
+        """A ``cp.async`` source reads ``ceil(src_bytes / size)`` elements, none for 0."""
+        e = self.e
+        if isinstance(src_bytes, Const):
+            n = int(src_bytes.value)
+            return (max(n - 1, 0) // size, None) if n else (-1, None)
+        last, wide = e.tmp(u32), e.tmp_addr(True)
+        shift = size.bit_length() - 1
+
+        def guard(skip: str) -> None:
+            p = e.tmp_pred()
+            e.line(f"setp.eq.u32 {p}, {e.r(src_bytes)}, 0")
+            e.line(f"@{p} bra {skip}")
+            e.line(f"sub.u32 {last}, {e.r(src_bytes)}, 1")
+            e.line(f"shr.u32 {last}, {last}, {shift}")
+            e.line(f"cvt.u64.u32 {wide}, {last}")
+
+        return wide, guard
+
+    def check(self, arr: Array, idxs) -> None:
+        """Emit the checks of the current instruction's access to ``arr[idxs]``."""
+        e = self.e
+        ins = e.instr
+        what, span, guard = self._access(ins, arr)
+        if span == -1:  # a cp.async source of 0 bytes reads nothing
+            return
+        skip = e.new_label("checked") if guard is not None else None
+        if guard is not None:
+            guard(skip)
+        site = _Site(what, arr, list(idxs), ins)
+        site.index = [self._wide(i) for i in idxs]
+        site.shape = [self._extent(arr, d) for d in range(arr.ndim)]
+        site.tests = [(site.index[d], site.shape[d], "dim") for d in range(arr.ndim)]
+        if span != 0:
+            last = site.index[-1]
+            if isinstance(last, int) and isinstance(span, int):
+                end: Operand = last + span
+            else:
+                end = e.tmp_addr(True)
+                e.line(f"add.u64 {end}, {_op(last)}, {_op(span)}")
+            site.tests.append((end, site.shape[-1], "end"))
+        if arr.space == "shared_dyn" and arr.shape != (None,):
+            view_end = arr.offset + arr.static_size * arr.dtype.itemsize
+            site.tests.append((view_end - 1, self._dynamic_bytes(), "dynamic"))
+        labels = [self._compare(value, limit) for value, limit, _ in site.tests]
+        if skip is not None:
+            e.place(skip)
+        if any(label is not None for label in labels):
+            self._stub(site, labels)
+
+    def _compare(self, value: Operand, limit: Operand) -> str | None:
+        """Branch to a fresh stub label when ``value >= limit`` (unsigned); the label, or None
+        when the check passes at compile time."""
+        e = self.e
+        label = e.new_label("oob")
+        if isinstance(value, int) and isinstance(limit, int):
+            if value < limit:
+                return None
+            e.line(f"bra.uni {label}")
+            return label
+        p = e.tmp_pred()
+        if isinstance(value, int):
+            e.line(f"setp.le.u64 {p}, {limit}, {_imm(value)}")
+        else:
+            e.line(f"setp.ge.u64 {p}, {value}, {_op(limit)}")
+        e.line(f"@{p} bra {label}")
+        return label
+
+    def _stub(self, site: _Site, labels: list) -> None:
+        """The out-of-line code of one access site: one entry per check that can fail, then
+        the claim of the record and the writes."""
+        check, value, limit, tmp, p = self._scratch_regs()
+        base = self._record()
+        number = self._sites
+        self._sites += 1
+        out = self._stubs
+        entry = self.e.new_label("oob_site")
+        for k, (label, (v, lim, _)) in enumerate(zip(labels, site.tests, strict=True)):
+            if label is not None:
+                out += [f"{label}:", f"\tmov.u32 {check}, {k};", f"\tmov.b64 {value}, {_op(v)};"]
+                out += [f"\tmov.b64 {limit}, {_op(lim)};", f"\tbra.uni {entry};"]
+        out += [f"{entry}:", f"\t{SITE_TAG}{json.dumps(site.describe(number))}"]
+        out.append(f"\tatom.global.cas.b32 {tmp}, [{base}], 0, 1;")
+        out += [f"\tsetp.ne.u32 {p}, {tmp}, 0;", f"\t@{p} exit;"]
+        fields = [("site", 4, str(number)), ("check", 4, check)]
+        fields += [("value", 8, value), ("limit", 8, limit)]
+        for name, values in (("index", site.index), ("shape", site.shape)):
+            fields += [(name, 8, _op(v)) for v in values[:MAX_DIMS]]
+        written: dict[str, int] = {}
+        for name, width, operand in fields:
+            at = RECORD[name] + written.get(name, 0)
+            written[name] = written.get(name, 0) + width
+            out.append(f"\tst.global.u{8 * width} [{base}+{at}], {operand};")
+        out.append(f"\tbra.uni {self._tail()};")
+
+    def _tail(self) -> str:
+        """The label of the code every stub ends with: record the thread and block, exit."""
+        if self._tail_label is None:
+            self._tail_label = self.e.new_label("oob_thread")
+            _, _, _, tmp, _ = self._scratch_regs()
+            base = self._record()
+            code = [f"{self._tail_label}:"]
+            for name, sreg in (("thread", "tid"), ("block", "ctaid")):
+                for d, axis in enumerate("xyz"):
+                    code.append(f"\tmov.u32 {tmp}, %{sreg}.{axis};")
+                    code.append(f"\tst.global.u32 [{base}+{RECORD[name] + 4 * d}], {tmp};")
+            self._tail_code = code + ["\texit;"]
+        return self._tail_label
+
+    def finish(self) -> None:
+        """Append the stubs after the kernel's last instruction (which never falls through)."""
+        self.e._body.extend(self._stubs + self._tail_code)
