@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -97,6 +98,8 @@ class Harness:
             "torch": torch.__version__,
             "cuda": torch.version.cuda,
             "date": time.strftime("%Y-%m-%d"),
+            "reps": h.reps,
+            "warmup": h.warmup,
         }
         try:
             import triton
@@ -199,6 +202,7 @@ class Harness:
             if base is not None and r.ms:
                 r.vs_baseline = base.ms / r.ms
         self.results.extend(done)
+        self.save()
         print(
             f"  {op:<20} {label:<28} "
             + "  ".join(f"{r.impl}={r.ms * 1e3:.1f}us" if r.ms else f"{r.impl}=FAIL" for r in done),
@@ -229,6 +233,25 @@ class Harness:
             )
         return "\n".join(lines)
 
+    def save(self, complete: bool = False) -> None:
+        """Write the JSON (--out) of the results so far, atomically: a run stopped midway
+        (python -m bench all stops a suite at its time limit) keeps its finished cases.
+        ``meta["complete"]`` is True only once finish() ran."""
+        if not self.out:
+            return
+        tmp = f"{self.out}.tmp"
+        with open(tmp, "w") as fh:
+            json.dump(
+                {
+                    "meta": {**self.meta, "complete": complete},
+                    "copy_gbps": self.copy_gbps,
+                    "results": [asdict(r) for r in self.results],
+                },
+                fh,
+                indent=1,
+            )
+        os.replace(tmp, self.out)
+
     def finish(self) -> None:
         """Print the table (last) and write the JSON when --out was given. % of copy is
         taken against the highest copy bandwidth measured in the run (the conservative
@@ -239,17 +262,7 @@ class Harness:
             for r in self.results:
                 if r.gbps and r.op != "copy":
                     r.pct_copy = 100 * r.gbps / self.copy_gbps
-        if self.out:
-            with open(self.out, "w") as fh:
-                json.dump(
-                    {
-                        "meta": self.meta,
-                        "copy_gbps": self.copy_gbps,
-                        "results": [asdict(r) for r in self.results],
-                    },
-                    fh,
-                    indent=1,
-                )
+        self.save(complete=True)
         print(
             f"\n{self.title} on {self.meta.get('gpu')} ({self.meta.get('date')}); "
             f"copy bandwidth {self.copy_gbps and round(self.copy_gbps)} GB/s"

@@ -10,6 +10,7 @@ GB/s counts the fewest bytes the op must move (inputs read once, outputs written
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import sys
@@ -315,9 +316,13 @@ def rope_cases(h: Harness, dt, name: str, shape=(16384, 32, 128)):
 
 
 def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--dtypes", default=",".join(DTYPES), help="e.g. f16 (default: all three)")
+    args, _ = p.parse_known_args()
     h = Harness.from_args("kaio_ops memory-bound ops vs torch eager and Triton")
     print(f"GPU: {h.meta['gpu']}; copy bandwidth {h.copy_bandwidth():.0f} GB/s", flush=True)
-    for name, dt in DTYPES.items():
+    for name in args.dtypes.split(","):
+        dt = DTYPES[name]
         rows = 16384 if dt == torch.float32 else 32768  # 256 MiB an array in every dtype
         elementwise_cases(h, dt, name, (rows // 2, 8192))
         row_cases(h, dt, name, (rows, 4096))

@@ -4,7 +4,7 @@ the CUDA driver (no toolkit) or on the CPU simulator."""
 __version__ = "0.1.0"
 
 from kaio.decorators import DeviceFunction, gpu_func, gpu_kernel
-from kaio.errors import CompileError, CudaError, LaunchError, SimulationError
+from kaio.errors import CompileError, CudaError, LaunchError, OutOfBoundsError, SimulationError
 from kaio.kernel import Kernel, constexpr
 from kaio.lang import *  # noqa: F403  (the DSL builtins: thread_idx_x, shared, exp, ...)
 from kaio.lang import static_range

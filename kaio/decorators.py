@@ -25,18 +25,27 @@ class DeviceFunction:
         return f"<kaio.gpu_func {self.__name__}>"
 
 
-def gpu_kernel(fn=None, *, block_size=None, arch: str | None = None, debug: bool = False):
+def gpu_kernel(
+    fn=None,
+    *,
+    block_size=None,
+    arch: str | None = None,
+    debug: bool = False,
+    backend: str | None = None,
+):
     """Compile a typed Python function into a GPU kernel.
 
     Use bare (``@kaio.gpu_kernel``) or with options (``@kaio.gpu_kernel(block_size=256)``):
     ``block_size`` is the default block (an int or a tuple of up to 3 ints), ``arch`` the
-    default PTX target of ``.ptx()``, ``debug`` turns on bounds checks.
+    default PTX target of ``.ptx()``, ``debug`` turns on bounds checks, ``backend`` picks the
+    code generator: ``"ptx"`` (kaio's emitter, the default) or ``"llvm"`` (LLVM's NVPTX
+    backend through llvmlite: ``pip install 'kaio[llvm]'``); ``$KAIO_BACKEND`` sets the default.
     """
 
     def wrap(f):
         if isinstance(f, Kernel | DeviceFunction):
             raise TypeError(f"{f.__name__} is already decorated")
-        return Kernel(f, block_size=block_size, arch=arch, debug=debug)
+        return Kernel(f, block_size=block_size, arch=arch, debug=debug, backend=backend)
 
     return wrap(fn) if fn is not None else wrap
 

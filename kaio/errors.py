@@ -46,6 +46,25 @@ class CudaError(Exception):
         super().__init__(message)
 
 
+class OutOfBoundsError(CudaError):
+    """A kernel compiled in debug mode (``@kaio.gpu_kernel(debug=True)`` or ``KAIO_DEBUG=1``)
+    indexed an array out of bounds on the GPU. The thread stopped before the access; the
+    message names the kernel, the array and its shape, the index, the thread, the block and the
+    source line, which are also kept as ``kernel``, ``array``, ``shape``, ``index``,
+    ``thread``, ``block``, ``filename`` and ``lineno``. The CUDA context stays usable."""
+
+    def __init__(self, message: str, **details):
+        super().__init__(message, "KAIO_OUT_OF_BOUNDS", -1)
+        self.kernel = details.get("kernel", "")
+        self.array = details.get("array", "")
+        self.shape = details.get("shape", ())
+        self.index = details.get("index", ())
+        self.thread = details.get("thread", ())
+        self.block = details.get("block", ())
+        self.filename = details.get("filename", "")
+        self.lineno = details.get("lineno", 0)
+
+
 class SimulationError(Exception):
     """The CPU simulator found an error: an out-of-bounds access, a barrier or shuffle in
     divergent code, or a shared-memory race. The message names the kernel's source line, the

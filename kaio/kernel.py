@@ -10,12 +10,14 @@ from __future__ import annotations
 import hashlib
 import inspect
 import os
+import threading
 from dataclasses import dataclass, field
 
 from kaio.errors import LaunchError
 from kaio.types import ArrayType, ScalarType
 
 DEFAULT_ARCH = "sm_90"
+BACKENDS = ("ptx", "llvm")  # kaio.ptx (the default), kaio.llvm (LLVM's NVPTX, needs llvmlite)
 
 
 class _Constexpr:
@@ -93,16 +95,23 @@ class Specialization:
     function: object
     key: str
     ptx_by_arch: dict = field(default_factory=dict)
+    backend: str = "ptx"
 
     def ptx(self, arch: str) -> str:
-        """The PTX text for ``arch``, compiled once."""
+        """The PTX text for ``arch``, compiled once (by ``kaio.ptx`` or ``kaio.llvm``)."""
         text = self.ptx_by_arch.get(arch)
         if text is None:
-            from kaio.ptx import emit
+            if self.backend == "llvm":
+                from kaio.llvm import emit
+            else:
+                from kaio.ptx import emit
 
-            text = emit(self.function, arch)
-            self.ptx_by_arch[arch] = text
-            _dump(self, arch, text)
+            with self.kernel._lock:
+                text = self.ptx_by_arch.get(arch)
+                if text is None:
+                    text = emit(self.function, arch)
+                    self.ptx_by_arch[arch] = text
+                    _dump(self, arch, text)
         return text
 
 
@@ -125,7 +134,14 @@ class Kernel:
     with ``kernel[grid, block](...)`` on the GPU or ``kernel.sim[grid, block](...)`` on the CPU.
     """
 
-    def __init__(self, pyfunc, block_size=None, arch: str | None = None, debug: bool = False):
+    def __init__(
+        self,
+        pyfunc,
+        block_size=None,
+        arch: str | None = None,
+        debug: bool = False,
+        backend: str | None = None,
+    ):
         self.pyfunc = pyfunc
         self.__name__ = pyfunc.__name__
         self.__doc__ = pyfunc.__doc__
@@ -133,6 +149,7 @@ class Kernel:
         self.block_size = block_size
         self.arch = arch
         self.debug = debug or os.environ.get("KAIO_DEBUG", "") not in ("", "0")
+        self.backend = backend_name(backend)
         self._signature = inspect.signature(pyfunc)
         self.param_names = list(self._signature.parameters)
         from kaio.frontend.resolve import annotations
@@ -143,6 +160,7 @@ class Kernel:
         }
         self.constexpr_names = [n for n, a in self._annotations.items() if a is constexpr]
         self._specs: dict = {}
+        self._lock = threading.RLock()  # compiles of this kernel, one thread at a time
         self._launches: dict = {}  # launch subscript -> Launch
         self._launchers: dict = {}  # the runtime's per-argument-signature launchers
 
@@ -173,17 +191,34 @@ class Kernel:
         return values, constexprs
 
     # ----------------------------------------------------------------- compiling
-    def specialize(self, constexprs: dict | None = None, layouts: tuple | None = None):
+    def specialize(
+        self, constexprs: dict | None = None, layouts: tuple | None = None, backend=None
+    ):
         """The compiled variant for these constexpr values and array layouts ('C' contiguous,
-        'A' any strides); compiled on first use, then cached."""
+        'A' any strides), its PTX from ``backend`` (default: the kernel's); compiled on first
+        use, then cached."""
         constexprs = constexprs or {}
         if layouts is None:
             layouts = ("C",) * len(self.array_params())
-        cache_key = (tuple(sorted(constexprs.items(), key=lambda kv: kv[0])), layouts)
+        backend = backend_name(backend or self.backend)
+        cache_key = (
+            tuple(sorted(constexprs.items(), key=lambda kv: kv[0])),
+            layouts,
+            self.debug,
+            backend,
+        )
         try:
             return self._specs[cache_key]
         except (KeyError, TypeError):
             pass
+        with self._lock:
+            try:
+                return self._specs[cache_key]  # compiled by another thread meanwhile
+            except (KeyError, TypeError):
+                return self._compile(constexprs, layouts, cache_key, backend)
+
+    def _compile(self, constexprs: dict, layouts: tuple, cache_key: tuple, backend: str):
+        """Compile and cache one specialization (``specialize`` holds the kernel's lock)."""
         missing = [n for n in self.constexpr_names if n not in constexprs]
         if missing:
             raise LaunchError(
@@ -199,17 +234,23 @@ class Kernel:
         from kaio.frontend import compile_kernel
         from kaio.ir.passes import optimize
 
-        function = compile_kernel(self, constexprs, layouts)
-        optimize(function)
-        key = self._hash(constexprs, layouts)
-        spec = Specialization(self, dict(constexprs), layouts, function, key)
+        twin = next((v for k, v in self._specs.items() if k[:3] == cache_key[:3]), None)
+        if twin is not None:  # the other backend's: the same IR (backends only read it)
+            function = twin.function
+        else:
+            function = compile_kernel(self, constexprs, layouts)
+            optimize(function)
+        if self.debug:
+            function.meta["debug"] = True  # the PTX emitter adds bounds checks
+        key = self._hash(constexprs, layouts, backend)
+        spec = Specialization(self, dict(constexprs), layouts, function, key, backend=backend)
         try:
             self._specs[cache_key] = spec
         except TypeError:
             pass
         return spec
 
-    def _hash(self, constexprs: dict, layouts: tuple) -> str:
+    def _hash(self, constexprs: dict, layouts: tuple, backend: str = "ptx") -> str:
         from kaio import __version__
         from kaio.frontend.resolve import dependency_sources
 
@@ -221,11 +262,22 @@ class Kernel:
         h.update(repr(layouts).encode())
         h.update(repr(self.block_size).encode())
         h.update(repr(self.debug).encode())
+        if backend != "ptx":
+            h.update(f"backend={backend}".encode())
         return h.hexdigest()
 
-    def ptx(self, arch: str | None = None, **constexprs) -> str:
-        """Compile to PTX for ``arch`` (default: the decorator's arch, else sm_90). Needs no GPU."""
-        return self.specialize(constexprs).ptx(arch or self.arch or DEFAULT_ARCH)
+    def ptx(self, arch: str | None = None, backend: str | None = None, **constexprs) -> str:
+        """Compile to PTX for ``arch`` (default: the decorator's arch, else sm_90) with
+        ``backend`` (default: the kernel's, see ``BACKENDS``). Needs no GPU."""
+        spec = self.specialize(constexprs, backend=backend)
+        return spec.ptx(arch or self.arch or DEFAULT_ARCH)
+
+    def use_backend(self, backend: str) -> None:
+        """Compile and launch through ``backend`` (``"ptx"`` or ``"llvm"``) from now on.
+        Launch objects taken before (``launch = kernel[grid, block]``) keep their code."""
+        self.backend = backend_name(backend)
+        self._launches.clear()
+        self._launchers.clear()
 
     def ir(self, **constexprs) -> str:
         """The optimized typed IR, printed readably."""
@@ -272,6 +324,15 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"<kaio.Kernel {self.__name__}>"
+
+
+def backend_name(backend: str | None) -> str:
+    """A checked backend name; None means ``$KAIO_BACKEND``, else ``"ptx"``."""
+    backend = backend or os.environ.get("KAIO_BACKEND") or "ptx"
+    if backend not in BACKENDS:
+        names = ", ".join(map(repr, BACKENDS))
+        raise ValueError(f"backend must be one of {names}, got {backend!r}")
+    return backend
 
 
 def param_annotation_error(name: str, annotation) -> str:

@@ -12,6 +12,18 @@ Tensor-core matmul (A [M, K] @ B [K, N] -> f32 [M, N]; ``kaio_ops.tune.matmul`` 
 
 - ``matmul_tc(a, b)``, ``matmul_tc_async(a, b)``: f16 inputs
 - ``matmul_tc_bf16(a, b)``, ``matmul_tc_bf16_async(a, b)``: bf16 inputs
+- ``matmul_int8(a, b, scale)``: int8 (or uint8 read as int8), exact s32 sums, scaled
+- ``matmul_int4(a, b_packed, scales)``: f16 activations, int4 weights in groups of 128
+
+Attention (scale 1/sqrt(D); causal masks key j > i; no S x S matrix in memory):
+
+- ``attention_flash(q, k, v)``, ``attention_flash_causal``: f32 [S, D] on the SIMT cores;
+  ``attention_flash_with_stats`` (also the row logsumexp), ``attention_flash_bwd(_causal)``
+- ``attention_tc(q, k, v)``, ``attention_tc_causal``: f16 q [Sq, D], k [Sk, D], v [Sk, Dv]
+  on tensor cores -> f32 [Sq, Dv]
+- ``flash_attention(q, k, v, causal=False, scale=None)``: f16/bf16 [B, H, S, D], grouped-query
+  K/V [B, Hkv, S, D], on tensor cores (FlashAttention-2); ``flash_attention_with_stats``,
+  ``flash_attention_bwd(do, q, k, v, o, lse, causal=False, scale=None)`` (D <= 128)
 
 Memory-bound ops (f32, f16, bf16; computed in f32; rows are the last axis):
 
@@ -22,23 +34,61 @@ Memory-bound ops (f32, f16, bf16; computed in f32; rows are the last axis):
 - ``layer_norm(x, w, b, eps=1e-5)``
 - ``softmax(x)``: over the last axis, rows of any length
 - ``rope(x, cos, sin, interleaved=False)``: rotary embedding, x [S, D] or [S, H, D]
+
+GGUF quantizers (llama.cpp's block bytes, byte-identical to ggml's reference encoders):
+
+- ``quantize_q8_0(x)``, ``quantize_q6_k(x)``: f32/f16/bf16 [R, C] -> uint8 block bytes
+- ``dequantize_q8_0(blocks)``, ``dequantize_q6_k(blocks)``: uint8 block bytes -> f32 [R, C]
+
+PyTorch: ``import kaio_ops.torch`` registers every op as ``torch.ops.kaio.<name>``, with fake
+implementations (torch.compile) and autograd (docs/torch.md).
 """
 
 from kaio_ops import tune
+from kaio_ops.attention import (
+    attention_flash,
+    attention_flash_bwd,
+    attention_flash_bwd_causal,
+    attention_flash_causal,
+    attention_flash_with_stats,
+    attention_tc,
+    attention_tc_causal,
+    flash_attention,
+    flash_attention_bwd,
+    flash_attention_with_stats,
+)
 from kaio_ops.elementwise import add, gelu, mul, silu_gate
+from kaio_ops.gguf import dequantize_q6_k, dequantize_q8_0, quantize_q6_k, quantize_q8_0
 from kaio_ops.matmul import matmul_tc, matmul_tc_async, matmul_tc_bf16, matmul_tc_bf16_async
+from kaio_ops.quantized import matmul_int4, matmul_int8
 from kaio_ops.rotary import rope
 from kaio_ops.rows import layer_norm, rms_norm, rms_norm_residual, softmax
 
 __all__ = [
     "add",
+    "attention_flash",
+    "attention_flash_bwd",
+    "attention_flash_bwd_causal",
+    "attention_flash_causal",
+    "attention_flash_with_stats",
+    "attention_tc",
+    "attention_tc_causal",
+    "dequantize_q6_k",
+    "dequantize_q8_0",
+    "flash_attention",
+    "flash_attention_bwd",
+    "flash_attention_with_stats",
     "gelu",
     "layer_norm",
+    "matmul_int4",
+    "matmul_int8",
     "matmul_tc",
     "matmul_tc_async",
     "matmul_tc_bf16",
     "matmul_tc_bf16_async",
     "mul",
+    "quantize_q6_k",
+    "quantize_q8_0",
     "rms_norm",
     "rms_norm_residual",
     "rope",

@@ -21,7 +21,7 @@ from kaio.runtime.memory import DeviceArray
 from kaio.sim.mode import active as simulating
 from kaio.types import ScalarType, bf16, f16, f32, from_numpy_dtype
 
-__all__ = ["FLOATS", "Inputs", "Operand", "output", "stream_of", "view"]
+__all__ = ["FLOATS", "Inputs", "Operand", "output", "retype", "stream_of", "view"]
 
 FLOATS = (f32, f16, bf16)
 MAX_ELEMENTS = 2**31 - 1  # kernels index with 32-bit integers
@@ -83,6 +83,16 @@ def view(obj, kind: str, shape: tuple):
             step *= max(n, 1)
         return obj._view(obj.ptr, shape, tuple(reversed(strides)))
     return obj.reshape(shape)  # NumPy and CuPy: a view of a contiguous array
+
+
+def retype(obj, kind: str, dtype: ScalarType):
+    """Contiguous ``obj`` of ``kind`` with its bytes read as ``dtype`` (the last dimension
+    scales by the ratio of the item sizes; no copy)."""
+    if kind == "torch":
+        import torch
+
+        return obj.view(getattr(torch, dtype.np_dtype.name))
+    return obj.view(dtype.np_dtype)  # NumPy, CuPy and DeviceArray share the NumPy spelling
 
 
 class Inputs:
@@ -174,8 +184,8 @@ def _allocate(like: Operand, shape: tuple, dtype: ScalarType):
     if like.kind == "torch":
         import torch
 
-        names = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
-        return torch.empty(shape, dtype=names[dtype.name], device=like.obj.device)
+        torch_dtype = getattr(torch, dtype.np_dtype.name)  # float16, bfloat16, int8, uint8...
+        return torch.empty(shape, dtype=torch_dtype, device=like.obj.device)
     if like.kind == "cupy":
         import cupy
 

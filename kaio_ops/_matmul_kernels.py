@@ -22,10 +22,11 @@ One kernel source, written in the kaio DSL, specialized by constexprs:
 from __future__ import annotations
 
 import kaio
-from kaio import f16, f32, u32
+from kaio import bf16, f16, f16x2, f32, i32, u32
 from kaio_ops._typed import by_dtype
 
 DT = f16  # the element type placeholder (see _typed.by_dtype)
+ACC = f32  # the accumulator type placeholder: i32 for 8-bit DT (see MATMUL below)
 GROUP_M = 8
 
 
@@ -48,10 +49,12 @@ def matmul_kernel(
     a: DT[:],
     b: DT[:],
     c: f32[:, :],
+    scales: f16[:, :],
     M: u32,
     N: u32,
     K: u32,
     k_slice: u32,
+    alpha: f32,
     BM: kaio.constexpr,
     BN: kaio.constexpr,
     BK: kaio.constexpr,
@@ -60,12 +63,20 @@ def matmul_kernel(
     STAGES: kaio.constexpr,
     ASYNC: kaio.constexpr,
     VEC: kaio.constexpr,
+    QUANT: kaio.constexpr,
 ):
-    """C tile (or, with a K split, the partial tile of K slice ``block_idx_z``) of A @ B.
-    A and B come flat (row-major M x K and K x N): flat indices are linear in k, so the
+    """C tile (or, with a K split, the partial tile of K slice ``block_idx_z``) of
+    alpha * A @ B. A and B come flat: row-major M x K and K x N for 16-bit types; for 8-bit
+    ones (s8 mma, bytes read as int8 whatever DT says) B comes transposed, N x K, because
+    ldmatrix can only transpose 16-bit elements. With QUANT == 4 (DT f16), B is int4: the
+    K/8 x N words of 8 signed nibbles (low first), passed as K/8 x 2N halves, dequantized
+    in registers as ``scales[k // 128, n] * q``. Flat indices are linear in k, so the
     per-thread part of every copy address is computed once, outside the K loop."""
     THREADS = WARPS_M * WARPS_N * 32
     kaio.launch_bounds(THREADS)
+    ITEM = DT.itemsize
+    KSTEP = 32 // ITEM  # elements per mma k step: 16 (f16, bf16) or 32 (s8)
+    KSTEPS = BK // KSTEP  # an even number: fragments are double-buffered
     WTM = BM // WARPS_M
     WTN = BN // WARPS_N
     MI = WTM // 16
@@ -84,18 +95,19 @@ def matmul_kernel(
     row0 = kaio.block_idx_z() * M  # this K slice's rows in c (the workspace when split)
 
     a_s = kaio.shared_dynamic(DT, (STAGES, BM, BK), 0)
-    b_s = kaio.shared_dynamic(DT, (STAGES, BK, BN), STAGES * BM * BK * 2)
+    # B's tile: K x N, N x K for 8-bit types, the K/8 x N packed words (as halves) for int4
+    b_rows = (BK // 8, 2 * BN) if QUANT == 4 else ((BN, BK) if ITEM == 1 else (BK, BN))
+    b_s = kaio.shared_dynamic(DT, (STAGES, b_rows[0], b_rows[1]), STAGES * BM * BK * ITEM)
 
-    acc = kaio.local(f32, (MI, NI, 2, 2))
+    acc = kaio.local(ACC, (MI, NI, 2, 2))
     for mi in kaio.static_range(MI):
         for ni in kaio.static_range(NI):
             for e in kaio.static_range(4):
-                acc[mi, ni, e // 2, e % 2] = 0.0
+                acc[mi, ni, e // 2, e % 2] = 0
     # Fragments are double-buffered: step ks multiplies buffer ks % 2 while the next step's
-    # fragments load into the other one (BK // 16 steps per tile, an even number).
+    # fragments load into the other one.
     a_frag = kaio.local(u32, (2, MI, 4))
     b_frag = kaio.local(u32, (2, NI // 2, 2, 2))
-    KSTEPS = BK // 16
     stage = u32(0)
 
     if ASYNC:
@@ -104,11 +116,12 @@ def matmul_kernel(
         # also makes tile t + 1 visible: it overlaps the last step's mma.
         for s in kaio.static_range(STAGES):
             load_tiles(a_s, b_s, a, b, s, m0, n0, k_begin + s * BK, k_end, M, N, K, tid,
-                       BM, BN, BK, THREADS, VEC, ASYNC)  # fmt: skip
+                       BM, BN, BK, THREADS, VEC, ASYNC, QUANT)  # fmt: skip
             kaio.cp_async_commit()
         kaio.cp_async_wait(STAGES - 1)
         kaio.sync_threads()
-        load_fragments(a_frag, b_frag, 0, a_s, b_s, stage, 0, wm, wn, lane, MI, NI)
+        load_fragments(a_frag, b_frag, 0, a_s, b_s, stage, 0, wm, wn, lane, MI, NI,
+                       scales, k_begin, n0, N, QUANT)  # fmt: skip
         for t in range(tiles):
             for ks in kaio.static_range(KSTEPS):
                 if ks == KSTEPS - 1:
@@ -118,38 +131,44 @@ def matmul_kernel(
                     # one reads: cheaper than a branch that would split the loop body.
                     k_refill = k_begin + (t + STAGES) * BK
                     load_tiles(a_s, b_s, a, b, stage, m0, n0, k_refill, k_end, M, N, K, tid,
-                               BM, BN, BK, THREADS, VEC, ASYNC)  # fmt: skip
+                               BM, BN, BK, THREADS, VEC, ASYNC, QUANT)  # fmt: skip
                     kaio.cp_async_commit()
                     stage = kaio.select(stage == STAGES - 1, 0, stage + 1)
                     load_fragments(a_frag, b_frag, (ks + 1) % 2, a_s, b_s, stage, 0, wm, wn,
-                                   lane, MI, NI)  # fmt: skip
+                                   lane, MI, NI, scales, k_begin + (t + 1) * BK, n0, N,
+                                   QUANT)  # fmt: skip
                 else:
                     load_fragments(a_frag, b_frag, (ks + 1) % 2, a_s, b_s, stage,
-                                   (ks + 1) * 16, wm, wn, lane, MI, NI)  # fmt: skip
+                                   (ks + 1) * KSTEP, wm, wn, lane, MI, NI, scales,
+                                   k_begin + t * BK + (ks + 1) * KSTEP, n0, N, QUANT)  # fmt: skip
                 mma_step(acc, a_frag, b_frag, ks % 2, MI, NI)
     else:
         for t in range(tiles):
             kaio.sync_threads()
             load_tiles(a_s, b_s, a, b, stage, m0, n0, k_begin + t * BK, k_end, M, N, K, tid,
-                       BM, BN, BK, THREADS, VEC, ASYNC)  # fmt: skip
+                       BM, BN, BK, THREADS, VEC, ASYNC, QUANT)  # fmt: skip
             kaio.sync_threads()
             for ks in kaio.static_range(KSTEPS):
-                load_fragments(a_frag, b_frag, 0, a_s, b_s, stage, ks * 16, wm, wn, lane, MI, NI)
+                load_fragments(a_frag, b_frag, 0, a_s, b_s, stage, ks * KSTEP, wm, wn, lane, MI,
+                               NI, scales, k_begin + t * BK + ks * KSTEP, n0, N, QUANT)  # fmt: skip
                 mma_step(acc, a_frag, b_frag, 0, MI, NI)
 
+    pair = kaio.local(f32, 2)
     for mi in kaio.static_range(MI):
         for ni in kaio.static_range(NI):
             col = n0 + wn + ni * 8 + lane % 4 * 2
             for h in kaio.static_range(2):
                 row = m0 + wm + mi * 16 + lane // 4 + h * 8
+                for e in kaio.static_range(2):
+                    pair[e] = f32(acc[mi, ni, h, e]) * alpha
                 if row < M:
                     if VEC:
                         if col < N:
-                            kaio.store_vector(c, (row0 + row, col), acc[mi, ni, h])
+                            kaio.store_vector(c, (row0 + row, col), pair)
                     else:
                         for e in kaio.static_range(2):
                             if col + e < N:
-                                c[row0 + row, col + e] = acc[mi, ni, h, e]
+                                c[row0 + row, col + e] = pair[e]
 
 
 @kaio.gpu_func
@@ -166,21 +185,77 @@ def load_fragments(
     lane: u32,
     MI: kaio.constexpr,
     NI: kaio.constexpr,
+    scales: f16[:, :],
+    k_at: u32,
+    n0: u32,
+    N: u32,
+    QUANT: kaio.constexpr,
 ):
-    """This warp's A (MI x 16x16) and B (NI x 16x8) fragments of k step KK of ``stage``
-    into buffer BUF. Swizzle phases repeat every 8 rows and the warp's rows start at
-    multiples of 16, so lane % 16 gives the phase: the column offsets stay invariant."""
+    """This warp's A (MI x 16 rows x 32 bytes) and B (NI x 32 bytes x 8 columns) fragments
+    of the k step at KK of ``stage`` (k_at in the whole matrix) into buffer BUF. Swizzle
+    phases repeat every 8 rows and the warp's rows start at multiples of 16, so the lane
+    gives the phase: the column offsets stay loop-invariant registers."""
+    HALF = 16 // DT.itemsize  # elements in the 16 bytes of one ldmatrix row
     for mi in kaio.static_range(MI):
-        col = kaio.swizzle(a_s, lane % 16, KK + lane // 16 * 8)
+        col = kaio.swizzle(a_s, lane % 16, KK + lane // 16 * HALF)
         kaio.ldmatrix(a_frag[BUF, mi], a_s, (stage, wm + mi * 16 + lane % 16, col))
-    for nj in kaio.static_range(NI // 2):
-        col = kaio.swizzle(b_s, lane % 16, wn + nj * 16 + lane // 16 * 8)
-        kaio.ldmatrix_trans(b_frag[BUF, nj], b_s, (stage, KK + lane % 16, col))
+    if QUANT == 4:
+        dequantize_b(b_frag, BUF, b_s, stage, KK, wn, lane, NI, scales, k_at, n0, N)
+    for nj in kaio.static_range(NI // 2 if QUANT == 0 else 0):
+        if DT.itemsize == 1:
+            # B^T (N x K): matrices (n 0-7, k lo), (n 0-7, k hi), (n 8-15, k lo), (n 8-15, k hi)
+            col = kaio.swizzle(b_s, lane % 8, KK + lane // 8 % 2 * HALF)
+            row = wn + nj * 16 + lane // 16 * 8 + lane % 8
+            kaio.ldmatrix(b_frag[BUF, nj], b_s, (stage, row, col))
+        else:
+            col = kaio.swizzle(b_s, lane % 16, wn + nj * 16 + lane // 16 * HALF)
+            kaio.ldmatrix_trans(b_frag[BUF, nj], b_s, (stage, KK + lane % 16, col))
+
+
+INT4_MAGIC = 0x64006400  # f16 1024.0 in both halves: OR-ing a nibble in gives 1024 + nibble
+INT4_BIAS = 0x64086408  # f16 1032.0 = 1024 + 8, in both halves
+
+
+@kaio.gpu_func
+def dequantize_b(
+    b_frag: u32[:, :, :, :],
+    BUF: kaio.constexpr,
+    b_s: DT[:, :, :],
+    stage: u32,
+    KK: kaio.constexpr,
+    wn: u32,
+    lane: u32,
+    NI: kaio.constexpr,
+    scales: f16[:, :],
+    k_at: u32,
+    n0: u32,
+    N: u32,
+):
+    """B fragments of the 16-value k step at KK from packed int4 words: lane (g, t) needs
+    k = 2t, 2t+1 (register 0) and 2t+8, 2t+9 (register 1) of column g, i.e. nibbles 2t and
+    2t+1 of two words. Each pair becomes an f16x2 with the magic-number trick
+    (``((q + 8) | 0x6400) - 1032`` per half, exact), times the group's scale (one
+    rounding, like f16 ``scale * q``)."""
+    g = lane // 4
+    shift = lane % 4 * 8
+    group = kaio.min(k_at // 128, u32(scales.shape[0]) - 1)  # past K: the tile is unused
+    word = kaio.local(u32, 1)
+    for ni in kaio.static_range(NI):
+        n = wn + ni * 8 + g
+        s = scales[group, kaio.select(n0 + n < N, n0 + n, 0)]
+        scale2 = kaio.f16x2(s, s)
+        for r in kaio.static_range(2):
+            row = KK // 8 + r
+            kaio.load_vector(word, b_s, (stage, row, kaio.swizzle(b_s, row, 2 * n)))
+            x = word[0] >> shift
+            q = (((x & 0xF) | ((x << 12) & 0xF0000)) ^ 0x80008) | INT4_MAGIC
+            v = (kaio.bitcast(q, f16x2) - kaio.bitcast(u32(INT4_BIAS), f16x2)) * scale2
+            b_frag[BUF, ni // 2, ni % 2, r] = kaio.bitcast(v, u32)
 
 
 @kaio.gpu_func
 def mma_step(
-    acc: f32[:, :, :, :],
+    acc: ACC[:, :, :, :],
     a_frag: u32[:, :, :],
     b_frag: u32[:, :, :, :],
     BUF: kaio.constexpr,
@@ -190,14 +265,14 @@ def mma_step(
     """acc += the MI x NI tensor-core products of fragment buffer BUF."""
     for mi in kaio.static_range(MI):
         for ni in kaio.static_range(NI):
+            a = a_frag[BUF, mi]
+            b = b_frag[BUF, ni // 2, ni % 2]
             if DT == f16:
-                kaio.mma_f16(
-                    acc[mi, ni], a_frag[BUF, mi], b_frag[BUF, ni // 2, ni % 2], acc[mi, ni]
-                )
-            else:
-                kaio.mma_bf16(
-                    acc[mi, ni], a_frag[BUF, mi], b_frag[BUF, ni // 2, ni % 2], acc[mi, ni]
-                )
+                kaio.mma_f16(acc[mi, ni], a, b, acc[mi, ni])
+            elif DT == bf16:
+                kaio.mma_bf16(acc[mi, ni], a, b, acc[mi, ni])
+            else:  # 8-bit: the bytes are read as int8
+                kaio.mma_s8(acc[mi, ni], a, b, acc[mi, ni])
 
 
 @kaio.gpu_func
@@ -221,11 +296,19 @@ def load_tiles(
     THREADS: kaio.constexpr,
     VEC: kaio.constexpr,
     ASYNC: kaio.constexpr,
+    QUANT: kaio.constexpr,
 ):
-    """A[m0:m0+BM, k0:k0+BK] and B[k0:k0+BK, n0:n0+BN] into ``stage`` of the shared tiles,
-    swizzled, zeros outside the matrices (and past k_end)."""
+    """A[m0:m0+BM, k0:k0+BK] and B[k0:k0+BK, n0:n0+BN] (B^T's [n0:n0+BN, k0:k0+BK] for
+    8-bit types, the packed words [k0/8:(k0+BK)/8, n0:n0+BN] for int4) into ``stage`` of
+    the shared tiles, swizzled, zeros outside the matrices (and past k_end)."""
     load_tile(a_s, a, stage, m0, k0, M, k_end, K, tid, BM, BK, THREADS, VEC, ASYNC)
-    load_tile(b_s, b, stage, k0, n0, k_end, N, N, tid, BK, BN, THREADS, VEC, ASYNC)
+    if QUANT == 4:
+        load_tile(b_s, b, stage, k0 // 8, 2 * n0, k_end // 8, 2 * N, 2 * N, tid, BK // 8,
+                  2 * BN, THREADS, VEC, ASYNC)  # fmt: skip
+    elif DT.itemsize == 1:
+        load_tile(b_s, b, stage, n0, k0, N, k_end, K, tid, BN, BK, THREADS, VEC, ASYNC)
+    else:
+        load_tile(b_s, b, stage, k0, n0, k_end, N, N, tid, BK, BN, THREADS, VEC, ASYNC)
 
 
 @kaio.gpu_func
@@ -248,7 +331,7 @@ def load_tile(
     """The R x C tile at (r0, c0) of the flat row-major matrix ``src`` (row length ``ld``)
     into dst[stage], zeros past rows x cols: 16-byte chunks (cp.async when ASYNC, else a
     vector load and store through registers) when VEC, else element by element."""
-    PER = 8 if VEC else 1  # elements per copy
+    PER = 16 // DT.itemsize if VEC else 1  # elements per copy
     PIECES = C // PER
     for i in kaio.static_range((R * PIECES + THREADS - 1) // THREADS):
         piece = tid + i * THREADS
@@ -286,4 +369,4 @@ def sum_slices(ws: f32[:, :], c: f32[:, :], SPLIT: kaio.constexpr):
         c[row, col] = total
 
 
-MATMUL = by_dtype(matmul_kernel)
+MATMUL = by_dtype(matmul_kernel, ACC=lambda t: i32 if t.itemsize == 1 else f32)

@@ -42,23 +42,27 @@ def _copy(pyfunc, subs: dict, memo: dict):
 
 class by_dtype:  # noqa: N801  (reads like a function at the use site)
     """``by_dtype(kernel)[f16]``: ``kernel`` compiled with its module's ``DT`` bound to f16.
+    Keyword arguments name other module globals to rebind, each a function of the dtype
+    (``by_dtype(k, ACC=lambda t: i32 if t.itemsize == 1 else f32)``).
 
     Variants are built on first use and kept; the one for the placeholder's own value is the
     kernel itself.
     """
 
-    def __init__(self, kernel: Kernel):
+    def __init__(self, kernel: Kernel, **derived):
         self.kernel = kernel
+        self.derived = derived  # other module globals, as functions of the dtype
         self._variants: dict[ScalarType, Kernel] = {}
 
     def __getitem__(self, dtype: ScalarType) -> Kernel:
         variant = self._variants.get(dtype)
         if variant is None:
             k = self.kernel
-            if k.pyfunc.__globals__.get(PLACEHOLDER) is dtype:
+            subs = {PLACEHOLDER: dtype, **{n: f(dtype) for n, f in self.derived.items()}}
+            if all(k.pyfunc.__globals__.get(n) is v for n, v in subs.items()):
                 variant = k
             else:
-                pyfunc = _copy(k.pyfunc, {PLACEHOLDER: dtype}, {})
+                pyfunc = _copy(k.pyfunc, subs, {})
                 variant = Kernel(pyfunc, block_size=k.block_size, arch=k.arch, debug=k.debug)
             self._variants[dtype] = variant
         return variant

@@ -10,7 +10,7 @@ K over extra blocks and sum the slices in a second, deterministic kernel.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import kaio
 from kaio.sim.mode import active as simulating
@@ -52,12 +52,18 @@ class MatmulConfig:
         """Shared-memory buffers: ``stages`` when pipelined, else 1."""
         return self.stages if pipelined else 1
 
-    def shared_bytes(self, pipelined: bool) -> int:
+    def shared_bytes(self, pipelined: bool, itemsize: int = 2) -> int:
         """Dynamic shared memory per block."""
-        return self.stages_for(pipelined) * (self.bm * self.bk + self.bk * self.bn) * 2
+        tiles = self.bm * self.bk + self.bk * self.bn
+        return self.stages_for(pipelined) * tiles * itemsize
 
-    def constexprs(self, pipelined: bool, vec: bool) -> dict:
-        """The kernel's constexpr arguments."""
+    def for_itemsize(self, itemsize: int) -> MatmulConfig:
+        """The same tiles for elements of ``itemsize`` bytes: BK counts elements and a
+        tensor-core k step is 32 bytes, so 8-bit types take twice the 16-bit BK."""
+        return replace(self, bk=self.bk * 2 // itemsize)
+
+    def constexprs(self, pipelined: bool, vec: bool, quant: int = 0) -> dict:
+        """The kernel's constexpr arguments (``quant``: 4 for int4 weights)."""
         return {
             "BM": self.bm,
             "BN": self.bn,
@@ -67,6 +73,7 @@ class MatmulConfig:
             "STAGES": self.stages_for(pipelined),
             "ASYNC": pipelined,
             "VEC": vec,
+            "QUANT": quant,
         }
 
 
@@ -141,23 +148,60 @@ def run(a, b, dtype, pipelined: bool, plan: Plan | None = None, op: str = "matmu
     n = b.shape[1]
     variant = f"{dtype.name}_{'async' if pipelined else 'sync'}"
     plan = plan or plan_for(m, n, k, variant)
-    cfg = CONFIGS[plan.config]
-    vec = k % 8 == 0 and n % 8 == 0 and a.aligned(16) and b.aligned(16)
+    return launch(a, b.view(k * n), (m, n, k), pipelined, plan, aligned=b.aligned(16))
+
+
+def launch(
+    a, b_flat, mnk: tuple, pipelined: bool, plan: Plan, alpha=1.0, aligned=True, scales=None
+):
+    """``alpha * a @ b`` in f32 with ``plan``: ``a`` an ``Operand`` [M, K], ``b_flat`` the
+    flat K x N matrix (N x K for 8-bit types; with ``scales``, the int4 words as K/8 x 2N
+    halves) and ``aligned`` whether it starts on a 16-byte boundary. The launch shared by
+    the 16-bit and the quantized matmuls."""
+    m, n, k = mnk
+    dtype = a.dtype
+    cfg = CONFIGS[plan.config].for_itemsize(dtype.itemsize)
+    per = 16 // dtype.itemsize  # elements per 16-byte copy
+    b_row = k if dtype.itemsize == 1 else (2 * n if scales is not None else n)
+    vec = k % per == 0 and b_row % per == 0 and a.aligned(16) and aligned
+    if scales is None:
+        scales = _no_scales(a)
     c = _arrays.output(a, (m, n), f32)
-    split = plan.split if k >= plan.split * cfg.bk else 1
+    # 8-bit products are exact integers; f32 partial sums of a K split would round them
+    split = plan.split if k >= plan.split * cfg.bk and dtype.itemsize > 1 else 1
     k_slice = math.ceil(math.ceil(k / split) / cfg.bk) * cfg.bk
     split = math.ceil(k / k_slice)
     target = c if split == 1 else _arrays.output(a, (split * m, n), f32)
     tiles = math.ceil(m / cfg.bm) * math.ceil(n / cfg.bn)
     stream = _arrays.stream_of(a)
-    launch = ((tiles, 1, split), cfg.threads, stream, cfg.shared_bytes(pipelined))
-    flat_a, flat_b = a.view(m * k), b.view(k * n)
-    MATMUL[dtype][launch](
-        flat_a, flat_b, target, m, n, k, k_slice, **cfg.constexprs(pipelined, vec)
+    config = ((tiles, 1, split), cfg.threads, stream, cfg.shared_bytes(pipelined, dtype.itemsize))
+    MATMUL[dtype][config](
+        a.view(m * k),
+        b_flat,
+        target,
+        scales,
+        m,
+        n,
+        k,
+        k_slice,
+        alpha,
+        **cfg.constexprs(pipelined, vec, 0 if scales is _no_scales(a) else 4),
     )
     if split > 1:
         sum_slices[(math.ceil(m * n / 256), 256, stream, 0)](target, c, SPLIT=split)
     return c
+
+
+_NO_SCALES: dict = {}
+
+
+def _no_scales(like):
+    """A 1 x 1 f16 array of ``like``'s kind and device for the unused ``scales`` parameter
+    (made once per kind and device)."""
+    key = (like.kind, like.device)
+    if key not in _NO_SCALES:
+        _NO_SCALES[key] = _arrays.output(like, (1, 1), f16)
+    return _NO_SCALES[key]
 
 
 def matmul_tc(a, b):

@@ -404,6 +404,7 @@ def fake_driver(monkeypatch):
         maxntid=None,
         attribute=lambda name: 1024,
         allow_dynamic_shared=lambda n: None,
+        debug=None,
     )
     yield calls, loaded
 

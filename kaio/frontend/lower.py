@@ -48,6 +48,8 @@ from kaio.ir.ops import OPS
 from kaio.types import ArrayType, ScalarType
 
 UNROLL_LIMIT = 8  # runtime range() loops with constant bounds and at most this many trips unroll
+STATIC_RANGE_LIMIT = 16384  # kaio.static_range copies its body at most this many times
+CONST_BITS_LIMIT = 4096  # compile-time ints from ** and << stay below this many bits
 
 
 @dataclass(frozen=True)
@@ -386,9 +388,9 @@ class Lowerer:
         if isinstance(current, Var):
             self.b.assign(current, self._coerce_assignment(name, current.type, value, target))
             return
-        if isinstance(current, Array | Py) and name in self.scope.multi_assigned:
+        if isinstance(current, Array | Frag | Py) and name in self.scope.multi_assigned:
             self.error(f"{name!r} is assigned more than once but is not a scalar variable", target)
-        if isinstance(value, Array):
+        if isinstance(value, Array | Frag):  # a name for an array or a part of a local one
             self.scope.names[name] = value
         elif isinstance(value, Py) and name not in self.scope.multi_assigned:
             self.scope.names[name] = value  # a compile-time constant
@@ -480,7 +482,16 @@ class Lowerer:
             bounds = [self.const_value(a, it, "kaio.static_range bounds") for a in args]
             if not all(isinstance(v, int) for v in bounds):
                 self.error("kaio.static_range() needs compile-time int bounds", it)
-            self._static_loop(node, list(range(*bounds)))
+            if len(bounds) == 3 and bounds[2] == 0:
+                self.error("kaio.static_range() step must not be zero", it)
+            trips = range(*bounds)
+            if trips[STATIC_RANGE_LIMIT:]:  # (no len(): it overflows for huge ranges)
+                self.error(
+                    f"kaio.static_range() unrolls at most {STATIC_RANGE_LIMIT} iterations; "
+                    "use range() for a runtime loop",
+                    it,
+                )
+            self._static_loop(node, list(trips))
             return
         if fn is not builtins.range:
             self.error("kernels loop over range(...) or kaio.static_range(...) only", it)
@@ -490,10 +501,10 @@ class Lowerer:
         step = args[2] if len(args) == 3 else Py(1)
         if not isinstance(step, Py) or not isinstance(step.value, int) or step.value == 0:
             self.error("range() step must be a non-zero compile-time int", it)
-        if all(isinstance(v, Py) for v in (start, stop)):
-            values = list(range(start.value, stop.value, step.value))
-            if len(values) <= UNROLL_LIMIT and isinstance(node.target, ast.Name):
-                self._runtime_static_for(node, values)
+        if all(isinstance(v, Py) and isinstance(v.value, int) for v in (start, stop)):
+            trips = range(start.value, stop.value, step.value)
+            if not trips[UNROLL_LIMIT:] and isinstance(node.target, ast.Name):
+                self._runtime_static_for(node, list(trips))
                 return
         self._range_loop(node, start, stop, step.value)
 
@@ -844,12 +855,23 @@ class Lowerer:
             self.error(f"cannot apply '{_OP_SYMBOL[opt]}' to {a!r} and {b!r}", node)
         if opt is ast.Div and isinstance(a, int) and isinstance(b, int):
             self.error("'/' on integers; use '//' for integer division", node)
+        if opt in (ast.Pow, ast.LShift) and isinstance(a, int) and isinstance(b, int):
+            grows = abs(a) > 1 and b > 0
+            bits = b if opt is ast.LShift else b * abs(a).bit_length() if grows else 0
+            if a and bits > CONST_BITS_LIMIT:
+                self.error(
+                    f"compile-time integer too large: '{_OP_SYMBOL[opt]}' would give about "
+                    f"{bits} bits (at most {CONST_BITS_LIMIT})",
+                    node,
+                )
         try:
             return Py(_PY_BINOPS[opt](a, b))
         except ZeroDivisionError:
             self.error("division by zero in a compile-time expression", node)
         except (OverflowError, ValueError) as e:
             self.error(f"compile-time arithmetic failed: {e}", node)
+        except TypeError:  # e.g. bitwise operators and shifts on floats
+            self.error(f"cannot apply '{_OP_SYMBOL[opt]}' to {a!r} and {b!r}", node)
 
     def power(self, base, exponent, node):
         """``base ** exponent``: exact multiplication for small constant integer exponents,
@@ -961,7 +983,10 @@ class Lowerer:
             if type(op) not in _PY_CMPOPS:
                 self.error("only < <= > >= == != comparisons are supported in kernels", node)
             if isinstance(left, Py) and isinstance(right, Py):
-                c = Py(_PY_CMPOPS[type(op)](left.value, right.value))
+                try:
+                    c = Py(_PY_CMPOPS[type(op)](left.value, right.value))
+                except TypeError:
+                    self.error(f"cannot compare {left.value!r} and {right.value!r}", node)
             else:
                 a, b = self.unify(left, right, node)
                 lang.require_scalar(self, a, node, "a comparison")

@@ -81,9 +81,16 @@ def const_convert(value, t: ScalarType) -> Const:
 
         return Const(int(pack_host(t, value)), t)
     if t.is_float:
+        import math
+
         import numpy as np
 
-        return Const(float(np.asarray(float(value)).astype(t.np_dtype)), t)
+        try:
+            x = float(value)
+        except OverflowError:  # an int beyond the f64 range rounds to infinity
+            x = math.inf if value > 0 else -math.inf
+        with np.errstate(over="ignore"):  # out of the type's range: infinity, as cvt gives
+            return Const(float(np.asarray(x).astype(t.np_dtype)), t)
     if isinstance(value, float):
         import math
 
@@ -92,5 +99,7 @@ def const_convert(value, t: ScalarType) -> Const:
         lo, hi = (
             (-(2 ** (t.bits - 1)), 2 ** (t.bits - 1) - 1) if t.kind == "int" else (0, 2**t.bits - 1)
         )
+        if math.isinf(value):  # saturates, as cvt does
+            return Const(hi if value > 0 else lo, t)
         return Const(max(lo, min(hi, int(value))), t)
     return Const(wrap_int(int(value), t), t)

@@ -26,23 +26,23 @@ array, the kind of access and the source line. With debug off nothing of this is
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 
-from kaio.ir.nodes import Array, Const, Frag, Instr
+from kaio.ir.nodes import Array, Const, Instr
 from kaio.types import u32
 
 PARAM = "kaio_debug"
 SITE_TAG = "// kaio-debug-site "
 MAX_DIMS = 8  # indices and extents recorded per access (the checks cover every dimension)
-# Byte offsets of the error record's fields: u32 flag (0 = no error), u32 site, u32 check,
-# u32 thread x y z, u32 block x y z, u64 value and limit of the failing check, u64 index[8],
-# u64 shape[8].
+# Byte offsets of the error record's fields: u32 flag (0 = no error), u32 site, u32 thread
+# x y z, u32 block x y z, u64 value (the last element a multi-element access reaches), u64 limit
+# (the launch's dynamic shared bytes, for shaped views of them), u64 index[8], u64 shape[8].
 RECORD = {
     "flag": 0,
     "site": 4,
-    "check": 8,
-    "thread": 12,
-    "block": 24,
+    "thread": 8,
+    "block": 20,
     "value": 40,
     "limit": 48,
     "index": 56,
@@ -51,6 +51,14 @@ RECORD = {
 RECORD_BYTES = RECORD["shape"] + 8 * MAX_DIMS
 
 Operand = int | str  # a compile-time value or a 64-bit register
+
+
+_DECLARED = re.compile(r"\.param \.u64 " + PARAM + r"\w*\s*\)")
+
+
+def declares_record(ptx: str) -> bool:
+    """True when ``ptx`` is a debug kernel's: its last parameter is the error record."""
+    return _DECLARED.search(ptx) is not None
 
 
 def _imm(v: int) -> str:
@@ -64,8 +72,10 @@ def _op(v: Operand) -> str:
 
 @dataclass
 class _Site:
-    """One checked access: what it is, the array, its index values and the checks, each
-    ``(value, limit, kind)``: the access fails when ``value >= limit`` (unsigned)."""
+    """One checked access: what it is, the array, its index values (as emitted: 64-bit
+    operands), the array's extents, and the extra checks' operands: the last element a
+    multi-element access reaches (``end``), and for a shaped view of dynamic shared memory the
+    byte it ends at (``view_end``) and the register holding the launch's dynamic bytes."""
 
     what: str
     arr: Array
@@ -73,7 +83,10 @@ class _Site:
     ins: Instr
     index: list = field(default_factory=list)
     shape: list = field(default_factory=list)
-    tests: list = field(default_factory=list)
+    kinds: list = field(default_factory=list)
+    end: Operand | None = None
+    view_end: int | None = None
+    dynamic: str | None = None
 
     def describe(self, number: int) -> dict:
         """The site's description, written into the PTX for the runtime's report."""
@@ -83,8 +96,9 @@ class _Site:
             "what": self.what,
             "array": self.arr.name,
             "space": self.arr.space,
-            "checks": [kind for _, _, kind in self.tests],
+            "checks": self.kinds,
             "signed": [bool(i.type.is_signed) for i in self.idxs],
+            "view_end": self.view_end,
             "file": loc.filename if loc else "",
             "line": loc.lineno if loc else 0,
             "col": loc.col if loc else 0,
@@ -131,13 +145,11 @@ class DebugChecks:
             self._prologue(f"cvt.u64.u32 {self._dyn_bytes}, {small}")
         return self._dyn_bytes
 
-    def _scratch_regs(self) -> tuple:
-        """(check number, value, limit, temporary, predicate) registers the stubs share: a
-        stub never returns, so one set serves them all."""
+    def _scratch_regs(self) -> tuple[str, str]:
+        """(temporary, predicate) registers the stubs share: a stub never returns, so one
+        pair serves them all."""
         if self._scratch is None:
-            e = self.e
-            self._scratch = (e.tmp(u32), e.tmp_addr(True), e.tmp_addr(True), e.tmp(u32))
-            self._scratch += (e.tmp_pred(),)
+            self._scratch = (self.e.tmp(u32), self.e.tmp_pred())
         return self._scratch
 
     def _extent(self, arr: Array, d: int) -> Operand:
@@ -169,10 +181,10 @@ class DebugChecks:
         return _index64(self.e, i)
 
     # ------------------------------------------------------------------ the checks
-    def _access(self, ins: Instr, arr: Array) -> tuple[str, Operand, object]:
-        """(what the access is, how many elements it reaches past the first minus one as an
-        operand, and a guard: None, or a function emitting a branch to a label that skips the
-        checks for threads that do not access memory)."""
+    def _access(self, ins: Instr, arr: Array) -> tuple[str, Operand | None, object]:
+        """(what the access is; how many elements past the first it reaches, as an operand,
+        or None when it accesses no memory at all; a guard: None, or a function returning a
+        predicate register that is true for the threads that do access memory)."""
         op = ins.op
         size = arr.dtype.itemsize
         if op == "atomic":
@@ -181,9 +193,10 @@ class DebugChecks:
             frag = ins.args[0] if op == "ld_vec" else ins.args[-1]
             nbytes = frag.size * frag.array.dtype.itemsize
             return ("vector load" if op == "ld_vec" else "vector store"), nbytes // size - 1, None
-        if op == "ldmatrix":
-            frag: Frag = ins.args[0]
-            return "ldmatrix row read", 16 // size - 1, self._lane_guard(8 * frag.size)
+        if op == "ldmatrix":  # lanes 8 * count and up give no row address
+            readers = 8 * ins.args[0].size
+            guard = None if readers >= 32 else lambda: self._lane_guard(readers)
+            return "ldmatrix row read", 16 // size - 1, guard
         if op == "cp_async":
             nbytes = ins.attrs["bytes"]
             if arr is ins.args[0]:
@@ -191,118 +204,115 @@ class DebugChecks:
             return "cp_async read", *self._source_span(ins.args[-1], size)
         return op, 0, None
 
-    def _lane_guard(self, readers: int):
-        if readers >= 32:
-            return None
+    def _lane_guard(self, readers: int) -> str:
+        lane, p = self.e.tmp(u32), self.e.tmp_pred()
+        self.e.line(f"mov.u32 {lane}, %laneid")
+        self.e.line(f"setp.lt.u32 {p}, {lane}, {readers}")
+        return p
 
-        def guard(skip: str) -> None:
-            lane, p = self.e.tmp(u32), self.e.tmp_pred()
-            self.e.line(f"mov.u32 {lane}, %laneid")
-            self.e.line(f"setp.ge.u32 {p}, {lane}, {readers}")
-            self.e.line(f"@{p} bra {skip}")
-
-        return guard
-
-    def _source_span(self, src_bytes, size: int) -> tuple[Operand, object]:
+    def _source_span(self, src_bytes, size: int) -> tuple[Operand | None, object]:
         """A ``cp.async`` source reads ``ceil(src_bytes / size)`` elements, none for 0."""
         e = self.e
         if isinstance(src_bytes, Const):
             n = int(src_bytes.value)
-            return (max(n - 1, 0) // size, None) if n else (-1, None)
+            return ((n - 1) // size if n else None), None
         last, wide = e.tmp(u32), e.tmp_addr(True)
-        shift = size.bit_length() - 1
+        e.line(f"sub.u32 {last}, {e.r(src_bytes)}, 1")
+        e.line(f"shr.u32 {last}, {last}, {size.bit_length() - 1}")
+        e.line(f"cvt.u64.u32 {wide}, {last}")
 
-        def guard(skip: str) -> None:
+        def guard() -> str:
             p = e.tmp_pred()
-            e.line(f"setp.eq.u32 {p}, {e.r(src_bytes)}, 0")
-            e.line(f"@{p} bra {skip}")
-            e.line(f"sub.u32 {last}, {e.r(src_bytes)}, 1")
-            e.line(f"shr.u32 {last}, {last}, {shift}")
-            e.line(f"cvt.u64.u32 {wide}, {last}")
+            e.line(f"setp.ne.u32 {p}, {e.r(src_bytes)}, 0")
+            return p
 
         return wide, guard
 
     def check(self, arr: Array, idxs) -> None:
-        """Emit the checks of the current instruction's access to ``arr[idxs]``."""
+        """Emit the checks of the current instruction's access to ``arr[idxs]``: one
+        predicate accumulating every comparison, and one branch to the site's stub."""
         e = self.e
         ins = e.instr
         what, span, guard = self._access(ins, arr)
-        if span == -1:  # a cp.async source of 0 bytes reads nothing
+        if span is None:
             return
-        skip = e.new_label("checked") if guard is not None else None
-        if guard is not None:
-            guard(skip)
         site = _Site(what, arr, list(idxs), ins)
         site.index = [self._wide(i) for i in idxs]
         site.shape = [self._extent(arr, d) for d in range(arr.ndim)]
-        site.tests = [(site.index[d], site.shape[d], "dim") for d in range(arr.ndim)]
+        tests = list(zip(site.index, site.shape, strict=True))
+        site.kinds = ["dim"] * arr.ndim
         if span != 0:
             last = site.index[-1]
             if isinstance(last, int) and isinstance(span, int):
-                end: Operand = last + span
+                site.end = last + span
             else:
-                end = e.tmp_addr(True)
-                e.line(f"add.u64 {end}, {_op(last)}, {_op(span)}")
-            site.tests.append((end, site.shape[-1], "end"))
+                site.end = e.tmp_addr(True)
+                e.line(f"add.u64 {site.end}, {_op(last)}, {_op(span)}")
+            tests.append((site.end, site.shape[-1]))
+            site.kinds.append("end")
         if arr.space == "shared_dyn" and arr.shape != (None,):
-            view_end = arr.offset + arr.static_size * arr.dtype.itemsize
-            site.tests.append((view_end - 1, self._dynamic_bytes(), "dynamic"))
-        labels = [self._compare(value, limit) for value, limit, _ in site.tests]
-        if skip is not None:
-            e.place(skip)
-        if any(label is not None for label in labels):
-            self._stub(site, labels)
-
-    def _compare(self, value: Operand, limit: Operand) -> str | None:
-        """Branch to a fresh stub label when ``value >= limit`` (unsigned); the label, or None
-        when the check passes at compile time."""
-        e = self.e
+            site.view_end = arr.offset + arr.static_size * arr.dtype.itemsize
+            site.dynamic = self._dynamic_bytes()
+            tests.append((site.view_end - 1, site.dynamic))
+            site.kinds.append("dynamic")
+        fails = self._any_fails(tests)
+        if fails is None:
+            return
         label = e.new_label("oob")
-        if isinstance(value, int) and isinstance(limit, int):
-            if value < limit:
-                return None
-            e.line(f"bra.uni {label}")
-            return label
-        p = e.tmp_pred()
-        if isinstance(value, int):
-            e.line(f"setp.le.u64 {p}, {limit}, {_imm(value)}")
-        else:
-            e.line(f"setp.ge.u64 {p}, {value}, {_op(limit)}")
-        e.line(f"@{p} bra {label}")
-        return label
+        if guard is not None:
+            accesses = guard()
+            if fails is True:
+                fails = accesses
+            else:
+                e.line(f"and.pred {fails}, {fails}, {accesses}")
+        e.line(f"bra.uni {label}" if fails is True else f"@{fails} bra {label}")
+        self._stub(site, label)
 
-    def _stub(self, site: _Site, labels: list) -> None:
-        """The out-of-line code of one access site: one entry per check that can fail, then
-        the claim of the record and the writes."""
-        check, value, limit, tmp, p = self._scratch_regs()
+    def _any_fails(self, tests: list) -> str | bool | None:
+        """A predicate register that is true when some ``value >= limit`` (unsigned): True
+        when one fails at compile time already, None when none can fail."""
+        e = self.e
+        p = None
+        for value, limit in tests:
+            if isinstance(value, int) and isinstance(limit, int):
+                if value >= limit:
+                    return True
+                continue
+            first = p is None
+            p = p or e.tmp_pred()
+            combine, tail = ("", "") if first else (".or", f", {p}")
+            if isinstance(value, int):
+                e.line(f"setp.le{combine}.u64 {p}, {limit}, {_imm(value)}{tail}")
+            else:
+                e.line(f"setp.ge{combine}.u64 {p}, {value}, {_op(limit)}{tail}")
+        return p
+
+    def _stub(self, site: _Site, label: str) -> None:
+        """The out-of-line code of one access site: claim the record (the first failing
+        thread only), write what failed, and go to the common tail."""
+        tmp, p = self._scratch_regs()
         base = self._record()
         number = self._sites
         self._sites += 1
         out = self._stubs
-        entry = self.e.new_label("oob_site")
-        for k, (label, (v, lim, _)) in enumerate(zip(labels, site.tests, strict=True)):
-            if label is not None:
-                out += [f"{label}:", f"\tmov.u32 {check}, {k};", f"\tmov.b64 {value}, {_op(v)};"]
-                out += [f"\tmov.b64 {limit}, {_op(lim)};", f"\tbra.uni {entry};"]
-        out += [f"{entry}:", f"\t{SITE_TAG}{json.dumps(site.describe(number))}"]
+        out += [f"{label}:", f"\t{SITE_TAG}{json.dumps(site.describe(number))}"]
         out.append(f"\tatom.global.cas.b32 {tmp}, [{base}], 0, 1;")
         out += [f"\tsetp.ne.u32 {p}, {tmp}, 0;", f"\t@{p} exit;"]
-        fields = [("site", 4, str(number)), ("check", 4, check)]
-        fields += [("value", 8, value), ("limit", 8, limit)]
+        fields = [(RECORD["site"], 32, str(number))]
+        if site.end is not None:
+            fields.append((RECORD["value"], 64, _op(site.end)))
+        if site.dynamic is not None:
+            fields.append((RECORD["limit"], 64, site.dynamic))
         for name, values in (("index", site.index), ("shape", site.shape)):
-            fields += [(name, 8, _op(v)) for v in values[:MAX_DIMS]]
-        written: dict[str, int] = {}
-        for name, width, operand in fields:
-            at = RECORD[name] + written.get(name, 0)
-            written[name] = written.get(name, 0) + width
-            out.append(f"\tst.global.u{8 * width} [{base}+{at}], {operand};")
+            fields += [(RECORD[name] + 8 * d, 64, _op(v)) for d, v in enumerate(values[:MAX_DIMS])]
+        out += [f"\tst.global.u{bits} [{base}+{at}], {operand};" for at, bits, operand in fields]
         out.append(f"\tbra.uni {self._tail()};")
 
     def _tail(self) -> str:
         """The label of the code every stub ends with: record the thread and block, exit."""
         if self._tail_label is None:
             self._tail_label = self.e.new_label("oob_thread")
-            _, _, _, tmp, _ = self._scratch_regs()
+            tmp, _ = self._scratch_regs()
             base = self._record()
             code = [f"{self._tail_label}:"]
             for name, sreg in (("thread", "tid"), ("block", "ctaid")):

@@ -47,7 +47,9 @@ def _offset(imm: int) -> str:
 
 
 def address(e, arr: Array, idxs) -> str:
-    """The ``[...]`` address operand of ``arr[idxs]``."""
+    """The ``[...]`` address operand of ``arr[idxs]`` (bounds-checked first in debug mode)."""
+    if e.debug:
+        e.debug.check(arr, idxs)
     wide = arr.space in ("global", "local")
     imm, terms = arr.offset, []
     for i, s in zip(idxs, e.byte_strides(arr), strict=True):

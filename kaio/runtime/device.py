@@ -8,6 +8,7 @@ allocations go to; ``Device(i).set_current()`` or ``with kaio.Device(i):`` chang
 from __future__ import annotations
 
 import functools
+import threading
 from functools import cached_property
 
 from kaio.runtime.driver import check, cu, init
@@ -15,9 +16,11 @@ from kaio.runtime.driver import check, cu, init
 __all__ = ["Device", "device", "device_count", "ensure_context", "synchronize", "current"]
 
 
-class _Current:
-    """The device kaio works on in this process (primary contexts are shared by threads;
-    a thread without a current context is given it on first use)."""
+class _Current(threading.local):
+    """The device kaio works on in the calling thread, and whether this thread's CUDA context
+    is set. Per thread, as the CUDA runtime's current device is: primary contexts are shared
+    by all threads, and a thread without a current context is given it on first use. The
+    class attributes are the defaults every new thread sees."""
 
     ordinal = 0
     context_ready = False
@@ -71,19 +74,24 @@ class Device:
     """
 
     _instances: dict[int, Device] = {}
+    _lock = threading.Lock()  # one Device object and one context retain per ordinal
 
     def __new__(cls, ordinal: int = 0) -> Device:
         ordinal = int(ordinal)
         dev = cls._instances.get(ordinal)
-        if dev is None:
-            count = device_count()
-            if not 0 <= ordinal < count:
-                raise ValueError(f"no CUDA device {ordinal}: this machine has {count}")
-            dev = super().__new__(cls)
-            dev.ordinal = ordinal
-            dev._handle = check(cu.cuDeviceGet(ordinal), "cuDeviceGet")
-            dev._context = None
-            cls._instances[ordinal] = dev
+        if dev is not None:
+            return dev
+        with cls._lock:
+            dev = cls._instances.get(ordinal)
+            if dev is None:
+                count = device_count()
+                if not 0 <= ordinal < count:
+                    raise ValueError(f"no CUDA device {ordinal}: this machine has {count}")
+                dev = super().__new__(cls)
+                dev.ordinal = ordinal
+                dev._handle = check(cu.cuDeviceGet(ordinal), "cuDeviceGet")
+                dev._context = None
+                cls._instances[ordinal] = dev
         return dev
 
     def attribute(self, name: str | int) -> int:
@@ -160,9 +168,11 @@ class Device:
     def context(self):
         """The device's primary context (retained once, for the life of the process)."""
         if self._context is None:
-            self._context = check(
-                cu.cuDevicePrimaryCtxRetain(self._handle), "cuDevicePrimaryCtxRetain"
-            )
+            with Device._lock:
+                if self._context is None:
+                    self._context = check(
+                        cu.cuDevicePrimaryCtxRetain(self._handle), "cuDevicePrimaryCtxRetain"
+                    )
         return self._context
 
     def set_current(self) -> Device:

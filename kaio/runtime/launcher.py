@@ -25,13 +25,19 @@ last the slow path, which raises ``LaunchError`` for wrong arguments). Per launc
   0.4 µs less than ``cuLaunchKernel`` with its eleven arguments, and ``extra`` and kernelParams
   cost the same (bench/launch_overhead.py, docs/performance.md).
 
-The grid and block are validated against the device and the kernel once per binding.
+Packing and the driver call run under the launcher's lock, so threads launching the same
+signature at once never overwrite each other's parameters (ctypes releases the GIL in the
+call). The grid and block are validated against the device and the kernel once per binding.
+A kernel compiled in debug mode also passes its error record's address as the last parameter
+and, after each launch, synchronizes the stream and raises ``kaio.OutOfBoundsError`` when a
+thread failed a bounds check (``kaio.runtime.debug``).
 """
 
 from __future__ import annotations
 
 import ctypes
 import struct
+import threading
 from collections.abc import Callable
 
 import ml_dtypes
@@ -99,7 +105,9 @@ def validate_config(grid: tuple, block: tuple, shared: int, loaded, declared_blo
     threads = block[0] * block[1] * block[2]
     for axis, n, top in zip("xyz", block, dev.max_block_dim, strict=True):
         if n > top:
-            raise LaunchError(f"{name}: block {block} has {n} threads in {axis}; the max is {top}")
+            raise LaunchError(
+                f"{name}: block {block} has {n} threads in {axis}; {dev.name} allows at most {top}"
+            )
     if threads > dev.max_threads_per_block:
         raise LaunchError(
             f"{name}: block {block} has {threads} threads; {dev.name} allows "
@@ -107,7 +115,11 @@ def validate_config(grid: tuple, block: tuple, shared: int, loaded, declared_blo
         )
     for axis, n, top in zip("xyz", grid, dev.max_grid_dim, strict=True):
         if n > top:
-            raise LaunchError(f"{name}: grid {grid} has {n} blocks in {axis}; the max is {top}")
+            raise LaunchError(
+                f"{name}: grid {grid} has {n} blocks in {axis}; {dev.name} allows at most {top} "
+                f"(max grid {tuple(dev.max_grid_dim)}): put more work in each block, or move "
+                "blocks to another axis"
+            )
     origin = f" (@kaio.gpu_kernel(block_size={declared_block}))" if declared_block else ""
     if loaded.reqntid is not None and tuple(block) != loaded.reqntid:
         raise LaunchError(
@@ -121,9 +133,12 @@ def validate_config(grid: tuple, block: tuple, shared: int, loaded, declared_blo
         )
     fits = loaded.attribute("MAX_THREADS_PER_BLOCK")
     if threads > fits:
+        regs = loaded.attribute("NUM_REGS")
         raise LaunchError(
-            f"{name}: block of {threads} threads, but with {loaded.attribute('NUM_REGS')} "
-            f"registers per thread at most {fits} fit on {dev.arch}: use a smaller block"
+            f"{name}: block {block} has {threads} threads, but the kernel uses {regs} registers "
+            f"per thread ({regs * threads} for the block), so at most {fits} threads per block "
+            f"fit on {dev.name} ({dev.arch}): use a smaller block, or kaio.launch_bounds() to "
+            "make the compiler use fewer registers"
         )
     loaded.allow_dynamic_shared(shared)
 
@@ -231,6 +246,9 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
     signature of ``args`` (all parameters, in order), launching ``spec`` as ``loaded``;
     ``infos`` maps array positions to their ``ArgInfo``."""
     fmt, size = param_format(spec.function.params)
+    record = loaded.debug  # debug mode: the error record's address is the last parameter
+    if record is not None:
+        fmt, size = record.extend_format(fmt, size)
     buf = (ctypes.c_uint8 * max(size, 8))()
     buf_size = ctypes.c_size_t(size)
     extra_array = (ctypes.c_void_p * 5)(1, ctypes.addressof(buf), 2, ctypes.addressof(buf_size), 0)
@@ -265,6 +283,10 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         "fail": fail,
         "recover": recover,
     }
+    # One thread at a time packs ``buf`` and launches from it (the methods, bound once, cost
+    # less per launch than a ``with`` block).
+    lock = threading.Lock()
+    env["acquire"], env["release"] = lock.acquire, lock.release
     conditions, entries = [], []
     for k, kind in launch_abi(kernel, spec):
         if kind in ("C", "A"):
@@ -277,6 +299,9 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         if name in kernel.constexpr_names:
             env[f"C{k}"] = args[k]
             conditions.append(f"a{k} != C{k}")
+    if record is not None:
+        env["RECORD"], env["debug_check"] = record.pointer, record.check
+        entries.append("RECORD")
     call = "launch_kernel(CONFIG, FUNC, None, EXTRA)"
     lines = [
         "def bind(grid, block, shared, stream):",
@@ -296,18 +321,22 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         "        if not admitted:",
         "            admit(grid, block, shared)",
         "            admitted = True",
+        "        acquire()",
         "        try:",
-        f"            pack(buf, 0, {', '.join(entries)})",
-        "        except PACK_ERRORS:",
-        "            return False",
-        f"        rc = {call}",
-        "        if rc:",
+        "            try:",
+        f"                pack(buf, 0, {', '.join(entries)})",
+        "            except PACK_ERRORS:",
+        "                return False",
+        f"            rc = {call}",
         f"            if rc == {_CUDA_ERROR_INVALID_CONTEXT}:",
         "                recover()",
         f"                rc = {call}",
-        "            if rc:",
-        "                fail(rc, stream)",
+        "        finally:",
+        "            release()",
+        "        if rc:",
+        "            fail(rc, stream)",
         "        last[stream] = NAME",
+        *(["        debug_check(stream)"] if record is not None else []),
         "        return True",
         "",
         "    return launch",

@@ -11,6 +11,7 @@ import weakref
 
 import numpy as np
 
+from kaio.errors import CudaError
 from kaio.runtime import dlpack
 from kaio.runtime.arginfo import ArgInfo, c_strides
 from kaio.runtime.device import Device, ensure_context
@@ -37,13 +38,42 @@ def _free(ptr) -> None:
         pass
 
 
+def format_bytes(n: int) -> str:
+    """``n`` bytes for people: ``"1.50 GiB (1610612736 bytes)"``."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit} ({n} bytes)"
+    return f"{n} bytes"
+
+
+def out_of_memory(nbytes: int, device: Device, code: int) -> CudaError:
+    """The ``CudaError`` of an allocation the device could not satisfy: what was asked, what
+    is free and the device's total."""
+    try:
+        free, total = check(cu.cuMemGetInfo(), "cuMemGetInfo")
+        have = f"{format_bytes(free)} free of {format_bytes(total)}"
+    except CudaError as e:
+        have = f"free memory unknown ({e.name})"
+    name = getattr(device, "name", f"device {getattr(device, 'ordinal', '?')}")
+    return CudaError(
+        f"out of GPU memory: asked for {format_bytes(nbytes)} on {name}, which has {have}. "
+        "Free arrays you no longer need (del them; memory is released when the last view is "
+        "collected) or use smaller batches",
+        "CUDA_ERROR_OUT_OF_MEMORY",
+        code,
+    )
+
+
 class Allocation:
     """One block of device memory, freed when the last array using it is collected."""
 
     __slots__ = ("ptr", "nbytes", "device", "_finalizer", "__weakref__")
 
     def __init__(self, nbytes: int, device: Device):
-        handle = check(cu.cuMemAlloc(max(nbytes, 1)), f"cuMemAlloc({nbytes} bytes)")
+        err, handle = cu.cuMemAlloc(max(nbytes, 1))
+        if err == cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY:
+            raise out_of_memory(nbytes, device, int(err))
+        check((err, handle), f"cuMemAlloc({nbytes} bytes)")
         self.ptr = int(handle)
         self.nbytes = nbytes
         self.device = device
@@ -94,10 +124,41 @@ class DeviceArray:
             ptr, shape, tuple(s // item for s in strides), kaio_dtype, alloc.device.ordinal
         )
 
-    def _view(self, ptr: int, shape: tuple, strides: tuple) -> DeviceArray:
+    def _view(self, ptr: int, shape: tuple, strides: tuple, dtype=None) -> DeviceArray:
+        np_dtype, kaio_dtype = (self.dtype, self.kaio_dtype) if dtype is None else as_dtype(dtype)
         view = DeviceArray.__new__(DeviceArray)
-        view._init(self._alloc, ptr, shape, strides, self.dtype, self.kaio_dtype)
+        view._init(self._alloc, ptr, shape, strides, np_dtype, kaio_dtype)
         return view
+
+    def _require_contiguous(self, what: str) -> None:
+        item = self.dtype.itemsize
+        if self.strides != tuple(s * item for s in c_strides(self.shape)):
+            raise ValueError(f"DeviceArray.{what}() needs a contiguous array; copy it first")
+
+    def reshape(self, *shape) -> DeviceArray:
+        """The same memory with another shape (a contiguous array; no copy), like NumPy."""
+        self._require_contiguous("reshape")
+        shape = tuple(
+            int(n) for n in (shape[0] if len(shape) == 1 and np.ndim(shape[0]) else shape)
+        )
+        if int(np.prod(shape, dtype=np.int64)) != self.size:
+            raise ValueError(f"cannot reshape an array of {self.size} elements into {shape}")
+        item = self.dtype.itemsize
+        return self._view(self.ptr, shape, tuple(s * item for s in c_strides(shape)))
+
+    def view(self, dtype) -> DeviceArray:
+        """The same bytes read as ``dtype`` (a contiguous array; the last dimension scales by
+        the ratio of the item sizes), like NumPy's ``ndarray.view``."""
+        self._require_contiguous("view")
+        np_dtype, _ = as_dtype(dtype)
+        last = self.shape[-1] * self.dtype.itemsize
+        if last % np_dtype.itemsize:
+            raise ValueError(
+                f"the last dimension ({last} bytes) is not a whole number of {np_dtype}"
+            )
+        shape = (*self.shape[:-1], last // np_dtype.itemsize)
+        strides = tuple(s * np_dtype.itemsize for s in c_strides(shape))
+        return self._view(self.ptr, shape, strides, np_dtype)
 
     # ------------------------------------------------------------------ shape
     @property

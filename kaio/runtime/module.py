@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import ctypes
 import re
+import threading
 from dataclasses import dataclass
 
 from kaio.errors import LaunchError
+from kaio.ptx.debug import declares_record
 from kaio.runtime.cache import DiskCache, cache_key
+from kaio.runtime.debug import DebugRecord
 from kaio.runtime.device import Device
 from kaio.runtime.driver import (
     check,
@@ -22,7 +25,15 @@ from kaio.runtime.driver import (
     max_ptx_isa,
 )
 
-__all__ = ["LoadedKernel", "Resources", "select_arch", "link_ptx", "load", "disk_cache"]
+__all__ = [
+    "LoadedKernel",
+    "Resources",
+    "select_arch",
+    "link_ptx",
+    "load",
+    "disk_cache",
+    "check_static_shared",
+]
 
 _CU_JIT_ERROR_LOG_BUFFER = 5
 _CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 6
@@ -59,6 +70,7 @@ class LoadedKernel:
     maxntid: int | None
     from_disk: bool
     dynamic_shared_limit: int = 0
+    debug: DebugRecord | None = None  # debug mode: the bounds checks' error record
 
     def attribute(self, name: str) -> int:
         """A ``CU_FUNC_ATTRIBUTE_*`` value (``"NUM_REGS"``, ``"LOCAL_SIZE_BYTES"``...)."""
@@ -163,6 +175,7 @@ def _dims(match) -> tuple:
 
 
 _loaded: dict[tuple, LoadedKernel] = {}
+_load_lock = threading.RLock()  # each kernel is linked and loaded once, by one thread
 
 
 def load(spec, device: Device, arch: str) -> LoadedKernel:
@@ -172,6 +185,43 @@ def load(spec, device: Device, arch: str) -> LoadedKernel:
     loaded = _loaded.get(memo)
     if loaded is not None:
         return loaded
+    with _load_lock:
+        loaded = _loaded.get(memo)
+        if loaded is None:
+            loaded = _loaded[memo] = _load(spec, device, arch)
+    return loaded
+
+
+def static_shared_bytes(function) -> list[tuple[str, int]]:
+    """``(array name, bytes)`` of each static shared array of an IR function, each padded to
+    its 16-byte alignment as the emitter declares it."""
+    return [
+        (a.name, -(-a.static_size * a.dtype.itemsize // 16) * 16)
+        for a in function.arrays
+        if a.space == "shared"
+    ]
+
+
+def check_static_shared(function, name: str, device: Device) -> None:
+    """Refuse, before the driver's JIT does less clearly, a kernel whose static shared arrays
+    exceed what one block may declare statically (48 KB; more needs dynamic shared memory)."""
+    arrays = static_shared_bytes(function)
+    total = sum(n for _, n in arrays)
+    limit = device.max_shared_per_block
+    if total <= limit:
+        return
+    listed = ", ".join(f"{a} {n}" for a, n in sorted(arrays, key=lambda x: -x[1]))
+    raise LaunchError(
+        f"{name}: {total} bytes of static shared memory ({listed}), but a block may declare at "
+        f"most {limit} bytes statically on {device.name} ({device.arch}); move the large "
+        f"arrays to kaio.shared_dynamic(dtype, shape) and pass shared_bytes at launch (up to "
+        f"{device.max_shared_per_block_optin} bytes per block on this GPU), or use smaller tiles"
+    )
+
+
+def _load(spec, device: Device, arch: str) -> LoadedKernel:
+    """Link (or read from the disk cache) and load one kernel: ``load`` without the memo."""
+    check_static_shared(spec.function, spec.kernel.__name__, device)
     ptx = spec.ptx(arch)
     entry = _ENTRY.search(ptx)
     if entry is None:
@@ -207,6 +257,6 @@ def load(spec, device: Device, arch: str) -> LoadedKernel:
         reqntid=_dims(req) if req else None,
         maxntid=maxntid,
         from_disk=from_disk,
+        debug=DebugRecord(name, ptx, device) if declares_record(ptx) else None,
     )
-    _loaded[memo] = loaded
     return loaded

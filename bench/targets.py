@@ -1,0 +1,190 @@
+"""What the performance page checks a run against: the hand-maintained part of
+``python -m bench report``.
+
+- ``TARGETS``: the speed each op family must reach (from the issues that asked for the op).
+  The report lists every case of a run that misses one under "Known gaps", and every target
+  that matched no data under "Not measured in this run" (a renamed op or case shows up there).
+- ``NOTES``: why a known gap is there, attached to the gaps whose op and case match.
+- ``OPEN_GAPS``: gaps the data of a run cannot show.
+- ``FAMILIES``: which ops share a plot; ``PEAK_KEYS``: which ``mma.sync`` peak is the ceiling of
+  an op that counts FLOPs.
+
+Patterns are regular expressions searched (``re.search``) in the names the benchmarks record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+NOISE = 0.03  # "not slower beyond noise": a time ratio of at least 1 - NOISE
+
+
+@dataclass(frozen=True)
+class Target:
+    """A target for the cases of the ops matching ``op`` (and ``case``) in the suites matching
+    ``suite``: the best correct kaio implementation (impls matching ``kaio``) must reach
+    ``min_ratio`` times the speed of the fastest correct impl matching ``peer`` (peer time /
+    kaio time), and/or ``min_share`` of the page's ceiling for the case."""
+
+    what: str  # the target in words, as the page prints it
+    op: str
+    case: str = ""
+    suite: str = ""
+    peer: str = ""
+    min_ratio: float | None = None
+    min_share: float | None = None
+    kaio: str = r"(?i)kaio"
+    source: str = ""  # where the target comes from (an issue)
+
+
+_SQUARE_BIG = r"^(4096x4096x4096|8192x8192x8192)$"
+_DECODE = r"^(1|16)x4096x4096$"
+_MEMORY_OPS = r"^(silu_gate|gelu|add|mul|rms_norm|layer_norm|softmax|rope)"
+
+_MATMUL = {"suite": "matmul", "op": r"^matmul b?f16$", "source": "issue 6"}
+_MEMORY = {"suite": "memory", "op": _MEMORY_OPS, "source": "issue 9"}
+_QUANT = {"suite": "quant|gguf", "source": "issue 7"}
+_ATTENTION = {"suite": "attention", "source": "issue 8"}
+_SDPA_FLASH = "(?i)sdpa.*flash|flash.*sdpa"
+
+TARGETS: tuple[Target, ...] = (
+    Target("f16/bf16 matmul at 4096^3 and 8192^3: at least 60% of cuBLAS", case=_SQUARE_BIG,
+           peer="^cuBLAS$", min_ratio=0.6, **_MATMUL),
+    Target("f16/bf16 matmul at 1024^3: at least 50% of cuBLAS", case="^1024x1024x1024$",
+           peer="^cuBLAS$", min_ratio=0.5, **_MATMUL),
+    Target("f16/bf16 matmul at decode shapes: within 1.5x of cuBLAS's time", case=_DECODE,
+           peer="^cuBLAS$", min_ratio=1 / 1.5, **_MATMUL),
+    Target("f16/bf16 matmul: async not slower than sync beyond noise", kaio="^kaio async$",
+           peer="^kaio sync$", min_ratio=1 - NOISE, **_MATMUL),
+    Target("memory-bound ops: at least 85% of the copy bandwidth", min_share=0.85, **_MEMORY),
+    Target("memory-bound ops: not slower than Triton beyond noise", peer="(?i)^triton$",
+           min_ratio=1 - NOISE, **_MEMORY),
+    Target("int8 matmul at 4096^3: at least 3x torch._int_mm", op="int8", case="4096x4096x4096",
+           peer="_int_mm", min_ratio=3.0, **_QUANT),
+    Target("int4 matmul at decode shapes: at least 2.5x faster than cuBLAS f16", op="int4",
+           case=_DECODE, peer="cuBLAS", min_ratio=2.5, **_QUANT),
+    Target("int4 matmul at M = 4096: at least 50% of cuBLAS f16", op="int4", case="^4096x",
+           peer="cuBLAS", min_ratio=0.5, **_QUANT),
+    Target("fused QKV projection: not slower than three calls", op="(?i)qkv",
+           peer="(?i)three|3 calls|sep", min_ratio=1 - NOISE, **_QUANT),
+    Target("quantize_q6_k of 4096 x 4096: at least 25% of the copy bandwidth",
+           op="^quantize_q6_k$", min_share=0.25, **_QUANT),
+    Target("quantize_q6_k of 4096 x 4096: at least 100x the NumPy reference on the host",
+           op="^quantize_q6_k$", peer="(?i)numpy", min_ratio=100, **_QUANT),
+    Target("flash_attention f16 forward, B4 H16 S4096 D128: at least 70% of SDPA's flash "
+           "backend", op="^flash_attention f16( causal)?$", case="^B4 H16(/16)? S4096 D128$",
+           peer=_SDPA_FLASH, min_ratio=0.7, **_ATTENTION),
+    Target("flash_attention f16 backward, B4 H16 S4096 D128: at least 50% of SDPA's flash "
+           "backend", op="^flash_attention_bwd f16", case="^B4 H16(/16)? S4096 D128$",
+           peer=_SDPA_FLASH, min_ratio=0.5, **_ATTENTION),
+    Target("attention_flash f32, S4096 D128: at least as fast as SDPA's memory-efficient "
+           "backend", op="^attention_flash f32( causal)?$", case="S4096 D128",
+           peer="(?i)sdpa.*(efficient|mem)", min_ratio=1 - NOISE, **_ATTENTION),
+)  # fmt: skip
+
+# Launch overhead (bench/launch_overhead.py, issue 3): kaio's host time per launch
+LAUNCH_MAX_US = 5.0
+LAUNCH_KAIO = r"^kaio "  # the rows that are kaio launches
+LAUNCH_PEER = r"^triton "  # must also be slower than kaio
+
+# Compile time (bench/compile_time.py): figure -> (limit, unit)
+COMPILE_MAX = {"first_compile_ms": (50.0, "ms"), "cached_ptx_call_us": (50.0, "µs")}
+
+
+@dataclass(frozen=True)
+class Note:
+    """Why the gaps of the ops matching ``op`` (and cases matching ``case``) are there."""
+
+    op: str
+    text: str
+    case: str = ""
+
+
+NOTES: tuple[Note, ...] = (
+    Note(
+        r"^softmax$",
+        "The row is held in registers and each element needs one exp; what is "
+        "left is the time between a block's loads and its stores (max, exp, block reduction, "
+        "scale), which more rows in flight per SM would hide: a row kernel that prefetches "
+        "the next row (a persistent kernel) is the next step.",
+        r"b?f16",
+    ),
+    Note(
+        r"^gelu none$", "Compute-bound at 16-bit sizes: 8 elements a thread, an erf each.", r"b?f16"
+    ),
+    Note(
+        r"^gelu tanh$",
+        "The instruction count per element: Triton's `div.full` and "
+        "`ex2.approx.ftz` are cheaper than kaio's `rsqrt(d*d)` reciprocal and non-ftz "
+        "`ex2.approx`.",
+        r"b?f16",
+    ),
+    Note(
+        r"^softmax long rows$",
+        "Rows longer than a block's registers hold are read twice "
+        "(the row kernels use at most 512 threads a block, so such rows are read in "
+        "segments).",
+    ),
+    Note(
+        r"^quantize_q6_k$",
+        "Q6_K is bound by instruction issue, not memory: its time is the same whatever the "
+        "input's dtype. The work is the reference's scale search: each 16-value sub-block tries "
+        "19 candidate scales, and each try is a pass over the 16 values whose sums must be "
+        "rounded in the C code's order, so they cannot be reassociated, fused or vectorized. "
+        "The kernel's pass is 9 SASS instructions a value: 2736 per sub-block for the search "
+        "alone, 2.87 G thread-instructions for the tensor, 86 µs at one warp-instruction per "
+        "clock on each of the 528 schedulers (1.98 GHz); at that floor the f32 case would move "
+        "81 MB in 86 µs, 22% of copy. So 25% is out of reach for any bit-exact encoder that "
+        "evaluates every candidate this way (with the 19 IEEE divisions per sub-block, the "
+        "scale quantization and the re-quantization, about 4200 instructions per lane; measured "
+        "on an H200, 2026-11-22, the kernel issued at about 80% of the peak rate). What would "
+        "go further: in the -9..9 sweep, 59% of the candidates give exactly the 16 quants of "
+        "the candidate before them and provably leave the search's state unchanged, so they "
+        "could be skipped; skipping per lane does not help under SIMT (one lane needing the "
+        "pass makes the warp run it): it would take redistributing the remaining (sub-block, "
+        "candidate) passes across lanes.",
+    ),
+    Note(
+        r"^kaio ",
+        "The driver call alone, with nothing left to prepare, is the raw ctypes "
+        "rows' figure; kaio's own cost is the difference to it (per torch tensor five reads "
+        "through torch's API: `dtype`, `get_device()`, `shape`, `is_contiguous()`, "
+        "`data_ptr()`, 56 to 127 ns each on an H200 host; CuPy's `flags` costs 211 ns).",
+    ),
+)
+
+OPEN_GAPS: tuple[str, ...] = (
+    "The time to simulate a 128x128x128 tensor-core matmul is not measured yet "
+    "(`bench/sim_speed.py` covers two SIMT kernels).",
+    "A warm disk cache saves nothing measurable on the first launch of a small kernel: `load()` "
+    "still runs the Python front end and emits the PTX before it looks the cubin up, so only "
+    "the driver's JIT link is skipped.",
+)
+
+# (suite pattern, op pattern, family): ops of one family share a plot; an op matching none is
+# in a family named after its suite's title
+FAMILIES: tuple[tuple[str, str, str], ...] = (
+    ("matmul", r"^(matmul|sgemm)", "matmul"),
+    ("memory", r"^(silu_gate|gelu|add|mul)", "elementwise"),
+    ("memory", r"^(rms_norm|layer_norm|softmax)", "row ops"),
+    ("memory", r"^rope", "rope"),
+    ("attention", r"^flash_attention", "flash_attention"),
+    ("attention", r"^attention_flash", "attention_flash f32"),
+    ("attention", r"^attention_tc", "attention_tc"),
+    ("gguf", r"^quantize", "quantizers"),
+    ("gguf", r"^dequantize", "dequantizers"),
+)
+
+# (suite pattern, peer op pattern, op pattern): the peer op's impls are also peers of the ops
+# matching the last pattern, on the cases both have (cuBLAS sgemm, KAIO's published baseline,
+# beside the f16 and bf16 matmuls); a peer op with no kaio impl then has no table of its own
+SHARED_PEERS: tuple[tuple[str, str, str], ...] = (("matmul", r"^sgemm", r"^matmul b?f16$"),)
+
+# (pattern on "op case", key of the mma.sync peaks a suite records): the first match wins;
+# names are split at anything but letters and digits ("matmul_int8" holds "int8")
+PEAK_KEYS: tuple[tuple[str, str], ...] = (
+    (r"(?<![a-z0-9])bf16(?![a-z0-9])", "bf16"),
+    (r"(?<![a-z0-9])(f16|fp16|half)(?![a-z0-9])", "f16"),
+    (r"(?<![a-z0-9])(s8|int8|i8)(?![a-z0-9])", "s8"),
+    (r"(?<![a-z0-9])int4(?![a-z0-9])", "f16"),  # W4A16 runs f16 mma.sync after dequantizing
+)

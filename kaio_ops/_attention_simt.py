@@ -1,0 +1,529 @@
+"""Flash attention in f32 on the SIMT cores: forward (online softmax) and backward
+(FlashAttention-2), written in the kaio DSL. The host side is ``kaio_ops.attention``.
+
+Every kernel runs blocks of ``NT`` = 256 threads as a 16 x 16 grid, thread ``(ty, tx)`` =
+``(t // 16, t % 16)``, over tiles staged in shared memory with rows padded to ``DP + 4``
+floats (``DP``: the head dim rounded up to 64, 128 or 256; the padding keeps the 16-byte
+reads of 8 consecutive rows in 8 different bank groups). Two register-tiled products serve
+every matmul of attention:
+
+- ``dot_tile``: ``acc[r, c] = a_s[4ty + r, :] . b_s[tx + 16c, :]``, a 64 x 16C tile of
+  row-by-row dot products (S = Q K^T, dP = dO V^T, and their transposes in the backward);
+- ``acc_tile``: ``acc[r, c, e] += p_s[4ty + r, :] @ v_s[:, 4tx + 64c + e]``, a 64 x DP tile
+  (O += P V, dQ += dS K, dV += P^T dO, dK += dS^T Q).
+
+So a thread owns rows ``4ty .. 4ty + 3`` of both kinds of tile, and a row's statistics (running
+max, sum) are reduced over the 16 lanes ``tx`` with ``shfl_xor`` 8, 4, 2, 1.
+
+Scores are kept in the log2 domain: ``s2 = (q . k) * scale * log2(e)``, probabilities are
+``exp2(s2 - m2)``; the stats (``lse``) are natural logarithms of the row sums.
+"""
+
+from __future__ import annotations
+
+import kaio
+from kaio import f32, u32
+
+NT = 256  # threads per block
+ROWS = 64  # rows of a block's row tile: 16 thread rows x 4
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+NEG_INF = float("-inf")
+POS_INF = float("inf")
+
+
+DIMS = (64, 128, 256)  # the padded head dims DP the kernels are specialized for
+
+
+def padded_dim(d: int) -> int:
+    """``DP``: the smallest of ``DIMS`` that holds head dim ``d``."""
+    return next(dp for dp in DIMS if d <= dp)
+
+
+def fwd_shared_bytes(dp: int) -> int:
+    """Dynamic shared memory of ``flash_fwd``: Q, K, V tiles and the P tile."""
+    return 3 * ROWS * (dp + 4) * 4 + ROWS * (64 + 4) * 4
+
+
+def dq_shared_bytes(dp: int, c: int) -> int:
+    """Dynamic shared memory of ``flash_bwd_dq``: Q, dO, K, V tiles and the dS tile."""
+    return 2 * ROWS * (dp + 4) * 4 + 2 * 16 * c * (dp + 4) * 4 + ROWS * (16 * c + 4) * 4
+
+
+def dkdv_shared_bytes(dp: int, c: int) -> int:
+    """Dynamic shared memory of ``flash_bwd_dkdv``: K, V, Q, dO tiles and the P^T, dS^T tiles."""
+    return 2 * ROWS * (dp + 4) * 4 + 2 * 16 * c * (dp + 4) * 4 + 2 * ROWS * (16 * c + 4) * 4
+
+
+def bwd_cols(dp: int) -> int:
+    """``C`` of the backward kernels: their column tiles have 16 * C rows (64 up to DP = 128,
+    32 beyond, so that the tiles fit in shared memory)."""
+    return 4 if dp <= 128 else 2
+
+
+@kaio.gpu_func
+def zero_tile(dst: f32[:, :], R: kaio.constexpr, W: kaio.constexpr):
+    """dst[0:R, 0:W] = 0 (W a multiple of 4), 16 bytes a store."""
+    tid = kaio.thread_idx_x()
+    z = kaio.local(f32, 4)
+    for e in kaio.static_range(4):
+        z[e] = 0.0
+    CHUNKS = W // 4
+    piece = tid
+    while piece < R * CHUNKS:
+        kaio.store_vector(dst, (piece // CHUNKS, piece % CHUNKS * 4), z)
+        piece += NT
+
+
+@kaio.gpu_func
+def load_rows(
+    dst: f32[:, :],
+    src: f32[:, :],
+    row0: u32,
+    vec: u32,
+    R: kaio.constexpr,
+    DP: kaio.constexpr,
+):
+    """src[row0 : row0 + R, 0:D] into dst[0:R, 0:D] (D = src.shape[1] <= DP), rows past the
+    end of src as zeros. vec != 0: 16-byte cp.async copies (D % 4 == 0, src 16-byte aligned; the
+    caller commits and waits), else element loads through registers (any D). Columns D..DP of
+    dst are not written: the kernels zero them once."""
+    D = u32(src.shape[1])
+    S = u32(src.shape[0])
+    tid = kaio.thread_idx_x()
+    if vec != 0:
+        CHUNKS = DP // 4
+        for i in kaio.static_range((R * CHUNKS + NT - 1) // NT):
+            piece = tid + i * NT
+            if R * CHUNKS % NT == 0 or piece < R * CHUNKS:
+                r = piece // CHUNKS
+                col = piece % CHUNKS * 4
+                if col < D:
+                    inside = row0 + r < S
+                    row = kaio.select(inside, row0 + r, 0)
+                    kaio.cp_async(dst, (r, col), src, (row, col), 16, kaio.select(inside, 16, 0))
+    else:
+        piece = tid
+        while piece < R * DP:  # a runtime loop: the slow path stays small
+            r = piece // DP
+            col = piece % DP
+            if col < D:
+                inside = row0 + r < S
+                x = src[kaio.select(inside, row0 + r, 0), col]
+                dst[r, col] = kaio.select(inside, x, 0.0)
+            piece += NT
+
+
+@kaio.gpu_func
+def store_rows(
+    dst: f32[:, :],
+    row0: u32,
+    acc: f32[:, :, :],
+    r: kaio.constexpr,
+    row: u32,
+    factor: f32,
+    tx: u32,
+    vec: u32,
+    DP: kaio.constexpr,
+):
+    """dst[row0 + row, 4tx + 64c + e] = acc[r, c, e] * factor for the columns below D (one
+    16-byte store a chunk when vec != 0)."""
+    D = u32(dst.shape[1])
+    v = kaio.local(f32, 4)
+    for c in kaio.static_range(DP // 64):
+        col = 4 * tx + 64 * c
+        for e in kaio.static_range(4):
+            v[e] = acc[r, c, e] * factor
+        if vec != 0:
+            if col < D:
+                kaio.store_vector(dst, (row0 + row, col), v)
+        else:
+            for e in kaio.static_range(4):
+                if col + e < D:
+                    dst[row0 + row, col + e] = v[e]
+
+
+@kaio.gpu_func
+def dot_tile(
+    acc: f32[:, :],
+    a_s: f32[:, :],
+    b_s: f32[:, :],
+    ty: u32,
+    tx: u32,
+    DP: kaio.constexpr,
+    C: kaio.constexpr,
+):
+    """acc[r, c] = sum over d < DP of a_s[4ty + r, d] * b_s[tx + 16c, d]."""
+    a = kaio.local(f32, (4, 4))
+    b = kaio.local(f32, (C, 4))
+    for r in kaio.static_range(4):
+        for c in kaio.static_range(C):
+            acc[r, c] = 0.0
+    d0 = u32(0)
+    while d0 < DP:  # a while loop is never unrolled: keeps the kernels small
+        for dd in kaio.static_range(0, 8, 4):
+            for r in kaio.static_range(4):
+                kaio.load_vector(a[r], a_s, (4 * ty + r, d0 + dd))
+            for c in kaio.static_range(C):
+                kaio.load_vector(b[c], b_s, (tx + 16 * c, d0 + dd))
+            for k in kaio.static_range(4):
+                for r in kaio.static_range(4):
+                    for c in kaio.static_range(C):
+                        acc[r, c] = kaio.fma(a[r, k], b[c, k], acc[r, c])
+        d0 += 8
+
+
+@kaio.gpu_func
+def acc_tile(
+    acc: f32[:, :, :],
+    p_s: f32[:, :],
+    v_s: f32[:, :],
+    ty: u32,
+    tx: u32,
+    J: kaio.constexpr,
+    DP: kaio.constexpr,
+):
+    """acc[r, c, e] += sum over j < J of p_s[4ty + r, j] * v_s[j, 4tx + 64c + e]."""
+    p = kaio.local(f32, (4, 4))
+    w = kaio.local(f32, (DP // 64, 4))
+    j = u32(0)
+    while j < J:
+        for r in kaio.static_range(4):
+            kaio.load_vector(p[r], p_s, (4 * ty + r, j))
+        for k in kaio.static_range(4):
+            for c in kaio.static_range(DP // 64):
+                kaio.load_vector(w[c], v_s, (j + k, 4 * tx + 64 * c))
+            for r in kaio.static_range(4):
+                for c in kaio.static_range(DP // 64):
+                    for e in kaio.static_range(4):
+                        acc[r, c, e] = kaio.fma(p[r, k], w[c, e], acc[r, c, e])
+        j += 4
+
+
+@kaio.gpu_func
+def zero_acc(acc: f32[:, :, :], DP: kaio.constexpr):
+    """acc[4, DP // 64, 4] = 0."""
+    for r in kaio.static_range(4):
+        for c in kaio.static_range(DP // 64):
+            for e in kaio.static_range(4):
+                acc[r, c, e] = 0.0
+
+
+@kaio.gpu_func
+def row_group_max(v: f32) -> f32:
+    """The max of ``v`` over the 16 lanes of this thread's half-warp (one tile row)."""
+    for k in kaio.static_range(4):
+        v = kaio.max(v, kaio.shfl_xor(v, 8 >> k))
+    return v
+
+
+@kaio.gpu_func
+def row_group_sum(v: f32) -> f32:
+    """The sum of ``v`` over the 16 lanes of this thread's half-warp (one tile row)."""
+    for k in kaio.static_range(4):
+        v += kaio.shfl_xor(v, 8 >> k)
+    return v
+
+
+@kaio.gpu_func
+def lse_log2(x: f32) -> f32:
+    """A natural-log row logsumexp as the base-2 offset of the backward's probabilities:
+    ``x * log2(e)``, and +inf for a row with no valid key (so that its exp2 is 0)."""
+    return kaio.select(x == NEG_INF, POS_INF, x * LOG2E)
+
+
+@kaio.gpu_kernel(block_size=NT)
+def flash_fwd(
+    q: f32[:, :],
+    k: f32[:, :],
+    v: f32[:, :],
+    out: f32[:, :],
+    lse: f32[:],
+    scale_log2: f32,
+    tiles_per_split: u32,
+    causal: u32,
+    vec: u32,
+    DP: kaio.constexpr,
+):
+    """One 64-row query tile (block x, heaviest causal tiles first) against the key tiles of
+    split ``block_idx_y`` (``tiles_per_split`` tiles of 64 keys each): out[split * Sq + row]
+    = softmax-weighted V of those keys, lse[split * Sq + row] = their logsumexp (-inf and a
+    zero row where the split holds no valid key). K and V are single-buffered, each loaded
+    with cp.async while the other is in use."""
+    W = DP + 4
+    Sq = u32(q.shape[0])
+    Sk = u32(k.shape[0])
+    tid = kaio.thread_idx_x()
+    ty = tid // 16
+    tx = tid % 16
+    q0 = (kaio.grid_dim_x() - 1 - kaio.block_idx_x()) * ROWS
+    split = kaio.block_idx_y()
+    q_s = kaio.shared_dynamic(f32, (ROWS, W), 0)
+    k_s = kaio.shared_dynamic(f32, (64, W), ROWS * W * 4)
+    v_s = kaio.shared_dynamic(f32, (64, W), (ROWS + 64) * W * 4)
+    p_s = kaio.shared_dynamic(f32, (ROWS, 68), (ROWS + 128) * W * 4)
+    zero_tile(q_s, ROWS, W)
+    zero_tile(k_s, 64, W)
+    zero_tile(v_s, 64, W)
+    kaio.sync_threads()
+
+    n_tiles = (Sk + 63) // 64
+    if causal != 0:
+        n_tiles = kaio.min(n_tiles, (q0 + ROWS + 63) // 64)
+    t_begin = split * tiles_per_split
+    t_end = kaio.min(t_begin + tiles_per_split, n_tiles)
+    load_rows(q_s, q, q0, vec, ROWS, DP)
+    load_rows(k_s, k, t_begin * 64, vec, 64, DP)
+    kaio.cp_async_commit()
+    load_rows(v_s, v, t_begin * 64, vec, 64, DP)
+    kaio.cp_async_commit()
+    kaio.cp_async_wait(1)
+    kaio.sync_threads()
+
+    m = kaio.local(f32, 4)
+    l = kaio.local(f32, 4)
+    for r in kaio.static_range(4):
+        m[r] = NEG_INF
+        l[r] = 0.0
+    o = kaio.local(f32, (4, DP // 64, 4))
+    zero_acc(o, DP)
+    s = kaio.local(f32, (4, 4))
+    for t in range(t_begin, t_end):
+        dot_tile(s, q_s, k_s, ty, tx, DP, 4)
+        kaio.sync_threads()  # k_s is free
+        if t + 1 < t_end:
+            load_rows(k_s, k, (t + 1) * 64, vec, 64, DP)
+        kaio.cp_async_commit()
+        for r in kaio.static_range(4):
+            row = q0 + 4 * ty + r
+            top = NEG_INF
+            for c in kaio.static_range(4):
+                key = t * 64 + tx + 16 * c
+                ok = key < Sk and (causal == 0 or key <= row)
+                s[r, c] = kaio.select(ok, s[r, c] * scale_log2, NEG_INF)
+                top = kaio.max(top, s[r, c])
+            m_new = kaio.max(m[r], row_group_max(top))
+            base = kaio.select(m_new == NEG_INF, 0.0, m_new)
+            alpha = kaio.exp2(m[r] - base)
+            m[r] = m_new
+            total = 0.0
+            for c in kaio.static_range(4):
+                p = kaio.exp2(s[r, c] - base)
+                p_s[4 * ty + r, tx + 16 * c] = p
+                total += p
+            l[r] = l[r] * alpha + total
+            for c in kaio.static_range(DP // 64):
+                for e in kaio.static_range(4):
+                    o[r, c, e] = o[r, c, e] * alpha
+        kaio.cp_async_wait(1)  # V of tile t has landed
+        kaio.sync_threads()
+        acc_tile(o, p_s, v_s, ty, tx, 64, DP)
+        kaio.sync_threads()  # v_s and p_s are free
+        if t + 1 < t_end:
+            load_rows(v_s, v, (t + 1) * 64, vec, 64, DP)
+        kaio.cp_async_commit()
+        kaio.cp_async_wait(1)  # K of tile t + 1 has landed
+        kaio.sync_threads()
+
+    row0 = split * Sq
+    for r in kaio.static_range(4):
+        total = row_group_sum(l[r])
+        row = q0 + 4 * ty + r
+        if row < Sq:
+            store_rows(out, row0, o, r, row, kaio.select(total > 0.0, 1.0 / total, 0.0), tx,
+                       vec, DP)  # fmt: skip
+            if tx == 0:
+                lse[row0 + row] = kaio.select(total > 0.0, (m[r] + kaio.log2(total)) * LN2, NEG_INF)
+
+
+@kaio.gpu_kernel(block_size=256)
+def combine_splits(part: f32[:, :], part_lse: f32[:], out: f32[:, :], lse: f32[:], splits: u32):
+    """out[row] = the softmax-weighted mean of the ``splits`` partial rows part[s * Sq + row]
+    (weights exp(part_lse)), lse[row] = the logsumexp of their lse; zeros and -inf where no
+    split saw a valid key. One thread per output element."""
+    Sq = u32(out.shape[0])
+    D = u32(out.shape[1])
+    i = kaio.block_idx_x() * kaio.block_dim_x() + kaio.thread_idx_x()
+    if i < Sq * D:
+        row = i // D
+        col = i % D
+        top = NEG_INF
+        for s in range(splits):
+            top = kaio.max(top, part_lse[s * Sq + row])
+        base = kaio.select(top == NEG_INF, 0.0, top)
+        total = 0.0
+        acc = 0.0
+        for s in range(splits):
+            w = kaio.exp(part_lse[s * Sq + row] - base)
+            total += w
+            acc += w * part[s * Sq + row, col]
+        out[row, col] = kaio.select(total > 0.0, acc / total, 0.0)
+        if col == 0:
+            lse[row] = kaio.select(total > 0.0, base + kaio.log(total), NEG_INF)
+
+
+@kaio.gpu_kernel(block_size=NT)
+def flash_bwd_dq(
+    q: f32[:, :],
+    k: f32[:, :],
+    v: f32[:, :],
+    do: f32[:, :],
+    lse: f32[:],
+    delta: f32[:],
+    dq: f32[:, :],
+    scale_log2: f32,
+    scale: f32,
+    causal: u32,
+    vec: u32,
+    DP: kaio.constexpr,
+    C: kaio.constexpr,
+):
+    """dQ of one 64-row query tile: over the key tiles (16C keys) it sees, recompute
+    P = exp2(S * scale_log2 - lse2) and dP = dO V^T, then dS = P * (dP - delta) and
+    dQ += dS K; finally dQ *= scale. No atomics: deterministic."""
+    W = DP + 4
+    KT = 16 * C
+    Sq = u32(q.shape[0])
+    Sk = u32(k.shape[0])
+    tid = kaio.thread_idx_x()
+    ty = tid // 16
+    tx = tid % 16
+    q0 = (kaio.grid_dim_x() - 1 - kaio.block_idx_x()) * ROWS
+    q_s = kaio.shared_dynamic(f32, (ROWS, W), 0)
+    do_s = kaio.shared_dynamic(f32, (ROWS, W), ROWS * W * 4)
+    k_s = kaio.shared_dynamic(f32, (KT, W), 2 * ROWS * W * 4)
+    v_s = kaio.shared_dynamic(f32, (KT, W), (2 * ROWS + KT) * W * 4)
+    ds_s = kaio.shared_dynamic(f32, (ROWS, KT + 4), (2 * ROWS + 2 * KT) * W * 4)
+    zero_tile(q_s, ROWS, W)
+    zero_tile(do_s, ROWS, W)
+    zero_tile(k_s, KT, W)
+    zero_tile(v_s, KT, W)
+    kaio.sync_threads()
+    load_rows(q_s, q, q0, vec, ROWS, DP)
+    load_rows(do_s, do, q0, vec, ROWS, DP)
+    kaio.cp_async_wait_all()
+
+    lse2 = kaio.local(f32, 4)
+    dlt = kaio.local(f32, 4)
+    for r in kaio.static_range(4):
+        row = q0 + 4 * ty + r
+        inside = row < Sq
+        at = kaio.select(inside, row, 0)
+        lse2[r] = kaio.select(inside, lse_log2(lse[at]), POS_INF)
+        dlt[r] = delta[at]
+    n_tiles = (Sk + KT - 1) // KT
+    if causal != 0:
+        n_tiles = kaio.min(n_tiles, (q0 + ROWS + KT - 1) // KT)
+    acc = kaio.local(f32, (4, DP // 64, 4))
+    zero_acc(acc, DP)
+    s = kaio.local(f32, (4, C))
+    dp = kaio.local(f32, (4, C))
+    for t in range(n_tiles):
+        kaio.sync_threads()  # the last tile's k_s, v_s, ds_s are free
+        load_rows(k_s, k, t * KT, vec, KT, DP)
+        load_rows(v_s, v, t * KT, vec, KT, DP)
+        kaio.cp_async_wait_all()
+        kaio.sync_threads()
+        dot_tile(s, q_s, k_s, ty, tx, DP, C)
+        dot_tile(dp, do_s, v_s, ty, tx, DP, C)
+        for r in kaio.static_range(4):
+            row = q0 + 4 * ty + r
+            for c in kaio.static_range(C):
+                key = t * KT + tx + 16 * c
+                ok = key < Sk and (causal == 0 or key <= row)
+                p = kaio.select(ok, kaio.exp2(s[r, c] * scale_log2 - lse2[r]), 0.0)
+                ds_s[4 * ty + r, tx + 16 * c] = p * (dp[r, c] - dlt[r])
+        kaio.sync_threads()
+        acc_tile(acc, ds_s, k_s, ty, tx, KT, DP)
+    for r in kaio.static_range(4):
+        row = q0 + 4 * ty + r
+        if row < Sq:
+            store_rows(dq, 0, acc, r, row, scale, tx, vec, DP)
+
+
+@kaio.gpu_kernel(block_size=NT)
+def flash_bwd_dkdv(
+    q: f32[:, :],
+    k: f32[:, :],
+    v: f32[:, :],
+    do: f32[:, :],
+    lse: f32[:],
+    delta: f32[:],
+    dk: f32[:, :],
+    dv: f32[:, :],
+    scale_log2: f32,
+    scale: f32,
+    causal: u32,
+    vec: u32,
+    DP: kaio.constexpr,
+    C: kaio.constexpr,
+):
+    """dK and dV of one 64-row key tile: over the query tiles (16C queries) that see it,
+    recompute P^T = exp2(K Q^T * scale_log2 - lse2) and dP^T = V dO^T, then dV += P^T dO and
+    dK += dS^T Q with dS^T = P^T * (dP^T - delta); finally dK *= scale."""
+    W = DP + 4
+    QT = 16 * C
+    Sq = u32(q.shape[0])
+    Sk = u32(k.shape[0])
+    tid = kaio.thread_idx_x()
+    ty = tid // 16
+    tx = tid % 16
+    k0 = kaio.block_idx_x() * ROWS  # causal: the first key tiles see the most queries
+    k_s = kaio.shared_dynamic(f32, (ROWS, W), 0)
+    v_s = kaio.shared_dynamic(f32, (ROWS, W), ROWS * W * 4)
+    q_s = kaio.shared_dynamic(f32, (QT, W), 2 * ROWS * W * 4)
+    do_s = kaio.shared_dynamic(f32, (QT, W), (2 * ROWS + QT) * W * 4)
+    pt_s = kaio.shared_dynamic(f32, (ROWS, QT + 4), (2 * ROWS + 2 * QT) * W * 4)
+    dst_s = kaio.shared_dynamic(
+        f32, (ROWS, QT + 4), (2 * ROWS + 2 * QT) * W * 4 + ROWS * (QT + 4) * 4
+    )
+    zero_tile(k_s, ROWS, W)
+    zero_tile(v_s, ROWS, W)
+    zero_tile(q_s, QT, W)
+    zero_tile(do_s, QT, W)
+    kaio.sync_threads()
+    load_rows(k_s, k, k0, vec, ROWS, DP)
+    load_rows(v_s, v, k0, vec, ROWS, DP)
+    kaio.cp_async_wait_all()
+
+    first = u32(0)
+    if causal != 0:
+        first = k0 // QT  # queries before k0 see none of these keys
+    n_tiles = (Sq + QT - 1) // QT
+    dk_acc = kaio.local(f32, (4, DP // 64, 4))
+    dv_acc = kaio.local(f32, (4, DP // 64, 4))
+    zero_acc(dk_acc, DP)
+    zero_acc(dv_acc, DP)
+    st = kaio.local(f32, (4, C))
+    dpt = kaio.local(f32, (4, C))
+    lse2 = kaio.local(f32, C)
+    dlt = kaio.local(f32, C)
+    for t in range(first, n_tiles):
+        kaio.sync_threads()  # the last tile's q_s, do_s, pt_s, dst_s are free
+        load_rows(q_s, q, t * QT, vec, QT, DP)
+        load_rows(do_s, do, t * QT, vec, QT, DP)
+        kaio.cp_async_wait_all()
+        for c in kaio.static_range(C):
+            query = t * QT + tx + 16 * c
+            inside = query < Sq
+            at = kaio.select(inside, query, 0)
+            lse2[c] = kaio.select(inside, lse_log2(lse[at]), POS_INF)
+            dlt[c] = delta[at]
+        kaio.sync_threads()
+        dot_tile(st, k_s, q_s, ty, tx, DP, C)
+        dot_tile(dpt, v_s, do_s, ty, tx, DP, C)
+        for r in kaio.static_range(4):
+            key = k0 + 4 * ty + r
+            for c in kaio.static_range(C):
+                p = kaio.exp2(st[r, c] * scale_log2 - lse2[c])
+                p = kaio.select(causal == 0 or key <= t * QT + tx + 16 * c, p, 0.0)
+                pt_s[4 * ty + r, tx + 16 * c] = p
+                dst_s[4 * ty + r, tx + 16 * c] = p * (dpt[r, c] - dlt[c])
+        kaio.sync_threads()
+        acc_tile(dv_acc, pt_s, do_s, ty, tx, QT, DP)
+        acc_tile(dk_acc, dst_s, q_s, ty, tx, QT, DP)
+    for r in kaio.static_range(4):
+        key = k0 + 4 * ty + r
+        if key < Sk:
+            store_rows(dk, 0, dk_acc, r, key, scale, tx, vec, DP)
+            store_rows(dv, 0, dv_acc, r, key, 1.0, tx, vec, DP)

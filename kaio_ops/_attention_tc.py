@@ -1,0 +1,559 @@
+"""Tensor-core attention forward (FlashAttention-2), written in the kaio DSL, for f16/bf16
+inputs (``DT``) with f32 accumulation and ``OT`` output (f32 for ``attention_tc``, the input
+type for ``flash_attention``). The host side is ``kaio_ops.attention``.
+
+- A block of ``WARPS`` warps owns ``16 * WARPS`` query rows of one (batch, head); each warp
+  owns 16 rows, as the A operand of ``mma.m16n8k16``. Q is loaded once (cp.async) and, for
+  head dims up to 128, kept in registers as fragments; wider heads re-read it from shared
+  memory with ``ldmatrix`` at each key tile.
+- Keys advance ``BN`` at a time. K and V tiles are single-buffered in shared memory,
+  XOR-swizzled (``kaio.swizzle``) for conflict-free ``ldmatrix``, and each is loaded with
+  cp.async while the other is in use: K of tile t + 1 during the softmax and P @ V of tile
+  t, V of tile t + 1 during Q @ K^T of tile t + 1.
+- S = Q K^T: K rows are the B operand as they are (``ldmatrix`` without ``.trans`` gives the
+  ``col`` layout). The online softmax runs on the accumulators in registers: each row's
+  values sit in the 4 lanes of a lane group, reduced with two ``shfl_xor``.
+- P @ V: the S accumulators of two adjacent 8-key tiles, packed to f16/bf16 pairs, are
+  exactly the A fragment of the next mma (the m16n8k16 accumulator layout is the A layout);
+  V is the B operand through ``ldmatrix_trans``.
+- Head dims are padded to ``DP`` (a power of two, 16..256: whole swizzle rows), with zeros.
+- Grouped-query attention: query head h reads K/V head h // group.
+- The forward also writes each row's logsumexp (natural log), which the backward takes.
+
+The backward (FlashAttention-2, D <= 128) is two kernels with no atomics: ``attention_bwd_dq``
+(a block per 64 query rows: S = Q K^T and dP = dO V^T recomputed a key tile at a time,
+dS = P * (dP - delta), dQ += dS K) and ``attention_bwd_dkdv`` (a block per 64 keys of a K/V
+head, over the query tiles of every query head of its group: S^T = K Q^T, dP^T = V dO^T, then
+dV += P^T dO and dK += dS^T Q). Each warp owns 16 rows (queries, resp. keys), so P and dS
+(resp. P^T and dS^T) come out of the mma accumulators in the A layout of the next product.
+``delta`` = rowsum(dO * O) comes from ``row_dot``. The backward's outputs are typed ``OT``,
+bound to ``DT`` for them.
+"""
+
+from __future__ import annotations
+
+import kaio
+from kaio import f16, f32, u32
+from kaio_ops._common import warp_sum
+
+DT = f16  # the input element type placeholder (see _typed.by_dtype)
+OT = f32  # the output element type placeholder
+NEG_INF = float("-inf")
+POS_INF = float("inf")
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@kaio.gpu_func
+def load_tile(
+    dst: DT[:, :],
+    src: DT[:],
+    base: u32,
+    row0: u32,
+    nrows: u32,
+    ncols: u32,
+    tid: u32,
+    R: kaio.constexpr,
+    C: kaio.constexpr,
+    THREADS: kaio.constexpr,
+    VEC: kaio.constexpr,
+):
+    """Rows row0 .. row0 + R of the row-major [nrows, ncols] matrix at src[base] into the
+    swizzled R x C tile dst, zeros outside the matrix: 16-byte cp.async copies when VEC
+    (ncols % 8 == 0 and src 16-byte aligned; the caller commits), else element by element."""
+    if VEC:
+        # thread tid copies chunk tid % PIECES of rows tid // PIECES + STEP * i: the swizzle
+        # phase repeats every 8 rows, and the source address advances by STEP rows
+        PIECES = C // 8
+        STEP = THREADS // PIECES
+        r0 = tid // PIECES
+        col = tid % PIECES * 8
+        at0 = base + (row0 + r0) * ncols + col
+        for i in kaio.static_range((R + STEP - 1) // STEP):
+            r = r0 + i * STEP
+            if R % STEP == 0 or r < R:
+                inside = row0 + r < nrows and col < ncols
+                at = (r, kaio.swizzle(dst, r0 + i * STEP % 8, col))
+                index = kaio.select(inside, at0 + i * STEP * ncols, 0)
+                kaio.cp_async(dst, at, src, index, 16, kaio.select(inside, 16, 0))
+    else:
+        piece = tid
+        while piece < R * C:  # a runtime loop: the slow path stays small
+            r = piece // C
+            col = piece % C
+            inside = row0 + r < nrows and col < ncols
+            x = src[kaio.select(inside, base + (row0 + r) * ncols + col, 0)]
+            dst[r, kaio.swizzle(dst, r, col)] = kaio.select(inside, x, DT(0.0))
+            piece += THREADS
+
+
+@kaio.gpu_func
+def pack(lo: f32, hi: f32) -> u32:
+    """Two f32 values rounded to a DT pair (lo in the low half), as a 32-bit fragment register."""
+    if DT == f16:
+        return kaio.bitcast(kaio.f16x2(lo, hi), u32)
+    return kaio.bitcast(kaio.bf16x2(lo, hi), u32)
+
+
+@kaio.gpu_func
+def mma(
+    acc: f32[:, :],
+    n: kaio.constexpr,
+    a: u32[:, :],
+    ka: kaio.constexpr,
+    b: u32[:, :],
+    kb: kaio.constexpr,
+):
+    """acc[n] += a[ka] @ b[kb]: one m16n8k16 with DT inputs (device functions take whole
+    local arrays, so the fragments are named by their constant indices)."""
+    if DT == f16:
+        kaio.mma_f16(acc[n], a[ka], b[kb], acc[n])
+    else:
+        kaio.mma_bf16(acc[n], a[ka], b[kb], acc[n])
+
+
+@kaio.gpu_func
+def frag_columns(acol: u32[:], bcol: u32[:], s: DT[:, :], lane: u32):
+    """The ldmatrix columns of this lane in a swizzled tile with rows like ``s``'s: ``acol``
+    for A fragments and ``.trans`` B fragments (row lane % 16, column lane // 16 * 8),
+    ``bcol`` for B fragments of row-major [n, k] tiles (row lane // 16 * 8 + lane % 8, column
+    lane // 8 % 2 * 8), each for the 16-column steps b = 0..3. The swizzle permutes 16-byte
+    chunks within 128-byte groups with a phase that repeats every 8 rows, so logical column
+    64a + 16b + c sits at 64a + (that of 16b + c): the rest of every address is a constant."""
+    for b in kaio.static_range(4):
+        acol[b] = kaio.swizzle(s, lane % 16, 16 * b + lane // 16 * 8)
+        bcol[b] = kaio.swizzle(s, lane // 16 * 8 + lane % 8, 16 * b + lane // 8 % 2 * 8)
+
+
+@kaio.gpu_func
+def load_a(af: u32[:, :], a_s: DT[:, :], row0: u32, acol: u32[:], lane: u32, DP: kaio.constexpr):
+    """af[kk] = the A fragments of rows row0 .. row0 + 15 of a_s, k-steps kk = 0 .. DP/16."""
+    for kk in kaio.static_range(DP // 16):
+        kaio.ldmatrix(af[kk], a_s, (row0 + lane % 16, kk // 4 * 64 + acol[kk % 4]))
+
+
+@kaio.gpu_func
+def dot_rows(
+    acc: f32[:, :],
+    af: u32[:, :],
+    b_s: DT[:, :],
+    bcol: u32[:],
+    lane: u32,
+    NB: kaio.constexpr,
+    DP: kaio.constexpr,
+):
+    """acc[n] = A @ B^T for the n-tiles n < NB: A the warp's 16 rows in fragments ``af``
+    (k-steps of 16 over DP), B rows 0 .. 8 NB of the shared tile b_s (the ``col`` B operand
+    as stored: ldmatrix without .trans)."""
+    bf = kaio.local(u32, (2, 2))
+    for n in kaio.static_range(NB):
+        for e in kaio.static_range(4):
+            acc[n, e] = 0.0
+    for kk in kaio.static_range(DP // 16):
+        for nj in kaio.static_range(NB // 2):
+            row = nj * 16 + lane // 16 * 8 + lane % 8
+            kaio.ldmatrix(bf, b_s, (row, kk // 4 * 64 + bcol[kk % 4]))
+            for i in kaio.static_range(2):
+                mma(acc, 2 * nj + i, af, kk, bf, i)
+
+
+@kaio.gpu_func
+def acc_rows(
+    acc: f32[:, :],
+    p: f32[:, :],
+    v_s: DT[:, :],
+    acol: u32[:],
+    lane: u32,
+    KB: kaio.constexpr,
+    DP: kaio.constexpr,
+):
+    """acc[n] += P @ V over DP / 8 n-tiles: P the warp's 16 x 8 KB accumulators ``p`` (the
+    accumulators of n-tiles 2kk, 2kk + 1, packed to DT pairs, are the A fragment of k-step
+    kk), V rows 0 .. 8 KB of the shared tile v_s (ldmatrix .trans)."""
+    pf = kaio.local(u32, (1, 4))
+    vf = kaio.local(u32, (2, 2))
+    for kk in kaio.static_range(KB // 2):
+        pf[0, 0] = pack(p[2 * kk, 0], p[2 * kk, 1])
+        pf[0, 1] = pack(p[2 * kk, 2], p[2 * kk, 3])
+        pf[0, 2] = pack(p[2 * kk + 1, 0], p[2 * kk + 1, 1])
+        pf[0, 3] = pack(p[2 * kk + 1, 2], p[2 * kk + 1, 3])
+        for nj in kaio.static_range(DP // 16):
+            row = kk * 16 + lane % 16
+            kaio.ldmatrix_trans(vf, v_s, (row, nj // 4 * 64 + acol[nj % 4]))
+            for i in kaio.static_range(2):
+                mma(acc, 2 * nj + i, pf, 0, vf, i)
+
+
+@kaio.gpu_func
+def store_out(
+    out: OT[:],
+    at: u32,
+    acc: f32[:, :],
+    h: kaio.constexpr,
+    factor: f32,
+    lane: u32,
+    cols: u32,
+    DP: kaio.constexpr,
+    VEC: kaio.constexpr,
+):
+    """out[at + col] = acc * factor for this lane's columns col < cols of accumulator row
+    half h (row g + 8h of the warp's 16), two at a time when VEC."""
+    for n in kaio.static_range(DP // 8):
+        col = n * 8 + lane % 4 * 2
+        pair = kaio.local(OT, 2)
+        for e in kaio.static_range(2):
+            pair[e] = acc[n, 2 * h + e] * factor
+        if VEC:
+            if col < cols:
+                kaio.store_vector(out, at + col, pair)
+        else:
+            for e in kaio.static_range(2):
+                if col + e < cols:
+                    out[at + col + e] = pair[e]
+
+
+@kaio.gpu_func
+def lse_log2(x: f32) -> f32:
+    """A natural-log row logsumexp as the base-2 offset of the backward's probabilities,
+    +inf for a row with no valid key (its probabilities are then exp2(-inf) = 0)."""
+    return kaio.select(x == NEG_INF, POS_INF, x * LOG2E)
+
+
+@kaio.gpu_kernel
+def attention_fwd(
+    q: DT[:],
+    k: DT[:],
+    v: DT[:],
+    out: OT[:],
+    lse: f32[:],
+    sq: u32,
+    sk: u32,
+    d: u32,
+    dv: u32,
+    heads: u32,
+    group: u32,
+    scale_log2: f32,
+    causal: u32,
+    DP: kaio.constexpr,
+    WARPS: kaio.constexpr,
+    BN: kaio.constexpr,
+    MIN_BLOCKS: kaio.constexpr,
+    VEC: kaio.constexpr,
+):
+    """out[bh, row] = softmax(q[bh, row] k[kv]^T * scale) v[kv] and lse[bh, row] = the row's
+    logsumexp, for the 16 * WARPS query rows of block x (heaviest causal tiles first) and
+    (batch, head) ``bh`` = block y; q [.., sq, d], k [.., sk, d], v [.., sk, dv],
+    out [.., sq, dv], lse [.., sq], all flat; kv = the K/V head of ``bh``."""
+    BM = 16 * WARPS
+    THREADS = 32 * WARPS
+    QREG = DP <= 128  # Q fragments stay in registers
+    kaio.launch_bounds(THREADS, MIN_BLOCKS)
+    tid = kaio.thread_idx_x()
+    lane = kaio.lane_id()
+    warp = tid // 32
+    g = lane // 4
+    bh = kaio.block_idx_y()
+    kvh = bh // heads * (heads // group) + bh % heads // group
+    q_base = bh * sq * d
+    k_base = kvh * sk * d
+    v_base = kvh * sk * dv
+    q0 = (kaio.grid_dim_x() - 1 - kaio.block_idx_x()) * BM
+    q_s = kaio.shared_dynamic(DT, (BM, DP), 0)
+    k_s = kaio.shared_dynamic(DT, (BN, DP), BM * DP * 2)
+    v_s = kaio.shared_dynamic(DT, (BN, DP), (BM + BN) * DP * 2)
+
+    n_tiles = (sk + BN - 1) // BN
+    if causal != 0:
+        n_tiles = kaio.min(n_tiles, (q0 + BM + BN - 1) // BN)
+    load_tile(q_s, q, q_base, q0, sq, d, tid, BM, DP, THREADS, VEC)
+    load_tile(k_s, k, k_base, 0, sk, d, tid, BN, DP, THREADS, VEC)
+    kaio.cp_async_commit()
+    load_tile(v_s, v, v_base, 0, sk, dv, tid, BN, DP, THREADS, VEC)
+    kaio.cp_async_commit()
+    kaio.cp_async_wait(1)
+    kaio.sync_threads()
+
+    acol = kaio.local(u32, 4)
+    bcol = kaio.local(u32, 4)
+    frag_columns(acol, bcol, q_s, lane)
+    qf = kaio.local(u32, (DP // 16, 4))
+    if QREG:
+        load_a(qf, q_s, warp * 16, acol, lane, DP)
+    m = kaio.local(f32, 2)
+    l = kaio.local(f32, 2)
+    for h in kaio.static_range(2):
+        m[h] = NEG_INF
+        l[h] = 0.0
+    o = kaio.local(f32, (DP // 8, 4))
+    for n in kaio.static_range(DP // 8):
+        for e in kaio.static_range(4):
+            o[n, e] = 0.0
+    s = kaio.local(f32, (BN // 8, 4))
+    for t in range(n_tiles):
+        if not QREG:
+            load_a(qf, q_s, warp * 16, acol, lane, DP)
+        dot_rows(s, qf, k_s, bcol, lane, BN // 8, DP)  # S = Q K^T
+        kaio.sync_threads()  # k_s is free
+        if t + 1 < n_tiles:
+            load_tile(k_s, k, k_base, (t + 1) * BN, sk, d, tid, BN, DP, THREADS, VEC)
+        kaio.cp_async_commit()
+
+        # online softmax; this lane holds rows g (h = 0) and g + 8 (h = 1)
+        # (a tile of keys all valid for every row of the block needs no mask)
+        masked = (t + 1) * BN > sk or (causal != 0 and (t + 1) * BN > q0 + 1)
+        for h in kaio.static_range(2):
+            if masked:
+                row = q0 + warp * 16 + g + 8 * h
+                for n in kaio.static_range(BN // 8):
+                    for e in kaio.static_range(2):
+                        key = t * BN + n * 8 + lane % 4 * 2 + e
+                        ok = key < sk and (causal == 0 or key <= row)
+                        s[n, 2 * h + e] = kaio.select(ok, s[n, 2 * h + e], NEG_INF)
+            top = NEG_INF
+            for n in kaio.static_range(BN // 8):
+                for e in kaio.static_range(2):
+                    top = kaio.max(top, s[n, 2 * h + e])
+            top = kaio.max(top, kaio.shfl_xor(top, 1))
+            top = kaio.max(top, kaio.shfl_xor(top, 2))
+            m_new = kaio.max(m[h], top * scale_log2)
+            base = kaio.select(m_new == NEG_INF, 0.0, m_new)
+            alpha = kaio.exp2(m[h] - base)
+            m[h] = m_new
+            total = 0.0
+            for n in kaio.static_range(BN // 8):
+                for e in kaio.static_range(2):
+                    p = kaio.exp2(kaio.fma(s[n, 2 * h + e], scale_log2, -base))
+                    s[n, 2 * h + e] = p
+                    total += p
+            l[h] = l[h] * alpha + total
+            for n in kaio.static_range(DP // 8):
+                for e in kaio.static_range(2):
+                    o[n, 2 * h + e] = o[n, 2 * h + e] * alpha
+        kaio.cp_async_wait(1)  # V of tile t has landed
+        kaio.sync_threads()
+        acc_rows(o, s, v_s, acol, lane, BN // 8, DP)  # O += P V
+        kaio.sync_threads()  # v_s is free
+        if t + 1 < n_tiles:
+            load_tile(v_s, v, v_base, (t + 1) * BN, sk, dv, tid, BN, DP, THREADS, VEC)
+        kaio.cp_async_commit()
+        kaio.cp_async_wait(1)  # K of tile t + 1 has landed
+        kaio.sync_threads()
+
+    for h in kaio.static_range(2):
+        total = l[h] + kaio.shfl_xor(l[h], 1)
+        total += kaio.shfl_xor(total, 2)
+        row = q0 + warp * 16 + g + 8 * h
+        if row < sq:
+            inv = kaio.select(total > 0.0, 1.0 / total, 0.0)
+            store_out(out, (bh * sq + row) * dv, o, h, inv, lane, dv, DP, VEC)
+            if lane % 4 == 0:
+                lse[bh * sq + row] = kaio.select(
+                    total > 0.0, (m[h] + kaio.log2(total)) * LN2, NEG_INF
+                )
+
+
+@kaio.gpu_kernel(block_size=256)
+def row_dot(o: DT[:], do: DT[:], delta: f32[:], rows: u32, d: u32):
+    """delta[row] = sum(o[row] * do[row]) in f32 for the flat [rows, d] arrays, a warp a
+    row: the backward's rowsum(dO * O) (the f32 SIMT backward's too)."""
+    row = kaio.block_idx_x() * 8 + kaio.warp_id()
+    if row < rows:
+        acc = 0.0
+        for col in range(kaio.lane_id(), d, 32):
+            acc += f32(o[row * d + col]) * f32(do[row * d + col])
+        acc = warp_sum(acc)
+        if kaio.lane_id() == 0:
+            delta[row] = acc
+
+
+@kaio.gpu_kernel
+def attention_bwd_dq(
+    q: DT[:],
+    k: DT[:],
+    v: DT[:],
+    do: DT[:],
+    lse: f32[:],
+    delta: f32[:],
+    dq: OT[:],
+    sq: u32,
+    sk: u32,
+    d: u32,
+    heads: u32,
+    group: u32,
+    scale_log2: f32,
+    scale: f32,
+    causal: u32,
+    DP: kaio.constexpr,
+    BN: kaio.constexpr,
+):
+    """dQ of the 64 query rows of block x and head ``bh`` = block y: over the key tiles (BN
+    keys) they see, P = exp2(S * scale_log2 - lse2) and dP = dO V^T from the tiles, then
+    dS = P * (dP - delta) and dQ += dS K; finally dQ *= scale. Q, dO: [.., sq, d], K, V:
+    [.., sk, d] (16-byte rows), all flat."""
+    THREADS = 128
+    kaio.launch_bounds(THREADS, 1)
+    tid = kaio.thread_idx_x()
+    lane = kaio.lane_id()
+    warp = tid // 32
+    g = lane // 4
+    bh = kaio.block_idx_y()
+    kvh = bh // heads * (heads // group) + bh % heads // group
+    q_base = bh * sq * d
+    k_base = kvh * sk * d
+    q0 = (kaio.grid_dim_x() - 1 - kaio.block_idx_x()) * 64
+    q_s = kaio.shared_dynamic(DT, (64, DP), 0)
+    do_s = kaio.shared_dynamic(DT, (64, DP), 64 * DP * 2)
+    k_s = kaio.shared_dynamic(DT, (BN, DP), 128 * DP * 2)
+    v_s = kaio.shared_dynamic(DT, (BN, DP), (128 + BN) * DP * 2)
+    load_tile(q_s, q, q_base, q0, sq, d, tid, 64, DP, THREADS, True)
+    load_tile(do_s, do, q_base, q0, sq, d, tid, 64, DP, THREADS, True)
+    kaio.cp_async_commit()
+
+    acol = kaio.local(u32, 4)
+    bcol = kaio.local(u32, 4)
+    frag_columns(acol, bcol, q_s, lane)
+    lse2 = kaio.local(f32, 2)
+    dlt = kaio.local(f32, 2)
+    for h in kaio.static_range(2):
+        row = q0 + warp * 16 + g + 8 * h
+        at = bh * sq + kaio.select(row < sq, row, 0)
+        lse2[h] = kaio.select(row < sq, lse_log2(lse[at]), POS_INF)
+        dlt[h] = delta[at]
+    n_tiles = (sk + BN - 1) // BN
+    if causal != 0:
+        n_tiles = kaio.min(n_tiles, (q0 + 64 + BN - 1) // BN)
+    acc = kaio.local(f32, (DP // 8, 4))
+    for n in kaio.static_range(DP // 8):
+        for e in kaio.static_range(4):
+            acc[n, e] = 0.0
+    af = kaio.local(u32, (DP // 16, 4))
+    s = kaio.local(f32, (BN // 8, 4))
+    dp = kaio.local(f32, (BN // 8, 4))
+    for t in range(n_tiles):
+        kaio.sync_threads()  # the last tile's k_s, v_s are free
+        load_tile(k_s, k, k_base, t * BN, sk, d, tid, BN, DP, THREADS, True)
+        load_tile(v_s, v, k_base, t * BN, sk, d, tid, BN, DP, THREADS, True)
+        kaio.cp_async_wait_all()
+        kaio.sync_threads()
+        load_a(af, q_s, warp * 16, acol, lane, DP)
+        dot_rows(s, af, k_s, bcol, lane, BN // 8, DP)  # S = Q K^T
+        load_a(af, do_s, warp * 16, acol, lane, DP)
+        dot_rows(dp, af, v_s, bcol, lane, BN // 8, DP)  # dP = dO V^T
+        for h in kaio.static_range(2):
+            row = q0 + warp * 16 + g + 8 * h
+            for n in kaio.static_range(BN // 8):
+                for e in kaio.static_range(2):
+                    key = t * BN + n * 8 + lane % 4 * 2 + e
+                    ok = key < sk and (causal == 0 or key <= row)
+                    x = kaio.exp2(kaio.fma(s[n, 2 * h + e], scale_log2, -lse2[h]))
+                    p = kaio.select(ok, x, 0.0)
+                    s[n, 2 * h + e] = p * (dp[n, 2 * h + e] - dlt[h])  # dS
+        acc_rows(acc, s, k_s, acol, lane, BN // 8, DP)  # dQ += dS K
+    for h in kaio.static_range(2):
+        row = q0 + warp * 16 + g + 8 * h
+        if row < sq:
+            store_out(dq, (bh * sq + row) * d, acc, h, scale, lane, d, DP, True)
+
+
+@kaio.gpu_kernel
+def attention_bwd_dkdv(
+    q: DT[:],
+    k: DT[:],
+    v: DT[:],
+    do: DT[:],
+    lse: f32[:],
+    delta: f32[:],
+    dk: OT[:],
+    dv: OT[:],
+    sq: u32,
+    sk: u32,
+    d: u32,
+    heads: u32,
+    group: u32,
+    scale_log2: f32,
+    scale: f32,
+    causal: u32,
+    DP: kaio.constexpr,
+    BQ: kaio.constexpr,
+):
+    """dK and dV of the 64 keys of block x and K/V head ``kvh`` = block y, summed over the
+    ``group`` query heads that read it and their query tiles (BQ rows) that see these keys:
+    P^T = exp2(K Q^T * scale_log2 - lse2), dP^T = V dO^T, dV += P^T dO,
+    dK += dS^T Q with dS^T = P^T * (dP^T - delta); finally dK *= scale."""
+    THREADS = 128
+    kaio.launch_bounds(THREADS, 1)
+    tid = kaio.thread_idx_x()
+    lane = kaio.lane_id()
+    warp = tid // 32
+    g = lane // 4
+    kvh = kaio.block_idx_y()
+    kv_heads = heads // group
+    first_head = kvh // kv_heads * heads + kvh % kv_heads * group
+    k_base = kvh * sk * d
+    k0 = kaio.block_idx_x() * 64  # causal: the first key tiles see the most queries
+    k_s = kaio.shared_dynamic(DT, (64, DP), 0)
+    v_s = kaio.shared_dynamic(DT, (64, DP), 64 * DP * 2)
+    q_s = kaio.shared_dynamic(DT, (BQ, DP), 128 * DP * 2)
+    do_s = kaio.shared_dynamic(DT, (BQ, DP), (128 + BQ) * DP * 2)
+    load_tile(k_s, k, k_base, k0, sk, d, tid, 64, DP, THREADS, True)
+    load_tile(v_s, v, k_base, k0, sk, d, tid, 64, DP, THREADS, True)
+    kaio.cp_async_wait_all()
+    kaio.sync_threads()
+
+    acol = kaio.local(u32, 4)
+    bcol = kaio.local(u32, 4)
+    frag_columns(acol, bcol, k_s, lane)
+    KVREG = DP <= 64  # K and V fragments stay in registers (else: re-read each tile)
+    kf = kaio.local(u32, (DP // 16, 4))
+    vf = kaio.local(u32, (DP // 16, 4))
+    if KVREG:
+        load_a(kf, k_s, warp * 16, acol, lane, DP)
+        load_a(vf, v_s, warp * 16, acol, lane, DP)
+    dka = kaio.local(f32, (DP // 8, 4))
+    dva = kaio.local(f32, (DP // 8, 4))
+    for n in kaio.static_range(DP // 8):
+        for e in kaio.static_range(4):
+            dka[n, e] = 0.0
+            dva[n, e] = 0.0
+    first = u32(0)
+    if causal != 0:
+        first = k0 // BQ  # queries before k0 see none of these keys
+    n_tiles = (sq + BQ - 1) // BQ
+    st = kaio.local(f32, (BQ // 8, 4))
+    dpt = kaio.local(f32, (BQ // 8, 4))
+    for j in range(group):
+        bh = first_head + j
+        q_base = bh * sq * d
+        for t in range(first, n_tiles):
+            kaio.sync_threads()  # the last tile's q_s, do_s are free
+            load_tile(q_s, q, q_base, t * BQ, sq, d, tid, BQ, DP, THREADS, True)
+            load_tile(do_s, do, q_base, t * BQ, sq, d, tid, BQ, DP, THREADS, True)
+            kaio.cp_async_wait_all()
+            kaio.sync_threads()
+            if not KVREG:
+                load_a(kf, k_s, warp * 16, acol, lane, DP)
+            dot_rows(st, kf, q_s, bcol, lane, BQ // 8, DP)  # S^T = K Q^T
+            if not KVREG:
+                load_a(kf, v_s, warp * 16, acol, lane, DP)
+                dot_rows(dpt, kf, do_s, bcol, lane, BQ // 8, DP)  # dP^T = V dO^T
+            else:
+                dot_rows(dpt, vf, do_s, bcol, lane, BQ // 8, DP)
+            for n in kaio.static_range(BQ // 8):
+                for e in kaio.static_range(2):
+                    query = t * BQ + n * 8 + lane % 4 * 2 + e
+                    at = bh * sq + kaio.select(query < sq, query, 0)
+                    l2 = kaio.select(query < sq, lse_log2(lse[at]), POS_INF)
+                    dl = delta[at]
+                    for h in kaio.static_range(2):
+                        key = k0 + warp * 16 + g + 8 * h
+                        x = kaio.exp2(kaio.fma(st[n, 2 * h + e], scale_log2, -l2))
+                        p = kaio.select(causal == 0 or key <= query, x, 0.0)
+                        st[n, 2 * h + e] = p
+                        dpt[n, 2 * h + e] = p * (dpt[n, 2 * h + e] - dl)  # dS^T
+            acc_rows(dva, st, do_s, acol, lane, BQ // 8, DP)  # dV += P^T dO
+            acc_rows(dka, dpt, q_s, acol, lane, BQ // 8, DP)  # dK += dS^T Q
+    for h in kaio.static_range(2):
+        key = k0 + warp * 16 + g + 8 * h
+        if key < sk:
+            store_out(dk, k_base + key * d, dka, h, scale, lane, d, DP, True)
+            store_out(dv, k_base + key * d, dva, h, 1.0, lane, d, DP, True)

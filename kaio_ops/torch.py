@@ -1,0 +1,631 @@
+"""PyTorch integration: every kaio_ops op as a torch custom operator, ``torch.ops.kaio.<name>``.
+
+``import kaio_ops.torch`` registers each op of ``kaio_ops`` with ``torch.library`` (namespace
+``kaio``): ``torch.ops.kaio.rms_norm(x, w)``, or ``kaio_ops.torch.rms_norm(x, w)``. Each op has
+
+- a real implementation: the kaio_ops function, launched on torch's current CUDA stream, with
+  no device synchronization (so it can be captured in a CUDA graph). Non-contiguous inputs are
+  made contiguous first (a copy); CPU tensors are refused with a ``ValueError``, except inside
+  ``with kaio.simulate():``, where they run on kaio's CPU simulator (as NumPy arrays do);
+- a fake (meta) implementation giving the outputs' shapes and dtypes, so ``torch.compile``
+  traces through the op without a graph break, and meta tensors work;
+- an autograd formula (``Grad``) or, for forward-only ops (quantized, short-sequence
+  attention), a backward that raises a ``RuntimeError`` saying so.
+
+Gradients: the matmuls differentiate through kaio's own matmul (``matmul_grads``: the f32
+output gradient is split into two f16/bf16 parts after a power-of-two scaling per row or
+column), rope through kaio's rope (the inverse rotation); the other memory-bound ops have
+backward formulas written with torch ops, computed in f32. docs/torch.md has the details and
+the measured errors.
+
+The registration is table-driven: ``OPS`` holds one ``OpSpec`` per op (its schema, its fake
+and its gradient). An op of ``kaio_ops`` is registered when its name is in ``OPS``; adding an
+op is one line there. Entries for ops that ``kaio_ops`` does not export (yet) are skipped.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+try:
+    import torch  # absolute import: the real PyTorch, not this module
+except ImportError as e:  # pragma: no cover - exercised only without torch
+    raise ImportError(
+        "kaio_ops.torch needs PyTorch: pip install 'kaio[torch]' (or a torch build of your choice)"
+    ) from e
+
+import kaio_ops
+from kaio.sim.mode import active as simulating
+
+__all__ = [
+    "Composite",
+    "Grad",
+    "OPS",
+    "OpSpec",
+    "REGISTERED",
+    "differentiable",
+    "matmul_grad_parts",
+    "matmul_grads",
+    "register",
+    "set_matmul_grad_parts",
+]
+
+NAMESPACE = "kaio"
+HALF = (torch.float16, torch.bfloat16)
+
+
+# ---------------------------------------------------------------------------- the table
+@dataclass(frozen=True)
+class Grad:
+    """An op's backward.
+
+    ``fn(saved, needs, *grads) -> {input name: gradient}``: ``saved`` has as attributes the
+    tensors named in ``saves`` (inputs by their schema names, outputs as ``out`` or ``out0``,
+    ``out1``, ...), every non-tensor argument, and ``shapes`` (each tensor input's shape);
+    ``needs`` maps each input name to whether its gradient is wanted; ``grads`` are the
+    outputs' gradients. Gradients are cast to their input's dtype afterwards; names missing
+    from the result get no gradient.
+    """
+
+    fn: Callable[..., dict]
+    saves: tuple[str, ...] = ()
+    constant_outputs: tuple[int, ...] = ()  # outputs with no gradient (statistics, say)
+
+
+@dataclass(frozen=True)
+class Composite:
+    """An op written with another kaio op, ``of``: ``fn`` is registered as its
+    CompositeImplicitAutograd kernel, so its fake implementation and gradient are those of
+    the ops ``fn`` calls (and torch.compile traces through it)."""
+
+    of: str
+    fn: Callable
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """How one kaio_ops op is registered as ``torch.ops.kaio.<name>``.
+
+    ``schema``: the torch schema of its arguments and results, with the argument names and
+    defaults of the Python function (tests check that they agree); ``fake``: called with the
+    (fake or meta) arguments, returns empty outputs of the right shapes and dtypes (None for a
+    ``Composite``); ``grad``: its ``Grad``, a string saying why the op has no gradient
+    (forward-only), or a ``Composite``.
+    """
+
+    name: str
+    schema: str
+    fake: Callable | None
+    grad: Grad | str | Composite
+
+
+# ---------------------------------------------------------------------------- fakes
+def _like(x, *_):
+    """One output of x's shape and dtype."""
+    return x.new_empty(x.shape)
+
+
+def _two_like(x, *_):
+    """Two outputs of x's shape and dtype."""
+    return x.new_empty(x.shape), x.new_empty(x.shape)
+
+
+def _f32(x, *shape):
+    """An f32 output of ``shape`` on x's device."""
+    return x.new_empty(shape, dtype=torch.float32)
+
+
+def _matmul_out(a, b, *_):
+    """A [M, K] @ B [K, N] -> f32 [M, N] (b: the weights, packed or not)."""
+    return _f32(a, a.shape[0], b.shape[1])
+
+
+def _attention_f32(q, k, v):
+    """Single-head attention -> f32 [Sq, Dv]."""
+    return _f32(q, q.shape[0], v.shape[1])
+
+
+def _flash_stats_out(q, k, v, *_):
+    """f32 flash attention with stats: (out [S, Dv], logsumexp [S])."""
+    return _attention_f32(q, k, v), _f32(q, q.shape[0])
+
+
+def _flash_bwd_out(do, q, k, v, *_):
+    """(dq, dk, dv) shaped like q, k, v, in f32."""
+    return tuple(_f32(t, *t.shape) for t in (q, k, v))
+
+
+def _mh_stats_out(q, k, v, *_):
+    """Multi-head flash attention with stats: (out like q, logsumexp f32 [B, H, S])."""
+    return q.new_empty(q.shape), _f32(q, *q.shape[:3])
+
+
+def _mh_bwd_out(do, q, k, v, *_):
+    """(dq, dk, dv) like q, k, v."""
+    return tuple(t.new_empty(t.shape) for t in (q, k, v))
+
+
+def _qkv_out(x, wq, wk, wv, *_):
+    """Three f16 [M, N] outputs, N from each weight."""
+    return tuple(x.new_empty((x.shape[0], w.shape[1]), dtype=torch.float16) for w in (wq, wk, wv))
+
+
+def _blocks(values: int, nbytes: int) -> Callable:
+    """Fake of a GGUF quantizer: ``values`` f32/f16/bf16 values per block of ``nbytes``."""
+    return lambda x: x.new_empty((x.shape[0], x.shape[1] // values * nbytes), dtype=torch.uint8)
+
+
+def _unblocks(values: int, nbytes: int) -> Callable:
+    """Fake of a GGUF dequantizer: blocks of ``nbytes`` bytes to ``values`` f32 values."""
+    return lambda b: _f32(b, b.shape[0], b.shape[1] // nbytes * values)
+
+
+# ---------------------------------------------------------------------------- gradients
+def _acc(t: torch.Tensor) -> torch.Tensor:
+    """t in the precision backward formulas compute in: f32 for f16/bf16, else its own."""
+    return t.float() if t.dtype in HALF else t
+
+
+def _row_sum(t: torch.Tensor, n: int) -> torch.Tensor:
+    """The sum of t over every axis but the last (of length n): a gradient of a row vector."""
+    return t.reshape(-1, n).sum(0)
+
+
+def _to_shape(t: torch.Tensor, shape) -> torch.Tensor:
+    """t reduced to ``shape``: itself, or summed over rows for a broadcast row vector [N]."""
+    return t if tuple(t.shape) == tuple(shape) else _row_sum(t, t.shape[-1])
+
+
+def _silu_gate_grad(s, needs, dy):
+    x, gate, dy = _acc(s.x), _acc(s.gate), _acc(dy)
+    sig = torch.sigmoid(x)
+    return {"x": dy * gate * sig * (1 + x * (1 - sig)), "gate": dy * x * sig}
+
+
+def _gelu_grad(s, needs, dy):
+    return {"x": torch.ops.aten.gelu_backward(_acc(dy), _acc(s.x), approximate=s.approximate)}
+
+
+def _add_grad(s, needs, dy):
+    return {"x": dy, "y": _to_shape(_acc(dy), s.shapes["y"])}
+
+
+def _mul_grad(s, needs, dy):
+    dy = _acc(dy)
+    return {"x": dy * _acc(s.y), "y": _to_shape(dy * _acc(s.x), s.shapes["y"])}
+
+
+def _rms_norm_grads(x, w, dy, eps: float):
+    """(dx, dw) of ``x / sqrt(mean(x**2) + eps) * w``, computed in f32 (or f64)."""
+    x, w, dy = _acc(x), _acc(w), _acc(dy)
+    r = torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
+    g = dy * w
+    dx = r * (g - x * (r * r) * (g * x).mean(-1, keepdim=True))
+    return dx, _row_sum(dy * x * r, x.shape[-1])
+
+
+def _rms_norm_grad(s, needs, dy):
+    dx, dw = _rms_norm_grads(s.x, s.w, dy, s.eps)
+    return {"x": dx, "w": dw}
+
+
+def _rms_norm_residual_grad(s, needs, d_out, d_sum):
+    # out = rms_norm(sum, w), sum = residual + x (rounding to the dtype taken as the identity)
+    dsum, dw = _rms_norm_grads(s.out1, s.w, d_out, s.eps)
+    dsum = dsum + _acc(d_sum)
+    return {"x": dsum, "residual": dsum, "w": dw}
+
+
+def _layer_norm_grad(s, needs, dy):
+    x, w, dy = _acc(s.x), _acc(s.w), _acc(dy)
+    centered = x - x.mean(-1, keepdim=True)
+    rstd = torch.rsqrt(centered.square().mean(-1, keepdim=True) + s.eps)
+    xhat = centered * rstd
+    g = dy * w
+    dx = rstd * (g - g.mean(-1, keepdim=True) - xhat * (g * xhat).mean(-1, keepdim=True))
+    n = x.shape[-1]
+    return {"x": dx, "w": _row_sum(dy * xhat, n), "b": _row_sum(dy, n)}
+
+
+def _softmax_grad(s, needs, dy):
+    y, dy = _acc(s.out), _acc(dy)
+    return {"x": y * (dy - (dy * y).sum(-1, keepdim=True))}
+
+
+def _pairs(t: torch.Tensor, interleaved: bool) -> tuple:
+    """The two members of each rotated pair of t's last axis (views)."""
+    if interleaved:
+        return t[..., 0::2], t[..., 1::2]
+    half = t.shape[-1] // 2
+    return t[..., :half], t[..., half:]
+
+
+def _rope_grad(s, needs, dy):
+    grads = {}
+    if needs["x"]:  # the inverse rotation: rope with -sin, on kaio's kernel
+        grads["x"] = torch.ops.kaio.rope(dy, s.cos, torch.neg(s.sin), s.interleaved)
+    if needs["cos"] or needs["sin"]:  # torch ops; a 3-D x shares cos/sin over its heads
+        (xa, xb), (ga, gb) = _pairs(_acc(s.x), s.interleaved), _pairs(_acc(dy), s.interleaved)
+        dcos, dsin = ga * xa + gb * xb, gb * xa - ga * xb
+        if dcos.dim() == 3:
+            dcos, dsin = dcos.sum(1), dsin.sum(1)
+        grads["cos"], grads["sin"] = dcos, dsin
+    return grads
+
+
+_matmul_parts = 2
+
+
+def matmul_grad_parts() -> int:
+    """How many f16/bf16 parts the matmul backward splits the f32 output gradient into."""
+    return _matmul_parts
+
+
+def set_matmul_grad_parts(parts: int) -> None:
+    """Set the matmul backward's split of the f32 output gradient: 2 (the default: hi + lo,
+    about 22 significant bits for f16, 16 for bf16, at twice the backward's matmul work) or 1
+    (one scaled cast: 11 or 8 bits). Read when the backward runs (or is traced)."""
+    global _matmul_parts
+    if parts not in (1, 2):
+        raise ValueError(f"matmul gradient parts must be 1 or 2, got {parts!r}")
+    _matmul_parts = parts
+
+
+def _split(g: torch.Tensor, dim: int, dtype: torch.dtype, parts: int):
+    """f32 ``g`` scaled by a power of two per row (``dim=1``) or column (``dim=0``), so that
+    the largest magnitude of each lies in [2^14, 2^15), then split into ``parts`` arrays of
+    ``dtype`` that sum to it (each part rounds what the previous ones left); returns (parts,
+    1 / scale). Power-of-two scales are exact, and they keep f16 parts from overflowing or
+    losing small gradients to underflow. No device synchronization: the scales stay tensors.
+    """
+    _, exponent = torch.frexp(g.abs().amax(dim=dim, keepdim=True))
+    k = (15 - exponent).clamp(-126, 126)  # amax * 2^k in [2^14, 2^15)
+    scale = ((k + 127) << 23).view(torch.float32)  # 2^k, built from its bits
+    inverse = ((127 - k) << 23).view(torch.float32)
+    rest = g * scale
+    out = []
+    for _ in range(parts - 1):
+        hi = rest.to(dtype)
+        out.append(hi)
+        rest = rest - hi.float()
+    out.append(rest.to(dtype))
+    return out, inverse
+
+
+def matmul_grads(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    dc: torch.Tensor,
+    op: str = "matmul_tc",
+    parts: int | None = None,
+    need_a: bool = True,
+    need_b: bool = True,
+):
+    """The gradients ``(dA, dB)`` of ``C = A @ B`` in f32, through kaio's matmul ``op``:
+    ``dA = dC @ B^T`` and ``dB = A^T @ dC``.
+
+    kaio's matmul takes f16/bf16 operands while ``dC`` is f32: ``dC`` is scaled by a power of
+    two per row (for dA) or per column (for dB) and split into ``parts`` (default
+    ``matmul_grad_parts()``) arrays of A's dtype; the parts are concatenated along the inner
+    dimension against repeated copies of the other operand, so one matmul sums them in its
+    f32 accumulators: ``dA = ([hi, lo] @ [B^T; B^T]) / scale``. The transposes are
+    materialized (row-major copies, made by ``repeat``). A gradient not needed is None.
+    """
+    parts = parts or _matmul_parts
+    matmul = getattr(torch.ops.kaio, op)
+    dc = dc.float()
+    da = db = None
+    if need_a:
+        pieces, inverse = _split(dc, 1, a.dtype, parts)
+        da = matmul(torch.cat(pieces, 1), b.t().repeat(parts, 1)) * inverse
+    if need_b:
+        pieces, inverse = _split(dc, 0, a.dtype, parts)
+        db = matmul(a.t().repeat(1, parts), torch.cat(pieces, 0)) * inverse
+    return da, db
+
+
+def _flash_grad(s, needs, d_out, d_lse):
+    # FlashAttention-2's backward from the saved output and logsumexp (no forward recompute);
+    # the logsumexp output is marked as having no gradient
+    bwd = "attention_flash_bwd_causal" if s.causal else "attention_flash_bwd"
+    dq, dk, dv = getattr(torch.ops.kaio, bwd)(d_out, s.q, s.k, s.v, s.out0, s.out1)
+    return {"q": dq, "k": dk, "v": dv}
+
+
+def _flash_attention_grad(s, needs, d_out, d_lse):
+    # the same for the multi-head op, on tensor cores (dK, dV summed over each K/V group)
+    dq, dk, dv = torch.ops.kaio.flash_attention_bwd(
+        d_out, s.q, s.k, s.v, s.out0, s.out1, s.causal, s.scale
+    )
+    return {"q": dq, "k": dk, "v": dv}
+
+
+def _matmul_grad(op: str) -> Grad:
+    """The Grad of the matmul op ``op``: backward through ``op`` itself."""
+
+    def fn(s, needs, dc):
+        da, db = matmul_grads(s.a, s.b, dc, op, need_a=needs["a"], need_b=needs["b"])
+        return {"a": da, "b": db}
+
+    return Grad(fn, ("a", "b"))
+
+
+_MATMUL = "(Tensor a, Tensor b) -> Tensor"
+_QUANTIZED = "a quantized op is forward-only (its integer operands have no gradient)"
+_SHORT = "short-sequence tensor-core attention is forward-only; use flash attention to train"
+_BACKWARD = "it is a backward op (no second derivative)"
+_QKV = "(Tensor q, Tensor k, Tensor v) -> Tensor"
+_MH = "(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None)"
+_FLASH_BWD = (
+    "(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse) -> (Tensor, Tensor, Tensor)"
+)
+
+OPS: tuple[OpSpec, ...] = (
+    OpSpec("matmul_tc", _MATMUL, _matmul_out, _matmul_grad("matmul_tc")),
+    OpSpec("matmul_tc_async", _MATMUL, _matmul_out, _matmul_grad("matmul_tc_async")),
+    OpSpec("matmul_tc_bf16", _MATMUL, _matmul_out, _matmul_grad("matmul_tc_bf16")),
+    OpSpec("matmul_tc_bf16_async", _MATMUL, _matmul_out, _matmul_grad("matmul_tc_bf16_async")),
+    OpSpec(
+        "silu_gate",
+        "(Tensor x, Tensor gate) -> Tensor",
+        _like,
+        Grad(_silu_gate_grad, ("x", "gate")),
+    ),
+    OpSpec("gelu", "(Tensor x, str approximate='tanh') -> Tensor", _like, Grad(_gelu_grad, ("x",))),
+    OpSpec("add", "(Tensor x, Tensor y) -> Tensor", _like, Grad(_add_grad)),
+    OpSpec("mul", "(Tensor x, Tensor y) -> Tensor", _like, Grad(_mul_grad, ("x", "y"))),
+    OpSpec(
+        "rms_norm",
+        "(Tensor x, Tensor w, float eps=1e-06) -> Tensor",
+        _like,
+        Grad(_rms_norm_grad, ("x", "w")),
+    ),
+    OpSpec(
+        "rms_norm_residual",
+        "(Tensor x, Tensor residual, Tensor w, float eps=1e-06) -> (Tensor, Tensor)",
+        _two_like,
+        Grad(_rms_norm_residual_grad, ("w", "out1")),
+    ),
+    OpSpec(
+        "layer_norm",
+        "(Tensor x, Tensor w, Tensor b, float eps=1e-05) -> Tensor",
+        _like,
+        Grad(_layer_norm_grad, ("x", "w")),
+    ),
+    OpSpec("softmax", "(Tensor x) -> Tensor", _like, Grad(_softmax_grad, ("out",))),
+    OpSpec(
+        "rope",
+        "(Tensor x, Tensor cos, Tensor sin, bool interleaved=False) -> Tensor",
+        _like,
+        Grad(_rope_grad, ("x", "cos", "sin")),
+    ),
+    # Ops of shared/API.md section 5 registered as soon as kaio_ops exports them.
+    OpSpec(
+        "matmul_int8", "(Tensor a, Tensor b, float scale=1.0) -> Tensor", _matmul_out, _QUANTIZED
+    ),
+    OpSpec(
+        "matmul_int4",
+        "(Tensor a, Tensor b_packed, Tensor scales) -> Tensor",
+        _matmul_out,
+        _QUANTIZED,
+    ),
+    OpSpec(
+        "qkv_project_int8",
+        "(Tensor x, Tensor wq, Tensor wk, Tensor wv, float sq, float sk, float sv)"
+        " -> (Tensor, Tensor, Tensor)",
+        _qkv_out,
+        _QUANTIZED,
+    ),
+    OpSpec(
+        "qkv_project_int4",
+        "(Tensor x, Tensor wq, Tensor wk, Tensor wv, Tensor sq, Tensor sk, Tensor sv)"
+        " -> (Tensor, Tensor, Tensor)",
+        _qkv_out,
+        _QUANTIZED,
+    ),
+    OpSpec("quantize_q8_0", "(Tensor x) -> Tensor", _blocks(32, 34), _QUANTIZED),
+    OpSpec("quantize_q6_k", "(Tensor x) -> Tensor", _blocks(256, 210), _QUANTIZED),
+    OpSpec("dequantize_q8_0", "(Tensor blocks) -> Tensor", _unblocks(32, 34), _QUANTIZED),
+    OpSpec("dequantize_q6_k", "(Tensor blocks) -> Tensor", _unblocks(256, 210), _QUANTIZED),
+    OpSpec("attention_tc", _QKV, _attention_f32, _SHORT),
+    OpSpec("attention_tc_causal", _QKV, _attention_f32, _SHORT),
+    OpSpec(
+        "attention_flash_with_stats",
+        "(Tensor q, Tensor k, Tensor v, bool causal=False) -> (Tensor, Tensor)",
+        _flash_stats_out,
+        Grad(_flash_grad, ("q", "k", "v", "out0", "out1"), constant_outputs=(1,)),
+    ),
+    OpSpec(
+        "attention_flash",
+        _QKV,
+        None,
+        Composite(
+            "attention_flash_with_stats",
+            lambda q, k, v: torch.ops.kaio.attention_flash_with_stats(q, k, v, False)[0],
+        ),
+    ),
+    OpSpec(
+        "attention_flash_causal",
+        _QKV,
+        None,
+        Composite(
+            "attention_flash_with_stats",
+            lambda q, k, v: torch.ops.kaio.attention_flash_with_stats(q, k, v, True)[0],
+        ),
+    ),
+    OpSpec("attention_flash_bwd", _FLASH_BWD, _flash_bwd_out, _BACKWARD),
+    OpSpec("attention_flash_bwd_causal", _FLASH_BWD, _flash_bwd_out, _BACKWARD),
+    OpSpec(
+        "flash_attention_with_stats",
+        f"{_MH} -> (Tensor, Tensor)",
+        _mh_stats_out,
+        Grad(_flash_attention_grad, ("q", "k", "v", "out0", "out1"), constant_outputs=(1,)),
+    ),
+    OpSpec(
+        "flash_attention",
+        f"{_MH} -> Tensor",
+        None,
+        Composite(
+            "flash_attention_with_stats",
+            lambda q, k, v, causal=False, scale=None: torch.ops.kaio.flash_attention_with_stats(
+                q, k, v, causal, scale
+            )[0],
+        ),
+    ),
+    OpSpec(
+        "flash_attention_bwd",
+        "(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, bool causal=False,"
+        " float? scale=None) -> (Tensor, Tensor, Tensor)",
+        _mh_bwd_out,
+        _BACKWARD,
+    ),
+)
+
+
+# ---------------------------------------------------------------------------- the glue
+def _check_devices(name: str, names: list, args) -> None:
+    """Refuse tensors kaio cannot run on: CPU tensors outside ``kaio.simulate()``."""
+    for arg_name, a in zip(names, args, strict=False):
+        if not isinstance(a, torch.Tensor) or a.device.type in ("cuda", "meta"):
+            continue
+        if a.device.type == "cpu" and simulating():
+            continue
+        raise ValueError(
+            f"kaio.{name}: argument {arg_name!r} is a {a.device.type.upper()} tensor; kaio ops "
+            "run on CUDA tensors (move it with .cuda()), or on kaio's CPU simulator inside "
+            "`with kaio.simulate():`. Nothing falls back to the CPU silently."
+        )
+
+
+def _to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A CPU tensor as a NumPy array sharing its memory (bf16 as ml_dtypes.bfloat16)."""
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def _from_numpy(a: np.ndarray) -> torch.Tensor:
+    """A NumPy array as a CPU tensor sharing its memory."""
+    if a.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+def _implementation(spec: OpSpec, names: list) -> Callable:
+    """The op's real implementation: checks devices, makes inputs contiguous and calls the
+    kaio_ops function (through NumPy on the simulator for CPU tensors)."""
+    fn = getattr(kaio_ops, spec.name)
+
+    def impl(*args):
+        _check_devices(spec.name, names, args)
+        args = [a.contiguous() if isinstance(a, torch.Tensor) else a for a in args]
+        if not simulating():
+            return fn(*args)
+        cpu = [
+            _to_numpy(a) if isinstance(a, torch.Tensor) and a.device.type == "cpu" else a
+            for a in args
+        ]
+        out = fn(*cpu)
+        return tuple(map(_from_numpy, out)) if isinstance(out, tuple) else _from_numpy(out)
+
+    return impl
+
+
+def _fake(spec: OpSpec, names: list) -> Callable:
+    """The op's fake implementation: the device check, then ``spec.fake``."""
+
+    def fake(*args):
+        _check_devices(spec.name, names, args)
+        return spec.fake(*args)
+
+    return fake
+
+
+def _autograd(spec: OpSpec, names: list) -> tuple[Callable, Callable]:
+    """(setup_context, backward) for ``torch.library.register_autograd``."""
+    grad = spec.grad
+
+    def setup_context(ctx, inputs, output):
+        if not isinstance(grad, Grad):
+            return
+        values = dict(zip(names, inputs, strict=True))
+        outputs = output if isinstance(output, tuple) else (output,)
+        tensors = {n: v for n, v in values.items() if isinstance(v, torch.Tensor)}
+        ctx.dtypes = {n: v.dtype for n, v in tensors.items()}
+        ctx.scalars = {n: v for n, v in values.items() if n not in tensors}
+        ctx.scalars["shapes"] = {n: tuple(v.shape) for n, v in tensors.items()}
+        if len(outputs) == 1:
+            values["out"] = outputs[0]
+        values.update({f"out{i}": o for i, o in enumerate(outputs)})
+        ctx.save_for_backward(*(values[n] for n in grad.saves))
+        if grad.constant_outputs:
+            ctx.mark_non_differentiable(*(outputs[i] for i in grad.constant_outputs))
+
+    def backward(ctx, *grads):
+        if not isinstance(grad, Grad):
+            raise RuntimeError(f"kaio.{spec.name} has no gradient: {grad}")
+        saved = dict(zip(grad.saves, ctx.saved_tensors, strict=True))
+        saved = types.SimpleNamespace(**ctx.scalars, **saved)
+        # needs_input_grad covers the arguments given, not the defaulted ones (no tensors)
+        needs = dict.fromkeys(names, False)
+        needs.update(zip(names, ctx.needs_input_grad, strict=False))
+        got = grad.fn(saved, needs, *grads)
+        return tuple(
+            got[n].to(ctx.dtypes[n]) if needs[n] and got.get(n) is not None else None for n in names
+        )
+
+    return setup_context, backward
+
+
+_LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")  # holds the composite ops
+
+
+def register(spec: OpSpec):
+    """Register ``spec`` as ``torch.ops.kaio.<name>`` (implementation, fake and autograd; for
+    a ``Composite``, its CompositeImplicitAutograd kernel) and return the op."""
+    if isinstance(spec.grad, Composite):
+        _LIBRARY.define(f"{spec.name}{spec.schema}")
+        _LIBRARY.impl(spec.name, spec.grad.fn, "CompositeImplicitAutograd")
+        return getattr(getattr(torch.ops, NAMESPACE), spec.name)
+    schema = torch._C.parse_schema(f"{NAMESPACE}::{spec.name}{spec.schema}")
+    names = [arg.name for arg in schema.arguments]
+    op = torch.library.custom_op(
+        f"{NAMESPACE}::{spec.name}",
+        _implementation(spec, names),
+        mutates_args=(),
+        schema=spec.schema,
+    )
+    op.register_fake(_fake(spec, names))
+    setup_context, backward = _autograd(spec, names)
+    op.register_autograd(backward, setup_context=setup_context)
+    return op
+
+
+def differentiable(name: str) -> bool:
+    """Whether the registered op ``name`` has a gradient."""
+    grad = REGISTERED[name].grad
+    if isinstance(grad, Composite):
+        return differentiable(grad.of)
+    return isinstance(grad, Grad)
+
+
+REGISTERED: dict[str, OpSpec] = {}
+for _spec in OPS:  # composites come after the ops they call
+    if hasattr(kaio_ops, _spec.name) and (
+        not isinstance(_spec.grad, Composite) or _spec.grad.of in REGISTERED
+    ):
+        register(_spec)
+        REGISTERED[_spec.name] = _spec
+
+
+def __getattr__(name: str):
+    """``kaio_ops.torch.<op>``: the registered op ``torch.ops.kaio.<op>``."""
+    if name in REGISTERED:
+        return getattr(getattr(torch.ops, NAMESPACE), name)
+    raise AttributeError(f"module 'kaio_ops.torch' has no attribute {name!r}")

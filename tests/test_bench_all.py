@@ -1,0 +1,147 @@
+"""``python -m bench all``: the suite runner, on small fake suites (CPU only, a few seconds): a
+suite that crashes or overruns its time is recorded with what it wrote, and the run goes on."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+import pytest
+
+from bench import report, suites
+from bench.__main__ import main as bench_main
+from bench.perfdata import RESULTS_FILE, Run
+
+WRITE = """
+import json, sys
+out = sys.argv[sys.argv.index("--out") + 1]
+def write(results, complete):
+    json.dump({"meta": {"complete": complete, "args": sys.argv[3:]}, "results": results},
+              open(out, "w"))
+rec = {"op": "add", "case": "f16 [8]", "impl": "kaio", "ok": True, "error": 0.0, "ms": 1.0,
+       "gbps": 10.0}
+"""
+
+SCRIPTS = {
+    "good.py": WRITE + "print('  add f16 [8] kaio=1000us')\nprint('| table |')\n"
+    "write([rec, dict(rec, impl='triton', ms=2.0)], True)\n",
+    "crash.py": WRITE + "write([rec], False)\nraise RuntimeError('kernel exploded')\n",
+    "slow.py": WRITE + "import time\nwrite([rec], False)\nprint('working', flush=True)\n"
+    "time.sleep(60)\n",
+    "silent.py": "print('no json')\n",
+}
+
+
+@pytest.fixture
+def fake_suites(tmp_path):
+    for name, text in SCRIPTS.items():
+        (tmp_path / name).write_text(textwrap.dedent(text))
+    s = suites.Suite
+    return (
+        s("good", str(tmp_path / "good.py"), "Good", ("--full",), ("--fast",), (1, 1)),
+        s("crash", str(tmp_path / "crash.py"), "Crash", expect=(1, 1)),
+        s("absent", str(tmp_path / "absent.py"), "Absent"),
+        s("silent", str(tmp_path / "silent.py"), "Silent", expect=(1, 1)),
+        s("slow", str(tmp_path / "slow.py"), "Slow", expect=(1, 1)),
+        s("other", str(tmp_path / "good.py"), "Not chosen"),
+        s("full only", str(tmp_path / "good.py"), "Not in quick runs", quick=None),
+    )
+
+
+def test_failures_are_recorded_and_the_run_goes_on(fake_suites, tmp_path, monkeypatch):
+    monkeypatch.setattr(suites, "KILL_GRACE_S", 1.0)
+    monkeypatch.setattr(suites, "MIN_START_S", 0.5)
+    out = tmp_path / "out"
+    chosen = ["good", "crash", "absent", "silent", "slow", "full only"]
+    path = suites.run_all(
+        out, quick=True, only=chosen, budget=4, suites=fake_suites, echo=False, probe=False
+    )
+    raw = json.loads(path.read_text())
+    got = {name: s["status"] for name, s in raw["suites"].items()}
+    assert got == {
+        "good": "ok",
+        "crash": "failed",
+        "absent": "missing",
+        "silent": "no data",
+        "slow": "timeout",
+        "other": "skipped",
+        "full only": "skipped",
+    }
+    assert raw["suites"]["full only"]["why"] == "not in a quick run"
+    good, crash, slow = raw["suites"]["good"], raw["suites"]["crash"], raw["suites"]["slow"]
+    assert good["data"]["meta"]["args"] == ["--fast"] and good["args"] == ["--fast"]
+    assert len(good["data"]["results"]) == 2
+    assert crash["rc"] == 1 and "RuntimeError: kernel exploded" in crash["log_tail"]
+    assert crash["data"]["meta"]["complete"] is False  # what it wrote before it crashed
+    assert slow["seconds"] < 8 and "working" in slow["log_tail"]
+    assert len(slow["data"]["results"]) == 1
+    log = (out / "log.txt").read_text()
+    assert "good" in log and "| table |" in log and "[bench] slow" in log
+    assert sorted(p.name for p in out.iterdir()) in (
+        ["log.txt", "results.json"],
+        ["log.txt", "plots.tar", "results.json"],
+    )
+    assert raw["meta"]["quick"] is True and "plots" in raw["meta"]
+    # the report reads it back
+    page = tmp_path / "performance.md"
+    monkeypatch.setattr(report.plots, "available", lambda: False)
+    report.write_report(out, page, tmp_path / "perf")
+    text = page.read_text()
+    assert "## Crash (`" in text and "kernel exploded" in text and "2.00x" in text
+
+
+def test_time_allotment():
+    assert suites.timeout_for(100, 10, [20, 30]) == 50  # the rest, less what later suites need
+    assert suites.timeout_for(100, 10, []) == 100
+    assert suites.timeout_for(40, 10, [20, 30]) == 10  # its own time first: later ones wait
+    assert suites.timeout_for(5, 10, [20]) == 5  # never past the budget
+    assert suites.timeout_for(-3, 10, []) == 0
+
+
+def test_a_suite_without_time_is_not_started(fake_suites, tmp_path):
+    path = suites.run_all(
+        tmp_path / "out", only=["good"], budget=0, suites=fake_suites, echo=False, probe=False
+    )
+    assert json.loads(path.read_text())["suites"]["good"]["status"] == "no time"
+
+
+def test_the_suite_table():
+    names = [s.name for s in suites.SUITES]
+    assert len(names) == len(set(names))
+    for s in suites.SUITES:
+        assert s.expect[1] <= s.expect[0] and s.path.name not in suites.HELPERS
+    quick = [s for s in suites.SUITES if s.quick is not None]
+    assert sum(s.expect[1] for s in quick) <= suites.BUDGET_S[True]  # a quick run runs them all
+
+
+def test_command_line(capsys, tmp_path):
+    assert bench_main(["list"]) == 0
+    assert "matmul" in capsys.readouterr().out
+    assert bench_main([]) == 2
+    with pytest.raises(SystemExit):
+        bench_main(["all", "--out", str(tmp_path), "--suites", "nope"])
+
+
+def test_report_command(tmp_path, monkeypatch):
+    monkeypatch.setattr(report.plots, "available", lambda: False)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / RESULTS_FILE).write_text(json.dumps({"meta": {}, "suites": {}}))
+    page = tmp_path / "p.md"
+    assert bench_main(["report", str(run), "--page", str(page), "--plots", str(tmp_path)]) == 0
+    assert page.read_text().startswith(report.MARK)
+    assert Run.load(run).suites == []
+
+
+def test_python_dash_m_bench(tmp_path):
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, "-m", "bench", "list"],
+        capture_output=True,
+        text=True,
+        cwd=suites.ROOT,
+        timeout=60,
+    )
+    assert out.returncode == 0 and "memory_ops.py" in out.stdout

@@ -1,0 +1,73 @@
+"""The frontend fuzzer, short run: random kernels (valid and invalid) either compile to PTX
+that ptxas accepts or raise ``kaio.CompileError``; never another exception, never a hang.
+
+``KAIO_FUZZ_EXAMPLES=3000 python -m pytest tests/test_fuzz_frontend.py`` runs it long
+(docs/testing.md)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import kaio
+from kaio.ptx.ptxas import find_ptxas
+from tests import frontend_fuzz
+
+pytestmark = pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
+
+EXAMPLES = int(os.environ.get("KAIO_FUZZ_EXAMPLES", 30))
+
+
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(frontend_fuzz.kernels())
+def test_random_kernels_compile_or_raise_compile_error(kernel):
+    source, constexprs = kernel
+    assert frontend_fuzz.compile_source(source, constexprs) in ("ptx", "error", "python")
+
+
+def test_known_kernels_take_each_outcome():
+    """The checker itself: a valid kernel gives PTX, a bad one a CompileError, a broken
+    signature is Python's business, and an exception of another kind escapes."""
+    head = "import kaio\nfrom kaio import *\n\n\n@kaio.gpu_kernel\n"
+    good = head + "def fuzzed(out0: f32[:], n: u32):\n    out0[0] = f32(n)\n"
+    bad = head + "def fuzzed(out0: f32[:], n: u32):\n    out0[0] = [1]\n"
+    syntax = head + "def fuzzed(out0: f32[:], n: u32):\n    break\n"
+    assert frontend_fuzz.compile_source(good, {}) == "ptx"
+    assert frontend_fuzz.compile_source(bad, {}) == "error"
+    assert frontend_fuzz.compile_source(syntax, {}) == "python"
+    with pytest.raises(kaio.LaunchError):  # not a CompileError: the fuzz test would fail
+        frontend_fuzz.compile_source(good, {"missing": 1})
+
+
+HEAD = "import kaio\nfrom kaio import *\n\n\n@kaio.gpu_kernel\ndef fuzzed(out0: f32[:], n: u32):\n"
+# What long fuzz runs found (each was a TypeError, a MemoryError or a hang before the fix).
+FOUND = {
+    "    for q in range(1 << 62):\n        pass": "ptx",  # a runtime loop, not a list
+    "    out0[0] = 1 << 2.5": "error",
+    "    out0[0] = (1 | 0.5) + n": "error",
+    "    out0[0] = 2 ** 2 ** 40": "error",
+    "    out0[0] = 1 << (1 << 40)": "error",
+    "    for q in kaio.static_range(10 ** 9):\n        out0[0] = 1": "error",
+    "    for q in kaio.static_range(0, 4, 0):\n        pass": "error",
+    "    out0[0] = None < 1": "error",
+    "    out0[0] = kaio.f32(10 ** 400)": "ptx",  # rounds to inf, as int -> float does
+    "    out0[0] = kaio.i32(1e308 * 10)": "ptx",  # saturates, as cvt does
+}
+
+
+@pytest.mark.parametrize("body", sorted(FOUND))
+def test_what_the_long_runs_found(body):
+    assert frontend_fuzz.compile_source(HEAD + body + "\n", {}, limit=10) == FOUND[body]
+
+
+def test_a_hang_is_reported():
+    with pytest.raises(frontend_fuzz.Timeout):
+        with frontend_fuzz.time_limit(0.05):
+            time.sleep(1)
