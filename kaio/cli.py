@@ -9,6 +9,7 @@ import sys
 
 from kaio.errors import CompileError
 from kaio.kernel import Kernel
+from kaio.llvm import LLVMUnavailable
 
 
 def load_kernel(target: str) -> Kernel:
@@ -67,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         if name == "ptx":
             p.add_argument("--arch", default=None, help="target, e.g. sm_80, sm_90 (default sm_90)")
+            p.add_argument(
+                "--backend", choices=("ptx", "llvm"), default=None, help="the code generator"
+            )
     sub.add_parser("info", help="driver, GPUs and cache directory")
     args = parser.parse_args(argv)
     if args.command == "info":
@@ -78,10 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     constexprs = _constexprs(args.constexprs)
     try:
         if args.command == "ptx":
-            text = kernel.ptx(arch=args.arch, **constexprs)
+            text = kernel.ptx(arch=args.arch, backend=args.backend, **constexprs)
         else:
             text = kernel.ir(**constexprs)
-    except CompileError as e:
+    except (CompileError, LLVMUnavailable) as e:
         print(e, file=sys.stderr)
         return 1
     sys.stdout.write(text)

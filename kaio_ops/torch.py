@@ -14,13 +14,16 @@
 
 Gradients: the matmuls differentiate through kaio's own matmul (``matmul_grads``: the f32
 output gradient is split into two f16/bf16 parts after a power-of-two scaling per row or
-column), rope through kaio's rope (the inverse rotation); the other memory-bound ops have
-backward formulas written with torch ops, computed in f32. docs/torch.md has the details and
-the measured errors.
+column), flash attention through kaio's backward kernels from the saved output and
+logsumexp (``flash_attention`` is a ``Composite`` over ``flash_attention_with_stats``), rope
+through kaio's rope (the inverse rotation); the other memory-bound ops have backward formulas
+written with torch ops, computed in f32. docs/torch.md has the details and the measured
+errors.
 
 The registration is table-driven: ``OPS`` holds one ``OpSpec`` per op (its schema, its fake
 and its gradient). An op of ``kaio_ops`` is registered when its name is in ``OPS``; adding an
-op is one line there. Entries for ops that ``kaio_ops`` does not export (yet) are skipped.
+op is one entry there. Entries for ops that ``kaio_ops`` does not export (yet: the fused
+quantized QKV projections of shared/API.md) are skipped.
 """
 
 from __future__ import annotations

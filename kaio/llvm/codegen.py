@@ -77,9 +77,10 @@ class Codegen:
         types = [_param_type(p) for p in fn.params]
         self.func = ir.Function(self.module, ir.FunctionType(VOID, types), _identifier(fn.name))
         self.func.calling_convention = "ptx_kernel"
-        for key, attribute in (("max_threads", "nvvm.maxntid"), ("min_blocks", "nvvm.minctasm")):
-            if key in fn.meta:  # kaio.launch_bounds(); llvmlite's list lacks string attributes
-                set.add(self.func.attributes, f'"{attribute}"="{fn.meta[key]}"')
+        for key, annotation in (("max_threads", "maxntidx"), ("min_blocks", "minctasm")):
+            if key in fn.meta:  # kaio.launch_bounds() (LLVM 21+ reads these as attributes too)
+                value = ir.Constant(I32, fn.meta[key])
+                self.module.add_named_metadata("nvvm.annotations", [self.func, annotation, value])
         self._entry = ir.IRBuilder(self.func.append_basic_block("entry"))
         self.b = ir.IRBuilder(self.func.append_basic_block("body"))
         self._args = {p.value: arg for p, arg in zip(fn.params, self.func.args, strict=True)}

@@ -25,7 +25,7 @@ Where LLVM's own instruction would not mean what the op means, the lowering says
   sign bit of the bits, as the emitter does;
 - float ``min``/``max`` are NVVM's ``fmin``/``fmax`` (PTX ``min``/``max``: NaN-ignoring, -0 <
   +0); approximate math is NVVM's ``*.approx`` intrinsics (non-ftz) or, for ``rcp.approx.f32``
-  which has none, inline PTX.
+  (NVVM has only the ftz form) and ``tanh.approx.f32`` (none before LLVM 21), inline PTX.
 
 Memory ops live in ``kaio.llvm.memory``, fragments and tensor cores in ``kaio.llvm.tensor``,
 packed pairs in ``kaio.llvm.packed``.
@@ -243,7 +243,7 @@ UNARY = {
     "rcp_approx": {"float": _ptx("rcp.approx.f32 $0, $1;", "=f,f")},
     "sin": {"float": _nvvm("llvm.nvvm.sin.approx.f")},
     "cos": {"float": _nvvm("llvm.nvvm.cos.approx.f")},
-    "tanh": {"float": _nvvm("llvm.nvvm.tanh.approx.f32")},
+    "tanh": {"float": _ptx("tanh.approx.f32 $0, $1;", "=f,f")},  # no intrinsic before LLVM 21
 }
 
 
