@@ -6,11 +6,16 @@ passes: address-space inference, ``sreg`` ranges...) and compiled by the NVPTX t
 for the kernel's arch, with the PTX ISA version the PTX emitter would declare for the same
 instructions (``+ptx78``...), so the text loads on the same drivers.
 
-Two process-wide settings: LLVM's command-line option ``-nvptx-short-ptr`` (32-bit pointers
-to shared, local and constant memory, as the emitter's 32-bit shared addresses), set once
-before the first target machine is made; and no fast-math anywhere: target options keep
-LLVM's defaults, under which the NVPTX backend does not contract ``fmul``/``fadd`` and prints
-``mul.rn``/``add.rn``, which ptxas does not contract either.
+Floating point: kaio's ops round every operation (``a * b + c`` is two roundings). The IR
+carries no fast-math flags, and LLVM's default ``AllowFPOpFusion=Standard`` would fuse only
+``llvm.fmuladd``, which is never emitted; on top of that ``-nvptx-fma-level=0`` tells the
+NVPTX backend never to form an FMA itself. It then prints ``mul.rn``/``add.rn``, which ptxas
+does not contract either (a plain ``mul.f32`` + ``add.f32`` it would).
+
+Two LLVM command-line options are set once per process, before the first target machine:
+``-nvptx-fma-level=0`` and ``-nvptx-short-ptr`` (32-bit pointers to shared, local and
+constant memory, as the emitter's 32-bit shared addresses). They concern the NVPTX target
+only.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ def _initialize() -> None:
         llvm.initialize_all_targets()
         llvm.initialize_all_asmprinters()
         llvm.set_option("kaio", "-nvptx-short-ptr")
+        llvm.set_option("kaio", "-nvptx-fma-level=0")
         _ready = True
 
 
