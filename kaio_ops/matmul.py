@@ -164,6 +164,7 @@ def launch(
     per = 16 // dtype.itemsize  # elements per 16-byte copy
     b_row = k if dtype.itemsize == 1 else (2 * n if scales is not None else n)
     vec = k % per == 0 and b_row % per == 0 and a.aligned(16) and aligned
+    quant = 0 if scales is None else 4
     if scales is None:
         scales = _no_scales(a)
     c = _arrays.output(a, (m, n), f32)
@@ -185,7 +186,7 @@ def launch(
         k,
         k_slice,
         alpha,
-        **cfg.constexprs(pipelined, vec, 0 if scales is _no_scales(a) else 4),
+        **cfg.constexprs(pipelined, vec, quant),
     )
     if split > 1:
         sum_slices[(math.ceil(m * n / 256), 256, stream, 0)](target, c, SPLIT=split)
