@@ -5,7 +5,8 @@ Cases (each implementation checked against float64 SDPA first):
 - ``flash_attention`` f16 (and bf16) [B=4, H=16, S=4096, D=128], causal and not, against
   SDPA's flash backend; also grouped-query heads (H=32, Hkv=8) and other kaio tile
   configurations (``kaio w4 mb3``: 4 warps, 3 blocks/SM; ``kaio w8``: 8 warps, 128-row tiles).
-- ``flash_attention_bwd`` f16 at the same shape against SDPA flash's backward.
+- ``flash_attention_bwd`` f16 at the same shape against SDPA flash's backward, and at
+  [B=2, H=16, S=4096, D=256] (non-causal; dK and dV from one launch each).
 - ``attention_flash`` f32 [S=4096, D=128] (single head), causal and not, against SDPA's
   memory-efficient backend in f32; and ``attention_flash_bwd`` against that backend's backward.
 - ``attention_tc`` f16 [S, 64] for S in 64..512 against SDPA (default backend choice).
@@ -113,10 +114,10 @@ def main() -> None:
             )
 
     # flash_attention_bwd, f16 [B, H, S, D]
-    b, hq, s, d = 4, 16, 4096, 128
-    for causal in (False, True):
+    bwd_shapes = [(4, 16, 4096, 128, False), (4, 16, 4096, 128, True), (2, 16, 4096, 256, False)]
+    for b, hq, s, d, causal in bwd_shapes:
 
-        def make_fbwd(c=causal):
+        def make_fbwd(c=causal, b=b, hq=hq, s=s, d=d):
             q, k, v, do = (
                 torch.randn(b, hq, s, d, device="cuda", dtype=torch.half) for _ in "qkvd"
             )

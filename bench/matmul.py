@@ -2,6 +2,8 @@
 a Triton matmul and the mma.sync instruction ceiling, in one run.
 
 Cases: M = N = K in 256..8192 (f16 and bf16), and decode shapes M = 1, 16 with K = N = 4096.
+On sm_90 ``matmul_tc`` and its variants run the TMA + wgmma kernel
+(``kaio_ops._matmul_hopper``); "kaio mma.sync" is the ``mma.sync`` kernel on the same shapes.
 Every implementation is checked against float64 first (relative error normalized by the
 reference's norm: 1e-3 for f16, 1e-2 for bf16). kaio's output is f32, cuBLAS's and Triton's
 f16/bf16 (they write half the bytes). ``--configs`` also times every kaio tile
@@ -22,7 +24,7 @@ import kaio  # noqa: E402
 import kaio_ops  # noqa: E402
 from bench.harness import Harness  # noqa: E402
 from bench.mma_peak import mma_peak_tflops  # noqa: E402
-from kaio_ops.matmul import CONFIGS, SKINNY, Plan, run  # noqa: E402
+from kaio_ops.matmul import CONFIGS, SKINNY, Plan, heuristic, run  # noqa: E402
 
 try:
     import triton
@@ -123,6 +125,9 @@ def main() -> None:
                 )
 
             impls = {"cuBLAS": torch.matmul, "kaio async": async_op, "kaio sync": sync_op}
+            if m > 16:  # an explicit plan keeps the mma.sync kernel (sm_90 runs wgmma by default)
+                plan = heuristic(m, n, k)
+                impls["kaio mma.sync"] = lambda a, b, t=kdt, p=plan: run(a, b, t, True, p)
             if triton is not None:
                 impls["Triton"] = triton_matmul
             if args.configs:

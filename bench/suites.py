@@ -54,8 +54,10 @@ HELPERS = {
     "perfdata.py",
     "plots.py",
     "report.py",
+    "sass_loop.py",  # SASS instructions per main-loop iteration (no GPU): a compiler tool
     "suites.py",
     "targets.py",
+    "torch_matmul_grad.py",  # the precision study behind docs/torch.md's matmul backward
 }
 
 
@@ -85,7 +87,7 @@ SUITES: tuple[Suite, ...] = (
     Suite("matmul", "matmul.py", "Tensor-core matmul", (), ("--sizes", "1024,4096"), (120, 60)),
     Suite("memory", "memory_ops.py", "Memory-bound ops", (), ("--dtypes", "f16"), (120, 45)),
     Suite("attention", "attention.py", "Attention", (), ("--only", "flash_attention"), (90, 45)),
-    Suite("quantized", "quantized.py", "Quantized matmul", (), (), (45, 35)),
+    Suite("quantized", "quantized.py", "Quantized matmul", (), (), (70, 40)),
     Suite("launch", "launch_overhead.py", "Launch overhead", (), (), (35, 25)),
     Suite("compile", "compile_time.py", "Compile time", (), ("--runs", "3"), (15, 10)),
     Suite("sim", "sim_speed.py", "Simulator speed", (), ("--n", str(1 << 18)), (30, 10)),

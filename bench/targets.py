@@ -50,6 +50,10 @@ _SDPA_FLASH = "(?i)sdpa.*flash|flash.*sdpa"
 TARGETS: tuple[Target, ...] = (
     Target("f16/bf16 matmul at 4096^3 and 8192^3: at least 60% of cuBLAS", case=_SQUARE_BIG,
            peer="^cuBLAS$", min_ratio=0.6, **_MATMUL),
+    Target("f16/bf16 matmul at 4096^3 and 8192^3 on Hopper (wgmma): at least 95% of cuBLAS",
+           case=_SQUARE_BIG, peer="^cuBLAS$", min_ratio=0.95, **{**_MATMUL, "source": "issue 12"}),
+    Target("f16/bf16 matmul at 4096^3 and 8192^3 on Hopper (wgmma): faster than Triton",
+           case=_SQUARE_BIG, peer="^Triton$", min_ratio=1.0, **{**_MATMUL, "source": "issue 12"}),
     Target("f16/bf16 matmul at 1024^3: at least 50% of cuBLAS", case="^1024x1024x1024$",
            peer="^cuBLAS$", min_ratio=0.5, **_MATMUL),
     Target("f16/bf16 matmul at decode shapes: within 1.5x of cuBLAS's time", case=_DECODE,
@@ -183,6 +187,7 @@ SHARED_PEERS: tuple[tuple[str, str, str], ...] = (("matmul", r"^sgemm", r"^matmu
 # (pattern on "op case", key of the mma.sync peaks a suite records): the first match wins;
 # names are split at anything but letters and digits ("matmul_int8" holds "int8")
 PEAK_KEYS: tuple[tuple[str, str], ...] = (
+    (r"^qkv_project_int8 ", "f16"),  # W8A16: f16 mma.sync after widening the int8 weights
     (r"(?<![a-z0-9])bf16(?![a-z0-9])", "bf16"),
     (r"(?<![a-z0-9])(f16|fp16|half)(?![a-z0-9])", "f16"),
     (r"(?<![a-z0-9])(s8|int8|i8)(?![a-z0-9])", "s8"),

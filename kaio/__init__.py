@@ -21,6 +21,7 @@ from kaio.runtime import (
     zeros,
 )
 from kaio.sim import simulate
+from kaio.tensormap import TensorMap, tensor_map_2d
 from kaio.types import (
     ArrayType,
     ScalarType,
@@ -35,6 +36,7 @@ from kaio.types import (
     i16,
     i32,
     i64,
+    tensormap,
     u8,
     u16,
     u32,

@@ -339,6 +339,18 @@ _MATH1 = {
         True,
         lambda b, x: b.emit("log2", T.f32, (x,)),
     ),
+    "exp2_ftz": (
+        "exp2_ftz(x): 2**x, ex2.approx.ftz.f32: exp2's accuracy, one instruction; subnormal "
+        "inputs and results are flushed to zero.",
+        True,
+        lambda b, x: b.emit("exp2_ftz", T.f32, (x,)),
+    ),
+    "rcp_ftz": (
+        "rcp_ftz(x): 1/x, rcp.approx.ftz.f32; max rel. error 2^-23, one instruction; subnormal "
+        "inputs and results are flushed to zero (1/0 is inf).",
+        True,
+        lambda b, x: b.emit("rcp_ftz", T.f32, (x,)),
+    ),
     "rsqrt": (
         "rsqrt(x): 1/sqrt(x), rsqrt.approx.f32; max rel. error 2^-22.9.",
         True,
@@ -945,3 +957,9 @@ _define(
     "of {b, a} (a = bytes 0-3), or its sign replicated when the nibble's bit 3 is set.",
     _prmt,
 )
+
+
+# ---------------------------------------------------------------- Hopper (sm_90 / sm_90a)
+# wgmma, smem descriptors, mbarriers, TMA, fence.proxy.async, setmaxnreg: they register
+# themselves in BUILTINS through _define (their typing rules are in kaio/lang_hopper.py).
+from kaio import lang_hopper as _lang_hopper  # noqa: E402, F401

@@ -148,6 +148,20 @@ class ArrayType:
     __str__ = __repr__
 
 
+class TensorMapType:
+    """The annotation of a TMA tensor-map kernel parameter (``m: kaio.tensormap``): the
+    128-byte ``CUtensorMap`` a ``kaio.TensorMap`` carries, passed by value (PTX ``.param .align
+    64 .b8 m[128]``) and used only by ``kaio.tma_load_2d``. docs/hopper.md."""
+
+    def __repr__(self) -> str:
+        return "kaio.tensormap"
+
+    __str__ = __repr__
+
+
+tensormap = TensorMapType()
+
+
 i8 = ScalarType("i8", 8, "int", "s8", "int8")
 u8 = ScalarType("u8", 8, "uint", "u8", "uint8")
 i16 = ScalarType("i16", 16, "int", "s16", "int16")

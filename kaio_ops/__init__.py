@@ -14,6 +14,8 @@ Tensor-core matmul (A [M, K] @ B [K, N] -> f32 [M, N]; ``kaio_ops.tune.matmul`` 
 - ``matmul_tc_bf16(a, b)``, ``matmul_tc_bf16_async(a, b)``: bf16 inputs
 - ``matmul_int8(a, b, scale)``: int8 (or uint8 read as int8), exact s32 sums, scaled
 - ``matmul_int4(a, b_packed, scales)``: f16 activations, int4 weights in groups of 128
+- ``qkv_project_int8(x, wq, wk, wv, sq, sk, sv)``, ``qkv_project_int4(...)``: the Q, K and V
+  projections of f16 ``x`` with int8 (W8A16) or int4 weights, f16 outputs, one launch
 
 Attention (scale 1/sqrt(D); causal masks key j > i; no S x S matrix in memory):
 
@@ -23,7 +25,7 @@ Attention (scale 1/sqrt(D); causal masks key j > i; no S x S matrix in memory):
   on tensor cores -> f32 [Sq, Dv]
 - ``flash_attention(q, k, v, causal=False, scale=None)``: f16/bf16 [B, H, S, D], grouped-query
   K/V [B, Hkv, S, D], on tensor cores (FlashAttention-2); ``flash_attention_with_stats``,
-  ``flash_attention_bwd(do, q, k, v, o, lse, causal=False, scale=None)`` (D <= 128)
+  ``flash_attention_bwd(do, q, k, v, o, lse, causal=False, scale=None)`` (D <= 256)
 
 Memory-bound ops (f32, f16, bf16; computed in f32; rows are the last axis):
 
@@ -60,7 +62,7 @@ from kaio_ops.attention import (
 from kaio_ops.elementwise import add, gelu, mul, silu_gate
 from kaio_ops.gguf import dequantize_q6_k, dequantize_q8_0, quantize_q6_k, quantize_q8_0
 from kaio_ops.matmul import matmul_tc, matmul_tc_async, matmul_tc_bf16, matmul_tc_bf16_async
-from kaio_ops.quantized import matmul_int4, matmul_int8
+from kaio_ops.quantized import matmul_int4, matmul_int8, qkv_project_int4, qkv_project_int8
 from kaio_ops.rotary import rope
 from kaio_ops.rows import layer_norm, rms_norm, rms_norm_residual, softmax
 
@@ -87,6 +89,8 @@ __all__ = [
     "matmul_tc_bf16",
     "matmul_tc_bf16_async",
     "mul",
+    "qkv_project_int4",
+    "qkv_project_int8",
     "quantize_q6_k",
     "quantize_q8_0",
     "rms_norm",

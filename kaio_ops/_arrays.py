@@ -85,13 +85,26 @@ def view(obj, kind: str, shape: tuple):
     return obj.reshape(shape)  # NumPy and CuPy: a view of a contiguous array
 
 
+_TORCH_DTYPES: dict = {}  # kaio scalar type -> torch dtype
+
+
+def torch_dtype(dtype: ScalarType):
+    """The torch dtype of a kaio scalar type (float16, bfloat16, int8, uint32...), cached:
+    NumPy's ``dtype.name`` costs microseconds, and ops are called in tight loops."""
+    try:
+        return _TORCH_DTYPES[dtype]
+    except KeyError:
+        import torch
+
+        found = _TORCH_DTYPES[dtype] = getattr(torch, dtype.np_dtype.name)
+        return found
+
+
 def retype(obj, kind: str, dtype: ScalarType):
     """Contiguous ``obj`` of ``kind`` with its bytes read as ``dtype`` (the last dimension
     scales by the ratio of the item sizes; no copy)."""
     if kind == "torch":
-        import torch
-
-        return obj.view(getattr(torch, dtype.np_dtype.name))
+        return obj.view(torch_dtype(dtype))
     return obj.view(dtype.np_dtype)  # NumPy, CuPy and DeviceArray share the NumPy spelling
 
 
@@ -157,12 +170,15 @@ class Inputs:
         if dtypes is None:
             dtypes = FLOATS if self.first is None else (self.first.dtype,)
         ndims = (ndim,) if isinstance(ndim, int) else ndim
-        want = f"a {_alternatives([f'{n}-D' for n in ndims])} array" + f" {form}" * bool(form)
+
+        def want() -> str:  # built only for an error: ops are called in tight loops
+            return f"a {_alternatives([f'{n}-D' for n in ndims])} array" + f" {form}" * bool(form)
+
         if a.dtype not in dtypes:
             types = _alternatives([t.name for t in dtypes])
-            raise self.error(name, f"must be {want} of {types}, got dtype {a.dtype.name}")
+            raise self.error(name, f"must be {want()} of {types}, got dtype {a.dtype.name}")
         if len(a.shape) not in ndims:
-            raise self.error(name, f"must be {want}, got shape {a.shape}")
+            raise self.error(name, f"must be {want()}, got shape {a.shape}")
         if shape is not None and tuple(a.shape) != tuple(shape):
             raise self.error(name, f"must have shape {tuple(shape)}, got {a.shape}")
         if not contiguous:
@@ -184,8 +200,7 @@ def _allocate(like: Operand, shape: tuple, dtype: ScalarType):
     if like.kind == "torch":
         import torch
 
-        torch_dtype = getattr(torch, dtype.np_dtype.name)  # float16, bfloat16, int8, uint8...
-        return torch.empty(shape, dtype=torch_dtype, device=like.obj.device)
+        return torch.empty(shape, dtype=torch_dtype(dtype), device=like.obj.device)
     if like.kind == "cupy":
         import cupy
 
@@ -208,6 +223,11 @@ def stream_of(like: Operand):
     if like.kind == "torch":
         import torch
 
+        # torch's own fast accessor (the one Triton's launcher calls); the public one builds
+        # a Stream object per call
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if raw is not None:
+            return raw(like.device)
         return torch.cuda.current_stream(like.obj.device).cuda_stream
     if like.kind == "cupy":
         import cupy

@@ -1,6 +1,7 @@
-"""Tensor-core attention forward (FlashAttention-2), written in the kaio DSL, for f16/bf16
-inputs (``DT``) with f32 accumulation and ``OT`` output (f32 for ``attention_tc``, the input
-type for ``flash_attention``). The host side is ``kaio_ops.attention``.
+"""Tensor-core attention (FlashAttention-2), forward and backward, written in the kaio DSL,
+for f16/bf16 inputs (``DT``) with f32 accumulation and ``OT`` output (f32 for
+``attention_tc``, the input type for ``flash_attention``). The host side is
+``kaio_ops.attention``.
 
 - A block of ``WARPS`` warps owns ``16 * WARPS`` query rows of one (batch, head); each warp
   owns 16 rows, as the A operand of ``mma.m16n8k16``. Q is loaded once (cp.async) and, for
@@ -20,14 +21,17 @@ type for ``flash_attention``). The host side is ``kaio_ops.attention``.
 - Grouped-query attention: query head h reads K/V head h // group.
 - The forward also writes each row's logsumexp (natural log), which the backward takes.
 
-The backward (FlashAttention-2, D <= 128) is two kernels with no atomics: ``attention_bwd_dq``
+The backward (FlashAttention-2, D <= 256) is two kernels with no atomics: ``attention_bwd_dq``
 (a block per 64 query rows: S = Q K^T and dP = dO V^T recomputed a key tile at a time,
 dS = P * (dP - delta), dQ += dS K) and ``attention_bwd_dkdv`` (a block per 64 keys of a K/V
 head, over the query tiles of every query head of its group: S^T = K Q^T, dP^T = V dO^T, then
 dV += P^T dO and dK += dS^T Q). Each warp owns 16 rows (queries, resp. keys), so P and dS
 (resp. P^T and dS^T) come out of the mma accumulators in the A layout of the next product.
-``delta`` = rowsum(dO * O) comes from ``row_dot``. The backward's outputs are typed ``OT``,
-bound to ``DT`` for them.
+The A operands of S and dP (Q and dO, resp. K and V) are read into fragments at most
+``A_COLS`` = 128 columns at a time (``dot_shared_rows``), so that a head of 256 leaves the
+registers to the accumulators: dQ's 128 per thread, or dK's or dV's (each 128: for DP = 256
+they come from two launches, ``WITH_DK`` and ``WITH_DV``). ``delta`` = rowsum(dO * O) comes
+from ``row_dot``. The backward's outputs are typed ``OT``, bound to ``DT`` for them.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ NEG_INF = float("-inf")
 POS_INF = float("inf")
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
+A_COLS = 128  # the backward reads A fragments at most this many columns at a time
 
 
 @kaio.gpu_func
@@ -126,10 +131,19 @@ def frag_columns(acol: u32[:], bcol: u32[:], s: DT[:, :], lane: u32):
 
 
 @kaio.gpu_func
-def load_a(af: u32[:, :], a_s: DT[:, :], row0: u32, acol: u32[:], lane: u32, DP: kaio.constexpr):
-    """af[kk] = the A fragments of rows row0 .. row0 + 15 of a_s, k-steps kk = 0 .. DP/16."""
-    for kk in kaio.static_range(DP // 16):
-        kaio.ldmatrix(af[kk], a_s, (row0 + lane % 16, kk // 4 * 64 + acol[kk % 4]))
+def load_a(
+    af: u32[:, :],
+    a_s: DT[:, :],
+    row0: u32,
+    acol: u32[:],
+    lane: u32,
+    K0: kaio.constexpr,
+    K: kaio.constexpr,
+):
+    """af[kk] = the A fragments of rows row0 .. row0 + 15 of a_s, columns K0 + 16 kk for the
+    k-steps kk < K / 16 (K0 a multiple of 64)."""
+    for kk in kaio.static_range(K // 16):
+        kaio.ldmatrix(af[kk], a_s, (row0 + lane % 16, K0 + kk // 4 * 64 + acol[kk % 4]))
 
 
 @kaio.gpu_func
@@ -140,21 +154,46 @@ def dot_rows(
     bcol: u32[:],
     lane: u32,
     NB: kaio.constexpr,
-    DP: kaio.constexpr,
+    K0: kaio.constexpr,
+    K: kaio.constexpr,
 ):
-    """acc[n] = A @ B^T for the n-tiles n < NB: A the warp's 16 rows in fragments ``af``
-    (k-steps of 16 over DP), B rows 0 .. 8 NB of the shared tile b_s (the ``col`` B operand
-    as stored: ldmatrix without .trans)."""
+    """acc[n] = A @ B^T for the n-tiles n < NB over the columns K0 .. K0 + K (acc[n] +=
+    where K0 > 0: the first column block starts the sum): A the warp's 16 rows in fragments
+    ``af`` (k-steps of 16), B rows 0 .. 8 NB of the shared tile b_s (the ``col`` B operand as
+    stored: ldmatrix without .trans)."""
     bf = kaio.local(u32, (2, 2))
-    for n in kaio.static_range(NB):
-        for e in kaio.static_range(4):
-            acc[n, e] = 0.0
-    for kk in kaio.static_range(DP // 16):
+    if K0 == 0:
+        for n in kaio.static_range(NB):
+            for e in kaio.static_range(4):
+                acc[n, e] = 0.0
+    for kk in kaio.static_range(K // 16):
         for nj in kaio.static_range(NB // 2):
             row = nj * 16 + lane // 16 * 8 + lane % 8
-            kaio.ldmatrix(bf, b_s, (row, kk // 4 * 64 + bcol[kk % 4]))
+            kaio.ldmatrix(bf, b_s, (row, K0 + kk // 4 * 64 + bcol[kk % 4]))
             for i in kaio.static_range(2):
                 mma(acc, 2 * nj + i, af, kk, bf, i)
+
+
+@kaio.gpu_func
+def dot_shared_rows(
+    acc: f32[:, :],
+    af: u32[:, :],
+    a_s: DT[:, :],
+    row0: u32,
+    b_s: DT[:, :],
+    acol: u32[:],
+    bcol: u32[:],
+    lane: u32,
+    NB: kaio.constexpr,
+    DP: kaio.constexpr,
+    KC: kaio.constexpr,
+):
+    """acc[n] = A @ B^T for the n-tiles n < NB over DP columns, A rows row0 .. row0 + 15 of
+    the shared tile a_s, read into the fragments ``af`` (KC / 16 k-steps) KC columns at a
+    time: KC < DP keeps wide heads' A fragments to KC / 4 registers."""
+    for c in kaio.static_range(DP // KC):
+        load_a(af, a_s, row0, acol, lane, c * KC, KC)
+        dot_rows(acc, af, b_s, bcol, lane, NB, c * KC, KC)
 
 
 @kaio.gpu_func
@@ -278,7 +317,7 @@ def attention_fwd(
     frag_columns(acol, bcol, q_s, lane)
     qf = kaio.local(u32, (DP // 16, 4))
     if QREG:
-        load_a(qf, q_s, warp * 16, acol, lane, DP)
+        load_a(qf, q_s, warp * 16, acol, lane, 0, DP)
     m = kaio.local(f32, 2)
     l = kaio.local(f32, 2)
     for h in kaio.static_range(2):
@@ -291,8 +330,8 @@ def attention_fwd(
     s = kaio.local(f32, (BN // 8, 4))
     for t in range(n_tiles):
         if not QREG:
-            load_a(qf, q_s, warp * 16, acol, lane, DP)
-        dot_rows(s, qf, k_s, bcol, lane, BN // 8, DP)  # S = Q K^T
+            load_a(qf, q_s, warp * 16, acol, lane, 0, DP)
+        dot_rows(s, qf, k_s, bcol, lane, BN // 8, 0, DP)  # S = Q K^T
         kaio.sync_threads()  # k_s is free
         if t + 1 < n_tiles:
             load_tile(k_s, k, k_base, (t + 1) * BN, sk, d, tid, BN, DP, THREADS, VEC)
@@ -389,8 +428,11 @@ def attention_bwd_dq(
     """dQ of the 64 query rows of block x and head ``bh`` = block y: over the key tiles (BN
     keys) they see, P = exp2(S * scale_log2 - lse2) and dP = dO V^T from the tiles, then
     dS = P * (dP - delta) and dQ += dS K; finally dQ *= scale. Q, dO: [.., sq, d], K, V:
-    [.., sk, d] (16-byte rows), all flat."""
+    [.., sk, d] (16-byte rows), all flat. The A fragments of Q and dO are re-read from
+    shared memory KC = min(DP, 128) columns at a time, so that dQ's DP / 2 accumulator
+    registers fit beside them up to DP = 256."""
     THREADS = 128
+    KC = DP if DP <= A_COLS else A_COLS
     kaio.launch_bounds(THREADS, 1)
     tid = kaio.thread_idx_x()
     lane = kaio.lane_id()
@@ -426,7 +468,7 @@ def attention_bwd_dq(
     for n in kaio.static_range(DP // 8):
         for e in kaio.static_range(4):
             acc[n, e] = 0.0
-    af = kaio.local(u32, (DP // 16, 4))
+    af = kaio.local(u32, (KC // 16, 4))
     s = kaio.local(f32, (BN // 8, 4))
     dp = kaio.local(f32, (BN // 8, 4))
     for t in range(n_tiles):
@@ -435,10 +477,8 @@ def attention_bwd_dq(
         load_tile(v_s, v, k_base, t * BN, sk, d, tid, BN, DP, THREADS, True)
         kaio.cp_async_wait_all()
         kaio.sync_threads()
-        load_a(af, q_s, warp * 16, acol, lane, DP)
-        dot_rows(s, af, k_s, bcol, lane, BN // 8, DP)  # S = Q K^T
-        load_a(af, do_s, warp * 16, acol, lane, DP)
-        dot_rows(dp, af, v_s, bcol, lane, BN // 8, DP)  # dP = dO V^T
+        dot_shared_rows(s, af, q_s, warp * 16, k_s, acol, bcol, lane, BN // 8, DP, KC)  # Q K^T
+        dot_shared_rows(dp, af, do_s, warp * 16, v_s, acol, bcol, lane, BN // 8, DP, KC)  # dO V^T
         for h in kaio.static_range(2):
             row = q0 + warp * 16 + g + 8 * h
             for n in kaio.static_range(BN // 8):
@@ -475,12 +515,19 @@ def attention_bwd_dkdv(
     causal: u32,
     DP: kaio.constexpr,
     BQ: kaio.constexpr,
+    WITH_DK: kaio.constexpr,
+    WITH_DV: kaio.constexpr,
 ):
     """dK and dV of the 64 keys of block x and K/V head ``kvh`` = block y, summed over the
     ``group`` query heads that read it and their query tiles (BQ rows) that see these keys:
     P^T = exp2(K Q^T * scale_log2 - lse2), dP^T = V dO^T, dV += P^T dO,
-    dK += dS^T Q with dS^T = P^T * (dP^T - delta); finally dK *= scale."""
+    dK += dS^T Q with dS^T = P^T * (dP^T - delta); finally dK *= scale. dK only where
+    ``WITH_DK``, dV only where ``WITH_DV``: heads wider than 128, whose two accumulators do
+    not both fit in the registers, take one launch for each (the dV one skips V, dP^T and
+    delta). Above DP = 64 the A fragments of K and V are re-read from shared memory at each
+    tile, A_COLS columns at a time."""
     THREADS = 128
+    KC = DP if DP <= A_COLS else A_COLS
     kaio.launch_bounds(THREADS, 1)
     tid = kaio.thread_idx_x()
     lane = kaio.lane_id()
@@ -496,7 +543,8 @@ def attention_bwd_dkdv(
     q_s = kaio.shared_dynamic(DT, (BQ, DP), 128 * DP * 2)
     do_s = kaio.shared_dynamic(DT, (BQ, DP), (128 + BQ) * DP * 2)
     load_tile(k_s, k, k_base, k0, sk, d, tid, 64, DP, THREADS, True)
-    load_tile(v_s, v, k_base, k0, sk, d, tid, 64, DP, THREADS, True)
+    if WITH_DK:
+        load_tile(v_s, v, k_base, k0, sk, d, tid, 64, DP, THREADS, True)
     kaio.cp_async_wait_all()
     kaio.sync_threads()
 
@@ -504,17 +552,20 @@ def attention_bwd_dkdv(
     bcol = kaio.local(u32, 4)
     frag_columns(acol, bcol, k_s, lane)
     KVREG = DP <= 64  # K and V fragments stay in registers (else: re-read each tile)
-    kf = kaio.local(u32, (DP // 16, 4))
-    vf = kaio.local(u32, (DP // 16, 4))
+    kf = kaio.local(u32, (KC // 16, 4))
+    vf = kaio.local(u32, (KC // 16, 4))
     if KVREG:
-        load_a(kf, k_s, warp * 16, acol, lane, DP)
-        load_a(vf, v_s, warp * 16, acol, lane, DP)
+        load_a(kf, k_s, warp * 16, acol, lane, 0, DP)
+        if WITH_DK:
+            load_a(vf, v_s, warp * 16, acol, lane, 0, DP)
     dka = kaio.local(f32, (DP // 8, 4))
     dva = kaio.local(f32, (DP // 8, 4))
     for n in kaio.static_range(DP // 8):
         for e in kaio.static_range(4):
-            dka[n, e] = 0.0
-            dva[n, e] = 0.0
+            if WITH_DK:
+                dka[n, e] = 0.0
+            if WITH_DV:
+                dva[n, e] = 0.0
     first = u32(0)
     if causal != 0:
         first = k0 // BQ  # queries before k0 see none of these keys
@@ -530,30 +581,38 @@ def attention_bwd_dkdv(
             load_tile(do_s, do, q_base, t * BQ, sq, d, tid, BQ, DP, THREADS, True)
             kaio.cp_async_wait_all()
             kaio.sync_threads()
-            if not KVREG:
-                load_a(kf, k_s, warp * 16, acol, lane, DP)
-            dot_rows(st, kf, q_s, bcol, lane, BQ // 8, DP)  # S^T = K Q^T
-            if not KVREG:
-                load_a(kf, v_s, warp * 16, acol, lane, DP)
-                dot_rows(dpt, kf, do_s, bcol, lane, BQ // 8, DP)  # dP^T = V dO^T
+            if KVREG:
+                dot_rows(st, kf, q_s, bcol, lane, BQ // 8, 0, DP)  # S^T = K Q^T
+                if WITH_DK:
+                    dot_rows(dpt, vf, do_s, bcol, lane, BQ // 8, 0, DP)  # dP^T = V dO^T
             else:
-                dot_rows(dpt, vf, do_s, bcol, lane, BQ // 8, DP)
+                dot_shared_rows(st, kf, k_s, warp * 16, q_s, acol, bcol, lane, BQ // 8, DP, KC)
+                if WITH_DK:
+                    dot_shared_rows(
+                        dpt, kf, v_s, warp * 16, do_s, acol, bcol, lane, BQ // 8, DP, KC
+                    )
             for n in kaio.static_range(BQ // 8):
                 for e in kaio.static_range(2):
                     query = t * BQ + n * 8 + lane % 4 * 2 + e
                     at = bh * sq + kaio.select(query < sq, query, 0)
                     l2 = kaio.select(query < sq, lse_log2(lse[at]), POS_INF)
-                    dl = delta[at]
+                    if WITH_DK:
+                        dl = delta[at]
                     for h in kaio.static_range(2):
                         key = k0 + warp * 16 + g + 8 * h
                         x = kaio.exp2(kaio.fma(st[n, 2 * h + e], scale_log2, -l2))
                         p = kaio.select(causal == 0 or key <= query, x, 0.0)
                         st[n, 2 * h + e] = p
-                        dpt[n, 2 * h + e] = p * (dpt[n, 2 * h + e] - dl)  # dS^T
-            acc_rows(dva, st, do_s, acol, lane, BQ // 8, DP)  # dV += P^T dO
-            acc_rows(dka, dpt, q_s, acol, lane, BQ // 8, DP)  # dK += dS^T Q
+                        if WITH_DK:
+                            dpt[n, 2 * h + e] = p * (dpt[n, 2 * h + e] - dl)  # dS^T
+            if WITH_DV:
+                acc_rows(dva, st, do_s, acol, lane, BQ // 8, DP)  # dV += P^T dO
+            if WITH_DK:
+                acc_rows(dka, dpt, q_s, acol, lane, BQ // 8, DP)  # dK += dS^T Q
     for h in kaio.static_range(2):
         key = k0 + warp * 16 + g + 8 * h
         if key < sk:
-            store_out(dk, k_base + key * d, dka, h, scale, lane, d, DP, True)
-            store_out(dv, k_base + key * d, dva, h, 1.0, lane, d, DP, True)
+            if WITH_DK:
+                store_out(dk, k_base + key * d, dka, h, scale, lane, d, DP, True)
+            if WITH_DV:
+                store_out(dv, k_base + key * d, dva, h, 1.0, lane, d, DP, True)

@@ -1,6 +1,9 @@
 """Tensor-core matmul kernels: ``C[M, N] (f32) = A[M, K] @ B[K, N]``, A and B f16 or bf16.
 
-One kernel source, written in the kaio DSL, specialized by constexprs:
+One tile routine (``matmul_tile``), written in the kaio DSL, specialized by constexprs, and two
+kernels around it: ``matmul_kernel`` (one product) and ``qkv_kernel`` (up to three products
+that share A, one launch: the grid covers their output columns one after the other and each
+block multiplies its tile of the product its column tile falls in).
 
 - A block computes a ``BM x BN`` tile of C with ``WARPS_M x WARPS_N`` warps; each warp owns a
   ``BM/WARPS_M x BN/WARPS_N`` sub-tile as 16x8 ``mma`` accumulators in registers.
@@ -17,6 +20,10 @@ One kernel source, written in the kaio DSL, specialized by constexprs:
   tiles in L2.
 - ``SPLIT > 1`` (skinny shapes): block z multiplies one K slice and writes its partial tile
   to a workspace; a second kernel sums the slices in a fixed order (deterministic).
+- ``QUANT``: B holds quantized weights, made f16 in registers right before the f16 ``mma``:
+  4 for int4 (packed words and group scales), 8 for int8 bytes (scaled in the epilogue).
+- The output element type is the placeholder ``OUT``: f32, or f16 for the QKV projections
+  (``QKV``), rounded once from ``alpha * acc``.
 """
 
 from __future__ import annotations
@@ -27,15 +34,15 @@ from kaio_ops._typed import by_dtype
 
 DT = f16  # the element type placeholder (see _typed.by_dtype)
 ACC = f32  # the accumulator type placeholder: i32 for 8-bit DT (see MATMUL below)
+OUT = f32  # the output element type placeholder: f16 for the QKV projections (see QKV below)
 GROUP_M = 8
 
 
 @kaio.gpu_func
-def tile_origin(pid: u32, M: u32, N: u32, BM: kaio.constexpr, BN: kaio.constexpr) -> u32:
-    """The (row, column) of block ``pid``'s C tile, packed as row * 65536 + column tile
-    indices, blocks grouped GROUP_M tile rows at a time for L2 reuse."""
-    grid_m = (M + BM - 1) // BM
-    grid_n = (N + BN - 1) // BN
+def tile_origin(pid: u32, grid_m: u32, grid_n: u32) -> u32:
+    """The (row, column) of block ``pid``'s tile in a grid_m x grid_n grid of C tiles,
+    packed as row * 65536 + column tile indices, blocks grouped GROUP_M tile rows at a time
+    for L2 reuse."""
     width = GROUP_M * grid_n
     first_m = pid // width * GROUP_M
     group_m = kaio.min(grid_m - first_m, GROUP_M)
@@ -48,7 +55,7 @@ def tile_origin(pid: u32, M: u32, N: u32, BM: kaio.constexpr, BN: kaio.constexpr
 def matmul_kernel(
     a: DT[:],
     b: DT[:],
-    c: f32[:, :],
+    c: OUT[:, :],
     scales: f16[:, :],
     M: u32,
     N: u32,
@@ -65,15 +72,101 @@ def matmul_kernel(
     VEC: kaio.constexpr,
     QUANT: kaio.constexpr,
 ):
-    """C tile (or, with a K split, the partial tile of K slice ``block_idx_z``) of
-    alpha * A @ B. A and B come flat: row-major M x K and K x N for 16-bit types; for 8-bit
-    ones (s8 mma, bytes read as int8 whatever DT says) B comes transposed, N x K, because
-    ldmatrix can only transpose 16-bit elements. With QUANT == 4 (DT f16), B is int4: the
-    K/8 x N words of 8 signed nibbles (low first), passed as K/8 x 2N halves, dequantized
-    in registers as ``scales[k // 128, n] * q``. Flat indices are linear in k, so the
-    per-thread part of every copy address is computed once, outside the K loop."""
+    """C = alpha * A @ B: block (x, z) computes C tile x, or with a K split the partial tile
+    of K slice z (``matmul_tile``)."""
+    kaio.launch_bounds(WARPS_M * WARPS_N * 32)
+    origin = tile_origin(kaio.block_idx_x(), (M + BM - 1) // BM, (N + BN - 1) // BN)
+    matmul_tile(a, b, c, scales, origin // 65536 * BM, origin % 65536 * BN, M, N, K, k_slice,
+                alpha, BM, BN, BK, WARPS_M, WARPS_N, STAGES, ASYNC, VEC, QUANT)  # fmt: skip
+
+
+@kaio.gpu_kernel
+def qkv_kernel(
+    a: DT[:],
+    b0: DT[:],
+    b1: DT[:],
+    b2: DT[:],
+    c0: OUT[:, :],
+    c1: OUT[:, :],
+    c2: OUT[:, :],
+    s0: f16[:, :],
+    s1: f16[:, :],
+    s2: f16[:, :],
+    M: u32,
+    N0: u32,
+    N1: u32,
+    N2: u32,
+    K: u32,
+    k_slice: u32,
+    alpha0: f32,
+    alpha1: f32,
+    alpha2: f32,
+    BM: kaio.constexpr,
+    BN: kaio.constexpr,
+    BK: kaio.constexpr,
+    WARPS_M: kaio.constexpr,
+    WARPS_N: kaio.constexpr,
+    STAGES: kaio.constexpr,
+    ASYNC: kaio.constexpr,
+    VEC: kaio.constexpr,
+    QUANT: kaio.constexpr,
+):
+    """C_p = alpha_p * A @ B_p for three products p that share A (the Q, K and V
+    projections), in one launch. The grid's column tiles are those of C_0, then C_1, then
+    C_2 (a product of width N_p = 0 has none, and its arrays are not read), and blocks are
+    grouped GROUP_M tile rows at a time across all three, so that a row panel of A is read
+    from memory once for the three. Each block runs ``matmul_tile`` on the arrays of the
+    product its column tile belongs to: the per-tile work of ``matmul_kernel``, exactly."""
+    kaio.launch_bounds(WARPS_M * WARPS_N * 32)
+    t0 = (N0 + BN - 1) // BN
+    t01 = t0 + (N1 + BN - 1) // BN
+    origin = tile_origin(kaio.block_idx_x(), (M + BM - 1) // BM, t01 + (N2 + BN - 1) // BN)
+    m0 = origin // 65536 * BM
+    j = origin % 65536  # the block's column tile, counted over the three products
+    if j < t0:
+        matmul_tile(a, b0, c0, s0, m0, j * BN, M, N0, K, k_slice, alpha0,
+                    BM, BN, BK, WARPS_M, WARPS_N, STAGES, ASYNC, VEC, QUANT)  # fmt: skip
+    elif j < t01:
+        matmul_tile(a, b1, c1, s1, m0, (j - t0) * BN, M, N1, K, k_slice, alpha1,
+                    BM, BN, BK, WARPS_M, WARPS_N, STAGES, ASYNC, VEC, QUANT)  # fmt: skip
+    else:
+        matmul_tile(a, b2, c2, s2, m0, (j - t01) * BN, M, N2, K, k_slice, alpha2,
+                    BM, BN, BK, WARPS_M, WARPS_N, STAGES, ASYNC, VEC, QUANT)  # fmt: skip
+
+
+@kaio.gpu_func
+def matmul_tile(
+    a: DT[:],
+    b: DT[:],
+    c: OUT[:, :],
+    scales: f16[:, :],
+    m0: u32,
+    n0: u32,
+    M: u32,
+    N: u32,
+    K: u32,
+    k_slice: u32,
+    alpha: f32,
+    BM: kaio.constexpr,
+    BN: kaio.constexpr,
+    BK: kaio.constexpr,
+    WARPS_M: kaio.constexpr,
+    WARPS_N: kaio.constexpr,
+    STAGES: kaio.constexpr,
+    ASYNC: kaio.constexpr,
+    VEC: kaio.constexpr,
+    QUANT: kaio.constexpr,
+):
+    """The C tile at (m0, n0) (or, with a K split, the partial tile of K slice
+    ``block_idx_z``) of alpha * A @ B, rounded once to OUT. A and B come flat: row-major
+    M x K and K x N for 16-bit types; for 8-bit ones (s8 mma, bytes read as int8 whatever DT
+    says) B comes transposed, N x K, because ldmatrix can only transpose 16-bit elements.
+    With QUANT == 4 (DT f16), B is int4: the K/8 x N words of 8 signed nibbles (low first),
+    passed as K/8 x 2N halves, dequantized in registers as ``scales[k // 128, n] * q``. With
+    QUANT == 8 (DT f16), B is int8: the K x N bytes (N even), passed as K x N/2 halves,
+    made f16 in registers (exactly; alpha is the scale). Flat indices are linear in k, so
+    the per-thread part of every copy address is computed once, outside the K loop."""
     THREADS = WARPS_M * WARPS_N * 32
-    kaio.launch_bounds(THREADS)
     ITEM = DT.itemsize
     KSTEP = 32 // ITEM  # elements per mma k step: 16 (f16, bf16) or 32 (s8)
     KSTEPS = BK // KSTEP  # an even number: fragments are double-buffered
@@ -86,17 +179,23 @@ def matmul_kernel(
     warp = tid // 32
     wm = warp // WARPS_N * WTM
     wn = warp % WARPS_N * WTN
-    origin = tile_origin(kaio.block_idx_x(), M, N, BM, BN)
-    m0 = origin // 65536 * BM
-    n0 = origin % 65536 * BN
     k_begin = kaio.block_idx_z() * k_slice
     k_end = kaio.min(k_begin + k_slice, K)
     tiles = (k_end - k_begin + BK - 1) // BK
     row0 = kaio.block_idx_z() * M  # this K slice's rows in c (the workspace when split)
 
     a_s = kaio.shared_dynamic(DT, (STAGES, BM, BK), 0)
-    # B's tile: K x N, N x K for 8-bit types, the K/8 x N packed words (as halves) for int4
-    b_rows = (BK // 8, 2 * BN) if QUANT == 4 else ((BN, BK) if ITEM == 1 else (BK, BN))
+    # B's tile: K x N, N x K for 8-bit types, the K/8 x N packed words (as halves) for int4,
+    # the K x N bytes (as halves) for int8 weights
+    b_rows = (
+        (BK // 8, 2 * BN)
+        if QUANT == 4
+        else (BK, BN // 2)
+        if QUANT == 8
+        else (BN, BK)
+        if ITEM == 1
+        else (BK, BN)
+    )
     b_s = kaio.shared_dynamic(DT, (STAGES, b_rows[0], b_rows[1]), STAGES * BM * BK * ITEM)
 
     acc = kaio.local(ACC, (MI, NI, 2, 2))
@@ -153,14 +252,23 @@ def matmul_kernel(
                                NI, scales, k_begin + t * BK + ks * KSTEP, n0, N, QUANT)  # fmt: skip
                 mma_step(acc, a_frag, b_frag, 0, MI, NI)
 
-    pair = kaio.local(f32, 2)
+    # Lane (g, t) holds two adjacent columns of C per column pair p and row half h of each
+    # 16-row tile mi: elements 0 and 1 of n8 tile p, or with int8 weights, whose n8 tiles
+    # alternate even and odd columns (widen_int8), element p % 2 of tiles p // 2 * 2 and + 1.
+    W8A16 = QUANT == 8
+    pair = kaio.local(OUT, 2)
     for mi in kaio.static_range(MI):
-        for ni in kaio.static_range(NI):
-            col = n0 + wn + ni * 8 + lane % 4 * 2
+        for p in kaio.static_range(NI):
+            tile_a = p // 2 * 2 if W8A16 else p
+            tile_b = tile_a + 1 if W8A16 else p
+            elem_a = p % 2 if W8A16 else 0
+            elem_b = p % 2 if W8A16 else 1
+            col = n0 + wn + (p // 2 * 16 + p % 2 * 2 + lane % 4 * 4 if W8A16 else
+                             p * 8 + lane % 4 * 2)  # fmt: skip
             for h in kaio.static_range(2):
                 row = m0 + wm + mi * 16 + lane // 4 + h * 8
-                for e in kaio.static_range(2):
-                    pair[e] = f32(acc[mi, ni, h, e]) * alpha
+                pair[0] = OUT(f32(acc[mi, tile_a, h, elem_a]) * alpha)
+                pair[1] = OUT(f32(acc[mi, tile_b, h, elem_b]) * alpha)
                 if row < M:
                     if VEC:
                         if col < N:
@@ -201,15 +309,18 @@ def load_fragments(
         kaio.ldmatrix(a_frag[BUF, mi], a_s, (stage, wm + mi * 16 + lane % 16, col))
     if QUANT == 4:
         dequantize_b(b_frag, BUF, b_s, stage, KK, wn, lane, NI, scales, k_at, n0, N)
-    for nj in kaio.static_range(NI // 2 if QUANT == 0 else 0):
-        if DT.itemsize == 1:
-            # B^T (N x K): matrices (n 0-7, k lo), (n 0-7, k hi), (n 8-15, k lo), (n 8-15, k hi)
-            col = kaio.swizzle(b_s, lane % 8, KK + lane // 8 % 2 * HALF)
-            row = wn + nj * 16 + lane // 16 * 8 + lane % 8
-            kaio.ldmatrix(b_frag[BUF, nj], b_s, (stage, row, col))
-        else:
-            col = kaio.swizzle(b_s, lane % 16, wn + nj * 16 + lane // 16 * HALF)
-            kaio.ldmatrix_trans(b_frag[BUF, nj], b_s, (stage, KK + lane % 16, col))
+    elif QUANT == 8:
+        widen_int8(b_frag, BUF, b_s, stage, KK, wn, lane, NI)
+    else:
+        for nj in kaio.static_range(NI // 2):
+            if DT.itemsize == 1:
+                # B^T (N x K): matrices (n 0-7, k lo), (n 0-7, k hi), (n 8-15, k lo), (n 8-15, k hi)
+                col = kaio.swizzle(b_s, lane % 8, KK + lane // 8 % 2 * HALF)
+                row = wn + nj * 16 + lane // 16 * 8 + lane % 8
+                kaio.ldmatrix(b_frag[BUF, nj], b_s, (stage, row, col))
+            else:
+                col = kaio.swizzle(b_s, lane % 16, wn + nj * 16 + lane // 16 * HALF)
+                kaio.ldmatrix_trans(b_frag[BUF, nj], b_s, (stage, KK + lane % 16, col))
 
 
 INT4_MAGIC = 0x64006400  # f16 1024.0 in both halves: OR-ing a nibble in gives 1024 + nibble
@@ -251,6 +362,41 @@ def dequantize_b(
             q = (((x & 0xF) | ((x << 12) & 0xF0000)) ^ 0x80008) | INT4_MAGIC
             v = (kaio.bitcast(q, f16x2) - kaio.bitcast(u32(INT4_BIAS), f16x2)) * scale2
             b_frag[BUF, ni // 2, ni % 2, r] = kaio.bitcast(v, u32)
+
+
+INT8_MAGIC = 0x64646464  # f16 1024.0's high byte in every byte: prmt puts it above a byte
+INT8_BIAS = 0x64806480  # f16 1152.0 = 1024 + 128, in both halves
+
+
+@kaio.gpu_func
+def widen_int8(
+    b_frag: u32[:, :, :, :],
+    BUF: kaio.constexpr,
+    b_s: DT[:, :, :],
+    stage: u32,
+    KK: kaio.constexpr,
+    wn: u32,
+    lane: u32,
+    NI: kaio.constexpr,
+):
+    """B fragments of the 16-value k step at KK from int8 weights: the K x N bytes of the
+    tile read as K x N/2 halves. ``ldmatrix_trans`` of an 8 x 8 block of halves gives lane
+    (g, t) the word of bytes (k, n), (k, n + 1), (k + 1, n), (k + 1, n + 1) with k = 2t
+    (+ 8 for the second block) and n = 2g: bytes 0 and 2 are the B register of column g of
+    an n8 tile of the even columns, bytes 1 and 3 that of the tile of the odd columns after
+    it (the epilogue stores them interleaved). Each pair becomes an f16x2 with the
+    magic-number trick (``prmt`` puts byte ``q ^ 0x80`` under 0x64: f16 1152 + q, minus
+    1152, exact)."""
+    words = kaio.local(u32, 4)
+    for nq in kaio.static_range(NI // 4):  # 32 columns: 4 n8 tiles from one ldmatrix x4
+        col = kaio.swizzle(b_s, lane % 16, wn // 2 + nq * 16 + lane // 16 * 8)
+        kaio.ldmatrix_trans(words, b_s, (stage, KK + lane % 16, col))
+        for i in kaio.static_range(4):  # (k lo, bytes 0-15), (k hi, 0-15), (k lo, 16-31)...
+            biased = words[i] ^ 0x80808080
+            for odd in kaio.static_range(2):
+                q = kaio.prmt(biased, INT8_MAGIC, 0x4240 + odd * 0x101)
+                v = kaio.bitcast(q, f16x2) - kaio.bitcast(u32(INT8_BIAS), f16x2)
+                b_frag[BUF, nq * 2 + i // 2, odd, i % 2] = kaio.bitcast(v, u32)
 
 
 @kaio.gpu_func
@@ -299,12 +445,16 @@ def load_tiles(
     QUANT: kaio.constexpr,
 ):
     """A[m0:m0+BM, k0:k0+BK] and B[k0:k0+BK, n0:n0+BN] (B^T's [n0:n0+BN, k0:k0+BK] for
-    8-bit types, the packed words [k0/8:(k0+BK)/8, n0:n0+BN] for int4) into ``stage`` of
-    the shared tiles, swizzled, zeros outside the matrices (and past k_end)."""
+    8-bit types, the packed words [k0/8:(k0+BK)/8, n0:n0+BN] for int4, the bytes as halves
+    [k0:k0+BK, n0/2:(n0+BN)/2] for int8 weights) into ``stage`` of the shared tiles,
+    swizzled, zeros outside the matrices (and past k_end)."""
     load_tile(a_s, a, stage, m0, k0, M, k_end, K, tid, BM, BK, THREADS, VEC, ASYNC)
     if QUANT == 4:
         load_tile(b_s, b, stage, k0 // 8, 2 * n0, k_end // 8, 2 * N, 2 * N, tid, BK // 8,
                   2 * BN, THREADS, VEC, ASYNC)  # fmt: skip
+    elif QUANT == 8:
+        load_tile(b_s, b, stage, k0, n0 // 2, k_end, N // 2, N // 2, tid, BK, BN // 2, THREADS,
+                  VEC, ASYNC)  # fmt: skip
     elif DT.itemsize == 1:
         load_tile(b_s, b, stage, n0, k0, N, k_end, K, tid, BN, BK, THREADS, VEC, ASYNC)
     else:
@@ -354,6 +504,16 @@ def load_tile(
                 kaio.store_vector(dst, at, regs)
 
 
+@kaio.gpu_func
+def slice_sum(ws: f32[:, :], row: u32, col: u32, M: u32, SPLIT: kaio.constexpr) -> f32:
+    """The sum of the SPLIT partial products of C[row, col] stacked in ws [SPLIT * M, N],
+    in order."""
+    total = ws[row, col]
+    for s in kaio.static_range(1, SPLIT):
+        total += ws[s * M + row, col]
+    return total
+
+
 @kaio.gpu_kernel
 def sum_slices(ws: f32[:, :], c: f32[:, :], SPLIT: kaio.constexpr):
     """c = the sum of the SPLIT partial products stacked in ws [SPLIT * M, N], in order."""
@@ -363,10 +523,48 @@ def sum_slices(ws: f32[:, :], c: f32[:, :], SPLIT: kaio.constexpr):
     if i < M * N:
         row = i // N
         col = i % N
-        total = ws[row, col]
-        for s in kaio.static_range(1, SPLIT):
-            total += ws[s * M + row, col]
-        c[row, col] = total
+        c[row, col] = slice_sum(ws, row, col, M, SPLIT)
+
+
+@kaio.gpu_func
+def store_sum(ws: f32[:, :], c: f16[:, :], i: u32, M: u32, N: u32, alpha: f32,
+              SPLIT: kaio.constexpr):  # fmt: skip
+    """Element i (row-major) of the M x N product c = f16(alpha * the sum of its slices)."""
+    row = i // N
+    col = i % N
+    c[row, col] = f16(slice_sum(ws, row, col, M, SPLIT) * alpha)
+
+
+@kaio.gpu_kernel
+def sum_qkv_slices(
+    ws0: f32[:, :],
+    ws1: f32[:, :],
+    ws2: f32[:, :],
+    c0: f16[:, :],
+    c1: f16[:, :],
+    c2: f16[:, :],
+    M: u32,
+    N0: u32,
+    N1: u32,
+    N2: u32,
+    alpha0: f32,
+    alpha1: f32,
+    alpha2: f32,
+    SPLIT: kaio.constexpr,
+):
+    """c_p = f16(alpha_p * the sum of the SPLIT partial products stacked in ws_p), for the
+    three products of ``qkv_kernel`` (widths N_p, 0 for none) in one launch: one thread per
+    element, the elements of c_0, then c_1, then c_2."""
+    i = kaio.block_idx_x() * kaio.block_dim_x() + kaio.thread_idx_x()
+    n01 = M * (N0 + N1)
+    if i < M * N0:
+        store_sum(ws0, c0, i, M, N0, alpha0, SPLIT)
+    elif i < n01:
+        store_sum(ws1, c1, i - M * N0, M, N1, alpha1, SPLIT)
+    elif i < n01 + M * N2:
+        store_sum(ws2, c2, i - n01, M, N2, alpha2, SPLIT)
 
 
 MATMUL = by_dtype(matmul_kernel, ACC=lambda t: i32 if t.itemsize == 1 else f32)
+# The QKV projections (DT f16) by output type: f16, or f32 partial products when K is split
+QKV = {f16: by_dtype(qkv_kernel, OUT=lambda t: f16)[f16], f32: by_dtype(qkv_kernel)[f16]}

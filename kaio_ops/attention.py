@@ -160,7 +160,7 @@ def flash_backward(op: str, do, q, k, v, o, lse, causal: bool):
 def attention_flash_bwd(do, q, k, v, o, lse):
     """Gradients ``(dq, dk, dv)`` of ``attention_flash`` from the output gradient ``do``, the
     inputs, the output ``o`` and the stats ``lse`` of ``attention_flash_with_stats``: all f32
-    [S, D] (lse [S]). FlashAttention-2's backward, P recomputed a tile at a time: no S x S
+    [S, D], D <= 256 (lse [S]). FlashAttention-2's backward, P recomputed a tile at a time: no S x S
     matrix, no atomics (dQ and dK/dV come from two kernels; deterministic)."""
     return flash_backward("attention_flash_bwd", do, q, k, v, o, lse, False)
 
@@ -181,8 +181,14 @@ TC_BWD_DQ = _typed.by_dtype(tc.attention_bwd_dq, OT=lambda t: t)
 TC_BWD_DKDV = _typed.by_dtype(tc.attention_bwd_dkdv, OT=lambda t: t)
 
 TC_DIMS = (16, 32, 64, 128, 256)  # the padded head dims of the tensor-core kernel
-FLASH_DIMS = (64, 128, 256)  # those flash_attention uses (its backward: 64, 128)
-MAX_BWD_DIM = 128  # dK and dV accumulators of 128 columns fill the registers
+FLASH_DIMS = (64, 128, 256)  # those flash_attention and its backward use
+FUSED_DKDV_DIM = 128  # up to this DP, one block accumulates both dK and dV in registers
+
+
+def dkdv_passes(dp: int) -> tuple:
+    """``(WITH_DK, WITH_DV)`` of each launch of the dK/dV kernel for padded head dim ``dp``:
+    one launch for both up to ``FUSED_DKDV_DIM``, then one each (dK first)."""
+    return ((True, True),) if dp <= FUSED_DKDV_DIM else ((True, False), (False, True))
 
 
 def _pow2_dim(d: int, dims: tuple = TC_DIMS) -> int:
@@ -271,7 +277,7 @@ def attention_tc_causal(q, k, v):
     return _attention_tc("attention_tc_causal", q, k, v, True)
 
 
-def _check_flash(op: str, q, k, v, scale, max_d: int = MAX_HEAD_DIM, inputs=None):
+def _check_flash(op: str, q, k, v, scale, inputs=None):
     """Check flash_attention's q [B, H, S, D], k, v [B, Hkv, Sk, D] (f16 or bf16, 16-byte
     aligned); returns the operands, dims (B * H, H, group, S, Sk, D, D) and the scale."""
     inputs = inputs or _arrays.Inputs(op)
@@ -290,8 +296,10 @@ def _check_flash(op: str, q, k, v, scale, max_d: int = MAX_HEAD_DIM, inputs=None
         raise inputs.error(
             "k", f"has Hkv = {hkv} heads, which must divide q's H = {h} (grouped-query)"
         )
-    if d % 8 or d > max_d:
-        raise inputs.error("q", f"has head dim D = {d}; {op} takes multiples of 8 up to {max_d}")
+    if d % 8 or d > MAX_HEAD_DIM:
+        raise inputs.error(
+            "q", f"has head dim D = {d}; {op} takes multiples of 8 up to {MAX_HEAD_DIM}"
+        )
     for a in (qa, ka, va):
         if not a.aligned(16):
             raise inputs.error(a.name, "must start on a 16-byte boundary (16-byte copies)")
@@ -328,13 +336,14 @@ def flash_attention_bwd(do, q, k, v, o, lse, causal: bool = False, scale: float 
     """Gradients ``(dq, dk, dv)`` of ``flash_attention`` (FlashAttention-2 backward on tensor
     cores) from the output gradient ``do`` and ``o`` [B, H, S, D], the inputs q, k, v and the
     stats ``lse`` [B, H, S] (f32) of ``flash_attention_with_stats``, with the same ``causal``
-    and ``scale``. D a multiple of 8 up to 128. dK and dV of a K/V head sum over the query
+    and ``scale``. D a multiple of 8 up to 256. dK and dV of a K/V head sum over the query
     heads of its group. P is recomputed a tile at a time (no S x S matrix), dQ and dK/dV come
-    from two kernels, without atomics: deterministic."""
+    from two kernels (for D > 128, dK and dV from one launch each), without atomics:
+    deterministic."""
     op = "flash_attention_bwd"
     inputs = _arrays.Inputs(op)
     da = inputs.array(do, "do", ndim=4, dtypes=(f16, bf16), form="[B, H, S, D]")
-    (qa, ka, va), dims, scale = _check_flash(op, q, k, v, scale, MAX_BWD_DIM, inputs)
+    (qa, ka, va), dims, scale = _check_flash(op, q, k, v, scale, inputs=inputs)
     if da.shape != qa.shape or da.dtype != qa.dtype:
         raise inputs.error("do", f"must be like q: {qa.dtype.name} {qa.shape}, got {da.shape}")
     oa = inputs.array(o, "o", ndim=4, shape=qa.shape, form="[B, H, S, D]")
@@ -361,9 +370,11 @@ def flash_attention_bwd(do, q, k, v, o, lse, causal: bool = False, scale: float 
     TC_BWD_DQ[qa.dtype][(-(-sq // 64), bh), 128, stream, smem](
         *flat, lse_flat, delta, out_flat[0], *args, DP=dp, BN=tile
     )
-    TC_BWD_DKDV[qa.dtype][(-(-sk // 64), bh // group), 128, stream, smem](
-        *flat, lse_flat, delta, out_flat[1], out_flat[2], *args, DP=dp, BQ=tile
-    )
+    for with_dk, with_dv in dkdv_passes(dp):
+        TC_BWD_DKDV[qa.dtype][(-(-sk // 64), bh // group), 128, stream, smem](
+            *flat, lse_flat, delta, out_flat[1], out_flat[2], *args,
+            DP=dp, BQ=tile, WITH_DK=with_dk, WITH_DV=with_dv,
+        )  # fmt: skip
     return dq, dk, dv
 
 
@@ -380,8 +391,9 @@ def shipped():
     for dtype in (f16, bf16):
         for dp in FLASH_DIMS:  # flash_attention: 16-byte rows
             yield TC_FWD[dtype], {"DP": dp, "VEC": True, **tc_config(dp)}
-            if dp <= MAX_BWD_DIM:
-                yield TC_BWD_DQ[dtype], {"DP": dp, "BN": bwd_tile(dp)}
-                yield TC_BWD_DKDV[dtype], {"DP": dp, "BQ": bwd_tile(dp)}
+            yield TC_BWD_DQ[dtype], {"DP": dp, "BN": bwd_tile(dp)}
+            for with_dk, with_dv in dkdv_passes(dp):
+                flags = {"WITH_DK": with_dk, "WITH_DV": with_dv}
+                yield TC_BWD_DKDV[dtype], {"DP": dp, "BQ": bwd_tile(dp), **flags}
     for dtype in (f32, f16, bf16):
         yield TC_ROW_DOT[dtype], {}

@@ -4,18 +4,22 @@
 The kernels are in ``kaio_ops._matmul_kernels`` (DSL). This module checks the inputs, picks a
 tile configuration (a heuristic per shape and GPU, or the one ``kaio_ops.tune`` measured
 fastest for this GPU and shape bucket) and launches. Skinny products (M <= 16, decode) split
-K over extra blocks and sum the slices in a second, deterministic kernel.
+K over extra blocks and sum the slices in a second, deterministic kernel. On an sm_90 GPU
+(H100, H200) the ops without an explicit plan run ``kaio_ops._matmul_hopper`` (TMA,
+mbarriers, wgmma) when K and N are multiples of 8 and M > 16 (``KAIO_HOPPER_MATMUL=0`` opts
+out); other shapes and archs keep mma.sync.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, replace
 
 import kaio
 from kaio.sim.mode import active as simulating
 from kaio.types import bf16, f16, f32
-from kaio_ops import _arrays
+from kaio_ops import _arrays, _matmul_hopper
 from kaio_ops._matmul_kernels import MATMUL, sum_slices
 
 __all__ = [
@@ -146,9 +150,20 @@ def run(a, b, dtype, pipelined: bool, plan: Plan | None = None, op: str = "matmu
     a, b = _check(op, a, b, dtype)
     m, k = a.shape
     n = b.shape[1]
+    if plan is None and m > SKINNY_M and _hopper() and _matmul_hopper.eligible(a, b, m, n, k):
+        return _matmul_hopper.launch(a, b, m, n, k, _sms(), bf16=dtype == bf16)
     variant = f"{dtype.name}_{'async' if pipelined else 'sync'}"
     plan = plan or plan_for(m, n, k, variant)
     return launch(a, b.view(k * n), (m, n, k), pipelined, plan, aligned=b.aligned(16))
+
+
+def _hopper() -> bool:
+    """Whether ``_matmul_hopper``'s TMA and wgmma kernel replaces the mma.sync one: launches
+    go to an sm_90 GPU (H100/H200), unless ``KAIO_HOPPER_MATMUL=0``. Never under the
+    simulator (its tests launch the kernel directly)."""
+    if os.environ.get("KAIO_HOPPER_MATMUL") == "0" or simulating():
+        return False
+    return kaio.gpu_available() and kaio.device().arch == "sm_90"
 
 
 def launch(
@@ -169,9 +184,7 @@ def launch(
         scales = _no_scales(a)
     c = _arrays.output(a, (m, n), f32)
     # 8-bit products are exact integers; f32 partial sums of a K split would round them
-    split = plan.split if k >= plan.split * cfg.bk and dtype.itemsize > 1 else 1
-    k_slice = math.ceil(math.ceil(k / split) / cfg.bk) * cfg.bk
-    split = math.ceil(k / k_slice)
+    split, k_slice = k_slices(k, plan.split if dtype.itemsize > 1 else 1, cfg.bk)
     target = c if split == 1 else _arrays.output(a, (split * m, n), f32)
     tiles = math.ceil(m / cfg.bm) * math.ceil(n / cfg.bn)
     stream = _arrays.stream_of(a)
@@ -191,6 +204,14 @@ def launch(
     if split > 1:
         sum_slices[(math.ceil(m * n / 256), 256, stream, 0)](target, c, SPLIT=split)
     return c
+
+
+def k_slices(k: int, split: int, bk: int) -> tuple[int, int]:
+    """How a plan's K ``split`` cuts K: (number of slices, slice length), each slice a whole
+    number of ``bk`` steps; K shorter than ``split`` steps is not split."""
+    split = split if k >= split * bk else 1
+    k_slice = math.ceil(math.ceil(k / split) / bk) * bk
+    return math.ceil(k / k_slice), k_slice
 
 
 _NO_SCALES: dict = {}

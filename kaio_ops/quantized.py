@@ -12,24 +12,52 @@ traffic, a few percent of a large product).
 ``b_packed`` [K/8, N] 32-bit words of 8 signed nibbles (low nibble first, k = 8 * row + i),
 ``scales`` f16 [K/128, N]; the weight is ``scales[k // 128, n] * q`` rounded to f16, made in
 registers right before the f16 ``mma`` (the same kernel, ``QUANT = 4``): the weights cross
-memory at a quarter of f16's bytes, which is the point for decode shapes.
+memory at a quarter of f16's bytes, which is the point for decode shapes. Decode shapes
+(M <= 16, N % 4 == 0, aligned operands) take ``kaio_ops._int4_decode`` instead (and so does
+``qkv_project_int4``, one launch for the three weights), which reads
+the words straight into ``mma`` fragments with no shared-memory staging.
+
+``qkv_project_int8(x, wq, wk, wv, sq, sk, sv)`` (W8A16: int8 weights [K, N], a float scale
+each, ``QUANT = 8``) and ``qkv_project_int4(x, wq, wk, wv, sq, sk, sv)`` (the weights and
+scales of ``matmul_int4``) are the Q, K and V projections of one f16 ``x`` [M, K], in f16,
+from one launch of ``qkv_kernel``: its grid covers the three outputs' column tiles and each
+block runs the tile of the projection its columns belong to, the tile of the plain kernel
+(at decode, a K split adds a second launch that sums the slices of the three outputs).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import kaio
-from kaio import f16, i32, u8, u32
+from kaio import f16, f32, i32, u8, u32
 from kaio.types import i8
-from kaio_ops import _arrays
+from kaio_ops import _arrays, _int4_decode
+from kaio_ops._matmul_kernels import MATMUL, QKV, sum_qkv_slices
 from kaio_ops._typed import by_dtype
-from kaio_ops.matmul import launch, plan_for
+from kaio_ops.matmul import (
+    CONFIGS,
+    SKINNY,
+    SKINNY_M,
+    Plan,
+    _no_scales,
+    k_slices,
+    launch,
+    plan_for,
+)
 
-__all__ = ["matmul_int4", "matmul_int8"]
+__all__ = [
+    "matmul_int4",
+    "matmul_int8",
+    "project_int8",
+    "qkv_project_int4",
+    "qkv_project_int8",
+]
 
 DT = u8  # the element type placeholder (see _typed.by_dtype)
 GROUP = 128  # int4 weights share a scale per 128 values along K
+FALLBACK = "64x64"  # the fused projections' tile for shapes that need element copies
 TILE = 32
 ROWS_PER_PASS = 8
 
@@ -75,10 +103,16 @@ def matmul_int8(a, b, scale: float = 1.0):
         raise inputs.error("b", f"must have K = {k} rows (a is {a.shape}), got shape {b.shape}")
     if 0 in (m, k, n):
         raise inputs.error("a" if 0 in a.shape else "b", "has an empty dimension")
-    if not isinstance(scale, int | float):
-        raise inputs.error("scale", f"must be a Python float, got {type(scale).__name__}")
+    alpha = _scale(inputs, scale, "scale")
     flat_b = _arrays.view(transpose(b), a.kind, (n * k,))
-    return launch(a, flat_b, (m, n, k), True, plan_for(m, n, k, "int8"), alpha=float(scale))
+    return launch(a, flat_b, (m, n, k), True, plan_for(m, n, k, "int8"), alpha=alpha)
+
+
+def _scale(inputs: _arrays.Inputs, scale, name: str) -> float:
+    """The int8 scale ``scale`` (argument ``name``), which must be a Python int or float."""
+    if not isinstance(scale, int | float):
+        raise inputs.error(name, f"must be a Python float, got {type(scale).__name__}")
+    return float(scale)
 
 
 def matmul_int4(a, b_packed, scales):
@@ -86,31 +120,168 @@ def matmul_int4(a, b_packed, scales):
     n] * q`` (q the signed nibble ``k % 8`` of word ``b_packed[k // 8, n]``, low nibble
     first; ``b_packed`` u32 or int32 [K/8, N], ``scales`` f16 [K/128, N], K % 128 == 0)."""
     inputs = _arrays.Inputs("matmul_int4")
-    a = inputs.array(a, "a", ndim=2, dtypes=(f16,), form="[M, K]")
+    a = _activations(inputs, a, "a", GROUP)
     m, k = a.shape
-    if k % GROUP or k == 0:
-        raise inputs.error("a", f"needs K a positive multiple of {GROUP} (the group size), got {k}")
-    b = inputs.array(b_packed, "b_packed", ndim=2, dtypes=(u32, i32), form="[K/8, N]")
+    b, s = _int4_operands(inputs, k, b_packed, "b_packed", scales, "scales")
+    n = b.shape[1]
+    if _int4_decode.fits(a, (b, s)):
+        return _int4_decode.matmul(a, b, s)
+    plan = plan_for(m, n, k, "int4")
+    return launch(a, _flat_halves(b), (m, n, k), True, plan, aligned=b.aligned(16), scales=s.obj)
+
+
+def _activations(inputs: _arrays.Inputs, a, name: str, group: int = 1) -> _arrays.Operand:
+    """The f16 activations ``a`` [M, K], M >= 1 and K a positive multiple of ``group``."""
+    a = inputs.array(a, name, ndim=2, dtypes=(f16,), form="[M, K]")
+    m, k = a.shape
+    if group > 1 and (k % group or k == 0):
+        raise inputs.error(
+            name, f"needs K a positive multiple of {group} (the group size), got {k}"
+        )
+    if 0 in (m, k):
+        raise inputs.error(name, "has an empty dimension")
+    return a
+
+
+def _int4_operands(inputs: _arrays.Inputs, k: int, b_packed, b_name: str, scales, s_name: str):
+    """The checked int4 weights for K = ``k``: (``b_packed`` u32 or int32 [K/8, N],
+    ``scales`` f16 [K/128, N])."""
+    b = inputs.array(b_packed, b_name, ndim=2, dtypes=(u32, i32), form="[K/8, N]")
     n = b.shape[1]
     if b.shape[0] != k // 8 or n == 0:
-        raise inputs.error(
-            "b_packed", f"must have shape [K/8, N] = [{k // 8}, N >= 1], got {b.shape}"
-        )
+        raise inputs.error(b_name, f"must have shape [K/8, N] = [{k // 8}, N >= 1], got {b.shape}")
     s = inputs.array(
-        scales, "scales", ndim=2, dtypes=(f16,), shape=(k // GROUP, n), form="[K/128, N]"
+        scales, s_name, ndim=2, dtypes=(f16,), shape=(k // GROUP, n), form="[K/128, N]"
     )
-    if m == 0:
-        raise inputs.error("a", "has an empty dimension")
-    halves = _arrays.retype(_arrays.view(b.obj, b.kind, (k // 8 * n,)), b.kind, f16)
-    plan = plan_for(m, n, k, "int4")
-    return launch(a, halves, (m, n, k), True, plan, aligned=b.aligned(16), scales=s.obj)
+    return b, s
+
+
+def _flat_halves(w: _arrays.Operand):
+    """The contiguous array ``w`` (an even number of bytes a row) as a flat f16 array."""
+    return _arrays.retype(_arrays.view(w.obj, w.kind, (w.size,)), w.kind, f16)
+
+
+@dataclass(frozen=True)
+class Weights:
+    """One quantized weight matrix as ``qkv_kernel`` reads it: ``halves``, its bytes as a
+    flat f16 array (int8: the K x N bytes; int4: the K/8 x N words), ``n`` output columns,
+    ``row`` halves per row of the matrix, the int4 group ``scales`` (an unused 1 x 1 array
+    for int8), the int8 ``scale`` (1 for int4) and whether the bytes start on a 16-byte
+    boundary."""
+
+    halves: object
+    n: int
+    row: int
+    scales: object
+    scale: float
+    aligned: bool
+
+
+def _int4_weights(b: _arrays.Operand, s: _arrays.Operand) -> Weights:
+    """The int4 ``Weights`` of checked packed words ``b`` [K/8, N] and group scales ``s``
+    (``_int4_operands``)."""
+    n = b.shape[1]
+    return Weights(_flat_halves(b), n, 2 * n, s.obj, 1.0, b.aligned(16))
+
+
+def _int8_weights(inputs: _arrays.Inputs, x, w, w_name: str, scale, s_name: str) -> Weights:
+    """Checked int8 ``Weights`` for activations ``x`` [M, K]: ``w`` int8 or uint8 [K, N], N
+    even, and its float ``scale``."""
+    k = x.shape[1]
+    w = inputs.array(w, w_name, ndim=2, dtypes=(i8, u8), form="[K, N]")
+    n = w.shape[1]
+    if w.shape[0] != k or n == 0 or n % 2:
+        raise inputs.error(
+            w_name,
+            f"must have shape [K, N] = [{k}, N] with N even (the kernel reads the bytes in "
+            f"pairs), got {w.shape}",
+        )
+    alpha = _scale(inputs, scale, s_name)
+    return Weights(_flat_halves(w), n, n // 2, _no_scales(x), alpha, w.aligned(16))
+
+
+def _qkv_plan(m: int, widths: list[int], k: int, quant: int, vec: bool = True) -> Plan:
+    """The plan of a fused launch for outputs of ``widths`` columns: at decode shapes, the K
+    split a call of the widest weight alone takes (a block's K loop is the latency of a
+    skinny product, so blocks do no more of it than in the separate calls); otherwise the
+    tile chosen for all the columns together, except that shapes needing element copies
+    (``vec`` False) take the 64x64 tile: one fallback specialization, not four (each holds
+    the code of three tiles)."""
+    if m > SKINNY_M and not vec:
+        return Plan(FALLBACK)
+    return plan_for(m, max(widths) if m <= SKINNY_M else sum(widths), k, f"qkv_int{quant}")
+
+
+def _project(x: _arrays.Operand, weights: list[Weights], quant: int) -> list:
+    """``f16(scale * x @ W)`` for each of the 1 to 3 ``weights`` (int4 when ``quant`` is 4,
+    int8 when 8), from one launch of ``qkv_kernel`` (two when K is split: the second sums
+    the slices of all of them)."""
+    m, k = x.shape
+    widths = [w.n for w in weights]
+    vec = k % 8 == 0 and x.aligned(16) and all(w.row % 8 == 0 and w.aligned for w in weights)
+    plan = _qkv_plan(m, widths, k, quant, vec)
+    cfg = CONFIGS[plan.config]
+    split, k_slice = k_slices(k, plan.split, cfg.bk)
+    outs = [_arrays.output(x, (m, n), f16) for n in widths]
+    split_out = [_arrays.output(x, (split * m, n), f32) for n in widths] if split > 1 else outs
+    weights, targets = _three(weights), _three(split_out)
+    scales = [w.scale for w in weights]
+    columns = widths + [0] * (3 - len(widths))
+    tiles = math.ceil(m / cfg.bm) * sum(math.ceil(n / cfg.bn) for n in widths)
+    stream = _arrays.stream_of(x)
+    config = ((tiles, 1, split), cfg.threads, stream, cfg.shared_bytes(True))
+    QKV[f16 if split == 1 else f32][config](
+        x.view(m * k), *(w.halves for w in weights), *targets, *(w.scales for w in weights),
+        m, *columns, k, k_slice, *(scales if split == 1 else [1.0] * 3),
+        **cfg.constexprs(True, vec, quant),
+    )  # fmt: skip
+    if split > 1:
+        grid = (math.ceil(m * sum(widths) / 256), 256, stream, 0)
+        sum_qkv_slices[grid](*targets, *_three(outs), m, *columns, *scales, SPLIT=split)
+    return outs
+
+
+def _three(items: list) -> list:
+    """``items`` (one to three) padded to three with the first: ``qkv_kernel``'s unused
+    weights take the first one's arrays and have no columns."""
+    return items + items[:1] * (3 - len(items))
+
+
+def qkv_project_int8(x, wq, wk, wv, sq: float, sk: float, sv: float) -> tuple:
+    """``(q, k, v)``, each ``f16(f32(x @ w) * s)``, for f16 ``x`` [M, K] and the int8 (or
+    uint8, read as int8) weights ``wq``, ``wk``, ``wv`` [K, N] (N even, one N each) with
+    their float scales: W8A16, the weights made f16 in registers, exact products summed in
+    f32, one launch for the three."""
+    inputs = _arrays.Inputs("qkv_project_int8")
+    x = _activations(inputs, x, "x")
+    named = ((wq, "wq", sq, "sq"), (wk, "wk", sk, "sk"), (wv, "wv", sv, "sv"))
+    return tuple(_project(x, [_int8_weights(inputs, x, *args) for args in named], 8))
+
+
+def qkv_project_int4(x, wq, wk, wv, sq, sk, sv) -> tuple:
+    """``(q, k, v)``, each ``f16(x @ W)``, for f16 ``x`` [M, K] (K % 128 == 0) and the int4
+    weights ``wq``, ``wk``, ``wv`` (u32 or int32 [K/8, N], one N each) with their f16 group
+    scales ``sq``, ``sk``, ``sv`` [K/128, N], packed as for ``matmul_int4``; f32
+    accumulation, one launch for the three."""
+    inputs = _arrays.Inputs("qkv_project_int4")
+    x = _activations(inputs, x, "x", GROUP)
+    named = ((wq, "wq", sq, "sq"), (wk, "wk", sk, "sk"), (wv, "wv", sv, "sv"))
+    operands = [_int4_operands(inputs, x.shape[1], *args) for args in named]
+    if _int4_decode.fits(x, *operands):
+        return _int4_decode.qkv(x, operands)
+    return tuple(_project(x, [_int4_weights(b, s) for b, s in operands], 4))
+
+
+def project_int8(x, w, scale: float):
+    """``f16(f32(x @ w) * scale)`` for f16 ``x`` [M, K] and one int8 (or uint8) weight ``w``
+    [K, N], N even: ``qkv_project_int8``'s kernel with one weight (its baseline)."""
+    inputs = _arrays.Inputs("project_int8")
+    x = _activations(inputs, x, "x")
+    return _project(x, [_int8_weights(inputs, x, w, "w", scale, "scale")], 8)[0]
 
 
 def specializations() -> list:
     """(kernel, constexprs) of every specialization these ops launch (for PTX checks)."""
-    from kaio_ops._matmul_kernels import MATMUL
-    from kaio_ops.matmul import CONFIGS
-
     out = [(TRANSPOSE[t], {}) for t in (i8, u8)]
     for cfg in CONFIGS.values():
         for vec in (False, True):
@@ -119,4 +290,11 @@ def specializations() -> list:
     for cfg in CONFIGS.values():
         for vec in (False, True):
             out.append((MATMUL[f16], cfg.constexprs(True, vec, 4)))
-    return out
+    for quant in (4, 8):
+        # 16-byte copies: every tile; element copies: the skinny and the fallback tiles
+        tiles = [(name, True) for name in CONFIGS] + [(SKINNY, False), (FALLBACK, False)]
+        out += [(QKV[f16], CONFIGS[c].constexprs(True, vec, quant)) for c, vec in tiles]
+        # a K split (decode): f32 partial products, summed by sum_qkv_slices
+        out += [(QKV[f32], CONFIGS[SKINNY].constexprs(True, vec, quant)) for vec in (False, True)]
+    out += [(sum_qkv_slices, {"SPLIT": s}) for s in (2, 16)]
+    return out + _int4_decode.specializations()

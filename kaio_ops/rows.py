@@ -38,6 +38,7 @@ from kaio_ops._typed import by_dtype
 __all__ = ["rms_norm", "rms_norm_residual", "layer_norm", "softmax"]
 
 REGS = 32  # f32 registers per thread that hold its part of a row
+LOG2E = 1.4426950408889634  # softmax's exp(x - max) = exp2_ftz((x - max) * LOG2E): one instruction
 MIN_BLOCK, MAX_BLOCK = 64, 512
 OPS = ("rms_norm", "rms_norm_residual", "layer_norm", "softmax")
 # acc[]: per-thread accumulators, then the row's statistics
@@ -113,7 +114,7 @@ def visit(
                 ov[j] = xs[at + j] * acc[CACHED]
         elif OP == "softmax":
             for j in kaio.static_range(VEC):
-                ov[j] = kaio.exp(xs[at + j] - acc[MAX]) * acc[EXPSUM]
+                ov[j] = kaio.exp2_ftz((xs[at + j] - acc[MAX]) * LOG2E) * acc[EXPSUM]
         elif OP == "layer_norm":
             load_f32(wv, 0, w, col, VEC)
             load_f32(bv, 0, b, col, VEC)
@@ -140,7 +141,7 @@ def exp_segment(VEC: kaio.constexpr, xs: f32[:], acc: f32[:], first: u32, nt: u3
     for k in kaio.static_range(REGS // VEC):
         if first + k * nt < chunks:
             for j in kaio.static_range(VEC):
-                e = kaio.exp(xs[k * VEC + j] - top)
+                e = kaio.exp2_ftz((xs[k * VEC + j] - top) * LOG2E)
                 xs[k * VEC + j] = e
                 s += e
     merge_max_sum(top, s, acc)

@@ -22,8 +22,7 @@ errors.
 
 The registration is table-driven: ``OPS`` holds one ``OpSpec`` per op (its schema, its fake
 and its gradient). An op of ``kaio_ops`` is registered when its name is in ``OPS``; adding an
-op is one entry there. Entries for ops that ``kaio_ops`` does not export (yet: the fused
-quantized QKV projections of shared/API.md) are skipped.
+op is one entry there. Entries for ops that ``kaio_ops`` does not export are skipped.
 """
 
 from __future__ import annotations

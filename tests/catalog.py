@@ -771,10 +771,12 @@ def math_builtins(x: f32[:], out: f32[:, :]):
     out[i, 11] = kaio.fma(v, 2.0, 1.0) + kaio.floor(v) - kaio.ceil(v)
     out[i, 12] = kaio.min(v, 0.5) * kaio.max(v, -0.5)
     out[i, 13] = v // 0.75 + v % 0.75
+    out[i, 14] = kaio.exp2_ftz(v)
+    out[i, 15] = kaio.rcp_ftz(a)
 
 
 def _make_math(rng):
-    return [rng.uniform(-3, 3, 64).astype(np.float32), poison((64, 14), np.float32)], 1, None, 0
+    return [rng.uniform(-3, 3, 64).astype(np.float32), poison((64, 16), np.float32)], 1, None, 0
 
 
 def _erf(x):
@@ -799,6 +801,8 @@ def _ref_math(args):
         v * 2 + 1 + np.floor(v) - np.ceil(v),
         np.minimum(v, 0.5) * np.maximum(v, -0.5),
         np.floor(v / 0.75) + (v - np.floor(v / 0.75) * 0.75),
+        2**v,
+        1 / a,
     ]
     return {1: np.stack(cols, 1)}
 

@@ -9,7 +9,7 @@ from kaio.ir.nodes import Instr, walk
 from tests.catalog import CASES
 from tests.harness import assert_matches, host_copies, launch_config, with_views
 
-APPROXIMATE = {"exp2", "log2", "rsqrt", "rcp_approx", "sin", "cos", "tanh"}
+APPROXIMATE = {"exp2", "exp2_ftz", "log2", "rsqrt", "rcp_approx", "rcp_ftz", "sin", "cos", "tanh"}
 
 
 def _uses_approximate_math(case) -> bool:

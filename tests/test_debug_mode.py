@@ -230,7 +230,8 @@ def test_debug_launcher_passes_the_record_and_checks_after_each_launch(fake_driv
     infos = {k: describe(a) for k, a in enumerate(args) if not isinstance(a, int)}
     bind = build_launcher(gather, gather.specialize(), loaded, args, infos)
     assert bind((1, 1, 1), (64, 1, 1), 0, 0x55)(args)
-    fields = struct.unpack("=QqQqQqIxxxxQ", calls[-1][-1])
+    fields = struct.unpack("=QqQqQqIxxxxQ", calls[-1][5][:64])
+    assert calls[-1][6][-1] == 56  # the record address, 8-byte aligned after n
     assert fields == (0x1000, 8, 0x2000, 8, 0x1000, 8, 8, 0xDEB6)
     assert checked == [0x55]
 

@@ -21,7 +21,12 @@ def test_ir_verifies_after_every_pass(case):
     for _ in range(4):
         passes.fold(fn)
         verify(fn)
+        passes.propagate_copies(fn)
+        verify(fn)
         passes.eliminate_dead_code(fn)
+        verify(fn)
+    for late in (passes.strength_reduce, passes.constants_outward, passes.hoist_invariants):
+        late(fn)
         verify(fn)
     text = format_function(fn)
     assert text.startswith(f"kernel {kernel.__name__}(")

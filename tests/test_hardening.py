@@ -130,11 +130,10 @@ def test_concurrent_launches_never_share_a_parameter_buffer(fake_driver):  # noq
     torn = []
 
     def slow_launch(config, func, params, extra):
-        entries = extra._obj
-        size = ctypes.c_size_t.from_address(entries[3]).value
-        first = ctypes.string_at(entries[1], size)
+        start, size = params[0], params[-1] - params[0] + 4  # kernelParams; n is a u32, last
+        first = ctypes.string_at(start, size)
         time.sleep(0.0005)  # another thread runs here
-        if ctypes.string_at(entries[1], size) != first:
+        if ctypes.string_at(start, size) != first:
             torn.append(first)
         calls.append(first)
         return 0

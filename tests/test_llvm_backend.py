@@ -1,8 +1,9 @@
 """The LLVM backend (``kaio.llvm``) against the PTX emitter.
 
-On the CPU: every kernel of the catalog, the tensor-core tests, random expression kernels
-(tests/exprgen.py) and kaio_ops compiles through both backends, both PTX texts assemble with
-ptxas for sm_80 and sm_90 and declare the same entry and launch parameters; the lowering keeps
+On the CPU: every kernel of the catalog, the tensor-core and Hopper tests, random expression
+kernels (tests/exprgen.py), kaio_ops and the Hopper matmul compile through both backends, both
+PTX texts assemble with ptxas for sm_80 and sm_90 (sm_90a for wgmma) and declare the same
+target, entry and launch parameters; the lowering keeps
 PTX's meaning where LLVM's instructions differ (no FMA contraction, clamped shifts, defined
 division); both backends refuse the same kernels with the same errors. Marked gpu: the two
 backends' code runs on the same inputs and agrees bit for bit (NaN equal to any NaN: LLVM
@@ -16,7 +17,9 @@ import os
 import re
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -27,9 +30,21 @@ import kaio.llvm
 from kaio.kernel import Kernel
 from kaio.ptx.ptxas import assemble, find_ptxas
 from kaio.types import f16, f32, f64, i32, u8, u32, u64
+from kaio_ops import _matmul_hopper
 from tests import exprgen
 from tests.catalog import CASES
 from tests.harness import assert_matches, host_copies, launch_config, with_views
+from tests.test_hopper import (
+    TMA_CORNERS,
+    WGMMA_CASES,
+    _hopper_gpu,
+    barrier_phases,
+    descriptor_bits,
+    dynamic_tile,
+    regs_and_fences,
+    tma_tile,
+    wgmma_tile,
+)
 from tests.test_tensor_cores import (
     PTX_CASES,
     _cp_args,
@@ -77,11 +92,20 @@ def entry(ptx: str) -> str:
     return re.search(r"\.entry\s+([\w$]+)", ptx).group(1)
 
 
+def target(ptx: str) -> str:
+    """The ``.target`` of a PTX text (``sm_90a`` for a kernel using wgmma)."""
+    return re.search(r"^\.target\s+(\w+)", ptx, re.M).group(1)
+
+
 def check_both(kernel: Kernel, arch: str, **constexprs) -> tuple[str, str]:
-    """Both backends' PTX for ``arch``: assembled, with the same entry and parameters."""
+    """Both backends' PTX for ``arch``: the same target, assembled for it without wgmma
+    serialization (ptxas' C7508, C7518), with the same entry and parameters."""
     texts = [kernel.ptx(arch=arch, backend=b, **constexprs) for b in BACKENDS]
+    assert target(texts[0]) == target(texts[1])
     with ThreadPoolExecutor(2) as pool:
-        list(pool.map(lambda t: assemble(t, arch), texts))
+        reports = list(pool.map(lambda t: assemble(t, target(t)), texts))
+    for report in reports:
+        assert "C7508" not in report and "C7518" not in report, report
     ptx, llvm = texts
     assert entry(llvm) == entry(ptx)
     assert launch_parameters(llvm) == launch_parameters(ptx)
@@ -108,6 +132,44 @@ def test_tensor_core_kernels_compile_through_both_backends(kernel, consts, arch)
     ptx, llvm = check_both(kernel, arch, **consts)
     for instruction in ("mma.sync.aligned", "ldmatrix.sync.aligned", "cp.async."):
         assert (instruction in ptx) == (instruction in llvm)
+
+
+HOPPER_CASES = [
+    (tma_tile, {"R": 32}),
+    (barrier_phases, {}),
+    (descriptor_bits, {}),
+    (regs_and_fences, {}),
+    *(
+        (wgmma_tile, {"K": k, "N": n, "SW": sw, "B_NMAJOR": nmajor, "BF16": bf16})
+        for (k, n, sw, nmajor), bf16 in (
+            (WGMMA_CASES[0], 0),
+            (WGMMA_CASES[5], 1),
+            (WGMMA_CASES[8], 0),
+        )
+    ),
+    *_matmul_hopper.specializations(),
+]
+"""(kernel, constexprs): tests/test_hopper.py's kernels (wgmma: N = 128, 32 in bf16 and 256,
+both B layouts) and every Hopper matmul specialization."""
+
+
+def _case_id(case) -> str:
+    kernel, consts = case
+    return " ".join([kernel.__name__, *(f"{k}={v}" for k, v in consts.items())])
+
+
+@needs_llvm
+@needs_ptxas
+@pytest.mark.parametrize("case", HOPPER_CASES, ids=_case_id)
+def test_hopper_kernels_compile_through_both_backends(case):
+    """wgmma, TMA and mbarriers through LLVM: sm_90a where the emitter says so, the tensor
+    maps read in place (``cvta.param``, no local copy) and the tiles 1024-byte aligned."""
+    kernel, consts = case
+    ptx, llvm = check_both(kernel, "sm_90", **consts)
+    features = ("wgmma.mma_async", "cp.async.bulk.tensor", "mbarrier.try_wait", "setmaxnreg")
+    for text in (*features, "fence.proxy.async", "cvta.param", ".align 1024", ".align 64 .b8"):
+        assert (text in ptx) == (text in llvm), text
+    assert "__local_depot" not in llvm
 
 
 def _size(consts: dict) -> int:
@@ -264,6 +326,14 @@ def test_same_errors_from_both_backends():
         x[0] = kaio.atomic_add(a, kaio.thread_idx_x() % 4, 1)
 
     cases += [(bf16_on_sm75, "sm_75", {}), (local_atomic, "sm_90", {})]
+    cases += [  # Hopper: sm_90a only, sm_90 only, a dynamic tile after a static array
+        (descriptor_bits, "sm_80", {}),
+        (regs_and_fences, "sm_100", {}),
+        (wgmma_tile, "sm_120", {"K": 16, "N": 8, "SW": 0, "B_NMAJOR": 0, "BF16": 0}),
+        (tma_tile, "sm_80", {"R": 32}),
+        (barrier_phases, "sm_89", {}),
+        (dynamic_tile, "sm_90", {}),
+    ]
     for kernel, arch, consts in cases:
         messages = []
         for backend in BACKENDS:
@@ -347,8 +417,23 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     return a.tobytes() == b.tobytes()
 
 
+class TensorMapOf(NamedTuple):
+    """A tensor-map argument of a GPU run: ``kaio.tensor_map_2d`` over the array's device copy."""
+
+    array: np.ndarray
+    box: tuple
+    swizzle: int
+
+
 def _device(args):
-    return [kaio.to_device(a) if isinstance(a, np.ndarray) else a for a in args]
+    out = []
+    for a in args:
+        if isinstance(a, TensorMapOf):
+            a = kaio.tensor_map_2d(kaio.to_device(a.array), a.box, a.swizzle)
+        elif isinstance(a, np.ndarray):
+            a = kaio.to_device(a)
+        out.append(a)
+    return out
 
 
 def _host(args):
@@ -407,6 +492,68 @@ def test_gpu_tensor_cores_both_backends_bit_exact():
             for s, g in zip(sim, both["llvm"], strict=True):
                 if isinstance(s, np.ndarray):
                     assert same_bits(s, g), f"{kernel.__name__} {consts}: LLVM and simulator"
+
+
+def hopper_runs(rng) -> list[tuple]:
+    """(kernel, launch subscript, arguments, constexprs) of tests/test_hopper.py's kernels
+    (every swizzle and box corner of TMA, every wgmma case in f16 and bf16 on random inputs)
+    and of the Hopper matmul's specializations. ``barrier_phases`` is apart: the GPU answers
+    a try_wait ahead of the thread's own arrival either way (tests/test_hopper.py)."""
+    a = rng.standard_normal((100, 200)).astype(np.float16)
+    runs = []
+    for swizzle in (0, 32, 64, 128):
+        cols = 64 if swizzle in (0, 128) else swizzle // 2
+        tmap = TensorMapOf(a, (32 * 64 // cols, cols), swizzle)
+        for row, col in TMA_CORNERS:
+            out = np.zeros((32, 64), np.float16)
+            runs.append((tma_tile, 1, [tmap, out, row, col], {"R": 32}))
+    runs.append((descriptor_bits, 1, [np.zeros(2, np.uint64)], {}))
+    runs.append((regs_and_fences, 1, [np.zeros(128, np.uint32)], {}))
+    for k, n, sw, nmajor in WGMMA_CASES:
+        for bf16 in (0, 1):
+            dt = ml_dtypes.bfloat16 if bf16 else np.float16
+            x, y = rng.standard_normal((64, k)).astype(dt), rng.standard_normal((k, n)).astype(dt)
+            y = y if nmajor else np.ascontiguousarray(y.T)
+            ce = sw // 2 if sw else 8
+            maps = [
+                TensorMapOf(x.view(np.float16), (64, ce), sw),
+                TensorMapOf(y.view(np.float16), (y.shape[0], ce), sw),
+            ]
+            out = np.full((64, n), np.nan, np.float32)
+            consts = {"K": k, "N": n, "SW": sw, "B_NMAJOR": nmajor, "BF16": bf16}
+            runs.append((wgmma_tile, 1, [*maps, out], consts))
+    m, n, k = 130, 136, 200
+    for kernel, consts in _matmul_hopper.specializations():
+        dt = ml_dtypes.bfloat16 if consts["BF16"] else np.float16
+        x, y = rng.standard_normal((m, k)).astype(dt), rng.standard_normal((k, n)).astype(dt)
+        maps = [
+            TensorMapOf(x.view(np.float16), (_matmul_hopper.BM, _matmul_hopper.BK), 128),
+            TensorMapOf(y.view(np.float16), (_matmul_hopper.BK, 64), 128),
+        ]
+        grid = (-(-n // consts["BN"]), -(-m // _matmul_hopper.BM))
+        shared = _matmul_hopper.shared_bytes(consts["BN"], consts["STAGES"])
+        subscript = launch_config(grid, _matmul_hopper.THREADS, shared)
+        runs.append(
+            (kernel, subscript, [*maps, np.full((m, n), np.nan, np.float32), m, n, k], consts)
+        )
+    return runs
+
+
+@needs_llvm
+@pytest.mark.gpu
+def test_gpu_hopper_both_backends_bit_exact():
+    if not _hopper_gpu():
+        pytest.skip("needs an sm_90 GPU")
+    for kernel, subscript, args, consts in hopper_runs(np.random.default_rng(11)):
+        both = _run_both(kernel, subscript, args, consts)
+        name = f"{kernel.__name__} {consts}"
+        _assert_agree(name, both)
+        for out in both["llvm"]:  # every output written (the inputs are finite)
+            if isinstance(out, np.ndarray) and out.dtype.kind == "f":
+                assert not np.isnan(out).any(), f"{name}: NaN left in the output"
+    flags = _run_both(barrier_phases, 1, [np.zeros(64 * 9, np.uint32)], {})
+    ptx, llvm = (flags[b][0].reshape(64, 3, 3)[:, :, 1:] for b in BACKENDS)
+    np.testing.assert_array_equal(llvm, ptx)
 
 
 @needs_llvm

@@ -1,13 +1,14 @@
 """The attention ops: in the simulator against a NumPy float64 reference at small sizes
 (hypothesis over the sequence lengths and head dims; key splits; causal masks; grouped-query
 heads), the f32 backward against the reference's gradients and finite differences, input
-checks, every shipped specialization through ptxas, and on a GPU, torch's
-scaled_dot_product_attention in float64 at real sizes."""
+checks, every shipped specialization through ptxas (no register spills for sm_90), and on a
+GPU, torch's scaled_dot_product_attention in float64 at real sizes."""
 
 from __future__ import annotations
 
 import math
 import os
+import re
 from concurrent.futures import ProcessPoolExecutor
 
 import ml_dtypes
@@ -169,7 +170,7 @@ def test_attention_flash_bwd_against_finite_differences_in_simulator():
             assert rel(g, fd) < 1e-5, name
 
 
-@pytest.mark.parametrize("s, d, causal", [(70, 24, True)])
+@pytest.mark.parametrize("s, d, causal", [(70, 24, True), (5, 136, False)])  # DP 64, 256
 def test_attention_flash_bwd_in_simulator(s, d, causal):
     rng = np.random.default_rng(s + d)
     q, k, v, do = (randn(rng, (s, d)) for _ in range(4))
@@ -242,6 +243,10 @@ def test_flash_attention_in_simulator(b, h, hkv, s, d, dtype, causal, scale):
     [
         (1, 2, 1, 40, 64, np.float16, True),  # grouped heads: dK, dV summed over 2 heads
         (2, 2, 1, 20, 128, ml_dtypes.bfloat16, False),  # D = 128, K/V re-read each tile
+        # D > 128: dQ from 128-column A fragments, dK and dV from one launch each
+        (1, 4, 2, 33, 256, np.float16, True),  # grouped heads, causal, a partial tile
+        (2, 1, 1, 17, 200, ml_dtypes.bfloat16, False),  # D = 200 padded to 256
+        (1, 2, 2, 3, 136, np.float16, True),  # D = 136, three rows
     ],
 )
 def test_flash_attention_bwd_in_simulator(b, h, hkv, s, d, dtype, causal):
@@ -300,6 +305,10 @@ def _f16(*shape):
             "head dim D = 60",
         ),
         (
+            lambda: kaio_ops.flash_attention_bwd(*[_f16(1, 2, 8, 264)] * 5, _f32(1, 2, 8)),
+            "head dim D = 264; flash_attention_bwd takes multiples of 8 up to 256",
+        ),
+        (
             lambda: kaio_ops.flash_attention(
                 _f16(1, 4, 8, 64), _f16(2, 4, 8, 64), _f16(2, 4, 8, 64)
             ),
@@ -333,7 +342,10 @@ def test_numpy_outside_simulate_names_both_ways_out():
 def _assemble_shipped(index: int) -> None:
     kernel, constexprs = list(attention.shipped())[index]
     for arch in ("sm_80", "sm_90"):
-        assemble(kernel.ptx(arch=arch, **constexprs), arch)
+        report = assemble(kernel.ptx(arch=arch, **constexprs), arch)
+        if arch == "sm_90":  # H100/H200: every kernel fits its registers (up to 255)
+            spills = re.search(r"(\d+) bytes spill stores", report)
+            assert spills and spills[1] == "0", (kernel.pyfunc.__name__, constexprs, report)
 
 
 @pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
@@ -455,7 +467,14 @@ def test_gpu_device_array_inputs():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "b, h, hkv, s, d", [(4, 16, 16, 2048, 128), (2, 8, 2, 1000, 64), (1, 4, 1, 333, 96)]
+    "b, h, hkv, s, d",
+    [
+        (4, 16, 16, 2048, 128),
+        (2, 8, 2, 1000, 64),
+        (1, 4, 1, 333, 96),
+        (2, 8, 2, 2048, 256),  # D > 128: dK and dV from one launch each
+        (1, 4, 4, 1031, 200),
+    ],
 )
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

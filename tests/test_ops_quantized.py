@@ -4,16 +4,21 @@ input checks, and every specialization's PTX through ptxas."""
 
 from __future__ import annotations
 
+import itertools
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 import pytest
 
 import kaio
 import kaio_ops
+from kaio import f16, f32, u32
 from kaio.ptx.ptxas import assemble, find_ptxas
-from kaio_ops.quantized import specializations
+from kaio_ops import _arrays, _int4_decode
+from kaio_ops._matmul_kernels import QKV
+from kaio_ops.matmul import CONFIGS, Plan, heuristic, k_slices
+from kaio_ops.quantized import FALLBACK, _qkv_plan, project_int8, specializations
 
 RNG = np.random.default_rng(77)
 
@@ -63,6 +68,26 @@ def test_int4_in_simulator(m, n, k):
     ref = a.astype(np.float64) @ w.astype(np.float64)
     assert c.dtype == np.float32 and np.isfinite(c).all()
     assert np.linalg.norm(c - ref) / np.linalg.norm(ref) < 1e-5
+
+
+@pytest.mark.parametrize(
+    "m, n, k", [(1, 36, 256), (7, 100, 384), (9, 64, 128), (16, 132, 512), (2, 70, 256)]
+)
+def test_int4_decode_shapes_in_simulator(m, n, k):
+    """M <= 16 with N % 4 == 0 takes the decode kernel (rows past M and columns past N
+    read clamped addresses; an odd N takes the tiled kernel): every element checked."""
+    a, packed, scales, w = int4_case(m, n, k)
+    with kaio.simulate():
+        inputs = _arrays.Inputs("test")
+        operands = [
+            inputs.array(x, name, dtypes=(t,))
+            for x, name, t in ((a, "a", f16), (packed, "b", u32), (scales, "s", f16))
+        ]
+        assert _int4_decode.fits(operands[0], operands[1:]) == (n % 4 == 0)
+        c = kaio_ops.matmul_int4(a, packed.view(np.int32), scales)
+    ref = a.astype(np.float64) @ w.astype(np.float64)
+    assert c.shape == (m, n) and np.isfinite(c).all()
+    np.testing.assert_allclose(c, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
 
 
 def test_int4_packing_reference_matches_the_documented_layout():
@@ -120,12 +145,226 @@ def test_bad_inputs_name_the_argument(call, message):
         call()
 
 
+ARCHS = ("sm_80", "sm_90")
+
+
+def _assemble(job: tuple) -> None:
+    """Specialization ``index`` (of ``specializations()``) through ptxas for ``archs``."""
+    index, archs = job
+    kernel, constexprs = specializations()[index]
+    for arch in archs:
+        assemble(kernel.ptx(arch=arch, **constexprs), arch)
+
+
 @pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_every_specialization_assembles(arch):
-    texts = [kernel.ptx(arch=arch, **constexprs) for kernel, constexprs in specializations()]
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        list(pool.map(lambda ptx: assemble(ptx, arch), texts))
+def test_every_specialization_assembles():
+    """Every specialization through ptxas for sm_80 and sm_90, except that those of the
+    fused QKV kernel (three tiles' code each: seconds of Python and ptxas) take the two in
+    turn (each arch still gets both quantizations and both kinds of copies). Emitting PTX
+    is Python: processes, not threads, run the jobs in parallel."""
+    specs = specializations()
+    fused = [i for i, (kernel, _) in enumerate(specs) if kernel in QKV.values()]
+    jobs = [(i, ARCHS) for i in range(len(specs)) if i not in fused]
+    jobs += [(i, (ARCHS[n % 2],)) for n, i in enumerate(fused)]
+    with ProcessPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        list(pool.map(_assemble, jobs))
+
+
+# --------------------------------------------------------------------------- fused QKV
+def int8_qkv_case(m, widths, k, rng=RNG):
+    """f16 activations, three int8 weights [K, N] of the given widths, three scales."""
+    x = rng.standard_normal((m, k)).astype(np.float16)
+    weights = [rng.integers(-128, 128, (k, n)).astype(np.int8) for n in widths]
+    scales = [float(s) for s in rng.random(3) * 0.02 + 0.005]
+    return x, weights, scales
+
+
+def int4_qkv_case(m, widths, k, rng=RNG):
+    """f16 activations, then per width (packed words, f16 scales, dequantized f16 weights)."""
+    x = rng.standard_normal((m, k)).astype(np.float16)
+    return x, [int4_case(m, n, k, rng)[1:] for n in widths]
+
+
+def f32_sum_slack(x, w, scale=1.0) -> np.ndarray:
+    """What an f32 sum of the products of ``scale * x @ w`` may be off by on the simulator:
+    2**-16 of the sum of their magnitudes (it rounds once per mma k step)."""
+    return 2.0**-16 * (np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64)) * scale)
+
+
+def check_f16_product(out, x, w, scale=1.0):
+    """``out`` is ``f16(scale * x @ w)`` with an f32 sum: within half an f16 ulp of the float64
+    product (2**-11 relative, 2**-25 absolute for subnormals), plus the f32 sum's slack."""
+    exact = x.astype(np.float64) @ w.astype(np.float64) * scale
+    tol = 2.0**-11 * np.abs(exact) + 2.0**-25 + f32_sum_slack(x, w, scale)
+    assert out.dtype == np.float16 and out.shape == exact.shape
+    err = np.abs(out.astype(np.float64) - exact)
+    assert (err <= tol).all(), f"{(err > tol).sum()} elements off, worst {err.max():.3g}"
+
+
+def check_within_f16_rounding(fused, separate, slack):
+    """``fused`` (f16) and ``separate`` (f16 or f32) are roundings of the same product summed
+    in another f32 order: at most one f16 ulp apart beyond ``slack``, what the two sums may
+    differ by."""
+    a, b = fused.astype(np.float64), separate.astype(np.float64)
+    ulp = np.spacing(np.maximum(np.abs(a), np.abs(b)).astype(np.float16)).astype(np.float64)
+    assert (np.abs(a - b) <= ulp + slack).all()
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """Arrays the ops allocate (outputs, K-split workspaces) start as NaN bytes, so an
+    element a kernel never writes fails the checks."""
+    allocate = _arrays._allocate
+
+    def poison(like, shape, dtype):
+        out = allocate(like, shape, dtype)
+        out.view(np.uint8).fill(0xFF)
+        return out
+
+    monkeypatch.setattr(_arrays, "_allocate", poison)
+
+
+# (M, widths of Q, K, V, K): decode with a K split; decode with grouped-query widths; edge
+# tiles with 16-byte copies; N % 16 != 0 (int8 element path); K % 8 != 0 and N > 128
+QKV8_SHAPES = [
+    (1, (32, 32, 32), 512),
+    (16, (48, 16, 32), 64),
+    (40, (48, 16, 32), 96),
+    (33, (18, 34, 8), 40),
+    (70, (130, 2, 66), 21),
+]
+
+
+@pytest.mark.parametrize("m, widths, k", QKV8_SHAPES)
+def test_qkv_int8_in_simulator(m, widths, k, poisoned):
+    x, weights, scales = int8_qkv_case(m, widths, k)
+    with kaio.simulate():
+        out = kaio_ops.qkv_project_int8(x, *weights, *scales)
+    assert isinstance(out, tuple) and len(out) == 3
+    for o, w, s in zip(out, weights, scales, strict=True):
+        check_f16_product(o, x, w, s)
+
+
+def test_qkv_int8_reads_uint8_bytes_as_int8(poisoned):
+    x, weights, scales = int8_qkv_case(17, (32, 16, 48), 64)
+    with kaio.simulate():
+        signed = kaio_ops.qkv_project_int8(x, *weights, *scales)
+        unsigned = kaio_ops.qkv_project_int8(x, *(w.view(np.uint8) for w in weights), *scales)
+    for a, b in zip(signed, unsigned, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+# decode with a K split; decode, grouped-query widths; edge tiles; N % 4 != 0 (element path)
+QKV4_SHAPES = [
+    (1, (32, 32, 32), 512),
+    (16, (64, 8, 24), 256),
+    (40, (48, 16, 40), 128),
+    (33, (20, 36, 12), 384),
+    (17, (18, 6, 10), 128),
+]
+
+
+@pytest.mark.parametrize("m, widths, k", QKV4_SHAPES)
+def test_qkv_int4_in_simulator(m, widths, k, poisoned):
+    x, weights = int4_qkv_case(m, widths, k)
+    with kaio.simulate():
+        out = kaio_ops.qkv_project_int4(x, *(w[0] for w in weights), *(w[1] for w in weights))
+    assert isinstance(out, tuple) and len(out) == 3
+    for o, (_, _, w) in zip(out, weights, strict=True):
+        check_f16_product(o, x, w)
+
+
+@pytest.mark.parametrize("m, k", [(1, 512), (40, 96)])
+def test_qkv_int8_equals_separate_calls_in_simulator(m, k):
+    """One weight per launch (the same kernel, the same plan): the same bits."""
+    x, weights, scales = int8_qkv_case(m, (48, 48, 48), k)
+    assert _qkv_plan(m, [48] * 3, k, 8) == _qkv_plan(m, [48], k, 8)
+    with kaio.simulate():
+        fused = kaio_ops.qkv_project_int8(x, *weights, *scales)
+        separate = [project_int8(x, w, s) for w, s in zip(weights, scales, strict=True)]
+    for a, b in zip(fused, separate, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize(
+    "m, widths, k", [(1, (40, 40, 40), 512), (9, (64, 36, 100), 256), (40, (40, 40, 40), 128)]
+)
+def test_qkv_int4_equals_matmul_int4_in_simulator(m, widths, k):
+    """Against matmul_int4 rounded to f16: the same bits, since both take the same kernel
+    code (at M <= 16 the decode kernel, one launch for the three weights in the fused op;
+    above, the tiled kernel)."""
+    x, weights = int4_qkv_case(m, widths, k)
+    with kaio.simulate():
+        fused = kaio_ops.qkv_project_int4(x, *(w[0] for w in weights), *(w[1] for w in weights))
+        separate = [kaio_ops.matmul_int4(x, p, s) for p, s, _ in weights]
+    for a, b in zip(fused, separate, strict=True):
+        np.testing.assert_array_equal(a, b.astype(np.float16))
+
+
+def test_qkv_plans():
+    """At decode, the K split of one projection alone (a fused block walks no more of K than
+    a separate call's); above, the tile for all the columns together."""
+    with kaio.simulate():
+        assert _qkv_plan(16, [4096] * 3, 4096, 4) == heuristic(16, 4096, 4096)
+        assert _qkv_plan(1, [4096, 1024, 1024], 4096, 8) == heuristic(1, 4096, 4096)
+        assert _qkv_plan(512, [4096] * 3, 4096, 8) == heuristic(512, 3 * 4096, 4096)
+        assert heuristic(16, 4096, 4096).split > 1
+        assert heuristic(512, 3 * 4096, 4096) != heuristic(512, 4096, 4096)
+        assert _qkv_plan(512, [4096] * 3, 4096, 4, vec=False) == Plan(FALLBACK)
+        assert _qkv_plan(16, [4096] * 3, 4096, 4, vec=False) == heuristic(16, 4096, 4096)
+
+
+def test_every_fused_plan_is_a_listed_specialization():
+    """Whatever plan a fused launch takes, its kernel is one the PTX test assembles."""
+    listed = [(k, c) for k, c in specializations() if k in QKV.values()]
+    shapes = [([4096] * 3, 4096), ([128] * 3, 4096), ([64] * 3, 256)]  # K splits of 4, 16, 1
+    with kaio.simulate():
+        for m, (widths, k), vec, quant in itertools.product(
+            (1, 16, 17, 100, 300, 4096), shapes, (False, True), (4, 8)
+        ):
+            plan = _qkv_plan(m, widths, k, quant, vec)
+            cfg = CONFIGS[plan.config]
+            out = f16 if k_slices(k, plan.split, cfg.bk)[0] == 1 else f32
+            assert (QKV[out], cfg.constexprs(True, vec, quant)) in listed, (m, widths, plan)
+
+
+def _qkv8(x=(4, 64), w=((64, 16),) * 3, s=(0.5, 0.5, 0.5), wdtype=np.int8):
+    """A qkv_project_int8 call on ones of these shapes (or the arrays given)."""
+    arrays = [np.ones(shape, wdtype) if isinstance(shape, tuple) else shape for shape in w]
+    xs = np.ones(x, np.float16) if isinstance(x, tuple) else x
+    return lambda: kaio_ops.qkv_project_int8(xs, *arrays, *s)
+
+
+def _qkv4(x=(4, 128), w=((16, 8),) * 3, s=((1, 8),) * 3):
+    """A qkv_project_int4 call on ones of these shapes."""
+    args = [np.ones(x, np.float16), *(np.ones(a, np.uint32) for a in w)]
+    return lambda: kaio_ops.qkv_project_int4(*args, *(np.ones(a, np.float16) for a in s))
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (_qkv8(x=np.ones((4, 64), np.float32)), "'x' must be a 2-D array \\[M, K\\] of f16"),
+        (_qkv8(x=(0, 64)), "'x' has an empty dimension"),
+        (_qkv8(w=((64, 16), (63, 16), (64, 16))), r"'wk' must have shape \[K, N\] = \[64, N\]"),
+        (_qkv8(w=((64, 16), (64, 16), (64, 15))), "'wv' must have .* with N even"),
+        (_qkv8(w=((64, 16), (64, 16), (64,))), "'wv' must be a 2-D array"),
+        (_qkv8(wdtype=np.int16), "'wq' must be a 2-D array .* of i8 or u8"),
+        (_qkv8(s=(0.5, np.ones(1), 0.5)), "'sk' must be a Python float"),
+        (_qkv8(w=(np.ones((16, 64), np.int8).T, (64, 16), (64, 16))), "'wq' must be contiguous"),
+        (_qkv4(x=(4, 100)), "'x' needs K a positive multiple of 128"),
+        (_qkv4(w=((16, 8), (15, 8), (16, 8))), r"'wk' must have shape \[K/8, N\]"),
+        (_qkv4(s=((1, 8), (1, 8), (2, 8))), r"'sv' must have shape \(1, 8\)"),
+    ],
+)
+def test_qkv_bad_inputs_name_the_argument(call, message):
+    with kaio.simulate(), pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_qkv_numpy_outside_simulate_names_both_ways_out():
+    with pytest.raises(ValueError, match="'x' is a NumPy array.*to_device.*simulate"):
+        _qkv8()()
 
 
 # --------------------------------------------------------------------------- GPU
@@ -164,3 +403,90 @@ def test_gpu_int4(m, n, k):
     c = kaio_ops.matmul_int4(*dev).cpu().numpy()
     ref = a.astype(np.float64) @ w.astype(np.float64)
     assert np.linalg.norm(c - ref) / np.linalg.norm(ref) < 1e-4
+
+
+def _torch_int4_weights(k: int, n: int, seed: int):
+    """On the GPU: packed int4 words (int32 [K/8, N]), f16 scales and the f16 weights."""
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randint(-8, 8, (k, n), device="cuda", generator=gen, dtype=torch.int32)
+    scales = (torch.rand(k // 128, n, device="cuda", generator=gen) * 0.05 + 0.01).half()
+    nibbles = (q & 0xF).reshape(k // 8, 8, n)
+    words = sum(nibbles[:, i].long() << (4 * i) for i in range(8))
+    packed = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)  # same bits
+    return packed, scales, (scales.float().repeat_interleave(128, 0) * q).half()
+
+
+def _gpu_check(fused, separate, x, weights, scales, same_plan: bool):
+    """On the GPU, with float64 products from torch: each fused output against the exact
+    product as check_f16_product does, allowing the tensor cores' f32 sums 1 ulp per
+    product of the sum of magnitudes (docs/tensor-cores.md); and against the separate
+    call's output, the same bits when both ran one plan, else check_within_f16_rounding."""
+    for out, sep, w, scale in zip(fused, separate, weights, scales, strict=True):
+        x64, w64 = x.double(), w.double()
+        exact = x64 @ w64 * scale
+        slack = x.shape[1] * 2.0**-24 * (x64.abs() @ w64.abs() * scale)
+        assert out.dtype == x.dtype and out.shape == exact.shape
+        err = (out.double() - exact).abs()
+        assert bool((err <= 2.0**-11 * exact.abs() + 2.0**-25 + slack).all())
+        if same_plan:
+            assert bool((out == sep.half()).all())
+        else:
+            check_within_f16_rounding(out.cpu().numpy(), sep.cpu().numpy(), 2 * slack.cpu().numpy())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [16, 512])
+def test_gpu_qkv_int8(m):
+    """K = N = 4096: against float64 products on the GPU, and against one launch per weight
+    (project_int8)."""
+    import torch
+
+    k = n = 4096
+    gen = torch.Generator(device="cuda").manual_seed(m)
+    x = torch.randn(m, k, device="cuda", generator=gen).half()
+    weights = [
+        torch.randint(-128, 128, (k, n), device="cuda", generator=gen, dtype=torch.int8)
+        for _ in range(3)
+    ]
+    scales = [0.01, 0.02, 0.005]
+    fused = kaio_ops.qkv_project_int8(x, *weights, *scales)
+    separate = [project_int8(x, w, s) for w, s in zip(weights, scales, strict=True)]
+    same_plan = _qkv_plan(m, [n] * 3, k, 8) == _qkv_plan(m, [n], k, 8)
+    _gpu_check(fused, separate, x, weights, scales, same_plan)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [16, 512])
+def test_gpu_qkv_int4(m):
+    """K = N = 4096: against float64 products with the dequantized weights on the GPU, and
+    against three matmul_int4 calls: the same bits at M = 16 (both run the decode kernel's
+    code), within f16 rounding at M = 512 (their own tiled plans)."""
+    import torch
+
+    k = n = 4096
+    x = torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(m)).half()
+    weights = [_torch_int4_weights(k, n, seed) for seed in range(3)]
+    fused = kaio_ops.qkv_project_int4(x, *(w[0] for w in weights), *(w[1] for w in weights))
+    separate = [kaio_ops.matmul_int4(x, p, s) for p, s, _ in weights]
+    _gpu_check(fused, separate, x, [w[2] for w in weights], [1.0] * 3, m <= 16)
+
+
+@pytest.mark.gpu
+def test_gpu_qkv_device_array_and_cupy_inputs():
+    """The same results from kaio.DeviceArray (and CuPy, where installed) as from torch."""
+    import torch
+
+    x, weights, scales = int8_qkv_case(70, (64, 32, 48), 128)
+    on_gpu = [torch.from_numpy(a).cuda() for a in (x, *weights)]
+    want = kaio_ops.qkv_project_int8(*on_gpu, *scales)
+    got = kaio_ops.qkv_project_int8(kaio.to_device(x), *map(kaio.to_device, weights), *scales)
+    for a, b in zip(got, want, strict=True):
+        assert isinstance(a, kaio.DeviceArray)
+        np.testing.assert_array_equal(a.numpy(), b.cpu().numpy())
+    cupy = pytest.importorskip("cupy")
+    got = kaio_ops.qkv_project_int8(cupy.asarray(x), *map(cupy.asarray, weights), *scales)
+    for a, b in zip(got, want, strict=True):
+        assert isinstance(a, cupy.ndarray)
+        np.testing.assert_array_equal(cupy.asnumpy(a), b.cpu().numpy())

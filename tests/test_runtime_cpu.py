@@ -295,7 +295,7 @@ def test_numpy_launch_outside_simulator_is_refused_before_any_driver_call(monkey
 # ----------------------------------------------------------------------------- packing
 def test_param_format_aligns_every_entry():
     def param(type_):
-        return types.SimpleNamespace(value=types.SimpleNamespace(type=type_))
+        return types.SimpleNamespace(role="scalar", value=types.SimpleNamespace(type=type_))
 
     fmt, size = param_format([param(kaio.u8), param(kaio.u64), param(u32), param(kaio.f16)])
     assert fmt == "=B" + "x" * 7 + "QIe"
@@ -365,16 +365,16 @@ def test_info_never_raises():
 @pytest.fixture
 def fake_driver(monkeypatch):
     """A fake ``cuLaunchKernelEx`` that records (function, grid, block, shared, stream,
-    parameter bytes), and a fake loaded kernel on a fake GPU 0; yields (calls, loaded)."""
+    parameter bytes, the parameters' offsets in them), and a fake loaded kernel on a fake
+    GPU 0; yields (calls, loaded)."""
     from kaio.runtime import launcher as launcher_mod
 
     calls = []
 
     def fake_launch(config, func, params, extra):
-        cfg = config._obj  # the ctypes objects behind byref()
-        entries = extra._obj
-        assert params is None and entries[0] == 1 and entries[2] == 2 and entries[4] is None
-        size = ctypes.c_size_t.from_address(entries[3]).value
+        cfg = config._obj  # the ctypes object behind byref()
+        assert extra is None
+        pointers = list(params)  # kernelParams: where each parameter sits in one buffer
         calls.append(
             (
                 func.value,
@@ -382,7 +382,8 @@ def fake_driver(monkeypatch):
                 tuple(cfg.block),
                 cfg.shared,
                 cfg.stream or 0,
-                ctypes.string_at(entries[1], size),
+                ctypes.string_at(pointers[0], 64),
+                [p - pointers[0] for p in pointers],
             )
         )
         return 0
@@ -438,9 +439,10 @@ def test_generated_launcher_packs_and_rechecks_signature(fake_driver):
     args = (x, y, out, 8)
     launch = build(add, add.specialize({}, ("C", "C", "A")), loaded, args)(GRID, BLOCK, 0, 0x77)
     assert launch(args)
-    func, grid, block, shared, stream, buf = calls[-1]
+    func, grid, block, shared, stream, buf, offsets = calls[-1]
     assert (func, grid, block, shared, stream) == (0xF00, GRID, BLOCK, 0, 0x77)
-    assert struct.unpack("=QqQqQqqI", buf) == (0x1000, 8, 0x2000, 8, 0x3000, 16, 2, 8)
+    assert offsets == [0, 8, 16, 24, 32, 40, 48, 56]
+    assert struct.unpack("=QqQqQqqI", buf[:60]) == (0x1000, 8, 0x2000, 8, 0x3000, 16, 2, 8)
     assert not launch((x, y, x, 8))  # contiguous out: another specialization
     assert not launch((x, y, out, -1))  # u32 cannot hold -1
     assert not launch((x, y, out, 2.5))  # nor a float
@@ -509,7 +511,7 @@ def test_torch_and_cupy_fast_paths_check_dtype_rank_layout_device(
     args = (x, y, out, 8)
     launch = build(add, add.specialize({}, ("C", "C", "A")), loaded, args)(GRID, BLOCK, 0, 0)
     assert launch(args)
-    assert struct.unpack("=QqQqQqqI", calls[-1][-1]) == (0x1000, 8, 0x2000, 8, 0x3000, 16, 2, 8)
+    assert struct.unpack("=QqQqQqqI", calls[-1][5][:60]) == (0x1000, 8, 0x2000, 8, 0x3000, 16, 2, 8)
     n = len(calls)
     refused = [
         (Tensor(0x1000, (8,), (1,), dtype="torch.float16"), y, out, 8),
@@ -530,7 +532,7 @@ def test_torch_and_cupy_fast_paths_check_dtype_rank_layout_device(
     strided.flags.c_contiguous = False
     assert not launch((x, strided, out, 8))
     assert launch((Tensor(0x5000, (3,), (1,)), CupyArray(0x6000, (3,)), out, 3))
-    assert struct.unpack("=QqQq", calls[-1][-1][:32]) == (0x5000, 3, 0x6000, 3)
+    assert struct.unpack("=QqQq", calls[-1][5][:32]) == (0x5000, 3, 0x6000, 3)
 
 
 def test_torch_dtypes_are_cached_per_dtype_object():

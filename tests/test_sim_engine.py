@@ -274,6 +274,8 @@ def test_exact_unary_float_ops(t):
         ("log2", math.log2, 1e-3, 1e3),
         ("rsqrt", lambda x: 1 / math.sqrt(x), 1e-3, 1e3),
         ("rcp_approx", lambda x: 1 / x, 0.5, 100),
+        ("exp2_ftz", lambda x: 2.0**x, -20, 20),
+        ("rcp_ftz", lambda x: 1 / x, 0.5, 100),
         ("sin", math.sin, -10, 10),
         ("cos", math.cos, -10, 10),
         ("tanh", math.tanh, -5, 5),
@@ -285,6 +287,15 @@ def test_approximate_math_is_close(op, fn, lo, hi):
     ref = np.array([fn(float(x)) for x in a])
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, ref, rtol=2e-7, atol=1e-7)
+
+
+def test_ftz_math_flushes_subnormals():
+    tiny = np.float32(1e-39)  # subnormal in f32
+    a = np.array([-130.0, tiny, -tiny, 3.0], np.float32)
+    np.testing.assert_array_equal(run_op("exp2_ftz", f32, (a, f32)), [0.0, 1.0, 1.0, 8.0])
+    np.testing.assert_array_equal(run_op("exp2", f32, (a[:1], f32)), [np.float32(2.0**-130)])
+    r = run_op("rcp_ftz", f32, (np.array([tiny, -tiny, 2.0**127, 4.0], np.float32), f32))
+    np.testing.assert_array_equal(r, [np.inf, -np.inf, 0.0, 0.25])
 
 
 # ------------------------------------------------------------------------ conversions

@@ -396,7 +396,8 @@ def test_meta_tensors_give_shapes():
 
 # ---------------------------------------------------------------------------- on the simulator
 # kinds of op for the (slow) full opcheck: a tuple result, a string, a bool, a broadcast
-# gradient, a saved output, the matmul backward, an integer result
+# gradient, a saved output, the matmul backward, an integer result, float arguments and three
+# results
 OPCHECK = {
     "rms_norm_residual",
     "gelu-none",
@@ -405,6 +406,7 @@ OPCHECK = {
     "softmax-vec",
     "matmul_tc-skinny",
     "quantize_q6_k",
+    "qkv_project_int8",
 }
 # kernels that take long to compile for the simulator, tested on the GPU (and, through the
 # causal flash attention's gradient, on the simulator)
@@ -603,6 +605,21 @@ def test_torch_compile_fullgraph_on_meta_tensors():
     assert x.grad.shape == x.shape and b.grad.shape == b.shape
     assert len(counter.graphs) == 1
     assert {"kaio.rms_norm", "kaio.matmul_tc", "kaio.softmax"} <= counter.ops()
+
+
+def test_qkv_projections_trace_under_torch_compile():
+    """The fused projections' fake gives three f16 [M, N] outputs, N from each weight (here
+    grouped-query widths), and torch.compile traces them with no graph break."""
+    torch._dynamo.reset()
+    counter = GraphCounter()
+    widths = (64, 16, 16)
+    x = torch.empty(5, 256, dtype=torch.float16, device="meta")
+    words = [torch.empty(32, n, dtype=torch.int32, device="meta") for n in widths]
+    scales = [torch.empty(2, n, dtype=torch.float16, device="meta") for n in widths]
+    fn = torch.compile(torch.ops.kaio.qkv_project_int4, backend=counter, fullgraph=True)
+    outs = fn(x, *words, *scales)
+    assert [(o.shape, o.dtype) for o in outs] == [((5, n), torch.float16) for n in widths]
+    assert "kaio.qkv_project_int4" in counter.ops()
 
 
 def test_torch_compile_matches_eager_on_simulator():

@@ -230,6 +230,11 @@ class Lowerer:
                 self.params.append(Param(name, var, "scalar", name))
                 self.scope.names[name] = var
                 self.scope.readonly.add(name)
+            elif isinstance(ann, T.TensorMapType):
+                var = Var(name, T.u64)  # stands for the map's address (kaio.tma_load_2d)
+                self.params.append(Param(name, var, "tensormap", name))
+                self.scope.names[name] = var
+                self.scope.readonly.add(name)
             else:
                 self.error(
                     f"parameter {name!r} has no type annotation; write e.g. '{name}: kaio.f32' "

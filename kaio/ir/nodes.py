@@ -224,10 +224,11 @@ class Param:
 
     Scalars are one entry (``value`` a Var). A global array ``a`` becomes several entries in
     order: its pointer (u64), then ``ndim`` i64 shape entries, then (non-contiguous layout only)
-    ``ndim`` i64 stride entries in elements. ``role`` is ``"scalar"``, ``"ptr"``, ``"shape"`` or
-    ``"stride"``; ``source`` is the Python parameter name, ``dim`` the dimension and ``array``
-    the ``Array`` the entry belongs to (None for scalars). A bool scalar travels as one byte
-    (``.u8`` in PTX).
+    ``ndim`` i64 stride entries in elements. ``role`` is ``"scalar"``, ``"ptr"``, ``"shape"``,
+    ``"stride"`` or ``"tensormap"`` (a 128-byte TMA tensor map passed by value; its u64
+    ``value`` stands for the map's address); ``source`` is the Python parameter name, ``dim``
+    the dimension and ``array`` the ``Array`` the entry belongs to (None for scalars). A bool
+    scalar travels as one byte (``.u8`` in PTX).
     """
 
     name: str

@@ -87,6 +87,8 @@ OPS: dict[str, OpInfo] = {
     "log2": OpInfo("unary", "f32", True, "log2(a), lg2.approx"),
     "rsqrt": OpInfo("unary", "f32", True, "1/sqrt(a), rsqrt.approx"),
     "rcp_approx": OpInfo("unary", "f32", True, "1/a, rcp.approx"),
+    "exp2_ftz": OpInfo("unary", "f32", True, "2**a, ex2.approx.ftz (subnormals flushed to 0)"),
+    "rcp_ftz": OpInfo("unary", "f32", True, "1/a, rcp.approx.ftz (subnormals flushed to 0)"),
     "sin": OpInfo("unary", "f32", True, "sin(a), sin.approx"),
     "cos": OpInfo("unary", "f32", True, "cos(a), cos.approx"),
     "tanh": OpInfo("unary", "f32", True, "tanh(a), tanh.approx (sm_75+)"),
@@ -129,6 +131,53 @@ OPS: dict[str, OpInfo] = {
     "cp_async_commit": OpInfo("special", "none", False, "close this thread's async-copy group"),
     "cp_async_wait": OpInfo(
         "special", "none", False, "wait until at most {pending} async-copy groups are pending"
+    ),
+    # Hopper (sm_90/sm_90a): warpgroup MMA, shared-memory descriptors, mbarriers, TMA
+    # (kaio.lang_hopper, kaio.ptx.hopper, kaio.sim.hopper; docs/hopper.md).
+    "wgmma": OpInfo(
+        "special",
+        "any",
+        False,
+        "(acc frag, a_desc u64, b_desc u64, scale_d bool): acc = A @ B (+ acc if scale_d), "
+        "m64n{n}k16 {kind}, A and B from shared memory through descriptors {trans_a} {trans_b}",
+    ),
+    "wgmma_fence": OpInfo("special", "none", False, "order register accesses before wgmma"),
+    "wgmma_commit": OpInfo("special", "none", False, "close this warpgroup's wgmma group"),
+    "wgmma_wait": OpInfo(
+        "special", "none", False, "wait until at most {pending} wgmma groups are pending"
+    ),
+    "smem_desc": OpInfo(
+        "special",
+        "any",
+        False,
+        "(shared array, *idx) -> u64 wgmma matrix descriptor of the tile at that element, "
+        "{swizzle} bytes swizzle, {lbo}/{sbo} leading/stride byte offsets",
+    ),
+    "mbarrier_init": OpInfo("special", "none", False, "(bar, *idx, count u32): init a barrier"),
+    "mbarrier_arrive": OpInfo(
+        "special", "none", False, "(bar, *idx, tx u32): expect tx bytes, then arrive once"
+    ),
+    "mbarrier_expect_tx": OpInfo(
+        "special", "none", False, "(bar, *idx, tx u32): expect tx more bytes (no arrival)"
+    ),
+    "mbarrier_try_wait": OpInfo(
+        "special", "bool", False, "(bar, *idx, parity u32) -> whether that phase completed"
+    ),
+    "mbarrier_wait": OpInfo(
+        "special", "none", False, "(bar, *idx, parity u32): spin until that phase completed"
+    ),
+    "tma_load": OpInfo(
+        "special",
+        "none",
+        False,
+        "(shared, *idx, map u64, c0 i32, c1 i32, bar, *idx): copy the box at column c0, row "
+        "c1 of the map's array into shared memory, completing tx bytes on the barrier",
+    ),
+    "fence_proxy_async": OpInfo(
+        "special", "none", False, "order generic-proxy shared accesses with async-proxy ones"
+    ),
+    "setmaxnreg": OpInfo(
+        "special", "none", False, "{action} this warpgroup's registers to {count}"
     ),
 }
 
@@ -179,4 +228,7 @@ REQUIRED_ATTRS = {
     "ldmatrix": {"trans": (False, True)},
     "mma": {"kind": tuple(MMA_KINDS)},
     "cp_async": {"bytes": (4, 8, 16), "cache": ("ca", "cg")},
+    "wgmma": {"kind": ("f16", "bf16"), "trans_a": (False, True), "trans_b": (False, True)},
+    "smem_desc": {"swizzle": (0, 32, 64, 128)},
+    "setmaxnreg": {"action": ("inc", "dec")},
 }

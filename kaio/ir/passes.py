@@ -1,8 +1,10 @@
-"""IR passes: unrolling, constant folding and propagation, dead code elimination.
+"""IR passes: unrolling, constant folding and propagation, copy propagation, dead code
+elimination, strength reduction and loop-invariant code motion.
 
-``optimize`` runs them in order; each pass rewrites ``Function.body`` in place. Folding is
-sound on this non-SSA IR because it only touches variables with exactly one definition (every
-frontend temporary), whose definition dominates its uses.
+``optimize`` runs them in order; each pass rewrites ``Function.body`` in place. Folding and
+hoisting are sound on this non-SSA IR because they only touch variables with exactly one
+definition (every frontend temporary), whose definition dominates its uses; copy propagation
+follows reassignments in program order.
 """
 
 from __future__ import annotations
@@ -33,15 +35,19 @@ from kaio.types import bool_, u32
 
 
 def optimize(fn: Function) -> None:
-    """Run every pass: unroll, then fold and clean up until nothing changes, then reduce
-    divisions by powers of two to shifts and masks."""
+    """Run every pass: unroll, then fold, propagate copies and clean up until nothing
+    changes, then reduce divisions by powers of two to shifts and masks, move constant
+    terms of integer sums outward and hoist loop-invariant arithmetic out of loops."""
     unroll(fn)
     for _ in range(8):
         changed = fold(fn)
+        changed |= propagate_copies(fn)
         changed |= eliminate_dead_code(fn)
         if not changed:
             break
     strength_reduce(fn)
+    constants_outward(fn)
+    hoist_invariants(fn)
 
 
 def strength_reduce(fn: Function) -> None:
@@ -332,3 +338,333 @@ def _clean_stmt(s, used: Counter, targets: set) -> list:
             return s.body
         return [s]
     return [s]
+
+
+# ---------------------------------------------------------------- facts along a block
+class _Facts:
+    """What a forward scan knows about some variables (the value a copy holds, the
+    instruction that computed a sum), each fact kept until one of the variables it depends
+    on is reassigned."""
+
+    def __init__(self, facts: dict | None = None, deps: dict | None = None):
+        self.facts = facts if facts is not None else {}
+        self.deps = deps if deps is not None else {}  # Var -> keys of the facts on it
+
+    def get(self, key, default=None):
+        """The fact about ``key``, or ``default``."""
+        return self.facts.get(key, default)
+
+    def add(self, key, value, deps) -> None:
+        """Know ``value`` about ``key`` while none of the Vars among ``deps`` changes."""
+        self.facts[key] = value
+        for v in deps:
+            if isinstance(v, Var):
+                self.deps.setdefault(v, set()).add(key)
+
+    def forget(self, assigned) -> None:
+        """Drop the facts that depend on a variable of ``assigned`` (a fact added again
+        since may go too: that only loses an opportunity)."""
+        for v in assigned:
+            for key in self.deps.pop(v, ()):
+                self.facts.pop(key, None)
+
+    def copy(self) -> _Facts:
+        """An independent copy, for a nested block."""
+        return _Facts(dict(self.facts), {v: set(keys) for v, keys in self.deps.items()})
+
+
+def assignments(stmts: list, table: dict | None = None) -> dict:
+    """``{id(statement): the variables it may assign}`` for each compound statement of
+    ``stmts`` (at any depth), in one walk; a pass that moves or rewrites operands but
+    assigns nothing new may keep using it."""
+    table = {} if table is None else table
+    for s in stmts:
+        if isinstance(s, Instr):
+            continue
+        inner = {s.var} if isinstance(s, StaticFor) else set()
+        for block in child_blocks(s):
+            assignments(block, table)
+            for t in block:
+                inner |= _assigned(t, table)
+        table[id(s)] = inner
+    return table
+
+
+def _assigned(s, table: dict) -> set:
+    """The variables statement ``s`` may assign (``table``: from ``assignments``)."""
+    if isinstance(s, Instr):
+        return set() if s.dst is None else {s.dst}
+    return table[id(s)]
+
+
+# ---------------------------------------------------------------- copy propagation
+def propagate_copies(fn: Function) -> bool:
+    """Replace reads of ``x`` after ``x = mov y`` by ``y`` while neither is reassigned, for
+    variables with several definitions too (a device function's locals inlined twice, a
+    user variable reassigned): ``fold`` covers single definitions only. The copies then die,
+    and the values they carried become plain temporaries that ``hoist_invariants`` can
+    move. Returns True if any operand changed."""
+    return _propagate_block(fn.body, _Facts(), assignments(fn.body))
+
+
+def _propagate_block(stmts: list, copies: _Facts, table: dict) -> bool:
+    """Propagate ``copies`` (Var -> the Var or Const it holds) through ``stmts`` in program
+    order, updating them as copies are made and variables reassigned."""
+    changed = False
+    for s in stmts:
+        if isinstance(s, Instr):
+            changed |= _rewrite_operands(s, copies)
+            copies.forget(_assigned(s, table))
+            src = s.args[0] if s.op == "mov" else None
+            if isinstance(src, Var | Const) and src is not s.dst and src.type == s.dst.type:
+                copies.add(s.dst, src, (s.dst, src))
+        elif isinstance(s, If):
+            if isinstance(s.cond, Var) and copies.get(s.cond) is not None:
+                s.cond, changed = copies.get(s.cond), True
+            for block in child_blocks(s):
+                changed |= _propagate_block(block, copies.copy(), table)
+            copies.forget(_assigned(s, table))
+        elif isinstance(s, Region):  # entered at the top, left at the end or by a break
+            changed |= _propagate_block(s.body, copies.copy(), table)
+            copies.forget(_assigned(s, table))
+        else:  # loops: a copy holds inside only if nothing in the loop reassigns either side
+            copies.forget(_assigned(s, table))
+            for block in child_blocks(s):
+                changed |= _propagate_block(block, copies.copy(), table)
+    return changed
+
+
+def _rewrite_operands(s: Instr, copies: _Facts) -> bool:
+    """Replace the operands of ``s`` that hold copies; True if any did."""
+    held = copies.facts
+    if not any(isinstance(a, Var) and a in held for a in s.args):
+        return False
+    s.args = tuple(held.get(a, a) if isinstance(a, Var) else a for a in s.args)
+    return True
+
+
+# ---------------------------------------------------------------- constant terms
+def constants_outward(fn: Function) -> None:
+    """Rewrite ``p = x + c; ...; d = p + y`` (integers, ``c`` a constant, ``p`` assigned once
+    and read only by ``d``, ``x`` not reassigned in between) into ``...; p = x + y;
+    d = p + c``: the constant is added last, where the PTX emitter folds it into an
+    address's immediate offset (``s[x + y + 1]`` reads ``[x+y]`` plus the element size) and
+    ptxas shares ``x + y`` between accesses at different constant offsets. Exact: integers
+    wrap."""
+    tables = (definitions(fn.body), uses(fn.body), assignments(fn.body))
+    fn.body = _constants_outward_block(fn.body, *tables)
+
+
+def _constants_outward_block(stmts: list, defs: Counter, read: Counter, table: dict) -> list:
+    """``constants_outward`` in ``stmts`` and the blocks nested in it."""
+    out: list = []
+    sums = _Facts()  # p -> its instruction p = x + c, while x keeps its value
+    for s in stmts:
+        for block in child_blocks(s):
+            block[:] = _constants_outward_block(block, defs, read, table)
+        moved = _constant_last(s, sums, read)
+        if moved is not None:
+            out.remove(moved)
+            out.append(moved)
+        out.append(s)
+        sums.forget(_assigned(s, table))
+        if constant_term(s) is not None and defs[s.dst] == 1:
+            sums.add(s.dst, s, s.args)
+    return out
+
+
+def _constant_last(d, sums: _Facts, read: Counter) -> Instr | None:
+    """If ``d = p + y`` with ``p = x + c`` one of ``sums``: rewrite both (``p = x + y``, to be
+    moved just before ``d``, and ``d = p + c``) and return ``p``'s instruction."""
+    if not _int_sum(d):
+        return None
+    for p, y in (d.args, d.args[::-1]):
+        inner = sums.get(p)
+        if inner is not None and read[p] == 1 and not isinstance(y, Const):
+            x, c = constant_term(inner)
+            inner.args, d.args = (x, y), (p, c)
+            return inner
+    return None
+
+
+def _int_sum(s) -> bool:
+    """Whether ``s`` is an integer ``add``."""
+    return isinstance(s, Instr) and s.op == "add" and s.dst.type.is_int
+
+
+def constant_term(s) -> tuple | None:
+    """``(x, c)`` if ``s`` is the integer sum of a variable ``x`` and a constant ``c``."""
+    if not _int_sum(s):
+        return None
+    a, b = s.args
+    if isinstance(a, Var) and isinstance(b, Const):
+        return a, b
+    if isinstance(a, Const) and isinstance(b, Var):
+        return b, a
+    return None
+
+
+# ---------------------------------------------------------------- loop-invariant code motion
+# The special registers whose value a thread sees never change (a clock would not be one).
+THREAD_CONSTANT_REGISTERS = frozenset(
+    "tid.x tid.y tid.z ntid.x ntid.y ntid.z ctaid.x ctaid.y ctaid.z "
+    "nctaid.x nctaid.y nctaid.z laneid dynamic_smem_size".split()
+)
+# A loop whose invariants would keep more than this many 32-bit registers live across it is
+# left to ptxas: hoisting them all would spill (an element-by-element tile copy has a few
+# per element), and ptxas hoists what its register budget allows.
+MAX_LIVE_INVARIANTS = 96
+
+
+def hoist_invariants(fn: Function) -> None:
+    """Move loop-invariant computations in front of their loop, innermost loops first (so
+    an inner loop's invariants can leave the outer loop too).
+
+    An instruction moves when it is pure and cannot trap (``_hoistable``), assigns a
+    variable nothing else assigns, and reads only constants and variables the loop does not
+    assign. Only the loop's own straight-line code is searched (its body, its step and the
+    Regions in them), not the branches of an ``If``: a hoisted instruction runs once even if
+    the loop runs zero times, which pure arithmetic allows, but work that a branch skips
+    should stay skipped. Loads, stores, barriers, atomics, shuffles and votes never move.
+
+    Integer additions are reassociated so that invariant terms meet first:
+    ``(v + a) + b`` with only ``v`` varying becomes ``(a + b) + v``, and ``a + b`` leaves
+    the loop (exact: integers wrap). Array indices keep their form; the PTX emitter orders
+    the terms of each address so that the invariant ones are summed first.
+
+    A loop whose hoisted values would hold more than ``MAX_LIVE_INVARIANTS`` registers
+    across it (``_pressure``) is left as it is."""
+    defs, read = definitions(fn.body), uses(fn.body)  # moving code changes neither
+
+    def visit(s) -> list:
+        return _hoist_loop(s, defs, read) if isinstance(s, Loop) else [s]
+
+    fn.body = _map_block(fn.body, visit)
+
+
+def _hoist_loop(loop: Loop, defs: Counter, read: Counter) -> list:
+    """The instructions hoisted out of ``loop``, followed by the loop. Each reassociation
+    makes one more instruction invariant, so the rounds end."""
+    variant = set(definitions([loop]))
+    if _pressure(loop, variant, defs) > MAX_LIVE_INVARIANTS:
+        return [loop]
+    hoisted: list = []
+    while True:
+        for block in child_blocks(loop):
+            block[:] = _hoist_block(block, variant, defs, hoisted)
+        if not _reassociate(loop, variant, defs, read):
+            return [*hoisted, loop]
+
+
+def _hoist_block(stmts: list, variant: set, defs: Counter, hoisted: list) -> list:
+    """``stmts`` without its invariant instructions, which go to ``hoisted`` in order (their
+    results leave ``variant``); Regions are searched too."""
+    out = []
+    for s in stmts:
+        if isinstance(s, Instr) and _hoistable(s, defs) and not _reads(s, variant):
+            hoisted.append(s)
+            variant.discard(s.dst)
+            continue
+        if isinstance(s, Region):
+            s.body = _hoist_block(s.body, variant, defs, hoisted)
+        out.append(s)
+    return out
+
+
+def _pressure(loop: Loop, variant: set, defs: Counter) -> int:
+    """The registers (64-bit values count two) that the loop's invariant instructions would
+    keep live across it once hoisted: their results that code staying in the loop reads."""
+    variant, moved = set(variant), set()
+    for s in _straight_line(loop):
+        if _hoistable(s, defs) and not _reads(s, variant):
+            moved.add(s.dst)
+            variant.discard(s.dst)
+    live = set()
+    for s in walk([loop]):
+        if isinstance(s, Instr) and s.dst not in moved:
+            live |= {a for a in s.args if isinstance(a, Var) and a in moved}
+        elif isinstance(s, If) and s.cond in moved:
+            live.add(s.cond)
+    return sum(2 if v.type.bits == 64 else 1 for v in live)
+
+
+def _straight_line(loop: Loop):
+    """The instructions of the loop's body and step and of the Regions in them, in order."""
+
+    def visit(stmts):
+        for s in stmts:
+            if isinstance(s, Instr):
+                yield s
+            elif isinstance(s, Region):
+                yield from visit(s.body)
+
+    for block in child_blocks(loop):
+        yield from visit(block)
+
+
+def _hoistable(s: Instr, defs: Counter) -> bool:
+    """Pure, unable to trap, and the only assignment of its result; special registers only
+    of ``THREAD_CONSTANT_REGISTERS``. Integer division by zero does not trap on the GPU, but
+    it is kept in place unless the divisor is a nonzero constant, so that no division runs
+    where the program did not ask for one."""
+    if s.dst is None or defs[s.dst] != 1 or not OPS[s.op].pure:
+        return False
+    if s.op == "sreg":
+        return s.attrs["name"] in THREAD_CONSTANT_REGISTERS
+    if s.op in ("floordiv", "mod"):
+        divisor = s.args[1]
+        return isinstance(divisor, Const) and divisor.value != 0
+    return True
+
+
+def _reassociate(loop: Loop, variant: set, defs: Counter, read: Counter) -> bool:
+    """Rewrite ``p = a + b; ...; d = p + q`` (integers, one block of the loop's straight-line
+    code; ``p`` read only by ``d``; ``q`` and exactly one of ``a, b`` invariant; neither
+    reassigned in between) into ``p = inv + q; ...; d = p + var``. ``p`` then reads only
+    invariants; the caller hoists it. True if anything changed."""
+    changed, table = False, assignments([loop])
+    for block in child_blocks(loop):
+        changed |= _reassociate_block(block, variant, defs, read, table)
+    return changed
+
+
+def _reassociate_block(
+    stmts: list, variant: set, defs: Counter, read: Counter, table: dict
+) -> bool:
+    """``_reassociate`` in one block, in program order; Regions are blocks of their own."""
+    sums = _Facts()  # p -> its instruction, while its operands keep their values
+    changed = False
+    for s in stmts:
+        if isinstance(s, Region):
+            changed |= _reassociate_block(s.body, variant, defs, read, table)
+        if _int_sum(s):
+            changed |= _reassociate_pair(s, sums, variant, read)
+        sums.forget(_assigned(s, table))
+        if _int_sum(s) and defs[s.dst] == 1:
+            sums.add(s.dst, s, s.args)
+    return changed
+
+
+def _reassociate_pair(d: Instr, sums: _Facts, variant: set, read: Counter) -> bool:
+    """Rewrite ``d = p + q`` with ``p`` one of ``sums`` (see ``_reassociate``)."""
+    for p, q in (d.args, d.args[::-1]):
+        inner = sums.get(p)
+        if inner is None or read[p] != 1 or _varies(q, variant):
+            continue
+        a, b = inner.args
+        if _varies(a, variant) == _varies(b, variant):
+            continue
+        inv, var = (b, a) if _varies(a, variant) else (a, b)
+        inner.args, d.args = (inv, q), (p, var)
+        return True
+    return False
+
+
+def _reads(s: Instr, variables: set) -> bool:
+    """Whether ``s`` reads one of ``variables``."""
+    return any(isinstance(a, Var) and a in variables for a in s.args)
+
+
+def _varies(v, variant: set) -> bool:
+    """Whether operand ``v`` is a variable the loop assigns."""
+    return isinstance(v, Var) and v in variant

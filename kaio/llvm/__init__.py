@@ -7,9 +7,9 @@ environment variable ``KAIO_BACKEND=llvm``.
 
 llvmlite is an optional dependency (``pip install 'kaio[llvm]'``); without it these functions
 raise ``LLVMUnavailable`` saying so. Modules: ``typemap`` (types and constants), ``codegen``
-(the walker: values, arrays, control flow), ``lowering`` (the op table), ``memory``, ``tensor``
-and ``packed`` (like their ``kaio.ptx`` namesakes), ``machine`` (LLVM's pipeline and the NVPTX
-target machine). docs/llvm-backend.md describes the lowering.
+(the walker: values, arrays, control flow), ``lowering`` (the op table), ``memory``, ``tensor``,
+``packed`` and ``hopper`` (like their ``kaio.ptx`` namesakes), ``machine`` (LLVM's pipeline and
+the NVPTX target machine). docs/llvm-backend.md describes the lowering.
 """
 
 from __future__ import annotations

@@ -7,9 +7,11 @@
   so the non-SSA IR needs no SSA construction here.
 - Parameters: one LLVM argument per ``Param``: ``ptr addrspace(1)`` for array pointers (the
   same 8-byte ``.param`` the PTX emitter declares), ``i64`` shapes and strides, scalars by type
-  (bool as ``i8``, f16/bf16 as ``i16``). The function has the ``ptx_kernel`` calling convention.
+  (bool as ``i8``, f16/bf16 as ``i16``), tensor maps as 128-byte ``byval`` parameters
+  (``kaio.llvm.hopper``). The function has the ``ptx_kernel`` calling convention.
 - Arrays: global arrays index their pointer argument; shared arrays are ``addrspace(3)``
-  globals, dynamic shared arrays views of one external ``[0 x i8]``; local arrays are allocas
+  globals (in declaration order; 1024-byte aligned where TMA or a wgmma descriptor addresses
+  them), dynamic shared arrays views of one external ``[0 x i8]``; local arrays are allocas
   (SROA keeps those indexed only by constants in registers, like the emitter's register
   promotion; ``Frag`` operands need them there).
 - Control flow maps to basic blocks: ``If`` to a conditional branch around ``then``/``else``;
@@ -39,6 +41,7 @@ from kaio.ir.nodes import (
     child_blocks,
 )
 from kaio.ir.passes import definitions
+from kaio.llvm.hopper import TENSOR_MAP, aligned_tiles, declare_tensor_maps
 from kaio.llvm.lowering import LOWERING
 from kaio.llvm.typemap import (
     GLOBAL,
@@ -77,6 +80,7 @@ class Codegen:
         types = [_param_type(p) for p in fn.params]
         self.func = ir.Function(self.module, ir.FunctionType(VOID, types), _identifier(fn.name))
         self.func.calling_convention = "ptx_kernel"
+        declare_tensor_maps(self.module, self.func, fn.params)
         for key, annotation in (("max_threads", "maxntidx"), ("min_blocks", "minctasm")):
             if key in fn.meta:  # kaio.launch_bounds() (LLVM 21+ reads these as attributes too)
                 value = ir.Constant(I32, fn.meta[key])
@@ -93,6 +97,7 @@ class Codegen:
         self._strides: dict[Array, list] = {}
         self._in_registers = {a: None for a in _register_locals(fn)}
         self._dynamic = None
+        self._aligned = aligned_tiles(fn)  # shared tiles TMA and wgmma address
 
     # ------------------------------------------------------------------ values
 
@@ -179,7 +184,7 @@ class Codegen:
                 )
                 gv.linkage = "internal"
                 gv.initializer = ir.Constant(gv.value_type, ir.Undefined)
-                gv.align = 16
+                gv.align = 1024 if arr in self._aligned else 16
                 base = e.bitcast(gv, memtype(arr.dtype).as_pointer(SHARED))
             else:
                 base = e.bitcast(self._dynamic_shared(), I8.as_pointer(SHARED))
@@ -200,7 +205,7 @@ class Codegen:
         if self._dynamic is None:
             gv = ir.GlobalVariable(self.module, ir.ArrayType(I8, 0), "dynamic_smem", SHARED)
             gv.linkage = "external"
-            gv.align = 16
+            gv.align = 1024 if any(a.space == "shared_dyn" for a in self._aligned) else 16
             self._dynamic = gv
         return self._dynamic
 
@@ -316,6 +321,9 @@ class Codegen:
                 f"{self.fn.name}: debug mode (bounds checks) is implemented by the PTX emitter "
                 "only: use backend='ptx' with debug=True, or turn debug off"
             )
+        for a in self.fn.arrays:  # static shared arrays in declaration order, as the emitter
+            if a.space == "shared":
+                self.array_base(a)
         self.block(self.fn.body)
         if not self.b.block.is_terminated:
             self.b.ret_void()
@@ -356,4 +364,6 @@ def ssa_vars(fn: Function) -> set[Var]:
 def _param_type(p) -> ir.Type:
     if p.role == "ptr":
         return ir.PointerType(addrspace=GLOBAL)
+    if p.role == "tensormap":  # byval (kaio.llvm.hopper.declare_tensor_maps)
+        return TENSOR_MAP.as_pointer()
     return paramtype(p.value.type)

@@ -28,7 +28,7 @@ Where LLVM's own instruction would not mean what the op means, the lowering says
   (NVVM has only the ftz form) and ``tanh.approx.f32`` (none before LLVM 21), inline PTX.
 
 Memory ops live in ``kaio.llvm.memory``, fragments and tensor cores in ``kaio.llvm.tensor``,
-packed pairs in ``kaio.llvm.packed``.
+packed pairs in ``kaio.llvm.packed``, wgmma, TMA and mbarriers in ``kaio.llvm.hopper``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from kaio.ir.nodes import Const, Instr
-from kaio.llvm import memory, packed, tensor
+from kaio.llvm import hopper, memory, packed, tensor
 from kaio.llvm.typemap import (
     DOUBLE,
     FLOAT,
@@ -241,6 +241,8 @@ UNARY = {
     "log2": {"float": _nvvm("llvm.nvvm.lg2.approx.f")},
     "rsqrt": {"float": _nvvm("llvm.nvvm.rsqrt.approx.f")},
     "rcp_approx": {"float": _ptx("rcp.approx.f32 $0, $1;", "=f,f")},
+    "exp2_ftz": {"float": _nvvm("llvm.nvvm.ex2.approx.ftz.f")},
+    "rcp_ftz": {"float": _nvvm("llvm.nvvm.rcp.approx.ftz.f")},
     "sin": {"float": _nvvm("llvm.nvvm.sin.approx.f")},
     "cos": {"float": _nvvm("llvm.nvvm.cos.approx.f")},
     "tanh": {"float": _ptx("tanh.approx.f32 $0, $1;", "=f,f")},  # no intrinsic before LLVM 21
@@ -528,5 +530,6 @@ LOWERING = {
     "sync_warp": _call("llvm.nvvm.bar.warp.sync", -1),
     "threadfence": _call("llvm.nvvm.membar.gl"),
     **tensor.LOWERING,
+    **hopper.LOWERING,
 }
 LOWERING.update(packed.lowering(LOWERING))  # f16x2/bf16x2, pack/unpack, prmt

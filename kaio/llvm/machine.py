@@ -3,7 +3,8 @@
 The module from ``kaio.llvm.codegen`` is printed, parsed by LLVM, verified, optimized with
 the default ``-O3`` pipeline of the new pass manager for the NVPTX target (which adds its own
 passes: address-space inference, ``sreg`` ranges...) and compiled by the NVPTX target machine
-for the kernel's arch, with the PTX ISA version the PTX emitter would declare for the same
+for the kernel's arch (``sm_90a`` where the emitter's target switches to it: wgmma,
+setmaxnreg), with the PTX ISA version the PTX emitter would declare for the same
 instructions (``+ptx78``...), so the text loads on the same drivers.
 
 Floating point: kaio's ops round every operation (``a * b + c`` is two roundings). The IR
@@ -67,7 +68,7 @@ def lower(fn: Function, arch: str) -> tuple[str, Target]:
 def optimize(fn: Function, arch: str) -> tuple[llvm.ModuleRef, llvm.TargetMachine]:
     """``fn`` lowered, verified and optimized (-O3) for ``arch``, with its target machine."""
     text, target = lower(fn, arch)
-    tm = machine(arch, target.version)
+    tm = machine(target.arch, target.version)  # sm_90a when wgmma or setmaxnreg is used
     mod = llvm.parse_assembly(text)
     mod.verify()
     pass_builder = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(3))

@@ -54,7 +54,8 @@ def _words(g, values: list) -> list:
     return [g.b.bitcast(v, I32) if v.type == FLOAT else v for v in values]
 
 
-def _shared_address(g, arr, idxs) -> ir.Value:
+def shared_address(g, arr, idxs) -> ir.Value:
+    """The 32-bit shared-window address of ``arr[idxs]`` (an ``"r"`` operand)."""
     return g.b.ptrtoint(address(g, arr, idxs), I32)
 
 
@@ -89,11 +90,13 @@ def lower_st_vec(g, ins: Instr) -> None:
     g.b.store(vec, g.pointer_to(address(g, arr, idxs), vec.type), align=size)
 
 
-def _struct(g, result, n: int) -> list:
+def members(g, result, n: int) -> list:
+    """The ``n`` values an inline-asm call returns (one value, or a struct of ``n``)."""
     return [result] if n == 1 else [g.b.extract_value(result, k) for k in range(n)]
 
 
-def _operands(first: int, count: int) -> str:
+def operands(first: int, count: int) -> str:
+    """``{$first, ..., $(first + count - 1)}``: a vector of inline-asm operands."""
     return "{" + ", ".join(f"${k}" for k in range(first, first + count)) + "}"
 
 
@@ -104,11 +107,11 @@ def lower_ldmatrix(g, ins: Instr) -> None:
     g.target.require("ldmatrix", builtin, g.loc)
     n = len(frag_registers(g, frag, builtin))
     trans = ".trans" if ins.attrs["trans"] else ""
-    text = f"ldmatrix.sync.aligned.m8n8.x{n}{trans}.shared.b16 {_operands(0, n)}, [${n}];"
+    text = f"ldmatrix.sync.aligned.m8n8.x{n}{trans}.shared.b16 {operands(0, n)}, [${n}];"
     constraints = ",".join(["=r"] * n + ["r", "~{memory}"])
     ret = I32 if n == 1 else ir.LiteralStructType([I32] * n)
-    result = g.asm(text, constraints, ret, [_shared_address(g, arr, idxs)], READS + CONVERGENT)
-    write(g, frag, builtin, _struct(g, result, n))
+    result = g.asm(text, constraints, ret, [shared_address(g, arr, idxs)], READS + CONVERGENT)
+    write(g, frag, builtin, members(g, result, n))
 
 
 def lower_mma(g, ins: Instr) -> None:
@@ -122,15 +125,15 @@ def lower_mma(g, ins: Instr) -> None:
     n = d.size
     acc = "f" if d.array.dtype == f32 else "r"
     types = f"{kind.acc}.{kind.input}.{kind.input}.{kind.acc}"
-    parts = [_operands(0, n), _operands(n, len(a_vals))]
-    parts.append(_operands(n + len(a_vals), len(b_vals)))
-    parts.append(_operands(n + len(a_vals) + len(b_vals), len(c_vals)))
+    parts = [operands(0, n), operands(n, len(a_vals))]
+    parts.append(operands(n + len(a_vals), len(b_vals)))
+    parts.append(operands(n + len(a_vals) + len(b_vals), len(c_vals)))
     text = f"mma.sync.aligned.{kind.ptx_shape}.row.col.{types} {', '.join(parts)};"
     constraints = [f"={acc}"] * n + ["r"] * (len(a_vals) + len(b_vals)) + [acc] * len(c_vals)
     ret = ir.LiteralStructType([lltype(d.array.dtype)] * n)
     args = a_vals + b_vals + c_vals
     result = g.asm(text, ",".join(constraints), ret, args, PURE + CONVERGENT)
-    write(g, d, builtin, _struct(g, result, n))
+    write(g, d, builtin, members(g, result, n))
 
 
 def lower_to_tf32(g, ins: Instr) -> None:
@@ -149,7 +152,7 @@ def lower_cp_async(g, ins: Instr) -> None:
     size = ins.args[-1]
     nbytes, cache = ins.attrs["bytes"], ins.attrs["cache"]
     g.target.require("cp_async", "kaio.cp_async()", g.loc)
-    args = [_shared_address(g, dst, dst_idx), g.b.ptrtoint(address(g, src, src_idx), I64)]
+    args = [shared_address(g, dst, dst_idx), g.b.ptrtoint(address(g, src, src_idx), I64)]
     constraints = ["r", "l"]
     tail = ""
     if getattr(size, "value", None) != nbytes:

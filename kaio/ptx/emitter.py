@@ -35,7 +35,9 @@ from kaio.ir.nodes import (
     Var,
     walk,
 )
+from kaio.ir.passes import constant_term, definitions
 from kaio.ptx.debug import DebugChecks
+from kaio.ptx.hopper import ALIGNED_OPS
 from kaio.ptx.lowering import LOWERING
 from kaio.ptx.regs import REG_CLASSES, bty, immediate, mem_type, storage
 from kaio.ptx.target import Target
@@ -59,6 +61,20 @@ def _register_locals(fn: Function) -> set[Array]:
     return arrays
 
 
+def _constant_sums(fn: Function) -> dict[Var, tuple]:
+    """``{d: (x, c)}`` for each ``d = x + c`` (integers, ``c`` a constant) where ``d`` and
+    ``x`` are each assigned once (or ``x`` is a parameter): ``x`` holds the same value
+    wherever ``d`` is read."""
+    defs = definitions(fn.body)
+    once = {p.value for p in fn.params} | {v for v, n in defs.items() if n == 1}
+    out = {}
+    for s in walk(fn.body):
+        term = constant_term(s)
+        if term is not None and s.dst in once and term[0] in once:
+            out[s.dst] = term
+    return out
+
+
 class Emitter:
     """Emits one ``Function`` for one ``Target``; ``run()`` returns the module text."""
 
@@ -73,6 +89,8 @@ class Emitter:
         self._body: list[str] = []
         self._labels = count(1)
         self._targets: dict[int, tuple[str, str]] = {}  # id -> (continue, break) labels
+        self._loop_vars: list[set[Var]] = []  # per enclosing loop, outermost first: its Vars
+        self._sums = _constant_sums(fn)
         self._bases: dict[Array, str] = {}
         self._strides: dict[Array, list] = {}
         self._in_registers = {a: None for a in _register_locals(fn)}
@@ -84,6 +102,10 @@ class Emitter:
         for a in fn.arrays:
             if a.space == "local" and a not in self._in_registers:
                 self._symbols[a] = self._unique(f"l_{a.name}")
+        self._aligned = {  # shared tiles that TMA and wgmma address: 1024-byte aligned
+            s.args[0] for s in walk(fn.body) if isinstance(s, Instr) and s.op in ALIGNED_OPS
+        }
+        self._param_addresses: dict[Var, str] = {}
         self.instr: Instr | None = None  # the instruction being lowered
         self.debug = DebugChecks(self) if fn.meta.get("debug") else None  # bounds checks
 
@@ -175,6 +197,17 @@ class Emitter:
             self._prologue.append(f"\tsetp.ne.u32 {reg}, {byte}, 0;")
         else:
             self._prologue.append(f"\tld.param.{mem_type(v.type)} {reg}, [{name}];")
+
+    def param_address(self, v: Var) -> str:
+        """A register holding the generic address of parameter ``v`` in place (a tensor map
+        is read by TMA where the launch put it: ``mov`` + ``cvta.param``, in the prologue)."""
+        reg = self._param_addresses.get(v)
+        if reg is None:
+            local, reg = self.tmp_addr(True), self.tmp_addr(True)
+            self._prologue.append(f"\tmov.b64 {local}, {self._names[v]};")
+            self._prologue.append(f"\tcvta.param.u64 {reg}, {local};")
+            self._param_addresses[v] = reg
+        return reg
 
     def symbol(self, arr: Array) -> str:
         """The PTX variable of a shared or local array."""
@@ -296,12 +329,30 @@ class Emitter:
         n = next(self._labels)
         head, cont, done = f"$L__loop{n}", f"$L__loop{n}_step", f"$L__loop{n}_end"
         self._targets[s.id] = (cont, done)
+        assigned = {i.dst for i in walk([s]) if isinstance(i, Instr) and i.dst is not None}
+        self._loop_vars.append(assigned)
         self.place(head)
         self.block(s.body)
         self.place(cont)
         self.block(s.step)
         self.line(f"bra {head}")
         self.place(done)
+        self._loop_vars.pop()
+
+    def constant_offset(self, v) -> tuple:
+        """``(x, c)`` when ``v`` is ``x + c`` for a variable ``x`` and a constant ``c``
+        (``constants_outward`` puts constants last in sums), else ``(v, None)``."""
+        return self._sums.get(v, (v, None)) if isinstance(v, Var) else (v, None)
+
+    def loop_depth(self, v) -> int:
+        """How many of the enclosing loops ``v`` is invariant in, counted from the outermost:
+        the depth of the innermost enclosing loop that assigns it (0: none, or a constant).
+        Address arithmetic sums operands in this order, so that ptxas can hoist the
+        invariant part of an address out of the loop."""
+        for depth in range(len(self._loop_vars), 0, -1):
+            if v in self._loop_vars[depth - 1]:
+                return depth
+        return 0
 
     # ------------------------------------------------------------------ module
 
@@ -322,9 +373,14 @@ class Emitter:
             out.append(f'.file {fid} "{escaped}"')
         for a in fn.arrays:
             if a.space == "shared_dyn":
-                out.append(f".extern .shared .align 16 .b8 {self.symbol(a)}[];")
+                dyn_aligned = any(b.space == "shared_dyn" for b in self._aligned)
+                align = 1024 if dyn_aligned else 16
+                out.append(f".extern .shared .align {align} .b8 {self.symbol(a)}[];")
         params = []
         for p in fn.params:
+            if p.role == "tensormap":
+                params.append(f"\t.param .align 64 .b8 {self._names[p.value]}[128]")
+                continue
             ptype = "u64" if p.role == "ptr" else mem_type(p.value.type)
             params.append(f"\t.param .{ptype} {self._names[p.value]}")
         if self.debug:
@@ -342,6 +398,7 @@ class Emitter:
             if a in self._symbols and a.space != "shared_dyn":
                 space = "shared" if a.space == "shared" else "local"
                 size = a.static_size * a.dtype.itemsize
-                out.append(f"\t.{space} .align 16 .b8 {self.symbol(a)}[{size}];")
+                align = 1024 if a in self._aligned else 16
+                out.append(f"\t.{space} .align {align} .b8 {self.symbol(a)}[{size}];")
         out += ["", *self._prologue, "", *self._body, "}", ""]
         return "\n".join(out)

@@ -15,7 +15,7 @@ and ``prmt`` in ``kaio.ptx.packed``.
 from __future__ import annotations
 
 from kaio.ir.nodes import Const, Instr
-from kaio.ptx import memory, packed, tensor
+from kaio.ptx import hopper, memory, packed, tensor
 from kaio.ptx.regs import bty, immediate, is_half, is_narrow, ity, normalise, storage
 from kaio.ptx.templates import fmt, pick
 from kaio.types import ScalarType, f32, f64, u32
@@ -85,6 +85,8 @@ UNARY = {
     "log2": {"float": "lg2.approx.f32 {d}, {a}"},
     "rsqrt": {"float": "rsqrt.approx.f32 {d}, {a}"},
     "rcp_approx": {"float": "rcp.approx.f32 {d}, {a}"},
+    "exp2_ftz": {"float": "ex2.approx.ftz.f32 {d}, {a}"},
+    "rcp_ftz": {"float": "rcp.approx.ftz.f32 {d}, {a}"},
     "sin": {"float": "sin.approx.f32 {d}, {a}"},
     "cos": {"float": "cos.approx.f32 {d}, {a}"},
     "tanh": {"float": ("tanh.approx.f32 {d}, {a}", "tanh")},
@@ -448,5 +450,6 @@ LOWERING = {
     "sync_warp": _fixed("bar.warp.sync 0xffffffff"),
     "threadfence": _fixed("membar.gl"),
     **tensor.LOWERING,
+    **hopper.LOWERING,
 }
 LOWERING.update(packed.lowering(LOWERING))  # f16x2/bf16x2 arithmetic, pack/unpack, prmt

@@ -4,10 +4,12 @@ IR operands: ``load dst, (array, *idx)``, ``store (array, *idx, value)``,
 ``atomic dst, (array, *idx, value)`` or, for ``cas``, ``(array, *idx, expected, new)``; one
 index per dimension.
 
-Addresses: ``base + sum(idx[d] * stride_bytes[d]) + constant``. Global and local arrays use
+Addresses: ``base + sum(idx[d] * stride_bytes[d]) + constant``, the indices that vary in the
+innermost loops added last (``Emitter.loop_depth``). Global and local arrays use
 64-bit arithmetic (a 32-bit index times a constant stride is one ``mul.wide``); shared arrays
 use 32-bit arithmetic on the shared window. Constant indices against constant strides fold
-into the ``[reg+imm]`` immediate. Base registers and strides are computed once, in the
+into the ``[reg+imm]`` immediate, and so do the constant terms of shared-array indices
+(``Emitter.constant_offset``). Base registers and strides are computed once, in the
 kernel's prologue (``Emitter.array_base``, ``Emitter.byte_strides``).
 """
 
@@ -17,6 +19,10 @@ from kaio.ir.nodes import Array, Const, Instr
 from kaio.ptx.regs import bty, immediate, is_half, is_narrow, mem_type
 from kaio.ptx.templates import fmt, pick
 from kaio.types import ScalarType, u32
+
+# Shared arrays (32-bit addresses): an index ``x + c`` adds ``c * stride`` to the immediate
+# offset when that is below this many bytes (any shared window is smaller).
+_MAX_FOLDED = 1 << 20
 
 SPACE = {"global": "global", "shared": "shared", "shared_dyn": "shared", "local": "local"}
 
@@ -55,8 +61,13 @@ def address(e, arr: Array, idxs) -> str:
     for i, s in zip(idxs, e.byte_strides(arr), strict=True):
         if isinstance(i, Const) and isinstance(s, int):
             imm += int(i.value) * s
-        else:
-            terms.append((i, s))
+            continue
+        if not wide:
+            x, c = e.constant_offset(i)
+            if c is not None and 0 <= c.value * s < _MAX_FOLDED:
+                i, imm = x, imm + c.value * s
+        terms.append((i, s))
+    terms.sort(key=lambda term: e.loop_depth(term[0]))  # invariant terms first
     if not terms and arr.space != "global":
         return f"[{e.symbol(arr)}{_offset(imm)}]"
     base = e.array_base(arr)

@@ -26,11 +26,14 @@ ARCHS: dict[str, tuple[int, tuple[int, int]]] = {
 
 @dataclass(frozen=True)
 class Feature:
-    """An instruction form that needs at least ``sm`` and PTX ISA ``version``."""
+    """An instruction form that needs at least ``sm`` and PTX ISA ``version``. An
+    ``arch_specific`` one exists only on that very SM, through its ``a`` target (``sm_90a``):
+    using it for ``sm_90`` switches the module's ``.target`` to ``sm_90a``."""
 
     sm: int
     version: tuple[int, int]
     what: str
+    arch_specific: bool = False
 
 
 FEATURES: dict[str, Feature] = {
@@ -51,6 +54,13 @@ FEATURES: dict[str, Feature] = {
     "ldmatrix": Feature(75, (6, 5), "ldmatrix"),
     "mma": Feature(80, (7, 0), "mma.sync.aligned m16n8k16/k32/k8 and cvt.rna.tf32.f32"),
     "cp_async": Feature(80, (7, 0), "cp.async"),
+    "mbarrier": Feature(80, (7, 0), "mbarrier.init/arrive"),
+    "mbarrier_wait": Feature(90, (7, 8), "mbarrier.try_wait.parity"),
+    "mbarrier_tx": Feature(90, (8, 0), "mbarrier expect_tx"),
+    "tma": Feature(90, (8, 0), "cp.async.bulk.tensor and tensor-map parameters"),
+    "fence_proxy_async": Feature(90, (8, 0), "fence.proxy.async"),
+    "wgmma": Feature(90, (8, 0), "wgmma.mma_async, Hopper only", arch_specific=True),
+    "setmaxnreg": Feature(90, (8, 0), "setmaxnreg, Hopper only", arch_specific=True),
 }
 
 
@@ -88,11 +98,19 @@ class Target:
         """Record that ``feature`` is used (raising ``.version`` if needed); CompileError
         naming ``builtin`` and the arch needed when the target lacks it."""
         f = FEATURES[feature]
+        where = (loc.filename, loc.lineno, loc.col) if loc else ()
+        if f.arch_specific and self.sm != f.sm:
+            raise CompileError(
+                f"{builtin} needs sm_{f.sm}a ({f.what}); the target is {self.arch}: compile "
+                f"for sm_{f.sm} (or sm_{f.sm}a), or avoid {builtin} on other GPUs",
+                *where,
+            )
         if self.sm < f.sm:
-            where = (loc.filename, loc.lineno, loc.col) if loc else ()
             raise CompileError(
                 f"{builtin} needs sm_{f.sm} or newer ({f.what}); the target is {self.arch}: "
                 f"compile for a newer arch or avoid {builtin}",
                 *where,
             )
+        if f.arch_specific:
+            self.arch = f"sm_{f.sm}a"
         self.version = max(self.version, f.version)

@@ -18,7 +18,8 @@ from kaio.runtime.device import ensure_context
 from kaio.runtime.launcher import build_launcher
 from kaio.runtime.module import Resources, load, select_arch
 from kaio.runtime.stream import stream_handle
-from kaio.types import ArrayType, ScalarType
+from kaio.tensormap import TensorMap
+from kaio.types import ArrayType, ScalarType, TensorMapType
 
 __all__ = ["Launch", "resources"]
 
@@ -101,6 +102,14 @@ class Launch:
 
 def _positional(kernel, args: tuple, kwargs: dict) -> tuple:
     """All arguments in parameter order (constexprs included)."""
+    names = kernel.param_names
+    if len(args) + len(kwargs) == len(names):
+        # The common call, trailing parameters by keyword: no signature binding (tens of
+        # microseconds). A name that is not a trailing parameter misses below and falls back.
+        try:
+            return args + tuple([kwargs[n] for n in names[len(args) :]])
+        except KeyError:
+            pass
     values, constexprs = kernel.split_args(args, kwargs)
     runtime = iter(values)
     return tuple(
@@ -122,6 +131,13 @@ def _build(kernel, args: tuple):
             arrays.append((info, name, annotation))
         elif isinstance(annotation, ScalarType):
             check_scalar(value, name, annotation, kernel.__name__)
+        elif isinstance(annotation, TensorMapType):
+            if not isinstance(value, TensorMap):
+                raise LaunchError(
+                    f"{kernel.__name__}: argument {name!r} (kaio.tensormap) must be a "
+                    f"kaio.tensor_map_2d(...), got {type(value).__name__}"
+                )
+            value.encoded()  # encoding errors surface here, not as a packing failure
         else:
             raise LaunchError(f"{kernel.__name__}: {param_annotation_error(name, annotation)}")
     dev = ensure_context()

@@ -15,15 +15,20 @@ last the slow path, which raises ``LaunchError`` for wrong arguments). Per launc
   ``get_device()``, rank and ``is_contiguous()``; a contiguous CuPy array's ``dtype.char``,
   ``ndim``, ``flags.c_contiguous`` and ``data.device_id``. Other CUDA arrays (any
   ``__cuda_array_interface__`` or DLPack producer, strided CuPy arrays) are described in full;
-- writes all kernel parameters with one ``struct.pack_into`` into the launcher's preallocated
-  ctypes buffer (a scalar out of its type's range fails here, and the slow path explains it);
+- writes all kernel parameters (a tensor map's 128 encoded bytes too) with one
+  ``struct.pack_into`` into the launcher's preallocated ctypes buffer (a scalar out of its
+  type's range fails here, and the slow path explains it);
 - calls libcuda's ``cuLaunchKernelEx`` through ctypes with no ``argtypes`` (ctypes'
   per-argument ``from_param`` conversions cost more than the rest of the launch) and four
   arguments made once per binding: a ``CUlaunchConfig`` struct (grid, block, shared bytes,
-  stream), the function, NULL kernelParams and the ``extra`` array that hands over the buffer
-  (``CU_LAUNCH_PARAM_BUFFER_POINTER``, as tinygrad does). On an H200 host this call cost 0.1 to
-  0.4 µs less than ``cuLaunchKernel`` with its eleven arguments, and ``extra`` and kernelParams
-  cost the same (bench/launch_overhead.py, docs/performance.md).
+  stream), the function, the ``kernelParams`` array of pointers to each parameter inside the
+  buffer, and NULL ``extra``. On an H200 host this call cost 0.1 to 0.4 µs less than
+  ``cuLaunchKernel`` with its eleven arguments, and ``kernelParams`` no more than handing the
+  whole buffer over as ``extra`` (``CU_LAUNCH_PARAM_BUFFER_POINTER``; bench/launch_overhead.py,
+  docs/performance.md). ``extra`` is not used because the driver copies that buffer verbatim:
+  a TMA tensor map (a ``.param .align 64`` parameter) then lands where the kernel does not
+  expect it, and the TMA load faults with an illegal instruction (seen on an H200), while
+  ``kernelParams`` lets the driver lay the parameters out itself.
 
 Packing and the driver call run under the launcher's lock, so threads launching the same
 signature at once never overwrite each other's parameters (ctypes releases the GIL in the
@@ -36,6 +41,7 @@ thread failed a bounds check (``kaio.runtime.debug``).
 from __future__ import annotations
 
 import ctypes
+import re
 import struct
 import threading
 from collections.abc import Callable
@@ -49,6 +55,7 @@ from kaio.runtime.arguments import describe, is_cupy, is_torch
 from kaio.runtime.device import Device, current
 from kaio.runtime.driver import cuda_error, last_launched, libcuda
 from kaio.runtime.memory import DeviceArray
+from kaio.tensormap import TensorMap
 from kaio.types import ArrayType
 
 __all__ = ["param_format", "launch_abi", "build_launcher", "validate_config"]
@@ -77,12 +84,26 @@ def param_format(params) -> tuple[str, int]:
     entry, with no tail padding, since the driver checks it against the kernel's own size."""
     fmt, offset = "=", 0
     for p in params:
-        code = _CODES[p.value.type.name]
-        size = struct.calcsize("=" + code)
-        pad = -offset % size
+        if p.role == "tensormap":  # 128 bytes by value, 64-byte aligned
+            code, size, align = "128s", 128, 64
+        else:
+            code = _CODES[p.value.type.name]
+            size = align = struct.calcsize("=" + code)
+        pad = -offset % align
         fmt += "x" * pad + code
         offset += pad + size
     return fmt, offset
+
+
+def entry_offsets(fmt: str) -> list[int]:
+    """The byte offset of each entry of a ``param_format`` format (pad bytes skipped)."""
+    offsets, at = [], 0
+    for count, code in re.findall(r"(\d*)([a-zA-Z?])", fmt):
+        size = struct.calcsize(f"={count}{code}")
+        if code != "x":
+            offsets.append(at)
+        at += size
+    return offsets
 
 
 def bf16_bits(value) -> int:
@@ -146,7 +167,8 @@ def validate_config(grid: tuple, block: tuple, shared: int, loaded, declared_blo
 def launch_abi(kernel, spec) -> list[tuple[int, str]]:
     """``(argument position, kind)`` of each runtime parameter with launch entries, in order:
     the layout ('C' or 'A') for arrays, checked against the documented launch ABI (pointer,
-    shape, and for 'A' the strides), else the scalar type's name."""
+    shape, and for 'A' the strides), ``"tensormap"`` for tensor maps, else the scalar type's
+    name."""
     by_source: dict[str, list] = {}
     for p in spec.function.params:
         by_source.setdefault(p.source, []).append(p)
@@ -167,6 +189,8 @@ def launch_abi(kernel, spec) -> list[tuple[int, str]]:
                     f"{[p.role for p in entries]}, expected {expected}"
                 )
             abi.append((k, layout))
+        elif entries and entries[0].role == "tensormap":
+            abi.append((k, "tensormap"))
         elif entries:
             abi.append((k, entries[0].value.type.name))
     return abi
@@ -250,8 +274,10 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
     if record is not None:
         fmt, size = record.extend_format(fmt, size)
     buf = (ctypes.c_uint8 * max(size, 8))()
-    buf_size = ctypes.c_size_t(size)
-    extra_array = (ctypes.c_void_p * 5)(1, ctypes.addressof(buf), 2, ctypes.addressof(buf_size), 0)
+    offsets = entry_offsets(fmt)
+    pointers = (ctypes.c_void_p * max(len(offsets), 1))(
+        *(ctypes.addressof(buf) + o for o in offsets)
+    )
     declared = kernel.block_size
 
     def admit(grid, block, shared):
@@ -267,9 +293,9 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         "pack": struct.Struct(fmt).pack_into,
         "PACK_ERRORS": (struct.error, TypeError, OverflowError, ValueError),
         "buf": buf,
-        "keep": (buf_size, extra_array),
+        "keep": pointers,
         "FUNC": ctypes.c_void_p(loaded.handle),
-        "EXTRA": ctypes.byref(extra_array),
+        "PARAMS": pointers if offsets else None,
         "config_struct": LaunchConfigStruct,
         "byref": ctypes.byref,
         "launch_kernel": raw_launch_kernel(),
@@ -293,6 +319,10 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
             condition, entry = array_code(k, args[k], infos[k], kind, env)
             conditions.append(condition)
             entries.append(entry)
+        elif kind == "tensormap":  # the map's 128 bytes, encoded once per TensorMap
+            env["TensorMap"] = TensorMap
+            conditions.append(f"type(a{k}) is not TensorMap")
+            entries.append(f"a{k}.encoded()")
         else:
             entries.append(f"bf16_bits(a{k})" if kind == "bf16" else f"a{k}")
     for k, name in enumerate(kernel.param_names):
@@ -302,7 +332,7 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
     if record is not None:
         env["RECORD"], env["debug_check"] = record.pointer, record.check
         entries.append("RECORD")
-    call = "launch_kernel(CONFIG, FUNC, None, EXTRA)"
+    call = "launch_kernel(CONFIG, FUNC, PARAMS, None)"
     lines = [
         "def bind(grid, block, shared, stream):",
         "    CONFIG = byref(config_struct(grid, block, shared, stream, None, 0))",

@@ -104,6 +104,20 @@ def approx(fn):
     return run
 
 
+def flush_subnormals(a: np.ndarray) -> np.ndarray:
+    """f32 values with subnormals replaced by zero of the same sign (PTX's ``.ftz``)."""
+    return np.where(np.abs(a) < np.finfo(F32).tiny, np.copysign(F32.type(0), a), a).astype(F32)
+
+
+def approx_ftz(fn):
+    """``approx`` with ``.ftz``: subnormal inputs read as zero, subnormal results are zero."""
+
+    def run(t: ScalarType, a):
+        return flush_subnormals(fn(flush_subnormals(np.asarray(a, F32)).astype(F64)).astype(F32))
+
+    return run
+
+
 def cvt(src: ScalarType, dst: ScalarType, a):
     """Conversion with the rules of ``kaio.ir.ops``."""
     a = np.asarray(a)

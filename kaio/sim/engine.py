@@ -49,13 +49,16 @@ def simulate(
     dynamic_shared_bytes: int = 0,
     race_check: bool = True,
     batch_lanes: int = DEFAULT_BATCH_LANES,
+    tensor_maps: tuple = (),
 ) -> None:
     """Run ``fn`` over ``grid`` x ``block`` threads on the CPU.
 
     ``arrays`` maps each global ``Array`` of ``fn`` to a NumPy array (modified in place);
     ``scalars`` maps parameter ``Var``s to values (pointer, shape and stride parameters that
     are missing are derived from the arrays). ``race_check`` turns the shared-memory race
-    detector on; ``batch_lanes`` bounds how many threads run side by side.
+    detector on; ``batch_lanes`` bounds how many threads run side by side. ``tensor_maps``
+    are the ``kaio.TensorMap``s that tensor-map parameters (given in ``scalars`` as indices
+    into it) name.
     Raises ``kaio.SimulationError`` for out-of-bounds accesses, divergent barriers, shuffles
     or votes, and shared-memory races.
     """
@@ -77,6 +80,7 @@ def simulate(
             nb = min(per_batch, nblocks - start)
             m = Machine(fn, grid, block, start, nb, params, dynamic_shared_bytes)
             m.storages = memory.make_storages(m, arrays, dynamic_shared_bytes, race_check)
+            m.tensor_maps = tensor_maps
             m.run()
 
 
@@ -136,6 +140,7 @@ class Machine:
         self.env = {v: np.broadcast_to(x, (n,)) for v, x in params.items()}
         self.storages: dict = {}
         self.async_copies = None  # kaio.sim.tensor.AsyncCopies, made by the first cp_async
+        self.tensor_maps: tuple = ()  # kaio.TensorMap by index (tensor-map parameters)
         self.alive = np.ones(n, bool)
         self.off = np.zeros(n, bool)  # lanes parked by break/continue/return
         self.pending = {}  # (kind, target id) -> lanes parked for that construct

@@ -9,6 +9,7 @@ from kaio.errors import LaunchError
 from kaio.kernel import LaunchConfig, parse_launch_config
 from kaio.sim.engine import simulate
 from kaio.sim.numerics import round_f64
+from kaio.tensormap import TensorMap
 from kaio.types import ArrayType, ScalarType
 
 
@@ -36,11 +37,15 @@ def run_simulated(kernel, config: LaunchConfig, args: tuple, kwargs: dict) -> No
             arr = _check_array(kernel, name, ann, by_name[name])
             layouts.append("C" if arr.flags.c_contiguous else "A")
     fn = kernel.specialize(constexprs, tuple(layouts)).function
-    arrays, scalars = {}, {}
+    arrays, scalars, tensor_maps = {}, {}, []
     for p in fn.params:
         v = by_name[p.source]
         if p.role == "scalar":
             scalars[p.value] = _scalar(kernel, p.source, p.value.type, v)
+            continue
+        if p.role == "tensormap":
+            scalars[p.value] = np.uint64(len(tensor_maps))
+            tensor_maps.append(_tensor_map(kernel, p.source, v))
             continue
         arrays[p.array] = v
         if p.role == "stride" and v.strides[p.dim] % v.itemsize:
@@ -48,7 +53,24 @@ def run_simulated(kernel, config: LaunchConfig, args: tuple, kwargs: dict) -> No
                 f"{kernel.__name__}: array {p.source!r} has a stride of {v.strides[p.dim]} bytes, "
                 f"not a multiple of its {v.itemsize}-byte elements"
             )
-    simulate(fn, config.grid, config.block, arrays, scalars, config.shared_bytes)
+    simulate(
+        fn,
+        config.grid,
+        config.block,
+        arrays,
+        scalars,
+        config.shared_bytes,
+        tensor_maps=tuple(tensor_maps),
+    )
+
+
+def _tensor_map(kernel, name: str, v) -> TensorMap:
+    if not isinstance(v, TensorMap) or not isinstance(v.array, np.ndarray):
+        raise LaunchError(
+            f"{kernel.__name__}: argument {name!r} (kaio.tensormap) must be a "
+            f"kaio.tensor_map_2d() over a NumPy array for the simulator, got {v!r}"
+        )
+    return v
 
 
 def _check_array(kernel, name: str, ann: ArrayType, v) -> np.ndarray:

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from kaio.sim import memory, packed, tensor, threads
+from kaio.sim import hopper, memory, packed, tensor, threads
 from kaio.sim.arith import (
     abs_,
     add,
     approx,
+    approx_ftz,
     bitcast,
     compare,
     cvt,
@@ -117,6 +118,8 @@ SEMANTICS = {
     "log2": _on_dst(approx(np.log2)),
     "rsqrt": _on_dst(approx(lambda x: 1.0 / np.sqrt(x))),
     "rcp_approx": _on_dst(approx(lambda x: 1.0 / x)),
+    "exp2_ftz": _on_dst(approx_ftz(np.exp2)),
+    "rcp_ftz": _on_dst(approx_ftz(lambda x: 1.0 / x)),
     "sin": _on_dst(approx(np.sin)),
     "cos": _on_dst(approx(np.cos)),
     "tanh": _on_dst(approx(np.tanh)),
@@ -126,7 +129,7 @@ SEMANTICS.update(
     {
         op: _canonical_nan(SEMANTICS[op])
         for op in "add sub mul div min max cvt sqrt floor ceil trunc rint fma exp2 log2 "
-        "rsqrt rcp_approx sin cos tanh to_tf32".split()
+        "rsqrt rcp_approx exp2_ftz rcp_ftz sin cos tanh to_tf32".split()
     }
 )
 SEMANTICS.update(packed.semantics(SEMANTICS))  # f16x2/bf16x2 arithmetic, pack/unpack, prmt
@@ -149,4 +152,5 @@ SEMANTICS |= {
     "cp_async": tensor.cp_async,
     "cp_async_commit": tensor.cp_async_commit,
     "cp_async_wait": tensor.cp_async_wait,
+    **hopper.SEMANTICS,
 }

@@ -1,0 +1,357 @@
+"""The Hopper builtins (sm_90 and sm_90a): warpgroup MMA (``wgmma``), shared-memory matrix
+descriptors, ``mbarrier``s, TMA tile loads, ``fence.proxy.async`` and ``setmaxnreg``.
+
+Each builtin is one ``kaio.lang`` table entry (``_define``) with its typing rule here; its PTX
+lowering is ``kaio.ptx.hopper`` and its simulator meaning ``kaio.sim.hopper``. docs/hopper.md
+is the user's side: fragment layouts, descriptor layouts, barrier phases, a worked example.
+"""
+
+from __future__ import annotations
+
+import re
+
+from kaio import types as T
+from kaio.ir.nodes import Const, Var
+from kaio.lang import _arity, _define, _memory_array
+
+_SHARED = ("shared", "shared_dyn")
+WGMMA_N = tuple(range(8, 257, 8))
+"""The N sizes of ``wgmma.mma_async.m64nNk16`` with f16/bf16 inputs and f32 accumulators."""
+
+
+def _const_int(ctx, v, node, what: str, ok, expect: str) -> int:
+    x = ctx.const_value(v, node, what)
+    if isinstance(x, bool) or not isinstance(x, int) or not ok(x):
+        ctx.error(f"{what} must be {expect}, got {x!r}", node)
+    return x
+
+
+def _const_bool(ctx, v, node, what: str) -> bool:
+    x = ctx.const_value(v, node, what)
+    if not isinstance(x, bool | int) or x not in (0, 1):
+        ctx.error(f"{what} must be a compile-time True or False, got {x!r}", node)
+    return bool(x)
+
+
+def _u32(ctx, v, node, what: str):
+    x = ctx.value(v, node, T.u32)
+    if not x.type.is_int or x.type.bits > 32:
+        ctx.error(f"{what} must be a 32-bit (or narrower) integer, got {x.type}", node)
+    return ctx.convert(x, T.u32)
+
+
+def _barrier(ctx, args, node, name: str) -> list:
+    """``(bars, index)`` of an mbarrier builtin: a shared u64 array and its element's indices."""
+    arr = _memory_array(ctx, args[0], node, name, _SHARED)
+    if arr.dtype not in (T.u64, T.i64):
+        ctx.error(
+            f"kaio.{name}() needs mbarriers in a shared u64 array (kaio.shared(kaio.u64, n)); "
+            f"{arr.name!r} holds {arr.dtype}",
+            node,
+        )
+    return [arr, *ctx.indices(arr, args[1], node)]
+
+
+def _source_name(arr) -> str:
+    """The kernel's own name of a shared array (its IR name less the ``_smem0`` suffix)."""
+    return re.sub(r"_d?smem\d+$", "", arr.name)
+
+
+def dynamic_tile_conflict(arr, arrays, builtin: str) -> str | None:
+    """Why ``builtin`` may not address the dynamic shared tile ``arr`` in a kernel whose
+    shared arrays are ``arrays``, or None. The driver starts dynamic shared memory right after
+    the static arrays, without the 1024-byte alignment that swizzled TMA tiles and wgmma
+    descriptors need (on an H200 the first TMA copy then stopped with a misaligned shared
+    address), so such a kernel keeps every shared array dynamic, barriers included."""
+    if arr.space != "shared_dyn":
+        return None
+    static = [_source_name(a) for a in arrays if a.space == "shared"]
+    if not static:
+        return None
+    return (
+        f"{builtin} addresses the dynamic shared tile {_source_name(arr)!r}, which is 1024-byte "
+        f"aligned only in a kernel with no static shared arrays; declare {', '.join(static)} with "
+        "kaio.shared_dynamic too (the dynamic region starts right after static arrays)"
+    )
+
+
+# ---------------------------------------------------------------- wgmma
+
+
+def _wgmma(kind: str):
+    name = f"wgmma_{kind}"
+
+    def lower(ctx, args, node):
+        if len(args) not in (4, 6):
+            ctx.error(
+                f"kaio.{name}() takes (acc, a_desc, b_desc, accumulate[, trans_a, trans_b])", node
+            )
+        acc = ctx.fragment(args[0], node, f"kaio.{name}()")
+        n = 2 * acc.size
+        if acc.array.dtype != T.f32 or n not in WGMMA_N:
+            ctx.error(
+                f"kaio.{name}(): acc holds the m64nNk16 f32 accumulator, N/2 f32 registers per "
+                f"thread (N = 8, 16, ..., 256); {acc!r} is {acc.size} x {acc.array.dtype}",
+                node,
+            )
+        descs = []
+        for v, which in ((args[1], "a_desc"), (args[2], "b_desc")):
+            d = ctx.value(v, node, T.u64)
+            if d.type != T.u64:
+                ctx.error(
+                    f"kaio.{name}(): {which} must be a u64 kaio.smem_descriptor(), got {d.type}",
+                    node,
+                )
+            descs.append(d)
+        scale_d = ctx.truth(args[3], node)
+        trans = [False, False]
+        if len(args) == 6:
+            trans = [_const_bool(ctx, a, node, f"kaio.{name}(): trans") for a in args[4:]]
+        ctx.b.emit(
+            "wgmma",
+            None,
+            (acc, *descs, scale_d),
+            kind=kind,
+            n=n,
+            trans_a=trans[0],
+            trans_b=trans[1],
+        )
+
+    return lower
+
+
+for _kind in ("f16", "bf16"):
+    _define(
+        f"wgmma_{_kind}",
+        f"wgmma_{_kind}(acc, a_desc, b_desc, accumulate[, trans_a, trans_b]): warpgroup-wide "
+        f"(128 threads) acc = A @ B (+ acc when accumulate) with {_kind} A (64x16) and B "
+        "(16xN) in shared memory named by kaio.smem_descriptor(), f32 accumulators (N = "
+        "2*len(acc)); trans_a/trans_b: A stored M-major, B stored N-major (default: both "
+        "K-major). Asynchronous: wgmma_fence() before, wgmma_commit() + wgmma_wait(n) "
+        "after. sm_90a.",
+        _wgmma(_kind),
+    )
+
+
+def _fixed(op: str, name: str):
+    def lower(ctx, args, node):
+        _arity(ctx, name, args, node, 0)
+        ctx.b.emit(op, None, ())
+
+    return lower
+
+
+def _wgmma_wait(ctx, args, node):
+    _arity(ctx, "wgmma_wait", args, node, 1)
+    n = _const_int(
+        ctx, args[0], node, "kaio.wgmma_wait(n)", lambda x: 0 <= x <= 7, "a compile-time 0..7"
+    )
+    ctx.b.emit("wgmma_wait", None, (), pending=n)
+
+
+_define(
+    "wgmma_fence",
+    "wgmma_fence(): order this warpgroup's accumulator register accesses before the wgmmas "
+    "that follow (wgmma.fence). sm_90a.",
+    _fixed("wgmma_fence", "wgmma_fence"),
+)
+_define(
+    "wgmma_commit",
+    "wgmma_commit(): close this warpgroup's group of issued wgmmas (wgmma.commit_group). sm_90a.",
+    _fixed("wgmma_commit", "wgmma_commit"),
+)
+_define(
+    "wgmma_wait",
+    "wgmma_wait(n): wait until at most n of this warpgroup's committed wgmma groups are "
+    "pending; their accumulators are then readable (wgmma.wait_group). sm_90a.",
+    _wgmma_wait,
+)
+
+
+def _smem_descriptor(ctx, args, node):
+    _arity(ctx, "smem_descriptor", args, node, 5)
+    arr = _memory_array(ctx, args[0], node, "smem_descriptor", _SHARED)
+    idx = ctx.indices(arr, args[1], node)
+    swizzle = _const_int(
+        ctx,
+        args[2],
+        node,
+        "the swizzle of kaio.smem_descriptor()",
+        lambda x: x in (0, 32, 64, 128),
+        "0, 32, 64 or 128 (bytes)",
+    )
+    offsets = [
+        _const_int(
+            ctx,
+            a,
+            node,
+            f"the {what} byte offset of kaio.smem_descriptor()",
+            lambda x: 0 <= x < 1 << 18 and x % 16 == 0,
+            "a compile-time multiple of 16 below 262144",
+        )
+        for a, what in ((args[3], "leading"), (args[4], "stride"))
+    ]
+    return ctx.b.emit(
+        "smem_desc", T.u64, (arr, *idx), swizzle=swizzle, lbo=offsets[0], sbo=offsets[1]
+    )
+
+
+_define(
+    "smem_descriptor",
+    "smem_descriptor(smem, index, swizzle, lbo, sbo): u64 wgmma matrix descriptor of the tile "
+    "that starts at smem[index] (16-byte aligned; 1024 with a swizzle), laid out in 8-row "
+    "core matrices swizzled by 0/32/64/128 bytes, lbo/sbo the leading/stride byte offsets "
+    "(compile-time; docs/hopper.md gives them per layout).",
+    _smem_descriptor,
+)
+
+
+# ---------------------------------------------------------------- mbarrier
+
+
+def _mbarrier_init(ctx, args, node):
+    _arity(ctx, "mbarrier_init", args, node, 3)
+    bar = _barrier(ctx, args, node, "mbarrier_init")
+    ctx.b.emit("mbarrier_init", None, (*bar, _u32(ctx, args[2], node, "the arrival count")))
+
+
+def _mbarrier_arrive(ctx, args, node):
+    _arity(ctx, "mbarrier_arrive", args, node, 2)
+    bar = _barrier(ctx, args, node, "mbarrier_arrive")
+    ctx.b.emit("mbarrier_arrive", None, (*bar, Const(0, T.u32)))
+
+
+def _tx(op: str, name: str):
+    def lower(ctx, args, node):
+        _arity(ctx, name, args, node, 3)
+        bar = _barrier(ctx, args, node, name)
+        ctx.b.emit(op, None, (*bar, _u32(ctx, args[2], node, f"the bytes of kaio.{name}()")))
+
+    return lower
+
+
+def _wait(op: str, name: str, result):
+    def lower(ctx, args, node):
+        _arity(ctx, name, args, node, 3)
+        bar = _barrier(ctx, args, node, name)
+        parity = _u32(ctx, args[2], node, f"the phase parity of kaio.{name}()")
+        return ctx.b.emit(op, result, (*bar, parity))
+
+    return lower
+
+
+_define(
+    "mbarrier_init",
+    "mbarrier_init(bars, i, count): make bars[i] (a shared u64) a barrier whose phase "
+    "completes after count arrivals and the bytes it expects; its first phase has parity 0. "
+    "One thread initializes; sync_threads() before others use it. sm_80+.",
+    _mbarrier_init,
+)
+_define(
+    "mbarrier_arrive",
+    "mbarrier_arrive(bars, i): this thread arrives once on bars[i] (mbarrier.arrive). sm_80+.",
+    _mbarrier_arrive,
+)
+_define(
+    "mbarrier_arrive_expect_tx",
+    "mbarrier_arrive_expect_tx(bars, i, nbytes): bars[i]'s current phase also waits for "
+    "nbytes of TMA copies, and this thread arrives (mbarrier.arrive.expect_tx). sm_90.",
+    _tx("mbarrier_arrive", "mbarrier_arrive_expect_tx"),
+)
+_define(
+    "mbarrier_expect_tx",
+    "mbarrier_expect_tx(bars, i, nbytes): bars[i]'s current phase also waits for nbytes of "
+    "TMA copies, without arriving (mbarrier.expect_tx). sm_90.",
+    _tx("mbarrier_expect_tx", "mbarrier_expect_tx"),
+)
+_define(
+    "mbarrier_try_wait",
+    "mbarrier_try_wait(bars, i, parity) -> bool: whether the phase of bars[i] with that "
+    "parity (0 or 1) has completed; its writes are then visible (mbarrier.try_wait.parity). "
+    "sm_90.",
+    _wait("mbarrier_try_wait", "mbarrier_try_wait", T.bool_),
+)
+_define(
+    "mbarrier_wait",
+    "mbarrier_wait(bars, i, parity): spin on mbarrier_try_wait until the phase of bars[i] "
+    "with that parity has completed. sm_90.",
+    _wait("mbarrier_wait", "mbarrier_wait", None),
+)
+
+
+# ---------------------------------------------------------------- TMA, fences, registers
+
+
+def _tensor_map(ctx, v, node) -> Var:
+    if isinstance(v, Var) and any(p.value is v and p.role == "tensormap" for p in ctx.params):
+        return v
+    ctx.error(
+        "kaio.tma_load_2d() needs a tensor map: a kernel parameter annotated kaio.tensormap "
+        "(pass a kaio.tensor_map_2d(array, box, swizzle) at launch)",
+        node,
+    )
+
+
+def _tma_load_2d(ctx, args, node):
+    _arity(ctx, "tma_load_2d", args, node, 7)
+    dst = _memory_array(ctx, args[0], node, "tma_load_2d", _SHARED)
+    dst_idx = ctx.indices(dst, args[1], node)
+    tmap = _tensor_map(ctx, args[2], node)
+    coords = []
+    for v, what in ((args[3], "row"), (args[4], "column")):
+        c = ctx.value(v, node, T.i32)
+        if not c.type.is_int or c.type.bits > 32:
+            ctx.error(
+                f"kaio.tma_load_2d(): the {what} must be a 32-bit integer, got {c.type}", node
+            )
+        coords.append(ctx.convert(c, T.i32))
+    bar = _barrier(ctx, args[5:], node, "tma_load_2d")
+    ctx.b.emit("tma_load", None, (dst, *dst_idx, tmap, *coords, *bar))
+
+
+_define(
+    "tma_load_2d",
+    "tma_load_2d(dst, dst_index, tmap, row, col, bars, i): one thread starts a TMA copy of the "
+    "box at [row, col] of tmap's array (elements outside read 0) into shared dst from "
+    "dst[dst_index] (128-byte aligned; 1024 when swizzled), swizzled as the map says; the "
+    "copy completes its bytes on bars[i] (cp.async.bulk.tensor.2d). sm_90.",
+    _tma_load_2d,
+)
+_define(
+    "fence_proxy_async",
+    "fence_proxy_async(): order this thread's ordinary shared-memory accesses with the "
+    "asynchronous proxy's (TMA, wgmma) (fence.proxy.async.shared::cta). sm_90.",
+    _fixed("fence_proxy_async", "fence_proxy_async"),
+)
+
+
+def _setmaxnreg(action: str):
+    name = f"setmaxnreg_{action}"
+
+    def lower(ctx, args, node):
+        _arity(ctx, name, args, node, 1)
+        count = _const_int(
+            ctx,
+            args[0],
+            node,
+            f"kaio.{name}(n)",
+            lambda x: 24 <= x <= 256 and x % 8 == 0,
+            "a compile-time multiple of 8 in 24..256",
+        )
+        ctx.b.emit("setmaxnreg", None, (), action=action, count=count)
+
+    return lower
+
+
+_define(
+    "setmaxnreg_inc",
+    "setmaxnreg_inc(n): raise this warpgroup's registers per thread to n (warpgroup-wide; the "
+    "kernel needs kaio.launch_bounds(threads, 1)). sm_90a.",
+    _setmaxnreg("inc"),
+)
+_define(
+    "setmaxnreg_dec",
+    "setmaxnreg_dec(n): lower this warpgroup's registers per thread to n, giving them to "
+    "other warpgroups (warpgroup-wide). sm_90a.",
+    _setmaxnreg("dec"),
+)

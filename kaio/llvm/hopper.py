@@ -1,0 +1,265 @@
+"""The Hopper ops in LLVM IR: ``wgmma.mma_async`` and its fence/commit/wait, shared-memory
+matrix descriptors, ``mbarrier``s, TMA (``cp.async.bulk.tensor``), ``fence.proxy.async`` and
+``setmaxnreg``, and the tensor-map kernel parameter.
+
+Each instruction is the PTX emitter's own (``kaio.ptx.hopper``) as inline assembly, with the
+emitter's feature checks (``kaio.ptx.target``: ``wgmma`` and ``setmaxnreg`` switch the target
+to ``sm_90a``, which ``kaio.llvm.machine`` then compiles for) and its refusal of dynamic tiles
+next to static shared arrays. Every statement has side effects and a memory clobber (they
+order shared memory, and each other, for the TMA and wgmma proxies); the ``.sync.aligned``
+ones (wgmma, setmaxnreg) are also convergent. NVVM has intrinsics for several of these; the
+asm keeps the emitter's very instructions, whatever the LLVM version (20 to 22).
+
+- ``wgmma``: the accumulator fragment's f32 elements are ``"=f"`` outputs, each tied to an
+  input (``"0"``, ``"1"``...: LLVM IR's form of C's ``"+f"``), up to 128 of them;
+  ``accumulate`` is an ``i32`` made the predicate operand inside the asm. The accumulators
+  pass through an empty asm before each ``wgmma_fence`` and after each ``wgmma_wait``
+  (``_settle``), so that LLVM keeps their other writes and reads outside the async window.
+- ``mbarrier_try_wait``: the predicate as a ``selp`` result; ``mbarrier_wait`` an LLVM loop
+  around it.
+- ``smem_desc``: integer arithmetic on the 32-bit shared address (no asm).
+- Tensor maps: a ``kaio.tensormap`` parameter is ``ptr byval([128 x i8]) align 64``, which
+  NVPTX declares as the emitter's ``.param .align 64 .b8 name[128]``, and ``grid_constant``
+  (``nvvm.annotations``), so that its address is the parameter itself (``cvta.param``), not
+  a local copy; that address is the parameter's u64 value, the TMA operand.
+- Shared tiles that TMA or a descriptor addresses are 1024-byte aligned (``aligned_tiles``).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from kaio.ir.nodes import Array, Const, Function, Instr, Param, walk
+from kaio.llvm.tensor import members, operands, read, shared_address, write
+from kaio.llvm.typemap import CONVERGENT, EFFECTS, FLOAT, I8, I32, I64, VOID, int_const
+from kaio.ptx.hopper import _SWIZZLE_MODE, ALIGNED_OPS, _check_tile, _split
+from kaio.ptx.tensor import frag_registers
+
+TENSOR_MAP = ir.ArrayType(I8, 128)
+"""A ``CUtensorMap`` as the kernel receives it: 128 bytes, 64-byte aligned."""
+
+
+def aligned_tiles(fn: Function) -> set[Array]:
+    """The shared arrays that TMA or a descriptor addresses: 1024-byte aligned, as the
+    emitter declares them (a whole 128-byte-swizzle pattern)."""
+    return {s.args[0] for s in walk(fn.body) if isinstance(s, Instr) and s.op in ALIGNED_OPS}
+
+
+def declare_tensor_maps(module: ir.Module, func: ir.Function, params: list[Param]) -> None:
+    """Make the tensor-map arguments of ``func`` 128-byte byval parameters, 64-byte aligned and
+    ``grid_constant`` (read in place: TMA takes their address)."""
+    indices = []
+    for k, (p, arg) in enumerate(zip(params, func.args, strict=True)):
+        if p.role == "tensormap":
+            arg.attributes.add("byval")
+            arg.attributes.align = 64
+            indices.append(ir.Constant(I32, k + 1))
+    if indices:
+        module.add_named_metadata("nvvm.annotations", [func, "grid_constant", indices])
+
+
+def _statement(g, text: str, constraints: list[str], args: list, collective: bool, ret=VOID):
+    """Inline PTX ``text`` returning ``ret``, with side effects and a memory clobber
+    (``collective``: a ``.sync.aligned`` instruction, also convergent)."""
+    attrs = EFFECTS + CONVERGENT if collective else EFFECTS
+    constraints = ",".join([*constraints, "~{memory}"])
+    return g.asm(text, constraints, ret, args, attrs, effects=True)
+
+
+def _in_place(n: int) -> tuple[list[str], list[str], ir.Type]:
+    """``n`` f32 registers read and written in place (C's ``"+f"``): the output constraints,
+    the constraints of the inputs tied to them (listed after any other input) and the
+    asm's result type."""
+    return ["=f"] * n, [str(k) for k in range(n)], ir.LiteralStructType([FLOAT] * n)
+
+
+# op: (PTX text with the op's attributes as {fields}, feature, builtin, .sync.aligned)
+_FIXED = {
+    "wgmma_fence": ("wgmma.fence.sync.aligned;", "wgmma", "kaio.wgmma_fence()", True),
+    "wgmma_commit": ("wgmma.commit_group.sync.aligned;", "wgmma", "kaio.wgmma_commit()", True),
+    "wgmma_wait": ("wgmma.wait_group.sync.aligned {pending};", "wgmma", "kaio.wgmma_wait()", True),
+    "fence_proxy_async": (
+        "fence.proxy.async.shared::cta;",
+        "fence_proxy_async",
+        "kaio.fence_proxy_async()",
+        False,
+    ),
+    "setmaxnreg": (
+        "setmaxnreg.{action}.sync.aligned.u32 {count};",
+        "setmaxnreg",
+        "kaio.setmaxnreg_*()",
+        True,
+    ),
+}
+
+
+def _lower_fixed(g, ins: Instr) -> None:
+    """One ``_FIXED`` statement; the wgmma accumulators settle before a fence, after a wait."""
+    text, feature, builtin, collective = _FIXED[ins.op]
+    g.target.require(feature, builtin, g.loc)
+    if ins.op == "wgmma_fence":
+        _settle(g)
+    _statement(g, text.format(**ins.attrs), [], [], collective)
+    if ins.op == "wgmma_wait":
+        _settle(g)
+
+
+# ----------------------------------------------------------------------------- wgmma
+
+
+def lower_wgmma(g, ins: Instr) -> None:
+    """``wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {d}, a_desc, b_desc, p, 1, 1,
+    trans_a, trans_b`` with ``p = accumulate != 0``."""
+    kind = ins.attrs["kind"]
+    builtin = f"kaio.wgmma_{kind}()"
+    g.target.require("wgmma", builtin, g.loc)
+    acc, a_desc, b_desc, scale_d = ins.args
+    n = len(frag_registers(g, acc, builtin))
+    ta, tb = int(ins.attrs["trans_a"]), int(ins.attrs["trans_b"])
+    shape = f"m64n{ins.attrs['n']}k16.f32.{kind}.{kind}"
+    text = (
+        f"{{ .reg .pred scale_d; setp.ne.b32 scale_d, ${n + 2}, 0; "
+        f"wgmma.mma_async.sync.aligned.{shape} {operands(0, n)}, ${n}, ${n + 1}, scale_d, "
+        f"1, 1, {ta}, {tb}; }}"
+    )
+    outputs, tied, ret = _in_place(n)
+    scale = g.b.zext(g.value(scale_d), I32)
+    args = [g.value(a_desc), g.value(b_desc), scale, *read(g, acc, builtin)]
+    result = _statement(g, text, [*outputs, "l", "l", "r", *tied], args, True, ret)
+    write(g, acc, builtin, members(g, result, n))
+
+
+def _settle(g) -> None:
+    """Pass every wgmma accumulator register through an empty asm, which stays in order with
+    the fence and wait statements (all three have side effects): before ``wgmma_fence``, so
+    that writes of the accumulators (zeroing) happen before the fence, as PTX requires, and
+    after ``wgmma_wait``, so that no read of them (a move, arithmetic, a store) is scheduled
+    before the wait, while the wgmmas may still write them. The asm is empty and each
+    register its own output: the PTX has no instruction more."""
+    ptrs: dict = {}
+    for s in walk(g.fn.body):
+        if isinstance(s, Instr) and s.op == "wgmma":
+            frag = s.args[0]
+            regs = g.local_registers(frag.array)  # None: the wgmma itself reports it
+            if regs is not None:
+                ptrs.update(dict.fromkeys(regs[frag.start : frag.start + frag.size]))
+    if not ptrs:
+        return
+    outputs, tied, ret = _in_place(len(ptrs))
+    values = [g.b.load(p, typ=FLOAT) for p in ptrs]
+    result = g.asm("", ",".join(outputs + tied), ret, values, EFFECTS, effects=True)
+    for p, v in zip(ptrs, members(g, result, len(ptrs)), strict=True):
+        g.b.store(v, p)
+
+
+def lower_smem_desc(g, ins: Instr) -> None:
+    """The 64-bit descriptor: start address >> 4 (bits 0-13), leading byte offset >> 4
+    (16-29), stride byte offset >> 4 (32-45), swizzle mode (62-63)."""
+    arr, idxs, _ = _split(ins, 0)
+    g.target.require("wgmma", "kaio.smem_descriptor()", g.loc)
+    _check_tile(g, arr, "kaio.smem_descriptor()")
+    b = g.b
+    start = b.and_(b.lshr(shared_address(g, arr, idxs), int_const(I32, 4)), int_const(I32, 0x3FFF))
+    low = b.or_(b.zext(start, I64), int_const(I64, (ins.attrs["lbo"] >> 4) << 16))
+    high = (ins.attrs["sbo"] >> 4) | _SWIZZLE_MODE[ins.attrs["swizzle"]] << 30
+    g.set(ins.dst, b.or_(low, int_const(I64, high << 32)))
+
+
+# ----------------------------------------------------------------------------- mbarriers
+
+# form: (PTX text, $0 the barrier's address and $1 the u32 operand; feature; builtin)
+_BARRIER = {
+    "init": ("mbarrier.init.shared.b64 [$0], $1;", "mbarrier", "kaio.mbarrier_init()"),
+    "arrive": (
+        "{ .reg .b64 state; mbarrier.arrive.shared.b64 state, [$0]; }",
+        "mbarrier",
+        "kaio.mbarrier_arrive()",
+    ),
+    "arrive_expect_tx": (
+        "{ .reg .b64 state; mbarrier.arrive.expect_tx.shared::cta.b64 state, [$0], $1; }",
+        "mbarrier_tx",
+        "kaio.mbarrier_arrive_expect_tx()",
+    ),
+    "expect_tx": (
+        "mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [$0], $1;",
+        "mbarrier_tx",
+        "kaio.mbarrier_expect_tx()",
+    ),
+}
+
+
+def _barrier(g, ins: Instr, form: str) -> None:
+    """One ``_BARRIER`` statement on the barrier ``ins`` names, with its u32 operand."""
+    text, feature, builtin = _BARRIER[form]
+    g.target.require(feature, builtin, g.loc)
+    arr, idxs, (value,) = _split(ins, 0)
+    args = [shared_address(g, arr, idxs)]
+    if form != "arrive":  # the others take the u32 operand
+        args.append(g.value(value))
+    _statement(g, text, ["r"] * len(args), args, collective=False)
+
+
+def lower_mbarrier_arrive(g, ins: Instr) -> None:
+    """``mbarrier.arrive``, or ``.expect_tx`` with a byte count first."""
+    tx = ins.args[-1]
+    plain = isinstance(tx, Const) and tx.value == 0
+    _barrier(g, ins, "arrive" if plain else "arrive_expect_tx")
+
+
+def _try_wait(g, ins: Instr, builtin: str) -> ir.Value:
+    """``mbarrier.try_wait.parity.shared::cta.b64``: whether the phase completed (i1)."""
+    g.target.require("mbarrier_wait", builtin, g.loc)
+    arr, idxs, (parity,) = _split(ins, 0)
+    text = (
+        "{ .reg .pred done; mbarrier.try_wait.parity.shared::cta.b64 done, [$1], $2; "
+        "selp.u32 $0, 1, 0, done; }"
+    )
+    args = [shared_address(g, arr, idxs), g.value(parity)]
+    done = _statement(g, text, ["=r", "r", "r"], args, collective=False, ret=I32)
+    return g.b.icmp_unsigned("!=", done, int_const(I32, 0))
+
+
+def lower_mbarrier_try_wait(g, ins: Instr) -> None:
+    """``dst = mbarrier.try_wait.parity``."""
+    g.set(ins.dst, _try_wait(g, ins, "kaio.mbarrier_try_wait()"))
+
+
+def lower_mbarrier_wait(g, ins: Instr) -> None:
+    """A ``try_wait.parity`` loop."""
+    again = g.func.append_basic_block("mbarrier_wait")
+    done = g.func.append_basic_block("mbarrier_wait_done")
+    g.b.branch(again)
+    g.b.position_at_end(again)
+    g.b.cbranch(_try_wait(g, ins, "kaio.mbarrier_wait()"), done, again)
+    g.b.position_at_end(done)
+
+
+# ----------------------------------------------------------------------------- TMA
+
+
+def lower_tma_load(g, ins: Instr) -> None:
+    """``cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [dst],
+    [map, {col, row}], [bar]``."""
+    g.target.require("tma", "kaio.tma_load_2d()", g.loc)
+    dst, dst_idx, rest = _split(ins, 0)
+    _check_tile(g, dst, "kaio.tma_load_2d()")
+    tmap, row, col = rest[:3]
+    bar, bar_idx, _ = _split(ins, len(ins.args) - len(rest) + 3)
+    op = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+    text = f"{op} [$0], [$1, {{$2, $3}}], [$4];"
+    args = [shared_address(g, dst, dst_idx), g.value(tmap), g.value(col), g.value(row)]
+    args.append(shared_address(g, bar, bar_idx))
+    _statement(g, text, ["r", "l", "r", "r", "r"], args, collective=False)
+
+
+LOWERING = {
+    **dict.fromkeys(_FIXED, _lower_fixed),
+    "wgmma": lower_wgmma,
+    "smem_desc": lower_smem_desc,
+    "mbarrier_init": lambda g, ins: _barrier(g, ins, "init"),
+    "mbarrier_arrive": lower_mbarrier_arrive,
+    "mbarrier_expect_tx": lambda g, ins: _barrier(g, ins, "expect_tx"),
+    "mbarrier_try_wait": lower_mbarrier_try_wait,
+    "mbarrier_wait": lower_mbarrier_wait,
+    "tma_load": lower_tma_load,
+}

@@ -1,0 +1,178 @@
+"""Hopper instructions: ``wgmma.mma_async`` and its fence/commit/wait, shared-memory matrix
+descriptors, ``mbarrier``s, TMA (``cp.async.bulk.tensor``), ``fence.proxy.async`` and
+``setmaxnreg``.
+
+``wgmma`` and ``setmaxnreg`` exist only on ``sm_90a``: the target switches a ``sm_90`` module
+to it (``kaio.ptx.target``); the rest needs ``sm_90`` (``mbarrier.init``/``arrive``: sm_80).
+A tensor-map parameter is read in place: its generic address (``cvta.param``) is the TMA
+operand, computed once in the prologue (``Emitter.param_address``).
+"""
+
+from __future__ import annotations
+
+from kaio.ir.nodes import Const, Instr
+from kaio.lang_hopper import dynamic_tile_conflict
+from kaio.ptx.memory import address
+from kaio.ptx.tensor import frag_registers
+from kaio.types import u32, u64
+
+# Descriptor bits 62-63 per swizzle (bytes): PTX ISA "Matrix Descriptor Format".
+_SWIZZLE_MODE = {0: 0, 128: 1, 64: 2, 32: 3}
+
+
+def _shared_address_register(e, arr, idxs) -> str:
+    """A u32 register holding the shared-window address of ``arr[idxs]``."""
+    base, _, imm = address(e, arr, idxs)[1:-1].partition("+")
+    reg = e.tmp(u32)
+    if base.startswith("%"):
+        e.line(f"add.u32 {reg}, {base}, {imm or 0}")
+    else:
+        e.line(f"mov.u32 {reg}, {base}")
+        if imm:
+            e.line(f"add.u32 {reg}, {reg}, {imm}")
+    return reg
+
+
+def _check_tile(e, arr, builtin: str) -> None:
+    """A CompileError for a dynamic tile that cannot be 1024-byte aligned (static arrays)."""
+    problem = dynamic_tile_conflict(arr, e.fn.arrays, builtin)
+    if problem:
+        e.fail(problem)
+
+
+def _split(ins: Instr, start: int):
+    """(array, its indices, the operands after them) of ``ins.args[start:]``."""
+    arr = ins.args[start]
+    end = start + 1 + arr.ndim
+    return arr, ins.args[start + 1 : end], ins.args[end:]
+
+
+def lower_wgmma(e, ins: Instr) -> None:
+    """``wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {d}, a_desc, b_desc, p, 1, 1,
+    trans_a, trans_b``."""
+    kind = ins.attrs["kind"]
+    builtin = f"kaio.wgmma_{kind}()"
+    e.target.require("wgmma", builtin, e.loc)
+    acc, a_desc, b_desc, scale_d = ins.args
+    regs = frag_registers(e, acc, builtin)
+    ta, tb = int(ins.attrs["trans_a"]), int(ins.attrs["trans_b"])
+    shape = f"m64n{ins.attrs['n']}k16.f32.{kind}.{kind}"
+    d = "{" + ", ".join(regs) + "}"
+    operands = f"{e.r(a_desc)}, {e.r(b_desc)}, {e.r(scale_d)}, 1, 1, {ta}, {tb}"
+    e.line(f"wgmma.mma_async.sync.aligned.{shape} {d}, {operands}")
+
+
+def _fixed(text: str, feature: str, builtin: str):
+    def lower(e, ins: Instr) -> None:
+        e.target.require(feature, builtin, e.loc)
+        e.line(text.format(**ins.attrs))
+
+    lower.__doc__ = f"``{text}``."
+    return lower
+
+
+def lower_smem_desc(e, ins: Instr) -> None:
+    """The 64-bit descriptor: start address >> 4 (bits 0-13), leading byte offset >> 4
+    (16-29), stride byte offset >> 4 (32-45), swizzle mode (62-63)."""
+    arr, idxs, _ = _split(ins, 0)
+    e.target.require("wgmma", "kaio.smem_descriptor()", e.loc)
+    _check_tile(e, arr, "kaio.smem_descriptor()")
+    addr = _shared_address_register(e, arr, idxs)
+    lo, hi = e.tmp(u32), e.tmp(u32)
+    e.line(f"bfe.u32 {lo}, {addr}, 4, 14")
+    lbo = ins.attrs["lbo"] >> 4
+    if lbo:
+        e.line(f"or.b32 {lo}, {lo}, {lbo << 16}")
+    high = (ins.attrs["sbo"] >> 4) | _SWIZZLE_MODE[ins.attrs["swizzle"]] << 30
+    e.line(f"mov.u32 {hi}, {high}")
+    e.line(f"mov.b64 {e.dst(ins)}, {{{lo}, {hi}}}")
+
+
+def lower_mbarrier_init(e, ins: Instr) -> None:
+    """``mbarrier.init.shared.b64 [bar], count``."""
+    e.target.require("mbarrier", "kaio.mbarrier_init()", e.loc)
+    arr, idxs, (count,) = _split(ins, 0)
+    e.line(f"mbarrier.init.shared.b64 {address(e, arr, idxs)}, {e.o(count)}")
+
+
+def lower_mbarrier_arrive(e, ins: Instr) -> None:
+    """``mbarrier.arrive.shared.b64``, or ``.expect_tx`` with a byte count first."""
+    arr, idxs, (tx,) = _split(ins, 0)
+    state = e.tmp(u64)
+    if isinstance(tx, Const) and tx.value == 0:
+        e.target.require("mbarrier", "kaio.mbarrier_arrive()", e.loc)
+        e.line(f"mbarrier.arrive.shared.b64 {state}, {address(e, arr, idxs)}")
+        return
+    e.target.require("mbarrier_tx", "kaio.mbarrier_arrive_expect_tx()", e.loc)
+    addr = address(e, arr, idxs)
+    e.line(f"mbarrier.arrive.expect_tx.shared::cta.b64 {state}, {addr}, {e.o(tx)}")
+
+
+def lower_mbarrier_expect_tx(e, ins: Instr) -> None:
+    """``mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [bar], bytes``."""
+    e.target.require("mbarrier_tx", "kaio.mbarrier_expect_tx()", e.loc)
+    arr, idxs, (tx,) = _split(ins, 0)
+    addr = address(e, arr, idxs)
+    e.line(f"mbarrier.expect_tx.relaxed.cta.shared::cta.b64 {addr}, {e.o(tx)}")
+
+
+def _try_wait(e, ins: Instr, builtin: str, p: str) -> None:
+    e.target.require("mbarrier_wait", builtin, e.loc)
+    arr, idxs, (parity,) = _split(ins, 0)
+    addr = address(e, arr, idxs)
+    return f"mbarrier.try_wait.parity.shared::cta.b64 {p}, {addr}, {e.o(parity)}"
+
+
+def lower_mbarrier_try_wait(e, ins: Instr) -> None:
+    """``mbarrier.try_wait.parity.shared::cta.b64 p, [bar], parity``."""
+    e.line(_try_wait(e, ins, "kaio.mbarrier_try_wait()", e.dst(ins)))
+
+
+def lower_mbarrier_wait(e, ins: Instr) -> None:
+    """A ``try_wait.parity`` loop."""
+    p = e.tmp_pred()
+    text = _try_wait(e, ins, "kaio.mbarrier_wait()", p)
+    again = e.new_label("mbarrier_wait")
+    e.place(again)
+    e.line(text)
+    e.line(f"@!{p} bra {again}")
+
+
+def lower_tma_load(e, ins: Instr) -> None:
+    """``cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [dst],
+    [map, {col, row}], [bar]``."""
+    e.target.require("tma", "kaio.tma_load_2d()", e.loc)
+    dst, dst_idx, rest = _split(ins, 0)
+    _check_tile(e, dst, "kaio.tma_load_2d()")
+    tmap, row, col = rest[:3]
+    bar, bar_idx, _ = _split(ins, len(ins.args) - len(rest) + 3)
+    d = address(e, dst, dst_idx)
+    b = address(e, bar, bar_idx)
+    src = f"[{e.param_address(tmap)}, {{{e.r(col)}, {e.r(row)}}}]"
+    op = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+    e.line(f"{op} {d}, {src}, {b}")
+
+
+LOWERING = {
+    "wgmma": lower_wgmma,
+    "wgmma_fence": _fixed("wgmma.fence.sync.aligned", "wgmma", "kaio.wgmma_fence()"),
+    "wgmma_commit": _fixed("wgmma.commit_group.sync.aligned", "wgmma", "kaio.wgmma_commit()"),
+    "wgmma_wait": _fixed("wgmma.wait_group.sync.aligned {pending}", "wgmma", "kaio.wgmma_wait()"),
+    "smem_desc": lower_smem_desc,
+    "mbarrier_init": lower_mbarrier_init,
+    "mbarrier_arrive": lower_mbarrier_arrive,
+    "mbarrier_expect_tx": lower_mbarrier_expect_tx,
+    "mbarrier_try_wait": lower_mbarrier_try_wait,
+    "mbarrier_wait": lower_mbarrier_wait,
+    "tma_load": lower_tma_load,
+    "fence_proxy_async": _fixed(
+        "fence.proxy.async.shared::cta", "fence_proxy_async", "kaio.fence_proxy_async()"
+    ),
+    "setmaxnreg": _fixed(
+        "setmaxnreg.{action}.sync.aligned.u32 {count}", "setmaxnreg", "kaio.setmaxnreg_*()"
+    ),
+}
+
+ALIGNED_OPS = ("tma_load", "smem_desc")
+"""Ops whose first operand is a shared tile that the emitter aligns to 1024 bytes (a whole
+128-byte-swizzle pattern), so that swizzled layouts are those of docs/hopper.md."""

@@ -1,0 +1,460 @@
+"""Hopper instructions in the simulator: ``wgmma`` through shared-memory matrix descriptors,
+``mbarrier`` phases, TMA tile copies with their swizzle, and the fences (no-ops here).
+
+Shared memory as the descriptors and TMA see it: each block's shared arrays lie in one
+*window* of byte addresses, every static array and the dynamic region starting at a multiple
+of 1024 (``window``), so the swizzle patterns, which XOR address bits 4-6 with bits 7-9, are
+those of the GPU for tiles aligned as docs/hopper.md asks.
+
+Barriers: each initialized ``mbarrier`` (a shared u64 element) has a ``Barrier`` state: its
+phase parity, pending and expected arrivals, pending transaction bytes and the TMA copies in
+flight. A phase completes when no arrival and no byte is pending; the copies then land in
+shared memory (the latest the GPU may land them), so reading a tile before waiting on its
+barrier sees the old bytes. The simulator runs warps in lockstep, in program order: a wait
+must be satisfiable by what ran before it (``mbarrier_wait`` raises otherwise, and a
+``mbarrier_try_wait`` loop that spins without any barrier changing is stopped).
+
+``wgmma`` is computed when issued (exact products summed in f64, rounded once to f32) and its
+accumulators are written then; TMA writes and wgmma reads are not seen by the race detector
+(they belong to the asynchronous proxy, ordered by barriers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import ml_dtypes
+import numpy as np
+
+from kaio.errors import SimulationError
+from kaio.ir.nodes import Instr
+from kaio.lang_hopper import dynamic_tile_conflict
+from kaio.sim import memory
+from kaio.sim.tensor import _read_frag, _write_frag
+
+WINDOW_ALIGN = 1024
+_SPIN_LIMIT = 10_000
+_INPUTS = {"f16": np.float16, "bf16": ml_dtypes.bfloat16}
+
+
+# --------------------------------------------------------------------------- the window
+
+
+def _align(x: int) -> int:
+    return -(-x // WINDOW_ALIGN) * WINDOW_ALIGN
+
+
+def window(m) -> list[tuple[int, int, memory.Storage, object]]:
+    """``(base, nbytes, storage, array)`` of each shared array of the batch, by base. Static
+    arrays come first, then the dynamic region (shaped views at their offsets)."""
+    cached = getattr(m, "_hopper_window", None)
+    if cached is not None:
+        return cached
+    out, top = [], 0
+    dynamic = []
+    for a in m.function.arrays:
+        if a.space == "shared":
+            st = m.storage(a)
+            nbytes = st.size * st.data.itemsize
+            out.append((top, nbytes, st, a))
+            top = _align(top + nbytes)
+        elif a.space == "shared_dyn":
+            dynamic.append(a)
+    for a in dynamic:
+        st = m.storage(a)
+        out.append((top + a.offset, st.size * st.data.itemsize, st, a))
+    m._hopper_window = out = sorted(out, key=lambda w: w[0])
+    return out
+
+
+def address_of(m, ins: Instr, arr, idx_vals: list, lanes) -> np.ndarray:
+    """The window addresses of ``arr[idx]`` for ``lanes`` (bounds-checked)."""
+    st = m.storage(arr)
+    _, ix, key = memory.locate(m, ins, st, idx_vals, "address", lanes)
+    flat = key - ix[0] * st.size
+    base = next(b for b, _, s, a in window(m) if a is arr)
+    return base + flat * st.data.itemsize
+
+
+def check_tile(m, ins: Instr, arr, builtin: str) -> None:
+    """A SimulationError for a dynamic tile that cannot be 1024-byte aligned on the GPU (the
+    kernel has static shared arrays; ``kaio.lang_hopper.dynamic_tile_conflict``)."""
+    problem = dynamic_tile_conflict(arr, m.function.arrays, builtin)
+    if problem:
+        raise SimulationError(f"{m.where(ins)}: {problem}{m.source(ins)}")
+
+
+def _block_bytes(st: memory.Storage, block: int) -> np.ndarray:
+    return st.data[block].reshape(-1).view(np.uint8)
+
+
+def _locate_bytes(m, ins: Instr, block: int, addrs: np.ndarray, what: str):
+    """(storage, byte offsets) holding the window bytes ``addrs`` (one array for all)."""
+    for base, nbytes, st, _ in window(m):
+        if base <= addrs.min() and addrs.max() < base + nbytes:
+            return st, addrs - base
+    raise SimulationError(
+        f"{m.where(ins)}: {what} reaches shared bytes [{int(addrs.min())}, {int(addrs.max())}] "
+        f"that are not inside one shared array (the tile runs past its array, or the "
+        f"descriptor's offsets are wrong){m.source(ins)}"
+    )
+
+
+def swizzled(addrs: np.ndarray, swizzle: int) -> np.ndarray:
+    """Where the GPU stores window byte ``addrs`` under a swizzle of ``swizzle`` bytes:
+    16-byte chunk bits 4.. XORed with the 128-byte line bits 7.. (``swizzle // 16`` chunks)."""
+    if not swizzle:
+        return addrs
+    mask = swizzle // 16 - 1
+    return addrs ^ (((addrs >> 7) & mask) << 4)
+
+
+# --------------------------------------------------------------------------- mbarriers
+
+
+@dataclass
+class Barrier:
+    """One initialized mbarrier: ``phase`` is the parity of the phase in progress."""
+
+    count: int
+    pending: int
+    phase: int = 0
+    tx: int = 0
+    copies: list = field(default_factory=list)  # (storage, block, byte offsets, bytes)
+
+
+@dataclass
+class HopperState:
+    """The batch's barriers by (storage id, element key), and try_wait spin counts."""
+
+    barriers: dict = field(default_factory=dict)
+    version: int = 0
+    spins: dict = field(default_factory=dict)
+
+
+def _state(m) -> HopperState:
+    state = getattr(m, "_hopper", None)
+    if state is None:
+        state = m._hopper = HopperState()
+    return state
+
+
+def _barrier_keys(m, ins: Instr, vals: list, arr=None):
+    """(active lanes as indices, barrier keys) of the barrier ``arr[vals...]`` (by default
+    the instruction's first operand)."""
+    arr = ins.args[0] if arr is None else arr
+    st = m.storage(arr)
+    got, _, key = memory.locate(m, ins, st, vals[: arr.ndim], "mbarrier", m.active_lanes())
+    lanes = np.arange(m.n) if got is None else got
+    return lanes, [(id(st), int(k)) for k in key]
+
+
+def _get(m, ins: Instr, key, lane: int) -> Barrier:
+    bar = _state(m).barriers.get(key)
+    if bar is None:
+        raise SimulationError(
+            f"{m.where(ins)}: mbarrier {ins.args[0].name}[...] used by {m.describe(lane)} before "
+            f"kaio.mbarrier_init() (initialize it, then sync_threads()){m.source(ins)}"
+        )
+    return bar
+
+
+def _advance(bar: Barrier) -> None:
+    """Complete the phase when nothing is pending: land its copies, flip the parity."""
+    if bar.pending or bar.tx:
+        return
+    for st, block, offsets, data in bar.copies:
+        _block_bytes(st, block)[offsets] = data
+    bar.copies = []
+    bar.phase ^= 1
+    bar.pending = bar.count
+
+
+def mbarrier_init(m, ins: Instr, vals: list):
+    """Initialize: ``count`` arrivals expected per phase, phase parity 0, nothing pending."""
+    lanes, keys = _barrier_keys(m, ins, vals)
+    counts = m.pick(vals[-1], m.active_lanes())
+    state = _state(m)
+    for lane, key, count in zip(lanes, keys, counts, strict=True):
+        if not 1 <= int(count) < 1 << 20:
+            raise SimulationError(
+                f"{m.where(ins)}: mbarrier_init count {int(count)} by {m.describe(int(lane))} "
+                f"must be 1..{(1 << 20) - 1}{m.source(ins)}"
+            )
+        state.barriers[key] = Barrier(int(count), int(count))
+    state.version += 1
+
+
+def mbarrier_arrive(m, ins: Instr, vals: list):
+    """Each active lane adds its expected bytes (``expect_tx``) and arrives once."""
+    _transaction(m, ins, vals, arrive=True)
+
+
+def mbarrier_expect_tx(m, ins: Instr, vals: list):
+    """Each active lane adds its expected bytes to the current phase."""
+    _transaction(m, ins, vals, arrive=False)
+
+
+def _transaction(m, ins: Instr, vals: list, arrive: bool):
+    lanes, keys = _barrier_keys(m, ins, vals)
+    tx = m.pick(vals[-1], m.active_lanes())
+    for lane, key, nbytes in zip(lanes, keys, tx, strict=True):
+        bar = _get(m, ins, key, int(lane))
+        bar.tx += int(nbytes)
+        if arrive:
+            if bar.pending == 0:
+                raise SimulationError(
+                    f"{m.where(ins)}: {m.describe(int(lane))} arrives on an mbarrier whose "
+                    f"phase has no arrival left (more arrivals than its count){m.source(ins)}"
+                )
+            bar.pending -= 1
+        _advance(bar)
+    _state(m).version += 1
+
+
+def _completed(m, ins: Instr, vals: list) -> np.ndarray:
+    lanes, keys = _barrier_keys(m, ins, vals)
+    parity = m.pick(vals[-1], m.active_lanes()).astype(np.int64) & 1
+    done = np.array(
+        [
+            _get(m, ins, k, int(lane)).phase != p
+            for lane, k, p in zip(lanes, keys, parity, strict=True)
+        ],
+        bool,
+    )
+    return done
+
+
+def mbarrier_try_wait(m, ins: Instr, vals: list):
+    """Whether the phase of the given parity has completed (the current phase's parity
+    differs). A loop that spins with no barrier changing is a deadlock in lockstep order."""
+    done = _completed(m, ins, vals)
+    state = _state(m)
+    code = m.instr_code(ins)
+    if done.all():
+        state.spins.pop(code, None)
+    else:
+        last_version, count = state.spins.get(code, (state.version, 0))
+        count = count + 1 if last_version == state.version else 1
+        state.spins[code] = (state.version, count)
+        if count > _SPIN_LIMIT:
+            _deadlock(m, ins, done)
+    return m.scatter(done, m.active_lanes())
+
+
+def mbarrier_wait(m, ins: Instr, vals: list):
+    """Return when the phase has completed; in lockstep order it must already have."""
+    done = _completed(m, ins, vals)
+    if not done.all():
+        _deadlock(m, ins, done)
+
+
+def _deadlock(m, ins: Instr, done: np.ndarray):
+    lanes = np.arange(m.n) if m.active_lanes() is None else m.active_lanes()
+    lane = int(lanes[int(np.argmin(done))])
+    raise SimulationError(
+        f"{m.where(ins)}: {m.describe(lane)} waits for an mbarrier phase that nothing run so "
+        "far completes. The simulator runs warps in lockstep, in program order: the arrivals "
+        "and TMA bytes a wait needs must come from code that runs before it (put producer "
+        "and consumer steps in one loop, producer first; docs/hopper.md)" + m.source(ins)
+    )
+
+
+# --------------------------------------------------------------------------- TMA
+
+
+def tma_load(m, ins: Instr, vals: list):
+    """Read the box at [row, col] of the map's array (zeros outside), lay it out row after
+    row from the destination address, swizzled, and attach it to the barrier's phase."""
+    dst = ins.args[0]
+    check_tile(m, ins, dst, "kaio.tma_load_2d()")
+    nd = dst.ndim
+    active = m.active_lanes()
+    lanes = np.arange(m.n) if active is None else active
+    dst_addr = address_of(m, ins, dst, vals[:nd], active)
+    maps = m.pick(vals[nd], active)
+    rows, cols = m.pick(vals[nd + 1], active), m.pick(vals[nd + 2], active)
+    bar_arr = ins.args[nd + 4]
+    bar_vals = vals[nd + 3 :]
+    _, keys = _barrier_keys(m, ins, bar_vals, bar_arr)
+    for j, lane in enumerate(lanes):
+        tm = m.tensor_maps[int(maps[j])]
+        where = f"{m.where(ins)}: tma_load_2d by {m.describe(int(lane))}"
+        align = max(8 * tm.swizzle, 128)  # the swizzle pattern's period
+        if dst_addr[j] % align:
+            raise SimulationError(
+                f"{where}: the destination must be {align}-byte aligned (swizzle "
+                f"{tm.swizzle}); it is {int(dst_addr[j]) % align} bytes past{m.source(ins)}"
+            )
+        skip = int(cols[j]) * tm.dtype.itemsize
+        if skip % 16:
+            raise SimulationError(
+                f"{where}: the box's first column {int(cols[j])} is {skip} bytes into a row; "
+                "TMA needs a multiple of 16 bytes (on an H200 the copy stops with an illegal "
+                f"instruction){m.source(ins)}"
+            )
+        data = _box(tm, int(rows[j]), int(cols[j]))
+        addrs = swizzled(dst_addr[j] + np.arange(data.size), tm.swizzle)
+        block = int(m.lane_block[lane])
+        st, offsets = _locate_bytes(m, ins, block, addrs, "tma_load_2d")
+        bar = _get(m, ins, keys[j], int(lane))
+        bar.copies.append((st, block, offsets, data))
+        bar.tx -= data.size
+        _advance(bar)
+    _state(m).version += 1
+
+
+def _box(tm, row: int, col: int) -> np.ndarray:
+    """The bytes of the box at [row, col] of ``tm.array``, zeros outside the array."""
+    rows, cols = tm.box
+    src = tm.array
+    out = np.zeros((rows, cols), src.dtype)
+    r0, r1 = max(row, 0), min(row + rows, src.shape[0])
+    c0, c1 = max(col, 0), min(col + cols, src.shape[1])
+    if r0 < r1 and c0 < c1:
+        out[r0 - row : r1 - row, c0 - col : c1 - col] = src[r0:r1, c0:c1]
+    return out.reshape(-1).view(np.uint8)
+
+
+# --------------------------------------------------------------------------- wgmma
+
+_SWIZZLE_OF_MODE = {0: 0, 1: 128, 2: 64, 3: 32}
+
+
+def decode_descriptor(desc: int) -> tuple[int, int, int, int]:
+    """(start address, leading byte offset, stride byte offset, swizzle bytes)."""
+    start = (desc & 0x3FFF) << 4
+    lbo = (desc >> 16 & 0x3FFF) << 4
+    sbo = (desc >> 32 & 0x3FFF) << 4
+    return start, lbo, sbo, _SWIZZLE_OF_MODE[desc >> 62 & 3]
+
+
+def operand_addresses(desc: int, mn: int, mn_major: bool, k: int = 16) -> np.ndarray:
+    """The window byte address of each 16-bit element [i, kk] (i < mn, kk < k) of a wgmma
+    operand described by ``desc``, in the canonical layouts (PTX ISA "Shared Memory Matrix
+    Layout"; docs/hopper.md): 8x16-byte core matrices, or rows of ``swizzle`` bytes."""
+    start, lbo, sbo, sw = decode_descriptor(desc)
+    i = np.arange(mn)[:, None]
+    kk = np.arange(k)[None, :]
+    if not mn_major:  # K-major: a row of the tile is one i, its k contiguous
+        if sw:
+            offset = (i % 8) * sw + (i // 8) * sbo + kk * 2
+        else:
+            offset = (i % 8) * 16 + (i // 8) * sbo + (kk % 8) * 2 + (kk // 8) * lbo
+    elif sw:  # MN-major: a row is one k, the i contiguous
+        per_row = sw // 2
+        offset = (i % per_row) * 2 + (i // per_row) * lbo + (kk % 8) * sw + (kk // 8) * sbo
+    else:
+        offset = (i % 8) * 2 + (i // 8) * sbo + (kk % 8) * 16 + (kk // 8) * lbo
+    return swizzled(start + offset, sw)
+
+
+def accumulator_layout(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(row, col) of accumulator register r of warpgroup thread t, each of shape (128, n/2):
+    warp w = t // 32 holds rows 16w..16w+15 as mma.m16n8's C fragment, one n8 tile per 4
+    registers."""
+    t = np.arange(128)[:, None]
+    r = np.arange(n // 2)[None, :]
+    lane = t % 32
+    e = r % 4
+    row = 16 * (t // 32) + lane // 4 + 8 * (e // 2)
+    col = 8 * (r // 4) + 2 * (lane % 4) + e % 2
+    return row, col
+
+
+def _operand(m, ins, block: int, desc: int, mn: int, mn_major: bool, dtype) -> np.ndarray:
+    addrs = operand_addresses(desc, mn, mn_major)
+    st, offsets = _locate_bytes(m, ins, block, addrs, "wgmma operand")
+    raw = _block_bytes(st, block)
+    lo, hi = raw[offsets], raw[offsets + 1]
+    bits = lo.astype(np.uint16) | hi.astype(np.uint16) << 8
+    return bits.view(dtype).astype(np.float64)
+
+
+def _warpgroups(m, ins: Instr) -> np.ndarray:
+    """The first lane of each active warpgroup, after checking they are whole."""
+    mask = m.mask.reshape(m.nb, -1)
+    if m.tpb % 128:
+        raise SimulationError(
+            f"{m.where(ins)}: wgmma needs blocks of whole warpgroups (a multiple of 128 "
+            f"threads), the block has {m.tpb}{m.source(ins)}"
+        )
+    groups = mask.reshape(m.nb, -1, 128)
+    some, every = groups.any(axis=2), groups.all(axis=2)
+    if (some & ~every).any():
+        b, g = np.argwhere(some & ~every)[0]
+        raise SimulationError(
+            f"{m.where(ins)}: wgmma needs all 128 threads of warpgroup {int(g)} (warps "
+            f"{4 * int(g)}..{4 * int(g) + 3}) of block {int(b)}, but only some run it (keep "
+            f"warpgroups converged){m.source(ins)}"
+        )
+    return np.flatnonzero(every.reshape(-1)) * 128
+
+
+def wgmma(m, ins: Instr, vals: list):
+    """Warpgroup-wide ``acc = A @ B (+ acc)`` of m64nNk16 with A and B read from shared
+    memory through their descriptors; the accumulator layout of ``accumulator_layout``."""
+    acc = ins.args[0]
+    n = ins.attrs["n"]
+    dtype = _INPUTS[ins.attrs["kind"]]
+    a_desc, b_desc, scale_d = (np.asarray(v) for v in vals)
+    row, col = accumulator_layout(n)
+    for first in _warpgroups(m, ins):
+        lanes = np.arange(first, first + 128)
+        da, db = (np.broadcast_to(d, (m.n,))[lanes] for d in (a_desc, b_desc))
+        if (da != da[0]).any() or (db != db[0]).any():
+            raise SimulationError(
+                f"{m.where(ins)}: the wgmma descriptors differ between threads of one "
+                f"warpgroup ({m.describe(int(first))}'s); they must be uniform{m.source(ins)}"
+            )
+        block = int(m.lane_block[first])
+        a = _operand(m, ins, block, int(da[0]), 64, ins.attrs["trans_a"], dtype)
+        b = _operand(m, ins, block, int(db[0]), n, ins.attrs["trans_b"], dtype).T
+        d = a @ b
+        if np.broadcast_to(scale_d, (m.n,))[first]:
+            old = _read_frag(m, acc, lanes).astype(np.float64)
+            prev = np.zeros((64, n))
+            prev[row, col] = old
+            d = d + prev
+        result = d.astype(np.float32)
+        nan = np.isnan(result)
+        if nan.any():
+            result.view(np.uint32)[nan] = 0x7FFFFFFF
+        _write_frag(m, acc, result[row, col], lanes)
+
+
+def smem_desc(m, ins: Instr, vals: list):
+    """The descriptor of the tile at ``smem[idx]``: its window address, offsets, swizzle."""
+    arr = ins.args[0]
+    check_tile(m, ins, arr, "kaio.smem_descriptor()")
+    active = m.active_lanes()
+    addr = address_of(m, ins, arr, vals, active).astype(np.uint64)
+    mode = {0: 0, 128: 1, 64: 2, 32: 3}[ins.attrs["swizzle"]]
+    desc = (
+        (addr >> np.uint64(4)) & np.uint64(0x3FFF)
+        | np.uint64((ins.attrs["lbo"] >> 4) << 16)
+        | np.uint64((ins.attrs["sbo"] >> 4) << 32)
+        | np.uint64(mode << 62)
+    )
+    return m.scatter(desc, active)
+
+
+def no_op(m, ins: Instr, vals: list):
+    """Fences, wgmma commit/wait and setmaxnreg: nothing to do in lockstep order."""
+
+
+SEMANTICS = {
+    "wgmma": wgmma,
+    "wgmma_fence": no_op,
+    "wgmma_commit": no_op,
+    "wgmma_wait": no_op,
+    "smem_desc": smem_desc,
+    "mbarrier_init": mbarrier_init,
+    "mbarrier_arrive": mbarrier_arrive,
+    "mbarrier_expect_tx": mbarrier_expect_tx,
+    "mbarrier_try_wait": mbarrier_try_wait,
+    "mbarrier_wait": mbarrier_wait,
+    "tma_load": tma_load,
+    "fence_proxy_async": no_op,
+    "setmaxnreg": no_op,
+}

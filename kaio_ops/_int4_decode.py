@@ -1,0 +1,268 @@
+"""The W4A16 decode kernel: ``out [M, N] (f32) = x [M, K] (f16) @ W`` for M <= 16, with the
+int4 weights read from global memory straight into ``mma`` fragments.
+
+At decode shapes the weights are the traffic (K N / 2 bytes) and the product is a sliver of
+the tensor cores' rate, so the kernel is built around the weight stream:
+
+- A block owns 32 output columns; its ``WARPS`` warps split K by scale groups (128 values,
+  16 packed rows: group ``w``, ``w + WARPS``, ... for warp ``w``) and add their partial tiles
+  in shared memory at the end, in a fixed order (results do not vary run to run).
+- Lane ``(g, t)`` (``g = lane // 4``, ``t = lane % 4``) loads 16 bytes of weights: packed row
+  ``4 u + t`` of a group, columns ``4 g .. 4 g + 3``. A warp's load is four 128-byte rows,
+  and no thread waits for another's bytes: there is no shared-memory staging.
+- The k order inside one ``mma.sync`` m16n8k16 is free as long as A and B agree. Lane
+  ``(g, t)`` holds one word per column, nibbles ``k0 .. k0 + 7`` with ``k0 = 8 (4 u + t)``;
+  its B registers must hold column ``g`` of an n8 tile, rows ``2 t + 8 r`` and ``+ 1``. So
+  column ``4 g + i`` of the block goes to n8 tile ``i``, column ``g``; and logical rows
+  ``2 t + 8 r``, ``+ 1`` of k-step ``h`` are nibbles ``j = 2 h + r`` and ``j + 4`` of the
+  word: the pair ``(w >> 4 j) & 0x000F000F`` picks in one step. The A fragment takes the
+  same permutation: elements ``j`` and ``j + 4`` of the lane's own 8 values of x (one 16-byte
+  load per row), paired by ``prmt``.
+- Nibble to f16 by the magic number: ``pair ^ 0x64086408`` is ``1024 + 8 + q`` in each half,
+  exact; minus 1032 gives ``q``, times the group's scale gives ``f16(scale * q)`` rounded
+  once, the weight of the op's contract.
+
+Needs N % 4 == 0 and K % 128 == 0, x 16-byte aligned, the words 16-byte and the scales
+8-byte aligned (``matmul_int4`` checks and otherwise takes the tiled kernel).
+"""
+
+from __future__ import annotations
+
+import kaio
+from kaio import f16, f16x2, f32, u32
+from kaio_ops import _arrays
+from kaio_ops._typed import by_dtype
+
+DT = f32  # the output's element type placeholder (see _typed.by_dtype): f32 or f16
+
+COLS = 32  # output columns per block: 8 lane groups x 4 adjacent columns
+ROWS_PER_GROUP = 16  # packed word rows per scale group (128 values)
+LOADS = ROWS_PER_GROUP // 4  # 16-byte loads per lane and group
+PAIR_MASK = 0x000F000F  # nibbles j and j + 4 of a word shifted right by 4 j
+# XORed into a masked pair: the exponent of f16 1024 in each half, and the nibble's sign bit
+# flipped (q + 8); read as an f16 pair, the same bits are 1032 = 1024 + 8, subtracted after.
+MAGIC = 0x64086408
+LOW_HALVES = 0x5410  # prmt selectors: the low 16 bits of a, then of b
+HIGH_HALVES = 0x7632  # the high 16 bits of a, then of b
+LOW_TWICE = 0x1010  # the low 16 bits of a in both halves
+HIGH_TWICE = 0x3232  # the high 16 bits of a in both halves
+
+
+@kaio.gpu_func
+def load_group(
+    words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :], BUF: kaio.constexpr, w: u32[:, :],
+    x: f16[:, :], scales: f16[:, :], group: u32, col: u32, g: u32, t: u32, M: u32,
+    ROWS: kaio.constexpr,
+):  # fmt: skip
+    """Buffer BUF = scale group ``group``'s operands of this lane: its 4 columns' scales (sc),
+    the words of packed rows ``16 group + 4 u + t`` (words[u]), and the 8 halves of x those
+    words multiply, rows g and g + 8 (xr[u, r]; rows past M read row M - 1 instead: their
+    products land in rows of the tile that are never stored)."""
+    kaio.load_vector(sc[BUF], scales, (group, col))
+    for u in kaio.static_range(LOADS):
+        row = group * ROWS_PER_GROUP + 4 * u + t
+        kaio.load_vector(words[BUF, u], w, (row, col))
+        for r in kaio.static_range(ROWS):
+            kaio.load_vector(xr[BUF, u, r], x, (kaio.min(g + 8 * r, M - 1), 8 * row))
+
+
+@kaio.gpu_func
+def multiply_group(
+    acc: f32[:, :], words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :], BUF: kaio.constexpr,
+    ROWS: kaio.constexpr,
+):  # fmt: skip
+    """acc += the products of buffer BUF: 2 k-steps of 16 for each of the 4 loads, for each of
+    the lane's 4 columns (n8 tiles)."""
+    a = kaio.local(u32, (2, 4))
+    b = kaio.local(u32, 2)
+    for u in kaio.static_range(LOADS):
+        for h in kaio.static_range(2):
+            # A register ra: row g + 8 (ra % 2), elements j and j + 4, j = 2 h + ra // 2
+            for ra in kaio.static_range(4):
+                j = 2 * h + ra // 2
+                sel = LOW_HALVES if j % 2 == 0 else HIGH_HALVES
+                if ra % 2 < ROWS:
+                    a[h, ra] = kaio.prmt(
+                        xr[BUF, u, ra % 2, j // 2], xr[BUF, u, ra % 2, j // 2 + 2], sel
+                    )
+                else:
+                    a[h, ra] = 0
+        for i in kaio.static_range(4):
+            twice = LOW_TWICE if i % 2 == 0 else HIGH_TWICE
+            scale = kaio.bitcast(kaio.prmt(sc[BUF, i // 2], sc[BUF, i // 2], twice), f16x2)
+            for h in kaio.static_range(2):
+                b[0] = weight_pair(words[BUF, u, i], 2 * h, scale)
+                b[1] = weight_pair(words[BUF, u, i], 2 * h + 1, scale)
+                kaio.mma_f16(acc[i], a[h], b, acc[i])
+
+
+@kaio.gpu_func
+def weight_pair(word: u32, j: kaio.constexpr, scale: f16x2) -> u32:
+    """Nibbles ``j`` and ``j + 4`` of ``word`` as the f16 pair ``scale * q``."""
+    biased = kaio.bitcast(((word >> (4 * j)) & PAIR_MASK) ^ MAGIC, f16x2)
+    return kaio.bitcast((biased - kaio.bitcast(u32(MAGIC), f16x2)) * scale, u32)
+
+
+@kaio.gpu_func
+def decode_columns(
+    x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :], partial: f32[:, :, :],
+    M: u32, N: u32, block: u32, WARPS: kaio.constexpr, ROWS: kaio.constexpr,
+):  # fmt: skip
+    """out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W = scales * the
+    nibbles of w, see the module docstring), rounded to DT; ``ROWS`` is 1 when M <= 8 (rows
+    g + 8 of A are zero), else 2. Each warp's groups go through two register buffers: the
+    next group's loads are in flight while the current one is multiplied; ``partial``
+    [WARPS, 16, 32] (shared) adds the warps' tiles in a fixed order."""
+    tid = kaio.thread_idx_x()
+    warp = tid // 32
+    lane = tid % 32
+    g = lane // 4
+    t = lane % 4
+    # Columns past N read column 0 instead: their products are never stored.
+    col = kaio.select(block * COLS + 4 * g < N, block * COLS + 4 * g, 0)
+    groups = u32(scales.shape[0])
+    acc = kaio.local(f32, (4, 4))
+    for i in kaio.static_range(4):
+        for e in kaio.static_range(4):
+            acc[i, e] = 0.0
+    words = kaio.local(u32, (2, LOADS, 4))
+    xr = kaio.local(u32, (2, LOADS, 2, 4))
+    sc = kaio.local(u32, (2, 2))
+    if warp < groups:
+        load_group(words, xr, sc, 0, w, x, scales, warp, col, g, t, M, ROWS)
+    for group in range(warp, groups, 2 * WARPS):
+        if group + WARPS < groups:
+            load_group(words, xr, sc, 1, w, x, scales, group + WARPS, col, g, t, M, ROWS)
+        multiply_group(acc, words, xr, sc, 0, ROWS)
+        if group + WARPS < groups:
+            if group + 2 * WARPS < groups:
+                load_group(words, xr, sc, 0, w, x, scales, group + 2 * WARPS, col, g, t, M, ROWS)
+            multiply_group(acc, words, xr, sc, 1, ROWS)
+    for i in kaio.static_range(4):
+        for e in kaio.static_range(4):
+            partial[warp, g + 8 * (e // 2), 4 * (2 * t + e % 2) + i] = acc[i, e]
+    kaio.sync_threads()
+    for k in kaio.static_range(16 * COLS // (WARPS * 32)):
+        o = tid + k * WARPS * 32
+        r = o // COLS
+        c = block * COLS + o % COLS
+        total = partial[0, r, o % COLS]
+        for s in kaio.static_range(1, WARPS):
+            total += partial[s, r, o % COLS]
+        if r < M and c < N:
+            out[r, c] = DT(total)
+
+
+@kaio.gpu_kernel
+def int4_decode(
+    x: f16[:, :],
+    w: u32[:, :],
+    scales: f16[:, :],
+    out: DT[:, :],
+    M: u32,
+    N: u32,
+    WARPS: kaio.constexpr,
+    ROWS: kaio.constexpr,
+):
+    """``out = x @ W`` (``decode_columns``), a block per 32 columns."""
+    kaio.launch_bounds(WARPS * 32)
+    partial = kaio.shared(f32, (WARPS, 16, COLS))
+    decode_columns(x, w, scales, out, partial, M, N, kaio.block_idx_x(), WARPS, ROWS)
+
+
+@kaio.gpu_kernel
+def int4_decode_qkv(
+    x: f16[:, :],
+    wq: u32[:, :],
+    wk: u32[:, :],
+    wv: u32[:, :],
+    sq: f16[:, :],
+    sk: f16[:, :],
+    sv: f16[:, :],
+    q: DT[:, :],
+    k: DT[:, :],
+    v: DT[:, :],
+    M: u32,
+    NQ: u32,
+    NK: u32,
+    WARPS: kaio.constexpr,
+    ROWS: kaio.constexpr,
+):
+    """``q, k, v = x @ Wq, x @ Wk, x @ Wv`` in one launch: the blocks of q's columns, then
+    k's, then v's (each block exactly a block of ``int4_decode``)."""
+    kaio.launch_bounds(WARPS * 32)
+    partial = kaio.shared(f32, (WARPS, 16, COLS))
+    bq = (NQ + COLS - 1) // COLS
+    bk = (NK + COLS - 1) // COLS
+    block = kaio.block_idx_x()
+    if block < bq:
+        decode_columns(x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS)
+    elif block < bq + bk:
+        decode_columns(x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS)
+    else:
+        decode_columns(x, wv, sv, v, partial, M, u32(v.shape[1]), block - bq - bk, WARPS, ROWS)
+
+
+WARPS = 8  # measured best on an H200 at K = N = 4096, M = 1 and 16 (against 4 and 16)
+MAX_M = 16
+
+
+DECODE = by_dtype(int4_decode)  # f32 out: matmul_int4
+DECODE_QKV = by_dtype(int4_decode_qkv)  # f16 out: qkv_project_int4
+
+
+def fits(x: _arrays.Operand, *weights: tuple) -> bool:
+    """Whether the decode kernels take activations ``x`` [M, K] and these ``(words, scales)``
+    pairs: M <= 16, each N a multiple of 4 (16-byte loads of 4 columns), x and the words
+    16-byte aligned, the scales 8-byte aligned."""
+    return x.shape[0] <= MAX_M and all(
+        w.shape[1] % 4 == 0 and w.aligned(16) and s.aligned(8) for w, s in weights
+    ) and x.aligned(16)  # fmt: skip
+
+
+def _words(w: _arrays.Operand):
+    """The packed words as a u32 array (int32 words are the same bytes)."""
+    return _arrays.retype(w.obj, w.kind, u32)
+
+
+def _config(x: _arrays.Operand, columns: int) -> tuple:
+    """The launch configuration for ``columns`` output columns in all."""
+    return (-(-columns // COLS), WARPS * 32, _arrays.stream_of(x), 0)
+
+
+def _rows(m: int) -> int:
+    """ROWS for M rows: A's rows g + 8 hold data only past 8."""
+    return 1 if m <= 8 else 2
+
+
+def matmul(x: _arrays.Operand, words: _arrays.Operand, scales: _arrays.Operand):
+    """``x @ W`` in f32 [M, N] (see ``fits``): one launch, a block per 32 columns."""
+    m, n = x.shape[0], words.shape[1]
+    out = _arrays.output(x, (m, n), f32)
+    DECODE[f32][_config(x, n)](
+        x.obj, _words(words), scales.obj, out, m, n, WARPS=WARPS, ROWS=_rows(m)
+    )
+    return out
+
+
+def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
+    """``(q, k, v)``, each ``f16(x @ W)`` for the three ``(words, scales)`` pairs of
+    ``weights`` (see ``fits``): one launch, the blocks of q's columns, then k's, then v's."""
+    m = x.shape[0]
+    widths = [w.shape[1] for w, _ in weights]
+    outs = [_arrays.output(x, (m, n), f16) for n in widths]
+    blocks = sum(-(-n // COLS) for n in widths)
+    DECODE_QKV[f16][_config(x, blocks * COLS)](
+        x.obj, *(_words(w) for w, _ in weights), *(s.obj for _, s in weights), *outs, m,
+        widths[0], widths[1], WARPS=WARPS, ROWS=_rows(m),
+    )  # fmt: skip
+    return tuple(outs)
+
+
+def specializations() -> list:
+    """(kernel, constexprs) of every specialization ``matmul`` and ``qkv`` launch."""
+    return [
+        (kernel, {"WARPS": WARPS, "ROWS": rows})
+        for kernel in (DECODE[f32], DECODE_QKV[f16])
+        for rows in (1, 2)
+    ]

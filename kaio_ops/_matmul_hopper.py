@@ -1,0 +1,146 @@
+"""The Hopper matmul (sm_90): ``C[M, N] = A[M, K] @ B[K, N]`` in f32 for f16 or bf16 inputs,
+with TMA loads, an mbarrier pipeline and ``wgmma``, written in the DSL.
+
+One block computes a ``128 x BN`` tile of C with two warpgroups, each multiplying its 64 rows
+of A by the whole B slice with ``wgmma.m64n{BN}k16`` and keeping one group of wgmmas in
+flight. Thread 0 also produces: it issues the TMA copies of each 64-deep K slice of A and B
+into a ``STAGES``-deep ring of 128-byte-swizzled shared tiles, ``STAGES - 1`` slices ahead.
+Two barriers per stage: ``bars[0, s]`` ("full": the slice's TMA bytes landed) and
+``bars[1, s]`` ("empty": both warpgroups are done reading the stage). Every shared array is
+dynamic, barriers included: after a static array the dynamic region is not 1024-byte aligned
+(``kaio.lang_hopper.dynamic_tile_conflict``).
+
+Why not a separate producer warpgroup: ptxas serializes wgmmas whose accumulators live across
+divergent branches (warning C7518), and the simulator runs warps in lockstep in program order,
+so a producer loop apart from the consumers' would wait for releases that come later in that
+order. Here the only divergent code is the producer's (no accumulators), and every wait is for
+work done earlier in program order (docs/hopper.md, "Simulating pipelines").
+
+Shared tiles (docs/hopper.md gives the descriptor of each layout): A stage ``s`` is
+``128 x 64`` K-major rows of 128 bytes (descriptor: SBO 1024); B stage ``s`` is ``BN / 64``
+column blocks of ``64 x 64``, N-major rows of 128 bytes (LBO 8192 between column blocks,
+SBO 1024 between 8-row groups). The K tail and the M and N edges read zeros from TMA; the
+epilogue stores only the elements inside C.
+"""
+
+from __future__ import annotations
+
+import kaio
+from kaio import f16, f32, i32, u32, u64
+
+BM = 128
+BK = 64
+THREADS = 256
+A_STAGE_BYTES = BM * BK * 2
+SW = 128  # swizzle bytes: one 128-byte row per 64 elements
+
+
+@kaio.gpu_kernel(block_size=THREADS)
+def matmul_wgmma(
+    ta: kaio.tensormap,
+    tb: kaio.tensormap,
+    c: f32[:, :],
+    m: i32,
+    n: i32,
+    k: i32,
+    BN: kaio.constexpr,
+    STAGES: kaio.constexpr,
+    BF16: kaio.constexpr,
+):
+    kaio.launch_bounds(THREADS, 1)
+    sa = kaio.shared_dynamic(f16, (STAGES, BM, BK), 0)
+    sb = kaio.shared_dynamic(f16, (STAGES, BN // 64, BK, 64), STAGES * A_STAGE_BYTES)
+    bars = kaio.shared_dynamic(u64, (2, STAGES), STAGES * (A_STAGE_BYTES + BK * BN * 2))
+    t = kaio.thread_idx_x()
+    wg = t // 128
+    lt = t % 128
+    row0 = i32(kaio.block_idx_y() * BM)
+    col0 = i32(kaio.block_idx_x() * BN)
+    k_tiles = (k + BK - 1) // BK
+    stage_bytes = u32(A_STAGE_BYTES + BK * BN * 2)
+    if t == 0:
+        for s in kaio.static_range(STAGES):
+            kaio.mbarrier_init(bars, (0, s), 1)
+            kaio.mbarrier_init(bars, (1, s), 2)
+        kaio.fence_proxy_async()
+    kaio.sync_threads()
+    # the producer's first STAGES - 1 slices; slice kt + STAGES - 1 follows iteration kt
+    for kt in range(-(STAGES - 1), 0):
+        if t == 0 and kt + STAGES - 1 < k_tiles:
+            s = kt + STAGES - 1
+            kaio.mbarrier_arrive_expect_tx(bars, (0, s), stage_bytes)
+            kaio.tma_load_2d(sa, (s, 0, 0), ta, row0, s * BK, bars, (0, s))
+            for j in kaio.static_range(BN // 64):
+                kaio.tma_load_2d(sb, (s, j, 0, 0), tb, s * BK, col0 + j * 64, bars, (0, s))
+    acc = kaio.local(f32, (BN // 8, 2, 2))
+    for kt in range(k_tiles):
+        s = kt % STAGES
+        kaio.mbarrier_wait(bars, (0, s), u32(kt // STAGES) & 1)
+        kaio.wgmma_fence()
+        for kk in kaio.static_range(BK // 16):
+            da = kaio.smem_descriptor(sa, (s, 64 * wg, kk * 16), SW, 16, 1024)
+            db = kaio.smem_descriptor(sb, (s, 0, kk * 16, 0), SW, BK * SW, 1024)
+            if BF16:
+                kaio.wgmma_bf16(acc, da, db, kt + kk > 0, False, True)
+            else:
+                kaio.wgmma_f16(acc, da, db, kt + kk > 0, False, True)
+        kaio.wgmma_commit()
+        kaio.wgmma_wait(1)
+        if kt > 0 and lt == 0:  # the previous slice's wgmmas are done: release its stage
+            kaio.mbarrier_arrive(bars, (1, (kt - 1) % STAGES))
+        nt = kt + STAGES - 1
+        if t == 0 and nt < k_tiles:
+            ns = nt % STAGES
+            if kt > 0:  # the stage held slice kt - 1: wait until both warpgroups released it
+                kaio.mbarrier_wait(bars, (1, ns), u32((kt - 1) // STAGES) & 1)
+            kaio.mbarrier_arrive_expect_tx(bars, (0, ns), stage_bytes)
+            kaio.tma_load_2d(sa, (ns, 0, 0), ta, row0, nt * BK, bars, (0, ns))
+            for j in kaio.static_range(BN // 64):
+                kaio.tma_load_2d(sb, (ns, j, 0, 0), tb, nt * BK, col0 + j * 64, bars, (0, ns))
+    kaio.wgmma_wait(0)
+    w = lt // 32
+    lane = lt % 32
+    for j in kaio.static_range(BN // 8):
+        col = col0 + 8 * j + 2 * i32(lane % 4)
+        for h in kaio.static_range(2):
+            row = row0 + 64 * i32(wg) + 16 * i32(w) + i32(lane // 4) + 8 * h
+            if row < m and col < n:
+                kaio.store_vector(c, (row, col), acc[j, h])
+
+
+def eligible(a, b, m: int, n: int, k: int) -> bool:
+    """Whether the Hopper kernel takes ``a @ b`` (``_arrays.Operand``s): TMA needs rows a
+    multiple of 16 bytes apart (K and N multiples of 8) and 16-byte aligned bases."""
+    return k % 8 == 0 and n % 8 == 0 and a.aligned(16) and b.aligned(16)
+
+
+def launch(a, b, m: int, n: int, k: int, sms: int, bf16: bool):
+    """``a @ b`` in f32 (a new array of ``a``'s kind) with ``matmul_wgmma``: 128 x 256 tiles
+    when they give every one of ``sms`` multiprocessors a block, else 128 x 128."""
+    from kaio_ops import _arrays
+
+    bn = 256 if -(-m // BM) * -(-n // 256) >= sms else 128
+    stages = 4 if bn == 256 else 5
+    c = _arrays.output(a, (m, n), f32)
+    ta = kaio.tensor_map_2d(a.obj, (BM, BK), SW)
+    tb = kaio.tensor_map_2d(b.obj, (BK, 64), SW)
+    grid = (-(-n // bn), -(-m // BM))
+    matmul_wgmma[grid, THREADS, _arrays.stream_of(a), shared_bytes(bn, stages)](
+        ta, tb, c, m, n, k, BN=bn, STAGES=stages, BF16=int(bf16)
+    )
+    return c
+
+
+def shared_bytes(bn: int, stages: int) -> int:
+    """The dynamic shared memory of ``matmul_wgmma``: the tile ring and its 2 x STAGES
+    barriers."""
+    return stages * (A_STAGE_BYTES + BK * bn * 2 + 16)
+
+
+def specializations() -> list:
+    """(kernel, constexprs) of every specialization ``launch`` uses (for PTX checks)."""
+    return [
+        (matmul_wgmma, {"BN": bn, "STAGES": st, "BF16": bf})
+        for bn, st in ((256, 4), (128, 5))
+        for bf in (0, 1)
+    ]

@@ -1,0 +1,443 @@
+"""Hopper builtins (docs/hopper.md): TMA tile copies with their swizzles, mbarrier phases,
+shared-memory descriptors, wgmma, and the Hopper matmul. Each kernel runs in the simulator
+against an independent NumPy reference (the swizzle and accumulator layouts are written here
+from the PTX ISA, not taken from the simulator), its PTX assembles for sm_90a, other targets
+are CompileErrors, and on an sm_90 GPU it is bit-exact with the simulator (integer-valued
+inputs make every f32 sum exact, whatever the hardware's order).
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import kaio
+from kaio import f16, f32, i32, u32, u64
+from kaio.ptx.ptxas import assemble, find_ptxas
+from kaio_ops import _matmul_hopper
+
+needs_ptxas = pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
+RNG = np.random.default_rng(90)
+
+
+def _hopper_gpu() -> bool:
+    return kaio.gpu_available() and kaio.device().arch == "sm_90"
+
+
+needs_hopper = pytest.mark.skipif("not _hopper_gpu()", reason="needs an sm_90 GPU")
+
+
+# --------------------------------------------------------------------------- kernels
+
+TMA_CORNERS = [(0, 0), (80, 152), (-5, -8)]
+"""Box corners: inside, over the bottom-right edges, over the top-left edges (columns 16-byte
+aligned, as TMA needs)."""
+
+
+@kaio.gpu_kernel(block_size=128)
+def tma_tile(tmap: kaio.tensormap, out: f16[:, :], row: i32, col: i32, R: kaio.constexpr):
+    """One TMA box into a shared tile, then every thread copies the raw tile out."""
+    tile = kaio.shared(f16, (R, 64))
+    bars = kaio.shared(u64, (1,))
+    t = kaio.thread_idx_x()
+    if t == 0:
+        kaio.mbarrier_init(bars, 0, 1)
+    kaio.sync_threads()
+    if t == 0:
+        kaio.mbarrier_arrive_expect_tx(bars, 0, R * 64 * 2)
+        kaio.tma_load_2d(tile, (0, 0), tmap, row, col, bars, 0)
+    kaio.mbarrier_wait(bars, 0, 0)
+    for i in range(t, R * 64, 128):
+        out[i // 64, i % 64] = tile[i // 64, i % 64]
+
+
+@kaio.gpu_kernel(block_size=64)
+def barrier_phases(out: u32[:]):
+    """A barrier of count 64 through three phases: try_wait before and after each."""
+    bars = kaio.shared(u64, (1,))
+    t = kaio.thread_idx_x()
+    if t == 0:
+        kaio.mbarrier_init(bars, 0, 64)
+    kaio.sync_threads()
+    for p in kaio.static_range(3):
+        before = kaio.mbarrier_try_wait(bars, 0, p % 2)
+        if t == 0:
+            kaio.mbarrier_expect_tx(bars, 0, 0)
+        kaio.mbarrier_arrive(bars, 0)
+        kaio.mbarrier_wait(bars, 0, p % 2)
+        after = kaio.mbarrier_try_wait(bars, 0, p % 2)
+        older = kaio.mbarrier_try_wait(bars, 0, (p + 1) % 2)
+        out[t * 9 + p * 3] = u32(before)
+        out[t * 9 + p * 3 + 1] = u32(after)
+        out[t * 9 + p * 3 + 2] = u32(older)
+        kaio.sync_threads()
+
+
+@kaio.gpu_kernel(block_size=32)
+def never_arrives(out: u32[:]):
+    bars = kaio.shared(u64, (1,))
+    if kaio.thread_idx_x() == 0:
+        kaio.mbarrier_init(bars, 0, 1)
+    kaio.sync_threads()
+    kaio.mbarrier_wait(bars, 0, 0)
+    out[0] = 1
+
+
+@kaio.gpu_kernel(block_size=128)
+def dynamic_tile(tmap: kaio.tensormap):
+    """A TMA copy into a dynamic tile of a kernel with a static array: refused."""
+    tile = kaio.shared_dynamic(f16, (64, 64), 0)
+    bars = kaio.shared(u64, (1,))
+    if kaio.thread_idx_x() == 0:
+        kaio.mbarrier_init(bars, 0, 1)
+        kaio.mbarrier_arrive_expect_tx(bars, 0, 8192)
+        kaio.tma_load_2d(tile, (0, 0), tmap, 0, 0, bars, 0)
+
+
+@kaio.gpu_kernel(block_size=32)
+def descriptor_bits(out: u64[:]):
+    tile = kaio.shared(f16, (4, 64, 64))
+    out[0] = kaio.smem_descriptor(tile, (1, 8, 16), 128, 8192, 1024)
+    out[1] = kaio.smem_descriptor(tile, (0, 0, 0), 0, 16, 128)
+
+
+@kaio.gpu_kernel(block_size=128)
+def wgmma_tile(
+    ta: kaio.tensormap,
+    tb: kaio.tensormap,
+    out: f32[:, :],
+    K: kaio.constexpr,
+    N: kaio.constexpr,
+    SW: kaio.constexpr,
+    B_NMAJOR: kaio.constexpr,
+    BF16: kaio.constexpr,
+):
+    """A (64 x K, K-major) and B (K x N, N-major or K-major) loaded by TMA with swizzle SW,
+    multiplied by K/16 wgmmas, the accumulators stored by the documented layout."""
+    CE = SW // 2 if SW else 8  # elements per row of a TMA box
+    sa = kaio.shared(f16, (K // CE, 64, CE))
+    if B_NMAJOR:
+        sb = kaio.shared(f16, (N // CE, K, CE))
+    else:
+        sb = kaio.shared(f16, (K // CE, N, CE))
+    bars = kaio.shared(u64, (1,))
+    t = kaio.thread_idx_x()
+    if t == 0:
+        kaio.mbarrier_init(bars, 0, 1)
+    kaio.sync_threads()
+    if t == 0:
+        kaio.mbarrier_arrive_expect_tx(bars, 0, (64 * K + K * N) * 2)
+        for c in kaio.static_range(K // CE):
+            kaio.tma_load_2d(sa, (c, 0, 0), ta, 0, c * CE, bars, 0)
+        for c in kaio.static_range((N if B_NMAJOR else K) // CE):
+            kaio.tma_load_2d(sb, (c, 0, 0), tb, 0, c * CE, bars, 0)
+    kaio.mbarrier_wait(bars, 0, 0)
+    acc = kaio.local(f32, (N // 2,))
+    kaio.wgmma_fence()
+    for kk in kaio.static_range(K // 16):
+        ca, wa = kk * 16 // CE, kk * 16 % CE
+        if SW:
+            da = kaio.smem_descriptor(sa, (ca, 0, wa), SW, 16, 8 * SW)
+        else:
+            da = kaio.smem_descriptor(sa, (ca, 0, 0), 0, 64 * 16, 128)
+        if B_NMAJOR and SW:
+            db = kaio.smem_descriptor(sb, (0, kk * 16, 0), SW, K * SW, 8 * SW)
+        elif B_NMAJOR:
+            db = kaio.smem_descriptor(sb, (0, kk * 16, 0), 0, 128, K * 16)
+        elif SW:
+            db = kaio.smem_descriptor(sb, (ca, 0, wa), SW, 16, 8 * SW)
+        else:
+            db = kaio.smem_descriptor(sb, (ca, 0, 0), 0, N * 16, 128)
+        if BF16:
+            kaio.wgmma_bf16(acc, da, db, kk > 0, False, B_NMAJOR)
+        else:
+            kaio.wgmma_f16(acc, da, db, kk > 0, False, B_NMAJOR)
+    kaio.wgmma_commit()
+    kaio.wgmma_wait(0)
+    w, lane = t // 32, t % 32
+    for r in kaio.static_range(N // 2):
+        out[16 * w + lane // 4 + 8 * (r % 4 // 2), 8 * (r // 4) + 2 * (lane % 4) + r % 2] = acc[r]
+
+
+@kaio.gpu_kernel(block_size=128)
+def regs_and_fences(out: u32[:]):
+    kaio.launch_bounds(128, 1)
+    kaio.setmaxnreg_inc(232)
+    kaio.fence_proxy_async()
+    kaio.setmaxnreg_dec(40)
+    out[kaio.thread_idx_x()] = 7
+
+
+# --------------------------------------------------------------------------- references
+
+
+def swizzle_tile(tile: np.ndarray, swizzle: int) -> np.ndarray:
+    """A row-major tile as it lies in shared memory under ``swizzle``: 16-byte chunk c of
+    128-byte line L moves to chunk c ^ (L % (swizzle / 16)) (the tile starts aligned)."""
+    raw = np.ascontiguousarray(tile).reshape(-1).view(np.uint8).reshape(-1, 128 // 16, 16)
+    if not swizzle:
+        return tile
+    out = np.empty_like(raw)
+    for line in range(raw.shape[0]):
+        for c in range(8):
+            out[line, c ^ (line % (swizzle // 16))] = raw[line, c]
+    return out.reshape(-1).view(tile.dtype).reshape(tile.shape)
+
+
+def box_of(a: np.ndarray, row: int, col: int, rows: int, cols: int) -> np.ndarray:
+    out = np.zeros((rows, cols), a.dtype)
+    for i in range(rows):
+        for j in range(cols):
+            if 0 <= row + i < a.shape[0] and 0 <= col + j < a.shape[1]:
+                out[i, j] = a[row + i, col + j]
+    return out
+
+
+def _inputs(shape, bf16: bool, integers: bool):
+    dt = ml_dtypes.bfloat16 if bf16 else np.float16
+    x = RNG.integers(-3, 4, shape) if integers else RNG.standard_normal(shape)
+    return x.astype(dt)
+
+
+def run_wgmma(runner, K, N, SW, nmajor, bf16=False, integers=False):
+    """(result, exact reference) of ``wgmma_tile`` through ``runner(kernel, *args)``."""
+    a, b = _inputs((64, K), bf16, integers), _inputs((K, N), bf16, integers)
+    ce = SW // 2 if SW else 8
+    src_b = b if nmajor else np.ascontiguousarray(b.T)
+    out = np.full((64, N), np.nan, np.float32)
+    maps = (a.view(np.float16), (64, ce)), (src_b.view(np.float16), (src_b.shape[0], ce))
+    got = runner(wgmma_tile, maps, SW, out, K, N, SW, nmajor, bf16)
+    return got, a.astype(np.float64) @ b.astype(np.float64)
+
+
+def sim_runner(kernel, maps, swizzle, out, *args):
+    tms = [kaio.tensor_map_2d(x, box, swizzle) for x, box in maps]
+    kernel.sim[1](*tms, out, *args)
+    return out
+
+
+def gpu_runner(kernel, maps, swizzle, out, *args):
+    dev = [kaio.to_device(x) for x, _ in maps]
+    tms = [kaio.tensor_map_2d(d, box, swizzle) for d, (_, box) in zip(dev, maps, strict=True)]
+    d_out = kaio.to_device(out)
+    kernel[1](*tms, d_out, *args)
+    return d_out.numpy()
+
+
+WGMMA_CASES = [
+    (64, 128, 128, 1),
+    (64, 128, 128, 0),
+    (32, 64, 64, 1),
+    (32, 64, 64, 0),
+    (16, 32, 32, 1),
+    (16, 32, 32, 0),
+    (32, 16, 0, 1),
+    (32, 16, 0, 0),
+    (64, 256, 128, 1),
+    (16, 8, 0, 0),
+]
+
+
+# --------------------------------------------------------------------------- simulator
+
+
+@pytest.mark.parametrize("swizzle", [0, 32, 64, 128])
+def test_tma_copies_a_box_with_its_swizzle(swizzle):
+    a = RNG.standard_normal((100, 200)).astype(np.float16)
+    cols = 64 if swizzle in (0, 128) else swizzle // 2
+    rows = 32
+    for row, col in TMA_CORNERS:
+        out = np.full((rows, 64), np.nan, np.float16)
+        tm = kaio.tensor_map_2d(a, (rows * 64 // cols, cols), swizzle)
+        tma_tile.sim[1](tm, out, row, col, rows)
+        box = box_of(a, row, col, rows * 64 // cols, cols)
+        want = swizzle_tile(box.reshape(rows, 64), swizzle)
+        np.testing.assert_array_equal(out, want)
+
+
+def test_tma_box_columns_start_16_byte_aligned():
+    """The GPU stops with an illegal instruction when a box's first column is not a multiple
+    of 16 bytes into the row (seen on an H200 for columns 4 and 150 of f16); the simulator
+    refuses it."""
+    a = np.zeros((100, 200), np.float16)
+    with pytest.raises(kaio.SimulationError, match="multiple of 16 bytes"):
+        tma_tile.sim[1](kaio.tensor_map_2d(a, (32, 64), 0), np.zeros((32, 64), a.dtype), 3, 4, 32)
+
+
+def test_dynamic_tiles_in_kernels_with_static_shared_arrays_are_refused():
+    """After static shared arrays the dynamic region is not 1024-byte aligned on the GPU (a
+    misaligned shared address on an H200): PTX and simulator refuse TMA and descriptors."""
+    with pytest.raises(kaio.CompileError, match="declare bars with kaio.shared_dynamic"):
+        dynamic_tile.ptx(arch="sm_90")
+    a = np.zeros((64, 64), np.float16)
+    with pytest.raises(kaio.SimulationError, match="no static shared arrays"):
+        dynamic_tile.sim[1, 128, 0, 8192](kaio.tensor_map_2d(a, (64, 64), 128))
+
+
+def test_barrier_phases_flip_after_count_arrivals():
+    out = np.zeros(64 * 9, np.uint32)
+    barrier_phases.sim[1](out)
+    want = np.tile([0, 1, 0], 3 * 64).reshape(64, 3, 3)
+    np.testing.assert_array_equal(out.reshape(64, 3, 3), want)
+
+
+def test_a_wait_nothing_completes_is_reported():
+    with pytest.raises(kaio.SimulationError, match="waits for an mbarrier phase"):
+        never_arrives.sim[1](np.zeros(1, np.uint32))
+
+
+def test_descriptor_fields():
+    out = np.zeros(2, np.uint64)
+    descriptor_bits.sim[1](out)
+    start = (64 * 64 + 8 * 64 + 16) * 2  # the tile is the window's first array
+    d = int(out[0])
+    assert d & 0x3FFF == start >> 4
+    assert (d >> 16) & 0x3FFF == 8192 >> 4 and (d >> 32) & 0x3FFF == 1024 >> 4
+    assert d >> 62 == 1 and (d >> 46) & 0xFFFF == 0
+    assert int(out[1]) == (16 >> 4) << 16 | (128 >> 4) << 32  # no swizzle: mode 0
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+@pytest.mark.parametrize("case", WGMMA_CASES)
+def test_wgmma_layouts(case, bf16):
+    got, ref = run_wgmma(sim_runner, *case, bf16=bf16)
+    k = case[0]
+    np.testing.assert_allclose(got, ref, rtol=0, atol=k * 2.0**-20 * np.abs(ref).max() + 1e-6)
+
+
+def test_wgmma_accumulator_layout_is_the_documented_one():
+    got, ref = run_wgmma(sim_runner, 16, 8, 0, 0, integers=True)
+    np.testing.assert_array_equal(got, ref.astype(np.float32))
+
+
+@pytest.mark.parametrize("bf16", [0, 1])
+def test_hopper_matmul_in_the_simulator(bf16):
+    m, n, k, bn, stages = 130, 136, 200, 128, 3
+    a, b = _inputs((m, k), bf16, False), _inputs((k, n), bf16, False)
+    c = np.full((m, n), np.nan, np.float32)
+    ta = kaio.tensor_map_2d(a, (128, 64), 128)
+    tb = kaio.tensor_map_2d(b, (64, 64), 128)
+    shared = _matmul_hopper.shared_bytes(bn, stages)
+    _matmul_hopper.matmul_wgmma.sim[(2, 2), 256, 0, shared](ta, tb, c, m, n, k, bn, stages, bf16)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_allclose(c, ref, rtol=0, atol=1e-4)
+
+
+def test_tensor_map_checks():
+    a = np.zeros((64, 100), np.float16)  # rows 200 bytes apart
+    with pytest.raises(ValueError, match="multiple of 16"):
+        kaio.tensor_map_2d(a, (8, 8), 0)
+    with pytest.raises(ValueError, match="at most 64 bytes"):
+        kaio.tensor_map_2d(np.zeros((64, 64), np.float16), (8, 64), 64)
+    with pytest.raises(kaio.LaunchError, match="tensor_map_2d"):
+        tma_tile.sim[1](a, np.zeros((32, 64), np.float16), 0, 0, 32)
+
+
+# --------------------------------------------------------------------------- PTX
+
+
+@needs_ptxas
+def test_ptx_assembles_for_sm_90a():
+    texts = [
+        tma_tile.ptx(arch="sm_90", R=32),
+        barrier_phases.ptx(arch="sm_90"),
+        descriptor_bits.ptx(arch="sm_90"),
+        regs_and_fences.ptx(arch="sm_90"),
+        *(
+            wgmma_tile.ptx(arch="sm_90", K=c[0], N=c[1], SW=c[2], B_NMAJOR=c[3], BF16=bf)
+            for c, bf in ((WGMMA_CASES[0], 0), (WGMMA_CASES[5], 1), (WGMMA_CASES[8], 0))
+        ),
+        *(k.ptx(arch="sm_90", **c) for k, c in _matmul_hopper.specializations()),
+    ]
+    for ptx in texts:
+        report = assemble(ptx, "sm_90a")
+        assert "C7518" not in report and "C7508" not in report, report
+    assert ".target sm_90a" in texts[-1] and ".target sm_90\n" in texts[0]
+
+
+def test_hopper_builtins_on_other_targets_are_compile_errors():
+    with pytest.raises(kaio.CompileError, match=r"kaio.smem_descriptor\(\) needs sm_90a.*sm_80"):
+        descriptor_bits.ptx(arch="sm_80")
+    with pytest.raises(kaio.CompileError, match=r"needs sm_90a.*sm_100"):
+        regs_and_fences.ptx(arch="sm_100")
+    with pytest.raises(kaio.CompileError, match=r"expect_tx\(\) needs sm_90 or newer"):
+        tma_tile.ptx(arch="sm_80", R=32)
+    with pytest.raises(kaio.CompileError, match=r"mbarrier_try_wait\(\) needs sm_90"):
+        barrier_phases.ptx(arch="sm_89")
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("swizzle", [0, 32, 64, 128])
+def test_gpu_tma_matches_simulator(swizzle):
+    a = RNG.standard_normal((100, 200)).astype(np.float16)
+    cols = 64 if swizzle in (0, 128) else swizzle // 2
+    box = (32 * 64 // cols, cols)
+    for row, col in TMA_CORNERS:
+        sim_out = np.zeros((32, 64), np.float16)
+        tma_tile.sim[1](kaio.tensor_map_2d(a, box, swizzle), sim_out, row, col, 32)
+        d_out = kaio.to_device(np.zeros((32, 64), np.float16))
+        tma_tile[1](kaio.tensor_map_2d(kaio.to_device(a), box, swizzle), d_out, row, col, 32)
+        np.testing.assert_array_equal(d_out.numpy(), sim_out)
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_gpu_barrier_phases():
+    """The "after" and "older" flags match the simulator's. The "before" flag (a try_wait
+    ahead of the thread's own arrival) is not compared: try_wait may wait a while for the
+    phase, which the thread's own arrival then completes (on an H200 every thread saw 1 where
+    the simulator, running in program order, says 0)."""
+    d = kaio.to_device(np.zeros(64 * 9, np.uint32))
+    barrier_phases[1](d)
+    sim = np.zeros(64 * 9, np.uint32)
+    barrier_phases.sim[1](sim)
+    got, want = d.numpy().reshape(64, 3, 3), sim.reshape(64, 3, 3)
+    np.testing.assert_array_equal(got[:, :, 1:], want[:, :, 1:])
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("bf16", [False, True])
+@pytest.mark.parametrize("case", WGMMA_CASES)
+def test_gpu_wgmma_bit_exact_with_simulator(case, bf16):
+    rng_state = RNG.bit_generator.state
+    got, ref = run_wgmma(gpu_runner, *case, bf16=bf16, integers=True)
+    RNG.bit_generator.state = rng_state
+    sim, _ = run_wgmma(sim_runner, *case, bf16=bf16, integers=True)
+    np.testing.assert_array_equal(got, sim)
+    np.testing.assert_array_equal(got, ref.astype(np.float32))
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("mnk", [(130, 136, 200), (512, 1024, 768), (2048, 2048, 4096)])
+def test_gpu_matmul_dispatches_to_hopper_and_is_correct(dtype, mnk, monkeypatch):
+    """On sm_90 the ops run the wgmma kernel by default: relative error (Frobenius, against
+    float64) within 1e-3 for f16 and 1e-2 for bf16, and the same bits on a second run."""
+    import torch
+
+    import kaio_ops
+
+    monkeypatch.delenv("KAIO_HOPPER_MATMUL", raising=False)
+    launches = []
+    real_launch = _matmul_hopper.launch
+    monkeypatch.setattr(
+        _matmul_hopper, "launch", lambda *a, **k: launches.append(a[2:5]) or real_launch(*a, **k)
+    )
+    m, n, k = mnk
+    t = getattr(torch, dtype)
+    a = torch.randn(m, k, device="cuda", dtype=t)
+    b = torch.randn(k, n, device="cuda", dtype=t)
+    op = kaio_ops.matmul_tc if dtype == "float16" else kaio_ops.matmul_tc_bf16
+    c = op(a, b)
+    assert launches == [mnk]
+    ref = a.double() @ b.double()
+    rel = ((c.double() - ref).norm() / ref.norm()).item()
+    assert rel <= (1e-3 if dtype == "float16" else 1e-2), rel
+    assert torch.equal(op(a, b), c)
