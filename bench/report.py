@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import statistics
+import subprocess
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,6 +99,23 @@ def source_digest(root: Path = ROOT) -> str:
     return h.hexdigest()[:12]
 
 
+def _clean_commit(root: Path = ROOT) -> str | None:
+    """The short commit of ``root`` when its sources (SOURCE_DIRS) have no uncommitted
+    changes, else None (also without git)."""
+    try:
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", *SOURCE_DIRS], cwd=root, capture_output=True,
+            text=True, timeout=30, check=True,
+        ).stdout  # fmt: skip
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+            timeout=30, check=True,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return None if dirty.strip() else head.strip() or None
+
+
 # ---------------------------------------------------------------------------- the run
 def _smi(meta: dict, when: str) -> dict:
     values = meta.get("nvidia_smi", {}).get(when) or {}
@@ -142,6 +160,9 @@ def section_run(run: Run, plot_note: str) -> str:
         source += f"; sources {src['digest']}" + (
             " (the same as this page's tree)" if same else " (they differ from this page's tree)"
         )
+        here = _clean_commit() if same else None
+        if here and here != src.get("commit"):  # the GPU machine's checkout can lag behind
+            source += f", which is commit {here}"
     suites = "; ".join(
         f"{s.name} {s.status}" + (f" {s.seconds:.0f} s" if s.seconds is not None else "")
         for s in run.suites

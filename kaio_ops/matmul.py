@@ -6,8 +6,9 @@ tile configuration (a heuristic per shape and GPU, or the one ``kaio_ops.tune`` 
 fastest for this GPU and shape bucket) and launches. Skinny products (M <= 16, decode) split
 K over extra blocks and sum the slices in a second, deterministic kernel. On an sm_90 GPU
 (H100, H200) the ops without an explicit plan run ``kaio_ops._matmul_hopper`` (TMA,
-mbarriers, wgmma) when K and N are multiples of 8 and M > 16 (``KAIO_HOPPER_MATMUL=0`` opts
-out); other shapes and archs keep mma.sync.
+mbarriers, wgmma) when K and N are multiples of 8, M > 16 and C has at least two 128 x 128
+tiles per multiprocessor (``KAIO_HOPPER_MATMUL=0`` opts out); other shapes and archs keep
+mma.sync.
 """
 
 from __future__ import annotations
@@ -150,7 +151,13 @@ def run(a, b, dtype, pipelined: bool, plan: Plan | None = None, op: str = "matmu
     a, b = _check(op, a, b, dtype)
     m, k = a.shape
     n = b.shape[1]
-    if plan is None and m > SKINNY_M and _hopper() and _matmul_hopper.eligible(a, b, m, n, k):
+    if (
+        plan is None
+        and m > SKINNY_M
+        and _hopper()
+        and _matmul_hopper.eligible(a, b, m, n, k)
+        and _matmul_hopper.worthwhile(m, n, _sms())
+    ):
         return _matmul_hopper.launch(a, b, m, n, k, _sms(), bf16=dtype == bf16)
     variant = f"{dtype.name}_{'async' if pipelined else 'sync'}"
     plan = plan or plan_for(m, n, k, variant)

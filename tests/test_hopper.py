@@ -413,18 +413,29 @@ def test_gpu_wgmma_bit_exact_with_simulator(case, bf16):
     np.testing.assert_array_equal(got, ref.astype(np.float32))
 
 
+def test_hopper_matmul_only_for_enough_tiles():
+    """The wgmma kernel is chosen from two 128 x 128 tiles per multiprocessor (measured: it
+    lost to mma.sync at 2048^3 on 132 SMs and won at 4096^3)."""
+    assert not _matmul_hopper.worthwhile(2048, 2048, 132)
+    assert _matmul_hopper.worthwhile(4096, 4096, 132)
+    assert _matmul_hopper.worthwhile(2048, 2048, 64)
+    assert not _matmul_hopper.worthwhile(16384, 128, 132)
+
+
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("mnk", [(130, 136, 200), (512, 1024, 768), (2048, 2048, 4096)])
 def test_gpu_matmul_dispatches_to_hopper_and_is_correct(dtype, mnk, monkeypatch):
-    """On sm_90 the ops run the wgmma kernel by default: relative error (Frobenius, against
-    float64) within 1e-3 for f16 and 1e-2 for bf16, and the same bits on a second run."""
+    """On sm_90 the ops run the wgmma kernel by default (here whatever the size: shapes
+    this small take mma.sync, see ``worthwhile``): relative error (Frobenius, against float64)
+    within 1e-3 for f16 and 1e-2 for bf16, and the same bits on a second run."""
     import torch
 
     import kaio_ops
 
     monkeypatch.delenv("KAIO_HOPPER_MATMUL", raising=False)
+    monkeypatch.setattr(_matmul_hopper, "worthwhile", lambda m, n, sms: True)
     launches = []
     real_launch = _matmul_hopper.launch
     monkeypatch.setattr(
