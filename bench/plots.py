@@ -45,6 +45,13 @@ def _panels(ops: list[Op]) -> list[tuple[Op, list[str], str]]:
     return panels
 
 
+def _figure(op: Op, r) -> float:
+    """The figure of record ``r`` in the op's unit; NaN (no point) when it has none: not
+    timed, or a unit it does not count (the bytes of a host-side reference)."""
+    value = op.value(r) if r is not None and r.timed else None
+    return math.nan if value is None else value
+
+
 def _op_panel(ax, run: Run, op: Op, cases: list[str], title: str, colors: dict) -> None:
     """One op on some cases: a line per implementation, or with 3 cases or fewer a bar group;
     the cases' ceilings dashed."""
@@ -54,8 +61,7 @@ def _op_panel(ax, run: Run, op: Op, cases: list[str], title: str, colors: dict) 
     width = 0.8 / max(len(impls), 1)
     values = []
     for k, impl in enumerate(impls):
-        ys = [op.value(r) if (r := op.get(c, impl)) is not None and r.timed else math.nan
-              for c in cases]  # fmt: skip
+        ys = [_figure(op, op.get(c, impl)) for c in cases]
         values += [y for y in ys if not math.isnan(y)]
         kaio = impl in op.kaio_impls
         style = {"label": impl, "color": colors[impl], "zorder": 3 if kaio else 2}
