@@ -479,11 +479,14 @@ def load_tile(
     ASYNC: kaio.constexpr,
 ):
     """The R x C tile at (r0, c0) of the flat row-major matrix ``src`` (row length ``ld``)
-    into dst[stage], zeros past rows x cols: 16-byte chunks (cp.async when ASYNC, else a
-    vector load and store through registers) when VEC, else element by element."""
+    into dst[stage], zeros past rows x cols: 16-byte chunks (cp.async when ASYNC, else
+    vector loads into registers, all of them before the first store, so that their
+    latencies overlap) when VEC, else element by element."""
     PER = 16 // DT.itemsize if VEC else 1  # elements per copy
     PIECES = C // PER
-    for i in kaio.static_range((R * PIECES + THREADS - 1) // THREADS):
+    COPIES = (R * PIECES + THREADS - 1) // THREADS
+    regs = kaio.local(u32, (COPIES, 4))
+    for i in kaio.static_range(COPIES):
         piece = tid + i * THREADS
         if R * PIECES % THREADS == 0 or piece < R * PIECES:
             r = piece // PIECES
@@ -497,11 +500,18 @@ def load_tile(
             elif ASYNC:
                 kaio.cp_async(dst, at, src, index, 16, kaio.select(inside, 16, 0))
             else:
-                regs = kaio.local(u32, 4)
-                kaio.load_vector(regs, src, index)
+                kaio.load_vector(regs[i], src, index)
+    if VEC and not ASYNC:
+        # Zeroing outside the matrices waits for a load's data: only after every load left.
+        for i in kaio.static_range(COPIES):
+            piece = tid + i * THREADS
+            if R * PIECES % THREADS == 0 or piece < R * PIECES:
+                r = piece // PIECES
+                col = piece % PIECES * PER
+                inside = r0 + r < rows and c0 + col < cols
                 for j in kaio.static_range(4):
-                    regs[j] = kaio.select(inside, regs[j], 0)
-                kaio.store_vector(dst, at, regs)
+                    regs[i, j] = kaio.select(inside, regs[i, j], 0)
+                kaio.store_vector(dst, (stage, r, kaio.swizzle(dst, r, col)), regs[i])
 
 
 @kaio.gpu_func
