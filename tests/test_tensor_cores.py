@@ -303,16 +303,19 @@ def _ldmatrix_args(count):
 
 
 def _cp_args(nbytes):
-    n = 64 * 2 * nbytes // 4 - 7  # the last copies are partly or wholly past the end
-    src = RNG.standard_normal(n).astype(np.float32)
+    """The last copies are partly or wholly past ``n``; the source array itself reaches the end
+    of every copy (compute-sanitizer's memcheck counts a copy's whole size against the
+    allocation, src_bytes or not), and holds nonzero values past ``n`` that must not land."""
     k = nbytes // 4
+    src = RNG.standard_normal(2 * 64 * k).astype(np.float32)
+    n = src.size - 7
     return [src, np.full(64 * k, np.nan, np.float32), np.full(64 * k, np.nan, np.float32), n]
 
 
 def _cp_expected(args, nbytes):
     src, n, k = args[0], args[3], nbytes // 4
     padded = np.zeros(2 * 64 * k, np.float32)
-    padded[:n] = src
+    padded[:n] = src[:n]
     groups = padded.reshape(2, 64, k)
     return {1: np.roll(groups[0], -1, axis=0).reshape(-1), 2: np.roll(groups[1], -1, 0).ravel()}
 
