@@ -12,7 +12,6 @@ kernels.
 from __future__ import annotations
 
 from kaio.ir.nodes import Instr
-from kaio.ir.ops import PACKED_OPS
 from kaio.llvm.typemap import I16, I32, PURE, int_const, lltype, pair
 from kaio.ptx import packed as ptx
 from kaio.types import f32
@@ -91,23 +90,6 @@ def _prmt(g, ins: Instr) -> None:
     g.set(ins.dst, g.asm(text, constraints, I32, [a, b, selector], PURE))
 
 
-def _route(scalar):
-    def lower(g, ins: Instr) -> None:
-        if ins.dst.type.is_packed:
-            arith(g, ins)
-        else:
-            scalar(g, ins)
-
-    return lower
-
-
 def lowering(table: dict) -> dict:
-    """Entries for ``kaio.llvm.lowering.LOWERING``: the ops of ``PACKED_OPS`` routed here when
-    their type is packed (else to ``table``'s entry), and the packed-only ops."""
-    return {
-        **{op: _route(table[op]) for op in PACKED_OPS},
-        "pack": _pack,
-        "unpack_lo": _unpack,
-        "unpack_hi": _unpack,
-        "prmt": _prmt,
-    }
+    """Entries for ``kaio.llvm.lowering.LOWERING`` (``kaio.ptx.packed.packed_lowering``)."""
+    return ptx.packed_lowering(table, arith, _pack, _unpack, _prmt)

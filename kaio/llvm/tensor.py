@@ -33,7 +33,7 @@ from kaio.llvm.typemap import (
     int_const,
     lltype,
 )
-from kaio.ptx.tensor import frag_registers
+from kaio.ptx.tensor import cp_async_operands, frag_registers
 from kaio.types import f32
 
 
@@ -145,12 +145,7 @@ def lower_to_tf32(g, ins: Instr) -> None:
 
 def lower_cp_async(g, ins: Instr) -> None:
     """``cp.async.{ca,cg}.shared.global [dst], [src], bytes[, src_bytes]``."""
-    dst = ins.args[0]
-    src_at = 1 + dst.ndim
-    src = ins.args[src_at]
-    dst_idx, src_idx = ins.args[1:src_at], ins.args[src_at + 1 : src_at + 1 + src.ndim]
-    size = ins.args[-1]
-    nbytes, cache = ins.attrs["bytes"], ins.attrs["cache"]
+    dst, dst_idx, src, src_idx, size, nbytes, cache = cp_async_operands(ins)
     g.target.require("cp_async", "kaio.cp_async()", g.loc)
     args = [shared_address(g, dst, dst_idx), g.b.ptrtoint(address(g, src, src_idx), I64)]
     constraints = ["r", "l"]

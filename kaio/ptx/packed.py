@@ -136,23 +136,26 @@ def _prmt(e, ins: Instr) -> None:
     e.line(f"prmt.b32 {e.dst(ins)}, {e.r(a)}, {e.r(b)}, {e.o(selector)}")
 
 
-def _route(scalar):
-    def lower(e, ins: Instr) -> None:
-        if ins.dst.type.is_packed:
-            arith(e, ins)
-        else:
-            scalar(e, ins)
+def packed_lowering(table: dict, arith, pack, unpack, prmt) -> dict:
+    """A backend's lowering entries for packed pairs: each op of ``PACKED_OPS`` goes to
+    ``arith`` when its type is packed, else to ``table``'s entry; and the packed-only ops.
+    Shared by the PTX emitter and the LLVM backend (each passes its own functions)."""
 
-    return lower
+    def route(scalar):
+        def lower(backend, ins: Instr) -> None:
+            (arith if ins.dst.type.is_packed else scalar)(backend, ins)
+
+        return lower
+
+    return {
+        **{op: route(table[op]) for op in PACKED_OPS},
+        "pack": pack,
+        "unpack_lo": unpack,
+        "unpack_hi": unpack,
+        "prmt": prmt,
+    }
 
 
 def lowering(table: dict) -> dict:
-    """Entries for ``kaio.ptx.lowering.LOWERING``: the ops of ``PACKED_OPS`` routed here when
-    their type is packed (else to ``table``'s entry), and the packed-only ops."""
-    return {
-        **{op: _route(table[op]) for op in PACKED_OPS},
-        "pack": _pack,
-        "unpack_lo": _unpack,
-        "unpack_hi": _unpack,
-        "prmt": _prmt,
-    }
+    """Entries for ``kaio.ptx.lowering.LOWERING`` (``packed_lowering``)."""
+    return packed_lowering(table, arith, _pack, _unpack, _prmt)

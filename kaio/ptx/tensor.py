@@ -118,14 +118,19 @@ def lower_to_tf32(e, ins: Instr) -> None:
     e.line(f"mov.b32 {e.dst(ins)}, {bits}")
 
 
-def lower_cp_async(e, ins: Instr) -> None:
-    """``cp.async.{ca,cg}.shared.global [dst], [src], bytes[, src_bytes]``."""
+def cp_async_operands(ins: Instr) -> tuple:
+    """``(dst, dst_idx, src, src_idx, src_bytes, nbytes, cache)`` of a ``cp_async``
+    instruction (args: dst, its indices, src, its indices, the source byte count)."""
     dst = ins.args[0]
     src_at = 1 + dst.ndim
     src = ins.args[src_at]
     dst_idx, src_idx = ins.args[1:src_at], ins.args[src_at + 1 : src_at + 1 + src.ndim]
-    size = ins.args[-1]
-    nbytes, cache = ins.attrs["bytes"], ins.attrs["cache"]
+    return dst, dst_idx, src, src_idx, ins.args[-1], ins.attrs["bytes"], ins.attrs["cache"]
+
+
+def lower_cp_async(e, ins: Instr) -> None:
+    """``cp.async.{ca,cg}.shared.global [dst], [src], bytes[, src_bytes]``."""
+    dst, dst_idx, src, src_idx, size, nbytes, cache = cp_async_operands(ins)
     e.target.require("cp_async", "kaio.cp_async()", e.loc)
     d, s = address(e, dst, dst_idx), address(e, src, src_idx)
     full = getattr(size, "value", None) == nbytes
