@@ -2,7 +2,9 @@
 process:
 
 - raw ctypes ``cuLaunchKernelEx`` / ``cuLaunchKernel`` on kaio's CUfunction with everything
-  prepared (parameters packed once, configuration built once): the floor for a Python launcher;
+  prepared (parameters packed once, configuration built once): the floor for a Python launcher,
+  with ctypes releasing the GIL around the call (``CFUNCTYPE``) and keeping it (``PYFUNCTYPE``,
+  as kaio's launcher does);
 - raw cuda.bindings ``cuLaunchKernel``, kernelParams as (values, types), the bindings' own
   way of passing arguments;
 - kaio ``add[grid, 256](x, y, out, n)`` and pre-bound ``launch = add[grid, 256]``, with
@@ -226,11 +228,16 @@ def raw_rows(bench: Bench, x, y, out) -> None:
     config = CUlaunchConfig((GRID, 1, 1), (256, 1, 1), 0, None, None, 0)
     func = ctypes.c_void_p(loaded.handle)
     launch_ex = ctypes.CFUNCTYPE(ctypes.c_int)(("cuLaunchKernelEx", lib))
+    launch_ex_gil = ctypes.PYFUNCTYPE(ctypes.c_int)(("cuLaunchKernelEx", lib))
     launch = ctypes.CFUNCTYPE(ctypes.c_int)(("cuLaunchKernel", lib))
     cfg, ext, par = ctypes.byref(config), ctypes.byref(extra), ctypes.byref(params)
     bench.keep += [buf, buf_size, extra, params, config]
     bench.row("raw ctypes cuLaunchKernelEx, extra buffer", lambda: launch_ex(cfg, func, None, ext))
     bench.row("raw ctypes cuLaunchKernelEx, kernelParams", lambda: launch_ex(cfg, func, par, None))
+    bench.row(
+        "raw ctypes cuLaunchKernelEx, kernelParams, GIL kept",
+        lambda: launch_ex_gil(cfg, func, par, None),
+    )
     bench.row(
         "raw ctypes cuLaunchKernel, extra buffer",
         lambda: launch(func, GRID, 1, 1, 256, 1, 1, 0, None, None, ext),

@@ -20,7 +20,8 @@ from kaio.runtime import dlpack, driver
 from kaio.runtime.arginfo import ArgInfo, c_strides
 from kaio.runtime.arguments import NUMPY_HINT, check_array, check_scalar, describe
 from kaio.runtime.cache import DiskCache, cache_dir, cache_key, cached
-from kaio.runtime.launcher import bf16_bits, launch_abi, param_format
+from kaio.runtime.device import current
+from kaio.runtime.launcher import bf16_bits, launch_abi, merge_entries, param_format
 
 
 @kaio.gpu_kernel(block_size=256)
@@ -201,7 +202,8 @@ def test_arginfo_signature_is_interned_and_abi_entries():
     a = ArgInfo(0x100, (2, 3), (3, 1), f32, 0)
     b = ArgInfo(0x200, (5, 7), (7, 1), f32, 0)
     assert a.sig is b.sig
-    assert a.abi_c == (0x100, 2, 3) and a.abi_a == (0x100, 2, 3, 3, 1)
+    assert struct.unpack("=Qqq", a.abi_c) == (0x100, 2, 3)
+    assert struct.unpack("=Qqqqq", a.abi_a) == (0x100, 2, 3, 3, 1)
     assert c_strides((2, 3, 4)) == (12, 4, 1)
     assert ArgInfo(0, (4, 1), (1, 9), f32, 0).contiguous  # size-1 dims have any stride
 
@@ -277,14 +279,14 @@ def test_launch_routes_to_simulator_when_active(monkeypatch):
     fake = types.ModuleType("kaio.sim.launcher")
     fake.run_simulated = lambda kernel, config, args, kwargs: calls.append((kernel, args, kwargs))
     monkeypatch.setitem(sys.modules, "kaio.sim.launcher", fake)
-    monkeypatch.setattr("kaio.runtime.launch._sim_active", lambda: True)
+    monkeypatch.setattr(current, "simulating", 1)
     x = np.zeros(4, np.float32)
     add[1, 32](x, x, x, n=4)
     assert calls == [(add, (x, x, x), {"n": 4})]
 
 
 def test_numpy_launch_outside_simulator_is_refused_before_any_driver_call(monkeypatch):
-    monkeypatch.setattr("kaio.runtime.launch._sim_active", lambda: False)
+    monkeypatch.setattr(current, "simulating", 0)
     x = np.zeros(4, np.float32)
     with pytest.raises(LaunchError, match=r"add: argument 'x'.*kaio.to_device.*kaio.simulate"):
         add[1, 32](x, x, x, 4)
@@ -308,6 +310,20 @@ def test_launch_abi_follows_layouts():
     assert launch_abi(add, spec) == [(0, "C"), (1, "C"), (2, "A"), (3, "u32")]
     fmt, size = param_format(spec.function.params)
     assert fmt == "=QqQqQqqI" and size == 60
+
+
+def test_merge_entries_packs_an_arrays_entries_as_one_bytes_entry():
+    fmt = "=IxxxxQqqQqI"  # u32, padding, a 2-D array (ptr, 2 shapes), a 1-D array, u32
+    assert merge_entries(fmt, {1: 3}) == "=Ixxxx24sQqI"
+    assert merge_entries(fmt, {1: 3, 4: 2}) == "=Ixxxx24s16sI"
+    assert struct.calcsize(merge_entries(fmt, {1: 3, 4: 2})) == struct.calcsize(fmt)
+    assert merge_entries(fmt, {}) == fmt
+    with pytest.raises(ValueError, match="padding"):
+        merge_entries("=QIxxxxq", {0: 3})
+    info = ArgInfo(0xABC0, (5, 7), (7, 1), f32, 0)
+    buf = bytearray(struct.calcsize(fmt))
+    struct.pack_into(merge_entries(fmt, {1: 3}), buf, 0, 9, info.abi_c, 0x100, 3, 4)
+    assert struct.unpack(fmt, buf) == (9, 0xABC0, 5, 7, 0x100, 3, 4)
 
 
 def test_bf16_bits():
@@ -341,7 +357,7 @@ def test_ptx_version_check_names_the_driver_needed():
 
 
 def test_error_name_and_text_formatting(monkeypatch):
-    monkeypatch.setattr(driver, "last_launched", {0: "attention", 7: "softmax"})
+    monkeypatch.setattr(driver, "last_launched", {0: ["attention"], 7: ["softmax"], 9: [None]})
     error = driver.cuda_error(700, "synchronize", stream=7)
     assert isinstance(error, CudaError)
     assert error.name == "CUDA_ERROR_ILLEGAL_ADDRESS" and error.code == 700

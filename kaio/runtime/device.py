@@ -17,13 +17,16 @@ __all__ = ["Device", "device", "device_count", "ensure_context", "synchronize", 
 
 
 class _Current(threading.local):
-    """The device kaio works on in the calling thread, and whether this thread's CUDA context
-    is set. Per thread, as the CUDA runtime's current device is: primary contexts are shared
-    by all threads, and a thread without a current context is given it on first use. The
-    class attributes are the defaults every new thread sees."""
+    """The device kaio works on in the calling thread, whether this thread's CUDA context is
+    set, and how many ``kaio.simulate()`` blocks it has open (launches then go to the CPU
+    simulator; ``kaio.sim.mode`` keeps the count here so that a launch reads it as cheaply as
+    the device). Per thread, as the CUDA runtime's current device is: primary contexts are
+    shared by all threads, and a thread without a current context is given it on first use.
+    The class attributes are the defaults every new thread sees."""
 
     ordinal = 0
     context_ready = False
+    simulating = 0
 
 
 current = _Current()

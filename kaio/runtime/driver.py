@@ -31,6 +31,7 @@ __all__ = [
     "check_ptx_supported",
     "libcuda",
     "last_launched",
+    "last_launched_slot",
 ]
 
 # GPU faults: sticky errors that surface at the next synchronizing call after a bad kernel.
@@ -46,8 +47,15 @@ _FAULTS = {
     "CUDA_ERROR_LAUNCH_TIMEOUT",
 }
 
-# stream handle -> name of the last kernel launched on it, to name the culprit of a GPU fault.
-last_launched: dict[int, str] = {}
+# stream handle -> a one-element list holding the name of the kernel launched last on it, to
+# name the culprit of a GPU fault. A launcher fetches its stream's list once and writes the name
+# into it with one store per launch.
+last_launched: dict[int | None, list] = {}
+
+
+def last_launched_slot(stream: int | None) -> list:
+    """The one-element list in which launches on ``stream`` record their kernel's name."""
+    return last_launched.setdefault(stream, [None])
 
 
 def error_name_text(code: int) -> tuple[str, str]:
@@ -72,10 +80,11 @@ def cuda_error(code: int, what: str = "", stream: int | None = None) -> CudaErro
     if text:
         message += f" ({text})"
     if name in _FAULTS:
-        if stream is not None and stream in last_launched:
-            message += f"; last kernel launched on this stream: {last_launched[stream]}"
-        elif last_launched:
-            culprits = ", ".join(sorted(set(last_launched.values())))
+        names = {s: slot[0] for s, slot in last_launched.items() if slot[0] is not None}
+        if stream is not None and stream in names:
+            message += f"; last kernel launched on this stream: {names[stream]}"
+        elif names:
+            culprits = ", ".join(sorted(set(names.values())))
             message += f"; kernels launched last (one per stream): {culprits}"
         message += (
             ". The CUDA context is now unusable: restart the process; run the kernel under "

@@ -14,7 +14,7 @@ from __future__ import annotations
 from kaio.errors import LaunchError
 from kaio.kernel import LaunchConfig, param_annotation_error
 from kaio.runtime.arguments import check_array, check_device, check_scalar
-from kaio.runtime.device import ensure_context
+from kaio.runtime.device import current, ensure_context
 from kaio.runtime.launcher import build_launcher
 from kaio.runtime.module import Resources, load, select_arch
 from kaio.runtime.stream import stream_handle
@@ -26,24 +26,6 @@ __all__ = ["Launch", "resources"]
 # Kernel._launchers[_DISPATCH] is the runtime's list of launchers, most recently built first.
 _DISPATCH = "runtime"
 _MAX_LAUNCHERS = 8
-
-
-def _resolve_simulation_active() -> bool:
-    """Bind ``_sim_active`` to ``kaio.sim.mode.active`` (or to a constant False while the
-    simulator is absent) on first use, then answer it."""
-    global _sim_active
-    try:
-        from kaio.sim.mode import active
-    except ImportError:
-
-        def active() -> bool:
-            return False
-
-    _sim_active = active
-    return active()
-
-
-_sim_active = _resolve_simulation_active
 
 
 class Launch:
@@ -62,7 +44,7 @@ class Launch:
         self._bound: list = []  # those functions, in the kernel's launcher order
 
     def __call__(self, *args, **kwargs) -> None:
-        if _sim_active():
+        if current.simulating:
             from kaio.sim.launcher import run_simulated
 
             return run_simulated(self.kernel, self.config, args, kwargs)

@@ -15,9 +15,10 @@ last the slow path, which raises ``LaunchError`` for wrong arguments). Per launc
   ``get_device()``, rank and ``is_contiguous()``; a contiguous CuPy array's ``dtype.char``,
   ``ndim``, ``flags.c_contiguous`` and ``data.device_id``. Other CUDA arrays (any
   ``__cuda_array_interface__`` or DLPack producer, strided CuPy arrays) are described in full;
-- writes all kernel parameters (a tensor map's 128 encoded bytes too) with one
-  ``struct.pack_into`` into the launcher's preallocated ctypes buffer (a scalar out of its
-  type's range fails here, and the slow path explains it);
+- writes all kernel parameters with one ``struct.pack_into`` into a preallocated ctypes
+  buffer: a ``DeviceArray``'s pointer and shape (and strides) as the bytes its ``ArgInfo``
+  packed when it was made, a tensor map's 128 encoded bytes, other values one by one (a scalar
+  out of its type's range fails here, and the slow path explains it);
 - calls libcuda's ``cuLaunchKernelEx`` through ctypes with no ``argtypes`` (ctypes'
   per-argument ``from_param`` conversions cost more than the rest of the launch) and four
   arguments made once per binding: a ``CUlaunchConfig`` struct (grid, block, shared bytes,
@@ -30,9 +31,11 @@ last the slow path, which raises ``LaunchError`` for wrong arguments). Per launc
   expect it, and the TMA load faults with an illegal instruction (seen on an H200), while
   ``kernelParams`` lets the driver lay the parameters out itself.
 
-Packing and the driver call run under the launcher's lock, so threads launching the same
-signature at once never overwrite each other's parameters (ctypes releases the GIL in the
-call). The grid and block are validated against the device and the kernel once per binding.
+Each launch takes a parameter buffer off the launcher's free list and puts it back after the
+driver call, so threads launching the same signature at once never overwrite each other's
+parameters; a thread that finds the list empty makes another buffer. The driver call keeps the
+GIL (a ``PYFUNCTYPE`` prototype). The grid and block are validated against the device and the
+kernel once per binding.
 A kernel compiled in debug mode also passes its error record's address as the last parameter
 and, after each launch, synchronizes the stream and raises ``kaio.OutOfBoundsError`` when a
 thread failed a bounds check (``kaio.runtime.debug``).
@@ -43,7 +46,6 @@ from __future__ import annotations
 import ctypes
 import re
 import struct
-import threading
 from collections.abc import Callable
 
 import ml_dtypes
@@ -53,7 +55,7 @@ from kaio.errors import CudaError, LaunchError
 from kaio.runtime.arginfo import ArgInfo
 from kaio.runtime.arguments import describe, is_cupy, is_torch
 from kaio.runtime.device import Device, current
-from kaio.runtime.driver import cuda_error, last_launched, libcuda
+from kaio.runtime.driver import cuda_error, last_launched_slot, libcuda
 from kaio.runtime.memory import DeviceArray
 from kaio.tensormap import TensorMap
 from kaio.types import ArrayType
@@ -104,6 +106,29 @@ def entry_offsets(fmt: str) -> list[int]:
             offsets.append(at)
         at += size
     return offsets
+
+
+def merge_entries(fmt: str, runs: dict[int, int]) -> str:
+    """``fmt`` (a ``param_format``) with each run of ``runs[i]`` entries from entry ``i`` on
+    (an array's pointer, shape and strides: 8-byte entries with no padding between them) made
+    one bytes entry, ``"{8 * runs[i]}s"``, which a launch fills from ``ArgInfo.abi_c`` or
+    ``abi_a`` in one copy."""
+    out, entry, skip = "=", 0, 0
+    for count, code in re.findall(r"(\d*)([a-zA-Z?])", fmt):
+        if code == "x":
+            if skip:
+                raise ValueError(f"padding inside a merged run of entries in {fmt!r}")
+            out += count + code
+            continue
+        if skip:
+            skip -= 1
+        elif entry in runs:
+            out += f"{8 * runs[entry]}s"
+            skip = runs[entry] - 1
+        else:
+            out += count + code
+        entry += 1
+    return out
 
 
 def bf16_bits(value) -> int:
@@ -196,17 +221,19 @@ def launch_abi(kernel, spec) -> list[tuple[int, str]]:
     return abi
 
 
-def array_code(k: int, arg, info: ArgInfo, layout: str, env: dict) -> tuple[str, str]:
+def array_code(k: int, arg, info: ArgInfo, layout: str, env: dict) -> tuple[str, str, bool]:
     """For array argument ``k`` (built from ``arg``, described by ``info``): the condition
-    under which a later argument does NOT have this signature, and its pack_into entries.
-    Stores the values the condition compares with in ``env``."""
+    under which a later argument does NOT have this signature, its pack_into entries, and
+    whether those are the ``ArgInfo``'s pre-packed bytes (one bytes entry) rather than one
+    value per parameter. Stores the values the condition compares with in ``env``."""
     a, ndim = f"a{k}", len(info.shape)
     env[f"T{k}"] = type(arg)
     if type(arg) is DeviceArray:
         env[f"S{k}"] = info.sig
         return (
             f"type({a}) is not T{k} or (i{k} := {a}._info).sig is not S{k}",
-            f"*i{k}.abi_{layout.lower()}",
+            f"i{k}.abi_{layout.lower()}",
+            True,
         )
     if is_torch(arg):
         env[f"D{k}"] = arg.dtype
@@ -215,6 +242,7 @@ def array_code(k: int, arg, info: ArgInfo, layout: str, env: dict) -> tuple[str,
             f"type({a}) is not T{k} or {a}.dtype is not D{k} or {a}.get_device() != DEV or "
             f"len(s{k} := {a}.shape) != {ndim} or {'' if strided else 'not '}{a}.is_contiguous()",
             f"{a}.data_ptr(), *s{k}" + (f", *{a}.stride()" if strided else ""),
+            False,
         )
     if is_cupy(arg) and layout == "C":
         env[f"D{k}"] = arg.dtype.char
@@ -222,11 +250,13 @@ def array_code(k: int, arg, info: ArgInfo, layout: str, env: dict) -> tuple[str,
             f"type({a}) is not T{k} or {a}.dtype.char != D{k} or {a}.ndim != {ndim} or "
             f"not {a}.flags.c_contiguous or (d{k} := {a}.data).device_id != DEV",
             f"d{k}.ptr, *{a}.shape",
+            False,
         )
     env[f"S{k}"] = info.sig
     return (
         f"type({a}) is not T{k} or (i{k} := describe({a})) is None or i{k}.sig is not S{k}",
-        f"*i{k}.abi_{layout.lower()}",
+        f"i{k}.abi_{layout.lower()}",
+        True,
     )
 
 
@@ -250,7 +280,9 @@ def raw_launch_kernel():
     """libcuda's ``cuLaunchKernelEx(config, function, kernelParams, extra)`` through a ctypes
     prototype with no ``argtypes``: each argument must already be a ctypes pointer
     (``c_void_p``, ``byref``) or None (NULL), so the call converts nothing. Four arguments
-    instead of ``cuLaunchKernel``'s eleven: the configuration is a struct filled once."""
+    instead of ``cuLaunchKernel``'s eleven: the configuration is a struct filled once. A
+    ``PYFUNCTYPE`` prototype: the call keeps the GIL, as PyTorch's and CuPy's launches do,
+    since releasing and taking it back costs more than the driver takes to enqueue."""
     global _raw_launch
     if _raw_launch is None:
         lib = libcuda()
@@ -261,8 +293,18 @@ def raw_launch_kernel():
                 "CUDA_ERROR_NOT_SUPPORTED",
                 801,
             )
-        _raw_launch = ctypes.CFUNCTYPE(ctypes.c_int)(("cuLaunchKernelEx", lib))
+        _raw_launch = ctypes.PYFUNCTYPE(ctypes.c_int)(("cuLaunchKernelEx", lib))
     return _raw_launch
+
+
+def parameter_slot(size: int, offsets: list[int]) -> tuple:
+    """A parameter buffer of ``size`` bytes (as a writable memoryview, which ``pack_into``
+    takes faster than the ctypes array it views) and the ``kernelParams`` array of pointers to
+    its entries at ``offsets`` (None when the kernel has no parameters)."""
+    buf = (ctypes.c_uint8 * max(size, 8))()
+    base = ctypes.addressof(buf)
+    pointers = (ctypes.c_void_p * len(offsets))(*(base + o for o in offsets)) if offsets else None
+    return memoryview(buf), pointers
 
 
 def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
@@ -273,11 +315,7 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
     record = loaded.debug  # debug mode: the error record's address is the last parameter
     if record is not None:
         fmt, size = record.extend_format(fmt, size)
-    buf = (ctypes.c_uint8 * max(size, 8))()
     offsets = entry_offsets(fmt)
-    pointers = (ctypes.c_void_p * max(len(offsets), 1))(
-        *(ctypes.addressof(buf) + o for o in offsets)
-    )
     declared = kernel.block_size
 
     def admit(grid, block, shared):
@@ -290,41 +328,40 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         Device(loaded.device.ordinal).set_current()
 
     env = {
-        "pack": struct.Struct(fmt).pack_into,
         "PACK_ERRORS": (struct.error, TypeError, OverflowError, ValueError),
-        "buf": buf,
-        "keep": pointers,
         "FUNC": ctypes.c_void_p(loaded.handle),
-        "PARAMS": pointers if offsets else None,
         "config_struct": LaunchConfigStruct,
         "byref": ctypes.byref,
         "launch_kernel": raw_launch_kernel(),
         "current": current,
         "describe": _describe_quiet,
         "bf16_bits": bf16_bits,
-        "last": last_launched,
+        "last_slot": last_launched_slot,
         "NAME": loaded.name,
         "DEV": loaded.device.ordinal,
         "admit": admit,
         "fail": fail,
         "recover": recover,
     }
-    # One thread at a time packs ``buf`` and launches from it (the methods, bound once, cost
-    # less per launch than a ``with`` block).
-    lock = threading.Lock()
-    env["acquire"], env["release"] = lock.acquire, lock.release
     conditions, entries = [], []
+    runs: dict[int, int] = {}  # first entry -> entries packed as one ArgInfo bytes entry
+    entry = 0
     for k, kind in launch_abi(kernel, spec):
+        count = 1
         if kind in ("C", "A"):
-            condition, entry = array_code(k, args[k], infos[k], kind, env)
+            condition, values, whole = array_code(k, args[k], infos[k], kind, env)
             conditions.append(condition)
-            entries.append(entry)
+            entries.append(values)
+            count = 1 + len(infos[k].shape) * (2 if kind == "A" else 1)
+            if whole:
+                runs[entry] = count
         elif kind == "tensormap":  # the map's 128 bytes, encoded once per TensorMap
             env["TensorMap"] = TensorMap
             conditions.append(f"type(a{k}) is not TensorMap")
             entries.append(f"a{k}.encoded()")
         else:
             entries.append(f"bf16_bits(a{k})" if kind == "bf16" else f"a{k}")
+        entry += count
     for k, name in enumerate(kernel.param_names):
         if name in kernel.constexpr_names:
             env[f"C{k}"] = args[k]
@@ -332,40 +369,57 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
     if record is not None:
         env["RECORD"], env["debug_check"] = record.pointer, record.check
         entries.append("RECORD")
-    call = "launch_kernel(CONFIG, FUNC, PARAMS, None)"
+    env["pack"] = struct.Struct(merge_entries(fmt, runs)).pack_into
+    # Free parameter buffers: a launch pops one (list.pop is atomic), packs and launches from
+    # it, and puts it back, so threads launching this signature at once never share a buffer.
+    # Only such a collision allocates another.
+    env["free"] = [parameter_slot(size, offsets)]
+    env["new_slot"] = lambda: parameter_slot(size, offsets)
+    call = "launch_kernel(CONFIG, FUNC, params, None)"
+    if args:
+        unpack = [
+            "        try:",
+            f"            {', '.join(f'a{i}' for i in range(len(args)))}, = args",
+            "        except ValueError:",
+            "            return False",
+        ]
+    else:
+        unpack = ["        if args:", "            return False"]
     lines = [
         "def bind(grid, block, shared, stream):",
         "    CONFIG = byref(config_struct(grid, block, shared, stream, None, 0))",
+        "    LAST = last_slot(stream)",
         "    admitted = False",
         "",
         "    def launch(args):",
         "        nonlocal admitted",
-        f"        if len(args) != {len(args)} or current.ordinal != DEV:",
+        *unpack,
+        "        if current.ordinal != DEV:",
         "            return False",
     ]
-    if args:
-        lines.append(f"        {', '.join(f'a{i}' for i in range(len(args)))}, = args")
     for condition in conditions:
         lines += [f"        if {condition}:", "            return False"]
     lines += [
         "        if not admitted:",
         "            admit(grid, block, shared)",
         "            admitted = True",
-        "        acquire()",
         "        try:",
-        "            try:",
-        f"                pack(buf, 0, {', '.join(entries)})",
-        "            except PACK_ERRORS:",
-        "                return False",
+        "            buf, params = slot = free.pop()",
+        "        except IndexError:",
+        "            buf, params = slot = new_slot()",
+        "        try:",
+        f"            pack(buf, 0, {', '.join(entries)})",
+        "        except PACK_ERRORS:",
+        "            free.append(slot)",
+        "            return False",
+        f"        rc = {call}",
+        f"        if rc == {_CUDA_ERROR_INVALID_CONTEXT}:",
+        "            recover()",
         f"            rc = {call}",
-        f"            if rc == {_CUDA_ERROR_INVALID_CONTEXT}:",
-        "                recover()",
-        f"                rc = {call}",
-        "        finally:",
-        "            release()",
+        "        free.append(slot)",
         "        if rc:",
         "            fail(rc, stream)",
-        "        last[stream] = NAME",
+        "        LAST[0] = NAME",
         *(["        debug_check(stream)"] if record is not None else []),
         "        return True",
         "",
