@@ -1068,3 +1068,17 @@ def test_launches_inside_kaio_simulate_run_on_the_simulator():
         shift_left[2, 32](x, y, 64)
     assert not kaio.sim.active()
     assert np.array_equal(y, x[1:])
+
+
+def test_half_neg_and_abs_work_on_the_sign_bit():
+    """neg/abs of f16 and bf16 flip/clear the sign bit, keeping NaN payloads, as both
+    backends lower them (the GPU's -(inf - inf) in bf16 is 0xFFFF, not 0xFFC0)."""
+    from kaio.sim import arith
+
+    rng = np.random.default_rng(3)
+    bits = rng.integers(0, 2**16, 4096, dtype=np.uint16)
+    bits[:4] = [0x7FFF, 0x7FC1, 0xFFFF, 0x7C01]  # NaNs with payloads (0x7C01: an f16 NaN)
+    for t in (kaio.f16, kaio.bf16):
+        x = bits.view(t.np_dtype)
+        assert np.array_equal(arith.neg(t, x).view(np.uint16), bits ^ 0x8000)
+        assert np.array_equal(arith.abs_(t, x).view(np.uint16), bits & 0x7FFF)

@@ -43,7 +43,27 @@ add = _arith(np.add)
 sub = _arith(np.subtract)
 mul = _arith(np.multiply)
 div = _arith(np.divide)
-neg = _arith(np.negative)
+
+
+def _sign_bit(mask: int, flip: bool):
+    """An f16/bf16 sign operation on the bits, as both backends lower it (``xor``/``and``
+    with the sign bit): a NaN keeps its payload, as on the GPU."""
+
+    def run(a):
+        bits = np.asarray(a).view(np.uint16)
+        bits = bits ^ np.uint16(mask) if flip else bits & np.uint16(mask)
+        return bits.view(a.dtype)
+
+    return run
+
+
+_neg_half = _sign_bit(0x8000, flip=True)
+_abs_half = _sign_bit(0x7FFF, flip=False)
+
+
+def neg(t: ScalarType, a):
+    """-a; integers wrap; f16/bf16 flip the sign bit (NaN payloads kept)."""
+    return _neg_half(np.asarray(a)) if _half(t) else np.negative(a)
 
 
 def _zero_signs(r, a, b, negative):
@@ -70,8 +90,11 @@ max_ = _minmax(np.maximum, _signed_zero_fmax)
 
 
 def abs_(t: ScalarType, a):
-    """|a|; the most negative integer stays itself, unsigned values are unchanged."""
-    return a if t.kind == "uint" else _arith(np.abs)(t, a)
+    """|a|; the most negative integer stays itself, unsigned values are unchanged; f16/bf16
+    clear the sign bit (NaN payloads kept)."""
+    if t.kind == "uint":
+        return a
+    return _abs_half(np.asarray(a)) if _half(t) else np.abs(a)
 
 
 def shl(t: ScalarType, a, n):
