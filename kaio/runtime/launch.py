@@ -31,7 +31,7 @@ _MAX_LAUNCHERS = 8
 class Launch:
     """A kernel bound to a launch configuration; calling it launches (or simulates) it."""
 
-    __slots__ = ("kernel", "config", "_stream", "_bound", "_bindings")
+    __slots__ = ("kernel", "config", "_stream", "_bound", "_bindings", "_first")
 
     def __init__(self, kernel, config: LaunchConfig):
         self.kernel = kernel
@@ -42,19 +42,32 @@ class Launch:
             raise LaunchError(f"{kernel.__name__}: {e}") from None
         self._bindings: dict = {}  # launcher -> its launch function bound to this config
         self._bound: list = []  # those functions, in the kernel's launcher order
+        self._first = _declines  # _bound[0]: the call that launches most often, tried alone
 
     def __call__(self, *args, **kwargs) -> None:
+        if kwargs or current.simulating:
+            return self._call_with_keywords(args, kwargs)
+        if not self._first(args):
+            self._launch_others(args)
+        return None
+
+    def _call_with_keywords(self, args: tuple, kwargs: dict) -> None:
+        """A call with keyword arguments, or any call inside ``kaio.simulate()``."""
         if current.simulating:
             from kaio.sim.launcher import run_simulated
 
             return run_simulated(self.kernel, self.config, args, kwargs)
-        if kwargs:
-            args = _positional(self.kernel, args, kwargs)
-        for launch in self._bound:
-            if launch(args):
-                return None
-        self._launch_unbound(args)
+        args = _positional(self.kernel, args, kwargs)
+        if not self._first(args):
+            self._launch_others(args)
         return None
+
+    def _launch_others(self, args: tuple) -> None:
+        """The first bound launcher declined ``args``: try the others, then the slow path."""
+        for launch in self._bound[1:]:
+            if launch(args):
+                return
+        self._launch_unbound(args)
 
     def _launch_unbound(self, args: tuple) -> None:
         """Try the kernel's launchers not bound here yet, else build one for ``args``."""
@@ -80,6 +93,12 @@ class Launch:
         launchers = self.kernel._launchers[_DISPATCH]
         self._bindings = {b: self._bindings[b] for b in launchers if b in self._bindings}
         self._bound = list(self._bindings.values())
+        self._first = self._bound[0] if self._bound else _declines
+
+
+def _declines(args: tuple) -> bool:
+    """The first launcher of a ``Launch`` that has none bound yet."""
+    return False
 
 
 def _positional(kernel, args: tuple, kwargs: dict) -> tuple:
