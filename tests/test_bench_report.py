@@ -78,6 +78,8 @@ def synthetic_run() -> dict:
             "rows": {
                 "raw ctypes cuLaunchKernelEx, extra buffer": {"host_us": 3.7, "free_us": 3.8},
                 "kaio pre-bound launch(...), DeviceArray": {"host_us": 5.1, "free_us": 5.2},
+                "kaio pre-bound launch(...), torch": {"host_us": 6.4, "free_us": 6.2},
+                "kaio add[grid, 256](...), CuPy": {"host_us": 12.5, "free_us": 12.4},
                 "triton add[grid](...), torch": {"host_us": 12.0, "free_us": 12.1},
             },
             "GPU us/kernel, back to back": 1.8,
@@ -299,6 +301,8 @@ def test_known_gaps_and_not_measured(run_dir, tmp_path, monkeypatch):
     assert "`ex2.approx.ftz`" in gaps  # the hand-written note on gelu tanh
     assert "persistent kernel" not in gaps  # the softmax note explains speed, not errors
     assert "5.10 µs (target at most 5)" in items["kaio pre-bound launch(...), DeviceArray"]
+    assert "kaio pre-bound launch(...), torch" not in items  # held only below Triton's 12.0
+    assert "not below Triton's 12.0 µs" in items["kaio add[grid, 256](...), CuPy"]
     assert "4096x4096x4096: kaio 2.00x torch._int_mm" in items["matmul int8"]
     assert "stopped at its time limit" in items["Quantized matmul suite"]
     assert "failed" in items["An extra suite suite"]
