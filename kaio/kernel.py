@@ -11,6 +11,7 @@ import hashlib
 import inspect
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kaio.errors import LaunchError
@@ -87,15 +88,27 @@ def parse_launch_config(config, default_block) -> LaunchConfig:
 
 @dataclass
 class Specialization:
-    """One compiled variant of a kernel: its constexpr values, array layouts and typed IR."""
+    """One variant of a kernel: its constexpr values, array layouts, ``key`` (a hash of the
+    sources and values that determine its code) and typed IR, ``function``, compiled on first
+    use by ``build_ir``: a launch whose cubin is in the disk cache never needs it."""
 
     kernel: Kernel
     constexprs: dict
     layouts: tuple
-    function: object
+    build_ir: Callable[[], object]
     key: str
     ptx_by_arch: dict = field(default_factory=dict)
     backend: str = "ptx"
+    _function: object = None
+
+    @property
+    def function(self):
+        """The optimized typed IR (compiled now if it was not yet)."""
+        if self._function is None:
+            with self.kernel._lock:
+                if self._function is None:
+                    self._function = self.build_ir()
+        return self._function
 
     def ptx(self, arch: str) -> str:
         """The PTX text for ``arch``, compiled once (by ``kaio.ptx`` or ``kaio.llvm``)."""
@@ -218,7 +231,8 @@ class Kernel:
                 return self._compile(constexprs, layouts, cache_key, backend)
 
     def _compile(self, constexprs: dict, layouts: tuple, cache_key: tuple, backend: str):
-        """Compile and cache one specialization (``specialize`` holds the kernel's lock)."""
+        """Make and cache one specialization, its IR compiled on first use (``specialize``
+        holds the kernel's lock)."""
         missing = [n for n in self.constexpr_names if n not in constexprs]
         if missing:
             raise LaunchError(
@@ -231,19 +245,24 @@ class Kernel:
                 f"{self.__name__}: {', '.join(unknown)} is not a constexpr parameter of this "
                 f"kernel (constexprs: {', '.join(self.constexpr_names) or 'none'})"
             )
-        from kaio.frontend import compile_kernel
-        from kaio.ir.passes import optimize
-
         twin = next((v for k, v in self._specs.items() if k[:3] == cache_key[:3]), None)
-        if twin is not None:  # the other backend's: the same IR (backends only read it)
-            function = twin.function
-        else:
+        constexprs = dict(constexprs)
+        debug = self.debug  # the flag now, as the key has it, whenever the IR is built
+
+        def build_ir():
+            if twin is not None:  # the other backend's: the same IR (backends only read it)
+                return twin.function
+            from kaio.frontend import compile_kernel
+            from kaio.ir.passes import optimize
+
             function = compile_kernel(self, constexprs, layouts)
             optimize(function)
-        if self.debug:
-            function.meta["debug"] = True  # the PTX emitter adds bounds checks
+            if debug:
+                function.meta["debug"] = True  # the PTX emitter adds bounds checks
+            return function
+
         key = self._hash(constexprs, layouts, backend)
-        spec = Specialization(self, dict(constexprs), layouts, function, key, backend=backend)
+        spec = Specialization(self, constexprs, layouts, build_ir, key, backend=backend)
         try:
             self._specs[cache_key] = spec
         except TypeError:

@@ -228,6 +228,7 @@ def test_debug_launcher_passes_the_record_and_checks_after_each_launch(fake_driv
     idx = fake_device_array(loaded.device, 0x2000, (8,), (4,))
     args = (x, idx, x, 8)
     infos = {k: describe(a) for k, a in enumerate(args) if not isinstance(a, int)}
+    loaded.params = gather.specialize().function.params
     bind = build_launcher(gather, gather.specialize(), loaded, args, infos)
     assert bind((1, 1, 1), (64, 1, 1), 0, 0x55)(args)
     fields = struct.unpack("=QqQqQqIxxxxQ", calls[-1][5][:64])

@@ -145,7 +145,9 @@ def test_concurrent_launches_never_share_a_parameter_buffer(fake_driver):  # noq
         x = fake_device_array(dev, 0x1000, (64,), (4,))
         args = (x, x, x, 1)
         infos = {k: describe(a) for k, a in enumerate(args) if not isinstance(a, int)}
-        bind = build_launcher(add, add.specialize({}, ("C", "C", "C")), loaded, args, infos)
+        spec = add.specialize({}, ("C", "C", "C"))
+        loaded.params = spec.function.params
+        bind = build_launcher(add, spec, loaded, args, infos)
         launch = bind((1, 1, 1), (64, 1, 1), 0, 0)
 
         def work(t):

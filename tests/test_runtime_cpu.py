@@ -85,6 +85,27 @@ def test_corrupt_entry_is_discarded_and_rebuilt(tmp_path, damage):
     assert len(builds) == 2
 
 
+def test_cache_entries_hold_the_cubin_and_what_a_launch_needs():
+    from kaio.runtime.module import pack_entry, unpack_entry
+
+    spec = add.specialize({}, ("C", "C", "A"))
+    meta = {
+        "name": "add",
+        "reqntid": [256, 1, 1],
+        "maxntid": None,
+        "params": [
+            [p.name, p.role, p.source, p.dim, p.value.type.name] for p in spec.function.params
+        ],
+    }
+    cubin = bytes(np.random.default_rng(2).integers(0, 256, 999, dtype=np.uint8))
+    entry = pack_entry(meta, cubin)
+    assert unpack_entry(entry) == (meta, cubin)
+    assert unpack_entry(None) is None
+    assert unpack_entry(cubin) is None  # a bare cubin, as an older kaio cached: rebuilt
+    assert unpack_entry(entry[:20]) is None  # torn inside the metadata
+    assert unpack_entry(pack_entry({"name": "add"}, cubin)) is None  # fields missing
+
+
 def test_unwritable_cache_warns_once_and_never_raises(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
@@ -307,7 +328,12 @@ def test_param_format_aligns_every_entry():
 
 def test_launch_abi_follows_layouts():
     spec = add.specialize({}, ("C", "C", "A"))
-    assert launch_abi(add, spec) == [(0, "C"), (1, "C"), (2, "A"), (3, "u32")]
+    assert launch_abi(add, spec.layouts, spec.function.params) == [
+        (0, "C"),
+        (1, "C"),
+        (2, "A"),
+        (3, "u32"),
+    ]
     fmt, size = param_format(spec.function.params)
     assert fmt == "=QqQqQqqI" and size == 60
 
@@ -439,6 +465,7 @@ def build(kernel, spec, loaded, args):
     from kaio.runtime.launcher import build_launcher
 
     infos = {k: describe(a) for k, a in enumerate(args) if not isinstance(a, int)}
+    loaded.params = spec.function.params  # what load() reads from the compiled kernel
     return build_launcher(kernel, spec, loaded, args, infos)
 
 

@@ -387,6 +387,28 @@ def test_disk_cache_hit_in_new_process(tmp_path):
     assert _run(code, env) == "False"
 
 
+def test_warm_disk_cache_launch_compiles_nothing(tmp_path):
+    """A new process whose kernel is in the disk cache launches it without the Python front
+    end or the PTX emitter (both made to fail there) and gets the right result."""
+    code = """
+        import os
+        import numpy as np
+        import kaio, kaio.frontend, kaio.ptx
+        from tests.test_runtime_gpu import add
+        if os.environ.get("REFUSE_COMPILE"):
+            def refuse(*args, **kwargs):
+                raise AssertionError("compiled although the disk cache holds the kernel")
+            kaio.frontend.compile_kernel = kaio.ptx.emit = refuse
+        host = np.random.default_rng(5).standard_normal(1000).astype(np.float32)
+        x, out = kaio.to_device(host), kaio.to_device(np.full(1000, np.nan, np.float32))
+        add[4, 256](x, x, out, 1000)
+        print(np.array_equal(out.numpy(), host + host))
+    """
+    env = {"KAIO_CACHE_DIR": str(tmp_path)}
+    assert _run(code, env) == "True"
+    assert _run(code, {**env, "REFUSE_COMPILE": "1"}) == "True"
+
+
 def test_gpu_fault_names_the_kernel():
     code = """
         import kaio

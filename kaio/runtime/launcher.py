@@ -189,13 +189,14 @@ def validate_config(grid: tuple, block: tuple, shared: int, loaded, declared_blo
     loaded.allow_dynamic_shared(shared)
 
 
-def launch_abi(kernel, spec) -> list[tuple[int, str]]:
-    """``(argument position, kind)`` of each runtime parameter with launch entries, in order:
+def launch_abi(kernel, layouts: tuple, params: list) -> list[tuple[int, str]]:
+    """``(argument position, kind)`` of each runtime parameter with launch entries (``params``:
+    the compiled kernel's, for array ``layouts``), in order:
     the layout ('C' or 'A') for arrays, checked against the documented launch ABI (pointer,
     shape, and for 'A' the strides), ``"tensormap"`` for tensor maps, else the scalar type's
     name."""
     by_source: dict[str, list] = {}
-    for p in spec.function.params:
+    for p in params:
         by_source.setdefault(p.source, []).append(p)
     abi: list[tuple[int, str]] = []
     array_index = 0
@@ -204,7 +205,7 @@ def launch_abi(kernel, spec) -> list[tuple[int, str]]:
         entries = by_source.get(name, [])
         k = position[name]
         if isinstance(annotation, ArrayType):
-            layout = spec.layouts[array_index]
+            layout = layouts[array_index]
             array_index += 1
             n = annotation.ndim
             expected = ["ptr"] + ["shape"] * n + (["stride"] * n if layout == "A" else [])
@@ -311,7 +312,7 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
     """``bind(grid, block, shared, stream) -> launch(args) -> bool`` for arguments with the
     signature of ``args`` (all parameters, in order), launching ``spec`` as ``loaded``;
     ``infos`` maps array positions to their ``ArgInfo``."""
-    fmt, size = param_format(spec.function.params)
+    fmt, size = param_format(loaded.params)
     record = loaded.debug  # debug mode: the error record's address is the last parameter
     if record is not None:
         fmt, size = record.extend_format(fmt, size)
@@ -346,7 +347,7 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
     conditions, entries = [], []
     runs: dict[int, int] = {}  # first entry -> entries packed as one ArgInfo bytes entry
     entry = 0
-    for k, kind in launch_abi(kernel, spec):
+    for k, kind in launch_abi(kernel, spec.layouts, loaded.params):
         count = 1
         if kind in ("C", "A"):
             condition, values, whole = array_code(k, args[k], infos[k], kind, env)

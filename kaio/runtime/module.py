@@ -5,11 +5,13 @@ dynamic shared memory."""
 from __future__ import annotations
 
 import ctypes
+import json
 import re
 import threading
 from dataclasses import dataclass
 
 from kaio.errors import LaunchError
+from kaio.ir.nodes import Param, Var
 from kaio.ptx.debug import declares_record
 from kaio.runtime.cache import DiskCache, cache_key
 from kaio.runtime.debug import DebugRecord
@@ -24,6 +26,7 @@ from kaio.runtime.driver import (
     libcuda,
     max_ptx_isa,
 )
+from kaio.types import SCALAR_TYPES
 
 __all__ = [
     "LoadedKernel",
@@ -69,6 +72,7 @@ class LoadedKernel:
     reqntid: tuple | None
     maxntid: int | None
     from_disk: bool
+    params: list  # the kernel's parameters (kaio.ir.nodes.Param) in launch order
     dynamic_shared_limit: int = 0
     debug: DebugRecord | None = None  # debug mode: the bounds checks' error record
 
@@ -220,43 +224,88 @@ def check_static_shared(function, name: str, device: Device) -> None:
 
 
 def _load(spec, device: Device, arch: str) -> LoadedKernel:
-    """Link (or read from the disk cache) and load one kernel: ``load`` without the memo."""
+    """Load one kernel: from the disk cache, which holds each cubin with what a launch needs
+    to know of the kernel (entry name, block constraints, parameters), so that a new process
+    neither compiles the Python nor runs the driver's JIT; else compile, link and cache it.
+    ``load`` without the memo."""
+    cache = disk_cache()
+    key = cache_key(spec.key, arch, driver_version())
+    cached = None if spec.kernel.debug else unpack_entry(cache.get(key))
+    if cached is not None:
+        meta, cubin = cached
+        err, module = cu.cuModuleLoadData(cubin)
+        if err == cu.CUresult.CUDA_SUCCESS:  # else an entry this driver rejects: rebuilt
+            return _loaded_kernel(module, meta, device, from_disk=True)
     check_static_shared(spec.function, spec.kernel.__name__, device)
     ptx = spec.ptx(arch)
     entry = _ENTRY.search(ptx)
     if entry is None:
         raise LaunchError(f"the PTX of {spec.kernel.__name__} has no .entry")
     name = entry.group(1)
-    version = driver_version()
-    check_ptx_supported(ptx, version, name)
-    cache = disk_cache()
-    key = cache_key(spec.key, arch, version)
-    cubin = cache.get(key)
-    from_disk = cubin is not None
-    module = None
-    if from_disk:
-        err, module = cu.cuModuleLoadData(cubin)
-        if err != cu.CUresult.CUDA_SUCCESS:  # an entry this driver rejects: rebuilt below
-            from_disk, module = False, None
-    if module is None:
-        cubin = link_ptx(ptx, name, arch)
-        cache.put(key, cubin)
-        module = check(cu.cuModuleLoadData(cubin), f"loading kernel {name}")
-    function = check(cu.cuModuleGetFunction(module, name.encode()), f"cuModuleGetFunction({name})")
+    check_ptx_supported(ptx, driver_version(), name)
     req, maxn = _REQNTID.search(ptx), _MAXNTID.search(ptx)
-    maxntid = None
-    if maxn is not None:
-        x, y, z = _dims(maxn)
-        maxntid = x * y * z
-    loaded = LoadedKernel(
+    meta = {
+        "name": name,
+        "reqntid": list(_dims(req)) if req else None,
+        "maxntid": _product(_dims(maxn)) if maxn else None,
+        "params": [
+            [p.name, p.role, p.source, p.dim, p.value.type.name] for p in spec.function.params
+        ],
+    }
+    cubin = link_ptx(ptx, name, arch)
+    cache.put(key, pack_entry(meta, cubin))
+    module = check(cu.cuModuleLoadData(cubin), f"loading kernel {name}")
+    loaded = _loaded_kernel(module, meta, device, from_disk=False)
+    if declares_record(ptx):
+        loaded.debug = DebugRecord(name, ptx, device)
+    return loaded
+
+
+def _product(dims: tuple) -> int:
+    x, y, z = dims
+    return x * y * z
+
+
+def _loaded_kernel(module, meta: dict, device: Device, from_disk: bool) -> LoadedKernel:
+    name = meta["name"]
+    function = check(cu.cuModuleGetFunction(module, name.encode()), f"cuModuleGetFunction({name})")
+    return LoadedKernel(
         name=name,
         module=module,
         function=function,
         handle=int(function),
         device=device,
-        reqntid=_dims(req) if req else None,
-        maxntid=maxntid,
+        reqntid=tuple(meta["reqntid"]) if meta["reqntid"] else None,
+        maxntid=meta["maxntid"],
         from_disk=from_disk,
-        debug=DebugRecord(name, ptx, device) if declares_record(ptx) else None,
+        params=[
+            Param(n, Var(n, SCALAR_TYPES[t]), role, source, dim)
+            for n, role, source, dim, t in meta["params"]
+        ],
     )
-    return loaded
+
+
+_ENTRY_MAGIC = b"KAIOKRN1"
+
+
+def pack_entry(meta: dict, cubin: bytes) -> bytes:
+    """A disk-cache entry: ``meta`` (JSON) and the cubin."""
+    text = json.dumps(meta).encode()
+    return _ENTRY_MAGIC + len(text).to_bytes(4, "little") + text + cubin
+
+
+def unpack_entry(payload: bytes | None) -> tuple[dict, bytes] | None:
+    """``(meta, cubin)`` of a ``pack_entry`` payload; None for anything else (no entry, or
+    one an older kaio wrote), which the caller rebuilds."""
+    head = len(_ENTRY_MAGIC) + 4
+    if payload is None or len(payload) < head or not payload.startswith(_ENTRY_MAGIC):
+        return None
+    length = int.from_bytes(payload[len(_ENTRY_MAGIC) : head], "little")
+    try:
+        meta = json.loads(payload[head : head + length])
+        fields = {"name", "reqntid", "maxntid", "params"}
+        if not isinstance(meta, dict) or not fields <= set(meta):
+            return None
+    except ValueError:
+        return None
+    return meta, payload[head + length :]
