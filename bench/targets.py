@@ -157,16 +157,17 @@ NOTES: tuple[Note, ...] = (
         "The driver call alone, with nothing left to prepare, is the raw ctypes "
         "rows' figure; kaio's own cost is the difference to it (per torch tensor five reads "
         "through torch's API: `dtype`, `get_device()`, `shape`, `is_contiguous()`, "
-        "`data_ptr()`, 56 to 127 ns each on an H200 host; CuPy's `flags` costs 211 ns).",
+        "`data_ptr()`, 56 to 127 ns each on an H200 host; CuPy's `flags` costs 211 ns). The "
+        "floor differs from host to host more than kaio's share does: in two runs on H200 "
+        "machines on 2026-11-22 with the same launch code, the raw call took 3.54 µs on one "
+        "(kaio's pre-bound DeviceArray launch 4.24 µs, subscripted 4.34, Triton 11.60) and "
+        "4.95 µs on another (kaio 6.48 and 6.81, Triton 18.64).",
     ),
 )
 
 OPEN_GAPS: tuple[str, ...] = (
     "The time to simulate a 128x128x128 tensor-core matmul is not measured yet "
     "(`bench/sim_speed.py` covers two SIMT kernels).",
-    "A warm disk cache saves nothing measurable on the first launch of a small kernel: `load()` "
-    "still runs the Python front end and emits the PTX before it looks the cubin up, so only "
-    "the driver's JIT link is skipped.",
 )
 
 # (suite pattern, op pattern, family): ops of one family share a plot; an op matching none is
