@@ -32,7 +32,7 @@ from llvmlite import ir
 from kaio.ir.nodes import Array, Const, Function, Instr, Param, walk
 from kaio.llvm.tensor import members, operands, read, shared_address, write
 from kaio.llvm.typemap import CONVERGENT, EFFECTS, FLOAT, I8, I32, I64, VOID, int_const
-from kaio.ptx.hopper import _SWIZZLE_MODE, ALIGNED_OPS, _check_tile, _split
+from kaio.ptx.hopper import _SWIZZLE_MODE, ALIGNED_OPS, _check_tile, _split, tma_load_operands
 from kaio.ptx.tensor import frag_registers
 
 TENSOR_MAP = ir.ArrayType(I8, 128)
@@ -240,11 +240,7 @@ def lower_mbarrier_wait(g, ins: Instr) -> None:
 def lower_tma_load(g, ins: Instr) -> None:
     """``cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [dst],
     [map, {col, row}], [bar]``."""
-    g.target.require("tma", "kaio.tma_load_2d()", g.loc)
-    dst, dst_idx, rest = _split(ins, 0)
-    _check_tile(g, dst, "kaio.tma_load_2d()")
-    tmap, row, col = rest[:3]
-    bar, bar_idx, _ = _split(ins, len(ins.args) - len(rest) + 3)
+    dst, dst_idx, tmap, row, col, bar, bar_idx = tma_load_operands(g, ins)
     op = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
     text = f"{op} [$0], [$1, {{$2, $3}}], [$4];"
     args = [shared_address(g, dst, dst_idx), g.value(tmap), g.value(col), g.value(row)]

@@ -138,14 +138,23 @@ def lower_mbarrier_wait(e, ins: Instr) -> None:
     e.line(f"@!{p} bra {again}")
 
 
-def lower_tma_load(e, ins: Instr) -> None:
-    """``cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [dst],
-    [map, {col, row}], [bar]``."""
+def tma_load_operands(e, ins: Instr) -> tuple:
+    """``(dst, dst_idx, map, row, col, bar, bar_idx)`` of a ``tma_load`` (args: the shared
+    tile, its indices, the map, the row and column, the barrier, its indices), after checking
+    that the target has TMA and the tile's alignment. ``e`` is either backend's lowering
+    context (``target``, ``loc``)."""
     e.target.require("tma", "kaio.tma_load_2d()", e.loc)
     dst, dst_idx, rest = _split(ins, 0)
     _check_tile(e, dst, "kaio.tma_load_2d()")
     tmap, row, col = rest[:3]
     bar, bar_idx, _ = _split(ins, len(ins.args) - len(rest) + 3)
+    return dst, dst_idx, tmap, row, col, bar, bar_idx
+
+
+def lower_tma_load(e, ins: Instr) -> None:
+    """``cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [dst],
+    [map, {col, row}], [bar]``."""
+    dst, dst_idx, tmap, row, col, bar, bar_idx = tma_load_operands(e, ins)
     d = address(e, dst, dst_idx)
     b = address(e, bar, bar_idx)
     src = f"[{e.param_address(tmap)}, {{{e.r(col)}, {e.r(row)}}}]"
