@@ -7,8 +7,12 @@ x is ``[S, D]`` or ``[S, H, D]`` (positions, heads, head dim; D even); ``cos`` a
 ``interleaved`` (GPT-J, Meta's original Llama) and ``(x[j], x[j + D/2])`` otherwise (the
 half-split layout of GPT-NeoX and Hugging Face Llama).
 
-The kernel is a grid-stride loop over units of ``VEC`` pairs of one row: one 16-byte access
-per operand (two for x's pairs), or one element each on the scalar path (``VEC == 1``).
+The kernel is a grid-stride loop over units of one row. Interleaved, a unit is one 16-byte
+chunk of x (``VEC`` elements, ``VEC / 2`` pairs) with 8-byte reads of cos and sin, so each
+warp access covers whole 32-byte sectors (two chunks of a unit, stored apart in time, left
+half-written sectors behind: docs/llvm-backend.md).
+Half-split, a unit is ``VEC`` pairs: one 16-byte access per operand, two for x. On the scalar
+path (``VEC == 1``) every access is one element.
 """
 
 from __future__ import annotations
@@ -46,31 +50,43 @@ def _rope(
     INTERLEAVED: kaio.constexpr,
     VEC: kaio.constexpr,
 ):
-    per_row = half // VEC
+    NP = VEC // 2 if INTERLEAVED and VEC > 1 else VEC  # pairs a unit (pairs_per_unit)
+    per_row = half // NP
     stride = kaio.grid_dim_x() * kaio.block_dim_x()
     u = kaio.block_idx_x() * kaio.block_dim_x() + kaio.thread_idx_x()
     while u < units:
         row = u // per_row
-        j = (u - row * per_row) * VEC  # the unit's first pair
-        cv = kaio.local(f32, (VEC,))
-        sv = kaio.local(f32, (VEC,))
-        xv = kaio.local(f32, (2 * VEC,))
+        j = (u - row * per_row) * NP  # the unit's first pair
+        cv = kaio.local(f32, (NP,))
+        sv = kaio.local(f32, (NP,))
+        xv = kaio.local(f32, (2 * NP,))
         at = (row // heads) * half + j
-        load_f32(cv, 0, cos, at, VEC)
-        load_f32(sv, 0, sin, at, VEC)
-        # pairs (x[2j], x[2j+1]) from two chunks, or (x[j], x[j + half]) from two chunks
-        first = row * 2 * half + (2 * j if INTERLEAVED else j)
-        second = first + VEC if INTERLEAVED else first + half
-        load_f32(xv, 0, x, first, VEC)
-        load_f32(xv, VEC, x, second, VEC)
-        for p in kaio.static_range(VEC):
-            if INTERLEAVED:
+        load_f32(cv, 0, cos, at, NP)
+        load_f32(sv, 0, sin, at, NP)
+        if INTERLEAVED:
+            # pairs (x[2j], x[2j+1]): one chunk, or two elements on the scalar path
+            first = row * 2 * half + 2 * j
+            for c in kaio.static_range(2 * NP // VEC):
+                load_f32(xv, c * VEC, x, first + c * VEC, VEC)
+            for p in kaio.static_range(NP):
                 rotate(xv, 2 * p, 2 * p + 1, cv[p], sv[p])
-            else:
+            for c in kaio.static_range(2 * NP // VEC):
+                store_f32(out, first + c * VEC, xv, c * VEC, VEC)
+        else:
+            # pairs (x[j], x[j + half]) from two chunks
+            first = row * 2 * half + j
+            load_f32(xv, 0, x, first, VEC)
+            load_f32(xv, VEC, x, first + half, VEC)
+            for p in kaio.static_range(VEC):
                 rotate(xv, p, VEC + p, cv[p], sv[p])
-        store_f32(out, first, xv, 0, VEC)
-        store_f32(out, second, xv, VEC, VEC)
+            store_f32(out, first, xv, 0, VEC)
+            store_f32(out, first + half, xv, VEC, VEC)
         u += stride
+
+
+def pairs_per_unit(interleaved: bool, vec: int) -> int:
+    """The pairs one thread rotates a unit (the kernel's ``NP``)."""
+    return vec // 2 if interleaved and vec > 1 else vec
 
 
 _KERNEL = by_dtype(_rope)
@@ -95,7 +111,7 @@ def rope(x, cos, sin, interleaved: bool = False):
     if a.size == 0:
         return out
     vec = vector_width(a, c, s, multiple_of=half)
-    units = a.size // 2 // vec
+    units = a.size // 2 // pairs_per_unit(interleaved, vec)
     heads = a.shape[1] if len(a.shape) == 3 else 1
     grid = max(1, min(MAX_BLOCKS, -(-units // BLOCK)))
     _KERNEL[a.dtype][grid, BLOCK, _arrays.stream_of(a)](

@@ -359,6 +359,29 @@ def test_every_shipped_specialization_assembles():
 # --------------------------------------------------------------------------- GPU
 
 
+# Under compute-sanitizer (docs/testing.md) KAIO_SANITIZER_SHAPES=1 runs the GPU tests below
+# at small shapes: racecheck tracks every shared-memory access, and at the sizes given the
+# attention tests alone take more than half an hour under it. Every kernel specialization
+# still runs (head dims, dtypes, masks, head groups and sequence tails are kept); the batch,
+# the number of heads and the longest sequences shrink.
+SANITIZER_SHAPES = os.environ.get("KAIO_SANITIZER_SHAPES") == "1"
+
+
+def _gpu_seq(s: int) -> int:
+    """A GPU test's sequence length: ``s``, or 520 (eight 64-row tiles and a tail) for
+    sequences over 1100 under KAIO_SANITIZER_SHAPES=1."""
+    return 520 if SANITIZER_SHAPES and s > 1100 else s
+
+
+def _gpu_heads(b: int, h: int, hkv: int) -> tuple[int, int, int]:
+    """A GPU test's (batch, heads, kv heads): as given, or one batch with at most two kv
+    heads (the group size kept) under KAIO_SANITIZER_SHAPES=1."""
+    if not SANITIZER_SHAPES:
+        return b, h, hkv
+    f = hkv // min(hkv, 2)
+    return 1, h // f, hkv // f
+
+
 def _torch(shape, dtype, gen):
     import torch
 
@@ -388,6 +411,7 @@ def _rel_t(out, ref) -> float:
 def test_gpu_attention_flash_against_sdpa(s, d, causal):
     import torch
 
+    s = _gpu_seq(s)
     gen = torch.Generator(device="cuda").manual_seed(s + d)
     q, k, v = (_torch((s, d), torch.float32, gen) for _ in range(3))
     out, lse = kaio_ops.attention_flash_with_stats(q, k, v, causal=causal)
@@ -405,6 +429,7 @@ def test_gpu_attention_flash_against_sdpa(s, d, causal):
 def test_gpu_attention_flash_bwd_against_autograd(s, d, causal):
     import torch
 
+    s = _gpu_seq(s)
     gen = torch.Generator(device="cuda").manual_seed(s)
     q, k, v, do = (_torch((s, d), torch.float32, gen) for _ in range(4))
     o, lse = kaio_ops.attention_flash_with_stats(q, k, v, causal=causal)
@@ -445,6 +470,7 @@ def test_gpu_attention_tc_against_sdpa(sq, sk, d, dv, causal):
 def test_gpu_flash_attention_against_sdpa(b, h, hkv, s, d, causal, dtype):
     import torch
 
+    (b, h, hkv), s = _gpu_heads(b, h, hkv), _gpu_seq(s)
     dt = getattr(torch, dtype)
     gen = torch.Generator(device="cuda").manual_seed(s + d)
     q = _torch((b, h, s, d), dt, gen)
@@ -481,6 +507,7 @@ def test_gpu_device_array_inputs():
 def test_gpu_flash_attention_bwd_against_autograd(b, h, hkv, s, d, causal, dtype):
     import torch
 
+    (b, h, hkv), s = _gpu_heads(b, h, hkv), _gpu_seq(s)
     dt = getattr(torch, dtype)
     gen = torch.Generator(device="cuda").manual_seed(s + d + 1)
     q, do = (_torch((b, h, s, d), dt, gen) for _ in range(2))
