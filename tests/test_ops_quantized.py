@@ -90,6 +90,18 @@ def test_int4_decode_shapes_in_simulator(m, n, k):
     np.testing.assert_allclose(c, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
 
 
+@pytest.mark.parametrize("m", [1, 9])
+def test_int4_decode_long_k_in_simulator(m):
+    """K long enough that each warp of the decode kernel goes round its two register buffers
+    more than once, the last round partial and uneven across warps (K = 4096 is one round)."""
+    warps = _int4_decode.WARPS
+    a, packed, scales, w = int4_case(m, 8, 128 * (3 * warps + 3))
+    with kaio.simulate():
+        c = kaio_ops.matmul_int4(a, packed, scales)
+    ref = a.astype(np.float64) @ w.astype(np.float64)
+    np.testing.assert_allclose(c, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
 def test_int4_packing_reference_matches_the_documented_layout():
     q = RNG.integers(-8, 8, (16, 3))
     words = pack_int4(q)
