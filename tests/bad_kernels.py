@@ -82,6 +82,12 @@ def int_true_div(out: f32[:], n: u32):
 
 
 @kaio.gpu_kernel
+def runtime_in(out: f32[:], n: u32):
+    if n in (1, 2):  # ERR
+        out[0] = 1.0
+
+
+@kaio.gpu_kernel
 def wrong_arity(out: f32[:]):
     out[0] = kaio.fma(1.0, 2.0)  # ERR
 

@@ -2,9 +2,11 @@
 
 import inspect
 
+import numpy as np
 import pytest
 
 import kaio
+from kaio import f32
 from tests import bad_kernels
 
 CASES = {
@@ -33,6 +35,7 @@ CASES = {
     "global_list": "cannot be used as a value",
     "negative_unsigned_range": "negative step",
     "assert_stmt": "'assert'",
+    "runtime_in": "compile-time values only",
 }
 
 
@@ -74,3 +77,23 @@ def test_calling_a_kernel_directly_is_an_error():
 def test_builtins_outside_kernels_raise():
     with pytest.raises(RuntimeError, match="inside a @kaio.gpu_kernel"):
         kaio.thread_idx_x()
+
+
+OPS_WITH_FAST_PATH = ("scale", "shift")
+
+
+@kaio.gpu_kernel
+def _membership(out: f32[:], OP: kaio.constexpr):
+    if OP in OPS_WITH_FAST_PATH and OP not in ("shift",):
+        out[0] = 1.0
+    else:
+        out[0] = 2.0
+
+
+@pytest.mark.parametrize("op, expected", [("scale", 1.0), ("shift", 2.0), ("other", 2.0)])
+def test_in_between_compile_time_values_is_decided_at_compile_time(op, expected):
+    out = np.full(1, np.nan, np.float32)
+    with kaio.simulate():
+        _membership[1, 1](out, OP=op)
+    assert out[0] == expected
+    assert _membership.ir(OP=op).count("store") == 1  # decided while compiling: no branch

@@ -105,6 +105,8 @@ _PY_CMPOPS = {
     ast.Eq: operator.eq,
     ast.NotEq: operator.ne,
 }
+# membership tests, between compile-time values only (a constexpr in a module's tuple)
+_PY_MEMBERSHIP = {ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b}
 _IR_CMP = {ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge", ast.Eq: "eq", ast.NotEq: "ne"}
 _IR_ARITH = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul"}
 _IR_BITS = {ast.BitAnd: "and", ast.BitOr: "or", ast.BitXor: "xor"}
@@ -985,9 +987,19 @@ class Lowerer:
         result = None
         for i, (op, comp) in enumerate(zip(node.ops, node.comparators, strict=True)):
             right = self.expr(comp)
-            if type(op) not in _PY_CMPOPS:
-                self.error("only < <= > >= == != comparisons are supported in kernels", node)
-            if isinstance(left, Py) and isinstance(right, Py):
+            if type(op) in _PY_MEMBERSHIP:
+                a, b = self._plain(left, node), self._plain(right, node)
+                try:
+                    c = Py(bool(_PY_MEMBERSHIP[type(op)](a, b)))
+                except TypeError:
+                    self.error(f"cannot test {a!r} in {b!r}", node)
+            elif type(op) not in _PY_CMPOPS:
+                self.error(
+                    "only < <= > >= == != comparisons (and 'in' between compile-time values) "
+                    "are supported in kernels",
+                    node,
+                )
+            elif isinstance(left, Py) and isinstance(right, Py):
                 try:
                     c = Py(_PY_CMPOPS[type(op)](left.value, right.value))
                 except TypeError:
@@ -1001,6 +1013,20 @@ class Lowerer:
             result = c if result is None else self._and(result, c, node)
             left = right
         return result
+
+    def _plain(self, v, node):
+        """The Python value of compile-time ``v``, tuples element by element (for ``in``);
+        a CompileError when any part of it is known only at run time."""
+        if isinstance(v, Const):
+            return v.value
+        if isinstance(v, Var | Array):
+            self.error(
+                "'in' and 'not in' test compile-time values only (constexprs, module "
+                "constants); compare run-time values with == and !=",
+                node,
+            )
+        x = v.value if isinstance(v, Py) else v
+        return tuple(self._plain(e, node) for e in x) if isinstance(x, tuple) else x
 
     def _and(self, a, b, node):
         if isinstance(a, Py) and isinstance(b, Py):
