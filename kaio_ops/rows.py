@@ -9,7 +9,9 @@ which the driver's compilation can exceed). Longer rows are walked in segments o
 passes alternate direction, so each starts with the segment the previous pass left in
 registers and reads the others again. The passes:
 
-- pass 0 loads (rms_norm_residual adds the residual and stores the sum here) and accumulates:
+- pass 0 loads (rms_norm_residual adds the residual and stores the sum here; softmax and
+  rms_norm issue all of a segment's loads before converting any, see ``LOADS_FIRST``) and
+  accumulates:
   sum of squares (rms), sum (layer norm), running max and sum of exp(x - max) (softmax, which
   keeps exp(x - max of the segment) in the registers: one exp an element for rows that fit);
 - a block reduction (warp shuffles, then shared memory across warps) gives the row's
