@@ -131,7 +131,13 @@ NOTES: tuple[Note, ...] = (
         r"^softmax long rows$",
         "Rows longer than a block's registers hold are read twice "
         "(the row kernels use at most 512 threads a block, so such rows are read in "
-        "segments).",
+        "segments). A row of 262144 f32 is 16 segments of 16384; the second pass starts "
+        "with the segment still in registers and reads the other 15 again, so a call moves "
+        "2.94 times the bytes of the copy it is compared with: at most 68% of copy "
+        "bandwidth. The rows in flight (all 256 blocks are resident at once, 1 MB a row) "
+        "are four times the L2 cache (63 MB), so the second read comes from memory. Doing "
+        "better takes holding a row on chip across several multiprocessors (thread block "
+        "clusters with distributed shared memory, sm_90), which kaio does not have yet.",
     ),
     Note(
         r"^quantize_q6_k$",
