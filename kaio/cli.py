@@ -1,4 +1,5 @@
-"""The ``kaio`` command: ``kaio ptx FILE::KERNEL``, ``kaio ir FILE::KERNEL``, ``kaio info``."""
+"""The ``kaio`` command: ``kaio ptx FILE::KERNEL``, ``kaio ir FILE::KERNEL``, ``kaio info``,
+``kaio cubins [NAME ...] --out DIR``."""
 
 from __future__ import annotations
 
@@ -51,6 +52,31 @@ def _constexprs(pairs: list[str]) -> dict:
     return out
 
 
+def write_cubins(names: list[str], out: str, cache: str | None) -> int:
+    """``kaio cubins``: each cached kernel (of ``names``, or all) as ``out/NAME-KEY.cubin``,
+    one line each on stdout; 1 when none matched."""
+    from kaio.runtime.cache import DiskCache
+    from kaio.runtime.module import cached_cubins
+
+    disk = DiskCache(cache)
+    entries = [e for e in cached_cubins(disk) if not names or e[0]["name"] in names]
+    if not entries:
+        wanted = f"kernels named {', '.join(names)}" if names else "kernels"
+        print(
+            f"kaio: no {wanted} in the cache at {disk.directory}: run them on a GPU first "
+            "(KAIO_CACHE_DIR names the cache)",
+            file=sys.stderr,
+        )
+        return 1
+    os.makedirs(out, exist_ok=True)
+    for meta, key, cubin in entries:
+        path = os.path.join(out, f"{meta['name']}-{key[:12]}.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        print(f"{path}  {len(cubin)} bytes  {meta.get('variant', '')}".rstrip())
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     parser = argparse.ArgumentParser(prog="kaio", description="Inspect and run kaio kernels.")
@@ -72,12 +98,20 @@ def main(argv: list[str] | None = None) -> int:
                 "--backend", choices=("ptx", "llvm"), default=None, help="the code generator"
             )
     sub.add_parser("info", help="driver, GPUs and cache directory")
+    p = sub.add_parser(
+        "cubins", help="write the cubins the driver built (the disk cache) for cuobjdump -sass"
+    )
+    p.add_argument("names", nargs="*", help="only these kernels (default: all)")
+    p.add_argument("--out", required=True, help="directory for NAME-KEY.cubin files")
+    p.add_argument("--cache", default=None, help="cache directory (default: KAIO_CACHE_DIR)")
     args = parser.parse_args(argv)
     if args.command == "info":
         from kaio.runtime.info import info
 
         print(info())
         return 0
+    if args.command == "cubins":
+        return write_cubins(args.names, args.out, args.cache)
     kernel = load_kernel(args.target)
     constexprs = _constexprs(args.constexprs)
     try:

@@ -106,6 +106,52 @@ def test_cache_entries_hold_the_cubin_and_what_a_launch_needs():
     assert unpack_entry(pack_entry({"name": "add"}, cubin)) is None  # fields missing
 
 
+def test_cache_entries_name_their_variant():
+    from kaio.runtime.module import variant
+
+    @kaio.gpu_kernel
+    def scaled(out: f32[:], OP: kaio.constexpr, VEC: kaio.constexpr):
+        out[0] = 1.0
+
+    spec = scaled.specialize({"OP": "softmax", "VEC": 8}, ("C",))
+    assert variant(spec, "sm_90") == "sm_90 backend=ptx OP=softmax VEC=8"
+
+
+def test_kaio_cubins_writes_the_drivers_code_from_the_cache(tmp_path, capsys):
+    """`kaio cubins NAME --out DIR`: each cached kernel of that name as NAME-KEY.cubin, the
+    bytes the cache holds; damaged and older-format entries skipped; none found is an error
+    that names the cache."""
+    from kaio.cli import main
+    from kaio.runtime.module import pack_entry
+
+    cache_path = tmp_path / "cache"
+    cache = DiskCache(str(cache_path))
+    rng = np.random.default_rng(5)
+    blobs = {}
+    for name, key in (("add", "a" * 64), ("scale", "b" * 64), ("add", "c" * 64)):
+        blobs[name, key] = bytes(rng.integers(0, 256, 300, dtype=np.uint8))
+        meta = {"name": name, "reqntid": None, "maxntid": None, "params": [], "variant": key[0]}
+        cache.put(key, pack_entry(meta, blobs[name, key]))
+    cache.put("d" * 64, b"a bare cubin, as an older kaio cached")
+    (cache_path / ("e" * 64 + ".cubin")).write_bytes(b"torn")
+    out = tmp_path / "out"
+    args = ["--cache", str(cache_path), "--out", str(out)]
+    assert main(["cubins", "add", *args]) == 0
+    assert sorted(p.name for p in out.iterdir()) == [
+        f"add-{'a' * 12}.cubin",
+        f"add-{'c' * 12}.cubin",
+    ]
+    for key in ("a" * 64, "c" * 64):
+        assert (out / f"add-{key[:12]}.cubin").read_bytes() == blobs["add", key]
+    listing = capsys.readouterr().out.splitlines()
+    assert [line.split()[-1] for line in listing] == ["a", "c"]  # each entry's variant
+    assert main(["cubins", *args]) == 0  # every kernel
+    assert len(list(out.iterdir())) == 3
+    capsys.readouterr()
+    assert main(["cubins", "missing", *args]) == 1
+    assert f"no kernels named missing in the cache at {cache_path}" in capsys.readouterr().err
+
+
 def test_unwritable_cache_warns_once_and_never_raises(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")

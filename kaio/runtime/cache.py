@@ -72,6 +72,14 @@ class DiskCache:
             pass
         return None
 
+    def keys(self) -> list[str]:
+        """The keys of the entries in the directory (none when it does not exist), sorted."""
+        try:
+            names = os.listdir(self.directory)
+        except OSError:
+            return []
+        return sorted(n[: -len(".cubin")] for n in names if n.endswith(".cubin"))
+
     def put(self, key: str, payload: bytes) -> None:
         """Store ``payload`` atomically; an unwritable cache warns once and is skipped."""
         header = _HEADER.pack(_MAGIC, len(payload), hashlib.sha256(payload).digest())

@@ -251,6 +251,7 @@ def _load(spec, device: Device, arch: str) -> LoadedKernel:
         "params": [
             [p.name, p.role, p.source, p.dim, p.value.type.name] for p in spec.function.params
         ],
+        "variant": variant(spec, arch),  # for people (kaio cubins), not read back
     }
     cubin = link_ptx(ptx, name, arch)
     cache.put(key, pack_entry(meta, cubin))
@@ -259,6 +260,14 @@ def _load(spec, device: Device, arch: str) -> LoadedKernel:
     if declares_record(ptx):
         loaded.debug = DebugRecord(name, ptx, device)
     return loaded
+
+
+def variant(spec, arch: str) -> str:
+    """What tells a kernel's specializations apart, for people: ``"sm_90 backend=ptx OP=softmax
+    VEC=8"`` (arch, backend, constexpr values)."""
+    return " ".join(
+        [arch, f"backend={spec.backend}", *(f"{k}={v}" for k, v in spec.constexprs.items())]
+    )
 
 
 def _product(dims: tuple) -> int:
@@ -283,6 +292,21 @@ def _loaded_kernel(module, meta: dict, device: Device, from_disk: bool) -> Loade
             for n, role, source, dim, t in meta["params"]
         ],
     )
+
+
+def cached_cubins(cache: DiskCache | None = None) -> list[tuple[dict, str, bytes]]:
+    """``(meta, key, cubin)`` of every kernel in the disk cache (default: this process's),
+    sorted by kernel name: the code the driver built from kaio's PTX, the code that runs, for
+    ``cuobjdump -sass`` (a local ``ptxas`` may schedule the same PTX otherwise). ``meta``
+    has the kernel's ``name`` and, from entries this kaio wrote, ``variant`` (arch, backend,
+    constexpr values). Damaged and older-format entries are skipped."""
+    cache = cache or disk_cache()
+    out = []
+    for key in cache.keys():
+        entry = unpack_entry(cache.get(key))
+        if entry is not None:
+            out.append((entry[0], key, entry[1]))
+    return sorted(out, key=lambda e: (e[0]["name"], e[1]))
 
 
 _ENTRY_MAGIC = b"KAIOKRN1"
