@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+import kaio
 from kaio.errors import LaunchError
 from kaio.runtime.arguments import NUMPY_HINT, describe
 from kaio.runtime.memory import DeviceArray
@@ -234,3 +235,14 @@ def stream_of(like: Operand):
 
         return cupy.cuda.get_current_stream().ptr
     return None
+
+
+DEFAULT_SMS = 132  # H100/H200 SXM; used when there is no GPU to ask (the simulator)
+
+
+def multiprocessors() -> int:
+    """The SM count the ops plan their grids for: the current GPU's, or DEFAULT_SMS in the
+    simulator or without a GPU (so plans, and results, match an H100/H200)."""
+    if simulating() or not kaio.gpu_available():
+        return DEFAULT_SMS
+    return kaio.device().multiprocessor_count

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import math
 
-import kaio
-from kaio.sim.mode import active as simulating
 from kaio.types import bf16, f16, f32
 from kaio_ops import _arrays, _typed
 from kaio_ops import _attention_simt as simt
@@ -33,16 +31,9 @@ __all__ = [
     "attention_flash_with_stats",
 ]
 
-DEFAULT_SMS = 132  # H100/H200 SXM; used when there is no GPU to ask (the simulator)
 SM_SHARED = 228 * 1024  # shared memory of one H100/H200 multiprocessor
 MAX_SPLITS = 16
 MAX_HEAD_DIM = 256
-
-
-def _sms() -> int:
-    if simulating() or not kaio.gpu_available():
-        return DEFAULT_SMS
-    return kaio.device().multiprocessor_count
 
 
 def _vec(d: int, *operands: _arrays.Operand) -> bool:
@@ -93,7 +84,7 @@ def flash_forward(op: str, q, k, v, causal: bool, splits: int | None = None):
     q_tiles = -(-s // simt.ROWS)
     k_tiles = -(-s // 64)
     if splits is None:
-        splits = splits_for(q_tiles, k_tiles, SM_SHARED // (smem + 1024), _sms())
+        splits = splits_for(q_tiles, k_tiles, SM_SHARED // (smem + 1024), _arrays.multiprocessors())
     per_split = -(-k_tiles // splits)
     splits = -(-k_tiles // per_split)
     out = _arrays.output(qa, (s, d), f32)

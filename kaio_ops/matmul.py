@@ -32,7 +32,6 @@ __all__ = [
     "matmul_tc_bf16_async",
 ]
 
-DEFAULT_SMS = 132  # H100/H200 SXM; used when there is no GPU to ask (the simulator)
 SKINNY_M = 16
 
 
@@ -102,13 +101,7 @@ class Plan:
     split: int = 1
 
 
-def _sms() -> int:
-    if simulating() or not kaio.gpu_available():
-        return DEFAULT_SMS
-    return kaio.device().multiprocessor_count
-
-
-def heuristic(m: int, n: int, k: int, sms: int = DEFAULT_SMS) -> Plan:
+def heuristic(m: int, n: int, k: int, sms: int = _arrays.DEFAULT_SMS) -> Plan:
     """The default plan for an ``m x n x k`` product on a GPU with ``sms`` multiprocessors:
     the largest tile that still gives every multiprocessor a block, and for skinny ``m`` a K
     split that gives each about one (measured best on an H200 for K = N = 4096)."""
@@ -130,7 +123,7 @@ def plan_for(m: int, n: int, k: int, variant: str) -> Plan:
     from kaio_ops import tune
 
     stored = tune.lookup(variant, m, n, k)
-    return stored if stored is not None else heuristic(m, n, k, _sms())
+    return stored if stored is not None else heuristic(m, n, k, _arrays.multiprocessors())
 
 
 def _check(op: str, a, b, dtype) -> tuple:
@@ -156,9 +149,9 @@ def run(a, b, dtype, pipelined: bool, plan: Plan | None = None, op: str = "matmu
         and m > SKINNY_M
         and _hopper()
         and _matmul_hopper.eligible(a, b, m, n, k)
-        and _matmul_hopper.worthwhile(m, n, _sms())
+        and _matmul_hopper.worthwhile(m, n, _arrays.multiprocessors())
     ):
-        return _matmul_hopper.launch(a, b, m, n, k, _sms(), bf16=dtype == bf16)
+        return _matmul_hopper.launch(a, b, m, n, k, _arrays.multiprocessors(), bf16=dtype == bf16)
     variant = f"{dtype.name}_{'async' if pipelined else 'sync'}"
     plan = plan or plan_for(m, n, k, variant)
     return launch(a, b.view(k * n), (m, n, k), pipelined, plan, aligned=b.aligned(16))
