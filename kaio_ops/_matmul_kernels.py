@@ -214,7 +214,7 @@ def matmul_tile(
         # as soon as its last fragments are in registers, and the barrier that allows it
         # also makes tile t + 1 visible: it overlaps the last step's mma.
         for s in kaio.static_range(STAGES):
-            load_tiles(a_s, b_s, a, b, s, m0, n0, k_begin + s * BK, k_end, M, N, K, tid,
+            load_tiles(1, a_s, b_s, a, b, s, m0, n0, k_begin + s * BK, k_end, M, N, K, tid,
                        BM, BN, BK, THREADS, VEC, ASYNC, QUANT)  # fmt: skip
             kaio.cp_async_commit()
         kaio.cp_async_wait(STAGES - 1)
@@ -229,7 +229,7 @@ def matmul_tile(
                     # Past the last tile the copies read nothing and zero-fill a buffer no
                     # one reads: cheaper than a branch that would split the loop body.
                     k_refill = k_begin + (t + STAGES) * BK
-                    load_tiles(a_s, b_s, a, b, stage, m0, n0, k_refill, k_end, M, N, K, tid,
+                    load_tiles(1, a_s, b_s, a, b, stage, m0, n0, k_refill, k_end, M, N, K, tid,
                                BM, BN, BK, THREADS, VEC, ASYNC, QUANT)  # fmt: skip
                     kaio.cp_async_commit()
                     stage = kaio.select(stage == STAGES - 1, 0, stage + 1)
@@ -242,15 +242,15 @@ def matmul_tile(
                                    k_begin + t * BK + (ks + 1) * KSTEP, n0, N, QUANT)  # fmt: skip
                 mma_step(acc, a_frag, b_frag, ks % 2, MI, NI)
     else:
-        for t in range(tiles):
-            kaio.sync_threads()
-            load_tiles(a_s, b_s, a, b, stage, m0, n0, k_begin + t * BK, k_end, M, N, K, tid,
-                       BM, BN, BK, THREADS, VEC, ASYNC, QUANT)  # fmt: skip
-            kaio.sync_threads()
-            for ks in kaio.static_range(KSTEPS):
-                load_fragments(a_frag, b_frag, 0, a_s, b_s, stage, ks * KSTEP, wm, wn, lane, MI,
-                               NI, scales, k_begin + t * BK + ks * KSTEP, n0, N, QUANT)  # fmt: skip
-                mma_step(acc, a_frag, b_frag, 0, MI, NI)
+        # Blocks inside the matrices along M and N copy their whole K tiles without bounds
+        # checks (load_tiles), in a loop of their own; the rest, and a last partial K tile,
+        # take the checked one.
+        unchecked = kaio.select(m0 + BM <= M and n0 + BN <= N, (k_end - k_begin) // BK, 0)
+        for edges in kaio.static_range(2):
+            for t in range(0 if edges == 0 else unchecked, unchecked if edges == 0 else tiles):
+                sync_step(edges, t, acc, a_frag, b_frag, a_s, b_s, a, b, scales, m0, n0,
+                          k_begin, k_end, M, N, K, tid, wm, wn, lane, BM, BN, BK, THREADS, VEC,
+                          QUANT, MI, NI)  # fmt: skip
 
     # Lane (g, t) holds two adjacent columns of C per column pair p and row half h of each
     # 16-row tile mi: elements 0 and 1 of n8 tile p, or with int8 weights, whose n8 tiles
@@ -277,6 +277,51 @@ def matmul_tile(
                         for e in kaio.static_range(2):
                             if col + e < N:
                                 c[row0 + row, col + e] = pair[e]
+
+
+@kaio.gpu_func
+def sync_step(
+    EDGES: kaio.constexpr,
+    t: u32,
+    acc: ACC[:, :, :, :],
+    a_frag: u32[:, :, :],
+    b_frag: u32[:, :, :, :],
+    a_s: DT[:, :, :],
+    b_s: DT[:, :, :],
+    a: DT[:],
+    b: DT[:],
+    scales: f16[:, :],
+    m0: u32,
+    n0: u32,
+    k_begin: u32,
+    k_end: u32,
+    M: u32,
+    N: u32,
+    K: u32,
+    tid: u32,
+    wm: u32,
+    wn: u32,
+    lane: u32,
+    BM: kaio.constexpr,
+    BN: kaio.constexpr,
+    BK: kaio.constexpr,
+    THREADS: kaio.constexpr,
+    VEC: kaio.constexpr,
+    QUANT: kaio.constexpr,
+    MI: kaio.constexpr,
+    NI: kaio.constexpr,
+):
+    """K tile t of the pipeline-free path (no cp.async): copy both tiles to shared memory
+    through registers (``load_tiles``, with bounds checks if EDGES), then multiply them."""
+    KSTEP = 32 // DT.itemsize
+    kaio.sync_threads()
+    load_tiles(EDGES, a_s, b_s, a, b, 0, m0, n0, k_begin + t * BK, k_end, M, N, K, tid,
+               BM, BN, BK, THREADS, VEC, False, QUANT)  # fmt: skip
+    kaio.sync_threads()
+    for ks in kaio.static_range(BK // KSTEP):
+        load_fragments(a_frag, b_frag, 0, a_s, b_s, 0, ks * KSTEP, wm, wn, lane, MI, NI, scales,
+                       k_begin + t * BK + ks * KSTEP, n0, N, QUANT)  # fmt: skip
+        mma_step(acc, a_frag, b_frag, 0, MI, NI)
 
 
 @kaio.gpu_func
@@ -423,6 +468,7 @@ def mma_step(
 
 @kaio.gpu_func
 def load_tiles(
+    EDGES: kaio.constexpr,
     a_s: DT[:, :, :],
     b_s: DT[:, :, :],
     a: DT[:],
@@ -447,24 +493,37 @@ def load_tiles(
     """A[m0:m0+BM, k0:k0+BK] and B[k0:k0+BK, n0:n0+BN] (B^T's [n0:n0+BN, k0:k0+BK] for
     8-bit types, the packed words [k0/8:(k0+BK)/8, n0:n0+BN] for int4, the bytes as halves
     [k0:k0+BK, n0/2:(n0+BN)/2] for int8 weights) into ``stage`` of the shared tiles,
-    swizzled, zeros outside the matrices (and past k_end)."""
-    load_tile(a_s, a, stage, m0, k0, M, k_end, K, tid, BM, BK, THREADS, VEC, ASYNC)
-    if QUANT == 4:
-        load_tile(b_s, b, stage, k0 // 8, 2 * n0, k_end // 8, 2 * N, 2 * N, tid, BK // 8,
-                  2 * BN, THREADS, VEC, ASYNC)  # fmt: skip
-    elif QUANT == 8:
-        load_tile(b_s, b, stage, k0, n0 // 2, k_end, N // 2, N // 2, tid, BK, BN // 2, THREADS,
+    swizzled, zeros outside the matrices (and past k_end); ``EDGES == 0`` promises that
+    both tiles lie inside them. Copies through registers issue every load of both tiles
+    before the first store."""
+    # B's tile holds at most BK x BN elements: 16-byte copies per thread, at most
+    COPIES = (BK * BN // (16 // DT.itemsize) + THREADS - 1) // THREADS
+    ra = kaio.local(u32, (COPIES, 4))
+    rb = kaio.local(u32, (COPIES, 4))
+    for phase in kaio.static_range(2 if VEC and not ASYNC else 1):
+        load_tile(phase, EDGES, a_s, a, ra, stage, m0, k0, M, k_end, K, tid, BM, BK, THREADS,
                   VEC, ASYNC)  # fmt: skip
-    elif DT.itemsize == 1:
-        load_tile(b_s, b, stage, n0, k0, N, k_end, K, tid, BN, BK, THREADS, VEC, ASYNC)
-    else:
-        load_tile(b_s, b, stage, k0, n0, k_end, N, N, tid, BK, BN, THREADS, VEC, ASYNC)
+        if QUANT == 4:
+            load_tile(phase, EDGES, b_s, b, rb, stage, k0 // 8, 2 * n0, k_end // 8, 2 * N,
+                      2 * N, tid, BK // 8, 2 * BN, THREADS, VEC, ASYNC)  # fmt: skip
+        elif QUANT == 8:
+            load_tile(phase, EDGES, b_s, b, rb, stage, k0, n0 // 2, k_end, N // 2, N // 2, tid,
+                      BK, BN // 2, THREADS, VEC, ASYNC)  # fmt: skip
+        elif DT.itemsize == 1:
+            load_tile(phase, EDGES, b_s, b, rb, stage, n0, k0, N, k_end, K, tid, BN, BK, THREADS,
+                      VEC, ASYNC)  # fmt: skip
+        else:
+            load_tile(phase, EDGES, b_s, b, rb, stage, k0, n0, k_end, N, N, tid, BK, BN, THREADS,
+                      VEC, ASYNC)  # fmt: skip
 
 
 @kaio.gpu_func
 def load_tile(
+    PHASE: kaio.constexpr,
+    EDGES: kaio.constexpr,
     dst: DT[:, :, :],
     src: DT[:],
+    regs: u32[:, :],
     stage: u32,
     r0: u32,
     c0: u32,
@@ -480,38 +539,34 @@ def load_tile(
 ):
     """The R x C tile at (r0, c0) of the flat row-major matrix ``src`` (row length ``ld``)
     into dst[stage], zeros past rows x cols: 16-byte chunks (cp.async when ASYNC, else
-    vector loads into registers, all of them before the first store, so that their
-    latencies overlap) when VEC, else element by element."""
+    vector loads into ``regs``) when VEC, else element by element. Through registers,
+    PHASE 0 issues the loads and PHASE 1 stores them (see ``load_tiles``). ``EDGES == 0``
+    promises that the tile lies inside rows x cols: no bounds checks."""
     PER = 16 // DT.itemsize if VEC else 1  # elements per copy
     PIECES = C // PER
     COPIES = (R * PIECES + THREADS - 1) // THREADS
-    regs = kaio.local(u32, (COPIES, 4))
     for i in kaio.static_range(COPIES):
         piece = tid + i * THREADS
         if R * PIECES % THREADS == 0 or piece < R * PIECES:
             r = piece // PIECES
             col = piece % PIECES * PER
-            inside = r0 + r < rows and c0 + col < cols
-            at = (stage, r, kaio.swizzle(dst, r, col))
-            index = kaio.select(inside, (r0 + r) * ld + c0 + col, 0)
-            if not VEC:
-                v = src[index]
-                dst[at] = kaio.select(inside, v, DT(0.0))
-            elif ASYNC:
-                kaio.cp_async(dst, at, src, index, 16, kaio.select(inside, 16, 0))
-            else:
-                kaio.load_vector(regs[i], src, index)
-    if VEC and not ASYNC:
-        # Zeroing outside the matrices waits for a load's data: only after every load left.
-        for i in kaio.static_range(COPIES):
-            piece = tid + i * THREADS
-            if R * PIECES % THREADS == 0 or piece < R * PIECES:
-                r = piece // PIECES
-                col = piece % PIECES * PER
+            inside = True
+            if EDGES:
                 inside = r0 + r < rows and c0 + col < cols
+            at = (stage, r, kaio.swizzle(dst, r, col))
+            if PHASE == 1:
                 for j in kaio.static_range(4):
                     regs[i, j] = kaio.select(inside, regs[i, j], 0)
-                kaio.store_vector(dst, (stage, r, kaio.swizzle(dst, r, col)), regs[i])
+                kaio.store_vector(dst, at, regs[i])
+            else:
+                index = kaio.select(inside, (r0 + r) * ld + c0 + col, 0)
+                if not VEC:
+                    v = src[index]
+                    dst[at] = kaio.select(inside, v, DT(0.0))
+                elif ASYNC:
+                    kaio.cp_async(dst, at, src, index, 16, kaio.select(inside, 16, 0))
+                else:
+                    kaio.load_vector(regs[i], src, index)
 
 
 @kaio.gpu_func
