@@ -496,8 +496,8 @@ def load_tiles(
     swizzled, zeros outside the matrices (and past k_end); ``EDGES == 0`` promises that
     both tiles lie inside them. Copies through registers issue every load of both tiles
     before the first store."""
-    # B's tile holds at most BK x BN elements: 16-byte copies per thread, at most
-    COPIES = (BK * BN // (16 // DT.itemsize) + THREADS - 1) // THREADS
+    # Each tile holds at most BK x max(BM, BN) elements: 16-byte copies per thread, at most
+    COPIES = (BK * (BM if BM > BN else BN) // (16 // DT.itemsize) + THREADS - 1) // THREADS
     ra = kaio.local(u32, (COPIES, 4))
     rb = kaio.local(u32, (COPIES, 4))
     for phase in kaio.static_range(2 if VEC and not ASYNC else 1):
