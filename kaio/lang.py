@@ -518,7 +518,7 @@ _VECTOR_BYTES = (4, 8, 16)
 def _memory_array(ctx, v, node, name: str, spaces: tuple) -> Array:
     arr = ctx.array_arg(v, node, name)
     if arr.space not in spaces:
-        where = " or ".join("shared" if s == "shared_dyn" else s for s in spaces[:2])
+        where = " or ".join(dict.fromkeys("shared" if s == "shared_dyn" else s for s in spaces))
         ctx.error(f"kaio.{name}() needs a {where} array; {arr.name!r} is {arr.space}", node)
     return arr
 

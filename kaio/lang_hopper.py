@@ -1,5 +1,6 @@
 """The Hopper builtins (sm_90 and sm_90a): warpgroup MMA (``wgmma``), shared-memory matrix
-descriptors, ``mbarrier``s, TMA tile loads, ``fence.proxy.async`` and ``setmaxnreg``.
+descriptors, ``mbarrier``s, TMA tile loads, ``fence.proxy.async``, ``setmaxnreg``, and
+thread-block clusters with distributed shared memory.
 
 Each builtin is one ``kaio.lang`` table entry (``_define``) with its typing rule here; its PTX
 lowering is ``kaio.ptx.hopper`` and its simulator meaning ``kaio.sim.hopper``. docs/hopper.md
@@ -354,4 +355,67 @@ _define(
     "setmaxnreg_dec(n): lower this warpgroup's registers per thread to n, giving them to "
     "other warpgroups (warpgroup-wide). sm_90a.",
     _setmaxnreg("dec"),
+)
+
+
+# ---------------------------------------------------------------- thread-block clusters
+MAX_CLUSTER = 16  # sm_90's largest; above 8 (the portable size) the runtime opts in per kernel
+
+
+def _cluster_dims(ctx, args, node):
+    _arity(ctx, "cluster_dims", args, node, 1)
+    ctx.meta["cluster"] = _const_int(
+        ctx,
+        args[0],
+        node,
+        "kaio.cluster_dims(n)",
+        lambda x: 1 <= x <= MAX_CLUSTER,
+        f"a compile-time int in 1..{MAX_CLUSTER}",
+    )
+
+
+def _cluster_rank(ctx, args, node):
+    _arity(ctx, "cluster_rank", args, node, 0)
+    return ctx.b.emit("sreg", T.u32, (), name="cluster_ctarank")
+
+
+def _cluster_load(ctx, args, node):
+    _arity(ctx, "cluster_load", args, node, 3)
+    arr = _memory_array(ctx, args[0], node, "cluster_load", _SHARED)
+    t = arr.dtype
+    if t.is_bool or t.bits < 32:
+        ctx.error(f"kaio.cluster_load() reads 32- or 64-bit elements; {arr.name!r} holds {t}", node)
+    idx = ctx.indices(arr, args[1], node)
+    rank = _u32(ctx, args[2], node, "the rank of kaio.cluster_load()")
+    return ctx.b.emit("dsmem_load", t, (arr, *idx, rank))
+
+
+_define(
+    "cluster_dims",
+    "cluster_dims(n): launch the kernel's blocks in clusters of n consecutive blocks along x "
+    f"(1..{MAX_CLUSTER}; PTX .reqnctapercluster; above 8, the non-portable sizes, the runtime "
+    "opts the kernel in): the grid's x size must be a multiple of n, "
+    "a cluster's blocks run at the same time, and they can read each other's shared memory "
+    "(kaio.cluster_load). sm_90.",
+    _cluster_dims,
+)
+_define(
+    "cluster_rank",
+    "u32: this block's rank in its cluster, 0..n-1 (block_idx_x() % n; %cluster_ctarank). sm_90.",
+    _cluster_rank,
+)
+_define(
+    "cluster_sync",
+    "cluster_sync(): barrier for every thread of every block of the cluster; shared-memory "
+    "writes before it are visible to cluster_load() after it (barrier.cluster.arrive and "
+    "wait). A block must not exit while others may still read its shared memory: end with "
+    "a cluster_sync() after the last cluster_load(). sm_90.",
+    _fixed("cluster_sync", "cluster_sync"),
+)
+_define(
+    "cluster_load",
+    "cluster_load(arr, index, rank): element arr[index] of the shared array arr of block "
+    "rank of this cluster (distributed shared memory: mapa, ld.shared::cluster); 32- or "
+    "64-bit elements. sm_90.",
+    _cluster_load,
 )

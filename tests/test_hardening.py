@@ -230,6 +230,7 @@ def test_launch_limits_name_what_was_asked_and_what_the_device_allows(grid, bloc
         name="k",
         reqntid=None,
         maxntid=None,
+        cluster=None,
         attribute=values.__getitem__,
         allow_dynamic_shared=lambda n: None,
     )

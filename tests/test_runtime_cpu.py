@@ -491,6 +491,7 @@ def fake_driver(monkeypatch):
         name="add",
         reqntid=None,
         maxntid=None,
+        cluster=None,
         attribute=lambda name: 1024,
         allow_dynamic_shared=lambda n: None,
         debug=None,

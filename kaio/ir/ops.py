@@ -176,6 +176,15 @@ OPS: dict[str, OpInfo] = {
     "fence_proxy_async": OpInfo(
         "special", "none", False, "order generic-proxy shared accesses with async-proxy ones"
     ),
+    "cluster_sync": OpInfo(
+        "special", "none", False, "barrier for all threads of the cluster's blocks"
+    ),
+    "dsmem_load": OpInfo(
+        "special",
+        "any",
+        False,
+        "(shared array, *idx, rank u32): the element of block rank of this cluster",
+    ),
     "setmaxnreg": OpInfo(
         "special", "none", False, "{action} this warpgroup's registers to {count}"
     ),

@@ -508,7 +508,7 @@ def constant_term(s) -> tuple | None:
 # The special registers whose value a thread sees never change (a clock would not be one).
 THREAD_CONSTANT_REGISTERS = frozenset(
     "tid.x tid.y tid.z ntid.x ntid.y ntid.z ctaid.x ctaid.y ctaid.z "
-    "nctaid.x nctaid.y nctaid.z laneid dynamic_smem_size".split()
+    "nctaid.x nctaid.y nctaid.z laneid dynamic_smem_size cluster_ctarank".split()
 )
 # A loop whose invariants would keep more than this many 32-bit registers live across it is
 # left to ptxas: hoisting them all would spill (an element-by-element tile copy has a few

@@ -81,7 +81,13 @@ class Codegen:
         self.func = ir.Function(self.module, ir.FunctionType(VOID, types), _identifier(fn.name))
         self.func.calling_convention = "ptx_kernel"
         declare_tensor_maps(self.module, self.func, fn.params)
-        for key, annotation in (("max_threads", "maxntidx"), ("min_blocks", "minctasm")):
+        if "cluster" in fn.meta:  # kaio.cluster_dims(): .reqnctapercluster
+            target.require("cluster", "kaio.cluster_dims()")
+        for key, annotation in (
+            ("max_threads", "maxntidx"),
+            ("min_blocks", "minctasm"),
+            ("cluster", "cluster_dim_x"),
+        ):
             if key in fn.meta:  # kaio.launch_bounds() (LLVM 21+ reads these as attributes too)
                 value = ir.Constant(I32, fn.meta[key])
                 self.module.add_named_metadata("nvvm.annotations", [self.func, annotation, value])

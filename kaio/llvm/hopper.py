@@ -31,8 +31,9 @@ from llvmlite import ir
 
 from kaio.ir.nodes import Array, Const, Function, Instr, Param, walk
 from kaio.llvm.tensor import members, operands, read, shared_address, write
-from kaio.llvm.typemap import CONVERGENT, EFFECTS, FLOAT, I8, I32, I64, VOID, int_const
+from kaio.llvm.typemap import CONVERGENT, EFFECTS, FLOAT, I8, I32, I64, VOID, int_const, lltype
 from kaio.ptx.hopper import _SWIZZLE_MODE, ALIGNED_OPS, _check_tile, _split, tma_load_operands
+from kaio.ptx.regs import mem_type
 from kaio.ptx.tensor import frag_registers
 
 TENSOR_MAP = ir.ArrayType(I8, 128)
@@ -88,6 +89,12 @@ _FIXED = {
         "setmaxnreg.{action}.sync.aligned.u32 {count};",
         "setmaxnreg",
         "kaio.setmaxnreg_*()",
+        True,
+    ),
+    "cluster_sync": (
+        "barrier.cluster.arrive.aligned;\n\tbarrier.cluster.wait.aligned;",
+        "cluster",
+        "kaio.cluster_sync()",
         True,
     ),
 }
@@ -248,8 +255,27 @@ def lower_tma_load(g, ins: Instr) -> None:
     _statement(g, text, ["r", "l", "r", "r", "r"], args, collective=False)
 
 
+_REGISTER = {("float", 32): "f", ("float", 64): "d", 32: "r", 64: "l"}  # asm constraints
+
+
+def lower_dsmem_load(g, ins: Instr) -> None:
+    """``mapa.shared::cluster`` of this block's address of the element to block ``rank``'s,
+    then ``ld.shared::cluster`` (ordered like the cluster barriers: side effects, memory)."""
+    g.target.require("cluster", "kaio.cluster_load()", g.loc)
+    arr, *idxs, rank = ins.args
+    t = arr.dtype
+    reg = _REGISTER[("float", t.bits) if t.is_float else t.bits]
+    text = (
+        "{ .reg .b32 %remote; mapa.shared::cluster.u32 %remote, $1, $2; "
+        f"ld.shared::cluster.{mem_type(t)} $0, [%remote]; }}"
+    )
+    args = [shared_address(g, arr, idxs), g.value(rank)]
+    g.set(ins.dst, _statement(g, text, [f"={reg}", "r", "r"], args, False, lltype(t)))
+
+
 LOWERING = {
     **dict.fromkeys(_FIXED, _lower_fixed),
+    "dsmem_load": lower_dsmem_load,
     "wgmma": lower_wgmma,
     "smem_desc": lower_smem_desc,
     "mbarrier_init": lambda g, ins: _barrier(g, ins, "init"),

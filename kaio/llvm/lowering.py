@@ -477,8 +477,10 @@ def _lower_bitcast(g, ins: Instr) -> None:
 
 def _lower_sreg(g, ins: Instr) -> None:
     name = ins.attrs["name"]
-    if name == "dynamic_smem_size":  # no NVVM intrinsic reads it
-        value = g.asm("mov.u32 $0, %dynamic_smem_size;", "=r", I32, [], PURE)
+    if name.startswith("cluster_"):
+        g.target.require("cluster", "kaio.cluster_rank()", g.loc)
+    if name in ("dynamic_smem_size", "cluster_ctarank"):  # read in PTX, as the emitter does
+        value = g.asm(f"mov.u32 $0, %{name};", "=r", I32, [], PURE)
     else:
         value = g.intrinsic(f"llvm.nvvm.read.ptx.sreg.{name}", I32, [])
     g.set(ins.dst, value)

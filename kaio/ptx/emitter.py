@@ -358,6 +358,8 @@ class Emitter:
 
     def run(self) -> str:
         """Emit the function and return the whole PTX module."""
+        if "cluster" in self.fn.meta:
+            self.target.require("cluster", "kaio.cluster_dims()")
         self.block(self.fn.body)
         if not (self.fn.body and isinstance(self.fn.body[-1], Return)):
             self.line("ret")
@@ -390,6 +392,8 @@ class Emitter:
             out.append(f".maxntid {fn.meta['max_threads']}, 1, 1")
         if "min_blocks" in fn.meta:
             out.append(f".minnctapersm {fn.meta['min_blocks']}")
+        if "cluster" in fn.meta:
+            out.append(f".reqnctapercluster {fn.meta['cluster']}, 1, 1")
         out.append("{")
         for cls, (prefix, decl) in REG_CLASSES.items():
             if self._counts[cls]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from kaio.ir.nodes import Const, Instr
 from kaio.lang_hopper import dynamic_tile_conflict
-from kaio.ptx.memory import address
+from kaio.ptx.memory import address, mem_type
 from kaio.ptx.tensor import frag_registers
 from kaio.types import u32, u64
 
@@ -162,6 +162,25 @@ def lower_tma_load(e, ins: Instr) -> None:
     e.line(f"{op} {d}, {src}, {b}")
 
 
+def lower_cluster_sync(e, ins: Instr) -> None:
+    """``barrier.cluster.arrive.aligned; barrier.cluster.wait.aligned`` (release, then
+    acquire: shared-memory writes before it are visible to the cluster's blocks after it)."""
+    e.target.require("cluster", "kaio.cluster_sync()", e.loc)
+    e.line("barrier.cluster.arrive.aligned")
+    e.line("barrier.cluster.wait.aligned")
+
+
+def lower_dsmem_load(e, ins: Instr) -> None:
+    """``mapa.shared::cluster`` of this block's address of the element to block ``rank``'s,
+    then ``ld.shared::cluster``."""
+    e.target.require("cluster", "kaio.cluster_load()", e.loc)
+    arr, idxs, (rank,) = _split(ins, 0)
+    local = _shared_address_register(e, arr, idxs)
+    remote = e.tmp(u32)
+    e.line(f"mapa.shared::cluster.u32 {remote}, {local}, {e.r(rank)}")
+    e.line(f"ld.shared::cluster.{mem_type(arr.dtype)} {e.dst(ins)}, [{remote}]")
+
+
 LOWERING = {
     "wgmma": lower_wgmma,
     "wgmma_fence": _fixed("wgmma.fence.sync.aligned", "wgmma", "kaio.wgmma_fence()"),
@@ -180,6 +199,8 @@ LOWERING = {
     "setmaxnreg": _fixed(
         "setmaxnreg.{action}.sync.aligned.u32 {count}", "setmaxnreg", "kaio.setmaxnreg_*()"
     ),
+    "cluster_sync": lower_cluster_sync,
+    "dsmem_load": lower_dsmem_load,
 }
 
 ALIGNED_OPS = ("tma_load", "smem_desc")

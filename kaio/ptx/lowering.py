@@ -403,6 +403,8 @@ def _lower_bitcast(e, ins: Instr) -> None:
 
 
 def _lower_sreg(e, ins: Instr) -> None:
+    if ins.attrs["name"].startswith("cluster_"):
+        e.target.require("cluster", "kaio.cluster_rank()", e.loc)
     e.line(f"mov.u32 {e.dst(ins)}, %{ins.attrs['name']}")
 
 

@@ -59,6 +59,9 @@ FEATURES: dict[str, Feature] = {
     "mbarrier_tx": Feature(90, (8, 0), "mbarrier expect_tx"),
     "tma": Feature(90, (8, 0), "cp.async.bulk.tensor and tensor-map parameters"),
     "fence_proxy_async": Feature(90, (8, 0), "fence.proxy.async"),
+    "cluster": Feature(
+        90, (7, 8), "thread-block clusters: .reqnctapercluster, barrier.cluster, mapa"
+    ),
     "wgmma": Feature(90, (8, 0), "wgmma.mma_async, Hopper only", arch_specific=True),
     "setmaxnreg": Feature(90, (8, 0), "setmaxnreg, Hopper only", arch_specific=True),
 }

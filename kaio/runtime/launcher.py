@@ -177,6 +177,11 @@ def validate_config(grid: tuple, block: tuple, shared: int, loaded, declared_blo
             f"{name}: compiled for at most {loaded.maxntid} threads per block{origin}, "
             f"launched with {block} ({threads} threads)"
         )
+    if loaded.cluster and grid[0] % loaded.cluster:
+        raise LaunchError(
+            f"{name}: runs in clusters of {loaded.cluster} blocks (kaio.cluster_dims), launched "
+            f"with {grid[0]} blocks along x: use a multiple of {loaded.cluster}"
+        )
     fits = loaded.attribute("MAX_THREADS_PER_BLOCK")
     if threads > fits:
         regs = loaded.attribute("NUM_REGS")

@@ -46,6 +46,7 @@ _LOG_BYTES = 16384
 _ENTRY = re.compile(r"\.entry\s+([A-Za-z_$%][\w$]*)")
 _REQNTID = re.compile(r"\.reqntid\s+(\d+)(?:\s*,\s*(\d+))?(?:\s*,\s*(\d+))?")
 _MAXNTID = re.compile(r"\.maxntid\s+(\d+)(?:\s*,\s*(\d+))?(?:\s*,\s*(\d+))?")
+_CLUSTER = re.compile(r"\.reqnctapercluster\s+(\d+)")
 
 
 @dataclass
@@ -75,6 +76,7 @@ class LoadedKernel:
     params: list  # the kernel's parameters (kaio.ir.nodes.Param) in launch order
     dynamic_shared_limit: int = 0
     debug: DebugRecord | None = None  # debug mode: the bounds checks' error record
+    cluster: int | None = None  # blocks per cluster along x (kaio.cluster_dims)
 
     def attribute(self, name: str) -> int:
         """A ``CU_FUNC_ATTRIBUTE_*`` value (``"NUM_REGS"``, ``"LOCAL_SIZE_BYTES"``...)."""
@@ -248,6 +250,7 @@ def _load(spec, device: Device, arch: str) -> LoadedKernel:
         "name": name,
         "reqntid": list(_dims(req)) if req else None,
         "maxntid": _product(_dims(maxn)) if maxn else None,
+        "cluster": int(cluster.group(1)) if (cluster := _CLUSTER.search(ptx)) else None,
         "params": [
             [p.name, p.role, p.source, p.dim, p.value.type.name] for p in spec.function.params
         ],
@@ -275,9 +278,15 @@ def _product(dims: tuple) -> int:
     return x * y * z
 
 
+PORTABLE_CLUSTER = 8  # larger clusters need the function's non-portable opt-in (sm_90: 16)
+
+
 def _loaded_kernel(module, meta: dict, device: Device, from_disk: bool) -> LoadedKernel:
     name = meta["name"]
     function = check(cu.cuModuleGetFunction(module, name.encode()), f"cuModuleGetFunction({name})")
+    if (meta.get("cluster") or 0) > PORTABLE_CLUSTER:
+        attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+        check(cu.cuFuncSetAttribute(function, attr, 1), f"cuFuncSetAttribute({name})")
     return LoadedKernel(
         name=name,
         module=module,
@@ -286,6 +295,7 @@ def _loaded_kernel(module, meta: dict, device: Device, from_disk: bool) -> Loade
         device=device,
         reqntid=tuple(meta["reqntid"]) if meta["reqntid"] else None,
         maxntid=meta["maxntid"],
+        cluster=meta.get("cluster"),
         from_disk=from_disk,
         params=[
             Param(n, Var(n, SCALAR_TYPES[t]), role, source, dim)

@@ -74,7 +74,13 @@ def simulate(
         )
     params = _param_values(fn, arrays, scalars)
     nblocks = math.prod(grid)
-    per_batch = max(1, min(nblocks, batch_lanes // tpb))
+    cluster = fn.meta.get("cluster", 1)
+    if grid[0] % cluster:
+        raise LaunchError(
+            f"{fn.name} runs in clusters of {cluster} blocks (kaio.cluster_dims) but was "
+            f"launched with {grid[0]} blocks along x: use a multiple of {cluster}"
+        )
+    per_batch = max(1, min(nblocks, batch_lanes // tpb)) // cluster * cluster or cluster
     with np.errstate(all="ignore"):
         for start in range(0, nblocks, per_batch):
             nb = min(per_batch, nblocks - start)
@@ -125,6 +131,7 @@ class Machine:
         self.function = fn
         self.grid, self.block, self.start, self.nb = grid, block, start, nb
         self.tpb = math.prod(block)
+        self.cluster = fn.meta.get("cluster", 1)  # blocks per cluster; batches hold whole ones
         self.n = n = nb * self.tpb
         self.lane_index = np.arange(n, dtype=np.int64)
         self.lane_block = self.lane_index // self.tpb
@@ -163,6 +170,7 @@ class Machine:
             "ctaid.y": b // gx % gy,
             "ctaid.z": b // (gx * gy),
             "laneid": self.laneid,
+            "cluster_ctarank": b % gx % self.cluster,
         }
         regs = {k: v.astype(u32) for k, v in regs.items()}
         uniform = {"ntid": self.block, "nctaid": self.grid}

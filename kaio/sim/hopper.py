@@ -443,6 +443,25 @@ def no_op(m, ins: Instr, vals: list):
     """Fences, wgmma commit/wait and setmaxnreg: nothing to do in lockstep order."""
 
 
+def dsmem_load(m, ins: Instr, vals: list):
+    """``arr[idx]`` of block ``rank`` of the lane's cluster (the batch holds whole clusters,
+    so that block is in it). Not seen by the race detector: ``cluster_sync`` orders it."""
+    st = m.storage(ins.args[0])
+    *idx_vals, rank = vals
+    lanes, ix, _ = memory.locate(m, ins, st, idx_vals, "cluster_load")
+    rank = np.asarray(m.pick(rank, lanes)).astype(np.int64)
+    if (rank >= m.cluster).any():
+        lane = int(np.argmax(rank >= m.cluster))
+        lane = lane if lanes is None else int(lanes[lane])
+        raise SimulationError(
+            f"{m.where(ins)}: kaio.cluster_load() of block rank {int(rank.max())} in a "
+            f"cluster of {m.cluster} blocks by {m.describe(lane)}{m.source(ins)}"
+        )
+    own = ix[0]
+    target = own - own % m.cluster + rank
+    return m.scatter(st.data[(target, *ix[1:])], lanes)
+
+
 SEMANTICS = {
     "wgmma": wgmma,
     "wgmma_fence": no_op,
@@ -457,4 +476,5 @@ SEMANTICS = {
     "tma_load": tma_load,
     "fence_proxy_async": no_op,
     "setmaxnreg": no_op,
+    "dsmem_load": dsmem_load,
 }

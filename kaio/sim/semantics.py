@@ -143,6 +143,7 @@ SEMANTICS |= {
     "vote_all": threads.vote_all,
     "ballot": threads.ballot,
     "sync_threads": threads.sync_threads,
+    "cluster_sync": threads.cluster_sync,
     "sync_warp": threads.sync_warp,
     "threadfence": threads.threadfence,
     "ld_vec": tensor.ld_vec,

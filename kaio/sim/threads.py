@@ -62,27 +62,47 @@ def require_converged_warps(m, ins: Instr, what: str) -> None:
         )
 
 
+def _group_barrier(m, ins: Instr, blocks: int, what: str, unit: str, hint: str) -> None:
+    """A barrier over groups of ``blocks`` consecutive blocks (1: a block, a cluster's size:
+    a cluster): every live thread of each participating group must be active. Ends the race
+    detector's interval for those blocks."""
+    size = blocks * m.tpb
+    active = m.mask.reshape(-1, size)
+    groups = active.any(axis=1)
+    if not m.all_active:
+        bad = np.flatnonzero(groups & (active != m.alive.reshape(-1, size)).any(axis=1))
+        if len(bad):
+            g = int(bad[0])
+            _divergence_error(m, ins, what, np.arange(g * size, (g + 1) * size), unit, hint)
+    for tracker in m.trackers:
+        tracker.reset(np.repeat(groups, blocks))
+
+
 def sync_threads(m, ins: Instr, vals: list):
     """Block-wide barrier: every live thread of each participating block must be active.
     Ends the race detector's interval for those blocks."""
-    active = m.mask.reshape(m.nb, m.tpb)
-    blocks = active.any(axis=1)
-    if not m.all_active:
-        bad = np.flatnonzero(blocks & (active != m.alive.reshape(m.nb, m.tpb)).any(axis=1))
-        if len(bad):
-            b = int(bad[0])
-            group = np.arange(b * m.tpb, (b + 1) * m.tpb)
-            _divergence_error(
-                m,
-                ins,
-                "sync_threads() (barrier)",
-                group,
-                "the block",
-                "every thread of the block must reach the same sync_threads() (threads that "
-                "returned are not waited for)",
-            )
-    for tracker in m.trackers:
-        tracker.reset(blocks)
+    _group_barrier(
+        m,
+        ins,
+        1,
+        "sync_threads() (barrier)",
+        "",
+        "every thread of the block must reach the same sync_threads() (threads that "
+        "returned are not waited for)",
+    )
+
+
+def cluster_sync(m, ins: Instr, vals: list):
+    """Cluster-wide barrier (``kaio.cluster_sync``): as ``sync_threads``, over every block
+    of each cluster (batches hold whole clusters)."""
+    _group_barrier(
+        m,
+        ins,
+        m.cluster,
+        "cluster_sync() (cluster barrier)",
+        "the cluster of ",
+        "every thread of every block of the cluster must reach the same cluster_sync()",
+    )
 
 
 def sync_warp(m, ins: Instr, vals: list):
