@@ -5,7 +5,8 @@ One kernel, ``_rows``, specialized per op (``OP``), element type and ``VEC``; on
 ``REGS // VEC`` chunks of ``VEC`` elements (one 16-byte access each when ``VEC > 1``), so a row
 is read from memory once when it fits in the block's registers (up to 16384 elements with
 MAX_BLOCK = 512 threads; 1024-thread blocks would cap the kernels at 64 registers a thread,
-which the driver's compilation can exceed). Longer rows are walked in segments of that size;
+which the driver's compilation can exceed). Softmax sends longer rows to a cluster of blocks
+on sm_90 (``kaio_ops._long_rows``). Otherwise longer rows are walked in segments of that size;
 passes alternate direction, so each starts with the segment the previous pass left in
 registers and reads the others again. The passes:
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import kaio
 from kaio import bool_, f32, u32
-from kaio_ops import _arrays
+from kaio_ops import _arrays, _long_rows
 from kaio_ops._common import (
     DT,
     LOWEST,
@@ -327,11 +328,20 @@ def layer_norm(x, w, b, eps: float = 1e-5):
 
 def softmax(x):
     """Softmax over the last axis, ``exp(x - max) / sum(exp(x - max))``, computed in f32;
-    rows of any length (a row longer than a block's registers is read twice).
+    rows of any length. A row longer than a block's registers goes to a cluster of blocks
+    on sm_90 (``kaio_ops._long_rows``: read once), else it is read twice.
 
     x: [..., N] (1-D to 3-D) f32, f16 or bf16. Returns a new array like x.
     """
     a, _ = _row_inputs("softmax", x)
+    n = a.shape[-1]
+    if n and a.size and _long_rows.available():
+        vec = vector_width(a, multiple_of=n)
+        cluster = _long_rows.plan(n, a.dtype.itemsize, vec)
+        if cluster is not None:
+            out = _arrays.output(a)
+            _long_rows.softmax(a, out, vec, cluster)
+            return out
     return _run("softmax", a)
 
 

@@ -30,10 +30,11 @@ import kaio.llvm
 from kaio.kernel import Kernel
 from kaio.ptx.ptxas import assemble, find_ptxas
 from kaio.types import f16, f32, f64, i32, u8, u32, u64
-from kaio_ops import _matmul_hopper
+from kaio_ops import _long_rows, _matmul_hopper
 from tests import exprgen
 from tests.catalog import CASES
 from tests.harness import assert_matches, host_copies, launch_config, with_views
+from tests.test_clusters import ring
 from tests.test_hopper import (
     TMA_CORNERS,
     WGMMA_CASES,
@@ -148,9 +149,12 @@ HOPPER_CASES = [
         )
     ),
     *_matmul_hopper.specializations(),
+    (ring, {}),
+    *_long_rows.shipped(),
 ]
 """(kernel, constexprs): tests/test_hopper.py's kernels (wgmma: N = 128, 32 in bf16 and 256,
-both B layouts) and every Hopper matmul specialization."""
+both B layouts), every Hopper matmul specialization, tests/test_clusters.py's kernel and
+the cluster softmax (thread-block clusters, distributed shared memory)."""
 
 
 def _case_id(case) -> str:

@@ -15,7 +15,7 @@ import pytest
 import kaio
 import kaio_ops
 from kaio.ptx.ptxas import assemble, find_ptxas
-from kaio_ops import _arrays, elementwise, rotary, rows
+from kaio_ops import _arrays, _long_rows, elementwise, rotary, rows
 from kaio_ops._common import vector_width
 
 DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16]
@@ -187,6 +187,41 @@ def test_rows_longer_than_a_block_sim(monkeypatch, n):
     check(out, ref_rms(residual_sum(finite, r, np.float32), f64(w)), np.float32)
 
 
+@pytest.mark.parametrize(
+    "dtype, n, offset", [(np.float32, 20000, False), (np.float16, 16391, True)]
+)
+def test_softmax_rows_for_a_cluster_sim(dtype, n, offset):
+    """Rows longer than a block's registers go to a cluster of blocks, each keeping its slice
+    in shared memory (kaio_ops._long_rows): 16-byte and scalar paths, a large offset, masked
+    (-inf) entries, and a last block with a short slice (n / VEC not a multiple of 8)."""
+    rng = np.random.default_rng(6)
+    x = rand(rng, (2, n), dtype, offset, scale=4)
+    x += dtype(20)
+    x[1, ::5] = -np.inf
+    vec = 1 if offset else 16 // np.dtype(dtype).itemsize
+    assert _long_rows.plan(n, np.dtype(dtype).itemsize, vec) is not None
+    with kaio.simulate():
+        check(kaio_ops.softmax(x), ref_softmax(f64(x)), dtype)
+
+
+def test_cluster_path_only_where_it_pays_and_fits():
+    plan = _long_rows.plan
+    assert plan(_long_rows.MIN_ROW - 1, 4, 4) is None  # one block holds it
+    assert plan(262144, 2, 8) == _long_rows.Plan(8, _long_rows.THREADS, 65536)
+    assert plan(262144, 4, 4) == _long_rows.Plan(16, _long_rows.THREADS, 65536)
+    assert plan(16 * _long_rows.MAX_SLICE_BYTES // 4 + 4, 4, 4) is None  # too long
+
+
+def test_softmax_rows_for_a_cluster_of_16_sim():
+    """A row whose slices need a cluster of 16 blocks (the non-portable size)."""
+    rng = np.random.default_rng(8)
+    n = 8 * _long_rows.SLICE_BYTES // 4 + 100
+    x = rand(rng, (1, n), np.float32, scale=4)
+    assert _long_rows.plan(n, 4, 4).cluster == 16
+    with kaio.simulate():
+        check(kaio_ops.softmax(x), ref_softmax(f64(x)), np.float32)
+
+
 def test_softmax_large_values_sim():
     x = np.array([[1000.0, 999.0, -1000.0, 0.0, 88.0]], np.float32)
     with kaio.simulate():
@@ -277,6 +312,15 @@ def test_every_shipped_specialization_assembles(arch):
         list(pool.map(lambda text: assemble(text, arch), texts))
 
 
+@pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
+def test_cluster_softmax_assembles_for_sm_90_only():
+    for kernel, constexprs in _long_rows.shipped():
+        assemble(kernel.ptx(arch="sm_90", **constexprs), "sm_90")
+    kernel, constexprs = next(iter(_long_rows.shipped()))
+    with pytest.raises(kaio.CompileError, match="needs sm_90"):
+        kernel.ptx(arch="sm_80", **constexprs)
+
+
 def test_vector_path_uses_16_byte_accesses():
     ptx = rows._KERNEL[kaio.bf16].ptx(arch="sm_90", OP="rms_norm", VEC=8)
     assert "ld.global.v4.b32" in ptx and "st.global.v4.b32" in ptx
@@ -354,6 +398,24 @@ def test_row_ops_gpu_vs_torch():
             _torch_check(out, _torch_rms(s_ref.double(), wf), x)
             _torch_check(kaio_ops.layer_norm(x, w, b), F.layer_norm(xf, (n,), wf, bf, 1e-5), x)
             _torch_check(kaio_ops.softmax(x * 8), torch.softmax(xf * 8, -1), x)
+
+
+@pytest.mark.gpu
+def test_softmax_long_rows_gpu_vs_torch():
+    """Rows for a cluster of blocks (sm_90) at the benchmark's size, a misaligned row (scalar
+    path) and masked entries; each agrees with the two-pass path to the last bit or so."""
+    torch = _torch()
+    for dt, shape, offset in [
+        (torch.float32, (256, 262144), 0),
+        (torch.bfloat16, (64, 262144), 0),
+        (torch.float16, (3, 50001), 1),
+    ]:
+        x = _misaligned(torch.randn(shape, device="cuda", dtype=dt) * 8, offset)
+        x[1, ::7] = -float("inf")
+        out = kaio_ops.softmax(x)
+        _torch_check(out, torch.softmax(x.double(), -1), x)
+        two_pass = rows._run("softmax", _arrays.Inputs("softmax").array(x, "x"))
+        assert (out.double() - two_pass.double()).abs().max().item() <= 4e-3 * out.max().item()
 
 
 @pytest.mark.gpu
