@@ -413,6 +413,21 @@ _define(
     _fixed("cluster_sync", "cluster_sync"),
 )
 _define(
+    "cluster_arrive",
+    "cluster_arrive(): the first half of cluster_sync(): this thread arrives at the cluster "
+    "barrier (its shared-memory writes so far are released) and goes on; pair it with one "
+    "cluster_wait(). sm_90.",
+    _fixed("cluster_arrive", "cluster_arrive"),
+)
+_define(
+    "cluster_wait",
+    "cluster_wait(): the second half of cluster_sync(): wait until every thread of the "
+    "cluster has arrived (cluster_arrive). Work between the two overlaps the wait; a block "
+    "ending with cluster_arrive() after its last cluster_load() and cluster_wait() just "
+    "before it exits lets the others finish reading its shared memory. sm_90.",
+    _fixed("cluster_wait", "cluster_wait"),
+)
+_define(
     "cluster_load",
     "cluster_load(arr, index, rank): element arr[index] of the shared array arr of block "
     "rank of this cluster (distributed shared memory: mapa, ld.shared::cluster); 32- or "

@@ -179,6 +179,12 @@ OPS: dict[str, OpInfo] = {
     "cluster_sync": OpInfo(
         "special", "none", False, "barrier for all threads of the cluster's blocks"
     ),
+    "cluster_arrive": OpInfo(
+        "special", "none", False, "this thread's arrival at the cluster barrier (release)"
+    ),
+    "cluster_wait": OpInfo(
+        "special", "none", False, "wait for every thread of the cluster to arrive (acquire)"
+    ),
     "dsmem_load": OpInfo(
         "special",
         "any",

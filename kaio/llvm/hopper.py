@@ -97,6 +97,8 @@ _FIXED = {
         "kaio.cluster_sync()",
         True,
     ),
+    "cluster_arrive": ("barrier.cluster.arrive.aligned;", "cluster", "kaio.cluster_arrive()", True),
+    "cluster_wait": ("barrier.cluster.wait.aligned;", "cluster", "kaio.cluster_wait()", True),
 }
 
 

@@ -200,6 +200,8 @@ LOWERING = {
         "setmaxnreg.{action}.sync.aligned.u32 {count}", "setmaxnreg", "kaio.setmaxnreg_*()"
     ),
     "cluster_sync": lower_cluster_sync,
+    "cluster_arrive": _fixed("barrier.cluster.arrive.aligned", "cluster", "kaio.cluster_arrive()"),
+    "cluster_wait": _fixed("barrier.cluster.wait.aligned", "cluster", "kaio.cluster_wait()"),
     "dsmem_load": lower_dsmem_load,
 }
 

@@ -144,6 +144,8 @@ SEMANTICS |= {
     "ballot": threads.ballot,
     "sync_threads": threads.sync_threads,
     "cluster_sync": threads.cluster_sync,
+    "cluster_arrive": threads.cluster_arrive,
+    "cluster_wait": threads.cluster_wait,
     "sync_warp": threads.sync_warp,
     "threadfence": threads.threadfence,
     "ld_vec": tensor.ld_vec,

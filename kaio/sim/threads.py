@@ -62,10 +62,12 @@ def require_converged_warps(m, ins: Instr, what: str) -> None:
         )
 
 
-def _group_barrier(m, ins: Instr, blocks: int, what: str, unit: str, hint: str) -> None:
+def _group_barrier(
+    m, ins: Instr, blocks: int, what: str, unit: str, hint: str, ends_interval: bool = True
+) -> None:
     """A barrier over groups of ``blocks`` consecutive blocks (1: a block, a cluster's size:
     a cluster): every live thread of each participating group must be active. Ends the race
-    detector's interval for those blocks."""
+    detector's interval for those blocks (unless ``ends_interval`` is false: an arrival)."""
     size = blocks * m.tpb
     active = m.mask.reshape(-1, size)
     groups = active.any(axis=1)
@@ -74,8 +76,9 @@ def _group_barrier(m, ins: Instr, blocks: int, what: str, unit: str, hint: str) 
         if len(bad):
             g = int(bad[0])
             _divergence_error(m, ins, what, np.arange(g * size, (g + 1) * size), unit, hint)
-    for tracker in m.trackers:
-        tracker.reset(np.repeat(groups, blocks))
+    if ends_interval:
+        for tracker in m.trackers:
+            tracker.reset(np.repeat(groups, blocks))
 
 
 def sync_threads(m, ins: Instr, vals: list):
@@ -92,17 +95,26 @@ def sync_threads(m, ins: Instr, vals: list):
     )
 
 
-def cluster_sync(m, ins: Instr, vals: list):
-    """Cluster-wide barrier (``kaio.cluster_sync``): as ``sync_threads``, over every block
-    of each cluster (batches hold whole clusters)."""
-    _group_barrier(
-        m,
-        ins,
-        m.cluster,
-        "cluster_sync() (cluster barrier)",
-        "the cluster of ",
-        "every thread of every block of the cluster must reach the same cluster_sync()",
-    )
+def _cluster_barrier(name: str, ends_interval: bool):
+    def run(m, ins: Instr, vals: list):
+        _group_barrier(
+            m,
+            ins,
+            m.cluster,
+            f"{name}() (cluster barrier)",
+            "the cluster of ",
+            f"every thread of every block of the cluster must reach the same {name}()",
+            ends_interval,
+        )
+
+    run.__doc__ = f"``kaio.{name}``: as ``sync_threads``, over every block of each cluster."
+    return run
+
+
+# In lockstep every thread arrives and waits together; an arrival orders nothing yet.
+cluster_sync = _cluster_barrier("cluster_sync", True)
+cluster_arrive = _cluster_barrier("cluster_arrive", False)
+cluster_wait = _cluster_barrier("cluster_wait", True)
 
 
 def sync_warp(m, ins: Instr, vals: list):
