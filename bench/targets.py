@@ -132,15 +132,16 @@ NOTES: tuple[Note, ...] = (
         "A row of 262144 f32 (1 MB) no longer fits one block; on sm_90 it goes to a cluster "
         "of 16 blocks that each keep 64 KB of it in shared memory and exchange their max and "
         "sum through distributed shared memory (kaio_ops/_long_rows.py), so the row is read "
-        "once: 65% -> about 75% of copy on an H100 (the single-block path read it twice, "
-        "2.94 transfers: at most 68%). Each block loads its slice, waits at two cluster "
-        "barriers, then writes it: while it waits its multiprocessor's loads stop, and a "
-        "cluster of 16 starts only when 16 blocks' room is free in one GPC. Cluster shapes "
-        "measured (f32, % of a torch clone in one run): 16 x 256 threads 78%, 8 x 1024 "
-        "threads 71-76%, 16 x 512 threads 51-69%; a persistent grid (each cluster taking "
-        "several rows) was slower. What could go further: overlapping one row's stores with "
-        "the next row's loads inside a cluster (two slices a block, double-buffered) with an "
-        "exact count of the clusters that fit (cuOccupancyMaxActiveClusters).",
+        "once: 65% -> 86% of copy on an H100 (2026-11-25; the single-block path read it "
+        "twice, 2.94 transfers: at most 68%). Each block loads its slice, waits at a "
+        "cluster barrier, then writes it: while it waits its multiprocessor's loads stop, "
+        "and a cluster of 16 starts only when 16 blocks' room is free in one GPC, which is "
+        "why it stays below the row ops that fit one block (96-98%). Cluster shapes "
+        "compared in one run: 16 x 256 threads best for f32, 8 x 1024 threads 3-8% slower, "
+        "16 x 512 threads 15-40% slower; a persistent grid (each cluster taking several "
+        "rows) was slower still. What could go further: overlapping one row's stores with "
+        "the next row's loads inside a cluster (two slices a block, double-buffered), with "
+        "an exact count of the clusters that fit (cuOccupancyMaxActiveClusters).",
     ),
     Note(
         r"^quantize_q6_k$",

@@ -34,11 +34,13 @@ THREADS = 256
 MIN_ROW = 16385  # shorter rows fit in one block's registers (kaio_ops.rows)
 SLICE_BYTES = 64 * 1024  # a block's share of the row, when a cluster size gives it: 3 blocks an SM
 MAX_SLICE_BYTES = 160 * 1024  # at most (longer rows are read twice, by kaio_ops.rows)
-# Measured on an H100 (f32 and bf16 rows of 262144, one run, % of a torch clone's bandwidth):
-# 16 x 256 threads 78% (f32: 64 KB slices), 8 x 1024 threads 71-76% (128 KB, one block an
-# SM), 16 x 512 threads 51-69%; bf16 8 x 256 77%, 8 x 512 59-76%, 4 x 512 66%. More rows in
-# flight per cluster (a persistent grid) lost: clusters that did not fit ran their rows last.
-# Splitting the second cluster barrier (arrive after the reads, wait before exiting): 0-2%.
+# Compared on an H100 (rows of 262144, one run; the script's times include the launch's host
+# time, so only the ratios count): f32 16 x 256 threads (64 KB slices) fastest, 8 x 1024
+# threads (128 KB, one block an SM) 3-8% slower, 16 x 512 15-40% slower; bf16 8 x 256
+# fastest, 8 x 512 up to 30% slower, 4 x 512 16% slower. A persistent grid (each cluster
+# taking several rows) lost: clusters that did not fit ran their rows last. Splitting the
+# second cluster barrier (arrive after the reads, wait before exiting): 0-2%. In
+# `python -m bench all` (f32 [256, 262144]): 86% of copy bandwidth, 65% before.
 LOG2E = 1.4426950408889634
 MAX, EXPSUM = 0, 1
 
