@@ -327,8 +327,8 @@ def main() -> None:
         elementwise_cases(h, dt, name, (rows // 2, 8192))
         row_cases(h, dt, name, (rows, 4096))
         rope_cases(h, dt, name, (rows, 32, 128))
-    # rows longer than a block's registers hold (kaio reads them twice); Triton's one-program
-    # row kernel cannot hold them, so torch is the peer
+    # rows longer than a block's registers hold (kaio: a thread-block cluster a row on sm_90,
+    # else read twice); Triton's one-program row kernel cannot hold them, so torch is the peer
     shape = (256, 262144)
     h.case(
         "softmax long rows",
