@@ -43,6 +43,15 @@ def load_f32(dst: f32[:], at: kaio.constexpr, src: DT[:], i: u32, VEC: kaio.cons
 
 
 @kaio.gpu_func
+def fetch(VEC: kaio.constexpr, raw: DT[:, :], k: kaio.constexpr, src: DT[:], i: u32):
+    """raw[k] = src[i : i + VEC] as stored (one vector load when VEC > 1)."""
+    if VEC == 1:
+        raw[k, 0] = src[i]
+    else:
+        kaio.load_vector(raw[k], src, i)
+
+
+@kaio.gpu_func
 def store_f32(dst: DT[:], i: u32, src: f32[:], at: kaio.constexpr, VEC: kaio.constexpr):
     """dst[i : i + VEC] = src[at : at + VEC] rounded to DT (one vector store when VEC > 1)."""
     raw = kaio.local(DT, (VEC,))

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import kaio
 from kaio import f32, u32
 from kaio_ops import _arrays
-from kaio_ops._common import DT, LOWEST, block_max_sum, merge_max_sum, store_f32
+from kaio_ops._common import DT, LOWEST, block_max_sum, fetch, merge_max_sum, store_f32
 from kaio_ops._typed import by_dtype
 
 CLUSTERS = (8, 16)  # blocks a row: the portable size, then sm_90's largest (opted in)
@@ -132,15 +132,6 @@ def one_row(
                     ov[j] = kaio.exp2_ftz((f32(raw[u, j]) - acc[MAX]) * LOG2E) * inv
                 store_f32(out, base + (c + u * nt) * VEC, ov, 0, VEC)
     kaio.cluster_wait()  # no block exits while another may still read its pair
-
-
-@kaio.gpu_func
-def fetch(VEC: kaio.constexpr, raw: DT[:, :], u: kaio.constexpr, src: DT[:], i: u32):
-    """raw[u] = src[i : i + VEC] as stored (one vector load when VEC > 1)."""
-    if VEC == 1:
-        raw[u, 0] = src[i]
-    else:
-        kaio.load_vector(raw[u], src, i)
 
 
 @kaio.gpu_func

@@ -30,6 +30,7 @@ from kaio_ops._common import (
     LOWEST,
     block_max_sum,
     block_sum,
+    fetch,
     load_f32,
     merge_max_sum,
     store_f32,
@@ -56,15 +57,6 @@ SUM, SQDEV, MEAN, SCALE = 0, 1, 2, 3  # rms and layer norm
 # 1/sum); the max of the segment whose exp(x - max) xs holds, and the factor turning those
 # into outputs
 MAX, EXPSUM, SEGMAX, CACHED = 0, 1, 2, 3
-
-
-@kaio.gpu_func
-def fetch(VEC: kaio.constexpr, raw: DT[:, :], k: kaio.constexpr, src: DT[:], i: u32):
-    """raw[k] = src[i : i + VEC] as stored (one vector load when VEC > 1)."""
-    if VEC == 1:
-        raw[k, 0] = src[i]
-    else:
-        kaio.load_vector(raw[k], src, i)
 
 
 @kaio.gpu_func
