@@ -112,4 +112,5 @@ def block_max_sum(acc: f32[:], red_m: f32[:], red_s: f32[:]):
         merge_max_sum(kaio.shfl_xor(acc[0], 16 >> k), kaio.shfl_xor(acc[1], 16 >> k), acc)
 
 
+LOG2E = 1.4426950408889634  # exp(v) = exp2_ftz(v * LOG2E): one instruction
 LOWEST = -3.0e38  # the start of a running max: finite, so exp(LOWEST - LOWEST) is 1, not NaN

@@ -25,7 +25,15 @@ from dataclasses import dataclass
 import kaio
 from kaio import f32, u32
 from kaio_ops import _arrays
-from kaio_ops._common import DT, LOWEST, block_max_sum, fetch, merge_max_sum, store_f32
+from kaio_ops._common import (
+    DT,
+    LOG2E,
+    LOWEST,
+    block_max_sum,
+    fetch,
+    merge_max_sum,
+    store_f32,
+)
 from kaio_ops._typed import by_dtype
 
 CLUSTERS = (8, 16)  # blocks a row: the portable size, then sm_90's largest (opted in)
@@ -41,7 +49,6 @@ MAX_SLICE_BYTES = 160 * 1024  # at most (longer rows are read twice, by kaio_ops
 # taking several rows) lost: clusters that did not fit ran their rows last. Splitting the
 # second cluster barrier (arrive after the reads, wait before exiting): 0-2%. In
 # `python -m bench all` (f32 [256, 262144]): 86% of copy bandwidth, 65% before.
-LOG2E = 1.4426950408889634
 MAX, EXPSUM = 0, 1
 
 

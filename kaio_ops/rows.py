@@ -27,6 +27,7 @@ from kaio import bool_, f32, u32
 from kaio_ops import _arrays, _long_rows
 from kaio_ops._common import (
     DT,
+    LOG2E,
     LOWEST,
     block_max_sum,
     block_sum,
@@ -42,7 +43,6 @@ from kaio_ops._typed import by_dtype
 __all__ = ["rms_norm", "rms_norm_residual", "layer_norm", "softmax"]
 
 REGS = 32  # f32 registers per thread that hold its part of a row
-LOG2E = 1.4426950408889634  # softmax's exp(x - max) = exp2_ftz((x - max) * LOG2E): one instruction
 MIN_BLOCK, MAX_BLOCK = 64, 512
 OPS = ("rms_norm", "rms_norm_residual", "layer_norm", "softmax")
 # Ops whose segment loads all go out before any chunk is converted. Converted between the
