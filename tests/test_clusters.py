@@ -105,7 +105,27 @@ def divergent_cluster_sync(out: f32[:]):
     out[0] = 1.0
 
 
+@kaio.gpu_kernel
+def unsynced_read(out: f32[:]):
+    """Block 1 writes its element after the barrier, while block 0 reads it: a race."""
+    kaio.cluster_dims(2)
+    s = kaio.shared(f32, (1,))
+    if kaio.thread_idx_x() == 0:
+        s[0] = 1.0
+    kaio.cluster_sync()
+    if kaio.cluster_rank() == 0 and kaio.thread_idx_x() == 0:
+        out[0] = kaio.cluster_load(s, 0, 1)
+    if kaio.cluster_rank() == 1 and kaio.thread_idx_x() == 0:
+        s[0] = 2.0
+
+
 def test_simulator_reports_misuse():
+    with pytest.raises(
+        kaio.SimulationError, match=r"race on 's_smem0'\[0\] of block \(1, 0, 0\)"
+    ) as e:
+        unsynced_read.sim[2, 32](np.zeros(1, np.float32))
+    assert "thread (0, 0, 0) of block (0, 0, 0) read it" in str(e.value)
+    assert "kaio.cluster_sync()" in str(e.value)
     with pytest.raises(kaio.SimulationError, match=r"block rank 2 in a cluster of 2"):
         far_rank.sim[2, 32](np.zeros(32, np.float32))
     with pytest.raises(kaio.SimulationError, match=r"cluster_sync\(\) \(cluster barrier\) in"):

@@ -445,10 +445,11 @@ def no_op(m, ins: Instr, vals: list):
 
 def dsmem_load(m, ins: Instr, vals: list):
     """``arr[idx]`` of block ``rank`` of the lane's cluster (the batch holds whole clusters,
-    so that block is in it). Not seen by the race detector: ``cluster_sync`` orders it."""
+    so that block is in it). The race detector sees the read as one of the other block's
+    element: a write there with no cluster barrier in between is reported."""
     st = m.storage(ins.args[0])
     *idx_vals, rank = vals
-    lanes, ix, _ = memory.locate(m, ins, st, idx_vals, "cluster_load")
+    lanes, ix, key = memory.locate(m, ins, st, idx_vals, "cluster_load")
     rank = np.asarray(m.pick(rank, lanes)).astype(np.int64)
     if (rank >= m.cluster).any():
         lane = int(np.argmax(rank >= m.cluster))
@@ -459,6 +460,8 @@ def dsmem_load(m, ins: Instr, vals: list):
         )
     own = ix[0]
     target = own - own % m.cluster + rank
+    if st.tracker is not None:
+        st.tracker.access(m, ins, key + (target - own) * st.size, lanes, write=False)
     return m.scatter(st.data[(target, *ix[1:])], lanes)
 
 

@@ -285,10 +285,15 @@ class RaceTracker:
         index = ", ".join(str(int(i)) for i in elem)
         other = m.instr_by_code(int(self.at[slot][key]))
         verb, prev_verb = ("writes" if write else "reads"), ("wrote" if slot == "w" else "read")
+        owner = m.block_coords(int(key // st.size) * m.tpb)  # the block whose element it is
+        if m.lane_block[lane] == m.lane_block[prev]:
+            who, whom = f"thread {m.thread_coords(lane)}", f"thread {m.thread_coords(prev)}"
+            barrier = "kaio.sync_threads() (or kaio.sync_warp() when both threads are in one warp)"
+        else:  # a kaio.cluster_load() of another block's element
+            who, whom = (f"{m.describe(x)}" for x in (lane, prev))
+            barrier = "kaio.cluster_sync() (or cluster_arrive() and cluster_wait())"
         raise SimulationError(
-            f"{m.where(ins)}: shared-memory race on '{st.array.name}'[{index}] in block "
-            f"{m.block_coords(lane)}: thread {m.thread_coords(lane)} {verb} it here"
-            f"{m.source(ins)}\nand thread {m.thread_coords(prev)} {prev_verb} it at "
-            f"{m.where(other)}{m.source(other)}\nwith no kaio.sync_threads() in between "
-            f"(or kaio.sync_warp() when both threads are in one warp)"
+            f"{m.where(ins)}: shared-memory race on '{st.array.name}'[{index}] of block "
+            f"{owner}: {who} {verb} it here{m.source(ins)}\nand {whom} {prev_verb} it at "
+            f"{m.where(other)}{m.source(other)}\nwith no {barrier} in between"
         )
