@@ -1,10 +1,14 @@
 """The Hopper matmul (sm_90): ``C[M, N] = A[M, K] @ B[K, N]`` in f32 for f16 or bf16 inputs,
 with TMA loads, an mbarrier pipeline and ``wgmma``, written in the DSL.
 
-One block computes a ``128 x BN`` tile of C with two warpgroups, each multiplying its 64 rows
-of A by the whole B slice with ``wgmma.m64n{BN}k16`` and keeping one group of wgmmas in
-flight. Thread 0 also produces: it issues the TMA copies of each 64-deep K slice of A and B
-into a ``STAGES``-deep ring of 128-byte-swizzled shared tiles, ``STAGES - 1`` slices ahead.
+The grid is persistent: at most one block a multiprocessor, block ``b`` of ``G`` computing
+tiles ``b``, ``b + G``, ... of C in the grouped order (``grouped``: down columns of
+``GROUP`` tile rows, so the tiles in flight at once share their A and B slices in L2). A block
+computes a ``128 x BN`` tile with two warpgroups, each multiplying its 64 rows of A by the
+whole B slice with ``wgmma.m64n{BN}k16`` and keeping one group of wgmmas in flight. Thread 0
+also produces: it issues the TMA copies of each 64-deep K slice of A and B into a
+``STAGES``-deep ring of 128-byte-swizzled shared tiles, ``STAGES - 1`` slices ahead, across
+tile boundaries: the next tile's first slices load during this tile's epilogue.
 Two barriers per stage: ``bars[0, s]`` ("full": the slice's TMA bytes landed) and
 ``bars[1, s]`` ("empty": both warpgroups are done reading the stage). Every shared array is
 dynamic, barriers included: after a static array the dynamic region is not 1024-byte aligned
@@ -33,6 +37,58 @@ BK = 64
 THREADS = 256
 A_STAGE_BYTES = BM * BK * 2
 SW = 128  # swizzle bytes: one 128-byte row per 64 elements
+GROUP_ROWS = 8  # tile rows a group of the tile order spans (``grouped``)
+
+
+@kaio.gpu_func
+def grouped(tile: i32, tiles_m: i32, tiles_n: i32, GROUP: kaio.constexpr) -> i32:
+    """The row-major index ``tm * tiles_n + tn`` of C tile number ``tile`` in the grouped
+    order: tiles go down columns of ``GROUP`` tile rows, so that the blocks running at once
+    share their A and B slices in L2."""
+    width = GROUP * tiles_n
+    first = (tile // width) * GROUP
+    rows = kaio.min(tiles_m - first, GROUP)
+    return (first + (tile % width) % rows) * tiles_n + (tile % width) // rows
+
+
+@kaio.gpu_func
+def place(at: i32[:], tiles_m: i32, tiles_n: i32, BN: kaio.constexpr, GROUP: kaio.constexpr):
+    """Set ``at[2], at[3]`` to the first row and column of tile number ``at[1]``."""
+    idx = grouped(at[1], tiles_m, tiles_n, GROUP)
+    at[2] = (idx // tiles_n) * BM
+    at[3] = (idx % tiles_n) * BN
+
+
+@kaio.gpu_func
+def produce(
+    sa: f16[:, :, :],
+    sb: f16[:, :, :, :],
+    bars: u64[:, :],
+    ta: kaio.tensormap,
+    tb: kaio.tensormap,
+    at: i32[:],
+    s: i32,
+    k_tiles: i32,
+    step: i32,
+    tiles_m: i32,
+    tiles_n: i32,
+    BN: kaio.constexpr,
+    GROUP: kaio.constexpr,
+):
+    """Issue the TMA copies of the producer's next K slice into stage ``s``, armed on its full
+    barrier, and step the producer's position ``at`` (K slice, tile number, the tile's first
+    row and column) to the slice after it: divisions only when the tile changes, since the
+    producer's thread is also a consumer's and its work delays its warpgroup's wgmmas."""
+    k0 = at[0] * BK
+    kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32(A_STAGE_BYTES + BK * BN * 2))
+    kaio.tma_load_2d(sa, (s, 0, 0), ta, at[2], k0, bars, (0, s))
+    for j in kaio.static_range(BN // 64):
+        kaio.tma_load_2d(sb, (s, j, 0, 0), tb, k0, at[3] + j * 64, bars, (0, s))
+    at[0] += 1
+    if at[0] == k_tiles:
+        at[0] = 0
+        at[1] += step
+        place(at, tiles_m, tiles_n, BN, GROUP)
 
 
 @kaio.gpu_kernel(block_size=THREADS)
@@ -46,6 +102,7 @@ def matmul_wgmma(
     BN: kaio.constexpr,
     STAGES: kaio.constexpr,
     BF16: kaio.constexpr,
+    GROUP: kaio.constexpr,
 ):
     kaio.launch_bounds(THREADS, 1)
     sa = kaio.shared_dynamic(f16, (STAGES, BM, BK), 0)
@@ -54,58 +111,65 @@ def matmul_wgmma(
     t = kaio.thread_idx_x()
     wg = t // 128
     lt = t % 128
-    row0 = i32(kaio.block_idx_y() * BM)
-    col0 = i32(kaio.block_idx_x() * BN)
+    tile0 = i32(kaio.block_idx_x())
+    step = i32(kaio.grid_dim_x())
+    tiles_m = (m + BM - 1) // BM
+    tiles_n = (n + BN - 1) // BN
+    tiles = tiles_m * tiles_n
+    my_tiles = (tiles - tile0 + step - 1) // step
     k_tiles = (k + BK - 1) // BK
-    stage_bytes = u32(A_STAGE_BYTES + BK * BN * 2)
+    slices = my_tiles * k_tiles
     if t == 0:
         for s in kaio.static_range(STAGES):
             kaio.mbarrier_init(bars, (0, s), 1)
             kaio.mbarrier_init(bars, (1, s), 2)
         kaio.fence_proxy_async()
     kaio.sync_threads()
-    # the producer's first STAGES - 1 slices; slice kt + STAGES - 1 follows iteration kt
-    for kt in range(-(STAGES - 1), 0):
-        if t == 0 and kt + STAGES - 1 < k_tiles:
-            s = kt + STAGES - 1
-            kaio.mbarrier_arrive_expect_tx(bars, (0, s), stage_bytes)
-            kaio.tma_load_2d(sa, (s, 0, 0), ta, row0, s * BK, bars, (0, s))
-            for j in kaio.static_range(BN // 64):
-                kaio.tma_load_2d(sb, (s, j, 0, 0), tb, s * BK, col0 + j * 64, bars, (0, s))
+    # the producer runs STAGES - 1 slices ahead, across tiles: slice g + STAGES - 1 follows
+    # slice g, so the next tile's first slices load during this tile's epilogue
+    at = kaio.local(i32, (4,))
+    at[0] = 0
+    at[1] = tile0
+    place(at, tiles_m, tiles_n, BN, GROUP)
+    for g in kaio.static_range(STAGES - 1):
+        if t == 0 and g < slices:
+            produce(sa, sb, bars, ta, tb, at, g, k_tiles, step, tiles_m, tiles_n, BN, GROUP)
     acc = kaio.local(f32, (BN // 8, 2, 2))
-    for kt in range(k_tiles):
-        s = kt % STAGES
-        kaio.mbarrier_wait(bars, (0, s), u32(kt // STAGES) & 1)
-        kaio.wgmma_fence()
-        for kk in kaio.static_range(BK // 16):
-            da = kaio.smem_descriptor(sa, (s, 64 * wg, kk * 16), SW, 16, 1024)
-            db = kaio.smem_descriptor(sb, (s, 0, kk * 16, 0), SW, BK * SW, 1024)
-            if BF16:
-                kaio.wgmma_bf16(acc, da, db, kt + kk > 0, False, True)
-            else:
-                kaio.wgmma_f16(acc, da, db, kt + kk > 0, False, True)
-        kaio.wgmma_commit()
-        kaio.wgmma_wait(1)
-        if kt > 0 and lt == 0:  # the previous slice's wgmmas are done: release its stage
-            kaio.mbarrier_arrive(bars, (1, (kt - 1) % STAGES))
-        nt = kt + STAGES - 1
-        if t == 0 and nt < k_tiles:
-            ns = nt % STAGES
-            if kt > 0:  # the stage held slice kt - 1: wait until both warpgroups released it
-                kaio.mbarrier_wait(bars, (1, ns), u32((kt - 1) // STAGES) & 1)
-            kaio.mbarrier_arrive_expect_tx(bars, (0, ns), stage_bytes)
-            kaio.tma_load_2d(sa, (ns, 0, 0), ta, row0, nt * BK, bars, (0, ns))
-            for j in kaio.static_range(BN // 64):
-                kaio.tma_load_2d(sb, (ns, j, 0, 0), tb, nt * BK, col0 + j * 64, bars, (0, ns))
-    kaio.wgmma_wait(0)
-    w = lt // 32
-    lane = lt % 32
-    for j in kaio.static_range(BN // 8):
-        col = col0 + 8 * j + 2 * i32(lane % 4)
-        for h in kaio.static_range(2):
-            row = row0 + 64 * i32(wg) + 16 * i32(w) + i32(lane // 4) + 8 * h
-            if row < m and col < n:
-                kaio.store_vector(c, (row, col), acc[j, h])
+    for i in range(my_tiles):
+        for kt in range(k_tiles):
+            g = i * k_tiles + kt
+            s = g % STAGES
+            kaio.mbarrier_wait(bars, (0, s), u32(g // STAGES) & 1)
+            kaio.wgmma_fence()
+            for kk in kaio.static_range(BK // 16):
+                da = kaio.smem_descriptor(sa, (s, 64 * wg, kk * 16), SW, 16, 1024)
+                db = kaio.smem_descriptor(sb, (s, 0, kk * 16, 0), SW, BK * SW, 1024)
+                if BF16:
+                    kaio.wgmma_bf16(acc, da, db, kt + kk > 0, False, True)
+                else:
+                    kaio.wgmma_f16(acc, da, db, kt + kk > 0, False, True)
+            kaio.wgmma_commit()
+            kaio.wgmma_wait(1)
+            if g > 0 and lt == 0:  # the previous slice's wgmmas are done: release its stage
+                kaio.mbarrier_arrive(bars, (1, (g - 1) % STAGES))
+            ng = g + STAGES - 1
+            if t == 0 and ng < slices:
+                if g > 0:  # the stage held slice g - 1: wait until both warpgroups released it
+                    kaio.mbarrier_wait(bars, (1, ng % STAGES), u32((g - 1) // STAGES) & 1)
+                ns = ng % STAGES
+                produce(sa, sb, bars, ta, tb, at, ns, k_tiles, step, tiles_m, tiles_n, BN, GROUP)
+        kaio.wgmma_wait(0)
+        idx = grouped(tile0 + i * step, tiles_m, tiles_n, GROUP)
+        row0 = (idx // tiles_n) * BM
+        col0 = (idx % tiles_n) * BN
+        w = lt // 32
+        lane = lt % 32
+        for j in kaio.static_range(BN // 8):
+            col = col0 + 8 * j + 2 * i32(lane % 4)
+            for h in kaio.static_range(2):
+                row = row0 + 64 * i32(wg) + 16 * i32(w) + i32(lane // 4) + 8 * h
+                if row < m and col < n:
+                    kaio.store_vector(c, (row, col), acc[j, h])
 
 
 def eligible(a, b, m: int, n: int, k: int) -> bool:
@@ -121,9 +185,10 @@ def worthwhile(m: int, n: int, sms: int) -> bool:
     return -(-m // BM) * -(-n // 128) >= 2 * sms
 
 
-def launch(a, b, m: int, n: int, k: int, sms: int, bf16: bool):
-    """``a @ b`` in f32 (a new array of ``a``'s kind) with ``matmul_wgmma``: 128 x 256 tiles
-    when they give every one of ``sms`` multiprocessors a block, else 128 x 128."""
+def launch(a, b, m: int, n: int, k: int, sms: int, bf16: bool, group: int = GROUP_ROWS):
+    """``a @ b`` in f32 (a new array of ``a``'s kind) with ``matmul_wgmma`` on a persistent
+    grid of at most ``sms`` blocks: 128 x 256 tiles when they give every one of ``sms``
+    multiprocessors a block, else 128 x 128; tiles taken ``group`` tile rows at a time."""
     from kaio_ops import _arrays
 
     bn = 256 if -(-m // BM) * -(-n // 256) >= sms else 128
@@ -131,9 +196,9 @@ def launch(a, b, m: int, n: int, k: int, sms: int, bf16: bool):
     c = _arrays.output(a, (m, n), f32)
     ta = kaio.tensor_map_2d(a.obj, (BM, BK), SW)
     tb = kaio.tensor_map_2d(b.obj, (BK, 64), SW)
-    grid = (-(-n // bn), -(-m // BM))
+    grid = min(sms, -(-m // BM) * -(-n // bn))
     matmul_wgmma[grid, THREADS, _arrays.stream_of(a), shared_bytes(bn, stages)](
-        ta, tb, c, m, n, k, BN=bn, STAGES=stages, BF16=int(bf16)
+        ta, tb, c, m, n, k, BN=bn, STAGES=stages, BF16=int(bf16), GROUP=group
     )
     return c
 
@@ -147,7 +212,7 @@ def shared_bytes(bn: int, stages: int) -> int:
 def specializations() -> list:
     """(kernel, constexprs) of every specialization ``launch`` uses (for PTX checks)."""
     return [
-        (matmul_wgmma, {"BN": bn, "STAGES": st, "BF16": bf})
+        (matmul_wgmma, {"BN": bn, "STAGES": st, "BF16": bf, "GROUP": GROUP_ROWS})
         for bn, st in ((256, 4), (128, 5))
         for bf in (0, 1)
     ]

@@ -52,6 +52,36 @@ def tma_tile(tmap: kaio.tensormap, out: f16[:, :], row: i32, col: i32, R: kaio.c
         out[i // 64, i % 64] = tile[i // 64, i % 64]
 
 
+@kaio.gpu_func
+def load_box(tile: f16[:, :], tmap: kaio.tensormap, row: i32, col: i32, bars: u64[:]):
+    """A device function taking a tensor map: arm the barrier and issue one box."""
+    kaio.mbarrier_arrive_expect_tx(bars, 0, 32 * 64 * 2)
+    kaio.tma_load_2d(tile, (0, 0), tmap, row, col, bars, 0)
+
+
+@kaio.gpu_kernel(block_size=128)
+def tma_tile_via_func(tmap: kaio.tensormap, out: f16[:, :], row: i32, col: i32):
+    """tma_tile (R = 32) with the copy issued from a device function."""
+    tile = kaio.shared(f16, (32, 64))
+    bars = kaio.shared(u64, (1,))
+    t = kaio.thread_idx_x()
+    if t == 0:
+        kaio.mbarrier_init(bars, 0, 1)
+    kaio.sync_threads()
+    if t == 0:
+        load_box(tile, tmap, row, col, bars)
+    kaio.mbarrier_wait(bars, 0, 0)
+    for i in range(t, 32 * 64, 128):
+        out[i // 64, i % 64] = tile[i // 64, i % 64]
+
+
+@kaio.gpu_kernel(block_size=128)
+def tma_func_without_map(out: f16[:, :], addr: u64):
+    tile = kaio.shared(f16, (32, 64))
+    bars = kaio.shared(u64, (1,))
+    load_box(tile, addr, 0, 0, bars)
+
+
 @kaio.gpu_kernel(block_size=64)
 def barrier_phases(out: u32[:]):
     """A barrier of count 64 through three phases: try_wait before and after each."""
@@ -256,6 +286,18 @@ def test_tma_copies_a_box_with_its_swizzle(swizzle):
         np.testing.assert_array_equal(out, want)
 
 
+def test_device_functions_take_tensor_maps():
+    src = _inputs((100, 200), 0, False)
+    tmap = kaio.tensor_map_2d(src, (32, 64), 128)
+    want, got = np.zeros((32, 64), np.float16), np.full((32, 64), np.nan, np.float16)
+    tma_tile.sim[1](tmap, want, 40, 64, 32)
+    tma_tile_via_func.sim[1](tmap, got, 40, 64)
+    assert not np.isnan(got).any()
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(kaio.CompileError, match="load_box: 'tmap' expects a kaio.tensormap"):
+        tma_func_without_map.ptx(arch="sm_90")
+
+
 def test_tma_box_columns_start_16_byte_aligned():
     """The GPU stops with an illegal instruction when a box's first column is not a multiple
     of 16 bytes into the row (seen on an H200 for columns 4 and 150 of f16); the simulator
@@ -311,15 +353,20 @@ def test_wgmma_accumulator_layout_is_the_documented_one():
     np.testing.assert_array_equal(got, ref.astype(np.float32))
 
 
-@pytest.mark.parametrize("bf16", [0, 1])
-def test_hopper_matmul_in_the_simulator(bf16):
+@pytest.mark.parametrize("bf16, blocks, group", [(0, 3, 2), (1, 2, 1), (0, 1, 8)])
+def test_hopper_matmul_in_the_simulator(bf16, blocks, group):
+    # 2 x 2 tiles of C on a persistent grid of 1 to 3 blocks: a block takes tiles b, b +
+    # blocks, ... in the grouped order, and its producer loads the next tile's first slices
+    # (4 K slices a tile, 3 stages) before this tile's epilogue
     m, n, k, bn, stages = 130, 136, 200, 128, 3
     a, b = _inputs((m, k), bf16, False), _inputs((k, n), bf16, False)
     c = np.full((m, n), np.nan, np.float32)
     ta = kaio.tensor_map_2d(a, (128, 64), 128)
     tb = kaio.tensor_map_2d(b, (64, 64), 128)
     shared = _matmul_hopper.shared_bytes(bn, stages)
-    _matmul_hopper.matmul_wgmma.sim[(2, 2), 256, 0, shared](ta, tb, c, m, n, k, bn, stages, bf16)
+    _matmul_hopper.matmul_wgmma.sim[blocks, 256, 0, shared](
+        ta, tb, c, m, n, k, bn, stages, bf16, group
+    )
     ref = a.astype(np.float64) @ b.astype(np.float64)
     np.testing.assert_allclose(c, ref, rtol=0, atol=1e-4)
 
@@ -425,7 +472,12 @@ def test_hopper_matmul_only_for_enough_tiles():
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("mnk", [(130, 136, 200), (512, 1024, 768), (2048, 2048, 4096)])
+@pytest.mark.parametrize(
+    # the last: 23 x 17 tiles of 128 x 256, several a block on the persistent grid, edges on
+    # both sides and a last group of 7 tile rows
+    "mnk",
+    [(130, 136, 200), (512, 1024, 768), (2048, 2048, 4096), (2900, 4104, 520)],
+)
 def test_gpu_matmul_dispatches_to_hopper_and_is_correct(dtype, mnk, monkeypatch):
     """On sm_90 the ops run the wgmma kernel by default (here whatever the size: shapes
     this small take mma.sync, see ``worthwhile``): relative error (Frobenius, against float64)

@@ -1179,6 +1179,14 @@ class Lowerer:
                     self.b.assign(var, v)
                     v = var
                 scope.names[p.arg] = v
+            elif isinstance(ann, T.TensorMapType):
+                if not any(q.value is a and q.role == "tensormap" for q in self.params):
+                    self.error(
+                        f"{df.__name__}: {p.arg!r} expects a kaio.tensormap kernel parameter",
+                        node,
+                    )
+                scope.names[p.arg] = a
+                scope.readonly.add(p.arg)
             else:
                 self.error(f"{df.__name__}: parameter {p.arg!r} needs a kaio type annotation", node)
         saved_scope, saved_node, saved_loc = self.scope, self.node, self.b.loc
