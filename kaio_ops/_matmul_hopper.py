@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import kaio
 from kaio import f16, f32, i32, u32, u64
+from kaio_ops._typed import by_dtype
 
 BM = 128
 BK = 64
 THREADS = 256
 A_STAGE_BYTES = BM * BK * 2
 SW = 128  # swizzle bytes: one 128-byte row per 64 elements
+DT = f32  # the output element type placeholder (see _typed.by_dtype): f32, or f16
 GROUP_ROWS = 8  # tile rows a group of the tile order spans (``grouped``)
 
 
@@ -95,9 +97,13 @@ def produce(
 def matmul_wgmma(
     ta: kaio.tensormap,
     tb: kaio.tensormap,
-    c: f32[:, :],
+    c0: DT[:, :],
+    c1: DT[:, :],
+    c2: DT[:, :],
     m: i32,
     n: i32,
+    n0: i32,
+    n1: i32,
     k: i32,
     BN: kaio.constexpr,
     STAGES: kaio.constexpr,
@@ -164,18 +170,30 @@ def matmul_wgmma(
         col0 = (idx % tiles_n) * BN
         w = lt // 32
         lane = lt % 32
+        pair = kaio.local(DT, 2)
         for j in kaio.static_range(BN // 8):
             col = col0 + 8 * j + 2 * i32(lane % 4)
             for h in kaio.static_range(2):
                 row = row0 + 64 * i32(wg) + 16 * i32(w) + i32(lane // 4) + 8 * h
                 if row < m and col < n:
-                    kaio.store_vector(c, (row, col), acc[j, h])
+                    pair[0] = DT(acc[j, h, 0])
+                    pair[1] = DT(acc[j, h, 1])
+                    if col < n0:
+                        kaio.store_vector(c0, (row, col), pair)
+                    elif col < n0 + n1:
+                        kaio.store_vector(c1, (row, col - n0), pair)
+                    else:
+                        kaio.store_vector(c2, (row, col - n0 - n1), pair)
+
+
+WGMMA = by_dtype(matmul_wgmma)
 
 
 def eligible(a, b, m: int, n: int, k: int) -> bool:
-    """Whether the Hopper kernel takes ``a @ b`` (``_arrays.Operand``s): TMA needs rows a
-    multiple of 16 bytes apart (K and N multiples of 8) and 16-byte aligned bases."""
-    return k % 8 == 0 and n % 8 == 0 and a.aligned(16) and b.aligned(16)
+    """Whether the Hopper kernel takes ``a @ b`` (``_arrays.Operand``s; ``b`` None for a
+    fresh array): TMA needs rows a multiple of 16 bytes apart (K and N multiples of 8) and
+    16-byte aligned bases."""
+    return k % 8 == 0 and n % 8 == 0 and a.aligned(16) and (b is None or b.aligned(16))
 
 
 def worthwhile(m: int, n: int, sms: int) -> bool:
@@ -185,22 +203,34 @@ def worthwhile(m: int, n: int, sms: int) -> bool:
     return -(-m // BM) * -(-n // 128) >= 2 * sms
 
 
-def launch(a, b, m: int, n: int, k: int, sms: int, bf16: bool, group: int = GROUP_ROWS):
-    """``a @ b`` in f32 (a new array of ``a``'s kind) with ``matmul_wgmma`` on a persistent
-    grid of at most ``sms`` blocks: 128 x 256 tiles when they give every one of ``sms``
-    multiprocessors a block, else 128 x 128; tiles taken ``group`` tile rows at a time."""
+def launch(
+    a, b, m: int, n: int, k: int, sms: int, bf16: bool, f16_outs: list | None = None,
+    group: int = GROUP_ROWS,
+):  # fmt: skip
+    """``a @ b`` with ``matmul_wgmma`` on a persistent grid of at most ``sms`` blocks: 128 x
+    256 tiles when they give every one of ``sms`` multiprocessors a block, else 128 x 128;
+    tiles taken ``group`` tile rows at a time. The result is a new f32 array of ``a``'s kind,
+    or with ``f16_outs`` (one to three f16 arrays [M, N_i], the N_i summing to N) the columns
+    of C go to them in turn, rounded to f16; returns ``f16_outs``."""
     from kaio_ops import _arrays
 
     bn = 256 if -(-m // BM) * -(-n // 256) >= sms else 128
     stages = 4 if bn == 256 else 5
-    c = _arrays.output(a, (m, n), f32)
+    if f16_outs is None:
+        outs = _arrays.output(a, (m, n), f32)
+        targets, widths = [outs] * 3, [n, 0]
+    else:
+        outs = f16_outs
+        targets = outs + outs[:1] * (3 - len(outs))
+        widths = ([o.shape[1] for o in outs] + [0, 0])[:2]
     ta = kaio.tensor_map_2d(a.obj, (BM, BK), SW)
     tb = kaio.tensor_map_2d(b.obj, (BK, 64), SW)
     grid = min(sms, -(-m // BM) * -(-n // bn))
-    matmul_wgmma[grid, THREADS, _arrays.stream_of(a), shared_bytes(bn, stages)](
-        ta, tb, c, m, n, k, BN=bn, STAGES=stages, BF16=int(bf16), GROUP=group
+    kernel = WGMMA[f32 if f16_outs is None else f16]
+    kernel[grid, THREADS, _arrays.stream_of(a), shared_bytes(bn, stages)](
+        ta, tb, *targets, m, n, *widths, k, BN=bn, STAGES=stages, BF16=int(bf16), GROUP=group
     )
-    return c
+    return outs
 
 
 def shared_bytes(bn: int, stages: int) -> int:
@@ -212,7 +242,8 @@ def shared_bytes(bn: int, stages: int) -> int:
 def specializations() -> list:
     """(kernel, constexprs) of every specialization ``launch`` uses (for PTX checks)."""
     return [
-        (matmul_wgmma, {"BN": bn, "STAGES": st, "BF16": bf, "GROUP": GROUP_ROWS})
+        (WGMMA[out], {"BN": bn, "STAGES": st, "BF16": bf, "GROUP": GROUP_ROWS})
         for bn, st in ((256, 4), (128, 5))
         for bf in (0, 1)
+        for out in (f32, f16)
     ]

@@ -144,17 +144,23 @@ def run(a, b, dtype, pipelined: bool, plan: Plan | None = None, op: str = "matmu
     a, b = _check(op, a, b, dtype)
     m, k = a.shape
     n = b.shape[1]
-    if (
-        plan is None
-        and m > SKINNY_M
-        and _hopper()
-        and _matmul_hopper.eligible(a, b, m, n, k)
-        and _matmul_hopper.worthwhile(m, n, _arrays.multiprocessors())
-    ):
+    if plan is None and hopper_takes(a, b, m, n, k):
         return _matmul_hopper.launch(a, b, m, n, k, _arrays.multiprocessors(), bf16=dtype == bf16)
     variant = f"{dtype.name}_{'async' if pipelined else 'sync'}"
     plan = plan or plan_for(m, n, k, variant)
     return launch(a, b.view(k * n), (m, n, k), pipelined, plan, aligned=b.aligned(16))
+
+
+def hopper_takes(a, b, m: int, n: int, k: int) -> bool:
+    """Whether ``a @ b`` (``Operand``s; ``b`` None for a fresh, aligned array) runs
+    ``_matmul_hopper`` when no plan is given: an sm_90 GPU, M > 16, operands TMA can read and
+    enough tiles of C."""
+    return (
+        m > SKINNY_M
+        and _hopper()
+        and _matmul_hopper.eligible(a, b, m, n, k)
+        and _matmul_hopper.worthwhile(m, n, _arrays.multiprocessors())
+    )
 
 
 def _hopper() -> bool:

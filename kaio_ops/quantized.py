@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import kaio
 from kaio import f16, f32, i32, u8, u32
 from kaio.types import i8
-from kaio_ops import _arrays, _int4_decode
+from kaio_ops import _arrays, _int4_decode, _int4_prefill
 from kaio_ops._matmul_kernels import MATMUL, QKV, sum_qkv_slices
 from kaio_ops._typed import by_dtype
 from kaio_ops.matmul import (
@@ -126,6 +126,8 @@ def matmul_int4(a, b_packed, scales):
     n = b.shape[1]
     if _int4_decode.fits(a, (b, s)):
         return _int4_decode.matmul(a, b, s)
+    if _int4_prefill.fits(a, (b, s)):
+        return _int4_prefill.matmul(a, b, s)
     plan = plan_for(m, n, k, "int4")
     return launch(a, _flat_halves(b), (m, n, k), True, plan, aligned=b.aligned(16), scales=s.obj)
 
@@ -269,6 +271,8 @@ def qkv_project_int4(x, wq, wk, wv, sq, sk, sv) -> tuple:
     operands = [_int4_operands(inputs, x.shape[1], *args) for args in named]
     if _int4_decode.fits(x, *operands):
         return _int4_decode.qkv(x, operands)
+    if _int4_prefill.fits(x, *operands):
+        return _int4_prefill.qkv(x, operands)
     return tuple(_project(x, [_int4_weights(b, s) for b, s in operands], 4))
 
 
@@ -297,4 +301,4 @@ def specializations() -> list:
         # a K split (decode): f32 partial products, summed by sum_qkv_slices
         out += [(QKV[f32], CONFIGS[SKINNY].constexprs(True, vec, quant)) for vec in (False, True)]
     out += [(sum_qkv_slices, {"SPLIT": s}) for s in (2, 16)]
-    return out + _int4_decode.specializations()
+    return out + _int4_decode.specializations() + _int4_prefill.specializations()

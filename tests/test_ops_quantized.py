@@ -15,7 +15,7 @@ import kaio
 import kaio_ops
 from kaio import f16, f32, u32
 from kaio.ptx.ptxas import assemble, find_ptxas
-from kaio_ops import _arrays, _int4_decode
+from kaio_ops import _arrays, _int4_decode, _int4_prefill
 from kaio_ops._matmul_kernels import QKV
 from kaio_ops.matmul import CONFIGS, Plan, heuristic, k_slices
 from kaio_ops.quantized import FALLBACK, _qkv_plan, project_int8, specializations
@@ -100,6 +100,40 @@ def test_int4_decode_long_k_in_simulator(m):
         c = kaio_ops.matmul_int4(a, packed, scales)
     ref = a.astype(np.float64) @ w.astype(np.float64)
     np.testing.assert_allclose(c, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+def _sim_operands(*arrays):
+    """Checked ``Operand``s of NumPy arrays (inside ``kaio.simulate()``)."""
+    inputs = _arrays.Inputs("test")
+    return [inputs.array(x, f"x{i}", dtypes=(f16, u32)) for i, x in enumerate(arrays)]
+
+
+def test_int4_dequantized_side_by_side_in_simulator():
+    """The prefill path's f16 weights: two weights side by side, every element the same bits
+    as the reference's ``f16(scale * q)``."""
+    cases = [int4_case(1, n, 384) for n in (40, 24)]
+    with kaio.simulate():
+        like, *ops = _sim_operands(cases[0][0], *(x for c in cases for x in c[1:3]))
+        w = _int4_prefill.dequantized(like, [ops[0:2], ops[2:4]])
+    np.testing.assert_array_equal(w, np.concatenate([c[3] for c in cases], axis=1))
+
+
+def test_int4_prefill_paths_in_simulator():
+    """The sm_90 prefill path run whole in the simulator (dispatch picks it only on an H100 or
+    H200): matmul_int4 as f32, and the three projections in f16 from one Hopper matmul."""
+    m, k, widths = 130, 256, (40, 24, 72)
+    cases = [int4_case(m, n, k) for n in widths]
+    x = cases[0][0]
+    with kaio.simulate():
+        xo, *ops = _sim_operands(x, *(v for c in cases for v in c[1:3]))
+        c = _int4_prefill.matmul(xo, *ops[0:2])
+        q, kk, v = _int4_prefill.qkv(xo, [ops[0:2], ops[2:4], ops[4:6]])
+    ref = [x.astype(np.float64) @ case[3].astype(np.float64) for case in cases]
+    assert c.dtype == np.float32
+    np.testing.assert_allclose(c, ref[0], rtol=1e-5, atol=1e-5 * np.abs(ref[0]).max())
+    for got, want in zip((q, kk, v), ref, strict=True):
+        assert got.dtype == np.float16 and got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=2**-10, atol=2**-14 + 1e-5 * np.abs(want).max())
 
 
 def test_int4_packing_reference_matches_the_documented_layout():
@@ -483,6 +517,36 @@ def test_gpu_qkv_int4(m):
     fused = kaio_ops.qkv_project_int4(x, *(w[0] for w in weights), *(w[1] for w in weights))
     separate = [kaio_ops.matmul_int4(x, p, s) for p, s, _ in weights]
     _gpu_check(fused, separate, x, [w[2] for w in weights], [1.0] * 3, m <= 16)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    "not (kaio.gpu_available() and kaio.device().arch == 'sm_90')", reason="needs an sm_90 GPU"
+)
+def test_gpu_int4_prefill_path_on_hopper(monkeypatch):
+    """On sm_90, matmul_int4 at M = 4096 and the fused projections at M = 512 take the
+    dequantize-then-wgmma path; its f16 weights are the reference's bits."""
+    import torch
+
+    monkeypatch.delenv("KAIO_HOPPER_MATMUL", raising=False)
+    taken = []
+    for name in ("matmul", "qkv"):
+        real = getattr(_int4_prefill, name)
+        monkeypatch.setattr(
+            _int4_prefill, name, lambda *a, _n=name, _f=real: taken.append(_n) or _f(*a)
+        )
+    k = n = 4096
+    packed, scales, w = _torch_int4_weights(k, n, 11)
+    x = torch.randn(4096, k, device="cuda", generator=torch.Generator("cuda").manual_seed(3))
+    x = x.half()
+    inputs = _arrays.Inputs("test")
+    ops = [
+        inputs.array(t, f"t{i}", dtypes=(f16, kaio.i32)) for i, t in enumerate((x, packed, scales))
+    ]
+    assert torch.equal(_int4_prefill.dequantized(ops[0], [ops[1:]]), w)
+    kaio_ops.matmul_int4(x, packed, scales)
+    kaio_ops.qkv_project_int4(x[:512], packed, packed, packed, scales, scales, scales)
+    assert taken == ["matmul", "qkv"]
 
 
 @pytest.mark.gpu
