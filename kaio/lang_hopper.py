@@ -1,5 +1,6 @@
 """The Hopper builtins (sm_90 and sm_90a): warpgroup MMA (``wgmma``), shared-memory matrix
-descriptors, ``mbarrier``s, TMA tile loads, ``fence.proxy.async``, ``setmaxnreg``, and
+descriptors, ``mbarrier``s, TMA tile loads, bulk stores from shared to global memory,
+``fence.proxy.async``, ``setmaxnreg``, and
 thread-block clusters with distributed shared memory.
 
 Each builtin is one ``kaio.lang`` table entry (``_define``) with its typing rule here; its PTX
@@ -317,6 +318,70 @@ _define(
     "dst[dst_index] (128-byte aligned; 1024 when swizzled), swizzled as the map says; the "
     "copy completes its bytes on bars[i] (cp.async.bulk.tensor.2d). sm_90.",
     _tma_load_2d,
+)
+
+
+def _bulk_store(ctx, args, node):
+    _arity(ctx, "bulk_store", args, node, 5)
+    dst = _memory_array(ctx, args[0], node, "bulk_store", ("global",))
+    src = _memory_array(ctx, args[2], node, "bulk_store", _SHARED)
+    if dst.dtype != src.dtype:
+        ctx.error(
+            f"kaio.bulk_store() copies between arrays of one element type; {dst.name!r} holds "
+            f"{dst.dtype} and {src.name!r} {src.dtype}",
+            node,
+        )
+    operands = (
+        dst,
+        *ctx.indices(dst, args[1], node),
+        src,
+        *ctx.indices(src, args[3], node),
+        _u32(ctx, args[4], node, "the byte count of kaio.bulk_store()"),
+    )
+    ctx.b.emit("bulk_store", None, operands)
+
+
+def _bulk_wait(read: bool):
+    name = "bulk_wait_read" if read else "bulk_wait"
+
+    def lower(ctx, args, node):
+        _arity(ctx, name, args, node, 1)
+        n = _const_int(
+            ctx, args[0], node, f"kaio.{name}(n)", lambda x: 0 <= x <= 63, "a compile-time 0..63"
+        )
+        ctx.b.emit("bulk_wait", None, (), pending=n, read=read)
+
+    return lower
+
+
+_define(
+    "bulk_store",
+    "bulk_store(dst, dst_index, src, src_index, nbytes): one thread starts an asynchronous "
+    "copy of nbytes (a multiple of 16) from shared src[src_index...] to global "
+    "dst[dst_index...] (both addresses 16-byte aligned, one element type) in its open bulk "
+    "group (cp.async.bulk.global.shared::cta.bulk_group). Make the shared writes it reads "
+    "visible first with fence_proxy_async() (and sync_threads() if other threads wrote "
+    "them); close the group with bulk_commit(). sm_90.",
+    _bulk_store,
+)
+_define(
+    "bulk_commit",
+    "bulk_commit(): close this thread's group of bulk_store() copies "
+    "(cp.async.bulk.commit_group). sm_90.",
+    _fixed("bulk_commit", "bulk_commit"),
+)
+_define(
+    "bulk_wait_read",
+    "bulk_wait_read(n): wait until at most n of this thread's committed bulk groups are still "
+    "reading shared memory: the others' sources may be overwritten "
+    "(cp.async.bulk.wait_group.read). sm_90.",
+    _bulk_wait(True),
+)
+_define(
+    "bulk_wait",
+    "bulk_wait(n): wait until at most n of this thread's committed bulk groups are pending: "
+    "the others' writes are done (cp.async.bulk.wait_group). sm_90.",
+    _bulk_wait(False),
 )
 _define(
     "fence_proxy_async",

@@ -75,7 +75,8 @@ def dequantized(like: _arrays.Operand, weights) -> object:
     col0 = 0
     for b, s in weights:
         blocks = math.ceil(b.size // COLS / THREADS)
-        dequantize_int4[blocks, THREADS, _arrays.stream_of(like), 0](b.obj, s.obj, w, col0)
+        words = _arrays.retype(b.obj, b.kind, u32)  # int32 words: the same bits
+        dequantize_int4[blocks, THREADS, _arrays.stream_of(like), 0](words, s.obj, w, col0)
         col0 += b.shape[1]
     return w
 

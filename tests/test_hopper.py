@@ -83,6 +83,28 @@ def tma_func_without_map(out: f16[:, :], addr: u64):
 
 
 @kaio.gpu_kernel(block_size=64)
+def bulk_rows(src: f32[:, :], out: f32[:, :], n: u32):
+    """Each thread stages row t of src (times 2) in shared memory, then bulk-stores its
+    first n values to row t of out: two copies, the second of the row's last 8 values."""
+    rows = kaio.shared(f32, (64, 36))  # 144-byte rows: 16-byte aligned
+    t = kaio.thread_idx_x()
+    for c in range(32):
+        rows[t, c] = src[t, c] * 2.0
+    kaio.fence_proxy_async()
+    kaio.bulk_store(out, (t, 0), rows, (t, 0), (n - 8) * 4)
+    kaio.bulk_store(out, (t, n - 8), rows, (t, n - 8), 32)
+    kaio.bulk_commit()
+    kaio.bulk_wait_read(0)
+    kaio.bulk_wait(0)
+
+
+@kaio.gpu_kernel(block_size=32)
+def bulk_misaligned(out: f32[:, :], nbytes: u32):
+    rows = kaio.shared(f32, (4, 8))
+    kaio.bulk_store(out, (0, 1), rows, (0, 0), nbytes)
+
+
+@kaio.gpu_kernel(block_size=64)
 def barrier_phases(out: u32[:]):
     """A barrier of count 64 through three phases: try_wait before and after each."""
     bars = kaio.shared(u64, (1,))
@@ -353,19 +375,22 @@ def test_wgmma_accumulator_layout_is_the_documented_one():
     np.testing.assert_array_equal(got, ref.astype(np.float32))
 
 
-@pytest.mark.parametrize("bf16, blocks, group", [(0, 3, 2), (1, 2, 1), (0, 1, 8)])
-def test_hopper_matmul_in_the_simulator(bf16, blocks, group):
+@pytest.mark.parametrize(
+    "bf16, blocks, group, bk", [(0, 3, 2, 64), (1, 2, 1, 64), (0, 1, 8, 64), (1, 2, 8, 32)]
+)
+def test_hopper_matmul_in_the_simulator(bf16, blocks, group, bk):
     # 2 x 2 tiles of C on a persistent grid of 1 to 3 blocks: a block takes tiles b, b +
     # blocks, ... in the grouped order, and its producer loads the next tile's first slices
-    # (4 K slices a tile, 3 stages) before this tile's epilogue
+    # (4 or 7 K slices a tile, 3 stages) before this tile's epilogue; K slices of 64 (A rows
+    # of 128 bytes, 128-byte swizzle) or 32 (64-byte rows and swizzle)
     m, n, k, bn, stages = 130, 136, 200, 128, 3
     a, b = _inputs((m, k), bf16, False), _inputs((k, n), bf16, False)
     c = np.full((m, n), np.nan, np.float32)
-    ta = kaio.tensor_map_2d(a, (128, 64), 128)
-    tb = kaio.tensor_map_2d(b, (64, 64), 128)
-    shared = _matmul_hopper.shared_bytes(bn, stages)
+    ta = kaio.tensor_map_2d(a, (128, bk), 2 * bk)
+    tb = kaio.tensor_map_2d(b, (bk, 64), 128)
+    shared = _matmul_hopper.shared_bytes(bn, stages, bk)
     _matmul_hopper.matmul_wgmma.sim[blocks, 256, 0, shared](
-        ta, tb, c, c, c, m, n, n, 0, k, bn, stages, bf16, group
+        ta, tb, c, c, c, m, n, n, 0, k, bn, bk, stages, bf16, group, 4
     )
     ref = a.astype(np.float64) @ b.astype(np.float64)
     np.testing.assert_allclose(c, ref, rtol=0, atol=1e-4)
@@ -380,14 +405,37 @@ def test_hopper_matmul_into_three_f16_outputs_in_the_simulator():
     outs = [np.full((m, w), np.nan, np.float16) for w in widths]
     ta = kaio.tensor_map_2d(a, (128, 64), 128)
     tb = kaio.tensor_map_2d(b, (64, 64), 128)
-    shared = _matmul_hopper.shared_bytes(128, 3)
+    shared = _matmul_hopper.shared_bytes(128, 3, 64, 2)
     _matmul_hopper.WGMMA[f16].sim[2, 256, 0, shared](
-        ta, tb, *outs, m, n, *widths[:2], k, 128, 3, 0, 8
+        ta, tb, *outs, m, n, *widths[:2], k, 128, 64, 3, 0, 8, 2
     )
     ref = a.astype(np.float64) @ b.astype(np.float64)
     for got, want in zip(outs, np.split(ref, np.cumsum(widths)[:2], axis=1), strict=True):
         # f32 sums (rounded after each wgmma) rounded to f16: within one f16 rounding
         np.testing.assert_allclose(got, want, rtol=2**-10, atol=2**-14)
+
+
+def test_bulk_store_copies_shared_runs_to_global():
+    src = RNG.standard_normal((64, 32)).astype(np.float32)
+    out = np.full((64, 32), np.nan, np.float32)
+    bulk_rows.sim[1](src, out, 28)
+    np.testing.assert_array_equal(out[:, :28], src[:, :28] * 2)
+    assert np.isnan(out[:, 28:]).all()
+
+
+def test_bulk_store_misuse_is_reported():
+    with pytest.raises(kaio.SimulationError, match="multiples of 16"):
+        bulk_misaligned.sim[1](np.zeros((4, 8), np.float32), 16)  # element 1: 4 bytes in
+    with pytest.raises(kaio.SimulationError, match="multiples of 16"):
+        bulk_misaligned.sim[1](np.zeros((4, 9), np.float32), 24)
+    with pytest.raises(kaio.CompileError, match="one element type"):
+
+        @kaio.gpu_kernel(block_size=32)
+        def mixed(out: f16[:]):
+            rows = kaio.shared(f32, (8,))
+            kaio.bulk_store(out, 0, rows, 0, 16)
+
+        mixed.ptx(arch="sm_90")
 
 
 def test_tensor_map_checks():
@@ -408,6 +456,7 @@ def test_ptx_assembles_for_sm_90a():
     texts = [
         tma_tile.ptx(arch="sm_90", R=32),
         barrier_phases.ptx(arch="sm_90"),
+        bulk_rows.ptx(arch="sm_90"),
         descriptor_bits.ptx(arch="sm_90"),
         regs_and_fences.ptx(arch="sm_90"),
         *(
@@ -449,6 +498,21 @@ def test_gpu_tma_matches_simulator(swizzle):
         d_out = kaio.to_device(np.zeros((32, 64), np.float16))
         tma_tile[1](kaio.tensor_map_2d(kaio.to_device(a), box, swizzle), d_out, row, col, 32)
         np.testing.assert_array_equal(d_out.numpy(), sim_out)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("backend", ["ptx", "llvm"])
+def test_gpu_bulk_store_matches_simulator(backend):
+    if backend == "llvm":
+        pytest.importorskip("llvmlite")
+    src = RNG.standard_normal((64, 32)).astype(np.float32)
+    want = np.full((64, 32), -1.0, np.float32)
+    bulk_rows.sim[1](src, want, 28)
+    got = kaio.to_device(np.full((64, 32), -1.0, np.float32))
+    kernel = kaio.gpu_kernel(bulk_rows.pyfunc, block_size=64, backend=backend)
+    kernel[1](kaio.to_device(src), got, 28)
+    np.testing.assert_array_equal(got.numpy(), want)
 
 
 @pytest.mark.gpu

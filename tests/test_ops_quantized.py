@@ -105,15 +105,16 @@ def test_int4_decode_long_k_in_simulator(m):
 def _sim_operands(*arrays):
     """Checked ``Operand``s of NumPy arrays (inside ``kaio.simulate()``)."""
     inputs = _arrays.Inputs("test")
-    return [inputs.array(x, f"x{i}", dtypes=(f16, u32)) for i, x in enumerate(arrays)]
+    return [inputs.array(x, f"x{i}", dtypes=(f16, u32, kaio.i32)) for i, x in enumerate(arrays)]
 
 
 def test_int4_dequantized_side_by_side_in_simulator():
     """The prefill path's f16 weights: two weights side by side, every element the same bits
     as the reference's ``f16(scale * q)``."""
     cases = [int4_case(1, n, 384) for n in (40, 24)]
+    words = (cases[0][1], cases[1][1].view(np.int32))  # int32 words: the same bits
     with kaio.simulate():
-        like, *ops = _sim_operands(cases[0][0], *(x for c in cases for x in c[1:3]))
+        like, *ops = _sim_operands(cases[0][0], words[0], cases[0][2], words[1], cases[1][2])
         w = _int4_prefill.dequantized(like, [ops[0:2], ops[2:4]])
     np.testing.assert_array_equal(w, np.concatenate([c[3] for c in cases], axis=1))
 

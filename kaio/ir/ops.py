@@ -173,6 +173,20 @@ OPS: dict[str, OpInfo] = {
         "(shared, *idx, map u64, c0 i32, c1 i32, bar, *idx): copy the box at column c0, row "
         "c1 of the map's array into shared memory, completing tx bytes on the barrier",
     ),
+    "bulk_store": OpInfo(
+        "special",
+        "none",
+        False,
+        "(global, *idx, shared, *idx, nbytes u32): async bulk copy of nbytes from shared to "
+        "global memory, in this thread's open bulk group",
+    ),
+    "bulk_commit": OpInfo("special", "none", False, "close this thread's bulk-copy group"),
+    "bulk_wait": OpInfo(
+        "special",
+        "none",
+        False,
+        "wait until at most {pending} bulk-copy groups are pending (read: only their reads)",
+    ),
     "fence_proxy_async": OpInfo(
         "special", "none", False, "order generic-proxy shared accesses with async-proxy ones"
     ),

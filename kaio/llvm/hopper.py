@@ -30,9 +30,17 @@ from __future__ import annotations
 from llvmlite import ir
 
 from kaio.ir.nodes import Array, Const, Function, Instr, Param, walk
+from kaio.llvm.memory import address
 from kaio.llvm.tensor import members, operands, read, shared_address, write
 from kaio.llvm.typemap import CONVERGENT, EFFECTS, FLOAT, I8, I32, I64, VOID, int_const, lltype
-from kaio.ptx.hopper import _SWIZZLE_MODE, ALIGNED_OPS, _check_tile, _split, tma_load_operands
+from kaio.ptx.hopper import (
+    _SWIZZLE_MODE,
+    ALIGNED_OPS,
+    _check_tile,
+    _split,
+    bulk_store_operands,
+    tma_load_operands,
+)
 from kaio.ptx.regs import mem_type
 from kaio.ptx.tensor import frag_registers
 
@@ -99,6 +107,7 @@ _FIXED = {
     ),
     "cluster_arrive": ("barrier.cluster.arrive.aligned;", "cluster", "kaio.cluster_arrive()", True),
     "cluster_wait": ("barrier.cluster.wait.aligned;", "cluster", "kaio.cluster_wait()", True),
+    "bulk_commit": ("cp.async.bulk.commit_group;", "bulk_copy", "kaio.bulk_commit()", False),
 }
 
 
@@ -257,6 +266,23 @@ def lower_tma_load(g, ins: Instr) -> None:
     _statement(g, text, ["r", "l", "r", "r", "r"], args, collective=False)
 
 
+def lower_bulk_store(g, ins: Instr) -> None:
+    """``cp.async.bulk.global.shared::cta.bulk_group [dst], [src], nbytes``."""
+    g.target.require("bulk_copy", "kaio.bulk_store()", g.loc)
+    dst, dst_idx, src, src_idx, nbytes = bulk_store_operands(ins)
+    args = [g.b.ptrtoint(address(g, dst, dst_idx), I64), shared_address(g, src, src_idx)]
+    text = "cp.async.bulk.global.shared::cta.bulk_group [$0], [$1], $2;"
+    _statement(g, text, ["l", "r", "r"], [*args, g.value(nbytes)], collective=False)
+
+
+def lower_bulk_wait(g, ins: Instr) -> None:
+    """``cp.async.bulk.wait_group[.read] n``."""
+    read = ins.attrs["read"]
+    g.target.require("bulk_copy", "kaio.bulk_wait_read()" if read else "kaio.bulk_wait()", g.loc)
+    text = f"cp.async.bulk.wait_group{'.read' if read else ''} {ins.attrs['pending']};"
+    _statement(g, text, [], [], collective=False)
+
+
 _REGISTER = {("float", 32): "f", ("float", 64): "d", 32: "r", 64: "l"}  # asm constraints
 
 
@@ -286,4 +312,6 @@ LOWERING = {
     "mbarrier_try_wait": lower_mbarrier_try_wait,
     "mbarrier_wait": lower_mbarrier_wait,
     "tma_load": lower_tma_load,
+    "bulk_store": lower_bulk_store,
+    "bulk_wait": lower_bulk_wait,
 }

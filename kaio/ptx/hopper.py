@@ -162,6 +162,30 @@ def lower_tma_load(e, ins: Instr) -> None:
     e.line(f"{op} {d}, {src}, {b}")
 
 
+def bulk_store_operands(ins: Instr) -> tuple:
+    """``(dst, dst_idx, src, src_idx, nbytes)`` of a ``bulk_store``."""
+    dst = ins.args[0]
+    src_at = 1 + dst.ndim
+    src = ins.args[src_at]
+    return dst, ins.args[1:src_at], src, ins.args[src_at + 1 : -1], ins.args[-1]
+
+
+def lower_bulk_store(e, ins: Instr) -> None:
+    """``cp.async.bulk.global.shared::cta.bulk_group [dst], [src], nbytes``."""
+    e.target.require("bulk_copy", "kaio.bulk_store()", e.loc)
+    dst, dst_idx, src, src_idx, nbytes = bulk_store_operands(ins)
+    d, s = address(e, dst, dst_idx), address(e, src, src_idx)
+    e.line(f"cp.async.bulk.global.shared::cta.bulk_group {d}, {s}, {e.o(nbytes)}")
+
+
+def lower_bulk_wait(e, ins: Instr) -> None:
+    """``cp.async.bulk.wait_group[.read] n``."""
+    name = "kaio.bulk_wait_read()" if ins.attrs["read"] else "kaio.bulk_wait()"
+    e.target.require("bulk_copy", name, e.loc)
+    read = ".read" if ins.attrs["read"] else ""
+    e.line(f"cp.async.bulk.wait_group{read} {ins.attrs['pending']}")
+
+
 def lower_cluster_sync(e, ins: Instr) -> None:
     """``barrier.cluster.arrive.aligned; barrier.cluster.wait.aligned`` (release, then
     acquire: shared-memory writes before it are visible to the cluster's blocks after it)."""
@@ -193,6 +217,9 @@ LOWERING = {
     "mbarrier_try_wait": lower_mbarrier_try_wait,
     "mbarrier_wait": lower_mbarrier_wait,
     "tma_load": lower_tma_load,
+    "bulk_store": lower_bulk_store,
+    "bulk_commit": _fixed("cp.async.bulk.commit_group", "bulk_copy", "kaio.bulk_commit()"),
+    "bulk_wait": lower_bulk_wait,
     "fence_proxy_async": _fixed(
         "fence.proxy.async.shared::cta", "fence_proxy_async", "kaio.fence_proxy_async()"
     ),

@@ -58,6 +58,7 @@ FEATURES: dict[str, Feature] = {
     "mbarrier_wait": Feature(90, (7, 8), "mbarrier.try_wait.parity"),
     "mbarrier_tx": Feature(90, (8, 0), "mbarrier expect_tx"),
     "tma": Feature(90, (8, 0), "cp.async.bulk.tensor and tensor-map parameters"),
+    "bulk_copy": Feature(90, (8, 0), "cp.async.bulk (shared to global) and its bulk groups"),
     "fence_proxy_async": Feature(90, (8, 0), "fence.proxy.async"),
     "cluster": Feature(
         90, (7, 8), "thread-block clusters: .reqnctapercluster, barrier.cluster, mapa"

@@ -1,5 +1,6 @@
 """Hopper instructions in the simulator: ``wgmma`` through shared-memory matrix descriptors,
-``mbarrier`` phases, TMA tile copies with their swizzle, and the fences (no-ops here).
+``mbarrier`` phases, TMA tile copies with their swizzle, bulk stores (done when issued), and
+the fences (no-ops here).
 
 Shared memory as the descriptors and TMA see it: each block's shared arrays lie in one
 *window* of byte addresses, every static array and the dynamic region starting at a multiple
@@ -304,6 +305,48 @@ def tma_load(m, ins: Instr, vals: list):
     _state(m).version += 1
 
 
+def bulk_store(m, ins: Instr, vals: list):
+    """Copy each active lane's ``nbytes`` from its block's shared source to the global
+    destination, both taken as flat runs of elements, now (the GPU copies some time before
+    the lane's ``bulk_wait``; the simulator does not see a source overwritten before
+    ``bulk_wait_read``)."""
+    dst = ins.args[0]
+    src = ins.args[1 + dst.ndim]
+    dst_st, src_st = m.storage(dst), m.storage(src)
+    active = m.active_lanes()
+    lanes = np.arange(m.n) if active is None else active
+    nbytes = m.pick(vals[-1], active).astype(np.int64)
+    _, _, dkeys = memory.locate(m, ins, dst_st, vals[: dst.ndim], "bulk_store write", active)
+    src_vals = vals[dst.ndim : dst.ndim + src.ndim]
+    _, six, skeys = memory.locate(m, ins, src_st, src_vals, "bulk_store read", active)
+    src_addr = address_of(m, ins, src, src_vals, active)
+    size = dst_st.data.itemsize
+    if not dst_st.data.flags.c_contiguous:
+        raise SimulationError(
+            f"{m.where(ins)}: kaio.bulk_store() needs '{dst.name}' contiguous{m.source(ins)}"
+        )
+    flat_dst = dst_st.data.reshape(-1)
+    for j, lane in enumerate(lanes):
+        where = f"{m.where(ins)}: bulk_store by {m.describe(int(lane))}"
+        n, dkey = int(nbytes[j]), int(dkeys[j])
+        misaligned = (dst_st.data.ctypes.data + dkey * size) % 16 or int(src_addr[j]) % 16
+        if n % 16 or misaligned:
+            raise SimulationError(
+                f"{where}: copies {n} bytes from shared byte {int(src_addr[j])} to element "
+                f"{dkey} of '{dst.name}'; the size and both addresses must be multiples of 16 "
+                f"bytes{m.source(ins)}"
+            )
+        count = n // size
+        block = int(six[0][j])
+        sflat = int(skeys[j]) - block * src_st.size
+        if dkey + count > dst_st.size or sflat + count > src_st.size:
+            raise SimulationError(
+                f"{where}: {n} bytes run past the end of "
+                f"'{dst.name if dkey + count > dst_st.size else src.name}'{m.source(ins)}"
+            )
+        flat_dst[dkey : dkey + count] = src_st.data[block].reshape(-1)[sflat : sflat + count]
+
+
 def _box(tm, row: int, col: int) -> np.ndarray:
     """The bytes of the box at [row, col] of ``tm.array``, zeros outside the array."""
     rows, cols = tm.box
@@ -440,7 +483,7 @@ def smem_desc(m, ins: Instr, vals: list):
 
 
 def no_op(m, ins: Instr, vals: list):
-    """Fences, wgmma commit/wait and setmaxnreg: nothing to do in lockstep order."""
+    """Fences, wgmma and bulk commit/wait, setmaxnreg: nothing to do in lockstep order."""
 
 
 def dsmem_load(m, ins: Instr, vals: list):
@@ -478,6 +521,9 @@ SEMANTICS = {
     "mbarrier_wait": mbarrier_wait,
     "tma_load": tma_load,
     "fence_proxy_async": no_op,
+    "bulk_store": bulk_store,
+    "bulk_commit": no_op,
+    "bulk_wait": no_op,
     "setmaxnreg": no_op,
     "dsmem_load": dsmem_load,
 }
