@@ -125,6 +125,7 @@ def matmul_wgmma(
     BF16: kaio.constexpr,
     GROUP: kaio.constexpr,
     SIZE: kaio.constexpr,
+    INFLIGHT: kaio.constexpr,
 ):
     kaio.launch_bounds(THREADS, 1)
     ring = STAGES * (BM + BN) * BK * 2
@@ -151,23 +152,23 @@ def matmul_wgmma(
             kaio.mbarrier_init(bars, (1, s), 2)
         kaio.fence_proxy_async()
     kaio.sync_threads()
-    # the producer runs STAGES - 1 slices ahead, across tiles: slice g + STAGES - 1 follows
-    # slice g, so the next tile's first slices load during this tile's epilogue
+    # the producer runs STAGES - INFLIGHT slices ahead, across tiles (slice g + STAGES -
+    # INFLIGHT follows slice g), so the next tile's first slices load during an epilogue
     at = kaio.local(i32, (4,))
     at[0] = 0
     at[1] = tile0
     place(at, tiles_m, tiles_n, BN, GROUP)
-    for g in kaio.static_range(STAGES - 1):
+    for g in kaio.static_range(STAGES - INFLIGHT):
         if t == 0 and g < slices:
             produce(sa, sb, bars, ta, tb, at, g, k_tiles, step, tiles_m, tiles_n, BN, BK, GROUP)
     acc = kaio.local(f32, (BN // 8, 2, 2))
-    # the stage and phase parity of slice g, and of slice g - 1, kept as counters: a stage
-    # computed as g % STAGES is not known to be warp-uniform when STAGES is not a power of
-    # two, and the wgmmas then ran at half speed
+    # the stage and phase parity of slice g, and of slice g - INFLIGHT (rs, rph), kept as
+    # counters: a stage computed as g % STAGES is not known to be warp-uniform when STAGES is
+    # not a power of two, and the wgmmas then ran at half speed
     s = i32(0)
     ph = u32(0)
-    ps = i32(STAGES - 1)
-    pph = u32(1)
+    rs = i32(STAGES - INFLIGHT)
+    rph = u32(1)
     for i in range(my_tiles):
         for kt in range(k_tiles):
             g = i * k_tiles + kt
@@ -181,17 +182,19 @@ def matmul_wgmma(
                 else:
                     kaio.wgmma_f16(acc, da, db, kt + kk > 0, False, True)
             kaio.wgmma_commit()
-            kaio.wgmma_wait(1)
-            if g > 0 and lt == 0:  # the previous slice's wgmmas are done: release its stage
-                kaio.mbarrier_arrive(bars, (1, ps))
-            if t == 0 and g + STAGES - 1 < slices:  # slice g + STAGES - 1 into stage ps
-                if g > 0:  # stage ps held slice g - 1: wait until both warpgroups released it
-                    kaio.mbarrier_wait(bars, (1, ps), pph)
+            kaio.wgmma_wait(INFLIGHT)
+            if g >= INFLIGHT and lt == 0:  # slice g - INFLIGHT's wgmmas are done: release it
+                kaio.mbarrier_arrive(bars, (1, rs))
+            if t == 0 and g + STAGES - INFLIGHT < slices:  # that slice + STAGES into stage rs
+                if g >= INFLIGHT:  # wait until both warpgroups released stage rs
+                    kaio.mbarrier_wait(bars, (1, rs), rph)
                 produce(
-                    sa, sb, bars, ta, tb, at, ps, k_tiles, step, tiles_m, tiles_n, BN, BK, GROUP
+                    sa, sb, bars, ta, tb, at, rs, k_tiles, step, tiles_m, tiles_n, BN, BK, GROUP
                 )
-            ps = s
-            pph = ph
+            rs += 1
+            if rs == STAGES:
+                rs = 0
+                rph ^= 1
             s += 1
             if s == STAGES:
                 s = 0
@@ -244,10 +247,10 @@ def worthwhile(m: int, n: int, sms: int) -> bool:
 
 
 def choose_tiling(m: int, n: int, sms: int) -> tuple:
-    """(BN, BK, STAGES) for C [m, n] on ``sms`` multiprocessors: 128 x 256 tiles when they
-    give every multiprocessor a block, else 128 x 128."""
+    """(BN, BK, STAGES, INFLIGHT) for C [m, n] on ``sms`` multiprocessors: 128 x 256 tiles
+    when they give every multiprocessor a block, else 128 x 128."""
     bn = 256 if -(-m // BM) * -(-n // 256) >= sms else 128
-    return (bn, BK, 4 if bn == 256 else 5)
+    return (bn, BK, 4 if bn == 256 else 5, 1)
 
 
 def launch(
@@ -261,7 +264,7 @@ def launch(
     of C go to them in turn, rounded to f16; returns ``f16_outs``."""
     from kaio_ops import _arrays
 
-    bn, bk, stages = tiling or choose_tiling(m, n, sms)
+    bn, bk, stages, inflight = tiling or choose_tiling(m, n, sms)
     if f16_outs is None:
         outs = _arrays.output(a, (m, n), f32)
         targets, widths = [outs] * 3, [n, 0]
@@ -276,7 +279,7 @@ def launch(
     size = out.itemsize
     WGMMA[out][grid, THREADS, _arrays.stream_of(a), shared_bytes(bn, stages, bk, size)](
         ta, tb, *targets, m, n, *widths, k,
-        BN=bn, BK=bk, STAGES=stages, BF16=int(bf16), GROUP=group, SIZE=size,
+        BN=bn, BK=bk, STAGES=stages, BF16=int(bf16), GROUP=group, SIZE=size, INFLIGHT=inflight,
     )  # fmt: skip
     return outs
 
@@ -299,6 +302,7 @@ def specializations() -> list:
                 "BF16": bf,
                 "GROUP": GROUP_ROWS,
                 "SIZE": out.itemsize,
+                "INFLIGHT": 1,
             },
         )
         for bn, bk, st in ((256, BK, 4), (128, BK, 5))

@@ -376,9 +376,10 @@ def test_wgmma_accumulator_layout_is_the_documented_one():
 
 
 @pytest.mark.parametrize(
-    "bf16, blocks, group, bk", [(0, 3, 2, 64), (1, 2, 1, 64), (0, 1, 8, 64), (1, 2, 8, 32)]
+    "bf16, blocks, group, bk, inflight",
+    [(0, 3, 2, 64, 1), (1, 2, 1, 64, 1), (0, 1, 8, 64, 1), (1, 2, 8, 32, 2)],
 )
-def test_hopper_matmul_in_the_simulator(bf16, blocks, group, bk):
+def test_hopper_matmul_in_the_simulator(bf16, blocks, group, bk, inflight):
     # 2 x 2 tiles of C on a persistent grid of 1 to 3 blocks: a block takes tiles b, b +
     # blocks, ... in the grouped order, and its producer loads the next tile's first slices
     # (4 or 7 K slices a tile, 3 stages) before this tile's epilogue; K slices of 64 (A rows
@@ -390,7 +391,7 @@ def test_hopper_matmul_in_the_simulator(bf16, blocks, group, bk):
     tb = kaio.tensor_map_2d(b, (bk, 64), 128)
     shared = _matmul_hopper.shared_bytes(bn, stages, bk)
     _matmul_hopper.matmul_wgmma.sim[blocks, 256, 0, shared](
-        ta, tb, c, c, c, m, n, n, 0, k, bn, bk, stages, bf16, group, 4
+        ta, tb, c, c, c, m, n, n, 0, k, bn, bk, stages, bf16, group, 4, inflight
     )
     ref = a.astype(np.float64) @ b.astype(np.float64)
     np.testing.assert_allclose(c, ref, rtol=0, atol=1e-4)
@@ -407,7 +408,7 @@ def test_hopper_matmul_into_three_f16_outputs_in_the_simulator():
     tb = kaio.tensor_map_2d(b, (64, 64), 128)
     shared = _matmul_hopper.shared_bytes(128, 3, 64, 2)
     _matmul_hopper.WGMMA[f16].sim[2, 256, 0, shared](
-        ta, tb, *outs, m, n, *widths[:2], k, 128, 64, 3, 0, 8, 2
+        ta, tb, *outs, m, n, *widths[:2], k, 128, 64, 3, 0, 8, 2, 1
     )
     ref = a.astype(np.float64) @ b.astype(np.float64)
     for got, want in zip(outs, np.split(ref, np.cumsum(widths)[:2], axis=1), strict=True):
