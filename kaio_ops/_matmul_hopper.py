@@ -34,9 +34,10 @@ from kaio import f16, f32, i32, u32, u64
 from kaio_ops._typed import by_dtype
 
 BM = 128
-BK = 64  # the default K slice (``launch``): A rows of 128 bytes
+BK = 64
 THREADS = 256
-SW = 128  # B's swizzle: column blocks of 64 elements, rows of 128 bytes
+A_STAGE_BYTES = BM * BK * 2
+SW = 128  # swizzle bytes: one 128-byte row per 64 elements
 DT = f32  # the output element type placeholder (see _typed.by_dtype): f32, or f16
 GROUP_ROWS = 8  # tile rows a group of the tile order spans (``grouped``)
 
@@ -74,7 +75,6 @@ def produce(
     tiles_m: i32,
     tiles_n: i32,
     BN: kaio.constexpr,
-    BK: kaio.constexpr,
     GROUP: kaio.constexpr,
 ):
     """Issue the TMA copies of the producer's next K slice into stage ``s``, armed on its full
@@ -82,7 +82,7 @@ def produce(
     row and column) to the slice after it: divisions only when the tile changes, since the
     producer's thread is also a consumer's and its work delays its warpgroup's wgmmas."""
     k0 = at[0] * BK
-    kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32((BM + BN) * BK * 2))
+    kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32(A_STAGE_BYTES + BK * BN * 2))
     kaio.tma_load_2d(sa, (s, 0, 0), ta, at[2], k0, bars, (0, s))
     for j in kaio.static_range(BN // 64):
         kaio.tma_load_2d(sb, (s, j, 0, 0), tb, k0, at[3] + j * 64, bars, (0, s))
@@ -91,20 +91,6 @@ def produce(
         at[0] = 0
         at[1] += step
         place(at, tiles_m, tiles_n, BN, GROUP)
-
-
-@kaio.gpu_func
-def store_run(
-    c: DT[:, :], row: i32, first: i32, last: i32, a: i32, b: i32, cst: DT[:, :], t: i32,
-    SIZE: kaio.constexpr,
-):  # fmt: skip
-    """Bulk-store the columns [a, b) of C held in row ``t`` of the staging tile ``cst``
-    (from column a), where they meet [first, last): the columns of C that output ``c`` (row
-    ``row``) holds from its column 0."""
-    lo = kaio.max(a, first)
-    hi = kaio.min(b, last)
-    if lo < hi:
-        kaio.bulk_store(c, (row, lo - first), cst, (t, lo - a), u32(hi - lo) * SIZE)
 
 
 @kaio.gpu_kernel(block_size=THREADS)
@@ -120,21 +106,14 @@ def matmul_wgmma(
     n1: i32,
     k: i32,
     BN: kaio.constexpr,
-    BK: kaio.constexpr,
     STAGES: kaio.constexpr,
     BF16: kaio.constexpr,
     GROUP: kaio.constexpr,
-    SIZE: kaio.constexpr,
-    INFLIGHT: kaio.constexpr,
 ):
     kaio.launch_bounds(THREADS, 1)
-    ring = STAGES * (BM + BN) * BK * 2
     sa = kaio.shared_dynamic(f16, (STAGES, BM, BK), 0)
-    sb = kaio.shared_dynamic(f16, (STAGES, BN // 64, BK, 64), STAGES * BM * BK * 2)
-    # C's staging tile: 64 columns of the tile's rows, each row padded by 16 bytes (the
-    # accumulator pairs' writes then hit 32 distinct banks)
-    cst = kaio.shared_dynamic(DT, (BM, 64 + 16 // SIZE), ring)
-    bars = kaio.shared_dynamic(u64, (2, STAGES), ring + BM * (64 * SIZE + 16))
+    sb = kaio.shared_dynamic(f16, (STAGES, BN // 64, BK, 64), STAGES * A_STAGE_BYTES)
+    bars = kaio.shared_dynamic(u64, (2, STAGES), STAGES * (A_STAGE_BYTES + BK * BN * 2))
     t = kaio.thread_idx_x()
     wg = t // 128
     lt = t % 128
@@ -152,49 +131,45 @@ def matmul_wgmma(
             kaio.mbarrier_init(bars, (1, s), 2)
         kaio.fence_proxy_async()
     kaio.sync_threads()
-    # the producer runs STAGES - INFLIGHT slices ahead, across tiles (slice g + STAGES -
-    # INFLIGHT follows slice g), so the next tile's first slices load during an epilogue
+    # the producer runs STAGES - 1 slices ahead, across tiles: slice g + STAGES - 1 follows
+    # slice g, so the next tile's first slices load during this tile's epilogue
     at = kaio.local(i32, (4,))
     at[0] = 0
     at[1] = tile0
     place(at, tiles_m, tiles_n, BN, GROUP)
-    for g in kaio.static_range(STAGES - INFLIGHT):
+    for g in kaio.static_range(STAGES - 1):
         if t == 0 and g < slices:
-            produce(sa, sb, bars, ta, tb, at, g, k_tiles, step, tiles_m, tiles_n, BN, BK, GROUP)
+            produce(sa, sb, bars, ta, tb, at, g, k_tiles, step, tiles_m, tiles_n, BN, GROUP)
     acc = kaio.local(f32, (BN // 8, 2, 2))
-    # the stage and phase parity of slice g, and of slice g - INFLIGHT (rs, rph), kept as
-    # counters: a stage computed as g % STAGES is not known to be warp-uniform when STAGES is
-    # not a power of two, and the wgmmas then ran at half speed
+    # the stage and phase parity of slice g, and of slice g - 1, kept as counters: a stage
+    # computed as g % STAGES is not known to be warp-uniform when STAGES is not a power of
+    # two, and the wgmmas then ran at half speed (measured: 5 or 7 stages against 4 or 8)
     s = i32(0)
     ph = u32(0)
-    rs = i32(STAGES - INFLIGHT)
-    rph = u32(1)
+    ps = i32(STAGES - 1)
+    pph = u32(1)
     for i in range(my_tiles):
         for kt in range(k_tiles):
             g = i * k_tiles + kt
             kaio.mbarrier_wait(bars, (0, s), ph)
             kaio.wgmma_fence()
             for kk in kaio.static_range(BK // 16):
-                da = kaio.smem_descriptor(sa, (s, 64 * wg, kk * 16), 2 * BK, 16, 16 * BK)
+                da = kaio.smem_descriptor(sa, (s, 64 * wg, kk * 16), SW, 16, 1024)
                 db = kaio.smem_descriptor(sb, (s, 0, kk * 16, 0), SW, BK * SW, 1024)
                 if BF16:
                     kaio.wgmma_bf16(acc, da, db, kt + kk > 0, False, True)
                 else:
                     kaio.wgmma_f16(acc, da, db, kt + kk > 0, False, True)
             kaio.wgmma_commit()
-            kaio.wgmma_wait(INFLIGHT)
-            if g >= INFLIGHT and lt == 0:  # slice g - INFLIGHT's wgmmas are done: release it
-                kaio.mbarrier_arrive(bars, (1, rs))
-            if t == 0 and g + STAGES - INFLIGHT < slices:  # that slice + STAGES into stage rs
-                if g >= INFLIGHT:  # wait until both warpgroups released stage rs
-                    kaio.mbarrier_wait(bars, (1, rs), rph)
-                produce(
-                    sa, sb, bars, ta, tb, at, rs, k_tiles, step, tiles_m, tiles_n, BN, BK, GROUP
-                )
-            rs += 1
-            if rs == STAGES:
-                rs = 0
-                rph ^= 1
+            kaio.wgmma_wait(1)
+            if g > 0 and lt == 0:  # the previous slice's wgmmas are done: release its stage
+                kaio.mbarrier_arrive(bars, (1, ps))
+            if t == 0 and g + STAGES - 1 < slices:  # slice g + STAGES - 1 into stage ps
+                if g > 0:  # stage ps held slice g - 1: wait until both warpgroups released it
+                    kaio.mbarrier_wait(bars, (1, ps), pph)
+                produce(sa, sb, bars, ta, tb, at, ps, k_tiles, step, tiles_m, tiles_n, BN, GROUP)
+            ps = s
+            pph = ph
             s += 1
             if s == STAGES:
                 s = 0
@@ -203,30 +178,22 @@ def matmul_wgmma(
         idx = grouped(tile0 + i * step, tiles_m, tiles_n, GROUP)
         row0 = (idx // tiles_n) * BM
         col0 = (idx % tiles_n) * BN
-        # the epilogue: 64 columns at a time through the staging tile, each row of it
-        # bulk-stored by one thread, asynchronously: the next tile's wgmmas start while the
-        # copies run (as one block a tile, 128 x 256 stores per thread stalled the tensor cores)
-        r = 64 * i32(wg) + 16 * i32(lt // 32) + i32(lt % 32 // 4)
+        w = lt // 32
+        lane = lt % 32
         pair = kaio.local(DT, 2)
-        for cb in kaio.static_range(BN // 64):
-            kaio.bulk_wait_read(0)  # this thread's copies of the last block left the staging
-            kaio.sync_threads()
-            for jj in kaio.static_range(8):
-                for h in kaio.static_range(2):
-                    pair[0] = DT(acc[8 * cb + jj, h, 0])
-                    pair[1] = DT(acc[8 * cb + jj, h, 1])
-                    kaio.store_vector(cst, (r + 8 * h, 8 * jj + 2 * i32(lt % 4)), pair)
-            kaio.fence_proxy_async()
-            kaio.sync_threads()
-            row = row0 + i32(t)
-            if t < BM and row < m:
-                a = col0 + 64 * cb
-                b = kaio.min(a + 64, n)
-                store_run(c0, row, 0, n0, a, b, cst, i32(t), SIZE)
-                store_run(c1, row, n0, n0 + n1, a, b, cst, i32(t), SIZE)
-                store_run(c2, row, n0 + n1, n, a, b, cst, i32(t), SIZE)
-            kaio.bulk_commit()
-    kaio.bulk_wait(0)  # the block's shared memory outlives the copies that read it
+        for j in kaio.static_range(BN // 8):
+            col = col0 + 8 * j + 2 * i32(lane % 4)
+            for h in kaio.static_range(2):
+                row = row0 + 64 * i32(wg) + 16 * i32(w) + i32(lane // 4) + 8 * h
+                if row < m and col < n:
+                    pair[0] = DT(acc[j, h, 0])
+                    pair[1] = DT(acc[j, h, 1])
+                    if col < n0:
+                        kaio.store_vector(c0, (row, col), pair)
+                    elif col < n0 + n1:
+                        kaio.store_vector(c1, (row, col - n0), pair)
+                    else:
+                        kaio.store_vector(c2, (row, col - n0 - n1), pair)
 
 
 WGMMA = by_dtype(matmul_wgmma)
@@ -246,16 +213,9 @@ def worthwhile(m: int, n: int, sms: int) -> bool:
     return -(-m // BM) * -(-n // 128) >= 2 * sms
 
 
-def choose_tiling(m: int, n: int, sms: int) -> tuple:
-    """(BN, BK, STAGES, INFLIGHT) for C [m, n] on ``sms`` multiprocessors: 128 x 256 tiles
-    when they give every multiprocessor a block, else 128 x 128."""
-    bn = 256 if -(-m // BM) * -(-n // 256) >= sms else 128
-    return (bn, BK, 4 if bn == 256 else 5, 1)
-
-
 def launch(
     a, b, m: int, n: int, k: int, sms: int, bf16: bool, f16_outs: list | None = None,
-    group: int = GROUP_ROWS, tiling: tuple | None = None,
+    group: int = GROUP_ROWS,
 ):  # fmt: skip
     """``a @ b`` with ``matmul_wgmma`` on a persistent grid of at most ``sms`` blocks: 128 x
     256 tiles when they give every one of ``sms`` multiprocessors a block, else 128 x 128;
@@ -264,7 +224,8 @@ def launch(
     of C go to them in turn, rounded to f16; returns ``f16_outs``."""
     from kaio_ops import _arrays
 
-    bn, bk, stages, inflight = tiling or choose_tiling(m, n, sms)
+    bn = 256 if -(-m // BM) * -(-n // 256) >= sms else 128
+    stages = 4 if bn == 256 else 5
     if f16_outs is None:
         outs = _arrays.output(a, (m, n), f32)
         targets, widths = [outs] * 3, [n, 0]
@@ -272,40 +233,27 @@ def launch(
         outs = f16_outs
         targets = outs + outs[:1] * (3 - len(outs))
         widths = ([o.shape[1] for o in outs] + [0, 0])[:2]
-    ta = kaio.tensor_map_2d(a.obj, (BM, bk), 2 * bk)
-    tb = kaio.tensor_map_2d(b.obj, (bk, 64), SW)
+    ta = kaio.tensor_map_2d(a.obj, (BM, BK), SW)
+    tb = kaio.tensor_map_2d(b.obj, (BK, 64), SW)
     grid = min(sms, -(-m // BM) * -(-n // bn))
-    out = f32 if f16_outs is None else f16
-    size = out.itemsize
-    WGMMA[out][grid, THREADS, _arrays.stream_of(a), shared_bytes(bn, stages, bk, size)](
-        ta, tb, *targets, m, n, *widths, k,
-        BN=bn, BK=bk, STAGES=stages, BF16=int(bf16), GROUP=group, SIZE=size, INFLIGHT=inflight,
-    )  # fmt: skip
+    kernel = WGMMA[f32 if f16_outs is None else f16]
+    kernel[grid, THREADS, _arrays.stream_of(a), shared_bytes(bn, stages)](
+        ta, tb, *targets, m, n, *widths, k, BN=bn, STAGES=stages, BF16=int(bf16), GROUP=group
+    )
     return outs
 
 
-def shared_bytes(bn: int, stages: int, bk: int = BK, size: int = 4) -> int:
-    """The dynamic shared memory of ``matmul_wgmma``: the tile ring, C's staging tile (f32:
-    ``size`` 4; f16: 2) and the 2 x STAGES barriers."""
-    return stages * ((BM + bn) * bk * 2 + 16) + BM * (64 * size + 16)
+def shared_bytes(bn: int, stages: int) -> int:
+    """The dynamic shared memory of ``matmul_wgmma``: the tile ring and its 2 x STAGES
+    barriers."""
+    return stages * (A_STAGE_BYTES + BK * bn * 2 + 16)
 
 
 def specializations() -> list:
     """(kernel, constexprs) of every specialization ``launch`` uses (for PTX checks)."""
     return [
-        (
-            WGMMA[out],
-            {
-                "BN": bn,
-                "BK": bk,
-                "STAGES": st,
-                "BF16": bf,
-                "GROUP": GROUP_ROWS,
-                "SIZE": out.itemsize,
-                "INFLIGHT": 1,
-            },
-        )
-        for bn, bk, st in ((256, BK, 4), (128, BK, 5))
+        (WGMMA[out], {"BN": bn, "STAGES": st, "BF16": bf, "GROUP": GROUP_ROWS})
+        for bn, st in ((256, 4), (128, 5))
         for bf in (0, 1)
         for out in (f32, f16)
     ]

@@ -376,22 +376,20 @@ def test_wgmma_accumulator_layout_is_the_documented_one():
 
 
 @pytest.mark.parametrize(
-    "bf16, blocks, group, bk, inflight",
-    [(0, 3, 2, 64, 1), (1, 2, 1, 64, 1), (0, 1, 8, 64, 1), (1, 2, 8, 32, 2)],
+    "bf16, blocks, group, stages", [(0, 3, 2, 3), (1, 2, 1, 3), (0, 1, 8, 4), (1, 2, 8, 5)]
 )
-def test_hopper_matmul_in_the_simulator(bf16, blocks, group, bk, inflight):
+def test_hopper_matmul_in_the_simulator(bf16, blocks, group, stages):
     # 2 x 2 tiles of C on a persistent grid of 1 to 3 blocks: a block takes tiles b, b +
     # blocks, ... in the grouped order, and its producer loads the next tile's first slices
-    # (4 or 7 K slices a tile, 3 stages) before this tile's epilogue; K slices of 64 (A rows
-    # of 128 bytes, 128-byte swizzle) or 32 (64-byte rows and swizzle)
-    m, n, k, bn, stages = 130, 136, 200, 128, 3
+    # (4 K slices a tile, 3 to 5 stages) before this tile's epilogue
+    m, n, k, bn = 130, 136, 200, 128
     a, b = _inputs((m, k), bf16, False), _inputs((k, n), bf16, False)
     c = np.full((m, n), np.nan, np.float32)
-    ta = kaio.tensor_map_2d(a, (128, bk), 2 * bk)
-    tb = kaio.tensor_map_2d(b, (bk, 64), 128)
-    shared = _matmul_hopper.shared_bytes(bn, stages, bk)
+    ta = kaio.tensor_map_2d(a, (128, 64), 128)
+    tb = kaio.tensor_map_2d(b, (64, 64), 128)
+    shared = _matmul_hopper.shared_bytes(bn, stages)
     _matmul_hopper.matmul_wgmma.sim[blocks, 256, 0, shared](
-        ta, tb, c, c, c, m, n, n, 0, k, bn, bk, stages, bf16, group, 4, inflight
+        ta, tb, c, c, c, m, n, n, 0, k, bn, stages, bf16, group
     )
     ref = a.astype(np.float64) @ b.astype(np.float64)
     np.testing.assert_allclose(c, ref, rtol=0, atol=1e-4)
@@ -406,9 +404,9 @@ def test_hopper_matmul_into_three_f16_outputs_in_the_simulator():
     outs = [np.full((m, w), np.nan, np.float16) for w in widths]
     ta = kaio.tensor_map_2d(a, (128, 64), 128)
     tb = kaio.tensor_map_2d(b, (64, 64), 128)
-    shared = _matmul_hopper.shared_bytes(128, 3, 64, 2)
+    shared = _matmul_hopper.shared_bytes(128, 3)
     _matmul_hopper.WGMMA[f16].sim[2, 256, 0, shared](
-        ta, tb, *outs, m, n, *widths[:2], k, 128, 64, 3, 0, 8, 2, 1
+        ta, tb, *outs, m, n, *widths[:2], k, 128, 3, 0, 8
     )
     ref = a.astype(np.float64) @ b.astype(np.float64)
     for got, want in zip(outs, np.split(ref, np.cumsum(widths)[:2], axis=1), strict=True):
