@@ -105,6 +105,9 @@ def matmul_wgmma(
     n0: i32,
     n1: i32,
     k: i32,
+    s0: f32,
+    s1: f32,
+    s2: f32,
     BN: kaio.constexpr,
     STAGES: kaio.constexpr,
     BF16: kaio.constexpr,
@@ -186,8 +189,9 @@ def matmul_wgmma(
             for h in kaio.static_range(2):
                 row = row0 + 64 * i32(wg) + 16 * i32(w) + i32(lane // 4) + 8 * h
                 if row < m and col < n:
-                    pair[0] = DT(acc[j, h, 0])
-                    pair[1] = DT(acc[j, h, 1])
+                    scale = kaio.select(col < n0, s0, kaio.select(col < n0 + n1, s1, s2))
+                    pair[0] = DT(acc[j, h, 0] * scale)
+                    pair[1] = DT(acc[j, h, 1] * scale)
                     if col < n0:
                         kaio.store_vector(c0, (row, col), pair)
                     elif col < n0 + n1:
@@ -215,13 +219,14 @@ def worthwhile(m: int, n: int, sms: int) -> bool:
 
 def launch(
     a, b, m: int, n: int, k: int, sms: int, bf16: bool, f16_outs: list | None = None,
-    group: int = GROUP_ROWS,
+    scales: list | None = None, group: int = GROUP_ROWS,
 ):  # fmt: skip
     """``a @ b`` with ``matmul_wgmma`` on a persistent grid of at most ``sms`` blocks: 128 x
     256 tiles when they give every one of ``sms`` multiprocessors a block, else 128 x 128;
     tiles taken ``group`` tile rows at a time. The result is a new f32 array of ``a``'s kind,
     or with ``f16_outs`` (one to three f16 arrays [M, N_i], the N_i summing to N) the columns
-    of C go to them in turn, rounded to f16; returns ``f16_outs``."""
+    of C go to them in turn, each times its float in ``scales`` (default 1) and rounded to
+    f16; returns ``f16_outs``."""
     from kaio_ops import _arrays
 
     bn = 256 if -(-m // BM) * -(-n // 256) >= sms else 128
@@ -233,12 +238,24 @@ def launch(
         outs = f16_outs
         targets = outs + outs[:1] * (3 - len(outs))
         widths = ([o.shape[1] for o in outs] + [0, 0])[:2]
+    factors = (list(scales or []) + [1.0, 1.0, 1.0])[:3]
     ta = kaio.tensor_map_2d(a.obj, (BM, BK), SW)
     tb = kaio.tensor_map_2d(b.obj, (BK, 64), SW)
     grid = min(sms, -(-m // BM) * -(-n // bn))
     kernel = WGMMA[f32 if f16_outs is None else f16]
     kernel[grid, THREADS, _arrays.stream_of(a), shared_bytes(bn, stages)](
-        ta, tb, *targets, m, n, *widths, k, BN=bn, STAGES=stages, BF16=int(bf16), GROUP=group
+        ta,
+        tb,
+        *targets,
+        m,
+        n,
+        *widths,
+        k,
+        *factors,
+        BN=bn,
+        STAGES=stages,
+        BF16=int(bf16),
+        GROUP=group,
     )
     return outs
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import kaio
 from kaio import f16, f32, i32, u8, u32
 from kaio.types import i8
-from kaio_ops import _arrays, _int4_decode, _int4_prefill
+from kaio_ops import _arrays, _int4_decode, _prefill
 from kaio_ops._matmul_kernels import MATMUL, QKV, sum_qkv_slices
 from kaio_ops._typed import by_dtype
 from kaio_ops.matmul import (
@@ -126,8 +126,8 @@ def matmul_int4(a, b_packed, scales):
     n = b.shape[1]
     if _int4_decode.fits(a, (b, s)):
         return _int4_decode.matmul(a, b, s)
-    if _int4_prefill.fits(a, (b, s)):
-        return _int4_prefill.matmul(a, b, s)
+    if _prefill.fits_int4(a, (b, s)):
+        return _prefill.matmul_int4(a, b, s)
     plan = plan_for(m, n, k, "int4")
     return launch(a, _flat_halves(b), (m, n, k), True, plan, aligned=b.aligned(16), scales=s.obj)
 
@@ -168,8 +168,8 @@ class Weights:
     """One quantized weight matrix as ``qkv_kernel`` reads it: ``halves``, its bytes as a
     flat f16 array (int8: the K x N bytes; int4: the K/8 x N words), ``n`` output columns,
     ``row`` halves per row of the matrix, the int4 group ``scales`` (an unused 1 x 1 array
-    for int8), the int8 ``scale`` (1 for int4) and whether the bytes start on a 16-byte
-    boundary."""
+    for int8), the int8 ``scale`` (1 for int4), whether the bytes start on a 16-byte
+    boundary, and the checked ``source`` (the packed words or the int8 matrix)."""
 
     halves: object
     n: int
@@ -177,13 +177,14 @@ class Weights:
     scales: object
     scale: float
     aligned: bool
+    source: _arrays.Operand
 
 
 def _int4_weights(b: _arrays.Operand, s: _arrays.Operand) -> Weights:
     """The int4 ``Weights`` of checked packed words ``b`` [K/8, N] and group scales ``s``
     (``_int4_operands``)."""
     n = b.shape[1]
-    return Weights(_flat_halves(b), n, 2 * n, s.obj, 1.0, b.aligned(16))
+    return Weights(_flat_halves(b), n, 2 * n, s.obj, 1.0, b.aligned(16), b)
 
 
 def _int8_weights(inputs: _arrays.Inputs, x, w, w_name: str, scale, s_name: str) -> Weights:
@@ -199,7 +200,7 @@ def _int8_weights(inputs: _arrays.Inputs, x, w, w_name: str, scale, s_name: str)
             f"pairs), got {w.shape}",
         )
     alpha = _scale(inputs, scale, s_name)
-    return Weights(_flat_halves(w), n, n // 2, _no_scales(x), alpha, w.aligned(16))
+    return Weights(_flat_halves(w), n, n // 2, _no_scales(x), alpha, w.aligned(16), w)
 
 
 def _qkv_plan(m: int, widths: list[int], k: int, quant: int, vec: bool = True) -> Plan:
@@ -217,7 +218,10 @@ def _qkv_plan(m: int, widths: list[int], k: int, quant: int, vec: bool = True) -
 def _project(x: _arrays.Operand, weights: list[Weights], quant: int) -> list:
     """``f16(scale * x @ W)`` for each of the 1 to 3 ``weights`` (int4 when ``quant`` is 4,
     int8 when 8), from one launch of ``qkv_kernel`` (two when K is split: the second sums
-    the slices of all of them)."""
+    the slices of all of them); int8 weights at prefill on sm_90 take ``_prefill``."""
+    sources = [w.source for w in weights]
+    if quant == 8 and _prefill.fits_int8(x, *sources):
+        return list(_prefill.qkv_int8(x, sources, [w.scale for w in weights]))
     m, k = x.shape
     widths = [w.n for w in weights]
     vec = k % 8 == 0 and x.aligned(16) and all(w.row % 8 == 0 and w.aligned for w in weights)
@@ -271,8 +275,8 @@ def qkv_project_int4(x, wq, wk, wv, sq, sk, sv) -> tuple:
     operands = [_int4_operands(inputs, x.shape[1], *args) for args in named]
     if _int4_decode.fits(x, *operands):
         return _int4_decode.qkv(x, operands)
-    if _int4_prefill.fits(x, *operands):
-        return _int4_prefill.qkv(x, operands)
+    if _prefill.fits_int4(x, *operands):
+        return _prefill.qkv_int4(x, operands)
     return tuple(_project(x, [_int4_weights(b, s) for b, s in operands], 4))
 
 
@@ -301,4 +305,4 @@ def specializations() -> list:
         # a K split (decode): f32 partial products, summed by sum_qkv_slices
         out += [(QKV[f32], CONFIGS[SKINNY].constexprs(True, vec, quant)) for vec in (False, True)]
     out += [(sum_qkv_slices, {"SPLIT": s}) for s in (2, 16)]
-    return out + _int4_decode.specializations() + _int4_prefill.specializations()
+    return out + _int4_decode.specializations() + _prefill.specializations()

@@ -389,7 +389,7 @@ def test_hopper_matmul_in_the_simulator(bf16, blocks, group, stages):
     tb = kaio.tensor_map_2d(b, (64, 64), 128)
     shared = _matmul_hopper.shared_bytes(bn, stages)
     _matmul_hopper.matmul_wgmma.sim[blocks, 256, 0, shared](
-        ta, tb, c, c, c, m, n, n, 0, k, bn, stages, bf16, group
+        ta, tb, c, c, c, m, n, n, 0, k, 1.0, 1.0, 1.0, bn, stages, bf16, group
     )
     ref = a.astype(np.float64) @ b.astype(np.float64)
     np.testing.assert_allclose(c, ref, rtol=0, atol=1e-4)
@@ -397,8 +397,8 @@ def test_hopper_matmul_in_the_simulator(bf16, blocks, group, stages):
 
 def test_hopper_matmul_into_three_f16_outputs_in_the_simulator():
     # the QKV epilogue: C's columns split 40 / 24 / 72 over three f16 arrays, one boundary
-    # inside an 8-column group of the accumulator layout
-    m, k, widths = 130, 136, (40, 24, 72)
+    # inside an 8-column group of the accumulator layout, each scaled by its own factor
+    m, k, widths, scales = 130, 136, (40, 24, 72), (0.5, 3.0, -0.25)
     n = sum(widths)
     a, b = _inputs((m, k), 0, False), _inputs((k, n), 0, False)
     outs = [np.full((m, w), np.nan, np.float16) for w in widths]
@@ -406,10 +406,11 @@ def test_hopper_matmul_into_three_f16_outputs_in_the_simulator():
     tb = kaio.tensor_map_2d(b, (64, 64), 128)
     shared = _matmul_hopper.shared_bytes(128, 3)
     _matmul_hopper.WGMMA[f16].sim[2, 256, 0, shared](
-        ta, tb, *outs, m, n, *widths[:2], k, 128, 3, 0, 8
+        ta, tb, *outs, m, n, *widths[:2], k, *scales, 128, 3, 0, 8
     )
     ref = a.astype(np.float64) @ b.astype(np.float64)
-    for got, want in zip(outs, np.split(ref, np.cumsum(widths)[:2], axis=1), strict=True):
+    parts = np.split(ref, np.cumsum(widths)[:2], axis=1)
+    for got, want in zip(outs, [p * f for p, f in zip(parts, scales, strict=True)], strict=True):
         # f32 sums (rounded after each wgmma) rounded to f16: within one f16 rounding
         np.testing.assert_allclose(got, want, rtol=2**-10, atol=2**-14)
 

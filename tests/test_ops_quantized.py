@@ -15,7 +15,7 @@ import kaio
 import kaio_ops
 from kaio import f16, f32, u32
 from kaio.ptx.ptxas import assemble, find_ptxas
-from kaio_ops import _arrays, _int4_decode, _int4_prefill
+from kaio_ops import _arrays, _int4_decode, _prefill
 from kaio_ops._matmul_kernels import QKV
 from kaio_ops.matmul import CONFIGS, Plan, heuristic, k_slices
 from kaio_ops.quantized import FALLBACK, _qkv_plan, project_int8, specializations
@@ -105,7 +105,8 @@ def test_int4_decode_long_k_in_simulator(m):
 def _sim_operands(*arrays):
     """Checked ``Operand``s of NumPy arrays (inside ``kaio.simulate()``)."""
     inputs = _arrays.Inputs("test")
-    return [inputs.array(x, f"x{i}", dtypes=(f16, u32, kaio.i32)) for i, x in enumerate(arrays)]
+    kinds = (f16, u32, kaio.i32, kaio.i8, kaio.u8)
+    return [inputs.array(x, f"x{i}", dtypes=kinds) for i, x in enumerate(arrays)]
 
 
 def test_int4_dequantized_side_by_side_in_simulator():
@@ -115,7 +116,7 @@ def test_int4_dequantized_side_by_side_in_simulator():
     words = (cases[0][1], cases[1][1].view(np.int32))  # int32 words: the same bits
     with kaio.simulate():
         like, *ops = _sim_operands(cases[0][0], words[0], cases[0][2], words[1], cases[1][2])
-        w = _int4_prefill.dequantized(like, [ops[0:2], ops[2:4]])
+        w = _prefill.int4_to_f16(like, [ops[0:2], ops[2:4]])
     np.testing.assert_array_equal(w, np.concatenate([c[3] for c in cases], axis=1))
 
 
@@ -127,12 +128,31 @@ def test_int4_prefill_paths_in_simulator():
     x = cases[0][0]
     with kaio.simulate():
         xo, *ops = _sim_operands(x, *(v for c in cases for v in c[1:3]))
-        c = _int4_prefill.matmul(xo, *ops[0:2])
-        q, kk, v = _int4_prefill.qkv(xo, [ops[0:2], ops[2:4], ops[4:6]])
+        c = _prefill.matmul_int4(xo, *ops[0:2])
+        q, kk, v = _prefill.qkv_int4(xo, [ops[0:2], ops[2:4], ops[4:6]])
     ref = [x.astype(np.float64) @ case[3].astype(np.float64) for case in cases]
     assert c.dtype == np.float32
     np.testing.assert_allclose(c, ref[0], rtol=1e-5, atol=1e-5 * np.abs(ref[0]).max())
     for got, want in zip((q, kk, v), ref, strict=True):
+        assert got.dtype == np.float16 and got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=2**-10, atol=2**-14 + 1e-5 * np.abs(want).max())
+
+
+def test_int8_prefill_path_in_simulator():
+    """int8 and uint8 weights widened to f16 side by side (exactly), then the projections
+    ``f16(f32(x @ w) * s)`` from one Hopper matmul, each within an f16 rounding of the
+    integer reference."""
+    m, k, widths, scales = 130, 192, (48, 32, 16), [0.01, -0.5, 3.0]
+    x = RNG.standard_normal((m, k)).astype(np.float16)
+    ws = [RNG.integers(-128, 128, (k, n)).astype(np.int8) for n in widths]
+    ws[1] = ws[1].view(np.uint8)  # bytes read as int8
+    with kaio.simulate():
+        xo, *ops = _sim_operands(x, *ws)
+        w16 = _prefill.int8_to_f16(xo, ops)
+        outs = _prefill.qkv_int8(xo, ops, scales)
+    np.testing.assert_array_equal(w16, np.concatenate([w.view(np.int8) for w in ws], 1))
+    for got, w, sc in zip(outs, ws, scales, strict=True):
+        want = (x.astype(np.float64) @ w.view(np.int8).astype(np.float64)) * sc
         assert got.dtype == np.float16 and got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=2**-10, atol=2**-14 + 1e-5 * np.abs(want).max())
 
@@ -524,18 +544,16 @@ def test_gpu_qkv_int4(m):
 @pytest.mark.skipif(
     "not (kaio.gpu_available() and kaio.device().arch == 'sm_90')", reason="needs an sm_90 GPU"
 )
-def test_gpu_int4_prefill_path_on_hopper(monkeypatch):
-    """On sm_90, matmul_int4 at M = 4096 and the fused projections at M = 512 take the
-    dequantize-then-wgmma path; its f16 weights are the reference's bits."""
+def test_gpu_prefill_paths_on_hopper(monkeypatch):
+    """On sm_90, matmul_int4 at M = 4096 and the projections at M = 512 take the
+    dequantize-then-wgmma path; its int4 weights in f16 are the reference's bits."""
     import torch
 
     monkeypatch.delenv("KAIO_HOPPER_MATMUL", raising=False)
     taken = []
-    for name in ("matmul", "qkv"):
-        real = getattr(_int4_prefill, name)
-        monkeypatch.setattr(
-            _int4_prefill, name, lambda *a, _n=name, _f=real: taken.append(_n) or _f(*a)
-        )
+    for name in ("matmul_int4", "qkv_int4", "qkv_int8"):
+        real = getattr(_prefill, name)
+        monkeypatch.setattr(_prefill, name, lambda *a, _n=name, _f=real: taken.append(_n) or _f(*a))
     k = n = 4096
     packed, scales, w = _torch_int4_weights(k, n, 11)
     x = torch.randn(4096, k, device="cuda", generator=torch.Generator("cuda").manual_seed(3))
@@ -544,10 +562,13 @@ def test_gpu_int4_prefill_path_on_hopper(monkeypatch):
     ops = [
         inputs.array(t, f"t{i}", dtypes=(f16, kaio.i32)) for i, t in enumerate((x, packed, scales))
     ]
-    assert torch.equal(_int4_prefill.dequantized(ops[0], [ops[1:]]), w)
+    assert torch.equal(_prefill.int4_to_f16(ops[0], [ops[1:]]), w)
     kaio_ops.matmul_int4(x, packed, scales)
     kaio_ops.qkv_project_int4(x[:512], packed, packed, packed, scales, scales, scales)
-    assert taken == ["matmul", "qkv"]
+    w8 = torch.randint(-128, 128, (k, n), device="cuda", dtype=torch.int8)
+    kaio_ops.qkv_project_int8(x[:512], w8, w8, w8, 0.5, 0.25, 2.0)
+    project_int8(x[:512], w8, 0.5)
+    assert taken == ["matmul_int4", "qkv_int4", "qkv_int8", "qkv_int8"]
 
 
 @pytest.mark.gpu

@@ -1,0 +1,171 @@
+"""Quantized weights at prefill shapes on sm_90: dequantized to f16 once, then the Hopper
+matmul (``kaio_ops._matmul_hopper``: TMA, wgmma).
+
+At prefill the product is compute-bound, and the tiled quantized kernels (mma.sync, each
+weight made f16 in registers by every block that reads it) run at mma.sync's rate at best.
+Writing the f16 weights out once costs ``2 K N`` bytes written (and ``K N / 2`` int4 or
+``K N`` int8 bytes read): about 15 µs for a 4096 x 4096 weight on an H100, against some
+200 µs for the 4096-row product that follows on the wgmma kernel. The f16 weights live only
+for the call (a temporary of 2 K N bytes per weight).
+
+The f16 weights are those the other kernels make in registers, so the ops' contracts are
+unchanged: ``dequantize_int4`` writes ``f16(scales[k // 128, n] * q)``, rounded once, and
+``widen_int8`` the int8 values exactly; an int8 projection's scale is applied to the f32 sums
+in the matmul's epilogue (``f16(f32(x @ w) * s)``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import kaio
+from kaio import f16, f16x2, u8, u32
+from kaio_ops import _arrays, _matmul_hopper
+from kaio_ops.matmul import hopper_takes
+
+THREADS = 256
+INT4_COLS = 8  # columns a thread dequantizes: two 16-byte loads of words, 16-byte row stores
+INT8_COLS = 16  # columns a thread widens: one 16-byte load, two 16-byte stores
+ROWS_PER_GROUP = 16  # packed word rows per scale group (128 values)
+INT4_MAGIC = 0x64006400  # f16 1024.0 in both halves: OR-ing a nibble in gives 1024 + nibble
+INT4_BIAS = 0x64086408  # f16 1032.0 = 1024 + 8 in both halves (the nibble's sign bit flipped)
+INT8_MAGIC = 0x64646464  # f16 1024.0's high byte in every byte: prmt puts it above a byte
+INT8_BIAS = 0x64806480  # f16 1152.0 = 1024 + 128 in both halves (the byte's sign bit flipped)
+
+
+@kaio.gpu_kernel(block_size=THREADS)
+def dequantize_int4(words: u32[:, :], scales: f16[:, :], w: f16[:, :], col0: u32):
+    """``w[8 r + i, col0 + c] = f16(scales[r // 16, c] * q)``, q the signed nibble ``i`` of
+    ``words[r, c]``: each thread takes one packed row ``r`` and 8 adjacent columns (N % 8 ==
+    0, every array 16-byte aligned, ``col0`` a multiple of 8)."""
+    chunks = u32(words.shape[1]) // INT4_COLS
+    idx = kaio.block_idx_x() * THREADS + kaio.thread_idx_x()
+    r = idx // chunks
+    c = idx % chunks * INT4_COLS
+    if r < u32(words.shape[0]):
+        packed = kaio.local(u32, (2, 4))
+        kaio.load_vector(packed[0], words, (r, c))
+        kaio.load_vector(packed[1], words, (r, c + 4))
+        sc = kaio.local(u32, 4)  # the 8 columns' scales, two f16 a register
+        kaio.load_vector(sc, scales, (r // ROWS_PER_GROUP, c))
+        row = kaio.local(u32, 4)
+        for i in kaio.static_range(8):
+            for p in kaio.static_range(4):
+                lo = (packed[p // 2, 2 * (p % 2)] >> (4 * i)) & 0xF
+                hi = (packed[p // 2, 2 * (p % 2) + 1] >> (4 * i)) & 0xF
+                bits = ((lo | (hi << 16)) ^ 0x00080008) | INT4_MAGIC
+                v = (kaio.bitcast(bits, f16x2) - kaio.bitcast(u32(INT4_BIAS), f16x2)) * (
+                    kaio.bitcast(sc[p], f16x2)
+                )
+                row[p] = kaio.bitcast(v, u32)
+            kaio.store_vector(w, (8 * r + i, col0 + c), row)
+
+
+@kaio.gpu_kernel(block_size=THREADS)
+def widen_int8(src: u8[:, :], w: f16[:, :], col0: u32):
+    """``w[k, col0 + c] = f16(int8(src[k, c]))``, exactly: each thread takes 16 adjacent bytes
+    of one row (N % 16 == 0, both arrays 16-byte aligned, ``col0`` a multiple of 8)."""
+    chunks = u32(src.shape[1]) // INT8_COLS
+    idx = kaio.block_idx_x() * THREADS + kaio.thread_idx_x()
+    k = idx // chunks
+    c = idx % chunks * INT8_COLS
+    if k < u32(src.shape[0]):
+        raw = kaio.local(u32, 4)
+        kaio.load_vector(raw, src, (k, c))
+        half = kaio.local(u32, 4)
+        for h in kaio.static_range(2):
+            for p in kaio.static_range(4):
+                # bytes 2p and 2p + 1 of this half's 8 (word 2h + p // 2), sign bit flipped,
+                # each under 0x64: f16 1152 + q, minus 1152
+                biased = raw[2 * h + p // 2] ^ 0x80808080
+                bits = kaio.prmt(biased, INT8_MAGIC, 0x4140 + 0x202 * (p % 2))
+                v = kaio.bitcast(bits, f16x2) - kaio.bitcast(u32(INT8_BIAS), f16x2)
+                half[p] = kaio.bitcast(v, u32)
+            kaio.store_vector(w, (k, col0 + c + 8 * h), half)
+
+
+def fits(x: _arrays.Operand, weights: list, cols: int) -> bool:
+    """Whether ``x`` [M, K] times the quantized ``weights`` (each an ``Operand`` [rows, N]
+    whose first element starts a 16-byte chunk of the row) takes this path: the matmul ops
+    would run the Hopper kernel on the f16 weights side by side (an sm_90 GPU, enough tiles),
+    and the conversion's 16-byte accesses fit (each N a multiple of ``cols``, each weight
+    16-byte aligned)."""
+    m, k = x.shape
+    n = sum(w.shape[1] for w in weights)
+    vec = all(w.shape[1] % cols == 0 and w.aligned(16) for w in weights)
+    return vec and hopper_takes(x, None, m, n, k)
+
+
+def fits_int4(x: _arrays.Operand, *weights) -> bool:
+    """``fits`` for int4 ``(words, scales)`` pairs (the scales 16-byte aligned too)."""
+    return all(s.aligned(16) for _, s in weights) and fits(x, [b for b, _ in weights], INT4_COLS)
+
+
+def fits_int8(x: _arrays.Operand, *weights) -> bool:
+    """``fits`` for int8 (or uint8) weights [K, N]."""
+    return fits(x, list(weights), INT8_COLS)
+
+
+def _side_by_side(like: _arrays.Operand, k: int, widths: list[int]):
+    """A new f16 array [K, sum of widths] of ``like``'s kind, and the first column of each."""
+    firsts = [sum(widths[:i]) for i in range(len(widths))]
+    return _arrays.output(like, (k, sum(widths)), f16), firsts
+
+
+def int4_to_f16(like: _arrays.Operand, weights: list):
+    """The int4 ``(words, scales)`` weights as f16, side by side in one new [K, sum of N]."""
+    k = weights[0][0].shape[0] * 8
+    w, firsts = _side_by_side(like, k, [b.shape[1] for b, _ in weights])
+    for (b, s), col0 in zip(weights, firsts, strict=True):
+        blocks = math.ceil(b.size // INT4_COLS / THREADS)
+        words = _arrays.retype(b.obj, b.kind, u32)  # int32 words: the same bits
+        dequantize_int4[blocks, THREADS, _arrays.stream_of(like), 0](words, s.obj, w, col0)
+    return w
+
+
+def int8_to_f16(like: _arrays.Operand, weights: list):
+    """The int8 (or uint8, read as int8) weights as f16, side by side in one new [K, sum of
+    N]."""
+    w, firsts = _side_by_side(like, weights[0].shape[0], [b.shape[1] for b in weights])
+    for b, col0 in zip(weights, firsts, strict=True):
+        blocks = math.ceil(b.size // INT8_COLS / THREADS)
+        raw = _arrays.retype(b.obj, b.kind, u8)
+        widen_int8[blocks, THREADS, _arrays.stream_of(like), 0](raw, w, col0)
+    return w
+
+
+def _hopper(x: _arrays.Operand, w, **outputs):
+    """``_matmul_hopper.launch`` of ``x`` @ the f16 weights ``w``."""
+    m, k = x.shape
+    w = _arrays.Inputs("prefill").array(w, "w", dtypes=(f16,))
+    return _matmul_hopper.launch(
+        x, w, m, w.shape[1], k, _arrays.multiprocessors(), False, **outputs
+    )
+
+
+def matmul_int4(x: _arrays.Operand, b: _arrays.Operand, s: _arrays.Operand):
+    """``x @ W`` in f32 for the int4 weight (``b``, ``s``)."""
+    return _hopper(x, int4_to_f16(x, [(b, s)]))
+
+
+def project(x: _arrays.Operand, w, widths: list[int], scales: list[float]) -> tuple:
+    """``f16(f32(x @ W_i) * scales[i])`` for the f16 weights ``w`` [K, sum of widths] side
+    by side: one Hopper matmul whose epilogue writes each column, scaled, to its output."""
+    outs = [_arrays.output(x, (x.shape[0], n), f16) for n in widths]
+    return tuple(_hopper(x, w, f16_outs=outs, scales=scales))
+
+
+def qkv_int4(x: _arrays.Operand, weights: list) -> tuple:
+    """``(q, k, v)`` in f16 for the three int4 ``(words, scales)`` weights."""
+    widths = [b.shape[1] for b, _ in weights]
+    return project(x, int4_to_f16(x, weights), widths, [1.0] * len(widths))
+
+
+def qkv_int8(x: _arrays.Operand, weights: list, scales: list[float]) -> tuple:
+    """``f16(f32(x @ w) * s)`` for each int8 weight ``w`` and its scale (one to three)."""
+    return project(x, int8_to_f16(x, weights), [b.shape[1] for b in weights], scales)
+
+
+def specializations() -> list:
+    """(kernel, constexprs) of every specialization these paths launch (for PTX checks)."""
+    return [(dequantize_int4, {}), (widen_int8, {})]
