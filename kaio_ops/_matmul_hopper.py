@@ -93,6 +93,28 @@ def produce(
         place(at, tiles_m, tiles_n, BN, GROUP)
 
 
+@kaio.gpu_func
+def scale_of(col: i32, n0: i32, n1: i32, s0: f32, s1: f32, s2: f32) -> f32:
+    """The scale of the output that column ``col`` of C belongs to."""
+    return kaio.select(col < n0, s0, kaio.select(col < n0 + n1, s1, s2))
+
+
+@kaio.gpu_func
+def store_c(
+    c0: DT[:, :], c1: DT[:, :], c2: DT[:, :], row: i32, col: i32, m: i32, n: i32, n0: i32,
+    n1: i32, out: u32[:],
+):  # fmt: skip
+    """Store the 8 bytes ``out`` at column ``col`` of C (columns [0, n0) in c0, then n1 in
+    c1, the rest in c2), if inside C."""
+    if row < m and col < n:
+        if col < n0:
+            kaio.store_vector(c0, (row, col), out)
+        elif col < n0 + n1:
+            kaio.store_vector(c1, (row, col - n0), out)
+        else:
+            kaio.store_vector(c2, (row, col - n0 - n1), out)
+
+
 @kaio.gpu_kernel(block_size=THREADS)
 def matmul_wgmma(
     ta: kaio.tensormap,
@@ -112,6 +134,7 @@ def matmul_wgmma(
     STAGES: kaio.constexpr,
     BF16: kaio.constexpr,
     GROUP: kaio.constexpr,
+    SIZE: kaio.constexpr,
 ):
     kaio.launch_bounds(THREADS, 1)
     sa = kaio.shared_dynamic(f16, (STAGES, BM, BK), 0)
@@ -181,24 +204,35 @@ def matmul_wgmma(
         idx = grouped(tile0 + i * step, tiles_m, tiles_n, GROUP)
         row0 = (idx // tiles_n) * BM
         col0 = (idx % tiles_n) * BN
-        w = lt // 32
-        lane = lt % 32
-        pair = kaio.local(DT, 2)
-        for j in kaio.static_range(BN // 8):
-            col = col0 + 8 * j + 2 * i32(lane % 4)
-            for h in kaio.static_range(2):
-                row = row0 + 64 * i32(wg) + 16 * i32(w) + i32(lane // 4) + 8 * h
-                if row < m and col < n:
-                    scale = kaio.select(col < n0, s0, kaio.select(col < n0 + n1, s1, s2))
-                    pair[0] = DT(acc[j, h, 0] * scale)
-                    pair[1] = DT(acc[j, h, 1] * scale)
-                    if col < n0:
-                        kaio.store_vector(c0, (row, col), pair)
-                    elif col < n0 + n1:
-                        kaio.store_vector(c1, (row, col - n0), pair)
-                    else:
-                        kaio.store_vector(c2, (row, col - n0 - n1), pair)
-
+        lane = i32(lt % 32)
+        row = row0 + 64 * i32(wg) + 16 * i32(lt // 32) + lane // 4
+        out = kaio.local(u32, 2)
+        if SIZE == 4:  # f32: a lane's pair is 8 bytes, a warp's store 8 whole 32-byte sectors
+            for j in kaio.static_range(BN // 8):
+                col = col0 + 8 * j + 2 * (lane % 4)
+                for h in kaio.static_range(2):
+                    scale = scale_of(col, n0, n1, s0, s1, s2)
+                    out[0] = kaio.bitcast(acc[j, h, 0] * scale, u32)
+                    out[1] = kaio.bitcast(acc[j, h, 1] * scale, u32)
+                    store_c(c0, c1, c2, row + 8 * h, col, m, n, n0, n1, out)
+        else:  # f16: lanes t and t ^ 1 trade pairs, so that each stores 4 columns (8 bytes)
+            odd = lane % 2 == 1
+            for jp in kaio.static_range(BN // 16):
+                col = col0 + 16 * jp + 2 * (lane % 4)
+                first = scale_of(col, n0, n1, s0, s1, s2)
+                second = scale_of(col + 8, n0, n1, s0, s1, s2)
+                for h in kaio.static_range(2):
+                    j = 2 * jp
+                    hx = kaio.f16x2(acc[j, h, 0] * first, acc[j, h, 1] * first)
+                    hy = kaio.f16x2(acc[j + 1, h, 0] * second, acc[j + 1, h, 1] * second)
+                    px = kaio.bitcast(hx, u32)
+                    py = kaio.bitcast(hy, u32)
+                    got = kaio.shfl_xor(kaio.select(odd, px, py), 1)
+                    # even lane t: columns 2t..2t+3 of the first 8; odd: 2t-2..2t+1 of the next
+                    out[0] = kaio.select(odd, got, px)
+                    out[1] = kaio.select(odd, py, got)
+                    put = col + kaio.select(odd, 6, 0)
+                    store_c(c0, c1, c2, row + 8 * h, put, m, n, n0, n1, out)
 
 WGMMA = by_dtype(matmul_wgmma)
 
@@ -242,8 +276,8 @@ def launch(
     ta = kaio.tensor_map_2d(a.obj, (BM, BK), SW)
     tb = kaio.tensor_map_2d(b.obj, (BK, 64), SW)
     grid = min(sms, -(-m // BM) * -(-n // bn))
-    kernel = WGMMA[f32 if f16_outs is None else f16]
-    kernel[grid, THREADS, _arrays.stream_of(a), shared_bytes(bn, stages)](
+    out = f32 if f16_outs is None else f16
+    WGMMA[out][grid, THREADS, _arrays.stream_of(a), shared_bytes(bn, stages)](
         ta,
         tb,
         *targets,
@@ -256,6 +290,7 @@ def launch(
         STAGES=stages,
         BF16=int(bf16),
         GROUP=group,
+        SIZE=out.itemsize,
     )
     return outs
 
@@ -269,7 +304,10 @@ def shared_bytes(bn: int, stages: int) -> int:
 def specializations() -> list:
     """(kernel, constexprs) of every specialization ``launch`` uses (for PTX checks)."""
     return [
-        (WGMMA[out], {"BN": bn, "STAGES": st, "BF16": bf, "GROUP": GROUP_ROWS})
+        (
+            WGMMA[out],
+            {"BN": bn, "STAGES": st, "BF16": bf, "GROUP": GROUP_ROWS, "SIZE": out.itemsize},
+        )
         for bn, st in ((256, 4), (128, 5))
         for bf in (0, 1)
         for out in (f32, f16)
