@@ -33,11 +33,11 @@ INT8_MAGIC = 0x64646464  # f16 1024.0's high byte in every byte: prmt puts it ab
 INT8_BIAS = 0x64806480  # f16 1152.0 = 1024 + 128 in both halves (the byte's sign bit flipped)
 
 
-@kaio.gpu_kernel(block_size=THREADS)
-def dequantize_int4(words: u32[:, :], scales: f16[:, :], w: f16[:, :], col0: u32):
+@kaio.gpu_func
+def dequantize_rows(words: u32[:, :], scales: f16[:, :], w: f16[:, :], col0: u32):
     """``w[8 r + i, col0 + c] = f16(scales[r // 16, c] * q)``, q the signed nibble ``i`` of
-    ``words[r, c]``: each thread takes one packed row ``r`` and 8 adjacent columns (N % 8 ==
-    0, every array 16-byte aligned, ``col0`` a multiple of 8)."""
+    ``words[r, c]``: this thread's packed row ``r`` and 8 adjacent columns (N % 8 == 0,
+    every array 16-byte aligned, ``col0`` a multiple of 8)."""
     chunks = u32(words.shape[1]) // INT4_COLS
     idx = kaio.block_idx_x() * THREADS + kaio.thread_idx_x()
     r = idx // chunks
@@ -62,9 +62,25 @@ def dequantize_int4(words: u32[:, :], scales: f16[:, :], w: f16[:, :], col0: u32
 
 
 @kaio.gpu_kernel(block_size=THREADS)
-def widen_int8(src: u8[:, :], w: f16[:, :], col0: u32):
-    """``w[k, col0 + c] = f16(int8(src[k, c]))``, exactly: each thread takes 16 adjacent bytes
-    of one row (N % 16 == 0, both arrays 16-byte aligned, ``col0`` a multiple of 8)."""
+def dequantize_int4(
+    b0: u32[:, :], b1: u32[:, :], b2: u32[:, :], s0: f16[:, :], s1: f16[:, :], s2: f16[:, :],
+    w: f16[:, :], n0: u32, n1: u32,
+):  # fmt: skip
+    """Up to three int4 weights (words ``b``, scales ``s``; ``block_idx_y`` picks one) made
+    f16 side by side in ``w``, from columns 0, n0 and n0 + n1 (``dequantize_rows``)."""
+    z = kaio.block_idx_y()
+    if z == 0:
+        dequantize_rows(b0, s0, w, 0)
+    elif z == 1:
+        dequantize_rows(b1, s1, w, n0)
+    else:
+        dequantize_rows(b2, s2, w, n0 + n1)
+
+
+@kaio.gpu_func
+def widen_rows(src: u8[:, :], w: f16[:, :], col0: u32):
+    """``w[k, col0 + c] = f16(int8(src[k, c]))``, exactly: this thread's 16 adjacent bytes of
+    one row (N % 16 == 0, both arrays 16-byte aligned, ``col0`` a multiple of 8)."""
     chunks = u32(src.shape[1]) // INT8_COLS
     idx = kaio.block_idx_x() * THREADS + kaio.thread_idx_x()
     k = idx // chunks
@@ -82,6 +98,19 @@ def widen_int8(src: u8[:, :], w: f16[:, :], col0: u32):
                 v = kaio.bitcast(bits, f16x2) - kaio.bitcast(u32(INT8_BIAS), f16x2)
                 half[p] = kaio.bitcast(v, u32)
             kaio.store_vector(w, (k, col0 + c + 8 * h), half)
+
+
+@kaio.gpu_kernel(block_size=THREADS)
+def widen_int8(src0: u8[:, :], src1: u8[:, :], src2: u8[:, :], w: f16[:, :], n0: u32, n1: u32):
+    """Up to three int8 weights (``block_idx_y`` picks one) made f16 side by side in ``w``,
+    from columns 0, n0 and n0 + n1 (``widen_rows``)."""
+    z = kaio.block_idx_y()
+    if z == 0:
+        widen_rows(src0, w, 0)
+    elif z == 1:
+        widen_rows(src1, w, n0)
+    else:
+        widen_rows(src2, w, n0 + n1)
 
 
 def fits(x: _arrays.Operand, weights: list, cols: int) -> bool:
@@ -106,32 +135,34 @@ def fits_int8(x: _arrays.Operand, *weights) -> bool:
     return fits(x, list(weights), INT8_COLS)
 
 
-def _side_by_side(like: _arrays.Operand, k: int, widths: list[int]):
-    """A new f16 array [K, sum of widths] of ``like``'s kind, and the first column of each."""
-    firsts = [sum(widths[:i]) for i in range(len(widths))]
-    return _arrays.output(like, (k, sum(widths)), f16), firsts
+def _side_by_side(kernel, like: _arrays.Operand, k: int, weights: list, *operands) -> object:
+    """A new f16 array [k, sum of N] of ``like``'s kind: the ``weights`` (``Operand``s [rows,
+    N]) made f16 side by side by one launch of ``kernel`` (a y block row per weight), whose
+    arguments are ``operands`` (one list per kind of weight parameter, padded to three with
+    its first entry), the result and the first two widths."""
+    widths = [b.shape[1] for b in weights]
+    w = _arrays.output(like, (k, sum(widths)), f16)
+    per_thread = INT4_COLS if kernel is dequantize_int4 else INT8_COLS
+    blocks = max(math.ceil(b.size // per_thread / THREADS) for b in weights)
+    padded = [list(group) + list(group[:1]) * (3 - len(group)) for group in operands]
+    config = ((blocks, len(weights)), THREADS, _arrays.stream_of(like), 0)
+    kernel[config](*(x for group in padded for x in group), w, *(widths + [0, 0])[:2])
+    return w
 
 
 def int4_to_f16(like: _arrays.Operand, weights: list):
     """The int4 ``(words, scales)`` weights as f16, side by side in one new [K, sum of N]."""
+    words = [_arrays.retype(b.obj, b.kind, u32) for b, _ in weights]  # int32: the same bits
     k = weights[0][0].shape[0] * 8
-    w, firsts = _side_by_side(like, k, [b.shape[1] for b, _ in weights])
-    for (b, s), col0 in zip(weights, firsts, strict=True):
-        blocks = math.ceil(b.size // INT4_COLS / THREADS)
-        words = _arrays.retype(b.obj, b.kind, u32)  # int32 words: the same bits
-        dequantize_int4[blocks, THREADS, _arrays.stream_of(like), 0](words, s.obj, w, col0)
-    return w
+    packed = [b for b, _ in weights]
+    return _side_by_side(dequantize_int4, like, k, packed, words, [s.obj for _, s in weights])
 
 
 def int8_to_f16(like: _arrays.Operand, weights: list):
     """The int8 (or uint8, read as int8) weights as f16, side by side in one new [K, sum of
     N]."""
-    w, firsts = _side_by_side(like, weights[0].shape[0], [b.shape[1] for b in weights])
-    for b, col0 in zip(weights, firsts, strict=True):
-        blocks = math.ceil(b.size // INT8_COLS / THREADS)
-        raw = _arrays.retype(b.obj, b.kind, u8)
-        widen_int8[blocks, THREADS, _arrays.stream_of(like), 0](raw, w, col0)
-    return w
+    raw = [_arrays.retype(b.obj, b.kind, u8) for b in weights]
+    return _side_by_side(widen_int8, like, weights[0].shape[0], weights, raw)
 
 
 def _hopper(x: _arrays.Operand, w, **outputs):
