@@ -104,7 +104,7 @@ def store_c(
     c0: DT[:, :], c1: DT[:, :], c2: DT[:, :], row: i32, col: i32, m: i32, n: i32, n0: i32,
     n1: i32, out: u32[:],
 ):  # fmt: skip
-    """Store the 8 bytes ``out`` at column ``col`` of C (columns [0, n0) in c0, then n1 in
+    """Store ``out`` (4 columns) at column ``col`` of C (columns [0, n0) in c0, then n1 in
     c1, the rest in c2), if inside C."""
     if row < m and col < n:
         if col < n0:
@@ -206,33 +206,33 @@ def matmul_wgmma(
         col0 = (idx % tiles_n) * BN
         lane = i32(lt % 32)
         row = row0 + 64 * i32(wg) + 16 * i32(lt // 32) + lane // 4
-        out = kaio.local(u32, 2)
-        if SIZE == 4:  # f32: a lane's pair is 8 bytes, a warp's store 8 whole 32-byte sectors
-            for j in kaio.static_range(BN // 8):
-                col = col0 + 8 * j + 2 * (lane % 4)
-                for h in kaio.static_range(2):
-                    scale = scale_of(col, n0, n1, s0, s1, s2)
-                    out[0] = kaio.bitcast(acc[j, h, 0] * scale, u32)
-                    out[1] = kaio.bitcast(acc[j, h, 1] * scale, u32)
-                    store_c(c0, c1, c2, row + 8 * h, col, m, n, n0, n1, out)
-        else:  # f16: lanes t and t ^ 1 trade pairs, so that each stores 4 columns (8 bytes)
-            odd = lane % 2 == 1
-            for jp in kaio.static_range(BN // 16):
-                col = col0 + 16 * jp + 2 * (lane % 4)
-                first = scale_of(col, n0, n1, s0, s1, s2)
-                second = scale_of(col + 8, n0, n1, s0, s1, s2)
-                for h in kaio.static_range(2):
-                    j = 2 * jp
-                    hx = kaio.f16x2(acc[j, h, 0] * first, acc[j, h, 1] * first)
-                    hy = kaio.f16x2(acc[j + 1, h, 0] * second, acc[j + 1, h, 1] * second)
-                    px = kaio.bitcast(hx, u32)
-                    py = kaio.bitcast(hy, u32)
-                    got = kaio.shfl_xor(kaio.select(odd, px, py), 1)
-                    # even lane t: columns 2t..2t+3 of the first 8; odd: 2t-2..2t+1 of the next
-                    out[0] = kaio.select(odd, got, px)
-                    out[1] = kaio.select(odd, py, got)
-                    put = col + kaio.select(odd, 6, 0)
-                    store_c(c0, c1, c2, row + 8 * h, put, m, n, n0, n1, out)
+        # lanes t and t ^ 1 trade pairs, so that each stores 4 adjacent columns (16 bytes of
+        # f32, 8 of f16): even lanes columns 2t..2t+3 of the first 8 of a 16, odd lanes
+        # 2t-2..2t+1 of the next 8
+        odd = lane % 2 == 1
+        mine = kaio.local(u32, (2, SIZE // 2))  # a pair of each 8: its f32 bits or f16x2
+        out = kaio.local(u32, SIZE)
+        for jp in kaio.static_range(BN // 16):
+            col = col0 + 16 * jp + 2 * (lane % 4)
+            scales = kaio.local(f32, 2)
+            scales[0] = scale_of(col, n0, n1, s0, s1, s2)
+            scales[1] = scale_of(col + 8, n0, n1, s0, s1, s2)
+            for h in kaio.static_range(2):
+                for p in kaio.static_range(2):
+                    x = acc[2 * jp + p, h, 0] * scales[p]
+                    y = acc[2 * jp + p, h, 1] * scales[p]
+                    if SIZE == 4:
+                        mine[p, 0] = kaio.bitcast(x, u32)
+                        mine[p, 1] = kaio.bitcast(y, u32)
+                    else:
+                        mine[p, 0] = kaio.bitcast(kaio.f16x2(x, y), u32)
+                for w in kaio.static_range(SIZE // 2):
+                    got = kaio.shfl_xor(kaio.select(odd, mine[0, w], mine[1, w]), 1)
+                    out[w] = kaio.select(odd, got, mine[0, w])
+                    out[SIZE // 2 + w] = kaio.select(odd, mine[1, w], got)
+                put = col + kaio.select(odd, 6, 0)
+                store_c(c0, c1, c2, row + 8 * h, put, m, n, n0, n1, out)
+
 
 WGMMA = by_dtype(matmul_wgmma)
 
