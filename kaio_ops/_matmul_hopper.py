@@ -1,5 +1,7 @@
 """The Hopper matmul (sm_90): ``C[M, N] = A[M, K] @ B[K, N]`` in f32 for f16 or bf16 inputs,
-with TMA loads, an mbarrier pipeline and ``wgmma``, written in the DSL.
+with TMA loads, an mbarrier pipeline and ``wgmma``, written in the DSL. The f16 variant
+(``WGMMA[f16]``) writes C's columns to up to three f16 outputs, each times its own scale
+(the quantized QKV projections, ``kaio_ops._prefill``).
 
 The grid is persistent: at most one block a multiprocessor, block ``b`` of ``G`` computing
 tiles ``b``, ``b + G``, ... of C in the grouped order (``grouped``: down columns of
@@ -24,7 +26,8 @@ Shared tiles (docs/hopper.md gives the descriptor of each layout): A stage ``s``
 ``128 x 64`` K-major rows of 128 bytes (descriptor: SBO 1024); B stage ``s`` is ``BN / 64``
 column blocks of ``64 x 64``, N-major rows of 128 bytes (LBO 8192 between column blocks,
 SBO 1024 between 8-row groups). The K tail and the M and N edges read zeros from TMA; the
-epilogue stores only the elements inside C.
+epilogue stores only the elements inside C, 4 adjacent columns a lane (lanes t and t ^ 1
+trade a pair of columns with one shuffle).
 """
 
 from __future__ import annotations
