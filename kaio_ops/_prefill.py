@@ -21,16 +21,13 @@ import math
 import kaio
 from kaio import f16, f16x2, u8, u32
 from kaio_ops import _arrays, _matmul_hopper
+from kaio_ops._int4_decode import ROWS_PER_GROUP
+from kaio_ops._matmul_kernels import INT4_BIAS, INT4_MAGIC, INT8_BIAS, INT8_MAGIC
 from kaio_ops.matmul import hopper_takes
 
 THREADS = 256
 INT4_COLS = 8  # columns a thread dequantizes: two 16-byte loads of words, 16-byte row stores
 INT8_COLS = 16  # columns a thread widens: one 16-byte load, two 16-byte stores
-ROWS_PER_GROUP = 16  # packed word rows per scale group (128 values)
-INT4_MAGIC = 0x64006400  # f16 1024.0 in both halves: OR-ing a nibble in gives 1024 + nibble
-INT4_BIAS = 0x64086408  # f16 1032.0 = 1024 + 8 in both halves (the nibble's sign bit flipped)
-INT8_MAGIC = 0x64646464  # f16 1024.0's high byte in every byte: prmt puts it above a byte
-INT8_BIAS = 0x64806480  # f16 1152.0 = 1024 + 128 in both halves (the byte's sign bit flipped)
 
 
 @kaio.gpu_func
