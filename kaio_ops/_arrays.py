@@ -246,3 +246,10 @@ def multiprocessors() -> int:
     if simulating() or not kaio.gpu_available():
         return DEFAULT_SMS
     return kaio.device().multiprocessor_count
+
+
+def three(items: list) -> list:
+    """``items`` (one to three) padded to three with the first: the kernels that take up to
+    three weights or outputs (the QKV projections) get the first one's arrays for the unused
+    ones, with no columns."""
+    return list(items) + list(items[:1]) * (3 - len(items))

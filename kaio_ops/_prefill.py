@@ -132,16 +132,17 @@ def fits_int8(x: _arrays.Operand, *weights) -> bool:
     return fits(x, list(weights), INT8_COLS)
 
 
-def _side_by_side(kernel, like: _arrays.Operand, k: int, weights: list, *operands) -> object:
+def _side_by_side(
+    kernel, cols: int, like: _arrays.Operand, k: int, weights: list, *operands
+) -> object:
     """A new f16 array [k, sum of N] of ``like``'s kind: the ``weights`` (``Operand``s [rows,
-    N]) made f16 side by side by one launch of ``kernel`` (a y block row per weight), whose
-    arguments are ``operands`` (one list per kind of weight parameter, padded to three with
-    its first entry), the result and the first two widths."""
+    N]) made f16 side by side by one launch of ``kernel`` (``cols`` columns a thread, a y
+    block row per weight), whose arguments are ``operands`` (one list per kind of weight
+    parameter, padded to three), the result and the first two widths."""
     widths = [b.shape[1] for b in weights]
     w = _arrays.output(like, (k, sum(widths)), f16)
-    per_thread = INT4_COLS if kernel is dequantize_int4 else INT8_COLS
-    blocks = max(math.ceil(b.size // per_thread / THREADS) for b in weights)
-    padded = [list(group) + list(group[:1]) * (3 - len(group)) for group in operands]
+    blocks = max(math.ceil(b.size // cols / THREADS) for b in weights)
+    padded = [_arrays.three(group) for group in operands]
     config = ((blocks, len(weights)), THREADS, _arrays.stream_of(like), 0)
     kernel[config](*(x for group in padded for x in group), w, *(widths + [0, 0])[:2])
     return w
@@ -152,14 +153,16 @@ def int4_to_f16(like: _arrays.Operand, weights: list):
     words = [_arrays.retype(b.obj, b.kind, u32) for b, _ in weights]  # int32: the same bits
     k = weights[0][0].shape[0] * 8
     packed = [b for b, _ in weights]
-    return _side_by_side(dequantize_int4, like, k, packed, words, [s.obj for _, s in weights])
+    return _side_by_side(
+        dequantize_int4, INT4_COLS, like, k, packed, words, [s.obj for _, s in weights]
+    )
 
 
 def int8_to_f16(like: _arrays.Operand, weights: list):
     """The int8 (or uint8, read as int8) weights as f16, side by side in one new [K, sum of
     N]."""
     raw = [_arrays.retype(b.obj, b.kind, u8) for b in weights]
-    return _side_by_side(widen_int8, like, weights[0].shape[0], weights, raw)
+    return _side_by_side(widen_int8, INT8_COLS, like, weights[0].shape[0], weights, raw)
 
 
 def _hopper(x: _arrays.Operand, w, **outputs):

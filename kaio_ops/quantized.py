@@ -230,7 +230,7 @@ def _project(x: _arrays.Operand, weights: list[Weights], quant: int) -> list:
     split, k_slice = k_slices(k, plan.split, cfg.bk)
     outs = [_arrays.output(x, (m, n), f16) for n in widths]
     split_out = [_arrays.output(x, (split * m, n), f32) for n in widths] if split > 1 else outs
-    weights, targets = _three(weights), _three(split_out)
+    weights, targets = _arrays.three(weights), _arrays.three(split_out)
     scales = [w.scale for w in weights]
     columns = widths + [0] * (3 - len(widths))
     tiles = math.ceil(m / cfg.bm) * sum(math.ceil(n / cfg.bn) for n in widths)
@@ -243,14 +243,8 @@ def _project(x: _arrays.Operand, weights: list[Weights], quant: int) -> list:
     )  # fmt: skip
     if split > 1:
         grid = (math.ceil(m * sum(widths) / 256), 256, stream, 0)
-        sum_qkv_slices[grid](*targets, *_three(outs), m, *columns, *scales, SPLIT=split)
+        sum_qkv_slices[grid](*targets, *_arrays.three(outs), m, *columns, *scales, SPLIT=split)
     return outs
-
-
-def _three(items: list) -> list:
-    """``items`` (one to three) padded to three with the first: ``qkv_kernel``'s unused
-    weights take the first one's arrays and have no columns."""
-    return items + items[:1] * (3 - len(items))
 
 
 def qkv_project_int8(x, wq, wk, wv, sq: float, sk: float, sv: float) -> tuple:
