@@ -254,6 +254,22 @@ _define(
     "mbarrier_arrive(bars, i): this thread arrives once on bars[i] (mbarrier.arrive). sm_80+.",
     _mbarrier_arrive,
 )
+
+
+def _mbarrier_arrive_cluster(ctx, args, node):
+    _arity(ctx, "mbarrier_arrive_cluster", args, node, 3)
+    bar = _barrier(ctx, args, node, "mbarrier_arrive_cluster")
+    rank = _u32(ctx, args[2], node, "the rank of kaio.mbarrier_arrive_cluster()")
+    ctx.b.emit("mbarrier_arrive_cluster", None, (*bar, rank))
+
+
+_define(
+    "mbarrier_arrive_cluster",
+    "mbarrier_arrive_cluster(bars, i, rank): this thread arrives once on bars[i] of block "
+    "rank of its cluster (mapa, mbarrier.arrive.shared::cluster); with "
+    "tma_load_2d_multicast, how a block tells its cluster that a stage is free. sm_90.",
+    _mbarrier_arrive_cluster,
+)
 _define(
     "mbarrier_arrive_expect_tx",
     "mbarrier_arrive_expect_tx(bars, i, nbytes): bars[i]'s current phase also waits for "
@@ -294,21 +310,24 @@ def _tensor_map(ctx, v, node) -> Var:
     )
 
 
-def _tma_load_2d(ctx, args, node):
-    _arity(ctx, "tma_load_2d", args, node, 7)
-    dst = _memory_array(ctx, args[0], node, "tma_load_2d", _SHARED)
+def _tma_load_2d(ctx, args, node, name: str = "tma_load_2d"):
+    multicast = name == "tma_load_2d_multicast"
+    _arity(ctx, name, args, node, 8 if multicast else 7)
+    dst = _memory_array(ctx, args[0], node, name, _SHARED)
     dst_idx = ctx.indices(dst, args[1], node)
     tmap = _tensor_map(ctx, args[2], node)
     coords = []
     for v, what in ((args[3], "row"), (args[4], "column")):
         c = ctx.value(v, node, T.i32)
         if not c.type.is_int or c.type.bits > 32:
-            ctx.error(
-                f"kaio.tma_load_2d(): the {what} must be a 32-bit integer, got {c.type}", node
-            )
+            ctx.error(f"kaio.{name}(): the {what} must be a 32-bit integer, got {c.type}", node)
         coords.append(ctx.convert(c, T.i32))
-    bar = _barrier(ctx, args[5:], node, "tma_load_2d")
-    ctx.b.emit("tma_load", None, (dst, *dst_idx, tmap, *coords, *bar))
+    bar = _barrier(ctx, args[5:7], node, name)
+    if not multicast:
+        ctx.b.emit("tma_load", None, (dst, *dst_idx, tmap, *coords, *bar))
+        return
+    ctas = _u32(ctx, args[7], node, "the block mask of kaio.tma_load_2d_multicast()")
+    ctx.b.emit("tma_load_multicast", None, (dst, *dst_idx, tmap, *coords, *bar, ctas))
 
 
 _define(
@@ -318,6 +337,14 @@ _define(
     "dst[dst_index] (128-byte aligned; 1024 when swizzled), swizzled as the map says; the "
     "copy completes its bytes on bars[i] (cp.async.bulk.tensor.2d). sm_90.",
     _tma_load_2d,
+)
+_define(
+    "tma_load_2d_multicast",
+    "tma_load_2d_multicast(dst, dst_index, tmap, row, col, bars, i, ctas): tma_load_2d into "
+    "the same shared address of every block of the cluster whose rank's bit is set in ctas "
+    "(a 16-bit mask), completing the bytes on each one's bars[i] (.multicast::cluster). The "
+    "blocks fetch the box from L2 once. sm_90.",
+    lambda ctx, args, node: _tma_load_2d(ctx, args, node, "tma_load_2d_multicast"),
 )
 
 

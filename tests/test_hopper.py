@@ -60,6 +60,39 @@ def tma_tile(tmap: kaio.tensormap, out: f16[:, :], row: i32, col: i32, R: kaio.c
         out[i // 64, i % 64] = tile[i // 64, i % 64]
 
 
+@kaio.gpu_kernel(block_size=64)
+def multicast_halves(
+    tmap: kaio.tensormap, out: f16[:, :, :], done: u32[:], row: i32, col: i32, ctas: u32
+):
+    """A cluster of 2: block r loads rows 32 r.. of a 64 x 64 box into both blocks' tiles
+    (multicast); each copies its whole tile to out[r]. Then thread 0 of both blocks arrives on
+    bars[1] of rank 1 (count 2): done[r] says whether block r's barrier completed (1: rank 1's,
+    with one arrival from the other block; 0: rank 0's, which nothing arrived on)."""
+    kaio.cluster_dims(2)
+    tile = kaio.shared(f16, (64, 64))
+    bars = kaio.shared(u64, (2,))
+    t = kaio.thread_idx_x()
+    rank = kaio.cluster_rank()
+    if t == 0:
+        kaio.mbarrier_init(bars, 0, 1)
+        kaio.mbarrier_init(bars, 1, 2)
+        kaio.fence_proxy_async()
+    kaio.cluster_sync()
+    if t == 0:
+        kaio.mbarrier_arrive_expect_tx(bars, 0, 64 * 64 * 2)
+        r = i32(rank) * 32
+        kaio.tma_load_2d_multicast(tile, (r, 0), tmap, row + r, col, bars, 0, ctas)
+    kaio.mbarrier_wait(bars, 0, 0)
+    for i in range(t, 64 * 64, 64):
+        out[rank, i // 64, i % 64] = tile[i // 64, i % 64]
+    if t == 0:
+        kaio.mbarrier_arrive_cluster(bars, 1, 1)
+    kaio.cluster_sync()
+    if t == 0:
+        done[rank] = u32(kaio.mbarrier_try_wait(bars, 1, 0))
+    kaio.cluster_sync()
+
+
 @kaio.gpu_kernel(block_size=128)
 def tma_func_without_map(out: f16[:, :], addr: u64):
     tile = kaio.shared(f16, (32, 64))
@@ -293,6 +326,27 @@ def test_tma_copies_a_box_with_its_swizzle(swizzle):
         np.testing.assert_array_equal(out, want)
 
 
+def test_multicast_fills_every_block_and_remote_arrivals_count():
+    a = RNG.standard_normal((100, 200)).astype(np.float16)
+    for row, col in TMA_CORNERS:
+        out = np.full((2, 64, 64), np.nan, np.float16)
+        done = np.full(2, 7, np.uint32)
+        multicast_halves.sim[2](kaio.tensor_map_2d(a, (32, 64), 0), out, done, row, col, 3)
+        want = box_of(a, row, col, 64, 64)
+        np.testing.assert_array_equal(out, np.stack([want, want]))
+        np.testing.assert_array_equal(done, [0, 1])
+
+
+def test_multicast_misuse_is_reported():
+    a = RNG.standard_normal((64, 64)).astype(np.float16)
+    out, done = np.zeros((2, 64, 64), np.float16), np.zeros(2, np.uint32)
+    with pytest.raises(kaio.SimulationError, match=r"block mask 0x4 in a cluster of 2 blocks"):
+        multicast_halves.sim[2](kaio.tensor_map_2d(a, (32, 64), 0), out, done, 0, 0, 4)
+    # a mask of one block: the other's tile misses half its rows, and its wait never completes
+    with pytest.raises(kaio.SimulationError, match="waits for an mbarrier phase"):
+        multicast_halves.sim[2](kaio.tensor_map_2d(a, (32, 64), 0), out, done, 0, 0, 1)
+
+
 def test_device_functions_take_only_tensor_maps_as_maps():
     # tma_tile passes its map to load_box (the TMA tests check the copies it makes)
     with pytest.raises(kaio.CompileError, match="load_box: 'tmap' expects a kaio.tensormap"):
@@ -434,6 +488,7 @@ def test_tensor_map_checks():
 def test_ptx_assembles_for_sm_90a():
     texts = [
         tma_tile.ptx(arch="sm_90", R=32),
+        multicast_halves.ptx(arch="sm_90"),
         barrier_phases.ptx(arch="sm_90"),
         bulk_rows.ptx(arch="sm_90"),
         descriptor_bits.ptx(arch="sm_90"),
@@ -477,6 +532,24 @@ def test_gpu_tma_matches_simulator(swizzle):
         d_out = kaio.to_device(np.zeros((32, 64), np.float16))
         tma_tile[1](kaio.tensor_map_2d(kaio.to_device(a), box, swizzle), d_out, row, col, 32)
         np.testing.assert_array_equal(d_out.numpy(), sim_out)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("backend", ["ptx", "llvm"])
+def test_gpu_multicast_matches_simulator(backend):
+    if backend == "llvm":
+        pytest.importorskip("llvmlite")
+    a = RNG.standard_normal((100, 200)).astype(np.float16)
+    kernel = kaio.gpu_kernel(multicast_halves.pyfunc, block_size=64, backend=backend)
+    for row, col in TMA_CORNERS:
+        want, want_done = np.zeros((2, 64, 64), np.float16), np.zeros(2, np.uint32)
+        multicast_halves.sim[2](kaio.tensor_map_2d(a, (32, 64), 0), want, want_done, row, col, 3)
+        got = kaio.to_device(np.full((2, 64, 64), np.nan, np.float16))
+        done = kaio.to_device(np.full(2, 7, np.uint32))
+        kernel[2](kaio.tensor_map_2d(kaio.to_device(a), (32, 64), 0), got, done, row, col, 3)
+        np.testing.assert_array_equal(got.numpy(), want)
+        np.testing.assert_array_equal(done.numpy(), want_done)
 
 
 @pytest.mark.gpu

@@ -173,6 +173,16 @@ OPS: dict[str, OpInfo] = {
         "(shared, *idx, map u64, c0 i32, c1 i32, bar, *idx): copy the box at column c0, row "
         "c1 of the map's array into shared memory, completing tx bytes on the barrier",
     ),
+    "tma_load_multicast": OpInfo(
+        "special",
+        "none",
+        False,
+        "(shared, *idx, map u64, c0 i32, c1 i32, bar, *idx, ctas u32): tma_load into the same "
+        "address and barrier of each cluster block in the ctas mask",
+    ),
+    "mbarrier_arrive_cluster": OpInfo(
+        "special", "none", False, "(bar, *idx, rank u32): arrive once on block rank's barrier"
+    ),
     "bulk_store": OpInfo(
         "special",
         "none",

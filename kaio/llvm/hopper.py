@@ -32,10 +32,11 @@ from llvmlite import ir
 from kaio.ir.nodes import Array, Const, Function, Instr, Param, walk
 from kaio.llvm.memory import address
 from kaio.llvm.tensor import members, operands, read, shared_address, write
-from kaio.llvm.typemap import CONVERGENT, EFFECTS, FLOAT, I8, I32, I64, VOID, int_const, lltype
+from kaio.llvm.typemap import CONVERGENT, EFFECTS, FLOAT, I8, I16, I32, I64, VOID, int_const, lltype
 from kaio.ptx.hopper import (
     _SWIZZLE_MODE,
     ALIGNED_OPS,
+    TMA_LOAD,
     _check_tile,
     _split,
     bulk_store_operands,
@@ -257,13 +258,33 @@ def lower_mbarrier_wait(g, ins: Instr) -> None:
 
 def lower_tma_load(g, ins: Instr) -> None:
     """``cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [dst],
-    [map, {col, row}], [bar]``."""
+    [map, {col, row}], [bar]``; ``tma_load_multicast`` adds ``.multicast::cluster`` and the
+    16-bit block mask."""
     dst, dst_idx, tmap, row, col, bar, bar_idx = tma_load_operands(g, ins)
-    op = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-    text = f"{op} [$0], [$1, {{$2, $3}}], [$4];"
     args = [shared_address(g, dst, dst_idx), g.value(tmap), g.value(col), g.value(row)]
     args.append(shared_address(g, bar, bar_idx))
-    _statement(g, text, ["r", "l", "r", "r", "r"], args, collective=False)
+    if ins.op == "tma_load":
+        text = f"{TMA_LOAD} [$0], [$1, {{$2, $3}}], [$4];"
+        _statement(g, text, ["r", "l", "r", "r", "r"], args, collective=False)
+        return
+    g.target.require("cluster", "kaio.tma_load_2d_multicast()", g.loc)
+    args.append(g.b.trunc(g.value(ins.args[-1]), I16))
+    text = f"{TMA_LOAD}.multicast::cluster [$0], [$1, {{$2, $3}}], [$4], $5;"
+    _statement(g, text, ["r", "l", "r", "r", "r", "h"], args, collective=False)
+
+
+def lower_mbarrier_arrive_cluster(g, ins: Instr) -> None:
+    """``mapa`` of the barrier's address to block ``rank``'s, then
+    ``mbarrier.arrive.shared::cluster.b64 _, [remote]`` (release at CTA scope, as CUTLASS's:
+    with ``.release.cluster`` the Hopper matmul's pipeline ran at half speed)."""
+    g.target.require("cluster", "kaio.mbarrier_arrive_cluster()", g.loc)
+    arr, idxs, (rank,) = _split(ins, 0)
+    text = (
+        "{ .reg .b32 %remote; mapa.shared::cluster.u32 %remote, $0, $1; "
+        "mbarrier.arrive.shared::cluster.b64 _, [%remote]; }"
+    )
+    args = [shared_address(g, arr, idxs), g.value(rank)]
+    _statement(g, text, ["r", "r"], args, collective=False)
 
 
 def lower_bulk_store(g, ins: Instr) -> None:
@@ -312,6 +333,8 @@ LOWERING = {
     "mbarrier_try_wait": lower_mbarrier_try_wait,
     "mbarrier_wait": lower_mbarrier_wait,
     "tma_load": lower_tma_load,
+    "tma_load_multicast": lower_tma_load,
+    "mbarrier_arrive_cluster": lower_mbarrier_arrive_cluster,
     "bulk_store": lower_bulk_store,
     "bulk_wait": lower_bulk_wait,
 }

@@ -14,7 +14,7 @@ from kaio.ir.nodes import Const, Instr
 from kaio.lang_hopper import dynamic_tile_conflict
 from kaio.ptx.memory import address, mem_type
 from kaio.ptx.tensor import frag_registers
-from kaio.types import u32, u64
+from kaio.types import f16, u32, u64
 
 # Descriptor bits 62-63 per swizzle (bytes): PTX ISA "Matrix Descriptor Format".
 _SWIZZLE_MODE = {0: 0, 128: 1, 64: 2, 32: 3}
@@ -151,15 +151,36 @@ def tma_load_operands(e, ins: Instr) -> tuple:
     return dst, dst_idx, tmap, row, col, bar, bar_idx
 
 
+TMA_LOAD = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+
+
 def lower_tma_load(e, ins: Instr) -> None:
     """``cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [dst],
-    [map, {col, row}], [bar]``."""
+    [map, {col, row}], [bar]``; ``tma_load_multicast`` adds ``.multicast::cluster`` and the
+    16-bit block mask."""
     dst, dst_idx, tmap, row, col, bar, bar_idx = tma_load_operands(e, ins)
     d = address(e, dst, dst_idx)
     b = address(e, bar, bar_idx)
     src = f"[{e.param_address(tmap)}, {{{e.r(col)}, {e.r(row)}}}]"
-    op = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-    e.line(f"{op} {d}, {src}, {b}")
+    if ins.op == "tma_load":
+        e.line(f"{TMA_LOAD} {d}, {src}, {b}")
+        return
+    e.target.require("cluster", "kaio.tma_load_2d_multicast()", e.loc)
+    mask = e.tmp(f16)  # a 16-bit register
+    e.line(f"cvt.u16.u32 {mask}, {e.o(ins.args[-1])}")
+    e.line(f"{TMA_LOAD}.multicast::cluster {d}, {src}, {b}, {mask}")
+
+
+def lower_mbarrier_arrive_cluster(e, ins: Instr) -> None:
+    """``mapa`` of the barrier's address to block ``rank``'s, then
+    ``mbarrier.arrive.shared::cluster.b64 _, [remote]`` (release at CTA scope, as CUTLASS's:
+    with ``.release.cluster`` the Hopper matmul's pipeline ran at half speed)."""
+    e.target.require("cluster", "kaio.mbarrier_arrive_cluster()", e.loc)
+    arr, idxs, (rank,) = _split(ins, 0)
+    local = _shared_address_register(e, arr, idxs)
+    remote = e.tmp(u32)
+    e.line(f"mapa.shared::cluster.u32 {remote}, {local}, {e.o(rank)}")
+    e.line(f"mbarrier.arrive.shared::cluster.b64 _, [{remote}]")
 
 
 def bulk_store_operands(ins: Instr) -> tuple:
@@ -217,6 +238,8 @@ LOWERING = {
     "mbarrier_try_wait": lower_mbarrier_try_wait,
     "mbarrier_wait": lower_mbarrier_wait,
     "tma_load": lower_tma_load,
+    "tma_load_multicast": lower_tma_load,
+    "mbarrier_arrive_cluster": lower_mbarrier_arrive_cluster,
     "bulk_store": lower_bulk_store,
     "bulk_commit": _fixed("cp.async.bulk.commit_group", "bulk_copy", "kaio.bulk_commit()"),
     "bulk_wait": lower_bulk_wait,
@@ -232,6 +255,6 @@ LOWERING = {
     "dsmem_load": lower_dsmem_load,
 }
 
-ALIGNED_OPS = ("tma_load", "smem_desc")
+ALIGNED_OPS = ("tma_load", "tma_load_multicast", "smem_desc")
 """Ops whose first operand is a shared tile that the emitter aligns to 1024 bytes (a whole
 128-byte-swizzle pattern), so that swizzled layouts are those of docs/hopper.md."""

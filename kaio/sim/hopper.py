@@ -203,14 +203,18 @@ def _transaction(m, ins: Instr, vals: list, arrive: bool):
         bar = _get(m, ins, key, int(lane))
         bar.tx += int(nbytes)
         if arrive:
-            if bar.pending == 0:
-                raise SimulationError(
-                    f"{m.where(ins)}: {m.describe(int(lane))} arrives on an mbarrier whose "
-                    f"phase has no arrival left (more arrivals than its count){m.source(ins)}"
-                )
-            bar.pending -= 1
+            _arrive(m, ins, bar, int(lane))
         _advance(bar)
     _state(m).version += 1
+
+
+def _arrive(m, ins: Instr, bar: Barrier, lane: int) -> None:
+    if bar.pending == 0:
+        raise SimulationError(
+            f"{m.where(ins)}: {m.describe(lane)} arrives on an mbarrier whose phase has no "
+            f"arrival left (more arrivals than its count){m.source(ins)}"
+        )
+    bar.pending -= 1
 
 
 def _completed(m, ins: Instr, vals: list) -> np.ndarray:
@@ -278,6 +282,8 @@ def tma_load(m, ins: Instr, vals: list):
     bar_arr = ins.args[nd + 4]
     bar_vals = vals[nd + 3 :]
     _, keys = _barrier_keys(m, ins, bar_vals, bar_arr)
+    multicast = ins.op == "tma_load_multicast"
+    masks = m.pick(vals[-1], active) if multicast else None
     for j, lane in enumerate(lanes):
         tm = m.tensor_maps[int(maps[j])]
         where = f"{m.where(ins)}: tma_load_2d by {m.describe(int(lane))}"
@@ -296,11 +302,51 @@ def tma_load(m, ins: Instr, vals: list):
             )
         data = _box(tm, int(rows[j]), int(cols[j]))
         addrs = swizzled(dst_addr[j] + np.arange(data.size), tm.swizzle)
-        block = int(m.lane_block[lane])
-        st, offsets = _locate_bytes(m, ins, block, addrs, "tma_load_2d")
-        bar = _get(m, ins, keys[j], int(lane))
-        bar.copies.append((st, block, offsets, data))
-        bar.tx -= data.size
+        own = int(m.lane_block[lane])
+        targets = {own: keys[j]}
+        if multicast:
+            ranks = _cluster_ranks(m, ins, int(masks[j]), int(lane))
+            targets = _remote(m, bar_arr, own, keys[j], ranks)
+        for block, key in targets.items():
+            st, offsets = _locate_bytes(m, ins, block, addrs, "tma_load_2d")
+            bar = _get(m, ins, key, int(lane))
+            bar.copies.append((st, block, offsets, data))
+            bar.tx -= data.size
+            _advance(bar)
+    _state(m).version += 1
+
+
+def _cluster_ranks(m, ins: Instr, mask: int, lane: int) -> list[int]:
+    """The ranks of ``mask`` (a multicast's blocks), checked against the cluster's size."""
+    if not 0 < mask < 1 << m.cluster:
+        raise SimulationError(
+            f"{m.where(ins)}: {m.describe(lane)} multicasts to block mask {mask:#x} in a "
+            f"cluster of {m.cluster} blocks (kaio.cluster_dims): set bits 0..{m.cluster - 1} "
+            f"only, at least one{m.source(ins)}"
+        )
+    return [r for r in range(m.cluster) if mask >> r & 1]
+
+
+def _remote(m, bar_arr, own: int, key: tuple, ranks: list[int]) -> dict:
+    """{block: barrier key} of the barrier ``key`` of block ``own`` in the blocks of its
+    cluster with these ranks (the batch holds whole clusters)."""
+    size = m.storage(bar_arr).size
+    first = own - own % m.cluster
+    return {first + r: (key[0], key[1] + (first + r - own) * size) for r in ranks}
+
+
+def mbarrier_arrive_cluster(m, ins: Instr, vals: list):
+    """Each active lane arrives once on the barrier at its address in block ``rank`` of its
+    cluster."""
+    lanes, keys = _barrier_keys(m, ins, vals)
+    ranks = m.pick(vals[-1], m.active_lanes())
+    for lane, key, rank in zip(lanes, keys, ranks, strict=True):
+        (block, remote), = _remote(
+            m, ins.args[0], int(m.lane_block[lane]), key,
+            _cluster_ranks(m, ins, 1 << int(rank) if int(rank) < 16 else 0, int(lane)),
+        ).items()  # fmt: skip
+        bar = _get(m, ins, remote, int(lane))
+        _arrive(m, ins, bar, int(lane))
         _advance(bar)
     _state(m).version += 1
 
@@ -520,6 +566,8 @@ SEMANTICS = {
     "mbarrier_try_wait": mbarrier_try_wait,
     "mbarrier_wait": mbarrier_wait,
     "tma_load": tma_load,
+    "tma_load_multicast": tma_load,
+    "mbarrier_arrive_cluster": mbarrier_arrive_cluster,
     "fence_proxy_async": no_op,
     "bulk_store": bulk_store,
     "bulk_commit": no_op,
