@@ -6,8 +6,11 @@ On sm_90 ``matmul_tc`` and its variants run the TMA + wgmma kernel
 (``kaio_ops._matmul_hopper``); "kaio mma.sync" is the ``mma.sync`` kernel on the same shapes.
 Every implementation is checked against float64 first (relative error normalized by the
 reference's norm: 1e-3 for f16, 1e-2 for bf16). kaio's output is f32, cuBLAS's and Triton's
-f16/bf16 (they write half the bytes). ``--configs`` also times every kaio tile
-configuration. Usage: ``python bench/matmul.py --out results.json [--sizes 1024,4096]``.
+f16/bf16 (they write half the bytes), so both also run with f32 output ("cuBLAS f32 out",
+"Triton f32 out": the same job as kaio's); on sm_90 at 4096 and up, the op "matmul f16, f16 C"
+times the Hopper kernel writing f16 against them on their own output. ``--configs`` also
+times every kaio tile configuration.
+Usage: ``python bench/matmul.py --out results.json [--sizes 1024,4096]``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import kaio  # noqa: E402
 import kaio_ops  # noqa: E402
 from bench.harness import Harness  # noqa: E402
 from bench.mma_peak import mma_peak_tflops  # noqa: E402
+from kaio_ops import _arrays, _matmul_hopper  # noqa: E402
 from kaio_ops.matmul import CONFIGS, SKINNY, Plan, heuristic, run  # noqa: E402
 
 try:
@@ -80,14 +84,34 @@ if triton is not None:
             mask=(rm[:, None] < M) & (rn[None, :] < N),
         )
 
-    def triton_matmul(a, b):
-        """Triton's tutorial matmul with 6 standard configurations, autotuned."""
+    def triton_matmul(a, b, out_dtype=None):
+        """Triton's tutorial matmul with 6 standard configurations, autotuned; C in
+        ``out_dtype`` (default: the inputs')."""
         m, k = a.shape
         n = b.shape[1]
-        c = torch.empty((m, n), device=a.device, dtype=a.dtype)
+        c = torch.empty((m, n), device=a.device, dtype=out_dtype or a.dtype)
         grid = lambda meta: (triton.cdiv(m, meta["BM"]) * triton.cdiv(n, meta["BN"]),)  # noqa: E731
         _triton_mm[grid](a, b, c, m, n, k)
         return c
+
+
+def cublas_f32_out(a, b):
+    """cuBLAS with f32 output (``torch.mm(..., out_dtype=torch.float32)``): the same job as
+    kaio's matmul ops, whose contract is f32 C."""
+    return torch.mm(a, b, out_dtype=torch.float32)
+
+
+def hopper_f16_out(a, b):
+    """kaio's Hopper kernel writing C in f16 (the variant the quantized QKV projections use,
+    not a public op): the kernel against cuBLAS and Triton on their own f16 output."""
+    inputs = _arrays.Inputs("matmul")
+    c = torch.empty((a.shape[0], b.shape[1]), device=a.device, dtype=torch.float16)
+    m, k = a.shape
+    _matmul_hopper.launch(
+        inputs.array(a, "a"), inputs.array(b, "b"), m, b.shape[1], k,
+        _arrays.multiprocessors(), False, f16_outs=[c],
+    )  # fmt: skip
+    return c
 
 
 def sgemm(a, b):
@@ -106,6 +130,7 @@ def main() -> None:
     peak = mma_peak_tflops()
     h.meta["mma_sync_peak_tflops"] = peak
     print(f"register-only mma.sync m16n8k16 loop: {peak}", flush=True)
+    hopper = kaio.device().arch == "sm_90"
     ops = {
         "f16": (torch.float16, kaio_ops.matmul_tc, kaio_ops.matmul_tc_async, 1e-3),
         "bf16": (torch.bfloat16, kaio_ops.matmul_tc_bf16, kaio_ops.matmul_tc_bf16_async, 1e-2),
@@ -125,6 +150,10 @@ def main() -> None:
                 )
 
             impls = {"cuBLAS": torch.matmul, "kaio async": async_op, "kaio sync": sync_op}
+            if m > 16:  # the same f32 output as kaio's ops
+                impls["cuBLAS f32 out"] = cublas_f32_out
+                if triton is not None:
+                    impls["Triton f32 out"] = lambda a, b: triton_matmul(a, b, torch.float32)
             if m > 16:  # an explicit plan keeps the mma.sync kernel (sm_90 runs wgmma by default)
                 plan = heuristic(m, n, k)
                 impls["kaio mma.sync"] = lambda a, b, t=kdt, p=plan: run(a, b, t, True, p)
@@ -150,6 +179,19 @@ def main() -> None:
                 flops=2.0 * m * n * k,
                 baseline="cuBLAS",
             )
+            if name == "f16" and m == n == k and m >= 4096 and hopper:
+                h.case(
+                    "matmul f16, f16 C",
+                    f"{m}x{n}x{k}",
+                    make,
+                    {"cuBLAS": torch.matmul, "kaio f16 out": hopper_f16_out}
+                    | ({"Triton": triton_matmul} if triton is not None else {}),
+                    reference=lambda a, b: a.double() @ b.double(),
+                    tol=tol,
+                    nbytes=(m * k + k * n + m * n) * 2,
+                    flops=2.0 * m * n * k,
+                    baseline="cuBLAS",
+                )
             if name == "f16" and m == n == k and m in (1024, 4096):
 
                 def make32(m=m, n=n, k=k):
