@@ -534,14 +534,19 @@ def test_gpu_tma_matches_simulator(swizzle):
         np.testing.assert_array_equal(d_out.numpy(), sim_out)
 
 
+def _on_backend(kernel, block_size: int, backend: str):
+    """``kernel`` compiled by ``backend`` (skipped without llvmlite for "llvm")."""
+    if backend == "llvm":
+        pytest.importorskip("llvmlite")
+    return kaio.gpu_kernel(kernel.pyfunc, block_size=block_size, backend=backend)
+
+
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("backend", ["ptx", "llvm"])
 def test_gpu_multicast_matches_simulator(backend):
-    if backend == "llvm":
-        pytest.importorskip("llvmlite")
     a = RNG.standard_normal((100, 200)).astype(np.float16)
-    kernel = kaio.gpu_kernel(multicast_halves.pyfunc, block_size=64, backend=backend)
+    kernel = _on_backend(multicast_halves, 64, backend)
     for row, col in TMA_CORNERS:
         want, want_done = np.zeros((2, 64, 64), np.float16), np.zeros(2, np.uint32)
         multicast_halves.sim[2](kaio.tensor_map_2d(a, (32, 64), 0), want, want_done, row, col, 3)
@@ -556,14 +561,11 @@ def test_gpu_multicast_matches_simulator(backend):
 @needs_hopper
 @pytest.mark.parametrize("backend", ["ptx", "llvm"])
 def test_gpu_bulk_store_matches_simulator(backend):
-    if backend == "llvm":
-        pytest.importorskip("llvmlite")
     src = RNG.standard_normal((64, 32)).astype(np.float32)
     want = np.full((64, 32), -1.0, np.float32)
     bulk_rows.sim[1](src, want, 28)
     got = kaio.to_device(np.full((64, 32), -1.0, np.float32))
-    kernel = kaio.gpu_kernel(bulk_rows.pyfunc, block_size=64, backend=backend)
-    kernel[1](kaio.to_device(src), got, 28)
+    _on_backend(bulk_rows, 64, backend)[1](kaio.to_device(src), got, 28)
     np.testing.assert_array_equal(got.numpy(), want)
 
 

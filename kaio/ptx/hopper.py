@@ -176,11 +176,17 @@ def lower_mbarrier_arrive_cluster(e, ins: Instr) -> None:
     ``mbarrier.arrive.shared::cluster.b64 _, [remote]`` (release at CTA scope, as CUTLASS's:
     with ``.release.cluster`` the Hopper matmul's pipeline ran at half speed)."""
     e.target.require("cluster", "kaio.mbarrier_arrive_cluster()", e.loc)
+    e.line(f"mbarrier.arrive.shared::cluster.b64 _, [{_remote_address(e, ins)}]")
+
+
+def _remote_address(e, ins: Instr) -> str:
+    """A u32 register holding block ``rank``'s shared::cluster address of the element that
+    ``ins`` names (its operands: the shared array, its indices, the rank), by ``mapa``."""
     arr, idxs, (rank,) = _split(ins, 0)
     local = _shared_address_register(e, arr, idxs)
     remote = e.tmp(u32)
     e.line(f"mapa.shared::cluster.u32 {remote}, {local}, {e.o(rank)}")
-    e.line(f"mbarrier.arrive.shared::cluster.b64 _, [{remote}]")
+    return remote
 
 
 def bulk_store_operands(ins: Instr) -> tuple:
@@ -219,11 +225,8 @@ def lower_dsmem_load(e, ins: Instr) -> None:
     """``mapa.shared::cluster`` of this block's address of the element to block ``rank``'s,
     then ``ld.shared::cluster``."""
     e.target.require("cluster", "kaio.cluster_load()", e.loc)
-    arr, idxs, (rank,) = _split(ins, 0)
-    local = _shared_address_register(e, arr, idxs)
-    remote = e.tmp(u32)
-    e.line(f"mapa.shared::cluster.u32 {remote}, {local}, {e.r(rank)}")
-    e.line(f"ld.shared::cluster.{mem_type(arr.dtype)} {e.dst(ins)}, [{remote}]")
+    remote = _remote_address(e, ins)
+    e.line(f"ld.shared::cluster.{mem_type(ins.args[0].dtype)} {e.dst(ins)}, [{remote}]")
 
 
 LOWERING = {
