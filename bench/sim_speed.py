@@ -51,7 +51,7 @@ def count_thread_instructions(run) -> int:
 
     def counting(m, ins):
         counted[0] += int(np.count_nonzero(m.mask))
-        original(m, ins)
+        yield from original(m, ins)
 
     engine.Machine._EXEC[engine.Instr] = counting
     try:

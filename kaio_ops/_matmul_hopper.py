@@ -6,21 +6,18 @@ with TMA loads, an mbarrier pipeline and ``wgmma``, written in the DSL. The f16 
 The grid is persistent: at most one block a multiprocessor, block ``b`` of ``G`` computing
 tiles ``b``, ``b + G``, ... of C in the grouped order (``grouped``: down columns of
 ``GROUP`` tile rows, so the tiles in flight at once share their A and B slices in L2). A block
-computes a ``128 x BN`` tile with two warpgroups, each multiplying its 64 rows of A by the
-whole B slice with ``wgmma.m64n{BN}k16`` and keeping one group of wgmmas in flight. Thread 0
-also produces: it issues the TMA copies of each 64-deep K slice of A and B into a
-``STAGES``-deep ring of 128-byte-swizzled shared tiles, ``STAGES - 1`` slices ahead, across
-tile boundaries: the next tile's first slices load during this tile's epilogue.
-Two barriers per stage: ``bars[0, s]`` ("full": the slice's TMA bytes landed) and
-``bars[1, s]`` ("empty": both warpgroups are done reading the stage). Every shared array is
-dynamic, barriers included: after a static array the dynamic region is not 1024-byte aligned
-(``kaio.lang_hopper.dynamic_tile_conflict``).
-
-Why not a separate producer warpgroup: ptxas serializes wgmmas whose accumulators live across
-divergent branches (warning C7518), and the simulator runs warps in lockstep in program order,
-so a producer loop apart from the consumers' would wait for releases that come later in that
-order. Here the only divergent code is the producer's (no accumulators), and every wait is for
-work done earlier in program order (docs/hopper.md, "Simulating pipelines").
+computes a ``128 x BN`` tile with two consumer warpgroups, each multiplying its 64 rows of A by
+the whole B slice with ``wgmma.m64n{BN}k16`` and keeping one group of wgmmas in flight, and a
+producer warp (the ninth; one thread of it works) that issues the TMA copies of each 64-deep
+K slice of A and B into a ``STAGES``-deep ring of 128-byte-swizzled shared tiles, up to
+``STAGES`` slices ahead, across tile boundaries: the next tile's first slices load during
+this tile's epilogue. The roles are the two branches of one ``if``, each with its own loop
+(the simulator runs them in turns, docs/hopper.md "Simulating pipelines"); the warpgroup
+index goes through a shuffle so that ptxas knows it is warp-uniform and keeps the wgmmas
+asynchronous. Two barriers per stage: ``bars[0, s]`` ("full": the slice's TMA bytes landed)
+and ``bars[1, s]`` ("empty": both warpgroups are done reading the stage). Every shared array
+is dynamic, barriers included: after a static array the dynamic region is not 1024-byte
+aligned (``kaio.lang_hopper.dynamic_tile_conflict``).
 
 Shared tiles (docs/hopper.md gives the descriptor of each layout): A stage ``s`` is
 ``128 x 64`` K-major rows of 128 bytes (descriptor: SBO 1024); B stage ``s`` is ``BN / 64``
@@ -38,7 +35,8 @@ from kaio_ops._typed import by_dtype
 
 BM = 128
 BK = 64
-THREADS = 256
+CONSUMERS = 256  # two warpgroups: 128 rows of C
+THREADS = CONSUMERS + 32  # and a producer warp
 A_STAGE_BYTES = BM * BK * 2
 SW = 128  # swizzle bytes: one 128-byte row per 64 elements
 DT = f32  # the output element type placeholder (see _typed.by_dtype): f32, or f16
@@ -118,6 +116,46 @@ def store_c(
             kaio.store_vector(c2, (row, col - n0 - n1), out)
 
 
+@kaio.gpu_func
+def epilogue(
+    acc: f32[:, :, :], c0: DT[:, :], c1: DT[:, :], c2: DT[:, :], tile: i32, tiles_m: i32,
+    tiles_n: i32, m: i32, n: i32, n0: i32, n1: i32, s0: f32, s1: f32, s2: f32, wg: u32,
+    lt: u32, BN: kaio.constexpr, GROUP: kaio.constexpr, SIZE: kaio.constexpr,
+):  # fmt: skip
+    """Store warpgroup ``wg``'s 64 rows of tile number ``tile`` (thread ``lt`` of it holds
+    ``acc``) through ``store_c``, each column times its output's scale. Lanes t and t ^ 1
+    trade pairs, so that each stores 4 adjacent columns (16 bytes of f32, 8 of f16): even
+    lanes columns 2t..2t+3 of the first 8 of a 16, odd lanes 2t-2..2t+1 of the next 8."""
+    here = kaio.local(i32, (4,))
+    here[1] = tile
+    place(here, tiles_m, tiles_n, BN, GROUP)
+    lane = i32(lt % 32)
+    row = here[2] + 64 * i32(wg) + 16 * i32(lt // 32) + lane // 4
+    odd = lane % 2 == 1
+    mine = kaio.local(u32, (2, SIZE // 2))  # a pair of each 8: its f32 bits or f16x2
+    out = kaio.local(u32, SIZE)
+    for jp in kaio.static_range(BN // 16):
+        col = here[3] + 16 * jp + 2 * (lane % 4)
+        scales = kaio.local(f32, 2)
+        scales[0] = scale_of(col, n0, n1, s0, s1, s2)
+        scales[1] = scale_of(col + 8, n0, n1, s0, s1, s2)
+        for h in kaio.static_range(2):
+            for p in kaio.static_range(2):
+                x = acc[2 * jp + p, h, 0] * scales[p]
+                y = acc[2 * jp + p, h, 1] * scales[p]
+                if SIZE == 4:
+                    mine[p, 0] = kaio.bitcast(x, u32)
+                    mine[p, 1] = kaio.bitcast(y, u32)
+                else:
+                    mine[p, 0] = kaio.bitcast(kaio.f16x2(x, y), u32)
+            for w in kaio.static_range(SIZE // 2):
+                got = kaio.shfl_xor(kaio.select(odd, mine[0, w], mine[1, w]), 1)
+                out[w] = kaio.select(odd, got, mine[0, w])
+                out[SIZE // 2 + w] = kaio.select(odd, mine[1, w], got)
+            put = col + kaio.select(odd, 6, 0)
+            store_c(c0, c1, c2, row + 8 * h, put, m, n, n0, n1, out)
+
+
 @kaio.gpu_kernel(block_size=THREADS)
 def matmul_wgmma(
     ta: kaio.tensormap,
@@ -144,7 +182,7 @@ def matmul_wgmma(
     sb = kaio.shared_dynamic(f16, (STAGES, BN // 64, BK, 64), STAGES * A_STAGE_BYTES)
     bars = kaio.shared_dynamic(u64, (2, STAGES), STAGES * (A_STAGE_BYTES + BK * BN * 2))
     t = kaio.thread_idx_x()
-    wg = t // 128
+    wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it (CUTLASS does the same)
     lt = t % 128
     tile0 = i32(kaio.block_idx_x())
     step = i32(kaio.grid_dim_x())
@@ -160,81 +198,52 @@ def matmul_wgmma(
             kaio.mbarrier_init(bars, (1, s), 2)
         kaio.fence_proxy_async()
     kaio.sync_threads()
-    # the producer runs STAGES - 1 slices ahead, across tiles: slice g + STAGES - 1 follows
-    # slice g, so the next tile's first slices load during this tile's epilogue
-    at = kaio.local(i32, (4,))
-    at[0] = 0
-    at[1] = tile0
-    place(at, tiles_m, tiles_n, BN, GROUP)
-    for g in kaio.static_range(STAGES - 1):
-        if t == 0 and g < slices:
-            produce(sa, sb, bars, ta, tb, at, g, k_tiles, step, tiles_m, tiles_n, BN, GROUP)
     acc = kaio.local(f32, (BN // 8, 2, 2))
-    # the stage and phase parity of slice g, and of slice g - 1, kept as counters: a stage
-    # computed as g % STAGES is not known to be warp-uniform when STAGES is not a power of
-    # two, and the wgmmas then ran at half speed (measured: 5 or 7 stages against 4 or 8)
+    # the stage and phase parity of a slice, kept as counters: a stage computed as g % STAGES
+    # is not known to be warp-uniform when STAGES is not a power of two, and the wgmmas then
+    # ran at half speed (measured: 5 or 7 stages against 4 or 8)
     s = i32(0)
     ph = u32(0)
-    ps = i32(STAGES - 1)
-    pph = u32(1)
-    for i in range(my_tiles):
-        for kt in range(k_tiles):
-            g = i * k_tiles + kt
-            kaio.mbarrier_wait(bars, (0, s), ph)
-            kaio.wgmma_fence()
-            for kk in kaio.static_range(BK // 16):
-                da = kaio.smem_descriptor(sa, (s, 64 * wg, kk * 16), SW, 16, 1024)
-                db = kaio.smem_descriptor(sb, (s, 0, kk * 16, 0), SW, BK * SW, 1024)
-                if BF16:
-                    kaio.wgmma_bf16(acc, da, db, kt + kk > 0, False, True)
-                else:
-                    kaio.wgmma_f16(acc, da, db, kt + kk > 0, False, True)
-            kaio.wgmma_commit()
-            kaio.wgmma_wait(1)
-            if g > 0 and lt == 0:  # the previous slice's wgmmas are done: release its stage
+    if wg < 2:  # the consumers
+        ps = i32(0)  # the stage of the slice before
+        for i in range(my_tiles):
+            for kt in range(k_tiles):
+                kaio.mbarrier_wait(bars, (0, s), ph)
+                kaio.wgmma_fence()
+                for kk in kaio.static_range(BK // 16):
+                    da = kaio.smem_descriptor(sa, (s, 64 * wg, kk * 16), SW, 16, 1024)
+                    db = kaio.smem_descriptor(sb, (s, 0, kk * 16, 0), SW, BK * SW, 1024)
+                    if BF16:
+                        kaio.wgmma_bf16(acc, da, db, kt + kk > 0, False, True)
+                    else:
+                        kaio.wgmma_f16(acc, da, db, kt + kk > 0, False, True)
+                kaio.wgmma_commit()
+                kaio.wgmma_wait(1)
+                if kt > 0 and lt == 0:  # the slice before's wgmmas are done: free its stage
+                    kaio.mbarrier_arrive(bars, (1, ps))
+                ps = s
+                s += 1
+                if s == STAGES:
+                    s = 0
+                    ph ^= 1
+            kaio.wgmma_wait(0)
+            if lt == 0:  # the tile's last stage, before the epilogue
                 kaio.mbarrier_arrive(bars, (1, ps))
-            if t == 0 and g + STAGES - 1 < slices:  # slice g + STAGES - 1 into stage ps
-                if g > 0:  # stage ps held slice g - 1: wait until both warpgroups released it
-                    kaio.mbarrier_wait(bars, (1, ps), pph)
-                produce(sa, sb, bars, ta, tb, at, ps, k_tiles, step, tiles_m, tiles_n, BN, GROUP)
-            ps = s
-            pph = ph
+            epilogue(acc, c0, c1, c2, tile0 + i * step, tiles_m, tiles_n, m, n, n0, n1, s0, s1, s2,
+                     wg, lt, BN, GROUP, SIZE)  # fmt: skip
+    elif t == CONSUMERS:  # the producer: each K slice of each tile, STAGES ahead at most
+        at = kaio.local(i32, (4,))
+        at[0] = 0
+        at[1] = tile0
+        place(at, tiles_m, tiles_n, BN, GROUP)
+        for g in range(slices):
+            if g >= STAGES:  # stage s held slice g - STAGES: wait until both freed it
+                kaio.mbarrier_wait(bars, (1, s), ph ^ 1)
+            produce(sa, sb, bars, ta, tb, at, s, k_tiles, step, tiles_m, tiles_n, BN, GROUP)
             s += 1
             if s == STAGES:
                 s = 0
                 ph ^= 1
-        kaio.wgmma_wait(0)
-        idx = grouped(tile0 + i * step, tiles_m, tiles_n, GROUP)
-        row0 = (idx // tiles_n) * BM
-        col0 = (idx % tiles_n) * BN
-        lane = i32(lt % 32)
-        row = row0 + 64 * i32(wg) + 16 * i32(lt // 32) + lane // 4
-        # lanes t and t ^ 1 trade pairs, so that each stores 4 adjacent columns (16 bytes of
-        # f32, 8 of f16): even lanes columns 2t..2t+3 of the first 8 of a 16, odd lanes
-        # 2t-2..2t+1 of the next 8
-        odd = lane % 2 == 1
-        mine = kaio.local(u32, (2, SIZE // 2))  # a pair of each 8: its f32 bits or f16x2
-        out = kaio.local(u32, SIZE)
-        for jp in kaio.static_range(BN // 16):
-            col = col0 + 16 * jp + 2 * (lane % 4)
-            scales = kaio.local(f32, 2)
-            scales[0] = scale_of(col, n0, n1, s0, s1, s2)
-            scales[1] = scale_of(col + 8, n0, n1, s0, s1, s2)
-            for h in kaio.static_range(2):
-                for p in kaio.static_range(2):
-                    x = acc[2 * jp + p, h, 0] * scales[p]
-                    y = acc[2 * jp + p, h, 1] * scales[p]
-                    if SIZE == 4:
-                        mine[p, 0] = kaio.bitcast(x, u32)
-                        mine[p, 1] = kaio.bitcast(y, u32)
-                    else:
-                        mine[p, 0] = kaio.bitcast(kaio.f16x2(x, y), u32)
-                for w in kaio.static_range(SIZE // 2):
-                    got = kaio.shfl_xor(kaio.select(odd, mine[0, w], mine[1, w]), 1)
-                    out[w] = kaio.select(odd, got, mine[0, w])
-                    out[SIZE // 2 + w] = kaio.select(odd, mine[1, w], got)
-                put = col + kaio.select(odd, 6, 0)
-                store_c(c0, c1, c2, row + 8 * h, put, m, n, n0, n1, out)
 
 
 WGMMA = by_dtype(matmul_wgmma)

@@ -7,6 +7,7 @@ import json
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 from bench import report, suites
@@ -145,3 +146,20 @@ def test_python_dash_m_bench(tmp_path):
         timeout=60,
     )
     assert out.returncode == 0 and "memory_ops.py" in out.stdout
+
+
+def test_sim_speed_counts_the_instructions_it_runs():
+    # the counter wraps the engine's instruction step: twice the blocks, twice the count
+    from bench import sim_speed
+
+    n = sim_speed.BLOCK * 2
+    x = np.random.default_rng(1).standard_normal(n).astype(np.float32)
+    out = np.empty(n, np.float32)
+    counts = [
+        sim_speed.count_thread_instructions(
+            lambda b=b: sim_speed.silu_gate.sim[b](x, x, out, b * sim_speed.BLOCK)
+        )
+        for b in (1, 2)
+    ]
+    assert counts[0] > 0 and counts[1] == 2 * counts[0]
+    np.testing.assert_allclose(out, x / (1 + np.exp(-x)) * x, rtol=1e-5)

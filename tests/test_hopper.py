@@ -144,6 +144,53 @@ def barrier_phases(out: u32[:]):
         kaio.sync_threads()
 
 
+@kaio.gpu_kernel(block_size=64)
+def role_split(x: f32[:], out: f32[:], n: u32, SPIN: kaio.constexpr):
+    """Warp 1 produces items 0..n-1 into a ring of 2 shared slots, warp 0 consumes them:
+    each role in a loop of its own, in the two branches of one if (a role split). The
+    consumer waits with mbarrier_wait, or (SPIN) spins on mbarrier_try_wait."""
+    ring = kaio.shared(f32, (2, 32))
+    bars = kaio.shared(u64, (2, 2))  # [0, s]: slot s full, [1, s]: slot s free again
+    t = kaio.thread_idx_x()
+    lane = t % 32
+    if t < 2:
+        kaio.mbarrier_init(bars, (0, t), 32)
+        kaio.mbarrier_init(bars, (1, t), 32)
+    kaio.sync_threads()
+    if t < 32:  # the consumer
+        for i in range(n):
+            if SPIN:
+                while not kaio.mbarrier_try_wait(bars, (0, i % 2), (i // 2) % 2):
+                    pass
+            else:
+                kaio.mbarrier_wait(bars, (0, i % 2), (i // 2) % 2)
+            out[i * 32 + lane] = ring[i % 2, lane] * 2.0
+            kaio.mbarrier_arrive(bars, (1, i % 2))
+    else:  # the producer
+        for i in range(n):
+            if i >= 2:  # the slot held item i - 2
+                kaio.mbarrier_wait(bars, (1, i % 2), (i // 2 - 1) % 2)
+            ring[i % 2, lane] = x[i * 32 + lane]
+            kaio.mbarrier_arrive(bars, (0, i % 2))
+
+
+@kaio.gpu_kernel(block_size=64)
+def waits_for_each_other(out: u32[:]):
+    """Each role waits for the other's first arrival before making its own: a deadlock."""
+    bars = kaio.shared(u64, (2,))
+    t = kaio.thread_idx_x()
+    if t < 2:
+        kaio.mbarrier_init(bars, t, 32)
+    kaio.sync_threads()
+    if t < 32:
+        kaio.mbarrier_wait(bars, 0, 0)
+        kaio.mbarrier_arrive(bars, 1)
+    else:
+        kaio.mbarrier_wait(bars, 1, 0)
+        kaio.mbarrier_arrive(bars, 0)
+    out[t] = 1
+
+
 @kaio.gpu_kernel(block_size=32)
 def never_arrives(out: u32[:]):
     bars = kaio.shared(u64, (1,))
@@ -384,6 +431,21 @@ def test_a_wait_nothing_completes_is_reported():
         never_arrives.sim[1](np.zeros(1, np.uint32))
 
 
+@pytest.mark.parametrize("spin", [0, 1])
+def test_role_split_loops_take_turns(spin):
+    # in program order the consumer's loop would wait forever for the producer's, which
+    # comes after it: the simulator runs the producer's branch while the consumer waits
+    x = RNG.standard_normal(7 * 32).astype(np.float32)
+    out = np.full(7 * 32, np.nan, np.float32)
+    role_split.sim[3](x, out, 7, spin)
+    np.testing.assert_array_equal(out, x * 2)
+
+
+def test_a_role_split_that_waits_for_itself_is_reported():
+    with pytest.raises(kaio.SimulationError, match="nor anything the other branch"):
+        waits_for_each_other.sim[1](np.zeros(64, np.uint32))
+
+
 def test_descriptor_fields():
     out = np.zeros(2, np.uint64)
     descriptor_bits.sim[1](out)
@@ -421,7 +483,7 @@ def test_hopper_matmul_in_the_simulator(bf16, blocks, group, stages):
     ta = kaio.tensor_map_2d(a, (128, 64), 128)
     tb = kaio.tensor_map_2d(b, (64, 64), 128)
     shared = _matmul_hopper.shared_bytes(bn, stages)
-    _matmul_hopper.matmul_wgmma.sim[blocks, 256, 0, shared](
+    _matmul_hopper.matmul_wgmma.sim[blocks, _matmul_hopper.THREADS, 0, shared](
         ta, tb, c, c, c, m, n, n, 0, k, 1.0, 1.0, 1.0, bn, stages, bf16, group, 4
     )
     ref = a.astype(np.float64) @ b.astype(np.float64)
@@ -438,7 +500,7 @@ def test_hopper_matmul_into_three_f16_outputs_in_the_simulator():
     ta = kaio.tensor_map_2d(a, (128, 64), 128)
     tb = kaio.tensor_map_2d(b, (64, 64), 128)
     shared = _matmul_hopper.shared_bytes(128, 3)
-    _matmul_hopper.WGMMA[f16].sim[2, 256, 0, shared](
+    _matmul_hopper.WGMMA[f16].sim[2, _matmul_hopper.THREADS, 0, shared](
         ta, tb, *outs, m, n, *widths[:2], k, *scales, 128, 3, 0, 8, 2
     )
     ref = a.astype(np.float64) @ b.astype(np.float64)
@@ -489,6 +551,7 @@ def test_ptx_assembles_for_sm_90a():
     texts = [
         tma_tile.ptx(arch="sm_90", R=32),
         multicast_halves.ptx(arch="sm_90"),
+        role_split.ptx(arch="sm_90", SPIN=1),
         barrier_phases.ptx(arch="sm_90"),
         bulk_rows.ptx(arch="sm_90"),
         descriptor_bits.ptx(arch="sm_90"),
@@ -539,6 +602,16 @@ def _on_backend(kernel, block_size: int, backend: str):
     if backend == "llvm":
         pytest.importorskip("llvmlite")
     return kaio.gpu_kernel(kernel.pyfunc, block_size=block_size, backend=backend)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("spin", [0, 1])
+def test_gpu_role_split(spin):
+    x = RNG.standard_normal(7 * 32).astype(np.float32)
+    out = kaio.to_device(np.full(7 * 32, np.nan, np.float32))
+    role_split[3](kaio.to_device(x), out, 7, spin)
+    np.testing.assert_array_equal(out.numpy(), x * 2)
 
 
 @pytest.mark.gpu

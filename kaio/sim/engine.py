@@ -10,6 +10,12 @@ only the active lanes' destination elements are written and only active lanes to
 Control flow: ``If`` narrows the mask and restores it; ``Loop`` runs while any lane is active
 (so each lane has its own trip count); ``Break``/``Continue`` park the active lanes until the
 end of their target ``Loop``/``Region`` (or its step block); ``Return`` removes them for good.
+
+Waits: an ``If`` whose two branches both have lanes runs the then branch, then the else
+branch, unless one reaches a wait (``mbarrier_wait``) that nothing run so far satisfies: then
+the other branch runs until it ends or waits, and they take turns (role-split loops, such as
+a producer warp's and the consumers'). Execution steps are generators for this; a wait that
+no branch can satisfy reaches ``Machine.run`` and is reported as a deadlock.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from kaio.ir.nodes import (
 )
 from kaio.sim import memory
 from kaio.sim.semantics import SEMANTICS
+from kaio.sim.threads import Blocked
 
 DEFAULT_BATCH_LANES = 1 << 15
 MAX_THREADS_PER_BLOCK = 1024
@@ -151,6 +158,8 @@ class Machine:
         self.alive = np.ones(n, bool)
         self.off = np.zeros(n, bool)  # lanes parked by break/continue/return
         self.pending = {}  # (kind, target id) -> lanes parked for that construct
+        self.interleaving = 0  # role splits (ifs whose branches take turns) being run
+        self.resumed = False  # a wait is asked again after the other branch ran
         self._consts: dict = {}
         self._codes: dict = {}
         self._instrs: list = []
@@ -257,11 +266,16 @@ class Machine:
             raise SimulationError(f"array {array.name!r} is not in the function's arrays") from None
 
     # ------------------------------------------------------------------ execution
+    # Every execution step is a generator: a wait that nothing run so far satisfies yields
+    # its ``Blocked`` up to the nearest ``If`` whose two branches both have lanes, which then
+    # runs the other branch until that one waits too (role-split loops: a producer warp and
+    # consumer warps). A ``Blocked`` that reaches ``run`` is a deadlock in any order.
     def run(self) -> None:
         """Execute the function body for every lane of the batch."""
-        self._block(self.function.body)
+        for blocked in self._block(self.function.body):
+            raise blocked.error()
 
-    def _block(self, stmts: list) -> None:
+    def _block(self, stmts: list):
         for s in stmts:
             if not self.any_active:
                 return
@@ -271,7 +285,7 @@ class Machine:
                     f"{self.where(s)}: {type(s).__name__} cannot be simulated (run the IR "
                     "passes first: static loops must be unrolled)"
                 )
-            run(self, s)
+            yield from run(self, s)
 
     def _value(self, v):
         if isinstance(v, Var):
@@ -284,13 +298,18 @@ class Machine:
             c = self._consts[id(v)] = (v, np.asarray(v.value).astype(v.type.np_dtype))
         return c[1]
 
-    def _instr(self, ins: Instr) -> None:
+    def _instr(self, ins: Instr):
         vals = [self._value(a) for a in ins.args if not isinstance(a, Array | Frag)]
         try:
             handler = SEMANTICS[ins.op]
         except KeyError:
             raise SimulationError(f"{self.where(ins)}: unknown IR op {ins.op!r}") from None
         result = handler(self, ins, vals)
+        while isinstance(result, Blocked):
+            yield result
+            self.resumed = True  # a wait that let the other branch run gives its answer now
+            result = handler(self, ins, vals)
+            self.resumed = False
         if ins.dst is not None:
             self._write(ins.dst, result)
 
@@ -307,20 +326,48 @@ class Machine:
         old = self.env.get(dst)
         self.env[dst] = np.where(self.mask, value, np.zeros((), dtype) if old is None else old)
 
-    def _if(self, s: If) -> None:
+    def _if(self, s: If):
         saved = self.mask
         cond = self.pick(self._value(s.cond), None)
-        self._set_mask(saved & cond)
-        self._block(s.then)
-        self._set_mask(saved & ~cond)
-        self._block(s.orelse)
+        then, orelse = saved & cond, saved & ~cond
+        if not orelse.any() or not then.any():  # one branch: nothing to interleave
+            self._set_mask(then if then.any() else orelse)
+            yield from self._block(s.then if then.any() else s.orelse)
+        else:
+            self.interleaving += 1
+            turns = [[self._block(s.then), then], [self._block(s.orelse), orelse]]
+            yield from self._take_turns(turns)
+            self.interleaving -= 1
         self._set_mask(saved & ~self.off)
 
-    def _park(self, kind: str, target: int) -> None:
+    def _take_turns(self, branches: list):
+        """Run the branches (each [generator, its mask]) in turns, then branch first: each
+        until it ends or waits. A round in which every branch left waits for good (no soft
+        try-wait among them) and nothing changed is passed up as a wait."""
+        while branches:
+            start, hard = self.progress(), []
+            for branch in list(branches):
+                self._set_mask(branch[1])
+                step = next(branch[0], None)
+                branch[1] = self.mask
+                if step is None:
+                    branches.remove(branch)
+                elif not step.soft:
+                    hard.append(step)
+            if branches and len(hard) == len(branches) and self.progress() == start:
+                yield hard[0]
+
+    def progress(self) -> int:
+        """A count that changes whenever a barrier that a wait may need changes."""
+        hopper = getattr(self, "_hopper", None)
+        return 0 if hopper is None else hopper.version
+
+    def _park(self, kind: str, target: int):
         key = (kind, target)
         self.pending[key] = self.pending.get(key, False) | self.mask
         self.off = self.off | self.mask
         self._set_mask(np.zeros(self.n, bool))
+        yield from ()
 
     def _unpark(self, kind: str, target: int) -> np.ndarray:
         lanes = self.pending.pop((kind, target), None)
@@ -329,25 +376,26 @@ class Machine:
         self.off = self.off & ~lanes
         return lanes
 
-    def _loop(self, s: Loop) -> None:
+    def _loop(self, s: Loop):
         saved = self.mask
         while self.any_active:
-            self._block(s.body)
+            yield from self._block(s.body)
             self._set_mask(self.mask | self._unpark("continue", s.id))
-            self._block(s.step)
+            yield from self._block(s.step)
         self._unpark("break", s.id)
         self._set_mask(saved & ~self.off)
 
-    def _region(self, s: Region) -> None:
+    def _region(self, s: Region):
         saved = self.mask
-        self._block(s.body)
+        yield from self._block(s.body)
         self._unpark("break", s.id)
         self._set_mask(saved & ~self.off)
 
-    def _return(self, s: Return) -> None:
+    def _return(self, s: Return):
         self.alive = self.alive & ~self.mask
         self.off = self.off | self.mask
         self._set_mask(np.zeros(self.n, bool))
+        yield from ()
 
     _EXEC = {
         Instr: _instr,

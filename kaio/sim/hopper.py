@@ -32,6 +32,7 @@ from kaio.ir.nodes import Instr
 from kaio.lang_hopper import dynamic_tile_conflict
 from kaio.sim import memory
 from kaio.sim.tensor import _read_frag, _write_frag
+from kaio.sim.threads import Blocked
 
 WINDOW_ALIGN = 1024
 _SPIN_LIMIT = 10_000
@@ -232,36 +233,56 @@ def _completed(m, ins: Instr, vals: list) -> np.ndarray:
 
 def mbarrier_try_wait(m, ins: Instr, vals: list):
     """Whether the phase of the given parity has completed (the current phase's parity
-    differs). A loop that spins with no barrier changing is a deadlock in lockstep order."""
+    differs). Not yet, inside a role split: first let the other branch run. A loop that spins
+    with no barrier changing is a deadlock."""
     done = _completed(m, ins, vals)
     state = _state(m)
     code = m.instr_code(ins)
     if done.all():
         state.spins.pop(code, None)
+        _acquired(m)
+    elif m.interleaving and not m.resumed:
+        lane = _waiting_lane(m, done)
+        return Blocked(lambda: _deadlock(m, ins, lane), soft=True)
     else:
         last_version, count = state.spins.get(code, (state.version, 0))
         count = count + 1 if last_version == state.version else 1
         state.spins[code] = (state.version, count)
         if count > _SPIN_LIMIT:
-            _deadlock(m, ins, done)
+            raise _deadlock(m, ins, _waiting_lane(m, done))
     return m.scatter(done, m.active_lanes())
 
 
 def mbarrier_wait(m, ins: Instr, vals: list):
-    """Return when the phase has completed; in lockstep order it must already have."""
+    """Return when the phase has completed; until then, ``Blocked``."""
     done = _completed(m, ins, vals)
     if not done.all():
-        _deadlock(m, ins, done)
+        lane = _waiting_lane(m, done)
+        return Blocked(lambda: _deadlock(m, ins, lane))
+    _acquired(m)
 
 
-def _deadlock(m, ins: Instr, done: np.ndarray):
+def _acquired(m) -> None:
+    """A completed wait orders what the arriving threads did before it with what the waiting
+    ones do after: the race detector forgets the waiting blocks' accesses, as at a barrier
+    (so a race between two other threads of those blocks may go unreported)."""
+    blocks = m.mask.reshape(m.nb, -1).any(axis=1)
+    for tracker in m.trackers:
+        tracker.reset(blocks)
+
+
+def _waiting_lane(m, done: np.ndarray) -> int:
+    """The first active lane whose wait is not done."""
     lanes = np.arange(m.n) if m.active_lanes() is None else m.active_lanes()
-    lane = int(lanes[int(np.argmin(done))])
-    raise SimulationError(
+    return int(lanes[int(np.argmin(done))])
+
+
+def _deadlock(m, ins: Instr, lane: int) -> SimulationError:
+    return SimulationError(
         f"{m.where(ins)}: {m.describe(lane)} waits for an mbarrier phase that nothing run so "
-        "far completes. The simulator runs warps in lockstep, in program order: the arrivals "
-        "and TMA bytes a wait needs must come from code that runs before it (put producer "
-        "and consumer steps in one loop, producer first; docs/hopper.md)" + m.source(ins)
+        "far completes, nor anything the other branch of an if/else can run (the simulator "
+        "runs warps in lockstep: the two branches of a role split, such as a producer warp's "
+        "loop and the consumers', take turns when one waits; docs/hopper.md)" + m.source(ins)
     )
 
 
@@ -463,12 +484,14 @@ def _operand(m, ins, block: int, desc: int, mn: int, mn_major: bool, dtype) -> n
 def _warpgroups(m, ins: Instr) -> np.ndarray:
     """The first lane of each active warpgroup, after checking they are whole."""
     mask = m.mask.reshape(m.nb, -1)
-    if m.tpb % 128:
+    whole = m.tpb // 128
+    if mask[:, whole * 128 :].any():
         raise SimulationError(
-            f"{m.where(ins)}: wgmma needs blocks of whole warpgroups (a multiple of 128 "
-            f"threads), the block has {m.tpb}{m.source(ins)}"
+            f"{m.where(ins)}: wgmma by threads of warpgroup {whole}, which has only "
+            f"{m.tpb % 128} threads in a block of {m.tpb} (a warpgroup that runs wgmma needs "
+            f"4 whole warps){m.source(ins)}"
         )
-    groups = mask.reshape(m.nb, -1, 128)
+    groups = mask[:, : whole * 128].reshape(m.nb, whole, 128)
     some, every = groups.any(axis=2), groups.all(axis=2)
     if (some & ~every).any():
         b, g = np.argwhere(some & ~every)[0]
@@ -477,7 +500,8 @@ def _warpgroups(m, ins: Instr) -> np.ndarray:
             f"{4 * int(g)}..{4 * int(g) + 3}) of block {int(b)}, but only some run it (keep "
             f"warpgroups converged){m.source(ins)}"
         )
-    return np.flatnonzero(every.reshape(-1)) * 128
+    blocks, group = np.nonzero(every)
+    return blocks * m.tpb + group * 128
 
 
 def wgmma(m, ins: Instr, vals: list):

@@ -10,10 +10,24 @@ GPU, so it reports it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import numpy as np
 
 from kaio.errors import SimulationError
 from kaio.ir.nodes import Instr
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """What a wait returns when nothing run so far satisfies it: the engine lets the other
+    branch of a role split run (``kaio.sim.engine``), then asks again. ``soft``: a try-wait,
+    whose answer may also be no (only a hard wait that nothing can satisfy is a deadlock);
+    ``error`` makes the deadlock's SimulationError."""
+
+    error: Callable[[], SimulationError]
+    soft: bool = False
 
 
 def sreg(m, ins: Instr, vals: list):
