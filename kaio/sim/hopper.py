@@ -11,9 +11,10 @@ Barriers: each initialized ``mbarrier`` (a shared u64 element) has a ``Barrier``
 phase parity, pending and expected arrivals, pending transaction bytes and the TMA copies in
 flight. A phase completes when no arrival and no byte is pending; the copies then land in
 shared memory (the latest the GPU may land them), so reading a tile before waiting on its
-barrier sees the old bytes. The simulator runs warps in lockstep, in program order: a wait
-must be satisfiable by what ran before it (``mbarrier_wait`` raises otherwise, and a
-``mbarrier_try_wait`` loop that spins without any barrier changing is stopped).
+barrier sees the old bytes. A wait that nothing run so far satisfies returns ``Blocked``: the
+engine then runs the other branch of the enclosing role split (``kaio.sim.engine``), and a
+wait that no branch can satisfy is a deadlock; a ``mbarrier_try_wait`` loop that spins
+without any barrier changing is stopped. A completed wait is a barrier for the race detector.
 
 ``wgmma`` is computed when issued (exact products summed in f64, rounded once to f32) and its
 accumulators are written then; TMA writes and wgmma reads are not seen by the race detector
