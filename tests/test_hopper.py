@@ -148,7 +148,8 @@ def barrier_phases(out: u32[:]):
 def role_split(x: f32[:], out: f32[:], n: u32, SPIN: kaio.constexpr):
     """Warp 1 produces items 0..n-1 into a ring of 2 shared slots, warp 0 consumes them:
     each role in a loop of its own, in the two branches of one if (a role split). The
-    consumer waits with mbarrier_wait, or (SPIN) spins on mbarrier_try_wait."""
+    consumer waits with mbarrier_wait (SPIN 0), spins on mbarrier_try_wait (1), or lets
+    lane 0 spin on it inside an if of its own and then syncs the warp (2)."""
     ring = kaio.shared(f32, (2, 32))
     bars = kaio.shared(u64, (2, 2))  # [0, s]: slot s full, [1, s]: slot s free again
     t = kaio.thread_idx_x()
@@ -159,9 +160,14 @@ def role_split(x: f32[:], out: f32[:], n: u32, SPIN: kaio.constexpr):
     kaio.sync_threads()
     if t < 32:  # the consumer
         for i in range(n):
-            if SPIN:
+            if SPIN == 1:
                 while not kaio.mbarrier_try_wait(bars, (0, i % 2), (i // 2) % 2):
                     pass
+            elif SPIN == 2:
+                if lane == 0:
+                    while not kaio.mbarrier_try_wait(bars, (0, i % 2), (i // 2) % 2):
+                        pass
+                kaio.sync_warp()
             else:
                 kaio.mbarrier_wait(bars, (0, i % 2), (i // 2) % 2)
             out[i * 32 + lane] = ring[i % 2, lane] * 2.0
@@ -431,7 +437,7 @@ def test_a_wait_nothing_completes_is_reported():
         never_arrives.sim[1](np.zeros(1, np.uint32))
 
 
-@pytest.mark.parametrize("spin", [0, 1])
+@pytest.mark.parametrize("spin", [0, 1, 2])
 def test_role_split_loops_take_turns(spin):
     # in program order the consumer's loop would wait forever for the producer's, which
     # comes after it: the simulator runs the producer's branch while the consumer waits
@@ -606,7 +612,7 @@ def _on_backend(kernel, block_size: int, backend: str):
 
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize("spin", [0, 1])
+@pytest.mark.parametrize("spin", [0, 1, 2])
 def test_gpu_role_split(spin):
     x = RNG.standard_normal(7 * 32).astype(np.float32)
     out = kaio.to_device(np.full(7 * 32, np.nan, np.float32))

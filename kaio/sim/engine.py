@@ -273,7 +273,8 @@ class Machine:
     def run(self) -> None:
         """Execute the function body for every lane of the batch."""
         for blocked in self._block(self.function.body):
-            raise blocked.error()
+            if not blocked.soft:  # a try-wait is asked again; a wait nothing can satisfy
+                raise blocked.error()
 
     def _block(self, stmts: list):
         for s in stmts:
@@ -342,20 +343,21 @@ class Machine:
 
     def _take_turns(self, branches: list):
         """Run the branches (each [generator, its mask]) in turns, then branch first: each
-        until it ends or waits. A round in which every branch left waits for good (no soft
-        try-wait among them) and nothing changed is passed up as a wait."""
+        until it ends or waits. A round after which branches still wait and nothing changed
+        is passed up as a wait (a hard one if any), so that an enclosing role split can run
+        its other branch."""
         while branches:
-            start, hard = self.progress(), []
+            start, waits = self.progress(), []
             for branch in list(branches):
                 self._set_mask(branch[1])
                 step = next(branch[0], None)
                 branch[1] = self.mask
                 if step is None:
                     branches.remove(branch)
-                elif not step.soft:
-                    hard.append(step)
-            if branches and len(hard) == len(branches) and self.progress() == start:
-                yield hard[0]
+                else:
+                    waits.append(step)
+            if branches and self.progress() == start:
+                yield min(waits, key=lambda w: w.soft)
 
     def progress(self) -> int:
         """A count that changes whenever a barrier that a wait may need changes."""
