@@ -171,6 +171,31 @@ NOTES: tuple[Note, ...] = (
         "candidate) passes across lanes.",
     ),
     Note(
+        r"^matmul_int4$",
+        "At decode shapes the kernel is latency-bound, not bandwidth-bound: under Nsight "
+        "Compute on an H100 (2026-11-25, clocks locked at 1.44 GHz) M = 1 took 9.0 µs, reading "
+        "8.7 MB at 0.96 TB/s (29% of DRAM), with 2 warps a scheduler (one 256-thread block a "
+        "multiprocessor, 128 blocks), the schedulers idle 60% of cycles and each warp issuing "
+        "about 1900 instructions in a dependent chain (dequantization and mma.sync; stalls per "
+        "instruction: 1.1 fixed-latency waits, 0.9 memory, 0.4 math pipe). cuBLAS f16 read its "
+        "33.6 MB at 2.16 TB/s. Measured and slower: 3 or 4 register buffers of scale groups in "
+        "flight (10.1, 10.5 µs against 9.3 for 2, M = 1), 16 warps a block (9.9), 4 (10.9). "
+        "What would go further: more independent work a multiprocessor with short chains (K "
+        "split over a cluster's blocks, summed through distributed shared memory), so that "
+        "the weights stream at the copy rate.",
+        r"^(1|16)x",
+    ),
+    Note(
+        r"^matmul b?f16$",
+        "At 8192³ the same kernel's times spread by up to 8% from one call of the harness to "
+        "the next in this run (kaio async against kaio sync, the same Hopper kernel), and the "
+        "peers' too: one ratio of 1.00x is a tie within that. In one process, three rounds "
+        "through the public ops (H100, 2026-11-25): 8192³ f16 1.03x Triton f32 out and 1.00x "
+        "cuBLAS f32 out, bf16 1.03x and 1.00x; 4096³ f16 1.04x and 0.97x, bf16 1.05x and "
+        "0.97x.",
+        r"^8192x",
+    ),
+    Note(
         r"^kaio ",
         "The driver call alone, with nothing left to prepare, is the raw ctypes "
         "rows' figure; kaio's own cost is the difference to it (per torch tensor five reads "
