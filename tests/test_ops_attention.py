@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 import kaio
 import kaio_ops
 from kaio.ptx.ptxas import assemble, find_ptxas
-from kaio_ops import _arrays, attention
+from kaio_ops import attention
+from tests.poison import poison_allocations
 
 SMALL = settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -28,19 +29,7 @@ SMALL = settings(max_examples=4, deadline=None, suppress_health_check=[HealthChe
 @pytest.fixture(autouse=True)
 def poisoned_outputs(monkeypatch):
     """Every array an op allocates (outputs, partial results, stats) starts as NaN."""
-    allocate = _arrays._allocate
-
-    def poisoned(like, shape, dtype):
-        out = allocate(like, shape, dtype)
-        if like.kind == "numpy":
-            out[...] = np.nan
-        elif like.kind == "torch":
-            out.fill_(float("nan"))
-        else:
-            out.copy_from_host(np.full(shape, np.nan, dtype.np_dtype))
-        return out
-
-    monkeypatch.setattr(_arrays, "_allocate", poisoned)
+    poison_allocations(monkeypatch)
 
 
 # --------------------------------------------------------------------------- references

@@ -15,33 +15,18 @@ import pytest
 import kaio
 import kaio_ops
 from kaio.ptx.ptxas import assemble, find_ptxas
-from kaio_ops import _arrays, gguf
+from kaio_ops import gguf
 from tests import gguf_reference as ref
+from tests.poison import poison_allocations
 
 DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16]
-POISON = 0xA5
 
 
 @pytest.fixture(autouse=True)
 def poisoned_outputs(monkeypatch):
     """Every output an op allocates starts poisoned (NaN, or 0xA5 bytes), so a value nobody
     wrote fails the comparisons."""
-    allocate = _arrays._allocate
-
-    def poisoned(like, shape, dtype):
-        out = allocate(like, shape, dtype)
-        fill = float("nan") if dtype.name == "f32" else POISON
-        if like.kind == "numpy":
-            out[...] = fill
-        elif like.kind == "torch":
-            out.fill_(fill)
-        elif like.kind == "cupy":
-            out.fill(fill)
-        else:
-            out.copy_from_host(np.full(shape, fill, dtype.np_dtype))
-        return out
-
-    monkeypatch.setattr(_arrays, "_allocate", poisoned)
+    poison_allocations(monkeypatch)
 
 
 def _place(values: np.ndarray, offset: bool) -> np.ndarray:

@@ -17,6 +17,7 @@ import kaio_ops
 from kaio.ptx.ptxas import assemble, find_ptxas
 from kaio_ops import _arrays, _long_rows, elementwise, rotary, rows
 from kaio_ops._common import vector_width
+from tests.poison import poison_allocations
 
 DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16]
 TOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float16): 2e-3, np.dtype(ml_dtypes.bfloat16): 1.5e-2}
@@ -27,21 +28,7 @@ SHAPES = [(3, 37), (2, 3, 40), (4, 64), (1, 1)]
 @pytest.fixture(autouse=True)
 def poisoned_outputs(monkeypatch):
     """Every output an op allocates starts as NaN, so an element nobody wrote fails."""
-    allocate = _arrays._allocate
-
-    def poisoned(like, shape, dtype):
-        out = allocate(like, shape, dtype)
-        if like.kind == "numpy":
-            out[...] = np.nan
-        elif like.kind == "torch":
-            out.fill_(float("nan"))
-        elif like.kind == "cupy":
-            out.fill(float("nan"))
-        else:
-            out.copy_from_host(np.full(shape, np.nan, dtype.np_dtype))
-        return out
-
-    monkeypatch.setattr(_arrays, "_allocate", poisoned)
+    poison_allocations(monkeypatch)
 
 
 def rand(rng, shape, dtype, offset: bool = False, scale: float = 1.0):

@@ -19,6 +19,7 @@ from kaio_ops import _arrays, _int4_decode, _prefill
 from kaio_ops._matmul_kernels import QKV
 from kaio_ops.matmul import CONFIGS, Plan, heuristic, k_slices
 from kaio_ops.quantized import FALLBACK, _qkv_plan, project_int8, specializations
+from tests.poison import poison_allocations
 
 RNG = np.random.default_rng(77)
 
@@ -281,14 +282,7 @@ def check_within_f16_rounding(fused, separate, slack):
 def poisoned(monkeypatch):
     """Arrays the ops allocate (outputs, K-split workspaces) start as NaN bytes, so an
     element a kernel never writes fails the checks."""
-    allocate = _arrays._allocate
-
-    def poison(like, shape, dtype):
-        out = allocate(like, shape, dtype)
-        out.view(np.uint8).fill(0xFF)
-        return out
-
-    monkeypatch.setattr(_arrays, "_allocate", poison)
+    poison_allocations(monkeypatch)
 
 
 # (M, widths of Q, K, V, K): decode with a K split; decode with grouped-query widths; edge
