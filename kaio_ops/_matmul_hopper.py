@@ -80,8 +80,8 @@ def produce(
 ):
     """Issue the TMA copies of the producer's next K slice into stage ``s``, armed on its full
     barrier, and step the producer's position ``at`` (K slice, tile number, the tile's first
-    row and column) to the slice after it: divisions only when the tile changes, since the
-    producer's thread is also a consumer's and its work delays its warpgroup's wgmmas."""
+    row and column) to the slice after it, dividing only when the tile changes (the short
+    path keeps the producer ahead of the consumers)."""
     k0 = at[0] * BK
     kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32(A_STAGE_BYTES + BK * BN * 2))
     kaio.tma_load_2d(sa, (s, 0, 0), ta, at[2], k0, bars, (0, s))

@@ -93,6 +93,20 @@ def multicast_halves(
     kaio.cluster_sync()
 
 
+@kaio.gpu_kernel(block_size=32)
+def arrive_far(out: u32[:], rank: u32):
+    """Arrive on the barrier of block ``rank`` of a cluster of 2."""
+    kaio.cluster_dims(2)
+    bars = kaio.shared(u64, (1,))
+    if kaio.thread_idx_x() == 0:
+        kaio.mbarrier_init(bars, 0, 1)
+    kaio.cluster_sync()
+    if kaio.thread_idx_x() == 0:
+        kaio.mbarrier_arrive_cluster(bars, 0, rank)
+    kaio.cluster_sync()
+    out[kaio.block_idx_x()] = 1
+
+
 @kaio.gpu_kernel(block_size=128)
 def tma_func_without_map(out: f16[:, :], addr: u64):
     tile = kaio.shared(f16, (32, 64))
@@ -395,6 +409,8 @@ def test_multicast_misuse_is_reported():
     out, done = np.zeros((2, 64, 64), np.float16), np.zeros(2, np.uint32)
     with pytest.raises(kaio.SimulationError, match=r"block mask 0x4 in a cluster of 2 blocks"):
         multicast_halves.sim[2](kaio.tensor_map_2d(a, (32, 64), 0), out, done, 0, 0, 4)
+    with pytest.raises(kaio.SimulationError, match=r"block rank 2 in a cluster of 2 blocks"):
+        arrive_far.sim[2](np.zeros(2, np.uint32), 2)
     # a mask of one block: the other's tile misses half its rows, and its wait never completes
     with pytest.raises(kaio.SimulationError, match="waits for an mbarrier phase"):
         multicast_halves.sim[2](kaio.tensor_map_2d(a, (32, 64), 0), out, done, 0, 0, 1)

@@ -363,10 +363,12 @@ def mbarrier_arrive_cluster(m, ins: Instr, vals: list):
     lanes, keys = _barrier_keys(m, ins, vals)
     ranks = m.pick(vals[-1], m.active_lanes())
     for lane, key, rank in zip(lanes, keys, ranks, strict=True):
-        (block, remote), = _remote(
-            m, ins.args[0], int(m.lane_block[lane]), key,
-            _cluster_ranks(m, ins, 1 << int(rank) if int(rank) < 16 else 0, int(lane)),
-        ).items()  # fmt: skip
+        if rank >= m.cluster:
+            raise SimulationError(
+                f"{m.where(ins)}: {m.describe(int(lane))} arrives on the barrier of block rank "
+                f"{int(rank)} in a cluster of {m.cluster} blocks (kaio.cluster_dims){m.source(ins)}"
+            )
+        (remote,) = _remote(m, ins.args[0], int(m.lane_block[lane]), key, [int(rank)]).values()
         bar = _get(m, ins, remote, int(lane))
         _arrive(m, ins, bar, int(lane))
         _advance(bar)
