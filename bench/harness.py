@@ -114,8 +114,12 @@ class Harness:
         """How many input sets to rotate over so the working set is ~3x the L2 cache."""
         return max(1, min(16, math.ceil(3 * L2_BYTES / max(nbytes, 1))))
 
-    def time(self, fn: Callable, input_sets: list) -> list[float]:
-        """Milliseconds of each of ``reps`` calls ``fn(*input_sets[i % len])``, CUDA events."""
+    def time(self, fn: Callable, input_sets: list, batch: int = 1) -> list[float]:
+        """Milliseconds of each of ``reps`` calls ``fn(*input_sets[i % len])``, CUDA events.
+        With ``batch`` > 1, each time is one pair of events around ``batch`` calls in a row,
+        divided by ``batch`` (``reps // batch`` such times): what a call costs when calls
+        follow each other on the GPU (a CUDA graph, a decode loop), without the gap each pair
+        of events adds around a single call."""
         k = len(input_sets)
         for i in range(self.warmup):
             fn(*input_sets[i % k])
@@ -125,16 +129,18 @@ class Harness:
             fn(*input_sets[i % k])
         host = (time.perf_counter() - t0) / self.warmup  # an upper bound on enqueue time
         torch.cuda.synchronize()
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.reps)]
-        spin = min(2.0, 1.5 * host * self.reps + 1e-3)
+        times = max(1, self.reps // batch)
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(times)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(times)]
+        spin = min(2.0, 1.5 * host * times * batch + 1e-3)
         torch.cuda._sleep(int(spin * SPIN_CYCLES_PER_S))
-        for i in range(self.reps):
+        for i in range(times):
             starts[i].record()
-            fn(*input_sets[i % k])
+            for j in range(batch):
+                fn(*input_sets[(i * batch + j) % k])
             ends[i].record()
         torch.cuda.synchronize()
-        return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+        return [s.elapsed_time(e) / batch for s, e in zip(starts, ends, strict=True)]
 
     # ------------------------------------------------------------------ cases
     def copy_bandwidth(self, nbytes: int = 1 << 30) -> float:
@@ -163,6 +169,8 @@ class Harness:
         flops: float | None = None,
         baseline: str | None = None,
         set_bytes: int | None = None,
+        batch: int = 1,
+        timing_only: tuple[str, ...] = (),
     ) -> list[Result]:
         """Check, then time, each implementation of one case.
 
@@ -170,7 +178,9 @@ class Harness:
         fn(*inputs); reference(*inputs) -> the expected output (a tensor or tuple of tensors,
         any dtype; compared in float64); nbytes/flops: the minimum bytes moved and operations
         of one call, for GB/s and TFLOP/s; baseline: the impl others are compared with;
-        set_bytes: bytes of one input set (default nbytes), for the L2 rotation.
+        set_bytes: bytes of one input set (default nbytes), for the L2 rotation; batch: calls
+        timed back to back between one pair of events (see ``time``); timing_only: impls that
+        are timed but not checked (a floor that does part of the work, marked in the note).
         """
         if self.only and self.only not in op:
             return []
@@ -179,11 +189,13 @@ class Harness:
         done = []
         for name, fn in impls.items():
             r = Result(op, label, name, True, None)
+            if name in timing_only:
+                r.note = "timed only: it does part of the work, its result is not checked"
             try:
-                if expected is not None:
+                if expected is not None and name not in timing_only:
                     r.error = _rel_error(fn(*sets[0]), expected)
                     r.ok = r.error <= tol
-                times = self.time(fn, sets)
+                times = self.time(fn, sets, batch)
             except Exception as e:  # noqa: BLE001  (a peer failing must not stop the run)
                 r.ok, r.note = False, f"{type(e).__name__}: {e}"[:200]
                 done.append(r)

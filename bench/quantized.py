@@ -5,8 +5,15 @@ weights. Then the fused QKV projections, ``qkv_project_int4`` and ``qkv_project_
 (W8A16), against three separate calls (``matmul_int4``; for int8 the same kernel launched
 once per weight, ``kaio_ops.quantized.project_int8``), at M = 1, 16 and 4096 with K = 4096
 and N = 4096 per projection: the peer's time is the three calls' together. Each
-implementation is first checked against float64. Usage:
-``python bench/quantized.py --out results.json``.
+implementation is first checked against float64.
+
+At decode shapes two more things are timed. A floor, ``bench.floors.read_words``: a kernel
+that only reads the packed weights once (16-byte loads, all in flight before any is used) and
+does none of the product, so no W4A16 kernel can beat it under the same timing. And the same
+cases with ``BATCH`` calls back to back between one pair of events: a call of a few
+microseconds is otherwise timed with the gap that each pair of events adds around it (about
+2 µs on an H100, the same for every implementation, which pulls every ratio towards 1).
+Usage: ``python bench/quantized.py --out results.json``.
 """
 
 from __future__ import annotations
@@ -19,11 +26,21 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import kaio_ops  # noqa: E402
+from bench import floors  # noqa: E402
 from bench.harness import Harness  # noqa: E402
 from kaio_ops.quantized import project_int8  # noqa: E402
 
 SEPARATE_INT4 = "3 separate calls (matmul_int4)"
 SEPARATE_INT8 = "3 separate calls (same kernel)"
+READ_ONLY = "floor: read the weights only"
+BATCH = 20  # calls a pair of events in the batched decode cases
+
+
+def read_only(packed: torch.Tensor):
+    """A call of ``read_words`` over ``packed`` (its scratch output made once here)."""
+    blocks = floors.blocks_for(packed.numel())
+    scratch = torch.empty(blocks * floors.THREADS, dtype=torch.int32, device=packed.device)
+    return lambda a, p, s, w: floors.read_words[blocks, floors.THREADS](p, scratch)
 
 
 def int4_inputs(m: int, n: int, k: int):
@@ -38,6 +55,13 @@ def int4_inputs(m: int, n: int, k: int):
     packed = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)  # same bits
     w = (scales.float().repeat_interleave(128, 0) * q).half()
     return a, packed, scales, w
+
+
+def int4_bytes(n: int, k: int) -> int:
+    """The bytes of one int4 weight [K, N]: packed words and f16 scales. The L2 rotation is
+    sized on these (the f16 copy in the same set is read only by cuBLAS): with the whole set
+    counted, 3 sets of 4096 x 4096 weights kept the int4 words warm in a 50 MB L2."""
+    return k * n // 2 + k // 128 * n * 2
 
 
 def qkv_int4_inputs(m: int, n: int, k: int):
@@ -81,7 +105,7 @@ def qkv_cases(h: Harness, n: int, k: int) -> None:
             nbytes=mm * k * 2 + 3 * (k * n // 2 + mm * n * 2),
             flops=3 * 2.0 * mm * n * k,
             baseline=SEPARATE_INT4,
-            set_bytes=mm * k * 2 + 3 * k * n * 3,
+            set_bytes=mm * k * 2 + 3 * int4_bytes(n, k),  # the int4 side's data, cold too
         )
         h.case(
             "qkv_project_int8",
@@ -120,21 +144,26 @@ def main() -> None:
         flops=2.0 * m * n * k,
         baseline="torch._int_mm",
     )
-    for mm in (1, 16, 4096):
+    floor = {READ_ONLY: read_only(torch.empty(k // 8, n, dtype=torch.int32, device="cuda"))}
+    for mm, batch in ((1, 1), (16, 1), (4096, 1), (1, BATCH), (16, BATCH)):
+        decode = mm <= 16
         h.case(
             "matmul_int4",
-            f"{mm}x{n}x{k}",
+            f"{mm}x{n}x{k}" + (f", {batch} calls in a row" if batch > 1 else ""),
             lambda mm=mm: int4_inputs(mm, n, k),
             {
                 "cuBLAS f16": lambda a, p, s, w: torch.matmul(a, w),
                 "kaio int4": lambda a, p, s, w: kaio_ops.matmul_int4(a, p, s),
+                **(floor if decode else {}),
             },
             reference=lambda a, p, s, w: a.double() @ w.double(),
             tol=1e-3,
             nbytes=mm * k * 2 + k * n // 2 + mm * n * 4,
             flops=2.0 * mm * n * k,
             baseline="cuBLAS f16",
-            set_bytes=mm * k * 2 + k * n * 3,
+            set_bytes=mm * k * 2 + int4_bytes(n, k),  # the int4 side's data, cold too
+            batch=batch,
+            timing_only=tuple(floor),
         )
     qkv_cases(h, n, k)
     h.finish()

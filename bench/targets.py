@@ -172,17 +172,25 @@ NOTES: tuple[Note, ...] = (
     ),
     Note(
         r"^matmul_int4$",
-        "At decode shapes the kernel is latency-bound, not bandwidth-bound: under Nsight "
-        "Compute on an H100 (2026-11-25, clocks locked at 1.44 GHz) M = 1 took 9.0 µs, reading "
-        "8.7 MB at 0.96 TB/s (29% of DRAM), with 2 warps a scheduler (one 256-thread block a "
-        "multiprocessor, 128 blocks), the schedulers idle 60% of cycles and each warp issuing "
-        "about 1900 instructions in a dependent chain (dequantization and mma.sync; stalls per "
-        "instruction: 1.1 fixed-latency waits, 0.9 memory, 0.4 math pipe). cuBLAS f16 read its "
-        "33.6 MB at 2.16 TB/s. Measured and slower: 3 or 4 register buffers of scale groups in "
-        "flight (10.1, 10.5 µs against 9.3 for 2, M = 1), 16 warps a block (9.9), 4 (10.9). "
-        "What would go further: more independent work a multiprocessor with short chains (K "
-        "split over a cluster's blocks, summed through distributed shared memory), so that "
-        "the weights stream at the copy rate.",
+        "Timed one call at a time, 2.5x is out of reach on this H100 for any kernel that reads "
+        "the int4 weights from DRAM: the floor row, a kernel that only reads them (16-byte "
+        "loads, all in flight at once), measures 2.27x cuBLAS at M = 1 (7.3 µs against 16.6, "
+        "H100, 2026-11-25, L2 cold). With 20 calls in a row, as in a CUDA graph, the floor is "
+        "2.6x and kaio 1.9x. (Earlier pages gave 1.91x and 1.95x one call at a time: 3 "
+        "rotating input sets then left the 8.4 MB of int4 words warm in the 50 MB L2; the sets "
+        "are now counted on the int4 words, 16 sets, and the figure is 1.8x.) The kernel itself "
+        "is bound by instruction latency, not bandwidth: under Nsight Compute it issues 0.4 "
+        "instructions a cycle per scheduler with 2 warps each (one 256-thread block a "
+        "multiprocessor, 128 blocks), stalls per instruction 1.1 on fixed-latency dependencies, "
+        "0.8 on memory, 0.4 on the math pipes. Measured and not better, M = 1, against the "
+        "shipped kernel in the same process (20 in a row: 7.7 to 8.0 µs; one at a time: 9.3): "
+        "one lop3 per nibble pair, 23% fewer instructions (8.7 in a row; ptxas then issues the "
+        "next group's loads later and memory stalls grow); an L2 prefetch of the block's rows "
+        "(9.2 in a row); the weights staged by cp.async in a ring per warp (14.9 one at a time; "
+        "the load queue throttles) or by TMA in a ring per warp (8.7 to 8.9 in a row, 8.3 with "
+        "lop3, which is 2% faster at M = 16); 16 warps a block (9.8 one at a time). Removing "
+        "the mma.sync entirely saves 0.4 µs, removing the dequantization 0.2: "
+        "neither alone is the limit.",
         r"^(1|16)x",
     ),
     Note(

@@ -933,17 +933,33 @@ def _unpack(op: str, name: str):
 
 def _prmt(ctx, args, node):
     _arity(ctx, "prmt", args, node, 3)
-    vals = []
-    for arg in args:
-        v = ctx.value(arg, node, T.u32)
-        if not v.type.is_int or v.type.bits > 32:
-            ctx.error(
-                f"kaio.prmt() takes 32-bit integers, got {v.type} (kaio.bitcast(x, kaio.u32) "
-                "reads other values as u32)",
-                node,
-            )
-        vals.append(ctx.convert(v, T.u32))
-    return ctx.b.emit("prmt", T.u32, tuple(vals))
+    vals = tuple(_u32_operand(ctx, "prmt", arg, node) for arg in args)
+    return ctx.b.emit("prmt", T.u32, vals)
+
+
+def _lop3(ctx, args, node):
+    _arity(ctx, "lop3", args, node, 4)
+    lut = ctx.const_value(args[3], node, "the truth table of kaio.lop3()")
+    if not isinstance(lut, int) or isinstance(lut, bool) or not 0 <= lut <= 0xFF:
+        ctx.error(
+            f"kaio.lop3(a, b, c, lut) needs lut a compile-time int 0..255, got {lut!r} (write "
+            "the function of a = 0xF0, b = 0xCC, c = 0xAA, e.g. (0xF0 & 0xCC) ^ 0xAA)",
+            node,
+        )
+    vals = tuple(_u32_operand(ctx, "lop3", arg, node) for arg in args[:3])
+    return ctx.b.emit("lop3", T.u32, vals, lut=lut)
+
+
+def _u32_operand(ctx, name: str, arg, node):
+    """``arg`` as a u32 operand of the bit builtin ``name`` (32-bit integers only)."""
+    v = ctx.value(arg, node, T.u32)
+    if not v.type.is_int or v.type.bits > 32:
+        ctx.error(
+            f"kaio.{name}() takes 32-bit integers, got {v.type} (kaio.bitcast(x, kaio.u32) "
+            "reads other values as u32)",
+            node,
+        )
+    return ctx.convert(v, T.u32)
 
 
 for _name, _op, _what in (
@@ -956,6 +972,13 @@ _define(
     "prmt(a, b, selector): u32 byte permute (prmt.b32): byte i is byte (selector nibble i) & 7 "
     "of {b, a} (a = bytes 0-3), or its sign replicated when the nibble's bit 3 is set.",
     _prmt,
+)
+_define(
+    "lop3",
+    "lop3(a, b, c, lut): any bitwise function of three u32 in one instruction (lop3.b32); lut "
+    "is the function applied to a = 0xF0, b = 0xCC, c = 0xAA, a compile-time int: "
+    "(a & b) ^ c is lop3(a, b, c, (0xF0 & 0xCC) ^ 0xAA).",
+    _lop3,
 )
 
 

@@ -10,6 +10,7 @@ import textwrap
 import numpy as np
 import pytest
 
+import kaio
 from bench import report, suites
 from bench.__main__ import main as bench_main
 from bench.perfdata import RESULTS_FILE, Run
@@ -163,3 +164,25 @@ def test_sim_speed_counts_the_instructions_it_runs():
     ]
     assert counts[0] > 0 and counts[1] == 2 * counts[0]
     np.testing.assert_allclose(out, x / (1 + np.exp(-x)) * x, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows, cols", [(16, 1024), (5, 36)])
+def test_read_words_floor_reads_every_word(rows, cols):
+    # one XOR a thread: with whole blocks (16 x 1024) the XOR of the outputs is the XOR of
+    # all the words; a ragged shape re-reads the last vector, in bounds
+    from bench import floors
+
+    w = np.random.default_rng(2).integers(-(2**31), 2**31, (rows, cols)).astype(np.int32)
+    blocks = floors.blocks_for(w.size)
+    out = np.full(blocks * floors.THREADS, 7, np.int32)
+    with kaio.simulate():
+        floors.read_words[blocks, floors.THREADS](w, out)
+    vectors = w.reshape(-1, 4)
+    v = np.arange(blocks * floors.THREADS * floors.LOADS)  # block, load, thread
+    thread = (v // (floors.THREADS * floors.LOADS)) * floors.THREADS + v % floors.THREADS
+    read = vectors[np.minimum(v, len(vectors) - 1)]
+    expected = np.zeros_like(out)
+    np.bitwise_xor.at(expected, thread, np.bitwise_xor.reduce(read, axis=1))
+    np.testing.assert_array_equal(out, expected)
+    if w.size % (4 * floors.THREADS * floors.LOADS) == 0:
+        assert np.bitwise_xor.reduce(out) == np.bitwise_xor.reduce(w.ravel())

@@ -1,4 +1,4 @@
-"""Packed half-precision pairs (f16x2, bf16x2) and prmt: the simulator against an independent
+"""Packed half-precision pairs (f16x2, bf16x2), prmt and lop3: the simulator against an independent
 exact reference, the PTX through ptxas, the GPU bit-exact with the simulator, compile errors.
 
 The reference computes each half exactly (``fractions.Fraction``) and rounds once to nearest
@@ -153,6 +153,15 @@ def ref_prmt(a: int, b: int, s: int) -> int:
     return out
 
 
+def ref_lop3(a: int, b: int, c: int, lut: int) -> int:
+    """Bit i of the result is bit (4 a_i + 2 b_i + c_i) of lut."""
+    out = 0
+    for i in range(32):
+        index = 4 * (a >> i & 1) + 2 * (b >> i & 1) + (c >> i & 1)
+        out |= (lut >> index & 1) << i
+    return out
+
+
 # ----------------------------------------------------------------------------- inputs
 SPECIALS = {
     "f16": [0x0000, 0x8000, 0x7C00, 0xFC00, 0x7E00, 0x7C01, 0xFFFF, 0x0001, 0x8001, 0x03FF,
@@ -263,6 +272,22 @@ def packed_prmt(a: u32[:], b: u32[:], s: u32[:], out: u32[:, :]):
         out[2, i] = kaio.prmt(a[i], b[i], 0x7654)
         out[3, i] = kaio.prmt(a[i], b[i], 0x8B19)
         out[4, i] = kaio.prmt(a[i], 0x64646464, 0x4140)
+
+
+LUTS = ((0xF0 & 0xCC) ^ 0xAA, 0xF0 ^ 0xCC ^ 0xAA, 0xF0 | 0xCC | 0xAA, 0xF0 & 0xCC & 0xAA, 0x01)
+# packed_lop3's truth tables, rows 0-4 (row 5: (a & 0x000F000F) ^ 0x64086408, as int4 dequant)
+
+
+@kaio.gpu_kernel(block_size=BLOCK)
+def packed_lop3(a: u32[:], b: u32[:], c: u32[:], out: u32[:, :]):
+    i = kaio.thread_idx_x() + kaio.block_idx_x() * kaio.block_dim_x()
+    if i < len(a):
+        out[0, i] = kaio.lop3(a[i], b[i], c[i], (0xF0 & 0xCC) ^ 0xAA)
+        out[1, i] = kaio.lop3(a[i], b[i], c[i], 0xF0 ^ 0xCC ^ 0xAA)
+        out[2, i] = kaio.lop3(a[i], b[i], c[i], 0xF0 | 0xCC | 0xAA)
+        out[3, i] = kaio.lop3(a[i], b[i], c[i], 0xF0 & 0xCC & 0xAA)
+        out[4, i] = kaio.lop3(a[i], b[i], c[i], 0x01)
+        out[5, i] = kaio.lop3(a[i], 0x000F000F, 0x64086408, (0xF0 & 0xCC) ^ 0xAA)
 
 
 @kaio.gpu_kernel(block_size=64)
@@ -388,6 +413,20 @@ def _prmt_case():
     return Case("prmt", packed_prmt, make, reference)
 
 
+def _lop3_case():
+    def make(rng):
+        a, b, c = (rng.integers(0, 2**32, N, dtype=np.uint64).astype(np.uint32) for _ in range(3))
+        return [a, b, c, np.zeros((6, N), np.uint32)]
+
+    def reference(args):
+        a, b, c = (x.tolist() for x in args[:3])
+        rows = [[ref_lop3(x, y, z, lut) for x, y, z in zip(a, b, c, strict=True)] for lut in LUTS]
+        rows.append([ref_lop3(x, 0x000F000F, 0x64086408, LUTS[0]) for x in a])
+        return {3: np.array(rows, np.uint32)}
+
+    return Case("lop3", packed_lop3, make, reference)
+
+
 def _storage_case():
     k = 4
 
@@ -442,6 +481,7 @@ CASES = [
     _arith_case(bf16x2, _for_sm80(packed_arith), "_sm80"),
     _pack_case(bf16x2, _for_sm80(packed_pack), "_sm80"),
     _prmt_case(),
+    _lop3_case(),
     _storage_case(),
     _int4_case(),
     _u8_case(),
@@ -538,6 +578,7 @@ def test_reference_rounding_is_exact():
     assert round_exact(Fraction(1) + Fraction(1, 2**8), "bf16") == 1.0
     assert ref_prmt(0x44332211, 0x88776655, 0x7654) == 0x88776655
     assert ref_prmt(0x000000F0, 0, 0x8888) == 0xFFFFFFFF
+    assert ref_lop3(0xFF00FF00, 0xF0F0F0F0, 0xCCCCCCCC, (0xF0 & 0xCC) ^ 0xAA) == 0x3CCC3CCC
 
 
 # ----------------------------------------------------------------------------- PTX
@@ -717,6 +758,16 @@ def prmt_of_float(a: f32[:], out: u32[:]):
 
 
 @kaio.gpu_kernel
+def lop3_runtime_table(a: u32[:]):
+    a[0] = kaio.lop3(a[0], a[1], a[2], a[3])  # ERR
+
+
+@kaio.gpu_kernel
+def lop3_table_too_big(a: u32[:]):
+    a[0] = kaio.lop3(a[0], a[1], a[2], 256)  # ERR
+
+
+@kaio.gpu_kernel
 def pack_three(out: u32[:]):
     out[0] = kaio.bitcast(f16x2(1.0, 2.0, 3.0), u32)  # ERR
 
@@ -736,6 +787,8 @@ ERRORS = {
     pair_assign_scalar: "'p' is f16x2 but this value is f32",
     low_of_scalar: "kaio.low() takes a packed pair (f16x2, bf16x2), got f16",
     prmt_of_float: "kaio.prmt() takes 32-bit integers, got f32",
+    lop3_runtime_table: "the truth table of kaio.lop3()",
+    lop3_table_too_big: "kaio.lop3(a, b, c, lut) needs lut a compile-time int 0..255, got 256",
     pack_three: "kaio.f16x2() takes (lo, hi), or one value for both halves",
 }
 

@@ -23,7 +23,8 @@ Semantics that matter to both backends:
 - Packed pairs (f16x2, bf16x2; element 0 in the low half): the ops of ``PACKED_OPS`` also take
   them and work on each half independently, with the f16/bf16 meaning (each half rounded once;
   a NaN result is the canonical 0x7FFF; ``neg``/``abs`` flip/clear the sign bits only).
-  ``pack`` builds a pair, ``unpack_lo``/``unpack_hi`` take a half, ``prmt`` permutes bytes.
+  ``pack`` builds a pair, ``unpack_lo``/``unpack_hi`` take a half, ``prmt`` permutes bytes,
+  ``lop3`` computes any bitwise function of three words.
 """
 
 from __future__ import annotations
@@ -102,6 +103,9 @@ OPS: dict[str, OpInfo] = {
     "unpack_lo": OpInfo("convert", "any", True, "the low half (element 0) of a packed pair"),
     "unpack_hi": OpInfo("convert", "any", True, "the high half (element 1) of a packed pair"),
     "prmt": OpInfo("special", "u32", True, "(a, b, selector) u32: PTX prmt.b32 byte permute"),
+    "lop3": OpInfo(
+        "special", "u32", True, "(a, b, c) u32: bitwise function attrs['lut'] (lop3.b32)"
+    ),
     "sreg": OpInfo("special", "u32", True, "read a special register attrs['name']"),
     "load": OpInfo("special", "any", False, "dst = array[idx...]"),
     "store": OpInfo("special", "any", False, "array[idx...] = value"),

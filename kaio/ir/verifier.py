@@ -126,9 +126,9 @@ class _Verifier:
                 {f32},
             ):
                 self.fail(s, "pack needs two operands of the pair's element type, or two f32")
-        elif s.op == "prmt":
+        elif s.op in ("prmt", "lop3"):
             if dst_t != u32 or len(scalars) != 3 or any(a.type != u32 for a in scalars):
-                self.fail(s, "prmt needs (u32, u32, u32) -> u32")
+                self.fail(s, f"{s.op} needs (u32, u32, u32) -> u32")
         elif s.op in ("load", "store", "atomic"):
             arr = s.args[0]
             if not isinstance(arr, Array):

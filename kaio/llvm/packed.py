@@ -1,4 +1,4 @@
-"""Packed half-precision pairs (``f16x2``, ``bf16x2``) and ``prmt`` in LLVM IR.
+"""Packed half-precision pairs (``f16x2``, ``bf16x2``), ``prmt`` and ``lop3`` in LLVM IR.
 
 A pair is an ``i32`` (element 0 in the low half, PTX's layout). The ops of
 ``kaio.ir.ops.PACKED_OPS`` bitcast it to ``<2 x half>`` / ``<2 x bfloat>`` and use LLVM's
@@ -90,6 +90,12 @@ def _prmt(g, ins: Instr) -> None:
     g.set(ins.dst, g.asm(text, constraints, I32, [a, b, selector], PURE))
 
 
+def _lop3(g, ins: Instr) -> None:
+    a, b, c = (g.value(x) for x in ins.args)
+    text, constraints = f"lop3.b32 $0, $1, $2, $3, {ins.attrs['lut']};", "=r,r,r,r"
+    g.set(ins.dst, g.asm(text, constraints, I32, [a, b, c], PURE))
+
+
 def lowering(table: dict) -> dict:
     """Entries for ``kaio.llvm.lowering.LOWERING`` (``kaio.ptx.packed.packed_lowering``)."""
-    return ptx.packed_lowering(table, arith, _pack, _unpack, _prmt)
+    return ptx.packed_lowering(table, arith, _pack, _unpack, _prmt, _lop3)

@@ -1,9 +1,10 @@
-"""PTX lowering of packed half-precision pairs (``f16x2``, ``bf16x2``) and ``prmt``.
+"""PTX lowering of packed half-precision pairs (``f16x2``, ``bf16x2``), ``prmt`` and ``lop3``.
 
 A pair lives in one 32-bit register (``%r``), element 0 in the low half, which is PTX's own
 layout: loads, stores, moves, selects and shuffles treat it as ``b32``. This module lowers
 the ops that look inside: the arithmetic ops of ``kaio.ir.ops.PACKED_OPS`` when their type is
-packed (``lowering()`` routes them here), ``pack``, ``unpack_lo``/``unpack_hi`` and ``prmt``.
+packed (``lowering()`` routes them here), ``pack``, ``unpack_lo``/``unpack_hi``, ``prmt`` and
+``lop3``.
 
 ``FORMS`` lists, per op and type, the instructions that compute it, preferred first, each with
 the feature it needs (``kaio.ptx.target.FEATURES``); the first one the arch has is used.
@@ -136,7 +137,12 @@ def _prmt(e, ins: Instr) -> None:
     e.line(f"prmt.b32 {e.dst(ins)}, {e.r(a)}, {e.r(b)}, {e.o(selector)}")
 
 
-def packed_lowering(table: dict, arith, pack, unpack, prmt) -> dict:
+def _lop3(e, ins: Instr) -> None:
+    a, b, c = ins.args
+    e.line(f"lop3.b32 {e.dst(ins)}, {e.o(a)}, {e.o(b)}, {e.o(c)}, {ins.attrs['lut']}")
+
+
+def packed_lowering(table: dict, arith, pack, unpack, prmt, lop3) -> dict:
     """A backend's lowering entries for packed pairs: each op of ``PACKED_OPS`` goes to
     ``arith`` when its type is packed, else to ``table``'s entry; and the packed-only ops.
     Shared by the PTX emitter and the LLVM backend (each passes its own functions)."""
@@ -153,9 +159,10 @@ def packed_lowering(table: dict, arith, pack, unpack, prmt) -> dict:
         "unpack_lo": unpack,
         "unpack_hi": unpack,
         "prmt": prmt,
+        "lop3": lop3,
     }
 
 
 def lowering(table: dict) -> dict:
     """Entries for ``kaio.ptx.lowering.LOWERING`` (``packed_lowering``)."""
-    return packed_lowering(table, arith, _pack, _unpack, _prmt)
+    return packed_lowering(table, arith, _pack, _unpack, _prmt, _lop3)

@@ -1,4 +1,5 @@
-"""The simulator's meaning of packed half-precision pairs (``f16x2``, ``bf16x2``) and ``prmt``.
+"""The simulator's meaning of packed half-precision pairs (``f16x2``, ``bf16x2``), ``prmt``
+and ``lop3``.
 
 A pair is a ``uint32`` (element 0 in the low 16 bits). Arithmetic splits it into its two
 halves, applies the scalar f16/bf16 meaning of ``kaio.sim.arith`` to each (computed in f32
@@ -109,6 +110,17 @@ def prmt(a, b, selector) -> np.ndarray:
     return out.astype(U32)
 
 
+def lop3(a, b, c, lut: int) -> np.ndarray:
+    """PTX ``lop3.b32``: each result bit is bit ``4 a + 2 b + c`` of ``lut`` (of the three
+    operands' bits at that position)."""
+    a, b, c = (np.asarray(x).astype(U32) for x in (a, b, c))
+    out = np.zeros(np.broadcast(a, b, c).shape, U32)
+    for i in range(8):
+        if lut >> i & 1:
+            out |= (a if i & 4 else ~a) & (b if i & 2 else ~b) & (c if i & 1 else ~c)
+    return out
+
+
 def _route(scalar, packed):
     def run(m, ins, vals):
         t = ins.dst.type
@@ -126,4 +138,5 @@ def semantics(table: dict) -> dict:
         "unpack_lo": lambda m, ins, vals: split(ins.args[0].type, vals[0])[0],
         "unpack_hi": lambda m, ins, vals: split(ins.args[0].type, vals[0])[1],
         "prmt": lambda m, ins, vals: prmt(*vals),
+        "lop3": lambda m, ins, vals: lop3(*vals, ins.attrs["lut"]),
     }
