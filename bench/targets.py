@@ -188,7 +188,9 @@ NOTES: tuple[Note, ...] = (
         "next group's loads later and memory stalls grow); an L2 prefetch of the block's rows "
         "(9.2 in a row); the weights staged by cp.async in a ring per warp (14.9 one at a time; "
         "the load queue throttles) or by TMA in a ring per warp (8.7 to 8.9 in a row, 8.3 with "
-        "lop3, which is 2% faster at M = 16); 16 warps a block (9.8 one at a time). Removing "
+        "lop3, which is 2% faster at M = 16); 16 warps a block (9.8 one at a time); the two "
+        "register buffers' multiplies without the branches between them, so that ptxas may "
+        "interleave them (10.5 one at a time). Removing "
         "the mma.sync entirely saves 0.4 µs, removing the dequantization 0.2: "
         "neither alone is the limit.",
         r"^(1|16)x",
