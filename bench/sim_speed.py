@@ -1,5 +1,6 @@
-"""Simulator speed: simulated thread-instructions per second on an elementwise kernel and on a
-shared-memory reduction (CPU only, under a minute).
+"""Simulator speed: simulated thread-instructions per second on an elementwise kernel, on a
+shared-memory reduction and on ``kaio_ops.matmul_tc_async`` at 128 x 128 x 128
+(f16: ``cp.async``, ``ldmatrix``, ``mma.sync``); CPU only, under a minute.
 
     python bench/sim_speed.py [--out results.json]
 """
@@ -13,10 +14,12 @@ import time
 import numpy as np
 
 import kaio
+import kaio_ops
 from kaio import f32, u32
 from kaio.sim import engine
 
 BLOCK = 256
+MM = 128  # the simulated matmul's M = N = K
 
 
 @kaio.gpu_kernel(block_size=BLOCK)
@@ -42,6 +45,12 @@ def block_sum(x: f32[:], out: f32[:], n: u32):
         stride //= 2
     if t == 0:
         out[kaio.block_idx_x()] = s[0]
+
+
+def simulated_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``kaio_ops.matmul_tc_async(a, b)`` on the simulator."""
+    with kaio.simulate():
+        return kaio_ops.matmul_tc_async(a, b)
 
 
 def count_thread_instructions(run) -> int:
@@ -85,14 +94,16 @@ def main() -> None:
     out = np.empty(n, np.float32)
     grid = -(-n // BLOCK)
     sums = np.empty(grid, np.float32)
+    a, b = (rng.standard_normal((MM, MM)).astype(np.float16) for _ in "ab")
     results = [
         measure("elementwise silu_gate", lambda: silu_gate.sim[grid](x, gate, out, n)),
         measure("shared-memory block_sum", lambda: block_sum.sim[grid](x, sums, n)),
+        measure(f"tensor-core matmul {MM}^3 f16", lambda: simulated_matmul(a, b)),
     ]
-    print(f"{'kernel':<26} {'thread-instr':>14} {'seconds':>9} {'thread-instr/s':>15}")
+    print(f"{'kernel':<34} {'thread-instr':>14} {'seconds':>9} {'thread-instr/s':>15}")
     for r in results:
         work, secs, rate = r["thread_instructions"], r["seconds"], r["rate"]
-        print(f"{r['kernel']:<26} {work:>14,} {secs:>9.3f} {rate:>15.3e}")
+        print(f"{r['kernel']:<34} {work:>14,} {secs:>9.3f} {rate:>15.3e}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"n": n, "results": results}, f, indent=2)

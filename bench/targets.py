@@ -230,10 +230,7 @@ NOTES: tuple[Note, ...] = (
     ),
 )
 
-OPEN_GAPS: tuple[str, ...] = (
-    "The time to simulate a 128x128x128 tensor-core matmul is not measured yet "
-    "(`bench/sim_speed.py` covers two SIMT kernels).",
-)
+OPEN_GAPS: tuple[str, ...] = ()
 
 # (suite pattern, op pattern, family): ops of one family share a plot; an op matching none is
 # in a family named after its suite's title

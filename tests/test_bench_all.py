@@ -166,6 +166,16 @@ def test_sim_speed_counts_the_instructions_it_runs():
     np.testing.assert_allclose(out, x / (1 + np.exp(-x)) * x, rtol=1e-5)
 
 
+def test_sim_speed_matmul_is_the_product():
+    from bench import sim_speed
+
+    rng = np.random.default_rng(3)
+    a, b = (rng.standard_normal((sim_speed.MM, sim_speed.MM)).astype(np.float16) for _ in "ab")
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    out = np.asarray(sim_speed.simulated_matmul(a, b), np.float64)
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-3
+
+
 @pytest.mark.parametrize("rows, cols", [(16, 1024), (5, 36)])
 def test_read_words_floor_reads_every_word(rows, cols):
     # one XOR a thread: with whole blocks (16 x 1024) the XOR of the outputs is the XOR of

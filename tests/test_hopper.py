@@ -298,6 +298,51 @@ def wgmma_tile(
 
 
 @kaio.gpu_kernel(block_size=128)
+def wgmma_stored(a: f16[:, :], b: f16[:, :], out: f32[:, :], FENCE: kaio.constexpr):
+    """A (64 x 16) and B (16 x 8) written to shared memory by ordinary stores in the
+    non-swizzled K-major core-matrix layout, made visible to the asynchronous proxy when
+    FENCE, then one wgmma m64n8k16."""
+    sa = kaio.shared(f16, (2, 64, 8))  # sa[c, r, e] = A[r, 8c + e]
+    sb = kaio.shared(f16, (2, 8, 8))  # sb[c, n, e] = B[8c + e, n]
+    t = kaio.thread_idx_x()
+    for c in kaio.static_range(2):
+        for e in kaio.static_range(8):
+            if t < 64:
+                sa[c, t, e] = a[t, 8 * c + e]
+            elif t < 72:
+                sb[c, t - 64, e] = b[8 * c + e, t - 64]
+    if FENCE:
+        kaio.fence_proxy_async()
+    kaio.sync_threads()
+    acc = kaio.local(f32, (4,))
+    kaio.wgmma_fence()
+    da = kaio.smem_descriptor(sa, (0, 0, 0), 0, 64 * 16, 128)
+    db = kaio.smem_descriptor(sb, (0, 0, 0), 0, 8 * 16, 128)
+    kaio.wgmma_f16(acc, da, db, False, False, False)
+    kaio.wgmma_commit()
+    kaio.wgmma_wait(0)
+    w, lane = t // 32, t % 32
+    for r in kaio.static_range(4):
+        out[16 * w + lane // 4 + 8 * (r // 2), 2 * (lane % 4) + r % 2] = acc[r]
+
+
+@kaio.gpu_kernel(block_size=32)
+def bulk_after_write(out: f32[:, :], LATE: kaio.constexpr):
+    """Each thread writes its row of 4, fences, then (LATE) writes one value again before its
+    bulk_store of the row."""
+    rows = kaio.shared(f32, (32, 4))
+    t = kaio.thread_idx_x()
+    for c in kaio.static_range(4):
+        rows[t, c] = f32(t * 4 + c)
+    kaio.fence_proxy_async()
+    if LATE:
+        rows[t, 3] = 0.5
+    kaio.bulk_store(out, (t, 0), rows, (t, 0), 16)
+    kaio.bulk_commit()
+    kaio.bulk_wait(0)
+
+
+@kaio.gpu_kernel(block_size=128)
 def regs_and_fences(out: u32[:]):
     kaio.launch_bounds(128, 1)
     kaio.setmaxnreg_inc(232)
@@ -555,6 +600,33 @@ def test_bulk_store_misuse_is_reported():
         mixed.ptx(arch="sm_90")
 
 
+def _stored_operands():
+    a = RNG.integers(-8, 8, (64, 16)).astype(np.float16)
+    b = RNG.integers(-8, 8, (16, 8)).astype(np.float16)
+    return a, b, np.full((64, 8), np.nan, np.float32)
+
+
+def test_wgmma_reads_fenced_ordinary_stores():
+    a, b, out = _stored_operands()
+    wgmma_stored.sim[1](a, b, out, FENCE=True)
+    np.testing.assert_array_equal(out, a.astype(np.float64) @ b.astype(np.float64))
+
+
+def test_wgmma_of_unfenced_stores_is_reported():
+    a, b, out = _stored_operands()
+    match = r"(?s)wgmma reads 'sa_smem0'.*wrote it.*fence_proxy_async"
+    with pytest.raises(kaio.SimulationError, match=match):
+        wgmma_stored.sim[1](a, b, out, FENCE=False)
+
+
+def test_bulk_store_of_a_write_after_the_fence_is_reported():
+    out = np.full((32, 4), np.nan, np.float32)
+    bulk_after_write.sim[1](out, LATE=False)
+    np.testing.assert_array_equal(out, np.arange(128, dtype=np.float32).reshape(32, 4))
+    with pytest.raises(kaio.SimulationError, match=r"(?s)reads 'rows_smem0'\[0, 3\].*wrote it at"):
+        bulk_after_write.sim[1](out, LATE=True)
+
+
 def test_tensor_map_checks():
     a = np.zeros((64, 100), np.float16)  # rows 200 bytes apart
     with pytest.raises(ValueError, match="multiple of 16"):
@@ -578,6 +650,8 @@ def test_ptx_assembles_for_sm_90a():
         bulk_rows.ptx(arch="sm_90"),
         descriptor_bits.ptx(arch="sm_90"),
         regs_and_fences.ptx(arch="sm_90"),
+        wgmma_stored.ptx(arch="sm_90", FENCE=True),
+        bulk_after_write.ptx(arch="sm_90", LATE=False),
         *(
             wgmma_tile.ptx(arch="sm_90", K=c[0], N=c[1], SW=c[2], B_NMAJOR=c[3], BF16=bf)
             for c, bf in ((WGMMA_CASES[0], 0), (WGMMA_CASES[5], 1), (WGMMA_CASES[8], 0))
@@ -662,6 +736,20 @@ def test_gpu_bulk_store_matches_simulator(backend):
     got = kaio.to_device(np.full((64, 32), -1.0, np.float32))
     _on_backend(bulk_rows, 64, backend)[1](kaio.to_device(src), got, 28)
     np.testing.assert_array_equal(got.numpy(), want)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("backend", ["ptx", "llvm"])
+def test_gpu_wgmma_of_fenced_stores(backend):
+    a, b, out = _stored_operands()
+    got = kaio.to_device(out)
+    kernel = _on_backend(wgmma_stored, 128, backend)
+    kernel[1](kaio.to_device(a), kaio.to_device(b), got, FENCE=True)
+    np.testing.assert_array_equal(got.numpy(), a.astype(np.float64) @ b.astype(np.float64))
+    rows = kaio.to_device(np.full((32, 4), np.nan, np.float32))
+    _on_backend(bulk_after_write, 32, backend)[1](rows, LATE=False)
+    np.testing.assert_array_equal(rows.numpy(), np.arange(128, dtype=np.float32).reshape(32, 4))
 
 
 @pytest.mark.gpu

@@ -150,6 +150,7 @@ class Machine:
         self.warp_starts = np.flatnonzero(self.laneid == 0)
         self.warp_size_of_lane = np.minimum(32, self.tpb - warp_in_block * 32)
         self.warp_epoch = np.zeros(nb * warps_per_block, np.int64)
+        self.proxy_fences = np.zeros(n, np.int64)  # fence_proxy_async() run by each lane
         self.sreg = self._special_registers(dynamic_shared_bytes)
         self.env = {v: np.broadcast_to(x, (n,)) for v, x in params.items()}
         self.storages: dict = {}

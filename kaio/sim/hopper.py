@@ -1,6 +1,7 @@
 """Hopper instructions in the simulator: ``wgmma`` through shared-memory matrix descriptors,
 ``mbarrier`` phases, TMA tile copies with their swizzle, bulk stores (done when issued), and
-the fences (no-ops here).
+the fences (``fence_proxy_async`` is counted per thread for the proxy check below; the others
+are no-ops).
 
 Shared memory as the descriptors and TMA see it: each block's shared arrays lie in one
 *window* of byte addresses, every static array and the dynamic region starting at a multiple
@@ -18,7 +19,10 @@ without any barrier changing is stopped. A completed wait is a barrier for the r
 
 ``wgmma`` is computed when issued (exact products summed in f64, rounded once to f32) and its
 accumulators are written then; TMA writes and wgmma reads are not seen by the race detector
-(they belong to the asynchronous proxy, ordered by barriers).
+(they belong to the asynchronous proxy, ordered by barriers). What the detector checks for
+them is the proxy fence: a ``wgmma`` or ``bulk_store`` that reads shared elements last
+written by ordinary stores is reported unless each writer ran ``fence_proxy_async()`` after
+its write (``memory.RaceTracker.async_read``); a landed TMA copy clears its elements.
 """
 
 from __future__ import annotations
@@ -103,6 +107,11 @@ def _locate_bytes(m, ins: Instr, block: int, addrs: np.ndarray, what: str):
     )
 
 
+def _element_keys(st: memory.Storage, block: int, offsets: np.ndarray) -> np.ndarray:
+    """The race detector's keys of the elements holding bytes ``offsets`` of ``block``."""
+    return block * st.size + np.unique(offsets // st.data.itemsize)
+
+
 def swizzled(addrs: np.ndarray, swizzle: int) -> np.ndarray:
     """Where the GPU stores window byte ``addrs`` under a swizzle of ``swizzle`` bytes:
     16-byte chunk bits 4.. XORed with the 128-byte line bits 7.. (``swizzle // 16`` chunks)."""
@@ -168,6 +177,8 @@ def _advance(bar: Barrier) -> None:
         return
     for st, block, offsets, data in bar.copies:
         _block_bytes(st, block)[offsets] = data
+        if st.tracker is not None:
+            st.tracker.async_wrote(_element_keys(st, block, offsets))
     bar.copies = []
     bar.phase ^= 1
     bar.pending = bar.count
@@ -414,6 +425,9 @@ def bulk_store(m, ins: Instr, vals: list):
                 f"{where}: {n} bytes run past the end of "
                 f"'{dst.name if dkey + count > dst_st.size else src.name}'{m.source(ins)}"
             )
+        if src_st.tracker is not None:
+            keys = block * src_st.size + sflat + np.arange(count)
+            src_st.tracker.async_read(m, ins, keys, "kaio.bulk_store()")
         flat_dst[dkey : dkey + count] = src_st.data[block].reshape(-1)[sflat : sflat + count]
 
 
@@ -478,6 +492,8 @@ def accumulator_layout(n: int) -> tuple[np.ndarray, np.ndarray]:
 def _operand(m, ins, block: int, desc: int, mn: int, mn_major: bool, dtype) -> np.ndarray:
     addrs = operand_addresses(desc, mn, mn_major)
     st, offsets = _locate_bytes(m, ins, block, addrs, "wgmma operand")
+    if st.tracker is not None:
+        st.tracker.async_read(m, ins, _element_keys(st, block, offsets), "wgmma")
     raw = _block_bytes(st, block)
     lo, hi = raw[offsets], raw[offsets + 1]
     bits = lo.astype(np.uint16) | hi.astype(np.uint16) << 8
@@ -555,6 +571,16 @@ def smem_desc(m, ins: Instr, vals: list):
     return m.scatter(desc, active)
 
 
+def fence_proxy_async(m, ins: Instr, vals: list):
+    """Count the fence for each active lane: its ordinary shared writes before it are now
+    visible to the asynchronous proxy (``memory.RaceTracker.async_read``)."""
+    active = m.active_lanes()
+    if active is None:
+        m.proxy_fences += 1
+    else:
+        m.proxy_fences[active] += 1
+
+
 def no_op(m, ins: Instr, vals: list):
     """Fences, wgmma and bulk commit/wait, setmaxnreg: nothing to do in lockstep order."""
 
@@ -595,7 +621,7 @@ SEMANTICS = {
     "tma_load": tma_load,
     "tma_load_multicast": tma_load,
     "mbarrier_arrive_cluster": mbarrier_arrive_cluster,
-    "fence_proxy_async": no_op,
+    "fence_proxy_async": fence_proxy_async,
     "bulk_store": bulk_store,
     "bulk_commit": no_op,
     "bulk_wait": no_op,

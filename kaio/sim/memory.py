@@ -223,7 +223,12 @@ class RaceTracker:
     """Per element of a shared array, for the current barrier interval: the last writer and
     up to two readers (lane, warp epoch, instruction). Two accesses conflict when they are
     by different threads, at least one writes, and no ``sync_threads`` (or, within a warp,
-    ``sync_warp``) separates them. Atomics are not tracked."""
+    ``sync_warp``) separates them. Atomics are not tracked.
+
+    Across barriers, per element: the last ordinary (generic-proxy) write, with its writer's
+    count of ``fence_proxy_async()`` at the time. An asynchronous-proxy read (``wgmma``,
+    ``bulk_store``) of an element whose writer has not fenced since is reported
+    (``async_read``): on the GPU it may read the old bytes."""
 
     _SLOTS = ("w", "r1", "r2")
 
@@ -234,6 +239,9 @@ class RaceTracker:
         self.lane = {s: np.full(total, -1, np.int64) for s in self._SLOTS}
         self.epoch = {s: np.zeros(total, np.int64) for s in self._SLOTS}
         self.at = {s: np.zeros(total, np.int64) for s in self._SLOTS}
+        self.unfenced = np.full(total, -1, np.int64)  # the last generic writer, or -1
+        self.fences_then = np.zeros(total, np.int64)  # its fence_proxy_async() count then
+        self.written_at = np.zeros(total, np.int64)
 
     def reset(self, blocks: np.ndarray) -> None:
         """Forget the accesses of the blocks in ``blocks`` (a barrier)."""
@@ -274,10 +282,39 @@ class RaceTracker:
                 self._record(m, "w", key[a : a + 1], cur[a : a + 1], code)
                 self._report(m, ins, int(key[b]), int(cur[b]), True, int(cur[a]), "w")
             self._record(m, "w", key, cur, code)
+            self.unfenced[key] = cur
+            self.fences_then[key] = m.proxy_fences[cur]
+            self.written_at[key] = code
             return
         self._record(m, "r1", key, cur, code, self.lane["r1"][key] < 0)
         second = (self.lane["r1"][key] != cur) & (self.lane["r2"][key] < 0)
         self._record(m, "r2", key, cur, code, second)
+
+    def async_read(self, m, ins: Instr, keys: np.ndarray, what: str) -> None:
+        """Raise if an element of ``keys``, read now by the asynchronous proxy (``what``),
+        was last written by an ordinary store whose thread has run no ``fence_proxy_async()``
+        since."""
+        writer = self.unfenced[keys]
+        stale = (writer >= 0) & (m.proxy_fences[np.maximum(writer, 0)] == self.fences_then[keys])
+        if not stale.any():
+            return
+        key = int(keys[np.argmax(stale)])
+        st, lane = self.storage, int(self.unfenced[key])
+        elem = np.unravel_index(key % st.size, st.shape) if st.size else ()
+        index = ", ".join(str(int(i)) for i in elem)
+        other = m.instr_by_code(int(self.written_at[key]))
+        raise SimulationError(
+            f"{m.where(ins)}: {what} reads '{st.array.name}'[{index}] of block "
+            f"{m.block_coords(int(key // st.size) * m.tpb)} through the asynchronous proxy"
+            f"{m.source(ins)}\nbut thread {m.thread_coords(lane)} wrote it at {m.where(other)}"
+            f"{m.source(other)}\nwith no kaio.fence_proxy_async() after the write, so the GPU "
+            "may read the old bytes: call kaio.fence_proxy_async() after the stores (then "
+            "kaio.sync_threads() if other threads issue the read)"
+        )
+
+    def async_wrote(self, keys: np.ndarray) -> None:
+        """The elements ``keys`` were written by the asynchronous proxy (a TMA copy landed)."""
+        self.unfenced[keys] = -1
 
     def _report(self, m, ins, key: int, lane: int, write: bool, prev: int, slot: str):
         st = self.storage
