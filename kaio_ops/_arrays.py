@@ -4,25 +4,27 @@ An op wraps each input with ``Inputs(op).array(obj, name, ...)``, which refuses 
 rank, shape, device or a non-contiguous array with a ``ValueError`` naming the argument and
 the form expected. The first input fixes the *kind* of the call (torch, CuPy, kaio
 ``DeviceArray``, or NumPy inside ``with kaio.simulate():``), and ``output`` allocates results
-of that kind on the same device. ``Operand.view`` reshapes without copying, which is how ops
-hand flat or 2-D views of their arrays to kernels.
+of that kind on the same device. ``Operand.arg`` and ``arg`` hand an array to a kernel as
+another shape or element type without making a view (a ``RawArray`` of its address);
+``view`` reshapes without copying, for arrays that go back to the caller.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
 import kaio
 from kaio.errors import LaunchError
+from kaio.runtime.arginfo import RawArray
 from kaio.runtime.arguments import NUMPY_HINT, describe
+from kaio.runtime.arguments import torch_dtype as torch_scalar_type
 from kaio.runtime.memory import DeviceArray
 from kaio.sim.mode import active as simulating
 from kaio.types import ScalarType, bf16, f16, f32, from_numpy_dtype
 
-__all__ = ["FLOATS", "Inputs", "Operand", "output", "retype", "stream_of", "view"]
+__all__ = ["FLOATS", "Inputs", "Operand", "arg", "output", "output_arg", "stream_of", "view"]
 
 FLOATS = (f32, f16, bf16)
 MAX_ELEMENTS = 2**31 - 1  # kernels index with 32-bit integers
@@ -33,18 +35,38 @@ def _alternatives(names: list) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
 
 
-@dataclass(frozen=True)
 class Operand:
     """One input of an op: the object itself, its kind ('torch', 'cupy', 'kaio', 'numpy'),
-    shape, kaio element type, device ordinal (None for NumPy) and the address of element 0."""
+    shape, kaio element type, device ordinal (None for NumPy) and the address of element 0.
 
-    name: str
-    obj: object
-    kind: str
-    shape: tuple
-    dtype: ScalarType
-    device: int | None
-    ptr: int
+    A plain slotted class: ops make several per call, and a frozen dataclass costs four
+    times as much to construct."""
+
+    __slots__ = ("name", "obj", "kind", "shape", "dtype", "device", "ptr")
+
+    def __init__(
+        self,
+        name: str,
+        obj: object,
+        kind: str,
+        shape: tuple,
+        dtype: ScalarType,
+        device: int | None,
+        ptr: int,
+    ):
+        self.name = name
+        self.obj = obj
+        self.kind = kind
+        self.shape = shape
+        self.dtype = dtype
+        self.device = device
+        self.ptr = ptr
+
+    def __repr__(self) -> str:
+        return (
+            f"Operand({self.name!r}, {self.kind}, shape={self.shape}, dtype={self.dtype}, "
+            f"device={self.device}, ptr=0x{self.ptr:x})"
+        )
 
     @property
     def size(self) -> int:
@@ -55,9 +77,13 @@ class Operand:
         """True when element 0 sits on an ``nbytes`` boundary."""
         return self.ptr % nbytes == 0
 
-    def view(self, *shape: int):
-        """The same (contiguous) memory as an array of ``shape``, of the same kind."""
-        return view(self.obj, self.kind, shape)
+    def arg(self, *shape: int, dtype: ScalarType | None = None):
+        """This (contiguous) memory as a kernel argument of ``shape`` (default: its own) and
+        ``dtype`` (default: its own; else its bytes reinterpreted): see ``arg``."""
+        dtype = dtype or self.dtype
+        if self.kind == "numpy":
+            return arg(self.obj, self.kind, shape or self.shape, dtype, None)
+        return RawArray(self.ptr, shape or self.shape, dtype, self.device, self.obj)
 
 
 def _kind(obj) -> str | None:
@@ -86,6 +112,30 @@ def view(obj, kind: str, shape: tuple):
     return obj.reshape(shape)  # NumPy and CuPy: a view of a contiguous array
 
 
+def _address(obj, kind: str) -> int:
+    if kind == "torch":
+        return obj.data_ptr()
+    if kind == "cupy":
+        return obj.data.ptr
+    return obj.ptr
+
+
+def arg(obj, kind: str, shape: tuple, dtype: ScalarType, device: int | None):
+    """Contiguous ``obj`` of ``kind`` (on GPU ``device``) as a kernel argument of ``shape``
+    and ``dtype`` (its bytes reinterpreted when that differs), without making a view of
+    it: a ``RawArray`` of its address on the GPU (a torch view costs microseconds), a
+    NumPy view in the simulator."""
+    if kind == "numpy":
+        return obj.reshape(-1).view(dtype.np_dtype).reshape(shape)
+    return RawArray(_address(obj, kind), shape, dtype, device, obj)
+
+
+def output_arg(like: Operand, out, shape: tuple, dtype: ScalarType | None = None):
+    """``out``, an array of ``like``'s kind and device (from ``output``), as a kernel
+    argument of ``shape`` and ``dtype`` (default ``like``'s): see ``arg``."""
+    return arg(out, like.kind, shape, dtype or like.dtype, like.device)
+
+
 _TORCH_DTYPES: dict = {}  # kaio scalar type -> torch dtype
 
 
@@ -99,14 +149,6 @@ def torch_dtype(dtype: ScalarType):
 
         found = _TORCH_DTYPES[dtype] = getattr(torch, dtype.np_dtype.name)
         return found
-
-
-def retype(obj, kind: str, dtype: ScalarType):
-    """Contiguous ``obj`` of ``kind`` with its bytes read as ``dtype`` (the last dimension
-    scales by the ratio of the item sizes; no copy)."""
-    if kind == "torch":
-        return obj.view(torch_dtype(dtype))
-    return obj.view(dtype.np_dtype)  # NumPy, CuPy and DeviceArray share the NumPy spelling
 
 
 class Inputs:
@@ -144,6 +186,13 @@ class Inputs:
                 "must be a torch CUDA tensor, a CuPy array or a kaio.DeviceArray, got "
                 f"{type(obj).__name__}",
             )
+        if kind == "torch" and obj.is_cuda:
+            # torch's own accessors, without describe()'s launch ABI (what ops need, faster)
+            dtype = torch_scalar_type(obj.dtype)
+            if dtype is not None:
+                shape, device = tuple(obj.shape), obj.get_device()
+                a = Operand(name, obj, kind, shape, dtype, device, obj.data_ptr())
+                return a, obj.is_contiguous()
         try:
             info = describe(obj)
         except LaunchError as e:
@@ -196,12 +245,28 @@ class Inputs:
         return a
 
 
+_TORCH_DEVICES: dict = {}  # ordinal -> torch.device
+
+
+def _torch_empty(shape: tuple, dtype: ScalarType, device: int):
+    """``torch.empty`` on CUDA device ``device``. The sizes go as separate arguments and the
+    device as a cached object: on an H100 host, 4.2 µs a call against 6.0 for a shape tuple
+    and the tensor's own ``.device``."""
+    import torch
+
+    try:
+        dev = _TORCH_DEVICES[device]
+    except KeyError:
+        dev = _TORCH_DEVICES[device] = torch.device("cuda", device)
+    if shape:
+        return torch.empty(*shape, dtype=torch_dtype(dtype), device=dev)
+    return torch.empty(shape, dtype=torch_dtype(dtype), device=dev)
+
+
 def _allocate(like: Operand, shape: tuple, dtype: ScalarType):
     """A new uninitialized array of ``like``'s kind and device."""
     if like.kind == "torch":
-        import torch
-
-        return torch.empty(shape, dtype=torch_dtype(dtype), device=like.obj.device)
+        return _torch_empty(shape, dtype, like.device)
     if like.kind == "cupy":
         import cupy
 

@@ -221,8 +221,8 @@ def fits(x: _arrays.Operand, *weights: tuple) -> bool:
 
 
 def _words(w: _arrays.Operand):
-    """The packed words as a u32 array (int32 words are the same bytes)."""
-    return _arrays.retype(w.obj, w.kind, u32)
+    """The packed words as a u32 kernel argument (int32 words are the same bytes)."""
+    return w.arg(dtype=u32)
 
 
 def _config(x: _arrays.Operand, columns: int) -> tuple:
@@ -240,8 +240,9 @@ def matmul(x: _arrays.Operand, words: _arrays.Operand, scales: _arrays.Operand):
     m, n = x.shape[0], words.shape[1]
     out = _arrays.output(x, (m, n), f32)
     DECODE[f32][_config(x, n)](
-        x.obj, _words(words), scales.obj, out, m, n, WARPS=WARPS, ROWS=_rows(m)
-    )
+        x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), f32), m, n,
+        WARPS=WARPS, ROWS=_rows(m),
+    )  # fmt: skip
     return out
 
 
@@ -253,7 +254,8 @@ def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
     outs = [_arrays.output(x, (m, n), f16) for n in widths]
     blocks = sum(-(-n // COLS) for n in widths)
     DECODE_QKV[f16][_config(x, blocks * COLS)](
-        x.obj, *(_words(w) for w, _ in weights), *(s.obj for _, s in weights), *outs, m,
+        x.arg(), *(_words(w) for w, _ in weights), *(s.arg() for _, s in weights),
+        *(_arrays.output_arg(x, o, (m, n)) for o, n in zip(outs, widths, strict=True)), m,
         widths[0], widths[1], WARPS=WARPS, ROWS=_rows(m),
     )  # fmt: skip
     return tuple(outs)

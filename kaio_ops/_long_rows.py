@@ -199,10 +199,10 @@ def softmax(x: _arrays.Operand, out, vec: int, p: Plan) -> None:
     ``vec`` elements a chunk, as ``p`` says."""
     n = x.shape[-1]
     rows = x.size // n
-    flat = _arrays.view(out, x.kind, (x.size,))
+    flat = _arrays.output_arg(x, out, (x.size,))
     config = (rows * p.cluster, p.threads, _arrays.stream_of(x), p.shared_bytes)
     _KERNEL[x.dtype][config](
-        x.view(x.size), flat, n, CLUSTER=p.cluster, THREADS=p.threads, VEC=vec, UNROLL=unroll(vec)
+        x.arg(x.size), flat, n, CLUSTER=p.cluster, THREADS=p.threads, VEC=vec, UNROLL=unroll(vec)
     )
 
 

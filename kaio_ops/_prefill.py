@@ -150,7 +150,7 @@ def _side_by_side(
 
 def int4_to_f16(like: _arrays.Operand, weights: list):
     """The int4 ``(words, scales)`` weights as f16, side by side in one new [K, sum of N]."""
-    words = [_arrays.retype(b.obj, b.kind, u32) for b, _ in weights]  # int32: the same bits
+    words = [b.arg(dtype=u32) for b, _ in weights]  # int32: the same bits
     k = weights[0][0].shape[0] * 8
     packed = [b for b, _ in weights]
     return _side_by_side(
@@ -161,7 +161,7 @@ def int4_to_f16(like: _arrays.Operand, weights: list):
 def int8_to_f16(like: _arrays.Operand, weights: list):
     """The int8 (or uint8, read as int8) weights as f16, side by side in one new [K, sum of
     N]."""
-    raw = [_arrays.retype(b.obj, b.kind, u8) for b in weights]
+    raw = [b.arg(dtype=u8) for b in weights]
     return _side_by_side(widen_int8, INT8_COLS, like, weights[0].shape[0], weights, raw)
 
 

@@ -137,7 +137,7 @@ def flash_backward(op: str, do, q, k, v, o, lse, causal: bool):
     scale = 1.0 / math.sqrt(d)
     scale_log2 = math.log2(math.e) * scale
     tiles = -(-s // simt.ROWS)
-    TC_ROW_DOT[f32][-(-s // 8), 256, stream, 0](oa.view(s * d), da.view(s * d), delta, s, d)
+    TC_ROW_DOT[f32][-(-s // 8), 256, stream, 0](oa.arg(s * d), da.arg(s * d), delta, s, d)
     flags = (scale_log2, scale, causal, vec)
     simt.flash_bwd_dq[tiles, simt.NT, stream, simt.dq_shared_bytes(dp, c)](
         q, k, v, do, lse, delta, dq, *flags, DP=dp, C=c
@@ -218,8 +218,8 @@ def tc_forward(qa, ka, va, out_type, out_shape: tuple, dims: tuple, causal: bool
     lse = _arrays.output(qa, (bh * sq,), f32)
     rows = 16 * cfg["WARPS"]
     smem = tc_shared_bytes(dp, cfg["WARPS"], cfg["BN"])
-    flat = [a.view(a.size) for a in (qa, ka, va)]
-    out_flat = _arrays.view(out, qa.kind, (bh * sq * dv,))
+    flat = [a.arg(a.size) for a in (qa, ka, va)]
+    out_flat = _arrays.output_arg(qa, out, (bh * sq * dv,), out_type)
     kernels = TC_FWD_F32 if out_type == f32 else TC_FWD
     kernels[qa.dtype][(-(-sq // rows), bh), 32 * cfg["WARPS"], _arrays.stream_of(qa), smem](
         *flat, out_flat, lse, sq, sk, d, dv, heads, group, math.log2(math.e) * scale, causal,
@@ -338,7 +338,7 @@ def flash_attention_bwd(do, q, k, v, o, lse, causal: bool = False, scale: float 
     if da.shape != qa.shape or da.dtype != qa.dtype:
         raise inputs.error("do", f"must be like q: {qa.dtype.name} {qa.shape}, got {da.shape}")
     oa = inputs.array(o, "o", ndim=4, shape=qa.shape, form="[B, H, S, D]")
-    inputs.array(lse, "lse", ndim=3, shape=qa.shape[:3], dtypes=(f32,), form="[B, H, S]")
+    la = inputs.array(lse, "lse", ndim=3, shape=qa.shape[:3], dtypes=(f32,), form="[B, H, S]")
     for a in (da, oa):
         if not a.aligned(16):
             raise inputs.error(a.name, "must start on a 16-byte boundary (16-byte copies)")
@@ -349,12 +349,12 @@ def flash_attention_bwd(do, q, k, v, o, lse, causal: bool = False, scale: float 
     dk, dv = (_arrays.output(da, ka.shape) for _ in range(2))
     delta = _arrays.output(da, (bh * sq,), f32)
     stream = _arrays.stream_of(da)
-    flat = [a.view(a.size) for a in (qa, ka, va, da)]
-    out_flat = [_arrays.view(x, da.kind, (x_size,)) for x, x_size in
+    flat = [a.arg(a.size) for a in (qa, ka, va, da)]
+    out_flat = [_arrays.output_arg(da, x, (x_size,)) for x, x_size in
                 ((dq, qa.size), (dk, ka.size), (dv, ka.size))]  # fmt: skip
-    lse_flat = _arrays.view(lse, da.kind, (bh * sq,))
+    lse_flat = la.arg(bh * sq)
     TC_ROW_DOT[qa.dtype][-(-bh * sq // 8), 256, stream, 0](
-        oa.view(oa.size), flat[3], delta, bh * sq, d
+        oa.arg(oa.size), flat[3], delta, bh * sq, d
     )
     args = (sq, sk, d, heads, group, math.log2(math.e) * scale, scale, bool(causal))
     smem = (128 + 2 * tile) * dp * 2

@@ -132,9 +132,9 @@ def _run(op: str, x: _arrays.Operand, y: _arrays.Operand | None = None):
     bcast, vec = plan(x, y)
     grid = max(1, min(MAX_BLOCKS, -(-(n // vec) // BLOCK)))
     _KERNEL[x.dtype][grid, BLOCK, _arrays.stream_of(x)](
-        x.view(n),
-        y.view(y.size),
-        _arrays.view(out, x.kind, (n,)),
+        x.arg(n),
+        y.arg(y.size),
+        _arrays.output_arg(x, out, (n,)),
         n,
         y.size,
         OP=op,

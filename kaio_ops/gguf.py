@@ -307,11 +307,11 @@ def _blocks_input(op: str, blocks, nbytes: int) -> _arrays.Operand:
     return a
 
 
-def _flat(a: _arrays.Operand, out=None, shape: tuple = ()):
-    """``a``, or its output ``out`` of ``shape``, as a 1-D view."""
+def _flat(a: _arrays.Operand, out=None, shape: tuple = (), dtype=None):
+    """``a``, or its output ``out`` of ``shape`` and ``dtype``, as a 1-D kernel argument."""
     if out is None:
-        return a.view(a.size)
-    return _arrays.view(out, a.kind, (shape[0] * shape[1],))
+        return a.arg(a.size)
+    return _arrays.output_arg(a, out, (shape[0] * shape[1],), dtype)
 
 
 def _elements_per_lane(dtype) -> int:
@@ -337,7 +337,7 @@ def quantize_q8_0(x):
         threads = nblocks * (QK8_0 // e)
         grid = (threads + BLOCK - 1) // BLOCK
         _Q8_0[a.dtype][grid, BLOCK, _arrays.stream_of(a)](
-            _flat(a), _flat(a, out, shape), nblocks, E=e, VEC=vec
+            _flat(a), _flat(a, out, shape, u8), nblocks, E=e, VEC=vec
         )
     return out
 
@@ -361,7 +361,7 @@ def quantize_q6_k(x):
         per_block = Q6_WARPS * 2
         grid = (nsb + per_block - 1) // per_block
         _Q6_K[a.dtype][grid, Q6_WARPS * 32, _arrays.stream_of(a)](
-            _flat(a), _flat(a, out, shape), nsb, VEC=vec
+            _flat(a), _flat(a, out, shape, u8), nsb, VEC=vec
         )
     return out
 
@@ -375,7 +375,7 @@ def _dequantize(op: str, kernel, blocks, group: int, nbytes: int):
     if n:
         threads = n // DQ_PER_THREAD
         grid = (threads + BLOCK - 1) // BLOCK
-        kernel[grid, BLOCK, _arrays.stream_of(a)](_flat(a), _flat(a, out, shape), n)
+        kernel[grid, BLOCK, _arrays.stream_of(a)](_flat(a), _flat(a, out, shape, f32), n)
     return out
 
 

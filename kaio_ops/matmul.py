@@ -148,7 +148,7 @@ def run(a, b, dtype, pipelined: bool, plan: Plan | None = None, op: str = "matmu
         return _matmul_hopper.launch(a, b, m, n, k, _arrays.multiprocessors(), bf16=dtype == bf16)
     variant = f"{dtype.name}_{'async' if pipelined else 'sync'}"
     plan = plan or plan_for(m, n, k, variant)
-    return launch(a, b.view(k * n), (m, n, k), pipelined, plan, aligned=b.aligned(16))
+    return launch(a, b.arg(k * n), (m, n, k), pipelined, plan, aligned=b.aligned(16))
 
 
 def hopper_takes(a, b, m: int, n: int, k: int) -> bool:
@@ -196,7 +196,7 @@ def launch(
     stream = _arrays.stream_of(a)
     config = ((tiles, 1, split), cfg.threads, stream, cfg.shared_bytes(pipelined, dtype.itemsize))
     MATMUL[dtype][config](
-        a.view(m * k),
+        a.arg(m * k),
         b_flat,
         target,
         scales,

@@ -104,7 +104,7 @@ def matmul_int8(a, b, scale: float = 1.0):
     if 0 in (m, k, n):
         raise inputs.error("a" if 0 in a.shape else "b", "has an empty dimension")
     alpha = _scale(inputs, scale, "scale")
-    flat_b = _arrays.view(transpose(b), a.kind, (n * k,))
+    flat_b = _arrays.output_arg(a, transpose(b), (n * k,))
     return launch(a, flat_b, (m, n, k), True, plan_for(m, n, k, "int8"), alpha=alpha)
 
 
@@ -159,8 +159,9 @@ def _int4_operands(inputs: _arrays.Inputs, k: int, b_packed, b_name: str, scales
 
 
 def _flat_halves(w: _arrays.Operand):
-    """The contiguous array ``w`` (an even number of bytes a row) as a flat f16 array."""
-    return _arrays.retype(_arrays.view(w.obj, w.kind, (w.size,)), w.kind, f16)
+    """The contiguous array ``w`` (an even number of bytes a row) as a flat f16 kernel
+    argument."""
+    return w.arg(w.size * w.dtype.itemsize // 2, dtype=f16)
 
 
 @dataclass(frozen=True)
@@ -237,7 +238,7 @@ def _project(x: _arrays.Operand, weights: list[Weights], quant: int) -> list:
     stream = _arrays.stream_of(x)
     config = ((tiles, 1, split), cfg.threads, stream, cfg.shared_bytes(True))
     QKV[f16 if split == 1 else f32][config](
-        x.view(m * k), *(w.halves for w in weights), *targets, *(w.scales for w in weights),
+        x.arg(m * k), *(w.halves for w in weights), *targets, *(w.scales for w in weights),
         m, *columns, k, k_slice, *(scales if split == 1 else [1.0] * 3),
         **cfg.constexprs(True, vec, quant),
     )  # fmt: skip

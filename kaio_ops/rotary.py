@@ -115,10 +115,10 @@ def rope(x, cos, sin, interleaved: bool = False):
     heads = a.shape[1] if len(a.shape) == 3 else 1
     grid = max(1, min(MAX_BLOCKS, -(-units // BLOCK)))
     _KERNEL[a.dtype][grid, BLOCK, _arrays.stream_of(a)](
-        a.view(a.size),
-        c.view(c.size),
-        s.view(s.size),
-        _arrays.view(out, a.kind, (a.size,)),
+        a.arg(a.size),
+        c.arg(c.size),
+        s.arg(s.size),
+        _arrays.output_arg(a, out, (a.size,)),
         units,
         half,
         heads,

@@ -265,10 +265,10 @@ def _run(op: str, x: _arrays.Operand, res=None, w=None, b=None, eps: float = 0.0
     if rows:
         operands = [a for a in (x, res, w, b) if a is not None]
         vec = vector_width(*operands, multiple_of=n)
-        flat = x.view(x.size)
-        args = [a.view(a.size) if a is not None else flat for a in (res, w, b)]
+        flat = x.arg(x.size)
+        args = [a.arg(a.size) if a is not None else flat for a in (res, w, b)]
         outs = [
-            _arrays.view(o, x.kind, (x.size,)) for o in (out, res_out if res is not None else out)
+            _arrays.output_arg(x, o, (x.size,)) for o in (out, res_out if res is not None else out)
         ]
         _KERNEL[x.dtype][rows, block_size(n, vec), _arrays.stream_of(x)](
             flat, *args, *outs, n, eps, OP=op, VEC=vec

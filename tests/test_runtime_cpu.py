@@ -17,7 +17,7 @@ from kaio import f16, f32, i32, u32
 from kaio.errors import CudaError, LaunchError
 from kaio.kernel import parse_launch_config
 from kaio.runtime import dlpack, driver
-from kaio.runtime.arginfo import ArgInfo, c_strides
+from kaio.runtime.arginfo import ArgInfo, RawArray, c_strides
 from kaio.runtime.arguments import NUMPY_HINT, check_array, check_scalar, describe
 from kaio.runtime.cache import DiskCache, cache_dir, cache_key, cached
 from kaio.runtime.device import current
@@ -273,6 +273,21 @@ def test_arginfo_signature_is_interned_and_abi_entries():
     assert struct.unpack("=Qqqqq", a.abi_a) == (0x100, 2, 3, 3, 1)
     assert c_strides((2, 3, 4)) == (12, 4, 1)
     assert ArgInfo(0, (4, 1), (1, 9), f32, 0).contiguous  # size-1 dims have any stride
+
+
+def test_raw_array_describes_as_contiguous():
+    raw = RawArray(0x400, (3, 5), f32, 1, owner="keep")
+    info = describe(raw)
+    assert (info.ptr, info.shape, info.strides, info.dtype, info.device) == (
+        0x400,
+        (3, 5),
+        (5, 1),
+        f32,
+        1,
+    )
+    assert info.contiguous and raw.owner == "keep"
+    with pytest.raises(LaunchError, match="convert it to f16"):
+        check_array(raw, "x", kaio.f16[:, :], "k")
 
 
 # ----------------------------------------------------------------------------- DLPack

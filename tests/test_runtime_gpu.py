@@ -212,6 +212,27 @@ def test_launch_add_and_keywords():
     np.testing.assert_array_equal(out2.numpy(), x + y)
 
 
+def test_raw_array_arguments_launch_and_wrong_ones_are_refused():
+    # the launcher built for RawArrays takes later ones of the same signature (any address
+    # and length) and declines others, which the slow path then refuses by name
+    from kaio.runtime.arginfo import RawArray
+
+    n = 1000
+    x, y = rng_f32(n, 4), rng_f32(n, 5)
+    dx, dy = kaio.to_device(x), kaio.to_device(y)
+    out = kaio.to_device(np.full(2 * n, np.nan, np.float32))
+    launch = add[(n + 255) // 256, 256]
+    ordinal = kaio.device().ordinal
+    for half in (0, 1):
+        at = out.ptr + 4 * n * half
+        launch(RawArray(dx.ptr, (n,), f32, ordinal, dx), dy, RawArray(at, (n,), f32, ordinal), n)
+    np.testing.assert_array_equal(out.numpy(), np.concatenate([x + y, x + y]))
+    with pytest.raises(LaunchError, match="'x'.*convert it to f32"):
+        launch(RawArray(dx.ptr, (n,), f16, ordinal), dy, out, n)
+    with pytest.raises(LaunchError, match="'x'.*reshape it to 1"):
+        launch(RawArray(dx.ptr, (2, n // 2), f32, ordinal), dy, out, n)
+
+
 def test_strided_argument_uses_the_strided_layout():
     host = rng_f32(300, 3)
     x = kaio.to_device(host)[::3]

@@ -8,7 +8,7 @@ import numpy as np
 
 from kaio.errors import LaunchError
 from kaio.runtime import dlpack
-from kaio.runtime.arginfo import ArgInfo, c_strides
+from kaio.runtime.arginfo import ArgInfo, RawArray, c_strides
 from kaio.runtime.memory import DeviceArray
 from kaio.types import ArrayType, ScalarType, from_numpy_dtype
 
@@ -129,10 +129,13 @@ def _from_dlpack(obj) -> ArgInfo:
 
 def describe(obj) -> ArgInfo:
     """Pointer, shape, strides (in elements), kaio dtype and device ordinal of a CUDA array:
-    a ``DeviceArray``, a torch tensor, anything with ``__cuda_array_interface__`` or a CUDA
-    ``__dlpack__``. Raises ``LaunchError`` for NumPy arrays, CPU tensors and non-arrays."""
+    a ``DeviceArray``, a ``RawArray``, a torch tensor, anything with
+    ``__cuda_array_interface__`` or a CUDA ``__dlpack__``. Raises ``LaunchError`` for NumPy
+    arrays, CPU tensors and non-arrays."""
     if type(obj) is DeviceArray:
         return obj._info
+    if type(obj) is RawArray:
+        return obj.info()
     if is_torch(obj):
         return _from_torch(obj)
     cai = getattr(obj, "__cuda_array_interface__", None)

@@ -11,7 +11,8 @@ nothing, when ``args`` do not have its signature (the caller then tries the next
 last the slow path, which raises ``LaunchError`` for wrong arguments). Per launch it:
 
 - checks each array through its own cheap attributes against values cached when the launcher
-  was built: a ``DeviceArray``'s interned signature; a torch tensor's ``dtype`` (by identity),
+  was built: a ``DeviceArray``'s interned signature; a ``RawArray``'s dtype (by identity),
+  device and rank; a torch tensor's ``dtype`` (by identity),
   ``get_device()``, rank and ``is_contiguous()``; a contiguous CuPy array's ``dtype.char``,
   ``ndim``, ``flags.c_contiguous`` and ``data.device_id``. Other CUDA arrays (any
   ``__cuda_array_interface__`` or DLPack producer, strided CuPy arrays) are described in full;
@@ -52,7 +53,7 @@ import ml_dtypes
 import numpy as np
 
 from kaio.errors import CudaError, LaunchError
-from kaio.runtime.arginfo import ArgInfo
+from kaio.runtime.arginfo import ArgInfo, RawArray
 from kaio.runtime.arguments import describe, is_cupy, is_torch
 from kaio.runtime.device import Device, current
 from kaio.runtime.driver import cuda_error, last_launched_slot, libcuda
@@ -240,6 +241,14 @@ def array_code(k: int, arg, info: ArgInfo, layout: str, env: dict) -> tuple[str,
             f"type({a}) is not T{k} or (i{k} := {a}._info).sig is not S{k}",
             f"i{k}.abi_{layout.lower()}",
             True,
+        )
+    if type(arg) is RawArray:  # contiguous by definition
+        env[f"D{k}"] = info.dtype
+        return (
+            f"type({a}) is not T{k} or {a}.dtype is not D{k} or {a}.device != DEV or "
+            f"len(s{k} := {a}.shape) != {ndim}",
+            f"{a}.ptr, *s{k}",
+            False,
         )
     if is_torch(arg):
         env[f"D{k}"] = arg.dtype
