@@ -10,7 +10,10 @@ process:
 - kaio ``add[grid, 256](x, y, out, n)`` and pre-bound ``launch = add[grid, 256]``, with
   DeviceArray, torch tensor and CuPy arguments;
 - Triton's launcher on an equivalent kernel, torch tensors;
-- the first launch in a new process, with an empty and with a warm disk cache.
+- the first launch in a new process, with an empty and with a warm disk cache;
+- ``kaio_ops`` calls at decode sizes (argument checks, output allocation and launch) beside
+  torch eager doing the same work: what a decode step pays per op when it is not captured in
+  a CUDA graph.
 
 Method. Each figure is the median, over BATCHES batches of BATCH launches, of the host time of
 one batch divided by BATCH, with no synchronization inside a batch (the GPU is drained between
@@ -94,6 +97,7 @@ N = 4096
 GRID = N // 256
 BATCH = 200
 BATCHES = 40
+OP_BATCH = 40  # kaio_ops calls a batch: each enqueues more than a bare launch
 SPIN_MS = 8.0
 
 
@@ -158,8 +162,9 @@ class CUlaunchConfig(ctypes.Structure):
 class Bench:
     """Launch loops, measured in interleaved rounds."""
 
-    def __init__(self):
+    def __init__(self, batch: int = BATCH):
         self.spinner = Spinner()
+        self.batch_size = batch
         self.rows: dict = {}  # name -> launch_one
         self.keep: list = []  # ctypes buffers that raw rows' launches point into
         self.late = 0  # batches that outlasted the spinner
@@ -174,13 +179,13 @@ class Bench:
         if behind_spinner:
             self.spinner.start()
         t0 = time.perf_counter()
-        for _ in range(BATCH):
+        for _ in range(self.batch_size):
             launch_one()
         elapsed = time.perf_counter() - t0
         if behind_spinner and not self.spinner.running():
             self.late += 1
         kaio.synchronize()
-        return elapsed / BATCH * 1e6
+        return elapsed / self.batch_size * 1e6
 
     def run(self) -> dict:
         samples = {name: ([], []) for name in self.rows}
@@ -295,6 +300,57 @@ def main_rows(bench: Bench, results: dict) -> None:
         raise AssertionError("a launched kernel computed a wrong result")
 
 
+def op_pairs():
+    """(label, kaio_ops call, torch eager spelling, torch call doing the same work) at decode
+    sizes, on fresh random inputs."""
+    import torch
+    import torch.nn.functional as F
+
+    import kaio_ops
+    from bench.quantized import int4_inputs
+
+    x, packed, scales, w = int4_inputs(1, 4096, 4096)
+    h, g = (torch.randn(s, device="cuda", dtype=torch.float16) for s in ((1, 4096), 4096))
+    q = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.float16)
+    kv = torch.randn(1, 32, 512, 128, device="cuda", dtype=torch.float16)
+    return [
+        ("matmul_int4 [1, 4096] x [4096, 4096]", lambda: kaio_ops.matmul_int4(x, packed, scales),
+         "x @ w (f16 weights, cuBLAS)", lambda: x @ w),
+        ("rms_norm [1, 4096] f16", lambda: kaio_ops.rms_norm(h, g),
+         "F.rms_norm", lambda: F.rms_norm(h, (4096,), g, 1e-6)),
+        ("silu_gate [1, 4096] f16", lambda: kaio_ops.silu_gate(h, h),
+         "F.silu(x) * g", lambda: F.silu(h) * h),
+        ("flash_attention q [1, 32, 1, 128], kv 512", lambda: kaio_ops.flash_attention(q, kv, kv),
+         "F.scaled_dot_product_attention", lambda: F.scaled_dot_product_attention(q, kv, kv)),
+    ]  # fmt: skip
+
+
+def op_rows(results: dict) -> None:
+    """Host time per call of ``kaio_ops`` ops at decode sizes beside torch eager doing the
+    same work (each pair's results compared first), OP_BATCH calls a batch."""
+    import torch
+
+    bench = Bench(OP_BATCH)
+    pairs = op_pairs()
+    for label, kaio_call, spelled, torch_call in pairs:
+        got, want = kaio_call().double(), torch_call().double()
+        error = (torch.linalg.norm(got - want) / torch.linalg.norm(want)).item()
+        if not error < 1e-2:
+            raise AssertionError(f"kaio_ops.{label}: relative error {error:.2e} against torch")
+        bench.row(f"kaio_ops.{label}", kaio_call)
+        bench.row(f"torch {spelled}", torch_call)
+    rows = bench.run()
+    results["ops"] = [
+        {
+            "op": label,
+            "torch": spelled,
+            "kaio_us": rows[f"kaio_ops.{label}"]["host_us"],
+            "torch_us": rows[f"torch {spelled}"]["host_us"],
+        }
+        for label, _, spelled, _ in pairs
+    ]
+
+
 def triton_row(bench: Bench, x, y) -> None:
     try:
         import triton
@@ -360,7 +416,7 @@ def main() -> None:
     )
     print(f"  {'':<52} {'host':>8} {'free':>8}")
     bench, results, errors = Bench(), {}, {}
-    groups = [lambda: main_rows(bench, results)]
+    groups = [lambda: main_rows(bench, results), lambda: op_rows(results)]
     if not args.skip_cold:
         groups.append(lambda: cold_rows(results))
     for group in groups:

@@ -346,6 +346,21 @@ def section_launch(suite: SuiteRun, plot_files: set[str], plot_dir: str) -> str:
     extra = {k: v for k, v in data.get("results", {}).items() if isinstance(v, int | float)}
     if extra:
         out.append(table(["", "figure"], [[k, num(v)] for k, v in extra.items()]))
+    ops = data.get("results", {}).get("ops")
+    if ops:
+        out.append(
+            "`kaio_ops` calls at decode sizes, torch tensors in and out (argument checks, "
+            "output allocation, launch), beside torch eager doing the same work; host µs per "
+            "call, behind the spinner:"
+        )
+        body = [
+            [f"`{o['op']}`", num(o["kaio_us"]), o["torch"], num(o["torch_us"]),
+             times(o["torch_us"] / o["kaio_us"])]
+            for o in ops
+        ]  # fmt: skip
+        out.append(
+            table(["kaio_ops call", "host µs", "torch eager", "host µs", "torch / kaio"], body)
+        )
     facts = [
         f"kernel PTX: {data.get('ptx', '?')}",
         f"{data.get('device', '')} ({data.get('arch', '')})",

@@ -208,21 +208,23 @@ def bwd_tile(dp: int) -> int:
 def tc_forward(qa, ka, va, out_type, out_shape: tuple, dims: tuple, causal: bool, scale: float,
                dp: int, config: dict | None = None):  # fmt: skip
     """Launch the tensor-core forward on checked operands q, k, v of one 16-bit type; returns
-    its new ``out_type`` output of ``out_shape`` and the f32 row logsumexp [batch * heads * sq].
+    its new ``out_type`` output of ``out_shape`` and the f32 row logsumexp (``out_shape``
+    without its last axis: [batch, heads, sq] or [sq]).
     ``dims``: (batch * heads, heads, group, sq, sk, d, dv); ``dp``: the padded head dim;
     ``config``: WARPS, BN and MIN_BLOCKS (default ``tc_config``)."""
     bh, heads, group, sq, sk, d, dv = dims
     cfg = dict(config or tc_config(dp))
     vec = d % 8 == 0 and dv % 8 == 0 and all(a.aligned(16) for a in (qa, ka, va))
     out = _arrays.output(qa, out_shape, out_type)
-    lse = _arrays.output(qa, (bh * sq,), f32)
+    lse = _arrays.output(qa, out_shape[:-1], f32)
     rows = 16 * cfg["WARPS"]
     smem = tc_shared_bytes(dp, cfg["WARPS"], cfg["BN"])
     flat = [a.arg(a.size) for a in (qa, ka, va)]
     out_flat = _arrays.output_arg(qa, out, (bh * sq * dv,), out_type)
+    lse_flat = _arrays.output_arg(qa, lse, (bh * sq,), f32)
     kernels = TC_FWD_F32 if out_type == f32 else TC_FWD
     kernels[qa.dtype][(-(-sq // rows), bh), 32 * cfg["WARPS"], _arrays.stream_of(qa), smem](
-        *flat, out_flat, lse, sq, sk, d, dv, heads, group, math.log2(math.e) * scale, causal,
+        *flat, out_flat, lse_flat, sq, sk, d, dv, heads, group, math.log2(math.e) * scale, causal,
         DP=dp, VEC=vec, **cfg,
     )  # fmt: skip
     return out, lse
@@ -305,7 +307,7 @@ def _flash(op: str, q, k, v, causal, scale):
     (qa, ka, va), dims, scale = _check_flash(op, q, k, v, scale)
     dp = _pow2_dim(dims[5], FLASH_DIMS)
     out, lse = tc_forward(qa, ka, va, qa.dtype, qa.shape, dims, bool(causal), scale, dp)
-    return out, _arrays.view(lse, qa.kind, qa.shape[:3])
+    return out, lse
 
 
 def flash_attention(q, k, v, causal: bool = False, scale: float | None = None):

@@ -64,7 +64,7 @@ class MatmulConfig:
     def for_itemsize(self, itemsize: int) -> MatmulConfig:
         """The same tiles for elements of ``itemsize`` bytes: BK counts elements and a
         tensor-core k step is 32 bytes, so 8-bit types take twice the 16-bit BK."""
-        return replace(self, bk=self.bk * 2 // itemsize)
+        return self if itemsize == 2 else replace(self, bk=self.bk * 2 // itemsize)
 
     def constexprs(self, pipelined: bool, vec: bool, quant: int = 0) -> dict:
         """The kernel's constexpr arguments (``quant``: 4 for int4 weights)."""

@@ -84,6 +84,10 @@ def synthetic_run() -> dict:
             },
             "GPU us/kernel, back to back": 1.8,
             "first launch in a new process, empty cache (ms)": 13.6,
+            "ops": [
+                {"op": "rms_norm [1, 4096] f16", "torch": "F.rms_norm", "kaio_us": 20.0,
+                 "torch_us": 10.0},
+            ],  # fmt: skip
         },
         "late": 0,
         "errors": {},
@@ -283,6 +287,7 @@ def test_other_suites_and_statuses(run_dir, tmp_path, monkeypatch):
     assert "Not run: `bench/attention.py` does not exist yet." in section(page, "Attention")
     launch = section(page, "Launch overhead")
     assert row(launch, "kaio pre-bound launch(...), DeviceArray")[1:] == ["5.10", "5.20", "2.35x"]
+    assert row(launch, "`rms_norm [1, 4096] f16`")[1:] == ["20.0", "F.rms_norm", "10.0", "0.50x"]
     assert "| 22.3 ms |" in section(page, "Compile time")
     assert "| 2.70e+08 |" in section(page, "Simulator speed")
 
