@@ -85,8 +85,12 @@ def synthetic_run() -> dict:
             "GPU us/kernel, back to back": 1.8,
             "first launch in a new process, empty cache (ms)": 13.6,
             "ops": [
-                {"op": "rms_norm [1, 4096] f16", "torch": "F.rms_norm", "kaio_us": 20.0,
-                 "torch_us": 10.0},
+                {
+                    "op": "rms_norm [1, 4096] f16",
+                    "torch": "F.rms_norm",
+                    "kaio_us": 20.0,
+                    "torch_us": 10.0,
+                },
             ],  # fmt: skip
         },
         "late": 0,
