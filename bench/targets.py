@@ -182,7 +182,7 @@ NOTES: tuple[Note, ...] = (
         r"^matmul_int4$",
         "Timed one call at a time, 2.5x is out of reach on this H100 for any kernel that reads "
         "the int4 weights from DRAM: the floor row, a kernel that only reads them (16-byte "
-        "loads, all in flight at once), measures 2.27x cuBLAS at M = 1 (7.3 µs against 16.6, "
+        "loads, all in flight at once), measures 2.24x cuBLAS at M = 1 (7.4 µs against 16.7, "
         "H100, 2026-11-25, L2 cold). With 20 calls in a row, as in a CUDA graph, the floor is "
         "2.6x and kaio 1.9x. (Earlier pages gave 1.91x and 1.95x one call at a time: 3 "
         "rotating input sets then left the 8.4 MB of int4 words warm in the 50 MB L2; the sets "
@@ -205,16 +205,17 @@ NOTES: tuple[Note, ...] = (
     ),
     Note(
         r"^matmul b?f16(, f16 C)?$",
-        "At 8192³ every implementation's calls spread by 10 to 20% between fastest and "
-        "slowest call (the cause was not measured; clocks were not logged), so medians of one "
-        "kernel "
-        "differ run to run: in the run of this page kaio async and kaio sync, one Hopper "
-        "kernel, had medians 1.713 and 1.633 ms and fastest calls 1.501 and 1.499 ms, against "
-        "Triton f32 out's 1.537 median and 1.529 fastest, and cuBLAS f32 out's 1.679 and "
-        "1.643. The run before gave 1.00x Triton f32 out for the same code. In one process, "
-        "three rounds through the public ops (H100, 2026-11-25): 8192³ f16 1.03x Triton f32 "
-        "out and 1.00x cuBLAS f32 out, bf16 1.03x and 1.00x; 4096³ f16 1.04x and 0.97x, bf16 "
-        "1.05x and 0.97x.",
+        "At 8192³ the kaio Hopper kernel's calls spread by about 10% between fastest and "
+        "slowest (the cause was not measured; clocks were not logged), more than Triton's, so "
+        "its medians differ run to run while its fastest calls match or beat the peers'. In "
+        "the run of this page (H100, 2026-11-25), f16: kaio sync median 1.645 ms, fastest "
+        "1.500, kaio async 1.655 and 1.514, against Triton f32 out's 1.550 and 1.537 and "
+        "cuBLAS f32 out's 1.668 and 1.536; f16 out: kaio 1.600 and 1.473 against cuBLAS "
+        "1.482 and 1.471; bf16: kaio async 1.616 and 1.437, kaio sync 1.450 and 1.438 (one "
+        "kernel). The previous two runs, with the same kernel, gave 0.94x and 1.00x Triton "
+        "f32 out. In one process, three rounds through the public ops (H100, 2026-11-25): "
+        "8192³ f16 1.03x Triton f32 out and 1.00x cuBLAS f32 out, bf16 1.03x and 1.00x; "
+        "4096³ f16 1.04x and 0.97x, bf16 1.05x and 0.97x.",
         r"^8192x",
     ),
     Note(
