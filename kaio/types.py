@@ -60,6 +60,29 @@ class ScalarType:
     ptx: str
     numpy_name: str
 
+    # Types are hashed and compared on every op call (dispatch tables, argument checks): the
+    # hash is computed once and equality tries identity first, as the module's constants are
+    # the types almost every comparison sees.
+    def __post_init__(self) -> None:
+        fields = (self.name, self.bits, self.kind, self.ptx, self.numpy_name)
+        object.__setattr__(self, "_hash", hash(fields))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other) -> bool:
+        if self is other:
+            return True
+        if type(other) is not ScalarType:
+            return NotImplemented
+        return (
+            self.name == other.name
+            and self.bits == other.bits
+            and self.kind == other.kind
+            and self.ptx == other.ptx
+            and self.numpy_name == other.numpy_name
+        )
+
     @property
     def np_dtype(self) -> np.dtype:
         """The NumPy dtype holding values of this type (ml_dtypes.bfloat16 for bf16)."""
