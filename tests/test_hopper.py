@@ -343,6 +343,27 @@ def bulk_after_write(out: f32[:, :], LATE: kaio.constexpr):
 
 
 @kaio.gpu_kernel(block_size=128)
+def tma_over_stores(tmap: kaio.tensormap, out: f16[:, :], FENCE: kaio.constexpr):
+    """Every thread fills its part of a shared tile with ordinary stores (made visible to the
+    asynchronous proxy when FENCE), then one 32 x 64 TMA box lands over the whole tile."""
+    tile = kaio.shared(f16, (32, 64))
+    bars = kaio.shared(u64, (1,))
+    t = kaio.thread_idx_x()
+    for i in range(t, 32 * 64, 128):
+        tile[i // 64, i % 64] = f16(-1.0)
+    if FENCE:
+        kaio.fence_proxy_async()
+    if t == 0:
+        kaio.mbarrier_init(bars, 0, 1)
+    kaio.sync_threads()
+    if t == 0:
+        load_box(tile, tmap, 0, 0, bars, 32)
+    kaio.mbarrier_wait(bars, 0, 0)
+    for i in range(t, 32 * 64, 128):
+        out[i // 64, i % 64] = tile[i // 64, i % 64]
+
+
+@kaio.gpu_kernel(block_size=128)
 def regs_and_fences(out: u32[:]):
     kaio.launch_bounds(128, 1)
     kaio.setmaxnreg_inc(232)
@@ -627,6 +648,23 @@ def test_bulk_store_of_a_write_after_the_fence_is_reported():
         bulk_after_write.sim[1](out, LATE=True)
 
 
+def test_tma_over_fenced_stores_lands():
+    a = RNG.standard_normal((40, 64)).astype(np.float16)
+    out = np.full((32, 64), np.nan, np.float16)
+    tma_over_stores.sim[1](kaio.tensor_map_2d(a, (32, 64), 0), out, FENCE=True)
+    np.testing.assert_array_equal(out, a[:32])
+
+
+def test_tma_over_unfenced_stores_is_reported():
+    """A TMA copy issued over elements last written by ordinary stores, with no proxy fence
+    between: on the GPU the stores may land after the copy."""
+    a = RNG.standard_normal((40, 64)).astype(np.float16)
+    out = np.full((32, 64), np.nan, np.float16)
+    match = r"(?s)tma_load_2d\(\) writes 'tile_smem0'.*wrote it at.*land after the copy"
+    with pytest.raises(kaio.SimulationError, match=match):
+        tma_over_stores.sim[1](kaio.tensor_map_2d(a, (32, 64), 0), out, FENCE=False)
+
+
 def test_tensor_map_checks():
     a = np.zeros((64, 100), np.float16)  # rows 200 bytes apart
     with pytest.raises(ValueError, match="multiple of 16"):
@@ -652,6 +690,7 @@ def test_ptx_assembles_for_sm_90a():
         regs_and_fences.ptx(arch="sm_90"),
         wgmma_stored.ptx(arch="sm_90", FENCE=True),
         bulk_after_write.ptx(arch="sm_90", LATE=False),
+        tma_over_stores.ptx(arch="sm_90", FENCE=True),
         *(
             wgmma_tile.ptx(arch="sm_90", K=c[0], N=c[1], SW=c[2], B_NMAJOR=c[3], BF16=bf)
             for c, bf in ((WGMMA_CASES[0], 0), (WGMMA_CASES[5], 1), (WGMMA_CASES[8], 0))
@@ -741,7 +780,7 @@ def test_gpu_bulk_store_matches_simulator(backend):
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("backend", ["ptx", "llvm"])
-def test_gpu_wgmma_of_fenced_stores(backend):
+def test_gpu_async_proxy_after_fenced_stores(backend):
     a, b, out = _stored_operands()
     got = kaio.to_device(out)
     kernel = _on_backend(wgmma_stored, 128, backend)
@@ -750,6 +789,11 @@ def test_gpu_wgmma_of_fenced_stores(backend):
     rows = kaio.to_device(np.full((32, 4), np.nan, np.float32))
     _on_backend(bulk_after_write, 32, backend)[1](rows, LATE=False)
     np.testing.assert_array_equal(rows.numpy(), np.arange(128, dtype=np.float32).reshape(32, 4))
+    a = RNG.standard_normal((40, 64)).astype(np.float16)
+    tile = kaio.to_device(np.full((32, 64), np.nan, np.float16))
+    tmap = kaio.tensor_map_2d(kaio.to_device(a), (32, 64), 0)
+    _on_backend(tma_over_stores, 128, backend)[1](tmap, tile, FENCE=True)
+    np.testing.assert_array_equal(tile.numpy(), a[:32])
 
 
 @pytest.mark.gpu

@@ -22,7 +22,8 @@ accumulators are written then; TMA writes and wgmma reads are not seen by the ra
 (they belong to the asynchronous proxy, ordered by barriers). What the detector checks for
 them is the proxy fence: a ``wgmma`` or ``bulk_store`` that reads shared elements last
 written by ordinary stores is reported unless each writer ran ``fence_proxy_async()`` after
-its write (``memory.RaceTracker.async_read``); a landed TMA copy clears its elements.
+its write (``memory.RaceTracker.async_read``); so is a TMA copy issued into such elements
+(the store could land after the copy). A landed TMA copy clears its elements.
 """
 
 from __future__ import annotations
@@ -342,6 +343,9 @@ def tma_load(m, ins: Instr, vals: list):
             targets = _remote(m, bar_arr, own, keys[j], ranks)
         for block, key in targets.items():
             st, offsets = _locate_bytes(m, ins, block, addrs, "tma_load_2d")
+            if st.tracker is not None:
+                elements = _element_keys(st, block, offsets)
+                st.tracker.async_read(m, ins, elements, "kaio.tma_load_2d()", writes=True)
             bar = _get(m, ins, key, int(lane))
             bar.copies.append((st, block, offsets, data))
             bar.tx -= data.size

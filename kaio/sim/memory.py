@@ -228,7 +228,8 @@ class RaceTracker:
     Across barriers, per element: the last ordinary (generic-proxy) write, with its writer's
     count of ``fence_proxy_async()`` at the time. An asynchronous-proxy read (``wgmma``,
     ``bulk_store``) of an element whose writer has not fenced since is reported
-    (``async_read``): on the GPU it may read the old bytes."""
+    (``async_read``): on the GPU it may read the old bytes; so is a TMA copy issued into
+    such an element (the store may land after the copy)."""
 
     _SLOTS = ("w", "r1", "r2")
 
@@ -290,10 +291,10 @@ class RaceTracker:
         second = (self.lane["r1"][key] != cur) & (self.lane["r2"][key] < 0)
         self._record(m, "r2", key, cur, code, second)
 
-    def async_read(self, m, ins: Instr, keys: np.ndarray, what: str) -> None:
-        """Raise if an element of ``keys``, read now by the asynchronous proxy (``what``),
-        was last written by an ordinary store whose thread has run no ``fence_proxy_async()``
-        since."""
+    def async_read(self, m, ins: Instr, keys: np.ndarray, what: str, writes: bool = False) -> None:
+        """Raise if an element of ``keys``, read now by the asynchronous proxy (``what``; or
+        with ``writes``, written by it: a TMA copy issued), was last written by an ordinary
+        store whose thread has run no ``fence_proxy_async()`` since."""
         writer = self.unfenced[keys]
         stale = (writer >= 0) & (m.proxy_fences[np.maximum(writer, 0)] == self.fences_then[keys])
         if not stale.any():
@@ -303,13 +304,18 @@ class RaceTracker:
         elem = np.unravel_index(key % st.size, st.shape) if st.size else ()
         index = ", ".join(str(int(i)) for i in elem)
         other = m.instr_by_code(int(self.written_at[key]))
+        verb, risk, issue = (
+            ("writes", "the store may land after the copy and overwrite it", "issue the copy")
+            if writes
+            else ("reads", "the GPU may read the old bytes", "issue the read")
+        )
         raise SimulationError(
-            f"{m.where(ins)}: {what} reads '{st.array.name}'[{index}] of block "
+            f"{m.where(ins)}: {what} {verb} '{st.array.name}'[{index}] of block "
             f"{m.block_coords(int(key // st.size) * m.tpb)} through the asynchronous proxy"
             f"{m.source(ins)}\nbut thread {m.thread_coords(lane)} wrote it at {m.where(other)}"
-            f"{m.source(other)}\nwith no kaio.fence_proxy_async() after the write, so the GPU "
-            "may read the old bytes: call kaio.fence_proxy_async() after the stores (then "
-            "kaio.sync_threads() if other threads issue the read)"
+            f"{m.source(other)}\nwith no kaio.fence_proxy_async() after the write, so {risk}: "
+            "call kaio.fence_proxy_async() after the stores (then kaio.sync_threads() if other "
+            f"threads {issue})"
         )
 
     def async_wrote(self, keys: np.ndarray) -> None:
