@@ -363,6 +363,22 @@ def tma_over_stores(tmap: kaio.tensormap, out: f16[:, :], FENCE: kaio.constexpr)
         out[i // 64, i % 64] = tile[i // 64, i % 64]
 
 
+@kaio.gpu_kernel(block_size=32)
+def bulk_through_alias(out: f32[:, :], FENCE: kaio.constexpr):
+    """Each thread stores its row of 4 as u32 bits through one view of the dynamic region,
+    fences when FENCE, then bulk-stores the row through an f32 view of the same bytes."""
+    words = kaio.shared_dynamic(u32, (32, 4), 0)
+    rows = kaio.shared_dynamic(f32, (32, 4), 0)
+    t = kaio.thread_idx_x()
+    for c in kaio.static_range(4):
+        words[t, c] = kaio.bitcast(f32(t * 4 + c), u32)
+    if FENCE:
+        kaio.fence_proxy_async()
+    kaio.bulk_store(out, (t, 0), rows, (t, 0), 16)
+    kaio.bulk_commit()
+    kaio.bulk_wait(0)
+
+
 @kaio.gpu_kernel(block_size=128)
 def regs_and_fences(out: u32[:]):
     kaio.launch_bounds(128, 1)
@@ -665,6 +681,15 @@ def test_tma_over_unfenced_stores_is_reported():
         tma_over_stores.sim[1](kaio.tensor_map_2d(a, (32, 64), 0), out, FENCE=False)
 
 
+def test_bulk_store_through_an_alias_of_unfenced_stores_is_reported():
+    out = np.full((32, 4), np.nan, np.float32)
+    bulk_through_alias.sim[1, 32, 0, 512](out, FENCE=True)
+    np.testing.assert_array_equal(out, np.arange(128, dtype=np.float32).reshape(32, 4))
+    match = r"(?s)bulk_store\(\) reads 'rows_dsmem1'\[0, 0\].*wrote it at"
+    with pytest.raises(kaio.SimulationError, match=match):
+        bulk_through_alias.sim[1, 32, 0, 512](out, FENCE=False)
+
+
 def test_tensor_map_checks():
     a = np.zeros((64, 100), np.float16)  # rows 200 bytes apart
     with pytest.raises(ValueError, match="multiple of 16"):
@@ -691,6 +716,7 @@ def test_ptx_assembles_for_sm_90a():
         wgmma_stored.ptx(arch="sm_90", FENCE=True),
         bulk_after_write.ptx(arch="sm_90", LATE=False),
         tma_over_stores.ptx(arch="sm_90", FENCE=True),
+        bulk_through_alias.ptx(arch="sm_90", FENCE=True),
         *(
             wgmma_tile.ptx(arch="sm_90", K=c[0], N=c[1], SW=c[2], B_NMAJOR=c[3], BF16=bf)
             for c, bf in ((WGMMA_CASES[0], 0), (WGMMA_CASES[5], 1), (WGMMA_CASES[8], 0))
@@ -794,6 +820,9 @@ def test_gpu_async_proxy_after_fenced_stores(backend):
     tmap = kaio.tensor_map_2d(kaio.to_device(a), (32, 64), 0)
     _on_backend(tma_over_stores, 128, backend)[1](tmap, tile, FENCE=True)
     np.testing.assert_array_equal(tile.numpy(), a[:32])
+    rows = kaio.to_device(np.full((32, 4), np.nan, np.float32))
+    _on_backend(bulk_through_alias, 32, backend)[1, 32, 0, 512](rows, FENCE=True)
+    np.testing.assert_array_equal(rows.numpy(), np.arange(128, dtype=np.float32).reshape(32, 4))
 
 
 @pytest.mark.gpu

@@ -12,6 +12,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+import kaio
 from kaio.errors import LaunchError, SimulationError
 from kaio.ir.nodes import Break, Const, Continue, If, Loop, Region, Return, fresh_id
 from kaio.sim import mode
@@ -897,6 +898,30 @@ def test_no_race_with_barrier_or_own_element():
         o = poisoned(64, np.uint32)
         k.run(2, 64, {"out": o})
         assert o.tolist() == [(t + offset) % 64 for t in range(64)]
+
+
+@kaio.gpu_kernel(block_size=64)
+def aliased_views(out: kaio.u32[:], SYNC: kaio.constexpr, OFFSET: kaio.constexpr):
+    """Thread t stores word t (t in both halves) through a u32 view of the dynamic region,
+    then reads the low half of word t + OFFSET through a u16 view of the same bytes."""
+    words = kaio.shared_dynamic(kaio.u32, (64,), 0)
+    halves = kaio.shared_dynamic(kaio.u16, (128,), 0)
+    t = kaio.thread_idx_x()
+    words[t] = t * 65537
+    if SYNC:
+        kaio.sync_threads()
+    out[t] = kaio.u32(halves[2 * ((t + OFFSET) % 64)])
+
+
+def test_race_through_overlapping_dynamic_views_is_reported():
+    """Views of the dynamic region that overlap share one race detector over its bytes: a
+    store through one and a load through the other meet."""
+    with pytest.raises(SimulationError, match=r"(?s)race on 'halves_dsmem1'\[2\].*wrote it"):
+        aliased_views.sim[1, 64, 0, 256](np.zeros(64, np.uint32), SYNC=False, OFFSET=1)
+    for sync, offset in ((True, 1), (False, 0)):  # a barrier between, or the thread's own bytes
+        out = poisoned(64, np.uint32)
+        aliased_views.sim[2, 64, 0, 256](out, SYNC=sync, OFFSET=offset)
+        assert out.tolist() == [(t + offset) % 64 for t in range(64)]
 
 
 def test_sync_warp_orders_accesses_within_a_warp_only():

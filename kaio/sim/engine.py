@@ -255,8 +255,9 @@ class Machine:
 
     @property
     def trackers(self) -> list:
-        """The race detectors of the shared arrays (one per distinct storage)."""
-        found = {id(s.tracker): s.tracker for s in self.storages.values() if s.tracker}
+        """The race detectors of the shared arrays (one per distinct storage; one for all
+        views of the dynamic region when they overlap)."""
+        found = {id(s.tracker.core): s.tracker.core for s in self.storages.values() if s.tracker}
         return list(found.values())
 
     def storage(self, array: Array) -> memory.Storage:

@@ -72,9 +72,34 @@ def make_storages(m, arrays: dict, dynamic_shared_bytes: int, race_check: bool) 
             shape = tuple(int(d.value) for d in a.shape)
             st = Storage(a, np.full((m.nb, *shape), poison(dtype), dtype), "block")
             out[a] = st
-        if race_check and st.tracker is None:
+        if race_check and st.tracker is None and a.space != "shared_dyn":
             st.tracker = RaceTracker(st, m.nb)
+    if race_check:
+        _track_dynamic(m, out, dynamic_shared_bytes)
     return out
+
+
+def _byte_range(st: Storage) -> tuple[int, int]:
+    """The bytes [start, end) of the dynamic shared region that a view's elements cover."""
+    start = st.array.offset if st.array.shape != (None,) else 0
+    return start, start + st.size * st.data.itemsize
+
+
+def _track_dynamic(m, storages: dict, region: int) -> None:
+    """Race detectors for the views of the dynamic shared region: one per view, unless two
+    views overlap; then every view shares one detector over the region's bytes
+    (``AliasedView``), so that a store through one view and a load through another meet."""
+    views = list({id(st): st for a, st in storages.items() if a.space == "shared_dyn"}.values())
+    spans = sorted(_byte_range(st) for st in views)
+    overlap = any(b[0] < a[1] for a, b in zip(spans, spans[1:], strict=False))
+    if not overlap:
+        for st in views:
+            st.tracker = RaceTracker(st, m.nb)
+        return
+    unit = min(st.data.itemsize for st in views)  # every view's offset and itemsize divide by it
+    core = RaceTracker(None, m.nb, size=region // unit)
+    for st in views:
+        st.tracker = AliasedView(core, st, _byte_range(st)[0] // unit, st.data.itemsize // unit)
 
 
 def _shaped_view(m, a: Array, dyn_bytes: np.ndarray) -> np.ndarray:
@@ -229,14 +254,20 @@ class RaceTracker:
     count of ``fence_proxy_async()`` at the time. An asynchronous-proxy read (``wgmma``,
     ``bulk_store``) of an element whose writer has not fenced since is reported
     (``async_read``): on the GPU it may read the old bytes; so is a TMA copy issued into
-    such an element (the store may land after the copy)."""
+    such an element (the store may land after the copy).
+
+    Without a storage (``st`` None, ``size`` keys a block), the keys are units of the dynamic
+    shared region, checked for every ``AliasedView`` of it."""
 
     _SLOTS = ("w", "r1", "r2")
 
-    def __init__(self, st: Storage, nb: int):
+    def __init__(self, st: Storage | None, nb: int, size: int | None = None):
         self.storage = st
         self.nb = nb
-        total = nb * st.size
+        self.size = st.size if size is None else size  # keys a block
+        self.view = None  # with AliasedView: the view of the access being checked
+        self.core = self
+        total = nb * self.size
         self.lane = {s: np.full(total, -1, np.int64) for s in self._SLOTS}
         self.epoch = {s: np.zeros(total, np.int64) for s in self._SLOTS}
         self.at = {s: np.zeros(total, np.int64) for s in self._SLOTS}
@@ -248,6 +279,17 @@ class RaceTracker:
         """Forget the accesses of the blocks in ``blocks`` (a barrier)."""
         for lane in self.lane.values():
             lane.reshape(self.nb, -1)[blocks] = -1
+
+    def _element(self, key: int) -> tuple[str, str, int]:
+        """The array name, element index and block of ``key``, as the kernel wrote them (for
+        an aliased view: in the view of the access being checked)."""
+        if self.view is None:
+            st, block, flat = self.storage, key // self.size, key % self.size
+        else:
+            st, block = self.view.storage, key // self.size
+            flat = (key % self.size - self.view.base) // self.view.per
+        elem = np.unravel_index(flat, st.shape) if st.size else ()
+        return st.array.name, ", ".join(str(int(i)) for i in elem), block
 
     def _conflict(self, m, slot: str, key, cur):
         prev = self.lane[slot][key]
@@ -300,9 +342,8 @@ class RaceTracker:
         if not stale.any():
             return
         key = int(keys[np.argmax(stale)])
-        st, lane = self.storage, int(self.unfenced[key])
-        elem = np.unravel_index(key % st.size, st.shape) if st.size else ()
-        index = ", ".join(str(int(i)) for i in elem)
+        lane = int(self.unfenced[key])
+        name, index, block = self._element(key)
         other = m.instr_by_code(int(self.written_at[key]))
         verb, risk, issue = (
             ("writes", "the store may land after the copy and overwrite it", "issue the copy")
@@ -310,8 +351,8 @@ class RaceTracker:
             else ("reads", "the GPU may read the old bytes", "issue the read")
         )
         raise SimulationError(
-            f"{m.where(ins)}: {what} {verb} '{st.array.name}'[{index}] of block "
-            f"{m.block_coords(int(key // st.size) * m.tpb)} through the asynchronous proxy"
+            f"{m.where(ins)}: {what} {verb} '{name}'[{index}] of block "
+            f"{m.block_coords(block * m.tpb)} through the asynchronous proxy"
             f"{m.source(ins)}\nbut thread {m.thread_coords(lane)} wrote it at {m.where(other)}"
             f"{m.source(other)}\nwith no kaio.fence_proxy_async() after the write, so {risk}: "
             "call kaio.fence_proxy_async() after the stores (then kaio.sync_threads() if other "
@@ -323,12 +364,10 @@ class RaceTracker:
         self.unfenced[keys] = -1
 
     def _report(self, m, ins, key: int, lane: int, write: bool, prev: int, slot: str):
-        st = self.storage
-        elem = np.unravel_index(key % st.size, st.shape) if st.size else ()
-        index = ", ".join(str(int(i)) for i in elem)
+        name, index, block = self._element(key)
         other = m.instr_by_code(int(self.at[slot][key]))
         verb, prev_verb = ("writes" if write else "reads"), ("wrote" if slot == "w" else "read")
-        owner = m.block_coords(int(key // st.size) * m.tpb)  # the block whose element it is
+        owner = m.block_coords(block * m.tpb)  # the block whose element it is
         if m.lane_block[lane] == m.lane_block[prev]:
             who, whom = f"thread {m.thread_coords(lane)}", f"thread {m.thread_coords(prev)}"
             barrier = "kaio.sync_threads() (or kaio.sync_warp() when both threads are in one warp)"
@@ -336,7 +375,43 @@ class RaceTracker:
             who, whom = (f"{m.describe(x)}" for x in (lane, prev))
             barrier = "kaio.cluster_sync() (or cluster_arrive() and cluster_wait())"
         raise SimulationError(
-            f"{m.where(ins)}: shared-memory race on '{st.array.name}'[{index}] of block "
+            f"{m.where(ins)}: shared-memory race on '{name}'[{index}] of block "
             f"{owner}: {who} {verb} it here{m.source(ins)}\nand {whom} {prev_verb} it at "
             f"{m.where(other)}{m.source(other)}\nwith no {barrier} in between"
         )
+
+
+class AliasedView:
+    """The race detector of one view of the dynamic shared region when views overlap: its
+    element keys become the keys of the bytes they cover (in units of the smallest element
+    size of the views), checked by one ``RaceTracker`` shared by every view (``core``)."""
+
+    def __init__(self, core: RaceTracker, st: Storage, base: int, per: int):
+        self.core = core
+        self.storage = st
+        self.base = base  # the view's first unit in the region
+        self.per = per  # units an element
+
+    def _units(self, keys: np.ndarray) -> np.ndarray:
+        block, flat = np.divmod(np.asarray(keys, np.int64), self.storage.size)
+        first = block * self.core.size + self.base + flat * self.per
+        return (first[:, None] + np.arange(self.per)).reshape(-1)
+
+    def access(self, m, ins: Instr, key, lanes, write: bool) -> None:
+        """``RaceTracker.access`` of the bytes of elements ``key``."""
+        cur = m.lane_index if lanes is None else lanes
+        self.core.view = self
+        self.core.access(m, ins, self._units(key), np.repeat(cur, self.per), write)
+
+    def async_read(self, m, ins: Instr, keys: np.ndarray, what: str, writes: bool = False) -> None:
+        """``RaceTracker.async_read`` of the bytes of elements ``keys``."""
+        self.core.view = self
+        self.core.async_read(m, ins, self._units(keys), what, writes)
+
+    def async_wrote(self, keys: np.ndarray) -> None:
+        """``RaceTracker.async_wrote`` of the bytes of elements ``keys``."""
+        self.core.async_wrote(self._units(keys))
+
+    def reset(self, blocks: np.ndarray) -> None:
+        """``RaceTracker.reset``."""
+        self.core.reset(blocks)
