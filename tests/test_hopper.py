@@ -363,6 +363,33 @@ def tma_over_stores(tmap: kaio.tensormap, out: f16[:, :], FENCE: kaio.constexpr)
         out[i // 64, i % 64] = tile[i // 64, i % 64]
 
 
+@kaio.gpu_kernel(block_size=128)
+def tma_after_reads(
+    tmap: kaio.tensormap, first: f16[:, :], second: f16[:, :], FENCE: kaio.constexpr
+):
+    """A TMA box lands in a shared tile and every thread copies it out with ordinary loads
+    (then fences when FENCE); a second box then lands over the same tile, copied out too."""
+    tile = kaio.shared(f16, (32, 64))
+    bars = kaio.shared(u64, (1,))
+    t = kaio.thread_idx_x()
+    if t == 0:
+        kaio.mbarrier_init(bars, 0, 1)
+    kaio.sync_threads()
+    if t == 0:
+        load_box(tile, tmap, 0, 0, bars, 32)
+    kaio.mbarrier_wait(bars, 0, 0)
+    for i in range(t, 32 * 64, 128):
+        first[i // 64, i % 64] = tile[i // 64, i % 64]
+    if FENCE:
+        kaio.fence_proxy_async()
+    kaio.sync_threads()
+    if t == 0:
+        load_box(tile, tmap, 8, 0, bars, 32)
+    kaio.mbarrier_wait(bars, 0, 1)
+    for i in range(t, 32 * 64, 128):
+        second[i // 64, i % 64] = tile[i // 64, i % 64]
+
+
 @kaio.gpu_kernel(block_size=32)
 def bulk_through_alias(out: f32[:, :], FENCE: kaio.constexpr):
     """Each thread stores its row of 4 as u32 bits through one view of the dynamic region,
@@ -681,6 +708,20 @@ def test_tma_over_unfenced_stores_is_reported():
         tma_over_stores.sim[1](kaio.tensor_map_2d(a, (32, 64), 0), out, FENCE=False)
 
 
+def test_tma_over_unfenced_reads_is_reported():
+    """A TMA copy issued over elements whose last ordinary read was not followed by a proxy
+    fence: on the GPU the read may see the copy's bytes."""
+    a = RNG.standard_normal((40, 64)).astype(np.float16)
+    first, second = (np.full((32, 64), np.nan, np.float16) for _ in range(2))
+    tmap = kaio.tensor_map_2d(a, (32, 64), 0)
+    tma_after_reads.sim[1](tmap, first, second, FENCE=True)
+    np.testing.assert_array_equal(first, a[:32])
+    np.testing.assert_array_equal(second, a[8:40])
+    match = r"(?s)tma_load_2d\(\) writes 'tile_smem0'\[0, 0\].*read it at.*see the copy"
+    with pytest.raises(kaio.SimulationError, match=match):
+        tma_after_reads.sim[1](tmap, first, second, FENCE=False)
+
+
 def test_bulk_store_through_an_alias_of_unfenced_stores_is_reported():
     out = np.full((32, 4), np.nan, np.float32)
     bulk_through_alias.sim[1, 32, 0, 512](out, FENCE=True)
@@ -717,6 +758,7 @@ def test_ptx_assembles_for_sm_90a():
         bulk_after_write.ptx(arch="sm_90", LATE=False),
         tma_over_stores.ptx(arch="sm_90", FENCE=True),
         bulk_through_alias.ptx(arch="sm_90", FENCE=True),
+        tma_after_reads.ptx(arch="sm_90", FENCE=True),
         *(
             wgmma_tile.ptx(arch="sm_90", K=c[0], N=c[1], SW=c[2], B_NMAJOR=c[3], BF16=bf)
             for c, bf in ((WGMMA_CASES[0], 0), (WGMMA_CASES[5], 1), (WGMMA_CASES[8], 0))
@@ -823,6 +865,10 @@ def test_gpu_async_proxy_after_fenced_stores(backend):
     rows = kaio.to_device(np.full((32, 4), np.nan, np.float32))
     _on_backend(bulk_through_alias, 32, backend)[1, 32, 0, 512](rows, FENCE=True)
     np.testing.assert_array_equal(rows.numpy(), np.arange(128, dtype=np.float32).reshape(32, 4))
+    first, second = (kaio.to_device(np.full((32, 64), np.nan, np.float16)) for _ in range(2))
+    _on_backend(tma_after_reads, 128, backend)[1](tmap, first, second, FENCE=True)
+    np.testing.assert_array_equal(first.numpy(), a[:32])
+    np.testing.assert_array_equal(second.numpy(), a[8:40])
 
 
 @pytest.mark.gpu

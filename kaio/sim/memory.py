@@ -251,10 +251,11 @@ class RaceTracker:
     ``sync_warp``) separates them. Atomics are not tracked.
 
     Across barriers, per element: the last ordinary (generic-proxy) write, with its writer's
-    count of ``fence_proxy_async()`` at the time. An asynchronous-proxy read (``wgmma``,
-    ``bulk_store``) of an element whose writer has not fenced since is reported
-    (``async_read``): on the GPU it may read the old bytes; so is a TMA copy issued into
-    such an element (the store may land after the copy).
+    count of ``fence_proxy_async()`` at the time, and the same of the last ordinary read. An
+    asynchronous-proxy read (``wgmma``, ``bulk_store``) of an element whose writer has not
+    fenced since is reported (``async_read``): on the GPU it may read the old bytes; so is a
+    TMA copy issued into such an element, or into one whose last reader has not fenced since
+    (the store may land after the copy; the read may see the copy's bytes).
 
     Without a storage (``st`` None, ``size`` keys a block), the keys are units of the dynamic
     shared region, checked for every ``AliasedView`` of it."""
@@ -271,9 +272,16 @@ class RaceTracker:
         self.lane = {s: np.full(total, -1, np.int64) for s in self._SLOTS}
         self.epoch = {s: np.zeros(total, np.int64) for s in self._SLOTS}
         self.at = {s: np.zeros(total, np.int64) for s in self._SLOTS}
-        self.unfenced = np.full(total, -1, np.int64)  # the last generic writer, or -1
-        self.fences_then = np.zeros(total, np.int64)  # its fence_proxy_async() count then
-        self.written_at = np.zeros(total, np.int64)
+        # across barriers, for "wrote" and "read": the last generic access's lane (or -1),
+        # its fence_proxy_async() count then and its instruction
+        self.generic = {
+            kind: (
+                np.full(total, -1, np.int64),
+                np.zeros(total, np.int64),
+                np.zeros(total, np.int64),
+            )
+            for kind in ("wrote", "read")
+        }
 
     def reset(self, blocks: np.ndarray) -> None:
         """Forget the accesses of the blocks in ``blocks`` (a barrier)."""
@@ -325,43 +333,54 @@ class RaceTracker:
                 self._record(m, "w", key[a : a + 1], cur[a : a + 1], code)
                 self._report(m, ins, int(key[b]), int(cur[b]), True, int(cur[a]), "w")
             self._record(m, "w", key, cur, code)
-            self.unfenced[key] = cur
-            self.fences_then[key] = m.proxy_fences[cur]
-            self.written_at[key] = code
+            self._generic(m, "wrote", key, cur, code)
             return
+        self._generic(m, "read", key, cur, code)
         self._record(m, "r1", key, cur, code, self.lane["r1"][key] < 0)
         second = (self.lane["r1"][key] != cur) & (self.lane["r2"][key] < 0)
         self._record(m, "r2", key, cur, code, second)
 
+    def _generic(self, m, kind: str, key, cur, code: int) -> None:
+        lanes, fences, at = self.generic[kind]
+        lanes[key] = cur
+        fences[key] = m.proxy_fences[cur]
+        at[key] = code
+
     def async_read(self, m, ins: Instr, keys: np.ndarray, what: str, writes: bool = False) -> None:
-        """Raise if an element of ``keys``, read now by the asynchronous proxy (``what``; or
-        with ``writes``, written by it: a TMA copy issued), was last written by an ordinary
-        store whose thread has run no ``fence_proxy_async()`` since."""
-        writer = self.unfenced[keys]
-        stale = (writer >= 0) & (m.proxy_fences[np.maximum(writer, 0)] == self.fences_then[keys])
-        if not stale.any():
-            return
-        key = int(keys[np.argmax(stale)])
-        lane = int(self.unfenced[key])
+        """Raise if an element of ``keys``, read now by the asynchronous proxy (``what``), was
+        last written by an ordinary store whose thread has run no ``fence_proxy_async()``
+        since; with ``writes`` (a TMA copy issued into them), also if its last ordinary read
+        is unfenced so."""
+        for kind in ("wrote", "read") if writes else ("wrote",):
+            lanes, fences, at = self.generic[kind]
+            lane = lanes[keys]
+            stale = (lane >= 0) & (m.proxy_fences[np.maximum(lane, 0)] == fences[keys])
+            if stale.any():
+                key = int(keys[np.argmax(stale)])
+                self._unfenced(m, ins, key, what, writes, kind, int(lanes[key]), int(at[key]))
+
+    def _unfenced(self, m, ins, key: int, what: str, writes: bool, kind: str, lane: int, at: int):
         name, index, block = self._element(key)
-        other = m.instr_by_code(int(self.written_at[key]))
-        verb, risk, issue = (
-            ("writes", "the store may land after the copy and overwrite it", "issue the copy")
-            if writes
-            else ("reads", "the GPU may read the old bytes", "issue the read")
-        )
+        other = m.instr_by_code(at)
+        if kind == "read":
+            risk, after = "the read may see the copy's bytes", "the reads"
+        elif writes:
+            risk, after = "the store may land after the copy and overwrite it", "the stores"
+        else:
+            risk, after = "the GPU may read the old bytes", "the stores"
         raise SimulationError(
-            f"{m.where(ins)}: {what} {verb} '{name}'[{index}] of block "
-            f"{m.block_coords(block * m.tpb)} through the asynchronous proxy"
-            f"{m.source(ins)}\nbut thread {m.thread_coords(lane)} wrote it at {m.where(other)}"
-            f"{m.source(other)}\nwith no kaio.fence_proxy_async() after the write, so {risk}: "
-            "call kaio.fence_proxy_async() after the stores (then kaio.sync_threads() if other "
-            f"threads {issue})"
+            f"{m.where(ins)}: {what} {'writes' if writes else 'reads'} '{name}'[{index}] of "
+            f"block {m.block_coords(block * m.tpb)} through the asynchronous proxy"
+            f"{m.source(ins)}\nbut thread {m.thread_coords(lane)} {kind} it at {m.where(other)}"
+            f"{m.source(other)}\nwith no kaio.fence_proxy_async() after, so {risk}: call "
+            f"kaio.fence_proxy_async() after {after} (then kaio.sync_threads() if other threads "
+            f"issue the {'copy' if writes else 'read'})"
         )
 
     def async_wrote(self, keys: np.ndarray) -> None:
         """The elements ``keys`` were written by the asynchronous proxy (a TMA copy landed)."""
-        self.unfenced[keys] = -1
+        for lanes, _, _ in self.generic.values():
+            lanes[keys] = -1
 
     def _report(self, m, ins, key: int, lane: int, write: bool, prev: int, slot: str):
         name, index, block = self._element(key)
