@@ -342,6 +342,20 @@ def bulk_after_write(out: f32[:, :], LATE: kaio.constexpr):
     kaio.bulk_wait(0)
 
 
+@kaio.gpu_func
+def land_and_copy(
+    tile: f16[:, :], tmap: kaio.tensormap, row: i32, bars: u64[:], phase: u32, out: f16[:, :]
+):
+    """Thread 0 loads the 32 x 64 box at [row, 0] into ``tile``; once barrier phase ``phase``
+    completes, every thread (128) copies its part of the tile to ``out`` with ordinary loads."""
+    t = kaio.thread_idx_x()
+    if t == 0:
+        load_box(tile, tmap, row, 0, bars, 32)
+    kaio.mbarrier_wait(bars, 0, phase)
+    for i in range(t, 32 * 64, 128):
+        out[i // 64, i % 64] = tile[i // 64, i % 64]
+
+
 @kaio.gpu_kernel(block_size=128)
 def tma_over_stores(tmap: kaio.tensormap, out: f16[:, :], FENCE: kaio.constexpr):
     """Every thread fills its part of a shared tile with ordinary stores (made visible to the
@@ -356,11 +370,7 @@ def tma_over_stores(tmap: kaio.tensormap, out: f16[:, :], FENCE: kaio.constexpr)
     if t == 0:
         kaio.mbarrier_init(bars, 0, 1)
     kaio.sync_threads()
-    if t == 0:
-        load_box(tile, tmap, 0, 0, bars, 32)
-    kaio.mbarrier_wait(bars, 0, 0)
-    for i in range(t, 32 * 64, 128):
-        out[i // 64, i % 64] = tile[i // 64, i % 64]
+    land_and_copy(tile, tmap, 0, bars, 0, out)
 
 
 @kaio.gpu_kernel(block_size=128)
@@ -371,23 +381,14 @@ def tma_after_reads(
     (then fences when FENCE); a second box then lands over the same tile, copied out too."""
     tile = kaio.shared(f16, (32, 64))
     bars = kaio.shared(u64, (1,))
-    t = kaio.thread_idx_x()
-    if t == 0:
+    if kaio.thread_idx_x() == 0:
         kaio.mbarrier_init(bars, 0, 1)
     kaio.sync_threads()
-    if t == 0:
-        load_box(tile, tmap, 0, 0, bars, 32)
-    kaio.mbarrier_wait(bars, 0, 0)
-    for i in range(t, 32 * 64, 128):
-        first[i // 64, i % 64] = tile[i // 64, i % 64]
+    land_and_copy(tile, tmap, 0, bars, 0, first)
     if FENCE:
         kaio.fence_proxy_async()
     kaio.sync_threads()
-    if t == 0:
-        load_box(tile, tmap, 8, 0, bars, 32)
-    kaio.mbarrier_wait(bars, 0, 1)
-    for i in range(t, 32 * 64, 128):
-        second[i // 64, i % 64] = tile[i // 64, i % 64]
+    land_and_copy(tile, tmap, 8, bars, 1, second)
 
 
 @kaio.gpu_kernel(block_size=32)
