@@ -217,8 +217,13 @@ NOTES: tuple[Note, ...] = (
     Note(
         r"^matmul b?f16(, f16 C)?$",
         "At 8192³ the kaio Hopper kernel's calls spread by about 10% between fastest and "
-        "slowest (the cause was not measured; clocks were not logged), more than Triton's, so "
-        "its medians differ run to run while its fastest calls match or beat the peers'. In "
+        "slowest, more than Triton's, so its medians differ run to run while its fastest "
+        "calls match or beat the peers'. The cause, measured later the same day (H100, "
+        "nvidia-smi sampling every 20 ms beside 40 calls of each, one process): within about "
+        "0.1 s of back-to-back 8192³ matmuls the GPU reaches its software power cap (clock "
+        "event reason 0x4) and the SM clock falls from 1980 MHz to as low as 1395; kaio "
+        "went from a 1.485 ms median at 1980 MHz to 1.686 once capped, cuBLAS f16 from 1.453 "
+        "to 1.669, so whichever implementation runs while the cap holds is slowed alike. In "
         "the run of this page (H100, 2026-11-25), f16: kaio sync median 1.645 ms, fastest "
         "1.500, kaio async 1.655 and 1.514, against Triton f32 out's 1.550 and 1.537 and "
         "cuBLAS f32 out's 1.668 and 1.536; f16 out: kaio 1.600 and 1.473 against cuBLAS "
