@@ -3,7 +3,10 @@ op benchmark in bench/.
 
 Per case: every implementation is first checked against a reference (relative error
 ||out - ref|| / ||ref||, NaN never passes); then each is timed with CUDA events
-(torch.cuda.Event) around every call, after warm-up, and the median is kept. Before the timed
+(torch.cuda.Event) around every call, after warm-up, and the median is kept. The timed calls
+come in ROUNDS rounds that take the implementations in turn, so that a change of the GPU's
+state during a case (an H100 reaches its power cap within about 0.1 s of 8192^3 matmuls and
+lowers its clock by up to 30%) falls on every implementation alike. Before the timed
 calls are enqueued the GPU is kept busy with a spin (torch.cuda._sleep) long enough for the
 host to queue them all, so host overhead (argument checks, launches) never shows as GPU
 idle time between the events. When one input set is smaller than a few times the L2 cache,
@@ -36,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 L2_BYTES = 50 * 2**20  # H100: 50 MB, H200: 60 MB
+ROUNDS = 5  # rounds of timed calls per case, the implementations in turn
 SPIN_CYCLES_PER_S = 2.0e9  # above any H100/H200 SM clock, so a spin lasts at least as asked
 
 
@@ -100,6 +104,7 @@ class Harness:
             "date": time.strftime("%Y-%m-%d"),
             "reps": h.reps,
             "warmup": h.warmup,
+            "rounds": ROUNDS,
         }
         try:
             import triton
@@ -114,22 +119,32 @@ class Harness:
         """How many input sets to rotate over so the working set is ~3x the L2 cache."""
         return max(1, min(16, math.ceil(3 * L2_BYTES / max(nbytes, 1))))
 
-    def time(self, fn: Callable, input_sets: list, batch: int = 1) -> list[float]:
-        """Milliseconds of each of ``reps`` calls ``fn(*input_sets[i % len])``, CUDA events.
+    def time(
+        self,
+        fn: Callable,
+        input_sets: list,
+        batch: int = 1,
+        reps: int | None = None,
+        warmup: int | None = None,
+    ) -> list[float]:
+        """Milliseconds of each of ``reps`` (default: the harness's) calls
+        ``fn(*input_sets[i % len])``, CUDA events, after ``warmup`` (default: the harness's)
+        calls twice.
         With ``batch`` > 1, each time is one pair of events around ``batch`` calls in a row,
         divided by ``batch`` (``reps // batch`` such times): what a call costs when calls
         follow each other on the GPU (a CUDA graph, a decode loop), without the gap each pair
         of events adds around a single call."""
         k = len(input_sets)
-        for i in range(self.warmup):
+        warmup = warmup or self.warmup
+        for i in range(warmup):
             fn(*input_sets[i % k])
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        for i in range(self.warmup):
+        for i in range(warmup):
             fn(*input_sets[i % k])
-        host = (time.perf_counter() - t0) / self.warmup  # an upper bound on enqueue time
+        host = (time.perf_counter() - t0) / warmup  # an upper bound on enqueue time
         torch.cuda.synchronize()
-        times = max(1, self.reps // batch)
+        times = max(1, (reps or self.reps) // batch)
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(times)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(times)]
         spin = min(2.0, 1.5 * host * times * batch + 1e-3)
@@ -186,20 +201,29 @@ class Harness:
             return []
         sets = [make_inputs() for _ in range(self.sets_for(set_bytes or nbytes or 0))]
         expected = reference(*sets[0]) if reference is not None else None
-        done = []
+        done, timed = [], {}
         for name, fn in impls.items():
             r = Result(op, label, name, True, None)
+            done.append(r)
             if name in timing_only:
                 r.note = "timed only: it does part of the work, its result is not checked"
             try:
                 if expected is not None and name not in timing_only:
                     r.error = _rel_error(fn(*sets[0]), expected)
                     r.ok = r.error <= tol
-                times = self.time(fn, sets, batch)
             except Exception as e:  # noqa: BLE001  (a peer failing must not stop the run)
                 r.ok, r.note = False, f"{type(e).__name__}: {e}"[:200]
-                done.append(r)
                 continue
+            timed[name] = (r, fn, [])
+        for round_ in range(ROUNDS):
+            for name, (r, fn, times) in list(timed.items()):
+                try:
+                    warmup = None if round_ == 0 else 1  # the first round's also compiles
+                    times += self.time(fn, sets, batch, -(-self.reps // ROUNDS), warmup)
+                except Exception as e:  # noqa: BLE001
+                    r.ok, r.note = False, f"{type(e).__name__}: {e}"[:200]
+                    del timed[name]
+        for r, _, times in timed.values():
             r.ms = statistics.median(times)
             r.ms_min, r.ms_max = min(times), max(times)
             if nbytes:
@@ -208,7 +232,6 @@ class Harness:
                     r.pct_copy = 100 * r.gbps / self.copy_gbps
             if flops:
                 r.tflops = flops / r.ms / 1e9
-            done.append(r)
         base = next((r for r in done if r.impl == baseline and r.ms), None)
         for r in done:
             if base is not None and r.ms:

@@ -194,19 +194,31 @@ def _first_suite_meta(run: Run, key: str):
 def section_timing(run: Run) -> str:
     """The harness settings of this run (calls timed, warm-up)."""
     settings = sorted(
-        {(s.meta.get("reps"), s.meta.get("warmup")) for s in run.suites if s.is_harness}
-        - {(None, None)},
+        {
+            (s.meta.get("reps"), s.meta.get("warmup"), s.meta.get("rounds"))
+            for s in run.suites
+            if s.is_harness
+        }
+        - {(None, None, None)},
         key=str,
     )
     if not settings:
         return "The harness settings were not recorded in this run."
     return (
         "In this run: "
-        + "; ".join(
-            f"the median of {reps} timed calls after {warmup} + {warmup} warm-up calls"
-            for reps, warmup in settings
-        )
+        + "; ".join(_settings(reps, warmup, rounds) for reps, warmup, rounds in settings)
         + "."
+    )
+
+
+def _settings(reps, warmup, rounds) -> str:
+    """One harness setting in words (runs before rounds were recorded: one round)."""
+    if not rounds or rounds == 1:
+        return f"the median of {reps} timed calls after {warmup} + {warmup} warm-up calls"
+    return (
+        f"the median of {reps} timed calls in {rounds} rounds that take a case's "
+        f"implementations in turn, each round after warm-up calls ({warmup} + {warmup} in "
+        "the first, 1 + 1 in the others)"
     )
 
 

@@ -196,3 +196,38 @@ def test_read_words_floor_reads_every_word(rows, cols):
     np.testing.assert_array_equal(out, expected)
     if w.size % (4 * floors.THREADS * floors.LOADS) == 0:
         assert np.bitwise_xor.reduce(out) == np.bitwise_xor.reduce(w.ravel())
+
+
+def test_harness_times_implementations_in_turn(monkeypatch):
+    """Each case's timed calls come in rounds that take its implementations in turn (a GPU
+    whose clock drops midway slows every implementation alike); an implementation that fails
+    while timed is reported and dropped from the later rounds."""
+    pytest.importorskip("torch")
+    from bench import harness
+
+    h = harness.Harness("rounds", reps=50)
+    order = []
+
+    def fake_time(fn, sets, batch=1, reps=None, warmup=None):
+        order.append(fn.__name__)
+        if fn.__name__ == "broken" and len(order) > 3:
+            raise RuntimeError("gone")
+        return [float(len(order))] * reps
+
+    def fast():
+        return None
+
+    def slow():
+        return None
+
+    def broken():
+        return None
+
+    monkeypatch.setattr(h, "time", fake_time)
+    done = h.case("op", "case", lambda: (), {"fast": fast, "slow": slow, "broken": broken})
+    rounds = harness.ROUNDS
+    assert order[:6] == ["fast", "slow", "broken", "fast", "slow", "broken"]
+    assert order.count("fast") == order.count("slow") == rounds and order.count("broken") == 2
+    by = {r.impl: r for r in done}
+    assert by["fast"].ok and by["fast"].ms is not None
+    assert not by["broken"].ok and "gone" in by["broken"].note and by["broken"].ms is None

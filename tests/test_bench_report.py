@@ -392,3 +392,10 @@ def test_targets_are_valid_patterns():
         assert t.min_ratio is not None or t.min_share is not None
     for n in targets.NOTES:
         re.compile(n.op), re.compile(n.case)
+
+
+def test_timing_in_rounds_is_described():
+    """Runs that record rounds say so; older runs (no rounds) keep their sentence."""
+    assert report._settings(50, 5, None) == "the median of 50 timed calls after 5 + 5 warm-up calls"
+    rounds = report._settings(50, 5, 5)
+    assert "50 timed calls in 5 rounds" in rounds and "5 + 5 in the first" in rounds
