@@ -172,10 +172,11 @@ NOTES: tuple[Note, ...] = (
     ),
     Note(
         r"^rms_norm_residual$",
-        "In this run the f16 case's kaio calls were disturbed: their fastest took 0.365 ms "
-        "(Triton's median 0.359) but some took up to 0.78 ms and lifted the median to 0.398; "
-        "the bf16 case, the same bytes and the same kernel, measured 0.367 ms, 0.98x Triton. "
-        "The previous run, with the same code, gave 0.98x to 1.00x on all three cases.",
+        "In one run (H100, 2026-11-25) the f16 case's kaio calls were disturbed: their "
+        "fastest took 0.365 ms (Triton's median 0.359) but some took up to 0.78 ms and lifted "
+        "the median to 0.398; the bf16 case, the same bytes and the same kernel, measured "
+        "0.367 ms, 0.98x Triton. The runs before and after it, with the same code, gave 0.97x "
+        "to 1.00x on all three cases.",
         r"^f16 \[32768",
     ),
     Note(
@@ -223,13 +224,15 @@ NOTES: tuple[Note, ...] = (
         "0.1 s of back-to-back 8192³ matmuls the GPU reaches its software power cap (clock "
         "event reason 0x4) and the SM clock falls from 1980 MHz to as low as 1395; kaio "
         "went from a 1.485 ms median at 1980 MHz to 1.686 once capped, cuBLAS f16 from 1.453 "
-        "to 1.669, so whichever implementation runs while the cap holds is slowed alike. In "
-        "the run of this page (H100, 2026-11-25), f16: kaio sync median 1.645 ms, fastest "
-        "1.500, kaio async 1.655 and 1.514, against Triton f32 out's 1.550 and 1.537 and "
-        "cuBLAS f32 out's 1.668 and 1.536; f16 out: kaio 1.600 and 1.473 against cuBLAS "
-        "1.482 and 1.471; bf16: kaio async 1.616 and 1.437, kaio sync 1.450 and 1.438 (one "
-        "kernel). The previous two runs, with the same kernel, gave 0.94x and 1.00x Triton "
-        "f32 out. In one process, three rounds through the public ops (H100, 2026-11-25): "
+        "to 1.669, so whichever implementation runs while the cap holds is slowed alike; the "
+        "harness now times each case in rounds that take the implementations in turn. In "
+        "the run of this page (H100, 2026-11-25, rounds), f16: kaio async median 1.626 ms, "
+        "fastest 1.504, kaio sync 1.640 and 1.521, against Triton f32 out's 1.596 and 1.552 "
+        "and cuBLAS f32 out's 1.633 and 1.566; f16 out: kaio 1.590 and 1.511 against cuBLAS "
+        "1.611 and 1.461; bf16: kaio sync 1.452 and 1.429 against Triton f32 out's 1.530 "
+        "and cuBLAS f32 out's 1.463. The previous three runs, with the same kernel and no "
+        "rounds, gave 0.94x, 0.94x and 1.00x Triton f32 out at f16. In one process, three "
+        "rounds through the public ops (H100, 2026-11-25): "
         "8192³ f16 1.03x Triton f32 out and 1.00x cuBLAS f32 out, bf16 1.03x and 1.00x; "
         "4096³ f16 1.04x and 0.97x, bf16 1.05x and 0.97x.",
         r"^8192x",
