@@ -298,10 +298,12 @@ def wgmma_tile(
 
 
 @kaio.gpu_kernel(block_size=128)
-def wgmma_stored(a: f16[:, :], b: f16[:, :], out: f32[:, :], FENCE: kaio.constexpr):
+def wgmma_stored(
+    a: f16[:, :], b: f16[:, :], out: f32[:, :], FENCE: kaio.constexpr, SYNC: kaio.constexpr
+):
     """A (64 x 16) and B (16 x 8) written to shared memory by ordinary stores in the
     non-swizzled K-major core-matrix layout, made visible to the asynchronous proxy when
-    FENCE, then one wgmma m64n8k16."""
+    FENCE, a barrier when SYNC, then one wgmma m64n8k16."""
     sa = kaio.shared(f16, (2, 64, 8))  # sa[c, r, e] = A[r, 8c + e]
     sb = kaio.shared(f16, (2, 8, 8))  # sb[c, n, e] = B[8c + e, n]
     t = kaio.thread_idx_x()
@@ -313,7 +315,8 @@ def wgmma_stored(a: f16[:, :], b: f16[:, :], out: f32[:, :], FENCE: kaio.constex
                 sb[c, t - 64, e] = b[8 * c + e, t - 64]
     if FENCE:
         kaio.fence_proxy_async()
-    kaio.sync_threads()
+    if SYNC:
+        kaio.sync_threads()
     acc = kaio.local(f32, (4,))
     kaio.wgmma_fence()
     da = kaio.smem_descriptor(sa, (0, 0, 0), 0, 64 * 16, 128)
@@ -324,6 +327,23 @@ def wgmma_stored(a: f16[:, :], b: f16[:, :], out: f32[:, :], FENCE: kaio.constex
     w, lane = t // 32, t % 32
     for r in kaio.static_range(4):
         out[16 * w + lane // 4 + 8 * (r // 2), 2 * (lane % 4) + r % 2] = acc[r]
+
+
+@kaio.gpu_kernel(block_size=32)
+def bulk_of_all_rows(out: f32[:, :], SYNC: kaio.constexpr):
+    """Each thread writes and fences its row of 4; then (after a barrier when SYNC) thread 0
+    bulk-stores all 32 rows, written by the others."""
+    rows = kaio.shared(f32, (32, 4))
+    t = kaio.thread_idx_x()
+    for c in kaio.static_range(4):
+        rows[t, c] = f32(t * 4 + c)
+    kaio.fence_proxy_async()
+    if SYNC:
+        kaio.sync_threads()
+    if t == 0:
+        kaio.bulk_store(out, (0, 0), rows, (0, 0), 32 * 4 * 4)
+        kaio.bulk_commit()
+        kaio.bulk_wait(0)
 
 
 @kaio.gpu_kernel(block_size=32)
@@ -673,7 +693,7 @@ def _stored_operands():
 
 def test_wgmma_reads_fenced_ordinary_stores():
     a, b, out = _stored_operands()
-    wgmma_stored.sim[1](a, b, out, FENCE=True)
+    wgmma_stored.sim[1](a, b, out, FENCE=True, SYNC=True)
     np.testing.assert_array_equal(out, a.astype(np.float64) @ b.astype(np.float64))
 
 
@@ -681,7 +701,7 @@ def test_wgmma_of_unfenced_stores_is_reported():
     a, b, out = _stored_operands()
     match = r"(?s)wgmma reads 'sa_smem0'.*wrote it.*fence_proxy_async"
     with pytest.raises(kaio.SimulationError, match=match):
-        wgmma_stored.sim[1](a, b, out, FENCE=False)
+        wgmma_stored.sim[1](a, b, out, FENCE=False, SYNC=True)
 
 
 def test_bulk_store_of_a_write_after_the_fence_is_reported():
@@ -732,6 +752,19 @@ def test_bulk_store_through_an_alias_of_unfenced_stores_is_reported():
         bulk_through_alias.sim[1, 32, 0, 512](out, FENCE=False)
 
 
+def test_async_reads_race_with_other_threads_stores():
+    """A wgmma or bulk_store reads for the thread that issues it: another thread's store to
+    those elements with no barrier in between is a race, fenced or not."""
+    a, b, out = _stored_operands()
+    with pytest.raises(kaio.SimulationError, match=r"(?s)race on 'sa_smem0'.*wgmma_f16"):
+        wgmma_stored.sim[1](a, b, out, FENCE=True, SYNC=False)
+    rows = np.full((32, 4), np.nan, np.float32)
+    bulk_of_all_rows.sim[1](rows, SYNC=True)
+    np.testing.assert_array_equal(rows, np.arange(128, dtype=np.float32).reshape(32, 4))
+    with pytest.raises(kaio.SimulationError, match=r"(?s)race on 'rows_smem0'\[1, 0\]"):
+        bulk_of_all_rows.sim[1](rows, SYNC=False)
+
+
 def test_tensor_map_checks():
     a = np.zeros((64, 100), np.float16)  # rows 200 bytes apart
     with pytest.raises(ValueError, match="multiple of 16"):
@@ -755,8 +788,9 @@ def test_ptx_assembles_for_sm_90a():
         bulk_rows.ptx(arch="sm_90"),
         descriptor_bits.ptx(arch="sm_90"),
         regs_and_fences.ptx(arch="sm_90"),
-        wgmma_stored.ptx(arch="sm_90", FENCE=True),
+        wgmma_stored.ptx(arch="sm_90", FENCE=True, SYNC=True),
         bulk_after_write.ptx(arch="sm_90", LATE=False),
+        bulk_of_all_rows.ptx(arch="sm_90", SYNC=True),
         tma_over_stores.ptx(arch="sm_90", FENCE=True),
         bulk_through_alias.ptx(arch="sm_90", FENCE=True),
         tma_after_reads.ptx(arch="sm_90", FENCE=True),
@@ -853,11 +887,14 @@ def test_gpu_async_proxy_after_fenced_stores(backend):
     a, b, out = _stored_operands()
     got = kaio.to_device(out)
     kernel = _on_backend(wgmma_stored, 128, backend)
-    kernel[1](kaio.to_device(a), kaio.to_device(b), got, FENCE=True)
+    kernel[1](kaio.to_device(a), kaio.to_device(b), got, FENCE=True, SYNC=True)
     np.testing.assert_array_equal(got.numpy(), a.astype(np.float64) @ b.astype(np.float64))
     rows = kaio.to_device(np.full((32, 4), np.nan, np.float32))
     _on_backend(bulk_after_write, 32, backend)[1](rows, LATE=False)
     np.testing.assert_array_equal(rows.numpy(), np.arange(128, dtype=np.float32).reshape(32, 4))
+    every = kaio.to_device(np.full((32, 4), np.nan, np.float32))
+    _on_backend(bulk_of_all_rows, 32, backend)[1](every, SYNC=True)
+    np.testing.assert_array_equal(every.numpy(), np.arange(128, dtype=np.float32).reshape(32, 4))
     a = RNG.standard_normal((40, 64)).astype(np.float16)
     tile = kaio.to_device(np.full((32, 64), np.nan, np.float16))
     tmap = kaio.tensor_map_2d(kaio.to_device(a), (32, 64), 0)

@@ -18,12 +18,14 @@ wait that no branch can satisfy is a deadlock; a ``mbarrier_try_wait`` loop that
 without any barrier changing is stopped. A completed wait is a barrier for the race detector.
 
 ``wgmma`` is computed when issued (exact products summed in f64, rounded once to f32) and its
-accumulators are written then; TMA writes and wgmma reads are not seen by the race detector
-(they belong to the asynchronous proxy, ordered by barriers). What the detector checks for
-them is the proxy fence: a ``wgmma`` or ``bulk_store`` that reads shared elements last
-written by ordinary stores is reported unless each writer ran ``fence_proxy_async()`` after
-its write (``memory.RaceTracker.async_read``); so is a TMA copy issued into such elements
-(the store could land after the copy). A landed TMA copy clears its elements.
+accumulators are written then. Its reads of shared memory, and ``bulk_store``'s, are checked
+by the race detector as reads by the issuing thread (the warpgroup's first for wgmma); TMA
+writes are not (they land when their barrier phase completes, which orders them). Across
+the proxies the detector checks the proxy fence: a ``wgmma`` or ``bulk_store`` that reads
+shared elements last written by ordinary stores is reported unless each writer ran
+``fence_proxy_async()`` after its write (``memory.RaceTracker.async_read``); so is a TMA
+copy issued into such elements (the store could land after the copy), or into elements whose
+last ordinary read is unfenced. A landed TMA copy clears its elements.
 """
 
 from __future__ import annotations
@@ -431,8 +433,17 @@ def bulk_store(m, ins: Instr, vals: list):
             )
         if src_st.tracker is not None:
             keys = block * src_st.size + sflat + np.arange(count)
-            src_st.tracker.async_read(m, ins, keys, "kaio.bulk_store()")
+            _async_read(m, ins, src_st, keys, int(lane), "kaio.bulk_store()")
         flat_dst[dkey : dkey + count] = src_st.data[block].reshape(-1)[sflat : sflat + count]
+
+
+def _async_read(m, ins: Instr, st, keys: np.ndarray, reader: int, what: str) -> None:
+    """Shared elements ``keys`` read by the asynchronous proxy for lane ``reader``: a race
+    with ordinary accesses of other threads in the same barrier interval, and a read of
+    unfenced stores (``RaceTracker.async_read``), are reported."""
+    unique = np.unique(keys)
+    st.tracker.access(m, ins, unique, np.full(len(unique), reader), write=False, generic=False)
+    st.tracker.async_read(m, ins, unique, what)
 
 
 def _box(tm, row: int, col: int) -> np.ndarray:
@@ -493,11 +504,15 @@ def accumulator_layout(n: int) -> tuple[np.ndarray, np.ndarray]:
     return row, col
 
 
-def _operand(m, ins, block: int, desc: int, mn: int, mn_major: bool, dtype) -> np.ndarray:
+def _operand(
+    m, ins, block: int, desc: int, mn: int, mn_major: bool, dtype, reader: int
+) -> np.ndarray:
+    """A wgmma operand tile from shared memory, read on behalf of lane ``reader`` (the
+    warpgroup's first)."""
     addrs = operand_addresses(desc, mn, mn_major)
     st, offsets = _locate_bytes(m, ins, block, addrs, "wgmma operand")
     if st.tracker is not None:
-        st.tracker.async_read(m, ins, _element_keys(st, block, offsets), "wgmma")
+        _async_read(m, ins, st, _element_keys(st, block, offsets), reader, "wgmma")
     raw = _block_bytes(st, block)
     lo, hi = raw[offsets], raw[offsets + 1]
     bits = lo.astype(np.uint16) | hi.astype(np.uint16) << 8
@@ -544,8 +559,8 @@ def wgmma(m, ins: Instr, vals: list):
                 f"warpgroup ({m.describe(int(first))}'s); they must be uniform{m.source(ins)}"
             )
         block = int(m.lane_block[first])
-        a = _operand(m, ins, block, int(da[0]), 64, ins.attrs["trans_a"], dtype)
-        b = _operand(m, ins, block, int(db[0]), n, ins.attrs["trans_b"], dtype).T
+        a = _operand(m, ins, block, int(da[0]), 64, ins.attrs["trans_a"], dtype, int(first))
+        b = _operand(m, ins, block, int(db[0]), n, ins.attrs["trans_b"], dtype, int(first)).T
         d = a @ b
         if np.broadcast_to(scale_d, (m.n,))[first]:
             old = _read_frag(m, acc, lanes).astype(np.float64)

@@ -315,8 +315,11 @@ class RaceTracker:
         self.epoch[slot][key] = m.warp_epoch[m.warp_of_lane[cur]]
         self.at[slot][key] = code
 
-    def access(self, m, ins: Instr, key, lanes, write: bool) -> None:
-        """Check and record one load or store by the active lanes."""
+    def access(self, m, ins: Instr, key, lanes, write: bool, generic: bool = True) -> None:
+        """Check and record one load or store by the active lanes (``lanes``: their lane
+        indices, None for all active). ``generic=False``: a read by the asynchronous proxy
+        (``wgmma``, ``bulk_store``) on behalf of ``lanes``, checked for races with ordinary
+        accesses but not recorded as an ordinary read for the proxy-fence check."""
         cur = m.lane_index if lanes is None else lanes
         for slot in ("w", "r1", "r2") if write else ("w",):
             hit = self._conflict(m, slot, key, cur)
@@ -335,7 +338,8 @@ class RaceTracker:
             self._record(m, "w", key, cur, code)
             self._generic(m, "wrote", key, cur, code)
             return
-        self._generic(m, "read", key, cur, code)
+        if generic:
+            self._generic(m, "read", key, cur, code)
         self._record(m, "r1", key, cur, code, self.lane["r1"][key] < 0)
         second = (self.lane["r1"][key] != cur) & (self.lane["r2"][key] < 0)
         self._record(m, "r2", key, cur, code, second)
@@ -416,11 +420,11 @@ class AliasedView:
         first = block * self.core.size + self.base + flat * self.per
         return (first[:, None] + np.arange(self.per)).reshape(-1)
 
-    def access(self, m, ins: Instr, key, lanes, write: bool) -> None:
+    def access(self, m, ins: Instr, key, lanes, write: bool, generic: bool = True) -> None:
         """``RaceTracker.access`` of the bytes of elements ``key``."""
         cur = m.lane_index if lanes is None else lanes
         self.core.view = self
-        self.core.access(m, ins, self._units(key), np.repeat(cur, self.per), write)
+        self.core.access(m, ins, self._units(key), np.repeat(cur, self.per), write, generic)
 
     def async_read(self, m, ins: Instr, keys: np.ndarray, what: str, writes: bool = False) -> None:
         """``RaceTracker.async_read`` of the bytes of elements ``keys``."""
