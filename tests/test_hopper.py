@@ -329,15 +329,21 @@ def wgmma_stored(
         out[16 * w + lane // 4 + 8 * (r // 2), 2 * (lane % 4) + r % 2] = acc[r]
 
 
+@kaio.gpu_func
+def write_rows(rows: f32[:, :], t: u32):
+    """Thread t writes row t of 4 (the values 4 t .. 4 t + 3) and fences."""
+    for c in kaio.static_range(4):
+        rows[t, c] = f32(t * 4 + c)
+    kaio.fence_proxy_async()
+
+
 @kaio.gpu_kernel(block_size=32)
 def bulk_of_all_rows(out: f32[:, :], SYNC: kaio.constexpr):
     """Each thread writes and fences its row of 4; then (after a barrier when SYNC) thread 0
     bulk-stores all 32 rows, written by the others."""
     rows = kaio.shared(f32, (32, 4))
     t = kaio.thread_idx_x()
-    for c in kaio.static_range(4):
-        rows[t, c] = f32(t * 4 + c)
-    kaio.fence_proxy_async()
+    write_rows(rows, t)
     if SYNC:
         kaio.sync_threads()
     if t == 0:
@@ -352,9 +358,7 @@ def bulk_after_write(out: f32[:, :], LATE: kaio.constexpr):
     bulk_store of the row."""
     rows = kaio.shared(f32, (32, 4))
     t = kaio.thread_idx_x()
-    for c in kaio.static_range(4):
-        rows[t, c] = f32(t * 4 + c)
-    kaio.fence_proxy_async()
+    write_rows(rows, t)
     if LATE:
         rows[t, 3] = 0.5
     kaio.bulk_store(out, (t, 0), rows, (t, 0), 16)
