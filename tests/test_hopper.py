@@ -399,17 +399,29 @@ def tma_over_stores(tmap: kaio.tensormap, out: f16[:, :], FENCE: kaio.constexpr)
 
 @kaio.gpu_kernel(block_size=128)
 def tma_after_reads(
-    tmap: kaio.tensormap, first: f16[:, :], second: f16[:, :], FENCE: kaio.constexpr
+    tmap: kaio.tensormap,
+    first: f16[:, :],
+    second: f16[:, :],
+    FENCE: kaio.constexpr,
+    REREAD: kaio.constexpr,
 ):
-    """A TMA box lands in a shared tile and every thread copies it out with ordinary loads
-    (then fences when FENCE); a second box then lands over the same tile, copied out too."""
+    """A TMA box lands in a shared tile and every thread copies it out with ordinary loads,
+    then fences when FENCE (with REREAD, thread 0 then reads element (0, 0) again, unfenced,
+    and thread 5 after it, fenced); a second box then lands over the same tile, copied out
+    too."""
     tile = kaio.shared(f16, (32, 64))
     bars = kaio.shared(u64, (1,))
-    if kaio.thread_idx_x() == 0:
+    t = kaio.thread_idx_x()
+    if t == 0:
         kaio.mbarrier_init(bars, 0, 1)
     kaio.sync_threads()
     land_and_copy(tile, tmap, 0, bars, 0, first)
     if FENCE:
+        kaio.fence_proxy_async()
+    if REREAD and t == 0:
+        first[0, 0] = tile[0, 0]
+    if REREAD and t == 5:
+        first[0, 0] = tile[0, 0]
         kaio.fence_proxy_async()
     kaio.sync_threads()
     land_and_copy(tile, tmap, 8, bars, 1, second)
@@ -739,12 +751,16 @@ def test_tma_over_unfenced_reads_is_reported():
     a = RNG.standard_normal((40, 64)).astype(np.float16)
     first, second = (np.full((32, 64), np.nan, np.float16) for _ in range(2))
     tmap = kaio.tensor_map_2d(a, (32, 64), 0)
-    tma_after_reads.sim[1](tmap, first, second, FENCE=True)
+    tma_after_reads.sim[1](tmap, first, second, FENCE=True, REREAD=False)
     np.testing.assert_array_equal(first, a[:32])
     np.testing.assert_array_equal(second, a[8:40])
     match = r"(?s)tma_load_2d\(\) writes 'tile_smem0'\[0, 0\].*read it at.*see the copy"
     with pytest.raises(kaio.SimulationError, match=match):
-        tma_after_reads.sim[1](tmap, first, second, FENCE=False)
+        tma_after_reads.sim[1](tmap, first, second, FENCE=False, REREAD=False)
+    # thread 0's unfenced read stays on record though thread 5 reads (0, 0) later and fences
+    match = r"(?s)writes 'tile_smem0'\[0, 0\].*thread \(0, 0, 0\) read it at"
+    with pytest.raises(kaio.SimulationError, match=match):
+        tma_after_reads.sim[1](tmap, first, second, FENCE=True, REREAD=True)
 
 
 def test_bulk_store_through_an_alias_of_unfenced_stores_is_reported():
@@ -797,7 +813,7 @@ def test_ptx_assembles_for_sm_90a():
         bulk_of_all_rows.ptx(arch="sm_90", SYNC=True),
         tma_over_stores.ptx(arch="sm_90", FENCE=True),
         bulk_through_alias.ptx(arch="sm_90", FENCE=True),
-        tma_after_reads.ptx(arch="sm_90", FENCE=True),
+        tma_after_reads.ptx(arch="sm_90", FENCE=True, REREAD=False),
         *(
             wgmma_tile.ptx(arch="sm_90", K=c[0], N=c[1], SW=c[2], B_NMAJOR=c[3], BF16=bf)
             for c, bf in ((WGMMA_CASES[0], 0), (WGMMA_CASES[5], 1), (WGMMA_CASES[8], 0))
@@ -908,7 +924,7 @@ def test_gpu_async_proxy_after_fenced_stores(backend):
     _on_backend(bulk_through_alias, 32, backend)[1, 32, 0, 512](rows, FENCE=True)
     np.testing.assert_array_equal(rows.numpy(), np.arange(128, dtype=np.float32).reshape(32, 4))
     first, second = (kaio.to_device(np.full((32, 64), np.nan, np.float16)) for _ in range(2))
-    _on_backend(tma_after_reads, 128, backend)[1](tmap, first, second, FENCE=True)
+    _on_backend(tma_after_reads, 128, backend)[1](tmap, first, second, FENCE=True, REREAD=False)
     np.testing.assert_array_equal(first.numpy(), a[:32])
     np.testing.assert_array_equal(second.numpy(), a[8:40])
 

@@ -25,7 +25,7 @@ the proxies the detector checks the proxy fence: a ``wgmma`` or ``bulk_store`` t
 shared elements last written by ordinary stores is reported unless each writer ran
 ``fence_proxy_async()`` after its write (``memory.RaceTracker.async_read``); so is a TMA
 copy issued into such elements (the store could land after the copy), or into elements whose
-last ordinary read is unfenced. A landed TMA copy clears its elements.
+ordinary read is unfenced. A landed TMA copy clears its elements.
 """
 
 from __future__ import annotations

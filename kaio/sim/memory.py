@@ -251,10 +251,11 @@ class RaceTracker:
     ``sync_warp``) separates them. Atomics are not tracked.
 
     Across barriers, per element: the last ordinary (generic-proxy) write, with its writer's
-    count of ``fence_proxy_async()`` at the time, and the same of the last ordinary read. An
+    count of ``fence_proxy_async()`` at the time, and the same of one ordinary read (the
+    oldest whose reader has not fenced since, else the last). An
     asynchronous-proxy read (``wgmma``, ``bulk_store``) of an element whose writer has not
     fenced since is reported (``async_read``): on the GPU it may read the old bytes; so is a
-    TMA copy issued into such an element, or into one whose last reader has not fenced since
+    TMA copy issued into such an element, or into one whose recorded reader has not fenced since
     (the store may land after the copy; the read may see the copy's bytes).
 
     Without a storage (``st`` None, ``size`` keys a block), the keys are units of the dynamic
@@ -345,7 +346,14 @@ class RaceTracker:
         self._record(m, "r2", key, cur, code, second)
 
     def _generic(self, m, kind: str, key, cur, code: int) -> None:
+        """Record an ordinary access. A read replaces the element's recorded read only where
+        that reader has fenced since (or none is recorded), so an unfenced read stays on
+        record until a TMA copy lands over it."""
         lanes, fences, at = self.generic[kind]
+        if kind == "read":
+            held = lanes[key]
+            free = (held < 0) | (m.proxy_fences[np.maximum(held, 0)] != fences[key])
+            key, cur = key[free], cur[free]
         lanes[key] = cur
         fences[key] = m.proxy_fences[cur]
         at[key] = code
@@ -353,7 +361,7 @@ class RaceTracker:
     def async_read(self, m, ins: Instr, keys: np.ndarray, what: str, writes: bool = False) -> None:
         """Raise if an element of ``keys``, read now by the asynchronous proxy (``what``), was
         last written by an ordinary store whose thread has run no ``fence_proxy_async()``
-        since; with ``writes`` (a TMA copy issued into them), also if its last ordinary read
+        since; with ``writes`` (a TMA copy issued into them), also if its recorded ordinary read
         is unfenced so."""
         for kind in ("wrote", "read") if writes else ("wrote",):
             lanes, fences, at = self.generic[kind]
