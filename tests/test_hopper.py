@@ -381,19 +381,24 @@ def land_and_copy(
 
 
 @kaio.gpu_kernel(block_size=128)
-def tma_over_stores(tmap: kaio.tensormap, out: f16[:, :], FENCE: kaio.constexpr):
+def tma_over_stores(
+    tmap: kaio.tensormap, out: f16[:, :], FENCE: kaio.constexpr, SYNC: kaio.constexpr
+):
     """Every thread fills its part of a shared tile with ordinary stores (made visible to the
-    asynchronous proxy when FENCE), then one 32 x 64 TMA box lands over the whole tile."""
+    asynchronous proxy when FENCE; a barrier after them when SYNC), then thread 0 has one
+    32 x 64 TMA box land over the whole tile."""
     tile = kaio.shared(f16, (32, 64))
     bars = kaio.shared(u64, (1,))
     t = kaio.thread_idx_x()
+    if t == 0:
+        kaio.mbarrier_init(bars, 0, 1)
+    kaio.sync_threads()
     for i in range(t, 32 * 64, 128):
         tile[i // 64, i % 64] = f16(-1.0)
     if FENCE:
         kaio.fence_proxy_async()
-    if t == 0:
-        kaio.mbarrier_init(bars, 0, 1)
-    kaio.sync_threads()
+    if SYNC:
+        kaio.sync_threads()
     land_and_copy(tile, tmap, 0, bars, 0, out)
 
 
@@ -731,7 +736,7 @@ def test_bulk_store_of_a_write_after_the_fence_is_reported():
 def test_tma_over_fenced_stores_lands():
     a = RNG.standard_normal((40, 64)).astype(np.float16)
     out = np.full((32, 64), np.nan, np.float16)
-    tma_over_stores.sim[1](kaio.tensor_map_2d(a, (32, 64), 0), out, FENCE=True)
+    tma_over_stores.sim[1](kaio.tensor_map_2d(a, (32, 64), 0), out, FENCE=True, SYNC=True)
     np.testing.assert_array_equal(out, a[:32])
 
 
@@ -742,7 +747,10 @@ def test_tma_over_unfenced_stores_is_reported():
     out = np.full((32, 64), np.nan, np.float16)
     match = r"(?s)tma_load_2d\(\) writes 'tile_smem0'.*wrote it at.*land after the copy"
     with pytest.raises(kaio.SimulationError, match=match):
-        tma_over_stores.sim[1](kaio.tensor_map_2d(a, (32, 64), 0), out, FENCE=False)
+        tma_over_stores.sim[1](kaio.tensor_map_2d(a, (32, 64), 0), out, FENCE=False, SYNC=True)
+    # fenced, but the other threads' stores are not ordered before thread 0's copy
+    with pytest.raises(kaio.SimulationError, match=r"(?s)race on 'tile_smem0'\[0, 1\]"):
+        tma_over_stores.sim[1](kaio.tensor_map_2d(a, (32, 64), 0), out, FENCE=True, SYNC=False)
 
 
 def test_tma_over_unfenced_reads_is_reported():
@@ -811,7 +819,7 @@ def test_ptx_assembles_for_sm_90a():
         wgmma_stored.ptx(arch="sm_90", FENCE=True, SYNC=True),
         bulk_after_write.ptx(arch="sm_90", LATE=False),
         bulk_of_all_rows.ptx(arch="sm_90", SYNC=True),
-        tma_over_stores.ptx(arch="sm_90", FENCE=True),
+        tma_over_stores.ptx(arch="sm_90", FENCE=True, SYNC=True),
         bulk_through_alias.ptx(arch="sm_90", FENCE=True),
         tma_after_reads.ptx(arch="sm_90", FENCE=True, REREAD=False),
         *(
@@ -918,7 +926,7 @@ def test_gpu_async_proxy_after_fenced_stores(backend):
     a = RNG.standard_normal((40, 64)).astype(np.float16)
     tile = kaio.to_device(np.full((32, 64), np.nan, np.float16))
     tmap = kaio.tensor_map_2d(kaio.to_device(a), (32, 64), 0)
-    _on_backend(tma_over_stores, 128, backend)[1](tmap, tile, FENCE=True)
+    _on_backend(tma_over_stores, 128, backend)[1](tmap, tile, FENCE=True, SYNC=True)
     np.testing.assert_array_equal(tile.numpy(), a[:32])
     rows = kaio.to_device(np.full((32, 4), np.nan, np.float32))
     _on_backend(bulk_through_alias, 32, backend)[1, 32, 0, 512](rows, FENCE=True)

@@ -19,8 +19,9 @@ without any barrier changing is stopped. A completed wait is a barrier for the r
 
 ``wgmma`` is computed when issued (exact products summed in f64, rounded once to f32) and its
 accumulators are written then. Its reads of shared memory, and ``bulk_store``'s, are checked
-by the race detector as reads by the issuing thread (the warpgroup's first for wgmma); TMA
-writes are not (they land when their barrier phase completes, which orders them). Across
+by the race detector as reads by the issuing thread (the warpgroup's first for wgmma), and a
+TMA copy's writes (not multicast) as writes by the issuing thread, until a completed wait
+(a barrier for the detector) orders them. Across
 the proxies the detector checks the proxy fence: a ``wgmma`` or ``bulk_store`` that reads
 shared elements last written by ordinary stores is reported unless each writer ran
 ``fence_proxy_async()`` after its write (``memory.RaceTracker.async_read``); so is a TMA
@@ -346,8 +347,11 @@ def tma_load(m, ins: Instr, vals: list):
         for block, key in targets.items():
             st, offsets = _locate_bytes(m, ins, block, addrs, "tma_load_2d")
             if st.tracker is not None:
-                elements = _element_keys(st, block, offsets)
+                elements = np.unique(_element_keys(st, block, offsets))
                 st.tracker.async_read(m, ins, elements, "kaio.tma_load_2d()", writes=True)
+                if not multicast:  # a write for the issuing thread until its phase completes
+                    writer = np.full(len(elements), int(lane))
+                    st.tracker.access(m, ins, elements, writer, write=True, generic=False)
             bar = _get(m, ins, key, int(lane))
             bar.copies.append((st, block, offsets, data))
             bar.tx -= data.size

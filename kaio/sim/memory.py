@@ -318,9 +318,10 @@ class RaceTracker:
 
     def access(self, m, ins: Instr, key, lanes, write: bool, generic: bool = True) -> None:
         """Check and record one load or store by the active lanes (``lanes``: their lane
-        indices, None for all active). ``generic=False``: a read by the asynchronous proxy
-        (``wgmma``, ``bulk_store``) on behalf of ``lanes``, checked for races with ordinary
-        accesses but not recorded as an ordinary read for the proxy-fence check."""
+        indices, None for all active). ``generic=False``: an access by the asynchronous proxy
+        on behalf of ``lanes`` (a ``wgmma`` or ``bulk_store`` read, a TMA copy's write),
+        checked for races with ordinary accesses but not recorded as an ordinary access for
+        the proxy-fence check."""
         cur = m.lane_index if lanes is None else lanes
         for slot in ("w", "r1", "r2") if write else ("w",):
             hit = self._conflict(m, slot, key, cur)
@@ -337,7 +338,8 @@ class RaceTracker:
                 self._record(m, "w", key[a : a + 1], cur[a : a + 1], code)
                 self._report(m, ins, int(key[b]), int(cur[b]), True, int(cur[a]), "w")
             self._record(m, "w", key, cur, code)
-            self._generic(m, "wrote", key, cur, code)
+            if generic:
+                self._generic(m, "wrote", key, cur, code)
             return
         if generic:
             self._generic(m, "read", key, cur, code)
