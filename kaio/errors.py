@@ -69,5 +69,5 @@ class SimulationError(Exception):
     """The CPU simulator found an error: an out-of-bounds access, a barrier or shuffle in
     divergent code, a shared-memory race, or an ordinary shared store read by ``wgmma`` or
     ``bulk_store`` (or a shared element stored or read, then overwritten by a TMA copy)
-    without ``fence_proxy_async()``. The
-    message names the kernel's source line, the array, the index, the thread and the block."""
+    without ``fence_proxy_async()``. The message names the kernel's source line, the array,
+    the index, the thread and the block."""

@@ -367,6 +367,15 @@ def bulk_after_write(out: f32[:, :], LATE: kaio.constexpr):
 
 
 @kaio.gpu_func
+def init_barrier(bars: u64[:]):
+    """mbarrier 0 of ``bars`` expects one arrival: initialized by thread 0, then a barrier
+    so that every thread sees it."""
+    if kaio.thread_idx_x() == 0:
+        kaio.mbarrier_init(bars, 0, 1)
+    kaio.sync_threads()
+
+
+@kaio.gpu_func
 def land_and_copy(
     tile: f16[:, :], tmap: kaio.tensormap, row: i32, bars: u64[:], phase: u32, out: f16[:, :]
 ):
@@ -389,10 +398,8 @@ def tma_over_stores(
     32 x 64 TMA box land over the whole tile."""
     tile = kaio.shared(f16, (32, 64))
     bars = kaio.shared(u64, (1,))
+    init_barrier(bars)
     t = kaio.thread_idx_x()
-    if t == 0:
-        kaio.mbarrier_init(bars, 0, 1)
-    kaio.sync_threads()
     for i in range(t, 32 * 64, 128):
         tile[i // 64, i % 64] = f16(-1.0)
     if FENCE:
@@ -416,10 +423,8 @@ def tma_after_reads(
     too."""
     tile = kaio.shared(f16, (32, 64))
     bars = kaio.shared(u64, (1,))
+    init_barrier(bars)
     t = kaio.thread_idx_x()
-    if t == 0:
-        kaio.mbarrier_init(bars, 0, 1)
-    kaio.sync_threads()
     land_and_copy(tile, tmap, 0, bars, 0, first)
     if FENCE:
         kaio.fence_proxy_async()
@@ -706,6 +711,20 @@ def test_bulk_store_misuse_is_reported():
         mixed.ptx(arch="sm_90")
 
 
+ROWS = np.arange(128, dtype=np.float32).reshape(32, 4)
+"""What the row kernels store (``write_rows``): 4 t + c at [t, c]."""
+
+
+def _check_rows(run, on_gpu: bool = False) -> np.ndarray:
+    """``run(rows)`` on NaN-poisoned rows [32, 4] (a DeviceArray when ``on_gpu``), which must
+    then hold ROWS; returns them (as given to ``run``)."""
+    rows = np.full((32, 4), np.nan, np.float32)
+    rows = kaio.to_device(rows) if on_gpu else rows
+    run(rows)
+    np.testing.assert_array_equal(rows.numpy() if on_gpu else rows, ROWS)
+    return rows
+
+
 def _stored_operands():
     a = RNG.integers(-8, 8, (64, 16)).astype(np.float16)
     b = RNG.integers(-8, 8, (16, 8)).astype(np.float16)
@@ -726,9 +745,7 @@ def test_wgmma_of_unfenced_stores_is_reported():
 
 
 def test_bulk_store_of_a_write_after_the_fence_is_reported():
-    out = np.full((32, 4), np.nan, np.float32)
-    bulk_after_write.sim[1](out, LATE=False)
-    np.testing.assert_array_equal(out, np.arange(128, dtype=np.float32).reshape(32, 4))
+    out = _check_rows(lambda rows: bulk_after_write.sim[1](rows, LATE=False))
     with pytest.raises(kaio.SimulationError, match=r"(?s)reads 'rows_smem0'\[0, 3\].*wrote it at"):
         bulk_after_write.sim[1](out, LATE=True)
 
@@ -772,9 +789,7 @@ def test_tma_over_unfenced_reads_is_reported():
 
 
 def test_bulk_store_through_an_alias_of_unfenced_stores_is_reported():
-    out = np.full((32, 4), np.nan, np.float32)
-    bulk_through_alias.sim[1, 32, 0, 512](out, FENCE=True)
-    np.testing.assert_array_equal(out, np.arange(128, dtype=np.float32).reshape(32, 4))
+    out = _check_rows(lambda rows: bulk_through_alias.sim[1, 32, 0, 512](rows, FENCE=True))
     match = r"(?s)bulk_store\(\) reads 'rows_dsmem1'\[0, 0\].*wrote it at"
     with pytest.raises(kaio.SimulationError, match=match):
         bulk_through_alias.sim[1, 32, 0, 512](out, FENCE=False)
@@ -786,9 +801,7 @@ def test_async_reads_race_with_other_threads_stores():
     a, b, out = _stored_operands()
     with pytest.raises(kaio.SimulationError, match=r"(?s)race on 'sa_smem0'.*wgmma_f16"):
         wgmma_stored.sim[1](a, b, out, FENCE=True, SYNC=False)
-    rows = np.full((32, 4), np.nan, np.float32)
-    bulk_of_all_rows.sim[1](rows, SYNC=True)
-    np.testing.assert_array_equal(rows, np.arange(128, dtype=np.float32).reshape(32, 4))
+    rows = _check_rows(lambda rows: bulk_of_all_rows.sim[1](rows, SYNC=True))
     with pytest.raises(kaio.SimulationError, match=r"(?s)race on 'rows_smem0'\[1, 0\]"):
         bulk_of_all_rows.sim[1](rows, SYNC=False)
 
@@ -917,20 +930,15 @@ def test_gpu_async_proxy_after_fenced_stores(backend):
     kernel = _on_backend(wgmma_stored, 128, backend)
     kernel[1](kaio.to_device(a), kaio.to_device(b), got, FENCE=True, SYNC=True)
     np.testing.assert_array_equal(got.numpy(), a.astype(np.float64) @ b.astype(np.float64))
-    rows = kaio.to_device(np.full((32, 4), np.nan, np.float32))
-    _on_backend(bulk_after_write, 32, backend)[1](rows, LATE=False)
-    np.testing.assert_array_equal(rows.numpy(), np.arange(128, dtype=np.float32).reshape(32, 4))
-    every = kaio.to_device(np.full((32, 4), np.nan, np.float32))
-    _on_backend(bulk_of_all_rows, 32, backend)[1](every, SYNC=True)
-    np.testing.assert_array_equal(every.numpy(), np.arange(128, dtype=np.float32).reshape(32, 4))
+    _check_rows(lambda rows: _on_backend(bulk_after_write, 32, backend)[1](rows, LATE=False), True)
+    _check_rows(lambda rows: _on_backend(bulk_of_all_rows, 32, backend)[1](rows, SYNC=True), True)
     a = RNG.standard_normal((40, 64)).astype(np.float16)
     tile = kaio.to_device(np.full((32, 64), np.nan, np.float16))
     tmap = kaio.tensor_map_2d(kaio.to_device(a), (32, 64), 0)
     _on_backend(tma_over_stores, 128, backend)[1](tmap, tile, FENCE=True, SYNC=True)
     np.testing.assert_array_equal(tile.numpy(), a[:32])
-    rows = kaio.to_device(np.full((32, 4), np.nan, np.float32))
-    _on_backend(bulk_through_alias, 32, backend)[1, 32, 0, 512](rows, FENCE=True)
-    np.testing.assert_array_equal(rows.numpy(), np.arange(128, dtype=np.float32).reshape(32, 4))
+    alias = _on_backend(bulk_through_alias, 32, backend)
+    _check_rows(lambda rows: alias[1, 32, 0, 512](rows, FENCE=True), True)
     first, second = (kaio.to_device(np.full((32, 64), np.nan, np.float16)) for _ in range(2))
     _on_backend(tma_after_reads, 128, backend)[1](tmap, first, second, FENCE=True, REREAD=False)
     np.testing.assert_array_equal(first.numpy(), a[:32])

@@ -24,7 +24,7 @@ TMA copy's writes (not multicast) as writes by the issuing thread, until a compl
 (a barrier for the detector) orders them. Across
 the proxies the detector checks the proxy fence: a ``wgmma`` or ``bulk_store`` that reads
 shared elements last written by ordinary stores is reported unless each writer ran
-``fence_proxy_async()`` after its write (``memory.RaceTracker.async_read``); so is a TMA
+``fence_proxy_async()`` after its write (``memory.RaceTracker.check_fenced``); so is a TMA
 copy issued into such elements (the store could land after the copy), or into elements whose
 ordinary read is unfenced. A landed TMA copy clears its elements.
 """
@@ -346,12 +346,10 @@ def tma_load(m, ins: Instr, vals: list):
             targets = _remote(m, bar_arr, own, keys[j], ranks)
         for block, key in targets.items():
             st, offsets = _locate_bytes(m, ins, block, addrs, "tma_load_2d")
-            if st.tracker is not None:
-                elements = np.unique(_element_keys(st, block, offsets))
-                st.tracker.async_read(m, ins, elements, "kaio.tma_load_2d()", writes=True)
-                if not multicast:  # a write for the issuing thread until its phase completes
-                    writer = np.full(len(elements), int(lane))
-                    st.tracker.access(m, ins, elements, writer, write=True, generic=False)
+            if st.tracker is not None:  # the issuing thread's write until its phase completes
+                elements = _element_keys(st, block, offsets)
+                what = "kaio.tma_load_2d()"
+                _async_access(m, ins, st, elements, int(lane), what, True, not multicast)
             bar = _get(m, ins, key, int(lane))
             bar.copies.append((st, block, offsets, data))
             bar.tx -= data.size
@@ -437,17 +435,22 @@ def bulk_store(m, ins: Instr, vals: list):
             )
         if src_st.tracker is not None:
             keys = block * src_st.size + sflat + np.arange(count)
-            _async_read(m, ins, src_st, keys, int(lane), "kaio.bulk_store()")
+            _async_access(m, ins, src_st, keys, int(lane), "kaio.bulk_store()")
         flat_dst[dkey : dkey + count] = src_st.data[block].reshape(-1)[sflat : sflat + count]
 
 
-def _async_read(m, ins: Instr, st, keys: np.ndarray, reader: int, what: str) -> None:
-    """Shared elements ``keys`` read by the asynchronous proxy for lane ``reader``: a race
-    with ordinary accesses of other threads in the same barrier interval, and a read of
-    unfenced stores (``RaceTracker.async_read``), are reported."""
+def _async_access(
+    m, ins: Instr, st, keys: np.ndarray, lane: int, what: str, writes: bool = False,
+    race: bool = True,
+) -> None:  # fmt: skip
+    """Shared elements ``keys`` read (or with ``writes``, written) by the asynchronous proxy
+    for lane ``lane``: with ``race``, a race with ordinary accesses of other threads in the
+    same barrier interval is reported; so is a missing proxy fence after an ordinary access
+    (``RaceTracker.check_fenced``)."""
     unique = np.unique(keys)
-    st.tracker.access(m, ins, unique, np.full(len(unique), reader), write=False, generic=False)
-    st.tracker.async_read(m, ins, unique, what)
+    if race:
+        st.tracker.access(m, ins, unique, np.full(len(unique), lane), writes, generic=False)
+    st.tracker.check_fenced(m, ins, unique, what, writes)
 
 
 def _box(tm, row: int, col: int) -> np.ndarray:
@@ -516,7 +519,7 @@ def _operand(
     addrs = operand_addresses(desc, mn, mn_major)
     st, offsets = _locate_bytes(m, ins, block, addrs, "wgmma operand")
     if st.tracker is not None:
-        _async_read(m, ins, st, _element_keys(st, block, offsets), reader, "wgmma")
+        _async_access(m, ins, st, _element_keys(st, block, offsets), reader, "wgmma")
     raw = _block_bytes(st, block)
     lo, hi = raw[offsets], raw[offsets + 1]
     bits = lo.astype(np.uint16) | hi.astype(np.uint16) << 8
@@ -596,7 +599,7 @@ def smem_desc(m, ins: Instr, vals: list):
 
 def fence_proxy_async(m, ins: Instr, vals: list):
     """Count the fence for each active lane: its ordinary shared writes before it are now
-    visible to the asynchronous proxy (``memory.RaceTracker.async_read``)."""
+    visible to the asynchronous proxy (``memory.RaceTracker.check_fenced``)."""
     active = m.active_lanes()
     if active is None:
         m.proxy_fences += 1

@@ -254,7 +254,7 @@ class RaceTracker:
     count of ``fence_proxy_async()`` at the time, and the same of one ordinary read (the
     oldest whose reader has not fenced since, else the last). An
     asynchronous-proxy read (``wgmma``, ``bulk_store``) of an element whose writer has not
-    fenced since is reported (``async_read``): on the GPU it may read the old bytes; so is a
+    fenced since is reported (``check_fenced``): on the GPU it may read the old bytes; so is a
     TMA copy issued into such an element, or into one whose recorded reader has not fenced since
     (the store may land after the copy; the read may see the copy's bytes).
 
@@ -360,7 +360,9 @@ class RaceTracker:
         fences[key] = m.proxy_fences[cur]
         at[key] = code
 
-    def async_read(self, m, ins: Instr, keys: np.ndarray, what: str, writes: bool = False) -> None:
+    def check_fenced(
+        self, m, ins: Instr, keys: np.ndarray, what: str, writes: bool = False
+    ) -> None:
         """Raise if an element of ``keys``, read now by the asynchronous proxy (``what``), was
         last written by an ordinary store whose thread has run no ``fence_proxy_async()``
         since; with ``writes`` (a TMA copy issued into them), also if its recorded ordinary read
@@ -436,10 +438,12 @@ class AliasedView:
         self.core.view = self
         self.core.access(m, ins, self._units(key), np.repeat(cur, self.per), write, generic)
 
-    def async_read(self, m, ins: Instr, keys: np.ndarray, what: str, writes: bool = False) -> None:
-        """``RaceTracker.async_read`` of the bytes of elements ``keys``."""
+    def check_fenced(
+        self, m, ins: Instr, keys: np.ndarray, what: str, writes: bool = False
+    ) -> None:
+        """``RaceTracker.check_fenced`` of the bytes of elements ``keys``."""
         self.core.view = self
-        self.core.async_read(m, ins, self._units(keys), what, writes)
+        self.core.check_fenced(m, ins, self._units(keys), what, writes)
 
     def async_wrote(self, keys: np.ndarray) -> None:
         """``RaceTracker.async_wrote`` of the bytes of elements ``keys``."""
