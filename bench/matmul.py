@@ -109,7 +109,7 @@ def hopper_f16_out(a, b):
     m, k = a.shape
     _matmul_hopper.launch(
         inputs.array(a, "a"), inputs.array(b, "b"), m, b.shape[1], k,
-        _arrays.multiprocessors(), False, f16_outs=[c],
+        _arrays.multiprocessors(inputs.first), False, f16_outs=[c],
     )  # fmt: skip
     return c
 

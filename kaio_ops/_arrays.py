@@ -305,12 +305,18 @@ def stream_of(like: Operand):
 DEFAULT_SMS = 132  # H100/H200 SXM; used when there is no GPU to ask (the simulator)
 
 
-def multiprocessors() -> int:
-    """The SM count the ops plan their grids for: the current GPU's, or DEFAULT_SMS in the
-    simulator or without a GPU (so plans, and results, match an H100/H200)."""
-    if simulating() or not kaio.gpu_available():
-        return DEFAULT_SMS
-    return kaio.device().multiprocessor_count
+def gpu(like: Operand) -> kaio.Device | None:
+    """The GPU ``like`` is on, which the op's launches run on; None for NumPy arrays in the
+    simulator. Ops ask it, not the current device, what to plan for: the arrays of a call may
+    be on any GPU."""
+    return None if like.device is None else kaio.Device(like.device)
+
+
+def multiprocessors(like: Operand) -> int:
+    """The SM count an op on ``like`` plans its grid for: its GPU's, or DEFAULT_SMS in the
+    simulator (so plans, and results, match an H100/H200)."""
+    dev = gpu(like)
+    return DEFAULT_SMS if dev is None else dev.multiprocessor_count
 
 
 def three(items: list) -> list:

@@ -185,13 +185,11 @@ def unroll(vec: int) -> int:
     return min(8, IN_FLIGHT // vec)
 
 
-def available() -> bool:
-    """Whether launches can use clusters: on the simulator, or a GPU of sm_90 or newer."""
-    from kaio.sim.mode import active as simulating
-
-    if simulating():
-        return True
-    return kaio.gpu_available() and int(kaio.device().arch[3:].rstrip("a")) >= 90
+def available(x: _arrays.Operand) -> bool:
+    """Whether launches on ``x`` can use clusters: on the simulator, or a GPU of sm_90 or
+    newer."""
+    dev = _arrays.gpu(x)
+    return dev is None or int(dev.arch[3:].rstrip("a")) >= 90
 
 
 def softmax(x: _arrays.Operand, out, vec: int, p: Plan) -> None:

@@ -170,7 +170,7 @@ def _hopper(x: _arrays.Operand, w, **outputs):
     m, k = x.shape
     w = _arrays.Inputs("prefill").array(w, "w", dtypes=(f16,))
     return _matmul_hopper.launch(
-        x, w, m, w.shape[1], k, _arrays.multiprocessors(), False, **outputs
+        x, w, m, w.shape[1], k, _arrays.multiprocessors(x), False, **outputs
     )
 
 

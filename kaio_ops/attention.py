@@ -84,7 +84,8 @@ def flash_forward(op: str, q, k, v, causal: bool, splits: int | None = None):
     q_tiles = -(-s // simt.ROWS)
     k_tiles = -(-s // 64)
     if splits is None:
-        splits = splits_for(q_tiles, k_tiles, SM_SHARED // (smem + 1024), _arrays.multiprocessors())
+        fits = SM_SHARED // (smem + 1024)
+        splits = splits_for(q_tiles, k_tiles, fits, _arrays.multiprocessors(qa))
     per_split = -(-k_tiles // splits)
     splits = -(-k_tiles // per_split)
     out = _arrays.output(qa, (s, d), f32)

@@ -17,7 +17,6 @@ import math
 import os
 from dataclasses import dataclass, replace
 
-import kaio
 from kaio.sim.mode import active as simulating
 from kaio.types import bf16, f16, f32
 from kaio_ops import _arrays, _matmul_hopper
@@ -117,13 +116,13 @@ def heuristic(m: int, n: int, k: int, sms: int = _arrays.DEFAULT_SMS) -> Plan:
     return Plan("64x64")
 
 
-def plan_for(m: int, n: int, k: int, variant: str) -> Plan:
-    """The tuned plan for this GPU and shape bucket if ``kaio_ops.tune`` stored one, else the
-    heuristic."""
+def plan_for(like, m: int, n: int, k: int, variant: str) -> Plan:
+    """The tuned plan for the GPU of ``like`` (an ``Operand``) and this shape bucket if
+    ``kaio_ops.tune`` stored one, else the heuristic."""
     from kaio_ops import tune
 
-    stored = tune.lookup(variant, m, n, k)
-    return stored if stored is not None else heuristic(m, n, k, _arrays.multiprocessors())
+    stored = tune.lookup(like, variant, m, n, k)
+    return stored if stored is not None else heuristic(m, n, k, _arrays.multiprocessors(like))
 
 
 def _check(op: str, a, b, dtype) -> tuple:
@@ -145,9 +144,9 @@ def run(a, b, dtype, pipelined: bool, plan: Plan | None = None, op: str = "matmu
     m, k = a.shape
     n = b.shape[1]
     if plan is None and hopper_takes(a, b, m, n, k):
-        return _matmul_hopper.launch(a, b, m, n, k, _arrays.multiprocessors(), bf16=dtype == bf16)
+        return _matmul_hopper.launch(a, b, m, n, k, _arrays.multiprocessors(a), bf16=dtype == bf16)
     variant = f"{dtype.name}_{'async' if pipelined else 'sync'}"
-    plan = plan or plan_for(m, n, k, variant)
+    plan = plan or plan_for(a, m, n, k, variant)
     return launch(a, b.arg(k * n), (m, n, k), pipelined, plan, aligned=b.aligned(16))
 
 
@@ -157,19 +156,20 @@ def hopper_takes(a, b, m: int, n: int, k: int) -> bool:
     enough tiles of C."""
     return (
         m > SKINNY_M
-        and _hopper()
+        and _hopper(a)
         and _matmul_hopper.eligible(a, b, m, n, k)
-        and _matmul_hopper.worthwhile(m, n, _arrays.multiprocessors())
+        and _matmul_hopper.worthwhile(m, n, _arrays.multiprocessors(a))
     )
 
 
-def _hopper() -> bool:
-    """Whether ``_matmul_hopper``'s TMA and wgmma kernel replaces the mma.sync one: launches
-    go to an sm_90 GPU (H100/H200), unless ``KAIO_HOPPER_MATMUL=0``. Never under the
-    simulator (its tests launch the kernel directly)."""
+def _hopper(a) -> bool:
+    """Whether ``_matmul_hopper``'s TMA and wgmma kernel replaces the mma.sync one: ``a``
+    (an ``Operand``) is on an sm_90 GPU (H100/H200), unless ``KAIO_HOPPER_MATMUL=0``. Never
+    under the simulator (its tests launch the kernel directly)."""
     if os.environ.get("KAIO_HOPPER_MATMUL") == "0" or simulating():
         return False
-    return kaio.gpu_available() and kaio.device().arch == "sm_90"
+    dev = _arrays.gpu(a)
+    return dev is not None and dev.arch == "sm_90"
 
 
 def launch(

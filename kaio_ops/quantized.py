@@ -105,7 +105,7 @@ def matmul_int8(a, b, scale: float = 1.0):
         raise inputs.error("a" if 0 in a.shape else "b", "has an empty dimension")
     alpha = _scale(inputs, scale, "scale")
     flat_b = _arrays.output_arg(a, transpose(b), (n * k,))
-    return launch(a, flat_b, (m, n, k), True, plan_for(m, n, k, "int8"), alpha=alpha)
+    return launch(a, flat_b, (m, n, k), True, plan_for(a, m, n, k, "int8"), alpha=alpha)
 
 
 def _scale(inputs: _arrays.Inputs, scale, name: str) -> float:
@@ -128,7 +128,7 @@ def matmul_int4(a, b_packed, scales):
         return _int4_decode.matmul(a, b, s)
     if _prefill.fits_int4(a, (b, s)):
         return _prefill.matmul_int4(a, b, s)
-    plan = plan_for(m, n, k, "int4")
+    plan = plan_for(a, m, n, k, "int4")
     return launch(a, _flat_halves(b), (m, n, k), True, plan, aligned=b.aligned(16), scales=s.obj)
 
 
@@ -204,16 +204,17 @@ def _int8_weights(inputs: _arrays.Inputs, x, w, w_name: str, scale, s_name: str)
     return Weights(_flat_halves(w), n, n // 2, _no_scales(x), alpha, w.aligned(16), w)
 
 
-def _qkv_plan(m: int, widths: list[int], k: int, quant: int, vec: bool = True) -> Plan:
+def _qkv_plan(x: _arrays.Operand, widths: list[int], k: int, quant: int, vec: bool = True) -> Plan:
     """The plan of a fused launch for outputs of ``widths`` columns: at decode shapes, the K
     split a call of the widest weight alone takes (a block's K loop is the latency of a
     skinny product, so blocks do no more of it than in the separate calls); otherwise the
     tile chosen for all the columns together, except that shapes needing element copies
     (``vec`` False) take the 64x64 tile: one fallback specialization, not four (each holds
     the code of three tiles)."""
+    m = x.shape[0]
     if m > SKINNY_M and not vec:
         return Plan(FALLBACK)
-    return plan_for(m, max(widths) if m <= SKINNY_M else sum(widths), k, f"qkv_int{quant}")
+    return plan_for(x, m, max(widths) if m <= SKINNY_M else sum(widths), k, f"qkv_int{quant}")
 
 
 def _project(x: _arrays.Operand, weights: list[Weights], quant: int) -> list:
@@ -226,7 +227,7 @@ def _project(x: _arrays.Operand, weights: list[Weights], quant: int) -> list:
     m, k = x.shape
     widths = [w.n for w in weights]
     vec = k % 8 == 0 and x.aligned(16) and all(w.row % 8 == 0 and w.aligned for w in weights)
-    plan = _qkv_plan(m, widths, k, quant, vec)
+    plan = _qkv_plan(x, widths, k, quant, vec)
     cfg = CONFIGS[plan.config]
     split, k_slice = k_slices(k, plan.split, cfg.bk)
     outs = [_arrays.output(x, (m, n), f16) for n in widths]

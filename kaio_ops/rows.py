@@ -327,7 +327,7 @@ def softmax(x):
     """
     a, _ = _row_inputs("softmax", x)
     n = a.shape[-1]
-    if n and a.size and _long_rows.available():
+    if n and a.size and _long_rows.available(a):
         vec = vector_width(a, multiple_of=n)
         cluster = _long_rows.plan(n, a.dtype.itemsize, vec)
         if cluster is not None:

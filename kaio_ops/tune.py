@@ -35,8 +35,8 @@ def bucket(m: int, n: int, k: int) -> str:
     return "x".join(str(1 << max(0, math.ceil(math.log2(v)))) for v in (max(m, 16), n, k))
 
 
-def _key(variant: str, m: int, n: int, k: int) -> str:
-    return f"{kaio.device().name}|{variant}|{bucket(m, n, k)}"
+def _key(device: kaio.Device, variant: str, m: int, n: int, k: int) -> str:
+    return f"{device.name}|{variant}|{bucket(m, n, k)}"
 
 
 def _load() -> dict:
@@ -58,13 +58,16 @@ def _save(table: dict) -> None:
     os.replace(tmp, path())  # atomic: a concurrent reader sees the old or the new file
 
 
-def lookup(variant: str, m: int, n: int, k: int):
-    """The stored plan for ``variant`` (``"f16_async"``...) and this shape's bucket, or None."""
+def lookup(like, variant: str, m: int, n: int, k: int):
+    """The stored plan for the GPU of ``like`` (an ``Operand``; None in the simulator),
+    ``variant`` (``"f16_async"``...) and this shape's bucket, or None."""
+    from kaio_ops import _arrays
     from kaio_ops.matmul import CONFIGS, Plan
 
-    if simulating() or not kaio.gpu_available():
+    dev = _arrays.gpu(like)
+    if dev is None:
         return None
-    entry = _load().get(_key(variant, m, n, k))
+    entry = _load().get(_key(dev, variant, m, n, k))
     if not entry or entry.get("config") not in CONFIGS:
         return None
     return Plan(entry["config"], int(entry.get("split", 1)))
@@ -104,13 +107,15 @@ def matmul(a, b, pipelined: bool = True, repeats: int = 20) -> dict:
     m, k = oa.shape
     n = ob.shape[1]
     stream = _arrays.stream_of(oa)
-    times = {
-        plan: _time(lambda p=plan: run(a, b, dtype, pipelined, p), repeats, stream)
-        for plan in candidates(m, n, k)
-    }
+    dev = _arrays.gpu(oa)
+    with dev:  # the timing events on the arrays' GPU
+        times = {
+            plan: _time(lambda p=plan: run(a, b, dtype, pipelined, p), repeats, stream)
+            for plan in candidates(m, n, k)
+        }
     best = min(times, key=times.get)
     variant = f"{dtype.name}_{'async' if pipelined else 'sync'}"
     table = _load()
-    table[_key(variant, m, n, k)] = {"config": best.config, "split": best.split}
+    table[_key(dev, variant, m, n, k)] = {"config": best.config, "split": best.split}
     _save(table)
     return times

@@ -5,6 +5,7 @@ the CUDA context unusable."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 import time
@@ -188,6 +189,7 @@ def test_out_of_memory_says_asked_free_and_total(monkeypatch):
     monkeypatch.setattr(
         cu, "cuMemGetInfo", lambda: (cu.CUresult.CUDA_SUCCESS, 3 * 2**30, 80 * 2**30)
     )
+    monkeypatch.setattr(memory, "visiting", contextlib.nullcontext)  # no driver to switch
     with pytest.raises(CudaError) as info:
         memory.Allocation(2**40, _fake_device())
     err = info.value

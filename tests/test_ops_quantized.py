@@ -335,11 +335,20 @@ def test_qkv_int4_in_simulator(m, widths, k, poisoned):
         check_f16_product(o, x, w)
 
 
+def qkv_plan(m, widths, k, quant, vec=True, x=None):
+    """``_qkv_plan`` for activations [m, k]: ``x`` on its GPU, else in the simulator."""
+    if x is None:
+        like = _arrays.Operand("x", None, "numpy", (m, k), f16, None, 0)
+    else:
+        like = _arrays.Inputs("test").array(x, "x", ndim=2, dtypes=(f16,))
+    return _qkv_plan(like, widths, k, quant, vec)
+
+
 @pytest.mark.parametrize("m, k", [(1, 512), (40, 96)])
 def test_qkv_int8_equals_separate_calls_in_simulator(m, k):
     """One weight per launch (the same kernel, the same plan): the same bits."""
     x, weights, scales = int8_qkv_case(m, (48, 48, 48), k)
-    assert _qkv_plan(m, [48] * 3, k, 8) == _qkv_plan(m, [48], k, 8)
+    assert qkv_plan(m, [48] * 3, k, 8) == qkv_plan(m, [48], k, 8)
     with kaio.simulate():
         fused = kaio_ops.qkv_project_int8(x, *weights, *scales)
         separate = [project_int8(x, w, s) for w, s in zip(weights, scales, strict=True)]
@@ -366,13 +375,13 @@ def test_qkv_plans():
     """At decode, the K split of one projection alone (a fused block walks no more of K than
     a separate call's); above, the tile for all the columns together."""
     with kaio.simulate():
-        assert _qkv_plan(16, [4096] * 3, 4096, 4) == heuristic(16, 4096, 4096)
-        assert _qkv_plan(1, [4096, 1024, 1024], 4096, 8) == heuristic(1, 4096, 4096)
-        assert _qkv_plan(512, [4096] * 3, 4096, 8) == heuristic(512, 3 * 4096, 4096)
+        assert qkv_plan(16, [4096] * 3, 4096, 4) == heuristic(16, 4096, 4096)
+        assert qkv_plan(1, [4096, 1024, 1024], 4096, 8) == heuristic(1, 4096, 4096)
+        assert qkv_plan(512, [4096] * 3, 4096, 8) == heuristic(512, 3 * 4096, 4096)
         assert heuristic(16, 4096, 4096).split > 1
         assert heuristic(512, 3 * 4096, 4096) != heuristic(512, 4096, 4096)
-        assert _qkv_plan(512, [4096] * 3, 4096, 4, vec=False) == Plan(FALLBACK)
-        assert _qkv_plan(16, [4096] * 3, 4096, 4, vec=False) == heuristic(16, 4096, 4096)
+        assert qkv_plan(512, [4096] * 3, 4096, 4, vec=False) == Plan(FALLBACK)
+        assert qkv_plan(16, [4096] * 3, 4096, 4, vec=False) == heuristic(16, 4096, 4096)
 
 
 def test_every_fused_plan_is_a_listed_specialization():
@@ -383,7 +392,7 @@ def test_every_fused_plan_is_a_listed_specialization():
         for m, (widths, k), vec, quant in itertools.product(
             (1, 16, 17, 100, 300, 4096), shapes, (False, True), (4, 8)
         ):
-            plan = _qkv_plan(m, widths, k, quant, vec)
+            plan = qkv_plan(m, widths, k, quant, vec)
             cfg = CONFIGS[plan.config]
             out = f16 if k_slices(k, plan.split, cfg.bk)[0] == 1 else f32
             assert (QKV[out], cfg.constexprs(True, vec, quant)) in listed, (m, widths, plan)
@@ -514,7 +523,7 @@ def test_gpu_qkv_int8(m):
     scales = [0.01, 0.02, 0.005]
     fused = kaio_ops.qkv_project_int8(x, *weights, *scales)
     separate = [project_int8(x, w, s) for w, s in zip(weights, scales, strict=True)]
-    same_plan = _qkv_plan(m, [n] * 3, k, 8) == _qkv_plan(m, [n], k, 8)
+    same_plan = qkv_plan(m, [n] * 3, k, 8, x=x) == qkv_plan(m, [n], k, 8, x=x)
     _gpu_check(fused, separate, x, weights, scales, same_plan)
 
 

@@ -3,6 +3,7 @@ metadata, launch-config parsing, PTX version checks, error formatting, parameter
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import struct
@@ -243,12 +244,21 @@ def test_check_array_names_parameter_and_expected_type(no_driver_pointer_query):
         check_array([1.0, 2.0], "x", f32[:], "k")
 
 
-def test_check_device_refuses_other_gpu():
-    from kaio.runtime.arguments import check_device
+def test_launch_refuses_arrays_on_two_gpus():
+    """A kernel runs on the GPU its arrays are on, so they must all be on one (checked before
+    any GPU is touched)."""
+    from kaio.runtime.launch import _device
 
-    info = ArgInfo(0x10, (4,), (1,), f32, 1)
-    with pytest.raises(LaunchError, match=r"GPU 1 but the kernel runs on GPU 0.*kaio.Device\(1\)"):
-        check_device(info, "x", f32[:], "k", 0)
+    class Kernel:
+        __name__ = "k"
+
+    arrays = [
+        (ArgInfo(0x10, (4,), (1,), f32, 0), "x", f32[:]),
+        (ArgInfo(0x20, (4,), (1,), f32, 0), "y", f32[:]),
+        (ArgInfo(0x30, (4,), (1,), f32, 1), "out", f32[:]),
+    ]
+    with pytest.raises(LaunchError, match=r"k: argument 'out' .* on GPU 1 but 'x' is on GPU 0"):
+        _device(Kernel(), arrays)
 
 
 def test_check_scalar_ranges_and_kinds():
@@ -491,7 +501,16 @@ def fake_driver(monkeypatch):
         )
         return 0
 
+    def fake_elsewhere(device):
+        def elsewhere(config, func, params):  # the launch with device's context made current
+            calls.append(("context", device.ordinal))
+            return fake_launch(config, func, params, None)
+
+        return elsewhere
+
     monkeypatch.setattr(launcher_mod, "raw_launch_kernel", lambda: fake_launch)
+    monkeypatch.setattr(launcher_mod, "launcher_elsewhere", fake_elsewhere)
+    monkeypatch.setattr(launcher_mod, "visiting", contextlib.nullcontext)
     device = types.SimpleNamespace(
         ordinal=0,
         max_block_dim=(1024, 1024, 64),
@@ -553,6 +572,36 @@ def test_generated_launcher_packs_and_rechecks_signature(fake_driver):
     assert not launch((x, y, out, 2.5))  # nor a float
     assert not launch((x, y, out))
     assert len(calls) == 1
+
+
+def test_generated_launcher_runs_on_the_arrays_gpu(fake_driver, monkeypatch):
+    """Arrays on a GPU other than the current device: the launch makes their GPU's context
+    current for the driver call (``elsewhere``), with no switch when they are on the current
+    one; a kernel without arrays launches only on the current device."""
+    from kaio.runtime.device import current
+
+    calls, loaded = fake_driver
+    dev = loaded.device  # GPU 0
+    x, y, out = (fake_device_array(dev, p, (8,), (4,)) for p in (0x1000, 0x2000, 0x3000))
+    args = (x, y, out, 8)
+    launch = build(add, add.specialize({}, ("C", "C", "C")), loaded, args)(GRID, BLOCK, 0, 0)
+    assert launch(args)
+    assert [c[0] for c in calls] == [0xF00]
+    monkeypatch.setattr(current, "ordinal", 1)
+    assert launch(args)
+    assert [c[0] for c in calls[1:]] == ["context", 0xF00] and calls[1] == ("context", 0)
+
+    @kaio.gpu_kernel
+    def count(n: u32, out: u32):
+        i = u32(0)
+        while i < n:
+            i += out
+
+    spin = build(count, count.specialize({}, ()), loaded, (5, 1))(GRID, BLOCK, 0, 0)
+    assert not spin((5, 1))  # loaded on GPU 0, and GPU 1 is current
+    monkeypatch.setattr(current, "ordinal", 0)
+    assert spin((5, 1))
+    assert calls[-1][0] == 0xF00 and len(calls) == 4
 
 
 class Tensor:

@@ -4,6 +4,8 @@ wrong arguments with a ``LaunchError`` that names the parameter and what it expe
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 
 from kaio.errors import LaunchError
@@ -18,7 +20,6 @@ __all__ = [
     "is_cupy",
     "torch_dtype",
     "check_array",
-    "check_device",
     "check_scalar",
     "NUMPY_HINT",
 ]
@@ -45,11 +46,20 @@ _TORCH_DTYPES = {
 }
 
 
-def _pointer_device(ptr: int) -> int:
-    from kaio.runtime.driver import check, cu
+_DEVICE_ORDINAL = 9  # CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
 
-    attr = cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
-    return int(check(cu.cuPointerGetAttribute(attr, ptr), "cuPointerGetAttribute"))
+
+def _pointer_device(ptr: int) -> int:
+    """The ordinal of the GPU whose memory ``ptr`` points into. Asked of libcuda through
+    ctypes: cuda-bindings 13.3 answers this attribute with 0 for memory on any GPU (seen on a
+    two-GPU H200 machine, where it sent CuPy arrays of GPU 1 to kernels on GPU 0)."""
+    from kaio.runtime.driver import cuda_error, libcuda
+
+    ordinal = ctypes.c_int(-1)
+    rc = libcuda().cuPointerGetAttribute(ctypes.byref(ordinal), _DEVICE_ORDINAL, ptr)
+    if rc:
+        raise cuda_error(rc, "cuPointerGetAttribute")
+    return ordinal.value
 
 
 def is_torch(obj) -> bool:
@@ -170,16 +180,6 @@ def check_array(obj, name: str, expected: ArrayType, kernel: str) -> ArgInfo:
             f"reshape it to {expected.ndim} dimension(s)"
         )
     return info
-
-
-def check_device(info: ArgInfo, name: str, expected: ArrayType, kernel: str, device: int) -> None:
-    """Refuse an array that is not on the GPU the kernel runs on."""
-    if info.device != device:
-        raise LaunchError(
-            f"{_where(kernel, name, expected)}: the array is on GPU {info.device} but the kernel "
-            f"runs on GPU {device}; copy it over, or launch inside "
-            f"`with kaio.Device({info.device}):`"
-        )
 
 
 def check_scalar(value, name: str, expected: ScalarType, kernel: str) -> None:

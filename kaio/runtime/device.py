@@ -1,19 +1,31 @@
 """GPUs and their primary contexts: ``kaio.Device``, ``kaio.device()``, ``kaio.synchronize()``.
 
 kaio uses each device's primary context (the one the CUDA runtime, PyTorch and CuPy share), so
-pointers and streams pass freely between them. ``current.ordinal`` is the device launches and
-allocations go to; ``Device(i).set_current()`` or ``with kaio.Device(i):`` changes it.
+pointers and streams pass freely between them. ``current.ordinal`` is the device allocations
+and launches without array arguments go to; ``Device(i).set_current()`` or
+``with kaio.Device(i):`` changes it. A launch with arrays runs on their device (``visiting``
+makes its context current for the launch and puts the thread's own back).
 """
 
 from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cached_property
 
 from kaio.runtime.driver import check, cu, init
 
-__all__ = ["Device", "device", "device_count", "ensure_context", "synchronize", "current"]
+__all__ = [
+    "Device",
+    "device",
+    "device_count",
+    "ensure_context",
+    "synchronize",
+    "current",
+    "visiting",
+]
 
 
 class _Current(threading.local):
@@ -27,6 +39,9 @@ class _Current(threading.local):
     ordinal = 0
     context_ready = False
     simulating = 0
+
+    def __init__(self):
+        self.entered: list[tuple] = []  # what each open ``with kaio.Device(i):`` replaced
 
 
 current = _Current()
@@ -188,33 +203,50 @@ class Device:
 
     def mem_info(self) -> tuple[int, int]:
         """``(free, total)`` bytes of global memory."""
-        previous = current.ordinal
-        self.set_current()
-        try:
-            free, total = check(cu.cuMemGetInfo(), "cuMemGetInfo")
-        finally:
-            Device(previous).set_current()
-        return free, total
+        with visiting(self):
+            return check(cu.cuMemGetInfo(), "cuMemGetInfo")
 
     def synchronize(self) -> None:
         """Wait for all work on this device; a GPU fault raises ``CudaError`` naming the last
         kernel launched."""
-        previous = current.ordinal
-        self.set_current()
-        try:
+        with visiting(self):
             check(cu.cuCtxSynchronize(), "synchronize")
-        finally:
-            Device(previous).set_current()
 
     def __enter__(self) -> Device:
-        self._previous = current.ordinal
+        saved = (current.ordinal, current.context_ready, _thread_context())
+        current.entered.append(saved)  # per thread: Device objects are shared by all threads
         return self.set_current()
 
     def __exit__(self, *exc) -> None:
-        Device(self._previous).set_current()
+        # the thread's own context goes back as it was: none is created for a device that
+        # was current by default but never used
+        current.ordinal, current.context_ready, context = current.entered.pop()
+        check(cu.cuCtxSetCurrent(context), "cuCtxSetCurrent")
 
     def __repr__(self) -> str:
         return f"<kaio.Device {self.ordinal}: {self.name} ({self.arch})>"
+
+
+def _thread_context():
+    """The calling thread's current CUDA context (a NULL one when it has none)."""
+    return check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
+
+
+@contextmanager
+def visiting(dev: Device) -> Iterator[Device]:
+    """``dev``'s primary context current in the calling thread for the block, then the thread's
+    previous context (whichever library set it, or none) current again; kaio's current device
+    does not change. For the slow paths that must run in a device's context (loading a module
+    for a launch on another GPU); launches switch through ``launcher.py``'s faster calls."""
+    previous = _thread_context()
+    if int(previous) == int(dev.context):
+        yield dev
+        return
+    check(cu.cuCtxSetCurrent(dev.context), "cuCtxSetCurrent")
+    try:
+        yield dev
+    finally:
+        check(cu.cuCtxSetCurrent(previous), "cuCtxSetCurrent")
 
 
 def ensure_context() -> Device:

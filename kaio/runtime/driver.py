@@ -203,7 +203,8 @@ _libcuda: ctypes.CDLL | None = None
 
 def libcuda() -> ctypes.CDLL:
     """libcuda through ctypes (the same library the bindings use), with the prototypes of the
-    calls kaio makes directly: ``cuLaunchKernel`` and the ``cuLink*`` JIT linker."""
+    calls kaio makes directly: ``cuLaunchKernel``, the ``cuLink*`` JIT linker and
+    ``cuPointerGetAttribute``."""
     global _libcuda
     if _libcuda is None:
         init()
@@ -220,5 +221,7 @@ def libcuda() -> ctypes.CDLL:
         lib.cuLinkComplete.restype = i
         lib.cuLinkDestroy.argtypes = [p]
         lib.cuLinkDestroy.restype = i
+        lib.cuPointerGetAttribute.argtypes = [p, i, ctypes.c_uint64]
+        lib.cuPointerGetAttribute.restype = i
         _libcuda = lib
     return _libcuda

@@ -4,8 +4,9 @@ A ``Launch`` holds the kernel's launchers (see ``launcher.py``) bound to its con
 recent first: a call whose arguments one of them takes packs and launches in a few
 microseconds. Otherwise it binds the launchers other configurations built since, and failing
 those takes the slow path (``_build``): validate every argument (``LaunchError`` naming the
-parameter), pick the array layouts ('C' contiguous, 'A' strided), specialize and load the
-kernel, and build a launcher for this signature. Inside ``with kaio.simulate():`` launches go
+parameter), pick the array layouts ('C' contiguous, 'A' strided), specialize the kernel and
+load it on the GPU its arrays are on (all on one; the current device for a kernel without
+arrays), and build a launcher for this signature. Inside ``with kaio.simulate():`` launches go
 to the CPU simulator instead.
 """
 
@@ -13,8 +14,8 @@ from __future__ import annotations
 
 from kaio.errors import LaunchError
 from kaio.kernel import LaunchConfig, param_annotation_error
-from kaio.runtime.arguments import check_array, check_device, check_scalar
-from kaio.runtime.device import current, ensure_context
+from kaio.runtime.arguments import check_array, check_scalar
+from kaio.runtime.device import Device, current, ensure_context, visiting
 from kaio.runtime.launcher import build_launcher
 from kaio.runtime.module import Resources, load, select_arch
 from kaio.runtime.stream import stream_handle
@@ -141,17 +142,32 @@ def _build(kernel, args: tuple):
             value.encoded()  # encoding errors surface here, not as a packing failure
         else:
             raise LaunchError(f"{kernel.__name__}: {param_annotation_error(name, annotation)}")
-    dev = ensure_context()
-    for info, name, annotation in arrays:
-        check_device(info, name, annotation, kernel.__name__, dev.ordinal)
+    dev = _device(kernel, arrays)
     layouts = tuple(infos[position[name]].layout for name in kernel.array_params())
     spec = kernel.specialize(constexprs, layouts)
-    loaded = load(spec, dev, select_arch(kernel.arch, dev))
+    with visiting(dev):
+        loaded = load(spec, dev, select_arch(kernel.arch, dev))
     bind = build_launcher(kernel, spec, loaded, args, infos)
     launchers = kernel._launchers.setdefault(_DISPATCH, [])
     launchers.insert(0, bind)
     del launchers[_MAX_LAUNCHERS:]
     return bind
+
+
+def _device(kernel, arrays: list) -> Device:
+    """The GPU a launch runs on: the one its arrays (``(ArgInfo, name, annotation)``) are
+    on, all on one; for a kernel without arrays, the current device."""
+    if not arrays:
+        return ensure_context()
+    first, first_name, _ = arrays[0]
+    for info, name, annotation in arrays[1:]:
+        if info.device != first.device:
+            raise LaunchError(
+                f"{kernel.__name__}: argument {name!r} (expects {annotation}) is on GPU "
+                f"{info.device} but {first_name!r} is on GPU {first.device}; a kernel runs on "
+                "one GPU: copy the arrays to one device"
+            )
+    return Device(first.device)
 
 
 def resources(kernel, arch: str | None, constexprs: dict) -> Resources:

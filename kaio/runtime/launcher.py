@@ -32,6 +32,11 @@ last the slow path, which raises ``LaunchError`` for wrong arguments). Per launc
   expect it, and the TMA load faults with an illegal instruction (seen on an H200), while
   ``kernelParams`` lets the driver lay the parameters out itself.
 
+A launcher belongs to one GPU, the one its signature's arrays are on. When that is not the
+current device, the launch makes the GPU's primary context current for the driver call and the
+thread's own context current again after (``launcher_elsewhere``: two more ctypes calls); a
+kernel without arrays launches only on the current device.
+
 Each launch takes a parameter buffer off the launcher's free list and puts it back after the
 driver call, so threads launching the same signature at once never overwrite each other's
 parameters; a thread that finds the list empty makes another buffer. The driver call keeps the
@@ -55,7 +60,7 @@ import numpy as np
 from kaio.errors import CudaError, LaunchError
 from kaio.runtime.arginfo import ArgInfo, RawArray
 from kaio.runtime.arguments import describe, is_cupy, is_torch
-from kaio.runtime.device import Device, current
+from kaio.runtime.device import Device, current, visiting
 from kaio.runtime.driver import cuda_error, last_launched_slot, libcuda
 from kaio.runtime.memory import DeviceArray
 from kaio.tensormap import TensorMap
@@ -79,6 +84,7 @@ _CODES = {
     "bool_": "?",
 }
 _CUDA_ERROR_INVALID_CONTEXT = 201
+_CUDA_ERROR_INVALID_HANDLE = 400
 
 
 def param_format(params) -> tuple[str, int]:
@@ -312,6 +318,38 @@ def raw_launch_kernel():
     return _raw_launch
 
 
+_raw_context_calls = None
+
+
+def launcher_elsewhere(device: Device) -> Callable:
+    """``elsewhere(config, function, params) -> CUresult``: ``cuLaunchKernelEx`` with
+    ``device``'s primary context made current for the call and the thread's previous one
+    (kaio's, another library's, or none) current again after, for a launch whose arrays are
+    on another GPU than the current one: the driver refuses a function of one context while
+    another is current (CUDA_ERROR_INVALID_HANDLE). ``cuCtxGetCurrent`` and
+    ``cuCtxSetCurrent`` through ctypes prototypes like ``raw_launch_kernel``'s."""
+    global _raw_context_calls
+    if _raw_context_calls is None:
+        lib = libcuda()
+        proto = ctypes.PYFUNCTYPE(ctypes.c_int)
+        _raw_context_calls = proto(("cuCtxGetCurrent", lib)), proto(("cuCtxSetCurrent", lib))
+    get_context, set_context = _raw_context_calls
+    launch_kernel = raw_launch_kernel()
+    target = ctypes.c_void_p(int(device.context))
+
+    def elsewhere(config, function, params) -> int:
+        previous = ctypes.c_void_p()
+        rc = get_context(ctypes.byref(previous)) or set_context(target)
+        if rc:
+            return rc
+        try:
+            return launch_kernel(config, function, params, None)
+        finally:
+            set_context(previous)
+
+    return elsewhere
+
+
 def parameter_slot(size: int, offsets: list[int]) -> tuple:
     """A parameter buffer of ``size`` bytes (as a writable memoryview, which ``pack_into``
     takes faster than the ctypes array it views) and the ``kernelParams`` array of pointers to
@@ -334,7 +372,8 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
     declared = kernel.block_size
 
     def admit(grid, block, shared):
-        validate_config(grid, block, shared, loaded, declared)
+        with visiting(loaded.device):  # opting in to shared memory sets a function attribute
+            validate_config(grid, block, shared, loaded, declared)
 
     def fail(rc, stream):
         raise cuda_error(rc, f"launching {loaded.name}", stream)
@@ -357,11 +396,13 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         "admit": admit,
         "fail": fail,
         "recover": recover,
+        "elsewhere": launcher_elsewhere(loaded.device),
     }
     conditions, entries = [], []
     runs: dict[int, int] = {}  # first entry -> entries packed as one ArgInfo bytes entry
     entry = 0
-    for k, kind in launch_abi(kernel, spec.layouts, loaded.params):
+    abi = launch_abi(kernel, spec.layouts, loaded.params)
+    for k, kind in abi:
         count = 1
         if kind in ("C", "A"):
             condition, values, whole = array_code(k, args[k], infos[k], kind, env)
@@ -382,7 +423,12 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
             env[f"C{k}"] = args[k]
             conditions.append(f"a{k} != C{k}")
     if record is not None:
-        env["RECORD"], env["debug_check"] = record.pointer, record.check
+
+        def debug_check(stream):  # the default stream is the current context's
+            with visiting(loaded.device):
+                record.check(stream)
+
+        env["RECORD"], env["debug_check"] = record.pointer, debug_check
         entries.append("RECORD")
     env["pack"] = struct.Struct(merge_entries(fmt, runs)).pack_into
     # Free parameter buffers: a launch pops one (list.pop is atomic), packs and launches from
@@ -391,6 +437,8 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
     env["free"] = [parameter_slot(size, offsets)]
     env["new_slot"] = lambda: parameter_slot(size, offsets)
     call = "launch_kernel(CONFIG, FUNC, params, None)"
+    elsewhere = "elsewhere(CONFIG, FUNC, params)"
+    has_arrays = any(kind in ("C", "A") for _, kind in abi)
     if args:
         unpack = [
             "        try:",
@@ -409,8 +457,10 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         "    def launch(args):",
         "        nonlocal admitted",
         *unpack,
-        "        if current.ordinal != DEV:",
-        "            return False",
+        "        home = current.ordinal == DEV",
+        # a kernel with arrays runs on their GPU (the conditions check it), one without on the
+        # current device
+        *([] if has_arrays else ["        if not home:", "            return False"]),
     ]
     for condition in conditions:
         lines += [f"        if {condition}:", "            return False"]
@@ -427,10 +477,15 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         "        except PACK_ERRORS:",
         "            free.append(slot)",
         "            return False",
-        f"        rc = {call}",
-        f"        if rc == {_CUDA_ERROR_INVALID_CONTEXT}:",
-        "            recover()",
+        "        if home:",
         f"            rc = {call}",
+        f"            if rc == {_CUDA_ERROR_INVALID_CONTEXT}:  # a new thread: no context yet",
+        "                recover()",
+        f"                rc = {call}",
+        f"            elif rc == {_CUDA_ERROR_INVALID_HANDLE}:  # another library's context",
+        f"                rc = {elsewhere}",
+        "        else:",
+        f"            rc = {elsewhere}",
         "        free.append(slot)",
         "        if rc:",
         "            fail(rc, stream)",

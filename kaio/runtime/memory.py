@@ -14,7 +14,7 @@ import numpy as np
 from kaio.errors import CudaError
 from kaio.runtime import dlpack
 from kaio.runtime.arginfo import ArgInfo, c_strides
-from kaio.runtime.device import Device, ensure_context
+from kaio.runtime.device import Device, ensure_context, visiting
 from kaio.runtime.driver import check, cu
 from kaio.runtime.stream import Event, stream_handle
 from kaio.types import ScalarType, from_numpy_dtype
@@ -31,9 +31,10 @@ def as_dtype(dtype) -> tuple[np.dtype, ScalarType]:
     return np_dtype, from_numpy_dtype(np_dtype)
 
 
-def _free(ptr) -> None:
+def _free(ptr, device: Device) -> None:
     try:
-        cu.cuMemFree(ptr)
+        with visiting(device):
+            cu.cuMemFree(ptr)
     except Exception:  # interpreter shutdown: the driver may be gone already
         pass
 
@@ -70,17 +71,19 @@ class Allocation:
     __slots__ = ("ptr", "nbytes", "device", "_finalizer", "__weakref__")
 
     def __init__(self, nbytes: int, device: Device):
-        err, handle = cu.cuMemAlloc(max(nbytes, 1))
-        if err == cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY:
-            raise out_of_memory(nbytes, device, int(err))
+        with visiting(device):  # memory goes to the current context's GPU
+            err, handle = cu.cuMemAlloc(max(nbytes, 1))
+            if err == cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY:
+                raise out_of_memory(nbytes, device, int(err))
         check((err, handle), f"cuMemAlloc({nbytes} bytes)")
         self.ptr = int(handle)
         self.nbytes = nbytes
         self.device = device
-        self._finalizer = weakref.finalize(self, _free, handle)
+        self._finalizer = weakref.finalize(self, _free, handle, device)
 
 
 def _copy_to_host(dst: np.ndarray, src: int, nbytes: int, stream) -> None:
+    """``nbytes`` from device address ``src`` into ``dst`` (a context of the GPU is current)."""
     if stream is None:
         check(cu.cuMemcpyDtoH(dst.ctypes.data, src, nbytes), "copy to host", 0)
         return
@@ -239,6 +242,11 @@ class DeviceArray:
         out = np.empty(self.shape, self.dtype)
         if self.size == 0:
             return out
+        with visiting(self.device):  # the copy needs a context; the default stream is its
+            return self._copy_out(out, stream)
+
+    def _copy_out(self, out: np.ndarray, stream) -> np.ndarray:
+        """``numpy``'s copy into ``out``, with the array's context current."""
         if self.is_contiguous:
             _copy_to_host(out, self.ptr, self.nbytes, stream)
             return out
@@ -264,11 +272,13 @@ class DeviceArray:
         if host.shape != self.shape:
             raise ValueError(f"shape mismatch: host {host.shape}, device {self.shape}")
         if self.size:
-            if stream is None:
-                check(cu.cuMemcpyHtoD(self.ptr, host.ctypes.data, self.nbytes), "copy to device")
-            else:
-                h = stream_handle(stream)
-                check(cu.cuMemcpyHtoDAsync(self.ptr, host.ctypes.data, self.nbytes, h), "copy")
+            with visiting(self.device):
+                if stream is None:
+                    copied = cu.cuMemcpyHtoD(self.ptr, host.ctypes.data, self.nbytes)
+                else:
+                    h = stream_handle(stream)
+                    copied = cu.cuMemcpyHtoDAsync(self.ptr, host.ctypes.data, self.nbytes, h)
+                check(copied, "copy to device")
         return self
 
     # ------------------------------------------------------------------ interop
