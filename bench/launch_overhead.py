@@ -307,6 +307,7 @@ def op_pairs():
     import torch.nn.functional as F
 
     import kaio_ops
+    import kaio_ops.torch  # noqa: F401 (registers torch.ops.kaio)
     from bench.quantized import int4_inputs
 
     x, packed, scales, w = int4_inputs(1, 4096, 4096)
@@ -317,6 +318,8 @@ def op_pairs():
         ("matmul_int4 [1, 4096] x [4096, 4096]", lambda: kaio_ops.matmul_int4(x, packed, scales),
          "x @ w (f16 weights, cuBLAS)", lambda: x @ w),
         ("rms_norm [1, 4096] f16", lambda: kaio_ops.rms_norm(h, g),
+         "F.rms_norm", lambda: F.rms_norm(h, (4096,), g, 1e-6)),
+        ("torch.ops.kaio.rms_norm [1, 4096] f16", lambda: torch.ops.kaio.rms_norm(h, g),
          "F.rms_norm", lambda: F.rms_norm(h, (4096,), g, 1e-6)),
         ("silu_gate [1, 4096] f16", lambda: kaio_ops.silu_gate(h, h),
          "F.silu(x) * g", lambda: F.silu(h) * h),

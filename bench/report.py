@@ -362,8 +362,9 @@ def section_launch(suite: SuiteRun, plot_files: set[str], plot_dir: str) -> str:
     if ops:
         out.append(
             "`kaio_ops` calls at decode sizes, torch tensors in and out (argument checks, "
-            "output allocation, launch), beside torch eager doing the same work; host µs per "
-            "call, behind the spinner:"
+            "output allocation, launch), and one through its torch custom operator "
+            "(`torch.ops.kaio`: the dispatcher and the autograd layer on top), beside torch "
+            "eager doing the same work; host µs per call, behind the spinner:"
         )
         body = [
             [f"`{o['op']}`", num(o["kaio_us"]), o["torch"], num(o["torch_us"]),

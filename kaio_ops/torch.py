@@ -595,18 +595,17 @@ def register(spec: OpSpec):
         _LIBRARY.define(f"{spec.name}{spec.schema}")
         _LIBRARY.impl(spec.name, spec.grad.fn, "CompositeImplicitAutograd")
         return getattr(getattr(torch.ops, NAMESPACE), spec.name)
-    schema = torch._C.parse_schema(f"{NAMESPACE}::{spec.name}{spec.schema}")
-    names = [arg.name for arg in schema.arguments]
-    op = torch.library.custom_op(
-        f"{NAMESPACE}::{spec.name}",
-        _implementation(spec, names),
-        mutates_args=(),
-        schema=spec.schema,
-    )
-    op.register_fake(_fake(spec, names))
+    qualname = f"{NAMESPACE}::{spec.name}"
+    names = [arg.name for arg in torch._C.parse_schema(qualname + spec.schema).arguments]
+    # The library's own define and impl, not torch.library.custom_op: custom_op wraps the
+    # kernel in an aliasing check and a dynamo guard, 5 µs a call on an H200 host (43.0 ->
+    # 37.7 µs for rms_norm at decode size, 20.7 called directly)
+    _LIBRARY.define(spec.name + spec.schema)
+    _LIBRARY.impl(spec.name, _implementation(spec, names), "CompositeExplicitAutograd")
+    torch.library.register_fake(qualname, _fake(spec, names), lib=_LIBRARY)
     setup_context, backward = _autograd(spec, names)
-    op.register_autograd(backward, setup_context=setup_context)
-    return op
+    torch.library.register_autograd(qualname, backward, setup_context=setup_context, lib=_LIBRARY)
+    return getattr(getattr(torch.ops, NAMESPACE), spec.name)
 
 
 def differentiable(name: str) -> bool:
