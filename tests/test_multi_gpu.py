@@ -34,6 +34,17 @@ pytestmark = [
 ]
 
 
+def fresh_process(script: str) -> str:
+    """The output of ``script`` run by a new Python process in the repository (it must
+    succeed): for what only a process's first CUDA calls decide."""
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": REPO},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 @kaio.gpu_kernel
 def axpy(x: f32[:], y: f32[:], out: f32[:], a: f32, n: u32):
     i = kaio.block_idx_x() * kaio.block_dim_x() + kaio.thread_idx_x()
@@ -115,8 +126,8 @@ def test_cuda_array_interface_arrays_say_their_gpu():
 
 def _torch_cases():
     """(name, make inputs on a torch device, call): ops of each family, at sizes that take
-    their GPU-specific paths (the Hopper matmul, the decode int4 kernel, the cluster softmax,
-    flash attention's split plans)."""
+    their GPU-specific paths (the mma.sync and the Hopper matmuls, the decode int4 kernel,
+    the cluster softmax, flash attention's split plans)."""
     import torch
 
     import kaio_ops
@@ -133,7 +144,10 @@ def _torch_cases():
 
     return [
         ("rms_norm", lambda d: (f16(d, 4, 4096, seed=1), f16(d, 4096, seed=2)), kaio_ops.rms_norm),
-        ("matmul_tc_async", lambda d: (f16(d, 512, 1024, seed=3), f16(d, 1024, 1024, seed=4)),
+        ("matmul_tc", lambda d: (f16(d, 512, 1024, seed=3), f16(d, 1024, 1024, seed=4)),
+         kaio_ops.matmul_tc),
+        # enough 128 x 128 tiles of C (2 an SM) for the Hopper kernel (TMA, wgmma) on sm_90
+        ("matmul_tc_async", lambda d: (f16(d, 2048, 256, seed=13), f16(d, 256, 2304, seed=14)),
          kaio_ops.matmul_tc_async),
         ("matmul_int4", int4, kaio_ops.matmul_int4),
         ("softmax long rows", lambda d: (f16(d, 2, 262144, seed=5).float(),), kaio_ops.softmax),
@@ -145,7 +159,7 @@ def _torch_cases():
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("case", range(7))
+@pytest.mark.parametrize("case", range(8))
 @pytest.mark.parametrize("torch_device", [None, 1], ids=["torch-current-0", "torch-current-1"])
 def test_torch_ops_run_on_their_inputs_gpu(case, torch_device):
     """The same op on copies of one input on GPU 0 and GPU 1: the same bits, each result on
@@ -206,9 +220,26 @@ def test_a_process_on_gpu_1_makes_no_context_on_gpu_0():
               int(cu.cuDevicePrimaryCtxGetState(dev1)[2]))
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHONPATH": REPO},
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split()[-2:] == ["0", "1"], done.stdout
+    assert fresh_process(script).split()[-2:] == ["0", "1"]
+
+
+def test_kaio_starts_on_the_threads_current_gpu_and_leaves_torchs_alone():
+    """In a process that chose GPU 1 through torch first (as a torchrun rank does), kaio's
+    current device is GPU 1, its arrays go there, and torch's current device stays GPU 1."""
+    script = textwrap.dedent(
+        """
+        import numpy as np, torch
+        from cuda.bindings import driver as cu
+        import kaio
+
+        torch.cuda.set_device(1)
+        torch.ones(4, device="cuda")
+        assert kaio.device().ordinal == 1, kaio.device()
+        assert kaio.to_device(np.ones(4, np.float32)).device.ordinal == 1
+        assert torch.ones(4, device="cuda").device.index == 1
+        assert torch.cuda.current_device() == 1
+        print("active", int(cu.cuDevicePrimaryCtxGetState(cu.cuDeviceGet(0)[1])[2]))
+        """
+    )
+    pytest.importorskip("torch")
+    assert fresh_process(script).split()[-2:] == ["active", "0"]

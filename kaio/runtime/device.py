@@ -250,14 +250,21 @@ def visiting(dev: Device) -> Iterator[Device]:
 
 
 def ensure_context() -> Device:
-    """The current device, its primary context made current on first use."""
+    """The current device, its primary context made current on first use. A thread that
+    already has a current context when kaio first needs one (made current by torch, CuPy or
+    the CUDA runtime: ``torch.cuda.set_device(1)``) starts on that context's device, not on
+    device 0, and keeps it current."""
     if not current.context_ready:
+        init()
+        if int(_thread_context()):
+            current.ordinal = int(check(cu.cuCtxGetDevice(), "cuCtxGetDevice"))
         return Device(current.ordinal).set_current()
     return Device(current.ordinal)
 
 
 def device() -> Device:
-    """The current device (``kaio.Device(0)`` unless changed)."""
+    """The current device: ``kaio.Device(0)``, or the device of the context the calling
+    thread already had current (see ``ensure_context``), unless changed."""
     return ensure_context()
 
 
