@@ -243,3 +243,19 @@ def test_kaio_starts_on_the_threads_current_gpu_and_leaves_torchs_alone():
     )
     pytest.importorskip("torch")
     assert fresh_process(script).split()[-2:] == ["active", "0"]
+
+
+def test_dlpack_export_of_an_array_on_gpu_1_to_a_torch_stream_there():
+    """torch takes a GPU-1 DeviceArray on one of its own GPU-1 streams: the values a kaio
+    kernel wrote, with the consumer stream made to wait on GPU 1's default stream."""
+    torch = pytest.importorskip("torch")
+    x = np.arange(4096, dtype=np.float32)
+    on1 = _axpy_on(1, x, x)
+    axpy[16, 256](*on1, 2.0, 4096)
+    side = torch.cuda.Stream(device=1)
+    with torch.cuda.device(1), torch.cuda.stream(side):
+        t = torch.from_dlpack(on1[2])
+        copy = t.clone()  # on the side stream
+    side.synchronize()
+    assert t.device == torch.device("cuda", 1)
+    np.testing.assert_array_equal(copy.cpu().numpy(), 3 * x)

@@ -304,7 +304,8 @@ class DeviceArray:
         if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
             raise BufferError(f"cannot export a CUDA array to device {dl_device}")
         if stream is not None and stream not in (-1, 0, 1, 2):
-            ready = Event(timing=False).record(0)
+            with visiting(self.device):  # the default stream of the array's GPU
+                ready = Event(timing=False).record(0)
             check(cu.cuStreamWaitEvent(stream, ready._event, 0), "cuStreamWaitEvent")
         return dlpack.export(
             self, self.ptr, self.shape, self._info.strides, self.kaio_dtype, self.device.ordinal
