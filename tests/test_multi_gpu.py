@@ -259,3 +259,30 @@ def test_dlpack_export_of_an_array_on_gpu_1_to_a_torch_stream_there():
     side.synchronize()
     assert t.device == torch.device("cuda", 1)
     np.testing.assert_array_equal(copy.cpu().numpy(), 3 * x)
+
+
+def test_cuda_graph_of_ops_on_gpu_1():
+    """A CUDA graph captured on GPU 1 around kaio ops (kaio's current device 0: each launch
+    switches to GPU 1's context inside the capture) replays with new inputs to the results of
+    direct calls."""
+    torch = pytest.importorskip("torch")
+    import kaio_ops
+
+    g = torch.Generator(device="cpu").manual_seed(21)
+    x = torch.randn(8, 4096, generator=g).half().to("cuda:1")
+    w = torch.randn(4096, generator=g).half().to("cuda:1")
+    with torch.cuda.device(1):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm up: compile and load before capturing
+            kaio_ops.silu_gate(kaio_ops.rms_norm(x, w), x)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = kaio_ops.silu_gate(kaio_ops.rms_norm(x, w), x)
+        x.copy_(torch.randn(8, 4096, generator=g).half().to("cuda:1"))
+        graph.replay()
+        want = kaio_ops.silu_gate(kaio_ops.rms_norm(x, w), x)
+        torch.cuda.synchronize(1)
+    assert kaio.device().ordinal == 0
+    assert torch.equal(y, want)
