@@ -339,7 +339,12 @@ def launcher_elsewhere(device: Device) -> Callable:
 
     def elsewhere(config, function, params) -> int:
         previous = ctypes.c_void_p()
-        rc = get_context(ctypes.byref(previous)) or set_context(target)
+        rc = get_context(ctypes.byref(previous))
+        if rc:
+            return rc
+        if previous.value == target.value:  # already current (torch's, say): no switch
+            return launch_kernel(config, function, params, None)
+        rc = set_context(target)
         if rc:
             return rc
         try:
