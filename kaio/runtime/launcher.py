@@ -34,7 +34,8 @@ last the slow path, which raises ``LaunchError`` for wrong arguments). Per launc
 
 A launcher belongs to one GPU, the one its signature's arrays are on. When that is not the
 current device, the launch makes the GPU's primary context current for the driver call and the
-thread's own context current again after (``launcher_elsewhere``: two more ctypes calls); a
+thread's own context current again after (``launcher_elsewhere``: three more ctypes calls,
+one when that context is already the thread's, as torch makes it in a process per GPU); a
 kernel without arrays launches only on the current device.
 
 Each launch takes a parameter buffer off the launcher's free list and puts it back after the
