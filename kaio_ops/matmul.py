@@ -116,7 +116,7 @@ def heuristic(m: int, n: int, k: int, sms: int = _arrays.DEFAULT_SMS) -> Plan:
     return Plan("64x64")
 
 
-def plan_for(like, m: int, n: int, k: int, variant: str) -> Plan:
+def plan_for(like: _arrays.Operand, m: int, n: int, k: int, variant: str) -> Plan:
     """The tuned plan for the GPU of ``like`` (an ``Operand``) and this shape bucket if
     ``kaio_ops.tune`` stored one, else the heuristic."""
     from kaio_ops import tune
@@ -162,7 +162,7 @@ def hopper_takes(a, b, m: int, n: int, k: int) -> bool:
     )
 
 
-def _hopper(a) -> bool:
+def _hopper(a: _arrays.Operand) -> bool:
     """Whether ``_matmul_hopper``'s TMA and wgmma kernel replaces the mma.sync one: ``a``
     (an ``Operand``) is on an sm_90 GPU (H100/H200), unless ``KAIO_HOPPER_MATMUL=0``. Never
     under the simulator (its tests launch the kernel directly)."""

@@ -59,8 +59,8 @@ def _save(table: dict) -> None:
 
 
 def lookup(like, variant: str, m: int, n: int, k: int):
-    """The stored plan for the GPU of ``like`` (an ``Operand``; None in the simulator),
-    ``variant`` (``"f16_async"``...) and this shape's bucket, or None."""
+    """The stored plan for the GPU of ``like`` (an ``Operand``), ``variant``
+    (``"f16_async"``...) and this shape's bucket, or None (always in the simulator)."""
     from kaio_ops import _arrays
     from kaio_ops.matmul import CONFIGS, Plan
 

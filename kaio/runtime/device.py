@@ -3,8 +3,8 @@
 kaio uses each device's primary context (the one the CUDA runtime, PyTorch and CuPy share), so
 pointers and streams pass freely between them. ``current.ordinal`` is the device allocations
 and launches without array arguments go to; ``Device(i).set_current()`` or
-``with kaio.Device(i):`` changes it. A launch with arrays runs on their device (``visiting``
-makes its context current for the launch and puts the thread's own back).
+``with kaio.Device(i):`` changes it. A launch with arrays runs on their device (launcher.py);
+``visiting(dev)`` makes a device's context current for a block and puts the thread's own back.
 """
 
 from __future__ import annotations
