@@ -3,8 +3,8 @@ whatever the current device (kaio's, torch's or CuPy's); a process that uses onl
 no context on GPU 0. Marked gpu; skipped where fewer than two GPUs are visible.
 
 Each op's result on GPU 1 is compared bit for bit with the same op on GPU 0 (the two GPUs of
-one machine are the same model, and the kernels are deterministic), and both against a
-float64 reference where the op has a tolerance-free one."""
+one machine are the same model, and the kernels are deterministic; the ops' own tests check
+them against their references); the raw kernel's results and the CuPy case against NumPy."""
 
 from __future__ import annotations
 
