@@ -141,15 +141,16 @@ NOTES: tuple[Note, ...] = (
         "of 16 blocks that each keep 64 KB of it in shared memory and exchange their max and "
         "sum through distributed shared memory (kaio_ops/_long_rows.py), so the row is read "
         "once: 65% -> 86% of copy on an H100 (2026-11-25; the single-block path read it "
-        "twice, 2.94 transfers: at most 68%). Each block loads its slice, waits at a "
-        "cluster barrier, then writes it: while it waits its multiprocessor's loads stop, "
-        "and a cluster of 16 starts only when 16 blocks' room is free in one GPC, which is "
-        "why it stays below the row ops that fit one block (96-98%). Cluster shapes "
-        "compared in one run: 16 x 256 threads best for f32, 8 x 1024 threads 3-8% slower, "
-        "16 x 512 threads 15-40% slower; a persistent grid (each cluster taking several "
-        "rows) was slower still. What could go further: overlapping one row's stores with "
-        "the next row's loads inside a cluster (two slices a block, double-buffered), with "
-        "an exact count of the clusters that fit (cuOccupancyMaxActiveClusters).",
+        "twice, 2.94 transfers: at most 68%). On an H200 the same kernel gave 68-72%: each "
+        "block loaded its slice, waited at a cluster barrier, then wrote it, and while it "
+        "waited its multiprocessor's loads stopped. Since 2026-11-26 f32 takes a persistent "
+        "grid of as many clusters as fit (21, from cuOccupancyMaxActiveClusters), each block "
+        "copying the next row's slice by cp.async while it writes the current one and "
+        "computing one exponential a value: 72% -> 78% on an H200 (four calls between a "
+        "pair of events), equal on an H100 (85%). Other shapes compared are listed in the "
+        "module (threads, cluster sizes, registers, bulk stores); without any cluster "
+        "exchange at all (a wrong result, to see its cost) it reached 80-82%: the cluster "
+        "barrier costs a few percent, and the rest is not yet explained.",
     ),
     Note(
         r"^quantize_q6_k$",

@@ -311,6 +311,18 @@ class Kernel:
 
         return resources(self, arch, constexprs)
 
+    def max_active_clusters(
+        self, threads: int, shared_bytes: int = 0, *, device=None, arch: str | None = None,
+        **constexprs,
+    ) -> int:  # fmt: skip
+        """How many clusters of this kernel (it declares ``kaio.cluster_dims``), with
+        ``threads`` threads a block and ``shared_bytes`` of dynamic shared memory, can run at
+        once on ``device`` (a ``kaio.Device``; default: the current GPU): the grid of a
+        persistent kernel (``cuOccupancyMaxActiveClusters``)."""
+        from kaio.runtime.launch import max_active_clusters
+
+        return max_active_clusters(self, arch, constexprs, threads, shared_bytes, device)
+
     # ----------------------------------------------------------------- running
     def __getitem__(self, config):
         try:

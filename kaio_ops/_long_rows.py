@@ -1,21 +1,29 @@
-"""Softmax over rows longer than one block's registers hold, on sm_90: one thread-block
-cluster a row, the row read from memory once.
+"""Softmax over rows longer than one block's registers hold, on sm_90: a thread-block
+cluster a row, each row read from memory once.
 
 A row of ``n`` elements goes to a cluster of 8 or 16 blocks (``kaio.cluster_dims``; ``plan``
-picks the size); each block takes its slice of the row and keeps it in shared memory as read:
+picks the size); each block keeps its slice of the row in shared memory, reduces it to a
+(max, sum of exp(x - max)) pair, and the blocks merge their pairs through distributed shared
+memory (``cluster_max_sum``) before each writes ``exp(x - max) / sum`` for its slice. Each
+thread reads back only the chunks it stored itself: no block barrier between the passes.
 
-1. load the slice (``unroll(vec)`` chunks a thread in flight, all loads before any use), store it
-   to shared memory as is, and keep a running (max, sum of exp(x - max)) per thread;
-2. reduce the pairs over the block, publish the block's pair in shared memory;
-3. ``cluster_sync``; every thread merges the cluster's pairs, read from the other blocks'
-   shared memory (``cluster_load``), then ``cluster_arrive``;
-4. write ``exp(x - max) / sum`` for the slice, from shared memory; ``cluster_wait`` before
-   exiting, so that no block exits while another may still read its pair (the arrival
-   long done, the wait costs nothing).
+- ``_softmax_f32``, for f32 rows that need clusters of 16: a persistent grid, as many
+  clusters as the GPU runs at once (``max_active_clusters``), cluster ``c`` taking rows ``c``,
+  ``c + clusters``, and so on. The slice comes by ``cp.async`` (16 bytes a chunk, ``GROUPS``
+  groups of ``UNROLL`` chunks a thread, waited for group by group); the first pass stores
+  ``exp(x - m)`` over its group's max ``m`` in place, so the second pass is one
+  multiplication a value, by ``exp(m - max) / sum``; as each thread reads a chunk in the
+  second pass it starts the copy of the next row's chunk into its place, so the next row's
+  loads fly while this one is written. f32 [256, 262144] on an H200: 72% -> 78% of copy
+  bandwidth (equal on an H100).
+- ``_softmax_rows``, for f16 and bf16 (whose slices cannot hold f32 exponentials in place)
+  and for shorter f32 rows (clusters of 8, where it measured faster on an H100): a cluster a
+  row, loads into registers (``IN_FLIGHT`` elements a thread in flight), both passes
+  computing the exponential.
 
 The single-block path (``kaio_ops.rows``) reads a longer row twice (2.94 transfers a call at
-262144 f32 elements: at most 68% of copy bandwidth); this one moves each byte once in and
-once out. Rows whose slice would not fit in shared memory keep the two-pass path.
+262144 f32 elements: at most 68% of copy bandwidth). Rows whose slice would not fit in shared
+memory keep that path.
 """
 
 from __future__ import annotations
@@ -37,23 +45,161 @@ from kaio_ops._common import (
 from kaio_ops._typed import by_dtype
 
 CLUSTERS = (8, 16)  # blocks a row: the portable size, then sm_90's largest (opted in)
-IN_FLIGHT = 32  # elements each thread has in flight: UNROLL = 8 chunks of f32, 4 of f16
+IN_FLIGHT = 32  # elements a thread of _softmax_rows loads before using any
+GROUP = 16  # elements a thread of _softmax_f32 copies in one cp.async group
 THREADS = 256
 MIN_ROW = 16385  # shorter rows fit in one block's registers (kaio_ops.rows)
 SLICE_BYTES = 64 * 1024  # a block's share of the row, when a cluster size gives it: 3 blocks an SM
 MAX_SLICE_BYTES = 160 * 1024  # at most (longer rows are read twice, by kaio_ops.rows)
-# Compared on an H100 (rows of 262144, one run; the script's times include the launch's host
-# time, so only the ratios count): f32 16 x 256 threads (64 KB slices) fastest, 8 x 1024
-# threads (128 KB, one block an SM) 3-8% slower, 16 x 512 15-40% slower; bf16 8 x 256
-# fastest, 8 x 512 up to 30% slower, 4 x 512 16% slower. A persistent grid (each cluster
-# taking several rows) lost: clusters that did not fit ran their rows last. Splitting the
-# second cluster barrier (arrive after the reads, wait before exiting): 0-2%. In
-# `python -m bench all` (f32 [256, 262144]): 86% of copy bandwidth, 65% before.
+SM_SHARED = 227 * 1024  # shared memory an sm_90 multiprocessor gives its blocks
+BLOCK_RESERVED = 1024  # shared memory the hardware keeps per block
+MAX_BLOCKS = 4  # blocks an SM the register cap aims for at most (launch_bounds): 64 registers
+MAX_PENDING = 7  # cp.async groups a wait may leave pending (kaio.cp_async_wait)
+SIM_CLUSTERS = 2  # the persistent grid in the simulator: a cluster takes several rows
+# Compared on an H200 (f32, 2026-11-26; 4 calls between a pair of events, so the host's
+# time per call is hidden): rows of 262144, _softmax_f32 with 16 x 256 threads, 64 KB slices,
+# 3 blocks an SM, 72 registers, 21 clusters at once: 77.7% of copy against 71.7% for
+# _softmax_rows; with an exponential in both passes 56-60% (80 registers) and 51-53% (101
+# registers, 2 blocks an SM, 14 clusters); 16 x 128 threads 75-77%; 8 x 512 and 8 x 1024
+# (128 KB slices) 66-70%; 16 x 512 42%; with no cluster exchange at all (a wrong result, to
+# see its cost) 80-82%; one cluster a row with the same cp.async loads 75%; each slice stored
+# by one bulk copy (cp.async.bulk) 60%. On an H100 the same run gave 84.7% and 85.4%: equal.
+# Rows of 65536 (clusters of 8, 32 KB slices): _softmax_f32 76.9% against 76.4% on the H200
+# (registers capped for 4 blocks an SM; for 3 68.5%, for 6 74.3%) but 80.5% against 87.5%
+# on the H100, so it takes only rows that need clusters of 16. bf16 rows of 262144: the
+# persistent grid with both exponentials 57%, _softmax_rows 61%. _softmax_rows on an H100:
+# 16 x 256 threads best for f32, 8 x 1024 3-8% slower, 16 x 512 15-40% slower; bf16 8 x 256
+# fastest, 8 x 512 up to 30% slower, 4 x 512 16% slower.
 MAX, EXPSUM = 0, 1
 
 
 @kaio.gpu_kernel
-def _softmax_cluster(
+def _softmax_f32(
+    x: f32[:],
+    out: f32[:],
+    n: u32,
+    rows: u32,
+    CLUSTER: kaio.constexpr,
+    THREADS: kaio.constexpr,
+    BLOCKS: kaio.constexpr,
+    VEC: kaio.constexpr,
+    UNROLL: kaio.constexpr,
+    GROUPS: kaio.constexpr,
+):
+    """Softmax of rows ``c``, ``c + clusters``, ... of x [rows, n] (flat) into out, for
+    cluster ``c`` of the grid's ``clusters``."""
+    kaio.cluster_dims(CLUSTER)
+    kaio.launch_bounds(THREADS, BLOCKS)
+    cache = kaio.shared_dynamic(f32)
+    span = kaio.local(u32, (2,))
+    block_slice(n, VEC, CLUSTER, span)
+    first = span[0]
+    count = span[1]
+    clusters = kaio.grid_dim_x() // CLUSTER
+    start = kaio.block_idx_x() // CLUSTER
+    rounds = kaio.select(start < rows, (rows - start + clusters - 1) // clusters, 0)
+    t = kaio.thread_idx_x()
+    if rounds > 0:
+        for g in kaio.static_range(GROUPS):
+            for u in kaio.static_range(UNROLL):
+                c = t + (g * UNROLL + u) * THREADS
+                if c < count:
+                    fill(VEC, cache, c * VEC, x, start * n + (first + c) * VEC)
+            kaio.cp_async_commit()
+    acc = kaio.local(f32, (2,))
+    tops = kaio.local(f32, (GROUPS,))  # each group's max
+    raw = kaio.local(f32, (UNROLL, VEC))
+    ov = kaio.local(f32, (VEC,))
+    for k in range(rounds):
+        acc[MAX] = LOWEST
+        acc[EXPSUM] = 0.0
+        for g in kaio.static_range(GROUPS):
+            if GROUPS - 1 - g > MAX_PENDING:
+                kaio.cp_async_wait(MAX_PENDING)  # waiting for more groups than needed is safe
+            else:
+                kaio.cp_async_wait(GROUPS - 1 - g)
+            top = LOWEST  # finite, so a chunk of -inf gives exp(-inf) = 0, not NaN
+            for u in kaio.static_range(UNROLL):
+                c = t + (g * UNROLL + u) * THREADS
+                if c < count:
+                    fetch(VEC, raw, u, cache, c * VEC)
+                    for j in kaio.static_range(VEC):
+                        top = kaio.max(top, raw[u, j])
+            tops[g] = top
+            s = 0.0
+            for u in kaio.static_range(UNROLL):
+                c = t + (g * UNROLL + u) * THREADS
+                if c < count:
+                    for j in kaio.static_range(VEC):
+                        ov[j] = kaio.exp2_ftz((raw[u, j] - top) * LOG2E)
+                        s += ov[j]
+                    store_f32(cache, c * VEC, ov, 0, VEC)
+            merge_max_sum(top, s, acc)
+        if k > 0:
+            kaio.cluster_wait()  # every block has read the previous row's pair
+        cluster_max_sum(acc, CLUSTER)
+        inv = 1.0 / acc[EXPSUM]
+        base = (start + k * clusters) * n + first * VEC
+        following = base + clusters * n  # the same slice of the cluster's next row
+        for g in kaio.static_range(GROUPS):
+            scale = kaio.exp2_ftz((tops[g] - acc[MAX]) * LOG2E) * inv
+            for u in kaio.static_range(UNROLL):
+                c = t + (g * UNROLL + u) * THREADS
+                if c < count:
+                    fetch(VEC, raw, u, cache, c * VEC)
+                    for j in kaio.static_range(VEC):
+                        ov[j] = raw[u, j] * scale
+                    store_f32(out, base + c * VEC, ov, 0, VEC)
+                    if k + 1 < rounds:
+                        fill(VEC, cache, c * VEC, x, following + c * VEC)
+            kaio.cp_async_commit()
+    if rounds > 0:
+        kaio.cluster_wait()  # no block exits while another may still read its pair
+
+
+@kaio.gpu_func
+def block_slice(n: u32, VEC: kaio.constexpr, CLUSTER: kaio.constexpr, span: u32[:]):
+    """span[0], span[1] = the first chunk and the number of chunks of this block's slice of a
+    row of ``n`` elements in chunks of VEC (the last blocks' may be shorter or empty)."""
+    chunks = n // VEC
+    per = (chunks + CLUSTER - 1) // CLUSTER
+    span[0] = kaio.cluster_rank() * per
+    span[1] = kaio.select(span[0] < chunks, kaio.min(per, chunks - span[0]), 0)
+
+
+@kaio.gpu_func
+def fill(VEC: kaio.constexpr, cache: f32[:], i: u32, src: f32[:], j: u32):
+    """Start copying chunk src[j : j + VEC] to cache[i : i + VEC]: by cp.async when the
+    chunk is 16 bytes, else (one element) by a load and a store."""
+    if VEC == 1:
+        cache[i] = src[j]
+    else:
+        kaio.cp_async_cg(cache, i, src, j, 16)
+
+
+@kaio.gpu_func
+def cluster_max_sum(acc: f32[:], CLUSTER: kaio.constexpr):
+    """Merge every thread's (acc[0] max, acc[1] sum of exp(v - max)) over the cluster: over
+    the block, then the blocks' pairs published in shared ``pair`` and read from each block's
+    shared memory; every thread gets the row's pair in acc. Ends with ``cluster_arrive``: the
+    block must ``cluster_wait`` before it calls this again or exits."""
+    pair = kaio.shared(f32, (2,))
+    red0 = kaio.shared(f32, (32,))
+    red1 = kaio.shared(f32, (32,))
+    block_max_sum(acc, red0, red1)
+    if kaio.thread_idx_x() == 0:
+        pair[MAX] = acc[MAX]
+        pair[EXPSUM] = acc[EXPSUM]
+    kaio.cluster_sync()
+    acc[MAX] = LOWEST
+    acc[EXPSUM] = 0.0
+    for r in kaio.static_range(CLUSTER):
+        merge_max_sum(kaio.cluster_load(pair, MAX, r), kaio.cluster_load(pair, EXPSUM, r), acc)
+    kaio.cluster_arrive()  # this block has read the others' pairs
+
+
+@kaio.gpu_kernel
+def _softmax_rows(
     x: DT[:],
     out: DT[:],
     n: u32,
@@ -66,35 +212,11 @@ def _softmax_cluster(
     kaio.cluster_dims(CLUSTER)
     kaio.launch_bounds(THREADS)
     cache = kaio.shared_dynamic(DT)
-    pair = kaio.shared(f32, (2,))
-    red0 = kaio.shared(f32, (32,))
-    red1 = kaio.shared(f32, (32,))
-    chunks = n // VEC
-    per = (chunks + CLUSTER - 1) // CLUSTER
-    first = kaio.cluster_rank() * per
-    count = kaio.select(first < chunks, kaio.min(per, chunks - first), 0)
+    span = kaio.local(u32, (2,))
+    block_slice(n, VEC, CLUSTER, span)
+    first = span[0]
+    count = span[1]
     base = kaio.block_idx_x() // CLUSTER * n + first * VEC
-    one_row(x, out, base, count, cache, pair, red0, red1, CLUSTER, THREADS, VEC, UNROLL)
-
-
-@kaio.gpu_func
-def one_row(
-    x: DT[:],
-    out: DT[:],
-    base: u32,
-    count: u32,
-    cache: DT[:],
-    pair: f32[:],
-    red0: f32[:],
-    red1: f32[:],
-    CLUSTER: kaio.constexpr,
-    THREADS: kaio.constexpr,
-    VEC: kaio.constexpr,
-    UNROLL: kaio.constexpr,
-):
-    """This block's ``count`` chunks of its row, from element ``base`` (steps 1 to 4 of the
-    module's description). Each thread reads back only the cache entries it wrote itself:
-    no block barrier between the passes."""
     t = kaio.thread_idx_x()
     nt = THREADS
     acc = kaio.local(f32, (2,))
@@ -105,7 +227,7 @@ def one_row(
         for u in kaio.static_range(UNROLL):
             if c + u * nt < count:
                 fetch(VEC, raw, u, x, base + (c + u * nt) * VEC)
-        top = LOWEST  # finite, so a chunk of -inf gives exp(-inf) = 0, not NaN
+        top = LOWEST
         for u in kaio.static_range(UNROLL):
             if c + u * nt < count:
                 for j in kaio.static_range(VEC):
@@ -117,16 +239,7 @@ def one_row(
                 for j in kaio.static_range(VEC):
                     s += kaio.exp2_ftz((f32(raw[u, j]) - top) * LOG2E)
         merge_max_sum(top, s, acc)
-    block_max_sum(acc, red0, red1)
-    if t == 0:
-        pair[MAX] = acc[MAX]
-        pair[EXPSUM] = acc[EXPSUM]
-    kaio.cluster_sync()
-    acc[MAX] = LOWEST
-    acc[EXPSUM] = 0.0
-    for r in kaio.static_range(CLUSTER):
-        merge_max_sum(kaio.cluster_load(pair, MAX, r), kaio.cluster_load(pair, EXPSUM, r), acc)
-    kaio.cluster_arrive()  # this block has read the others' pairs
+    cluster_max_sum(acc, CLUSTER)
     inv = 1.0 / acc[EXPSUM]
     ov = kaio.local(f32, (VEC,))
     for c in range(t, count, THREADS * UNROLL):
@@ -150,24 +263,38 @@ def keep(VEC: kaio.constexpr, dst: DT[:], i: u32, raw: DT[:, :], u: kaio.constex
         kaio.store_vector(dst, i, raw[u])
 
 
-_KERNEL = by_dtype(_softmax_cluster)
+_ROWS = by_dtype(_softmax_rows)
 
 
 @dataclass(frozen=True)
 class Plan:
-    """How the cluster path runs rows of one length: blocks a row (``cluster``), threads a
-    block and each block's slice in shared memory (bytes)."""
+    """How the cluster path runs rows of one length in chunks of ``vec`` elements: blocks a
+    row (``cluster``), threads a block, each block's slice in shared memory (bytes), chunks a
+    thread handles at a time (``unroll``); for f32 (``persistent``), the cp.async groups a
+    thread and the blocks an SM the registers are capped for."""
 
     cluster: int
     threads: int
     shared_bytes: int
+    vec: int
+    unroll: int
+    persistent: bool
+    groups: int = 0
+    blocks: int = 0
+
+    def constexprs(self) -> dict:
+        """The kernel's compile-time arguments."""
+        common = {"CLUSTER": self.cluster, "THREADS": self.threads, "VEC": self.vec}
+        if not self.persistent:
+            return {**common, "UNROLL": self.unroll}
+        return {**common, "BLOCKS": self.blocks, "UNROLL": self.unroll, "GROUPS": self.groups}
 
 
 def plan(n: int, itemsize: int, vec: int, cluster: int = 0, threads: int = THREADS):
-    """The ``Plan`` for rows of ``n`` elements in chunks of ``vec``: the smallest cluster
-    (of ``CLUSTERS``, or ``cluster``) whose slices take at most SLICE_BYTES, else the
-    largest; None when the row fits one block's registers or a slice would pass
-    MAX_SLICE_BYTES."""
+    """The ``Plan`` for rows of ``n`` elements of ``itemsize`` bytes in chunks of ``vec``: the
+    smallest cluster (of ``CLUSTERS``, or ``cluster``) whose slices take at most
+    SLICE_BYTES, else the largest; None when the row fits one block's registers or a slice
+    would pass MAX_SLICE_BYTES."""
     if n < MIN_ROW:
         return None
     for size in (cluster,) if cluster else CLUSTERS:
@@ -175,14 +302,14 @@ def plan(n: int, itemsize: int, vec: int, cluster: int = 0, threads: int = THREA
         nbytes = per * vec * itemsize
         if nbytes <= SLICE_BYTES:
             break
-    return Plan(size, threads, nbytes) if nbytes <= MAX_SLICE_BYTES else None
-
-
-def unroll(vec: int) -> int:
-    """Chunks of ``vec`` elements a thread loads before using any (at most 8 scalars).
-    Measured on an H100: f32 8 chunks 1-3% faster than 4, f16 and bf16 4 chunks 5-9%
-    faster than 8."""
-    return min(8, IN_FLIGHT // vec)
+    if nbytes > MAX_SLICE_BYTES:
+        return None
+    if itemsize != 4 or size != CLUSTERS[-1]:
+        return Plan(size, threads, nbytes, vec, min(8, IN_FLIGHT // vec), persistent=False)
+    unroll = min(8, GROUP // vec)
+    groups = -(-per // (threads * unroll))
+    blocks = max(1, min(MAX_BLOCKS, SM_SHARED // (nbytes + 2 * BLOCK_RESERVED)))
+    return Plan(size, threads, nbytes, vec, unroll, True, groups, blocks)
 
 
 def available(x: _arrays.Operand) -> bool:
@@ -192,29 +319,46 @@ def available(x: _arrays.Operand) -> bool:
     return dev is None or int(dev.arch[3:].rstrip("a")) >= 90
 
 
-def softmax(x: _arrays.Operand, out, vec: int, p: Plan) -> None:
-    """Launch the cluster kernel over the rows of x [..., n] into ``out`` (x's kind), with
-    ``vec`` elements a chunk, as ``p`` says."""
+_FIT: dict = {}  # (device ordinal, plan) -> max_active_clusters
+
+
+def clusters(x: _arrays.Operand, p: Plan, rows: int) -> int:
+    """The persistent grid's clusters for ``rows`` rows of ``x``: as many as its GPU runs at
+    once (asked once per GPU and plan), SIM_CLUSTERS in the simulator, at most one a row."""
+    dev = _arrays.gpu(x)
+    if dev is None:
+        return min(rows, SIM_CLUSTERS)
+    key = (dev.ordinal, p)
+    fit = _FIT.get(key)
+    if fit is None:
+        fit = _FIT[key] = _softmax_f32.max_active_clusters(
+            p.threads, p.shared_bytes, device=dev, **p.constexprs()
+        )
+    return max(1, min(rows, fit))
+
+
+def softmax(x: _arrays.Operand, out, p: Plan) -> None:
+    """Launch the cluster kernel over the rows of x [..., n] into ``out`` (x's kind), as
+    ``p`` says."""
     n = x.shape[-1]
     rows = x.size // n
     flat = _arrays.output_arg(x, out, (x.size,))
-    config = (rows * p.cluster, p.threads, _arrays.stream_of(x), p.shared_bytes)
-    _KERNEL[x.dtype][config](
-        x.arg(x.size), flat, n, CLUSTER=p.cluster, THREADS=p.threads, VEC=vec, UNROLL=unroll(vec)
-    )
+    stream = _arrays.stream_of(x)
+    if p.persistent:
+        config = (clusters(x, p, rows) * p.cluster, p.threads, stream, p.shared_bytes)
+        _softmax_f32[config](x.arg(x.size), flat, n, rows, **p.constexprs())
+    else:
+        config = (rows * p.cluster, p.threads, stream, p.shared_bytes)
+        _ROWS[x.dtype][config](x.arg(x.size), flat, n, **p.constexprs())
 
 
 def shipped():
-    """(kernel, constexprs) of every specialization the cluster path launches."""
+    """(kernel, constexprs) of every specialization the cluster path launches for rows of
+    262144 elements (the benchmark's; other lengths change only f32's GROUPS)."""
     for dtype in _arrays.FLOATS:
         for vec in (1, 16 // dtype.itemsize):
             for cluster in CLUSTERS:
-                yield (
-                    _KERNEL[dtype],
-                    {
-                        "CLUSTER": cluster,
-                        "THREADS": THREADS,
-                        "VEC": vec,
-                        "UNROLL": unroll(vec),
-                    },
-                )
+                p = plan(262144, dtype.itemsize, vec, cluster)
+                if p is not None:
+                    kernel = _softmax_f32 if p.persistent else _ROWS[dtype]
+                    yield kernel, p.constexprs()

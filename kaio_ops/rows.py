@@ -329,10 +329,10 @@ def softmax(x):
     n = a.shape[-1]
     if n and a.size and _long_rows.available(a):
         vec = vector_width(a, multiple_of=n)
-        cluster = _long_rows.plan(n, a.dtype.itemsize, vec)
-        if cluster is not None:
+        plan = _long_rows.plan(n, a.dtype.itemsize, vec)
+        if plan is not None:
             out = _arrays.output(a)
-            _long_rows.softmax(a, out, vec, cluster)
+            _long_rows.softmax(a, out, plan)
             return out
     return _run("softmax", a)
 

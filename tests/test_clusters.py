@@ -190,3 +190,30 @@ def test_gpu_grid_not_a_multiple_of_the_cluster_is_refused():
     x, big, out, ranks, wide = (kaio.to_device(a) for a in _ring_inputs(6))
     with pytest.raises(kaio.LaunchError, match="clusters of 4 blocks"):
         ring[6, THREADS](x, big, out, ranks, wide)
+
+
+@kaio.gpu_kernel
+def single_blocks(out: f32[:]):
+    """A kernel without clusters."""
+    out[kaio.thread_idx_x()] = 1.0
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_gpu_max_active_clusters_is_a_grid_that_runs_at_once():
+    """The driver's count of clusters that fit: more threads or shared memory a block fit
+    fewer (never more), and a grid of that many clusters all run at the same time (every
+    block waits at a cluster barrier, so the launch finishes)."""
+    dev = kaio.device()
+    small = ring.max_active_clusters(THREADS)
+    assert 0 < small * CLUSTER <= dev.multiprocessor_count * 32
+    big_shared = ring.max_active_clusters(THREADS, 100 * 1024)
+    assert 0 < big_shared < small
+    assert big_shared * CLUSTER <= dev.multiprocessor_count * 2  # 2 blocks of 100 KB an SM
+    blocks = small * CLUSTER
+    x, big, out, ranks, wide = _ring_inputs(blocks)
+    d = [kaio.to_device(a) for a in (out, ranks, wide)]
+    ring[blocks, THREADS](kaio.to_device(x), kaio.to_device(big), *d)
+    np.testing.assert_array_equal(d[0].numpy(), ring_expected(x, big)[0])
+    with pytest.raises(kaio.LaunchError, match="kernels with kaio.cluster_dims"):
+        single_blocks.max_active_clusters(32)

@@ -194,8 +194,16 @@ def test_softmax_rows_for_a_cluster_sim(dtype, n, offset):
 def test_cluster_path_only_where_it_pays_and_fits():
     plan = _long_rows.plan
     assert plan(_long_rows.MIN_ROW - 1, 4, 4) is None  # one block holds it
-    assert plan(262144, 2, 8) == _long_rows.Plan(8, _long_rows.THREADS, 65536)
-    assert plan(262144, 4, 4) == _long_rows.Plan(16, _long_rows.THREADS, 65536)
+    assert plan(262144, 2, 8) == _long_rows.Plan(8, _long_rows.THREADS, 65536, 8, 4, False)
+    assert plan(262144, 4, 4) == _long_rows.Plan(16, _long_rows.THREADS, 65536, 4, 4, True, 4, 3)
+    assert not plan(65536, 4, 4).persistent  # clusters of 8: one a row
+    assert plan(150000, 4, 4).blocks == 4  # 37 KB slices: the register cap, not shared memory
+    longest = plan(16 * _long_rows.MAX_SLICE_BYTES // 4, 4, 1)  # 160 KB slices: one an SM
+    assert (longest.cluster, longest.shared_bytes, longest.blocks) == (16, 163840, 1)
+    for p in (plan(262144, 4, 4), longest, plan(150000, 4, 1)):  # the f32 groups cover a slice
+        per = p.shared_bytes // (p.vec * 4)
+        assert (p.groups - 1) * p.threads * p.unroll < per
+        assert p.groups * p.threads * p.unroll >= per
     assert plan(16 * _long_rows.MAX_SLICE_BYTES // 4 + 4, 4, 4) is None  # too long
 
 
@@ -207,6 +215,21 @@ def test_softmax_rows_for_a_cluster_of_16_sim():
     assert _long_rows.plan(n, 4, 4).cluster == 16
     with kaio.simulate():
         check(kaio_ops.softmax(x), ref_softmax(f64(x)), np.float32)
+
+
+def test_softmax_cluster_takes_several_rows_sim():
+    """f32's persistent grid: SIM_CLUSTERS clusters take 5 rows in turns (3 and 2), each
+    row's slices copied while the previous row is written; 16-byte and scalar chunks."""
+    rng = np.random.default_rng(9)
+    for offset in (False, True):
+        x = rand(rng, (5, 140000), np.float32, offset, scale=4)
+        x[3, ::3] = -np.inf
+        with kaio.simulate():
+            a = _arrays.Inputs("t").array(x, "x")
+            p = _long_rows.plan(140000, 4, vector_width(a, multiple_of=140000))
+            assert p.persistent and p.vec == (1 if offset else 4)
+            assert _long_rows.clusters(a, p, 5) == 2
+            check(kaio_ops.softmax(x), ref_softmax(f64(x)), np.float32)
 
 
 def test_softmax_large_values_sim():
@@ -396,6 +419,7 @@ def test_softmax_long_rows_gpu_vs_torch():
         (torch.float32, (256, 262144), 0),
         (torch.bfloat16, (64, 262144), 0),
         (torch.float16, (3, 50001), 1),
+        (torch.float32, (40, 150001), 1),  # f32's persistent grid, scalar chunks
     ]:
         x = _misaligned(torch.randn(shape, device="cuda", dtype=dt) * 8, offset)
         x[1, ::7] = -float("inf")

@@ -22,7 +22,7 @@ from kaio.runtime.stream import stream_handle
 from kaio.tensormap import TensorMap
 from kaio.types import ArrayType, ScalarType, TensorMapType
 
-__all__ = ["Launch", "resources"]
+__all__ = ["Launch", "max_active_clusters", "resources"]
 
 # Kernel._launchers[_DISPATCH] is the runtime's list of launchers, most recently built first.
 _DISPATCH = "runtime"
@@ -176,3 +176,15 @@ def resources(kernel, arch: str | None, constexprs: dict) -> Resources:
     dev = ensure_context()
     spec = kernel.specialize(constexprs)
     return load(spec, dev, select_arch(arch or kernel.arch, dev)).resources()
+
+
+def max_active_clusters(
+    kernel, arch: str | None, constexprs: dict, threads: int, shared_bytes: int, device=None
+) -> int:
+    """``LoadedKernel.max_active_clusters`` of ``kernel`` compiled for ``arch`` and loaded on
+    ``device`` (default: the current GPU)."""
+    dev = device or ensure_context()
+    spec = kernel.specialize(constexprs)
+    with visiting(dev):
+        loaded = load(spec, dev, select_arch(arch or kernel.arch, dev))
+    return loaded.max_active_clusters(threads, shared_bytes)

@@ -8,14 +8,14 @@ import ctypes
 import json
 import re
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kaio.errors import LaunchError
 from kaio.ir.nodes import Param, Var
 from kaio.ptx.debug import declares_record
 from kaio.runtime.cache import DiskCache, cache_key
 from kaio.runtime.debug import DebugRecord
-from kaio.runtime.device import Device
+from kaio.runtime.device import Device, visiting
 from kaio.runtime.driver import (
     check,
     check_ptx_supported,
@@ -77,6 +77,7 @@ class LoadedKernel:
     dynamic_shared_limit: int = 0
     debug: DebugRecord | None = None  # debug mode: the bounds checks' error record
     cluster: int | None = None  # blocks per cluster along x (kaio.cluster_dims)
+    _clusters: dict = field(default_factory=dict)  # max_active_clusters, by configuration
 
     def attribute(self, name: str) -> int:
         """A ``CU_FUNC_ATTRIBUTE_*`` value (``"NUM_REGS"``, ``"LOCAL_SIZE_BYTES"``...)."""
@@ -92,6 +93,40 @@ class LoadedKernel:
             const_bytes=self.attribute("CONST_SIZE_BYTES"),
             max_threads_per_block=self.attribute("MAX_THREADS_PER_BLOCK"),
         )
+
+    def max_active_clusters(self, threads: int, shared_bytes: int) -> int:
+        """How many clusters of this kernel, with ``threads`` threads a block and
+        ``shared_bytes`` of dynamic shared memory, run at once on its GPU
+        (``cuOccupancyMaxActiveClusters``; asked once per configuration). A persistent kernel
+        launches that many: more would wait for the first ones to finish."""
+        key = (threads, shared_bytes)
+        known = self._clusters.get(key)
+        if known is not None:
+            return known
+        if not self.cluster:
+            raise LaunchError(
+                f"{self.name}: max_active_clusters() is for kernels with kaio.cluster_dims(); "
+                "this one launches single blocks"
+            )
+        config = cu.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = self.cluster, 1, 1
+        config.blockDimX, config.blockDimY, config.blockDimZ = threads, 1, 1
+        config.sharedMemBytes = shared_bytes
+        dims = cu.CUlaunchAttribute()
+        dims.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        dims.value.clusterDim.x, dims.value.clusterDim.y, dims.value.clusterDim.z = (
+            self.cluster, 1, 1
+        )  # fmt: skip
+        config.attrs = [dims]
+        config.numAttrs = 1
+        with visiting(self.device):
+            self.allow_dynamic_shared(shared_bytes)
+            count = check(
+                cu.cuOccupancyMaxActiveClusters(self.function, config),
+                "cuOccupancyMaxActiveClusters",
+            )
+        self._clusters[key] = int(count)
+        return int(count)
 
     def allow_dynamic_shared(self, nbytes: int) -> None:
         """Make ``nbytes`` of dynamic shared memory launchable, opting in above the default
