@@ -63,7 +63,9 @@ SIM_CLUSTERS = 2  # the persistent grid in the simulator: a cluster takes severa
 # registers, 2 blocks an SM, 14 clusters); 16 x 128 threads 75-77%; 8 x 512 and 8 x 1024
 # (128 KB slices) 66-70%; 16 x 512 42%; with no cluster exchange at all (a wrong result, to
 # see its cost) 80-82%; one cluster a row with the same cp.async loads 75%; each slice stored
-# by one bulk copy (cp.async.bulk) 60%. On an H100 the same run gave 84.7% and 85.4%: equal.
+# by one bulk copy (cp.async.bulk) 60%; 2 or 8 chunks a group, or each group's next-row
+# copies started before its stores, 76-79% (another run). On an H100 the first run gave 84.7%
+# and 85.4%: equal.
 # Rows of 65536 (clusters of 8, 32 KB slices): _softmax_f32 76.9% against 76.4% on the H200
 # (registers capped for 4 blocks an SM; for 3 68.5%, for 6 74.3%) but 80.5% against 87.5%
 # on the H100, so it takes only rows that need clusters of 16. bf16 rows of 262144: the
