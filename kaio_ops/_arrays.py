@@ -20,6 +20,7 @@ from kaio.errors import LaunchError
 from kaio.runtime.arginfo import RawArray
 from kaio.runtime.arguments import NUMPY_HINT, describe
 from kaio.runtime.arguments import torch_dtype as torch_scalar_type
+from kaio.runtime.device import current
 from kaio.runtime.memory import DeviceArray
 from kaio.sim.mode import active as simulating
 from kaio.types import ScalarType, bf16, f16, f32, from_numpy_dtype
@@ -264,17 +265,39 @@ def _torch_empty(shape: tuple, dtype: ScalarType, device: int):
 
 
 def _allocate(like: Operand, shape: tuple, dtype: ScalarType):
-    """A new uninitialized array of ``like``'s kind and device."""
-    if like.kind == "torch":
-        return _torch_empty(shape, dtype, like.device)
-    if like.kind == "cupy":
+    """A new uninitialized array of ``like``'s kind and device (noted by the call plan being
+    recorded, if any: ``kaio_ops._plan`` makes the same array on each replay)."""
+    made = new_array(like.kind, like.device, like.obj, shape, dtype)
+    recorder = current.recorder
+    if recorder is not None:
+        recorder.allocated.append((made, like.kind, like.device, like.obj, shape, dtype))
+    return made
+
+
+def new_array(kind: str, device: int | None, like_obj, shape: tuple, dtype: ScalarType):
+    """A new uninitialized array of ``kind`` on GPU ``device`` (a kaio one on the device of
+    ``like_obj``, a ``DeviceArray``)."""
+    if kind == "torch":
+        return _torch_empty(shape, dtype, device)
+    if kind == "cupy":
         import cupy
 
-        with cupy.cuda.Device(like.device):
+        with cupy.cuda.Device(device):
             return cupy.empty(shape, dtype=dtype.np_dtype)
-    if like.kind == "kaio":
-        return DeviceArray(shape, dtype.np_dtype, device=like.obj.device)
+    if kind == "kaio":
+        return DeviceArray(shape, dtype.np_dtype, device=like_obj.device)
     return np.empty(shape, dtype.np_dtype)
+
+
+_CONSTANTS: dict = {}  # id -> array: arrays an op keeps for good (call plans use them as is)
+
+
+def constant(array):
+    """``array``, registered as one an op keeps for the life of the process (a cached
+    placeholder argument): a call plan passes its address as recorded instead of taking it
+    for an array of the call. Returns ``array``."""
+    _CONSTANTS[id(array)] = array
+    return array
 
 
 def output(like: Operand, shape: tuple | None = None, dtype: ScalarType | None = None):

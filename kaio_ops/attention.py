@@ -17,6 +17,7 @@ from kaio.types import bf16, f16, f32
 from kaio_ops import _arrays, _typed
 from kaio_ops import _attention_simt as simt
 from kaio_ops import _attention_tc as tc
+from kaio_ops._plan import planned
 
 __all__ = [
     "attention_tc",
@@ -105,17 +106,20 @@ def flash_forward(op: str, q, k, v, causal: bool, splits: int | None = None):
     return out, lse
 
 
+@planned("q", "k", "v")
 def attention_flash(q, k, v):
     """Attention ``softmax(q k^T / sqrt(D)) v`` for f32 q, k, v [S, D] (D <= 256), on the
     SIMT cores with an online softmax: no S x S matrix is formed. Returns f32 [S, D]."""
     return flash_forward("attention_flash", q, k, v, False)[0]
 
 
+@planned("q", "k", "v")
 def attention_flash_causal(q, k, v):
     """``attention_flash`` with the causal mask: query i sees keys j <= i."""
     return flash_forward("attention_flash_causal", q, k, v, True)[0]
 
 
+@planned("q", "k", "v")
 def attention_flash_with_stats(q, k, v, causal: bool = False):
     """``(out, lse)``: ``attention_flash`` (or the causal one) and the natural logsumexp of
     each row's scaled scores, f32 [S], which ``attention_flash_bwd`` takes."""
@@ -149,6 +153,7 @@ def flash_backward(op: str, do, q, k, v, o, lse, causal: bool):
     return dq, dk, dv
 
 
+@planned("do", "q", "k", "v", "o", "lse")
 def attention_flash_bwd(do, q, k, v, o, lse):
     """Gradients ``(dq, dk, dv)`` of ``attention_flash`` from the output gradient ``do``, the
     inputs, the output ``o`` and the stats ``lse`` of ``attention_flash_with_stats``: all f32
@@ -157,6 +162,7 @@ def attention_flash_bwd(do, q, k, v, o, lse):
     return flash_backward("attention_flash_bwd", do, q, k, v, o, lse, False)
 
 
+@planned("do", "q", "k", "v", "o", "lse")
 def attention_flash_bwd_causal(do, q, k, v, o, lse):
     """``attention_flash_bwd`` for ``attention_flash_causal``."""
     return flash_backward("attention_flash_bwd_causal", do, q, k, v, o, lse, True)
@@ -259,6 +265,7 @@ def _attention_tc(op: str, q, k, v, causal: bool):
     return tc_forward(qa, ka, va, f32, (sq, dv), dims, causal, 1.0 / math.sqrt(d), dp)[0]
 
 
+@planned("q", "k", "v")
 def attention_tc(q, k, v):
     """Attention ``softmax(q k^T / sqrt(D)) v`` on tensor cores: f16 q [Sq, D], k [Sk, D],
     v [Sk, Dv] (D, Dv <= 256; any Sq, Sk), f32 accumulation, an online softmax over key tiles
@@ -266,6 +273,7 @@ def attention_tc(q, k, v):
     return _attention_tc("attention_tc", q, k, v, False)
 
 
+@planned("q", "k", "v")
 def attention_tc_causal(q, k, v):
     """``attention_tc`` with the causal mask: query i sees keys j <= i."""
     return _attention_tc("attention_tc_causal", q, k, v, True)
@@ -311,6 +319,7 @@ def _flash(op: str, q, k, v, causal, scale):
     return out, lse
 
 
+@planned("q", "k", "v")
 def flash_attention(q, k, v, causal: bool = False, scale: float | None = None):
     """Multi-head attention on tensor cores (FlashAttention-2 forward): q [B, H, S, D], k and v
     [B, Hkv, Sk, D] of f16 or bf16, H a multiple of Hkv (grouped-query: query head h reads
@@ -320,12 +329,14 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None):
     return _flash("flash_attention", q, k, v, causal, scale)[0]
 
 
+@planned("q", "k", "v")
 def flash_attention_with_stats(q, k, v, causal: bool = False, scale: float | None = None):
     """``(out, lse)``: ``flash_attention`` and the natural logsumexp of each row's scaled
     scores, f32 [B, H, S], which ``flash_attention_bwd`` takes."""
     return _flash("flash_attention_with_stats", q, k, v, causal, scale)
 
 
+@planned("do", "q", "k", "v", "o", "lse")
 def flash_attention_bwd(do, q, k, v, o, lse, causal: bool = False, scale: float | None = None):
     """Gradients ``(dq, dk, dv)`` of ``flash_attention`` (FlashAttention-2 backward on tensor
     cores) from the output gradient ``do`` and ``o`` [B, H, S, D], the inputs q, k, v and the

@@ -17,6 +17,7 @@ import kaio
 from kaio import f32, u32
 from kaio_ops import _arrays
 from kaio_ops._common import DT, load_f32, store_f32, vector_width, widths
+from kaio_ops._plan import planned
 from kaio_ops._typed import by_dtype
 
 __all__ = ["silu_gate", "gelu", "add", "mul"]
@@ -156,6 +157,7 @@ def _operand_and_row(op: str, x, y, yname: str):
     return a, b
 
 
+@planned("x", "gate")
 def silu_gate(x, gate):
     """SwiGLU's gate: ``x * sigmoid(x) * gate``, elementwise, computed in f32.
 
@@ -167,6 +169,7 @@ def silu_gate(x, gate):
     return _run("silu_gate", a, inputs.array(gate, "gate", ndim=len(a.shape), shape=a.shape))
 
 
+@planned("x")
 def gelu(x, approximate: str = "tanh"):
     """GELU, elementwise, computed in f32: ``approximate="tanh"`` is
     ``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))``, ``"none"`` the exact
@@ -181,12 +184,14 @@ def gelu(x, approximate: str = "tanh"):
     return _run(forms[approximate], _arrays.Inputs("gelu").array(x, "x", ndim=(1, 2, 3)))
 
 
+@planned("x", "y")
 def add(x, y):
     """``x + y`` computed in f32; ``y`` has x's shape or is a row vector ``[N]`` added to
     every row (N = x.shape[-1]). Same dtype for both (f32, f16 or bf16)."""
     return _run("add", *_operand_and_row("add", x, y, "y"))
 
 
+@planned("x", "y")
 def mul(x, y):
     """``x * y`` computed in f32; ``y`` has x's shape or is a row vector ``[N]`` that
     multiplies every row (N = x.shape[-1]). Same dtype for both (f32, f16 or bf16)."""

@@ -36,6 +36,7 @@ import kaio
 from kaio import f16, f32, i8, i32, u8, u16, u32
 from kaio_ops import _arrays
 from kaio_ops._common import DT, load_f32, vector_width
+from kaio_ops._plan import planned
 from kaio_ops._typed import by_dtype
 
 __all__ = ["quantize_q8_0", "quantize_q6_k", "dequantize_q8_0", "dequantize_q6_k"]
@@ -319,6 +320,7 @@ def _elements_per_lane(dtype) -> int:
     return 16 // dtype.itemsize
 
 
+@planned("x")
 def quantize_q8_0(x):
     """GGUF Q8_0: each group of 32 values of a row becomes fp16 ``d = max|x| / 127`` and 32
     int8 ``round(x / d)`` (halves away from zero), 34 bytes; byte-identical to ggml's
@@ -342,6 +344,7 @@ def quantize_q8_0(x):
     return out
 
 
+@planned("x")
 def quantize_q6_k(x):
     """GGUF Q6_K: each super-block of 256 values of a row becomes 16 int8 sub-block scales
     under one fp16 ``d`` and 256 6-bit quants, 210 bytes; byte-identical to ggml's
@@ -379,6 +382,7 @@ def _dequantize(op: str, kernel, blocks, group: int, nbytes: int):
     return out
 
 
+@planned("blocks")
 def dequantize_q8_0(blocks):
     """Decode GGUF Q8_0 blocks: ``qs * d`` in f32 (ggml's ``dequantize_row_q8_0``).
 
@@ -387,6 +391,7 @@ def dequantize_q8_0(blocks):
     return _dequantize("dequantize_q8_0", _dq8_0, blocks, QK8_0, Q8_0_BYTES)
 
 
+@planned("blocks")
 def dequantize_q6_k(blocks):
     """Decode GGUF Q6_K super-blocks: ``d * scale * (q - 32)`` in f32, evaluated left to
     right (ggml's ``dequantize_row_q6_K``).

@@ -21,6 +21,7 @@ from kaio.sim.mode import active as simulating
 from kaio.types import bf16, f16, f32
 from kaio_ops import _arrays, _matmul_hopper
 from kaio_ops._matmul_kernels import MATMUL, sum_slices
+from kaio_ops._plan import planned
 
 __all__ = [
     "CONFIGS",
@@ -228,26 +229,30 @@ def _no_scales(like):
     (made once per kind and device)."""
     key = (like.kind, like.device)
     if key not in _NO_SCALES:
-        _NO_SCALES[key] = _arrays.output(like, (1, 1), f16)
+        _NO_SCALES[key] = _arrays.constant(_arrays.output(like, (1, 1), f16))
     return _NO_SCALES[key]
 
 
+@planned("a", "b")
 def matmul_tc(a, b):
     """``a @ b`` for f16 ``a`` [M, K] and ``b`` [K, N] on tensor cores, in f32 [M, N].
     Shared-memory tiles are loaded through registers (no cp.async): the baseline."""
     return run(a, b, f16, False, op="matmul_tc")
 
 
+@planned("a", "b")
 def matmul_tc_async(a, b):
     """``a @ b`` for f16 inputs in f32, with a multi-stage cp.async pipeline (sm_80+)."""
     return run(a, b, f16, True, op="matmul_tc_async")
 
 
+@planned("a", "b")
 def matmul_tc_bf16(a, b):
     """``a @ b`` for bf16 ``a`` [M, K] and ``b`` [K, N] on tensor cores, in f32 [M, N]."""
     return run(a, b, bf16, False, op="matmul_tc_bf16")
 
 
+@planned("a", "b")
 def matmul_tc_bf16_async(a, b):
     """``a @ b`` for bf16 inputs in f32, with a multi-stage cp.async pipeline (sm_80+)."""
     return run(a, b, bf16, True, op="matmul_tc_bf16_async")

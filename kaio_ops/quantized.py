@@ -35,6 +35,7 @@ from kaio import f16, f32, i32, u8, u32
 from kaio.types import i8
 from kaio_ops import _arrays, _int4_decode, _prefill
 from kaio_ops._matmul_kernels import MATMUL, QKV, sum_qkv_slices
+from kaio_ops._plan import planned
 from kaio_ops._typed import by_dtype
 from kaio_ops.matmul import (
     CONFIGS,
@@ -91,6 +92,7 @@ def transpose(x: _arrays.Operand):
     return out
 
 
+@planned("a", "b")
 def matmul_int8(a, b, scale: float = 1.0):
     """``f32(a @ b) * scale`` for int8 (or uint8, read as int8) ``a`` [M, K] and ``b``
     [K, N] of the same dtype: exact integer products and sums (s32, K < 2**17), f32 out."""
@@ -115,6 +117,7 @@ def _scale(inputs: _arrays.Inputs, scale, name: str) -> float:
     return float(scale)
 
 
+@planned("a", "b_packed", "scales")
 def matmul_int4(a, b_packed, scales):
     """``a @ W`` in f32 for f16 ``a`` [M, K] and int4 weights ``W[k, n] = scales[k // 128,
     n] * q`` (q the signed nibble ``k % 8`` of word ``b_packed[k // 8, n]``, low nibble
@@ -249,6 +252,7 @@ def _project(x: _arrays.Operand, weights: list[Weights], quant: int) -> list:
     return outs
 
 
+@planned("x", "wq", "wk", "wv")
 def qkv_project_int8(x, wq, wk, wv, sq: float, sk: float, sv: float) -> tuple:
     """``(q, k, v)``, each ``f16(f32(x @ w) * s)``, for f16 ``x`` [M, K] and the int8 (or
     uint8, read as int8) weights ``wq``, ``wk``, ``wv`` [K, N] (N even, one N each) with
@@ -260,6 +264,7 @@ def qkv_project_int8(x, wq, wk, wv, sq: float, sk: float, sv: float) -> tuple:
     return tuple(_project(x, [_int8_weights(inputs, x, *args) for args in named], 8))
 
 
+@planned("x", "wq", "wk", "wv", "sq", "sk", "sv")
 def qkv_project_int4(x, wq, wk, wv, sq, sk, sv) -> tuple:
     """``(q, k, v)``, each ``f16(x @ W)``, for f16 ``x`` [M, K] (K % 128 == 0) and the int4
     weights ``wq``, ``wk``, ``wv`` (u32 or int32 [K/8, N], one N each) with their f16 group

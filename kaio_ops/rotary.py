@@ -21,6 +21,7 @@ import kaio
 from kaio import f32, u32
 from kaio_ops import _arrays
 from kaio_ops._common import DT, load_f32, store_f32, vector_width, widths
+from kaio_ops._plan import planned
 from kaio_ops._typed import by_dtype
 
 __all__ = ["rope"]
@@ -92,6 +93,7 @@ def pairs_per_unit(interleaved: bool, vec: int) -> int:
 _KERNEL = by_dtype(_rope)
 
 
+@planned("x", "cos", "sin")
 def rope(x, cos, sin, interleaved: bool = False):
     """Rotary position embedding, computed in f32 (see the module docstring for the layouts).
 

@@ -38,6 +38,7 @@ from kaio_ops._common import (
     vector_width,
     widths,
 )
+from kaio_ops._plan import planned
 from kaio_ops._typed import by_dtype
 
 __all__ = ["rms_norm", "rms_norm_residual", "layer_norm", "softmax"]
@@ -284,6 +285,7 @@ def _row_inputs(op: str, x, *vectors):
     return a, [inputs.array(v, name, ndim=1, shape=(n,), form="[N]") for v, name in vectors]
 
 
+@planned("x", "w")
 def rms_norm(x, w, eps: float = 1e-6):
     """RMS norm over the last axis: ``x / sqrt(mean(x**2) + eps) * w``, computed in f32.
 
@@ -294,6 +296,7 @@ def rms_norm(x, w, eps: float = 1e-6):
     return _run("rms_norm", a, w=wv, eps=eps)
 
 
+@planned("x", "residual", "w")
 def rms_norm_residual(x, residual, w, eps: float = 1e-6):
     """The pre-norm transformer step in one pass: ``s = residual + x`` (rounded to the
     dtype), then ``(rms_norm(s, w, eps), s)``.
@@ -308,6 +311,7 @@ def rms_norm_residual(x, residual, w, eps: float = 1e-6):
     return _run("rms_norm_residual", a, res=r, w=wv, eps=eps)
 
 
+@planned("x", "w", "b")
 def layer_norm(x, w, b, eps: float = 1e-5):
     """Layer norm over the last axis: ``(x - mean) / sqrt(var + eps) * w + b`` (biased
     variance, as torch), computed in f32 with the variance taken around the mean.
@@ -318,6 +322,7 @@ def layer_norm(x, w, b, eps: float = 1e-5):
     return _run("layer_norm", a, w=wv, b=bv, eps=eps)
 
 
+@planned("x")
 def softmax(x):
     """Softmax over the last axis, ``exp(x - max) / sum(exp(x - max))``, computed in f32;
     rows of any length. A row longer than a block's registers goes to a cluster of blocks

@@ -39,6 +39,7 @@ class _Current(threading.local):
     ordinal = 0
     context_ready = False
     simulating = 0
+    recorder = None  # a kaio.runtime.plan.Recorder while a call plan is built: launches go to it
 
     def __init__(self):
         self.entered: list[tuple] = []  # what each open ``with kaio.Device(i):`` replaced

@@ -46,7 +46,7 @@ class Launch:
         self._first = _declines  # _bound[0]: the call that launches most often, tried alone
 
     def __call__(self, *args, **kwargs) -> None:
-        if kwargs or current.simulating:
+        if kwargs or current.simulating or current.recorder is not None:
             return self._call_with_keywords(args, kwargs)
         if not self._first(args):
             self._launch_others(args)
@@ -59,6 +59,8 @@ class Launch:
 
             return run_simulated(self.kernel, self.config, args, kwargs)
         args = _positional(self.kernel, args, kwargs)
+        if current.recorder is not None:  # a call plan is being built (kaio.runtime.plan)
+            return current.recorder.launch(self, args)
         if not self._first(args):
             self._launch_others(args)
         return None
@@ -122,6 +124,18 @@ def _positional(kernel, args: tuple, kwargs: dict) -> tuple:
 def _build(kernel, args: tuple):
     """The slow path: validate ``args`` (all parameters, in order), specialize and load the
     kernel for them, and add a launcher for their signature to the kernel's list (returned)."""
+    spec, loaded, infos = loaded_for(kernel, args)
+    bind = build_launcher(kernel, spec, loaded, args, infos)
+    launchers = kernel._launchers.setdefault(_DISPATCH, [])
+    launchers.insert(0, bind)
+    del launchers[_MAX_LAUNCHERS:]
+    return bind
+
+
+def loaded_for(kernel, args: tuple) -> tuple:
+    """Validate ``args`` (all parameters, in order; ``LaunchError`` naming the parameter),
+    specialize the kernel for their layouts and constexprs and load it on their GPU:
+    ``(spec, loaded kernel, {array position: ArgInfo})``."""
     values, constexprs = kernel.split_args(args, {})
     position = {name: i for i, name in enumerate(kernel.param_names)}
     infos = {}
@@ -147,11 +161,7 @@ def _build(kernel, args: tuple):
     spec = kernel.specialize(constexprs, layouts)
     with visiting(dev):
         loaded = load(spec, dev, select_arch(kernel.arch, dev))
-    bind = build_launcher(kernel, spec, loaded, args, infos)
-    launchers = kernel._launchers.setdefault(_DISPATCH, [])
-    launchers.insert(0, bind)
-    del launchers[_MAX_LAUNCHERS:]
-    return bind
+    return spec, loaded, infos
 
 
 def _device(kernel, arrays: list) -> Device:

@@ -1,0 +1,241 @@
+"""Call plans: a sequence of kernel launches prepared once, replayed with new array addresses.
+
+A library call that launches kernels (a ``kaio_ops`` op, say) redoes the same work on every
+call with the same argument signature: validate the arguments, pick the kernels and grids,
+pack the kernel parameters. A *call plan* does it once. The first call runs inside
+``recording()``: every ``kernel[config](...)`` launch it makes is validated and launched as
+usual, and also handed to the recorder, which keeps a ``PreparedLaunch`` (the loaded
+function, the launch configuration struct, the ``struct`` format of its parameters and their
+values, and which parameters are array addresses). The caller then says where each address
+comes from (its own inputs, its outputs, constants) and makes a ``CallPlan``: a generated
+function ``run(pointers)`` that, per launch, packs the constant parameters and the new
+addresses into a parameter buffer with one ``pack_into`` and calls ``cuLaunchKernelEx``
+through ctypes, as the kernel launcher (``launcher.py``) does, with the same recovery (a new
+thread without a context, another library's context current, arrays on another GPU than the
+current one) and the same error reporting.
+
+A plan is only as valid as the signature it was recorded for: shapes, dtypes, strides,
+alignment, device, stream and every non-array argument. Keeping that key, and looking plans up
+by it, is the caller's job (``kaio_ops._plan``). Launches that cannot be replayed with new
+addresses raise ``PlanError`` while recording (a tensor map, which holds its array's address
+inside its 128 bytes; a kernel compiled in debug mode, which checks an error record after each
+launch); the caller then runs its calls unplanned.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from kaio.errors import LaunchError
+from kaio.runtime import launcher
+from kaio.runtime.device import current
+from kaio.runtime.driver import cuda_error, last_launched_slot
+from kaio.runtime.launcher import (
+    LaunchConfigStruct,
+    bf16_bits,
+    entry_offsets,
+    launch_abi,
+    param_format,
+    parameter_slot,
+    validate_config,
+)
+
+__all__ = ["CallPlan", "PlanError", "PreparedLaunch", "Recorder", "prepare", "recording"]
+
+_CUDA_ERROR_INVALID_CONTEXT = 201
+_CUDA_ERROR_INVALID_HANDLE = 400
+
+
+class PlanError(Exception):
+    """A launch that a call plan cannot replay (the caller runs the call unplanned)."""
+
+
+class PreparedLaunch:
+    """One launch of a loaded kernel with its parameters worked out: ``fmt`` (the ``struct``
+    format of the parameter buffer) and ``values`` (one per entry), ``arrays`` (argument
+    position -> index in ``values`` of that array's address), the ``CUlaunchConfig``
+    (``config``) and the function handle, the GPU ordinal and the kernel's name."""
+
+    __slots__ = ("name", "function", "config", "fmt", "size", "offsets", "values", "arrays")
+    __slots__ += ("device", "stream", "_loaded")
+
+    def __init__(self, loaded, fmt: str, size: int, values: list, arrays: dict, config_values):
+        self.name = loaded.name
+        self.function = loaded.handle
+        self._loaded = loaded
+        self.device = loaded.device
+        self.fmt, self.size, self.values, self.arrays = fmt, size, values, arrays
+        self.offsets = entry_offsets(fmt)
+        grid, block, shared, stream = config_values
+        self.stream = stream
+        self.config = LaunchConfigStruct(grid, block, shared, stream, None, 0)
+
+    def __repr__(self) -> str:
+        cfg = self.config
+        return (
+            f"PreparedLaunch({self.name}, grid={tuple(cfg.grid)}, block={tuple(cfg.block)}, "
+            f"shared={cfg.shared}, arrays at {sorted(self.arrays)})"
+        )
+
+
+def prepare(launch, args: tuple) -> PreparedLaunch:
+    """``launch`` (a ``kernel[config]``) with ``args`` (all parameters, in order) validated,
+    specialized, loaded and packed, as its first launch would: raises ``LaunchError`` for
+    wrong arguments and ``PlanError`` for a launch a plan cannot replay."""
+    from kaio.runtime.launch import loaded_for
+
+    kernel, cfg = launch.kernel, launch.config
+    spec, loaded, infos = loaded_for(kernel, args)
+    if loaded.debug is not None:
+        raise PlanError(f"{loaded.name} is compiled in debug mode")
+    fmt, size = param_format(loaded.params)
+    values: list = []
+    arrays: dict = {}
+    for k, kind in launch_abi(kernel, spec.layouts, loaded.params):
+        if kind in ("C", "A"):
+            info = infos[k]
+            arrays[k] = len(values)
+            values += [info.ptr, *info.shape, *(info.strides if kind == "A" else ())]
+        elif kind == "tensormap":
+            raise PlanError(f"{loaded.name} takes a tensor map (its address is inside it)")
+        else:
+            values.append(bf16_bits(args[k]) if kind == "bf16" else args[k])
+    try:
+        struct.pack(fmt, *values)
+    except (struct.error, TypeError, OverflowError, ValueError) as e:
+        raise LaunchError(f"{loaded.name}: the arguments could not be packed: {e}") from None
+    with launcher.visiting(loaded.device):  # opting in to shared memory sets a function attribute
+        validate_config(cfg.grid, cfg.block, cfg.shared_bytes, loaded, kernel.block_size)
+    config = (cfg.grid, cfg.block, cfg.shared_bytes, launch._stream)
+    return PreparedLaunch(loaded, fmt, size, values, arrays, config)
+
+
+class Recorder:
+    """Collects the launches of one call made inside ``recording()``: ``launches`` holds
+    ``(PreparedLaunch, args)`` pairs in launch order; ``failed`` says why the call cannot be
+    planned (None when it can). Each launch also runs, through the kernel's own launchers."""
+
+    def __init__(self):
+        self.launches: list[tuple[PreparedLaunch, tuple]] = []
+        self.failed: str | None = None
+        self.allocated: list = []  # arrays the call made, noted by the caller's allocator
+
+    def launch(self, launch, args: tuple) -> None:
+        """Prepare and record one launch, then launch it as usual."""
+        if self.failed is None:
+            try:
+                self.launches.append((prepare(launch, args), args))
+            except PlanError as e:
+                self.failed = str(e)
+        saved, current.recorder = current.recorder, None
+        try:
+            if not launch._first(args):
+                launch._launch_others(args)
+        finally:
+            current.recorder = saved
+
+
+@contextmanager
+def recording() -> Iterator[Recorder]:
+    """Record the kernel launches the calling thread makes in the block (they still run)."""
+    recorder = Recorder()
+    saved, current.recorder = current.recorder, recorder
+    try:
+        yield recorder
+    finally:
+        current.recorder = saved
+
+
+class CallPlan:
+    """Replays prepared launches with new addresses: ``run(pointers)``.
+
+    ``steps``: ``(PreparedLaunch, {argument position: (source, byte offset)})`` per launch,
+    where ``pointers[source] + byte offset`` is the new address of that array argument;
+    arrays not named keep the address they were recorded with (constants). The generated
+    ``run`` packs each launch's parameters in one ``pack_into`` into a buffer taken off a free
+    list (threads replaying one plan at once never share a buffer) and launches it.
+    """
+
+    def __init__(self, steps: list[tuple[PreparedLaunch, dict]]):
+        self.steps = steps
+        self.run = self._generate()
+
+    def _generate(self):
+        env: dict = {
+            "current": current,
+            "launch_kernel": launcher.raw_launch_kernel(),
+        }
+        lines = ["def run(p):"]
+        devices = {prepared.device.ordinal for prepared, _ in self.steps}
+        one_device = len(devices) == 1
+        if one_device:
+            env["DEV"] = devices.pop()
+            lines.append("    home = current.ordinal == DEV")
+        for i, (prepared, sources) in enumerate(self.steps):
+            entries = []
+            for e, value in enumerate(prepared.values):
+                env[f"V{i}_{e}"] = value
+                entries.append(f"V{i}_{e}")
+            for k, (source, add) in sources.items():
+                e = prepared.arrays[k]
+                entries[e] = f"p[{source}] + {add}" if add else f"p[{source}]"
+            offsets, size = prepared.offsets, prepared.size
+            env[f"pack{i}"] = struct.Struct(prepared.fmt).pack_into
+            env[f"free{i}"] = [parameter_slot(size, offsets)]
+            env[f"new{i}"] = lambda size=size, offsets=offsets: parameter_slot(size, offsets)
+            env[f"CONFIG{i}"] = ctypes.byref(prepared.config)  # its _obj keeps the struct
+            env[f"FUNC{i}"] = ctypes.c_void_p(prepared.function)
+            env[f"elsewhere{i}"] = launcher.launcher_elsewhere(prepared.device)
+            env[f"LAST{i}"] = last_launched_slot(prepared.stream)
+            env[f"NAME{i}"] = prepared.name
+            env[f"fail{i}"] = _failure(prepared)
+            env[f"recover{i}"] = _recovery(prepared)
+            call = f"launch_kernel(CONFIG{i}, FUNC{i}, params, None)"
+            elsewhere = f"elsewhere{i}(CONFIG{i}, FUNC{i}, params)"
+            if not one_device:
+                env[f"DEV{i}"] = prepared.device.ordinal
+                lines.append(f"    home = current.ordinal == DEV{i}")
+            lines += [
+                "    try:",
+                f"        buf, params = slot = free{i}.pop()",
+                "    except IndexError:",
+                f"        buf, params = slot = new{i}()",
+                f"    pack{i}(buf, 0, {', '.join(entries)})",
+                "    if home:",
+                f"        rc = {call}",
+                f"        if rc == {_CUDA_ERROR_INVALID_CONTEXT}:  # a new thread: no context yet",
+                f"            recover{i}()",
+                f"            rc = {call}",
+                f"        elif rc == {_CUDA_ERROR_INVALID_HANDLE}:  # another library's context",
+                f"            rc = {elsewhere}",
+                "    else:",
+                f"        rc = {elsewhere}",
+                f"    free{i}.append(slot)",
+                "    if rc:",
+                f"        fail{i}(rc)",
+                f"    LAST{i}[0] = NAME{i}",
+            ]
+        source = "\n".join(lines) + "\n"
+        exec(compile(source, "<kaio call plan>", "exec"), env)
+        run = env["run"]
+        run.source = source
+        return run
+
+
+def _failure(prepared: PreparedLaunch):
+    def fail(rc: int):
+        raise cuda_error(rc, f"launching {prepared.name}", prepared.stream)
+
+    return fail
+
+
+def _recovery(prepared: PreparedLaunch):
+    def recover():
+        from kaio.runtime.device import Device
+
+        Device(prepared.device.ordinal).set_current()
+
+    return recover

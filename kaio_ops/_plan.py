@@ -1,0 +1,323 @@
+"""Call plans for ops: the first call with a signature builds a plan, later calls replay it.
+
+An op decorated ``@planned("x", "w")`` (its array parameters, by name) gets a generated
+wrapper with the op's own signature. Per call the wrapper describes each array once (a torch
+tensor through its own accessors: dtype, shape, strides, device, address; others through
+``describe``), and makes the key
+
+    (each array's (dtype, shape, strides, device, address % 16), every other argument,
+     the current stream of the first array's device, whether kaio.simulate() is on)
+
+and looks it up in the op's plans. A hit allocates the outputs, fills the addresses into the
+pre-packed parameters and launches (``kaio.runtime.plan.CallPlan``): no argument checks, no
+plan or tile choice, no packing of shapes and scalars. A miss runs the op itself, which checks
+everything (a wrong dtype, shape, device or stride raises its ``ValueError`` naming the
+argument, and nothing is stored) inside ``kaio.runtime.plan.recording()``; its launches,
+output allocations (``_arrays.output``) and result become the plan for that key. So an
+argument of a planned call goes kaio_ops -> plan -> launch, once, top to bottom.
+
+What the key holds is exactly what the ops' choices may depend on: shapes and dtypes (grids,
+tiles, K splits), alignment (16-byte vector paths), device (SM count, arch), stream, the
+non-array arguments (eps, causal, scale...). Process-wide settings read when the plan is built
+(``KAIO_HOPPER_MATMUL``, ``kaio_ops.tune`` results) hold for the plan's life: ``clear()``
+drops every plan after changing them.
+
+A call is left unplanned (the op runs as written, each time) when two array arguments are the
+same object (the plan would not know which address to use for which), an argument is not
+an array this module can describe without checks, or the op does something a plan cannot
+replay: launches a kernel with a tensor map or in debug mode, passes a kernel an array that
+is neither an input, an output it allocated, nor one registered with ``_arrays.constant``,
+or returns anything but its outputs.
+
+Adopting it in an op (kaio_ops.matmul, flash_attention_decode...): write the op as usual
+with ``_arrays.Inputs`` checks, ``_arrays.output`` allocations and ``kernel[config](...)``
+launches, and decorate it with ``@planned(<its array parameter names>)``. Arrays the op keeps
+across calls (cached placeholders) go through ``_arrays.constant``; everything else an op
+passes to its kernels must come from its inputs (``Operand.arg``, ``_arrays.arg``) or from
+``_arrays.output``. ``tests/test_plans.py`` shows how to check an op's plans on the CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+
+from kaio.runtime.arginfo import RawArray
+from kaio.runtime.device import current
+from kaio.runtime.memory import DeviceArray
+from kaio.runtime.plan import CallPlan, recording
+from kaio_ops import _arrays
+
+__all__ = ["planned", "clear", "plans_of", "MAX_PLANS"]
+
+MAX_PLANS = 256  # per op; past this the op's plans are dropped and built again as met
+_NONE = ("none",)  # the key of an optional array given as None
+_ALL: list[dict] = []  # every op's plans (for clear)
+
+
+def clear() -> None:
+    """Drop every op's plans (after changing a setting plans were built with)."""
+    for plans in _ALL:
+        plans.clear()
+
+
+def plans_of(op: Callable) -> dict:
+    """The plans of a planned op: key -> replay function (None: left unplanned)."""
+    return op._plans
+
+
+def _torch():
+    """(torch.Tensor, the current-raw-stream accessor), or (a type nothing is, None)."""
+    try:
+        import torch
+    except ImportError:
+        return type("NoTorch", (), {}), None
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is None:
+
+        def raw(device: int) -> int:
+            return torch.cuda.current_stream(device).cuda_stream
+
+    return torch.Tensor, raw
+
+
+def describe(obj) -> tuple:
+    """(key, address) of an array that is not an exact ``torch.Tensor`` (those the wrapper
+    reads inline), ``(None, 0)`` for anything else: such calls are never planned."""
+    if obj is None:
+        return _NONE, 0
+    if type(obj) is DeviceArray:
+        info = obj._info
+        return (DeviceArray, info.sig, info.shape, info.strides, info.ptr & 15), info.ptr
+    kind = _arrays._kind(obj)
+    if kind == "torch" and hasattr(obj, "data_ptr"):  # a subclass (nn.Parameter)
+        p = obj.data_ptr()
+        return (type(obj), obj.dtype, obj.shape, obj.stride(), obj.get_device(), p & 15), p
+    if kind == "cupy":
+        p = obj.data.ptr
+        key = (type(obj), obj.dtype.char, obj.shape, obj.strides, obj.data.device_id, p & 15)
+        return key, p
+    return None, 0
+
+
+def stream_key(obj, raw_stream) -> object:
+    """The stream an op on ``obj`` launches on (``_arrays.stream_of``), for the key."""
+    kind = _arrays._kind(obj)
+    if kind == "torch" and raw_stream is not None:
+        device = obj.get_device()
+        return raw_stream(device) if device >= 0 else None
+    if kind == "cupy":
+        import cupy
+
+        return cupy.cuda.get_current_stream().ptr
+    return None
+
+
+def _address(obj, kind: str) -> int:
+    if kind == "torch":
+        return obj.data_ptr()
+    if kind == "cupy":
+        return obj.data.ptr
+    return obj.ptr
+
+
+class _Like:
+    """What ``_arrays.new_array`` needs of the array an output was made like."""
+
+    __slots__ = ("device",)
+
+    def __init__(self, device):
+        self.device = device
+
+
+def build(recorder, arrays: list, pointers: tuple, result) -> Callable | None:
+    """The replay function ``replay(*input addresses)`` of a recorded call (its array
+    arguments ``arrays`` at ``pointers``, returning ``result``), or None when it cannot be
+    replayed."""
+    if recorder.failed is not None:
+        return None
+    where: dict = {}  # id -> (source index, address when recorded)
+    for i, a in enumerate(arrays):
+        if a is not None:
+            where[id(a)] = (i, pointers[i])
+    allocations = []
+    for made, kind, device, like_obj, shape, dtype in recorder.allocated:
+        if id(made) in _arrays._CONSTANTS:
+            continue
+        if kind == "numpy":
+            return None
+        where[id(made)] = (len(arrays) + len(allocations), _address(made, kind))
+        like = _Like(like_obj.device) if kind == "kaio" else None
+        allocations.append((made, kind, device, like, shape, dtype))
+    steps = []
+    for prepared, args in recorder.launches:
+        sources = {}
+        for k, e in prepared.arrays.items():
+            a = args[k]
+            owner = a.owner if type(a) is RawArray else a
+            if id(owner) in _arrays._CONSTANTS:
+                continue
+            found = where.get(id(owner))
+            if found is None:
+                return None  # an array made or viewed inside the op: its address is unknown
+            source, base = found
+            sources[k] = (source, prepared.values[e] - base)
+        steps.append((prepared, sources))
+    index = {id(made): j for j, (made, *_) in enumerate(allocations)}
+
+    def spell(r) -> str | None:
+        if isinstance(r, tuple | list):
+            parts = [spell(x) for x in r]
+            if None in parts:
+                return None
+            inner = ", ".join(parts) + ("," if len(parts) == 1 else "")
+            return f"({inner})" if isinstance(r, tuple) else f"[{inner}]"
+        j = index.get(id(r))
+        return None if j is None else f"o{j}"
+
+    returned = spell(result)
+    if returned is None:
+        return None
+    return _replay(CallPlan(steps) if steps else None, len(arrays), allocations, returned)
+
+
+def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str) -> Callable:
+    """Generate ``replay(p0, p1, ...)``: allocate the outputs, launch, return them."""
+    env: dict = {"run": plan.run if plan is not None else None}
+    params = ", ".join(f"p{i}" for i in range(inputs))
+    lines = [f"def replay({params}):"]
+    addresses = [f"p{i}" for i in range(inputs)]
+    for j, (_made, kind, device, like, shape, dtype) in enumerate(allocations):
+        if kind == "torch":
+            import torch
+
+            env[f"A{j}"] = functools.partial(
+                torch.empty,
+                *shape,
+                dtype=_arrays.torch_dtype(dtype),
+                device=torch.device("cuda", device),
+            )
+            lines.append(f"    o{j} = A{j}()")
+            addresses.append(f"o{j}.data_ptr()")
+        else:
+            env[f"A{j}"] = functools.partial(_arrays.new_array, kind, device, like, shape, dtype)
+            lines.append(f"    o{j} = A{j}()")
+            addresses.append(f"o{j}.data.ptr" if kind == "cupy" else f"o{j}.ptr")
+    if plan is not None:
+        lines.append(f"    run(({', '.join(addresses)},))")
+    lines.append(f"    return {returned}")
+    source = "\n".join(lines) + "\n"
+    exec(compile(source, "<kaio op plan>", "exec"), env)
+    replay = env["replay"]
+    replay.source = source
+    replay.plan = plan
+    return replay
+
+
+def planned(*array_names: str) -> Callable:
+    """Decorator: call plans for an op whose array parameters are ``array_names`` (the
+    others are keyed by value). The wrapper has the op's name, signature and docstring."""
+
+    def wrap(fn: Callable) -> Callable:
+        return _generate(fn, array_names)
+
+    return wrap
+
+
+def _generate(fn: Callable, array_names: tuple) -> Callable:
+    signature = inspect.signature(fn)
+    names = list(signature.parameters)
+    for name, p in signature.parameters.items():
+        if p.kind is not p.POSITIONAL_OR_KEYWORD:
+            raise TypeError(f"{fn.__name__}: planned ops take plain parameters, not {name!r}")
+    missing = [a for a in array_names if a not in names]
+    if missing:
+        raise TypeError(f"{fn.__name__}: no parameter named {missing}")
+    tensor, raw_stream = _torch()
+    plans: dict = {}
+    _ALL.append(plans)
+    positions = [names.index(a) for a in array_names]
+
+    def slow(key, args: tuple, pointers: tuple):
+        """A call with no plan for its key: run the op, recording a plan when it can."""
+        arrays = [args[i] for i in positions]
+        present = [a for a in arrays if a is not None]
+        plannable = (
+            not current.simulating
+            and current.recorder is None  # an op inside another op's recording
+            and None not in key[: len(arrays)]
+            and len({id(a) for a in present}) == len(present)
+        )
+        if not plannable:
+            return fn(*args)
+        with recording() as recorder:
+            result = fn(*args)
+        replay = build(recorder, arrays, pointers, result)
+        if len(plans) >= MAX_PLANS:
+            plans.clear()
+        try:
+            plans[key] = replay
+        except TypeError:  # an unhashable argument: no plan
+            pass
+        return result
+
+    env = {"T": tensor, "RAW": raw_stream, "other": describe}
+    env["stream_key"] = lambda obj, raw: stream_key(obj, raw)  # looked up per call: patchable
+    env.update(current=current, plans=plans, slow=slow, fn=fn)
+    header = []
+    for i, name in enumerate(names):
+        default = signature.parameters[name].default
+        if default is inspect.Parameter.empty:
+            header.append(name)
+        else:
+            env[f"D{i}"] = default
+            header.append(f"{name}=D{i}")
+    lines = [f"def {fn.__name__}({', '.join(header)}):", "    try:"]
+    describe_lines = []
+    for j, name in enumerate(array_names):
+        if j == 0:
+            describe_lines += [
+                f"    if type({name}) is T:",
+                f"        d = {name}.get_device()",
+                f"        p{j} = {name}.data_ptr()",
+                f"        k{j} = ({name}.dtype, {name}.shape, {name}.stride(), d, p{j} & 15)",
+                "        stream = RAW(d) if d >= 0 else None",
+                "    else:",
+                f"        k{j}, p{j} = other({name})",
+                f"        stream = stream_key({name}, RAW)",
+            ]
+        else:
+            describe_lines += [
+                f"    if type({name}) is T:",
+                f"        p{j} = {name}.data_ptr()",
+                f"        k{j} = ({name}.dtype, {name}.shape, {name}.stride(), "
+                f"{name}.get_device(), p{j} & 15)",
+                "    else:",
+                f"        k{j}, p{j} = other({name})",
+            ]
+    others = [n for n in names if n not in array_names]
+    # a value and its type: 2 and 2.0, or True and 1, may take different checks
+    keys = [f"k{j}" for j in range(len(array_names))] + [f"{n}, type({n})" for n in others]
+    pointers = ", ".join(f"p{j}" for j in range(len(array_names)))
+    call_args = ", ".join(names)
+    describe_lines.append(f"    key = ({', '.join(keys)}, stream, current.simulating)")
+    lines += ["    " + line for line in describe_lines]
+    lines += [
+        "    except Exception:  # not an array these keys describe (a meta tensor, say)",
+        f"        return fn({call_args})",
+        "    try:",
+        "        replay = plans[key]",
+        "    except (KeyError, TypeError):",
+        f"        return slow(key, ({call_args},), ({pointers},))",
+        "    if replay is None:",
+        f"        return fn({call_args})",
+        f"    return replay({pointers})",
+    ]
+    source = "\n".join(lines) + "\n"
+    exec(compile(source, f"<kaio planned {fn.__name__}>", "exec"), env)
+    wrapper = env[fn.__name__]
+    functools.update_wrapper(wrapper, fn)
+    wrapper._plans = plans
+    wrapper.source = source
+    return wrapper

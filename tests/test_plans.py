@@ -1,0 +1,295 @@
+"""Call plans (kaio_ops._plan, kaio.runtime.plan) on the CPU, against a fake driver: a planned
+call launches exactly what the op launches unplanned (same kernels, grids, streams and
+parameter bytes), plans are reused for one signature and never for another (shape, dtype,
+strides, alignment, device, stream, a scalar argument), and every argument check still
+raises."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import itertools
+import types
+
+import numpy as np
+import pytest
+
+from kaio import bf16, f16, f32, i8
+from kaio.runtime import launch as launch_mod
+from kaio.runtime import launcher as launcher_mod
+from kaio.runtime.device import current
+from kaio.runtime.memory import DeviceArray
+from kaio_ops import _arrays, _plan
+
+import kaio_ops  # noqa: E402  (after kaio)
+
+
+class FakeGPU:
+    """Fake GPUs: arrays with made-up addresses, a kernel loader that compiles nothing past
+    the IR, and a ``cuLaunchKernelEx`` that records each launch."""
+
+    def __init__(self, monkeypatch):
+        self.calls: list = []
+        self.devices: dict = {}
+        self.handles: dict = {}
+        self.next_ptr = itertools.count(0x10_0000, 0x1_0000)
+        self.stream = None  # the stream ops launch on (None: the default one)
+        # launchers built in earlier tests keep the launch function they were built with
+        _ACTIVE[0] = self
+        monkeypatch.setattr(launcher_mod, "raw_launch_kernel", lambda: _launch)
+        monkeypatch.setattr(launcher_mod, "launcher_elsewhere", _elsewhere)
+        monkeypatch.setattr(launcher_mod, "visiting", contextlib.nullcontext)
+        monkeypatch.setattr(launch_mod, "visiting", contextlib.nullcontext)
+        monkeypatch.setattr(launch_mod, "_device", lambda kernel, arrays: self.device(
+            arrays[0][0].device))  # fmt: skip
+        monkeypatch.setattr(launch_mod, "select_arch", lambda arch, dev: "sm_90")
+        monkeypatch.setattr(launch_mod, "load", self.load)
+        monkeypatch.setattr(_arrays, "new_array", self.new_array)
+        monkeypatch.setattr(_arrays, "stream_of", lambda like: self.stream)
+        monkeypatch.setattr(_plan, "stream_key", lambda obj, raw: self.stream)
+        monkeypatch.setattr(_arrays, "multiprocessors", lambda like: 132)
+        monkeypatch.setattr(kaio_ops.matmul, "_hopper", lambda a: False)
+        monkeypatch.setattr(kaio_ops.tune, "lookup", lambda *a, **k: None)
+        monkeypatch.setattr(kaio_ops._long_rows, "available", lambda a: False)
+        _plan.clear()
+
+    def device(self, ordinal: int):
+        if ordinal not in self.devices:
+            self.devices[ordinal] = types.SimpleNamespace(
+                ordinal=ordinal,
+                max_block_dim=(1024, 1024, 64),
+                max_threads_per_block=1024,
+                max_grid_dim=(2**31 - 1, 65535, 65535),
+                name=f"fake{ordinal}",
+                arch="sm_90",
+            )
+        return self.devices[ordinal]
+
+    def load(self, spec, dev, arch):
+        handle = self.handles.setdefault(id(spec), 0x1000 + len(self.handles))
+        return types.SimpleNamespace(
+            handle=handle,
+            device=dev,
+            name=spec.function.name if hasattr(spec.function, "name") else "k",
+            params=spec.function.params,
+            reqntid=None,
+            maxntid=None,
+            cluster=None,
+            attribute=lambda name: 1024,
+            allow_dynamic_shared=lambda n: None,
+            debug=None,
+        )
+
+    def launch(self, config, func, params, extra):
+        cfg = config._obj
+        pointers = list(params)
+        end = max(pointers) + 4 - pointers[0]  # the last parameter: at least 4 bytes here
+        self.calls.append(
+            (
+                func.value,
+                tuple(cfg.grid),
+                tuple(cfg.block),
+                cfg.shared,
+                cfg.stream or 0,
+                ctypes.string_at(pointers[0], end),
+                current.ordinal,
+            )
+        )
+        return 0
+
+    def array(self, shape, dtype=f32, device=0, strides=None, offset=0):
+        """A fake array on fake GPU ``device`` (strides in elements; default row-major)."""
+        np_dtype = np.dtype(dtype.np_dtype)
+        if strides is None:
+            strides = _arrays_c_strides(shape)
+        ptr = next(self.next_ptr) + offset
+        a = DeviceArray.__new__(DeviceArray)
+        alloc = types.SimpleNamespace(ptr=ptr, device=self.device(device))
+        a._init(alloc, ptr, tuple(shape), tuple(s * np_dtype.itemsize for s in strides),
+                np_dtype, dtype)  # fmt: skip
+        return a
+
+    def new_array(self, kind, device, like_obj, shape, dtype):
+        return self.array(shape, dtype, device)
+
+    def run(self, op, *args, **kwargs):
+        """Call the planned op and the op unplanned with the same output addresses: both
+        launch lists (planned, unplanned) and the planned call's result."""
+        start = next(self.next_ptr)
+        self.next_ptr = itertools.count(start, 0x1_0000)
+        self.calls = []
+        result = op(*args, **kwargs)
+        planned = self.calls
+        self.next_ptr = itertools.count(start, 0x1_0000)
+        self.calls = []
+        op.__wrapped__(*args, **kwargs)
+        unplanned = self.calls
+        assert planned, "the op launched nothing"
+        return planned, unplanned, result
+
+
+_ACTIVE: list = [None]  # the FakeGPU of the running test
+
+
+def _launch(config, func, params, extra):
+    return _ACTIVE[0].launch(config, func, params, extra)
+
+
+def _elsewhere(device):
+    def elsewhere(config, func, params):
+        _ACTIVE[0].calls.append(("context", device.ordinal))
+        return _launch(config, func, params, None)
+
+    return elsewhere
+
+
+def _arrays_c_strides(shape):
+    from kaio.runtime.arginfo import c_strides
+
+    return c_strides(tuple(shape))
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    fake = FakeGPU(monkeypatch)
+    yield fake
+    _plan.clear()
+
+
+def same_as_unplanned(gpu, op, *args, **kwargs):
+    planned, unplanned, result = gpu.run(op, *args, **kwargs)
+    assert planned == unplanned
+    return result
+
+
+def test_plan_is_built_once_and_replays_the_ops_launches(gpu):
+    plans = _plan.plans_of(kaio_ops.rms_norm)
+    x, w = gpu.array((2, 64)), gpu.array((64,))
+    out = same_as_unplanned(gpu, kaio_ops.rms_norm, x, w)
+    assert len(plans) == 1 and None not in plans.values()
+    assert out.shape == (2, 64) and out.kaio_dtype == f32
+    replay = next(iter(plans.values()))
+    for _ in range(3):  # new inputs of the same signature: the same plan, new addresses
+        x2, w2 = gpu.array((2, 64)), gpu.array((64,))
+        planned, unplanned, out2 = gpu.run(kaio_ops.rms_norm, x2, w2)
+        assert planned == unplanned
+        assert x2.ptr.to_bytes(8, "little") in planned[0][5]
+        assert out2.ptr.to_bytes(8, "little") in planned[0][5]
+    assert list(plans.values()) == [replay]
+
+
+def test_replay_does_not_run_the_op(gpu, monkeypatch):
+    """A hit goes straight to the launch: the op's own body (its checks, its plan) is not
+    entered."""
+    x, w = gpu.array((2, 64)), gpu.array((64,))
+    kaio_ops.rms_norm(x, w)
+    entered = []
+    monkeypatch.setattr(kaio_ops.rows, "_run", lambda *a, **k: entered.append(1))
+    gpu.calls = []
+    kaio_ops.rms_norm(gpu.array((2, 64)), gpu.array((64,)))
+    assert not entered and len(gpu.calls) == 1
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda g: ((g.array((4, 64)), g.array((64,))), {}),  # shape
+        lambda g: ((g.array((2, 64), f16), g.array((64,), f16)), {}),  # dtype
+        lambda g: ((g.array((2, 64), offset=4), g.array((64,))), {}),  # alignment
+        lambda g: ((g.array((2, 64), device=1), g.array((64,), device=1)), {}),  # device
+        lambda g: ((g.array((2, 64)), g.array((64,))), {"eps": 1e-3}),  # a scalar
+    ],
+    ids=["shape", "dtype", "alignment", "device", "eps"],
+)
+def test_a_new_signature_gets_a_new_plan(gpu, change):
+    plans = _plan.plans_of(kaio_ops.rms_norm)
+    same_as_unplanned(gpu, kaio_ops.rms_norm, gpu.array((2, 64)), gpu.array((64,)))
+    args, kwargs = change(gpu)
+    same_as_unplanned(gpu, kaio_ops.rms_norm, *args, **kwargs)
+    assert len(plans) == 2
+
+
+def test_a_new_stream_gets_a_new_plan(gpu):
+    x, w = gpu.array((2, 64)), gpu.array((64,))
+    kaio_ops.rms_norm(x, w)
+    gpu.stream = 0x5000
+    planned, unplanned, _ = gpu.run(kaio_ops.rms_norm, x, w)
+    assert planned == unplanned and planned[0][4] == 0x5000
+    gpu.stream = None
+    planned, _, _ = gpu.run(kaio_ops.rms_norm, x, w)
+    assert planned[0][4] == 0
+    assert len(_plan.plans_of(kaio_ops.rms_norm)) == 2
+
+
+def test_a_plan_of_another_gpu_switches_context(gpu, monkeypatch):
+    x, w = gpu.array((2, 64), device=1), gpu.array((64,), device=1)
+    kaio_ops.rms_norm(x, w)
+    gpu.calls = []
+    kaio_ops.rms_norm(x, w)  # replayed while GPU 0 is current
+    assert gpu.calls[0] == ("context", 1)
+    monkeypatch.setattr(current, "ordinal", 1)
+    gpu.calls = []
+    kaio_ops.rms_norm(x, w)
+    assert gpu.calls[0][-1] == 1 and len(gpu.calls) == 1
+
+
+def test_checks_still_raise_once_a_plan_exists(gpu):
+    x, w = gpu.array((2, 64)), gpu.array((64,))
+    kaio_ops.rms_norm(x, w)
+    with pytest.raises(ValueError, match="'w'.*f32"):
+        kaio_ops.rms_norm(x, gpu.array((64,), f16))
+    with pytest.raises(ValueError, match="'w'.*shape"):
+        kaio_ops.rms_norm(x, gpu.array((32,)))
+    with pytest.raises(ValueError, match="'w'.*GPU 1"):
+        kaio_ops.rms_norm(x, gpu.array((64,), device=1))
+    with pytest.raises(ValueError, match="'x'.*contiguous"):
+        kaio_ops.rms_norm(gpu.array((2, 64), strides=(128, 1)), w)
+    with pytest.raises(ValueError, match="'x'.*NumPy"):
+        kaio_ops.rms_norm(np.ones((2, 64), np.float32), w)
+    assert len(_plan.plans_of(kaio_ops.rms_norm)) == 1
+
+
+def test_a_scalar_of_another_type_is_checked_again(gpu):
+    a, b = gpu.array((1, 64), i8), gpu.array((64, 64), i8)
+    kaio_ops.matmul._NO_SCALES.clear()
+    kaio_ops.matmul_int8.__wrapped__(a, b, 2.0)  # makes the op's constant placeholder
+    same_as_unplanned(gpu, kaio_ops.matmul_int8, a, b, 2.0)
+    with pytest.raises(ValueError, match="'scale'"):
+        kaio_ops.matmul_int8(a, b, np.float32(2.0))
+
+
+def test_aliased_arguments_are_not_planned(gpu):
+    """silu_gate(x, x) must not become the plan silu_gate(x, y) replays."""
+    x, y = gpu.array((1, 256)), gpu.array((1, 256))
+    same_as_unplanned(gpu, kaio_ops.silu_gate, x, x)
+    assert not _plan.plans_of(kaio_ops.silu_gate)
+    planned, unplanned, _ = gpu.run(kaio_ops.silu_gate, x, y)
+    assert planned == unplanned and y.ptr.to_bytes(8, "little") in planned[0][5]
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda g: (kaio_ops.add, g.array((2, 256), bf16), g.array((256,), bf16)),
+        lambda g: (kaio_ops.gelu, g.array((3, 100), f16)),
+        lambda g: (kaio_ops.layer_norm, g.array((2, 128)), g.array((128,)), g.array((128,))),
+        lambda g: (kaio_ops.rms_norm_residual, *(g.array((2, 64), f16) for _ in range(2)),
+                   g.array((64,), f16)),
+        lambda g: (kaio_ops.softmax, g.array((3, 64))),
+        lambda g: (kaio_ops.matmul_tc, g.array((1, 256), f16), g.array((256, 128), f16)),
+        lambda g: (kaio_ops.rope, g.array((3, 2, 64), f16), g.array((3, 32), f16),
+                   g.array((3, 32), f16)),
+    ],  # fmt: skip
+    ids=["add", "gelu", "layer_norm", "rms_norm_residual", "softmax", "matmul_tc", "rope"],
+)
+def test_ops_replay_what_they_launch(gpu, call):
+    op, *args = call(gpu)
+    first = same_as_unplanned(gpu, op, *args)
+    fresh = [gpu.array(a.shape, a.kaio_dtype) for a in args]
+    second = same_as_unplanned(gpu, op, *fresh)
+    plans = _plan.plans_of(op)
+    assert len(plans) == 1 and None not in plans.values()
+    firsts = first if isinstance(first, tuple) else (first,)
+    seconds = second if isinstance(second, tuple) else (second,)
+    assert [o.shape for o in firsts] == [o.shape for o in seconds]
+    assert {o.ptr for o in firsts}.isdisjoint(o.ptr for o in seconds)  # new outputs each call
