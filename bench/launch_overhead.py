@@ -9,11 +9,18 @@ process:
   way of passing arguments;
 - kaio ``add[grid, 256](x, y, out, n)`` and pre-bound ``launch = add[grid, 256]``, with
   DeviceArray, torch tensor and CuPy arguments;
+- raw cuda.bindings ``cuLaunchKernel`` with a prebuilt ``kernelParams`` array (its address
+  as an int: nothing converted per call), the cheapest way through the bindings;
+- kaio's call-plan replay of the same launch (``kaio.runtime.plan.CallPlan.run``: the
+  parameters packed into a buffer with one ``pack_into`` and ``cuLaunchKernelEx`` through
+  ctypes), what every planned ``kaio_ops`` call ends in;
 - Triton's launcher on an equivalent kernel, torch tensors;
 - the first launch in a new process, with an empty and with a warm disk cache;
 - ``kaio_ops`` calls at decode sizes (argument checks, output allocation and launch) beside
   torch eager doing the same work: what a decode step pays per op when it is not captured in
-  a CUDA graph.
+  a CUDA graph; each op also as ``torch.ops.kaio.<op>`` beside its floor: the ``kaio_ops``
+  call plus the dispatcher's cost of an empty custom op registered the way kaio_ops.torch
+  registers its ops (``torch.ops.kaio_bench.empty``, measured in the same rounds).
 
 Method. Each figure is the median, over BATCHES batches of BATCH launches, of the host time of
 one batch divided by BATCH, with no synchronization inside a batch (the GPU is drained between
@@ -256,6 +263,25 @@ def raw_rows(bench: Bench, x, y, out) -> None:
         cu.cuLaunchKernel(function, GRID, 1, 1, 256, 1, 1, 0, 0, params, 0)
 
     bench.row("raw cuda.bindings cuLaunchKernel, (values, types)", bindings)
+    address = ctypes.addressof(params)
+
+    def bindings_prebuilt():
+        cu.cuLaunchKernel(function, GRID, 1, 1, 256, 1, 1, 0, 0, address, 0)
+
+    bench.row("raw cuda.bindings cuLaunchKernel, prebuilt kernelParams", bindings_prebuilt)
+    plan_row(bench, x, y, out)
+
+
+def plan_row(bench: Bench, x, y, out) -> None:
+    """kaio's call-plan replay of ``add``: the three addresses packed with the prepared
+    parameters, one ``cuLaunchKernelEx``."""
+    from kaio.runtime.plan import CallPlan, prepare
+
+    kernel = new_add()
+    prepared = prepare(kernel[GRID, 256], (x, y, out, N))
+    run = CallPlan([(prepared, {0: (0, 0), 1: (1, 0), 2: (2, 0)})]).run
+    pointers = (x.ptr, y.ptr, out.ptr)
+    bench.row("kaio call plan replay (CallPlan.run)", lambda: run(pointers))
 
 
 def kaio_rows(bench: Bench, x, y, out, kind: str) -> None:
@@ -301,57 +327,140 @@ def main_rows(bench: Bench, results: dict) -> None:
 
 
 def op_pairs():
-    """(label, kaio_ops call, torch eager spelling, torch call doing the same work) at decode
-    sizes, on fresh random inputs."""
+    """(label, kaio_ops call, torch eager spelling, torch call doing the same work, the op's
+    name in torch.ops.kaio, its arguments) at decode sizes, on fresh random inputs."""
     import torch
     import torch.nn.functional as F
 
     import kaio_ops
-    import kaio_ops.torch  # noqa: F401 (registers torch.ops.kaio)
     from bench.quantized import int4_inputs
 
+    def randn(*shape, dtype=torch.float16):
+        return torch.randn(*shape, device="cuda", dtype=dtype)
+
     x, packed, scales, w = int4_inputs(1, 4096, 4096)
-    h, g = (torch.randn(s, device="cuda", dtype=torch.float16) for s in ((1, 4096), 4096))
-    q = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.float16)
-    kv = torch.randn(1, 32, 512, 128, device="cuda", dtype=torch.float16)
+    wb = w.bfloat16()
+    xb = x.bfloat16()
+    h, r, g, b = randn(1, 4096), randn(1, 4096), randn(4096), randn(4096)
+    u, v = randn(1, 14336), randn(1, 14336)
+    s32 = randn(32, 512, dtype=torch.float32)
+    a8 = torch.randint(-128, 128, (1, 4096), device="cuda", dtype=torch.int8)
+    b8 = torch.randint(-128, 128, (4096, 4096), device="cuda", dtype=torch.int8)
+    q = randn(1, 32, 1, 128)
+    kv = randn(1, 32, 512, 128)
+    xr = randn(1, 32, 128)  # rope: [S, H, D], one token
+    cos, sin = randn(1, 64), randn(1, 64)
+
+    def rope_torch():
+        x1, x2 = xr[..., :64], xr[..., 64:]
+        c, s = cos[:, None, :], sin[:, None, :]
+        return torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1)
+
+    def residual_torch():
+        s = h + r
+        return F.rms_norm(s, (4096,), g, 1e-6), s
+
     return [
-        ("matmul_int4 [1, 4096] x [4096, 4096]", lambda: kaio_ops.matmul_int4(x, packed, scales),
+        ("matmul_tc [1, 4096] x [4096, 4096] f16", kaio_ops.matmul_tc, (x, w),
+         "x @ w", lambda: x @ w),
+        ("matmul_tc_bf16 [1, 4096] x [4096, 4096]", kaio_ops.matmul_tc_bf16, (xb, wb),
+         "x @ w (bf16)", lambda: xb @ wb),
+        ("matmul_int4 [1, 4096] x [4096, 4096]", kaio_ops.matmul_int4, (x, packed, scales),
          "x @ w (f16 weights, cuBLAS)", lambda: x @ w),
-        ("rms_norm [1, 4096] f16", lambda: kaio_ops.rms_norm(h, g),
+        ("matmul_int8 [1, 4096] x [4096, 4096]", kaio_ops.matmul_int8, (a8, b8),
+         "x @ w (f16 weights, cuBLAS)", lambda: x @ w),
+        ("rms_norm [1, 4096] f16", kaio_ops.rms_norm, (h, g),
          "F.rms_norm", lambda: F.rms_norm(h, (4096,), g, 1e-6)),
-        ("torch.ops.kaio.rms_norm [1, 4096] f16", lambda: torch.ops.kaio.rms_norm(h, g),
-         "F.rms_norm", lambda: F.rms_norm(h, (4096,), g, 1e-6)),
-        ("silu_gate [1, 4096] f16", lambda: kaio_ops.silu_gate(h, h),
-         "F.silu(x) * g", lambda: F.silu(h) * h),
-        ("flash_attention q [1, 32, 1, 128], kv 512", lambda: kaio_ops.flash_attention(q, kv, kv),
+        ("rms_norm_residual [1, 4096] f16", kaio_ops.rms_norm_residual, (h, r, g),
+         "s = x + r; F.rms_norm(s)", residual_torch),
+        ("layer_norm [1, 4096] f16", kaio_ops.layer_norm, (h, g, b),
+         "F.layer_norm", lambda: F.layer_norm(h, (4096,), g, b, 1e-5)),
+        ("softmax [32, 512] f32", kaio_ops.softmax, (s32,),
+         "torch.softmax", lambda: torch.softmax(s32, -1)),
+        ("silu_gate [1, 14336] f16", kaio_ops.silu_gate, (u, v),
+         "F.silu(x) * g", lambda: F.silu(u) * v),
+        ("gelu [1, 14336] f16", kaio_ops.gelu, (u,),
+         "F.gelu(tanh)", lambda: F.gelu(u, approximate="tanh")),
+        ("add [1, 4096] f16", kaio_ops.add, (h, r), "x + y", lambda: h + r),
+        ("mul [1, 4096] f16", kaio_ops.mul, (h, r), "x * y", lambda: h * r),
+        ("rope [1, 32, 128] f16", kaio_ops.rope, (xr, cos, sin),
+         "rotate halves (6 ops)", rope_torch),
+        ("flash_attention q [1, 32, 1, 128], kv 512", kaio_ops.flash_attention, (q, kv, kv),
          "F.scaled_dot_product_attention", lambda: F.scaled_dot_product_attention(q, kv, kv)),
     ]  # fmt: skip
 
 
-def op_rows(results: dict) -> None:
-    """Host time per call of ``kaio_ops`` ops at decode sizes beside torch eager doing the
-    same work (each pair's results compared first), OP_BATCH calls a batch."""
+def empty_custom_op():
+    """``torch.ops.kaio_bench.empty(x) -> Tensor``, registered as kaio_ops.torch registers
+    its ops (Library define, a CompositeExplicitAutograd impl, a fake, an autograd formula),
+    with an impl that only returns a tensor made beforehand: the dispatcher's own cost."""
     import torch
+
+    lib = torch.library.Library("kaio_bench", "FRAGMENT")
+    lib.define("empty(Tensor x) -> Tensor")
+    made = torch.empty(1, device="cuda")
+    lib.impl("empty", lambda x: made, "CompositeExplicitAutograd")
+    torch.library.register_fake("kaio_bench::empty", lambda x: x.new_empty(1), lib=lib)
+    torch.library.register_autograd(
+        "kaio_bench::empty", lambda ctx, g: g, setup_context=lambda ctx, i, o: None, lib=lib
+    )
+    return lib, torch.ops.kaio_bench.empty
+
+
+def _as_tensors(out):
+    return out if isinstance(out, tuple) else (out,)
+
+
+def op_rows(results: dict) -> None:
+    """Host time per call of every ``kaio_ops`` op at decode size, the same op through
+    ``torch.ops.kaio``, and torch eager doing the same work (each pair's results compared
+    first), OP_BATCH calls a batch; the empty custom op gives the dispatcher floor."""
+    import torch
+
+    import kaio_ops.torch  # noqa: F401 (registers torch.ops.kaio)
 
     bench = Bench(OP_BATCH)
     pairs = op_pairs()
-    for label, kaio_call, spelled, torch_call in pairs:
-        got, want = kaio_call().double(), torch_call().double()
-        error = (torch.linalg.norm(got - want) / torch.linalg.norm(want)).item()
-        if not error < 1e-2:
-            raise AssertionError(f"kaio_ops.{label}: relative error {error:.2e} against torch")
-        bench.row(f"kaio_ops.{label}", kaio_call)
-        bench.row(f"torch {spelled}", torch_call)
+    lib, empty = empty_custom_op()
+    probe = torch.empty(1, device="cuda")
+    bench.row("torch.ops.kaio_bench.empty (dispatcher floor)", lambda: empty(probe))
+    for label, op, args, spelled, torch_call in pairs:
+        dispatched = getattr(torch.ops.kaio, op.__name__)
+        if op.__name__ == "matmul_int8":  # the peer multiplies other (f16) weights
+            a8, b8 = args
+            reference = (a8.double() @ b8.double(),)
+        else:
+            reference = _as_tensors(torch_call())
+        for got, want in zip(_as_tensors(op(*args)), reference, strict=False):
+            got, want = got.double(), want.double()
+            error = (torch.linalg.norm(got - want) / torch.linalg.norm(want)).item()
+            if not error < 1e-2:
+                raise AssertionError(f"kaio_ops.{label}: relative error {error:.2e} against torch")
+        bench.row(f"kaio_ops.{label}", lambda op=op, args=args: op(*args))
+        bench.row(f"torch.ops.kaio.{label}", lambda f=dispatched, args=args: f(*args))
+        bench.row(f"torch {spelled} [{label}]", torch_call)
     rows = bench.run()
+    floor = rows["torch.ops.kaio_bench.empty (dispatcher floor)"]["host_us"]
+    results["dispatcher_floor_us"] = floor
     results["ops"] = [
         {
             "op": label,
             "torch": spelled,
             "kaio_us": rows[f"kaio_ops.{label}"]["host_us"],
-            "torch_us": rows[f"torch {spelled}"]["host_us"],
+            "torch_ops_kaio_us": rows[f"torch.ops.kaio.{label}"]["host_us"],
+            "torch_ops_floor_us": rows[f"kaio_ops.{label}"]["host_us"] + floor,
+            "torch_us": rows[f"torch {spelled} [{label}]"]["host_us"],
         }
-        for label, _, spelled, _ in pairs
+        for label, _, _, spelled, _ in pairs
     ]
+    print(f"  {'op':<44} {'kaio_ops':>8} {'torch':>8} {'ratio':>6} {'t.ops':>8} {'floor':>8}")
+    for r in results["ops"]:
+        print(
+            f"  {r['op']:<44} {r['kaio_us']:8.2f} {r['torch_us']:8.2f} "
+            f"{r['torch_us'] / r['kaio_us']:6.2f} {r['torch_ops_kaio_us']:8.2f} "
+            f"{r['torch_ops_floor_us']:8.2f}"
+        )
+    del lib
 
 
 def triton_row(bench: Bench, x, y) -> None:

@@ -49,9 +49,10 @@ from kaio.runtime.memory import DeviceArray
 from kaio.runtime.plan import CallPlan, recording
 from kaio_ops import _arrays
 
-__all__ = ["planned", "clear", "plans_of", "MAX_PLANS"]
+__all__ = ["MAX_PLANS", "MISS", "clear", "planned", "plans_of"]
 
 MAX_PLANS = 256  # per op; past this the op's plans are dropped and built again as met
+MISS = object()  # replay_only's answer when the call has no plan
 _NONE = ("none",)  # the key of an optional array given as None
 _ALL: list[dict] = []  # every op's plans (for clear)
 
@@ -303,6 +304,7 @@ def _generate(fn: Callable, array_names: tuple) -> Callable:
     call_args = ", ".join(names)
     describe_lines.append(f"    key = ({', '.join(keys)}, stream, current.simulating)")
     lines += ["    " + line for line in describe_lines]
+    body = lines[1:]
     lines += [
         "    except Exception:  # not an array these keys describe (a meta tensor, say)",
         f"        return fn({call_args})",
@@ -314,10 +316,22 @@ def _generate(fn: Callable, array_names: tuple) -> Callable:
         f"        return fn({call_args})",
         f"    return replay({pointers})",
     ]
+    # replay_only: the same lookup, MISS instead of running the op (kaio_ops.torch's impl)
+    lines += [f"def replay_only({', '.join(header)}):", *body]
+    lines += [
+        "    except Exception:",
+        "        return MISS",
+        "    replay = plans.get(key)",
+        "    if replay is None:",
+        "        return MISS",
+        f"    return replay({pointers})",
+    ]
+    env["MISS"] = MISS
     source = "\n".join(lines) + "\n"
     exec(compile(source, f"<kaio planned {fn.__name__}>", "exec"), env)
     wrapper = env[fn.__name__]
     functools.update_wrapper(wrapper, fn)
     wrapper._plans = plans
+    wrapper.replay_only = env["replay_only"]
     wrapper.source = source
     return wrapper

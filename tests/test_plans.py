@@ -14,14 +14,13 @@ import types
 import numpy as np
 import pytest
 
+import kaio_ops  # noqa: E402  (after kaio)
 from kaio import bf16, f16, f32, i8
 from kaio.runtime import launch as launch_mod
 from kaio.runtime import launcher as launcher_mod
 from kaio.runtime.device import current
 from kaio.runtime.memory import DeviceArray
 from kaio_ops import _arrays, _plan
-
-import kaio_ops  # noqa: E402  (after kaio)
 
 
 class FakeGPU:
@@ -273,12 +272,19 @@ def test_aliased_arguments_are_not_planned(gpu):
         lambda g: (kaio_ops.add, g.array((2, 256), bf16), g.array((256,), bf16)),
         lambda g: (kaio_ops.gelu, g.array((3, 100), f16)),
         lambda g: (kaio_ops.layer_norm, g.array((2, 128)), g.array((128,)), g.array((128,))),
-        lambda g: (kaio_ops.rms_norm_residual, *(g.array((2, 64), f16) for _ in range(2)),
-                   g.array((64,), f16)),
+        lambda g: (
+            kaio_ops.rms_norm_residual,
+            *(g.array((2, 64), f16) for _ in range(2)),
+            g.array((64,), f16),
+        ),
         lambda g: (kaio_ops.softmax, g.array((3, 64))),
         lambda g: (kaio_ops.matmul_tc, g.array((1, 256), f16), g.array((256, 128), f16)),
-        lambda g: (kaio_ops.rope, g.array((3, 2, 64), f16), g.array((3, 32), f16),
-                   g.array((3, 32), f16)),
+        lambda g: (
+            kaio_ops.rope,
+            g.array((3, 2, 64), f16),
+            g.array((3, 32), f16),
+            g.array((3, 32), f16),
+        ),
     ],  # fmt: skip
     ids=["add", "gelu", "layer_norm", "rms_norm_residual", "softmax", "matmul_tc", "rope"],
 )

@@ -27,6 +27,9 @@ __all__ = ["Launch", "max_active_clusters", "resources"]
 # Kernel._launchers[_DISPATCH] is the runtime's list of launchers, most recently built first.
 _DISPATCH = "runtime"
 _MAX_LAUNCHERS = 8
+# Threads recording a call plan (kaio.runtime.plan.recording): while none is, a launch reads
+# this module global instead of the thread-local recorder (a thread-local read costs more)
+recordings = [0]
 
 
 class Launch:
@@ -46,7 +49,7 @@ class Launch:
         self._first = _declines  # _bound[0]: the call that launches most often, tried alone
 
     def __call__(self, *args, **kwargs) -> None:
-        if kwargs or current.simulating or current.recorder is not None:
+        if kwargs or current.simulating or recordings[0]:
             return self._call_with_keywords(args, kwargs)
         if not self._first(args):
             self._launch_others(args)
@@ -59,7 +62,7 @@ class Launch:
 
             return run_simulated(self.kernel, self.config, args, kwargs)
         args = _positional(self.kernel, args, kwargs)
-        if current.recorder is not None:  # a call plan is being built (kaio.runtime.plan)
+        if recordings[0] and current.recorder is not None:  # a call plan is being built
             return current.recorder.launch(self, args)
         if not self._first(args):
             self._launch_others(args)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -141,12 +142,21 @@ class Recorder:
 @contextmanager
 def recording() -> Iterator[Recorder]:
     """Record the kernel launches the calling thread makes in the block (they still run)."""
+    from kaio.runtime.launch import recordings
+
     recorder = Recorder()
     saved, current.recorder = current.recorder, recorder
+    with _COUNT:
+        recordings[0] += 1
     try:
         yield recorder
     finally:
         current.recorder = saved
+        with _COUNT:
+            recordings[0] -= 1
+
+
+_COUNT = threading.Lock()  # guards kaio.runtime.launch.recordings
 
 
 class CallPlan:

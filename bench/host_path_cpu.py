@@ -1,0 +1,90 @@
+"""The Python side of an op call, measured on the CPU against a fake driver: microseconds per
+``kaio_ops`` call at decode sizes with call plans (the op as shipped) and without (the op's
+own body, ``op.__wrapped__``, through the kernel launchers), everything up to the driver call
+(``cuLaunchKernelEx`` replaced by a function that returns 0). Arrays are fake
+``kaio.DeviceArray``s (made-up addresses; outputs too), so torch's accessors and allocator are
+not in these figures: bench/launch_overhead.py measures the whole call on a GPU.
+
+    PYTHONPATH=$PWD python3 bench/host_path_cpu.py
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import pytest
+
+import kaio_ops
+from kaio import f16, f32, u32
+from tests.test_plans import FakeGPU
+
+
+def cases(g: FakeGPU) -> list:
+    """(label, op, arguments) at decode sizes."""
+    h = 4096
+    return [
+        ("rms_norm [1, 4096] f16", kaio_ops.rms_norm, (g.array((1, h), f16), g.array((h,), f16))),
+        ("silu_gate [1, 14336] f16", kaio_ops.silu_gate,
+         (g.array((1, 14336), f16), g.array((1, 14336), f16))),
+        ("add [1, 4096] f16", kaio_ops.add, (g.array((1, h), f16), g.array((1, h), f16))),
+        ("gelu [1, 4096] f16", kaio_ops.gelu, (g.array((1, h), f16),)),
+        ("softmax [32, 512] f32", kaio_ops.softmax, (g.array((32, 512), f32),)),
+        ("layer_norm [1, 4096] f16", kaio_ops.layer_norm,
+         (g.array((1, h), f16), g.array((h,), f16), g.array((h,), f16))),
+        ("rope [1, 32, 128] f16", kaio_ops.rope,
+         (g.array((1, 32, 128), f16), g.array((1, 64), f16), g.array((1, 64), f16))),
+        ("matmul_tc [1, 4096] x [4096, 4096]", kaio_ops.matmul_tc,
+         (g.array((1, h), f16), g.array((h, h), f16))),
+        ("matmul_int4 [1, 4096] x [4096, 4096]", kaio_ops.matmul_int4,
+         (g.array((1, h), f16), g.array((h // 8, h), u32), g.array((h // 128, h), f16))),
+        ("flash_attention q [1, 32, 1, 128], kv 512", kaio_ops.flash_attention,
+         (g.array((1, 32, 1, 128), f16), g.array((1, 32, 512, 128), f16),
+          g.array((1, 32, 512, 128), f16))),
+    ]  # fmt: skip
+
+
+def per_call_us(fn, args, calls: int = 2000, repeats: int = 7) -> float:
+    """Median over ``repeats`` of the mean time of ``calls`` calls, in microseconds."""
+    fn(*args)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn(*args)
+        times.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(times)
+
+
+class LeanFakeGPU(FakeGPU):
+    """The test's fake GPU with a launch that does nothing and outputs made once per shape
+    and dtype, so the figures are the call path's own."""
+
+    def __init__(self, monkeypatch):
+        super().__init__(monkeypatch)
+        self.outputs: dict = {}
+
+    def launch(self, config, func, params, extra):
+        return 0
+
+    def new_array(self, kind, device, like_obj, shape, dtype):
+        key = (device, shape, dtype)
+        if key not in self.outputs:
+            self.outputs[key] = self.array(shape, dtype, device)
+        return self.outputs[key]
+
+
+def main() -> None:
+    with pytest.MonkeyPatch.context() as mp:
+        g = LeanFakeGPU(mp)
+        print(f"{'op (fake driver, CPU)':<44} {'unplanned':>10} {'planned':>9}  us/call")
+        for label, op, args in cases(g):
+            g.calls = []
+            before = per_call_us(op.__wrapped__, args)
+            after = per_call_us(op, args)
+            g.calls = []
+            print(f"{label:<44} {before:10.2f} {after:9.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
