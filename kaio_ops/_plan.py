@@ -45,6 +45,7 @@ from collections.abc import Callable
 
 from kaio.runtime.arginfo import RawArray
 from kaio.runtime.device import current
+from kaio.runtime.launch import recordings
 from kaio.runtime.memory import DeviceArray
 from kaio.runtime.plan import CallPlan, recording
 from kaio_ops import _arrays
@@ -308,6 +309,8 @@ def _generate(fn: Callable, array_names: tuple) -> Callable:
     lines += [
         "    except Exception:  # not an array these keys describe (a meta tensor, say)",
         f"        return fn({call_args})",
+        "    if recordings[0]:  # maybe inside another op's recording: its launches must show",
+        f"        return slow(key, ({call_args},), ({pointers},))",
         "    try:",
         "        replay = plans[key]",
         "    except (KeyError, TypeError):",
@@ -322,11 +325,12 @@ def _generate(fn: Callable, array_names: tuple) -> Callable:
         "    except Exception:",
         "        return MISS",
         "    replay = plans.get(key)",
-        "    if replay is None:",
+        "    if replay is None or recordings[0]:",
         "        return MISS",
         f"    return replay({pointers})",
     ]
     env["MISS"] = MISS
+    env["recordings"] = recordings
     source = "\n".join(lines) + "\n"
     exec(compile(source, f"<kaio planned {fn.__name__}>", "exec"), env)
     wrapper = env[fn.__name__]

@@ -270,23 +270,14 @@ def test_aliased_arguments_are_not_planned(gpu):
     "call",
     [
         lambda g: (kaio_ops.add, g.array((2, 256), bf16), g.array((256,), bf16)),
-        lambda g: (kaio_ops.gelu, g.array((3, 100), f16)),
-        lambda g: (kaio_ops.layer_norm, g.array((2, 128)), g.array((128,)), g.array((128,))),
         lambda g: (
             kaio_ops.rms_norm_residual,
             *(g.array((2, 64), f16) for _ in range(2)),
             g.array((64,), f16),
         ),
-        lambda g: (kaio_ops.softmax, g.array((3, 64))),
         lambda g: (kaio_ops.matmul_tc, g.array((1, 256), f16), g.array((256, 128), f16)),
-        lambda g: (
-            kaio_ops.rope,
-            g.array((3, 2, 64), f16),
-            g.array((3, 32), f16),
-            g.array((3, 32), f16),
-        ),
     ],  # fmt: skip
-    ids=["add", "gelu", "layer_norm", "rms_norm_residual", "softmax", "matmul_tc", "rope"],
+    ids=["add", "rms_norm_residual", "matmul_tc"],
 )
 def test_ops_replay_what_they_launch(gpu, call):
     op, *args = call(gpu)
@@ -299,3 +290,20 @@ def test_ops_replay_what_they_launch(gpu, call):
     seconds = second if isinstance(second, tuple) else (second,)
     assert [o.shape for o in firsts] == [o.shape for o in seconds]
     assert {o.ptr for o in firsts}.isdisjoint(o.ptr for o in seconds)  # new outputs each call
+
+
+def test_an_op_made_of_planned_ops_records_their_launches(gpu):
+    """A planned op that calls another: while the outer one records, the inner one runs its
+    launches through the recorder instead of replaying its own plan past it."""
+
+    @_plan.planned("x", "w")
+    def twice(x, w):
+        return kaio_ops.rms_norm(kaio_ops.rms_norm(x, w), w)
+
+    x, w = gpu.array((2, 64)), gpu.array((64,))
+    kaio_ops.rms_norm(x, w)  # the inner op's plan exists before the outer one records
+    planned, unplanned, _ = gpu.run(twice, x, w)
+    assert len(planned) == 2 and planned == unplanned
+    planned, unplanned, _ = gpu.run(twice, gpu.array((2, 64)), gpu.array((64,)))
+    assert len(planned) == 2 and planned == unplanned
+    assert len(_plan.plans_of(twice)) == 1
