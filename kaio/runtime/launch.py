@@ -7,7 +7,10 @@ those takes the slow path (``_build``): validate every argument (``LaunchError``
 parameter), pick the array layouts ('C' contiguous, 'A' strided), specialize the kernel and
 load it on the GPU its arrays are on (all on one; the current device for a kernel without
 arrays), and build a launcher for this signature. Inside ``with kaio.simulate():`` launches go
-to the CPU simulator instead.
+to the CPU simulator instead. While the calling thread records a call plan
+(``kaio.runtime.plan.recording``; ``recordings`` counts them process-wide, so other launches
+pay one global read), each launch goes to its recorder, which prepares it and launches it
+as above.
 """
 
 from __future__ import annotations
