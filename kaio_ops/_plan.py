@@ -116,14 +116,6 @@ def stream_key(obj, raw_stream) -> object:
     return None
 
 
-def _address(obj, kind: str) -> int:
-    if kind == "torch":
-        return obj.data_ptr()
-    if kind == "cupy":
-        return obj.data.ptr
-    return obj.ptr
-
-
 class _Like:
     """What ``_arrays.new_array`` needs of the array an output was made like."""
 
@@ -149,7 +141,7 @@ def build(recorder, arrays: list, pointers: tuple, result) -> Callable | None:
             continue
         if kind == "numpy":
             return None
-        where[id(made)] = (len(arrays) + len(allocations), _address(made, kind))
+        where[id(made)] = (len(arrays) + len(allocations), _arrays._address(made, kind))
         like = _Like(like_obj.device) if kind == "kaio" else None
         allocations.append((made, kind, device, like, shape, dtype))
     steps = []
