@@ -149,44 +149,44 @@ def _arrays_c_strides(shape):
 
 
 @pytest.fixture
-def gpu(monkeypatch):
+def fake(monkeypatch):
     fake = FakeGPU(monkeypatch)
     yield fake
     _plan.clear()
 
 
-def same_as_unplanned(gpu, op, *args, **kwargs):
-    planned, unplanned, result = gpu.run(op, *args, **kwargs)
+def same_as_unplanned(fake, op, *args, **kwargs):
+    planned, unplanned, result = fake.run(op, *args, **kwargs)
     assert planned == unplanned
     return result
 
 
-def test_plan_is_built_once_and_replays_the_ops_launches(gpu):
+def test_plan_is_built_once_and_replays_the_ops_launches(fake):
     plans = _plan.plans_of(kaio_ops.rms_norm)
-    x, w = gpu.array((2, 64)), gpu.array((64,))
-    out = same_as_unplanned(gpu, kaio_ops.rms_norm, x, w)
+    x, w = fake.array((2, 64)), fake.array((64,))
+    out = same_as_unplanned(fake, kaio_ops.rms_norm, x, w)
     assert len(plans) == 1 and None not in plans.values()
     assert out.shape == (2, 64) and out.kaio_dtype == f32
     replay = next(iter(plans.values()))
     for _ in range(3):  # new inputs of the same signature: the same plan, new addresses
-        x2, w2 = gpu.array((2, 64)), gpu.array((64,))
-        planned, unplanned, out2 = gpu.run(kaio_ops.rms_norm, x2, w2)
+        x2, w2 = fake.array((2, 64)), fake.array((64,))
+        planned, unplanned, out2 = fake.run(kaio_ops.rms_norm, x2, w2)
         assert planned == unplanned
         assert x2.ptr.to_bytes(8, "little") in planned[0][5]
         assert out2.ptr.to_bytes(8, "little") in planned[0][5]
     assert list(plans.values()) == [replay]
 
 
-def test_replay_does_not_run_the_op(gpu, monkeypatch):
+def test_replay_does_not_run_the_op(fake, monkeypatch):
     """A hit goes straight to the launch: the op's own body (its checks, its plan) is not
     entered."""
-    x, w = gpu.array((2, 64)), gpu.array((64,))
+    x, w = fake.array((2, 64)), fake.array((64,))
     kaio_ops.rms_norm(x, w)
     entered = []
     monkeypatch.setattr(kaio_ops.rows, "_run", lambda *a, **k: entered.append(1))
-    gpu.calls = []
-    kaio_ops.rms_norm(gpu.array((2, 64)), gpu.array((64,)))
-    assert not entered and len(gpu.calls) == 1
+    fake.calls = []
+    kaio_ops.rms_norm(fake.array((2, 64)), fake.array((64,)))
+    assert not entered and len(fake.calls) == 1
 
 
 @pytest.mark.parametrize(
@@ -200,69 +200,69 @@ def test_replay_does_not_run_the_op(gpu, monkeypatch):
     ],
     ids=["shape", "dtype", "alignment", "device", "eps"],
 )
-def test_a_new_signature_gets_a_new_plan(gpu, change):
+def test_a_new_signature_gets_a_new_plan(fake, change):
     plans = _plan.plans_of(kaio_ops.rms_norm)
-    same_as_unplanned(gpu, kaio_ops.rms_norm, gpu.array((2, 64)), gpu.array((64,)))
-    args, kwargs = change(gpu)
-    same_as_unplanned(gpu, kaio_ops.rms_norm, *args, **kwargs)
+    same_as_unplanned(fake, kaio_ops.rms_norm, fake.array((2, 64)), fake.array((64,)))
+    args, kwargs = change(fake)
+    same_as_unplanned(fake, kaio_ops.rms_norm, *args, **kwargs)
     assert len(plans) == 2
 
 
-def test_a_new_stream_gets_a_new_plan(gpu):
-    x, w = gpu.array((2, 64)), gpu.array((64,))
+def test_a_new_stream_gets_a_new_plan(fake):
+    x, w = fake.array((2, 64)), fake.array((64,))
     kaio_ops.rms_norm(x, w)
-    gpu.stream = 0x5000
-    planned, unplanned, _ = gpu.run(kaio_ops.rms_norm, x, w)
+    fake.stream = 0x5000
+    planned, unplanned, _ = fake.run(kaio_ops.rms_norm, x, w)
     assert planned == unplanned and planned[0][4] == 0x5000
-    gpu.stream = None
-    planned, _, _ = gpu.run(kaio_ops.rms_norm, x, w)
+    fake.stream = None
+    planned, _, _ = fake.run(kaio_ops.rms_norm, x, w)
     assert planned[0][4] == 0
     assert len(_plan.plans_of(kaio_ops.rms_norm)) == 2
 
 
-def test_a_plan_of_another_gpu_switches_context(gpu, monkeypatch):
-    x, w = gpu.array((2, 64), device=1), gpu.array((64,), device=1)
+def test_a_plan_of_another_gpu_switches_context(fake, monkeypatch):
+    x, w = fake.array((2, 64), device=1), fake.array((64,), device=1)
     kaio_ops.rms_norm(x, w)
-    gpu.calls = []
+    fake.calls = []
     kaio_ops.rms_norm(x, w)  # replayed while GPU 0 is current
-    assert gpu.calls[0] == ("context", 1)
+    assert fake.calls[0] == ("context", 1)
     monkeypatch.setattr(current, "ordinal", 1)
-    gpu.calls = []
+    fake.calls = []
     kaio_ops.rms_norm(x, w)
-    assert gpu.calls[0][-1] == 1 and len(gpu.calls) == 1
+    assert fake.calls[0][-1] == 1 and len(fake.calls) == 1
 
 
-def test_checks_still_raise_once_a_plan_exists(gpu):
-    x, w = gpu.array((2, 64)), gpu.array((64,))
+def test_checks_still_raise_once_a_plan_exists(fake):
+    x, w = fake.array((2, 64)), fake.array((64,))
     kaio_ops.rms_norm(x, w)
     with pytest.raises(ValueError, match="'w'.*f32"):
-        kaio_ops.rms_norm(x, gpu.array((64,), f16))
+        kaio_ops.rms_norm(x, fake.array((64,), f16))
     with pytest.raises(ValueError, match="'w'.*shape"):
-        kaio_ops.rms_norm(x, gpu.array((32,)))
+        kaio_ops.rms_norm(x, fake.array((32,)))
     with pytest.raises(ValueError, match="'w'.*GPU 1"):
-        kaio_ops.rms_norm(x, gpu.array((64,), device=1))
+        kaio_ops.rms_norm(x, fake.array((64,), device=1))
     with pytest.raises(ValueError, match="'x'.*contiguous"):
-        kaio_ops.rms_norm(gpu.array((2, 64), strides=(128, 1)), w)
+        kaio_ops.rms_norm(fake.array((2, 64), strides=(128, 1)), w)
     with pytest.raises(ValueError, match="'x'.*NumPy"):
         kaio_ops.rms_norm(np.ones((2, 64), np.float32), w)
     assert len(_plan.plans_of(kaio_ops.rms_norm)) == 1
 
 
-def test_a_scalar_of_another_type_is_checked_again(gpu):
-    a, b = gpu.array((1, 64), i8), gpu.array((64, 64), i8)
+def test_a_scalar_of_another_type_is_checked_again(fake):
+    a, b = fake.array((1, 64), i8), fake.array((64, 64), i8)
     kaio_ops.matmul._NO_SCALES.clear()
     kaio_ops.matmul_int8.__wrapped__(a, b, 2.0)  # makes the op's constant placeholder
-    same_as_unplanned(gpu, kaio_ops.matmul_int8, a, b, 2.0)
+    same_as_unplanned(fake, kaio_ops.matmul_int8, a, b, 2.0)
     with pytest.raises(ValueError, match="'scale'"):
         kaio_ops.matmul_int8(a, b, np.float32(2.0))
 
 
-def test_aliased_arguments_are_not_planned(gpu):
+def test_aliased_arguments_are_not_planned(fake):
     """silu_gate(x, x) must not become the plan silu_gate(x, y) replays."""
-    x, y = gpu.array((1, 256)), gpu.array((1, 256))
-    same_as_unplanned(gpu, kaio_ops.silu_gate, x, x)
+    x, y = fake.array((1, 256)), fake.array((1, 256))
+    same_as_unplanned(fake, kaio_ops.silu_gate, x, x)
     assert not _plan.plans_of(kaio_ops.silu_gate)
-    planned, unplanned, _ = gpu.run(kaio_ops.silu_gate, x, y)
+    planned, unplanned, _ = fake.run(kaio_ops.silu_gate, x, y)
     assert planned == unplanned and y.ptr.to_bytes(8, "little") in planned[0][5]
 
 
@@ -279,11 +279,11 @@ def test_aliased_arguments_are_not_planned(gpu):
     ],  # fmt: skip
     ids=["add", "rms_norm_residual", "matmul_tc"],
 )
-def test_ops_replay_what_they_launch(gpu, call):
-    op, *args = call(gpu)
-    first = same_as_unplanned(gpu, op, *args)
-    fresh = [gpu.array(a.shape, a.kaio_dtype) for a in args]
-    second = same_as_unplanned(gpu, op, *fresh)
+def test_ops_replay_what_they_launch(fake, call):
+    op, *args = call(fake)
+    first = same_as_unplanned(fake, op, *args)
+    fresh = [fake.array(a.shape, a.kaio_dtype) for a in args]
+    second = same_as_unplanned(fake, op, *fresh)
     plans = _plan.plans_of(op)
     assert len(plans) == 1 and None not in plans.values()
     firsts = first if isinstance(first, tuple) else (first,)
@@ -292,7 +292,7 @@ def test_ops_replay_what_they_launch(gpu, call):
     assert {o.ptr for o in firsts}.isdisjoint(o.ptr for o in seconds)  # new outputs each call
 
 
-def test_an_op_made_of_planned_ops_records_their_launches(gpu):
+def test_an_op_made_of_planned_ops_records_their_launches(fake):
     """A planned op that calls another: while the outer one records, the inner one runs its
     launches through the recorder instead of replaying its own plan past it."""
 
@@ -300,10 +300,91 @@ def test_an_op_made_of_planned_ops_records_their_launches(gpu):
     def twice(x, w):
         return kaio_ops.rms_norm(kaio_ops.rms_norm(x, w), w)
 
-    x, w = gpu.array((2, 64)), gpu.array((64,))
+    x, w = fake.array((2, 64)), fake.array((64,))
     kaio_ops.rms_norm(x, w)  # the inner op's plan exists before the outer one records
-    planned, unplanned, _ = gpu.run(twice, x, w)
+    planned, unplanned, _ = fake.run(twice, x, w)
     assert len(planned) == 2 and planned == unplanned
-    planned, unplanned, _ = gpu.run(twice, gpu.array((2, 64)), gpu.array((64,)))
+    planned, unplanned, _ = fake.run(twice, fake.array((2, 64)), fake.array((64,)))
     assert len(planned) == 2 and planned == unplanned
     assert len(_plan.plans_of(twice)) == 1
+
+
+# ----------------------------------------------------------------------------- on a GPU
+def _torch_cuda():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs torch with CUDA")
+    return torch
+
+
+def _rms_reference(torch, x, w, eps=1e-6):
+    x64, w64 = x.double(), w.double()
+    return x64 / torch.sqrt((x64 * x64).mean(-1, keepdim=True) + eps) * w64
+
+
+def _error(torch, got, want) -> float:
+    got = got.double()
+    return (torch.linalg.norm(got - want) / torch.linalg.norm(want)).item()
+
+
+@pytest.mark.gpu
+def test_replays_compute_on_new_inputs_streams_and_graphs():
+    """Replayed calls on a GPU: new inputs each call, another stream, a CUDA graph captured
+    from replays (its kernels read the captured inputs' new contents)."""
+    torch = _torch_cuda()
+    _plan.clear()
+    w = torch.randn(4096, device="cuda", dtype=torch.float16)
+    for _ in range(3):
+        x = torch.randn(2, 4096, device="cuda", dtype=torch.float16)
+        out = kaio_ops.rms_norm(x, w)
+        assert _error(torch, out, _rms_reference(torch, x, w)) < 1e-3
+    assert len(_plan.plans_of(kaio_ops.rms_norm)) == 1
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        x = torch.randn(2, 4096, device="cuda", dtype=torch.float16)
+        out = kaio_ops.rms_norm(x, w)
+    side.synchronize()
+    assert _error(torch, out, _rms_reference(torch, x, w)) < 1e-3
+    assert len(_plan.plans_of(kaio_ops.rms_norm)) == 2
+    static = torch.randn(2, 4096, device="cuda", dtype=torch.float16)
+    capture = torch.cuda.Stream()
+    with torch.cuda.stream(capture):
+        kaio_ops.rms_norm(static, w)  # the plan of the capture stream, built outside capture
+    capture.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=capture):
+        captured = kaio_ops.rms_norm(static, w)
+    static.copy_(torch.randn(2, 4096, device="cuda", dtype=torch.float16))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert _error(torch, captured, _rms_reference(torch, static, w)) < 1e-3
+
+
+@pytest.mark.gpu
+def test_torch_ops_replay_and_still_copy_strided_inputs():
+    torch = _torch_cuda()
+    import kaio_ops.torch  # noqa: F401
+
+    w = torch.randn(512, device="cuda", dtype=torch.float16)
+    for _ in range(2):
+        x = torch.randn(3, 512, device="cuda", dtype=torch.float16)
+        out = torch.ops.kaio.rms_norm(x, w)
+        assert _error(torch, out, _rms_reference(torch, x, w)) < 1e-3
+    strided = torch.randn(512, 3, device="cuda", dtype=torch.float16).t()  # a new signature
+    out = torch.ops.kaio.rms_norm(strided, w)
+    assert _error(torch, out, _rms_reference(torch, strided, w)) < 1e-3
+    with pytest.raises(ValueError, match="contiguous"):
+        kaio_ops.rms_norm(strided, w)
+
+
+@pytest.mark.gpu
+def test_a_plan_runs_on_its_inputs_gpu():
+    torch = _torch_cuda()
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    for device in ("cuda:1", "cuda:0", "cuda:1"):
+        x = torch.randn(2, 1024, device=device, dtype=torch.float16)
+        w = torch.randn(1024, device=device, dtype=torch.float16)
+        out = kaio_ops.rms_norm(x, w)
+        assert out.device == x.device
+        assert _error(torch, out, _rms_reference(torch, x, w)) < 1e-3
