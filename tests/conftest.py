@@ -16,3 +16,16 @@ def pytest_collection_modifyitems(config, items) -> None:
         skip = pytest.mark.skip(reason=f"needs a GPU: {reason}")
         for item in gpu_items:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _no_plans_from_earlier_tests():
+    """Each test starts with no kaio_ops call plans: a test that patches an op's internals
+    (to count its launches, say) must see the op's body run, not a plan an earlier test
+    built for the same signature."""
+    import sys
+
+    plans = sys.modules.get("kaio_ops._plan")
+    if plans is not None:
+        plans.clear()
+    yield
