@@ -17,6 +17,7 @@ import pytest
 
 import kaio_ops
 from kaio import f16, f32, u32
+from kaio_ops import _plan
 from tests.test_plans import FakeGPU
 
 
@@ -83,7 +84,9 @@ def main() -> None:
             before = per_call_us(op.__wrapped__, args)
             after = per_call_us(op, args)
             g.calls = []
-            print(f"{label:<44} {before:10.2f} {after:9.2f}", flush=True)
+            plans = list(_plan.plans_of(op).values())
+            note = "" if plans and None not in plans else "  (unplanned)"
+            print(f"{label:<44} {before:10.2f} {after:9.2f}{note}", flush=True)
 
 
 if __name__ == "__main__":
