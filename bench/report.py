@@ -359,6 +359,7 @@ def section_launch(suite: SuiteRun, plot_files: set[str], plot_dir: str) -> str:
     if extra:
         out.append(table(["", "figure"], [[k, num(v)] for k, v in extra.items()]))
     ops = data.get("results", {}).get("ops")
+    dispatched = bool(ops) and all("torch_ops_kaio_us" in o for o in ops)
     if ops:
         out.append(
             "`kaio_ops` calls at decode sizes, torch tensors in and out (argument checks, "
@@ -369,11 +370,13 @@ def section_launch(suite: SuiteRun, plot_files: set[str], plot_dir: str) -> str:
         body = [
             [f"`{o['op']}`", num(o["kaio_us"]), o["torch"], num(o["torch_us"]),
              times(o["torch_us"] / o["kaio_us"])]
+            + [num(o.get("torch_ops_kaio_us")), num(o.get("torch_ops_floor_us"))] * dispatched
             for o in ops
         ]  # fmt: skip
-        out.append(
-            table(["kaio_ops call", "host µs", "torch eager", "host µs", "torch / kaio"], body)
-        )
+        head = ["kaio_ops call", "host µs", "torch eager", "host µs", "torch / kaio"]
+        # torch.ops.kaio and its floor: the kaio_ops call + an empty custom op's dispatch
+        head += ["torch.ops.kaio µs", "floor µs"] * dispatched
+        out.append(table(head, body))
     facts = [
         f"kernel PTX: {data.get('ptx', '?')}",
         f"{data.get('device', '')} ({data.get('arch', '')})",
