@@ -48,6 +48,7 @@ from kaio.runtime.device import current
 from kaio.runtime.launch import recordings
 from kaio.runtime.memory import DeviceArray
 from kaio.runtime.plan import CallPlan, recording
+from kaio.sim import mode as sim_mode
 from kaio_ops import _arrays
 
 __all__ = ["MAX_PLANS", "MISS", "clear", "planned", "plans_of"]
@@ -295,7 +296,9 @@ def _generate(fn: Callable, array_names: tuple) -> Callable:
     keys = [f"k{j}" for j in range(len(array_names))] + [f"{n}, type({n})" for n in others]
     pointers = ", ".join(f"p{j}" for j in range(len(array_names)))
     call_args = ", ".join(names)
-    describe_lines.append(f"    key = ({', '.join(keys)}, stream, current.simulating)")
+    # simulate() blocks: the thread's count, read only while a block is open somewhere
+    simulating = "(SIMULATING[0] and current.simulating)"
+    describe_lines.append(f"    key = ({', '.join(keys)}, stream, {simulating})")
     lines += ["    " + line for line in describe_lines]
     body = lines[1:]
     lines += [
@@ -323,6 +326,7 @@ def _generate(fn: Callable, array_names: tuple) -> Callable:
     ]
     env["MISS"] = MISS
     env["recordings"] = recordings
+    env["SIMULATING"] = sim_mode.anywhere
     source = "\n".join(lines) + "\n"
     exec(compile(source, f"<kaio planned {fn.__name__}>", "exec"), env)
     wrapper = env[fn.__name__]

@@ -14,7 +14,8 @@ import types
 import numpy as np
 import pytest
 
-import kaio_ops  # noqa: E402  (after kaio)
+import kaio
+import kaio_ops
 from kaio import bf16, f16, f32, i8
 from kaio.runtime import launch as launch_mod
 from kaio.runtime import launcher as launcher_mod
@@ -245,6 +246,8 @@ def test_checks_still_raise_once_a_plan_exists(fake):
         kaio_ops.rms_norm(fake.array((2, 64), strides=(128, 1)), w)
     with pytest.raises(ValueError, match="'x'.*NumPy"):
         kaio_ops.rms_norm(np.ones((2, 64), np.float32), w)
+    with kaio.simulate(), pytest.raises(ValueError, match="'x'.*inside `with kaio.simulate"):
+        kaio_ops.rms_norm(x, w)  # the plan's arrays, but the simulator takes NumPy arrays
     assert len(_plan.plans_of(kaio_ops.rms_norm)) == 1
 
 

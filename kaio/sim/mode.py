@@ -7,8 +7,14 @@ The flag is per Python thread. Its count of open blocks lives in ``kaio.runtime.
 from __future__ import annotations
 
 import contextlib
+import threading
 
 from kaio.runtime.device import current
+
+# Open simulate() blocks in all threads: code on a hot path (kaio_ops' call plans) reads this
+# module global first and the thread-local count only while some block is open
+anywhere = [0]
+_COUNT = threading.Lock()
 
 
 def active() -> bool:
@@ -22,7 +28,11 @@ def simulate():
     simulator: arguments are NumPy arrays (modified in place) and ops return NumPy arrays.
     Blocks nest."""
     current.simulating += 1
+    with _COUNT:
+        anywhere[0] += 1
     try:
         yield
     finally:
         current.simulating -= 1
+        with _COUNT:
+            anywhere[0] -= 1
