@@ -34,7 +34,6 @@ from kaio_ops._attention_tc import (
     load_a,
     load_tile,
 )
-from kaio_ops._common import load_f32, store_f32
 
 DT = f16  # the element type placeholder (see _typed.by_dtype)
 NEG_INF = float("-inf")
@@ -344,6 +343,18 @@ def decode_merge(
         lse[row] = kaio.select(den > 0.0, (base + kaio.log2(den)) * LN2, NEG_INF)
 
 
+@kaio.gpu_func
+def copy_chunk(dst: DT[:], at: u32, src: DT[:], i: u32, VEC: kaio.constexpr):
+    """dst[at : at + VEC] = src[i : i + VEC] (one 16-byte vector when VEC = 8)."""
+    buf = kaio.local(DT, VEC)
+    if VEC == 1:
+        buf[0] = src[i]
+        dst[at] = buf[0]
+    else:
+        kaio.load_vector(buf, src, i)
+        kaio.store_vector(dst, at, buf)
+
+
 @kaio.gpu_kernel(block_size=256)
 def kv_append(
     k_cache: DT[:],
@@ -378,8 +389,5 @@ def kv_append(
     if pos < 0 or pos >= i32(capacity):
         return
     at = cache_row(u32(pos), b, h, block_table, capacity, max_pages, kv_heads, shift, d, PAGED)
-    buf = kaio.local(f32, VEC)
-    load_f32(buf, 0, k, e, VEC)
-    store_f32(k_cache, at + c, buf, 0, VEC)
-    load_f32(buf, 0, v, e, VEC)
-    store_f32(v_cache, at + c, buf, 0, VEC)
+    copy_chunk(k_cache, at + c, k, e, VEC)
+    copy_chunk(v_cache, at + c, v, e, VEC)

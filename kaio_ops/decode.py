@@ -52,8 +52,9 @@ def shared_bytes(dp: int, mt: int) -> int:
 
 
 def blocks_per_sm(dp: int, mt: int) -> int:
-    """Resident ``decode_fwd`` blocks per multiprocessor (shared memory, at most 3)."""
-    return max(1, min(3, SM_SHARED // (shared_bytes(dp, mt) + 1024)))
+    """Resident ``decode_fwd`` blocks per multiprocessor: as shared memory allows, at most
+    2 (its launch bounds: 128 threads of up to 255 registers)."""
+    return max(1, min(2, SM_SHARED // (shared_bytes(dp, mt) + 1024)))
 
 
 def splits_for(blocks: int, tiles: int, slots: int) -> int:
@@ -152,7 +153,9 @@ def _host_check(inputs, lens, cache: _Cache, debug: bool) -> None:
         )
     if cache.paged:
         table = cache.table.obj
-        table = np.asarray(table if cache.table.kind == "numpy" else _to_host(table, cache.table.kind))
+        table = np.asarray(
+            table if cache.table.kind == "numpy" else _to_host(table, cache.table.kind)
+        )
         for b, n in enumerate(values):
             used = table[b, : -(-int(n) // cache.page_size)]
             if ((used < 0) | (used >= cache.pages)).any():
@@ -177,7 +180,9 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     qa = inputs.array(q, "q", ndim=4, dtypes=(f16, bf16), form="[B, H, Sq, D]")
     batch, heads, sq, d = qa.shape
     if not 1 <= sq <= MAX_NEW:
-        raise inputs.error("q", f"has Sq = {sq} new tokens (shape {qa.shape}); takes 1 .. {MAX_NEW}")
+        raise inputs.error(
+            "q", f"has Sq = {sq} new tokens (shape {qa.shape}); takes 1 .. {MAX_NEW}"
+        )
     if d not in DIMS:
         raise inputs.error("q", f"has head dim D = {d}; {op} takes D in {DIMS}")
     if 0 in qa.shape:
