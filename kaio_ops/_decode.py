@@ -16,7 +16,8 @@ split evenly over the grid's x blocks, so the grid depends only on the capacity 
 (a CUDA graph replays for any lengths); blocks past a sequence's end do no K/V work. New
 token i of the ``sq`` sits at position len - sq + i and sees keys up to its own. With one
 split the block writes the output and the logsumexp; with several it writes its normalized
-partial output (f32) and base-2 logsumexp, which ``decode_merge`` combines in split order
+partial output (f32) and base-2 logsumexp, which the last block of its row chunk to finish
+(``FUSED``: an atomic counter per chunk) or ``decode_merge`` combines in split order
 (deterministic).
 
 Cache layouts (``PAGED``): contiguous [B, Hkv, capacity, D], or vLLM/FlashInfer "NHD" pages
@@ -141,6 +142,7 @@ def decode_fwd(
     lse: f32[:],
     part: f32[:],
     part_lse: f32[:],
+    counters: u32[:],
     heads: u32,
     group: u32,
     sq: u32,
@@ -155,10 +157,13 @@ def decode_fwd(
     MT: kaio.constexpr,
     PAGED: kaio.constexpr,
     DIRECT: kaio.constexpr,
+    FUSED: kaio.constexpr,
 ):
     """Attention of the 16 * MT query rows (row chunk) of one K/V group over the key tiles
     of split ``block x``: out / lse (``DIRECT``, one split) or part / part_lse (row-major
-    [splits, total_rows, DP] and [splits, total_rows], base-2 logsumexp)."""
+    [splits, total_rows, DP] and [splits, total_rows], base-2 logsumexp). ``FUSED``: the
+    last block of the row chunk to finish (``counters[block y]`` counts them, and is reset
+    to 0 by that block) merges the splits into out / lse; else ``decode_merge`` does."""
     KSPLIT = WARPS // MT  # warps sharing one M-tile, each on KW keys of a tile
     KW = BN // KSPLIT
     ROWS = 16 * MT
@@ -308,6 +313,55 @@ def decode_fwd(
                     part_lse[split * total_rows + at] = kaio.select(
                         den > 0.0, base + kaio.log2(den), NEG_INF
                     )
+    if FUSED and not DIRECT:
+        # the last block of this row chunk merges the splits (fence, then count: the
+        # partial results of every block counted are visible to the one that counts last)
+        kaio.threadfence()
+        kaio.sync_threads()
+        slot = kaio.block_idx_y()
+        if tid == 0:
+            last = kaio.atomic_add(counters, slot, u32(1)) == splits - 1
+            if last:
+                counters[slot] = u32(0)  # ready for the next call (or graph replay)
+            red_ml[0, 0] = kaio.select(last, 1.0, 0.0)
+        kaio.sync_threads()
+        if red_ml[0, 0] == 1.0:
+            kaio.threadfence()
+            for idx in range(tid, ROWS * DP, THREADS):
+                rr = idx // DP
+                if row0 + rr < nrows:
+                    row = q_row0 + row0 + rr
+                    merge_element(part, part_lse, out, lse, row, idx % DP, total_rows, DP, splits)
+
+
+@kaio.gpu_func
+def merge_element(
+    part: f32[:],
+    part_lse: f32[:],
+    out: DT[:],
+    lse: f32[:],
+    row: u32,
+    c: u32,
+    rows: u32,
+    d: u32,
+    splits: u32,
+):
+    """out[row, c] = the splits' partial outputs weighted by their share of the row's
+    softmax (base-2 logsumexps part_lse), summed in split order; lse[row] (written where
+    c = 0) = the natural logsumexp (zeros and -inf for a row that saw no key)."""
+    top = NEG_INF
+    for sp in range(splits):
+        top = kaio.max(top, part_lse[sp * rows + row])
+    base = kaio.select(top == NEG_INF, 0.0, top)
+    den = 0.0
+    num = 0.0
+    for sp in range(splits):
+        w = kaio.exp2(part_lse[sp * rows + row] - base)
+        den += w
+        num += part[(sp * rows + row) * d + c] * w
+    out[row * d + c] = DT(kaio.select(den > 0.0, num / den, 0.0))
+    if c == 0:
+        lse[row] = kaio.select(den > 0.0, (base + kaio.log2(den)) * LN2, NEG_INF)
 
 
 @kaio.gpu_kernel(block_size=256)
@@ -320,27 +374,11 @@ def decode_merge(
     d: u32,
     splits: u32,
 ):
-    """out[row, c] = the splits' partial outputs weighted by their share of the row's
-    softmax (base-2 logsumexps part_lse), summed in split order; lse = the natural
-    logsumexp (zeros and -inf for a row that saw no key)."""
+    """``merge_element`` for every element of the [rows, d] output, a thread each (the
+    merge of ``decode_fwd`` launched without ``FUSED``)."""
     i = kaio.block_idx_x() * 256 + kaio.thread_idx_x()
-    if i >= rows * d:
-        return
-    row = i // d
-    c = i % d
-    top = NEG_INF
-    for sp in range(splits):
-        top = kaio.max(top, part_lse[sp * rows + row])
-    base = kaio.select(top == NEG_INF, 0.0, top)
-    den = 0.0
-    num = 0.0
-    for sp in range(splits):
-        w = kaio.exp2(part_lse[sp * rows + row] - base)
-        den += w
-        num += part[(sp * rows + row) * d + c] * w
-    out[i] = DT(kaio.select(den > 0.0, num / den, 0.0))
-    if c == 0:
-        lse[row] = kaio.select(den > 0.0, (base + kaio.log2(den)) * LN2, NEG_INF)
+    if i < rows * d:
+        merge_element(part, part_lse, out, lse, i // d, i % d, rows, d, splits)
 
 
 @kaio.gpu_func

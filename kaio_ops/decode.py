@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from kaio.types import bf16, f16, f32, i32
+from kaio.types import bf16, f16, f32, i32, u32
 from kaio_ops import _arrays, _typed
 from kaio_ops import _decode as dk
 
@@ -128,6 +128,32 @@ class _Cache:
         return self.capacity, self.max_pages, self.shift
 
 
+_COUNTERS: dict = {}  # (device, stream) -> torch int32 zeros: decode_fwd's arrival counters
+
+
+def _counters(like, stream, blocks: int):
+    """Zeroed u32 counters (at least ``blocks``) for the fused merge, or None where the
+    separate merge kernel runs instead: arrays other than torch's, or a CUDA graph capture
+    before any call on this stream outside one. The counters stay allocated (per GPU and
+    stream, so that concurrent streams never share them): each call's last blocks reset
+    theirs to 0."""
+    if like.kind == "numpy":
+        return np.zeros(blocks, np.uint32)
+    if like.kind != "torch":
+        return None
+    import torch
+
+    key = (like.device, stream)
+    have = _COUNTERS.get(key)
+    if have is None or have.numel() < blocks:
+        if torch.cuda.is_current_stream_capturing():
+            return None  # an allocation now would belong to the graph's memory pool
+        have = _COUNTERS[key] = torch.zeros(
+            max(blocks, 1024), dtype=torch.int32, device=like.obj.device
+        )
+    return _arrays.arg(have, "torch", (have.numel(),), u32, like.device)
+
+
 def _lengths(inputs, seq_lens, batch: int):
     """Check seq_lens: int32 [B]."""
     return inputs.array(seq_lens, "seq_lens", ndim=1, shape=(batch,), dtypes=(i32,), form="[B]")
@@ -217,18 +243,24 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     lse_flat = _arrays.output_arg(qa, lse, (rows,), f32)
     stream = _arrays.stream_of(qa)
     direct = splits == 1
+    counters = None
     if direct:
         part, part_lse = lse_flat, lse_flat  # not written
     else:
         part = _arrays.output(qa, (splits * rows * d,), f32)
         part_lse = _arrays.output(qa, (splits * rows,), f32)
+        counters = _counters(qa, stream, blocks)
+    fused = counters is not None
     flat = [a.arg(a.size) for a in (qa, cache.k, cache.v)]
+    if counters is None:  # a stand-in, never read
+        counters = np.zeros(1, np.uint32) if qa.kind == "numpy" else qa.arg(1, dtype=u32)
     kernel[(splits, blocks), dk.THREADS, stream, shared_bytes(d, mt)](
         *flat, cache.table_arg(qa), lens.arg(batch), out_flat, lse_flat, part, part_lse,
-        heads, group, sq, cache.kv_heads, *cache.geometry(), chunks, rows,
-        math.log2(math.e) * float(scale), DP=d, MT=mt, PAGED=cache.paged, DIRECT=direct,
+        counters, heads, group, sq, cache.kv_heads, *cache.geometry(), chunks, rows,
+        math.log2(math.e) * float(scale),
+        DP=d, MT=mt, PAGED=cache.paged, DIRECT=direct, FUSED=fused,
     )  # fmt: skip
-    if not direct:
+    if not (direct or fused):
         MERGE[qa.dtype][-(-rows * d // 256), 256, stream, 0](
             part, part_lse, out_flat, lse_flat, rows, d, splits
         )
@@ -301,8 +333,8 @@ def shipped():
         for dp in DIMS:
             for mt in (1, 2, 4):
                 for paged in (False, True):
-                    for direct in (False, True):
-                        flags = {"PAGED": paged, "DIRECT": direct}
+                    for direct, fused in ((True, False), (False, False), (False, True)):
+                        flags = {"PAGED": paged, "DIRECT": direct, "FUSED": fused}
                         yield DECODE[dtype], {"DP": dp, "MT": mt, **flags}
         yield MERGE[dtype], {}
         for paged in (False, True):
