@@ -11,7 +11,8 @@ between them), not the Python launch path. GB/s and % of copy count the K/V byte
 cached tokens read once (ragged: the sum of the lengths); the targets (80% of copy where a call
 reads 64 MB or more, 2x SDPA at B = 1, L = 4096) are read off the table.
 
-Usage: ``python bench/decode.py --out results.json [--quick]`` (quick: B in {1, 16}, L = 4k).
+Usage: ``python bench/decode.py --out results.json [--quick] [--batches 1,16]`` (quick: B in
+{1, 16}, L = 4k; ``--batches``: only these batch sizes).
 """
 
 from __future__ import annotations
@@ -92,10 +93,13 @@ def reference(q, k, v, lens):
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true", help="B in {1, 16}, L = 4096 only")
+    p.add_argument("--batches", default="", help="comma-separated batch sizes (default: all)")
     args, _ = p.parse_known_args()
     h = Harness.from_args("Decode attention", reps=30)
     h.copy_bandwidth()
     batches, lengths = ((1, 16), (4096,)) if args.quick else ((1, 16, 64), (1024, 4096, 32768))
+    if args.batches:
+        batches = tuple(int(x) for x in args.batches.split(","))
     for b in batches:
         for length in lengths:
             for ragged in (False, True):

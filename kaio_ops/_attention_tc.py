@@ -255,6 +255,43 @@ def acc_rows_at(
 
 
 @kaio.gpu_func
+def online_softmax(
+    s: f32[:, :],
+    m: f32[:],
+    l: f32[:],
+    o: f32[:, :],
+    h: kaio.constexpr,
+    scale_log2: f32,
+    NB: kaio.constexpr,
+    DP: kaio.constexpr,
+):
+    """One online-softmax step of this lane's row half h (row g + 8h of the warp's 16) over
+    the scores s of NB n-tiles (masked ones -inf): the running max m[h] (base 2, scaled) and
+    sum l[h] (this lane's part) updated, s replaced by the probabilities, the accumulators o
+    (DP / 8 n-tiles) rescaled. A row's values sit in the 4 lanes of its lane group."""
+    top = NEG_INF
+    for n in kaio.static_range(NB):
+        for e in kaio.static_range(2):
+            top = kaio.max(top, s[n, 2 * h + e])
+    top = kaio.max(top, kaio.shfl_xor(top, 1))
+    top = kaio.max(top, kaio.shfl_xor(top, 2))
+    m_new = kaio.max(m[h], top * scale_log2)
+    base = kaio.select(m_new == NEG_INF, 0.0, m_new)
+    alpha = kaio.exp2(m[h] - base)
+    m[h] = m_new
+    total = 0.0
+    for n in kaio.static_range(NB):
+        for e in kaio.static_range(2):
+            p = kaio.exp2(kaio.fma(s[n, 2 * h + e], scale_log2, -base))
+            s[n, 2 * h + e] = p
+            total += p
+    l[h] = l[h] * alpha + total
+    for n in kaio.static_range(DP // 8):
+        for e in kaio.static_range(2):
+            o[n, 2 * h + e] = o[n, 2 * h + e] * alpha
+
+
+@kaio.gpu_func
 def store_out(
     out: OT[:],
     at: u32,
@@ -379,26 +416,7 @@ def attention_fwd(
                         key = t * BN + n * 8 + lane % 4 * 2 + e
                         ok = key < sk and (causal == 0 or key <= row)
                         s[n, 2 * h + e] = kaio.select(ok, s[n, 2 * h + e], NEG_INF)
-            top = NEG_INF
-            for n in kaio.static_range(BN // 8):
-                for e in kaio.static_range(2):
-                    top = kaio.max(top, s[n, 2 * h + e])
-            top = kaio.max(top, kaio.shfl_xor(top, 1))
-            top = kaio.max(top, kaio.shfl_xor(top, 2))
-            m_new = kaio.max(m[h], top * scale_log2)
-            base = kaio.select(m_new == NEG_INF, 0.0, m_new)
-            alpha = kaio.exp2(m[h] - base)
-            m[h] = m_new
-            total = 0.0
-            for n in kaio.static_range(BN // 8):
-                for e in kaio.static_range(2):
-                    p = kaio.exp2(kaio.fma(s[n, 2 * h + e], scale_log2, -base))
-                    s[n, 2 * h + e] = p
-                    total += p
-            l[h] = l[h] * alpha + total
-            for n in kaio.static_range(DP // 8):
-                for e in kaio.static_range(2):
-                    o[n, 2 * h + e] = o[n, 2 * h + e] * alpha
+            online_softmax(s, m, l, o, h, scale_log2, BN // 8, DP)
         kaio.cp_async_wait(1)  # V of tile t has landed
         kaio.sync_threads()
         acc_rows(o, s, v_s, acol, lane, BN // 8, DP)  # O += P V

@@ -34,6 +34,7 @@ from kaio_ops._attention_tc import (
     frag_columns,
     load_a,
     load_tile,
+    online_softmax,
 )
 
 DT = f16  # the element type placeholder (see _typed.by_dtype)
@@ -248,26 +249,7 @@ def decode_fwd(
                         key = t * BN + kpart * KW + n * 8 + lane % 4 * 2 + e
                         ok = i32(key) < limit[h]
                         s[n, 2 * h + e] = kaio.select(ok, s[n, 2 * h + e], NEG_INF)
-            top = NEG_INF
-            for n in kaio.static_range(KW // 8):
-                for e in kaio.static_range(2):
-                    top = kaio.max(top, s[n, 2 * h + e])
-            top = kaio.max(top, kaio.shfl_xor(top, 1))
-            top = kaio.max(top, kaio.shfl_xor(top, 2))
-            m_new = kaio.max(m[h], top * scale_log2)
-            base = kaio.select(m_new == NEG_INF, 0.0, m_new)
-            alpha = kaio.exp2(m[h] - base)
-            m[h] = m_new
-            total = 0.0
-            for n in kaio.static_range(KW // 8):
-                for e in kaio.static_range(2):
-                    p = kaio.exp2(kaio.fma(s[n, 2 * h + e], scale_log2, -base))
-                    s[n, 2 * h + e] = p
-                    total += p
-            l[h] = l[h] * alpha + total
-            for n in kaio.static_range(DP // 8):
-                for e in kaio.static_range(2):
-                    o[n, 2 * h + e] = o[n, 2 * h + e] * alpha
+            online_softmax(s, m, l, o, h, scale_log2, KW // 8, DP)
         acc_rows_at(o, s, kv_s, krow + BN, acol, lane, KW // 8, DP)  # O += P V
         kaio.sync_threads()  # this stage is free
 

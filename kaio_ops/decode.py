@@ -133,21 +133,19 @@ _COUNTERS: dict = {}  # (device, stream) -> torch int32 zeros: decode_fwd's arri
 
 def _counters(like, stream, blocks: int):
     """Zeroed u32 counters (at least ``blocks``) for the fused merge, or None where the
-    separate merge kernel runs instead: arrays other than torch's, or a CUDA graph capture
-    before any call on this stream outside one. The counters stay allocated (per GPU and
-    stream, so that concurrent streams never share them): each call's last blocks reset
-    theirs to 0."""
+    separate merge kernel runs instead (arrays other than torch's). They stay allocated per
+    GPU and stream, so that kernels on concurrent streams never share them; each call's last
+    blocks reset theirs to 0. Made during a CUDA graph capture, they come from the graph's
+    memory pool and their zeroing is part of the graph (correct at each replay)."""
     if like.kind == "numpy":
         return np.zeros(blocks, np.uint32)
     if like.kind != "torch":
         return None
-    import torch
-
     key = (like.device, stream)
     have = _COUNTERS.get(key)
     if have is None or have.numel() < blocks:
-        if torch.cuda.is_current_stream_capturing():
-            return None  # an allocation now would belong to the graph's memory pool
+        import torch
+
         have = _COUNTERS[key] = torch.zeros(
             max(blocks, 1024), dtype=torch.int32, device=like.obj.device
         )
