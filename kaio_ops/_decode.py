@@ -43,6 +43,10 @@ LN2 = 0.6931471805599453
 WARPS = 4
 THREADS = 32 * WARPS
 BN = 64  # keys per tile
+# part_lse holds a row's logsumexp every LSE_STRIDE floats (128 bytes): a merging block loads
+# whole L1 lines, which are not coherent across multiprocessors, so no line it reads may
+# also hold values another block writes later (the rows of part are whole lines already)
+LSE_STRIDE = 32
 
 
 @kaio.gpu_func
@@ -162,9 +166,10 @@ def decode_fwd(
 ):
     """Attention of the 16 * MT query rows (row chunk) of one K/V group over the key tiles
     of split ``block x``: out / lse (``DIRECT``, one split) or part / part_lse (row-major
-    [splits, total_rows, DP] and [splits, total_rows], base-2 logsumexp). ``FUSED``: the
-    last block of the row chunk to finish (``counters[block y]`` counts them, and is reset
-    to 0 by that block) merges the splits into out / lse; else ``decode_merge`` does."""
+    [splits, total_rows, DP] and [splits, total_rows, LSE_STRIDE], base-2 logsumexp).
+    ``FUSED``: the last block of the row chunk to finish (``counters[block y]`` counts
+    them, and is reset to 0 by that block) merges the splits into out / lse; else
+    ``decode_merge`` does."""
     KSPLIT = WARPS // MT  # warps sharing one M-tile, each on KW keys of a tile
     KW = BN // KSPLIT
     ROWS = 16 * MT
@@ -292,7 +297,7 @@ def decode_fwd(
             else:
                 part[(split * total_rows + at) * DP + c] = num * inv
                 if c == 0:
-                    part_lse[split * total_rows + at] = kaio.select(
+                    part_lse[(split * total_rows + at) * LSE_STRIDE] = kaio.select(
                         den > 0.0, base + kaio.log2(den), NEG_INF
                     )
     if FUSED and not DIRECT:
@@ -333,12 +338,12 @@ def merge_element(
     c = 0) = the natural logsumexp (zeros and -inf for a row that saw no key)."""
     top = NEG_INF
     for sp in range(splits):
-        top = kaio.max(top, part_lse[sp * rows + row])
+        top = kaio.max(top, part_lse[(sp * rows + row) * LSE_STRIDE])
     base = kaio.select(top == NEG_INF, 0.0, top)
     den = 0.0
     num = 0.0
     for sp in range(splits):
-        w = kaio.exp2(part_lse[sp * rows + row] - base)
+        w = kaio.exp2(part_lse[(sp * rows + row) * LSE_STRIDE] - base)
         den += w
         num += part[(sp * rows + row) * d + c] * w
     out[row * d + c] = DT(kaio.select(den > 0.0, num / den, 0.0))

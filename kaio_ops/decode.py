@@ -246,7 +246,7 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
         part, part_lse = lse_flat, lse_flat  # not written
     else:
         part = _arrays.output(qa, (splits * rows * d,), f32)
-        part_lse = _arrays.output(qa, (splits * rows,), f32)
+        part_lse = _arrays.output(qa, (splits * rows * dk.LSE_STRIDE,), f32)
         counters = _counters(qa, stream, blocks)
     fused = counters is not None
     flat = [a.arg(a.size) for a in (qa, cache.k, cache.v)]
