@@ -49,6 +49,13 @@ BN = 64  # keys per tile
 LSE_STRIDE = 32
 
 
+def min_blocks(dp: int, mt: int) -> int:
+    """The blocks per multiprocessor ``decode_fwd`` is compiled for (its launch bounds, which
+    write the same rule): 3 for one M-tile and heads up to 128 (at most 168 registers a
+    thread), else 2."""
+    return 3 if dp <= 128 and mt == 1 else 2
+
+
 @kaio.gpu_func
 def cache_row(
     key: u32,
@@ -72,43 +79,6 @@ def cache_row(
 
 
 @kaio.gpu_func
-def load_kv(
-    dst: DT[:, :],
-    row0: u32,
-    src: DT[:],
-    key0: u32,
-    kv_len: u32,
-    b: u32,
-    kvh: u32,
-    block_table: i32[:],
-    capacity: u32,
-    max_pages: u32,
-    kv_heads: u32,
-    shift: u32,
-    tid: u32,
-    DP: kaio.constexpr,
-    PAGED: kaio.constexpr,
-):
-    """Cache rows key0 .. key0 + BN into the swizzled rows row0 .. row0 + BN of dst
-    (16-byte cp.async; zeros past kv_len, so masked keys multiply finite values)."""
-    PIECES = DP // 8
-    STEP = THREADS // PIECES
-    r0 = tid // PIECES
-    col = tid % PIECES * 8
-    for i in kaio.static_range(BN // STEP):
-        r = r0 + i * STEP
-        key = key0 + r
-        inside = key < kv_len
-        at = cache_row(
-            kaio.select(inside, key, 0), b, kvh, block_table, capacity, max_pages, kv_heads,
-            shift, DP, PAGED,
-        )  # fmt: skip
-        index = kaio.select(inside, at + col, 0)
-        dest = (row0 + r, kaio.swizzle(dst, r0 + i * STEP % 8, col))
-        kaio.cp_async(dst, dest, src, index, 16, kaio.select(inside, 16, 0))
-
-
-@kaio.gpu_func
 def load_stage(
     dst: DT[:, :],
     row0: u32,
@@ -127,13 +97,27 @@ def load_stage(
     DP: kaio.constexpr,
     PAGED: kaio.constexpr,
 ):
-    """The K tile of keys key0 .. key0 + BN into rows row0 .. row0 + BN of dst and the V tile
-    into the next BN rows, one cp.async group (committed by the caller)."""
-    for kv in kaio.static_range(2):
-        load_kv(
-            dst, row0 + kv * BN, v if kv else k, key0, kv_len, b, kvh, block_table, capacity,
-            max_pages, kv_heads, shift, tid, DP, PAGED,
+    """The K rows of keys key0 .. key0 + BN into the swizzled rows row0 .. row0 + BN of dst
+    and the V rows into the next BN rows (16-byte cp.async, one address computation for
+    both; zeros past kv_len, so masked keys multiply finite values), one cp.async group
+    (committed by the caller)."""
+    PIECES = DP // 8
+    STEP = THREADS // PIECES
+    r0 = tid // PIECES
+    col = tid % PIECES * 8
+    for i in kaio.static_range(BN // STEP):
+        r = r0 + i * STEP
+        key = key0 + r
+        inside = key < kv_len
+        at = cache_row(
+            kaio.select(inside, key, 0), b, kvh, block_table, capacity, max_pages, kv_heads,
+            shift, DP, PAGED,
         )  # fmt: skip
+        index = kaio.select(inside, at + col, 0)
+        nbytes = kaio.select(inside, 16, 0)
+        swizzled = kaio.swizzle(dst, r0 + i * STEP % 8, col)
+        kaio.cp_async(dst, (row0 + r, swizzled), k, index, 16, nbytes)
+        kaio.cp_async(dst, (row0 + BN + r, swizzled), v, index, 16, nbytes)
 
 
 @kaio.gpu_kernel
@@ -174,7 +158,7 @@ def decode_fwd(
     KW = BN // KSPLIT
     ROWS = 16 * MT
     QREG = DP <= 128  # Q fragments stay in registers
-    kaio.launch_bounds(THREADS, 2)
+    kaio.launch_bounds(THREADS, 3 if DP <= 128 and MT == 1 else 2)  # as min_blocks
     tid = kaio.thread_idx_x()
     lane = kaio.lane_id()
     warp = tid // 32

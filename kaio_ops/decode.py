@@ -53,8 +53,8 @@ def shared_bytes(dp: int, mt: int) -> int:
 
 def blocks_per_sm(dp: int, mt: int) -> int:
     """Resident ``decode_fwd`` blocks per multiprocessor: as shared memory allows, at most
-    2 (its launch bounds: 128 threads of up to 255 registers)."""
-    return max(1, min(2, SM_SHARED // (shared_bytes(dp, mt) + 1024)))
+    its launch bounds' count (``_decode.min_blocks``)."""
+    return max(1, min(dk.min_blocks(dp, mt), SM_SHARED // (shared_bytes(dp, mt) + 1024)))
 
 
 def splits_for(blocks: int, tiles: int, slots: int) -> int:
