@@ -47,6 +47,7 @@ BN = 64  # keys per tile
 # whole L1 lines, which are not coherent across multiprocessors, so no line it reads may
 # also hold values another block writes later (the rows of part are whole lines already)
 LSE_STRIDE = 32
+UNROLL = 16  # splits a merge step loads at once
 
 
 def min_blocks(dp: int, mt: int) -> int:
@@ -320,16 +321,26 @@ def merge_element(
     """out[row, c] = the splits' partial outputs weighted by their share of the row's
     softmax (base-2 logsumexps part_lse), summed in split order; lse[row] (written where
     c = 0) = the natural logsumexp (zeros and -inf for a row that saw no key)."""
+    # UNROLL splits a step: their loads issue back to back (a loop of one load a step would
+    # wait for each in turn, the latency of L2 times the splits)
     top = NEG_INF
-    for sp in range(splits):
-        top = kaio.max(top, part_lse[(sp * rows + row) * LSE_STRIDE])
+    for sp0 in range(0, splits, UNROLL):
+        for j in kaio.static_range(UNROLL):
+            ok = sp0 + j < splits
+            x = part_lse[kaio.select(ok, ((sp0 + j) * rows + row) * LSE_STRIDE, 0)]
+            top = kaio.max(top, kaio.select(ok, x, NEG_INF))
     base = kaio.select(top == NEG_INF, 0.0, top)
     den = 0.0
     num = 0.0
-    for sp in range(splits):
-        w = kaio.exp2(part_lse[(sp * rows + row) * LSE_STRIDE] - base)
-        den += w
-        num += part[(sp * rows + row) * d + c] * w
+    for sp0 in range(0, splits, UNROLL):
+        for j in kaio.static_range(UNROLL):
+            ok = sp0 + j < splits
+            at = kaio.select(ok, (sp0 + j) * rows + row, 0)
+            x = part_lse[at * LSE_STRIDE]
+            y = part[at * d + c]
+            w = kaio.select(ok, kaio.exp2(x - base), 0.0)
+            den += w
+            num += kaio.select(ok, y * w, 0.0)
     out[row * d + c] = DT(kaio.select(den > 0.0, num / den, 0.0))
     if c == 0:
         lse[row] = kaio.select(den > 0.0, (base + kaio.log2(den)) * LN2, NEG_INF)
