@@ -257,7 +257,8 @@ def decode_fwd(
             for e in kaio.static_range(2):
                 red_o[r, n * 8 + lane % 4 * 2 + e] = o[n, 2 * h + e]
     kaio.sync_threads()
-    for idx in range(tid, ROWS * DP, THREADS):
+    elements = kaio.min(ROWS, nrows - row0) * DP  # the chunk's real rows (not the padding)
+    for idx in range(tid, elements, THREADS):
         rr = idx // DP
         c = idx % DP
         mt = rr // 16
@@ -272,19 +273,18 @@ def decode_fwd(
             w = kaio.exp2(red_ml[0, r] - base)
             den += red_ml[1, r] * w
             num += red_o[r, c] * w
-        if row0 + rr < nrows:
-            at = q_row0 + row0 + rr
-            inv = kaio.select(den > 0.0, 1.0 / den, 0.0)
-            if DIRECT:
-                out[at * DP + c] = DT(num * inv)
-                if c == 0:
-                    lse[at] = kaio.select(den > 0.0, (base + kaio.log2(den)) * LN2, NEG_INF)
-            else:
-                part[(split * total_rows + at) * DP + c] = num * inv
-                if c == 0:
-                    part_lse[(split * total_rows + at) * LSE_STRIDE] = kaio.select(
-                        den > 0.0, base + kaio.log2(den), NEG_INF
-                    )
+        at = q_row0 + row0 + rr
+        inv = kaio.select(den > 0.0, 1.0 / den, 0.0)
+        if DIRECT:
+            out[at * DP + c] = DT(num * inv)
+            if c == 0:
+                lse[at] = kaio.select(den > 0.0, (base + kaio.log2(den)) * LN2, NEG_INF)
+        else:
+            part[(split * total_rows + at) * DP + c] = num * inv
+            if c == 0:
+                part_lse[(split * total_rows + at) * LSE_STRIDE] = kaio.select(
+                    den > 0.0, base + kaio.log2(den), NEG_INF
+                )
     if FUSED and not DIRECT:
         # the last block of this row chunk merges the splits (fence, then count: the
         # partial results of every block counted are visible to the one that counts last)
@@ -299,11 +299,9 @@ def decode_fwd(
         kaio.sync_threads()
         if red_ml[0, 0] == 1.0:
             kaio.threadfence()
-            for idx in range(tid, ROWS * DP, THREADS):
-                rr = idx // DP
-                if row0 + rr < nrows:
-                    row = q_row0 + row0 + rr
-                    merge_element(part, part_lse, out, lse, row, idx % DP, total_rows, DP, splits)
+            for idx in range(tid, elements, THREADS):
+                row = q_row0 + row0 + idx // DP
+                merge_element(part, part_lse, out, lse, row, idx % DP, total_rows, DP, splits)
 
 
 @kaio.gpu_func
