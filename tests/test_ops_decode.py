@@ -466,6 +466,29 @@ def test_gpu_decode_step_in_a_cuda_graph(page_size):
         for bi, n in enumerate(lens):  # the new rows are in the cache
             got = _gather_torch(k_cache, bi, n, table)[:, n - sq :]
             assert torch.equal(got, k_new[bi])
+        assert torch.equal(step(), out)  # eager (appending the same rows again): same bits
+
+
+@pytest.mark.gpu
+def test_gpu_decode_step_does_not_synchronize():
+    import torch
+
+    q, k_cache, v_cache, seq_lens, table = _gpu_case(
+        8, 32, 8, 1, 128, 2048, [2048, 5, 1000, 64, 1, 0, 2047, 300], 16, "bfloat16", seed=3
+    )
+    k = torch.randn((8, 8, 1, 128), device="cuda", dtype=q.dtype)
+
+    def step():
+        kaio_ops.kv_cache_append(k_cache, v_cache, k, k, seq_lens, table)
+        return kaio_ops.flash_attention_decode(q, k_cache, v_cache, seq_lens, table)
+
+    step()  # compiles and loads
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
 
 
 @pytest.mark.gpu
