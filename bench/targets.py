@@ -48,8 +48,17 @@ _MEMORY = {"suite": "memory", "op": _MEMORY_OPS, "source": "issue 9"}
 _QUANT = {"suite": "quant|gguf", "source": "issue 7"}
 _ATTENTION = {"suite": "attention", "source": "issue 8"}
 _SDPA_FLASH = "(?i)sdpa.*flash|flash.*sdpa"
+_DECODE_ATTN = {"suite": "decode", "op": r"^flash_attention_decode", "source": "issue 34"}
+# the decode-attention cases that read at least 64 MB of K/V (ragged: 5/8 of that on average)
+_DECODE_64MB = r"^(B1 L32768 |B16 L1024 H|B16 L(4096|32768) |B64 )"
 
 TARGETS: tuple[Target, ...] = (
+    Target("decode attention: at least 80% of the copy bandwidth where a call reads >= 64 MB of "
+           "K/V", case=_DECODE_64MB, min_share=0.8, **_DECODE_ATTN),
+    Target("decode attention at B = 1, L = 4096: at least 2x torch SDPA", case=r"^B1 L4096 ",
+           peer=r"^torch SDPA$", min_ratio=2.0, **_DECODE_ATTN),
+    Target("decode attention: never slower than torch SDPA (any backend)", peer=r"^torch SDPA",
+           min_ratio=1.0 - NOISE, **_DECODE_ATTN),
     Target("f16/bf16 matmul at 4096^3 and 8192^3: at least 60% of cuBLAS", case=_SQUARE_BIG,
            peer="^cuBLAS$", min_ratio=0.6, **_MATMUL),
     Target("f16/bf16 matmul at 4096^3 and 8192^3 on Hopper (wgmma): at least 95% of cuBLAS "

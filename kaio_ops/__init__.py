@@ -26,6 +26,10 @@ Attention (scale 1/sqrt(D); causal masks key j > i; no S x S matrix in memory):
 - ``flash_attention(q, k, v, causal=False, scale=None)``: f16/bf16 [B, H, S, D], grouped-query
   K/V [B, Hkv, S, D], on tensor cores (FlashAttention-2); ``flash_attention_with_stats``,
   ``flash_attention_bwd(do, q, k, v, o, lse, causal=False, scale=None)`` (D <= 256)
+- ``flash_attention_decode(q, k_cache, v_cache, seq_lens, block_table=None, scale=None)``:
+  Sq <= 16 new tokens over a contiguous or paged KV cache, lengths on the GPU (split-KV);
+  ``flash_attention_decode_with_stats``; ``kv_cache_append(k_cache, v_cache, k, v,
+  seq_lens, block_table=None)`` writes the new tokens' K/V in place
 
 Memory-bound ops (f32, f16, bf16; computed in f32; rows are the last axis):
 
@@ -59,6 +63,11 @@ from kaio_ops.attention import (
     flash_attention_bwd,
     flash_attention_with_stats,
 )
+from kaio_ops.decode import (
+    flash_attention_decode,
+    flash_attention_decode_with_stats,
+    kv_cache_append,
+)
 from kaio_ops.elementwise import add, gelu, mul, silu_gate
 from kaio_ops.gguf import dequantize_q6_k, dequantize_q8_0, quantize_q6_k, quantize_q8_0
 from kaio_ops.matmul import matmul_tc, matmul_tc_async, matmul_tc_bf16, matmul_tc_bf16_async
@@ -79,8 +88,11 @@ __all__ = [
     "dequantize_q8_0",
     "flash_attention",
     "flash_attention_bwd",
+    "flash_attention_decode",
+    "flash_attention_decode_with_stats",
     "flash_attention_with_stats",
     "gelu",
+    "kv_cache_append",
     "layer_norm",
     "matmul_int4",
     "matmul_int8",

@@ -161,6 +161,22 @@ def dot_rows(
     where K0 > 0: the first column block starts the sum): A the warp's 16 rows in fragments
     ``af`` (k-steps of 16), B rows 0 .. 8 NB of the shared tile b_s (the ``col`` B operand as
     stored: ldmatrix without .trans)."""
+    dot_rows_at(acc, af, b_s, 0, bcol, lane, NB, K0, K)
+
+
+@kaio.gpu_func
+def dot_rows_at(
+    acc: f32[:, :],
+    af: u32[:, :],
+    b_s: DT[:, :],
+    b_row0: u32,
+    bcol: u32[:],
+    lane: u32,
+    NB: kaio.constexpr,
+    K0: kaio.constexpr,
+    K: kaio.constexpr,
+):
+    """``dot_rows`` with B rows b_row0 .. b_row0 + 8 NB of b_s (b_row0 a multiple of 8)."""
     bf = kaio.local(u32, (2, 2))
     if K0 == 0:
         for n in kaio.static_range(NB):
@@ -168,7 +184,7 @@ def dot_rows(
                 acc[n, e] = 0.0
     for kk in kaio.static_range(K // 16):
         for nj in kaio.static_range(NB // 2):
-            row = nj * 16 + lane // 16 * 8 + lane % 8
+            row = b_row0 + nj * 16 + lane // 16 * 8 + lane % 8
             kaio.ldmatrix(bf, b_s, (row, K0 + kk // 4 * 64 + bcol[kk % 4]))
             for i in kaio.static_range(2):
                 mma(acc, 2 * nj + i, af, kk, bf, i)
@@ -209,6 +225,21 @@ def acc_rows(
     """acc[n] += P @ V over DP / 8 n-tiles: P the warp's 16 x 8 KB accumulators ``p`` (the
     accumulators of n-tiles 2kk, 2kk + 1, packed to DT pairs, are the A fragment of k-step
     kk), V rows 0 .. 8 KB of the shared tile v_s (ldmatrix .trans)."""
+    acc_rows_at(acc, p, v_s, 0, acol, lane, KB, DP)
+
+
+@kaio.gpu_func
+def acc_rows_at(
+    acc: f32[:, :],
+    p: f32[:, :],
+    v_s: DT[:, :],
+    v_row0: u32,
+    acol: u32[:],
+    lane: u32,
+    KB: kaio.constexpr,
+    DP: kaio.constexpr,
+):
+    """``acc_rows`` with V rows v_row0 .. v_row0 + 8 KB of v_s (v_row0 a multiple of 8)."""
     pf = kaio.local(u32, (1, 4))
     vf = kaio.local(u32, (2, 2))
     for kk in kaio.static_range(KB // 2):
@@ -217,10 +248,47 @@ def acc_rows(
         pf[0, 2] = pack(p[2 * kk + 1, 0], p[2 * kk + 1, 1])
         pf[0, 3] = pack(p[2 * kk + 1, 2], p[2 * kk + 1, 3])
         for nj in kaio.static_range(DP // 16):
-            row = kk * 16 + lane % 16
+            row = v_row0 + kk * 16 + lane % 16
             kaio.ldmatrix_trans(vf, v_s, (row, nj // 4 * 64 + acol[nj % 4]))
             for i in kaio.static_range(2):
                 mma(acc, 2 * nj + i, pf, 0, vf, i)
+
+
+@kaio.gpu_func
+def online_softmax(
+    s: f32[:, :],
+    m: f32[:],
+    l: f32[:],
+    o: f32[:, :],
+    h: kaio.constexpr,
+    scale_log2: f32,
+    NB: kaio.constexpr,
+    DP: kaio.constexpr,
+):
+    """One online-softmax step of this lane's row half h (row g + 8h of the warp's 16) over
+    the scores s of NB n-tiles (masked ones -inf): the running max m[h] (base 2, scaled) and
+    sum l[h] (this lane's part) updated, s replaced by the probabilities, the accumulators o
+    (DP / 8 n-tiles) rescaled. A row's values sit in the 4 lanes of its lane group."""
+    top = NEG_INF
+    for n in kaio.static_range(NB):
+        for e in kaio.static_range(2):
+            top = kaio.max(top, s[n, 2 * h + e])
+    top = kaio.max(top, kaio.shfl_xor(top, 1))
+    top = kaio.max(top, kaio.shfl_xor(top, 2))
+    m_new = kaio.max(m[h], top * scale_log2)
+    base = kaio.select(m_new == NEG_INF, 0.0, m_new)
+    alpha = kaio.exp2(m[h] - base)
+    m[h] = m_new
+    total = 0.0
+    for n in kaio.static_range(NB):
+        for e in kaio.static_range(2):
+            p = kaio.exp2(kaio.fma(s[n, 2 * h + e], scale_log2, -base))
+            s[n, 2 * h + e] = p
+            total += p
+    l[h] = l[h] * alpha + total
+    for n in kaio.static_range(DP // 8):
+        for e in kaio.static_range(2):
+            o[n, 2 * h + e] = o[n, 2 * h + e] * alpha
 
 
 @kaio.gpu_func
@@ -348,26 +416,7 @@ def attention_fwd(
                         key = t * BN + n * 8 + lane % 4 * 2 + e
                         ok = key < sk and (causal == 0 or key <= row)
                         s[n, 2 * h + e] = kaio.select(ok, s[n, 2 * h + e], NEG_INF)
-            top = NEG_INF
-            for n in kaio.static_range(BN // 8):
-                for e in kaio.static_range(2):
-                    top = kaio.max(top, s[n, 2 * h + e])
-            top = kaio.max(top, kaio.shfl_xor(top, 1))
-            top = kaio.max(top, kaio.shfl_xor(top, 2))
-            m_new = kaio.max(m[h], top * scale_log2)
-            base = kaio.select(m_new == NEG_INF, 0.0, m_new)
-            alpha = kaio.exp2(m[h] - base)
-            m[h] = m_new
-            total = 0.0
-            for n in kaio.static_range(BN // 8):
-                for e in kaio.static_range(2):
-                    p = kaio.exp2(kaio.fma(s[n, 2 * h + e], scale_log2, -base))
-                    s[n, 2 * h + e] = p
-                    total += p
-            l[h] = l[h] * alpha + total
-            for n in kaio.static_range(DP // 8):
-                for e in kaio.static_range(2):
-                    o[n, 2 * h + e] = o[n, 2 * h + e] * alpha
+            online_softmax(s, m, l, o, h, scale_log2, BN // 8, DP)
         kaio.cp_async_wait(1)  # V of tile t has landed
         kaio.sync_threads()
         acc_rows(o, s, v_s, acol, lane, BN // 8, DP)  # O += P V

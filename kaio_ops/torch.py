@@ -153,6 +153,11 @@ def _mh_bwd_out(do, q, k, v, *_):
     return tuple(t.new_empty(t.shape) for t in (q, k, v))
 
 
+def _nothing(*_):
+    """An op that only writes into its (mutable) arguments returns nothing."""
+    return None
+
+
 def _qkv_out(x, wq, wk, wv, *_):
     """Three f16 [M, N] outputs, N from each weight."""
     return tuple(x.new_empty((x.shape[0], w.shape[1]), dtype=torch.float16) for w in (wq, wk, wv))
@@ -364,6 +369,11 @@ _SHORT = "short-sequence tensor-core attention is forward-only; use flash attent
 _BACKWARD = "it is a backward op (no second derivative)"
 _QKV = "(Tensor q, Tensor k, Tensor v) -> Tensor"
 _MH = "(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None)"
+_DECODE = (
+    "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor seq_lens, Tensor? block_table=None,"
+    " float? scale=None)"
+)
+_FORWARD_ONLY = "decode attention is forward-only (inference)"
 _FLASH_BWD = (
     "(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse) -> (Tensor, Tensor, Tensor)"
 )
@@ -487,6 +497,32 @@ OPS: tuple[OpSpec, ...] = (
         _mh_bwd_out,
         _BACKWARD,
     ),
+    OpSpec(
+        "flash_attention_decode_with_stats",
+        f"{_DECODE} -> (Tensor, Tensor)",
+        _mh_stats_out,
+        _FORWARD_ONLY,
+    ),
+    OpSpec(
+        "flash_attention_decode",
+        f"{_DECODE} -> Tensor",
+        None,
+        Composite(
+            "flash_attention_decode_with_stats",
+            lambda q, k_cache, v_cache, seq_lens, block_table=None, scale=None: (
+                torch.ops.kaio.flash_attention_decode_with_stats(
+                    q, k_cache, v_cache, seq_lens, block_table, scale
+                )[0]
+            ),
+        ),
+    ),
+    OpSpec(
+        "kv_cache_append",
+        "(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor seq_lens,"
+        " Tensor? block_table=None) -> ()",
+        _nothing,
+        _FORWARD_ONLY,
+    ),
 )
 
 
@@ -520,9 +556,11 @@ def _from_numpy(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(a)
 
 
-def _implementation(spec: OpSpec, names: list) -> Callable:
+def _implementation(spec: OpSpec, names: list, written: tuple = ()) -> Callable:
     """The op's real implementation: checks devices, makes inputs contiguous and calls the
-    kaio_ops function (through NumPy on the simulator for CPU tensors)."""
+    kaio_ops function (through NumPy on the simulator for CPU tensors). The arguments the op
+    writes (``written``: their positions) are passed as they are: a copy would lose the
+    writes (kaio_ops refuses them if they are not contiguous)."""
     fn = getattr(kaio_ops, spec.name)
     # A call whose plan exists (contiguous CUDA tensors of a signature already run) goes
     # straight to it: the checks and copies below would find nothing to do
@@ -535,7 +573,10 @@ def _implementation(spec: OpSpec, names: list) -> Callable:
             if out is not miss:
                 return out
         _check_devices(spec.name, names, args)
-        args = [a.contiguous() if isinstance(a, torch.Tensor) else a for a in args]
+        args = [
+            a.contiguous() if isinstance(a, torch.Tensor) and i not in written else a
+            for i, a in enumerate(args)
+        ]
         if not simulating():
             return fn(*args)
         cpu = [
@@ -543,6 +584,8 @@ def _implementation(spec: OpSpec, names: list) -> Callable:
             for a in args
         ]
         out = fn(*cpu)
+        if out is None:  # written in place (CPU tensors share the NumPy arrays' memory)
+            return None
         return tuple(map(_from_numpy, out)) if isinstance(out, tuple) else _from_numpy(out)
 
     return impl
@@ -605,13 +648,17 @@ def register(spec: OpSpec):
         _LIBRARY.impl(spec.name, spec.grad.fn, "CompositeImplicitAutograd")
         return getattr(getattr(torch.ops, NAMESPACE), spec.name)
     qualname = f"{NAMESPACE}::{spec.name}"
-    names = [arg.name for arg in torch._C.parse_schema(qualname + spec.schema).arguments]
+    arguments = torch._C.parse_schema(qualname + spec.schema).arguments
+    names = [arg.name for arg in arguments]
+    written = tuple(i for i, a in enumerate(arguments) if a.alias_info and a.alias_info.is_write)
     # The library's own define and impl, not torch.library.custom_op: custom_op wraps the
     # kernel in an aliasing check and a dynamo guard, 5 µs a call on an H200 host (43.0 ->
     # 37.7 µs for rms_norm at decode size, 20.7 called directly)
     _LIBRARY.define(spec.name + spec.schema)
-    _LIBRARY.impl(spec.name, _implementation(spec, names), "CompositeExplicitAutograd")
+    _LIBRARY.impl(spec.name, _implementation(spec, names, written), "CompositeExplicitAutograd")
     torch.library.register_fake(qualname, _fake(spec, names), lib=_LIBRARY)
+    if written:  # torch takes no autograd formula for an op that mutates its arguments
+        return getattr(getattr(torch.ops, NAMESPACE), spec.name)
     setup_context, backward = _autograd(spec, names)
     torch.library.register_autograd(qualname, backward, setup_context=setup_context, lib=_LIBRARY)
     return getattr(getattr(torch.ops, NAMESPACE), spec.name)

@@ -157,6 +157,27 @@ def same(*shapes, extra=(), scale: float = 1.0):
     return lambda r, d: (*(r(*shape, dtype=d, scale=scale) for shape in shapes), *extra)
 
 
+def _decode_args(big: bool, paged: bool, append: bool = False):
+    """make(r, dtype): (q, k_cache, v_cache, seq_lens[, block_table]) of a decode step, or
+    (k_cache, v_cache, k, v, seq_lens[, block_table]) of a cache append (``append``);
+    ragged lengths, a contiguous cache or 16-token pages."""
+    b, h, hkv, sq, d, cap = (3, 32, 8, 2, 128, 1024) if big else (2, 4, 2, 2, 64, 48)
+    lens = [cap, 3, 700][:b] if big else [cap, 3]
+
+    def make(r: Maker, dtype):
+        shape = (b * cap // 16 + 1, 16, hkv, d) if paged else (b, hkv, cap, d)
+        k_cache, v_cache = r(*shape, dtype=dtype), r(*shape, dtype=dtype)
+        seq_lens = torch.tensor(lens, dtype=torch.int32).to(r.device)
+        pages = torch.randperm(shape[0], generator=r.gen)[: b * cap // 16]
+        table = (pages.reshape(b, cap // 16).to(torch.int32).to(r.device),) if paged else ()
+        if append:
+            new = (r(b, hkv, sq, d, dtype=dtype), r(b, hkv, sq, d, dtype=dtype))
+            return (k_cache, v_cache, *new, seq_lens, *table)
+        return (r(b, h, sq, d, dtype=dtype), k_cache, v_cache, seq_lens, *table)
+
+    return make
+
+
 def samples(big: bool, only=None, skip=(), every_dtype: bool = True):
     """pytest params (op name, make(r, dtype) -> args, dtype) of every op, at simulator sizes or
     GPU sizes (``big``), in each dtype listed (``every_dtype=False``: the first); ``only`` and
@@ -238,6 +259,20 @@ def samples(big: bool, only=None, skip=(), every_dtype: bool = True):
             _flash_bwd_args(mh_q, mh_kv, True, True),
             half,
         ),
+        ("flash_attention_decode", "flash_attention_decode", _decode_args(big, False), half),
+        (
+            "flash_attention_decode-paged",
+            "flash_attention_decode",
+            _decode_args(big, True),
+            f16,
+        ),
+        (
+            "flash_attention_decode_with_stats",
+            "flash_attention_decode_with_stats",
+            _decode_args(big, True),
+            bf16,
+        ),
+        ("kv_cache_append", "kv_cache_append", _decode_args(big, True, append=True), half),
         # shared/API.md's quantized matmuls, tested here once kaio_ops exports them
         (
             "matmul_int8",
@@ -407,10 +442,13 @@ OPCHECK = {
     "matmul_tc-skinny",
     "quantize_q6_k",
     "qkv_project_int8",
+    "kv_cache_append",  # an op that writes into its arguments (declared in its schema)
 }
 # kernels that take long to compile for the simulator, tested on the GPU (and, through the
 # causal flash attention's gradient, on the simulator)
 SLOW_ON_SIMULATOR = {"attention_flash", "attention_flash_bwd", "attention_flash_bwd_causal"}
+# ops that return nothing and write into their arguments (tests/test_ops_decode.py checks them)
+IN_PLACE = {"kv_cache_append"}
 
 
 def opcheck(name: str, args) -> None:
@@ -431,7 +469,7 @@ def test_opcheck_on_simulator(name, make, dtype):
         opcheck(name, make(Maker("cpu", 0), dtype))
 
 
-@pytest.mark.parametrize("name, make, dtype", samples(False, skip=SLOW_ON_SIMULATOR))
+@pytest.mark.parametrize("name, make, dtype", samples(False, skip=SLOW_ON_SIMULATOR | IN_PLACE))
 def test_bit_exact_with_kaio_ops_on_simulator(name, make, dtype):
     """The op equals the kaio_ops function on the same values; its fake (meta) outputs have
     the real outputs' shapes and dtypes."""
@@ -666,7 +704,7 @@ def test_decoder_block_example_on_simulator():
 
 # ---------------------------------------------------------------------------- on a GPU
 @pytest.mark.gpu
-@pytest.mark.parametrize("name, make, dtype", samples(True))
+@pytest.mark.parametrize("name, make, dtype", samples(True, skip=IN_PLACE))
 def test_gpu_bit_exact_with_kaio_ops(name, make, dtype):
     op = needs(name)
     args = make(Maker("cuda", 11), dtype)

@@ -1,0 +1,412 @@
+"""Decode attention over a KV cache (flash-decoding) and the cache append, written in the kaio
+DSL for f16/bf16 (``DT``). The host side is ``kaio_ops.decode``.
+
+``decode_fwd``: block (x, y) = (split, (batch b, K/V head, row chunk)). The query rows of a
+K/V group, ``group`` heads times ``sq`` new tokens (contiguous in q: the heads of a group are
+adjacent), are the M dimension of ``mma.m16n8k16``: 16 * MT rows a block, so each K/V tile is
+read once per group, not once per query head. The block's 4 warps split each 64-key tile:
+warp w owns the 16 rows of M-tile w % MT and keys (w // MT) * KW .. + KW of the tile
+(KW = 64 * MT / 4). K and V tiles are double-buffered in shared memory (16-byte cp.async,
+XOR-swizzled for ldmatrix): tile t + 1 is in flight while tile t is used. The scores and the
+online softmax are those of ``_attention_tc.attention_fwd`` (fragments, ``dot_rows_at``,
+``acc_rows_at``, ``online_softmax``); the warps' partial (max, sum, output) then merge
+through shared memory.
+
+Lengths are read on the GPU: ``seq_lens[b]`` (clamped to 0 .. capacity) fixes the key tiles,
+split evenly over the grid's x blocks, so the grid depends only on the capacity and the GPU
+(a CUDA graph replays for any lengths); blocks past a sequence's end do no K/V work. New
+token i of the ``sq`` sits at position len - sq + i and sees keys up to its own. With one
+split the block writes the output and the logsumexp; with several it writes its normalized
+partial output (f32) and base-2 logsumexp, which the last block of its row chunk to finish
+(``FUSED``: an atomic counter per chunk) or ``decode_merge`` combines in split order
+(deterministic).
+
+Cache layouts (``PAGED``): contiguous [B, Hkv, capacity, D], or vLLM/FlashInfer "NHD" pages
+[num_pages, page_size, Hkv, D] with ``block_table`` [B, max_pages] (page_size = 1 << shift).
+"""
+
+from __future__ import annotations
+
+import kaio
+from kaio import f16, f32, i32, u32
+from kaio_ops._attention_tc import (
+    acc_rows_at,
+    dot_rows_at,
+    frag_columns,
+    load_a,
+    load_tile,
+    online_softmax,
+)
+
+DT = f16  # the element type placeholder (see _typed.by_dtype)
+NEG_INF = float("-inf")
+LN2 = 0.6931471805599453
+WARPS = 4
+THREADS = 32 * WARPS
+BN = 64  # keys per tile
+# part_lse holds a row's logsumexp every LSE_STRIDE floats (128 bytes): a merging block loads
+# whole L1 lines, which are not coherent across multiprocessors, so no line it reads may
+# also hold values another block writes later (the rows of part are whole lines already)
+LSE_STRIDE = 32
+UNROLL = 16  # splits a merge step loads at once
+
+
+def min_blocks(dp: int, mt: int) -> int:
+    """The blocks per multiprocessor ``decode_fwd`` is compiled for (its launch bounds, which
+    write the same rule): 3 for one M-tile and heads up to 128 (at most 168 registers a
+    thread), else 2."""
+    return 3 if dp <= 128 and mt == 1 else 2
+
+
+@kaio.gpu_func
+def cache_row(
+    key: u32,
+    b: u32,
+    kvh: u32,
+    block_table: i32[:],
+    capacity: u32,
+    max_pages: u32,
+    kv_heads: u32,
+    shift: u32,
+    d: u32,
+    PAGED: kaio.constexpr,
+) -> u32:
+    """The index of element 0 of cache row ``key`` of sequence b, K/V head kvh: contiguous
+    [B, Hkv, capacity, D], or paged [pages, 1 << shift, Hkv, D] through block_table."""
+    if PAGED:
+        page = u32(block_table[b * max_pages + (key >> shift)])
+        slot = (page << shift) + (key & ((u32(1) << shift) - 1))
+        return (slot * kv_heads + kvh) * d
+    return ((b * kv_heads + kvh) * capacity + key) * d
+
+
+@kaio.gpu_func
+def load_stage(
+    dst: DT[:, :],
+    row0: u32,
+    k: DT[:],
+    v: DT[:],
+    key0: u32,
+    kv_len: u32,
+    b: u32,
+    kvh: u32,
+    block_table: i32[:],
+    capacity: u32,
+    max_pages: u32,
+    kv_heads: u32,
+    shift: u32,
+    tid: u32,
+    DP: kaio.constexpr,
+    PAGED: kaio.constexpr,
+):
+    """The K rows of keys key0 .. key0 + BN into the swizzled rows row0 .. row0 + BN of dst
+    and the V rows into the next BN rows (16-byte cp.async, one address computation for
+    both; zeros past kv_len, so masked keys multiply finite values), one cp.async group
+    (committed by the caller)."""
+    PIECES = DP // 8
+    STEP = THREADS // PIECES
+    r0 = tid // PIECES
+    col = tid % PIECES * 8
+    for i in kaio.static_range(BN // STEP):
+        r = r0 + i * STEP
+        key = key0 + r
+        inside = key < kv_len
+        at = cache_row(
+            kaio.select(inside, key, 0), b, kvh, block_table, capacity, max_pages, kv_heads,
+            shift, DP, PAGED,
+        )  # fmt: skip
+        index = kaio.select(inside, at + col, 0)
+        nbytes = kaio.select(inside, 16, 0)
+        swizzled = kaio.swizzle(dst, r0 + i * STEP % 8, col)
+        kaio.cp_async(dst, (row0 + r, swizzled), k, index, 16, nbytes)
+        kaio.cp_async(dst, (row0 + BN + r, swizzled), v, index, 16, nbytes)
+
+
+@kaio.gpu_kernel
+def decode_fwd(
+    q: DT[:],
+    k: DT[:],
+    v: DT[:],
+    block_table: i32[:],
+    seq_lens: i32[:],
+    out: DT[:],
+    lse: f32[:],
+    part: f32[:],
+    part_lse: f32[:],
+    counters: u32[:],
+    heads: u32,
+    group: u32,
+    sq: u32,
+    kv_heads: u32,
+    capacity: u32,
+    max_pages: u32,
+    shift: u32,
+    chunks: u32,
+    total_rows: u32,
+    scale_log2: f32,
+    DP: kaio.constexpr,
+    MT: kaio.constexpr,
+    PAGED: kaio.constexpr,
+    DIRECT: kaio.constexpr,
+    FUSED: kaio.constexpr,
+):
+    """Attention of the 16 * MT query rows (row chunk) of one K/V group over the key tiles
+    of split ``block x``: out / lse (``DIRECT``, one split) or part / part_lse (row-major
+    [splits, total_rows, DP] and [splits, total_rows, LSE_STRIDE], base-2 logsumexp).
+    ``FUSED``: the last block of the row chunk to finish (``counters[block y]`` counts
+    them, and is reset to 0 by that block) merges the splits into out / lse; else
+    ``decode_merge`` does."""
+    KSPLIT = WARPS // MT  # warps sharing one M-tile, each on KW keys of a tile
+    KW = BN // KSPLIT
+    ROWS = 16 * MT
+    QREG = DP <= 128  # Q fragments stay in registers
+    kaio.launch_bounds(THREADS, 3 if DP <= 128 and MT == 1 else 2)  # as min_blocks
+    tid = kaio.thread_idx_x()
+    lane = kaio.lane_id()
+    warp = tid // 32
+    g = lane // 4
+    mtile = warp % MT
+    kpart = warp // MT
+    split = kaio.block_idx_x()
+    splits = kaio.grid_dim_x()
+    chunk = kaio.block_idx_y() % chunks
+    bkv = kaio.block_idx_y() // chunks
+    b = bkv // kv_heads
+    kvh = bkv % kv_heads
+    nrows = group * sq  # the group's query rows, contiguous in q
+    q_row0 = (b * heads + kvh * group) * sq
+    row0 = chunk * ROWS
+    kv_len = u32(kaio.min(kaio.max(seq_lens[b], 0), i32(capacity)))
+    n_total = (kv_len + BN - 1) // BN
+    per = (n_total + splits - 1) // splits
+    t0 = kaio.min(split * per, n_total)
+    t1 = kaio.min(t0 + per, n_total)
+
+    kv_s = kaio.shared_dynamic(DT, (4 * BN, DP), 0)  # K0, V0, K1, V1
+    q_s = kaio.shared_dynamic(DT, (ROWS, DP), 4 * BN * DP * 2)
+    red_o = kaio.shared_dynamic(f32, (WARPS * 16, DP), 0)  # after the loop, over kv_s
+    red_ml = kaio.shared_dynamic(f32, (2, WARPS * 16), (4 * BN + ROWS) * DP * 2)
+
+    load_tile(q_s, q, q_row0 * DP, row0, nrows, DP, tid, ROWS, DP, THREADS, True)
+    kaio.cp_async_commit()
+    if t0 < t1:
+        load_stage(
+            kv_s, 0, k, v, t0 * BN, kv_len, b, kvh, block_table, capacity, max_pages,
+            kv_heads, shift, tid, DP, PAGED,
+        )  # fmt: skip
+    kaio.cp_async_commit()
+    kaio.cp_async_wait(1)  # Q has landed
+    kaio.sync_threads()
+
+    acol = kaio.local(u32, 4)
+    bcol = kaio.local(u32, 4)
+    frag_columns(acol, bcol, q_s, lane)
+    qf = kaio.local(u32, (DP // 16, 4))
+    if QREG:
+        load_a(qf, q_s, mtile * 16, acol, lane, 0, DP)
+    m = kaio.local(f32, 2)
+    l = kaio.local(f32, 2)
+    limit = kaio.local(i32, 2)  # keys < limit are visible to the row (causal)
+    for h in kaio.static_range(2):
+        m[h] = NEG_INF
+        l[h] = 0.0
+        row = row0 + mtile * 16 + g + 8 * h
+        limit[h] = i32(kv_len) - i32(sq) + i32(row % sq) + 1
+    o = kaio.local(f32, (DP // 8, 4))
+    for n in kaio.static_range(DP // 8):
+        for e in kaio.static_range(4):
+            o[n, e] = 0.0
+    s = kaio.local(f32, (KW // 8, 4))
+    for t in range(t0, t1):
+        stage = (t - t0) % 2 * 2 * BN
+        if t + 1 < t1:
+            load_stage(
+                kv_s, 2 * BN - stage, k, v, (t + 1) * BN, kv_len, b, kvh, block_table,
+                capacity, max_pages, kv_heads, shift, tid, DP, PAGED,
+            )  # fmt: skip
+        kaio.cp_async_commit()
+        kaio.cp_async_wait(1)  # tile t has landed
+        kaio.sync_threads()
+        if not QREG:
+            load_a(qf, q_s, mtile * 16, acol, lane, 0, DP)
+        krow = stage + kpart * KW
+        dot_rows_at(s, qf, kv_s, krow, bcol, lane, KW // 8, 0, DP)  # S = Q K^T
+        # the last tiles hold keys past the end or past a new token's position
+        masked = i32((t + 1) * BN) + i32(sq) > i32(kv_len) + 1
+        for h in kaio.static_range(2):
+            if masked:
+                for n in kaio.static_range(KW // 8):
+                    for e in kaio.static_range(2):
+                        key = t * BN + kpart * KW + n * 8 + lane % 4 * 2 + e
+                        ok = i32(key) < limit[h]
+                        s[n, 2 * h + e] = kaio.select(ok, s[n, 2 * h + e], NEG_INF)
+            online_softmax(s, m, l, o, h, scale_log2, KW // 8, DP)
+        acc_rows_at(o, s, kv_s, krow + BN, acol, lane, KW // 8, DP)  # O += P V
+        kaio.sync_threads()  # this stage is free
+
+    # the warps' partial results, relative to their own maxima, through shared memory
+    kaio.cp_async_wait_all()
+    kaio.sync_threads()
+    for h in kaio.static_range(2):
+        r = warp * 16 + g + 8 * h
+        total = l[h] + kaio.shfl_xor(l[h], 1)
+        total += kaio.shfl_xor(total, 2)
+        if lane % 4 == 0:
+            red_ml[0, r] = m[h]
+            red_ml[1, r] = total
+        for n in kaio.static_range(DP // 8):
+            for e in kaio.static_range(2):
+                red_o[r, n * 8 + lane % 4 * 2 + e] = o[n, 2 * h + e]
+    kaio.sync_threads()
+    elements = kaio.min(ROWS, nrows - row0) * DP  # the chunk's real rows (not the padding)
+    for idx in range(tid, elements, THREADS):
+        rr = idx // DP
+        c = idx % DP
+        mt = rr // 16
+        top = NEG_INF
+        for kp in kaio.static_range(KSPLIT):
+            top = kaio.max(top, red_ml[0, (kp * MT + mt) * 16 + rr % 16])
+        base = kaio.select(top == NEG_INF, 0.0, top)
+        den = 0.0
+        num = 0.0
+        for kp in kaio.static_range(KSPLIT):
+            r = (kp * MT + mt) * 16 + rr % 16
+            w = kaio.exp2(red_ml[0, r] - base)
+            den += red_ml[1, r] * w
+            num += red_o[r, c] * w
+        at = q_row0 + row0 + rr
+        inv = kaio.select(den > 0.0, 1.0 / den, 0.0)
+        if DIRECT:
+            out[at * DP + c] = DT(num * inv)
+            if c == 0:
+                lse[at] = kaio.select(den > 0.0, (base + kaio.log2(den)) * LN2, NEG_INF)
+        else:
+            part[(split * total_rows + at) * DP + c] = num * inv
+            if c == 0:
+                part_lse[(split * total_rows + at) * LSE_STRIDE] = kaio.select(
+                    den > 0.0, base + kaio.log2(den), NEG_INF
+                )
+    if FUSED and not DIRECT:
+        # the last block of this row chunk merges the splits (fence, then count: the
+        # partial results of every block counted are visible to the one that counts last)
+        kaio.threadfence()
+        kaio.sync_threads()
+        slot = kaio.block_idx_y()
+        if tid == 0:
+            last = kaio.atomic_add(counters, slot, u32(1)) == splits - 1
+            if last:
+                counters[slot] = u32(0)  # ready for the next call (or graph replay)
+            red_ml[0, 0] = kaio.select(last, 1.0, 0.0)
+        kaio.sync_threads()
+        if red_ml[0, 0] == 1.0:
+            kaio.threadfence()
+            for idx in range(tid, elements, THREADS):
+                row = q_row0 + row0 + idx // DP
+                merge_element(part, part_lse, out, lse, row, idx % DP, total_rows, DP, splits)
+
+
+@kaio.gpu_func
+def merge_element(
+    part: f32[:],
+    part_lse: f32[:],
+    out: DT[:],
+    lse: f32[:],
+    row: u32,
+    c: u32,
+    rows: u32,
+    d: u32,
+    splits: u32,
+):
+    """out[row, c] = the splits' partial outputs weighted by their share of the row's
+    softmax (base-2 logsumexps part_lse), summed in split order; lse[row] (written where
+    c = 0) = the natural logsumexp (zeros and -inf for a row that saw no key)."""
+    # UNROLL splits a step: their loads issue back to back (a loop of one load a step would
+    # wait for each in turn, the latency of L2 times the splits)
+    top = NEG_INF
+    for sp0 in range(0, splits, UNROLL):
+        for j in kaio.static_range(UNROLL):
+            ok = sp0 + j < splits
+            x = part_lse[kaio.select(ok, ((sp0 + j) * rows + row) * LSE_STRIDE, 0)]
+            top = kaio.max(top, kaio.select(ok, x, NEG_INF))
+    base = kaio.select(top == NEG_INF, 0.0, top)
+    den = 0.0
+    num = 0.0
+    for sp0 in range(0, splits, UNROLL):
+        for j in kaio.static_range(UNROLL):
+            ok = sp0 + j < splits
+            at = kaio.select(ok, (sp0 + j) * rows + row, 0)
+            x = part_lse[at * LSE_STRIDE]
+            y = part[at * d + c]
+            w = kaio.select(ok, kaio.exp2(x - base), 0.0)
+            den += w
+            num += kaio.select(ok, y * w, 0.0)
+    out[row * d + c] = DT(kaio.select(den > 0.0, num / den, 0.0))
+    if c == 0:
+        lse[row] = kaio.select(den > 0.0, (base + kaio.log2(den)) * LN2, NEG_INF)
+
+
+@kaio.gpu_kernel(block_size=256)
+def decode_merge(
+    part: f32[:],
+    part_lse: f32[:],
+    out: DT[:],
+    lse: f32[:],
+    rows: u32,
+    d: u32,
+    splits: u32,
+):
+    """``merge_element`` for every element of the [rows, d] output, a thread each (the
+    merge of ``decode_fwd`` launched without ``FUSED``)."""
+    i = kaio.block_idx_x() * 256 + kaio.thread_idx_x()
+    if i < rows * d:
+        merge_element(part, part_lse, out, lse, i // d, i % d, rows, d, splits)
+
+
+@kaio.gpu_func
+def copy_chunk(dst: DT[:], at: u32, src: DT[:], i: u32, VEC: kaio.constexpr):
+    """dst[at : at + VEC] = src[i : i + VEC] (one 16-byte vector when VEC = 8)."""
+    buf = kaio.local(DT, VEC)
+    if VEC == 1:
+        buf[0] = src[i]
+        dst[at] = buf[0]
+    else:
+        kaio.load_vector(buf, src, i)
+        kaio.store_vector(dst, at, buf)
+
+
+@kaio.gpu_kernel(block_size=256)
+def kv_append(
+    k_cache: DT[:],
+    v_cache: DT[:],
+    k: DT[:],
+    v: DT[:],
+    seq_lens: i32[:],
+    block_table: i32[:],
+    kv_heads: u32,
+    sq: u32,
+    d: u32,
+    capacity: u32,
+    max_pages: u32,
+    shift: u32,
+    chunks: u32,
+    PAGED: kaio.constexpr,
+    VEC: kaio.constexpr,
+):
+    """k_cache, v_cache at position seq_lens[b] - sq + j of sequence b, head h =
+    k, v [b, h, j] ([B, Hkv, sq, d] flat), VEC elements a thread; positions outside
+    0 .. capacity - 1 are skipped."""
+    i = kaio.block_idx_x() * 256 + kaio.thread_idx_x()
+    if i >= chunks:
+        return
+    e = i * VEC
+    row = e // d
+    c = e % d
+    j = row % sq
+    h = row // sq % kv_heads
+    b = row // sq // kv_heads
+    pos = seq_lens[b] - i32(sq) + i32(j)
+    if pos < 0 or pos >= i32(capacity):
+        return
+    at = cache_row(u32(pos), b, h, block_table, capacity, max_pages, kv_heads, shift, d, PAGED)
+    copy_chunk(k_cache, at + c, k, e, VEC)
+    copy_chunk(v_cache, at + c, v, e, VEC)

@@ -1,0 +1,340 @@
+"""Decode attention over a KV cache (``flash_attention_decode``) and the cache append
+(``kv_cache_append``), contiguous or paged, with sequence lengths read on the GPU.
+
+The kernels are DSL code in ``kaio_ops._decode``; this module checks the inputs, picks the
+specialization and the grid, and launches. The grid depends on the shapes (the cache's
+capacity) and the GPU's multiprocessor count, never on the lengths' values: the lengths stay
+on the GPU, so a decode step captured once in a CUDA graph replays for any lengths up to the
+capacity.
+
+Lengths over the capacity (or negative) cannot be checked before the launch on a GPU without
+a synchronization: the kernels clamp them to 0 .. capacity (the append skips positions
+outside the cache). In the simulator, and on a GPU in debug mode (``KAIO_DEBUG=1``: the
+lengths are copied to the host first, which a CUDA graph capture refuses), they raise a
+``ValueError``; so do pages outside the pool that a sequence uses.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from kaio.types import bf16, f16, f32, i32, u32
+from kaio_ops import _arrays, _typed
+from kaio_ops import _decode as dk
+
+__all__ = ["flash_attention_decode", "flash_attention_decode_with_stats", "kv_cache_append"]
+
+DIMS = (64, 128, 256)  # the head dims of the decode kernel
+MAX_NEW = 16  # the most new tokens per sequence (Sq)
+MIN_PAGE = 16
+SM_SHARED = 228 * 1024  # shared memory of one H100/H200 multiprocessor
+MAX_SPLITS = 64
+BLOCK_COST = 2  # a block's fixed cost, in key tiles, for the split heuristic
+
+DECODE = _typed.by_dtype(dk.decode_fwd)
+MERGE = _typed.by_dtype(dk.decode_merge)
+APPEND = _typed.by_dtype(dk.kv_append)
+
+
+def row_tiles(rows: int) -> int:
+    """``MT``: the 16-row M-tiles of a block for a K/V group of ``rows`` query rows (heads of
+    the group times new tokens): 1, 2 or 4 (groups of more than 64 rows take several
+    blocks)."""
+    return 1 if rows <= 16 else 2 if rows <= 32 else 4
+
+
+def shared_bytes(dp: int, mt: int) -> int:
+    """Dynamic shared memory of ``decode_fwd``: two K/V stages, the Q rows, the warps' maxima
+    and sums (the warps' partial outputs reuse the K/V stages)."""
+    return (4 * dk.BN + 16 * mt) * dp * 2 + 2 * dk.WARPS * 16 * 4
+
+
+def blocks_per_sm(dp: int, mt: int) -> int:
+    """Resident ``decode_fwd`` blocks per multiprocessor: as shared memory allows, at most
+    its launch bounds' count (``_decode.min_blocks``)."""
+    return max(1, min(dk.min_blocks(dp, mt), SM_SHARED // (shared_bytes(dp, mt) + 1024)))
+
+
+def splits_for(blocks: int, tiles: int, slots: int) -> int:
+    """Key splits for ``blocks`` (batch x K/V heads x row chunks) over a capacity of
+    ``tiles`` key tiles with ``slots`` resident blocks on the GPU: the count minimizing
+    waves x (tiles per block + BLOCK_COST), the fewest on ties."""
+    best, best_cost = 1, math.inf
+    for s in range(1, min(MAX_SPLITS, max(1, tiles)) + 1):
+        cost = math.ceil(blocks * s / slots) * (math.ceil(tiles / s) + BLOCK_COST)
+        if cost < best_cost:
+            best, best_cost = s, cost
+    return best
+
+
+class _Cache:
+    """The checked cache of a decode call: operands and geometry."""
+
+    def __init__(self, inputs, k_cache, v_cache, block_table, batch: int, d: int, dtype):
+        self.paged = block_table is not None
+        form = "[num_pages, page_size, Hkv, D]" if self.paged else "[B, Hkv, Smax, D]"
+        self.k = inputs.array(k_cache, "k_cache", ndim=4, dtypes=(dtype,), form=form)
+        self.v = inputs.array(
+            v_cache, "v_cache", ndim=4, shape=self.k.shape, dtypes=(dtype,), form=form
+        )
+        shape = self.k.shape
+        if shape[-1] != d:
+            raise inputs.error("k_cache", f"must have head dim D = {d} like q, got shape {shape}")
+        if self.paged:
+            self.pages, self.page_size, self.kv_heads = shape[0], shape[1], shape[2]
+            ps = self.page_size
+            if ps < MIN_PAGE or ps & (ps - 1):
+                raise inputs.error(
+                    "k_cache",
+                    f"has page_size {ps} (shape {shape}); pages hold a power of two of at "
+                    f"least {MIN_PAGE} tokens",
+                )
+            self.table = inputs.array(
+                block_table, "block_table", ndim=2, dtypes=(i32,), form="[B, max_pages]"
+            )
+            if self.table.shape[0] != batch or self.table.shape[1] == 0:
+                raise inputs.error(
+                    "block_table",
+                    f"must have shape [B = {batch}, max_pages >= 1], got {self.table.shape}",
+                )
+            self.max_pages = self.table.shape[1]
+            self.capacity = self.max_pages * ps
+            self.shift = ps.bit_length() - 1
+        else:
+            if shape[0] != batch:
+                raise inputs.error(
+                    "k_cache", f"must have batch B = {batch} like q, got shape {shape}"
+                )
+            self.kv_heads, self.capacity = shape[1], shape[2]
+            self.table, self.max_pages, self.shift, self.pages = None, 1, 0, 0
+        if 0 in shape:
+            raise inputs.error("k_cache", f"has an empty dimension: shape {shape}")
+        for a in (self.k, self.v):
+            if not a.aligned(16):
+                raise inputs.error(a.name, "must start on a 16-byte boundary (16-byte copies)")
+
+    def table_arg(self, like):
+        """block_table as the kernels' i32 argument (a one-element stand-in when contiguous)."""
+        if self.table is not None:
+            return self.table.arg(self.table.size)
+        if like.kind == "numpy":
+            return np.zeros(1, np.int32)
+        return self.k.arg(1, dtype=i32)  # never read: PAGED is off
+
+    def geometry(self) -> tuple:
+        """(capacity, max_pages, shift): the kernels' cache arguments."""
+        return self.capacity, self.max_pages, self.shift
+
+
+_COUNTERS: dict = {}  # (device, stream) -> torch int32 zeros: decode_fwd's arrival counters
+
+
+def _counters(like, stream, blocks: int):
+    """Zeroed u32 counters (at least ``blocks``) for the fused merge, or None where the
+    separate merge kernel runs instead (arrays other than torch's). They stay allocated per
+    GPU and stream, so that kernels on concurrent streams never share them; each call's last
+    blocks reset theirs to 0. Made during a CUDA graph capture, they come from the graph's
+    memory pool and their zeroing is part of the graph (correct at each replay)."""
+    if like.kind == "numpy":
+        return np.zeros(blocks, np.uint32)
+    if like.kind != "torch":
+        return None
+    key = (like.device, stream)
+    have = _COUNTERS.get(key)
+    if have is None or have.numel() < blocks:
+        import torch
+
+        have = _COUNTERS[key] = torch.zeros(
+            max(blocks, 1024), dtype=torch.int32, device=like.obj.device
+        )
+    return _arrays.arg(have, "torch", (have.numel(),), u32, like.device)
+
+
+def _lengths(inputs, seq_lens, batch: int):
+    """Check seq_lens: int32 [B]."""
+    return inputs.array(seq_lens, "seq_lens", ndim=1, shape=(batch,), dtypes=(i32,), form="[B]")
+
+
+def _host_check(inputs, lens, cache: _Cache, debug: bool) -> None:
+    """Lengths within 0 .. capacity and the pages they use within the pool, where the values
+    are on the host (the simulator) or in debug mode (copied from the GPU)."""
+    if lens.kind == "numpy":
+        values = lens.obj
+    elif debug:
+        values = _to_host(lens.obj, lens.kind)
+    else:
+        return
+    values = np.asarray(values, np.int64).reshape(-1)
+    bad = np.flatnonzero((values < 0) | (values > cache.capacity))
+    if bad.size:
+        i = int(bad[0])
+        raise inputs.error(
+            "seq_lens",
+            f"has seq_lens[{i}] = {values[i]}, outside 0 .. {cache.capacity} (the cache's "
+            "capacity); grow the cache or its block table",
+        )
+    if cache.paged:
+        table = cache.table.obj
+        table = np.asarray(
+            table if cache.table.kind == "numpy" else _to_host(table, cache.table.kind)
+        )
+        for b, n in enumerate(values):
+            used = table[b, : -(-int(n) // cache.page_size)]
+            if ((used < 0) | (used >= cache.pages)).any():
+                raise inputs.error(
+                    "block_table",
+                    f"row {b} names pages outside 0 .. {cache.pages - 1} among the "
+                    f"{used.size} that seq_lens[{b}] = {n} uses",
+                )
+
+
+def _to_host(obj, kind: str) -> np.ndarray:
+    """A GPU array's values on the host (synchronizes)."""
+    if kind == "torch":
+        return obj.cpu().numpy()
+    if kind == "cupy":
+        return obj.get()
+    return obj.numpy()
+
+
+def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
+    inputs = _arrays.Inputs(op)
+    qa = inputs.array(q, "q", ndim=4, dtypes=(f16, bf16), form="[B, H, Sq, D]")
+    batch, heads, sq, d = qa.shape
+    if not 1 <= sq <= MAX_NEW:
+        raise inputs.error(
+            "q", f"has Sq = {sq} new tokens (shape {qa.shape}); takes 1 .. {MAX_NEW}"
+        )
+    if d not in DIMS:
+        raise inputs.error("q", f"has head dim D = {d}; {op} takes D in {DIMS}")
+    if 0 in qa.shape:
+        raise inputs.error("q", f"has an empty dimension: shape {qa.shape}")
+    if not qa.aligned(16):
+        raise inputs.error("q", "must start on a 16-byte boundary (16-byte copies)")
+    cache = _Cache(inputs, k_cache, v_cache, block_table, batch, d, qa.dtype)
+    if heads % cache.kv_heads:
+        raise inputs.error(
+            "k_cache",
+            f"has Hkv = {cache.kv_heads} heads, which must divide q's H = {heads} (grouped-query)",
+        )
+    lens = _lengths(inputs, seq_lens, batch)
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    if not (isinstance(scale, int | float) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"{op}: scale must be a positive finite number, got {scale!r}")
+    kernel = DECODE[qa.dtype]
+    _host_check(inputs, lens, cache, kernel.debug)
+
+    group = heads // cache.kv_heads
+    mt = row_tiles(group * sq)
+    chunks = -(-group * sq // (16 * mt))
+    blocks = batch * cache.kv_heads * chunks
+    tiles = -(-cache.capacity // dk.BN)
+    slots = blocks_per_sm(d, mt) * _arrays.multiprocessors(qa)
+    splits = splits_for(blocks, tiles, slots)
+    rows = batch * heads * sq
+    out = _arrays.output(qa, qa.shape)
+    lse = _arrays.output(qa, (batch, heads, sq), f32)
+    out_flat = _arrays.output_arg(qa, out, (qa.size,))
+    lse_flat = _arrays.output_arg(qa, lse, (rows,), f32)
+    stream = _arrays.stream_of(qa)
+    direct = splits == 1
+    counters = None
+    if direct:
+        part, part_lse = lse_flat, lse_flat  # not written
+    else:
+        part = _arrays.output(qa, (splits * rows * d,), f32)
+        part_lse = _arrays.output(qa, (splits * rows * dk.LSE_STRIDE,), f32)
+        counters = _counters(qa, stream, blocks)
+    fused = counters is not None
+    flat = [a.arg(a.size) for a in (qa, cache.k, cache.v)]
+    if counters is None:  # a stand-in, never read
+        counters = np.zeros(1, np.uint32) if qa.kind == "numpy" else qa.arg(1, dtype=u32)
+    kernel[(splits, blocks), dk.THREADS, stream, shared_bytes(d, mt)](
+        *flat, cache.table_arg(qa), lens.arg(batch), out_flat, lse_flat, part, part_lse,
+        counters, heads, group, sq, cache.kv_heads, *cache.geometry(), chunks, rows,
+        math.log2(math.e) * float(scale),
+        DP=d, MT=mt, PAGED=cache.paged, DIRECT=direct, FUSED=fused,
+    )  # fmt: skip
+    if not (direct or fused):
+        MERGE[qa.dtype][-(-rows * d // 256), 256, stream, 0](
+            part, part_lse, out_flat, lse_flat, rows, d, splits
+        )
+    return out, lse
+
+
+def flash_attention_decode(q, k_cache, v_cache, seq_lens, block_table=None, scale=None):
+    """Attention of the ``Sq`` newest tokens of each sequence over its KV cache (a decode
+    step; ``Sq`` up to 16 for speculative or chunked verification).
+
+    ``q`` [B, H, Sq, D] f16 or bf16, D in (64, 128, 256); the cache ``k_cache``, ``v_cache``
+    (q's dtype) either contiguous [B, Hkv, Smax, D] or paged [num_pages, page_size, Hkv, D]
+    (vLLM/FlashInfer "NHD"; page_size a power of two >= 16) with ``block_table`` int32
+    [B, max_pages] naming sequence b's pages in order; H a multiple of Hkv (query head h
+    reads K/V head h // (H // Hkv)). ``seq_lens`` int32 [B] on the GPU: each sequence's
+    cached length, its Sq new tokens included (write them first with ``kv_cache_append``);
+    new token i of sequence b sits at position seq_lens[b] - Sq + i and sees the keys up to
+    and including its own. A token that sees no key (length 0) gets zeros. Scores are scaled
+    by ``scale`` (default 1/sqrt(D)). Returns [B, H, Sq, D] of q's dtype.
+
+    The keys are split over blocks (flash-decoding) and merged by logsumexp in a fixed order
+    (deterministic); the grid depends on the capacity, not the lengths, so a CUDA graph
+    captured once replays for any lengths. Lengths are not checked on a GPU outside debug
+    mode (module docstring)."""
+    return _decode("flash_attention_decode", q, k_cache, v_cache, seq_lens, block_table, scale)[0]
+
+
+def flash_attention_decode_with_stats(q, k_cache, v_cache, seq_lens, block_table=None, scale=None):
+    """``(out, lse)``: ``flash_attention_decode`` and each query row's natural logsumexp of
+    its scaled scores, f32 [B, H, Sq] (-inf for a row that sees no key)."""
+    return _decode(
+        "flash_attention_decode_with_stats", q, k_cache, v_cache, seq_lens, block_table, scale
+    )
+
+
+def kv_cache_append(k_cache, v_cache, k, v, seq_lens, block_table=None) -> None:
+    """Write the new keys and values ``k``, ``v`` [B, Hkv, Sq, D] into the cache in place, at
+    positions seq_lens[b] - Sq .. seq_lens[b] - 1 of sequence b (``seq_lens`` int32 [B], the
+    lengths with the new tokens, as ``flash_attention_decode`` takes them). The cache is
+    contiguous [B, Hkv, Smax, D] or paged [num_pages, page_size, Hkv, D] with
+    ``block_table`` int32 [B, max_pages]; f16 or bf16, any D. Positions outside the cache
+    (a length under Sq, or over the capacity on a GPU outside debug mode) are skipped."""
+    op = "kv_cache_append"
+    inputs = _arrays.Inputs(op)
+    ka = inputs.array(k, "k", ndim=4, dtypes=(f16, bf16), form="[B, Hkv, Sq, D]")
+    va = inputs.array(v, "v", ndim=4, shape=ka.shape, form="[B, Hkv, Sq, D]")
+    batch, kv_heads, sq, d = ka.shape
+    if 0 in ka.shape:
+        raise inputs.error("k", f"has an empty dimension: shape {ka.shape}")
+    cache = _Cache(inputs, k_cache, v_cache, block_table, batch, d, ka.dtype)
+    if cache.kv_heads != kv_heads:
+        raise inputs.error(
+            "k_cache", f"has Hkv = {cache.kv_heads} heads; k has {kv_heads} (shape {ka.shape})"
+        )
+    lens = _lengths(inputs, seq_lens, batch)
+    kernel = APPEND[ka.dtype]
+    _host_check(inputs, lens, cache, kernel.debug)
+    vec = 8 if d % 8 == 0 and all(a.aligned(16) for a in (ka, va)) else 1
+    chunks = ka.size // vec
+    kernel[-(-chunks // 256), 256, _arrays.stream_of(ka), 0](
+        cache.k.arg(cache.k.size), cache.v.arg(cache.v.size), ka.arg(ka.size), va.arg(va.size),
+        lens.arg(batch), cache.table_arg(ka), kv_heads, sq, d, *cache.geometry(), chunks,
+        PAGED=cache.paged, VEC=vec,
+    )  # fmt: skip
+
+
+def shipped():
+    """(kernel, constexprs) of every specialization these ops launch."""
+    for dtype in (f16, bf16):
+        for dp in DIMS:
+            for mt in (1, 2, 4):
+                for paged in (False, True):
+                    for direct, fused in ((True, False), (False, False), (False, True)):
+                        flags = {"PAGED": paged, "DIRECT": direct, "FUSED": fused}
+                        yield DECODE[dtype], {"DP": dp, "MT": mt, **flags}
+        yield MERGE[dtype], {}
+        for paged in (False, True):
+            for vec in (1, 8):
+                yield APPEND[dtype], {"PAGED": paged, "VEC": vec}

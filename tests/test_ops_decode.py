@@ -1,0 +1,512 @@
+"""Decode attention (``flash_attention_decode``) and the KV cache append: in the simulator
+against a float64 NumPy reference over ragged lengths (0, 1, page boundaries, lengths that
+are no multiple of a tile), grouped-query ratios 1, 4 and 8, 1 to 16 new tokens, both cache
+layouts and f16/bf16; one split (the direct path) and several (the merge); input checks;
+every shipped specialization through ptxas; on a GPU, real sizes against torch SDPA on the
+gathered cache and a decode step captured in a CUDA graph, replayed with new lengths."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from concurrent.futures import ProcessPoolExecutor
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import kaio
+import kaio_ops
+from kaio.ptx.ptxas import assemble, find_ptxas
+from kaio_ops import decode
+from tests.poison import poison_allocations
+
+BF16 = ml_dtypes.bfloat16
+
+
+@pytest.fixture(autouse=True)
+def poisoned_outputs(monkeypatch):
+    """Every array an op allocates (outputs, partial results, stats) starts as NaN."""
+    poison_allocations(monkeypatch)
+
+
+# --------------------------------------------------------------------------- reference
+
+
+def gathered(k_cache, v_cache, seq_lens, block_table):
+    """Each sequence's keys and values [Hkv, L, D] in float64, read from the cache."""
+    out = []
+    for b, n in enumerate(seq_lens):
+        if block_table is None:
+            out.append((k_cache[b, :, :n], v_cache[b, :, :n]))
+        else:
+            pos = np.arange(n)
+            ps = k_cache.shape[1]
+            pages, slots = block_table[b, pos // ps], pos % ps
+            out.append(tuple(np.swapaxes(c[pages, slots], 0, 1) for c in (k_cache, v_cache)))
+    return [(k.astype(np.float64), v.astype(np.float64)) for k, v in out]
+
+
+def reference(q, k_cache, v_cache, seq_lens, block_table=None, scale=None):
+    """(out, lse) in float64: new token i of sequence b at position L - Sq + i sees keys
+    0 .. L - Sq + i; no key gives zeros and -inf."""
+    b_, h_, sq, d = q.shape
+    scale = 1 / math.sqrt(d) if scale is None else scale
+    out = np.zeros((b_, h_, sq, d))
+    lse = np.full((b_, h_, sq), -np.inf)
+    for b, (k, v) in enumerate(gathered(k_cache, v_cache, seq_lens, block_table)):
+        group = h_ // k.shape[0]
+        for h in range(h_):
+            for i in range(sq):
+                visible = seq_lens[b] - sq + i + 1
+                if visible <= 0:
+                    continue
+                s = k[h // group, :visible] @ q[b, h, i].astype(np.float64) * scale
+                e = np.exp(s - s.max())
+                out[b, h, i] = e @ v[h // group, :visible] / e.sum()
+                lse[b, h, i] = s.max() + np.log(e.sum())
+    return out, lse
+
+
+def make_cache(rng, batch, kv_heads, d, capacity, dtype, page_size=None):
+    """(k_cache, v_cache, block_table) of random values: contiguous [B, Hkv, capacity, D], or
+    paged with ``page_size`` and each sequence's pages shuffled through a pool with spares."""
+    if page_size is None:
+        shape = (batch, kv_heads, capacity, d)
+        return (*(rng.standard_normal(shape).astype(dtype) for _ in range(2)), None)
+    max_pages = -(-capacity // page_size)
+    pages = batch * max_pages + 3
+    shape = (pages, page_size, kv_heads, d)
+    table = rng.permutation(pages)[: batch * max_pages].reshape(batch, max_pages)
+    return (*(rng.standard_normal(shape).astype(dtype) for _ in range(2)), table.astype(np.int32))
+
+
+# --------------------------------------------------------------------------- simulator
+
+
+@pytest.mark.parametrize(
+    "lens, h, hkv, sq, d, dtype, page_size, capacity",
+    [
+        ((70,), 4, 1, 1, 64, np.float16, None, 100),  # MQA-like group of 4, a partial tile
+        ((0, 1, 16, 33), 8, 8, 1, 64, BF16, 16, 48),  # ratio 1; length 0, 1, a page boundary
+        ((37, 128), 8, 1, 3, 64, np.float16, 32, 128),  # ratio 8, Sq 3: two M-tiles
+        ((64,), 8, 1, 16, 64, BF16, None, 64),  # ratio 8, Sq 16: 128 rows, one split (direct)
+        ((2, 95), 4, 4, 16, 64, np.float16, 16, 96),  # Sq 16 over a length of 2
+        ((31,), 8, 2, 5, 128, BF16, 64, 64),  # D 128, ratio 4, one page
+        ((70,), 2, 2, 2, 256, np.float16, None, 80),  # D 256
+    ],
+)
+def test_decode_in_simulator(lens, h, hkv, sq, d, dtype, page_size, capacity):
+    rng = np.random.default_rng(sum(lens) + h + sq + d)
+    b = len(lens)
+    q = rng.standard_normal((b, h, sq, d)).astype(dtype)
+    k_cache, v_cache, table = make_cache(rng, b, hkv, d, capacity, dtype, page_size)
+    seq_lens = np.array(lens, np.int32)
+    with kaio.simulate():
+        out, lse = kaio_ops.flash_attention_decode_with_stats(q, k_cache, v_cache, seq_lens, table)
+        again = kaio_ops.flash_attention_decode(q, k_cache, v_cache, seq_lens, table)
+    ref, ref_lse = reference(q, k_cache, v_cache, lens, table)
+    assert out.dtype == q.dtype and out.shape == q.shape and lse.shape == (b, h, sq)
+    assert np.array_equal(out, again, equal_nan=True)
+    out = out.astype(np.float64)
+    assert np.isfinite(out).all(), "an element was not written"
+    # P is rounded to 16 bits for the tensor cores
+    tol = 4e-3 if dtype == np.float16 else 3e-2
+    assert np.abs(out - ref).max() < tol
+    assert np.array_equal(np.isinf(lse), np.isinf(ref_lse))
+    seen = np.isfinite(ref_lse)
+    assert np.abs(lse[seen] - ref_lse[seen]).max() < 1e-4
+    assert (out[~seen] == 0).all()
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_decode_scale_and_splits(monkeypatch, fused):
+    # a scale; several splits merged by the last block of each row chunk (fused: its
+    # counters are back to 0 afterwards, ready for the next call) or by the separate merge
+    # kernel (what runs where no counters are at hand)
+    counters = np.zeros(64, np.uint32)
+    monkeypatch.setattr(decode, "_counters", lambda *_: counters if fused else None)
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((1, 4, 2, 64)).astype(np.float16)
+    k_cache, v_cache, _ = make_cache(rng, 1, 4, 64, 300, np.float16)
+    seq_lens = np.array([257], np.int32)
+    assert decode.splits_for(4, 5, 2 * 132) > 1
+    with kaio.simulate():
+        out = kaio_ops.flash_attention_decode(q, k_cache, v_cache, seq_lens, scale=0.2)
+        again = kaio_ops.flash_attention_decode(q, k_cache, v_cache, seq_lens, scale=0.2)
+    assert not counters.any()
+    assert np.array_equal(out, again)
+    ref = reference(q, k_cache, v_cache, [257], scale=0.2)[0]
+    assert np.abs(out.astype(np.float64) - ref).max() < 4e-3
+
+
+@pytest.mark.parametrize("page_size", [None, 16])
+@pytest.mark.parametrize("dtype", [np.float16, BF16])
+def test_append_then_decode_in_simulator(page_size, dtype):
+    rng = np.random.default_rng(5)
+    b, hkv, sq, d, h = 3, 2, 4, 64, 4
+    k_cache, v_cache, table = make_cache(rng, b, hkv, d, 48, dtype, page_size)
+    before = [c.copy() for c in (k_cache, v_cache)]
+    k, v = (rng.standard_normal((b, hkv, sq, d)).astype(dtype) for _ in range(2))
+    lens = np.array([4, 19, 48], np.int32)  # from position 0, across a page, to the end
+    q = rng.standard_normal((b, h, sq, d)).astype(dtype)
+    with kaio.simulate():
+        assert kaio_ops.kv_cache_append(k_cache, v_cache, k, v, lens, table) is None
+        out = kaio_ops.flash_attention_decode(q, k_cache, v_cache, lens, table)
+    # the expected cache: the old one with the new rows written where the reference says
+    want = [c.copy() for c in before]
+    for bi, n in enumerate(lens):
+        for j in range(sq):
+            pos = n - sq + j
+            for cache, new in zip(want, (k, v), strict=True):
+                if table is None:
+                    cache[bi, :, pos] = new[bi, :, j]
+                else:
+                    cache[table[bi, pos // 16], pos % 16] = new[bi, :, j]
+    for got, w in zip((k_cache, v_cache), want, strict=True):
+        assert np.array_equal(got.view(np.uint16), w.view(np.uint16))
+    ref = reference(q, *want, lens, table)[0]
+    assert np.abs(out.astype(np.float64) - ref).max() < (4e-3 if dtype == np.float16 else 3e-2)
+
+
+def test_append_unaligned_head_dim_and_short_length_in_simulator():
+    # D = 12: the scalar path; a length under Sq skips the positions before 0
+    rng = np.random.default_rng(6)
+    k_cache = rng.standard_normal((2, 1, 8, 12)).astype(np.float16)
+    v_cache = k_cache.copy()
+    k, v = (rng.standard_normal((2, 1, 3, 12)).astype(np.float16) for _ in range(2))
+    before = k_cache.copy()
+    with kaio.simulate():
+        kaio_ops.kv_cache_append(k_cache, v_cache, k, v, np.array([2, 8], np.int32))
+    assert np.array_equal(k_cache[0, 0, :2], k[0, 0, 1:]) and np.array_equal(
+        v_cache[1, 0, 5:], v[1, 0]
+    )
+    assert np.array_equal(k_cache[0, 0, 2:], before[0, 0, 2:])
+    assert np.array_equal(k_cache[1, 0, :5], before[1, 0, :5])
+
+
+def test_split_heuristic_fills_the_gpu():
+    # Llama-3-8B at batch 1, 4096 keys: the 8 K/V heads' blocks cover the GPU once
+    slots = decode.blocks_per_sm(128, 1) * 132
+    splits = decode.splits_for(8, 4096 // 64, slots)
+    assert 8 * splits >= 132 and 8 * splits <= slots
+    assert decode.splits_for(64 * 8, 1024 // 64, slots) <= 2  # a full batch: few splits
+    assert decode.splits_for(8, 1, slots) == 1  # one tile: one split
+
+
+# --------------------------------------------------------------------------- input checks
+
+
+def _h(*shape, dtype=np.float16):
+    return np.ones(shape, dtype)
+
+
+def _lens(*values):
+    return np.array(values, np.int32)
+
+
+Q = _h(2, 8, 1, 64)
+KC = _h(2, 2, 32, 64)
+PAGES = _h(6, 16, 2, 64)
+TABLE = np.arange(6, dtype=np.int32).reshape(2, 3)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: kaio_ops.flash_attention_decode(Q, KC, KC, _lens(3, 33)), "seq_lens\\[1\\] = 33"),
+        (lambda: kaio_ops.flash_attention_decode(Q, KC, KC, _lens(-1, 3)), "seq_lens\\[0\\] = -1"),
+        (
+            lambda: kaio_ops.flash_attention_decode(Q, PAGES, PAGES, _lens(3, 49), TABLE),
+            "seq_lens\\[1\\] = 49, outside 0 .. 48",
+        ),
+        (
+            lambda: kaio_ops.flash_attention_decode(Q, PAGES, PAGES, _lens(3, 4), TABLE[:1]),
+            "'block_table' must have shape \\[B = 2",
+        ),
+        (
+            lambda: kaio_ops.flash_attention_decode(Q, PAGES, PAGES, _lens(3, 20), TABLE + 4),
+            "'block_table' row 1 names pages outside 0 .. 5",
+        ),
+        (
+            lambda: kaio_ops.flash_attention_decode(
+                Q, _h(2, 3, 32, 64), _h(2, 3, 32, 64), _lens(1, 1)
+            ),
+            "Hkv = 3 heads, which must divide q's H = 8",
+        ),
+        (
+            lambda: kaio_ops.flash_attention_decode(
+                Q, KC, _h(2, 2, 32, 64, dtype=BF16), _lens(1, 1)
+            ),
+            "'v_cache' must be a 4-D array .* of f16, got dtype bf16",
+        ),
+        (
+            lambda: kaio_ops.flash_attention_decode(
+                _h(2, 8, 1, 64, dtype=np.float32), KC, KC, _lens(1, 1)
+            ),
+            "'q' must be a 4-D array .* of f16 or bf16, got dtype f32",
+        ),
+        (
+            lambda: kaio_ops.flash_attention_decode(Q, KC, KC, np.array([1, 1], np.int64)),
+            "'seq_lens' must be a 1-D array \\[B\\] of i32, got dtype i64",
+        ),
+        (
+            lambda: kaio_ops.flash_attention_decode(Q, KC, KC, _lens(1)),
+            "'seq_lens' must have shape",
+        ),
+        (
+            lambda: kaio_ops.flash_attention_decode(_h(2, 8, 17, 64), KC, KC, _lens(20, 20)),
+            "Sq = 17 new tokens",
+        ),
+        (
+            lambda: kaio_ops.flash_attention_decode(_h(2, 8, 1, 96), KC, KC, _lens(1, 1)),
+            "head dim D = 96",
+        ),
+        (
+            lambda: kaio_ops.flash_attention_decode(
+                Q, _h(2, 2, 32, 128), _h(2, 2, 32, 128), _lens(1, 1)
+            ),
+            "'k_cache' must have head dim D = 64",
+        ),
+        (
+            lambda: kaio_ops.flash_attention_decode(
+                Q, _h(3, 2, 32, 64), _h(3, 2, 32, 64), _lens(1, 1)
+            ),
+            "'k_cache' must have batch B = 2",
+        ),
+        (
+            lambda: kaio_ops.flash_attention_decode(
+                Q, _h(6, 8, 2, 64), _h(6, 8, 2, 64), _lens(1, 1), TABLE
+            ),
+            "page_size 8",
+        ),
+        (
+            lambda: kaio_ops.flash_attention_decode(Q, KC, KC, _lens(1, 1), scale=0.0),
+            "scale must be a positive",
+        ),
+        (
+            lambda: kaio_ops.kv_cache_append(KC, KC, _h(2, 4, 1, 64), _h(2, 4, 1, 64), _lens(1, 1)),
+            "'k_cache' has Hkv = 2 heads; k has 4",
+        ),
+        (
+            lambda: kaio_ops.kv_cache_append(
+                KC, KC, _h(2, 2, 1, 64), _h(2, 2, 1, 64), _lens(1, 40)
+            ),
+            "seq_lens\\[1\\] = 40",
+        ),
+        (
+            lambda: kaio_ops.kv_cache_append(
+                KC, _h(2, 2, 32, 64, dtype=BF16), _h(2, 2, 1, 64), _h(2, 2, 1, 64), _lens(1, 1)
+            ),
+            "'v_cache' must be",
+        ),
+    ],
+)
+def test_bad_inputs_raise_before_launch(call, message):
+    with kaio.simulate(), pytest.raises(ValueError, match=message):
+        call()
+
+
+def assembled() -> list:
+    """The specializations assembled here: each family of ``decode.shipped()`` (every head
+    dim, M-tile count, layout and merge mode, both dtypes; the merge kernel; the append's
+    vector and scalar paths), not all 118 of them (the CI time budget). The largest
+    (D = 256, four M-tiles) and the one compiled for 3 blocks per SM (168 registers) are in."""
+
+    def fwd(dp, mt, paged, merge):
+        flags = {"DIRECT": merge == "direct", "FUSED": merge == "fused"}
+        return {"DP": dp, "MT": mt, "PAGED": paged, **flags}
+
+    return [
+        (decode.DECODE[kaio.f16], fwd(64, 4, True, "fused")),
+        (decode.DECODE[kaio.f16], fwd(128, 1, True, "fused")),
+        (decode.DECODE[kaio.f16], fwd(128, 2, False, "direct")),
+        (decode.DECODE[kaio.f16], fwd(256, 1, False, "kernel")),
+        (decode.DECODE[kaio.f16], fwd(256, 4, True, "fused")),
+        (decode.DECODE[kaio.bf16], fwd(128, 1, False, "fused")),
+        (decode.MERGE[kaio.bf16], {}),
+        (decode.APPEND[kaio.f16], {"PAGED": True, "VEC": 8}),
+        (decode.APPEND[kaio.bf16], {"PAGED": False, "VEC": 1}),
+    ]
+
+
+def _assemble(index: int) -> None:
+    kernel, constexprs = assembled()[index]
+    for arch in ("sm_80", "sm_90"):
+        report = assemble(kernel.ptx(arch=arch, **constexprs), arch)
+        if arch == "sm_90":  # H100/H200: every kernel fits its registers
+            spills = re.search(r"(\d+) bytes spill stores", report)
+            assert spills and spills[1] == "0", (kernel.pyfunc.__name__, constexprs, report)
+
+
+@pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
+def test_every_specialization_family_assembles():
+    shipped = list(decode.shipped())
+    assert all(pair in shipped for pair in assembled())
+    count = len(assembled())
+    with ProcessPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        list(pool.map(_assemble, range(count)))
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+def _gpu_case(b, h, hkv, sq, d, capacity, lens, page_size, dtype, seed):
+    """Random q and a cache on the GPU (torch), with the lengths as an int32 tensor."""
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    dt = getattr(torch, dtype)
+    q = torch.randn((b, h, sq, d), device="cuda", dtype=dt, generator=gen)
+    if page_size is None:
+        shape, table = (b, hkv, capacity, d), None
+    else:
+        max_pages = -(-capacity // page_size)
+        pages = b * max_pages + 5
+        shape = (pages, page_size, hkv, d)
+        perm = torch.randperm(pages, device="cuda", generator=gen)[: b * max_pages]
+        table = perm.reshape(b, max_pages).to(torch.int32)
+    k_cache, v_cache = (torch.randn(shape, device="cuda", dtype=dt, generator=gen) for _ in "kv")
+    return q, k_cache, v_cache, torch.tensor(lens, device="cuda", dtype=torch.int32), table
+
+
+def _gather_torch(cache, b, n, table):
+    """Sequence b's first n rows of a cache, [Hkv, n, D]."""
+    import torch
+
+    if table is None:
+        return cache[b, :, :n]
+    ps = cache.shape[1]
+    pos = torch.arange(n, device=cache.device)
+    return cache[table[b, pos // ps].long(), pos % ps].transpose(0, 1)
+
+
+def _sdpa_reference(q, k_cache, v_cache, lens, table, scale=None):
+    """torch SDPA in float64 per sequence on the gathered cache (causal among new tokens)."""
+    import torch
+
+    out = torch.zeros_like(q, dtype=torch.float64)
+    sq = q.shape[2]
+    for b, n in enumerate(lens):
+        if n == 0:
+            continue
+        k, v = (_gather_torch(c, b, n, table).double() for c in (k_cache, v_cache))
+        group = q.shape[1] // k.shape[0]
+        k, v = (x.repeat_interleave(group, 0) for x in (k, v))
+        pos = torch.arange(n - sq, n, device=q.device)[:, None]
+        mask = torch.arange(n, device=q.device)[None] <= pos
+        out[b] = torch.nn.functional.scaled_dot_product_attention(
+            q[b].double(), k, v, attn_mask=mask, scale=scale
+        ).nan_to_num(0.0)
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "b, h, hkv, sq, d, capacity, lens",
+    [
+        (1, 32, 8, 1, 128, 4096, [4096]),
+        (4, 32, 8, 1, 128, 8192, [1, 4095, 8192, 0]),
+        (3, 32, 4, 4, 128, 2048, [2047, 16, 1000]),
+        (2, 8, 1, 16, 64, 5000, [4999, 17]),
+        (2, 16, 16, 2, 256, 3000, [3000, 129]),
+    ],
+)
+@pytest.mark.parametrize("page_size", [None, 16, 128])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_gpu_decode_against_sdpa(b, h, hkv, sq, d, capacity, lens, page_size, dtype):
+    import torch
+
+    q, k_cache, v_cache, seq_lens, table = _gpu_case(
+        b, h, hkv, sq, d, capacity, lens, page_size, dtype, seed=sum(lens) + d
+    )
+    out, lse = kaio_ops.flash_attention_decode_with_stats(q, k_cache, v_cache, seq_lens, table)
+    ref = _sdpa_reference(q, k_cache, v_cache, lens, table)
+    assert out.dtype == q.dtype and torch.isfinite(out).all()
+    err = (out.double() - ref).abs().max().item()
+    assert err < (5e-3 if dtype == "float16" else 3e-2), err
+    assert torch.isfinite(lse[[i for i, n in enumerate(lens) if n >= sq]]).all()
+    again = kaio_ops.flash_attention_decode(q, k_cache, v_cache, seq_lens, table)
+    assert torch.equal(again, out)  # deterministic
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [None, 16])
+def test_gpu_decode_step_in_a_cuda_graph(page_size):
+    import torch
+
+    b, h, hkv, sq, d, capacity = 4, 32, 8, 2, 128, 4096
+    q, k_cache, v_cache, seq_lens, table = _gpu_case(
+        b, h, hkv, sq, d, capacity, [100, 2000, 4096, 2], page_size, "float16", seed=7
+    )
+    k_new, v_new = (torch.randn((b, hkv, sq, d), device="cuda", dtype=q.dtype) for _ in "kv")
+
+    def step():
+        kaio_ops.kv_cache_append(k_cache, v_cache, k_new, v_new, seq_lens, table)
+        return kaio_ops.flash_attention_decode(q, k_cache, v_cache, seq_lens, table)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # compile and load outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for lens in ([5, 3000, 17, 4096], [2, 64, 4095, 1000]):
+        seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        k_new.normal_()
+        v_new.normal_()
+        q.normal_()
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = _sdpa_reference(q, k_cache, v_cache, lens, table)
+        assert (out.double() - ref).abs().max().item() < 5e-3
+        for bi, n in enumerate(lens):  # the new rows are in the cache
+            got = _gather_torch(k_cache, bi, n, table)[:, n - sq :]
+            assert torch.equal(got, k_new[bi])
+        assert torch.equal(step(), out)  # eager (appending the same rows again): same bits
+
+
+@pytest.mark.gpu
+def test_gpu_decode_step_does_not_synchronize():
+    import torch
+
+    q, k_cache, v_cache, seq_lens, table = _gpu_case(
+        8, 32, 8, 1, 128, 2048, [2048, 5, 1000, 64, 1, 0, 2047, 300], 16, "bfloat16", seed=3
+    )
+    k = torch.randn((8, 8, 1, 128), device="cuda", dtype=q.dtype)
+
+    def step():
+        kaio_ops.kv_cache_append(k_cache, v_cache, k, k, seq_lens, table)
+        return kaio_ops.flash_attention_decode(q, k_cache, v_cache, seq_lens, table)
+
+    step()  # compiles and loads
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+@pytest.mark.gpu
+def test_gpu_torch_ops_and_debug_length_check(monkeypatch):
+    import torch
+
+    import kaio_ops.torch  # noqa: F401
+
+    q, k_cache, v_cache, seq_lens, table = _gpu_case(
+        2, 8, 2, 1, 64, 256, [256, 3], 16, "bfloat16", seed=9
+    )
+    out = torch.ops.kaio.flash_attention_decode(q, k_cache, v_cache, seq_lens, table)
+    assert torch.equal(out, kaio_ops.flash_attention_decode(q, k_cache, v_cache, seq_lens, table))
+    k = torch.randn((2, 2, 1, 64), device="cuda", dtype=q.dtype)
+    torch.ops.kaio.kv_cache_append(k_cache, v_cache, k, k, seq_lens, table)
+    assert torch.equal(_gather_torch(k_cache, 1, 3, table)[:, 2], k[1, :, 0])
+    # debug mode copies the lengths to the host and checks them
+    monkeypatch.setattr(decode.DECODE[kaio.bf16], "debug", True)
+    seq_lens[0] = 257
+    with pytest.raises(ValueError, match="seq_lens\\[0\\] = 257"):
+        kaio_ops.flash_attention_decode(q, k_cache, v_cache, seq_lens, table)
