@@ -188,34 +188,66 @@ def gemm_kernel(
                     mma_step(acc_u, a_frag, u_frag, 0, MI, NI)
 
     # Lane (g, t) holds columns 2t, 2t + 1 of n8 tile p, rows g and g + 8 of 16-row tile mi.
-    pair = kaio.local(OUT, 2)
-    row0 = kaio.block_idx_z() * M  # this K slice's rows in the workspace
     for mi in kaio.static_range(MI):
         for p in kaio.static_range(NI):
             col = n0 + wn + p * 8 + lane % 4 * 2
             for h in kaio.static_range(2):
                 row = m0 + wm + mi * 16 + lane // 4 + h * 8
-                if row < M:
-                    for e in kaio.static_range(2):
-                        if SPLIT > 1:
-                            if col + e < N:
-                                ws[row0 + row, col + e] = acc[mi, p, h, e]
-                                if GATE:
-                                    ws[row0 + row, N + col + e] = acc_u[mi, p, h, e]
-                        else:
-                            u = f32(0.0)
-                            if GATE:
-                                u = acc_u[mi, p, h, e]
-                            pair[e] = OUT(finish(acc[mi, p, h, e], u, row, kaio.min(col + e, N - 1),
-                                                N, bias, res, BIAS, ACT, RES))  # fmt: skip
-                    if SPLIT == 1:
-                        if N % 2 == 0:  # two adjacent columns, 2 * OUT.itemsize aligned
-                            if col < N:
-                                kaio.store_vector(c, (row, col), pair)
-                        else:
-                            for e in kaio.static_range(2):
-                                if col + e < N:
-                                    c[row, col + e] = pair[e]
+                u0 = f32(0.0)
+                u1 = f32(0.0)
+                if GATE:
+                    u0 = acc_u[mi, p, h, 0]
+                    u1 = acc_u[mi, p, h, 1]
+                store_pair(c, ws, bias, res, acc[mi, p, h, 0], acc[mi, p, h, 1], u0, u1, row, col,
+                           M, N, SPLIT, BIAS, ACT, RES)  # fmt: skip
+
+
+@kaio.gpu_func
+def store_pair(
+    c: OUT[:, :],
+    ws: f32[:, :],
+    bias: DT[:],
+    res: OUT[:, :],
+    g0: f32,
+    g1: f32,
+    u0: f32,
+    u1: f32,
+    row: u32,
+    col: u32,
+    M: u32,
+    N: u32,
+    SPLIT: kaio.constexpr,
+    BIAS: kaio.constexpr,
+    ACT: kaio.constexpr,
+    RES: kaio.constexpr,
+):
+    """Outputs (row, col) and (row, col + 1) (col even) from their f32 sums g0, g1 (and up
+    sums u0, u1 for "silu_gate"), where inside C: with a K split (``SPLIT > 1``) the raw sums
+    into this slice's rows of ``ws`` (up sums N columns right), else ``finish``ed, rounded to
+    OUT and stored (one 2-element store when N is even)."""
+    if row < M:
+        if SPLIT > 1:
+            at = kaio.block_idx_z() * M + row
+            if col < N:
+                ws[at, col] = g0
+                if ACT == "silu_gate":
+                    ws[at, N + col] = u0
+            if col + 1 < N:
+                ws[at, col + 1] = g1
+                if ACT == "silu_gate":
+                    ws[at, N + col + 1] = u1
+        else:
+            pair = kaio.local(OUT, 2)
+            pair[0] = OUT(finish(g0, u0, row, kaio.min(col, N - 1), N, bias, res, BIAS, ACT, RES))
+            pair[1] = OUT(finish(g1, u1, row, kaio.min(col + 1, N - 1), N, bias, res, BIAS, ACT,
+                                 RES))  # fmt: skip
+            if N % 2 == 0:  # two adjacent columns, 2 * OUT.itemsize aligned
+                if col < N:
+                    kaio.store_vector(c, (row, col), pair)
+            else:
+                for e in kaio.static_range(2):
+                    if col + e < N:
+                        c[row, col + e] = pair[e]
 
 
 @kaio.gpu_func
@@ -329,7 +361,7 @@ def gemm_reduce(
         c[row, col] = OUT(finish(g, u, row, col, N, bias, res, BIAS, ACT, RES))
 
 
-class _ByTypes:
+class ByTypes:
     """``KERNEL[dt, out]``: a kernel of this module compiled for input type ``dt`` (f16 or
     bf16) and output type ``out`` (f16, bf16 or f32), built on first use and kept."""
 
@@ -344,5 +376,5 @@ class _ByTypes:
         return self._by_out[out][dt]
 
 
-GEMM = _ByTypes(gemm_kernel)
-REDUCE = _ByTypes(gemm_reduce)
+GEMM = ByTypes(gemm_kernel)
+REDUCE = ByTypes(gemm_reduce)

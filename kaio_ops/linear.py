@@ -17,9 +17,9 @@ import math
 import numpy as np
 
 from kaio.types import ScalarType, bf16, f16, f32
-from kaio_ops import _arrays
+from kaio_ops import _arrays, _gemm_hopper
 from kaio_ops._gemm import ACTIVATIONS, GEMM, REDUCE
-from kaio_ops.matmul import CONFIGS, Plan, heuristic, k_slices
+from kaio_ops.matmul import CONFIGS, Plan, _hopper, heuristic, k_slices
 
 __all__ = ["linear", "matmul"]
 
@@ -101,21 +101,25 @@ def gemm(
     bias: _arrays.Operand | None = None,
     residual: _arrays.Operand | None = None,
     activation: str = "none",
-    chosen: Plan | None = None,
+    chosen: Plan | str | None = None,
 ):
     """The launch shared by ``matmul`` and ``linear``: ``epilogue(a @ b)`` (b [K, N], or
     [N, K] when ``transposed``) in a new array of ``out_shape`` and type ``out``.
-    ``chosen``: the tile plan (None: ``plan``)."""
+    ``chosen``: an mma.sync tile plan, or ``"hopper"`` for the sm_90 kernel with its own
+    plan (``_gemm_hopper.plan``; the tests run it in the simulator), or None: the Hopper
+    kernel where ``hopper_takes``, else ``plan``."""
     m, n, k = mnk
     gate = activation == "silu_gate"
     dtype = a.dtype
-    chosen = chosen or plan(m, n, k, _arrays.multiprocessors(a), gate)
-    cfg = CONFIGS[chosen.config]
-    pipelined = _pipelined(a)
-    vec = (
-        k % 8 == 0 and (transposed or n % 8 == 0) and a.aligned(16) and b.aligned(16)
-    )  # 16-byte copies of A and B rows
-    split, k_slice = k_slices(k, chosen.split, cfg.bk)
+    sms = _arrays.multiprocessors(a)
+    hopper = chosen == "hopper" or chosen is None and hopper_takes(a, b, n, k, transposed)
+    if hopper:
+        wg, bn, stages, split = _gemm_hopper.plan(m, n, k, sms, gate)
+        split, k_slice = k_slices(k, split, _gemm_hopper.BK)
+    else:
+        chosen = chosen or plan(m, n, k, sms, gate)
+        cfg = CONFIGS[chosen.config]
+        split, k_slice = k_slices(k, chosen.split, cfg.bk)
     c = _arrays.output(a, out_shape, out)
     c_arg = _arrays.output_arg(a, c, (m, n), out)
     bias_arg = bias.arg(bias.size) if bias is not None else _placeholder(a, dtype, 1)
@@ -123,31 +127,44 @@ def gemm(
     width = 2 * n if gate else n
     ws = _arrays.output(a, (split * m, width), f32) if split > 1 else _placeholder(a, f32, 2)
     epilogue = {"BIAS": int(bias is not None), "ACT": activation, "RES": int(residual is not None)}
-    stages = cfg.stages_for(pipelined)
-    shared = stages * (cfg.bm + (2 if gate else 1) * cfg.bn) * cfg.bk * 2 + 16
     stream = _arrays.stream_of(a)
-    tiles = math.ceil(m / cfg.bm) * math.ceil(n / cfg.bn)
-    GEMM[dtype, out][(tiles, 1, split), cfg.threads, stream, shared](
-        a.arg(m * k),
-        b.arg(b.size),
-        c_arg,
-        ws,
-        bias_arg,
-        res_arg,
-        m,
-        n,
-        k,
-        k_slice,
-        **_tile_constexprs(cfg, pipelined, vec),
-        BT=int(transposed),
-        SPLIT=split,
-        **epilogue,
-    )
+    args = (c_arg, ws, bias_arg, res_arg, m, n, k, k_slice)
+    if hopper:
+        tiles = math.ceil(m / (64 * wg)) * math.ceil(n / bn)
+        maps = _gemm_hopper.tensor_maps(a, b, m, k, wg, transposed)
+        shared = _gemm_hopper.shared_bytes(wg, bn, stages, gate)
+        _gemm_hopper.GEMM_WGMMA[dtype, out][(tiles, 1, split), 128 * wg + 32, stream, shared](
+            *maps, *args, WG=wg, BN=bn, STAGES=stages, BT=int(transposed), SPLIT=split, **epilogue
+        )
+    else:
+        pipelined = _pipelined(a)
+        vec = (
+            k % 8 == 0 and (transposed or n % 8 == 0) and a.aligned(16) and b.aligned(16)
+        )  # 16-byte copies of A and B rows
+        stages = cfg.stages_for(pipelined)
+        shared = stages * (cfg.bm + (2 if gate else 1) * cfg.bn) * cfg.bk * 2 + 16
+        tiles = math.ceil(m / cfg.bm) * math.ceil(n / cfg.bn)
+        GEMM[dtype, out][(tiles, 1, split), cfg.threads, stream, shared](
+            a.arg(m * k),
+            b.arg(b.size),
+            *args,
+            **_tile_constexprs(cfg, pipelined, vec),
+            BT=int(transposed),
+            SPLIT=split,
+            **epilogue,
+        )
     if split > 1:
         REDUCE[dtype, out][(math.ceil(m * n / 256), 256, stream, 0)](
             ws, c_arg, bias_arg, res_arg, m, n, SPLIT=split, **epilogue
         )
     return c
+
+
+def hopper_takes(a: _arrays.Operand, b: _arrays.Operand, n: int, k: int, transposed: bool) -> bool:
+    """Whether the GEMM runs ``_gemm_hopper`` (TMA + wgmma): ``a`` on an sm_90 GPU (not the
+    simulator; ``KAIO_HOPPER_MATMUL=0`` opts out, as for the matmul_tc ops) and operands TMA
+    can read."""
+    return _hopper(a) and _gemm_hopper.eligible(a, b, n, k, transposed)
 
 
 def _tile_constexprs(cfg, pipelined: bool, vec: bool) -> dict:

@@ -16,6 +16,7 @@ import pytest
 import kaio
 import kaio_ops
 from kaio.ptx.ptxas import assemble, find_ptxas
+from kaio_ops import _gemm_hopper as hopper
 from kaio_ops.linear import gemm, plan, specializations
 from kaio_ops.matmul import Plan
 
@@ -145,10 +146,53 @@ def _operand(arr, name="x"):
     return inputs.array(arr, name, ndim=(1, 2, 3), dtypes=None)
 
 
+@pytest.mark.parametrize(
+    "m, n, k, act, dtype, out_dtype",
+    [
+        (70, 72, 136, "gelu", np.float16, None),  # two warpgroups, tails in M, N and K
+        (5, 40, 512, "silu_gate", BF16, np.float32),  # one warpgroup, gate, K split in 2
+        (33, 136, 200, "matmul", np.float16, BF16),  # B [K, N]: N-major tiles
+    ],
+)
+def test_hopper_kernel_in_simulator(m, n, k, act, dtype, out_dtype):
+    """The sm_90 kernel (TMA, mbarriers, wgmma) with the same epilogue, forced in the
+    simulator (on a GPU it runs only on sm_90)."""
+    rng = np.random.default_rng(m + n + k)
+    out = out_dtype or dtype
+    transposed = act != "matmul"
+    rows = 2 * n if act == "silu_gate" else n
+    x = rand(rng, (m, k), dtype)
+    w = rand(rng, (rows, k) if transposed else (k, n), dtype, 0.3)
+    b = rand(rng, (rows,), dtype) if transposed else None
+    res = rand(rng, (m, n), out) if transposed else None
+    with kaio.simulate():
+        got = gemm(
+            "linear",
+            _operand(x),
+            _operand(w, "w"),
+            (m, n),
+            (m, n, k),
+            kaio.types.from_numpy_dtype(np.dtype(out)),
+            transposed,
+            _operand(b, "bias") if b is not None else None,
+            _operand(res, "residual") if res is not None else None,
+            act if transposed else "none",
+            chosen="hopper",
+        )
+    if transposed:
+        check(got, *reference(x, w, b, res, act), out)
+    else:
+        check(got, *reference(x, w.T.copy()), out)
+
+
 def test_plans():
     assert plan(1, 4096, 4096, 132).split > 1  # decode: K split
     assert plan(4096, 4096, 4096, 132).split == 1
     assert plan(4096, 14336, 4096, 132, gate=True).config == "64x128"  # registers
+    assert hopper.plan(1, 4096, 4096, 132)[::3] == (1, 2)  # 64-row tiles, K split
+    assert hopper.plan(16, 4096, 4096, 132)[1] == 64  # narrow N tiles for small M
+    assert hopper.plan(8192, 8192, 8192, 132) == (2, 256, 4, 1)
+    assert hopper.plan(4096, 14336, 4096, 132, gate=True)[1] == 128
 
 
 @pytest.mark.parametrize(
@@ -177,9 +221,13 @@ def test_bad_inputs_name_the_argument(call, message):
 @pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_every_specialization_assembles(arch):
-    texts = [kernel.ptx(arch=arch, **constexprs) for kernel, constexprs in specializations()]
+    texts = [(kernel.ptx(arch=arch, **consts), arch) for kernel, consts in specializations()]
+    if arch == "sm_90":  # the Hopper kernel: wgmma is sm_90a, and must stay asynchronous
+        texts += [(k.ptx(arch=arch, **c), "sm_90a") for k, c in hopper.specializations()]
     with ThreadPoolExecutor(4) as pool:
-        list(pool.map(lambda ptx: assemble(ptx, arch), texts))
+        reports = list(pool.map(lambda job: assemble(*job), texts))
+    for report in reports:
+        assert "C7518" not in report and "C7508" not in report, report
 
 
 # ---------------------------------------------------------------------------- GPU
