@@ -54,8 +54,23 @@ def parse_label(label: str) -> tuple[int, str] | None:
     return int(head[2:]), shape
 
 
-def sweep(h: Harness, ms: list[int], models: list[str], dtypes: list[str]) -> None:
-    """One harness case per (dtype, model shape, M)."""
+def kaio_mma_sync(a, b):
+    """kaio_ops.matmul forced onto the mma.sync kernel (``_gemm``), to compare with the
+    Hopper kernel that the op runs on sm_90."""
+    from kaio_ops import _arrays
+    from kaio_ops.linear import gemm, plan
+
+    inputs = _arrays.Inputs("matmul")
+    x, y = inputs.array(a, "a", ndim=2), inputs.array(b, "b", ndim=2)
+    (m, k), n = x.shape, y.shape[1]
+    chosen = plan(m, n, k, _arrays.multiprocessors(x))
+    return gemm("matmul", x, y, (m, n), (m, n, k), x.dtype, False, chosen=chosen)
+
+
+def sweep(
+    h: Harness, ms: list[int], models: list[str], dtypes: list[str], mma: bool = False
+) -> None:
+    """One harness case per (dtype, model shape, M); ``mma``: also the mma.sync kernel."""
     for name in dtypes:
         dt = DTYPES[name]
         tol = 3e-3 if dt == torch.float16 else 2e-2
@@ -69,6 +84,8 @@ def sweep(h: Harness, ms: list[int], models: list[str], dtypes: list[str]) -> No
                         return a, b
 
                     impls = {"kaio": kaio_ops.matmul, "cuBLAS": torch.matmul}
+                    if mma:
+                        impls["kaio mma.sync"] = kaio_mma_sync
                     if triton_matmul is not None:
                         impls["Triton"] = triton_matmul
                     big = m * n * k > 2**36  # the float64 reference would take seconds
@@ -141,6 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ms", help="comma-separated M values (default 1..8192, powers of 2)")
     p.add_argument("--models", help="comma-separated: 8b, 70b (default both)")
     p.add_argument("--dtypes", help="comma-separated: f16, bf16 (default both)")
+    p.add_argument("--mma", action="store_true", help="also time the mma.sync kernel")
     p.add_argument("--no-epilogues", action="store_true", help="skip the fused linear cases")
     args, rest = p.parse_known_args(argv)
     quick = args.quick or os.environ.get("KAIO_GEMM_SWEEP") == "quick"
@@ -152,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
     dtypes = (
         args.dtypes.split(",") if args.dtypes else (QUICK["dtypes"] if quick else ["f16", "bf16"])
     )
-    sweep(h, ms, models, dtypes)
+    sweep(h, ms, models, dtypes, args.mma)
     if not args.no_epilogues:
         epilogues(h, [16, 4096] if quick else [1, 16, 256, 4096])
     print(h.table())
