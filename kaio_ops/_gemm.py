@@ -33,6 +33,7 @@ from kaio_ops.elementwise import apply
 
 DT = f16  # the input element type placeholder (see _typed.by_dtype)
 OUT = f16  # the output element type placeholder: f16, bf16 or f32 (see GEMM below)
+RT = f16  # the residual's element type placeholder: f16, bf16 or f32
 ACTIVATIONS = ("none", "gelu", "gelu_tanh", "silu", "silu_gate")
 
 
@@ -44,7 +45,7 @@ def finish(
     col: u32,
     N: u32,
     bias: DT[:],
-    res: OUT[:, :],
+    res: RT[:, :],
     BIAS: kaio.constexpr,
     ACT: kaio.constexpr,
     RES: kaio.constexpr,
@@ -77,7 +78,7 @@ def gemm_kernel(
     c: OUT[:, :],
     ws: f32[:, :],
     bias: DT[:],
-    res: OUT[:, :],
+    res: RT[:, :],
     M: u32,
     N: u32,
     K: u32,
@@ -207,7 +208,7 @@ def store_pair(
     c: OUT[:, :],
     ws: f32[:, :],
     bias: DT[:],
-    res: OUT[:, :],
+    res: RT[:, :],
     g0: f32,
     g1: f32,
     u0: f32,
@@ -339,7 +340,7 @@ def gemm_reduce(
     ws: f32[:, :],
     c: OUT[:, :],
     bias: DT[:],
-    res: OUT[:, :],
+    res: RT[:, :],
     M: u32,
     N: u32,
     SPLIT: kaio.constexpr,
@@ -362,18 +363,22 @@ def gemm_reduce(
 
 
 class ByTypes:
-    """``KERNEL[dt, out]``: a kernel of this module compiled for input type ``dt`` (f16 or
-    bf16) and output type ``out`` (f16, bf16 or f32), built on first use and kept."""
+    """``KERNEL[dt, out]`` or ``KERNEL[dt, out, rt]``: a GEMM kernel compiled for input type
+    ``dt`` (f16 or bf16), output type ``out`` and residual type ``rt`` (f16, bf16 or f32;
+    default ``out``), built on first use and kept."""
 
     def __init__(self, kernel):
         self.kernel = kernel
         self._by_out: dict = {}
 
     def __getitem__(self, types: tuple):
-        dt, out = types
-        if out not in self._by_out:
-            self._by_out[out] = by_dtype(self.kernel, OUT=lambda _t, out=out: out)
-        return self._by_out[out][dt]
+        dt, out, *rest = types
+        key = (out, rest[0] if rest else out)
+        if key not in self._by_out:
+            self._by_out[key] = by_dtype(
+                self.kernel, OUT=lambda _t, o=key[0]: o, RT=lambda _t, r=key[1]: r
+            )
+        return self._by_out[key][dt]
 
 
 GEMM = ByTypes(gemm_kernel)

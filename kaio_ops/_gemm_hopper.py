@@ -32,6 +32,7 @@ from kaio_ops._matmul_kernels import tile_origin
 
 DT = f16  # the input element type placeholder
 OUT = f16  # the output element type placeholder
+RT = f16  # the residual's element type placeholder
 BK = 64
 SW = 128  # swizzle bytes: one 128-byte row per 64 elements
 SHARED_LIMIT = 227 * 1024
@@ -59,7 +60,7 @@ def gemm_wgmma(
     c: OUT[:, :],
     ws: f32[:, :],
     bias: DT[:],
-    res: OUT[:, :],
+    res: RT[:, :],
     M: u32,
     N: u32,
     K: u32,

@@ -123,6 +123,7 @@ def gemm(
     c = _arrays.output(a, out_shape, out)
     c_arg = _arrays.output_arg(a, c, (m, n), out)
     bias_arg = bias.arg(bias.size) if bias is not None else _placeholder(a, dtype, 1)
+    rt = out if residual is None else residual.dtype
     res_arg = residual.arg(m, n) if residual is not None else _placeholder(a, out, 2)
     width = 2 * n if gate else n
     ws = _arrays.output(a, (split * m, width), f32) if split > 1 else _placeholder(a, f32, 2)
@@ -133,7 +134,7 @@ def gemm(
         tiles = math.ceil(m / (64 * wg)) * math.ceil(n / bn)
         maps = _gemm_hopper.tensor_maps(a, b, m, k, wg, transposed)
         shared = _gemm_hopper.shared_bytes(wg, bn, stages, gate)
-        _gemm_hopper.GEMM_WGMMA[dtype, out][(tiles, 1, split), 128 * wg + 32, stream, shared](
+        _gemm_hopper.GEMM_WGMMA[dtype, out, rt][(tiles, 1, split), 128 * wg + 32, stream, shared](
             *maps, *args, WG=wg, BN=bn, STAGES=stages, BT=int(transposed), SPLIT=split, **epilogue
         )
     else:
@@ -144,7 +145,7 @@ def gemm(
         stages = cfg.stages_for(pipelined)
         shared = stages * (cfg.bm + (2 if gate else 1) * cfg.bn) * cfg.bk * 2 + 16
         tiles = math.ceil(m / cfg.bm) * math.ceil(n / cfg.bn)
-        GEMM[dtype, out][(tiles, 1, split), cfg.threads, stream, shared](
+        GEMM[dtype, out, rt][(tiles, 1, split), cfg.threads, stream, shared](
             a.arg(m * k),
             b.arg(b.size),
             *args,
@@ -154,7 +155,7 @@ def gemm(
             **epilogue,
         )
     if split > 1:
-        REDUCE[dtype, out][(math.ceil(m * n / 256), 256, stream, 0)](
+        REDUCE[dtype, out, rt][(math.ceil(m * n / 256), 256, stream, 0)](
             ws, c_arg, bias_arg, res_arg, m, n, SPLIT=split, **epilogue
         )
     return c
@@ -197,7 +198,7 @@ def linear(x, w, bias=None, *, residual=None, activation: str | None = None, out
     place), f32 accumulation, then ``+ bias`` [N], then ``activation`` (None, "gelu" (erf),
     "gelu_tanh", "silu", or "silu_gate": ``w`` holds the gate rows then the up rows, [2F, K],
     ``bias`` [2F], and the result is ``silu(gate) * up`` [..., F]), then ``+ residual``
-    (shaped like the result, in the output dtype), all in f32 before one rounding to
+    (shaped like the result; f16, bf16 or f32), all in f32 before one rounding to
     ``out_dtype`` (default: x's dtype; f16, bf16 or f32)."""
     inputs = _arrays.Inputs("linear")
     x = inputs.array(x, "x", ndim=tuple(range(1, 9)), dtypes=HALVES, form="[..., K]")
@@ -230,7 +231,7 @@ def linear(x, w, bias=None, *, residual=None, activation: str | None = None, out
     r = None
     if residual is not None:
         r = inputs.array(residual, "residual", ndim=len(out_shape), shape=out_shape,
-                         dtypes=(out,), form=f"shaped like the result, of {out.name}")  # fmt: skip
+                         dtypes=_arrays.FLOATS, form="shaped like the result")  # fmt: skip
     return gemm("linear", x, w, out_shape, (m, n, k), out, True, b, r, act)
 
 

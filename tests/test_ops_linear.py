@@ -109,7 +109,8 @@ def test_linear_epilogues_in_simulator(shape, n, dtype, activation, bias, residu
     rows = 2 * n if activation == "silu_gate" else n
     x, w = rand(rng, shape, dtype), rand(rng, (rows, k), dtype, 0.5)
     b = rand(rng, (rows,), dtype) if bias else None
-    res = rand(rng, (*shape[:-1], n), out_dtype or dtype) if residual else None
+    res_dtype = np.float32 if activation == "silu" else out_dtype or dtype  # any float type
+    res = rand(rng, (*shape[:-1], n), res_dtype) if residual else None
     with kaio.simulate():
         c = kaio_ops.linear(x, w, b, residual=res, activation=activation, out_dtype=out_dtype)
     ref, size = reference(x, w, b, res, activation)
@@ -207,8 +208,8 @@ def test_plans():
         (lambda a: kaio_ops.linear(a, a[:3].copy(), activation="silu_gate"), "odd"),
         (lambda a: kaio_ops.linear(a, a, np.ones(3, np.float16)), "'bias' must have shape"),
         (
-            lambda a: kaio_ops.linear(a, a, residual=np.ones((4, 4), np.float32)),
-            "'residual' must be",
+            lambda a: kaio_ops.linear(a, a, residual=np.ones((4, 5), np.float32)),
+            "'residual' must have shape",
         ),
     ],
 )
