@@ -95,7 +95,7 @@ def test_matmul_in_simulator(m, n, k, dtype, out_dtype):
     "shape, n, dtype, activation, bias, residual, out_dtype",
     [
         ((2, 9, 40), 24, np.float16, None, True, True, None),  # batch dims, aligned
-        ((20, 33), 17, BF16, "gelu", True, False, None),  # nothing aligned, tails
+        ((20, 33), 17, BF16, "gelu", True, False, np.float32),  # nothing aligned, tails
         ((4, 64), 40, np.float16, "gelu_tanh", False, True, np.float32),  # split K
         ((70, 16), 72, BF16, "silu", True, True, BF16),
         ((3, 5, 24), 20, np.float16, "silu_gate", True, True, None),  # [2F, K] weight
@@ -287,6 +287,33 @@ def test_gpu_linear_epilogues_against_torch(activation, m):
     assert y.dtype == dt and y.shape == (m, n)
     err = ((y.double() - ref).norm() / ref.norm()).item()
     assert err < (8e-3 if dt == torch.bfloat16 else 2e-3), err
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", ["hopper", "mma.sync"])
+@pytest.mark.parametrize("m", [1, 64, 200, 1000])
+def test_gpu_both_kernels_against_torch(path, m):
+    """Each kernel forced, whatever the GPU picks by default (the Hopper one on sm_90 only):
+    linear with every epilogue stage, f32 out to see the f32 accumulation's accuracy."""
+    torch = pytest.importorskip("torch")
+    from kaio_ops import _arrays
+
+    if path == "hopper" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Hopper kernel needs sm_90")
+    gen = torch.Generator("cuda").manual_seed(m)
+    k, n = 2048, 520
+    x = torch.randn(m, k, generator=gen, device="cuda").half()
+    w = (torch.randn(2 * n, k, generator=gen, device="cuda") * 0.05).half()
+    bias = torch.randn(2 * n, generator=gen, device="cuda").half()
+    res = torch.randn(m, n, generator=gen, device="cuda")
+    inputs = _arrays.Inputs("linear")
+    ops = [inputs.array(t, name, ndim=(1, 2), dtypes=_arrays.FLOATS) for t, name in
+           ((x, "x"), (w, "w"), (bias, "bias"), (res, "residual"))]  # fmt: skip
+    chosen = "hopper" if path == "hopper" else plan(m, n, k, 132, gate=True)
+    y = gemm("linear", ops[0], ops[1], (m, n), (m, n, k), kaio.f32, True, ops[2], ops[3],
+             "silu_gate", chosen=chosen)  # fmt: skip
+    ref = _torch_reference(torch, x, w, bias, res, "silu_gate", torch.float32)
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-5
 
 
 @pytest.mark.gpu
