@@ -9,8 +9,10 @@ The ratio kaio / cuBLAS of each case is drawn as a heat map (M by shape, bench/p
 
 Usage: ``python bench/gemm_sweep.py --out results.json [--quick]``. ``--quick`` (or
 ``KAIO_GEMM_SWEEP=quick``) keeps a subset that runs in about 3 minutes: M in {1, 16, 128,
-1024, 4096}, the Llama-3-8B shapes, f16. ``--ms``, ``--models`` and ``--dtypes`` pick any
-other subset.
+1024, 4096}, the Llama-3-8B shapes, f16, without Triton (its per-shape autotuning compiles
+for seconds a case; ``--triton`` puts it back). ``--ms``, ``--models`` and ``--dtypes`` pick
+any other subset; ``--mma`` also times kaio's mma.sync kernel (on sm_90 the op runs the
+Hopper one).
 """
 
 from __future__ import annotations
@@ -68,9 +70,15 @@ def kaio_mma_sync(a, b):
 
 
 def sweep(
-    h: Harness, ms: list[int], models: list[str], dtypes: list[str], mma: bool = False
+    h: Harness,
+    ms: list[int],
+    models: list[str],
+    dtypes: list[str],
+    mma: bool = False,
+    use_triton: bool = True,
 ) -> None:
-    """One harness case per (dtype, model shape, M); ``mma``: also the mma.sync kernel."""
+    """One harness case per (dtype, model shape, M); ``mma``: also the mma.sync kernel;
+    ``use_triton``: also Triton (autotuned per shape: seconds of compiling per case)."""
     for name in dtypes:
         dt = DTYPES[name]
         tol = 3e-3 if dt == torch.float16 else 2e-2
@@ -86,7 +94,7 @@ def sweep(
                     impls = {"kaio": kaio_ops.matmul, "cuBLAS": torch.matmul}
                     if mma:
                         impls["kaio mma.sync"] = kaio_mma_sync
-                    if triton_matmul is not None:
+                    if use_triton and triton_matmul is not None:
                         impls["Triton"] = triton_matmul
                     big = m * n * k > 2**36  # the float64 reference would take seconds
                     h.case(
@@ -159,6 +167,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--models", help="comma-separated: 8b, 70b (default both)")
     p.add_argument("--dtypes", help="comma-separated: f16, bf16 (default both)")
     p.add_argument("--mma", action="store_true", help="also time the mma.sync kernel")
+    p.add_argument(
+        "--triton",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="time Triton too (default: yes, except with --quick)",
+    )
     p.add_argument("--no-epilogues", action="store_true", help="skip the fused linear cases")
     args, rest = p.parse_known_args(argv)
     quick = args.quick or os.environ.get("KAIO_GEMM_SWEEP") == "quick"
@@ -170,7 +184,8 @@ def main(argv: list[str] | None = None) -> None:
     dtypes = (
         args.dtypes.split(",") if args.dtypes else (QUICK["dtypes"] if quick else ["f16", "bf16"])
     )
-    sweep(h, ms, models, dtypes, args.mma)
+    use_triton = not quick if args.triton is None else args.triton
+    sweep(h, ms, models, dtypes, args.mma, use_triton)
     if not args.no_epilogues:
         epilogues(h, [16, 4096] if quick else [1, 16, 256, 4096])
     print(h.table())
