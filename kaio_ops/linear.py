@@ -19,7 +19,7 @@ import numpy as np
 from kaio.types import ScalarType, bf16, f16, f32
 from kaio_ops import _arrays, _gemm_hopper
 from kaio_ops._gemm import ACTIVATIONS, GEMM, REDUCE
-from kaio_ops.matmul import CONFIGS, Plan, _hopper, heuristic, k_slices
+from kaio_ops.matmul import CONFIGS, Plan, _hopper, heuristic, k_slices, plan_for
 
 __all__ = ["linear", "matmul"]
 
@@ -84,10 +84,21 @@ def _pipelined(like: _arrays.Operand) -> bool:
 def plan(m: int, n: int, k: int, sms: int, gate: bool = False) -> Plan:
     """The tile plan of an ``m x n x k`` GEMM (``n`` output columns) on ``sms``
     multiprocessors: ``matmul.heuristic``, with a smaller tile for "silu_gate"."""
-    chosen = heuristic(m, n * (2 if gate else 1), k, sms)
+    return _capped(heuristic(m, n * (2 if gate else 1), k, sms), gate)
+
+
+def _capped(chosen: Plan, gate: bool) -> Plan:
+    """``chosen`` with its tile capped at 64x128 for "silu_gate" (two accumulator sets)."""
     if gate and chosen.config in GATE_CONFIG:
         return Plan(GATE_CONFIG[chosen.config], chosen.split)
     return chosen
+
+
+def tuned_plan(a: _arrays.Operand, m: int, n: int, k: int, gate: bool = False) -> Plan:
+    """The mma.sync plan of a call: the plan ``kaio_ops.tune.matmul`` stored for this GPU,
+    dtype and shape bucket (the same tile kernel family, so its measured best carries over),
+    else ``plan``'s heuristic; "silu_gate" caps the tile as ``plan`` does."""
+    return _capped(plan_for(a, m, n * (2 if gate else 1), k, f"{a.dtype.name}_async"), gate)
 
 
 def gemm(
@@ -107,7 +118,7 @@ def gemm(
     [N, K] when ``transposed``) in a new array of ``out_shape`` and type ``out``.
     ``chosen``: an mma.sync tile plan, or ``"hopper"`` for the sm_90 kernel with its own
     plan (``_gemm_hopper.plan``; the tests run it in the simulator), or None: the Hopper
-    kernel where ``hopper_takes``, else ``plan``."""
+    kernel where ``hopper_takes``, else ``tuned_plan``."""
     m, n, k = mnk
     gate = activation == "silu_gate"
     dtype = a.dtype
@@ -117,7 +128,7 @@ def gemm(
         wg, bn, stages, split = _gemm_hopper.plan(m, n, k, sms, gate)
         split, k_slice = k_slices(k, split, _gemm_hopper.BK)
     else:
-        chosen = chosen or plan(m, n, k, sms, gate)
+        chosen = chosen or tuned_plan(a, m, n, k, gate)
         cfg = CONFIGS[chosen.config]
         split, k_slice = k_slices(k, chosen.split, cfg.bk)
     c = _arrays.output(a, out_shape, out)
