@@ -196,6 +196,32 @@ def test_plans():
     assert hopper.plan(4096, 14336, 4096, 132, gate=True)[1] == 128
 
 
+def test_hopper_plans_fit_over_the_llm_sweep():
+    """Every plan of the bench sweep's shapes (H100/H200 SM counts) fits shared memory, gives
+    each K slice at least 4 steps and launches at least one block per multiprocessor when
+    the shape allows it."""
+    shapes = [
+        (6144, 4096),
+        (4096, 4096),
+        (28672, 4096),
+        (4096, 14336),
+        (10240, 8192),
+        (8192, 8192),
+        (57344, 8192),
+        (8192, 28672),
+    ]  # fmt: skip  (Llama-3 8B, 70B)
+    for sms in (114, 132):
+        for n, k in shapes:
+            for m in (1 << i for i in range(14)):
+                for gate in (False, True):
+                    wg, bn, stages, split = hopper.plan(m, n, k, sms, gate)
+                    assert hopper.shared_bytes(wg, bn, stages, gate) <= hopper.SHARED_LIMIT
+                    assert stages >= 2 and 1 <= split <= 16 and k // split >= 4 * hopper.BK
+                    assert bn <= (128 if gate else 256)
+                    blocks = -(-m // (64 * wg)) * -(-n // bn) * split
+                    assert blocks >= min(sms, -(-m // (64 * wg)) * -(-n // 64))
+
+
 @pytest.mark.parametrize(
     "call, message",
     [
