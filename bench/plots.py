@@ -10,7 +10,16 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from bench.perfdata import Op, Run, case_group, families, is_kaio, launch_rows, plot_name
+from bench.perfdata import (
+    Op,
+    Run,
+    case_group,
+    families,
+    is_kaio,
+    launch_rows,
+    plot_name,
+    slug,
+)
 
 LAUNCH_PLOT = "launch-overhead.png"
 
@@ -129,6 +138,41 @@ def _launch_plot(plt, rows: dict[str, dict], path: Path) -> None:
     plt.close(fig)
 
 
+SWEEP_OP = "gemm sweep"  # bench/gemm_sweep.py's ops: one heat map each
+
+
+def _sweep_heatmap(plt, op: Op, path: Path) -> None:
+    """bench/gemm_sweep.py's op: cuBLAS time / kaio time (> 1: kaio faster) by M (columns)
+    and (N, K) shape (rows), the ratio written in each cell; blank where a case is missing or
+    failed."""
+    from bench.gemm_sweep import parse_label
+
+    cells = {}
+    for case in op.cases:
+        at = parse_label(case)
+        kaio, peer = op.get(case, "kaio"), op.get(case, "cuBLAS")
+        if at and kaio and peer and kaio.timed and peer.timed:
+            cells[at] = peer.ms / kaio.ms
+    ms = sorted({m for m, _ in cells})
+    shapes = list(dict.fromkeys(s for _, s in cells))
+    grid = [[cells.get((m, s), math.nan) for m in ms] for s in shapes]
+    fig, ax = plt.subplots(figsize=(0.6 * len(ms) + 2.5, 0.45 * len(shapes) + 1.5))
+    image = ax.imshow(grid, cmap="RdYlGn", vmin=0.5, vmax=1.5, aspect="auto")
+    ax.set_xticks(range(len(ms)), [str(m) for m in ms], fontsize=7)
+    ax.set_yticks(range(len(shapes)), shapes, fontsize=7)
+    ax.set_xlabel("M")
+    ax.set_ylabel("N x K")
+    for i, row in enumerate(grid):
+        for j, v in enumerate(row):
+            if not math.isnan(v):
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6)
+    fig.colorbar(image, ax=ax, label="cuBLAS time / kaio time")
+    ax.set_title(f"{op.name}: kaio_ops.matmul vs cuBLAS", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def write_plots(run: Run, outdir: str | Path) -> tuple[list[str], list[str]]:
     """Draw every plot of ``run`` into ``outdir``: (file names written, errors). One plot
     failing does not stop the others."""
@@ -142,6 +186,10 @@ def write_plots(run: Run, outdir: str | Path) -> tuple[list[str], list[str]]:
             jobs.append(
                 (plot_name(suite, title), lambda p, t=title, o=ops: _family_plot(plt, run, t, o, p))
             )
+        for op in suite.ops:
+            if op.name.startswith(SWEEP_OP):
+                name = f"{slug(op.name)}-heatmap.png"
+                jobs.append((name, lambda p, op=op: _sweep_heatmap(plt, op, p)))
         if rows := launch_rows(suite):
             jobs.append((LAUNCH_PLOT, lambda p, rows=rows: _launch_plot(plt, rows, p)))
     for name, draw in jobs:

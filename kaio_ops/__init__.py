@@ -8,6 +8,14 @@ run on the CPU simulator and return NumPy arrays. A wrong dtype, rank, shape, de
 non-contiguous input raises ``ValueError`` naming the argument and the form expected.
 docs/ops.md gives each op's contract.
 
+GEMMs with torch's conventions (f16/bf16 in, f32 accumulation, the inputs' dtype out unless
+``out_dtype`` says f16, bf16 or f32, written by the epilogue):
+
+- ``matmul(a, b, *, out_dtype=None)``: a [M, K] @ b [K, N]
+- ``linear(x, w, bias=None, *, residual=None, activation=None, out_dtype=None)``: x [..., K]
+  @ w.T with w [N, K] (``nn.Linear``), then + bias, activation ("gelu", "gelu_tanh", "silu",
+  "silu_gate"), + residual, fused into the epilogue
+
 Tensor-core matmul (A [M, K] @ B [K, N] -> f32 [M, N]; ``kaio_ops.tune.matmul`` autotunes):
 
 - ``matmul_tc(a, b)``, ``matmul_tc_async(a, b)``: f16 inputs
@@ -70,6 +78,7 @@ from kaio_ops.decode import (
 )
 from kaio_ops.elementwise import add, gelu, mul, silu_gate
 from kaio_ops.gguf import dequantize_q6_k, dequantize_q8_0, quantize_q6_k, quantize_q8_0
+from kaio_ops.linear import linear, matmul
 from kaio_ops.matmul import matmul_tc, matmul_tc_async, matmul_tc_bf16, matmul_tc_bf16_async
 from kaio_ops.quantized import matmul_int4, matmul_int8, qkv_project_int4, qkv_project_int8
 from kaio_ops.rotary import rope
@@ -94,8 +103,10 @@ __all__ = [
     "gelu",
     "kv_cache_append",
     "layer_norm",
+    "linear",
     "matmul_int4",
     "matmul_int8",
+    "matmul",
     "matmul_tc",
     "matmul_tc_async",
     "matmul_tc_bf16",

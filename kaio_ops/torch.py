@@ -128,6 +128,18 @@ def _matmul_out(a, b, *_):
     return _f32(a, a.shape[0], b.shape[1])
 
 
+def _gemm_out(a, b, out_dtype=None):
+    """``kaio_ops.matmul``: [M, K] @ [K, N] -> [M, N] in ``out_dtype`` (default a's)."""
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype or a.dtype)
+
+
+def _linear_out(x, w, bias=None, residual=None, activation=None, out_dtype=None):
+    """``kaio_ops.linear``: x [..., K], w [N, K] -> [..., N] ([..., N / 2] for "silu_gate")
+    in ``out_dtype`` (default x's)."""
+    n = w.shape[0] // 2 if activation == "silu_gate" else w.shape[0]
+    return x.new_empty((*x.shape[:-1], n), dtype=out_dtype or x.dtype)
+
+
 def _attention_f32(q, k, v):
     """Single-head attention -> f32 [Sq, Dv]."""
     return _f32(q, q.shape[0], v.shape[1])
@@ -363,6 +375,49 @@ def _matmul_grad(op: str) -> Grad:
     return Grad(fn, ("a", "b"))
 
 
+def _gemm_grad(s, needs, dc):
+    # kaio_ops.matmul: the matmul backward through kaio's f32 matmul of the inputs' dtype
+    op = "matmul_tc_bf16" if s.a.dtype == torch.bfloat16 else "matmul_tc"
+    da, db = matmul_grads(s.a, s.b, dc, op, need_a=needs["a"], need_b=needs["b"])
+    return {"a": da, "b": db}
+
+
+def _activation_grad(activation: str | None, z: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    """d(activation(z)) for f32 pre-activations ``z`` (gate then up columns for "silu_gate")
+    and the output gradient ``dy``."""
+    if activation is None:
+        return dy
+    if activation == "silu_gate":
+        g, u = z.chunk(2, -1)
+        return torch.cat(
+            [torch.ops.aten.silu_backward(dy * u, g), dy * torch.nn.functional.silu(g)], -1
+        )
+    if activation == "silu":
+        return torch.ops.aten.silu_backward(dy, z)
+    approximate = "tanh" if activation == "gelu_tanh" else "none"
+    return torch.ops.aten.gelu_backward(dy, z, approximate=approximate)
+
+
+def _linear_grad(s, needs, dy):
+    # y = act(x @ w.T + bias) + residual: the pre-activation recomputed in f32 by kaio's
+    # linear when there is an activation, dz = act'(z) dy, then the matmul backward of dz
+    # (matmul_grads, through kaio's f32 matmul) and the bias's as the column sums of dz
+    k, rows = s.shapes["x"][-1], s.shapes["w"][0]
+    dy2 = dy.reshape(-1, dy.shape[-1]).float()
+    z = None
+    if s.activation is not None:
+        z = torch.ops.kaio.linear(s.x, s.w, s.bias, None, None, torch.float32).reshape(-1, rows)
+    dz = _activation_grad(s.activation, z, dy2)
+    op = "matmul_tc_bf16" if s.x.dtype == torch.bfloat16 else "matmul_tc"
+    dx, dw = matmul_grads(s.x.reshape(-1, k), s.w.t(), dz, op, need_a=needs["x"], need_b=needs["w"])
+    return {
+        "x": None if dx is None else dx.reshape(s.shapes["x"]),
+        "w": None if dw is None else dw.t(),
+        "bias": dz.sum(0) if needs["bias"] else None,
+        "residual": dy,
+    }
+
+
 _MATMUL = "(Tensor a, Tensor b) -> Tensor"
 _QUANTIZED = "a quantized op is forward-only (its integer operands have no gradient)"
 _SHORT = "short-sequence tensor-core attention is forward-only; use flash attention to train"
@@ -379,6 +434,19 @@ _FLASH_BWD = (
 )
 
 OPS: tuple[OpSpec, ...] = (
+    OpSpec(
+        "matmul",
+        "(Tensor a, Tensor b, ScalarType? out_dtype=None) -> Tensor",
+        _gemm_out,
+        Grad(_gemm_grad, ("a", "b")),
+    ),
+    OpSpec(
+        "linear",
+        "(Tensor x, Tensor w, Tensor? bias=None, Tensor? residual=None, str? activation=None,"
+        " ScalarType? out_dtype=None) -> Tensor",
+        _linear_out,
+        Grad(_linear_grad, ("x", "w", "bias")),
+    ),
     OpSpec("matmul_tc", _MATMUL, _matmul_out, _matmul_grad("matmul_tc")),
     OpSpec("matmul_tc_async", _MATMUL, _matmul_out, _matmul_grad("matmul_tc_async")),
     OpSpec("matmul_tc_bf16", _MATMUL, _matmul_out, _matmul_grad("matmul_tc_bf16")),
@@ -556,15 +624,31 @@ def _from_numpy(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(a)
 
 
+def _positional(fn: Callable) -> Callable:
+    """``fn`` callable with every argument positional, as the dispatcher passes them: its
+    keyword-only parameters (``out_dtype``, say) are passed by name. The torch schema lists
+    them as ordinary arguments, so that tensors among them (``linear``'s residual) get
+    gradients."""
+    import inspect
+
+    params = list(inspect.signature(fn).parameters.values())
+    named = [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    if not named:
+        return fn
+    first = len(params) - len(named)
+    return lambda *args: fn(*args[:first], **dict(zip(named, args[first:], strict=False)))
+
+
 def _implementation(spec: OpSpec, names: list, written: tuple = ()) -> Callable:
     """The op's real implementation: checks devices, makes inputs contiguous and calls the
     kaio_ops function (through NumPy on the simulator for CPU tensors). The arguments the op
     writes (``written``: their positions) are passed as they are: a copy would lose the
     writes (kaio_ops refuses them if they are not contiguous)."""
-    fn = getattr(kaio_ops, spec.name)
+    op = getattr(kaio_ops, spec.name)
+    fn = _positional(op)
     # A call whose plan exists (contiguous CUDA tensors of a signature already run) goes
     # straight to it: the checks and copies below would find nothing to do
-    replay_only = getattr(fn, "replay_only", None)
+    replay_only = getattr(op, "replay_only", None)
     miss = _plan.MISS
 
     def impl(*args):
@@ -612,7 +696,8 @@ def _autograd(spec: OpSpec, names: list) -> tuple[Callable, Callable]:
         outputs = output if isinstance(output, tuple) else (output,)
         tensors = {n: v for n, v in values.items() if isinstance(v, torch.Tensor)}
         ctx.dtypes = {n: v.dtype for n, v in tensors.items()}
-        ctx.scalars = {n: v for n, v in values.items() if n not in tensors}
+        # an optional tensor argument given as None is saved, not a scalar
+        ctx.scalars = {n: v for n, v in values.items() if n not in tensors and n not in grad.saves}
         ctx.scalars["shapes"] = {n: tuple(v.shape) for n, v in tensors.items()}
         if len(outputs) == 1:
             values["out"] = outputs[0]

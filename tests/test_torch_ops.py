@@ -105,6 +105,23 @@ REFERENCES = {
     )[0].to(q.dtype),
     "flash_attention_with_stats": ref_stats,
 }
+
+
+def ref_linear(x, w, bias=None, residual=None, activation=None, out_dtype=None):
+    """F.linear in f32 (or float64), then the activation and the residual."""
+    z = F.linear(up(x), up(w), None if bias is None else up(bias))
+    if activation == "silu_gate":
+        g, u = z.chunk(2, -1)
+        z = F.silu(g) * u
+    elif activation is not None:
+        z = {"gelu": F.gelu, "silu": F.silu}.get(
+            activation, lambda t: F.gelu(t, approximate="tanh")
+        )(z)
+    return z if residual is None else z + up(residual)
+
+
+REFERENCES["matmul"] = lambda a, b, out_dtype=None: up(a) @ up(b)
+REFERENCES["linear"] = ref_linear
 MATMULS = ("matmul_tc", "matmul_tc_async", "matmul_tc_bf16", "matmul_tc_bf16_async")
 REFERENCES.update(dict.fromkeys(MATMULS, ref_matmul))
 
@@ -213,6 +230,15 @@ def samples(big: bool, only=None, skip=(), every_dtype: bool = True):
             "rope",
             same((seq, hd), (seq, hd // 2), (seq, hd // 2), extra=(True,)),
             mem,
+        ),
+        ("matmul", "matmul", same((m, k), (k, nn)), half),
+        ("matmul-f32", "matmul", same((3, k), (k, nn), extra=(torch.float32,)), f16),
+        ("linear", "linear", same((2, 5, k), (nn, k), (nn,)), half),
+        (
+            "linear-gate",
+            "linear",
+            same((6, k), (2 * nn, k), (2 * nn,), (6, nn), extra=("silu_gate",), scale=0.5),
+            bf16,
         ),
         ("matmul_tc", "matmul_tc", same((m, k), (k, nn)), f16),
         ("matmul_tc-skinny", "matmul_tc", same((3, k), (k, nn)), f16),
@@ -440,6 +466,7 @@ OPCHECK = {
     "add-row",
     "softmax-vec",
     "matmul_tc-skinny",
+    "linear-gate",
     "quantize_q6_k",
     "qkv_project_int8",
     "kv_cache_append",  # an op that writes into its arguments (declared in its schema)
@@ -477,7 +504,7 @@ def test_bit_exact_with_kaio_ops_on_simulator(name, make, dtype):
     args = make(Maker("cpu", 1), dtype)
     with kaio.simulate():
         ours = as_tuple(op(*args))
-        direct = as_tuple(getattr(kaio_ops, name)(*map(to_numpy, args)))
+        direct = as_tuple(kt._positional(getattr(kaio_ops, name))(*map(to_numpy, args)))
     meta = as_tuple(op(*(a.to("meta") if isinstance(a, torch.Tensor) else a for a in args)))
     for o, d, f in zip(ours, direct, meta, strict=True):
         assert isinstance(o, torch.Tensor) and o.device.type == "cpu"

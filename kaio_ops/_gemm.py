@@ -1,0 +1,385 @@
+"""The mma.sync GEMM behind ``kaio_ops.matmul`` and ``kaio_ops.linear``: ``C = epilogue(A @ B)``
+with A [M, K] and B either [K, N] (``BT == 0``, ``matmul``) or [N, K] (``BT == 1``, the
+``nn.Linear`` weight layout, read as it is), f16 or bf16 in, f32 accumulators, the result
+rounded once to the output element type ``OUT`` (f16, bf16 or f32) in the epilogue.
+
+The tile machinery is that of ``kaio_ops._matmul_kernels`` (its ``load_tile``, ``mma_step``
+and ``tile_origin``: a ``BM x BN`` block tile of ``WARPS_M x WARPS_N`` warps, K advanced
+``BK`` at a time through XOR-swizzled shared tiles, a ``STAGES``-deep cp.async pipeline when
+``ASYNC``, 16-byte copies when ``VEC``). What is new here:
+
+- B [N, K] tiles are stored N x K and read with ``ldmatrix`` (no transpose): K-contiguous
+  rows are exactly the ``mma`` B operand's "col" layout.
+- ``GATE`` (``linear(..., activation="silu_gate")``, w = [gate; up], [2F, K]): each block
+  multiplies A by the gate rows *and* the up rows of its F columns, into two accumulator sets
+  (two shared B tiles, two fragment sets), so that each thread holds gate and up of the same
+  outputs and the epilogue returns ``silu(gate) * up``.
+- The epilogue (``finish``), in f32: ``+ bias[col]`` (``BIAS``), the activation ``ACT``
+  ("none", "gelu" (erf), "gelu_tanh", "silu", "silu_gate"), ``+ residual[row, col]``
+  (``RES``), then one rounding to ``OUT``.
+- ``SPLIT > 1`` (small M): block z multiplies K slice z and writes its raw f32 partial tile
+  (gate columns then up columns for ``GATE``) to a workspace [SPLIT * M, N or 2N]; then
+  ``gemm_reduce`` sums the slices in a fixed order (deterministic run to run) and applies the
+  same epilogue.
+"""
+
+from __future__ import annotations
+
+import kaio
+from kaio import f16, f32, u32
+from kaio_ops._matmul_kernels import load_tile, mma_step, slice_sum, tile_origin
+from kaio_ops._typed import by_dtype
+from kaio_ops.elementwise import apply
+
+DT = f16  # the input element type placeholder (see _typed.by_dtype)
+OUT = f16  # the output element type placeholder: f16, bf16 or f32 (see GEMM below)
+RT = f16  # the residual's element type placeholder: f16, bf16 or f32
+ACTIVATIONS = ("none", "gelu", "gelu_tanh", "silu", "silu_gate")
+
+
+@kaio.gpu_func
+def finish(
+    g: f32,
+    u: f32,
+    row: u32,
+    col: u32,
+    N: u32,
+    bias: DT[:],
+    res: RT[:, :],
+    BIAS: kaio.constexpr,
+    ACT: kaio.constexpr,
+    RES: kaio.constexpr,
+) -> f32:
+    """The epilogue of output (row, col) from its f32 sum ``g`` (and for "silu_gate" the up
+    sum ``u``): + bias, activation, + residual, all in f32."""
+    v = g
+    if BIAS:
+        v += f32(bias[col])
+    if ACT == "silu_gate":
+        up = u
+        if BIAS:
+            up += f32(bias[N + col])
+        v = apply("silu_gate", v, up)
+    elif ACT == "silu":
+        v = apply("silu_gate", v, 1.0)
+    elif ACT == "gelu":
+        v = apply("gelu_erf", v, 0.0)
+    elif ACT == "gelu_tanh":
+        v = apply("gelu_tanh", v, 0.0)
+    if RES:
+        v += f32(res[row, col])
+    return v
+
+
+@kaio.gpu_kernel
+def gemm_kernel(
+    a: DT[:],
+    b: DT[:],
+    c: OUT[:, :],
+    ws: f32[:, :],
+    bias: DT[:],
+    res: RT[:, :],
+    M: u32,
+    N: u32,
+    K: u32,
+    k_slice: u32,
+    BM: kaio.constexpr,
+    BN: kaio.constexpr,
+    BK: kaio.constexpr,
+    WARPS_M: kaio.constexpr,
+    WARPS_N: kaio.constexpr,
+    STAGES: kaio.constexpr,
+    ASYNC: kaio.constexpr,
+    VEC: kaio.constexpr,
+    BT: kaio.constexpr,
+    SPLIT: kaio.constexpr,
+    BIAS: kaio.constexpr,
+    ACT: kaio.constexpr,
+    RES: kaio.constexpr,
+):
+    """C = epilogue(A @ B) (module docstring): block x computes C tile x (grouped order,
+    ``tile_origin``), or with a K split (``SPLIT > 1``) block (x, z) the raw partial tile
+    of K slice z into ``ws``. A comes flat [M, K]; B flat [K, N] (BT 0) or [N, K] (BT 1;
+    [2N, K] for "silu_gate", gate rows then up rows)."""
+    kaio.launch_bounds(WARPS_M * WARPS_N * 32)
+    GATE = ACT == "silu_gate"
+    THREADS = WARPS_M * WARPS_N * 32
+    KSTEPS = BK // 16
+    WTM = BM // WARPS_M
+    WTN = BN // WARPS_N
+    MI = WTM // 16
+    NI = WTN // 8
+    origin = tile_origin(kaio.block_idx_x(), (M + BM - 1) // BM, (N + BN - 1) // BN)
+    m0 = origin // 65536 * BM
+    n0 = origin % 65536 * BN
+    tid = kaio.thread_idx_x()
+    lane = kaio.lane_id()
+    warp = tid // 32
+    wm = warp // WARPS_N * WTM
+    wn = warp % WARPS_N * WTN
+    k_begin = kaio.block_idx_z() * k_slice
+    k_end = kaio.min(k_begin + k_slice, K)
+    tiles = (k_end - k_begin + BK - 1) // BK
+
+    a_s = kaio.shared_dynamic(DT, (STAGES, BM, BK), 0)
+    B_ROWS = BN if BT else BK
+    B_COLS = BK if BT else BN
+    b_s = kaio.shared_dynamic(DT, (STAGES, B_ROWS, B_COLS), STAGES * BM * BK * 2)
+    # the up rows' tile ("silu_gate"; otherwise a one-element placeholder)
+    u_s = kaio.shared_dynamic(
+        DT,
+        (STAGES, B_ROWS, B_COLS) if GATE else (1, 1, 8),
+        STAGES * (BM + BN) * BK * 2,
+    )
+
+    acc = kaio.local(f32, (MI, NI, 2, 2))
+    acc_u = kaio.local(f32, (MI if GATE else 1, NI if GATE else 1, 2, 2))
+    for mi in kaio.static_range(MI):
+        for ni in kaio.static_range(NI):
+            for e in kaio.static_range(4):
+                acc[mi, ni, e // 2, e % 2] = 0
+                if GATE:
+                    acc_u[mi, ni, e // 2, e % 2] = 0
+    a_frag = kaio.local(u32, (2, MI, 4))
+    b_frag = kaio.local(u32, (2, NI // 2, 2, 2))
+    u_frag = kaio.local(u32, (2, NI // 2 if GATE else 1, 2, 2))
+    stage = u32(0)
+
+    if ASYNC:
+        # the pipeline of _matmul_kernels.matmul_tile: STAGES tiles in flight, fragments
+        # double-buffered, a stage refilled right after its last fragments are read
+        for s in kaio.static_range(STAGES):
+            load_stage(a_s, b_s, u_s, a, b, s, m0, n0, k_begin + s * BK, k_end, M, N, K, tid,
+                       BM, BN, BK, THREADS, VEC, ASYNC, BT, GATE)  # fmt: skip
+            kaio.cp_async_commit()
+        kaio.cp_async_wait(STAGES - 1)
+        kaio.sync_threads()
+        fragments(a_frag, b_frag, u_frag, 0, a_s, b_s, u_s, stage, 0, wm, wn, lane, MI, NI, BT,
+                  GATE)  # fmt: skip
+        for t in range(tiles):
+            for ks in kaio.static_range(KSTEPS):
+                if ks == KSTEPS - 1:
+                    kaio.cp_async_wait(STAGES - 2)
+                    kaio.sync_threads()
+                    load_stage(a_s, b_s, u_s, a, b, stage, m0, n0, k_begin + (t + STAGES) * BK,
+                               k_end, M, N, K, tid, BM, BN, BK, THREADS, VEC, ASYNC, BT,
+                               GATE)  # fmt: skip
+                    kaio.cp_async_commit()
+                    stage = kaio.select(stage == STAGES - 1, 0, stage + 1)
+                    fragments(a_frag, b_frag, u_frag, (ks + 1) % 2, a_s, b_s, u_s, stage, 0, wm,
+                              wn, lane, MI, NI, BT, GATE)  # fmt: skip
+                else:
+                    fragments(a_frag, b_frag, u_frag, (ks + 1) % 2, a_s, b_s, u_s, stage,
+                              (ks + 1) * 16, wm, wn, lane, MI, NI, BT, GATE)  # fmt: skip
+                mma_step(acc, a_frag, b_frag, ks % 2, MI, NI)
+                if GATE:
+                    mma_step(acc_u, a_frag, u_frag, ks % 2, MI, NI)
+    else:
+        # one stage through registers (GPUs without cp.async)
+        for t in range(tiles):
+            kaio.sync_threads()
+            load_stage(a_s, b_s, u_s, a, b, 0, m0, n0, k_begin + t * BK, k_end, M, N, K, tid,
+                       BM, BN, BK, THREADS, VEC, ASYNC, BT, GATE)  # fmt: skip
+            kaio.sync_threads()
+            for ks in kaio.static_range(KSTEPS):
+                fragments(a_frag, b_frag, u_frag, 0, a_s, b_s, u_s, 0, ks * 16, wm, wn, lane,
+                          MI, NI, BT, GATE)  # fmt: skip
+                mma_step(acc, a_frag, b_frag, 0, MI, NI)
+                if GATE:
+                    mma_step(acc_u, a_frag, u_frag, 0, MI, NI)
+
+    # Lane (g, t) holds columns 2t, 2t + 1 of n8 tile p, rows g and g + 8 of 16-row tile mi.
+    for mi in kaio.static_range(MI):
+        for p in kaio.static_range(NI):
+            col = n0 + wn + p * 8 + lane % 4 * 2
+            for h in kaio.static_range(2):
+                row = m0 + wm + mi * 16 + lane // 4 + h * 8
+                u0 = f32(0.0)
+                u1 = f32(0.0)
+                if GATE:
+                    u0 = acc_u[mi, p, h, 0]
+                    u1 = acc_u[mi, p, h, 1]
+                store_pair(c, ws, bias, res, acc[mi, p, h, 0], acc[mi, p, h, 1], u0, u1, row, col,
+                           M, N, SPLIT, BIAS, ACT, RES)  # fmt: skip
+
+
+@kaio.gpu_func
+def store_pair(
+    c: OUT[:, :],
+    ws: f32[:, :],
+    bias: DT[:],
+    res: RT[:, :],
+    g0: f32,
+    g1: f32,
+    u0: f32,
+    u1: f32,
+    row: u32,
+    col: u32,
+    M: u32,
+    N: u32,
+    SPLIT: kaio.constexpr,
+    BIAS: kaio.constexpr,
+    ACT: kaio.constexpr,
+    RES: kaio.constexpr,
+):
+    """Outputs (row, col) and (row, col + 1) (col even) from their f32 sums g0, g1 (and up
+    sums u0, u1 for "silu_gate"), where inside C: with a K split (``SPLIT > 1``) the raw sums
+    into this slice's rows of ``ws`` (up sums N columns right), else ``finish``ed, rounded to
+    OUT and stored (one 2-element store when N is even)."""
+    if row < M:
+        if SPLIT > 1:
+            at = kaio.block_idx_z() * M + row
+            if col < N:
+                ws[at, col] = g0
+                if ACT == "silu_gate":
+                    ws[at, N + col] = u0
+            if col + 1 < N:
+                ws[at, col + 1] = g1
+                if ACT == "silu_gate":
+                    ws[at, N + col + 1] = u1
+        else:
+            pair = kaio.local(OUT, 2)
+            pair[0] = OUT(finish(g0, u0, row, kaio.min(col, N - 1), N, bias, res, BIAS, ACT, RES))
+            pair[1] = OUT(finish(g1, u1, row, kaio.min(col + 1, N - 1), N, bias, res, BIAS, ACT,
+                                 RES))  # fmt: skip
+            if N % 2 == 0:  # two adjacent columns, 2 * OUT.itemsize aligned
+                if col < N:
+                    kaio.store_vector(c, (row, col), pair)
+            else:
+                for e in kaio.static_range(2):
+                    if col + e < N:
+                        c[row, col + e] = pair[e]
+
+
+@kaio.gpu_func
+def load_stage(
+    a_s: DT[:, :, :],
+    b_s: DT[:, :, :],
+    u_s: DT[:, :, :],
+    a: DT[:],
+    b: DT[:],
+    stage: u32,
+    m0: u32,
+    n0: u32,
+    k0: u32,
+    k_end: u32,
+    M: u32,
+    N: u32,
+    K: u32,
+    tid: u32,
+    BM: kaio.constexpr,
+    BN: kaio.constexpr,
+    BK: kaio.constexpr,
+    THREADS: kaio.constexpr,
+    VEC: kaio.constexpr,
+    ASYNC: kaio.constexpr,
+    BT: kaio.constexpr,
+    GATE: kaio.constexpr,
+):
+    """A[m0:+BM, k0:+BK] and B's tile (B[k0:+BK, n0:+BN], or rows n0:+BN of B [N, K], and
+    for GATE rows N + n0:+BN too) into ``stage`` of the shared tiles, zeros outside the
+    matrices and past k_end (``_matmul_kernels.load_tile``, bounds-checked)."""
+    COPIES = (BK * (BM if BM > BN else BN) // 8 + THREADS - 1) // THREADS
+    ra = kaio.local(u32, (COPIES, 4))
+    rb = kaio.local(u32, (COPIES, 4))
+    ru = kaio.local(u32, (COPIES if GATE else 1, 4))
+    for phase in kaio.static_range(2 if VEC and not ASYNC else 1):
+        load_tile(phase, 1, a_s, a, ra, stage, m0, k0, M, k_end, K, tid, BM, BK, THREADS, VEC,
+                  ASYNC)  # fmt: skip
+        if BT:
+            load_tile(phase, 1, b_s, b, rb, stage, n0, k0, N, k_end, K, tid, BN, BK, THREADS,
+                      VEC, ASYNC)  # fmt: skip
+            if GATE:
+                load_tile(phase, 1, u_s, b, ru, stage, N + n0, k0, 2 * N, k_end, K, tid, BN, BK,
+                          THREADS, VEC, ASYNC)  # fmt: skip
+        else:
+            load_tile(phase, 1, b_s, b, rb, stage, k0, n0, k_end, N, N, tid, BK, BN, THREADS,
+                      VEC, ASYNC)  # fmt: skip
+
+
+@kaio.gpu_func
+def fragments(
+    a_frag: u32[:, :, :],
+    b_frag: u32[:, :, :, :],
+    u_frag: u32[:, :, :, :],
+    BUF: kaio.constexpr,
+    a_s: DT[:, :, :],
+    b_s: DT[:, :, :],
+    u_s: DT[:, :, :],
+    stage: u32,
+    KK: kaio.constexpr,
+    wm: u32,
+    wn: u32,
+    lane: u32,
+    MI: kaio.constexpr,
+    NI: kaio.constexpr,
+    BT: kaio.constexpr,
+    GATE: kaio.constexpr,
+):
+    """This warp's A and B (and up-row) fragments of the k16 step at KK of ``stage`` into
+    buffer BUF: A and B [N, K] with ``ldmatrix`` (matrices (n 0-7, k lo), (n 0-7, k hi),
+    (n 8-15, k lo), (n 8-15, k hi): the B registers of two n8 tiles), B [K, N] with
+    ``ldmatrix_trans``."""
+    for mi in kaio.static_range(MI):
+        col = kaio.swizzle(a_s, lane % 16, KK + lane // 16 * 8)
+        kaio.ldmatrix(a_frag[BUF, mi], a_s, (stage, wm + mi * 16 + lane % 16, col))
+    for nj in kaio.static_range(NI // 2):
+        if BT:
+            col = kaio.swizzle(b_s, lane % 8, KK + lane // 8 % 2 * 8)
+            row = wn + nj * 16 + lane // 16 * 8 + lane % 8
+            kaio.ldmatrix(b_frag[BUF, nj], b_s, (stage, row, col))
+            if GATE:
+                kaio.ldmatrix(u_frag[BUF, nj], u_s, (stage, row, col))
+        else:
+            col = kaio.swizzle(b_s, lane % 16, wn + nj * 16 + lane // 16 * 8)
+            kaio.ldmatrix_trans(b_frag[BUF, nj], b_s, (stage, KK + lane % 16, col))
+
+
+@kaio.gpu_kernel
+def gemm_reduce(
+    ws: f32[:, :],
+    c: OUT[:, :],
+    bias: DT[:],
+    res: RT[:, :],
+    M: u32,
+    N: u32,
+    SPLIT: kaio.constexpr,
+    BIAS: kaio.constexpr,
+    ACT: kaio.constexpr,
+    RES: kaio.constexpr,
+):
+    """c = epilogue(the sum of the SPLIT partial products stacked in ws [SPLIT * M, N], or
+    [SPLIT * M, 2N] gate then up for "silu_gate"), summed in slice order: one thread per
+    element of c [M, N]."""
+    i = kaio.block_idx_x() * kaio.block_dim_x() + kaio.thread_idx_x()
+    if i < M * N:
+        row = i // N
+        col = i % N
+        u = f32(0.0)
+        if ACT == "silu_gate":
+            u = slice_sum(ws, row, N + col, M, SPLIT)
+        g = slice_sum(ws, row, col, M, SPLIT)
+        c[row, col] = OUT(finish(g, u, row, col, N, bias, res, BIAS, ACT, RES))
+
+
+class ByTypes:
+    """``KERNEL[dt, out]`` or ``KERNEL[dt, out, rt]``: a GEMM kernel compiled for input type
+    ``dt`` (f16 or bf16), output type ``out`` and residual type ``rt`` (f16, bf16 or f32;
+    default ``out``), built on first use and kept."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self._by_out: dict = {}
+
+    def __getitem__(self, types: tuple):
+        dt, out, *rest = types
+        key = (out, rest[0] if rest else out)
+        if key not in self._by_out:
+            self._by_out[key] = by_dtype(
+                self.kernel, OUT=lambda _t, o=key[0]: o, RT=lambda _t, r=key[1]: r
+            )
+        return self._by_out[key][dt]
+
+
+GEMM = ByTypes(gemm_kernel)
+REDUCE = ByTypes(gemm_reduce)

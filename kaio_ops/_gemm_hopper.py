@@ -1,0 +1,232 @@
+"""The Hopper (sm_90) GEMM behind ``kaio_ops.matmul`` and ``kaio_ops.linear``: TMA loads, an
+mbarrier ring and ``wgmma``, with the epilogue of ``kaio_ops._gemm`` (bias, activation,
+residual, one rounding to the output type, or raw f32 partial tiles for a K split summed by
+``_gemm.gemm_reduce``).
+
+Sized for every M an LLM runs: a block computes a ``64 * WG x BN`` tile of C with ``WG`` (1
+or 2) consumer warpgroups, each multiplying its 64 rows of A by the whole B slice with
+``wgmma.m64n{BN}k16`` and one group of wgmmas kept in flight, and a producer warp (one thread
+of it works) that issues the TMA copies of each 64-deep K slice of A and B into a
+``STAGES``-deep ring of 128-byte-swizzled shared tiles. Small M takes ``WG = 1`` (64-row
+tiles) and narrow N tiles; when the tiles do not fill the GPU, K is split over ``grid.z``
+(``SPLIT`` slices, each a whole number of 64-deep steps) and a second kernel sums the slices
+in a fixed order (deterministic). One tile per block (no persistent loop); blocks go in
+groups of 8 tile rows (``_matmul_kernels.tile_origin``) for L2 reuse.
+
+Shared tiles (docs/hopper.md gives the descriptors): A stage ``s`` is ``64 * WG x 64``
+K-major rows of 128 bytes (SBO 1024). B [N, K] (``BT``, ``nn.Linear``'s layout) is K-major
+too: ``BN`` rows of 64 K (for "silu_gate" the gate rows then the up rows of the block's
+columns, two accumulator sets); B [K, N] is ``BN / 64`` column blocks of ``64 x 64``
+N-major rows (LBO 8192, SBO 1024, ``trans_b``). The K tail and the M and N edges read zeros
+from TMA; the epilogue stores only the elements inside C (``_gemm.store_pair``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import kaio
+from kaio import bool_, f16, f32, i32, u32, u64
+from kaio_ops._gemm import ByTypes, store_pair
+from kaio_ops._matmul_kernels import tile_origin
+
+DT = f16  # the input element type placeholder
+OUT = f16  # the output element type placeholder
+RT = f16  # the residual's element type placeholder
+BK = 64
+SW = 128  # swizzle bytes: one 128-byte row per 64 elements
+SHARED_LIMIT = 227 * 1024
+
+
+@kaio.gpu_func
+def wgmma_step(
+    acc: f32[:, :, :],
+    da: u64,
+    db: u64,
+    accumulate: bool_,
+    TRANS_B: kaio.constexpr,
+):
+    """acc (+)= the k16 product of descriptors da and db, in DT."""
+    if DT == f16:
+        kaio.wgmma_f16(acc, da, db, accumulate, False, TRANS_B)
+    else:
+        kaio.wgmma_bf16(acc, da, db, accumulate, False, TRANS_B)
+
+
+@kaio.gpu_kernel
+def gemm_wgmma(
+    ta: kaio.tensormap,
+    tb: kaio.tensormap,
+    c: OUT[:, :],
+    ws: f32[:, :],
+    bias: DT[:],
+    res: RT[:, :],
+    M: u32,
+    N: u32,
+    K: u32,
+    k_slice: u32,
+    WG: kaio.constexpr,
+    BN: kaio.constexpr,
+    STAGES: kaio.constexpr,
+    BT: kaio.constexpr,
+    SPLIT: kaio.constexpr,
+    BIAS: kaio.constexpr,
+    ACT: kaio.constexpr,
+    RES: kaio.constexpr,
+):
+    """C = epilogue(A @ B) (module docstring): block x computes C tile x, or with a K split
+    block (x, z) the raw partial tile of K slice z into ``ws``. ``ta``: A [M, K] in boxes of
+    (64 * WG, 64); ``tb``: B [N, K] (BT 1; [2N, K] for "silu_gate") or [K, N] (BT 0) in boxes
+    of (64, 64)."""
+    kaio.launch_bounds(WG * 128 + 32, 1)
+    GATE = ACT == "silu_gate"
+    BM = 64 * WG
+    NB = 2 if GATE else 1  # B tiles a stage: the gate and up rows for "silu_gate"
+    STAGE_BYTES = (BM + NB * BN) * BK * 2
+    sa = kaio.shared_dynamic(DT, (STAGES, BM, BK), 0)
+    sb = kaio.shared_dynamic(
+        DT,
+        (STAGES, NB * BN // 64, 64, BK) if BT else (STAGES, BN // 64, BK, 64),
+        STAGES * BM * BK * 2,
+    )
+    bars = kaio.shared_dynamic(u64, (2, STAGES), STAGES * STAGE_BYTES)
+    t = kaio.thread_idx_x()
+    wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
+    lt = t % 128
+    origin = tile_origin(kaio.block_idx_x(), (M + BM - 1) // BM, (N + BN - 1) // BN)
+    m0 = origin // 65536 * BM
+    n0 = origin % 65536 * BN
+    k_begin = kaio.block_idx_z() * k_slice
+    k_end = kaio.min(k_begin + k_slice, K)
+    k_tiles = i32((k_end - k_begin + BK - 1) // BK)
+    if t == 0:
+        for s in kaio.static_range(STAGES):
+            kaio.mbarrier_init(bars, (0, s), 1)
+            kaio.mbarrier_init(bars, (1, s), WG)
+        kaio.fence_proxy_async()
+    kaio.sync_threads()
+    acc = kaio.local(f32, (BN // 8, 2, 2))
+    acc_u = kaio.local(f32, (BN // 8 if GATE else 1, 2, 2))
+    s = i32(0)
+    ph = u32(0)
+    if wg < WG:  # the consumers
+        ps = i32(0)  # the stage of the slice before
+        for kt in range(k_tiles):
+            kaio.mbarrier_wait(bars, (0, s), ph)
+            kaio.wgmma_fence()
+            for kk in kaio.static_range(BK // 16):
+                da = kaio.smem_descriptor(sa, (s, 64 * wg, kk * 16), SW, 16, 1024)
+                if BT:
+                    db = kaio.smem_descriptor(sb, (s, 0, 0, kk * 16), SW, 16, 1024)
+                    wgmma_step(acc, da, db, kt + kk > 0, False)
+                    if GATE:
+                        du = kaio.smem_descriptor(sb, (s, BN // 64, 0, kk * 16), SW, 16, 1024)
+                        wgmma_step(acc_u, da, du, kt + kk > 0, False)
+                else:
+                    db = kaio.smem_descriptor(sb, (s, 0, kk * 16, 0), SW, BK * SW, 1024)
+                    wgmma_step(acc, da, db, kt + kk > 0, True)
+            kaio.wgmma_commit()
+            kaio.wgmma_wait(1)
+            if kt > 0 and lt == 0:  # the slice before's wgmmas are done: free its stage
+                kaio.mbarrier_arrive(bars, (1, ps))
+            ps = s
+            s += 1
+            if s == STAGES:
+                s = 0
+                ph ^= 1
+        kaio.wgmma_wait(0)
+        # lane (g, t) of warp w holds rows 16w + g (+ 8) and columns 8j + 2t, + 1
+        lane = lt % 32
+        for j in kaio.static_range(BN // 8):
+            col = n0 + 8 * j + 2 * (lane % 4)
+            for h in kaio.static_range(2):
+                row = m0 + 64 * wg + 16 * (lt // 32) + lane // 4 + 8 * h
+                u0 = f32(0.0)
+                u1 = f32(0.0)
+                if GATE:
+                    u0 = acc_u[j, h, 0]
+                    u1 = acc_u[j, h, 1]
+                store_pair(c, ws, bias, res, acc[j, h, 0], acc[j, h, 1], u0, u1, row, col, M, N,
+                           SPLIT, BIAS, ACT, RES)  # fmt: skip
+    elif t == WG * 128:  # the producer: each K slice, STAGES ahead at most
+        for g in range(k_tiles):
+            if g >= STAGES:  # stage s held slice g - STAGES: wait until the consumers freed it
+                kaio.mbarrier_wait(bars, (1, s), ph ^ 1)
+            k0 = i32(k_begin) + g * BK
+            kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32(STAGE_BYTES))
+            kaio.tma_load_2d(sa, (s, 0, 0), ta, i32(m0), k0, bars, (0, s))
+            for j in kaio.static_range(BN // 64):
+                if BT:
+                    kaio.tma_load_2d(sb, (s, j, 0, 0), tb, i32(n0) + j * 64, k0, bars, (0, s))
+                    if GATE:
+                        kaio.tma_load_2d(sb, (s, BN // 64 + j, 0, 0), tb,
+                                         i32(N + n0) + j * 64, k0, bars, (0, s))  # fmt: skip
+                else:
+                    kaio.tma_load_2d(sb, (s, j, 0, 0), tb, k0, i32(n0) + j * 64, bars, (0, s))
+            s += 1
+            if s == STAGES:
+                s = 0
+                ph ^= 1
+
+
+GEMM_WGMMA = ByTypes(gemm_wgmma)
+
+
+def eligible(a, b, n: int, k: int, transposed: bool) -> bool:
+    """Whether TMA can read ``a`` and ``b`` (``_arrays.Operand``s): rows a multiple of 16
+    bytes apart (K, and N for B [K, N], multiples of 8) and 16-byte aligned bases."""
+    return k % 8 == 0 and (transposed or n % 8 == 0) and a.aligned(16) and b.aligned(16)
+
+
+def shared_bytes(wg: int, bn: int, stages: int, gate: bool) -> int:
+    """The dynamic shared memory of ``gemm_wgmma``: the tile ring and its barriers."""
+    return stages * ((64 * wg + (2 if gate else 1) * bn) * BK * 2 + 16)
+
+
+def plan(m: int, n: int, k: int, sms: int, gate: bool = False) -> tuple[int, int, int, int]:
+    """(WG, BN, STAGES, split) for an ``m x n x k`` product on ``sms`` multiprocessors: 64-row
+    tiles (one warpgroup) up to M = 64, else 128; the widest N tile (256, 128, 64; at most 128
+    for "silu_gate", whose two accumulator sets share the registers) that still gives every
+    multiprocessor a block, else 64; then, if the tiles still leave multiprocessors idle, a
+    K split towards one block per multiprocessor, each slice at least 4 steps of 64; as many
+    stages as fit in shared memory (at most 6). Not yet checked by measurement (bench/
+    gemm_sweep.py measures it)."""
+    wg = 1 if m <= 64 else 2
+    rows = math.ceil(m / (64 * wg))
+    widths = (128, 64) if gate else (256, 128, 64)
+    bn = next((w for w in widths if rows * math.ceil(n / w) >= sms), 64)
+    tiles = rows * math.ceil(n / bn)
+    split = 1
+    if tiles < sms:
+        split = max(1, min(sms // tiles, k // (4 * BK), 16))
+    per_stage = shared_bytes(wg, bn, 1, gate)
+    stages = max(2, min(6, SHARED_LIMIT // per_stage))
+    return wg, bn, stages, split
+
+
+def tensor_maps(a, b, m: int, k: int, wg: int, transposed: bool) -> tuple:
+    """The TMA maps of A (an ``Operand`` of any rank, seen as [M, K]) and B."""
+    from kaio_ops import _arrays
+
+    a2 = a.obj if len(a.shape) == 2 else _arrays.view(a.obj, a.kind, (m, k))
+    return kaio.tensor_map_2d(a2, (64 * wg, BK), SW), kaio.tensor_map_2d(b.obj, (64, 64), SW)
+
+
+def specializations() -> list:
+    """(kernel, constexprs) of the Hopper GEMM variants to check with ptxas (sm_90)."""
+    from kaio.types import bf16
+
+    out = []
+    for dt, ot, wg, bn, bt, act, split in (
+        (f16, f16, 1, 64, 1, "none", 4),
+        (f16, f16, 2, 256, 1, "gelu", 1),
+        (bf16, bf16, 2, 128, 1, "silu_gate", 1),
+        (bf16, f16, 1, 128, 1, "silu_gate", 2),
+        (f16, f32, 2, 128, 0, "none", 1),
+        (bf16, bf16, 1, 64, 0, "silu", 3),
+    ):
+        stages = plan(64 * wg, bn, 4096, 1, act == "silu_gate")[2]
+        consts = {"WG": wg, "BN": bn, "STAGES": stages, "BT": bt, "SPLIT": split}
+        epi = {"BIAS": 1, "ACT": act, "RES": 1}
+        out.append((GEMM_WGMMA[dt, ot], {**consts, **epi}))
+    return out

@@ -1,0 +1,271 @@
+"""``matmul`` and ``linear``: GEMMs with torch's conventions (``torch.matmul``,
+``torch.nn.functional.linear``): f16 or bf16 inputs, f32 accumulation, the result in the
+inputs' dtype unless ``out_dtype`` says f16, bf16 or f32, written by the GEMM's epilogue (no
+cast kernel), and for ``linear`` the weight in ``nn.Linear``'s [N, K] layout read as it is
+(no transpose copy), with a bias, an activation and a residual fused into the epilogue.
+
+The kernels are ``kaio_ops._gemm`` (mma.sync, every GPU kaio runs on, sm_90 included). This
+module checks the inputs, plans the tiles (``matmul.heuristic``: the block tile per shape and
+GPU, and for small M a K split whose slices are summed in a fixed order by a second kernel)
+and launches.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from kaio.types import ScalarType, bf16, f16, f32
+from kaio_ops import _arrays, _gemm_hopper
+from kaio_ops._gemm import ACTIVATIONS, GEMM, REDUCE
+from kaio_ops.matmul import CONFIGS, Plan, _hopper, heuristic, k_slices, plan_for
+
+__all__ = ["linear", "matmul"]
+
+HALVES = (f16, bf16)
+_DTYPE_NAMES = {
+    "f16": f16,
+    "float16": f16,
+    "half": f16,
+    "bf16": bf16,
+    "bfloat16": bf16,
+    "f32": f32,
+    "float32": f32,
+    "float": f32,
+}
+# "silu_gate" keeps two accumulator sets: the large tiles' registers would spill
+GATE_CONFIG = {"128x256": "64x128", "128x128": "64x128"}
+
+
+def out_type(op: str, out_dtype, default: ScalarType) -> ScalarType:
+    """The kaio type of an ``out_dtype`` argument (None: ``default``): a kaio type, a torch
+    dtype, a NumPy dtype (or ml_dtypes.bfloat16) or its name; f16, bf16 or f32."""
+    if out_dtype is None:
+        return default
+    if isinstance(out_dtype, ScalarType):
+        name = out_dtype.name
+    elif isinstance(out_dtype, str):
+        name = out_dtype
+    elif type(out_dtype).__module__.startswith("torch"):
+        name = str(out_dtype).removeprefix("torch.")
+    else:
+        try:
+            name = np.dtype(out_dtype).name
+        except TypeError:
+            name = repr(out_dtype)
+    found = _DTYPE_NAMES.get(name)
+    if found is None:
+        raise ValueError(
+            f"{op}: argument 'out_dtype' must be float16, bfloat16 or float32 (a torch, NumPy "
+            f"or kaio dtype) or None for the inputs' dtype, got {out_dtype!r}"
+        )
+    return found
+
+
+_PLACEHOLDERS: dict = {}
+
+
+def _placeholder(like: _arrays.Operand, dtype: ScalarType, ndim: int):
+    """A small array of ``like``'s kind and device for an unused bias or residual
+    parameter (made once per kind, device, dtype and rank)."""
+    key = (like.kind, like.device, dtype, ndim)
+    if key not in _PLACEHOLDERS:
+        _PLACEHOLDERS[key] = _arrays.output(like, (1,) * ndim, dtype)
+    return _PLACEHOLDERS[key]
+
+
+def _pipelined(like: _arrays.Operand) -> bool:
+    """Whether the GPU of ``like`` has cp.async (sm_80+); the simulator runs the pipeline."""
+    dev = _arrays.gpu(like)
+    return dev is None or int(dev.arch[3:].rstrip("a")) >= 80
+
+
+def plan(m: int, n: int, k: int, sms: int, gate: bool = False) -> Plan:
+    """The tile plan of an ``m x n x k`` GEMM (``n`` output columns) on ``sms``
+    multiprocessors: ``matmul.heuristic``, with a smaller tile for "silu_gate"."""
+    return _capped(heuristic(m, n * (2 if gate else 1), k, sms), gate)
+
+
+def _capped(chosen: Plan, gate: bool) -> Plan:
+    """``chosen`` with its tile capped at 64x128 for "silu_gate" (two accumulator sets)."""
+    if gate and chosen.config in GATE_CONFIG:
+        return Plan(GATE_CONFIG[chosen.config], chosen.split)
+    return chosen
+
+
+def tuned_plan(a: _arrays.Operand, m: int, n: int, k: int, gate: bool = False) -> Plan:
+    """The mma.sync plan of a call: the plan ``kaio_ops.tune.matmul`` stored for this GPU,
+    dtype and shape bucket (the same tile kernel family, so its measured best carries over),
+    else ``plan``'s heuristic; "silu_gate" caps the tile as ``plan`` does."""
+    return _capped(plan_for(a, m, n * (2 if gate else 1), k, f"{a.dtype.name}_async"), gate)
+
+
+def gemm(
+    op: str,
+    a: _arrays.Operand,
+    b: _arrays.Operand,
+    out_shape: tuple,
+    mnk: tuple,
+    out: ScalarType,
+    transposed: bool,
+    bias: _arrays.Operand | None = None,
+    residual: _arrays.Operand | None = None,
+    activation: str = "none",
+    chosen: Plan | str | None = None,
+):
+    """The launch shared by ``matmul`` and ``linear``: ``epilogue(a @ b)`` (b [K, N], or
+    [N, K] when ``transposed``) in a new array of ``out_shape`` and type ``out``.
+    ``chosen``: an mma.sync tile plan, or ``"hopper"`` for the sm_90 kernel with its own
+    plan (``_gemm_hopper.plan``; the tests run it in the simulator), or None: the Hopper
+    kernel where ``hopper_takes``, else ``tuned_plan``."""
+    m, n, k = mnk
+    gate = activation == "silu_gate"
+    dtype = a.dtype
+    sms = _arrays.multiprocessors(a)
+    hopper = chosen == "hopper" or chosen is None and hopper_takes(a, b, n, k, transposed)
+    if hopper:
+        wg, bn, stages, split = _gemm_hopper.plan(m, n, k, sms, gate)
+        split, k_slice = k_slices(k, split, _gemm_hopper.BK)
+    else:
+        chosen = chosen or tuned_plan(a, m, n, k, gate)
+        cfg = CONFIGS[chosen.config]
+        split, k_slice = k_slices(k, chosen.split, cfg.bk)
+    c = _arrays.output(a, out_shape, out)
+    c_arg = _arrays.output_arg(a, c, (m, n), out)
+    bias_arg = bias.arg(bias.size) if bias is not None else _placeholder(a, dtype, 1)
+    rt = out if residual is None else residual.dtype
+    res_arg = residual.arg(m, n) if residual is not None else _placeholder(a, out, 2)
+    width = 2 * n if gate else n
+    ws = _arrays.output(a, (split * m, width), f32) if split > 1 else _placeholder(a, f32, 2)
+    epilogue = {"BIAS": int(bias is not None), "ACT": activation, "RES": int(residual is not None)}
+    stream = _arrays.stream_of(a)
+    args = (c_arg, ws, bias_arg, res_arg, m, n, k, k_slice)
+    if hopper:
+        tiles = math.ceil(m / (64 * wg)) * math.ceil(n / bn)
+        maps = _gemm_hopper.tensor_maps(a, b, m, k, wg, transposed)
+        shared = _gemm_hopper.shared_bytes(wg, bn, stages, gate)
+        _gemm_hopper.GEMM_WGMMA[dtype, out, rt][(tiles, 1, split), 128 * wg + 32, stream, shared](
+            *maps, *args, WG=wg, BN=bn, STAGES=stages, BT=int(transposed), SPLIT=split, **epilogue
+        )
+    else:
+        pipelined = _pipelined(a)
+        vec = (
+            k % 8 == 0 and (transposed or n % 8 == 0) and a.aligned(16) and b.aligned(16)
+        )  # 16-byte copies of A and B rows
+        stages = cfg.stages_for(pipelined)
+        shared = stages * (cfg.bm + (2 if gate else 1) * cfg.bn) * cfg.bk * 2 + 16
+        tiles = math.ceil(m / cfg.bm) * math.ceil(n / cfg.bn)
+        GEMM[dtype, out, rt][(tiles, 1, split), cfg.threads, stream, shared](
+            a.arg(m * k),
+            b.arg(b.size),
+            *args,
+            **_tile_constexprs(cfg, pipelined, vec),
+            BT=int(transposed),
+            SPLIT=split,
+            **epilogue,
+        )
+    if split > 1:
+        REDUCE[dtype, out, rt][(math.ceil(m * n / 256), 256, stream, 0)](
+            ws, c_arg, bias_arg, res_arg, m, n, SPLIT=split, **epilogue
+        )
+    return c
+
+
+def hopper_takes(a: _arrays.Operand, b: _arrays.Operand, n: int, k: int, transposed: bool) -> bool:
+    """Whether the GEMM runs ``_gemm_hopper`` (TMA + wgmma): ``a`` on an sm_90 GPU (not the
+    simulator; ``KAIO_HOPPER_MATMUL=0`` opts out, as for the matmul_tc ops) and operands TMA
+    can read."""
+    return _hopper(a) and _gemm_hopper.eligible(a, b, n, k, transposed)
+
+
+def _tile_constexprs(cfg, pipelined: bool, vec: bool) -> dict:
+    """The tile constexprs of ``gemm_kernel`` for ``cfg`` (a ``MatmulConfig``)."""
+    consts = cfg.constexprs(pipelined, vec)
+    del consts["QUANT"]
+    return consts
+
+
+def matmul(a, b, *, out_dtype=None):
+    """``a @ b`` as ``torch.matmul`` computes it: f16 or bf16 ``a`` [M, K] and ``b`` [K, N]
+    (the same dtype), f32 accumulation, the result [M, N] rounded once to ``out_dtype``
+    (default: the inputs' dtype; f16, bf16 or f32) by the GEMM's epilogue."""
+    inputs = _arrays.Inputs("matmul")
+    a = inputs.array(a, "a", ndim=2, dtypes=HALVES, form="[M, K]")
+    b = inputs.array(b, "b", ndim=2, form="[K, N]")
+    m, k = a.shape
+    if b.shape[0] != k:
+        raise inputs.error("b", f"must have K = {k} rows (a is {a.shape}), got shape {b.shape}")
+    n = b.shape[1]
+    if 0 in (m, k, n):
+        raise inputs.error("a" if 0 in a.shape else "b", "has an empty dimension")
+    out = out_type("matmul", out_dtype, a.dtype)
+    return gemm("matmul", a, b, (m, n), (m, n, k), out, transposed=False)
+
+
+def linear(x, w, bias=None, *, residual=None, activation: str | None = None, out_dtype=None):
+    """``torch.nn.functional.linear(x, w, bias)`` with a fused epilogue: f16 or bf16 ``x``
+    [..., K] (any leading batch dimensions) and ``w`` [N, K] (``nn.Linear.weight``, read in
+    place), f32 accumulation, then ``+ bias`` [N], then ``activation`` (None, "gelu" (erf),
+    "gelu_tanh", "silu", or "silu_gate": ``w`` holds the gate rows then the up rows, [2F, K],
+    ``bias`` [2F], and the result is ``silu(gate) * up`` [..., F]), then ``+ residual``
+    (shaped like the result; f16, bf16 or f32), all in f32 before one rounding to
+    ``out_dtype`` (default: x's dtype; f16, bf16 or f32)."""
+    inputs = _arrays.Inputs("linear")
+    x = inputs.array(x, "x", ndim=tuple(range(1, 9)), dtypes=HALVES, form="[..., K]")
+    w = inputs.array(w, "w", ndim=2, form="[N, K]")
+    act = "none" if activation is None else activation
+    if act not in ACTIVATIONS or act == "none" and activation is not None:
+        raise ValueError(
+            f"linear: argument 'activation' must be None, 'gelu', 'gelu_tanh', 'silu' or "
+            f"'silu_gate', got {activation!r}"
+        )
+    k = x.shape[-1]
+    if w.shape[1] != k:
+        raise inputs.error("w", f"must be [N, K] with K = {k} (x is {x.shape}), got {w.shape}")
+    rows = w.shape[0]
+    gate = act == "silu_gate"
+    if gate and rows % 2:
+        raise inputs.error(
+            "w", f"must hold the gate rows then the up rows ([2F, K]) for 'silu_gate', got "
+            f"{rows} rows (odd)"
+        )  # fmt: skip
+    n = rows // 2 if gate else rows
+    m = x.size // k if k else 0
+    if 0 in (m, k, n):
+        raise inputs.error("x" if 0 in x.shape else "w", "has an empty dimension")
+    out = out_type("linear", out_dtype, x.dtype)
+    out_shape = (*x.shape[:-1], n)
+    b = None
+    if bias is not None:
+        b = inputs.array(bias, "bias", ndim=1, shape=(rows,), form="[N]")
+    r = None
+    if residual is not None:
+        r = inputs.array(residual, "residual", ndim=len(out_shape), shape=out_shape,
+                         dtypes=_arrays.FLOATS, form="shaped like the result")  # fmt: skip
+    return gemm("linear", x, w, out_shape, (m, n, k), out, True, b, r, act)
+
+
+def specializations() -> list:
+    """(kernel, constexprs) of the GEMM specializations to check (PTX through ptxas): every
+    tile configuration with both B layouts, each activation with bias and residual, each
+    output type, the K split, the pipeline-free variant, and the split-K reduction."""
+    out = []
+
+    def add(dt, ot, name, bt=1, act="none", epi=1, split=1, pipelined=True):
+        consts = _tile_constexprs(CONFIGS[name], pipelined, True)
+        extra = {"BT": bt, "SPLIT": split, "BIAS": epi, "ACT": act, "RES": epi}
+        out.append((GEMM[dt, ot], {**consts, **extra}))
+
+    for name in CONFIGS:
+        for bt in (0, 1):
+            add(f16, f16, name, bt, epi=bt)
+    for act in ACTIVATIONS:
+        add(bf16, bf16, "64x128", act=act)
+    add(f16, f32, "128x128")
+    add(f16, bf16, "128x256", pipelined=False)
+    for act in ("none", "silu_gate"):
+        add(bf16, f16, "16x128", act=act, split=4)
+        for dt, ot in ((f16, f16), (bf16, f32)):
+            out.append((REDUCE[dt, ot], {"SPLIT": 4, "BIAS": 1, "ACT": act, "RES": 1}))
+    return out

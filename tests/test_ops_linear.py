@@ -1,0 +1,353 @@
+"""kaio_ops.matmul and kaio_ops.linear (torch's conventions, fused epilogues): in the simulator
+against NumPy float64 (tails in M, N and K, K = N = M = 1, unaligned bases, the K split and
+its determinism, every activation with and without bias and residual, each output dtype),
+input checks, every specialization's PTX through ptxas for sm_80 and sm_90; marked gpu, the
+same against torch at real sizes (the mma.sync kernels on any GPU, sm_90 included)."""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import kaio
+import kaio_ops
+from kaio.ptx.ptxas import assemble, find_ptxas
+from kaio_ops import _gemm_hopper as hopper
+from kaio_ops.linear import gemm, plan, specializations
+from kaio_ops.matmul import Plan
+
+BF16 = ml_dtypes.bfloat16
+# the rounding of one output element, relative, by output dtype
+ROUNDING = {np.float16: 2.0**-10, BF16: 2.0**-7, np.float32: 2.0**-22}
+
+
+def _gelu(z):
+    return 0.5 * z * (1.0 + np.vectorize(math.erf)(z / math.sqrt(2.0)))
+
+
+ACTS = {
+    None: lambda z: z,
+    "gelu": _gelu,
+    "gelu_tanh": lambda z: 0.5 * z * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3))),
+    "silu": lambda z: z / (1 + np.exp(-z)),
+}
+
+
+def reference(x, w, bias=None, residual=None, activation=None):
+    """float64 linear with its epilogue; also the magnitude sum |x| @ |w|.T, for tolerances."""
+    x64, w64 = x.astype(np.float64).reshape(-1, x.shape[-1]), w.astype(np.float64)
+    z = x64 @ w64.T
+    if bias is not None:
+        z = z + bias.astype(np.float64)
+    size = np.abs(x64) @ np.abs(w64).T
+    if activation == "silu_gate":
+        f = w.shape[0] // 2
+        g, u = z[:, :f], z[:, f:]
+        y = ACTS["silu"](g) * u
+        size = size[:, :f] * (1 + np.abs(u)) + size[:, f:] * (1 + np.abs(g))
+    else:
+        y = ACTS[activation](z)
+    if residual is not None:
+        y = y + residual.astype(np.float64).reshape(y.shape)
+    return y.reshape(*x.shape[:-1], -1), size.reshape(*x.shape[:-1], -1)
+
+
+def check(c, ref, size, out_dtype):
+    """Every element (none left unwritten) within one output rounding plus f32 accumulation
+    and the approximate activations' error."""
+    assert c.shape == ref.shape and c.dtype == np.dtype(out_dtype)
+    c64 = c.astype(np.float64)
+    assert np.isfinite(c64).all(), "NaN or inf: an element was not written"
+    tol = ROUNDING[out_dtype] * np.abs(ref) + 2e-6 * size + 1e-6
+    bad = np.abs(c64 - ref) > tol
+    assert not bad.any(), f"{bad.sum()} elements off, worst {np.abs(c64 - ref).max():.3g}"
+
+
+def rand(rng, shape, dtype, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(dtype)
+
+
+@pytest.mark.parametrize(
+    "m, n, k, dtype, out_dtype",
+    [
+        (17, 19, 23, np.float16, None),  # nothing aligned: element copies, tails everywhere
+        (130, 136, 64, BF16, np.float32),  # edge tiles in M and N, 16-byte copies
+        (3, 72, 520, np.float16, BF16),  # small M: K split, summed by gemm_reduce
+        (1, 1, 1, BF16, None),  # M = N = K = 1
+        (5, 1, 40, np.float16, np.float32),  # N = 1
+        (1, 33, 1, np.float16, None),  # K = 1
+    ],
+)
+def test_matmul_in_simulator(m, n, k, dtype, out_dtype):
+    rng = np.random.default_rng(m * 1000 + n * 10 + k)
+    a, b = rand(rng, (m, k), dtype), rand(rng, (k, n), dtype)
+    with kaio.simulate():
+        c = kaio_ops.matmul(a, b, out_dtype=out_dtype)
+    ref, size = reference(a, b.T.copy())
+    check(c, ref, size, out_dtype or dtype)
+
+
+@pytest.mark.parametrize(
+    "shape, n, dtype, activation, bias, residual, out_dtype",
+    [
+        ((2, 9, 40), 24, np.float16, None, True, True, None),  # batch dims, aligned
+        ((20, 33), 17, BF16, "gelu", True, False, np.float32),  # nothing aligned, tails
+        ((4, 64), 40, np.float16, "gelu_tanh", False, True, np.float32),  # split K
+        ((70, 16), 72, BF16, "silu", True, True, BF16),
+        ((3, 5, 24), 20, np.float16, "silu_gate", True, True, None),  # [2F, K] weight
+        ((1, 130), 9, BF16, "silu_gate", False, False, np.float32),  # M = 1, split, gate
+        ((66, 1), 1, np.float16, None, True, False, None),  # K = 1, N = 1
+    ],
+)
+def test_linear_epilogues_in_simulator(shape, n, dtype, activation, bias, residual, out_dtype):
+    rng = np.random.default_rng(sum(shape) + n)
+    k = shape[-1]
+    rows = 2 * n if activation == "silu_gate" else n
+    x, w = rand(rng, shape, dtype), rand(rng, (rows, k), dtype, 0.5)
+    b = rand(rng, (rows,), dtype) if bias else None
+    res_dtype = np.float32 if activation == "silu" else out_dtype or dtype  # any float type
+    res = rand(rng, (*shape[:-1], n), res_dtype) if residual else None
+    with kaio.simulate():
+        c = kaio_ops.linear(x, w, b, residual=res, activation=activation, out_dtype=out_dtype)
+    ref, size = reference(x, w, b, res, activation)
+    check(c, ref, size, out_dtype or dtype)
+
+
+def test_unaligned_base_in_simulator():
+    """A base 2 bytes past a 16-byte boundary takes the element copies, still exact."""
+    rng = np.random.default_rng(3)
+    flat = rand(rng, 24 * 64 + 1, np.float16)
+    x = flat[1:].reshape(24, 64)
+    w = rand(rng, (48, 64), np.float16)
+    with kaio.simulate():
+        c = kaio_ops.linear(x, w)
+    check(c, *reference(x, w), np.float16)
+
+
+def test_split_k_is_deterministic_and_matches_one_slice_in_simulator():
+    rng = np.random.default_rng(11)
+    x, w = rand(rng, (3, 256), np.float16), rand(rng, (40, 256), np.float16)
+    res = rand(rng, (3, 40), np.float32)
+    with kaio.simulate():
+        args = (_operand(x), _operand(w), (3, 40), (3, 40, 256), kaio.f32, True)
+        kw = {"residual": _operand(res, "residual"), "activation": "silu"}
+        runs = [gemm("linear", *args, chosen=Plan("16x128", 4), **kw) for _ in range(2)]
+        whole = gemm("linear", *args, chosen=Plan("16x128", 1), **kw)
+    assert np.array_equal(runs[0].view(np.uint32), runs[1].view(np.uint32))
+    np.testing.assert_allclose(runs[0], whole, rtol=1e-5, atol=1e-5)
+    check(runs[0], *reference(x, w, None, res, "silu"), np.float32)
+
+
+def _operand(arr, name="x"):
+    inputs = kaio_ops._arrays.Inputs("test")
+    return inputs.array(arr, name, ndim=(1, 2, 3), dtypes=None)
+
+
+@pytest.mark.parametrize(
+    "m, n, k, act, dtype, out_dtype",
+    [
+        (70, 72, 136, "gelu", np.float16, None),  # two warpgroups, tails in M, N and K
+        (5, 40, 512, "silu_gate", BF16, np.float32),  # one warpgroup, gate, K split in 2
+        (33, 136, 200, "matmul", np.float16, BF16),  # B [K, N]: N-major tiles
+    ],
+)
+def test_hopper_kernel_in_simulator(m, n, k, act, dtype, out_dtype):
+    """The sm_90 kernel (TMA, mbarriers, wgmma) with the same epilogue, forced in the
+    simulator (on a GPU it runs only on sm_90)."""
+    rng = np.random.default_rng(m + n + k)
+    out = out_dtype or dtype
+    transposed = act != "matmul"
+    rows = 2 * n if act == "silu_gate" else n
+    x = rand(rng, (m, k), dtype)
+    w = rand(rng, (rows, k) if transposed else (k, n), dtype, 0.3)
+    b = rand(rng, (rows,), dtype) if transposed else None
+    res = rand(rng, (m, n), out) if transposed else None
+    with kaio.simulate():
+        got = gemm(
+            "linear",
+            _operand(x),
+            _operand(w, "w"),
+            (m, n),
+            (m, n, k),
+            kaio.types.from_numpy_dtype(np.dtype(out)),
+            transposed,
+            _operand(b, "bias") if b is not None else None,
+            _operand(res, "residual") if res is not None else None,
+            act if transposed else "none",
+            chosen="hopper",
+        )
+    if transposed:
+        check(got, *reference(x, w, b, res, act), out)
+    else:
+        check(got, *reference(x, w.T.copy()), out)
+
+
+def test_plans():
+    assert plan(1, 4096, 4096, 132).split > 1  # decode: K split
+    assert plan(4096, 4096, 4096, 132).split == 1
+    assert plan(4096, 14336, 4096, 132, gate=True).config == "64x128"  # registers
+    assert hopper.plan(1, 4096, 4096, 132)[::3] == (1, 2)  # 64-row tiles, K split
+    assert hopper.plan(16, 4096, 4096, 132)[1] == 64  # narrow N tiles for small M
+    assert hopper.plan(8192, 8192, 8192, 132) == (2, 256, 4, 1)
+    assert hopper.plan(4096, 14336, 4096, 132, gate=True)[1] == 128
+
+
+def test_hopper_plans_fit_over_the_llm_sweep():
+    """Every plan of the bench sweep's shapes (H100/H200 SM counts) fits shared memory, gives
+    each K slice at least 4 steps and launches at least one block per multiprocessor when
+    the shape allows it."""
+    shapes = [
+        (6144, 4096),
+        (4096, 4096),
+        (28672, 4096),
+        (4096, 14336),
+        (10240, 8192),
+        (8192, 8192),
+        (57344, 8192),
+        (8192, 28672),
+    ]  # fmt: skip  (Llama-3 8B, 70B)
+    for sms in (114, 132):
+        for n, k in shapes:
+            for m in (1 << i for i in range(14)):
+                for gate in (False, True):
+                    wg, bn, stages, split = hopper.plan(m, n, k, sms, gate)
+                    assert hopper.shared_bytes(wg, bn, stages, gate) <= hopper.SHARED_LIMIT
+                    assert stages >= 2 and 1 <= split <= 16 and k // split >= 4 * hopper.BK
+                    assert bn <= (128 if gate else 256)
+                    blocks = -(-m // (64 * wg)) * -(-n // bn) * split
+                    assert blocks >= min(sms, -(-m // (64 * wg)) * -(-n // 64))
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda a: kaio_ops.matmul(a, a.astype(np.float32)), "'b' must be a 2-D array"),
+        (lambda a: kaio_ops.matmul(a, a), "'b' must have K = 8 rows"),
+        (lambda a: kaio_ops.matmul(a.astype(np.float32), a.T), "'a' must be a 2-D array"),
+        (lambda a: kaio_ops.matmul(a, a.T.copy(), out_dtype="int8"), "'out_dtype' must be"),
+        (lambda a: kaio_ops.linear(a, a[:, :4].copy()), "'w' must be \\[N, K\\] with K = 8"),
+        (lambda a: kaio_ops.linear(a, a, activation="relu"), "'activation' must be None"),
+        (lambda a: kaio_ops.linear(a, a[:3].copy(), activation="silu_gate"), "odd"),
+        (lambda a: kaio_ops.linear(a, a, np.ones(3, np.float16)), "'bias' must have shape"),
+        (
+            lambda a: kaio_ops.linear(a, a, residual=np.ones((4, 5), np.float32)),
+            "'residual' must have shape",
+        ),
+    ],
+)
+def test_bad_inputs_name_the_argument(call, message):
+    a = np.ones((4, 8), np.float16)
+    with kaio.simulate(), pytest.raises(ValueError, match=message):
+        call(a)
+
+
+@pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_every_specialization_assembles(arch):
+    texts = [(kernel.ptx(arch=arch, **consts), arch) for kernel, consts in specializations()]
+    if arch == "sm_90":  # the Hopper kernel: wgmma is sm_90a, and must stay asynchronous
+        texts += [(k.ptx(arch=arch, **c), "sm_90a") for k, c in hopper.specializations()]
+    with ThreadPoolExecutor(4) as pool:
+        reports = list(pool.map(lambda job: assemble(*job), texts))
+    for report in reports:
+        assert "C7518" not in report and "C7508" not in report, report
+
+
+# ---------------------------------------------------------------------------- GPU
+def _torch_reference(torch, x, w, bias, residual, activation, out_dtype):
+    F = torch.nn.functional
+    z = F.linear(x.double(), w.double(), None if bias is None else bias.double())
+    if activation == "silu_gate":
+        g, u = z.chunk(2, -1)
+        z = F.silu(g) * u
+    elif activation == "gelu":
+        z = F.gelu(z)
+    elif activation == "gelu_tanh":
+        z = F.gelu(z, approximate="tanh")
+    elif activation == "silu":
+        z = F.silu(z)
+    if residual is not None:
+        z = z + residual.double()
+    return z
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 7, 64, 300, 2048])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("out", [None, "float32"])
+def test_gpu_matmul_against_torch(m, dtype, out):
+    torch = pytest.importorskip("torch")
+    dt = getattr(torch, dtype)
+    gen = torch.Generator("cuda").manual_seed(m)
+    n, k = 1000, 4104
+    a = torch.randn(m, k, generator=gen, device="cuda").to(dt)
+    b = torch.randn(k, n, generator=gen, device="cuda").to(dt)
+    c = kaio_ops.matmul(a, b, out_dtype=None if out is None else getattr(torch, out))
+    ref = a.double() @ b.double()
+    assert c.dtype == (dt if out is None else torch.float32) and c.shape == (m, n)
+    err = ((c.double() - ref).norm() / ref.norm()).item()
+    assert err < (3e-3 if out is None else 1e-5), err
+    again = kaio_ops.matmul(a, b, out_dtype=None if out is None else getattr(torch, out))
+    assert torch.equal(c, again)  # deterministic, split K included
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", [None, "gelu", "gelu_tanh", "silu", "silu_gate"])
+@pytest.mark.parametrize("m", [1, 16, 333, 4096])
+def test_gpu_linear_epilogues_against_torch(activation, m):
+    torch = pytest.importorskip("torch")
+    gen = torch.Generator("cuda").manual_seed(m)
+    k, n = 4096, 1032
+    rows = 2 * n if activation == "silu_gate" else n
+    dt = torch.bfloat16 if m % 2 else torch.float16
+    x = torch.randn(m, k, generator=gen, device="cuda").to(dt)
+    w = (torch.randn(rows, k, generator=gen, device="cuda") * 0.02).to(dt)
+    bias = torch.randn(rows, generator=gen, device="cuda").to(dt)
+    res = torch.randn(m, n, generator=gen, device="cuda").to(dt)
+    y = kaio_ops.linear(x, w, bias, residual=res, activation=activation)
+    ref = _torch_reference(torch, x, w, bias, res, activation, dt)
+    assert y.dtype == dt and y.shape == (m, n)
+    err = ((y.double() - ref).norm() / ref.norm()).item()
+    assert err < (8e-3 if dt == torch.bfloat16 else 2e-3), err
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", ["hopper", "mma.sync"])
+@pytest.mark.parametrize("m", [1, 64, 200, 1000])
+def test_gpu_both_kernels_against_torch(path, m):
+    """Each kernel forced, whatever the GPU picks by default (the Hopper one on sm_90 only):
+    linear with every epilogue stage, f32 out to see the f32 accumulation's accuracy."""
+    torch = pytest.importorskip("torch")
+    from kaio_ops import _arrays
+
+    if path == "hopper" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Hopper kernel needs sm_90")
+    gen = torch.Generator("cuda").manual_seed(m)
+    k, n = 2048, 520
+    x = torch.randn(m, k, generator=gen, device="cuda").half()
+    w = (torch.randn(2 * n, k, generator=gen, device="cuda") * 0.05).half()
+    bias = torch.randn(2 * n, generator=gen, device="cuda").half()
+    res = torch.randn(m, n, generator=gen, device="cuda")
+    inputs = _arrays.Inputs("linear")
+    ops = [inputs.array(t, name, ndim=(1, 2), dtypes=_arrays.FLOATS) for t, name in
+           ((x, "x"), (w, "w"), (bias, "bias"), (res, "residual"))]  # fmt: skip
+    chosen = "hopper" if path == "hopper" else plan(m, n, k, 132, gate=True)
+    y = gemm("linear", ops[0], ops[1], (m, n), (m, n, k), kaio.f32, True, ops[2], ops[3],
+             "silu_gate", chosen=chosen)  # fmt: skip
+    ref = _torch_reference(torch, x, w, bias, res, "silu_gate", torch.float32)
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-5
+
+
+@pytest.mark.gpu
+def test_gpu_linear_batched_f32_out():
+    torch = pytest.importorskip("torch")
+    x = torch.randn(2, 3, 100, 512, device="cuda", dtype=torch.float16)
+    w = torch.randn(768, 512, device="cuda", dtype=torch.float16) * 0.05
+    y = kaio_ops.linear(x, w, out_dtype=torch.float32)
+    ref = torch.nn.functional.linear(x.double(), w.double())
+    assert y.shape == (2, 3, 100, 768) and y.dtype == torch.float32
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-5
