@@ -142,42 +142,38 @@ def measure(results, name, batch, ctx, fn_maker, reps, kind="decode", tokens=Non
     torch.cuda.empty_cache()
 
 
-def decode_rows(results, label, model, batches, ctx, reps, graph_ok=True, compile_=False):
+def decode_rows(results, label, model, batches, ctx, reps, compile_=False):
+    """Decode rows of one model: eager (dynamic cache), CUDA graph (static cache) and, for
+    the unpatched model, torch.compile with CUDA graphs (static cache)."""
     for b in batches:
-        measure(results, f"{label} eager", b, ctx, lambda: decode_step(model, b, ctx, False), reps)
-        if graph_ok:
-            measure(
-                results,
-                f"{label} graph",
-                b,
-                ctx,
-                lambda: graphed(decode_step(model, b, ctx, True)),
-                reps,
-            )
+
+        def eager(b=b):
+            return decode_step(model, b, ctx, False)
+
+        def graph(b=b):
+            return graphed(decode_step(model, b, ctx, True))
+
+        def compiled(b=b):
+            step = decode_step(model, b, ctx, True)
+            model.forward = torch.compile(model.forward, mode="reduce-overhead")
+            return step
+
+        measure(results, f"{label} eager", b, ctx, eager, reps)
+        measure(results, f"{label} graph", b, ctx, graph, reps)
         if compile_:
-
-            def compiled():
-                step = decode_step(model, b, ctx, True)
-                model.forward = torch.compile(model.forward, mode="reduce-overhead")
-                return step
-
             measure(results, f"{label} torch.compile", b, ctx, compiled, reps)
             model.forward = model.__class__.forward.__get__(model)
 
 
 def prefill_rows(results, label, model, lengths, reps):
+    """Prefill rows: one forward over S tokens at batch 1, no cache."""
     for s in lengths:
         ids = torch.randint(0, 1000, (1, s), device="cuda")
-        measure(
-            results,
-            label,
-            1,
-            s,
-            lambda: lambda: model(input_ids=ids, use_cache=False).logits,
-            reps,
-            kind="prefill",
-            tokens=s,
-        )
+
+        def run(ids=ids):
+            return lambda: model(input_ids=ids, use_cache=False).logits
+
+        measure(results, label, 1, s, run, reps, kind="prefill", tokens=s)
 
 
 def main() -> None:

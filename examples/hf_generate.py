@@ -72,7 +72,7 @@ def main() -> None:
     print(f"on {where}")
     print(f"transformers: {ref}  {ref_rate:.1f} tokens/s")
     print(f"kaio:         {got}  {rate:.1f} tokens/s")
-    same = sum(a == b for a, b in zip(ref, got))
+    same = sum(a == b for a, b in zip(ref, got, strict=True))
     print(
         f"{same} of {tokens} tokens equal"
         + ("" if same == tokens else " (random weights: near-ties)")

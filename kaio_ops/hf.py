@@ -112,7 +112,7 @@ class KaioLinear(nn.Module):
             bias = torch.cat(
                 [
                     b if b is not None else m.weight.new_zeros(m.out_features)
-                    for m, b in zip(linears, biases)
+                    for m, b in zip(linears, biases, strict=True)
                 ]
             )
         return cls(weight, bias, quantize)
@@ -338,7 +338,8 @@ def apply(model: nn.Module, *, quantize: str | None = None) -> nn.Module:
     base = getattr(model, "model", None)
     if base is None or not hasattr(base, "layers"):
         raise ValueError(
-            f"kaio_ops.hf.apply: expected a causal LM with .model.layers, got {type(model).__name__}"
+            "kaio_ops.hf.apply: expected a causal LM with .model.layers, got "
+            f"{type(model).__name__}"
         )
     dtype = next(model.parameters()).dtype
     if dtype not in (torch.float16, torch.bfloat16):
@@ -370,7 +371,7 @@ def apply(model: nn.Module, *, quantize: str | None = None) -> nn.Module:
 
 
 def _norm(module: nn.Module, offset: float = 0.0) -> KaioRMSNorm:
-    eps = getattr(module, "variance_epsilon", None) or getattr(module, "eps")
+    eps = getattr(module, "variance_epsilon", None) or module.eps
     return KaioRMSNorm(module.weight, eps, offset)
 
 
