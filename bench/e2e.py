@@ -1,0 +1,228 @@
+"""End to end: a Llama-3-8B-shaped transformers model, unpatched and on kaio (``kaio_ops.hf``).
+
+The model is ``LlamaForCausalLM`` with Llama-3-8B's layer shapes (hidden 4096, 32 query and 8
+KV heads of 128, MLP 14336, vocabulary 128256) and ``--layers`` layers (8 by default; the
+figure is per model of that depth), random f16 weights, nothing downloaded. Measured, each in
+the same process on the same weights:
+
+- decode: tokens/s of one greedy step (``B`` new tokens) at batch B over a cache already
+  holding ``--ctx`` tokens, for: transformers unpatched (eager, dynamic cache), unpatched in a
+  CUDA graph (static cache, the step captured once), unpatched under ``torch.compile``
+  (static cache; its failure is recorded, not hidden), kaio-patched eager (dynamic cache) and
+  in a CUDA graph, and kaio with ``quantize="int4"`` (both ways);
+- prefill: tokens/s of one forward over a prompt of S tokens at batch 1 (no cache), unpatched
+  and kaio-patched (and int4).
+
+Each step time is the median over ``--reps`` timed steps (CUDA events), after warm-up; the
+cache content is random (the kernels read every cached token whatever its value).
+
+Usage: ``python bench/e2e.py --out results.json [--layers 8] [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import transformers  # noqa: E402
+
+import kaio_ops.hf as hf  # noqa: E402
+
+LLAMA3_8B = dict(
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    vocab_size=128256,
+    max_position_embeddings=16384,
+    rms_norm_eps=1e-5,
+    rope_theta=500000.0,
+    tie_word_embeddings=False,
+)
+
+
+def build(layers: int) -> torch.nn.Module:
+    """The unpatched model, random f16 weights on the GPU (seeded)."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(num_hidden_layers=layers, **LLAMA3_8B)
+    config._attn_implementation = "sdpa"
+    with torch.device("cuda"):
+        model = transformers.LlamaForCausalLM(config).to(torch.float16)
+    return model.eval()
+
+
+def median_ms(fn, reps: int) -> float:
+    """Median time of ``fn()`` over ``reps`` calls, each between CUDA events, after warm-up."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def filled_cache(model, batch: int, ctx: int, static: bool):
+    """A cache of ``ctx`` random tokens per sequence for every layer (static: capacity ctx+8)."""
+    cfg = model.config
+    kv = (batch, cfg.num_key_value_heads, ctx, cfg.head_dim)
+    if static:
+        cache = transformers.StaticCache(config=cfg, max_cache_len=ctx + 8)
+    else:
+        cache = transformers.DynamicCache(config=cfg)
+    for layer in range(cfg.num_hidden_layers):
+        k = torch.randn(kv, device="cuda", dtype=torch.float16)
+        v = torch.randn(kv, device="cuda", dtype=torch.float16)
+        cache.update(k, v, layer)
+    return cache
+
+
+def decode_step(model, batch: int, ctx: int, static: bool):
+    """A function running one decode step at position ``ctx`` (static cache: always writes
+    the same slot, so it can repeat; dynamic: the cache is cropped back after each step)."""
+    cache = filled_cache(model, batch, ctx, static)
+    ids = torch.randint(0, 1000, (batch, 1), device="cuda")
+    pos = torch.full((batch, 1), ctx, device="cuda", dtype=torch.long)
+
+    def step():
+        out = model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True)
+        if not static:
+            cache.crop(ctx)
+        return out.logits
+
+    return step
+
+
+def graphed(step):
+    """``step`` captured once in a CUDA graph; the returned function replays it."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
+
+
+def measure(results, name, batch, ctx, fn_maker, reps, kind="decode", tokens=None):
+    """One row: tokens/s of the function ``fn_maker()`` makes, or the failure."""
+    row = dict(kind=kind, impl=name, batch=batch, ctx=ctx)
+    try:
+        with torch.no_grad():
+            fn = fn_maker()
+            ms = median_ms(fn, reps)
+        row.update(ms=ms, tokens_per_s=(tokens or batch) / ms * 1e3)
+    except Exception as e:  # recorded on the page: a peer that fails is a result
+        row.update(error=f"{type(e).__name__}: {str(e)[:300]}")
+        traceback.print_exc()
+    results.append(row)
+    shown = (
+        f"{row['tokens_per_s']:10.1f} tok/s ({row['ms']:.3f} ms)" if "ms" in row else row["error"]
+    )
+    print(f"{kind:8s} {name:28s} B={batch:3d} L={ctx:5d}  {shown}", flush=True)
+    torch.cuda.empty_cache()
+
+
+def decode_rows(results, label, model, batches, ctx, reps, compile_=False):
+    """Decode rows of one model: eager (dynamic cache), CUDA graph (static cache) and, for
+    the unpatched model, torch.compile with CUDA graphs (static cache)."""
+    for b in batches:
+
+        def eager(b=b):
+            return decode_step(model, b, ctx, False)
+
+        def graph(b=b):
+            return graphed(decode_step(model, b, ctx, True))
+
+        def compiled(b=b):
+            step = decode_step(model, b, ctx, True)
+            model.forward = torch.compile(model.forward, mode="reduce-overhead")
+            return step
+
+        measure(results, f"{label} eager", b, ctx, eager, reps)
+        measure(results, f"{label} graph", b, ctx, graph, reps)
+        if compile_:
+            measure(results, f"{label} torch.compile", b, ctx, compiled, reps)
+            model.forward = model.__class__.forward.__get__(model)
+
+
+def prefill_rows(results, label, model, lengths, reps):
+    """Prefill rows: one forward over S tokens at batch 1, no cache."""
+    for s in lengths:
+        ids = torch.randint(0, 1000, (1, s), device="cuda")
+
+        def run(ids=ids):
+            return lambda: model(input_ids=ids, use_cache=False).logits
+
+        measure(results, label, 1, s, run, reps, kind="prefill", tokens=s)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default=None)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--ctx", type=int, default=4096)
+    p.add_argument("--batches", default="1,16,64")
+    p.add_argument("--prefill", default="512,2048,8192")
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows")
+    p.add_argument("--no-int4", action="store_true")
+    p.add_argument("--quick", action="store_true", help="batches 1,16; prefill 512,2048; 10 reps")
+    args = p.parse_args()
+    if args.quick:
+        args.batches, args.prefill, args.reps = "1,16", "512,2048", 10
+    batches = [int(b) for b in args.batches.split(",")]
+    lengths = [int(s) for s in args.prefill.split(",")]
+    results: list[dict] = []
+    t0 = time.perf_counter()
+
+    model = build(args.layers)
+    decode_rows(
+        results, "transformers", model, batches, args.ctx, args.reps, compile_=not args.no_compile
+    )
+    prefill_rows(results, "transformers", model, lengths, max(3, args.reps // 4))
+    if not args.no_int4:
+        q4 = hf.apply(copy.deepcopy(model), quantize="int4")
+    hf.apply(model)
+    decode_rows(results, "kaio", model, batches, args.ctx, args.reps)
+    prefill_rows(results, "kaio", model, lengths, max(3, args.reps // 4))
+    del model
+    torch.cuda.empty_cache()
+    if not args.no_int4:
+        decode_rows(results, "kaio int4", q4, batches, args.ctx, args.reps)
+        prefill_rows(results, "kaio int4", q4, lengths, max(3, args.reps // 4))
+
+    meta = dict(
+        gpu=torch.cuda.get_device_name(),
+        layers=args.layers,
+        ctx=args.ctx,
+        transformers=transformers.__version__,
+        torch=torch.__version__,
+        seconds=time.perf_counter() - t0,
+    )
+    print(json.dumps(meta))
+    if args.out:
+        Path(args.out).write_text(json.dumps(dict(meta=meta, rows=results), indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,423 @@
+"""Hugging Face transformers models on kaio_ops: ``kaio_ops.hf.apply(model)``.
+
+``apply`` patches a ``transformers`` causal LM in place (the Liger-Kernel convention) and
+returns it. For the Llama family (Llama, Mistral, Qwen2: one structure) it replaces
+
+- every RMSNorm by ``rms_norm`` (``KaioRMSNorm``);
+- the rotary embedding by a wrapper that hands the layers half-width cos/sin tables for kaio's
+  ``rope`` (computed once a step by the model's own rotary module, so every rope scaling type
+  the model knows still applies) and the sequences' lengths for decode attention;
+- each attention block by ``KaioAttention``: Q, K and V in one ``linear`` (the three weights
+  concatenated), ``rope`` on q and k, the model's KV cache, then attention through the
+  attention-function interface of transformers (registered as ``"kaio"``: prefill takes
+  ``flash_attention``, steps of at most 16 new tokens over a cache ``flash_attention_decode``),
+  and the output projection with the residual add in its epilogue;
+- the MLP by ``KaioGatedMLP``: gate and up in one ``linear`` with the SiLU-gate epilogue, down
+  with the residual add in its epilogue; and the decoder layer's ``forward`` by one that hands
+  both residuals to those epilogues (no separate add kernel);
+- ``lm_head`` by a ``linear``.
+
+Gemma2 gets its norms (``x * (1 + w)``) and every projection; its attention stays with
+transformers, because kaio's attention has no logit soft-capping, and the report says so.
+
+``quantize="int4"`` quantizes the projection weights (not ``lm_head``) once, at patch time, to
+W4A16: symmetric round-to-nearest in groups of 128 along K (GPTQ's layout without its error
+feedback), run by ``matmul_int4``. It needs f16 models.
+
+What was replaced is counted in ``model.kaio_report`` (a dict: module kind to count, and
+``"kept"``: what stayed with transformers, and why). A model of another family raises a
+``ValueError``; nothing is replaced silently or half-way: the checks run before any change.
+
+Limits (each raises a clear error when met): batches with padding (an attention mask with
+zeros) and prefill of more than 16 tokens on top of cached ones are not handled by kaio's
+attention yet.
+"""
+
+from __future__ import annotations
+
+import types
+from collections import Counter
+
+import torch
+from torch import nn
+
+import kaio_ops.torch  # noqa: F401  (registers torch.ops.kaio)
+
+__all__ = [
+    "FAMILIES",
+    "KaioAttention",
+    "KaioGatedMLP",
+    "KaioLinear",
+    "KaioRMSNorm",
+    "KaioRotary",
+    "apply",
+    "quantize_int4",
+]
+
+FAMILIES = ("llama", "mistral", "qwen2", "gemma2")
+LLAMA_LIKE = ("llama", "mistral", "qwen2")
+ATTENTION = "kaio"  # the name under transformers' attention-function interface
+GROUP = 128  # int4 scale group along K (matmul_int4's)
+MAX_DECODE_TOKENS = 16  # flash_attention_decode's Sq limit
+
+ops = torch.ops.kaio
+
+
+# ---------------------------------------------------------------------------- int4 weights
+def quantize_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(b_packed, scales)`` of an ``nn.Linear`` weight ``w`` [N, K] for ``matmul_int4``:
+    ``x @ w.T ≈ matmul_int4(x, b_packed, scales)``. Symmetric round-to-nearest in groups of
+    128 along K (scale = group max |w| / 7, q in -7..7); b_packed int32 [K/8, N], eight 4-bit
+    values a word, low nibble first; scales f16 [K/128, N]."""
+    n, k = w.shape
+    if k % GROUP:
+        raise ValueError(f"quantize_int4: K = {k} must be a multiple of {GROUP}")
+    b = w.detach().to(torch.float32).t().reshape(k // GROUP, GROUP, n)  # [groups, 128, N]
+    scale = b.abs().amax(dim=1, keepdim=True) / 7.0
+    scale = scale.to(torch.float16).to(torch.float32)  # quantize against the stored scale
+    q = torch.where(scale > 0, torch.round(b / scale.clamp_min(1e-30)), 0).clamp_(-8, 7)
+    nibbles = (q.to(torch.int64) & 0xF).reshape(k // 8, 8, n)
+    shifts = (4 * torch.arange(8, device=w.device, dtype=torch.int64)).view(1, 8, 1)
+    words = (nibbles << shifts).sum(dim=1)  # < 2^32: the u32 word
+    packed = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    return packed.contiguous(), scale.reshape(k // GROUP, n).to(torch.float16).contiguous()
+
+
+# ---------------------------------------------------------------------------- modules
+class KaioLinear(nn.Module):
+    """``y = activation(x @ w.T + bias) + residual`` through ``kaio_ops.linear`` (w [N, K] as
+    ``nn.Linear`` keeps it), or through ``matmul_int4`` when the weight was quantized."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, quantize: str | None):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        if quantize == "int4":
+            packed, scales = quantize_int4(weight)
+            self.register_buffer("b_packed", packed)
+            self.register_buffer("scales", scales)
+            self.weight = None
+        else:
+            self.weight = nn.Parameter(weight.detach(), requires_grad=False)
+
+    @classmethod
+    def of(cls, *linears: nn.Linear, quantize: str | None = None) -> KaioLinear:
+        """One ``KaioLinear`` computing the given ``nn.Linear``s side by side (their output
+        features concatenated in order)."""
+        weight = torch.cat([m.weight for m in linears]) if len(linears) > 1 else linears[0].weight
+        biases = [m.bias for m in linears]
+        if all(b is None for b in biases):
+            bias = None
+        else:
+            bias = torch.cat(
+                [
+                    b if b is not None else m.weight.new_zeros(m.out_features)
+                    for m, b in zip(linears, biases, strict=True)
+                ]
+            )
+        return cls(weight, bias, quantize)
+
+    def forward(self, x, residual=None, activation=None):
+        """The projection of ``x`` [..., K], then the epilogue."""
+        if self.weight is not None:
+            return ops.linear(x, self.weight, self.bias, residual=residual, activation=activation)
+        flat = x.reshape(-1, self.in_features)
+        y = ops.matmul_int4(flat, self.b_packed, self.scales)  # f32 [M, N]
+        if self.bias is not None:
+            y = y + self.bias.float()
+        if activation == "silu_gate":
+            gate, up = y.chunk(2, dim=-1)
+            y = nn.functional.silu(gate) * up
+        elif activation is not None:
+            raise ValueError(f"KaioLinear (int4): activation {activation!r} is not supported")
+        y = y.reshape(*x.shape[:-1], y.shape[-1])
+        if residual is not None:
+            y = y + residual.float()
+        return y.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        kind = "int4" if self.weight is None else "dense"
+        return (
+            f"in={self.in_features}, out={self.out_features}, {kind}, bias={self.bias is not None}"
+        )
+
+
+class KaioRMSNorm(nn.Module):
+    """``rms_norm(x, w)``; Gemma's ``x * (1 + w)`` norms keep ``1 + w`` as their weight."""
+
+    def __init__(self, weight: torch.Tensor, eps: float, offset: float = 0.0):
+        super().__init__()
+        w = weight.detach().float() + offset
+        self.weight = nn.Parameter(w.to(weight.dtype), requires_grad=False)
+        self.eps = float(eps)
+
+    def forward(self, x):
+        """The normalized ``x``."""
+        return ops.rms_norm(x, self.weight, self.eps)
+
+
+class KaioRotary(nn.Module):
+    """Wraps a model's rotary embedding: the same cos/sin, cut to the half-width tables kaio's
+    ``rope`` takes, and each sequence's cached length after this step (position of the last
+    new token + 1, int32 on the GPU), computed once a step for every layer."""
+
+    def __init__(self, rotary: nn.Module):
+        super().__init__()
+        self.rotary = rotary
+
+    def forward(self, x, position_ids):
+        """``(cos, sin, seq_lens)``: cos and sin [P, S, D/2] (P: 1 or the batch)."""
+        cos, sin = self.rotary(x, position_ids)
+        half = cos.shape[-1] // 2
+        seq_lens = (position_ids[:, -1] + 1).to(torch.int32).expand(x.shape[0]).contiguous()
+        return cos[..., :half].contiguous(), sin[..., :half].contiguous(), seq_lens
+
+
+def _rope(x, cos, sin):
+    """kaio ``rope`` (half-split pairs) on x [B, S, heads, D] with cos, sin [P, S, D/2]."""
+    b, s, heads, d = x.shape
+    if s == 1 and cos.shape[0] == 1:  # a decode step: one position for the whole batch
+        rows = x.reshape(1, b * heads, d)
+        return ops.rope(rows, cos[0], sin[0]).reshape(b, s, heads, d)
+    if cos.shape[0] != b:
+        cos, sin = cos.expand(b, -1, -1), sin.expand(b, -1, -1)
+    rows = x.reshape(b * s, heads, d)
+    out = ops.rope(rows, cos.reshape(b * s, -1), sin.reshape(b * s, -1))
+    return out.reshape(b, s, heads, d)
+
+
+class KaioAttention(nn.Module):
+    """A Llama-family attention block on kaio: fused QKV ``linear``, ``rope``, the model's KV
+    cache, attention through transformers' interface (``"kaio"``), and ``o_proj`` with the
+    residual add in its epilogue."""
+
+    def __init__(self, attn: nn.Module, config, quantize: str | None):
+        super().__init__()
+        self.config = config
+        self.layer_idx = attn.layer_idx
+        self.head_dim = attn.head_dim
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads
+        self.num_key_value_groups = self.heads // self.kv_heads
+        self.scaling = attn.scaling
+        self.is_causal = True
+        self.qkv_proj = KaioLinear.of(attn.q_proj, attn.k_proj, attn.v_proj, quantize=quantize)
+        self.o_proj = KaioLinear.of(attn.o_proj, quantize=quantize)
+
+    def forward(
+        self, hidden_states, position_embeddings, attention_mask=None, residual=None, **kwargs
+    ):
+        """``residual + o_proj(attention(hidden_states))`` (without ``residual`` when None)."""
+        b, s, _ = hidden_states.shape
+        h, hkv, d = self.heads, self.kv_heads, self.head_dim
+        cos, sin, seq_lens = position_embeddings
+        qkv = self.qkv_proj(hidden_states).view(b, s, h + 2 * hkv, d)
+        q = _rope(qkv[:, :, :h], cos, sin).transpose(1, 2)
+        k = _rope(qkv[:, :, h : h + hkv], cos, sin).transpose(1, 2)
+        v = qkv[:, :, h + hkv :].transpose(1, 2)
+        cache = kwargs.get("past_key_values")
+        past = 0
+        if cache is not None:
+            if s > MAX_DECODE_TOKENS:
+                past = cache.get_seq_length(self.layer_idx)  # prefill only: may synchronize
+            k, v = cache.update(k, v, self.layer_idx)
+        attend = _interface()[self.config._attn_implementation]
+        out, _ = attend(
+            self, q, k, v, attention_mask, scaling=self.scaling, seq_lens=seq_lens, past=past
+        )
+        return self.o_proj(out.reshape(b, s, h * d), residual=residual)
+
+
+class KaioGatedMLP(nn.Module):
+    """``down(silu(gate(x)) * up(x)) + residual``: gate and up in one ``linear`` with the
+    SiLU-gate epilogue, down with the residual add in its epilogue."""
+
+    def __init__(self, mlp: nn.Module, quantize: str | None):
+        super().__init__()
+        self.gate_up_proj = KaioLinear.of(mlp.gate_proj, mlp.up_proj, quantize=quantize)
+        self.down_proj = KaioLinear.of(mlp.down_proj, quantize=quantize)
+
+    def forward(self, x, residual=None):
+        """The MLP of ``x`` (plus ``residual``)."""
+        return self.down_proj(self.gate_up_proj(x, activation="silu_gate"), residual=residual)
+
+
+def _llama_layer_forward(
+    self, hidden_states, attention_mask=None, position_embeddings=None, **kwargs
+):
+    """A Llama-family decoder layer with both residual adds in projection epilogues."""
+    h = self.self_attn(
+        self.input_layernorm(hidden_states),
+        position_embeddings=position_embeddings,
+        attention_mask=attention_mask,
+        residual=hidden_states,
+        **kwargs,
+    )
+    return self.mlp(self.post_attention_layernorm(h), residual=h)
+
+
+# ---------------------------------------------------------------------------- attention
+def kaio_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers' attention-function interface on kaio: query [B, H, S, D], key and value
+    [B, Hkv, L, D] (the cache after this step's update); returns ([B, S, H, D], None).
+
+    Prefill (no cached tokens before this step) runs ``flash_attention`` over the step's own
+    keys, causal; a step of at most 16 new tokens runs ``flash_attention_decode`` with the
+    lengths the patched rotary module computed (``seq_lens``; without it, every sequence is
+    taken as L long), so nothing here synchronizes with the GPU."""
+    if attention_mask is not None:
+        raise NotImplementedError(
+            "kaio attention: batches with padding (an attention mask with zeros) are not "
+            "supported yet; generate from unpadded batches (prompts of one length)"
+        )
+    if dropout:
+        raise NotImplementedError("kaio attention has no dropout (it is for inference)")
+    b, _, s, _ = query.shape
+    past = kwargs.get("past", 0)
+    if past == 0 and (s > MAX_DECODE_TOKENS or key.shape[2] == s):
+        k, v = key[:, :, :s].contiguous(), value[:, :, :s].contiguous()
+        out = ops.flash_attention(query.contiguous(), k, v, causal=True, scale=scaling)
+    elif s <= MAX_DECODE_TOKENS:
+        seq_lens = kwargs.get("seq_lens")
+        if seq_lens is None:
+            seq_lens = torch.full((b,), key.shape[2], dtype=torch.int32, device=query.device)
+        out = ops.flash_attention_decode(
+            query.contiguous(), key.contiguous(), value.contiguous(), seq_lens, scale=scaling
+        )
+    else:
+        raise NotImplementedError(
+            f"kaio attention: {s} new tokens on top of {past} cached ones (chunked prefill "
+            f"over {MAX_DECODE_TOKENS} tokens) is not supported yet"
+        )
+    return out.transpose(1, 2), None
+
+
+def _no_padding_mask(batch_size, q_length, kv_length, *args, attention_mask=None, **kwargs):
+    """The mask function registered with kaio's attention: None unless the batch has padding
+    (then the 2D mask, which ``kaio_attention`` refuses). The padding check reads the mask on
+    the host, so it is skipped while a CUDA graph is captured."""
+    if attention_mask is None or _capturing():
+        return None
+    return None if bool(attention_mask.all()) else attention_mask
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _interface():
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return ALL_ATTENTION_FUNCTIONS
+
+
+def register_attention() -> None:
+    """Registers ``kaio_attention`` and its mask function as transformers'
+    ``attn_implementation="kaio"``."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(ATTENTION, kaio_attention)
+    AttentionMaskInterface.register(ATTENTION, _no_padding_mask)
+
+
+# ---------------------------------------------------------------------------- patching
+def apply(model: nn.Module, *, quantize: str | None = None) -> nn.Module:
+    """Patches a transformers causal LM (Llama, Mistral, Qwen2 or Gemma2 family) in place to
+    run on kaio_ops, and returns it; ``model.kaio_report`` says what was replaced and what
+    was kept. ``quantize="int4"`` quantizes the projections to W4A16 once, now."""
+    config = model.config
+    family = getattr(config, "model_type", None)
+    if family not in FAMILIES:
+        raise ValueError(
+            f"kaio_ops.hf.apply: model type {family!r} is not supported; supported families: "
+            f"{', '.join(FAMILIES)}"
+        )
+    if quantize not in (None, "int4"):
+        raise ValueError(f"kaio_ops.hf.apply: quantize must be None or 'int4', got {quantize!r}")
+    base = getattr(model, "model", None)
+    if base is None or not hasattr(base, "layers"):
+        raise ValueError(
+            "kaio_ops.hf.apply: expected a causal LM with .model.layers, got "
+            f"{type(model).__name__}"
+        )
+    dtype = next(model.parameters()).dtype
+    if dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"kaio_ops.hf.apply: the model must be f16 or bf16, got {dtype}")
+    if quantize == "int4" and dtype != torch.float16:
+        raise ValueError("kaio_ops.hf.apply: quantize='int4' needs an f16 model (W4A16)")
+    if family in LLAMA_LIKE and config.hidden_act != "silu":
+        raise ValueError(
+            f"kaio_ops.hf.apply: {family} with hidden_act={config.hidden_act!r}: only 'silu' "
+            "has a fused epilogue"
+        )
+    window = getattr(config, "sliding_window", None)
+    if family in LLAMA_LIKE and window and getattr(config, "use_sliding_window", True):
+        if window < config.max_position_embeddings:
+            raise ValueError(
+                f"kaio_ops.hf.apply: sliding-window attention (window {window}) is not supported"
+            )
+
+    report: Counter = Counter()
+    kept: list[str] = []
+    if family in LLAMA_LIKE:
+        _patch_llama(model, base, quantize, report)
+    else:
+        _patch_gemma2(model, base, quantize, report, kept)
+    report = dict(report)
+    report["kept"] = kept
+    model.kaio_report = report
+    return model
+
+
+def _norm(module: nn.Module, offset: float = 0.0) -> KaioRMSNorm:
+    eps = getattr(module, "variance_epsilon", None) or module.eps
+    return KaioRMSNorm(module.weight, eps, offset)
+
+
+def _patch_llama(model, base, quantize, report: Counter) -> None:
+    register_attention()
+    for layer in base.layers:
+        layer.input_layernorm = _norm(layer.input_layernorm)
+        layer.post_attention_layernorm = _norm(layer.post_attention_layernorm)
+        layer.self_attn = KaioAttention(layer.self_attn, model.config, quantize)
+        layer.mlp = KaioGatedMLP(layer.mlp, quantize)
+        layer.forward = types.MethodType(_llama_layer_forward, layer)
+        report["rms_norm"] += 2
+        report["attention"] += 1
+        report["linear"] += 4  # qkv, o, gate_up, down
+    base.norm = _norm(base.norm)
+    base.rotary_emb = KaioRotary(base.rotary_emb)
+    model.config._attn_implementation = ATTENTION
+    report["rms_norm"] += 1
+    report["rotary"] += 1
+    _patch_head(model, report)
+
+
+def _patch_gemma2(model, base, quantize, report: Counter, kept: list[str]) -> None:
+    norms = ("input_layernorm", "post_attention_layernorm")
+    norms += ("pre_feedforward_layernorm", "post_feedforward_layernorm")
+    for layer in base.layers:
+        for name in norms:
+            setattr(layer, name, _norm(getattr(layer, name), offset=1.0))
+            report["rms_norm"] += 1
+        attn, mlp = layer.self_attn, layer.mlp
+        for owner, names in (
+            (attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
+            (mlp, ("gate_proj", "up_proj", "down_proj")),
+        ):
+            for name in names:
+                setattr(owner, name, KaioLinear.of(getattr(owner, name), quantize=quantize))
+                report["linear"] += 1
+    base.norm = _norm(base.norm, offset=1.0)
+    report["rms_norm"] += 1
+    kept.append("attention and rotary embedding: transformers' (Gemma2's logit soft-capping)")
+    kept.append("MLP activation: transformers' gelu_tanh(gate) * up")
+    _patch_head(model, report)
+
+
+def _patch_head(model, report: Counter) -> None:
+    head = getattr(model, "lm_head", None)
+    if isinstance(head, nn.Linear):
+        model.lm_head = KaioLinear.of(head)
+        report["linear"] += 1
