@@ -217,3 +217,34 @@ def test_kernel_from_python_c_says_it_needs_a_file():
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
     )
     assert "must be defined in a .py file" in done.stdout and "python -c" in done.stdout
+
+
+def test_import_kaio_loads_no_driver_bindings_simulator_engine_or_emitter():
+    # Regression: `import kaio` imported cuda-bindings, the simulator and the PTX emitter
+    # (430-500 ms on CI); now they load on first use, and every public name still resolves.
+    code = textwrap.dedent(
+        """
+        import sys
+        import kaio
+        heavy = ("cuda.bindings.driver", "kaio.sim.engine", "kaio.ptx.emitter",
+                 "kaio.runtime.module", "kaio.runtime.launch")
+        print("loaded:", [m for m in heavy if m in sys.modules])
+        import kaio.types
+        print("types:", [m for m in ("kaio.sim.engine",) if m in sys.modules])
+        from kaio import CudaError, Device, DeviceArray, Stream, to_device, zeros, simulate
+        from kaio.runtime import Resources, info
+        from kaio.sim import SimLauncher, simulate_ir, active
+        star = {}
+        exec("from kaio import *", star)
+        print("star:", all(n in star for n in ("Device", "to_device", "f32", "thread_idx_x")))
+        print("dir:", "DeviceArray" in dir(kaio) and "Resources" in dir(kaio.runtime))
+        """
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines == ["loaded: []", "types: []", "star: True", "dir: True"], done.stdout
