@@ -248,3 +248,19 @@ def test_import_kaio_loads_no_driver_bindings_simulator_engine_or_emitter():
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines == ["loaded: []", "types: []", "star: True", "dir: True"], done.stdout
+
+
+@pytest.mark.gpu
+def test_gpu_grids_of_two_and_three_dimensions_and_the_devices_shared_limit():
+    for grid, sub in (((2, 3, 1), ((2, 3),)), ((2, 3, 2), ((2, 3, 2), (32, 8)))):
+        out = kaio.to_device(np.full((grid[2], grid[1] * 8, grid[0] * 32), np.nan, np.float32))
+        tile_ids[sub](out)
+        np.testing.assert_array_equal(out.numpy(), _expected_tiles(*grid))
+    with pytest.raises(LaunchError, match="kernel\\[\\(2, 3\\),\\]"):
+        tile_ids[(2, 3)](out)
+    limit = kaio.device().max_shared_per_block_optin
+    out = kaio.zeros(32, f32)
+    dynamic_user[1, 32, None, limit](out)  # the device's own opt-in limit, exactly
+    np.testing.assert_array_equal(out.numpy(), 1.0)
+    with pytest.raises(LaunchError, match=f"over the {limit} bytes"):
+        dynamic_user[1, 32, None, limit + 4](out)
