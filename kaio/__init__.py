@@ -3,24 +3,15 @@ the CUDA driver (no toolkit) or on the CPU simulator."""
 
 __version__ = "0.1.0"
 
+from types import ModuleType
+
 from kaio.decorators import DeviceFunction, gpu_func, gpu_kernel
 from kaio.errors import CompileError, CudaError, LaunchError, OutOfBoundsError, SimulationError
 from kaio.kernel import Kernel, constexpr
 from kaio.lang import *  # noqa: F403  (the DSL builtins: thread_idx_x, shared, exp, ...)
 from kaio.lang import static_range
-from kaio.runtime import (
-    Device,
-    DeviceArray,
-    Event,
-    Stream,
-    device,
-    empty,
-    gpu_available,
-    synchronize,
-    to_device,
-    zeros,
-)
-from kaio.sim import simulate
+from kaio.lazy import lazy_names
+from kaio.sim.mode import simulate
 from kaio.tensormap import TensorMap, tensor_map_2d
 from kaio.types import (
     ArrayType,
@@ -41,4 +32,27 @@ from kaio.types import (
     u16,
     u32,
     u64,
+)
+
+# The runtime's names are imported on first use, so that ``import kaio`` loads neither
+# cuda-bindings nor the PTX emitter (``kaio.lazy``); ``kaio.Device`` and
+# ``from kaio import Device`` work as if they were imported here.
+_RUNTIME = (
+    "Device",
+    "DeviceArray",
+    "Event",
+    "Stream",
+    "device",
+    "empty",
+    "gpu_available",
+    "synchronize",
+    "to_device",
+    "zeros",
+)
+__getattr__, __dir__ = lazy_names(__name__, dict.fromkeys(_RUNTIME, "kaio.runtime"), globals())
+# ``from kaio import *``: the public names, the lazy ones included (not the submodules).
+__all__ = sorted(
+    {n for n, v in globals().items() if not n.startswith("_") and not isinstance(v, ModuleType)}
+    - {"lazy_names", "ModuleType"}
+    | set(_RUNTIME)
 )

@@ -8,7 +8,7 @@ import importlib.util
 import os
 import sys
 
-from kaio.errors import CompileError
+from kaio.errors import CompileError, LaunchError
 from kaio.kernel import Kernel
 from kaio.llvm import LLVMUnavailable
 
@@ -114,6 +114,14 @@ def main(argv: list[str] | None = None) -> int:
         return write_cubins(args.names, args.out, args.cache)
     kernel = load_kernel(args.target)
     constexprs = _constexprs(args.constexprs)
+    missing = [n for n in kernel.constexpr_names if n not in constexprs]
+    if missing:
+        print(
+            f"kaio: {kernel.__name__} has constexpr parameter(s) {', '.join(missing)} without a "
+            f"value: pass each with -D, e.g. -D {missing[0]}=VALUE",
+            file=sys.stderr,
+        )
+        return 1
     try:
         if args.command == "ptx":
             text = kernel.ptx(arch=args.arch, backend=args.backend, **constexprs)
@@ -121,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
             text = kernel.ir(**constexprs)
     except (CompileError, LLVMUnavailable) as e:
         print(e, file=sys.stderr)
+        return 1
+    except LaunchError as e:  # a wrong constexpr name, say: one line, no traceback
+        print(f"kaio: {e}", file=sys.stderr)
         return 1
     sys.stdout.write(text)
     return 0

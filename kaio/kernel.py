@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kaio.errors import LaunchError
+from kaio.limits import check_dims
 from kaio.types import ArrayType, ScalarType
 
 DEFAULT_ARCH = "sm_90"
@@ -60,30 +61,70 @@ def _dim3(value, what: str) -> tuple:
     return tuple(dims) + (1,) * (3 - len(dims))
 
 
-def parse_launch_config(config, default_block) -> LaunchConfig:
-    """Parse ``kernel[grid]``, ``[grid, block]`` or ``[grid, block, stream, shared_bytes]``."""
-    if not isinstance(config, tuple) or (
-        len(config) == 3 and all(isinstance(c, int) for c in config) and default_block
-    ):
+def parse_launch_config(config, default_block, name: str = "kernel") -> LaunchConfig:
+    """Parse the launch subscript ``kernel[grid]``, ``[grid, block]`` or ``[grid, block,
+    stream, shared_bytes]``, the same for the GPU and the simulator (``kernel.sim[...]``).
+
+    The subscript is always read by position: Python passes ``kernel[(gx, gy)]`` as
+    ``kernel[gx, gy]``, so that is grid ``gx`` with block ``gy``; a 2-D or 3-D grid alone is
+    written ``kernel[(gx, gy),]`` (or ``kernel[(gx, gy), block]``). A block that contradicts
+    the kernel's declared ``block_size`` (``default_block``) is a ``LaunchError``, as is an int
+    stream that cannot be a stream handle (``kernel[(a, b, c)]`` read as grid, block, stream).
+    Parsed once per subscript (``Kernel.__getitem__`` caches the result), never per launch.
+    """
+    if not isinstance(config, tuple):
         config = (config,)
-    if len(config) > 4:
+    if not 1 <= len(config) <= 4:
         raise LaunchError(
-            "launch takes kernel[grid], [grid, block] or [grid, block, stream, shared]"
+            f"{name}: launch takes kernel[grid], [grid, block] or [grid, block, stream, "
+            f"shared_bytes], got {len(config)} entries; a 2-D or 3-D grid is one tuple: "
+            "kernel[(gx, gy), block] or kernel[(gx, gy),]"
         )
     grid = _dim3(config[0], "grid")
     block = _dim3(config[1], "block") if len(config) > 1 and config[1] is not None else None
-    if block is None:
-        if default_block is None:
-            raise LaunchError(
-                "no block size: give one at launch (kernel[grid, block]) or in the decorator "
-                "(@kaio.gpu_kernel(block_size=...))"
-            )
-        block = _dim3(default_block, "block_size")
+    if default_block is not None:
+        declared = _dim3(default_block, "block_size")
+        if block is not None and block != declared:
+            raise LaunchError(_contradiction(name, config, block, default_block))
+        block = declared
+    elif block is None:
+        raise LaunchError(
+            f"{name}: no block size: give one at launch (kernel[grid, block]) or in the "
+            "decorator (@kaio.gpu_kernel(block_size=...))"
+        )
+    check_dims(name, grid, block)
     stream = config[2] if len(config) > 2 else None
+    if isinstance(stream, int) and not isinstance(stream, bool) and 2 < stream < _MIN_HANDLE:
+        first = ", ".join(map(repr, config[:3]))
+        raise LaunchError(
+            f"{name}: kernel[{first}] is read as [grid, block, stream], and {stream} is not a "
+            f"stream handle (None, 0, 1, 2, a kaio.Stream or a CUstream pointer): for a 3-D "
+            f"grid write kernel[({first}),]"
+        )
     shared = config[3] if len(config) > 3 else 0
     if not isinstance(shared, int) or shared < 0:
-        raise LaunchError(f"shared_bytes must be a non-negative int, got {shared!r}")
+        raise LaunchError(f"{name}: shared_bytes must be a non-negative int, got {shared!r}")
     return LaunchConfig(grid, block, stream, shared)
+
+
+_MIN_HANDLE = 1 << 16  # a CUstream is a pointer; 0, 1, 2 are the driver's special streams
+
+
+def _contradiction(name: str, config: tuple, block: tuple, declared) -> str:
+    """The message for a launch block that is not the kernel's declared ``block_size``."""
+    hint = "launch with that block, or leave the block out: kernel[grid]"
+    if isinstance(config[0], int) and isinstance(config[1], int):
+        n = 3 if len(config) == 3 else 2
+        dims = ", ".join(map(repr, config[:n]))
+        reading = "[grid, block, stream]" if n == 3 else "[grid, block]"
+        hint = (
+            f"Python reads kernel[({dims})] as kernel[{dims}] = {reading}: for a {n}-D grid "
+            f"write kernel[({dims}),]; or {hint}"
+        )
+    return (
+        f"{name}: launched with block {block}, but it declares "
+        f"@kaio.gpu_kernel(block_size={declared!r}): {hint}"
+    )
 
 
 @dataclass
@@ -228,7 +269,9 @@ class Kernel:
             try:
                 return self._specs[cache_key]  # compiled by another thread meanwhile
             except (KeyError, TypeError):
-                return self._compile(constexprs, layouts, cache_key, backend)
+                pass
+            # outside the except block: an error compiling is not chained to the KeyError
+            return self._compile(constexprs, layouts, cache_key, backend)
 
     def _compile(self, constexprs: dict, layouts: tuple, cache_key: tuple, backend: str):
         """Make and cache one specialization, its IR compiled on first use (``specialize``
@@ -331,7 +374,7 @@ class Kernel:
             pass
         from kaio.runtime.launch import Launch
 
-        launch = Launch(self, parse_launch_config(config, self.block_size))
+        launch = Launch(self, parse_launch_config(config, self.block_size, self.__name__))
         try:
             if len(self._launches) < 64:
                 self._launches[config] = launch

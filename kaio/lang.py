@@ -119,9 +119,28 @@ def _alloc(space: str):
     def lower(ctx, args, node):
         _arity(ctx, name, args, node, 2)
         dtype = ctx.dtype_arg(args[0], node)
-        return ctx.new_array(space, dtype, _shape_of(ctx, args[1], node, name), node)
+        arr = ctx.new_array(space, dtype, _shape_of(ctx, args[1], node, name), node)
+        if space == "shared":
+            _check_static_shared(ctx, arr, node)
+        return arr
 
     return lower
+
+
+def _check_static_shared(ctx, arr, node) -> None:
+    """A located CompileError at the ``kaio.shared`` call that takes the kernel's static shared
+    memory over the 48 KB every GPU allows (ptxas refuses more)."""
+    from kaio.limits import STATIC_SHARED_LIMIT, static_shared_bytes
+
+    total = sum(n for _, n in static_shared_bytes(ctx))
+    if total > STATIC_SHARED_LIMIT:
+        size = arr.static_size * arr.dtype.itemsize
+        ctx.error(
+            f"static shared memory is limited to {STATIC_SHARED_LIMIT} bytes (48 KB) per "
+            f"block: this kaio.shared() takes {size} bytes, {total} in all; use smaller tiles, "
+            "or kaio.shared_dynamic() (sized at launch, up to the GPU's opt-in limit)",
+            node,
+        )
 
 
 def _launch_bounds(ctx, args, node):

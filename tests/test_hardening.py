@@ -17,7 +17,7 @@ import pytest
 
 import kaio
 from kaio import f32, i32, u32
-from kaio.errors import CudaError, LaunchError
+from kaio.errors import CompileError, CudaError, LaunchError
 from kaio.runtime import memory
 from kaio.runtime.arguments import describe
 from kaio.runtime.module import check_static_shared
@@ -199,10 +199,31 @@ def test_out_of_memory_says_asked_free_and_total(monkeypatch):
     assert "3.00 GiB (3221225472 bytes) free of 80.00 GiB (85899345920 bytes)" in text
 
 
-def test_static_shared_over_the_block_limit_is_refused_before_linking():
-    spec = big_static_shared.specialize()
+def test_static_shared_over_the_block_limit_is_a_located_compile_error():
+    # Regression: 64 KB of kaio.shared used to simulate and emit PTX; only ptxas or the
+    # driver refused it. Now .ptx(), the simulator and a launch all refuse it at compile.
+    for compile_it in (
+        big_static_shared.ptx,
+        lambda: big_static_shared.sim[1](np.zeros(256, np.float32)),
+    ):
+        with pytest.raises(CompileError) as info:
+            compile_it()
+        err = info.value
+        assert err.lineno == big_static_shared.pyfunc.__code__.co_firstlineno + 2
+        assert err.filename.endswith("test_hardening.py")
+        assert "kaio.shared(f32, (16384,))" in str(err)
+        assert "65536 bytes" in str(err) and "49152" in str(err) and "shared_dynamic" in str(err)
+
+
+def test_static_shared_check_before_linking_names_the_arrays():
+    function = types.SimpleNamespace(
+        arrays=[
+            types.SimpleNamespace(name="a", space="shared", static_size=8192, dtype=f32),
+            types.SimpleNamespace(name="b", space="shared", static_size=8192, dtype=f32),
+        ]
+    )
     with pytest.raises(LaunchError) as info:
-        check_static_shared(spec.function, "big_static_shared", _fake_device())
+        check_static_shared(function, "big_static_shared", _fake_device())
     text = str(info.value)
     assert "65536 bytes of static shared memory" in text and "at most 49152" in text
     assert "kaio.shared_dynamic" in text and "232448" in text
@@ -271,12 +292,12 @@ def test_gpu_resource_errors():
         kaio.empty((total // 4 + 2**30,), f32)  # more bytes than the device has
     assert info.value.name == "CUDA_ERROR_OUT_OF_MEMORY" and "free of" in str(info.value)
     out = kaio.zeros(256, f32)
-    with pytest.raises(LaunchError, match="65536 bytes of static shared memory"):
+    with pytest.raises(CompileError, match="65536 bytes"):
         big_static_shared[1](out)
     x = kaio.zeros(64, f32)
     with pytest.raises(LaunchError, match="blocks in y"):
         scaled[(1, dev.max_grid_dim[1] + 1), 64](x, x, 64, 1)
-    with pytest.raises(LaunchError, match="threads"):
+    with pytest.raises(LaunchError, match="declares"):
         scaled[1, 2048](x, x, 64, 1)
     scaled[1](x, x, 64, 1)  # and the context is fine
     kaio.synchronize()

@@ -373,7 +373,7 @@ def test_launch_routes_to_simulator_when_active(monkeypatch):
     monkeypatch.setitem(sys.modules, "kaio.sim.launcher", fake)
     monkeypatch.setattr(current, "simulating", 1)
     x = np.zeros(4, np.float32)
-    add[1, 32](x, x, x, n=4)
+    add[1, 256](x, x, x, n=4)
     assert calls == [(add, (x, x, x), {"n": 4})]
 
 
@@ -381,9 +381,9 @@ def test_numpy_launch_outside_simulator_is_refused_before_any_driver_call(monkey
     monkeypatch.setattr(current, "simulating", 0)
     x = np.zeros(4, np.float32)
     with pytest.raises(LaunchError, match=r"add: argument 'x'.*kaio.to_device.*kaio.simulate"):
-        add[1, 32](x, x, x, 4)
+        add[1, 256](x, x, x, 4)
     with pytest.raises(LaunchError, match="add"):
-        add[1, 32](x, x)
+        add[1, 256](x, x)
 
 
 # ----------------------------------------------------------------------------- packing

@@ -260,7 +260,7 @@ def test_launch_errors():
         add[1](a, np.zeros(64, np.float32), a, 64)
     with pytest.raises(LaunchError, match="out of range"):
         add[1](a, a, a, -5)
-    with pytest.raises(LaunchError, match="threads"):
+    with pytest.raises(LaunchError, match="declares"):
         add[1, 2048](a, a, a, 64)
     with pytest.raises(LaunchError, match="grid"):
         add[(1, 1 << 20), 256](a, a, a, 64)

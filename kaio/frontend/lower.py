@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
+import functools
 import inspect
 import math
 import operator
@@ -182,6 +183,13 @@ def _assigned_names(stmts: list) -> dict[str, int]:
         elif isinstance(node, ast.For):
             add(node.target, 2)
     return counts
+
+
+@functools.cache
+def _device_assignments(pyfunc) -> pytypes.MappingProxyType:
+    """``_assigned_names`` of a device function's (cached) parsed body, computed once per
+    function rather than at each of its inlinings (read-only: it is shared)."""
+    return pytypes.MappingProxyType(_assigned_names(parse(pyfunc).tree.body))
 
 
 class Lowerer:
@@ -1149,7 +1157,7 @@ class Lowerer:
             )
         annotations = resolved_annotations(df.pyfunc)
         scope = Scope(df.pyfunc, parsed.filename, region_id=fresh_id())
-        counts = _assigned_names(tree.body)
+        counts = _device_assignments(df.pyfunc)
         scope.multi_assigned = {n for n, c in counts.items() if c > 1}
         ret = annotations.get("return")
         if ret is not None and ret is not type(None):

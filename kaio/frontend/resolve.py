@@ -30,8 +30,10 @@ def parse(pyfunc) -> ParsedFunction:
         lines, first = inspect.getsourcelines(pyfunc)
     except (OSError, TypeError) as e:
         raise CompileError(
-            f"cannot read the source of {pyfunc.__name__!r} ({e}); kernels must be defined in a "
-            "file, not typed into an interactive prompt"
+            f"cannot read the source of {pyfunc.__name__!r} ({e}): kaio compiles a kernel "
+            "from its source text, so kernels and device functions must be defined in a .py "
+            "file (a module or a script), not typed at an interactive prompt, given to "
+            "`python -c` or built with exec(); put it in a file and import or run that"
         ) from None
     source = textwrap.dedent("".join(lines))
     module = ast.parse(source)

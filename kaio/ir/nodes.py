@@ -258,11 +258,22 @@ class Function:
 
 
 def walk(stmts: list):
-    """Yield every statement of ``stmts`` and of the blocks nested in it, depth first."""
-    for s in stmts:
-        yield s
-        for block in child_blocks(s):
-            yield from walk(block)
+    """Yield every statement of ``stmts`` and of the blocks nested in it, depth first (each
+    statement before its nested blocks, which are read after it is yielded). Iterative, with
+    a stack of list iterators: the passes walk the IR many times per compile, and a recursive
+    generator costs a frame per nesting level for every statement yielded."""
+    stack = [iter(stmts)]
+    while stack:
+        for s in stack[-1]:
+            yield s
+            if s.__class__ is Instr:  # most statements: no nested blocks
+                continue
+            blocks = child_blocks(s)
+            if blocks:
+                stack.extend(map(iter, reversed(blocks)))
+                break
+        else:
+            stack.pop()
 
 
 def child_blocks(s) -> list[list]:

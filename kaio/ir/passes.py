@@ -85,11 +85,10 @@ def definitions(stmts: list) -> Counter:
 def uses(stmts: list) -> Counter:
     """How many times each Var is read in ``stmts`` (operands, conditions, array shapes)."""
     counts: Counter = Counter()
+    count = counts.update  # counts a whole iterable in C
     for s in walk(stmts):
-        if isinstance(s, Instr):
-            for a in s.args:
-                if isinstance(a, Var):
-                    counts[a] += 1
+        if s.__class__ is Instr:
+            count([a for a in s.args if a.__class__ is Var])
         elif isinstance(s, If) and isinstance(s.cond, Var):
             counts[s.cond] += 1
     return counts
@@ -289,7 +288,7 @@ _TERMINATORS = (Break, Continue, Return)
 
 
 def _size(stmts: list) -> int:
-    return sum(1 for _ in walk(stmts))
+    return len(list(walk(stmts)))
 
 
 def eliminate_dead_code(fn: Function) -> bool:

@@ -1,13 +1,11 @@
 """The GPU runtime: the CUDA driver, devices, memory, streams, kernel loading and launching.
 
-Nothing here touches the driver at import time, so kaio imports on machines without a GPU.
+Nothing here touches the driver at import time, so kaio imports on machines without a GPU; the
+names below are imported on first use (``kaio.lazy``), so that ``import kaio`` loads neither
+cuda-bindings nor the PTX emitter.
 """
 
-from kaio.runtime.device import Device, device, gpu_available, synchronize
-from kaio.runtime.info import info
-from kaio.runtime.memory import DeviceArray, empty, to_device, zeros
-from kaio.runtime.module import Resources
-from kaio.runtime.stream import Event, Stream
+from kaio.lazy import lazy_names
 
 __all__ = [
     "Device",
@@ -23,3 +21,20 @@ __all__ = [
     "to_device",
     "zeros",
 ]
+
+_WHERE = {
+    "Device": "kaio.runtime.device",
+    "device": "kaio.runtime.device",
+    "gpu_available": "kaio.runtime.device",
+    "synchronize": "kaio.runtime.device",
+    "info": "kaio.runtime.info",
+    "DeviceArray": "kaio.runtime.memory",
+    "empty": "kaio.runtime.memory",
+    "to_device": "kaio.runtime.memory",
+    "zeros": "kaio.runtime.memory",
+    "Resources": "kaio.runtime.module",
+    "Event": "kaio.runtime.stream",
+    "Stream": "kaio.runtime.stream",
+}
+
+__getattr__, __dir__ = lazy_names(__name__, _WHERE, globals())

@@ -13,10 +13,29 @@ import re
 
 from kaio.errors import CudaError
 
-try:  # cuda-bindings >= 12.6 and 13.x
-    from cuda.bindings import driver as cu
-except ImportError:  # pragma: no cover - cuda-python 12.x before the cuda.bindings package
-    from cuda import cuda as cu
+
+class _Bindings:
+    """``cu``: cuda-bindings' driver module, imported on first use rather than with kaio
+    (it takes a good part of a second to import). Each name is looked up once, then kept on
+    this object, so later uses are plain attribute reads."""
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        value = getattr(_driver_module(), name)
+        setattr(self, name, value)
+        return value
+
+
+def _driver_module():
+    try:  # cuda-bindings >= 12.6 and 13.x
+        from cuda.bindings import driver
+    except ImportError:  # pragma: no cover - cuda-python 12.x before the cuda.bindings package
+        from cuda import cuda as driver
+    return driver
+
+
+cu = _Bindings()
 
 __all__ = [
     "cu",

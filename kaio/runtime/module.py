@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from kaio.errors import LaunchError
 from kaio.ir.nodes import Param, Var
+from kaio.limits import static_shared_bytes
 from kaio.ptx.debug import declares_record
 from kaio.runtime.cache import DiskCache, cache_key
 from kaio.runtime.debug import DebugRecord
@@ -231,16 +232,6 @@ def load(spec, device: Device, arch: str) -> LoadedKernel:
         if loaded is None:
             loaded = _loaded[memo] = _load(spec, device, arch)
     return loaded
-
-
-def static_shared_bytes(function) -> list[tuple[str, int]]:
-    """``(array name, bytes)`` of each static shared array of an IR function, each padded to
-    its 16-byte alignment as the emitter declares it."""
-    return [
-        (a.name, -(-a.static_size * a.dtype.itemsize // 16) * 16)
-        for a in function.arrays
-        if a.space == "shared"
-    ]
 
 
 def check_static_shared(function, name: str, device: Device) -> None:

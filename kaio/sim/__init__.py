@@ -9,8 +9,17 @@
 See docs/simulator.md.
 """
 
-from kaio.sim.engine import simulate as simulate_ir
-from kaio.sim.launcher import SimLauncher, run_simulated
-from kaio.sim.mode import active, simulate
+from kaio.lazy import lazy_names
 
 __all__ = ["SimLauncher", "active", "run_simulated", "simulate", "simulate_ir"]
+
+# Imported on first use (``kaio.lazy``): ``import kaio`` needs only ``mode``, not the engine.
+_WHERE = {
+    "simulate_ir": "kaio.sim.engine:simulate",
+    "SimLauncher": "kaio.sim.launcher",
+    "run_simulated": "kaio.sim.launcher",
+    "active": "kaio.sim.mode",
+    "simulate": "kaio.sim.mode",
+}
+
+__getattr__, __dir__ = lazy_names(__name__, _WHERE, globals())

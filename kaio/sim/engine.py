@@ -39,12 +39,12 @@ from kaio.ir.nodes import (
     Return,
     Var,
 )
+from kaio.limits import check_dims, check_dynamic_shared, static_shared_bytes
 from kaio.sim import memory
 from kaio.sim.semantics import SEMANTICS
 from kaio.sim.threads import Blocked
 
 DEFAULT_BATCH_LANES = 1 << 15
-MAX_THREADS_PER_BLOCK = 1024
 
 
 def simulate(
@@ -57,6 +57,7 @@ def simulate(
     race_check: bool = True,
     batch_lanes: int = DEFAULT_BATCH_LANES,
     tensor_maps: tuple = (),
+    arch: str = "sm_90",
 ) -> None:
     """Run ``fn`` over ``grid`` x ``block`` threads on the CPU.
 
@@ -65,14 +66,15 @@ def simulate(
     are missing are derived from the arrays). ``race_check`` turns the shared-memory race
     detector on; ``batch_lanes`` bounds how many threads run side by side. ``tensor_maps``
     are the ``kaio.TensorMap``s that tensor-map parameters (given in ``scalars`` as indices
-    into it) name.
+    into it) name. ``arch`` picks the dynamic shared memory limit (``kaio.limits``).
     Raises ``kaio.SimulationError`` for out-of-bounds accesses, divergent barriers, shuffles
     or votes, and shared-memory races.
     """
     grid, block = _dim3(grid), _dim3(block)
     tpb = math.prod(block)
-    if tpb > MAX_THREADS_PER_BLOCK:
-        raise LaunchError(f"a block has at most {MAX_THREADS_PER_BLOCK} threads, got {block}")
+    check_dims(fn.name, grid, block)  # the GPU's limits, so nothing it refuses runs here
+    static = sum(n for _, n in static_shared_bytes(fn))
+    check_dynamic_shared(fn.name, dynamic_shared_bytes, static, arch)
     bound = fn.meta.get("max_threads")
     if bound is not None and tpb > bound:
         raise LaunchError(

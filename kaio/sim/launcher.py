@@ -3,10 +3,13 @@ that ``with kaio.simulate():`` redirects (``run_simulated``)."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from kaio.errors import LaunchError
-from kaio.kernel import LaunchConfig, parse_launch_config
+from kaio.ir.nodes import Instr, walk
+from kaio.kernel import DEFAULT_ARCH, LaunchConfig, parse_launch_config
 from kaio.sim.engine import simulate
 from kaio.sim.numerics import round_f64
 from kaio.tensormap import TensorMap
@@ -16,17 +19,31 @@ from kaio.types import ArrayType, ScalarType
 class SimLauncher:
     """``kernel.sim``: subscript it with ``[grid]``, ``[grid, block]`` or ``[grid, block,
     stream, shared_bytes]`` (the stream is ignored) and call the result with the kernel's
-    arguments, NumPy arrays being modified in place."""
+    arguments, NumPy arrays being modified in place. ``kernel.sim(race_check=False)[...]``
+    runs without the shared-memory race detector."""
 
-    def __init__(self, kernel):
+    def __init__(self, kernel, race_check: bool = True):
         self.kernel = kernel
+        self.race_check = race_check
+
+    def __call__(self, *, race_check: bool = True) -> SimLauncher:
+        """The simulator with options: ``race_check=False`` turns the shared-memory race
+        detector off (it is on by default)."""
+        return SimLauncher(self.kernel, race_check=bool(race_check))
 
     def __getitem__(self, config):
-        cfg = parse_launch_config(config, self.kernel.block_size)
-        return lambda *args, **kwargs: run_simulated(self.kernel, cfg, args, kwargs)
+        kernel, race_check = self.kernel, self.race_check
+        cfg = parse_launch_config(config, kernel.block_size, kernel.__name__)
+        return lambda *args, **kwargs: run_simulated(kernel, cfg, args, kwargs, race_check)
 
 
-def run_simulated(kernel, config: LaunchConfig, args: tuple, kwargs: dict) -> None:
+# The ops that write their first argument (an array); a read-only NumPy array may be read only.
+_WRITES = frozenset({"store", "st_vec", "atomic", "bulk_store"})
+
+
+def run_simulated(
+    kernel, config: LaunchConfig, args: tuple, kwargs: dict, race_check: bool = True
+) -> None:
     """Run ``kernel`` with launch configuration ``config`` on the simulator."""
     values, constexprs = kernel.split_args(args, kwargs)
     params = kernel.runtime_params()
@@ -36,7 +53,11 @@ def run_simulated(kernel, config: LaunchConfig, args: tuple, kwargs: dict) -> No
         if isinstance(ann, ArrayType):
             arr = _check_array(kernel, name, ann, by_name[name])
             layouts.append("C" if arr.flags.c_contiguous else "A")
-    fn = kernel.specialize(constexprs, tuple(layouts)).function
+    spec = kernel.specialize(constexprs, tuple(layouts))
+    fn = spec.function
+    arch = kernel.arch or DEFAULT_ARCH
+    if os.environ.get("KAIO_DUMP_DIR"):
+        spec.ptx(arch)  # writes the IR and the PTX there, as a GPU launch does
     arrays, scalars, tensor_maps = {}, {}, []
     for p in fn.params:
         v = by_name[p.source]
@@ -53,6 +74,8 @@ def run_simulated(kernel, config: LaunchConfig, args: tuple, kwargs: dict) -> No
                 f"{kernel.__name__}: array {p.source!r} has a stride of {v.strides[p.dim]} bytes, "
                 f"not a multiple of its {v.itemsize}-byte elements"
             )
+    if not all(v.flags.writeable for v in arrays.values()):
+        _check_read_only(kernel, fn, arrays)
     simulate(
         fn,
         config.grid,
@@ -60,8 +83,24 @@ def run_simulated(kernel, config: LaunchConfig, args: tuple, kwargs: dict) -> No
         arrays,
         scalars,
         config.shared_bytes,
+        race_check=race_check,
         tensor_maps=tuple(tensor_maps),
+        arch=arch,
     )
+
+
+def _check_read_only(kernel, fn, arrays: dict) -> None:
+    """Refuse a read-only NumPy array for a parameter the kernel writes (stores, atomics)."""
+    for s in walk(fn.body):
+        if isinstance(s, Instr) and s.op in _WRITES and s.args:
+            arr = s.args[0]
+            v = arrays.get(arr)
+            if v is not None and not v.flags.writeable:
+                source = next(p.source for p in fn.params if p.array is arr)
+                raise LaunchError(
+                    f"{kernel.__name__}: argument {source!r} is a read-only NumPy array, but "
+                    "the kernel writes it: pass a writable array (np.array(x) or x.copy())"
+                )
 
 
 def _tensor_map(kernel, name: str, v) -> TensorMap:
