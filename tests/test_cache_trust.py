@@ -280,3 +280,67 @@ def test_kaio_cubins_writes_only_inside_its_directory(tmp_path, monkeypatch, cap
         safe = safe_file_name(name)
         assert "/" not in safe and "\0" not in safe and not safe.startswith(".") and safe
     assert safe_file_name("axpy-0123abcd.cubin") == "axpy-0123abcd.cubin"
+
+
+# ----------------------------------------------------------------------------- tune.json
+TUNE_TABLES = {
+    "a list": [1, 2],
+    "a string": "x",
+    "entry a list": {"K": ["128x128", 1]},
+    "entry a string": {"K": "128x128"},
+    "config unknown": {"K": {"config": "1x1", "split": 1}},
+    "config a list": {"K": {"config": ["128x128"], "split": 1}},
+    "split zero": {"K": {"config": "16x128", "split": 0}},
+    "split negative": {"K": {"config": "16x128", "split": -2}},
+    "split a string": {"K": {"config": "16x128", "split": "2"}},
+    "split a float": {"K": {"config": "16x128", "split": 2.5}},
+    "split huge": {"K": {"config": "16x128", "split": 10**9}},
+}
+
+
+@pytest.fixture
+def tune_table(tmp_path, monkeypatch):
+    """Write a tune.json into a fresh cache directory; ``lookup`` then sees a fake GPU."""
+    from kaio_ops import _arrays, tune
+
+    monkeypatch.setenv("KAIO_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tune, "_table", None)
+    monkeypatch.setattr(_arrays, "gpu", lambda like: types.SimpleNamespace(name="GPU"))
+
+    def write(table) -> None:
+        import json
+
+        (tmp_path / "tune.json").write_text(json.dumps(table))
+        tune._table = None
+
+    return write
+
+
+@pytest.mark.parametrize("name", list(TUNE_TABLES))
+def test_a_malformed_tune_table_is_ignored_with_one_warning(tune_table, name):
+    """Issue 30.5: before, each of these made every GPU matmul raise (or divide by zero)."""
+    from kaio_ops import tune
+    from kaio_ops.matmul import Plan
+
+    table = TUNE_TABLES[name]
+    key = f"GPU|f16_async|{tune.bucket(16, 256, 1024)}"
+    if isinstance(table, dict):
+        table = {key: table["K"], f"GPU|f16_async|{tune.bucket(512, 512, 512)}": {
+            "config": "64x64", "split": 1}}  # fmt: skip
+    tune_table(table)
+    with pytest.warns(UserWarning, match="malformed entr") as caught:
+        assert tune.lookup(object(), "f16_async", 16, 256, 1024) is None
+        tune.lookup(object(), "f16_async", 16, 256, 1024)
+    assert len(caught) == 1
+    if isinstance(table, dict):  # the good entry beside the bad one still counts
+        assert tune.lookup(object(), "f16_async", 512, 512, 512) == Plan("64x64", 1)
+
+
+def test_a_good_tune_table_loads_without_warning(tune_table, recwarn):
+    from kaio_ops import tune
+    from kaio_ops.matmul import Plan
+
+    tune_table({f"GPU|f16_async|{tune.bucket(16, 256, 1024)}": {"config": "16x128", "split": 4}})
+    assert tune.lookup(object(), "f16_async", 16, 256, 1024) == Plan("16x128", 4)
+    assert tune.lookup(object(), "bf16_async", 16, 256, 1024) is None
+    assert not [w for w in recwarn if "tune" in str(w.message)]
