@@ -434,7 +434,12 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
             with visiting(loaded.device):
                 record.check(stream)
 
+        def refuse_capture(stream):  # no debug kernel in a CUDA graph
+            with visiting(loaded.device):
+                record.refuse_capture(stream)
+
         env["RECORD"], env["debug_check"] = record.pointer, debug_check
+        env["refuse_capture"] = refuse_capture
         entries.append("RECORD")
     env["pack"] = struct.Struct(merge_entries(fmt, runs)).pack_into
     # Free parameter buffers: a launch pops one (list.pop is atomic), packs and launches from
@@ -474,6 +479,7 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         "        if not admitted:",
         "            admit(grid, block, shared)",
         "            admitted = True",
+        *(["        refuse_capture(stream)"] if record is not None else []),
         "        try:",
         "            buf, params = slot = free.pop()",
         "        except IndexError:",
