@@ -382,6 +382,20 @@ def value_key(value):
     return (f"{t.__module__}.{t.__qualname__}", value)
 
 
+def constexpr_value_key(value):
+    """``value_key(value)``, or None for a value that has none (unhashable)."""
+    try:
+        return value_key(value)
+    except TypeError:
+        return None
+
+
+def same_constexpr(value, key) -> bool:
+    """Whether ``value`` has the ``constexpr_value_key`` ``key`` (never, for None): how a
+    launcher built for one constexpr value recognizes it (by type and value)."""
+    return key is not None and constexpr_value_key(value) == key
+
+
 def constexpr_key(constexprs: dict) -> tuple:
     """The in-memory cache key of constexpr values: ``(name, value_key(value))`` pairs in
     name order (by type and value: ``1``, ``1.0`` and ``True`` are three variants). Raises

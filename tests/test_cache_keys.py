@@ -14,6 +14,7 @@ import pytest
 import kaio
 from kaio import f32
 from kaio.frontend import resolve
+from tests.test_runtime_cpu import fake_device_array, fake_driver  # noqa: F401 (a fixture)
 
 
 @kaio.gpu_kernel(block_size=32)
@@ -242,3 +243,36 @@ def test_compiler_fingerprint_is_computed_once():
     assert resolve.compiler_fingerprint.cache_info().misses == 1
     assert resolve.compiler_fingerprint() == first
     assert resolve.compiler_fingerprint.cache_info().hits >= 1
+
+
+# ----------------------------------------------------------------------------- launchers
+@kaio.gpu_kernel(block_size=32)
+def fill_constexpr(out: f32[:], n: kaio.u32, A: kaio.constexpr):
+    i = kaio.thread_idx_x()
+    if i < n:
+        out[i] = A
+
+
+@pytest.mark.parametrize(
+    "built, others",
+    [(1, [1.0, True, np.int32(1)]), (0.0, [-0.0, 0, False]), (np.int32(4), [4, np.int64(4)])],
+)
+def test_a_launcher_takes_only_its_own_constexpr(fake_driver, built, others):  # noqa: F811
+    """The generated launcher of the variant for ``built`` declines the values Python calls
+    equal to it (the slow path then builds theirs), and takes ``built`` again, as a new
+    object of its type too."""
+    from kaio.runtime.arguments import describe
+    from kaio.runtime.launcher import build_launcher
+
+    calls, loaded = fake_driver
+    out = fake_device_array(loaded.device, 0x1000, (8,), (4,))
+    args = (out, 8, built)
+    spec = fill_constexpr.specialize({"A": built}, ("C",))
+    loaded.params = spec.function.params
+    bind = build_launcher(fill_constexpr, spec, loaded, args, {0: describe(out)})
+    launch = bind((1, 1, 1), (32, 1, 1), 0, 0)
+    assert launch(args) and len(calls) == 1
+    for other in others:
+        assert not launch((out, 8, other)), repr(other)
+    same = type(built)(repr(built) if isinstance(built, float) else int(built))
+    assert launch((out, 8, same)) and len(calls) == 2
