@@ -29,8 +29,8 @@ def axpy(x: f32[:], y: f32[:], a: f32, n: u32):
         y[i] = a * x[i] + y[i]
 
 
-def good_meta(kernel=axpy) -> dict:
-    spec = kernel.specialize({}, ("C", "C"))
+def good_meta(kernel=axpy, layouts=("C", "C")) -> dict:
+    spec = kernel.specialize({}, layouts)
     return {
         "name": kernel.__name__,
         "reqntid": [64, 1, 1],
@@ -153,6 +153,14 @@ BAD_LOADS = {
     "name not in the cubin": (crafted(name="other"), b"axpy"),
     "params of another kernel": (crafted(params=PARAMS[:1]), b"axpy"),
     "params renamed": (crafted(params=[[p[0], p[1], "z", p[3], p[4]] for p in PARAMS]), b"axpy"),
+    "scalar of another type": (
+        crafted(params=[p if p[1] != "scalar" or p[0] != "a" else [*p[:4], "u32"] for p in PARAMS]),
+        b"axpy",
+    ),
+    "strides of layout A": (
+        crafted(params=good_meta(layouts=("A", "C"))["params"]),
+        b"axpy",
+    ),
     "cubin the driver refuses": (good_meta(), b"refused"),
 }
 
@@ -172,6 +180,29 @@ def test_a_crafted_entry_is_rebuilt_never_a_failed_launch(fake_load, name):
     assert again.from_disk and builds == ["axpy"]
     if name == "name not in the cubin":
         assert fake.unloaded  # the refused module is unloaded, not leaked
+
+
+@kaio.gpu_kernel(block_size=32)
+def mixed(m: f32[:, :], flag: kaio.bool_, v: kaio.f16[:], k: kaio.i64, B: kaio.constexpr):
+    if flag:
+        m[0, 0] = f32(v[0]) + f32(k) + B
+
+
+@pytest.mark.parametrize(
+    "kernel, layouts",
+    [(axpy, ("C", "C")), (axpy, ("A", "C")), (mixed, ("C", "C")), (mixed, ("A", "A"))],
+)
+def test_the_entries_a_compile_writes_fit_their_kernel(kernel, layouts):
+    """The parameters a compiled kernel records are those ``fits_kernel`` expects (else every
+    disk hit would be discarded): scalars of each type, 1-D and 2-D arrays, both layouts."""
+    constexprs = {"B": 1.5} if kernel is mixed else {}
+    spec = kernel.specialize(constexprs, layouts)
+    params = [[p.name, p.role, p.source, p.dim, p.value.type.name] for p in spec.function.params]
+    meta = {"name": kernel.__name__, "reqntid": None, "maxntid": None, "params": params}
+    assert module_mod.valid_meta(meta)
+    assert module_mod.fits_kernel(meta, kernel, layouts)
+    other = ("C",) * len(layouts) if "A" in layouts else ("A",) * len(layouts)
+    assert not module_mod.fits_kernel(meta, kernel, other)
 
 
 def test_a_good_entry_loads_without_compiling(fake_load):

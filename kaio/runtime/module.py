@@ -268,7 +268,7 @@ def _load(spec, device: Device, arch: str) -> LoadedKernel:
     cache = disk_cache()
     key = cache_key(spec.key, arch, driver_version())
     cached = None if spec.kernel.debug else unpack_entry(cache.get(key))
-    if cached is not None and not fits_kernel(cached[0], spec.kernel):
+    if cached is not None and not fits_kernel(cached[0], spec.kernel, spec.layouts):
         cached = None
     if cached is not None:
         loaded = _load_cached(*cached, device)
@@ -443,11 +443,26 @@ def valid_meta(meta) -> bool:
     return True
 
 
-def fits_kernel(meta: dict, kernel) -> bool:
-    """Whether a (valid) cache entry's parameters are those of ``kernel``: every runtime
-    parameter, in order, and no other."""
-    sources = []
-    for _, _, source, _, _ in meta["params"]:
-        if not sources or sources[-1] != source:
-            sources.append(source)
-    return sources == [n for n, _ in kernel.runtime_params()]
+def fits_kernel(meta: dict, kernel, layouts: tuple) -> bool:
+    """Whether a (valid) cache entry's parameters are those of ``kernel`` with array
+    ``layouts``, as the launch ABI lays them out: every runtime parameter in order, an array
+    as its u64 pointer, i64 shape and (layout 'A') i64 strides, dimension by dimension, a
+    scalar as one entry of its type, a tensor map as one u64 entry."""
+    from kaio.types import ArrayType, ScalarType, TensorMapType
+
+    want = []
+    arrays = iter(layouts)
+    for name, annotation in kernel.runtime_params():
+        if isinstance(annotation, ArrayType):
+            n = annotation.ndim
+            strides = range(n) if next(arrays, "C") == "A" else ()
+            want.append([name, "ptr", name, -1, "u64"])
+            want += [[f"{name}_shape{d}", "shape", name, d, "i64"] for d in range(n)]
+            want += [[f"{name}_stride{d}", "stride", name, d, "i64"] for d in strides]
+        elif isinstance(annotation, TensorMapType):
+            want.append([name, "tensormap", name, -1, "u64"])
+        elif isinstance(annotation, ScalarType):
+            want.append([name, "scalar", name, -1, annotation.name])
+        else:
+            return False
+    return meta["params"] == want
