@@ -277,12 +277,10 @@ class Kernel:
         for src in dependency_sources(self.pyfunc):
             h.update(src.encode())
             h.update(b"\0")
-        values = []
-        for k, v in sorted(constexprs.items(), key=lambda kv: kv[0]):
-            try:
-                values.append((k, value_key(v)))
-            except TypeError:
-                values.append((k, ("unhashable", repr(v))))
+        values = [
+            (k, constexpr_value_key(v) or ("unhashable", repr(v)))
+            for k, v in sorted(constexprs.items(), key=lambda kv: kv[0])
+        ]
         h.update(repr(values).encode())
         h.update(repr(layouts).encode())
         h.update(repr(self.block_size).encode())
