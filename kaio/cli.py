@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import re
 import sys
 
 from kaio.errors import CompileError, LaunchError
@@ -52,6 +53,14 @@ def _constexprs(pairs: list[str]) -> dict:
     return out
 
 
+def safe_file_name(name: str) -> str:
+    """``name`` made a plain file name: characters other than letters, digits, ``_ - . $``
+    become ``_``, and a leading dot too, so it never names another directory (``../``) or a
+    hidden file."""
+    name = re.sub(r"[^\w.$-]", "_", name, flags=re.ASCII)
+    return "_" + name[1:] if name.startswith(".") or not name else name
+
+
 def write_cubins(names: list[str], out: str, cache: str | None) -> int:
     """``kaio cubins``: each cached kernel (of ``names``, or all) as ``out/NAME-KEY.cubin``,
     one line each on stdout; 1 when none matched."""
@@ -70,7 +79,7 @@ def write_cubins(names: list[str], out: str, cache: str | None) -> int:
         return 1
     os.makedirs(out, exist_ok=True)
     for meta, key, cubin in entries:
-        path = os.path.join(out, f"{meta['name']}-{key[:12]}.cubin")
+        path = os.path.join(out, safe_file_name(f"{meta['name']}-{key[:12]}.cubin"))
         with open(path, "wb") as f:
             f.write(cubin)
         print(f"{path}  {len(cubin)} bytes  {meta.get('variant', '')}".rstrip())

@@ -255,22 +255,18 @@ class Kernel:
         if layouts is None:
             layouts = ("C",) * len(self.array_params())
         backend = backend_name(backend or self.backend)
-        cache_key = (
-            tuple(sorted(constexprs.items(), key=lambda kv: kv[0])),
-            layouts,
-            self.debug,
-            backend,
-        )
         try:
-            return self._specs[cache_key]
-        except (KeyError, TypeError):
-            pass
+            values = constexpr_key(constexprs)
+        except TypeError:
+            values = None  # an unhashable value: compiled each time, never cached
+        cache_key = (values, layouts, self.debug, backend)
+        spec = self._specs.get(cache_key) if values is not None else None
+        if spec is not None:
+            return spec
         with self._lock:
-            try:
-                return self._specs[cache_key]  # compiled by another thread meanwhile
-            except (KeyError, TypeError):
-                pass
-            # outside the except block: an error compiling is not chained to the KeyError
+            spec = self._specs.get(cache_key) if values is not None else None
+            if spec is not None:
+                return spec  # compiled by another thread meanwhile
             return self._compile(constexprs, layouts, cache_key, backend)
 
     def _compile(self, constexprs: dict, layouts: tuple, cache_key: tuple, backend: str):
@@ -288,7 +284,11 @@ class Kernel:
                 f"{self.__name__}: {', '.join(unknown)} is not a constexpr parameter of this "
                 f"kernel (constexprs: {', '.join(self.constexpr_names) or 'none'})"
             )
-        twin = next((v for k, v in self._specs.items() if k[:3] == cache_key[:3]), None)
+        twin = (
+            next((v for k, v in self._specs.items() if k[:3] == cache_key[:3]), None)
+            if cache_key[0] is not None
+            else None
+        )
         constexprs = dict(constexprs)
         debug = self.debug  # the flag now, as the key has it, whenever the IR is built
 
@@ -306,26 +306,28 @@ class Kernel:
 
         key = self._hash(constexprs, layouts, backend)
         spec = Specialization(self, constexprs, layouts, build_ir, key, backend=backend)
-        try:
+        if cache_key[0] is not None:
             self._specs[cache_key] = spec
-        except TypeError:
-            pass
         return spec
 
     def _hash(self, constexprs: dict, layouts: tuple, backend: str = "ptx") -> str:
-        from kaio import __version__
-        from kaio.frontend.resolve import dependency_sources
+        from kaio.frontend.resolve import compiler_fingerprint, dependency_sources
 
         h = hashlib.sha256()
-        h.update(__version__.encode())
+        h.update(compiler_fingerprint().encode())
         for src in dependency_sources(self.pyfunc):
             h.update(src.encode())
-        h.update(repr(sorted((k, repr(v)) for k, v in constexprs.items())).encode())
+            h.update(b"\0")
+        values = [
+            (k, constexpr_value_key(v) or ("unhashable", repr(v)))
+            for k, v in sorted(constexprs.items(), key=lambda kv: kv[0])
+        ]
+        h.update(repr(values).encode())
         h.update(repr(layouts).encode())
         h.update(repr(self.block_size).encode())
         h.update(repr(self.debug).encode())
         if backend != "ptx":
-            h.update(f"backend={backend}".encode())
+            h.update(f"backend={backend} {_backend_version(backend)}".encode())
         return h.hexdigest()
 
     def ptx(self, arch: str | None = None, backend: str | None = None, **constexprs) -> str:
@@ -398,6 +400,57 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"<kaio.Kernel {self.__name__}>"
+
+
+def value_key(value):
+    """A hashable key of a compile-time value by its type and its value, so that values
+    Python calls equal but which compile differently stay apart: ``1``, ``1.0`` and
+    ``True``; ``0.0`` and ``-0.0``; ``np.int32(4)`` and ``4``. Both caches of compiled
+    variants use it: the in-memory one (the key itself) and the disk one (its ``repr``).
+    Raises ``TypeError`` for an unhashable value of a type it does not know."""
+    t = type(value)
+    if value is None or t in (bool, int, float, complex, str, bytes):
+        return (t.__name__, repr(value))
+    if t is tuple or t is list:
+        return (t.__name__, tuple(value_key(v) for v in value))
+    if t.__module__ == "numpy" and hasattr(value, "tobytes"):  # a NumPy scalar
+        return (f"numpy.{t.__name__}", repr(value), value.tobytes().hex())
+    if isinstance(value, ScalarType):
+        return ("ScalarType", value.name)
+    hash(value)
+    return (f"{t.__module__}.{t.__qualname__}", value)
+
+
+def constexpr_value_key(value):
+    """``value_key(value)``, or None for a value that has none (unhashable)."""
+    try:
+        return value_key(value)
+    except TypeError:
+        return None
+
+
+def same_constexpr(value, key) -> bool:
+    """Whether ``value`` has the ``constexpr_value_key`` ``key`` (never, for None): how a
+    launcher built for one constexpr value recognizes it (by type and value)."""
+    return key is not None and constexpr_value_key(value) == key
+
+
+def constexpr_key(constexprs: dict) -> tuple:
+    """The in-memory cache key of constexpr values: ``(name, value_key(value))`` pairs in
+    name order (by type and value: ``1``, ``1.0`` and ``True`` are three variants). Raises
+    ``TypeError`` for an unhashable value."""
+    return tuple((k, value_key(v)) for k, v in sorted(constexprs.items(), key=lambda kv: kv[0]))
+
+
+def _backend_version(backend: str) -> str:
+    """The version of the code generator behind a non-default backend (llvmlite's for
+    ``"llvm"``): another LLVM emits other PTX."""
+    try:
+        from importlib.metadata import version
+
+        return f"llvmlite={version('llvmlite')}" if backend == "llvm" else ""
+    except Exception:  # noqa: BLE001  (not installed: the compile fails anyway)
+        return ""
 
 
 def backend_name(backend: str | None) -> str:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import kaio
 from kaio import f16, f32, u32
-from kaio_ops._matmul_kernels import load_tile, mma_step, slice_sum, tile_origin
+from kaio_ops._matmul_kernels import load_tile, mma_step, slice_sum, tile_col, tile_origin, tile_row
 from kaio_ops._typed import by_dtype
 from kaio_ops.elementwise import apply
 
@@ -110,8 +110,8 @@ def gemm_kernel(
     MI = WTM // 16
     NI = WTN // 8
     origin = tile_origin(kaio.block_idx_x(), (M + BM - 1) // BM, (N + BN - 1) // BN)
-    m0 = origin // 65536 * BM
-    n0 = origin % 65536 * BN
+    m0 = tile_row(origin) * BM
+    n0 = tile_col(origin) * BN
     tid = kaio.thread_idx_x()
     lane = kaio.lane_id()
     warp = tid // 32

@@ -28,7 +28,7 @@ import math
 import kaio
 from kaio import bool_, f16, f32, i32, u32, u64
 from kaio_ops._gemm import ByTypes, store_pair
-from kaio_ops._matmul_kernels import tile_origin
+from kaio_ops._matmul_kernels import tile_col, tile_origin, tile_row
 
 DT = f16  # the input element type placeholder
 OUT = f16  # the output element type placeholder
@@ -94,8 +94,8 @@ def gemm_wgmma(
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
     lt = t % 128
     origin = tile_origin(kaio.block_idx_x(), (M + BM - 1) // BM, (N + BN - 1) // BN)
-    m0 = origin // 65536 * BM
-    n0 = origin % 65536 * BN
+    m0 = tile_row(origin) * BM
+    n0 = tile_col(origin) * BN
     k_begin = kaio.block_idx_z() * k_slice
     k_end = kaio.min(k_begin + k_slice, K)
     k_tiles = i32((k_end - k_begin + BK - 1) // BK)

@@ -29,7 +29,7 @@ block multiplies its tile of the product its column tile falls in).
 from __future__ import annotations
 
 import kaio
-from kaio import bf16, f16, f16x2, f32, i32, u32
+from kaio import bf16, f16, f16x2, f32, i32, u32, u64
 from kaio_ops._typed import by_dtype
 
 DT = f16  # the element type placeholder (see _typed.by_dtype)
@@ -39,16 +39,30 @@ GROUP_M = 8
 
 
 @kaio.gpu_func
-def tile_origin(pid: u32, grid_m: u32, grid_n: u32) -> u32:
+def tile_origin(pid: u32, grid_m: u32, grid_n: u32) -> u64:
     """The (row, column) of block ``pid``'s tile in a grid_m x grid_n grid of C tiles,
-    packed as row * 65536 + column tile indices, blocks grouped GROUP_M tile rows at a time
-    for L2 reuse."""
+    packed as row * 2**32 + column tile indices (``tile_row``, ``tile_col``), blocks grouped
+    GROUP_M tile rows at a time for L2 reuse. Either index may pass 65535 (M or N past
+    65536 tiles; ops take up to 2**31 - 1 elements, so grid_n < 2**27 and GROUP_M * grid_n,
+    even over the three products of qkv_kernel, fits in u32)."""
     width = GROUP_M * grid_n
     first_m = pid // width * GROUP_M
     group_m = kaio.min(grid_m - first_m, GROUP_M)
     pid_m = first_m + pid % width % group_m
     pid_n = pid % width // group_m
-    return pid_m * 65536 + pid_n
+    return u64(pid_m) << 32 | u64(pid_n)
+
+
+@kaio.gpu_func
+def tile_row(origin: u64) -> u32:
+    """The tile row index of a ``tile_origin``."""
+    return u32(origin >> 32)
+
+
+@kaio.gpu_func
+def tile_col(origin: u64) -> u32:
+    """The tile column index of a ``tile_origin``."""
+    return u32(origin & 0xFFFFFFFF)
 
 
 @kaio.gpu_kernel
@@ -76,7 +90,7 @@ def matmul_kernel(
     of K slice z (``matmul_tile``)."""
     kaio.launch_bounds(WARPS_M * WARPS_N * 32)
     origin = tile_origin(kaio.block_idx_x(), (M + BM - 1) // BM, (N + BN - 1) // BN)
-    matmul_tile(a, b, c, scales, origin // 65536 * BM, origin % 65536 * BN, M, N, K, k_slice,
+    matmul_tile(a, b, c, scales, tile_row(origin) * BM, tile_col(origin) * BN, M, N, K, k_slice,
                 alpha, BM, BN, BK, WARPS_M, WARPS_N, STAGES, ASYNC, VEC, QUANT)  # fmt: skip
 
 
@@ -121,8 +135,8 @@ def qkv_kernel(
     t0 = (N0 + BN - 1) // BN
     t01 = t0 + (N1 + BN - 1) // BN
     origin = tile_origin(kaio.block_idx_x(), (M + BM - 1) // BM, t01 + (N2 + BN - 1) // BN)
-    m0 = origin // 65536 * BM
-    j = origin % 65536  # the block's column tile, counted over the three products
+    m0 = tile_row(origin) * BM
+    j = tile_col(origin)  # the block's column tile, counted over the three products
     if j < t0:
         matmul_tile(a, b0, c0, s0, m0, j * BN, M, N0, K, k_slice, alpha0,
                     BM, BN, BK, WARPS_M, WARPS_N, STAGES, ASYNC, VEC, QUANT)  # fmt: skip

@@ -185,7 +185,9 @@ def launch(
     cfg = CONFIGS[plan.config].for_itemsize(dtype.itemsize)
     per = 16 // dtype.itemsize  # elements per 16-byte copy
     b_row = k if dtype.itemsize == 1 else (2 * n if scales is not None else n)
-    vec = k % per == 0 and b_row % per == 0 and a.aligned(16) and aligned
+    # VEC: 16-byte copies of a's rows (K) and b's (b_row), and 2-element stores of c's rows
+    # (N even): every array the path touches
+    vec = k % per == 0 and b_row % per == 0 and n % 2 == 0 and a.aligned(16) and aligned
     quant = 0 if scales is None else 4
     if scales is None:
         scales = _no_scales(a)

@@ -14,6 +14,7 @@ import json
 import math
 import os
 import tempfile
+import warnings
 
 import kaio
 from kaio.runtime.cache import cache_dir
@@ -39,15 +40,53 @@ def _key(device: kaio.Device, variant: str, m: int, n: int, k: int) -> str:
     return f"{device.name}|{variant}|{bucket(m, n, k)}"
 
 
+MAX_SPLIT = 64
+
+
 def _load() -> dict:
     global _table
     if _table is None:
         try:
             with open(path()) as f:
-                _table = json.load(f)
-        except (OSError, ValueError):
-            _table = {}
+                table = json.load(f)
+        except (OSError, ValueError, RecursionError):
+            table = {}
+        _table = valid_entries(table, path())
     return _table
+
+
+def valid_entries(table, where: str) -> dict:
+    """The entries of a loaded tune table that name a known configuration and a K split
+    of 1 to ``MAX_SPLIT``: ``{"GPU|variant|bucket": {"config": str, "split": int}}``. Anything
+    else (a table of the wrong shape, an unknown configuration, a split of 0) is left out,
+    with one warning naming the file: a bad entry never fails a matmul."""
+    from kaio_ops.matmul import CONFIGS
+
+    good, bad = {}, 0
+    if not isinstance(table, dict):
+        table, bad = {}, 1
+    for key, entry in table.items():
+        split = entry.get("split", 1) if isinstance(entry, dict) else None
+        if (
+            isinstance(key, str)
+            and isinstance(entry, dict)
+            and isinstance(entry.get("config"), str)
+            and entry["config"] in CONFIGS
+            and type(split) is int
+            and 1 <= split <= MAX_SPLIT
+        ):
+            good[key] = {"config": entry["config"], "split": split}
+        else:
+            bad += 1
+    if bad:
+        warnings.warn(
+            f"kaio_ops.tune: ignoring {bad} malformed entr{'y' if bad == 1 else 'ies'} of "
+            f'{where} (each must be {{"config": one of {", ".join(CONFIGS)}, "split": '
+            f"1 to {MAX_SPLIT}}}); the matmul ops use the heuristic for those shapes. Delete the "
+            "file or run kaio_ops.tune.matmul again to rewrite it",
+            stacklevel=4,
+        )
+    return good
 
 
 def _save(table: dict) -> None:
@@ -67,10 +106,10 @@ def lookup(like, variant: str, m: int, n: int, k: int):
     dev = _arrays.gpu(like)
     if dev is None:
         return None
-    entry = _load().get(_key(dev, variant, m, n, k))
-    if not entry or entry.get("config") not in CONFIGS:
+    entry = _load().get(_key(dev, variant, m, n, k))  # validated: valid_entries
+    if entry is None or entry["config"] not in CONFIGS:
         return None
-    return Plan(entry["config"], int(entry.get("split", 1)))
+    return Plan(entry["config"], entry["split"])
 
 
 def candidates(m: int, n: int, k: int) -> list:

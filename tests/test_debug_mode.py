@@ -222,7 +222,10 @@ def test_debug_launcher_passes_the_record_and_checks_after_each_launch(fake_driv
     calls, loaded = fake_driver
     checked = []
     loaded.debug = types.SimpleNamespace(
-        pointer=0xDEB6, check=checked.append, extend_format=DebugRecord.extend_format
+        pointer=0xDEB6,
+        check=checked.append,
+        extend_format=DebugRecord.extend_format,
+        refuse_capture=lambda stream: checked.append(("capturing?", stream)),
     )
     x = fake_device_array(loaded.device, 0x1000, (8,), (4,))
     idx = fake_device_array(loaded.device, 0x2000, (8,), (4,))
@@ -234,7 +237,7 @@ def test_debug_launcher_passes_the_record_and_checks_after_each_launch(fake_driv
     fields = struct.unpack("=QqQqQqIxxxxQ", calls[-1][5][:64])
     assert calls[-1][6][-1] == 56  # the record address, 8-byte aligned after n
     assert fields == (0x1000, 8, 0x2000, 8, 0x1000, 8, 8, 0xDEB6)
-    assert checked == [0x55]
+    assert checked == [("capturing?", 0x55), 0x55]
 
 
 # ----------------------------------------------------------------------------- GPU

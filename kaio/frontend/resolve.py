@@ -5,12 +5,15 @@ from __future__ import annotations
 import ast
 import builtins
 import functools
+import hashlib
 import inspect
+import os
 import textwrap
+import types
 from dataclasses import dataclass
 
 from kaio.errors import CompileError
-from kaio.types import ScalarType
+from kaio.kernel import value_key
 
 
 @dataclass(frozen=True)
@@ -85,9 +88,42 @@ def annotations(pyfunc) -> dict:
         ) from None
 
 
+def _fingerprint(value) -> str:
+    """A stable text for a module-level value a kernel reads: its ``value_key`` where it has
+    one that does not print an address, else its type (functions and modules by name)."""
+    if isinstance(value, types.ModuleType):
+        return f"module {value.__name__}"
+    if isinstance(value, type | types.FunctionType | types.BuiltinFunctionType):
+        return f"{type(value).__name__} {value.__module__}.{value.__qualname__}"
+    try:
+        text = repr(value_key(value))
+    except Exception:  # noqa: BLE001  (unhashable or a failing __repr__: the type stands)
+        text = ""
+    if " at 0x" in text or not text:
+        t = type(value)
+        return f"object of {t.__module__}.{t.__qualname__}"
+    return text
+
+
+def _dotted(node) -> list[str] | None:
+    """``["cfg", "sub", "N"]`` for the expression ``cfg.sub.N``; None for anything else."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return parts[::-1]
+
+
 def dependency_sources(pyfunc) -> list[str]:
-    """The source of a function and of every device function and plain constant it refers
-    to, transitively: what a compiled kernel depends on (for cache keys)."""
+    """The source of a function and of every device function and module-level value it
+    refers to, transitively: what a compiled kernel depends on beside the compiler itself
+    (for cache keys). Names and attribute chains of them (``cfg.N``, ``C.N``,
+    ``helpers.f``) are resolved as the compiler resolves them; each value enters by type and
+    value (``value_key``): constants of any kind, NumPy scalars, dtypes and array types used
+    as annotations; device functions by their own dependencies."""
     from kaio.decorators import DeviceFunction
 
     out: list[str] = []
@@ -99,15 +135,55 @@ def dependency_sources(pyfunc) -> list[str]:
         seen.add(f)
         out.append(parse(f).source)
         for node in ast.walk(parse(f).tree):
-            if isinstance(node, ast.Name):
+            chain = _dotted(node) if isinstance(node, ast.Name | ast.Attribute) else None
+            if chain is None:
+                continue
+            try:
+                value = lookup_global(f, chain[0])
+            except LookupError:
+                continue
+            if value is _MISSING:
+                continue
+            for attr in chain[1:]:
                 try:
-                    value = lookup_global(f, node.id)
-                except LookupError:
-                    continue
-                if isinstance(value, DeviceFunction):
-                    visit(value.pyfunc)
-                elif isinstance(value, int | float | bool | str | tuple | ScalarType):
-                    out.append(f"{node.id}={value!r}")
+                    value = getattr(value, attr)
+                except Exception:  # noqa: BLE001  (the compiler reports it, located)
+                    value = _MISSING
+                    break
+            name = ".".join(chain)
+            if isinstance(value, DeviceFunction):
+                out.append(f"{name}=device function {value.pyfunc.__qualname__}")
+                visit(value.pyfunc)
+            elif value is not _MISSING:
+                out.append(f"{name}={_fingerprint(value)}")
 
     visit(pyfunc)
     return out
+
+
+_COMPILER_SKIPS = ("sim", "runtime")  # code that never shapes PTX or what the cache holds
+_COMPILER_KEEPS = (os.path.join("runtime", "module.py"),)  # writes the cache's metadata
+
+
+@functools.cache
+def compiler_fingerprint() -> str:
+    """A SHA-256 of kaio's own compiler sources (every ``.py`` file of the package but the
+    simulator's and the runtime's, save ``runtime/module.py``, which writes the cached
+    metadata): computed once per process, part of every disk-cache key, so a changed
+    frontend, IR pass or emitter never loads a cubin an older compiler built."""
+    import kaio
+
+    root = os.path.dirname(os.path.abspath(kaio.__file__))
+    h = hashlib.sha256(kaio.__version__.encode())
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        for name in sorted(filenames):
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, root)
+            if rel.split(os.sep)[0] in _COMPILER_SKIPS and rel not in _COMPILER_KEEPS:
+                continue
+            with open(path, "rb") as f:
+                h.update(rel.encode() + b"\0" + f.read() + b"\0")
+    return h.hexdigest()

@@ -3,7 +3,8 @@
 A debug kernel (``@kaio.gpu_kernel(debug=True)`` or ``KAIO_DEBUG=1``; the checks are emitted by
 ``kaio.ptx.debug``) takes one hidden last parameter: the address of a small record in global
 memory that the first thread failing a check fills before it exits. ``DebugRecord`` owns that
-memory for one loaded kernel; its launcher passes ``pointer`` and, after every launch, calls
+memory for one loaded kernel; its launcher refuses a launch on a stream that is capturing a CUDA
+graph (``refuse_capture``), passes ``pointer`` and, after every launch, calls
 ``check(stream)``, which synchronizes the stream, reads the record and raises
 ``kaio.OutOfBoundsError`` naming the kernel, the array, the index, the thread, the block and the
 source line (as the simulator does). The record is cleared after a report, so the next launch
@@ -19,7 +20,7 @@ import struct
 
 import numpy as np
 
-from kaio.errors import OutOfBoundsError
+from kaio.errors import LaunchError, OutOfBoundsError
 from kaio.ptx.debug import MAX_DIMS, RECORD, RECORD_BYTES, SITE_TAG
 from kaio.runtime.driver import check, cu
 
@@ -119,6 +120,21 @@ class DebugRecord:
         as the last, 8-byte aligned entry."""
         pad = -size % 8
         return fmt + "x" * pad + "Q", size + pad + 8
+
+    def refuse_capture(self, stream: int) -> None:
+        """Raise ``LaunchError`` before a launch on ``stream`` while it captures a CUDA
+        graph (``cuStreamIsCapturing``): a debug kernel synchronizes after each launch to
+        read its record, which a capture cannot do (and a graph replay would not report)."""
+        status = check(
+            cu.cuStreamIsCapturing(stream), f"asking whether {self.kernel}'s stream captures"
+        )
+        if int(status) != int(cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE):
+            raise LaunchError(
+                f"{self.kernel}: a kernel in debug mode (debug=True or KAIO_DEBUG=1) cannot be "
+                f"launched while its stream ({stream:#x}) is capturing a CUDA graph: it "
+                "synchronizes after each launch to read its bounds-check record. Run it in "
+                "debug mode outside the capture, or capture it without debug mode"
+            )
 
     def check(self, stream: int) -> None:
         """Wait for ``stream``, then raise ``OutOfBoundsError`` if a thread failed a check."""

@@ -59,6 +59,7 @@ import ml_dtypes
 import numpy as np
 
 from kaio.errors import CudaError, LaunchError
+from kaio.kernel import constexpr_value_key, same_constexpr
 from kaio.runtime.arginfo import ArgInfo, RawArray
 from kaio.runtime.arguments import describe, is_cupy, is_torch
 from kaio.runtime.device import Device, current, visiting
@@ -425,16 +426,22 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
             entries.append(f"bf16_bits(a{k})" if kind == "bf16" else f"a{k}")
         entry += count
     for k, name in enumerate(kernel.param_names):
-        if name in kernel.constexpr_names:
-            env[f"C{k}"] = args[k]
-            conditions.append(f"a{k} != C{k}")
+        if name in kernel.constexpr_names:  # by type and value: 1, 1.0 and True differ
+            env[f"C{k}"], env[f"K{k}"] = args[k], constexpr_value_key(args[k])
+            env["same_constexpr"] = same_constexpr
+            conditions.append(f"a{k} is not C{k} and not same_constexpr(a{k}, K{k})")
     if record is not None:
 
         def debug_check(stream):  # the default stream is the current context's
             with visiting(loaded.device):
                 record.check(stream)
 
+        def refuse_capture(stream):  # no debug kernel in a CUDA graph
+            with visiting(loaded.device):
+                record.refuse_capture(stream)
+
         env["RECORD"], env["debug_check"] = record.pointer, debug_check
+        env["refuse_capture"] = refuse_capture
         entries.append("RECORD")
     env["pack"] = struct.Struct(merge_entries(fmt, runs)).pack_into
     # Free parameter buffers: a launch pops one (list.pop is atomic), packs and launches from
@@ -474,6 +481,7 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         "        if not admitted:",
         "            admit(grid, block, shared)",
         "            admitted = True",
+        *(["        refuse_capture(stream)"] if record is not None else []),
         "        try:",
         "            buf, params = slot = free.pop()",
         "        except IndexError:",

@@ -10,7 +10,7 @@ import re
 import threading
 from dataclasses import dataclass, field
 
-from kaio.errors import LaunchError
+from kaio.errors import CudaError, LaunchError
 from kaio.ir.nodes import Param, Var
 from kaio.limits import static_shared_bytes
 from kaio.ptx.debug import declares_record
@@ -259,11 +259,13 @@ def _load(spec, device: Device, arch: str) -> LoadedKernel:
     cache = disk_cache()
     key = cache_key(spec.key, arch, driver_version())
     cached = None if spec.kernel.debug else unpack_entry(cache.get(key))
+    if cached is not None and not fits_kernel(cached[0], spec.kernel, spec.layouts):
+        cached = None
     if cached is not None:
-        meta, cubin = cached
-        err, module = cu.cuModuleLoadData(cubin)
-        if err == cu.CUresult.CUDA_SUCCESS:  # else an entry this driver rejects: rebuilt
-            return _loaded_kernel(module, meta, device, from_disk=True)
+        loaded = _load_cached(*cached, device)
+        if loaded is not None:
+            return loaded
+        cache.discard(key)  # an entry this driver rejects, or that names what is not there
     check_static_shared(spec.function, spec.kernel.__name__, device)
     ptx = spec.ptx(arch)
     entry = _ENTRY.search(ptx)
@@ -289,6 +291,19 @@ def _load(spec, device: Device, arch: str) -> LoadedKernel:
     if declares_record(ptx):
         loaded.debug = DebugRecord(name, ptx, device)
     return loaded
+
+
+def _load_cached(meta: dict, cubin: bytes, device: Device) -> LoadedKernel | None:
+    """The kernel of a cache entry, or None when the driver refuses it (the caller rebuilds
+    it: cache trouble never fails a launch)."""
+    err, module = cu.cuModuleLoadData(cubin)
+    if err != cu.CUresult.CUDA_SUCCESS:
+        return None
+    try:
+        return _loaded_kernel(module, meta, device, from_disk=True)
+    except (CudaError, LaunchError, KeyError, TypeError, ValueError):  # no such function...
+        cu.cuModuleUnload(module)
+        return None
 
 
 def variant(spec, arch: str) -> str:
@@ -361,11 +376,84 @@ def unpack_entry(payload: bytes | None) -> tuple[dict, bytes] | None:
     if payload is None or len(payload) < head or not payload.startswith(_ENTRY_MAGIC):
         return None
     length = int.from_bytes(payload[len(_ENTRY_MAGIC) : head], "little")
+    if head + length > len(payload):
+        return None
     try:
         meta = json.loads(payload[head : head + length])
-        fields = {"name", "reqntid", "maxntid", "params"}
-        if not isinstance(meta, dict) or not fields <= set(meta):
-            return None
-    except ValueError:
+    except (ValueError, RecursionError):
+        return None
+    if not valid_meta(meta):
         return None
     return meta, payload[head + length :]
+
+
+_NAME = re.compile(r"[A-Za-z_$%][\w$]*")
+_ROLES = {"scalar": 1, "ptr": 1, "shape": 2, "stride": 2, "tensormap": 1}  # role -> 1: no dim
+
+
+def _count(x, low: int, high: int) -> bool:
+    return type(x) is int and low <= x <= high
+
+
+def valid_meta(meta) -> bool:
+    """Whether cached metadata has every field a launch reads, each of the right type and
+    range: the entry's name a PTX identifier (no path separators, so ``kaio cubins`` can
+    name files after it), block and cluster dimensions in the GPU's limits, parameters
+    ``[name, role, source, dim, type]`` of known roles and scalar types. Anything else is
+    discarded and rebuilt."""
+    if not isinstance(meta, dict) or not {"name", "reqntid", "maxntid", "params"} <= set(meta):
+        return False
+    name, req, maxn, cluster = meta["name"], meta["reqntid"], meta["maxntid"], meta.get("cluster")
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or len(name) > 1024:
+        return False
+    if req is not None and not (
+        isinstance(req, list) and len(req) == 3 and all(_count(d, 1, 1024) for d in req)
+    ):
+        return False
+    if maxn is not None and not _count(maxn, 1, 1024):
+        return False
+    if cluster is not None and not _count(cluster, 1, 16):
+        return False
+    if not isinstance(meta.get("variant", ""), str) or not isinstance(meta["params"], list):
+        return False
+    for p in meta["params"]:
+        if not (isinstance(p, list) and len(p) == 5):
+            return False
+        pname, role, source, dim, tname = p
+        if not (
+            isinstance(pname, str)
+            and _NAME.fullmatch(pname)
+            and isinstance(source, str)
+            and role in _ROLES
+            and type(dim) is int
+            and (dim == -1 if _ROLES[role] == 1 else 0 <= dim < 64)
+            and isinstance(tname, str)
+            and tname in SCALAR_TYPES
+        ):
+            return False
+    return True
+
+
+def fits_kernel(meta: dict, kernel, layouts: tuple) -> bool:
+    """Whether a (valid) cache entry's parameters are those of ``kernel`` with array
+    ``layouts``, as the launch ABI lays them out: every runtime parameter in order, an array
+    as its u64 pointer, i64 shape and (layout 'A') i64 strides, dimension by dimension, a
+    scalar as one entry of its type, a tensor map as one u64 entry."""
+    from kaio.types import ArrayType, ScalarType, TensorMapType
+
+    want = []
+    arrays = iter(layouts)
+    for name, annotation in kernel.runtime_params():
+        if isinstance(annotation, ArrayType):
+            n = annotation.ndim
+            strides = range(n) if next(arrays, "C") == "A" else ()
+            want.append([name, "ptr", name, -1, "u64"])
+            want += [[f"{name}_shape{d}", "shape", name, d, "i64"] for d in range(n)]
+            want += [[f"{name}_stride{d}", "stride", name, d, "i64"] for d in strides]
+        elif isinstance(annotation, TensorMapType):
+            want.append([name, "tensormap", name, -1, "u64"])
+        elif isinstance(annotation, ScalarType):
+            want.append([name, "scalar", name, -1, annotation.name])
+        else:
+            return False
+    return meta["params"] == want
