@@ -240,8 +240,9 @@ def test_int4_generation_on_gpu():
 
 @pytest.mark.gpu
 def test_static_cache_decode_in_cuda_graph():
-    """A decode step from a static cache captured once replays at later positions to the
-    eager step's logits (lengths are read on the GPU)."""
+    """Decode steps from a static cache, one captured in a CUDA graph and replayed at later
+    positions, give the logits of the same steps made eagerly (lengths are read on the GPU,
+    so one capture serves every position)."""
     extra = dict(
         hidden_size=512,
         intermediate_size=1024,
@@ -252,35 +253,43 @@ def test_static_cache_decode_in_cuda_graph():
         vocab_size=512,
     )
     _, model = build("llama", torch.float16, device="cuda", **extra)
-    b, prompt, cap = 2, 24, 128
-    cache = transformers.StaticCache(config=model.config, max_cache_len=cap)
+    b, prompt, steps = 2, 24, 4
     ids = torch.randint(0, 512, (b, prompt), device="cuda")
-    with torch.no_grad():
-        out = model(input_ids=ids, past_key_values=cache, use_cache=True)
-        tok = out.logits[:, -1:].argmax(-1)
-        pos = torch.full((1, 1), prompt, device="cuda", dtype=torch.long)
-        static_tok, static_pos = tok.clone(), pos.clone()
+    toks = torch.randint(0, 512, (steps + 2, b, 1), device="cuda")
+
+    def run(use_graph: bool) -> list:
+        """Prefill, two eager steps (positions 24, 25), then ``steps`` more (26, ...): in a
+        graph captured once, or eagerly. transformers' static layers write each step at
+        their running count, which the positions here keep equal."""
+        cache = transformers.StaticCache(config=model.config, max_cache_len=64)
+        tok = torch.empty_like(toks[0])
+        pos = torch.empty((1, 1), device="cuda", dtype=torch.long)
 
         def step():
-            return model(
-                input_ids=static_tok, position_ids=static_pos, past_key_values=cache, use_cache=True
-            ).logits
+            return model(input_ids=tok, position_ids=pos, past_key_values=cache, use_cache=True)
 
-        eager = [step().float()]  # writes position 24 of the cache
-        # capture a step at position 25, then replay it at 25, 26, ...
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            static_pos.fill_(prompt + 1)
-            step()  # warm-up at 25
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            logits = step()
-        for p in range(prompt + 1, prompt + 5):
-            static_pos.fill_(p)
-            graph.replay()
-            replayed = logits.float().clone()
-            direct = step().float()  # the same position again, eagerly
-            assert rel_err(replayed, direct) < 1e-3
-        assert eager[0].shape == replayed.shape
+        model(input_ids=ids, past_key_values=cache, use_cache=True)
+        for i in range(2):
+            tok.copy_(toks[i])
+            pos.fill_(prompt + i)
+            step()
+        if use_graph:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):  # captured, not run: the cache count stays
+                logits = step().logits
+        out = []
+        for i in range(2, steps + 2):
+            tok.copy_(toks[i])
+            pos.fill_(prompt + i)
+            if use_graph:
+                graph.replay()
+                out.append(logits.float().clone())
+            else:
+                out.append(step().logits.float())
+        return out
+
+    with torch.no_grad():
+        eager, replayed = run(False), run(True)
+    for e, r in zip(eager, replayed, strict=True):
+        assert torch.isfinite(r).all()
+        assert rel_err(r, e) < 1e-3
