@@ -153,7 +153,7 @@ def matmul_fp8(a, b, scale_a, scale_b, *, out_dtype=None, bias=None):
     if bias is not None:
         bias_arg = inputs.array(bias, "bias", ndim=1, shape=(n,), dtypes=(dt,), form="[N]").arg(n)
     else:
-        bias_arg = _arrays.output_arg(a, out, (n,), dt)  # not read
+        bias_arg = _arrays.output_arg(a, out, (m * n,), dt)  # not read
     stream = _arrays.stream_of(a)
     if col_major:
         bt = bo.arg(n, k // 4, dtype=u32)
