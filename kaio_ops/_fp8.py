@@ -41,7 +41,8 @@ FLAT_THREADS = 256
 PARTIAL_BLOCKS = 1024  # at most this many blocks write |max| partials (one block reduces them)
 
 # matmul tiles
-BM, BN, BK = 128, 128, 64  # BK in bytes: 16 words, two m16n8k32 k steps
+BM = BN = 128  # load_rows copies BM rows of either operand
+BK = 64  # bytes: 16 words, two m16n8k32 k steps
 BKW = BK // 4
 PAD = 4  # words of padding per shared row: conflict-free fragment loads, 16-byte aligned rows
 WARPS_M, WARPS_N = 2, 4
@@ -159,36 +160,18 @@ def _transpose_bytes(b: u32[:, :], bt: u32[:, :]):
 
 
 @kaio.gpu_func
-def load_stage(
-    a: u32[:, :],
-    bt: u32[:, :],
-    a_s: u32[:, :, :],
-    b_s: u32[:, :, :],
-    stage: u32,
-    m0: u32,
-    n0: u32,
-    k0w: u32,
-    M: u32,
-    N: u32,
-):
-    """cp.async the k tile at word k0w: A rows m0.. and B^T rows n0.. (zero past M and N)."""
-    tid = kaio.thread_idx_x()
+def load_rows(dst: u32[:, :, :], stage: u32, src: u32[:, :], r0: u32, rows: u32, k0w: u32):
+    """cp.async rows r0.. (BM of them), words k0w.. (BKW) of ``src`` into ``dst[stage]``;
+    16-byte chunks past the last row or word are zero-filled (the address kept in bounds)."""
+    kw_total = u32(src.shape[1])
     for c in kaio.static_range(BM * BKW // 4 // MM_THREADS):
-        chunk = tid + c * MM_THREADS
+        chunk = kaio.thread_idx_x() + c * MM_THREADS
         r = chunk // (BKW // 4)
         cw = (chunk % (BKW // 4)) * 4
-        row = m0 + r
-        ok = row < M
-        kaio.cp_async(a_s, (stage, r, cw), a, (row if ok else M - 1, k0w + cw), 16, 16 if ok else 0)
-    for c in kaio.static_range(BN * BKW // 4 // MM_THREADS):
-        chunk = tid + c * MM_THREADS
-        r = chunk // (BKW // 4)
-        cw = (chunk % (BKW // 4)) * 4
-        col = n0 + r
-        ok = col < N
-        kaio.cp_async(
-            b_s, (stage, r, cw), bt, (col if ok else N - 1, k0w + cw), 16, 16 if ok else 0
-        )
+        ok = r0 + r < rows and k0w + cw < kw_total
+        row = r0 + r if ok else u32(0)
+        word = k0w + cw if ok else u32(0)
+        kaio.cp_async(dst, (stage, r, cw), src, (row, word), 16, 16 if ok else 0)
 
 
 @kaio.gpu_kernel
@@ -225,13 +208,15 @@ def _mm_fp8(
     t = lane & 3
     wm = (warp // WARPS_N) * (MI * 16)
     wn = (warp % WARPS_N) * (NI * 8)
-    nk = KW // BKW
-    load_stage(a, bt, a_s, b_s, 0, m0, n0, 0, M, N)
+    nk = (KW + BKW - 1) // BKW
+    load_rows(a_s, 0, a, m0, M, 0)
+    load_rows(b_s, 0, bt, n0, N, 0)
     kaio.cp_async_commit()
     for kt in range(nk):
         stage = kt & 1
         if kt + 1 < nk:
-            load_stage(a, bt, a_s, b_s, stage ^ 1, m0, n0, (kt + 1) * BKW, M, N)
+            load_rows(a_s, stage ^ 1, a, m0, M, (kt + 1) * BKW)
+            load_rows(b_s, stage ^ 1, bt, n0, N, (kt + 1) * BKW)
         kaio.cp_async_commit()
         kaio.cp_async_wait(1)
         kaio.sync_threads()
