@@ -144,6 +144,25 @@ def variants(kernel) -> dict:
     return {name: by_dtype(kernel, FP8=lambda _t, q=q: q) for name, q in FP8_TYPES.items()}
 
 
+@kaio.gpu_func
+def store_scaled(
+    out: DT[:, :], row: u32, col: u32, v: f32, sa: f32[:], sb: f32[:], bias: DT[:],
+    ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr,
+):  # fmt: skip
+    """out[row, col] = v * (scale_a * scale_b) (+ bias[col]), rounded once to DT; the scales
+    per tensor (element 0) or per row of a / column of b (ROW_A, COL_B)."""
+    s_a = sa[0]
+    if ROW_A:
+        s_a = sa[row]
+    s_b = sb[0]
+    if COL_B:
+        s_b = sb[col]
+    v = v * (s_a * s_b)
+    if BIAS:
+        v += f32(bias[col])
+    out[row, col] = DT(v)
+
+
 @kaio.gpu_kernel
 def _transpose_bytes(b: u32[:, :], bt: u32[:, :]):
     """bt [N, K/4] words = the K x N bytes of ``b`` (as [K, N/4] words) transposed: one
@@ -239,24 +258,16 @@ def _mm_fp8(
                     else:
                         kaio.mma_e5m2(acc[i, j], af[i], bf[j], acc[i, j])
         kaio.sync_threads()
-    s_a = sa[0]
-    s_b = sb[0]
     for i in kaio.static_range(MI):
         for h in kaio.static_range(2):
             row = m0 + wm + i * 16 + g + h * 8
             if row < M:
-                if ROW_A:
-                    s_a = sa[row]
                 for j in kaio.static_range(NI):
                     for e in kaio.static_range(2):
                         col = n0 + wn + j * 8 + 2 * t + e
                         if col < N:
-                            if COL_B:
-                                s_b = sb[col]
-                            v = acc[i, j, h * 2 + e] * (s_a * s_b)
-                            if BIAS:
-                                v += f32(bias[col])
-                            out[row, col] = DT(v)
+                            store_scaled(out, row, col, acc[i, j, h * 2 + e], sa, sb, bias,
+                                         ROW_A, COL_B, BIAS)  # fmt: skip
 
 
 def shipped():

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from kaio import bf16, e4m3, e5m2, f16, f32, u32
 from kaio.types import ScalarType
 from kaio_ops import _arrays
 from kaio_ops import _fp8 as K
+from kaio_ops import _fp8_hopper as H
 
 __all__ = ["quantize_fp8", "matmul_fp8"]
 
@@ -103,6 +106,27 @@ def _scale_vector(inputs, s, name: str, n: int, shapes: str) -> tuple:
     raise inputs.error(name, f"must have 1 element (per tensor) or {shapes}, got {v.shape}")
 
 
+HOPPER_IN_SIMULATOR = False  # tests set it to run the sm_90 kernel on the simulator
+
+
+def _uses_wgmma(a: _arrays.Operand) -> bool:
+    """Whether ``a``'s GPU is an sm_90 (Hopper: the wgmma kernel), or, in the simulator,
+    whether ``HOPPER_IN_SIMULATOR`` asks for that kernel."""
+    dev = _arrays.gpu(a)
+    if dev is None:
+        return HOPPER_IN_SIMULATOR
+    return dev.compute_capability == (9, 0)
+
+
+def _units(obj, kind: str):
+    """A contiguous fp8 array seen as 16-bit units (pairs of values): the TMA maps' view."""
+    if kind == "torch":
+        import torch
+
+        return obj.view(torch.float16)
+    return obj.view(np.float16)
+
+
 def _require_fp8_gpu(a: _arrays.Operand) -> None:
     dev = _arrays.gpu(a)
     if dev is not None and dev.compute_capability < (8, 9):
@@ -122,7 +146,7 @@ def matmul_fp8(a, b, scale_a, scale_b, *, out_dtype=None, bias=None):
     b); K and N multiples of 16. scale_a: f32, 1 element or one per row of a ([M, 1]);
     scale_b: f32, 1 element or one per column of b ([1, N]). out_dtype: bf16 (default), f16
     or f32 (a torch dtype or a name); bias: [N] of out_dtype. Returns [M, N] of a's kind.
-    sm_89+ (``mma.sync`` e4m3/e5m2).
+    sm_90: ``wgmma`` (``kaio_ops._fp8_hopper``); sm_89 and later others: ``mma.sync``.
     """
     op = "matmul_fp8"
     out_name = _type_name(bf16 if out_dtype is None else out_dtype, _OUT_TYPES, op, "out_dtype")
@@ -156,23 +180,23 @@ def matmul_fp8(a, b, scale_a, scale_b, *, out_dtype=None, bias=None):
         bias_arg = _arrays.output_arg(a, out, (m * n,), dt)  # not read
     stream = _arrays.stream_of(a)
     if col_major:
+        bt_obj = bo.obj
         bt = bo.arg(n, k // 4, dtype=u32)
     else:
-        bt_out = _arrays.output(a, (n, k), a.dtype)
-        bt = _arrays.output_arg(a, bt_out, (n, k // 4), u32)
+        bt_obj = _arrays.output(a, (n, k), a.dtype)
+        bt = _arrays.output_arg(a, bt_obj, (n, k // 4), u32)
         K._transpose_bytes[(math.ceil(k / 4 / 128), n), 128, stream](
             bo.arg(k, n // 4, dtype=u32), bt
         )
+    flags = {"ROW_A": int(row_a), "COL_B": int(col_b), "BIAS": int(bias is not None)}
+    if _uses_wgmma(a):
+        H.launch(
+            _units(a.obj, a.kind), _units(bt_obj, a.kind), out_arg, sa, sb, bias_arg,
+            m, n, k, a.dtype.name, dt, flags, _arrays.multiprocessors(a), stream,
+        )  # fmt: skip
+        return out
     grid = (math.ceil(n / K.BN), math.ceil(m / K.BM))
     K.MM[a.dtype.name][dt][grid, K.MM_THREADS, stream](
-        a.arg(m, k // 4, dtype=u32),
-        bt,
-        out_arg,
-        sa,
-        sb,
-        bias_arg,
-        ROW_A=int(row_a),
-        COL_B=int(col_b),
-        BIAS=int(bias is not None),
+        a.arg(m, k // 4, dtype=u32), bt, out_arg, sa, sb, bias_arg, **flags
     )
     return out

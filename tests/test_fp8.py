@@ -212,3 +212,17 @@ def test_errors(body, message):
     with pytest.raises(kaio.CompileError, match=message) as info:
         _compile(src)
     assert info.value.lineno == 6
+
+
+def test_wgmma_fp8_has_no_transpose():
+    src = (
+        "@kaio.gpu_kernel(block_size=128)\n"
+        "def k(q: e4m3[:], o: e4m3[:], d: f64[:]):\n"
+        "    acc = kaio.local(f32, (64,))\n"
+        "    s = kaio.shared(kaio.u8, (2048,))\n"
+        "    da = kaio.smem_descriptor(s, (0,), 0, 128, 256)\n"
+        "    kaio.wgmma_e4m3(acc, da, da, True, False, True)\n"
+    )
+    with pytest.raises(kaio.CompileError, match="K-major only") as info:
+        _compile(src)
+    assert info.value.lineno == 9

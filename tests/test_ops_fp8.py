@@ -148,6 +148,26 @@ def test_matmul_sim(name, layout, scales, out, with_bias, k):
     assert np.abs(ref).max() > 100  # a real product
 
 
+def test_matmul_hopper_kernel_sim(monkeypatch):
+    """The sm_90 kernel (TMA, wgmma k32, the persistent grid) on the simulator: e5m2, per-row
+    scale_a, bias, f32 out; K = 160 is two k slices, the second partial; M and N partial."""
+    from kaio_ops import fp8
+
+    monkeypatch.setattr(fp8, "HOPPER_IN_SIMULATOR", True)
+    m, k, n = 130, 160, 48
+    a, w = _fp8_operands(m, k, n, "e5m2", seed=4)
+    rng = np.random.default_rng(6)
+    sa = rng.uniform(0.5, 2, (m, 1)).astype(np.float32)
+    sb = np.array([0.5], np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    with kaio.simulate():
+        got = kaio_ops.matmul_fp8(a, w.T, sa, sb, out_dtype="f32", bias=bias)
+    ref = matmul_reference(a, w.T, sa, sb, bias)
+    scale = matmul_reference(np.abs(a.astype(np.float64)), np.abs(w.T.astype(np.float64)), sa, sb)
+    assert np.all(np.abs(got - ref) <= 1e-6 * scale + 1e-5 * np.abs(ref))
+    assert np.abs(ref).max() > 100
+
+
 def test_matmul_torch_dtypes_accepted():
     torch = pytest.importorskip("torch")
     a, w = _fp8_operands(16, 32, 16, "e4m3", seed=2)
@@ -193,6 +213,16 @@ def test_ptx_assembles(arch, first):
     assert len(shipped) == 2 * 3 * 10 + 2 + 3 + 1
     for kernel, constexprs in shipped[first::10]:
         assemble(kernel.ptx(arch=arch, **constexprs), arch)
+
+
+@needs_ptxas
+def test_hopper_kernel_assembles_for_sm_90a():
+    from kaio_ops import _fp8_hopper
+
+    kernel, constexprs = list(_fp8_hopper.specializations())[3]  # e4m3, f16 out, BN 128
+    ptx = kernel.ptx(arch="sm_90", **constexprs)
+    assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in ptx
+    assemble(ptx, "sm_90a")
 
 
 @needs_ptxas

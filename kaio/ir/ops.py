@@ -274,7 +274,11 @@ REQUIRED_ATTRS = {
     "ldmatrix": {"trans": (False, True)},
     "mma": {"kind": tuple(MMA_KINDS)},
     "cp_async": {"bytes": (4, 8, 16), "cache": ("ca", "cg")},
-    "wgmma": {"kind": ("f16", "bf16"), "trans_a": (False, True), "trans_b": (False, True)},
+    "wgmma": {
+        "kind": ("f16", "bf16", "e4m3", "e5m2"),
+        "trans_a": (False, True),
+        "trans_b": (False, True),
+    },
     "smem_desc": {"swizzle": (0, 32, 64, 128)},
     "setmaxnreg": {"action": ("inc", "dec")},
 }
