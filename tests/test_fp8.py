@@ -86,7 +86,7 @@ def test_from_fp8_all_codes(name):
     x = np.full(256, -7.0, np.float32)
     h = np.full(256, -7.0, np.float16)
     b = np.full(256, -7.0, ml_dtypes.bfloat16)
-    launch(getattr(K, f"from_{name}"), q, x, h, b)
+    launch(K.FROM[name], q, x, h, b)
     expect = np.array([decode(c, name) for c in range(256)])
     for got in (x, h, b):
         got = got.astype(np.float64)
@@ -104,7 +104,7 @@ def test_to_fp8_boundaries(name):
     h = x.astype(np.float16)  # the boundaries of f16 inputs are exact in f16 too
     b = x.astype(ml_dtypes.bfloat16)
     outs = [np.full(len(x), 0x55, np.uint8).view(dtype) for _ in range(3)]
-    launch(getattr(K, f"to_{name}"), x, h, b, *outs)
+    launch(K.TO[name], x, h, b, *outs)
     for src, got in zip((x, h, b), outs, strict=True):
         wide = src.astype(np.float64)
         expect = np.array([reference(float(v), name) for v in wide], np.uint8)
@@ -124,7 +124,7 @@ def test_to_fp8_every_f16():
     for name in ("e4m3", "e5m2"):
         dtype = FORMATS[name][2]
         outs = [np.zeros(len(h), dtype) for _ in range(3)]
-        launch(getattr(K, f"to_{name}"), x, h, b, *outs)
+        launch(K.TO[name], x, h, b, *outs)
         limit = np.float32(ml_dtypes.finfo(dtype).max)
         expect = np.clip(x, -limit, limit).astype(dtype).view(np.uint8).copy()
         expect[np.isnan(x)] = 0x7F
@@ -169,7 +169,7 @@ def test_host_conversion():
 def test_ptx_assembles(arch, backend):
     if backend == "llvm":
         pytest.importorskip("llvmlite")
-    for kernel in (K.to_e4m3, K.to_e5m2, K.from_e4m3, K.from_e5m2, K.routed):
+    for kernel in (*K.TO.values(), *K.FROM.values(), K.routed):
         ptx = kernel.ptx(arch=arch, backend=backend)
         assert "cvt.rn.satfinite.e" in ptx or "cvt.rn.f16x2.e" in ptx
         assemble(ptx, arch)
@@ -177,7 +177,7 @@ def test_ptx_assembles(arch, backend):
 
 def test_sm80_refused_with_location():
     with pytest.raises(kaio.CompileError) as info:
-        K.to_e4m3.ptx(arch="sm_80")
+        K.TO["e4m3"].ptx(arch="sm_80")
     err = info.value
     assert err.filename.endswith("fp8_kernels.py") and err.lineno > 0
     assert "sm_89" in str(err) and "kaio.e4m3()" in str(err)
