@@ -146,21 +146,28 @@ def variants(kernel) -> dict:
 
 @kaio.gpu_func
 def store_scaled(
-    out: DT[:, :], row: u32, col: u32, v: f32, sa: f32[:], sb: f32[:], bias: DT[:],
+    out: DT[:, :], row: u32, col: u32, v0: f32, v1: f32, sa: f32[:], sb: f32[:], bias: DT[:],
     ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr,
 ):  # fmt: skip
-    """out[row, col] = v * (scale_a * scale_b) (+ bias[col]), rounded once to DT; the scales
-    per tensor (element 0) or per row of a / column of b (ROW_A, COL_B)."""
+    """out[row, col : col + 2] = (v0, v1) * (scale_a * scale_b) (+ bias), each rounded once
+    to DT, in one 4- or 8-byte store (col is even and N a multiple of 16); the scales per
+    tensor (element 0) or per row of a / column of b (ROW_A, COL_B)."""
     s_a = sa[0]
     if ROW_A:
         s_a = sa[row]
-    s_b = sb[0]
-    if COL_B:
-        s_b = sb[col]
-    v = v * (s_a * s_b)
-    if BIAS:
-        v += f32(bias[col])
-    out[row, col] = DT(v)
+    vals = kaio.local(f32, (2,))
+    vals[0] = v0
+    vals[1] = v1
+    pair = kaio.local(DT, (2,))
+    for e in kaio.static_range(2):
+        s_b = sb[0]
+        if COL_B:
+            s_b = sb[col + e]
+        v = vals[e] * (s_a * s_b)
+        if BIAS:
+            v += f32(bias[col + e])
+        pair[e] = DT(v)
+    kaio.store_vector(out, (row, col), pair)
 
 
 @kaio.gpu_kernel
@@ -263,11 +270,10 @@ def _mm_fp8(
             row = m0 + wm + i * 16 + g + h * 8
             if row < M:
                 for j in kaio.static_range(NI):
-                    for e in kaio.static_range(2):
-                        col = n0 + wn + j * 8 + 2 * t + e
-                        if col < N:
-                            store_scaled(out, row, col, acc[i, j, h * 2 + e], sa, sb, bias,
-                                         ROW_A, COL_B, BIAS)  # fmt: skip
+                    col = n0 + wn + j * 8 + 2 * t
+                    if col < N:
+                        store_scaled(out, row, col, acc[i, j, h * 2], acc[i, j, h * 2 + 1], sa,
+                                     sb, bias, ROW_A, COL_B, BIAS)  # fmt: skip
 
 
 def shipped():

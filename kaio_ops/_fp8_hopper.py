@@ -8,8 +8,8 @@ PTX has no transposed 8-bit wgmma, so both operands are K-major: A [M, K] and B'
 and the TMA copies do not care about the element type: they are written for 16-bit units
 (pairs of fp8 values, the arrays viewed as f16 [rows, K / 2]), so a stage holds 64 units =
 128 fp8 values of K, four k32 wgmmas, and both operands use A's descriptor (K-major, SBO 1024).
-The epilogue is ``kaio_ops._fp8.store_scaled`` per element: ``acc * scale_a * scale_b (+
-bias)`` rounded once.
+The epilogue is ``kaio_ops._fp8.store_scaled`` per pair of adjacent columns (one 4- or
+8-byte store): ``acc * scale_a * scale_b (+ bias)`` rounded once.
 """
 
 from __future__ import annotations
@@ -70,11 +70,10 @@ def epilogue_fp8(
         row = row0 + 8 * h
         if row < m:
             for j in kaio.static_range(BN // 8):
-                for e in kaio.static_range(2):
-                    col = here[3] + 8 * j + 2 * (lane % 4) + e
-                    if col < n:
-                        store_scaled(out, u32(row), u32(col), acc[j, h, e], sa, sb, bias,
-                                     ROW_A, COL_B, BIAS)  # fmt: skip
+                col = here[3] + 8 * j + 2 * (lane % 4)
+                if col < n:
+                    store_scaled(out, u32(row), u32(col), acc[j, h, 0], acc[j, h, 1], sa, sb,
+                                 bias, ROW_A, COL_B, BIAS)  # fmt: skip
 
 
 @kaio.gpu_kernel(block_size=THREADS)
