@@ -226,3 +226,39 @@ def test_wgmma_fp8_has_no_transpose():
     with pytest.raises(kaio.CompileError, match="K-major only") as info:
         _compile(src)
     assert info.value.lineno == 9
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["ptx", "llvm"])
+def test_gpu_conversions_match_simulator(backend):
+    """On an sm_89+ GPU, both backends' conversions give the simulator's bits: every f16
+    value (so every boundary, saturation, infinities and NaN payloads) to e4m3 and e5m2,
+    through the f32, f16 and bf16 paths, and all 256 codes back."""
+    if backend == "llvm":
+        pytest.importorskip("llvmlite")
+    from tests.test_llvm_backend import twin
+
+    dev = kaio.device()
+    if dev.compute_capability < (8, 9):
+        pytest.skip(f"fp8 conversions need sm_89+, this GPU is {dev.arch}")
+    h = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    x = h.astype(np.float32)
+    b = x.astype(ml_dtypes.bfloat16)
+    for name, dtype in ((n, FORMATS[n][2]) for n in FORMATS):
+        kernel = twin(K.TO[name], backend)
+        outs = [kaio.to_device(np.full(len(h), 0x55, np.uint8).view(dtype)) for _ in range(3)]
+        ins = [kaio.to_device(v) for v in (x, h, b)]
+        kernel[(len(h) + 127) // 128,](*ins, *outs, np.uint32(len(h)))
+        want = [np.zeros(len(h), dtype) for _ in range(3)]
+        launch(K.TO[name], x, h, b, *want)
+        for got, w in zip(outs, want, strict=True):
+            assert np.array_equal(got.numpy().view(np.uint8), w.view(np.uint8))
+        q = np.arange(256, dtype=np.uint8).view(dtype)
+        back = [
+            kaio.to_device(np.zeros(256, t)) for t in (np.float32, np.float16, ml_dtypes.bfloat16)
+        ]
+        twin(K.FROM[name], backend)[2,](kaio.to_device(q), *back, np.uint32(256))
+        want = [np.zeros(256, t) for t in (np.float32, np.float16, ml_dtypes.bfloat16)]
+        launch(K.FROM[name], q, *want)
+        for got, w in zip(back, want, strict=True):
+            assert np.array_equal(got.numpy().view(np.uint8), w.view(np.uint8))

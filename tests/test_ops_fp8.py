@@ -262,12 +262,19 @@ def test_quantize_gpu_matches_torch(per, name):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("path", ["auto", "mma_sync"])
 @pytest.mark.parametrize("shape", [(4096, 4096, 4096), (1, 4096, 14336), (77, 8192, 1024)])
 @pytest.mark.parametrize("scales", ["tensor", "row"])
-def test_matmul_gpu_vs_scaled_mm(shape, scales):
+def test_matmul_gpu_vs_scaled_mm(shape, scales, path, monkeypatch):
+    """Against torch._scaled_mm; ``auto`` is the GPU's own kernel (wgmma on sm_90),
+    ``mma_sync`` the sm_89 kernel on any sm_89+ GPU."""
     torch = pytest.importorskip("torch")
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("fp8 needs sm_89+")
+    if path == "mma_sync":
+        from kaio_ops import fp8
+
+        monkeypatch.setattr(fp8, "_uses_wgmma", lambda a: False)
     m, k, n = shape
     x = torch.randn(m, k, device="cuda")
     w = torch.randn(n, k, device="cuda")
