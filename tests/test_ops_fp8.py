@@ -205,13 +205,24 @@ def test_matmul_errors(change, message):
 
 
 @needs_ptxas
-@pytest.mark.parametrize("arch, first", [("sm_89", 0), ("sm_90", 5)])
-def test_ptx_assembles(arch, first):
-    """A spread of the shipped specializations (every one is compiled by the GPU tests):
-    every 10th, starting at ``first``, so the two archs see different ones."""
+@pytest.mark.parametrize("arch, fmt, dt", [("sm_89", "e4m3", "bf16"), ("sm_90", "e5m2", "f16")])
+def test_ptx_assembles(arch, fmt, dt):
+    """Every kind of kernel the ops ship (the matmul with every flag set, one output type per
+    arch, and the quantizers of one input type); the GPU tests compile the rest."""
     shipped = list(_fp8.shipped())
     assert len(shipped) == 2 * 3 * 10 + 2 + 3 + 1
-    for kernel, constexprs in shipped[first::10]:
+    t = getattr(kaio, dt)
+    flags = {"ROW_A": 1, "COL_B": 1, "BIAS": 1}
+    chosen = [
+        (_fp8.MM[fmt][t], flags),
+        (_fp8.QUANTIZE_ROWS[fmt][t], {"LIMIT": _fp8.FP8_MAX[fmt]}),
+        (_fp8.QUANTIZE_FLAT[fmt][t], {}),
+        (_fp8._tensor_scale, {"LIMIT": _fp8.FP8_MAX[fmt]}),
+        (_fp8.AMAX_PARTIAL[t], {}),
+        (_fp8._transpose_bytes, {}),
+    ]
+    for kernel, constexprs in chosen:
+        assert (kernel, constexprs) in shipped
         assemble(kernel.ptx(arch=arch, **constexprs), arch)
 
 
