@@ -571,7 +571,8 @@ def _implementation(spec: OpSpec, names: list) -> Callable:
 
     def impl(*args, **kwargs):
         _check_devices(spec.name, names, args)
-        _check_devices(spec.name, list(kwargs), kwargs.values())
+        if kwargs:
+            _check_devices(spec.name, list(kwargs), kwargs.values())
         if spec.contiguous:
             args = [a.contiguous() if isinstance(a, torch.Tensor) else a for a in args]
         if by_name:  # the function has keyword-only arguments that the schema has positional
