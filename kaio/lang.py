@@ -1004,4 +1004,6 @@ _define(
 # ---------------------------------------------------------------- Hopper (sm_90 / sm_90a)
 # wgmma, smem descriptors, mbarriers, TMA, fence.proxy.async, setmaxnreg: they register
 # themselves in BUILTINS through _define (their typing rules are in kaio/lang_hopper.py).
+# The 8-bit floats' builtins (mma_e4m3, mma_e5m2) and conversions are in kaio/lang_fp8.py.
+from kaio import lang_fp8 as _lang_fp8  # noqa: E402, F401
 from kaio import lang_hopper as _lang_hopper  # noqa: E402, F401

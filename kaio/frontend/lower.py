@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import kaio
-from kaio import lang
+from kaio import lang, lang_fp8
 from kaio import types as T
 from kaio.errors import CompileError
 from kaio.frontend.resolve import MISSING, lookup_global, parse
@@ -951,6 +951,7 @@ class Lowerer:
         x = self.value(v, node)
         if opt is ast.UAdd:
             return x
+        lang_fp8.require_arith(self, x, node)
         if x.type.is_bool:
             self.error("'-' and '~' need numbers, got a bool", node)
         if opt is ast.Invert:
@@ -1265,6 +1266,8 @@ class Lowerer:
         message = lang.packed_conversion(v.type, t)
         if message:
             self.error(message)
+        if v.type.is_fp8 or t.is_fp8:
+            return lang_fp8.convert(self, v, t)
         return self.b.convert(v, t)
 
     def unify(self, a, b, node):
@@ -1279,7 +1282,7 @@ class Lowerer:
             va, vb = self.value(a, node), self.value(b, node)
         t = T.promote(va.type, vb.type)
         if t is None:
-            message = lang.packed_mix(va.type, vb.type)
+            message = lang.packed_mix(va.type, vb.type) or lang_fp8.mix_message(va.type, vb.type)
             self.error(message or f"cannot combine {va.type} and {vb.type}", node)
         return self.convert(va, t), self.convert(vb, t)
 

@@ -80,6 +80,8 @@ def const_convert(value, t: ScalarType) -> Const:
         from kaio.types import pack_host
 
         return Const(int(pack_host(t, value)), t)
+    if t.is_fp8:  # the value it rounds to (saturating), as a Python float
+        return Const(float(t(float(value))), t)
     if t.is_float:
         import math
 

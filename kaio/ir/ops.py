@@ -236,6 +236,7 @@ class MmaKind:
     a_regs: int
     b_regs: int
     c_regs: int
+    feature: str = "mma"  # the kaio.ptx.target feature the form needs
 
     @property
     def ptx_shape(self) -> str:
@@ -249,6 +250,8 @@ MMA_KINDS: dict[str, MmaKind] = {
     "bf16": MmaKind((16, 8, 16), "bf16", "f32", 4, 2, 4),
     "s8": MmaKind((16, 8, 32), "s8", "s32", 4, 2, 4),
     "tf32": MmaKind((16, 8, 8), "tf32", "f32", 4, 2, 4),
+    "e4m3": MmaKind((16, 8, 32), "e4m3", "f32", 4, 2, 4, "mma_fp8"),
+    "e5m2": MmaKind((16, 8, 32), "e5m2", "f32", 4, 2, 4, "mma_fp8"),
 }
 
 SPECIAL_REGISTERS = (
@@ -271,7 +274,11 @@ REQUIRED_ATTRS = {
     "ldmatrix": {"trans": (False, True)},
     "mma": {"kind": tuple(MMA_KINDS)},
     "cp_async": {"bytes": (4, 8, 16), "cache": ("ca", "cg")},
-    "wgmma": {"kind": ("f16", "bf16"), "trans_a": (False, True), "trans_b": (False, True)},
+    "wgmma": {
+        "kind": ("f16", "bf16", "e4m3", "e5m2"),
+        "trans_a": (False, True),
+        "trans_b": (False, True),
+    },
     "smem_desc": {"swizzle": (0, 32, 64, 128)},
     "setmaxnreg": {"action": ("inc", "dec")},
 }

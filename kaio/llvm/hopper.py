@@ -41,6 +41,7 @@ from kaio.ptx.hopper import (
     _split,
     bulk_store_operands,
     tma_load_operands,
+    wgmma_form,
 )
 from kaio.ptx.regs import mem_type
 from kaio.ptx.tensor import frag_registers
@@ -134,12 +135,11 @@ def lower_wgmma(g, ins: Instr) -> None:
     g.target.require("wgmma", builtin, g.loc)
     acc, a_desc, b_desc, scale_d = ins.args
     n = len(frag_registers(g, acc, builtin))
-    ta, tb = int(ins.attrs["trans_a"]), int(ins.attrs["trans_b"])
-    shape = f"m64n{ins.attrs['n']}k16.f32.{kind}.{kind}"
+    shape, tail = wgmma_form(ins.attrs)
     text = (
         f"{{ .reg .pred scale_d; setp.ne.b32 scale_d, ${n + 2}, 0; "
         f"wgmma.mma_async.sync.aligned.{shape} {operands(0, n)}, ${n}, ${n + 1}, scale_d, "
-        f"1, 1, {ta}, {tb}; }}"
+        f"{tail}; }}"
     )
     outputs, tied, ret = _in_place(n)
     scale = g.b.zext(g.value(scale_d), I32)

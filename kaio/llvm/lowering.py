@@ -36,7 +36,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from kaio.ir.nodes import Const, Instr
-from kaio.llvm import hopper, memory, packed, tensor
+from kaio.llvm import fp8, hopper, memory, packed, tensor
 from kaio.llvm.typemap import (
     DOUBLE,
     FLOAT,
@@ -329,6 +329,8 @@ def convert(g, a, st: ScalarType, dt: ScalarType):
         if dt.is_float:
             return g.b.select(a, const(Const(1.0, dt)), const(Const(0.0, dt)))
         return g.b.zext(a, lltype(dt))
+    if dt.is_fp8 or st.is_fp8:
+        return fp8.convert(g, a, st, dt)
     if dt.is_int and st.is_int:
         return _resize(g, a, lltype(dt), signed=st.kind == "int")
     if "bf16" in (dt.name, st.name):

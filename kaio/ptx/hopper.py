@@ -47,18 +47,28 @@ def _split(ins: Instr, start: int):
     return arr, ins.args[start + 1 : end], ins.args[end:]
 
 
+def wgmma_form(attrs: dict) -> tuple[str, str]:
+    """(shape and types, the immediates after scale-d) of a ``wgmma`` op: ``m64n{n}k16`` with
+    ``1, 1, trans_a, trans_b`` for f16/bf16; ``m64n{n}k32`` with ``1, 1`` for the 8-bit
+    floats (e4m3, e5m2), which PTX allows only K-major (no transpose operands)."""
+    kind = attrs["kind"]
+    if kind in ("e4m3", "e5m2"):
+        return f"m64n{attrs['n']}k32.f32.{kind}.{kind}", "1, 1"
+    ta, tb = int(attrs["trans_a"]), int(attrs["trans_b"])
+    return f"m64n{attrs['n']}k16.f32.{kind}.{kind}", f"1, 1, {ta}, {tb}"
+
+
 def lower_wgmma(e, ins: Instr) -> None:
     """``wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {d}, a_desc, b_desc, p, 1, 1,
-    trans_a, trans_b``."""
+    trans_a, trans_b`` (k32 and no transposes for e4m3/e5m2: ``wgmma_form``)."""
     kind = ins.attrs["kind"]
     builtin = f"kaio.wgmma_{kind}()"
     e.target.require("wgmma", builtin, e.loc)
     acc, a_desc, b_desc, scale_d = ins.args
     regs = frag_registers(e, acc, builtin)
-    ta, tb = int(ins.attrs["trans_a"]), int(ins.attrs["trans_b"])
-    shape = f"m64n{ins.attrs['n']}k16.f32.{kind}.{kind}"
+    shape, tail = wgmma_form(ins.attrs)
     d = "{" + ", ".join(regs) + "}"
-    operands = f"{e.r(a_desc)}, {e.r(b_desc)}, {e.r(scale_d)}, 1, 1, {ta}, {tb}"
+    operands = f"{e.r(a_desc)}, {e.r(b_desc)}, {e.r(scale_d)}, {tail}"
     e.line(f"wgmma.mma_async.sync.aligned.{shape} {d}, {operands}")
 
 

@@ -15,7 +15,7 @@ and ``prmt`` in ``kaio.ptx.packed``.
 from __future__ import annotations
 
 from kaio.ir.nodes import Const, Instr
-from kaio.ptx import hopper, memory, packed, tensor
+from kaio.ptx import fp8, hopper, memory, packed, tensor
 from kaio.ptx.regs import bty, immediate, is_half, is_narrow, ity, normalise, storage
 from kaio.ptx.templates import fmt, pick
 from kaio.types import ScalarType, f32, f64, u32
@@ -214,6 +214,8 @@ def convert(e, d: str, dt: ScalarType, a: str, st: ScalarType) -> None:
     elif st.is_bool:
         one, zero = immediate(Const(1, dt)), immediate(Const(0, dt))
         e.line(f"selp.{bty(dt) if is_half(dt) else ity(dt)} {d}, {one}, {zero}, {a}")
+    elif dt.is_fp8 or st.is_fp8:
+        fp8.convert(e, d, dt, a, st)
     elif dt.is_int and st.is_int:
         _int_to_int(e, d, dt, a, st)
     elif "bf16" in (dt.name, st.name):

@@ -53,6 +53,8 @@ FEATURES: dict[str, Feature] = {
     "bf16x2_fma": Feature(80, (7, 0), "fma.rn.bf16x2"),
     "ldmatrix": Feature(75, (6, 5), "ldmatrix"),
     "mma": Feature(80, (7, 0), "mma.sync.aligned m16n8k16/k32/k8 and cvt.rna.tf32.f32"),
+    "fp8_cvt": Feature(89, (8, 1), "cvt to and from e4m3x2/e5m2x2 (8-bit floats)"),
+    "mma_fp8": Feature(89, (8, 4), "mma.sync.aligned.m16n8k32 with e4m3/e5m2 inputs"),
     "cp_async": Feature(80, (7, 0), "cp.async"),
     "mbarrier": Feature(80, (7, 0), "mbarrier.init/arrive"),
     "mbarrier_wait": Feature(90, (7, 8), "mbarrier.try_wait.parity"),

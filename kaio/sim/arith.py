@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kaio.sim import numerics
+from kaio.sim import fp8, numerics
 from kaio.types import ScalarType
 
 F32 = np.dtype(np.float32)
@@ -142,8 +142,12 @@ def approx_ftz(fn):
 
 
 def cvt(src: ScalarType, dst: ScalarType, a):
-    """Conversion with the rules of ``kaio.ir.ops``."""
+    """Conversion with the rules of ``kaio.ir.ops`` (fp8: ``kaio.sim.fp8``)."""
     a = np.asarray(a)
+    if dst.is_fp8:
+        return fp8.to_fp8(a, dst)
+    if src.is_fp8:
+        return fp8.from_fp8(a, dst.np_dtype)
     if dst.is_bool:
         return a != 0
     if src.is_bool or (src.is_int and dst.is_int):
