@@ -11,6 +11,7 @@ from kaio.kernel import Kernel, constexpr
 from kaio.lang import *  # noqa: F403  (the DSL builtins: thread_idx_x, shared, exp, ...)
 from kaio.lang import static_range
 from kaio.lazy import lazy_names
+from kaio.runtime import _WHERE as _runtime_where
 from kaio.sim.mode import simulate
 from kaio.tensormap import TensorMap, tensor_map_2d
 from kaio.types import (
@@ -53,7 +54,11 @@ _RUNTIME = (
     "to_device",
     "zeros",
 )
-__getattr__, __dir__ = lazy_names(__name__, dict.fromkeys(_RUNTIME, "kaio.runtime"), globals())
+# Each name points at its defining module, not at ``kaio.runtime``: once the submodule
+# ``kaio.runtime.device`` is imported, the package attribute ``device`` is that module.
+__getattr__, __dir__ = lazy_names(
+    __name__, {name: _runtime_where[name] for name in _RUNTIME}, globals()
+)
 # ``from kaio import *``: the public names, the lazy ones included (not the submodules).
 __all__ = sorted(
     {n for n, v in globals().items() if not n.startswith("_") and not isinstance(v, ModuleType)}
