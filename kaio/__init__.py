@@ -4,7 +4,15 @@ the CUDA driver (no toolkit) or on the CPU simulator."""
 __version__ = "0.1.0"
 
 from kaio.decorators import DeviceFunction, gpu_func, gpu_kernel
-from kaio.errors import CompileError, CudaError, LaunchError, OutOfBoundsError, SimulationError
+from kaio.errors import (
+    CompileError,
+    CudaError,
+    KaioWarning,
+    LaunchError,
+    OutOfBoundsError,
+    SimulationError,
+    UnsignedComparisonWarning,
+)
 from kaio.kernel import Kernel, constexpr
 from kaio.lang import *  # noqa: F403  (the DSL builtins: thread_idx_x, shared, exp, ...)
 from kaio.lang import static_range
@@ -42,3 +50,10 @@ from kaio.types import (
     u32,
     u64,
 )
+
+# `from kaio import *` exports every public name except the builtins that share a name with
+# Python's (abs, min, max, pow): star-importing kaio must not change what host code's abs()
+# means. In kernels write kaio.abs(x) or plain abs(x): the frontend maps Python's builtins to
+# kaio's. (Add a name here when a new kaio builtin shadows a Python one.)
+_NOT_STARRED = {"abs", "max", "min", "pow"}
+__all__ = sorted(n for n in list(globals()) if not n.startswith("_") and n not in _NOT_STARRED)
