@@ -41,6 +41,7 @@ class _Gen:
         self.lines: list[str] = []
         self.loop_depth = 0
         self.fresh = 0
+        self.helper: tuple[str, str] | None = None  # the device function's parameter types
 
     def choice(self, seq):
         return seq[int(self.rng.integers(len(seq)))]
@@ -110,7 +111,11 @@ class _Gen:
 
     def assign(self, indent: int) -> None:
         name, t = self.choice(self.assignable())
-        if self.chance(0.3) and t in INT_TYPES:
+        if self.helper and self.chance(0.15):
+            ta, tb = self.helper
+            call = f"helper({ta}({self.expr(ta, 1)}), {tb}({self.expr(tb, 1)}))"
+            self.emit(indent, f"{name} = {t}({call})")
+        elif self.chance(0.3) and t in INT_TYPES:
             op = self.choice(["+=", "-=", "^=", "|="])
             self.emit(indent, f"{name} {op} {self.expr(t, 2)}")
         else:
@@ -197,6 +202,20 @@ def generate(seed: int) -> tuple[str, int, int, int]:
         "    g = tid + kaio.block_idx_x() * kaio.block_dim_x()",
         f"    sm = kaio.shared(i32, ({block},))",
     ]
+    ta, tb = g.choice(INT_TYPES + FLOAT_TYPES), g.choice(INT_TYPES + FLOAT_TYPES)
+    h = _Gen(rng, block)  # a device function with an early return
+    h.vars = [("a", ta), ("b", tb)]
+    helper = [
+        "@kaio.gpu_func",
+        f"def helper(a: {ta}, b: {tb}) -> {ta}:",
+        f"    if {h.cond(1)}:",
+        f"        return {ta}({h.expr(ta, 2)})",
+        f"    return {ta}({h.expr(ta, 2)})",
+        "",
+        "",
+    ]
+    head[4:4] = helper
+    g.helper = (ta, tb)
     g.vars = [("tid", "u32"), ("g", "u32")]
     for k in range(int(rng.integers(4, 8))):
         t = g.choice(INT_TYPES + FLOAT_TYPES)

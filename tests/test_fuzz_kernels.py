@@ -56,6 +56,7 @@ def test_random_kernel_simulates_compiles_and_passes_agree(seed):
 
 def test_generated_kernels_use_the_constructs_they_should():
     """The generator is not degenerate: over a few seeds it writes loops, break/continue,
+    calls of a device function with an early return,
     if/else with variables assigned in both branches, shuffles, barriers, mixed widths."""
     text = "\n".join(kernelgen.generate(s)[0] for s in range(20))
     for construct in (
@@ -72,6 +73,7 @@ def test_generated_kernels_use_the_constructs_they_should():
         "<<",
         "kaio.fma",
         "/ ",
+        "(helper(",
     ):
         assert construct in text, construct
 
