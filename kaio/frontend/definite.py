@@ -150,7 +150,7 @@ class _Checker:
         if isinstance(s, Region):
             end = self.block(s.body, state)
             exits = _meet(end, self._take(s.id, "break"))
-            self.lost(end, exits, "if", s.loc)
+            self.lost(end, exits, "loop", s.loc)  # a static_range copy left by continue
             return exits
         return state
 
