@@ -257,3 +257,30 @@ def test_64_bit_shift_amounts_clamp_and_division_by_zero_is_zero_in_the_simulato
     np.testing.assert_array_equal(out, [0, 0, 0, 0x1234_5678_9ABC << 3])
     np.testing.assert_array_equal(q, [0, 0])
     assert "min.u64" in shifts_and_division.ptx(arch="sm_80")
+
+
+@pytest.mark.gpu
+def test_half_fma_and_64_bit_shifts_on_the_gpu():
+    """The GPU gives the simulator's (and the correctly rounded) values."""
+    from fractions import Fraction
+
+    for t, kernel, (a, b, c) in (
+        (f16, fma_f16, (-3224.0, 14.0, -1.09e-4)),
+        (f16, fma_f16, (7.0, 37.0 / 256.0, 2.0**-24)),
+        (bf16, fma_bf16, (7.0, 37.0 / 256.0, 2.0**-100)),
+        (bf16, fma_bf16, (1.0078125, 1.0078125, -1.0)),
+    ):
+        x = np.array([a, b, c], np.float64).astype(t.np_dtype)
+        out = kaio.to_device(np.full(1, np.nan, t.np_dtype))
+        kernel[1](kaio.to_device(x), out)
+        exact = Fraction(float(x[0])) * Fraction(float(x[1])) + Fraction(float(x[2]))
+        assert float(out.numpy()[0]) == _nearest(t, exact), (t, a, b, c)
+    a = np.array([0x1234_5678_9ABC], np.uint64)
+    s = np.array([2**32, 3], np.uint64)
+    t64 = np.array([-1], np.int64)
+    out = kaio.to_device(np.full(4, 7, np.uint64))
+    q = kaio.to_device(np.full(2, 7, np.int32))
+    d = np.array([9, 3], np.int32)
+    shifts_and_division[1](*(kaio.to_device(v) for v in (a, s, t64)), out, kaio.to_device(d), q)
+    np.testing.assert_array_equal(out.numpy(), [0, 0, 0, 0x1234_5678_9ABC << 3])
+    np.testing.assert_array_equal(q.numpy(), [3, 0])
