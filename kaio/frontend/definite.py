@@ -34,13 +34,19 @@ _USER_VAR = re.compile(r"(.+)_\d+")  # the frontend names a user variable v as v
 _RESULT_VAR = re.compile(r"ret\d+")  # the result of an inlined device function
 
 
-def _meet(a: frozenset | None, b: frozenset | None) -> frozenset | None:
+def _meet(a: set | None, b: set | None) -> set | None:
     """Paths joining: None is 'no path arrives' (after return/break), the identity."""
     if a is None:
         return b
     if b is None:
         return a
     return a & b
+
+
+def _tracked(v) -> bool:
+    """User variables and device-function results: the frontend assigns every other
+    temporary once, before its uses, on the same path."""
+    return isinstance(v, Var) and bool(_USER_VAR.fullmatch(v.name) or _RESULT_VAR.fullmatch(v.name))
 
 
 def initial_value(t: T.ScalarType) -> str:
@@ -78,27 +84,26 @@ class _Checker:
         self.breaks: dict[tuple, list] = {}  # (target id, kind) -> states at the jumps
         self.why: dict[Var, tuple[str, int]] = {}  # var -> (construct, line) that lost it
 
-    def lost(self, before: frozenset | None, after: frozenset | None, construct, loc) -> None:
+    def lost(self, before: set | None, after: set | None, construct, loc) -> None:
         """Remember which construct made variables of ``before`` not assigned ``after``."""
         if before is None:
             return
-        for v in before - (after or frozenset()):
+        for v in before - (after or set()):
             self.why[v] = (construct, loc.lineno if loc else 0)
 
-    def use(self, v, state: frozenset, stmt) -> None:
-        if not isinstance(v, Var) or v in state:
+    def use(self, v, state: set, stmt) -> None:
+        if v in state or not _tracked(v):
             return
         loc = stmt.loc
         construct, line = self.why.get(v, ("if", 0))
         m = _USER_VAR.fullmatch(v.name)
-        if _RESULT_VAR.fullmatch(v.name):
+        if m is None:
             message = (
                 "the device function called here may end without returning a value; return "
                 "a value on every path (or assign the result before an if and return it once)"
             )
         else:
-            name = m.group(1) if m else v.name
-            message = unassigned_message(name, v.type, construct, line)
+            message = unassigned_message(m.group(1), v.type, construct, line)
         raise CompileError(
             message,
             loc.filename if loc else self.function.filename,
@@ -106,38 +111,42 @@ class _Checker:
             loc.col if loc else 0,
         )
 
-    def block(self, stmts: list, state: frozenset | None) -> frozenset | None:
+    def block(self, stmts: list, state: set | None) -> set | None:
+        """The variables assigned after ``stmts`` on every path that falls through (None: no
+        path does). ``state`` is updated in place; branches work on copies."""
         for s in stmts:
             if state is None:
                 return None  # unreachable code after break/continue/return
             state = self.stmt(s, state)
         return state
 
-    def stmt(self, s, state: frozenset) -> frozenset | None:
+    def stmt(self, s, state: set) -> set | None:
         if isinstance(s, Instr):
             for a in s.args:
                 self.use(a, state, s)
-            return state | {s.dst} if s.dst is not None else state
+            if s.dst is not None and _tracked(s.dst):
+                state.add(s.dst)
+            return state
         if isinstance(s, If):
             self.use(s.cond, state, s)
-            then = self.block(s.then, state)
-            orelse = self.block(s.orelse, state)
+            then = self.block(s.then, set(state))
+            orelse = self.block(s.orelse, set(state))
             after = _meet(then, orelse)
             for branch in (then, orelse):
                 self.lost(branch, after, "if", s.loc)
             return after
         if isinstance(s, Break | Continue):
             kind = "break" if isinstance(s, Break) else "continue"
-            self.breaks.setdefault((s.target, kind), []).append(state)
+            self.breaks.setdefault((s.target, kind), []).append(set(state))
             return None
         if isinstance(s, Return):
             return None
         if isinstance(s, Loop):
-            end = self.block(s.body, state)
+            end = self.block(s.body, set(state))
             step_in = _meet(end, self._take(s.id, "continue"))
             exits = self._take(s.id, "break")
             if step_in is not None:
-                self.block(s.step, step_in)
+                self.block(s.step, set(step_in))
             self.lost(end, exits, "loop", s.loc)
             return exits
         if isinstance(s, StaticFor):
@@ -145,16 +154,15 @@ class _Checker:
                 return state
             end = self.block(s.body, state | {s.var})
             end = _meet(end, self._take(s.id, "continue"))
-            exits = _meet(end, self._take(s.id, "break"))
-            return exits
+            return _meet(end, self._take(s.id, "break"))
         if isinstance(s, Region):
-            end = self.block(s.body, state)
+            end = self.block(s.body, set(state))
             exits = _meet(end, self._take(s.id, "break"))
             self.lost(end, exits, "loop", s.loc)  # a static_range copy left by continue
             return exits
         return state
 
-    def _take(self, target: int, kind: str) -> frozenset | None:
+    def _take(self, target: int, kind: str) -> set | None:
         """The meet of the states at the ``kind`` jumps (``"break"``, ``"continue"``) to
         ``target`` recorded so far (a Loop's id is the target of both kinds)."""
         result = None
@@ -166,5 +174,4 @@ class _Checker:
 def check(function: Function) -> None:
     """Raise a located ``CompileError`` when ``function`` reads a variable that is not
     assigned on every path to the read (see the module docstring for the rule)."""
-    params = frozenset(p.value for p in function.params)
-    _Checker(function).block(function.body, params)
+    _Checker(function).block(function.body, {p.value for p in function.params})
