@@ -101,7 +101,7 @@ class _Gen:
         t = self.choice(INT_TYPES + FLOAT_TYPES)
         c = f"{self.expr(t, max(depth, 0))} {self.choice(['<', '<=', '>', '>=', '==', '!='])} "
         c += self.expr(t, max(depth, 0))
-        if self.chance(0.2):
+        if self.chance(0.2) and ("tid", "u32") in self.vars:
             c = f"({c}) {self.choice(['and', 'or'])} (tid {self.choice(['<', '>='])} u32(16))"
         return c
 
