@@ -6,7 +6,15 @@ __version__ = "0.1.0"
 from types import ModuleType
 
 from kaio.decorators import DeviceFunction, gpu_func, gpu_kernel
-from kaio.errors import CompileError, CudaError, LaunchError, OutOfBoundsError, SimulationError
+from kaio.errors import (
+    CompileError,
+    CudaError,
+    KaioWarning,
+    LaunchError,
+    OutOfBoundsError,
+    SimulationError,
+    UnsignedComparisonWarning,
+)
 from kaio.kernel import Kernel, constexpr
 from kaio.lang import *  # noqa: F403  (the DSL builtins: thread_idx_x, shared, exp, ...)
 from kaio.lang import static_range
@@ -59,9 +67,15 @@ _RUNTIME = (
 __getattr__, __dir__ = lazy_names(
     __name__, {name: _runtime_where[name] for name in _RUNTIME}, globals()
 )
-# ``from kaio import *``: the public names, the lazy ones included (not the submodules).
+# ``from kaio import *``: the public names, the lazy ones included (not the submodules), except
+# the builtins that share a name with Python's (abs, min, max, pow): star-importing kaio must
+# not change what host code's abs() means. In kernels write kaio.abs(x) or plain abs(x): the
+# frontend maps Python's builtins to kaio's. (Add a name here when a new kaio builtin shadows
+# a Python one.)
+_NOT_STARRED = {"abs", "max", "min", "pow"}
 __all__ = sorted(
     {n for n, v in globals().items() if not n.startswith("_") and not isinstance(v, ModuleType)}
     - {"lazy_names", "ModuleType"}
+    - _NOT_STARRED
     | set(_RUNTIME)
 )

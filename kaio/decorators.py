@@ -10,6 +10,10 @@ class DeviceFunction:
     inlined. Calling it from host code is an error."""
 
     def __init__(self, pyfunc):
+        from kaio.frontend.resolve import check_definition
+
+        raw = getattr(pyfunc, "__annotations__", {})
+        check_definition(pyfunc, {n: a for n, a in raw.items() if n != "return"}, "device function")
         self.pyfunc = pyfunc
         self.__name__ = pyfunc.__name__
         self.__doc__ = pyfunc.__doc__

@@ -200,18 +200,21 @@ class Kernel:
         self.__name__ = pyfunc.__name__
         self.__doc__ = pyfunc.__doc__
         self.__wrapped__ = pyfunc
+        if block_size is not None:
+            _dim3(block_size, "block_size")  # a LaunchError now, not a TypeError at .ptx()
         self.block_size = block_size
         self.arch = arch
         self.debug = debug or os.environ.get("KAIO_DEBUG", "") not in ("", "0")
         self.backend = backend_name(backend)
         self._signature = inspect.signature(pyfunc)
         self.param_names = list(self._signature.parameters)
-        from kaio.frontend.resolve import annotations
+        from kaio.frontend.resolve import annotations, check_definition
 
         resolved = annotations(pyfunc)
         self._annotations = {
             name: resolved.get(name, inspect.Parameter.empty) for name in self._signature.parameters
         }
+        check_definition(pyfunc, resolved, "kernel")
         self.constexpr_names = [n for n, a in self._annotations.items() if a is constexpr]
         self._specs: dict = {}
         self._lock = threading.RLock()  # compiles of this kernel, one thread at a time

@@ -483,9 +483,8 @@ def _fma(ctx, args, node):
         return ctx.b.emit("fma", t, (a, b, c))
     if not t.is_float:
         t = T.f32
-    compute = T.f32 if t.bits < 32 else t
-    vals = [ctx.convert(v, compute) for v in (a, b, c)]
-    return ctx.convert(ctx.b.emit("fma", compute, tuple(vals)), t)
+    vals = [ctx.convert(v, t) for v in (a, b, c)]
+    return ctx.b.emit("fma", t, tuple(vals))  # f16/bf16 too: fma.rn.f16, rounded once
 
 
 def _pow(ctx, args, node):
@@ -496,7 +495,11 @@ def _pow(ctx, args, node):
 _define("abs", "abs(x): |x| for ints, floats and packed pairs (exact).", _abs)
 _define("min", "min(a, b, ...): minimum; for floats a NaN operand is ignored.", _minmax("min"))
 _define("max", "max(a, b, ...): maximum; for floats a NaN operand is ignored.", _minmax("max"))
-_define("fma", "fma(a, b, c): a*b+c rounded once (fma.rn), f32, f64 and f16x2/bf16x2 pairs.", _fma)
+_define(
+    "fma",
+    "fma(a, b, c): a*b+c rounded once (fma.rn): f16, bf16, f32, f64, f16x2/bf16x2 pairs.",
+    _fma,
+)
 _define(
     "pow",
     "pow(x, y): x**y; a small constant integer y is exact multiplication, otherwise "

@@ -146,9 +146,12 @@ class ScalarType:
         """Bytes one element takes in memory (bool takes one byte)."""
         return max(1, self.bits // 8)
 
-    def __getitem__(self, dims) -> ArrayType:
+    def __getitem__(self, dims) -> ArrayType | InvalidAnnotation:
+        """``f32[:]``, ``f32[:, :]``: an array parameter type. Anything else (``f32[0]``,
+        ``f16x2[:]``) gives an ``InvalidAnnotation``, which the kernel reports as a located
+        CompileError at decoration, with or without ``from __future__ import annotations``."""
         if self.is_packed:
-            raise TypeError(
+            return InvalidAnnotation(
                 f"{self.name} cannot annotate an array parameter: declare it u32[:] and read "
                 f"elements with kaio.bitcast(x[i], kaio.{self.name}) (shared and local arrays of "
                 f"{self.name} are fine)"
@@ -157,7 +160,10 @@ class ScalarType:
             dims = (dims,)
         for d in dims:
             if not (isinstance(d, slice) and d == slice(None)):
-                raise TypeError(f"array annotations are written {self.name}[:], {self.name}[:, :]")
+                return InvalidAnnotation(
+                    f"array annotations are written {self.name}[:], {self.name}[:, :] (one ':' "
+                    f"per dimension), got {self.name}[{', '.join(map(_slice_text, dims))}]"
+                )
         return ArrayType(self, len(dims))
 
     def __call__(self, value, *more):
@@ -173,12 +179,31 @@ class ScalarType:
             return to_fp8(np.asarray(value, np.float64), self)[()]
         if more:
             raise TypeError(f"{self.name}() takes one value")
-        return self.np_dtype.type(value)
+        with np.errstate(over="ignore"):  # out of a float type's range: inf, as cvt gives
+            return self.np_dtype.type(value)
 
     def __repr__(self) -> str:
         return self.name
 
     __str__ = __repr__
+
+
+def _slice_text(d) -> str:
+    if isinstance(d, slice):
+        parts = ["" if x is None else repr(x) for x in (d.start, d.stop, d.step)]
+        return ":".join(parts[:2] if d.step is None else parts)
+    return repr(d)
+
+
+@dataclass(frozen=True)
+class InvalidAnnotation:
+    """A malformed array annotation (``f32[0]``, ``f16x2[:]``): ``message`` says why. Kernels
+    and device functions report it as a CompileError at the parameter."""
+
+    message: str
+
+    def __repr__(self) -> str:
+        return "<invalid kaio annotation>"
 
 
 @dataclass(frozen=True, eq=True)

@@ -16,6 +16,7 @@ import inspect
 import math
 import operator
 import types as pytypes
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,7 +24,8 @@ import numpy as np
 import kaio
 from kaio import lang, lang_fp8
 from kaio import types as T
-from kaio.errors import CompileError
+from kaio.errors import CompileError, UnsignedComparisonWarning
+from kaio.frontend import definite
 from kaio.frontend.resolve import MISSING, lookup_global, parse
 from kaio.frontend.resolve import annotations as resolved_annotations
 from kaio.ir.builder import Builder, const_convert
@@ -82,6 +84,7 @@ class Scope:
     region_id: int | None = None  # device functions: `return` leaves this Region
     result: Var | None = None
     result_type: ScalarType | None = None
+    unbound: dict = field(default_factory=dict)  # name -> (construct, line): bound on some paths
 
 
 _PY_BINOPS = {
@@ -232,7 +235,7 @@ class Lowerer:
             ann = self.kernel._annotations[name]
             self.node = arg
             if name in self.kernel.constexpr_names:
-                self.scope.names[name] = Py(self.constexprs[name])
+                self.scope.names[name] = Py(_python_scalar(self.constexprs[name]))
             elif isinstance(ann, ArrayType):
                 self.scope.names[name] = self._array_param(name, ann, next(layouts, "C"))
             elif isinstance(ann, ScalarType):
@@ -314,7 +317,14 @@ class Lowerer:
                     type(stmt), f"{type(stmt).__name__} statements are not supported in kernels"
                 )
                 self.error(msg, stmt)
-            method(stmt)
+            try:
+                method(stmt)
+            except RecursionError:
+                self.error(
+                    "this statement nests too deeply to compile (Python's recursion limit); "
+                    "split it into several assignments or fewer nested blocks",
+                    stmt,
+                )
 
     def stmt_Pass(self, node):
         pass
@@ -415,7 +425,9 @@ class Lowerer:
             self.b.assign(var, v)
             self.scope.names[name] = var
 
-    def _coerce_assignment(self, name, t: ScalarType, value, node):
+    def _coerce_assignment(self, name, t: ScalarType, value, node, fix: str = ""):
+        """``value`` converted to ``t`` for an assignment (or a device function's argument:
+        the same rule): only conversions that lose nothing are implicit."""
         v = self.value(value, node, t)
         if v.type != t:
             if T.promote(t, v.type) != t or (
@@ -425,9 +437,10 @@ class Lowerer:
                 and v.type.bits == t.bits
             ):
                 if not (isinstance(value, Py) and isinstance(value.value, int | bool)):
+                    fix = fix or f"give {name!r} that type where it is first assigned"
                     self.error(
                         f"{name!r} is {t} but this value is {v.type}; convert explicitly "
-                        f"({t.name}(...)) or give {name!r} that type where it is first assigned",
+                        f"({t.name}(...)) or {fix}",
                         node,
                     )
             v = self.convert(v, t)
@@ -445,12 +458,24 @@ class Lowerer:
         if isinstance(cond, Const):
             self.lower_block(node.body if cond.value else node.orelse)
             return
-        with self.b.block() as then:
+        with self.b.block() as then, self._some_paths("if", node):
             self.lower_block(node.body)
-        with self.b.block() as orelse:
+        with self.b.block() as orelse, self._some_paths("if", node):
             self.lower_block(node.orelse)
         self.b.loc = SourceLoc(self.scope.filename, node.lineno, node.col_offset)
         self.b.append(If(cond, then, orelse))
+
+    @contextlib.contextmanager
+    def _some_paths(self, construct: str, node):
+        """Names first bound to compile-time values (constants, arrays, tuples) inside a
+        run-time branch or loop body are unbound after it: a thread that skipped it would read
+        them (variables are checked on the IR: kaio/frontend/definite.py)."""
+        before = set(self.scope.names)
+        yield
+        for name in set(self.scope.names) - before:
+            if not isinstance(self.scope.names[name], Var):
+                del self.scope.names[name]
+                self.scope.unbound[name] = (construct, node.lineno)
 
     def stmt_While(self, node):
         if node.orelse:
@@ -461,7 +486,8 @@ class Lowerer:
             self.b.loc = loc
             cond = self.truth(self.expr(node.test), node.test)
             self._break_unless(cond, loop.id)
-            self._loop_body(node.body, LoopTarget(loop.id, loop.id, False))
+            with self._some_paths("loop", node):
+                self._loop_body(node.body, LoopTarget(loop.id, loop.id, False))
         loop.body = body
         self.b.loc = loc
         self.b.append(loop)
@@ -573,7 +599,8 @@ class Lowerer:
             cond = self.b.emit("lt" if step > 0 else "gt", T.bool_, (counter, stop_v))
             self._break_unless(cond, loop.id)
             self.b.assign(var, counter)
-            self._loop_body(node.body, LoopTarget(loop.id, loop.id, False))
+            with self._some_paths("loop", node):
+                self._loop_body(node.body, LoopTarget(loop.id, loop.id, False))
         with self.b.block() as stepblock:
             self.b.loc = loc
             self.b.append(_instr_add(counter, step_c, loc))
@@ -677,6 +704,9 @@ class Lowerer:
         """The value a name refers to: a local binding, then the function's globals."""
         if name in self.scope.names:
             return self.scope.names[name]
+        if name in self.scope.unbound:
+            construct, line = self.scope.unbound[name]
+            self.error(definite.unassigned_message(name, None, construct, line), node)
         try:
             value = lookup_global(self.scope.pyfunc, name)
         except LookupError:
@@ -796,7 +826,16 @@ class Lowerer:
         return out
 
     def expr_BinOp(self, node):
-        return self.binop(node.op, self.expr(node.left), self.expr(node.right), node)
+        # a left-leaning chain (a + b + c + ...) is lowered in a loop, not by recursion, so
+        # its length is not limited by Python's recursion limit; the order is the same
+        spine = []
+        while isinstance(node, ast.BinOp):
+            spine.append(node)
+            node = node.left
+        value = self.expr(node)
+        for n in reversed(spine):
+            value = self.binop(n.op, value, self.expr(n.right), n)
+        return value
 
     def binop(self, op, left, right, node):
         """``left op right`` with compile-time folding of Python values and type promotion."""
@@ -861,6 +900,9 @@ class Lowerer:
         amount = self.value(right, node, T.u32)
         if not amount.type.is_int:
             self.error(f"shift amounts must be integers, got {amount.type}", node)
+        if amount.type.bits == 64:  # clamp before the u32 conversion truncates 2**32 to 0
+            amount = self.convert(amount, T.u64)
+            amount = self.b.emit("min", T.u64, (amount, Const(64, T.u64)))
         amount = self.convert(amount, T.u32)
         return self.b.emit("shl" if opt is ast.LShift else "shr", lv.type, (lv, amount))
 
@@ -1014,6 +1056,7 @@ class Lowerer:
                 except TypeError:
                     self.error(f"cannot compare {left.value!r} and {right.value!r}", node)
             else:
+                self._warn_unsigned_negative(left, right, node)
                 a, b = self.unify(left, right, node)
                 lang.require_scalar(self, a, node, "a comparison")
                 c = self.b.emit(_IR_CMP[type(op)], T.bool_, (a, b))
@@ -1022,6 +1065,31 @@ class Lowerer:
             result = c if result is None else self._and(result, c, node)
             left = right
         return result
+
+    def _warn_unsigned_negative(self, left, right, node):
+        """Warn (``kaio.UnsignedComparisonWarning``) when an unsigned value is compared with a
+        negative literal: the literal wraps to a huge unsigned number (``n > -1`` is false)."""
+        for lit, other in ((left, right), (right, left)):
+            x = lit.value if isinstance(lit, Py) else None
+            if (
+                isinstance(x, int | np.integer)
+                and not isinstance(x, bool)
+                and x < 0
+                and isinstance(other, Var | Const)
+                and other.type.kind == "uint"
+            ):
+                t = other.type
+                where = f"{self.scope.filename}:{node.lineno}:{node.col_offset + 1}"
+                warnings.warn_explicit(
+                    f"{where}: warning: comparing unsigned {t} with the negative literal {x}: "
+                    f"the literal becomes {x % 2**t.bits} as {t}, so the comparison is the same "
+                    "for every value; convert the unsigned operand to a signed type first "
+                    f"(i{64 if t.bits == 64 else 32}(...)) or compare with 0",
+                    UnsignedComparisonWarning,
+                    self.scope.filename,
+                    node.lineno,
+                )
+                return
 
     def _plain(self, v, node):
         """The Python value of compile-time ``v``, tuples element by element (for ``in``);
@@ -1182,7 +1250,9 @@ class Lowerer:
                 scope.names[p.arg] = a
                 scope.readonly.add(p.arg)
             elif isinstance(ann, ScalarType):
-                v = self.convert(self.value(a, node, ann), ann)
+                v = self._coerce_assignment(
+                    p.arg, ann, a, node, f"change the annotation of {df.__name__}'s parameter"
+                )
                 if p.arg in counts or isinstance(v, Var):
                     var = self.b.var(ann, p.arg + "_")
                     self.b.assign(var, v)
@@ -1197,7 +1267,12 @@ class Lowerer:
                 scope.names[p.arg] = a
                 scope.readonly.add(p.arg)
             else:
-                self.error(f"{df.__name__}: parameter {p.arg!r} needs a kaio type annotation", node)
+                detail = ann.message if isinstance(ann, T.InvalidAnnotation) else None
+                self.error(
+                    f"{df.__name__}: parameter {p.arg!r}: "
+                    f"{detail or 'needs a kaio type annotation'}",
+                    node,
+                )
         saved_scope, saved_node, saved_loc = self.scope, self.node, self.b.loc
         self.inline_stack.append(df.pyfunc)
         self.scope = scope
@@ -1307,6 +1382,8 @@ class Lowerer:
             return x
         if isinstance(v, Const):
             return v.value
+        if not isinstance(v, Var | Array | Frag):
+            return v  # an element of a module-level tuple (SHAPE = (2, 2)): a Python value
         self.error(
             f"{what} must be known at compile time (a literal, a constexpr parameter or a "
             "module-level constant)",
@@ -1342,6 +1419,13 @@ class Lowerer:
 
 def _instr_add(counter: Var, step: Const, loc):
     return Instr("add", counter, (counter, step), {}, loc)
+
+
+def _python_scalar(x):
+    """A NumPy integer or bool constexpr (``np.int32(4)``) as the Python int or bool it
+    holds, so it is used wherever a literal is (``static_range`` bounds, shapes, range steps).
+    NumPy floats keep their type (an ``np.float16`` constexpr is an f16 constant)."""
+    return x.item() if isinstance(x, np.integer | np.bool_) else x
 
 
 def _hashable(x) -> bool:

@@ -117,6 +117,48 @@ def _dotted(node) -> list[str] | None:
     return parts[::-1]
 
 
+def check_definition(pyfunc, annotations: dict, what: str) -> None:
+    """Refuse at decoration what a kernel or device function can never compile: default values
+    (``a: f32 = 1.0``: launches pass every argument) and malformed annotations (``f32[0]``),
+    as a CompileError located at the parameter. ``annotations`` maps names to resolved
+    annotations (strings are skipped: a device function's are resolved when it is inlined)."""
+    from kaio.types import InvalidAnnotation
+
+    code = pyfunc.__code__
+    problem = None
+    defaults = pyfunc.__defaults__ or ()
+    names = code.co_varnames[: code.co_argcount]
+    if defaults:
+        name = names[len(names) - len(defaults)]
+        problem = (
+            name,
+            f"parameter {name!r} has a default value; {what} parameters cannot have defaults "
+            "(every argument is passed at each call): remove '= ...' and pass the value, or "
+            "make it a module-level constant",
+        )
+    if pyfunc.__kwdefaults__:
+        name = next(iter(pyfunc.__kwdefaults__))
+        problem = (name, f"{what} parameters cannot be keyword-only or have defaults")
+    for name, ann in annotations.items():
+        if isinstance(ann, InvalidAnnotation) and problem is None:
+            problem = (name, f"parameter {name!r}: {ann.message}")
+    if problem is None:
+        return
+    name, message = problem
+    filename, lineno, col = code.co_filename, code.co_firstlineno, 0
+    try:
+        parsed = parse(pyfunc)
+    except CompileError:  # no source (a prompt): the function's first line
+        pass
+    else:
+        filename = parsed.filename
+        args = parsed.tree.args
+        for arg in (*args.posonlyargs, *args.args, *args.kwonlyargs):
+            if arg.arg == name:
+                lineno, col = arg.lineno, arg.col_offset
+    raise CompileError(message, filename, lineno, col)
+
+
 def dependency_sources(pyfunc) -> list[str]:
     """The source of a function and of every device function and module-level value it
     refers to, transitively: what a compiled kernel depends on beside the compiler itself

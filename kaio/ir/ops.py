@@ -83,7 +83,7 @@ OPS: dict[str, OpInfo] = {
     "ceil": OpInfo("unary", "float_exact", True, "round toward +inf (exact)"),
     "trunc": OpInfo("unary", "float_exact", True, "round toward zero (exact)"),
     "rint": OpInfo("unary", "float_exact", True, "round to nearest even (exact)"),
-    "fma": OpInfo("ternary", "float_exact", True, "a * b + c rounded once"),
+    "fma": OpInfo("ternary", "float", True, "a * b + c rounded once (f16 and bf16 too)"),
     "exp2": OpInfo("unary", "f32", True, "2**a, ex2.approx"),
     "log2": OpInfo("unary", "f32", True, "log2(a), lg2.approx"),
     "rsqrt": OpInfo("unary", "f32", True, "1/sqrt(a), rsqrt.approx"),

@@ -453,7 +453,8 @@ def _lower_mov(g, ins: Instr) -> None:
 
 def _lower_fma(g, ins: Instr) -> None:
     a, b, c = (g.value(x) for x in ins.args)
-    pick(g, ptx.TERNARY["fma"], ins.dst.type, "fma")
+    if pick(g, ptx.TERNARY["fma"], ins.dst.type, "fma") is None:  # bf16 before sm_80
+        g.target.require("bf16_fma", "fma", g.loc)
     g.set(ins.dst, g.intrinsic(f"llvm.fma.{suffix(a.type)}", a.type, [a, b, c]))
 
 

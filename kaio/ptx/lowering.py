@@ -92,7 +92,13 @@ UNARY = {
     "tanh": {"float": ("tanh.approx.f32 {d}, {a}", "tanh")},
 }
 
-TERNARY = {"fma": {"float": "fma.rn.{ty} {d}, {a}, {b}, {c}"}}
+TERNARY = {
+    "fma": {
+        "float": "fma.rn.{ty} {d}, {a}, {b}, {c}",
+        "f16": "fma.rn.f16 {d}, {a}, {b}, {c}",  # rounded once, like the f32 and f64 forms
+        "bf16": ("fma.rn.bf16 {d}, {a}, {b}, {c}", "bf16_fma"),
+    }
+}
 
 # setp comparison per operand kind: (signed int, unsigned int, float). Float ``ne`` is the
 # unordered ``neu`` (true on NaN); the other float compares are ordered (false on NaN).
@@ -381,6 +387,8 @@ def _lower_mov(e, ins: Instr) -> None:
 def _lower_fma(e, ins: Instr) -> None:
     a, b, c = (e.o(x) for x in ins.args)
     template = pick(e, TERNARY["fma"], ins.dst.type, "fma")
+    if template is None:  # bf16 before sm_80 (where bf16 has no conversions either)
+        e.target.require("bf16_fma", "fma", e.loc)
     e.line(fmt(template, ins.dst.type, d=e.dst(ins), a=a, b=b, c=c))
 
 

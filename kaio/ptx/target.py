@@ -51,6 +51,7 @@ FEATURES: dict[str, Feature] = {
     "f16x2_from_f32": Feature(80, (7, 0), "cvt.rn.f16x2.f32"),
     "bf16x2_from_f32": Feature(80, (7, 0), "cvt.rn.bf16x2.f32"),
     "bf16x2_fma": Feature(80, (7, 0), "fma.rn.bf16x2"),
+    "bf16_fma": Feature(80, (7, 0), "fma.rn.bf16"),
     "ldmatrix": Feature(75, (6, 5), "ldmatrix"),
     "mma": Feature(80, (7, 0), "mma.sync.aligned m16n8k16/k32/k8 and cvt.rna.tf32.f32"),
     "fp8_cvt": Feature(89, (8, 1), "cvt to and from e4m3x2/e5m2x2 (8-bit floats)"),

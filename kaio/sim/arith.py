@@ -113,9 +113,20 @@ def shr(t: ScalarType, a, n):
 
 
 def fma(t: ScalarType, a, b, c):
-    """``a * b + c`` rounded once."""
+    """``a * b + c`` rounded once (f16, bf16, f32, f64)."""
+    if t.bits == 16:
+        return fma_half(t, a, b, c)
     fn = numerics.fma_f32 if t.bits == 32 else numerics.fma_f64
     return fn(np.asarray(a), np.asarray(b), np.asarray(c))
+
+
+def fma_half(t: ScalarType, a, b, c) -> np.ndarray:
+    """f16/bf16 ``a * b + c`` rounded once: the float64 product is exact, the sum is rounded
+    to odd at 53 bits, then to nearest even in ``t`` (``kaio.sim.numerics``)."""
+    with np.errstate(all="ignore"):
+        product = np.asarray(a).astype(F64) * np.asarray(b).astype(F64)
+        total = numerics.add_round_to_odd(product, np.asarray(c).astype(F64))
+        return numerics.round_f64(total, t.np_dtype)
 
 
 def approx(fn):
