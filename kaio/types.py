@@ -48,6 +48,7 @@ __all__ = [
     "f8e5m2",
     "SCALAR_TYPES",
     "FP8_TYPES",
+    "is_scalar_type_name",
     "scalar_type",
     "PACKED_TYPES",
     "promote",
@@ -263,6 +264,11 @@ e5m2 = ScalarType("e5m2", 8, "fp8", "b8", "float8_e5m2")
 f8e4m3 = e4m3
 f8e5m2 = e5m2
 FP8_TYPES: dict[str, ScalarType] = {t.name: t for t in (e4m3, e5m2)}
+
+
+def is_scalar_type_name(name: str) -> bool:
+    """Whether ``scalar_type(name)`` names a type."""
+    return any(name in table for table in (SCALAR_TYPES, FP8_TYPES, PACKED_TYPES))
 
 
 def scalar_type(name: str) -> ScalarType:

@@ -27,7 +27,7 @@ from kaio.runtime.driver import (
     libcuda,
     max_ptx_isa,
 )
-from kaio.types import scalar_type
+from kaio.types import is_scalar_type_name, scalar_type
 
 __all__ = [
     "LoadedKernel",
@@ -428,7 +428,7 @@ def valid_meta(meta) -> bool:
             and type(dim) is int
             and (dim == -1 if _ROLES[role] == 1 else 0 <= dim < 64)
             and isinstance(tname, str)
-            and tname in SCALAR_TYPES
+            and is_scalar_type_name(tname)
         ):
             return False
     return True
