@@ -87,7 +87,7 @@ SUITES: tuple[Suite, ...] = (
     Suite("matmul", "matmul.py", "Tensor-core matmul", (), ("--sizes", "1024,4096"), (120, 60)),
     Suite("memory", "memory_ops.py", "Memory-bound ops", (), ("--dtypes", "f16"), (120, 45)),
     Suite("attention", "attention.py", "Attention", (), ("--only", "flash_attention"), (90, 45)),
-    Suite("quantized", "quantized.py", "Quantized matmul", (), (), (70, 40)),
+    Suite("quantized", "quantized.py", "Quantized matmul", (), (), (110, 70)),
     Suite("launch", "launch_overhead.py", "Launch overhead", (), (), (35, 25)),
     Suite("compile", "compile_time.py", "Compile time", (), ("--runs", "3"), (15, 10)),
     Suite("sim", "sim_speed.py", "Simulator speed", (), ("--n", str(1 << 18)), (30, 10)),

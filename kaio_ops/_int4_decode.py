@@ -1,4 +1,4 @@
-"""The W4A16 decode kernel: ``out [M, N] (f32) = x [M, K] (f16) @ W`` for M <= 16, with the
+"""The W4A16 decode kernel: ``out [M, N] (f32) = x [M, K] (f16) @ W`` for M <= 64, with the
 int4 weights read from global memory straight into ``mma`` fragments.
 
 At decode shapes the weights are the traffic (K N / 2 bytes) and the product is a sliver of
@@ -18,6 +18,11 @@ the tensor cores' rate, so the kernel is built around the weight stream:
   word: the pair ``(w >> 4 j) & 0x000F000F`` picks in one step. The A fragment takes the
   same permutation: elements ``j`` and ``j + 4`` of the lane's own 8 values of x (one 16-byte
   load per row), paired by ``prmt``.
+- Past 16 rows a block holds ceil(M / 16) m16 tiles (``ROWS``, the 8-row slabs of x: 1, 2,
+  then 4, 6, 8): each weight fragment is dequantized once and feeds one ``mma`` per tile, so
+  the weights are read once per call whatever M. x's fragments of those tiles are loaded
+  where they are used (L2-resident, shared by every block): double-buffering them too would
+  take 32 registers per 8 rows. 8 tiles (M <= 128) spill on sm_90, hence ``MAX_M = 64``.
 - Nibble to f16 by the magic number: ``pair ^ 0x64086408`` is ``1024 + 8 + q`` in each half,
   exact; minus 1032 gives ``q``, times the group's scale gives ``f16(scale * q)`` rounded
   once, the weight of the op's contract.

@@ -272,7 +272,7 @@ def _assemble(job: tuple) -> None:
     kernel, constexprs = specializations()[index]
     for arch in archs:
         report = assemble(kernel.ptx(arch=arch, **constexprs), arch)
-        if kernel in (*_int4_decode.DECODE.values(), *_int4_decode.DECODE_QKV.values()):
+        if kernel in (_int4_decode.DECODE[f32], _int4_decode.DECODE_QKV[f16]):
             # the decode kernel's tiles live in registers: a spill is a slowdown (8 m16 tiles
             # spilled on sm_90, hence MAX_M = 64)
             assert " 0 bytes spill stores" in report, (constexprs, arch, report)
