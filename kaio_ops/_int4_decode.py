@@ -190,7 +190,10 @@ def int4_decode(
     ROWS: kaio.constexpr,
 ):
     """``out = x @ W`` (``decode_columns``), a block per 32 columns."""
-    kaio.launch_bounds(WARPS * 32)
+    if ROWS > 2:
+        kaio.launch_bounds(WARPS * 32, 1)  # one block an SM: else ptxas may spill to fit 128
+    else:
+        kaio.launch_bounds(WARPS * 32)
     partial = kaio.shared(f32, (WARPS, 16, COLS))
     decode_columns(x, w, scales, out, partial, M, N, kaio.block_idx_x(), WARPS, ROWS)
 
@@ -215,7 +218,10 @@ def int4_decode_qkv(
 ):
     """``q, k, v = x @ Wq, x @ Wk, x @ Wv`` in one launch: the blocks of q's columns, then
     k's, then v's (each block exactly a block of ``int4_decode``)."""
-    kaio.launch_bounds(WARPS * 32)
+    if ROWS > 2:
+        kaio.launch_bounds(WARPS * 32, 1)  # one block an SM: else ptxas may spill to fit 128
+    else:
+        kaio.launch_bounds(WARPS * 32)
     partial = kaio.shared(f32, (WARPS, 16, COLS))
     bq = (NQ + COLS - 1) // COLS
     bk = (NK + COLS - 1) // COLS
