@@ -23,6 +23,8 @@ the tensor cores' rate, so the kernel is built around the weight stream:
   the weights are read once per call whatever M. x's fragments of those tiles are loaded
   where they are used (L2-resident, shared by every block): double-buffering them too would
   take 32 registers per 8 rows. 8 tiles (M <= 128) spill on sm_90, hence ``MAX_M = 64``.
+  What grows with M is x's traffic from L2: each of the N / 32 blocks reads all of x
+  (2 M K bytes, M / 8 times the words' bytes), about 8x the weights at M = 64.
 - Nibble to f16 by the magic number: ``pair ^ 0x64086408`` is ``1024 + 8 + q`` in each half,
   exact; minus 1032 gives ``q``, times the group's scale gives ``f16(scale * q)`` rounded
   once, the weight of the op's contract.
