@@ -165,26 +165,50 @@ class Kernel:
         self.backend = backend_name(backend)
         self._signature = inspect.signature(pyfunc)
         self.param_names = list(self._signature.parameters)
-        from kaio.frontend.resolve import annotations
+        from kaio.frontend.resolve import signature
 
-        resolved = annotations(pyfunc)
-        self._annotations = {
-            name: resolved.get(name, inspect.Parameter.empty) for name in self._signature.parameters
-        }
+        self._annotation_signature = signature(pyfunc)
+        self._annotations = self._complete(self._annotation_signature.template)
         self.constexpr_names = [n for n, a in self._annotations.items() if a is constexpr]
+        self._resolved: dict = {}  # dtype constexpr values -> annotations
         self._specs: dict = {}
         self._lock = threading.RLock()  # compiles of this kernel, one thread at a time
         self._launches: dict = {}  # launch subscript -> Launch
         self._launchers: dict = {}  # the runtime's per-argument-signature launchers
 
     # ----------------------------------------------------------------- arguments
-    def array_params(self) -> list[str]:
-        """Names of the parameters annotated as arrays, in order."""
-        return [n for n, a in self._annotations.items() if isinstance(a, ArrayType)]
+    def _complete(self, resolved: dict) -> dict:
+        return {
+            name: resolved.get(name, inspect.Parameter.empty) for name in self._signature.parameters
+        }
 
-    def runtime_params(self) -> list[tuple[str, object]]:
-        """(name, annotation) of the parameters passed at launch (constexprs excluded)."""
-        return [(n, a) for n, a in self._annotations.items() if n not in self.constexpr_names]
+    def annotations(self, constexprs: dict | None = None) -> dict:
+        """Each parameter's annotation, for these constexpr values: a dtype parameter
+        (``DT: kaio.constexpr`` named in ``x: DT[:]``) replaced by its value."""
+        generic = self._annotation_signature.generic
+        if not generic or constexprs is None or any(n not in constexprs for n in generic):
+            return self._annotations
+        key = tuple(constexprs.get(n) for n in generic)
+        found = self._resolved.get(key)
+        if found is None:
+
+            def error(message):
+                raise LaunchError(message)
+
+            found = self._complete(self._annotation_signature.resolve(constexprs, error))
+            self._resolved[key] = found
+        return found
+
+    def array_params(self, constexprs: dict | None = None) -> list[str]:
+        """Names of the parameters annotated as arrays, in order."""
+        return [n for n, a in self.annotations(constexprs).items() if isinstance(a, ArrayType)]
+
+    def runtime_params(self, constexprs: dict | None = None) -> list[tuple[str, object]]:
+        """(name, annotation) of the parameters passed at launch (constexprs excluded), with
+        dtype parameters replaced by their values in ``constexprs``."""
+        return [
+            (n, a) for n, a in self.annotations(constexprs).items() if n not in self.constexpr_names
+        ]
 
     def split_args(self, args: tuple, kwargs: dict) -> tuple[list, dict]:
         """Bind launch arguments to parameters: (runtime values in order, constexpr dict)."""
