@@ -101,6 +101,7 @@ SUITES: tuple[Suite, ...] = (
         (60, 0),
     ),
     Suite("backends", "backends.py", "Two backends: registers and spills", (), None, (90, 0)),
+    Suite("fastmath", "fastmath.py", "Fast math: the silu*gate user kernel", (), None, (20, 0)),
 )
 MIN_START_S = 10.0  # a suite is not started with less time than this left
 

@@ -154,6 +154,7 @@ class Kernel:
         arch: str | None = None,
         debug: bool = False,
         backend: str | None = None,
+        fastmath: bool = False,
     ):
         self.pyfunc = pyfunc
         self.__name__ = pyfunc.__name__
@@ -163,6 +164,7 @@ class Kernel:
         self.arch = arch
         self.debug = debug or os.environ.get("KAIO_DEBUG", "") not in ("", "0")
         self.backend = backend_name(backend)
+        self.fastmath = bool(fastmath)  # approximate math (docs/dsl-reference.md, "Fast math")
         self._signature = inspect.signature(pyfunc)
         self.param_names = list(self._signature.parameters)
         from kaio.frontend.resolve import signature
@@ -242,6 +244,7 @@ class Kernel:
             tuple(sorted(constexprs.items(), key=lambda kv: kv[0])),
             layouts,
             self.debug,
+            self.fastmath,
             backend,
         )
         try:
@@ -269,7 +272,7 @@ class Kernel:
                 f"{self.__name__}: {', '.join(unknown)} is not a constexpr parameter of this "
                 f"kernel (constexprs: {', '.join(self.constexpr_names) or 'none'})"
             )
-        twin = next((v for k, v in self._specs.items() if k[:3] == cache_key[:3]), None)
+        twin = next((v for k, v in self._specs.items() if k[:-1] == cache_key[:-1]), None)
         constexprs = dict(constexprs)
         debug = self.debug  # the flag now, as the key has it, whenever the IR is built
 
@@ -305,6 +308,8 @@ class Kernel:
         h.update(repr(layouts).encode())
         h.update(repr(self.block_size).encode())
         h.update(repr(self.debug).encode())
+        if self.fastmath:
+            h.update(b"fastmath")
         if backend != "ptx":
             h.update(f"backend={backend}".encode())
         return h.hexdigest()

@@ -44,7 +44,7 @@ from kaio.ir.nodes import (
     Var,
     fresh_id,
 )
-from kaio.ir.ops import OPS
+from kaio.ir.ops import FASTMATH, OPS
 from kaio.types import ArrayType, ScalarType
 
 UNROLL_LIMIT = 8  # runtime range() loops with constant bounds and at most this many trips unroll
@@ -193,6 +193,9 @@ class Lowerer:
         self.constexprs = constexprs
         self.layouts = layouts
         self.b = Builder()
+        if getattr(kernel, "fastmath", False):
+            self.b.substitute = FASTMATH  # approximate f32 math (docs/dsl-reference.md)
+            self.meta["fastmath"] = True
         self.arrays: list[Array] = []
         self.params: list[Param] = []
         self.inline_stack: list = []

@@ -48,6 +48,17 @@ class OpInfo:
     meaning: str
 
 
+# ``@kaio.gpu_kernel(fastmath=True)``: the op each f32 op becomes (the frontend's builder
+# substitutes them; docs/dsl-reference.md, "Fast math", gives each error bound).
+FASTMATH: dict[str, str] = {
+    "exp2": "exp2_ftz",
+    "log2": "log2_ftz",
+    "rsqrt": "rsqrt_ftz",
+    "sin": "sin_ftz",
+    "cos": "cos_ftz",
+    "div": "div_ftz",
+}
+
 # types: which operand types are allowed: "num" int+float, "int", "intbool", "float",
 # "f32" (approximate math), "float_exact" (f32 and f64), "any".
 OPS: dict[str, OpInfo] = {
@@ -90,6 +101,12 @@ OPS: dict[str, OpInfo] = {
     "rcp_approx": OpInfo("unary", "f32", True, "1/a, rcp.approx"),
     "exp2_ftz": OpInfo("unary", "f32", True, "2**a, ex2.approx.ftz (subnormals flushed to 0)"),
     "rcp_ftz": OpInfo("unary", "f32", True, "1/a, rcp.approx.ftz (subnormals flushed to 0)"),
+    # fastmath=True kernels (docs/dsl-reference.md, "Fast math"): the .ftz approximations
+    "log2_ftz": OpInfo("unary", "f32", True, "log2(a), lg2.approx.ftz (subnormals flushed to 0)"),
+    "rsqrt_ftz": OpInfo("unary", "f32", True, "1/sqrt(a), rsqrt.approx.ftz (subnormals to 0)"),
+    "sin_ftz": OpInfo("unary", "f32", True, "sin(a), sin.approx.ftz (subnormals flushed to 0)"),
+    "cos_ftz": OpInfo("unary", "f32", True, "cos(a), cos.approx.ftz (subnormals flushed to 0)"),
+    "div_ftz": OpInfo("binary", "f32", True, "a / b, div.full.ftz (2 ulp, subnormals to 0)"),
     "sin": OpInfo("unary", "f32", True, "sin(a), sin.approx"),
     "cos": OpInfo("unary", "f32", True, "cos(a), cos.approx"),
     "tanh": OpInfo("unary", "f32", True, "tanh(a), tanh.approx (sm_75+)"),
