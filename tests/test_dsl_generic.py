@@ -297,3 +297,13 @@ def test_builtins_have_signatures():
     assert str(inspect.signature(kaio.shared_dynamic)) == "(dtype, shape=None, offset=None)"
     assert str(inspect.signature(kaio.max)) == "(a, b, *more)"
     assert str(inspect.signature(kaio.thread_idx_x)) == "()"
+
+
+def test_cli_gives_dtype_constexprs_by_name(capsys):
+    from kaio.cli import main
+
+    assert main(["ptx", "tests/plain_generic.py::scale_copy", "-D", "DT=bf16"]) == 0
+    text = capsys.readouterr().out
+    assert "cvt.f32.bf16" in text or "bf16" in text
+    assert main(["ptx", "tests/plain_generic.py::scale_copy", "-D", "DT=kaio.f32"]) == 0
+    assert "ld.global.f32" in capsys.readouterr().out
