@@ -1113,8 +1113,8 @@ class Lowerer:
             return builtin.lower(self, builtin.bind(self, args, kwargs or {}, node), node)
         if isinstance(fn, DeviceFunction):
             return self.inline(fn, args, node, kwargs or {})
-        if kwargs:
-            name = getattr(fn, "__name__", repr(fn))
+        if kwargs and (isinstance(fn, ScalarType) or fn in _CONVERSIONS_AND_LEN):
+            name = fn.name if isinstance(fn, ScalarType) else fn.__name__
             self.error(f"{name}() takes no keyword arguments in kernels", node)
         if isinstance(fn, ScalarType):
             return self._type_call(fn, args, node)
@@ -1386,6 +1386,9 @@ class Lowerer:
         arr = Array(name, dtype, space, dims)
         self.arrays.append(arr)
         return arr
+
+
+_CONVERSIONS_AND_LEN = (builtins.float, builtins.int, builtins.bool, builtins.len)
 
 
 def _type_text(t) -> str:
