@@ -1,6 +1,6 @@
 """The user silu*gate kernel of shared/API.md section 1 (one f32 element a thread, 64M
 elements) with and without ``@kaio.gpu_kernel(fastmath=True)``, against the same kernel in
-Triton (whose ``tl.exp`` is ex2.approx.ftz): python bench/fastmath.py --out results.json.
+Triton (whose ``tl.exp`` is approximate too): python bench/fastmath.py --out results.json.
 
 fastmath turns ``kaio.exp`` into ex2.approx.ftz and the division into div.full.ftz.f32 (the
 IEEE ``div.rn.f32`` otherwise): the difference the issue measured between nvcc with and
