@@ -55,8 +55,6 @@ class OpInfo:
 # a scalar of the result type; a type name (``u32``, ``u64``, ``bool_``); a trailing ``?``
 # makes the last kind optional. Results: ``none``, a type name, ``T`` (any type), ``elem``
 # (the first array's element type).
-_NO_OPERANDS = ("", "none")
-_BARRIER = ("A idx u32", "none")
 SIGNATURES: dict[str, tuple[str, str]] = {
     "pack": ("S S", "T"),
     "prmt": ("u32 u32 u32", "u32"),
@@ -69,38 +67,32 @@ SIGNATURES: dict[str, tuple[str, str]] = {
     "vote_any": ("bool_", "bool_"),
     "vote_all": ("bool_", "bool_"),
     "ballot": ("bool_", "u32"),
-    "sync_threads": _NO_OPERANDS,
-    "sync_warp": _NO_OPERANDS,
-    "threadfence": _NO_OPERANDS,
     "ld_vec": ("F A idx", "none"),
     "st_vec": ("A idx F", "none"),
     "ldmatrix": ("F A idx", "none"),
     "mma": ("F F F F", "none"),
     "cp_async": ("A idx A idx u32", "none"),
-    "cp_async_commit": _NO_OPERANDS,
-    "cp_async_wait": _NO_OPERANDS,
     "wgmma": ("F u64 u64 bool_", "none"),
-    "wgmma_fence": _NO_OPERANDS,
-    "wgmma_commit": _NO_OPERANDS,
-    "wgmma_wait": _NO_OPERANDS,
     "smem_desc": ("A idx", "u64"),
-    "mbarrier_init": _BARRIER,
-    "mbarrier_arrive": _BARRIER,
-    "mbarrier_expect_tx": _BARRIER,
     "mbarrier_try_wait": ("A idx u32", "bool_"),
-    "mbarrier_wait": _BARRIER,
-    "mbarrier_arrive_cluster": _BARRIER,
     "tma_load": ("A idx u64 I I A idx", "none"),
     "tma_load_multicast": ("A idx u64 I I A idx u32", "none"),
     "bulk_store": ("A idx A idx u32", "none"),
-    "bulk_commit": _NO_OPERANDS,
-    "bulk_wait": _NO_OPERANDS,
-    "fence_proxy_async": _NO_OPERANDS,
-    "cluster_sync": _NO_OPERANDS,
-    "cluster_arrive": _NO_OPERANDS,
-    "cluster_wait": _NO_OPERANDS,
     "dsmem_load": ("A idx u32", "elem"),
-    "setmaxnreg": _NO_OPERANDS,
+    **dict.fromkeys(
+        (
+            "sync_threads sync_warp threadfence cp_async_commit cp_async_wait wgmma_fence "
+            "wgmma_commit wgmma_wait bulk_commit bulk_wait fence_proxy_async cluster_sync "
+            "cluster_arrive cluster_wait setmaxnreg"
+        ).split(),
+        ("", "none"),
+    ),
+    **dict.fromkeys(
+        (
+            "mbarrier_init mbarrier_arrive mbarrier_expect_tx mbarrier_wait mbarrier_arrive_cluster"
+        ).split(),
+        ("A idx u32", "none"),  # a barrier array element and a u32
+    ),
 }
 
 # ``@kaio.gpu_kernel(fastmath=True)``: the op each f32 op becomes (the frontend's builder
