@@ -87,6 +87,21 @@ def test_dtype_constexpr_llvm():
             assemble(text, "sm_90")
 
 
+@kaio.gpu_kernel(block_size=32)
+def scale_by(x: DT[:], s: DT, DT: kaio.constexpr):
+    """A scalar parameter of the dtype parameter's type."""
+    x[kaio.thread_idx_x()] = x[kaio.thread_idx_x()] * s
+
+
+def test_scalar_parameter_of_a_dtype_parameter():
+    for dt in (f16, i32):
+        x = RNG.integers(-50, 50, 32).astype(dt.np_dtype)
+        want = (x * 3).astype(dt.np_dtype)
+        scale_by.sim[1](x, 3, dt)
+        np.testing.assert_array_equal(x, want)
+    assert dict(scale_by.runtime_params({"DT": i32}))["s"] == i32
+
+
 def test_quoted_annotations_without_future_import():
     x = RNG.standard_normal(32).astype(np.float16)
     out = np.full(32, np.nan, np.float16)
