@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import itertools
 import types
 
@@ -22,6 +23,9 @@ from kaio.runtime import launcher as launcher_mod
 from kaio.runtime.device import current
 from kaio.runtime.memory import DeviceArray
 from kaio_ops import _arrays, _plan
+
+# the module: the package attribute kaio_ops.matmul is the function of that name
+MATMUL_MODULE = importlib.import_module("kaio_ops.matmul")
 
 
 class FakeGPU:
@@ -48,7 +52,7 @@ class FakeGPU:
         monkeypatch.setattr(_arrays, "stream_of", lambda like: self.stream)
         monkeypatch.setattr(_plan, "stream_key", lambda obj, raw: self.stream)
         monkeypatch.setattr(_arrays, "multiprocessors", lambda like: 132)
-        monkeypatch.setattr(kaio_ops.matmul, "_hopper", lambda a: False)
+        monkeypatch.setattr(MATMUL_MODULE, "_hopper", lambda a: False)
         monkeypatch.setattr(kaio_ops.tune, "lookup", lambda *a, **k: None)
         monkeypatch.setattr(kaio_ops._long_rows, "available", lambda a: False)
         _plan.clear()
@@ -212,9 +216,9 @@ def test_a_new_signature_gets_a_new_plan(fake, change):
 def test_a_new_stream_gets_a_new_plan(fake):
     x, w = fake.array((2, 64)), fake.array((64,))
     kaio_ops.rms_norm(x, w)
-    fake.stream = 0x5000
+    fake.stream = 0x7F0000005000
     planned, unplanned, _ = fake.run(kaio_ops.rms_norm, x, w)
-    assert planned == unplanned and planned[0][4] == 0x5000
+    assert planned == unplanned and planned[0][4] == 0x7F0000005000
     fake.stream = None
     planned, _, _ = fake.run(kaio_ops.rms_norm, x, w)
     assert planned[0][4] == 0
@@ -253,7 +257,7 @@ def test_checks_still_raise_once_a_plan_exists(fake):
 
 def test_a_scalar_of_another_type_is_checked_again(fake):
     a, b = fake.array((1, 64), i8), fake.array((64, 64), i8)
-    kaio_ops.matmul._NO_SCALES.clear()
+    MATMUL_MODULE._NO_SCALES.clear()
     kaio_ops.matmul_int8.__wrapped__(a, b, 2.0)  # makes the op's constant placeholder
     same_as_unplanned(fake, kaio_ops.matmul_int8, a, b, 2.0)
     with pytest.raises(ValueError, match="'scale'"):

@@ -27,7 +27,7 @@ from kaio import types as T
 from kaio.errors import CompileError, UnsignedComparisonWarning
 from kaio.frontend import definite
 from kaio.frontend.resolve import MISSING, lookup_global, parse
-from kaio.frontend.resolve import annotations as resolved_annotations
+from kaio.frontend.resolve import signature as resolve_signature
 from kaio.ir.builder import Builder, const_convert
 from kaio.ir.nodes import (
     Array,
@@ -47,7 +47,7 @@ from kaio.ir.nodes import (
     Var,
     fresh_id,
 )
-from kaio.ir.ops import OPS
+from kaio.ir.ops import FASTMATH, OPS
 from kaio.types import ArrayType, ScalarType
 
 UNROLL_LIMIT = 8  # runtime range() loops with constant bounds and at most this many trips unroll
@@ -82,8 +82,8 @@ class Scope:
     readonly: set = field(default_factory=set)
     loops: list = field(default_factory=list)
     region_id: int | None = None  # device functions: `return` leaves this Region
-    result: Var | None = None
-    result_type: ScalarType | None = None
+    result: Var | tuple | None = None  # a tuple of Vars for a device function returning one
+    result_type: ScalarType | tuple | None = None
     unbound: dict = field(default_factory=dict)  # name -> (construct, line): bound on some paths
 
 
@@ -204,6 +204,9 @@ class Lowerer:
         self.constexprs = constexprs
         self.layouts = layouts
         self.b = Builder()
+        if getattr(kernel, "fastmath", False):
+            self.b.substitute = FASTMATH  # approximate f32 math (docs/dsl-reference.md)
+            self.meta["fastmath"] = True
         self.arrays: list[Array] = []
         self.params: list[Param] = []
         self.inline_stack: list = []
@@ -230,9 +233,10 @@ class Lowerer:
         counts = _assigned_names(tree.body)
         self.scope.multi_assigned = {n for n, c in counts.items() if c > 1}
         layouts = iter(self.layouts)
+        annotations = self.kernel.annotations(self.constexprs)
         for arg in tree.args.args:
             name = arg.arg
-            ann = self.kernel._annotations[name]
+            ann = annotations[name]
             self.node = arg
             if name in self.kernel.constexpr_names:
                 self.scope.names[name] = Py(_python_scalar(self.constexprs[name]))
@@ -663,16 +667,39 @@ class Lowerer:
             if scope.result_type is not None:
                 self.error("this device function returns a value on other paths", node)
         else:
-            v = self.value(self.expr(node.value), node.value, scope.result_type)
+            self._set_result(scope, self.expr(node.value), node.value)
+        self.b.append(Break(scope.region_id))
+
+    def _set_result(self, scope: Scope, value, node) -> None:
+        """Assign a device function's return value (a scalar or a tuple of scalars) to its
+        result variables, made by the first ``return``."""
+        want = scope.result_type
+        if isinstance(value, Py) and isinstance(value.value, tuple):
+            items = value.value
+            if want is not None and (not isinstance(want, tuple) or len(want) != len(items)):
+                self.error(
+                    f"this returns {len(items)} values; the function returns "
+                    f"{_type_text(want)} elsewhere or in its annotation",
+                    node,
+                )
+            hints = want or (None,) * len(items)
+            values = [self.value(v, node, h) for v, h in zip(items, hints, strict=True)]
             if scope.result is None:
-                t = scope.result_type or v.type
+                types = want or tuple(v.type for v in values)
+                scope.result = tuple(self.b.var(t, f"ret{i}") for i, t in enumerate(types))
+                scope.result_type = types
+            targets = scope.result
+        else:
+            if isinstance(want, tuple):
+                self.error(f"this function returns a tuple {_type_text(want)} elsewhere", node)
+            values = [self.value(value, node, want)]
+            if scope.result is None:
+                t = want or values[0].type
                 scope.result = self.b.var(t, "ret")
                 scope.result_type = t
-            self.b.assign(
-                scope.result,
-                self._coerce_assignment("the return value", scope.result.type, v, node.value),
-            )
-        self.b.append(Break(scope.region_id))
+            targets = (scope.result,)
+        for target, v in zip(targets, values, strict=True):
+            self.b.assign(target, self._coerce_assignment("the return value", target.type, v, node))
 
     # ------------------------------------------------------------------ expressions
     def expr(self, node):
@@ -1143,20 +1170,29 @@ class Lowerer:
         if not isinstance(fn, Py):
             self.error("only builtins, types and @kaio.gpu_func functions can be called", node)
         fn = fn.value
-        if node.keywords:
-            self.error("keyword arguments are not supported in kernel calls", node)
         args = [self.expr(a) for a in node.args]
-        return self.call(fn, args, node)
+        kwargs = {}
+        for k in node.keywords:
+            if k.arg is None:
+                self.error("**kwargs unpacking is not supported in kernels", k)
+            kwargs[k.arg] = self.expr(k.value)
+        return self.call(fn, args, node, kwargs)
 
-    def call(self, fn, args, node):
-        """Call a builtin, a type (conversion) or a device function."""
+    def call(self, fn, args, node, kwargs: dict | None = None):
+        """Call a builtin, a type (conversion) or a device function; keyword arguments bind
+        to the builtin's or device function's parameters as in Python."""
         from kaio.decorators import DeviceFunction
         from kaio.kernel import Kernel
 
         fn = lang.PYTHON_BUILTINS.get(fn, lang.MATH_MODULE.get(fn, fn)) if _hashable(fn) else fn
         builtin = lang.BUILTINS.get(fn) if _hashable(fn) else None
         if builtin is not None:
-            return builtin.lower(self, args, node)
+            return builtin.lower(self, builtin.bind(self, args, kwargs or {}, node), node)
+        if isinstance(fn, DeviceFunction):
+            return self.inline(fn, args, node, kwargs or {})
+        if kwargs and (isinstance(fn, ScalarType) or fn in _CONVERSIONS_AND_LEN):
+            name = fn.name if isinstance(fn, ScalarType) else fn.__name__
+            self.error(f"{name}() takes no keyword arguments in kernels", node)
         if isinstance(fn, ScalarType):
             return self._type_call(fn, args, node)
         if fn in (builtins.float, builtins.int, builtins.bool):
@@ -1168,8 +1204,6 @@ class Lowerer:
                 self.error("len() takes one array", node)
             d = args[0].shape[0]
             return Py(d.value) if isinstance(d, Const) else d
-        if isinstance(fn, DeviceFunction):
-            return self.inline(fn, args, node)
         if isinstance(fn, Kernel):
             self.error(
                 f"{fn.__name__} is a kernel and cannot be called from a kernel; make "
@@ -1208,68 +1242,61 @@ class Lowerer:
             return self.truth(x, node)
         return self.convert(x, t)
 
-    def inline(self, df, args, node):
+    def inline(self, df, args, node, kwargs: dict | None = None):
         """Inline a device function call: a new scope whose ``return``s leave a Region."""
         if df.pyfunc in self.inline_stack:
             chain = " -> ".join(f.__name__ for f in (*self.inline_stack, df.pyfunc))
             self.error(f"recursion is not supported in kernels ({chain})", node)
         parsed = parse(df.pyfunc)
         tree = parsed.tree
-        params = tree.args.args
-        if tree.args.vararg or tree.args.kwarg or tree.args.kwonlyargs or tree.args.defaults:
-            self.error(f"{df.__name__}: device functions take plain positional parameters", node)
-        if len(args) != len(params):
-            self.error(
-                f"{df.__name__}() takes {len(params)} argument{'s' * (len(params) != 1)}, "
-                f"got {len(args)}",
-                node,
-            )
-        annotations = resolved_annotations(df.pyfunc)
+        if tree.args.vararg or tree.args.kwarg:
+            self.error(f"{df.__name__}: device functions cannot take *args or **kwargs", node)
+        bound = self._bind_device_call(df, args, kwargs or {}, node)
+        sig = resolve_signature(df.pyfunc)
+        for name in sig.constexprs:
+            if not isinstance(bound[name], Py):
+                self.error(
+                    f"{df.__name__}: {name!r} is constexpr and needs a compile-time value", node
+                )
+        annotations = sig.resolve({n: bound[n].value for n in sig.generic}, self.error)
         scope = Scope(df.pyfunc, parsed.filename, region_id=fresh_id())
         counts = _device_assignments(df.pyfunc)
         scope.multi_assigned = {n for n, c in counts.items() if c > 1}
         ret = annotations.get("return")
         if ret is not None and ret is not type(None):
-            if not isinstance(ret, ScalarType):
-                self.error(f"{df.__name__}: the return annotation must be a scalar kaio type", node)
-            scope.result_type = ret
-        for p, a in zip(params, args, strict=True):
-            ann = annotations.get(p.arg)
+            scope.result_type = self._return_type(df, ret, node)
+        for pname, a in bound.items():
+            ann = annotations.get(pname)
             if ann is None:
-                self.error(f"{df.__name__}: parameter {p.arg!r} has no type annotation", node)
+                self.error(f"{df.__name__}: parameter {pname!r} has no type annotation", node)
             if ann is kaio.constexpr:
-                if not isinstance(a, Py):
-                    self.error(
-                        f"{df.__name__}: {p.arg!r} is constexpr and needs a compile-time value",
-                        node,
-                    )
-                scope.names[p.arg] = a
+                scope.names[pname] = a
             elif isinstance(ann, ArrayType):
                 if not isinstance(a, Array) or a.dtype != ann.dtype or a.ndim != ann.ndim:
-                    self.error(f"{df.__name__}: {p.arg!r} expects a {ann} array", node)
-                scope.names[p.arg] = a
-                scope.readonly.add(p.arg)
+                    self.error(f"{df.__name__}: {pname!r} expects a {ann} array", node)
+                scope.names[pname] = a
+                scope.readonly.add(pname)
             elif isinstance(ann, ScalarType):
                 v = self._coerce_assignment(
-                    p.arg, ann, a, node, f"change the annotation of {df.__name__}'s parameter"
+                    pname, ann, a, node, f"change the annotation of {df.__name__}'s parameter"
                 )
-                if p.arg in counts or isinstance(v, Var):
-                    var = self.b.var(ann, p.arg + "_")
+                if pname in counts or isinstance(v, Var):
+                    var = self.b.var(ann, pname + "_")
                     self.b.assign(var, v)
                     v = var
-                scope.names[p.arg] = v
+                scope.names[pname] = v
             elif isinstance(ann, T.TensorMapType):
                 if not any(q.value is a and q.role == "tensormap" for q in self.params):
                     self.error(
-                        f"{df.__name__}: {p.arg!r} expects a kaio.tensormap kernel parameter",
+                        f"{df.__name__}: {pname!r} expects a kaio.tensormap kernel parameter",
                         node,
                     )
-                scope.names[p.arg] = a
-                scope.readonly.add(p.arg)
+                scope.names[pname] = a
+                scope.readonly.add(pname)
             else:
                 detail = ann.message if isinstance(ann, T.InvalidAnnotation) else None
                 self.error(
-                    f"{df.__name__}: parameter {p.arg!r}: "
+                    f"{df.__name__}: parameter {pname!r}: "
                     f"{detail or 'needs a kaio type annotation'}",
                     node,
                 )
@@ -1288,11 +1315,43 @@ class Lowerer:
         self.b.append(region)
         if scope.result_type is not None and scope.result is None:
             self.error(
-                f"{df.__name__} is annotated to return {scope.result_type} but never "
-                "returns a value",
+                f"{df.__name__} is annotated to return {_type_text(scope.result_type)} but "
+                "never returns a value",
                 node,
             )
+        if isinstance(scope.result, tuple):
+            return Py(scope.result)
         return scope.result if scope.result is not None else Py(None)
+
+    def _bind_device_call(self, df, args: list, kwargs: dict, node) -> dict:
+        """A device function call's arguments by parameter name, bound as Python binds them
+        (defaults are compile-time values)."""
+        signature = inspect.signature(df.pyfunc)
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError as e:
+            self.error(f"{df.__name__}{_plain_signature(signature)}: {e}", node)
+        bound.apply_defaults()
+        return {
+            n: v if isinstance(v, Var | Const | Array | Frag | Py) else Py(v)
+            for n, v in bound.arguments.items()
+        }
+
+    def _return_type(self, df, ret, node):
+        """A device function's return annotation: a scalar type, or a tuple of them
+        (``tuple[f32, f32]``)."""
+        if isinstance(ret, ScalarType):
+            return ret
+        items = (
+            getattr(ret, "__args__", None) if getattr(ret, "__origin__", None) is tuple else None
+        )
+        if items and all(isinstance(t, ScalarType) for t in items):
+            return tuple(items)
+        self.error(
+            f"{df.__name__}: the return annotation must be a scalar kaio type or a tuple of "
+            f"them (tuple[kaio.f32, kaio.u32]), got {ret!r}",
+            node,
+        )
 
     # ------------------------------------------------------------------ the ctx API of builtins
     def value(self, v, node, hint: ScalarType | None = None):
@@ -1415,6 +1474,26 @@ class Lowerer:
         arr = Array(name, dtype, space, dims)
         self.arrays.append(arr)
         return arr
+
+
+_CONVERSIONS_AND_LEN = (builtins.float, builtins.int, builtins.bool, builtins.len)
+
+
+def _type_text(t) -> str:
+    """A return type as the user writes it."""
+    if isinstance(t, tuple):
+        return f"tuple[{', '.join(map(str, t))}]"
+    return str(t)
+
+
+def _plain_signature(signature: inspect.Signature) -> str:
+    """``(a, b)``: a signature's parameter names, annotations left out."""
+    return str(
+        signature.replace(
+            parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],
+            return_annotation=inspect.Signature.empty,
+        )
+    )
 
 
 def _instr_add(counter: Var, step: Const, loc):

@@ -197,6 +197,7 @@ BINARY = {
     "sub": {"int": _op("sub"), "float": _op("fsub")},
     "mul": {"int": _op("mul"), "float": _op("fmul")},
     "div": {"float": _op("fdiv")},
+    "div_ftz": {"float": _ptx("div.full.ftz.f32 $0, $1, $2;", "=f,f,f")},
     "floordiv": {"int": _floordiv},
     "mod": {"int": _mod},
     "and": {"any": _op("and_")},
@@ -243,6 +244,10 @@ UNARY = {
     "rcp_approx": {"float": _ptx("rcp.approx.f32 $0, $1;", "=f,f")},
     "exp2_ftz": {"float": _nvvm("llvm.nvvm.ex2.approx.ftz.f")},
     "rcp_ftz": {"float": _nvvm("llvm.nvvm.rcp.approx.ftz.f")},
+    "log2_ftz": {"float": _nvvm("llvm.nvvm.lg2.approx.ftz.f")},
+    "rsqrt_ftz": {"float": _nvvm("llvm.nvvm.rsqrt.approx.ftz.f")},
+    "sin_ftz": {"float": _nvvm("llvm.nvvm.sin.approx.ftz.f")},
+    "cos_ftz": {"float": _nvvm("llvm.nvvm.cos.approx.ftz.f")},
     "sin": {"float": _nvvm("llvm.nvvm.sin.approx.f")},
     "cos": {"float": _nvvm("llvm.nvvm.cos.approx.f")},
     "tanh": {"float": _ptx("tanh.approx.f32 $0, $1;", "=f,f")},  # no intrinsic before LLVM 21

@@ -152,6 +152,14 @@ def approx_ftz(fn):
     return run
 
 
+def div_ftz(t: ScalarType, a, b):
+    """f32 ``div.full.ftz``: the model is subnormal operands read as zero, the quotient
+    correctly rounded, a subnormal quotient flushed to zero; the hardware is within 2 ulp of
+    it (docs/dsl-reference.md, "Fast math")."""
+    q = np.divide(flush_subnormals(np.asarray(a, F32)), flush_subnormals(np.asarray(b, F32)))
+    return flush_subnormals(q)
+
+
 def cvt(src: ScalarType, dst: ScalarType, a):
     """Conversion with the rules of ``kaio.ir.ops`` (fp8: ``kaio.sim.fp8``)."""
     a = np.asarray(a)
