@@ -472,6 +472,11 @@ def test_gpu_catalog_both_backends_bit_exact(case):
     for index, want in expected.items():
         got = runs["llvm"][index]
         assert_matches(f"{case.name} arg {index} (LLVM)", got, want, case.rtol, case.atol)
+    if case.kernel.fastmath:
+        # approximate instructions: each backend's program is within the documented error of
+        # the exact result (checked above), but LLVM may schedule the arithmetic around them
+        # differently (1 ulp apart on an H200), so the two are not compared bit for bit
+        return
     # the outputs the reference defines: others may depend on the order threads run in (which
     # thread wins a compare-and-swap in the atomics case)
     _assert_agree(case.name, runs, expected)
