@@ -48,7 +48,8 @@ BN = 64  # keys per tile
 # whole L1 lines, which are not coherent across multiprocessors, so no line it reads may
 # also hold values another block writes later (the rows of part are whole lines already)
 LSE_STRIDE = 32
-UNROLL = 16  # splits a merge step loads at once
+UNROLL = 8  # splits a merge step loads at once (16 bytes each)
+MAX_SPLITS = 64  # the most key splits (the merge holds a weight per split and row)
 
 
 def min_blocks(dp: int, mt: int) -> int:
@@ -300,66 +301,125 @@ def decode_fwd(
         kaio.sync_threads()
         if red_ml[0, 0] == 1.0:
             kaio.threadfence()
-            for idx in range(tid, elements, THREADS):
-                row = q_row0 + row0 + idx // DP
-                merge_element(part, part_lse, out, lse, row, idx % DP, total_rows, DP, splits)
+            w_s = kaio.shared_dynamic(f32, (MAX_SPLITS, ROWS), 0)  # over kv_s, now free
+            merge_chunk(
+                part, part_lse, out, lse, w_s, q_row0 + row0, kaio.min(ROWS, nrows - row0),
+                total_rows, splits, tid, DP, ROWS,
+            )  # fmt: skip
 
 
 @kaio.gpu_func
-def merge_element(
+def merge_chunk(
     part: f32[:],
     part_lse: f32[:],
     out: DT[:],
     lse: f32[:],
-    row: u32,
-    c: u32,
+    w_s: f32[:, :],
+    first: u32,
+    nreal: u32,
     rows: u32,
-    d: u32,
     splits: u32,
+    tid: u32,
+    DP: kaio.constexpr,
+    ROWS: kaio.constexpr,
 ):
-    """out[row, c] = the splits' partial outputs weighted by their share of the row's
-    softmax (base-2 logsumexps part_lse), summed in split order; lse[row] (written where
-    c = 0) = the natural logsumexp (zeros and -inf for a row that saw no key)."""
-    # UNROLL splits a step: their loads issue back to back (a loop of one load a step would
-    # wait for each in turn, the latency of L2 times the splits)
-    top = NEG_INF
-    for sp0 in range(0, splits, UNROLL):
-        for j in kaio.static_range(UNROLL):
-            ok = sp0 + j < splits
-            x = part_lse[kaio.select(ok, ((sp0 + j) * rows + row) * LSE_STRIDE, 0)]
-            top = kaio.max(top, kaio.select(ok, x, NEG_INF))
-    base = kaio.select(top == NEG_INF, 0.0, top)
-    den = 0.0
-    num = 0.0
-    for sp0 in range(0, splits, UNROLL):
-        for j in kaio.static_range(UNROLL):
-            ok = sp0 + j < splits
-            at = kaio.select(ok, (sp0 + j) * rows + row, 0)
-            x = part_lse[at * LSE_STRIDE]
-            y = part[at * d + c]
-            w = kaio.select(ok, kaio.exp2(x - base), 0.0)
-            den += w
-            num += kaio.select(ok, y * w, 0.0)
-    out[row * d + c] = DT(kaio.select(den > 0.0, num / den, 0.0))
-    if c == 0:
-        lse[row] = kaio.select(den > 0.0, (base + kaio.log2(den)) * LN2, NEG_INF)
+    """out / lse of query rows first .. first + nreal (one row chunk, a block of THREADS):
+    the splits' partial outputs ``part`` weighted by their share of each row's softmax
+    (base-2 logsumexps ``part_lse``), summed in split order (deterministic); lse = the
+    natural logsumexp (zeros and -inf for a row that saw no key). Three phases, each a
+    handful of memory round trips whatever the split count: the logsumexps into ``w_s``
+    [MAX_SPLITS, ROWS] (shared, independent loads), one warp a row turns them into
+    normalized weights (lanes over the splits, shuffle reductions), then each thread sums
+    4 adjacent columns of one row, UNROLL 16-byte loads in flight."""
+    warp = tid // 32
+    lane = kaio.lane_id()
+    n = splits * nreal
+    for i0 in range(tid, n, THREADS * 4):
+        for j in kaio.static_range(4):
+            i = i0 + j * THREADS
+            ok = i < n
+            x = part_lse[kaio.select(ok, (i // nreal * rows + first + i % nreal) * LSE_STRIDE, 0)]
+            if ok:
+                w_s[i // nreal, i % nreal] = x
+    kaio.sync_threads()
+    for r in range(warp, nreal, WARPS):
+        xs = kaio.local(f32, MAX_SPLITS // 32)
+        top = NEG_INF
+        for j in kaio.static_range(MAX_SPLITS // 32):
+            sp = lane + 32 * j
+            xs[j] = NEG_INF
+            if sp < splits:
+                xs[j] = w_s[sp, r]
+            top = kaio.max(top, xs[j])
+        for step in kaio.static_range(5):
+            top = kaio.max(top, kaio.shfl_xor(top, 16 >> step))
+        base = kaio.select(top == NEG_INF, 0.0, top)
+        den = 0.0
+        for j in kaio.static_range(MAX_SPLITS // 32):
+            xs[j] = kaio.exp2(xs[j] - base)  # 0 for -inf (no key, or no split)
+            den += xs[j]
+        for step in kaio.static_range(5):
+            den += kaio.shfl_xor(den, 16 >> step)
+        inv = kaio.select(den > 0.0, 1.0 / den, 0.0)
+        for j in kaio.static_range(MAX_SPLITS // 32):
+            sp = lane + 32 * j
+            if sp < splits:
+                w_s[sp, r] = xs[j] * inv
+        if lane == 0:
+            lse[first + r] = kaio.select(den > 0.0, (base + kaio.log2(den)) * LN2, NEG_INF)
+    kaio.sync_threads()
+    buf = kaio.local(f32, (UNROLL, 4))
+    acc = kaio.local(f32, 4)
+    res = kaio.local(DT, 4)
+    for it in range(tid, nreal * (DP // 4), THREADS):
+        r = it // (DP // 4)
+        c = it % (DP // 4) * 4
+        for e in kaio.static_range(4):
+            acc[e] = 0.0
+        for sp0 in range(0, splits, UNROLL):
+            for j in kaio.static_range(UNROLL):
+                ok = sp0 + j < splits
+                at = kaio.select(ok, ((sp0 + j) * rows + first + r) * DP + c, 0)
+                kaio.load_vector(buf[j], part, at)
+            for j in kaio.static_range(UNROLL):
+                ok = sp0 + j < splits
+                w = w_s[kaio.select(ok, sp0 + j, 0), r]
+                for e in kaio.static_range(4):
+                    acc[e] += kaio.select(ok, w * buf[j, e], 0.0)
+        for e in kaio.static_range(4):
+            res[e] = DT(acc[e])
+        kaio.store_vector(out, (first + r) * DP + c, res)
 
 
-@kaio.gpu_kernel(block_size=256)
+@kaio.gpu_kernel(block_size=THREADS)
 def decode_merge(
     part: f32[:],
     part_lse: f32[:],
     out: DT[:],
     lse: f32[:],
+    heads: u32,
+    group: u32,
+    sq: u32,
+    kv_heads: u32,
+    chunks: u32,
     rows: u32,
-    d: u32,
     splits: u32,
+    DP: kaio.constexpr,
+    MT: kaio.constexpr,
 ):
-    """``merge_element`` for every element of the [rows, d] output, a thread each (the
-    merge of ``decode_fwd`` launched without ``FUSED``)."""
-    i = kaio.block_idx_x() * 256 + kaio.thread_idx_x()
-    if i < rows * d:
-        merge_element(part, part_lse, out, lse, i // d, i % d, rows, d, splits)
+    """``merge_chunk`` for the row chunk of block x (as ``decode_fwd``'s block y): the
+    merge of ``decode_fwd`` launched without ``FUSED``."""
+    ROWS = 16 * MT
+    chunk = kaio.block_idx_x() % chunks
+    bkv = kaio.block_idx_x() // chunks
+    b = bkv // kv_heads
+    kvh = bkv % kv_heads
+    row0 = chunk * ROWS
+    w_s = kaio.shared_dynamic(f32, (MAX_SPLITS, ROWS), 0)
+    merge_chunk(
+        part, part_lse, out, lse, w_s, (b * heads + kvh * group) * sq + row0,
+        kaio.min(ROWS, group * sq - row0), rows, splits, kaio.thread_idx_x(), DP, ROWS,
+    )  # fmt: skip
 
 
 @kaio.gpu_func

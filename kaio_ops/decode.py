@@ -30,7 +30,7 @@ DIMS = (64, 128, 256)  # the head dims of the decode kernel
 MAX_NEW = 16  # the most new tokens per sequence (Sq)
 MIN_PAGE = 16
 SM_SHARED = 228 * 1024  # shared memory of one H100/H200 multiprocessor
-MAX_SPLITS = 64
+MAX_SPLITS = dk.MAX_SPLITS
 BLOCK_COST = 2  # a block's fixed cost, in key tiles, for the split heuristic
 
 DECODE = _typed.by_dtype(dk.decode_fwd)
@@ -49,6 +49,11 @@ def shared_bytes(dp: int, mt: int) -> int:
     """Dynamic shared memory of ``decode_fwd``: two K/V stages, the Q rows, the warps' maxima
     and sums (the warps' partial outputs reuse the K/V stages)."""
     return (4 * dk.BN + 16 * mt) * dp * 2 + 2 * dk.WARPS * 16 * 4
+
+
+def merge_shared(mt: int) -> int:
+    """Dynamic shared memory of ``decode_merge``: a weight per split and row."""
+    return dk.MAX_SPLITS * 16 * mt * 4
 
 
 def blocks_per_sm(dp: int, mt: int) -> int:
@@ -259,9 +264,10 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
         DP=d, MT=mt, PAGED=cache.paged, DIRECT=direct, FUSED=fused,
     )  # fmt: skip
     if not (direct or fused):
-        MERGE[qa.dtype][-(-rows * d // 256), 256, stream, 0](
-            part, part_lse, out_flat, lse_flat, rows, d, splits
-        )
+        MERGE[qa.dtype][blocks, dk.THREADS, stream, merge_shared(mt)](
+            part, part_lse, out_flat, lse_flat, heads, group, sq, cache.kv_heads, chunks, rows,
+            splits, DP=d, MT=mt,
+        )  # fmt: skip
     return out, lse
 
 
@@ -334,7 +340,9 @@ def shipped():
                     for direct, fused in ((True, False), (False, False), (False, True)):
                         flags = {"PAGED": paged, "DIRECT": direct, "FUSED": fused}
                         yield DECODE[dtype], {"DP": dp, "MT": mt, **flags}
-        yield MERGE[dtype], {}
+        for dp in DIMS:
+            for mt in (1, 2, 4):
+                yield MERGE[dtype], {"DP": dp, "MT": mt}
         for paged in (False, True):
             for vec in (1, 8):
                 yield APPEND[dtype], {"PAGED": paged, "VEC": vec}

@@ -141,6 +141,25 @@ def test_decode_scale_and_splits(monkeypatch, fused):
     assert np.abs(out.astype(np.float64) - ref).max() < 4e-3
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_decode_merge_of_many_splits_and_rows(monkeypatch, fused):
+    # 40 splits (past one warp's lanes, not a multiple of the merge's unrolling; the last
+    # ones past the length hold no key) over 40 query rows (group 8 x Sq 5: four M-tiles,
+    # more rows than warps)
+    monkeypatch.setattr(decode, "splits_for", lambda *_: 40)
+    if not fused:
+        monkeypatch.setattr(decode, "_counters", lambda *_: None)
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal((1, 8, 5, 64)).astype(np.float16)
+    k_cache, v_cache, _ = make_cache(rng, 1, 1, 64, 40 * 64, np.float16)
+    seq_lens = np.array([33 * 64 + 5], np.int32)
+    with kaio.simulate():
+        out, lse = kaio_ops.flash_attention_decode_with_stats(q, k_cache, v_cache, seq_lens)
+    ref, ref_lse = reference(q, k_cache, v_cache, list(seq_lens))
+    assert np.abs(out.astype(np.float64) - ref).max() < 4e-3
+    assert np.abs(lse - ref_lse).max() < 1e-4
+
+
 @pytest.mark.parametrize("page_size", [None, 16])
 @pytest.mark.parametrize("dtype", [np.float16, BF16])
 def test_append_then_decode_in_simulator(page_size, dtype):
@@ -325,7 +344,7 @@ def assembled() -> list:
         (decode.DECODE[kaio.f16], fwd(256, 1, False, "kernel")),
         (decode.DECODE[kaio.f16], fwd(256, 4, True, "fused")),
         (decode.DECODE[kaio.bf16], fwd(128, 1, False, "fused")),
-        (decode.MERGE[kaio.bf16], {}),
+        (decode.MERGE[kaio.bf16], {"DP": 256, "MT": 4}),
         (decode.APPEND[kaio.f16], {"PAGED": True, "VEC": 8}),
         (decode.APPEND[kaio.bf16], {"PAGED": False, "VEC": 1}),
     ]
