@@ -6,10 +6,11 @@ K/V group, ``group`` heads times ``sq`` new tokens (contiguous in q: the heads o
 adjacent), are the M dimension of ``mma.m16n8k16``: 16 * MT rows a block, so each K/V tile is
 read once per group, not once per query head. The block's 4 warps split each 64-key tile:
 warp w owns the 16 rows of M-tile w % MT and keys (w // MT) * KW .. + KW of the tile
-(KW = 64 * MT / 4). K and V tiles are double-buffered in shared memory (16-byte cp.async,
-XOR-swizzled for ldmatrix): tile t + 1 is in flight while tile t is used. The scores and the
-online softmax are those of ``_attention_tc.attention_fwd`` (fragments, ``dot_rows_at``,
-``acc_rows_at``, ``online_softmax``); the warps' partial (max, sum, output) then merge
+(KW = 64 * MT / 4). K and V tiles are buffered in ``STAGES`` (2 or 3) shared-memory stages
+(16-byte cp.async, XOR-swizzled for ldmatrix): tiles t + 1 .. t + STAGES - 1 are in flight
+while tile t is used. The scores and the online softmax are those of
+``_attention_tc.attention_fwd`` (fragments, ``dot_rows_at``, ``acc_rows_at``,
+``online_softmax``); the warps' partial (max, sum, output) then merge
 through shared memory.
 
 Lengths are read on the GPU: ``seq_lens[b]`` (clamped to 0 .. capacity) fixes the key tiles,
@@ -150,6 +151,7 @@ def decode_fwd(
     PAGED: kaio.constexpr,
     DIRECT: kaio.constexpr,
     FUSED: kaio.constexpr,
+    STAGES: kaio.constexpr,
 ):
     """Attention of the 16 * MT query rows (row chunk) of one K/V group over the key tiles
     of split ``block x``: out / lse (``DIRECT``, one split) or part / part_lse (row-major
@@ -183,20 +185,21 @@ def decode_fwd(
     t0 = kaio.min(split * per, n_total)
     t1 = kaio.min(t0 + per, n_total)
 
-    kv_s = kaio.shared_dynamic(DT, (4 * BN, DP), 0)  # K0, V0, K1, V1
-    q_s = kaio.shared_dynamic(DT, (ROWS, DP), 4 * BN * DP * 2)
+    kv_s = kaio.shared_dynamic(DT, (2 * STAGES * BN, DP), 0)  # K0, V0, K1, V1, ...
+    q_s = kaio.shared_dynamic(DT, (ROWS, DP), 2 * STAGES * BN * DP * 2)
     red_o = kaio.shared_dynamic(f32, (WARPS * 16, DP), 0)  # after the loop, over kv_s
-    red_ml = kaio.shared_dynamic(f32, (2, WARPS * 16), (4 * BN + ROWS) * DP * 2)
+    red_ml = kaio.shared_dynamic(f32, (2, WARPS * 16), (2 * STAGES * BN + ROWS) * DP * 2)
 
     load_tile(q_s, q, q_row0 * DP, row0, nrows, DP, tid, ROWS, DP, THREADS, True)
     kaio.cp_async_commit()
-    if t0 < t1:
-        load_stage(
-            kv_s, 0, k, v, t0 * BN, kv_len, b, kvh, block_table, capacity, max_pages,
-            kv_heads, shift, tid, DP, PAGED,
-        )  # fmt: skip
-    kaio.cp_async_commit()
-    kaio.cp_async_wait(1)  # Q has landed
+    for j in kaio.static_range(STAGES - 1):  # tiles t0 .. t0 + STAGES - 2 in flight
+        if t0 + j < t1:
+            load_stage(
+                kv_s, j * 2 * BN, k, v, (t0 + j) * BN, kv_len, b, kvh, block_table, capacity,
+                max_pages, kv_heads, shift, tid, DP, PAGED,
+            )  # fmt: skip
+        kaio.cp_async_commit()
+    kaio.cp_async_wait(STAGES - 1)  # Q has landed
     kaio.sync_threads()
 
     acol = kaio.local(u32, 4)
@@ -219,14 +222,15 @@ def decode_fwd(
             o[n, e] = 0.0
     s = kaio.local(f32, (KW // 8, 4))
     for t in range(t0, t1):
-        stage = (t - t0) % 2 * 2 * BN
-        if t + 1 < t1:
+        stage = (t - t0) % STAGES * 2 * BN
+        if t + STAGES - 1 < t1:  # into the stage tile t - 1 used
             load_stage(
-                kv_s, 2 * BN - stage, k, v, (t + 1) * BN, kv_len, b, kvh, block_table,
-                capacity, max_pages, kv_heads, shift, tid, DP, PAGED,
+                kv_s, (t - t0 + STAGES - 1) % STAGES * 2 * BN, k, v, (t + STAGES - 1) * BN,
+                kv_len, b, kvh, block_table, capacity, max_pages, kv_heads, shift, tid, DP,
+                PAGED,
             )  # fmt: skip
         kaio.cp_async_commit()
-        kaio.cp_async_wait(1)  # tile t has landed
+        kaio.cp_async_wait(STAGES - 1)  # tile t has landed
         kaio.sync_threads()
         if not QREG:
             load_a(qf, q_s, mtile * 16, acol, lane, 0, DP)

@@ -31,7 +31,13 @@ MAX_NEW = 16  # the most new tokens per sequence (Sq)
 MIN_PAGE = 16
 SM_SHARED = 228 * 1024  # shared memory of one H100/H200 multiprocessor
 MAX_SPLITS = dk.MAX_SPLITS
-BLOCK_COST = 2  # a block's fixed cost, in key tiles, for the split heuristic
+# the split heuristic's costs, in the time a block takes for one key tile (about 1.1 us on an
+# H200 for D = 128, measured with B = 1 to 64 and 1k to 32k keys): a block's fixed cost, the
+# merge's tail (the fence, the count and the last block's merge, when there are several
+# splits) and its cost per split
+BLOCK_COST = 2
+MERGE_TAIL = 2.5
+SPLIT_COST = 0.3
 
 DECODE = _typed.by_dtype(dk.decode_fwd)
 MERGE = _typed.by_dtype(dk.decode_merge)
@@ -45,10 +51,17 @@ def row_tiles(rows: int) -> int:
     return 1 if rows <= 16 else 2 if rows <= 32 else 4
 
 
-def shared_bytes(dp: int, mt: int) -> int:
-    """Dynamic shared memory of ``decode_fwd``: two K/V stages, the Q rows, the warps' maxima
-    and sums (the warps' partial outputs reuse the K/V stages)."""
-    return (4 * dk.BN + 16 * mt) * dp * 2 + 2 * dk.WARPS * 16 * 4
+def stages_for(dp: int, mt: int) -> int:
+    """K/V pipeline stages of ``decode_fwd``: 3 where they fit a multiprocessor's shared
+    memory (measured on an H200: as fast or faster than 2 with the splits chosen for them,
+    although D = 128 then has 2 blocks a multiprocessor, not 3), else 2."""
+    return 3 if shared_bytes(dp, mt, 3) + 1024 <= SM_SHARED else 2
+
+
+def shared_bytes(dp: int, mt: int, stages: int = 2) -> int:
+    """Dynamic shared memory of ``decode_fwd``: the K/V stages, the Q rows, the warps'
+    maxima and sums (the warps' partial outputs reuse the K/V stages)."""
+    return (2 * stages * dk.BN + 16 * mt) * dp * 2 + 2 * dk.WARPS * 16 * 4
 
 
 def merge_shared(mt: int) -> int:
@@ -56,19 +69,26 @@ def merge_shared(mt: int) -> int:
     return dk.MAX_SPLITS * 16 * mt * 4
 
 
-def blocks_per_sm(dp: int, mt: int) -> int:
+def blocks_per_sm(dp: int, mt: int, stages: int = 2) -> int:
     """Resident ``decode_fwd`` blocks per multiprocessor: as shared memory allows, at most
     its launch bounds' count (``_decode.min_blocks``)."""
-    return max(1, min(dk.min_blocks(dp, mt), SM_SHARED // (shared_bytes(dp, mt) + 1024)))
+    fit = SM_SHARED // (shared_bytes(dp, mt, stages) + 1024)
+    return max(1, min(dk.min_blocks(dp, mt), fit))
 
 
-def splits_for(blocks: int, tiles: int, slots: int) -> int:
+def splits_for(blocks: int, tiles: int, slots: int, sms: int | None = None) -> int:
     """Key splits for ``blocks`` (batch x K/V heads x row chunks) over a capacity of
-    ``tiles`` key tiles with ``slots`` resident blocks on the GPU: the count minimizing
-    waves x (tiles per block + BLOCK_COST), the fewest on ties."""
+    ``tiles`` key tiles with ``slots`` resident blocks on the GPU's ``sms`` multiprocessors
+    (default slots / 3): the count minimizing the larger of the latency bound, waves x (tiles
+    per block + BLOCK_COST), and the bandwidth bound, all the tiles over the multiprocessors
+    (a multiprocessor streams about a tile per tile time), plus, with several splits, the
+    merge (MERGE_TAIL + SPLIT_COST x splits); the fewest on ties."""
+    sms = sms or max(1, slots // 3)
     best, best_cost = 1, math.inf
     for s in range(1, min(MAX_SPLITS, max(1, tiles)) + 1):
-        cost = math.ceil(blocks * s / slots) * (math.ceil(tiles / s) + BLOCK_COST)
+        waves = math.ceil(blocks * s / slots)
+        cost = max(waves * (math.ceil(tiles / s) + BLOCK_COST), blocks * tiles / sms)
+        cost += MERGE_TAIL + SPLIT_COST * s if s > 1 else 0
         if cost < best_cost:
             best, best_cost = s, cost
     return best
@@ -237,8 +257,9 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     chunks = -(-group * sq // (16 * mt))
     blocks = batch * cache.kv_heads * chunks
     tiles = -(-cache.capacity // dk.BN)
-    slots = blocks_per_sm(d, mt) * _arrays.multiprocessors(qa)
-    splits = splits_for(blocks, tiles, slots)
+    stages = stages_for(d, mt)
+    sms = _arrays.multiprocessors(qa)
+    splits = splits_for(blocks, tiles, blocks_per_sm(d, mt, stages) * sms, sms)
     rows = batch * heads * sq
     out = _arrays.output(qa, qa.shape)
     lse = _arrays.output(qa, (batch, heads, sq), f32)
@@ -257,11 +278,11 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     flat = [a.arg(a.size) for a in (qa, cache.k, cache.v)]
     if counters is None:  # a stand-in, never read
         counters = np.zeros(1, np.uint32) if qa.kind == "numpy" else qa.arg(1, dtype=u32)
-    kernel[(splits, blocks), dk.THREADS, stream, shared_bytes(d, mt)](
+    kernel[(splits, blocks), dk.THREADS, stream, shared_bytes(d, mt, stages)](
         *flat, cache.table_arg(qa), lens.arg(batch), out_flat, lse_flat, part, part_lse,
         counters, heads, group, sq, cache.kv_heads, *cache.geometry(), chunks, rows,
         math.log2(math.e) * float(scale),
-        DP=d, MT=mt, PAGED=cache.paged, DIRECT=direct, FUSED=fused,
+        DP=d, MT=mt, PAGED=cache.paged, DIRECT=direct, FUSED=fused, STAGES=stages,
     )  # fmt: skip
     if not (direct or fused):
         MERGE[qa.dtype][blocks, dk.THREADS, stream, merge_shared(mt)](
@@ -339,7 +360,8 @@ def shipped():
                 for paged in (False, True):
                     for direct, fused in ((True, False), (False, False), (False, True)):
                         flags = {"PAGED": paged, "DIRECT": direct, "FUSED": fused}
-                        yield DECODE[dtype], {"DP": dp, "MT": mt, **flags}
+                        stages = stages_for(dp, mt)
+                        yield DECODE[dtype], {"DP": dp, "MT": mt, "STAGES": stages, **flags}
         for dp in DIMS:
             for mt in (1, 2, 4):
                 yield MERGE[dtype], {"DP": dp, "MT": mt}

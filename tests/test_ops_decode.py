@@ -206,12 +206,18 @@ def test_append_unaligned_head_dim_and_short_length_in_simulator():
 
 
 def test_split_heuristic_fills_the_gpu():
-    # Llama-3-8B at batch 1, 4096 keys: the 8 K/V heads' blocks cover the GPU once
-    slots = decode.blocks_per_sm(128, 1) * 132
-    splits = decode.splits_for(8, 4096 // 64, slots)
-    assert 8 * splits >= 132 and 8 * splits <= slots
-    assert decode.splits_for(64 * 8, 1024 // 64, slots) <= 2  # a full batch: few splits
-    assert decode.splits_for(8, 1, slots) == 1  # one tile: one split
+    # Llama-3-8B at batch 1, 4096 keys: the 8 K/V heads' blocks cover the GPU about once
+    # (one wave; 16 splits of 4 tiles measured fastest on an H200, the merge's cost growing
+    # with the splits)
+    stages = decode.stages_for(128, 1)
+    slots = decode.blocks_per_sm(128, 1, stages) * 132
+    splits = decode.splits_for(8, 4096 // 64, slots, 132)
+    assert 8 * splits >= 120 and 8 * splits <= slots
+    # a batch that streams at the memory's speed with one block per sequence and head: no
+    # split (the merge would only add to it)
+    assert decode.splits_for(16 * 8, 1024 // 64, slots, 132) == 1
+    assert decode.splits_for(64 * 8, 4096 // 64, slots, 132) == 1
+    assert decode.splits_for(8, 1, slots, 132) == 1  # one tile: one split
 
 
 # --------------------------------------------------------------------------- input checks
