@@ -30,6 +30,7 @@ DIMS = (64, 128, 256)  # the head dims of the decode kernel
 MAX_NEW = 16  # the most new tokens per sequence (Sq)
 MIN_PAGE = 16
 SM_SHARED = 228 * 1024  # shared memory of one H100/H200 multiprocessor
+BLOCK_SHARED = 163 * 1024  # the most dynamic shared memory of a block on an A100 (sm_80)
 MAX_SPLITS = dk.MAX_SPLITS
 # the split heuristic's costs, in the time a block takes for one key tile (about 1.1 us on an
 # H200 for D = 128, measured with B = 1 to 64 and 1k to 32k keys): a block's fixed cost, the
@@ -53,10 +54,11 @@ def row_tiles(rows: int) -> int:
 
 
 def stages_for(dp: int, mt: int) -> int:
-    """K/V pipeline stages of ``decode_fwd``: 3 where they fit a multiprocessor's shared
-    memory (measured on an H200: as fast or faster than 2 with the splits chosen for them,
-    although D = 128 then has 2 blocks a multiprocessor, not 3), else 2."""
-    return 3 if shared_bytes(dp, mt, 3) + 1024 <= SM_SHARED else 2
+    """K/V pipeline stages of ``decode_fwd``: 3 where they fit a block's shared memory on
+    every GPU it runs on (A100's 163 KiB: D up to 128), else 2 (measured on an H200: 3 are
+    as fast or faster than 2 with the splits chosen for them, although D = 128 then has 2
+    blocks a multiprocessor, not 3)."""
+    return 3 if shared_bytes(dp, mt, 3) <= BLOCK_SHARED else 2
 
 
 def shared_bytes(dp: int, mt: int, stages: int = 2) -> int:

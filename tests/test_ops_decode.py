@@ -336,12 +336,12 @@ def test_bad_inputs_raise_before_launch(call, message):
 def assembled() -> list:
     """The specializations assembled here: each family of ``decode.shipped()`` (every head
     dim, M-tile count, layout and merge mode, both dtypes; the merge kernel; the append's
-    vector and scalar paths), not all 118 of them (the CI time budget). The largest
+    vector and scalar paths), not all 134 of them (the CI time budget). The largest
     (D = 256, four M-tiles) and the one compiled for 3 blocks per SM (168 registers) are in."""
 
     def fwd(dp, mt, paged, merge):
         flags = {"DIRECT": merge == "direct", "FUSED": merge == "fused"}
-        return {"DP": dp, "MT": mt, "PAGED": paged, **flags}
+        return {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": decode.stages_for(dp, mt), **flags}
 
     return [
         (decode.DECODE[kaio.f16], fwd(64, 4, True, "fused")),
