@@ -6,7 +6,7 @@ K/V group, ``group`` heads times ``sq`` new tokens (contiguous in q: the heads o
 adjacent), are the M dimension of ``mma.m16n8k16``: 16 * MT rows a block, so each K/V tile is
 read once per group, not once per query head. The block's 4 warps split each 64-key tile:
 warp w owns the 16 rows of M-tile w % MT and keys (w // MT) * KW .. + KW of the tile
-(KW = 64 * MT / 4). K and V tiles are buffered in ``STAGES`` (2 or 3) shared-memory stages
+(KW = 64 * MT / 4). K and V tiles are buffered in ``STAGES`` (2 to 4) shared-memory stages
 (16-byte cp.async, XOR-swizzled for ldmatrix): tiles t + 1 .. t + STAGES - 1 are in flight
 while tile t is used. The scores and the online softmax are those of
 ``_attention_tc.attention_fwd`` (fragments, ``dot_rows_at``, ``acc_rows_at``,

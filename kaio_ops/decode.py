@@ -61,6 +61,14 @@ def stages_for(dp: int, mt: int) -> int:
     return 3 if shared_bytes(dp, mt, 3) <= BLOCK_SHARED else 2
 
 
+def deep_stages(dp: int, mt: int) -> int:
+    """K/V pipeline stages of ``decode_fwd`` when the grid has at most one block a
+    multiprocessor (occupancy costs nothing then): 4 where they fit (D up to 128: a block of
+    4 tiles, the split of one sequence of 4k keys, has all its tiles in flight at once),
+    else ``stages_for``'s."""
+    return 4 if shared_bytes(dp, mt, 4) <= BLOCK_SHARED else stages_for(dp, mt)
+
+
 def shared_bytes(dp: int, mt: int, stages: int = 2) -> int:
     """Dynamic shared memory of ``decode_fwd``: the K/V stages, the Q rows, the warps'
     maxima and sums (the warps' partial outputs reuse the K/V stages)."""
@@ -265,6 +273,8 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     stages = stages_for(d, mt)
     sms = _arrays.multiprocessors(qa)
     splits = splits_for(blocks, tiles, blocks_per_sm(d, mt, stages) * sms, sms)
+    if blocks * splits <= sms:
+        stages = deep_stages(d, mt)
     rows = batch * heads * sq
     out = _arrays.output(qa, qa.shape)
     lse = _arrays.output(qa, (batch, heads, sq), f32)
@@ -365,8 +375,8 @@ def shipped():
                 for paged in (False, True):
                     for direct, fused in ((True, False), (False, False), (False, True)):
                         flags = {"PAGED": paged, "DIRECT": direct, "FUSED": fused}
-                        stages = stages_for(dp, mt)
-                        yield DECODE[dtype], {"DP": dp, "MT": mt, "STAGES": stages, **flags}
+                        for stages in sorted({stages_for(dp, mt), deep_stages(dp, mt)}):
+                            yield DECODE[dtype], {"DP": dp, "MT": mt, "STAGES": stages, **flags}
         for dp in DIMS:
             for mt in (1, 2, 4):
                 yield MERGE[dtype], {"DP": dp, "MT": mt}

@@ -145,8 +145,10 @@ def test_decode_scale_and_splits(monkeypatch, fused):
 def test_decode_merge_of_many_splits_and_rows(monkeypatch, fused):
     # 40 splits (past one warp's lanes, not a multiple of the merge's unrolling; the last
     # ones past the length hold no key) over 40 query rows (group 8 x Sq 5: four M-tiles,
-    # more rows than warps)
+    # more rows than warps); without the fused merge, 3 K/V stages (the grid of a full GPU)
     monkeypatch.setattr(decode, "splits_for", lambda *_: 40)
+    if not fused:
+        monkeypatch.setattr(decode, "deep_stages", decode.stages_for)
     if not fused:
         monkeypatch.setattr(decode, "_counters", lambda *_: None)
     rng = np.random.default_rng(4)
@@ -336,16 +338,18 @@ def test_bad_inputs_raise_before_launch(call, message):
 def assembled() -> list:
     """The specializations assembled here: each family of ``decode.shipped()`` (every head
     dim, M-tile count, layout and merge mode, both dtypes; the merge kernel; the append's
-    vector and scalar paths), not all 134 of them (the CI time budget). The largest
+    vector and scalar paths), not all 206 of them (the CI time budget). The largest
     (D = 256, four M-tiles) and the one compiled for 3 blocks per SM (168 registers) are in."""
 
-    def fwd(dp, mt, paged, merge):
+    def fwd(dp, mt, paged, merge, deep=False):
         flags = {"DIRECT": merge == "direct", "FUSED": merge == "fused"}
-        return {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": decode.stages_for(dp, mt), **flags}
+        stages = (decode.deep_stages if deep else decode.stages_for)(dp, mt)
+        return {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": stages, **flags}
 
     return [
         (decode.DECODE[kaio.f16], fwd(64, 4, True, "fused")),
         (decode.DECODE[kaio.f16], fwd(128, 1, True, "fused")),
+        (decode.DECODE[kaio.f16], fwd(128, 4, False, "fused", deep=True)),
         (decode.DECODE[kaio.f16], fwd(128, 2, False, "direct")),
         (decode.DECODE[kaio.f16], fwd(256, 1, False, "kernel")),
         (decode.DECODE[kaio.f16], fwd(256, 4, True, "fused")),
