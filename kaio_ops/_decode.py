@@ -53,13 +53,6 @@ UNROLL = 8  # splits a merge step loads at once (16 bytes each)
 MAX_SPLITS = 64  # the most key splits (the merge holds a weight per split and row)
 
 
-def min_blocks(dp: int, mt: int) -> int:
-    """The blocks per multiprocessor ``decode_fwd`` is compiled for (its launch bounds, which
-    write the same rule): 3 for one M-tile and heads up to 128 (at most 168 registers a
-    thread), else 2."""
-    return 3 if dp <= 128 and mt == 1 else 2
-
-
 @kaio.gpu_func
 def cache_row(
     key: u32,
@@ -70,13 +63,16 @@ def cache_row(
     max_pages: u32,
     kv_heads: u32,
     shift: u32,
+    pages: u32,
     d: u32,
     PAGED: kaio.constexpr,
 ) -> u32:
     """The index of element 0 of cache row ``key`` of sequence b, K/V head kvh: contiguous
-    [B, Hkv, capacity, D], or paged [pages, 1 << shift, Hkv, D] through block_table."""
+    [B, Hkv, capacity, D], or paged [pages, 1 << shift, Hkv, D] through block_table (a page
+    outside the pool counts as the last one)."""
     if PAGED:
-        page = u32(block_table[b * max_pages + (key >> shift)])
+        # clamped to the pool: a bad table reads wrong rows, never outside the cache
+        page = kaio.min(u32(block_table[b * max_pages + (key >> shift)]), pages - 1)
         slot = (page << shift) + (key & ((u32(1) << shift) - 1))
         return (slot * kv_heads + kvh) * d
     return ((b * kv_heads + kvh) * capacity + key) * d
@@ -97,6 +93,7 @@ def load_stage(
     max_pages: u32,
     kv_heads: u32,
     shift: u32,
+    pages: u32,
     tid: u32,
     DP: kaio.constexpr,
     PAGED: kaio.constexpr,
@@ -115,7 +112,7 @@ def load_stage(
         inside = key < kv_len
         at = cache_row(
             kaio.select(inside, key, 0), b, kvh, block_table, capacity, max_pages, kv_heads,
-            shift, DP, PAGED,
+            shift, pages, DP, PAGED,
         )  # fmt: skip
         index = kaio.select(inside, at + col, 0)
         nbytes = kaio.select(inside, 16, 0)
@@ -143,6 +140,7 @@ def decode_fwd(
     capacity: u32,
     max_pages: u32,
     shift: u32,
+    pages: u32,
     chunks: u32,
     total_rows: u32,
     scale_log2: f32,
@@ -163,7 +161,7 @@ def decode_fwd(
     KW = BN // KSPLIT
     ROWS = 16 * MT
     QREG = DP <= 128  # Q fragments stay in registers
-    kaio.launch_bounds(THREADS, 3 if DP <= 128 and MT == 1 else 2)  # as min_blocks
+    kaio.launch_bounds(THREADS, 3 if DP <= 128 and MT == 1 else 2)  # <= 168 registers for D 128
     tid = kaio.thread_idx_x()
     lane = kaio.lane_id()
     warp = tid // 32
@@ -196,7 +194,7 @@ def decode_fwd(
         if t0 + j < t1:
             load_stage(
                 kv_s, j * 2 * BN, k, v, (t0 + j) * BN, kv_len, b, kvh, block_table, capacity,
-                max_pages, kv_heads, shift, tid, DP, PAGED,
+                max_pages, kv_heads, shift, pages, tid, DP, PAGED,
             )  # fmt: skip
         kaio.cp_async_commit()
     kaio.cp_async_wait(STAGES - 1)  # Q has landed
@@ -226,7 +224,7 @@ def decode_fwd(
         if t + STAGES - 1 < t1:  # into the stage tile t - 1 used
             load_stage(
                 kv_s, (t - t0 + STAGES - 1) % STAGES * 2 * BN, k, v, (t + STAGES - 1) * BN,
-                kv_len, b, kvh, block_table, capacity, max_pages, kv_heads, shift, tid, DP,
+                kv_len, b, kvh, block_table, capacity, max_pages, kv_heads, shift, pages, tid, DP,
                 PAGED,
             )  # fmt: skip
         kaio.cp_async_commit()
@@ -452,6 +450,7 @@ def kv_append(
     capacity: u32,
     max_pages: u32,
     shift: u32,
+    pages: u32,
     chunks: u32,
     PAGED: kaio.constexpr,
     VEC: kaio.constexpr,
@@ -471,6 +470,11 @@ def kv_append(
     pos = seq_lens[b] - i32(sq) + i32(j)
     if pos < 0 or pos >= i32(capacity):
         return
-    at = cache_row(u32(pos), b, h, block_table, capacity, max_pages, kv_heads, shift, d, PAGED)
+    if PAGED:  # a page outside the pool (a bad table) is not written
+        if u32(block_table[b * max_pages + (u32(pos) >> shift)]) >= pages:
+            return
+    at = cache_row(
+        u32(pos), b, h, block_table, capacity, max_pages, kv_heads, shift, pages, d, PAGED
+    )
     copy_chunk(k_cache, at + c, k, e, VEC)
     copy_chunk(v_cache, at + c, v, e, VEC)

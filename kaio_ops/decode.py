@@ -11,7 +11,8 @@ Lengths over the capacity (or negative) cannot be checked before the launch on a
 a synchronization: the kernels clamp them to 0 .. capacity (the append skips positions
 outside the cache). In the simulator, and on a GPU in debug mode (``KAIO_DEBUG=1``: the
 lengths are copied to the host first, which a CUDA graph capture refuses), they raise a
-``ValueError``; so do pages outside the pool that a sequence uses.
+``ValueError``; so do pages outside the pool that a sequence uses (on a GPU outside debug
+mode the decode reads such a page as the pool's last one and the append skips it).
 """
 
 from __future__ import annotations
@@ -29,10 +30,9 @@ __all__ = ["flash_attention_decode", "flash_attention_decode_with_stats", "kv_ca
 DIMS = (64, 128, 256)  # the head dims of the decode kernel
 MAX_NEW = 16  # the most new tokens per sequence (Sq)
 MIN_PAGE = 16
-SM_SHARED = 228 * 1024  # shared memory of one H100/H200 multiprocessor
 BLOCK_SHARED = 163 * 1024  # the most dynamic shared memory of a block on an A100 (sm_80)
 MAX_SPLITS = dk.MAX_SPLITS
-# the split heuristic's costs, in the time a block takes for one key tile (about 1.1 us on an
+# the split heuristic's costs, in the time a block takes for one key tile (about 1 us on an
 # H200 for D = 128, measured with B = 1 to 64 and 1k to 32k keys): a block's fixed cost, the
 # merge's tail (the fence, the count and the last block's merge, when there are several
 # splits) and its cost per split
@@ -80,27 +80,21 @@ def merge_shared(mt: int) -> int:
     return dk.MAX_SPLITS * 16 * mt * 4
 
 
-def blocks_per_sm(dp: int, mt: int, stages: int = 2) -> int:
-    """Resident ``decode_fwd`` blocks per multiprocessor: as shared memory allows, at most
-    its launch bounds' count (``_decode.min_blocks``)."""
-    fit = SM_SHARED // (shared_bytes(dp, mt, stages) + 1024)
-    return max(1, min(dk.min_blocks(dp, mt), fit))
-
-
-def splits_for(blocks: int, tiles: int, slots: int, sms: int | None = None) -> int:
+def splits_for(blocks: int, tiles: int, sms: int) -> int:
     """Key splits for ``blocks`` (batch x K/V heads x row chunks) over a capacity of
-    ``tiles`` key tiles with ``slots`` resident blocks on the GPU's ``sms`` multiprocessors
-    (default slots / 3). None (1) once the blocks cover the multiprocessors (FULL of them:
-    a block each streams the cache at the memory's speed, measured on an H200 with B = 16
-    and 64, 1k to 32k keys, and a merge only adds to it); else the count minimizing waves x
-    (tiles per block + BLOCK_COST) + the merge (MERGE_TAIL + SPLIT_COST x splits), the
-    fewest on ties."""
-    sms = sms or max(1, slots // 3)
+    ``tiles`` key tiles on a GPU of ``sms`` multiprocessors. None (1) once the blocks cover
+    the multiprocessors (FULL of them: a block each streams the cache at the memory's speed,
+    and a merge only adds to it); else at most a block a multiprocessor (two are slower,
+    and a block then takes ``deep_stages``), the count minimizing tiles per block +
+    BLOCK_COST + the merge (MERGE_TAIL + SPLIT_COST x splits), the fewest on ties. Measured
+    on an H200 (kernel time, D = 128, Hkv = 8): B = 1 at 1k, 4k and 32k keys takes 8, 16 and
+    16 splits (32k: 37.2 us, 39.2 with 32 splits), B = 4 at 4k 4 (22.0 us, 23.0 with 8),
+    B = 8 at 4k 2 (36.8 us, 37.6 with 4), B >= 16 none."""
     if blocks >= FULL * sms:
         return 1
     best, best_cost = 1, math.inf
-    for s in range(1, min(MAX_SPLITS, max(1, tiles)) + 1):
-        cost = math.ceil(blocks * s / slots) * (math.ceil(tiles / s) + BLOCK_COST)
+    for s in range(1, min(MAX_SPLITS, max(1, tiles), max(1, sms // blocks)) + 1):
+        cost = math.ceil(tiles / s) + BLOCK_COST
         cost += MERGE_TAIL + SPLIT_COST * s if s > 1 else 0
         if cost < best_cost:
             best, best_cost = s, cost
@@ -162,8 +156,8 @@ class _Cache:
         return self.k.arg(1, dtype=i32)  # never read: PAGED is off
 
     def geometry(self) -> tuple:
-        """(capacity, max_pages, shift): the kernels' cache arguments."""
-        return self.capacity, self.max_pages, self.shift
+        """(capacity, max_pages, shift, pages): the kernels' cache arguments."""
+        return self.capacity, self.max_pages, self.shift, max(self.pages, 1)
 
 
 _COUNTERS: dict = {}  # (device, stream) -> torch int32 zeros: decode_fwd's arrival counters
@@ -270,11 +264,9 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     chunks = -(-group * sq // (16 * mt))
     blocks = batch * cache.kv_heads * chunks
     tiles = -(-cache.capacity // dk.BN)
-    stages = stages_for(d, mt)
     sms = _arrays.multiprocessors(qa)
-    splits = splits_for(blocks, tiles, blocks_per_sm(d, mt, stages) * sms, sms)
-    if blocks * splits <= sms:
-        stages = deep_stages(d, mt)
+    splits = splits_for(blocks, tiles, sms)
+    stages = deep_stages(d, mt) if blocks * splits <= sms else stages_for(d, mt)
     rows = batch * heads * sq
     out = _arrays.output(qa, qa.shape)
     lse = _arrays.output(qa, (batch, heads, sq), f32)

@@ -191,6 +191,28 @@ def test_append_then_decode_in_simulator(page_size, dtype):
     assert np.abs(out.astype(np.float64) - ref).max() < (4e-3 if dtype == np.float16 else 3e-2)
 
 
+def test_bad_block_table_stays_inside_the_cache_in_simulator(monkeypatch):
+    # what the GPU only sees (the table's values; a graph replayed after the table was
+    # freed and its memory reused): pages outside the pool are read as the last page and
+    # never written, instead of an access outside the cache (the simulator would raise)
+    monkeypatch.setattr(decode, "_host_check", lambda *_: None)
+    rng = np.random.default_rng(8)
+    k_cache, v_cache, table = make_cache(rng, 2, 2, 64, 64, np.float16, 16)
+    table[1] = [10**6, -5, 2**31 - 1, len(k_cache)]
+    lens = np.array([50, 64], np.int32)
+    q = rng.standard_normal((2, 4, 1, 64)).astype(np.float16)
+    k, v = (rng.standard_normal((2, 2, 1, 64)).astype(np.float16) for _ in range(2))
+    before = [c.copy() for c in (k_cache, v_cache)]
+    with kaio.simulate():
+        kaio_ops.kv_cache_append(k_cache, v_cache, k, v, lens, table)
+        out = kaio_ops.flash_attention_decode(q, k_cache, v_cache, lens, table)
+    changed = np.flatnonzero((k_cache != before[0]).any(axis=(1, 2, 3)))
+    assert list(changed) == [table[0, 49 // 16]]  # sequence 0's new row only
+    ref = reference(q[:1], k_cache, v_cache, lens[:1], table[:1])[0]
+    assert np.abs(out[:1].astype(np.float64) - ref).max() < 4e-3
+    assert np.isfinite(out.astype(np.float64)).all()
+
+
 def test_append_unaligned_head_dim_and_short_length_in_simulator():
     # D = 12: the scalar path; a length under Sq skips the positions before 0
     rng = np.random.default_rng(6)
@@ -208,18 +230,18 @@ def test_append_unaligned_head_dim_and_short_length_in_simulator():
 
 
 def test_split_heuristic_fills_the_gpu():
-    # Llama-3-8B at batch 1, 4096 keys: the 8 K/V heads' blocks cover the GPU about once
-    # (one wave; 16 splits of 4 tiles measured fastest on an H200, the merge's cost growing
-    # with the splits)
-    stages = decode.stages_for(128, 1)
-    slots = decode.blocks_per_sm(128, 1, stages) * 132
-    splits = decode.splits_for(8, 4096 // 64, slots, 132)
-    assert 8 * splits >= 120 and 8 * splits <= slots
+    # Llama-3-8B at batch 1 (8 K/V heads): the blocks cover the GPU about once, at most one
+    # a multiprocessor (measured fastest on an H200: 16 splits of 4 tiles at 4096 keys, 8
+    # of 2 at 1024, the merge's cost growing with the splits)
+    assert decode.splits_for(8, 4096 // 64, 132) == 16
+    assert decode.splits_for(8, 32768 // 64, 132) == 16
+    assert decode.splits_for(8, 1024 // 64, 132) == 8
+    assert decode.splits_for(4 * 8, 4096 // 64, 132) == 4
     # a batch that streams at the memory's speed with one block per sequence and head: no
     # split (the merge would only add to it)
-    assert decode.splits_for(16 * 8, 1024 // 64, slots, 132) == 1
-    assert decode.splits_for(64 * 8, 4096 // 64, slots, 132) == 1
-    assert decode.splits_for(8, 1, slots, 132) == 1  # one tile: one split
+    assert decode.splits_for(16 * 8, 1024 // 64, 132) == 1
+    assert decode.splits_for(64 * 8, 4096 // 64, 132) == 1
+    assert decode.splits_for(8, 1, 132) == 1  # one tile: one split
 
 
 # --------------------------------------------------------------------------- input checks
