@@ -7,9 +7,13 @@ scaling)::
     scale = amax.float().clamp(min=1e-12) / fp8_max      # 448 (e4m3) or 57344 (e5m2)
     q     = (x.float() / scale).to(fp8)        # round to nearest even
 
-Every step is exact or one IEEE f32 operation (the |max| compared as bits, so a NaN wins as
-torch's ``amax`` lets it; ``div.rn``), so ``q`` and ``scale`` are bit-identical to those
-torch lines for finite inputs (NaN inputs give NaN everywhere they reach, with the GPU's
+as torch computes them on CUDA: there ``tensor / python_number`` is ``tensor * (1 / number)``
+with the reciprocal rounded to f32 (``div_true_kernel_cuda``), so the scale is ``amax *
+f32(1 / fp8_max)``, one rounded product (torch on the CPU divides, and differs in the last
+bit for some amax); ``x.float() / scale`` (a tensor divisor) is a true division. Every step
+is exact or one IEEE f32 operation (the |max| compared as bits, so a NaN wins as torch's
+``amax`` lets it; ``mul.rn``, ``div.rn``), so ``q`` and ``scale`` are bit-identical to those
+torch lines on a GPU for finite inputs (NaN inputs give NaN everywhere they reach, with the GPU's
 canonical NaN). |x / scale| never passes fp8_max by more than a rounding, so the GPU's
 saturating conversion and torch's (which overflows to infinity for e5m2) agree.
 
@@ -77,11 +81,13 @@ def block_max_bits(v: u32, red: u32[:]) -> u32:
 
 @kaio.gpu_func
 def scale_of(amax_bits: u32, LIMIT: kaio.constexpr) -> f32:
-    """max(amax, 1e-12) / LIMIT, NaN kept (``amax < floor`` is false for NaN)."""
+    """max(amax, 1e-12) * (1 / LIMIT), NaN kept (``amax < floor`` is false for NaN): torch's
+    CUDA arithmetic for ``amax / fp8_max``, which multiplies by the divisor's f32 reciprocal
+    when it is a Python number (a true division differs in the last bit for some amax)."""
     amax = kaio.bitcast(amax_bits, f32)
     floor = f32(AMAX_FLOOR)
     amax = floor if amax < floor else amax
-    return amax / f32(LIMIT)
+    return amax * (f32(1.0) / f32(LIMIT))
 
 
 @kaio.gpu_kernel

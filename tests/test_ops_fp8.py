@@ -19,13 +19,19 @@ NP_FP8 = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
 LIMIT = {"e4m3": 448.0, "e5m2": 57344.0}
 
 
+def inverse_limit(name: str) -> np.float32:
+    """1 / fp8_max rounded to f32: torch on CUDA computes ``amax / fp8_max`` (a Python number
+    divisor) as ``amax * inverse_limit``."""
+    return np.float32(1) / np.float32(LIMIT[name])
+
+
 def quantize_reference(x: np.ndarray, name: str, per: str):
-    """torch's recipe in NumPy f32: amax, clamp(min=1e-12) / fp8_max, x / scale, RNE with
-    saturation (ml_dtypes after a clip)."""
+    """torch's recipe in NumPy f32, with torch's CUDA arithmetic: amax, clamp(min=1e-12) *
+    f32(1 / fp8_max), x / scale, RNE with saturation (ml_dtypes after a clip)."""
     x32 = x.astype(np.float32)
     ax = np.abs(x32)
     amax = ax.max(axis=-1, keepdims=True) if per == "row" else ax.max().reshape(1)
-    scale = np.maximum(amax, np.float32(1e-12)) / np.float32(LIMIT[name])
+    scale = np.maximum(amax, np.float32(1e-12)) * inverse_limit(name)
     y = x32 / scale
     q = np.clip(y, -LIMIT[name], LIMIT[name]).astype(NP_FP8[name])
     return q, scale.astype(np.float32)
@@ -55,6 +61,8 @@ def test_quantize_sim(name, per, dtype):
 
 
 def test_quantize_matches_torch():
+    """Against torch's lines, the scale with torch's CUDA arithmetic (the CPU torch here
+    divides by fp8_max where CUDA torch multiplies by its f32 reciprocal)."""
     torch = pytest.importorskip("torch")
     x = _inputs((6, 96), np.float32, seed=3)
     for name, tdt in (("e4m3", torch.float8_e4m3fn), ("e5m2", torch.float8_e5m2)):
@@ -63,10 +71,26 @@ def test_quantize_matches_torch():
                 q, scale = kaio_ops.quantize_fp8(x, dtype=tdt, per=per)
             tx = torch.from_numpy(x)
             amax = tx.abs().amax() if per == "tensor" else tx.abs().amax(-1, keepdim=True)
-            ts = amax.float().clamp(min=1e-12) / LIMIT[name]
+            ts = amax.float().clamp(min=1e-12) * torch.tensor(inverse_limit(name))
             tq = (tx.float() / ts).to(tdt)
             assert np.array_equal(q.view(np.uint8), tq.view(torch.uint8).numpy())
             assert np.array_equal(scale.reshape(ts.shape), ts.numpy())
+
+
+@pytest.mark.parametrize("name", ["e4m3", "e5m2"])
+def test_quantize_scale_is_reciprocal_product(name):
+    """Regression: the scale is amax * f32(1 / fp8_max) (torch on CUDA), not amax / fp8_max;
+    amax 155 is one where the two differ in the last bit (the GPU test found it)."""
+    x = np.zeros((2, 32), np.float32)
+    x[:, 3] = [155.0, -36.25]
+    want = np.array([155.0, 36.25], np.float32) * inverse_limit(name)
+    divided = np.array([155.0, 36.25], np.float32) / np.float32(LIMIT[name])
+    assert not np.array_equal(want, divided)  # the case tells the two apart
+    with kaio.simulate():
+        _, scale = kaio_ops.quantize_fp8(x, dtype=name, per="row")
+        _, st = kaio_ops.quantize_fp8(x[:1], dtype=name)
+    assert np.array_equal(scale.reshape(-1).view(np.uint32), want.view(np.uint32))
+    assert np.array_equal(st.view(np.uint32), want[:1].view(np.uint32))
 
 
 def test_quantize_nan_propagates():
@@ -230,7 +254,7 @@ def test_ptx_assembles(arch, fmt, dt):
 def test_hopper_kernel_assembles_for_sm_90a():
     from kaio_ops import _fp8_hopper
 
-    kernel, constexprs = list(_fp8_hopper.specializations())[3]  # e4m3, f16 out, BN 128
+    kernel, constexprs = list(_fp8_hopper.specializations())[1]  # e4m3, f16 out
     ptx = kernel.ptx(arch="sm_90", **constexprs)
     assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in ptx
     assemble(ptx, "sm_90a")
