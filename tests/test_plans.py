@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import itertools
 import types
 
@@ -22,6 +23,10 @@ from kaio.runtime import launcher as launcher_mod
 from kaio.runtime.device import current
 from kaio.runtime.memory import DeviceArray
 from kaio_ops import _arrays, _plan
+
+# the module: kaio_ops.matmul is the function (kaio_ops.linear.matmul)
+matmul_module = importlib.import_module("kaio_ops.matmul")
+linear_module = importlib.import_module("kaio_ops.linear")
 
 
 class FakeGPU:
@@ -48,7 +53,9 @@ class FakeGPU:
         monkeypatch.setattr(_arrays, "stream_of", lambda like: self.stream)
         monkeypatch.setattr(_plan, "stream_key", lambda obj, raw: self.stream)
         monkeypatch.setattr(_arrays, "multiprocessors", lambda like: 132)
-        monkeypatch.setattr(kaio_ops.matmul, "_hopper", lambda a: False)
+        monkeypatch.setattr(matmul_module, "_hopper", lambda a: False)
+        monkeypatch.setattr(linear_module, "_hopper", lambda a: False)  # tensor maps
+        monkeypatch.setattr(linear_module, "_pipelined", lambda a: True)  # sm_90
         monkeypatch.setattr(kaio_ops.tune, "lookup", lambda *a, **k: None)
         monkeypatch.setattr(kaio_ops._long_rows, "available", lambda a: False)
         _plan.clear()
@@ -212,9 +219,10 @@ def test_a_new_signature_gets_a_new_plan(fake, change):
 def test_a_new_stream_gets_a_new_plan(fake):
     x, w = fake.array((2, 64)), fake.array((64,))
     kaio_ops.rms_norm(x, w)
-    fake.stream = 0x5000
+    # (a stream handle is a pointer: kaio refuses small integers there)
+    fake.stream = 0x5_0000
     planned, unplanned, _ = fake.run(kaio_ops.rms_norm, x, w)
-    assert planned == unplanned and planned[0][4] == 0x5000
+    assert planned == unplanned and planned[0][4] == 0x5_0000
     fake.stream = None
     planned, _, _ = fake.run(kaio_ops.rms_norm, x, w)
     assert planned[0][4] == 0
@@ -253,7 +261,7 @@ def test_checks_still_raise_once_a_plan_exists(fake):
 
 def test_a_scalar_of_another_type_is_checked_again(fake):
     a, b = fake.array((1, 64), i8), fake.array((64, 64), i8)
-    kaio_ops.matmul._NO_SCALES.clear()
+    matmul_module._NO_SCALES.clear()
     kaio_ops.matmul_int8.__wrapped__(a, b, 2.0)  # makes the op's constant placeholder
     same_as_unplanned(fake, kaio_ops.matmul_int8, a, b, 2.0)
     with pytest.raises(ValueError, match="'scale'"):
@@ -391,3 +399,138 @@ def test_a_plan_runs_on_its_inputs_gpu():
         out = kaio_ops.rms_norm(x, w)
         assert out.device == x.device
         assert _error(torch, out, _rms_reference(torch, x, w)) < 1e-3
+
+
+# ------------------------------------------------- ops with keyword-only and optional arrays
+def _linear_args(g, dtype=f16, bias=True, residual=True):
+    x, w = g.array((1, 64), dtype), g.array((128, 64), dtype)
+    b = g.array((128,), dtype) if bias else None
+    r = g.array((1, 128), dtype) if residual else None
+    return (x, w, b), {"residual": r}
+
+
+def test_linear_plans_keyword_only_and_none_arguments(fake):
+    """linear's keyword-only arguments (residual, activation, out_dtype) and its optional
+    arrays given as None or not are part of the key: each gets its own plan, each replays
+    exactly what the op launches."""
+    plans = _plan.plans_of(kaio_ops.linear)
+    calls = [
+        ({}, {}),
+        ({"bias": False, "residual": False}, {}),
+        ({"residual": False}, {"activation": "silu"}),
+        ({}, {"out_dtype": "f32"}),
+        ({}, {"out_dtype": f32}),  # the same type named differently: its own key
+        ({"bias": False, "residual": False}, {"activation": "silu_gate"}),
+    ]
+    for made, extra in calls:
+        for _ in range(2):  # the second call replays the first one's plan
+            args, kwargs = _linear_args(fake, **made)
+            out = same_as_unplanned(fake, kaio_ops.linear, *args, **kwargs, **extra)
+    assert len(plans) == len(calls) and None not in plans.values()
+    assert out.shape == (1, 64)  # silu_gate: half the rows
+    x, w, b = _linear_args(fake)[0]
+    r = fake.array((1, 128), f16)
+    planned, unplanned, out = fake.run(kaio_ops.linear, x, w, b, residual=r)
+    assert planned == unplanned and len(plans) == len(calls)
+    for a in (x, w, b, r, out):  # every address is the call's own
+        assert a.ptr.to_bytes(8, "little") in planned[0][5]
+    with pytest.raises(ValueError, match="'activation'"):
+        kaio_ops.linear(x, w, b, activation="relu")
+    with pytest.raises(ValueError, match="'residual'"):
+        kaio_ops.linear(x, w, b, residual=fake.array((1, 64), f16))
+
+
+def test_matmul_plans_out_dtype(fake):
+    plans = _plan.plans_of(kaio_ops.matmul)
+    for out_dtype in (None, None, "f32", "f32"):
+        a, b = fake.array((1, 256), bf16), fake.array((256, 128), bf16)
+        out = same_as_unplanned(fake, kaio_ops.matmul, a, b, out_dtype=out_dtype)
+    assert out.kaio_dtype == f32 and len(plans) == 2 and None not in plans.values()
+
+
+def _decode_args(g, paged=False, batch=2):
+    q = g.array((batch, 8, 1, 64), f16)
+    lens = g.array((batch,), kaio.i32)
+    if paged:
+        k, v = (g.array((8, 16, 2, 64), f16) for _ in range(2))
+        return q, k, v, lens, g.array((batch, 32), kaio.i32)
+    k, v = (g.array((batch, 2, 512, 64), f16) for _ in range(2))
+    return q, k, v, lens, None
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_decode_ops_replay_what_they_launch(fake, paged):
+    """flash_attention_decode (split over the keys: a workspace allocated per call and a merge
+    kernel), its _with_stats form and kv_cache_append (which writes its inputs and returns
+    None) replay their launches with each call's addresses and new workspaces."""
+    ops = (kaio_ops.flash_attention_decode, kaio_ops.flash_attention_decode_with_stats)
+    for op in ops:
+        results = []
+        for _ in range(2):
+            q, k, v, lens, table = _decode_args(fake, paged)
+            planned, unplanned, result = fake.run(op, q, k, v, lens, table)
+            assert planned == unplanned and len(planned) == 2  # split, then merged
+            assert q.ptr.to_bytes(8, "little") in planned[0][5]
+            results.append(result)
+        assert len(_plan.plans_of(op)) == 1 and None not in _plan.plans_of(op).values()
+        first, second = (r if isinstance(r, tuple) else (r,) for r in results)
+        assert {o.ptr for o in first}.isdisjoint(o.ptr for o in second)
+    same_as_unplanned(fake, ops[0], *_decode_args(fake, paged), scale=0.5)
+    assert len(_plan.plans_of(ops[0])) == 2
+    plans = _plan.plans_of(kaio_ops.kv_cache_append)
+    for _ in range(2):
+        q, k_cache, v_cache, lens, table = _decode_args(fake, paged)
+        k, v = (fake.array((2, 2, 1, 64), f16) for _ in range(2))
+        planned, unplanned, result = fake.run(
+            kaio_ops.kv_cache_append, k_cache, v_cache, k, v, lens, table
+        )
+        assert result is None and planned == unplanned
+        assert k_cache.ptr.to_bytes(8, "little") in planned[0][5]
+    assert len(plans) == 1 and None not in plans.values()
+
+
+def test_decode_none_block_table_and_a_table_get_their_own_plans(fake):
+    op = kaio_ops.flash_attention_decode
+    same_as_unplanned(fake, op, *_decode_args(fake, paged=False))
+    same_as_unplanned(fake, op, *_decode_args(fake, paged=True))
+    assert len(_plan.plans_of(op)) == 2
+    q, k, v, lens, table = _decode_args(fake, paged=True)
+    with pytest.raises(ValueError, match="'block_table'"):
+        op(q, k, v, lens, fake.array((2, 32), f32))
+
+
+def test_planned_keyword_only_signature_is_kept():
+    import inspect
+
+    sig = inspect.signature(kaio_ops.linear)
+    assert sig.parameters["residual"].kind is inspect.Parameter.KEYWORD_ONLY
+    with pytest.raises(TypeError):
+        kaio_ops.linear(None, None, None, None)  # residual is keyword-only
+
+
+def test_torch_ops_fast_path_takes_keyword_only_arguments_positionally(fake, monkeypatch):
+    """torch.ops.kaio.linear's implementation gets every argument positionally (the
+    dispatcher's order): a call with a plan replays it through ``replay_only`` without the
+    device checks or the op's body; a call without one runs the op (keyword-only arguments
+    passed by name) and leaves a plan."""
+    pytest.importorskip("torch")
+    import kaio_ops.torch as kt
+
+    names = ["x", "w", "bias", "residual", "activation", "out_dtype"]
+    impl = kt._implementation(kt.REGISTERED["linear"], names)
+    (x, w, b), kw = _linear_args(fake)
+    out = impl(x, w, b, kw["residual"], "silu", "f32")  # a miss: the op runs, a plan is left
+    assert out.kaio_dtype == f32 and len(_plan.plans_of(kaio_ops.linear)) == 1
+
+    def entered(*args):
+        raise AssertionError("a call with a plan went past replay_only")
+
+    monkeypatch.setattr(kt, "_check_devices", entered)
+    monkeypatch.setattr(linear_module, "gemm", entered)  # the op's body
+    (x, w, b), kw = _linear_args(fake)
+    fake.calls = []
+    out = impl(x, w, b, kw["residual"], "silu", "f32")
+    assert len(fake.calls) == 1 and out.kaio_dtype == f32
+    for a in (x, w, b, kw["residual"], out):
+        assert a.ptr.to_bytes(8, "little") in fake.calls[0][5]
+    assert kaio_ops.linear.replay_only(x, w, b, None, "silu", "f32") is _plan.MISS
