@@ -166,6 +166,18 @@ def build(recorder, arrays: list, pointers: tuple, result) -> Callable | None:
                 return None  # an array made or viewed inside the op: its address is unknown
             source, base = found
             sources[k] = (source, prepared.values[e] - base)
+        for k, (_e, tm) in prepared.maps.items():  # re-encoded for each call's address
+            if id(tm.array) in _arrays._CONSTANTS:
+                continue
+            address = _arrays._address(tm.array, _arrays._kind(tm.array))
+            found = where.get(id(tm.array))
+            if found is None:  # a view the op made of an input (x [B, S, K] seen as [M, K])
+                at = [i for i, p in enumerate(pointers) if p == address and arrays[i] is not None]
+                if len(at) != 1:
+                    return None
+                found = (at[0], address)
+            source, base = found
+            sources[k] = (source, address - base)
         steps.append((prepared, sources))
     index = {id(made): j for j, (made, *_) in enumerate(allocations)}
 

@@ -534,3 +534,34 @@ def test_torch_ops_fast_path_takes_keyword_only_arguments_positionally(fake, mon
     for a in (x, w, b, kw["residual"], out):
         assert a.ptr.to_bytes(8, "little") in fake.calls[0][5]
     assert kaio_ops.linear.replay_only(x, w, b, None, "silu", "f32") is _plan.MISS
+
+
+def test_linear_on_hopper_replays_its_tensor_maps(fake, monkeypatch):
+    """The Hopper GEMM takes TMA tensor maps, which hold their array's address: a plan
+    encodes the map again for each call's address (x seen as [M, K] through a view the op
+    makes, w as it is), keeping those it has met."""
+    tensormap = importlib.import_module("kaio.tensormap")  # the module, not the annotation
+    encoded = []
+
+    def encode(tm, address=None):  # a fake cuTensorMapEncodeTiled: the address, the box
+        address = tm.array.ptr if address is None else address
+        encoded.append(address)
+        return (address.to_bytes(8, "little") + bytes(tm.box)).ljust(128, b"\0")
+
+    monkeypatch.setattr(tensormap, "_encode", encode)
+    monkeypatch.setattr(linear_module, "_hopper", lambda a: True)
+    plans = _plan.plans_of(kaio_ops.linear)
+    seen = []
+    for _ in range(3):
+        x, w = fake.array((1, 1, 64), f16), fake.array((128, 64), f16)
+        r = fake.array((1, 1, 128), f16)
+        planned, unplanned, _ = fake.run(kaio_ops.linear, x, w, residual=r)
+        assert planned == unplanned
+        for a in (x, w, r):
+            assert a.ptr.to_bytes(8, "little") in planned[0][5]
+        seen.append(x.ptr)
+    assert len(plans) == 1 and None not in plans.values()
+    encoded.clear()
+    fake.calls = []
+    kaio_ops.linear(x, w, residual=r)  # addresses met before: no new encoding
+    assert not encoded and len(fake.calls) == 1
