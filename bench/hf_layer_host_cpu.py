@@ -3,7 +3,9 @@ on the CPU: the layer's forward with every kaio op replaced by a stub that retur
 made beforehand, so what is left is the glue (module calls, tensor views, the model's KV
 cache update, the choice between ``kaio_ops`` and ``torch.ops.kaio``). Llama-3-8B head
 layout (32 query heads, 8 K/V heads, head dim 128, hidden 4096; a small MLP), a static cache
-of 4096 tokens, batch 1 and 16.
+of 1024 tokens, batch 1 and 16. Times are the process's
+CPU time (``time.process_time``: a shared host's other work is not counted), the least of 7
+rounds.
 
 ``--before FILE``: also measure another version of ``kaio_ops/hf.py`` (e.g. main's:
 ``git show main:kaio_ops/hf.py > /tmp/hf_main.py``) the same way. Its ops go through the
@@ -19,7 +21,6 @@ from __future__ import annotations
 import argparse
 import copy
 import importlib.util
-import statistics
 import time
 import types
 
@@ -64,7 +65,8 @@ def load(path: str):
 
 
 def layer_case(module, batch: int, stubs: Stubs):
-    """(step function, ops per step) for a patched one-layer Llama with ``module``."""
+    """(one layer's decode step, kaio ops it calls, the rotary module's step) for a patched
+    one-layer Llama with ``module``."""
     from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
 
     config = LlamaConfig(
@@ -80,34 +82,38 @@ def layer_case(module, batch: int, stubs: Stubs):
     module.kaio_ops = types.SimpleNamespace(**{n: getattr(stubs, n) for n in (
         "linear", "rms_norm", "rope", "flash_attention_decode")})  # fmt: skip
     layer = model.model.layers[0]
-    cache = StaticCache(config=config, max_cache_len=4096)
+    # room for every timed step: transformers' static layers write at their running count
+    cache = StaticCache(config=config, max_cache_len=1024)
     x = torch.zeros(batch, 1, 4096, dtype=torch.float16)
     position = torch.tensor([[100]])
     rotary = model.model.rotary_emb
 
+    with torch.no_grad():
+        embeddings = rotary(x, position)
+    cache_position = position[0]
+
     def step():
-        embeddings = rotary(x, position)  # once a step for every layer: counted with it
         return layer(x, attention_mask=None, position_embeddings=embeddings,
-                     past_key_values=cache, cache_position=position[0])  # fmt: skip
+                     past_key_values=cache, cache_position=cache_position)  # fmt: skip
 
     with torch.no_grad():
         step()
         before = stubs.calls
         step()
-        return step, stubs.calls - before
+        return step, stubs.calls - before, lambda: rotary(x, position)
 
 
 def per_call_us(fn, calls: int = 300, repeats: int = 7) -> float:
-    """Median over ``repeats`` of the mean time of ``calls`` calls, in microseconds."""
+    """The least over ``repeats`` of the mean CPU time of ``calls`` calls, in µs."""
     times = []
     with torch.no_grad():
         fn()
         for _ in range(repeats):
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             for _ in range(calls):
                 fn()
-            times.append((time.perf_counter() - t0) / calls * 1e6)
-    return statistics.median(times)
+            times.append((time.process_time() - t0) / calls * 1e6)
+    return min(times)
 
 
 def dispatcher_floor_us() -> float:
@@ -136,9 +142,12 @@ def main() -> None:
         saved = module.ops, getattr(module, "_direct", None), module.kaio_ops
         for batch in (1, 16):
             stubs = Stubs()
-            step, ops = layer_case(module, batch, stubs)
-            us = per_call_us(step)
-            print(f"{label:<30} batch {batch:2d}: {us:8.1f} us/layer step glue, {ops} kaio ops")
+            step, ops, rotary = layer_case(module, batch, stubs)
+            us, once = per_call_us(step, calls=100), per_call_us(rotary)
+            print(
+                f"{label:<30} batch {batch:2d}: {us:8.1f} us per layer ({ops} kaio ops), "
+                f"{once:8.1f} us per step (the rotary tables, once for every layer)"
+            )
         module.ops, module.kaio_ops = saved[0], saved[2]
         if saved[1] is not None:
             module._direct = saved[1]

@@ -561,7 +561,52 @@ def test_linear_on_hopper_replays_its_tensor_maps(fake, monkeypatch):
             assert a.ptr.to_bytes(8, "little") in planned[0][5]
         seen.append(x.ptr)
     assert len(plans) == 1 and None not in plans.values()
+    maps = [tm for prepared, _ in next(iter(plans.values())).plan.steps
+            for _, tm in prepared.maps.values()]  # fmt: skip
+    assert len(maps) == 2 and all(tm.array is None for tm in maps)  # the arrays are not kept
     encoded.clear()
     fake.calls = []
     kaio_ops.linear(x, w, residual=r)  # addresses met before: no new encoding
     assert not encoded and len(fake.calls) == 1
+
+
+@pytest.mark.gpu
+def test_linear_and_decode_replay_on_a_gpu():
+    """linear (3-D x as the hf patch passes it; the Hopper GEMM with its tensor maps on
+    sm_90), kv_cache_append and flash_attention_decode (split over the keys, its per-stream
+    counters a plan constant) replayed with new inputs and lengths each step, against
+    float64 references."""
+    torch = _torch_cuda()
+    _plan.clear()
+    gen = torch.Generator(device="cuda").manual_seed(7)
+
+    def randn(*shape):
+        return torch.randn(*shape, device="cuda", dtype=torch.float16, generator=gen)
+
+    w, b = randn(256, 128) / 12, randn(256)
+    for _ in range(3):
+        x, r = randn(1, 1, 128), randn(1, 1, 256)
+        y = kaio_ops.linear(x, w, b, residual=r)
+        want = x.double() @ w.double().T + b.double() + r.double()
+        assert _error(torch, y, want) < 2e-3
+    assert len(_plan.plans_of(kaio_ops.linear)) == 1
+    assert None not in _plan.plans_of(kaio_ops.linear).values()
+    batch, heads, kv_heads, d, capacity = 2, 8, 2, 128, 1024
+    k_cache, v_cache = randn(batch, kv_heads, capacity, d), randn(batch, kv_heads, capacity, d)
+    lens = torch.tensor([700, 313], device="cuda", dtype=torch.int32)
+    for _ in range(3):
+        lens += 1
+        k, v = randn(batch, kv_heads, 1, d), randn(batch, kv_heads, 1, d)
+        kaio_ops.kv_cache_append(k_cache, v_cache, k, v, lens)
+        q = randn(batch, heads, 1, d)
+        out = kaio_ops.flash_attention_decode(q, k_cache, v_cache, lens)
+        for i, n in enumerate(lens.tolist()):
+            assert torch.equal(k_cache[i, :, n - 1], k[i, :, 0])
+            assert torch.equal(v_cache[i, :, n - 1], v[i, :, 0])
+            keys = k_cache[i, :, :n].double().repeat_interleave(heads // kv_heads, 0)
+            values = v_cache[i, :, :n].double().repeat_interleave(heads // kv_heads, 0)
+            scores = q[i].double() @ keys.transpose(1, 2) / d**0.5
+            want = torch.softmax(scores, -1) @ values
+            assert _error(torch, out[i], want) < 2e-3
+    for op in (kaio_ops.kv_cache_append, kaio_ops.flash_attention_decode):
+        assert len(_plan.plans_of(op)) == 1 and None not in _plan.plans_of(op).values()

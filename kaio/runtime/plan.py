@@ -185,6 +185,8 @@ class CallPlan:
         self.run = self._generate()
 
     def _generate(self):
+        for prepared, _ in self.steps:  # keep the maps' layouts, not the recorded arrays
+            prepared.maps = {k: (e, _layout(tm)) for k, (e, tm) in prepared.maps.items()}
         env: dict = {
             "current": current,
             "launch_kernel": launcher.raw_launch_kernel(),
@@ -274,6 +276,11 @@ def map_encoder(tm) -> object:
         return made
 
     return encode
+
+
+def _layout(tm):
+    """``tm`` without its array (a plan must not keep the recorded call's arrays alive)."""
+    return type(tm)(None, tm.dtype, tm.shape, tm.row_stride, tm.box, tm.swizzle)
 
 
 def _failure(prepared: PreparedLaunch):
