@@ -25,9 +25,10 @@ drops every plan after changing them.
 A call is left unplanned (the op runs as written, each time) when two array arguments are the
 same object (the plan would not know which address to use for which), an argument is not
 an array this module can describe without checks, or the op does something a plan cannot
-replay: launches a kernel with a tensor map or in debug mode, passes a kernel an array that
-is neither an input, an output it allocated, nor one registered with ``_arrays.constant``,
-or returns anything but its outputs.
+replay: launches a kernel in debug mode, passes a kernel an array (or a tensor map over one:
+the plan encodes the map again for each call's address) that is neither an input, an output
+it allocated, nor one registered with ``_arrays.constant``, or returns anything but its
+outputs (or None).
 
 Adopting it in an op (kaio_ops.matmul, flash_attention_decode...): write the op as usual
 with ``_arrays.Inputs`` checks, ``_arrays.output`` allocations and ``kernel[config](...)``
