@@ -568,6 +568,13 @@ def test_linear_on_hopper_replays_its_tensor_maps(fake, monkeypatch):
     fake.calls = []
     kaio_ops.linear(x, w, residual=r)  # addresses met before: no new encoding
     assert not encoded and len(fake.calls) == 1
+    from kaio.runtime import plan as plan_mod
+
+    monkeypatch.setattr(plan_mod, "MAPS_KEPT", 2)
+    for _ in range(3):  # more addresses than kept: the oldest go, every launch stays right
+        x = fake.array((1, 1, 64), f16)
+        planned, unplanned, _ = fake.run(kaio_ops.linear, x, w, residual=r)
+        assert planned == unplanned and x.ptr.to_bytes(8, "little") in planned[0][5]
 
 
 @pytest.mark.gpu

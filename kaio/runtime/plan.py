@@ -253,13 +253,16 @@ class CallPlan:
         return run
 
 
-MAPS_KEPT = 16  # encoded maps a plan step keeps per tensor-map argument (by address)
+# encoded maps a plan step keeps per tensor-map argument, by address: a model's layers share
+# one plan per shape, so each layer's weight is one address here, and activations cycle
+# through a few addresses of torch's caching allocator
+MAPS_KEPT = 1024
 
 
 def map_encoder(tm) -> object:
     """``encode(address)``: the 128 bytes of the tensor map ``tm`` (its shape, strides, box
-    and swizzle) over the array at ``address``; the last MAPS_KEPT addresses' bytes are kept
-    (the map depends on nothing else the plan does not fix)."""
+    and swizzle) over the array at ``address``; the bytes of the last MAPS_KEPT addresses met
+    are kept (the map depends on nothing else the plan does not fix)."""
     # the module (``kaio.tensormap`` is also the parameter annotation); looked up per
     # encoding, so that tests can stand in for the driver
     tensormap = importlib.import_module("kaio.tensormap")
@@ -271,7 +274,7 @@ def map_encoder(tm) -> object:
         except KeyError:
             pass
         if len(kept) >= MAPS_KEPT:
-            kept.clear()
+            del kept[next(iter(kept))]  # the oldest
         made = kept[address] = tensormap._encode(tm, address)
         return made
 
