@@ -11,8 +11,10 @@ between them), not the Python launch path. GB/s and % of copy count the K/V byte
 cached tokens read once (ragged: the sum of the lengths); the targets (80% of copy where a call
 reads 64 MB or more, 2x SDPA at B = 1, L = 4096) are read off the table.
 
-Usage: ``python bench/decode.py --out results.json [--quick] [--batches 1,16]`` (quick: B in
-{1, 16}, L = 4k; ``--batches``: only these batch sizes).
+Usage: ``python bench/decode.py --out results.json [--quick] [--batches 1,16] [--lengths 4096]
+[--cases uniform,paged]`` (quick: B in {1, 16}, L = 4k; ``--batches``, ``--lengths``: only these
+sizes; ``--cases``: only these of uniform/ragged and contiguous/paged, e.g. one case with
+``--quick --batches 1 --cases uniform,paged``).
 """
 
 from __future__ import annotations
@@ -94,16 +96,35 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true", help="B in {1, 16}, L = 4096 only")
     p.add_argument("--batches", default="", help="comma-separated batch sizes (default: all)")
+    p.add_argument("--lengths", default="", help="comma-separated lengths (default: all)")
+    p.add_argument(
+        "--cases",
+        default="",
+        help="only these of uniform, ragged, contiguous, paged (e.g. 'uniform,paged')",
+    )
     args, _ = p.parse_known_args()
     h = Harness.from_args("Decode attention", reps=30)
     h.copy_bandwidth()
     batches, lengths = ((1, 16), (4096,)) if args.quick else ((1, 16, 64), (1024, 4096, 32768))
     if args.batches:
         batches = tuple(int(x) for x in args.batches.split(","))
+    if args.lengths:
+        lengths = tuple(int(x) for x in args.lengths.split(","))
+    wanted = set(args.cases.split(",")) if args.cases else set()
+    shapes = [
+        r
+        for r in (False, True)
+        if not wanted & {"uniform", "ragged"} or ("ragged" if r else "uniform") in wanted
+    ]
+    layouts = [
+        p
+        for p in (False, True)
+        if not wanted & {"contiguous", "paged"} or ("paged" if p else "contiguous") in wanted
+    ]
     for b in batches:
         for length in lengths:
-            for ragged in (False, True):
-                for paged in (False, True):
+            for ragged in shapes:
+                for paged in layouts:
                     case(h, b, length, ragged, paged)
     print(h.table())
     h.finish()
@@ -148,7 +169,9 @@ def case(h: Harness, b: int, length: int, ragged: bool, paged: bool) -> None:
                 if name == "math" and kv_bytes > MATH_BYTES:
                     continue  # it repeats K and V for the grouped heads: 4x the cache
                 graphs[f"torch SDPA {name}"] = graphed(sdpa_on(backend, ragged), (q, k, v, mask))
-        return q, k, v, graphs
+        # the graphs read these by address: they must live as long as the graphs (a cache
+        # freed here would be reused by the next input set, and a replay read garbage pages)
+        return q, k, v, graphs, (kaio_args, mask)
 
     names = ["kaio", "torch SDPA"]
     if not paged:
@@ -157,8 +180,8 @@ def case(h: Harness, b: int, length: int, ragged: bool, paged: bool) -> None:
         "flash_attention_decode f16" + " paged" * paged,
         f"B{b} L{length}" + " ragged" * ragged + f" H{H}/{HKV} D{D}",
         make,
-        {n: (lambda q, k, v, graphs, n=n: replay(graphs[n])) for n in names},
-        reference=lambda q, k, v, graphs: reference(q, k, v, host_lens),
+        {n: (lambda q, k, v, graphs, _alive, n=n: replay(graphs[n])) for n in names},
+        reference=lambda q, k, v, graphs, _alive: reference(q, k, v, host_lens),
         tol=1e-3,
         nbytes=kv_bytes,
         baseline="torch SDPA",

@@ -13,6 +13,8 @@ does none of the product, so no W4A16 kernel can beat it under the same timing. 
 cases with ``BATCH`` calls back to back between one pair of events: a call of a few
 microseconds is otherwise timed with the gap that each pair of events adds around it (about
 2 µs on an H100, the same for every implementation, which pulls every ratio towards 1).
+Last, ``matmul_int4`` over M = 1, 16, 32, 64, 128 at K = N = 4096 and 8192 against cuBLAS
+f16 (``int4_sweep``; alone with ``--only matmul_int4_sweep``).
 Usage: ``python bench/quantized.py --out results.json``.
 """
 
@@ -34,6 +36,7 @@ SEPARATE_INT4 = "3 separate calls (matmul_int4)"
 SEPARATE_INT8 = "3 separate calls (same kernel)"
 READ_ONLY = "floor: read the weights only"
 BATCH = 20  # calls a pair of events in the batched decode cases
+SWEEP_M = (1, 16, 32, 64, 128)  # int4_sweep's batch sizes
 
 
 def read_only(packed: torch.Tensor):
@@ -125,6 +128,37 @@ def qkv_cases(h: Harness, n: int, k: int) -> None:
         )
 
 
+def int4_sweep(h: Harness) -> None:
+    """``matmul_int4`` over the batch sizes of a decode step (M = 1 .. 128) at K = N = 4096
+    and 8192, against cuBLAS f16 on the dequantized weights and the read-the-weights floor,
+    ``BATCH`` calls between a pair of events: M <= 64 runs the decode kernel (M > 16 with
+    several m16 tiles a block), M = 128 the prefill or tiled path. Alone:
+    ``--only matmul_int4_sweep``."""
+    for size in (4096, 8192):
+        floor = {
+            READ_ONLY: read_only(torch.empty(size // 8, size, dtype=torch.int32, device="cuda"))
+        }
+        for mm in SWEEP_M:
+            h.case(
+                "matmul_int4_sweep",
+                f"{mm}x{size}x{size}, {BATCH} calls in a row",
+                lambda mm=mm, size=size: int4_inputs(mm, size, size),
+                {
+                    "cuBLAS f16": lambda a, p, s, w: torch.matmul(a, w),
+                    "kaio int4": lambda a, p, s, w: kaio_ops.matmul_int4(a, p, s),
+                    **floor,
+                },
+                reference=lambda a, p, s, w: a.double() @ w.double(),
+                tol=1e-3,
+                nbytes=mm * size * 2 + size * size // 2 + mm * size * 4,
+                flops=2.0 * mm * size * size,
+                baseline="cuBLAS f16",
+                set_bytes=mm * size * 2 + int4_bytes(size, size),
+                batch=BATCH,
+                timing_only=tuple(floor),
+            )
+
+
 def main() -> None:
     h = Harness.from_args("quantized matmul")
     m = n = k = 4096
@@ -166,6 +200,7 @@ def main() -> None:
             timing_only=tuple(floor),
         )
     qkv_cases(h, n, k)
+    int4_sweep(h)
     h.finish()
 
 

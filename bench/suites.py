@@ -89,7 +89,8 @@ SUITES: tuple[Suite, ...] = (
     Suite("attention", "attention.py", "Attention", (), ("--only", "flash_attention"), (90, 45)),
     # not in a quick run of all suites (its budget is spent); alone: bench/decode.py --quick
     Suite("decode", "decode.py", "Decode attention", (), None, (300, 0)),
-    Suite("quantized", "quantized.py", "Quantized matmul", (), (), (70, 40)),
+    Suite("quantized", "quantized.py", "Quantized matmul", (), (), (110, 70)),
+    Suite("fp8", "fp8.py", "FP8 matmul", (), None, (150, 0)),  # quick: bench/fp8.py --quick
     Suite("launch", "launch_overhead.py", "Launch overhead", (), (), (35, 25)),
     Suite("compile", "compile_time.py", "Compile time", (), ("--runs", "3"), (15, 10)),
     Suite("sim", "sim_speed.py", "Simulator speed", (), ("--n", str(1 << 18)), (30, 10)),
@@ -105,6 +106,7 @@ SUITES: tuple[Suite, ...] = (
     Suite("backends", "backends.py", "Two backends: registers and spills", (), None, (90, 0)),
     # the full sweep takes ~15 minutes: run bench/gemm_sweep.py on its own for all of it
     Suite("gemm-sweep", "gemm_sweep.py", "LLM GEMM shape sweep", ("--quick",), None, (180, 0)),
+    Suite("fastmath", "fastmath.py", "Fast math: the silu*gate user kernel", (), None, (20, 0)),
 )
 MIN_START_S = 10.0  # a suite is not started with less time than this left
 

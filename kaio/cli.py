@@ -12,6 +12,7 @@ import sys
 from kaio.errors import CompileError, LaunchError
 from kaio.kernel import Kernel
 from kaio.llvm import LLVMUnavailable
+from kaio.types import PACKED_TYPES, SCALAR_TYPES
 
 
 def load_kernel(target: str) -> Kernel:
@@ -37,6 +38,9 @@ def load_kernel(target: str) -> Kernel:
     return kernel
 
 
+_SCALAR_NAMES = {**SCALAR_TYPES, **PACKED_TYPES}  # -D DT=f16 (or kaio.f16): a dtype constexpr
+
+
 def _constexprs(pairs: list[str]) -> dict:
     out = {}
     for pair in pairs:
@@ -49,7 +53,7 @@ def _constexprs(pairs: list[str]) -> dict:
             try:
                 out[key] = float(value)
             except ValueError:
-                out[key] = value
+                out[key] = _SCALAR_NAMES.get(value.removeprefix("kaio."), value)
     return out
 
 

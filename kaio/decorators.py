@@ -10,6 +10,11 @@ class DeviceFunction:
     inlined. Calling it from host code is an error."""
 
     def __init__(self, pyfunc):
+        from kaio.frontend.resolve import check_definition
+
+        raw = getattr(pyfunc, "__annotations__", {})
+        params = {n: a for n, a in raw.items() if n != "return"}
+        check_definition(pyfunc, params, "device function", defaults_allowed=True)
         self.pyfunc = pyfunc
         self.__name__ = pyfunc.__name__
         self.__doc__ = pyfunc.__doc__
@@ -32,6 +37,7 @@ def gpu_kernel(
     arch: str | None = None,
     debug: bool = False,
     backend: str | None = None,
+    fastmath: bool = False,
 ):
     """Compile a typed Python function into a GPU kernel.
 
@@ -40,12 +46,16 @@ def gpu_kernel(
     default PTX target of ``.ptx()``, ``debug`` turns on bounds checks, ``backend`` picks the
     code generator: ``"ptx"`` (kaio's emitter, the default) or ``"llvm"`` (LLVM's NVPTX
     backend through llvmlite: ``pip install 'kaio[llvm]'``); ``$KAIO_BACKEND`` sets the default.
+    ``fastmath=True`` makes exp, exp2, log, log2, sin, cos, rsqrt and f32 division the
+    subnormal-flushing approximations (``.ftz``; docs/dsl-reference.md, "Fast math").
     """
 
     def wrap(f):
         if isinstance(f, Kernel | DeviceFunction):
             raise TypeError(f"{f.__name__} is already decorated")
-        return Kernel(f, block_size=block_size, arch=arch, debug=debug, backend=backend)
+        return Kernel(
+            f, block_size=block_size, arch=arch, debug=debug, backend=backend, fastmath=fastmath
+        )
 
     return wrap(fn) if fn is not None else wrap
 

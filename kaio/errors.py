@@ -32,6 +32,17 @@ class CompileError(Exception):
         super().__init__(text)
 
 
+class KaioWarning(UserWarning):
+    """A kernel compiles but probably does not do what it says (the base of kaio's warnings;
+    filter them with ``warnings.filterwarnings("error", category=kaio.KaioWarning)``)."""
+
+
+class UnsignedComparisonWarning(KaioWarning):
+    """A comparison of an unsigned value with a negative literal (``n > -1`` for a u32 ``n``):
+    the literal becomes a huge unsigned number, so the result is constant, as C compilers
+    warn. The message reads ``file.py:LINE:COL: warning: ...``."""
+
+
 class LaunchError(Exception):
     """A launch was refused before anything ran: bad grid or block, arguments or devices."""
 

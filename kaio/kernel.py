@@ -195,37 +195,66 @@ class Kernel:
         arch: str | None = None,
         debug: bool = False,
         backend: str | None = None,
+        fastmath: bool = False,
     ):
         self.pyfunc = pyfunc
         self.__name__ = pyfunc.__name__
         self.__doc__ = pyfunc.__doc__
         self.__wrapped__ = pyfunc
+        if block_size is not None:
+            _dim3(block_size, "block_size")  # a LaunchError now, not a TypeError at .ptx()
         self.block_size = block_size
         self.arch = arch
         self.debug = debug or os.environ.get("KAIO_DEBUG", "") not in ("", "0")
         self.backend = backend_name(backend)
+        self.fastmath = bool(fastmath)  # approximate math (docs/dsl-reference.md, "Fast math")
         self._signature = inspect.signature(pyfunc)
         self.param_names = list(self._signature.parameters)
-        from kaio.frontend.resolve import annotations
+        from kaio.frontend.resolve import check_definition, signature
 
-        resolved = annotations(pyfunc)
-        self._annotations = {
-            name: resolved.get(name, inspect.Parameter.empty) for name in self._signature.parameters
-        }
+        self._annotation_signature = signature(pyfunc)
+        self._annotations = self._complete(self._annotation_signature.template)
+        check_definition(pyfunc, self._annotation_signature.template, "kernel")
         self.constexpr_names = [n for n, a in self._annotations.items() if a is constexpr]
+        self._resolved: dict = {}  # dtype constexpr values -> annotations
         self._specs: dict = {}
         self._lock = threading.RLock()  # compiles of this kernel, one thread at a time
         self._launches: dict = {}  # launch subscript -> Launch
         self._launchers: dict = {}  # the runtime's per-argument-signature launchers
 
     # ----------------------------------------------------------------- arguments
-    def array_params(self) -> list[str]:
-        """Names of the parameters annotated as arrays, in order."""
-        return [n for n, a in self._annotations.items() if isinstance(a, ArrayType)]
+    def _complete(self, resolved: dict) -> dict:
+        return {
+            name: resolved.get(name, inspect.Parameter.empty) for name in self._signature.parameters
+        }
 
-    def runtime_params(self) -> list[tuple[str, object]]:
-        """(name, annotation) of the parameters passed at launch (constexprs excluded)."""
-        return [(n, a) for n, a in self._annotations.items() if n not in self.constexpr_names]
+    def annotations(self, constexprs: dict | None = None) -> dict:
+        """Each parameter's annotation, for these constexpr values: a dtype parameter
+        (``DT: kaio.constexpr`` named in ``x: DT[:]``) replaced by its value."""
+        generic = self._annotation_signature.generic
+        if not generic or constexprs is None or any(n not in constexprs for n in generic):
+            return self._annotations
+        key = tuple(constexprs.get(n) for n in generic)
+        found = self._resolved.get(key)
+        if found is None:
+
+            def error(message):
+                raise LaunchError(message)
+
+            found = self._complete(self._annotation_signature.resolve(constexprs, error))
+            self._resolved[key] = found
+        return found
+
+    def array_params(self, constexprs: dict | None = None) -> list[str]:
+        """Names of the parameters annotated as arrays, in order."""
+        return [n for n, a in self.annotations(constexprs).items() if isinstance(a, ArrayType)]
+
+    def runtime_params(self, constexprs: dict | None = None) -> list[tuple[str, object]]:
+        """(name, annotation) of the parameters passed at launch (constexprs excluded), with
+        dtype parameters replaced by their values in ``constexprs``."""
+        return [
+            (n, a) for n, a in self.annotations(constexprs).items() if n not in self.constexpr_names
+        ]
 
     def split_args(self, args: tuple, kwargs: dict) -> tuple[list, dict]:
         """Bind launch arguments to parameters: (runtime values in order, constexpr dict)."""
@@ -259,7 +288,7 @@ class Kernel:
             values = constexpr_key(constexprs)
         except TypeError:
             values = None  # an unhashable value: compiled each time, never cached
-        cache_key = (values, layouts, self.debug, backend)
+        cache_key = (values, layouts, self.debug, self.fastmath, backend)
         spec = self._specs.get(cache_key) if values is not None else None
         if spec is not None:
             return spec
@@ -284,8 +313,8 @@ class Kernel:
                 f"{self.__name__}: {', '.join(unknown)} is not a constexpr parameter of this "
                 f"kernel (constexprs: {', '.join(self.constexpr_names) or 'none'})"
             )
-        twin = (
-            next((v for k, v in self._specs.items() if k[:3] == cache_key[:3]), None)
+        twin = (  # the same variant compiled for another backend: its IR is reused
+            next((v for k, v in self._specs.items() if k[:-1] == cache_key[:-1]), None)
             if cache_key[0] is not None
             else None
         )
@@ -326,6 +355,8 @@ class Kernel:
         h.update(repr(layouts).encode())
         h.update(repr(self.block_size).encode())
         h.update(repr(self.debug).encode())
+        if self.fastmath:
+            h.update(b"fastmath")
         if backend != "ptx":
             h.update(f"backend={backend} {_backend_version(backend)}".encode())
         return h.hexdigest()

@@ -11,7 +11,9 @@ its accuracy.
 from __future__ import annotations
 
 import builtins
+import inspect
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,17 +28,80 @@ __all__ = ["BUILTINS", "Builtin", "static_range"]
 
 @dataclass(frozen=True)
 class Builtin:
-    """A builtin's typing+lowering rule and its one-line documentation."""
+    """A builtin's typing+lowering rule, its documentation and its Python signature (from
+    the call form its documentation starts with: ``shared(dtype, shape): ...``; optional
+    parameters in brackets, ``shared_dynamic(dtype[, shape[, offset]])``; ``min(a, b, ...)``
+    takes any number; no call form: no parameters)."""
 
     name: str
     lower: Callable
     doc: str
+    signature: inspect.Signature = None
+
+    def bind(self, ctx, args: list, kwargs: dict, node) -> list:
+        """The call's arguments in parameter order, bound as Python binds them (a wrong,
+        duplicate or missing name is a CompileError at the call); optional parameters not
+        given are left off the end."""
+        if not kwargs and self._positional_ok(len(args)):
+            return args
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as e:
+            ctx.error(f"kaio.{self.name}{self.signature}: {e}", node)
+        out, gap = [], None
+        for p in self.signature.parameters.values():
+            if p.kind is p.VAR_POSITIONAL:
+                out.extend(bound.arguments.get(p.name, ()))
+            elif p.name in bound.arguments:
+                if gap is not None:
+                    ctx.error(
+                        f"kaio.{self.name}{self.signature}: {p.name!r} is given, so {gap!r} "
+                        "must be given too",
+                        node,
+                    )
+                out.append(bound.arguments[p.name])
+            else:
+                gap = p.name
+        return out
+
+    def _positional_ok(self, n: int) -> bool:
+        params = self.signature.parameters.values()
+        if any(p.kind is p.VAR_POSITIONAL for p in params):
+            return n >= sum(1 for p in params if p.kind is not p.VAR_POSITIONAL)
+        required = sum(1 for p in params if p.default is p.empty)
+        return required <= n <= len(params)
 
 
 BUILTINS: dict[object, Builtin] = {}
 
+OPTIONAL = None  # the default of an optional builtin parameter: "not given"
 
-def _stub(name: str, doc: str):
+
+def signature_of(name: str, doc: str) -> inspect.Signature:
+    """The signature a builtin's documentation gives in its leading call form."""
+    if not doc.startswith(name + "("):
+        return inspect.Signature()
+    depth, start = 0, len(name) + 1
+    for end in range(start, len(doc)):
+        depth += {"(": 1, ")": -1}.get(doc[end], 0)
+        if depth < 0:
+            break
+    inner = doc[start:end]
+    params, level = [], 0
+    for m in re.finditer(r"\[|\]|\.\.\.|[A-Za-z_]\w*", inner):
+        token = m.group()
+        if token in "[]":
+            level += 1 if token == "[" else -1
+        elif token == "...":
+            params.append(inspect.Parameter("more", inspect.Parameter.VAR_POSITIONAL))
+        else:
+            default = OPTIONAL if level else inspect.Parameter.empty
+            kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+            params.append(inspect.Parameter(token, kind, default=default))
+    return inspect.Signature(params)
+
+
+def _stub(name: str, doc: str, signature: inspect.Signature):
     def stub(*args, **kwargs):
         raise RuntimeError(
             f"kaio.{name}() can only be used inside a @kaio.gpu_kernel or @kaio.gpu_func "
@@ -46,12 +111,14 @@ def _stub(name: str, doc: str):
     stub.__name__ = stub.__qualname__ = name
     stub.__doc__ = doc
     stub.__module__ = "kaio"
+    stub.__signature__ = signature
     return stub
 
 
 def _define(name: str, doc: str, lower: Callable):
-    stub = _stub(name, doc)
-    BUILTINS[stub] = Builtin(name, lower, doc)
+    signature = signature_of(name, doc)
+    stub = _stub(name, doc, signature)
+    BUILTINS[stub] = Builtin(name, lower, doc, signature)
     globals()[name] = stub
     __all__.append(name)
     return stub
@@ -483,9 +550,8 @@ def _fma(ctx, args, node):
         return ctx.b.emit("fma", t, (a, b, c))
     if not t.is_float:
         t = T.f32
-    compute = T.f32 if t.bits < 32 else t
-    vals = [ctx.convert(v, compute) for v in (a, b, c)]
-    return ctx.convert(ctx.b.emit("fma", compute, tuple(vals)), t)
+    vals = [ctx.convert(v, t) for v in (a, b, c)]
+    return ctx.b.emit("fma", t, tuple(vals))  # f16/bf16 too: fma.rn.f16, rounded once
 
 
 def _pow(ctx, args, node):
@@ -496,7 +562,11 @@ def _pow(ctx, args, node):
 _define("abs", "abs(x): |x| for ints, floats and packed pairs (exact).", _abs)
 _define("min", "min(a, b, ...): minimum; for floats a NaN operand is ignored.", _minmax("min"))
 _define("max", "max(a, b, ...): maximum; for floats a NaN operand is ignored.", _minmax("max"))
-_define("fma", "fma(a, b, c): a*b+c rounded once (fma.rn), f32, f64 and f16x2/bf16x2 pairs.", _fma)
+_define(
+    "fma",
+    "fma(a, b, c): a*b+c rounded once (fma.rn): f16, bf16, f32, f64, f16x2/bf16x2 pairs.",
+    _fma,
+)
 _define(
     "pow",
     "pow(x, y): x**y; a small constant integer y is exact multiplication, otherwise "
@@ -1004,4 +1074,6 @@ _define(
 # ---------------------------------------------------------------- Hopper (sm_90 / sm_90a)
 # wgmma, smem descriptors, mbarriers, TMA, fence.proxy.async, setmaxnreg: they register
 # themselves in BUILTINS through _define (their typing rules are in kaio/lang_hopper.py).
+# The 8-bit floats' builtins (mma_e4m3, mma_e5m2) and conversions are in kaio/lang_fp8.py.
+from kaio import lang_fp8 as _lang_fp8  # noqa: E402, F401
 from kaio import lang_hopper as _lang_hopper  # noqa: E402, F401

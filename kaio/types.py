@@ -9,6 +9,12 @@ array parameters.
 element 0 in the low 16 bits, as in PTX. Their kind is ``"packed"``: they are neither floats
 nor integers, take part in no promotion, and live in NumPy as ``uint32`` bit patterns
 (``kaio.f16x2(1.0, 2.0)`` on the host gives that pattern).
+
+``e4m3`` and ``e5m2`` (aliases ``f8e4m3``, ``f8e5m2``) are the 8-bit floats of sm_89+ tensor
+cores (``ml_dtypes.float8_e4m3fn``: no infinities, NaN ``S.1111.111``, largest 448;
+``ml_dtypes.float8_e5m2``: IEEE-like, largest 57344). Their kind is ``"fp8"``: storage types
+that arrays hold and conversions read and write (to and from f32, f16, bf16: see
+``kaio.lang_fp8``), with no arithmetic and no promotion.
 """
 
 from __future__ import annotations
@@ -36,7 +42,14 @@ __all__ = [
     "bool_",
     "f16x2",
     "bf16x2",
+    "e4m3",
+    "e5m2",
+    "f8e4m3",
+    "f8e5m2",
     "SCALAR_TYPES",
+    "FP8_TYPES",
+    "is_scalar_type_name",
+    "scalar_type",
     "PACKED_TYPES",
     "promote",
     "literal_type",
@@ -48,8 +61,8 @@ __all__ = [
 class ScalarType:
     """A scalar type of the DSL.
 
-    ``kind`` is one of ``"int"`` (signed), ``"uint"``, ``"float"``, ``"bool"`` or
-    ``"packed"`` (f16x2, bf16x2);
+    ``kind`` is one of ``"int"`` (signed), ``"uint"``, ``"float"``, ``"bool"``,
+    ``"packed"`` (f16x2, bf16x2) or ``"fp8"`` (e4m3, e5m2);
     ``ptx`` is the PTX type suffix used for loads, stores and arithmetic (``"s32"``, ``"f32"``,
     ``"bf16"``, ``"pred"``).
     """
@@ -88,6 +101,8 @@ class ScalarType:
         """The NumPy dtype holding values of this type (ml_dtypes.bfloat16 for bf16)."""
         if self.name == "bf16":
             return np.dtype(ml_dtypes.bfloat16)
+        if self.kind == "fp8":
+            return np.dtype(getattr(ml_dtypes, self.numpy_name))
         return np.dtype(self.numpy_name)
 
     @property
@@ -116,6 +131,11 @@ class ScalarType:
         return self.kind == "packed"
 
     @property
+    def is_fp8(self) -> bool:
+        """True for the 8-bit floats ``e4m3`` and ``e5m2`` (storage and conversion only)."""
+        return self.kind == "fp8"
+
+    @property
     def element(self) -> ScalarType:
         """The type of each half of a packed pair (f16 for f16x2, bf16 for bf16x2)."""
         if not self.is_packed:
@@ -127,9 +147,12 @@ class ScalarType:
         """Bytes one element takes in memory (bool takes one byte)."""
         return max(1, self.bits // 8)
 
-    def __getitem__(self, dims) -> ArrayType:
+    def __getitem__(self, dims) -> ArrayType | InvalidAnnotation:
+        """``f32[:]``, ``f32[:, :]``: an array parameter type. Anything else (``f32[0]``,
+        ``f16x2[:]``) gives an ``InvalidAnnotation``, which the kernel reports as a located
+        CompileError at decoration, with or without ``from __future__ import annotations``."""
         if self.is_packed:
-            raise TypeError(
+            return InvalidAnnotation(
                 f"{self.name} cannot annotate an array parameter: declare it u32[:] and read "
                 f"elements with kaio.bitcast(x[i], kaio.{self.name}) (shared and local arrays of "
                 f"{self.name} are fine)"
@@ -138,7 +161,10 @@ class ScalarType:
             dims = (dims,)
         for d in dims:
             if not (isinstance(d, slice) and d == slice(None)):
-                raise TypeError(f"array annotations are written {self.name}[:], {self.name}[:, :]")
+                return InvalidAnnotation(
+                    f"array annotations are written {self.name}[:], {self.name}[:, :] (one ':' "
+                    f"per dimension), got {self.name}[{', '.join(map(_slice_text, dims))}]"
+                )
         return ArrayType(self, len(dims))
 
     def __call__(self, value, *more):
@@ -148,14 +174,37 @@ class ScalarType:
         bits as ``numpy.uint32``, each half rounded once to nearest even."""
         if self.is_packed:
             return pack_host(self, value, *more)
+        if self.is_fp8 and not more:
+            from kaio.sim.fp8 import to_fp8
+
+            return to_fp8(np.asarray(value, np.float64), self)[()]
         if more:
             raise TypeError(f"{self.name}() takes one value")
-        return self.np_dtype.type(value)
+        with np.errstate(over="ignore"):  # out of a float type's range: inf, as cvt gives
+            return self.np_dtype.type(value)
 
     def __repr__(self) -> str:
         return self.name
 
     __str__ = __repr__
+
+
+def _slice_text(d) -> str:
+    if isinstance(d, slice):
+        parts = ["" if x is None else repr(x) for x in (d.start, d.stop, d.step)]
+        return ":".join(parts[:2] if d.step is None else parts)
+    return repr(d)
+
+
+@dataclass(frozen=True)
+class InvalidAnnotation:
+    """A malformed array annotation (``f32[0]``, ``f16x2[:]``): ``message`` says why. Kernels
+    and device functions report it as a CompileError at the parameter."""
+
+    message: str
+
+    def __repr__(self) -> str:
+        return "<invalid kaio annotation>"
 
 
 @dataclass(frozen=True, eq=True)
@@ -208,6 +257,28 @@ SCALAR_TYPES: dict[str, ScalarType] = {
 # Packed pairs are not in SCALAR_TYPES: their NumPy dtype (uint32) is u32's.
 PACKED_TYPES: dict[str, ScalarType] = {t.name: t for t in (f16x2, bf16x2)}
 
+# The 8-bit floats are not in SCALAR_TYPES either: no arithmetic, no promotion (the tables
+# and tests keyed by SCALAR_TYPES are about arithmetic types).
+e4m3 = ScalarType("e4m3", 8, "fp8", "b8", "float8_e4m3fn")
+e5m2 = ScalarType("e5m2", 8, "fp8", "b8", "float8_e5m2")
+f8e4m3 = e4m3
+f8e5m2 = e5m2
+FP8_TYPES: dict[str, ScalarType] = {t.name: t for t in (e4m3, e5m2)}
+
+
+def is_scalar_type_name(name: str) -> bool:
+    """Whether ``scalar_type(name)`` names a type."""
+    return any(name in table for table in (SCALAR_TYPES, FP8_TYPES, PACKED_TYPES))
+
+
+def scalar_type(name: str) -> ScalarType:
+    """The scalar type named ``name`` (``"f32"``, ``"e4m3"``, ``"f16x2"``...)."""
+    for table in (SCALAR_TYPES, FP8_TYPES, PACKED_TYPES):
+        if name in table:
+            return table[name]
+    raise KeyError(f"kaio has no scalar type {name!r}")
+
+
 _INT_BY_KIND_BITS = {(t.kind, t.bits): t for t in SCALAR_TYPES.values() if t.is_int}
 
 
@@ -223,8 +294,11 @@ def promote(a: ScalarType, b: ScalarType) -> ScalarType | None:
     - an integer (or bool) with a float gives the float;
     - f16 or bf16 with f32 gives f32; f16 with bf16 gives f32; any float with f64 gives f64;
     - bool with bool stays bool; bool with an integer gives the integer;
-    - a packed pair (f16x2, bf16x2) combines only with its own type.
+    - a packed pair (f16x2, bf16x2) combines only with its own type;
+    - an fp8 type (e4m3, e5m2) combines with nothing (convert it to f32 first).
     """
+    if a.is_fp8 or b.is_fp8:
+        return None
     if a == b:
         return a
     if a.is_packed or b.is_packed:
@@ -269,11 +343,12 @@ def int_fits(value: int, t: ScalarType) -> bool:
     return -(2 ** (t.bits - 1)) <= value < 2**t.bits
 
 
-_BY_NUMPY = {t.np_dtype: t for t in SCALAR_TYPES.values()}
+_BY_NUMPY = {t.np_dtype: t for t in (*SCALAR_TYPES.values(), *FP8_TYPES.values())}
 
 
 def from_numpy_dtype(dtype) -> ScalarType:
-    """The DSL type matching a NumPy dtype (``ml_dtypes.bfloat16`` maps to bf16)."""
+    """The DSL type matching a NumPy dtype (``ml_dtypes.bfloat16`` maps to bf16,
+    ``ml_dtypes.float8_e4m3fn`` to e4m3, ``ml_dtypes.float8_e5m2`` to e5m2)."""
     dtype = np.dtype(dtype)
     try:
         return _BY_NUMPY[dtype]

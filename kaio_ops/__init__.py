@@ -54,6 +54,11 @@ GGUF quantizers (llama.cpp's block bytes, byte-identical to ggml's reference enc
 - ``quantize_q8_0(x)``, ``quantize_q6_k(x)``: f32/f16/bf16 [R, C] -> uint8 block bytes
 - ``dequantize_q8_0(blocks)``, ``dequantize_q6_k(blocks)``: uint8 block bytes -> f32 [R, C]
 
+FP8 (e4m3, e5m2; sm_89+):
+
+- ``quantize_fp8(x, *, dtype="e4m3", per="tensor")``: (q, scale), torch's recipe bit for bit
+- ``matmul_fp8(a, b, scale_a, scale_b, *, out_dtype=bf16, bias=None)``: ``torch._scaled_mm``
+
 PyTorch: ``import kaio_ops.torch`` registers every op as ``torch.ops.kaio.<name>``, with fake
 implementations (torch.compile) and autograd (docs/torch.md).
 """
@@ -77,6 +82,7 @@ from kaio_ops.decode import (
     kv_cache_append,
 )
 from kaio_ops.elementwise import add, gelu, mul, silu_gate
+from kaio_ops.fp8 import matmul_fp8, quantize_fp8
 from kaio_ops.gguf import dequantize_q6_k, dequantize_q8_0, quantize_q6_k, quantize_q8_0
 from kaio_ops.linear import linear, matmul
 from kaio_ops.matmul import matmul_tc, matmul_tc_async, matmul_tc_bf16, matmul_tc_bf16_async
@@ -105,6 +111,7 @@ __all__ = [
     "layer_norm",
     "linear",
     "matmul_int4",
+    "matmul_fp8",
     "matmul_int8",
     "matmul",
     "matmul_tc",
@@ -114,6 +121,7 @@ __all__ = [
     "mul",
     "qkv_project_int4",
     "qkv_project_int8",
+    "quantize_fp8",
     "quantize_q6_k",
     "quantize_q8_0",
     "rms_norm",

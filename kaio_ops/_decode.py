@@ -6,10 +6,11 @@ K/V group, ``group`` heads times ``sq`` new tokens (contiguous in q: the heads o
 adjacent), are the M dimension of ``mma.m16n8k16``: 16 * MT rows a block, so each K/V tile is
 read once per group, not once per query head. The block's 4 warps split each 64-key tile:
 warp w owns the 16 rows of M-tile w % MT and keys (w // MT) * KW .. + KW of the tile
-(KW = 64 * MT / 4). K and V tiles are double-buffered in shared memory (16-byte cp.async,
-XOR-swizzled for ldmatrix): tile t + 1 is in flight while tile t is used. The scores and the
-online softmax are those of ``_attention_tc.attention_fwd`` (fragments, ``dot_rows_at``,
-``acc_rows_at``, ``online_softmax``); the warps' partial (max, sum, output) then merge
+(KW = 64 * MT / 4). K and V tiles are buffered in ``STAGES`` (2 to 4) shared-memory stages
+(16-byte cp.async, XOR-swizzled for ldmatrix): tiles t + 1 .. t + STAGES - 1 are in flight
+while tile t is used. The scores and the online softmax are those of
+``_attention_tc.attention_fwd`` (fragments, ``dot_rows_at``, ``acc_rows_at``,
+``online_softmax``); the warps' partial (max, sum, output) then merge
 through shared memory.
 
 Lengths are read on the GPU: ``seq_lens[b]`` (clamped to 0 .. capacity) fixes the key tiles,
@@ -48,14 +49,8 @@ BN = 64  # keys per tile
 # whole L1 lines, which are not coherent across multiprocessors, so no line it reads may
 # also hold values another block writes later (the rows of part are whole lines already)
 LSE_STRIDE = 32
-UNROLL = 16  # splits a merge step loads at once
-
-
-def min_blocks(dp: int, mt: int) -> int:
-    """The blocks per multiprocessor ``decode_fwd`` is compiled for (its launch bounds, which
-    write the same rule): 3 for one M-tile and heads up to 128 (at most 168 registers a
-    thread), else 2."""
-    return 3 if dp <= 128 and mt == 1 else 2
+UNROLL = 8  # splits a merge step loads at once (16 bytes each)
+MAX_SPLITS = 64  # the most key splits (the merge holds a weight per split and row)
 
 
 @kaio.gpu_func
@@ -68,13 +63,16 @@ def cache_row(
     max_pages: u32,
     kv_heads: u32,
     shift: u32,
+    pages: u32,
     d: u32,
     PAGED: kaio.constexpr,
 ) -> u32:
     """The index of element 0 of cache row ``key`` of sequence b, K/V head kvh: contiguous
-    [B, Hkv, capacity, D], or paged [pages, 1 << shift, Hkv, D] through block_table."""
+    [B, Hkv, capacity, D], or paged [pages, 1 << shift, Hkv, D] through block_table (a page
+    outside the pool counts as the last one)."""
     if PAGED:
-        page = u32(block_table[b * max_pages + (key >> shift)])
+        # clamped to the pool: a bad table reads wrong rows, never outside the cache
+        page = kaio.min(u32(block_table[b * max_pages + (key >> shift)]), pages - 1)
         slot = (page << shift) + (key & ((u32(1) << shift) - 1))
         return (slot * kv_heads + kvh) * d
     return ((b * kv_heads + kvh) * capacity + key) * d
@@ -95,6 +93,7 @@ def load_stage(
     max_pages: u32,
     kv_heads: u32,
     shift: u32,
+    pages: u32,
     tid: u32,
     DP: kaio.constexpr,
     PAGED: kaio.constexpr,
@@ -113,7 +112,7 @@ def load_stage(
         inside = key < kv_len
         at = cache_row(
             kaio.select(inside, key, 0), b, kvh, block_table, capacity, max_pages, kv_heads,
-            shift, DP, PAGED,
+            shift, pages, DP, PAGED,
         )  # fmt: skip
         index = kaio.select(inside, at + col, 0)
         nbytes = kaio.select(inside, 16, 0)
@@ -141,6 +140,7 @@ def decode_fwd(
     capacity: u32,
     max_pages: u32,
     shift: u32,
+    pages: u32,
     chunks: u32,
     total_rows: u32,
     scale_log2: f32,
@@ -149,6 +149,7 @@ def decode_fwd(
     PAGED: kaio.constexpr,
     DIRECT: kaio.constexpr,
     FUSED: kaio.constexpr,
+    STAGES: kaio.constexpr,
 ):
     """Attention of the 16 * MT query rows (row chunk) of one K/V group over the key tiles
     of split ``block x``: out / lse (``DIRECT``, one split) or part / part_lse (row-major
@@ -160,7 +161,7 @@ def decode_fwd(
     KW = BN // KSPLIT
     ROWS = 16 * MT
     QREG = DP <= 128  # Q fragments stay in registers
-    kaio.launch_bounds(THREADS, 3 if DP <= 128 and MT == 1 else 2)  # as min_blocks
+    kaio.launch_bounds(THREADS, 3 if DP <= 128 and MT == 1 else 2)  # <= 168 registers for D 128
     tid = kaio.thread_idx_x()
     lane = kaio.lane_id()
     warp = tid // 32
@@ -182,20 +183,21 @@ def decode_fwd(
     t0 = kaio.min(split * per, n_total)
     t1 = kaio.min(t0 + per, n_total)
 
-    kv_s = kaio.shared_dynamic(DT, (4 * BN, DP), 0)  # K0, V0, K1, V1
-    q_s = kaio.shared_dynamic(DT, (ROWS, DP), 4 * BN * DP * 2)
+    kv_s = kaio.shared_dynamic(DT, (2 * STAGES * BN, DP), 0)  # K0, V0, K1, V1, ...
+    q_s = kaio.shared_dynamic(DT, (ROWS, DP), 2 * STAGES * BN * DP * 2)
     red_o = kaio.shared_dynamic(f32, (WARPS * 16, DP), 0)  # after the loop, over kv_s
-    red_ml = kaio.shared_dynamic(f32, (2, WARPS * 16), (4 * BN + ROWS) * DP * 2)
+    red_ml = kaio.shared_dynamic(f32, (2, WARPS * 16), (2 * STAGES * BN + ROWS) * DP * 2)
 
     load_tile(q_s, q, q_row0 * DP, row0, nrows, DP, tid, ROWS, DP, THREADS, True)
     kaio.cp_async_commit()
-    if t0 < t1:
-        load_stage(
-            kv_s, 0, k, v, t0 * BN, kv_len, b, kvh, block_table, capacity, max_pages,
-            kv_heads, shift, tid, DP, PAGED,
-        )  # fmt: skip
-    kaio.cp_async_commit()
-    kaio.cp_async_wait(1)  # Q has landed
+    for j in kaio.static_range(STAGES - 1):  # tiles t0 .. t0 + STAGES - 2 in flight
+        if t0 + j < t1:
+            load_stage(
+                kv_s, j * 2 * BN, k, v, (t0 + j) * BN, kv_len, b, kvh, block_table, capacity,
+                max_pages, kv_heads, shift, pages, tid, DP, PAGED,
+            )  # fmt: skip
+        kaio.cp_async_commit()
+    kaio.cp_async_wait(STAGES - 1)  # Q has landed
     kaio.sync_threads()
 
     acol = kaio.local(u32, 4)
@@ -218,14 +220,15 @@ def decode_fwd(
             o[n, e] = 0.0
     s = kaio.local(f32, (KW // 8, 4))
     for t in range(t0, t1):
-        stage = (t - t0) % 2 * 2 * BN
-        if t + 1 < t1:
+        stage = (t - t0) % STAGES * 2 * BN
+        if t + STAGES - 1 < t1:  # into the stage tile t - 1 used
             load_stage(
-                kv_s, 2 * BN - stage, k, v, (t + 1) * BN, kv_len, b, kvh, block_table,
-                capacity, max_pages, kv_heads, shift, tid, DP, PAGED,
+                kv_s, (t - t0 + STAGES - 1) % STAGES * 2 * BN, k, v, (t + STAGES - 1) * BN,
+                kv_len, b, kvh, block_table, capacity, max_pages, kv_heads, shift, pages, tid, DP,
+                PAGED,
             )  # fmt: skip
         kaio.cp_async_commit()
-        kaio.cp_async_wait(1)  # tile t has landed
+        kaio.cp_async_wait(STAGES - 1)  # tile t has landed
         kaio.sync_threads()
         if not QREG:
             load_a(qf, q_s, mtile * 16, acol, lane, 0, DP)
@@ -300,66 +303,125 @@ def decode_fwd(
         kaio.sync_threads()
         if red_ml[0, 0] == 1.0:
             kaio.threadfence()
-            for idx in range(tid, elements, THREADS):
-                row = q_row0 + row0 + idx // DP
-                merge_element(part, part_lse, out, lse, row, idx % DP, total_rows, DP, splits)
+            w_s = kaio.shared_dynamic(f32, (MAX_SPLITS, ROWS), 0)  # over kv_s, now free
+            merge_chunk(
+                part, part_lse, out, lse, w_s, q_row0 + row0, kaio.min(ROWS, nrows - row0),
+                total_rows, splits, tid, DP, ROWS,
+            )  # fmt: skip
 
 
 @kaio.gpu_func
-def merge_element(
+def merge_chunk(
     part: f32[:],
     part_lse: f32[:],
     out: DT[:],
     lse: f32[:],
-    row: u32,
-    c: u32,
+    w_s: f32[:, :],
+    first: u32,
+    nreal: u32,
     rows: u32,
-    d: u32,
     splits: u32,
+    tid: u32,
+    DP: kaio.constexpr,
+    ROWS: kaio.constexpr,
 ):
-    """out[row, c] = the splits' partial outputs weighted by their share of the row's
-    softmax (base-2 logsumexps part_lse), summed in split order; lse[row] (written where
-    c = 0) = the natural logsumexp (zeros and -inf for a row that saw no key)."""
-    # UNROLL splits a step: their loads issue back to back (a loop of one load a step would
-    # wait for each in turn, the latency of L2 times the splits)
-    top = NEG_INF
-    for sp0 in range(0, splits, UNROLL):
-        for j in kaio.static_range(UNROLL):
-            ok = sp0 + j < splits
-            x = part_lse[kaio.select(ok, ((sp0 + j) * rows + row) * LSE_STRIDE, 0)]
-            top = kaio.max(top, kaio.select(ok, x, NEG_INF))
-    base = kaio.select(top == NEG_INF, 0.0, top)
-    den = 0.0
-    num = 0.0
-    for sp0 in range(0, splits, UNROLL):
-        for j in kaio.static_range(UNROLL):
-            ok = sp0 + j < splits
-            at = kaio.select(ok, (sp0 + j) * rows + row, 0)
-            x = part_lse[at * LSE_STRIDE]
-            y = part[at * d + c]
-            w = kaio.select(ok, kaio.exp2(x - base), 0.0)
-            den += w
-            num += kaio.select(ok, y * w, 0.0)
-    out[row * d + c] = DT(kaio.select(den > 0.0, num / den, 0.0))
-    if c == 0:
-        lse[row] = kaio.select(den > 0.0, (base + kaio.log2(den)) * LN2, NEG_INF)
+    """out / lse of query rows first .. first + nreal (one row chunk, a block of THREADS):
+    the splits' partial outputs ``part`` weighted by their share of each row's softmax
+    (base-2 logsumexps ``part_lse``), summed in split order (deterministic); lse = the
+    natural logsumexp (zeros and -inf for a row that saw no key). Three phases, each a
+    handful of memory round trips whatever the split count: the logsumexps into ``w_s``
+    [MAX_SPLITS, ROWS] (shared, independent loads), one warp a row turns them into
+    normalized weights (lanes over the splits, shuffle reductions), then each thread sums
+    4 adjacent columns of one row, UNROLL 16-byte loads in flight."""
+    warp = tid // 32
+    lane = kaio.lane_id()
+    n = splits * nreal
+    for i0 in range(tid, n, THREADS * 4):
+        for j in kaio.static_range(4):
+            i = i0 + j * THREADS
+            ok = i < n
+            x = part_lse[kaio.select(ok, (i // nreal * rows + first + i % nreal) * LSE_STRIDE, 0)]
+            if ok:
+                w_s[i // nreal, i % nreal] = x
+    kaio.sync_threads()
+    for r in range(warp, nreal, WARPS):
+        xs = kaio.local(f32, MAX_SPLITS // 32)
+        top = NEG_INF
+        for j in kaio.static_range(MAX_SPLITS // 32):
+            sp = lane + 32 * j
+            xs[j] = NEG_INF
+            if sp < splits:
+                xs[j] = w_s[sp, r]
+            top = kaio.max(top, xs[j])
+        for step in kaio.static_range(5):
+            top = kaio.max(top, kaio.shfl_xor(top, 16 >> step))
+        base = kaio.select(top == NEG_INF, 0.0, top)
+        den = 0.0
+        for j in kaio.static_range(MAX_SPLITS // 32):
+            xs[j] = kaio.exp2(xs[j] - base)  # 0 for -inf (no key, or no split)
+            den += xs[j]
+        for step in kaio.static_range(5):
+            den += kaio.shfl_xor(den, 16 >> step)
+        inv = kaio.select(den > 0.0, 1.0 / den, 0.0)
+        for j in kaio.static_range(MAX_SPLITS // 32):
+            sp = lane + 32 * j
+            if sp < splits:
+                w_s[sp, r] = xs[j] * inv
+        if lane == 0:
+            lse[first + r] = kaio.select(den > 0.0, (base + kaio.log2(den)) * LN2, NEG_INF)
+    kaio.sync_threads()
+    buf = kaio.local(f32, (UNROLL, 4))
+    acc = kaio.local(f32, 4)
+    res = kaio.local(DT, 4)
+    for it in range(tid, nreal * (DP // 4), THREADS):
+        r = it // (DP // 4)
+        c = it % (DP // 4) * 4
+        for e in kaio.static_range(4):
+            acc[e] = 0.0
+        for sp0 in range(0, splits, UNROLL):
+            for j in kaio.static_range(UNROLL):
+                ok = sp0 + j < splits
+                at = kaio.select(ok, ((sp0 + j) * rows + first + r) * DP + c, 0)
+                kaio.load_vector(buf[j], part, at)
+            for j in kaio.static_range(UNROLL):
+                ok = sp0 + j < splits
+                w = w_s[kaio.select(ok, sp0 + j, 0), r]
+                for e in kaio.static_range(4):
+                    acc[e] += kaio.select(ok, w * buf[j, e], 0.0)
+        for e in kaio.static_range(4):
+            res[e] = DT(acc[e])
+        kaio.store_vector(out, (first + r) * DP + c, res)
 
 
-@kaio.gpu_kernel(block_size=256)
+@kaio.gpu_kernel(block_size=THREADS)
 def decode_merge(
     part: f32[:],
     part_lse: f32[:],
     out: DT[:],
     lse: f32[:],
+    heads: u32,
+    group: u32,
+    sq: u32,
+    kv_heads: u32,
+    chunks: u32,
     rows: u32,
-    d: u32,
     splits: u32,
+    DP: kaio.constexpr,
+    MT: kaio.constexpr,
 ):
-    """``merge_element`` for every element of the [rows, d] output, a thread each (the
-    merge of ``decode_fwd`` launched without ``FUSED``)."""
-    i = kaio.block_idx_x() * 256 + kaio.thread_idx_x()
-    if i < rows * d:
-        merge_element(part, part_lse, out, lse, i // d, i % d, rows, d, splits)
+    """``merge_chunk`` for the row chunk of block x (as ``decode_fwd``'s block y): the
+    merge of ``decode_fwd`` launched without ``FUSED``."""
+    ROWS = 16 * MT
+    chunk = kaio.block_idx_x() % chunks
+    bkv = kaio.block_idx_x() // chunks
+    b = bkv // kv_heads
+    kvh = bkv % kv_heads
+    row0 = chunk * ROWS
+    w_s = kaio.shared_dynamic(f32, (MAX_SPLITS, ROWS), 0)
+    merge_chunk(
+        part, part_lse, out, lse, w_s, (b * heads + kvh * group) * sq + row0,
+        kaio.min(ROWS, group * sq - row0), rows, splits, kaio.thread_idx_x(), DP, ROWS,
+    )  # fmt: skip
 
 
 @kaio.gpu_func
@@ -388,6 +450,7 @@ def kv_append(
     capacity: u32,
     max_pages: u32,
     shift: u32,
+    pages: u32,
     chunks: u32,
     PAGED: kaio.constexpr,
     VEC: kaio.constexpr,
@@ -407,6 +470,11 @@ def kv_append(
     pos = seq_lens[b] - i32(sq) + i32(j)
     if pos < 0 or pos >= i32(capacity):
         return
-    at = cache_row(u32(pos), b, h, block_table, capacity, max_pages, kv_heads, shift, d, PAGED)
+    if PAGED:  # a page outside the pool (a bad table) is not written
+        if u32(block_table[b * max_pages + (u32(pos) >> shift)]) >= pages:
+            return
+    at = cache_row(
+        u32(pos), b, h, block_table, capacity, max_pages, kv_heads, shift, pages, d, PAGED
+    )
     copy_chunk(k_cache, at + c, k, e, VEC)
     copy_chunk(v_cache, at + c, v, e, VEC)

@@ -1,4 +1,4 @@
-"""The W4A16 decode kernel: ``out [M, N] (f32) = x [M, K] (f16) @ W`` for M <= 16, with the
+"""The W4A16 decode kernel: ``out [M, N] (f32) = x [M, K] (f16) @ W`` for M <= 64, with the
 int4 weights read from global memory straight into ``mma`` fragments.
 
 At decode shapes the weights are the traffic (K N / 2 bytes) and the product is a sliver of
@@ -18,6 +18,13 @@ the tensor cores' rate, so the kernel is built around the weight stream:
   word: the pair ``(w >> 4 j) & 0x000F000F`` picks in one step. The A fragment takes the
   same permutation: elements ``j`` and ``j + 4`` of the lane's own 8 values of x (one 16-byte
   load per row), paired by ``prmt``.
+- Past 16 rows a block holds ceil(M / 16) m16 tiles (``ROWS``, the 8-row slabs of x: 1, 2,
+  then 4, 6, 8): each weight fragment is dequantized once and feeds one ``mma`` per tile, so
+  the weights are read once per call whatever M. x's fragments of those tiles are loaded
+  where they are used (L2-resident, shared by every block): double-buffering them too would
+  take 32 registers per 8 rows. 8 tiles (M <= 128) spill on sm_90, hence ``MAX_M = 64``.
+  What grows with M is x's traffic from L2: each of the N / 32 blocks reads all of x
+  (2 M K bytes, M / 8 times the words' bytes), about 8x the weights at M = 64.
 - Nibble to f16 by the magic number: ``pair ^ 0x64086408`` is ``1024 + 8 + q`` in each half,
   exact; minus 1032 gives ``q``, times the group's scale gives ``f16(scale * q)`` rounded
   once, the weight of the op's contract.
@@ -55,45 +62,59 @@ def load_group(
     ROWS: kaio.constexpr,
 ):  # fmt: skip
     """Buffer BUF = scale group ``group``'s operands of this lane: its 4 columns' scales (sc),
-    the words of packed rows ``16 group + 4 u + t`` (words[u]), and the 8 halves of x those
-    words multiply, rows g and g + 8 (xr[u, r]; rows past M read row M - 1 instead: their
-    products land in rows of the tile that are never stored)."""
+    the words of packed rows ``16 group + 4 u + t`` (words[u]) and, when ``ROWS`` <= 2 (one
+    m16 tile), the 8 halves of x those words multiply, rows g and g + 8 (xr[u, r]; rows past
+    M read row M - 1 instead: their products land in rows that are never stored). Past one
+    tile the x fragments are loaded where they are used (``multiply_group``): buffering them
+    all would take 32 registers per 8 rows."""
     kaio.load_vector(sc[BUF], scales, (group, col))
     for u in kaio.static_range(LOADS):
         row = group * ROWS_PER_GROUP + 4 * u + t
         kaio.load_vector(words[BUF, u], w, (row, col))
-        for r in kaio.static_range(ROWS):
-            kaio.load_vector(xr[BUF, u, r], x, (kaio.min(g + 8 * r, M - 1), 8 * row))
+        if ROWS <= 2:
+            for r in kaio.static_range(ROWS):
+                kaio.load_vector(xr[BUF, u, r], x, (kaio.min(g + 8 * r, M - 1), 8 * row))
 
 
 @kaio.gpu_func
 def multiply_group(
-    acc: f32[:, :], words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :], BUF: kaio.constexpr,
-    ROWS: kaio.constexpr,
+    acc: f32[:, :, :], words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :],
+    BUF: kaio.constexpr, x: f16[:, :], group: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
 ):  # fmt: skip
-    """acc += the products of buffer BUF: 2 k-steps of 16 for each of the 4 loads, for each of
-    the lane's 4 columns (n8 tiles)."""
+    """acc[m] += the products of buffer BUF (scale group ``group``) for each m16 tile m of
+    the ``ROWS`` 8-row slabs: 2 k-steps of 16 for each of the 4 loads, for each of the lane's
+    4 columns (n8 tiles). Each weight fragment is dequantized once and feeds every tile."""
     a = kaio.local(u32, (2, 4))
-    b = kaio.local(u32, 2)
+    b = kaio.local(u32, (4, 2, 2))
+    xt = kaio.local(u32, (2, 4))
     for u in kaio.static_range(LOADS):
-        for h in kaio.static_range(2):
-            # A register ra: row g + 8 (ra % 2), elements j and j + 4, j = 2 h + ra // 2
-            for ra in kaio.static_range(4):
-                j = 2 * h + ra // 2
-                sel = LOW_HALVES if j % 2 == 0 else HIGH_HALVES
-                if ra % 2 < ROWS:
-                    a[h, ra] = kaio.prmt(
-                        xr[BUF, u, ra % 2, j // 2], xr[BUF, u, ra % 2, j // 2 + 2], sel
-                    )
-                else:
-                    a[h, ra] = 0
         for i in kaio.static_range(4):
             twice = LOW_TWICE if i % 2 == 0 else HIGH_TWICE
             scale = kaio.bitcast(kaio.prmt(sc[BUF, i // 2], sc[BUF, i // 2], twice), f16x2)
             for h in kaio.static_range(2):
-                b[0] = weight_pair(words[BUF, u, i], 2 * h, scale)
-                b[1] = weight_pair(words[BUF, u, i], 2 * h + 1, scale)
-                kaio.mma_f16(acc[i], a[h], b, acc[i])
+                b[i, h, 0] = weight_pair(words[BUF, u, i], 2 * h, scale)
+                b[i, h, 1] = weight_pair(words[BUF, u, i], 2 * h + 1, scale)
+        for m in kaio.static_range((ROWS + 1) // 2):
+            if ROWS > 2:
+                k8 = group * ROWS_PER_GROUP + 4 * u + t
+                for r in kaio.static_range(2):
+                    kaio.load_vector(xt[r], x, (kaio.min(16 * m + g + 8 * r, M - 1), 8 * k8))
+            for h in kaio.static_range(2):
+                # A register ra: row 16 m + g + 8 (ra % 2), elements j and j + 4, j = 2 h + ra // 2
+                for ra in kaio.static_range(4):
+                    j = 2 * h + ra // 2
+                    sel = LOW_HALVES if j % 2 == 0 else HIGH_HALVES
+                    if 2 * m + ra % 2 >= ROWS:
+                        a[h, ra] = 0
+                    elif ROWS > 2:
+                        a[h, ra] = kaio.prmt(xt[ra % 2, j // 2], xt[ra % 2, j // 2 + 2], sel)
+                    else:
+                        a[h, ra] = kaio.prmt(
+                            xr[BUF, u, ra % 2, j // 2], xr[BUF, u, ra % 2, j // 2 + 2], sel
+                        )
+            for i in kaio.static_range(4):
+                for h in kaio.static_range(2):
+                    kaio.mma_f16(acc[m, i], a[h], b[i, h], acc[m, i])
 
 
 @kaio.gpu_func
@@ -109,10 +130,12 @@ def decode_columns(
     M: u32, N: u32, block: u32, WARPS: kaio.constexpr, ROWS: kaio.constexpr,
 ):  # fmt: skip
     """out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W = scales * the
-    nibbles of w, see the module docstring), rounded to DT; ``ROWS`` is 1 when M <= 8 (rows
-    g + 8 of A are zero), else 2. Each warp's groups go through two register buffers: the
-    next group's loads are in flight while the current one is multiplied; ``partial``
-    [WARPS, 16, 32] (shared) adds the warps' tiles in a fixed order."""
+    nibbles of w, see the module docstring), rounded to DT, for the ``ROWS`` 8-row slabs of
+    x (``_rows``: 1 when M <= 8, rows g + 8 of A are zero; else 2 per m16 tile). Each warp's
+    groups go
+    through two register buffers: the next group's loads are in flight while the current
+    one is multiplied; ``partial`` [WARPS, 16, 32] (shared) adds the warps' tiles in a fixed
+    order, one m16 tile at a time."""
     tid = kaio.thread_idx_x()
     warp = tid // 32
     lane = tid % 32
@@ -121,10 +144,11 @@ def decode_columns(
     # Columns past N read column 0 instead: their products are never stored.
     col = kaio.select(block * COLS + 4 * g < N, block * COLS + 4 * g, 0)
     groups = u32(scales.shape[0])
-    acc = kaio.local(f32, (4, 4))
-    for i in kaio.static_range(4):
-        for e in kaio.static_range(4):
-            acc[i, e] = 0.0
+    acc = kaio.local(f32, ((ROWS + 1) // 2, 4, 4))
+    for m in kaio.static_range((ROWS + 1) // 2):
+        for i in kaio.static_range(4):
+            for e in kaio.static_range(4):
+                acc[m, i, e] = 0.0
     words = kaio.local(u32, (2, LOADS, 4))
     xr = kaio.local(u32, (2, LOADS, 2, 4))
     sc = kaio.local(u32, (2, 2))
@@ -133,24 +157,27 @@ def decode_columns(
     for group in range(warp, groups, 2 * WARPS):
         if group + WARPS < groups:
             load_group(words, xr, sc, 1, w, x, scales, group + WARPS, col, g, t, M, ROWS)
-        multiply_group(acc, words, xr, sc, 0, ROWS)
+        multiply_group(acc, words, xr, sc, 0, x, group, g, t, M, ROWS)
         if group + WARPS < groups:
             if group + 2 * WARPS < groups:
                 load_group(words, xr, sc, 0, w, x, scales, group + 2 * WARPS, col, g, t, M, ROWS)
-            multiply_group(acc, words, xr, sc, 1, ROWS)
-    for i in kaio.static_range(4):
-        for e in kaio.static_range(4):
-            partial[warp, g + 8 * (e // 2), 4 * (2 * t + e % 2) + i] = acc[i, e]
-    kaio.sync_threads()
-    for k in kaio.static_range(16 * COLS // (WARPS * 32)):
-        o = tid + k * WARPS * 32
-        r = o // COLS
-        c = block * COLS + o % COLS
-        total = partial[0, r, o % COLS]
-        for s in kaio.static_range(1, WARPS):
-            total += partial[s, r, o % COLS]
-        if r < M and c < N:
-            out[r, c] = DT(total)
+            multiply_group(acc, words, xr, sc, 1, x, group + WARPS, g, t, M, ROWS)
+    for m in kaio.static_range((ROWS + 1) // 2):
+        if m > 0:
+            kaio.sync_threads()  # the previous tile's partial sums are all read
+        for i in kaio.static_range(4):
+            for e in kaio.static_range(4):
+                partial[warp, g + 8 * (e // 2), 4 * (2 * t + e % 2) + i] = acc[m, i, e]
+        kaio.sync_threads()
+        for k in kaio.static_range(16 * COLS // (WARPS * 32)):
+            o = tid + k * WARPS * 32
+            r = o // COLS
+            c = block * COLS + o % COLS
+            total = partial[0, r, o % COLS]
+            for s in kaio.static_range(1, WARPS):
+                total += partial[s, r, o % COLS]
+            if 16 * m + r < M and c < N:
+                out[16 * m + r, c] = DT(total)
 
 
 @kaio.gpu_kernel
@@ -165,7 +192,10 @@ def int4_decode(
     ROWS: kaio.constexpr,
 ):
     """``out = x @ W`` (``decode_columns``), a block per 32 columns."""
-    kaio.launch_bounds(WARPS * 32)
+    if ROWS > 2:
+        kaio.launch_bounds(WARPS * 32, 1)  # one block an SM: else ptxas may spill to fit 128
+    else:
+        kaio.launch_bounds(WARPS * 32)
     partial = kaio.shared(f32, (WARPS, 16, COLS))
     decode_columns(x, w, scales, out, partial, M, N, kaio.block_idx_x(), WARPS, ROWS)
 
@@ -190,7 +220,10 @@ def int4_decode_qkv(
 ):
     """``q, k, v = x @ Wq, x @ Wk, x @ Wv`` in one launch: the blocks of q's columns, then
     k's, then v's (each block exactly a block of ``int4_decode``)."""
-    kaio.launch_bounds(WARPS * 32)
+    if ROWS > 2:
+        kaio.launch_bounds(WARPS * 32, 1)  # one block an SM: else ptxas may spill to fit 128
+    else:
+        kaio.launch_bounds(WARPS * 32)
     partial = kaio.shared(f32, (WARPS, 16, COLS))
     bq = (NQ + COLS - 1) // COLS
     bk = (NK + COLS - 1) // COLS
@@ -204,7 +237,7 @@ def int4_decode_qkv(
 
 
 WARPS = 8  # measured best on an H200 at K = N = 4096, M = 1 and 16 (against 4 and 16)
-MAX_M = 16
+MAX_M = 64  # up to 4 m16 tiles per block; past this _prefill or the tiled kernel
 
 
 DECODE = by_dtype(int4_decode)  # f32 out: matmul_int4
@@ -213,7 +246,7 @@ DECODE_QKV = by_dtype(int4_decode_qkv)  # f16 out: qkv_project_int4
 
 def fits(x: _arrays.Operand, *weights: tuple) -> bool:
     """Whether the decode kernels take activations ``x`` [M, K] and these ``(words, scales)``
-    pairs: M <= 16, each N a multiple of 4 (16-byte loads of 4 columns), x and the words
+    pairs: M <= 64, each N a multiple of 4 (16-byte loads of 4 columns), x and the words
     16-byte aligned, the scales 8-byte aligned."""
     return x.shape[0] <= MAX_M and all(
         w.shape[1] % 4 == 0 and w.aligned(16) and s.aligned(8) for w, s in weights
@@ -231,8 +264,12 @@ def _config(x: _arrays.Operand, columns: int) -> tuple:
 
 
 def _rows(m: int) -> int:
-    """ROWS for M rows: A's rows g + 8 hold data only past 8."""
-    return 1 if m <= 8 else 2
+    """ROWS, the 8-row slabs of x, for M rows: A's rows g + 8 hold data only past 8; past
+    16, two per m16 tile."""
+    return 1 if m <= 8 else 2 * -(-m // 16)
+
+
+ALL_ROWS = tuple(sorted({_rows(m) for m in range(1, MAX_M + 1)}))  # (1, 2, 4, 6, 8)
 
 
 def matmul(x: _arrays.Operand, words: _arrays.Operand, scales: _arrays.Operand):
@@ -266,5 +303,5 @@ def specializations() -> list:
     return [
         (kernel, {"WARPS": WARPS, "ROWS": rows})
         for kernel in (DECODE[f32], DECODE_QKV[f16])
-        for rows in (1, 2)
+        for rows in ALL_ROWS
     ]

@@ -1,6 +1,7 @@
 """The Hopper matmul (sm_90): ``C[M, N] = A[M, K] @ B[K, N]`` in f32 for f16 or bf16 inputs,
-with TMA loads, an mbarrier pipeline and ``wgmma``, written in the DSL. The f16 variant
-(``WGMMA[f16]``) writes C's columns to up to three f16 outputs, each times its own scale
+with TMA loads, an mbarrier pipeline and ``wgmma``, written in the DSL, generic over its input
+and output element types (dtype constexprs ``IN`` and ``OUT``). The f16-output variant
+(``OUT=f16``) writes C's columns to up to three f16 outputs, each times its own scale
 (the quantized QKV projections, ``kaio_ops._prefill``).
 
 The grid is persistent: at most one block a multiprocessor, block ``b`` of ``G`` computing
@@ -27,11 +28,11 @@ epilogue stores only the elements inside C, 4 adjacent columns a lane (lanes t a
 trade a pair of columns with one shuffle).
 """
 
+# ruff: noqa: F821  (IN and OUT in annotations are dtype constexpr parameters)
 from __future__ import annotations
 
 import kaio
 from kaio import f16, f32, i32, u32, u64
-from kaio_ops._typed import by_dtype
 
 BM = 128
 BK = 64
@@ -39,7 +40,6 @@ CONSUMERS = 256  # two warpgroups: 128 rows of C
 THREADS = CONSUMERS + 32  # and a producer warp
 A_STAGE_BYTES = BM * BK * 2
 SW = 128  # swizzle bytes: one 128-byte row per 64 elements
-DT = f32  # the output element type placeholder (see _typed.by_dtype): f32, or f16
 GROUP_ROWS = 8  # tile rows a group of the tile order spans (``grouped``)
 
 
@@ -64,8 +64,8 @@ def place(at: i32[:], tiles_m: i32, tiles_n: i32, BN: kaio.constexpr, GROUP: kai
 
 @kaio.gpu_func
 def produce(
-    sa: f16[:, :, :],
-    sb: f16[:, :, :, :],
+    sa: IN[:, :, :],
+    sb: IN[:, :, :, :],
     bars: u64[:, :],
     ta: kaio.tensormap,
     tb: kaio.tensormap,
@@ -77,6 +77,7 @@ def produce(
     tiles_n: i32,
     BN: kaio.constexpr,
     GROUP: kaio.constexpr,
+    IN: kaio.constexpr,
 ):
     """Issue the TMA copies of the producer's next K slice into stage ``s``, armed on its full
     barrier, and step the producer's position ``at`` (K slice, tile number, the tile's first
@@ -102,8 +103,8 @@ def scale_of(col: i32, n0: i32, n1: i32, s0: f32, s1: f32, s2: f32) -> f32:
 
 @kaio.gpu_func
 def store_c(
-    c0: DT[:, :], c1: DT[:, :], c2: DT[:, :], row: i32, col: i32, m: i32, n: i32, n0: i32,
-    n1: i32, out: u32[:],
+    c0: OUT[:, :], c1: OUT[:, :], c2: OUT[:, :], row: i32, col: i32, m: i32, n: i32, n0: i32,
+    n1: i32, out: u32[:], OUT: kaio.constexpr,
 ):  # fmt: skip
     """Store ``out`` (4 columns) at column ``col`` of C (columns [0, n0) in c0, then n1 in
     c1, the rest in c2), if inside C."""
@@ -118,14 +119,15 @@ def store_c(
 
 @kaio.gpu_func
 def epilogue(
-    acc: f32[:, :, :], c0: DT[:, :], c1: DT[:, :], c2: DT[:, :], tile: i32, tiles_m: i32,
+    acc: f32[:, :, :], c0: OUT[:, :], c1: OUT[:, :], c2: OUT[:, :], tile: i32, tiles_m: i32,
     tiles_n: i32, m: i32, n: i32, n0: i32, n1: i32, s0: f32, s1: f32, s2: f32, wg: u32,
-    lt: u32, BN: kaio.constexpr, GROUP: kaio.constexpr, SIZE: kaio.constexpr,
+    lt: u32, BN: kaio.constexpr, GROUP: kaio.constexpr, OUT: kaio.constexpr,
 ):  # fmt: skip
     """Store warpgroup ``wg``'s 64 rows of tile number ``tile`` (thread ``lt`` of it holds
     ``acc``) through ``store_c``, each column times its output's scale. Lanes t and t ^ 1
     trade pairs, so that each stores 4 adjacent columns (16 bytes of f32, 8 of f16): even
     lanes columns 2t..2t+3 of the first 8 of a 16, odd lanes 2t-2..2t+1 of the next 8."""
+    SIZE = OUT.itemsize  # noqa: N806  (a compile-time int, as the constexprs)
     here = kaio.local(i32, (4,))
     here[1] = tile
     place(here, tiles_m, tiles_n, BN, GROUP)
@@ -153,16 +155,16 @@ def epilogue(
                 out[w] = kaio.select(odd, got, mine[0, w])
                 out[SIZE // 2 + w] = kaio.select(odd, mine[1, w], got)
             put = col + kaio.select(odd, 6, 0)
-            store_c(c0, c1, c2, row + 8 * h, put, m, n, n0, n1, out)
+            store_c(c0, c1, c2, row + 8 * h, put, m, n, n0, n1, out, OUT)
 
 
 @kaio.gpu_kernel(block_size=THREADS)
 def matmul_wgmma(
     ta: kaio.tensormap,
     tb: kaio.tensormap,
-    c0: DT[:, :],
-    c1: DT[:, :],
-    c2: DT[:, :],
+    c0: OUT[:, :],
+    c1: OUT[:, :],
+    c2: OUT[:, :],
     m: i32,
     n: i32,
     n0: i32,
@@ -173,13 +175,13 @@ def matmul_wgmma(
     s2: f32,
     BN: kaio.constexpr,
     STAGES: kaio.constexpr,
-    BF16: kaio.constexpr,
+    IN: kaio.constexpr,
     GROUP: kaio.constexpr,
-    SIZE: kaio.constexpr,
+    OUT: kaio.constexpr,
 ):
     kaio.launch_bounds(THREADS, 1)
-    sa = kaio.shared_dynamic(f16, (STAGES, BM, BK), 0)
-    sb = kaio.shared_dynamic(f16, (STAGES, BN // 64, BK, 64), STAGES * A_STAGE_BYTES)
+    sa = kaio.shared_dynamic(IN, (STAGES, BM, BK), 0)
+    sb = kaio.shared_dynamic(IN, (STAGES, BN // 64, BK, 64), STAGES * A_STAGE_BYTES)
     bars = kaio.shared_dynamic(u64, (2, STAGES), STAGES * (A_STAGE_BYTES + BK * BN * 2))
     t = kaio.thread_idx_x()
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it (CUTLASS does the same)
@@ -213,7 +215,7 @@ def matmul_wgmma(
                 for kk in kaio.static_range(BK // 16):
                     da = kaio.smem_descriptor(sa, (s, 64 * wg, kk * 16), SW, 16, 1024)
                     db = kaio.smem_descriptor(sb, (s, 0, kk * 16, 0), SW, BK * SW, 1024)
-                    if BF16:
+                    if IN == kaio.bf16:
                         kaio.wgmma_bf16(acc, da, db, kt + kk > 0, False, True)
                     else:
                         kaio.wgmma_f16(acc, da, db, kt + kk > 0, False, True)
@@ -230,7 +232,7 @@ def matmul_wgmma(
             if lt == 0:  # the tile's last stage, before the epilogue
                 kaio.mbarrier_arrive(bars, (1, ps))
             epilogue(acc, c0, c1, c2, tile0 + i * step, tiles_m, tiles_n, m, n, n0, n1, s0, s1, s2,
-                     wg, lt, BN, GROUP, SIZE)  # fmt: skip
+                     wg, lt, BN, GROUP, OUT)  # fmt: skip
     elif t == CONSUMERS:  # the producer: each K slice of each tile, STAGES ahead at most
         at = kaio.local(i32, (4,))
         at[0] = 0
@@ -239,14 +241,11 @@ def matmul_wgmma(
         for g in range(slices):
             if g >= STAGES:  # stage s held slice g - STAGES: wait until both freed it
                 kaio.mbarrier_wait(bars, (1, s), ph ^ 1)
-            produce(sa, sb, bars, ta, tb, at, s, k_tiles, step, tiles_m, tiles_n, BN, GROUP)
+            produce(sa, sb, bars, ta, tb, at, s, k_tiles, step, tiles_m, tiles_n, BN, GROUP, IN)
             s += 1
             if s == STAGES:
                 s = 0
                 ph ^= 1
-
-
-WGMMA = by_dtype(matmul_wgmma)
 
 
 def eligible(a, b, m: int, n: int, k: int) -> bool:
@@ -289,7 +288,7 @@ def launch(
     tb = kaio.tensor_map_2d(b.obj, (BK, 64), SW)
     grid = min(sms, -(-m // BM) * -(-n // bn))
     out = f32 if f16_outs is None else f16
-    WGMMA[out][grid, THREADS, _arrays.stream_of(a), shared_bytes(bn, stages)](
+    matmul_wgmma[grid, THREADS, _arrays.stream_of(a), shared_bytes(bn, stages)](
         ta,
         tb,
         *targets,
@@ -300,9 +299,9 @@ def launch(
         *factors,
         BN=bn,
         STAGES=stages,
-        BF16=int(bf16),
+        IN=kaio.bf16 if bf16 else f16,
         GROUP=group,
-        SIZE=out.itemsize,
+        OUT=out,
     )
     return outs
 
@@ -317,10 +316,10 @@ def specializations() -> list:
     """(kernel, constexprs) of every specialization ``launch`` uses (for PTX checks)."""
     return [
         (
-            WGMMA[out],
-            {"BN": bn, "STAGES": st, "BF16": bf, "GROUP": GROUP_ROWS, "SIZE": out.itemsize},
+            matmul_wgmma,
+            {"BN": bn, "STAGES": st, "IN": in_, "GROUP": GROUP_ROWS, "OUT": out},
         )
         for bn, st in ((256, 4), (128, 5))
-        for bf in (0, 1)
+        for in_ in (f16, kaio.bf16)
         for out in (f32, f16)
     ]

@@ -63,7 +63,9 @@ class by_dtype:  # noqa: N801  (reads like a function at the use site)
                 variant = k
             else:
                 pyfunc = _copy(k.pyfunc, subs, {})
-                variant = Kernel(pyfunc, block_size=k.block_size, arch=k.arch, debug=k.debug)
+                variant = Kernel(
+                    pyfunc, block_size=k.block_size, arch=k.arch, debug=k.debug, fastmath=k.fastmath
+                )
             self._variants[dtype] = variant
         return variant
 

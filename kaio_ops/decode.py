@@ -11,7 +11,8 @@ Lengths over the capacity (or negative) cannot be checked before the launch on a
 a synchronization: the kernels clamp them to 0 .. capacity (the append skips positions
 outside the cache). In the simulator, and on a GPU in debug mode (``KAIO_DEBUG=1``: the
 lengths are copied to the host first, which a CUDA graph capture refuses), they raise a
-``ValueError``; so do pages outside the pool that a sequence uses.
+``ValueError``; so do pages outside the pool that a sequence uses (on a GPU outside debug
+mode the decode reads such a page as the pool's last one and the append skips it).
 """
 
 from __future__ import annotations
@@ -30,9 +31,16 @@ __all__ = ["flash_attention_decode", "flash_attention_decode_with_stats", "kv_ca
 DIMS = (64, 128, 256)  # the head dims of the decode kernel
 MAX_NEW = 16  # the most new tokens per sequence (Sq)
 MIN_PAGE = 16
-SM_SHARED = 228 * 1024  # shared memory of one H100/H200 multiprocessor
-MAX_SPLITS = 64
-BLOCK_COST = 2  # a block's fixed cost, in key tiles, for the split heuristic
+BLOCK_SHARED = 163 * 1024  # the most dynamic shared memory of a block on an A100 (sm_80)
+MAX_SPLITS = dk.MAX_SPLITS
+# the split heuristic's costs, in the time a block takes for one key tile (about 1 us on an
+# H200 for D = 128, measured with B = 1 to 64 and 1k to 32k keys): a block's fixed cost, the
+# merge's tail (the fence, the count and the last block's merge, when there are several
+# splits) and its cost per split
+BLOCK_COST = 2
+MERGE_TAIL = 2.5
+SPLIT_COST = 0.3
+FULL = 0.9  # blocks per multiprocessor from which a call takes no split
 
 DECODE = _typed.by_dtype(dk.decode_fwd)
 MERGE = _typed.by_dtype(dk.decode_merge)
@@ -46,25 +54,49 @@ def row_tiles(rows: int) -> int:
     return 1 if rows <= 16 else 2 if rows <= 32 else 4
 
 
-def shared_bytes(dp: int, mt: int) -> int:
-    """Dynamic shared memory of ``decode_fwd``: two K/V stages, the Q rows, the warps' maxima
-    and sums (the warps' partial outputs reuse the K/V stages)."""
-    return (4 * dk.BN + 16 * mt) * dp * 2 + 2 * dk.WARPS * 16 * 4
+def stages_for(dp: int, mt: int) -> int:
+    """K/V pipeline stages of ``decode_fwd``: 3 where they fit a block's shared memory on
+    every GPU it runs on (A100's 163 KiB: D up to 128), else 2 (measured on an H200: 3 are
+    as fast or faster than 2 with the splits chosen for them, although D = 128 then has 2
+    blocks a multiprocessor, not 3)."""
+    return 3 if shared_bytes(dp, mt, 3) <= BLOCK_SHARED else 2
 
 
-def blocks_per_sm(dp: int, mt: int) -> int:
-    """Resident ``decode_fwd`` blocks per multiprocessor: as shared memory allows, at most
-    its launch bounds' count (``_decode.min_blocks``)."""
-    return max(1, min(dk.min_blocks(dp, mt), SM_SHARED // (shared_bytes(dp, mt) + 1024)))
+def deep_stages(dp: int, mt: int) -> int:
+    """K/V pipeline stages of ``decode_fwd`` when the grid has at most one block a
+    multiprocessor (occupancy costs nothing then): 4 where they fit (D up to 128: a block of
+    4 tiles, the split of one sequence of 4k keys, has all its tiles in flight at once),
+    else ``stages_for``'s."""
+    return 4 if shared_bytes(dp, mt, 4) <= BLOCK_SHARED else stages_for(dp, mt)
 
 
-def splits_for(blocks: int, tiles: int, slots: int) -> int:
+def shared_bytes(dp: int, mt: int, stages: int = 2) -> int:
+    """Dynamic shared memory of ``decode_fwd``: the K/V stages, the Q rows, the warps'
+    maxima and sums (the warps' partial outputs reuse the K/V stages)."""
+    return (2 * stages * dk.BN + 16 * mt) * dp * 2 + 2 * dk.WARPS * 16 * 4
+
+
+def merge_shared(mt: int) -> int:
+    """Dynamic shared memory of ``decode_merge``: a weight per split and row."""
+    return dk.MAX_SPLITS * 16 * mt * 4
+
+
+def splits_for(blocks: int, tiles: int, sms: int) -> int:
     """Key splits for ``blocks`` (batch x K/V heads x row chunks) over a capacity of
-    ``tiles`` key tiles with ``slots`` resident blocks on the GPU: the count minimizing
-    waves x (tiles per block + BLOCK_COST), the fewest on ties."""
+    ``tiles`` key tiles on a GPU of ``sms`` multiprocessors. None (1) once the blocks cover
+    the multiprocessors (FULL of them: a block each streams the cache at the memory's speed,
+    and a merge only adds to it); else at most a block a multiprocessor (two are slower,
+    and a block then takes ``deep_stages``), the count minimizing tiles per block +
+    BLOCK_COST + the merge (MERGE_TAIL + SPLIT_COST x splits), the fewest on ties. Measured
+    on an H200 (kernel time, D = 128, Hkv = 8): B = 1 at 1k, 4k and 32k keys takes 8, 16 and
+    16 splits (32k: 37.2 us, 39.2 with 32 splits), B = 4 at 4k 4 (22.0 us, 23.0 with 8),
+    B = 8 at 4k 2 (36.8 us, 37.6 with 4), B >= 16 none."""
+    if blocks >= FULL * sms:
+        return 1
     best, best_cost = 1, math.inf
-    for s in range(1, min(MAX_SPLITS, max(1, tiles)) + 1):
-        cost = math.ceil(blocks * s / slots) * (math.ceil(tiles / s) + BLOCK_COST)
+    for s in range(1, min(MAX_SPLITS, max(1, tiles), max(1, sms // blocks)) + 1):
+        cost = math.ceil(tiles / s) + BLOCK_COST
+        cost += MERGE_TAIL + SPLIT_COST * s if s > 1 else 0
         if cost < best_cost:
             best, best_cost = s, cost
     return best
@@ -125,8 +157,8 @@ class _Cache:
         return self.k.arg(1, dtype=i32)  # never read: PAGED is off
 
     def geometry(self) -> tuple:
-        """(capacity, max_pages, shift): the kernels' cache arguments."""
-        return self.capacity, self.max_pages, self.shift
+        """(capacity, max_pages, shift, pages): the kernels' cache arguments."""
+        return self.capacity, self.max_pages, self.shift, max(self.pages, 1)
 
 
 _COUNTERS: dict = {}  # (device, stream) -> torch int32 zeros: decode_fwd's arrival counters
@@ -236,8 +268,9 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     chunks = -(-group * sq // (16 * mt))
     blocks = batch * cache.kv_heads * chunks
     tiles = -(-cache.capacity // dk.BN)
-    slots = blocks_per_sm(d, mt) * _arrays.multiprocessors(qa)
-    splits = splits_for(blocks, tiles, slots)
+    sms = _arrays.multiprocessors(qa)
+    splits = splits_for(blocks, tiles, sms)
+    stages = deep_stages(d, mt) if blocks * splits <= sms else stages_for(d, mt)
     rows = batch * heads * sq
     out = _arrays.output(qa, qa.shape)
     lse = _arrays.output(qa, (batch, heads, sq), f32)
@@ -256,16 +289,17 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     flat = [a.arg(a.size) for a in (qa, cache.k, cache.v)]
     if counters is None:  # a stand-in, never read
         counters = np.zeros(1, np.uint32) if qa.kind == "numpy" else qa.arg(1, dtype=u32)
-    kernel[(splits, blocks), dk.THREADS, stream, shared_bytes(d, mt)](
+    kernel[(splits, blocks), dk.THREADS, stream, shared_bytes(d, mt, stages)](
         *flat, cache.table_arg(qa), lens.arg(batch), out_flat, lse_flat, part, part_lse,
         counters, heads, group, sq, cache.kv_heads, *cache.geometry(), chunks, rows,
         math.log2(math.e) * float(scale),
-        DP=d, MT=mt, PAGED=cache.paged, DIRECT=direct, FUSED=fused,
+        DP=d, MT=mt, PAGED=cache.paged, DIRECT=direct, FUSED=fused, STAGES=stages,
     )  # fmt: skip
     if not (direct or fused):
-        MERGE[qa.dtype][-(-rows * d // 256), 256, stream, 0](
-            part, part_lse, out_flat, lse_flat, rows, d, splits
-        )
+        MERGE[qa.dtype][blocks, dk.THREADS, stream, merge_shared(mt)](
+            part, part_lse, out_flat, lse_flat, heads, group, sq, cache.kv_heads, chunks, rows,
+            splits, DP=d, MT=mt,
+        )  # fmt: skip
     return out, lse
 
 
@@ -340,8 +374,11 @@ def shipped():
                 for paged in (False, True):
                     for direct, fused in ((True, False), (False, False), (False, True)):
                         flags = {"PAGED": paged, "DIRECT": direct, "FUSED": fused}
-                        yield DECODE[dtype], {"DP": dp, "MT": mt, **flags}
-        yield MERGE[dtype], {}
+                        for stages in sorted({stages_for(dp, mt), deep_stages(dp, mt)}):
+                            yield DECODE[dtype], {"DP": dp, "MT": mt, "STAGES": stages, **flags}
+        for dp in DIMS:
+            for mt in (1, 2, 4):
+                yield MERGE[dtype], {"DP": dp, "MT": mt}
         for paged in (False, True):
             for vec in (1, 8):
                 yield APPEND[dtype], {"PAGED": paged, "VEC": vec}

@@ -13,7 +13,7 @@ traffic, a few percent of a large product).
 ``scales`` f16 [K/128, N]; the weight is ``scales[k // 128, n] * q`` rounded to f16, made in
 registers right before the f16 ``mma`` (the same kernel, ``QUANT = 4``): the weights cross
 memory at a quarter of f16's bytes, which is the point for decode shapes. Decode shapes
-(M <= 16, N % 4 == 0, aligned operands) take ``kaio_ops._int4_decode`` instead (and so does
+(M <= 64, N % 4 == 0, aligned operands) take ``kaio_ops._int4_decode`` instead (and so does
 ``qkv_project_int4``, one launch for the three weights), which reads
 the words straight into ``mma`` fragments with no shared-memory staging.
 

@@ -27,6 +27,7 @@ op is one entry there. Entries for ops that ``kaio_ops`` does not export are ski
 
 from __future__ import annotations
 
+import inspect
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -98,13 +99,16 @@ class OpSpec:
     defaults of the Python function (tests check that they agree); ``fake``: called with the
     (fake or meta) arguments, returns empty outputs of the right shapes and dtypes (None for a
     ``Composite``); ``grad``: its ``Grad``, a string saying why the op has no gradient
-    (forward-only), or a ``Composite``.
+    (forward-only), or a ``Composite``; ``contiguous``: whether tensors are made contiguous
+    before the call (False for ops that read a layout themselves: ``matmul_fp8``'s
+    column-major ``b``). Keyword-only arguments of the schema reach the function as keywords.
     """
 
     name: str
     schema: str
     fake: Callable | None
     grad: Grad | str | Composite
+    contiguous: bool = True
 
 
 # ---------------------------------------------------------------------------- fakes
@@ -138,6 +142,23 @@ def _linear_out(x, w, bias=None, residual=None, activation=None, out_dtype=None)
     in ``out_dtype`` (default x's)."""
     n = w.shape[0] // 2 if activation == "silu_gate" else w.shape[0]
     return x.new_empty((*x.shape[:-1], n), dtype=out_dtype or x.dtype)
+
+
+_FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
+_FP8_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+
+
+def _quantize_fp8_out(x, *, dtype="e4m3", per="tensor"):
+    """(q: fp8 of x's shape, scale: f32 [1] or [..., 1])."""
+    name = {str(v): k for k, v in _FP8_DTYPES.items()}.get(str(dtype), dtype)
+    q = x.new_empty(x.shape, dtype=_FP8_DTYPES.get(name, torch.float8_e4m3fn))
+    shape = (*x.shape[:-1], 1) if per == "row" else (1,)
+    return q, x.new_empty(shape, dtype=torch.float32)
+
+
+def _matmul_fp8_out(a, b, scale_a, scale_b, out_dtype=None, bias=None):
+    """[M, N] of out_dtype (bf16 by default)."""
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype or torch.bfloat16)
 
 
 def _attention_f32(q, k, v):
@@ -509,6 +530,22 @@ OPS: tuple[OpSpec, ...] = (
         _qkv_out,
         _QUANTIZED,
     ),
+    OpSpec(
+        "quantize_fp8",
+        "(Tensor x, *, str dtype='e4m3', str per='tensor') -> (Tensor, Tensor)",
+        _quantize_fp8_out,
+        _QUANTIZED,
+    ),
+    OpSpec(
+        "matmul_fp8",
+        # not keyword-only in the schema (register_autograd refuses keyword-only tensors);
+        # the Python function's keyword-only arguments are passed by name (_implementation)
+        "(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, ScalarType? out_dtype=None,"
+        " Tensor? bias=None) -> Tensor",
+        _matmul_fp8_out,
+        _QUANTIZED,
+        contiguous=False,
+    ),
     OpSpec("quantize_q8_0", "(Tensor x) -> Tensor", _blocks(32, 34), _QUANTIZED),
     OpSpec("quantize_q6_k", "(Tensor x) -> Tensor", _blocks(256, 210), _QUANTIZED),
     OpSpec("dequantize_q8_0", "(Tensor blocks) -> Tensor", _unblocks(32, 34), _QUANTIZED),
@@ -614,6 +651,9 @@ def _to_numpy(t: torch.Tensor) -> np.ndarray:
     t = t.detach()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        fp8 = ml_dtypes.float8_e4m3fn if t.dtype == torch.float8_e4m3fn else ml_dtypes.float8_e5m2
+        return t.view(torch.uint8).numpy().view(fp8)
     return t.numpy()
 
 
@@ -621,6 +661,9 @@ def _from_numpy(a: np.ndarray) -> torch.Tensor:
     """A NumPy array as a CPU tensor sharing its memory."""
     if a.dtype == ml_dtypes.bfloat16:
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    if a.dtype in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2):
+        fp8 = torch.float8_e4m3fn if a.dtype == ml_dtypes.float8_e4m3fn else torch.float8_e5m2
+        return torch.from_numpy(a.view(np.uint8)).view(fp8)
     return torch.from_numpy(a)
 
 
@@ -629,14 +672,14 @@ def _positional(fn: Callable) -> Callable:
     keyword-only parameters (``out_dtype``, say) are passed by name. The torch schema lists
     them as ordinary arguments, so that tensors among them (``linear``'s residual) get
     gradients."""
-    import inspect
-
     params = list(inspect.signature(fn).parameters.values())
     named = [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
     if not named:
         return fn
     first = len(params) - len(named)
-    return lambda *args: fn(*args[:first], **dict(zip(named, args[first:], strict=False)))
+    return lambda *args, **kw: fn(
+        *args[:first], **dict(zip(named, args[first:], strict=False)), **kw
+    )
 
 
 def _implementation(spec: OpSpec, names: list, written: tuple = ()) -> Callable:
@@ -651,23 +694,24 @@ def _implementation(spec: OpSpec, names: list, written: tuple = ()) -> Callable:
     replay_only = getattr(op, "replay_only", None)
     miss = _plan.MISS
 
-    def impl(*args):
-        if replay_only is not None:
+    def impl(*args, **kwargs):  # kwargs: the schema's keyword-only (non-tensor) arguments
+        if replay_only is not None and not kwargs:
             out = replay_only(*args)
             if out is not miss:
                 return out
         _check_devices(spec.name, names, args)
-        args = [
-            a.contiguous() if isinstance(a, torch.Tensor) and i not in written else a
-            for i, a in enumerate(args)
-        ]
+        if spec.contiguous:
+            args = [
+                a.contiguous() if isinstance(a, torch.Tensor) and i not in written else a
+                for i, a in enumerate(args)
+            ]
         if not simulating():
-            return fn(*args)
-        cpu = [
-            _to_numpy(a) if isinstance(a, torch.Tensor) and a.device.type == "cpu" else a
-            for a in args
-        ]
-        out = fn(*cpu)
+            return fn(*args, **kwargs)
+
+        def host(a):
+            return _to_numpy(a) if isinstance(a, torch.Tensor) and a.device.type == "cpu" else a
+
+        out = fn(*map(host, args), **{k: host(v) for k, v in kwargs.items()})
         if out is None:  # written in place (CPU tensors share the NumPy arrays' memory)
             return None
         return tuple(map(_from_numpy, out)) if isinstance(out, tuple) else _from_numpy(out)
@@ -678,9 +722,9 @@ def _implementation(spec: OpSpec, names: list, written: tuple = ()) -> Callable:
 def _fake(spec: OpSpec, names: list) -> Callable:
     """The op's fake implementation: the device check, then ``spec.fake``."""
 
-    def fake(*args):
+    def fake(*args, **kwargs):
         _check_devices(spec.name, names, args)
-        return spec.fake(*args)
+        return spec.fake(*args, **kwargs)
 
     return fake
 

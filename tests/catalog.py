@@ -877,3 +877,65 @@ def _conv_expected(x):
 
 
 case(_make_conv, _ref_conv)(conversions)
+
+
+# ------------------------------------------------------------ generic kernels, tuples, keywords
+@kaio.gpu_func
+def _sorted_pair(a: f32, b: f32, *, descending: kaio.constexpr = False) -> tuple[f32, f32]:
+    lo = kaio.min(a, b)
+    hi = kaio.max(a=a, b=b)
+    if descending:
+        return hi, lo
+    return lo, hi
+
+
+@kaio.gpu_kernel(block_size=64)
+def generic_tuples(x: DT[:], y: DT[:], out: DT[:, :], DT: kaio.constexpr):  # noqa: F821
+    """A dtype parameter (bf16 here) in annotations, kaio.shared and conversions; a device
+    function returning a tuple, called with keyword arguments."""
+    i = kaio.thread_idx_x() + kaio.block_idx_x() * 64
+    tile = kaio.shared(dtype=DT, shape=64)
+    if i < x.shape[0]:
+        tile[kaio.thread_idx_x()] = DT(f32(x[i]) * 2.0)
+        lo, hi = _sorted_pair(f32(tile[kaio.thread_idx_x()]), b=f32(y[i]))
+        down = _sorted_pair(lo, hi, descending=True)
+        out[i, 0] = DT(lo)
+        out[i, 1] = DT(hi)
+        out[i, 2] = DT(down[0] - down[1])
+
+
+def _make_generic(rng):
+    n = 150
+    x = rng.standard_normal(n).astype(ml_dtypes.bfloat16)
+    y = rng.standard_normal(n).astype(ml_dtypes.bfloat16)
+    return [x, y, poison((n, 3), ml_dtypes.bfloat16)], (n + 63) // 64, None, 0
+
+
+def _ref_generic(args):
+    twice = (args[0].astype(np.float64) * 2).astype(ml_dtypes.bfloat16).astype(np.float64)
+    y = args[1].astype(np.float64)
+    lo, hi = np.minimum(twice, y), np.maximum(twice, y)
+    cols = [lo, hi, (hi - lo).astype(np.float32)]
+    return {2: np.stack(cols, 1).astype(ml_dtypes.bfloat16)}
+
+
+case(_make_generic, _ref_generic, DT=bf16)(generic_tuples)
+
+
+@kaio.gpu_kernel(block_size=64, fastmath=True)
+def silu_gate_fastmath(x: f32[:], gate: f32[:], out: f32[:], n: u32):
+    """The silu*gate kernel with fastmath: ex2.approx.ftz and div.full.ftz.f32."""
+    idx = kaio.thread_idx_x() + kaio.block_idx_x() * kaio.block_dim_x()
+    if idx < n:
+        xi = x[idx]
+        out[idx] = xi / (1.0 + kaio.exp(-xi)) * gate[idx]
+
+
+def _make_silu_fast(rng):
+    n = 300
+    x = rng.uniform(-8, 8, n).astype(np.float32)
+    g = rng.standard_normal(n).astype(np.float32)
+    return [x, g, poison(n, np.float32), n], (n + 63) // 64, None, 0
+
+
+case(_make_silu_fast, _ref_silu, rtol=2e-6, atol=1e-7)(silu_gate_fastmath)

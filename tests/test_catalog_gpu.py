@@ -10,6 +10,7 @@ from tests.catalog import CASES
 from tests.harness import assert_matches, host_copies, launch_config, with_views
 
 APPROXIMATE = {"exp2", "exp2_ftz", "log2", "rsqrt", "rcp_approx", "rcp_ftz", "sin", "cos", "tanh"}
+APPROXIMATE |= {"log2_ftz", "rsqrt_ftz", "sin_ftz", "cos_ftz", "div_ftz"}  # fastmath=True
 
 
 def _uses_approximate_math(case) -> bool:

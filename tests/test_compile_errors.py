@@ -21,7 +21,7 @@ CASES = {
     "untyped": "no type annotation",
     "bad_promotion": "convert explicitly",
     "int_true_div": "use '//'",
-    "wrong_arity": "takes 3 arguments",
+    "wrong_arity": "missing a required argument: 'c'",
     "write_scalar_param": "read-only",
     "shared_runtime_shape": "compile time",
     "lambda_expr": "lambda",

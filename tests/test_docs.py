@@ -21,3 +21,16 @@ def test_readme_quick_start_has_two_commands():
     assert len(commands) == 2
     ci = (ROOT / ".ci" / "run").read_text()
     assert commands[1] in ci
+
+
+def test_builtin_index_is_current():
+    """docs/dsl-reference.md's builtin index is what docs/gen_builtins.py makes of the
+    builtins' signatures and docstrings (regenerate with that script)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_builtins", ROOT / "docs" / "gen_builtins.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    text = gen.PAGE.read_text()
+    assert gen.render(text) == text, "stale: run PYTHONPATH=. python3 docs/gen_builtins.py"
+    assert "`kaio.shared_dynamic(dtype, shape=None, offset=None)`" in text

@@ -238,6 +238,8 @@ def test_import_kaio_loads_no_driver_bindings_simulator_engine_or_emitter():
         exec("from kaio import *", star)
         print("star:", all(n in star for n in ("Device", "to_device", "f32", "thread_idx_x")))
         print("dir:", "DeviceArray" in dir(kaio) and "Resources" in dir(kaio.runtime))
+        import kaio.runtime.device  # the submodule shadows kaio.runtime's lazy `device`
+        print("device:", kaio.device is kaio.runtime.device.device)
         """
     )
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -247,7 +249,9 @@ def test_import_kaio_loads_no_driver_bindings_simulator_engine_or_emitter():
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines == ["loaded: []", "types: []", "star: True", "dir: True"], done.stdout
+    assert lines == ["loaded: []", "types: []", "star: True", "dir: True", "device: True"], (
+        done.stdout
+    )
 
 
 @pytest.mark.gpu

@@ -472,6 +472,11 @@ def test_gpu_catalog_both_backends_bit_exact(case):
     for index, want in expected.items():
         got = runs["llvm"][index]
         assert_matches(f"{case.name} arg {index} (LLVM)", got, want, case.rtol, case.atol)
+    if case.kernel.fastmath:
+        # approximate instructions: each backend's program is within the documented error of
+        # the exact result (checked above), but LLVM may schedule the arithmetic around them
+        # differently (1 ulp apart on an H200), so the two are not compared bit for bit
+        return
     # the outputs the reference defines: others may depend on the order threads run in (which
     # thread wins a compare-and-swap in the atomics case)
     _assert_agree(case.name, runs, expected)
@@ -529,7 +534,7 @@ def hopper_runs(rng) -> list[tuple]:
     m, n, k = 130, 136, 200
     widths = (40, 24)  # C's columns over three outputs (40, 24, 72), each with its own scale
     for kernel, consts in _matmul_hopper.specializations():
-        dt = ml_dtypes.bfloat16 if consts["BF16"] else np.float16
+        dt = consts["IN"].np_dtype
         x, y = rng.standard_normal((m, k)).astype(dt), rng.standard_normal((k, n)).astype(dt)
         maps = [
             TensorMapOf(x.view(np.float16), (_matmul_hopper.BM, _matmul_hopper.BK), 128),
@@ -537,7 +542,7 @@ def hopper_runs(rng) -> list[tuple]:
         ]
         shared = _matmul_hopper.shared_bytes(consts["BN"], consts["STAGES"])
         subscript = launch_config(2, _matmul_hopper.THREADS, shared)  # 2 tiles per block
-        out = np.float16 if kernel is _matmul_hopper.WGMMA[f16] else np.float32
+        out = consts["OUT"].np_dtype
         outs = [np.full((m, w), np.nan, out) for w in (*widths, n - sum(widths))]
         shape = [m, n, *widths, k, 0.5, 2.0, -1.0]
         runs.append((kernel, subscript, [*maps, *outs, *shape], consts))

@@ -127,11 +127,11 @@ def test_decode_scale_and_splits(monkeypatch, fused):
     # kernel (what runs where no counters are at hand)
     counters = np.zeros(64, np.uint32)
     monkeypatch.setattr(decode, "_counters", lambda *_: counters if fused else None)
+    monkeypatch.setattr(decode, "splits_for", lambda *_: 3)
     rng = np.random.default_rng(3)
     q = rng.standard_normal((1, 4, 2, 64)).astype(np.float16)
     k_cache, v_cache, _ = make_cache(rng, 1, 4, 64, 300, np.float16)
     seq_lens = np.array([257], np.int32)
-    assert decode.splits_for(4, 5, 2 * 132) > 1
     with kaio.simulate():
         out = kaio_ops.flash_attention_decode(q, k_cache, v_cache, seq_lens, scale=0.2)
         again = kaio_ops.flash_attention_decode(q, k_cache, v_cache, seq_lens, scale=0.2)
@@ -139,6 +139,27 @@ def test_decode_scale_and_splits(monkeypatch, fused):
     assert np.array_equal(out, again)
     ref = reference(q, k_cache, v_cache, [257], scale=0.2)[0]
     assert np.abs(out.astype(np.float64) - ref).max() < 4e-3
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_decode_merge_of_many_splits_and_rows(monkeypatch, fused):
+    # 40 splits (past one warp's lanes, not a multiple of the merge's unrolling; the last
+    # ones past the length hold no key) over 40 query rows (group 8 x Sq 5: four M-tiles,
+    # more rows than warps); without the fused merge, 3 K/V stages (the grid of a full GPU)
+    monkeypatch.setattr(decode, "splits_for", lambda *_: 40)
+    if not fused:
+        monkeypatch.setattr(decode, "deep_stages", decode.stages_for)
+    if not fused:
+        monkeypatch.setattr(decode, "_counters", lambda *_: None)
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal((1, 8, 5, 64)).astype(np.float16)
+    k_cache, v_cache, _ = make_cache(rng, 1, 1, 64, 40 * 64, np.float16)
+    seq_lens = np.array([33 * 64 + 5], np.int32)
+    with kaio.simulate():
+        out, lse = kaio_ops.flash_attention_decode_with_stats(q, k_cache, v_cache, seq_lens)
+    ref, ref_lse = reference(q, k_cache, v_cache, list(seq_lens))
+    assert np.abs(out.astype(np.float64) - ref).max() < 4e-3
+    assert np.abs(lse - ref_lse).max() < 1e-4
 
 
 @pytest.mark.parametrize("page_size", [None, 16])
@@ -170,6 +191,28 @@ def test_append_then_decode_in_simulator(page_size, dtype):
     assert np.abs(out.astype(np.float64) - ref).max() < (4e-3 if dtype == np.float16 else 3e-2)
 
 
+def test_bad_block_table_stays_inside_the_cache_in_simulator(monkeypatch):
+    # what the GPU only sees (the table's values; a graph replayed after the table was
+    # freed and its memory reused): pages outside the pool are read as the last page and
+    # never written, instead of an access outside the cache (the simulator would raise)
+    monkeypatch.setattr(decode, "_host_check", lambda *_: None)
+    rng = np.random.default_rng(8)
+    k_cache, v_cache, table = make_cache(rng, 2, 2, 64, 64, np.float16, 16)
+    table[1] = [10**6, -5, 2**31 - 1, len(k_cache)]
+    lens = np.array([50, 64], np.int32)
+    q = rng.standard_normal((2, 4, 1, 64)).astype(np.float16)
+    k, v = (rng.standard_normal((2, 2, 1, 64)).astype(np.float16) for _ in range(2))
+    before = [c.copy() for c in (k_cache, v_cache)]
+    with kaio.simulate():
+        kaio_ops.kv_cache_append(k_cache, v_cache, k, v, lens, table)
+        out = kaio_ops.flash_attention_decode(q, k_cache, v_cache, lens, table)
+    changed = np.flatnonzero((k_cache != before[0]).any(axis=(1, 2, 3)))
+    assert list(changed) == [table[0, 49 // 16]]  # sequence 0's new row only
+    ref = reference(q[:1], k_cache, v_cache, lens[:1], table[:1])[0]
+    assert np.abs(out[:1].astype(np.float64) - ref).max() < 4e-3
+    assert np.isfinite(out.astype(np.float64)).all()
+
+
 def test_append_unaligned_head_dim_and_short_length_in_simulator():
     # D = 12: the scalar path; a length under Sq skips the positions before 0
     rng = np.random.default_rng(6)
@@ -187,12 +230,18 @@ def test_append_unaligned_head_dim_and_short_length_in_simulator():
 
 
 def test_split_heuristic_fills_the_gpu():
-    # Llama-3-8B at batch 1, 4096 keys: the 8 K/V heads' blocks cover the GPU once
-    slots = decode.blocks_per_sm(128, 1) * 132
-    splits = decode.splits_for(8, 4096 // 64, slots)
-    assert 8 * splits >= 132 and 8 * splits <= slots
-    assert decode.splits_for(64 * 8, 1024 // 64, slots) <= 2  # a full batch: few splits
-    assert decode.splits_for(8, 1, slots) == 1  # one tile: one split
+    # Llama-3-8B at batch 1 (8 K/V heads): the blocks cover the GPU about once, at most one
+    # a multiprocessor (measured fastest on an H200: 16 splits of 4 tiles at 4096 keys, 8
+    # of 2 at 1024, the merge's cost growing with the splits)
+    assert decode.splits_for(8, 4096 // 64, 132) == 16
+    assert decode.splits_for(8, 32768 // 64, 132) == 16
+    assert decode.splits_for(8, 1024 // 64, 132) == 8
+    assert decode.splits_for(4 * 8, 4096 // 64, 132) == 4
+    # a batch that streams at the memory's speed with one block per sequence and head: no
+    # split (the merge would only add to it)
+    assert decode.splits_for(16 * 8, 1024 // 64, 132) == 1
+    assert decode.splits_for(64 * 8, 4096 // 64, 132) == 1
+    assert decode.splits_for(8, 1, 132) == 1  # one tile: one split
 
 
 # --------------------------------------------------------------------------- input checks
@@ -311,21 +360,23 @@ def test_bad_inputs_raise_before_launch(call, message):
 def assembled() -> list:
     """The specializations assembled here: each family of ``decode.shipped()`` (every head
     dim, M-tile count, layout and merge mode, both dtypes; the merge kernel; the append's
-    vector and scalar paths), not all 118 of them (the CI time budget). The largest
+    vector and scalar paths), not all 206 of them (the CI time budget). The largest
     (D = 256, four M-tiles) and the one compiled for 3 blocks per SM (168 registers) are in."""
 
-    def fwd(dp, mt, paged, merge):
+    def fwd(dp, mt, paged, merge, deep=False):
         flags = {"DIRECT": merge == "direct", "FUSED": merge == "fused"}
-        return {"DP": dp, "MT": mt, "PAGED": paged, **flags}
+        stages = (decode.deep_stages if deep else decode.stages_for)(dp, mt)
+        return {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": stages, **flags}
 
     return [
         (decode.DECODE[kaio.f16], fwd(64, 4, True, "fused")),
         (decode.DECODE[kaio.f16], fwd(128, 1, True, "fused")),
+        (decode.DECODE[kaio.f16], fwd(128, 4, False, "fused", deep=True)),
         (decode.DECODE[kaio.f16], fwd(128, 2, False, "direct")),
         (decode.DECODE[kaio.f16], fwd(256, 1, False, "kernel")),
         (decode.DECODE[kaio.f16], fwd(256, 4, True, "fused")),
         (decode.DECODE[kaio.bf16], fwd(128, 1, False, "fused")),
-        (decode.MERGE[kaio.bf16], {}),
+        (decode.MERGE[kaio.bf16], {"DP": 256, "MT": 4}),
         (decode.APPEND[kaio.f16], {"PAGED": True, "VEC": 8}),
         (decode.APPEND[kaio.bf16], {"PAGED": False, "VEC": 1}),
     ]

@@ -103,6 +103,56 @@ def test_int4_decode_long_k_in_simulator(m):
     np.testing.assert_allclose(c, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
 
 
+# 16 < M <= 64: the decode kernel with ceil(M / 16) m16 tiles per block (ROWS 4, 6, 8), the
+# last tile's rows past M reading clamped addresses; a K long enough for both register
+# buffers (each loads x for its own scale group); N % 4 != 0 takes the tiled kernel.
+@pytest.mark.parametrize(
+    "m, n, k",
+    [(17, 36, 128), (31, 8, 256), (32, 40, 128), (48, 12, 128), (64, 4, 128), (33, 4, 3456)],
+)
+def test_int4_multi_tile_in_simulator(m, n, k, poisoned, monkeypatch):
+    """Every element against float64 products with the dequantized weights; the call runs
+    the decode kernel once (no f16 copy of the weights: the prefill and tiled paths raise)."""
+    a, packed, scales, w = int4_case(m, n, k)
+    calls = []
+    decode = _int4_decode.matmul
+    monkeypatch.setattr(_int4_decode, "matmul", lambda *args: calls.append(m) or decode(*args))
+    for other in (_prefill, kaio_ops.quantized):
+        name = "matmul_int4" if other is _prefill else "launch"
+        monkeypatch.setattr(other, name, lambda *args, **kw: pytest.fail("not the decode kernel"))
+    with kaio.simulate():
+        c = kaio_ops.matmul_int4(a, packed, scales)
+    assert calls == [m] and c.shape == (m, n)
+    ref = a.astype(np.float64) @ w.astype(np.float64)
+    np.testing.assert_allclose(c, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+def test_int4_multi_tile_limits():
+    """The decode kernel takes M <= MAX_M = 64 (4 m16 tiles: 8 would spill) with N % 4 == 0;
+    ROWS is the 8-row slabs its tiles cover, each one ptxas checks (``specializations``)."""
+    assert _int4_decode.MAX_M == 64
+    assert [_int4_decode._rows(m) for m in (1, 8, 9, 16, 17, 32, 33, 48, 49, 64)] == [
+        1, 1, 2, 2, 4, 4, 6, 6, 8, 8
+    ]  # fmt: skip
+    listed = {c["ROWS"] for _, c in _int4_decode.specializations()}
+    assert listed == set(_int4_decode.ALL_ROWS) == {1, 2, 4, 6, 8}
+    with kaio.simulate():
+        for m, n, fits in ((64, 8, True), (65, 8, False), (32, 18, False)):
+            a, packed, scales = (np.zeros(s, t) for s, t in (
+                ((m, 128), np.float16), ((16, n), np.uint32), ((1, n), np.float16)
+            ))  # fmt: skip
+            assert _int4_decode.fits(*_sim_operands(a), _sim_operands(packed, scales)) == fits
+
+
+def test_int4_multi_tile_fallback_in_simulator():
+    """M = 32 with N % 4 != 0: not the decode kernel's shape, the tiled kernel's result."""
+    a, packed, scales, w = int4_case(32, 18, 128)
+    with kaio.simulate():
+        c = kaio_ops.matmul_int4(a, packed, scales)
+    ref = a.astype(np.float64) @ w.astype(np.float64)
+    np.testing.assert_allclose(c, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
 def _sim_operands(*arrays):
     """Checked ``Operand``s of NumPy arrays (inside ``kaio.simulate()``)."""
     inputs = _arrays.Inputs("test")
@@ -221,7 +271,11 @@ def _assemble(job: tuple) -> None:
     index, archs = job
     kernel, constexprs = specializations()[index]
     for arch in archs:
-        assemble(kernel.ptx(arch=arch, **constexprs), arch)
+        report = assemble(kernel.ptx(arch=arch, **constexprs), arch)
+        if kernel in (_int4_decode.DECODE[f32], _int4_decode.DECODE_QKV[f16]):
+            # the decode kernel's tiles live in registers: a spill is a slowdown (8 m16 tiles
+            # spilled on sm_90, hence MAX_M = 64)
+            assert " 0 bytes spill stores" in report, (constexprs, arch, report)
 
 
 @pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
@@ -322,6 +376,7 @@ QKV4_SHAPES = [
     (40, (48, 16, 40), 128),
     (33, (20, 36, 12), 384),
     (17, (18, 6, 10), 128),
+    (32, (8, 4, 12), 128),
 ]
 
 
@@ -361,7 +416,7 @@ def test_qkv_int8_equals_separate_calls_in_simulator(m, k):
 )
 def test_qkv_int4_equals_matmul_int4_in_simulator(m, widths, k):
     """Against matmul_int4 rounded to f16: the same bits, since both take the same kernel
-    code (at M <= 16 the decode kernel, one launch for the three weights in the fused op;
+    code (at M <= 64 the decode kernel, one launch for the three weights in the fused op;
     above, the tiled kernel)."""
     x, weights = int4_qkv_case(m, widths, k)
     with kaio.simulate():
@@ -475,6 +530,25 @@ def test_gpu_int4(m, n, k):
     assert np.linalg.norm(c - ref) / np.linalg.norm(ref) < 1e-4
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [32, 64])
+def test_gpu_int4_multi_tile(m):
+    """K = N = 4096, M past one m16 tile (the decode kernel with 2 and 4 tiles a block):
+    every element against float64 products with the dequantized weights, within what the
+    tensor cores' f32 sums may be off (1 ulp per product of the sum of magnitudes)."""
+    import torch
+
+    k = n = 4096
+    x = torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(m)).half()
+    packed, scales, w = _torch_int4_weights(k, n, m)
+    out = kaio_ops.matmul_int4(x, packed, scales)
+    x64, w64 = x.double(), w.double()
+    exact = x64 @ w64
+    slack = k * 2.0**-24 * (x64.abs() @ w64.abs())
+    assert out.dtype == torch.float32 and out.shape == (m, n)
+    assert bool(((out.double() - exact).abs() <= slack).all())
+
+
 def _torch_int4_weights(k: int, n: int, seed: int):
     """On the GPU: packed int4 words (int32 [K/8, N]), f16 scales and the f16 weights."""
     import torch
@@ -528,10 +602,10 @@ def test_gpu_qkv_int8(m):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [16, 512])
+@pytest.mark.parametrize("m", [16, 64, 512])
 def test_gpu_qkv_int4(m):
     """K = N = 4096: against float64 products with the dequantized weights on the GPU, and
-    against three matmul_int4 calls: the same bits at M = 16 (both run the decode kernel's
+    against three matmul_int4 calls: the same bits at M <= 64 (both run the decode kernel's
     code), within f16 rounding at M = 512 (their own tiled plans)."""
     import torch
 
@@ -540,7 +614,7 @@ def test_gpu_qkv_int4(m):
     weights = [_torch_int4_weights(k, n, seed) for seed in range(3)]
     fused = kaio_ops.qkv_project_int4(x, *(w[0] for w in weights), *(w[1] for w in weights))
     separate = [kaio_ops.matmul_int4(x, p, s) for p, s, _ in weights]
-    _gpu_check(fused, separate, x, [w[2] for w in weights], [1.0] * 3, m <= 16)
+    _gpu_check(fused, separate, x, [w[2] for w in weights], [1.0] * 3, m <= _int4_decode.MAX_M)
 
 
 @pytest.mark.gpu

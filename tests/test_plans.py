@@ -24,9 +24,9 @@ from kaio.runtime.device import current
 from kaio.runtime.memory import DeviceArray
 from kaio_ops import _arrays, _plan
 
-# the module: kaio_ops.matmul is the function (kaio_ops.linear.matmul)
-matmul_module = importlib.import_module("kaio_ops.matmul")
-linear_module = importlib.import_module("kaio_ops.linear")
+# the module: the package attribute kaio_ops.matmul is the function of that name
+MATMUL_MODULE = importlib.import_module("kaio_ops.matmul")
+linear_module = importlib.import_module("kaio_ops.linear")  # likewise
 
 
 class FakeGPU:
@@ -53,7 +53,7 @@ class FakeGPU:
         monkeypatch.setattr(_arrays, "stream_of", lambda like: self.stream)
         monkeypatch.setattr(_plan, "stream_key", lambda obj, raw: self.stream)
         monkeypatch.setattr(_arrays, "multiprocessors", lambda like: 132)
-        monkeypatch.setattr(matmul_module, "_hopper", lambda a: False)
+        monkeypatch.setattr(MATMUL_MODULE, "_hopper", lambda a: False)
         monkeypatch.setattr(linear_module, "_hopper", lambda a: False)  # tensor maps
         monkeypatch.setattr(linear_module, "_pipelined", lambda a: True)  # sm_90
         monkeypatch.setattr(kaio_ops.tune, "lookup", lambda *a, **k: None)
@@ -219,10 +219,9 @@ def test_a_new_signature_gets_a_new_plan(fake, change):
 def test_a_new_stream_gets_a_new_plan(fake):
     x, w = fake.array((2, 64)), fake.array((64,))
     kaio_ops.rms_norm(x, w)
-    # (a stream handle is a pointer: kaio refuses small integers there)
-    fake.stream = 0x5_0000
+    fake.stream = 0x7F0000005000
     planned, unplanned, _ = fake.run(kaio_ops.rms_norm, x, w)
-    assert planned == unplanned and planned[0][4] == 0x5_0000
+    assert planned == unplanned and planned[0][4] == 0x7F0000005000
     fake.stream = None
     planned, _, _ = fake.run(kaio_ops.rms_norm, x, w)
     assert planned[0][4] == 0
@@ -261,7 +260,7 @@ def test_checks_still_raise_once_a_plan_exists(fake):
 
 def test_a_scalar_of_another_type_is_checked_again(fake):
     a, b = fake.array((1, 64), i8), fake.array((64, 64), i8)
-    matmul_module._NO_SCALES.clear()
+    MATMUL_MODULE._NO_SCALES.clear()
     kaio_ops.matmul_int8.__wrapped__(a, b, 2.0)  # makes the op's constant placeholder
     same_as_unplanned(fake, kaio_ops.matmul_int8, a, b, 2.0)
     with pytest.raises(ValueError, match="'scale'"):

@@ -16,16 +16,18 @@ import inspect
 import math
 import operator
 import types as pytypes
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 
 import kaio
-from kaio import lang
+from kaio import lang, lang_fp8
 from kaio import types as T
-from kaio.errors import CompileError
+from kaio.errors import CompileError, UnsignedComparisonWarning
+from kaio.frontend import definite
 from kaio.frontend.resolve import MISSING, lookup_global, parse
-from kaio.frontend.resolve import annotations as resolved_annotations
+from kaio.frontend.resolve import signature as resolve_signature
 from kaio.ir.builder import Builder, const_convert
 from kaio.ir.nodes import (
     Array,
@@ -45,7 +47,7 @@ from kaio.ir.nodes import (
     Var,
     fresh_id,
 )
-from kaio.ir.ops import OPS
+from kaio.ir.ops import FASTMATH, OPS
 from kaio.types import ArrayType, ScalarType
 
 UNROLL_LIMIT = 8  # runtime range() loops with constant bounds and at most this many trips unroll
@@ -80,8 +82,9 @@ class Scope:
     readonly: set = field(default_factory=set)
     loops: list = field(default_factory=list)
     region_id: int | None = None  # device functions: `return` leaves this Region
-    result: Var | None = None
-    result_type: ScalarType | None = None
+    result: Var | tuple | None = None  # a tuple of Vars for a device function returning one
+    result_type: ScalarType | tuple | None = None
+    unbound: dict = field(default_factory=dict)  # name -> (construct, line): bound on some paths
 
 
 _PY_BINOPS = {
@@ -201,6 +204,9 @@ class Lowerer:
         self.constexprs = constexprs
         self.layouts = layouts
         self.b = Builder()
+        if getattr(kernel, "fastmath", False):
+            self.b.substitute = FASTMATH  # approximate f32 math (docs/dsl-reference.md)
+            self.meta["fastmath"] = True
         self.arrays: list[Array] = []
         self.params: list[Param] = []
         self.inline_stack: list = []
@@ -227,12 +233,13 @@ class Lowerer:
         counts = _assigned_names(tree.body)
         self.scope.multi_assigned = {n for n, c in counts.items() if c > 1}
         layouts = iter(self.layouts)
+        annotations = self.kernel.annotations(self.constexprs)
         for arg in tree.args.args:
             name = arg.arg
-            ann = self.kernel._annotations[name]
+            ann = annotations[name]
             self.node = arg
             if name in self.kernel.constexpr_names:
-                self.scope.names[name] = Py(self.constexprs[name])
+                self.scope.names[name] = Py(_python_scalar(self.constexprs[name]))
             elif isinstance(ann, ArrayType):
                 self.scope.names[name] = self._array_param(name, ann, next(layouts, "C"))
             elif isinstance(ann, ScalarType):
@@ -314,7 +321,14 @@ class Lowerer:
                     type(stmt), f"{type(stmt).__name__} statements are not supported in kernels"
                 )
                 self.error(msg, stmt)
-            method(stmt)
+            try:
+                method(stmt)
+            except RecursionError:
+                self.error(
+                    "this statement nests too deeply to compile (Python's recursion limit); "
+                    "split it into several assignments or fewer nested blocks",
+                    stmt,
+                )
 
     def stmt_Pass(self, node):
         pass
@@ -415,7 +429,9 @@ class Lowerer:
             self.b.assign(var, v)
             self.scope.names[name] = var
 
-    def _coerce_assignment(self, name, t: ScalarType, value, node):
+    def _coerce_assignment(self, name, t: ScalarType, value, node, fix: str = ""):
+        """``value`` converted to ``t`` for an assignment (or a device function's argument:
+        the same rule): only conversions that lose nothing are implicit."""
         v = self.value(value, node, t)
         if v.type != t:
             if T.promote(t, v.type) != t or (
@@ -425,9 +441,10 @@ class Lowerer:
                 and v.type.bits == t.bits
             ):
                 if not (isinstance(value, Py) and isinstance(value.value, int | bool)):
+                    fix = fix or f"give {name!r} that type where it is first assigned"
                     self.error(
                         f"{name!r} is {t} but this value is {v.type}; convert explicitly "
-                        f"({t.name}(...)) or give {name!r} that type where it is first assigned",
+                        f"({t.name}(...)) or {fix}",
                         node,
                     )
             v = self.convert(v, t)
@@ -445,12 +462,24 @@ class Lowerer:
         if isinstance(cond, Const):
             self.lower_block(node.body if cond.value else node.orelse)
             return
-        with self.b.block() as then:
+        with self.b.block() as then, self._some_paths("if", node):
             self.lower_block(node.body)
-        with self.b.block() as orelse:
+        with self.b.block() as orelse, self._some_paths("if", node):
             self.lower_block(node.orelse)
         self.b.loc = SourceLoc(self.scope.filename, node.lineno, node.col_offset)
         self.b.append(If(cond, then, orelse))
+
+    @contextlib.contextmanager
+    def _some_paths(self, construct: str, node):
+        """Names first bound to compile-time values (constants, arrays, tuples) inside a
+        run-time branch or loop body are unbound after it: a thread that skipped it would read
+        them (variables are checked on the IR: kaio/frontend/definite.py)."""
+        before = set(self.scope.names)
+        yield
+        for name in set(self.scope.names) - before:
+            if not isinstance(self.scope.names[name], Var):
+                del self.scope.names[name]
+                self.scope.unbound[name] = (construct, node.lineno)
 
     def stmt_While(self, node):
         if node.orelse:
@@ -461,7 +490,8 @@ class Lowerer:
             self.b.loc = loc
             cond = self.truth(self.expr(node.test), node.test)
             self._break_unless(cond, loop.id)
-            self._loop_body(node.body, LoopTarget(loop.id, loop.id, False))
+            with self._some_paths("loop", node):
+                self._loop_body(node.body, LoopTarget(loop.id, loop.id, False))
         loop.body = body
         self.b.loc = loc
         self.b.append(loop)
@@ -573,7 +603,8 @@ class Lowerer:
             cond = self.b.emit("lt" if step > 0 else "gt", T.bool_, (counter, stop_v))
             self._break_unless(cond, loop.id)
             self.b.assign(var, counter)
-            self._loop_body(node.body, LoopTarget(loop.id, loop.id, False))
+            with self._some_paths("loop", node):
+                self._loop_body(node.body, LoopTarget(loop.id, loop.id, False))
         with self.b.block() as stepblock:
             self.b.loc = loc
             self.b.append(_instr_add(counter, step_c, loc))
@@ -636,16 +667,39 @@ class Lowerer:
             if scope.result_type is not None:
                 self.error("this device function returns a value on other paths", node)
         else:
-            v = self.value(self.expr(node.value), node.value, scope.result_type)
+            self._set_result(scope, self.expr(node.value), node.value)
+        self.b.append(Break(scope.region_id))
+
+    def _set_result(self, scope: Scope, value, node) -> None:
+        """Assign a device function's return value (a scalar or a tuple of scalars) to its
+        result variables, made by the first ``return``."""
+        want = scope.result_type
+        if isinstance(value, Py) and isinstance(value.value, tuple):
+            items = value.value
+            if want is not None and (not isinstance(want, tuple) or len(want) != len(items)):
+                self.error(
+                    f"this returns {len(items)} values; the function returns "
+                    f"{_type_text(want)} elsewhere or in its annotation",
+                    node,
+                )
+            hints = want or (None,) * len(items)
+            values = [self.value(v, node, h) for v, h in zip(items, hints, strict=True)]
             if scope.result is None:
-                t = scope.result_type or v.type
+                types = want or tuple(v.type for v in values)
+                scope.result = tuple(self.b.var(t, f"ret{i}") for i, t in enumerate(types))
+                scope.result_type = types
+            targets = scope.result
+        else:
+            if isinstance(want, tuple):
+                self.error(f"this function returns a tuple {_type_text(want)} elsewhere", node)
+            values = [self.value(value, node, want)]
+            if scope.result is None:
+                t = want or values[0].type
                 scope.result = self.b.var(t, "ret")
                 scope.result_type = t
-            self.b.assign(
-                scope.result,
-                self._coerce_assignment("the return value", scope.result.type, v, node.value),
-            )
-        self.b.append(Break(scope.region_id))
+            targets = (scope.result,)
+        for target, v in zip(targets, values, strict=True):
+            self.b.assign(target, self._coerce_assignment("the return value", target.type, v, node))
 
     # ------------------------------------------------------------------ expressions
     def expr(self, node):
@@ -677,6 +731,9 @@ class Lowerer:
         """The value a name refers to: a local binding, then the function's globals."""
         if name in self.scope.names:
             return self.scope.names[name]
+        if name in self.scope.unbound:
+            construct, line = self.scope.unbound[name]
+            self.error(definite.unassigned_message(name, None, construct, line), node)
         try:
             value = lookup_global(self.scope.pyfunc, name)
         except LookupError:
@@ -796,7 +853,16 @@ class Lowerer:
         return out
 
     def expr_BinOp(self, node):
-        return self.binop(node.op, self.expr(node.left), self.expr(node.right), node)
+        # a left-leaning chain (a + b + c + ...) is lowered in a loop, not by recursion, so
+        # its length is not limited by Python's recursion limit; the order is the same
+        spine = []
+        while isinstance(node, ast.BinOp):
+            spine.append(node)
+            node = node.left
+        value = self.expr(node)
+        for n in reversed(spine):
+            value = self.binop(n.op, value, self.expr(n.right), n)
+        return value
 
     def binop(self, op, left, right, node):
         """``left op right`` with compile-time folding of Python values and type promotion."""
@@ -861,6 +927,9 @@ class Lowerer:
         amount = self.value(right, node, T.u32)
         if not amount.type.is_int:
             self.error(f"shift amounts must be integers, got {amount.type}", node)
+        if amount.type.bits == 64:  # clamp before the u32 conversion truncates 2**32 to 0
+            amount = self.convert(amount, T.u64)
+            amount = self.b.emit("min", T.u64, (amount, Const(64, T.u64)))
         amount = self.convert(amount, T.u32)
         return self.b.emit("shl" if opt is ast.LShift else "shr", lv.type, (lv, amount))
 
@@ -951,6 +1020,7 @@ class Lowerer:
         x = self.value(v, node)
         if opt is ast.UAdd:
             return x
+        lang_fp8.require_arith(self, x, node)
         if x.type.is_bool:
             self.error("'-' and '~' need numbers, got a bool", node)
         if opt is ast.Invert:
@@ -1013,6 +1083,7 @@ class Lowerer:
                 except TypeError:
                     self.error(f"cannot compare {left.value!r} and {right.value!r}", node)
             else:
+                self._warn_unsigned_negative(left, right, node)
                 a, b = self.unify(left, right, node)
                 lang.require_scalar(self, a, node, "a comparison")
                 c = self.b.emit(_IR_CMP[type(op)], T.bool_, (a, b))
@@ -1021,6 +1092,31 @@ class Lowerer:
             result = c if result is None else self._and(result, c, node)
             left = right
         return result
+
+    def _warn_unsigned_negative(self, left, right, node):
+        """Warn (``kaio.UnsignedComparisonWarning``) when an unsigned value is compared with a
+        negative literal: the literal wraps to a huge unsigned number (``n > -1`` is false)."""
+        for lit, other in ((left, right), (right, left)):
+            x = lit.value if isinstance(lit, Py) else None
+            if (
+                isinstance(x, int | np.integer)
+                and not isinstance(x, bool)
+                and x < 0
+                and isinstance(other, Var | Const)
+                and other.type.kind == "uint"
+            ):
+                t = other.type
+                where = f"{self.scope.filename}:{node.lineno}:{node.col_offset + 1}"
+                warnings.warn_explicit(
+                    f"{where}: warning: comparing unsigned {t} with the negative literal {x}: "
+                    f"the literal becomes {x % 2**t.bits} as {t}, so the comparison is the same "
+                    "for every value; convert the unsigned operand to a signed type first "
+                    f"(i{64 if t.bits == 64 else 32}(...)) or compare with 0",
+                    UnsignedComparisonWarning,
+                    self.scope.filename,
+                    node.lineno,
+                )
+                return
 
     def _plain(self, v, node):
         """The Python value of compile-time ``v``, tuples element by element (for ``in``);
@@ -1074,20 +1170,29 @@ class Lowerer:
         if not isinstance(fn, Py):
             self.error("only builtins, types and @kaio.gpu_func functions can be called", node)
         fn = fn.value
-        if node.keywords:
-            self.error("keyword arguments are not supported in kernel calls", node)
         args = [self.expr(a) for a in node.args]
-        return self.call(fn, args, node)
+        kwargs = {}
+        for k in node.keywords:
+            if k.arg is None:
+                self.error("**kwargs unpacking is not supported in kernels", k)
+            kwargs[k.arg] = self.expr(k.value)
+        return self.call(fn, args, node, kwargs)
 
-    def call(self, fn, args, node):
-        """Call a builtin, a type (conversion) or a device function."""
+    def call(self, fn, args, node, kwargs: dict | None = None):
+        """Call a builtin, a type (conversion) or a device function; keyword arguments bind
+        to the builtin's or device function's parameters as in Python."""
         from kaio.decorators import DeviceFunction
         from kaio.kernel import Kernel
 
         fn = lang.PYTHON_BUILTINS.get(fn, lang.MATH_MODULE.get(fn, fn)) if _hashable(fn) else fn
         builtin = lang.BUILTINS.get(fn) if _hashable(fn) else None
         if builtin is not None:
-            return builtin.lower(self, args, node)
+            return builtin.lower(self, builtin.bind(self, args, kwargs or {}, node), node)
+        if isinstance(fn, DeviceFunction):
+            return self.inline(fn, args, node, kwargs or {})
+        if kwargs and (isinstance(fn, ScalarType) or fn in _CONVERSIONS_AND_LEN):
+            name = fn.name if isinstance(fn, ScalarType) else fn.__name__
+            self.error(f"{name}() takes no keyword arguments in kernels", node)
         if isinstance(fn, ScalarType):
             return self._type_call(fn, args, node)
         if fn in (builtins.float, builtins.int, builtins.bool):
@@ -1099,8 +1204,6 @@ class Lowerer:
                 self.error("len() takes one array", node)
             d = args[0].shape[0]
             return Py(d.value) if isinstance(d, Const) else d
-        if isinstance(fn, DeviceFunction):
-            return self.inline(fn, args, node)
         if isinstance(fn, Kernel):
             self.error(
                 f"{fn.__name__} is a kernel and cannot be called from a kernel; make "
@@ -1139,64 +1242,64 @@ class Lowerer:
             return self.truth(x, node)
         return self.convert(x, t)
 
-    def inline(self, df, args, node):
+    def inline(self, df, args, node, kwargs: dict | None = None):
         """Inline a device function call: a new scope whose ``return``s leave a Region."""
         if df.pyfunc in self.inline_stack:
             chain = " -> ".join(f.__name__ for f in (*self.inline_stack, df.pyfunc))
             self.error(f"recursion is not supported in kernels ({chain})", node)
         parsed = parse(df.pyfunc)
         tree = parsed.tree
-        params = tree.args.args
-        if tree.args.vararg or tree.args.kwarg or tree.args.kwonlyargs or tree.args.defaults:
-            self.error(f"{df.__name__}: device functions take plain positional parameters", node)
-        if len(args) != len(params):
-            self.error(
-                f"{df.__name__}() takes {len(params)} argument{'s' * (len(params) != 1)}, "
-                f"got {len(args)}",
-                node,
-            )
-        annotations = resolved_annotations(df.pyfunc)
+        if tree.args.vararg or tree.args.kwarg:
+            self.error(f"{df.__name__}: device functions cannot take *args or **kwargs", node)
+        bound = self._bind_device_call(df, args, kwargs or {}, node)
+        sig = resolve_signature(df.pyfunc)
+        for name in sig.constexprs:
+            if not isinstance(bound[name], Py):
+                self.error(
+                    f"{df.__name__}: {name!r} is constexpr and needs a compile-time value", node
+                )
+        annotations = sig.resolve({n: bound[n].value for n in sig.generic}, self.error)
         scope = Scope(df.pyfunc, parsed.filename, region_id=fresh_id())
         counts = _device_assignments(df.pyfunc)
         scope.multi_assigned = {n for n, c in counts.items() if c > 1}
         ret = annotations.get("return")
         if ret is not None and ret is not type(None):
-            if not isinstance(ret, ScalarType):
-                self.error(f"{df.__name__}: the return annotation must be a scalar kaio type", node)
-            scope.result_type = ret
-        for p, a in zip(params, args, strict=True):
-            ann = annotations.get(p.arg)
+            scope.result_type = self._return_type(df, ret, node)
+        for pname, a in bound.items():
+            ann = annotations.get(pname)
             if ann is None:
-                self.error(f"{df.__name__}: parameter {p.arg!r} has no type annotation", node)
+                self.error(f"{df.__name__}: parameter {pname!r} has no type annotation", node)
             if ann is kaio.constexpr:
-                if not isinstance(a, Py):
-                    self.error(
-                        f"{df.__name__}: {p.arg!r} is constexpr and needs a compile-time value",
-                        node,
-                    )
-                scope.names[p.arg] = a
+                scope.names[pname] = a
             elif isinstance(ann, ArrayType):
                 if not isinstance(a, Array) or a.dtype != ann.dtype or a.ndim != ann.ndim:
-                    self.error(f"{df.__name__}: {p.arg!r} expects a {ann} array", node)
-                scope.names[p.arg] = a
-                scope.readonly.add(p.arg)
+                    self.error(f"{df.__name__}: {pname!r} expects a {ann} array", node)
+                scope.names[pname] = a
+                scope.readonly.add(pname)
             elif isinstance(ann, ScalarType):
-                v = self.convert(self.value(a, node, ann), ann)
-                if p.arg in counts or isinstance(v, Var):
-                    var = self.b.var(ann, p.arg + "_")
+                v = self._coerce_assignment(
+                    pname, ann, a, node, f"change the annotation of {df.__name__}'s parameter"
+                )
+                if pname in counts or isinstance(v, Var):
+                    var = self.b.var(ann, pname + "_")
                     self.b.assign(var, v)
                     v = var
-                scope.names[p.arg] = v
+                scope.names[pname] = v
             elif isinstance(ann, T.TensorMapType):
                 if not any(q.value is a and q.role == "tensormap" for q in self.params):
                     self.error(
-                        f"{df.__name__}: {p.arg!r} expects a kaio.tensormap kernel parameter",
+                        f"{df.__name__}: {pname!r} expects a kaio.tensormap kernel parameter",
                         node,
                     )
-                scope.names[p.arg] = a
-                scope.readonly.add(p.arg)
+                scope.names[pname] = a
+                scope.readonly.add(pname)
             else:
-                self.error(f"{df.__name__}: parameter {p.arg!r} needs a kaio type annotation", node)
+                detail = ann.message if isinstance(ann, T.InvalidAnnotation) else None
+                self.error(
+                    f"{df.__name__}: parameter {pname!r}: "
+                    f"{detail or 'needs a kaio type annotation'}",
+                    node,
+                )
         saved_scope, saved_node, saved_loc = self.scope, self.node, self.b.loc
         self.inline_stack.append(df.pyfunc)
         self.scope = scope
@@ -1212,11 +1315,43 @@ class Lowerer:
         self.b.append(region)
         if scope.result_type is not None and scope.result is None:
             self.error(
-                f"{df.__name__} is annotated to return {scope.result_type} but never "
-                "returns a value",
+                f"{df.__name__} is annotated to return {_type_text(scope.result_type)} but "
+                "never returns a value",
                 node,
             )
+        if isinstance(scope.result, tuple):
+            return Py(scope.result)
         return scope.result if scope.result is not None else Py(None)
+
+    def _bind_device_call(self, df, args: list, kwargs: dict, node) -> dict:
+        """A device function call's arguments by parameter name, bound as Python binds them
+        (defaults are compile-time values)."""
+        signature = inspect.signature(df.pyfunc)
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError as e:
+            self.error(f"{df.__name__}{_plain_signature(signature)}: {e}", node)
+        bound.apply_defaults()
+        return {
+            n: v if isinstance(v, Var | Const | Array | Frag | Py) else Py(v)
+            for n, v in bound.arguments.items()
+        }
+
+    def _return_type(self, df, ret, node):
+        """A device function's return annotation: a scalar type, or a tuple of them
+        (``tuple[f32, f32]``)."""
+        if isinstance(ret, ScalarType):
+            return ret
+        items = (
+            getattr(ret, "__args__", None) if getattr(ret, "__origin__", None) is tuple else None
+        )
+        if items and all(isinstance(t, ScalarType) for t in items):
+            return tuple(items)
+        self.error(
+            f"{df.__name__}: the return annotation must be a scalar kaio type or a tuple of "
+            f"them (tuple[kaio.f32, kaio.u32]), got {ret!r}",
+            node,
+        )
 
     # ------------------------------------------------------------------ the ctx API of builtins
     def value(self, v, node, hint: ScalarType | None = None):
@@ -1265,6 +1400,8 @@ class Lowerer:
         message = lang.packed_conversion(v.type, t)
         if message:
             self.error(message)
+        if v.type.is_fp8 or t.is_fp8:
+            return lang_fp8.convert(self, v, t)
         return self.b.convert(v, t)
 
     def unify(self, a, b, node):
@@ -1279,7 +1416,7 @@ class Lowerer:
             va, vb = self.value(a, node), self.value(b, node)
         t = T.promote(va.type, vb.type)
         if t is None:
-            message = lang.packed_mix(va.type, vb.type)
+            message = lang.packed_mix(va.type, vb.type) or lang_fp8.mix_message(va.type, vb.type)
             self.error(message or f"cannot combine {va.type} and {vb.type}", node)
         return self.convert(va, t), self.convert(vb, t)
 
@@ -1304,6 +1441,8 @@ class Lowerer:
             return x
         if isinstance(v, Const):
             return v.value
+        if not isinstance(v, Var | Array | Frag):
+            return v  # an element of a module-level tuple (SHAPE = (2, 2)): a Python value
         self.error(
             f"{what} must be known at compile time (a literal, a constexpr parameter or a "
             "module-level constant)",
@@ -1337,8 +1476,35 @@ class Lowerer:
         return arr
 
 
+_CONVERSIONS_AND_LEN = (builtins.float, builtins.int, builtins.bool, builtins.len)
+
+
+def _type_text(t) -> str:
+    """A return type as the user writes it."""
+    if isinstance(t, tuple):
+        return f"tuple[{', '.join(map(str, t))}]"
+    return str(t)
+
+
+def _plain_signature(signature: inspect.Signature) -> str:
+    """``(a, b)``: a signature's parameter names, annotations left out."""
+    return str(
+        signature.replace(
+            parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],
+            return_annotation=inspect.Signature.empty,
+        )
+    )
+
+
 def _instr_add(counter: Var, step: Const, loc):
     return Instr("add", counter, (counter, step), {}, loc)
+
+
+def _python_scalar(x):
+    """A NumPy integer or bool constexpr (``np.int32(4)``) as the Python int or bool it
+    holds, so it is used wherever a literal is (``static_range`` bounds, shapes, range steps).
+    NumPy floats keep their type (an ``np.float16`` constexpr is an f16 constant)."""
+    return x.item() if isinstance(x, np.integer | np.bool_) else x
 
 
 def _hashable(x) -> bool:

@@ -10,10 +10,12 @@ import inspect
 import os
 import textwrap
 import types
+import weakref
 from dataclasses import dataclass
 
 from kaio.errors import CompileError
 from kaio.kernel import value_key
+from kaio.types import ArrayType, ScalarType
 
 
 @dataclass(frozen=True)
@@ -73,15 +75,30 @@ def lookup_global(pyfunc, name: str):
 MISSING = _MISSING
 
 
-def annotations(pyfunc) -> dict:
+def annotations(pyfunc, bindings: dict | None = None) -> dict:
     """A function's annotations with string annotations (``from __future__ import
-    annotations``) evaluated in its module."""
+    annotations``, or one quoted annotation) evaluated in its module, where ``bindings`` (the
+    values of constexpr parameters: ``x: DT[:]`` with ``DT: kaio.constexpr``) hide globals."""
+    raw = inspect.get_annotations(pyfunc)
+    return {name: _evaluate(pyfunc, name, a, bindings or {}) for name, a in raw.items()}
+
+
+def _evaluate(pyfunc, name: str, annotation, bindings: dict):
+    if not isinstance(annotation, str):
+        return annotation
     try:
-        return inspect.get_annotations(pyfunc, eval_str=True)
+        return eval(annotation, pyfunc.__globals__, dict(bindings))  # noqa: S307  (user code)
     except Exception as e:  # noqa: BLE001  (any failure evaluating user annotations)
         code = pyfunc.__code__
+        hint = ""
+        if isinstance(e, NameError):
+            hint = (
+                "; a dtype parameter used in annotations is declared as "
+                "'DT: kaio.constexpr' and given a kaio scalar type (kaio.f16) at launch"
+            )
         raise CompileError(
-            f"cannot evaluate the annotations of {pyfunc.__name__!r}: {e}",
+            f"cannot evaluate the annotation {annotation!r} of {name!r} in "
+            f"{pyfunc.__name__!r}: {e}{hint}",
             code.co_filename,
             code.co_firstlineno,
             0,
@@ -115,6 +132,135 @@ def _dotted(node) -> list[str] | None:
         return None
     parts.append(node.id)
     return parts[::-1]
+
+
+def check_definition(pyfunc, annotations: dict, what: str, defaults_allowed: bool = False) -> None:
+    """Refuse at decoration what a kernel or device function can never compile: default values
+    of a kernel (``a: f32 = 1.0``: launches pass every argument; device functions bind theirs
+    as Python does, ``defaults_allowed``) and malformed annotations (``f32[0]``), as a
+    CompileError located at the parameter. ``annotations`` maps names to resolved annotations
+    (strings are skipped: a device function's are resolved when it is inlined)."""
+    from kaio.types import InvalidAnnotation
+
+    code = pyfunc.__code__
+    problem = None
+    defaults = () if defaults_allowed else pyfunc.__defaults__ or ()
+    names = code.co_varnames[: code.co_argcount]
+    if defaults:
+        name = names[len(names) - len(defaults)]
+        problem = (
+            name,
+            f"parameter {name!r} has a default value; {what} parameters cannot have defaults "
+            "(every argument is passed at each call): remove '= ...' and pass the value, or "
+            "make it a module-level constant",
+        )
+    if pyfunc.__kwdefaults__ and not defaults_allowed:
+        name = next(iter(pyfunc.__kwdefaults__))
+        problem = (name, f"{what} parameters cannot be keyword-only or have defaults")
+    for name, ann in annotations.items():
+        if isinstance(ann, InvalidAnnotation) and problem is None:
+            problem = (name, f"parameter {name!r}: {ann.message}")
+    if problem is None:
+        return
+    name, message = problem
+    filename, lineno, col = code.co_filename, code.co_firstlineno, 0
+    try:
+        parsed = parse(pyfunc)
+    except CompileError:  # no source (a prompt): the function's first line
+        pass
+    else:
+        filename = parsed.filename
+        args = parsed.tree.args
+        for arg in (*args.posonlyargs, *args.args, *args.kwonlyargs):
+            if arg.arg == name:
+                lineno, col = arg.lineno, arg.col_offset
+    raise CompileError(message, filename, lineno, col)
+
+
+class TypeParam:
+    """A dtype constexpr parameter (``DT: kaio.constexpr``) in annotations before its value is
+    known: ``DT[:]`` is an array annotation of its dimensions, the element type decided per
+    specialization."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __getitem__(self, dims) -> ArrayType:
+        ndim = len(dims) if isinstance(dims, tuple) else 1
+        return ArrayType(self, ndim)  # type: ignore[arg-type]  (a placeholder element type)
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class Signature:
+    """The annotations of a kernel's or device function's parameters.
+
+    ``constexprs``: the parameters annotated ``kaio.constexpr``; ``generic``: those of them
+    that other annotations name (dtype parameters); ``template``: the annotations with each
+    generic name a ``TypeParam`` (array-ness and rank known before any value)."""
+
+    pyfunc: object
+    constexprs: tuple
+    generic: tuple
+    template: dict
+
+    def resolve(self, values: dict, error) -> dict:
+        """The annotations for these constexpr ``values``; ``error(message)`` raises when a
+        dtype parameter's value is not a kaio scalar type."""
+        if not self.generic:
+            return self.template
+        for name in self.generic:
+            v = values.get(name)
+            if not isinstance(v, ScalarType):
+                error(
+                    f"{self.pyfunc.__name__}: constexpr {name!r} is used in annotations as an "
+                    f"element type and must be a kaio scalar type (kaio.f16, kaio.f32, ...), "
+                    f"got {v!r}"
+                )
+        return annotations(self.pyfunc, {n: values[n] for n in self.generic})
+
+
+def signature(pyfunc) -> Signature:
+    """The ``Signature`` of a kernel or device function (cached per function)."""
+    found = _SIGNATURES.get(pyfunc)
+    if found is None:
+        found = _SIGNATURES[pyfunc] = _signature(pyfunc)
+    return found
+
+
+_SIGNATURES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _signature(pyfunc) -> Signature:
+    from kaio.kernel import constexpr
+
+    raw = inspect.get_annotations(pyfunc)
+    constexprs = []
+    for name, a in raw.items():
+        if a is constexpr or (isinstance(a, str) and _quiet_eval(pyfunc, a) is constexpr):
+            constexprs.append(name)
+    generic = set()
+    for name, a in raw.items():
+        if isinstance(a, str) and name not in constexprs:
+            try:
+                used = {
+                    n.id for n in ast.walk(ast.parse(a, mode="eval")) if isinstance(n, ast.Name)
+                }
+            except SyntaxError:
+                continue  # reported by annotations() below
+            generic |= used & set(constexprs)
+    generic = tuple(n for n in constexprs if n in generic)
+    template = annotations(pyfunc, {n: TypeParam(n) for n in generic})
+    return Signature(pyfunc, tuple(constexprs), generic, template)
+
+
+def _quiet_eval(pyfunc, text: str):
+    try:
+        return eval(text, pyfunc.__globals__, {})  # noqa: S307  (user code)
+    except Exception:  # noqa: BLE001  (annotations() reports it)
+        return None
 
 
 def dependency_sources(pyfunc) -> list[str]:

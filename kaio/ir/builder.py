@@ -6,7 +6,7 @@ import contextlib
 import itertools
 
 from kaio.ir.nodes import Const, Instr, SourceLoc, Var
-from kaio.types import ScalarType
+from kaio.types import ScalarType, f32
 
 
 def wrap_int(value: int, t: ScalarType) -> int:
@@ -26,6 +26,7 @@ class Builder:
         self._blocks: list[list] = [[]]
         self._names = itertools.count()
         self.loc: SourceLoc | None = None
+        self.substitute: dict[str, str] = {}  # f32 ops emitted as others (ops.FASTMATH)
 
     @property
     def body(self) -> list:
@@ -55,6 +56,8 @@ class Builder:
     def emit(self, op: str, t: ScalarType | None, args: tuple, **attrs) -> Var | None:
         """Append ``dst = op(args)`` with a fresh ``dst`` of type ``t`` (None: no result)."""
         dst = self.var(t) if t is not None else None
+        if self.substitute and t == f32:
+            op = self.substitute.get(op, op)
         self.append(Instr(op, dst, tuple(args), attrs, self.loc))
         return dst
 
@@ -80,6 +83,8 @@ def const_convert(value, t: ScalarType) -> Const:
         from kaio.types import pack_host
 
         return Const(int(pack_host(t, value)), t)
+    if t.is_fp8:  # the value it rounds to (saturating), as a Python float
+        return Const(float(t(float(value))), t)
     if t.is_float:
         import math
 

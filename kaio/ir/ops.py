@@ -48,6 +48,64 @@ class OpInfo:
     meaning: str
 
 
+# The operands and result of each "special" op (the other rules declare theirs), checked by
+# the verifier: space-separated operand kinds, then the result. Kinds: ``A`` an array;
+# ``idx`` one integer index per dimension of the array before it; ``E`` a scalar of that
+# array's element type; ``F`` a register fragment; ``I`` an integer; ``S`` any scalar; ``T``
+# a scalar of the result type; a type name (``u32``, ``u64``, ``bool_``); a trailing ``?``
+# makes the last kind optional. Results: ``none``, a type name, ``T`` (any type), ``elem``
+# (the first array's element type).
+SIGNATURES: dict[str, tuple[str, str]] = {
+    "pack": ("S S", "T"),
+    "prmt": ("u32 u32 u32", "u32"),
+    "lop3": ("u32 u32 u32", "u32"),
+    "sreg": ("", "u32"),
+    "load": ("A idx", "elem"),
+    "store": ("A idx E", "none"),
+    "atomic": ("A idx E E?", "elem"),
+    "shfl": ("T u32", "T"),
+    "vote_any": ("bool_", "bool_"),
+    "vote_all": ("bool_", "bool_"),
+    "ballot": ("bool_", "u32"),
+    "ld_vec": ("F A idx", "none"),
+    "st_vec": ("A idx F", "none"),
+    "ldmatrix": ("F A idx", "none"),
+    "mma": ("F F F F", "none"),
+    "cp_async": ("A idx A idx u32", "none"),
+    "wgmma": ("F u64 u64 bool_", "none"),
+    "smem_desc": ("A idx", "u64"),
+    "mbarrier_try_wait": ("A idx u32", "bool_"),
+    "tma_load": ("A idx u64 I I A idx", "none"),
+    "tma_load_multicast": ("A idx u64 I I A idx u32", "none"),
+    "bulk_store": ("A idx A idx u32", "none"),
+    "dsmem_load": ("A idx u32", "elem"),
+    **dict.fromkeys(
+        (
+            "sync_threads sync_warp threadfence cp_async_commit cp_async_wait wgmma_fence "
+            "wgmma_commit wgmma_wait bulk_commit bulk_wait fence_proxy_async cluster_sync "
+            "cluster_arrive cluster_wait setmaxnreg"
+        ).split(),
+        ("", "none"),
+    ),
+    **dict.fromkeys(
+        (
+            "mbarrier_init mbarrier_arrive mbarrier_expect_tx mbarrier_wait mbarrier_arrive_cluster"
+        ).split(),
+        ("A idx u32", "none"),  # a barrier array element and a u32
+    ),
+}
+
+# ``@kaio.gpu_kernel(fastmath=True)``: the op each f32 op becomes (the frontend's builder
+# substitutes them; docs/dsl-reference.md, "Fast math", gives each error bound).
+FASTMATH: dict[str, str] = {
+    "exp2": "exp2_ftz",
+    "log2": "log2_ftz",
+    "rsqrt": "rsqrt_ftz",
+    "sin": "sin_ftz",
+    "cos": "cos_ftz",
+    "div": "div_ftz",
+}
+
 # types: which operand types are allowed: "num" int+float, "int", "intbool", "float",
 # "f32" (approximate math), "float_exact" (f32 and f64), "any".
 OPS: dict[str, OpInfo] = {
@@ -83,13 +141,19 @@ OPS: dict[str, OpInfo] = {
     "ceil": OpInfo("unary", "float_exact", True, "round toward +inf (exact)"),
     "trunc": OpInfo("unary", "float_exact", True, "round toward zero (exact)"),
     "rint": OpInfo("unary", "float_exact", True, "round to nearest even (exact)"),
-    "fma": OpInfo("ternary", "float_exact", True, "a * b + c rounded once"),
+    "fma": OpInfo("ternary", "float", True, "a * b + c rounded once (f16 and bf16 too)"),
     "exp2": OpInfo("unary", "f32", True, "2**a, ex2.approx"),
     "log2": OpInfo("unary", "f32", True, "log2(a), lg2.approx"),
     "rsqrt": OpInfo("unary", "f32", True, "1/sqrt(a), rsqrt.approx"),
     "rcp_approx": OpInfo("unary", "f32", True, "1/a, rcp.approx"),
     "exp2_ftz": OpInfo("unary", "f32", True, "2**a, ex2.approx.ftz (subnormals flushed to 0)"),
     "rcp_ftz": OpInfo("unary", "f32", True, "1/a, rcp.approx.ftz (subnormals flushed to 0)"),
+    # fastmath=True kernels (docs/dsl-reference.md, "Fast math"): the .ftz approximations
+    "log2_ftz": OpInfo("unary", "f32", True, "log2(a), lg2.approx.ftz (subnormals flushed to 0)"),
+    "rsqrt_ftz": OpInfo("unary", "f32", True, "1/sqrt(a), rsqrt.approx.ftz (subnormals to 0)"),
+    "sin_ftz": OpInfo("unary", "f32", True, "sin(a), sin.approx.ftz (subnormals flushed to 0)"),
+    "cos_ftz": OpInfo("unary", "f32", True, "cos(a), cos.approx.ftz (subnormals flushed to 0)"),
+    "div_ftz": OpInfo("binary", "f32", True, "a / b, div.full.ftz (2 ulp, subnormals to 0)"),
     "sin": OpInfo("unary", "f32", True, "sin(a), sin.approx"),
     "cos": OpInfo("unary", "f32", True, "cos(a), cos.approx"),
     "tanh": OpInfo("unary", "f32", True, "tanh(a), tanh.approx (sm_75+)"),
@@ -236,6 +300,7 @@ class MmaKind:
     a_regs: int
     b_regs: int
     c_regs: int
+    feature: str = "mma"  # the kaio.ptx.target feature the form needs
 
     @property
     def ptx_shape(self) -> str:
@@ -249,11 +314,13 @@ MMA_KINDS: dict[str, MmaKind] = {
     "bf16": MmaKind((16, 8, 16), "bf16", "f32", 4, 2, 4),
     "s8": MmaKind((16, 8, 32), "s8", "s32", 4, 2, 4),
     "tf32": MmaKind((16, 8, 8), "tf32", "f32", 4, 2, 4),
+    "e4m3": MmaKind((16, 8, 32), "e4m3", "f32", 4, 2, 4, "mma_fp8"),
+    "e5m2": MmaKind((16, 8, 32), "e5m2", "f32", 4, 2, 4, "mma_fp8"),
 }
 
 SPECIAL_REGISTERS = (
     "tid.x tid.y tid.z ntid.x ntid.y ntid.z ctaid.x ctaid.y ctaid.z "
-    "nctaid.x nctaid.y nctaid.z laneid dynamic_smem_size"
+    "nctaid.x nctaid.y nctaid.z laneid dynamic_smem_size cluster_ctarank"
 ).split()
 
 SHUFFLE_MODES = ("bfly", "down", "up", "idx")
@@ -271,7 +338,11 @@ REQUIRED_ATTRS = {
     "ldmatrix": {"trans": (False, True)},
     "mma": {"kind": tuple(MMA_KINDS)},
     "cp_async": {"bytes": (4, 8, 16), "cache": ("ca", "cg")},
-    "wgmma": {"kind": ("f16", "bf16"), "trans_a": (False, True), "trans_b": (False, True)},
+    "wgmma": {
+        "kind": ("f16", "bf16", "e4m3", "e5m2"),
+        "trans_a": (False, True),
+        "trans_b": (False, True),
+    },
     "smem_desc": {"swizzle": (0, 32, 64, 128)},
     "setmaxnreg": {"action": ("inc", "dec")},
 }

@@ -20,8 +20,8 @@ from kaio.ir.nodes import (
     StaticFor,
     Var,
 )
-from kaio.ir.ops import OPS, PACKED_OPS, REQUIRED_ATTRS
-from kaio.types import bool_, f32, u32
+from kaio.ir.ops import OPS, PACKED_OPS, REQUIRED_ATTRS, SIGNATURES
+from kaio.types import PACKED_TYPES, SCALAR_TYPES, bool_, f32, u32
 
 _TYPE_CLASSES = {
     "num": lambda t: t.is_int or t.is_float,
@@ -142,6 +142,44 @@ class _Verifier:
                 self.fail(s, f"{s.op} value type differs from @{arr.name}'s {arr.dtype}")
             if s.op != "store" and dst_t != arr.dtype:
                 self.fail(s, f"{s.op} result must be {arr.dtype}")
+        if rule == "special":
+            self.signature(s)
+
+    def signature(self, s: Instr) -> None:
+        """Check a special op's operands and result against ``ops.SIGNATURES``."""
+        declared = SIGNATURES.get(s.op)
+        if declared is None:
+            self.fail(s, f"{s.op} has no operand signature in kaio.ir.ops.SIGNATURES")
+        kinds, result = declared
+        dst_t = s.dst.type if s.dst is not None else None
+        args, array, first = list(s.args), None, None
+        want = kinds.split()
+        for n, kind in enumerate(want):
+            optional = kind.endswith("?")
+            kind = kind.rstrip("?")
+            if kind == "idx":
+                count = array.ndim if array is not None else -1
+                taken, args = args[:count], args[count:]
+                if count < 0 or len(taken) != count or not all(_is_int(a) for a in taken):
+                    self.fail(s, f"{s.op} needs {count} integer indices ({kinds} -> {result})")
+                continue
+            if not args:
+                if optional:
+                    continue
+                self.fail(s, f"{s.op} has too few operands ({kinds} -> {result})")
+            a = args.pop(0)
+            if not _kind_ok(kind, a, dst_t, array):
+                self.fail(s, f"{s.op} operand {n} is not {kind} ({kinds} -> {result})")
+            if isinstance(a, Array):
+                array = a
+                first = first or a
+        if args:
+            self.fail(s, f"{s.op} has too many operands ({kinds} -> {result})")
+        expected = {"none": None, "T": dst_t, "elem": first.dtype if first else None}.get(
+            result, SCALAR_BY_NAME.get(result)
+        )
+        if dst_t != expected or (result == "T" and dst_t is None):
+            self.fail(s, f"{s.op} gives {result}, not {dst_t}")
 
     def block(self, stmts, targets: dict):
         for s in stmts:
@@ -169,6 +207,32 @@ class _Verifier:
                     self.fail(s, f"continue to {s.target}, which is not an enclosing loop")
             elif not isinstance(s, Return):
                 self.fail(s, f"unknown statement {s!r}")
+
+
+SCALAR_BY_NAME = {**SCALAR_TYPES, **PACKED_TYPES}
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, Var | Const) and v.type.is_int
+
+
+def _kind_ok(kind: str, a, dst_t, array) -> bool:
+    """Whether operand ``a`` is of signature kind ``kind`` (see ``ops.SIGNATURES``)."""
+    if kind == "A":
+        return isinstance(a, Array)
+    if kind == "F":
+        return isinstance(a, Frag)
+    if not isinstance(a, Var | Const):
+        return False
+    if kind == "S":
+        return True
+    if kind == "I":
+        return a.type.is_int
+    if kind == "T":
+        return a.type == dst_t
+    if kind == "E":
+        return array is not None and a.type == array.dtype
+    return a.type == SCALAR_BY_NAME[kind]
 
 
 def _all(stmts):

@@ -56,7 +56,7 @@ from kaio.llvm.typemap import (
     memtype,
     paramtype,
 )
-from kaio.ptx.emitter import _identifier, _register_locals
+from kaio.ptx.emitter import ptx_identifier, register_locals
 from kaio.ptx.target import Target
 
 TRIPLE = "nvptx64-nvidia-cuda"
@@ -78,7 +78,7 @@ class Codegen:
         self.module.triple = TRIPLE
         self.module.data_layout = data_layout
         types = [_param_type(p) for p in fn.params]
-        self.func = ir.Function(self.module, ir.FunctionType(VOID, types), _identifier(fn.name))
+        self.func = ir.Function(self.module, ir.FunctionType(VOID, types), ptx_identifier(fn.name))
         self.func.calling_convention = "ptx_kernel"
         declare_tensor_maps(self.module, self.func, fn.params)
         if "cluster" in fn.meta:  # kaio.cluster_dims(): .reqnctapercluster
@@ -101,7 +101,7 @@ class Codegen:
         self._targets: dict[int, tuple[ir.Block, ir.Block]] = {}  # id -> (continue, break)
         self._bases: dict[Array, ir.Value] = {}
         self._strides: dict[Array, list] = {}
-        self._in_registers = {a: None for a in _register_locals(fn)}
+        self._in_registers = {a: None for a in register_locals(fn)}
         self._dynamic = None
         self._aligned = aligned_tiles(fn)  # shared tiles TMA and wgmma address
 

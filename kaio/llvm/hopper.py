@@ -34,13 +34,14 @@ from kaio.llvm.memory import address
 from kaio.llvm.tensor import members, operands, read, shared_address, write
 from kaio.llvm.typemap import CONVERGENT, EFFECTS, FLOAT, I8, I16, I32, I64, VOID, int_const, lltype
 from kaio.ptx.hopper import (
-    _SWIZZLE_MODE,
     ALIGNED_OPS,
+    SWIZZLE_MODE,
     TMA_LOAD,
-    _check_tile,
-    _split,
     bulk_store_operands,
+    check_tile,
+    split_index,
     tma_load_operands,
+    wgmma_form,
 )
 from kaio.ptx.regs import mem_type
 from kaio.ptx.tensor import frag_registers
@@ -134,12 +135,11 @@ def lower_wgmma(g, ins: Instr) -> None:
     g.target.require("wgmma", builtin, g.loc)
     acc, a_desc, b_desc, scale_d = ins.args
     n = len(frag_registers(g, acc, builtin))
-    ta, tb = int(ins.attrs["trans_a"]), int(ins.attrs["trans_b"])
-    shape = f"m64n{ins.attrs['n']}k16.f32.{kind}.{kind}"
+    shape, tail = wgmma_form(ins.attrs)
     text = (
         f"{{ .reg .pred scale_d; setp.ne.b32 scale_d, ${n + 2}, 0; "
         f"wgmma.mma_async.sync.aligned.{shape} {operands(0, n)}, ${n}, ${n + 1}, scale_d, "
-        f"1, 1, {ta}, {tb}; }}"
+        f"{tail}; }}"
     )
     outputs, tied, ret = _in_place(n)
     scale = g.b.zext(g.value(scale_d), I32)
@@ -174,13 +174,13 @@ def _settle(g) -> None:
 def lower_smem_desc(g, ins: Instr) -> None:
     """The 64-bit descriptor: start address >> 4 (bits 0-13), leading byte offset >> 4
     (16-29), stride byte offset >> 4 (32-45), swizzle mode (62-63)."""
-    arr, idxs, _ = _split(ins, 0)
+    arr, idxs, _ = split_index(ins, 0)
     g.target.require("wgmma", "kaio.smem_descriptor()", g.loc)
-    _check_tile(g, arr, "kaio.smem_descriptor()")
+    check_tile(g, arr, "kaio.smem_descriptor()")
     b = g.b
     start = b.and_(b.lshr(shared_address(g, arr, idxs), int_const(I32, 4)), int_const(I32, 0x3FFF))
     low = b.or_(b.zext(start, I64), int_const(I64, (ins.attrs["lbo"] >> 4) << 16))
-    high = (ins.attrs["sbo"] >> 4) | _SWIZZLE_MODE[ins.attrs["swizzle"]] << 30
+    high = (ins.attrs["sbo"] >> 4) | SWIZZLE_MODE[ins.attrs["swizzle"]] << 30
     g.set(ins.dst, b.or_(low, int_const(I64, high << 32)))
 
 
@@ -211,7 +211,7 @@ def _barrier(g, ins: Instr, form: str) -> None:
     """One ``_BARRIER`` statement on the barrier ``ins`` names, with its u32 operand."""
     text, feature, builtin = _BARRIER[form]
     g.target.require(feature, builtin, g.loc)
-    arr, idxs, (value,) = _split(ins, 0)
+    arr, idxs, (value,) = split_index(ins, 0)
     args = [shared_address(g, arr, idxs)]
     if form != "arrive":  # the others take the u32 operand
         args.append(g.value(value))
@@ -228,7 +228,7 @@ def lower_mbarrier_arrive(g, ins: Instr) -> None:
 def _try_wait(g, ins: Instr, builtin: str) -> ir.Value:
     """``mbarrier.try_wait.parity.shared::cta.b64``: whether the phase completed (i1)."""
     g.target.require("mbarrier_wait", builtin, g.loc)
-    arr, idxs, (parity,) = _split(ins, 0)
+    arr, idxs, (parity,) = split_index(ins, 0)
     text = (
         "{ .reg .pred done; mbarrier.try_wait.parity.shared::cta.b64 done, [$1], $2; "
         "selp.u32 $0, 1, 0, done; }"
@@ -278,7 +278,7 @@ def lower_mbarrier_arrive_cluster(g, ins: Instr) -> None:
     ``mbarrier.arrive.shared::cluster.b64 _, [remote]`` (release at CTA scope, as CUTLASS's:
     with ``.release.cluster`` the Hopper matmul's pipeline ran at half speed)."""
     g.target.require("cluster", "kaio.mbarrier_arrive_cluster()", g.loc)
-    arr, idxs, (rank,) = _split(ins, 0)
+    arr, idxs, (rank,) = split_index(ins, 0)
     text = (
         "{ .reg .b32 %remote; mapa.shared::cluster.u32 %remote, $0, $1; "
         "mbarrier.arrive.shared::cluster.b64 _, [%remote]; }"

@@ -36,7 +36,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from kaio.ir.nodes import Const, Instr
-from kaio.llvm import hopper, memory, packed, tensor
+from kaio.llvm import fp8, hopper, memory, packed, tensor
 from kaio.llvm.typemap import (
     DOUBLE,
     FLOAT,
@@ -197,6 +197,7 @@ BINARY = {
     "sub": {"int": _op("sub"), "float": _op("fsub")},
     "mul": {"int": _op("mul"), "float": _op("fmul")},
     "div": {"float": _op("fdiv")},
+    "div_ftz": {"float": _ptx("div.full.ftz.f32 $0, $1, $2;", "=f,f,f")},
     "floordiv": {"int": _floordiv},
     "mod": {"int": _mod},
     "and": {"any": _op("and_")},
@@ -243,6 +244,10 @@ UNARY = {
     "rcp_approx": {"float": _ptx("rcp.approx.f32 $0, $1;", "=f,f")},
     "exp2_ftz": {"float": _nvvm("llvm.nvvm.ex2.approx.ftz.f")},
     "rcp_ftz": {"float": _nvvm("llvm.nvvm.rcp.approx.ftz.f")},
+    "log2_ftz": {"float": _nvvm("llvm.nvvm.lg2.approx.ftz.f")},
+    "rsqrt_ftz": {"float": _nvvm("llvm.nvvm.rsqrt.approx.ftz.f")},
+    "sin_ftz": {"float": _nvvm("llvm.nvvm.sin.approx.ftz.f")},
+    "cos_ftz": {"float": _nvvm("llvm.nvvm.cos.approx.ftz.f")},
     "sin": {"float": _nvvm("llvm.nvvm.sin.approx.f")},
     "cos": {"float": _nvvm("llvm.nvvm.cos.approx.f")},
     "tanh": {"float": _ptx("tanh.approx.f32 $0, $1;", "=f,f")},  # no intrinsic before LLVM 21
@@ -329,6 +334,8 @@ def convert(g, a, st: ScalarType, dt: ScalarType):
         if dt.is_float:
             return g.b.select(a, const(Const(1.0, dt)), const(Const(0.0, dt)))
         return g.b.zext(a, lltype(dt))
+    if dt.is_fp8 or st.is_fp8:
+        return fp8.convert(g, a, st, dt)
     if dt.is_int and st.is_int:
         return _resize(g, a, lltype(dt), signed=st.kind == "int")
     if "bf16" in (dt.name, st.name):
@@ -451,7 +458,8 @@ def _lower_mov(g, ins: Instr) -> None:
 
 def _lower_fma(g, ins: Instr) -> None:
     a, b, c = (g.value(x) for x in ins.args)
-    pick(g, ptx.TERNARY["fma"], ins.dst.type, "fma")
+    if pick(g, ptx.TERNARY["fma"], ins.dst.type, "fma") is None:  # bf16 before sm_80
+        g.target.require("bf16_fma", "fma", g.loc)
     g.set(ins.dst, g.intrinsic(f"llvm.fma.{suffix(a.type)}", a.type, [a, b, c]))
 
 

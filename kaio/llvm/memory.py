@@ -72,7 +72,7 @@ def address(g, arr: Array, idxs) -> ir.Value:
 def element(g, arr: Array, idxs) -> ir.Value:
     """The pointer of ``arr[idxs]``: an element of a register-promoted local array (checked
     against its shape, as the emitter does), else an address in memory."""
-    ptr = ptx._local_register(g, arr, idxs)
+    ptr = ptx.local_register(g, arr, idxs)
     return ptr if ptr is not None else address(g, arr, idxs)
 
 

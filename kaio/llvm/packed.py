@@ -52,7 +52,7 @@ def arith(g, ins: Instr) -> None:
     """An op of ``PACKED_OPS`` on a packed type."""
     t = ins.dst.type
     forms = ptx.FORMS[ins.op]
-    ptx._choose(g, forms.get(t.name) or forms["packed"], f"{ptx._SPELLING[ins.op]} on {t}")
+    ptx.choose_form(g, forms.get(t.name) or forms["packed"], f"{ptx.SPELLING[ins.op]} on {t}")
     words = [g.value(x) for x in ins.args]
     how = ARITH[ins.op]
     if isinstance(how, tuple):
@@ -69,7 +69,7 @@ def _pack(g, ins: Instr) -> None:
     a, b = g.value(lo), g.value(hi)
     if lo.type == f32:  # two f32, each rounded once
         if not (t.name == "f16x2" and not g.target.has("f16x2_from_f32")):
-            ptx._choose(g, (ptx._FROM_F32[t.name],), f"kaio.{t.name}() from f32")
+            ptx.choose_form(g, (ptx.FROM_F32[t.name],), f"kaio.{t.name}() from f32")
         element = lltype(t.element)
         a, b = g.b.fptrunc(a, element), g.b.fptrunc(b, element)
     low = g.b.zext(g.b.bitcast(a, I16), I32)

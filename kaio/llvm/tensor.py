@@ -118,7 +118,7 @@ def lower_mma(g, ins: Instr) -> None:
     """``mma.sync.aligned.{shape}.row.col.{acc}.{in}.{in}.{acc} d, a, b, c``."""
     kind = MMA_KINDS[ins.attrs["kind"]]
     builtin = f"kaio.mma_{ins.attrs['kind']}()"
-    g.target.require("mma", builtin, g.loc)
+    g.target.require(kind.feature, builtin, g.loc)
     d, a, b, c = ins.args
     a_vals, b_vals = _words(g, read(g, a, builtin)), _words(g, read(g, b, builtin))
     c_vals = read(g, c, builtin)

@@ -9,6 +9,7 @@ f16, bf16   ``half``         ``half``/``bfloat`` in memory; ``i16`` parameters (
             ``bfloat``
 f32, f64    ``float``        ``float``, ``double``
 f16x2 ...   ``i32``          ``i32`` (bitcast to ``<2 x half>`` / ``<2 x bfloat>`` for arithmetic)
+e4m3 e5m2   ``i8``           ``i8`` (the code; conversions are inline PTX: ``kaio.llvm.fp8``)
 ==========  ===============  =============================================================
 
 Constants are written with their exact bits: ``0xH3C00`` (half), ``0xR3F80`` (bfloat), and
@@ -17,6 +18,7 @@ floats and doubles as the hexadecimal double llvmlite prints, which is exact for
 
 from __future__ import annotations
 
+import numpy as np
 from llvmlite import ir
 
 from kaio.ir.nodes import Const
@@ -61,6 +63,8 @@ def lltype(t: ScalarType) -> ir.Type:
         return I1
     if t.is_packed:
         return I32
+    if t.is_fp8:
+        return I8
     if t.is_float:
         return _FLOATS[t.name]
     return ir.IntType(t.bits)
@@ -109,6 +113,8 @@ def const(c: Const) -> ir.Constant:
     t = c.type
     if t.is_bool:
         return ir.Constant(I1, int(bool(c.value)))
+    if t.is_fp8:
+        return int_const(I8, int(np.asarray(t(c.value)).view(np.uint8)))
     if t.is_float and t.bits == 16:
         return half_const(t, float(c.value))
     if t.is_float:

@@ -46,11 +46,11 @@ from kaio.types import u32
 _JUMPS = (Break, Continue, Return)
 
 
-def _identifier(name: str) -> str:
+def ptx_identifier(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_$]", "_", name)
 
 
-def _register_locals(fn: Function) -> set[Array]:
+def register_locals(fn: Function) -> set[Array]:
     """Local arrays whose every access is a load or store at constant indices."""
     arrays = {a for a in fn.arrays if a.space == "local"}
     for s in walk(fn.body):
@@ -93,7 +93,7 @@ class Emitter:
         self._sums = _constant_sums(fn)
         self._bases: dict[Array, str] = {}
         self._strides: dict[Array, list] = {}
-        self._in_registers = {a: None for a in _register_locals(fn)}
+        self._in_registers = {a: None for a in register_locals(fn)}
         self._files: dict[str, int] = {}
         self._last_loc = None
         self._used_names: set[str] = set()
@@ -110,7 +110,7 @@ class Emitter:
         self.debug = DebugChecks(self) if fn.meta.get("debug") else None  # bounds checks
 
     def _unique(self, name: str) -> str:
-        name = _identifier(name)
+        name = ptx_identifier(name)
         if not name[0].isalpha():
             name = "v" + name
         base, n = name, 1
@@ -387,7 +387,7 @@ class Emitter:
             params.append(f"\t.param .{ptype} {self._names[p.value]}")
         if self.debug:
             params.append(self.debug.declaration())
-        out += ["", f".visible .entry {_identifier(fn.name)}(", ",\n".join(params), ")"]
+        out += ["", f".visible .entry {ptx_identifier(fn.name)}(", ",\n".join(params), ")"]
         if "max_threads" in fn.meta:
             out.append(f".maxntid {fn.meta['max_threads']}, 1, 1")
         if "min_blocks" in fn.meta:

@@ -17,7 +17,7 @@ from kaio.ptx.tensor import frag_registers
 from kaio.types import f16, u32, u64
 
 # Descriptor bits 62-63 per swizzle (bytes): PTX ISA "Matrix Descriptor Format".
-_SWIZZLE_MODE = {0: 0, 128: 1, 64: 2, 32: 3}
+SWIZZLE_MODE = {0: 0, 128: 1, 64: 2, 32: 3}
 
 
 def _shared_address_register(e, arr, idxs) -> str:
@@ -33,32 +33,42 @@ def _shared_address_register(e, arr, idxs) -> str:
     return reg
 
 
-def _check_tile(e, arr, builtin: str) -> None:
+def check_tile(e, arr, builtin: str) -> None:
     """A CompileError for a dynamic tile that cannot be 1024-byte aligned (static arrays)."""
     problem = dynamic_tile_conflict(arr, e.fn.arrays, builtin)
     if problem:
         e.fail(problem)
 
 
-def _split(ins: Instr, start: int):
+def split_index(ins: Instr, start: int):
     """(array, its indices, the operands after them) of ``ins.args[start:]``."""
     arr = ins.args[start]
     end = start + 1 + arr.ndim
     return arr, ins.args[start + 1 : end], ins.args[end:]
 
 
+def wgmma_form(attrs: dict) -> tuple[str, str]:
+    """(shape and types, the immediates after scale-d) of a ``wgmma`` op: ``m64n{n}k16`` with
+    ``1, 1, trans_a, trans_b`` for f16/bf16; ``m64n{n}k32`` with ``1, 1`` for the 8-bit
+    floats (e4m3, e5m2), which PTX allows only K-major (no transpose operands)."""
+    kind = attrs["kind"]
+    if kind in ("e4m3", "e5m2"):
+        return f"m64n{attrs['n']}k32.f32.{kind}.{kind}", "1, 1"
+    ta, tb = int(attrs["trans_a"]), int(attrs["trans_b"])
+    return f"m64n{attrs['n']}k16.f32.{kind}.{kind}", f"1, 1, {ta}, {tb}"
+
+
 def lower_wgmma(e, ins: Instr) -> None:
     """``wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {d}, a_desc, b_desc, p, 1, 1,
-    trans_a, trans_b``."""
+    trans_a, trans_b`` (k32 and no transposes for e4m3/e5m2: ``wgmma_form``)."""
     kind = ins.attrs["kind"]
     builtin = f"kaio.wgmma_{kind}()"
     e.target.require("wgmma", builtin, e.loc)
     acc, a_desc, b_desc, scale_d = ins.args
     regs = frag_registers(e, acc, builtin)
-    ta, tb = int(ins.attrs["trans_a"]), int(ins.attrs["trans_b"])
-    shape = f"m64n{ins.attrs['n']}k16.f32.{kind}.{kind}"
+    shape, tail = wgmma_form(ins.attrs)
     d = "{" + ", ".join(regs) + "}"
-    operands = f"{e.r(a_desc)}, {e.r(b_desc)}, {e.r(scale_d)}, 1, 1, {ta}, {tb}"
+    operands = f"{e.r(a_desc)}, {e.r(b_desc)}, {e.r(scale_d)}, {tail}"
     e.line(f"wgmma.mma_async.sync.aligned.{shape} {d}, {operands}")
 
 
@@ -74,16 +84,16 @@ def _fixed(text: str, feature: str, builtin: str):
 def lower_smem_desc(e, ins: Instr) -> None:
     """The 64-bit descriptor: start address >> 4 (bits 0-13), leading byte offset >> 4
     (16-29), stride byte offset >> 4 (32-45), swizzle mode (62-63)."""
-    arr, idxs, _ = _split(ins, 0)
+    arr, idxs, _ = split_index(ins, 0)
     e.target.require("wgmma", "kaio.smem_descriptor()", e.loc)
-    _check_tile(e, arr, "kaio.smem_descriptor()")
+    check_tile(e, arr, "kaio.smem_descriptor()")
     addr = _shared_address_register(e, arr, idxs)
     lo, hi = e.tmp(u32), e.tmp(u32)
     e.line(f"bfe.u32 {lo}, {addr}, 4, 14")
     lbo = ins.attrs["lbo"] >> 4
     if lbo:
         e.line(f"or.b32 {lo}, {lo}, {lbo << 16}")
-    high = (ins.attrs["sbo"] >> 4) | _SWIZZLE_MODE[ins.attrs["swizzle"]] << 30
+    high = (ins.attrs["sbo"] >> 4) | SWIZZLE_MODE[ins.attrs["swizzle"]] << 30
     e.line(f"mov.u32 {hi}, {high}")
     e.line(f"mov.b64 {e.dst(ins)}, {{{lo}, {hi}}}")
 
@@ -91,13 +101,13 @@ def lower_smem_desc(e, ins: Instr) -> None:
 def lower_mbarrier_init(e, ins: Instr) -> None:
     """``mbarrier.init.shared.b64 [bar], count``."""
     e.target.require("mbarrier", "kaio.mbarrier_init()", e.loc)
-    arr, idxs, (count,) = _split(ins, 0)
+    arr, idxs, (count,) = split_index(ins, 0)
     e.line(f"mbarrier.init.shared.b64 {address(e, arr, idxs)}, {e.o(count)}")
 
 
 def lower_mbarrier_arrive(e, ins: Instr) -> None:
     """``mbarrier.arrive.shared.b64``, or ``.expect_tx`` with a byte count first."""
-    arr, idxs, (tx,) = _split(ins, 0)
+    arr, idxs, (tx,) = split_index(ins, 0)
     state = e.tmp(u64)
     if isinstance(tx, Const) and tx.value == 0:
         e.target.require("mbarrier", "kaio.mbarrier_arrive()", e.loc)
@@ -111,14 +121,14 @@ def lower_mbarrier_arrive(e, ins: Instr) -> None:
 def lower_mbarrier_expect_tx(e, ins: Instr) -> None:
     """``mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [bar], bytes``."""
     e.target.require("mbarrier_tx", "kaio.mbarrier_expect_tx()", e.loc)
-    arr, idxs, (tx,) = _split(ins, 0)
+    arr, idxs, (tx,) = split_index(ins, 0)
     addr = address(e, arr, idxs)
     e.line(f"mbarrier.expect_tx.relaxed.cta.shared::cta.b64 {addr}, {e.o(tx)}")
 
 
 def _try_wait(e, ins: Instr, builtin: str, p: str) -> None:
     e.target.require("mbarrier_wait", builtin, e.loc)
-    arr, idxs, (parity,) = _split(ins, 0)
+    arr, idxs, (parity,) = split_index(ins, 0)
     addr = address(e, arr, idxs)
     return f"mbarrier.try_wait.parity.shared::cta.b64 {p}, {addr}, {e.o(parity)}"
 
@@ -144,10 +154,10 @@ def tma_load_operands(e, ins: Instr) -> tuple:
     that the target has TMA and the tile's alignment. ``e`` is either backend's lowering
     context (``target``, ``loc``)."""
     e.target.require("tma", "kaio.tma_load_2d()", e.loc)
-    dst, dst_idx, rest = _split(ins, 0)
-    _check_tile(e, dst, "kaio.tma_load_2d()")
+    dst, dst_idx, rest = split_index(ins, 0)
+    check_tile(e, dst, "kaio.tma_load_2d()")
     tmap, row, col = rest[:3]
-    bar, bar_idx, _ = _split(ins, len(ins.args) - len(rest) + 3)
+    bar, bar_idx, _ = split_index(ins, len(ins.args) - len(rest) + 3)
     return dst, dst_idx, tmap, row, col, bar, bar_idx
 
 
@@ -182,7 +192,7 @@ def lower_mbarrier_arrive_cluster(e, ins: Instr) -> None:
 def _remote_address(e, ins: Instr) -> str:
     """A u32 register holding block ``rank``'s shared::cluster address of the element that
     ``ins`` names (its operands: the shared array, its indices, the rank), by ``mapa``."""
-    arr, idxs, (rank,) = _split(ins, 0)
+    arr, idxs, (rank,) = split_index(ins, 0)
     local = _shared_address_register(e, arr, idxs)
     remote = e.tmp(u32)
     e.line(f"mapa.shared::cluster.u32 {remote}, {local}, {e.o(rank)}")

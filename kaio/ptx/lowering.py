@@ -15,7 +15,7 @@ and ``prmt`` in ``kaio.ptx.packed``.
 from __future__ import annotations
 
 from kaio.ir.nodes import Const, Instr
-from kaio.ptx import hopper, memory, packed, tensor
+from kaio.ptx import fp8, hopper, memory, packed, tensor
 from kaio.ptx.regs import bty, immediate, is_half, is_narrow, ity, normalise, storage
 from kaio.ptx.templates import fmt, pick
 from kaio.types import ScalarType, f32, f64, u32
@@ -42,6 +42,7 @@ BINARY = {
         "bf16": ("mul.rn.bf16 {d}, {a}, {b}", "bf16_arith"),
     },
     "div": {"float": "div.rn.{ty} {d}, {a}, {b}"},
+    "div_ftz": {"float": "div.full.ftz.f32 {d}, {a}, {b}"},
     "and": {"pred": "and.pred {d}, {a}, {b}", "int": "and.{bt} {d}, {a}, {b}"},
     "or": {"pred": "or.pred {d}, {a}, {b}", "int": "or.{bt} {d}, {a}, {b}"},
     "xor": {"pred": "xor.pred {d}, {a}, {b}", "int": "xor.{bt} {d}, {a}, {b}"},
@@ -87,12 +88,22 @@ UNARY = {
     "rcp_approx": {"float": "rcp.approx.f32 {d}, {a}"},
     "exp2_ftz": {"float": "ex2.approx.ftz.f32 {d}, {a}"},
     "rcp_ftz": {"float": "rcp.approx.ftz.f32 {d}, {a}"},
+    "log2_ftz": {"float": "lg2.approx.ftz.f32 {d}, {a}"},
+    "rsqrt_ftz": {"float": "rsqrt.approx.ftz.f32 {d}, {a}"},
+    "sin_ftz": {"float": "sin.approx.ftz.f32 {d}, {a}"},
+    "cos_ftz": {"float": "cos.approx.ftz.f32 {d}, {a}"},
     "sin": {"float": "sin.approx.f32 {d}, {a}"},
     "cos": {"float": "cos.approx.f32 {d}, {a}"},
     "tanh": {"float": ("tanh.approx.f32 {d}, {a}", "tanh")},
 }
 
-TERNARY = {"fma": {"float": "fma.rn.{ty} {d}, {a}, {b}, {c}"}}
+TERNARY = {
+    "fma": {
+        "float": "fma.rn.{ty} {d}, {a}, {b}, {c}",
+        "f16": "fma.rn.f16 {d}, {a}, {b}, {c}",  # rounded once, like the f32 and f64 forms
+        "bf16": ("fma.rn.bf16 {d}, {a}, {b}, {c}", "bf16_fma"),
+    }
+}
 
 # setp comparison per operand kind: (signed int, unsigned int, float). Float ``ne`` is the
 # unordered ``neu`` (true on NaN); the other float compares are ordered (false on NaN).
@@ -214,6 +225,8 @@ def convert(e, d: str, dt: ScalarType, a: str, st: ScalarType) -> None:
     elif st.is_bool:
         one, zero = immediate(Const(1, dt)), immediate(Const(0, dt))
         e.line(f"selp.{bty(dt) if is_half(dt) else ity(dt)} {d}, {one}, {zero}, {a}")
+    elif dt.is_fp8 or st.is_fp8:
+        fp8.convert(e, d, dt, a, st)
     elif dt.is_int and st.is_int:
         _int_to_int(e, d, dt, a, st)
     elif "bf16" in (dt.name, st.name):
@@ -379,6 +392,8 @@ def _lower_mov(e, ins: Instr) -> None:
 def _lower_fma(e, ins: Instr) -> None:
     a, b, c = (e.o(x) for x in ins.args)
     template = pick(e, TERNARY["fma"], ins.dst.type, "fma")
+    if template is None:  # bf16 before sm_80 (where bf16 has no conversions either)
+        e.target.require("bf16_fma", "fma", e.loc)
     e.line(fmt(template, ins.dst.type, d=e.dst(ins), a=a, b=b, c=c))
 
 

@@ -103,7 +103,7 @@ def _index64(e, i) -> str:
     return wide
 
 
-def _local_register(e, arr: Array, idxs) -> str | None:
+def local_register(e, arr: Array, idxs) -> str | None:
     """The register holding a register-promoted local element, or None."""
     regs = e.local_registers(arr)
     if regs is None:
@@ -127,7 +127,7 @@ def lower_load(e, ins: Instr) -> None:
     """``dst = array[idx...]``."""
     arr, *idxs = ins.args
     d, t = e.dst(ins), arr.dtype
-    reg = _local_register(e, arr, idxs)
+    reg = local_register(e, arr, idxs)
     if reg is not None:
         e.line(_mov(t, d, reg))
         return
@@ -144,7 +144,7 @@ def lower_store(e, ins: Instr) -> None:
     """``array[idx...] = value``."""
     arr, *idxs, value = ins.args
     t = arr.dtype
-    reg = _local_register(e, arr, idxs)
+    reg = local_register(e, arr, idxs)
     if reg is not None:
         e.line(_mov(t, reg, e.o(value)))
         return

@@ -64,7 +64,7 @@ FORMS: dict[str, dict[str, tuple]] = {
 }
 
 # What the user wrote, for arch errors.
-_SPELLING = {
+SPELLING = {
     "add": "'+'",
     "sub": "'-'",
     "mul": "'*'",
@@ -77,13 +77,13 @@ _SPELLING = {
 
 # pack from two f32: one cvt that rounds each (PTX puts its first source in the high half);
 # sm_75 has it for neither type: f16x2 falls back to two cvt.rn.f16.f32.
-_FROM_F32 = {
+FROM_F32 = {
     "f16x2": ("cvt.rn.f16x2.f32 {d}, {hi}, {lo}", "f16x2_from_f32"),
     "bf16x2": ("cvt.rn.bf16x2.f32 {d}, {hi}, {lo}", "bf16x2_from_f32"),
 }
 
 
-def _choose(e, forms: tuple, what: str) -> str:
+def choose_form(e, forms: tuple, what: str) -> str:
     """The first form the target has (recording its feature); CompileError naming ``what``
     and the arch needed when it has none."""
     for template, feature in forms:
@@ -100,7 +100,7 @@ def arith(e, ins: Instr) -> None:
     t = ins.dst.type
     entry = FORMS[ins.op]
     forms = entry.get(t.name) or entry["packed"]
-    template = _choose(e, forms, f"{_SPELLING[ins.op]} on {t}")
+    template = choose_form(e, forms, f"{SPELLING[ins.op]} on {t}")
     operands = dict(zip("abc", (e.r(x) for x in ins.args), strict=False))
     for name, bits in CONSTANTS.items():
         if "{" + name + "}" in template:
@@ -121,7 +121,7 @@ def _pack(e, ins: Instr) -> None:
         e.line(f"cvt.rn.f16.f32 {b}, {e.r(hi)}")
         e.line(f"mov.b32 {d}, {{{a}, {b}}}")
         return
-    template = _choose(e, (_FROM_F32[t.name],), f"kaio.{t.name}() from f32")
+    template = choose_form(e, (FROM_F32[t.name],), f"kaio.{t.name}() from f32")
     e.line(template.format(d=d, lo=e.r(lo), hi=e.r(hi)))
 
 

@@ -4,6 +4,7 @@ Register classes (one ``.reg`` declaration each)::
 
     bool_                      %p   .pred
     f16, bf16                  %h   .b16  (raw bits; f16 ops take .b16 registers)
+    e4m3, e5m2                 %h   .b16  (the code in the low byte; the high byte is junk)
     i8 u8 i16 u16 i32 u32      %r   .b32
     i64 u64                    %rd  .b64
     f32                        %f   .f32
@@ -40,6 +41,8 @@ def storage(t: ScalarType) -> str:
     """The register class key of ``t`` (see the module docstring)."""
     if t.is_bool:
         return "pred"
+    if t.is_fp8:
+        return "b16"
     if t.is_float:
         return {16: "b16", 32: "f32", 64: "f64"}[t.bits]
     return "b64" if t.bits == 64 else "b32"
@@ -71,13 +74,15 @@ def bty(t: ScalarType) -> str:
     """The bit-size PTX type of ``t``'s register (``b16``, ``b32``, ``b64``) or ``pred``."""
     if t.is_bool:
         return "pred"
+    if t.is_fp8:
+        return "b16"
     return {16: "b16", 32: "b32", 64: "b64"}[max(t.bits, 32) if t.is_int else t.bits]
 
 
 def mem_type(t: ScalarType) -> str:
     """The PTX type of a load, store or parameter of ``t`` (``u8`` for bool, ``b16`` for
     f16/bf16, ``s8``... for narrow integers, which ``ld`` extends into a 32-bit register)."""
-    if t.is_bool:
+    if t.is_bool or t.is_fp8:
         return "u8"
     if is_half(t):
         return "b16"
@@ -102,6 +107,8 @@ def immediate(c: Const) -> str:
     t = c.type
     if t.is_bool:
         return "1" if c.value else "0"
+    if t.is_fp8:
+        return f"0x{int(np.asarray(t(c.value)).view(np.uint8)):02X}"
     if t.is_float:
         if t.bits == 16:
             return f"0x{half_bits(c.value, t):04X}"

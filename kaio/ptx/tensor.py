@@ -101,7 +101,7 @@ def lower_mma(e, ins: Instr) -> None:
     """``mma.sync.aligned.{shape}.row.col.{acc}.{in}.{in}.{acc} d, a, b, c``."""
     kind = MMA_KINDS[ins.attrs["kind"]]
     builtin = f"kaio.mma_{ins.attrs['kind']}()"
-    e.target.require("mma", builtin, e.loc)
+    e.target.require(kind.feature, builtin, e.loc)
     d, a, b, c = (frag_registers(e, f, builtin) for f in ins.args)
     a = _as_b32(e, a, ins.args[1])
     b = _as_b32(e, b, ins.args[2])

@@ -43,6 +43,8 @@ _TORCH_DTYPES = {
     "torch.int64": "i64",
     "torch.uint64": "u64",
     "torch.bool": "bool_",
+    "torch.float8_e4m3fn": "e4m3",
+    "torch.float8_e5m2": "e5m2",
 }
 
 
@@ -86,7 +88,7 @@ def torch_dtype(dtype) -> ScalarType | None:
         from kaio import types
 
         name = _TORCH_DTYPES.get(str(dtype))
-        scalar = _torch_dtypes[dtype] = types.SCALAR_TYPES[name] if name else None
+        scalar = _torch_dtypes[dtype] = types.scalar_type(name) if name else None
         return scalar
 
 

@@ -49,16 +49,22 @@ DLManagedTensor._fields_ = [
 ]
 
 _CODES = {"int": _KDL_INT, "uint": _KDL_UINT, "float": _KDL_FLOAT, "bool": _KDL_BOOL}
+# DLPack 1.1's kDLFloat8_e4m3fn and kDLFloat8_e5m2 (8-bit floats, one code per format)
+_KDL_FP8 = {"e4m3": 10, "e5m2": 12}
 
 
 def dl_dtype(dtype: ScalarType) -> tuple[int, int]:
     """The DLPack ``(code, bits)`` of a kaio scalar type (bf16 is kDLBfloat)."""
     if dtype == t.bf16:
         return _KDL_BFLOAT, 16
+    if dtype.is_fp8:
+        return _KDL_FP8[dtype.name], 8
     return _CODES[dtype.kind], dtype.bits
 
 
-_FROM_DL = {(c, b): s for s in t.SCALAR_TYPES.values() for c, b in [dl_dtype(s)]}
+_FROM_DL = {
+    (c, b): s for s in (*t.SCALAR_TYPES.values(), *t.FP8_TYPES.values()) for c, b in [dl_dtype(s)]
+}
 _FROM_DL[(_KDL_UINT, 1)] = t.bool_
 
 

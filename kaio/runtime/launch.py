@@ -146,7 +146,7 @@ def loaded_for(kernel, args: tuple) -> tuple:
     position = {name: i for i, name in enumerate(kernel.param_names)}
     infos = {}
     arrays = []
-    for (name, annotation), value in zip(kernel.runtime_params(), values, strict=True):
+    for (name, annotation), value in zip(kernel.runtime_params(constexprs), values, strict=True):
         if isinstance(annotation, ArrayType):
             info = check_array(value, name, annotation, kernel.__name__)
             infos[position[name]] = info

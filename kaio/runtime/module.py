@@ -27,7 +27,7 @@ from kaio.runtime.driver import (
     libcuda,
     max_ptx_isa,
 )
-from kaio.types import SCALAR_TYPES
+from kaio.types import is_scalar_type_name, scalar_type
 
 __all__ = [
     "LoadedKernel",
@@ -339,7 +339,7 @@ def _loaded_kernel(module, meta: dict, device: Device, from_disk: bool) -> Loade
         cluster=meta.get("cluster"),
         from_disk=from_disk,
         params=[
-            Param(n, Var(n, SCALAR_TYPES[t]), role, source, dim)
+            Param(n, Var(n, scalar_type(t)), role, source, dim)
             for n, role, source, dim, t in meta["params"]
         ],
     )
@@ -428,7 +428,7 @@ def valid_meta(meta) -> bool:
             and type(dim) is int
             and (dim == -1 if _ROLES[role] == 1 else 0 <= dim < 64)
             and isinstance(tname, str)
-            and tname in SCALAR_TYPES
+            and is_scalar_type_name(tname)
         ):
             return False
     return True

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kaio.sim import numerics
+from kaio.sim import fp8, numerics
 from kaio.types import ScalarType
 
 F32 = np.dtype(np.float32)
@@ -113,9 +113,20 @@ def shr(t: ScalarType, a, n):
 
 
 def fma(t: ScalarType, a, b, c):
-    """``a * b + c`` rounded once."""
+    """``a * b + c`` rounded once (f16, bf16, f32, f64)."""
+    if t.bits == 16:
+        return fma_half(t, a, b, c)
     fn = numerics.fma_f32 if t.bits == 32 else numerics.fma_f64
     return fn(np.asarray(a), np.asarray(b), np.asarray(c))
+
+
+def fma_half(t: ScalarType, a, b, c) -> np.ndarray:
+    """f16/bf16 ``a * b + c`` rounded once: the float64 product is exact, the sum is rounded
+    to odd at 53 bits, then to nearest even in ``t`` (``kaio.sim.numerics``)."""
+    with np.errstate(all="ignore"):
+        product = np.asarray(a).astype(F64) * np.asarray(b).astype(F64)
+        total = numerics.add_round_to_odd(product, np.asarray(c).astype(F64))
+        return numerics.round_f64(total, t.np_dtype)
 
 
 def approx(fn):
@@ -141,9 +152,21 @@ def approx_ftz(fn):
     return run
 
 
+def div_ftz(t: ScalarType, a, b):
+    """f32 ``div.full.ftz``: the model is subnormal operands read as zero, the quotient
+    correctly rounded, a subnormal quotient flushed to zero; the hardware is within 2 ulp of
+    it (docs/dsl-reference.md, "Fast math")."""
+    q = np.divide(flush_subnormals(np.asarray(a, F32)), flush_subnormals(np.asarray(b, F32)))
+    return flush_subnormals(q)
+
+
 def cvt(src: ScalarType, dst: ScalarType, a):
-    """Conversion with the rules of ``kaio.ir.ops``."""
+    """Conversion with the rules of ``kaio.ir.ops`` (fp8: ``kaio.sim.fp8``)."""
     a = np.asarray(a)
+    if dst.is_fp8:
+        return fp8.to_fp8(a, dst)
+    if src.is_fp8:
+        return fp8.from_fp8(a, dst.np_dtype)
     if dst.is_bool:
         return a != 0
     if src.is_bool or (src.is_int and dst.is_int):

@@ -45,7 +45,12 @@ from kaio.sim.threads import Blocked
 
 WINDOW_ALIGN = 1024
 _SPIN_LIMIT = 10_000
-_INPUTS = {"f16": np.float16, "bf16": ml_dtypes.bfloat16}
+_INPUTS = {
+    "f16": np.float16,
+    "bf16": ml_dtypes.bfloat16,
+    "e4m3": ml_dtypes.float8_e4m3fn,  # k32, K-major only: 16-bit units of two elements
+    "e5m2": ml_dtypes.float8_e5m2,
+}
 
 
 # --------------------------------------------------------------------------- the window
@@ -522,6 +527,9 @@ def _operand(
         _async_access(m, ins, st, _element_keys(st, block, offsets), reader, "wgmma")
     raw = _block_bytes(st, block)
     lo, hi = raw[offsets], raw[offsets + 1]
+    if np.dtype(dtype).itemsize == 1:  # 8-bit floats: element 2u in the low byte of unit u
+        pairs = np.stack([lo, hi], axis=-1).reshape(lo.shape[0], -1)
+        return pairs.view(dtype).astype(np.float64)
     bits = lo.astype(np.uint16) | hi.astype(np.uint16) << 8
     return bits.view(dtype).astype(np.float64)
 
@@ -550,8 +558,9 @@ def _warpgroups(m, ins: Instr) -> np.ndarray:
 
 
 def wgmma(m, ins: Instr, vals: list):
-    """Warpgroup-wide ``acc = A @ B (+ acc)`` of m64nNk16 with A and B read from shared
-    memory through their descriptors; the accumulator layout of ``accumulator_layout``."""
+    """Warpgroup-wide ``acc = A @ B (+ acc)`` of m64nNk16 (m64nNk32 for the 8-bit floats:
+    the same 32 bytes of K) with A and B read from shared memory through their descriptors;
+    the accumulator layout of ``accumulator_layout``."""
     acc = ins.args[0]
     n = ins.attrs["n"]
     dtype = _INPUTS[ins.attrs["kind"]]

@@ -46,7 +46,7 @@ def run_simulated(
 ) -> None:
     """Run ``kernel`` with launch configuration ``config`` on the simulator."""
     values, constexprs = kernel.split_args(args, kwargs)
-    params = kernel.runtime_params()
+    params = kernel.runtime_params(constexprs)
     by_name = dict(zip((n for n, _ in params), values, strict=True))
     layouts = []
     for name, ann in params:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from kaio.ir.ops import PACKED_OPS
-from kaio.sim import arith, numerics
+from kaio.sim import arith
 from kaio.types import ScalarType, f32, unpack_host
 
 U16 = np.dtype(np.uint16)
@@ -56,15 +56,6 @@ def _per_half(fn):
     return run
 
 
-def fma_half(t: ScalarType, a, b, c) -> np.ndarray:
-    """f16/bf16 ``a * b + c`` rounded once: the float64 product is exact, the sum is rounded
-    to odd at 53 bits, then to nearest even in ``t`` (``kaio.sim.numerics``)."""
-    with np.errstate(all="ignore"):
-        product = np.asarray(a).astype(F64) * np.asarray(b).astype(F64)
-        total = numerics.add_round_to_odd(product, np.asarray(c).astype(F64))
-        return numerics.round_f64(total, t.np_dtype)
-
-
 def _bits(mask: int, flip: bool):
     def run(t: ScalarType, a):
         a = np.asarray(a).astype(U32)
@@ -77,7 +68,7 @@ ARITH = {
     "add": _per_half(arith.add),
     "sub": _per_half(arith.sub),
     "mul": _per_half(arith.mul),
-    "fma": _per_half(fma_half),
+    "fma": _per_half(arith.fma),
     "min": _per_half(arith.min_),
     "max": _per_half(arith.max_),
     "neg": _bits(0x80008000, flip=True),

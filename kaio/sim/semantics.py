@@ -23,6 +23,7 @@ from kaio.sim.arith import (
     compare,
     cvt,
     div,
+    div_ftz,
     fma,
     max_,
     min_,
@@ -120,6 +121,11 @@ SEMANTICS = {
     "rcp_approx": _on_dst(approx(lambda x: 1.0 / x)),
     "exp2_ftz": _on_dst(approx_ftz(np.exp2)),
     "rcp_ftz": _on_dst(approx_ftz(lambda x: 1.0 / x)),
+    "log2_ftz": _on_dst(approx_ftz(np.log2)),
+    "rsqrt_ftz": _on_dst(approx_ftz(lambda x: 1.0 / np.sqrt(x))),
+    "sin_ftz": _on_dst(approx_ftz(np.sin)),
+    "cos_ftz": _on_dst(approx_ftz(np.cos)),
+    "div_ftz": _on_dst(div_ftz),
     "sin": _on_dst(approx(np.sin)),
     "cos": _on_dst(approx(np.cos)),
     "tanh": _on_dst(approx(np.tanh)),
@@ -129,7 +135,8 @@ SEMANTICS.update(
     {
         op: _canonical_nan(SEMANTICS[op])
         for op in "add sub mul div min max cvt sqrt floor ceil trunc rint fma exp2 log2 "
-        "rsqrt rcp_approx exp2_ftz rcp_ftz sin cos tanh to_tf32".split()
+        "rsqrt rcp_approx exp2_ftz rcp_ftz sin cos tanh to_tf32 log2_ftz rsqrt_ftz sin_ftz "
+        "cos_ftz div_ftz".split()
     }
 )
 SEMANTICS.update(packed.semantics(SEMANTICS))  # f16x2/bf16x2 arithmetic, pack/unpack, prmt

@@ -213,11 +213,14 @@ LAYOUTS = {
     ),
 }
 LAYOUTS["bf16"] = LAYOUTS["f16"]
+LAYOUTS["e4m3"] = LAYOUTS["e5m2"] = LAYOUTS["s8"]  # every 8-bit input has s8's fragments
 
 _ELEMENTS = {
     "f16": lambda w: w.view(np.float16).astype(np.float64),
     "bf16": lambda w: w.view(ml_dtypes.bfloat16).astype(np.float64),
     "s8": lambda w: w.view(np.int8).astype(np.int64),
+    "e4m3": lambda w: w.view(ml_dtypes.float8_e4m3fn).astype(np.float64),
+    "e5m2": lambda w: w.view(ml_dtypes.float8_e5m2).astype(np.float64),
     # tf32: the tensor core reads the sign, exponent and top 10 mantissa bits.
     "tf32": lambda w: (w & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64),
 }

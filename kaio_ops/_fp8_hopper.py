@@ -1,0 +1,189 @@
+"""The Hopper (sm_90a) FP8 matmul: ``kaio_ops._matmul_hopper``'s design (a persistent grid,
+TMA into a ring of 128-byte-swizzled shared stages, two consumer warpgroups on ``wgmma``, a
+producer warp, full/empty mbarriers per stage; see that module's docstring) with 8-bit
+operands: ``wgmma.mma_async.m64n{BN}k32`` with e4m3 or e5m2 A and B.
+
+PTX has no transposed 8-bit wgmma, so both operands are K-major: A [M, K] and B's transpose
+[N, K] (what a column-major B, ``torch._scaled_mm``'s layout, already is). The shared tiles
+and the TMA copies do not care about the element type: they are written for 16-bit units
+(pairs of fp8 values, the arrays viewed as f16 [rows, K / 2]), so a stage holds 64 units =
+128 fp8 values of K, four k32 wgmmas, and both operands use A's descriptor (K-major, SBO 1024).
+The epilogue is ``kaio_ops._fp8.store_scaled`` per pair of adjacent columns (one 4- or
+8-byte store): ``acc * scale_a * scale_b (+ bias)`` rounded once.
+"""
+
+from __future__ import annotations
+
+import kaio
+from kaio import e4m3, f16, f32, i32, u32, u64
+from kaio_ops._fp8 import DT, FP8, FP8_TYPES, store_scaled
+from kaio_ops._matmul_hopper import (
+    A_STAGE_BYTES,
+    BK,
+    BM,
+    CONSUMERS,
+    GROUP_ROWS,
+    SW,
+    THREADS,
+    place,
+    shared_bytes,
+)
+from kaio_ops._typed import by_dtype
+
+__all__ = ["launch", "specializations"]
+
+
+@kaio.gpu_func
+def produce_fp8(
+    sa: f16[:, :, :], sb: f16[:, :, :], bars: u64[:, :], ta: kaio.tensormap, tb: kaio.tensormap,
+    at: i32[:], s: i32, k_tiles: i32, step: i32, tiles_m: i32, tiles_n: i32,
+    BN: kaio.constexpr, GROUP: kaio.constexpr,
+):  # fmt: skip
+    """The TMA copies of the producer's next K slice (A rows, B^T rows) into stage ``s``,
+    then the producer's position ``at`` stepped (as ``_matmul_hopper.produce``)."""
+    k0 = at[0] * BK
+    kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32(A_STAGE_BYTES + BK * BN * 2))
+    kaio.tma_load_2d(sa, (s, 0, 0), ta, at[2], k0, bars, (0, s))
+    kaio.tma_load_2d(sb, (s, 0, 0), tb, at[3], k0, bars, (0, s))
+    at[0] += 1
+    if at[0] == k_tiles:
+        at[0] = 0
+        at[1] += step
+        place(at, tiles_m, tiles_n, BN, GROUP)
+
+
+@kaio.gpu_func
+def epilogue_fp8(
+    acc: f32[:, :, :], out: DT[:, :], sa: f32[:], sb: f32[:], bias: DT[:], tile: i32,
+    tiles_m: i32, tiles_n: i32, m: i32, n: i32, wg: u32, lt: u32, BN: kaio.constexpr,
+    GROUP: kaio.constexpr, ROW_A: kaio.constexpr, COL_B: kaio.constexpr,
+    BIAS: kaio.constexpr,
+):  # fmt: skip
+    """Store warpgroup ``wg``'s 64 rows of tile number ``tile`` (thread ``lt`` holds ``acc``,
+    the m16n8 C fragment of each n8 tile of its warp's 16 rows)."""
+    here = kaio.local(i32, (4,))
+    here[1] = tile
+    place(here, tiles_m, tiles_n, BN, GROUP)
+    lane = i32(lt % 32)
+    row0 = here[2] + 64 * i32(wg) + 16 * i32(lt // 32) + lane // 4
+    for h in kaio.static_range(2):
+        row = row0 + 8 * h
+        if row < m:
+            for j in kaio.static_range(BN // 8):
+                col = here[3] + 8 * j + 2 * (lane % 4)
+                if col < n:
+                    store_scaled(out, u32(row), u32(col), acc[j, h, 0], acc[j, h, 1], sa, sb,
+                                 bias, ROW_A, COL_B, BIAS)  # fmt: skip
+
+
+@kaio.gpu_kernel(block_size=THREADS)
+def matmul_fp8_wgmma(
+    ta: kaio.tensormap, tb: kaio.tensormap, out: DT[:, :], sa: f32[:], sb: f32[:],
+    bias: DT[:], m: i32, n: i32, k2: i32, BN: kaio.constexpr, STAGES: kaio.constexpr,
+    GROUP: kaio.constexpr, ROW_A: kaio.constexpr, COL_B: kaio.constexpr,
+    BIAS: kaio.constexpr,
+):  # fmt: skip
+    """out = (A @ B) * sa * sb (+ bias): A [m, K] through ``ta`` and B^T [n, K] through
+    ``tb``, both as 16-bit units [rows, k2 = K / 2]."""
+    kaio.launch_bounds(THREADS, 1)
+    sa_s = kaio.shared_dynamic(f16, (STAGES, BM, BK), 0)
+    sb_s = kaio.shared_dynamic(f16, (STAGES, BN, BK), STAGES * A_STAGE_BYTES)
+    bars = kaio.shared_dynamic(u64, (2, STAGES), STAGES * (A_STAGE_BYTES + BK * BN * 2))
+    t = kaio.thread_idx_x()
+    wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
+    lt = t % 128
+    tile0 = i32(kaio.block_idx_x())
+    step = i32(kaio.grid_dim_x())
+    tiles_m = (m + BM - 1) // BM
+    tiles_n = (n + BN - 1) // BN
+    tiles = tiles_m * tiles_n
+    my_tiles = (tiles - tile0 + step - 1) // step
+    k_tiles = (k2 + BK - 1) // BK
+    slices = my_tiles * k_tiles
+    if t == 0:
+        for s in kaio.static_range(STAGES):
+            kaio.mbarrier_init(bars, (0, s), 1)
+            kaio.mbarrier_init(bars, (1, s), 2)
+        kaio.fence_proxy_async()
+    kaio.sync_threads()
+    acc = kaio.local(f32, (BN // 8, 2, 2))
+    s = i32(0)
+    ph = u32(0)
+    if wg < 2:  # the consumers
+        ps = i32(0)
+        for i in range(my_tiles):
+            for kt in range(k_tiles):
+                kaio.mbarrier_wait(bars, (0, s), ph)
+                kaio.wgmma_fence()
+                for kk in kaio.static_range(BK // 16):
+                    da = kaio.smem_descriptor(sa_s, (s, 64 * wg, kk * 16), SW, 16, 1024)
+                    db = kaio.smem_descriptor(sb_s, (s, 0, kk * 16), SW, 16, 1024)
+                    if FP8 == e4m3:
+                        kaio.wgmma_e4m3(acc, da, db, kt + kk > 0)
+                    else:
+                        kaio.wgmma_e5m2(acc, da, db, kt + kk > 0)
+                kaio.wgmma_commit()
+                kaio.wgmma_wait(1)
+                if kt > 0 and lt == 0:
+                    kaio.mbarrier_arrive(bars, (1, ps))
+                ps = s
+                s += 1
+                if s == STAGES:
+                    s = 0
+                    ph ^= 1
+            kaio.wgmma_wait(0)
+            if lt == 0:
+                kaio.mbarrier_arrive(bars, (1, ps))
+            epilogue_fp8(acc, out, sa, sb, bias, tile0 + i * step, tiles_m, tiles_n, m, n, wg,
+                         lt, BN, GROUP, ROW_A, COL_B, BIAS)  # fmt: skip
+    elif t == CONSUMERS:  # the producer
+        at = kaio.local(i32, (4,))
+        at[0] = 0
+        at[1] = tile0
+        place(at, tiles_m, tiles_n, BN, GROUP)
+        for g in range(slices):
+            if g >= STAGES:
+                kaio.mbarrier_wait(bars, (1, s), ph ^ 1)
+            produce_fp8(sa_s, sb_s, bars, ta, tb, at, s, k_tiles, step, tiles_m, tiles_n, BN,
+                        GROUP)  # fmt: skip
+            s += 1
+            if s == STAGES:
+                s = 0
+                ph ^= 1
+
+
+WGMMA_FP8 = {
+    name: by_dtype(matmul_fp8_wgmma, FP8=lambda _t, q=q: q) for name, q in FP8_TYPES.items()
+}
+
+
+def tiles(m: int, n: int, sms: int) -> tuple[int, int]:
+    """(BN, STAGES): 128 x 256 tiles when they give every multiprocessor a block, else 128 x
+    128 (as ``_matmul_hopper.launch``)."""
+    return (256, 4) if -(-m // BM) * -(-n // 256) >= sms else (128, 5)
+
+
+def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: str, dt,
+           flags: dict, sms: int, stream) -> None:  # fmt: skip
+    """Run ``matmul_fp8_wgmma`` on a persistent grid of at most ``sms`` blocks. ``a_units``
+    and ``bt_units``: A [m, k] and B^T [n, k] viewed as f16 [rows, k / 2] (for the tensor
+    maps); the other arrays as ``_fp8._mm_fp8`` takes them; ``flags``: its ROW_A, COL_B and
+    BIAS."""
+    bn, stages = tiles(m, n, sms)
+    ta = kaio.tensor_map_2d(a_units, (BM, BK), SW)
+    tb = kaio.tensor_map_2d(bt_units, (bn, BK), SW)
+    grid = min(sms, -(-m // BM) * -(-n // bn))
+    WGMMA_FP8[name][dt][grid, THREADS, stream, shared_bytes(bn, stages)](
+        ta, tb, out, sa, sb, bias, m, n, k // 2, BN=bn, STAGES=stages, GROUP=GROUP_ROWS, **flags
+    )
+
+
+def specializations():
+    """(kernel, constexprs) of the specializations ``launch`` uses (a spread for PTX checks:
+    every fp8 type, output type, tile width and flag)."""
+    from kaio import bf16
+
+    for i, (name, dt) in enumerate((n, d) for n in FP8_TYPES for d in (bf16, f16, f32)):
+        for bn, stages in ((256, 4), (128, 5)):
+            flags = {"ROW_A": i % 2, "COL_B": (i // 2) % 2, "BIAS": int(bn == 128)}
+            yield WGMMA_FP8[name][dt], {"BN": bn, "STAGES": stages, "GROUP": GROUP_ROWS, **flags}

@@ -1,0 +1,158 @@
+"""Definite assignment (issue 29, item 1): a variable read after an ``if`` or a loop that assigns
+it on some paths only is a located CompileError, as Python's UnboundLocalError would be; a
+variable assigned on every path compiles and runs."""
+
+import inspect
+
+import numpy as np
+import pytest
+
+import kaio
+from kaio import f32, i32, u32
+
+ON = 1  # a module constant a compile-time if tests
+
+
+@kaio.gpu_kernel(block_size=32)
+def if_only(x: f32[:], out: f32[:], n: u32):
+    i = kaio.thread_idx_x()
+    if i < n:
+        v = x[i]
+    out[i] = v + 1.0  # ERR
+
+
+@kaio.gpu_kernel(block_size=32)
+def if_only_constant(out: f32[:], n: u32):
+    i = kaio.thread_idx_x()
+    if i < n:
+        v = 2.0
+    out[i] = v  # ERR
+
+
+@kaio.gpu_kernel(block_size=32)
+def elif_missing_else(x: f32[:], out: f32[:], n: u32):
+    i = kaio.thread_idx_x()
+    if i < n:
+        v = x[i]
+    elif i < n + 4:
+        v = 0.0
+    out[i] = v  # ERR
+
+
+@kaio.gpu_kernel(block_size=32)
+def loop_body_only(x: f32[:], out: f32[:], n: u32):
+    i = kaio.thread_idx_x()
+    for j in range(n):
+        v = x[j]
+    out[i] = v  # ERR
+
+
+@kaio.gpu_kernel(block_size=32)
+def while_break_before(x: f32[:], out: f32[:], n: u32):
+    i = kaio.thread_idx_x()
+    j = u32(0)
+    while True:
+        if j >= n:
+            break
+        v = x[j]
+        j += 1
+        if v > 0.0:
+            break
+    out[i] = v  # ERR
+
+
+@kaio.gpu_kernel(block_size=32)
+def loop_variable_after(x: f32[:], out: i32[:], n: i32):
+    i = kaio.thread_idx_x()
+    for j in range(n):
+        out[j] = j
+    out[i] = j  # ERR
+
+
+@kaio.gpu_func
+def positive_part(x: f32) -> f32:
+    if x > 0.0:
+        return x
+
+
+@kaio.gpu_kernel(block_size=32)
+def falls_off_device_function(x: f32[:], out: f32[:]):
+    i = kaio.thread_idx_x()
+    out[i] = positive_part(x[i])  # ERR
+
+
+@kaio.gpu_kernel(block_size=32)
+def continue_skips(x: f32[:], out: f32[:], n: u32):
+    i = kaio.thread_idx_x()
+    acc = 0.0
+    for j in range(n):
+        if x[j] < 0.0:
+            continue
+        w = x[j]
+        acc += w
+    out[i] = acc + w  # ERR
+
+
+ERRORS = {
+    if_only: ("'v'", "the if at line"),
+    if_only_constant: ("'v'", "the if at line"),
+    elif_missing_else: ("'v'", "the if at line"),
+    loop_body_only: ("'v'", "the loop at line"),
+    while_break_before: ("'v'", "the loop at line"),
+    loop_variable_after: ("'j'", "the loop at line"),
+    falls_off_device_function: ("without returning a value", ""),
+    continue_skips: ("'w'", "the loop at line"),
+}
+
+
+@pytest.mark.parametrize("kernel", ERRORS, ids=lambda k: k.__name__)
+def test_read_of_a_partly_assigned_variable_is_a_located_error(kernel):
+    with pytest.raises(kaio.CompileError) as info:
+        kernel.ir()
+    err = info.value
+    name, where = ERRORS[kernel]
+    assert name in err.message and where in err.message, err.message
+    lines, start = inspect.getsourcelines(kernel.pyfunc)
+    marked = start + next(i for i, line in enumerate(lines) if "# ERR" in line)
+    assert err.filename.endswith("test_definite_assignment.py") and err.lineno == marked, str(err)
+    if "'v'" in err.message and "if" in where:
+        assert "assign 'v' before the if" in err.message
+
+
+@kaio.gpu_kernel(block_size=32)
+def assigned_on_every_path(x: f32[:], out: f32[:], n: u32, M: kaio.constexpr):
+    i = kaio.thread_idx_x()
+    if i < n:
+        a = x[i]
+    else:
+        a = -1.0
+    if i >= n + 100:
+        return  # this path does not reach the read of b
+    else:
+        b = 2.0 * a
+    while True:  # the only exit follows the assignment
+        c = b + 1.0
+        break
+    for k in range(3):  # constant trips: the body runs
+        d = c + f32(k)
+    for _m in kaio.static_range(2):
+        e = d * 2.0
+    if M == 1:  # compile time: only the taken branch exists
+        g = e
+    if ON:
+        h = g + 0.5
+    out[i] = h
+
+
+def test_variables_assigned_on_every_path_compile_and_run():
+    rng = np.random.default_rng(29)
+    x = rng.standard_normal(32).astype(np.float32)
+    out = np.full(32, np.nan, np.float32)
+    n = 20
+    assigned_on_every_path.sim[1](x, out, n, M=1)
+    a = np.where(np.arange(32) < n, x, np.float32(-1.0))
+    one, two, half = np.float32(1.0), np.float32(2.0), np.float32(0.5)
+    expected = (((two * a + one) + two) * two) + half  # f32 at each step
+    np.testing.assert_array_equal(out, expected)
+    with pytest.raises(kaio.CompileError, match="'g' is not defined"):
+        assigned_on_every_path.ir(M=2)

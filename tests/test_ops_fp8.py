@@ -1,0 +1,314 @@
+"""kaio_ops.quantize_fp8 and kaio_ops.matmul_fp8: the simulator against independent NumPy
+references (float64 for the matmul, torch's recipe in f32 for quantization, and torch itself
+where installed), their PTX assembled by ptxas, their errors; on a GPU (``gpu`` marker)
+against torch and ``torch._scaled_mm``."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import kaio
+import kaio_ops
+from kaio.ptx.ptxas import assemble, find_ptxas
+from kaio_ops import _fp8
+
+needs_ptxas = pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
+NP_FP8 = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
+LIMIT = {"e4m3": 448.0, "e5m2": 57344.0}
+
+
+def quantize_reference(x: np.ndarray, name: str, per: str):
+    """torch's recipe in NumPy f32: amax, clamp(min=1e-12) / fp8_max, x / scale, RNE with
+    saturation (ml_dtypes after a clip)."""
+    x32 = x.astype(np.float32)
+    ax = np.abs(x32)
+    amax = ax.max(axis=-1, keepdims=True) if per == "row" else ax.max().reshape(1)
+    scale = np.maximum(amax, np.float32(1e-12)) / np.float32(LIMIT[name])
+    y = x32 / scale
+    q = np.clip(y, -LIMIT[name], LIMIT[name]).astype(NP_FP8[name])
+    return q, scale.astype(np.float32)
+
+
+def _inputs(shape, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape) * np.exp(rng.uniform(-3, 3, shape))  # wide magnitudes
+    x = x.astype(np.float32)
+    x.reshape(-1, shape[-1])[1] = 0.0  # an all-zero row: the 1e-12 floor
+    return x.astype(dtype)
+
+
+@pytest.mark.parametrize("name", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("per", ["tensor", "row"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16], ids=str)
+def test_quantize_sim(name, per, dtype):
+    x = _inputs((3, 4, 70), dtype)
+    with kaio.simulate():
+        q, scale = kaio_ops.quantize_fp8(x, dtype=name, per=per)
+    rq, rs = quantize_reference(x, name, per)
+    assert q.dtype == NP_FP8[name] and q.shape == x.shape
+    assert scale.shape == ((3, 4, 1) if per == "row" else (1,)) and scale.dtype == np.float32
+    assert np.array_equal(scale.view(np.uint32), rs.view(np.uint32))
+    assert np.array_equal(q.view(np.uint8), rq.view(np.uint8))
+    assert np.count_nonzero(q.view(np.uint8)) > x.size // 2  # not a trivially zero answer
+
+
+def test_quantize_matches_torch():
+    torch = pytest.importorskip("torch")
+    x = _inputs((6, 96), np.float32, seed=3)
+    for name, tdt in (("e4m3", torch.float8_e4m3fn), ("e5m2", torch.float8_e5m2)):
+        for per in ("tensor", "row"):
+            with kaio.simulate():
+                q, scale = kaio_ops.quantize_fp8(x, dtype=tdt, per=per)
+            tx = torch.from_numpy(x)
+            amax = tx.abs().amax() if per == "tensor" else tx.abs().amax(-1, keepdim=True)
+            ts = amax.float().clamp(min=1e-12) / LIMIT[name]
+            tq = (tx.float() / ts).to(tdt)
+            assert np.array_equal(q.view(np.uint8), tq.view(torch.uint8).numpy())
+            assert np.array_equal(scale.reshape(ts.shape), ts.numpy())
+
+
+def test_quantize_nan_propagates():
+    x = _inputs((2, 40), np.float32)
+    x[0, 5] = np.nan
+    with kaio.simulate():
+        q, scale = kaio_ops.quantize_fp8(x, per="row")
+        qt, st = kaio_ops.quantize_fp8(x)
+    assert np.isnan(scale[0, 0]) and np.isfinite(scale[1, 0]) and np.isnan(st[0])
+    assert (q.view(np.uint8)[0] == 0x7F).all() and (qt.view(np.uint8) == 0x7F).all()
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"dtype": "e3m4"}, "dtype must be one of"),
+        ({"per": "column"}, "per must be"),
+    ],
+)
+def test_quantize_errors(kwargs, message):
+    with kaio.simulate(), pytest.raises(ValueError, match=message):
+        kaio_ops.quantize_fp8(np.ones((2, 16), np.float32), **kwargs)
+    with kaio.simulate(), pytest.raises(ValueError, match="has no elements"):
+        kaio_ops.quantize_fp8(np.ones((0, 16), np.float32))
+    with kaio.simulate(), pytest.raises(ValueError, match="must be .* of f32, f16 or bf16"):
+        kaio_ops.quantize_fp8(np.ones((2, 16), np.int32))
+
+
+def matmul_reference(a, b, sa, sb, bias=None):
+    """float64 (a @ b) * sa * sb + bias: exact products; the sums differ from the kernel's
+    f32 accumulation by far less than the tolerances below."""
+    r = a.astype(np.float64) @ b.astype(np.float64)
+    r = r * np.asarray(sa, np.float64).reshape(-1, 1) * np.asarray(sb, np.float64).reshape(1, -1)
+    return r if bias is None else r + bias.astype(np.float64)
+
+
+def _fp8_operands(m, k, n, name, seed):
+    rng = np.random.default_rng(seed)
+    a = (rng.standard_normal((m, k)) * 8).astype(NP_FP8[name])
+    w = (rng.standard_normal((n, k)) * 8).astype(NP_FP8[name])  # an nn.Linear weight
+    return a, w
+
+
+@pytest.mark.parametrize(
+    "name, layout, scales, out, with_bias, k",
+    [
+        ("e4m3", "col", "row", "bf16", True, 128),  # two k tiles (the double buffer)
+        ("e5m2", "row", "tensor", "f32", False, 96),  # a partial last k tile
+        ("e4m3", "row", "tensor", "f16", True, 48),  # one partial k tile
+    ],
+)
+def test_matmul_sim(name, layout, scales, out, with_bias, k):
+    m, n = 20, 32  # a partial tile of rows and of columns
+    a, w = _fp8_operands(m, k, n, name, seed=hash((name, layout)) % 1000)
+    b = w.T if layout == "col" else np.ascontiguousarray(w.T)
+    rng = np.random.default_rng(5)
+    if scales == "row":
+        sa = rng.uniform(0.5, 2, (m, 1)).astype(np.float32)
+        sb = rng.uniform(0.5, 2, (1, n)).astype(np.float32)
+    else:
+        sa, sb = np.array([0.75], np.float32), np.array([1.5], np.float32)
+    np_out = {"bf16": ml_dtypes.bfloat16, "f16": np.float16, "f32": np.float32}[out]
+    bias = rng.standard_normal(n).astype(np_out) * 10 if with_bias else None
+    with kaio.simulate():
+        got = kaio_ops.matmul_fp8(a, b, sa, sb, out_dtype=out, bias=bias)
+    ref = matmul_reference(a, b, sa, sb, bias)
+    assert got.dtype == np_out and got.shape == (m, n)
+    # the f32 sum (< 1e-6 relative) then one rounding to the output type
+    eps = {"bf16": 2.0**-8, "f16": 2.0**-11, "f32": 2.0**-20}[out]
+    bound = (
+        np.abs(ref) * eps
+        + 1e-6
+        * np.abs(
+            matmul_reference(np.abs(a.astype(np.float64)), np.abs(b.astype(np.float64)), sa, sb)
+        )
+        + 1e-3
+    )
+    assert np.all(np.abs(got.astype(np.float64) - ref) <= bound)
+    assert np.abs(ref).max() > 100  # a real product
+
+
+def test_matmul_hopper_kernel_sim(monkeypatch):
+    """The sm_90 kernel (TMA, wgmma k32, the persistent grid) on the simulator: e5m2, per-row
+    scale_a, bias, f32 out; K = 160 is two k slices, the second partial; M and N partial."""
+    from kaio_ops import fp8
+
+    monkeypatch.setattr(fp8, "HOPPER_IN_SIMULATOR", True)
+    m, k, n = 130, 160, 48
+    a, w = _fp8_operands(m, k, n, "e5m2", seed=4)
+    rng = np.random.default_rng(6)
+    sa = rng.uniform(0.5, 2, (m, 1)).astype(np.float32)
+    sb = np.array([0.5], np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    with kaio.simulate():
+        got = kaio_ops.matmul_fp8(a, w.T, sa, sb, out_dtype="f32", bias=bias)
+    ref = matmul_reference(a, w.T, sa, sb, bias)
+    scale = matmul_reference(np.abs(a.astype(np.float64)), np.abs(w.T.astype(np.float64)), sa, sb)
+    assert np.all(np.abs(got - ref) <= 1e-6 * scale + 1e-5 * np.abs(ref))
+    assert np.abs(ref).max() > 100
+
+
+def test_matmul_torch_dtypes_accepted():
+    torch = pytest.importorskip("torch")
+    a, w = _fp8_operands(16, 32, 16, "e4m3", seed=2)
+    with kaio.simulate():
+        got = kaio_ops.matmul_fp8(
+            a, w.T, np.ones(1, np.float32), np.ones(1, np.float32), out_dtype=torch.float32
+        )
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, matmul_reference(a, w.T, 1.0, 1.0), rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"b": "e5m2"}, "argument 'b' must be .* of e4m3"),
+        ({"k": 40}, "multiples of 16"),
+        ({"sa": (3,)}, "argument 'scale_a' must have 1 element"),
+        ({"out": "f64"}, "out_dtype must be one of"),
+        ({"bias": np.float32}, "argument 'bias' must be .* of bf16"),
+        ({"a": np.float16}, "argument 'a' must be .* of e4m3 or e5m2"),
+    ],
+)
+def test_matmul_errors(change, message):
+    k = change.get("k", 32)
+    a, w = _fp8_operands(16, k, 16, "e4m3", seed=1)
+    if "a" in change:
+        a = a.astype(change["a"])
+    b = w.T.astype(NP_FP8[change["b"]]) if "b" in change else w.T
+    sa = np.ones(change.get("sa", (1,)), np.float32)
+    bias = np.zeros(16, change["bias"]) if "bias" in change else None
+    with kaio.simulate(), pytest.raises(ValueError, match=message):
+        kaio_ops.matmul_fp8(
+            a, b, sa, np.ones(1, np.float32), out_dtype=change.get("out"), bias=bias
+        )
+
+
+@needs_ptxas
+@pytest.mark.parametrize("arch, fmt, dt", [("sm_89", "e4m3", "bf16"), ("sm_90", "e5m2", "f16")])
+def test_ptx_assembles(arch, fmt, dt):
+    """Every kind of kernel the ops ship (the matmul with every flag set, one output type per
+    arch, and the quantizers of one input type); the GPU tests compile the rest."""
+    shipped = list(_fp8.shipped())
+    assert len(shipped) == 2 * 3 * 10 + 2 + 3 + 1
+    t = getattr(kaio, dt)
+    flags = {"ROW_A": 1, "COL_B": 1, "BIAS": 1}
+    chosen = [
+        (_fp8.MM[fmt][t], flags),
+        (_fp8.QUANTIZE_ROWS[fmt][t], {"LIMIT": _fp8.FP8_MAX[fmt]}),
+        (_fp8.QUANTIZE_FLAT[fmt][t], {}),
+        (_fp8._tensor_scale, {"LIMIT": _fp8.FP8_MAX[fmt]}),
+        (_fp8.AMAX_PARTIAL[t], {}),
+        (_fp8._transpose_bytes, {}),
+    ]
+    for kernel, constexprs in chosen:
+        assert (kernel, constexprs) in shipped
+        assemble(kernel.ptx(arch=arch, **constexprs), arch)
+
+
+@needs_ptxas
+def test_hopper_kernel_assembles_for_sm_90a():
+    from kaio_ops import _fp8_hopper
+
+    kernel, constexprs = list(_fp8_hopper.specializations())[3]  # e4m3, f16 out, BN 128
+    ptx = kernel.ptx(arch="sm_90", **constexprs)
+    assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in ptx
+    assemble(ptx, "sm_90a")
+
+
+@needs_ptxas
+def test_llvm_backend_assembles():
+    pytest.importorskip("llvmlite")
+    for kernel, constexprs in (
+        (_fp8.MM["e5m2"][kaio.bf16], {"ROW_A": 1, "COL_B": 1, "BIAS": 1}),
+        (_fp8.QUANTIZE_ROWS["e4m3"][kaio.f16], {"LIMIT": 448.0}),
+    ):
+        assemble(kernel.ptx(arch="sm_90", backend="llvm", **constexprs), "sm_90")
+
+
+def test_sm80_refused():
+    kernel = _fp8.MM["e4m3"][kaio.bf16]
+    with pytest.raises(kaio.CompileError, match=r"kaio.mma_e4m3\(\) needs sm_89"):
+        kernel.ptx(arch="sm_80", ROW_A=0, COL_B=0, BIAS=0)
+
+
+# ---------------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("per", ["tensor", "row"])
+@pytest.mark.parametrize("name", ["e4m3", "e5m2"])
+def test_quantize_gpu_matches_torch(per, name):
+    torch = pytest.importorskip("torch")
+    tdt = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[name]
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        x = torch.randn(1000, 4096, device="cuda") * torch.rand(1000, 1, device="cuda") * 50
+        x = x.to(dtype)
+        q, scale = kaio_ops.quantize_fp8(x, dtype=name, per=per)
+        amax = x.abs().amax() if per == "tensor" else x.abs().amax(-1, keepdim=True)
+        ts = amax.float().clamp(min=1e-12) / LIMIT[name]
+        tq = (x.float() / ts).to(tdt)
+        assert torch.equal(scale.view(ts.shape), ts)
+        assert torch.equal(q.view(torch.uint8), tq.view(torch.uint8))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", ["auto", "mma_sync"])
+@pytest.mark.parametrize("shape", [(4096, 4096, 4096), (1, 4096, 14336), (77, 8192, 1024)])
+@pytest.mark.parametrize("scales", ["tensor", "row"])
+def test_matmul_gpu_vs_scaled_mm(shape, scales, path, monkeypatch):
+    """Against torch._scaled_mm; ``auto`` is the GPU's own kernel (wgmma on sm_90),
+    ``mma_sync`` the sm_89 kernel on any sm_89+ GPU."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 needs sm_89+")
+    if path == "mma_sync":
+        from kaio_ops import fp8
+
+        monkeypatch.setattr(fp8, "_uses_wgmma", lambda a: False)
+    m, k, n = shape
+    x = torch.randn(m, k, device="cuda")
+    w = torch.randn(n, k, device="cuda")
+    per = "row" if scales == "row" else "tensor"
+    a, sa = kaio_ops.quantize_fp8(x, per=per)
+    wq, sw = kaio_ops.quantize_fp8(w, per=per)
+    sb = sw.view(1, n) if per == "row" else sw
+    bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+    got = kaio_ops.matmul_fp8(a, wq.t(), sa, sb, bias=bias)
+    mp = -(-m // 16) * 16  # torch._scaled_mm wants M a multiple of 16: pad with zero rows
+    ap = torch.zeros(mp, k, device="cuda").to(a.dtype)
+    ap[:m] = a
+    sap = sa
+    if per == "row":
+        sap = torch.ones(mp, 1, device="cuda")
+        sap[:m] = sa
+    # bf16 out (row-wise scaling takes no other) and the bias added here (not every torch
+    # version takes one with row-wise scales): two roundings where kaio has one
+    want = torch._scaled_mm(ap, wq.t(), sap, sb, out_dtype=torch.bfloat16)[:m]
+    want = want.float() + bias.float()
+    assert got.dtype == torch.bfloat16 and got.shape == (m, n)
+    diff = (got.float() - want).abs()
+    assert (diff <= want.abs() * 2**-6 + 1e-3 * want.abs().max()).all()
+    # and the row-major b path (a transposed copy) gives the same bits
+    again = kaio_ops.matmul_fp8(a, wq.t().contiguous(), sa, sb, bias=bias)
+    assert torch.equal(again, got)
