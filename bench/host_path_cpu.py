@@ -16,7 +16,7 @@ import time
 import pytest
 
 import kaio_ops
-from kaio import f16, f32, u32
+from kaio import f16, f32, i32, u32
 from kaio_ops import _plan
 from tests.test_plans import FakeGPU
 
@@ -42,6 +42,16 @@ def cases(g: FakeGPU) -> list:
         ("flash_attention q [1, 32, 1, 128], kv 512", kaio_ops.flash_attention,
          (g.array((1, 32, 1, 128), f16), g.array((1, 32, 512, 128), f16),
           g.array((1, 32, 512, 128), f16))),
+        ("linear [1, 4096] x [4096, 4096]^T f16", kaio_ops.linear,
+         (g.array((1, h), f16), g.array((h, h), f16))),
+        ("matmul [1, 4096] x [4096, 4096] f16", kaio_ops.matmul,
+         (g.array((1, h), f16), g.array((h, h), f16))),
+        ("flash_attention_decode q [1, 32, 1, 128], 4k cache", kaio_ops.flash_attention_decode,
+         (g.array((1, 32, 1, 128), f16), g.array((1, 8, 4096, 128), f16),
+          g.array((1, 8, 4096, 128), f16), g.array((1,), i32))),
+        ("kv_cache_append k [1, 8, 1, 128], 4k cache", kaio_ops.kv_cache_append,
+         (g.array((1, 8, 4096, 128), f16), g.array((1, 8, 4096, 128), f16),
+          g.array((1, 8, 1, 128), f16), g.array((1, 8, 1, 128), f16), g.array((1,), i32))),
     ]  # fmt: skip
 
 

@@ -350,6 +350,10 @@ def op_pairs():
     kv = randn(1, 32, 512, 128)
     xr = randn(1, 32, 128)  # rope: [S, H, D], one token
     cos, sin = randn(1, 64), randn(1, 64)
+    wt = w.t().contiguous()  # nn.Linear's [N, K]
+    qd = randn(1, 32, 1, 128)  # decode attention: Llama-3-8B heads over a 4k-token cache
+    kc, vc = randn(1, 8, 4096, 128), randn(1, 8, 4096, 128)
+    lens = torch.full((1,), 4096, device="cuda", dtype=torch.int32)
 
     def rope_torch():
         x1, x2 = xr[..., :64], xr[..., 64:]
@@ -387,6 +391,13 @@ def op_pairs():
          "rotate halves (6 ops)", rope_torch),
         ("flash_attention q [1, 32, 1, 128], kv 512", kaio_ops.flash_attention, (q, kv, kv),
          "F.scaled_dot_product_attention", lambda: F.scaled_dot_product_attention(q, kv, kv)),
+        ("linear [1, 4096] x [4096, 4096]^T f16", kaio_ops.linear, (x, wt),
+         "F.linear", lambda: F.linear(x, wt)),
+        ("matmul [1, 4096] x [4096, 4096] f16", kaio_ops.matmul, (x, w),
+         "x @ w", lambda: x @ w),
+        ("flash_attention_decode q [1, 32, 1, 128], kv [1, 8, 4096, 128]",
+         kaio_ops.flash_attention_decode, (qd, kc, vc, lens),
+         "SDPA (GQA)", lambda: F.scaled_dot_product_attention(qd, kc, vc, enable_gqa=True)),
     ]  # fmt: skip
 
 

@@ -106,8 +106,10 @@ def tensor_map_2d(array, box: tuple, swizzle: int = 128) -> TensorMap:
     return TensorMap(array, dtype, tuple(shape), strides[0], (rows, cols), swizzle)
 
 
-def _encode(tm: TensorMap) -> bytes:
-    """``cuTensorMapEncodeTiled`` for ``tm`` (a CUDA array): its 128 bytes."""
+def _encode(tm: TensorMap, address: int | None = None) -> bytes:
+    """``cuTensorMapEncodeTiled`` for ``tm`` (a CUDA array): its 128 bytes; with ``address``,
+    the same map over the array of ``tm``'s shape and strides at that address (call plans
+    replay a launch with the map of each call's array)."""
     if isinstance(tm.array, np.ndarray):
         raise LaunchError(
             f"{tm!r} is over a NumPy array: launch on the simulator (kernel.sim[...] or "
@@ -116,12 +118,13 @@ def _encode(tm: TensorMap) -> bytes:
     from kaio.runtime.arguments import describe
     from kaio.runtime.driver import check, cu
 
-    info = describe(tm.array)
+    if address is None:
+        address = describe(tm.array).ptr
     size = tm.dtype.itemsize
     result = cu.cuTensorMapEncodeTiled(
         cu.CUtensorMapDataType(_DATA_TYPES[tm.dtype.name]),
         2,
-        info.ptr,
+        address,
         [cu.cuuint64_t(tm.shape[1]), cu.cuuint64_t(tm.shape[0])],  # innermost first
         [cu.cuuint64_t(tm.row_stride * size)],  # the stride of dimension 1, in bytes
         [cu.cuuint32_t(tm.box[1]), cu.cuuint32_t(tm.box[0])],

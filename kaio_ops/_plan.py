@@ -25,9 +25,10 @@ drops every plan after changing them.
 A call is left unplanned (the op runs as written, each time) when two array arguments are the
 same object (the plan would not know which address to use for which), an argument is not
 an array this module can describe without checks, or the op does something a plan cannot
-replay: launches a kernel with a tensor map or in debug mode, passes a kernel an array that
-is neither an input, an output it allocated, nor one registered with ``_arrays.constant``,
-or returns anything but its outputs.
+replay: launches a kernel in debug mode, passes a kernel an array (or a tensor map over one:
+the plan encodes the map again for each call's address) that is neither an input, an output
+it allocated, nor one registered with ``_arrays.constant``, or returns anything but its
+outputs (or None).
 
 Adopting it in an op (kaio_ops.matmul, flash_attention_decode...): write the op as usual
 with ``_arrays.Inputs`` checks, ``_arrays.output`` allocations and ``kernel[config](...)``
@@ -35,12 +36,20 @@ launches, and decorate it with ``@planned(<its array parameter names>)``. Arrays
 across calls (cached placeholders) go through ``_arrays.constant``; everything else an op
 passes to its kernels must come from its inputs (``Operand.arg``, ``_arrays.arg``) or from
 ``_arrays.output``. ``tests/test_plans.py`` shows how to check an op's plans on the CPU.
+
+Parameters may be keyword-only (``linear``'s ``residual``, ``activation``, ``out_dtype``):
+the wrapper keeps them keyword-only, and ``wrapper.replay_only`` (the torch dispatcher's
+entry) takes every parameter positionally, in signature order. An optional array given as
+None is keyed as None (another plan than the same call with an array). An op that writes its
+inputs and returns None (``kv_cache_append``) is planned like any other; a ``torch.nn.Parameter``
+is read like a tensor.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from collections.abc import Callable
 
 from kaio.runtime.arginfo import RawArray
@@ -158,10 +167,24 @@ def build(recorder, arrays: list, pointers: tuple, result) -> Callable | None:
                 return None  # an array made or viewed inside the op: its address is unknown
             source, base = found
             sources[k] = (source, prepared.values[e] - base)
+        for k, (_e, tm) in prepared.maps.items():  # re-encoded for each call's address
+            if id(tm.array) in _arrays._CONSTANTS:
+                continue
+            address = _arrays._address(tm.array, _arrays._kind(tm.array))
+            found = where.get(id(tm.array))
+            if found is None:  # a view the op made of an input (x [B, S, K] seen as [M, K])
+                at = [i for i, p in enumerate(pointers) if p == address and arrays[i] is not None]
+                if len(at) != 1:
+                    return None
+                found = (at[0], address)
+            source, base = found
+            sources[k] = (source, address - base)
         steps.append((prepared, sources))
     index = {id(made): j for j, (made, *_) in enumerate(allocations)}
 
     def spell(r) -> str | None:
+        if r is None:  # an op that writes in place (kv_cache_append)
+            return "None"
         if isinstance(r, tuple | list):
             parts = [spell(x) for x in r]
             if None in parts:
@@ -224,12 +247,17 @@ def _generate(fn: Callable, array_names: tuple) -> Callable:
     signature = inspect.signature(fn)
     names = list(signature.parameters)
     for name, p in signature.parameters.items():
-        if p.kind is not p.POSITIONAL_OR_KEYWORD:
-            raise TypeError(f"{fn.__name__}: planned ops take plain parameters, not {name!r}")
+        if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            raise TypeError(
+                f"{fn.__name__}: planned ops take plain or keyword-only parameters, not {name!r}"
+            )
+    named = [n for n, p in signature.parameters.items() if p.kind is p.KEYWORD_ONLY]
+    first = len(names) - len(named)
     missing = [a for a in array_names if a not in names]
     if missing:
         raise TypeError(f"{fn.__name__}: no parameter named {missing}")
     tensor, raw_stream = _torch()
+    parameter = getattr(sys.modules.get("torch.nn"), "Parameter", tensor)
     plans: dict = {}
     _ALL.append(plans)
     positions = [names.index(a) for a in array_names]
@@ -244,10 +272,11 @@ def _generate(fn: Callable, array_names: tuple) -> Callable:
             and None not in key[: len(arrays)]
             and len({id(a) for a in present}) == len(present)
         )
+        kwargs = dict(zip(named, args[first:], strict=True))
         if not plannable:
-            return fn(*args)
+            return fn(*args[:first], **kwargs)
         with recording() as recorder:
-            result = fn(*args)
+            result = fn(*args[:first], **kwargs)
         replay = build(recorder, arrays, pointers, result)
         if len(plans) >= MAX_PLANS:
             plans.clear()
@@ -257,7 +286,7 @@ def _generate(fn: Callable, array_names: tuple) -> Callable:
             pass
         return result
 
-    env = {"T": tensor, "RAW": raw_stream, "other": describe}
+    env = {"T": tensor, "P": parameter, "RAW": raw_stream, "other": describe}
     env["stream_key"] = lambda obj, raw: stream_key(obj, raw)  # looked up per call: patchable
     env.update(current=current, plans=plans, slow=slow, fn=fn)
     header = []
@@ -268,12 +297,15 @@ def _generate(fn: Callable, array_names: tuple) -> Callable:
         else:
             env[f"D{i}"] = default
             header.append(f"{name}=D{i}")
-    lines = [f"def {fn.__name__}({', '.join(header)}):", "    try:"]
+    # the wrapper keeps the op's keyword-only parameters; replay_only takes every parameter
+    # positionally, in signature order, as the torch dispatcher passes them
+    wrapper_header = header[:first] + (["*"] if named else []) + header[first:]
+    lines = [f"def {fn.__name__}({', '.join(wrapper_header)}):", "    try:"]
     describe_lines = []
     for j, name in enumerate(array_names):
         if j == 0:
             describe_lines += [
-                f"    if type({name}) is T:",
+                f"    if type({name}) is T or type({name}) is P:",
                 f"        d = {name}.get_device()",
                 f"        p{j} = {name}.data_ptr()",
                 f"        k{j} = ({name}.dtype, {name}.shape, {name}.stride(), d, p{j} & 15)",
@@ -284,7 +316,7 @@ def _generate(fn: Callable, array_names: tuple) -> Callable:
             ]
         else:
             describe_lines += [
-                f"    if type({name}) is T:",
+                f"    if type({name}) is T or type({name}) is P:",
                 f"        p{j} = {name}.data_ptr()",
                 f"        k{j} = ({name}.dtype, {name}.shape, {name}.stride(), "
                 f"{name}.get_device(), p{j} & 15)",
@@ -295,7 +327,8 @@ def _generate(fn: Callable, array_names: tuple) -> Callable:
     # a value and its type: 2 and 2.0, or True and 1, may take different checks
     keys = [f"k{j}" for j in range(len(array_names))] + [f"{n}, type({n})" for n in others]
     pointers = ", ".join(f"p{j}" for j in range(len(array_names)))
-    call_args = ", ".join(names)
+    all_args = ", ".join(names)
+    call_args = ", ".join(names[:first] + [f"{n}={n}" for n in named])
     # simulate() blocks: the thread's count, read only while a block is open somewhere
     simulating = "(SIMULATING[0] and current.simulating)"
     describe_lines.append(f"    key = ({', '.join(keys)}, stream, {simulating})")
@@ -305,11 +338,11 @@ def _generate(fn: Callable, array_names: tuple) -> Callable:
         "    except Exception:  # not an array these keys describe (a meta tensor, say)",
         f"        return fn({call_args})",
         "    if recordings[0]:  # maybe inside another op's recording: its launches must show",
-        f"        return slow(key, ({call_args},), ({pointers},))",
+        f"        return slow(key, ({all_args},), ({pointers},))",
         "    try:",
         "        replay = plans[key]",
         "    except (KeyError, TypeError):",
-        f"        return slow(key, ({call_args},), ({pointers},))",
+        f"        return slow(key, ({all_args},), ({pointers},))",
         "    if replay is None:",
         f"        return fn({call_args})",
         f"    return replay({pointers})",

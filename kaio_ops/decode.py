@@ -24,6 +24,7 @@ import numpy as np
 from kaio.types import bf16, f16, f32, i32, u32
 from kaio_ops import _arrays, _typed
 from kaio_ops import _decode as dk
+from kaio_ops._plan import planned
 
 __all__ = ["flash_attention_decode", "flash_attention_decode_with_stats", "kv_cache_append"]
 
@@ -181,6 +182,9 @@ def _counters(like, stream, blocks: int):
         have = _COUNTERS[key] = torch.zeros(
             max(blocks, 1024), dtype=torch.int32, device=like.obj.device
         )
+        # a constant for call plans (kaio_ops._plan): a plan is keyed by its stream and
+        # replays with these counters; kept alive by the registry if outgrown here
+        _arrays.constant(have)
     return _arrays.arg(have, "torch", (have.numel(),), u32, like.device)
 
 
@@ -299,6 +303,7 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     return out, lse
 
 
+@planned("q", "k_cache", "v_cache", "seq_lens", "block_table")
 def flash_attention_decode(q, k_cache, v_cache, seq_lens, block_table=None, scale=None):
     """Attention of the ``Sq`` newest tokens of each sequence over its KV cache (a decode
     step; ``Sq`` up to 16 for speculative or chunked verification).
@@ -320,6 +325,7 @@ def flash_attention_decode(q, k_cache, v_cache, seq_lens, block_table=None, scal
     return _decode("flash_attention_decode", q, k_cache, v_cache, seq_lens, block_table, scale)[0]
 
 
+@planned("q", "k_cache", "v_cache", "seq_lens", "block_table")
 def flash_attention_decode_with_stats(q, k_cache, v_cache, seq_lens, block_table=None, scale=None):
     """``(out, lse)``: ``flash_attention_decode`` and each query row's natural logsumexp of
     its scaled scores, f32 [B, H, Sq] (-inf for a row that sees no key)."""
@@ -328,6 +334,7 @@ def flash_attention_decode_with_stats(q, k_cache, v_cache, seq_lens, block_table
     )
 
 
+@planned("k_cache", "v_cache", "k", "v", "seq_lens", "block_table")
 def kv_cache_append(k_cache, v_cache, k, v, seq_lens, block_table=None) -> None:
     """Write the new keys and values ``k``, ``v`` [B, Hkv, Sq, D] into the cache in place, at
     positions seq_lens[b] - Sq .. seq_lens[b] - 1 of sequence b (``seq_lens`` int32 [B], the

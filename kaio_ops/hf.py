@@ -41,6 +41,7 @@ from collections import Counter
 import torch
 from torch import nn
 
+import kaio_ops
 import kaio_ops.torch  # noqa: F401  (registers torch.ops.kaio)
 
 __all__ = [
@@ -61,6 +62,18 @@ GROUP = 128  # int4 scale group along K (matmul_int4's)
 MAX_DECODE_TOKENS = 16  # flash_attention_decode's Sq limit
 
 ops = torch.ops.kaio
+_compiling = torch.compiler.is_compiling
+
+
+def _direct(x: torch.Tensor, residual: torch.Tensor | None = None) -> bool:
+    """Whether a call on ``x`` (and ``residual``) goes to the ``kaio_ops`` function itself
+    rather than ``torch.ops.kaio``: eagerly (not traced by ``torch.compile``), on contiguous
+    CUDA tensors that need no gradient. It skips torch's dispatcher (a few µs a call, and
+    for ``flash_attention_decode`` two dispatches); the op's call plan is the same either way.
+    Anything else (CPU tensors for the simulator, autograd, tracing) takes the registered op."""
+    if _compiling() or not x.is_cuda or x.requires_grad or not x.is_contiguous():
+        return False
+    return residual is None or not residual.requires_grad and residual.is_contiguous()
 
 
 # ---------------------------------------------------------------------------- int4 weights
@@ -120,7 +133,8 @@ class KaioLinear(nn.Module):
     def forward(self, x, residual=None, activation=None):
         """The projection of ``x`` [..., K], then the epilogue."""
         if self.weight is not None:
-            return ops.linear(x, self.weight, self.bias, residual=residual, activation=activation)
+            op = kaio_ops.linear if _direct(x, residual) else ops.linear
+            return op(x, self.weight, self.bias, residual=residual, activation=activation)
         flat = x.reshape(-1, self.in_features)
         y = ops.matmul_int4(flat, self.b_packed, self.scales)  # f32 [M, N]
         if self.bias is not None:
@@ -153,7 +167,8 @@ class KaioRMSNorm(nn.Module):
 
     def forward(self, x):
         """The normalized ``x``."""
-        return ops.rms_norm(x, self.weight, self.eps)
+        op = kaio_ops.rms_norm if _direct(x) else ops.rms_norm
+        return op(x, self.weight, self.eps)
 
 
 class KaioRotary(nn.Module):
@@ -166,11 +181,20 @@ class KaioRotary(nn.Module):
         self.rotary = rotary
 
     def forward(self, x, position_ids):
-        """``(cos, sin, seq_lens)``: cos and sin [P, S, D/2] (P: 1 or the batch)."""
+        """``(cos, sin, seq_lens, rows)``: cos and sin [P, S, D/2] (P: 1 or the batch); for
+        a decode step of one position for the whole batch (P = S = 1), ``rows`` is
+        ``(cos[0], sin[0])`` ([1, D/2], cut here once for every layer), else None."""
         cos, sin = self.rotary(x, position_ids)
         half = cos.shape[-1] // 2
         seq_lens = (position_ids[:, -1] + 1).to(torch.int32).expand(x.shape[0]).contiguous()
-        return cos[..., :half].contiguous(), sin[..., :half].contiguous(), seq_lens
+        cos, sin = cos[..., :half].contiguous(), sin[..., :half].contiguous()
+        rows = (cos[0], sin[0]) if cos.shape[0] == 1 and cos.shape[1] == 1 else None
+        return cos, sin, seq_lens, rows
+
+
+def _rope_op(x, cos, sin):
+    """``rope`` through ``kaio_ops`` eagerly on CUDA, else ``torch.ops.kaio`` (``_direct``)."""
+    return (kaio_ops.rope if _direct(x) else ops.rope)(x, cos, sin)
 
 
 def _rope(x, cos, sin):
@@ -178,12 +202,22 @@ def _rope(x, cos, sin):
     b, s, heads, d = x.shape
     if s == 1 and cos.shape[0] == 1:  # a decode step: one position for the whole batch
         rows = x.reshape(1, b * heads, d)
-        return ops.rope(rows, cos[0], sin[0]).reshape(b, s, heads, d)
+        return _rope_op(rows, cos[0], sin[0]).reshape(b, s, heads, d)
     if cos.shape[0] != b:
         cos, sin = cos.expand(b, -1, -1), sin.expand(b, -1, -1)
     rows = x.reshape(b * s, heads, d)
-    out = ops.rope(rows, cos.reshape(b * s, -1), sin.reshape(b * s, -1))
+    out = _rope_op(rows, cos.reshape(b * s, -1), sin.reshape(b * s, -1))
     return out.reshape(b, s, heads, d)
+
+
+def _decode_qkv(qkv, b: int, h: int, hkv: int, d: int, rows: tuple):
+    """q [B, H, 1, D], k and v [B, Hkv, 1, D] of a decode step's fused projection ``qkv``
+    [B, 1, (H + 2 Hkv) D], q and k rotated by one ``rope`` call over every head of the batch
+    (the V heads' rotation is computed and dropped: cheaper than the views and the second
+    call that would skip them), all as views: no copies."""
+    width = h + 2 * hkv
+    rotated = _rope_op(qkv.view(1, b * width, d), *rows).view(b, width, 1, d)
+    return rotated[:, :h], rotated[:, h : h + hkv], qkv.view(b, width, 1, d)[:, h + hkv :]
 
 
 class KaioAttention(nn.Module):
@@ -210,11 +244,15 @@ class KaioAttention(nn.Module):
         """``residual + o_proj(attention(hidden_states))`` (without ``residual`` when None)."""
         b, s, _ = hidden_states.shape
         h, hkv, d = self.heads, self.kv_heads, self.head_dim
-        cos, sin, seq_lens = position_embeddings
-        qkv = self.qkv_proj(hidden_states).view(b, s, h + 2 * hkv, d)
-        q = _rope(qkv[:, :, :h], cos, sin).transpose(1, 2)
-        k = _rope(qkv[:, :, h : h + hkv], cos, sin).transpose(1, 2)
-        v = qkv[:, :, h + hkv :].transpose(1, 2)
+        cos, sin, seq_lens, rows = position_embeddings
+        qkv = self.qkv_proj(hidden_states)
+        if s == 1 and rows is not None:
+            q, k, v = _decode_qkv(qkv, b, h, hkv, d, rows)
+        else:
+            qkv = qkv.view(b, s, h + 2 * hkv, d)
+            q = _rope(qkv[:, :, :h], cos, sin).transpose(1, 2)
+            k = _rope(qkv[:, :, h : h + hkv], cos, sin).transpose(1, 2)
+            v = qkv[:, :, h + hkv :].transpose(1, 2)
         cache = kwargs.get("past_key_values")
         past = 0
         if cache is not None:
@@ -222,10 +260,15 @@ class KaioAttention(nn.Module):
                 past = cache.get_seq_length(self.layer_idx)  # prefill only: may synchronize
             k, v = cache.update(k, v, self.layer_idx)
         attend = _interface()[self.config._attn_implementation]
-        out, _ = attend(
-            self, q, k, v, attention_mask, scaling=self.scaling, seq_lens=seq_lens, past=past
-        )
-        return self.o_proj(out.reshape(b, s, h * d), residual=residual)
+        if attend is kaio_attention:  # kaio's own: [B, H, S, D], one view fewer for decode
+            out = _attend(q, k, v, attention_mask, self.scaling, seq_lens=seq_lens, past=past)
+            out = out.view(b, s, h * d) if s == 1 else out.transpose(1, 2).reshape(b, s, h * d)
+        else:
+            out, _ = attend(
+                self, q, k, v, attention_mask, scaling=self.scaling, seq_lens=seq_lens, past=past
+            )
+            out = out.reshape(b, s, h * d)
+        return self.o_proj(out, residual=residual)
 
 
 class KaioGatedMLP(nn.Module):
@@ -265,6 +308,13 @@ def kaio_attention(module, query, key, value, attention_mask, scaling=None, drop
     keys, causal; a step of at most 16 new tokens runs ``flash_attention_decode`` with the
     lengths the patched rotary module computed (``seq_lens``; without it, every sequence is
     taken as L long), so nothing here synchronizes with the GPU."""
+    return _attend(query, key, value, attention_mask, scaling, dropout, **kwargs).transpose(
+        1, 2
+    ), None
+
+
+def _attend(query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """``kaio_attention``'s output before its transpose: [B, H, S, D]."""
     if attention_mask is not None:
         raise NotImplementedError(
             "kaio attention: batches with padding (an attention mask with zeros) are not "
@@ -281,15 +331,15 @@ def kaio_attention(module, query, key, value, attention_mask, scaling=None, drop
         seq_lens = kwargs.get("seq_lens")
         if seq_lens is None:
             seq_lens = torch.full((b,), key.shape[2], dtype=torch.int32, device=query.device)
-        out = ops.flash_attention_decode(
-            query.contiguous(), key.contiguous(), value.contiguous(), seq_lens, scale=scaling
-        )
+        q = query.contiguous()
+        op = kaio_ops.flash_attention_decode if _direct(q) else ops.flash_attention_decode
+        out = op(q, key.contiguous(), value.contiguous(), seq_lens, scale=scaling)
     else:
         raise NotImplementedError(
             f"kaio attention: {s} new tokens on top of {past} cached ones (chunked prefill "
             f"over {MAX_DECODE_TOKENS} tokens) is not supported yet"
         )
-    return out.transpose(1, 2), None
+    return out
 
 
 def _no_padding_mask(batch_size, q_length, kv_length, *args, attention_mask=None, **kwargs):
@@ -306,9 +356,17 @@ def _capturing() -> bool:
 
 
 def _interface():
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    """transformers' attention functions (imported once: an import statement costs a
+    dictionary lookup and a lock each call)."""
+    global _ATTENTION_FUNCTIONS
+    if _ATTENTION_FUNCTIONS is None:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    return ALL_ATTENTION_FUNCTIONS
+        _ATTENTION_FUNCTIONS = ALL_ATTENTION_FUNCTIONS
+    return _ATTENTION_FUNCTIONS
+
+
+_ATTENTION_FUNCTIONS = None
 
 
 def register_attention() -> None:

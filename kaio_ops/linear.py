@@ -19,6 +19,7 @@ import numpy as np
 from kaio.types import ScalarType, bf16, f16, f32
 from kaio_ops import _arrays, _gemm_hopper
 from kaio_ops._gemm import ACTIVATIONS, GEMM, REDUCE
+from kaio_ops._plan import planned
 from kaio_ops.matmul import CONFIGS, Plan, _hopper, heuristic, k_slices, plan_for
 
 __all__ = ["linear", "matmul"]
@@ -70,8 +71,8 @@ def _placeholder(like: _arrays.Operand, dtype: ScalarType, ndim: int):
     """A small array of ``like``'s kind and device for an unused bias or residual
     parameter (made once per kind, device, dtype and rank)."""
     key = (like.kind, like.device, dtype, ndim)
-    if key not in _PLACEHOLDERS:
-        _PLACEHOLDERS[key] = _arrays.output(like, (1,) * ndim, dtype)
+    if key not in _PLACEHOLDERS:  # a constant: call plans pass it as it is
+        _PLACEHOLDERS[key] = _arrays.constant(_arrays.output(like, (1,) * ndim, dtype))
     return _PLACEHOLDERS[key]
 
 
@@ -186,6 +187,7 @@ def _tile_constexprs(cfg, pipelined: bool, vec: bool) -> dict:
     return consts
 
 
+@planned("a", "b")
 def matmul(a, b, *, out_dtype=None):
     """``a @ b`` as ``torch.matmul`` computes it: f16 or bf16 ``a`` [M, K] and ``b`` [K, N]
     (the same dtype), f32 accumulation, the result [M, N] rounded once to ``out_dtype``
@@ -203,6 +205,7 @@ def matmul(a, b, *, out_dtype=None):
     return gemm("matmul", a, b, (m, n), (m, n, k), out, transposed=False)
 
 
+@planned("x", "w", "bias", "residual")
 def linear(x, w, bias=None, *, residual=None, activation: str | None = None, out_dtype=None):
     """``torch.nn.functional.linear(x, w, bias)`` with a fused epilogue: f16 or bf16 ``x``
     [..., K] (any leading batch dimensions) and ``w`` [N, K] (``nn.Linear.weight``, read in

@@ -121,6 +121,30 @@ def test_tiny_model_in_simulator(family):
         check_generation(ref, patched, ids[:, :8], steps=3)
 
 
+def test_batched_decode_in_simulator(monkeypatch):
+    """Decode steps of a batch of 2: q, k and v come out of one rope call over every head of
+    the batch as strided views (``hf._decode_qkv``); each step's logits, both models fed the
+    same tokens, agree with the unpatched model's."""
+    ref, patched = build("llama", torch.float16)
+    calls = []
+    monkeypatch.setattr(hf, "_decode_qkv", lambda *a: calls.append(1) or _decode_qkv(*a))
+    ids = torch.randint(0, 96, (2, 8), generator=torch.Generator().manual_seed(2))
+    caches = [transformers.DynamicCache(config=m.config) for m in (ref, patched)]
+    with torch.no_grad(), kaio.simulate():
+        for step in range(3):
+            want, got = (
+                m(input_ids=ids, past_key_values=c, use_cache=True).logits[:, -1].float()
+                for m, c in zip((ref, patched), caches, strict=True)
+            )
+            # 1e-3 here; an unrotated k (a wrong view) gives 1e-2
+            assert rel_err(got, want) < 4e-3, f"step {step}"
+            ids = want.argmax(-1, keepdim=True)
+    assert len(calls) == 4  # 2 layers x the 2 decode steps after the prefill
+
+
+_decode_qkv = hf._decode_qkv
+
+
 def test_int4_in_simulator():
     ref, patched = build("llama", torch.float16)
     q = hf.apply(copy.deepcopy(ref), quantize="int4")

@@ -26,6 +26,7 @@ from kaio_ops import _arrays, _plan
 
 # the module: the package attribute kaio_ops.matmul is the function of that name
 MATMUL_MODULE = importlib.import_module("kaio_ops.matmul")
+linear_module = importlib.import_module("kaio_ops.linear")  # likewise
 
 
 class FakeGPU:
@@ -53,6 +54,8 @@ class FakeGPU:
         monkeypatch.setattr(_plan, "stream_key", lambda obj, raw: self.stream)
         monkeypatch.setattr(_arrays, "multiprocessors", lambda like: 132)
         monkeypatch.setattr(MATMUL_MODULE, "_hopper", lambda a: False)
+        monkeypatch.setattr(linear_module, "_hopper", lambda a: False)  # tensor maps
+        monkeypatch.setattr(linear_module, "_pipelined", lambda a: True)  # sm_90
         monkeypatch.setattr(kaio_ops.tune, "lookup", lambda *a, **k: None)
         monkeypatch.setattr(kaio_ops._long_rows, "available", lambda a: False)
         _plan.clear()
@@ -395,3 +398,221 @@ def test_a_plan_runs_on_its_inputs_gpu():
         out = kaio_ops.rms_norm(x, w)
         assert out.device == x.device
         assert _error(torch, out, _rms_reference(torch, x, w)) < 1e-3
+
+
+# ------------------------------------------------- ops with keyword-only and optional arrays
+def _linear_args(g, dtype=f16, bias=True, residual=True):
+    x, w = g.array((1, 64), dtype), g.array((128, 64), dtype)
+    b = g.array((128,), dtype) if bias else None
+    r = g.array((1, 128), dtype) if residual else None
+    return (x, w, b), {"residual": r}
+
+
+def test_linear_plans_keyword_only_and_none_arguments(fake):
+    """linear's keyword-only arguments (residual, activation, out_dtype) and its optional
+    arrays given as None or not are part of the key: each gets its own plan, each replays
+    exactly what the op launches."""
+    plans = _plan.plans_of(kaio_ops.linear)
+    calls = [
+        ({}, {}),
+        ({"bias": False, "residual": False}, {}),
+        ({"residual": False}, {"activation": "silu"}),
+        ({}, {"out_dtype": "f32"}),
+        ({}, {"out_dtype": f32}),  # the same type named differently: its own key
+        ({"bias": False, "residual": False}, {"activation": "silu_gate"}),
+    ]
+    for made, extra in calls:
+        for _ in range(2):  # the second call replays the first one's plan
+            args, kwargs = _linear_args(fake, **made)
+            out = same_as_unplanned(fake, kaio_ops.linear, *args, **kwargs, **extra)
+    assert len(plans) == len(calls) and None not in plans.values()
+    assert out.shape == (1, 64)  # silu_gate: half the rows
+    x, w, b = _linear_args(fake)[0]
+    r = fake.array((1, 128), f16)
+    planned, unplanned, out = fake.run(kaio_ops.linear, x, w, b, residual=r)
+    assert planned == unplanned and len(plans) == len(calls)
+    for a in (x, w, b, r, out):  # every address is the call's own
+        assert a.ptr.to_bytes(8, "little") in planned[0][5]
+    with pytest.raises(ValueError, match="'activation'"):
+        kaio_ops.linear(x, w, b, activation="relu")
+    with pytest.raises(ValueError, match="'residual'"):
+        kaio_ops.linear(x, w, b, residual=fake.array((1, 64), f16))
+
+
+def test_matmul_plans_out_dtype(fake):
+    plans = _plan.plans_of(kaio_ops.matmul)
+    for out_dtype in (None, None, "f32", "f32"):
+        a, b = fake.array((1, 256), bf16), fake.array((256, 128), bf16)
+        out = same_as_unplanned(fake, kaio_ops.matmul, a, b, out_dtype=out_dtype)
+    assert out.kaio_dtype == f32 and len(plans) == 2 and None not in plans.values()
+
+
+def _decode_args(g, paged=False, batch=2):
+    q = g.array((batch, 8, 1, 64), f16)
+    lens = g.array((batch,), kaio.i32)
+    if paged:
+        k, v = (g.array((8, 16, 2, 64), f16) for _ in range(2))
+        return q, k, v, lens, g.array((batch, 32), kaio.i32)
+    k, v = (g.array((batch, 2, 512, 64), f16) for _ in range(2))
+    return q, k, v, lens, None
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_decode_ops_replay_what_they_launch(fake, paged):
+    """flash_attention_decode (split over the keys: a workspace allocated per call and a merge
+    kernel), its _with_stats form and kv_cache_append (which writes its inputs and returns
+    None) replay their launches with each call's addresses and new workspaces."""
+    ops = (kaio_ops.flash_attention_decode, kaio_ops.flash_attention_decode_with_stats)
+    for op in ops:
+        results = []
+        for _ in range(2):
+            q, k, v, lens, table = _decode_args(fake, paged)
+            planned, unplanned, result = fake.run(op, q, k, v, lens, table)
+            assert planned == unplanned and len(planned) == 2  # split, then merged
+            assert q.ptr.to_bytes(8, "little") in planned[0][5]
+            results.append(result)
+        assert len(_plan.plans_of(op)) == 1 and None not in _plan.plans_of(op).values()
+        first, second = (r if isinstance(r, tuple) else (r,) for r in results)
+        assert {o.ptr for o in first}.isdisjoint(o.ptr for o in second)
+    same_as_unplanned(fake, ops[0], *_decode_args(fake, paged), scale=0.5)
+    assert len(_plan.plans_of(ops[0])) == 2
+    plans = _plan.plans_of(kaio_ops.kv_cache_append)
+    for _ in range(2):
+        q, k_cache, v_cache, lens, table = _decode_args(fake, paged)
+        k, v = (fake.array((2, 2, 1, 64), f16) for _ in range(2))
+        planned, unplanned, result = fake.run(
+            kaio_ops.kv_cache_append, k_cache, v_cache, k, v, lens, table
+        )
+        assert result is None and planned == unplanned
+        assert k_cache.ptr.to_bytes(8, "little") in planned[0][5]
+    assert len(plans) == 1 and None not in plans.values()
+
+
+def test_decode_none_block_table_and_a_table_get_their_own_plans(fake):
+    op = kaio_ops.flash_attention_decode
+    same_as_unplanned(fake, op, *_decode_args(fake, paged=False))
+    same_as_unplanned(fake, op, *_decode_args(fake, paged=True))
+    assert len(_plan.plans_of(op)) == 2
+    q, k, v, lens, table = _decode_args(fake, paged=True)
+    with pytest.raises(ValueError, match="'block_table'"):
+        op(q, k, v, lens, fake.array((2, 32), f32))
+
+
+def test_planned_keyword_only_signature_is_kept():
+    import inspect
+
+    sig = inspect.signature(kaio_ops.linear)
+    assert sig.parameters["residual"].kind is inspect.Parameter.KEYWORD_ONLY
+    with pytest.raises(TypeError):
+        kaio_ops.linear(None, None, None, None)  # residual is keyword-only
+
+
+def test_torch_ops_fast_path_takes_keyword_only_arguments_positionally(fake, monkeypatch):
+    """torch.ops.kaio.linear's implementation gets every argument positionally (the
+    dispatcher's order): a call with a plan replays it through ``replay_only`` without the
+    device checks or the op's body; a call without one runs the op (keyword-only arguments
+    passed by name) and leaves a plan."""
+    pytest.importorskip("torch")
+    import kaio_ops.torch as kt
+
+    names = ["x", "w", "bias", "residual", "activation", "out_dtype"]
+    impl = kt._implementation(kt.REGISTERED["linear"], names)
+    (x, w, b), kw = _linear_args(fake)
+    out = impl(x, w, b, kw["residual"], "silu", "f32")  # a miss: the op runs, a plan is left
+    assert out.kaio_dtype == f32 and len(_plan.plans_of(kaio_ops.linear)) == 1
+
+    def entered(*args):
+        raise AssertionError("a call with a plan went past replay_only")
+
+    monkeypatch.setattr(kt, "_check_devices", entered)
+    monkeypatch.setattr(linear_module, "gemm", entered)  # the op's body
+    (x, w, b), kw = _linear_args(fake)
+    fake.calls = []
+    out = impl(x, w, b, kw["residual"], "silu", "f32")
+    assert len(fake.calls) == 1 and out.kaio_dtype == f32
+    for a in (x, w, b, kw["residual"], out):
+        assert a.ptr.to_bytes(8, "little") in fake.calls[0][5]
+    assert kaio_ops.linear.replay_only(x, w, b, None, "silu", "f32") is _plan.MISS
+
+
+def test_linear_on_hopper_replays_its_tensor_maps(fake, monkeypatch):
+    """The Hopper GEMM takes TMA tensor maps, which hold their array's address: a plan
+    encodes the map again for each call's address (x seen as [M, K] through a view the op
+    makes, w as it is), keeping those it has met."""
+    tensormap = importlib.import_module("kaio.tensormap")  # the module, not the annotation
+    encoded = []
+
+    def encode(tm, address=None):  # a fake cuTensorMapEncodeTiled: the address, the box
+        address = tm.array.ptr if address is None else address
+        encoded.append(address)
+        return (address.to_bytes(8, "little") + bytes(tm.box)).ljust(128, b"\0")
+
+    monkeypatch.setattr(tensormap, "_encode", encode)
+    monkeypatch.setattr(linear_module, "_hopper", lambda a: True)
+    plans = _plan.plans_of(kaio_ops.linear)
+    seen = []
+    for _ in range(3):
+        x, w = fake.array((1, 1, 64), f16), fake.array((128, 64), f16)
+        r = fake.array((1, 1, 128), f16)
+        planned, unplanned, _ = fake.run(kaio_ops.linear, x, w, residual=r)
+        assert planned == unplanned
+        for a in (x, w, r):
+            assert a.ptr.to_bytes(8, "little") in planned[0][5]
+        seen.append(x.ptr)
+    assert len(plans) == 1 and None not in plans.values()
+    maps = [tm for prepared, _ in next(iter(plans.values())).plan.steps
+            for _, tm in prepared.maps.values()]  # fmt: skip
+    assert len(maps) == 2 and all(tm.array is None for tm in maps)  # the arrays are not kept
+    encoded.clear()
+    fake.calls = []
+    kaio_ops.linear(x, w, residual=r)  # addresses met before: no new encoding
+    assert not encoded and len(fake.calls) == 1
+    from kaio.runtime import plan as plan_mod
+
+    monkeypatch.setattr(plan_mod, "MAPS_KEPT", 2)
+    for _ in range(3):  # more addresses than kept: the oldest go, every launch stays right
+        x = fake.array((1, 1, 64), f16)
+        planned, unplanned, _ = fake.run(kaio_ops.linear, x, w, residual=r)
+        assert planned == unplanned and x.ptr.to_bytes(8, "little") in planned[0][5]
+
+
+@pytest.mark.gpu
+def test_linear_and_decode_replay_on_a_gpu():
+    """linear (3-D x as the hf patch passes it; the Hopper GEMM with its tensor maps on
+    sm_90), kv_cache_append and flash_attention_decode (split over the keys, its per-stream
+    counters a plan constant) replayed with new inputs and lengths each step, against
+    float64 references."""
+    torch = _torch_cuda()
+    _plan.clear()
+    gen = torch.Generator(device="cuda").manual_seed(7)
+
+    def randn(*shape):
+        return torch.randn(*shape, device="cuda", dtype=torch.float16, generator=gen)
+
+    w, b = randn(256, 128) / 12, randn(256)
+    for _ in range(3):
+        x, r = randn(1, 1, 128), randn(1, 1, 256)
+        y = kaio_ops.linear(x, w, b, residual=r)
+        want = x.double() @ w.double().T + b.double() + r.double()
+        assert _error(torch, y, want) < 2e-3
+    assert len(_plan.plans_of(kaio_ops.linear)) == 1
+    assert None not in _plan.plans_of(kaio_ops.linear).values()
+    batch, heads, kv_heads, d, capacity = 2, 8, 2, 128, 1024
+    k_cache, v_cache = randn(batch, kv_heads, capacity, d), randn(batch, kv_heads, capacity, d)
+    lens = torch.tensor([700, 313], device="cuda", dtype=torch.int32)
+    for _ in range(3):
+        lens += 1
+        k, v = randn(batch, kv_heads, 1, d), randn(batch, kv_heads, 1, d)
+        kaio_ops.kv_cache_append(k_cache, v_cache, k, v, lens)
+        q = randn(batch, heads, 1, d)
+        out = kaio_ops.flash_attention_decode(q, k_cache, v_cache, lens)
+        for i, n in enumerate(lens.tolist()):
+            assert torch.equal(k_cache[i, :, n - 1], k[i, :, 0])
+            assert torch.equal(v_cache[i, :, n - 1], v[i, :, 0])
+            keys = k_cache[i, :, :n].double().repeat_interleave(heads // kv_heads, 0)
+            values = v_cache[i, :, :n].double().repeat_interleave(heads // kv_heads, 0)
+            scores = q[i].double() @ keys.transpose(1, 2) / d**0.5
+            want = torch.softmax(scores, -1) @ values
+            assert _error(torch, out[i], want) < 2e-3
+    for op in (kaio_ops.kv_cache_append, kaio_ops.flash_attention_decode):
+        assert len(_plan.plans_of(op)) == 1 and None not in _plan.plans_of(op).values()

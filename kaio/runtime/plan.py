@@ -17,14 +17,17 @@ current one) and the same error reporting.
 A plan is only as valid as the signature it was recorded for: shapes, dtypes, strides,
 alignment, device, stream and every non-array argument. Keeping that key, and looking plans up
 by it, is the caller's job (``kaio_ops._plan``). Launches that cannot be replayed with new
-addresses raise ``PlanError`` while recording (a tensor map, which holds its array's address
-inside its 128 bytes; a kernel compiled in debug mode, which checks an error record after each
-launch); the caller then runs its calls unplanned.
+addresses raise ``PlanError`` while recording (a kernel compiled in debug mode, which checks an
+error record after each launch); the caller then runs its calls unplanned. A tensor map holds
+its array's address inside its 128 bytes: a plan re-encodes the map for each call's address
+(``cuTensorMapEncodeTiled``), keeping the maps of the last addresses it met (weights keep
+theirs; activations come back to a few addresses from torch's caching allocator).
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib
 import struct
 import threading
 from collections.abc import Iterator
@@ -61,7 +64,7 @@ class PreparedLaunch:
     (``config``) and the function handle, the GPU ordinal and the kernel's name."""
 
     __slots__ = ("name", "function", "config", "fmt", "size", "offsets", "values", "arrays")
-    __slots__ += ("device", "stream", "_loaded")
+    __slots__ += ("device", "stream", "_loaded", "maps")
 
     def __init__(self, loaded, fmt: str, size: int, values: list, arrays: dict, config_values):
         self.name = loaded.name
@@ -73,6 +76,8 @@ class PreparedLaunch:
         grid, block, shared, stream = config_values
         self.stream = stream
         self.config = LaunchConfigStruct(grid, block, shared, stream, None, 0)
+        # argument position -> (index in values of its 128 bytes, the TensorMap)
+        self.maps: dict = {}
 
     def __repr__(self) -> str:
         cfg = self.config
@@ -95,13 +100,15 @@ def prepare(launch, args: tuple) -> PreparedLaunch:
     fmt, size = param_format(loaded.params)
     values: list = []
     arrays: dict = {}
+    maps: dict = {}
     for k, kind in launch_abi(kernel, spec.layouts, loaded.params):
         if kind in ("C", "A"):
             info = infos[k]
             arrays[k] = len(values)
             values += [info.ptr, *info.shape, *(info.strides if kind == "A" else ())]
         elif kind == "tensormap":
-            raise PlanError(f"{loaded.name} takes a tensor map (its address is inside it)")
+            maps[k] = (len(values), args[k])
+            values.append(args[k].encoded())
         else:
             values.append(bf16_bits(args[k]) if kind == "bf16" else args[k])
     try:
@@ -111,7 +118,9 @@ def prepare(launch, args: tuple) -> PreparedLaunch:
     with launcher.visiting(loaded.device):  # opting in to shared memory sets a function attribute
         validate_config(cfg.grid, cfg.block, cfg.shared_bytes, loaded, kernel.block_size)
     config = (cfg.grid, cfg.block, cfg.shared_bytes, launch._stream)
-    return PreparedLaunch(loaded, fmt, size, values, arrays, config)
+    prepared = PreparedLaunch(loaded, fmt, size, values, arrays, config)
+    prepared.maps = maps
+    return prepared
 
 
 class Recorder:
@@ -163,8 +172,10 @@ class CallPlan:
     """Replays prepared launches with new addresses: ``run(pointers)``.
 
     ``steps``: ``(PreparedLaunch, {argument position: (source, byte offset)})`` per launch,
-    where ``pointers[source] + byte offset`` is the new address of that array argument;
-    arrays not named keep the address they were recorded with (constants). The generated
+    where ``pointers[source] + byte offset`` is the new address of that array argument (of
+    the array under a tensor map, for the positions in ``PreparedLaunch.maps``: the map is
+    encoded again for that address, ``map_encoder``); arrays not named keep the address they
+    were recorded with (constants), maps not named their bytes. The generated
     ``run`` packs each launch's parameters in one ``pack_into`` into a buffer taken off a free
     list (threads replaying one plan at once never share a buffer) and launches it.
     """
@@ -174,6 +185,8 @@ class CallPlan:
         self.run = self._generate()
 
     def _generate(self):
+        for prepared, _ in self.steps:  # keep the maps' layouts, not the recorded arrays
+            prepared.maps = {k: (e, _layout(tm)) for k, (e, tm) in prepared.maps.items()}
         env: dict = {
             "current": current,
             "launch_kernel": launcher.raw_launch_kernel(),
@@ -190,8 +203,13 @@ class CallPlan:
                 env[f"V{i}_{e}"] = value
                 entries.append(f"V{i}_{e}")
             for k, (source, add) in sources.items():
-                e = prepared.arrays[k]
-                entries[e] = f"p[{source}] + {add}" if add else f"p[{source}]"
+                address = f"p[{source}] + {add}" if add else f"p[{source}]"
+                if k in prepared.maps:
+                    e, tm = prepared.maps[k]
+                    env[f"MAP{i}_{e}"] = map_encoder(tm)
+                    entries[e] = f"MAP{i}_{e}({address})"
+                else:
+                    entries[prepared.arrays[k]] = address
             offsets, size = prepared.offsets, prepared.size
             env[f"pack{i}"] = struct.Struct(prepared.fmt).pack_into
             env[f"free{i}"] = [parameter_slot(size, offsets)]
@@ -233,6 +251,39 @@ class CallPlan:
         run = env["run"]
         run.source = source
         return run
+
+
+# encoded maps a plan step keeps per tensor-map argument, by address: a model's layers share
+# one plan per shape, so each layer's weight is one address here, and activations cycle
+# through a few addresses of torch's caching allocator
+MAPS_KEPT = 1024
+
+
+def map_encoder(tm) -> object:
+    """``encode(address)``: the 128 bytes of the tensor map ``tm`` (its shape, strides, box
+    and swizzle) over the array at ``address``; the bytes of the last MAPS_KEPT addresses met
+    are kept (the map depends on nothing else the plan does not fix)."""
+    # the module (``kaio.tensormap`` is also the parameter annotation); looked up per
+    # encoding, so that tests can stand in for the driver
+    tensormap = importlib.import_module("kaio.tensormap")
+    kept: dict = {}
+
+    def encode(address: int) -> bytes:
+        try:
+            return kept[address]
+        except KeyError:
+            pass
+        if len(kept) >= MAPS_KEPT:
+            del kept[next(iter(kept))]  # the oldest
+        made = kept[address] = tensormap._encode(tm, address)
+        return made
+
+    return encode
+
+
+def _layout(tm):
+    """``tm`` without its array (a plan must not keep the recorded call's arrays alive)."""
+    return type(tm)(None, tm.dtype, tm.shape, tm.row_stride, tm.box, tm.swizzle)
 
 
 def _failure(prepared: PreparedLaunch):
