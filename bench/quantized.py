@@ -14,7 +14,7 @@ cases with ``BATCH`` calls back to back between one pair of events: a call of a 
 microseconds is otherwise timed with the gap that each pair of events adds around it (about
 2 µs on an H100, the same for every implementation, which pulls every ratio towards 1).
 Last, ``matmul_int4`` over M = 1, 16, 32, 64, 128 at K = N = 4096 and 8192 against cuBLAS
-f16 (``int4_sweep``; alone with ``--only matmul_int4_sweep``).
+f16 (``int4_sweep``; alone with ``--only matmul_int4_sweep``; ``--quick`` leaves it out).
 Usage: ``python bench/quantized.py --out results.json``.
 """
 
@@ -200,7 +200,8 @@ def main() -> None:
             timing_only=tuple(floor),
         )
     qkv_cases(h, n, k)
-    int4_sweep(h)
+    if "--quick" not in sys.argv:  # the sweep: full runs, or alone with --only
+        int4_sweep(h)
     h.finish()
 
 

@@ -89,7 +89,7 @@ SUITES: tuple[Suite, ...] = (
     Suite("attention", "attention.py", "Attention", (), ("--only", "flash_attention"), (90, 45)),
     # not in a quick run of all suites (its budget is spent); alone: bench/decode.py --quick
     Suite("decode", "decode.py", "Decode attention", (), None, (300, 0)),
-    Suite("quantized", "quantized.py", "Quantized matmul", (), (), (110, 70)),
+    Suite("quantized", "quantized.py", "Quantized matmul", (), ("--quick",), (110, 40)),
     Suite("fp8", "fp8.py", "FP8 matmul", (), None, (150, 0)),  # quick: bench/fp8.py --quick
     Suite("launch", "launch_overhead.py", "Launch overhead", (), (), (35, 25)),
     Suite("compile", "compile_time.py", "Compile time", (), ("--runs", "3"), (15, 10)),
