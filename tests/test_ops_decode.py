@@ -19,7 +19,7 @@ import pytest
 import kaio
 import kaio_ops
 from kaio.ptx.ptxas import assemble, find_ptxas
-from kaio_ops import decode
+from kaio_ops import _plan, decode
 from tests.poison import poison_allocations
 
 BF16 = ml_dtypes.bfloat16
@@ -556,8 +556,10 @@ def test_gpu_torch_ops_and_debug_length_check(monkeypatch):
     k = torch.randn((2, 2, 1, 64), device="cuda", dtype=q.dtype)
     torch.ops.kaio.kv_cache_append(k_cache, v_cache, k, k, seq_lens, table)
     assert torch.equal(_gather_torch(k_cache, 1, 3, table)[:, 2], k[1, :, 0])
-    # debug mode copies the lengths to the host and checks them
+    # debug mode copies the lengths to the host and checks them; plans were built with the
+    # kernel's setting of the time, so they are dropped after changing it
     monkeypatch.setattr(decode.DECODE[kaio.bf16], "debug", True)
+    _plan.clear()
     seq_lens[0] = 257
     with pytest.raises(ValueError, match="seq_lens\\[0\\] = 257"):
         kaio_ops.flash_attention_decode(q, k_cache, v_cache, seq_lens, table)
