@@ -198,19 +198,26 @@ def test_gemma2_reports_what_it_keeps():
 GPU_FAMILIES = ["llama", "mistral", "qwen2"]
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("family", GPU_FAMILIES)
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_generation_on_gpu(family, dtype):
-    extra = dict(
+def gpu_size(**changes) -> dict:
+    """The GPU tests' model size (over tiny_config's): 8 query and 2 KV heads of 128, 2
+    layers, with ``changes``."""
+    size = dict(
         hidden_size=512,
         intermediate_size=1024,
         num_attention_heads=8,
         num_key_value_heads=2,
-        head_dim=64,
-        num_hidden_layers=4,
+        head_dim=128,
+        num_hidden_layers=2,
         vocab_size=512,
     )
+    return {**size, **changes}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", GPU_FAMILIES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_generation_on_gpu(family, dtype):
+    extra = gpu_size(head_dim=64, num_hidden_layers=4)
     ref, patched = build(family, dtype, device="cuda", **extra)
     ids = torch.randint(
         0, 512, (2, 40), device="cuda", generator=torch.Generator("cuda").manual_seed(4)
@@ -224,16 +231,7 @@ def test_generation_on_gpu(family, dtype):
 
 @pytest.mark.gpu
 def test_gemma2_on_gpu():
-    extra = dict(
-        hidden_size=512,
-        intermediate_size=1024,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        head_dim=64,
-        num_hidden_layers=2,
-        vocab_size=512,
-        hidden_activation="gelu_pytorch_tanh",
-    )
+    extra = gpu_size(head_dim=64, hidden_activation="gelu_pytorch_tanh")
     ref, patched = build("gemma2", torch.float16, device="cuda", **extra)
     ids = torch.randint(0, 512, (1, 32), device="cuda")
     with torch.no_grad():
@@ -244,15 +242,7 @@ def test_gemma2_on_gpu():
 
 @pytest.mark.gpu
 def test_int4_generation_on_gpu():
-    extra = dict(
-        hidden_size=512,
-        intermediate_size=1024,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        head_dim=128,
-        num_hidden_layers=2,
-        vocab_size=512,
-    )
+    extra = gpu_size()
     ref, _ = build("llama", torch.float16, device="cuda", **extra)
     q = hf.apply(copy.deepcopy(ref), quantize="int4")
     ids = torch.randint(0, 512, (4, 16), device="cuda")
@@ -267,15 +257,7 @@ def test_static_cache_decode_in_cuda_graph():
     """Decode steps from a static cache, one captured in a CUDA graph and replayed at later
     positions, give the logits of the same steps made eagerly (lengths are read on the GPU,
     so one capture serves every position)."""
-    extra = dict(
-        hidden_size=512,
-        intermediate_size=1024,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        head_dim=128,
-        num_hidden_layers=2,
-        vocab_size=512,
-    )
+    extra = gpu_size()
     _, model = build("llama", torch.float16, device="cuda", **extra)
     b, prompt, steps = 2, 24, 4
     ids = torch.randint(0, 512, (b, prompt), device="cuda")
