@@ -78,28 +78,13 @@ for _kind, _what in (
     )
 
 
-def _wgmma_fp8(kind: str):
-    name = f"wgmma_{kind}"
-    typing = _wgmma(kind)
-
-    def lower(ctx, args, node):
-        if len(args) != 4:
-            ctx.error(
-                f"kaio.{name}() takes (acc, a_desc, b_desc, accumulate): 8-bit operands are "
-                "K-major only (PTX has no transpose for them; store B as [N, K])",
-                node,
-            )
-        typing(ctx, args, node)
-
-    return lower
-
-
 for _kind in ("e4m3", "e5m2"):
     _define(
         f"wgmma_{_kind}",
         f"wgmma_{_kind}(acc, a_desc, b_desc, accumulate): warpgroup-wide (128 threads) acc = "
         f"A @ B (+ acc when accumulate) with {_kind} A (64x32) and B (32xN), both K-major in "
         "shared memory (32 bytes of K, as wgmma_f16's 16 elements: the same descriptors), "
-        "f32 accumulators (N = 2*len(acc)); wgmma.mma_async.m64nNk32. sm_90a.",
-        _wgmma_fp8(_kind),
+        "f32 accumulators (N = 2*len(acc)); wgmma.mma_async.m64nNk32; no transpose arguments "
+        "(PTX has none for 8-bit operands: store B as [N, K]). sm_90a.",
+        _wgmma(_kind),
     )
