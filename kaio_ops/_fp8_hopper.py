@@ -34,8 +34,10 @@ from kaio_ops._matmul_hopper import (
     GROUP_ROWS,
     SW,
     THREADS,
+    init_ring,
     place,
     shared_bytes,
+    tile_schedule,
 )
 from kaio_ops._typed import by_dtype
 
@@ -101,20 +103,8 @@ def matmul_fp8_wgmma(
     t = kaio.thread_idx_x()
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
     lt = t % 128
-    tile0 = i32(kaio.block_idx_x())
-    step = i32(kaio.grid_dim_x())
-    tiles_m = (m + BM - 1) // BM
-    tiles_n = (n + BN - 1) // BN
-    tiles = tiles_m * tiles_n
-    my_tiles = (tiles - tile0 + step - 1) // step
-    k_tiles = (k2 + BK - 1) // BK
-    slices = my_tiles * k_tiles
-    if t == 0:
-        for s in kaio.static_range(STAGES):
-            kaio.mbarrier_init(bars, (0, s), 1)
-            kaio.mbarrier_init(bars, (1, s), 2)
-        kaio.fence_proxy_async()
-    kaio.sync_threads()
+    tile0, step, tiles_m, tiles_n, my_tiles, k_tiles, slices = tile_schedule(m, n, k2, BM, BN, BK)
+    init_ring(bars, t, STAGES, 2)  # "free": lane 0 of each consumer warpgroup
     part = kaio.local(f32, (BN // 8, 2, 2))  # one K slice's wgmma sums
     acc = kaio.local(f32, (BN // 8, 2, 2))  # the tile's f32 sums of the slices
     s = i32(0)
