@@ -35,6 +35,7 @@ from kaio_ops._matmul_hopper import (
     SW,
     THREADS,
     init_ring,
+    next_slice,
     place,
     shared_bytes,
     tile_schedule,
@@ -56,11 +57,7 @@ def produce_fp8(
     kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32(A_STAGE_BYTES + BK * BN * 2))
     kaio.tma_load_2d(sa, (s, 0, 0), ta, at[2], k0, bars, (0, s))
     kaio.tma_load_2d(sb, (s, 0, 0), tb, at[3], k0, bars, (0, s))
-    at[0] += 1
-    if at[0] == k_tiles:
-        at[0] = 0
-        at[1] += step
-        place(at, tiles_m, tiles_n, BN, GROUP)
+    next_slice(at, k_tiles, step, tiles_m, tiles_n, BN, GROUP)
 
 
 @kaio.gpu_func

@@ -63,6 +63,18 @@ def place(at: i32[:], tiles_m: i32, tiles_n: i32, BN: kaio.constexpr, GROUP: kai
 
 
 @kaio.gpu_func
+def next_slice(at: i32[:], k_tiles: i32, step: i32, tiles_m: i32, tiles_n: i32,
+               BN: kaio.constexpr, GROUP: kaio.constexpr):  # fmt: skip
+    """Step the producer's position ``at`` to the K slice after its current one: the next
+    tile's first (``place``) after the tile's last, dividing only when the tile changes."""
+    at[0] += 1
+    if at[0] == k_tiles:
+        at[0] = 0
+        at[1] += step
+        place(at, tiles_m, tiles_n, BN, GROUP)
+
+
+@kaio.gpu_func
 def produce(
     sa: IN[:, :, :],
     sb: IN[:, :, :, :],
@@ -88,11 +100,7 @@ def produce(
     kaio.tma_load_2d(sa, (s, 0, 0), ta, at[2], k0, bars, (0, s))
     for j in kaio.static_range(BN // 64):
         kaio.tma_load_2d(sb, (s, j, 0, 0), tb, k0, at[3] + j * 64, bars, (0, s))
-    at[0] += 1
-    if at[0] == k_tiles:
-        at[0] = 0
-        at[1] += step
-        place(at, tiles_m, tiles_n, BN, GROUP)
+    next_slice(at, k_tiles, step, tiles_m, tiles_n, BN, GROUP)
 
 
 @kaio.gpu_func
