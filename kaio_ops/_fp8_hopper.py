@@ -34,8 +34,11 @@ from kaio_ops._matmul_hopper import (
     GROUP_ROWS,
     SW,
     THREADS,
+    init_ring,
+    next_slice,
     place,
     shared_bytes,
+    tile_schedule,
 )
 from kaio_ops._typed import by_dtype
 
@@ -54,11 +57,7 @@ def produce_fp8(
     kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32(A_STAGE_BYTES + BK * BN * 2))
     kaio.tma_load_2d(sa, (s, 0, 0), ta, at[2], k0, bars, (0, s))
     kaio.tma_load_2d(sb, (s, 0, 0), tb, at[3], k0, bars, (0, s))
-    at[0] += 1
-    if at[0] == k_tiles:
-        at[0] = 0
-        at[1] += step
-        place(at, tiles_m, tiles_n, BN, GROUP)
+    next_slice(at, k_tiles, step, tiles_m, tiles_n, BN, GROUP)
 
 
 @kaio.gpu_func
@@ -101,20 +100,8 @@ def matmul_fp8_wgmma(
     t = kaio.thread_idx_x()
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
     lt = t % 128
-    tile0 = i32(kaio.block_idx_x())
-    step = i32(kaio.grid_dim_x())
-    tiles_m = (m + BM - 1) // BM
-    tiles_n = (n + BN - 1) // BN
-    tiles = tiles_m * tiles_n
-    my_tiles = (tiles - tile0 + step - 1) // step
-    k_tiles = (k2 + BK - 1) // BK
-    slices = my_tiles * k_tiles
-    if t == 0:
-        for s in kaio.static_range(STAGES):
-            kaio.mbarrier_init(bars, (0, s), 1)
-            kaio.mbarrier_init(bars, (1, s), 2)
-        kaio.fence_proxy_async()
-    kaio.sync_threads()
+    tile0, step, tiles_m, tiles_n, my_tiles, k_tiles, slices = tile_schedule(m, n, k2, BM, BN, BK)
+    init_ring(bars, t, STAGES, 2)  # "free": lane 0 of each consumer warpgroup
     part = kaio.local(f32, (BN // 8, 2, 2))  # one K slice's wgmma sums
     acc = kaio.local(f32, (BN // 8, 2, 2))  # the tile's f32 sums of the slices
     s = i32(0)

@@ -3,7 +3,7 @@ with A [M, K] and B either [K, N] (``BT == 0``, ``matmul``) or [N, K] (``BT == 1
 ``nn.Linear`` weight layout, read as it is), f16 or bf16 in, f32 accumulators, the result
 rounded once to the output element type ``OUT`` (f16, bf16 or f32) in the epilogue.
 
-The tile machinery is that of ``kaio_ops._matmul_kernels`` (its ``load_tile``, ``mma_step``
+The tile machinery is that of ``kaio_ops._matmul_kernels`` (its ``load_tiles``, ``mma_step``
 and ``tile_origin``: a ``BM x BN`` block tile of ``WARPS_M x WARPS_N`` warps, K advanced
 ``BK`` at a time through XOR-swizzled shared tiles, a ``STAGES``-deep cp.async pipeline when
 ``ASYNC``, 16-byte copies when ``VEC``). What is new here:
@@ -27,7 +27,14 @@ from __future__ import annotations
 
 import kaio
 from kaio import f16, f32, u32
-from kaio_ops._matmul_kernels import load_tile, mma_step, slice_sum, tile_col, tile_origin, tile_row
+from kaio_ops._matmul_kernels import (
+    load_tiles,
+    mma_step,
+    slice_sum,
+    tile_col,
+    tile_origin,
+    tile_row,
+)
 from kaio_ops._typed import by_dtype
 from kaio_ops.elementwise import apply
 
@@ -149,8 +156,8 @@ def gemm_kernel(
         # the pipeline of _matmul_kernels.matmul_tile: STAGES tiles in flight, fragments
         # double-buffered, a stage refilled right after its last fragments are read
         for s in kaio.static_range(STAGES):
-            load_stage(a_s, b_s, u_s, a, b, s, m0, n0, k_begin + s * BK, k_end, M, N, K, tid,
-                       BM, BN, BK, THREADS, VEC, ASYNC, BT, GATE)  # fmt: skip
+            load_tiles(1, a_s, b_s, u_s, a, b, s, m0, n0, k_begin + s * BK, k_end, M, N, K, tid,
+                       BM, BN, BK, THREADS, VEC, ASYNC, 0, BT, GATE)  # fmt: skip
             kaio.cp_async_commit()
         kaio.cp_async_wait(STAGES - 1)
         kaio.sync_threads()
@@ -161,9 +168,9 @@ def gemm_kernel(
                 if ks == KSTEPS - 1:
                     kaio.cp_async_wait(STAGES - 2)
                     kaio.sync_threads()
-                    load_stage(a_s, b_s, u_s, a, b, stage, m0, n0, k_begin + (t + STAGES) * BK,
-                               k_end, M, N, K, tid, BM, BN, BK, THREADS, VEC, ASYNC, BT,
-                               GATE)  # fmt: skip
+                    load_tiles(1, a_s, b_s, u_s, a, b, stage, m0, n0,
+                               k_begin + (t + STAGES) * BK, k_end, M, N, K, tid, BM, BN, BK,
+                               THREADS, VEC, ASYNC, 0, BT, GATE)  # fmt: skip
                     kaio.cp_async_commit()
                     stage = kaio.select(stage == STAGES - 1, 0, stage + 1)
                     fragments(a_frag, b_frag, u_frag, (ks + 1) % 2, a_s, b_s, u_s, stage, 0, wm,
@@ -178,8 +185,8 @@ def gemm_kernel(
         # one stage through registers (GPUs without cp.async)
         for t in range(tiles):
             kaio.sync_threads()
-            load_stage(a_s, b_s, u_s, a, b, 0, m0, n0, k_begin + t * BK, k_end, M, N, K, tid,
-                       BM, BN, BK, THREADS, VEC, ASYNC, BT, GATE)  # fmt: skip
+            load_tiles(1, a_s, b_s, u_s, a, b, 0, m0, n0, k_begin + t * BK, k_end, M, N, K, tid,
+                       BM, BN, BK, THREADS, VEC, ASYNC, 0, BT, GATE)  # fmt: skip
             kaio.sync_threads()
             for ks in kaio.static_range(KSTEPS):
                 fragments(a_frag, b_frag, u_frag, 0, a_s, b_s, u_s, 0, ks * 16, wm, wn, lane,
@@ -249,52 +256,6 @@ def store_pair(
                 for e in kaio.static_range(2):
                     if col + e < N:
                         c[row, col + e] = pair[e]
-
-
-@kaio.gpu_func
-def load_stage(
-    a_s: DT[:, :, :],
-    b_s: DT[:, :, :],
-    u_s: DT[:, :, :],
-    a: DT[:],
-    b: DT[:],
-    stage: u32,
-    m0: u32,
-    n0: u32,
-    k0: u32,
-    k_end: u32,
-    M: u32,
-    N: u32,
-    K: u32,
-    tid: u32,
-    BM: kaio.constexpr,
-    BN: kaio.constexpr,
-    BK: kaio.constexpr,
-    THREADS: kaio.constexpr,
-    VEC: kaio.constexpr,
-    ASYNC: kaio.constexpr,
-    BT: kaio.constexpr,
-    GATE: kaio.constexpr,
-):
-    """A[m0:+BM, k0:+BK] and B's tile (B[k0:+BK, n0:+BN], or rows n0:+BN of B [N, K], and
-    for GATE rows N + n0:+BN too) into ``stage`` of the shared tiles, zeros outside the
-    matrices and past k_end (``_matmul_kernels.load_tile``, bounds-checked)."""
-    COPIES = (BK * (BM if BM > BN else BN) // 8 + THREADS - 1) // THREADS
-    ra = kaio.local(u32, (COPIES, 4))
-    rb = kaio.local(u32, (COPIES, 4))
-    ru = kaio.local(u32, (COPIES if GATE else 1, 4))
-    for phase in kaio.static_range(2 if VEC and not ASYNC else 1):
-        load_tile(phase, 1, a_s, a, ra, stage, m0, k0, M, k_end, K, tid, BM, BK, THREADS, VEC,
-                  ASYNC)  # fmt: skip
-        if BT:
-            load_tile(phase, 1, b_s, b, rb, stage, n0, k0, N, k_end, K, tid, BN, BK, THREADS,
-                      VEC, ASYNC)  # fmt: skip
-            if GATE:
-                load_tile(phase, 1, u_s, b, ru, stage, N + n0, k0, 2 * N, k_end, K, tid, BN, BK,
-                          THREADS, VEC, ASYNC)  # fmt: skip
-        else:
-            load_tile(phase, 1, b_s, b, rb, stage, k0, n0, k_end, N, N, tid, BK, BN, THREADS,
-                      VEC, ASYNC)  # fmt: skip
 
 
 @kaio.gpu_func

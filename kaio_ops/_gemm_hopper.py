@@ -28,6 +28,7 @@ import math
 import kaio
 from kaio import bool_, f16, f32, i32, u32, u64
 from kaio_ops._gemm import ByTypes, store_pair
+from kaio_ops._matmul_hopper import init_ring
 from kaio_ops._matmul_kernels import tile_col, tile_origin, tile_row
 
 DT = f16  # the input element type placeholder
@@ -99,12 +100,7 @@ def gemm_wgmma(
     k_begin = kaio.block_idx_z() * k_slice
     k_end = kaio.min(k_begin + k_slice, K)
     k_tiles = i32((k_end - k_begin + BK - 1) // BK)
-    if t == 0:
-        for s in kaio.static_range(STAGES):
-            kaio.mbarrier_init(bars, (0, s), 1)
-            kaio.mbarrier_init(bars, (1, s), WG)
-        kaio.fence_proxy_async()
-    kaio.sync_threads()
+    init_ring(bars, t, STAGES, WG)  # "free": lane 0 of each consumer warpgroup
     acc = kaio.local(f32, (BN // 8, 2, 2))
     acc_u = kaio.local(f32, (BN // 8 if GATE else 1, 2, 2))
     s = i32(0)

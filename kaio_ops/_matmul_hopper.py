@@ -63,6 +63,18 @@ def place(at: i32[:], tiles_m: i32, tiles_n: i32, BN: kaio.constexpr, GROUP: kai
 
 
 @kaio.gpu_func
+def next_slice(at: i32[:], k_tiles: i32, step: i32, tiles_m: i32, tiles_n: i32,
+               BN: kaio.constexpr, GROUP: kaio.constexpr):  # fmt: skip
+    """Step the producer's position ``at`` to the K slice after its current one: the next
+    tile's first (``place``) after the tile's last, dividing only when the tile changes."""
+    at[0] += 1
+    if at[0] == k_tiles:
+        at[0] = 0
+        at[1] += step
+        place(at, tiles_m, tiles_n, BN, GROUP)
+
+
+@kaio.gpu_func
 def produce(
     sa: IN[:, :, :],
     sb: IN[:, :, :, :],
@@ -88,11 +100,7 @@ def produce(
     kaio.tma_load_2d(sa, (s, 0, 0), ta, at[2], k0, bars, (0, s))
     for j in kaio.static_range(BN // 64):
         kaio.tma_load_2d(sb, (s, j, 0, 0), tb, k0, at[3] + j * 64, bars, (0, s))
-    at[0] += 1
-    if at[0] == k_tiles:
-        at[0] = 0
-        at[1] += step
-        place(at, tiles_m, tiles_n, BN, GROUP)
+    next_slice(at, k_tiles, step, tiles_m, tiles_n, BN, GROUP)
 
 
 @kaio.gpu_func
@@ -158,6 +166,35 @@ def epilogue(
             store_c(c0, c1, c2, row + 8 * h, put, m, n, n0, n1, out, OUT)
 
 
+@kaio.gpu_func
+def tile_schedule(m: i32, n: i32, k: i32, BM: kaio.constexpr, BN: kaio.constexpr,
+                  BK: kaio.constexpr):  # fmt: skip
+    """The persistent schedule of this block: (first tile, tile step, tiles_m, tiles_n,
+    tiles it computes, K tiles per tile, slices = the two multiplied) for an m x n output
+    of BM x BN tiles and K tiles of BK."""
+    tile0 = i32(kaio.block_idx_x())
+    step = i32(kaio.grid_dim_x())
+    tiles_m = (m + BM - 1) // BM
+    tiles_n = (n + BN - 1) // BN
+    tiles = tiles_m * tiles_n
+    my_tiles = (tiles - tile0 + step - 1) // step
+    k_tiles = (k + BK - 1) // BK
+    return tile0, step, tiles_m, tiles_n, my_tiles, k_tiles, my_tiles * k_tiles
+
+
+@kaio.gpu_func
+def init_ring(bars: u64[:, :], t: u32, STAGES: kaio.constexpr, FREES: kaio.constexpr):
+    """Thread 0 initializes the ring's barriers (row 0 "stage full": one arrival, the
+    producer's; row 1 "stage free": FREES arrivals) and fences them for the async proxy;
+    then the block syncs."""
+    if t == 0:
+        for s in kaio.static_range(STAGES):
+            kaio.mbarrier_init(bars, (0, s), 1)
+            kaio.mbarrier_init(bars, (1, s), FREES)
+        kaio.fence_proxy_async()
+    kaio.sync_threads()
+
+
 @kaio.gpu_kernel(block_size=THREADS)
 def matmul_wgmma(
     ta: kaio.tensormap,
@@ -186,20 +223,8 @@ def matmul_wgmma(
     t = kaio.thread_idx_x()
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it (CUTLASS does the same)
     lt = t % 128
-    tile0 = i32(kaio.block_idx_x())
-    step = i32(kaio.grid_dim_x())
-    tiles_m = (m + BM - 1) // BM
-    tiles_n = (n + BN - 1) // BN
-    tiles = tiles_m * tiles_n
-    my_tiles = (tiles - tile0 + step - 1) // step
-    k_tiles = (k + BK - 1) // BK
-    slices = my_tiles * k_tiles
-    if t == 0:
-        for s in kaio.static_range(STAGES):
-            kaio.mbarrier_init(bars, (0, s), 1)
-            kaio.mbarrier_init(bars, (1, s), 2)
-        kaio.fence_proxy_async()
-    kaio.sync_threads()
+    tile0, step, tiles_m, tiles_n, my_tiles, k_tiles, slices = tile_schedule(m, n, k, BM, BN, BK)
+    init_ring(bars, t, STAGES, 2)  # "free": lane 0 of each consumer warpgroup
     acc = kaio.local(f32, (BN // 8, 2, 2))
     # the stage and phase parity of a slice, kept as counters: a stage computed as g % STAGES
     # is not known to be warp-uniform when STAGES is not a power of two, and the wgmmas then

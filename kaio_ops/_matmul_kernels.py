@@ -228,7 +228,7 @@ def matmul_tile(
         # as soon as its last fragments are in registers, and the barrier that allows it
         # also makes tile t + 1 visible: it overlaps the last step's mma.
         for s in kaio.static_range(STAGES):
-            load_tiles(1, a_s, b_s, a, b, s, m0, n0, k_begin + s * BK, k_end, M, N, K, tid,
+            load_tiles(1, a_s, b_s, b_s, a, b, s, m0, n0, k_begin + s * BK, k_end, M, N, K, tid,
                        BM, BN, BK, THREADS, VEC, ASYNC, QUANT)  # fmt: skip
             kaio.cp_async_commit()
         kaio.cp_async_wait(STAGES - 1)
@@ -243,7 +243,7 @@ def matmul_tile(
                     # Past the last tile the copies read nothing and zero-fill a buffer no
                     # one reads: cheaper than a branch that would split the loop body.
                     k_refill = k_begin + (t + STAGES) * BK
-                    load_tiles(1, a_s, b_s, a, b, stage, m0, n0, k_refill, k_end, M, N, K, tid,
+                    load_tiles(1, a_s, b_s, b_s, a, b, stage, m0, n0, k_refill, k_end, M, N, K, tid,
                                BM, BN, BK, THREADS, VEC, ASYNC, QUANT)  # fmt: skip
                     kaio.cp_async_commit()
                     stage = kaio.select(stage == STAGES - 1, 0, stage + 1)
@@ -329,7 +329,7 @@ def sync_step(
     through registers (``load_tiles``, with bounds checks if EDGES), then multiply them."""
     KSTEP = 32 // DT.itemsize
     kaio.sync_threads()
-    load_tiles(EDGES, a_s, b_s, a, b, 0, m0, n0, k_begin + t * BK, k_end, M, N, K, tid,
+    load_tiles(EDGES, a_s, b_s, b_s, a, b, 0, m0, n0, k_begin + t * BK, k_end, M, N, K, tid,
                BM, BN, BK, THREADS, VEC, False, QUANT)  # fmt: skip
     kaio.sync_threads()
     for ks in kaio.static_range(BK // KSTEP):
@@ -485,6 +485,7 @@ def load_tiles(
     EDGES: kaio.constexpr,
     a_s: DT[:, :, :],
     b_s: DT[:, :, :],
+    u_s: DT[:, :, :],
     a: DT[:],
     b: DT[:],
     stage: u32,
@@ -503,17 +504,21 @@ def load_tiles(
     VEC: kaio.constexpr,
     ASYNC: kaio.constexpr,
     QUANT: kaio.constexpr,
+    BT: kaio.constexpr = 0,
+    GATE: kaio.constexpr = 0,
 ):
     """A[m0:m0+BM, k0:k0+BK] and B[k0:k0+BK, n0:n0+BN] (B^T's [n0:n0+BN, k0:k0+BK] for
-    8-bit types, the packed words [k0/8:(k0+BK)/8, n0:n0+BN] for int4, the bytes as halves
-    [k0:k0+BK, n0/2:(n0+BN)/2] for int8 weights) into ``stage`` of the shared tiles,
-    swizzled, zeros outside the matrices (and past k_end); ``EDGES == 0`` promises that
-    both tiles lie inside them. Copies through registers issue every load of both tiles
-    before the first store."""
+    8-bit types and for ``BT`` (B given [N, K], ``_gemm``), the packed words
+    [k0/8:(k0+BK)/8, n0:n0+BN] for int4, the bytes as halves [k0:k0+BK, n0/2:(n0+BN)/2] for
+    int8 weights) into ``stage`` of the shared tiles, swizzled, zeros outside the matrices
+    (and past k_end); ``EDGES == 0`` promises that both tiles lie inside them. ``GATE``
+    (with BT): rows N + n0:+BN of B [2N, K] too, into ``u_s`` (otherwise unused: pass
+    b_s). Copies through registers issue every load of the tiles before the first store."""
     # Each tile holds at most BK x max(BM, BN) elements: 16-byte copies per thread, at most
     COPIES = (BK * (BM if BM > BN else BN) // (16 // DT.itemsize) + THREADS - 1) // THREADS
     ra = kaio.local(u32, (COPIES, 4))
     rb = kaio.local(u32, (COPIES, 4))
+    ru = kaio.local(u32, (COPIES if GATE else 1, 4))
     for phase in kaio.static_range(2 if VEC and not ASYNC else 1):
         load_tile(phase, EDGES, a_s, a, ra, stage, m0, k0, M, k_end, K, tid, BM, BK, THREADS,
                   VEC, ASYNC)  # fmt: skip
@@ -523,9 +528,12 @@ def load_tiles(
         elif QUANT == 8:
             load_tile(phase, EDGES, b_s, b, rb, stage, k0, n0 // 2, k_end, N // 2, N // 2, tid,
                       BK, BN // 2, THREADS, VEC, ASYNC)  # fmt: skip
-        elif DT.itemsize == 1:
+        elif DT.itemsize == 1 or BT:
             load_tile(phase, EDGES, b_s, b, rb, stage, n0, k0, N, k_end, K, tid, BN, BK, THREADS,
                       VEC, ASYNC)  # fmt: skip
+            if GATE:
+                load_tile(phase, EDGES, u_s, b, ru, stage, N + n0, k0, 2 * N, k_end, K, tid, BN,
+                          BK, THREADS, VEC, ASYNC)  # fmt: skip
         else:
             load_tile(phase, EDGES, b_s, b, rb, stage, k0, n0, k_end, N, N, tid, BK, BN, THREADS,
                       VEC, ASYNC)  # fmt: skip
