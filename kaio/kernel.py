@@ -50,7 +50,9 @@ def _dim3(value, what: str) -> tuple:
         raise LaunchError(f"{what} must be an int or a tuple of 1 to 3 ints, got {value!r}")
     dims = []
     for v in value:
-        if not isinstance(v, int) or isinstance(v, bool):
+        if isinstance(v, bool):  # an int to Python, but never a dimension
+            raise LaunchError(f"{what} must hold ints, got {value!r} (a bool)")
+        if not isinstance(v, int):
             try:
                 v = int(v.__index__())
             except AttributeError:

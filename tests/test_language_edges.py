@@ -163,7 +163,9 @@ def test_long_operator_chains_and_deep_nesting(tmp_path):
     assert info.value.lineno == 10, str(info.value)
 
 
-@pytest.mark.parametrize("block_size", [256.0, 1e100, "256", (32, 0), (1, 2, 3, 4)])
+@pytest.mark.parametrize(
+    "block_size", [256.0, 1e100, "256", (32, 0), (1, 2, 3, 4), True, (32, True)]
+)
 def test_bad_block_size_is_refused_at_decoration(block_size):
     with pytest.raises(kaio.LaunchError, match="block_size"):
 
