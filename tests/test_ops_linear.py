@@ -19,6 +19,7 @@ from kaio.ptx.ptxas import assemble, find_ptxas
 from kaio_ops import _gemm_hopper as hopper
 from kaio_ops.linear import gemm, plan, specializations
 from kaio_ops.matmul import Plan
+from tests.linear_reference import torch_linear_reference
 
 BF16 = ml_dtypes.bfloat16
 # the rounding of one output element, relative, by output dtype
@@ -259,20 +260,12 @@ def test_every_specialization_assembles(arch):
 
 # ---------------------------------------------------------------------------- GPU
 def _torch_reference(torch, x, w, bias, residual, activation, out_dtype):
-    F = torch.nn.functional
-    z = F.linear(x.double(), w.double(), None if bias is None else bias.double())
-    if activation == "silu_gate":
-        g, u = z.chunk(2, -1)
-        z = F.silu(g) * u
-    elif activation == "gelu":
-        z = F.gelu(z)
-    elif activation == "gelu_tanh":
-        z = F.gelu(z, approximate="tanh")
-    elif activation == "silu":
-        z = F.silu(z)
-    if residual is not None:
-        z = z + residual.double()
-    return z
+    """The float64 torch reference of the GPU tests."""
+
+    def up(t):
+        return None if t is None else t.double()
+
+    return torch_linear_reference(up(x), up(w), up(bias), up(residual), activation)
 
 
 @pytest.mark.gpu

@@ -8,25 +8,10 @@ from __future__ import annotations
 import pytest
 
 import kaio
+from tests.linear_reference import torch_linear_reference as reference
 
 torch = pytest.importorskip("torch")
 kt = pytest.importorskip("kaio_ops.torch")
-F = torch.nn.functional
-
-
-def reference(x, w, bias=None, residual=None, activation=None):
-    """float64 (or the inputs' own precision) torch: linear, activation, residual."""
-    z = F.linear(x, w, bias)
-    if activation == "silu_gate":
-        g, u = z.chunk(2, -1)
-        z = F.silu(g) * u
-    elif activation == "gelu":
-        z = F.gelu(z)
-    elif activation == "gelu_tanh":
-        z = F.gelu(z, approximate="tanh")
-    elif activation == "silu":
-        z = F.silu(z)
-    return z if residual is None else z + residual
 
 
 def inputs(device, dtype, activation, m=(2, 5), k=24, n=16, seed=0):
