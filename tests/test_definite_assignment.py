@@ -156,3 +156,86 @@ def test_variables_assigned_on_every_path_compile_and_run():
     np.testing.assert_array_equal(out, expected)
     with pytest.raises(kaio.CompileError, match="'g' is not defined"):
         assigned_on_every_path.ir(M=2)
+
+
+# A loop variable read after its loop (issue 29): Python's value, the last one taken (or the
+# one a break left), in the simulator and in the PTX alike; an empty static_range leaves the
+# name unassigned (a located error) or as it was.
+@kaio.gpu_kernel(block_size=32)
+def loop_variables_after(x: f32[:], out: i32[:], n: u32):
+    i = kaio.thread_idx_x()
+    for a in kaio.static_range(2, 9, 3):  # noqa: B007 (2, 5, 8: a stays a constant after it)
+        pass
+    sh = kaio.shared(i32, (a * 4,))  # (so it can size an array)
+    sh[i] = i
+    for b in kaio.static_range(4):  # a break: b is the value of the iteration it left
+        if x[i * 4 + b] > 0.0:
+            break
+    for c in range(5):  # a runtime range() with constant trips (unrolled)
+        if x[i * 4 + c] > 0.0:
+            break
+    for d in range(4):  # noqa: B007
+        pass
+    e = 9
+    for e in kaio.static_range(0):  # noqa: B007 (empty: e keeps its value)
+        pass
+    f = i
+    for f in kaio.static_range(3):  # noqa: B007 (f was a variable: it gets the last value)
+        pass
+    f = f + 10
+    out[i * 6 + 0] = a
+    out[i * 6 + 1] = b
+    out[i * 6 + 2] = c
+    out[i * 6 + 3] = d
+    out[i * 6 + 4] = e
+    out[i * 6 + 5] = f
+
+
+@kaio.gpu_kernel(block_size=32)
+def empty_static_range_variable(out: i32[:], n: u32):
+    for j in kaio.static_range(3, 3):
+        out[0] = j
+    out[1] = j  # ERR
+
+
+def _loop_variables_expected(x: np.ndarray) -> np.ndarray:
+    """Python's own loop semantics, thread by thread."""
+    rows = []
+    for i in range(32):
+        for b in range(4):
+            if x[i * 4 + b] > 0:
+                break
+        for c in range(5):
+            if x[i * 4 + c] > 0:
+                break
+        rows.append([8, b, c, 3, 9, 12])
+    return np.array(rows, np.int32).ravel()
+
+
+def test_a_loop_variable_read_after_its_loop_has_its_last_value():
+    from kaio.ptx.ptxas import assemble, find_ptxas
+
+    rng = np.random.default_rng(29)
+    x = np.where(rng.random(32 * 4 + 4) < 0.3, 1.0, -1.0).astype(np.float32)
+    out = np.full(32 * 6, -7, np.int32)
+    loop_variables_after.sim[1](x, out, 32)
+    np.testing.assert_array_equal(out, _loop_variables_expected(x))
+    # The unoptimized IR (only unrolled) agrees: the unroll pass keeps the variable.
+    from kaio.frontend import compile_kernel
+    from kaio.ir.passes import unroll
+    from kaio.sim.engine import simulate
+
+    fn = compile_kernel(loop_variables_after, {}, ("C", "C"))
+    unroll(fn)
+    again = np.full(32 * 6, -7, np.int32)
+    n = next(p.value for p in fn.params if p.source == "n")
+    simulate(fn, (1,), (32,), dict(zip(fn.param_arrays, (x, again), strict=True)), {n: 32})
+    np.testing.assert_array_equal(again, out)
+    if find_ptxas() is not None:
+        assemble(loop_variables_after.ptx("sm_90"), "sm_90")
+    with pytest.raises(kaio.CompileError) as info:
+        empty_static_range_variable.ir()
+    err = info.value
+    assert "'j' is not assigned" in err.message and "range is empty" in err.message, str(err)
+    lines, start = inspect.getsourcelines(empty_static_range_variable.pyfunc)
+    assert err.lineno == start + next(i for i, ln in enumerate(lines) if "# ERR" in ln)

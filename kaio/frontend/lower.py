@@ -85,6 +85,7 @@ class Scope:
     result: Var | tuple | None = None  # a tuple of Vars for a device function returning one
     result_type: ScalarType | tuple | None = None
     unbound: dict = field(default_factory=dict)  # name -> (construct, line): bound on some paths
+    loop_only: frozenset = frozenset()  # names assigned only as for-loop targets
 
 
 _PY_BINOPS = {
@@ -188,11 +189,38 @@ def _assigned_names(stmts: list) -> dict[str, int]:
     return counts
 
 
+def _loop_only_names(stmts: list) -> frozenset:
+    """Names a function body assigns only as for-loop targets: after a ``kaio.static_range``
+    loop such a name can stay a compile-time constant (its last value)."""
+    loops = _assigned_names([n for n in ast.walk(ast.Module(stmts, [])) if isinstance(n, ast.For)])
+    return frozenset(n for n, c in _assigned_names(stmts).items() if c == loops.get(n))
+
+
+def _breaks_out(stmts: list) -> bool:
+    """Whether a loop body has a ``break`` of its own (not one of a nested loop)."""
+    for s in stmts:
+        if isinstance(s, ast.Break):
+            return True
+        if isinstance(s, ast.For | ast.While | ast.FunctionDef | ast.ClassDef):
+            continue
+        for field_name in ("body", "orelse", "finalbody", "handlers", "cases"):
+            block = getattr(s, field_name, None)
+            if isinstance(block, list) and _breaks_out(block):
+                return True
+    return False
+
+
 @functools.cache
 def _device_assignments(pyfunc) -> pytypes.MappingProxyType:
     """``_assigned_names`` of a device function's (cached) parsed body, computed once per
     function rather than at each of its inlinings (read-only: it is shared)."""
     return pytypes.MappingProxyType(_assigned_names(parse(pyfunc).tree.body))
+
+
+@functools.cache
+def _device_loop_only(pyfunc) -> frozenset:
+    """``_loop_only_names`` of a device function, computed once per function."""
+    return _loop_only_names(parse(pyfunc).tree.body)
 
 
 class Lowerer:
@@ -232,6 +260,7 @@ class Lowerer:
         self._check_signature(tree)
         counts = _assigned_names(tree.body)
         self.scope.multi_assigned = {n for n, c in counts.items() if c > 1}
+        self.scope.loop_only = _loop_only_names(tree.body)
         layouts = iter(self.layouts)
         annotations = self.kernel.annotations(self.constexprs)
         for arg in tree.args.args:
@@ -618,29 +647,51 @@ class Lowerer:
         )
 
     def _static_loop(self, node, values):
-        """kaio.static_range: the body is lowered once per value, the variable a constant."""
+        """kaio.static_range: the body is lowered once per value, the variable a constant.
+        After the loop the name holds its last value, as in Python: the value of the
+        iteration a ``break`` left, or else the last one. It stays a compile-time constant
+        when no ``break`` can leave the loop and the name is assigned nowhere else; otherwise
+        it is a variable. An empty range leaves the name as it was (unbound if it was)."""
         if not isinstance(node.target, ast.Name):
             self.error("the loop variable must be a single name", node.target)
         name = node.target.id
+        if name in self.scope.readonly:
+            self.error(f"cannot use parameter {name!r} as a loop variable", node.target)
         outer = Region(fresh_id(), [])
         loc = self.b.loc
         saved = self.scope.names.get(name, MISSING)
+        breaks = _breaks_out(node.body)
+        after = None  # the variable that holds the name's value after the loop
+        if values and (breaks or isinstance(saved, Var) or name not in self.scope.loop_only):
+            t = T.i32 if all(-(2**31) <= v < 2**31 for v in values) else T.i64
+            after = saved if isinstance(saved, Var) else self.b.var(t, name + "_")
         with self.b.block() as copies:
             for v in values:
                 self.scope.names[name] = Py(v)
                 iteration = Region(fresh_id(), [])
                 with self.b.block() as body:
+                    if after is not None and breaks:
+                        self.b.assign(after, self._coerce_assignment(name, after.type, Py(v), node))
                     self._loop_body(node.body, LoopTarget(outer.id, iteration.id, True))
                 iteration.body = body
                 self.b.loc = loc
                 self.b.append(iteration)
-        if saved is MISSING:
-            self.scope.names.pop(name, None)
-        else:
-            self.scope.names[name] = saved
         outer.body = copies
         self.b.loc = loc
         self.b.append(outer)
+        if after is not None:
+            if not breaks:
+                self.b.assign(
+                    after, self._coerce_assignment(name, after.type, Py(values[-1]), node)
+                )
+            self.scope.names[name] = after
+        elif values:
+            self.scope.names[name] = Py(values[-1])
+        elif saved is not MISSING:
+            self.scope.names[name] = saved
+        else:
+            self.scope.names.pop(name, None)
+            self.scope.unbound[name] = ("empty static_range", node.lineno)
 
     def stmt_Break(self, node):
         if not self.scope.loops:
@@ -733,6 +784,13 @@ class Lowerer:
             return self.scope.names[name]
         if name in self.scope.unbound:
             construct, line = self.scope.unbound[name]
+            if construct == "empty static_range":
+                self.error(
+                    f"{name!r} is not assigned: it is the variable of the kaio.static_range at "
+                    f"line {line}, whose range is empty, so the loop never assigns it (Python "
+                    f"raises UnboundLocalError here); assign {name!r} before the loop",
+                    node,
+                )
             self.error(definite.unassigned_message(name, None, construct, line), node)
         try:
             value = lookup_global(self.scope.pyfunc, name)
@@ -1262,6 +1320,7 @@ class Lowerer:
         scope = Scope(df.pyfunc, parsed.filename, region_id=fresh_id())
         counts = _device_assignments(df.pyfunc)
         scope.multi_assigned = {n for n, c in counts.items() if c > 1}
+        scope.loop_only = _device_loop_only(df.pyfunc)
         ret = annotations.get("return")
         if ret is not None and ret is not type(None):
             scope.result_type = self._return_type(df, ret, node)

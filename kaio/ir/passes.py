@@ -134,6 +134,7 @@ def _unroll_one(fn: Function, sf: StaticFor) -> Region:
     outside_uses = uses(fn.body) - uses(sf.body)
     local = [v for v, n in inner_defs.items() if all_defs[v] == n == 1 and not outside_uses[v]]
     assigned_var = inner_defs[sf.var] > 0
+    read_after = outside_uses[sf.var] > 0  # the variable keeps its last value after the loop
     for k, value in enumerate(sf.values):
         iteration = Region(fresh_id(), [], sf.loc)
         memo = _shared_memo(fn)
@@ -141,10 +142,10 @@ def _unroll_one(fn: Function, sf: StaticFor) -> Region:
             memo[id(v)] = Var(f"{v.name}_{k}", v.type)
         body = copy.deepcopy(sf.body, memo)
         const = const_convert(value, sf.var.type)
-        if assigned_var:
-            body.insert(0, Instr("mov", sf.var, (const,), {}, sf.loc))
-        else:
+        if not assigned_var:
             _substitute(body, {sf.var: const})
+        if assigned_var or read_after:
+            body.insert(0, Instr("mov", sf.var, (const,), {}, sf.loc))
         iteration.body = _retarget(body, sf.id, outer.id, iteration.id)
         outer.body.append(iteration)
     return outer
