@@ -1,4 +1,5 @@
-"""Shared test setup: tests marked ``gpu`` run only where a CUDA driver and a GPU are usable."""
+"""Shared test setup: tests marked ``gpu`` run only where a CUDA driver and a GPU are usable;
+tests marked ``slow`` (long runs) only when selected (``-m slow``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,11 @@ from kaio.runtime.device import gpu_unavailable_reason
 
 
 def pytest_collection_modifyitems(config, items) -> None:
+    if "slow" not in (config.getoption("markexpr", "") or ""):
+        skip_slow = pytest.mark.skip(reason="a long run: select it with -m slow")
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(skip_slow)
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items:
         return

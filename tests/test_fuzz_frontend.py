@@ -1,8 +1,14 @@
-"""The frontend fuzzer, short run: random kernels (valid and invalid) either compile to PTX
-that ptxas accepts or raise ``kaio.CompileError``; never another exception, never a hang.
+"""The frontend fuzzer (tests/frontend_fuzz.py), short run: random kernels (valid and invalid,
+with device functions, decorator options and constexprs of every kind) either compile to PTX
+that ptxas accepts, through both backends, or raise ``kaio.CompileError``, and those that
+compile run in the simulator or raise LaunchError/SimulationError; mutants of real kernels
+compile or raise CompileError; never another exception, never a hang.
 
-``KAIO_FUZZ_EXAMPLES=3000 python -m pytest tests/test_fuzz_frontend.py`` runs it long
-(docs/testing.md)."""
+The long run (a few thousand cases, kaio_ops' kernels among the mutated ones) is marked
+``slow`` and runs only when selected (docs/testing.md)::
+
+    python3 -m pytest -q -m slow tests/test_fuzz_frontend.py
+"""
 
 from __future__ import annotations
 
@@ -18,18 +24,38 @@ from tests import frontend_fuzz
 
 pytestmark = pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
 
-EXAMPLES = int(os.environ.get("KAIO_FUZZ_EXAMPLES", 30))
+EXAMPLES = int(os.environ.get("KAIO_FUZZ_EXAMPLES", 24))
+MUTANTS = int(os.environ.get("KAIO_FUZZ_MUTANTS", 12))
+LONG_EXAMPLES = int(os.environ.get("KAIO_FUZZ_LONG_EXAMPLES", 2000))
+LONG_MUTANTS = int(os.environ.get("KAIO_FUZZ_LONG_MUTANTS", 1000))
+QUIET = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+OUTCOMES = {"ptx", "error", "python", "sim", "sim-error", "sim-timeout", "skip"}
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=QUIET)
 @given(frontend_fuzz.kernels())
-def test_random_kernels_compile_or_raise_compile_error(kernel):
-    source, constexprs = kernel
-    assert frontend_fuzz.compile_source(source, constexprs) in ("ptx", "error", "python")
+def test_random_kernels_compile_or_raise_compile_error(case):
+    assert frontend_fuzz.check(case) in OUTCOMES
+
+
+@settings(max_examples=MUTANTS, deadline=None, suppress_health_check=QUIET)
+@given(frontend_fuzz.mutants())
+def test_mutated_real_kernels_compile_or_raise_compile_error(mutant):
+    assert frontend_fuzz.check_mutant(mutant) in OUTCOMES
+
+
+@pytest.mark.slow
+@settings(max_examples=LONG_EXAMPLES, deadline=None, suppress_health_check=QUIET)
+@given(frontend_fuzz.kernels())
+def test_long_run_random_kernels(case):
+    assert frontend_fuzz.check(case) in OUTCOMES
+
+
+@pytest.mark.slow
+@settings(max_examples=LONG_MUTANTS, deadline=None, suppress_health_check=QUIET)
+@given(frontend_fuzz.mutants(full=True))
+def test_long_run_mutated_kernels(mutant):
+    assert frontend_fuzz.check_mutant(mutant) in OUTCOMES
 
 
 def test_known_kernels_take_each_outcome():
