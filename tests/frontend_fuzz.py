@@ -624,8 +624,10 @@ class Gen:
         self.locals["i"] = "u32"
         body += self.block(3, "    ")
         decorator = self.decorator()
+        future = "from __future__ import annotations\n\n" if self.chance(0.3) else ""
         return (
-            "import math\n\nimport kaio\nfrom kaio import *\n\nG = 3\n\n\n"
+            future
+            + "import math\n\nimport kaio\nfrom kaio import *\n\nG = 3\n\n\n"
             + "\n".join(functions)
             + f"\n@kaio.gpu_kernel{decorator}\ndef fuzzed({', '.join(params)}):\n"
             + "\n".join(body)
@@ -668,14 +670,13 @@ def _llvm() -> bool:
     return True
 
 
-def _ptx(kernel, arch: str, constexprs: dict, backend: str | None = None) -> str:
-    """``"ptx"`` (ptxas accepted it) or ``"error"`` (a CompileError)."""
+def _ptx(kernel, arch: str, constexprs: dict, backend: str | None = None) -> str | None:
+    """The kernel's PTX, or None for a CompileError (ptxas runs outside the time limit, which
+    is kaio's: a big kernel's ptxas may be slow on a loaded machine)."""
     try:
-        ptx = kernel.ptx(arch, backend=backend, **constexprs)
+        return kernel.ptx(arch, backend=backend, **constexprs)
     except kaio.CompileError:
-        return "error"
-    assemble(ptx, arch)
-    return "ptx"
+        return None
 
 
 def compile_source(source: str, constexprs: dict, arch: str = "sm_90", limit: float = 20.0):
@@ -709,11 +710,13 @@ def check(
                     return "error"
                 if kernel is None:
                     return "python"
-                outcome = _ptx(kernel, arch, case.constexprs)
-                if outcome != "ptx":
-                    return outcome
-                if llvm and _llvm():
-                    _ptx(kernel, arch, case.constexprs, backend="llvm")
+                ptx = _ptx(kernel, arch, case.constexprs)
+                if ptx is None:
+                    return "error"
+                llvm_ptx = _ptx(kernel, arch, case.constexprs, "llvm") if llvm and _llvm() else None
+            assemble(ptx, arch)
+            if llvm_ptx is not None:
+                assemble(llvm_ptx, arch)
             if not simulate:
                 return "ptx"
             return _simulate(kernel, case, limit)
@@ -815,11 +818,12 @@ def mutation_targets(full: bool = False) -> list[tuple]:
     if full:
         from bench.backends import kaio_ops_specializations
 
-        seen = set()
+        smallest: dict = {}  # one specialization of each kernel object, its smallest tiles
         for _, kernel, consts in kaio_ops_specializations():
-            if id(kernel) not in seen:  # one specialization of each kernel object
-                seen.add(id(kernel))
-                targets.append((kernel, consts, None))
+            size = sum(v for v in consts.values() if isinstance(v, int))
+            if id(kernel) not in smallest or size < smallest[id(kernel)][0]:
+                smallest[id(kernel)] = (size, kernel, consts)
+        targets += [(kernel, consts, None) for _, kernel, consts in smallest.values()]
     targets = [t for t in targets if t[0].pyfunc.__closure__ is None]
     _TARGETS[key] = targets
     return targets
@@ -968,9 +972,12 @@ def check_mutant(mutant: Mutant, arch: str = "sm_90a", limit: float = 30.0) -> s
                     return "python"
                 if set(kernel.constexpr_names) != set(mutant.constexprs):
                     return "skip"
-                outcome = _ptx(kernel, arch, mutant.constexprs)
-            if outcome != "ptx" or mutant.make is None:
-                return outcome
+                ptx = _ptx(kernel, arch, mutant.constexprs)
+            if ptx is None:
+                return "error"
+            assemble(ptx, arch)
+            if mutant.make is None:
+                return "ptx"
             args, grid, block, shared = mutant.make(np.random.default_rng(29))
             try:
                 with warnings.catch_warnings():
