@@ -206,6 +206,10 @@ class Kernel:
         if block_size is not None:
             _dim3(block_size, "block_size")  # a LaunchError now, not a TypeError at .ptx()
         self.block_size = block_size
+        if arch is not None:  # a CompileError now, not at .ptx() (nor never, in the simulator)
+            from kaio.ptx.target import Target
+
+            Target.for_arch(arch)
         self.arch = arch
         self.debug = debug or os.environ.get("KAIO_DEBUG", "") not in ("", "0")
         self.backend = backend_name(backend)

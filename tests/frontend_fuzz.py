@@ -726,10 +726,12 @@ def check(
 
 
 def _inputs(case: Case, rng: np.random.Generator) -> list:
-    """Random arguments for ``case``'s parameters (arrays of 64 elements or 8 x 8)."""
+    """Random arguments for ``case``'s parameters (arrays of 64 elements or 8 x 8), the
+    constexprs' values in their places."""
     args = []
     for name, kind, t, ndim in case.params:
         if kind == "constexpr":
+            args.append(case.constexprs[name])  # in its place: positional, as a user may
             continue
         dtype = case.constexprs.get(t) or getattr(kaio, t)
         np_dtype = np.dtype(dtype.np_dtype)
@@ -759,7 +761,7 @@ def _simulate(kernel, case: Case, limit: float) -> str:
         with warnings.catch_warnings():
             warnings.simplefilter("error", RuntimeWarning)  # NumPy's overflow, invalid...
             with time_limit(limit):
-                launch(*args, **case.constexprs)
+                launch(*args)
     except (kaio.LaunchError, kaio.SimulationError):
         return "sim-error"
     except Timeout:

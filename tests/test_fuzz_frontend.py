@@ -93,6 +93,25 @@ def test_what_the_long_runs_found(body):
     assert frontend_fuzz.compile_source(HEAD + body + "\n", {}, limit=10) == FOUND[body]
 
 
+SIM_HEAD = "import kaio\nfrom kaio import *\n\n\n@kaio.gpu_kernel({})\n"
+SIM_BODY = "def fuzzed(out0: f32[:], n: u32):\n    out0[kaio.thread_idx_x()] = f32(n)\n"
+# What the long runs with the simulator found (each an exception of another kind before).
+FOUND_SIM = {
+    # an int arch ran in the simulator into an AttributeError; an unknown one simulated a
+    # kernel that no target compiles: both are a CompileError at definition now
+    "block_size=32, arch=90": "error",
+    "block_size=32, arch='sm_999'": "error",
+    "block_size=32, arch='sm_80'": "sim",
+}
+
+
+@pytest.mark.parametrize("options", sorted(FOUND_SIM))
+def test_what_the_long_runs_found_in_the_simulator(options):
+    params = [("out0", "array", "f32", 1), ("n", "scalar", "u32", 0)]
+    case = frontend_fuzz.Case(SIM_HEAD.format(options) + SIM_BODY, {}, params, 32)
+    assert frontend_fuzz.check(case, llvm=False, limit=10) == FOUND_SIM[options]
+
+
 def test_a_hang_is_reported():
     with pytest.raises(frontend_fuzz.Timeout):
         with frontend_fuzz.time_limit(0.05):

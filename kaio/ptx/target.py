@@ -86,7 +86,7 @@ class Target:
     @classmethod
     def for_arch(cls, arch: str) -> Target:
         """The target for ``arch`` (``"sm_80"``...); CompileError for an unknown arch."""
-        if arch not in ARCHS:
+        if not isinstance(arch, str) or arch not in ARCHS:
             known = ", ".join(ARCHS)
             raise CompileError(f"unknown GPU architecture {arch!r}; kaio targets {known}")
         sm, version = ARCHS[arch]
