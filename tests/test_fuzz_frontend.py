@@ -24,8 +24,8 @@ from tests import frontend_fuzz
 
 pytestmark = pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
 
-EXAMPLES = int(os.environ.get("KAIO_FUZZ_EXAMPLES", 24))
-MUTANTS = int(os.environ.get("KAIO_FUZZ_MUTANTS", 12))
+EXAMPLES = int(os.environ.get("KAIO_FUZZ_EXAMPLES", 40))
+MUTANTS = int(os.environ.get("KAIO_FUZZ_MUTANTS", 20))
 LONG_EXAMPLES = int(os.environ.get("KAIO_FUZZ_LONG_EXAMPLES", 2000))
 LONG_MUTANTS = int(os.environ.get("KAIO_FUZZ_LONG_MUTANTS", 1000))
 QUIET = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
