@@ -756,6 +756,7 @@ def _simulate(kernel, case: Case, limit: float) -> str:
     except (AttributeError, TypeError):  # a parameter Python accepted, kaio refused
         return "error"
     grid = int(rng.integers(1, 3))
+    inputs = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
     try:
         launch = kernel.sim[grid] if case.block is not None else kernel.sim[grid, 32]
         with warnings.catch_warnings():
@@ -768,7 +769,46 @@ def _simulate(kernel, case: Case, limit: float) -> str:
         if case.may_hang:
             return "sim-timeout"
         raise
+    _same_unoptimized(kernel, case, grid, inputs, args, limit)
     return "sim"
+
+
+def _same_unoptimized(kernel, case: Case, grid: int, inputs: list, outputs: list, limit: float):
+    """The IR straight from the frontend (only unrolled: no folding, propagation or motion)
+    gives the optimized IR's outputs bit for bit in the simulator (NaNs equal to NaNs): the
+    passes keep the simulator's semantics. Skipped where only the unoptimized run fails (a
+    pass may drop a dead out-of-bounds load)."""
+    from kaio.frontend import compile_kernel
+    from kaio.ir.passes import unroll
+    from kaio.sim.engine import simulate
+
+    arrays = [a for a in inputs if isinstance(a, np.ndarray)]
+    fn = compile_kernel(kernel, case.constexprs, ("C",) * len(arrays))
+    unroll(fn)
+    values = dict(zip([p[0] for p in case.params], inputs, strict=True))
+    scalars = {p.value: values[p.source] for p in fn.params if p.role == "scalar"}
+    block = kernel.block_size if case.block is not None else 32
+    block = (block,) if isinstance(block, int) else tuple(block)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            with time_limit(limit):
+                by_array = dict(zip(fn.param_arrays, arrays, strict=True))
+                simulate(fn, (grid,), block, by_array, scalars)
+    except (kaio.LaunchError, kaio.SimulationError, Timeout):
+        return
+    got = [a for a in outputs if isinstance(a, np.ndarray)]
+    for index, (a, b) in enumerate(zip(got, arrays, strict=True)):
+        bits = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize]
+        differ = a.view(bits) != b.view(bits)
+        if a.dtype.kind == "f" or a.dtype.name == "bfloat16":
+            differ &= ~(np.isnan(a.astype(np.float64)) & np.isnan(b.astype(np.float64)))
+        if differ.any():
+            where = tuple(int(k) for k in np.argwhere(differ)[0])
+            raise AssertionError(
+                f"array {index} differs between the optimized and the unoptimized IR at "
+                f"{where}: {a[where]!r} vs {b[where]!r}"
+            )
 
 
 # ---------------------------------------------------------------------- mutations

@@ -72,6 +72,33 @@ def test_known_kernels_take_each_outcome():
         frontend_fuzz.compile_source(good, {"missing": 1})
 
 
+def test_a_pass_that_changes_results_is_caught(monkeypatch):
+    """The simulator run of a kernel that compiles is checked against the unoptimized IR's:
+    a pass that turned a multiplication into an addition fails the check."""
+    from kaio.ir import passes
+
+    optimize = passes.optimize
+
+    def broken(fn, *args, **kwargs):
+        result = optimize(fn, *args, **kwargs)
+        for s in passes.walk(fn.body):
+            if getattr(s, "op", None) == "mul":
+                s.op = "add"
+        return result
+
+    source = SIM_HEAD.format("block_size=32") + (
+        "def fuzzed(out0: f32[:], p0: f16[:], n: u32):\n"
+        "    i = kaio.thread_idx_x()\n"
+        "    out0[i] = f32(p0[i]) * 0.1 + f32(n)\n"
+    )
+    params = [("out0", "array", "f32", 1), ("p0", "array", "f16", 1), ("n", "scalar", "u32", 0)]
+    case = frontend_fuzz.Case(source, {}, params, 32)
+    assert frontend_fuzz.check(case, llvm=False) == "sim"
+    monkeypatch.setattr(passes, "optimize", broken)
+    with pytest.raises(AssertionError, match="differs between the optimized and the unopt"):
+        frontend_fuzz.check(case, llvm=False)
+
+
 HEAD = "import kaio\nfrom kaio import *\n\n\n@kaio.gpu_kernel\ndef fuzzed(out0: f32[:], n: u32):\n"
 # What long fuzz runs found (each was a TypeError, a MemoryError or a hang before the fix).
 FOUND = {
