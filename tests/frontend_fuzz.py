@@ -991,12 +991,28 @@ def _define(mutant: Mutant, path: str):
     )
 
 
+def _grown(kernel, mutant: Mutant, limit: float) -> bool:
+    """Whether a mutant that compiled past the time limit is over 10 times the original's
+    size in the frontend's IR (a mutated tile count can unroll into tens of thousands of
+    instructions, which the passes take minutes over): slow, not a hang."""
+    from kaio.frontend import compile_kernel
+    from kaio.ir.passes import walk
+
+    def size(k) -> int:
+        layouts = ("C",) * len(k.param_names)
+        return sum(1 for _ in walk(compile_kernel(k, mutant.constexprs, layouts).body))
+
+    with time_limit(5 * limit):  # (the frontend alone takes a while over such a mutant)
+        return size(kernel) > 10 * size(mutant.kernel)
+
+
 def check_mutant(mutant: Mutant, arch: str = "sm_90a", limit: float = 30.0) -> str:
     """``"python"`` (Python rejected the mutant), ``"error"`` (a CompileError, or a
     constexpr the mutant no longer takes or newly needs: ``"skip"``) or ``"ptx"`` (ptxas
-    accepted it); for a catalog case, the simulator then runs it on the case's arguments
-    (``"sim"``) or refuses it with a LaunchError or SimulationError or a timeout (a mutated
-    loop may not end). Anything else propagates."""
+    accepted it; ``"big"``: the compile ran past the limit, the mutant being over 10 times
+    the original's size in IR); for a catalog case, the simulator then runs it on the case's
+    arguments (``"sim"``) or refuses it with a LaunchError or SimulationError or a timeout (a
+    mutated loop may not end). Anything else propagates."""
     fd, path = tempfile.mkstemp(suffix=".py", prefix="kaio_mutant_")
     with os.fdopen(fd, "w") as f:
         f.write(mutant.source)
@@ -1014,7 +1030,13 @@ def check_mutant(mutant: Mutant, arch: str = "sm_90a", limit: float = 30.0) -> s
                     return "python"
                 if set(kernel.constexpr_names) != set(mutant.constexprs):
                     return "skip"
-                ptx = _ptx(kernel, arch, mutant.constexprs)
+            try:
+                with time_limit(limit):
+                    ptx = _ptx(kernel, arch, mutant.constexprs)
+            except Timeout:
+                if _grown(kernel, mutant, limit):
+                    return "big"
+                raise
             if ptx is None:
                 return "error"
             assemble(ptx, arch)

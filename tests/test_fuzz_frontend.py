@@ -29,7 +29,7 @@ MUTANTS = int(os.environ.get("KAIO_FUZZ_MUTANTS", 20))
 LONG_EXAMPLES = int(os.environ.get("KAIO_FUZZ_LONG_EXAMPLES", 2000))
 LONG_MUTANTS = int(os.environ.get("KAIO_FUZZ_LONG_MUTANTS", 1000))
 QUIET = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
-OUTCOMES = {"ptx", "error", "python", "sim", "sim-error", "sim-timeout", "skip"}
+OUTCOMES = {"ptx", "error", "python", "sim", "sim-error", "sim-timeout", "skip", "big"}
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=QUIET)
