@@ -14,8 +14,8 @@ models' logit difference (the first divergence is reported with its margin). Mea
 tokens/s of one greedy step over a dynamic cache of ``--ctx`` random tokens at each batch
 (CUDA events, median), unpatched and patched, all ranks stepping together.
 
-``--tiny`` runs a tiny model on the CPU instead (gloo; the patched model on kaio's simulator):
-the test suite's check of the same code path.
+``--tiny`` takes a tiny model (the GPU test's), and ``--cpu`` runs on the CPU (gloo; the
+patched model on kaio's simulator): the CPU test's check of the same code path.
 """
 
 from __future__ import annotations
@@ -119,9 +119,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=32, help="greedy tokens compared")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--model-dir", default=None)
-    p.add_argument("--tiny", action="store_true", help="a tiny model on the CPU (simulator)")
+    p.add_argument("--tiny", action="store_true", help="a tiny model")
+    p.add_argument("--cpu", action="store_true", help="on the CPU (gloo, kaio's simulator)")
     args = p.parse_args()
-    gpu = not args.tiny
+    gpu = not args.cpu
     args.layers = args.layers or (2 if args.tiny else 4)
     dist.init_process_group("nccl" if gpu else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -141,16 +142,16 @@ def main() -> None:
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, min(vocab, 1000), (1, 16 if args.tiny else 64), generator=g)
     ids = ids.to(device)
-    steps = min(args.steps, 4) if args.tiny else args.steps
+    steps = min(args.steps, 4) if args.cpu else args.steps
     ref_run = hf.greedy(ref, ids, steps)
-    patched_run = generate(patched, ids, steps, simulate=args.tiny)  # every rank: collectives
+    patched_run = generate(patched, ids, steps, simulate=args.cpu)  # every rank: collectives
     result = dict(world=world, steps=steps, kept=patched.kaio_report["kept"])
     result["split_vs_split"] = compare(ref_run, patched_run)
     if rank == 0:
         single = load(path, split=False, device=device)
         result["split_vs_single"] = compare(hf.greedy(single, ids, steps), patched_run)
         del single
-    if gpu:
+    if gpu and not args.tiny:
         kv_heads = ref.config.num_key_value_heads // world
         rows = []
         for b in (int(x) for x in args.batches.split(",")):
@@ -160,6 +161,7 @@ def main() -> None:
                 if rank == 0:
                     print(f"decode {label:12s} B={b:3d} L={args.ctx} {tps:10.1f} tok/s", flush=True)
         result["decode"] = rows
+    if gpu:
         result["gpu"] = torch.cuda.get_device_name()
     result.update(layers=args.layers, seconds=time.perf_counter() - t0)
     if rank == 0:
