@@ -1009,6 +1009,17 @@ def _lop3(ctx, args, node):
     return ctx.b.emit("lop3", T.u32, vals, lut=lut)
 
 
+def _brev(ctx, args, node):
+    v = ctx.value(args[0], node, T.u32)
+    if not v.type.is_int or v.type.bits < 32:
+        ctx.error(
+            f"kaio.brev() takes a 32- or 64-bit integer, got {v.type} (widen a narrower "
+            "integer first, kaio.u32(x), and shift the result right by 32 - its width)",
+            node,
+        )
+    return ctx.b.emit("brev", v.type, (v,))
+
+
 def _u32_operand(ctx, name: str, arg, node):
     """``arg`` as a u32 operand of the bit builtin ``name`` (32-bit integers only)."""
     v = ctx.value(arg, node, T.u32)
@@ -1026,6 +1037,12 @@ for _name, _op, _what in (
     ("high", "unpack_hi", "element 1 (the high"),
 ):
     _define(_name, f"{_name}(p): {_what} 16 bits) of an f16x2/bf16x2 pair.", _unpack(_op, _name))
+_define(
+    "brev",
+    "brev(x): the bits of x, a 32- or 64-bit integer, in reverse order (brev.b32/b64): bit i "
+    "of the result is bit width - 1 - i of x; the result has x's type.",
+    _brev,
+)
 _define(
     "prmt",
     "prmt(a, b, selector): u32 byte permute (prmt.b32): byte i is byte (selector nibble i) & 7 "

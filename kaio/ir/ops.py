@@ -126,6 +126,7 @@ OPS: dict[str, OpInfo] = {
     "neg": OpInfo("unary", "num", True, "-a (wraps for integers)"),
     "not": OpInfo("unary", "bool", True, "logical not"),
     "invert": OpInfo("unary", "int", True, "bitwise not ~a"),
+    "brev": OpInfo("unary", "int", True, "a's bits in reverse order (32- and 64-bit integers)"),
     "abs": OpInfo("unary", "num", True, "|a| (wraps for the most negative integer)"),
     "lt": OpInfo("compare", "num", True, "a < b"),
     "le": OpInfo("compare", "num", True, "a <= b"),

@@ -232,6 +232,7 @@ UNARY = {
     },
     "not": {"pred": _op("not_")},
     "invert": {"int": _op("not_")},
+    "brev": {"int": _overloaded("llvm.bitreverse")},
     "sqrt": {"float": _overloaded("llvm.sqrt")},
     "floor": {"float": _overloaded("llvm.floor")},
     "ceil": {"float": _overloaded("llvm.ceil")},

@@ -78,6 +78,7 @@ UNARY = {
     },
     "not": {"pred": "not.pred {d}, {a}"},
     "invert": {"int": "not.{bt} {d}, {a}"},
+    "brev": {"int": "brev.{bt} {d}, {a}"},
     "sqrt": {"float": "sqrt.rn.{ty} {d}, {a}"},
     "floor": {"float": "cvt.rmi.{ty}.{ty} {d}, {a}"},
     "ceil": {"float": "cvt.rpi.{ty}.{ty} {d}, {a}"},
