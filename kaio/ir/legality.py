@@ -171,9 +171,43 @@ _VIA_F32 = {"f16": (), "bf16": (_TO_F32, _TO_F32, _FROM_F32)}  # an op computed 
 _WIDE = ("i32", "u32", "i64", "u64", "f64")  # cvt.bf16 takes these directly on sm_90
 _NARROW = ("f16", "i8", "u8", "i16", "u16")  # always through f32, exactly
 _CAS_B16 = "atom_cas_b16"
-_CLUSTER = "kaio.cluster_rank()"
 _COMPARES = ("lt", "le", "gt", "ge", "eq", "ne")
 _TYPED = ("add", "sub", "mul", "div", "min", "max", "fma", "tanh")  # keyed by their type
+
+
+# (op, key, feature, builtin named in errors when not the op's name): the forms that need one
+# feature and have no fallback.
+_ONE_FEATURE = (
+    ("ldmatrix", "", "ldmatrix", ""),
+    ("ldmatrix", "trans", "ldmatrix", "ldmatrix_trans"),
+    ("to_tf32", "", "mma", ""),
+    ("cp_async", "", "cp_async", ""),
+    ("cp_async_commit", "", "cp_async", ""),
+    ("cp_async_wait", "", "cp_async", ""),
+    ("wgmma_fence", "", "wgmma", ""),
+    ("wgmma_commit", "", "wgmma", ""),
+    ("wgmma_wait", "", "wgmma", ""),
+    ("smem_desc", "", "wgmma", "smem_descriptor"),
+    ("mbarrier_init", "", "mbarrier", ""),
+    ("mbarrier_arrive", "", "mbarrier", ""),
+    ("mbarrier_arrive", "tx", "mbarrier_tx", "mbarrier_arrive_expect_tx"),
+    ("mbarrier_expect_tx", "", "mbarrier_tx", ""),
+    ("mbarrier_try_wait", "", "mbarrier_wait", ""),
+    ("mbarrier_wait", "", "mbarrier_wait", ""),
+    ("tma_load", "", "tma", "tma_load_2d"),
+    ("mbarrier_arrive_cluster", "", "cluster", ""),
+    ("bulk_store", "", "bulk_copy", ""),
+    ("bulk_commit", "", "bulk_copy", ""),
+    ("bulk_wait", "", "bulk_copy", ""),
+    ("bulk_wait", "read", "bulk_copy", "bulk_wait_read"),
+    ("fence_proxy_async", "", "fence_proxy_async", ""),
+    ("setmaxnreg", "", "setmaxnreg", "setmaxnreg_*"),
+    ("cluster_sync", "", "cluster", ""),
+    ("cluster_arrive", "", "cluster", ""),
+    ("cluster_wait", "", "cluster", ""),
+    ("dsmem_load", "", "cluster", "cluster_load"),
+    ("sreg", "cluster", "cluster", "cluster_rank"),
+)
 
 
 def _table() -> dict[tuple[str, str], Need]:
@@ -222,37 +256,12 @@ def _table() -> dict[tuple[str, str], Need]:
     for kind in MMA_KINDS:
         feature = "mma_fp8" if kind in FP8_TYPES else "mma"
         t["mma", kind] = _needs(feature, f"kaio.mma_{kind}()")
-    t["ldmatrix", ""] = _needs("ldmatrix", "kaio.ldmatrix()")
-    t["ldmatrix", "trans"] = _needs("ldmatrix", "kaio.ldmatrix_trans()")
-    t["to_tf32", ""] = _needs("mma", "kaio.to_tf32()")
-    for op in ("cp_async", "cp_async_commit", "cp_async_wait"):
-        t[op, ""] = _needs("cp_async", f"kaio.{op}()")
-    # Hopper
     for kind in ("f16", "bf16", *FP8_TYPES):
         t["wgmma", kind] = _needs("wgmma", f"kaio.wgmma_{kind}()")
-    for op in ("wgmma_fence", "wgmma_commit", "wgmma_wait"):
-        t[op, ""] = _needs("wgmma", f"kaio.{op}()")
-    t["smem_desc", ""] = _needs("wgmma", "kaio.smem_descriptor()")
-    t["mbarrier_init", ""] = _needs("mbarrier", "kaio.mbarrier_init()")
-    t["mbarrier_arrive", ""] = _needs("mbarrier", "kaio.mbarrier_arrive()")
-    t["mbarrier_arrive", "tx"] = _needs("mbarrier_tx", "kaio.mbarrier_arrive_expect_tx()")
-    t["mbarrier_expect_tx", ""] = _needs("mbarrier_tx", "kaio.mbarrier_expect_tx()")
-    t["mbarrier_try_wait", ""] = _needs("mbarrier_wait", "kaio.mbarrier_try_wait()")
-    t["mbarrier_wait", ""] = _needs("mbarrier_wait", "kaio.mbarrier_wait()")
-    t["tma_load", ""] = _needs("tma", "kaio.tma_load_2d()")
+    for op, key, feature, builtin in _ONE_FEATURE:
+        t[op, key] = _needs(feature, f"kaio.{builtin or op}()")
     multicast = _needs("cluster", "kaio.tma_load_2d_multicast()")
     t["tma_load_multicast", ""] = Need((t["tma_load", ""], multicast), "")
-    t["mbarrier_arrive_cluster", ""] = _needs("cluster", "kaio.mbarrier_arrive_cluster()")
-    t["bulk_store", ""] = _needs("bulk_copy", "kaio.bulk_store()")
-    t["bulk_commit", ""] = _needs("bulk_copy", "kaio.bulk_commit()")
-    t["bulk_wait", ""] = _needs("bulk_copy", "kaio.bulk_wait()")
-    t["bulk_wait", "read"] = _needs("bulk_copy", "kaio.bulk_wait_read()")
-    t["fence_proxy_async", ""] = _needs("fence_proxy_async", "kaio.fence_proxy_async()")
-    t["setmaxnreg", ""] = _needs("setmaxnreg", "kaio.setmaxnreg_*()")
-    for op in ("cluster_sync", "cluster_arrive", "cluster_wait"):
-        t[op, ""] = _needs("cluster", f"kaio.{op}()")
-    t["dsmem_load", ""] = _needs("cluster", "kaio.cluster_load()")
-    t["sreg", "cluster"] = _needs("cluster", _CLUSTER)
     return t
 
 
