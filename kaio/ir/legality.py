@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kaio.errors import CompileError
-from kaio.ir.nodes import Const, Function, If, Instr, Loop, Region, StaticFor
+from kaio.ir.nodes import Const, Function, If, Instr, Loop, Region, SourceLoc, StaticFor
 from kaio.ir.ops import MMA_KINDS
 from kaio.types import FP8_TYPES, f32
 
@@ -112,7 +112,7 @@ class Target:
         """Whether the arch supports ``feature``."""
         return self.sm >= FEATURES[feature].sm
 
-    def use(self, feature: str, what: str, loc=None) -> None:
+    def use(self, feature: str, what: str, loc: SourceLoc | None = None) -> None:
         """Record that ``feature`` is used by ``what`` (raising ``.version``, switching to the
         ``a`` target for an arch-specific one); CompileError at ``loc`` naming ``what`` and
         the arch needed when the target lacks it."""
@@ -311,7 +311,7 @@ def _falls_back(need: Need, target: Target) -> bool:
     return lacks and need.fallback is not None
 
 
-def use(need: Need, target: Target, loc=None, **names) -> None:
+def use(need: Need, target: Target, loc: SourceLoc | None = None, **names: str) -> None:
     """Record what ``need`` uses on ``target`` (its fallback's where it has one and the
     target lacks a feature), raising the located CompileError of the first thing missing."""
     items = need.fallback if _falls_back(need, target) else need.uses
