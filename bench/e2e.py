@@ -79,12 +79,13 @@ def median_ms(fn, reps: int) -> float:
     return statistics.median(times)
 
 
-def filled_cache(model, batch: int, ctx: int, static: bool):
-    """A cache of ``ctx`` random tokens per sequence for every layer. A static cache gets
-    room for ``SLACK`` more: transformers' static layers write each step at their own running
-    count (not at the step's position), so each timed step takes the next slot."""
+def filled_cache(model, batch: int, ctx: int, static: bool, kv_heads: int | None = None):
+    """A cache of ``ctx`` random tokens per sequence for every layer (``kv_heads`` heads: the
+    config's, or a tensor-parallel rank's share). A static cache gets room for ``SLACK``
+    more: transformers' static layers write each step at their own running count (not at the
+    step's position), so each timed step takes the next slot."""
     cfg = model.config
-    kv = (batch, cfg.num_key_value_heads, ctx, cfg.head_dim)
+    kv = (batch, kv_heads or cfg.num_key_value_heads, ctx, cfg.head_dim)
     if static:
         cache = transformers.StaticCache(config=cfg, max_cache_len=ctx + SLACK)
     else:
@@ -96,11 +97,11 @@ def filled_cache(model, batch: int, ctx: int, static: bool):
     return cache
 
 
-def decode_step(model, batch: int, ctx: int, static: bool):
+def decode_step(model, batch: int, ctx: int, static: bool, kv_heads: int | None = None):
     """A function running one decode step at position ``ctx`` (static cache: each step takes
     the next of the ``SLACK`` spare slots; dynamic: the cache is cropped back after each
     step), so it can repeat."""
-    cache = filled_cache(model, batch, ctx, static)
+    cache = filled_cache(model, batch, ctx, static, kv_heads)
     ids = torch.randint(0, 1000, (batch, 1), device="cuda")
     pos = torch.full((batch, 1), ctx, device="cuda", dtype=torch.long)
 

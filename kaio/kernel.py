@@ -207,7 +207,7 @@ class Kernel:
             _dim3(block_size, "block_size")  # a LaunchError now, not a TypeError at .ptx()
         self.block_size = block_size
         if arch is not None:  # a CompileError now, not at .ptx() (nor never, in the simulator)
-            from kaio.ptx.target import Target
+            from kaio.ir.legality import Target
 
             Target.for_arch(arch)
         self.arch = arch

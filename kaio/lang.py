@@ -124,15 +124,9 @@ def _define(name: str, doc: str, lower: Callable):
     return stub
 
 
-def _arity(ctx, name, args, node, n):
-    if len(args) != n:
-        ctx.error(f"kaio.{name}() takes {n} argument{'s' * (n != 1)}, got {len(args)}", node)
-
-
 # ---------------------------------------------------------------- thread geometry
 def _sreg(reg: str):
     def lower(ctx, args, node):
-        _arity(ctx, reg, args, node, 0)
         return ctx.b.emit("sreg", T.u32, (), name=reg)
 
     return lower
@@ -157,12 +151,10 @@ def _linear_tid(ctx):
 
 
 def _lane_id(ctx, args, node):
-    _arity(ctx, "lane_id", args, node, 0)
     return ctx.b.emit("sreg", T.u32, (), name="laneid")
 
 
 def _warp_id(ctx, args, node):
-    _arity(ctx, "warp_id", args, node, 0)
     return ctx.b.emit("shr", T.u32, (_linear_tid(ctx), Const(5, T.u32)))
 
 
@@ -184,7 +176,6 @@ def _alloc(space: str):
     name = {"shared": "shared", "local": "local"}[space]
 
     def lower(ctx, args, node):
-        _arity(ctx, name, args, node, 2)
         dtype = ctx.dtype_arg(args[0], node)
         arr = ctx.new_array(space, dtype, _shape_of(ctx, args[1], node, name), node)
         if space == "shared":
@@ -273,7 +264,6 @@ _define(
 # ---------------------------------------------------------------- synchronization
 def _barrier(op: str):
     def lower(ctx, args, node):
-        _arity(ctx, op, args, node, 0)
         ctx.b.emit(op, None, ())
         return None
 
@@ -290,7 +280,6 @@ _define("threadfence", "Device-wide memory fence (membar.gl).", _barrier("thread
 # ---------------------------------------------------------------- warp
 def _shuffle(mode: str, name: str):
     def lower(ctx, args, node):
-        _arity(ctx, name, args, node, 2)
         value = ctx.value(args[0], node)
         if value.type.is_bool:
             ctx.error(f"kaio.{name}() shuffles numbers; use kaio.ballot() for booleans", node)
@@ -311,7 +300,6 @@ for _mode, _name, _doc in (
 
 def _vote(op: str, result: T.ScalarType):
     def lower(ctx, args, node):
-        _arity(ctx, op, args, node, 1)
         p = ctx.truth(args[0], node)
         return ctx.b.emit(op, result, (p,))
 
@@ -393,7 +381,6 @@ def _float_operand(ctx, arg, node, name, approx: bool):
 
 def _math1(name: str, build: Callable, approx: bool):
     def lower(ctx, args, node):
-        _arity(ctx, name, args, node, 1)
         x, out_t = _float_operand(ctx, args[0], node, name, approx)
         return ctx.convert(build(ctx.b, x), out_t)
 
@@ -511,7 +498,6 @@ _define(
 
 
 def _abs(ctx, args, node):
-    _arity(ctx, "abs", args, node, 1)
     v = ctx.value(args[0], node)
     if v.type.is_bool:
         ctx.error("kaio.abs() needs a number, got a bool", node)
@@ -541,7 +527,6 @@ def _minmax(op: str):
 
 
 def _fma(ctx, args, node):
-    _arity(ctx, "fma", args, node, 3)
     a, b = ctx.unify(args[0], args[1], node)
     a, c = ctx.unify(a, args[2], node)
     b = ctx.convert(b, a.type)
@@ -555,7 +540,6 @@ def _fma(ctx, args, node):
 
 
 def _pow(ctx, args, node):
-    _arity(ctx, "pow", args, node, 2)
     return ctx.power(args[0], args[1], node)
 
 
@@ -577,14 +561,12 @@ _define(
 
 # ---------------------------------------------------------------- values
 def _select(ctx, args, node):
-    _arity(ctx, "select", args, node, 3)
     c = ctx.truth(args[0], node)
     a, b = ctx.unify(args[1], args[2], node)
     return ctx.b.emit("select", a.type, (c, a, b))
 
 
 def _bitcast(ctx, args, node):
-    _arity(ctx, "bitcast", args, node, 2)
     v = ctx.value(args[0], node)
     t = ctx.dtype_arg(args[1], node)
     if v.type.bits != t.bits or v.type.is_bool or t.is_bool:
@@ -628,14 +610,12 @@ def _vector_frag(ctx, v, arr, node, name: str):
 
 
 def _load_vector(ctx, args, node):
-    _arity(ctx, "load_vector", args, node, 3)
     arr = _memory_array(ctx, args[1], node, "load_vector", ("global", "shared", "shared_dyn"))
     frag = _vector_frag(ctx, args[0], arr, node, "load_vector")
     ctx.b.emit("ld_vec", None, (frag, arr, *ctx.indices(arr, args[2], node)))
 
 
 def _store_vector(ctx, args, node):
-    _arity(ctx, "store_vector", args, node, 3)
     arr = _memory_array(ctx, args[0], node, "store_vector", ("global", "shared", "shared_dyn"))
     frag = _vector_frag(ctx, args[2], arr, node, "store_vector")
     ctx.b.emit("st_vec", None, (arr, *ctx.indices(arr, args[1], node), frag))
@@ -671,7 +651,6 @@ def _ldmatrix(trans: bool):
     name = "ldmatrix_trans" if trans else "ldmatrix"
 
     def lower(ctx, args, node):
-        _arity(ctx, name, args, node, 3)
         frag = _word_frag(ctx, args[0], node, name, (1, 2, 4), "the destination")
         if frag.array.dtype.is_float and frag.array.dtype.name == "f32":
             ctx.error(f"kaio.{name}() loads 16-bit pairs: use u32 (or packed) registers", node)
@@ -705,7 +684,6 @@ def _mma(kind: str):
     acc = T.i32 if info.acc == "s32" else T.f32
 
     def lower(ctx, args, node):
-        _arity(ctx, name, args, node, 4)
         d, a, b, c = (ctx.fragment(v, node, f"kaio.{name}()") for v in args)
         for frag, regs, what in ((d, info.c_regs, "d"), (c, info.c_regs, "c")):
             if frag.array.dtype != acc or frag.size != regs:
@@ -736,7 +714,6 @@ for _kind, _what in (
 
 
 def _to_tf32(ctx, args, node):
-    _arity(ctx, "to_tf32", args, node, 1)
     x = ctx.convert(ctx.value(args[0], node, T.f32), T.f32)
     return ctx.b.emit("to_tf32", T.f32, (x,))
 
@@ -800,12 +777,10 @@ for _cache, _how in (
 
 
 def _cp_async_commit(ctx, args, node):
-    _arity(ctx, "cp_async_commit", args, node, 0)
     ctx.b.emit("cp_async_commit", None, ())
 
 
 def _cp_async_wait(ctx, args, node):
-    _arity(ctx, "cp_async_wait", args, node, 1)
     n = ctx.const_value(args[0], node, "the group count of kaio.cp_async_wait()")
     if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= 7:
         ctx.error(f"kaio.cp_async_wait(n) needs a compile-time int 0..7, got {n!r}", node)
@@ -813,7 +788,6 @@ def _cp_async_wait(ctx, args, node):
 
 
 def _cp_async_wait_all(ctx, args, node):
-    _arity(ctx, "cp_async_wait_all", args, node, 0)
     ctx.b.emit("cp_async_commit", None, ())
     ctx.b.emit("cp_async_wait", None, (), pending=0)
 
@@ -838,7 +812,6 @@ _define(
 
 
 def _swizzle(ctx, args, node):
-    _arity(ctx, "swizzle", args, node, 3)
     arr = _memory_array(ctx, args[0], node, "swizzle", ("shared", "shared_dyn"))
     if arr.ndim < 2:
         ctx.error("kaio.swizzle() needs a shared array of 2 or more dimensions (rows, cols)", node)
@@ -1011,7 +984,6 @@ def pack(ctx, t: T.ScalarType, args, node):
 
 def _unpack(op: str, name: str):
     def lower(ctx, args, node):
-        _arity(ctx, name, args, node, 1)
         p = ctx.value(args[0], node)
         if not p.type.is_packed:
             ctx.error(f"kaio.{name}() takes a packed pair (f16x2, bf16x2), got {p.type}", node)
@@ -1021,13 +993,11 @@ def _unpack(op: str, name: str):
 
 
 def _prmt(ctx, args, node):
-    _arity(ctx, "prmt", args, node, 3)
     vals = tuple(_u32_operand(ctx, "prmt", arg, node) for arg in args)
     return ctx.b.emit("prmt", T.u32, vals)
 
 
 def _lop3(ctx, args, node):
-    _arity(ctx, "lop3", args, node, 4)
     lut = ctx.const_value(args[3], node, "the truth table of kaio.lop3()")
     if not isinstance(lut, int) or isinstance(lut, bool) or not 0 <= lut <= 0xFF:
         ctx.error(
@@ -1037,6 +1007,17 @@ def _lop3(ctx, args, node):
         )
     vals = tuple(_u32_operand(ctx, "lop3", arg, node) for arg in args[:3])
     return ctx.b.emit("lop3", T.u32, vals, lut=lut)
+
+
+def _brev(ctx, args, node):
+    v = ctx.value(args[0], node, T.u32)
+    if not v.type.is_int or v.type.bits < 32:
+        ctx.error(
+            f"kaio.brev() takes a 32- or 64-bit integer, got {v.type} (widen a narrower "
+            "integer first, kaio.u32(x), and shift the result right by 32 - its width)",
+            node,
+        )
+    return ctx.b.emit("brev", v.type, (v,))
 
 
 def _u32_operand(ctx, name: str, arg, node):
@@ -1056,6 +1037,12 @@ for _name, _op, _what in (
     ("high", "unpack_hi", "element 1 (the high"),
 ):
     _define(_name, f"{_name}(p): {_what} 16 bits) of an f16x2/bf16x2 pair.", _unpack(_op, _name))
+_define(
+    "brev",
+    "brev(x): the bits of x, a 32- or 64-bit integer, in reverse order (brev.b32/b64): bit i "
+    "of the result is bit width - 1 - i of x; the result has x's type.",
+    _brev,
+)
 _define(
     "prmt",
     "prmt(a, b, selector): u32 byte permute (prmt.b32): byte i is byte (selector nibble i) & 7 "

@@ -14,7 +14,7 @@ import re
 
 from kaio import types as T
 from kaio.ir.nodes import Const, Var
-from kaio.lang import _arity, _define, _memory_array
+from kaio.lang import _define, _memory_array
 
 _SHARED = ("shared", "shared_dyn")
 WGMMA_N = tuple(range(8, 257, 8))
@@ -137,14 +137,12 @@ for _kind in ("f16", "bf16"):
 
 def _fixed(op: str, name: str):
     def lower(ctx, args, node):
-        _arity(ctx, name, args, node, 0)
         ctx.b.emit(op, None, ())
 
     return lower
 
 
 def _wgmma_wait(ctx, args, node):
-    _arity(ctx, "wgmma_wait", args, node, 1)
     n = _const_int(
         ctx, args[0], node, "kaio.wgmma_wait(n)", lambda x: 0 <= x <= 7, "a compile-time 0..7"
     )
@@ -171,7 +169,6 @@ _define(
 
 
 def _smem_descriptor(ctx, args, node):
-    _arity(ctx, "smem_descriptor", args, node, 5)
     arr = _memory_array(ctx, args[0], node, "smem_descriptor", _SHARED)
     idx = ctx.indices(arr, args[1], node)
     swizzle = _const_int(
@@ -212,20 +209,17 @@ _define(
 
 
 def _mbarrier_init(ctx, args, node):
-    _arity(ctx, "mbarrier_init", args, node, 3)
     bar = _barrier(ctx, args, node, "mbarrier_init")
     ctx.b.emit("mbarrier_init", None, (*bar, _u32(ctx, args[2], node, "the arrival count")))
 
 
 def _mbarrier_arrive(ctx, args, node):
-    _arity(ctx, "mbarrier_arrive", args, node, 2)
     bar = _barrier(ctx, args, node, "mbarrier_arrive")
     ctx.b.emit("mbarrier_arrive", None, (*bar, Const(0, T.u32)))
 
 
 def _tx(op: str, name: str):
     def lower(ctx, args, node):
-        _arity(ctx, name, args, node, 3)
         bar = _barrier(ctx, args, node, name)
         ctx.b.emit(op, None, (*bar, _u32(ctx, args[2], node, f"the bytes of kaio.{name}()")))
 
@@ -234,7 +228,6 @@ def _tx(op: str, name: str):
 
 def _wait(op: str, name: str, result):
     def lower(ctx, args, node):
-        _arity(ctx, name, args, node, 3)
         bar = _barrier(ctx, args, node, name)
         parity = _u32(ctx, args[2], node, f"the phase parity of kaio.{name}()")
         return ctx.b.emit(op, result, (*bar, parity))
@@ -257,7 +250,6 @@ _define(
 
 
 def _mbarrier_arrive_cluster(ctx, args, node):
-    _arity(ctx, "mbarrier_arrive_cluster", args, node, 3)
     bar = _barrier(ctx, args, node, "mbarrier_arrive_cluster")
     rank = _u32(ctx, args[2], node, "the rank of kaio.mbarrier_arrive_cluster()")
     ctx.b.emit("mbarrier_arrive_cluster", None, (*bar, rank))
@@ -312,7 +304,6 @@ def _tensor_map(ctx, v, node) -> Var:
 
 def _tma_load_2d(ctx, args, node, name: str = "tma_load_2d"):
     multicast = name == "tma_load_2d_multicast"
-    _arity(ctx, name, args, node, 8 if multicast else 7)
     dst = _memory_array(ctx, args[0], node, name, _SHARED)
     dst_idx = ctx.indices(dst, args[1], node)
     tmap = _tensor_map(ctx, args[2], node)
@@ -349,7 +340,6 @@ _define(
 
 
 def _bulk_store(ctx, args, node):
-    _arity(ctx, "bulk_store", args, node, 5)
     dst = _memory_array(ctx, args[0], node, "bulk_store", ("global",))
     src = _memory_array(ctx, args[2], node, "bulk_store", _SHARED)
     if dst.dtype != src.dtype:
@@ -372,7 +362,6 @@ def _bulk_wait(read: bool):
     name = "bulk_wait_read" if read else "bulk_wait"
 
     def lower(ctx, args, node):
-        _arity(ctx, name, args, node, 1)
         n = _const_int(
             ctx, args[0], node, f"kaio.{name}(n)", lambda x: 0 <= x <= 63, "a compile-time 0..63"
         )
@@ -422,7 +411,6 @@ def _setmaxnreg(action: str):
     name = f"setmaxnreg_{action}"
 
     def lower(ctx, args, node):
-        _arity(ctx, name, args, node, 1)
         count = _const_int(
             ctx,
             args[0],
@@ -455,7 +443,6 @@ MAX_CLUSTER = 16  # sm_90's largest; above 8 (the portable size) the runtime opt
 
 
 def _cluster_dims(ctx, args, node):
-    _arity(ctx, "cluster_dims", args, node, 1)
     ctx.meta["cluster"] = _const_int(
         ctx,
         args[0],
@@ -467,12 +454,10 @@ def _cluster_dims(ctx, args, node):
 
 
 def _cluster_rank(ctx, args, node):
-    _arity(ctx, "cluster_rank", args, node, 0)
     return ctx.b.emit("sreg", T.u32, (), name="cluster_ctarank")
 
 
 def _cluster_load(ctx, args, node):
-    _arity(ctx, "cluster_load", args, node, 3)
     arr = _memory_array(ctx, args[0], node, "cluster_load", _SHARED)
     t = arr.dtype
     if t.is_bool or t.bits < 32:

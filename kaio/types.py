@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
+from kaio.numerics import round_f64, to_fp8  # one rounding (NumPy's bf16 casts round twice)
+
 __all__ = [
     "ScalarType",
     "ArrayType",
@@ -175,8 +177,6 @@ class ScalarType:
         if self.is_packed:
             return pack_host(self, value, *more)
         if self.is_fp8 and not more:
-            from kaio.sim.fp8 import to_fp8
-
             return to_fp8(np.asarray(value, np.float64), self)[()]
         if more:
             raise TypeError(f"{self.name}() takes one value")
@@ -360,8 +360,6 @@ def pack_host(t: ScalarType, lo, hi=None) -> np.uint32:
     """The bits of the packed pair ``(lo, hi)`` of type ``t`` (``hi`` defaults to ``lo``):
     each value rounded once to nearest even to ``t.element`` (NaN: the canonical 0x7FFF, as
     the GPU's conversions give), ``lo`` in the low half."""
-    from kaio.sim.numerics import round_f64  # one rounding (NumPy's bf16 casts round twice)
-
     halves = [
         0x7FFF
         if np.isnan(float(v))

@@ -37,8 +37,10 @@ from __future__ import annotations
 
 import types
 from collections import Counter
+from typing import NamedTuple
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 import kaio_ops
@@ -46,6 +48,9 @@ import kaio_ops.torch  # noqa: F401  (registers torch.ops.kaio)
 
 __all__ = [
     "FAMILIES",
+    "Divergence",
+    "greedy",
+    "first_divergence",
     "KaioAttention",
     "KaioGatedMLP",
     "KaioLinear",
@@ -97,6 +102,37 @@ def quantize_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # ---------------------------------------------------------------------------- modules
+class _TensorParallel:
+    """How a parameter is split by transformers' tensor-parallel plan: its local shard,
+    ``split`` (None: whole; ``"cols"``: output features; ``"rows"``: input features, whose
+    partial products are summed), and the process group and this process's rank in it."""
+
+    def __init__(self, local: torch.Tensor, split: str | None, group=None, rank: int = 0):
+        self.local, self.split, self.group, self.rank = local, split, group, rank
+
+    @classmethod
+    def of(cls, param: torch.Tensor) -> _TensorParallel:
+        """The split of ``param`` (a plain tensor, or a DTensor over a 1-D mesh)."""
+        placements = getattr(param, "placements", None)
+        if placements is None:
+            return cls(param, None)
+        mesh = param.device_mesh
+        if mesh.ndim != 1:
+            raise ValueError(
+                "kaio_ops.hf: only a 1-D tensor-parallel mesh is supported, got "
+                f"{mesh.ndim} dimensions"
+            )
+        (placement,) = placements
+        local = param.to_local()
+        if placement.is_replicate():
+            return cls(local, None)
+        dims = (0, 1) if param.ndim == 2 else (0,)
+        if not placement.is_shard() or placement.dim % param.ndim not in dims:
+            raise ValueError(f"kaio_ops.hf: unsupported tensor-parallel placement {placement}")
+        split = "cols" if placement.dim % param.ndim == 0 else "rows"
+        return cls(local, split, mesh.get_group(), mesh.get_local_rank())
+
+
 class KaioLinear(nn.Module):
     """``y = activation(x @ w.T + bias) + residual`` through ``kaio_ops.linear`` (w [N, K] as
     ``nn.Linear`` keeps it), or through ``matmul_int4`` when the weight was quantized."""
@@ -112,33 +148,58 @@ class KaioLinear(nn.Module):
             self.weight = None
         else:
             self.weight = nn.Parameter(weight.detach(), requires_grad=False)
+        self.reduce: _TensorParallel | None = None  # a row-wise tensor-parallel split
 
     @classmethod
     def of(cls, *linears: nn.Linear, quantize: str | None = None) -> KaioLinear:
         """One ``KaioLinear`` computing the given ``nn.Linear``s side by side (their output
-        features concatenated in order)."""
-        weight = torch.cat([m.weight for m in linears]) if len(linears) > 1 else linears[0].weight
-        biases = [m.bias for m in linears]
+        features concatenated in order). Under tensor parallelism (transformers' ``tp_plan``:
+        the weights are DTensors) it takes this rank's shards; a row-wise split (``o_proj``,
+        ``down_proj``) sums the ranks' partial products with an all-reduce."""
+        shards = [_TensorParallel.of(m.weight) for m in linears]
+        parallel = shards[0]
+        if any(sh.split != parallel.split for sh in shards):
+            raise ValueError(
+                "kaio_ops.hf: the projections fused into one linear are split differently "
+                f"by the tensor-parallel plan ({[sh.split for sh in shards]})"
+            )
+        weights = [sh.local for sh in shards]
+        weight = torch.cat(weights) if len(weights) > 1 else weights[0]
+        biases = [None if m.bias is None else _TensorParallel.of(m.bias).local for m in linears]
         if all(b is None for b in biases):
             bias = None
         else:
             bias = torch.cat(
                 [
-                    b if b is not None else m.weight.new_zeros(m.out_features)
-                    for m, b in zip(linears, biases, strict=True)
+                    b if b is not None else w.new_zeros(w.shape[0])
+                    for w, b in zip(weights, biases, strict=True)
                 ]
             )
-        return cls(weight, bias, quantize)
+        linear = cls(weight, bias, quantize)
+        if parallel.split == "rows":
+            linear.reduce = parallel
+        return linear
 
     def forward(self, x, residual=None, activation=None):
         """The projection of ``x`` [..., K], then the epilogue."""
+        if self.reduce is None:
+            return self._project(x, self.bias, residual, activation)
+        # A row-wise split: this rank's partial product, the residual added by rank 0 only
+        # (in the epilogue, before the sum), the all-reduce, then the bias, once.
+        if activation is not None:
+            raise ValueError("KaioLinear: a row-wise tensor-parallel split takes no activation")
+        y = self._project(x, None, residual if self.reduce.rank == 0 else None, None)
+        dist.all_reduce(y, group=self.reduce.group)
+        return y if self.bias is None else y + self.bias
+
+    def _project(self, x, bias, residual, activation):
         if self.weight is not None:
             op = kaio_ops.linear if _direct(x, residual) else ops.linear
-            return op(x, self.weight, self.bias, residual=residual, activation=activation)
+            return op(x, self.weight, bias, residual=residual, activation=activation)
         flat = x.reshape(-1, self.in_features)
         y = ops.matmul_int4(flat, self.b_packed, self.scales)  # f32 [M, N]
-        if self.bias is not None:
-            y = y + self.bias.float()
+        if bias is not None:
+            y = y + bias.float()
         if activation == "silu_gate":
             gate, up = y.chunk(2, dim=-1)
             y = nn.functional.silu(gate) * up
@@ -230,8 +291,9 @@ class KaioAttention(nn.Module):
         self.config = config
         self.layer_idx = attn.layer_idx
         self.head_dim = attn.head_dim
-        self.heads = config.num_attention_heads
-        self.kv_heads = config.num_key_value_heads
+        # this rank's heads (all of them without tensor parallelism)
+        self.heads = _TensorParallel.of(attn.q_proj.weight).local.shape[0] // attn.head_dim
+        self.kv_heads = _TensorParallel.of(attn.k_proj.weight).local.shape[0] // attn.head_dim
         self.num_key_value_groups = self.heads // self.kv_heads
         self.scaling = attn.scaling
         self.is_causal = True
@@ -379,6 +441,54 @@ def register_attention() -> None:
     AttentionMaskInterface.register(ATTENTION, _no_padding_mask)
 
 
+# ---------------------------------------------------------------------------- comparing
+def greedy(model: nn.Module, ids: torch.Tensor, steps: int):
+    """``(tokens, logits)``: ``steps`` greedy tokens [B, steps] after the prompt ``ids`` [B, S],
+    with the model's dynamic KV cache, and each step's last-position logits (f32)."""
+    import transformers
+
+    tokens, logits = [], []
+    cache = transformers.DynamicCache(config=model.config)
+    inp = ids
+    with torch.no_grad():
+        for _ in range(steps):
+            out = model(input_ids=inp, past_key_values=cache, use_cache=True)
+            last = out.logits[:, -1].float()
+            nxt = last.argmax(-1, keepdim=True)
+            tokens.append(nxt)
+            logits.append(last)
+            inp = nxt
+    return torch.cat(tokens, 1), logits
+
+
+class Divergence(NamedTuple):
+    """Where two greedy generations first differ: the step, the reference's top-2 logit
+    margin there, and the largest difference between the two models' logits there. It is a
+    near-tie (not an error) when ``margin <= 2 * diff``."""
+
+    step: int
+    margin: float
+    diff: float
+
+    @property
+    def near_tie(self) -> bool:
+        """Whether the logit difference can explain the different token."""
+        return self.margin <= 2 * self.diff
+
+
+def first_divergence(ref_tokens, ref_logits, tokens, logits) -> Divergence | None:
+    """The first step where ``tokens`` differ from the reference's (``greedy``'s results of
+    two models), or None when they are equal."""
+    for step in range(ref_tokens.shape[1]):
+        if torch.equal(ref_tokens[:, step], tokens[:, step].to(ref_tokens.device)):
+            continue
+        ref, got = ref_logits[step], logits[step].to(ref_logits[step].device)
+        top2 = ref.topk(2, dim=-1).values
+        margin = (top2[:, 0] - top2[:, 1]).min().item()
+        return Divergence(step, margin, (ref - got).abs().max().item())
+    return None
+
+
 # ---------------------------------------------------------------------------- patching
 def apply(model: nn.Module, *, quantize: str | None = None) -> nn.Module:
     """Patches a transformers causal LM (Llama, Mistral, Qwen2 or Gemma2 family) in place to
@@ -419,7 +529,7 @@ def apply(model: nn.Module, *, quantize: str | None = None) -> nn.Module:
     report: Counter = Counter()
     kept: list[str] = []
     if family in LLAMA_LIKE:
-        _patch_llama(model, base, quantize, report)
+        _patch_llama(model, base, quantize, report, kept)
     else:
         _patch_gemma2(model, base, quantize, report, kept)
     report = dict(report)
@@ -433,7 +543,7 @@ def _norm(module: nn.Module, offset: float = 0.0) -> KaioRMSNorm:
     return KaioRMSNorm(module.weight, eps, offset)
 
 
-def _patch_llama(model, base, quantize, report: Counter) -> None:
+def _patch_llama(model, base, quantize, report: Counter, kept: list[str]) -> None:
     register_attention()
     for layer in base.layers:
         layer.input_layernorm = _norm(layer.input_layernorm)
@@ -449,7 +559,7 @@ def _patch_llama(model, base, quantize, report: Counter) -> None:
     model.config._attn_implementation = ATTENTION
     report["rms_norm"] += 1
     report["rotary"] += 1
-    _patch_head(model, report)
+    _patch_head(model, report, kept)
 
 
 def _patch_gemma2(model, base, quantize, report: Counter, kept: list[str]) -> None:
@@ -471,11 +581,15 @@ def _patch_gemma2(model, base, quantize, report: Counter, kept: list[str]) -> No
     report["rms_norm"] += 1
     kept.append("attention and rotary embedding: transformers' (Gemma2's logit soft-capping)")
     kept.append("MLP activation: transformers' gelu_tanh(gate) * up")
-    _patch_head(model, report)
+    _patch_head(model, report, kept)
 
 
-def _patch_head(model, report: Counter) -> None:
+def _patch_head(model, report: Counter, kept: list[str]) -> None:
     head = getattr(model, "lm_head", None)
-    if isinstance(head, nn.Linear):
-        model.lm_head = KaioLinear.of(head)
-        report["linear"] += 1
+    if not isinstance(head, nn.Linear):
+        return
+    if _TensorParallel.of(head.weight).split is not None:
+        kept.append("lm_head: transformers' (split by the tensor-parallel plan, output gathered)")
+        return
+    model.lm_head = KaioLinear.of(head)
+    report["linear"] += 1

@@ -939,3 +939,33 @@ def _make_silu_fast(rng):
 
 
 case(_make_silu_fast, _ref_silu, rtol=2e-6, atol=1e-7)(silu_gate_fastmath)
+
+
+@kaio.gpu_kernel(block_size=64)
+def bit_reverse(a: u32[:], b: i64[:], out_a: u32[:], out_b: i64[:]):
+    """kaio.brev on 32- and 64-bit integers (brev.b32, brev.b64)."""
+    i = kaio.thread_idx_x() + kaio.block_idx_x() * 64
+    if i < a.shape[0]:
+        out_a[i] = kaio.brev(a[i])
+        out_b[i] = kaio.brev(b[i]) ^ kaio.brev(i64(i))
+
+
+def _make_brev(rng):
+    n = 100
+    a, b = rand_int(rng, np.uint32, n), rand_int(rng, np.int64, n)
+    return [a, b, poison(n, np.uint32), poison(n, np.int64)], 2, None, 0
+
+
+def _reversed_bits(values, bits: int) -> list[int]:
+    """Each value's low ``bits`` bits in reverse order, by Python string reversal."""
+    return [int(format(int(v) % (1 << bits), f"0{bits}b")[::-1], 2) for v in values]
+
+
+def _ref_brev(args):
+    a, b = args[0], args[1]
+    rb = np.array(_reversed_bits(b, 64), np.uint64)
+    rb ^= np.array(_reversed_bits(range(100), 64), np.uint64)
+    return {2: np.array(_reversed_bits(a, 32), np.uint32), 3: rb.view(np.int64)}
+
+
+case(_make_brev, _ref_brev)(bit_reverse)

@@ -126,6 +126,7 @@ OPS: dict[str, OpInfo] = {
     "neg": OpInfo("unary", "num", True, "-a (wraps for integers)"),
     "not": OpInfo("unary", "bool", True, "logical not"),
     "invert": OpInfo("unary", "int", True, "bitwise not ~a"),
+    "brev": OpInfo("unary", "int", True, "a's bits in reverse order (32- and 64-bit integers)"),
     "abs": OpInfo("unary", "num", True, "|a| (wraps for the most negative integer)"),
     "lt": OpInfo("compare", "num", True, "a < b"),
     "le": OpInfo("compare", "num", True, "a <= b"),
@@ -300,7 +301,6 @@ class MmaKind:
     a_regs: int
     b_regs: int
     c_regs: int
-    feature: str = "mma"  # the kaio.ptx.target feature the form needs
 
     @property
     def ptx_shape(self) -> str:
@@ -314,8 +314,8 @@ MMA_KINDS: dict[str, MmaKind] = {
     "bf16": MmaKind((16, 8, 16), "bf16", "f32", 4, 2, 4),
     "s8": MmaKind((16, 8, 32), "s8", "s32", 4, 2, 4),
     "tf32": MmaKind((16, 8, 8), "tf32", "f32", 4, 2, 4),
-    "e4m3": MmaKind((16, 8, 32), "e4m3", "f32", 4, 2, 4, "mma_fp8"),
-    "e5m2": MmaKind((16, 8, 32), "e5m2", "f32", 4, 2, 4, "mma_fp8"),
+    "e4m3": MmaKind((16, 8, 32), "e4m3", "f32", 4, 2, 4),
+    "e5m2": MmaKind((16, 8, 32), "e5m2", "f32", 4, 2, 4),
 }
 
 SPECIAL_REGISTERS = (

@@ -26,6 +26,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from kaio.errors import CompileError
+from kaio.ir.legality import Target
 from kaio.ir.nodes import (
     Array,
     Break,
@@ -57,7 +58,6 @@ from kaio.llvm.typemap import (
     paramtype,
 )
 from kaio.ptx.emitter import ptx_identifier, register_locals
-from kaio.ptx.target import Target
 
 TRIPLE = "nvptx64-nvidia-cuda"
 
@@ -68,7 +68,7 @@ class Codegen:
     The lowering functions see this object as ``g``: ``g.b`` is the IR builder at the current
     position, ``g.value``/``g.set`` read and write IR values, ``g.intrinsic``/``g.asm`` call
     LLVM intrinsics and inline PTX, ``g.target``/``g.loc``/``g.fail`` are as in the PTX
-    emitter (``kaio.ptx.target.Target`` records features and raises the same errors)."""
+    emitter (``target`` is the one ``kaio.ir.legality.check`` returned: it only translates)."""
 
     def __init__(self, fn: Function, target: Target, data_layout: str = ""):
         self.fn = fn
@@ -81,8 +81,6 @@ class Codegen:
         self.func = ir.Function(self.module, ir.FunctionType(VOID, types), ptx_identifier(fn.name))
         self.func.calling_convention = "ptx_kernel"
         declare_tensor_maps(self.module, self.func, fn.params)
-        if "cluster" in fn.meta:  # kaio.cluster_dims(): .reqnctapercluster
-            target.require("cluster", "kaio.cluster_dims()")
         for key, annotation in (
             ("max_threads", "maxntidx"),
             ("min_blocks", "minctasm"),

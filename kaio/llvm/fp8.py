@@ -12,7 +12,6 @@ from kaio.types import ScalarType, f16, f32
 
 def convert(g, a, st: ScalarType, dt: ScalarType):
     """``a: st`` converted to ``dt`` where one side is fp8 and the other f16, bf16 or f32."""
-    g.target.require("fp8_cvt", f"kaio.{dt.name}() (a conversion from {st})", g.loc)
     b = g.b
     if st.is_fp8:
         text = f"cvt.rn.f16x2.{st.name}x2 $0, $1;"

@@ -2,13 +2,14 @@
 matrix descriptors, ``mbarrier``s, TMA (``cp.async.bulk.tensor``), ``fence.proxy.async`` and
 ``setmaxnreg``, and the tensor-map kernel parameter.
 
-Each instruction is the PTX emitter's own (``kaio.ptx.hopper``) as inline assembly, with the
-emitter's feature checks (``kaio.ptx.target``: ``wgmma`` and ``setmaxnreg`` switch the target
-to ``sm_90a``, which ``kaio.llvm.machine`` then compiles for) and its refusal of dynamic tiles
-next to static shared arrays. Every statement has side effects and a memory clobber (they
-order shared memory, and each other, for the TMA and wgmma proxies); the ``.sync.aligned``
-ones (wgmma, setmaxnreg) are also convergent. NVVM has intrinsics for several of these; the
-asm keeps the emitter's very instructions, whatever the LLVM version (20 to 22).
+Each instruction is the PTX emitter's own (``kaio.ptx.hopper``) as inline assembly (arch
+checks: ``kaio.ir.legality``, where ``wgmma`` and ``setmaxnreg`` switch the target to
+``sm_90a``, which ``kaio.llvm.machine`` then compiles for), with the emitter's refusal of
+dynamic tiles next to static shared arrays. Every statement has side effects and a memory
+clobber (they order shared memory, and each other, for the TMA and wgmma proxies); the
+``.sync.aligned`` ones (wgmma, setmaxnreg) are also convergent. NVVM has intrinsics for
+several of these; the asm keeps the emitter's very instructions, whatever the LLVM version
+(20 to 22).
 
 - ``wgmma``: the accumulator fragment's f32 elements are ``"=f"`` outputs, each tied to an
   input (``"0"``, ``"1"``...: LLVM IR's form of C's ``"+f"``), up to 128 of them;
@@ -84,39 +85,23 @@ def _in_place(n: int) -> tuple[list[str], list[str], ir.Type]:
     return ["=f"] * n, [str(k) for k in range(n)], ir.LiteralStructType([FLOAT] * n)
 
 
-# op: (PTX text with the op's attributes as {fields}, feature, builtin, .sync.aligned)
+# op: (PTX text with the op's attributes as {fields}, .sync.aligned)
 _FIXED = {
-    "wgmma_fence": ("wgmma.fence.sync.aligned;", "wgmma", "kaio.wgmma_fence()", True),
-    "wgmma_commit": ("wgmma.commit_group.sync.aligned;", "wgmma", "kaio.wgmma_commit()", True),
-    "wgmma_wait": ("wgmma.wait_group.sync.aligned {pending};", "wgmma", "kaio.wgmma_wait()", True),
-    "fence_proxy_async": (
-        "fence.proxy.async.shared::cta;",
-        "fence_proxy_async",
-        "kaio.fence_proxy_async()",
-        False,
-    ),
-    "setmaxnreg": (
-        "setmaxnreg.{action}.sync.aligned.u32 {count};",
-        "setmaxnreg",
-        "kaio.setmaxnreg_*()",
-        True,
-    ),
-    "cluster_sync": (
-        "barrier.cluster.arrive.aligned;\n\tbarrier.cluster.wait.aligned;",
-        "cluster",
-        "kaio.cluster_sync()",
-        True,
-    ),
-    "cluster_arrive": ("barrier.cluster.arrive.aligned;", "cluster", "kaio.cluster_arrive()", True),
-    "cluster_wait": ("barrier.cluster.wait.aligned;", "cluster", "kaio.cluster_wait()", True),
-    "bulk_commit": ("cp.async.bulk.commit_group;", "bulk_copy", "kaio.bulk_commit()", False),
+    "wgmma_fence": ("wgmma.fence.sync.aligned;", True),
+    "wgmma_commit": ("wgmma.commit_group.sync.aligned;", True),
+    "wgmma_wait": ("wgmma.wait_group.sync.aligned {pending};", True),
+    "fence_proxy_async": ("fence.proxy.async.shared::cta;", False),
+    "setmaxnreg": ("setmaxnreg.{action}.sync.aligned.u32 {count};", True),
+    "cluster_sync": ("barrier.cluster.arrive.aligned;\n\tbarrier.cluster.wait.aligned;", True),
+    "cluster_arrive": ("barrier.cluster.arrive.aligned;", True),
+    "cluster_wait": ("barrier.cluster.wait.aligned;", True),
+    "bulk_commit": ("cp.async.bulk.commit_group;", False),
 }
 
 
 def _lower_fixed(g, ins: Instr) -> None:
     """One ``_FIXED`` statement; the wgmma accumulators settle before a fence, after a wait."""
-    text, feature, builtin, collective = _FIXED[ins.op]
-    g.target.require(feature, builtin, g.loc)
+    text, collective = _FIXED[ins.op]
     if ins.op == "wgmma_fence":
         _settle(g)
     _statement(g, text.format(**ins.attrs), [], [], collective)
@@ -132,7 +117,6 @@ def lower_wgmma(g, ins: Instr) -> None:
     trans_a, trans_b`` with ``p = accumulate != 0``."""
     kind = ins.attrs["kind"]
     builtin = f"kaio.wgmma_{kind}()"
-    g.target.require("wgmma", builtin, g.loc)
     acc, a_desc, b_desc, scale_d = ins.args
     n = len(frag_registers(g, acc, builtin))
     shape, tail = wgmma_form(ins.attrs)
@@ -175,7 +159,6 @@ def lower_smem_desc(g, ins: Instr) -> None:
     """The 64-bit descriptor: start address >> 4 (bits 0-13), leading byte offset >> 4
     (16-29), stride byte offset >> 4 (32-45), swizzle mode (62-63)."""
     arr, idxs, _ = split_index(ins, 0)
-    g.target.require("wgmma", "kaio.smem_descriptor()", g.loc)
     check_tile(g, arr, "kaio.smem_descriptor()")
     b = g.b
     start = b.and_(b.lshr(shared_address(g, arr, idxs), int_const(I32, 4)), int_const(I32, 0x3FFF))
@@ -186,31 +169,20 @@ def lower_smem_desc(g, ins: Instr) -> None:
 
 # ----------------------------------------------------------------------------- mbarriers
 
-# form: (PTX text, $0 the barrier's address and $1 the u32 operand; feature; builtin)
+# form: PTX text, $0 the barrier's address and $1 the u32 operand
 _BARRIER = {
-    "init": ("mbarrier.init.shared.b64 [$0], $1;", "mbarrier", "kaio.mbarrier_init()"),
-    "arrive": (
-        "{ .reg .b64 state; mbarrier.arrive.shared.b64 state, [$0]; }",
-        "mbarrier",
-        "kaio.mbarrier_arrive()",
-    ),
+    "init": "mbarrier.init.shared.b64 [$0], $1;",
+    "arrive": "{ .reg .b64 state; mbarrier.arrive.shared.b64 state, [$0]; }",
     "arrive_expect_tx": (
-        "{ .reg .b64 state; mbarrier.arrive.expect_tx.shared::cta.b64 state, [$0], $1; }",
-        "mbarrier_tx",
-        "kaio.mbarrier_arrive_expect_tx()",
+        "{ .reg .b64 state; mbarrier.arrive.expect_tx.shared::cta.b64 state, [$0], $1; }"
     ),
-    "expect_tx": (
-        "mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [$0], $1;",
-        "mbarrier_tx",
-        "kaio.mbarrier_expect_tx()",
-    ),
+    "expect_tx": "mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [$0], $1;",
 }
 
 
 def _barrier(g, ins: Instr, form: str) -> None:
     """One ``_BARRIER`` statement on the barrier ``ins`` names, with its u32 operand."""
-    text, feature, builtin = _BARRIER[form]
-    g.target.require(feature, builtin, g.loc)
+    text = _BARRIER[form]
     arr, idxs, (value,) = split_index(ins, 0)
     args = [shared_address(g, arr, idxs)]
     if form != "arrive":  # the others take the u32 operand
@@ -225,9 +197,8 @@ def lower_mbarrier_arrive(g, ins: Instr) -> None:
     _barrier(g, ins, "arrive" if plain else "arrive_expect_tx")
 
 
-def _try_wait(g, ins: Instr, builtin: str) -> ir.Value:
+def _try_wait(g, ins: Instr) -> ir.Value:
     """``mbarrier.try_wait.parity.shared::cta.b64``: whether the phase completed (i1)."""
-    g.target.require("mbarrier_wait", builtin, g.loc)
     arr, idxs, (parity,) = split_index(ins, 0)
     text = (
         "{ .reg .pred done; mbarrier.try_wait.parity.shared::cta.b64 done, [$1], $2; "
@@ -240,7 +211,7 @@ def _try_wait(g, ins: Instr, builtin: str) -> ir.Value:
 
 def lower_mbarrier_try_wait(g, ins: Instr) -> None:
     """``dst = mbarrier.try_wait.parity``."""
-    g.set(ins.dst, _try_wait(g, ins, "kaio.mbarrier_try_wait()"))
+    g.set(ins.dst, _try_wait(g, ins))
 
 
 def lower_mbarrier_wait(g, ins: Instr) -> None:
@@ -249,7 +220,7 @@ def lower_mbarrier_wait(g, ins: Instr) -> None:
     done = g.func.append_basic_block("mbarrier_wait_done")
     g.b.branch(again)
     g.b.position_at_end(again)
-    g.b.cbranch(_try_wait(g, ins, "kaio.mbarrier_wait()"), done, again)
+    g.b.cbranch(_try_wait(g, ins), done, again)
     g.b.position_at_end(done)
 
 
@@ -267,7 +238,6 @@ def lower_tma_load(g, ins: Instr) -> None:
         text = f"{TMA_LOAD} [$0], [$1, {{$2, $3}}], [$4];"
         _statement(g, text, ["r", "l", "r", "r", "r"], args, collective=False)
         return
-    g.target.require("cluster", "kaio.tma_load_2d_multicast()", g.loc)
     args.append(g.b.trunc(g.value(ins.args[-1]), I16))
     text = f"{TMA_LOAD}.multicast::cluster [$0], [$1, {{$2, $3}}], [$4], $5;"
     _statement(g, text, ["r", "l", "r", "r", "r", "h"], args, collective=False)
@@ -277,7 +247,6 @@ def lower_mbarrier_arrive_cluster(g, ins: Instr) -> None:
     """``mapa`` of the barrier's address to block ``rank``'s, then
     ``mbarrier.arrive.shared::cluster.b64 _, [remote]`` (release at CTA scope, as CUTLASS's:
     with ``.release.cluster`` the Hopper matmul's pipeline ran at half speed)."""
-    g.target.require("cluster", "kaio.mbarrier_arrive_cluster()", g.loc)
     arr, idxs, (rank,) = split_index(ins, 0)
     text = (
         "{ .reg .b32 %remote; mapa.shared::cluster.u32 %remote, $0, $1; "
@@ -289,7 +258,6 @@ def lower_mbarrier_arrive_cluster(g, ins: Instr) -> None:
 
 def lower_bulk_store(g, ins: Instr) -> None:
     """``cp.async.bulk.global.shared::cta.bulk_group [dst], [src], nbytes``."""
-    g.target.require("bulk_copy", "kaio.bulk_store()", g.loc)
     dst, dst_idx, src, src_idx, nbytes = bulk_store_operands(ins)
     args = [g.b.ptrtoint(address(g, dst, dst_idx), I64), shared_address(g, src, src_idx)]
     text = "cp.async.bulk.global.shared::cta.bulk_group [$0], [$1], $2;"
@@ -299,7 +267,6 @@ def lower_bulk_store(g, ins: Instr) -> None:
 def lower_bulk_wait(g, ins: Instr) -> None:
     """``cp.async.bulk.wait_group[.read] n``."""
     read = ins.attrs["read"]
-    g.target.require("bulk_copy", "kaio.bulk_wait_read()" if read else "kaio.bulk_wait()", g.loc)
     text = f"cp.async.bulk.wait_group{'.read' if read else ''} {ins.attrs['pending']};"
     _statement(g, text, [], [], collective=False)
 
@@ -310,7 +277,6 @@ _REGISTER = {("float", 32): "f", ("float", 64): "d", 32: "r", 64: "l"}  # asm co
 def lower_dsmem_load(g, ins: Instr) -> None:
     """``mapa.shared::cluster`` of this block's address of the element to block ``rank``'s,
     then ``ld.shared::cluster`` (ordered like the cluster barriers: side effects, memory)."""
-    g.target.require("cluster", "kaio.cluster_load()", g.loc)
     arr, *idxs, rank = ins.args
     t = arr.dtype
     reg = _REGISTER[("float", t.bits) if t.is_float else t.bits]

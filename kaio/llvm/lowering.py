@@ -18,8 +18,8 @@ Where LLVM's own instruction would not mean what the op means, the lowering says
   bits, with NaN made 0 explicitly for 64 bits as the emitter does; ``llvm.fptosi.sat`` for
   narrower integers;
 - f32 is the bridge for f16/bf16 ops the arch lacks, exactly where the PTX emitter uses one
-  (its template tables decide, through ``kaio.ptx.templates.pick``, so features, ``.version``
-  and arch errors are the emitter's); integers and f64 go to bf16 through an f32 rounded to
+  (``kaio.ir.legality.native`` decides for both, and its pass checked and versioned the
+  kernel before either runs); integers and f64 go to bf16 through an f32 rounded to
   odd where the arch has no direct ``cvt`` (LLVM would round twice);
 - f64 to f16/bf16 gives the canonical NaN 0x7FFF; f16/bf16 ``neg``/``abs`` flip/clear the
   sign bit of the bits, as the emitter does;
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
+from kaio.ir.legality import native
 from kaio.ir.nodes import Const, Instr
 from kaio.llvm import fp8, hopper, memory, packed, tensor
 from kaio.llvm.typemap import (
@@ -50,8 +51,6 @@ from kaio.llvm.typemap import (
     int_const,
     lltype,
 )
-from kaio.ptx import lowering as ptx
-from kaio.ptx.templates import pick
 from kaio.types import ScalarType, f32, f64
 
 
@@ -233,6 +232,7 @@ UNARY = {
     },
     "not": {"pred": _op("not_")},
     "invert": {"int": _op("not_")},
+    "brev": {"int": _overloaded("llvm.bitreverse")},
     "sqrt": {"float": _overloaded("llvm.sqrt")},
     "floor": {"float": _overloaded("llvm.floor")},
     "ceil": {"float": _overloaded("llvm.ceil")},
@@ -261,17 +261,14 @@ def _is_half(t: ScalarType) -> bool:
 def binary(g, op: str, t: ScalarType, a, b):
     """``a op b`` for values of type ``t``. An f16/bf16 op the PTX emitter computes in f32
     (no template for the arch) is computed in f32 here too and rounded once."""
-    if _is_half(t) and op in ptx.BINARY and pick(g, ptx.BINARY[op], t, op) is None:
+    if _is_half(t) and not native(op, t.name, g.target):
         wide = binary(g, op, f32, convert(g, a, t, f32), convert(g, b, t, f32))
         return convert(g, wide, f32, t)
-    if not _is_half(t) and op in ptx.BINARY:
-        pick(g, ptx.BINARY[op], t, op)  # the emitter's feature checks and .version
     return entry(BINARY[op], t)(g, t, a, b)
 
 
 def unary(g, op: str, t: ScalarType, a):
     """``op(a)`` for the ops of ``UNARY``."""
-    pick(g, ptx.UNARY[op], t, op)  # the emitter's feature checks (tanh needs sm_75)
     return entry(UNARY[op], t)(g, t, a)
 
 
@@ -284,10 +281,8 @@ def compare(g, op: str, t: ScalarType, a, b):
     """``a op b`` as an i1. Float compares are ordered (false on NaN) except ``ne``."""
     p = _PREDICATES[op]
     if t.is_float:
-        if t.name == "bf16" and not g.target.has("bf16_setp"):
+        if t.name == "bf16" and not native(op, "bf16", g.target):
             return compare(g, op, f32, convert(g, a, t, f32), convert(g, b, t, f32))
-        if t.name == "bf16":
-            g.target.require("bf16_setp", op, g.loc)
         if op == "ne":
             return g.b.fcmp_unordered(p, a, b)
         return g.b.fcmp_ordered(p, a, b)
@@ -370,16 +365,13 @@ def _cvt(g, a, st: ScalarType, dt: ScalarType):
 
 
 def _bf16_convert(g, a, st: ScalarType, dt: ScalarType):
-    """Conversions to or from bf16, with the PTX emitter's routes and feature checks: f32
+    """Conversions to or from bf16, with the PTX emitter's routes: f32
     directly; 32/64-bit integers and f64 directly on sm_90, else through f32 (exactly, or
     rounded to odd so that the final rounding is the only one)."""
     other = st if dt.name == "bf16" else dt
     if other == f32:
-        feature = "bf16_from_f32" if dt.name == "bf16" else "bf16_to_f32"
-        g.target.require(feature, "bf16 conversion", g.loc)
         return _cvt(g, a, st, dt)
-    if other.bits > 16 and g.target.has("bf16_cvt"):
-        g.target.require("bf16_cvt", "bf16 conversion", g.loc)
+    if other.bits > 16 and native("cvt", f"{st}->{dt}", g.target):
         if st.name == "bf16":
             return _cvt(g, g.b.fpext(a, FLOAT), f32, dt)  # exact, then one conversion
         return _cvt(g, a, st, dt)
@@ -458,8 +450,6 @@ def _lower_mov(g, ins: Instr) -> None:
 
 def _lower_fma(g, ins: Instr) -> None:
     a, b, c = (g.value(x) for x in ins.args)
-    if pick(g, ptx.TERNARY["fma"], ins.dst.type, "fma") is None:  # bf16 before sm_80
-        g.target.require("bf16_fma", "fma", g.loc)
     g.set(ins.dst, g.intrinsic(f"llvm.fma.{suffix(a.type)}", a.type, [a, b, c]))
 
 
@@ -485,8 +475,6 @@ def _lower_bitcast(g, ins: Instr) -> None:
 
 def _lower_sreg(g, ins: Instr) -> None:
     name = ins.attrs["name"]
-    if name.startswith("cluster_"):
-        g.target.require("cluster", "kaio.cluster_rank()", g.loc)
     if name in ("dynamic_smem_size", "cluster_ctarank"):  # read in PTX, as the emitter does
         value = g.asm(f"mov.u32 $0, %{name};", "=r", I32, [], PURE)
     else:

@@ -26,9 +26,9 @@ import os
 import llvmlite
 import llvmlite.binding as llvm
 
+from kaio.ir.legality import ARCHS, Target, check
 from kaio.ir.nodes import Function
 from kaio.llvm.codegen import TRIPLE, Codegen
-from kaio.ptx.target import Target
 
 _machines: dict[tuple, llvm.TargetMachine] = {}
 _ready = False
@@ -57,10 +57,10 @@ def machine(arch: str, version: tuple[int, int]) -> llvm.TargetMachine:
 
 
 def lower(fn: Function, arch: str) -> tuple[str, Target]:
-    """The LLVM IR text of ``fn`` for ``arch`` (before optimization) and the ``Target`` that
-    recorded the features used. Raises CompileError as the PTX emitter does."""
-    target = Target.for_arch(arch)
-    layout = str(machine(arch, target.version).target_data)
+    """The LLVM IR text of ``fn`` for ``arch`` (before optimization) and the ``Target`` of
+    ``kaio.ir.legality.check`` (which raises the CompileErrors the PTX emitter's run raises)."""
+    target = check(fn, arch)
+    layout = str(machine(arch, ARCHS[arch][1]).target_data)
     module = Codegen(fn, target, layout).run()
     return str(module), target
 

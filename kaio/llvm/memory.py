@@ -10,19 +10,20 @@ to 64 bits (global and local arrays) or taken modulo 2^32 (shared memory, whose 
 32-bit as in the emitter); constant indices against constant strides fold into one offset.
 
 Atomics are ``atomicrmw``/``cmpxchg`` with ``monotonic`` ordering at ``syncscope("device")``,
-which is PTX's default ``atom`` (``.relaxed.gpu``). Which atomics are one instruction and which
-a compare-and-swap loop, and the arch checks, come from the PTX emitter's own table
-(``kaio.ptx.memory.ATOMIC``), so both backends accept and refuse the same atomics.
+which is PTX's default ``atom`` (``.relaxed.gpu``). An atomic is one instruction where
+``_RMW`` has one (as the emitter's ``kaio.ptx.memory.ATOMIC``) and, for f16/bf16,
+``kaio.ir.legality.native`` says the arch has it; else a compare-and-swap loop. The arch
+checks are the legality pass's, so both backends accept and refuse the same atomics.
 """
 
 from __future__ import annotations
 
 from llvmlite import ir
 
+from kaio.ir.legality import native
 from kaio.ir.nodes import Array, Const, Instr
 from kaio.llvm.typemap import I32, I64, int_const, lltype, memtype
 from kaio.ptx import memory as ptx
-from kaio.ptx.templates import pick
 from kaio.types import ScalarType
 
 ORDER = 'syncscope("device") monotonic'
@@ -118,15 +119,16 @@ def lower_atomic(g, ins: Instr, combine) -> None:
         g.fail(f"{builtin} on {t} is not supported; use a 32- or 64-bit type, f16 or bf16")
     vals = [g.value(v) for v in values]
     ptr = address(g, arr, idxs)
-    if pick(g, ptx.ATOMIC[kind], t, builtin) is None:
+    rmw = _RMW.get(kind, {})
+    rmw = rmw.get("uint" if t.kind == "uint" and "uint" in rmw else _class(t))
+    if not native("atomic", f"{kind}.{t}", g.target) or (kind != "cas" and rmw is None):
         old = _cas_loop(g, kind, t, ptr, vals[0], combine)
     elif kind == "cas":
         pair = g.b.cmpxchg(ptr, _bits(g, vals[0], t), _bits(g, vals[1], t), ORDER, "monotonic")
         old = g.b.extract_value(pair, 0)
         old = g.b.bitcast(old, lltype(t)) if t.is_float else old
     else:
-        op = _RMW[kind]["uint" if t.kind == "uint" and "uint" in _RMW[kind] else _class(t)]
-        old = g.b.atomic_rmw(op, ptr, vals[0], ORDER)
+        old = g.b.atomic_rmw(rmw, ptr, vals[0], ORDER)
     if ins.dst is not None:
         g.set(ins.dst, old)
 
@@ -137,8 +139,6 @@ def _class(t: ScalarType) -> str:
 
 def _cas_loop(g, kind: str, t: ScalarType, ptr, v, combine) -> ir.Value:
     """An atomic read-modify-write as a compare-and-swap loop on the element's bits."""
-    if t.is_float and t.bits == 16:
-        g.target.require("atom_cas_b16", f"atomic_{kind} on {t}", g.loc)
     b = g.b
     first = b.load_atomic(ptr, ORDER, t.itemsize, typ=lltype(t))
     before = b.block

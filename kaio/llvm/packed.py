@@ -5,8 +5,8 @@ A pair is an ``i32`` (element 0 in the low half, PTX's layout). The ops of
 vector arithmetic (``add.rn.f16x2``, ``fma.rn.bf16x2``... once the NVPTX backend has chosen;
 every form rounds each half once), NVVM's ``fmin``/``fmax`` for pairs, and integer ``xor``/
 ``and`` of the sign bits for ``neg``/``abs``. Which ops an arch allows, and the errors for the
-others, are the PTX emitter's (``kaio.ptx.packed.FORMS``), so both backends accept the same
-kernels.
+others, are ``kaio.ir.legality``'s, checked before either backend runs, so both accept the
+same kernels.
 """
 
 from __future__ import annotations
@@ -51,8 +51,6 @@ ARITH = {
 def arith(g, ins: Instr) -> None:
     """An op of ``PACKED_OPS`` on a packed type."""
     t = ins.dst.type
-    forms = ptx.FORMS[ins.op]
-    ptx.choose_form(g, forms.get(t.name) or forms["packed"], f"{ptx.SPELLING[ins.op]} on {t}")
     words = [g.value(x) for x in ins.args]
     how = ARITH[ins.op]
     if isinstance(how, tuple):
@@ -68,8 +66,6 @@ def _pack(g, ins: Instr) -> None:
     lo, hi = ins.args
     a, b = g.value(lo), g.value(hi)
     if lo.type == f32:  # two f32, each rounded once
-        if not (t.name == "f16x2" and not g.target.has("f16x2_from_f32")):
-            ptx.choose_form(g, (ptx.FROM_F32[t.name],), f"kaio.{t.name}() from f32")
         element = lltype(t.element)
         a, b = g.b.fptrunc(a, element), g.b.fptrunc(b, element)
     low = g.b.zext(g.b.bitcast(a, I16), I32)

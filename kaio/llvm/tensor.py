@@ -104,7 +104,6 @@ def lower_ldmatrix(g, ins: Instr) -> None:
     """``ldmatrix.sync.aligned.m8n8.x{n}[.trans].shared.b16``."""
     frag, arr, *idxs = ins.args
     builtin = "kaio.ldmatrix_trans()" if ins.attrs["trans"] else "kaio.ldmatrix()"
-    g.target.require("ldmatrix", builtin, g.loc)
     n = len(frag_registers(g, frag, builtin))
     trans = ".trans" if ins.attrs["trans"] else ""
     text = f"ldmatrix.sync.aligned.m8n8.x{n}{trans}.shared.b16 {operands(0, n)}, [${n}];"
@@ -118,7 +117,6 @@ def lower_mma(g, ins: Instr) -> None:
     """``mma.sync.aligned.{shape}.row.col.{acc}.{in}.{in}.{acc} d, a, b, c``."""
     kind = MMA_KINDS[ins.attrs["kind"]]
     builtin = f"kaio.mma_{ins.attrs['kind']}()"
-    g.target.require(kind.feature, builtin, g.loc)
     d, a, b, c = ins.args
     a_vals, b_vals = _words(g, read(g, a, builtin)), _words(g, read(g, b, builtin))
     c_vals = read(g, c, builtin)
@@ -138,7 +136,6 @@ def lower_mma(g, ins: Instr) -> None:
 
 def lower_to_tf32(g, ins: Instr) -> None:
     """``cvt.rna.tf32.f32`` (its result is a .b32 bit pattern, read back as f32)."""
-    g.target.require("mma", "kaio.to_tf32()", g.loc)
     bits = g.asm("cvt.rna.tf32.f32 $0, $1;", "=r,f", I32, [g.value(ins.args[0])], PURE)
     g.set(ins.dst, g.b.bitcast(bits, FLOAT))
 
@@ -146,7 +143,6 @@ def lower_to_tf32(g, ins: Instr) -> None:
 def lower_cp_async(g, ins: Instr) -> None:
     """``cp.async.{ca,cg}.shared.global [dst], [src], bytes[, src_bytes]``."""
     dst, dst_idx, src, src_idx, size, nbytes, cache = cp_async_operands(ins)
-    g.target.require("cp_async", "kaio.cp_async()", g.loc)
     args = [shared_address(g, dst, dst_idx), g.b.ptrtoint(address(g, src, src_idx), I64)]
     constraints = ["r", "l"]
     tail = ""
@@ -158,9 +154,8 @@ def lower_cp_async(g, ins: Instr) -> None:
     g.asm(text, ",".join([*constraints, "~{memory}"]), VOID, args, EFFECTS, effects=True)
 
 
-def _fixed(text: str, feature_user: str):
+def _fixed(text: str):
     def lower(g, ins: Instr) -> None:
-        g.target.require("cp_async", feature_user, g.loc)
         g.asm(text.format(**ins.attrs), "~{memory}", VOID, [], EFFECTS, effects=True)
 
     return lower
@@ -173,6 +168,6 @@ LOWERING = {
     "mma": lower_mma,
     "to_tf32": lower_to_tf32,
     "cp_async": lower_cp_async,
-    "cp_async_commit": _fixed("cp.async.commit_group;", "kaio.cp_async_commit()"),
-    "cp_async_wait": _fixed("cp.async.wait_group {pending};", "kaio.cp_async_wait()"),
+    "cp_async_commit": _fixed("cp.async.commit_group;"),
+    "cp_async_wait": _fixed("cp.async.wait_group {pending};"),
 }

@@ -21,6 +21,7 @@ import re
 from itertools import count
 
 from kaio.errors import CompileError
+from kaio.ir.legality import Target
 from kaio.ir.nodes import (
     Array,
     Break,
@@ -40,7 +41,6 @@ from kaio.ptx.debug import DebugChecks
 from kaio.ptx.hopper import ALIGNED_OPS
 from kaio.ptx.lowering import LOWERING
 from kaio.ptx.regs import REG_CLASSES, bty, immediate, mem_type, storage
-from kaio.ptx.target import Target
 from kaio.types import u32
 
 _JUMPS = (Break, Continue, Return)
@@ -358,8 +358,6 @@ class Emitter:
 
     def run(self) -> str:
         """Emit the function and return the whole PTX module."""
-        if "cluster" in self.fn.meta:
-            self.target.require("cluster", "kaio.cluster_dims()")
         self.block(self.fn.body)
         if not (self.fn.body and isinstance(self.fn.body[-1], Return)):
             self.line("ret")

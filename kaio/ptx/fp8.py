@@ -6,7 +6,7 @@ loads zero it, conversions to fp8 write a copy of the value there). From fp8,
 bf16 go on from that f16 exactly. To fp8, ``cvt.rn.satfinite.e4m3x2.f32`` (f32, and bf16
 widened exactly to f32 first) or ``.f16x2`` (f16) rounds to nearest even and saturates.
 sm_89+, PTX ISA 8.1 (ptxas accepts 7.8 on sm_90 only; the ``fp8_cvt`` feature of
-``kaio.ptx.target``).
+``kaio.ir.legality``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ def _fmt(t: ScalarType) -> str:
 
 def convert(e, d: str, dt: ScalarType, a: str, st: ScalarType) -> None:
     """``d: dt = a: st`` where one side is fp8 and the other f16, bf16 or f32 (or fp8)."""
-    e.target.require("fp8_cvt", f"kaio.{dt.name}() (a conversion from {st})", e.loc)
     if st.is_fp8:
         half = d if dt == f16 else e.tmp(f16)
         pair = e.tmp(u32)

@@ -3,7 +3,8 @@ descriptors, ``mbarrier``s, TMA (``cp.async.bulk.tensor``), ``fence.proxy.async`
 ``setmaxnreg``.
 
 ``wgmma`` and ``setmaxnreg`` exist only on ``sm_90a``: the target switches a ``sm_90`` module
-to it (``kaio.ptx.target``); the rest needs ``sm_90`` (``mbarrier.init``/``arrive``: sm_80).
+to it; the rest needs ``sm_90`` (``mbarrier.init``/``arrive``: sm_80). ``kaio.ir.legality``
+checks and versions all of them before the emitter runs.
 A tensor-map parameter is read in place: its generic address (``cvta.param``) is the TMA
 operand, computed once in the prologue (``Emitter.param_address``).
 """
@@ -63,7 +64,6 @@ def lower_wgmma(e, ins: Instr) -> None:
     trans_a, trans_b`` (k32 and no transposes for e4m3/e5m2: ``wgmma_form``)."""
     kind = ins.attrs["kind"]
     builtin = f"kaio.wgmma_{kind}()"
-    e.target.require("wgmma", builtin, e.loc)
     acc, a_desc, b_desc, scale_d = ins.args
     regs = frag_registers(e, acc, builtin)
     shape, tail = wgmma_form(ins.attrs)
@@ -72,9 +72,8 @@ def lower_wgmma(e, ins: Instr) -> None:
     e.line(f"wgmma.mma_async.sync.aligned.{shape} {d}, {operands}")
 
 
-def _fixed(text: str, feature: str, builtin: str):
+def _fixed(text: str):
     def lower(e, ins: Instr) -> None:
-        e.target.require(feature, builtin, e.loc)
         e.line(text.format(**ins.attrs))
 
     lower.__doc__ = f"``{text}``."
@@ -85,7 +84,6 @@ def lower_smem_desc(e, ins: Instr) -> None:
     """The 64-bit descriptor: start address >> 4 (bits 0-13), leading byte offset >> 4
     (16-29), stride byte offset >> 4 (32-45), swizzle mode (62-63)."""
     arr, idxs, _ = split_index(ins, 0)
-    e.target.require("wgmma", "kaio.smem_descriptor()", e.loc)
     check_tile(e, arr, "kaio.smem_descriptor()")
     addr = _shared_address_register(e, arr, idxs)
     lo, hi = e.tmp(u32), e.tmp(u32)
@@ -100,7 +98,6 @@ def lower_smem_desc(e, ins: Instr) -> None:
 
 def lower_mbarrier_init(e, ins: Instr) -> None:
     """``mbarrier.init.shared.b64 [bar], count``."""
-    e.target.require("mbarrier", "kaio.mbarrier_init()", e.loc)
     arr, idxs, (count,) = split_index(ins, 0)
     e.line(f"mbarrier.init.shared.b64 {address(e, arr, idxs)}, {e.o(count)}")
 
@@ -110,24 +107,20 @@ def lower_mbarrier_arrive(e, ins: Instr) -> None:
     arr, idxs, (tx,) = split_index(ins, 0)
     state = e.tmp(u64)
     if isinstance(tx, Const) and tx.value == 0:
-        e.target.require("mbarrier", "kaio.mbarrier_arrive()", e.loc)
         e.line(f"mbarrier.arrive.shared.b64 {state}, {address(e, arr, idxs)}")
         return
-    e.target.require("mbarrier_tx", "kaio.mbarrier_arrive_expect_tx()", e.loc)
     addr = address(e, arr, idxs)
     e.line(f"mbarrier.arrive.expect_tx.shared::cta.b64 {state}, {addr}, {e.o(tx)}")
 
 
 def lower_mbarrier_expect_tx(e, ins: Instr) -> None:
     """``mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [bar], bytes``."""
-    e.target.require("mbarrier_tx", "kaio.mbarrier_expect_tx()", e.loc)
     arr, idxs, (tx,) = split_index(ins, 0)
     addr = address(e, arr, idxs)
     e.line(f"mbarrier.expect_tx.relaxed.cta.shared::cta.b64 {addr}, {e.o(tx)}")
 
 
-def _try_wait(e, ins: Instr, builtin: str, p: str) -> None:
-    e.target.require("mbarrier_wait", builtin, e.loc)
+def _try_wait(e, ins: Instr, p: str) -> str:
     arr, idxs, (parity,) = split_index(ins, 0)
     addr = address(e, arr, idxs)
     return f"mbarrier.try_wait.parity.shared::cta.b64 {p}, {addr}, {e.o(parity)}"
@@ -135,13 +128,13 @@ def _try_wait(e, ins: Instr, builtin: str, p: str) -> None:
 
 def lower_mbarrier_try_wait(e, ins: Instr) -> None:
     """``mbarrier.try_wait.parity.shared::cta.b64 p, [bar], parity``."""
-    e.line(_try_wait(e, ins, "kaio.mbarrier_try_wait()", e.dst(ins)))
+    e.line(_try_wait(e, ins, e.dst(ins)))
 
 
 def lower_mbarrier_wait(e, ins: Instr) -> None:
     """A ``try_wait.parity`` loop."""
     p = e.tmp_pred()
-    text = _try_wait(e, ins, "kaio.mbarrier_wait()", p)
+    text = _try_wait(e, ins, p)
     again = e.new_label("mbarrier_wait")
     e.place(again)
     e.line(text)
@@ -151,9 +144,7 @@ def lower_mbarrier_wait(e, ins: Instr) -> None:
 def tma_load_operands(e, ins: Instr) -> tuple:
     """``(dst, dst_idx, map, row, col, bar, bar_idx)`` of a ``tma_load`` (args: the shared
     tile, its indices, the map, the row and column, the barrier, its indices), after checking
-    that the target has TMA and the tile's alignment. ``e`` is either backend's lowering
-    context (``target``, ``loc``)."""
-    e.target.require("tma", "kaio.tma_load_2d()", e.loc)
+    the tile's alignment. ``e`` is either backend's lowering context (``fn``, ``fail``)."""
     dst, dst_idx, rest = split_index(ins, 0)
     check_tile(e, dst, "kaio.tma_load_2d()")
     tmap, row, col = rest[:3]
@@ -175,7 +166,6 @@ def lower_tma_load(e, ins: Instr) -> None:
     if ins.op == "tma_load":
         e.line(f"{TMA_LOAD} {d}, {src}, {b}")
         return
-    e.target.require("cluster", "kaio.tma_load_2d_multicast()", e.loc)
     mask = e.tmp(f16)  # a 16-bit register
     e.line(f"cvt.u16.u32 {mask}, {e.o(ins.args[-1])}")
     e.line(f"{TMA_LOAD}.multicast::cluster {d}, {src}, {b}, {mask}")
@@ -185,7 +175,6 @@ def lower_mbarrier_arrive_cluster(e, ins: Instr) -> None:
     """``mapa`` of the barrier's address to block ``rank``'s, then
     ``mbarrier.arrive.shared::cluster.b64 _, [remote]`` (release at CTA scope, as CUTLASS's:
     with ``.release.cluster`` the Hopper matmul's pipeline ran at half speed)."""
-    e.target.require("cluster", "kaio.mbarrier_arrive_cluster()", e.loc)
     e.line(f"mbarrier.arrive.shared::cluster.b64 _, [{_remote_address(e, ins)}]")
 
 
@@ -209,7 +198,6 @@ def bulk_store_operands(ins: Instr) -> tuple:
 
 def lower_bulk_store(e, ins: Instr) -> None:
     """``cp.async.bulk.global.shared::cta.bulk_group [dst], [src], nbytes``."""
-    e.target.require("bulk_copy", "kaio.bulk_store()", e.loc)
     dst, dst_idx, src, src_idx, nbytes = bulk_store_operands(ins)
     d, s = address(e, dst, dst_idx), address(e, src, src_idx)
     e.line(f"cp.async.bulk.global.shared::cta.bulk_group {d}, {s}, {e.o(nbytes)}")
@@ -217,8 +205,6 @@ def lower_bulk_store(e, ins: Instr) -> None:
 
 def lower_bulk_wait(e, ins: Instr) -> None:
     """``cp.async.bulk.wait_group[.read] n``."""
-    name = "kaio.bulk_wait_read()" if ins.attrs["read"] else "kaio.bulk_wait()"
-    e.target.require("bulk_copy", name, e.loc)
     read = ".read" if ins.attrs["read"] else ""
     e.line(f"cp.async.bulk.wait_group{read} {ins.attrs['pending']}")
 
@@ -226,7 +212,6 @@ def lower_bulk_wait(e, ins: Instr) -> None:
 def lower_cluster_sync(e, ins: Instr) -> None:
     """``barrier.cluster.arrive.aligned; barrier.cluster.wait.aligned`` (release, then
     acquire: shared-memory writes before it are visible to the cluster's blocks after it)."""
-    e.target.require("cluster", "kaio.cluster_sync()", e.loc)
     e.line("barrier.cluster.arrive.aligned")
     e.line("barrier.cluster.wait.aligned")
 
@@ -234,16 +219,15 @@ def lower_cluster_sync(e, ins: Instr) -> None:
 def lower_dsmem_load(e, ins: Instr) -> None:
     """``mapa.shared::cluster`` of this block's address of the element to block ``rank``'s,
     then ``ld.shared::cluster``."""
-    e.target.require("cluster", "kaio.cluster_load()", e.loc)
     remote = _remote_address(e, ins)
     e.line(f"ld.shared::cluster.{mem_type(ins.args[0].dtype)} {e.dst(ins)}, [{remote}]")
 
 
 LOWERING = {
     "wgmma": lower_wgmma,
-    "wgmma_fence": _fixed("wgmma.fence.sync.aligned", "wgmma", "kaio.wgmma_fence()"),
-    "wgmma_commit": _fixed("wgmma.commit_group.sync.aligned", "wgmma", "kaio.wgmma_commit()"),
-    "wgmma_wait": _fixed("wgmma.wait_group.sync.aligned {pending}", "wgmma", "kaio.wgmma_wait()"),
+    "wgmma_fence": _fixed("wgmma.fence.sync.aligned"),
+    "wgmma_commit": _fixed("wgmma.commit_group.sync.aligned"),
+    "wgmma_wait": _fixed("wgmma.wait_group.sync.aligned {pending}"),
     "smem_desc": lower_smem_desc,
     "mbarrier_init": lower_mbarrier_init,
     "mbarrier_arrive": lower_mbarrier_arrive,
@@ -254,17 +238,13 @@ LOWERING = {
     "tma_load_multicast": lower_tma_load,
     "mbarrier_arrive_cluster": lower_mbarrier_arrive_cluster,
     "bulk_store": lower_bulk_store,
-    "bulk_commit": _fixed("cp.async.bulk.commit_group", "bulk_copy", "kaio.bulk_commit()"),
+    "bulk_commit": _fixed("cp.async.bulk.commit_group"),
     "bulk_wait": lower_bulk_wait,
-    "fence_proxy_async": _fixed(
-        "fence.proxy.async.shared::cta", "fence_proxy_async", "kaio.fence_proxy_async()"
-    ),
-    "setmaxnreg": _fixed(
-        "setmaxnreg.{action}.sync.aligned.u32 {count}", "setmaxnreg", "kaio.setmaxnreg_*()"
-    ),
+    "fence_proxy_async": _fixed("fence.proxy.async.shared::cta"),
+    "setmaxnreg": _fixed("setmaxnreg.{action}.sync.aligned.u32 {count}"),
     "cluster_sync": lower_cluster_sync,
-    "cluster_arrive": _fixed("barrier.cluster.arrive.aligned", "cluster", "kaio.cluster_arrive()"),
-    "cluster_wait": _fixed("barrier.cluster.wait.aligned", "cluster", "kaio.cluster_wait()"),
+    "cluster_arrive": _fixed("barrier.cluster.arrive.aligned"),
+    "cluster_wait": _fixed("barrier.cluster.wait.aligned"),
     "dsmem_load": lower_dsmem_load,
 }
 

@@ -4,7 +4,7 @@
 one line of a template table (``BINARY``, ``UNARY``, ``TERNARY``, ``COMPARE``; the entry format
 is in ``kaio.ptx.templates``). An entry that needs a feature the arch lacks falls back, for
 f16/bf16, to computing in f32 and rounding once (bit-identical for these ops); for any other
-type it raises CompileError naming the builtin and the arch needed.
+type, ``kaio.ir.legality`` (run before the emitter) has already refused the kernel.
 
 The few ops that need sequences have small helpers here: Python floor ``floordiv``/``mod``,
 bool compares and selects, conversions (``convert``), shuffles of 16- and 64-bit values.
@@ -14,6 +14,7 @@ and ``prmt`` in ``kaio.ptx.packed``.
 
 from __future__ import annotations
 
+from kaio.ir.legality import native
 from kaio.ir.nodes import Const, Instr
 from kaio.ptx import fp8, hopper, memory, packed, tensor
 from kaio.ptx.regs import bty, immediate, is_half, is_narrow, ity, normalise, storage
@@ -27,19 +28,19 @@ BINARY = {
         "int": "add.{ty} {d}, {a}, {b}",
         "float": "add.rn.{ty} {d}, {a}, {b}",
         "f16": "add.rn.f16 {d}, {a}, {b}",
-        "bf16": ("add.rn.bf16 {d}, {a}, {b}", "bf16_arith"),
+        "bf16": "add.rn.bf16 {d}, {a}, {b}",
     },
     "sub": {
         "int": "sub.{ty} {d}, {a}, {b}",
         "float": "sub.rn.{ty} {d}, {a}, {b}",
         "f16": "sub.rn.f16 {d}, {a}, {b}",
-        "bf16": ("sub.rn.bf16 {d}, {a}, {b}", "bf16_arith"),
+        "bf16": "sub.rn.bf16 {d}, {a}, {b}",
     },
     "mul": {
         "int": "mul.lo.{ty} {d}, {a}, {b}",
         "float": "mul.rn.{ty} {d}, {a}, {b}",
         "f16": "mul.rn.f16 {d}, {a}, {b}",
-        "bf16": ("mul.rn.bf16 {d}, {a}, {b}", "bf16_arith"),
+        "bf16": "mul.rn.bf16 {d}, {a}, {b}",
     },
     "div": {"float": "div.rn.{ty} {d}, {a}, {b}"},
     "div_ftz": {"float": "div.full.ftz.f32 {d}, {a}, {b}"},
@@ -51,14 +52,14 @@ BINARY = {
     "min": {
         "int": "min.{ty} {d}, {a}, {b}",
         "float": "min.{ty} {d}, {a}, {b}",
-        "f16": ("min.f16 {d}, {a}, {b}", "f16_minmax"),
-        "bf16": ("min.bf16 {d}, {a}, {b}", "bf16_minmax"),
+        "f16": "min.f16 {d}, {a}, {b}",
+        "bf16": "min.bf16 {d}, {a}, {b}",
     },
     "max": {
         "int": "max.{ty} {d}, {a}, {b}",
         "float": "max.{ty} {d}, {a}, {b}",
-        "f16": ("max.f16 {d}, {a}, {b}", "f16_minmax"),
-        "bf16": ("max.bf16 {d}, {a}, {b}", "bf16_minmax"),
+        "f16": "max.f16 {d}, {a}, {b}",
+        "bf16": "max.bf16 {d}, {a}, {b}",
     },
 }
 
@@ -77,6 +78,7 @@ UNARY = {
     },
     "not": {"pred": "not.pred {d}, {a}"},
     "invert": {"int": "not.{bt} {d}, {a}"},
+    "brev": {"int": "brev.{bt} {d}, {a}"},
     "sqrt": {"float": "sqrt.rn.{ty} {d}, {a}"},
     "floor": {"float": "cvt.rmi.{ty}.{ty} {d}, {a}"},
     "ceil": {"float": "cvt.rpi.{ty}.{ty} {d}, {a}"},
@@ -94,14 +96,14 @@ UNARY = {
     "cos_ftz": {"float": "cos.approx.ftz.f32 {d}, {a}"},
     "sin": {"float": "sin.approx.f32 {d}, {a}"},
     "cos": {"float": "cos.approx.f32 {d}, {a}"},
-    "tanh": {"float": ("tanh.approx.f32 {d}, {a}", "tanh")},
+    "tanh": {"float": "tanh.approx.f32 {d}, {a}"},
 }
 
 TERNARY = {
     "fma": {
         "float": "fma.rn.{ty} {d}, {a}, {b}, {c}",
         "f16": "fma.rn.f16 {d}, {a}, {b}, {c}",  # rounded once, like the f32 and f64 forms
-        "bf16": ("fma.rn.bf16 {d}, {a}, {b}, {c}", "bf16_fma"),
+        "bf16": "fma.rn.bf16 {d}, {a}, {b}, {c}",
     }
 }
 
@@ -125,7 +127,7 @@ def binary(e, op: str, t: ScalarType, d: str, a: str, b: str) -> None:
     if op in ("floordiv", "mod"):
         _floor_divmod(e, op, t, d, a, b)
         return
-    template = pick(e, BINARY[op], t, op)
+    template = pick(BINARY[op], t) if native(op, t.name, e.target) else None
     if template is None:
         _half_via_f32(e, op, t, d, (a, b))
         return
@@ -136,7 +138,7 @@ def binary(e, op: str, t: ScalarType, d: str, a: str, b: str) -> None:
 
 def unary(e, op: str, t: ScalarType, d: str, a: str) -> None:
     """``d = op(a)`` for the ops of ``UNARY``."""
-    template = pick(e, UNARY[op], t, op)
+    template = pick(UNARY[op], t)
     if template is None:
         raise AssertionError(f"no lowering of {op} for {t}")  # the verifier rejects these
     e.line(fmt(template, t, d=d, a=a))
@@ -188,14 +190,12 @@ def compare(e, op: str, t: ScalarType, d: str, a: str, b: str) -> None:
         e.line(f"xor.pred {x}, {a}, {b}")
         e.line(f"{'mov' if op == 'ne' else 'not'}.pred {d}, {x}")
         return
-    if t.name == "bf16" and not e.target.has("bf16_setp"):
+    if t.name == "bf16" and not native(op, "bf16", e.target):
         wa, wb = e.tmp(f32), e.tmp(f32)
         convert(e, wa, f32, a, t)
         convert(e, wb, f32, b, t)
         compare(e, op, f32, d, wa, wb)
         return
-    if t.name == "bf16":
-        e.target.require("bf16_setp", op, e.loc)
     signed, unsigned, floating = COMPARE[op]
     code = floating if t.is_float else unsigned if t.kind == "uint" else signed
     e.line(f"setp.{code}.{ity(t)} {d}, {a}, {b}")
@@ -296,11 +296,8 @@ def _bf16_convert(e, d: str, dt: ScalarType, a: str, st: ScalarType) -> None:
     always go through f32, exactly."""
     other = st if dt.name == "bf16" else dt
     if other == f32:
-        feature = "bf16_from_f32" if dt.name == "bf16" else "bf16_to_f32"
-        e.target.require(feature, "bf16 conversion", e.loc)
         _cvt(e, d, dt, a, st)
-    elif other.bits > 16 and e.target.has("bf16_cvt"):  # ints of 32/64 bits, f64
-        e.target.require("bf16_cvt", "bf16 conversion", e.loc)
+    elif other.bits > 16 and native("cvt", f"{st}->{dt}", e.target):  # 32/64-bit ints, f64
         _cvt(e, d, dt, a, st)
     elif st.name == "bf16":
         w = e.tmp(f32)
@@ -391,9 +388,7 @@ def _lower_mov(e, ins: Instr) -> None:
 
 def _lower_fma(e, ins: Instr) -> None:
     a, b, c = (e.o(x) for x in ins.args)
-    template = pick(e, TERNARY["fma"], ins.dst.type, "fma")
-    if template is None:  # bf16 before sm_80 (where bf16 has no conversions either)
-        e.target.require("bf16_fma", "fma", e.loc)
+    template = pick(TERNARY["fma"], ins.dst.type)
     e.line(fmt(template, ins.dst.type, d=e.dst(ins), a=a, b=b, c=c))
 
 
@@ -418,8 +413,6 @@ def _lower_bitcast(e, ins: Instr) -> None:
 
 
 def _lower_sreg(e, ins: Instr) -> None:
-    if ins.attrs["name"].startswith("cluster_"):
-        e.target.require("cluster", "kaio.cluster_rank()", e.loc)
     e.line(f"mov.u32 {e.dst(ins)}, %{ins.attrs['name']}")
 
 

@@ -15,8 +15,9 @@ kernel's prologue (``Emitter.array_base``, ``Emitter.byte_strides``).
 
 from __future__ import annotations
 
+from kaio.ir.legality import native
 from kaio.ir.nodes import Array, Const, Instr
-from kaio.ptx.regs import bty, immediate, is_half, is_narrow, mem_type
+from kaio.ptx.regs import bty, immediate, is_narrow, mem_type
 from kaio.ptx.templates import fmt, pick
 from kaio.types import ScalarType, u32
 
@@ -32,8 +33,8 @@ ATOMIC = {
     "add": {
         "int": "atom.{sp}.add.u{w} {d}, {addr}, {a}",
         "float": "atom.{sp}.add.{ty} {d}, {addr}, {a}",
-        "f16": ("atom.{sp}.add.noftz.f16 {d}, {addr}, {a}", "atom_add_f16"),
-        "bf16": ("atom.{sp}.add.noftz.bf16 {d}, {addr}, {a}", "atom_add_bf16"),
+        "f16": "atom.{sp}.add.noftz.f16 {d}, {addr}, {a}",
+        "bf16": "atom.{sp}.add.noftz.bf16 {d}, {addr}, {a}",
     },
     "max": {"int": "atom.{sp}.max.{ty} {d}, {addr}, {a}"},
     "min": {"int": "atom.{sp}.min.{ty} {d}, {addr}, {a}"},
@@ -42,7 +43,7 @@ ATOMIC = {
         "float": "atom.{sp}.exch.{bt} {d}, {addr}, {a}",
     },
     "cas": {
-        "half": ("atom.{sp}.cas.b16 {d}, {addr}, {a}, {b}", "atom_cas_b16"),
+        "half": "atom.{sp}.cas.b16 {d}, {addr}, {a}, {b}",
         "any": "atom.{sp}.cas.{bt} {d}, {addr}, {a}, {b}",
     },
 }
@@ -171,7 +172,7 @@ def lower_atomic(e, ins: Instr, combine) -> None:
     d = e.dst(ins) if ins.dst is not None else e.tmp(t)
     regs = [e.r(v) for v in values]
     addr, sp = address(e, arr, idxs), SPACE[arr.space]
-    template = pick(e, ATOMIC[kind], t, builtin)
+    template = atomic_instruction(kind, t, e.target)
     if template is not None:
         b = regs[1] if len(regs) > 1 else ""
         e.line(fmt(template, t, d=d, addr=addr, a=regs[0], b=b, sp=sp, w=str(t.bits)))
@@ -179,10 +180,14 @@ def lower_atomic(e, ins: Instr, combine) -> None:
     _cas_loop(e, kind, t, sp, d, addr, regs[0], combine)
 
 
+def atomic_instruction(kind: str, t: ScalarType, target) -> str | None:
+    """The one instruction of atomic ``kind`` on ``t`` for ``target`` (``ATOMIC``), or None
+    where it runs a compare-and-swap loop (``kaio.ir.legality`` decides for f16/bf16)."""
+    return pick(ATOMIC[kind], t) if native("atomic", f"{kind}.{t}", target) else None
+
+
 def _cas_loop(e, kind: str, t: ScalarType, sp: str, d: str, addr: str, v: str, combine) -> None:
     """An atomic read-modify-write as a compare-and-swap loop on the element's bits."""
-    if is_half(t):
-        e.target.require("atom_cas_b16", f"atomic_{kind} on {t}", e.loc)
     bt = bty(t)
     old, new, seen = e.tmp(t), e.tmp(t), e.tmp(t)
     retry = e.tmp_pred()

@@ -6,8 +6,8 @@ the ops that look inside: the arithmetic ops of ``kaio.ir.ops.PACKED_OPS`` when 
 packed (``lowering()`` routes them here), ``pack``, ``unpack_lo``/``unpack_hi``, ``prmt`` and
 ``lop3``.
 
-``FORMS`` lists, per op and type, the instructions that compute it, preferred first, each with
-the feature it needs (``kaio.ptx.target.FEATURES``); the first one the arch has is used.
+``FORMS`` lists, per op and type, the instruction that computes it and, for bf16x2 on archs
+without it, the fallback (``kaio.ir.legality`` checked which one the arch gets: ``native``).
 ``add/sub/mul.bf16x2`` need sm_90, so on sm_80 they are one ``fma.rn.bf16x2`` with a constant
 operand, which rounds once to the same bits: ``a + b = a*1 + b``, ``a - b = b*(-1) + a``,
 ``a * b = a*b + (-0)`` (-0 keeps the sign of a zero product). ``neg`` and ``abs`` flip or clear
@@ -16,6 +16,7 @@ the two sign bits, like the scalar f16 forms.
 
 from __future__ import annotations
 
+from kaio.ir.legality import native
 from kaio.ir.nodes import Const, Instr
 from kaio.ir.ops import PACKED_OPS
 from kaio.types import f32
@@ -23,84 +24,43 @@ from kaio.types import f32
 # bf16x2 constants the sm_80 forms use, by template name.
 CONSTANTS = {"one": 0x3F803F80, "minus_one": 0xBF80BF80, "minus_zero": 0x80008000}
 
-_BF16_FMA = "bf16x2_fma"
-
 FORMS: dict[str, dict[str, tuple]] = {
     "add": {
-        "f16x2": (("add.rn.f16x2 {d}, {a}, {b}", None),),
-        "bf16x2": (
-            ("add.rn.bf16x2 {d}, {a}, {b}", "bf16_arith"),
-            ("fma.rn.bf16x2 {d}, {a}, {one}, {b}", _BF16_FMA),
-        ),
+        "f16x2": ("add.rn.f16x2 {d}, {a}, {b}",),
+        "bf16x2": ("add.rn.bf16x2 {d}, {a}, {b}", "fma.rn.bf16x2 {d}, {a}, {one}, {b}"),
     },
     "sub": {
-        "f16x2": (("sub.rn.f16x2 {d}, {a}, {b}", None),),
-        "bf16x2": (
-            ("sub.rn.bf16x2 {d}, {a}, {b}", "bf16_arith"),
-            ("fma.rn.bf16x2 {d}, {b}, {minus_one}, {a}", _BF16_FMA),
-        ),
+        "f16x2": ("sub.rn.f16x2 {d}, {a}, {b}",),
+        "bf16x2": ("sub.rn.bf16x2 {d}, {a}, {b}", "fma.rn.bf16x2 {d}, {b}, {minus_one}, {a}"),
     },
     "mul": {
-        "f16x2": (("mul.rn.f16x2 {d}, {a}, {b}", None),),
-        "bf16x2": (
-            ("mul.rn.bf16x2 {d}, {a}, {b}", "bf16_arith"),
-            ("fma.rn.bf16x2 {d}, {a}, {b}, {minus_zero}", _BF16_FMA),
-        ),
+        "f16x2": ("mul.rn.f16x2 {d}, {a}, {b}",),
+        "bf16x2": ("mul.rn.bf16x2 {d}, {a}, {b}", "fma.rn.bf16x2 {d}, {a}, {b}, {minus_zero}"),
     },
-    "fma": {
-        "f16x2": (("fma.rn.f16x2 {d}, {a}, {b}, {c}", None),),
-        "bf16x2": (("fma.rn.bf16x2 {d}, {a}, {b}, {c}", _BF16_FMA),),
-    },
-    "min": {
-        "f16x2": (("min.f16x2 {d}, {a}, {b}", "f16_minmax"),),
-        "bf16x2": (("min.bf16x2 {d}, {a}, {b}", "bf16_minmax"),),
-    },
-    "max": {
-        "f16x2": (("max.f16x2 {d}, {a}, {b}", "f16_minmax"),),
-        "bf16x2": (("max.bf16x2 {d}, {a}, {b}", "bf16_minmax"),),
-    },
-    "neg": {"packed": (("xor.b32 {d}, {a}, 0x80008000", None),)},
-    "abs": {"packed": (("and.b32 {d}, {a}, 0x7FFF7FFF", None),)},
-}
-
-# What the user wrote, for arch errors.
-SPELLING = {
-    "add": "'+'",
-    "sub": "'-'",
-    "mul": "'*'",
-    "fma": "kaio.fma",
-    "min": "kaio.min",
-    "max": "kaio.max",
-    "neg": "'-'",
-    "abs": "kaio.abs",
+    "fma": {"packed": ("fma.rn.{t} {d}, {a}, {b}, {c}",)},
+    "min": {"packed": ("min.{t} {d}, {a}, {b}",)},
+    "max": {"packed": ("max.{t} {d}, {a}, {b}",)},
+    "neg": {"packed": ("xor.b32 {d}, {a}, 0x80008000",)},
+    "abs": {"packed": ("and.b32 {d}, {a}, 0x7FFF7FFF",)},
 }
 
 # pack from two f32: one cvt that rounds each (PTX puts its first source in the high half);
 # sm_75 has it for neither type: f16x2 falls back to two cvt.rn.f16.f32.
-FROM_F32 = {
-    "f16x2": ("cvt.rn.f16x2.f32 {d}, {hi}, {lo}", "f16x2_from_f32"),
-    "bf16x2": ("cvt.rn.bf16x2.f32 {d}, {hi}, {lo}", "bf16x2_from_f32"),
-}
+FROM_F32 = "cvt.rn.{t}.f32 {d}, {hi}, {lo}"
 
 
-def choose_form(e, forms: tuple, what: str) -> str:
-    """The first form the target has (recording its feature); CompileError naming ``what``
-    and the arch needed when it has none."""
-    for template, feature in forms:
-        if feature is None or e.target.has(feature):
-            if feature is not None:
-                e.target.require(feature, what, e.loc)
-            return template
-    e.target.require(forms[-1][1], what, e.loc)  # raises
-    raise AssertionError("unreachable")
+def form(target, op: str, t) -> str:
+    """The template of packed ``op`` on ``t`` that ``target`` gets: its own instruction, or
+    the fallback where ``kaio.ir.legality.native`` says the arch lacks it."""
+    entry = FORMS[op]
+    forms = entry.get(t.name) or entry["packed"]
+    return forms[0] if native(op, t.name, target) else forms[-1]
 
 
 def arith(e, ins: Instr) -> None:
     """An op of ``PACKED_OPS`` on a packed type: one instruction for both halves."""
     t = ins.dst.type
-    entry = FORMS[ins.op]
-    forms = entry.get(t.name) or entry["packed"]
-    template = choose_form(e, forms, f"{SPELLING[ins.op]} on {t}")
+    template = form(e.target, ins.op, t).replace("{t}", t.name)
     operands = dict(zip("abc", (e.r(x) for x in ins.args), strict=False))
     for name, bits in CONSTANTS.items():
         if "{" + name + "}" in template:
@@ -115,14 +75,13 @@ def _pack(e, ins: Instr) -> None:
     if lo.type != f32:  # two halves
         e.line(f"mov.b32 {d}, {{{e.r(lo)}, {e.r(hi)}}}")
         return
-    if t.name == "f16x2" and not e.target.has("f16x2_from_f32"):  # sm_75: two conversions
+    if not native("pack", f"f32->{t}", e.target):  # f16x2 on sm_75: two conversions
         a, b = e.tmp(t.element), e.tmp(t.element)
         e.line(f"cvt.rn.f16.f32 {a}, {e.r(lo)}")
         e.line(f"cvt.rn.f16.f32 {b}, {e.r(hi)}")
         e.line(f"mov.b32 {d}, {{{a}, {b}}}")
         return
-    template = choose_form(e, (FROM_F32[t.name],), f"kaio.{t.name}() from f32")
-    e.line(template.format(d=d, lo=e.r(lo), hi=e.r(hi)))
+    e.line(FROM_F32.format(t=t.name, d=d, lo=e.r(lo), hi=e.r(hi)))
 
 
 def _unpack(e, ins: Instr) -> None:

@@ -4,8 +4,9 @@ Entries are keyed by type class (``"int"``, ``"uint"``, ``"float"`` for f32/f64,
 ``"bf16"``, ``"half"`` for both, ``"f16x2"``, ``"bf16x2"``, ``"packed"`` for both, ``"pred"``,
 ``"any"``). Templates use ``{d} {a} {b} {c}`` for
 operands and ``{ty}`` (arithmetic type, ``s32`` for a narrow signed integer), ``{bt}`` (bit
-type) and ``{st}`` (signed type of the register width). A ``(template, feature)`` pair is used
-only when the arch has the feature (``kaio.ptx.target.FEATURES``).
+type) and ``{st}`` (signed type of the register width). Which forms an arch has is not
+decided here: ``kaio.ir.legality`` checked the kernel, and its ``native`` says where an
+f16/bf16 op uses a fallback instead of its template.
 """
 
 from __future__ import annotations
@@ -34,19 +35,9 @@ def fmt(template: str, t: ScalarType, **operands: str) -> str:
     return template.format(ty=ity(t), bt=bty(t), st=sty(t), **operands)
 
 
-def pick(e, entry: dict, t: ScalarType, builtin: str) -> str | None:
-    """The template of ``entry`` for ``t``, recording the feature it needs. None when there is
-    none, or when an f16/bf16 form needs a feature the arch lacks (the caller then computes in
-    f32 or loops); for other types a missing feature raises CompileError."""
+def pick(entry: dict, t: ScalarType) -> str | None:
+    """The template of ``entry`` for ``t``; None when there is none."""
     for key in classes(t):
         if key in entry:
-            template = entry[key]
-            break
-    else:
-        return None
-    if isinstance(template, tuple):
-        template, feature = template
-        if is_half(t) and not e.target.has(feature):
-            return None
-        e.target.require(feature, builtin, e.loc)
-    return template
+            return entry[key]
+    return None

@@ -79,7 +79,6 @@ def lower_ldmatrix(e, ins: Instr) -> None:
     """``ldmatrix.sync.aligned.m8n8.x{n}[.trans].shared.b16``."""
     frag, arr, *idxs = ins.args
     builtin = "kaio.ldmatrix_trans()" if ins.attrs["trans"] else "kaio.ldmatrix()"
-    e.target.require("ldmatrix", builtin, e.loc)
     regs = frag_registers(e, frag, builtin)
     trans = ".trans" if ins.attrs["trans"] else ""
     addr = address(e, arr, idxs)
@@ -101,7 +100,6 @@ def lower_mma(e, ins: Instr) -> None:
     """``mma.sync.aligned.{shape}.row.col.{acc}.{in}.{in}.{acc} d, a, b, c``."""
     kind = MMA_KINDS[ins.attrs["kind"]]
     builtin = f"kaio.mma_{ins.attrs['kind']}()"
-    e.target.require(kind.feature, builtin, e.loc)
     d, a, b, c = (frag_registers(e, f, builtin) for f in ins.args)
     a = _as_b32(e, a, ins.args[1])
     b = _as_b32(e, b, ins.args[2])
@@ -112,7 +110,6 @@ def lower_mma(e, ins: Instr) -> None:
 
 def lower_to_tf32(e, ins: Instr) -> None:
     """``cvt.rna.tf32.f32`` (its result is a .b32 bit pattern, moved back to f32)."""
-    e.target.require("mma", "kaio.to_tf32()", e.loc)
     bits = e.tmp(u32)
     e.line(f"cvt.rna.tf32.f32 {bits}, {e.r(ins.args[0])}")
     e.line(f"mov.b32 {e.dst(ins)}, {bits}")
@@ -131,7 +128,6 @@ def cp_async_operands(ins: Instr) -> tuple:
 def lower_cp_async(e, ins: Instr) -> None:
     """``cp.async.{ca,cg}.shared.global [dst], [src], bytes[, src_bytes]``."""
     dst, dst_idx, src, src_idx, size, nbytes, cache = cp_async_operands(ins)
-    e.target.require("cp_async", "kaio.cp_async()", e.loc)
     d, s = address(e, dst, dst_idx), address(e, src, src_idx)
     full = getattr(size, "value", None) == nbytes
     tail = "" if full else f", {e.o(size)}"
@@ -140,13 +136,11 @@ def lower_cp_async(e, ins: Instr) -> None:
 
 def lower_cp_async_commit(e, ins: Instr) -> None:
     """``cp.async.commit_group``."""
-    e.target.require("cp_async", "kaio.cp_async_commit()", e.loc)
     e.line("cp.async.commit_group")
 
 
 def lower_cp_async_wait(e, ins: Instr) -> None:
     """``cp.async.wait_group n``."""
-    e.target.require("cp_async", "kaio.cp_async_wait()", e.loc)
     e.line(f"cp.async.wait_group {ins.attrs['pending']}")
 
 

@@ -1,6 +1,6 @@
 """The pure ops of the IR as NumPy functions ``fn(type, *operands)``, bit-exact with
 ``kaio.ir.ops``: integers wrap at their width, f16/bf16 arithmetic is computed in f32 and
-rounded once, ``fma`` and every conversion round exactly once (``kaio.sim.numerics``).
+rounded once, ``fma`` and every conversion round exactly once (``kaio.numerics``).
 
 The approximate math ops (``exp2 log2 rsqrt rcp_approx sin cos tanh``) are computed in float64
 and rounded to f32: the correctly rounded value, which lies within the hardware instructions'
@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kaio.sim import fp8, numerics
+from kaio import numerics
+from kaio.sim import fp8
 from kaio.types import ScalarType
 
 F32 = np.dtype(np.float32)
@@ -122,7 +123,7 @@ def fma(t: ScalarType, a, b, c):
 
 def fma_half(t: ScalarType, a, b, c) -> np.ndarray:
     """f16/bf16 ``a * b + c`` rounded once: the float64 product is exact, the sum is rounded
-    to odd at 53 bits, then to nearest even in ``t`` (``kaio.sim.numerics``)."""
+    to odd at 53 bits, then to nearest even in ``t`` (``kaio.numerics``)."""
     with np.errstate(all="ignore"):
         product = np.asarray(a).astype(F64) * np.asarray(b).astype(F64)
         total = numerics.add_round_to_odd(product, np.asarray(c).astype(F64))

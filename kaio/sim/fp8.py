@@ -14,25 +14,9 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from kaio.sim.numerics import F32, F64, f64_to_f32_round_to_odd
-from kaio.types import ScalarType
+from kaio.numerics import CANONICAL_NAN, MAX_FINITE, to_fp8
 
-# The canonical NaN the GPU's cvt writes, and the largest finite value, per type name.
-CANONICAL_NAN = {"e4m3": 0x7F, "e5m2": 0x7F}
-MAX_FINITE = {"e4m3": 448.0, "e5m2": 57344.0}
-
-
-def to_fp8(x, t: ScalarType) -> np.ndarray:
-    """Float values (any NumPy float dtype) converted to ``t`` as ``cvt.rn.satfinite`` does."""
-    x = np.asarray(x)
-    x32 = f64_to_f32_round_to_odd(x.astype(F64)) if x.dtype == F64 else x.astype(F32)
-    limit = F32.type(MAX_FINITE[t.name])
-    out = np.asarray(np.clip(x32, -limit, limit)).astype(t.np_dtype)
-    nan = np.isnan(x32)
-    if nan.any():
-        out = np.array(out, copy=True)
-        out.view(np.uint8)[nan] = CANONICAL_NAN[t.name]
-    return out
+__all__ = ["CANONICAL_NAN", "MAX_FINITE", "from_fp8", "is_fp8_dtype", "to_fp8"]
 
 
 def from_fp8(x, dtype) -> np.ndarray:

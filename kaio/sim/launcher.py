@@ -10,8 +10,8 @@ import numpy as np
 from kaio.errors import LaunchError
 from kaio.ir.nodes import Instr, walk
 from kaio.kernel import DEFAULT_ARCH, LaunchConfig, parse_launch_config
+from kaio.numerics import round_f64
 from kaio.sim.engine import simulate
-from kaio.sim.numerics import round_f64
 from kaio.tensormap import TensorMap
 from kaio.types import ArrayType, ScalarType
 

@@ -81,6 +81,17 @@ def _canonical_nan(handler):
     return run
 
 
+_REVERSED_BYTE = np.array([int(f"{b:08b}"[::-1], 2) for b in range(256)], np.uint8)
+
+
+def _brev(t, x):
+    """``brev.b32``/``b64``: the bytes in reverse order, and the bits of each byte."""
+    x = np.ascontiguousarray(x)
+    data = x.reshape(-1).view(np.uint8).reshape(-1, x.dtype.itemsize)
+    reversed_ = np.ascontiguousarray(_REVERSED_BYTE[data][:, ::-1])
+    return reversed_.view(x.dtype).reshape(x.shape)
+
+
 SEMANTICS = {
     "mov": _on_dst(mov),
     "add": _on_dst(add),
@@ -99,6 +110,7 @@ SEMANTICS = {
     "neg": _on_dst(neg),
     "not": _on_dst(plain(np.logical_not)),
     "invert": _on_dst(plain(np.invert)),
+    "brev": _on_dst(_brev),
     "abs": _on_dst(abs_),
     "lt": _on_operand(compare(np.less)),
     "le": _on_operand(compare(np.less_equal)),

@@ -1,4 +1,7 @@
-"""Exact floating-point helpers for the simulator: one rounding, fused multiply-add, conversions.
+"""Exact floating-point helpers: one rounding, fused multiply-add, conversions (fp8 included).
+
+Backend-neutral: the host conversions of ``kaio.types`` (``kaio.f16x2(...)``, ``kaio.e4m3(...)``)
+and the simulator use them, and this module imports neither.
 
 NumPy's own casts round twice in a few places (``float64 -> bfloat16`` and ``int64 ->
 bfloat16`` go through float32). Everything here rounds exactly once, using *round to odd*:
@@ -10,10 +13,12 @@ correctly-rounded sums: proved algorithms using rounding to odd", IEEE TC 2008).
 from __future__ import annotations
 
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kaio.types import ScalarType
+if TYPE_CHECKING:
+    from kaio.types import ScalarType
 
 F64 = np.dtype(np.float64)
 F32 = np.dtype(np.float32)
@@ -160,3 +165,22 @@ def _fma_exact(a: float, b: float, c: float) -> float:
         return float(exact)  # int / int true division rounds correctly
     except OverflowError:
         return float("inf") if exact > 0 else float("-inf")
+
+
+# The 8-bit floats: the canonical NaN the GPU's cvt writes, and the largest finite value, per
+# type name (kaio.sim.fp8 describes the conversions).
+CANONICAL_NAN = {"e4m3": 0x7F, "e5m2": 0x7F}
+MAX_FINITE = {"e4m3": 448.0, "e5m2": 57344.0}
+
+
+def to_fp8(x, t: ScalarType) -> np.ndarray:
+    """Float values (any NumPy float dtype) converted to ``t`` as ``cvt.rn.satfinite`` does."""
+    x = np.asarray(x)
+    x32 = f64_to_f32_round_to_odd(x.astype(F64)) if x.dtype == F64 else x.astype(F32)
+    limit = F32.type(MAX_FINITE[t.name])
+    out = np.asarray(np.clip(x32, -limit, limit)).astype(t.np_dtype)
+    nan = np.isnan(x32)
+    if nan.any():
+        out = np.array(out, copy=True)
+        out.view(np.uint8)[nan] = CANONICAL_NAN[t.name]
+    return out

@@ -1,0 +1,50 @@
+"""The layers stay apart: the types and the numeric helpers they share with the simulator
+import no backend, no simulator and no runtime; compiling a kernel loads no CUDA binding."""
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module ``path`` imports, at the top or inside functions."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+    return out
+
+
+@pytest.mark.parametrize("module", ["kaio/types.py", "kaio/numerics.py", "kaio/ir/legality.py"])
+def test_neutral_modules_import_no_backend_simulator_or_runtime(module):
+    layers = ("kaio.sim", "kaio.ptx", "kaio.llvm", "kaio.runtime", "cuda")
+    bad = [m for m in _imports(ROOT / module) if m.startswith(layers)]
+    assert not bad, f"{module} imports {bad}"
+
+
+def test_compiling_loads_no_cuda_bindings(tmp_path):
+    code = (
+        "import sys, kaio\n"
+        "from kaio import f32\n"
+        "@kaio.gpu_kernel\n"
+        "def k(x: f32[:]):\n"
+        "    x[kaio.thread_idx_x()] = kaio.exp(x[0])\n"
+        "assert '.entry k' in k.ptx(arch='sm_80')\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('cuda', 'cupy', 'torch')))\n"
+    )
+    path = tmp_path / "compile_only.py"
+    path.write_text(code)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, str(path)], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
