@@ -671,11 +671,11 @@ def _llvm() -> bool:
 
 
 def _ptx(kernel, arch: str, constexprs: dict, backend: str | None = None) -> str | None:
-    """The kernel's PTX, or None for a CompileError (ptxas runs outside the time limit, which
-    is kaio's: a big kernel's ptxas may be slow on a loaded machine)."""
+    """The kernel's PTX, or None for a CompileError or LaunchError (ptxas runs outside the
+    time limit, which is kaio's: a big kernel's ptxas may be slow on a loaded machine)."""
     try:
         return kernel.ptx(arch, backend=backend, **constexprs)
-    except kaio.CompileError:
+    except (kaio.CompileError, kaio.LaunchError):  # (LaunchError: a bad constexpr value)
         return None
 
 
@@ -992,25 +992,33 @@ def _define(mutant: Mutant, path: str):
 
 
 def _grown(kernel, mutant: Mutant, limit: float) -> bool:
-    """Whether a mutant that compiled past the time limit is over 10 times the original's
-    size in the frontend's IR (a mutated tile count can unroll into tens of thousands of
-    instructions, which the passes take minutes over): slow, not a hang."""
+    """Whether a mutant whose compile ran past the time limit is slow rather than hung: over
+    10 times the original's size in the frontend's IR (a mutated tile count can unroll into
+    tens of thousands of instructions, which the passes take minutes over), or of a size with
+    the original's and the original itself takes over a tenth of the limit to lower and
+    optimize (kaio_ops' largest kernels take seconds; a loaded machine, many more)."""
+    import time
+
     from kaio.frontend import compile_kernel
-    from kaio.ir.passes import walk
+    from kaio.ir.passes import optimize, walk
 
-    def size(k) -> int:
-        layouts = ("C",) * len(k.param_names)
-        return sum(1 for _ in walk(compile_kernel(k, mutant.constexprs, layouts).body))
+    def lowered(k):
+        return compile_kernel(k, mutant.constexprs, ("C",) * len(k.param_names))
 
-    with time_limit(5 * limit):  # (the frontend alone takes a while over such a mutant)
-        return size(kernel) > 10 * size(mutant.kernel)
+    with time_limit(10 * limit):  # (the frontend alone takes a while over such a mutant)
+        original = lowered(mutant.kernel)
+        if sum(1 for _ in walk(lowered(kernel).body)) > 10 * sum(1 for _ in walk(original.body)):
+            return True
+        start = time.perf_counter()
+        optimize(lowered(mutant.kernel))
+        return time.perf_counter() - start > limit / 10
 
 
 def check_mutant(mutant: Mutant, arch: str = "sm_90a", limit: float = 30.0) -> str:
     """``"python"`` (Python rejected the mutant), ``"error"`` (a CompileError, or a
     constexpr the mutant no longer takes or newly needs: ``"skip"``) or ``"ptx"`` (ptxas
-    accepted it; ``"big"``: the compile ran past the limit, the mutant being over 10 times
-    the original's size in IR); for a catalog case, the simulator then runs it on the case's
+    accepted it; ``"big"``: the compile ran past the limit, and ``_grown`` says it is slow,
+    not hung); for a catalog case, the simulator then runs it on the case's
     arguments (``"sim"``) or refuses it with a LaunchError or SimulationError or a timeout (a
     mutated loop may not end). Anything else propagates."""
     fd, path = tempfile.mkstemp(suffix=".py", prefix="kaio_mutant_")
