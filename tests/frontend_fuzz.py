@@ -671,11 +671,11 @@ def _llvm() -> bool:
 
 
 def _ptx(kernel, arch: str, constexprs: dict, backend: str | None = None) -> str | None:
-    """The kernel's PTX, or None for a CompileError or LaunchError (ptxas runs outside the
-    time limit, which is kaio's: a big kernel's ptxas may be slow on a loaded machine)."""
+    """The kernel's PTX, or None for a CompileError (ptxas runs outside the time limit, which
+    is kaio's: a big kernel's ptxas may be slow on a loaded machine)."""
     try:
         return kernel.ptx(arch, backend=backend, **constexprs)
-    except (kaio.CompileError, kaio.LaunchError):  # (LaunchError: a bad constexpr value)
+    except kaio.CompileError:
         return None
 
 
@@ -1045,6 +1045,8 @@ def check_mutant(mutant: Mutant, arch: str = "sm_90a", limit: float = 30.0) -> s
                 if _grown(kernel, mutant, limit):
                     return "big"
                 raise
+            except kaio.LaunchError:  # a constexpr value the mutant's annotations refuse
+                return "error"
             if ptx is None:
                 return "error"
             assemble(ptx, arch)
