@@ -239,3 +239,17 @@ def test_a_loop_variable_read_after_its_loop_has_its_last_value():
     assert "'j' is not assigned" in err.message and "range is empty" in err.message, str(err)
     lines, start = inspect.getsourcelines(empty_static_range_variable.pyfunc)
     assert err.lineno == start + next(i for i, ln in enumerate(lines) if "# ERR" in ln)
+
+
+@pytest.mark.gpu
+def test_a_loop_variable_read_after_its_loop_on_the_gpu():
+    """Both backends' code gives Python's values (the PTX read an unwritten register)."""
+    rng = np.random.default_rng(29)
+    x = np.where(rng.random(32 * 4 + 4) < 0.3, 1.0, -1.0).astype(np.float32)
+    for backend in ("ptx", "llvm"):
+        if backend == "llvm":
+            pytest.importorskip("llvmlite")
+        kernel = kaio.Kernel(loop_variables_after.pyfunc, block_size=32, backend=backend)
+        out = kaio.to_device(np.full(32 * 6, -7, np.int32))
+        kernel[1](kaio.to_device(x), out, 32)
+        np.testing.assert_array_equal(out.numpy(), _loop_variables_expected(x), err_msg=backend)
