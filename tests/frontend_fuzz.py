@@ -656,6 +656,13 @@ def load(source: str):
             spec.loader.exec_module(module)
         except SyntaxError:
             return None, path
+        except NameError as e:  # Python evaluating an annotation (DT[:] before 3.14 without
+            tb = e.__traceback__  # `from __future__ import annotations`), not kaio
+            while tb.tb_next is not None:
+                tb = tb.tb_next
+            if tb.tb_frame.f_code.co_filename != path:
+                raise
+            return None, path
         return module.fuzzed, path
     except BaseException:
         os.unlink(path)
