@@ -56,7 +56,7 @@ from kaio.runtime.arginfo import RawArray
 from kaio.runtime.device import current
 from kaio.runtime.launch import recordings
 from kaio.runtime.memory import DeviceArray
-from kaio.runtime.plan import CallPlan, recording
+from kaio.runtime.plan import CallPlan, compile_function, recording
 from kaio.sim import mode as sim_mode
 from kaio_ops import _arrays
 
@@ -201,11 +201,12 @@ def build(recorder, arrays: list, pointers: tuple, result) -> Callable | None:
 
 
 def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str) -> Callable:
-    """Generate ``replay(p0, p1, ...)``: allocate the outputs, launch, return them."""
-    env: dict = {"run": plan.run if plan is not None else None}
+    """Generate ``replay(p0, p1, ...)``: allocate the outputs, launch, return them. The plan's
+    launches are inlined (``CallPlan.code``): one Python call from the op's wrapper to the
+    driver."""
+    env: dict = {}
     params = ", ".join(f"p{i}" for i in range(inputs))
     lines = [f"def replay({params}):"]
-    addresses = [f"p{i}" for i in range(inputs)]
     for j, (_made, kind, device, like, shape, dtype) in enumerate(allocations):
         if kind == "torch":
             import torch
@@ -216,19 +217,17 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
                 dtype=_arrays.torch_dtype(dtype),
                 device=torch.device("cuda", device),
             )
-            lines.append(f"    o{j} = A{j}()")
-            addresses.append(f"o{j}.data_ptr()")
+            address = f"o{j}.data_ptr()"
         else:
             env[f"A{j}"] = functools.partial(_arrays.new_array, kind, device, like, shape, dtype)
-            lines.append(f"    o{j} = A{j}()")
-            addresses.append(f"o{j}.data.ptr" if kind == "cupy" else f"o{j}.ptr")
+            address = f"o{j}.data.ptr" if kind == "cupy" else f"o{j}.ptr"
+        lines.append(f"    o{j} = A{j}()")
+        if plan is not None:
+            lines.append(f"    p{inputs + j} = {address}")
     if plan is not None:
-        lines.append(f"    run(({', '.join(addresses)},))")
+        lines += plan.code(env, lambda source: f"p{source}")
     lines.append(f"    return {returned}")
-    source = "\n".join(lines) + "\n"
-    exec(compile(source, "<kaio op plan>", "exec"), env)
-    replay = env["replay"]
-    replay.source = source
+    replay = compile_function(lines, env, "replay", "<kaio op plan>")
     replay.plan = plan
     return replay
 
@@ -261,15 +260,22 @@ def _generate(fn: Callable, array_names: tuple) -> Callable:
     plans: dict = {}
     _ALL.append(plans)
     positions = [names.index(a) for a in array_names]
+    optional = {a for a in array_names if signature.parameters[a].default is None}
 
     def slow(key, args: tuple, pointers: tuple):
         """A call with no plan for its key: run the op, recording a plan when it can."""
         arrays = [args[i] for i in positions]
         present = [a for a in arrays if a is not None]
+        # the flat key of torch tensors (see below) describes them all; in the other keys a
+        # None stands for an array that is not described
+        flat = all(
+            type(a) is tensor or type(a) is parameter or (a is None and name in optional)
+            for a, name in zip(arrays, array_names, strict=True)
+        )
         plannable = (
             not current.simulating
             and current.recorder is None  # an op inside another op's recording
-            and None not in key[: len(arrays)]
+            and (flat or None not in key[: len(arrays)])
             and len({id(a) for a in present}) == len(present)
         )
         kwargs = dict(zip(named, args[first:], strict=True))
@@ -301,6 +307,27 @@ def _generate(fn: Callable, array_names: tuple) -> Callable:
     # positionally, in signature order, as the torch dispatcher passes them
     wrapper_header = header[:first] + (["*"] if named else []) + header[first:]
     lines = [f"def {fn.__name__}({', '.join(wrapper_header)}):", "    try:"]
+    # the common call, torch tensors (or None for an optional array) only: one flat key of
+    # torch's own accessors (no tuple per array); contiguity stands for the strides, which a
+    # contiguous tensor's kernels never see (ops refuse other tensors, unplanned)
+    tensors = [f"(type({a}) is T or type({a}) is P)" for a in array_names]
+    tensors = [f"({a} is None or {t})" if a in optional else t
+               for a, t in zip(array_names, tensors, strict=True)]  # fmt: skip
+    fast_keys = []
+    fast_lines = [f"    if {' and '.join(tensors)}:"]
+    for j, a in enumerate(array_names):
+        device = "d" if j == 0 else f"{a}.get_device()"
+        if j == 0:
+            fast_lines.append(f"        d = {a}.get_device()")
+        described = (
+            f"{a}.dtype, {a}.shape, {a}.is_contiguous() or {a}.stride(), {device}, p{j} & 15"
+        )
+        if a in optional:
+            fast_lines.append(f"        p{j} = 0 if {a} is None else {a}.data_ptr()")
+            fast_keys.append(f"*((None,) if {a} is None else ({described},))")
+        else:
+            fast_lines.append(f"        p{j} = {a}.data_ptr()")
+            fast_keys.append(described)
     describe_lines = []
     for j, name in enumerate(array_names):
         if j == 0:
@@ -332,7 +359,11 @@ def _generate(fn: Callable, array_names: tuple) -> Callable:
     # simulate() blocks: the thread's count, read only while a block is open somewhere
     simulating = "(SIMULATING[0] and current.simulating)"
     describe_lines.append(f"    key = ({', '.join(keys)}, stream, {simulating})")
-    lines += ["    " + line for line in describe_lines]
+    stream = "RAW(d) if d >= 0 else None"
+    fast_keys += [f"{n}, type({n})" for n in others] + [stream, simulating]
+    fast_lines.append(f"        key = ({', '.join(fast_keys)})")
+    lines += ["    " + line for line in [*fast_lines, "    else:"]]
+    lines += ["        " + line for line in describe_lines]
     body = lines[1:]
     lines += [
         "    except Exception:  # not an array these keys describe (a meta tensor, say)",
