@@ -527,7 +527,11 @@ def main() -> None:
     parser.add_argument("--out", help="write the results as JSON to this file")
     parser.add_argument("--skip-cold", action="store_true", help="no first-launch rows")
     parser.add_argument("--cold-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--batches", type=int, default=BATCHES, help=f"batches a row (default {BATCHES})"
+    )
     args = parser.parse_args()
+    globals()["BATCHES"] = args.batches
     if args.cold_child:
         cold_child()
         return

@@ -22,6 +22,7 @@ from kaio.runtime.device import Device, current, ensure_context, visiting
 from kaio.runtime.launcher import build_launcher
 from kaio.runtime.module import Resources, load, select_arch
 from kaio.runtime.stream import stream_handle
+from kaio.sim.mode import anywhere as SIMULATING
 from kaio.tensormap import TensorMap
 from kaio.types import ArrayType, ScalarType, TensorMapType
 
@@ -52,7 +53,9 @@ class Launch:
         self._first = _declines  # _bound[0]: the call that launches most often, tried alone
 
     def __call__(self, *args, **kwargs) -> None:
-        if kwargs or current.simulating or recordings[0]:
+        # simulate() blocks open in any thread (a global read; the thread's own count, a
+        # thread-local read, is looked at only then)
+        if kwargs or SIMULATING[0] or recordings[0]:
             return self._call_with_keywords(args, kwargs)
         if not self._first(args):
             self._launch_others(args)
