@@ -10,6 +10,7 @@ import contextlib
 import ctypes
 import importlib
 import itertools
+import math
 import types
 
 import numpy as np
@@ -616,3 +617,101 @@ def test_linear_and_decode_replay_on_a_gpu():
             assert _error(torch, out[i], want) < 2e-3
     for op in (kaio_ops.kv_cache_append, kaio_ops.flash_attention_decode):
         assert len(_plan.plans_of(op)) == 1 and None not in _plan.plans_of(op).values()
+
+
+class _TorchKeys:
+    """The keys a planned op's wrapper makes for torch tensors, on the CPU: the op's plan
+    lookups and misses are recorded, the current stream is ``stream``, and tensors of the
+    subclass ``OnGPU`` (CPU tensors that say they are on GPU ``gpu``) are read as the wrapper
+    reads ``torch.nn.Parameter``s, with torch's own accessors."""
+
+    def __init__(self, monkeypatch, op):
+        import torch
+
+        class OnGPU(torch.Tensor):
+            gpu = 0
+
+            def get_device(self):
+                return self.gpu
+
+        self.torch, self.OnGPU, self.op = torch, OnGPU, op
+        self.stream = 0x7F00_0000_1000
+        self.misses: list = []
+        env = op.__globals__  # the generated wrapper's namespace
+        monkeypatch.setitem(env, "P", OnGPU)
+        monkeypatch.setitem(env, "RAW", lambda device: self.stream)
+        monkeypatch.setitem(env, "slow", lambda key, args, pointers: self.misses.append(key))
+        self.plans = _plan.plans_of(op)
+        self.plans.clear()
+
+    def tensor(self, *shape, dtype=None, gpu=0, t=False, offset=0):
+        """A new ``OnGPU`` tensor (transposed when ``t``; ``offset`` elements into its
+        memory)."""
+        torch = self.torch
+        base = torch.randn(*shape, offset + 1, dtype=dtype or torch.float32)
+        a = base.flatten()[offset : offset + math.prod(shape)].view(shape)
+        a = (a.t().contiguous().t() if t else a).as_subclass(self.OnGPU)
+        a.gpu = gpu
+        return a
+
+    def key(self, *args, **kwargs):
+        """The key of a call with no plan (its miss)."""
+        before = len(self.misses)
+        self.op(*args, **kwargs)
+        assert len(self.misses) == before + 1
+        return self.misses[-1]
+
+
+def test_torch_keys_tell_every_signature_apart(monkeypatch):
+    """The wrapper's own key for torch tensors (flat, torch's accessors): one signature, one
+    key, whatever the tensors' addresses; another shape, dtype, strides, alignment, GPU,
+    stream or scalar, another key."""
+    pytest.importorskip("torch")
+    keys = _TorchKeys(monkeypatch, kaio_ops.rms_norm)
+    t, torch = keys.tensor, keys.torch
+    first = keys.key(t(4, 64), t(64))
+    assert keys.key(t(4, 64), t(64)) == first  # new tensors, same signature
+    assert keys.key(t(4, 64), t(64), eps=1e-6) == first  # the default, given
+    others = [
+        keys.key(t(8, 64), t(64)),  # shape
+        keys.key(t(4, 64, dtype=torch.float16), t(64, dtype=torch.float16)),  # dtype
+        keys.key(t(4, 64, t=True), t(64)),  # strides (column-major)
+        keys.key(t(4, 128)[:, :64], t(64)),  # strides (rows of 128), also not contiguous
+        keys.key(t(4, 64, offset=1), t(64)),  # alignment (4 bytes off 16)
+        keys.key(t(4, 64), t(64, gpu=1)),  # the second array's GPU
+        keys.key(t(4, 64, gpu=1), t(64, gpu=1)),  # both on another GPU
+        keys.key(t(4, 64), t(64), 1e-3),  # a scalar
+        keys.key(t(4, 64), t(64), 1),  # the same value, another type
+    ]
+    keys.stream = 0x7F00_0000_2000
+    others.append(keys.key(t(4, 64), t(64)))  # another stream
+    assert len({first, *others}) == 1 + len(others)
+
+
+def test_torch_calls_replay_only_their_own_plan(monkeypatch):
+    """A plan stored under a torch call's key is replayed, with the new tensors' addresses,
+    by calls of that signature and by no other (through the op and through
+    ``replay_only``, torch.ops.kaio's entry)."""
+    pytest.importorskip("torch")
+    keys = _TorchKeys(monkeypatch, kaio_ops.rms_norm)
+    t = keys.tensor
+    keys.key(t(4, 64), t(64))
+    keys.plans[keys.misses[-1]] = lambda *pointers: ("replayed", pointers)
+    x, w = t(4, 64), t(64)
+    assert kaio_ops.rms_norm(x, w) == ("replayed", (x.data_ptr(), w.data_ptr()))
+    assert kaio_ops.rms_norm.replay_only(x, w, 1e-6) == ("replayed", (x.data_ptr(), w.data_ptr()))
+    for stale in [(t(4, 64, t=True), t(64)), (t(4, 32), t(32)), (t(4, 64), t(64, gpu=1))]:
+        assert kaio_ops.rms_norm(*stale) is None  # a miss (recorded), not the plan
+        assert kaio_ops.rms_norm.replay_only(*stale, 1e-6) is _plan.MISS
+
+
+def test_torch_keys_of_an_optional_array(monkeypatch):
+    """An optional array given as None and given as a tensor make different keys."""
+    pytest.importorskip("torch")
+    keys = _TorchKeys(monkeypatch, kaio_ops.linear)
+    t = keys.tensor
+    none = keys.key(t(2, 64), t(32, 64))
+    assert keys.key(t(2, 64), t(32, 64), None) == none
+    bias = keys.key(t(2, 64), t(32, 64), t(32))
+    residual = keys.key(t(2, 64), t(32, 64), residual=t(2, 32))
+    assert len({none, bias, residual}) == 3
