@@ -418,6 +418,29 @@ def empty_custom_op():
     return lib, torch.ops.kaio_bench.empty
 
 
+def empty_twin(lib, op_name: str, made):
+    """``torch.ops.kaio_bench.<op_name>``: an op with the schema of ``torch.ops.kaio.<op_name>``,
+    registered the same way, whose impl returns ``made`` (tensors made beforehand): the
+    dispatcher's cost for that op's arguments (more tensors, scalars), the floor of its
+    ``torch.ops.kaio`` call beside the one-tensor empty op's."""
+    import torch
+
+    schema = str(getattr(torch.ops.kaio, op_name).default._schema)
+    lib.define(op_name + schema[schema.index("(") :])
+    lib.impl(op_name, lambda *args, **kwargs: made, "CompositeExplicitAutograd")
+    qualname = f"kaio_bench::{op_name}"
+    fake = (
+        (lambda *a, **k: tuple(t.new_empty(t.shape) for t in made))
+        if isinstance(made, tuple)
+        else (lambda *a, **k: made.new_empty(made.shape))
+    )
+    torch.library.register_fake(qualname, fake, lib=lib)
+    torch.library.register_autograd(
+        qualname, lambda ctx, *g: g, setup_context=lambda ctx, i, o: None, lib=lib
+    )
+    return getattr(torch.ops.kaio_bench, op_name)
+
+
 def _as_tensors(out):
     return out if isinstance(out, tuple) else (out,)
 
@@ -449,6 +472,8 @@ def op_rows(results: dict) -> None:
                 raise AssertionError(f"kaio_ops.{label}: relative error {error:.2e} against torch")
         bench.row(f"kaio_ops.{label}", lambda op=op, args=args: op(*args))
         bench.row(f"torch.ops.kaio.{label}", lambda f=dispatched, args=args: f(*args))
+        twin = empty_twin(lib, op.__name__, op(*args))
+        bench.row(f"torch.ops.kaio_bench.{label} (empty)", lambda f=twin, args=args: f(*args))
         bench.row(f"torch {spelled} [{label}]", torch_call)
     rows = bench.run()
     floor = rows["torch.ops.kaio_bench.empty (dispatcher floor)"]["host_us"]
@@ -460,16 +485,22 @@ def op_rows(results: dict) -> None:
             "kaio_us": rows[f"kaio_ops.{label}"]["host_us"],
             "torch_ops_kaio_us": rows[f"torch.ops.kaio.{label}"]["host_us"],
             "torch_ops_floor_us": rows[f"kaio_ops.{label}"]["host_us"] + floor,
+            # the same with the dispatcher's cost for this op's own schema
+            "torch_ops_schema_floor_us": rows[f"kaio_ops.{label}"]["host_us"]
+            + rows[f"torch.ops.kaio_bench.{label} (empty)"]["host_us"],
             "torch_us": rows[f"torch {spelled} [{label}]"]["host_us"],
         }
         for label, _, _, spelled, _ in pairs
     ]
-    print(f"  {'op':<44} {'kaio_ops':>8} {'torch':>8} {'ratio':>6} {'t.ops':>8} {'floor':>8}")
+    print(
+        f"  {'op':<44} {'kaio_ops':>8} {'torch':>8} {'ratio':>6} {'t.ops':>8} {'floor':>8} "
+        f"{'schema':>8}"
+    )
     for r in results["ops"]:
         print(
             f"  {r['op']:<44} {r['kaio_us']:8.2f} {r['torch_us']:8.2f} "
             f"{r['torch_us'] / r['kaio_us']:6.2f} {r['torch_ops_kaio_us']:8.2f} "
-            f"{r['torch_ops_floor_us']:8.2f}"
+            f"{r['torch_ops_floor_us']:8.2f} {r['torch_ops_schema_floor_us']:8.2f}"
         )
     del lib
 
