@@ -561,8 +561,11 @@ def main() -> None:
     parser.add_argument(
         "--batches", type=int, default=BATCHES, help=f"batches a row (default {BATCHES})"
     )
+    parser.add_argument(
+        "--spin-ms", type=float, default=SPIN_MS, help=f"GPU spin a batch (default {SPIN_MS})"
+    )
     args = parser.parse_args()
-    globals()["BATCHES"] = args.batches
+    globals().update(BATCHES=args.batches, SPIN_MS=args.spin_ms)
     if args.cold_child:
         cold_child()
         return
