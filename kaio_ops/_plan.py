@@ -8,13 +8,22 @@ tensor through its own accessors: dtype, shape, strides, device, address; others
     (each array's (dtype, shape, strides, device, address % 16), every other argument,
      the current stream of the first array's device, whether kaio.simulate() is on)
 
-and looks it up in the op's plans. A hit allocates the outputs, fills the addresses into the
-pre-packed parameters and launches (``kaio.runtime.plan.CallPlan``): no argument checks, no
-plan or tile choice, no packing of shapes and scalars. A miss runs the op itself, which checks
-everything (a wrong dtype, shape, device or stride raises its ``ValueError`` naming the
-argument, and nothing is stored) inside ``kaio.runtime.plan.recording()``; its launches,
-output allocations (``_arrays.output``) and result become the plan for that key. So an
-argument of a planned call goes kaio_ops -> plan -> launch, once, top to bottom.
+and looks it up in the op's plans. When every array is a torch tensor (or None, for an
+optional one) the key is one flat tuple of torch's accessors, with ``is_contiguous()`` in place
+of the strides of a contiguous tensor (its kernels never see them; a tensor that is not
+contiguous is keyed by its strides, and the ops refuse it):
+
+    (x.dtype, x.shape, x.is_contiguous() or x.stride(), x.get_device(), x.data_ptr() % 16,
+     w.dtype, ..., every other argument and its type, the stream, simulate() on)
+
+A hit allocates the outputs, fills the addresses into the pre-packed parameters and launches,
+all in one generated ``replay`` (the plan's launches, ``kaio.runtime.plan.CallPlan.code``,
+inlined): no argument checks, no plan or tile choice, no packing of shapes and scalars. A
+miss runs the op itself, which checks everything (a wrong dtype, shape, device or stride
+raises its ``ValueError`` naming the argument, and nothing is stored) inside
+``kaio.runtime.plan.recording()``; its launches, output allocations (``_arrays.output``) and
+result become the plan for that key. So an argument of a planned call goes kaio_ops -> plan
+-> launch, once, top to bottom.
 
 What the key holds is exactly what the ops' choices may depend on: shapes and dtypes (grids,
 tiles, K splits), alignment (16-byte vector paths), device (SM count, arch), stream, the
