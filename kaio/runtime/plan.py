@@ -26,7 +26,6 @@ theirs; activations come back to a few addresses from torch's caching allocator)
 
 from __future__ import annotations
 
-import ctypes
 import importlib
 import struct
 import threading
@@ -203,7 +202,9 @@ class CallPlan:
         local name, ``p[0]``...); the names the lines use are added to ``env``. Each call
         of ``code`` makes its own parameter buffers."""
         env["current"] = current
-        env["launch_kernel"] = launcher.raw_launch_kernel()
+        launch_kernel = env["launch_kernel"] = launcher.raw_launch_kernel()
+        arguments = launcher.launch_arguments(launch_kernel)
+        env["NULL"] = arguments.null
         lines = []
         devices = {prepared.device.ordinal for prepared, _ in self.steps}
         one_device = len(devices) == 1
@@ -226,16 +227,18 @@ class CallPlan:
                     entries[prepared.arrays[k]] = where
             offsets, size = prepared.offsets, prepared.size
             env[f"pack{i}"] = struct.Struct(prepared.fmt).pack_into
-            env[f"free{i}"] = [parameter_slot(size, offsets)]
-            env[f"new{i}"] = lambda size=size, offsets=offsets: parameter_slot(size, offsets)
-            env[f"CONFIG{i}"] = ctypes.byref(prepared.config)  # its _obj keeps the struct
-            env[f"FUNC{i}"] = ctypes.c_void_p(prepared.function)
+            env[f"free{i}"] = [parameter_slot(size, offsets, arguments)]
+            env[f"new{i}"] = lambda size=size, offsets=offsets: parameter_slot(
+                size, offsets, arguments
+            )
+            env[f"CONFIG{i}"] = arguments.config(prepared.config)  # keeps the struct alive
+            env[f"FUNC{i}"] = arguments.function(prepared.function)
             env[f"elsewhere{i}"] = launcher.launcher_elsewhere(prepared.device)
             env[f"LAST{i}"] = last_launched_slot(prepared.stream)
             env[f"NAME{i}"] = prepared.name
             env[f"fail{i}"] = _failure(prepared)
             env[f"recover{i}"] = _recovery(prepared)
-            call = f"launch_kernel(CONFIG{i}, FUNC{i}, params, None)"
+            call = f"launch_kernel(CONFIG{i}, FUNC{i}, params, NULL)"
             elsewhere = f"elsewhere{i}(CONFIG{i}, FUNC{i}, params)"
             if not one_device:
                 env[f"DEV{i}"] = prepared.device.ordinal
