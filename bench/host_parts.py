@@ -21,6 +21,7 @@ import argparse
 import ctypes
 import functools
 import json
+import os
 import statistics
 import struct
 import time
@@ -119,6 +120,12 @@ def ffi_rows(out: dict) -> None:
         c_par = ffi.cast("void **", ctypes.addressof(params))
         null = ffi.NULL
         bench.row("cffi ABI cuLaunchKernelEx", lambda: fn(c_cfg, c_func, c_par, null))
+    from bench.launch_overhead import new_add, plan_row
+
+    kernel = new_add()
+    launch = kernel[GRID, 256]
+    bench.row("kaio pre-bound launch(...), DeviceArray", lambda: launch(x, y, o, N))
+    plan_row(bench, x, y, o)
     out["ffi"] = bench.run()
     del keep
 
@@ -163,11 +170,17 @@ def op_parts(out: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="write the results as JSON to this file")
+    groups = {"accessors": accessor_rows, "ffi": ffi_rows, "ops": op_parts}
+    parser.add_argument(
+        "--only", choices=sorted(groups), action="append", help="run only these groups"
+    )
     args = parser.parse_args()
     dev = kaio.device()
-    print(f"{dev.name} ({dev.arch})")
-    out: dict = {"device": dev.name}
-    for group in (accessor_rows, ffi_rows, op_parts):
+    ffi = os.environ.get("KAIO_LAUNCH_FFI", "ctypes")
+    print(f"{dev.name} ({dev.arch}), kaio launches through {ffi}")
+    out: dict = {"device": dev.name, "launch_ffi": ffi}
+    for name in args.only or groups:
+        group = groups[name]
         try:
             group(out)
         except Exception as e:  # one failing group must not lose the others
