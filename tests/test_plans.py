@@ -768,3 +768,38 @@ def test_launches_through_cffi_pass_what_ctypes_passes(fake, monkeypatch):
     monkeypatch.setattr(launcher_mod, "_raw_launch", launch)
     monkeypatch.setattr(launcher_mod, "_raw_kind", "cffi")
     assert calls() == by_ctypes and not counts
+
+
+def test_launches_recover_a_missing_or_foreign_context(fake, monkeypatch):
+    """A launch the driver refuses for want of a context (a new thread: 201) makes the GPU's
+    context current and launches again; one refused for another library's context (400)
+    launches with the GPU's context made current for the call; any other error raises. The
+    same for a kernel launcher (the recording call) and a plan's replay."""
+    from kaio.runtime import device as device_mod
+
+    made_current = []
+
+    class Device:
+        def __init__(self, ordinal):
+            self.ordinal = ordinal
+
+        def set_current(self):
+            made_current.append(self.ordinal)
+
+    monkeypatch.setattr(launcher_mod, "Device", Device)
+    monkeypatch.setattr(device_mod, "Device", Device)
+    codes: list = []  # what the next launches return
+    launched = fake.launch
+    monkeypatch.setattr(fake, "launch", lambda *a: codes.pop(0) if codes else launched(*a))
+    x, w = fake.array((2, 64)), fake.array((64,))
+    kaio_ops.rms_norm(x, w)  # the plan
+    for op in (kaio_ops.rms_norm.__wrapped__, kaio_ops.rms_norm):  # the launcher, the plan
+        codes[:], made_current[:], fake.calls = [201], [], []
+        op(x, w)
+        assert made_current == [0] and len(fake.calls) == 1 and not codes
+        codes[:], fake.calls = [400], []
+        op(x, w)
+        assert fake.calls[0] == ("context", 0) and len(fake.calls) == 2
+        codes[:] = [700]
+        with pytest.raises(kaio.CudaError, match="ILLEGAL_ADDRESS"):
+            op(x, w)
