@@ -23,7 +23,6 @@ import functools
 import json
 import os
 import statistics
-import struct
 import time
 
 import kaio
@@ -83,24 +82,22 @@ def accessor_rows(out: dict) -> None:
 
 def ffi_rows(out: dict) -> None:
     """The launch of launch_overhead's ``add`` through ctypes and cffi, behind the spinner."""
-    from bench.launch_overhead import GRID, Bench, CUlaunchConfig, N, add, use_hand_ptx
+    from bench.launch_overhead import (
+        GRID,
+        Bench,
+        N,
+        new_add,
+        plan_row,
+        prepared_add,
+        use_hand_ptx,
+    )
     from kaio import f32
     from kaio.runtime.driver import libcuda
-    from kaio.runtime.launcher import param_format
-    from kaio.runtime.module import load
 
     use_hand_ptx()
-    dev = kaio.device()
     x, y, o = kaio.zeros((N,), f32), kaio.zeros((N,), f32), kaio.zeros((N,), f32)
-    spec = add.specialize({}, ("C", "C", "C"))
-    loaded = load(spec, dev, dev.arch)
+    loaded, buf, params, config = prepared_add(x, y, o)
     lib = libcuda()
-    fmt, size = param_format(spec.function.params)
-    buf = ctypes.create_string_buffer(size)
-    struct.pack_into(fmt, buf, 0, x.ptr, N, y.ptr, N, o.ptr, N, N)
-    offsets = [0, 8, 16, 24, 32, 40, 48]
-    params = (ctypes.c_void_p * 7)(*[ctypes.addressof(buf) + off for off in offsets])
-    config = CUlaunchConfig((GRID, 1, 1), (256, 1, 1), 0, None, None, 0)
     bench = Bench()
     keep = [buf, params, config]
     func = ctypes.c_void_p(loaded.handle)
@@ -120,8 +117,6 @@ def ffi_rows(out: dict) -> None:
         c_par = ffi.cast("void **", ctypes.addressof(params))
         null = ffi.NULL
         bench.row("cffi ABI cuLaunchKernelEx", lambda: fn(c_cfg, c_func, c_par, null))
-    from bench.launch_overhead import new_add, plan_row
-
     kernel = new_add()
     launch = kernel[GRID, 256]
     bench.row("kaio pre-bound launch(...), DeviceArray", lambda: launch(x, y, o, N))

@@ -218,26 +218,34 @@ class Bench:
         return start.elapsed_time(end) * 1e3 / BATCH
 
 
-def raw_rows(bench: Bench, x, y, out) -> None:
-    """Launches of kaio's own CUfunction with no launcher at all."""
-    from cuda.bindings import driver as cu
-
-    from kaio.runtime.driver import libcuda
+def prepared_add(x, y, out) -> tuple:
+    """``add(x, y, out, N)`` ready for a raw driver call: (the loaded kernel, its parameter
+    buffer, the ``kernelParams`` array pointing into it, the ``CUlaunchConfig``)."""
     from kaio.runtime.launcher import param_format
     from kaio.runtime.module import load
 
     dev = kaio.device()
     spec = add.specialize({}, ("C", "C", "C"))
     loaded = load(spec, dev, dev.arch)
-    lib = libcuda()
     fmt, size = param_format(spec.function.params)
     buf = ctypes.create_string_buffer(size)
     struct.pack_into(fmt, buf, 0, x.ptr, N, y.ptr, N, out.ptr, N, N)
-    buf_size = ctypes.c_size_t(size)
-    extra = (ctypes.c_void_p * 5)(1, ctypes.addressof(buf), 2, ctypes.addressof(buf_size), 0)
     offsets = [0, 8, 16, 24, 32, 40, 48]  # x, xn, y, yn, out, outn, n: fmt "=QqQqQqI"
     params = (ctypes.c_void_p * 7)(*[ctypes.addressof(buf) + o for o in offsets])
     config = CUlaunchConfig((GRID, 1, 1), (256, 1, 1), 0, None, None, 0)
+    return loaded, buf, params, config
+
+
+def raw_rows(bench: Bench, x, y, out) -> None:
+    """Launches of kaio's own CUfunction with no launcher at all."""
+    from cuda.bindings import driver as cu
+
+    from kaio.runtime.driver import libcuda
+
+    loaded, buf, params, config = prepared_add(x, y, out)
+    lib = libcuda()
+    buf_size = ctypes.c_size_t(len(buf))
+    extra = (ctypes.c_void_p * 5)(1, ctypes.addressof(buf), 2, ctypes.addressof(buf_size), 0)
     func = ctypes.c_void_p(loaded.handle)
     launch_ex = ctypes.CFUNCTYPE(ctypes.c_int)(("cuLaunchKernelEx", lib))
     launch_ex_gil = ctypes.PYFUNCTYPE(ctypes.c_int)(("cuLaunchKernelEx", lib))
