@@ -39,7 +39,7 @@ recordings = [0]
 class Launch:
     """A kernel bound to a launch configuration; calling it launches (or simulates) it."""
 
-    __slots__ = ("kernel", "config", "_stream", "_bound", "_bindings", "_first")
+    __slots__ = ("kernel", "config", "_stream", "_bound", "_bindings", "_first", "call")
 
     def __init__(self, kernel, config: LaunchConfig):
         self.kernel = kernel
@@ -51,6 +51,7 @@ class Launch:
         self._bindings: dict = {}  # launcher -> its launch function bound to this config
         self._bound: list = []  # those functions, in the kernel's launcher order
         self._first = _declines  # _bound[0]: the call that launches most often, tried alone
+        self.call = _call_of(self)
 
     def __call__(self, *args, **kwargs) -> None:
         # simulate() blocks open in any thread (a global read; the thread's own count, a
@@ -106,6 +107,22 @@ class Launch:
         self._bindings = {b: self._bindings[b] for b in launchers if b in self._bindings}
         self._bound = list(self._bindings.values())
         self._first = self._bound[0] if self._bound else _declines
+
+
+def _call_of(launch: Launch):
+    """``launch(*args)`` as a plain function (what ``kernel[config]`` returns): calling a
+    function costs the host less than calling an object's ``__call__``. It carries
+    ``launch`` (the ``Launch``), ``kernel`` and ``config``."""
+
+    def call(*args, **kwargs) -> None:
+        if kwargs or SIMULATING[0] or recordings[0]:
+            return launch._call_with_keywords(args, kwargs)
+        if not launch._first(args):
+            launch._launch_others(args)
+        return None
+
+    call.launch, call.kernel, call.config = launch, launch.kernel, launch.config
+    return call
 
 
 def _declines(args: tuple) -> bool:
