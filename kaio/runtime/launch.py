@@ -1,7 +1,8 @@
 """``kernel[grid, block, stream, shared](*args)``: the ``Launch`` object and ``resources``.
 
 A ``Launch`` holds the kernel's launchers (see ``launcher.py``) bound to its configuration, most
-recent first: a call whose arguments one of them takes packs and launches in a few
+recent first (``kernel[config]`` hands out its ``call``, a plain function, which the host calls
+faster than the object): a call whose arguments one of them takes packs and launches in a few
 microseconds. Otherwise it binds the launchers other configurations built since, and failing
 those takes the slow path (``_build``): validate every argument (``LaunchError`` naming the
 parameter), pick the array layouts ('C' contiguous, 'A' strided), specialize the kernel and
