@@ -21,7 +21,6 @@ import argparse
 import ctypes
 import functools
 import json
-import os
 import statistics
 import time
 
@@ -171,9 +170,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     dev = kaio.device()
-    ffi = os.environ.get("KAIO_LAUNCH_FFI", "ctypes")
-    print(f"{dev.name} ({dev.arch}), kaio launches through {ffi}")
-    out: dict = {"device": dev.name, "launch_ffi": ffi}
+    print(f"{dev.name} ({dev.arch})")
+    out: dict = {"device": dev.name}
     for name in args.only or groups:
         group = groups[name]
         try:

@@ -717,59 +717,6 @@ def test_torch_keys_of_an_optional_array(monkeypatch):
     assert len({none, bias, residual}) == 3
 
 
-def test_launches_through_cffi_pass_what_ctypes_passes(fake, monkeypatch):
-    """With ``KAIO_LAUNCH_FFI=cffi`` the launches (a kernel launcher's and a plan's) call
-    ``cuLaunchKernelEx`` through a cffi function pointer: the same configuration, function
-    and parameter bytes as through ctypes (a C callback stands in for the driver)."""
-    cffi = pytest.importorskip("cffi")
-
-    @kaio.gpu_kernel(block_size=256)
-    def add(x: f32[:], y: f32[:], out: f32[:], n: kaio.u32):
-        i = kaio.thread_idx_x() + kaio.block_idx_x() * kaio.block_dim_x()
-        if i < n:
-            out[i] = x[i] + y[i]
-
-    counts: list = []  # kernelParams entries per launch, as ctypes passed them
-    through_ctypes = fake.launch
-
-    def counted(config, function, params, extra):
-        counts.append(len(list(params)))
-        return through_ctypes(config, function, params, extra)
-
-    def driver(config, function, params, extra):  # cuLaunchKernelEx, as cffi calls it
-        assert extra is None
-        pointers = list((ctypes.c_void_p * counts.pop(0)).from_address(params))
-        cfg = ctypes.byref(launcher_mod.LaunchConfigStruct.from_address(config))
-        return through_ctypes(cfg, ctypes.c_void_p(function), pointers, None)
-
-    def calls() -> list:
-        """The launches of a new launcher of ``add`` and of a new plan's replay."""
-        fake.calls = []
-        add._launchers.clear()
-        add._launches.clear()
-        fake.next_ptr = itertools.count(0x40_0000, 0x1_0000)
-        add[2](*[fake.array((512,)) for _ in range(3)], 512)
-        _plan.clear()
-        x, w = fake.array((8, 64)), fake.array((64,))
-        for _ in range(2):  # record, then replay, with the same addresses
-            fake.next_ptr = itertools.count(0x80_0000, 0x1_0000)
-            kaio_ops.rms_norm(x, w)
-        return [fake.calls[0], fake.calls[-1]]
-
-    monkeypatch.setattr(fake, "launch", counted)
-    by_ctypes = calls()
-    assert len(counts) == 3
-    del counts[1]  # the recording call launches through the op's launcher, built before
-    monkeypatch.setattr(fake, "launch", through_ctypes)
-    callback = ctypes.CFUNCTYPE(ctypes.c_int, *[ctypes.c_void_p] * 4)(driver)
-    entry = ctypes.cast(callback, ctypes.c_void_p).value
-    launch = cffi.FFI().cast("int (*)(void *, void *, void *, void *)", entry)
-    monkeypatch.setattr(launcher_mod, "raw_launch_kernel", lambda: launch)
-    monkeypatch.setattr(launcher_mod, "_raw_launch", launch)
-    monkeypatch.setattr(launcher_mod, "_raw_kind", "cffi")
-    assert calls() == by_ctypes and not counts
-
-
 def test_launches_recover_a_missing_or_foreign_context(fake, monkeypatch):
     """A launch the driver refuses for want of a context (a new thread: 201) makes the GPU's
     context current and launches again; one refused for another library's context (400)
@@ -803,3 +750,27 @@ def test_launches_recover_a_missing_or_foreign_context(fake, monkeypatch):
         codes[:] = [700]
         with pytest.raises(kaio.CudaError, match="ILLEGAL_ADDRESS"):
             op(x, w)
+
+
+def test_prepare_takes_what_kernel_subscript_gives(fake):
+    """``prepare(kernel[config], args)``: the subscript's function (``.launch`` its
+    ``Launch``) is prepared like the ``Launch`` itself, and its plan replays the launch."""
+    from kaio.runtime.plan import CallPlan, prepare
+
+    @kaio.gpu_kernel(block_size=256)
+    def copy(x: f32[:], out: f32[:], n: kaio.u32):
+        i = kaio.thread_idx_x() + kaio.block_idx_x() * kaio.block_dim_x()
+        if i < n:
+            out[i] = x[i]
+
+    launch = copy[2, 256]
+    assert launch.launch.config is launch.config and launch.kernel is copy
+    x, out = fake.array((512,)), fake.array((512,))
+    prepared = prepare(launch, (x, out, 512))
+    assert sorted(prepared.arrays) == [0, 1] and tuple(prepared.config.grid) == (2, 1, 1)
+    fake.calls = []
+    launch(x, out, 512)
+    x2, out2 = fake.array((512,)), fake.array((512,))
+    CallPlan([(prepared, {0: (0, 0), 1: (1, 0)})]).run((x2.ptr, out2.ptr))
+    launch(x2, out2, 512)
+    assert fake.calls[1] == fake.calls[2] != fake.calls[0]

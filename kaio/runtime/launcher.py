@@ -51,7 +51,6 @@ thread failed a bounds check (``kaio.runtime.debug``).
 from __future__ import annotations
 
 import ctypes
-import os
 import re
 import struct
 from collections.abc import Callable
@@ -298,20 +297,16 @@ class LaunchConfigStruct(ctypes.Structure):
 
 
 _raw_launch = None
-_raw_kind = None  # "ctypes" or "cffi": how _raw_launch takes its arguments
 
 
 def raw_launch_kernel():
-    """libcuda's ``cuLaunchKernelEx(config, function, kernelParams, extra)``, called with the
-    objects ``launch_arguments`` makes for it. By default through a ctypes prototype with no
-    ``argtypes``: each argument must already be a ctypes pointer (``c_void_p``, ``byref``) or
-    None (NULL), so the call converts nothing. Four arguments instead of ``cuLaunchKernel``'s
-    eleven: the configuration is a struct filled once. A ``PYFUNCTYPE`` prototype: the call
-    keeps the GIL, as PyTorch's and CuPy's launches do, since releasing and taking it back
-    costs more than the driver takes to enqueue. With ``KAIO_LAUNCH_FFI=cffi`` (and cffi
-    installed), through a cffi function pointer of four ``void *``, whose calls convert
-    less than ctypes' (bench/host_parts.py compares them)."""
-    global _raw_launch, _raw_kind
+    """libcuda's ``cuLaunchKernelEx(config, function, kernelParams, extra)`` through a ctypes
+    prototype with no ``argtypes``: each argument must already be a ctypes pointer
+    (``c_void_p``, ``byref``) or None (NULL), so the call converts nothing. Four arguments
+    instead of ``cuLaunchKernel``'s eleven: the configuration is a struct filled once. A
+    ``PYFUNCTYPE`` prototype: the call keeps the GIL, as PyTorch's and CuPy's launches do,
+    since releasing and taking it back costs more than the driver takes to enqueue."""
+    global _raw_launch
     if _raw_launch is None:
         lib = libcuda()
         if not hasattr(lib, "cuLaunchKernelEx"):
@@ -321,63 +316,8 @@ def raw_launch_kernel():
                 "CUDA_ERROR_NOT_SUPPORTED",
                 801,
             )
-        ffi = _cffi() if os.environ.get("KAIO_LAUNCH_FFI", "ctypes") == "cffi" else None
-        if ffi is not None:
-            entry = ctypes.cast(lib.cuLaunchKernelEx, ctypes.c_void_p).value
-            _raw_launch = ffi.cast("int (*)(void *, void *, void *, void *)", entry)
-            _raw_kind = "cffi"
-        else:
-            _raw_launch = ctypes.PYFUNCTYPE(ctypes.c_int)(("cuLaunchKernelEx", lib))
-            _raw_kind = "ctypes"
+        _raw_launch = ctypes.PYFUNCTYPE(ctypes.c_int)(("cuLaunchKernelEx", lib))
     return _raw_launch
-
-
-_FFI: list = []  # the cffi.FFI instance, once made
-
-
-def _cffi():
-    """A ``cffi.FFI``, or None without cffi."""
-    if not _FFI:
-        try:
-            import cffi
-        except ImportError:
-            return None
-        _FFI.append(cffi.FFI())
-    return _FFI[0]
-
-
-class LaunchArguments:
-    """How a launch function takes its arguments: ``config(struct)`` (a ``CUlaunchConfig``),
-    ``function(handle)`` (an int) and ``params(pointers)`` (the ctypes array of a
-    ``parameter_slot``, or None), each made once and kept alive by what it returns, and
-    ``null``, the NULL pointer (``extra``)."""
-
-    def __init__(self, kind: str):
-        self.kind = kind
-        if kind == "cffi":
-            ffi = _cffi()
-            self.null = ffi.NULL
-            self.config = ffi.from_buffer
-            self.function = lambda handle: ffi.cast("void *", handle)
-            self.params = lambda pointers: (
-                ffi.NULL if pointers is None else ffi.from_buffer(pointers)
-            )
-        else:
-            self.null = None
-            self.config = ctypes.byref
-            self.function = ctypes.c_void_p
-            self.params = lambda pointers: pointers
-
-
-_CTYPES_ARGUMENTS = LaunchArguments("ctypes")
-
-
-def launch_arguments(launch_kernel) -> LaunchArguments:
-    """The argument makers of ``launch_kernel`` (``raw_launch_kernel()``; a stand-in for it,
-    as the tests make, takes ctypes objects)."""
-    if launch_kernel is _raw_launch and _raw_kind == "cffi":
-        return LaunchArguments("cffi")
-    return _CTYPES_ARGUMENTS
 
 
 _raw_context_calls = None
@@ -397,7 +337,6 @@ def launcher_elsewhere(device: Device) -> Callable:
         _raw_context_calls = proto(("cuCtxGetCurrent", lib)), proto(("cuCtxSetCurrent", lib))
     get_context, set_context = _raw_context_calls
     launch_kernel = raw_launch_kernel()
-    null = launch_arguments(launch_kernel).null
     target = ctypes.c_void_p(int(device.context))
 
     def elsewhere(config, function, params) -> int:
@@ -406,27 +345,26 @@ def launcher_elsewhere(device: Device) -> Callable:
         if rc:
             return rc
         if previous.value == target.value:  # already current (torch's, say): no switch
-            return launch_kernel(config, function, params, null)
+            return launch_kernel(config, function, params, None)
         rc = set_context(target)
         if rc:
             return rc
         try:
-            return launch_kernel(config, function, params, null)
+            return launch_kernel(config, function, params, None)
         finally:
             set_context(previous)
 
     return elsewhere
 
 
-def parameter_slot(size: int, offsets: list[int], arguments=_CTYPES_ARGUMENTS) -> tuple:
+def parameter_slot(size: int, offsets: list[int]) -> tuple:
     """A parameter buffer of ``size`` bytes (as a writable memoryview, which ``pack_into``
     takes faster than the ctypes array it views) and the ``kernelParams`` array of pointers to
-    its entries at ``offsets`` (None when the kernel has no parameters), as ``arguments``
-    (``launch_arguments``) passes it."""
+    its entries at ``offsets`` (None when the kernel has no parameters)."""
     buf = (ctypes.c_uint8 * max(size, 8))()
     base = ctypes.addressof(buf)
     pointers = (ctypes.c_void_p * len(offsets))(*(base + o for o in offsets)) if offsets else None
-    return memoryview(buf), arguments.params(pointers)
+    return memoryview(buf), pointers
 
 
 def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
@@ -450,15 +388,12 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
     def recover():
         Device(loaded.device.ordinal).set_current()
 
-    launch_kernel = raw_launch_kernel()
-    arguments = launch_arguments(launch_kernel)
     env = {
         "PACK_ERRORS": (struct.error, TypeError, OverflowError, ValueError),
-        "FUNC": arguments.function(loaded.handle),
+        "FUNC": ctypes.c_void_p(loaded.handle),
         "config_struct": LaunchConfigStruct,
-        "byref": arguments.config,
-        "launch_kernel": launch_kernel,
-        "NULL": arguments.null,
+        "byref": ctypes.byref,
+        "launch_kernel": raw_launch_kernel(),
         "current": current,
         "describe": _describe_quiet,
         "bf16_bits": bf16_bits,
@@ -512,9 +447,9 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
     # Free parameter buffers: a launch pops one (list.pop is atomic), packs and launches from
     # it, and puts it back, so threads launching this signature at once never share a buffer.
     # Only such a collision allocates another.
-    env["free"] = [parameter_slot(size, offsets, arguments)]
-    env["new_slot"] = lambda: parameter_slot(size, offsets, arguments)
-    call = "launch_kernel(CONFIG, FUNC, params, NULL)"
+    env["free"] = [parameter_slot(size, offsets)]
+    env["new_slot"] = lambda: parameter_slot(size, offsets)
+    call = "launch_kernel(CONFIG, FUNC, params, None)"
     elsewhere = "elsewhere(CONFIG, FUNC, params)"
     has_arrays = any(kind in ("C", "A") for _, kind in abi)
     if args:

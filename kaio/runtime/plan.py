@@ -26,6 +26,7 @@ theirs; activations come back to a few addresses from torch's caching allocator)
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import struct
 import threading
@@ -100,6 +101,7 @@ def prepare(launch, args: tuple) -> PreparedLaunch:
     wrong arguments and ``PlanError`` for a launch a plan cannot replay."""
     from kaio.runtime.launch import loaded_for
 
+    launch = getattr(launch, "launch", launch)  # kernel[config] is the Launch's call
     kernel, cfg = launch.kernel, launch.config
     spec, loaded, infos = loaded_for(kernel, args)
     if loaded.debug is not None:
@@ -202,9 +204,7 @@ class CallPlan:
         local name, ``p[0]``...); the names the lines use are added to ``env``. Each call
         of ``code`` makes its own parameter buffers."""
         env["current"] = current
-        launch_kernel = env["launch_kernel"] = launcher.raw_launch_kernel()
-        arguments = launcher.launch_arguments(launch_kernel)
-        env["NULL"] = arguments.null
+        env["launch_kernel"] = launcher.raw_launch_kernel()
         lines = []
         devices = {prepared.device.ordinal for prepared, _ in self.steps}
         one_device = len(devices) == 1
@@ -227,18 +227,16 @@ class CallPlan:
                     entries[prepared.arrays[k]] = where
             offsets, size = prepared.offsets, prepared.size
             env[f"pack{i}"] = struct.Struct(prepared.fmt).pack_into
-            env[f"free{i}"] = [parameter_slot(size, offsets, arguments)]
-            env[f"new{i}"] = lambda size=size, offsets=offsets: parameter_slot(
-                size, offsets, arguments
-            )
-            env[f"CONFIG{i}"] = arguments.config(prepared.config)  # keeps the struct alive
-            env[f"FUNC{i}"] = arguments.function(prepared.function)
+            env[f"free{i}"] = [parameter_slot(size, offsets)]
+            env[f"new{i}"] = lambda size=size, offsets=offsets: parameter_slot(size, offsets)
+            env[f"CONFIG{i}"] = ctypes.byref(prepared.config)  # its _obj keeps the struct
+            env[f"FUNC{i}"] = ctypes.c_void_p(prepared.function)
             env[f"elsewhere{i}"] = launcher.launcher_elsewhere(prepared.device)
             env[f"LAST{i}"] = last_launched_slot(prepared.stream)
             env[f"NAME{i}"] = prepared.name
             env[f"fail{i}"] = _failure(prepared)
             env[f"recover{i}"] = _recovery(prepared)
-            call = f"launch_kernel(CONFIG{i}, FUNC{i}, params, NULL)"
+            call = f"launch_kernel(CONFIG{i}, FUNC{i}, params, None)"
             elsewhere = f"elsewhere{i}(CONFIG{i}, FUNC{i}, params)"
             if not one_device:
                 env[f"DEV{i}"] = prepared.device.ordinal
