@@ -21,6 +21,7 @@ import argparse
 import ctypes
 import functools
 import json
+import re
 import statistics
 import time
 
@@ -161,10 +162,38 @@ def op_parts(out: dict) -> None:
             print(f"  {name:<10} {label:<36} {ns:8.0f} ns", flush=True)
 
 
+def plan_rows(out: dict) -> None:
+    """Which ``bench/launch_overhead`` op calls replay a plan, and what each replay does
+    (launches, allocations, workspaces from the caching allocator)."""
+    import torch
+
+    from bench.launch_overhead import op_pairs
+    from kaio_ops import _plan
+
+    out["plans"] = {}
+    for label, op, args, _spelled, _torch_call in op_pairs():
+        _plan.clear()
+        op(*args)
+        op(*args)
+        torch.cuda.synchronize()
+        replays = list(_plan.plans_of(op).values())
+        if not replays or None in replays:
+            note = "UNPLANNED (runs the op each call)"
+        else:
+            source, plan = replays[0].source, replays[0].plan
+            note = (
+                f"{len(plan.steps) if plan else 0} launches, "
+                f"{len(set(re.findall(r'A[0-9]+[(][)]', source)))} allocations, "
+                f"{source.count('ALLOCATE(')} workspaces from the caching allocator"
+            )
+        out["plans"][label] = note
+        print(f"  {label:<60} {note}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="write the results as JSON to this file")
-    groups = {"accessors": accessor_rows, "ffi": ffi_rows, "ops": op_parts}
+    groups = {"accessors": accessor_rows, "ffi": ffi_rows, "ops": op_parts, "plans": plan_rows}
     parser.add_argument(
         "--only", choices=sorted(groups), action="append", help="run only these groups"
     )

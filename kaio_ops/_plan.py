@@ -58,6 +58,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
+import re
 import sys
 from collections.abc import Callable
 
@@ -209,13 +211,42 @@ def build(recorder, arrays: list, pointers: tuple, result) -> Callable | None:
     return _replay(CallPlan(steps) if steps else None, len(arrays), allocations, returned)
 
 
+def _raw_allocator():
+    """(current device, allocate(bytes, stream) -> address, free(address)) of torch's CUDA
+    caching allocator, called without making tensors; None where torch has no CUDA."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    c = torch._C
+    names = ("_cuda_getDevice", "_cuda_cudaCachingAllocator_raw_alloc")
+    if not all(hasattr(c, n) for n in (*names, "_cuda_cudaCachingAllocator_raw_delete")):
+        return None
+    return (
+        c._cuda_getDevice,
+        c._cuda_cudaCachingAllocator_raw_alloc,
+        c._cuda_cudaCachingAllocator_raw_delete,
+    )
+
+
 def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str) -> Callable:
     """Generate ``replay(p0, p1, ...)``: allocate the outputs, launch, return them. The plan's
     launches are inlined (``CallPlan.code``): one Python call from the op's wrapper to the
-    driver."""
+    driver.
+
+    A torch array the op makes for its own kernels and does not return (a split-K
+    workspace) is taken from torch's caching allocator directly, on the plan's stream, and
+    given back once the launches are queued, as torch frees a tensor that goes out of scope:
+    the next user of that memory on the stream runs after them (in a CUDA graph capture, the
+    allocator serves the graph's own pool). That costs a fraction of a ``torch.empty``. It
+    is done when torch's current device is the plan's, which the allocator serves;
+    otherwise the workspace is a tensor like the outputs."""
     env: dict = {}
     params = ", ".join(f"p{i}" for i in range(inputs))
     lines = [f"def replay({params}):"]
+    kept = {int(n) for n in re.findall(r"\bo(\d+)\b", returned)}
+    raw = _raw_allocator() if plan is not None else None
+    scratch, tensors = [], []  # (j, bytes) from the allocator; (j, line) as tensors
     for j, (_made, kind, device, like, shape, dtype) in enumerate(allocations):
         if kind == "torch":
             import torch
@@ -227,14 +258,32 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
                 device=torch.device("cuda", device),
             )
             address = f"o{j}.data_ptr()"
+            size = math.prod(shape) * dtype.itemsize
+            if raw is not None and j not in kept and size > 0:
+                scratch.append((j, size, device))
         else:
             env[f"A{j}"] = functools.partial(_arrays.new_array, kind, device, like, shape, dtype)
             address = f"o{j}.data.ptr" if kind == "cupy" else f"o{j}.ptr"
-        lines.append(f"    o{j} = A{j}()")
-        if plan is not None:
-            lines.append(f"    p{inputs + j} = {address}")
-    if plan is not None:
-        lines += plan.code(env, lambda source: f"p{source}")
+        tensors.append((j, [f"o{j} = A{j}()"] + ([f"p{inputs + j} = {address}"] if plan else [])))
+    launches = plan.code(env, lambda source: f"p{source}") if plan is not None else []
+    if scratch and len({device for _, _, device in scratch}) == 1:
+        env["CURRENT"], env["ALLOCATE"], env["FREE"] = raw
+        env["HOME"] = scratch[0][2]
+        env["STREAM"] = plan.steps[0][0].stream or 0
+        raw_js = {j for j, _, _ in scratch}
+        lines += ["    " + line for j, made in tensors if j not in raw_js for line in made]
+        lines.append("    if CURRENT() == HOME:  # the allocator serves the current device")
+        lines += [f"        p{inputs + j} = ALLOCATE({size}, STREAM)" for j, size, _ in scratch]
+        lines.append("        try:")
+        lines += ["        " + line for line in launches]
+        lines.append("        finally:")
+        lines += [f"            FREE(p{inputs + j})" for j, _, _ in scratch]
+        lines.append("    else:")
+        lines += ["        " + line for j, made in tensors if j in raw_js for line in made]
+        lines += ["    " + line for line in launches]
+    else:
+        lines += ["    " + line for _, made in tensors for line in made]
+        lines += launches
     lines.append(f"    return {returned}")
     replay = compile_function(lines, env, "replay", "<kaio op plan>")
     replay.plan = plan

@@ -774,3 +774,95 @@ def test_prepare_takes_what_kernel_subscript_gives(fake):
     CallPlan([(prepared, {0: (0, 0), 1: (1, 0)})]).run((x2.ptr, out2.ptr))
     launch(x2, out2, 512)
     assert fake.calls[1] == fake.calls[2] != fake.calls[0]
+
+
+def test_a_torch_workspace_comes_from_the_caching_allocator(fake, monkeypatch):
+    """A torch array an op makes for its kernels and does not return (linear's split-K
+    workspace at decode size) is taken from torch's caching allocator on the plan's stream
+    and given back after the launches, when torch's current device is the plan's; a tensor
+    otherwise. Outputs are always tensors."""
+    torch = pytest.importorskip("torch")
+    x, w = fake.array((1, 4096), f16), fake.array((4096, 4096), f16)
+    kaio_ops.linear(x, w)
+    (replay,) = _plan.plans_of(kaio_ops.linear).values()
+    made = replay.__globals__  # the kaio arrays' replay: its allocations, as torch would ask
+    allocations = []
+    while f"A{len(allocations)}" in made:
+        _kind, device, _like, shape, dtype = made[f"A{len(allocations)}"].args
+        allocations.append((None, "torch", device, None, shape, dtype))
+    assert len(allocations) == 2, "linear at decode size no longer makes a workspace"
+    log, device = [], [0]
+    allocator = (
+        lambda: device[0],
+        lambda size, stream: log.append(("allocate", size, stream)) or 0xABC000,
+        lambda address: log.append(("free", address, len(fake.calls))),
+    )
+    monkeypatch.setattr(_plan, "_raw_allocator", lambda: allocator)
+    twin = _plan._replay(replay.plan, 4, allocations, "o0")
+    tensors = []
+    for j, (*_, shape, dtype) in enumerate(allocations):
+        empty = torch.empty(shape, dtype=_arrays.torch_dtype(dtype))  # on the CPU
+        twin.__globals__[f"A{j}"] = lambda empty=empty: tensors.append(empty) or empty
+    fake.calls = []
+    out = twin(x.ptr, w.ptr, 0, 0)
+    size = math.prod(allocations[1][4]) * allocations[1][5].itemsize
+    assert log == [("allocate", size, 0), ("free", 0xABC000, 2)] and tensors == [out]
+    assert all(0xABC000.to_bytes(8, "little") in call[5] for call in fake.calls)
+    device[0], log[:], tensors[:], fake.calls = 1, [], [], []  # torch's current device: 1
+    assert twin(x.ptr, w.ptr, 0, 0) is out and not log and len(tensors) == 2
+    workspace = tensors[1].data_ptr().to_bytes(8, "little")
+    assert all(workspace in call[5] for call in fake.calls)
+
+
+@pytest.mark.gpu
+def test_workspaces_from_the_allocator_on_streams_and_in_graphs():
+    """Decode-size GEMMs whose plans take a split-K workspace from torch's caching allocator
+    (given back once the launches are queued): back-to-back calls without synchronizing (the
+    next call may get the same memory), another stream, and a CUDA graph captured from
+    replays, each against a float64 reference."""
+    torch = _torch_cuda()
+    _plan.clear()
+    gen = torch.Generator(device="cuda").manual_seed(11)
+
+    def randn(*shape):
+        return torch.randn(*shape, device="cuda", dtype=torch.float16, generator=gen)
+
+    w = randn(4096, 4096) / 64
+    ops = [
+        (kaio_ops.linear, lambda x: x.double() @ w.double().T),
+        (kaio_ops.matmul_tc, lambda x: x.double() @ w.double()),
+        (kaio_ops.matmul, lambda x: x.double() @ w.double()),
+    ]
+    with_workspace = 0
+    for op, reference in ops:
+        op(randn(1, 4096), w)
+        (replay,) = _plan.plans_of(op).values()
+        with_workspace += "ALLOCATE(" in replay.source
+        xs = [randn(1, 4096) for _ in range(4)]
+        outs = [op(x, w) for x in xs]  # queued back to back
+        for x, out in zip(xs, outs, strict=True):
+            assert _error(torch, out, reference(x)) < 2e-3, op.__name__
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            outs = [op(x, w) for x in xs]
+        side.synchronize()
+        for x, out in zip(xs, outs, strict=True):
+            assert _error(torch, out, reference(x)) < 2e-3, op.__name__
+        static = randn(1, 4096)
+        capture = torch.cuda.Stream()
+        capture.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(capture):
+            op(static, w)  # the capture stream's plan, built outside the capture
+        capture.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=capture):
+            captured = op(static, w)
+        for _ in range(2):
+            static.copy_(randn(1, 4096))
+            eager = op(randn(1, 4096), w)  # eager calls between the graph's replays
+            graph.replay()
+            torch.cuda.synchronize()
+            assert _error(torch, captured, reference(static)) < 2e-3, op.__name__
+            assert torch.isfinite(eager).all()
+    assert with_workspace, "no decode-size GEMM plan takes a workspace: test another shape"
