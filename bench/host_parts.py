@@ -186,8 +186,40 @@ def plan_rows(out: dict) -> None:
                 f"{len(set(re.findall(r'A[0-9]+[(][)]', source)))} allocations, "
                 f"{source.count('ALLOCATE(')} workspaces from the caching allocator"
             )
+        note += f"; torch.ops.kaio: {_replay_only_hits(op, args)}"
         out["plans"][label] = note
         print(f"  {label:<60} {note}", flush=True)
+
+
+class _CountingPlans(dict):
+    """An op's plans that count what ``replay_only`` finds (``get``)."""
+
+    hits = misses = 0
+
+    def get(self, key, default=None):
+        found = super().get(key, default)
+        if found is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return found
+
+
+def _replay_only_hits(op, args) -> str:
+    """How many of three ``torch.ops.kaio`` calls found their plan through ``replay_only``."""
+    import torch
+
+    import kaio_ops.torch  # noqa: F401 (registers torch.ops.kaio)
+
+    env = op.replay_only.__globals__  # the generated functions' namespace
+    plans = env["plans"]
+    counting = env["plans"] = _CountingPlans(plans)
+    try:
+        for _ in range(3):
+            getattr(torch.ops.kaio, op.__name__)(*args)
+    finally:
+        env["plans"] = plans
+    return f"{counting.hits} replayed, {counting.misses} missed"
 
 
 def main() -> None:
