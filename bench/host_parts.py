@@ -186,7 +186,10 @@ def plan_rows(out: dict) -> None:
                 f"{len(set(re.findall(r'A[0-9]+[(][)]', source)))} allocations, "
                 f"{source.count('ALLOCATE(')} workspaces from the caching allocator"
             )
-        note += f"; torch.ops.kaio: {_replay_only_hits(op, args)}"
+        try:
+            note += f"; torch.ops.kaio: {_replay_only_hits(op, args)}"
+        except Exception as e:  # noqa: BLE001 (a diagnostic: say why and go on)
+            note += f"; torch.ops.kaio failed: {type(e).__name__}: {e}"
         out["plans"][label] = note
         print(f"  {label:<60} {note}", flush=True)
 
