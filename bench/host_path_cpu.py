@@ -2,14 +2,18 @@
 ``kaio_ops`` call at decode sizes with call plans (the op as shipped) and without (the op's
 own body, ``op.__wrapped__``, through the kernel launchers), everything up to the driver call
 (``cuLaunchKernelEx`` replaced by a function that returns 0). Arrays are fake
-``kaio.DeviceArray``s (made-up addresses; outputs too), so torch's accessors and allocator are
-not in these figures: bench/launch_overhead.py measures the whole call on a GPU.
+``kaio.DeviceArray``s (made-up addresses; outputs too). The ``torch`` column replays the same
+plans for CPU torch tensors standing in for CUDA ones: the wrapper's key of torch's own
+accessors, and outputs made by ``torch.empty`` on the CPU (not the CUDA caching allocator).
+Times are thread CPU time (``time.thread_time``), which a busy shared machine disturbs less
+than wall time; bench/launch_overhead.py measures the whole call on a GPU.
 
     PYTHONPATH=$PWD python3 bench/host_path_cpu.py
 """
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 
@@ -17,7 +21,7 @@ import pytest
 
 import kaio_ops
 from kaio import f16, f32, i32, u32
-from kaio_ops import _plan
+from kaio_ops import _arrays, _plan
 from tests.test_plans import FakeGPU
 
 
@@ -60,10 +64,10 @@ def per_call_us(fn, args, calls: int = 2000, repeats: int = 7) -> float:
     fn(*args)
     times = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         for _ in range(calls):
             fn(*args)
-        times.append((time.perf_counter() - t0) / calls * 1e6)
+        times.append((time.thread_time() - t0) / calls * 1e6)
     return statistics.median(times)
 
 
@@ -85,10 +89,47 @@ class LeanFakeGPU(FakeGPU):
         return self.outputs[key]
 
 
+def torch_twin(op, arrays: tuple) -> tuple | None:
+    """CPU torch tensors like the fake ``arrays``, and the op's plan for ``arrays`` stored
+    again under the key the op makes for them, its outputs made by ``torch.empty`` on the
+    CPU; None without torch or a plan."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    plans = _plan.plans_of(op)
+    replay = next(iter(plans.values()), None)
+    if replay is None:
+        return None
+    tensors = tuple(torch.empty(a.shape, dtype=_arrays.torch_dtype(a.kaio_dtype)) for a in arrays)
+    env, keys = op.__globals__, []  # the wrapper's namespace: its misses give the key
+    slow, env["slow"] = env["slow"], lambda key, args, pointers: keys.append(key)
+    try:
+        op(*tensors)
+    finally:
+        env["slow"] = slow
+    made = replay.__globals__
+    allocations = []
+    while f"A{len(allocations)}" in made:
+        _kind, device, _like, shape, dtype = made[f"A{len(allocations)}"].args
+        allocations.append((None, "torch", device, None, shape, dtype))
+    returned = replay.source.strip().splitlines()[-1].split("return ", 1)[1]
+    inputs = replay.__code__.co_argcount  # every array parameter, given or None
+    twin = _plan._replay(replay.plan, inputs, allocations, returned)
+    for j, (*_, shape, dtype) in enumerate(allocations):
+        twin.__globals__[f"A{j}"] = functools.partial(
+            torch.empty, *shape, dtype=_arrays.torch_dtype(dtype), device=torch.device("cpu")
+        )
+    plans[keys[0]] = twin
+    return tensors
+
+
 def main() -> None:
     with pytest.MonkeyPatch.context() as mp:
         g = LeanFakeGPU(mp)
-        print(f"{'op (fake driver, CPU)':<44} {'unplanned':>10} {'planned':>9}  us/call")
+        print(
+            f"{'op (fake driver, CPU)':<44} {'unplanned':>10} {'planned':>9} {'torch':>7}  us/call"
+        )
         for label, op, args in cases(g):
             g.calls = []
             before = per_call_us(op.__wrapped__, args)
@@ -96,7 +137,9 @@ def main() -> None:
             g.calls = []
             plans = list(_plan.plans_of(op).values())
             note = "" if plans and None not in plans else "  (unplanned)"
-            print(f"{label:<44} {before:10.2f} {after:9.2f}{note}", flush=True)
+            tensors = torch_twin(op, args) if not note else None
+            with_torch = f"{per_call_us(op, tensors):7.2f}" if tensors else f"{'-':>7}"
+            print(f"{label:<44} {before:10.2f} {after:9.2f} {with_torch}{note}", flush=True)
 
 
 if __name__ == "__main__":

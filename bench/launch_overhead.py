@@ -218,26 +218,34 @@ class Bench:
         return start.elapsed_time(end) * 1e3 / BATCH
 
 
-def raw_rows(bench: Bench, x, y, out) -> None:
-    """Launches of kaio's own CUfunction with no launcher at all."""
-    from cuda.bindings import driver as cu
-
-    from kaio.runtime.driver import libcuda
+def prepared_add(x, y, out) -> tuple:
+    """``add(x, y, out, N)`` ready for a raw driver call: (the loaded kernel, its parameter
+    buffer, the ``kernelParams`` array pointing into it, the ``CUlaunchConfig``)."""
     from kaio.runtime.launcher import param_format
     from kaio.runtime.module import load
 
     dev = kaio.device()
     spec = add.specialize({}, ("C", "C", "C"))
     loaded = load(spec, dev, dev.arch)
-    lib = libcuda()
     fmt, size = param_format(spec.function.params)
     buf = ctypes.create_string_buffer(size)
     struct.pack_into(fmt, buf, 0, x.ptr, N, y.ptr, N, out.ptr, N, N)
-    buf_size = ctypes.c_size_t(size)
-    extra = (ctypes.c_void_p * 5)(1, ctypes.addressof(buf), 2, ctypes.addressof(buf_size), 0)
     offsets = [0, 8, 16, 24, 32, 40, 48]  # x, xn, y, yn, out, outn, n: fmt "=QqQqQqI"
     params = (ctypes.c_void_p * 7)(*[ctypes.addressof(buf) + o for o in offsets])
     config = CUlaunchConfig((GRID, 1, 1), (256, 1, 1), 0, None, None, 0)
+    return loaded, buf, params, config
+
+
+def raw_rows(bench: Bench, x, y, out) -> None:
+    """Launches of kaio's own CUfunction with no launcher at all."""
+    from cuda.bindings import driver as cu
+
+    from kaio.runtime.driver import libcuda
+
+    loaded, buf, params, config = prepared_add(x, y, out)
+    lib = libcuda()
+    buf_size = ctypes.c_size_t(len(buf))
+    extra = (ctypes.c_void_p * 5)(1, ctypes.addressof(buf), 2, ctypes.addressof(buf_size), 0)
     func = ctypes.c_void_p(loaded.handle)
     launch_ex = ctypes.CFUNCTYPE(ctypes.c_int)(("cuLaunchKernelEx", lib))
     launch_ex_gil = ctypes.PYFUNCTYPE(ctypes.c_int)(("cuLaunchKernelEx", lib))
@@ -418,6 +426,29 @@ def empty_custom_op():
     return lib, torch.ops.kaio_bench.empty
 
 
+def empty_twin(lib, op_name: str, made):
+    """``torch.ops.kaio_bench.<op_name>``: an op with the schema of ``torch.ops.kaio.<op_name>``,
+    registered the same way, whose impl returns ``made`` (tensors made beforehand): the
+    dispatcher's cost for that op's arguments (more tensors, scalars), the floor of its
+    ``torch.ops.kaio`` call beside the one-tensor empty op's."""
+    import torch
+
+    schema = str(getattr(torch.ops.kaio, op_name).default._schema)
+    lib.define(op_name + schema[schema.index("(") :])
+    lib.impl(op_name, lambda *args, **kwargs: made, "CompositeExplicitAutograd")
+    qualname = f"kaio_bench::{op_name}"
+    fake = (
+        (lambda *a, **k: tuple(t.new_empty(t.shape) for t in made))
+        if isinstance(made, tuple)
+        else (lambda *a, **k: made.new_empty(made.shape))
+    )
+    torch.library.register_fake(qualname, fake, lib=lib)
+    torch.library.register_autograd(
+        qualname, lambda ctx, *g: g, setup_context=lambda ctx, i, o: None, lib=lib
+    )
+    return getattr(torch.ops.kaio_bench, op_name)
+
+
 def _as_tensors(out):
     return out if isinstance(out, tuple) else (out,)
 
@@ -449,6 +480,8 @@ def op_rows(results: dict) -> None:
                 raise AssertionError(f"kaio_ops.{label}: relative error {error:.2e} against torch")
         bench.row(f"kaio_ops.{label}", lambda op=op, args=args: op(*args))
         bench.row(f"torch.ops.kaio.{label}", lambda f=dispatched, args=args: f(*args))
+        twin = empty_twin(lib, op.__name__, op(*args))
+        bench.row(f"torch.ops.kaio_bench.{label} (empty)", lambda f=twin, args=args: f(*args))
         bench.row(f"torch {spelled} [{label}]", torch_call)
     rows = bench.run()
     floor = rows["torch.ops.kaio_bench.empty (dispatcher floor)"]["host_us"]
@@ -460,16 +493,22 @@ def op_rows(results: dict) -> None:
             "kaio_us": rows[f"kaio_ops.{label}"]["host_us"],
             "torch_ops_kaio_us": rows[f"torch.ops.kaio.{label}"]["host_us"],
             "torch_ops_floor_us": rows[f"kaio_ops.{label}"]["host_us"] + floor,
+            # the same with the dispatcher's cost for this op's own schema
+            "torch_ops_schema_floor_us": rows[f"kaio_ops.{label}"]["host_us"]
+            + rows[f"torch.ops.kaio_bench.{label} (empty)"]["host_us"],
             "torch_us": rows[f"torch {spelled} [{label}]"]["host_us"],
         }
         for label, _, _, spelled, _ in pairs
     ]
-    print(f"  {'op':<44} {'kaio_ops':>8} {'torch':>8} {'ratio':>6} {'t.ops':>8} {'floor':>8}")
+    print(
+        f"  {'op':<44} {'kaio_ops':>8} {'torch':>8} {'ratio':>6} {'t.ops':>8} {'floor':>8} "
+        f"{'schema':>8}"
+    )
     for r in results["ops"]:
         print(
             f"  {r['op']:<44} {r['kaio_us']:8.2f} {r['torch_us']:8.2f} "
             f"{r['torch_us'] / r['kaio_us']:6.2f} {r['torch_ops_kaio_us']:8.2f} "
-            f"{r['torch_ops_floor_us']:8.2f}"
+            f"{r['torch_ops_floor_us']:8.2f} {r['torch_ops_schema_floor_us']:8.2f}"
         )
     del lib
 
@@ -527,7 +566,14 @@ def main() -> None:
     parser.add_argument("--out", help="write the results as JSON to this file")
     parser.add_argument("--skip-cold", action="store_true", help="no first-launch rows")
     parser.add_argument("--cold-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--batches", type=int, default=BATCHES, help=f"batches a row (default {BATCHES})"
+    )
+    parser.add_argument(
+        "--spin-ms", type=float, default=SPIN_MS, help=f"GPU spin a batch (default {SPIN_MS})"
+    )
     args = parser.parse_args()
+    globals().update(BATCHES=args.batches, SPIN_MS=args.spin_ms)
     if args.cold_child:
         cold_child()
         return

@@ -225,7 +225,7 @@ class Kernel:
         self._resolved: dict = {}  # dtype constexpr values -> annotations
         self._specs: dict = {}
         self._lock = threading.RLock()  # compiles of this kernel, one thread at a time
-        self._launches: dict = {}  # launch subscript -> Launch
+        self._launches: dict = {}  # launch subscript -> Launch.call
         self._launchers: dict = {}  # the runtime's per-argument-signature launchers
 
     # ----------------------------------------------------------------- arguments
@@ -413,7 +413,8 @@ class Kernel:
             pass
         from kaio.runtime.launch import Launch
 
-        launch = Launch(self, parse_launch_config(config, self.block_size, self.__name__))
+        # the Launch as a plain function (``.launch``, ``.kernel``, ``.config``): cheaper to call
+        launch = Launch(self, parse_launch_config(config, self.block_size, self.__name__)).call
         try:
             if len(self._launches) < 64:
                 self._launches[config] = launch

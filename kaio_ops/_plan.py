@@ -8,13 +8,22 @@ tensor through its own accessors: dtype, shape, strides, device, address; others
     (each array's (dtype, shape, strides, device, address % 16), every other argument,
      the current stream of the first array's device, whether kaio.simulate() is on)
 
-and looks it up in the op's plans. A hit allocates the outputs, fills the addresses into the
-pre-packed parameters and launches (``kaio.runtime.plan.CallPlan``): no argument checks, no
-plan or tile choice, no packing of shapes and scalars. A miss runs the op itself, which checks
-everything (a wrong dtype, shape, device or stride raises its ``ValueError`` naming the
-argument, and nothing is stored) inside ``kaio.runtime.plan.recording()``; its launches,
-output allocations (``_arrays.output``) and result become the plan for that key. So an
-argument of a planned call goes kaio_ops -> plan -> launch, once, top to bottom.
+and looks it up in the op's plans. When every array is a torch tensor (or None, for an
+optional one) the key is one flat tuple of torch's accessors, with ``is_contiguous()`` in place
+of the strides of a contiguous tensor (its kernels never see them; a tensor that is not
+contiguous is keyed by its strides, and the ops refuse it):
+
+    (x.dtype, x.shape, x.is_contiguous() or x.stride(), x.get_device(), x.data_ptr() % 16,
+     w.dtype, ..., every other argument and its type, the stream, simulate() on)
+
+A hit allocates the outputs, fills the addresses into the pre-packed parameters and launches,
+all in one generated ``replay`` (the plan's launches, ``kaio.runtime.plan.CallPlan.code``,
+inlined): no argument checks, no plan or tile choice, no packing of shapes and scalars. A
+miss runs the op itself, which checks everything (a wrong dtype, shape, device or stride
+raises its ``ValueError`` naming the argument, and nothing is stored) inside
+``kaio.runtime.plan.recording()``; its launches, output allocations (``_arrays.output``) and
+result become the plan for that key. So an argument of a planned call goes kaio_ops -> plan
+-> launch, once, top to bottom.
 
 What the key holds is exactly what the ops' choices may depend on: shapes and dtypes (grids,
 tiles, K splits), alignment (16-byte vector paths), device (SM count, arch), stream, the
@@ -49,6 +58,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
+import re
 import sys
 from collections.abc import Callable
 
@@ -56,7 +67,7 @@ from kaio.runtime.arginfo import RawArray
 from kaio.runtime.device import current
 from kaio.runtime.launch import recordings
 from kaio.runtime.memory import DeviceArray
-from kaio.runtime.plan import CallPlan, recording
+from kaio.runtime.plan import CallPlan, compile_function, recording
 from kaio.sim import mode as sim_mode
 from kaio_ops import _arrays
 
@@ -200,12 +211,42 @@ def build(recorder, arrays: list, pointers: tuple, result) -> Callable | None:
     return _replay(CallPlan(steps) if steps else None, len(arrays), allocations, returned)
 
 
+def _raw_allocator():
+    """(current device, allocate(bytes, stream) -> address, free(address)) of torch's CUDA
+    caching allocator, called without making tensors; None where torch has no CUDA."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    c = torch._C
+    names = ("_cuda_getDevice", "_cuda_cudaCachingAllocator_raw_alloc")
+    if not all(hasattr(c, n) for n in (*names, "_cuda_cudaCachingAllocator_raw_delete")):
+        return None
+    return (
+        c._cuda_getDevice,
+        c._cuda_cudaCachingAllocator_raw_alloc,
+        c._cuda_cudaCachingAllocator_raw_delete,
+    )
+
+
 def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str) -> Callable:
-    """Generate ``replay(p0, p1, ...)``: allocate the outputs, launch, return them."""
-    env: dict = {"run": plan.run if plan is not None else None}
+    """Generate ``replay(p0, p1, ...)``: allocate the outputs, launch, return them. The plan's
+    launches are inlined (``CallPlan.code``): one Python call from the op's wrapper to the
+    driver.
+
+    A torch array the op makes for its own kernels and does not return (a split-K
+    workspace) is taken from torch's caching allocator directly, on the plan's stream, and
+    given back once the launches are queued, as torch frees a tensor that goes out of scope:
+    the next user of that memory on the stream runs after them (in a CUDA graph capture, the
+    allocator serves the graph's own pool). That costs a fraction of a ``torch.empty``. It
+    is done when torch's current device is the plan's, which the allocator serves;
+    otherwise the workspace is a tensor like the outputs."""
+    env: dict = {}
     params = ", ".join(f"p{i}" for i in range(inputs))
     lines = [f"def replay({params}):"]
-    addresses = [f"p{i}" for i in range(inputs)]
+    kept = {int(n) for n in re.findall(r"\bo(\d+)\b", returned)}
+    raw = _raw_allocator() if plan is not None else None
+    scratch, tensors = [], []  # (j, bytes) from the allocator; (j, line) as tensors
     for j, (_made, kind, device, like, shape, dtype) in enumerate(allocations):
         if kind == "torch":
             import torch
@@ -216,19 +257,35 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
                 dtype=_arrays.torch_dtype(dtype),
                 device=torch.device("cuda", device),
             )
-            lines.append(f"    o{j} = A{j}()")
-            addresses.append(f"o{j}.data_ptr()")
+            address = f"o{j}.data_ptr()"
+            size = math.prod(shape) * dtype.itemsize
+            if raw is not None and j not in kept and size > 0:
+                scratch.append((j, size, device))
         else:
             env[f"A{j}"] = functools.partial(_arrays.new_array, kind, device, like, shape, dtype)
-            lines.append(f"    o{j} = A{j}()")
-            addresses.append(f"o{j}.data.ptr" if kind == "cupy" else f"o{j}.ptr")
-    if plan is not None:
-        lines.append(f"    run(({', '.join(addresses)},))")
+            address = f"o{j}.data.ptr" if kind == "cupy" else f"o{j}.ptr"
+        tensors.append((j, [f"o{j} = A{j}()"] + ([f"p{inputs + j} = {address}"] if plan else [])))
+    launches = plan.code(env, lambda source: f"p{source}") if plan is not None else []
+    if scratch and len({device for _, _, device in scratch}) == 1:
+        env["CURRENT"], env["ALLOCATE"], env["FREE"] = raw
+        env["HOME"] = scratch[0][2]
+        env["STREAM"] = plan.steps[0][0].stream or 0
+        raw_js = {j for j, _, _ in scratch}
+        lines += ["    " + line for j, made in tensors if j not in raw_js for line in made]
+        lines.append("    if CURRENT() == HOME:  # the allocator serves the current device")
+        lines += [f"        p{inputs + j} = ALLOCATE({size}, STREAM)" for j, size, _ in scratch]
+        lines.append("        try:")
+        lines += ["        " + line for line in launches]
+        lines.append("        finally:")
+        lines += [f"            FREE(p{inputs + j})" for j, _, _ in scratch]
+        lines.append("    else:")
+        lines += ["        " + line for j, made in tensors if j in raw_js for line in made]
+        lines += ["    " + line for line in launches]
+    else:
+        lines += ["    " + line for _, made in tensors for line in made]
+        lines += launches
     lines.append(f"    return {returned}")
-    source = "\n".join(lines) + "\n"
-    exec(compile(source, "<kaio op plan>", "exec"), env)
-    replay = env["replay"]
-    replay.source = source
+    replay = compile_function(lines, env, "replay", "<kaio op plan>")
     replay.plan = plan
     return replay
 
@@ -261,15 +318,22 @@ def _generate(fn: Callable, array_names: tuple) -> Callable:
     plans: dict = {}
     _ALL.append(plans)
     positions = [names.index(a) for a in array_names]
+    optional = {a for a in array_names if signature.parameters[a].default is None}
 
     def slow(key, args: tuple, pointers: tuple):
         """A call with no plan for its key: run the op, recording a plan when it can."""
         arrays = [args[i] for i in positions]
         present = [a for a in arrays if a is not None]
+        # the flat key of torch tensors (see below) describes them all; in the other keys a
+        # None stands for an array that is not described
+        flat = all(
+            type(a) is tensor or type(a) is parameter or (a is None and name in optional)
+            for a, name in zip(arrays, array_names, strict=True)
+        )
         plannable = (
             not current.simulating
             and current.recorder is None  # an op inside another op's recording
-            and None not in key[: len(arrays)]
+            and (flat or None not in key[: len(arrays)])
             and len({id(a) for a in present}) == len(present)
         )
         kwargs = dict(zip(named, args[first:], strict=True))
@@ -301,6 +365,27 @@ def _generate(fn: Callable, array_names: tuple) -> Callable:
     # positionally, in signature order, as the torch dispatcher passes them
     wrapper_header = header[:first] + (["*"] if named else []) + header[first:]
     lines = [f"def {fn.__name__}({', '.join(wrapper_header)}):", "    try:"]
+    # the common call, torch tensors (or None for an optional array) only: one flat key of
+    # torch's own accessors (no tuple per array); contiguity stands for the strides, which a
+    # contiguous tensor's kernels never see (ops refuse other tensors, unplanned)
+    tensors = [f"(type({a}) is T or type({a}) is P)" for a in array_names]
+    tensors = [f"({a} is None or {t})" if a in optional else t
+               for a, t in zip(array_names, tensors, strict=True)]  # fmt: skip
+    fast_keys = []
+    fast_lines = [f"    if {' and '.join(tensors)}:"]
+    for j, a in enumerate(array_names):
+        device = "d" if j == 0 else f"{a}.get_device()"
+        if j == 0:
+            fast_lines.append(f"        d = {a}.get_device()")
+        described = (
+            f"{a}.dtype, {a}.shape, {a}.is_contiguous() or {a}.stride(), {device}, p{j} & 15"
+        )
+        if a in optional:
+            fast_lines.append(f"        p{j} = 0 if {a} is None else {a}.data_ptr()")
+            fast_keys.append(f"*((None,) if {a} is None else ({described},))")
+        else:
+            fast_lines.append(f"        p{j} = {a}.data_ptr()")
+            fast_keys.append(described)
     describe_lines = []
     for j, name in enumerate(array_names):
         if j == 0:
@@ -332,7 +417,11 @@ def _generate(fn: Callable, array_names: tuple) -> Callable:
     # simulate() blocks: the thread's count, read only while a block is open somewhere
     simulating = "(SIMULATING[0] and current.simulating)"
     describe_lines.append(f"    key = ({', '.join(keys)}, stream, {simulating})")
-    lines += ["    " + line for line in describe_lines]
+    stream = "RAW(d) if d >= 0 else None"
+    fast_keys += [f"{n}, type({n})" for n in others] + [stream, simulating]
+    fast_lines.append(f"        key = ({', '.join(fast_keys)})")
+    lines += ["    " + line for line in [*fast_lines, "    else:"]]
+    lines += ["        " + line for line in describe_lines]
     body = lines[1:]
     lines += [
         "    except Exception:  # not an array these keys describe (a meta tensor, say)",

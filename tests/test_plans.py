@@ -10,6 +10,7 @@ import contextlib
 import ctypes
 import importlib
 import itertools
+import math
 import types
 
 import numpy as np
@@ -616,3 +617,252 @@ def test_linear_and_decode_replay_on_a_gpu():
             assert _error(torch, out[i], want) < 2e-3
     for op in (kaio_ops.kv_cache_append, kaio_ops.flash_attention_decode):
         assert len(_plan.plans_of(op)) == 1 and None not in _plan.plans_of(op).values()
+
+
+class _TorchKeys:
+    """The keys a planned op's wrapper makes for torch tensors, on the CPU: the op's plan
+    lookups and misses are recorded, the current stream is ``stream``, and tensors of the
+    subclass ``OnGPU`` (CPU tensors that say they are on GPU ``gpu``) are read as the wrapper
+    reads ``torch.nn.Parameter``s, with torch's own accessors."""
+
+    def __init__(self, monkeypatch, op):
+        import torch
+
+        class OnGPU(torch.Tensor):
+            gpu = 0
+
+            def get_device(self):
+                return self.gpu
+
+        self.torch, self.OnGPU, self.op = torch, OnGPU, op
+        self.stream = 0x7F00_0000_1000
+        self.misses: list = []
+        env = op.__globals__  # the generated wrapper's namespace
+        monkeypatch.setitem(env, "P", OnGPU)
+        monkeypatch.setitem(env, "RAW", lambda device: self.stream)
+        monkeypatch.setitem(env, "slow", lambda key, args, pointers: self.misses.append(key))
+        self.plans = _plan.plans_of(op)
+        self.plans.clear()
+
+    def tensor(self, *shape, dtype=None, gpu=0, t=False, offset=0):
+        """A new ``OnGPU`` tensor (transposed when ``t``; ``offset`` elements into its
+        memory)."""
+        torch = self.torch
+        base = torch.randn(*shape, offset + 1, dtype=dtype or torch.float32)
+        a = base.flatten()[offset : offset + math.prod(shape)].view(shape)
+        a = (a.t().contiguous().t() if t else a).as_subclass(self.OnGPU)
+        a.gpu = gpu
+        return a
+
+    def key(self, *args, **kwargs):
+        """The key of a call with no plan (its miss)."""
+        before = len(self.misses)
+        self.op(*args, **kwargs)
+        assert len(self.misses) == before + 1
+        return self.misses[-1]
+
+
+def test_torch_keys_tell_every_signature_apart(monkeypatch):
+    """The wrapper's own key for torch tensors (flat, torch's accessors): one signature, one
+    key, whatever the tensors' addresses; another shape, dtype, strides, alignment, GPU,
+    stream or scalar, another key."""
+    pytest.importorskip("torch")
+    keys = _TorchKeys(monkeypatch, kaio_ops.rms_norm)
+    t, torch = keys.tensor, keys.torch
+    first = keys.key(t(4, 64), t(64))
+    assert keys.key(t(4, 64), t(64)) == first  # new tensors, same signature
+    assert keys.key(t(4, 64), t(64), eps=1e-6) == first  # the default, given
+    others = [
+        keys.key(t(8, 64), t(64)),  # shape
+        keys.key(t(4, 64, dtype=torch.float16), t(64, dtype=torch.float16)),  # dtype
+        keys.key(t(4, 64, t=True), t(64)),  # strides (column-major)
+        keys.key(t(4, 128)[:, :64], t(64)),  # strides (rows of 128), also not contiguous
+        keys.key(t(4, 64, offset=1), t(64)),  # alignment (4 bytes off 16)
+        keys.key(t(4, 64), t(64, gpu=1)),  # the second array's GPU
+        keys.key(t(4, 64, gpu=1), t(64, gpu=1)),  # both on another GPU
+        keys.key(t(4, 64), t(64), 1e-3),  # a scalar
+        keys.key(t(4, 64), t(64), 1),  # the same value, another type
+    ]
+    keys.stream = 0x7F00_0000_2000
+    others.append(keys.key(t(4, 64), t(64)))  # another stream
+    assert len({first, *others}) == 1 + len(others)
+
+
+def test_torch_calls_replay_only_their_own_plan(monkeypatch):
+    """A plan stored under a torch call's key is replayed, with the new tensors' addresses,
+    by calls of that signature and by no other (through the op and through
+    ``replay_only``, torch.ops.kaio's entry)."""
+    pytest.importorskip("torch")
+    keys = _TorchKeys(monkeypatch, kaio_ops.rms_norm)
+    t = keys.tensor
+    keys.key(t(4, 64), t(64))
+    keys.plans[keys.misses[-1]] = lambda *pointers: ("replayed", pointers)
+    x, w = t(4, 64), t(64)
+    assert kaio_ops.rms_norm(x, w) == ("replayed", (x.data_ptr(), w.data_ptr()))
+    assert kaio_ops.rms_norm.replay_only(x, w, 1e-6) == ("replayed", (x.data_ptr(), w.data_ptr()))
+    for stale in [(t(4, 64, t=True), t(64)), (t(4, 32), t(32)), (t(4, 64), t(64, gpu=1))]:
+        assert kaio_ops.rms_norm(*stale) is None  # a miss (recorded), not the plan
+        assert kaio_ops.rms_norm.replay_only(*stale, 1e-6) is _plan.MISS
+
+
+def test_torch_keys_of_an_optional_array(monkeypatch):
+    """An optional array given as None and given as a tensor make different keys."""
+    pytest.importorskip("torch")
+    keys = _TorchKeys(monkeypatch, kaio_ops.linear)
+    t = keys.tensor
+    none = keys.key(t(2, 64), t(32, 64))
+    assert keys.key(t(2, 64), t(32, 64), None) == none
+    bias = keys.key(t(2, 64), t(32, 64), t(32))
+    residual = keys.key(t(2, 64), t(32, 64), residual=t(2, 32))
+    assert len({none, bias, residual}) == 3
+
+
+def test_launches_recover_a_missing_or_foreign_context(fake, monkeypatch):
+    """A launch the driver refuses for want of a context (a new thread: 201) makes the GPU's
+    context current and launches again; one refused for another library's context (400)
+    launches with the GPU's context made current for the call; any other error raises. The
+    same for a kernel launcher (the recording call) and a plan's replay."""
+    from kaio.runtime import device as device_mod
+
+    made_current = []
+
+    class Device:
+        def __init__(self, ordinal):
+            self.ordinal = ordinal
+
+        def set_current(self):
+            made_current.append(self.ordinal)
+
+    monkeypatch.setattr(launcher_mod, "Device", Device)
+    monkeypatch.setattr(device_mod, "Device", Device)
+    codes: list = []  # what the next launches return
+    launched = fake.launch
+    monkeypatch.setattr(fake, "launch", lambda *a: codes.pop(0) if codes else launched(*a))
+    x, w = fake.array((2, 64)), fake.array((64,))
+    kaio_ops.rms_norm(x, w)  # the plan
+    for op in (kaio_ops.rms_norm.__wrapped__, kaio_ops.rms_norm):  # the launcher, the plan
+        codes[:], made_current[:], fake.calls = [201], [], []
+        op(x, w)
+        assert made_current == [0] and len(fake.calls) == 1 and not codes
+        codes[:], fake.calls = [400], []
+        op(x, w)
+        assert fake.calls[0] == ("context", 0) and len(fake.calls) == 2
+        codes[:] = [700]
+        with pytest.raises(kaio.CudaError, match="ILLEGAL_ADDRESS"):
+            op(x, w)
+
+
+def test_prepare_takes_what_kernel_subscript_gives(fake):
+    """``prepare(kernel[config], args)``: the subscript's function (``.launch`` its
+    ``Launch``) is prepared like the ``Launch`` itself, and its plan replays the launch."""
+    from kaio.runtime.plan import CallPlan, prepare
+
+    @kaio.gpu_kernel(block_size=256)
+    def copy(x: f32[:], out: f32[:], n: kaio.u32):
+        i = kaio.thread_idx_x() + kaio.block_idx_x() * kaio.block_dim_x()
+        if i < n:
+            out[i] = x[i]
+
+    launch = copy[2, 256]
+    assert launch.launch.config is launch.config and launch.kernel is copy
+    x, out = fake.array((512,)), fake.array((512,))
+    prepared = prepare(launch, (x, out, 512))
+    assert sorted(prepared.arrays) == [0, 1] and tuple(prepared.config.grid) == (2, 1, 1)
+    fake.calls = []
+    launch(x, out, 512)
+    x2, out2 = fake.array((512,)), fake.array((512,))
+    CallPlan([(prepared, {0: (0, 0), 1: (1, 0)})]).run((x2.ptr, out2.ptr))
+    launch(x2, out2, 512)
+    assert fake.calls[1] == fake.calls[2] != fake.calls[0]
+
+
+def test_a_torch_workspace_comes_from_the_caching_allocator(fake, monkeypatch):
+    """A torch array an op makes for its kernels and does not return (linear's split-K
+    workspace at decode size) is taken from torch's caching allocator on the plan's stream
+    and given back after the launches, when torch's current device is the plan's; a tensor
+    otherwise. Outputs are always tensors."""
+    torch = pytest.importorskip("torch")
+    x, w = fake.array((1, 4096), f16), fake.array((4096, 4096), f16)
+    kaio_ops.linear(x, w)
+    (replay,) = _plan.plans_of(kaio_ops.linear).values()
+    made = replay.__globals__  # the kaio arrays' replay: its allocations, as torch would ask
+    allocations = []
+    while f"A{len(allocations)}" in made:
+        _kind, device, _like, shape, dtype = made[f"A{len(allocations)}"].args
+        allocations.append((None, "torch", device, None, shape, dtype))
+    assert len(allocations) == 2, "linear at decode size no longer makes a workspace"
+    log, device = [], [0]
+    allocator = (
+        lambda: device[0],
+        lambda size, stream: log.append(("allocate", size, stream)) or 0xABC000,
+        lambda address: log.append(("free", address, len(fake.calls))),
+    )
+    monkeypatch.setattr(_plan, "_raw_allocator", lambda: allocator)
+    twin = _plan._replay(replay.plan, 4, allocations, "o0")
+    tensors = []
+    for j, (*_, shape, dtype) in enumerate(allocations):
+        empty = torch.empty(shape, dtype=_arrays.torch_dtype(dtype))  # on the CPU
+        twin.__globals__[f"A{j}"] = lambda empty=empty: tensors.append(empty) or empty
+    fake.calls = []
+    out = twin(x.ptr, w.ptr, 0, 0)
+    size = math.prod(allocations[1][4]) * allocations[1][5].itemsize
+    assert log == [("allocate", size, 0), ("free", 0xABC000, 2)] and tensors == [out]
+    assert all(0xABC000.to_bytes(8, "little") in call[5] for call in fake.calls)
+    device[0], log[:], tensors[:], fake.calls = 1, [], [], []  # torch's current device: 1
+    assert twin(x.ptr, w.ptr, 0, 0) is out and not log and len(tensors) == 2
+    workspace = tensors[1].data_ptr().to_bytes(8, "little")
+    assert all(workspace in call[5] for call in fake.calls)
+
+
+@pytest.mark.gpu
+def test_workspaces_from_the_allocator_on_streams_and_in_graphs():
+    """Decode-size GEMMs whose plans take a split-K workspace from torch's caching allocator
+    (given back once the launches are queued): back-to-back calls without synchronizing (the
+    next call may get the same memory), another stream, and a CUDA graph captured from
+    replays, each against a float64 reference."""
+    torch = _torch_cuda()
+    _plan.clear()
+    gen = torch.Generator(device="cuda").manual_seed(11)
+
+    def randn(*shape):
+        return torch.randn(*shape, device="cuda", dtype=torch.float16, generator=gen)
+
+    w = randn(4096, 4096) / 64
+    ops = [
+        (kaio_ops.linear, lambda x: x.double() @ w.double().T),
+        (kaio_ops.matmul_tc, lambda x: x.double() @ w.double()),
+        (kaio_ops.matmul, lambda x: x.double() @ w.double()),
+    ]
+    with_workspace = 0
+    for op, reference in ops:
+        op(randn(1, 4096), w)
+        (replay,) = _plan.plans_of(op).values()
+        with_workspace += "ALLOCATE(" in replay.source
+        xs = [randn(1, 4096) for _ in range(4)]
+        outs = [op(x, w) for x in xs]  # queued back to back
+        for x, out in zip(xs, outs, strict=True):
+            assert _error(torch, out, reference(x)) < 2e-3, op.__name__
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            outs = [op(x, w) for x in xs]
+        side.synchronize()
+        for x, out in zip(xs, outs, strict=True):
+            assert _error(torch, out, reference(x)) < 2e-3, op.__name__
+        static = randn(1, 4096)
+        capture = torch.cuda.Stream()
+        capture.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(capture):
+            op(static, w)  # the capture stream's plan, built outside the capture
+        capture.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=capture):
+            captured = op(static, w)
+        for _ in range(2):
+            static.copy_(randn(1, 4096))
+            eager = op(randn(1, 4096), w)  # eager calls between the graph's replays
+            graph.replay()
+            torch.cuda.synchronize()
+            assert _error(torch, captured, reference(static)) < 2e-3, op.__name__
+            assert torch.isfinite(eager).all()
+    assert with_workspace, "no decode-size GEMM plan takes a workspace: test another shape"

@@ -1,7 +1,8 @@
 """``kernel[grid, block, stream, shared](*args)``: the ``Launch`` object and ``resources``.
 
 A ``Launch`` holds the kernel's launchers (see ``launcher.py``) bound to its configuration, most
-recent first: a call whose arguments one of them takes packs and launches in a few
+recent first (``kernel[config]`` hands out its ``call``, a plain function, which the host calls
+faster than the object): a call whose arguments one of them takes packs and launches in a few
 microseconds. Otherwise it binds the launchers other configurations built since, and failing
 those takes the slow path (``_build``): validate every argument (``LaunchError`` naming the
 parameter), pick the array layouts ('C' contiguous, 'A' strided), specialize the kernel and
@@ -22,6 +23,7 @@ from kaio.runtime.device import Device, current, ensure_context, visiting
 from kaio.runtime.launcher import build_launcher
 from kaio.runtime.module import Resources, load, select_arch
 from kaio.runtime.stream import stream_handle
+from kaio.sim.mode import anywhere as SIMULATING
 from kaio.tensormap import TensorMap
 from kaio.types import ArrayType, ScalarType, TensorMapType
 
@@ -38,7 +40,7 @@ recordings = [0]
 class Launch:
     """A kernel bound to a launch configuration; calling it launches (or simulates) it."""
 
-    __slots__ = ("kernel", "config", "_stream", "_bound", "_bindings", "_first")
+    __slots__ = ("kernel", "config", "_stream", "_bound", "_bindings", "_first", "call")
 
     def __init__(self, kernel, config: LaunchConfig):
         self.kernel = kernel
@@ -50,9 +52,12 @@ class Launch:
         self._bindings: dict = {}  # launcher -> its launch function bound to this config
         self._bound: list = []  # those functions, in the kernel's launcher order
         self._first = _declines  # _bound[0]: the call that launches most often, tried alone
+        self.call = _call_of(self)
 
     def __call__(self, *args, **kwargs) -> None:
-        if kwargs or current.simulating or recordings[0]:
+        # simulate() blocks open in any thread (a global read; the thread's own count, a
+        # thread-local read, is looked at only then)
+        if kwargs or SIMULATING[0] or recordings[0]:
             return self._call_with_keywords(args, kwargs)
         if not self._first(args):
             self._launch_others(args)
@@ -103,6 +108,22 @@ class Launch:
         self._bindings = {b: self._bindings[b] for b in launchers if b in self._bindings}
         self._bound = list(self._bindings.values())
         self._first = self._bound[0] if self._bound else _declines
+
+
+def _call_of(launch: Launch):
+    """``launch(*args)`` as a plain function (what ``kernel[config]`` returns): calling a
+    function costs the host less than calling an object's ``__call__``. It carries
+    ``launch`` (the ``Launch``), ``kernel`` and ``config``."""
+
+    def call(*args, **kwargs) -> None:
+        if kwargs or SIMULATING[0] or recordings[0]:
+            return launch._call_with_keywords(args, kwargs)
+        if not launch._first(args):
+            launch._launch_others(args)
+        return None
+
+    call.launch, call.kernel, call.config = launch, launch.kernel, launch.config
+    return call
 
 
 def _declines(args: tuple) -> bool:

@@ -30,7 +30,7 @@ import ctypes
 import importlib
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from kaio.errors import LaunchError
@@ -47,7 +47,15 @@ from kaio.runtime.launcher import (
     validate_config,
 )
 
-__all__ = ["CallPlan", "PlanError", "PreparedLaunch", "Recorder", "prepare", "recording"]
+__all__ = [
+    "CallPlan",
+    "PlanError",
+    "PreparedLaunch",
+    "Recorder",
+    "compile_function",
+    "prepare",
+    "recording",
+]
 
 _CUDA_ERROR_INVALID_CONTEXT = 201
 _CUDA_ERROR_INVALID_HANDLE = 400
@@ -93,6 +101,7 @@ def prepare(launch, args: tuple) -> PreparedLaunch:
     wrong arguments and ``PlanError`` for a launch a plan cannot replay."""
     from kaio.runtime.launch import loaded_for
 
+    launch = getattr(launch, "launch", launch)  # kernel[config] is the Launch's call
     kernel, cfg = launch.kernel, launch.config
     spec, loaded, infos = loaded_for(kernel, args)
     if loaded.debug is not None:
@@ -182,34 +191,40 @@ class CallPlan:
 
     def __init__(self, steps: list[tuple[PreparedLaunch, dict]]):
         self.steps = steps
-        self.run = self._generate()
-
-    def _generate(self):
-        for prepared, _ in self.steps:  # keep the maps' layouts, not the recorded arrays
+        for prepared, _ in steps:  # keep the maps' layouts, not the recorded arrays
             prepared.maps = {k: (e, _layout(tm)) for k, (e, tm) in prepared.maps.items()}
-        env: dict = {
-            "current": current,
-            "launch_kernel": launcher.raw_launch_kernel(),
-        }
-        lines = ["def run(p):"]
+        env: dict = {}
+        lines = ["def run(p):", *self.code(env, lambda source: f"p[{source}]")]
+        self.run = compile_function(lines, env, "run", "<kaio call plan>")
+
+    def code(self, env: dict, address: Callable[[int], str]) -> list[str]:
+        """The lines (indented for a function body) that launch every step, for a caller
+        that generates its own function around them (``kaio_ops._plan`` inlines them in an
+        op's replay): ``address(source)`` spells the expression of pointer ``source`` (a
+        local name, ``p[0]``...); the names the lines use are added to ``env``. Each call
+        of ``code`` makes its own parameter buffers."""
+        env["current"] = current
+        env["launch_kernel"] = launcher.raw_launch_kernel()
+        lines = []
         devices = {prepared.device.ordinal for prepared, _ in self.steps}
         one_device = len(devices) == 1
         if one_device:
             env["DEV"] = devices.pop()
-            lines.append("    home = current.ordinal == DEV")
+            lines.append("home = current.ordinal == DEV")
         for i, (prepared, sources) in enumerate(self.steps):
             entries = []
             for e, value in enumerate(prepared.values):
                 env[f"V{i}_{e}"] = value
                 entries.append(f"V{i}_{e}")
             for k, (source, add) in sources.items():
-                address = f"p[{source}] + {add}" if add else f"p[{source}]"
+                where = address(source)
+                where = f"{where} + {add}" if add else where
                 if k in prepared.maps:
                     e, tm = prepared.maps[k]
                     env[f"MAP{i}_{e}"] = map_encoder(tm)
-                    entries[e] = f"MAP{i}_{e}({address})"
+                    entries[e] = f"MAP{i}_{e}({where})"
                 else:
-                    entries[prepared.arrays[k]] = address
+                    entries[prepared.arrays[k]] = where
             offsets, size = prepared.offsets, prepared.size
             env[f"pack{i}"] = struct.Struct(prepared.fmt).pack_into
             env[f"free{i}"] = [parameter_slot(size, offsets)]
@@ -225,32 +240,38 @@ class CallPlan:
             elsewhere = f"elsewhere{i}(CONFIG{i}, FUNC{i}, params)"
             if not one_device:
                 env[f"DEV{i}"] = prepared.device.ordinal
-                lines.append(f"    home = current.ordinal == DEV{i}")
+                lines.append(f"home = current.ordinal == DEV{i}")
             lines += [
-                "    try:",
-                f"        buf, params = slot = free{i}.pop()",
-                "    except IndexError:",
-                f"        buf, params = slot = new{i}()",
-                f"    pack{i}(buf, 0, {', '.join(entries)})",
-                "    if home:",
-                f"        rc = {call}",
+                "try:",
+                f"    buf, params = slot = free{i}.pop()",
+                "except IndexError:",
+                f"    buf, params = slot = new{i}()",
+                f"pack{i}(buf, 0, {', '.join(entries)})",
+                "if home:",
+                f"    rc = {call}",
+                "    if rc:  # the success path tests rc once",
                 f"        if rc == {_CUDA_ERROR_INVALID_CONTEXT}:  # a new thread: no context yet",
                 f"            recover{i}()",
                 f"            rc = {call}",
                 f"        elif rc == {_CUDA_ERROR_INVALID_HANDLE}:  # another library's context",
                 f"            rc = {elsewhere}",
-                "    else:",
-                f"        rc = {elsewhere}",
-                f"    free{i}.append(slot)",
-                "    if rc:",
-                f"        fail{i}(rc)",
-                f"    LAST{i}[0] = NAME{i}",
+                "else:",
+                f"    rc = {elsewhere}",
+                f"free{i}.append(slot)",
+                "if rc:",
+                f"    fail{i}(rc)",
+                f"LAST{i}[0] = NAME{i}",
             ]
-        source = "\n".join(lines) + "\n"
-        exec(compile(source, "<kaio call plan>", "exec"), env)
-        run = env["run"]
-        run.source = source
-        return run
+        return ["    " + line for line in lines]
+
+
+def compile_function(lines: list[str], env: dict, name: str, filename: str) -> Callable:
+    """The function ``name`` defined by ``lines`` in ``env``, its source kept as ``.source``."""
+    source = "\n".join(lines) + "\n"
+    exec(compile(source, filename, "exec"), env)
+    fn = env[name]
+    fn.source = source
+    return fn
 
 
 # encoded maps a plan step keeps per tensor-map argument, by address: a model's layers share

@@ -1,0 +1,251 @@
+"""Where the host time of a planned op call goes, on a GPU: the parts of one call timed alone.
+
+- torch's accessors on a CUDA tensor (what a call plan's key reads), the current raw stream,
+  and output allocation spellings (``torch.empty`` and others);
+- the launch through other foreign-function layers than kaio's ctypes ``cuLaunchKernelEx``
+  (cffi, if installed, on the same driver entry point), in ``launch_overhead``'s interleaved
+  rounds behind a GPU spinner;
+- a planned ``kaio_ops`` call taken apart: the whole call, the key and lookup alone (the
+  plan's replay swapped for a no-op), the replay alone (allocation and launch), the
+  allocation alone.
+
+Times with ``time.perf_counter`` over many calls (median of repeats); the launch rows as
+``bench/launch_overhead.py`` measures them.
+
+    PYTHONPATH=$PWD python3 bench/host_parts.py [--out parts.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import functools
+import json
+import re
+import statistics
+import time
+
+import kaio
+
+
+def per_call_ns(fn, calls: int = 20000, repeats: int = 9) -> float:
+    """Median over ``repeats`` of the mean time of ``calls`` calls of ``fn``, in ns."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t0) / calls * 1e9)
+    return statistics.median(times)
+
+
+def accessor_rows(out: dict) -> None:
+    """torch accessors, the raw stream and allocation spellings on CUDA tensors."""
+    import torch
+
+    x = torch.randn(1, 4096, device="cuda", dtype=torch.float16)
+    dev = x.device
+    dt = torch.float16
+    raw = torch._C._cuda_getCurrentRawStream
+    rows = {
+        "empty lambda": lambda: None,
+        "type(x) is Tensor": lambda: type(x) is torch.Tensor,
+        "x.get_device()": lambda: x.get_device(),
+        "x.data_ptr()": lambda: x.data_ptr(),
+        "x.dtype": lambda: x.dtype,
+        "x.shape": lambda: x.shape,
+        "x.stride()": lambda: x.stride(),
+        "x.is_contiguous()": lambda: x.is_contiguous(),
+        "x.device": lambda: x.device,
+        "_cuda_getCurrentRawStream(0)": lambda: raw(0),
+        "torch.empty(1, 4096, dtype, device)": lambda: torch.empty(1, 4096, dtype=dt, device=dev),
+        "partial(torch.empty, 1, 4096, ...)()": functools.partial(
+            torch.empty, 1, 4096, dtype=dt, device=dev
+        ),
+        "torch.empty((1, 4096), dtype, device)": lambda: torch.empty(
+            (1, 4096), dtype=dt, device=dev
+        ),
+        "torch.empty_like(x)": lambda: torch.empty_like(x),
+        "x.new_empty((1, 4096))": lambda: x.new_empty((1, 4096)),
+        "torch.empty_strided": lambda: torch.empty_strided(
+            (1, 4096), (4096, 1), dtype=dt, device=dev
+        ),
+    }
+    base = per_call_ns(rows["empty lambda"])
+    out["accessors_ns"] = {}
+    for name, fn in rows.items():
+        ns = per_call_ns(fn)
+        out["accessors_ns"][name] = ns
+        print(f"  {name:<44} {ns:8.0f} ns  ({ns - base:6.0f} over a lambda)", flush=True)
+
+
+def ffi_rows(out: dict) -> None:
+    """The launch of launch_overhead's ``add`` through ctypes and cffi, behind the spinner."""
+    from bench.launch_overhead import (
+        GRID,
+        Bench,
+        N,
+        new_add,
+        plan_row,
+        prepared_add,
+        use_hand_ptx,
+    )
+    from kaio import f32
+    from kaio.runtime.driver import libcuda
+
+    use_hand_ptx()
+    x, y, o = kaio.zeros((N,), f32), kaio.zeros((N,), f32), kaio.zeros((N,), f32)
+    loaded, buf, params, config = prepared_add(x, y, o)
+    lib = libcuda()
+    bench = Bench()
+    keep = [buf, params, config]
+    func = ctypes.c_void_p(loaded.handle)
+    gil = ctypes.PYFUNCTYPE(ctypes.c_int)(("cuLaunchKernelEx", lib))
+    cfg, par = ctypes.byref(config), ctypes.byref(params)
+    bench.row("ctypes PYFUNCTYPE cuLaunchKernelEx (kaio's)", lambda: gil(cfg, func, par, None))
+    entry = ctypes.cast(lib.cuLaunchKernelEx, ctypes.c_void_p).value
+    try:
+        import cffi
+    except ImportError:
+        print("  cffi: not installed")
+    else:
+        ffi = cffi.FFI()
+        fn = ffi.cast("int(*)(void *, void *, void **, void **)", entry)
+        c_cfg = ffi.cast("void *", ctypes.addressof(config))
+        c_func = ffi.cast("void *", loaded.handle)
+        c_par = ffi.cast("void **", ctypes.addressof(params))
+        null = ffi.NULL
+        bench.row("cffi ABI cuLaunchKernelEx", lambda: fn(c_cfg, c_func, c_par, null))
+    kernel = new_add()
+    launch = kernel[GRID, 256]
+    bench.row("kaio pre-bound launch(...), DeviceArray", lambda: launch(x, y, o, N))
+    plan_row(bench, x, y, o)
+    out["ffi"] = bench.run()
+    del keep
+
+
+def op_parts(out: dict) -> None:
+    """A planned op call taken apart (torch tensors at decode size)."""
+    import torch
+
+    import kaio_ops
+    from kaio_ops import _plan
+
+    h = torch.randn(1, 4096, device="cuda", dtype=torch.float16)
+    r = torch.randn(1, 4096, device="cuda", dtype=torch.float16)
+    g = torch.randn(4096, device="cuda", dtype=torch.float16)
+    out["op_parts_ns"] = {}
+    for name, op, args in (("rms_norm", kaio_ops.rms_norm, (h, g)), ("add", kaio_ops.add, (h, r))):
+        op(*args)
+        torch.cuda.synchronize()
+        plans = _plan.plans_of(op)
+        key = next(k for k, v in plans.items() if v is not None)
+        replay = plans[key]
+        pointers = tuple(a.data_ptr() for a in args)
+        allocate = replay.__globals__.get("A0")
+        parts = {"whole call": lambda op=op, args=args: op(*args)}
+        parts["replay (allocate, launch)"] = lambda replay=replay, p=pointers: replay(*p)
+        if allocate is not None:
+            parts["allocate alone"] = allocate
+        results = {}
+        for label, fn in parts.items():
+            results[label] = per_call_ns(fn, calls=200, repeats=41)
+            torch.cuda.synchronize()
+        plans[key] = lambda *p: None
+        results["key and lookup (no-op replay)"] = per_call_ns(
+            lambda op=op, args=args: op(*args), calls=200, repeats=41
+        )
+        plans[key] = replay
+        out["op_parts_ns"][name] = results
+        for label, ns in results.items():
+            print(f"  {name:<10} {label:<36} {ns:8.0f} ns", flush=True)
+
+
+def plan_rows(out: dict) -> None:
+    """Which ``bench/launch_overhead`` op calls replay a plan, and what each replay does
+    (launches, allocations, workspaces from the caching allocator)."""
+    import torch
+
+    from bench.launch_overhead import op_pairs
+    from kaio_ops import _plan
+
+    out["plans"] = {}
+    for label, op, args, _spelled, _torch_call in op_pairs():
+        _plan.clear()
+        op(*args)
+        op(*args)
+        torch.cuda.synchronize()
+        replays = list(_plan.plans_of(op).values())
+        if not replays or None in replays:
+            note = "UNPLANNED (runs the op each call)"
+        else:
+            source, plan = replays[0].source, replays[0].plan
+            note = (
+                f"{len(plan.steps) if plan else 0} launches, "
+                f"{len(set(re.findall(r'A[0-9]+[(][)]', source)))} allocations, "
+                f"{source.count('ALLOCATE(')} workspaces from the caching allocator"
+            )
+        try:
+            note += f"; torch.ops.kaio: {_replay_only_hits(op, args)}"
+        except Exception as e:  # noqa: BLE001 (a diagnostic: say why and go on)
+            note += f"; torch.ops.kaio failed: {type(e).__name__}: {e}"
+        out["plans"][label] = note
+        print(f"  {label:<60} {note}", flush=True)
+
+
+class _CountingPlans(dict):
+    """An op's plans that count what ``replay_only`` finds (``get``)."""
+
+    hits = misses = 0
+
+    def get(self, key, default=None):
+        found = super().get(key, default)
+        if found is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return found
+
+
+def _replay_only_hits(op, args) -> str:
+    """How many of three ``torch.ops.kaio`` calls found their plan through ``replay_only``."""
+    import torch
+
+    import kaio_ops.torch  # noqa: F401 (registers torch.ops.kaio)
+
+    env = op.replay_only.__globals__  # the generated functions' namespace
+    plans = env["plans"]
+    counting = env["plans"] = _CountingPlans(plans)
+    try:
+        for _ in range(3):
+            getattr(torch.ops.kaio, op.__name__)(*args)
+    finally:
+        env["plans"] = plans
+    return f"{counting.hits} replayed, {counting.misses} missed"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="write the results as JSON to this file")
+    groups = {"accessors": accessor_rows, "ffi": ffi_rows, "ops": op_parts, "plans": plan_rows}
+    parser.add_argument(
+        "--only", choices=sorted(groups), action="append", help="run only these groups"
+    )
+    args = parser.parse_args()
+    dev = kaio.device()
+    print(f"{dev.name} ({dev.arch})")
+    out: dict = {"device": dev.name}
+    for name in args.only or groups:
+        group = groups[name]
+        try:
+            group(out)
+        except Exception as e:  # one failing group must not lose the others
+            print(f"  {group.__name__} failed: {type(e).__name__}: {e}", flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
