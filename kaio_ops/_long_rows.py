@@ -124,7 +124,7 @@ def _softmax_f32(
             for u in kaio.static_range(UNROLL):
                 c = t + (g * UNROLL + u) * THREADS
                 if c < count:
-                    fetch(VEC, raw, u, cache, c * VEC)
+                    fetch(VEC, raw, u, cache, c * VEC, f32)
                     for j in kaio.static_range(VEC):
                         top = kaio.max(top, raw[u, j])
             tops[g] = top
@@ -135,7 +135,7 @@ def _softmax_f32(
                     for j in kaio.static_range(VEC):
                         ov[j] = kaio.exp2_ftz((raw[u, j] - top) * LOG2E)
                         s += ov[j]
-                    store_f32(cache, c * VEC, ov, 0, VEC)
+                    store_f32(cache, c * VEC, ov, 0, VEC, f32)
             merge_max_sum(top, s, acc)
         if k > 0:
             kaio.cluster_wait()  # every block has read the previous row's pair
@@ -148,10 +148,10 @@ def _softmax_f32(
             for u in kaio.static_range(UNROLL):
                 c = t + (g * UNROLL + u) * THREADS
                 if c < count:
-                    fetch(VEC, raw, u, cache, c * VEC)
+                    fetch(VEC, raw, u, cache, c * VEC, f32)
                     for j in kaio.static_range(VEC):
                         ov[j] = raw[u, j] * scale
-                    store_f32(out, base + c * VEC, ov, 0, VEC)
+                    store_f32(out, base + c * VEC, ov, 0, VEC, f32)
                     if k + 1 < rounds:
                         fill(VEC, cache, c * VEC, x, following + c * VEC)
             kaio.cp_async_commit()
@@ -228,7 +228,7 @@ def _softmax_rows(
     for c in range(t, count, THREADS * UNROLL):
         for u in kaio.static_range(UNROLL):
             if c + u * nt < count:
-                fetch(VEC, raw, u, x, base + (c + u * nt) * VEC)
+                fetch(VEC, raw, u, x, base + (c + u * nt) * VEC, DT)
         top = LOWEST
         for u in kaio.static_range(UNROLL):
             if c + u * nt < count:
@@ -247,12 +247,12 @@ def _softmax_rows(
     for c in range(t, count, THREADS * UNROLL):
         for u in kaio.static_range(UNROLL):
             if c + u * nt < count:
-                fetch(VEC, raw, u, cache, (c + u * nt) * VEC)
+                fetch(VEC, raw, u, cache, (c + u * nt) * VEC, DT)
         for u in kaio.static_range(UNROLL):
             if c + u * nt < count:
                 for j in kaio.static_range(VEC):
                     ov[j] = kaio.exp2_ftz((f32(raw[u, j]) - acc[MAX]) * LOG2E) * inv
-                store_f32(out, base + (c + u * nt) * VEC, ov, 0, VEC)
+                store_f32(out, base + (c + u * nt) * VEC, ov, 0, VEC, DT)
     kaio.cluster_wait()  # no block exits while another may still read its pair
 
 

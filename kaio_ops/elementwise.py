@@ -81,12 +81,12 @@ def chunk(
     """out[i : i + VEC] = OP(x[...], y[...]); y is read at (i % ny) when it is broadcast."""
     xv = kaio.local(f32, (VEC,))
     yv = kaio.local(f32, (VEC,))
-    load_f32(xv, 0, x, i, VEC)
+    load_f32(xv, 0, x, i, VEC, DT)
     if OP != "gelu_tanh" and OP != "gelu_erf":  # a binary op
-        load_f32(yv, 0, y, i % ny if BCAST else i, VEC)
+        load_f32(yv, 0, y, i % ny if BCAST else i, VEC, DT)
     for j in kaio.static_range(VEC):
         xv[j] = apply(OP, xv[j], yv[j])
-    store_f32(out, i, xv, 0, VEC)
+    store_f32(out, i, xv, 0, VEC, DT)
 
 
 @kaio.gpu_kernel

@@ -97,7 +97,7 @@ def _q8_0(x: DT[:], out: u8[:], nblocks: u32, E: kaio.constexpr, VEC: kaio.const
     if blk < nblocks:
         at = blk * QK8_0 + part * E
         for j in kaio.static_range(E // VEC):
-            load_f32(v, j * VEC, x, at + j * VEC, VEC)
+            load_f32(v, j * VEC, x, at + j * VEC, VEC, DT)
         for j in kaio.static_range(E):
             amax = kaio.max(amax, kaio.abs(v[j]))
     for s in kaio.static_range(5):  # every lane of the warp takes part (blocks are whole warps)
@@ -188,7 +188,7 @@ def _q6_k(x: DT[:], out: u8[:], nsb: u32, VEC: kaio.constexpr):
     ax = kaio.local(f32, (16,))
     lq = kaio.local(u32, (16,))
     for j in kaio.static_range(16 // VEC):
-        load_f32(xs, j * VEC, x, src * QK_K + k * 16 + j * VEC, VEC)
+        load_f32(xs, j * VEC, x, src * QK_K + k * 16 + j * VEC, VEC, DT)
     scale = make_qx_quants(xs, ax, lq)
 
     # the super-block's scale of largest magnitude (the first one, as the C loop)

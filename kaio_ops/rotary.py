@@ -62,26 +62,26 @@ def _rope(
         sv = kaio.local(f32, (NP,))
         xv = kaio.local(f32, (2 * NP,))
         at = (row // heads) * half + j
-        load_f32(cv, 0, cos, at, NP)
-        load_f32(sv, 0, sin, at, NP)
+        load_f32(cv, 0, cos, at, NP, DT)
+        load_f32(sv, 0, sin, at, NP, DT)
         if INTERLEAVED:
             # pairs (x[2j], x[2j+1]): one chunk, or two elements on the scalar path
             first = row * 2 * half + 2 * j
             for c in kaio.static_range(2 * NP // VEC):
-                load_f32(xv, c * VEC, x, first + c * VEC, VEC)
+                load_f32(xv, c * VEC, x, first + c * VEC, VEC, DT)
             for p in kaio.static_range(NP):
                 rotate(xv, 2 * p, 2 * p + 1, cv[p], sv[p])
             for c in kaio.static_range(2 * NP // VEC):
-                store_f32(out, first + c * VEC, xv, c * VEC, VEC)
+                store_f32(out, first + c * VEC, xv, c * VEC, VEC, DT)
         else:
             # pairs (x[j], x[j + half]) from two chunks
             first = row * 2 * half + j
-            load_f32(xv, 0, x, first, VEC)
-            load_f32(xv, VEC, x, first + half, VEC)
+            load_f32(xv, 0, x, first, VEC, DT)
+            load_f32(xv, VEC, x, first + half, VEC, DT)
             for p in kaio.static_range(VEC):
                 rotate(xv, p, VEC + p, cv[p], sv[p])
-            store_f32(out, first, xv, 0, VEC)
-            store_f32(out, first + half, xv, VEC, VEC)
+            store_f32(out, first, xv, 0, VEC, DT)
+            store_f32(out, first + half, xv, VEC, VEC, DT)
         u += stride
 
 

@@ -81,7 +81,7 @@ def take_chunk(
         for j in kaio.static_range(VEC):
             rv[j] = xs[k * VEC + j] + f32(rraw[k, j])
             xs[k * VEC + j] = f32(DT(rv[j]))  # normalize exactly what is stored
-        store_f32(res_out, i, rv, 0, VEC)
+        store_f32(res_out, i, rv, 0, VEC, DT)
 
 
 @kaio.gpu_func
@@ -124,15 +124,15 @@ def visit(
             for j in kaio.static_range(VEC):
                 ov[j] = kaio.exp2_ftz((xs[at + j] - acc[MAX]) * LOG2E) * acc[EXPSUM]
         elif OP == "layer_norm":
-            load_f32(wv, 0, w, col, VEC)
-            load_f32(bv, 0, b, col, VEC)
+            load_f32(wv, 0, w, col, VEC, DT)
+            load_f32(bv, 0, b, col, VEC, DT)
             for j in kaio.static_range(VEC):
                 ov[j] = (xs[at + j] - acc[MEAN]) * acc[SCALE] * wv[j] + bv[j]
         else:
-            load_f32(wv, 0, w, col, VEC)
+            load_f32(wv, 0, w, col, VEC, DT)
             for j in kaio.static_range(VEC):
                 ov[j] = xs[at + j] * acc[SCALE] * wv[j]
-        store_f32(out, i, ov, 0, VEC)
+        store_f32(out, i, ov, 0, VEC, DT)
 
 
 @kaio.gpu_func
@@ -188,11 +188,11 @@ def row_pass(
                 c = first + k * nt
                 if c < chunks:
                     if OP == "rms_norm_residual" and PASS > 0:
-                        fetch(VEC, raw, k, res_out, base + c * VEC)
+                        fetch(VEC, raw, k, res_out, base + c * VEC, DT)
                     else:
-                        fetch(VEC, raw, k, x, base + c * VEC)
+                        fetch(VEC, raw, k, x, base + c * VEC, DT)
                     if OP == "rms_norm_residual" and PASS == 0:
-                        fetch(VEC, rraw, k, res, base + c * VEC)
+                        fetch(VEC, rraw, k, res, base + c * VEC, DT)
                     if OP not in LOADS_FIRST:
                         take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, base + c * VEC)
             if OP in LOADS_FIRST:
