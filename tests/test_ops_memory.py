@@ -260,7 +260,7 @@ def test_vector_path_taken():
 
 def test_kernels_per_dtype_have_their_own_cache_keys():
     keys = {
-        elementwise._KERNEL[dt].specialize({"OP": "add", "BCAST": False, "VEC": 1}).key
+        elementwise._elementwise.specialize({"OP": "add", "BCAST": False, "VEC": 1, "DT": dt}).key
         for dt in _arrays.FLOATS
     }
     assert len(keys) == 3
