@@ -15,14 +15,14 @@ Half-split, a unit is ``VEC`` pairs: one 16-byte access per operand, two for x. 
 path (``VEC == 1``) every access is one element.
 """
 
+# ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
 from __future__ import annotations
 
 import kaio
 from kaio import f32, u32
 from kaio_ops import _arrays
-from kaio_ops._common import DT, load_f32, store_f32, vector_width, widths
+from kaio_ops._common import load_f32, store_f32, vector_width, widths
 from kaio_ops._plan import planned
-from kaio_ops._typed import by_dtype
 
 __all__ = ["rope"]
 
@@ -50,6 +50,7 @@ def _rope(
     heads: u32,
     INTERLEAVED: kaio.constexpr,
     VEC: kaio.constexpr,
+    DT: kaio.constexpr,
 ):
     NP = VEC // 2 if INTERLEAVED and VEC > 1 else VEC  # pairs a unit (pairs_per_unit)
     per_row = half // NP
@@ -90,9 +91,6 @@ def pairs_per_unit(interleaved: bool, vec: int) -> int:
     return vec // 2 if interleaved and vec > 1 else vec
 
 
-_KERNEL = by_dtype(_rope)
-
-
 @planned("x", "cos", "sin")
 def rope(x, cos, sin, interleaved: bool = False):
     """Rotary position embedding, computed in f32 (see the module docstring for the layouts).
@@ -116,7 +114,7 @@ def rope(x, cos, sin, interleaved: bool = False):
     units = a.size // 2 // pairs_per_unit(interleaved, vec)
     heads = a.shape[1] if len(a.shape) == 3 else 1
     grid = max(1, min(MAX_BLOCKS, -(-units // BLOCK)))
-    _KERNEL[a.dtype][grid, BLOCK, _arrays.stream_of(a)](
+    _rope[grid, BLOCK, _arrays.stream_of(a)](
         a.arg(a.size),
         c.arg(c.size),
         s.arg(s.size),
@@ -126,6 +124,7 @@ def rope(x, cos, sin, interleaved: bool = False):
         heads,
         INTERLEAVED=bool(interleaved),
         VEC=vec,
+        DT=a.dtype,
     )
     return out
 
@@ -135,4 +134,4 @@ def shipped():
     for dtype in _arrays.FLOATS:
         for interleaved in (False, True):
             for vec in widths(dtype):
-                yield _KERNEL[dtype], {"INTERLEAVED": interleaved, "VEC": vec}
+                yield _rope, {"INTERLEAVED": interleaved, "VEC": vec, "DT": dtype}
