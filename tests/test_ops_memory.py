@@ -332,7 +332,7 @@ def test_cluster_softmax_assembles_for_sm_90_only():
 
 
 def test_vector_path_uses_16_byte_accesses():
-    ptx = rows._KERNEL[kaio.bf16].ptx(arch="sm_90", OP="rms_norm", VEC=8)
+    ptx = rows._rows.ptx(arch="sm_90", OP="rms_norm", VEC=8, DT=kaio.bf16)
     assert "ld.global.v4.b32" in ptx and "st.global.v4.b32" in ptx
 
 
