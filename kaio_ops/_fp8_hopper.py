@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import kaio
 from kaio import e4m3, f16, f32, i32, u32, u64
-from kaio_ops._fp8 import DT, FP8, FP8_TYPES, store_scaled
+from kaio_ops._common import DT
+from kaio_ops._fp8 import FP8_TYPES, store_scaled
 from kaio_ops._matmul_hopper import (
     A_STAGE_BYTES,
     BK,
@@ -43,6 +44,8 @@ from kaio_ops._matmul_hopper import (
 from kaio_ops._typed import by_dtype
 
 __all__ = ["launch", "specializations"]
+
+FP8 = e4m3  # the fp8 type placeholder, rebound per format (see WGMMA_FP8)
 
 
 @kaio.gpu_func
@@ -81,7 +84,7 @@ def epilogue_fp8(
                 col = here[3] + 8 * j + 2 * (lane % 4)
                 if col < n:
                     store_scaled(out, u32(row), u32(col), acc[j, h, 0], acc[j, h, 1], sa, sb,
-                                 bias, ROW_A, COL_B, BIAS)  # fmt: skip
+                                 bias, ROW_A, COL_B, BIAS, DT)  # fmt: skip
 
 
 @kaio.gpu_kernel(block_size=THREADS)
