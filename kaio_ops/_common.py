@@ -14,7 +14,6 @@ import kaio
 from kaio import f32, u32
 from kaio_ops._arrays import Operand
 
-DT = f32  # the placeholder of the modules not yet on dtype constexprs (see _typed.by_dtype)
 VECTOR_BYTES = 16
 
 
