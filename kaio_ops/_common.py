@@ -71,11 +71,28 @@ def store_f32(
 
 
 @kaio.gpu_func
+def lanes_sum(v: f32, LANES: kaio.constexpr) -> f32:
+    """The sum of ``v`` over each aligned group of ``LANES`` lanes (a power of two, 2 to 32),
+    in every lane of the group (the same bits in each): ``shfl_xor`` LANES / 2, ..., 2, 1."""
+    for k in kaio.static_range(5):
+        if (16 >> k) < LANES:
+            v += kaio.shfl_xor(v, 16 >> k)
+    return v
+
+
+@kaio.gpu_func
+def lanes_max(v: f32, LANES: kaio.constexpr) -> f32:
+    """The max of ``v`` over each aligned group of ``LANES`` lanes (as ``lanes_sum``)."""
+    for k in kaio.static_range(5):
+        if (16 >> k) < LANES:
+            v = kaio.max(v, kaio.shfl_xor(v, 16 >> k))
+    return v
+
+
+@kaio.gpu_func
 def warp_sum(v: f32) -> f32:
     """The sum of ``v`` over the warp, in every lane (the same bits in each)."""
-    for k in kaio.static_range(5):
-        v += kaio.shfl_xor(v, 16 >> k)
-    return v
+    return lanes_sum(v, 32)
 
 
 @kaio.gpu_func
