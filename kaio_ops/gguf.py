@@ -285,13 +285,17 @@ def _dq6_k(blocks: u8[:], out: f32[:], n: u32):
 
 
 # ---------------------------------------------------------------------------- host side
-def _quantize_input(op: str, x, group: int) -> _arrays.Operand:
-    """x checked as f32/f16/bf16 [R, C] with C % group == 0."""
+def _quantize_input(op: str, x, group: int, nbytes: int) -> tuple:
+    """``(a, out, shape, groups)``: x checked as f32/f16/bf16 [R, C] with C % group == 0,
+    and its new uint8 output ``out`` of ``shape`` [R, C / group * nbytes], ``groups`` groups
+    of ``group`` values (``nbytes`` bytes each) in all."""
     inputs = _arrays.Inputs(op)
     a = inputs.array(x, "x", ndim=2, form=f"[R, C] with C % {group} == 0")
     if a.shape[1] % group:
         raise inputs.error("x", f"must have a multiple of {group} columns, got shape {a.shape}")
-    return a
+    rows, cols = a.shape
+    shape = (rows, cols // group * nbytes)
+    return a, _arrays.output(a, shape, u8), shape, a.size // group
 
 
 def _blocks_input(op: str, blocks, nbytes: int) -> _arrays.Operand:
@@ -326,11 +330,7 @@ def quantize_q8_0(x):
 
     x: f32, f16 or bf16 [R, C], C a multiple of 32. Returns uint8 [R, C / 32 * 34] of x's kind.
     """
-    a = _quantize_input("quantize_q8_0", x, QK8_0)
-    rows, cols = a.shape
-    shape = (rows, cols // QK8_0 * Q8_0_BYTES)
-    out = _arrays.output(a, shape, u8)
-    nblocks = a.size // QK8_0
+    a, out, shape, nblocks = _quantize_input("quantize_q8_0", x, QK8_0, Q8_0_BYTES)
     if nblocks:
         e = _elements_per_lane(a.dtype)
         vec = vector_width(a, multiple_of=QK8_0)
@@ -352,11 +352,7 @@ def quantize_q6_k(x):
     x: f32, f16 or bf16 [R, C], C a multiple of 256. Returns uint8 [R, C / 256 * 210] of x's
     kind.
     """
-    a = _quantize_input("quantize_q6_k", x, QK_K)
-    rows, cols = a.shape
-    shape = (rows, cols // QK_K * Q6_K_BYTES)
-    out = _arrays.output(a, shape, u8)
-    nsb = a.size // QK_K
+    a, out, shape, nsb = _quantize_input("quantize_q6_k", x, QK_K, Q6_K_BYTES)
     if nsb:
         vec = vector_width(a, multiple_of=16)
         per_block = Q6_WARPS * 2
