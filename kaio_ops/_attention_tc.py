@@ -334,6 +334,22 @@ def store_out(
 
 
 @kaio.gpu_func
+def thread_place() -> tuple[u32, u32, u32, u32]:
+    """``(tid, lane, warp, g)``: this thread's index in the block, its lane, its warp and its
+    lane group (``lane // 4``: it holds fragment rows g and g + 8 of its warp's 16)."""
+    tid = kaio.thread_idx_x()
+    lane = kaio.lane_id()
+    return tid, lane, tid // 32, lane // 4
+
+
+@kaio.gpu_func
+def kv_head(bh: u32, heads: u32, group: u32) -> u32:
+    """The K/V head that query head ``bh`` (batch * heads + head) reads: each ``group``
+    query heads of a batch share one (grouped-query attention)."""
+    return bh // heads * (heads // group) + bh % heads // group
+
+
+@kaio.gpu_func
 def lse_log2(x: f32) -> f32:
     """A natural-log row logsumexp as the base-2 offset of the backward's probabilities,
     +inf for a row with no valid key (its probabilities are then exp2(-inf) = 0)."""
@@ -371,12 +387,9 @@ def attention_fwd(
     THREADS = 32 * WARPS
     QREG = DP <= 128  # Q fragments stay in registers
     kaio.launch_bounds(THREADS, MIN_BLOCKS)
-    tid = kaio.thread_idx_x()
-    lane = kaio.lane_id()
-    warp = tid // 32
-    g = lane // 4
+    tid, lane, warp, g = thread_place()
     bh = kaio.block_idx_y()
-    kvh = bh // heads * (heads // group) + bh % heads // group
+    kvh = kv_head(bh, heads, group)
     q_base = bh * sq * d
     k_base = kvh * sk * d
     v_base = kvh * sk * dv
@@ -501,12 +514,9 @@ def attention_bwd_dq(
     THREADS = 128
     KC = DP if DP <= A_COLS else A_COLS
     kaio.launch_bounds(THREADS, 1)
-    tid = kaio.thread_idx_x()
-    lane = kaio.lane_id()
-    warp = tid // 32
-    g = lane // 4
+    tid, lane, warp, g = thread_place()
     bh = kaio.block_idx_y()
-    kvh = bh // heads * (heads // group) + bh % heads // group
+    kvh = kv_head(bh, heads, group)
     q_base = bh * sq * d
     k_base = kvh * sk * d
     q0 = (kaio.grid_dim_x() - 1 - kaio.block_idx_x()) * 64
@@ -599,10 +609,7 @@ def attention_bwd_dkdv(
     THREADS = 128
     KC = DP if DP <= A_COLS else A_COLS
     kaio.launch_bounds(THREADS, 1)
-    tid = kaio.thread_idx_x()
-    lane = kaio.lane_id()
-    warp = tid // 32
-    g = lane // 4
+    tid, lane, warp, g = thread_place()
     kvh = kaio.block_idx_y()
     kv_heads = heads // group
     first_head = kvh // kv_heads * heads + kvh % kv_heads * group
