@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import kaio
 from kaio import f32, u32
+from kaio_ops._common import lanes_max, lanes_sum
 
 NT = 256  # threads per block
 ROWS = 64  # rows of a block's row tile: 16 thread rows x 4
+ROW_LANES = 16  # the lanes (tx) that share a tile row
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 NEG_INF = float("-inf")
@@ -210,22 +212,6 @@ def zero_acc(acc: f32[:, :, :], DP: kaio.constexpr):
 
 
 @kaio.gpu_func
-def row_group_max(v: f32) -> f32:
-    """The max of ``v`` over the 16 lanes of this thread's half-warp (one tile row)."""
-    for k in kaio.static_range(4):
-        v = kaio.max(v, kaio.shfl_xor(v, 8 >> k))
-    return v
-
-
-@kaio.gpu_func
-def row_group_sum(v: f32) -> f32:
-    """The sum of ``v`` over the 16 lanes of this thread's half-warp (one tile row)."""
-    for k in kaio.static_range(4):
-        v += kaio.shfl_xor(v, 8 >> k)
-    return v
-
-
-@kaio.gpu_func
 def lse_log2(x: f32) -> f32:
     """A natural-log row logsumexp as the base-2 offset of the backward's probabilities:
     ``x * log2(e)``, and +inf for a row with no valid key (so that its exp2 is 0)."""
@@ -302,7 +288,7 @@ def flash_fwd(
                 ok = key < Sk and (causal == 0 or key <= row)
                 s[r, c] = kaio.select(ok, s[r, c] * scale_log2, NEG_INF)
                 top = kaio.max(top, s[r, c])
-            m_new = kaio.max(m[r], row_group_max(top))
+            m_new = kaio.max(m[r], lanes_max(top, ROW_LANES))
             base = kaio.select(m_new == NEG_INF, 0.0, m_new)
             alpha = kaio.exp2(m[r] - base)
             m[r] = m_new
@@ -327,7 +313,7 @@ def flash_fwd(
 
     row0 = split * Sq
     for r in kaio.static_range(4):
-        total = row_group_sum(l[r])
+        total = lanes_sum(l[r], ROW_LANES)
         row = q0 + 4 * ty + r
         if row < Sq:
             store_rows(out, row0, o, r, row, kaio.select(total > 0.0, 1.0 / total, 0.0), tx,

@@ -31,17 +31,16 @@ The A operands of S and dP (Q and dO, resp. K and V) are read into fragments at 
 ``A_COLS`` = 128 columns at a time (``dot_shared_rows``), so that a head of 256 leaves the
 registers to the accumulators: dQ's 128 per thread, or dK's or dV's (each 128: for DP = 256
 they come from two launches, ``WITH_DK`` and ``WITH_DV``). ``delta`` = rowsum(dO * O) comes
-from ``row_dot``. The backward's outputs are typed ``OT``, bound to ``DT`` for them.
+from ``row_dot``. The backward's outputs are typed ``OT`` (the host passes ``DT``).
 """
 
+# ruff: noqa: F821  (DT and OT in annotations are dtype constexpr parameters)
 from __future__ import annotations
 
 import kaio
 from kaio import f16, f32, u32
 from kaio_ops._common import warp_sum
 
-DT = f16  # the input element type placeholder (see _typed.by_dtype)
-OT = f32  # the output element type placeholder
 NEG_INF = float("-inf")
 POS_INF = float("inf")
 LOG2E = 1.4426950408889634
@@ -62,6 +61,7 @@ def load_tile(
     C: kaio.constexpr,
     THREADS: kaio.constexpr,
     VEC: kaio.constexpr,
+    DT: kaio.constexpr = f16,  # a default only for kaio_ops._decode (see _typed.by_dtype)
 ):
     """Rows row0 .. row0 + R of the row-major [nrows, ncols] matrix at src[base] into the
     swizzled R x C tile dst, zeros outside the matrix: 16-byte cp.async copies when VEC
@@ -93,7 +93,7 @@ def load_tile(
 
 
 @kaio.gpu_func
-def pack(lo: f32, hi: f32) -> u32:
+def pack(lo: f32, hi: f32, DT: kaio.constexpr) -> u32:
     """Two f32 values rounded to a DT pair (lo in the low half), as a 32-bit fragment register."""
     if DT == f16:
         return kaio.bitcast(kaio.f16x2(lo, hi), u32)
@@ -108,6 +108,7 @@ def mma(
     ka: kaio.constexpr,
     b: u32[:, :],
     kb: kaio.constexpr,
+    DT: kaio.constexpr,
 ):
     """acc[n] += a[ka] @ b[kb]: one m16n8k16 with DT inputs (device functions take whole
     local arrays, so the fragments are named by their constant indices)."""
@@ -118,7 +119,13 @@ def mma(
 
 
 @kaio.gpu_func
-def frag_columns(acol: u32[:], bcol: u32[:], s: DT[:, :], lane: u32):
+def frag_columns(
+    acol: u32[:],
+    bcol: u32[:],
+    s: DT[:, :],
+    lane: u32,
+    DT: kaio.constexpr = f16,  # a default only for kaio_ops._decode (see _typed.by_dtype)
+):
     """The ldmatrix columns of this lane in a swizzled tile with rows like ``s``'s: ``acol``
     for A fragments and ``.trans`` B fragments (row lane % 16, column lane // 16 * 8),
     ``bcol`` for B fragments of row-major [n, k] tiles (row lane // 16 * 8 + lane % 8, column
@@ -139,6 +146,7 @@ def load_a(
     lane: u32,
     K0: kaio.constexpr,
     K: kaio.constexpr,
+    DT: kaio.constexpr = f16,  # a default only for kaio_ops._decode (see _typed.by_dtype)
 ):
     """af[kk] = the A fragments of rows row0 .. row0 + 15 of a_s, columns K0 + 16 kk for the
     k-steps kk < K / 16 (K0 a multiple of 64)."""
@@ -156,12 +164,13 @@ def dot_rows(
     NB: kaio.constexpr,
     K0: kaio.constexpr,
     K: kaio.constexpr,
+    DT: kaio.constexpr,
 ):
     """acc[n] = A @ B^T for the n-tiles n < NB over the columns K0 .. K0 + K (acc[n] +=
     where K0 > 0: the first column block starts the sum): A the warp's 16 rows in fragments
     ``af`` (k-steps of 16), B rows 0 .. 8 NB of the shared tile b_s (the ``col`` B operand as
     stored: ldmatrix without .trans)."""
-    dot_rows_at(acc, af, b_s, 0, bcol, lane, NB, K0, K)
+    dot_rows_at(acc, af, b_s, 0, bcol, lane, NB, K0, K, DT)
 
 
 @kaio.gpu_func
@@ -175,6 +184,7 @@ def dot_rows_at(
     NB: kaio.constexpr,
     K0: kaio.constexpr,
     K: kaio.constexpr,
+    DT: kaio.constexpr = f16,  # a default only for kaio_ops._decode (see _typed.by_dtype)
 ):
     """``dot_rows`` with B rows b_row0 .. b_row0 + 8 NB of b_s (b_row0 a multiple of 8)."""
     bf = kaio.local(u32, (2, 2))
@@ -187,7 +197,7 @@ def dot_rows_at(
             row = b_row0 + nj * 16 + lane // 16 * 8 + lane % 8
             kaio.ldmatrix(bf, b_s, (row, K0 + kk // 4 * 64 + bcol[kk % 4]))
             for i in kaio.static_range(2):
-                mma(acc, 2 * nj + i, af, kk, bf, i)
+                mma(acc, 2 * nj + i, af, kk, bf, i, DT)
 
 
 @kaio.gpu_func
@@ -203,13 +213,14 @@ def dot_shared_rows(
     NB: kaio.constexpr,
     DP: kaio.constexpr,
     KC: kaio.constexpr,
+    DT: kaio.constexpr,
 ):
     """acc[n] = A @ B^T for the n-tiles n < NB over DP columns, A rows row0 .. row0 + 15 of
     the shared tile a_s, read into the fragments ``af`` (KC / 16 k-steps) KC columns at a
     time: KC < DP keeps wide heads' A fragments to KC / 4 registers."""
     for c in kaio.static_range(DP // KC):
-        load_a(af, a_s, row0, acol, lane, c * KC, KC)
-        dot_rows(acc, af, b_s, bcol, lane, NB, c * KC, KC)
+        load_a(af, a_s, row0, acol, lane, c * KC, KC, DT)
+        dot_rows(acc, af, b_s, bcol, lane, NB, c * KC, KC, DT)
 
 
 @kaio.gpu_func
@@ -221,11 +232,12 @@ def acc_rows(
     lane: u32,
     KB: kaio.constexpr,
     DP: kaio.constexpr,
+    DT: kaio.constexpr,
 ):
     """acc[n] += P @ V over DP / 8 n-tiles: P the warp's 16 x 8 KB accumulators ``p`` (the
     accumulators of n-tiles 2kk, 2kk + 1, packed to DT pairs, are the A fragment of k-step
     kk), V rows 0 .. 8 KB of the shared tile v_s (ldmatrix .trans)."""
-    acc_rows_at(acc, p, v_s, 0, acol, lane, KB, DP)
+    acc_rows_at(acc, p, v_s, 0, acol, lane, KB, DP, DT)
 
 
 @kaio.gpu_func
@@ -238,20 +250,21 @@ def acc_rows_at(
     lane: u32,
     KB: kaio.constexpr,
     DP: kaio.constexpr,
+    DT: kaio.constexpr = f16,  # a default only for kaio_ops._decode (see _typed.by_dtype)
 ):
     """``acc_rows`` with V rows v_row0 .. v_row0 + 8 KB of v_s (v_row0 a multiple of 8)."""
     pf = kaio.local(u32, (1, 4))
     vf = kaio.local(u32, (2, 2))
     for kk in kaio.static_range(KB // 2):
-        pf[0, 0] = pack(p[2 * kk, 0], p[2 * kk, 1])
-        pf[0, 1] = pack(p[2 * kk, 2], p[2 * kk, 3])
-        pf[0, 2] = pack(p[2 * kk + 1, 0], p[2 * kk + 1, 1])
-        pf[0, 3] = pack(p[2 * kk + 1, 2], p[2 * kk + 1, 3])
+        pf[0, 0] = pack(p[2 * kk, 0], p[2 * kk, 1], DT)
+        pf[0, 1] = pack(p[2 * kk, 2], p[2 * kk, 3], DT)
+        pf[0, 2] = pack(p[2 * kk + 1, 0], p[2 * kk + 1, 1], DT)
+        pf[0, 3] = pack(p[2 * kk + 1, 2], p[2 * kk + 1, 3], DT)
         for nj in kaio.static_range(DP // 16):
             row = v_row0 + kk * 16 + lane % 16
             kaio.ldmatrix_trans(vf, v_s, (row, nj // 4 * 64 + acol[nj % 4]))
             for i in kaio.static_range(2):
-                mma(acc, 2 * nj + i, pf, 0, vf, i)
+                mma(acc, 2 * nj + i, pf, 0, vf, i, DT)
 
 
 @kaio.gpu_func
@@ -302,6 +315,7 @@ def store_out(
     cols: u32,
     DP: kaio.constexpr,
     VEC: kaio.constexpr,
+    OT: kaio.constexpr,
 ):
     """out[at + col] = acc * factor for this lane's columns col < cols of accumulator row
     half h (row g + 8h of the warp's 16), two at a time when VEC."""
@@ -317,6 +331,22 @@ def store_out(
             for e in kaio.static_range(2):
                 if col + e < cols:
                     out[at + col + e] = pair[e]
+
+
+@kaio.gpu_func
+def thread_place() -> tuple[u32, u32, u32, u32]:
+    """``(tid, lane, warp, g)``: this thread's index in the block, its lane, its warp and its
+    lane group (``lane // 4``: it holds fragment rows g and g + 8 of its warp's 16)."""
+    tid = kaio.thread_idx_x()
+    lane = kaio.lane_id()
+    return tid, lane, tid // 32, lane // 4
+
+
+@kaio.gpu_func
+def kv_head(bh: u32, heads: u32, group: u32) -> u32:
+    """The K/V head that query head ``bh`` (batch * heads + head) reads: each ``group``
+    query heads of a batch share one (grouped-query attention)."""
+    return bh // heads * (heads // group) + bh % heads // group
 
 
 @kaio.gpu_func
@@ -346,6 +376,8 @@ def attention_fwd(
     BN: kaio.constexpr,
     MIN_BLOCKS: kaio.constexpr,
     VEC: kaio.constexpr,
+    DT: kaio.constexpr,
+    OT: kaio.constexpr,
 ):
     """out[bh, row] = softmax(q[bh, row] k[kv]^T * scale) v[kv] and lse[bh, row] = the row's
     logsumexp, for the 16 * WARPS query rows of block x (heaviest causal tiles first) and
@@ -355,12 +387,9 @@ def attention_fwd(
     THREADS = 32 * WARPS
     QREG = DP <= 128  # Q fragments stay in registers
     kaio.launch_bounds(THREADS, MIN_BLOCKS)
-    tid = kaio.thread_idx_x()
-    lane = kaio.lane_id()
-    warp = tid // 32
-    g = lane // 4
+    tid, lane, warp, g = thread_place()
     bh = kaio.block_idx_y()
-    kvh = bh // heads * (heads // group) + bh % heads // group
+    kvh = kv_head(bh, heads, group)
     q_base = bh * sq * d
     k_base = kvh * sk * d
     v_base = kvh * sk * dv
@@ -372,20 +401,20 @@ def attention_fwd(
     n_tiles = (sk + BN - 1) // BN
     if causal != 0:
         n_tiles = kaio.min(n_tiles, (q0 + BM + BN - 1) // BN)
-    load_tile(q_s, q, q_base, q0, sq, d, tid, BM, DP, THREADS, VEC)
-    load_tile(k_s, k, k_base, 0, sk, d, tid, BN, DP, THREADS, VEC)
+    load_tile(q_s, q, q_base, q0, sq, d, tid, BM, DP, THREADS, VEC, DT)
+    load_tile(k_s, k, k_base, 0, sk, d, tid, BN, DP, THREADS, VEC, DT)
     kaio.cp_async_commit()
-    load_tile(v_s, v, v_base, 0, sk, dv, tid, BN, DP, THREADS, VEC)
+    load_tile(v_s, v, v_base, 0, sk, dv, tid, BN, DP, THREADS, VEC, DT)
     kaio.cp_async_commit()
     kaio.cp_async_wait(1)
     kaio.sync_threads()
 
     acol = kaio.local(u32, 4)
     bcol = kaio.local(u32, 4)
-    frag_columns(acol, bcol, q_s, lane)
+    frag_columns(acol, bcol, q_s, lane, DT)
     qf = kaio.local(u32, (DP // 16, 4))
     if QREG:
-        load_a(qf, q_s, warp * 16, acol, lane, 0, DP)
+        load_a(qf, q_s, warp * 16, acol, lane, 0, DP, DT)
     m = kaio.local(f32, 2)
     l = kaio.local(f32, 2)
     for h in kaio.static_range(2):
@@ -398,11 +427,11 @@ def attention_fwd(
     s = kaio.local(f32, (BN // 8, 4))
     for t in range(n_tiles):
         if not QREG:
-            load_a(qf, q_s, warp * 16, acol, lane, 0, DP)
-        dot_rows(s, qf, k_s, bcol, lane, BN // 8, 0, DP)  # S = Q K^T
+            load_a(qf, q_s, warp * 16, acol, lane, 0, DP, DT)
+        dot_rows(s, qf, k_s, bcol, lane, BN // 8, 0, DP, DT)  # S = Q K^T
         kaio.sync_threads()  # k_s is free
         if t + 1 < n_tiles:
-            load_tile(k_s, k, k_base, (t + 1) * BN, sk, d, tid, BN, DP, THREADS, VEC)
+            load_tile(k_s, k, k_base, (t + 1) * BN, sk, d, tid, BN, DP, THREADS, VEC, DT)
         kaio.cp_async_commit()
 
         # online softmax; this lane holds rows g (h = 0) and g + 8 (h = 1)
@@ -419,10 +448,10 @@ def attention_fwd(
             online_softmax(s, m, l, o, h, scale_log2, BN // 8, DP)
         kaio.cp_async_wait(1)  # V of tile t has landed
         kaio.sync_threads()
-        acc_rows(o, s, v_s, acol, lane, BN // 8, DP)  # O += P V
+        acc_rows(o, s, v_s, acol, lane, BN // 8, DP, DT)  # O += P V
         kaio.sync_threads()  # v_s is free
         if t + 1 < n_tiles:
-            load_tile(v_s, v, v_base, (t + 1) * BN, sk, dv, tid, BN, DP, THREADS, VEC)
+            load_tile(v_s, v, v_base, (t + 1) * BN, sk, dv, tid, BN, DP, THREADS, VEC, DT)
         kaio.cp_async_commit()
         kaio.cp_async_wait(1)  # K of tile t + 1 has landed
         kaio.sync_threads()
@@ -433,7 +462,7 @@ def attention_fwd(
         row = q0 + warp * 16 + g + 8 * h
         if row < sq:
             inv = kaio.select(total > 0.0, 1.0 / total, 0.0)
-            store_out(out, (bh * sq + row) * dv, o, h, inv, lane, dv, DP, VEC)
+            store_out(out, (bh * sq + row) * dv, o, h, inv, lane, dv, DP, VEC, OT)
             if lane % 4 == 0:
                 lse[bh * sq + row] = kaio.select(
                     total > 0.0, (m[h] + kaio.log2(total)) * LN2, NEG_INF
@@ -441,7 +470,7 @@ def attention_fwd(
 
 
 @kaio.gpu_kernel(block_size=256)
-def row_dot(o: DT[:], do: DT[:], delta: f32[:], rows: u32, d: u32):
+def row_dot(o: DT[:], do: DT[:], delta: f32[:], rows: u32, d: u32, DT: kaio.constexpr):
     """delta[row] = sum(o[row] * do[row]) in f32 for the flat [rows, d] arrays, a warp a
     row: the backward's rowsum(dO * O) (the f32 SIMT backward's too)."""
     row = kaio.block_idx_x() * 8 + kaio.warp_id()
@@ -473,6 +502,8 @@ def attention_bwd_dq(
     causal: u32,
     DP: kaio.constexpr,
     BN: kaio.constexpr,
+    DT: kaio.constexpr,
+    OT: kaio.constexpr,
 ):
     """dQ of the 64 query rows of block x and head ``bh`` = block y: over the key tiles (BN
     keys) they see, P = exp2(S * scale_log2 - lse2) and dP = dO V^T from the tiles, then
@@ -483,12 +514,9 @@ def attention_bwd_dq(
     THREADS = 128
     KC = DP if DP <= A_COLS else A_COLS
     kaio.launch_bounds(THREADS, 1)
-    tid = kaio.thread_idx_x()
-    lane = kaio.lane_id()
-    warp = tid // 32
-    g = lane // 4
+    tid, lane, warp, g = thread_place()
     bh = kaio.block_idx_y()
-    kvh = bh // heads * (heads // group) + bh % heads // group
+    kvh = kv_head(bh, heads, group)
     q_base = bh * sq * d
     k_base = kvh * sk * d
     q0 = (kaio.grid_dim_x() - 1 - kaio.block_idx_x()) * 64
@@ -496,13 +524,13 @@ def attention_bwd_dq(
     do_s = kaio.shared_dynamic(DT, (64, DP), 64 * DP * 2)
     k_s = kaio.shared_dynamic(DT, (BN, DP), 128 * DP * 2)
     v_s = kaio.shared_dynamic(DT, (BN, DP), (128 + BN) * DP * 2)
-    load_tile(q_s, q, q_base, q0, sq, d, tid, 64, DP, THREADS, True)
-    load_tile(do_s, do, q_base, q0, sq, d, tid, 64, DP, THREADS, True)
+    load_tile(q_s, q, q_base, q0, sq, d, tid, 64, DP, THREADS, True, DT)
+    load_tile(do_s, do, q_base, q0, sq, d, tid, 64, DP, THREADS, True, DT)
     kaio.cp_async_commit()
 
     acol = kaio.local(u32, 4)
     bcol = kaio.local(u32, 4)
-    frag_columns(acol, bcol, q_s, lane)
+    frag_columns(acol, bcol, q_s, lane, DT)
     lse2 = kaio.local(f32, 2)
     dlt = kaio.local(f32, 2)
     for h in kaio.static_range(2):
@@ -522,12 +550,13 @@ def attention_bwd_dq(
     dp = kaio.local(f32, (BN // 8, 4))
     for t in range(n_tiles):
         kaio.sync_threads()  # the last tile's k_s, v_s are free
-        load_tile(k_s, k, k_base, t * BN, sk, d, tid, BN, DP, THREADS, True)
-        load_tile(v_s, v, k_base, t * BN, sk, d, tid, BN, DP, THREADS, True)
+        load_tile(k_s, k, k_base, t * BN, sk, d, tid, BN, DP, THREADS, True, DT)
+        load_tile(v_s, v, k_base, t * BN, sk, d, tid, BN, DP, THREADS, True, DT)
         kaio.cp_async_wait_all()
         kaio.sync_threads()
-        dot_shared_rows(s, af, q_s, warp * 16, k_s, acol, bcol, lane, BN // 8, DP, KC)  # Q K^T
-        dot_shared_rows(dp, af, do_s, warp * 16, v_s, acol, bcol, lane, BN // 8, DP, KC)  # dO V^T
+        # S = Q K^T, dP = dO V^T
+        dot_shared_rows(s, af, q_s, warp * 16, k_s, acol, bcol, lane, BN // 8, DP, KC, DT)
+        dot_shared_rows(dp, af, do_s, warp * 16, v_s, acol, bcol, lane, BN // 8, DP, KC, DT)
         for h in kaio.static_range(2):
             row = q0 + warp * 16 + g + 8 * h
             for n in kaio.static_range(BN // 8):
@@ -537,11 +566,11 @@ def attention_bwd_dq(
                     x = kaio.exp2(kaio.fma(s[n, 2 * h + e], scale_log2, -lse2[h]))
                     p = kaio.select(ok, x, 0.0)
                     s[n, 2 * h + e] = p * (dp[n, 2 * h + e] - dlt[h])  # dS
-        acc_rows(acc, s, k_s, acol, lane, BN // 8, DP)  # dQ += dS K
+        acc_rows(acc, s, k_s, acol, lane, BN // 8, DP, DT)  # dQ += dS K
     for h in kaio.static_range(2):
         row = q0 + warp * 16 + g + 8 * h
         if row < sq:
-            store_out(dq, (bh * sq + row) * d, acc, h, scale, lane, d, DP, True)
+            store_out(dq, (bh * sq + row) * d, acc, h, scale, lane, d, DP, True, OT)
 
 
 @kaio.gpu_kernel
@@ -566,6 +595,8 @@ def attention_bwd_dkdv(
     BQ: kaio.constexpr,
     WITH_DK: kaio.constexpr,
     WITH_DV: kaio.constexpr,
+    DT: kaio.constexpr,
+    OT: kaio.constexpr,
 ):
     """dK and dV of the 64 keys of block x and K/V head ``kvh`` = block y, summed over the
     ``group`` query heads that read it and their query tiles (BQ rows) that see these keys:
@@ -578,10 +609,7 @@ def attention_bwd_dkdv(
     THREADS = 128
     KC = DP if DP <= A_COLS else A_COLS
     kaio.launch_bounds(THREADS, 1)
-    tid = kaio.thread_idx_x()
-    lane = kaio.lane_id()
-    warp = tid // 32
-    g = lane // 4
+    tid, lane, warp, g = thread_place()
     kvh = kaio.block_idx_y()
     kv_heads = heads // group
     first_head = kvh // kv_heads * heads + kvh % kv_heads * group
@@ -591,22 +619,22 @@ def attention_bwd_dkdv(
     v_s = kaio.shared_dynamic(DT, (64, DP), 64 * DP * 2)
     q_s = kaio.shared_dynamic(DT, (BQ, DP), 128 * DP * 2)
     do_s = kaio.shared_dynamic(DT, (BQ, DP), (128 + BQ) * DP * 2)
-    load_tile(k_s, k, k_base, k0, sk, d, tid, 64, DP, THREADS, True)
+    load_tile(k_s, k, k_base, k0, sk, d, tid, 64, DP, THREADS, True, DT)
     if WITH_DK:
-        load_tile(v_s, v, k_base, k0, sk, d, tid, 64, DP, THREADS, True)
+        load_tile(v_s, v, k_base, k0, sk, d, tid, 64, DP, THREADS, True, DT)
     kaio.cp_async_wait_all()
     kaio.sync_threads()
 
     acol = kaio.local(u32, 4)
     bcol = kaio.local(u32, 4)
-    frag_columns(acol, bcol, k_s, lane)
+    frag_columns(acol, bcol, k_s, lane, DT)
     KVREG = DP <= 64  # K and V fragments stay in registers (else: re-read each tile)
     kf = kaio.local(u32, (KC // 16, 4))
     vf = kaio.local(u32, (KC // 16, 4))
     if KVREG:
-        load_a(kf, k_s, warp * 16, acol, lane, 0, DP)
+        load_a(kf, k_s, warp * 16, acol, lane, 0, DP, DT)
         if WITH_DK:
-            load_a(vf, v_s, warp * 16, acol, lane, 0, DP)
+            load_a(vf, v_s, warp * 16, acol, lane, 0, DP, DT)
     dka = kaio.local(f32, (DP // 8, 4))
     dva = kaio.local(f32, (DP // 8, 4))
     for n in kaio.static_range(DP // 8):
@@ -626,19 +654,19 @@ def attention_bwd_dkdv(
         q_base = bh * sq * d
         for t in range(first, n_tiles):
             kaio.sync_threads()  # the last tile's q_s, do_s are free
-            load_tile(q_s, q, q_base, t * BQ, sq, d, tid, BQ, DP, THREADS, True)
-            load_tile(do_s, do, q_base, t * BQ, sq, d, tid, BQ, DP, THREADS, True)
+            load_tile(q_s, q, q_base, t * BQ, sq, d, tid, BQ, DP, THREADS, True, DT)
+            load_tile(do_s, do, q_base, t * BQ, sq, d, tid, BQ, DP, THREADS, True, DT)
             kaio.cp_async_wait_all()
             kaio.sync_threads()
             if KVREG:
-                dot_rows(st, kf, q_s, bcol, lane, BQ // 8, 0, DP)  # S^T = K Q^T
+                dot_rows(st, kf, q_s, bcol, lane, BQ // 8, 0, DP, DT)  # S^T = K Q^T
                 if WITH_DK:
-                    dot_rows(dpt, vf, do_s, bcol, lane, BQ // 8, 0, DP)  # dP^T = V dO^T
+                    dot_rows(dpt, vf, do_s, bcol, lane, BQ // 8, 0, DP, DT)  # dP^T = V dO^T
             else:
-                dot_shared_rows(st, kf, k_s, warp * 16, q_s, acol, bcol, lane, BQ // 8, DP, KC)
+                dot_shared_rows(st, kf, k_s, warp * 16, q_s, acol, bcol, lane, BQ // 8, DP, KC, DT)
                 if WITH_DK:
                     dot_shared_rows(
-                        dpt, kf, v_s, warp * 16, do_s, acol, bcol, lane, BQ // 8, DP, KC
+                        dpt, kf, v_s, warp * 16, do_s, acol, bcol, lane, BQ // 8, DP, KC, DT
                     )
             for n in kaio.static_range(BQ // 8):
                 for e in kaio.static_range(2):
@@ -655,13 +683,13 @@ def attention_bwd_dkdv(
                         if WITH_DK:
                             dpt[n, 2 * h + e] = p * (dpt[n, 2 * h + e] - dl)  # dS^T
             if WITH_DV:
-                acc_rows(dva, st, do_s, acol, lane, BQ // 8, DP)  # dV += P^T dO
+                acc_rows(dva, st, do_s, acol, lane, BQ // 8, DP, DT)  # dV += P^T dO
             if WITH_DK:
-                acc_rows(dka, dpt, q_s, acol, lane, BQ // 8, DP)  # dK += dS^T Q
+                acc_rows(dka, dpt, q_s, acol, lane, BQ // 8, DP, DT)  # dK += dS^T Q
     for h in kaio.static_range(2):
         key = k0 + warp * 16 + g + 8 * h
         if key < sk:
             if WITH_DK:
-                store_out(dk, k_base + key * d, dka, h, scale, lane, d, DP, True)
+                store_out(dk, k_base + key * d, dka, h, scale, lane, d, DP, True, OT)
             if WITH_DV:
-                store_out(dv, k_base + key * d, dva, h, 1.0, lane, d, DP, True)
+                store_out(dv, k_base + key * d, dva, h, 1.0, lane, d, DP, True, OT)

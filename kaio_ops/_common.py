@@ -3,16 +3,17 @@
 Kernels move data in *chunks* of ``VEC`` consecutive elements: with ``VEC > 1`` a chunk is one
 16-byte vector access (``kaio.load_vector``/``kaio.store_vector``), which needs its address
 aligned to 16 bytes; ``VEC == 1`` is the scalar path, correct for any alignment. The host side
-picks ``VEC`` (``vector_width``). Values are computed in f32 whatever the element type ``DT``.
+picks ``VEC`` (``vector_width``). Values are computed in f32 whatever the element type ``DT``
+(a dtype constexpr argument of the chunk functions).
 """
 
+# ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
 from __future__ import annotations
 
 import kaio
 from kaio import f32, u32
 from kaio_ops._arrays import Operand
 
-DT = f32  # the element type placeholder (see _typed.by_dtype)
 VECTOR_BYTES = 16
 
 
@@ -31,7 +32,9 @@ def widths(dtype) -> tuple:
 
 
 @kaio.gpu_func
-def load_f32(dst: f32[:], at: kaio.constexpr, src: DT[:], i: u32, VEC: kaio.constexpr):
+def load_f32(
+    dst: f32[:], at: kaio.constexpr, src: DT[:], i: u32, VEC: kaio.constexpr, DT: kaio.constexpr
+):
     """dst[at : at + VEC] = src[i : i + VEC] converted to f32 (one vector load when VEC > 1)."""
     raw = kaio.local(DT, (VEC,))
     if VEC == 1:
@@ -43,7 +46,9 @@ def load_f32(dst: f32[:], at: kaio.constexpr, src: DT[:], i: u32, VEC: kaio.cons
 
 
 @kaio.gpu_func
-def fetch(VEC: kaio.constexpr, raw: DT[:, :], k: kaio.constexpr, src: DT[:], i: u32):
+def fetch(
+    VEC: kaio.constexpr, raw: DT[:, :], k: kaio.constexpr, src: DT[:], i: u32, DT: kaio.constexpr
+):
     """raw[k] = src[i : i + VEC] as stored (one vector load when VEC > 1)."""
     if VEC == 1:
         raw[k, 0] = src[i]
@@ -52,7 +57,9 @@ def fetch(VEC: kaio.constexpr, raw: DT[:, :], k: kaio.constexpr, src: DT[:], i: 
 
 
 @kaio.gpu_func
-def store_f32(dst: DT[:], i: u32, src: f32[:], at: kaio.constexpr, VEC: kaio.constexpr):
+def store_f32(
+    dst: DT[:], i: u32, src: f32[:], at: kaio.constexpr, VEC: kaio.constexpr, DT: kaio.constexpr
+):
     """dst[i : i + VEC] = src[at : at + VEC] rounded to DT (one vector store when VEC > 1)."""
     raw = kaio.local(DT, (VEC,))
     for j in kaio.static_range(VEC):
@@ -64,11 +71,28 @@ def store_f32(dst: DT[:], i: u32, src: f32[:], at: kaio.constexpr, VEC: kaio.con
 
 
 @kaio.gpu_func
+def lanes_sum(v: f32, LANES: kaio.constexpr) -> f32:
+    """The sum of ``v`` over each aligned group of ``LANES`` lanes (a power of two, 2 to 32),
+    in every lane of the group (the same bits in each): ``shfl_xor`` LANES / 2, ..., 2, 1."""
+    for k in kaio.static_range(5):
+        if (16 >> k) < LANES:
+            v += kaio.shfl_xor(v, 16 >> k)
+    return v
+
+
+@kaio.gpu_func
+def lanes_max(v: f32, LANES: kaio.constexpr) -> f32:
+    """The max of ``v`` over each aligned group of ``LANES`` lanes (as ``lanes_sum``)."""
+    for k in kaio.static_range(5):
+        if (16 >> k) < LANES:
+            v = kaio.max(v, kaio.shfl_xor(v, 16 >> k))
+    return v
+
+
+@kaio.gpu_func
 def warp_sum(v: f32) -> f32:
     """The sum of ``v`` over the warp, in every lane (the same bits in each)."""
-    for k in kaio.static_range(5):
-        v += kaio.shfl_xor(v, 16 >> k)
-    return v
+    return lanes_sum(v, 32)
 
 
 @kaio.gpu_func

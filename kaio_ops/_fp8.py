@@ -31,12 +31,11 @@ column-major ``b`` (``torch._scaled_mm``'s layout, ``w.t()`` of a row-major [N, 
 already is; a row-major ``b`` is transposed first by ``_transpose_bytes``.
 """
 
+# ruff: noqa: F821  (DT and FP8 in annotations are dtype constexpr parameters)
 from __future__ import annotations
 
 import kaio
 from kaio import e4m3, e5m2, f32, u32
-from kaio_ops._common import DT
-from kaio_ops._typed import by_dtype
 
 FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
 AMAX_FLOOR = 1e-12  # torchao's EPS: an all-zero row or tensor gets a tiny, finite scale
@@ -53,7 +52,6 @@ WARPS_M, WARPS_N = 2, 4
 MI, NI = 4, 4  # m16 and n8 tiles per warp (64 x 32)
 MM_THREADS = WARPS_M * WARPS_N * 32
 
-FP8 = e4m3  # the fp8 type placeholder, rebound per format like DT (see variants())
 FP8_TYPES = {"e4m3": e4m3, "e5m2": e5m2}
 
 
@@ -91,7 +89,14 @@ def scale_of(amax_bits: u32, LIMIT: kaio.constexpr) -> f32:
 
 
 @kaio.gpu_kernel
-def _quantize_rows(x: DT[:, :], q: FP8[:, :], scale: f32[:], LIMIT: kaio.constexpr):
+def _quantize_rows(
+    x: DT[:, :],
+    q: FP8[:, :],
+    scale: f32[:],
+    LIMIT: kaio.constexpr,
+    DT: kaio.constexpr,
+    FP8: kaio.constexpr,
+):
     """Row block_idx_x: its |max|, its scale, then q = fp8(x / scale)."""
     row = kaio.block_idx_x()
     k = u32(x.shape[1])
@@ -108,7 +113,7 @@ def _quantize_rows(x: DT[:, :], q: FP8[:, :], scale: f32[:], LIMIT: kaio.constex
 
 
 @kaio.gpu_kernel
-def _amax_partial(x: DT[:], partial: u32[:], n: u32):
+def _amax_partial(x: DT[:], partial: u32[:], n: u32, DT: kaio.constexpr):
     """partial[block] = the |max| bits of the block's grid-stride slice of x."""
     red = kaio.shared(u32, (32,))
     m = u32(0)
@@ -135,7 +140,9 @@ def _tensor_scale(partial: u32[:], scale: f32[:], LIMIT: kaio.constexpr):
 
 
 @kaio.gpu_kernel
-def _quantize_flat(x: DT[:], q: FP8[:], scale: f32[:], n: u32):
+def _quantize_flat(
+    x: DT[:], q: FP8[:], scale: f32[:], n: u32, DT: kaio.constexpr, FP8: kaio.constexpr
+):
     """q[i] = fp8(x[i] / scale[0]), grid-stride."""
     s = scale[0]
     step = kaio.grid_dim_x() * FLAT_THREADS
@@ -145,15 +152,10 @@ def _quantize_flat(x: DT[:], q: FP8[:], scale: f32[:], n: u32):
         i += step
 
 
-def variants(kernel) -> dict:
-    """``{"e4m3": by_dtype(...), "e5m2": ...}``: ``kernel`` per fp8 format, then per DT."""
-    return {name: by_dtype(kernel, FP8=lambda _t, q=q: q) for name, q in FP8_TYPES.items()}
-
-
 @kaio.gpu_func
 def store_scaled(
     out: DT[:, :], row: u32, col: u32, v0: f32, v1: f32, sa: f32[:], sb: f32[:], bias: DT[:],
-    ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr,
+    ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """out[row, col : col + 2] = (v0, v1) * (scale_a * scale_b) (+ bias), each rounded once
     to DT, in one 4- or 8-byte store (col is even and N a multiple of 16); the scales per
@@ -217,6 +219,8 @@ def _mm_fp8(
     ROW_A: kaio.constexpr,
     COL_B: kaio.constexpr,
     BIAS: kaio.constexpr,
+    DT: kaio.constexpr,
+    FP8: kaio.constexpr,
 ):
     """out[m, n] = (sum_k a[m, k] b[k, n]) * sa * sb (+ bias[n]); a [M, K/4] and bt [N, K/4]
     words of 4 fp8 values (FP8), one 128 x 128 tile of out per block."""
@@ -279,28 +283,24 @@ def _mm_fp8(
                     col = n0 + wn + j * 8 + 2 * t
                     if col < N:
                         store_scaled(out, row, col, acc[i, j, h * 2], acc[i, j, h * 2 + 1], sa,
-                                     sb, bias, ROW_A, COL_B, BIAS)  # fmt: skip
+                                     sb, bias, ROW_A, COL_B, BIAS, DT)  # fmt: skip
 
 
 def shipped():
     """(kernel, constexprs) of every specialization the fp8 ops launch."""
     from kaio import bf16, f16
 
-    for name in FP8_TYPES:
+    for name, fp8 in FP8_TYPES.items():
         for dt in (f32, f16, bf16):
-            yield QUANTIZE_ROWS[name][dt], {"LIMIT": FP8_MAX[name]}
-            yield QUANTIZE_FLAT[name][dt], {}
+            types = {"DT": dt, "FP8": fp8}
+            yield _quantize_rows, {"LIMIT": FP8_MAX[name], **types}
+            yield _quantize_flat, types
             for row_a in (0, 1):
                 for col_b in (0, 1):
                     for has_bias in (0, 1):
-                        yield MM[name][dt], {"ROW_A": row_a, "COL_B": col_b, "BIAS": has_bias}
+                        flags = {"ROW_A": row_a, "COL_B": col_b, "BIAS": has_bias}
+                        yield _mm_fp8, {**flags, **types}
         yield _tensor_scale, {"LIMIT": FP8_MAX[name]}
     for dt in (f32, f16, bf16):
-        yield AMAX_PARTIAL[dt], {}
+        yield _amax_partial, {"DT": dt}
     yield _transpose_bytes, {}
-
-
-QUANTIZE_ROWS = variants(_quantize_rows)
-QUANTIZE_FLAT = variants(_quantize_flat)
-MM = variants(_mm_fp8)
-AMAX_PARTIAL = by_dtype(_amax_partial)

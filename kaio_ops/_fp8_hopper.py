@@ -21,11 +21,12 @@ The epilogue is ``kaio_ops._fp8.store_scaled`` per pair of adjacent columns (one
 8-byte store): ``acc * scale_a * scale_b (+ bias)`` rounded once.
 """
 
+# ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
 from __future__ import annotations
 
 import kaio
 from kaio import e4m3, f16, f32, i32, u32, u64
-from kaio_ops._fp8 import DT, FP8, FP8_TYPES, store_scaled
+from kaio_ops._fp8 import FP8_TYPES, store_scaled
 from kaio_ops._matmul_hopper import (
     A_STAGE_BYTES,
     BK,
@@ -40,7 +41,6 @@ from kaio_ops._matmul_hopper import (
     shared_bytes,
     tile_schedule,
 )
-from kaio_ops._typed import by_dtype
 
 __all__ = ["launch", "specializations"]
 
@@ -65,7 +65,7 @@ def epilogue_fp8(
     acc: f32[:, :, :], out: DT[:, :], sa: f32[:], sb: f32[:], bias: DT[:], tile: i32,
     tiles_m: i32, tiles_n: i32, m: i32, n: i32, wg: u32, lt: u32, BN: kaio.constexpr,
     GROUP: kaio.constexpr, ROW_A: kaio.constexpr, COL_B: kaio.constexpr,
-    BIAS: kaio.constexpr,
+    BIAS: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """Store warpgroup ``wg``'s 64 rows of tile number ``tile`` (thread ``lt`` holds ``acc``,
     the m16n8 C fragment of each n8 tile of its warp's 16 rows)."""
@@ -81,7 +81,7 @@ def epilogue_fp8(
                 col = here[3] + 8 * j + 2 * (lane % 4)
                 if col < n:
                     store_scaled(out, u32(row), u32(col), acc[j, h, 0], acc[j, h, 1], sa, sb,
-                                 bias, ROW_A, COL_B, BIAS)  # fmt: skip
+                                 bias, ROW_A, COL_B, BIAS, DT)  # fmt: skip
 
 
 @kaio.gpu_kernel(block_size=THREADS)
@@ -89,7 +89,7 @@ def matmul_fp8_wgmma(
     ta: kaio.tensormap, tb: kaio.tensormap, out: DT[:, :], sa: f32[:], sb: f32[:],
     bias: DT[:], m: i32, n: i32, k2: i32, BN: kaio.constexpr, STAGES: kaio.constexpr,
     GROUP: kaio.constexpr, ROW_A: kaio.constexpr, COL_B: kaio.constexpr,
-    BIAS: kaio.constexpr,
+    BIAS: kaio.constexpr, DT: kaio.constexpr, FP8: kaio.constexpr,
 ):  # fmt: skip
     """out = (A @ B) * sa * sb (+ bias): A [m, K] through ``ta`` and B^T [n, K] through
     ``tb``, both as 16-bit units [rows, k2 = K / 2]."""
@@ -135,7 +135,7 @@ def matmul_fp8_wgmma(
                     s = 0
                     ph ^= 1
             epilogue_fp8(acc, out, sa, sb, bias, tile0 + i * step, tiles_m, tiles_n, m, n, wg,
-                         lt, BN, GROUP, ROW_A, COL_B, BIAS)  # fmt: skip
+                         lt, BN, GROUP, ROW_A, COL_B, BIAS, DT)  # fmt: skip
     elif t == CONSUMERS:  # the producer
         at = kaio.local(i32, (4,))
         at[0] = 0
@@ -150,11 +150,6 @@ def matmul_fp8_wgmma(
             if s == STAGES:
                 s = 0
                 ph ^= 1
-
-
-WGMMA_FP8 = {
-    name: by_dtype(matmul_fp8_wgmma, FP8=lambda _t, q=q: q) for name, q in FP8_TYPES.items()
-}
 
 
 def tiles(m: int, n: int, sms: int) -> tuple[int, int]:
@@ -174,9 +169,10 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     ta = kaio.tensor_map_2d(a_units, (BM, BK), SW)
     tb = kaio.tensor_map_2d(bt_units, (bn, BK), SW)
     grid = min(sms, -(-m // BM) * -(-n // bn))
-    WGMMA_FP8[name][dt][grid, THREADS, stream, shared_bytes(bn, stages)](
-        ta, tb, out, sa, sb, bias, m, n, k // 2, BN=bn, STAGES=stages, GROUP=GROUP_ROWS, **flags
-    )
+    matmul_fp8_wgmma[grid, THREADS, stream, shared_bytes(bn, stages)](
+        ta, tb, out, sa, sb, bias, m, n, k // 2, BN=bn, STAGES=stages, GROUP=GROUP_ROWS, **flags,
+        DT=dt, FP8=FP8_TYPES[name],
+    )  # fmt: skip
 
 
 def specializations():
@@ -186,4 +182,5 @@ def specializations():
 
     for i, (name, dt) in enumerate((n, d) for n in FP8_TYPES for d in (bf16, f16, f32)):
         flags = {"ROW_A": i % 2, "COL_B": (i // 2) % 2, "BIAS": (i // 4) % 2}
-        yield WGMMA_FP8[name][dt], {"BN": 128, "STAGES": 5, "GROUP": GROUP_ROWS, **flags}
+        tile = {"BN": 128, "STAGES": 5, "GROUP": GROUP_ROWS}
+        yield matmul_fp8_wgmma, {**tile, **flags, "DT": dt, "FP8": FP8_TYPES[name]}

@@ -26,6 +26,7 @@ The single-block path (``kaio_ops.rows``) reads a longer row twice (2.94 transfe
 memory keep that path.
 """
 
+# ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,7 +35,6 @@ import kaio
 from kaio import f32, u32
 from kaio_ops import _arrays
 from kaio_ops._common import (
-    DT,
     LOG2E,
     LOWEST,
     block_max_sum,
@@ -42,7 +42,6 @@ from kaio_ops._common import (
     merge_max_sum,
     store_f32,
 )
-from kaio_ops._typed import by_dtype
 
 CLUSTERS = (8, 16)  # blocks a row: the portable size, then sm_90's largest (opted in)
 IN_FLIGHT = 32  # elements a thread of _softmax_rows loads before using any
@@ -124,7 +123,7 @@ def _softmax_f32(
             for u in kaio.static_range(UNROLL):
                 c = t + (g * UNROLL + u) * THREADS
                 if c < count:
-                    fetch(VEC, raw, u, cache, c * VEC)
+                    fetch(VEC, raw, u, cache, c * VEC, f32)
                     for j in kaio.static_range(VEC):
                         top = kaio.max(top, raw[u, j])
             tops[g] = top
@@ -135,7 +134,7 @@ def _softmax_f32(
                     for j in kaio.static_range(VEC):
                         ov[j] = kaio.exp2_ftz((raw[u, j] - top) * LOG2E)
                         s += ov[j]
-                    store_f32(cache, c * VEC, ov, 0, VEC)
+                    store_f32(cache, c * VEC, ov, 0, VEC, f32)
             merge_max_sum(top, s, acc)
         if k > 0:
             kaio.cluster_wait()  # every block has read the previous row's pair
@@ -148,10 +147,10 @@ def _softmax_f32(
             for u in kaio.static_range(UNROLL):
                 c = t + (g * UNROLL + u) * THREADS
                 if c < count:
-                    fetch(VEC, raw, u, cache, c * VEC)
+                    fetch(VEC, raw, u, cache, c * VEC, f32)
                     for j in kaio.static_range(VEC):
                         ov[j] = raw[u, j] * scale
-                    store_f32(out, base + c * VEC, ov, 0, VEC)
+                    store_f32(out, base + c * VEC, ov, 0, VEC, f32)
                     if k + 1 < rounds:
                         fill(VEC, cache, c * VEC, x, following + c * VEC)
             kaio.cp_async_commit()
@@ -209,6 +208,7 @@ def _softmax_rows(
     THREADS: kaio.constexpr,
     VEC: kaio.constexpr,
     UNROLL: kaio.constexpr,
+    DT: kaio.constexpr,
 ):
     """Softmax of row ``block_idx_x // CLUSTER`` of x [rows, n] (flat) into out."""
     kaio.cluster_dims(CLUSTER)
@@ -228,7 +228,7 @@ def _softmax_rows(
     for c in range(t, count, THREADS * UNROLL):
         for u in kaio.static_range(UNROLL):
             if c + u * nt < count:
-                fetch(VEC, raw, u, x, base + (c + u * nt) * VEC)
+                fetch(VEC, raw, u, x, base + (c + u * nt) * VEC, DT)
         top = LOWEST
         for u in kaio.static_range(UNROLL):
             if c + u * nt < count:
@@ -237,7 +237,7 @@ def _softmax_rows(
         s = 0.0
         for u in kaio.static_range(UNROLL):
             if c + u * nt < count:
-                keep(VEC, cache, (c + u * nt) * VEC, raw, u)
+                keep(VEC, cache, (c + u * nt) * VEC, raw, u, DT)
                 for j in kaio.static_range(VEC):
                     s += kaio.exp2_ftz((f32(raw[u, j]) - top) * LOG2E)
         merge_max_sum(top, s, acc)
@@ -247,25 +247,24 @@ def _softmax_rows(
     for c in range(t, count, THREADS * UNROLL):
         for u in kaio.static_range(UNROLL):
             if c + u * nt < count:
-                fetch(VEC, raw, u, cache, (c + u * nt) * VEC)
+                fetch(VEC, raw, u, cache, (c + u * nt) * VEC, DT)
         for u in kaio.static_range(UNROLL):
             if c + u * nt < count:
                 for j in kaio.static_range(VEC):
                     ov[j] = kaio.exp2_ftz((f32(raw[u, j]) - acc[MAX]) * LOG2E) * inv
-                store_f32(out, base + (c + u * nt) * VEC, ov, 0, VEC)
+                store_f32(out, base + (c + u * nt) * VEC, ov, 0, VEC, DT)
     kaio.cluster_wait()  # no block exits while another may still read its pair
 
 
 @kaio.gpu_func
-def keep(VEC: kaio.constexpr, dst: DT[:], i: u32, raw: DT[:, :], u: kaio.constexpr):
+def keep(
+    VEC: kaio.constexpr, dst: DT[:], i: u32, raw: DT[:, :], u: kaio.constexpr, DT: kaio.constexpr
+):
     """dst[i : i + VEC] = raw[u] (one vector store when VEC > 1)."""
     if VEC == 1:
         dst[i] = raw[u, 0]
     else:
         kaio.store_vector(dst, i, raw[u])
-
-
-_ROWS = by_dtype(_softmax_rows)
 
 
 @dataclass(frozen=True)
@@ -351,7 +350,7 @@ def softmax(x: _arrays.Operand, out, p: Plan) -> None:
         _softmax_f32[config](x.arg(x.size), flat, n, rows, **p.constexprs())
     else:
         config = (rows * p.cluster, p.threads, stream, p.shared_bytes)
-        _ROWS[x.dtype][config](x.arg(x.size), flat, n, **p.constexprs())
+        _softmax_rows[config](x.arg(x.size), flat, n, **p.constexprs(), DT=x.dtype)
 
 
 def shipped():
@@ -362,5 +361,7 @@ def shipped():
             for cluster in CLUSTERS:
                 p = plan(262144, dtype.itemsize, vec, cluster)
                 if p is not None:
-                    kernel = _softmax_f32 if p.persistent else _ROWS[dtype]
-                    yield kernel, p.constexprs()
+                    if p.persistent:
+                        yield _softmax_f32, p.constexprs()
+                    else:
+                        yield _softmax_rows, {**p.constexprs(), "DT": dtype}

@@ -5,10 +5,16 @@ The ops are written once against a module-level placeholder, ``DT``, and ``by_dt
 gives the kernel compiled with ``DT`` bound to f32, f16 or bf16: a copy of the Python function
 whose globals have ``DT`` replaced, and so have the device functions it calls (transitively).
 The placeholder is a module-level dtype, which is part of each kernel's cache key.
+
+Transitional: the ops are moving to dtype constexprs (``DT: kaio.constexpr``). A device
+function shared with a module still on ``by_dtype`` takes ``DT`` as a constexpr parameter
+with a default; a variant's copy of it gets the variant's type as that default, so the old
+callers, which do not pass ``DT``, keep working. This module goes once no op uses it.
 """
 
 from __future__ import annotations
 
+import inspect
 import types
 
 from kaio.decorators import DeviceFunction
@@ -27,7 +33,7 @@ def _copy(pyfunc, subs: dict, memo: dict):
         return done
     scope = dict(pyfunc.__globals__)
     copy = types.FunctionType(
-        pyfunc.__code__, scope, pyfunc.__name__, pyfunc.__defaults__, pyfunc.__closure__
+        pyfunc.__code__, scope, pyfunc.__name__, _defaults(pyfunc, subs), pyfunc.__closure__
     )
     copy.__annotations__ = dict(pyfunc.__annotations__)
     copy.__qualname__ = pyfunc.__qualname__
@@ -35,9 +41,26 @@ def _copy(pyfunc, subs: dict, memo: dict):
     memo[pyfunc] = copy
     scope.update(subs)
     for name, value in pyfunc.__globals__.items():
-        if isinstance(value, DeviceFunction) and PLACEHOLDER in value.pyfunc.__globals__:
+        if isinstance(value, DeviceFunction) and _generic(value.pyfunc):
             scope[name] = DeviceFunction(_copy(value.pyfunc, subs, memo))
     return copy
+
+
+def _generic(pyfunc) -> bool:
+    """Whether ``pyfunc`` depends on the placeholder: through its module's global or as a
+    parameter (a dtype constexpr)."""
+    return PLACEHOLDER in pyfunc.__globals__ or PLACEHOLDER in inspect.signature(pyfunc).parameters
+
+
+def _defaults(pyfunc, subs: dict):
+    """``pyfunc``'s default values with those of the parameters named in ``subs`` (a dtype
+    constexpr defaulting for callers still on by_dtype) replaced by the variant's."""
+    defaults = pyfunc.__defaults__
+    if not defaults:
+        return defaults
+    code = pyfunc.__code__
+    names = code.co_varnames[code.co_argcount - len(defaults) : code.co_argcount]
+    return tuple(subs.get(n, d) for n, d in zip(names, defaults, strict=True))
 
 
 class by_dtype:  # noqa: N801  (reads like a function at the use site)

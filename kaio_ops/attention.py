@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 from kaio.types import bf16, f16, f32
-from kaio_ops import _arrays, _typed
+from kaio_ops import _arrays
 from kaio_ops import _attention_simt as simt
 from kaio_ops import _attention_tc as tc
 from kaio_ops._plan import planned
@@ -142,7 +142,7 @@ def flash_backward(op: str, do, q, k, v, o, lse, causal: bool):
     scale = 1.0 / math.sqrt(d)
     scale_log2 = math.log2(math.e) * scale
     tiles = -(-s // simt.ROWS)
-    TC_ROW_DOT[f32][-(-s // 8), 256, stream, 0](oa.arg(s * d), da.arg(s * d), delta, s, d)
+    tc.row_dot[-(-s // 8), 256, stream, 0](oa.arg(s * d), da.arg(s * d), delta, s, d, DT=f32)
     flags = (scale_log2, scale, causal, vec)
     simt.flash_bwd_dq[tiles, simt.NT, stream, simt.dq_shared_bytes(dp, c)](
         q, k, v, do, lse, delta, dq, *flags, DP=dp, C=c
@@ -170,13 +170,6 @@ def attention_flash_bwd_causal(do, q, k, v, o, lse):
 
 # --------------------------------------------------------------------------- tensor cores
 
-
-# tensor-core kernels by input dtype, with an f32 output (attention_tc) or the input's dtype
-TC_FWD_F32 = _typed.by_dtype(tc.attention_fwd, OT=lambda t: f32)
-TC_FWD = _typed.by_dtype(tc.attention_fwd, OT=lambda t: t)
-TC_ROW_DOT = _typed.by_dtype(tc.row_dot)
-TC_BWD_DQ = _typed.by_dtype(tc.attention_bwd_dq, OT=lambda t: t)
-TC_BWD_DKDV = _typed.by_dtype(tc.attention_bwd_dkdv, OT=lambda t: t)
 
 TC_DIMS = (16, 32, 64, 128, 256)  # the padded head dims of the tensor-core kernel
 FLASH_DIMS = (64, 128, 256)  # those flash_attention and its backward use
@@ -229,10 +222,9 @@ def tc_forward(qa, ka, va, out_type, out_shape: tuple, dims: tuple, causal: bool
     flat = [a.arg(a.size) for a in (qa, ka, va)]
     out_flat = _arrays.output_arg(qa, out, (bh * sq * dv,), out_type)
     lse_flat = _arrays.output_arg(qa, lse, (bh * sq,), f32)
-    kernels = TC_FWD_F32 if out_type == f32 else TC_FWD
-    kernels[qa.dtype][(-(-sq // rows), bh), 32 * cfg["WARPS"], _arrays.stream_of(qa), smem](
+    tc.attention_fwd[(-(-sq // rows), bh), 32 * cfg["WARPS"], _arrays.stream_of(qa), smem](
         *flat, out_flat, lse_flat, sq, sk, d, dv, heads, group, math.log2(math.e) * scale, causal,
-        DP=dp, VEC=vec, **cfg,
+        DP=dp, VEC=vec, **cfg, DT=qa.dtype, OT=out_type,
     )  # fmt: skip
     return out, lse
 
@@ -367,18 +359,19 @@ def flash_attention_bwd(do, q, k, v, o, lse, causal: bool = False, scale: float 
     out_flat = [_arrays.output_arg(da, x, (x_size,)) for x, x_size in
                 ((dq, qa.size), (dk, ka.size), (dv, ka.size))]  # fmt: skip
     lse_flat = la.arg(bh * sq)
-    TC_ROW_DOT[qa.dtype][-(-bh * sq // 8), 256, stream, 0](
-        oa.arg(oa.size), flat[3], delta, bh * sq, d
+    tc.row_dot[-(-bh * sq // 8), 256, stream, 0](
+        oa.arg(oa.size), flat[3], delta, bh * sq, d, DT=qa.dtype
     )
     args = (sq, sk, d, heads, group, math.log2(math.e) * scale, scale, bool(causal))
     smem = (128 + 2 * tile) * dp * 2
-    TC_BWD_DQ[qa.dtype][(-(-sq // 64), bh), 128, stream, smem](
-        *flat, lse_flat, delta, out_flat[0], *args, DP=dp, BN=tile
+    types = {"DT": qa.dtype, "OT": qa.dtype}
+    tc.attention_bwd_dq[(-(-sq // 64), bh), 128, stream, smem](
+        *flat, lse_flat, delta, out_flat[0], *args, DP=dp, BN=tile, **types
     )
     for with_dk, with_dv in dkdv_passes(dp):
-        TC_BWD_DKDV[qa.dtype][(-(-sk // 64), bh // group), 128, stream, smem](
+        tc.attention_bwd_dkdv[(-(-sk // 64), bh // group), 128, stream, smem](
             *flat, lse_flat, delta, out_flat[1], out_flat[2], *args,
-            DP=dp, BQ=tile, WITH_DK=with_dk, WITH_DV=with_dv,
+            DP=dp, BQ=tile, WITH_DK=with_dk, WITH_DV=with_dv, **types,
         )  # fmt: skip
     return dq, dk, dv
 
@@ -392,13 +385,14 @@ def shipped():
     yield simt.combine_splits, {}
     for dp in TC_DIMS:
         for vec in (False, True):  # attention_tc: any D
-            yield TC_FWD_F32[f16], {"DP": dp, "VEC": vec, **tc_config(dp)}
+            yield tc.attention_fwd, {"DP": dp, "VEC": vec, **tc_config(dp), "DT": f16, "OT": f32}
     for dtype in (f16, bf16):
+        types = {"DT": dtype, "OT": dtype}
         for dp in FLASH_DIMS:  # flash_attention: 16-byte rows
-            yield TC_FWD[dtype], {"DP": dp, "VEC": True, **tc_config(dp)}
-            yield TC_BWD_DQ[dtype], {"DP": dp, "BN": bwd_tile(dp)}
+            yield tc.attention_fwd, {"DP": dp, "VEC": True, **tc_config(dp), **types}
+            yield tc.attention_bwd_dq, {"DP": dp, "BN": bwd_tile(dp), **types}
             for with_dk, with_dv in dkdv_passes(dp):
                 flags = {"WITH_DK": with_dk, "WITH_DV": with_dv}
-                yield TC_BWD_DKDV[dtype], {"DP": dp, "BQ": bwd_tile(dp), **flags}
+                yield tc.attention_bwd_dkdv, {"DP": dp, "BQ": bwd_tile(dp), **flags, **types}
     for dtype in (f32, f16, bf16):
-        yield TC_ROW_DOT[dtype], {}
+        yield tc.row_dot, {"DT": dtype}

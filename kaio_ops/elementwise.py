@@ -9,6 +9,7 @@ limit, and a value that only differs from a subnormal flushed to zero is far bel
 tolerance of the ops.
 """
 
+# ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
 from __future__ import annotations
 
 import math
@@ -16,9 +17,8 @@ import math
 import kaio
 from kaio import f32, u32
 from kaio_ops import _arrays
-from kaio_ops._common import DT, load_f32, store_f32, vector_width, widths
+from kaio_ops._common import load_f32, store_f32, vector_width, widths
 from kaio_ops._plan import planned
-from kaio_ops._typed import by_dtype
 
 __all__ = ["silu_gate", "gelu", "add", "mul"]
 
@@ -77,16 +77,17 @@ def chunk(
     OP: kaio.constexpr,
     BCAST: kaio.constexpr,
     VEC: kaio.constexpr,
+    DT: kaio.constexpr,
 ):
     """out[i : i + VEC] = OP(x[...], y[...]); y is read at (i % ny) when it is broadcast."""
     xv = kaio.local(f32, (VEC,))
     yv = kaio.local(f32, (VEC,))
-    load_f32(xv, 0, x, i, VEC)
+    load_f32(xv, 0, x, i, VEC, DT)
     if OP != "gelu_tanh" and OP != "gelu_erf":  # a binary op
-        load_f32(yv, 0, y, i % ny if BCAST else i, VEC)
+        load_f32(yv, 0, y, i % ny if BCAST else i, VEC, DT)
     for j in kaio.static_range(VEC):
         xv[j] = apply(OP, xv[j], yv[j])
-    store_f32(out, i, xv, 0, VEC)
+    store_f32(out, i, xv, 0, VEC, DT)
 
 
 @kaio.gpu_kernel
@@ -99,21 +100,19 @@ def _elementwise(
     OP: kaio.constexpr,
     BCAST: kaio.constexpr,
     VEC: kaio.constexpr,
+    DT: kaio.constexpr,
 ):
     tid = kaio.block_idx_x() * kaio.block_dim_x() + kaio.thread_idx_x()
     stride = kaio.grid_dim_x() * kaio.block_dim_x()
     chunks = n // VEC
     c = tid
     while c < chunks:
-        chunk(x, y, out, c * VEC, ny, OP, BCAST, VEC)
+        chunk(x, y, out, c * VEC, ny, OP, BCAST, VEC, DT)
         c += stride
     if VEC > 1:
         i = chunks * VEC + tid
         if i < n:
-            chunk(x, y, out, i, ny, OP, BCAST, 1)
-
-
-_KERNEL = by_dtype(_elementwise)
+            chunk(x, y, out, i, ny, OP, BCAST, 1, DT)
 
 
 def plan(x: _arrays.Operand, y: _arrays.Operand) -> tuple[bool, int]:
@@ -132,7 +131,7 @@ def _run(op: str, x: _arrays.Operand, y: _arrays.Operand | None = None):
     y = y if y is not None else x
     bcast, vec = plan(x, y)
     grid = max(1, min(MAX_BLOCKS, -(-(n // vec) // BLOCK)))
-    _KERNEL[x.dtype][grid, BLOCK, _arrays.stream_of(x)](
+    _elementwise[grid, BLOCK, _arrays.stream_of(x)](
         x.arg(n),
         y.arg(y.size),
         _arrays.output_arg(x, out, (n,)),
@@ -141,6 +140,7 @@ def _run(op: str, x: _arrays.Operand, y: _arrays.Operand | None = None):
         OP=op,
         BCAST=bcast,
         VEC=vec,
+        DT=x.dtype,
     )
     return out
 
@@ -204,4 +204,4 @@ def shipped():
         for op in OPS:
             for bcast in (False, True) if op in ("add", "mul") else (False,):
                 for vec in widths(dtype):
-                    yield _KERNEL[dtype], {"OP": op, "BCAST": bcast, "VEC": vec}
+                    yield _elementwise, {"OP": op, "BCAST": bcast, "VEC": vec, "DT": dtype}

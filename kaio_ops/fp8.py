@@ -65,21 +65,23 @@ def quantize_fp8(x, *, dtype: str = "e4m3", per: str = "tensor"):
         k = a.shape[-1]
         rows = a.size // k
         scale = _arrays.output(a, (*a.shape[:-1], 1), f32)
-        K.QUANTIZE_ROWS[name][a.dtype][rows, K.ROW_THREADS, stream](
+        K._quantize_rows[rows, K.ROW_THREADS, stream](
             a.arg(rows, k),
             _arrays.output_arg(a, q, (rows, k), fmt),
             _arrays.output_arg(a, scale, (rows,), f32),
             LIMIT=limit,
+            DT=a.dtype,
+            FP8=fmt,
         )
         return q, scale
     n = a.size
     blocks = min(K.PARTIAL_BLOCKS, -(-n // K.FLAT_THREADS))
     partial = _arrays.output(a, (blocks,), u32)
     scale = _arrays.output(a, (1,), f32)
-    K.AMAX_PARTIAL[a.dtype][blocks, K.FLAT_THREADS, stream](a.arg(n), partial, n)
+    K._amax_partial[blocks, K.FLAT_THREADS, stream](a.arg(n), partial, n, DT=a.dtype)
     K._tensor_scale[1, K.FLAT_THREADS, stream](partial, scale, LIMIT=limit)
-    K.QUANTIZE_FLAT[name][a.dtype][blocks, K.FLAT_THREADS, stream](
-        a.arg(n), _arrays.output_arg(a, q, (n,), fmt), scale, n
+    K._quantize_flat[blocks, K.FLAT_THREADS, stream](
+        a.arg(n), _arrays.output_arg(a, q, (n,), fmt), scale, n, DT=a.dtype, FP8=fmt
     )
     return q, scale
 
@@ -196,7 +198,7 @@ def matmul_fp8(a, b, scale_a, scale_b, *, out_dtype=None, bias=None):
         )  # fmt: skip
         return out
     grid = (math.ceil(n / K.BN), math.ceil(m / K.BM))
-    K.MM[a.dtype.name][dt][grid, K.MM_THREADS, stream](
-        a.arg(m, k // 4, dtype=u32), bt, out_arg, sa, sb, bias_arg, **flags
+    K._mm_fp8[grid, K.MM_THREADS, stream](
+        a.arg(m, k // 4, dtype=u32), bt, out_arg, sa, sb, bias_arg, **flags, DT=dt, FP8=a.dtype
     )
     return out

@@ -30,14 +30,14 @@ Kernels:
 - ``_dq8_0``, ``_dq6_k``: one thread per 4 outputs (one 16-byte store).
 """
 
+# ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
 from __future__ import annotations
 
 import kaio
 from kaio import f16, f32, i8, i32, u8, u16, u32
 from kaio_ops import _arrays
-from kaio_ops._common import DT, load_f32, vector_width
+from kaio_ops._common import load_f32, vector_width
 from kaio_ops._plan import planned
-from kaio_ops._typed import by_dtype
 
 __all__ = ["quantize_q8_0", "quantize_q6_k", "dequantize_q8_0", "dequantize_q6_k"]
 
@@ -86,7 +86,9 @@ def load_f16(src: u8[:], at: u32) -> f32:
 
 # ---------------------------------------------------------------------------- Q8_0
 @kaio.gpu_kernel
-def _q8_0(x: DT[:], out: u8[:], nblocks: u32, E: kaio.constexpr, VEC: kaio.constexpr):
+def _q8_0(
+    x: DT[:], out: u8[:], nblocks: u32, E: kaio.constexpr, VEC: kaio.constexpr, DT: kaio.constexpr
+):
     """Lane group of 32 / E lanes per block of 32 values; E values per lane."""
     t = kaio.block_idx_x() * kaio.block_dim_x() + kaio.thread_idx_x()
     lanes = QK8_0 // E
@@ -97,7 +99,7 @@ def _q8_0(x: DT[:], out: u8[:], nblocks: u32, E: kaio.constexpr, VEC: kaio.const
     if blk < nblocks:
         at = blk * QK8_0 + part * E
         for j in kaio.static_range(E // VEC):
-            load_f32(v, j * VEC, x, at + j * VEC, VEC)
+            load_f32(v, j * VEC, x, at + j * VEC, VEC, DT)
         for j in kaio.static_range(E):
             amax = kaio.max(amax, kaio.abs(v[j]))
     for s in kaio.static_range(5):  # every lane of the warp takes part (blocks are whole warps)
@@ -175,7 +177,7 @@ def make_qx_quants(xs: f32[:], ax: f32[:], lq: u32[:]) -> f32:
 
 
 @kaio.gpu_kernel
-def _q6_k(x: DT[:], out: u8[:], nsb: u32, VEC: kaio.constexpr):
+def _q6_k(x: DT[:], out: u8[:], nsb: u32, VEC: kaio.constexpr, DT: kaio.constexpr):
     """One lane per sub-block: lanes 16s .. 16s + 15 of a warp hold super-block s (0, 1)."""
     lq_all = kaio.shared(u32, (Q6_WARPS * 2 * 64,))  # each super-block's 256 quants, 4 a word
     lane = kaio.lane_id()
@@ -188,7 +190,7 @@ def _q6_k(x: DT[:], out: u8[:], nsb: u32, VEC: kaio.constexpr):
     ax = kaio.local(f32, (16,))
     lq = kaio.local(u32, (16,))
     for j in kaio.static_range(16 // VEC):
-        load_f32(xs, j * VEC, x, src * QK_K + k * 16 + j * VEC, VEC)
+        load_f32(xs, j * VEC, x, src * QK_K + k * 16 + j * VEC, VEC, DT)
     scale = make_qx_quants(xs, ax, lq)
 
     # the super-block's scale of largest magnitude (the first one, as the C loop)
@@ -282,18 +284,18 @@ def _dq6_k(blocks: u8[:], out: f32[:], n: u32):
         kaio.store_vector(out, e, v)
 
 
-_Q8_0 = by_dtype(_q8_0)
-_Q6_K = by_dtype(_q6_k)
-
-
 # ---------------------------------------------------------------------------- host side
-def _quantize_input(op: str, x, group: int) -> _arrays.Operand:
-    """x checked as f32/f16/bf16 [R, C] with C % group == 0."""
+def _quantize_input(op: str, x, group: int, nbytes: int) -> tuple:
+    """``(a, out, shape, groups)``: x checked as f32/f16/bf16 [R, C] with C % group == 0,
+    and its new uint8 output ``out`` of ``shape`` [R, C / group * nbytes], ``groups`` groups
+    of ``group`` values (``nbytes`` bytes each) in all."""
     inputs = _arrays.Inputs(op)
     a = inputs.array(x, "x", ndim=2, form=f"[R, C] with C % {group} == 0")
     if a.shape[1] % group:
         raise inputs.error("x", f"must have a multiple of {group} columns, got shape {a.shape}")
-    return a
+    rows, cols = a.shape
+    shape = (rows, cols // group * nbytes)
+    return a, _arrays.output(a, shape, u8), shape, a.size // group
 
 
 def _blocks_input(op: str, blocks, nbytes: int) -> _arrays.Operand:
@@ -328,18 +330,14 @@ def quantize_q8_0(x):
 
     x: f32, f16 or bf16 [R, C], C a multiple of 32. Returns uint8 [R, C / 32 * 34] of x's kind.
     """
-    a = _quantize_input("quantize_q8_0", x, QK8_0)
-    rows, cols = a.shape
-    shape = (rows, cols // QK8_0 * Q8_0_BYTES)
-    out = _arrays.output(a, shape, u8)
-    nblocks = a.size // QK8_0
+    a, out, shape, nblocks = _quantize_input("quantize_q8_0", x, QK8_0, Q8_0_BYTES)
     if nblocks:
         e = _elements_per_lane(a.dtype)
         vec = vector_width(a, multiple_of=QK8_0)
         threads = nblocks * (QK8_0 // e)
         grid = (threads + BLOCK - 1) // BLOCK
-        _Q8_0[a.dtype][grid, BLOCK, _arrays.stream_of(a)](
-            _flat(a), _flat(a, out, shape, u8), nblocks, E=e, VEC=vec
+        _q8_0[grid, BLOCK, _arrays.stream_of(a)](
+            _flat(a), _flat(a, out, shape, u8), nblocks, E=e, VEC=vec, DT=a.dtype
         )
     return out
 
@@ -354,17 +352,13 @@ def quantize_q6_k(x):
     x: f32, f16 or bf16 [R, C], C a multiple of 256. Returns uint8 [R, C / 256 * 210] of x's
     kind.
     """
-    a = _quantize_input("quantize_q6_k", x, QK_K)
-    rows, cols = a.shape
-    shape = (rows, cols // QK_K * Q6_K_BYTES)
-    out = _arrays.output(a, shape, u8)
-    nsb = a.size // QK_K
+    a, out, shape, nsb = _quantize_input("quantize_q6_k", x, QK_K, Q6_K_BYTES)
     if nsb:
         vec = vector_width(a, multiple_of=16)
         per_block = Q6_WARPS * 2
         grid = (nsb + per_block - 1) // per_block
-        _Q6_K[a.dtype][grid, Q6_WARPS * 32, _arrays.stream_of(a)](
-            _flat(a), _flat(a, out, shape, u8), nsb, VEC=vec
+        _q6_k[grid, Q6_WARPS * 32, _arrays.stream_of(a)](
+            _flat(a), _flat(a, out, shape, u8), nsb, VEC=vec, DT=a.dtype
         )
     return out
 
@@ -406,8 +400,8 @@ def shipped():
     for dtype in _arrays.FLOATS:
         e = _elements_per_lane(dtype)
         for vec in (1, e):
-            yield _Q8_0[dtype], {"E": e, "VEC": vec}
+            yield _q8_0, {"E": e, "VEC": vec, "DT": dtype}
         for vec in (1, 16 // dtype.itemsize):
-            yield _Q6_K[dtype], {"VEC": vec}
+            yield _q6_k, {"VEC": vec, "DT": dtype}
     yield _dq8_0, {}
     yield _dq6_k, {}

@@ -15,14 +15,14 @@ Half-split, a unit is ``VEC`` pairs: one 16-byte access per operand, two for x. 
 path (``VEC == 1``) every access is one element.
 """
 
+# ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
 from __future__ import annotations
 
 import kaio
 from kaio import f32, u32
 from kaio_ops import _arrays
-from kaio_ops._common import DT, load_f32, store_f32, vector_width, widths
+from kaio_ops._common import load_f32, store_f32, vector_width, widths
 from kaio_ops._plan import planned
-from kaio_ops._typed import by_dtype
 
 __all__ = ["rope"]
 
@@ -50,6 +50,7 @@ def _rope(
     heads: u32,
     INTERLEAVED: kaio.constexpr,
     VEC: kaio.constexpr,
+    DT: kaio.constexpr,
 ):
     NP = VEC // 2 if INTERLEAVED and VEC > 1 else VEC  # pairs a unit (pairs_per_unit)
     per_row = half // NP
@@ -62,35 +63,32 @@ def _rope(
         sv = kaio.local(f32, (NP,))
         xv = kaio.local(f32, (2 * NP,))
         at = (row // heads) * half + j
-        load_f32(cv, 0, cos, at, NP)
-        load_f32(sv, 0, sin, at, NP)
+        load_f32(cv, 0, cos, at, NP, DT)
+        load_f32(sv, 0, sin, at, NP, DT)
         if INTERLEAVED:
             # pairs (x[2j], x[2j+1]): one chunk, or two elements on the scalar path
             first = row * 2 * half + 2 * j
             for c in kaio.static_range(2 * NP // VEC):
-                load_f32(xv, c * VEC, x, first + c * VEC, VEC)
+                load_f32(xv, c * VEC, x, first + c * VEC, VEC, DT)
             for p in kaio.static_range(NP):
                 rotate(xv, 2 * p, 2 * p + 1, cv[p], sv[p])
             for c in kaio.static_range(2 * NP // VEC):
-                store_f32(out, first + c * VEC, xv, c * VEC, VEC)
+                store_f32(out, first + c * VEC, xv, c * VEC, VEC, DT)
         else:
             # pairs (x[j], x[j + half]) from two chunks
             first = row * 2 * half + j
-            load_f32(xv, 0, x, first, VEC)
-            load_f32(xv, VEC, x, first + half, VEC)
+            load_f32(xv, 0, x, first, VEC, DT)
+            load_f32(xv, VEC, x, first + half, VEC, DT)
             for p in kaio.static_range(VEC):
                 rotate(xv, p, VEC + p, cv[p], sv[p])
-            store_f32(out, first, xv, 0, VEC)
-            store_f32(out, first + half, xv, VEC, VEC)
+            store_f32(out, first, xv, 0, VEC, DT)
+            store_f32(out, first + half, xv, VEC, VEC, DT)
         u += stride
 
 
 def pairs_per_unit(interleaved: bool, vec: int) -> int:
     """The pairs one thread rotates a unit (the kernel's ``NP``)."""
     return vec // 2 if interleaved and vec > 1 else vec
-
-
-_KERNEL = by_dtype(_rope)
 
 
 @planned("x", "cos", "sin")
@@ -116,7 +114,7 @@ def rope(x, cos, sin, interleaved: bool = False):
     units = a.size // 2 // pairs_per_unit(interleaved, vec)
     heads = a.shape[1] if len(a.shape) == 3 else 1
     grid = max(1, min(MAX_BLOCKS, -(-units // BLOCK)))
-    _KERNEL[a.dtype][grid, BLOCK, _arrays.stream_of(a)](
+    _rope[grid, BLOCK, _arrays.stream_of(a)](
         a.arg(a.size),
         c.arg(c.size),
         s.arg(s.size),
@@ -126,6 +124,7 @@ def rope(x, cos, sin, interleaved: bool = False):
         heads,
         INTERLEAVED=bool(interleaved),
         VEC=vec,
+        DT=a.dtype,
     )
     return out
 
@@ -135,4 +134,4 @@ def shipped():
     for dtype in _arrays.FLOATS:
         for interleaved in (False, True):
             for vec in widths(dtype):
-                yield _KERNEL[dtype], {"INTERLEAVED": interleaved, "VEC": vec}
+                yield _rope, {"INTERLEAVED": interleaved, "VEC": vec, "DT": dtype}

@@ -20,13 +20,13 @@ registers and reads the others again. The passes:
 - the last pass writes the output.
 """
 
+# ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
 from __future__ import annotations
 
 import kaio
 from kaio import bool_, f32, u32
 from kaio_ops import _arrays, _long_rows
 from kaio_ops._common import (
-    DT,
     LOG2E,
     LOWEST,
     block_max_sum,
@@ -39,7 +39,6 @@ from kaio_ops._common import (
     widths,
 )
 from kaio_ops._plan import planned
-from kaio_ops._typed import by_dtype
 
 __all__ = ["rms_norm", "rms_norm_residual", "layer_norm", "softmax"]
 
@@ -71,6 +70,7 @@ def take_chunk(
     k: kaio.constexpr,
     res_out: DT[:],
     i: u32,
+    DT: kaio.constexpr,
 ):
     """xs[k VEC : (k + 1) VEC] = the fetched chunk k in f32 (for rms_norm_residual in pass 0:
     x + res, rounded to DT and stored to res_out at i)."""
@@ -81,7 +81,7 @@ def take_chunk(
         for j in kaio.static_range(VEC):
             rv[j] = xs[k * VEC + j] + f32(rraw[k, j])
             xs[k * VEC + j] = f32(DT(rv[j]))  # normalize exactly what is stored
-        store_f32(res_out, i, rv, 0, VEC)
+        store_f32(res_out, i, rv, 0, VEC, DT)
 
 
 @kaio.gpu_func
@@ -98,6 +98,7 @@ def visit(
     i: u32,
     col: u32,
     cached: bool_,
+    DT: kaio.constexpr,
 ):
     """Pass PASS's work on the chunk xs[at : at + VEC] (row element col, array element i);
     ``cached``: the chunk was not read again in this pass (softmax: xs holds exp(x - SEGMAX))."""
@@ -124,15 +125,15 @@ def visit(
             for j in kaio.static_range(VEC):
                 ov[j] = kaio.exp2_ftz((xs[at + j] - acc[MAX]) * LOG2E) * acc[EXPSUM]
         elif OP == "layer_norm":
-            load_f32(wv, 0, w, col, VEC)
-            load_f32(bv, 0, b, col, VEC)
+            load_f32(wv, 0, w, col, VEC, DT)
+            load_f32(bv, 0, b, col, VEC, DT)
             for j in kaio.static_range(VEC):
                 ov[j] = (xs[at + j] - acc[MEAN]) * acc[SCALE] * wv[j] + bv[j]
         else:
-            load_f32(wv, 0, w, col, VEC)
+            load_f32(wv, 0, w, col, VEC, DT)
             for j in kaio.static_range(VEC):
                 ov[j] = xs[at + j] * acc[SCALE] * wv[j]
-        store_f32(out, i, ov, 0, VEC)
+        store_f32(out, i, ov, 0, VEC, DT)
 
 
 @kaio.gpu_func
@@ -171,6 +172,7 @@ def row_pass(
     out: DT[:],
     base: u32,
     chunks: u32,
+    DT: kaio.constexpr,
 ):
     """One pass over this block's row: element base.., ``chunks`` chunks of VEC."""
     t = kaio.thread_idx_x()
@@ -188,24 +190,26 @@ def row_pass(
                 c = first + k * nt
                 if c < chunks:
                     if OP == "rms_norm_residual" and PASS > 0:
-                        fetch(VEC, raw, k, res_out, base + c * VEC)
+                        fetch(VEC, raw, k, res_out, base + c * VEC, DT)
                     else:
-                        fetch(VEC, raw, k, x, base + c * VEC)
+                        fetch(VEC, raw, k, x, base + c * VEC, DT)
                     if OP == "rms_norm_residual" and PASS == 0:
-                        fetch(VEC, rraw, k, res, base + c * VEC)
+                        fetch(VEC, rraw, k, res, base + c * VEC, DT)
                     if OP not in LOADS_FIRST:
-                        take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, base + c * VEC)
+                        take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, base + c * VEC, DT)
             if OP in LOADS_FIRST:
                 for k in kaio.static_range(REGS // VEC):
                     c = first + k * nt
                     if c < chunks:
-                        take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, base + c * VEC)
+                        take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, base + c * VEC, DT)
         if PASS == 0 and OP == "softmax":
             exp_segment(VEC, xs, acc, first, nt, chunks)
         for k in kaio.static_range(REGS // VEC):
             c = first + k * nt
             if c < chunks:
-                visit(PASS, OP, VEC, xs, k * VEC, acc, w, b, out, base + c * VEC, c * VEC, s == 0)
+                visit(
+                    PASS, OP, VEC, xs, k * VEC, acc, w, b, out, base + c * VEC, c * VEC, s == 0, DT
+                )
 
 
 @kaio.gpu_kernel
@@ -220,6 +224,7 @@ def _rows(
     eps: f32,
     OP: kaio.constexpr,
     VEC: kaio.constexpr,
+    DT: kaio.constexpr,
 ):
     red0 = kaio.shared(f32, (32,))
     red1 = kaio.shared(f32, (32,))
@@ -231,23 +236,20 @@ def _rows(
         acc[MAX] = LOWEST
     base = kaio.block_idx_x() * n
     chunks = n // VEC
-    row_pass(0, OP, VEC, xs, acc, x, res, res_out, w, b, out, base, chunks)
+    row_pass(0, OP, VEC, xs, acc, x, res, res_out, w, b, out, base, chunks, DT)
     if OP == "softmax":
         block_max_sum(acc, red0, red1)
         acc[EXPSUM] = 1.0 / acc[EXPSUM]
         acc[CACHED] = kaio.exp(acc[SEGMAX] - acc[MAX]) * acc[EXPSUM]
-        row_pass(1, OP, VEC, xs, acc, x, res, res_out, w, b, out, base, chunks)
+        row_pass(1, OP, VEC, xs, acc, x, res, res_out, w, b, out, base, chunks, DT)
     elif OP == "layer_norm":
         acc[MEAN] = block_sum(acc[SUM], red0) / f32(n)
-        row_pass(1, OP, VEC, xs, acc, x, res, res_out, w, b, out, base, chunks)
+        row_pass(1, OP, VEC, xs, acc, x, res, res_out, w, b, out, base, chunks, DT)
         acc[SCALE] = kaio.rsqrt(block_sum(acc[SQDEV], red1) / f32(n) + eps)
-        row_pass(2, OP, VEC, xs, acc, x, res, res_out, w, b, out, base, chunks)
+        row_pass(2, OP, VEC, xs, acc, x, res, res_out, w, b, out, base, chunks, DT)
     else:
         acc[SCALE] = kaio.rsqrt(block_sum(acc[SUM], red0) / f32(n) + eps)
-        row_pass(1, OP, VEC, xs, acc, x, res, res_out, w, b, out, base, chunks)
-
-
-_KERNEL = by_dtype(_rows)
+        row_pass(1, OP, VEC, xs, acc, x, res, res_out, w, b, out, base, chunks, DT)
 
 
 def block_size(n: int, vec: int) -> int:
@@ -271,8 +273,8 @@ def _run(op: str, x: _arrays.Operand, res=None, w=None, b=None, eps: float = 0.0
         outs = [
             _arrays.output_arg(x, o, (x.size,)) for o in (out, res_out if res is not None else out)
         ]
-        _KERNEL[x.dtype][rows, block_size(n, vec), _arrays.stream_of(x)](
-            flat, *args, *outs, n, eps, OP=op, VEC=vec
+        _rows[rows, block_size(n, vec), _arrays.stream_of(x)](
+            flat, *args, *outs, n, eps, OP=op, VEC=vec, DT=x.dtype
         )
     return out if res is None else (out, res_out)
 
@@ -347,4 +349,4 @@ def shipped():
     for dtype in _arrays.FLOATS:
         for op in OPS:
             for vec in widths(dtype):
-                yield _KERNEL[dtype], {"OP": op, "VEC": vec}
+                yield _rows, {"OP": op, "VEC": vec, "DT": dtype}

@@ -1,21 +1,30 @@
 """Kernels of tests/test_fp8.py (in a module of their own: the frontend reads their source).
 
-Per fp8 type (one source each, rebound per type), one kernel converts f32, f16 and bf16
-arrays to it, one converts it to the three; and one kernel runs each conversion the
+Per fp8 type (a dtype constexpr, ``FP8``), one kernel converts f32, f16 and bf16 arrays to
+it, one converts it to the three; and one kernel runs each conversion the
 frontend routes through f32 (integers, f64 out, e4m3 <-> e5m2).
 """
 
+# ruff: noqa: F821  (FP8 in annotations is a dtype constexpr parameter)
 from __future__ import annotations
 
 import kaio
 from kaio import bf16, e4m3, e5m2, f16, f32, f64, i32, u32
-from kaio_ops._fp8 import variants
 
-FP8 = e4m3  # the placeholder each variant rebinds (kaio_ops._fp8.variants)
+TYPES = {"e4m3": e4m3, "e5m2": e5m2}  # the FP8 of each format
 
 
 @kaio.gpu_kernel(block_size=128)
-def to_fp8(x: f32[:], h: f16[:], b: bf16[:], qx: FP8[:], qh: FP8[:], qb: FP8[:], n: u32):
+def to_fp8(
+    x: f32[:],
+    h: f16[:],
+    b: bf16[:],
+    qx: FP8[:],
+    qh: FP8[:],
+    qb: FP8[:],
+    n: u32,
+    FP8: kaio.constexpr,
+):
     """q*[i] = FP8(*[i])."""
     i = kaio.thread_idx_x() + kaio.block_idx_x() * kaio.block_dim_x()
     if i < n:
@@ -25,17 +34,13 @@ def to_fp8(x: f32[:], h: f16[:], b: bf16[:], qx: FP8[:], qh: FP8[:], qb: FP8[:],
 
 
 @kaio.gpu_kernel(block_size=128)
-def from_fp8(q: FP8[:], x: f32[:], h: f16[:], b: bf16[:], n: u32):
+def from_fp8(q: FP8[:], x: f32[:], h: f16[:], b: bf16[:], n: u32, FP8: kaio.constexpr):
     """x[i], h[i], b[i] = q[i] widened."""
     i = kaio.thread_idx_x() + kaio.block_idx_x() * kaio.block_dim_x()
     if i < n:
         x[i] = f32(q[i])
         h[i] = f16(q[i])
         b[i] = bf16(q[i])
-
-
-TO = {name: v[f32] for name, v in variants(to_fp8).items()}
-FROM = {name: v[f32] for name, v in variants(from_fp8).items()}
 
 
 @kaio.gpu_kernel(block_size=128)

@@ -74,9 +74,9 @@ def boundaries(name: str) -> np.ndarray:
     return np.concatenate([x, -x])
 
 
-def launch(kernel, *arrays):
+def launch(kernel, *arrays, **constexprs):
     n = len(arrays[0])
-    kernel.sim[(n + 127) // 128,](*arrays, np.uint32(n))
+    kernel.sim[(n + 127) // 128,](*arrays, np.uint32(n), **constexprs)
 
 
 @pytest.mark.parametrize("name", ["e4m3", "e5m2"])
@@ -86,7 +86,7 @@ def test_from_fp8_all_codes(name):
     x = np.full(256, -7.0, np.float32)
     h = np.full(256, -7.0, np.float16)
     b = np.full(256, -7.0, ml_dtypes.bfloat16)
-    launch(K.FROM[name], q, x, h, b)
+    launch(K.from_fp8, q, x, h, b, FP8=K.TYPES[name])
     expect = np.array([decode(c, name) for c in range(256)])
     for got in (x, h, b):
         got = got.astype(np.float64)
@@ -104,7 +104,7 @@ def test_to_fp8_boundaries(name):
     h = x.astype(np.float16)  # the boundaries of f16 inputs are exact in f16 too
     b = x.astype(ml_dtypes.bfloat16)
     outs = [np.full(len(x), 0x55, np.uint8).view(dtype) for _ in range(3)]
-    launch(K.TO[name], x, h, b, *outs)
+    launch(K.to_fp8, x, h, b, *outs, FP8=K.TYPES[name])
     for src, got in zip((x, h, b), outs, strict=True):
         wide = src.astype(np.float64)
         expect = np.array([reference(float(v), name) for v in wide], np.uint8)
@@ -124,7 +124,7 @@ def test_to_fp8_every_f16():
     for name in ("e4m3", "e5m2"):
         dtype = FORMATS[name][2]
         outs = [np.zeros(len(h), dtype) for _ in range(3)]
-        launch(K.TO[name], x, h, b, *outs)
+        launch(K.to_fp8, x, h, b, *outs, FP8=K.TYPES[name])
         limit = np.float32(ml_dtypes.finfo(dtype).max)
         expect = np.clip(x, -limit, limit).astype(dtype).view(np.uint8).copy()
         expect[np.isnan(x)] = 0x7F
@@ -169,15 +169,16 @@ def test_host_conversion():
 def test_ptx_assembles(arch, backend):
     if backend == "llvm":
         pytest.importorskip("llvmlite")
-    for kernel in (*K.TO.values(), *K.FROM.values(), K.routed):
-        ptx = kernel.ptx(arch=arch, backend=backend)
+    cases = [(k, {"FP8": t}) for k in (K.to_fp8, K.from_fp8) for t in K.TYPES.values()]
+    for kernel, constexprs in [*cases, (K.routed, {})]:
+        ptx = kernel.ptx(arch=arch, backend=backend, **constexprs)
         assert "cvt.rn.satfinite.e" in ptx or "cvt.rn.f16x2.e" in ptx
         assemble(ptx, arch)
 
 
 def test_sm80_refused_with_location():
     with pytest.raises(kaio.CompileError) as info:
-        K.TO["e4m3"].ptx(arch="sm_80")
+        K.to_fp8.ptx(arch="sm_80", FP8=kaio.e4m3)
     err = info.value
     assert err.filename.endswith("fp8_kernels.py") and err.lineno > 0
     assert "sm_89" in str(err) and "kaio.e4m3()" in str(err)
@@ -246,20 +247,21 @@ def test_gpu_conversions_match_simulator(backend):
     x = h.astype(np.float32)
     b = x.astype(ml_dtypes.bfloat16)
     for name, dtype in ((n, FORMATS[n][2]) for n in FORMATS):
-        kernel = twin(K.TO[name], backend)
+        fp8 = K.TYPES[name]
+        kernel = twin(K.to_fp8, backend)
         outs = [kaio.to_device(np.full(len(h), 0x55, np.uint8).view(dtype)) for _ in range(3)]
         ins = [kaio.to_device(v) for v in (x, h, b)]
-        kernel[(len(h) + 127) // 128,](*ins, *outs, np.uint32(len(h)))
+        kernel[(len(h) + 127) // 128,](*ins, *outs, np.uint32(len(h)), FP8=fp8)
         want = [np.zeros(len(h), dtype) for _ in range(3)]
-        launch(K.TO[name], x, h, b, *want)
+        launch(K.to_fp8, x, h, b, *want, FP8=fp8)
         for got, w in zip(outs, want, strict=True):
             assert np.array_equal(got.numpy().view(np.uint8), w.view(np.uint8))
         q = np.arange(256, dtype=np.uint8).view(dtype)
         back = [
             kaio.to_device(np.zeros(256, t)) for t in (np.float32, np.float16, ml_dtypes.bfloat16)
         ]
-        twin(K.FROM[name], backend)[2,](kaio.to_device(q), *back, np.uint32(256))
+        twin(K.from_fp8, backend)[2,](kaio.to_device(q), *back, np.uint32(256), FP8=fp8)
         want = [np.zeros(256, t) for t in (np.float32, np.float16, ml_dtypes.bfloat16)]
-        launch(K.FROM[name], q, *want)
+        launch(K.from_fp8, q, *want, FP8=fp8)
         for got, w in zip(back, want, strict=True):
             assert np.array_equal(got.numpy().view(np.uint8), w.view(np.uint8))

@@ -189,7 +189,8 @@ def kaio_ops_sample() -> list:
 
     families: dict = {}
     for module, kernel, consts in kaio_ops_specializations():
-        families.setdefault((module, label(kernel, {})), []).append((module, kernel, consts))
+        dtype = {k: v for k, v in consts.items() if k == "DT"}  # a family per element type
+        families.setdefault((module, label(kernel, dtype)), []).append((module, kernel, consts))
     return [
         (ARCHS[i % 2], *min(specs, key=lambda s: _size(s[2])))
         for i, specs in enumerate(families.values())

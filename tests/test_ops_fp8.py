@@ -237,12 +237,13 @@ def test_ptx_assembles(arch, fmt, dt):
     assert len(shipped) == 2 * 3 * 10 + 2 + 3 + 1
     t = getattr(kaio, dt)
     flags = {"ROW_A": 1, "COL_B": 1, "BIAS": 1}
+    types = {"DT": t, "FP8": _fp8.FP8_TYPES[fmt]}
     chosen = [
-        (_fp8.MM[fmt][t], flags),
-        (_fp8.QUANTIZE_ROWS[fmt][t], {"LIMIT": _fp8.FP8_MAX[fmt]}),
-        (_fp8.QUANTIZE_FLAT[fmt][t], {}),
+        (_fp8._mm_fp8, {**flags, **types}),
+        (_fp8._quantize_rows, {"LIMIT": _fp8.FP8_MAX[fmt], **types}),
+        (_fp8._quantize_flat, types),
         (_fp8._tensor_scale, {"LIMIT": _fp8.FP8_MAX[fmt]}),
-        (_fp8.AMAX_PARTIAL[t], {}),
+        (_fp8._amax_partial, {"DT": t}),
         (_fp8._transpose_bytes, {}),
     ]
     for kernel, constexprs in chosen:
@@ -264,16 +265,15 @@ def test_hopper_kernel_assembles_for_sm_90a():
 def test_llvm_backend_assembles():
     pytest.importorskip("llvmlite")
     for kernel, constexprs in (
-        (_fp8.MM["e5m2"][kaio.bf16], {"ROW_A": 1, "COL_B": 1, "BIAS": 1}),
-        (_fp8.QUANTIZE_ROWS["e4m3"][kaio.f16], {"LIMIT": 448.0}),
+        (_fp8._mm_fp8, {"ROW_A": 1, "COL_B": 1, "BIAS": 1, "DT": kaio.bf16, "FP8": kaio.e5m2}),
+        (_fp8._quantize_rows, {"LIMIT": 448.0, "DT": kaio.f16, "FP8": kaio.e4m3}),
     ):
         assemble(kernel.ptx(arch="sm_90", backend="llvm", **constexprs), "sm_90")
 
 
 def test_sm80_refused():
-    kernel = _fp8.MM["e4m3"][kaio.bf16]
     with pytest.raises(kaio.CompileError, match=r"kaio.mma_e4m3\(\) needs sm_89"):
-        kernel.ptx(arch="sm_80", ROW_A=0, COL_B=0, BIAS=0)
+        _fp8._mm_fp8.ptx(arch="sm_80", ROW_A=0, COL_B=0, BIAS=0, DT=kaio.bf16, FP8=kaio.e4m3)
 
 
 # ---------------------------------------------------------------------------------- GPU

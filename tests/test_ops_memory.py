@@ -260,7 +260,7 @@ def test_vector_path_taken():
 
 def test_kernels_per_dtype_have_their_own_cache_keys():
     keys = {
-        elementwise._KERNEL[dt].specialize({"OP": "add", "BCAST": False, "VEC": 1}).key
+        elementwise._elementwise.specialize({"OP": "add", "BCAST": False, "VEC": 1, "DT": dt}).key
         for dt in _arrays.FLOATS
     }
     assert len(keys) == 3
@@ -332,7 +332,7 @@ def test_cluster_softmax_assembles_for_sm_90_only():
 
 
 def test_vector_path_uses_16_byte_accesses():
-    ptx = rows._KERNEL[kaio.bf16].ptx(arch="sm_90", OP="rms_norm", VEC=8)
+    ptx = rows._rows.ptx(arch="sm_90", OP="rms_norm", VEC=8, DT=kaio.bf16)
     assert "ld.global.v4.b32" in ptx and "st.global.v4.b32" in ptx
 
 
