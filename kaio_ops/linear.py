@@ -16,8 +16,8 @@ import math
 
 import numpy as np
 
-from kaio.types import ScalarType, bf16, f16, f32
-from kaio_ops import _arrays, _gemm_hopper
+from kaio.types import ScalarType, bf16, f16, f32, i32
+from kaio_ops import _arrays, _gemm_hopper, _gemv
 from kaio_ops._gemm import ACTIVATIONS, GEMM, REDUCE
 from kaio_ops._plan import planned
 from kaio_ops.matmul import CONFIGS, Plan, _hopper, heuristic, k_slices, plan_for
@@ -118,16 +118,27 @@ def gemm(
     """The launch shared by ``matmul`` and ``linear``: ``epilogue(a @ b)`` (b [K, N], or
     [N, K] when ``transposed``) in a new array of ``out_shape`` and type ``out``.
     ``chosen``: an mma.sync tile plan, or ``"hopper"`` for the sm_90 kernel with its own
-    plan (``_gemm_hopper.plan``; the tests run it in the simulator), or None: the Hopper
-    kernel where ``hopper_takes``, else ``tuned_plan``."""
+    plan (``_gemm_hopper.plan``; the tests run it in the simulator), or a
+    ``_gemm_hopper.Plan``, or ``"gemv"`` or a ``_gemv.Plan`` for the skinny kernel (M <= 8,
+    B [K, N], no epilogue), or None: the skinny kernel where ``_gemv.preferred``, the
+    Hopper kernel where ``hopper_takes``, else ``tuned_plan``."""
     m, n, k = mnk
     gate = activation == "silu_gate"
     dtype = a.dtype
     sms = _arrays.multiprocessors(a)
-    hopper = chosen == "hopper" or chosen is None and hopper_takes(a, b, n, k, transposed)
+    plain = bias is None and residual is None and activation == "none"
+    if chosen == "gemv" or chosen is None and _gemv.preferred(a, b, mnk, transposed, plain):
+        chosen = _gemv.Plan(_gemv.split_for(m, n, k, sms))
+    if isinstance(chosen, _gemv.Plan):
+        return _skinny(a, b, out_shape, mnk, out, chosen.split)
+    hopper = isinstance(chosen, _gemm_hopper.Plan) or chosen == "hopper"
+    hopper = hopper or chosen is None and hopper_takes(a, b, n, k, transposed)
     if hopper:
-        wg, bn, stages, split = _gemm_hopper.plan(m, n, k, sms, gate)
+        if not isinstance(chosen, _gemm_hopper.Plan):
+            chosen = _gemm_hopper.plan(m, n, k, sms, gate)
+        wg, bn, stages, split, fixup = chosen
         split, k_slice = k_slices(k, split, _gemm_hopper.BK)
+        fixup = fixup and split > 1 and _gemm_hopper.fixup_ok(n)
     else:
         chosen = chosen or tuned_plan(a, m, n, k, gate)
         cfg = CONFIGS[chosen.config]
@@ -146,9 +157,13 @@ def gemm(
         tiles = math.ceil(m / (64 * wg)) * math.ceil(n / bn)
         maps = _gemm_hopper.tensor_maps(a, b, m, k, wg, transposed)
         shared = _gemm_hopper.shared_bytes(wg, bn, stages, gate)
+        counters = _counters(a, tiles) if fixup else _placeholder(a, i32, 1)
         _gemm_hopper.GEMM_WGMMA[dtype, out, rt][(tiles, 1, split), 128 * wg + 32, stream, shared](
-            *maps, *args, WG=wg, BN=bn, STAGES=stages, BT=int(transposed), SPLIT=split, **epilogue
-        )
+            *maps, *args[:4], counters, *args[4:], WG=wg, BN=bn, STAGES=stages,
+            BT=int(transposed), SPLIT=min(split, 2), FIXUP=int(fixup), **epilogue
+        )  # fmt: skip
+        if fixup:
+            return c
     else:
         pipelined = _pipelined(a)
         vec = (
@@ -171,6 +186,50 @@ def gemm(
             ws, c_arg, bias_arg, res_arg, m, n, SPLIT=split, **epilogue
         )
     return c
+
+
+def _skinny(a, b, out_shape: tuple, mnk: tuple, out: ScalarType, split: int):
+    """``a @ b`` by ``_gemv.gemv_kn`` (M <= 8, B [K, N], no epilogue), K cut in up to
+    ``split`` slices."""
+    m, n, k = mnk
+    split, k_slice = _gemv.slices(k, split)
+    c = _arrays.output(a, out_shape, out)
+    ws = _arrays.output(a, (split * m, n), f32) if split > 1 else _placeholder(a, f32, 2)
+    blocks = math.ceil(n / _gemv.COLS)
+    counters = _counters(a, blocks) if split > 1 else _placeholder(a, i32, 1)
+    c_arg = _arrays.output_arg(a, c, (m, n), out)
+    _gemv.launch(a, b, c_arg, out, ws, counters, mnk, k_slice, _arrays.stream_of(a))
+    return c
+
+
+_COUNTERS: dict = {}
+
+
+def _counters(like: _arrays.Operand, tiles: int):
+    """The zeroed i32 arrival counts (one a tile, at least ``tiles``) of the Hopper
+    kernel's K-split fixup for ``like``'s kind, device and stream: a launch leaves them zero
+    again, so launches in stream order share them; kept for good (call plans pass them as
+    they are)."""
+    key = (like.kind, like.device, _arrays.stream_of(like))
+    found = _COUNTERS.get(key)
+    if found is None or found.shape[0] < tiles:
+        size = max(tiles, 1024)
+        if like.kind == "torch":
+            import torch
+
+            found = torch.zeros(size, dtype=torch.int32, device=like.obj.device)
+        elif like.kind == "cupy":
+            import cupy
+
+            with cupy.cuda.Device(like.device):
+                found = cupy.zeros(size, dtype=np.int32)
+        elif like.kind == "kaio":
+            found = _arrays.new_array("kaio", like.device, like.obj, (size,), i32)
+            found.copy_from_host(np.zeros(size, np.int32))
+        else:
+            found = np.zeros(size, np.int32)
+        _COUNTERS[key] = _arrays.constant(found)
+    return found
 
 
 def hopper_takes(a: _arrays.Operand, b: _arrays.Operand, n: int, k: int, transposed: bool) -> bool:
@@ -271,4 +330,6 @@ def specializations() -> list:
         add(bf16, f16, "16x128", act=act, split=4)
         for dt, ot in ((f16, f16), (bf16, f32)):
             out.append((REDUCE[dt, ot], {"SPLIT": 4, "BIAS": 1, "ACT": act, "RES": 1}))
+    for mr, dt, ot in ((1, f16, f16), (5, bf16, f32), (8, bf16, bf16)):
+        out.append((_gemv.gemv_kn, {"MR": mr, "DT": dt, "OUT": ot}))
     return out

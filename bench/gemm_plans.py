@@ -1,0 +1,173 @@
+"""Search the Hopper GEMM's launch plans by measurement: for each shape, ``kaio_ops.matmul``'s
+kernel (``_gemm_hopper.gemm_wgmma``, f16 in and out) under every plausible ``Plan`` (64- or
+128-row tiles, N tiles of 64/128/256, K splits summed in the kernel or by the reduction
+kernel, ring depth) against cuBLAS (``torch.matmul``), per-call kernel time with L2 rotated
+(bench/harness.py). The best plan of each shape is what ``_gemm_hopper.plan``'s table is
+checked against.
+
+Usage: ``python bench/gemm_plans.py --out plans.json [--budget 70] [--set small|mid|all]``;
+stops starting shapes after ``--budget`` seconds (the JSON keeps what finished). Prints, per
+shape, cuBLAS, the current heuristic's plan and the best plan found (µs), then a summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.harness import Harness  # noqa: E402
+from kaio_ops import _arrays, _gemm_hopper, _gemv  # noqa: E402
+from kaio_ops.linear import gemm  # noqa: E402
+
+LLAMA8B = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
+LLAMA70B = [(10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672)]
+SETS = {
+    "small": [(m, n, k) for m in (1, 16, 64) for n, k in LLAMA8B],
+    "mid": [(1024, 1024, 1024), (2048, 2048, 2048)]
+    + [(m, n, k) for m in (128, 256, 1024) for n, k in LLAMA8B],
+    "more": [(m, n, k) for m in (4, 32, 512, 2048) for n, k in LLAMA8B]
+    + [(m, n, k) for m in (1, 16, 128, 1024) for n, k in LLAMA70B],
+}
+SETS["all"] = SETS["small"] + SETS["mid"] + SETS["more"]
+
+
+def candidates(m: int, n: int, k: int, sms: int) -> list[_gemm_hopper.Plan]:
+    """The plans worth timing for one shape: every tile shape whose grid, times a K split
+    of whole 64-deep steps (at least 2 a slice), gives between sms / 2 and 4 * sms blocks
+    (or the one split nearest that), the split summed in the kernel."""
+    out = []
+    for wg in (1,) if m <= 64 else (1, 2) if m <= 256 else (2,):
+        rows = math.ceil(m / (64 * wg))
+        for bn in (64, 128, 256):
+            tiles = rows * math.ceil(n / bn)
+            stages = _gemm_hopper.stages_for(wg, bn, False)
+            for split in (1, 2, 3, 4, 6, 8, 12, 16):
+                if split > 1 and k // split < 2 * _gemm_hopper.BK:
+                    continue
+                blocks = tiles * split
+                if split > 1 and blocks > 4 * sms or split == 1 and tiles > 64 * sms:
+                    continue
+                if blocks < sms // 2 and tiles * 2 * split <= 4 * sms and split < 16:
+                    continue  # a larger split fills the GPU better
+                out.append(_gemm_hopper.Plan(wg, bn, stages, split, split > 1))
+    return out
+
+
+def search(h: Harness, m: int, n: int, k: int, sms: int) -> dict:
+    """Time cuBLAS and each candidate plan of one shape (checked against an f32 reference,
+    and a split's result the same bits twice): the row of the JSON."""
+    nbytes = (m * k + k * n + m * n) * 2
+    sets = []
+    for _ in range(h.sets_for(nbytes)):
+        a = torch.randn(m, k, device="cuda").half()
+        b = (torch.randn(k, n, device="cuda") * k**-0.5).half()
+        sets.append((a, b))
+    ref = sets[0][0].float() @ sets[0][1].float()
+    ops = {}
+    for a, b in sets:
+        inputs = _arrays.Inputs("matmul")
+        ops[a.data_ptr()] = (inputs.array(a, "a", ndim=2), inputs.array(b, "b", ndim=2))
+
+    def kaio_fn(plan):
+        def fn(a, b):
+            ia, ib = ops[a.data_ptr()]
+            return gemm("matmul", ia, ib, (m, n), (m, n, k), ia.dtype, False, chosen=plan)
+
+        return fn
+
+    def med(fn):
+        return statistics.median(h.time(fn, sets)) * 1e3
+
+    cublas = med(torch.matmul)
+    default = _gemm_hopper.plan(m, n, k, sms)
+    plans = candidates(m, n, k, sms)
+    if default not in plans:
+        plans.insert(0, default)
+    if default.split > 1:
+        plans.append(default._replace(fixup=False))
+    if _gemv.MAX_M >= m:  # the skinny kernel, K splits around its own choice
+        mine = _gemv.split_for(m, n, k, sms)
+        plans += sorted({_gemv.Plan(max(1, s)) for s in (mine // 4, mine // 2, mine, 2 * mine)})
+    timed = []
+    for plan in plans:
+        fn = kaio_fn(plan)
+        try:
+            got = fn(*sets[0])
+            err = ((got.float() - ref).norm() / ref.norm()).item()
+            same = torch.equal(got, fn(*sets[0]))  # a split's sum: same bits each run
+            us = med(fn)
+        except Exception as e:  # noqa: BLE001  (a plan failing must not stop the search)
+            print(f"  {plan}: {type(e).__name__}: {e}"[:300], flush=True)
+            continue
+        ok = err < 3e-3 and same
+        timed.append({"plan": list(plan), "us": us, "err": err, "same": same, "ok": ok})
+    good = [t for t in timed if t["ok"]]
+    best = min(good, key=lambda t: t["us"]) if good else None
+    dflt = next((t for t in timed if t["plan"] == _name(default)), None)
+    row = {"m": m, "n": n, "k": k, "cublas_us": cublas, "default": dflt, "best": best,
+           "all": timed}  # fmt: skip
+    return row
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Time each shape's candidate plans; write the JSON (--out) as shapes finish."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--set", default="all", choices=sorted(SETS))
+    p.add_argument("--budget", type=float, default=70.0, help="seconds to start shapes in")
+    p.add_argument("--reps", type=int, default=20)
+    args, rest = p.parse_known_args(argv)
+    h = Harness.from_args("Hopper GEMM plan search", rest, reps=args.reps)
+    start = time.perf_counter()
+    sms = h.meta["sms"]
+    rows = []
+    for m, n, k in SETS[args.set]:
+        if time.perf_counter() - start > args.budget:
+            print(f"budget spent: stopped before {m}x{n}x{k}", flush=True)
+            break
+        row = search(h, m, n, k, sms)
+        rows.append(row)
+        bad = [t["plan"] for t in row["all"] if not t["ok"]]
+        cu = row["cublas_us"]
+        print(
+            f"M={m:5d} {n:5d}x{k:<5d} cuBLAS {cu:7.1f}us  default {_fmt(row['default'], cu)}  "
+            f"best {_fmt(row['best'], cu)}" + (f"  WRONG {bad}" if bad else ""),
+            flush=True,
+        )
+        if h.out:
+            with open(h.out, "w") as fh:
+                json.dump({"meta": h.meta, "rows": rows}, fh)
+        torch.cuda.empty_cache()
+    print(f"\nHopper GEMM plans on {h.meta['gpu']} ({sms} SMs), f16, B [K, N]; x = cuBLAS/kaio")
+    print("| M | N x K | cuBLAS µs | default plan | x | best plan | x |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        d, b, cu = r["default"], r["best"], r["cublas_us"]
+        print(f"| {r['m']} | {r['n']}x{r['k']} | {cu:.1f} | {_fmt(d, cu, ' | ')} | "
+              f"{_fmt(b, cu, ' | ')} |")  # fmt: skip
+
+
+def _name(plan) -> list:
+    """A plan as JSON: ``[wg, bn, stages, split, fixup]``, or ``["gemv", split]``."""
+    return ["gemv", plan.split] if isinstance(plan, _gemv.Plan) else list(plan)
+
+
+def _fmt(t: dict | None, cublas: float, sep: str = " ") -> str:
+    """A timed plan as "[plan] µs (x cuBLAS)", or "-" when none ran."""
+    if t is None:
+        return "-"
+    if sep == " ":
+        return f"{t['plan']} {t['us']:.1f}us ({cublas / t['us']:.2f}x)"
+    return f"{t['plan']}{sep}{cublas / t['us']:.2f}"
+
+
+if __name__ == "__main__":
+    main()
