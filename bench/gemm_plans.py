@@ -5,7 +5,8 @@ kernel, ring depth) against cuBLAS (``torch.matmul``), per-call kernel time with
 (bench/harness.py). The best plan of each shape is what ``_gemm_hopper.plan``'s table is
 checked against.
 
-Usage: ``python bench/gemm_plans.py --out plans.json [--budget 70] [--set small|mid|all]``;
+Usage: ``python bench/gemm_plans.py --out plans.json [--budget 70] [--set small,mid,...]``
+(``linear``: B [N, K] shapes);
 stops starting shapes after ``--budget`` seconds (the JSON keeps what finished). Prints, per
 shape, cuBLAS, the current heuristic's plan and the best plan found (µs), then a summary.
 """
@@ -38,6 +39,8 @@ SETS = {
     + [(m, n, k) for m in (1, 16, 128, 1024) for n, k in LLAMA70B],
 }
 SETS["all"] = SETS["small"] + SETS["mid"] + SETS["more"]
+# B [N, K] (``linear``, nn.Linear's weight), marked by a negative K
+SETS["linear"] = [(m, n, -k) for m in (1, 16, 128) for n, k in ((4096, 4096), (4096, 14336))]
 
 
 def candidates(m: int, n: int, k: int, sms: int) -> list[_gemm_hopper.Plan]:
@@ -62,16 +65,17 @@ def candidates(m: int, n: int, k: int, sms: int) -> list[_gemm_hopper.Plan]:
     return out
 
 
-def search(h: Harness, m: int, n: int, k: int, sms: int) -> dict:
+def search(h: Harness, m: int, n: int, k: int, sms: int, transposed: bool = False) -> dict:
     """Time cuBLAS and each candidate plan of one shape (checked against an f32 reference,
-    and a split's result the same bits twice): the row of the JSON."""
+    and a split's result the same bits twice): the row of the JSON. ``transposed``: B is
+    [N, K] (``linear``; cuBLAS through ``F.linear``)."""
     nbytes = (m * k + k * n + m * n) * 2
     sets = []
     for _ in range(h.sets_for(nbytes)):
         a = torch.randn(m, k, device="cuda").half()
-        b = (torch.randn(k, n, device="cuda") * k**-0.5).half()
+        b = (torch.randn(*((n, k) if transposed else (k, n)), device="cuda") * k**-0.5).half()
         sets.append((a, b))
-    ref = sets[0][0].float() @ sets[0][1].float()
+    ref = sets[0][0].float() @ (sets[0][1].float().T if transposed else sets[0][1].float())
     ops = {}
     for a, b in sets:
         inputs = _arrays.Inputs("matmul")
@@ -80,21 +84,21 @@ def search(h: Harness, m: int, n: int, k: int, sms: int) -> dict:
     def kaio_fn(plan):
         def fn(a, b):
             ia, ib = ops[a.data_ptr()]
-            return gemm("matmul", ia, ib, (m, n), (m, n, k), ia.dtype, False, chosen=plan)
+            return gemm("matmul", ia, ib, (m, n), (m, n, k), ia.dtype, transposed, chosen=plan)
 
         return fn
 
     def med(fn):
         return statistics.median(h.time(fn, sets)) * 1e3
 
-    cublas = med(torch.matmul)
+    cublas = med(torch.nn.functional.linear if transposed else torch.matmul)
     default = _gemm_hopper.plan(m, n, k, sms)
     plans = candidates(m, n, k, sms)
     if default not in plans:
         plans.insert(0, default)
     if default.split > 1:
         plans.append(default._replace(fixup=False))
-    if _gemv.MAX_M >= m:  # the skinny kernel, K splits around its own choice
+    if _gemv.MAX_M >= m and not transposed:  # the skinny kernel, K splits around its own choice
         mine = _gemv.split_for(m, n, k, sms)
         plans += sorted({_gemv.Plan(max(1, s)) for s in (mine // 4, mine // 2, mine, 2 * mine)})
     timed = []
@@ -109,19 +113,26 @@ def search(h: Harness, m: int, n: int, k: int, sms: int) -> dict:
             print(f"  {plan}: {type(e).__name__}: {e}"[:300], flush=True)
             continue
         ok = err < 3e-3 and same
-        timed.append({"plan": list(plan), "us": us, "err": err, "same": same, "ok": ok})
+        timed.append({"plan": _name(plan), "us": us, "err": err, "same": same, "ok": ok})
     good = [t for t in timed if t["ok"]]
     best = min(good, key=lambda t: t["us"]) if good else None
     dflt = next((t for t in timed if t["plan"] == _name(default)), None)
-    row = {"m": m, "n": n, "k": k, "cublas_us": cublas, "default": dflt, "best": best,
-           "all": timed}  # fmt: skip
-    return row
+    return {
+        "m": m,
+        "n": n,
+        "k": k,
+        "transposed": transposed,
+        "cublas_us": cublas,
+        "default": dflt,
+        "best": best,
+        "all": timed,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
     """Time each shape's candidate plans; write the JSON (--out) as shapes finish."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--set", default="all", choices=sorted(SETS))
+    p.add_argument("--set", default="all", help=f"comma-separated, of {sorted(SETS)}")
     p.add_argument("--budget", type=float, default=70.0, help="seconds to start shapes in")
     p.add_argument("--reps", type=int, default=20)
     args, rest = p.parse_known_args(argv)
@@ -129,16 +140,18 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     sms = h.meta["sms"]
     rows = []
-    for m, n, k in SETS[args.set]:
+    shapes = [shape for name in args.set.split(",") for shape in SETS[name]]
+    for m, n, k in shapes:
         if time.perf_counter() - start > args.budget:
             print(f"budget spent: stopped before {m}x{n}x{k}", flush=True)
             break
-        row = search(h, m, n, k, sms)
+        row = search(h, m, n, abs(k), sms, transposed=k < 0)
+        k = abs(k)
         rows.append(row)
         bad = [t["plan"] for t in row["all"] if not t["ok"]]
         cu = row["cublas_us"]
         print(
-            f"M={m:5d} {n:5d}x{k:<5d} cuBLAS {cu:7.1f}us  default {_fmt(row['default'], cu)}  "
+            f"M={m:5d} {_shape(row)} cuBLAS {cu:7.1f}us  default {_fmt(row['default'], cu)}  "
             f"best {_fmt(row['best'], cu)}" + (f"  WRONG {bad}" if bad else ""),
             flush=True,
         )
@@ -151,8 +164,14 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         d, b, cu = r["default"], r["best"], r["cublas_us"]
-        print(f"| {r['m']} | {r['n']}x{r['k']} | {cu:.1f} | {_fmt(d, cu, ' | ')} | "
-              f"{_fmt(b, cu, ' | ')} |")  # fmt: skip
+        print(
+            f"| {r['m']} | {_shape(r)} | {cu:.1f} | {_fmt(d, cu, ' | ')} | {_fmt(b, cu, ' | ')} |"
+        )
+
+
+def _shape(row: dict) -> str:
+    """ "NxK" of a row, marked " [N,K]" for B in nn.Linear's layout."""
+    return f"{row['n']}x{row['k']}" + (" [N,K]" if row["transposed"] else "")
 
 
 def _name(plan) -> list:
