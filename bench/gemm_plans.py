@@ -40,7 +40,7 @@ SETS = {
 }
 SETS["all"] = SETS["small"] + SETS["mid"] + SETS["more"]
 # B [N, K] (``linear``, nn.Linear's weight), marked by a negative K
-SETS["linear"] = [(m, n, -k) for m in (1, 16, 128) for n, k in ((4096, 4096), (4096, 14336))]
+SETS["linear"] = [(m, n, -k) for m in (1, 4, 16, 128) for n, k in ((4096, 4096), (4096, 14336))]
 
 
 def candidates(m: int, n: int, k: int, sms: int) -> list[_gemm_hopper.Plan]:
@@ -101,6 +101,8 @@ def search(h: Harness, m: int, n: int, k: int, sms: int, transposed: bool = Fals
     if _gemv.MAX_M >= m and not transposed:  # the skinny kernel, K splits around its own choice
         mine = _gemv.split_for(m, n, k, sms)
         plans += sorted({_gemv.Plan(max(1, s)) for s in (mine // 4, mine // 2, mine, 2 * mine)})
+    if _gemv.MAX_M_NK >= m and transposed:
+        plans.append(_gemv.Plan(1))
     timed = []
     for plan in plans:
         fn = kaio_fn(plan)

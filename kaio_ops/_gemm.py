@@ -23,6 +23,7 @@ and ``tile_origin``: a ``BM x BN`` block tile of ``WARPS_M x WARPS_N`` warps, K 
   same epilogue.
 """
 
+# ruff: noqa: F821  (BD and RD in annotations are dtype constexpr parameters)
 from __future__ import annotations
 
 import kaio
@@ -57,8 +58,28 @@ def finish(
     ACT: kaio.constexpr,
     RES: kaio.constexpr,
 ) -> f32:
+    """``epilogue`` with this module's placeholder types."""
+    return epilogue(g, u, row, col, N, bias, res, BIAS, ACT, RES, DT, RT)
+
+
+@kaio.gpu_func
+def epilogue(
+    g: f32,
+    u: f32,
+    row: u32,
+    col: u32,
+    N: u32,
+    bias: BD[:],
+    res: RD[:, :],
+    BIAS: kaio.constexpr,
+    ACT: kaio.constexpr,
+    RES: kaio.constexpr,
+    BD: kaio.constexpr,
+    RD: kaio.constexpr,
+) -> f32:
     """The epilogue of output (row, col) from its f32 sum ``g`` (and for "silu_gate" the up
-    sum ``u``): + bias, activation, + residual, all in f32."""
+    sum ``u``): + bias (elements of type BD), activation, + residual (of type RD), all in
+    f32."""
     v = g
     if BIAS:
         v += f32(bias[col])

@@ -128,7 +128,22 @@ def gemm(
     sms = _arrays.multiprocessors(a)
     plain = bias is None and residual is None and activation == "none"
     if chosen == "gemv" or chosen is None and _gemv.preferred(a, b, mnk, transposed, plain):
-        chosen = _gemv.Plan(_gemv.split_for(m, n, k, sms))
+        chosen = _gemv.Plan(1 if transposed else _gemv.split_for(m, n, k, sms))
+    if isinstance(chosen, _gemv.Plan) and transposed:
+        c = _arrays.output(a, out_shape, out)
+        rt = out if residual is None else residual.dtype
+        _gemv.gemv_nk[(math.ceil(n / 8), 1, 1), _gemv.THREADS, _arrays.stream_of(a), 0](
+            a.arg(m, k),
+            b.arg(*b.shape),
+            _arrays.output_arg(a, c, (m, n), out),
+            bias.arg(bias.size) if bias is not None else _placeholder(a, dtype, 1),
+            residual.arg(m, n) if residual is not None else _placeholder(a, rt, 2),
+            n,
+            k,
+            MR=m, DT=dtype, OUT=out, RT=rt,
+            BIAS=int(bias is not None), ACT=activation, RES=int(residual is not None),
+        )  # fmt: skip
+        return c
     if isinstance(chosen, _gemv.Plan):
         return _skinny(a, b, out_shape, mnk, out, chosen.split)
     hopper = isinstance(chosen, _gemm_hopper.Plan) or chosen == "hopper"
@@ -311,7 +326,8 @@ def linear(x, w, bias=None, *, residual=None, activation: str | None = None, out
 def specializations() -> list:
     """(kernel, constexprs) of the GEMM specializations to check (PTX through ptxas): every
     tile configuration with both B layouts, each activation with bias and residual, each
-    output type, the K split, the pipeline-free variant, and the split-K reduction."""
+    output type, the K split, the pipeline-free variant, the split-K reduction, and the
+    skinny kernels (``_gemv``)."""
     out = []
 
     def add(dt, ot, name, bt=1, act="none", epi=1, split=1, pipelined=True):
@@ -332,4 +348,11 @@ def specializations() -> list:
             out.append((REDUCE[dt, ot], {"SPLIT": 4, "BIAS": 1, "ACT": act, "RES": 1}))
     for mr, dt, ot in ((1, f16, f16), (5, bf16, f32), (8, bf16, bf16)):
         out.append((_gemv.gemv_kn, {"MR": mr, "DT": dt, "OUT": ot}))
+    for mr, dt, ot, act in (
+        (1, f16, f16, "none"),
+        (2, bf16, f32, "silu_gate"),
+        (4, f16, bf16, "gelu"),
+    ):
+        epi = {"BIAS": 1, "ACT": act, "RES": 1}
+        out.append((_gemv.gemv_nk, {"MR": mr, "DT": dt, "OUT": ot, "RT": ot, **epi}))
     return out

@@ -257,6 +257,29 @@ def test_gemv_in_simulator(m, n, k, dtype):
     check(half, *reference(a, b.T.copy()), dtype)
 
 
+@pytest.mark.parametrize(
+    "m, n, k, act, dtype, out_dtype",
+    [
+        (1, 9, 520, "gelu", np.float16, None),  # K past one pass of 4 x 256, N tail of a block
+        (3, 16, 264, "silu_gate", BF16, np.float32),
+        (4, 8, 8, "silu", np.float16, BF16),  # one 16-byte piece of K
+        (2, 1, 16, "none", BF16, None),  # N = 1
+    ],
+)
+def test_gemv_nk_in_simulator(m, n, k, act, dtype, out_dtype):
+    """The skinny kernel for W [N, K] (``linear`` at M <= 4) with every epilogue stage."""
+    rng = np.random.default_rng(m * n + k + 1)
+    out = out_dtype or dtype
+    rows = 2 * n if act == "silu_gate" else n
+    x, w = rand(rng, (m, k), dtype), rand(rng, (rows, k), dtype, 0.3)
+    b, res = rand(rng, (rows,), dtype), rand(rng, (m, n), out)
+    with kaio.simulate():
+        got = gemm("linear", _operand(x), _operand(w, "w"), (m, n), (m, n, k),
+                   kaio.types.from_numpy_dtype(np.dtype(out)), True, _operand(b, "bias"),
+                   _operand(res, "residual"), act, chosen="gemv")  # fmt: skip
+    check(got, *reference(x, w, b, res, None if act == "none" else act), out)
+
+
 def test_plans():
     assert plan(1, 4096, 4096, 132).split > 1  # decode: K split
     assert plan(4096, 4096, 4096, 132).split == 1
@@ -422,6 +445,8 @@ def test_gpu_linear_batched_f32_out():
     [
         (1, 4096, 4096, "matmul", "gemv"),  # the skinny kernel, K split 8 ways or more
         (5, 2048, 1032, "matmul", "gemv"),
+        (3, 4096, 4096, "silu_gate", "gemv"),  # the skinny kernel for W [N, K]
+        (1, 1000, 14336, "gelu", "gemv"),
         (16, 1024, 4096, "gelu", hopper.Plan(1, 64, 6, 8, True)),  # sums in the kernel
         (5, 2048, 4096, "silu_gate", hopper.Plan(1, 128, 4, 4, True)),
         (200, 512, 8192, "matmul", hopper.Plan(2, 128, 4, 6, True)),
