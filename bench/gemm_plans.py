@@ -103,6 +103,8 @@ def search(h: Harness, m: int, n: int, k: int, sms: int, transposed: bool = Fals
         plans += sorted({_gemv.Plan(max(1, s)) for s in (mine // 4, mine // 2, mine, 2 * mine)})
     if _gemv.MAX_M_NK >= m and transposed:
         plans.append(_gemv.Plan(1))
+    if m >= 128 and not transposed:
+        plans.append("persistent")  # _matmul_hopper's kernel (128 x 128 or 128 x 256 tiles)
     timed = []
     for plan in plans:
         fn = kaio_fn(plan)
@@ -177,7 +179,10 @@ def _shape(row: dict) -> str:
 
 
 def _name(plan) -> list:
-    """A plan as JSON: ``[wg, bn, stages, split, fixup]``, or ``["gemv", split]``."""
+    """A plan as JSON: ``[wg, bn, stages, split, fixup]``, ``["gemv", split]`` or
+    ``["persistent"]``."""
+    if isinstance(plan, str):
+        return [plan]
     return ["gemv", plan.split] if isinstance(plan, _gemv.Plan) else list(plan)
 
 

@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from kaio.types import ScalarType, bf16, f16, f32, i32
-from kaio_ops import _arrays, _gemm_hopper, _gemv
+from kaio_ops import _arrays, _gemm_hopper, _gemv, _matmul_hopper
 from kaio_ops._gemm import ACTIVATIONS, GEMM, REDUCE
 from kaio_ops._plan import planned
 from kaio_ops.matmul import CONFIGS, Plan, _hopper, heuristic, k_slices, plan_for
@@ -119,8 +119,9 @@ def gemm(
     [N, K] when ``transposed``) in a new array of ``out_shape`` and type ``out``.
     ``chosen``: an mma.sync tile plan, or ``"hopper"`` for the sm_90 kernel with its own
     plan (``_gemm_hopper.plan``; the tests run it in the simulator), or a
-    ``_gemm_hopper.Plan``, or ``"gemv"`` or a ``_gemv.Plan`` for the skinny kernel (M <= 8,
-    B [K, N], no epilogue), or None: the skinny kernel where ``_gemv.preferred``, the
+    ``_gemm_hopper.Plan``, or ``"gemv"`` or a ``_gemv.Plan`` for a skinny kernel (``_gemv``),
+    or ``"persistent"`` for ``_matmul_hopper``'s persistent kernel (sm_90, B [K, N], no
+    epilogue), or None: the skinny kernel where ``_gemv.preferred``, the
     Hopper kernel where ``hopper_takes``, else ``tuned_plan``."""
     m, n, k = mnk
     gate = activation == "silu_gate"
@@ -146,6 +147,12 @@ def gemm(
         return c
     if isinstance(chosen, _gemv.Plan):
         return _skinny(a, b, out_shape, mnk, out, chosen.split)
+    if chosen == "persistent":  # _matmul_hopper's persistent kernel (B [K, N], no epilogue)
+        if out == f32:
+            return _matmul_hopper.launch(a, b, m, n, k, sms, dtype == bf16)
+        c = _arrays.output(a, out_shape, out)
+        _matmul_hopper.launch(a, b, m, n, k, sms, dtype == bf16, [c], out_type=out)
+        return c
     hopper = isinstance(chosen, _gemm_hopper.Plan) or chosen == "hopper"
     hopper = hopper or chosen is None and hopper_takes(a, b, n, k, transposed)
     if hopper:

@@ -280,6 +280,20 @@ def test_gemv_nk_in_simulator(m, n, k, act, dtype, out_dtype):
     check(got, *reference(x, w, b, res, None if act == "none" else act), out)
 
 
+@pytest.mark.parametrize("dtype, out", [(np.float16, np.float16), (BF16, BF16), (BF16, np.float32)])
+def test_persistent_kernel_in_simulator(dtype, out):
+    """``matmul`` on ``_matmul_hopper``'s persistent kernel (its f16 and bf16 outputs packed
+    in pairs): 2 x 2 tiles with tails in M, N and K."""
+    rng = np.random.default_rng(5)
+    m, n, k = 130, 136, 200
+    a, b = rand(rng, (m, k), dtype), rand(rng, (k, n), dtype, 0.3)
+    with kaio.simulate():
+        ot = kaio.types.from_numpy_dtype(np.dtype(out))
+        got = gemm("matmul", _operand(a), _operand(b, "b"), (m, n), (m, n, k), ot, False,
+                   chosen="persistent")  # fmt: skip
+    check(got, *reference(a, b.T.copy()), out)
+
+
 def test_plans():
     assert plan(1, 4096, 4096, 132).split > 1  # decode: K split
     assert plan(4096, 4096, 4096, 132).split == 1
