@@ -6,7 +6,7 @@ kernel, ring depth) against cuBLAS (``torch.matmul``), per-call kernel time with
 checked against.
 
 Usage: ``python bench/gemm_plans.py --out plans.json [--budget 70] [--set small,mid,...]``
-(``linear``: B [N, K] shapes);
+(``linear``: B [N, K] shapes; ``epi``: fused ``linear`` epilogues against the torch ops);
 stops starting shapes after ``--budget`` seconds (the JSON keeps what finished). Prints, per
 shape, cuBLAS, the current heuristic's plan and the best plan found (µs), then a summary.
 """
@@ -43,16 +43,26 @@ SETS["all"] = SETS["small"] + SETS["mid"] + SETS["more"]
 SETS["linear"] = [(m, n, -k) for m in (1, 4, 16, 128) for n, k in ((4096, 4096), (4096, 14336))]
 
 
-def candidates(m: int, n: int, k: int, sms: int) -> list[_gemm_hopper.Plan]:
+# fused linear epilogues (B [N, K], bias, activation, residual) against the separate torch
+# ops: (M, N (the output's columns), K, activation)
+EPILOGUES = [
+    (m, n, k, act)
+    for m in (1, 16, 4096)
+    for n, k, act in ((4096, 14336, "gelu"), (14336, 4096, "silu_gate"))
+]
+
+
+def candidates(m: int, n: int, k: int, sms: int, gate: bool = False) -> list[_gemm_hopper.Plan]:
     """The plans worth timing for one shape: every tile shape whose grid, times a K split
     of whole 64-deep steps (at least 2 a slice), gives between sms / 2 and 4 * sms blocks
-    (or the one split nearest that), the split summed in the kernel."""
+    (or the one split nearest that), the split summed in the kernel. ``gate``: "silu_gate"
+    (N tiles of at most 128)."""
     out = []
     for wg in (1,) if m <= 64 else (1, 2) if m <= 256 else (2,):
         rows = math.ceil(m / (64 * wg))
-        for bn in (64, 128, 256):
+        for bn in (64, 128) if gate else (64, 128, 256):
             tiles = rows * math.ceil(n / bn)
-            stages = _gemm_hopper.stages_for(wg, bn, False)
+            stages = _gemm_hopper.stages_for(wg, bn, gate)
             for split in (1, 2, 3, 4, 6, 8, 12, 16):
                 if split > 1 and k // split < 2 * _gemm_hopper.BK:
                     continue
@@ -65,35 +75,70 @@ def candidates(m: int, n: int, k: int, sms: int) -> list[_gemm_hopper.Plan]:
     return out
 
 
-def search(h: Harness, m: int, n: int, k: int, sms: int, transposed: bool = False) -> dict:
-    """Time cuBLAS and each candidate plan of one shape (checked against an f32 reference,
-    and a split's result the same bits twice): the row of the JSON. ``transposed``: B is
-    [N, K] (``linear``; cuBLAS through ``F.linear``)."""
-    nbytes = (m * k + k * n + m * n) * 2
+def _torch_linear(x, w, bias, res, act):
+    """What the fused epilogue replaces: F.linear, the activation, the residual add."""
+    F = torch.nn.functional
+    z = F.linear(x, w, bias)
+    if act == "silu_gate":
+        g, u = z.chunk(2, -1)
+        return F.silu(g) * u + res
+    if act == "gelu":
+        z = F.gelu(z)
+    return z if res is None else z + res
+
+
+def search(
+    h: Harness, m: int, n: int, k: int, sms: int, transposed: bool = False, act: str = "none"
+) -> dict:
+    """Time the peer and each candidate plan of one shape (checked against an f32
+    reference, and a split's result the same bits twice): the row of the JSON.
+    ``transposed``: B is [N, K] (``linear``; cuBLAS through ``F.linear``); ``act`` other than
+    "none": ``linear`` with bias, that activation and a residual, against the torch ops."""
+    gate = act == "silu_gate"
+    epi = act != "none"
+    transposed = transposed or epi
+    rows = 2 * n if gate else n
+    nbytes = (m * k + k * rows + m * n * (2 if epi else 1)) * 2
     sets = []
     for _ in range(h.sets_for(nbytes)):
         a = torch.randn(m, k, device="cuda").half()
-        b = (torch.randn(*((n, k) if transposed else (k, n)), device="cuda") * k**-0.5).half()
-        sets.append((a, b))
-    ref = sets[0][0].float() @ (sets[0][1].float().T if transposed else sets[0][1].float())
+        shape = (rows, k) if transposed else (k, n)
+        b = (torch.randn(*shape, device="cuda") * k**-0.5).half()
+        extra = ()
+        if epi:
+            bias = torch.randn(rows, device="cuda").half()
+            extra = (bias, torch.randn(m, n, device="cuda").half())
+        sets.append((a, b, *extra))
+    if epi:
+        ref = _torch_linear(*[t.float() for t in sets[0]], act)
+    else:
+        ref = sets[0][0].float() @ (sets[0][1].float().T if transposed else sets[0][1].float())
     ops = {}
-    for a, b in sets:
+    for operands in sets:
         inputs = _arrays.Inputs("matmul")
-        ops[a.data_ptr()] = (inputs.array(a, "a", ndim=2), inputs.array(b, "b", ndim=2))
+        names = ("a", "b", "bias", "res")
+        ops[operands[0].data_ptr()] = [
+            inputs.array(t, nm, ndim=(1, 2)) for t, nm in zip(operands, names, strict=False)
+        ]
 
     def kaio_fn(plan):
-        def fn(a, b):
-            ia, ib = ops[a.data_ptr()]
-            return gemm("matmul", ia, ib, (m, n), (m, n, k), ia.dtype, transposed, chosen=plan)
+        def fn(a, *_):
+            ia, ib, *rest = ops[a.data_ptr()]
+            bias, res = rest or (None, None)
+            return gemm("matmul", ia, ib, (m, n), (m, n, k), ia.dtype, transposed, bias, res,
+                        act, chosen=plan)  # fmt: skip
 
         return fn
 
     def med(fn):
         return statistics.median(h.time(fn, sets)) * 1e3
 
-    cublas = med(torch.nn.functional.linear if transposed else torch.matmul)
-    default = _gemm_hopper.plan(m, n, k, sms)
-    plans = candidates(m, n, k, sms)
+    if epi:
+        peer = med(lambda *t: _torch_linear(*t, act))
+    else:
+        peer = med(torch.nn.functional.linear if transposed else torch.matmul)
+    default = _gemm_hopper.plan(m, n, k, sms, gate)
+    plans = candidates(m, n, k, sms, gate)
     if default not in plans:
         plans.insert(0, default)
     if default.split > 1:
@@ -126,7 +171,8 @@ def search(h: Harness, m: int, n: int, k: int, sms: int, transposed: bool = Fals
         "n": n,
         "k": k,
         "transposed": transposed,
-        "cublas_us": cublas,
+        "act": act,
+        "cublas_us": peer,
         "default": dflt,
         "best": best,
         "all": timed,
@@ -144,12 +190,16 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     sms = h.meta["sms"]
     rows = []
-    shapes = [shape for name in args.set.split(",") for shape in SETS[name]]
-    for m, n, k in shapes:
+    shapes = [
+        (*shape, "none") if len(shape) == 3 else shape
+        for name in args.set.split(",")
+        for shape in (EPILOGUES if name == "epi" else SETS[name])
+    ]
+    for m, n, k, act in shapes:
         if time.perf_counter() - start > args.budget:
-            print(f"budget spent: stopped before {m}x{n}x{k}", flush=True)
+            print(f"budget spent: stopped before {m}x{n}x{k} {act}", flush=True)
             break
-        row = search(h, m, n, abs(k), sms, transposed=k < 0)
+        row = search(h, m, n, abs(k), sms, transposed=k < 0, act=act)
         k = abs(k)
         rows.append(row)
         bad = [t["plan"] for t in row["all"] if not t["ok"]]
@@ -174,8 +224,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _shape(row: dict) -> str:
-    """ "NxK" of a row, marked " [N,K]" for B in nn.Linear's layout."""
-    return f"{row['n']}x{row['k']}" + (" [N,K]" if row["transposed"] else "")
+    """ "NxK" of a row, marked " [N,K]" for B in nn.Linear's layout, and its epilogue (whose
+    peer is the torch ops, not cuBLAS alone)."""
+    text = f"{row['n']}x{row['k']}" + (" [N,K]" if row["transposed"] else "")
+    return text + (f" {row['act']}+bias+res vs torch" if row["act"] != "none" else "")
 
 
 def _name(plan) -> list:
