@@ -14,6 +14,7 @@ shape, cuBLAS, the current heuristic's plan and the best plan found (µs), then 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import os
@@ -28,6 +29,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.harness import Harness  # noqa: E402
 from kaio_ops import _arrays, _gemm_hopper, _gemv  # noqa: E402
 from kaio_ops.linear import gemm  # noqa: E402
+
+linear_mod = importlib.import_module("kaio_ops.linear")
 
 LLAMA8B = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
 LLAMA70B = [(10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672)]
@@ -122,11 +125,19 @@ def search(
         ]
 
     def kaio_fn(plan):
+        fixup = plan != "mma.sync reduce"
+        if plan in ("mma.sync", "mma.sync reduce"):  # its own plan, K split summed two ways
+            plan = linear_mod.plan(m, n, k, sms, gate)
+
         def fn(a, *_):
             ia, ib, *rest = ops[a.data_ptr()]
             bias, res = rest or (None, None)
-            return gemm("matmul", ia, ib, (m, n), (m, n, k), ia.dtype, transposed, bias, res,
-                        act, chosen=plan)  # fmt: skip
+            linear_mod.MMA_FIXUP = fixup
+            try:
+                return gemm("matmul", ia, ib, (m, n), (m, n, k), ia.dtype, transposed, bias,
+                            res, act, chosen=plan)  # fmt: skip
+            finally:
+                linear_mod.MMA_FIXUP = True
 
         return fn
 
@@ -148,6 +159,8 @@ def search(
         plans += sorted({_gemv.Plan(max(1, s)) for s in (mine // 4, mine // 2, mine, 2 * mine)})
     if _gemv.MAX_M_NK >= m and transposed:
         plans.append(_gemv.Plan(1))
+    if m <= 64:
+        plans += ["mma.sync", "mma.sync reduce"]
     if m >= 128 and not transposed:
         plans.append("persistent")  # _matmul_hopper's kernel (128 x 128 or 128 x 256 tiles)
     timed = []

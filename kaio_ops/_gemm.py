@@ -18,16 +18,17 @@ and ``tile_origin``: a ``BM x BN`` block tile of ``WARPS_M x WARPS_N`` warps, K 
   ("none", "gelu" (erf), "gelu_tanh", "silu", "silu_gate"), ``+ residual[row, col]``
   (``RES``), then one rounding to ``OUT``.
 - ``SPLIT > 1`` (small M): block z multiplies K slice z and writes its raw f32 partial tile
-  (gate columns then up columns for ``GATE``) to a workspace [SPLIT * M, N or 2N]; then
-  ``gemm_reduce`` sums the slices in a fixed order (deterministic run to run) and applies the
-  same epilogue.
-"""
+  (gate columns then up columns for ``GATE``) to a workspace [slices * M, N or 2N]; then
+  with ``FIXUP`` the last of a tile's blocks to finish (``last_arrival``: an atomic count
+  per tile) sums the slices in order (``slice_sums``) and applies the epilogue, else
+  ``gemm_reduce`` does, a second kernel (``SPLIT`` its slice count). Either way the sum's
+  order is fixed: deterministic run to run, and the same bits both ways."""
 
 # ruff: noqa: F821  (BD and RD in annotations are dtype constexpr parameters)
 from __future__ import annotations
 
 import kaio
-from kaio import f16, f32, u32
+from kaio import bool_, f16, f32, i32, u32
 from kaio_ops._matmul_kernels import (
     load_tiles,
     mma_step,
@@ -107,6 +108,7 @@ def gemm_kernel(
     ws: f32[:, :],
     bias: DT[:],
     res: RT[:, :],
+    counters: i32[:],
     M: u32,
     N: u32,
     K: u32,
@@ -121,6 +123,7 @@ def gemm_kernel(
     VEC: kaio.constexpr,
     BT: kaio.constexpr,
     SPLIT: kaio.constexpr,
+    FIXUP: kaio.constexpr,
     BIAS: kaio.constexpr,
     ACT: kaio.constexpr,
     RES: kaio.constexpr,
@@ -158,6 +161,9 @@ def gemm_kernel(
         DT,
         (STAGES, B_ROWS, B_COLS) if GATE else (1, 1, 8),
         STAGES * (BM + BN) * BK * 2,
+    )
+    arrived = kaio.shared_dynamic(
+        u32, (4,), STAGES * (BM + BN) * BK * 2 + (STAGES * BN * BK * 2 if GATE else 16)
     )
 
     acc = kaio.local(f32, (MI, NI, 2, 2))
@@ -229,6 +235,56 @@ def gemm_kernel(
                     u1 = acc_u[mi, p, h, 1]
                 store_pair(c, ws, bias, res, acc[mi, p, h, 0], acc[mi, p, h, 1], u0, u1, row, col,
                            M, N, SPLIT, BIAS, ACT, RES)  # fmt: skip
+    if FIXUP:  # the last of the tile's grid.z blocks to finish sums the slices, in order
+        if last_arrival(counters, kaio.block_idx_x(), kaio.grid_dim_z(), arrived, tid):
+            sums = kaio.local(f32, 4)
+            for mi in kaio.static_range(MI):
+                for p in kaio.static_range(NI):
+                    col = n0 + wn + p * 8 + lane % 4 * 2
+                    for h in kaio.static_range(2):
+                        row = m0 + wm + mi * 16 + lane // 4 + h * 8
+                        if row < M:
+                            slice_sums(sums, ws, row, col, M, N, kaio.grid_dim_z(), GATE)
+                            store_pair(c, ws, bias, res, sums[0], sums[1], sums[2], sums[3],
+                                       row, col, M, N, 1, BIAS, ACT, RES)  # fmt: skip
+
+
+@kaio.gpu_func
+def last_arrival(counters: i32[:], slot: u32, total: u32, arrived: u32[:], t: u32) -> bool_:
+    """Called by every thread of a block once its partial sums are stored: counts the
+    block's arrival at ``counters[slot]`` and returns whether it is the last of the ``total``
+    blocks of that slot (then, with the others' stores visible to it, it resets the count
+    to 0 for the next launch on the stream). ``arrived``: a shared u32 of scratch."""
+    kaio.threadfence()
+    kaio.sync_threads()
+    if t == 0:
+        arrived[0] = u32(kaio.atomic_add(counters, slot, 1))
+    kaio.sync_threads()
+    last = arrived[0] == total - 1
+    if last:
+        kaio.threadfence()
+        if t == 0:
+            counters[slot] = 0
+    return last
+
+
+@kaio.gpu_func
+def slice_sums(
+    sums: f32[:], ws: f32[:, :], row: u32, col: u32, M: u32, N: u32, nz: u32,
+    GATE: kaio.constexpr,
+):  # fmt: skip
+    """``sums`` = the sums over the ``nz`` K slices (in slice order) of columns col and
+    col + 1 of C's row ``row`` in ``ws`` [nz * M, N] (and of the up columns, N further
+    right, for "silu_gate"), 0 outside C."""
+    for e in kaio.static_range(4):
+        sums[e] = 0.0
+    for z in range(nz):
+        at = z * M + row
+        for e in kaio.static_range(2):
+            if col + e < N:
+                sums[e] += ws[at, col + e]
+                if GATE:
+                    sums[2 + e] += ws[at, N + col + e]
 
 
 @kaio.gpu_func

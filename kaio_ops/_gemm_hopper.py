@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import kaio
 from kaio import bool_, f16, f32, i32, u32, u64
-from kaio_ops._gemm import ByTypes, store_pair
+from kaio_ops._gemm import ByTypes, last_arrival, slice_sums, store_pair
 from kaio_ops._matmul_hopper import init_ring
 from kaio_ops._matmul_kernels import tile_col, tile_origin, tile_row
 
@@ -168,15 +168,7 @@ def gemm_wgmma(
                 s = 0
                 ph ^= 1
     if FIXUP:  # the last of the tile's grid.z blocks to finish sums the slices, in order
-        kaio.threadfence()
-        kaio.sync_threads()
-        if t == 0:
-            arrived[0] = u32(kaio.atomic_add(counters, kaio.block_idx_x(), 1))
-        kaio.sync_threads()
-        if arrived[0] == kaio.grid_dim_z() - 1:
-            kaio.threadfence()
-            if t == 0:
-                counters[kaio.block_idx_x()] = 0  # ready for the next launch on this stream
+        if last_arrival(counters, kaio.block_idx_x(), kaio.grid_dim_z(), arrived, t):
             if wg < WG:
                 lane = lt % 32
                 sums = kaio.local(f32, 4)
@@ -188,25 +180,6 @@ def gemm_wgmma(
                             slice_sums(sums, ws, row, col, M, N, kaio.grid_dim_z(), GATE)
                             store_pair(c, ws, bias, res, sums[0], sums[1], sums[2], sums[3],
                                        row, col, M, N, 1, BIAS, ACT, RES)  # fmt: skip
-
-
-@kaio.gpu_func
-def slice_sums(
-    sums: f32[:], ws: f32[:, :], row: u32, col: u32, M: u32, N: u32, nz: u32,
-    GATE: kaio.constexpr,
-):  # fmt: skip
-    """``sums`` = the sums over the ``nz`` K slices (in slice order) of columns col and
-    col + 1 of C's row ``row`` in ``ws`` [nz * M, N] (and of the up columns, N further
-    right, for "silu_gate"), 0 outside C."""
-    for e in kaio.static_range(4):
-        sums[e] = 0.0
-    for z in range(nz):
-        at = z * M + row
-        for e in kaio.static_range(2):
-            if col + e < N:
-                sums[e] += ws[at, col + e]
-                if GATE:
-                    sums[2 + e] += ws[at, N + col + e]
 
 
 GEMM_WGMMA = ByTypes(gemm_wgmma)

@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import kaio
 from kaio import f32, i32, u32
-from kaio_ops._gemm import epilogue
+from kaio_ops._gemm import epilogue, last_arrival
 
 THREADS = 256
 COLS = 8 * 32  # C columns a block: 8 a lane
@@ -106,15 +106,7 @@ def gemv_kn(
             for m in kaio.static_range(MR):
                 ws[kaio.block_idx_y() * M + m, mine] = sums[m]
         last = kaio.shared(u32, (1,))
-        kaio.threadfence()
-        kaio.sync_threads()
-        if t == 0:
-            last[0] = u32(kaio.atomic_add(counters, kaio.block_idx_x(), 1))
-        kaio.sync_threads()
-        if last[0] == split - 1:  # the last slice of this column block to finish
-            kaio.threadfence()
-            if t == 0:
-                counters[kaio.block_idx_x()] = 0  # ready for the next launch on this stream
+        if last_arrival(counters, kaio.block_idx_x(), split, last, t):  # the slices, in order
             if mine < N:
                 for m in kaio.static_range(MR):
                     total = ws[m, mine]

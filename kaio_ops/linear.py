@@ -165,6 +165,7 @@ def gemm(
         chosen = chosen or tuned_plan(a, m, n, k, gate)
         cfg = CONFIGS[chosen.config]
         split, k_slice = k_slices(k, chosen.split, cfg.bk)
+        fixup = MMA_FIXUP and split > 1 and _gemm_hopper.fixup_ok(n)
     c = _arrays.output(a, out_shape, out)
     c_arg = _arrays.output_arg(a, c, (m, n), out)
     bias_arg = bias.arg(bias.size) if bias is not None else _placeholder(a, dtype, 1)
@@ -184,26 +185,28 @@ def gemm(
             *maps, *args[:4], counters, *args[4:], WG=wg, BN=bn, STAGES=stages,
             BT=int(transposed), SPLIT=min(split, 2), FIXUP=int(fixup), **epilogue
         )  # fmt: skip
-        if fixup:
-            return c
     else:
         pipelined = _pipelined(a)
         vec = (
             k % 8 == 0 and (transposed or n % 8 == 0) and a.aligned(16) and b.aligned(16)
         )  # 16-byte copies of A and B rows
         stages = cfg.stages_for(pipelined)
-        shared = stages * (cfg.bm + (2 if gate else 1) * cfg.bn) * cfg.bk * 2 + 16
+        shared = stages * (cfg.bm + (2 if gate else 1) * cfg.bn) * cfg.bk * 2 + 32
         tiles = math.ceil(m / cfg.bm) * math.ceil(n / cfg.bn)
+        counters = _counters(a, tiles) if fixup else _placeholder(a, i32, 1)
         GEMM[dtype, out, rt][(tiles, 1, split), cfg.threads, stream, shared](
             a.arg(m * k),
             b.arg(b.size),
-            *args,
+            *args[:4],
+            counters,
+            *args[4:],
             **_tile_constexprs(cfg, pipelined, vec),
             BT=int(transposed),
-            SPLIT=split,
+            SPLIT=min(split, 2),
+            FIXUP=int(fixup),
             **epilogue,
         )
-    if split > 1:
+    if split > 1 and not fixup:
         REDUCE[dtype, out, rt][(math.ceil(m * n / 256), 256, stream, 0)](
             ws, c_arg, bias_arg, res_arg, m, n, SPLIT=split, **epilogue
         )
@@ -225,6 +228,7 @@ def _skinny(a, b, out_shape: tuple, mnk: tuple, out: ScalarType, split: int):
 
 
 _COUNTERS: dict = {}
+MMA_FIXUP = True  # the mma.sync kernel sums its K split in the kernel (else gemm_reduce)
 
 
 def _counters(like: _arrays.Operand, tiles: int):
@@ -339,7 +343,8 @@ def specializations() -> list:
 
     def add(dt, ot, name, bt=1, act="none", epi=1, split=1, pipelined=True):
         consts = _tile_constexprs(CONFIGS[name], pipelined, True)
-        extra = {"BT": bt, "SPLIT": split, "BIAS": epi, "ACT": act, "RES": epi}
+        extra = {"BT": bt, "SPLIT": min(split, 2), "FIXUP": int(split > 2), "BIAS": epi}
+        extra |= {"ACT": act, "RES": epi}
         out.append((GEMM[dt, ot], {**consts, **extra}))
 
     for name in CONFIGS:
@@ -350,7 +355,8 @@ def specializations() -> list:
     add(f16, f32, "128x128")
     add(f16, bf16, "128x256", pipelined=False)
     for act in ("none", "silu_gate"):
-        add(bf16, f16, "16x128", act=act, split=4)
+        add(bf16, f16, "16x128", act=act, split=4)  # summed in the kernel
+        add(f16, f32, "16x128", act=act, split=2)  # summed by gemm_reduce
         for dt, ot in ((f16, f16), (bf16, f32)):
             out.append((REDUCE[dt, ot], {"SPLIT": 4, "BIAS": 1, "ACT": act, "RES": 1}))
     for mr, dt, ot in ((1, f16, f16), (5, bf16, f32), (8, bf16, bf16)):

@@ -6,6 +6,7 @@ same against torch at real sizes (the mma.sync kernels on any GPU, sm_90 include
 
 from __future__ import annotations
 
+import importlib
 import math
 from concurrent.futures import ThreadPoolExecutor
 
@@ -141,6 +142,30 @@ def test_split_k_is_deterministic_and_matches_one_slice_in_simulator():
     assert np.array_equal(runs[0].view(np.uint32), runs[1].view(np.uint32))
     np.testing.assert_allclose(runs[0], whole, rtol=1e-5, atol=1e-5)
     check(runs[0], *reference(x, w, None, res, "silu"), np.float32)
+
+
+@pytest.mark.parametrize("act", ["silu_gate", "gelu"])
+def test_mma_sync_split_summed_in_kernel_in_simulator(act, monkeypatch):
+    """The mma.sync kernel's K split summed by the last block of each tile (N a multiple of
+    32): right, and the same bits as the gemm_reduce kernel."""
+    rng = np.random.default_rng(12)
+    m, n, k = 5, 64, 320  # 4 slices of 80 (K 64 a step: 2 steps, the last half empty)
+    rows = 2 * n if act == "silu_gate" else n
+    x, w = rand(rng, (m, k), np.float16), rand(rng, (rows, k), np.float16)
+    b, res = rand(rng, (rows,), np.float16), rand(rng, (m, n), np.float32)
+    linear_mod = importlib.import_module("kaio_ops.linear")
+
+    def run():
+        args = (_operand(x), _operand(w, "w"), (m, n), (m, n, k), kaio.f32, True)
+        return gemm("linear", *args, _operand(b, "bias"), _operand(res, "residual"), act,
+                    chosen=Plan("16x128", 4))  # fmt: skip
+
+    with kaio.simulate():
+        fixed = run()
+        monkeypatch.setattr(linear_mod, "MMA_FIXUP", False)
+        reduced = run()
+    assert np.array_equal(fixed.view(np.uint32), reduced.view(np.uint32))
+    check(fixed, *reference(x, w, b, res, act), np.float32)
 
 
 def _operand(arr, name="x"):
