@@ -489,6 +489,8 @@ def test_gpu_linear_batched_f32_out():
         (16, 1024, 4096, "gelu", hopper.Plan(1, 64, 6, 8, True)),  # sums in the kernel
         (5, 2048, 4096, "silu_gate", hopper.Plan(1, 128, 4, 4, True)),
         (200, 512, 8192, "matmul", hopper.Plan(2, 128, 4, 6, True)),
+        (16, 1024, 4096, "silu_gate", Plan("16x128", 8)),  # mma.sync, summed in the kernel
+        (3, 2048, 4096, "matmul", Plan("16x128", 4)),
     ],
 )
 def test_gpu_split_sums_deterministic(m, n, k, activation, chosen):
