@@ -61,7 +61,7 @@ def candidates(m: int, n: int, k: int, sms: int, gate: bool = False) -> list[_ge
     (or the one split nearest that), the split summed in the kernel. ``gate``: "silu_gate"
     (N tiles of at most 128)."""
     out = []
-    for wg in (1,) if m <= 64 else (1, 2) if m <= 256 else (2,):
+    for wg in (1,) if m <= 64 else (1, 2) if m <= 2048 else (2,):
         rows = math.ceil(m / (64 * wg))
         for bn in (64, 128) if gate else (64, 128, 256):
             tiles = rows * math.ceil(n / bn)
