@@ -121,14 +121,15 @@ def gemm(
     plan (``_gemm_hopper.plan``; the tests run it in the simulator), or a
     ``_gemm_hopper.Plan``, or ``"gemv"`` or a ``_gemv.Plan`` for a skinny kernel (``_gemv``),
     or ``"persistent"`` for ``_matmul_hopper``'s persistent kernel (sm_90, B [K, N], no
-    epilogue), or None: the skinny kernel where ``_gemv.preferred``, the
-    Hopper kernel where ``hopper_takes``, else ``tuned_plan``."""
+    epilogue), or None: ``route``'s choice."""
     m, n, k = mnk
     gate = activation == "silu_gate"
     dtype = a.dtype
     sms = _arrays.multiprocessors(a)
     plain = bias is None and residual is None and activation == "none"
-    if chosen == "gemv" or chosen is None and _gemv.preferred(a, b, mnk, transposed, plain):
+    if chosen is None:
+        chosen = route(a, b, mnk, transposed, plain, gate)
+    if chosen == "gemv":
         chosen = _gemv.Plan(1 if transposed else _gemv.split_for(m, n, k, sms))
     if isinstance(chosen, _gemv.Plan) and transposed:
         c = _arrays.output(a, out_shape, out)
@@ -154,7 +155,6 @@ def gemm(
         _matmul_hopper.launch(a, b, m, n, k, sms, dtype == bf16, [c], out_type=out)
         return c
     hopper = isinstance(chosen, _gemm_hopper.Plan) or chosen == "hopper"
-    hopper = hopper or chosen is None and hopper_takes(a, b, n, k, transposed)
     if hopper:
         if not isinstance(chosen, _gemm_hopper.Plan):
             chosen = _gemm_hopper.plan(m, n, k, sms, gate)
@@ -256,6 +256,39 @@ def _counters(like: _arrays.Operand, tiles: int):
             found = np.zeros(size, np.int32)
         _COUNTERS[key] = _arrays.constant(found)
     return found
+
+
+# The kernel each LLM GEMM shape runs best with on sm_90 (H100/H200, measured with
+# bench/gemm_plans.py): (N, K, B layout: "kn" matmul, "nk" linear, "gate" linear with
+# "silu_gate", N its output columns) -> [(largest M, choice)]
+# in increasing M; a choice is a _gemm_hopper.Plan, "gemv" or "persistent". Shapes and
+# M ranges not listed take the rules of ``route``.
+MEASURED: dict[tuple, list] = {}
+
+
+def route(a, b, mnk: tuple, transposed: bool, plain: bool, gate: bool):
+    """The kernel of a call (a ``gemm`` ``chosen``): on sm_90 the measured choice of the
+    shape (``MEASURED``) where it can run, else a skinny kernel where ``_gemv.preferred``,
+    else the Hopper kernel with ``_gemm_hopper.plan`` where it can read the operands, else
+    the mma.sync kernel with ``tuned_plan``."""
+    m, n, k = mnk
+    hopper = hopper_takes(a, b, n, k, transposed)
+    if hopper:
+        layout = ("gate" if gate else "nk") if transposed else "kn"
+        for most, choice in MEASURED.get((n, k, layout), ()):
+            if m <= most:
+                if choice == "gemv" and _gemv.takes(a, b, mnk, transposed, plain):
+                    return choice
+                if choice == "persistent" and plain and not transposed:
+                    return choice
+                if isinstance(choice, _gemm_hopper.Plan):
+                    return choice
+                break
+    if _gemv.preferred(a, b, mnk, transposed, plain):
+        return "gemv"
+    if hopper:
+        return "hopper"
+    return tuned_plan(a, m, n, k, gate)
 
 
 def hopper_takes(a: _arrays.Operand, b: _arrays.Operand, n: int, k: int, transposed: bool) -> bool:
