@@ -219,7 +219,9 @@ def _skinny(a, b, out_shape: tuple, mnk: tuple, out: ScalarType, split: int):
     m, n, k = mnk
     split, k_slice = _gemv.slices(k, split)
     c = _arrays.output(a, out_shape, out)
-    ws = _arrays.output(a, (split * m, n), f32) if split > 1 else _placeholder(a, f32, 2)
+    # rows of whole 128-byte lines: no line holds two column blocks' sums (_gemm_hopper.fixup_ok)
+    width = -(-n // 32) * 32
+    ws = _arrays.output(a, (split * m, width), f32) if split > 1 else _placeholder(a, f32, 2)
     blocks = math.ceil(n / _gemv.COLS)
     counters = _counters(a, blocks) if split > 1 else _placeholder(a, i32, 1)
     c_arg = _arrays.output_arg(a, c, (m, n), out)
