@@ -218,22 +218,23 @@ def fixup_ok(n: int) -> bool:
 
 
 def plan(m: int, n: int, k: int, sms: int, gate: bool = False) -> Plan:
-    """The ``Plan`` of an ``m x n x k`` product on ``sms`` multiprocessors: 64-row
-    tiles (one warpgroup) up to M = 64, else 128; the widest N tile (256, 128, 64; at most 128
-    for "silu_gate", whose two accumulator sets share the registers) that still gives every
-    multiprocessor a block, else 64; then, if the tiles still leave multiprocessors idle, a
-    K split towards one block per multiprocessor, each slice at least 4 steps of 64, summed
-    in the kernel where ``fixup_ok``; as many stages as fit in shared memory (at most 6).
-    Not yet checked by measurement (bench/gemm_sweep.py measures it)."""
-    wg = 1 if m <= 64 else 2
+    """The ``Plan`` of an ``m x n x k`` product on ``sms`` multiprocessors (the rules behind
+    the measured table of ``linear.MEASURED``, which bench/gemm_plans.py checked on an
+    H100): 64-row tiles (one warpgroup) up to M = 256, else 128; the widest N tile (256,
+    128, 64; at most 128 for "silu_gate", whose two accumulator sets share the registers)
+    whose tiles fill 90% of the multiprocessors, else 64; then, if the tiles fill fewer than
+    half of them, a K split towards one block per multiprocessor, each slice at least 4
+    steps of 64, summed by ``_gemm.gemm_reduce`` (measured faster than the in-kernel sum);
+    as many stages as fit in shared memory (at most 6)."""
+    wg = 1 if m <= 256 else 2
     rows = math.ceil(m / (64 * wg))
     widths = (128, 64) if gate else (256, 128, 64)
-    bn = next((w for w in widths if rows * math.ceil(n / w) >= sms), 64)
+    bn = next((w for w in widths if rows * math.ceil(n / w) >= 0.9 * sms), 64)
     tiles = rows * math.ceil(n / bn)
     split = 1
-    if tiles < sms:
+    if tiles < sms / 2:
         split = max(1, min(sms // tiles, k // (4 * BK), 16))
-    return Plan(wg, bn, stages_for(wg, bn, gate), split, split > 1 and fixup_ok(n))
+    return Plan(wg, bn, stages_for(wg, bn, gate), split, False)
 
 
 def stages_for(wg: int, bn: int, gate: bool, most: int = 6) -> int:

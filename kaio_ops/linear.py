@@ -230,7 +230,9 @@ def _skinny(a, b, out_shape: tuple, mnk: tuple, out: ScalarType, split: int):
 
 
 _COUNTERS: dict = {}
-MMA_FIXUP = True  # the mma.sync kernel sums its K split in the kernel (else gemm_reduce)
+# the mma.sync kernel sums its K split in the kernel (else gemm_reduce): off, as measured on
+# an H100 (bench/gemm_plans.py: the gemm_reduce launch was faster than the last block's sum)
+MMA_FIXUP = False
 
 
 def _counters(like: _arrays.Operand, tiles: int):
@@ -262,32 +264,69 @@ def _counters(like: _arrays.Operand, tiles: int):
 
 # The kernel each LLM GEMM shape runs best with on sm_90 (H100/H200, measured with
 # bench/gemm_plans.py): (N, K, B layout: "kn" matmul, "nk" linear, "gate" linear with
-# "silu_gate", N its output columns) -> [(largest M, choice)]
-# in increasing M; a choice is a _gemm_hopper.Plan, "gemv" or "persistent". Shapes and
-# M ranges not listed take the rules of ``route``.
-MEASURED: dict[tuple, list] = {}
+# "silu_gate", N its output columns) -> [(largest M, choice)] in increasing M; a choice is
+# a _gemm_hopper.Plan, "gemv", "mma.sync" (its own plan, ``tuned_plan``) or "persistent".
+# Shapes and M ranges not listed take the rules of ``route``. Measured on an H100 SXM (132
+# SMs), f16, L2 rotated: the fastest correct plan of each shape (bench/gemm_plans.py).
+_P = _gemm_hopper.Plan
+MEASURED: dict[tuple, list] = {
+    (1024, 1024, "kn"): [(1024, _P(2, 64, 6, 1, False))],
+    (2048, 2048, "kn"): [(2048, "persistent")],
+    (4096, 4096, "kn"): [(16, "mma.sync"), (64, _P(1, 64, 6, 2, False)),
+                         (128, _P(1, 64, 6, 1, False)), (256, _P(1, 128, 6, 1, False)),
+                         (2048, "persistent")],
+    (4096, 4096, "nk"): [(1, "gemv"), (16, "mma.sync"), (128, _P(1, 64, 6, 1, False))],
+    (4096, 14336, "kn"): [(16, "mma.sync"), (64, _P(1, 64, 6, 2, False)),
+                          (128, _P(2, 64, 6, 2, False)), (256, _P(1, 128, 6, 1, False)),
+                          (512, "persistent"), (1024, _P(2, 256, 4, 1, False)),
+                          (2048, "persistent")],
+    (4096, 14336, "nk"): [(16, "mma.sync"), (128, _P(2, 64, 6, 2, False)),
+                          (4096, _P(2, 256, 4, 1, False))],
+    (6144, 4096, "kn"): [(16, "mma.sync"), (128, _P(1, 64, 6, 1, False)), (2048, "persistent")],
+    (8192, 8192, "kn"): [(16, "mma.sync"), (128, _P(2, 64, 6, 1, False)), (1024, "persistent")],
+    (8192, 28672, "kn"): [(16, "mma.sync"), (128, _P(1, 128, 6, 1, False)),
+                          (1024, "persistent")],
+    (10240, 8192, "kn"): [(1, "mma.sync"), (16, _P(1, 128, 6, 1, False)),
+                          (128, _P(2, 128, 6, 1, False)), (1024, "persistent")],
+    (14336, 4096, "gate"): [(1, "gemv"), (16, "mma.sync"), (4096, _P(2, 128, 4, 1, False))],
+    (28672, 4096, "kn"): [(16, "mma.sync"), (64, _P(1, 256, 5, 1, False)),
+                          (128, _P(2, 256, 4, 1, False)), (2048, "persistent")],
+    (57344, 8192, "kn"): [(1, "gemv"), (16, "mma.sync"), (128, "persistent"),
+                          (1024, _P(2, 256, 4, 1, False))],
+}  # fmt: skip
+SKINNY_M = 16  # rows up to which the mma.sync kernel (16-row tiles, K split) wins on sm_90
 
 
 def route(a, b, mnk: tuple, transposed: bool, plain: bool, gate: bool):
     """The kernel of a call (a ``gemm`` ``chosen``): on sm_90 the measured choice of the
-    shape (``MEASURED``) where it can run, else a skinny kernel where ``_gemv.preferred``,
-    else the Hopper kernel with ``_gemm_hopper.plan`` where it can read the operands, else
-    the mma.sync kernel with ``tuned_plan``."""
+    shape (``MEASURED``) where it can run, else a skinny kernel where ``_gemv.preferred``;
+    then on sm_90 (measured there): the mma.sync kernel up to ``SKINNY_M`` rows, the
+    persistent kernel for plain ``matmul`` from 128 rows when its 128 x 128 tiles fill the
+    GPU, else the Hopper kernel with ``_gemm_hopper.plan``; elsewhere the mma.sync kernel
+    with ``tuned_plan``."""
     m, n, k = mnk
     hopper = hopper_takes(a, b, n, k, transposed)
+    persistent = plain and not transposed and hopper and a.dtype == b.dtype
     if hopper:
         layout = ("gate" if gate else "nk") if transposed else "kn"
         for most, choice in MEASURED.get((n, k, layout), ()):
             if m <= most:
                 if choice == "gemv" and _gemv.takes(a, b, mnk, transposed, plain):
                     return choice
-                if choice == "persistent" and plain and not transposed:
+                if choice == "persistent" and persistent:
                     return choice
                 if isinstance(choice, _gemm_hopper.Plan):
                     return choice
+                if choice == "mma.sync":
+                    return tuned_plan(a, m, n, k, gate)
                 break
     if _gemv.preferred(a, b, mnk, transposed, plain):
         return "gemv"
+    if hopper and m <= SKINNY_M:
+        return tuned_plan(a, m, n, k, gate)
+    sms = _arrays.multiprocessors(a)
+    if persistent and m >= 128 and math.ceil(m / 128) * math.ceil(n / 128) >= 0.9 * sms:
+        return "persistent"  # a wave of 128 x 128 tiles or more: the persistent kernel
     if hopper:
         return "hopper"
     return tuned_plan(a, m, n, k, gate)

@@ -331,8 +331,8 @@ def test_plans():
 
 def test_hopper_plans_fit_over_the_llm_sweep():
     """Every plan of the bench sweep's shapes (H100/H200 SM counts) fits shared memory, gives
-    each K slice at least 4 steps and launches at least one block per multiprocessor when
-    the shape allows it."""
+    each K slice at least 4 steps and fills at least half the multiprocessors when the shape
+    allows it."""
     shapes = [
         (6144, 4096),
         (4096, 4096),
@@ -352,7 +352,28 @@ def test_hopper_plans_fit_over_the_llm_sweep():
                     assert stages >= 2 and 1 <= split <= 16 and k // split >= 4 * hopper.BK
                     assert bn <= (128 if gate else 256)
                     blocks = -(-m // (64 * wg)) * -(-n // bn) * split
-                    assert blocks >= min(sms, -(-m // (64 * wg)) * -(-n // 64))
+                    assert blocks >= min(sms // 2, -(-m // (64 * wg)) * -(-n // 64))
+
+
+def test_measured_table_is_well_formed():
+    """linear.MEASURED: M limits increasing, each choice a kernel the router knows, each
+    Hopper plan fitting shared memory with at least 4 steps of K a slice."""
+    from kaio_ops.linear import MEASURED
+
+    for (n, k, layout), entries in MEASURED.items():
+        assert layout in ("kn", "nk", "gate")
+        limits = [most for most, _ in entries]
+        assert limits == sorted(set(limits)), (n, k, layout)
+        for _, choice in entries:
+            if isinstance(choice, hopper.Plan):
+                gate = layout == "gate"
+                assert hopper.shared_bytes(choice.wg, choice.bn, choice.stages, gate) <= (
+                    hopper.SHARED_LIMIT
+                )
+                assert k // choice.split >= 4 * hopper.BK and not choice.fixup
+            else:
+                assert choice in ("gemv", "mma.sync", "persistent"), choice
+                assert choice != "persistent" or layout == "kn"
 
 
 @pytest.mark.parametrize(
