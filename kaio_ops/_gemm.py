@@ -20,7 +20,7 @@ and ``tile_origin``: a ``BM x BN`` block tile of ``WARPS_M x WARPS_N`` warps, K 
 - ``SPLIT > 1`` (small M): block z multiplies K slice z and writes its raw f32 partial tile
   (gate columns then up columns for ``GATE``) to a workspace [slices * M, N or 2N]; then
   with ``FIXUP`` the last of a tile's blocks to finish (``last_arrival``: an atomic count
-  per tile) sums the slices in order (``slice_sums``) and applies the epilogue, else
+  per tile) sums the slices in order (``sum_tile``) and applies the epilogue, else
   ``gemm_reduce`` does, a second kernel (``SPLIT`` its slice count). Either way the sum's
   order is fixed: deterministic run to run, and the same bits both ways."""
 
@@ -237,16 +237,8 @@ def gemm_kernel(
                            M, N, SPLIT, BIAS, ACT, RES)  # fmt: skip
     if FIXUP:  # the last of the tile's grid.z blocks to finish sums the slices, in order
         if last_arrival(counters, kaio.block_idx_x(), kaio.grid_dim_z(), arrived, tid):
-            sums = kaio.local(f32, 4)
-            for mi in kaio.static_range(MI):
-                for p in kaio.static_range(NI):
-                    col = n0 + wn + p * 8 + lane % 4 * 2
-                    for h in kaio.static_range(2):
-                        row = m0 + wm + mi * 16 + lane // 4 + h * 8
-                        if row < M:
-                            slice_sums(sums, ws, row, col, M, N, kaio.grid_dim_z(), GATE)
-                            store_pair(c, ws, bias, res, sums[0], sums[1], sums[2], sums[3],
-                                       row, col, M, N, 1, BIAS, ACT, RES)  # fmt: skip
+            sum_tile(c, ws, bias, res, m0, n0, M, N, kaio.grid_dim_z(), tid, THREADS, BM, BN,
+                     BIAS, ACT, RES)  # fmt: skip
 
 
 @kaio.gpu_func
@@ -269,22 +261,58 @@ def last_arrival(counters: i32[:], slot: u32, total: u32, arrived: u32[:], t: u3
 
 
 @kaio.gpu_func
-def slice_sums(
-    sums: f32[:], ws: f32[:, :], row: u32, col: u32, M: u32, N: u32, nz: u32,
-    GATE: kaio.constexpr,
-):  # fmt: skip
-    """``sums`` = the sums over the ``nz`` K slices (in slice order) of columns col and
-    col + 1 of C's row ``row`` in ``ws`` [nz * M, N] (and of the up columns, N further
-    right, for "silu_gate"), 0 outside C."""
-    for e in kaio.static_range(4):
-        sums[e] = 0.0
-    for z in range(nz):
-        at = z * M + row
-        for e in kaio.static_range(2):
-            if col + e < N:
-                sums[e] += ws[at, col + e]
-                if GATE:
-                    sums[2 + e] += ws[at, N + col + e]
+def sum_tile(
+    c: OUT[:, :],
+    ws: f32[:, :],
+    bias: DT[:],
+    res: RT[:, :],
+    m0: u32,
+    n0: u32,
+    M: u32,
+    N: u32,
+    nz: u32,
+    t: u32,
+    THREADS: kaio.constexpr,
+    BM: kaio.constexpr,
+    BN: kaio.constexpr,
+    BIAS: kaio.constexpr,
+    ACT: kaio.constexpr,
+    RES: kaio.constexpr,
+):
+    """The K split's sum in the last block of tile (m0, n0), by every thread of the block:
+    elements t, t + THREADS, ... of the tile's rows inside C (a row's columns adjacent, so
+    the loads coalesce), each the sum of its ``nz`` slices in ``ws`` in slice order (4
+    loads in flight), through ``finish``: the same bits as ``gemm_reduce``."""
+    GATE = ACT == "silu_gate"
+    count = kaio.min(M - m0, BM) * BN
+    got = kaio.local(f32, (2, 4))
+    i = t
+    while i < count:
+        row = m0 + i // BN
+        col = n0 + i % BN
+        if col < N:
+            g = f32(0.0)
+            u = f32(0.0)
+            z0 = u32(0)
+            while z0 < nz:
+                for e in kaio.static_range(4):
+                    if z0 + e < nz:
+                        got[0, e] = ws[(z0 + e) * M + row, col]
+                        if GATE:
+                            got[1, e] = ws[(z0 + e) * M + row, N + col]
+                for e in kaio.static_range(4):
+                    if z0 + e < nz:
+                        if z0 + e == 0:
+                            g = got[0, e]
+                            if GATE:
+                                u = got[1, e]
+                        else:
+                            g += got[0, e]
+                            if GATE:
+                                u += got[1, e]
+                z0 += 4
+            c[row, col] = OUT(finish(g, u, row, col, N, bias, res, BIAS, ACT, RES))
+        i += THREADS
 
 
 @kaio.gpu_func

@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import kaio
 from kaio import bool_, f16, f32, i32, u32, u64
-from kaio_ops._gemm import ByTypes, last_arrival, slice_sums, store_pair
+from kaio_ops._gemm import ByTypes, last_arrival, store_pair, sum_tile
 from kaio_ops._matmul_hopper import init_ring
 from kaio_ops._matmul_kernels import tile_col, tile_origin, tile_row
 
@@ -169,17 +169,8 @@ def gemm_wgmma(
                 ph ^= 1
     if FIXUP:  # the last of the tile's grid.z blocks to finish sums the slices, in order
         if last_arrival(counters, kaio.block_idx_x(), kaio.grid_dim_z(), arrived, t):
-            if wg < WG:
-                lane = lt % 32
-                sums = kaio.local(f32, 4)
-                for j in kaio.static_range(BN // 8):
-                    col = n0 + 8 * j + 2 * (lane % 4)
-                    for h in kaio.static_range(2):
-                        row = m0 + 64 * wg + 16 * (lt // 32) + lane // 4 + 8 * h
-                        if row < M:
-                            slice_sums(sums, ws, row, col, M, N, kaio.grid_dim_z(), GATE)
-                            store_pair(c, ws, bias, res, sums[0], sums[1], sums[2], sums[3],
-                                       row, col, M, N, 1, BIAS, ACT, RES)  # fmt: skip
+            sum_tile(c, ws, bias, res, m0, n0, M, N, kaio.grid_dim_z(), t, WG * 128 + 32, BM,
+                     BN, BIAS, ACT, RES)  # fmt: skip
 
 
 GEMM_WGMMA = ByTypes(gemm_wgmma)

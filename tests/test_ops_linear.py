@@ -161,6 +161,7 @@ def test_mma_sync_split_summed_in_kernel_in_simulator(act, monkeypatch):
                     chosen=Plan("16x128", 4))  # fmt: skip
 
     with kaio.simulate():
+        monkeypatch.setattr(linear_mod, "MMA_FIXUP", True)
         fixed = run()
         monkeypatch.setattr(linear_mod, "MMA_FIXUP", False)
         reduced = run()
@@ -514,10 +515,11 @@ def test_gpu_linear_batched_f32_out():
         (3, 2048, 4096, "matmul", Plan("16x128", 4)),
     ],
 )
-def test_gpu_split_sums_deterministic(m, n, k, activation, chosen):
+def test_gpu_split_sums_deterministic(m, n, k, activation, chosen, monkeypatch):
     """The K splits summed in the kernel at real sizes: right against torch in float64 and
     the same bits run to run."""
     torch = pytest.importorskip("torch")
+    monkeypatch.setattr(importlib.import_module("kaio_ops.linear"), "MMA_FIXUP", True)
     if isinstance(chosen, hopper.Plan) and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Hopper kernel needs sm_90")
     gen = torch.Generator("cuda").manual_seed(m + n)
