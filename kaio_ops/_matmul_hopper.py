@@ -291,17 +291,19 @@ def worthwhile(m: int, n: int, sms: int) -> bool:
 
 def launch(
     a, b, m: int, n: int, k: int, sms: int, bf16: bool, f16_outs: list | None = None,
-    scales: list | None = None, group: int = GROUP_ROWS, out_type=f16,
+    scales: list | None = None, group: int = GROUP_ROWS, out_type=f16, bn: int | None = None,
 ):  # fmt: skip
     """``a @ b`` with ``matmul_wgmma`` on a persistent grid of at most ``sms`` blocks: 128 x
     256 tiles when they give every one of ``sms`` multiprocessors a block, else 128 x 128;
     tiles taken ``group`` tile rows at a time. The result is a new f32 array of ``a``'s kind,
     or with ``f16_outs`` (one to three arrays [M, N_i] of ``out_type``, f16 or bf16, the N_i
     summing to N) the columns of C go to them in turn, each times its float in ``scales``
-    (default 1) and rounded to ``out_type``; returns ``f16_outs``."""
+    (default 1) and rounded to ``out_type``; returns ``f16_outs``. ``bn``: the tile width
+    (128 or 256) instead of that rule."""
     from kaio_ops import _arrays
 
-    bn = 256 if -(-m // BM) * -(-n // 256) >= sms else 128
+    if bn is None:
+        bn = 256 if -(-m // BM) * -(-n // 256) >= sms else 128
     stages = 4 if bn == 256 else 5
     if f16_outs is None:
         outs = _arrays.output(a, (m, n), f32)

@@ -149,10 +149,11 @@ def gemm(
     if isinstance(chosen, _gemv.Plan):
         return _skinny(a, b, out_shape, mnk, out, chosen.split)
     if chosen == "persistent":  # _matmul_hopper's persistent kernel (B [K, N], no epilogue)
+        bn = persistent_width(m, n, sms)
         if out == f32:
-            return _matmul_hopper.launch(a, b, m, n, k, sms, dtype == bf16)
+            return _matmul_hopper.launch(a, b, m, n, k, sms, dtype == bf16, bn=bn)
         c = _arrays.output(a, out_shape, out)
-        _matmul_hopper.launch(a, b, m, n, k, sms, dtype == bf16, [c], out_type=out)
+        _matmul_hopper.launch(a, b, m, n, k, sms, dtype == bf16, [c], out_type=out, bn=bn)
         return c
     hopper = isinstance(chosen, _gemm_hopper.Plan) or chosen == "hopper"
     if hopper:
@@ -330,6 +331,20 @@ def route(a, b, mnk: tuple, transposed: bool, plain: bool, gate: bool):
     if hopper:
         return "hopper"
     return tuned_plan(a, m, n, k, gate)
+
+
+def persistent_width(m: int, n: int, sms: int) -> int:
+    """The tile width of the persistent kernel: 256 (128 x 256 tiles) when they fill the
+    last wave of ``sms`` blocks at least 85% as well as 128-wide tiles do, else 128 (at
+    M = 1024, N = 6144 on 132 SMs: 192 tiles of 256 fill 1.45 waves, 384 of 128 2.9)."""
+
+    def filled(bn: int) -> float:
+        tiles = math.ceil(m / 128) * math.ceil(n / bn)
+        return tiles / (math.ceil(tiles / sms) * sms)
+
+    return 256 if math.ceil(m / 128) * math.ceil(n / 256) >= sms and (
+        filled(256) >= 0.85 * filled(128)
+    ) else 128  # fmt: skip
 
 
 def hopper_takes(a: _arrays.Operand, b: _arrays.Operand, n: int, k: int, transposed: bool) -> bool:
