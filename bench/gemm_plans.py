@@ -21,6 +21,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import replace
 
 import torch
 
@@ -29,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.harness import Harness  # noqa: E402
 from kaio_ops import _arrays, _gemm_hopper, _gemv  # noqa: E402
 from kaio_ops.linear import gemm  # noqa: E402
+from kaio_ops.matmul import Plan as MmaPlan  # noqa: E402
 
 linear_mod = importlib.import_module("kaio_ops.linear")
 
@@ -46,6 +48,7 @@ SETS["all"] = SETS["small"] + SETS["mid"] + SETS["more"]
 SETS["check"] = [(m, n, k) for m in (2, 8, 4096) for n, k in LLAMA8B]
 # where a K split pays: its sum in the kernel against gemm_reduce
 SETS["fixup"] = [(m, n, k) for m in (1, 16, 64) for n, k in ((4096, 4096), (4096, 14336))]
+SETS["fixup"] += [(16, 6144, 4096), (4, 4096, 4096)]
 # B [N, K] (``linear``, nn.Linear's weight), marked by a negative K
 SETS["linear"] = [(m, n, -k) for m in (1, 4, 16, 128) for n, k in ((4096, 4096), (4096, 14336))]
 
@@ -167,6 +170,9 @@ def search(
         plans.append(_gemv.Plan(1))
     if m <= 64:
         plans += ["mma.sync fixup", "mma.sync reduce"]
+        mine = linear_mod.plan(m, n, k, sms, gate)
+        if mine.split > 1:  # its K split halved and doubled
+            plans += [replace(mine, split=mine.split // 2), replace(mine, split=2 * mine.split)]
     if m >= 128 and not transposed:
         plans.append("persistent")  # _matmul_hopper's kernel (128 x 128 or 128 x 256 tiles)
     timed = []
@@ -250,10 +256,12 @@ def _shape(row: dict) -> str:
 
 
 def _name(plan) -> list:
-    """A plan as JSON: ``[wg, bn, stages, split, fixup]``, ``["gemv", split]`` or
-    ``["persistent"]``."""
+    """A plan as JSON: ``[wg, bn, stages, split, fixup]``, ``["gemv", split]``,
+    ``[config, split]`` (mma.sync) or ``["persistent"]``."""
     if isinstance(plan, str):
         return [plan]
+    if isinstance(plan, MmaPlan):
+        return [plan.config, plan.split]
     return ["gemv", plan.split] if isinstance(plan, _gemv.Plan) else list(plan)
 
 
