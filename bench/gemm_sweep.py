@@ -8,9 +8,10 @@ the separate torch ops they replace.
 The ratio kaio / cuBLAS of each case is drawn as a heat map (M by shape, bench/plots.py).
 
 Usage: ``python bench/gemm_sweep.py --out results.json [--quick]``. ``--quick`` (or
-``KAIO_GEMM_SWEEP=quick``) keeps a subset that runs in about 3 minutes: M in {1, 16, 128,
-1024, 4096}, the Llama-3-8B shapes, f16, without Triton (its per-shape autotuning compiles
-for seconds a case; ``--triton`` puts it back). ``--ms``, ``--models`` and ``--dtypes`` pick
+``KAIO_GEMM_SWEEP=quick``) keeps a subset that runs in about a minute: M in {1, 16, 128,
+1024}, the Llama-3-8B shapes, f16, without Triton (its per-shape autotuning compiles for
+seconds a case; ``--triton`` puts it back). The squares 1024³ and 2048³ ("gemm square")
+run in both. ``--ms``, ``--models`` and ``--dtypes`` pick
 any other subset; ``--mma`` also times kaio's mma.sync kernel (on sm_90 the op runs the
 Hopper one).
 """
@@ -33,7 +34,8 @@ SHAPES = {  # (N, K) of the attention QKV, attention out, MLP gate+up, MLP down 
     "8b": [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)],
     "70b": [(10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672)],
 }
-QUICK = {"ms": [1, 16, 128, 1024, 4096], "models": ["8b"], "dtypes": ["f16"]}
+QUICK = {"ms": [1, 16, 128, 1024], "models": ["8b"], "dtypes": ["f16"]}
+SQUARES = [1024, 2048]  # M = N = K: the "gemm square" op
 DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
 OP = "gemm sweep"  # op names: "gemm sweep f16", "gemm sweep bf16" (bench/plots.py's heat map)
 
@@ -76,15 +78,19 @@ def sweep(
     dtypes: list[str],
     mma: bool = False,
     use_triton: bool = True,
+    op: str = OP,
 ) -> None:
-    """One harness case per (dtype, model shape, M); ``mma``: also the mma.sync kernel;
+    """One harness case per (dtype, model shape, M) (``models``: names of ``SHAPES``, or
+    "square": M = N = K for each M of ``ms``); ``mma``: also the mma.sync kernel;
     ``use_triton``: also Triton (autotuned per shape: seconds of compiling per case)."""
     for name in dtypes:
         dt = DTYPES[name]
         tol = 3e-3 if dt == torch.float16 else 2e-2
         for model in models:
-            for n, k in SHAPES[model]:
+            for n, k in SHAPES.get(model, [(0, 0)]):
                 for m in ms:
+                    if model == "square":
+                        n = k = m
 
                     def make(m=m, n=n, k=k, dt=dt):
                         a = torch.randn(m, k, device="cuda").to(dt)
@@ -98,7 +104,7 @@ def sweep(
                         impls["Triton"] = triton_matmul
                     big = m * n * k > 2**36  # the float64 reference would take seconds
                     h.case(
-                        f"{OP} {name}",
+                        f"{op} {name}",
                         case_label(m, n, k),
                         make,
                         impls,
@@ -162,7 +168,7 @@ def epilogues(h: Harness, ms: list[int]) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Run the sweep (a subset with --quick or KAIO_GEMM_SWEEP=quick) and the epilogues."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="the ~3 minute subset")
+    p.add_argument("--quick", action="store_true", help="the ~1 minute subset")
     p.add_argument("--ms", help="comma-separated M values (default 1..8192, powers of 2)")
     p.add_argument("--models", help="comma-separated: 8b, 70b (default both)")
     p.add_argument("--dtypes", help="comma-separated: f16, bf16 (default both)")
@@ -186,6 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     use_triton = not quick if args.triton is None else args.triton
     sweep(h, ms, models, dtypes, args.mma, use_triton)
+    sweep(h, SQUARES, ["square"], dtypes, args.mma, use_triton, op="gemm square")
     if not args.no_epilogues:
         epilogues(h, [16, 4096] if quick else [1, 16, 256, 4096])
     print(h.table())

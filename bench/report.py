@@ -332,6 +332,10 @@ def section_harness(run: Run, suite: SuiteRun, plot_files: set[str], plot_dir: s
             out.append(f"![{family}: kaio and peers]({plot_dir}/{name})")
         for op in ops:
             out += [f"**{op.name}** ({op.unit})", op_table(run, op)]
+            heat = f"{plots.slug(op.name)}-heatmap.png"  # bench/gemm_sweep.py's ops
+            if op.name.startswith(plots.SWEEP_OP) and heat in plot_files:
+                out.append(f"![{op.name}: cuBLAS time / kaio time by M and shape]"
+                           f"({plot_dir}/{heat})")  # fmt: skip
     out.append(_legend({op.unit for _, ops in fams for op in ops}))
     return "\n\n".join(out)
 

@@ -105,7 +105,7 @@ SUITES: tuple[Suite, ...] = (
     ),
     Suite("backends", "backends.py", "Two backends: registers and spills", (), None, (90, 0)),
     # the full sweep takes ~15 minutes: run bench/gemm_sweep.py on its own for all of it
-    Suite("gemm-sweep", "gemm_sweep.py", "LLM GEMM shape sweep", ("--quick",), None, (180, 0)),
+    Suite("gemm-sweep", "gemm_sweep.py", "LLM GEMM shape sweep", ("--quick",), None, (60, 0)),
     Suite("fastmath", "fastmath.py", "Fast math: the silu*gate user kernel", (), None, (20, 0)),
 )
 MIN_START_S = 10.0  # a suite is not started with less time than this left

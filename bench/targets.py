@@ -47,6 +47,7 @@ _HOPPER_F16 = {**_HOPPER, "op": r"^matmul f16, f16 C$"}
 _MEMORY = {"suite": "memory", "op": _MEMORY_OPS, "source": "issue 9"}
 _QUANT = {"suite": "quant|gguf", "source": "issue 7"}
 _ATTENTION = {"suite": "attention", "source": "issue 8"}
+_SWEEP = {"suite": "gemm-sweep", "source": "issue 33"}
 _SDPA_FLASH = "(?i)sdpa.*flash|flash.*sdpa"
 _DECODE_ATTN = {"suite": "decode", "op": r"^flash_attention_decode", "source": "issue 34"}
 # the decode-attention cases that read at least 64 MB of K/V (ragged: 5/8 of that on average)
@@ -98,6 +99,12 @@ TARGETS: tuple[Target, ...] = (
     Target("flash_attention f16 backward, B4 H16 S4096 D128: at least 50% of SDPA's flash "
            "backend", op="^flash_attention_bwd f16", case="^B4 H16(/16)? S4096 D128$",
            peer=_SDPA_FLASH, min_ratio=0.5, **_ATTENTION),
+    Target("LLM GEMM sweep (kaio_ops.matmul, f16/bf16 out): no case below 0.9x cuBLAS",
+           op=r"^gemm sweep b?f16$", peer="^cuBLAS$", min_ratio=0.9, **_SWEEP),
+    Target("square GEMM 1024^3 and 2048^3 (kaio_ops.matmul): at least 0.95x cuBLAS",
+           op=r"^gemm square b?f16$", peer="^cuBLAS$", min_ratio=0.95, **_SWEEP),
+    Target("fused linear epilogues: faster than the separate torch ops",
+           op=r"^linear .* \+ bias \+ residual$", peer="^torch$", min_ratio=1.0, **_SWEEP),
     Target("attention_flash f32, S4096 D128: at least as fast as SDPA's memory-efficient "
            "backend", op="^attention_flash f32( causal)?$", case="S4096 D128",
            peer="(?i)sdpa.*(efficient|mem)", min_ratio=1 - NOISE, **_ATTENTION),

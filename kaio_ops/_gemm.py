@@ -18,15 +18,17 @@ and ``tile_origin``: a ``BM x BN`` block tile of ``WARPS_M x WARPS_N`` warps, K 
   ("none", "gelu" (erf), "gelu_tanh", "silu", "silu_gate"), ``+ residual[row, col]``
   (``RES``), then one rounding to ``OUT``.
 - ``SPLIT > 1`` (small M): block z multiplies K slice z and writes its raw f32 partial tile
-  (gate columns then up columns for ``GATE``) to a workspace [SPLIT * M, N or 2N]; then
-  ``gemm_reduce`` sums the slices in a fixed order (deterministic run to run) and applies the
-  same epilogue.
-"""
+  (gate columns then up columns for ``GATE``) to a workspace [slices * M, N or 2N]; then
+  with ``FIXUP`` the last of a tile's blocks to finish (``last_arrival``: an atomic count
+  per tile) sums the slices in order (``sum_tile``) and applies the epilogue, else
+  ``gemm_reduce`` does, a second kernel (``SPLIT`` its slice count). Either way the sum's
+  order is fixed: deterministic run to run, and the same bits both ways."""
 
+# ruff: noqa: F821  (BD and RD in annotations are dtype constexpr parameters)
 from __future__ import annotations
 
 import kaio
-from kaio import f16, f32, u32
+from kaio import bool_, f16, f32, i32, u32
 from kaio_ops._matmul_kernels import (
     load_tiles,
     mma_step,
@@ -57,8 +59,28 @@ def finish(
     ACT: kaio.constexpr,
     RES: kaio.constexpr,
 ) -> f32:
+    """``epilogue`` with this module's placeholder types."""
+    return epilogue(g, u, row, col, N, bias, res, BIAS, ACT, RES, DT, RT)
+
+
+@kaio.gpu_func
+def epilogue(
+    g: f32,
+    u: f32,
+    row: u32,
+    col: u32,
+    N: u32,
+    bias: BD[:],
+    res: RD[:, :],
+    BIAS: kaio.constexpr,
+    ACT: kaio.constexpr,
+    RES: kaio.constexpr,
+    BD: kaio.constexpr,
+    RD: kaio.constexpr,
+) -> f32:
     """The epilogue of output (row, col) from its f32 sum ``g`` (and for "silu_gate" the up
-    sum ``u``): + bias, activation, + residual, all in f32."""
+    sum ``u``): + bias (elements of type BD), activation, + residual (of type RD), all in
+    f32."""
     v = g
     if BIAS:
         v += f32(bias[col])
@@ -86,6 +108,7 @@ def gemm_kernel(
     ws: f32[:, :],
     bias: DT[:],
     res: RT[:, :],
+    counters: i32[:],
     M: u32,
     N: u32,
     K: u32,
@@ -100,6 +123,7 @@ def gemm_kernel(
     VEC: kaio.constexpr,
     BT: kaio.constexpr,
     SPLIT: kaio.constexpr,
+    FIXUP: kaio.constexpr,
     BIAS: kaio.constexpr,
     ACT: kaio.constexpr,
     RES: kaio.constexpr,
@@ -137,6 +161,9 @@ def gemm_kernel(
         DT,
         (STAGES, B_ROWS, B_COLS) if GATE else (1, 1, 8),
         STAGES * (BM + BN) * BK * 2,
+    )
+    arrived = kaio.shared_dynamic(
+        u32, (4,), STAGES * (BM + BN) * BK * 2 + (STAGES * BN * BK * 2 if GATE else 16)
     )
 
     acc = kaio.local(f32, (MI, NI, 2, 2))
@@ -208,6 +235,84 @@ def gemm_kernel(
                     u1 = acc_u[mi, p, h, 1]
                 store_pair(c, ws, bias, res, acc[mi, p, h, 0], acc[mi, p, h, 1], u0, u1, row, col,
                            M, N, SPLIT, BIAS, ACT, RES)  # fmt: skip
+    if FIXUP:  # the last of the tile's grid.z blocks to finish sums the slices, in order
+        if last_arrival(counters, kaio.block_idx_x(), kaio.grid_dim_z(), arrived, tid):
+            sum_tile(c, ws, bias, res, m0, n0, M, N, kaio.grid_dim_z(), tid, THREADS, BM, BN,
+                     BIAS, ACT, RES)  # fmt: skip
+
+
+@kaio.gpu_func
+def last_arrival(counters: i32[:], slot: u32, total: u32, arrived: u32[:], t: u32) -> bool_:
+    """Called by every thread of a block once its partial sums are stored: counts the
+    block's arrival at ``counters[slot]`` and returns whether it is the last of the ``total``
+    blocks of that slot (then, with the others' stores visible to it, it resets the count
+    to 0 for the next launch on the stream). ``arrived``: a shared u32 of scratch."""
+    kaio.threadfence()
+    kaio.sync_threads()
+    if t == 0:
+        arrived[0] = u32(kaio.atomic_add(counters, slot, 1))
+    kaio.sync_threads()
+    last = arrived[0] == total - 1
+    if last:
+        kaio.threadfence()
+        if t == 0:
+            counters[slot] = 0
+    return last
+
+
+@kaio.gpu_func
+def sum_tile(
+    c: OUT[:, :],
+    ws: f32[:, :],
+    bias: DT[:],
+    res: RT[:, :],
+    m0: u32,
+    n0: u32,
+    M: u32,
+    N: u32,
+    nz: u32,
+    t: u32,
+    THREADS: kaio.constexpr,
+    BM: kaio.constexpr,
+    BN: kaio.constexpr,
+    BIAS: kaio.constexpr,
+    ACT: kaio.constexpr,
+    RES: kaio.constexpr,
+):
+    """The K split's sum in the last block of tile (m0, n0), by every thread of the block:
+    elements t, t + THREADS, ... of the tile's rows inside C (a row's columns adjacent, so
+    the loads coalesce), each the sum of its ``nz`` slices in ``ws`` in slice order (4
+    loads in flight), through ``finish``: the same bits as ``gemm_reduce``."""
+    GATE = ACT == "silu_gate"
+    count = kaio.min(M - m0, BM) * BN
+    got = kaio.local(f32, (2, 4))
+    i = t
+    while i < count:
+        row = m0 + i // BN
+        col = n0 + i % BN
+        if col < N:
+            g = f32(0.0)
+            u = f32(0.0)
+            z0 = u32(0)
+            while z0 < nz:
+                for e in kaio.static_range(4):
+                    if z0 + e < nz:
+                        got[0, e] = ws[(z0 + e) * M + row, col]
+                        if GATE:
+                            got[1, e] = ws[(z0 + e) * M + row, N + col]
+                for e in kaio.static_range(4):
+                    if z0 + e < nz:
+                        if z0 + e == 0:
+                            g = got[0, e]
+                            if GATE:
+                                u = got[1, e]
+                        else:
+                            g += got[0, e]
+                            if GATE:
+                                u += got[1, e]
+                z0 += 4
+            c[row, col] = OUT(finish(g, u, row, col, N, bias, res, BIAS, ACT, RES))
+        i += THREADS
 
 
 @kaio.gpu_func

@@ -24,10 +24,11 @@ from TMA; the epilogue stores only the elements inside C (``_gemm.store_pair``).
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import kaio
 from kaio import bool_, f16, f32, i32, u32, u64
-from kaio_ops._gemm import ByTypes, store_pair
+from kaio_ops._gemm import ByTypes, last_arrival, store_pair, sum_tile
 from kaio_ops._matmul_hopper import init_ring
 from kaio_ops._matmul_kernels import tile_col, tile_origin, tile_row
 
@@ -62,6 +63,7 @@ def gemm_wgmma(
     ws: f32[:, :],
     bias: DT[:],
     res: RT[:, :],
+    counters: i32[:],
     M: u32,
     N: u32,
     K: u32,
@@ -71,6 +73,7 @@ def gemm_wgmma(
     STAGES: kaio.constexpr,
     BT: kaio.constexpr,
     SPLIT: kaio.constexpr,
+    FIXUP: kaio.constexpr,
     BIAS: kaio.constexpr,
     ACT: kaio.constexpr,
     RES: kaio.constexpr,
@@ -91,6 +94,7 @@ def gemm_wgmma(
         STAGES * BM * BK * 2,
     )
     bars = kaio.shared_dynamic(u64, (2, STAGES), STAGES * STAGE_BYTES)
+    arrived = kaio.shared_dynamic(u32, (4,), STAGES * (STAGE_BYTES + 16))
     t = kaio.thread_idx_x()
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
     lt = t % 128
@@ -163,6 +167,10 @@ def gemm_wgmma(
             if s == STAGES:
                 s = 0
                 ph ^= 1
+    if FIXUP:  # the last of the tile's grid.z blocks to finish sums the slices, in order
+        if last_arrival(counters, kaio.block_idx_x(), kaio.grid_dim_z(), arrived, t):
+            sum_tile(c, ws, bias, res, m0, n0, M, N, kaio.grid_dim_z(), t, WG * 128 + 32, BM,
+                     BN, BIAS, ACT, RES)  # fmt: skip
 
 
 GEMM_WGMMA = ByTypes(gemm_wgmma)
@@ -175,29 +183,54 @@ def eligible(a, b, n: int, k: int, transposed: bool) -> bool:
 
 
 def shared_bytes(wg: int, bn: int, stages: int, gate: bool) -> int:
-    """The dynamic shared memory of ``gemm_wgmma``: the tile ring and its barriers."""
-    return stages * ((64 * wg + (2 if gate else 1) * bn) * BK * 2 + 16)
+    """The dynamic shared memory of ``gemm_wgmma``: the tile ring, its barriers and the
+    K-split fixup's arrival count."""
+    return stages * ((64 * wg + (2 if gate else 1) * bn) * BK * 2 + 16) + 16
 
 
-def plan(m: int, n: int, k: int, sms: int, gate: bool = False) -> tuple[int, int, int, int]:
-    """(WG, BN, STAGES, split) for an ``m x n x k`` product on ``sms`` multiprocessors: 64-row
-    tiles (one warpgroup) up to M = 64, else 128; the widest N tile (256, 128, 64; at most 128
-    for "silu_gate", whose two accumulator sets share the registers) that still gives every
-    multiprocessor a block, else 64; then, if the tiles still leave multiprocessors idle, a
-    K split towards one block per multiprocessor, each slice at least 4 steps of 64; as many
-    stages as fit in shared memory (at most 6). Not yet checked by measurement (bench/
-    gemm_sweep.py measures it)."""
-    wg = 1 if m <= 64 else 2
+class Plan(NamedTuple):
+    """A launch plan of ``gemm_wgmma``: ``WG`` warpgroups (64 * WG rows a tile), ``BN``
+    columns a tile, a ring of ``stages``, ``split`` K slices (grid.z) and whether their sum
+    is the fixup in the kernel (the last block of a tile to finish sums the slices in
+    order: ``fixup``) or the separate ``_gemm.gemm_reduce`` kernel."""
+
+    wg: int
+    bn: int
+    stages: int
+    split: int
+    fixup: bool
+
+
+def fixup_ok(n: int) -> bool:
+    """Whether a K split of an ``n``-column product may be summed in the kernel (``FIXUP``):
+    each 128-byte line of the f32 workspace then holds one tile's columns only (N a multiple
+    of 32), so a block never reads a line it cached before its tile's slices were written."""
+    return n % 32 == 0
+
+
+def plan(m: int, n: int, k: int, sms: int, gate: bool = False) -> Plan:
+    """The ``Plan`` of an ``m x n x k`` product on ``sms`` multiprocessors (the rules behind
+    the measured table of ``linear.MEASURED``, which bench/gemm_plans.py checked on an
+    H100): 64-row tiles (one warpgroup) up to M = 256, else 128; the widest N tile (256,
+    128, 64; at most 128 for "silu_gate", whose two accumulator sets share the registers)
+    whose tiles fill 90% of the multiprocessors, else 64; then, if the tiles fill fewer than
+    half of them, a K split towards one block per multiprocessor, each slice at least 4
+    steps of 64, summed by ``_gemm.gemm_reduce`` (measured faster than the in-kernel sum);
+    as many stages as fit in shared memory (at most 6)."""
+    wg = 1 if m <= 256 else 2
     rows = math.ceil(m / (64 * wg))
     widths = (128, 64) if gate else (256, 128, 64)
-    bn = next((w for w in widths if rows * math.ceil(n / w) >= sms), 64)
+    bn = next((w for w in widths if rows * math.ceil(n / w) >= 0.9 * sms), 64)
     tiles = rows * math.ceil(n / bn)
     split = 1
-    if tiles < sms:
+    if tiles < sms / 2:
         split = max(1, min(sms // tiles, k // (4 * BK), 16))
-    per_stage = shared_bytes(wg, bn, 1, gate)
-    stages = max(2, min(6, SHARED_LIMIT // per_stage))
-    return wg, bn, stages, split
+    return Plan(wg, bn, stages_for(wg, bn, gate), split, False)
+
+
+def stages_for(wg: int, bn: int, gate: bool, most: int = 6) -> int:
+    """As many ring stages as fit in shared memory, 2 to ``most``."""
+    return max(2, min(most, (SHARED_LIMIT - 16) // shared_bytes(wg, bn, 1, gate)))
 
 
 def tensor_maps(a, b, m: int, k: int, wg: int, transposed: bool) -> tuple:
@@ -221,8 +254,9 @@ def specializations() -> list:
         (f16, f32, 2, 128, 0, "none", 1),
         (bf16, bf16, 1, 64, 0, "silu", 3),
     ):
-        stages = plan(64 * wg, bn, 4096, 1, act == "silu_gate")[2]
-        consts = {"WG": wg, "BN": bn, "STAGES": stages, "BT": bt, "SPLIT": split}
+        stages = stages_for(wg, bn, act == "silu_gate")
+        consts = {"WG": wg, "BN": bn, "STAGES": stages, "BT": bt, "SPLIT": min(split, 2)}
+        consts["FIXUP"] = int(split > 2)
         epi = {"BIAS": 1, "ACT": act, "RES": 1}
         out.append((GEMM_WGMMA[dt, ot], {**consts, **epi}))
     return out

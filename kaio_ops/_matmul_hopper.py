@@ -156,6 +156,8 @@ def epilogue(
                 if SIZE == 4:
                     mine[p, 0] = kaio.bitcast(x, u32)
                     mine[p, 1] = kaio.bitcast(y, u32)
+                elif OUT == kaio.bf16:
+                    mine[p, 0] = kaio.bitcast(kaio.bf16x2(x, y), u32)
                 else:
                     mine[p, 0] = kaio.bitcast(kaio.f16x2(x, y), u32)
             for w in kaio.static_range(SIZE // 2):
@@ -289,17 +291,19 @@ def worthwhile(m: int, n: int, sms: int) -> bool:
 
 def launch(
     a, b, m: int, n: int, k: int, sms: int, bf16: bool, f16_outs: list | None = None,
-    scales: list | None = None, group: int = GROUP_ROWS,
+    scales: list | None = None, group: int = GROUP_ROWS, out_type=f16, bn: int | None = None,
 ):  # fmt: skip
     """``a @ b`` with ``matmul_wgmma`` on a persistent grid of at most ``sms`` blocks: 128 x
     256 tiles when they give every one of ``sms`` multiprocessors a block, else 128 x 128;
     tiles taken ``group`` tile rows at a time. The result is a new f32 array of ``a``'s kind,
-    or with ``f16_outs`` (one to three f16 arrays [M, N_i], the N_i summing to N) the columns
-    of C go to them in turn, each times its float in ``scales`` (default 1) and rounded to
-    f16; returns ``f16_outs``."""
+    or with ``f16_outs`` (one to three arrays [M, N_i] of ``out_type``, f16 or bf16, the N_i
+    summing to N) the columns of C go to them in turn, each times its float in ``scales``
+    (default 1) and rounded to ``out_type``; returns ``f16_outs``. ``bn``: the tile width
+    (128 or 256) instead of that rule."""
     from kaio_ops import _arrays
 
-    bn = 256 if -(-m // BM) * -(-n // 256) >= sms else 128
+    if bn is None:
+        bn = 256 if -(-m // BM) * -(-n // 256) >= sms else 128
     stages = 4 if bn == 256 else 5
     if f16_outs is None:
         outs = _arrays.output(a, (m, n), f32)
@@ -312,7 +316,7 @@ def launch(
     ta = kaio.tensor_map_2d(a.obj, (BM, BK), SW)
     tb = kaio.tensor_map_2d(b.obj, (BK, 64), SW)
     grid = min(sms, -(-m // BM) * -(-n // bn))
-    out = f32 if f16_outs is None else f16
+    out = f32 if f16_outs is None else out_type
     matmul_wgmma[grid, THREADS, _arrays.stream_of(a), shared_bytes(bn, stages)](
         ta,
         tb,
@@ -346,5 +350,5 @@ def specializations() -> list:
         )
         for bn, st in ((256, 4), (128, 5))
         for in_ in (f16, kaio.bf16)
-        for out in (f32, f16)
+        for out in (f32, f16, kaio.bf16)
     ]

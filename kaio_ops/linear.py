@@ -16,8 +16,8 @@ import math
 
 import numpy as np
 
-from kaio.types import ScalarType, bf16, f16, f32
-from kaio_ops import _arrays, _gemm_hopper
+from kaio.types import ScalarType, bf16, f16, f32, i32
+from kaio_ops import _arrays, _gemm_hopper, _gemv, _matmul_hopper
 from kaio_ops._gemm import ACTIVATIONS, GEMM, REDUCE
 from kaio_ops._plan import planned
 from kaio_ops.matmul import CONFIGS, Plan, _hopper, heuristic, k_slices, plan_for
@@ -118,20 +118,55 @@ def gemm(
     """The launch shared by ``matmul`` and ``linear``: ``epilogue(a @ b)`` (b [K, N], or
     [N, K] when ``transposed``) in a new array of ``out_shape`` and type ``out``.
     ``chosen``: an mma.sync tile plan, or ``"hopper"`` for the sm_90 kernel with its own
-    plan (``_gemm_hopper.plan``; the tests run it in the simulator), or None: the Hopper
-    kernel where ``hopper_takes``, else ``tuned_plan``."""
+    plan (``_gemm_hopper.plan``; the tests run it in the simulator), or a
+    ``_gemm_hopper.Plan``, or ``"gemv"`` or a ``_gemv.Plan`` for a skinny kernel (``_gemv``),
+    or ``"persistent"`` for ``_matmul_hopper``'s persistent kernel (sm_90, B [K, N], no
+    epilogue), or None: ``route``'s choice."""
     m, n, k = mnk
     gate = activation == "silu_gate"
     dtype = a.dtype
     sms = _arrays.multiprocessors(a)
-    hopper = chosen == "hopper" or chosen is None and hopper_takes(a, b, n, k, transposed)
+    plain = bias is None and residual is None and activation == "none"
+    if chosen is None:
+        chosen = route(a, b, mnk, transposed, plain, gate)
+    if chosen == "gemv":
+        chosen = _gemv.Plan(1 if transposed else _gemv.split_for(m, n, k, sms))
+    if isinstance(chosen, _gemv.Plan) and transposed:
+        c = _arrays.output(a, out_shape, out)
+        rt = out if residual is None else residual.dtype
+        _gemv.gemv_nk[(math.ceil(n / 8), 1, 1), _gemv.THREADS, _arrays.stream_of(a), 0](
+            a.arg(m, k),
+            b.arg(*b.shape),
+            _arrays.output_arg(a, c, (m, n), out),
+            bias.arg(bias.size) if bias is not None else _placeholder(a, dtype, 1),
+            residual.arg(m, n) if residual is not None else _placeholder(a, rt, 2),
+            n,
+            k,
+            MR=m, DT=dtype, OUT=out, RT=rt,
+            BIAS=int(bias is not None), ACT=activation, RES=int(residual is not None),
+        )  # fmt: skip
+        return c
+    if isinstance(chosen, _gemv.Plan):
+        return _skinny(a, b, out_shape, mnk, out, chosen.split)
+    if chosen == "persistent":  # _matmul_hopper's persistent kernel (B [K, N], no epilogue)
+        bn = persistent_width(m, n, sms)
+        if out == f32:
+            return _matmul_hopper.launch(a, b, m, n, k, sms, dtype == bf16, bn=bn)
+        c = _arrays.output(a, out_shape, out)
+        _matmul_hopper.launch(a, b, m, n, k, sms, dtype == bf16, [c], out_type=out, bn=bn)
+        return c
+    hopper = isinstance(chosen, _gemm_hopper.Plan) or chosen == "hopper"
     if hopper:
-        wg, bn, stages, split = _gemm_hopper.plan(m, n, k, sms, gate)
+        if not isinstance(chosen, _gemm_hopper.Plan):
+            chosen = _gemm_hopper.plan(m, n, k, sms, gate)
+        wg, bn, stages, split, fixup = chosen
         split, k_slice = k_slices(k, split, _gemm_hopper.BK)
+        fixup = fixup and split > 1 and _gemm_hopper.fixup_ok(n)
     else:
         chosen = chosen or tuned_plan(a, m, n, k, gate)
         cfg = CONFIGS[chosen.config]
         split, k_slice = k_slices(k, chosen.split, cfg.bk)
+        fixup = MMA_FIXUP and split > 1 and _gemm_hopper.fixup_ok(n)
     c = _arrays.output(a, out_shape, out)
     c_arg = _arrays.output_arg(a, c, (m, n), out)
     bias_arg = bias.arg(bias.size) if bias is not None else _placeholder(a, dtype, 1)
@@ -146,31 +181,170 @@ def gemm(
         tiles = math.ceil(m / (64 * wg)) * math.ceil(n / bn)
         maps = _gemm_hopper.tensor_maps(a, b, m, k, wg, transposed)
         shared = _gemm_hopper.shared_bytes(wg, bn, stages, gate)
+        counters = _counters(a, tiles) if fixup else _placeholder(a, i32, 1)
         _gemm_hopper.GEMM_WGMMA[dtype, out, rt][(tiles, 1, split), 128 * wg + 32, stream, shared](
-            *maps, *args, WG=wg, BN=bn, STAGES=stages, BT=int(transposed), SPLIT=split, **epilogue
-        )
+            *maps, *args[:4], counters, *args[4:], WG=wg, BN=bn, STAGES=stages,
+            BT=int(transposed), SPLIT=min(split, 2), FIXUP=int(fixup), **epilogue
+        )  # fmt: skip
     else:
         pipelined = _pipelined(a)
         vec = (
             k % 8 == 0 and (transposed or n % 8 == 0) and a.aligned(16) and b.aligned(16)
         )  # 16-byte copies of A and B rows
         stages = cfg.stages_for(pipelined)
-        shared = stages * (cfg.bm + (2 if gate else 1) * cfg.bn) * cfg.bk * 2 + 16
+        shared = stages * (cfg.bm + (2 if gate else 1) * cfg.bn) * cfg.bk * 2 + 32
         tiles = math.ceil(m / cfg.bm) * math.ceil(n / cfg.bn)
+        counters = _counters(a, tiles) if fixup else _placeholder(a, i32, 1)
         GEMM[dtype, out, rt][(tiles, 1, split), cfg.threads, stream, shared](
             a.arg(m * k),
             b.arg(b.size),
-            *args,
+            *args[:4],
+            counters,
+            *args[4:],
             **_tile_constexprs(cfg, pipelined, vec),
             BT=int(transposed),
-            SPLIT=split,
+            SPLIT=min(split, 2),
+            FIXUP=int(fixup),
             **epilogue,
         )
-    if split > 1:
+    if split > 1 and not fixup:
         REDUCE[dtype, out, rt][(math.ceil(m * n / 256), 256, stream, 0)](
             ws, c_arg, bias_arg, res_arg, m, n, SPLIT=split, **epilogue
         )
     return c
+
+
+def _skinny(a, b, out_shape: tuple, mnk: tuple, out: ScalarType, split: int):
+    """``a @ b`` by ``_gemv.gemv_kn`` (M <= 8, B [K, N], no epilogue), K cut in up to
+    ``split`` slices."""
+    m, n, k = mnk
+    split, k_slice = _gemv.slices(k, split)
+    c = _arrays.output(a, out_shape, out)
+    # rows of whole 128-byte lines: no line holds two column blocks' sums (_gemm_hopper.fixup_ok)
+    width = -(-n // 32) * 32
+    ws = _arrays.output(a, (split * m, width), f32) if split > 1 else _placeholder(a, f32, 2)
+    blocks = math.ceil(n / _gemv.COLS)
+    counters = _counters(a, blocks) if split > 1 else _placeholder(a, i32, 1)
+    c_arg = _arrays.output_arg(a, c, (m, n), out)
+    _gemv.launch(a, b, c_arg, out, ws, counters, mnk, k_slice, _arrays.stream_of(a))
+    return c
+
+
+_COUNTERS: dict = {}
+# the mma.sync kernel sums its K split in the kernel (else gemm_reduce): off, as measured on
+# an H100 (bench/gemm_plans.py: the gemm_reduce launch was faster than the last block's sum)
+MMA_FIXUP = False
+
+
+def _counters(like: _arrays.Operand, tiles: int):
+    """The zeroed i32 arrival counts (one a tile, at least ``tiles``) of the Hopper
+    kernel's K-split fixup for ``like``'s kind, device and stream: a launch leaves them zero
+    again, so launches in stream order share them; kept for good (call plans pass them as
+    they are)."""
+    key = (like.kind, like.device, _arrays.stream_of(like))
+    found = _COUNTERS.get(key)
+    if found is None or found.shape[0] < tiles:
+        size = max(tiles, 1024)
+        if like.kind == "torch":
+            import torch
+
+            found = torch.zeros(size, dtype=torch.int32, device=like.obj.device)
+        elif like.kind == "cupy":
+            import cupy
+
+            with cupy.cuda.Device(like.device):
+                found = cupy.zeros(size, dtype=np.int32)
+        elif like.kind == "kaio":
+            found = _arrays.new_array("kaio", like.device, like.obj, (size,), i32)
+            found.copy_from_host(np.zeros(size, np.int32))
+        else:
+            found = np.zeros(size, np.int32)
+        _COUNTERS[key] = _arrays.constant(found)
+    return found
+
+
+# The kernel each LLM GEMM shape runs best with on sm_90 (H100/H200, measured with
+# bench/gemm_plans.py): (N, K, B layout: "kn" matmul, "nk" linear, "gate" linear with
+# "silu_gate", N its output columns) -> [(largest M, choice)] in increasing M; a choice is
+# a _gemm_hopper.Plan, "gemv", "mma.sync" (its own plan, ``tuned_plan``) or "persistent".
+# Shapes and M ranges not listed take the rules of ``route``. Measured on an H100 SXM (132
+# SMs), f16, L2 rotated: the fastest correct plan of each shape (bench/gemm_plans.py).
+_P = _gemm_hopper.Plan
+MEASURED: dict[tuple, list] = {
+    (1024, 1024, "kn"): [(1024, _P(2, 64, 6, 1, False))],
+    (2048, 2048, "kn"): [(2048, "persistent")],
+    (4096, 4096, "kn"): [(16, "mma.sync"), (64, _P(1, 64, 6, 2, False)),
+                         (128, _P(1, 64, 6, 1, False)), (256, _P(1, 128, 6, 1, False)),
+                         (2048, "persistent")],
+    (4096, 4096, "nk"): [(1, "gemv"), (16, "mma.sync"), (128, _P(1, 64, 6, 1, False))],
+    (4096, 14336, "kn"): [(16, "mma.sync"), (64, _P(1, 64, 6, 2, False)),
+                          (128, _P(2, 64, 6, 2, False)), (256, _P(1, 128, 6, 1, False)),
+                          (512, "persistent"), (1024, _P(2, 256, 4, 1, False)),
+                          (2048, "persistent")],
+    (4096, 14336, "nk"): [(16, "mma.sync"), (128, _P(2, 64, 6, 2, False)),
+                          (4096, _P(2, 256, 4, 1, False))],
+    (6144, 4096, "kn"): [(16, "mma.sync"), (128, _P(1, 64, 6, 1, False)), (2048, "persistent")],
+    (8192, 8192, "kn"): [(16, "mma.sync"), (128, _P(2, 64, 6, 1, False)), (1024, "persistent")],
+    (8192, 28672, "kn"): [(16, "mma.sync"), (128, _P(1, 128, 6, 1, False)),
+                          (1024, "persistent")],
+    (10240, 8192, "kn"): [(1, "mma.sync"), (16, _P(1, 128, 6, 1, False)),
+                          (128, _P(2, 128, 6, 1, False)), (1024, "persistent")],
+    (14336, 4096, "gate"): [(1, "gemv"), (16, "mma.sync"), (4096, _P(2, 128, 4, 1, False))],
+    (28672, 4096, "kn"): [(16, "mma.sync"), (64, _P(1, 256, 5, 1, False)),
+                          (128, _P(2, 256, 4, 1, False)), (2048, "persistent")],
+    (57344, 8192, "kn"): [(1, "gemv"), (16, "mma.sync"), (128, "persistent"),
+                          (1024, _P(2, 256, 4, 1, False))],
+}  # fmt: skip
+SKINNY_M = 16  # rows up to which the mma.sync kernel (16-row tiles, K split) wins on sm_90
+
+
+def route(a, b, mnk: tuple, transposed: bool, plain: bool, gate: bool):
+    """The kernel of a call (a ``gemm`` ``chosen``): on sm_90 the measured choice of the
+    shape (``MEASURED``) where it can run, else a skinny kernel where ``_gemv.preferred``;
+    then on sm_90 (measured there): the mma.sync kernel up to ``SKINNY_M`` rows, the
+    persistent kernel for plain ``matmul`` from 128 rows when its 128 x 128 tiles fill the
+    GPU, else the Hopper kernel with ``_gemm_hopper.plan``; elsewhere the mma.sync kernel
+    with ``tuned_plan``."""
+    m, n, k = mnk
+    hopper = hopper_takes(a, b, n, k, transposed)
+    persistent = plain and not transposed and hopper and a.dtype == b.dtype
+    if hopper:
+        layout = ("gate" if gate else "nk") if transposed else "kn"
+        for most, choice in MEASURED.get((n, k, layout), ()):
+            if m <= most:
+                if choice == "gemv" and _gemv.takes(a, b, mnk, transposed, plain):
+                    return choice
+                if choice == "persistent" and persistent:
+                    return choice
+                if isinstance(choice, _gemm_hopper.Plan):
+                    return choice
+                if choice == "mma.sync":
+                    return tuned_plan(a, m, n, k, gate)
+                break
+    if _gemv.preferred(a, b, mnk, transposed, plain):
+        return "gemv"
+    if hopper and m <= SKINNY_M:
+        return tuned_plan(a, m, n, k, gate)
+    sms = _arrays.multiprocessors(a)
+    if persistent and m >= 128 and math.ceil(m / 128) * math.ceil(n / 128) >= 0.9 * sms:
+        return "persistent"  # a wave of 128 x 128 tiles or more: the persistent kernel
+    if hopper:
+        return "hopper"
+    return tuned_plan(a, m, n, k, gate)
+
+
+def persistent_width(m: int, n: int, sms: int) -> int:
+    """The tile width of the persistent kernel: 256 (128 x 256 tiles) when they fill the
+    last wave of ``sms`` blocks at least 85% as well as 128-wide tiles do, else 128 (at
+    M = 1024, N = 6144 on 132 SMs: 192 tiles of 256 fill 1.45 waves, 384 of 128 2.9)."""
+
+    def filled(bn: int) -> float:
+        tiles = math.ceil(m / 128) * math.ceil(n / bn)
+        return tiles / (math.ceil(tiles / sms) * sms)
+
+    return 256 if math.ceil(m / 128) * math.ceil(n / 256) >= sms and (
+        filled(256) >= 0.85 * filled(128)
+    ) else 128  # fmt: skip
 
 
 def hopper_takes(a: _arrays.Operand, b: _arrays.Operand, n: int, k: int, transposed: bool) -> bool:
@@ -252,12 +426,14 @@ def linear(x, w, bias=None, *, residual=None, activation: str | None = None, out
 def specializations() -> list:
     """(kernel, constexprs) of the GEMM specializations to check (PTX through ptxas): every
     tile configuration with both B layouts, each activation with bias and residual, each
-    output type, the K split, the pipeline-free variant, and the split-K reduction."""
+    output type, the K split, the pipeline-free variant, the split-K reduction, and the
+    skinny kernels (``_gemv``)."""
     out = []
 
     def add(dt, ot, name, bt=1, act="none", epi=1, split=1, pipelined=True):
         consts = _tile_constexprs(CONFIGS[name], pipelined, True)
-        extra = {"BT": bt, "SPLIT": split, "BIAS": epi, "ACT": act, "RES": epi}
+        extra = {"BT": bt, "SPLIT": min(split, 2), "FIXUP": int(split > 2), "BIAS": epi}
+        extra |= {"ACT": act, "RES": epi}
         out.append((GEMM[dt, ot], {**consts, **extra}))
 
     for name in CONFIGS:
@@ -268,7 +444,17 @@ def specializations() -> list:
     add(f16, f32, "128x128")
     add(f16, bf16, "128x256", pipelined=False)
     for act in ("none", "silu_gate"):
-        add(bf16, f16, "16x128", act=act, split=4)
+        add(bf16, f16, "16x128", act=act, split=4)  # summed in the kernel
+        add(f16, f32, "16x128", act=act, split=2)  # summed by gemm_reduce
         for dt, ot in ((f16, f16), (bf16, f32)):
             out.append((REDUCE[dt, ot], {"SPLIT": 4, "BIAS": 1, "ACT": act, "RES": 1}))
+    for mr, dt, ot in ((1, f16, f16), (5, bf16, f32), (8, bf16, bf16)):
+        out.append((_gemv.gemv_kn, {"MR": mr, "DT": dt, "OUT": ot}))
+    for mr, dt, ot, act in (
+        (1, f16, f16, "none"),
+        (2, bf16, f32, "silu_gate"),
+        (4, f16, bf16, "gelu"),
+    ):
+        epi = {"BIAS": 1, "ACT": act, "RES": 1}
+        out.append((_gemv.gemv_nk, {"MR": mr, "DT": dt, "OUT": ot, "RT": ot, **epi}))
     return out

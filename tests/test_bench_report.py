@@ -399,3 +399,35 @@ def test_timing_in_rounds_is_described():
     assert report._settings(50, 5, None) == "the median of 50 timed calls after 5 + 5 warm-up calls"
     rounds = report._settings(50, 5, 5)
     assert "50 timed calls in 5 rounds" in rounds and "5 + 5 in the first" in rounds
+
+
+def test_gemm_sweep_heat_map_is_linked(tmp_path):
+    """bench/gemm_sweep.py's heat map (drawn by the run) is linked under its op's table."""
+    sweep = harness(
+        [
+            rec("gemm sweep f16", f"M={m} 4096x4096", impl, ms, flops=2.0 * m * 4096 * 4096)
+            for m in (1, 16)
+            for impl, ms in (("kaio", 0.012), ("cuBLAS", 0.010))
+        ]
+    )
+    data = synthetic_run()
+    data["suites"]["gemm-sweep"] = {
+        "title": "LLM GEMM shape sweep",
+        "script": "gemm_sweep.py",
+        "status": "ok",
+        "seconds": 30.0,
+        "rc": 0,
+        "data": sweep,
+    }
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / RESULTS_FILE).write_text(json.dumps(data))
+    png = b"\x89PNG\r\n\x1a\n fake"
+    name = f"{plots.slug('gemm sweep f16')}-heatmap.png"
+    with tarfile.open(d / "plots.tar", "w") as tf:
+        info = tarfile.TarInfo(name)
+        info.size = len(png)
+        tf.addfile(info, io.BytesIO(png))
+    _, page = write(d, tmp_path)
+    assert f"(perf/{name})" in page
+    assert page.index("**gemm sweep f16**") < page.index(f"(perf/{name})")

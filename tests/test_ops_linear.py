@@ -6,6 +6,7 @@ same against torch at real sizes (the mma.sync kernels on any GPU, sm_90 include
 
 from __future__ import annotations
 
+import importlib
 import math
 from concurrent.futures import ThreadPoolExecutor
 
@@ -143,6 +144,31 @@ def test_split_k_is_deterministic_and_matches_one_slice_in_simulator():
     check(runs[0], *reference(x, w, None, res, "silu"), np.float32)
 
 
+@pytest.mark.parametrize("act", ["silu_gate", "gelu"])
+def test_mma_sync_split_summed_in_kernel_in_simulator(act, monkeypatch):
+    """The mma.sync kernel's K split summed by the last block of each tile (N a multiple of
+    32): right, and the same bits as the gemm_reduce kernel."""
+    rng = np.random.default_rng(12)
+    m, n, k = 5, 64, 320  # 4 slices of 80 (K 64 a step: 2 steps, the last half empty)
+    rows = 2 * n if act == "silu_gate" else n
+    x, w = rand(rng, (m, k), np.float16), rand(rng, (rows, k), np.float16)
+    b, res = rand(rng, (rows,), np.float16), rand(rng, (m, n), np.float32)
+    linear_mod = importlib.import_module("kaio_ops.linear")
+
+    def run():
+        args = (_operand(x), _operand(w, "w"), (m, n), (m, n, k), kaio.f32, True)
+        return gemm("linear", *args, _operand(b, "bias"), _operand(res, "residual"), act,
+                    chosen=Plan("16x128", 4))  # fmt: skip
+
+    with kaio.simulate():
+        monkeypatch.setattr(linear_mod, "MMA_FIXUP", True)
+        fixed = run()
+        monkeypatch.setattr(linear_mod, "MMA_FIXUP", False)
+        reduced = run()
+    assert np.array_equal(fixed.view(np.uint32), reduced.view(np.uint32))
+    check(fixed, *reference(x, w, b, res, act), np.float32)
+
+
 def _operand(arr, name="x"):
     inputs = kaio_ops._arrays.Inputs("test")
     return inputs.array(arr, name, ndim=(1, 2, 3), dtypes=None)
@@ -187,20 +213,127 @@ def test_hopper_kernel_in_simulator(m, n, k, act, dtype, out_dtype):
         check(got, *reference(x, w.T.copy()), out)
 
 
+@pytest.mark.parametrize(
+    "m, n, k, act, dtype, chosen",
+    [
+        (3, 64, 520, "silu_gate", np.float16, hopper.Plan(1, 64, 2, 4, True)),  # K tail, 3 slices
+        (70, 96, 264, "gelu", BF16, hopper.Plan(2, 64, 2, 2, True)),  # tails in M, N, K
+        (1, 32, 256, "matmul", np.float16, hopper.Plan(1, 64, 2, 4, True)),  # M = 1, B [K, N]
+    ],
+)
+def test_hopper_split_fixup_in_simulator(m, n, k, act, dtype, chosen):
+    """The Hopper kernel's K split summed in the kernel (the last block of each tile adds
+    the slices in order): right, the same bits run to run and the same bits as the separate
+    reduction kernel (``fixup`` off), whose sum has the same order."""
+    rng = np.random.default_rng(m * n + k)
+    transposed = act != "matmul"
+    rows = 2 * n if act == "silu_gate" else n
+    x = rand(rng, (m, k), dtype)
+    w = rand(rng, (rows, k) if transposed else (k, n), dtype, 0.3)
+    b = rand(rng, (rows,), dtype) if transposed else None
+    res = rand(rng, (m, n), np.float32) if transposed else None
+
+    def run(plan):
+        return gemm(
+            "linear",
+            _operand(x),
+            _operand(w, "w"),
+            (m, n),
+            (m, n, k),
+            kaio.f32,
+            transposed,
+            _operand(b, "bias") if b is not None else None,
+            _operand(res, "residual") if res is not None else None,
+            act if transposed else "none",
+            chosen=plan,
+        )
+
+    with kaio.simulate():
+        runs = [run(chosen) for _ in range(2)]
+        reduced = run(chosen._replace(fixup=False))
+    for got in runs[1:] + [reduced]:
+        assert np.array_equal(runs[0].view(np.uint32), got.view(np.uint32))
+    if transposed:
+        check(runs[0], *reference(x, w, b, res, act), np.float32)
+    else:
+        check(runs[0], *reference(x, w.T.copy()), np.float32)
+
+
+@pytest.mark.parametrize(
+    "m, n, k, dtype",
+    [
+        (1, 264, 200, np.float16),  # a partial column block, K in 3 slices (tail 8 rows)
+        (3, 40, 1000, BF16),  # 15 slices
+        (8, 16, 72, np.float16),  # M = 8, one slice with a K tail
+        (1, 8, 1, BF16),  # K = 1
+    ],
+)
+def test_gemv_in_simulator(m, n, k, dtype):
+    """The skinny kernel (M <= 8, B [K, N]): right against float64, and a K split's
+    in-kernel sum the same bits run to run."""
+    rng = np.random.default_rng(m * n + k)
+    a, b = rand(rng, (m, k), dtype), rand(rng, (k, n), dtype, 0.3)
+    with kaio.simulate():
+        args = (_operand(a), _operand(b, "b"), (m, n), (m, n, k), kaio.f32, False)
+        runs = [gemm("matmul", *args, chosen="gemv") for _ in range(2)]
+        half = gemm("matmul", *args[:4], kaio.types.from_numpy_dtype(np.dtype(dtype)), False,
+                    chosen="gemv")  # fmt: skip
+    assert np.array_equal(runs[0].view(np.uint32), runs[1].view(np.uint32))
+    check(runs[0], *reference(a, b.T.copy()), np.float32)
+    check(half, *reference(a, b.T.copy()), dtype)
+
+
+@pytest.mark.parametrize(
+    "m, n, k, act, dtype, out_dtype",
+    [
+        (1, 9, 520, "gelu", np.float16, None),  # K past one pass of 4 x 256, N tail of a block
+        (3, 16, 264, "silu_gate", BF16, np.float32),
+        (4, 8, 8, "silu", np.float16, BF16),  # one 16-byte piece of K
+        (2, 1, 16, "none", BF16, None),  # N = 1
+    ],
+)
+def test_gemv_nk_in_simulator(m, n, k, act, dtype, out_dtype):
+    """The skinny kernel for W [N, K] (``linear`` at M <= 4) with every epilogue stage."""
+    rng = np.random.default_rng(m * n + k + 1)
+    out = out_dtype or dtype
+    rows = 2 * n if act == "silu_gate" else n
+    x, w = rand(rng, (m, k), dtype), rand(rng, (rows, k), dtype, 0.3)
+    b, res = rand(rng, (rows,), dtype), rand(rng, (m, n), out)
+    with kaio.simulate():
+        got = gemm("linear", _operand(x), _operand(w, "w"), (m, n), (m, n, k),
+                   kaio.types.from_numpy_dtype(np.dtype(out)), True, _operand(b, "bias"),
+                   _operand(res, "residual"), act, chosen="gemv")  # fmt: skip
+    check(got, *reference(x, w, b, res, None if act == "none" else act), out)
+
+
+@pytest.mark.parametrize("dtype, out", [(np.float16, np.float16), (BF16, BF16), (BF16, np.float32)])
+def test_persistent_kernel_in_simulator(dtype, out):
+    """``matmul`` on ``_matmul_hopper``'s persistent kernel (its f16 and bf16 outputs packed
+    in pairs): 2 x 2 tiles with tails in M, N and K."""
+    rng = np.random.default_rng(5)
+    m, n, k = 130, 136, 200
+    a, b = rand(rng, (m, k), dtype), rand(rng, (k, n), dtype, 0.3)
+    with kaio.simulate():
+        ot = kaio.types.from_numpy_dtype(np.dtype(out))
+        got = gemm("matmul", _operand(a), _operand(b, "b"), (m, n), (m, n, k), ot, False,
+                   chosen="persistent")  # fmt: skip
+    check(got, *reference(a, b.T.copy()), out)
+
+
 def test_plans():
     assert plan(1, 4096, 4096, 132).split > 1  # decode: K split
     assert plan(4096, 4096, 4096, 132).split == 1
     assert plan(4096, 14336, 4096, 132, gate=True).config == "64x128"  # registers
     assert hopper.plan(1, 4096, 4096, 132)[::3] == (1, 2)  # 64-row tiles, K split
     assert hopper.plan(16, 4096, 4096, 132)[1] == 64  # narrow N tiles for small M
-    assert hopper.plan(8192, 8192, 8192, 132) == (2, 256, 4, 1)
+    assert hopper.plan(8192, 8192, 8192, 132)[:4] == (2, 256, 4, 1)
     assert hopper.plan(4096, 14336, 4096, 132, gate=True)[1] == 128
 
 
 def test_hopper_plans_fit_over_the_llm_sweep():
     """Every plan of the bench sweep's shapes (H100/H200 SM counts) fits shared memory, gives
-    each K slice at least 4 steps and launches at least one block per multiprocessor when
-    the shape allows it."""
+    each K slice at least 4 steps and fills at least half the multiprocessors when the shape
+    allows it."""
     shapes = [
         (6144, 4096),
         (4096, 4096),
@@ -215,12 +348,33 @@ def test_hopper_plans_fit_over_the_llm_sweep():
         for n, k in shapes:
             for m in (1 << i for i in range(14)):
                 for gate in (False, True):
-                    wg, bn, stages, split = hopper.plan(m, n, k, sms, gate)
+                    wg, bn, stages, split, _ = hopper.plan(m, n, k, sms, gate)
                     assert hopper.shared_bytes(wg, bn, stages, gate) <= hopper.SHARED_LIMIT
                     assert stages >= 2 and 1 <= split <= 16 and k // split >= 4 * hopper.BK
                     assert bn <= (128 if gate else 256)
                     blocks = -(-m // (64 * wg)) * -(-n // bn) * split
-                    assert blocks >= min(sms, -(-m // (64 * wg)) * -(-n // 64))
+                    assert blocks >= min(sms // 2, -(-m // (64 * wg)) * -(-n // 64))
+
+
+def test_measured_table_is_well_formed():
+    """linear.MEASURED: M limits increasing, each choice a kernel the router knows, each
+    Hopper plan fitting shared memory with at least 4 steps of K a slice."""
+    from kaio_ops.linear import MEASURED
+
+    for (n, k, layout), entries in MEASURED.items():
+        assert layout in ("kn", "nk", "gate")
+        limits = [most for most, _ in entries]
+        assert limits == sorted(set(limits)), (n, k, layout)
+        for _, choice in entries:
+            if isinstance(choice, hopper.Plan):
+                gate = layout == "gate"
+                assert hopper.shared_bytes(choice.wg, choice.bn, choice.stages, gate) <= (
+                    hopper.SHARED_LIMIT
+                )
+                assert k // choice.split >= 4 * hopper.BK and not choice.fixup
+            else:
+                assert choice in ("gemv", "mma.sync", "persistent"), choice
+                assert choice != "persistent" or layout == "kn"
 
 
 @pytest.mark.parametrize(
@@ -344,3 +498,48 @@ def test_gpu_linear_batched_f32_out():
     ref = torch.nn.functional.linear(x.double(), w.double())
     assert y.shape == (2, 3, 100, 768) and y.dtype == torch.float32
     assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "m, n, k, activation, chosen",
+    [
+        (1, 4096, 4096, "matmul", "gemv"),  # the skinny kernel, K split 8 ways or more
+        (5, 2048, 1032, "matmul", "gemv"),
+        (3, 4096, 4096, "silu_gate", "gemv"),  # the skinny kernel for W [N, K]
+        (1, 1000, 14336, "gelu", "gemv"),
+        (16, 1024, 4096, "gelu", hopper.Plan(1, 64, 6, 8, True)),  # sums in the kernel
+        (5, 2048, 4096, "silu_gate", hopper.Plan(1, 128, 4, 4, True)),
+        (200, 512, 8192, "matmul", hopper.Plan(2, 128, 4, 6, True)),
+        (16, 1024, 4096, "silu_gate", Plan("16x128", 8)),  # mma.sync, summed in the kernel
+        (3, 2048, 4096, "matmul", Plan("16x128", 4)),
+    ],
+)
+def test_gpu_split_sums_deterministic(m, n, k, activation, chosen, monkeypatch):
+    """The K splits summed in the kernel at real sizes: right against torch in float64 and
+    the same bits run to run."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(importlib.import_module("kaio_ops.linear"), "MMA_FIXUP", True)
+    if isinstance(chosen, hopper.Plan) and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Hopper kernel needs sm_90")
+    gen = torch.Generator("cuda").manual_seed(m + n)
+    rows = 2 * n if activation == "silu_gate" else n
+    transposed = activation != "matmul"
+    x = torch.randn(m, k, generator=gen, device="cuda").half()
+    w = (torch.randn(rows, k, generator=gen, device="cuda") * 0.02).half()
+    bias = torch.randn(rows, generator=gen, device="cuda").half() if transposed else None
+    res = torch.randn(m, n, generator=gen, device="cuda").half() if transposed else None
+    wt = w if transposed else w.T.contiguous()
+    inputs = kaio_ops._arrays.Inputs("test")
+    args = [inputs.array(x, "x", ndim=2), inputs.array(wt, "w", ndim=2), (m, n), (m, n, k)]
+    args += [kaio.f32, transposed]
+    if transposed:
+        args += [inputs.array(bias, "bias", ndim=1), inputs.array(res, "res", ndim=2), activation]
+    runs = [gemm("linear", *args, chosen=chosen) for _ in range(3)]
+    assert all(torch.equal(runs[0], r) for r in runs[1:])
+    if transposed:
+        ref = torch_linear_reference(x.double(), w.double(), bias.double(), res.double(),
+                                     activation)  # fmt: skip
+    else:
+        ref = x.double() @ wt.double()
+    assert ((runs[0].double() - ref).norm() / ref.norm()).item() < 1e-5
