@@ -148,6 +148,28 @@ def lower_wgmma(g, ins: Instr) -> None:
     write(g, acc, builtin, members(g, result, n))
 
 
+def lower_wgmma_rs(g, ins: Instr) -> None:
+    """``wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {d}, {a0..a3}, b_desc, p, 1, 1,
+    trans_b``: A from 4 ``"r"`` registers."""
+    kind = ins.attrs["kind"]
+    builtin = f"kaio.wgmma_{kind}()"
+    g.target.require("wgmma", builtin, g.loc)
+    acc, a, b_desc, scale_d = ins.args
+    n = len(frag_registers(g, acc, builtin))
+    a_vals = [v if v.type == I32 else g.b.bitcast(v, I32) for v in read(g, a, builtin)]
+    shape = f"m64n{ins.attrs['n']}k16.f32.{kind}.{kind}"
+    text = (
+        f"{{ .reg .pred scale_d; setp.ne.b32 scale_d, ${n + 5}, 0; "
+        f"wgmma.mma_async.sync.aligned.{shape} {operands(0, n)}, {operands(n, 4)}, ${n + 4}, "
+        f"scale_d, 1, 1, {int(ins.attrs['trans_b'])}; }}"
+    )
+    outputs, tied, ret = _in_place(n)
+    scale = g.b.zext(g.value(scale_d), I32)
+    args = [*a_vals, g.value(b_desc), scale, *read(g, acc, builtin)]
+    result = _statement(g, text, [*outputs, "r", "r", "r", "r", "l", "r", *tied], args, True, ret)
+    write(g, acc, builtin, members(g, result, n))
+
+
 def _settle(g) -> None:
     """Pass every wgmma accumulator register through an empty asm, which stays in order with
     the fence and wait statements (all three have side effects): before ``wgmma_fence``, so
@@ -157,7 +179,7 @@ def _settle(g) -> None:
     register its own output: the PTX has no instruction more."""
     ptrs: dict = {}
     for s in walk(g.fn.body):
-        if isinstance(s, Instr) and s.op == "wgmma":
+        if isinstance(s, Instr) and s.op in ("wgmma", "wgmma_rs"):
             frag = s.args[0]
             regs = g.local_registers(frag.array)  # None: the wgmma itself reports it
             if regs is not None:
@@ -326,6 +348,7 @@ LOWERING = {
     **dict.fromkeys(_FIXED, _lower_fixed),
     "dsmem_load": lower_dsmem_load,
     "wgmma": lower_wgmma,
+    "wgmma_rs": lower_wgmma_rs,
     "smem_desc": lower_smem_desc,
     "mbarrier_init": lambda g, ins: _barrier(g, ins, "init"),
     "mbarrier_arrive": lower_mbarrier_arrive,
