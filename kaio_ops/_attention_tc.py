@@ -255,20 +255,19 @@ def acc_rows_at(
 
 
 @kaio.gpu_func
-def online_softmax(
+def softmax_step(
     s: f32[:, :],
     m: f32[:],
     l: f32[:],
-    o: f32[:, :],
     h: kaio.constexpr,
     scale_log2: f32,
     NB: kaio.constexpr,
-    DP: kaio.constexpr,
-):
+) -> f32:
     """One online-softmax step of this lane's row half h (row g + 8h of the warp's 16) over
     the scores s of NB n-tiles (masked ones -inf): the running max m[h] (base 2, scaled) and
-    sum l[h] (this lane's part) updated, s replaced by the probabilities, the accumulators o
-    (DP / 8 n-tiles) rescaled. A row's values sit in the 4 lanes of its lane group."""
+    sum l[h] (this lane's part) updated and s replaced by the probabilities; returns the
+    factor by which the row's earlier accumulators must be rescaled. A row's values sit in
+    the 4 lanes of its lane group."""
     top = NEG_INF
     for n in kaio.static_range(NB):
         for e in kaio.static_range(2):
@@ -286,9 +285,30 @@ def online_softmax(
             s[n, 2 * h + e] = p
             total += p
     l[h] = l[h] * alpha + total
+    return alpha
+
+
+@kaio.gpu_func
+def rescale(o: f32[:, :], h: kaio.constexpr, alpha: f32, DP: kaio.constexpr):
+    """Row half h of the accumulators o (DP / 8 n-tiles) times alpha."""
     for n in kaio.static_range(DP // 8):
         for e in kaio.static_range(2):
             o[n, 2 * h + e] = o[n, 2 * h + e] * alpha
+
+
+@kaio.gpu_func
+def online_softmax(
+    s: f32[:, :],
+    m: f32[:],
+    l: f32[:],
+    o: f32[:, :],
+    h: kaio.constexpr,
+    scale_log2: f32,
+    NB: kaio.constexpr,
+    DP: kaio.constexpr,
+):
+    """``softmax_step`` of row half h, then the accumulators o (DP / 8 n-tiles) rescaled."""
+    rescale(o, h, softmax_step(s, m, l, h, scale_log2, NB), DP)
 
 
 @kaio.gpu_func
