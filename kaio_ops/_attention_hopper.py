@@ -149,7 +149,7 @@ def store_rows(
 
 @kaio.gpu_func
 def produce(
-    q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], qbar: u64[:],
+    q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
     tq: kaio.tensormap, tk: kaio.tensormap, tv: kaio.tensormap, q_row: i32, kv_row: i32,
     n_tiles: i32, D: kaio.constexpr, BN: kaio.constexpr, WG: kaio.constexpr,
     STAGES: kaio.constexpr, DT: kaio.constexpr,
@@ -159,9 +159,9 @@ def produce(
     a stage is refilled once the consumers have freed it (K and V apart)."""
     C = D // 64
     KV_BYTES = BN * D * 2
-    kaio.mbarrier_arrive_expect_tx(qbar, 0, u32(64 * WG * D * 2))
+    kaio.mbarrier_arrive_expect_tx(turn, 2, u32(64 * WG * D * 2))
     for c in kaio.static_range(C):
-        kaio.tma_load_2d(q_s, (c, 0, 0), tq, q_row, c * 64, qbar, 0)
+        kaio.tma_load_2d(q_s, (c, 0, 0), tq, q_row, c * 64, turn, 2)
     st = i32(0)
     ph = u32(0)
     for j in range(n_tiles):
@@ -179,6 +179,110 @@ def produce(
         if st == STAGES:
             st = 0
             ph ^= 1
+
+
+@kaio.gpu_func
+def consume(
+    q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
+    out: DT[:], lse: f32[:], wg: u32, lt: u32, bh: i32, q0: i32, n_tiles: i32, sq: i32,
+    sk: i32, causal: i32, scale_log2: f32, D: kaio.constexpr, BN: kaio.constexpr,
+    STAGES: kaio.constexpr, PIPE: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """Consumer warpgroup ``wg``'s 64 query rows (thread ``lt`` of it) over the key tiles
+    (module docstring), then its rows of ``out`` and ``lse``. ``turn[0]``, ``turn[1]``: the
+    ping-pong barriers of warpgroups 0 and 1 (PIPE 2), ``turn[2]``: the Q tile landed."""
+    st = i32(0)
+    ph = u32(0)
+    lane = lt % 32
+    row0 = q0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)
+    m = kaio.local(f32, 2)
+    l = kaio.local(f32, 2)
+    alpha = kaio.local(f32, 2)
+    for h in kaio.static_range(2):
+        m[h] = NEG_INF
+        l[h] = 0.0
+    o = kaio.local(f32, (D // 8, 4))
+    for n in kaio.static_range(D // 8):
+        for e in kaio.static_range(4):
+            o[n, e] = 0.0
+    s = kaio.local(f32, (BN // 8, 4))
+    p = kaio.local(u32, (BN // 16, 4))
+    kaio.mbarrier_wait(turn, 2, 0)  # the Q tile landed
+    if PIPE:
+        # tile 0: S, softmax, P; then each tile j issues S_j with P_{j-1} V_{j-1}
+        kaio.mbarrier_wait(bars, (0, 0), 0)
+        kaio.wgmma_fence()
+        issue_s(s, q_s, k_s, 0, wg, D, DT)
+        kaio.wgmma_wait(0)
+        if lt == 0:
+            kaio.mbarrier_arrive(bars, (2, 0))
+        softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN)
+        pack_p(p, s, BN, DT)
+        ps = i32(0)  # the stage and parity of tile j - 1
+        pph = u32(0)
+        st = 1
+        if STAGES == 1:
+            st = 0
+            ph = 1
+        for j in range(1, n_tiles):
+            kaio.mbarrier_wait(bars, (0, st), ph)
+            if PIPE == 2:  # wait for this warpgroup's turn on the tensor cores
+                if wg == 0:
+                    if j > 1:
+                        kaio.mbarrier_wait(turn, 0, u32(j - 2) & 1)
+                else:
+                    kaio.mbarrier_wait(turn, 1, u32(j - 1) & 1)
+            kaio.wgmma_fence()
+            issue_s(s, q_s, k_s, st, wg, D, DT)
+            kaio.mbarrier_wait(bars, (1, ps), pph)
+            issue_pv(o, p, v_s, ps, BN, DT)
+            if PIPE == 2 and lt % 32 == 0:  # the other warpgroup's turn
+                kaio.mbarrier_arrive(turn, 1 - wg)
+            kaio.wgmma_wait(1)  # S_j done
+            if lt == 0:
+                kaio.mbarrier_arrive(bars, (2, st))
+            softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN)
+            kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done
+            if lt == 0:
+                kaio.mbarrier_arrive(bars, (3, ps))
+            for h in kaio.static_range(2):
+                rescale(o, h, alpha[h], D)
+            pack_p(p, s, BN, DT)
+            ps = st
+            pph = ph
+            st += 1
+            if st == STAGES:
+                st = 0
+                ph ^= 1
+        kaio.mbarrier_wait(bars, (1, ps), pph)
+        kaio.wgmma_fence()
+        issue_pv(o, p, v_s, ps, BN, DT)
+        kaio.wgmma_wait(0)
+        if lt == 0:
+            kaio.mbarrier_arrive(bars, (3, ps))
+    else:
+        for j in range(n_tiles):
+            kaio.mbarrier_wait(bars, (0, st), ph)
+            kaio.wgmma_fence()
+            issue_s(s, q_s, k_s, st, wg, D, DT)
+            kaio.wgmma_wait(0)
+            if lt == 0:
+                kaio.mbarrier_arrive(bars, (2, st))
+            softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN)
+            for h in kaio.static_range(2):
+                rescale(o, h, alpha[h], D)
+            pack_p(p, s, BN, DT)
+            kaio.mbarrier_wait(bars, (1, st), ph)
+            kaio.wgmma_fence()
+            issue_pv(o, p, v_s, st, BN, DT)
+            kaio.wgmma_wait(0)
+            if lt == 0:
+                kaio.mbarrier_arrive(bars, (3, st))
+            st += 1
+            if st == STAGES:
+                st = 0
+                ph ^= 1
+    store_rows(out, lse, o, m, l, bh, row0, sq, lane, D, DT)
 
 
 @kaio.gpu_kernel
@@ -216,9 +320,9 @@ def attention_fwd_wgmma(
     k_s = kaio.shared_dynamic(DT, (STAGES, C, BN, 64), BM * D * 2)
     v_s = kaio.shared_dynamic(DT, (STAGES, C, BN, 64), BM * D * 2 + STAGES * KV_BYTES)
     # bars[0, s]: K of stage s landed, [1, s]: V landed, [2, s]: K free, [3, s]: V free;
-    # qbar: the Q tile landed
+    # turn[0], turn[1]: warpgroup 0's, 1's turn on the tensor cores (PIPE 2), turn[2]: Q landed
     bars = kaio.shared_dynamic(u64, (4, STAGES), BM * D * 2 + 2 * STAGES * KV_BYTES)
-    qbar = kaio.shared_dynamic(u64, (1,), BM * D * 2 + 2 * STAGES * KV_BYTES + 32 * STAGES)
+    turn = kaio.shared_dynamic(u64, (3,), BM * D * 2 + 2 * STAGES * KV_BYTES + 32 * STAGES)
     t = kaio.thread_idx_x()
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
     lt = t % 128
@@ -233,107 +337,31 @@ def attention_fwd_wgmma(
             for r in kaio.static_range(2):
                 kaio.mbarrier_init(bars, (r, s), 1)
                 kaio.mbarrier_init(bars, (2 + r, s), WG)
-        kaio.mbarrier_init(qbar, 0, 1)
+        kaio.mbarrier_init(turn, 0, 4)  # an arrival from each warp of the other warpgroup
+        kaio.mbarrier_init(turn, 1, 4)
+        kaio.mbarrier_init(turn, 2, 1)
         kaio.fence_proxy_async()
     kaio.sync_threads()
-    st = i32(0)
-    ph = u32(0)
     if wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
-        lane = lt % 32
-        row0 = q0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)
-        m = kaio.local(f32, 2)
-        l = kaio.local(f32, 2)
-        alpha = kaio.local(f32, 2)
-        for h in kaio.static_range(2):
-            m[h] = NEG_INF
-            l[h] = 0.0
-        o = kaio.local(f32, (D // 8, 4))
-        for n in kaio.static_range(D // 8):
-            for e in kaio.static_range(4):
-                o[n, e] = 0.0
-        s = kaio.local(f32, (BN // 8, 4))
-        p = kaio.local(u32, (BN // 16, 4))
-        kaio.mbarrier_wait(qbar, 0, 0)
-        if PIPE:
-            # tile 0: S, softmax, P; then each tile j issues S_j with P_{j-1} V_{j-1}
-            kaio.mbarrier_wait(bars, (0, 0), 0)
-            kaio.wgmma_fence()
-            issue_s(s, q_s, k_s, 0, wg, D, DT)
-            kaio.wgmma_wait(0)
-            if lt == 0:
-                kaio.mbarrier_arrive(bars, (2, 0))
-            softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN)
-            pack_p(p, s, BN, DT)
-            ps = i32(0)  # the stage and parity of tile j - 1
-            pph = u32(0)
-            st = 1
-            if STAGES == 1:
-                st = 0
-                ph = 1
-            for j in range(1, n_tiles):
-                kaio.mbarrier_wait(bars, (0, st), ph)
-                kaio.wgmma_fence()
-                issue_s(s, q_s, k_s, st, wg, D, DT)
-                kaio.mbarrier_wait(bars, (1, ps), pph)
-                issue_pv(o, p, v_s, ps, BN, DT)
-                kaio.wgmma_wait(1)  # S_j done
-                if lt == 0:
-                    kaio.mbarrier_arrive(bars, (2, st))
-                softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN)
-                kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done
-                if lt == 0:
-                    kaio.mbarrier_arrive(bars, (3, ps))
-                for h in kaio.static_range(2):
-                    rescale(o, h, alpha[h], D)
-                pack_p(p, s, BN, DT)
-                ps = st
-                pph = ph
-                st += 1
-                if st == STAGES:
-                    st = 0
-                    ph ^= 1
-            kaio.mbarrier_wait(bars, (1, ps), pph)
-            kaio.wgmma_fence()
-            issue_pv(o, p, v_s, ps, BN, DT)
-            kaio.wgmma_wait(0)
-            if lt == 0:
-                kaio.mbarrier_arrive(bars, (3, ps))
+        if PIPE == 2 and wg == 0:  # ping-pong: a loop in each branch (the simulator's turns)
+            consume(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh, q0, n_tiles, sq, sk,
+                    causal, scale_log2, D, BN, STAGES, PIPE, DT)  # fmt: skip
         else:
-            for j in range(n_tiles):
-                kaio.mbarrier_wait(bars, (0, st), ph)
-                kaio.wgmma_fence()
-                issue_s(s, q_s, k_s, st, wg, D, DT)
-                kaio.wgmma_wait(0)
-                if lt == 0:
-                    kaio.mbarrier_arrive(bars, (2, st))
-                softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN)
-                for h in kaio.static_range(2):
-                    rescale(o, h, alpha[h], D)
-                pack_p(p, s, BN, DT)
-                kaio.mbarrier_wait(bars, (1, st), ph)
-                kaio.wgmma_fence()
-                issue_pv(o, p, v_s, st, BN, DT)
-                kaio.wgmma_wait(0)
-                if lt == 0:
-                    kaio.mbarrier_arrive(bars, (3, st))
-                st += 1
-                if st == STAGES:
-                    st = 0
-                    ph ^= 1
-        store_rows(out, lse, o, m, l, bh, row0, sq, lane, D, DT)
+            consume(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh, q0, n_tiles, sq, sk,
+                    causal, scale_log2, D, BN, STAGES, PIPE, DT)  # fmt: skip
     else:  # the producer warpgroup: its first thread loads
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         if lt == 0:
-            produce(q_s, k_s, v_s, bars, qbar, tq, tk, tv, bh * sq + q0, kvh * sk, n_tiles, D,
+            produce(q_s, k_s, v_s, bars, turn, tq, tk, tv, bh * sq + q0, kvh * sk, n_tiles, D,
                     BN, WG, STAGES, DT)  # fmt: skip
 
 
 def shared_bytes(d: int, bn: int, wg: int, stages: int) -> int:
     """The dynamic shared memory of ``attention_fwd_wgmma``: Q, the K/V ring, its barriers."""
-    return 64 * wg * d * 2 + 2 * stages * bn * d * 2 + 32 * stages + 8
+    return 64 * wg * d * 2 + 2 * stages * bn * d * 2 + 32 * stages + 24
 
 
 def config(d: int) -> dict:
@@ -342,7 +370,7 @@ def config(d: int) -> dict:
     accumulators take 128 registers a thread), as many stages as fit (at most 4)."""
     bn = 64 if d == 256 else 128
     wg = 2
-    stages = max(1, min(4, (SHARED_LIMIT - 64 * wg * d * 2 - 64) // (2 * bn * d * 2)))
+    stages = max(1, min(4, (SHARED_LIMIT - 64 * wg * d * 2 - 256) // (2 * bn * d * 2)))
     return {"BN": bn, "WG": wg, "STAGES": stages, "PIPE": 1, "REGS": consumer_registers(wg)}
 
 
