@@ -381,6 +381,13 @@ def eligible(d: int, sk: int, cfg: dict | None = None) -> bool:
     return d in (64, 128, 256) and sk % (cfg or config(d))["BN"] == 0
 
 
+def worthwhile(bh: int, sq: int, sk: int, d: int, causal: bool) -> bool:
+    """Whether the kernel beats the mma.sync one for this case (measured on an H100, see
+    docs/performance.md): not yet measured, so only the shapes of the issue's target
+    (head dim 128, sequences of 1k and more)."""
+    return d == 128 and sq >= 1024 and sk >= 1024
+
+
 def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None = None):
     """Run ``attention_fwd_wgmma`` on checked operands (``_arrays.Operand``s q [B, H, Sq, D],
     k, v [B, Hkv, Sk, D] of one 16-bit type); ``dims``: (B * H, H, group, sq, sk, d, d).
