@@ -31,6 +31,7 @@ NEW = {  # name: the config over _attention_hopper.config's
     "wgmma pipe0": {"PIPE": 0},
     "wgmma 2 stages": {"STAGES": 2},
     "wgmma 1 wg": {"WG": 1, "REGS": 0},
+    "wgmma precise": {"precise": True},  # without fastmath (ex2.approx.f32, not .ftz)
 }
 
 
@@ -48,6 +49,20 @@ def variants():
     return out
 
 
+_PRECISE = []
+
+
+def precise_kernel():
+    """``attention_fwd_wgmma`` without fastmath (one kernel object: its specializations are
+    kept with it)."""
+    if not _PRECISE:
+        import kaio
+        from kaio_ops import _attention_hopper as hop
+
+        _PRECISE.append(kaio.gpu_kernel(hop.attention_fwd_wgmma.pyfunc))
+    return _PRECISE[0]
+
+
 def runner(kind: str, d: int, over: dict):
     """A function (q, k, v, causal) -> (out, lse) for one variant."""
     from kaio_ops import _attention_hopper as hop
@@ -59,7 +74,8 @@ def runner(kind: str, d: int, over: dict):
             dp = attention._pow2_dim(d, attention.FLASH_DIMS)
             return attention.tc_forward(qa, ka, va, qa.dtype, qa.shape, dims, causal, scale, dp)
         cfg = {**hop.config(d), **over}
-        return hop.launch(qa, ka, va, dims, causal, scale, cfg)
+        kernel = precise_kernel() if cfg.pop("precise", False) else None
+        return hop.launch(qa, ka, va, dims, causal, scale, cfg, kernel)
 
     return run
 

@@ -285,7 +285,7 @@ def consume(
     store_rows(out, lse, o, m, l, bh, row0, sq, lane, D, DT)
 
 
-@kaio.gpu_kernel
+@kaio.gpu_kernel(fastmath=True)  # ex2.approx.ftz: one instruction an exponential
 def attention_fwd_wgmma(
     tq: kaio.tensormap,
     tk: kaio.tensormap,
@@ -388,10 +388,12 @@ def worthwhile(bh: int, sq: int, sk: int, d: int, causal: bool) -> bool:
     return d == 128 and sq >= 1024 and sk >= 1024
 
 
-def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None = None):
-    """Run ``attention_fwd_wgmma`` on checked operands (``_arrays.Operand``s q [B, H, Sq, D],
-    k, v [B, Hkv, Sk, D] of one 16-bit type); ``dims``: (B * H, H, group, sq, sk, d, d).
-    Returns (out [B, H, Sq, D] of q's type, lse [B, H, Sq] f32)."""
+def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None = None,
+           kernel=None):  # fmt: skip
+    """Run ``attention_fwd_wgmma`` (or ``kernel``, a variant of it: bench/attention_hopper.py)
+    on checked operands (``_arrays.Operand``s q [B, H, Sq, D], k, v [B, Hkv, Sk, D] of one
+    16-bit type); ``dims``: (B * H, H, group, sq, sk, d, d); ``cfg``: the constexprs (default
+    ``config(d)``). Returns (out [B, H, Sq, D] of q's type, lse [B, H, Sq] f32)."""
     import math
 
     from kaio_ops import _arrays
@@ -408,7 +410,8 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     out_flat = _arrays.output_arg(qa, out, (bh * sq * d,))
     lse_flat = _arrays.output_arg(qa, lse, (bh * sq,), f32)
     smem = shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"])
-    attention_fwd_wgmma[(-(-sq // bm), bh), 128 * cfg["WG"] + 128, _arrays.stream_of(qa), smem](
+    grid = (-(-sq // bm), bh)
+    (kernel or attention_fwd_wgmma)[grid, 128 * cfg["WG"] + 128, _arrays.stream_of(qa), smem](
         tq, tk, tv, out_flat, lse_flat, sq, sk, heads, group, math.log2(math.e) * scale,
         int(causal), D=d, DT=qa.dtype, **cfg,
     )  # fmt: skip
