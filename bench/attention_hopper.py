@@ -32,6 +32,8 @@ NEW = {  # name: the config over _attention_hopper.config's
     "wgmma 2 stages": {"STAGES": 2},
     "wgmma 1 wg": {"WG": 1, "REGS": 0},
     "wgmma precise": {"precise": True},  # without fastmath (ex2.approx.f32, not .ftz)
+    "wgmma pp bn176": {"PIPE": 2, "BN": 176, "STAGES": 2},
+    "wgmma pp bn192": {"PIPE": 2, "BN": 192, "STAGES": 2},
 }
 
 
