@@ -150,8 +150,18 @@ def check(out_path):
                 row = dict(variant=label, dtype=dtype, d=d, b=b, h=h, hkv=hkv, sq=sq, sk=sk,
                            causal=causal, rel=err, lse_err=lse_err, same_bits=again,
                            finite=finite)  # fmt: skip
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+                emit(rows, row)
+    save(rows, out_path)
+
+
+def emit(rows: list, row: dict) -> None:
+    """Keep ``row`` and print it (one JSON line: a run cut short still shows it)."""
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+
+
+def save(rows: list, out_path) -> None:
+    """The rows as JSON to ``out_path`` (if given)."""
     if out_path:
         with open(out_path, "w") as f:
             json.dump(rows, f, indent=1)
@@ -212,11 +222,8 @@ def bench(out_path):
             res["sdpa flash"] = flops / ms / 1e9
             row = dict(gpu=name, dtype=dtype, d=d, b=b, h=h, hkv=hkv, s=s, causal=causal,
                        tflops=res)  # fmt: skip
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-    if out_path:
-        with open(out_path, "w") as f:
-            json.dump(rows, f, indent=1)
+            emit(rows, row)
+    save(rows, out_path)
     print(f"\n{name}: TFLOP/s (CUDA events, median of 3 rounds of 6 calls)")
     for r in rows:
         t = r["tflops"]

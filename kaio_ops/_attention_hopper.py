@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import kaio
 from kaio import f32, i32, u32, u64
-from kaio_ops._attention_tc import LN2, NEG_INF, rescale, softmax_step
+from kaio_ops._attention_tc import LN2, NEG_INF, rescale, softmax_step, start_rows
 
 SW = 128  # swizzle bytes: one 128-byte row per 64 elements
 SHARED_LIMIT = 227 * 1024
@@ -87,6 +87,32 @@ def issue_pv(o: f32[:, :], p: u32[:, :], v_s: DT[:, :, :, :], st: i32, BN: kaio.
         else:
             kaio.wgmma_f16(o, p[kk], dv, True, False, True)
     kaio.wgmma_commit()
+
+
+@kaio.gpu_func
+def s_tile(s: f32[:, :], q_s: DT[:, :, :], k_s: DT[:, :, :, :], bars: u64[:, :], st: i32,
+           ph: u32, wg: u32, lt: u32, D: kaio.constexpr, DT: kaio.constexpr):  # fmt: skip
+    """S = Q K^T of the key tile in stage ``st`` once it has landed (phase parity ``ph``),
+    waited for; then the stage's K is free."""
+    kaio.mbarrier_wait(bars, (0, st), ph)
+    kaio.wgmma_fence()
+    issue_s(s, q_s, k_s, st, wg, D, DT)
+    kaio.wgmma_wait(0)
+    if lt == 0:
+        kaio.mbarrier_arrive(bars, (2, st))
+
+
+@kaio.gpu_func
+def pv_tile(o: f32[:, :], p: u32[:, :], v_s: DT[:, :, :, :], bars: u64[:, :], st: i32,
+            ph: u32, lt: u32, BN: kaio.constexpr, DT: kaio.constexpr):  # fmt: skip
+    """O += P V of the key tile in stage ``st`` once its V has landed, waited for; then the
+    stage's V is free."""
+    kaio.mbarrier_wait(bars, (1, st), ph)
+    kaio.wgmma_fence()
+    issue_pv(o, p, v_s, st, BN, DT)
+    kaio.wgmma_wait(0)
+    if lt == 0:
+        kaio.mbarrier_arrive(bars, (3, st))
 
 
 @kaio.gpu_func
@@ -198,24 +224,14 @@ def consume(
     m = kaio.local(f32, 2)
     l = kaio.local(f32, 2)
     alpha = kaio.local(f32, 2)
-    for h in kaio.static_range(2):
-        m[h] = NEG_INF
-        l[h] = 0.0
     o = kaio.local(f32, (D // 8, 4))
-    for n in kaio.static_range(D // 8):
-        for e in kaio.static_range(4):
-            o[n, e] = 0.0
+    start_rows(m, l, o, D)
     s = kaio.local(f32, (BN // 8, 4))
     p = kaio.local(u32, (BN // 16, 4))
     kaio.mbarrier_wait(turn, 2, 0)  # the Q tile landed
     if PIPE:
         # tile 0: S, softmax, P; then each tile j issues S_j with P_{j-1} V_{j-1}
-        kaio.mbarrier_wait(bars, (0, 0), 0)
-        kaio.wgmma_fence()
-        issue_s(s, q_s, k_s, 0, wg, D, DT)
-        kaio.wgmma_wait(0)
-        if lt == 0:
-            kaio.mbarrier_arrive(bars, (2, 0))
+        s_tile(s, q_s, k_s, bars, 0, 0, wg, lt, D, DT)
         softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN)
         pack_p(p, s, BN, DT)
         ps = i32(0)  # the stage and parity of tile j - 1
@@ -254,30 +270,15 @@ def consume(
             if st == STAGES:
                 st = 0
                 ph ^= 1
-        kaio.mbarrier_wait(bars, (1, ps), pph)
-        kaio.wgmma_fence()
-        issue_pv(o, p, v_s, ps, BN, DT)
-        kaio.wgmma_wait(0)
-        if lt == 0:
-            kaio.mbarrier_arrive(bars, (3, ps))
+        pv_tile(o, p, v_s, bars, ps, pph, lt, BN, DT)
     else:
         for j in range(n_tiles):
-            kaio.mbarrier_wait(bars, (0, st), ph)
-            kaio.wgmma_fence()
-            issue_s(s, q_s, k_s, st, wg, D, DT)
-            kaio.wgmma_wait(0)
-            if lt == 0:
-                kaio.mbarrier_arrive(bars, (2, st))
+            s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT)
             softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN)
             for h in kaio.static_range(2):
                 rescale(o, h, alpha[h], D)
             pack_p(p, s, BN, DT)
-            kaio.mbarrier_wait(bars, (1, st), ph)
-            kaio.wgmma_fence()
-            issue_pv(o, p, v_s, st, BN, DT)
-            kaio.wgmma_wait(0)
-            if lt == 0:
-                kaio.mbarrier_arrive(bars, (3, st))
+            pv_tile(o, p, v_s, bars, st, ph, lt, BN, DT)
             st += 1
             if st == STAGES:
                 st = 0

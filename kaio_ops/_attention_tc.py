@@ -297,6 +297,18 @@ def rescale(o: f32[:, :], h: kaio.constexpr, alpha: f32, DP: kaio.constexpr):
 
 
 @kaio.gpu_func
+def start_rows(m: f32[:], l: f32[:], o: f32[:, :], DP: kaio.constexpr):
+    """The online softmax's start for this lane's two row halves: no max yet (-inf), a zero
+    sum, zero accumulators o (DP / 8 n-tiles)."""
+    for h in kaio.static_range(2):
+        m[h] = NEG_INF
+        l[h] = 0.0
+    for n in kaio.static_range(DP // 8):
+        for e in kaio.static_range(4):
+            o[n, e] = 0.0
+
+
+@kaio.gpu_func
 def online_softmax(
     s: f32[:, :],
     m: f32[:],
@@ -408,13 +420,8 @@ def attention_fwd(
         load_a(qf, q_s, warp * 16, acol, lane, 0, DP)
     m = kaio.local(f32, 2)
     l = kaio.local(f32, 2)
-    for h in kaio.static_range(2):
-        m[h] = NEG_INF
-        l[h] = 0.0
     o = kaio.local(f32, (DP // 8, 4))
-    for n in kaio.static_range(DP // 8):
-        for e in kaio.static_range(4):
-            o[n, e] = 0.0
+    start_rows(m, l, o, DP)
     s = kaio.local(f32, (BN // 8, 4))
     for t in range(n_tiles):
         if not QREG:

@@ -340,12 +340,9 @@ def wgmma_registers(
     sb = kaio.shared(f16, (K, 64))
     bars = kaio.shared(u64, (1,))
     t = kaio.thread_idx_x()
+    init_barrier(bars)
     if t == 0:
-        kaio.mbarrier_init(bars, 0, 1)
-    kaio.sync_threads()
-    if t == 0:
-        kaio.mbarrier_arrive_expect_tx(bars, 0, K * 64 * 2)
-        kaio.tma_load_2d(sb, (0, 0), tb, 0, 0, bars, 0)
+        load_box(sb, tb, 0, 0, bars, K)
     w, lane = t // 32, t % 32
     frag = kaio.local(u32, (K // 16, 4))
     for kk in kaio.static_range(K // 16):

@@ -129,44 +129,31 @@ def _lower_fixed(g, ins: Instr) -> None:
 
 def lower_wgmma(g, ins: Instr) -> None:
     """``wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {d}, a_desc, b_desc, p, 1, 1,
-    trans_a, trans_b`` with ``p = accumulate != 0``."""
-    kind = ins.attrs["kind"]
-    builtin = f"kaio.wgmma_{kind}()"
-    g.target.require("wgmma", builtin, g.loc)
-    acc, a_desc, b_desc, scale_d = ins.args
-    n = len(frag_registers(g, acc, builtin))
-    shape, tail = wgmma_form(ins.attrs)
-    text = (
-        f"{{ .reg .pred scale_d; setp.ne.b32 scale_d, ${n + 2}, 0; "
-        f"wgmma.mma_async.sync.aligned.{shape} {operands(0, n)}, ${n}, ${n + 1}, scale_d, "
-        f"{tail}; }}"
-    )
-    outputs, tied, ret = _in_place(n)
-    scale = g.b.zext(g.value(scale_d), I32)
-    args = [g.value(a_desc), g.value(b_desc), scale, *read(g, acc, builtin)]
-    result = _statement(g, text, [*outputs, "l", "l", "r", *tied], args, True, ret)
-    write(g, acc, builtin, members(g, result, n))
-
-
-def lower_wgmma_rs(g, ins: Instr) -> None:
-    """``wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {d}, {a0..a3}, b_desc, p, 1, 1,
-    trans_b``: A from 4 ``"r"`` registers."""
+    trans_a, trans_b`` with ``p = accumulate != 0``; for ``wgmma_rs`` (A from registers)
+    ``{d}, {a0, a1, a2, a3}, b_desc, p, 1, 1, trans_b``, A as 4 ``"r"`` operands."""
     kind = ins.attrs["kind"]
     builtin = f"kaio.wgmma_{kind}()"
     g.target.require("wgmma", builtin, g.loc)
     acc, a, b_desc, scale_d = ins.args
     n = len(frag_registers(g, acc, builtin))
-    a_vals = [v if v.type == I32 else g.b.bitcast(v, I32) for v in read(g, a, builtin)]
-    shape = f"m64n{ins.attrs['n']}k16.f32.{kind}.{kind}"
+    if ins.op == "wgmma_rs":
+        a_vals = [v if v.type == I32 else g.b.bitcast(v, I32) for v in read(g, a, builtin)]
+        a_text, a_kinds = operands(n, 4), ["r"] * 4
+        shape = f"m64n{ins.attrs['n']}k16.f32.{kind}.{kind}"
+        tail = f"1, 1, {int(ins.attrs['trans_b'])}"
+    else:
+        a_vals, a_text, a_kinds = [g.value(a)], f"${n}", ["l"]
+        shape, tail = wgmma_form(ins.attrs)
+    b = n + len(a_vals)
     text = (
-        f"{{ .reg .pred scale_d; setp.ne.b32 scale_d, ${n + 5}, 0; "
-        f"wgmma.mma_async.sync.aligned.{shape} {operands(0, n)}, {operands(n, 4)}, ${n + 4}, "
-        f"scale_d, 1, 1, {int(ins.attrs['trans_b'])}; }}"
+        f"{{ .reg .pred scale_d; setp.ne.b32 scale_d, ${b + 1}, 0; "
+        f"wgmma.mma_async.sync.aligned.{shape} {operands(0, n)}, {a_text}, ${b}, scale_d, "
+        f"{tail}; }}"
     )
     outputs, tied, ret = _in_place(n)
     scale = g.b.zext(g.value(scale_d), I32)
     args = [*a_vals, g.value(b_desc), scale, *read(g, acc, builtin)]
-    result = _statement(g, text, [*outputs, "r", "r", "r", "r", "l", "r", *tied], args, True, ret)
+    result = _statement(g, text, [*outputs, *a_kinds, "l", "r", *tied], args, True, ret)
     write(g, acc, builtin, members(g, result, n))
 
 
@@ -348,7 +335,7 @@ LOWERING = {
     **dict.fromkeys(_FIXED, _lower_fixed),
     "dsmem_load": lower_dsmem_load,
     "wgmma": lower_wgmma,
-    "wgmma_rs": lower_wgmma_rs,
+    "wgmma_rs": lower_wgmma,
     "smem_desc": lower_smem_desc,
     "mbarrier_init": lambda g, ins: _barrier(g, ins, "init"),
     "mbarrier_arrive": lower_mbarrier_arrive,
