@@ -185,7 +185,25 @@ def time_calls(fn, reps=6, rounds=3):
     return times[len(times) // 2]
 
 
-def bench(out_path):
+def passed(check_log) -> set | None:
+    """(variant, dtype, head dim) of the variants whose every row in the check step's output
+    ``check_log`` is finite, within tolerance and the same bits again; None without a log. A
+    variant the check did not reach (a kernel that hung) is left out."""
+    if not check_log or not os.path.exists(check_log):
+        return None
+    good, bad = set(), set()
+    for line in open(check_log):
+        if not line.startswith("{"):
+            continue
+        r = json.loads(line)
+        key = (r["variant"], r["dtype"], r["d"])
+        tol = 2e-3 if r["dtype"] == "float16" else 2e-2
+        ok = r["finite"] and r["same_bits"] and r["rel"] < tol
+        (good if ok else bad).add(key)
+    return good - bad
+
+
+def bench(out_path, check_log=None):
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
@@ -206,6 +224,7 @@ def bench(out_path):
         ("float16", 128, 4, 32, 8, 4096, ["wgmma", "wgmma pingpong", "mma.sync"]),
     ]
     by = {(lab, dt, d): (kind, over) for lab, dt, d, kind, over in variants()}
+    ok = passed(check_log)
     rows = []
     name = torch.cuda.get_device_name()
     for dtype, d, b, h, hkv, s, names in cases:
@@ -215,6 +234,8 @@ def bench(out_path):
             res = {}
             for lab in names:
                 kind, over = by[(lab, dtype, d)]
+                if kind == "new" and ok is not None and (lab, dtype, d) not in ok:
+                    continue
                 run = runner(kind, d, over)
                 ms = time_calls(lambda run=run, a=(q, k, v, causal): run(*a))
                 res[lab] = flops / ms / 1e9
@@ -227,7 +248,7 @@ def bench(out_path):
     print(f"\n{name}: TFLOP/s (CUDA events, median of 3 rounds of 6 calls)")
     for r in rows:
         t = r["tflops"]
-        ratio = t["wgmma"] / t["sdpa flash"]
+        ratio = t.get("wgmma", math.nan) / t["sdpa flash"]
         cells = "  ".join(f"{k} {v:.0f}" for k, v in t.items())
         print(f"{r['dtype']:>8} D{r['d']} B{r['b']} H{r['h']}/{r['hkv']} S{r['s']}"
               f"{' causal' if r['causal'] else ''}: {cells}  (wgmma/sdpa {ratio:.2f})")  # fmt: skip
@@ -238,6 +259,7 @@ def main() -> None:
     p.add_argument("step", choices=("warm", "check", "time"))
     p.add_argument("--out")
     p.add_argument("--jobs", type=int, default=8)
+    p.add_argument("--check-log", help="time: only the variants this check output passed")
     args = p.parse_args()
     if args.step == "warm":
         import multiprocessing as mp
@@ -253,7 +275,7 @@ def main() -> None:
     elif args.step == "check":
         check(args.out)
     else:
-        bench(args.out)
+        bench(args.out, args.check_log)
 
 
 if __name__ == "__main__":
