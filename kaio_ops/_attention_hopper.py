@@ -25,9 +25,10 @@ has finished. ``PIPE`` 0 is the plain order (S, softmax, P V, each waited for).
 Shared tiles (128-byte swizzle, 64-column blocks, docs/hopper.md): Q ``[D / 64, BM, 64]``,
 K and V stages ``[STAGES, D / 64, BN, 64]``. The tensor maps see Q as ``[B * H * Sq, D]`` and
 K, V as ``[B * Hkv * Sk, D]``: a Q tile past the head's last row reads the next head's rows
-(their outputs are not stored); keys at or past ``sk`` are masked, and the host takes this
-kernel only when ``sk`` is a multiple of ``BN``, so that no V row of another head is ever
-multiplied (by a zero probability: a non-finite value there would still make NaN).
+(their outputs are not stored); keys at or past ``sk`` are masked, and when the last key
+tile reaches past ``sk`` the producer warp sets those V rows (another head's) to zeros in
+shared memory before the consumers multiply them (by zero probabilities: a non-finite
+value there would still make NaN; ``zero_tail``).
 Grouped-query attention: query head h reads K/V head h // group. Each row's natural-log
 logsumexp goes to ``lse`` (-inf, and a zero output, for a row with no valid key).
 """
@@ -36,7 +37,7 @@ logsumexp goes to ``lse`` (-inf, and a zero output, for a row with no valid key)
 from __future__ import annotations
 
 import kaio
-from kaio import f32, i32, u32, u64
+from kaio import bool_, f32, i32, u32, u64
 from kaio_ops._attention_tc import LN2, NEG_INF, rescale, softmax_step, start_rows
 
 SW = 128  # swizzle bytes: one 128-byte row per 64 elements
@@ -103,11 +104,15 @@ def s_tile(s: f32[:, :], q_s: DT[:, :, :], k_s: DT[:, :, :, :], bars: u64[:, :],
 
 
 @kaio.gpu_func
-def pv_tile(o: f32[:, :], p: u32[:, :], v_s: DT[:, :, :, :], bars: u64[:, :], st: i32,
-            ph: u32, lt: u32, BN: kaio.constexpr, DT: kaio.constexpr):  # fmt: skip
-    """O += P V of the key tile in stage ``st`` once its V has landed, waited for; then the
-    stage's V is free."""
+def pv_tile(o: f32[:, :], p: u32[:, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
+            st: i32, ph: u32, tail: bool_, lt: u32, BN: kaio.constexpr,
+            DT: kaio.constexpr):  # fmt: skip
+    """O += P V of the key tile in stage ``st`` once its V has landed (and, for the partial
+    last tile, ``tail``, once its rows past the keys are zeros: ``zero_tail``), waited for;
+    then the stage's V is free."""
     kaio.mbarrier_wait(bars, (1, st), ph)
+    if tail:
+        kaio.mbarrier_wait(turn, 3, 0)
     kaio.wgmma_fence()
     issue_pv(o, p, v_s, st, BN, DT)
     kaio.wgmma_wait(0)
@@ -208,6 +213,28 @@ def produce(
 
 
 @kaio.gpu_func
+def zero_tail(
+    v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:], j: i32, sk: i32, lane: u32,
+    D: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """The producer warp, once V of key tile j (the last, partial) has landed: its rows past
+    the keys (the next head's, or TMA's zeros past the array) set to zeros, so that their zero
+    probabilities never meet a non-finite value there; fenced for the tensor cores, then each
+    lane arrives on ``turn[3]``."""
+    st = j % STAGES
+    kaio.mbarrier_wait(bars, (1, st), u32(j // STAGES) & 1)
+    r0 = sk - j * BN
+    zero = kaio.local(DT, 8)
+    for e in kaio.static_range(8):
+        zero[e] = DT(0.0)
+    chunks = (BN - r0) * 8  # 16-byte chunks of a 64-column block's rows
+    for i in range(i32(lane), (D // 64) * chunks, 32):
+        kaio.store_vector(v_s, (st, i // chunks, r0 + i % chunks // 8, i % 8 * 8), zero)
+    kaio.fence_proxy_async()
+    kaio.mbarrier_arrive(turn, 3)
+
+
+@kaio.gpu_func
 def consume(
     q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
     out: DT[:], lse: f32[:], wg: u32, lt: u32, bh: i32, q0: i32, n_tiles: i32, sq: i32,
@@ -270,7 +297,7 @@ def consume(
             if st == STAGES:
                 st = 0
                 ph ^= 1
-        pv_tile(o, p, v_s, bars, ps, pph, lt, BN, DT)
+        pv_tile(o, p, v_s, bars, turn, ps, pph, n_tiles * BN > sk, lt, BN, DT)
     else:
         for j in range(n_tiles):
             s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT)
@@ -278,7 +305,7 @@ def consume(
             for h in kaio.static_range(2):
                 rescale(o, h, alpha[h], D)
             pack_p(p, s, BN, DT)
-            pv_tile(o, p, v_s, bars, st, ph, lt, BN, DT)
+            pv_tile(o, p, v_s, bars, turn, st, ph, (j + 1) * BN > sk, lt, BN, DT)
             st += 1
             if st == STAGES:
                 st = 0
@@ -323,7 +350,7 @@ def attention_fwd_wgmma(
     # bars[0, s]: K of stage s landed, [1, s]: V landed, [2, s]: K free, [3, s]: V free;
     # turn[0], turn[1]: warpgroup 0's, 1's turn on the tensor cores (PIPE 2), turn[2]: Q landed
     bars = kaio.shared_dynamic(u64, (4, STAGES), BM * D * 2 + 2 * STAGES * KV_BYTES)
-    turn = kaio.shared_dynamic(u64, (3,), BM * D * 2 + 2 * STAGES * KV_BYTES + 32 * STAGES)
+    turn = kaio.shared_dynamic(u64, (4,), BM * D * 2 + 2 * STAGES * KV_BYTES + 32 * STAGES)
     t = kaio.thread_idx_x()
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
     lt = t % 128
@@ -341,6 +368,7 @@ def attention_fwd_wgmma(
         kaio.mbarrier_init(turn, 0, 4)  # an arrival from each warp of the other warpgroup
         kaio.mbarrier_init(turn, 1, 4)
         kaio.mbarrier_init(turn, 2, 1)
+        kaio.mbarrier_init(turn, 3, 32)  # the tail's zeros: each lane of the producer warp
         kaio.fence_proxy_async()
     kaio.sync_threads()
     if wg < WG:  # the consumers
@@ -358,11 +386,13 @@ def attention_fwd_wgmma(
         if lt == 0:
             produce(q_s, k_s, v_s, bars, turn, tq, tk, tv, bh * sq + q0, kvh * sk, n_tiles, D,
                     BN, WG, STAGES, DT)  # fmt: skip
+        if lt < 32 and n_tiles * BN > sk:  # the last key tile reaches past the keys
+            zero_tail(v_s, bars, turn, n_tiles - 1, sk, lt, D, BN, STAGES, DT)
 
 
 def shared_bytes(d: int, bn: int, wg: int, stages: int) -> int:
     """The dynamic shared memory of ``attention_fwd_wgmma``: Q, the K/V ring, its barriers."""
-    return 64 * wg * d * 2 + 2 * stages * bn * d * 2 + 32 * stages + 24
+    return 64 * wg * d * 2 + 2 * stages * bn * d * 2 + 32 * stages + 32
 
 
 def config(d: int) -> dict:
@@ -375,11 +405,9 @@ def config(d: int) -> dict:
     return {"BN": bn, "WG": wg, "STAGES": stages, "PIPE": 1, "REGS": consumer_registers(wg)}
 
 
-def eligible(d: int, sk: int, cfg: dict | None = None) -> bool:
-    """Whether the kernel computes a case exactly: head dim 64, 128 or 256 (whole 64-column
-    blocks) and ``sk`` a multiple of the key tile (no key tile reaches into the next head's
-    keys)."""
-    return d in (64, 128, 256) and sk % (cfg or config(d))["BN"] == 0
+def eligible(d: int) -> bool:
+    """Whether the kernel takes head dim ``d``: 64, 128 or 256 (whole 64-column blocks)."""
+    return d in (64, 128, 256)
 
 
 def worthwhile(bh: int, sq: int, sk: int, d: int, causal: bool) -> bool:

@@ -322,8 +322,8 @@ def _check_flash(op: str, q, k, v, scale, inputs=None):
 def hopper_takes(qa, dims: tuple, causal: bool) -> bool:
     """Whether ``flash_attention`` runs ``kaio_ops._attention_hopper`` (TMA, wgmma) rather
     than the mma.sync kernel: an sm_90 GPU (never under the simulator, whose tests launch the
-    kernel directly; ``KAIO_HOPPER_ATTENTION=0`` opts out), a case the kernel computes exactly
-    (``_attention_hopper.eligible``) and one where it measured faster
+    kernel directly; ``KAIO_HOPPER_ATTENTION=0`` opts out), a head dim the kernel takes
+    (``_attention_hopper.eligible``) and a case where it measured faster
     (``_attention_hopper.worthwhile``)."""
     if os.environ.get("KAIO_HOPPER_ATTENTION") == "0" or simulating():
         return False
@@ -331,7 +331,7 @@ def hopper_takes(qa, dims: tuple, causal: bool) -> bool:
     if dev is None or dev.arch != "sm_90":
         return False
     bh, _, _, sq, sk, d, _ = dims
-    return hopper.eligible(d, sk) and hopper.worthwhile(bh, sq, sk, d, causal)
+    return hopper.eligible(d) and hopper.worthwhile(bh, sq, sk, d, causal)
 
 
 def _flash(op: str, q, k, v, causal, scale):

@@ -71,18 +71,25 @@ def test_hopper_forward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, over):
     np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=1e-4)
 
 
-def test_keys_past_sk_are_masked_in_simulator():
-    """A key tile that reaches past sk (the host never launches one: ``eligible``) still
-    leaves those keys out, and a scale other than 1/sqrt(D) is applied."""
-    out, lse, ref, ref_lse = run_sim(1, 2, 1, 64, 100, 64, np.float16, False, small(64),
-                                     scale=0.2)  # fmt: skip
-    assert rel(out, ref) < 1e-3
-    np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=1e-4)
+def test_keys_past_sk_are_left_out_in_simulator():
+    """The last key tile reaches past sk into the next head's keys, whose V rows hold inf:
+    those keys are masked and their V rows zeroed before P V (no NaN); a scale other than
+    1/sqrt(D) is applied."""
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((1, 2, 64, 64)).astype(np.float16)
+    k, v = (rng.standard_normal((1, 2, 100, 64)).astype(np.float16) for _ in range(2))
+    v[0, 1, :28] = np.inf  # the rows head 0's last 64-key tile reads past its 100 keys
+    with kaio.simulate():
+        (qa, ka, va), dims, scale = attention._check_flash("test", q, k, v, 0.2)
+        out, lse = hopper.launch(qa, ka, va, dims, False, scale, small(64))
+    ref, ref_lse, _ = reference(q[:, :1], k[:, :1], v[:, :1], False, 0.2)
+    assert rel(out[:, :1], ref) < 1e-3
+    np.testing.assert_allclose(lse[:, :1], ref_lse, rtol=0, atol=1e-4)
 
 
-def test_dispatch_takes_only_whole_key_tiles():
-    assert hopper.eligible(128, 4096) and not hopper.eligible(128, 4000)
-    assert not hopper.eligible(96, 4096) and hopper.eligible(256, 64 * 5)
+def test_dispatch_needs_a_whole_64_column_head_dim_and_a_gpu():
+    assert hopper.eligible(128) and hopper.eligible(64) and hopper.eligible(256)
+    assert not hopper.eligible(96) and not hopper.eligible(32)
     with kaio.simulate():  # never under the simulator: its tests launch the kernel directly
         q = np.zeros((1, 1, 1024, 128), np.float16)
         (qa, _, _), dims, _ = attention._check_flash("test", q, q, q, None)
@@ -117,7 +124,7 @@ def _hopper_gpu() -> bool:
 @pytest.mark.gpu
 @pytest.mark.skipif("not _hopper_gpu()", reason="needs an sm_90 GPU")
 @pytest.mark.parametrize(
-    "b, h, hkv, sq, sk, d", [(2, 8, 8, 2048, 2048, 128), (1, 8, 2, 1024, 3072, 128)]
+    "b, h, hkv, sq, sk, d", [(2, 8, 8, 2048, 2048, 128), (1, 8, 2, 1024, 3000, 128)]
 )
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
