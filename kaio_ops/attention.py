@@ -319,7 +319,7 @@ def _check_flash(op: str, q, k, v, scale, inputs=None):
     return (qa, ka, va), (b * h, h, h // hkv, sq, sk, d, d), float(scale)
 
 
-def hopper_takes(qa, dims: tuple, causal: bool) -> bool:
+def hopper_takes(qa, dims: tuple) -> bool:
     """Whether ``flash_attention`` runs ``kaio_ops._attention_hopper`` (TMA, wgmma) rather
     than the mma.sync kernel: an sm_90 GPU (never under the simulator, whose tests launch the
     kernel directly; ``KAIO_HOPPER_ATTENTION=0`` opts out), a head dim the kernel takes
@@ -330,13 +330,13 @@ def hopper_takes(qa, dims: tuple, causal: bool) -> bool:
     dev = _arrays.gpu(qa)
     if dev is None or dev.arch != "sm_90":
         return False
-    bh, _, _, sq, sk, d, _ = dims
-    return hopper.eligible(d) and hopper.worthwhile(bh, sq, sk, d, causal)
+    bh, _, _, sq, _, d, _ = dims
+    return hopper.eligible(d) and hopper.worthwhile(bh, sq, _arrays.multiprocessors(qa))
 
 
 def _flash(op: str, q, k, v, causal, scale):
     (qa, ka, va), dims, scale = _check_flash(op, q, k, v, scale)
-    if hopper_takes(qa, dims, bool(causal)):
+    if hopper_takes(qa, dims):
         return hopper.launch(qa, ka, va, dims, bool(causal), scale)
     dp = _pow2_dim(dims[5], FLASH_DIMS)
     out, lse = tc_forward(qa, ka, va, qa.dtype, qa.shape, dims, bool(causal), scale, dp)

@@ -93,7 +93,8 @@ def test_dispatch_needs_a_whole_64_column_head_dim_and_a_gpu():
     with kaio.simulate():  # never under the simulator: its tests launch the kernel directly
         q = np.zeros((1, 1, 1024, 128), np.float16)
         (qa, _, _), dims, _ = attention._check_flash("test", q, q, q, None)
-        assert not attention.hopper_takes(qa, dims, False)
+        assert not attention.hopper_takes(qa, dims)
+    assert hopper.worthwhile(32, 1024, 132) and not hopper.worthwhile(16, 1024, 132)
 
 
 @pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
@@ -124,7 +125,7 @@ def _hopper_gpu() -> bool:
 @pytest.mark.gpu
 @pytest.mark.skipif("not _hopper_gpu()", reason="needs an sm_90 GPU")
 @pytest.mark.parametrize(
-    "b, h, hkv, sq, sk, d", [(2, 8, 8, 2048, 2048, 128), (1, 8, 2, 1024, 3000, 128)]
+    "b, h, hkv, sq, sk, d", [(2, 8, 8, 2048, 2048, 128), (4, 8, 2, 1024, 3000, 128)]
 )
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -136,7 +137,7 @@ def test_gpu_flash_attention_takes_the_hopper_kernel(b, h, hkv, sq, sk, d, causa
     q = torch.randn((b, h, sq, d), device="cuda", dtype=dt, generator=gen)
     k, v = (torch.randn((b, hkv, sk, d), device="cuda", dtype=dt, generator=gen) for _ in "kv")
     (qa, _, _), dims, _ = attention._check_flash("test", q, k, v, None)
-    assert attention.hopper_takes(qa, dims, causal)
+    assert attention.hopper_takes(qa, dims)
     out, lse = kaio_ops.flash_attention_with_stats(q, k, v, causal=causal)
     g = h // hkv
     k64, v64 = (x.repeat_interleave(g, dim=1).double() for x in (k, v))
