@@ -410,14 +410,16 @@ def shared_bytes(d: int, bn: int, wg: int, stages: int) -> int:
 
 def config(d: int) -> dict:
     """BN, WG, STAGES, PIPE and REGS of ``attention_fwd_wgmma`` for head dim ``d`` (64, 128,
-    256): two consumer warpgroups (128 query rows) taking turns on the tensor cores (PIPE 2:
-    on an H100 at D = 64, 404 TFLOP/s against 356 without the turns), key tiles of 128 (64
-    for d = 256, whose O accumulators take 128 registers a thread), as many stages as fit (at
-    most 4)."""
+    256): two consumer warpgroups (128 query rows), key tiles of 128 (64 for d = 256, whose O
+    accumulators take 128 registers a thread), as many stages as fit (at most 4), and the
+    schedule measured fastest on an H100 at S = 4096: ping-pong (PIPE 2) at D = 64 (380
+    TFLOP/s against 347 for PIPE 1), the plain order (PIPE 0) at D = 128 (546 against 412
+    for PIPE 1 and 324 for PIPE 2)."""
     bn = 64 if d == 256 else 128
     wg = 2
     stages = max(1, min(4, (SHARED_LIMIT - 64 * wg * d * 2 - 256) // (2 * bn * d * 2)))
-    return {"BN": bn, "WG": wg, "STAGES": stages, "PIPE": 2, "REGS": consumer_registers(wg)}
+    pipe = 2 if d == 64 else 0  # measured fastest (H100): D 64 ping-pong, D 128 plain
+    return {"BN": bn, "WG": wg, "STAGES": stages, "PIPE": pipe, "REGS": consumer_registers(wg)}
 
 
 def eligible(d: int) -> bool:
@@ -425,12 +427,13 @@ def eligible(d: int) -> bool:
     return d in (64, 128, 256)
 
 
-def worthwhile(bh: int, sq: int, sms: int) -> bool:
-    """Whether the kernel should beat the mma.sync one for ``bh`` heads of ``sq`` queries on
-    ``sms`` multiprocessors: its 128-row tiles give every multiprocessor a block (with fewer,
-    the mma.sync kernel's 64-row tiles spread over twice as many). On an H100 at D = 64,
-    S = 4096 it ran at 1.55x of mma.sync (docs/hopper.md)."""
-    return bh * -(-sq // 128) >= sms
+def worthwhile(bh: int, sq: int, sk: int, d: int, sms: int) -> bool:
+    """Whether the kernel beat the mma.sync one (measured on an H100, docs/hopper.md): head
+    dims 64 and 128 (at 256 it lost: 231 against 284 TFLOP/s), sequences of 2048 and more
+    whose keys fill whole tiles (a partial last tile and short sequences measured slower),
+    and enough 128-row tiles to give every multiprocessor a block."""
+    whole = sk % config(d)["BN"] == 0
+    return d in (64, 128) and sq >= 2048 and sk >= 2048 and whole and bh * -(-sq // 128) >= sms
 
 
 def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None = None,

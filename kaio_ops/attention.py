@@ -330,8 +330,8 @@ def hopper_takes(qa, dims: tuple) -> bool:
     dev = _arrays.gpu(qa)
     if dev is None or dev.arch != "sm_90":
         return False
-    bh, _, _, sq, _, d, _ = dims
-    return hopper.eligible(d) and hopper.worthwhile(bh, sq, _arrays.multiprocessors(qa))
+    bh, _, _, sq, sk, d, _ = dims
+    return hopper.eligible(d) and hopper.worthwhile(bh, sq, sk, d, _arrays.multiprocessors(qa))
 
 
 def _flash(op: str, q, k, v, causal, scale):

@@ -94,7 +94,11 @@ def test_dispatch_needs_a_whole_64_column_head_dim_and_a_gpu():
         q = np.zeros((1, 1, 1024, 128), np.float16)
         (qa, _, _), dims, _ = attention._check_flash("test", q, q, q, None)
         assert not attention.hopper_takes(qa, dims)
-    assert hopper.worthwhile(32, 1024, 132) and not hopper.worthwhile(16, 1024, 132)
+    assert hopper.worthwhile(16, 2048, 4096, 128, 132)
+    assert not hopper.worthwhile(8, 2048, 4096, 128, 132)  # 128 blocks: under a wave
+    assert not hopper.worthwhile(64, 1024, 1024, 128, 132)  # short: measured slower
+    assert not hopper.worthwhile(16, 2048, 4000, 128, 132)  # a partial last key tile
+    assert not hopper.worthwhile(16, 4096, 4096, 256, 132)  # D = 256: measured slower
 
 
 @pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
@@ -125,7 +129,7 @@ def _hopper_gpu() -> bool:
 @pytest.mark.gpu
 @pytest.mark.skipif("not _hopper_gpu()", reason="needs an sm_90 GPU")
 @pytest.mark.parametrize(
-    "b, h, hkv, sq, sk, d", [(2, 8, 8, 2048, 2048, 128), (4, 8, 2, 1024, 3000, 128)]
+    "b, h, hkv, sq, sk, d", [(2, 8, 8, 2048, 2048, 128), (2, 8, 2, 2048, 4096, 64)]
 )
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
