@@ -3,8 +3,9 @@
 Cases (each implementation checked against float64 SDPA first):
 
 - ``flash_attention`` f16 (and bf16) [B=4, H=16, S=4096, D=128], causal and not, against
-  SDPA's flash backend; also grouped-query heads (H=32, Hkv=8) and other kaio tile
-  configurations (``kaio w4 mb3``: 4 warps, 3 blocks/SM; ``kaio w8``: 8 warps, 128-row tiles).
+  SDPA's flash backend (on sm_90 "kaio" is the Hopper kernel, "kaio mma.sync" the other);
+  also grouped-query heads (H=32, Hkv=8) and other kaio tile configurations (``kaio w4 mb3``:
+  4 warps, 3 blocks/SM; ``kaio w8``: 8 warps, 128-row tiles).
 - ``flash_attention_bwd`` f16 at the same shape against SDPA flash's backward, and at
   [B=2, H=16, S=4096, D=256] (non-causal; dK and dV from one launch each).
 - ``attention_flash`` f32 [S=4096, D=128] (single head), causal and not, against SDPA's
@@ -96,6 +97,8 @@ def main() -> None:
             impls = {
                 "torch SDPA flash": lambda q, k, v, c=causal: flash(q, k, v, c),
                 "kaio": lambda q, k, v, c=causal: kaio_ops.flash_attention(q, k, v, causal=c),
+                # the mma.sync kernel, which "kaio" runs on GPUs other than sm_90
+                "kaio mma.sync": lambda q, k, v, c=causal: kaio_config(4, 2)(q, k, v, c),
             }
             if dt == torch.float16 and hq == hkv:
                 impls["kaio w4 mb3"] = lambda q, k, v, c=causal: kaio_config(4, 3)(q, k, v, c)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from kaio import types as T
-from kaio.ir.nodes import Const, Var
+from kaio.ir.nodes import Array, Const, Frag, Var
 from kaio.lang import _define, _memory_array
 
 _SHARED = ("shared", "shared_dyn")
@@ -96,6 +96,9 @@ def _wgmma(kind: str):
                 f"thread (N = 8, 16, ..., 256); {acc!r} is {acc.size} x {acc.array.dtype}",
                 node,
             )
+        if _register_operand(args[1]):  # A from registers: wgmma_rs
+            _wgmma_rs(ctx, args, node, name, kind, acc, n)
+            return
         descs = []
         for v, which in ((args[1], "a_desc"), (args[2], "b_desc")):
             d = ctx.value(v, node, T.u64)
@@ -122,15 +125,46 @@ def _wgmma(kind: str):
     return lower
 
 
+def _register_operand(v) -> bool:
+    """Whether a wgmma A argument names registers (a local array or a part of one)."""
+    return isinstance(v, Frag) or (isinstance(v, Array) and v.space == "local")
+
+
+def _wgmma_rs(ctx, args, node, name: str, kind: str, acc, n: int) -> None:
+    """``wgmma_{kind}(acc, a_frag, b_desc, accumulate[, trans_a, trans_b])`` with A in 4
+    32-bit registers a thread (16-bit pairs, mma.m16n8k16's A fragment per warp)."""
+    if kind not in ("f16", "bf16"):
+        ctx.error(f"kaio.{name}() takes A from shared memory only (a u64 descriptor)", node)
+    a = ctx.fragment(args[1], node, f"kaio.{name}()")
+    t = a.array.dtype
+    if t.bits != 32 or t.is_bool or t == T.f32 or a.size != 4:
+        ctx.error(
+            f"kaio.{name}(): A in registers is 4 x u32 a thread ({kind} pairs, the mma.m16n8k16 "
+            f"A fragment of the warp's 16 rows); {a!r} is {a.size} x {t}",
+            node,
+        )
+    b = ctx.value(args[2], node, T.u64)
+    if b.type != T.u64:
+        ctx.error(f"kaio.{name}(): b_desc must be a u64 kaio.smem_descriptor(), got {b.type}", node)
+    scale_d = ctx.truth(args[3], node)
+    trans = [False, False]
+    if len(args) == 6:
+        trans = [_const_bool(ctx, x, node, f"kaio.{name}(): trans") for x in args[4:]]
+    if trans[0]:
+        ctx.error(f"kaio.{name}(): A in registers has no transposed form (trans_a=False)", node)
+    ctx.b.emit("wgmma_rs", None, (acc, a, b, scale_d), kind=kind, n=n, trans_b=trans[1])
+
+
 for _kind in ("f16", "bf16"):
     _define(
         f"wgmma_{_kind}",
-        f"wgmma_{_kind}(acc, a_desc, b_desc, accumulate[, trans_a, trans_b]): warpgroup-wide "
+        f"wgmma_{_kind}(acc, a, b_desc, accumulate[, trans_a, trans_b]): warpgroup-wide "
         f"(128 threads) acc = A @ B (+ acc when accumulate) with {_kind} A (64x16) and B "
         "(16xN) in shared memory named by kaio.smem_descriptor(), f32 accumulators (N = "
         "2*len(acc)); trans_a/trans_b: A stored M-major, B stored N-major (default: both "
-        "K-major). Asynchronous: wgmma_fence() before, wgmma_commit() + wgmma_wait(n) "
-        "after. sm_90a.",
+        "K-major). A is a u64 descriptor, or a u32[4] local fragment (A from registers: "
+        "each warp's 16 rows as mma.m16n8k16's A; no trans_a). Asynchronous: wgmma_fence() "
+        "before, wgmma_commit() + wgmma_wait(n) after. sm_90a.",
         _wgmma(_kind),
     )
 

@@ -268,20 +268,19 @@ def acc_rows_at(
 
 
 @kaio.gpu_func
-def online_softmax(
+def softmax_step(
     s: f32[:, :],
     m: f32[:],
     l: f32[:],
-    o: f32[:, :],
     h: kaio.constexpr,
     scale_log2: f32,
     NB: kaio.constexpr,
-    DP: kaio.constexpr,
-):
+) -> f32:
     """One online-softmax step of this lane's row half h (row g + 8h of the warp's 16) over
     the scores s of NB n-tiles (masked ones -inf): the running max m[h] (base 2, scaled) and
-    sum l[h] (this lane's part) updated, s replaced by the probabilities, the accumulators o
-    (DP / 8 n-tiles) rescaled. A row's values sit in the 4 lanes of its lane group."""
+    sum l[h] (this lane's part) updated and s replaced by the probabilities; returns the
+    factor by which the row's earlier accumulators must be rescaled. A row's values sit in
+    the 4 lanes of its lane group."""
     top = NEG_INF
     for n in kaio.static_range(NB):
         for e in kaio.static_range(2):
@@ -299,9 +298,42 @@ def online_softmax(
             s[n, 2 * h + e] = p
             total += p
     l[h] = l[h] * alpha + total
+    return alpha
+
+
+@kaio.gpu_func
+def rescale(o: f32[:, :], h: kaio.constexpr, alpha: f32, DP: kaio.constexpr):
+    """Row half h of the accumulators o (DP / 8 n-tiles) times alpha."""
     for n in kaio.static_range(DP // 8):
         for e in kaio.static_range(2):
             o[n, 2 * h + e] = o[n, 2 * h + e] * alpha
+
+
+@kaio.gpu_func
+def start_rows(m: f32[:], l: f32[:], o: f32[:, :], DP: kaio.constexpr):
+    """The online softmax's start for this lane's two row halves: no max yet (-inf), a zero
+    sum, zero accumulators o (DP / 8 n-tiles)."""
+    for h in kaio.static_range(2):
+        m[h] = NEG_INF
+        l[h] = 0.0
+    for n in kaio.static_range(DP // 8):
+        for e in kaio.static_range(4):
+            o[n, e] = 0.0
+
+
+@kaio.gpu_func
+def online_softmax(
+    s: f32[:, :],
+    m: f32[:],
+    l: f32[:],
+    o: f32[:, :],
+    h: kaio.constexpr,
+    scale_log2: f32,
+    NB: kaio.constexpr,
+    DP: kaio.constexpr,
+):
+    """``softmax_step`` of row half h, then the accumulators o (DP / 8 n-tiles) rescaled."""
+    rescale(o, h, softmax_step(s, m, l, h, scale_log2, NB), DP)
 
 
 @kaio.gpu_func
@@ -417,13 +449,8 @@ def attention_fwd(
         load_a(qf, q_s, warp * 16, acol, lane, 0, DP, DT)
     m = kaio.local(f32, 2)
     l = kaio.local(f32, 2)
-    for h in kaio.static_range(2):
-        m[h] = NEG_INF
-        l[h] = 0.0
     o = kaio.local(f32, (DP // 8, 4))
-    for n in kaio.static_range(DP // 8):
-        for e in kaio.static_range(4):
-            o[n, e] = 0.0
+    start_rows(m, l, o, DP)
     s = kaio.local(f32, (BN // 8, 4))
     for t in range(n_tiles):
         if not QREG:

@@ -3,7 +3,11 @@ tensor-core attention for f16/bf16 (single-head ``attention_tc`` with f32 output
 grouped-query ``flash_attention``).
 
 The kernels are DSL code in ``kaio_ops._attention_simt`` and ``kaio_ops._attention_tc``;
-this module checks the inputs, picks the specialization and the grid, and launches. Scores are
+on an sm_90 GPU (H100, H200) ``flash_attention``'s forward runs ``kaio_ops._attention_hopper``
+(TMA, wgmma, warp specialization) where it measured faster (``hopper_takes``;
+``KAIO_HOPPER_ATTENTION=0`` opts out): the same contract and outputs (lse included), to the
+rounding of P. This module checks the inputs, picks the specialization and the grid, and
+launches. Scores are
 scaled by ``1/sqrt(D)`` (``scale`` where given); causal attention masks key ``j > i`` (query
 ``i``, both counted from 0, as torch's ``is_causal``). A row with no valid key gets zeros
 (and a logsumexp of -inf), never NaN.
@@ -12,9 +16,12 @@ scaled by ``1/sqrt(D)`` (``scale`` where given); causal attention masks key ``j 
 from __future__ import annotations
 
 import math
+import os
 
+from kaio.sim.mode import active as simulating
 from kaio.types import bf16, f16, f32
 from kaio_ops import _arrays
+from kaio_ops import _attention_hopper as hopper
 from kaio_ops import _attention_simt as simt
 from kaio_ops import _attention_tc as tc
 from kaio_ops._plan import planned
@@ -304,8 +311,25 @@ def _check_flash(op: str, q, k, v, scale, inputs=None):
     return (qa, ka, va), (b * h, h, h // hkv, sq, sk, d, d), float(scale)
 
 
+def hopper_takes(qa, dims: tuple) -> bool:
+    """Whether ``flash_attention`` runs ``kaio_ops._attention_hopper`` (TMA, wgmma) rather
+    than the mma.sync kernel: an sm_90 GPU (never under the simulator, whose tests launch the
+    kernel directly; ``KAIO_HOPPER_ATTENTION=0`` opts out), a head dim the kernel takes
+    (``_attention_hopper.eligible``) and a case where it measured faster
+    (``_attention_hopper.worthwhile``)."""
+    if os.environ.get("KAIO_HOPPER_ATTENTION") == "0" or simulating():
+        return False
+    dev = _arrays.gpu(qa)
+    if dev is None or dev.arch != "sm_90":
+        return False
+    bh, _, _, sq, sk, d, _ = dims
+    return hopper.eligible(d) and hopper.worthwhile(bh, sq, sk, d, _arrays.multiprocessors(qa))
+
+
 def _flash(op: str, q, k, v, causal, scale):
     (qa, ka, va), dims, scale = _check_flash(op, q, k, v, scale)
+    if hopper_takes(qa, dims):
+        return hopper.launch(qa, ka, va, dims, bool(causal), scale)
     dp = _pow2_dim(dims[5], FLASH_DIMS)
     out, lse = tc_forward(qa, ka, va, qa.dtype, qa.shape, dims, bool(causal), scale, dp)
     return out, lse

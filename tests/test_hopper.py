@@ -329,6 +329,44 @@ def wgmma_stored(
         out[16 * w + lane // 4 + 8 * (r // 2), 2 * (lane % 4) + r % 2] = acc[r]
 
 
+@kaio.gpu_kernel(block_size=128)
+def wgmma_registers(
+    a: f16[:, :], tb: kaio.tensormap, out: f32[:, :], K: kaio.constexpr, N: kaio.constexpr,
+    BF16: kaio.constexpr,
+):  # fmt: skip
+    """A (64 x K) read from global memory into registers by the m16n8k16 A layout (written
+    here from the PTX ISA), B (K x N, N-major, 128-byte swizzle, N <= 64) loaded by TMA, then
+    K/16 wgmmas with A from registers."""
+    sb = kaio.shared(f16, (K, 64))
+    bars = kaio.shared(u64, (1,))
+    t = kaio.thread_idx_x()
+    init_barrier(bars)
+    if t == 0:
+        load_box(sb, tb, 0, 0, bars, K)
+    w, lane = t // 32, t % 32
+    frag = kaio.local(u32, (K // 16, 4))
+    for kk in kaio.static_range(K // 16):
+        for r in kaio.static_range(4):
+            row = 16 * w + lane // 4 + 8 * (r % 2)
+            col = 16 * kk + 2 * (lane % 4) + 8 * (r // 2)
+            lo = kaio.bitcast(a[row, col], kaio.u16)
+            hi = kaio.bitcast(a[row, col + 1], kaio.u16)
+            frag[kk, r] = u32(lo) | u32(hi) << 16
+    kaio.mbarrier_wait(bars, 0, 0)
+    acc = kaio.local(f32, (N // 2,))
+    kaio.wgmma_fence()
+    for kk in kaio.static_range(K // 16):
+        db = kaio.smem_descriptor(sb, (kk * 16, 0), 128, 8192, 1024)
+        if BF16:
+            kaio.wgmma_bf16(acc, frag[kk], db, kk > 0, False, True)
+        else:
+            kaio.wgmma_f16(acc, frag[kk], db, kk > 0, False, True)
+    kaio.wgmma_commit()
+    kaio.wgmma_wait(0)
+    for r in kaio.static_range(N // 2):
+        out[16 * w + lane // 4 + 8 * (r % 4 // 2), 8 * (r // 4) + 2 * (lane % 4) + r % 2] = acc[r]
+
+
 @kaio.gpu_func
 def write_rows(rows: f32[:, :], t: u32):
     """Thread t writes row t of 4 (the values 4 t .. 4 t + 3) and fences."""
@@ -643,6 +681,56 @@ def test_wgmma_layouts(case, bf16):
     np.testing.assert_allclose(got, ref, rtol=0, atol=k * 2.0**-20 * np.abs(ref).max() + 1e-6)
 
 
+def run_wgmma_registers(on_gpu: bool, K: int, N: int, bf16: bool, integers: bool = False):
+    """(result, exact reference) of ``wgmma_registers`` in the simulator or on the GPU."""
+    a, b = _inputs((64, K), bf16, integers), _inputs((K, 64), bf16, integers)
+    out = np.full((64, N), np.nan, np.float32)
+    maps = ((b.view(np.float16), (K, 64)),)
+    args = (a.view(np.float16),)
+    if on_gpu:
+        args = (kaio.to_device(args[0]),)
+        dev = kaio.to_device(maps[0][0])
+        d_out = kaio.to_device(out)
+        wgmma_registers[1](*args, kaio.tensor_map_2d(dev, (K, 64), 128), d_out, K, N, bf16)
+        got = d_out.numpy()
+    else:
+        wgmma_registers.sim[1](*args, kaio.tensor_map_2d(maps[0][0], (K, 64), 128), out, K, N,
+                               bf16)  # fmt: skip
+        got = out
+    return got, a.astype(np.float64) @ b.astype(np.float64)[:, :N]
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+@pytest.mark.parametrize("k, n", [(16, 8), (32, 64), (64, 32)])
+def test_wgmma_with_a_in_registers(k, n, bf16):
+    got, ref = run_wgmma_registers(False, k, n, bf16)
+    np.testing.assert_allclose(got, ref, rtol=0, atol=k * 2.0**-20 * np.abs(ref).max() + 1e-6)
+
+
+def test_wgmma_register_a_misuse_is_a_compile_error():
+    @kaio.gpu_kernel(block_size=128)
+    def three_regs(out: f32[:]):
+        frag = kaio.local(u32, (3,))
+        acc = kaio.local(f32, (4,))
+        for i in kaio.static_range(3):
+            frag[i] = u32(0)
+        kaio.wgmma_f16(acc, frag, u64(0), False)
+
+    with pytest.raises(kaio.CompileError, match=r"A in registers is 4 x u32"):
+        three_regs.ptx(arch="sm_90")
+
+    @kaio.gpu_kernel(block_size=128)
+    def transposed(out: f32[:]):
+        frag = kaio.local(u32, (4,))
+        acc = kaio.local(f32, (4,))
+        for i in kaio.static_range(4):
+            frag[i] = u32(0)
+        kaio.wgmma_f16(acc, frag, u64(0), False, True, False)
+
+    with pytest.raises(kaio.CompileError, match=r"no transposed form"):
+        transposed.ptx(arch="sm_90")
+
+
 def test_wgmma_accumulator_layout_is_the_documented_one():
     got, ref = run_wgmma(sim_runner, 16, 8, 0, 0, integers=True)
     np.testing.assert_array_equal(got, ref.astype(np.float32))
@@ -841,6 +929,8 @@ def test_ptx_assembles_for_sm_90a():
             for c, bf in ((WGMMA_CASES[0], 0), (WGMMA_CASES[5], 1), (WGMMA_CASES[8], 0))
         ),
         *(k.ptx(arch="sm_90", **c) for k, c in _matmul_hopper.specializations()),
+        wgmma_registers.ptx(arch="sm_90", K=32, N=64, BF16=False),
+        wgmma_registers.ptx(arch="sm_90", K=64, N=32, BF16=True),
     ]
     for ptx in texts:
         report = assemble(ptx, "sm_90a")
@@ -970,6 +1060,18 @@ def test_gpu_wgmma_bit_exact_with_simulator(case, bf16):
     got, ref = run_wgmma(gpu_runner, *case, bf16=bf16, integers=True)
     RNG.bit_generator.state = rng_state
     sim, _ = run_wgmma(sim_runner, *case, bf16=bf16, integers=True)
+    np.testing.assert_array_equal(got, sim)
+    np.testing.assert_array_equal(got, ref.astype(np.float32))
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("bf16", [False, True])
+def test_gpu_wgmma_with_a_in_registers_bit_exact(bf16):
+    rng_state = RNG.bit_generator.state
+    got, ref = run_wgmma_registers(True, 64, 64, bf16, integers=True)
+    RNG.bit_generator.state = rng_state
+    sim, _ = run_wgmma_registers(False, 64, 64, bf16, integers=True)
     np.testing.assert_array_equal(got, sim)
     np.testing.assert_array_equal(got, ref.astype(np.float32))
 

@@ -44,6 +44,7 @@ from tests.test_hopper import (
     dynamic_tile,
     regs_and_fences,
     tma_tile,
+    wgmma_registers,
     wgmma_tile,
 )
 from tests.test_tensor_cores import (
@@ -148,13 +149,14 @@ HOPPER_CASES = [
             (WGMMA_CASES[8], 0),
         )
     ),
+    (wgmma_registers, {"K": 32, "N": 64, "BF16": 1}),
     *_matmul_hopper.specializations(),
     (ring, {}),
     *_long_rows.shipped(),
 ]
 """(kernel, constexprs): tests/test_hopper.py's kernels (wgmma: N = 128, 32 in bf16 and 256,
-both B layouts), every Hopper matmul specialization, tests/test_clusters.py's kernel and
-the cluster softmax (thread-block clusters, distributed shared memory)."""
+both B layouts, A from registers), every Hopper matmul specialization, tests/test_clusters.py's
+kernel and the cluster softmax (thread-block clusters, distributed shared memory)."""
 
 
 def _case_id(case) -> str:

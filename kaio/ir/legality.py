@@ -258,6 +258,8 @@ def _table() -> dict[tuple[str, str], Need]:
         t["mma", kind] = _needs(feature, f"kaio.mma_{kind}()")
     for kind in ("f16", "bf16", *FP8_TYPES):
         t["wgmma", kind] = _needs("wgmma", f"kaio.wgmma_{kind}()")
+    for kind in ("f16", "bf16"):  # A from registers
+        t["wgmma_rs", kind] = _needs("wgmma", f"kaio.wgmma_{kind}()")
     for op, key, feature, builtin in _ONE_FEATURE:
         t[op, key] = _needs(feature, f"kaio.{builtin or op}()")
     multicast = _needs("cluster", "kaio.tma_load_2d_multicast()")
@@ -281,7 +283,7 @@ def key(ins: Instr) -> str:
         return f"f32->{ins.dst.type.name}" if ins.args[0].type == f32 else ""
     if op == "atomic":
         return f"{attrs['kind']}.{ins.args[0].dtype.name}"
-    if op in ("mma", "wgmma"):
+    if op in ("mma", "wgmma", "wgmma_rs"):
         return attrs["kind"]
     if op == "ldmatrix":
         return "trans" if attrs["trans"] else ""

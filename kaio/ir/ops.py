@@ -73,6 +73,7 @@ SIGNATURES: dict[str, tuple[str, str]] = {
     "mma": ("F F F F", "none"),
     "cp_async": ("A idx A idx u32", "none"),
     "wgmma": ("F u64 u64 bool_", "none"),
+    "wgmma_rs": ("F F u64 bool_", "none"),
     "smem_desc": ("A idx", "u64"),
     "mbarrier_try_wait": ("A idx u32", "bool_"),
     "tma_load": ("A idx u64 I I A idx", "none"),
@@ -210,6 +211,13 @@ OPS: dict[str, OpInfo] = {
         "(acc frag, a_desc u64, b_desc u64, scale_d bool): acc = A @ B (+ acc if scale_d), "
         "m64n{n}k16 {kind}, A and B from shared memory through descriptors {trans_a} {trans_b}",
     ),
+    "wgmma_rs": OpInfo(
+        "special",
+        "any",
+        False,
+        "(acc frag, a frag, b_desc u64, scale_d bool): acc = A @ B (+ acc if scale_d), "
+        "m64n{n}k16 {kind}, A from registers, B from shared memory {trans_b}",
+    ),
     "wgmma_fence": OpInfo("special", "none", False, "order register accesses before wgmma"),
     "wgmma_commit": OpInfo("special", "none", False, "close this warpgroup's wgmma group"),
     "wgmma_wait": OpInfo(
@@ -343,6 +351,7 @@ REQUIRED_ATTRS = {
         "trans_a": (False, True),
         "trans_b": (False, True),
     },
+    "wgmma_rs": {"kind": ("f16", "bf16"), "trans_b": (False, True)},
     "smem_desc": {"swizzle": (0, 32, 64, 128)},
     "setmaxnreg": {"action": ("inc", "dec")},
 }

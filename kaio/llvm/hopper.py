@@ -114,21 +114,30 @@ def _lower_fixed(g, ins: Instr) -> None:
 
 def lower_wgmma(g, ins: Instr) -> None:
     """``wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {d}, a_desc, b_desc, p, 1, 1,
-    trans_a, trans_b`` with ``p = accumulate != 0``."""
+    trans_a, trans_b`` with ``p = accumulate != 0``; for ``wgmma_rs`` (A from registers)
+    ``{d}, {a0, a1, a2, a3}, b_desc, p, 1, 1, trans_b``, A as 4 ``"r"`` operands."""
     kind = ins.attrs["kind"]
     builtin = f"kaio.wgmma_{kind}()"
-    acc, a_desc, b_desc, scale_d = ins.args
+    acc, a, b_desc, scale_d = ins.args
     n = len(frag_registers(g, acc, builtin))
-    shape, tail = wgmma_form(ins.attrs)
+    if ins.op == "wgmma_rs":
+        a_vals = [v if v.type == I32 else g.b.bitcast(v, I32) for v in read(g, a, builtin)]
+        a_text, a_kinds = operands(n, 4), ["r"] * 4
+        shape = f"m64n{ins.attrs['n']}k16.f32.{kind}.{kind}"
+        tail = f"1, 1, {int(ins.attrs['trans_b'])}"
+    else:
+        a_vals, a_text, a_kinds = [g.value(a)], f"${n}", ["l"]
+        shape, tail = wgmma_form(ins.attrs)
+    b = n + len(a_vals)
     text = (
-        f"{{ .reg .pred scale_d; setp.ne.b32 scale_d, ${n + 2}, 0; "
-        f"wgmma.mma_async.sync.aligned.{shape} {operands(0, n)}, ${n}, ${n + 1}, scale_d, "
+        f"{{ .reg .pred scale_d; setp.ne.b32 scale_d, ${b + 1}, 0; "
+        f"wgmma.mma_async.sync.aligned.{shape} {operands(0, n)}, {a_text}, ${b}, scale_d, "
         f"{tail}; }}"
     )
     outputs, tied, ret = _in_place(n)
     scale = g.b.zext(g.value(scale_d), I32)
-    args = [g.value(a_desc), g.value(b_desc), scale, *read(g, acc, builtin)]
-    result = _statement(g, text, [*outputs, "l", "l", "r", *tied], args, True, ret)
+    args = [*a_vals, g.value(b_desc), scale, *read(g, acc, builtin)]
+    result = _statement(g, text, [*outputs, *a_kinds, "l", "r", *tied], args, True, ret)
     write(g, acc, builtin, members(g, result, n))
 
 
@@ -141,7 +150,7 @@ def _settle(g) -> None:
     register its own output: the PTX has no instruction more."""
     ptrs: dict = {}
     for s in walk(g.fn.body):
-        if isinstance(s, Instr) and s.op == "wgmma":
+        if isinstance(s, Instr) and s.op in ("wgmma", "wgmma_rs"):
             frag = s.args[0]
             regs = g.local_registers(frag.array)  # None: the wgmma itself reports it
             if regs is not None:
@@ -292,6 +301,7 @@ LOWERING = {
     **dict.fromkeys(_FIXED, _lower_fixed),
     "dsmem_load": lower_dsmem_load,
     "wgmma": lower_wgmma,
+    "wgmma_rs": lower_wgmma,
     "smem_desc": lower_smem_desc,
     "mbarrier_init": lambda g, ins: _barrier(g, ins, "init"),
     "mbarrier_arrive": lower_mbarrier_arrive,

@@ -72,6 +72,21 @@ def lower_wgmma(e, ins: Instr) -> None:
     e.line(f"wgmma.mma_async.sync.aligned.{shape} {d}, {operands}")
 
 
+def lower_wgmma_rs(e, ins: Instr) -> None:
+    """``wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {d}, {a0, a1, a2, a3}, b_desc, p,
+    1, 1, trans_b``: A from registers (no trans_a immediate)."""
+    kind = ins.attrs["kind"]
+    builtin = f"kaio.wgmma_{kind}()"
+    acc, a, b_desc, scale_d = ins.args
+    d = "{" + ", ".join(frag_registers(e, acc, builtin)) + "}"
+    regs = "{" + ", ".join(frag_registers(e, a, builtin)) + "}"
+    shape = f"m64n{ins.attrs['n']}k16.f32.{kind}.{kind}"
+    tail = f"1, 1, {int(ins.attrs['trans_b'])}"
+    e.line(
+        f"wgmma.mma_async.sync.aligned.{shape} {d}, {regs}, {e.r(b_desc)}, {e.r(scale_d)}, {tail}"
+    )
+
+
 def _fixed(text: str):
     def lower(e, ins: Instr) -> None:
         e.line(text.format(**ins.attrs))
@@ -225,6 +240,7 @@ def lower_dsmem_load(e, ins: Instr) -> None:
 
 LOWERING = {
     "wgmma": lower_wgmma,
+    "wgmma_rs": lower_wgmma_rs,
     "wgmma_fence": _fixed("wgmma.fence.sync.aligned"),
     "wgmma_commit": _fixed("wgmma.commit_group.sync.aligned"),
     "wgmma_wait": _fixed("wgmma.wait_group.sync.aligned {pending}"),

@@ -557,26 +557,57 @@ def _warpgroups(m, ins: Instr) -> np.ndarray:
     return blocks * m.tpb + group * 128
 
 
+def _uniform(m, ins: Instr, lanes: np.ndarray, *values) -> list[int]:
+    """The warpgroup's value of each descriptor in ``values``, after checking it is uniform."""
+    out = []
+    for v in values:
+        d = np.broadcast_to(np.asarray(v), (m.n,))[lanes]
+        if (d != d[0]).any():
+            raise SimulationError(
+                f"{m.where(ins)}: the wgmma descriptors differ between threads of one "
+                f"warpgroup ({m.describe(int(lanes[0]))}'s); they must be uniform{m.source(ins)}"
+            )
+        out.append(int(d[0]))
+    return out
+
+
+def register_a(m, frag, lanes: np.ndarray, dtype) -> np.ndarray:
+    """The 64 x 16 A operand held by the warpgroup's ``lanes`` in 4 32-bit registers each:
+    per warp ``w``, lane (g, q) holds rows 16w + g (registers 0, 2) and 16w + g + 8 (1, 3),
+    columns 2q, 2q + 1 (registers 0, 1) and 2q + 8, 2q + 9 (2, 3), the low half first."""
+    halves = _read_frag(m, frag, lanes).view(np.uint16).reshape(128, 4, 2)
+    t = np.arange(128)[:, None, None]
+    r = np.arange(4)[None, :, None]
+    h = np.arange(2)[None, None, :]
+    lane = t % 32
+    row = 16 * (t // 32) + lane // 4 + 8 * (r % 2)
+    col = 2 * (lane % 4) + 8 * (r // 2) + h
+    a = np.zeros((64, 16), np.uint16)
+    a[np.broadcast_to(row, halves.shape), np.broadcast_to(col, halves.shape)] = halves
+    return a.view(dtype).astype(np.float64)
+
+
 def wgmma(m, ins: Instr, vals: list):
     """Warpgroup-wide ``acc = A @ B (+ acc)`` of m64nNk16 (m64nNk32 for the 8-bit floats:
-    the same 32 bytes of K) with A and B read from shared memory through their descriptors;
-    the accumulator layout of ``accumulator_layout``."""
+    the same 32 bytes of K) with A and B read from shared memory through their descriptors
+    (``wgmma``), or A from registers (``wgmma_rs``: ``register_a``); the accumulator layout
+    of ``accumulator_layout``."""
     acc = ins.args[0]
     n = ins.attrs["n"]
     dtype = _INPUTS[ins.attrs["kind"]]
-    a_desc, b_desc, scale_d = (np.asarray(v) for v in vals)
+    rs = ins.op == "wgmma_rs"
+    a_in, b_desc, scale_d = vals[-3:] if not rs else (None, *vals[-2:])
     row, col = accumulator_layout(n)
     for first in _warpgroups(m, ins):
         lanes = np.arange(first, first + 128)
-        da, db = (np.broadcast_to(d, (m.n,))[lanes] for d in (a_desc, b_desc))
-        if (da != da[0]).any() or (db != db[0]).any():
-            raise SimulationError(
-                f"{m.where(ins)}: the wgmma descriptors differ between threads of one "
-                f"warpgroup ({m.describe(int(first))}'s); they must be uniform{m.source(ins)}"
-            )
         block = int(m.lane_block[first])
-        a = _operand(m, ins, block, int(da[0]), 64, ins.attrs["trans_a"], dtype, int(first))
-        b = _operand(m, ins, block, int(db[0]), n, ins.attrs["trans_b"], dtype, int(first)).T
+        if rs:
+            (db,) = _uniform(m, ins, lanes, b_desc)
+            a = register_a(m, ins.args[1], lanes, dtype)
+        else:
+            da, db = _uniform(m, ins, lanes, a_in, b_desc)
+            a = _operand(m, ins, block, da, 64, ins.attrs["trans_a"], dtype, int(first))
+        b = _operand(m, ins, block, db, n, ins.attrs["trans_b"], dtype, int(first)).T
         d = a @ b
         if np.broadcast_to(scale_d, (m.n,))[first]:
             old = _read_frag(m, acc, lanes).astype(np.float64)
@@ -644,6 +675,7 @@ def dsmem_load(m, ins: Instr, vals: list):
 
 SEMANTICS = {
     "wgmma": wgmma,
+    "wgmma_rs": wgmma,
     "wgmma_fence": no_op,
     "wgmma_commit": no_op,
     "wgmma_wait": no_op,

@@ -1,0 +1,295 @@
+"""The Hopper flash-attention forward (``kaio_ops._attention_hopper``, wgmma + TMA) against
+the mma.sync one (``kaio_ops._attention_tc``) and torch SDPA's flash backend, in one run, on
+an sm_90 GPU. Three steps, each its own process so that one stuck kernel cannot take the
+others' results:
+
+- ``warm --jobs N``: compile every specialization the other steps launch, N processes at a
+  time (each launches its kernel once at a small size; the cubins land in the disk cache).
+- ``check``: each variant against SDPA in float64 (f16 and bf16, D 64/128/256, causal and
+  not, grouped-query heads, Sq != Sk), the relative error of the output and the largest
+  error of the row logsumexp; then the same bits on a second run.
+- ``time``: TFLOP/s (4 * B * H * Sq * Sk * D, halved when causal) with CUDA events, the
+  median of several rounds of back-to-back calls, every contender in the same process.
+
+- ``tiny``: the default kernel on a few small cases (for compute-sanitizer).
+
+Usage: ``python bench/attention_hopper.py {warm,check,time,tiny} [--out FILE.json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+NEW = {  # name: the config over _attention_hopper.config's (the default: ping-pong, PIPE 2)
+    "wgmma": {},
+    "wgmma pipe1": {"PIPE": 1},
+    "wgmma pipe0": {"PIPE": 0},
+    "wgmma 2 stages": {"STAGES": 2},
+    "wgmma 1 wg": {"WG": 1, "REGS": 0, "PIPE": 1},
+    "wgmma precise": {"precise": True},  # without fastmath (ex2.approx.f32, not .ftz)
+    "wgmma bn176": {"BN": 176, "STAGES": 2},
+    "wgmma bn192": {"BN": 192, "STAGES": 2},
+}
+
+
+def variants():
+    """(label, dtype name, head dim, kind, config): every kernel the steps launch."""
+    out = [(name, "float16", 128, "new", over) for name, over in NEW.items()]
+    out.append(("wgmma", "bfloat16", 128, "new", {}))
+    for d in (64, 256):
+        out.append(("wgmma", "float16", d, "new", {}))
+        out.append(("wgmma pipe1", "float16", d, "new", {"PIPE": 1}))
+    for dt, d in (("float16", 128), ("bfloat16", 128), ("float16", 64), ("float16", 256)):
+        out.append(("mma.sync", dt, d, "old", {}))
+    return out
+
+
+_PRECISE = []
+
+
+def precise_kernel():
+    """``attention_fwd_wgmma`` without fastmath (one kernel object: its specializations are
+    kept with it)."""
+    if not _PRECISE:
+        import kaio
+        from kaio_ops import _attention_hopper as hop
+
+        _PRECISE.append(kaio.gpu_kernel(hop.attention_fwd_wgmma.pyfunc))
+    return _PRECISE[0]
+
+
+def runner(kind: str, d: int, over: dict):
+    """A function (q, k, v, causal) -> (out, lse) for one variant."""
+    from kaio_ops import _attention_hopper as hop
+    from kaio_ops import attention
+
+    def run(q, k, v, causal):
+        (qa, ka, va), dims, scale = attention._check_flash("bench", q, k, v, None)
+        if kind == "old":
+            dp = attention._pow2_dim(d, attention.FLASH_DIMS)
+            return attention.tc_forward(qa, ka, va, qa.dtype, qa.shape, dims, causal, scale, dp)
+        cfg = {**hop.config(d), **over}
+        kernel = precise_kernel() if cfg.pop("precise", False) else None
+        return hop.launch(qa, ka, va, dims, causal, scale, cfg, kernel)
+
+    return run
+
+
+def tensors(b, h, hkv, sq, sk, d, dtype, seed=0):
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    dt = getattr(torch, dtype)
+    q = torch.randn((b, h, sq, d), device="cuda", dtype=dt, generator=gen)
+    k = torch.randn((b, hkv, sk, d), device="cuda", dtype=dt, generator=gen)
+    v = torch.randn((b, hkv, sk, d), device="cuda", dtype=dt, generator=gen)
+    return q, k, v
+
+
+def warm_one(i: int) -> str:
+    import time
+
+    t0 = time.time()
+    label, dtype, d, kind, over = variants()[i]
+    q, k, v = tensors(1, 2, 1, 256, 256, d, dtype)
+    runner(kind, d, over)(q, k, v, False)
+    import torch
+
+    torch.cuda.synchronize()
+    return f"{label} {dtype} D{d}: {time.time() - t0:.1f}s"
+
+
+def reference(q, k, v, causal):
+    import torch
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    g = q.shape[1] // k.shape[1]
+    k, v = (x.repeat_interleave(g, dim=1).double() for x in (k, v))
+    q = q.double()
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        s = s.masked_fill(
+            ~torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril(), -math.inf
+        )
+    return sdpa(q, k, v, is_causal=causal), torch.logsumexp(s, -1)
+
+
+def check(out_path):
+    import torch
+
+    shapes = [  # b, h, hkv, sq, sk
+        (1, 4, 4, 1024, 1024),
+        (2, 8, 2, 512, 500),  # grouped-query, a partial last key tile
+        (1, 4, 1, 300, 768),  # Sq != Sk, a query tail
+        (1, 2, 2, 1000, 256),  # Sq > Sk
+    ]
+    rows, refs = [], {}
+    for label, dtype, d, kind, over in variants():
+        run = runner(kind, d, over)
+        for b, h, hkv, sq, sk in shapes:
+            if d != 128 and (b, h) != (2, 8) and sq != 300:
+                continue
+            for causal in (False, True):
+                key = (dtype, d, b, h, hkv, sq, sk, causal)
+                if key not in refs:
+                    q, k, v = tensors(b, h, hkv, sq, sk, d, dtype, seed=sq + d)
+                    refs[key] = (q, k, v, *reference(q, k, v, causal))
+                q, k, v, ref, ref_lse = refs[key]
+                out, lse = run(q, k, v, causal)
+                err = (torch.linalg.norm(out.double() - ref) / torch.linalg.norm(ref)).item()
+                lse_err = (lse.double() - ref_lse).abs().max().item()
+                again = torch.equal(run(q, k, v, causal)[0], out)
+                finite = bool(torch.isfinite(out).all())
+                row = dict(variant=label, dtype=dtype, d=d, b=b, h=h, hkv=hkv, sq=sq, sk=sk,
+                           causal=causal, rel=err, lse_err=lse_err, same_bits=again,
+                           finite=finite)  # fmt: skip
+                emit(rows, row)
+    save(rows, out_path)
+
+
+def tiny() -> None:
+    """The default kernel once per case at small sizes (f16, D 128 and 64, causal and
+    not, a partial last key tile, grouped-query heads), checked: for compute-sanitizer."""
+    for dtype, d in (("float16", 128), ("float16", 64)):
+        run = runner("new", d, {})
+        for causal in (False, True):
+            q, k, v = tensors(1, 4, 2, 200, 300, d, dtype)
+            out, _ = run(q, k, v, causal)
+            ref, _ = reference(q, k, v, causal)
+            err = (out.double() - ref).norm().item() / ref.norm().item()
+            print(f"tiny {dtype} D{d} causal={causal}: rel {err:.1e}", flush=True)
+
+
+def emit(rows: list, row: dict) -> None:
+    """Keep ``row`` and print it (one JSON line: a run cut short still shows it)."""
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+
+
+def save(rows: list, out_path) -> None:
+    """The rows as JSON to ``out_path`` (if given)."""
+    if out_path:
+        with open(out_path, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+def time_calls(fn, reps=6, rounds=3):
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / reps)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def passed(check_log) -> set | None:
+    """(variant, dtype, head dim) of the variants the check step reached (its output
+    ``check_log``; None without a log): one it did not reach may hang, and is not timed (the
+    check's table tells the others' accuracy)."""
+    if not check_log or not os.path.exists(check_log):
+        return None
+    reached = set()
+    for line in open(check_log):
+        if line.startswith("{"):
+            r = json.loads(line)
+            reached.add((r["variant"], r["dtype"], r["d"]))
+    return reached
+
+
+def bench(out_path, check_log=None):
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    def flash(q, k, v, causal):
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return sdpa(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
+
+    cases = [  # dtype, d, b, h, hkv, s, variants
+        ("float16", 128, 4, 16, 16, 4096, list(NEW) + ["mma.sync"]),
+        ("bfloat16", 128, 4, 16, 16, 4096, ["wgmma", "mma.sync"]),
+        ("float16", 64, 4, 16, 16, 4096, ["wgmma", "wgmma pipe1", "mma.sync"]),
+        ("float16", 256, 4, 16, 16, 4096, ["wgmma", "wgmma pipe1", "mma.sync"]),
+        ("float16", 128, 32, 16, 16, 512, ["wgmma", "wgmma pipe1", "mma.sync"]),
+        ("float16", 128, 16, 16, 16, 1024, ["wgmma", "wgmma pipe1", "mma.sync"]),
+        ("float16", 128, 8, 16, 16, 2048, ["wgmma", "wgmma pipe1", "mma.sync"]),
+        ("float16", 128, 2, 16, 16, 8192, ["wgmma", "wgmma pipe1", "mma.sync"]),
+        ("float16", 128, 1, 16, 16, 16384, ["wgmma", "wgmma pipe1", "mma.sync"]),
+        ("float16", 128, 4, 32, 8, 4096, ["wgmma", "mma.sync"]),
+        ("float16", 128, 1, 32, 8, 1000, ["wgmma", "mma.sync"]),  # a partial last tile
+    ]
+    by = {(lab, dt, d): (kind, over) for lab, dt, d, kind, over in variants()}
+    ok = passed(check_log)
+    rows = []
+    name = torch.cuda.get_device_name()
+    for dtype, d, b, h, hkv, s, names in cases:
+        q, k, v = tensors(b, h, hkv, s, s, d, dtype)
+        for causal in (False, True):
+            flops = 4 * b * h * s * s * d / (2 if causal else 1)
+            res = {}
+            for lab in names:
+                kind, over = by[(lab, dtype, d)]
+                if kind == "new" and ok is not None and (lab, dtype, d) not in ok:
+                    continue
+                run = runner(kind, d, over)
+                ms = time_calls(lambda run=run, a=(q, k, v, causal): run(*a))
+                res[lab] = flops / ms / 1e9
+            ms = time_calls(lambda a=(q, k, v, causal): flash(*a))
+            res["sdpa flash"] = flops / ms / 1e9
+            row = dict(gpu=name, dtype=dtype, d=d, b=b, h=h, hkv=hkv, s=s, causal=causal,
+                       tflops=res)  # fmt: skip
+            emit(rows, row)
+    save(rows, out_path)
+    print(f"\n{name}: TFLOP/s (CUDA events, median of 3 rounds of 6 calls)")
+    for r in rows:
+        t = r["tflops"]
+        ratio = t.get("wgmma", math.nan) / t["sdpa flash"]
+        cells = "  ".join(f"{k} {v:.0f}" for k, v in t.items())
+        print(f"{r['dtype']:>8} D{r['d']} B{r['b']} H{r['h']}/{r['hkv']} S{r['s']}"
+              f"{' causal' if r['causal'] else ''}: {cells}  (wgmma/sdpa {ratio:.2f})")  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("step", choices=("warm", "check", "time", "tiny"))
+    p.add_argument("--out")
+    p.add_argument("--jobs", type=int, default=8)
+    p.add_argument("--check-log", help="time: only the variants this check output passed")
+    args = p.parse_args()
+    if args.step == "warm":
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=ctx) as pool:
+            futures = [pool.submit(warm_one, i) for i in range(len(variants()))]
+            for f in futures:
+                try:
+                    print(f.result(timeout=120), flush=True)
+                except Exception as e:  # noqa: BLE001  (report each specialization's failure)
+                    print(f"FAILED: {type(e).__name__}: {e}", flush=True)
+    elif args.step == "check":
+        check(args.out)
+    elif args.step == "tiny":
+        tiny()
+    else:
+        bench(args.out, args.check_log)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,475 @@
+"""The Hopper (sm_90a) flash-attention forward behind ``kaio_ops.flash_attention``:
+FlashAttention-3's design (TMA, an mbarrier ring, warp specialization, ``wgmma``), written in
+the DSL, generic over its element type (the dtype constexpr ``DT``: f16 or bf16).
+
+A block owns ``BM = 64 * WG`` query rows of one (batch, head) and loops over the key tiles of
+``BN`` keys (causal: up to the diagonal). Its threads:
+
+- ``WG`` consumer warpgroups, each owning 64 query rows: S = Q K^T by ``wgmma`` with both
+  operands in shared memory (Q K-major, K rows K-major: ``D / 16`` k-steps of
+  ``m64n{BN}k16``), the online softmax on the accumulators in registers (a row's values sit
+  in the 4 lanes of a lane group, as mma.sync's; ``_attention_tc.softmax_step``), then
+  O += P V by ``wgmma`` with P from registers (the S accumulators of two adjacent n8 tiles
+  rounded to DT pairs are the A fragment of a k-step: docs/hopper.md "A from registers") and
+  V from shared memory, N-major (``BN / 16`` k-steps of ``m64n{D}k16``).
+- a producer warp (one thread of it works): the TMA copies of the block's Q tile (once) and
+  of each key tile's K and V into a ``STAGES``-deep ring, each on its own "full" barrier so
+  that S = Q K^T can start before V has landed; it waits on the ring's "free" barriers
+  (one for K, one for V, an arrival from each consumer warpgroup) before refilling a stage.
+
+``PIPE`` 1 overlaps the softmax with the tensor cores inside a warpgroup (FlashAttention-3's
+intra-warpgroup pipelining): tile j's S = Q K_j^T and tile j - 1's O += P V are issued
+together, the softmax of tile j runs while P V still runs, and O is rescaled only after it
+has finished. ``PIPE`` 0 is the plain order (S, softmax, P V, each waited for).
+
+Shared tiles (128-byte swizzle, 64-column blocks, docs/hopper.md): Q ``[D / 64, BM, 64]``,
+K and V stages ``[STAGES, D / 64, BN, 64]``. The tensor maps see Q as ``[B * H * Sq, D]`` and
+K, V as ``[B * Hkv * Sk, D]``: a Q tile past the head's last row reads the next head's rows
+(their outputs are not stored); keys at or past ``sk`` are masked, and when the last key
+tile reaches past ``sk`` the producer warp sets those V rows (another head's) to zeros in
+shared memory before the consumers multiply them (by zero probabilities: a non-finite
+value there would still make NaN; ``zero_tail``).
+Grouped-query attention: query head h reads K/V head h // group. Each row's natural-log
+logsumexp goes to ``lse`` (-inf, and a zero output, for a row with no valid key).
+"""
+
+# ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
+from __future__ import annotations
+
+import kaio
+from kaio import bool_, f32, i32, u32, u64
+from kaio_ops._attention_tc import LN2, NEG_INF, rescale, softmax_step, start_rows
+
+SW = 128  # swizzle bytes: one 128-byte row per 64 elements
+SHARED_LIMIT = 227 * 1024
+PRODUCER_REGS = 24  # registers a thread of the producer warpgroup keeps (setmaxnreg)
+
+
+def consumer_registers(wg: int) -> int:
+    """``REGS``: the registers a consumer thread takes (setmaxnreg) once the producer
+    warpgroup has given up its own: the 64K of the multiprocessor less the producer's, over
+    the consumers, a multiple of 8, at most 240; 0 (no setmaxnreg) for one consumer
+    warpgroup, which has 255 anyway."""
+    if wg == 1:
+        return 0
+    return min(240, (65536 - 128 * PRODUCER_REGS) // (128 * wg) // 8 * 8)
+
+
+@kaio.gpu_func
+def s_step(s: f32[:, :], q_s: DT[:, :, :], k_s: DT[:, :, :, :], st: i32, wg: u32,
+           kk: kaio.constexpr, DT: kaio.constexpr):  # fmt: skip
+    """s (+)= k-step kk of Q (this warpgroup's 64 rows) @ K^T (stage st)."""
+    dq = kaio.smem_descriptor(q_s, (kk // 4, 64 * wg, kk % 4 * 16), SW, 16, 1024)
+    dk = kaio.smem_descriptor(k_s, (st, kk // 4, 0, kk % 4 * 16), SW, 16, 1024)
+    if DT == kaio.bf16:
+        kaio.wgmma_bf16(s, dq, dk, kk > 0)
+    else:
+        kaio.wgmma_f16(s, dq, dk, kk > 0)
+
+
+@kaio.gpu_func
+def issue_s(s: f32[:, :], q_s: DT[:, :, :], k_s: DT[:, :, :, :], st: i32, wg: u32,
+            D: kaio.constexpr, DT: kaio.constexpr):  # fmt: skip
+    """Issue S = Q K^T of the key tile in stage ``st`` (D / 16 wgmmas) and commit them."""
+    for kk in kaio.static_range(D // 16):
+        s_step(s, q_s, k_s, st, wg, kk, DT)
+    kaio.wgmma_commit()
+
+
+@kaio.gpu_func
+def issue_pv(o: f32[:, :], p: u32[:, :], v_s: DT[:, :, :, :], st: i32, BN: kaio.constexpr,
+             DT: kaio.constexpr):  # fmt: skip
+    """Issue O += P V of the key tile in stage ``st`` (BN / 16 wgmmas, P from registers) and
+    commit them."""
+    for kk in kaio.static_range(BN // 16):
+        dv = kaio.smem_descriptor(v_s, (st, 0, kk * 16, 0), SW, BN * SW, 1024)
+        if DT == kaio.bf16:
+            kaio.wgmma_bf16(o, p[kk], dv, True, False, True)
+        else:
+            kaio.wgmma_f16(o, p[kk], dv, True, False, True)
+    kaio.wgmma_commit()
+
+
+@kaio.gpu_func
+def s_tile(s: f32[:, :], q_s: DT[:, :, :], k_s: DT[:, :, :, :], bars: u64[:, :], st: i32,
+           ph: u32, wg: u32, lt: u32, D: kaio.constexpr, DT: kaio.constexpr):  # fmt: skip
+    """S = Q K^T of the key tile in stage ``st`` once it has landed (phase parity ``ph``),
+    waited for; then the stage's K is free."""
+    kaio.mbarrier_wait(bars, (0, st), ph)
+    kaio.wgmma_fence()
+    issue_s(s, q_s, k_s, st, wg, D, DT)
+    kaio.wgmma_wait(0)
+    if lt == 0:
+        kaio.mbarrier_arrive(bars, (2, st))
+
+
+@kaio.gpu_func
+def pv_tile(o: f32[:, :], p: u32[:, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
+            st: i32, ph: u32, tail: bool_, lt: u32, BN: kaio.constexpr,
+            DT: kaio.constexpr):  # fmt: skip
+    """O += P V of the key tile in stage ``st`` once its V has landed (and, for the partial
+    last tile, ``tail``, once its rows past the keys are zeros: ``zero_tail``), waited for;
+    then the stage's V is free."""
+    kaio.mbarrier_wait(bars, (1, st), ph)
+    if tail:
+        kaio.mbarrier_wait(turn, 3, 0)
+    kaio.wgmma_fence()
+    issue_pv(o, p, v_s, st, BN, DT)
+    kaio.wgmma_wait(0)
+    if lt == 0:
+        kaio.mbarrier_arrive(bars, (3, st))
+
+
+@kaio.gpu_func
+def pack_p(p: u32[:, :], s: f32[:, :], BN: kaio.constexpr, DT: kaio.constexpr):
+    """P's A fragments: k-step kk is n8 tiles 2kk, 2kk + 1 of s rounded to DT pairs."""
+    for kk in kaio.static_range(BN // 16):
+        for r in kaio.static_range(4):
+            n = 2 * kk + r // 2
+            e = 2 * (r % 2)
+            if DT == kaio.bf16:
+                p[kk, r] = kaio.bitcast(kaio.bf16x2(s[n, e], s[n, e + 1]), u32)
+            else:
+                p[kk, r] = kaio.bitcast(kaio.f16x2(s[n, e], s[n, e + 1]), u32)
+
+
+@kaio.gpu_func
+def softmax_tile(
+    s: f32[:, :], m: f32[:], l: f32[:], alpha: f32[:], j: i32, row0: i32, sk: i32,
+    causal: i32, scale_log2: f32, lane: u32, BN: kaio.constexpr,
+):  # fmt: skip
+    """Mask key tile j's scores (keys at or past sk, and past the row when causal) where the
+    tile needs it, then one online-softmax step of both row halves (row0 + 8h); the factors
+    of the earlier accumulators go to alpha."""
+    k0 = j * BN
+    if k0 + BN > sk or (causal != 0 and k0 + BN > row0 - lane // 4 + 1):
+        for h in kaio.static_range(2):
+            row = row0 + 8 * h
+            for n in kaio.static_range(BN // 8):
+                for e in kaio.static_range(2):
+                    key = k0 + n * 8 + i32(lane % 4) * 2 + e
+                    ok = key < sk and (causal == 0 or key <= row)
+                    s[n, 2 * h + e] = kaio.select(ok, s[n, 2 * h + e], NEG_INF)
+    for h in kaio.static_range(2):
+        alpha[h] = softmax_step(s, m, l, h, scale_log2, BN // 8)
+
+
+@kaio.gpu_func
+def rescale_rows(o: f32[:, :], alpha: f32[:], D: kaio.constexpr):
+    """Both row halves of the accumulators o times their factors, skipped where no row of the
+    warp needs it (every factor 1: no row's max grew, the common case after the first
+    tiles): the same values, 64 multiplications a thread fewer at D = 128."""
+    if kaio.vote_any(alpha[0] != 1.0 or alpha[1] != 1.0):
+        for h in kaio.static_range(2):
+            rescale(o, h, alpha[h], D)
+
+
+@kaio.gpu_func
+def store_rows(
+    out: DT[:], lse: f32[:], o: f32[:, :], m: f32[:], l: f32[:], bh: i32, row0: i32, sq: i32,
+    lane: u32, D: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """out[bh, row] = o / the row's sum and lse[bh, row] for this lane's rows row0 + 8h."""
+    for h in kaio.static_range(2):
+        total = l[h] + kaio.shfl_xor(l[h], 1)
+        total += kaio.shfl_xor(total, 2)
+        row = row0 + 8 * h
+        if row < sq:
+            inv = kaio.select(total > 0.0, 1.0 / total, 0.0)
+            at = (bh * sq + row) * D + i32(lane % 4) * 2
+            for n in kaio.static_range(D // 8):
+                pair = kaio.local(DT, 2)
+                for e in kaio.static_range(2):
+                    pair[e] = DT(o[n, 2 * h + e] * inv)
+                kaio.store_vector(out, at + n * 8, pair)
+            if lane % 4 == 0:
+                lse[bh * sq + row] = kaio.select(
+                    total > 0.0, (m[h] + kaio.log2(total)) * LN2, NEG_INF
+                )
+
+
+@kaio.gpu_func
+def produce(
+    q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
+    tq: kaio.tensormap, tk: kaio.tensormap, tv: kaio.tensormap, q_row: i32, kv_row: i32,
+    n_tiles: i32, D: kaio.constexpr, BN: kaio.constexpr, WG: kaio.constexpr,
+    STAGES: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """The producer's copies: the Q tile (``64 * WG`` rows from ``q_row``) once, then K and V
+    of each key tile (from ``kv_row``), each on its own "full" barrier, STAGES tiles ahead:
+    a stage is refilled once the consumers have freed it (K and V apart)."""
+    C = D // 64
+    KV_BYTES = BN * D * 2
+    kaio.mbarrier_arrive_expect_tx(turn, 2, u32(64 * WG * D * 2))
+    for c in kaio.static_range(C):
+        kaio.tma_load_2d(q_s, (c, 0, 0), tq, q_row, c * 64, turn, 2)
+    st = i32(0)
+    ph = u32(0)
+    for j in range(n_tiles):
+        if j >= STAGES:  # stage st held tile j - STAGES: wait until its K is free
+            kaio.mbarrier_wait(bars, (2, st), ph ^ 1)
+        kaio.mbarrier_arrive_expect_tx(bars, (0, st), u32(KV_BYTES))
+        for c in kaio.static_range(C):
+            kaio.tma_load_2d(k_s, (st, c, 0, 0), tk, kv_row + j * BN, c * 64, bars, (0, st))
+        if j >= STAGES:
+            kaio.mbarrier_wait(bars, (3, st), ph ^ 1)
+        kaio.mbarrier_arrive_expect_tx(bars, (1, st), u32(KV_BYTES))
+        for c in kaio.static_range(C):
+            kaio.tma_load_2d(v_s, (st, c, 0, 0), tv, kv_row + j * BN, c * 64, bars, (1, st))
+        st += 1
+        if st == STAGES:
+            st = 0
+            ph ^= 1
+
+
+@kaio.gpu_func
+def zero_tail(
+    v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:], j: i32, sk: i32, lane: u32,
+    D: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """The producer warp, once V of key tile j (the last, partial) has landed (called after
+    the copy was issued, so that the wait sees its phase, not an earlier one): its rows past
+    the keys (the next head's, or TMA's zeros past the array) set to zeros, so that their zero
+    probabilities never meet a non-finite value there; fenced for the tensor cores, then each
+    lane arrives on ``turn[3]``."""
+    st = j % STAGES
+    kaio.mbarrier_wait(bars, (1, st), u32(j // STAGES) & 1)
+    r0 = sk - j * BN
+    zero = kaio.local(DT, 8)
+    for e in kaio.static_range(8):
+        zero[e] = DT(0.0)
+    chunks = (BN - r0) * 8  # 16-byte chunks of a 64-column block's rows
+    for i in range(i32(lane), (D // 64) * chunks, 32):
+        kaio.store_vector(v_s, (st, i // chunks, r0 + i % chunks // 8, i % 8 * 8), zero)
+    kaio.fence_proxy_async()
+    kaio.mbarrier_arrive(turn, 3)
+
+
+@kaio.gpu_func
+def consume(
+    q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
+    out: DT[:], lse: f32[:], wg: u32, lt: u32, bh: i32, q0: i32, n_tiles: i32, sq: i32,
+    sk: i32, causal: i32, scale_log2: f32, D: kaio.constexpr, BN: kaio.constexpr,
+    STAGES: kaio.constexpr, PIPE: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """Consumer warpgroup ``wg``'s 64 query rows (thread ``lt`` of it) over the key tiles
+    (module docstring), then its rows of ``out`` and ``lse``. ``turn[0]``, ``turn[1]``: the
+    ping-pong barriers of warpgroups 0 and 1 (PIPE 2), ``turn[2]``: the Q tile landed."""
+    st = i32(0)
+    ph = u32(0)
+    lane = lt % 32
+    row0 = q0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)
+    m = kaio.local(f32, 2)
+    l = kaio.local(f32, 2)
+    alpha = kaio.local(f32, 2)
+    o = kaio.local(f32, (D // 8, 4))
+    start_rows(m, l, o, D)
+    s = kaio.local(f32, (BN // 8, 4))
+    p = kaio.local(u32, (BN // 16, 4))
+    kaio.mbarrier_wait(turn, 2, 0)  # the Q tile landed
+    if PIPE:
+        # tile 0: S, softmax, P; then each tile j issues S_j with P_{j-1} V_{j-1}
+        s_tile(s, q_s, k_s, bars, 0, 0, wg, lt, D, DT)
+        softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN)
+        pack_p(p, s, BN, DT)
+        ps = i32(0)  # the stage and parity of tile j - 1
+        pph = u32(0)
+        st = 1
+        if STAGES == 1:
+            st = 0
+            ph = 1
+        for j in range(1, n_tiles):
+            kaio.mbarrier_wait(bars, (0, st), ph)
+            if PIPE == 2:  # wait for this warpgroup's turn on the tensor cores
+                if wg == 0:
+                    if j > 1:
+                        kaio.mbarrier_wait(turn, 0, u32(j - 2) & 1)
+                else:
+                    kaio.mbarrier_wait(turn, 1, u32(j - 1) & 1)
+            kaio.wgmma_fence()
+            issue_s(s, q_s, k_s, st, wg, D, DT)
+            kaio.mbarrier_wait(bars, (1, ps), pph)
+            issue_pv(o, p, v_s, ps, BN, DT)
+            if PIPE == 2 and lt % 32 == 0:  # the other warpgroup's turn
+                kaio.mbarrier_arrive(turn, 1 - wg)
+            kaio.wgmma_wait(1)  # S_j done
+            if lt == 0:
+                kaio.mbarrier_arrive(bars, (2, st))
+            softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN)
+            kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done
+            if lt == 0:
+                kaio.mbarrier_arrive(bars, (3, ps))
+            rescale_rows(o, alpha, D)
+            pack_p(p, s, BN, DT)
+            ps = st
+            pph = ph
+            st += 1
+            if st == STAGES:
+                st = 0
+                ph ^= 1
+        pv_tile(o, p, v_s, bars, turn, ps, pph, n_tiles * BN > sk, lt, BN, DT)
+    else:
+        for j in range(n_tiles):
+            s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT)
+            softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN)
+            rescale_rows(o, alpha, D)
+            pack_p(p, s, BN, DT)
+            pv_tile(o, p, v_s, bars, turn, st, ph, (j + 1) * BN > sk, lt, BN, DT)
+            st += 1
+            if st == STAGES:
+                st = 0
+                ph ^= 1
+    store_rows(out, lse, o, m, l, bh, row0, sq, lane, D, DT)
+
+
+@kaio.gpu_kernel(fastmath=True)  # ex2.approx.ftz: one instruction an exponential
+def attention_fwd_wgmma(
+    tq: kaio.tensormap,
+    tk: kaio.tensormap,
+    tv: kaio.tensormap,
+    out: DT[:],
+    lse: f32[:],
+    sq: i32,
+    sk: i32,
+    heads: i32,
+    group: i32,
+    scale_log2: f32,
+    causal: i32,
+    D: kaio.constexpr,
+    BN: kaio.constexpr,
+    WG: kaio.constexpr,
+    STAGES: kaio.constexpr,
+    PIPE: kaio.constexpr,
+    REGS: kaio.constexpr,
+    DT: kaio.constexpr,
+):
+    """out[bh, row] = softmax(q[bh, row] k[kv]^T * scale) v[kv] and lse[bh, row] for the
+    ``64 * WG`` query rows of block x (the heaviest causal tiles first) of (batch, head)
+    ``bh`` = block y (module docstring). ``tq``: q as [B * H * sq, D] in boxes of
+    (64 * WG, 64); ``tk``, ``tv``: k, v as [B * Hkv * sk, D] in boxes of (BN, 64);
+    ``out`` [B * H * sq * D] and ``lse`` [B * H * sq] flat; ``scale_log2``: the scale times
+    log2(e)."""
+    kaio.launch_bounds(WG * 128 + 128, 1)
+    BM = 64 * WG
+    C = D // 64  # 64-column blocks of a row
+    KV_BYTES = BN * D * 2
+    q_s = kaio.shared_dynamic(DT, (C, BM, 64), 0)
+    k_s = kaio.shared_dynamic(DT, (STAGES, C, BN, 64), BM * D * 2)
+    v_s = kaio.shared_dynamic(DT, (STAGES, C, BN, 64), BM * D * 2 + STAGES * KV_BYTES)
+    # bars[0, s]: K of stage s landed, [1, s]: V landed, [2, s]: K free, [3, s]: V free;
+    # turn[0], turn[1]: warpgroup 0's, 1's turn on the tensor cores (PIPE 2), turn[2]: Q landed
+    bars = kaio.shared_dynamic(u64, (4, STAGES), BM * D * 2 + 2 * STAGES * KV_BYTES)
+    turn = kaio.shared_dynamic(u64, (4,), BM * D * 2 + 2 * STAGES * KV_BYTES + 32 * STAGES)
+    t = kaio.thread_idx_x()
+    wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
+    lt = t % 128
+    bh = i32(kaio.block_idx_y())
+    kvh = bh // heads * (heads // group) + bh % heads // group
+    q0 = i32(kaio.grid_dim_x() - 1 - kaio.block_idx_x()) * BM
+    n_tiles = (sk + BN - 1) // BN
+    if causal != 0:
+        n_tiles = kaio.min(n_tiles, (q0 + BM + BN - 1) // BN)
+    if t == 0:
+        for s in kaio.static_range(STAGES):
+            for r in kaio.static_range(2):
+                kaio.mbarrier_init(bars, (r, s), 1)
+                kaio.mbarrier_init(bars, (2 + r, s), WG)
+        kaio.mbarrier_init(turn, 0, 4)  # an arrival from each warp of the other warpgroup
+        kaio.mbarrier_init(turn, 1, 4)
+        kaio.mbarrier_init(turn, 2, 1)
+        kaio.mbarrier_init(turn, 3, 32)  # the tail's zeros: each lane of the producer warp
+        kaio.fence_proxy_async()
+    kaio.sync_threads()
+    if wg < WG:  # the consumers
+        if REGS:
+            kaio.setmaxnreg_inc(REGS)
+        if PIPE == 2 and wg == 0:  # ping-pong: a loop in each branch (the simulator's turns)
+            consume(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh, q0, n_tiles, sq, sk,
+                    causal, scale_log2, D, BN, STAGES, PIPE, DT)  # fmt: skip
+        else:
+            consume(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh, q0, n_tiles, sq, sk,
+                    causal, scale_log2, D, BN, STAGES, PIPE, DT)  # fmt: skip
+    else:  # the producer warpgroup: its first thread loads
+        if REGS:
+            kaio.setmaxnreg_dec(PRODUCER_REGS)
+        if lt == 0:
+            produce(q_s, k_s, v_s, bars, turn, tq, tk, tv, bh * sq + q0, kvh * sk, n_tiles, D,
+                    BN, WG, STAGES, DT)  # fmt: skip
+        if lt < 32 and n_tiles * BN > sk:  # the last key tile reaches past the keys
+            # the warp waits until its first thread has issued every copy: an earlier wait
+            # on the last tile's barrier could see an earlier phase of the same parity
+            # complete (measured on an H100: the zeros landed before the copy did)
+            kaio.sync_warp()
+            zero_tail(v_s, bars, turn, n_tiles - 1, sk, lt, D, BN, STAGES, DT)
+
+
+def shared_bytes(d: int, bn: int, wg: int, stages: int) -> int:
+    """The dynamic shared memory of ``attention_fwd_wgmma``: Q, the K/V ring, its barriers."""
+    return 64 * wg * d * 2 + 2 * stages * bn * d * 2 + 32 * stages + 32
+
+
+def config(d: int) -> dict:
+    """BN, WG, STAGES, PIPE and REGS of ``attention_fwd_wgmma`` for head dim ``d`` (64, 128,
+    256): two consumer warpgroups (128 query rows), key tiles of 128 (64 for d = 256, whose O
+    accumulators take 128 registers a thread), as many stages as fit (at most 4), and the
+    schedule measured fastest on an H100 at S = 4096: ping-pong (PIPE 2) at D = 64 (380
+    TFLOP/s against 347 for PIPE 1), the plain order (PIPE 0) at D = 128 (546 against 412
+    for PIPE 1 and 324 for PIPE 2)."""
+    bn = 64 if d == 256 else 128
+    wg = 2
+    stages = max(1, min(4, (SHARED_LIMIT - 64 * wg * d * 2 - 256) // (2 * bn * d * 2)))
+    pipe = 2 if d == 64 else 0  # measured fastest (H100): D 64 ping-pong, D 128 plain
+    return {"BN": bn, "WG": wg, "STAGES": stages, "PIPE": pipe, "REGS": consumer_registers(wg)}
+
+
+def eligible(d: int) -> bool:
+    """Whether the kernel takes head dim ``d``: 64, 128 or 256 (whole 64-column blocks)."""
+    return d in (64, 128, 256)
+
+
+def worthwhile(bh: int, sq: int, sk: int, d: int, sms: int) -> bool:
+    """Whether the kernel beat the mma.sync one (measured on an H100, docs/hopper.md): head
+    dims 64 and 128 (at 256 it lost: 231 against 284 TFLOP/s), sequences of 2048 and more
+    whose keys fill whole tiles (a partial last tile and short sequences measured slower),
+    and enough 128-row tiles to give every multiprocessor a block."""
+    whole = sk % config(d)["BN"] == 0
+    return d in (64, 128) and sq >= 2048 and sk >= 2048 and whole and bh * -(-sq // 128) >= sms
+
+
+def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None = None,
+           kernel=None):  # fmt: skip
+    """Run ``attention_fwd_wgmma`` (or ``kernel``, a variant of it: bench/attention_hopper.py)
+    on checked operands (``_arrays.Operand``s q [B, H, Sq, D], k, v [B, Hkv, Sk, D] of one
+    16-bit type); ``dims``: (B * H, H, group, sq, sk, d, d); ``cfg``: the constexprs (default
+    ``config(d)``). Returns (out [B, H, Sq, D] of q's type, lse [B, H, Sq] f32)."""
+    import math
+
+    from kaio_ops import _arrays
+
+    bh, heads, group, sq, sk, d, _ = dims
+    cfg = dict(cfg or config(d))
+    bm = 64 * cfg["WG"]
+    out = _arrays.output(qa, qa.shape)
+    lse = _arrays.output(qa, qa.shape[:-1], f32)
+    rows_q, rows_kv = bh * sq, ka.size // d
+    tq = kaio.tensor_map_2d(_arrays.view(qa.obj, qa.kind, (rows_q, d)), (bm, 64), SW)
+    tk = kaio.tensor_map_2d(_arrays.view(ka.obj, ka.kind, (rows_kv, d)), (cfg["BN"], 64), SW)
+    tv = kaio.tensor_map_2d(_arrays.view(va.obj, va.kind, (rows_kv, d)), (cfg["BN"], 64), SW)
+    out_flat = _arrays.output_arg(qa, out, (bh * sq * d,))
+    lse_flat = _arrays.output_arg(qa, lse, (bh * sq,), f32)
+    smem = shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"])
+    grid = (-(-sq // bm), bh)
+    (kernel or attention_fwd_wgmma)[grid, 128 * cfg["WG"] + 128, _arrays.stream_of(qa), smem](
+        tq, tk, tv, out_flat, lse_flat, sq, sk, heads, group, math.log2(math.e) * scale,
+        int(causal), D=d, DT=qa.dtype, **cfg,
+    )  # fmt: skip
+    return out, lse
+
+
+def specializations():
+    """(kernel, constexprs) of the specializations the ops launch (for PTX checks)."""
+    from kaio import bf16, f16
+
+    for dt in (f16, bf16):
+        for d in (64, 128, 256):
+            yield attention_fwd_wgmma, {"D": d, "DT": dt, **config(d)}

@@ -1,0 +1,161 @@
+"""The Hopper flash-attention forward (``kaio_ops._attention_hopper``: TMA, mbarriers, a
+producer warpgroup, wgmma with P from registers) in the simulator against a NumPy float64
+reference at small sizes (every head dim, f16 and bf16, causal and not, grouped-query heads,
+Sq != Sk, a query tail, each pipeline variant; the race detector on), its PTX through ptxas
+for sm_90a (no spills, no serialized wgmma), and on an sm_90 GPU ``flash_attention``'s
+dispatch to it against torch SDPA in float64."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import kaio
+import kaio_ops
+from kaio.ptx.ptxas import assemble, find_ptxas
+from kaio_ops import _arrays, attention
+from kaio_ops import _attention_hopper as hopper
+from tests.poison import poison_allocations
+from tests.test_ops_attention import reference, rel
+
+
+@pytest.fixture(autouse=True)
+def poisoned_outputs(monkeypatch):
+    """Every array an op allocates starts as NaN."""
+    poison_allocations(monkeypatch)
+
+
+def run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, scale=None):
+    """(out, lse, reference out, reference lse) of ``_attention_hopper.launch`` in the
+    simulator on random inputs."""
+    rng = np.random.default_rng(sq * 7 + sk + d)
+    q = rng.standard_normal((b, h, sq, d)).astype(dtype)
+    k, v = (rng.standard_normal((b, hkv, sk, d)).astype(dtype) for _ in range(2))
+    with kaio.simulate():
+        (qa, ka, va), dims, scale = attention._check_flash("test", q, k, v, scale)
+        out, lse = hopper.launch(qa, ka, va, dims, causal, scale, cfg)
+    g = h // hkv
+    ref, ref_lse, _ = reference(q, np.repeat(k, g, 1), np.repeat(v, g, 1), causal, scale)
+    return out, lse, ref, ref_lse
+
+
+def small(d: int, **over) -> dict:
+    """A small configuration of the kernel for head dim d: 64-key tiles, two stages."""
+    return {**hopper.config(d), "BN": 64, "STAGES": 2, **over}
+
+
+@pytest.mark.parametrize(
+    "b, h, hkv, sq, sk, d, dtype, causal, over",
+    [
+        # one consumer warpgroup, the plain order, a query tail
+        (1, 2, 1, 70, 128, 64, np.float16, False, {"WG": 1, "REGS": 0, "PIPE": 0}),
+        # two warpgroups, the intra-warpgroup overlap, grouped-query, Sq > Sk, causal
+        (2, 4, 2, 150, 128, 64, ml_dtypes.bfloat16, True, {"PIPE": 1}),
+        # ping-pong, more key tiles than stages, Sq < Sk, causal (top-left aligned)
+        (1, 2, 2, 64, 320, 64, np.float16, True, {"PIPE": 2}),
+        # D = 128, 128-key tiles, three stages, ping-pong
+        (1, 1, 1, 70, 384, 128, np.float16, False, {"BN": 128, "STAGES": 2, "PIPE": 2}),
+        # D = 256, bf16, causal
+        (1, 1, 1, 100, 192, 256, ml_dtypes.bfloat16, True, {"PIPE": 1}),
+    ],
+)
+def test_hopper_forward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, over):
+    out, lse, ref, ref_lse = run_sim(b, h, hkv, sq, sk, d, dtype, causal, small(d, **over))
+    assert out.dtype == dtype and out.shape == (b, h, sq, d)
+    # P is rounded to the input type for the tensor cores
+    assert rel(out, ref) < (1e-3 if dtype == np.float16 else 1e-2)
+    np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=1e-4)
+
+
+def test_keys_past_sk_are_left_out_in_simulator():
+    """The last key tile reaches past sk into the next head's keys, whose V rows hold inf:
+    those keys are masked and their V rows zeroed before P V (no NaN); a scale other than
+    1/sqrt(D) is applied."""
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((1, 2, 64, 64)).astype(np.float16)
+    k, v = (rng.standard_normal((1, 2, 100, 64)).astype(np.float16) for _ in range(2))
+    v[0, 1, :28] = np.inf  # the rows head 0's last 64-key tile reads past its 100 keys
+    with kaio.simulate():
+        (qa, ka, va), dims, scale = attention._check_flash("test", q, k, v, 0.2)
+        out, lse = hopper.launch(qa, ka, va, dims, False, scale, small(64))
+    ref, ref_lse, _ = reference(q[:, :1], k[:, :1], v[:, :1], False, 0.2)
+    assert rel(out[:, :1], ref) < 1e-3
+    np.testing.assert_allclose(lse[:, :1], ref_lse, rtol=0, atol=1e-4)
+
+
+def test_dispatch_needs_a_whole_64_column_head_dim_and_a_gpu():
+    assert hopper.eligible(128) and hopper.eligible(64) and hopper.eligible(256)
+    assert not hopper.eligible(96) and not hopper.eligible(32)
+    with kaio.simulate():  # never under the simulator: its tests launch the kernel directly
+        q = np.zeros((1, 1, 1024, 128), np.float16)
+        (qa, _, _), dims, _ = attention._check_flash("test", q, q, q, None)
+        assert not attention.hopper_takes(qa, dims)
+    assert hopper.worthwhile(16, 2048, 4096, 128, 132)
+    assert not hopper.worthwhile(8, 2048, 4096, 128, 132)  # 128 blocks: under a wave
+    assert not hopper.worthwhile(64, 1024, 1024, 128, 132)  # short: measured slower
+    assert not hopper.worthwhile(16, 2048, 4000, 128, 132)  # a partial last key tile
+    assert not hopper.worthwhile(16, 4096, 4096, 256, 132)  # D = 256: measured slower
+
+
+@pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
+@pytest.mark.parametrize("index", range(len(list(hopper.specializations()))))
+def test_specializations_assemble_for_sm_90a(index):
+    kernel, constexprs = list(hopper.specializations())[index]
+    ptx = kernel.ptx(arch="sm_90", **constexprs)
+    assert ".target sm_90a" in ptx
+    report = assemble(ptx, "sm_90a")
+    spills = re.search(r"(\d+) bytes spill stores", report)
+    assert spills and spills[1] == "0", (constexprs, report)
+    assert "C7518" not in report and "C7508" not in report and "C7510" not in report, report
+
+
+def test_other_targets_are_compile_errors():
+    kernel, constexprs = next(iter(hopper.specializations()))
+    with pytest.raises(kaio.CompileError, match="needs sm_90"):
+        kernel.ptx(arch="sm_80", **constexprs)
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+def _hopper_gpu() -> bool:
+    return kaio.gpu_available() and kaio.device().arch == "sm_90"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif("not _hopper_gpu()", reason="needs an sm_90 GPU")
+@pytest.mark.parametrize(
+    "b, h, hkv, sq, sk, d", [(2, 8, 8, 2048, 2048, 128), (2, 8, 2, 2048, 4096, 64)]
+)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_gpu_flash_attention_takes_the_hopper_kernel(b, h, hkv, sq, sk, d, causal, dtype):
+    import torch
+
+    dt = getattr(torch, dtype)
+    gen = torch.Generator(device="cuda").manual_seed(sq + d)
+    q = torch.randn((b, h, sq, d), device="cuda", dtype=dt, generator=gen)
+    k, v = (torch.randn((b, hkv, sk, d), device="cuda", dtype=dt, generator=gen) for _ in "kv")
+    (qa, _, _), dims, _ = attention._check_flash("test", q, k, v, None)
+    assert attention.hopper_takes(qa, dims)
+    out, lse = kaio_ops.flash_attention_with_stats(q, k, v, causal=causal)
+    g = h // hkv
+    k64, v64 = (x.repeat_interleave(g, dim=1).double() for x in (k, v))
+    s = q.double() @ k64.transpose(-1, -2) / math.sqrt(d)
+    if causal:
+        s = s.masked_fill(~torch.ones((sq, sk), dtype=torch.bool, device="cuda").tril(), -math.inf)
+    ref = torch.softmax(s, -1) @ v64
+    err = (torch.linalg.norm(out.double() - ref) / torch.linalg.norm(ref)).item()
+    assert err < (1e-3 if dtype == "float16" else 1e-2)
+    assert (lse.double() - torch.logsumexp(s, -1)).abs().max().item() < 1e-3
+    assert torch.equal(kaio_ops.flash_attention(q, k, v, causal=causal), out)
+
+
+def test_operands_are_viewed_without_copies():
+    """The tensor maps see q as [B * H * Sq, D]: a view of the caller's array."""
+    x = np.zeros((2, 3, 4, 64), np.float16)
+    assert np.shares_memory(_arrays.view(x, "numpy", (24, 64)), x)
