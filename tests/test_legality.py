@@ -30,7 +30,7 @@ def _instr(op: str, key: str) -> Instr:
         kind, name = key.split(".")
         attrs = {"kind": kind}
         args = (types.SimpleNamespace(dtype=_TYPES[name]), Const(0, u32), Var("v", _TYPES[name]))
-    elif op in ("mma", "wgmma"):
+    elif op in ("mma", "wgmma", "wgmma_rs"):
         attrs = {"kind": key}
     elif op == "ldmatrix":
         attrs = {"trans": key == "trans"}

@@ -553,8 +553,9 @@ def test_linear_on_hopper_replays_its_tensor_maps(fake, monkeypatch):
     plans = _plan.plans_of(kaio_ops.linear)
     seen = []
     for _ in range(3):
-        x, w = fake.array((1, 1, 64), f16), fake.array((128, 64), f16)
-        r = fake.array((1, 1, 128), f16)
+        # 32 rows: past linear.SKINNY_M, where sm_90 takes the Hopper kernel
+        x, w = fake.array((1, 32, 64), f16), fake.array((128, 64), f16)
+        r = fake.array((1, 32, 128), f16)
         planned, unplanned, _ = fake.run(kaio_ops.linear, x, w, residual=r)
         assert planned == unplanned
         for a in (x, w, r):
@@ -572,7 +573,7 @@ def test_linear_on_hopper_replays_its_tensor_maps(fake, monkeypatch):
 
     monkeypatch.setattr(plan_mod, "MAPS_KEPT", 2)
     for _ in range(3):  # more addresses than kept: the oldest go, every launch stays right
-        x = fake.array((1, 1, 64), f16)
+        x = fake.array((1, 32, 64), f16)
         planned, unplanned, _ = fake.run(kaio_ops.linear, x, w, residual=r)
         assert planned == unplanned and x.ptr.to_bytes(8, "little") in planned[0][5]
 
