@@ -51,6 +51,7 @@ BN = 64  # keys per tile
 LSE_STRIDE = 32
 UNROLL = 8  # splits a merge step loads at once (16 bytes each)
 MAX_SPLITS = 64  # the most key splits (the merge holds a weight per split and row)
+OUTSIDE = 0xFFFFFFFF  # stage_rows' index of a row past the length
 
 
 @kaio.gpu_func
@@ -79,11 +80,9 @@ def cache_row(
 
 
 @kaio.gpu_func
-def load_stage(
-    dst: DT[:, :],
-    row0: u32,
-    k: DT[:],
-    v: DT[:],
+def stage_rows(
+    rows: u32[:, :],
+    j: kaio.constexpr,
     key0: u32,
     kv_len: u32,
     b: u32,
@@ -98,27 +97,44 @@ def load_stage(
     DP: kaio.constexpr,
     PAGED: kaio.constexpr,
 ):
-    """The K rows of keys key0 .. key0 + BN into the swizzled rows row0 .. row0 + BN of dst
-    and the V rows into the next BN rows (16-byte cp.async, one address computation for
-    both; zeros past kv_len, so masked keys multiply finite values), one cp.async group
-    (committed by the caller)."""
+    """rows[j, i]: the cache index of the i-th row this thread copies of the tile of keys
+    key0 .. key0 + BN (``issue_stage``), OUTSIDE past kv_len. Computed a tile ahead of the
+    copies: the block table's loads of a paged cache are then in flight while the block
+    works on a tile, not waited for when its copies are issued."""
+    for i in kaio.static_range(BN // (THREADS // (DP // 8))):
+        key = key0 + tid // (DP // 8) + i * (THREADS // (DP // 8))
+        at = cache_row(
+            kaio.select(key < kv_len, key, 0), b, kvh, block_table, capacity, max_pages, kv_heads,
+            shift, pages, DP, PAGED,
+        )  # fmt: skip
+        rows[j, i] = kaio.select(key < kv_len, at, OUTSIDE)
+
+
+@kaio.gpu_func
+def issue_stage(
+    dst: DT[:, :],
+    row0: u32,
+    k: DT[:],
+    v: DT[:],
+    rows: u32[:, :],
+    j: kaio.constexpr,
+    tid: u32,
+    DP: kaio.constexpr,
+):
+    """The K rows of a tile (``stage_rows``' rows[j]) into the swizzled rows row0 .. row0 + BN
+    of dst and the V rows into the next BN rows (16-byte cp.async; zeros for OUTSIDE rows,
+    so masked keys multiply finite values), one cp.async group (committed by the caller)."""
     PIECES = DP // 8
     STEP = THREADS // PIECES
     r0 = tid // PIECES
     col = tid % PIECES * 8
     for i in kaio.static_range(BN // STEP):
-        r = r0 + i * STEP
-        key = key0 + r
-        inside = key < kv_len
-        at = cache_row(
-            kaio.select(inside, key, 0), b, kvh, block_table, capacity, max_pages, kv_heads,
-            shift, pages, DP, PAGED,
-        )  # fmt: skip
-        index = kaio.select(inside, at + col, 0)
+        inside = rows[j, i] != OUTSIDE
+        index = kaio.select(inside, rows[j, i] + col, 0)
         nbytes = kaio.select(inside, 16, 0)
         swizzled = kaio.swizzle(dst, r0 + i * STEP % 8, col)
-        kaio.cp_async(dst, (row0 + r, swizzled), k, index, 16, nbytes)
-        kaio.cp_async(dst, (row0 + BN + r, swizzled), v, index, 16, nbytes)
+        kaio.cp_async(dst, (row0 + r0 + i * STEP, swizzled), k, index, 16, nbytes)
+        kaio.cp_async(dst, (row0 + BN + r0 + i * STEP, swizzled), v, index, 16, nbytes)
 
 
 @kaio.gpu_kernel
@@ -150,13 +166,18 @@ def decode_fwd(
     DIRECT: kaio.constexpr,
     FUSED: kaio.constexpr,
     STAGES: kaio.constexpr,
+    CL: kaio.constexpr,
 ):
     """Attention of the 16 * MT query rows (row chunk) of one K/V group over the key tiles
     of split ``block x``: out / lse (``DIRECT``, one split) or part / part_lse (row-major
     [splits, total_rows, DP] and [splits, total_rows, LSE_STRIDE], base-2 logsumexp).
     ``FUSED``: the last block of the row chunk to finish (``counters[block y]`` counts
     them, and is reset to 0 by that block) merges the splits into out / lse; else
-    ``decode_merge`` does."""
+    ``decode_merge`` does. ``CL`` > 1 (sm_90; the grid's x size is CL, the splits): the
+    splits of a row chunk are one thread-block cluster, their partial results stay in
+    shared memory and ``cluster_merge`` combines them (part, part_lse, counters unused)."""
+    if CL > 1:
+        kaio.cluster_dims(CL)
     KSPLIT = WARPS // MT  # warps sharing one M-tile, each on KW keys of a tile
     KW = BN // KSPLIT
     ROWS = 16 * MT
@@ -190,12 +211,17 @@ def decode_fwd(
 
     load_tile(q_s, q, q_row0 * DP, row0, nrows, DP, tid, ROWS, DP, THREADS, True)
     kaio.cp_async_commit()
-    for j in kaio.static_range(STAGES - 1):  # tiles t0 .. t0 + STAGES - 2 in flight
+    # the cache rows of tiles t0 .. t0 + STAGES - 1 (a paged cache's table loads at once);
+    # the first STAGES - 1 in flight
+    rows = kaio.local(u32, (STAGES, BN // (THREADS // (DP // 8))))
+    for j in kaio.static_range(STAGES):
+        stage_rows(
+            rows, j, (t0 + j) * BN, kv_len, b, kvh, block_table, capacity, max_pages, kv_heads,
+            shift, pages, tid, DP, PAGED,
+        )  # fmt: skip
+    for j in kaio.static_range(STAGES - 1):
         if t0 + j < t1:
-            load_stage(
-                kv_s, j * 2 * BN, k, v, (t0 + j) * BN, kv_len, b, kvh, block_table, capacity,
-                max_pages, kv_heads, shift, pages, tid, DP, PAGED,
-            )  # fmt: skip
+            issue_stage(kv_s, j * 2 * BN, k, v, rows, j, tid, DP)
         kaio.cp_async_commit()
     kaio.cp_async_wait(STAGES - 1)  # Q has landed
     kaio.sync_threads()
@@ -222,10 +248,12 @@ def decode_fwd(
     for t in range(t0, t1):
         stage = (t - t0) % STAGES * 2 * BN
         if t + STAGES - 1 < t1:  # into the stage tile t - 1 used
-            load_stage(
-                kv_s, (t - t0 + STAGES - 1) % STAGES * 2 * BN, k, v, (t + STAGES - 1) * BN,
-                kv_len, b, kvh, block_table, capacity, max_pages, kv_heads, shift, pages, tid, DP,
-                PAGED,
+            issue_stage(
+                kv_s, (t - t0 + STAGES - 1) % STAGES * 2 * BN, k, v, rows, STAGES - 1, tid, DP
+            )
+            stage_rows(
+                rows, STAGES - 1, (t + STAGES) * BN, kv_len, b, kvh, block_table, capacity,
+                max_pages, kv_heads, shift, pages, tid, DP, PAGED,
             )  # fmt: skip
         kaio.cp_async_commit()
         kaio.cp_async_wait(STAGES - 1)  # tile t has landed
@@ -261,6 +289,9 @@ def decode_fwd(
             for e in kaio.static_range(2):
                 red_o[r, n * 8 + lane % 4 * 2 + e] = o[n, 2 * h + e]
     kaio.sync_threads()
+    # CL > 1: this block's merged rows, read by the cluster (after red_o; over Q)
+    mine_o = kaio.shared_dynamic(f32, (ROWS, DP), WARPS * 16 * DP * 4)
+    mine_lse = kaio.shared_dynamic(f32, (ROWS,), 2 * STAGES * BN * DP * 2)
     elements = kaio.min(ROWS, nrows - row0) * DP  # the chunk's real rows (not the padding)
     for idx in range(tid, elements, THREADS):
         rr = idx // DP
@@ -283,13 +314,24 @@ def decode_fwd(
             out[at * DP + c] = DT(num * inv)
             if c == 0:
                 lse[at] = kaio.select(den > 0.0, (base + kaio.log2(den)) * LN2, NEG_INF)
+        elif CL > 1:
+            mine_o[rr, c] = num * inv
+            if c == 0:
+                mine_lse[rr] = kaio.select(den > 0.0, base + kaio.log2(den), NEG_INF)
         else:
             part[(split * total_rows + at) * DP + c] = num * inv
             if c == 0:
                 part_lse[(split * total_rows + at) * LSE_STRIDE] = kaio.select(
                     den > 0.0, base + kaio.log2(den), NEG_INF
                 )
-    if FUSED and not DIRECT:
+    if CL > 1 and not DIRECT:
+        kaio.cluster_sync()
+        cluster_merge(
+            mine_o, mine_lse, out, lse, q_row0 + row0, kaio.min(ROWS, nrows - row0), split,
+            tid, DP, CL,
+        )  # fmt: skip
+        kaio.cluster_sync()  # no block leaves while others read its shared memory
+    if FUSED and not DIRECT and CL == 1:
         # the last block of this row chunk merges the splits (fence, then count: the
         # partial results of every block counted are visible to the one that counts last)
         kaio.threadfence()
@@ -391,6 +433,48 @@ def merge_chunk(
         for e in kaio.static_range(4):
             res[e] = DT(acc[e])
         kaio.store_vector(out, (first + r) * DP + c, res)
+
+
+@kaio.gpu_func
+def cluster_merge(
+    mine_o: f32[:, :],
+    mine_lse: f32[:],
+    out: DT[:],
+    lse: f32[:],
+    first: u32,
+    nreal: u32,
+    rank: u32,
+    tid: u32,
+    DP: kaio.constexpr,
+    CL: kaio.constexpr,
+):
+    """out / lse of query rows first .. first + nreal from the CL blocks of this cluster
+    (rank = split): each block's normalized partial rows ``mine_o`` and base-2 logsumexps
+    ``mine_lse`` in its shared memory, weighted by their share of each row's softmax and
+    summed in rank order (deterministic). Block ``rank`` writes the rank-th CL-th of the
+    rows' elements, a thread an element."""
+    n = nreal * DP
+    per = (n + CL - 1) // CL
+    lo = rank * per
+    xs = kaio.local(f32, CL)
+    for i in range(lo + tid, kaio.min(lo + per, n), THREADS):
+        r = i // DP
+        c = i % DP
+        top = NEG_INF
+        for sp in kaio.static_range(CL):
+            xs[sp] = kaio.cluster_load(mine_lse, r, sp)
+            top = kaio.max(top, xs[sp])
+        base = kaio.select(top == NEG_INF, 0.0, top)
+        den = 0.0
+        num = 0.0
+        for sp in kaio.static_range(CL):
+            w = kaio.exp2(xs[sp] - base)  # 0 for a split that saw no key
+            den += w
+            num += w * kaio.cluster_load(mine_o, (r, c), sp)
+        inv = kaio.select(den > 0.0, 1.0 / den, 0.0)
+        out[(first + r) * DP + c] = DT(num * inv)
+        if c == 0:
+            lse[first + r] = kaio.select(den > 0.0, (base + kaio.log2(den)) * LN2, NEG_INF)
 
 
 @kaio.gpu_kernel(block_size=THREADS)

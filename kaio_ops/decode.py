@@ -41,6 +41,8 @@ BLOCK_COST = 2
 MERGE_TAIL = 2.5
 SPLIT_COST = 0.3
 FULL = 0.9  # blocks per multiprocessor from which a call takes no split
+CLUSTER_MERGE = False  # merge the splits through a thread-block cluster (sm_90)
+CLUSTERS = (2, 4, 8, 16)  # the cluster sizes (splits) of the cluster merge
 
 DECODE = _typed.by_dtype(dk.decode_fwd)
 MERGE = _typed.by_dtype(dk.decode_merge)
@@ -100,6 +102,15 @@ def splits_for(blocks: int, tiles: int, sms: int) -> int:
         if cost < best_cost:
             best, best_cost = s, cost
     return best
+
+
+def cluster_size(like, splits: int) -> int:
+    """``CL`` of ``decode_fwd``: the splits, where they merge through a cluster's shared
+    memory (sm_90, splits in CLUSTERS); else 1."""
+    if not CLUSTER_MERGE or splits not in CLUSTERS:
+        return 1
+    dev = _arrays.gpu(like)
+    return splits if dev is None or int(dev.arch[3:].rstrip("a")) >= 90 else 1
 
 
 class _Cache:
@@ -278,8 +289,9 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     lse_flat = _arrays.output_arg(qa, lse, (rows,), f32)
     stream = _arrays.stream_of(qa)
     direct = splits == 1
+    cl = cluster_size(qa, splits)
     counters = None
-    if direct:
+    if direct or cl > 1:
         part, part_lse = lse_flat, lse_flat  # not written
     else:
         part = _arrays.output(qa, (splits * rows * d,), f32)
@@ -293,9 +305,9 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
         *flat, cache.table_arg(qa), lens.arg(batch), out_flat, lse_flat, part, part_lse,
         counters, heads, group, sq, cache.kv_heads, *cache.geometry(), chunks, rows,
         math.log2(math.e) * float(scale),
-        DP=d, MT=mt, PAGED=cache.paged, DIRECT=direct, FUSED=fused, STAGES=stages,
+        DP=d, MT=mt, PAGED=cache.paged, DIRECT=direct, FUSED=fused, STAGES=stages, CL=cl,
     )  # fmt: skip
-    if not (direct or fused):
+    if not (direct or fused or cl > 1):
         MERGE[qa.dtype][blocks, dk.THREADS, stream, merge_shared(mt)](
             part, part_lse, out_flat, lse_flat, heads, group, sq, cache.kv_heads, chunks, rows,
             splits, DP=d, MT=mt,
@@ -375,7 +387,11 @@ def shipped():
                     for direct, fused in ((True, False), (False, False), (False, True)):
                         flags = {"PAGED": paged, "DIRECT": direct, "FUSED": fused}
                         for stages in sorted({stages_for(dp, mt), deep_stages(dp, mt)}):
-                            yield DECODE[dtype], {"DP": dp, "MT": mt, "STAGES": stages, **flags}
+                            shape = {"DP": dp, "MT": mt, "STAGES": stages, **flags}
+                            yield DECODE[dtype], {**shape, "CL": 1}
+                            if not (direct or fused):  # merged through a cluster (sm_90)
+                                for cl in CLUSTERS:
+                                    yield DECODE[dtype], {**shape, "CL": cl}
         for dp in DIMS:
             for mt in (1, 2, 4):
                 yield MERGE[dtype], {"DP": dp, "MT": mt}
