@@ -43,6 +43,7 @@ SPLIT_COST = 0.3
 FULL = 0.9  # blocks per multiprocessor from which a call takes no split
 CLUSTER_MERGE = False  # merge the splits through a thread-block cluster (sm_90)
 CLUSTERS = (2, 4, 8, 16)  # the cluster sizes (splits) of the cluster merge
+CLUSTER_CHECK = True  # only clusters that all run at once (the driver's occupancy query)
 
 DECODE = _typed.by_dtype(dk.decode_fwd)
 MERGE = _typed.by_dtype(dk.decode_merge)
@@ -104,13 +105,30 @@ def splits_for(blocks: int, tiles: int, sms: int) -> int:
     return best
 
 
-def cluster_size(like, splits: int) -> int:
+_RESIDENT: dict = {}  # (device, constexprs, shared bytes) -> clusters that run at once
+
+
+def cluster_size(like, kernel, constexprs: dict, shared: int, splits: int, blocks: int) -> int:
     """``CL`` of ``decode_fwd``: the splits, where they merge through a cluster's shared
-    memory (sm_90, splits in CLUSTERS); else 1."""
+    memory (sm_90, splits in CLUSTERS, and the ``blocks`` clusters of the grid all resident
+    at once: a cluster takes the multiprocessors of one GPC, and a cluster that waits for
+    another to finish would double the time); else 1."""
     if not CLUSTER_MERGE or splits not in CLUSTERS:
         return 1
     dev = _arrays.gpu(like)
-    return splits if dev is None or int(dev.arch[3:].rstrip("a")) >= 90 else 1
+    if dev is None:
+        return splits
+    if int(dev.arch[3:].rstrip("a")) < 90:
+        return 1
+    if not CLUSTER_CHECK:
+        return splits
+    key = (like.device, tuple(sorted(constexprs.items())), splits, shared)
+    have = _RESIDENT.get(key)
+    if have is None:
+        have = _RESIDENT[key] = kernel.max_active_clusters(
+            dk.THREADS, shared, device=dev, **constexprs, CL=splits
+        )
+    return splits if have >= blocks else 1
 
 
 class _Cache:
@@ -289,7 +307,11 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     lse_flat = _arrays.output_arg(qa, lse, (rows,), f32)
     stream = _arrays.stream_of(qa)
     direct = splits == 1
-    cl = cluster_size(qa, splits)
+    shared = shared_bytes(d, mt, stages)
+    consts = {"DP": d, "MT": mt, "PAGED": cache.paged, "STAGES": stages}
+    cl = cluster_size(
+        qa, kernel, {**consts, "DIRECT": direct, "FUSED": False}, shared, splits, blocks
+    )
     counters = None
     if direct or cl > 1:
         part, part_lse = lse_flat, lse_flat  # not written
@@ -301,11 +323,10 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     flat = [a.arg(a.size) for a in (qa, cache.k, cache.v)]
     if counters is None:  # a stand-in, never read
         counters = np.zeros(1, np.uint32) if qa.kind == "numpy" else qa.arg(1, dtype=u32)
-    kernel[(splits, blocks), dk.THREADS, stream, shared_bytes(d, mt, stages)](
+    kernel[(splits, blocks), dk.THREADS, stream, shared](
         *flat, cache.table_arg(qa), lens.arg(batch), out_flat, lse_flat, part, part_lse,
         counters, heads, group, sq, cache.kv_heads, *cache.geometry(), chunks, rows,
-        math.log2(math.e) * float(scale),
-        DP=d, MT=mt, PAGED=cache.paged, DIRECT=direct, FUSED=fused, STAGES=stages, CL=cl,
+        math.log2(math.e) * float(scale), **consts, DIRECT=direct, FUSED=fused, CL=cl,
     )  # fmt: skip
     if not (direct or fused or cl > 1):
         MERGE[qa.dtype][blocks, dk.THREADS, stream, merge_shared(mt)](
