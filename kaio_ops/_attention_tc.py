@@ -255,6 +255,34 @@ def acc_rows_at(
 
 
 @kaio.gpu_func
+def start_rows(
+    acol: u32[:],
+    bcol: u32[:],
+    qf: u32[:, :],
+    m: f32[:],
+    l: f32[:],
+    o: f32[:, :],
+    q_s: DT[:, :],
+    row0: u32,
+    lane: u32,
+    QREG: kaio.constexpr,
+    DP: kaio.constexpr,
+):
+    """A warp's start on the 16 query rows row0 .. row0 + 16 of q_s: the fragment columns
+    (``frag_columns``), Q's A fragments when they stay in registers (``QREG``), and an empty
+    online softmax (m = -inf, l = 0, o = 0)."""
+    frag_columns(acol, bcol, q_s, lane)
+    if QREG:
+        load_a(qf, q_s, row0, acol, lane, 0, DP)
+    for h in kaio.static_range(2):
+        m[h] = NEG_INF
+        l[h] = 0.0
+    for n in kaio.static_range(DP // 8):
+        for e in kaio.static_range(4):
+            o[n, e] = 0.0
+
+
+@kaio.gpu_func
 def online_softmax(
     s: f32[:, :],
     m: f32[:],
@@ -382,19 +410,11 @@ def attention_fwd(
 
     acol = kaio.local(u32, 4)
     bcol = kaio.local(u32, 4)
-    frag_columns(acol, bcol, q_s, lane)
     qf = kaio.local(u32, (DP // 16, 4))
-    if QREG:
-        load_a(qf, q_s, warp * 16, acol, lane, 0, DP)
     m = kaio.local(f32, 2)
     l = kaio.local(f32, 2)
-    for h in kaio.static_range(2):
-        m[h] = NEG_INF
-        l[h] = 0.0
     o = kaio.local(f32, (DP // 8, 4))
-    for n in kaio.static_range(DP // 8):
-        for e in kaio.static_range(4):
-            o[n, e] = 0.0
+    start_rows(acol, bcol, qf, m, l, o, q_s, warp * 16, lane, QREG, DP)
     s = kaio.local(f32, (BN // 8, 4))
     for t in range(n_tiles):
         if not QREG:

@@ -33,10 +33,10 @@ from kaio import f16, f32, i32, u32
 from kaio_ops._attention_tc import (
     acc_rows_at,
     dot_rows_at,
-    frag_columns,
     load_a,
     load_tile,
     online_softmax,
+    start_rows,
 )
 
 DT = f16  # the element type placeholder (see _typed.by_dtype)
@@ -228,22 +228,15 @@ def decode_fwd(
 
     acol = kaio.local(u32, 4)
     bcol = kaio.local(u32, 4)
-    frag_columns(acol, bcol, q_s, lane)
     qf = kaio.local(u32, (DP // 16, 4))
-    if QREG:
-        load_a(qf, q_s, mtile * 16, acol, lane, 0, DP)
     m = kaio.local(f32, 2)
     l = kaio.local(f32, 2)
+    o = kaio.local(f32, (DP // 8, 4))
+    start_rows(acol, bcol, qf, m, l, o, q_s, mtile * 16, lane, QREG, DP)
     limit = kaio.local(i32, 2)  # keys < limit are visible to the row (causal)
     for h in kaio.static_range(2):
-        m[h] = NEG_INF
-        l[h] = 0.0
         row = row0 + mtile * 16 + g + 8 * h
         limit[h] = i32(kv_len) - i32(sq) + i32(row % sq) + 1
-    o = kaio.local(f32, (DP // 8, 4))
-    for n in kaio.static_range(DP // 8):
-        for e in kaio.static_range(4):
-            o[n, e] = 0.0
     s = kaio.local(f32, (KW // 8, 4))
     for t in range(t0, t1):
         stage = (t - t0) % STAGES * 2 * BN
