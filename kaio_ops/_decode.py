@@ -268,7 +268,9 @@ def decode_fwd(
         acc_rows_at(o, s, kv_s, krow + BN, acol, lane, KW // 8, DP)  # O += P V
         kaio.sync_threads()  # this stage is free
 
-    # the warps' partial results, relative to their own maxima, through shared memory
+    # the warps' partial results, relative to their own maxima, through shared memory (the
+    # columns of row r XOR-ed with r % 4 * 8: a store's 8 rows x 4 column pairs fall on 16
+    # banks, not 4)
     kaio.cp_async_wait_all()
     kaio.sync_threads()
     for h in kaio.static_range(2):
@@ -280,7 +282,7 @@ def decode_fwd(
             red_ml[1, r] = total
         for n in kaio.static_range(DP // 8):
             for e in kaio.static_range(2):
-                red_o[r, n * 8 + lane % 4 * 2 + e] = o[n, 2 * h + e]
+                red_o[r, (n * 8 + lane % 4 * 2 + e) ^ r % 4 * 8] = o[n, 2 * h + e]
     kaio.sync_threads()
     # CL > 1: this block's merged rows, read by the cluster (after red_o; over Q)
     mine_o = kaio.shared_dynamic(f32, (ROWS, DP), WARPS * 16 * DP * 4)
@@ -300,7 +302,7 @@ def decode_fwd(
             r = (kp * MT + mt) * 16 + rr % 16
             w = kaio.exp2(red_ml[0, r] - base)
             den += red_ml[1, r] * w
-            num += red_o[r, c] * w
+            num += red_o[r, c ^ r % 4 * 8] * w
         at = q_row0 + row0 + rr
         inv = kaio.select(den > 0.0, 1.0 / den, 0.0)
         if DIRECT:
