@@ -44,6 +44,8 @@ FULL = 0.9  # blocks per multiprocessor from which a call takes no split
 CLUSTER_MERGE = False  # merge the splits through a thread-block cluster (sm_90)
 CLUSTERS = (2, 4, 8, 16)  # the cluster sizes (splits) of the cluster merge
 CLUSTER_CHECK = True  # only clusters that all run at once (the driver's occupancy query)
+CLUSTER_TAIL = 1.0  # the cluster merge's costs, as MERGE_TAIL and SPLIT_COST
+CLUSTER_SPLIT_COST = 0.05
 
 DECODE = _typed.by_dtype(dk.decode_fwd)
 MERGE = _typed.by_dtype(dk.decode_merge)
@@ -84,7 +86,7 @@ def merge_shared(mt: int) -> int:
     return dk.MAX_SPLITS * 16 * mt * 4
 
 
-def splits_for(blocks: int, tiles: int, sms: int) -> int:
+def splits_for(blocks: int, tiles: int, sms: int, cluster: bool = False) -> int:
     """Key splits for ``blocks`` (batch x K/V heads x row chunks) over a capacity of
     ``tiles`` key tiles on a GPU of ``sms`` multiprocessors. None (1) once the blocks cover
     the multiprocessors (FULL of them: a block each streams the cache at the memory's speed,
@@ -93,13 +95,18 @@ def splits_for(blocks: int, tiles: int, sms: int) -> int:
     BLOCK_COST + the merge (MERGE_TAIL + SPLIT_COST x splits), the fewest on ties. Measured
     on an H200 (kernel time, D = 128, Hkv = 8): B = 1 at 1k, 4k and 32k keys takes 8, 16 and
     16 splits (32k: 37.2 us, 39.2 with 32 splits), B = 4 at 4k 4 (22.0 us, 23.0 with 8),
-    B = 8 at 4k 2 (36.8 us, 37.6 with 4), B >= 16 none."""
+    B = 8 at 4k 2 (36.8 us, 37.6 with 4), B >= 16 none. ``cluster``: the splits merge
+    through a cluster's shared memory (``plan_grid``), so only sizes in CLUSTERS, and
+    the merge costs CLUSTER_TAIL + CLUSTER_SPLIT_COST x splits."""
     if blocks >= FULL * sms:
         return 1
+    tail, per_split = (CLUSTER_TAIL, CLUSTER_SPLIT_COST) if cluster else (MERGE_TAIL, SPLIT_COST)
     best, best_cost = 1, math.inf
     for s in range(1, min(MAX_SPLITS, max(1, tiles), max(1, sms // blocks)) + 1):
+        if cluster and s > 1 and s not in CLUSTERS:
+            continue
         cost = math.ceil(tiles / s) + BLOCK_COST
-        cost += MERGE_TAIL + SPLIT_COST * s if s > 1 else 0
+        cost += tail + per_split * s if s > 1 else 0
         if cost < best_cost:
             best, best_cost = s, cost
     return best
@@ -108,27 +115,36 @@ def splits_for(blocks: int, tiles: int, sms: int) -> int:
 _RESIDENT: dict = {}  # (device, constexprs, shared bytes) -> clusters that run at once
 
 
-def cluster_size(like, kernel, constexprs: dict, shared: int, splits: int, blocks: int) -> int:
-    """``CL`` of ``decode_fwd``: the splits, where they merge through a cluster's shared
-    memory (sm_90, splits in CLUSTERS, and the ``blocks`` clusters of the grid all resident
-    at once: a cluster takes the multiprocessors of one GPC, and a cluster that waits for
-    another to finish would double the time); else 1."""
-    if not CLUSTER_MERGE or splits not in CLUSTERS:
-        return 1
+def plan_grid(like, kernel, blocks: int, tiles: int, dp: int, mt: int, paged: bool) -> tuple:
+    """(splits, STAGES, CL) of ``decode_fwd`` for ``blocks`` (batch x K/V heads x row
+    chunks) over a capacity of ``tiles`` key tiles: the splits (``splits_for``) merged
+    through a thread-block cluster's shared memory (``CL`` = splits) where that can be
+    (sm_90, the simulator; splits in CLUSTERS; the grid's clusters all resident at once: a
+    cluster takes multiprocessors of one GPC, and one that waited for another to finish
+    would double the time), else by the last block to finish (``CL`` = 1)."""
+    sms = _arrays.multiprocessors(like)
     dev = _arrays.gpu(like)
-    if dev is None:
-        return splits
-    if int(dev.arch[3:].rstrip("a")) < 90:
-        return 1
-    if not CLUSTER_CHECK:
-        return splits
-    key = (like.device, tuple(sorted(constexprs.items())), splits, shared)
-    have = _RESIDENT.get(key)
-    if have is None:
-        have = _RESIDENT[key] = kernel.max_active_clusters(
-            dk.THREADS, shared, device=dev, **constexprs, CL=splits
-        )
-    return splits if have >= blocks else 1
+    hopper = dev is None or int(dev.arch[3:].rstrip("a")) >= 90
+    for cluster in (True, False) if CLUSTER_MERGE and hopper else (False,):
+        splits = splits_for(blocks, tiles, sms, cluster)
+        stages = deep_stages(dp, mt) if blocks * splits <= sms else stages_for(dp, mt)
+        if not cluster or splits == 1:
+            return splits, stages, 1
+        if splits not in CLUSTERS:
+            continue
+        if dev is None or not CLUSTER_CHECK:
+            return splits, stages, splits
+        consts = {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": stages, "CL": splits}
+        shared = shared_bytes(dp, mt, stages)
+        key = (like.device, tuple(sorted(consts.items())), shared)
+        have = _RESIDENT.get(key)
+        if have is None:
+            have = _RESIDENT[key] = kernel.max_active_clusters(
+                dk.THREADS, shared, device=dev, DIRECT=False, FUSED=False, **consts
+            )
+        if have >= blocks:
+            return splits, stages, splits
+    raise AssertionError("unreachable: the last choice has no cluster")
 
 
 class _Cache:
@@ -297,9 +313,7 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     chunks = -(-group * sq // (16 * mt))
     blocks = batch * cache.kv_heads * chunks
     tiles = -(-cache.capacity // dk.BN)
-    sms = _arrays.multiprocessors(qa)
-    splits = splits_for(blocks, tiles, sms)
-    stages = deep_stages(d, mt) if blocks * splits <= sms else stages_for(d, mt)
+    splits, stages, cl = plan_grid(qa, kernel, blocks, tiles, d, mt, cache.paged)
     rows = batch * heads * sq
     out = _arrays.output(qa, qa.shape)
     lse = _arrays.output(qa, (batch, heads, sq), f32)
@@ -308,10 +322,6 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     stream = _arrays.stream_of(qa)
     direct = splits == 1
     shared = shared_bytes(d, mt, stages)
-    consts = {"DP": d, "MT": mt, "PAGED": cache.paged, "STAGES": stages}
-    cl = cluster_size(
-        qa, kernel, {**consts, "DIRECT": direct, "FUSED": False}, shared, splits, blocks
-    )
     counters = None
     if direct or cl > 1:
         part, part_lse = lse_flat, lse_flat  # not written
@@ -326,7 +336,8 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     kernel[(splits, blocks), dk.THREADS, stream, shared](
         *flat, cache.table_arg(qa), lens.arg(batch), out_flat, lse_flat, part, part_lse,
         counters, heads, group, sq, cache.kv_heads, *cache.geometry(), chunks, rows,
-        math.log2(math.e) * float(scale), **consts, DIRECT=direct, FUSED=fused, CL=cl,
+        math.log2(math.e) * float(scale),
+        DP=d, MT=mt, PAGED=cache.paged, STAGES=stages, DIRECT=direct, FUSED=fused, CL=cl,
     )  # fmt: skip
     if not (direct or fused or cl > 1):
         MERGE[qa.dtype][blocks, dk.THREADS, stream, merge_shared(mt)](
