@@ -8,19 +8,22 @@ read once per group, not once per query head. The block's 4 warps split each 64-
 warp w owns the 16 rows of M-tile w % MT and keys (w // MT) * KW .. + KW of the tile
 (KW = 64 * MT / 4). K and V tiles are buffered in ``STAGES`` (2 to 4) shared-memory stages
 (16-byte cp.async, XOR-swizzled for ldmatrix): tiles t + 1 .. t + STAGES - 1 are in flight
-while tile t is used. The scores and the online softmax are those of
-``_attention_tc.attention_fwd`` (fragments, ``dot_rows_at``, ``acc_rows_at``,
-``online_softmax``); the warps' partial (max, sum, output) then merge
-through shared memory.
+while tile t is used, and the cache rows of tile t + STAGES are already computed
+(``stage_rows``: a paged cache's block-table loads are in flight meanwhile). The scores
+and the online softmax are those of ``_attention_tc.attention_fwd`` (``start_rows``,
+``dot_rows_at``, ``acc_rows_at``, ``online_softmax``); the warps' partial (max, sum,
+output) then merge through shared memory.
 
 Lengths are read on the GPU: ``seq_lens[b]`` (clamped to 0 .. capacity) fixes the key tiles,
 split evenly over the grid's x blocks, so the grid depends only on the capacity and the GPU
 (a CUDA graph replays for any lengths); blocks past a sequence's end do no K/V work. New
 token i of the ``sq`` sits at position len - sq + i and sees keys up to its own. With one
-split the block writes the output and the logsumexp; with several it writes its normalized
-partial output (f32) and base-2 logsumexp, which the last block of its row chunk to finish
-(``FUSED``: an atomic counter per chunk) or ``decode_merge`` combines in split order
-(deterministic).
+split the block writes the output and the logsumexp. With several, the splits of a row
+chunk are one thread-block cluster where ``CL`` > 1 (sm_90): each block keeps its normalized
+partial output and base-2 logsumexp in shared memory and ``cluster_merge`` combines them
+through distributed shared memory. Else each block writes them to global memory (f32), and
+the last block of its row chunk to finish (``FUSED``: an atomic counter per chunk) or
+``decode_merge`` combines them. Either way in split order (deterministic).
 
 Cache layouts (``PAGED``): contiguous [B, Hkv, capacity, D], or vLLM/FlashInfer "NHD" pages
 [num_pages, page_size, Hkv, D] with ``block_table`` [B, max_pages] (page_size = 1 << shift).
