@@ -121,7 +121,8 @@ def plan_grid(like, kernel, blocks: int, tiles: int, dp: int, mt: int, paged: bo
     through a thread-block cluster's shared memory (``CL`` = splits) where that can be
     (sm_90, the simulator; splits in CLUSTERS; the grid's clusters all resident at once: a
     cluster takes multiprocessors of one GPC, and one that waited for another to finish
-    would double the time), else by the last block to finish (``CL`` = 1)."""
+    would double the time; with fewer K/V stages, if that is what it takes), else by the
+    last block to finish (``CL`` = 1)."""
     sms = _arrays.multiprocessors(like)
     dev = _arrays.gpu(like)
     hopper = dev is None or int(dev.arch[3:].rstrip("a")) >= 90
@@ -134,16 +135,19 @@ def plan_grid(like, kernel, blocks: int, tiles: int, dp: int, mt: int, paged: bo
             continue
         if dev is None or not CLUSTER_CHECK:
             return splits, stages, splits
-        consts = {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": stages, "CL": splits}
-        shared = shared_bytes(dp, mt, stages)
-        key = (like.device, tuple(sorted(consts.items())), shared)
-        have = _RESIDENT.get(key)
-        if have is None:
-            have = _RESIDENT[key] = kernel.max_active_clusters(
-                dk.THREADS, shared, device=dev, DIRECT=False, FUSED=False, **consts
-            )
-        if have >= blocks:
-            return splits, stages, splits
+        for fewer in sorted({stages, stages_for(dp, mt), 2}, reverse=True):
+            if fewer > stages:
+                continue  # less shared memory a block: more blocks of a cluster per SM
+            consts = {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": fewer, "CL": splits}
+            shared = shared_bytes(dp, mt, fewer)
+            key = (like.device, tuple(sorted(consts.items())), shared)
+            have = _RESIDENT.get(key)
+            if have is None:
+                have = _RESIDENT[key] = kernel.max_active_clusters(
+                    dk.THREADS, shared, device=dev, DIRECT=False, FUSED=False, **consts
+                )
+            if have >= blocks:
+                return splits, fewer, splits
     raise AssertionError("unreachable: the last choice has no cluster")
 
 
@@ -416,14 +420,16 @@ def shipped():
         for dp in DIMS:
             for mt in (1, 2, 4):
                 for paged in (False, True):
+                    base = {"DP": dp, "MT": mt, "PAGED": paged}
                     for direct, fused in ((True, False), (False, False), (False, True)):
-                        flags = {"PAGED": paged, "DIRECT": direct, "FUSED": fused}
+                        flags = {**base, "DIRECT": direct, "FUSED": fused, "CL": 1}
                         for stages in sorted({stages_for(dp, mt), deep_stages(dp, mt)}):
-                            shape = {"DP": dp, "MT": mt, "STAGES": stages, **flags}
-                            yield DECODE[dtype], {**shape, "CL": 1}
-                            if not (direct or fused):  # merged through a cluster (sm_90)
-                                for cl in CLUSTERS:
-                                    yield DECODE[dtype], {**shape, "CL": cl}
+                            yield DECODE[dtype], {**flags, "STAGES": stages}
+                    # merged through a cluster (sm_90), with fewer stages where they queue
+                    flags = {**base, "DIRECT": False, "FUSED": False}
+                    for stages in sorted({2, stages_for(dp, mt), deep_stages(dp, mt)}):
+                        for cl in CLUSTERS:
+                            yield DECODE[dtype], {**flags, "STAGES": stages, "CL": cl}
         for dp in DIMS:
             for mt in (1, 2, 4):
                 yield MERGE[dtype], {"DP": dp, "MT": mt}
