@@ -28,13 +28,14 @@ from kaio_ops import decode  # noqa: E402
 
 H, HKV, D = 32, 8, 128
 ORIG = {n: getattr(decode, n) for n in ("splits_for", "deep_stages", "stages_for", "_counters")}
+ORIG_CLUSTER = getattr(decode, "CLUSTER_MERGE", False)
 T0 = time.time()
 
 
 def restore():
     for n, f in ORIG.items():
         setattr(decode, n, f)
-    decode.CLUSTER_MERGE = False
+    decode.CLUSTER_MERGE = ORIG_CLUSTER
     decode.CLUSTER_CHECK = True
 
 
@@ -151,10 +152,12 @@ def check(sets, lens):
     return err
 
 
-def force(splits=None, stages=None, unfused=False, cluster=False):
+def force(splits=None, stages=None, unfused=False, cluster=None):
+    """Module defaults but for what is named (cluster: None = the module's choice)."""
     restore()
-    decode.CLUSTER_MERGE = cluster
-    decode.CLUSTER_CHECK = not cluster  # forced: measured even where clusters would queue
+    if cluster is not None:
+        decode.CLUSTER_MERGE = cluster
+        decode.CLUSTER_CHECK = not cluster  # forced: measured even where clusters would queue
     if splits is not None:
         decode.splits_for = lambda *a, s=splits: s
     if stages is not None:
@@ -244,6 +247,23 @@ def main():
         force(splits=s, stages=st, cluster=True)
         print(f"  cluster s={s} st={st} err {check(sets, lens):.1e}", flush=True)
     restore()
+    if hasattr(decode, "plan_grid"):
+        for b_, hk, tiles, paged in (
+            (1, 8, 64, False),
+            (1, 8, 16, False),
+            (1, 8, 512, False),
+            (4, 8, 64, False),
+            (16, 8, 64, False),
+            (1, 8, 64, True),
+        ):
+            try:
+                qa = decode._arrays.Inputs("probe").array(
+                    sets[0][0], "q", ndim=4, dtypes=(f16,), form="q"
+                )
+                got = decode.plan_grid(qa, k, b_ * hk, tiles, 128, 1, paged)
+            except Exception as e:  # noqa: BLE001
+                got = f"{type(e).__name__}: {e}"[:200]
+            print(f"plan_grid B{b_} tiles={tiles} paged={paged}: (splits, stages, CL) = {got}")
     show("B1 L4096 kaio default", kernel_times(run_kaio(lens), sets))
     sdpa_variants(sets, "B1 L4096")
     for s, st in ((16, None), (8, None), (16, 3), (16, 2), (4, None), (2, None)):
@@ -251,24 +271,31 @@ def main():
             f"B1 L4096 CLUSTER splits={s} stages={st}",
             kernel_times(run_kaio(lens, splits=s, stages=st, cluster=True), sets),
         )
+    show("B1 L4096 kaio global merge", kernel_times(run_kaio(lens, cluster=False), sets))
     for s in (1, 4, 8, 12, 16, 24, 32, 64):
-        show(f"B1 L4096 splits={s}", kernel_times(run_kaio(lens, splits=s), sets))
+        show(f"B1 L4096 splits={s}", kernel_times(run_kaio(lens, splits=s, cluster=False), sets))
     for st in (2, 3):
         show(
             f"B1 L4096 splits=16 stages={st}",
-            kernel_times(run_kaio(lens, splits=16, stages=st), sets),
+            kernel_times(run_kaio(lens, splits=16, stages=st, cluster=False), sets),
         )
-    show("B1 L4096 splits=32 stages=2", kernel_times(run_kaio(lens, splits=32, stages=2), sets))
+    show(
+        "B1 L4096 splits=32 stages=2",
+        kernel_times(run_kaio(lens, splits=32, stages=2, cluster=False), sets),
+    )
     for s in (8, 16, 32):
         show(
             f"B1 L4096 splits={s} unfused",
-            kernel_times(run_kaio(lens, splits=s, unfused=True), sets),
+            kernel_times(run_kaio(lens, splits=s, unfused=True, cluster=False), sets),
         )
     flush()
     for n in (0, 64, 1024, 2048):
         short = torch.full((b,), n, device="cuda", dtype=torch.int32)
         for s in (1, 16):
-            show(f"B1 cap4096 len={n} splits={s}", kernel_times(run_kaio(short, splits=s), sets))
+            show(
+                f"B1 cap4096 len={n} splits={s}",
+                kernel_times(run_kaio(short, splits=s, cluster=False), sets),
+            )
         show(
             f"B1 cap4096 len={n} CLUSTER splits=16",
             kernel_times(run_kaio(short, splits=16, cluster=True), sets),
@@ -296,6 +323,7 @@ def main():
         lens = torch.full((b,), length, device="cuda", dtype=torch.int32)
         label = f"B{b} L{length}" + " paged" * paged
         show(f"{label} kaio default", kernel_times(run_kaio(lens), sets))
+        show(f"{label} kaio global merge", kernel_times(run_kaio(lens, cluster=False), sets))
         for s in extra:
             if isinstance(s, str):
                 show(
@@ -303,7 +331,10 @@ def main():
                     kernel_times(run_kaio(lens, splits=int(s[1:]), cluster=True), sets),
                 )
             else:
-                show(f"{label} splits={s}", kernel_times(run_kaio(lens, splits=s), sets))
+                show(
+                    f"{label} splits={s}",
+                    kernel_times(run_kaio(lens, splits=s, cluster=False), sets),
+                )
         show(
             f"{label} SDPA default",
             kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets),
@@ -379,7 +410,7 @@ if __name__ == "__main__":
         sets = make_sets(1, 4096)
         lens = torch.full((1,), 4096, device="cuda", dtype=torch.int32)
         for i in range(3):
-            run_kaio(lens)(*sets[i % len(sets)])
+            run_kaio(lens, cluster=False)(*sets[i % len(sets)])
         for i in range(3):
             run_kaio(lens, splits=16, cluster=True)(*sets[i % len(sets)])
         torch.cuda.synchronize()
