@@ -26,6 +26,21 @@ import kaio  # noqa: E402
 from kaio import f16, f32, u32  # noqa: E402
 from kaio_ops import decode  # noqa: E402
 
+
+def _paged_caches():
+    """bench/decode.py's ``paged_caches``, from this folder's file (with PROBE_BASE the
+    packages on the path are main's)."""
+    import importlib.util
+
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "decode.py")
+    spec = importlib.util.spec_from_file_location("decode_suite", here)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.paged_caches
+
+
+paged_caches = _paged_caches()
+
 H, HKV, D = 32, 8, 128
 ORIG = {n: getattr(decode, n) for n in ("splits_for", "deep_stages", "stages_for", "_counters")}
 ORIG_CLUSTER = getattr(decode, "CLUSTER_MERGE", False)
@@ -121,16 +136,7 @@ def make_sets(b, length, paged=False, page=16):
         table = None
         kc, vc = k, v
         if paged:
-            per = length // page
-            table = torch.randperm(b * per, device="cuda").to(torch.int32).reshape(b, per)
-            pk = []
-            for x in (k, v):
-                pages = torch.empty(b * per, page, HKV, D, device="cuda", dtype=x.dtype)
-                pages[table.long().flatten()] = (
-                    x.reshape(b, HKV, per, page, D).permute(0, 2, 3, 1, 4).reshape(-1, page, HKV, D)
-                )
-                pk.append(pages)
-            kc, vc = pk
+            table, kc, vc = paged_caches(k, v, page)
         sets.append((q, k, v, kc, vc, table))
     return sets
 
