@@ -44,6 +44,7 @@ paged_caches = _paged_caches()
 H, HKV, D = 32, 8, 128
 ORIG = {n: getattr(decode, n) for n in ("splits_for", "deep_stages", "stages_for", "_counters")}
 ORIG_CLUSTER = getattr(decode, "CLUSTER_MERGE", False)
+ORIG_TILES = getattr(decode, "CLUSTER_TILES", 8)
 T0 = time.time()
 
 
@@ -52,6 +53,7 @@ def restore():
         setattr(decode, n, f)
     decode.CLUSTER_MERGE = ORIG_CLUSTER
     decode.CLUSTER_CHECK = True
+    decode.CLUSTER_TILES = ORIG_TILES
 
 
 PENDING: list = []  # (label, fn, sets) to time in the next profiler session
@@ -164,6 +166,7 @@ def force(splits=None, stages=None, unfused=False, cluster=None):
     if cluster is not None:
         decode.CLUSTER_MERGE = cluster
         decode.CLUSTER_CHECK = not cluster  # forced: measured even where clusters would queue
+        decode.CLUSTER_TILES = 1 << 30 if cluster else ORIG_TILES
     if splits is not None:
         decode.splits_for = lambda *a, s=splits: s
     if stages is not None:
@@ -386,6 +389,52 @@ def warm():
     print(f"warm: {len(warm_list())} kernels in {time.time() - T0:.1f}s", flush=True)
 
 
+def round_b(base: bool):
+    """Default vs the global merge vs SDPA over the suite's shapes (base: main's kaio_ops,
+    default only)."""
+    tag = "BASE " if base else ""
+    print(f"{tag}kaio_ops from {os.path.dirname(decode.__file__)}", flush=True)
+    for b, length, paged, extra in (
+        (1, 4096, False, ("c8", "c16")),
+        (1, 1024, False, ("c8",)),
+        (1, 4096, True, ()),
+        (1, 32768, False, ("c8", "c16")),
+        (4, 4096, False, ("c4", "c2")),
+        (16, 4096, False, ()),
+        (16, 4096, True, ()),
+        (64, 4096, True, ()),
+        (64, 1024, False, ()),
+    ):
+        if time.time() - T0 > (11 if base else 17):
+            print("(time budget: stopping)", flush=True)
+            break
+        torch.cuda.empty_cache()
+        sets = make_sets(b, length, paged)
+        lens = torch.full((b,), length, device="cuda", dtype=torch.int32)
+        label = f"{tag}B{b} L{length}" + " paged" * paged
+        show(f"{label} kaio default", kernel_times(run_kaio(lens), sets))
+        if not base:
+            show(f"{label} kaio global merge", kernel_times(run_kaio(lens, cluster=False), sets))
+            for c in extra:
+                show(
+                    f"{label} CLUSTER splits={c[1:]}",
+                    kernel_times(run_kaio(lens, splits=int(c[1:]), cluster=True), sets),
+                )
+        show(
+            f"{label} SDPA default",
+            kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets),
+        )
+        if b == 1 and length == 4096 and not paged:
+
+            def flash(q, k, v, *_):
+                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                    return sdpa(q, k, v, enable_gqa=True)
+
+            show(f"{label} SDPA flash", kernel_times(flash, sets))
+        flush()
+        del sets
+
+
 def baseline():
     """The default call of whatever kaio_ops is imported, a few shapes, and SDPA."""
     print(f"baseline: kaio_ops from {os.path.dirname(decode.__file__)}", flush=True)
@@ -422,6 +471,8 @@ if __name__ == "__main__":
         torch.cuda.synchronize()
     elif len(sys.argv) > 1 and sys.argv[1] == "warm":
         warm()
+    elif len(sys.argv) > 1 and sys.argv[1] in ("b", "base_b"):
+        round_b(sys.argv[1] == "base_b")
     elif len(sys.argv) > 1 and sys.argv[1] == "baseline":
         baseline()
     else:

@@ -8,11 +8,9 @@ read once per group, not once per query head. The block's 4 warps split each 64-
 warp w owns the 16 rows of M-tile w % MT and keys (w // MT) * KW .. + KW of the tile
 (KW = 64 * MT / 4). K and V tiles are buffered in ``STAGES`` (2 to 4) shared-memory stages
 (16-byte cp.async, XOR-swizzled for ldmatrix): tiles t + 1 .. t + STAGES - 1 are in flight
-while tile t is used, and the cache rows of tile t + STAGES are already computed
-(``stage_rows``: a paged cache's block-table loads are in flight meanwhile). The scores
-and the online softmax are those of ``_attention_tc.attention_fwd`` (``start_rows``,
-``dot_rows_at``, ``acc_rows_at``, ``online_softmax``); the warps' partial (max, sum,
-output) then merge through shared memory.
+while tile t is used. The scores and the online softmax are those of
+``_attention_tc.attention_fwd`` (``start_rows``, ``dot_rows_at``, ``acc_rows_at``,
+``online_softmax``); the warps' partial (max, sum, output) then merge through shared memory.
 
 Lengths are read on the GPU: ``seq_lens[b]`` (clamped to 0 .. capacity) fixes the key tiles,
 split evenly over the grid's x blocks, so the grid depends only on the capacity and the GPU
@@ -54,7 +52,6 @@ BN = 64  # keys per tile
 LSE_STRIDE = 32
 UNROLL = 8  # splits a merge step loads at once (16 bytes each)
 MAX_SPLITS = 64  # the most key splits (the merge holds a weight per split and row)
-OUTSIDE = 0xFFFFFFFF  # stage_rows' index of a row past the length
 
 
 @kaio.gpu_func
@@ -83,9 +80,11 @@ def cache_row(
 
 
 @kaio.gpu_func
-def stage_rows(
-    rows: u32[:, :],
-    j: kaio.constexpr,
+def load_stage(
+    dst: DT[:, :],
+    row0: u32,
+    k: DT[:],
+    v: DT[:],
     key0: u32,
     kv_len: u32,
     b: u32,
@@ -100,44 +99,27 @@ def stage_rows(
     DP: kaio.constexpr,
     PAGED: kaio.constexpr,
 ):
-    """rows[j, i]: the cache index of the i-th row this thread copies of the tile of keys
-    key0 .. key0 + BN (``issue_stage``), OUTSIDE past kv_len. Computed a tile ahead of the
-    copies: the block table's loads of a paged cache are then in flight while the block
-    works on a tile, not waited for when its copies are issued."""
-    for i in kaio.static_range(BN // (THREADS // (DP // 8))):
-        key = key0 + tid // (DP // 8) + i * (THREADS // (DP // 8))
-        at = cache_row(
-            kaio.select(key < kv_len, key, 0), b, kvh, block_table, capacity, max_pages, kv_heads,
-            shift, pages, DP, PAGED,
-        )  # fmt: skip
-        rows[j, i] = kaio.select(key < kv_len, at, OUTSIDE)
-
-
-@kaio.gpu_func
-def issue_stage(
-    dst: DT[:, :],
-    row0: u32,
-    k: DT[:],
-    v: DT[:],
-    rows: u32[:, :],
-    j: kaio.constexpr,
-    tid: u32,
-    DP: kaio.constexpr,
-):
-    """The K rows of a tile (``stage_rows``' rows[j]) into the swizzled rows row0 .. row0 + BN
-    of dst and the V rows into the next BN rows (16-byte cp.async; zeros for OUTSIDE rows,
-    so masked keys multiply finite values), one cp.async group (committed by the caller)."""
+    """The K rows of keys key0 .. key0 + BN into the swizzled rows row0 .. row0 + BN of dst
+    and the V rows into the next BN rows (16-byte cp.async, one address computation for
+    both; zeros past kv_len, so masked keys multiply finite values), one cp.async group
+    (committed by the caller)."""
     PIECES = DP // 8
     STEP = THREADS // PIECES
     r0 = tid // PIECES
     col = tid % PIECES * 8
     for i in kaio.static_range(BN // STEP):
-        inside = rows[j, i] != OUTSIDE
-        index = kaio.select(inside, rows[j, i] + col, 0)
+        r = r0 + i * STEP
+        key = key0 + r
+        inside = key < kv_len
+        at = cache_row(
+            kaio.select(inside, key, 0), b, kvh, block_table, capacity, max_pages, kv_heads,
+            shift, pages, DP, PAGED,
+        )  # fmt: skip
+        index = kaio.select(inside, at + col, 0)
         nbytes = kaio.select(inside, 16, 0)
         swizzled = kaio.swizzle(dst, r0 + i * STEP % 8, col)
-        kaio.cp_async(dst, (row0 + r0 + i * STEP, swizzled), k, index, 16, nbytes)
-        kaio.cp_async(dst, (row0 + BN + r0 + i * STEP, swizzled), v, index, 16, nbytes)
+        kaio.cp_async(dst, (row0 + r, swizzled), k, index, 16, nbytes)
+        kaio.cp_async(dst, (row0 + BN + r, swizzled), v, index, 16, nbytes)
 
 
 @kaio.gpu_kernel
@@ -201,30 +183,25 @@ def decode_fwd(
     nrows = group * sq  # the group's query rows, contiguous in q
     q_row0 = (b * heads + kvh * group) * sq
     row0 = chunk * ROWS
-    kv_len = u32(kaio.min(kaio.max(seq_lens[b], 0), i32(capacity)))
-    n_total = (kv_len + BN - 1) // BN
-    per = (n_total + splits - 1) // splits
-    t0 = kaio.min(split * per, n_total)
-    t1 = kaio.min(t0 + per, n_total)
-
     kv_s = kaio.shared_dynamic(DT, (2 * STAGES * BN, DP), 0)  # K0, V0, K1, V1, ...
     q_s = kaio.shared_dynamic(DT, (ROWS, DP), 2 * STAGES * BN * DP * 2)
     red_o = kaio.shared_dynamic(f32, (WARPS * 16, DP), 0)  # after the loop, over kv_s
     red_ml = kaio.shared_dynamic(f32, (2, WARPS * 16), (2 * STAGES * BN + ROWS) * DP * 2)
 
+    # Q first: its copies are in flight while the length is read (the K/V copies need it)
     load_tile(q_s, q, q_row0 * DP, row0, nrows, DP, tid, ROWS, DP, THREADS, True)
     kaio.cp_async_commit()
-    # the cache rows of tiles t0 .. t0 + STAGES - 1 (a paged cache's table loads at once);
-    # the first STAGES - 1 in flight
-    rows = kaio.local(u32, (STAGES, BN // (THREADS // (DP // 8))))
-    for j in kaio.static_range(STAGES):
-        stage_rows(
-            rows, j, (t0 + j) * BN, kv_len, b, kvh, block_table, capacity, max_pages, kv_heads,
-            shift, pages, tid, DP, PAGED,
-        )  # fmt: skip
-    for j in kaio.static_range(STAGES - 1):
+    kv_len = u32(kaio.min(kaio.max(seq_lens[b], 0), i32(capacity)))
+    n_total = (kv_len + BN - 1) // BN
+    per = (n_total + splits - 1) // splits
+    t0 = kaio.min(split * per, n_total)
+    t1 = kaio.min(t0 + per, n_total)
+    for j in kaio.static_range(STAGES - 1):  # tiles t0 .. t0 + STAGES - 2 in flight
         if t0 + j < t1:
-            issue_stage(kv_s, j * 2 * BN, k, v, rows, j, tid, DP)
+            load_stage(
+                kv_s, j * 2 * BN, k, v, (t0 + j) * BN, kv_len, b, kvh, block_table, capacity,
+                max_pages, kv_heads, shift, pages, tid, DP, PAGED,
+            )  # fmt: skip
         kaio.cp_async_commit()
     kaio.cp_async_wait(STAGES - 1)  # Q has landed
     kaio.sync_threads()
@@ -244,12 +221,10 @@ def decode_fwd(
     for t in range(t0, t1):
         stage = (t - t0) % STAGES * 2 * BN
         if t + STAGES - 1 < t1:  # into the stage tile t - 1 used
-            issue_stage(
-                kv_s, (t - t0 + STAGES - 1) % STAGES * 2 * BN, k, v, rows, STAGES - 1, tid, DP
-            )
-            stage_rows(
-                rows, STAGES - 1, (t + STAGES) * BN, kv_len, b, kvh, block_table, capacity,
-                max_pages, kv_heads, shift, pages, tid, DP, PAGED,
+            load_stage(
+                kv_s, (t - t0 + STAGES - 1) % STAGES * 2 * BN, k, v, (t + STAGES - 1) * BN,
+                kv_len, b, kvh, block_table, capacity, max_pages, kv_heads, shift, pages, tid, DP,
+                PAGED,
             )  # fmt: skip
         kaio.cp_async_commit()
         kaio.cp_async_wait(STAGES - 1)  # tile t has landed

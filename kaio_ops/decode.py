@@ -44,8 +44,10 @@ FULL = 0.9  # blocks per multiprocessor from which a call takes no split
 CLUSTER_MERGE = True  # merge the splits through a thread-block cluster (sm_90)
 CLUSTERS = (2, 4, 8, 16)  # the cluster sizes (splits) of the cluster merge
 CLUSTER_CHECK = True  # only clusters that all run at once (the driver's occupancy query)
-CLUSTER_TAIL = 1.0  # the cluster merge's costs, as MERGE_TAIL and SPLIT_COST
-CLUSTER_SPLIT_COST = 0.05
+# the cluster merge's blocks ask for this much shared memory at least: over half a
+# multiprocessor's (228 KB on sm_90), so that a cluster's blocks take one each
+SPREAD = 116 * 1024
+CLUSTER_TILES = 8  # the most key tiles a split of the cluster merge takes
 
 DECODE = _typed.by_dtype(dk.decode_fwd)
 MERGE = _typed.by_dtype(dk.decode_merge)
@@ -86,7 +88,7 @@ def merge_shared(mt: int) -> int:
     return dk.MAX_SPLITS * 16 * mt * 4
 
 
-def splits_for(blocks: int, tiles: int, sms: int, cluster: bool = False) -> int:
+def splits_for(blocks: int, tiles: int, sms: int) -> int:
     """Key splits for ``blocks`` (batch x K/V heads x row chunks) over a capacity of
     ``tiles`` key tiles on a GPU of ``sms`` multiprocessors. None (1) once the blocks cover
     the multiprocessors (FULL of them: a block each streams the cache at the memory's speed,
@@ -95,18 +97,13 @@ def splits_for(blocks: int, tiles: int, sms: int, cluster: bool = False) -> int:
     BLOCK_COST + the merge (MERGE_TAIL + SPLIT_COST x splits), the fewest on ties. Measured
     on an H200 (kernel time, D = 128, Hkv = 8): B = 1 at 1k, 4k and 32k keys takes 8, 16 and
     16 splits (32k: 37.2 us, 39.2 with 32 splits), B = 4 at 4k 4 (22.0 us, 23.0 with 8),
-    B = 8 at 4k 2 (36.8 us, 37.6 with 4), B >= 16 none. ``cluster``: the splits merge
-    through a cluster's shared memory (``plan_grid``), so only sizes in CLUSTERS, and
-    the merge costs CLUSTER_TAIL + CLUSTER_SPLIT_COST x splits."""
+    B = 8 at 4k 2 (36.8 us, 37.6 with 4), B >= 16 none."""
     if blocks >= FULL * sms:
         return 1
-    tail, per_split = (CLUSTER_TAIL, CLUSTER_SPLIT_COST) if cluster else (MERGE_TAIL, SPLIT_COST)
     best, best_cost = 1, math.inf
     for s in range(1, min(MAX_SPLITS, max(1, tiles), max(1, sms // blocks)) + 1):
-        if cluster and s > 1 and s not in CLUSTERS:
-            continue
         cost = math.ceil(tiles / s) + BLOCK_COST
-        cost += tail + per_split * s if s > 1 else 0
+        cost += MERGE_TAIL + SPLIT_COST * s if s > 1 else 0
         if cost < best_cost:
             best, best_cost = s, cost
     return best
@@ -116,39 +113,44 @@ _RESIDENT: dict = {}  # (device, constexprs, shared bytes) -> clusters that run 
 
 
 def plan_grid(like, kernel, blocks: int, tiles: int, dp: int, mt: int, paged: bool) -> tuple:
-    """(splits, STAGES, CL) of ``decode_fwd`` for ``blocks`` (batch x K/V heads x row
-    chunks) over a capacity of ``tiles`` key tiles: the splits (``splits_for``) merged
-    through a thread-block cluster's shared memory (``CL`` = splits) where that can be
-    (sm_90, the simulator; splits in CLUSTERS; the grid's clusters all resident at once: a
-    cluster takes multiprocessors of one GPC, and one that waited for another to finish
-    would double the time; with fewer K/V stages, if that is what it takes), else by the
-    last block to finish (``CL`` = 1)."""
+    """(splits, STAGES, CL, shared bytes) of ``decode_fwd`` for ``blocks`` (batch x K/V
+    heads x row chunks) over a capacity of ``tiles`` key tiles. The splits are
+    ``splits_for``'s, merged by the last block to finish (``CL`` = 1); on sm_90 (and in the
+    simulator) they merge through a thread-block cluster's shared memory instead (``CL`` =
+    splits) where the grid is one block a multiprocessor: the largest size in CLUSTERS up
+    to those splits whose clusters all run at once, each block asking for enough shared
+    memory that no two share a multiprocessor (two of a cluster on one would leave others
+    idle; a cluster that waited for another would double the time), and splits of at most
+    CLUSTER_TILES key tiles (the merge weighs on short splits). Measured on an H100,
+    B = 1, Hkv = 8, D = 128: 16 splits through clusters of 8 at 4k keys, 10.9 us against
+    11.7 with the global merge (clusters of 16 do not all fit: 7 of 8 run at once); 6.9
+    against 7.7 at 1k keys."""
     sms = _arrays.multiprocessors(like)
+    splits = splits_for(blocks, tiles, sms)
+    stages = deep_stages(dp, mt) if blocks * splits <= sms else stages_for(dp, mt)
+    plain = (splits, stages, 1, shared_bytes(dp, mt, stages))
     dev = _arrays.gpu(like)
-    hopper = dev is None or int(dev.arch[3:].rstrip("a")) >= 90
-    for cluster in (True, False) if CLUSTER_MERGE and hopper else (False,):
-        splits = splits_for(blocks, tiles, sms, cluster)
-        stages = deep_stages(dp, mt) if blocks * splits <= sms else stages_for(dp, mt)
-        if not cluster or splits == 1:
-            return splits, stages, 1
-        if splits not in CLUSTERS:
-            continue
+    if not CLUSTER_MERGE or splits == 1 or blocks * splits > sms:
+        return plain
+    if dev is not None and int(dev.arch[3:].rstrip("a")) < 90:
+        return plain
+    stages = deep_stages(dp, mt)
+    shared = max(shared_bytes(dp, mt, stages), SPREAD)
+    for cl in sorted((c for c in CLUSTERS if c <= splits), reverse=True):
+        if -(-tiles // cl) > CLUSTER_TILES:
+            break  # long splits: the merge's cost matters little, the spread over the SMs more
         if dev is None or not CLUSTER_CHECK:
-            return splits, stages, splits
-        for fewer in sorted({stages, stages_for(dp, mt), 2}, reverse=True):
-            if fewer > stages:
-                continue  # less shared memory a block: more blocks of a cluster per SM
-            consts = {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": fewer, "CL": splits}
-            shared = shared_bytes(dp, mt, fewer)
-            key = (like.device, tuple(sorted(consts.items())), shared)
-            have = _RESIDENT.get(key)
-            if have is None:
-                have = _RESIDENT[key] = kernel.max_active_clusters(
-                    dk.THREADS, shared, device=dev, DIRECT=False, FUSED=False, **consts
-                )
-            if have >= blocks:
-                return splits, fewer, splits
-    raise AssertionError("unreachable: the last choice has no cluster")
+            return cl, stages, cl, shared
+        consts = {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": stages, "CL": cl}
+        key = (like.device, tuple(sorted(consts.items())), shared)
+        have = _RESIDENT.get(key)
+        if have is None:
+            have = _RESIDENT[key] = kernel.max_active_clusters(
+                dk.THREADS, shared, device=dev, DIRECT=False, FUSED=False, **consts
+            )
+        if have >= blocks:
+            return cl, stages, cl, shared
+    return plain
 
 
 class _Cache:
@@ -317,7 +319,7 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     chunks = -(-group * sq // (16 * mt))
     blocks = batch * cache.kv_heads * chunks
     tiles = -(-cache.capacity // dk.BN)
-    splits, stages, cl = plan_grid(qa, kernel, blocks, tiles, d, mt, cache.paged)
+    splits, stages, cl, shared = plan_grid(qa, kernel, blocks, tiles, d, mt, cache.paged)
     rows = batch * heads * sq
     out = _arrays.output(qa, qa.shape)
     lse = _arrays.output(qa, (batch, heads, sq), f32)
@@ -325,7 +327,6 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     lse_flat = _arrays.output_arg(qa, lse, (rows,), f32)
     stream = _arrays.stream_of(qa)
     direct = splits == 1
-    shared = shared_bytes(d, mt, stages)
     counters = None
     if direct or cl > 1:
         part, part_lse = lse_flat, lse_flat  # not written
@@ -425,11 +426,10 @@ def shipped():
                         flags = {**base, "DIRECT": direct, "FUSED": fused, "CL": 1}
                         for stages in sorted({stages_for(dp, mt), deep_stages(dp, mt)}):
                             yield DECODE[dtype], {**flags, "STAGES": stages}
-                    # merged through a cluster (sm_90), with fewer stages where they queue
+                    # merged through a cluster (sm_90), a block a multiprocessor
                     flags = {**base, "DIRECT": False, "FUSED": False}
-                    for stages in sorted({2, stages_for(dp, mt), deep_stages(dp, mt)}):
-                        for cl in CLUSTERS:
-                            yield DECODE[dtype], {**flags, "STAGES": stages, "CL": cl}
+                    for cl in CLUSTERS:
+                        yield DECODE[dtype], {**flags, "STAGES": deep_stages(dp, mt), "CL": cl}
         for dp in DIMS:
             for mt in (1, 2, 4):
                 yield MERGE[dtype], {"DP": dp, "MT": mt}

@@ -247,6 +247,23 @@ def test_split_heuristic_fills_the_gpu():
     assert decode.splits_for(8, 1, 132) == 1  # one tile: one split
 
 
+def test_cluster_merge_takes_short_splits_one_block_a_multiprocessor():
+    # in the simulator every cluster is resident: B = 1 at 4k and 1k keys merge through
+    # clusters (16 and 8 splits, four K/V stages, shared memory over half a multiprocessor);
+    # long splits (32k keys) and grids of more than a block a multiprocessor do not
+    q = np.zeros((1, 32, 1, 128), np.float16)
+    with kaio.simulate():
+        qa = decode._arrays.Inputs("test").array(q, "q", ndim=4, dtypes=(kaio.f16,), form="q")
+        plan = lambda blocks, tiles: decode.plan_grid(  # noqa: E731
+            qa, decode.DECODE[kaio.f16], blocks, tiles, 128, 1, False
+        )
+        assert plan(8, 64)[:3] == (16, 4, 16) and plan(8, 64)[3] >= decode.SPREAD
+        assert plan(8, 16)[:3] == (8, 4, 8)
+        assert plan(8, 512)[2] == 1
+        assert plan(32, 64)[2] == 1  # 4 splits of 16 tiles
+        assert plan(128, 64)[:3] == (1, 4, 1)
+
+
 # --------------------------------------------------------------------------- input checks
 
 
@@ -380,7 +397,7 @@ def assembled() -> list:
         (decode.DECODE[kaio.f16], fwd(256, 4, True, "fused")),
         (decode.DECODE[kaio.bf16], fwd(128, 1, False, "fused")),
         (decode.DECODE[kaio.f16], fwd(128, 1, True, "cluster", deep=True, cl=16)),
-        (decode.DECODE[kaio.bf16], fwd(256, 4, False, "cluster", cl=2)),
+        (decode.DECODE[kaio.bf16], fwd(256, 4, False, "cluster", deep=True, cl=2)),
         (decode.MERGE[kaio.bf16], {"DP": 256, "MT": 4}),
         (decode.APPEND[kaio.f16], {"PAGED": True, "VEC": 8}),
         (decode.APPEND[kaio.bf16], {"PAGED": False, "VEC": 1}),
