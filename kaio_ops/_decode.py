@@ -72,11 +72,41 @@ def cache_row(
     [B, Hkv, capacity, D], or paged [pages, 1 << shift, Hkv, D] through block_table (a page
     outside the pool counts as the last one)."""
     if PAGED:
-        # clamped to the pool: a bad table reads wrong rows, never outside the cache
-        page = kaio.min(u32(block_table[b * max_pages + (key >> shift)]), pages - 1)
-        slot = (page << shift) + (key & ((u32(1) << shift) - 1))
-        return (slot * kv_heads + kvh) * d
+        page = u32(block_table[b * max_pages + (key >> shift)])
+        return paged_row(page, key, kvh, kv_heads, shift, pages, d)
     return ((b * kv_heads + kvh) * capacity + key) * d
+
+
+@kaio.gpu_func
+def paged_row(page: u32, key: u32, kvh: u32, kv_heads: u32, shift: u32, pages: u32, d: u32) -> u32:
+    """The index of element 0 of row ``key`` (of its sequence), K/V head kvh, in
+    ``page`` of a paged cache [pages, 1 << shift, Hkv, D], clamped to the pool: a bad table
+    reads wrong rows, never outside the cache."""
+    slot = (kaio.min(page, pages - 1) << shift) + (key & ((u32(1) << shift) - 1))
+    return (slot * kv_heads + kvh) * d
+
+
+@kaio.gpu_func
+def page_ids(
+    pg: u32[:, :],
+    j: kaio.constexpr,
+    key0: u32,
+    kv_len: u32,
+    b: u32,
+    block_table: i32[:],
+    max_pages: u32,
+    shift: u32,
+    tid: u32,
+    DP: kaio.constexpr,
+):
+    """pg[j, i]: the block-table entry (as read, unchecked) of the page holding the i-th
+    row this thread copies of the tile of keys key0 .. key0 + BN (``load_stage``'s rows;
+    the first page past kv_len). Read a tile ahead of its copies, these loads are in flight
+    while the block works on a tile instead of stalling the copies."""
+    STEP = THREADS // (DP // 8)
+    for i in kaio.static_range(BN // STEP):
+        key = key0 + tid // (DP // 8) + i * STEP
+        pg[j, i] = u32(block_table[b * max_pages + (kaio.select(key < kv_len, key, 0) >> shift)])
 
 
 @kaio.gpu_func
@@ -89,9 +119,9 @@ def load_stage(
     kv_len: u32,
     b: u32,
     kvh: u32,
-    block_table: i32[:],
+    pg: u32[:, :],
+    j: kaio.constexpr,
     capacity: u32,
-    max_pages: u32,
     kv_heads: u32,
     shift: u32,
     pages: u32,
@@ -102,7 +132,8 @@ def load_stage(
     """The K rows of keys key0 .. key0 + BN into the swizzled rows row0 .. row0 + BN of dst
     and the V rows into the next BN rows (16-byte cp.async, one address computation for
     both; zeros past kv_len, so masked keys multiply finite values), one cp.async group
-    (committed by the caller)."""
+    (committed by the caller). A paged cache's pages are ``page_ids``' pg[j] (a page
+    outside the pool counts as the last one)."""
     PIECES = DP // 8
     STEP = THREADS // PIECES
     r0 = tid // PIECES
@@ -111,10 +142,10 @@ def load_stage(
         r = r0 + i * STEP
         key = key0 + r
         inside = key < kv_len
-        at = cache_row(
-            kaio.select(inside, key, 0), b, kvh, block_table, capacity, max_pages, kv_heads,
-            shift, pages, DP, PAGED,
-        )  # fmt: skip
+        if PAGED:
+            at = paged_row(pg[j, i], key, kvh, kv_heads, shift, pages, DP)
+        else:
+            at = ((b * kv_heads + kvh) * capacity + key) * DP
         index = kaio.select(inside, at + col, 0)
         nbytes = kaio.select(inside, 16, 0)
         swizzled = kaio.swizzle(dst, r0 + i * STEP % 8, col)
@@ -196,11 +227,16 @@ def decode_fwd(
     per = (n_total + splits - 1) // splits
     t0 = kaio.min(split * per, n_total)
     t1 = kaio.min(t0 + per, n_total)
+    # a paged cache's pages of tiles t0 .. t0 + STAGES - 1 (loads all in flight at once)
+    pg = kaio.local(u32, (STAGES, BN // (THREADS // (DP // 8))))
+    if PAGED:
+        for j in kaio.static_range(STAGES):
+            page_ids(pg, j, (t0 + j) * BN, kv_len, b, block_table, max_pages, shift, tid, DP)
     for j in kaio.static_range(STAGES - 1):  # tiles t0 .. t0 + STAGES - 2 in flight
         if t0 + j < t1:
             load_stage(
-                kv_s, j * 2 * BN, k, v, (t0 + j) * BN, kv_len, b, kvh, block_table, capacity,
-                max_pages, kv_heads, shift, pages, tid, DP, PAGED,
+                kv_s, j * 2 * BN, k, v, (t0 + j) * BN, kv_len, b, kvh, pg, j, capacity,
+                kv_heads, shift, pages, tid, DP, PAGED,
             )  # fmt: skip
         kaio.cp_async_commit()
     kaio.cp_async_wait(STAGES - 1)  # Q has landed
@@ -223,9 +259,13 @@ def decode_fwd(
         if t + STAGES - 1 < t1:  # into the stage tile t - 1 used
             load_stage(
                 kv_s, (t - t0 + STAGES - 1) % STAGES * 2 * BN, k, v, (t + STAGES - 1) * BN,
-                kv_len, b, kvh, block_table, capacity, max_pages, kv_heads, shift, pages, tid, DP,
-                PAGED,
+                kv_len, b, kvh, pg, STAGES - 1, capacity, kv_heads, shift, pages, tid, DP, PAGED,
             )  # fmt: skip
+            if PAGED:  # the next tile's pages, used by the next iteration's copies
+                page_ids(
+                    pg, STAGES - 1, (t + STAGES) * BN, kv_len, b, block_table, max_pages, shift,
+                    tid, DP,
+                )  # fmt: skip
         kaio.cp_async_commit()
         kaio.cp_async_wait(STAGES - 1)  # tile t has landed
         kaio.sync_threads()
