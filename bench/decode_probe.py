@@ -1,9 +1,18 @@
-"""Scratch probe (decode34, round A): where flash_attention_decode's time goes at small batch.
+"""Where ``flash_attention_decode``'s time goes: kernel times (CUPTI durations through the
+torch profiler, median per kernel, summed over a call's kernels) of its variants (split
+count, K/V stages, the fused, separate or cluster merge, lengths under the capacity), of
+floors (a DSL kernel that only streams the same bytes; torch reductions and copies) and of
+torch SDPA, all in one profiler session per group, calls rotating over input sets of more
+than the L2 cache.
 
-Kernel time = CUPTI kernel durations (torch profiler), median per kernel name, summed over the
-kernels of one call; calls rotate over input sets worth > 3x L2, so K/V come from HBM.
-Variants are host-side choices (splits, stages, fused or separate merge, lengths) and
-floors (a DSL kernel that only streams the same bytes with the same grid; torch reductions).
+    python3 bench/decode_probe.py [warm | b | ncu]    # this checkout's kaio_ops
+    PROBE_BASE=1 PYTHONPATH=/other/checkout python3 bench/decode_probe.py base_b
+
+No argument: B = 1, 4k keys, taken apart (splits, stages, merges, lengths 0 .. 4k, floors).
+``warm`` compiles the kernels in 16 processes first (the disk cache keeps them); ``b`` is the
+suite's shapes, default against the global merge and SDPA; ``ncu`` makes the calls for
+``ncu --kernel-name regex:decode_fwd``; ``base_b`` the default of another checkout's
+kaio_ops (PROBE_BASE: its packages first on the path).
 """
 
 from __future__ import annotations
@@ -312,45 +321,6 @@ def main():
     floors(2 * b * HKV * length * D * 2)
     flush()
     del sets
-    # other shapes: default vs SDPA default
-    for b, length, paged, extra in (
-        (16, 4096, True, ("c2",)),
-        (1, 4096, True, ("c16",)),
-        (1, 1024, False, (4, 8, 16, "c8", "c16")),
-        (1, 32768, False, (16, 32, 64, "c16")),
-        (4, 4096, False, (4, "c4")),
-        (16, 4096, False, ("c2",)),
-        (64, 4096, True, ()),
-        (64, 4096, False, ()),
-        (16, 32768, False, ()),
-    ):
-        if time.time() - T0 > 36:
-            print("(time budget: stopping)")
-            break
-        torch.cuda.empty_cache()
-        sets = make_sets(b, length, paged)
-        lens = torch.full((b,), length, device="cuda", dtype=torch.int32)
-        label = f"B{b} L{length}" + " paged" * paged
-        show(f"{label} kaio default", kernel_times(run_kaio(lens), sets))
-        show(f"{label} kaio global merge", kernel_times(run_kaio(lens, cluster=False), sets))
-        for s in extra:
-            if isinstance(s, str):
-                show(
-                    f"{label} CLUSTER splits={s[1:]}",
-                    kernel_times(run_kaio(lens, splits=int(s[1:]), cluster=True), sets),
-                )
-            else:
-                show(
-                    f"{label} splits={s}",
-                    kernel_times(run_kaio(lens, splits=s, cluster=False), sets),
-                )
-        show(
-            f"{label} SDPA default",
-            kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets),
-        )
-        flush()
-        del sets
-    restore()
 
 
 def warm_list():
@@ -435,31 +405,6 @@ def round_b(base: bool):
         del sets
 
 
-def baseline():
-    """The default call of whatever kaio_ops is imported, a few shapes, and SDPA."""
-    print(f"baseline: kaio_ops from {os.path.dirname(decode.__file__)}", flush=True)
-    for b, length, paged in (
-        (1, 4096, False),
-        (1, 1024, False),
-        (1, 4096, True),
-        (16, 4096, False),
-        (16, 4096, True),
-        (64, 4096, True),
-    ):
-        sets = make_sets(b, length, paged)
-        lens = torch.full((b,), length, device="cuda", dtype=torch.int32)
-        label = f"BASE B{b} L{length}" + " paged" * paged
-        show(f"{label} kaio default", kernel_times(run_kaio(lens), sets))
-        if not paged:
-            show(
-                f"{label} SDPA default",
-                kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets),
-            )
-        flush()
-        del sets
-        torch.cuda.empty_cache()
-
-
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "ncu":
         sets = make_sets(1, 4096)
@@ -473,7 +418,5 @@ if __name__ == "__main__":
         warm()
     elif len(sys.argv) > 1 and sys.argv[1] in ("b", "base_b"):
         round_b(sys.argv[1] == "base_b")
-    elif len(sys.argv) > 1 and sys.argv[1] == "baseline":
-        baseline()
     else:
         main()
