@@ -506,12 +506,19 @@ def test_gpu_decode_against_sdpa(b, h, hkv, sq, d, capacity, lens, page_size, dt
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("page_size", [None, 16])
-def test_gpu_decode_step_in_a_cuda_graph(page_size):
+@pytest.mark.parametrize(
+    "first, replays",
+    [
+        ([100, 2000, 4096, 2], ([5, 3000, 17, 4096], [2, 64, 4095, 1000])),
+        ([3000], ([5], [4096])),  # batch 1: the cluster merge on sm_90
+    ],
+)
+def test_gpu_decode_step_in_a_cuda_graph(page_size, first, replays):
     import torch
 
-    b, h, hkv, sq, d, capacity = 4, 32, 8, 2, 128, 4096
+    b, h, hkv, sq, d, capacity = len(first), 32, 8, 2, 128, 4096
     q, k_cache, v_cache, seq_lens, table = _gpu_case(
-        b, h, hkv, sq, d, capacity, [100, 2000, 4096, 2], page_size, "float16", seed=7
+        b, h, hkv, sq, d, capacity, first, page_size, "float16", seed=7
     )
     k_new, v_new = (torch.randn((b, hkv, sq, d), device="cuda", dtype=q.dtype) for _ in "kv")
 
@@ -527,7 +534,7 @@ def test_gpu_decode_step_in_a_cuda_graph(page_size):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = step()
-    for lens in ([5, 3000, 17, 4096], [2, 64, 4095, 1000]):
+    for lens in replays:
         seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
         k_new.normal_()
         v_new.normal_()
