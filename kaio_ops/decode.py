@@ -112,6 +112,12 @@ def splits_for(blocks: int, tiles: int, sms: int) -> int:
 _RESIDENT: dict = {}  # (device, constexprs, shared bytes) -> clusters that run at once
 
 
+def _hopper(like) -> bool:
+    """Whether ``like``'s launches can take clusters: sm_90, or the simulator."""
+    dev = _arrays.gpu(like)
+    return dev is None or int(dev.arch[3:].rstrip("a")) >= 90
+
+
 def plan_grid(like, kernel, blocks: int, tiles: int, dp: int, mt: int, paged: bool) -> tuple:
     """(splits, STAGES, CL, shared bytes) of ``decode_fwd`` for ``blocks`` (batch x K/V
     heads x row chunks) over a capacity of ``tiles`` key tiles. The splits are
@@ -129,11 +135,9 @@ def plan_grid(like, kernel, blocks: int, tiles: int, dp: int, mt: int, paged: bo
     splits = splits_for(blocks, tiles, sms)
     stages = deep_stages(dp, mt) if blocks * splits <= sms else stages_for(dp, mt)
     plain = (splits, stages, 1, shared_bytes(dp, mt, stages))
+    if not CLUSTER_MERGE or splits == 1 or blocks * splits > sms or not _hopper(like):
+        return plain
     dev = _arrays.gpu(like)
-    if not CLUSTER_MERGE or splits == 1 or blocks * splits > sms:
-        return plain
-    if dev is not None and int(dev.arch[3:].rstrip("a")) < 90:
-        return plain
     stages = deep_stages(dp, mt)
     shared = max(shared_bytes(dp, mt, stages), SPREAD)
     for cl in sorted((c for c in CLUSTERS if c <= splits), reverse=True):
