@@ -127,8 +127,9 @@ def flush():
             inside = not inside
         elif inside:
             cur[e.name[:28]].append(e.device_time)
-    for (label, *_), seg in zip(jobs, segments, strict=False):
-        times = {k: statistics.median(v) for k, v in seg.items()}
+    for (label, _, _, n), seg in zip(jobs, segments, strict=False):
+        # a kernel launched several times a call counts that many times
+        times = {k: statistics.median(v) * len(v) / n for k, v in seg.items()}
         total = sum(times.values())
         parts = " + ".join(f"{k}={v:.2f}" for k, v in times.items()) if len(times) > 1 else ""
         print(f"{label:44s} {total:8.2f} us  {parts}", flush=True)
@@ -394,6 +395,15 @@ def round_b(base: bool):
             f"{label} SDPA default",
             kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets),
         )
+        if not base and not paged and b in (1, 16) and length == 4096:
+            n = b * HKV * length * D
+            out = torch.empty(1024 * 128, device="cuda")
+
+            def floor(q, k, v, *_, n=n, out=out):  # K then V: the bytes, read once
+                stream[1024, 128](k.view(-1), out, n // 1024, U=16)
+                stream[1024, 128](v.view(-1), out, n // 1024, U=16)
+
+            show(f"{label} floor: stream K and V", kernel_times(floor, sets))
         if b == 1 and length == 4096 and not paged:
 
             def flash(q, k, v, *_):
