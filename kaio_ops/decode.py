@@ -47,7 +47,7 @@ CLUSTER_CHECK = True  # only clusters that all run at once (the driver's occupan
 # the cluster merge's blocks ask for this much shared memory at least: over half a
 # multiprocessor's (228 KB on sm_90), so that a cluster's blocks take one each
 SPREAD = 116 * 1024
-CLUSTER_TILES = 8  # the most key tiles a split of the cluster merge takes
+CLUSTER_TILES = 64  # the most key tiles a split of the cluster merge takes (measured)
 
 DECODE = _typed.by_dtype(dk.decode_fwd)
 MERGE = _typed.by_dtype(dk.decode_merge)
@@ -127,10 +127,10 @@ def plan_grid(like, kernel, blocks: int, tiles: int, dp: int, mt: int, paged: bo
     to those splits whose clusters all run at once, each block asking for enough shared
     memory that no two share a multiprocessor (two of a cluster on one would leave others
     idle; a cluster that waited for another would double the time), and splits of at most
-    CLUSTER_TILES key tiles (the merge weighs on short splits). Measured on an H100,
-    B = 1, Hkv = 8, D = 128: 16 splits through clusters of 8 at 4k keys, 10.9 us against
-    11.7 with the global merge (clusters of 16 do not all fit: 7 of 8 run at once); 6.9
-    against 7.7 at 1k keys."""
+    CLUSTER_TILES key tiles. Measured on an H100 (kernel time), Hkv = 8, D = 128: B = 1
+    through clusters of 8 (of 16 only 7 of 8 run at once) at 1k, 4k and 32k keys 7.0, 11.1
+    and 48.1 us against 7.5, 11.6 and 49.8 with the global merge; B = 4 at 4k through
+    clusters of 2, 27.5 against 28.0."""
     sms = _arrays.multiprocessors(like)
     splits = splits_for(blocks, tiles, sms)
     stages = deep_stages(dp, mt) if blocks * splits <= sms else stages_for(dp, mt)

@@ -250,7 +250,7 @@ def test_split_heuristic_fills_the_gpu():
 def test_cluster_merge_takes_short_splits_one_block_a_multiprocessor():
     # in the simulator every cluster is resident: B = 1 at 4k and 1k keys merge through
     # clusters (16 and 8 splits, four K/V stages, shared memory over half a multiprocessor);
-    # long splits (32k keys) and grids of more than a block a multiprocessor do not
+    # splits of more than 64 tiles and grids of more than a block a multiprocessor do not
     q = np.zeros((1, 32, 1, 128), np.float16)
     with kaio.simulate():
         qa = decode._arrays.Inputs("test").array(q, "q", ndim=4, dtypes=(kaio.f16,), form="q")
@@ -259,8 +259,8 @@ def test_cluster_merge_takes_short_splits_one_block_a_multiprocessor():
         )
         assert plan(8, 64)[:3] == (16, 4, 16) and plan(8, 64)[3] >= decode.SPREAD
         assert plan(8, 16)[:3] == (8, 4, 8)
-        assert plan(8, 512)[2] == 1
-        assert plan(32, 64)[2] == 1  # 4 splits of 16 tiles
+        assert plan(8, 512)[2] == 16
+        assert plan(8, 16 * 128)[2] == 1  # splits of 128 tiles: the global merge
         assert plan(128, 64)[:3] == (1, 4, 1)
 
 
