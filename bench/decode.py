@@ -92,6 +92,23 @@ def reference(q, k, v, lens):
     return out
 
 
+def paged_caches(k, v, page: int, gen=None) -> tuple:
+    """(block_table, k_pages, v_pages): contiguous caches [B, Hkv, L, D] copied into
+    shuffled pages [B * L / page, page, Hkv, D] ("NHD"), the same values."""
+    b, hkv, length, d = k.shape
+    per = length // page
+    table = torch.randperm(b * per, device=k.device, generator=gen).to(torch.int32)
+    table = table.reshape(b, per)
+    caches = []
+    for x in (k, v):
+        pages = torch.empty(b * per, page, hkv, d, device=x.device, dtype=x.dtype)
+        pages[table.long().flatten()] = (
+            x.reshape(b, hkv, per, page, d).permute(0, 2, 3, 1, 4).reshape(-1, page, hkv, d)
+        )
+        caches.append(pages)
+    return (table, *caches)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true", help="B in {1, 16}, L = 4096 only")
@@ -149,16 +166,7 @@ def case(h: Harness, b: int, length: int, ragged: bool, paged: bool) -> None:
         )
         mask = (torch.arange(length, device="cuda")[None] < lens[:, None])[:, None, None]
         if paged:  # the same values in shuffled 16-token pages
-            per = length // PAGE
-            table = torch.randperm(b * per, device="cuda", generator=gen).to(torch.int32)
-            table = table.reshape(b, per)
-            caches = []
-            for x in (k, v):
-                pages = torch.empty(b * per, PAGE, HKV, D, device="cuda", dtype=x.dtype)
-                pages[table.long().flatten()] = (
-                    x.reshape(b, HKV, per, PAGE, D).permute(0, 2, 3, 1, 4).reshape(-1, PAGE, HKV, D)
-                )
-                caches.append(pages)
+            table, *caches = paged_caches(k, v, PAGE, gen)
             kaio_args = (q, *caches, lens, table)
         else:
             kaio_args = (q, k, v, lens, None)

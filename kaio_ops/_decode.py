@@ -9,18 +9,19 @@ warp w owns the 16 rows of M-tile w % MT and keys (w // MT) * KW .. + KW of the 
 (KW = 64 * MT / 4). K and V tiles are buffered in ``STAGES`` (2 to 4) shared-memory stages
 (16-byte cp.async, XOR-swizzled for ldmatrix): tiles t + 1 .. t + STAGES - 1 are in flight
 while tile t is used. The scores and the online softmax are those of
-``_attention_tc.attention_fwd`` (fragments, ``dot_rows_at``, ``acc_rows_at``,
-``online_softmax``); the warps' partial (max, sum, output) then merge
-through shared memory.
+``_attention_tc.attention_fwd`` (``frag_columns``, ``load_a``, ``start_rows``, ``dot_rows_at``, ``acc_rows_at``,
+``online_softmax``); the warps' partial (max, sum, output) then merge through shared memory.
 
 Lengths are read on the GPU: ``seq_lens[b]`` (clamped to 0 .. capacity) fixes the key tiles,
 split evenly over the grid's x blocks, so the grid depends only on the capacity and the GPU
 (a CUDA graph replays for any lengths); blocks past a sequence's end do no K/V work. New
 token i of the ``sq`` sits at position len - sq + i and sees keys up to its own. With one
-split the block writes the output and the logsumexp; with several it writes its normalized
-partial output (f32) and base-2 logsumexp, which the last block of its row chunk to finish
-(``FUSED``: an atomic counter per chunk) or ``decode_merge`` combines in split order
-(deterministic).
+split the block writes the output and the logsumexp. With several, the splits of a row
+chunk are one thread-block cluster where ``CL`` > 1 (sm_90): each block keeps its normalized
+partial output and base-2 logsumexp in shared memory and ``cluster_merge`` combines them
+through distributed shared memory. Else each block writes them to global memory (f32), and
+the last block of its row chunk to finish (``FUSED``: an atomic counter per chunk) or
+``decode_merge`` combines them. Either way in split order (deterministic).
 
 Cache layouts (``PAGED``): contiguous [B, Hkv, capacity, D], or vLLM/FlashInfer "NHD" pages
 [num_pages, page_size, Hkv, D] with ``block_table`` [B, max_pages] (page_size = 1 << shift).
@@ -37,6 +38,7 @@ from kaio_ops._attention_tc import (
     load_a,
     load_tile,
     online_softmax,
+    start_rows,
 )
 
 DT = f16  # the element type placeholder (see _typed.by_dtype)
@@ -71,11 +73,41 @@ def cache_row(
     [B, Hkv, capacity, D], or paged [pages, 1 << shift, Hkv, D] through block_table (a page
     outside the pool counts as the last one)."""
     if PAGED:
-        # clamped to the pool: a bad table reads wrong rows, never outside the cache
-        page = kaio.min(u32(block_table[b * max_pages + (key >> shift)]), pages - 1)
-        slot = (page << shift) + (key & ((u32(1) << shift) - 1))
-        return (slot * kv_heads + kvh) * d
+        page = u32(block_table[b * max_pages + (key >> shift)])
+        return paged_row(page, key, kvh, kv_heads, shift, pages, d)
     return ((b * kv_heads + kvh) * capacity + key) * d
+
+
+@kaio.gpu_func
+def paged_row(page: u32, key: u32, kvh: u32, kv_heads: u32, shift: u32, pages: u32, d: u32) -> u32:
+    """The index of element 0 of row ``key`` (of its sequence), K/V head kvh, in
+    ``page`` of a paged cache [pages, 1 << shift, Hkv, D], clamped to the pool: a bad table
+    reads wrong rows, never outside the cache."""
+    slot = (kaio.min(page, pages - 1) << shift) + (key & ((u32(1) << shift) - 1))
+    return (slot * kv_heads + kvh) * d
+
+
+@kaio.gpu_func
+def page_ids(
+    pg: u32[:, :],
+    j: kaio.constexpr,
+    key0: u32,
+    kv_len: u32,
+    b: u32,
+    block_table: i32[:],
+    max_pages: u32,
+    shift: u32,
+    tid: u32,
+    DP: kaio.constexpr,
+):
+    """pg[j, i]: the block-table entry (as read, unchecked) of the page holding the i-th
+    row this thread copies of the tile of keys key0 .. key0 + BN (``load_stage``'s rows;
+    the first page past kv_len). Read a tile ahead of its copies, these loads are in flight
+    while the block works on a tile instead of stalling the copies."""
+    STEP = THREADS // (DP // 8)
+    for i in kaio.static_range(BN // STEP):
+        key = key0 + tid // (DP // 8) + i * STEP
+        pg[j, i] = u32(block_table[b * max_pages + (kaio.select(key < kv_len, key, 0) >> shift)])
 
 
 @kaio.gpu_func
@@ -88,9 +120,9 @@ def load_stage(
     kv_len: u32,
     b: u32,
     kvh: u32,
-    block_table: i32[:],
+    pg: u32[:, :],
+    j: kaio.constexpr,
     capacity: u32,
-    max_pages: u32,
     kv_heads: u32,
     shift: u32,
     pages: u32,
@@ -101,7 +133,8 @@ def load_stage(
     """The K rows of keys key0 .. key0 + BN into the swizzled rows row0 .. row0 + BN of dst
     and the V rows into the next BN rows (16-byte cp.async, one address computation for
     both; zeros past kv_len, so masked keys multiply finite values), one cp.async group
-    (committed by the caller)."""
+    (committed by the caller). A paged cache's pages are ``page_ids``' pg[j] (a page
+    outside the pool counts as the last one)."""
     PIECES = DP // 8
     STEP = THREADS // PIECES
     r0 = tid // PIECES
@@ -110,10 +143,10 @@ def load_stage(
         r = r0 + i * STEP
         key = key0 + r
         inside = key < kv_len
-        at = cache_row(
-            kaio.select(inside, key, 0), b, kvh, block_table, capacity, max_pages, kv_heads,
-            shift, pages, DP, PAGED,
-        )  # fmt: skip
+        if PAGED:
+            at = paged_row(pg[j, i], key, kvh, kv_heads, shift, pages, DP)
+        else:
+            at = ((b * kv_heads + kvh) * capacity + key) * DP
         index = kaio.select(inside, at + col, 0)
         nbytes = kaio.select(inside, 16, 0)
         swizzled = kaio.swizzle(dst, r0 + i * STEP % 8, col)
@@ -150,13 +183,18 @@ def decode_fwd(
     DIRECT: kaio.constexpr,
     FUSED: kaio.constexpr,
     STAGES: kaio.constexpr,
+    CL: kaio.constexpr,
 ):
     """Attention of the 16 * MT query rows (row chunk) of one K/V group over the key tiles
     of split ``block x``: out / lse (``DIRECT``, one split) or part / part_lse (row-major
     [splits, total_rows, DP] and [splits, total_rows, LSE_STRIDE], base-2 logsumexp).
     ``FUSED``: the last block of the row chunk to finish (``counters[block y]`` counts
     them, and is reset to 0 by that block) merges the splits into out / lse; else
-    ``decode_merge`` does."""
+    ``decode_merge`` does. ``CL`` > 1 (sm_90; the grid's x size is CL, the splits): the
+    splits of a row chunk are one thread-block cluster, their partial results stay in
+    shared memory and ``cluster_merge`` combines them (part, part_lse, counters unused)."""
+    if CL > 1:
+        kaio.cluster_dims(CL)
     KSPLIT = WARPS // MT  # warps sharing one M-tile, each on KW keys of a tile
     KW = BN // KSPLIT
     ROWS = 16 * MT
@@ -177,24 +215,29 @@ def decode_fwd(
     nrows = group * sq  # the group's query rows, contiguous in q
     q_row0 = (b * heads + kvh * group) * sq
     row0 = chunk * ROWS
-    kv_len = u32(kaio.min(kaio.max(seq_lens[b], 0), i32(capacity)))
-    n_total = (kv_len + BN - 1) // BN
-    per = (n_total + splits - 1) // splits
-    t0 = kaio.min(split * per, n_total)
-    t1 = kaio.min(t0 + per, n_total)
-
     kv_s = kaio.shared_dynamic(DT, (2 * STAGES * BN, DP), 0)  # K0, V0, K1, V1, ...
     q_s = kaio.shared_dynamic(DT, (ROWS, DP), 2 * STAGES * BN * DP * 2)
     red_o = kaio.shared_dynamic(f32, (WARPS * 16, DP), 0)  # after the loop, over kv_s
     red_ml = kaio.shared_dynamic(f32, (2, WARPS * 16), (2 * STAGES * BN + ROWS) * DP * 2)
 
+    # Q first: its copies are in flight while the length is read (the K/V copies need it)
     load_tile(q_s, q, q_row0 * DP, row0, nrows, DP, tid, ROWS, DP, THREADS, True)
     kaio.cp_async_commit()
+    kv_len = u32(kaio.min(kaio.max(seq_lens[b], 0), i32(capacity)))
+    n_total = (kv_len + BN - 1) // BN
+    per = (n_total + splits - 1) // splits
+    t0 = kaio.min(split * per, n_total)
+    t1 = kaio.min(t0 + per, n_total)
+    # a paged cache's pages of tiles t0 .. t0 + STAGES - 1 (loads all in flight at once)
+    pg = kaio.local(u32, (STAGES, BN // (THREADS // (DP // 8))))
+    if PAGED:
+        for j in kaio.static_range(STAGES):
+            page_ids(pg, j, (t0 + j) * BN, kv_len, b, block_table, max_pages, shift, tid, DP)
     for j in kaio.static_range(STAGES - 1):  # tiles t0 .. t0 + STAGES - 2 in flight
         if t0 + j < t1:
             load_stage(
-                kv_s, j * 2 * BN, k, v, (t0 + j) * BN, kv_len, b, kvh, block_table, capacity,
-                max_pages, kv_heads, shift, pages, tid, DP, PAGED,
+                kv_s, j * 2 * BN, k, v, (t0 + j) * BN, kv_len, b, kvh, pg, j, capacity,
+                kv_heads, shift, pages, tid, DP, PAGED,
             )  # fmt: skip
         kaio.cp_async_commit()
     kaio.cp_async_wait(STAGES - 1)  # Q has landed
@@ -202,31 +245,31 @@ def decode_fwd(
 
     acol = kaio.local(u32, 4)
     bcol = kaio.local(u32, 4)
-    frag_columns(acol, bcol, q_s, lane)
     qf = kaio.local(u32, (DP // 16, 4))
-    if QREG:
-        load_a(qf, q_s, mtile * 16, acol, lane, 0, DP)
     m = kaio.local(f32, 2)
     l = kaio.local(f32, 2)
+    o = kaio.local(f32, (DP // 8, 4))
+    frag_columns(acol, bcol, q_s, lane)
+    if QREG:
+        load_a(qf, q_s, mtile * 16, acol, lane, 0, DP)
+    start_rows(m, l, o, DP)
     limit = kaio.local(i32, 2)  # keys < limit are visible to the row (causal)
     for h in kaio.static_range(2):
-        m[h] = NEG_INF
-        l[h] = 0.0
         row = row0 + mtile * 16 + g + 8 * h
         limit[h] = i32(kv_len) - i32(sq) + i32(row % sq) + 1
-    o = kaio.local(f32, (DP // 8, 4))
-    for n in kaio.static_range(DP // 8):
-        for e in kaio.static_range(4):
-            o[n, e] = 0.0
     s = kaio.local(f32, (KW // 8, 4))
     for t in range(t0, t1):
         stage = (t - t0) % STAGES * 2 * BN
         if t + STAGES - 1 < t1:  # into the stage tile t - 1 used
             load_stage(
                 kv_s, (t - t0 + STAGES - 1) % STAGES * 2 * BN, k, v, (t + STAGES - 1) * BN,
-                kv_len, b, kvh, block_table, capacity, max_pages, kv_heads, shift, pages, tid, DP,
-                PAGED,
+                kv_len, b, kvh, pg, STAGES - 1, capacity, kv_heads, shift, pages, tid, DP, PAGED,
             )  # fmt: skip
+            if PAGED:  # the next tile's pages, used by the next iteration's copies
+                page_ids(
+                    pg, STAGES - 1, (t + STAGES) * BN, kv_len, b, block_table, max_pages, shift,
+                    tid, DP,
+                )  # fmt: skip
         kaio.cp_async_commit()
         kaio.cp_async_wait(STAGES - 1)  # tile t has landed
         kaio.sync_threads()
@@ -247,7 +290,9 @@ def decode_fwd(
         acc_rows_at(o, s, kv_s, krow + BN, acol, lane, KW // 8, DP)  # O += P V
         kaio.sync_threads()  # this stage is free
 
-    # the warps' partial results, relative to their own maxima, through shared memory
+    # the warps' partial results, relative to their own maxima, through shared memory (the
+    # columns of row r XOR-ed with r % 4 * 8: a store's 8 rows x 4 column pairs fall on 16
+    # banks, not 4)
     kaio.cp_async_wait_all()
     kaio.sync_threads()
     for h in kaio.static_range(2):
@@ -259,8 +304,11 @@ def decode_fwd(
             red_ml[1, r] = total
         for n in kaio.static_range(DP // 8):
             for e in kaio.static_range(2):
-                red_o[r, n * 8 + lane % 4 * 2 + e] = o[n, 2 * h + e]
+                red_o[r, (n * 8 + lane % 4 * 2 + e) ^ r % 4 * 8] = o[n, 2 * h + e]
     kaio.sync_threads()
+    # CL > 1: this block's merged rows, read by the cluster (after red_o; over Q)
+    mine_o = kaio.shared_dynamic(f32, (ROWS, DP), WARPS * 16 * DP * 4)
+    mine_lse = kaio.shared_dynamic(f32, (ROWS,), 2 * STAGES * BN * DP * 2)
     elements = kaio.min(ROWS, nrows - row0) * DP  # the chunk's real rows (not the padding)
     for idx in range(tid, elements, THREADS):
         rr = idx // DP
@@ -276,20 +324,31 @@ def decode_fwd(
             r = (kp * MT + mt) * 16 + rr % 16
             w = kaio.exp2(red_ml[0, r] - base)
             den += red_ml[1, r] * w
-            num += red_o[r, c] * w
+            num += red_o[r, c ^ r % 4 * 8] * w
         at = q_row0 + row0 + rr
         inv = kaio.select(den > 0.0, 1.0 / den, 0.0)
         if DIRECT:
             out[at * DP + c] = DT(num * inv)
             if c == 0:
                 lse[at] = kaio.select(den > 0.0, (base + kaio.log2(den)) * LN2, NEG_INF)
+        elif CL > 1:
+            mine_o[rr, c] = num * inv
+            if c == 0:
+                mine_lse[rr] = kaio.select(den > 0.0, base + kaio.log2(den), NEG_INF)
         else:
             part[(split * total_rows + at) * DP + c] = num * inv
             if c == 0:
                 part_lse[(split * total_rows + at) * LSE_STRIDE] = kaio.select(
                     den > 0.0, base + kaio.log2(den), NEG_INF
                 )
-    if FUSED and not DIRECT:
+    if CL > 1 and not DIRECT:
+        kaio.cluster_sync()
+        cluster_merge(
+            mine_o, mine_lse, out, lse, q_row0 + row0, kaio.min(ROWS, nrows - row0), split,
+            tid, DP, CL,
+        )  # fmt: skip
+        kaio.cluster_sync()  # no block leaves while others read its shared memory
+    if FUSED and not DIRECT and CL == 1:
         # the last block of this row chunk merges the splits (fence, then count: the
         # partial results of every block counted are visible to the one that counts last)
         kaio.threadfence()
@@ -391,6 +450,48 @@ def merge_chunk(
         for e in kaio.static_range(4):
             res[e] = DT(acc[e])
         kaio.store_vector(out, (first + r) * DP + c, res)
+
+
+@kaio.gpu_func
+def cluster_merge(
+    mine_o: f32[:, :],
+    mine_lse: f32[:],
+    out: DT[:],
+    lse: f32[:],
+    first: u32,
+    nreal: u32,
+    rank: u32,
+    tid: u32,
+    DP: kaio.constexpr,
+    CL: kaio.constexpr,
+):
+    """out / lse of query rows first .. first + nreal from the CL blocks of this cluster
+    (rank = split): each block's normalized partial rows ``mine_o`` and base-2 logsumexps
+    ``mine_lse`` in its shared memory, weighted by their share of each row's softmax and
+    summed in rank order (deterministic). Block ``rank`` writes the rank-th CL-th of the
+    rows' elements, a thread an element."""
+    n = nreal * DP
+    per = (n + CL - 1) // CL
+    lo = rank * per
+    xs = kaio.local(f32, CL)
+    for i in range(lo + tid, kaio.min(lo + per, n), THREADS):
+        r = i // DP
+        c = i % DP
+        top = NEG_INF
+        for sp in kaio.static_range(CL):
+            xs[sp] = kaio.cluster_load(mine_lse, r, sp)
+            top = kaio.max(top, xs[sp])
+        base = kaio.select(top == NEG_INF, 0.0, top)
+        den = 0.0
+        num = 0.0
+        for sp in kaio.static_range(CL):
+            w = kaio.exp2(xs[sp] - base)  # 0 for a split that saw no key
+            den += w
+            num += w * kaio.cluster_load(mine_o, (r, c), sp)
+        inv = kaio.select(den > 0.0, 1.0 / den, 0.0)
+        out[(first + r) * DP + c] = DT(num * inv)
+        if c == 0:
+            lse[first + r] = kaio.select(den > 0.0, (base + kaio.log2(den)) * LN2, NEG_INF)
 
 
 @kaio.gpu_kernel(block_size=THREADS)

@@ -120,14 +120,15 @@ def test_decode_in_simulator(lens, h, hkv, sq, d, dtype, page_size, capacity):
     assert (out[~seen] == 0).all()
 
 
-@pytest.mark.parametrize("fused", [True, False])
-def test_decode_scale_and_splits(monkeypatch, fused):
+@pytest.mark.parametrize("merge", ["fused", "kernel", "cluster"])
+def test_decode_scale_and_splits(monkeypatch, merge):
     # a scale; several splits merged by the last block of each row chunk (fused: its
-    # counters are back to 0 afterwards, ready for the next call) or by the separate merge
-    # kernel (what runs where no counters are at hand)
+    # counters are back to 0 afterwards, ready for the next call), by the separate merge
+    # kernel (what runs where no counters are at hand) or through a cluster's shared memory
     counters = np.zeros(64, np.uint32)
-    monkeypatch.setattr(decode, "_counters", lambda *_: counters if fused else None)
-    monkeypatch.setattr(decode, "splits_for", lambda *_: 3)
+    monkeypatch.setattr(decode, "_counters", lambda *_: counters if merge == "fused" else None)
+    monkeypatch.setattr(decode, "CLUSTER_MERGE", merge == "cluster")
+    monkeypatch.setattr(decode, "splits_for", lambda *_: 4 if merge == "cluster" else 3)
     rng = np.random.default_rng(3)
     q = rng.standard_normal((1, 4, 2, 64)).astype(np.float16)
     k_cache, v_cache, _ = make_cache(rng, 1, 4, 64, 300, np.float16)
@@ -141,20 +142,22 @@ def test_decode_scale_and_splits(monkeypatch, fused):
     assert np.abs(out.astype(np.float64) - ref).max() < 4e-3
 
 
-@pytest.mark.parametrize("fused", [True, False])
-def test_decode_merge_of_many_splits_and_rows(monkeypatch, fused):
+@pytest.mark.parametrize("merge", ["fused", "kernel", "cluster"])
+def test_decode_merge_of_many_splits_and_rows(monkeypatch, merge):
     # 40 splits (past one warp's lanes, not a multiple of the merge's unrolling; the last
     # ones past the length hold no key) over 40 query rows (group 8 x Sq 5: four M-tiles,
-    # more rows than warps); without the fused merge, 3 K/V stages (the grid of a full GPU)
-    monkeypatch.setattr(decode, "splits_for", lambda *_: 40)
-    if not fused:
+    # more rows than warps); without the fused merge, 3 K/V stages (the grid of a full GPU);
+    # through a cluster, its largest size (16 splits, several elements a thread)
+    splits = 16 if merge == "cluster" else 40
+    monkeypatch.setattr(decode, "splits_for", lambda *_: splits)
+    monkeypatch.setattr(decode, "CLUSTER_MERGE", merge == "cluster")
+    if merge == "kernel":
         monkeypatch.setattr(decode, "deep_stages", decode.stages_for)
-    if not fused:
         monkeypatch.setattr(decode, "_counters", lambda *_: None)
     rng = np.random.default_rng(4)
     q = rng.standard_normal((1, 8, 5, 64)).astype(np.float16)
-    k_cache, v_cache, _ = make_cache(rng, 1, 1, 64, 40 * 64, np.float16)
-    seq_lens = np.array([33 * 64 + 5], np.int32)
+    k_cache, v_cache, _ = make_cache(rng, 1, 1, 64, splits * 64, np.float16)
+    seq_lens = np.array([(splits - 7) * 64 + 5], np.int32)
     with kaio.simulate():
         out, lse = kaio_ops.flash_attention_decode_with_stats(q, k_cache, v_cache, seq_lens)
     ref, ref_lse = reference(q, k_cache, v_cache, list(seq_lens))
@@ -242,6 +245,23 @@ def test_split_heuristic_fills_the_gpu():
     assert decode.splits_for(16 * 8, 1024 // 64, 132) == 1
     assert decode.splits_for(64 * 8, 4096 // 64, 132) == 1
     assert decode.splits_for(8, 1, 132) == 1  # one tile: one split
+
+
+def test_cluster_merge_takes_short_splits_one_block_a_multiprocessor():
+    # in the simulator every cluster is resident: B = 1 at 4k and 1k keys merge through
+    # clusters (16 and 8 splits, four K/V stages, shared memory over half a multiprocessor);
+    # splits of more than 64 tiles and grids of more than a block a multiprocessor do not
+    q = np.zeros((1, 32, 1, 128), np.float16)
+    with kaio.simulate():
+        qa = decode._arrays.Inputs("test").array(q, "q", ndim=4, dtypes=(kaio.f16,), form="q")
+        plan = lambda blocks, tiles: decode.plan_grid(  # noqa: E731
+            qa, decode.DECODE[kaio.f16], blocks, tiles, 128, 1, False
+        )
+        assert plan(8, 64)[:3] == (16, 4, 16) and plan(8, 64)[3] >= decode.SPREAD
+        assert plan(8, 16)[:3] == (8, 4, 8)
+        assert plan(8, 512)[2] == 16
+        assert plan(8, 16 * 128)[2] == 1  # splits of 128 tiles: the global merge
+        assert plan(128, 64)[:3] == (1, 4, 1)
 
 
 # --------------------------------------------------------------------------- input checks
@@ -363,8 +383,8 @@ def assembled() -> list:
     vector and scalar paths), not all 206 of them (the CI time budget). The largest
     (D = 256, four M-tiles) and the one compiled for 3 blocks per SM (168 registers) are in."""
 
-    def fwd(dp, mt, paged, merge, deep=False):
-        flags = {"DIRECT": merge == "direct", "FUSED": merge == "fused"}
+    def fwd(dp, mt, paged, merge, deep=False, cl=1):
+        flags = {"DIRECT": merge == "direct", "FUSED": merge == "fused", "CL": cl}
         stages = (decode.deep_stages if deep else decode.stages_for)(dp, mt)
         return {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": stages, **flags}
 
@@ -376,6 +396,8 @@ def assembled() -> list:
         (decode.DECODE[kaio.f16], fwd(256, 1, False, "kernel")),
         (decode.DECODE[kaio.f16], fwd(256, 4, True, "fused")),
         (decode.DECODE[kaio.bf16], fwd(128, 1, False, "fused")),
+        (decode.DECODE[kaio.f16], fwd(128, 1, True, "cluster", deep=True, cl=16)),
+        (decode.DECODE[kaio.bf16], fwd(256, 4, False, "cluster", deep=True, cl=2)),
         (decode.MERGE[kaio.bf16], {"DP": 256, "MT": 4}),
         (decode.APPEND[kaio.f16], {"PAGED": True, "VEC": 8}),
         (decode.APPEND[kaio.bf16], {"PAGED": False, "VEC": 1}),
@@ -384,7 +406,7 @@ def assembled() -> list:
 
 def _assemble(index: int) -> None:
     kernel, constexprs = assembled()[index]
-    for arch in ("sm_80", "sm_90"):
+    for arch in ("sm_80", "sm_90") if constexprs.get("CL", 1) == 1 else ("sm_90",):
         report = assemble(kernel.ptx(arch=arch, **constexprs), arch)
         if arch == "sm_90":  # H100/H200: every kernel fits its registers
             spills = re.search(r"(\d+) bytes spill stores", report)
@@ -484,12 +506,19 @@ def test_gpu_decode_against_sdpa(b, h, hkv, sq, d, capacity, lens, page_size, dt
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("page_size", [None, 16])
-def test_gpu_decode_step_in_a_cuda_graph(page_size):
+@pytest.mark.parametrize(
+    "first, replays",
+    [
+        ([100, 2000, 4096, 2], ([5, 3000, 17, 4096], [2, 64, 4095, 1000])),
+        ([3000], ([5], [4096])),  # batch 1: the cluster merge on sm_90
+    ],
+)
+def test_gpu_decode_step_in_a_cuda_graph(page_size, first, replays):
     import torch
 
-    b, h, hkv, sq, d, capacity = 4, 32, 8, 2, 128, 4096
+    b, h, hkv, sq, d, capacity = len(first), 32, 8, 2, 128, 4096
     q, k_cache, v_cache, seq_lens, table = _gpu_case(
-        b, h, hkv, sq, d, capacity, [100, 2000, 4096, 2], page_size, "float16", seed=7
+        b, h, hkv, sq, d, capacity, first, page_size, "float16", seed=7
     )
     k_new, v_new = (torch.randn((b, hkv, sq, d), device="cuda", dtype=q.dtype) for _ in "kv")
 
@@ -505,7 +534,7 @@ def test_gpu_decode_step_in_a_cuda_graph(page_size):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = step()
-    for lens in ([5, 3000, 17, 4096], [2, 64, 4095, 1000]):
+    for lens in replays:
         seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
         k_new.normal_()
         v_new.normal_()

@@ -57,6 +57,7 @@ class FakeGPU:
         monkeypatch.setattr(MATMUL_MODULE, "_hopper", lambda a: False)
         monkeypatch.setattr(linear_module, "_hopper", lambda a: False)  # tensor maps
         monkeypatch.setattr(linear_module, "_pipelined", lambda a: True)  # sm_90
+        monkeypatch.setattr(kaio_ops.decode, "_hopper", lambda a: False)  # clusters
         monkeypatch.setattr(kaio_ops.tune, "lookup", lambda *a, **k: None)
         monkeypatch.setattr(kaio_ops._long_rows, "available", lambda a: False)
         _plan.clear()

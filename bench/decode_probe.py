@@ -1,0 +1,432 @@
+"""Where ``flash_attention_decode``'s time goes: kernel times (CUPTI durations through the
+torch profiler, median per kernel, summed over a call's kernels) of its variants (split
+count, K/V stages, the fused, separate or cluster merge, lengths under the capacity), of
+floors (a DSL kernel that only streams the same bytes; torch reductions and copies) and of
+torch SDPA, all in one profiler session per group, calls rotating over input sets of more
+than the L2 cache.
+
+    python3 bench/decode_probe.py [warm | b | ncu]    # this checkout's kaio_ops
+    PROBE_BASE=1 PYTHONPATH=/other/checkout python3 bench/decode_probe.py base_b
+
+No argument: B = 1, 4k keys, taken apart (splits, stages, merges, lengths 0 .. 4k, floors).
+``warm`` compiles the kernels in 16 processes first (the disk cache keeps them); ``b`` is the
+suite's shapes, default against the global merge and SDPA; ``ncu`` makes the calls for
+``ncu --kernel-name regex:decode_fwd``; ``base_b`` the default of another checkout's
+kaio_ops (PROBE_BASE: its packages first on the path).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import statistics
+import sys
+import time
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.functional import scaled_dot_product_attention as sdpa
+from torch.profiler import ProfilerActivity, profile
+
+if not os.environ.get("PROBE_BASE"):  # else kaio_ops from PYTHONPATH (main's, the baseline)
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import kaio  # noqa: E402
+from kaio import f16, f32, u32  # noqa: E402
+from kaio_ops import decode  # noqa: E402
+
+
+def _paged_caches():
+    """bench/decode.py's ``paged_caches``, from this folder's file (with PROBE_BASE the
+    packages on the path are main's)."""
+    import importlib.util
+
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "decode.py")
+    spec = importlib.util.spec_from_file_location("decode_suite", here)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.paged_caches
+
+
+paged_caches = _paged_caches()
+
+H, HKV, D = 32, 8, 128
+ORIG = {n: getattr(decode, n) for n in ("splits_for", "deep_stages", "stages_for", "_counters")}
+ORIG_CLUSTER = getattr(decode, "CLUSTER_MERGE", False)
+ORIG_TILES = getattr(decode, "CLUSTER_TILES", 8)
+T0 = time.time()
+
+
+def restore():
+    for n, f in ORIG.items():
+        setattr(decode, n, f)
+    decode.CLUSTER_MERGE = ORIG_CLUSTER
+    decode.CLUSTER_CHECK = True
+    decode.CLUSTER_TILES = ORIG_TILES
+
+
+PENDING: list = []  # (label, fn, sets) to time in the next profiler session
+
+
+@kaio.gpu_kernel(block_size=32)
+def probe_mark(x: f32[:]):
+    """A marker between timed calls in the profiler's timeline."""
+    x[kaio.thread_idx_x()] = 1.0
+
+
+MARK = None
+
+
+def kernel_times(fn, sets, n=24):
+    """A job for flush(): n calls rotating over sets."""
+    return (fn, sets, n)
+
+
+def show(label, job):
+    PENDING.append((label, *job))
+
+
+def flush():
+    """Time the pending jobs in one profiler session: {kernel: median us} per job, printed."""
+    global MARK
+    if MARK is None:
+        MARK = torch.zeros(32, device="cuda")
+    jobs = list(PENDING)
+    PENDING.clear()
+    if not jobs:
+        return
+    ok = []
+    for job in jobs:  # compile and warm outside the session
+        try:
+            job[1](*job[2][0])
+            torch.cuda.synchronize()
+            ok.append(job)
+        except Exception as e:  # noqa: BLE001
+            print(f"{job[0]}: failed: {type(e).__name__}: {e}"[:300], flush=True)
+    jobs = ok
+    probe_mark[1, 32](MARK)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _, fn, sets, n in jobs:
+            for i in range(3):
+                fn(*sets[i % len(sets)])
+            probe_mark[1, 32](MARK)
+            for i in range(n):
+                fn(*sets[(i + 3) % len(sets)])
+            probe_mark[1, 32](MARK)
+        torch.cuda.synchronize()
+    evs = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    evs.sort(key=lambda e: e.time_range.start)
+    segments, inside, cur = [], False, None
+    for e in evs:
+        if "probe_mark" in e.name:
+            if inside:
+                segments.append(cur)
+            else:
+                cur = collections.defaultdict(list)
+            inside = not inside
+        elif inside:
+            cur[e.name[:28]].append(e.device_time)
+    for (label, _, _, n), seg in zip(jobs, segments, strict=False):
+        # a kernel launched several times a call counts that many times
+        times = {k: statistics.median(v) * len(v) / n for k, v in seg.items()}
+        total = sum(times.values())
+        parts = " + ".join(f"{k}={v:.2f}" for k, v in times.items()) if len(times) > 1 else ""
+        print(f"{label:44s} {total:8.2f} us  {parts}", flush=True)
+    if len(segments) != len(jobs):
+        print(f"(marker mismatch: {len(segments)} segments for {len(jobs)} jobs)", flush=True)
+    print(f"[{time.time() - T0:.0f}s]", flush=True)
+
+
+def make_sets(b, length, paged=False, page=16):
+    kv = 2 * b * HKV * length * D * 2
+    nsets = max(1, min(32, (200 << 20) // kv + 1))
+    sets = []
+    for _ in range(nsets):
+        q = torch.randn(b, H, 1, D, device="cuda", dtype=torch.half)
+        k, v = (torch.randn(b, HKV, length, D, device="cuda", dtype=torch.half) for _ in "kv")
+        table = None
+        kc, vc = k, v
+        if paged:
+            table, kc, vc = paged_caches(k, v, page)
+        sets.append((q, k, v, kc, vc, table))
+    return sets
+
+
+def run_kaio(lens, **cfg):
+    def f(q, k, v, kc, vc, table):
+        force(**cfg)
+        return decode._decode("probe", q, kc, vc, lens, table, None)
+
+    return f
+
+
+def check(sets, lens):
+    q, k, v, kc, vc, table = sets[0]
+    out = decode._decode("probe", q, kc, vc, lens, table, None)[0]
+    n = int(lens[0])
+    ref = sdpa(q.float(), k[:, :, :n].float(), v[:, :, :n].float(), enable_gqa=True)
+    err = ((out.float() - ref).norm() / ref.norm()).item()
+    return err
+
+
+def force(splits=None, stages=None, unfused=False, cluster=None):
+    """Module defaults but for what is named (cluster: None = the module's choice)."""
+    restore()
+    if cluster is not None:
+        decode.CLUSTER_MERGE = cluster
+        decode.CLUSTER_CHECK = not cluster  # forced: measured even where clusters would queue
+        decode.CLUSTER_TILES = 1 << 30 if cluster else ORIG_TILES
+    if splits is not None:
+        decode.splits_for = lambda *a, s=splits: s
+    if stages is not None:
+        decode.deep_stages = lambda *a, s=stages: s
+        decode.stages_for = lambda *a, s=stages: s
+    if unfused:
+        decode._counters = lambda *a: None
+
+
+@kaio.gpu_kernel(block_size=128)
+def stream(src: f16[:], out: f32[:], per_block: u32, U: kaio.constexpr):
+    """Floor: each block reads per_block elements (16-byte loads, U in flight a thread)."""
+    tid = kaio.thread_idx_x()
+    base = kaio.block_idx_x() * per_block
+    buf = kaio.local(f16, (U, 8))
+    acc = 0.0
+    for i0 in range(tid * 8, per_block, 128 * 8 * U):
+        for j in kaio.static_range(U):
+            i = i0 + j * 128 * 8
+            kaio.load_vector(buf[j], src, base + kaio.select(i < per_block, i, 0))
+        for j in kaio.static_range(U):
+            acc += f32(buf[j, 0]) + f32(buf[j, 7])
+    out[kaio.block_idx_x() * 128 + tid] = acc
+
+
+def floors(nbytes):
+    n = nbytes // 2
+    srcs = [torch.randn(n, device="cuda").half() for _ in range(8)]
+    for blocks in (128, 256, 512, 1024):
+        for u in (8, 16):
+            out = torch.empty(blocks * 128, device="cuda")
+            per = n // blocks
+            t = kernel_times(
+                lambda s, out=out, per=per, blocks=blocks, u=u: stream[blocks, 128](
+                    s, out, per, U=u
+                ),
+                [(s,) for s in srcs],
+            )
+            show(f"floor stream {blocks} blocks x128 U{u}", t)
+    t = kernel_times(lambda s: s.view(-1, 4096).sum(1, dtype=torch.float32), [(s,) for s in srcs])
+    show("floor torch rowsum", t)
+    dst = [torch.empty_like(s) for s in srcs]
+    t = kernel_times(lambda s, d: d.copy_(s), list(zip(srcs, dst, strict=True)))
+    show("floor torch copy (read+write 2x)", t)
+    tiny = torch.zeros(1, device="cuda")
+    t = kernel_times(lambda x: x.add_(1), [(tiny,)])
+    show("floor empty-ish torch kernel", t)
+
+
+def sdpa_variants(sets, label):
+    for name, backend in (
+        ("default", None),
+        ("flash", SDPBackend.FLASH_ATTENTION),
+        ("efficient", SDPBackend.EFFICIENT_ATTENTION),
+        ("cudnn", SDPBackend.CUDNN_ATTENTION),
+    ):
+
+        def f(q, k, v, kc, vc, table, backend=backend):
+            if backend is None:
+                return sdpa(q, k, v, enable_gqa=True)
+            with sdpa_kernel(backend):
+                return sdpa(q, k, v, enable_gqa=True)
+
+        try:
+            show(f"{label} SDPA {name}", kernel_times(f, sets))
+        except Exception as e:  # noqa: BLE001
+            print(f"{label} SDPA {name}: {type(e).__name__}", flush=True)
+
+
+def main():
+    print(torch.cuda.get_device_name(), flush=True)
+    b, length = 1, 4096
+    sets = make_sets(b, length)
+    lens = torch.full((b,), length, device="cuda", dtype=torch.int32)
+    print(f"B1 L4096 rel err vs f32 SDPA: {check(sets, lens):.2e}", flush=True)
+    k = decode.DECODE[f16]
+    for cl, st in ((16, 4), (16, 3), (16, 2), (8, 4)):
+        try:
+            n = k.max_active_clusters(
+                128, decode.shared_bytes(128, 1, st), DP=128, MT=1, PAGED=False, DIRECT=False,
+                FUSED=False, STAGES=st, CL=cl,
+            )  # fmt: skip
+            print(f"max_active_clusters CL={cl} stages={st}: {n}", flush=True)
+        except Exception as e:  # noqa: BLE001
+            print(f"max_active_clusters CL={cl}: {type(e).__name__}: {e}"[:200], flush=True)
+    for s, st in ((16, None), (8, None), (16, 2)):
+        force(splits=s, stages=st, cluster=True)
+        print(f"  cluster s={s} st={st} err {check(sets, lens):.1e}", flush=True)
+    restore()
+    if hasattr(decode, "plan_grid"):
+        for b_, hk, tiles, paged in (
+            (1, 8, 64, False),
+            (1, 8, 16, False),
+            (1, 8, 512, False),
+            (4, 8, 64, False),
+            (16, 8, 64, False),
+            (1, 8, 64, True),
+        ):
+            try:
+                qa = decode._arrays.Inputs("probe").array(
+                    sets[0][0], "q", ndim=4, dtypes=(f16,), form="q"
+                )
+                got = decode.plan_grid(qa, k, b_ * hk, tiles, 128, 1, paged)
+            except Exception as e:  # noqa: BLE001
+                got = f"{type(e).__name__}: {e}"[:200]
+            print(f"plan_grid B{b_} tiles={tiles} paged={paged}: (splits, stages, CL) = {got}")
+    show("B1 L4096 kaio default", kernel_times(run_kaio(lens), sets))
+    sdpa_variants(sets, "B1 L4096")
+    for s, st in ((16, None), (8, None), (16, 3), (16, 2), (4, None), (2, None)):
+        show(
+            f"B1 L4096 CLUSTER splits={s} stages={st}",
+            kernel_times(run_kaio(lens, splits=s, stages=st, cluster=True), sets),
+        )
+    show("B1 L4096 kaio global merge", kernel_times(run_kaio(lens, cluster=False), sets))
+    for s in (1, 4, 8, 12, 16, 24, 32, 64):
+        show(f"B1 L4096 splits={s}", kernel_times(run_kaio(lens, splits=s, cluster=False), sets))
+    for st in (2, 3):
+        show(
+            f"B1 L4096 splits=16 stages={st}",
+            kernel_times(run_kaio(lens, splits=16, stages=st, cluster=False), sets),
+        )
+    show(
+        "B1 L4096 splits=32 stages=2",
+        kernel_times(run_kaio(lens, splits=32, stages=2, cluster=False), sets),
+    )
+    for s in (8, 16, 32):
+        show(
+            f"B1 L4096 splits={s} unfused",
+            kernel_times(run_kaio(lens, splits=s, unfused=True, cluster=False), sets),
+        )
+    flush()
+    for n in (0, 64, 1024, 2048):
+        short = torch.full((b,), n, device="cuda", dtype=torch.int32)
+        for s in (1, 16):
+            show(
+                f"B1 cap4096 len={n} splits={s}",
+                kernel_times(run_kaio(short, splits=s, cluster=False), sets),
+            )
+        show(
+            f"B1 cap4096 len={n} CLUSTER splits=16",
+            kernel_times(run_kaio(short, splits=16, cluster=True), sets),
+        )
+    floors(2 * b * HKV * length * D * 2)
+    flush()
+    del sets
+
+
+def warm_list():
+    """The specializations the probe launches (D 128, one M-tile, f16), for ``warm``."""
+    k = decode.DECODE[f16]
+    out = [(decode.MERGE[f16], {"DP": 128, "MT": 1}), (probe_mark, {})]
+    out += [(stream, {"U": u}) for u in (8, 16)]
+    for paged in (False, True):
+        for st in (2, 3, 4):
+            for direct, fused, cl in (
+                (False, True, 1), (False, False, 16), (True, False, 1), (False, False, 1),
+                (False, False, 8), (False, False, 4), (False, False, 2),
+            ):  # fmt: skip
+                c = {"DP": 128, "MT": 1, "PAGED": paged, "STAGES": st}
+                out.append((k, {**c, "DIRECT": direct, "FUSED": fused, "CL": cl}))
+    return out
+
+
+def warm_one(i):
+    kernel, c = warm_list()[i]
+    try:
+        kernel.resources(**c)  # compiled, loaded, its cubin in the disk cache
+    except Exception as e:  # noqa: BLE001
+        return f"{kernel.pyfunc.__name__} {c}: {type(e).__name__}: {e}"[:200]
+    return None
+
+
+def warm():
+    """Compile the probe's kernels in parallel processes (the disk cache keeps them)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(16) as pool:
+        for err in pool.map(warm_one, range(len(warm_list()))):
+            if err:
+                print(err, flush=True)
+    print(f"warm: {len(warm_list())} kernels in {time.time() - T0:.1f}s", flush=True)
+
+
+def round_b(base: bool):
+    """Default vs the global merge vs SDPA over the suite's shapes (base: main's kaio_ops,
+    default only)."""
+    tag = "BASE " if base else ""
+    print(f"{tag}kaio_ops from {os.path.dirname(decode.__file__)}", flush=True)
+    for b, length, paged, extra in (
+        (1, 4096, False, ("c8", "c16")),
+        (1, 1024, False, ("c8",)),
+        (1, 4096, True, ()),
+        (1, 32768, False, ("c8", "c16")),
+        (4, 4096, False, ("c4", "c2")),
+        (16, 4096, False, ()),
+        (16, 4096, True, ()),
+        (64, 4096, True, ()),
+        (64, 1024, False, ()),
+    ):
+        if time.time() - T0 > (11 if base else 17):
+            print("(time budget: stopping)", flush=True)
+            break
+        torch.cuda.empty_cache()
+        sets = make_sets(b, length, paged)
+        lens = torch.full((b,), length, device="cuda", dtype=torch.int32)
+        label = f"{tag}B{b} L{length}" + " paged" * paged
+        show(f"{label} kaio default", kernel_times(run_kaio(lens), sets))
+        if not base:
+            show(f"{label} kaio global merge", kernel_times(run_kaio(lens, cluster=False), sets))
+            for c in extra:
+                show(
+                    f"{label} CLUSTER splits={c[1:]}",
+                    kernel_times(run_kaio(lens, splits=int(c[1:]), cluster=True), sets),
+                )
+        show(
+            f"{label} SDPA default",
+            kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets),
+        )
+        if not base and not paged and b in (1, 16) and length == 4096:
+            n = b * HKV * length * D
+            out = torch.empty(1024 * 128, device="cuda")
+
+            def floor(q, k, v, *_, n=n, out=out):  # K then V: the bytes, read once
+                stream[1024, 128](k.view(-1), out, n // 1024, U=16)
+                stream[1024, 128](v.view(-1), out, n // 1024, U=16)
+
+            show(f"{label} floor: stream K and V", kernel_times(floor, sets))
+        if b == 1 and length == 4096 and not paged:
+
+            def flash(q, k, v, *_):
+                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                    return sdpa(q, k, v, enable_gqa=True)
+
+            show(f"{label} SDPA flash", kernel_times(flash, sets))
+        flush()
+        del sets
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "ncu":
+        sets = make_sets(1, 4096)
+        lens = torch.full((1,), 4096, device="cuda", dtype=torch.int32)
+        for i in range(3):
+            run_kaio(lens, cluster=False)(*sets[i % len(sets)])
+        for i in range(3):
+            run_kaio(lens, splits=16, cluster=True)(*sets[i % len(sets)])
+        torch.cuda.synchronize()
+    elif len(sys.argv) > 1 and sys.argv[1] == "warm":
+        warm()
+    elif len(sys.argv) > 1 and sys.argv[1] in ("b", "base_b"):
+        round_b(sys.argv[1] == "base_b")
+    else:
+        main()
