@@ -33,10 +33,11 @@ from dataclasses import dataclass
 import kaio
 from kaio import f16, f32, i32, u8, u32
 from kaio.types import i8
-from kaio_ops import _arrays, _int4_decode, _prefill
+from kaio_ops import _arrays, _int4_decode, _int4_hopper, _prefill
 from kaio_ops._matmul_kernels import MATMUL, QKV, sum_qkv_slices
 from kaio_ops._plan import planned
 from kaio_ops._typed import by_dtype
+from kaio_ops.linear import out_type
 from kaio_ops.matmul import (
     CONFIGS,
     SKINNY,
@@ -118,21 +119,30 @@ def _scale(inputs: _arrays.Inputs, scale, name: str) -> float:
 
 
 @planned("a", "b_packed", "scales")
-def matmul_int4(a, b_packed, scales):
-    """``a @ W`` in f32 for f16 ``a`` [M, K] and int4 weights ``W[k, n] = scales[k // 128,
-    n] * q`` (q the signed nibble ``k % 8`` of word ``b_packed[k // 8, n]``, low nibble
-    first; ``b_packed`` u32 or int32 [K/8, N], ``scales`` f16 [K/128, N], K % 128 == 0)."""
+def matmul_int4(a, b_packed, scales, *, out_dtype=None):
+    """``a @ W`` for f16 ``a`` [M, K] and int4 weights ``W[k, n] = scales[k // 128, n] * q``
+    (q the signed nibble ``k % 8`` of word ``b_packed[k // 8, n]``, low nibble first;
+    ``b_packed`` u32 or int32 [K/8, N], ``scales`` f16 [K/128, N], K % 128 == 0): f32 sums,
+    rounded once to ``out_dtype`` (f32 by default; f16 or bf16). On sm_90 past 16 rows the
+    wgmma kernel of ``kaio_ops._int4_hopper``; up to 64 rows the decode kernel
+    (``kaio_ops._int4_decode``)."""
     inputs = _arrays.Inputs("matmul_int4")
+    out = out_type("matmul_int4", out_dtype, f32)
     a = _activations(inputs, a, "a", GROUP)
     m, k = a.shape
     b, s = _int4_operands(inputs, k, b_packed, "b_packed", scales, "scales")
     n = b.shape[1]
+    if _int4_hopper.takes(a, b, s):
+        return _int4_hopper.launch(a, b, s, out)
     if _int4_decode.fits(a, (b, s)):
-        return _int4_decode.matmul(a, b, s)
+        return _int4_decode.matmul(a, b, s, out)
     if _prefill.fits_int4(a, (b, s)):
-        return _prefill.matmul_int4(a, b, s)
-    plan = plan_for(a, m, n, k, "int4")
-    return launch(a, _flat_halves(b), (m, n, k), True, plan, aligned=b.aligned(16), scales=s.obj)
+        c = _prefill.matmul_int4(a, b, s)
+    else:
+        plan = plan_for(a, m, n, k, "int4")
+        flat = _flat_halves(b)
+        c = launch(a, flat, (m, n, k), True, plan, aligned=b.aligned(16), scales=s.obj)
+    return c if out == f32 else _int4_hopper.finish(a, c, 1, out)
 
 
 def _activations(inputs: _arrays.Inputs, a, name: str, group: int = 1) -> _arrays.Operand:

@@ -1,0 +1,319 @@
+"""W4A16 on Hopper (sm_90a): ``out [M, N] = a [M, K] (f16) @ W`` with the int4 weights of
+``matmul_int4`` (``W[k, n] = f16(scales[k // 128, n] * q)``) dequantized in the kernel, tile by
+tile, into the f16 B operand of ``wgmma``: the weights cross memory as their packed words
+(K N / 2 bytes), never as an f16 copy.
+
+A block computes a ``64 * WG x BN`` tile of the output with three roles:
+
+- a producer warp (one thread of it works) issues, for each 64-deep K slice, the TMA copies
+  of A's ``64 * WG x 64`` rows (128-byte swizzled, as ``kaio_ops._gemm_hopper``), the packed
+  words of the slice (``8 x BN`` u32, unswizzled) and the slice's row of group scales
+  (``BN`` f16) into a ``STAGES``-deep ring (barriers ``full`` / ``free``);
+- a dequantizing warpgroup turns each slice's words into the f16 tile ``BN x 64`` K-major in
+  a second, ``DSTAGES``-deep ring (barriers ``ready`` / ``drained``): a thread takes a word
+  (8 values of K of one column n), makes its four f16 pairs by the magic number
+  (``_int4_decode.weight_pair``: ``(w >> 4 j) & 0x000F000F ^ 0x64086408`` is ``1032 + q`` in
+  each half, minus 1032, times the scale: ``f16(scale * q)`` rounded once, the op's weight),
+  reorders them with ``prmt`` into k order and stores them as one 16-byte chunk of row n,
+  chunk ``kw ^ (n % 8)`` (the 128-byte swizzle that ``wgmma``'s descriptor expects);
+  ``fence.proxy.async`` then makes the stores visible to ``wgmma``;
+- ``WG`` consumer warpgroups (64 rows each) run ``wgmma.m64n{BN}k16`` on A's tile and the
+  f16 tile, one group of wgmmas in flight, and free both stages when the group after is
+  issued.
+
+The dequantizing warpgroup works while the tensor cores multiply the slice before, so at
+large M the kernel runs at the f16 ``wgmma`` rate with the weights read at a quarter of the
+bytes; at small M (memory-bound) the grid is filled by splitting K over ``grid.z``
+(``SPLIT`` slices, raw f32 partial tiles summed in a fixed order by
+``kaio_ops._gemm.gemm_reduce``). Needs N % 8 == 0 (TMA rows of the words and the scales a
+multiple of 16 bytes), K % 128 == 0, and 16-byte aligned operands (``fits``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import kaio
+from kaio import f16, f16x2, f32, i32, u32, u64
+from kaio_ops._int4_decode import HIGH_HALVES, LOW_HALVES, LOW_TWICE, weight_pair
+from kaio_ops._matmul_kernels import tile_col, tile_origin, tile_row
+
+BK = 64  # K values a slice (one 128-byte swizzled row of f16 per tile row)
+WORD_ROWS = BK // 8  # packed word rows a slice
+SW = 128
+SHARED_LIMIT = 227 * 1024
+DEQUANT = 128  # the dequantizing warpgroup's threads
+
+
+@kaio.gpu_func
+def dequantize_slice(
+    words: u32[:, :, :], sc: u32[:, :], bt: u32[:, :, :], s: i32, d: i32, dt: u32,
+    BN: kaio.constexpr,
+):  # fmt: skip
+    """Thread ``dt`` of the dequantizing warpgroup: its ``BN / 16`` words of ring stage
+    ``s`` (``words[s]`` [8, BN], scales ``sc[s]`` as f16 pairs [BN / 2]) made f16 into
+    ``bt[d]`` [BN, 32 u32]: row n = 64 K values, 16-byte chunk kw at ``kw ^ (n % 8)``."""
+    for i in kaio.static_range(BN // 16):
+        idx = dt + DEQUANT * i
+        n = idx % BN
+        kw = idx // BN
+        pair = sc[s, n // 2] >> (16 * (n % 2))  # column n's scale in the low half
+        scale = kaio.bitcast(kaio.prmt(pair, pair, LOW_TWICE), f16x2)
+        w = words[s, kw, n]
+        v = kaio.local(u32, 4)  # (k j, k j + 4) for j = 0..3
+        for j in kaio.static_range(4):
+            v[j] = weight_pair(w, j, scale)
+        chunk = kaio.local(u32, 4)  # (k 0, 1), (2, 3), (4, 5), (6, 7)
+        chunk[0] = kaio.prmt(v[0], v[1], LOW_HALVES)
+        chunk[1] = kaio.prmt(v[2], v[3], LOW_HALVES)
+        chunk[2] = kaio.prmt(v[0], v[1], HIGH_HALVES)
+        chunk[3] = kaio.prmt(v[2], v[3], HIGH_HALVES)
+        kaio.store_vector(bt, (d, n, 4 * (kw ^ (n % 8))), chunk)
+
+
+@kaio.gpu_func
+def store_tile(
+    acc: f32[:, :, :], c: OUT[:, :], ws: f32[:, :], m0: u32, n0: u32, wg: u32, lt: u32, M: u32,
+    N: u32, BN: kaio.constexpr, SPLIT: kaio.constexpr, OUT: kaio.constexpr,
+):  # fmt: skip
+    """Warpgroup ``wg``'s 64 rows of the tile at (m0, n0): lane (g, t) of warp w holds rows
+    16 w + g (+ 8), columns 8 j + 2 t (+ 1). Without a K split, rounded to OUT into ``c``;
+    with one, the raw f32 sums into this slice's rows of ``ws`` [SPLIT * M, N]. N is even:
+    each pair is one store."""
+    lane = lt % 32
+    for h in kaio.static_range(2):
+        row = m0 + 64 * wg + 16 * (lt // 32) + lane // 4 + 8 * h
+        if row < M:
+            for j in kaio.static_range(BN // 8):
+                col = n0 + 8 * j + 2 * (lane % 4)
+                if col < N:
+                    if SPLIT > 1:
+                        raw = kaio.local(f32, 2)
+                        raw[0] = acc[j, h, 0]
+                        raw[1] = acc[j, h, 1]
+                        kaio.store_vector(ws, (kaio.block_idx_z() * M + row, col), raw)
+                    else:
+                        pair = kaio.local(OUT, 2)
+                        pair[0] = OUT(acc[j, h, 0])
+                        pair[1] = OUT(acc[j, h, 1])
+                        kaio.store_vector(c, (row, col), pair)
+
+
+@kaio.gpu_kernel
+def int4_wgmma(
+    ta: kaio.tensormap, tw: kaio.tensormap, ts: kaio.tensormap, c: OUT[:, :], ws: f32[:, :],
+    M: u32, N: u32, K: u32, k_slice: u32, WG: kaio.constexpr, BN: kaio.constexpr,
+    STAGES: kaio.constexpr, DSTAGES: kaio.constexpr, SPLIT: kaio.constexpr,
+    OUT: kaio.constexpr,
+):  # fmt: skip
+    """c = a @ W (module docstring): block x computes tile x of c, or with a K split block
+    (x, z) the raw partial tile of K slice z into ``ws``. ``ta``: a [M, K] in boxes of
+    (64 * WG, 64), 128-byte swizzled; ``tw``: the words [K / 8, N] in boxes of (8, BN);
+    ``ts``: the scales [K / 128, N] in boxes of (1, BN)."""
+    kaio.launch_bounds(WG * 128 + DEQUANT + 32, 1)
+    BM = 64 * WG
+    A_BYTES = BM * BK * 2
+    W_BYTES = WORD_ROWS * BN * 4
+    S_BYTES = BN * 2
+    B_BYTES = BN * BK * 2
+    sa = kaio.shared_dynamic(f16, (STAGES, BM, BK), 0)
+    sb = kaio.shared_dynamic(f16, (DSTAGES, BN, BK), STAGES * A_BYTES)
+    bt = kaio.shared_dynamic(u32, (DSTAGES, BN, BK // 2), STAGES * A_BYTES)  # sb's words
+    raw = STAGES * A_BYTES + DSTAGES * B_BYTES
+    sw = kaio.shared_dynamic(u32, (STAGES, WORD_ROWS, BN), raw)
+    ss = kaio.shared_dynamic(f16, (STAGES, BN), raw + STAGES * W_BYTES)
+    sc = kaio.shared_dynamic(u32, (STAGES, BN // 2), raw + STAGES * W_BYTES)  # ss's pairs
+    # rows: 0 "full" (TMA), 1 "free" (A, words), 2 "ready" (f16 tile), 3 "drained" (f16 tile)
+    bars = kaio.shared_dynamic(u64, (4, STAGES), raw + STAGES * (W_BYTES + S_BYTES))
+    t = kaio.thread_idx_x()
+    wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
+    lt = t % 128
+    origin = tile_origin(kaio.block_idx_x(), (M + BM - 1) // BM, (N + BN - 1) // BN)
+    m0 = tile_row(origin) * BM
+    n0 = tile_col(origin) * BN
+    k_begin = kaio.block_idx_z() * k_slice
+    k_end = kaio.min(k_begin + k_slice, K)
+    k_tiles = i32((k_end - k_begin + BK - 1) // BK)
+    if t == 0:
+        for i in kaio.static_range(STAGES):
+            kaio.mbarrier_init(bars, (0, i), 1)
+            kaio.mbarrier_init(bars, (1, i), WG)
+        for i in kaio.static_range(DSTAGES):
+            kaio.mbarrier_init(bars, (2, i), DEQUANT)
+            kaio.mbarrier_init(bars, (3, i), WG)
+        kaio.fence_proxy_async()
+    kaio.sync_threads()
+    acc = kaio.local(f32, (BN // 8, 2, 2))
+    s = i32(0)
+    ph = u32(0)
+    d = i32(0)
+    dph = u32(0)
+    if wg < WG:  # the consumers
+        ps = i32(0)  # the stages of the slice before
+        pd = i32(0)
+        for kt in range(k_tiles):
+            kaio.mbarrier_wait(bars, (0, s), ph)
+            kaio.mbarrier_wait(bars, (2, d), dph)
+            kaio.wgmma_fence()
+            for kk in kaio.static_range(BK // 16):
+                da = kaio.smem_descriptor(sa, (s, 64 * wg, kk * 16), SW, 16, 1024)
+                db = kaio.smem_descriptor(sb, (d, 0, kk * 16), SW, 16, 1024)
+                kaio.wgmma_f16(acc, da, db, kt + kk > 0)
+            kaio.wgmma_commit()
+            kaio.wgmma_wait(1)
+            if kt > 0 and lt == 0:  # the slice before's wgmmas are done: free its stages
+                kaio.mbarrier_arrive(bars, (1, ps))
+                kaio.mbarrier_arrive(bars, (3, pd))
+            ps = s
+            pd = d
+            s += 1
+            if s == STAGES:
+                s = 0
+                ph ^= 1
+            d += 1
+            if d == DSTAGES:
+                d = 0
+                dph ^= 1
+        kaio.wgmma_wait(0)
+        store_tile(acc, c, ws, m0, n0, wg, lt, M, N, BN, SPLIT, OUT)
+    elif wg == WG:  # the dequantizing warpgroup
+        for kt in range(k_tiles):
+            kaio.mbarrier_wait(bars, (0, s), ph)
+            if kt >= DSTAGES:  # the f16 tile held slice kt - DSTAGES: wait until it is read
+                kaio.mbarrier_wait(bars, (3, d), dph ^ 1)
+            dequantize_slice(sw, sc, bt, s, d, lt, BN)
+            kaio.fence_proxy_async()
+            kaio.mbarrier_arrive(bars, (2, d))
+            s += 1
+            if s == STAGES:
+                s = 0
+                ph ^= 1
+            d += 1
+            if d == DSTAGES:
+                d = 0
+                dph ^= 1
+    elif t == WG * 128 + DEQUANT:  # the producer: each K slice, STAGES ahead at most
+        for g in range(k_tiles):
+            if g >= STAGES:  # stage s held slice g - STAGES: wait until it is consumed
+                kaio.mbarrier_wait(bars, (1, s), ph ^ 1)
+            k0 = i32(k_begin) + g * BK
+            kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32(A_BYTES + W_BYTES + S_BYTES))
+            kaio.tma_load_2d(sa, (s, 0, 0), ta, i32(m0), k0, bars, (0, s))
+            kaio.tma_load_2d(sw, (s, 0, 0), tw, k0 // 8, i32(n0), bars, (0, s))
+            kaio.tma_load_2d(ss, (s, 0), ts, k0 // 128, i32(n0), bars, (0, s))
+            s += 1
+            if s == STAGES:
+                s = 0
+                ph ^= 1
+
+
+def fits(a, b, s) -> bool:
+    """Whether ``int4_wgmma`` takes activations ``a`` [M, K] and the words ``b`` [K/8, N]
+    and scales ``s`` [K/128, N] (``_arrays.Operand``s; K % 128 == 0 is the op's contract):
+    N % 8 == 0 and every base 16-byte aligned (TMA rows and boxes)."""
+    n = b.shape[1]
+    return n % 8 == 0 and a.aligned(16) and b.aligned(16) and s.aligned(16)
+
+
+def shared_bytes(wg: int, bn: int, stages: int, dstages: int) -> int:
+    """The dynamic shared memory of ``int4_wgmma``: the two rings and their barriers."""
+    per_stage = 64 * wg * BK * 2 + WORD_ROWS * bn * 4 + bn * 2
+    return stages * per_stage + dstages * bn * BK * 2 + 4 * stages * 8
+
+
+def plan(m: int, n: int, k: int, sms: int) -> tuple[int, int, int, int, int]:
+    """(WG, BN, STAGES, DSTAGES, split) for an ``m x n x k`` product on ``sms``
+    multiprocessors: 64-row tiles up to M = 64, else 128; the widest N tile (256 for one
+    consumer warpgroup, else 128) down to 64 that gives every multiprocessor a block; then,
+    if the tiles leave multiprocessors idle, a K split towards one block each, each slice at
+    least 4 steps of 64; two f16 tiles and as many raw stages as fit (at most 8)."""
+    wg = 1 if m <= 64 else 2
+    rows = math.ceil(m / (64 * wg))
+    widths = (256, 128, 64) if wg == 1 else (128, 64)
+    bn = next((w for w in widths if rows * math.ceil(n / w) >= sms), widths[0] if wg == 1 else 128)
+    tiles = rows * math.ceil(n / bn)
+    split = 1
+    if tiles < sms:
+        split = max(1, min(sms // tiles, k // (4 * BK), 16))
+    dstages = 2
+    fixed = shared_bytes(wg, bn, 0, dstages)
+    stages = max(2, min(8, (SHARED_LIMIT - fixed) // (shared_bytes(wg, bn, 1, 0))))
+    return wg, bn, stages, dstages, split
+
+
+IN_SIMULATOR = False  # tests set it to run this kernel on the simulator
+DECODE_M = 16  # up to this M the decode kernel (``_int4_decode``) is faster: measured, H200
+
+
+def takes(a, b, s) -> bool:
+    """Whether ``matmul_int4`` runs ``int4_wgmma`` for activations ``a`` [M, K], words ``b``
+    and scales ``s`` (``_arrays.Operand``s): M > ``DECODE_M``, operands that ``fits``, and an
+    sm_90 GPU (``KAIO_HOPPER_MATMUL=0`` opts out, as for the f16 matmuls), or under the
+    simulator when ``IN_SIMULATOR``."""
+    from kaio.sim.mode import active as simulating
+    from kaio_ops.matmul import _hopper
+
+    on = IN_SIMULATOR if simulating() else _hopper(a)
+    return on and a.shape[0] > DECODE_M and fits(a, b, s)
+
+
+def finish(a, ws, split: int, out_type):
+    """A new [M, N] array of ``out_type``: the sum of the ``split`` f32 partial products
+    stacked in ``ws`` [split * M, N] (for ``a`` [M, K], an ``_arrays.Operand``), in slice
+    order; ``split`` 1 converts an f32 result. ``kaio_ops._gemm.gemm_reduce`` does it."""
+    from kaio_ops import _arrays
+    from kaio_ops._gemm import REDUCE
+    from kaio_ops.linear import _placeholder
+
+    m, n = a.shape[0], ws.shape[1]
+    c = _arrays.output(a, (m, n), out_type)
+    REDUCE[f16, out_type][(math.ceil(m * n / 256), 256, _arrays.stream_of(a), 0)](
+        ws, _arrays.output_arg(a, c, (m, n), out_type), _placeholder(a, f16, 1),
+        _placeholder(a, out_type, 2), m, n, SPLIT=split, BIAS=0, ACT="none", RES=0,
+    )  # fmt: skip
+    return c
+
+
+def launch(a, b, s, out_type, config: tuple | None = None):
+    """``a @ W`` rounded to ``out_type`` (a new [M, N] array of ``a``'s kind) for checked
+    operands that ``fits``: ``a`` f16 [M, K], the words ``b`` [K/8, N] and the scales ``s``
+    [K/128, N] (``_arrays.Operand``s), with ``config`` (``plan``'s tuple; default: ``plan``'s
+    choice); a second launch sums the slices of a K split (``finish``)."""
+    from kaio_ops import _arrays
+    from kaio_ops.linear import _placeholder
+    from kaio_ops.matmul import k_slices
+
+    m, k = a.shape
+    n = b.shape[1]
+    wg, bn, stages, dstages, split = config or plan(m, n, k, _arrays.multiprocessors(a))
+    split, k_slice = k_slices(k, split, BK)
+    if split > 1:
+        c = _arrays.output(a, (split * m, n), f32)
+        ws, target = c, _placeholder(a, out_type, 2)
+    else:
+        c = _arrays.output(a, (m, n), out_type)
+        ws, target = _placeholder(a, f32, 2), _arrays.output_arg(a, c, (m, n), out_type)
+    maps = (
+        kaio.tensor_map_2d(a.obj, (64 * wg, BK), SW),
+        kaio.tensor_map_2d(b.obj, (WORD_ROWS, bn), 0),
+        kaio.tensor_map_2d(s.obj, (1, bn), 0),
+    )
+    tiles = math.ceil(m / (64 * wg)) * math.ceil(n / bn)
+    threads = 128 * wg + DEQUANT + 32
+    shared = shared_bytes(wg, bn, stages, dstages)
+    int4_wgmma[(tiles, 1, split), threads, _arrays.stream_of(a), shared](
+        *maps, target, ws, m, n, k, k_slice, WG=wg, BN=bn, STAGES=stages, DSTAGES=dstages,
+        SPLIT=split, OUT=out_type,
+    )  # fmt: skip
+    return finish(a, c, split, out_type) if split > 1 else c
+
+
+def specializations() -> list:
+    """(kernel, constexprs) of the variants to check with ptxas (sm_90a)."""
+    out = []
+    for wg, bn, split, ot in ((1, 256, 4, f32), (1, 128, 1, f16), (2, 128, 1, f32), (2, 64, 2, f16)):
+        m = 64 * wg
+        stages = plan(m, bn, 4096, 1)[2]
+        consts = {"WG": wg, "BN": bn, "STAGES": stages, "DSTAGES": 2, "SPLIT": split, "OUT": ot}
+        out.append((int4_wgmma, consts))
+    return out
