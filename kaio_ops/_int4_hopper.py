@@ -29,6 +29,7 @@ bytes; at small M (memory-bound) the grid is filled by splitting K over ``grid.z
 multiple of 16 bytes), K % 128 == 0, and 16-byte aligned operands (``fits``).
 """
 
+# ruff: noqa: F821  (OUT in annotations is a dtype parameter, not a module name)
 from __future__ import annotations
 
 import math
@@ -235,10 +236,14 @@ def plan(m: int, n: int, k: int, sms: int) -> tuple[int, int, int, int, int]:
     split = 1
     if tiles < sms:
         split = max(1, min(sms // tiles, k // (4 * BK), 16))
-    dstages = 2
+    return wg, bn, stages_for(wg, bn, 2), 2, split
+
+
+def stages_for(wg: int, bn: int, dstages: int) -> int:
+    """The raw stages (A rows, words, scales) that fit in shared memory beside ``dstages``
+    f16 tiles, at most 8."""
     fixed = shared_bytes(wg, bn, 0, dstages)
-    stages = max(2, min(8, (SHARED_LIMIT - fixed) // (shared_bytes(wg, bn, 1, 0))))
-    return wg, bn, stages, dstages, split
+    return max(2, min(8, (SHARED_LIMIT - fixed) // shared_bytes(wg, bn, 1, 0)))
 
 
 IN_SIMULATOR = False  # tests set it to run this kernel on the simulator
@@ -311,9 +316,13 @@ def launch(a, b, s, out_type, config: tuple | None = None):
 def specializations() -> list:
     """(kernel, constexprs) of the variants to check with ptxas (sm_90a)."""
     out = []
-    for wg, bn, split, ot in ((1, 256, 4, f32), (1, 128, 1, f16), (2, 128, 1, f32), (2, 64, 2, f16)):
-        m = 64 * wg
-        stages = plan(m, bn, 4096, 1)[2]
+    for wg, bn, split, ot in (
+        (1, 256, 4, f32),
+        (1, 128, 1, f16),
+        (2, 128, 1, f32),
+        (2, 64, 2, f16),
+    ):
+        stages = stages_for(wg, bn, 2)
         consts = {"WG": wg, "BN": bn, "STAGES": stages, "DSTAGES": 2, "SPLIT": split, "OUT": ot}
         out.append((int4_wgmma, consts))
     return out

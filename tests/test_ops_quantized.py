@@ -153,6 +153,72 @@ def test_int4_multi_tile_fallback_in_simulator():
     np.testing.assert_allclose(c, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
 
 
+# --------------------------------------------------------------------------- int4 on wgmma
+# _int4_hopper on the simulator: (M, N, K, out_dtype, (WG, BN, STAGES, DSTAGES, split) or
+# None for the plan). M and N edges (TMA zero fill, stores cut at the edge), both consumer
+# counts, the raw ring wrapping (STAGES 2 over 4 slices), a K split summed by gemm_reduce,
+# int32 words, and every out_dtype.
+WGMMA_CASES = [
+    (40, 64, 256, None, None),
+    (130, 136, 384, "float16", (2, 128, 3, 2, 1)),
+    (17, 72, 512, "bfloat16", (1, 64, 2, 2, 2)),
+]
+
+
+@pytest.mark.parametrize("m, n, k, out_dtype, config", WGMMA_CASES)
+def test_int4_wgmma_in_simulator(m, n, k, out_dtype, config, poisoned):
+    from kaio_ops import _int4_hopper
+
+    a, packed, scales, w = int4_case(m, n, k)
+    with kaio.simulate():
+        ops = _sim_operands(a, packed.view(np.int32) if out_dtype else packed, scales)
+        out = {None: f32, "float16": f16, "bfloat16": kaio.bf16}[out_dtype]
+        c = np.asarray(_int4_hopper.launch(*ops, out, config)).astype(np.float64)
+    ref = a.astype(np.float64) @ w.astype(np.float64)
+    bound = np.abs(a.astype(np.float64)) @ np.abs(w.astype(np.float64))  # no cancellation
+    rounding = {None: 0.0, "float16": 2.0**-11, "bfloat16": 2.0**-8}[out_dtype]
+    assert c.shape == (m, n) and np.isfinite(c).all()
+    assert np.all(np.abs(c - ref) <= 1e-6 * bound + rounding * np.abs(ref))
+    assert np.abs(ref).max() > 10  # a real product
+
+
+def test_int4_wgmma_dispatch(monkeypatch):
+    """On sm_90 (here: the simulator with IN_SIMULATOR) M > 16 takes the wgmma kernel and
+    M <= 16 the decode kernel; N % 8 != 0 is not the wgmma kernel's shape; out_dtype
+    reaches every path."""
+    from kaio_ops import _int4_hopper
+
+    monkeypatch.setattr(_int4_hopper, "IN_SIMULATOR", True)
+    calls = []
+    wgmma = _int4_hopper.launch
+    monkeypatch.setattr(_int4_hopper, "launch", lambda *a: calls.append("wgmma") or wgmma(*a))
+    for m, n, path in ((17, 8, "wgmma"), (16, 8, "decode"), (24, 12, "decode")):
+        a, packed, scales, w = int4_case(m, n, 128)
+        calls.clear()
+        with kaio.simulate():
+            c = kaio_ops.matmul_int4(a, packed, scales, out_dtype="float16")
+        assert calls == ([path] if path == "wgmma" else []) and c.dtype == np.float16
+        ref = a.astype(np.float64) @ w.astype(np.float64)
+        np.testing.assert_allclose(c, ref, rtol=2e-3, atol=1e-3 * np.abs(ref).max())
+    monkeypatch.setattr(_int4_hopper, "IN_SIMULATOR", False)  # sm_80 and the like
+    with kaio.simulate():
+        assert not _int4_hopper.takes(*_sim_operands(*int4_case(17, 8, 128)[:3]))
+
+
+@pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
+def test_int4_wgmma_assembles_for_sm_90a():
+    """The wgmma kernel's variants through ptxas: no spills; sm_80 is refused."""
+    from kaio_ops import _int4_hopper
+
+    for kernel, constexprs in _int4_hopper.specializations():
+        ptx = kernel.ptx(arch="sm_90", **constexprs)
+        assert f"wgmma.mma_async.sync.aligned.m64n{constexprs['BN']}k16.f32.f16.f16" in ptx
+        report = assemble(ptx, "sm_90a")
+        assert " 0 bytes spill stores" in report, (constexprs, report)
+    with pytest.raises(kaio.CompileError, match="needs sm_90"):
+        kernel.ptx(arch="sm_80", **constexprs)
+
+
 def _sim_operands(*arrays):
     """Checked ``Operand``s of NumPy arrays (inside ``kaio.simulate()``)."""
     inputs = _arrays.Inputs("test")
