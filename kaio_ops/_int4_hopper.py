@@ -111,7 +111,7 @@ def int4_wgmma(
     (x, z) the raw partial tile of K slice z into ``ws``. ``ta``: a [M, K] in boxes of
     (64 * WG, 64), 128-byte swizzled; ``tw``: the words [K / 8, N] in boxes of (8, BN);
     ``ts``: the scales [K / 128, N] in boxes of (1, BN)."""
-    kaio.launch_bounds(WG * 128 + DEQUANT + 32, 1)
+    kaio.launch_bounds(WG * 128 + DEQUANT, 1)
     BM = 64 * WG
     A_BYTES = BM * BK * 2
     W_BYTES = WORD_ROWS * BN * 4
@@ -177,8 +177,30 @@ def int4_wgmma(
                 dph ^= 1
         kaio.wgmma_wait(0)
         store_tile(acc, c, ws, m0, n0, wg, lt, M, N, BN, SPLIT, OUT)
-    elif wg == WG:  # the dequantizing warpgroup
+    else:  # the dequantizing warpgroup; its thread 0 also issues the copies
+        if lt == 0:
+            for g in range(kaio.min(k_tiles, STAGES - 2)):
+                produce(
+                    sa,
+                    sw,
+                    ss,
+                    bars,
+                    ta,
+                    tw,
+                    ts,
+                    g,
+                    k_begin,
+                    m0,
+                    n0,
+                    STAGES,
+                    A_BYTES + W_BYTES + S_BYTES,
+                )
         for kt in range(k_tiles):
+            # slice kt + STAGES - 2 reuses the stage of slice kt - 2, which the consumers
+            # free once slice kt - 1 (dequantized before this) has its wgmmas issued
+            if lt == 0 and kt + STAGES - 2 < k_tiles:
+                produce(sa, sw, ss, bars, ta, tw, ts, kt + STAGES - 2, k_begin, m0, n0, STAGES,
+                        A_BYTES + W_BYTES + S_BYTES)  # fmt: skip
             kaio.mbarrier_wait(bars, (0, s), ph)
             if kt >= DSTAGES:  # the f16 tile held slice kt - DSTAGES: wait until it is read
                 kaio.mbarrier_wait(bars, (3, d), dph ^ 1)
@@ -193,19 +215,24 @@ def int4_wgmma(
             if d == DSTAGES:
                 d = 0
                 dph ^= 1
-    elif t == WG * 128 + DEQUANT:  # the producer: each K slice, STAGES ahead at most
-        for g in range(k_tiles):
-            if g >= STAGES:  # stage s held slice g - STAGES: wait until it is consumed
-                kaio.mbarrier_wait(bars, (1, s), ph ^ 1)
-            k0 = i32(k_begin) + g * BK
-            kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32(A_BYTES + W_BYTES + S_BYTES))
-            kaio.tma_load_2d(sa, (s, 0, 0), ta, i32(m0), k0, bars, (0, s))
-            kaio.tma_load_2d(sw, (s, 0, 0), tw, k0 // 8, i32(n0), bars, (0, s))
-            kaio.tma_load_2d(ss, (s, 0), ts, k0 // 128, i32(n0), bars, (0, s))
-            s += 1
-            if s == STAGES:
-                s = 0
-                ph ^= 1
+
+
+@kaio.gpu_func
+def produce(
+    sa: f16[:, :, :], sw: u32[:, :, :], ss: f16[:, :], bars: u64[:, :], ta: kaio.tensormap,
+    tw: kaio.tensormap, ts: kaio.tensormap, g: i32, k_begin: u32, m0: u32, n0: u32,
+    STAGES: kaio.constexpr, BYTES: kaio.constexpr,
+):  # fmt: skip
+    """The TMA copies of slice ``g`` (A rows, words, the scale row) into its stage, once
+    the consumers freed the slice that stage held before."""
+    s = g % STAGES
+    if g >= STAGES:
+        kaio.mbarrier_wait(bars, (1, s), u32((g // STAGES - 1) & 1))
+    k0 = i32(k_begin) + g * BK
+    kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32(BYTES))
+    kaio.tma_load_2d(sa, (s, 0, 0), ta, i32(m0), k0, bars, (0, s))
+    kaio.tma_load_2d(sw, (s, 0, 0), tw, k0 // 8, i32(n0), bars, (0, s))
+    kaio.tma_load_2d(ss, (s, 0), ts, k0 // 128, i32(n0), bars, (0, s))
 
 
 def fits(a, b, s) -> bool:
@@ -224,14 +251,15 @@ def shared_bytes(wg: int, bn: int, stages: int, dstages: int) -> int:
 
 def plan(m: int, n: int, k: int, sms: int) -> tuple[int, int, int, int, int]:
     """(WG, BN, STAGES, DSTAGES, split) for an ``m x n x k`` product on ``sms``
-    multiprocessors: 64-row tiles up to M = 64, else 128; the widest N tile (256 for one
-    consumer warpgroup, else 128) down to 64 that gives every multiprocessor a block; then,
-    if the tiles leave multiprocessors idle, a K split towards one block each, each slice at
-    least 4 steps of 64; two f16 tiles and as many raw stages as fit (at most 8)."""
+    multiprocessors: 64-row tiles up to M = 64, else 128; the widest N tile (256, 128, 64)
+    that gives every multiprocessor a block, else 256 at small M (a K split fills the GPU)
+    and 128 past it; then, if the tiles leave multiprocessors idle, a K split towards one
+    block each, each slice at least 4 steps of 64; two f16 tiles and as many raw stages as
+    fit (at most 8)."""
     wg = 1 if m <= 64 else 2
     rows = math.ceil(m / (64 * wg))
-    widths = (256, 128, 64) if wg == 1 else (128, 64)
-    bn = next((w for w in widths if rows * math.ceil(n / w) >= sms), widths[0] if wg == 1 else 128)
+    widths = (256, 128, 64)
+    bn = next((w for w in widths if rows * math.ceil(n / w) >= sms), 256 if wg == 1 else 128)
     tiles = rows * math.ceil(n / bn)
     split = 1
     if tiles < sms:
@@ -304,7 +332,7 @@ def launch(a, b, s, out_type, config: tuple | None = None):
         kaio.tensor_map_2d(s.obj, (1, bn), 0),
     )
     tiles = math.ceil(m / (64 * wg)) * math.ceil(n / bn)
-    threads = 128 * wg + DEQUANT + 32
+    threads = 128 * wg + DEQUANT
     shared = shared_bytes(wg, bn, stages, dstages)
     int4_wgmma[(tiles, 1, split), threads, _arrays.stream_of(a), shared](
         *maps, target, ws, m, n, k, k_slice, WG=wg, BN=bn, STAGES=stages, DSTAGES=dstages,

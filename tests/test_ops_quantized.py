@@ -615,6 +615,31 @@ def test_gpu_int4_multi_tile(m):
     assert bool(((out.double() - exact).abs() <= slack).all())
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "m, n, k, out_dtype",
+    [(17, 4096, 4096, None), (200, 4104, 4096, None), (1000, 1024, 14336, "float16"),
+     (4096, 4096, 4096, "bfloat16")],
+)  # fmt: skip
+def test_gpu_int4_wgmma(m, n, k, out_dtype):
+    """M > 16 on sm_90 (the wgmma kernel; elsewhere the other paths): every element against
+    float64 products within the f32 sums' slack plus the output's rounding, and the same
+    bits on a second call (a race would move them)."""
+    import torch
+
+    x = torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(m)).half()
+    packed, scales, w = _torch_int4_weights(k, n, m)
+    out = kaio_ops.matmul_int4(x, packed, scales, out_dtype=out_dtype)
+    again = kaio_ops.matmul_int4(x, packed, scales, out_dtype=out_dtype)
+    x64, w64 = x.double(), w.double()
+    exact = x64 @ w64
+    rounding = {None: 0.0, "float16": 2.0**-11, "bfloat16": 2.0**-8}[out_dtype]
+    slack = k * 2.0**-24 * (x64.abs() @ w64.abs()) + rounding * exact.abs()
+    assert out.shape == (m, n) and str(out.dtype) == f"torch.{out_dtype or 'float32'}"
+    assert bool(((out.double() - exact).abs() <= slack).all())
+    assert torch.equal(out, again)
+
+
 def _torch_int4_weights(k: int, n: int, seed: int):
     """On the GPU: packed int4 words (int32 [K/8, N]), f16 scales and the f16 weights."""
     import torch
