@@ -129,9 +129,11 @@ def int4_wgmma(
     t = kaio.thread_idx_x()
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
     lt = t % 128
-    origin = tile_origin(kaio.block_idx_x(), (M + BM - 1) // BM, (N + BN - 1) // BN)
-    m0 = tile_row(origin) * BM
-    n0 = tile_col(origin) * BN
+    grid_m = (M + BM - 1) // BM
+    grid_n = (N + BN - 1) // BN
+    first = kaio.block_idx_x()
+    step = kaio.grid_dim_x()
+    my_tiles = i32((grid_m * grid_n - first + step - 1) // step)
     k_begin = kaio.block_idx_z() * k_slice
     k_end = kaio.min(k_begin + k_slice, K)
     k_tiles = i32((k_end - k_begin + BK - 1) // BK)
@@ -152,57 +154,52 @@ def int4_wgmma(
     if wg < WG:  # the consumers
         ps = i32(0)  # the stages of the slice before
         pd = i32(0)
-        for kt in range(k_tiles):
-            kaio.mbarrier_wait(bars, (0, s), ph)
-            kaio.mbarrier_wait(bars, (2, d), dph)
-            kaio.wgmma_fence()
-            for kk in kaio.static_range(BK // 16):
-                da = kaio.smem_descriptor(sa, (s, 64 * wg, kk * 16), SW, 16, 1024)
-                db = kaio.smem_descriptor(sb, (d, 0, kk * 16), SW, 16, 1024)
-                kaio.wgmma_f16(acc, da, db, kt + kk > 0)
-            kaio.wgmma_commit()
-            kaio.wgmma_wait(1)
-            if kt > 0 and lt == 0:  # the slice before's wgmmas are done: free its stages
+        for i in range(my_tiles):
+            origin = tile_origin(first + u32(i) * step, grid_m, grid_n)
+            for kt in range(k_tiles):
+                kaio.mbarrier_wait(bars, (0, s), ph)
+                kaio.mbarrier_wait(bars, (2, d), dph)
+                kaio.wgmma_fence()
+                for kk in kaio.static_range(BK // 16):
+                    da = kaio.smem_descriptor(sa, (s, 64 * wg, kk * 16), SW, 16, 1024)
+                    db = kaio.smem_descriptor(sb, (d, 0, kk * 16), SW, 16, 1024)
+                    kaio.wgmma_f16(acc, da, db, kt + kk > 0)
+                kaio.wgmma_commit()
+                kaio.wgmma_wait(1)
+                if kt > 0 and lt == 0:  # the slice before's wgmmas are done: free its stages
+                    kaio.mbarrier_arrive(bars, (1, ps))
+                    kaio.mbarrier_arrive(bars, (3, pd))
+                ps = s
+                pd = d
+                s += 1
+                if s == STAGES:
+                    s = 0
+                    ph ^= 1
+                d += 1
+                if d == DSTAGES:
+                    d = 0
+                    dph ^= 1
+            kaio.wgmma_wait(0)
+            if lt == 0:  # the tile's last slice
                 kaio.mbarrier_arrive(bars, (1, ps))
                 kaio.mbarrier_arrive(bars, (3, pd))
-            ps = s
-            pd = d
-            s += 1
-            if s == STAGES:
-                s = 0
-                ph ^= 1
-            d += 1
-            if d == DSTAGES:
-                d = 0
-                dph ^= 1
-        kaio.wgmma_wait(0)
-        store_tile(acc, c, ws, m0, n0, wg, lt, M, N, BN, SPLIT, OUT)
+            m0 = tile_row(origin) * BM
+            n0 = tile_col(origin) * BN
+            store_tile(acc, c, ws, m0, n0, wg, lt, M, N, BN, SPLIT, OUT)
     else:  # the dequantizing warpgroup; its thread 0 also issues the copies
+        total = my_tiles * k_tiles  # the block's slices, tile after tile
         if lt == 0:
-            for g in range(kaio.min(k_tiles, STAGES - 2)):
-                produce(
-                    sa,
-                    sw,
-                    ss,
-                    bars,
-                    ta,
-                    tw,
-                    ts,
-                    g,
-                    k_begin,
-                    m0,
-                    n0,
-                    STAGES,
-                    A_BYTES + W_BYTES + S_BYTES,
-                )
-        for kt in range(k_tiles):
-            # slice kt + STAGES - 2 reuses the stage of slice kt - 2, which the consumers
-            # free once slice kt - 1 (dequantized before this) has its wgmmas issued
-            if lt == 0 and kt + STAGES - 2 < k_tiles:
-                produce(sa, sw, ss, bars, ta, tw, ts, kt + STAGES - 2, k_begin, m0, n0, STAGES,
-                        A_BYTES + W_BYTES + S_BYTES)  # fmt: skip
+            for j in range(kaio.min(total, STAGES - 2)):
+                produce(sa, sw, ss, bars, ta, tw, ts, j, k_tiles, k_begin, grid_m, grid_n, BM,
+                        BN, STAGES)  # fmt: skip
+        for j in range(total):
+            # slice j + STAGES - 2 reuses the stage of slice j - 2, which the consumers
+            # free once slice j - 1 (dequantized before this) has its wgmmas issued
+            if lt == 0 and j + STAGES - 2 < total:
+                produce(sa, sw, ss, bars, ta, tw, ts, j + STAGES - 2, k_tiles, k_begin, grid_m,
+                        grid_n, BM, BN, STAGES)  # fmt: skip
             kaio.mbarrier_wait(bars, (0, s), ph)
-            if kt >= DSTAGES:  # the f16 tile held slice kt - DSTAGES: wait until it is read
+            if j >= DSTAGES:  # the f16 tile held slice j - DSTAGES: wait until it is read
                 kaio.mbarrier_wait(bars, (3, d), dph ^ 1)
             dequantize_slice(sw, sc, bt, s, d, lt, BN)
             kaio.fence_proxy_async()
@@ -220,19 +217,24 @@ def int4_wgmma(
 @kaio.gpu_func
 def produce(
     sa: f16[:, :, :], sw: u32[:, :, :], ss: f16[:, :], bars: u64[:, :], ta: kaio.tensormap,
-    tw: kaio.tensormap, ts: kaio.tensormap, g: i32, k_begin: u32, m0: u32, n0: u32,
-    STAGES: kaio.constexpr, BYTES: kaio.constexpr,
+    tw: kaio.tensormap, ts: kaio.tensormap, j: i32, k_tiles: i32, k_begin: u32, grid_m: u32,
+    grid_n: u32, BM: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr,
 ):  # fmt: skip
-    """The TMA copies of slice ``g`` (A rows, words, the scale row) into its stage, once
-    the consumers freed the slice that stage held before."""
-    s = g % STAGES
-    if g >= STAGES:
-        kaio.mbarrier_wait(bars, (1, s), u32((g // STAGES - 1) & 1))
-    k0 = i32(k_begin) + g * BK
-    kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32(BYTES))
-    kaio.tma_load_2d(sa, (s, 0, 0), ta, i32(m0), k0, bars, (0, s))
-    kaio.tma_load_2d(sw, (s, 0, 0), tw, k0 // 8, i32(n0), bars, (0, s))
-    kaio.tma_load_2d(ss, (s, 0), ts, k0 // 128, i32(n0), bars, (0, s))
+    """The TMA copies of the block's slice ``j`` (K slice ``j % k_tiles`` of its tile ``j //
+    k_tiles``: A rows, words, the scale row) into stage ``j % STAGES``, once the consumers
+    freed the slice that stage held before."""
+    s = j % STAGES
+    if j >= STAGES:
+        kaio.mbarrier_wait(bars, (1, s), u32((j // STAGES - 1) & 1))
+    tile = kaio.block_idx_x() + u32(j // k_tiles) * kaio.grid_dim_x()
+    origin = tile_origin(tile, grid_m, grid_n)
+    m0 = i32(tile_row(origin) * BM)
+    n0 = i32(tile_col(origin) * BN)
+    k0 = i32(k_begin) + j % k_tiles * BK
+    kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32(BM * BK * 2 + WORD_ROWS * BN * 4 + BN * 2))
+    kaio.tma_load_2d(sa, (s, 0, 0), ta, m0, k0, bars, (0, s))
+    kaio.tma_load_2d(sw, (s, 0, 0), tw, k0 // 8, n0, bars, (0, s))
+    kaio.tma_load_2d(ss, (s, 0), ts, k0 // 128, n0, bars, (0, s))
 
 
 def fits(a, b, s) -> bool:
@@ -307,18 +309,20 @@ def finish(a, ws, split: int, out_type):
     return c
 
 
-def launch(a, b, s, out_type, config: tuple | None = None):
+def launch(a, b, s, out_type, config: tuple | None = None, sms: int | None = None):
     """``a @ W`` rounded to ``out_type`` (a new [M, N] array of ``a``'s kind) for checked
     operands that ``fits``: ``a`` f16 [M, K], the words ``b`` [K/8, N] and the scales ``s``
     [K/128, N] (``_arrays.Operand``s), with ``config`` (``plan``'s tuple; default: ``plan``'s
-    choice); a second launch sums the slices of a K split (``finish``)."""
+    choice) on a persistent grid of at most ``sms`` blocks (default: one a multiprocessor); a
+    second launch sums the slices of a K split (``finish``)."""
     from kaio_ops import _arrays
     from kaio_ops.linear import _placeholder
     from kaio_ops.matmul import k_slices
 
     m, k = a.shape
     n = b.shape[1]
-    wg, bn, stages, dstages, split = config or plan(m, n, k, _arrays.multiprocessors(a))
+    sms = sms or _arrays.multiprocessors(a)
+    wg, bn, stages, dstages, split = config or plan(m, n, k, sms)
     split, k_slice = k_slices(k, split, BK)
     if split > 1:
         c = _arrays.output(a, (split * m, n), f32)
@@ -332,9 +336,10 @@ def launch(a, b, s, out_type, config: tuple | None = None):
         kaio.tensor_map_2d(s.obj, (1, bn), 0),
     )
     tiles = math.ceil(m / (64 * wg)) * math.ceil(n / bn)
+    blocks = min(tiles, sms)
     threads = 128 * wg + DEQUANT
     shared = shared_bytes(wg, bn, stages, dstages)
-    int4_wgmma[(tiles, 1, split), threads, _arrays.stream_of(a), shared](
+    int4_wgmma[(blocks, 1, split), threads, _arrays.stream_of(a), shared](
         *maps, target, ws, m, n, k, k_slice, WG=wg, BN=bn, STAGES=stages, DSTAGES=dstages,
         SPLIT=split, OUT=out_type,
     )  # fmt: skip

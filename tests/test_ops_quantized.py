@@ -157,23 +157,25 @@ def test_int4_multi_tile_fallback_in_simulator():
 # _int4_hopper on the simulator: (M, N, K, out_dtype, (WG, BN, STAGES, DSTAGES, split) or
 # None for the plan). M and N edges (TMA zero fill, stores cut at the edge), both consumer
 # counts, the raw ring wrapping (STAGES 2 over 4 slices), a K split summed by gemm_reduce,
-# int32 words, and every out_dtype.
+# int32 words, every out_dtype, and the persistent loop (the rings
+# going on from tile to tile; 9 tiles on 2 blocks).
 WGMMA_CASES = [
-    (40, 64, 256, None, None),
-    (130, 136, 384, "float16", (2, 128, 3, 2, 1)),
-    (17, 72, 512, "bfloat16", (1, 64, 2, 2, 2)),
+    (40, 64, 256, None, None, None),
+    (130, 136, 384, "float16", (2, 128, 3, 2, 1), None),
+    (17, 72, 512, "bfloat16", (1, 64, 2, 2, 2), None),
+    (150, 192, 256, None, (1, 64, 3, 2, 1), 2),
 ]
 
 
-@pytest.mark.parametrize("m, n, k, out_dtype, config", WGMMA_CASES)
-def test_int4_wgmma_in_simulator(m, n, k, out_dtype, config, poisoned):
+@pytest.mark.parametrize("m, n, k, out_dtype, config, sms", WGMMA_CASES)
+def test_int4_wgmma_in_simulator(m, n, k, out_dtype, config, sms, poisoned):
     from kaio_ops import _int4_hopper
 
     a, packed, scales, w = int4_case(m, n, k)
     with kaio.simulate():
         ops = _sim_operands(a, packed.view(np.int32) if out_dtype else packed, scales)
         out = {None: f32, "float16": f16, "bfloat16": kaio.bf16}[out_dtype]
-        c = np.asarray(_int4_hopper.launch(*ops, out, config)).astype(np.float64)
+        c = np.asarray(_int4_hopper.launch(*ops, out, config, sms)).astype(np.float64)
     ref = a.astype(np.float64) @ w.astype(np.float64)
     bound = np.abs(a.astype(np.float64)) @ np.abs(w.astype(np.float64))  # no cancellation
     rounding = {None: 0.0, "float16": 2.0**-11, "bfloat16": 2.0**-8}[out_dtype]
