@@ -207,6 +207,23 @@ def test_int4_wgmma_dispatch(monkeypatch):
         assert not _int4_hopper.takes(*_sim_operands(*int4_case(17, 8, 128)[:3]))
 
 
+def test_int4_torch_op_out_dtype():
+    """torch.ops.kaio.matmul_int4 takes out_dtype: the real op (CPU tensors, the simulator)
+    and its fake implementation (meta tensors) agree on shape and dtype."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("kaio_ops.torch")  # registers torch.ops.kaio
+    a, packed, scales, w = int4_case(3, 16, 128)
+    args = [torch.from_numpy(x) for x in (a, packed.view(np.int32), scales)]
+    for dtype in (None, torch.float16, torch.bfloat16):
+        with kaio.simulate():
+            out = torch.ops.kaio.matmul_int4(*args, dtype)
+        fake = torch.ops.kaio.matmul_int4(*(x.to("meta") for x in args), dtype)
+        assert out.dtype == fake.dtype == (dtype or torch.float32)
+        assert out.shape == fake.shape == (3, 16)
+        ref = a.astype(np.float64) @ w.astype(np.float64)
+        np.testing.assert_allclose(out.double().numpy(), ref, rtol=1e-2, atol=1e-2)
+
+
 @pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
 def test_int4_wgmma_assembles_for_sm_90a():
     """The wgmma kernel's variants through ptxas: no spills; sm_80 is refused."""
