@@ -3,23 +3,27 @@
 tile, into the f16 B operand of ``wgmma``: the weights cross memory as their packed words
 (K N / 2 bytes), never as an f16 copy.
 
-A block computes a ``64 * WG x BN`` tile of the output with three roles:
+A persistent block (one a multiprocessor) computes ``64 * WG x BN`` tiles of the output, one
+after another, with two kinds of warpgroups:
 
-- a producer warp (one thread of it works) issues, for each 64-deep K slice, the TMA copies
-  of A's ``64 * WG x 64`` rows (128-byte swizzled, as ``kaio_ops._gemm_hopper``), the packed
-  words of the slice (``8 x BN`` u32, unswizzled) and the slice's row of group scales
-  (``BN`` f16) into a ``STAGES``-deep ring (barriers ``full`` / ``free``);
-- a dequantizing warpgroup turns each slice's words into the f16 tile ``BN x 64`` K-major in
-  a second, ``DSTAGES``-deep ring (barriers ``ready`` / ``drained``): a thread takes a word
-  (8 values of K of one column n), makes its four f16 pairs by the magic number
-  (``_int4_decode.weight_pair``: ``(w >> 4 j) & 0x000F000F ^ 0x64086408`` is ``1032 + q`` in
-  each half, minus 1032, times the scale: ``f16(scale * q)`` rounded once, the op's weight),
-  reorders them with ``prmt`` into k order and stores them as one 16-byte chunk of row n,
-  chunk ``kw ^ (n % 8)`` (the 128-byte swizzle that ``wgmma``'s descriptor expects);
+- a dequantizing warpgroup, whose thread 0 first issues, for each 64-deep K slice, the TMA
+  copies of A's ``64 * WG x 64`` rows (128-byte swizzled, as ``kaio_ops._gemm_hopper``), the
+  packed words of the slice (``8 x BN`` u32, unswizzled) and the slice's row of group scales
+  (``BN`` f16) into a ``STAGES``-deep ring (barriers ``full`` / ``free``), ``STAGES - 2``
+  slices ahead (the stage it refills was freed when the slice before the current one had its
+  wgmmas issued: no wait on work not yet dequantized, so no deadlock). The warpgroup then
+  turns each slice's words into the f16 tile ``BN x 64`` K-major in a second,
+  ``DSTAGES``-deep ring (barriers ``ready`` / ``drained``): a thread takes a word (8 values
+  of K of one column n), makes its four f16 pairs by the magic number
+  (``_int4_decode.weight_pair``: ``(w >> 4 j) & 0x000F000F ^ 0x64086408`` is ``1032 + q``
+  in each half, minus 1032, times the scale: ``f16(scale * q)`` rounded once, the op's
+  weight), reorders them with ``prmt`` into k order and stores them as one 16-byte chunk of
+  row n, chunk ``kw ^ (n % 8)`` (the 128-byte swizzle that ``wgmma``'s descriptor expects);
   ``fence.proxy.async`` then makes the stores visible to ``wgmma``;
 - ``WG`` consumer warpgroups (64 rows each) run ``wgmma.m64n{BN}k16`` on A's tile and the
-  f16 tile, one group of wgmmas in flight, and free both stages when the group after is
-  issued.
+  f16 tile, one group of wgmmas in flight, free both stages of a slice when the group after
+  it is issued (the last slice of a tile when the tile is done), and store the tile while
+  the next tile's slices are copied and dequantized.
 
 The dequantizing warpgroup works while the tensor cores multiply the slice before, so at
 large M the kernel runs at the f16 ``wgmma`` rate with the weights read at a quarter of the

@@ -12,7 +12,9 @@ traffic, a few percent of a large product).
 ``b_packed`` [K/8, N] 32-bit words of 8 signed nibbles (low nibble first, k = 8 * row + i),
 ``scales`` f16 [K/128, N]; the weight is ``scales[k // 128, n] * q`` rounded to f16, made in
 registers right before the f16 ``mma`` (the same kernel, ``QUANT = 4``): the weights cross
-memory at a quarter of f16's bytes, which is the point for decode shapes. Decode shapes
+memory at a quarter of f16's bytes, which is the point for decode shapes. On sm_90 past 16
+rows ``kaio_ops._int4_hopper`` runs it on ``wgmma`` (the words dequantized in shared memory
+by a warpgroup of the block); ``out_dtype`` rounds the f32 sums once. Decode shapes
 (M <= 64, N % 4 == 0, aligned operands) take ``kaio_ops._int4_decode`` instead (and so does
 ``qkv_project_int4``, one launch for the three weights), which reads
 the words straight into ``mma`` fragments with no shared-memory staging.
