@@ -151,18 +151,19 @@ def int4_wgmma(
         kaio.fence_proxy_async()
     kaio.sync_threads()
     acc = kaio.local(f32, (BN // 8, 2, 2))
-    s = i32(0)
-    ph = u32(0)
-    d = i32(0)
-    dph = u32(0)
+    at = kaio.local(i32, 4)  # the current slice's ring positions (``advance``)
+    for i in kaio.static_range(4):
+        at[i] = 0
     if wg < WG:  # the consumers
         ps = i32(0)  # the stages of the slice before
         pd = i32(0)
         for i in range(my_tiles):
             origin = tile_origin(first + u32(i) * step, grid_m, grid_n)
             for kt in range(k_tiles):
-                kaio.mbarrier_wait(bars, (0, s), ph)
-                kaio.mbarrier_wait(bars, (2, d), dph)
+                s = at[0]
+                d = at[2]
+                kaio.mbarrier_wait(bars, (0, s), u32(at[1]))
+                kaio.mbarrier_wait(bars, (2, d), u32(at[3]))
                 kaio.wgmma_fence()
                 for kk in kaio.static_range(BK // 16):
                     da = kaio.smem_descriptor(sa, (s, 64 * wg, kk * 16), SW, 16, 1024)
@@ -175,14 +176,7 @@ def int4_wgmma(
                     kaio.mbarrier_arrive(bars, (3, pd))
                 ps = s
                 pd = d
-                s += 1
-                if s == STAGES:
-                    s = 0
-                    ph ^= 1
-                d += 1
-                if d == DSTAGES:
-                    d = 0
-                    dph ^= 1
+                advance(at, STAGES, DSTAGES)
             kaio.wgmma_wait(0)
             if lt == 0:  # the tile's last slice
                 kaio.mbarrier_arrive(bars, (1, ps))
@@ -202,20 +196,27 @@ def int4_wgmma(
             if lt == 0 and j + STAGES - 2 < total:
                 produce(sa, sw, ss, bars, ta, tw, ts, j + STAGES - 2, k_tiles, k_begin, grid_m,
                         grid_n, BM, BN, STAGES)  # fmt: skip
-            kaio.mbarrier_wait(bars, (0, s), ph)
+            kaio.mbarrier_wait(bars, (0, at[0]), u32(at[1]))
             if j >= DSTAGES:  # the f16 tile held slice j - DSTAGES: wait until it is read
-                kaio.mbarrier_wait(bars, (3, d), dph ^ 1)
-            dequantize_slice(sw, sc, bt, s, d, lt, BN)
+                kaio.mbarrier_wait(bars, (3, at[2]), u32(at[3] ^ 1))
+            dequantize_slice(sw, sc, bt, at[0], at[2], lt, BN)
             kaio.fence_proxy_async()
-            kaio.mbarrier_arrive(bars, (2, d))
-            s += 1
-            if s == STAGES:
-                s = 0
-                ph ^= 1
-            d += 1
-            if d == DSTAGES:
-                d = 0
-                dph ^= 1
+            kaio.mbarrier_arrive(bars, (2, at[2]))
+            advance(at, STAGES, DSTAGES)
+
+
+@kaio.gpu_func
+def advance(at: i32[:], STAGES: kaio.constexpr, DSTAGES: kaio.constexpr):
+    """Step the ring positions ``at`` = (raw stage, its phase, f16 tile, its phase) to the
+    next slice."""
+    at[0] += 1
+    if at[0] == STAGES:
+        at[0] = 0
+        at[1] ^= 1
+    at[2] += 1
+    if at[2] == DSTAGES:
+        at[2] = 0
+        at[3] ^= 1
 
 
 @kaio.gpu_func
