@@ -3,10 +3,12 @@
 
 ``matmul_int8(a, b, scale)`` multiplies int8 (or uint8 bytes read as int8) ``a`` [M, K] and
 ``b`` [K, N] with ``mma.sync`` m16n8k32 s8 -> s32, exactly, and applies ``scale`` in the
-epilogue: ``f32(a @ b) * scale``. The kernel is the one of the 16-bit matmuls
-(``kaio_ops._matmul_kernels``) specialized for 8-bit elements; since ``ldmatrix`` can only
-transpose 16-bit elements, B is first transposed to N x K by a small kernel (2 K N bytes of
-traffic, a few percent of a large product).
+epilogue: ``f32(a @ b) * scale``; on sm_90 from ``_int8_hopper.MIN_M`` rows (K % 16 == 0)
+with ``wgmma`` s8 -> s32 instead (``kaio_ops._int8_hopper``, the same bits). The other
+kernel is the one of the 16-bit matmuls (``kaio_ops._matmul_kernels``) specialized for
+8-bit elements; since ``ldmatrix`` can only transpose 16-bit elements, B is first transposed
+to N x K by a small kernel (2 K N bytes of traffic, a few percent of a large product); the
+wgmma kernel reads that transpose too (PTX has no transposed 8-bit wgmma).
 
 ``matmul_int4(a, b_packed, scales)`` multiplies f16 ``a`` [M, K] by GPTQ-style int4 weights:
 ``b_packed`` [K/8, N] 32-bit words of 8 signed nibbles (low nibble first, k = 8 * row + i),
@@ -35,10 +37,11 @@ from dataclasses import dataclass
 import kaio
 from kaio import f16, f32, i32, u8, u32
 from kaio.types import i8
-from kaio_ops import _arrays, _int4_decode, _int4_hopper, _prefill
+from kaio_ops import _arrays, _int4_decode, _int4_hopper, _int8_hopper, _prefill
 from kaio_ops._matmul_kernels import MATMUL, QKV, sum_qkv_slices
 from kaio_ops._plan import planned
 from kaio_ops._typed import by_dtype
+from kaio_ops.fp8 import _units
 from kaio_ops.linear import out_type
 from kaio_ops.matmul import (
     CONFIGS,
@@ -109,7 +112,15 @@ def matmul_int8(a, b, scale: float = 1.0):
     if 0 in (m, k, n):
         raise inputs.error("a" if 0 in a.shape else "b", "has an empty dimension")
     alpha = _scale(inputs, scale, "scale")
-    flat_b = _arrays.output_arg(a, transpose(b), (n * k,))
+    bt = transpose(b)
+    if _int8_hopper.takes(a, m, k):
+        out = _arrays.output(a, (m, n), f32)
+        _int8_hopper.launch(
+            _units(a.obj, a.kind), _units(bt, a.kind), _arrays.output_arg(a, out, (m, n), f32),
+            alpha, m, n, _arrays.multiprocessors(a), _arrays.stream_of(a),
+        )  # fmt: skip
+        return out
+    flat_b = _arrays.output_arg(a, bt, (n * k,))
     return launch(a, flat_b, (m, n, k), True, plan_for(a, m, n, k, "int8"), alpha=alpha)
 
 
