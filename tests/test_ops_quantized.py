@@ -238,6 +238,56 @@ def test_int4_wgmma_assembles_for_sm_90a():
         kernel.ptx(arch="sm_80", **constexprs)
 
 
+# --------------------------------------------------------------------------- int8 on wgmma
+@pytest.mark.parametrize(
+    "m, n, k, dtype", [(130, 136, 288, np.int8), (70, 9, 160, np.uint8), (300, 264, 128, np.int8)]
+)
+def test_int8_wgmma_exact_in_simulator(m, n, k, dtype, monkeypatch):
+    """matmul_int8 on the sm_90 kernel (``_int8_hopper``, wgmma s8 -> s32) in the simulator:
+    bit-identical with the integer reference; M and N edges, an odd N (element stores), uint8
+    bytes read as int8, K slices past the ring's stages, and 2 blocks for up to 9 tiles."""
+    from kaio_ops import _int8_hopper
+
+    monkeypatch.setattr(_int8_hopper, "IN_SIMULATOR", True)
+    calls = []
+    launch = _int8_hopper.launch
+    monkeypatch.setattr(
+        _int8_hopper, "launch", lambda *a: calls.append(1) or launch(*a[:6], 2, a[7])
+    )
+    lo, hi = (-128, 128) if dtype == np.int8 else (0, 256)
+    a = RNG.integers(lo, hi, (m, k)).astype(dtype)
+    b = RNG.integers(lo, hi, (k, n)).astype(dtype)
+    with kaio.simulate():
+        c = kaio_ops.matmul_int8(a, b, 0.37)
+    assert calls == [1]
+    np.testing.assert_array_equal(c, int8_reference(a, b, 0.37))
+
+
+@pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
+@pytest.mark.parametrize("backend", ["ptx", "llvm"])
+def test_int8_wgmma_assembles_for_sm_90a(backend):
+    """Both tiles of the int8 wgmma kernel through both lowerings and ptxas: no spills."""
+    from kaio_ops import _int8_hopper
+
+    for kernel, constexprs in _int8_hopper.specializations():
+        ptx = kernel.ptx(arch="sm_90", backend=backend, **constexprs)
+        assert f"wgmma.mma_async.sync.aligned.m64n{constexprs['BN']}k32.s32.s8.s8" in ptx
+        assert " 0 bytes spill stores" in assemble(ptx, "sm_90a")
+
+
+def test_wgmma_s8_needs_an_i32_accumulator():
+    @kaio.gpu_kernel(block_size=128)
+    def bad(out: f32[:]):
+        acc = kaio.local(f32, 4)
+        tile = kaio.shared_dynamic(f16, (64, 64), 0)
+        d = kaio.smem_descriptor(tile, (0, 0), 128, 16, 1024)
+        kaio.wgmma_s8(acc, d, d, False)
+        out[0] = acc[0]
+
+    with pytest.raises(kaio.CompileError, match="i32 accumulator"):
+        bad.ptx(arch="sm_90")
+
+
 def _sim_operands(*arrays):
     """Checked ``Operand``s of NumPy arrays (inside ``kaio.simulate()``)."""
     inputs = _arrays.Inputs("test")
