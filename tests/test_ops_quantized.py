@@ -654,6 +654,21 @@ def test_gpu_int8_matches_simulator_bits():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m, n, k", [(1000, 1032, 4096), (4096, 4096, 4096), (130, 4104, 1024)])
+def test_gpu_int8_wgmma_exact(m, n, k):
+    """matmul_int8 at real sizes (the wgmma kernel on sm_90): bit-identical with
+    f32(torch._int_mm) * scale, and the same bits on a second call."""
+    import torch
+
+    gen = torch.Generator("cuda").manual_seed(m)
+    a = torch.randint(-128, 128, (m, k), device="cuda", dtype=torch.int8, generator=gen)
+    b = torch.randint(-128, 128, (k, n), device="cuda", dtype=torch.int8, generator=gen)
+    out = kaio_ops.matmul_int8(a, b, 0.37)
+    assert torch.equal(out, torch._int_mm(a, b).float() * 0.37)
+    assert torch.equal(out, kaio_ops.matmul_int8(a, b, 0.37))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("m, n, k", [(4096, 4096, 4096), (1, 4096, 4096), (16, 4096, 4096)])
 def test_gpu_int4(m, n, k):
     import torch
