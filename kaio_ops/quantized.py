@@ -292,11 +292,14 @@ def qkv_project_int4(x, wq, wk, wv, sq, sk, sv) -> tuple:
     """``(q, k, v)``, each ``f16(x @ W)``, for f16 ``x`` [M, K] (K % 128 == 0) and the int4
     weights ``wq``, ``wk``, ``wv`` (u32 or int32 [K/8, N], one N each) with their f16 group
     scales ``sq``, ``sk``, ``sv`` [K/128, N], packed as for ``matmul_int4``; f32
-    accumulation, one launch for the three."""
+    accumulation, one launch for the three (on sm_90 past 16 rows: one launch of
+    ``matmul_int4``'s wgmma kernel each)."""
     inputs = _arrays.Inputs("qkv_project_int4")
     x = _activations(inputs, x, "x", GROUP)
     named = ((wq, "wq", sq, "sq"), (wk, "wk", sk, "sk"), (wv, "wv", sv, "sv"))
     operands = [_int4_operands(inputs, x.shape[1], *args) for args in named]
+    if all(_int4_hopper.takes(x, b, s) for b, s in operands):
+        return tuple(_int4_hopper.launch(x, b, s, f16) for b, s in operands)
     if _int4_decode.fits(x, *operands):
         return _int4_decode.qkv(x, operands)
     if _prefill.fits_int4(x, *operands):

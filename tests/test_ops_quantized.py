@@ -187,7 +187,7 @@ def test_int4_wgmma_in_simulator(m, n, k, out_dtype, config, sms, poisoned):
 def test_int4_wgmma_dispatch(monkeypatch):
     """On sm_90 (here: the simulator with IN_SIMULATOR) M > 16 takes the wgmma kernel and
     M <= 16 the decode kernel; N % 8 != 0 is not the wgmma kernel's shape; out_dtype
-    reaches every path."""
+    reaches every path; qkv_project_int4 runs the kernel once per weight, in f16."""
     from kaio_ops import _int4_hopper
 
     monkeypatch.setattr(_int4_hopper, "IN_SIMULATOR", True)
@@ -202,6 +202,14 @@ def test_int4_wgmma_dispatch(monkeypatch):
         assert calls == ([path] if path == "wgmma" else []) and c.dtype == np.float16
         ref = a.astype(np.float64) @ w.astype(np.float64)
         np.testing.assert_allclose(c, ref, rtol=2e-3, atol=1e-3 * np.abs(ref).max())
+    cases = [int4_case(20, n, 128) for n in (16, 8, 8)]  # grouped-query widths
+    calls.clear()
+    with kaio.simulate():
+        qkv = kaio_ops.qkv_project_int4(cases[0][0], *(c[1] for c in cases), *(c[2] for c in cases))
+        alone = [kaio_ops.matmul_int4(cases[0][0], c[1], c[2], out_dtype="float16") for c in cases]
+    assert calls == ["wgmma"] * 6
+    for got, ref in zip(qkv, alone, strict=True):
+        np.testing.assert_array_equal(got, ref)  # one kernel, one plan: the same bits
     monkeypatch.setattr(_int4_hopper, "IN_SIMULATOR", False)  # sm_80 and the like
     with kaio.simulate():
         assert not _int4_hopper.takes(*_sim_operands(*int4_case(17, 8, 128)[:3]))
