@@ -57,17 +57,26 @@ def dequantize_slice(
 ):  # fmt: skip
     """Thread ``dt`` of the dequantizing warpgroup: its ``BN / 16`` words of ring stage
     ``s`` (``words[s]`` [8, BN], scales ``sc[s]`` as f16 pairs [BN / 2]) made f16 into
-    ``bt[d]`` [BN, 32 u32]: row n = 64 K values, 16-byte chunk kw at ``kw ^ (n % 8)``."""
+    ``bt[d]`` [BN, 32 u32]: row n = 64 K values, 16-byte chunk kw at ``kw ^ (n % 8)``.
+    Every load comes first: ptxas cannot tell the stores from the loads (one shared space),
+    so loads after a store would wait for it, and a warp per scheduler would then expose
+    each word's whole latency (measured on an H100: about 3000 cycles a slice, 3x the
+    wgmmas')."""
+    words_r = kaio.local(u32, BN // 16)
+    scales_r = kaio.local(u32, BN // 16)
+    for i in kaio.static_range(BN // 16):
+        idx = dt + DEQUANT * i
+        n = idx % BN
+        words_r[i] = words[s, idx // BN, n]
+        scales_r[i] = sc[s, n // 2] >> (16 * (n % 2))  # column n's scale in the low half
     for i in kaio.static_range(BN // 16):
         idx = dt + DEQUANT * i
         n = idx % BN
         kw = idx // BN
-        pair = sc[s, n // 2] >> (16 * (n % 2))  # column n's scale in the low half
-        scale = kaio.bitcast(kaio.prmt(pair, pair, LOW_TWICE), f16x2)
-        w = words[s, kw, n]
+        scale = kaio.bitcast(kaio.prmt(scales_r[i], scales_r[i], LOW_TWICE), f16x2)
         v = kaio.local(u32, 4)  # (k j, k j + 4) for j = 0..3
         for j in kaio.static_range(4):
-            v[j] = weight_pair(w, j, scale)
+            v[j] = weight_pair(words_r[i], j, scale)
         chunk = kaio.local(u32, 4)  # (k 0, 1), (2, 3), (4, 5), (6, 7)
         chunk[0] = kaio.prmt(v[0], v[1], LOW_HALVES)
         chunk[1] = kaio.prmt(v[2], v[3], LOW_HALVES)
@@ -146,7 +155,7 @@ def int4_wgmma(
             kaio.mbarrier_init(bars, (0, i), 1)
             kaio.mbarrier_init(bars, (1, i), WG)
         for i in kaio.static_range(DSTAGES):
-            kaio.mbarrier_init(bars, (2, i), DEQUANT)
+            kaio.mbarrier_init(bars, (2, i), DEQUANT // 32)
             kaio.mbarrier_init(bars, (3, i), WG)
         kaio.fence_proxy_async()
     kaio.sync_threads()
@@ -200,8 +209,10 @@ def int4_wgmma(
             if j >= DSTAGES:  # the f16 tile held slice j - DSTAGES: wait until it is read
                 kaio.mbarrier_wait(bars, (3, at[2]), u32(at[3] ^ 1))
             dequantize_slice(sw, sc, bt, at[0], at[2], lt, BN)
-            kaio.fence_proxy_async()
-            kaio.mbarrier_arrive(bars, (2, at[2]))
+            kaio.fence_proxy_async()  # this thread's stores, for wgmma
+            kaio.sync_warp()
+            if lt % 32 == 0:  # a warp's stores in one arrival (not 32 on one barrier)
+                kaio.mbarrier_arrive(bars, (2, at[2]))
             advance(at, STAGES, DSTAGES)
 
 
