@@ -30,7 +30,7 @@ from kaio_ops import _arrays, _int4_decode, _int4_hopper, _prefill  # noqa: E402
 
 SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336))  # (N, K)
 MS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
-TUNE_MS = (16, 64, 128, 512, 2048, 8192)  # the M of --variants
+TUNE_MS = MS  # the M of --variants
 SETS = 4
 REPS = 10
 REPLAYS = 5
@@ -159,8 +159,11 @@ def measure(log, m: int, n: int, k: int, sets: list) -> dict:
     a = torch.randn(m, k, device="cuda", dtype=torch.float16)
     t_cublas = graph_time(lambda i: torch.matmul(a, sets[i][2]), SETS)
     t_kaio = graph_time(lambda i: kaio_ops.matmul_int4(a, sets[i][0], sets[i][1]), SETS)
+    t_f16 = graph_time(
+        lambda i: kaio_ops.matmul_int4(a, sets[i][0], sets[i][1], out_dtype=torch.float16), SETS
+    )
     sms = _arrays.multiprocessors(operand(a, "a"))
-    rec = {"m": m, "n": n, "k": k, "cublas_us": t_cublas, "kaio_us": t_kaio,
+    rec = {"m": m, "n": n, "k": k, "cublas_us": t_cublas, "kaio_us": t_kaio, "kaio_f16_us": t_f16,
            "plan": list(_int4_hopper.plan(m, n, k, sms))}  # fmt: skip
     ops = [[operand(x, "x") for x in (a, s[0], s[1])] for s in sets]
     if m <= _int4_decode.MAX_M:
@@ -172,15 +175,19 @@ def measure(log, m: int, n: int, k: int, sets: list) -> dict:
 
 
 def tune(log, m: int, n: int, k: int, sets: list, budget: float) -> None:
-    """Explicit ``_int4_hopper`` configurations at one shape (``variants``)."""
+    """Explicit ``_int4_hopper`` configurations at one shape (``variants``), each checked
+    against the f32 product of the dequantized weights (relative error in ``errors``)."""
     a = torch.randn(m, k, device="cuda", dtype=torch.float16)
     ops = [[operand(x, "x") for x in (a, s[0], s[1])] for s in sets]
-    rec = {"m": m, "n": n, "k": k, "variants": {}}
+    ref = a.float() @ sets[0][2].float()
+    rec = {"m": m, "n": n, "k": k, "variants": {}, "errors": {}}
     for wg, bn, ds, split in variants(m):
         if time.time() - T0 > budget:
             break
         full = (wg, bn, _int4_hopper.stages_for(wg, bn, ds), ds, split)
         try:
+            got = _int4_hopper.launch(*ops[0], kaio.f32, full)
+            rec["errors"][str(list(full))] = ((got - ref).norm() / ref.norm()).item()
             t = graph_time(lambda i, f=full: _int4_hopper.launch(*ops[i], kaio.f32, f), SETS)
         except Exception as e:  # noqa: BLE001
             t = f"{type(e).__name__}: {str(e)[:200]}"
@@ -202,10 +209,16 @@ def table(rows: list) -> None:
 def variants(m: int) -> list:
     """(WG, BN, DSTAGES, split) tile configurations to try at M = ``m``."""
     if m <= 64:
-        return [(1, 256, 2, 8), (1, 128, 2, 4), (1, 64, 2, 2), (1, 128, 2, 2)]
-    if m <= 256:
-        return [(1, 256, 2, 1), (2, 128, 2, 1), (2, 256, 2, 1), (1, 128, 2, 2)]
-    return [(2, 256, 2, 1), (2, 128, 2, 1), (4, 128, 2, 1), (3, 128, 2, 1), (2, 192, 2, 1)]
+        return [(1, 256, 2, 8), (1, 256, 2, 4), (1, 128, 2, 4), (1, 128, 2, 2), (1, 64, 2, 2),
+                (1, 64, 2, 1), (1, 128, 2, 1)]  # fmt: skip
+    if m <= 128:
+        return [(1, 256, 2, 4), (1, 256, 2, 2), (1, 128, 2, 2), (1, 128, 2, 1), (2, 128, 2, 2),
+                (2, 128, 2, 4), (2, 256, 2, 4)]  # fmt: skip
+    if m <= 512:
+        return [(2, 128, 2, 1), (2, 128, 2, 2), (2, 256, 2, 1), (2, 256, 2, 2), (1, 256, 2, 1),
+                (1, 128, 2, 1), (2, 64, 2, 1)]  # fmt: skip
+    return [(2, 256, 2, 1), (2, 256, 3, 1), (2, 128, 2, 1), (2, 192, 2, 1), (4, 128, 2, 1),
+            (3, 128, 2, 1)]  # fmt: skip
 
 
 if __name__ == "__main__":
