@@ -118,13 +118,17 @@ def int4_wgmma(
     ta: kaio.tensormap, tw: kaio.tensormap, ts: kaio.tensormap, c: OUT[:, :], ws: f32[:, :],
     M: u32, N: u32, K: u32, k_slice: u32, WG: kaio.constexpr, BN: kaio.constexpr,
     STAGES: kaio.constexpr, DSTAGES: kaio.constexpr, SPLIT: kaio.constexpr,
-    OUT: kaio.constexpr,
+    CL: kaio.constexpr, OUT: kaio.constexpr,
 ):  # fmt: skip
     """c = a @ W (module docstring): block x computes tile x of c, or with a K split block
-    (x, z) the raw partial tile of K slice z into ``ws``. ``ta``: a [M, K] in boxes of
-    (64 * WG, 64), 128-byte swizzled; ``tw``: the words [K / 8, N] in boxes of (8, BN);
-    ``ts``: the scales [K / 128, N] in boxes of (1, BN)."""
+    (x, z) the raw partial tile of K slice z into ``ws``; with ``CL`` the K split is a
+    cluster of SPLIT blocks along x, one tile each, summed through distributed shared memory
+    (``cluster_sum``). ``ta``: a [M, K] in boxes of (64 * WG, 64), 128-byte swizzled;
+    ``tw``: the words [K / 8, N] in boxes of (8, BN); ``ts``: the scales [K / 128, N] in
+    boxes of (1, BN)."""
     kaio.launch_bounds(WG * 128 + DEQUANT, 1)
+    if CL:
+        kaio.cluster_dims(SPLIT)
     BM = 64 * WG
     A_BYTES = BM * BK * 2
     W_BYTES = WORD_ROWS * BN * 4
@@ -139,6 +143,7 @@ def int4_wgmma(
     sc = kaio.shared_dynamic(u32, (STAGES, BN // 2), raw + STAGES * W_BYTES)  # ss's pairs
     # rows: 0 "full" (TMA), 1 "free" (A, words), 2 "ready" (f16 tile), 3 "drained" (f16 tile)
     bars = kaio.shared_dynamic(u64, (4, STAGES), raw + STAGES * (W_BYTES + S_BYTES))
+    part = kaio.shared_dynamic(f32, (BM, BN), 0)  # CL: a partial tile, over the idle ring
     t = kaio.thread_idx_x()
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
     lt = t % 128
@@ -146,8 +151,12 @@ def int4_wgmma(
     grid_n = (N + BN - 1) // BN
     first = kaio.block_idx_x()
     step = kaio.grid_dim_x()
-    my_tiles = i32((grid_m * grid_n - first + step - 1) // step)
     k_begin = kaio.block_idx_z() * k_slice
+    if CL:  # a cluster per tile, its blocks the K slices
+        first = first // SPLIT
+        step = step // SPLIT
+        k_begin = kaio.cluster_rank() * k_slice
+    my_tiles = i32((grid_m * grid_n - first + step - 1) // step)
     k_end = kaio.min(k_begin + k_slice, K)
     k_tiles = i32((k_end - k_begin + BK - 1) // BK)
     if t == 0:
@@ -192,19 +201,20 @@ def int4_wgmma(
                 kaio.mbarrier_arrive(bars, (3, pd))
             m0 = tile_row(origin) * BM
             n0 = tile_col(origin) * BN
-            store_tile(acc, c, ws, m0, n0, wg, lt, M, N, BN, SPLIT, OUT)
+            if not CL:  # (with CL the one tile is summed below: cluster_sum)
+                store_tile(acc, c, ws, m0, n0, wg, lt, M, N, BN, SPLIT, OUT)
     else:  # the dequantizing warpgroup; its thread 0 also issues the copies
         total = my_tiles * k_tiles  # the block's slices, tile after tile
         if lt == 0:
             for j in range(kaio.min(total, STAGES - 2)):
-                produce(sa, sw, ss, bars, ta, tw, ts, j, k_tiles, k_begin, grid_m, grid_n, BM,
-                        BN, STAGES)  # fmt: skip
+                produce(sa, sw, ss, bars, ta, tw, ts, j, k_tiles, k_begin, first, step, grid_m,
+                        grid_n, BM, BN, STAGES)  # fmt: skip
         for j in range(total):
             # slice j + STAGES - 2 reuses the stage of slice j - 2, which the consumers
             # free once slice j - 1 (dequantized before this) has its wgmmas issued
             if lt == 0 and j + STAGES - 2 < total:
-                produce(sa, sw, ss, bars, ta, tw, ts, j + STAGES - 2, k_tiles, k_begin, grid_m,
-                        grid_n, BM, BN, STAGES)  # fmt: skip
+                produce(sa, sw, ss, bars, ta, tw, ts, j + STAGES - 2, k_tiles, k_begin, first,
+                        step, grid_m, grid_n, BM, BN, STAGES)  # fmt: skip
             kaio.mbarrier_wait(bars, (0, at[0]), u32(at[1]))
             if j >= DSTAGES:  # the f16 tile held slice j - DSTAGES: wait until it is read
                 kaio.mbarrier_wait(bars, (3, at[2]), u32(at[3] ^ 1))
@@ -214,6 +224,48 @@ def int4_wgmma(
             if lt % 32 == 0:  # a warp's stores in one arrival (not 32 on one barrier)
                 kaio.mbarrier_arrive(bars, (2, at[2]))
             advance(at, STAGES, DSTAGES)
+    if CL:  # one tile a cluster: sum its K slices through distributed shared memory
+        kaio.sync_threads()  # every wgmma done: the ring is idle
+        if wg < WG:
+            put_partial(acc, part, wg, lt, BN)
+        kaio.cluster_sync()
+        origin = tile_origin(first, grid_m, grid_n)
+        cluster_sum(part, c, tile_row(origin) * BM, tile_col(origin) * BN, t, M, N, WG, BN,
+                    SPLIT, OUT)  # fmt: skip
+        kaio.cluster_sync()  # no block leaves while another reads its part
+
+
+@kaio.gpu_func
+def put_partial(acc: f32[:, :, :], part: f32[:, :], wg: u32, lt: u32, BN: kaio.constexpr):
+    """Warpgroup ``wg``'s 64 rows of the tile's partial sums into ``part`` [BM, BN] (lane
+    (g, t) of warp w holds rows 16 w + g (+ 8), columns 8 j + 2 t (+ 1))."""
+    lane = lt % 32
+    for h in kaio.static_range(2):
+        row = 64 * wg + 16 * (lt // 32) + lane // 4 + 8 * h
+        for j in kaio.static_range(BN // 8):
+            for e in kaio.static_range(2):
+                part[row, 8 * j + 2 * (lane % 4) + e] = acc[j, h, e]
+
+
+@kaio.gpu_func
+def cluster_sum(
+    part: f32[:, :], c: OUT[:, :], m0: u32, n0: u32, t: u32, M: u32, N: u32,
+    WG: kaio.constexpr, BN: kaio.constexpr, SPLIT: kaio.constexpr, OUT: kaio.constexpr,
+):  # fmt: skip
+    """The K split of a cluster, once every block's partial tile is in its ``part``: block
+    ``r`` sums rows ``r``, ``r + SPLIT``, ... of the tile over the cluster's blocks in rank
+    order (the same result run to run) and stores them, thread ``t`` of the block taking
+    every ``WG * 128 + DEQUANT``-th element."""
+    BM = 64 * WG
+    rank = kaio.cluster_rank()
+    for i in range(t, (BM + SPLIT - 1) // SPLIT * BN, WG * 128 + DEQUANT):
+        r = i // BN * SPLIT + rank
+        col = i % BN
+        if r < BM and m0 + r < M and n0 + col < N:
+            total = kaio.cluster_load(part, (r, col), 0)
+            for q in kaio.static_range(1, SPLIT):
+                total += kaio.cluster_load(part, (r, col), q)
+            c[m0 + r, n0 + col] = OUT(total)
 
 
 @kaio.gpu_func
@@ -233,16 +285,17 @@ def advance(at: i32[:], STAGES: kaio.constexpr, DSTAGES: kaio.constexpr):
 @kaio.gpu_func
 def produce(
     sa: f16[:, :, :], sw: u32[:, :, :], ss: f16[:, :], bars: u64[:, :], ta: kaio.tensormap,
-    tw: kaio.tensormap, ts: kaio.tensormap, j: i32, k_tiles: i32, k_begin: u32, grid_m: u32,
-    grid_n: u32, BM: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr,
+    tw: kaio.tensormap, ts: kaio.tensormap, j: i32, k_tiles: i32, k_begin: u32, first: u32,
+    step: u32, grid_m: u32, grid_n: u32, BM: kaio.constexpr, BN: kaio.constexpr,
+    STAGES: kaio.constexpr,
 ):  # fmt: skip
-    """The TMA copies of the block's slice ``j`` (K slice ``j % k_tiles`` of its tile ``j //
-    k_tiles``: A rows, words, the scale row) into stage ``j % STAGES``, once the consumers
-    freed the slice that stage held before."""
+    """The TMA copies of the block's slice ``j`` (K slice ``j % k_tiles`` of its tile
+    ``first + (j // k_tiles) * step``: A rows, words, the scale row) into stage
+    ``j % STAGES``, once the consumers freed the slice that stage held before."""
     s = j % STAGES
     if j >= STAGES:
         kaio.mbarrier_wait(bars, (1, s), u32((j // STAGES - 1) & 1))
-    tile = kaio.block_idx_x() + u32(j // k_tiles) * kaio.grid_dim_x()
+    tile = first + u32(j // k_tiles) * step
     origin = tile_origin(tile, grid_m, grid_n)
     m0 = i32(tile_row(origin) * BM)
     n0 = i32(tile_col(origin) * BN)
@@ -338,9 +391,10 @@ def launch(a, b, s, out_type, config: tuple | None = None, sms: int | None = Non
     m, k = a.shape
     n = b.shape[1]
     sms = sms or _arrays.multiprocessors(a)
-    wg, bn, stages, dstages, split = config or plan(m, n, k, sms)
+    wg, bn, stages, dstages, split, *cl = config or plan(m, n, k, sms)
     split, k_slice = k_slices(k, split, BK)
-    if split > 1:
+    cl = int(bool(cl and cl[0]) and split > 1)
+    if split > 1 and not cl:
         c = _arrays.output(a, (split * m, n), f32)
         ws, target = c, _placeholder(a, out_type, 2)
     else:
@@ -353,13 +407,14 @@ def launch(a, b, s, out_type, config: tuple | None = None, sms: int | None = Non
     )
     tiles = math.ceil(m / (64 * wg)) * math.ceil(n / bn)
     blocks = min(tiles, sms)
+    grid = (tiles * split, 1, 1) if cl else (blocks, 1, split)  # a cluster: one tile
     threads = 128 * wg + DEQUANT
     shared = shared_bytes(wg, bn, stages, dstages)
-    int4_wgmma[(blocks, 1, split), threads, _arrays.stream_of(a), shared](
+    int4_wgmma[grid, threads, _arrays.stream_of(a), shared](
         *maps, target, ws, m, n, k, k_slice, WG=wg, BN=bn, STAGES=stages, DSTAGES=dstages,
-        SPLIT=split, OUT=out_type,
+        SPLIT=split, CL=cl, OUT=out_type,
     )  # fmt: skip
-    return finish(a, c, split, out_type) if split > 1 else c
+    return finish(a, c, split, out_type) if split > 1 and not cl else c
 
 
 def specializations() -> list:
@@ -372,6 +427,7 @@ def specializations() -> list:
         (2, 64, 2, f16),
     ):
         stages = stages_for(wg, bn, 2)
-        consts = {"WG": wg, "BN": bn, "STAGES": stages, "DSTAGES": 2, "SPLIT": split, "OUT": ot}
+        consts = {"WG": wg, "BN": bn, "STAGES": stages, "DSTAGES": 2, "SPLIT": split, "CL": 0,
+                  "OUT": ot}  # fmt: skip
         out.append((int4_wgmma, consts))
     return out

@@ -157,13 +157,15 @@ def test_int4_multi_tile_fallback_in_simulator():
 # _int4_hopper on the simulator: (M, N, K, out_dtype, (WG, BN, STAGES, DSTAGES, split) or
 # None for the plan). M and N edges (TMA zero fill, stores cut at the edge), both consumer
 # counts, the raw ring wrapping (STAGES 2 over 4 slices), a K split summed by gemm_reduce,
-# int32 words, every out_dtype, and the persistent loop (the rings
-# going on from tile to tile; 9 tiles on 2 blocks).
+# int32 words, every out_dtype, the persistent loop (the rings going on from tile to tile; 9
+# tiles on 2 blocks), and the K split summed in a cluster's distributed shared memory.
 WGMMA_CASES = [
     (40, 64, 256, None, None, None),
     (130, 136, 384, "float16", (2, 128, 3, 2, 1), None),
     (17, 72, 512, "bfloat16", (1, 64, 2, 2, 2), None),
     (150, 192, 256, None, (1, 64, 3, 2, 1), 2),
+    (130, 136, 512, "float16", (2, 128, 3, 2, 4, 1), None),  # K split over a cluster
+    (40, 72, 768, None, (1, 64, 2, 2, 3, 1), None),  # a split of 3: rows 0, 3, 6... a block
 ]
 
 
