@@ -148,10 +148,11 @@ def main() -> None:
             rows.append(measure(log, m, n, k, weights[n, k]))
     table(rows)
     if args.variants:
-        for n, k in SHAPES:
-            for m in (x for x in TUNE_MS if x in ms):
-                if time.time() - T0 < args.budget:
-                    tune(log, m, n, k, weights[n, k], args.budget)
+        for pick in (variants, cluster_variants):  # clusters last: new, least certain
+            for n, k in SHAPES:
+                for m in (x for x in TUNE_MS if x in ms):
+                    if time.time() - T0 < args.budget and pick(m):
+                        tune(log, m, n, k, weights[n, k], args.budget, pick)
 
 
 def measure(log, m: int, n: int, k: int, sets: list) -> dict:
@@ -174,17 +175,18 @@ def measure(log, m: int, n: int, k: int, sets: list) -> dict:
     return rec
 
 
-def tune(log, m: int, n: int, k: int, sets: list, budget: float) -> None:
-    """Explicit ``_int4_hopper`` configurations at one shape (``variants``), each checked
-    against the f32 product of the dequantized weights (relative error in ``errors``)."""
+def tune(log, m: int, n: int, k: int, sets: list, budget: float, pick) -> None:
+    """Explicit ``_int4_hopper`` configurations at one shape (``pick(m)``: ``variants`` or
+    ``cluster_variants``), each checked against the f32 product of the dequantized weights
+    (relative error in ``errors``)."""
     a = torch.randn(m, k, device="cuda", dtype=torch.float16)
     ops = [[operand(x, "x") for x in (a, s[0], s[1])] for s in sets]
     ref = a.float() @ sets[0][2].float()
     rec = {"m": m, "n": n, "k": k, "variants": {}, "errors": {}}
-    for wg, bn, ds, split in variants(m):
+    for wg, bn, ds, split, *cl in pick(m):
         if time.time() - T0 > budget:
             break
-        full = (wg, bn, _int4_hopper.stages_for(wg, bn, ds), ds, split)
+        full = (wg, bn, _int4_hopper.stages_for(wg, bn, ds), ds, split, *cl)
         try:
             got = _int4_hopper.launch(*ops[0], kaio.f32, full)
             rec["errors"][str(list(full))] = ((got - ref).norm() / ref.norm()).item()
@@ -219,6 +221,17 @@ def variants(m: int) -> list:
                 (1, 128, 2, 1), (2, 64, 2, 1)]  # fmt: skip
     return [(2, 256, 2, 1), (2, 256, 3, 1), (2, 128, 2, 1), (2, 192, 2, 1), (4, 128, 2, 1),
             (3, 128, 2, 1)]  # fmt: skip
+
+
+def cluster_variants(m: int) -> list:
+    """(WG, BN, DSTAGES, split, 1): K splits summed in a cluster, at M <= 512."""
+    if m <= 64:
+        return [(1, 256, 2, 8, 1), (1, 128, 2, 4, 1), (1, 128, 2, 2, 1), (1, 64, 2, 2, 1)]
+    if m <= 128:
+        return [(1, 256, 2, 4, 1), (1, 128, 2, 2, 1), (2, 128, 2, 4, 1), (2, 256, 2, 4, 1)]
+    if m <= 512:
+        return [(2, 128, 2, 2, 1), (2, 256, 2, 2, 1), (1, 256, 2, 2, 1)]
+    return []
 
 
 if __name__ == "__main__":
