@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 
 import kaio
-from kaio import f16, f16x2, f32, i32, u32, u64
+from kaio import bf16, f16, f16x2, f32, i32, u32, u64
 from kaio_ops._int4_decode import HIGH_HALVES, LOW_HALVES, LOW_TWICE, weight_pair
 from kaio_ops._matmul_kernels import tile_col, tile_origin, tile_row
 
@@ -418,16 +418,19 @@ def launch(a, b, s, out_type, config: tuple | None = None, sms: int | None = Non
 
 
 def specializations() -> list:
-    """(kernel, constexprs) of the variants to check with ptxas (sm_90a)."""
+    """(kernel, constexprs) of the variants to check with ptxas (sm_90a): both consumer
+    counts, every N tile, a K split through the workspace and one through a cluster, every
+    output type."""
     out = []
-    for wg, bn, split, ot in (
-        (1, 256, 4, f32),
-        (1, 128, 1, f16),
-        (2, 128, 1, f32),
-        (2, 64, 2, f16),
+    for wg, bn, split, cl, ot in (
+        (1, 256, 8, 0, f32),
+        (1, 128, 1, 0, f16),
+        (2, 256, 1, 0, f32),
+        (2, 128, 4, 1, bf16),
+        (2, 64, 2, 0, f16),
     ):
         stages = stages_for(wg, bn, 2)
-        consts = {"WG": wg, "BN": bn, "STAGES": stages, "DSTAGES": 2, "SPLIT": split, "CL": 0,
+        consts = {"WG": wg, "BN": bn, "STAGES": stages, "DSTAGES": 2, "SPLIT": split, "CL": cl,
                   "OUT": ot}  # fmt: skip
         out.append((int4_wgmma, consts))
     return out

@@ -4,6 +4,7 @@ input checks, and every specialization's PTX through ptxas."""
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import os
 from concurrent.futures import ProcessPoolExecutor
@@ -239,11 +240,15 @@ def test_int4_wgmma_assembles_for_sm_90a():
     """The wgmma kernel's variants through ptxas: no spills; sm_80 is refused."""
     from kaio_ops import _int4_hopper
 
-    for kernel, constexprs in _int4_hopper.specializations():
+    specs = _int4_hopper.specializations()
+    for kernel, constexprs in specs:
         ptx = kernel.ptx(arch="sm_90", **constexprs)
         assert f"wgmma.mma_async.sync.aligned.m64n{constexprs['BN']}k16.f32.f16.f16" in ptx
         report = assemble(ptx, "sm_90a")
         assert " 0 bytes spill stores" in report, (constexprs, report)
+    if importlib.util.find_spec("llvmlite"):  # the LLVM lowering: the cluster variant
+        kernel, constexprs = next((k, c) for k, c in specs if c["CL"])
+        assemble(kernel.ptx(arch="sm_90", backend="llvm", **constexprs), "sm_90a")
     with pytest.raises(kaio.CompileError, match="needs sm_90"):
         kernel.ptx(arch="sm_80", **constexprs)
 
