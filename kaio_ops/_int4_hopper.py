@@ -31,8 +31,9 @@ bytes; at small M (memory-bound) the grid is filled by splitting K over ``grid.z
 (``SPLIT`` slices, raw f32 partial tiles summed in a fixed order by
 ``kaio_ops._gemm.gemm_reduce``), or (``CL``) over a cluster of ``SPLIT`` blocks along x, one
 tile a cluster, whose partial tiles are summed in rank order through distributed shared
-memory (the ring, idle by then, holds them): no workspace and no second launch. Needs N % 8 == 0 (TMA rows of the words and the scales a
-multiple of 16 bytes), K % 128 == 0, and 16-byte aligned operands (``fits``).
+memory (the ring, idle by then, holds them): no workspace and no second launch. Needs
+N % 8 == 0 (TMA rows of the words and the scales a multiple of 16 bytes), K % 128 == 0, and
+16-byte aligned operands (``fits``).
 """
 
 # ruff: noqa: F821  (OUT in annotations is a dtype parameter, not a module name)
