@@ -183,10 +183,11 @@ def tune(log, m: int, n: int, k: int, sets: list, budget: float, pick) -> None:
     ops = [[operand(x, "x") for x in (a, s[0], s[1])] for s in sets]
     ref = a.float() @ sets[0][2].float()
     rec = {"m": m, "n": n, "k": k, "variants": {}, "errors": {}}
-    for wg, bn, ds, split, *cl in pick(m):
+    for wg, bn, ds, split, *more in pick(m):
         if time.time() - T0 > budget:
             break
-        full = (wg, bn, _int4_hopper.stages_for(wg, bn, ds), ds, split, *cl)
+        cl, occ = (more + [0, 1])[:2] if len(more) != 1 else (more[0], 1)
+        full = (wg, bn, _int4_hopper.stages_for(wg, bn, ds, occ), ds, split, cl, occ)
         try:
             got = _int4_hopper.launch(*ops[0], kaio.f32, full)
             rec["errors"][str(list(full))] = ((got - ref).norm() / ref.norm()).item()
@@ -210,15 +211,18 @@ def table(rows: list) -> None:
 
 def variants(m: int) -> list:
     """(WG, BN, DSTAGES, split) tile configurations to try at M = ``m``."""
+    # (..., 0, 2): two blocks a multiprocessor (two dequantizing warpgroups)
     if m <= 64:
         return [(1, 256, 2, 8), (1, 256, 2, 4), (1, 128, 2, 4), (1, 128, 2, 2), (1, 64, 2, 2),
-                (1, 64, 2, 1), (1, 128, 2, 1)]  # fmt: skip
+                (1, 64, 2, 1), (1, 128, 2, 1), (1, 128, 2, 2, 0, 2), (1, 128, 2, 1, 0, 2),
+                (1, 64, 2, 1, 0, 2), (1, 64, 2, 2, 0, 2)]  # fmt: skip
     if m <= 128:
         return [(1, 256, 2, 4), (1, 256, 2, 2), (1, 128, 2, 2), (1, 128, 2, 1), (2, 128, 2, 2),
-                (2, 128, 2, 4), (2, 256, 2, 4)]  # fmt: skip
+                (2, 128, 2, 4), (2, 256, 2, 4), (1, 128, 2, 1, 0, 2),
+                (1, 128, 2, 2, 0, 2)]  # fmt: skip
     if m <= 512:
         return [(2, 128, 2, 1), (2, 128, 2, 2), (2, 256, 2, 1), (2, 256, 2, 2), (1, 256, 2, 1),
-                (1, 128, 2, 1), (2, 64, 2, 1)]  # fmt: skip
+                (1, 128, 2, 1), (2, 64, 2, 1), (1, 128, 2, 1, 0, 2)]  # fmt: skip
     return [(2, 256, 2, 1), (2, 256, 3, 1), (2, 128, 2, 1), (2, 192, 2, 1), (4, 128, 2, 1),
             (3, 128, 2, 1)]  # fmt: skip
 

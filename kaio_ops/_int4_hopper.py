@@ -121,7 +121,7 @@ def int4_wgmma(
     ta: kaio.tensormap, tw: kaio.tensormap, ts: kaio.tensormap, c: OUT[:, :], ws: f32[:, :],
     M: u32, N: u32, K: u32, k_slice: u32, WG: kaio.constexpr, BN: kaio.constexpr,
     STAGES: kaio.constexpr, DSTAGES: kaio.constexpr, SPLIT: kaio.constexpr,
-    CL: kaio.constexpr, OUT: kaio.constexpr,
+    CL: kaio.constexpr, OCC: kaio.constexpr, OUT: kaio.constexpr,
 ):  # fmt: skip
     """c = a @ W (module docstring): block x computes tile x of c, or with a K split block
     (x, z) the raw partial tile of K slice z into ``ws``; with ``CL`` the K split is a
@@ -129,7 +129,7 @@ def int4_wgmma(
     (``cluster_sum``). ``ta``: a [M, K] in boxes of (64 * WG, 64), 128-byte swizzled;
     ``tw``: the words [K / 8, N] in boxes of (8, BN); ``ts``: the scales [K / 128, N] in
     boxes of (1, BN)."""
-    kaio.launch_bounds(WG * 128 + DEQUANT, 1)
+    kaio.launch_bounds(WG * 128 + DEQUANT, OCC)  # OCC blocks a multiprocessor
     if CL:
         kaio.cluster_dims(SPLIT)
     BM = 64 * WG
@@ -341,11 +341,12 @@ def plan(m: int, n: int, k: int, sms: int) -> tuple[int, int, int, int, int]:
     return wg, bn, stages_for(wg, bn, 2), 2, split
 
 
-def stages_for(wg: int, bn: int, dstages: int) -> int:
+def stages_for(wg: int, bn: int, dstages: int, occ: int = 1) -> int:
     """The raw stages (A rows, words, scales) that fit in shared memory beside ``dstages``
-    f16 tiles, at most 8."""
+    f16 tiles, at most 8, with ``occ`` blocks a multiprocessor."""
     fixed = shared_bytes(wg, bn, 0, dstages)
-    return max(2, min(8, (SHARED_LIMIT - fixed) // shared_bytes(wg, bn, 1, 0)))
+    limit = SHARED_LIMIT if occ == 1 else 228 * 1024 // occ - 1024  # 1 KB a block: the system's
+    return max(2, min(8, (limit - fixed) // shared_bytes(wg, bn, 1, 0)))
 
 
 IN_SIMULATOR = False  # tests set it to run this kernel on the simulator
@@ -385,8 +386,9 @@ def launch(a, b, s, out_type, config: tuple | None = None, sms: int | None = Non
     """``a @ W`` rounded to ``out_type`` (a new [M, N] array of ``a``'s kind) for checked
     operands that ``fits``: ``a`` f16 [M, K], the words ``b`` [K/8, N] and the scales ``s``
     [K/128, N] (``_arrays.Operand``s), with ``config`` (``plan``'s tuple; default: ``plan``'s
-    choice) on a persistent grid of at most ``sms`` blocks (default: one a multiprocessor); a
-    second launch sums the slices of a K split (``finish``)."""
+    choice; a sixth element ``CL``, a seventh ``OCC``, blocks a multiprocessor) on a
+    persistent grid of at most ``OCC * sms`` blocks (``sms`` default: the GPU's
+    multiprocessors); a second launch sums the slices of a workspace K split (``finish``)."""
     from kaio_ops import _arrays
     from kaio_ops.linear import _placeholder
     from kaio_ops.matmul import k_slices
@@ -394,9 +396,11 @@ def launch(a, b, s, out_type, config: tuple | None = None, sms: int | None = Non
     m, k = a.shape
     n = b.shape[1]
     sms = sms or _arrays.multiprocessors(a)
-    wg, bn, stages, dstages, split, *cl = config or plan(m, n, k, sms)
+    wg, bn, stages, dstages, split, *extra = config or plan(m, n, k, sms)
+    cl = extra[0] if extra else 0
+    occ = extra[1] if len(extra) > 1 else 1
     split, k_slice = k_slices(k, split, BK)
-    cl = int(bool(cl and cl[0]) and split > 1)
+    cl = int(bool(cl) and split > 1)
     if split > 1 and not cl:
         c = _arrays.output(a, (split * m, n), f32)
         ws, target = c, _placeholder(a, out_type, 2)
@@ -409,13 +413,13 @@ def launch(a, b, s, out_type, config: tuple | None = None, sms: int | None = Non
         kaio.tensor_map_2d(s.obj, (1, bn), 0),
     )
     tiles = math.ceil(m / (64 * wg)) * math.ceil(n / bn)
-    blocks = min(tiles, sms)
+    blocks = min(tiles, occ * sms)
     grid = (tiles * split, 1, 1) if cl else (blocks, 1, split)  # a cluster: one tile
     threads = 128 * wg + DEQUANT
     shared = shared_bytes(wg, bn, stages, dstages)
     int4_wgmma[grid, threads, _arrays.stream_of(a), shared](
         *maps, target, ws, m, n, k, k_slice, WG=wg, BN=bn, STAGES=stages, DSTAGES=dstages,
-        SPLIT=split, CL=cl, OUT=out_type,
+        SPLIT=split, CL=cl, OCC=occ, OUT=out_type,
     )  # fmt: skip
     return finish(a, c, split, out_type) if split > 1 and not cl else c
 
@@ -431,9 +435,11 @@ def specializations() -> list:
         (2, 256, 1, 0, f32),
         (2, 128, 4, 1, bf16),
         (2, 64, 2, 0, f16),
+        (1, 128, 4, 0, f32),  # two blocks a multiprocessor
     ):
-        stages = stages_for(wg, bn, 2)
+        occ = 2 if (wg, bn, split) == (1, 128, 4) else 1
+        stages = stages_for(wg, bn, 2, occ)
         consts = {"WG": wg, "BN": bn, "STAGES": stages, "DSTAGES": 2, "SPLIT": split, "CL": cl,
-                  "OUT": ot}  # fmt: skip
+                  "OCC": occ, "OUT": ot}  # fmt: skip
         out.append((int4_wgmma, consts))
     return out
