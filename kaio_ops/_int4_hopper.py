@@ -323,22 +323,29 @@ def shared_bytes(wg: int, bn: int, stages: int, dstages: int) -> int:
     return stages * per_stage + dstages * bn * BK * 2 + 4 * stages * 8
 
 
-def plan(m: int, n: int, k: int, sms: int) -> tuple[int, int, int, int, int]:
-    """(WG, BN, STAGES, DSTAGES, split) for an ``m x n x k`` product on ``sms``
-    multiprocessors: 64-row tiles up to M = 64, else 128; the widest N tile (256, 128, 64)
-    that gives every multiprocessor a block, else 256 at small M (a K split fills the GPU)
-    and 128 past it; then, if the tiles leave multiprocessors idle, a K split towards one
-    block each, each slice at least 4 steps of 64; two f16 tiles and as many raw stages as
-    fit (at most 8)."""
-    wg = 1 if m <= 64 else 2
+# By M (the first row whose bound M does not pass): (WG, the N tiles to try, widest first,
+# the N tile when none fills the GPU, blocks a multiprocessor, K split in a cluster).
+PLANS = (
+    (64, 1, (256, 128, 64), 256, 1, 0),
+    (1 << 62, 2, (256, 128, 64), 128, 1, 0),
+)
+
+
+def plan(m: int, n: int, k: int, sms: int) -> tuple:
+    """(WG, BN, STAGES, DSTAGES, split, CL, OCC) for an ``m x n x k`` product on ``sms``
+    multiprocessors, from the row of ``PLANS`` for M: the widest N tile that gives every
+    block slot (``OCC * sms``) a tile, else the row's fallback tile; then, if the tiles leave
+    slots idle, a K split towards one block each, each slice at least 4 steps of 64 (at most
+    8 in a cluster, else 16); two f16 tiles and as many raw stages as fit (at most 8)."""
+    _, wg, widths, fallback, occ, cl = next(row for row in PLANS if m <= row[0])
+    slots = occ * sms
     rows = math.ceil(m / (64 * wg))
-    widths = (256, 128, 64)
-    bn = next((w for w in widths if rows * math.ceil(n / w) >= sms), 256 if wg == 1 else 128)
+    bn = next((w for w in widths if rows * math.ceil(n / w) >= slots), fallback)
     tiles = rows * math.ceil(n / bn)
     split = 1
-    if tiles < sms:
-        split = max(1, min(sms // tiles, k // (4 * BK), 16))
-    return wg, bn, stages_for(wg, bn, 2), 2, split
+    if tiles < slots:
+        split = max(1, min(slots // tiles, k // (4 * BK), 8 if cl else 16))
+    return wg, bn, stages_for(wg, bn, 2, occ), 2, split, cl, occ
 
 
 def stages_for(wg: int, bn: int, dstages: int, occ: int = 1) -> int:
