@@ -4,7 +4,7 @@ the same bits as the ``mma.sync`` kernel and as NumPy's integer product.
 
 The design is ``kaio_ops._fp8_hopper``'s (``kaio_ops._matmul_hopper``'s persistent grid, TMA
 into a ring of 128-byte-swizzled shared stages, two consumer warpgroups, a producer warp,
-full/free mbarriers per stage; its producer, ``produce_fp8``, is reused as it is): PTX has no
+full/free mbarriers per stage; its producer loop, ``produce_all``, is reused as it is): PTX has no
 transposed 8-bit wgmma, so both operands are K-major, A [M, K] and B's transpose [N, K]
 (``matmul_int8`` transposes B first, as for its other kernel), and the tiles, TMA boxes and
 descriptors are written for 16-bit units (pairs of int8 values, the arrays viewed as f16
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import kaio
 from kaio import f16, f32, i32, u32, u64
-from kaio_ops._fp8_hopper import produce_fp8
+from kaio_ops._fp8_hopper import produce_all
 from kaio_ops._matmul_hopper import (
     A_STAGE_BYTES,
     BK,
@@ -110,19 +110,8 @@ def matmul_int8_wgmma(
             store_int8(acc, out, alpha, tile0 + i * step, tiles_m, tiles_n, m, n, wg, lt, BN,
                        GROUP)  # fmt: skip
     elif t == CONSUMERS:  # the producer
-        at = kaio.local(i32, (4,))
-        at[0] = 0
-        at[1] = tile0
-        place(at, tiles_m, tiles_n, BN, GROUP)
-        for g in range(slices):
-            if g >= STAGES:
-                kaio.mbarrier_wait(bars, (1, s), ph ^ 1)
-            produce_fp8(sa_s, sb_s, bars, ta, tb, at, s, k_tiles, step, tiles_m, tiles_n, BN,
-                        GROUP)  # fmt: skip
-            s += 1
-            if s == STAGES:
-                s = 0
-                ph ^= 1
+        produce_all(sa_s, sb_s, bars, ta, tb, tile0, slices, k_tiles, step, tiles_m, tiles_n, BN,
+                    STAGES, GROUP)  # fmt: skip
 
 
 def eligible(a, k: int) -> bool:
