@@ -235,6 +235,27 @@ def test_int4_torch_op_out_dtype():
 
 
 @pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
+def test_int4_wgmma_plans_fit():
+    """Every configuration the plan picks at Llama-3-8B and -70B shapes (M 17..8192, 132
+    multiprocessors) fits: shared memory for its blocks a multiprocessor, at most 8 blocks a
+    cluster, and the kernel assembles for sm_90a without spills."""
+    from kaio_ops import _int4_hopper
+
+    plans = set()
+    for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (8192, 28672)):
+        for m in (17, 32, 64, 100, 128, 256, 512, 1024, 8192):
+            plans.add(_int4_hopper.plan(m, n, k, 132))
+    for wg, bn, stages, dstages, split, cl, occ in plans:
+        shared = _int4_hopper.shared_bytes(wg, bn, stages, dstages)
+        assert occ * (shared + 1024) <= 228 * 1024 and bn >= 64 and (split <= 8 or not cl)
+    for wg, bn, stages, dstages, cl, occ in {(p[:4] + p[5:]) for p in plans}:
+        consts = {"WG": wg, "BN": bn, "STAGES": stages, "DSTAGES": dstages, "SPLIT": 2 if cl else 1,
+                  "CL": cl, "OCC": occ, "OUT": f32}  # fmt: skip
+        report = assemble(_int4_hopper.int4_wgmma.ptx(arch="sm_90", **consts), "sm_90a")
+        assert " 0 bytes spill stores" in report, (consts, report)
+
+
+@pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
 def test_int4_wgmma_assembles_for_sm_90a():
     """The wgmma kernel's variants through ptxas: no spills; sm_80 is refused."""
     from kaio_ops import _int4_hopper
