@@ -325,9 +325,13 @@ def shared_bytes(wg: int, bn: int, stages: int, dstages: int) -> int:
 
 # By M (the first row whose bound M does not pass): (WG, the N tiles to try, widest first,
 # the N tile when none fills the GPU, blocks a multiprocessor, K split in a cluster).
+# Measured on an H100 (round of 2026-11-26, bench/int4_wgmma.py --variants): the best
+# geometric mean over N x K = 4096x4096, 14336x4096, 4096x14336 at each M.
 PLANS = (
-    (64, 1, (256, 128, 64), 256, 1, 0),
-    (1 << 62, 2, (256, 128, 64), 128, 1, 0),
+    (64, 1, (256, 128, 64), 256, 1, 0),  # (only when the decode kernel cannot take it)
+    (128, 2, (256, 128, 64), 128, 1, 0),
+    (512, 2, (256,), 256, 1, 0),
+    (1 << 62, 4, (128,), 128, 1, 0),  # 256 x 128 tiles: 0.59-0.63x cuBLAS f16 past 512
 )
 
 
@@ -357,7 +361,7 @@ def stages_for(wg: int, bn: int, dstages: int, occ: int = 1) -> int:
 
 
 IN_SIMULATOR = False  # tests set it to run this kernel on the simulator
-DECODE_M = 16  # up to this M the decode kernel (``_int4_decode``) is faster: measured, H200
+DECODE_M = 64  # up to this M the decode kernel (``_int4_decode``) was faster (H100)
 
 
 def takes(a, b, s) -> bool:

@@ -136,7 +136,7 @@ def matmul_int4(a, b_packed, scales, *, out_dtype=None):
     """``a @ W`` for f16 ``a`` [M, K] and int4 weights ``W[k, n] = scales[k // 128, n] * q``
     (q the signed nibble ``k % 8`` of word ``b_packed[k // 8, n]``, low nibble first;
     ``b_packed`` u32 or int32 [K/8, N], ``scales`` f16 [K/128, N], K % 128 == 0): f32 sums,
-    rounded once to ``out_dtype`` (f32 by default; f16 or bf16). On sm_90 past 16 rows the
+    rounded once to ``out_dtype`` (f32 by default; f16 or bf16). On sm_90 past 64 rows the
     wgmma kernel of ``kaio_ops._int4_hopper``; up to 64 rows the decode kernel
     (``kaio_ops._int4_decode``)."""
     inputs = _arrays.Inputs("matmul_int4")
@@ -288,7 +288,7 @@ def qkv_project_int4(x, wq, wk, wv, sq, sk, sv) -> tuple:
     """``(q, k, v)``, each ``f16(x @ W)``, for f16 ``x`` [M, K] (K % 128 == 0) and the int4
     weights ``wq``, ``wk``, ``wv`` (u32 or int32 [K/8, N], one N each) with their f16 group
     scales ``sq``, ``sk``, ``sv`` [K/128, N], packed as for ``matmul_int4``; f32
-    accumulation, one launch for the three (on sm_90 past 16 rows: one launch of
+    accumulation, one launch for the three (on sm_90 past 64 rows: one launch of
     ``matmul_int4``'s wgmma kernel each)."""
     inputs = _arrays.Inputs("qkv_project_int4")
     x = _activations(inputs, x, "x", GROUP)

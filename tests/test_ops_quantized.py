@@ -187,8 +187,8 @@ def test_int4_wgmma_in_simulator(m, n, k, out_dtype, config, sms, poisoned):
 
 
 def test_int4_wgmma_dispatch(monkeypatch):
-    """On sm_90 (here: the simulator with IN_SIMULATOR) M > 16 takes the wgmma kernel and
-    M <= 16 the decode kernel; N % 8 != 0 is not the wgmma kernel's shape; out_dtype
+    """On sm_90 (here: the simulator with IN_SIMULATOR) M > 64 takes the wgmma kernel and
+    M <= 64 the decode kernel; N % 8 != 0 is not the wgmma kernel's shape; out_dtype
     reaches every path; qkv_project_int4 runs the kernel once per weight, in f16."""
     from kaio_ops import _int4_hopper
 
@@ -196,7 +196,7 @@ def test_int4_wgmma_dispatch(monkeypatch):
     calls = []
     wgmma = _int4_hopper.launch
     monkeypatch.setattr(_int4_hopper, "launch", lambda *a: calls.append("wgmma") or wgmma(*a))
-    for m, n, path in ((17, 8, "wgmma"), (16, 8, "decode"), (24, 12, "decode")):
+    for m, n, path in ((65, 8, "wgmma"), (64, 8, "decode"), (70, 12, "tiled")):
         a, packed, scales, w = int4_case(m, n, 128)
         calls.clear()
         with kaio.simulate():
@@ -204,7 +204,7 @@ def test_int4_wgmma_dispatch(monkeypatch):
         assert calls == ([path] if path == "wgmma" else []) and c.dtype == np.float16
         ref = a.astype(np.float64) @ w.astype(np.float64)
         np.testing.assert_allclose(c, ref, rtol=2e-3, atol=1e-3 * np.abs(ref).max())
-    cases = [int4_case(20, n, 128) for n in (16, 8, 8)]  # grouped-query widths
+    cases = [int4_case(66, n, 128) for n in (16, 8, 8)]  # grouped-query widths
     calls.clear()
     with kaio.simulate():
         qkv = kaio_ops.qkv_project_int4(cases[0][0], *(c[1] for c in cases), *(c[2] for c in cases))
@@ -214,7 +214,7 @@ def test_int4_wgmma_dispatch(monkeypatch):
         np.testing.assert_array_equal(got, ref)  # one kernel, one plan: the same bits
     monkeypatch.setattr(_int4_hopper, "IN_SIMULATOR", False)  # sm_80 and the like
     with kaio.simulate():
-        assert not _int4_hopper.takes(*_sim_operands(*int4_case(17, 8, 128)[:3]))
+        assert not _int4_hopper.takes(*_sim_operands(*int4_case(65, 8, 128)[:3]))
 
 
 def test_int4_torch_op_out_dtype():
