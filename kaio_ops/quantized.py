@@ -149,8 +149,12 @@ def matmul_int4(a, b_packed, scales, *, out_dtype=None):
         return _int4_hopper.launch(a, b, s, out)
     if _int4_decode.fits(a, (b, s)):
         return _int4_decode.matmul(a, b, s, out)
-    plan = plan_for(a, m, n, k, "int4")
-    c = launch(a, _flat_halves(b), (m, n, k), True, plan, aligned=b.aligned(16), scales=s.obj)
+    if _prefill.fits_int4(a, (b, s)):
+        c = _prefill.matmul_int4(a, b, s)
+    else:
+        plan = plan_for(a, m, n, k, "int4")
+        flat = _flat_halves(b)
+        c = launch(a, flat, (m, n, k), True, plan, aligned=b.aligned(16), scales=s.obj)
     return c if out == f32 else _int4_hopper.finish(a, c, 1, out)
 
 
@@ -298,6 +302,8 @@ def qkv_project_int4(x, wq, wk, wv, sq, sk, sv) -> tuple:
         return tuple(_int4_hopper.launch(x, b, s, f16) for b, s in operands)
     if _int4_decode.fits(x, *operands):
         return _int4_decode.qkv(x, operands)
+    if _prefill.fits_int4(x, *operands):
+        return _prefill.qkv_int4(x, operands)
     return tuple(_project(x, [_int4_weights(b, s) for b, s in operands], 4))
 
 

@@ -113,13 +113,14 @@ def test_int4_decode_long_k_in_simulator(m):
 )
 def test_int4_multi_tile_in_simulator(m, n, k, poisoned, monkeypatch):
     """Every element against float64 products with the dequantized weights; the call runs
-    the decode kernel once (the tiled path raises)."""
+    the decode kernel once (no f16 copy of the weights: the prefill and tiled paths raise)."""
     a, packed, scales, w = int4_case(m, n, k)
     calls = []
     decode = _int4_decode.matmul
     monkeypatch.setattr(_int4_decode, "matmul", lambda *args: calls.append(m) or decode(*args))
-    fail = lambda *args, **kw: pytest.fail("not the decode kernel")  # noqa: E731
-    monkeypatch.setattr(kaio_ops.quantized, "launch", fail)
+    for other in (_prefill, kaio_ops.quantized):
+        name = "matmul_int4" if other is _prefill else "launch"
+        monkeypatch.setattr(other, name, lambda *args, **kw: pytest.fail("not the decode kernel"))
     with kaio.simulate():
         c = kaio_ops.matmul_int4(a, packed, scales)
     assert calls == [m] and c.shape == (m, n)
@@ -328,6 +329,35 @@ def _sim_operands(*arrays):
     inputs = _arrays.Inputs("test")
     kinds = (f16, u32, kaio.i32, kaio.i8, kaio.u8)
     return [inputs.array(x, f"x{i}", dtypes=kinds) for i, x in enumerate(arrays)]
+
+
+def test_int4_dequantized_side_by_side_in_simulator():
+    """The prefill path's f16 weights: two weights side by side, every element the same bits
+    as the reference's ``f16(scale * q)``."""
+    cases = [int4_case(1, n, 384) for n in (40, 24)]
+    words = (cases[0][1], cases[1][1].view(np.int32))  # int32 words: the same bits
+    with kaio.simulate():
+        like, *ops = _sim_operands(cases[0][0], words[0], cases[0][2], words[1], cases[1][2])
+        w = _prefill.int4_to_f16(like, [ops[0:2], ops[2:4]])
+    np.testing.assert_array_equal(w, np.concatenate([c[3] for c in cases], axis=1))
+
+
+def test_int4_prefill_paths_in_simulator():
+    """The sm_90 prefill path run whole in the simulator (dispatch picks it only on an H100 or
+    H200): matmul_int4 as f32, and the three projections in f16 from one Hopper matmul."""
+    m, k, widths = 130, 256, (40, 24, 72)
+    cases = [int4_case(m, n, k) for n in widths]
+    x = cases[0][0]
+    with kaio.simulate():
+        xo, *ops = _sim_operands(x, *(v for c in cases for v in c[1:3]))
+        c = _prefill.matmul_int4(xo, *ops[0:2])
+        q, kk, v = _prefill.qkv_int4(xo, [ops[0:2], ops[2:4], ops[4:6]])
+    ref = [x.astype(np.float64) @ case[3].astype(np.float64) for case in cases]
+    assert c.dtype == np.float32
+    np.testing.assert_allclose(c, ref[0], rtol=1e-5, atol=1e-5 * np.abs(ref[0]).max())
+    for got, want in zip((q, kk, v), ref, strict=True):
+        assert got.dtype == np.float16 and got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=2**-10, atol=2**-14 + 1e-5 * np.abs(want).max())
 
 
 def test_int8_prefill_path_in_simulator():
@@ -804,21 +834,27 @@ def test_gpu_qkv_int4(m):
 )
 def test_gpu_prefill_paths_on_hopper(monkeypatch):
     """On sm_90, matmul_int4 at M = 4096 and the int4 projections at M = 512 take the int4
-    wgmma kernel (no f16 copy of the weights), the int8 projections the widen-then-wgmma
-    path."""
+    wgmma kernel (no f16 copy of the weights), the int8 projections the
+    dequantize-then-wgmma path; the int4 weights in f16 are the reference's bits."""
     import torch
 
     from kaio_ops import _int4_hopper
 
     monkeypatch.delenv("KAIO_HOPPER_MATMUL", raising=False)
     taken = []
-    for module, name in ((_prefill, "qkv_int8"), (_int4_hopper, "launch")):
+    for module, name in ((_prefill, "matmul_int4"), (_prefill, "qkv_int4"),
+                         (_prefill, "qkv_int8"), (_int4_hopper, "launch")):  # fmt: skip
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _n=name, _f=real: taken.append(_n) or _f(*a))
     k = n = 4096
-    packed, scales, _ = _torch_int4_weights(k, n, 11)
+    packed, scales, w = _torch_int4_weights(k, n, 11)
     x = torch.randn(4096, k, device="cuda", generator=torch.Generator("cuda").manual_seed(3))
     x = x.half()
+    inputs = _arrays.Inputs("test")
+    ops = [
+        inputs.array(t, f"t{i}", dtypes=(f16, kaio.i32)) for i, t in enumerate((x, packed, scales))
+    ]
+    assert torch.equal(_prefill.int4_to_f16(ops[0], [ops[1:]]), w)
     kaio_ops.matmul_int4(x, packed, scales)
     kaio_ops.qkv_project_int4(x[:512], packed, packed, packed, scales, scales, scales)
     w8 = torch.randint(-128, 128, (k, n), device="cuda", dtype=torch.int8)
