@@ -362,6 +362,9 @@ def stages_for(wg: int, bn: int, dstages: int, occ: int = 1) -> int:
 
 IN_SIMULATOR = False  # tests set it to run this kernel on the simulator
 DECODE_M = 64  # up to this M the decode kernel (``_int4_decode``) was faster (H100)
+# From this M the f16 copy of the weight and the f16 wgmma matmul (``_prefill``) were faster
+# on the H100 (0.6-1.0x cuBLAS f16 against this kernel's 0.45-0.62x).
+PREFILL_M = 512
 
 
 def takes(a, b, s) -> bool:
@@ -373,7 +376,7 @@ def takes(a, b, s) -> bool:
     from kaio_ops.matmul import _hopper
 
     on = IN_SIMULATOR if simulating() else _hopper(a)
-    return on and a.shape[0] > DECODE_M and fits(a, b, s)
+    return on and DECODE_M < a.shape[0] < PREFILL_M and fits(a, b, s)
 
 
 def finish(a, ws, split: int, out_type):

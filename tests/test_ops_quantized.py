@@ -833,9 +833,9 @@ def test_gpu_qkv_int4(m):
     "not (kaio.gpu_available() and kaio.device().arch == 'sm_90')", reason="needs an sm_90 GPU"
 )
 def test_gpu_prefill_paths_on_hopper(monkeypatch):
-    """On sm_90, matmul_int4 at M = 4096 and the int4 projections at M = 512 take the int4
-    wgmma kernel (no f16 copy of the weights), the int8 projections the
-    dequantize-then-wgmma path; the int4 weights in f16 are the reference's bits."""
+    """On sm_90, matmul_int4 at M = 4096 and the projections at M = 512 (from
+    ``_int4_hopper.PREFILL_M``) take the dequantize-then-wgmma path; its int4 weights in f16
+    are the reference's bits."""
     import torch
 
     from kaio_ops import _int4_hopper
@@ -860,7 +860,7 @@ def test_gpu_prefill_paths_on_hopper(monkeypatch):
     w8 = torch.randint(-128, 128, (k, n), device="cuda", dtype=torch.int8)
     kaio_ops.qkv_project_int8(x[:512], w8, w8, w8, 0.5, 0.25, 2.0)
     project_int8(x, w8, 0.5)
-    assert taken == ["launch"] * 4 + ["qkv_int8", "qkv_int8"]
+    assert taken == ["matmul_int4", "qkv_int4", "qkv_int8", "qkv_int8"]  # M >= PREFILL_M
 
 
 @pytest.mark.gpu
