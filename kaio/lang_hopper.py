@@ -90,10 +90,11 @@ def _wgmma(kind: str):
             )
         acc = ctx.fragment(args[0], node, f"kaio.{name}()")
         n = 2 * acc.size
-        if acc.array.dtype != T.f32 or n not in WGMMA_N:
+        want = T.i32 if kind == "s8" else T.f32  # s8: exact s32 sums
+        if acc.array.dtype != want or n not in WGMMA_N:
             ctx.error(
-                f"kaio.{name}(): acc holds the m64nNk16 f32 accumulator, N/2 f32 registers per "
-                f"thread (N = 8, 16, ..., 256); {acc!r} is {acc.size} x {acc.array.dtype}",
+                f"kaio.{name}(): acc holds the m64nNk16 {want} accumulator, N/2 {want} registers "
+                f"per thread (N = 8, 16, ..., 256); {acc!r} is {acc.size} x {acc.array.dtype}",
                 node,
             )
         if _register_operand(args[1]):  # A from registers: wgmma_rs
@@ -167,6 +168,17 @@ for _kind in ("f16", "bf16"):
         "before, wgmma_commit() + wgmma_wait(n) after. sm_90a.",
         _wgmma(_kind),
     )
+
+
+_define(
+    "wgmma_s8",
+    "wgmma_s8(acc, a_desc, b_desc, accumulate): warpgroup-wide (128 threads) acc = A @ B (+ acc "
+    "when accumulate) with s8 A (64x32) and B (32xN), both K-major in shared memory (32 bytes "
+    "of K, as wgmma_f16's 16 elements: the same descriptors), exact s32 accumulators that wrap "
+    "(N = 2*len(acc), acc an i32 array); wgmma.mma_async.m64nNk32.s32.s8.s8; no transpose "
+    "arguments (PTX has none for 8-bit operands: store B as [N, K]). sm_90a.",
+    _wgmma("s8"),
+)
 
 
 def _fixed(op: str, name: str):

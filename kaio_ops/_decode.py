@@ -9,8 +9,9 @@ warp w owns the 16 rows of M-tile w % MT and keys (w // MT) * KW .. + KW of the 
 (KW = 64 * MT / 4). K and V tiles are buffered in ``STAGES`` (2 to 4) shared-memory stages
 (16-byte cp.async, XOR-swizzled for ldmatrix): tiles t + 1 .. t + STAGES - 1 are in flight
 while tile t is used. The scores and the online softmax are those of
-``_attention_tc.attention_fwd`` (``frag_columns``, ``load_a``, ``start_rows``, ``dot_rows_at``, ``acc_rows_at``,
-``online_softmax``); the warps' partial (max, sum, output) then merge through shared memory.
+``_attention_tc.attention_fwd`` (``frag_columns``, ``load_a``, ``start_rows``,
+``dot_rows_at``, ``acc_rows_at``, ``online_softmax``); the warps' partial (max, sum, output)
+then merge through shared memory.
 
 Lengths are read on the GPU: ``seq_lens[b]`` (clamped to 0 .. capacity) fixes the key tiles,
 split evenly over the grid's x blocks, so the grid depends only on the capacity and the GPU

@@ -61,6 +61,31 @@ def produce_fp8(
 
 
 @kaio.gpu_func
+def produce_all(
+    sa: f16[:, :, :], sb: f16[:, :, :], bars: u64[:, :], ta: kaio.tensormap, tb: kaio.tensormap,
+    tile0: i32, slices: i32, k_tiles: i32, step: i32, tiles_m: i32, tiles_n: i32,
+    BN: kaio.constexpr, STAGES: kaio.constexpr, GROUP: kaio.constexpr,
+):  # fmt: skip
+    """The producer's loop: every K slice of the block's tiles (from tile ``tile0``, ``step``
+    apart) through ``produce_fp8``, each stage reused once the consumers freed it (8-bit
+    operands, A and B^T K-major: also ``kaio_ops._int8_hopper``'s)."""
+    at = kaio.local(i32, (4,))
+    at[0] = 0
+    at[1] = tile0
+    place(at, tiles_m, tiles_n, BN, GROUP)
+    s = i32(0)
+    ph = u32(0)
+    for g in range(slices):
+        if g >= STAGES:
+            kaio.mbarrier_wait(bars, (1, s), ph ^ 1)
+        produce_fp8(sa, sb, bars, ta, tb, at, s, k_tiles, step, tiles_m, tiles_n, BN, GROUP)
+        s += 1
+        if s == STAGES:
+            s = 0
+            ph ^= 1
+
+
+@kaio.gpu_func
 def epilogue_fp8(
     acc: f32[:, :, :], out: DT[:, :], sa: f32[:], sb: f32[:], bias: DT[:], tile: i32,
     tiles_m: i32, tiles_n: i32, m: i32, n: i32, wg: u32, lt: u32, BN: kaio.constexpr,
@@ -137,19 +162,8 @@ def matmul_fp8_wgmma(
             epilogue_fp8(acc, out, sa, sb, bias, tile0 + i * step, tiles_m, tiles_n, m, n, wg,
                          lt, BN, GROUP, ROW_A, COL_B, BIAS, DT)  # fmt: skip
     elif t == CONSUMERS:  # the producer
-        at = kaio.local(i32, (4,))
-        at[0] = 0
-        at[1] = tile0
-        place(at, tiles_m, tiles_n, BN, GROUP)
-        for g in range(slices):
-            if g >= STAGES:
-                kaio.mbarrier_wait(bars, (1, s), ph ^ 1)
-            produce_fp8(sa_s, sb_s, bars, ta, tb, at, s, k_tiles, step, tiles_m, tiles_n, BN,
-                        GROUP)  # fmt: skip
-            s += 1
-            if s == STAGES:
-                s = 0
-                ph ^= 1
+        produce_all(sa_s, sb_s, bars, ta, tb, tile0, slices, k_tiles, step, tiles_m, tiles_n, BN,
+                    STAGES, GROUP)  # fmt: skip
 
 
 def tiles(m: int, n: int, sms: int) -> tuple[int, int]:

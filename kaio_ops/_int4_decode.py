@@ -272,12 +272,13 @@ def _rows(m: int) -> int:
 ALL_ROWS = tuple(sorted({_rows(m) for m in range(1, MAX_M + 1)}))  # (1, 2, 4, 6, 8)
 
 
-def matmul(x: _arrays.Operand, words: _arrays.Operand, scales: _arrays.Operand):
-    """``x @ W`` in f32 [M, N] (see ``fits``): one launch, a block per 32 columns."""
+def matmul(x: _arrays.Operand, words: _arrays.Operand, scales: _arrays.Operand, dtype=f32):
+    """``x @ W`` in ``dtype`` (f32, f16 or bf16) [M, N] (see ``fits``): one launch, a block
+    per 32 columns."""
     m, n = x.shape[0], words.shape[1]
-    out = _arrays.output(x, (m, n), f32)
-    DECODE[f32][_config(x, n)](
-        x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), f32), m, n,
+    out = _arrays.output(x, (m, n), dtype)
+    DECODE[dtype][_config(x, n)](
+        x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), dtype), m, n,
         WARPS=WARPS, ROWS=_rows(m),
     )  # fmt: skip
     return out

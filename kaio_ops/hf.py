@@ -197,6 +197,9 @@ class KaioLinear(nn.Module):
             op = kaio_ops.linear if _direct(x, residual) else ops.linear
             return op(x, self.weight, bias, residual=residual, activation=activation)
         flat = x.reshape(-1, self.in_features)
+        if self.bias is None and residual is None and activation is None:  # rounded in-kernel
+            y = ops.matmul_int4(flat, self.b_packed, self.scales, x.dtype)
+            return y.reshape(*x.shape[:-1], y.shape[-1])
         y = ops.matmul_int4(flat, self.b_packed, self.scales)  # f32 [M, N]
         if bias is not None:
             y = y + bias.float()

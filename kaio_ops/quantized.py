@@ -3,16 +3,20 @@
 
 ``matmul_int8(a, b, scale)`` multiplies int8 (or uint8 bytes read as int8) ``a`` [M, K] and
 ``b`` [K, N] with ``mma.sync`` m16n8k32 s8 -> s32, exactly, and applies ``scale`` in the
-epilogue: ``f32(a @ b) * scale``. The kernel is the one of the 16-bit matmuls
-(``kaio_ops._matmul_kernels``) specialized for 8-bit elements; since ``ldmatrix`` can only
-transpose 16-bit elements, B is first transposed to N x K by a small kernel (2 K N bytes of
-traffic, a few percent of a large product).
+epilogue: ``f32(a @ b) * scale``; on sm_90 from ``_int8_hopper.MIN_M`` rows (K % 16 == 0)
+with ``wgmma`` s8 -> s32 instead (``kaio_ops._int8_hopper``, the same bits). The other
+kernel is the one of the 16-bit matmuls (``kaio_ops._matmul_kernels``) specialized for
+8-bit elements; since ``ldmatrix`` can only transpose 16-bit elements, B is first transposed
+to N x K by a small kernel (2 K N bytes of traffic, a few percent of a large product); the
+wgmma kernel reads that transpose too (PTX has no transposed 8-bit wgmma).
 
 ``matmul_int4(a, b_packed, scales)`` multiplies f16 ``a`` [M, K] by GPTQ-style int4 weights:
 ``b_packed`` [K/8, N] 32-bit words of 8 signed nibbles (low nibble first, k = 8 * row + i),
 ``scales`` f16 [K/128, N]; the weight is ``scales[k // 128, n] * q`` rounded to f16, made in
 registers right before the f16 ``mma`` (the same kernel, ``QUANT = 4``): the weights cross
-memory at a quarter of f16's bytes, which is the point for decode shapes. Decode shapes
+memory at a quarter of f16's bytes, which is the point for decode shapes. On sm_90 past 16
+rows ``kaio_ops._int4_hopper`` runs it on ``wgmma`` (the words dequantized in shared memory
+by a warpgroup of the block); ``out_dtype`` rounds the f32 sums once. Decode shapes
 (M <= 64, N % 4 == 0, aligned operands) take ``kaio_ops._int4_decode`` instead (and so does
 ``qkv_project_int4``, one launch for the three weights), which reads
 the words straight into ``mma`` fragments with no shared-memory staging.
@@ -33,10 +37,12 @@ from dataclasses import dataclass
 import kaio
 from kaio import f16, f32, i32, u8, u32
 from kaio.types import i8
-from kaio_ops import _arrays, _int4_decode, _prefill
+from kaio_ops import _arrays, _int4_decode, _int4_hopper, _int8_hopper, _prefill
 from kaio_ops._matmul_kernels import MATMUL, QKV, sum_qkv_slices
 from kaio_ops._plan import planned
 from kaio_ops._typed import by_dtype
+from kaio_ops.fp8 import _units
+from kaio_ops.linear import out_type
 from kaio_ops.matmul import (
     CONFIGS,
     SKINNY,
@@ -106,7 +112,15 @@ def matmul_int8(a, b, scale: float = 1.0):
     if 0 in (m, k, n):
         raise inputs.error("a" if 0 in a.shape else "b", "has an empty dimension")
     alpha = _scale(inputs, scale, "scale")
-    flat_b = _arrays.output_arg(a, transpose(b), (n * k,))
+    bt = transpose(b)
+    if _int8_hopper.takes(a, m, k):
+        out = _arrays.output(a, (m, n), f32)
+        _int8_hopper.launch(
+            _units(a.obj, a.kind), _units(bt, a.kind), _arrays.output_arg(a, out, (m, n), f32),
+            alpha, m, n, _arrays.multiprocessors(a), _arrays.stream_of(a),
+        )  # fmt: skip
+        return out
+    flat_b = _arrays.output_arg(a, bt, (n * k,))
     return launch(a, flat_b, (m, n, k), True, plan_for(a, m, n, k, "int8"), alpha=alpha)
 
 
@@ -118,21 +132,30 @@ def _scale(inputs: _arrays.Inputs, scale, name: str) -> float:
 
 
 @planned("a", "b_packed", "scales")
-def matmul_int4(a, b_packed, scales):
-    """``a @ W`` in f32 for f16 ``a`` [M, K] and int4 weights ``W[k, n] = scales[k // 128,
-    n] * q`` (q the signed nibble ``k % 8`` of word ``b_packed[k // 8, n]``, low nibble
-    first; ``b_packed`` u32 or int32 [K/8, N], ``scales`` f16 [K/128, N], K % 128 == 0)."""
+def matmul_int4(a, b_packed, scales, *, out_dtype=None):
+    """``a @ W`` for f16 ``a`` [M, K] and int4 weights ``W[k, n] = scales[k // 128, n] * q``
+    (q the signed nibble ``k % 8`` of word ``b_packed[k // 8, n]``, low nibble first;
+    ``b_packed`` u32 or int32 [K/8, N], ``scales`` f16 [K/128, N], K % 128 == 0): f32 sums,
+    rounded once to ``out_dtype`` (f32 by default; f16 or bf16). On sm_90 past 64 rows the
+    wgmma kernel of ``kaio_ops._int4_hopper``; up to 64 rows the decode kernel
+    (``kaio_ops._int4_decode``)."""
     inputs = _arrays.Inputs("matmul_int4")
+    out = out_type("matmul_int4", out_dtype, f32)
     a = _activations(inputs, a, "a", GROUP)
     m, k = a.shape
     b, s = _int4_operands(inputs, k, b_packed, "b_packed", scales, "scales")
     n = b.shape[1]
+    if _int4_hopper.takes(a, b, s):
+        return _int4_hopper.launch(a, b, s, out)
     if _int4_decode.fits(a, (b, s)):
-        return _int4_decode.matmul(a, b, s)
+        return _int4_decode.matmul(a, b, s, out)
     if _prefill.fits_int4(a, (b, s)):
-        return _prefill.matmul_int4(a, b, s)
-    plan = plan_for(a, m, n, k, "int4")
-    return launch(a, _flat_halves(b), (m, n, k), True, plan, aligned=b.aligned(16), scales=s.obj)
+        c = _prefill.matmul_int4(a, b, s)
+    else:
+        plan = plan_for(a, m, n, k, "int4")
+        flat = _flat_halves(b)
+        c = launch(a, flat, (m, n, k), True, plan, aligned=b.aligned(16), scales=s.obj)
+    return c if out == f32 else _int4_hopper.finish(a, c, 1, out)
 
 
 def _activations(inputs: _arrays.Inputs, a, name: str, group: int = 1) -> _arrays.Operand:
@@ -269,11 +292,14 @@ def qkv_project_int4(x, wq, wk, wv, sq, sk, sv) -> tuple:
     """``(q, k, v)``, each ``f16(x @ W)``, for f16 ``x`` [M, K] (K % 128 == 0) and the int4
     weights ``wq``, ``wk``, ``wv`` (u32 or int32 [K/8, N], one N each) with their f16 group
     scales ``sq``, ``sk``, ``sv`` [K/128, N], packed as for ``matmul_int4``; f32
-    accumulation, one launch for the three."""
+    accumulation, one launch for the three (on sm_90 past 64 rows: one launch of
+    ``matmul_int4``'s wgmma kernel each)."""
     inputs = _arrays.Inputs("qkv_project_int4")
     x = _activations(inputs, x, "x", GROUP)
     named = ((wq, "wq", sq, "sq"), (wk, "wk", sk, "sk"), (wv, "wv", sv, "sv"))
     operands = [_int4_operands(inputs, x.shape[1], *args) for args in named]
+    if all(_int4_hopper.takes(x, b, s) for b, s in operands):
+        return tuple(_int4_hopper.launch(x, b, s, f16) for b, s in operands)
     if _int4_decode.fits(x, *operands):
         return _int4_decode.qkv(x, operands)
     if _prefill.fits_int4(x, *operands):

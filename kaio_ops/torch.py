@@ -132,6 +132,12 @@ def _matmul_out(a, b, *_):
     return _f32(a, a.shape[0], b.shape[1])
 
 
+def _int4_out(a, b_packed, scales, out_dtype=None):
+    """``kaio_ops.matmul_int4``: [M, K] @ the packed [K/8, N] -> [M, N] in ``out_dtype``
+    (default f32)."""
+    return a.new_empty((a.shape[0], b_packed.shape[1]), dtype=out_dtype or torch.float32)
+
+
 def _gemm_out(a, b, out_dtype=None):
     """``kaio_ops.matmul``: [M, K] @ [K, N] -> [M, N] in ``out_dtype`` (default a's)."""
     return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype or a.dtype)
@@ -512,8 +518,8 @@ OPS: tuple[OpSpec, ...] = (
     ),
     OpSpec(
         "matmul_int4",
-        "(Tensor a, Tensor b_packed, Tensor scales) -> Tensor",
-        _matmul_out,
+        "(Tensor a, Tensor b_packed, Tensor scales, ScalarType? out_dtype=None) -> Tensor",
+        _int4_out,
         _QUANTIZED,
     ),
     OpSpec(

@@ -4,6 +4,7 @@ input checks, and every specialization's PTX through ptxas."""
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import os
 from concurrent.futures import ProcessPoolExecutor
@@ -151,6 +152,176 @@ def test_int4_multi_tile_fallback_in_simulator():
         c = kaio_ops.matmul_int4(a, packed, scales)
     ref = a.astype(np.float64) @ w.astype(np.float64)
     np.testing.assert_allclose(c, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+# --------------------------------------------------------------------------- int4 on wgmma
+# _int4_hopper on the simulator: (M, N, K, out_dtype, (WG, BN, STAGES, DSTAGES, split) or
+# None for the plan). M and N edges (TMA zero fill, stores cut at the edge), both consumer
+# counts, the raw ring wrapping (STAGES 2 over 4 slices), a K split summed by gemm_reduce,
+# int32 words, every out_dtype, the persistent loop (the rings going on from tile to tile; 9
+# tiles on 2 blocks), and the K split summed in a cluster's distributed shared memory.
+WGMMA_CASES = [
+    (40, 64, 256, None, None, None),
+    (130, 136, 384, "float16", (2, 128, 3, 2, 1), None),
+    (17, 72, 512, "bfloat16", (1, 64, 2, 2, 2), None),
+    (150, 192, 256, None, (1, 64, 3, 2, 1), 2),
+    (130, 136, 512, "float16", (2, 128, 3, 2, 4, 1), None),  # K split over a cluster
+    (40, 72, 768, None, (1, 64, 2, 2, 3, 1), None),  # a split of 3: rows 0, 3, 6... a block
+]
+
+
+@pytest.mark.parametrize("m, n, k, out_dtype, config, sms", WGMMA_CASES)
+def test_int4_wgmma_in_simulator(m, n, k, out_dtype, config, sms, poisoned):
+    from kaio_ops import _int4_hopper
+
+    a, packed, scales, w = int4_case(m, n, k)
+    with kaio.simulate():
+        ops = _sim_operands(a, packed.view(np.int32) if out_dtype else packed, scales)
+        out = {None: f32, "float16": f16, "bfloat16": kaio.bf16}[out_dtype]
+        c = np.asarray(_int4_hopper.launch(*ops, out, config, sms)).astype(np.float64)
+    ref = a.astype(np.float64) @ w.astype(np.float64)
+    bound = np.abs(a.astype(np.float64)) @ np.abs(w.astype(np.float64))  # no cancellation
+    rounding = {None: 0.0, "float16": 2.0**-11, "bfloat16": 2.0**-8}[out_dtype]
+    assert c.shape == (m, n) and np.isfinite(c).all()
+    assert np.all(np.abs(c - ref) <= 1e-6 * bound + rounding * np.abs(ref))
+    assert np.abs(ref).max() > 10  # a real product
+
+
+def test_int4_wgmma_dispatch(monkeypatch):
+    """On sm_90 (here: the simulator with IN_SIMULATOR) M > 64 takes the wgmma kernel and
+    M <= 64 the decode kernel; N % 8 != 0 is not the wgmma kernel's shape; out_dtype
+    reaches every path; qkv_project_int4 runs the kernel once per weight, in f16."""
+    from kaio_ops import _int4_hopper
+
+    monkeypatch.setattr(_int4_hopper, "IN_SIMULATOR", True)
+    calls = []
+    wgmma = _int4_hopper.launch
+    monkeypatch.setattr(_int4_hopper, "launch", lambda *a: calls.append("wgmma") or wgmma(*a))
+    for m, n, path in ((65, 8, "wgmma"), (64, 8, "decode"), (70, 12, "tiled")):
+        a, packed, scales, w = int4_case(m, n, 128)
+        calls.clear()
+        with kaio.simulate():
+            c = kaio_ops.matmul_int4(a, packed, scales, out_dtype="float16")
+        assert calls == ([path] if path == "wgmma" else []) and c.dtype == np.float16
+        ref = a.astype(np.float64) @ w.astype(np.float64)
+        np.testing.assert_allclose(c, ref, rtol=2e-3, atol=1e-3 * np.abs(ref).max())
+    cases = [int4_case(66, n, 128) for n in (16, 8, 8)]  # grouped-query widths
+    calls.clear()
+    with kaio.simulate():
+        qkv = kaio_ops.qkv_project_int4(cases[0][0], *(c[1] for c in cases), *(c[2] for c in cases))
+        alone = [kaio_ops.matmul_int4(cases[0][0], c[1], c[2], out_dtype="float16") for c in cases]
+    assert calls == ["wgmma"] * 6
+    for got, ref in zip(qkv, alone, strict=True):
+        np.testing.assert_array_equal(got, ref)  # one kernel, one plan: the same bits
+    monkeypatch.setattr(_int4_hopper, "IN_SIMULATOR", False)  # sm_80 and the like
+    with kaio.simulate():
+        assert not _int4_hopper.takes(*_sim_operands(*int4_case(65, 8, 128)[:3]))
+
+
+def test_int4_torch_op_out_dtype():
+    """torch.ops.kaio.matmul_int4 takes out_dtype: the real op (CPU tensors, the simulator)
+    and its fake implementation (meta tensors) agree on shape and dtype."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("kaio_ops.torch")  # registers torch.ops.kaio
+    a, packed, scales, w = int4_case(3, 16, 128)
+    args = [torch.from_numpy(x) for x in (a, packed.view(np.int32), scales)]
+    for dtype in (None, torch.float16, torch.bfloat16):
+        with kaio.simulate():
+            out = torch.ops.kaio.matmul_int4(*args, dtype)
+        fake = torch.ops.kaio.matmul_int4(*(x.to("meta") for x in args), dtype)
+        assert out.dtype == fake.dtype == (dtype or torch.float32)
+        assert out.shape == fake.shape == (3, 16)
+        ref = a.astype(np.float64) @ w.astype(np.float64)
+        np.testing.assert_allclose(out.double().numpy(), ref, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
+def test_int4_wgmma_plans_fit():
+    """Every configuration the plan picks at Llama-3-8B and -70B shapes (M 17..8192, 132
+    multiprocessors) fits: shared memory for its blocks a multiprocessor, at most 8 blocks a
+    cluster, and the kernel assembles for sm_90a without spills."""
+    from kaio_ops import _int4_hopper
+
+    plans = set()
+    for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (8192, 28672)):
+        for m in (17, 32, 64, 100, 128, 256, 512, 1024, 8192):
+            plans.add(_int4_hopper.plan(m, n, k, 132))
+    for wg, bn, stages, dstages, split, cl, occ in plans:
+        shared = _int4_hopper.shared_bytes(wg, bn, stages, dstages)
+        assert occ * (shared + 1024) <= 228 * 1024 and bn >= 64 and (split <= 8 or not cl)
+    for wg, bn, stages, dstages, cl, occ in {(p[:4] + p[5:]) for p in plans}:
+        consts = {"WG": wg, "BN": bn, "STAGES": stages, "DSTAGES": dstages, "SPLIT": 2 if cl else 1,
+                  "CL": cl, "OCC": occ, "OUT": f32}  # fmt: skip
+        report = assemble(_int4_hopper.int4_wgmma.ptx(arch="sm_90", **consts), "sm_90a")
+        assert " 0 bytes spill stores" in report, (consts, report)
+
+
+@pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
+def test_int4_wgmma_assembles_for_sm_90a():
+    """The wgmma kernel's variants through ptxas: no spills; sm_80 is refused."""
+    from kaio_ops import _int4_hopper
+
+    specs = _int4_hopper.specializations()
+    for kernel, constexprs in specs:
+        ptx = kernel.ptx(arch="sm_90", **constexprs)
+        assert f"wgmma.mma_async.sync.aligned.m64n{constexprs['BN']}k16.f32.f16.f16" in ptx
+        report = assemble(ptx, "sm_90a")
+        assert " 0 bytes spill stores" in report, (constexprs, report)
+    if importlib.util.find_spec("llvmlite"):  # the LLVM lowering: the cluster variant
+        kernel, constexprs = next((k, c) for k, c in specs if c["CL"])
+        assemble(kernel.ptx(arch="sm_90", backend="llvm", **constexprs), "sm_90a")
+    with pytest.raises(kaio.CompileError, match="needs sm_90"):
+        kernel.ptx(arch="sm_80", **constexprs)
+
+
+# --------------------------------------------------------------------------- int8 on wgmma
+@pytest.mark.parametrize(
+    "m, n, k, dtype", [(130, 136, 288, np.int8), (70, 9, 160, np.uint8), (300, 264, 128, np.int8)]
+)
+def test_int8_wgmma_exact_in_simulator(m, n, k, dtype, monkeypatch):
+    """matmul_int8 on the sm_90 kernel (``_int8_hopper``, wgmma s8 -> s32) in the simulator:
+    bit-identical with the integer reference; M and N edges, an odd N (element stores), uint8
+    bytes read as int8, K slices past the ring's stages, and 2 blocks for up to 9 tiles."""
+    from kaio_ops import _int8_hopper
+
+    monkeypatch.setattr(_int8_hopper, "IN_SIMULATOR", True)
+    calls = []
+    launch = _int8_hopper.launch
+    monkeypatch.setattr(
+        _int8_hopper, "launch", lambda *a: calls.append(1) or launch(*a[:6], 2, a[7])
+    )
+    lo, hi = (-128, 128) if dtype == np.int8 else (0, 256)
+    a = RNG.integers(lo, hi, (m, k)).astype(dtype)
+    b = RNG.integers(lo, hi, (k, n)).astype(dtype)
+    with kaio.simulate():
+        c = kaio_ops.matmul_int8(a, b, 0.37)
+    assert calls == [1]
+    np.testing.assert_array_equal(c, int8_reference(a, b, 0.37))
+
+
+@pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
+@pytest.mark.parametrize("backend", ["ptx", "llvm"])
+def test_int8_wgmma_assembles_for_sm_90a(backend):
+    """Both tiles of the int8 wgmma kernel through both lowerings and ptxas: no spills."""
+    from kaio_ops import _int8_hopper
+
+    for kernel, constexprs in _int8_hopper.specializations():
+        ptx = kernel.ptx(arch="sm_90", backend=backend, **constexprs)
+        assert f"wgmma.mma_async.sync.aligned.m64n{constexprs['BN']}k32.s32.s8.s8" in ptx
+        assert " 0 bytes spill stores" in assemble(ptx, "sm_90a")
+
+
+def test_wgmma_s8_needs_an_i32_accumulator():
+    @kaio.gpu_kernel(block_size=128)
+    def bad(out: f32[:]):
+        acc = kaio.local(f32, 4)
+        tile = kaio.shared_dynamic(f16, (64, 64), 0)
+        d = kaio.smem_descriptor(tile, (0, 0), 128, 16, 1024)
+        kaio.wgmma_s8(acc, d, d, False)
+        out[0] = acc[0]
+
+    with pytest.raises(kaio.CompileError, match="i32 accumulator"):
+        bad.ptx(arch="sm_90")
 
 
 def _sim_operands(*arrays):
@@ -519,6 +690,21 @@ def test_gpu_int8_matches_simulator_bits():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m, n, k", [(1000, 1032, 4096), (4096, 4096, 4096), (130, 4104, 1024)])
+def test_gpu_int8_wgmma_exact(m, n, k):
+    """matmul_int8 at real sizes (the wgmma kernel on sm_90): bit-identical with
+    f32(torch._int_mm) * scale, and the same bits on a second call."""
+    import torch
+
+    gen = torch.Generator("cuda").manual_seed(m)
+    a = torch.randint(-128, 128, (m, k), device="cuda", dtype=torch.int8, generator=gen)
+    b = torch.randint(-128, 128, (k, n), device="cuda", dtype=torch.int8, generator=gen)
+    out = kaio_ops.matmul_int8(a, b, 0.37)
+    assert torch.equal(out, torch._int_mm(a, b).float() * 0.37)
+    assert torch.equal(out, kaio_ops.matmul_int8(a, b, 0.37))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("m, n, k", [(4096, 4096, 4096), (1, 4096, 4096), (16, 4096, 4096)])
 def test_gpu_int4(m, n, k):
     import torch
@@ -547,6 +733,31 @@ def test_gpu_int4_multi_tile(m):
     slack = k * 2.0**-24 * (x64.abs() @ w64.abs())
     assert out.dtype == torch.float32 and out.shape == (m, n)
     assert bool(((out.double() - exact).abs() <= slack).all())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "m, n, k, out_dtype",
+    [(17, 4096, 4096, None), (200, 4104, 4096, None), (1000, 1024, 14336, "float16"),
+     (4096, 4096, 4096, "bfloat16")],
+)  # fmt: skip
+def test_gpu_int4_wgmma(m, n, k, out_dtype):
+    """M > 16 on sm_90 (the wgmma kernel; elsewhere the other paths): every element against
+    float64 products within the f32 sums' slack plus the output's rounding, and the same
+    bits on a second call (a race would move them)."""
+    import torch
+
+    x = torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(m)).half()
+    packed, scales, w = _torch_int4_weights(k, n, m)
+    out = kaio_ops.matmul_int4(x, packed, scales, out_dtype=out_dtype)
+    again = kaio_ops.matmul_int4(x, packed, scales, out_dtype=out_dtype)
+    x64, w64 = x.double(), w.double()
+    exact = x64 @ w64
+    rounding = {None: 0.0, "float16": 2.0**-11, "bfloat16": 2.0**-8}[out_dtype]
+    slack = k * 2.0**-24 * (x64.abs() @ w64.abs()) + rounding * exact.abs()
+    assert out.shape == (m, n) and str(out.dtype) == f"torch.{out_dtype or 'float32'}"
+    assert bool(((out.double() - exact).abs() <= slack).all())
+    assert torch.equal(out, again)
 
 
 def _torch_int4_weights(k: int, n: int, seed: int):
@@ -622,15 +833,19 @@ def test_gpu_qkv_int4(m):
     "not (kaio.gpu_available() and kaio.device().arch == 'sm_90')", reason="needs an sm_90 GPU"
 )
 def test_gpu_prefill_paths_on_hopper(monkeypatch):
-    """On sm_90, matmul_int4 at M = 4096 and the projections at M = 512 take the
-    dequantize-then-wgmma path; its int4 weights in f16 are the reference's bits."""
+    """On sm_90, matmul_int4 at M = 4096 and the projections at M = 512 (from
+    ``_int4_hopper.PREFILL_M``) take the dequantize-then-wgmma path; its int4 weights in f16
+    are the reference's bits."""
     import torch
+
+    from kaio_ops import _int4_hopper
 
     monkeypatch.delenv("KAIO_HOPPER_MATMUL", raising=False)
     taken = []
-    for name in ("matmul_int4", "qkv_int4", "qkv_int8"):
-        real = getattr(_prefill, name)
-        monkeypatch.setattr(_prefill, name, lambda *a, _n=name, _f=real: taken.append(_n) or _f(*a))
+    for module, name in ((_prefill, "matmul_int4"), (_prefill, "qkv_int4"),
+                         (_prefill, "qkv_int8"), (_int4_hopper, "launch")):  # fmt: skip
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _n=name, _f=real: taken.append(_n) or _f(*a))
     k = n = 4096
     packed, scales, w = _torch_int4_weights(k, n, 11)
     x = torch.randn(4096, k, device="cuda", generator=torch.Generator("cuda").manual_seed(3))
@@ -645,7 +860,7 @@ def test_gpu_prefill_paths_on_hopper(monkeypatch):
     w8 = torch.randint(-128, 128, (k, n), device="cuda", dtype=torch.int8)
     kaio_ops.qkv_project_int8(x[:512], w8, w8, w8, 0.5, 0.25, 2.0)
     project_int8(x, w8, 0.5)
-    assert taken == ["matmul_int4", "qkv_int4", "qkv_int8", "qkv_int8"]
+    assert taken == ["matmul_int4", "qkv_int4", "qkv_int8", "qkv_int8"]  # M >= PREFILL_M
 
 
 @pytest.mark.gpu

@@ -256,7 +256,7 @@ def _table() -> dict[tuple[str, str], Need]:
     for kind in MMA_KINDS:
         feature = "mma_fp8" if kind in FP8_TYPES else "mma"
         t["mma", kind] = _needs(feature, f"kaio.mma_{kind}()")
-    for kind in ("f16", "bf16", *FP8_TYPES):
+    for kind in ("f16", "bf16", "s8", *FP8_TYPES):
         t["wgmma", kind] = _needs("wgmma", f"kaio.wgmma_{kind}()")
     for kind in ("f16", "bf16"):  # A from registers
         t["wgmma_rs", kind] = _needs("wgmma", f"kaio.wgmma_{kind}()")

@@ -78,11 +78,12 @@ def _statement(g, text: str, constraints: list[str], args: list, collective: boo
     return g.asm(text, constraints, ret, args, attrs, effects=True)
 
 
-def _in_place(n: int) -> tuple[list[str], list[str], ir.Type]:
-    """``n`` f32 registers read and written in place (C's ``"+f"``): the output constraints,
-    the constraints of the inputs tied to them (listed after any other input) and the
-    asm's result type."""
-    return ["=f"] * n, [str(k) for k in range(n)], ir.LiteralStructType([FLOAT] * n)
+def _in_place(n: int, integer: bool = False) -> tuple[list[str], list[str], ir.Type]:
+    """``n`` f32 (``integer``: i32) registers read and written in place (C's ``"+f"``): the
+    output constraints, the constraints of the inputs tied to them (listed after any other
+    input) and the asm's result type."""
+    kind, typ = ("r", I32) if integer else ("f", FLOAT)
+    return [f"={kind}"] * n, [str(k) for k in range(n)], ir.LiteralStructType([typ] * n)
 
 
 # op: (PTX text with the op's attributes as {fields}, .sync.aligned)
@@ -131,10 +132,10 @@ def lower_wgmma(g, ins: Instr) -> None:
     b = n + len(a_vals)
     text = (
         f"{{ .reg .pred scale_d; setp.ne.b32 scale_d, ${b + 1}, 0; "
-        f"wgmma.mma_async.sync.aligned.{shape} {operands(0, n)}, {a_text}, ${b}, scale_d, "
-        f"{tail}; }}"
+        f"wgmma.mma_async.sync.aligned.{shape} {operands(0, n)}, {a_text}, ${b}, scale_d"
+        f"{f', {tail}' * bool(tail)}; }}"
     )
-    outputs, tied, ret = _in_place(n)
+    outputs, tied, ret = _in_place(n, kind == "s8")
     scale = g.b.zext(g.value(scale_d), I32)
     args = [*a_vals, g.value(b_desc), scale, *read(g, acc, builtin)]
     result = _statement(g, text, [*outputs, *a_kinds, "l", "r", *tied], args, True, ret)
@@ -148,20 +149,22 @@ def _settle(g) -> None:
     after ``wgmma_wait``, so that no read of them (a move, arithmetic, a store) is scheduled
     before the wait, while the wgmmas may still write them. The asm is empty and each
     register its own output: the PTX has no instruction more."""
-    ptrs: dict = {}
+    by_type: dict = {False: {}, True: {}}  # f32 and (s8 wgmma) i32 accumulators
     for s in walk(g.fn.body):
         if isinstance(s, Instr) and s.op in ("wgmma", "wgmma_rs"):
             frag = s.args[0]
             regs = g.local_registers(frag.array)  # None: the wgmma itself reports it
             if regs is not None:
+                ptrs = by_type[s.attrs["kind"] == "s8"]
                 ptrs.update(dict.fromkeys(regs[frag.start : frag.start + frag.size]))
-    if not ptrs:
-        return
-    outputs, tied, ret = _in_place(len(ptrs))
-    values = [g.b.load(p, typ=FLOAT) for p in ptrs]
-    result = g.asm("", ",".join(outputs + tied), ret, values, EFFECTS, effects=True)
-    for p, v in zip(ptrs, members(g, result, len(ptrs)), strict=True):
-        g.b.store(v, p)
+    for integer, ptrs in by_type.items():
+        if not ptrs:
+            continue
+        outputs, tied, ret = _in_place(len(ptrs), integer)
+        values = [g.b.load(p, typ=I32 if integer else FLOAT) for p in ptrs]
+        result = g.asm("", ",".join(outputs + tied), ret, values, EFFECTS, effects=True)
+        for p, v in zip(ptrs, members(g, result, len(ptrs)), strict=True):
+            g.b.store(v, p)
 
 
 def lower_smem_desc(g, ins: Instr) -> None:

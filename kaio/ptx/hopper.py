@@ -51,8 +51,11 @@ def split_index(ins: Instr, start: int):
 def wgmma_form(attrs: dict) -> tuple[str, str]:
     """(shape and types, the immediates after scale-d) of a ``wgmma`` op: ``m64n{n}k16`` with
     ``1, 1, trans_a, trans_b`` for f16/bf16; ``m64n{n}k32`` with ``1, 1`` for the 8-bit
-    floats (e4m3, e5m2), which PTX allows only K-major (no transpose operands)."""
+    floats (e4m3, e5m2), which PTX allows only K-major (no transpose operands); ``m64n{n}k32``
+    with s32 accumulators and no immediates for s8."""
     kind = attrs["kind"]
+    if kind == "s8":  # integer wgmma: no scale-a/b immediates
+        return f"m64n{attrs['n']}k32.s32.s8.s8", ""
     if kind in ("e4m3", "e5m2"):
         return f"m64n{attrs['n']}k32.f32.{kind}.{kind}", "1, 1"
     ta, tb = int(attrs["trans_a"]), int(attrs["trans_b"])
@@ -68,7 +71,7 @@ def lower_wgmma(e, ins: Instr) -> None:
     regs = frag_registers(e, acc, builtin)
     shape, tail = wgmma_form(ins.attrs)
     d = "{" + ", ".join(regs) + "}"
-    operands = f"{e.r(a_desc)}, {e.r(b_desc)}, {e.r(scale_d)}, {tail}"
+    operands = f"{e.r(a_desc)}, {e.r(b_desc)}, {e.r(scale_d)}" + f", {tail}" * bool(tail)
     e.line(f"wgmma.mma_async.sync.aligned.{shape} {d}, {operands}")
 
 

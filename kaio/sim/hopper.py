@@ -50,6 +50,7 @@ _INPUTS = {
     "bf16": ml_dtypes.bfloat16,
     "e4m3": ml_dtypes.float8_e4m3fn,  # k32, K-major only: 16-bit units of two elements
     "e5m2": ml_dtypes.float8_e5m2,
+    "s8": np.int8,  # k32 like the 8-bit floats; s32 sums (exact in f64 here), wrapping
 }
 
 
@@ -614,10 +615,13 @@ def wgmma(m, ins: Instr, vals: list):
             prev = np.zeros((64, n))
             prev[row, col] = old
             d = d + prev
-        result = d.astype(np.float32)
-        nan = np.isnan(result)
-        if nan.any():
-            result.view(np.uint32)[nan] = 0x7FFFFFFF
+        if ins.attrs["kind"] == "s8":  # |d| < 2**53: exact; s32 wraps
+            result = d.astype(np.int64).astype(np.int32)
+        else:
+            result = d.astype(np.float32)
+            nan = np.isnan(result)
+            if nan.any():
+                result.view(np.uint32)[nan] = 0x7FFFFFFF
         _write_frag(m, acc, result[row, col], lanes)
 
 

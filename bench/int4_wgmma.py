@@ -1,0 +1,242 @@
+"""``matmul_int4`` (W4A16) on sm_90 against cuBLAS f16 (``torch.matmul`` with the dequantized
+f16 weight) over M at Llama-3-8B shapes (N x K = 4096 x 4096, 14336 x 4096, 4096 x 14336):
+kernel time from CUDA graphs of ``REPS`` calls (the weights rotated over ``SETS`` copies so
+that they do not sit in L2), the median of ``REPLAYS`` replays. First the results are checked
+against an f32 torch reference at real sizes; then the sweep; then (``--variants``) explicit
+``kaio_ops._int4_hopper`` tile configurations, to tune its plan.
+
+Usage: ``python bench/int4_wgmma.py [--out DIR] [--variants] [--budget SECONDS]
+[--ms 16,64,...]``. Writes ``DIR/int4_wgmma.jsonl`` (one JSON object a measurement) and prints
+a table.
+"""
+
+# ruff: noqa: B023  (the timed lambdas run before the loop moves on)
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import kaio  # noqa: E402
+import kaio_ops  # noqa: E402
+from bench.quantized import int4_inputs  # noqa: E402
+from kaio_ops import _arrays, _int4_decode, _int4_hopper, _prefill  # noqa: E402
+
+SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336))  # (N, K)
+MS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+TUNE_MS = MS  # the M of --variants
+SETS = 4
+REPS = 10
+REPLAYS = 5
+T0 = time.time()
+CHECKS = (  # (M, N, K, out_dtype)
+    (300, 4096, 4096, None),
+    (64, 14336, 4096, None),
+    (2048, 4096, 14336, None),
+    (8192, 4096, 4096, None),
+    (100, 4104, 4096, "float16"),
+    (24, 4096, 4096, "bfloat16"),
+)
+
+
+def graph_time(fn, sets: int) -> float:
+    """Microseconds per call of ``fn(i)`` (i = 0 .. sets - 1 in turn): a CUDA graph of
+    ``REPS`` calls, the median of ``REPLAYS`` timed replays (negative: eager calls between
+    events, if the capture failed)."""
+    try:
+        return _graph_time(fn, sets)
+    except Exception as e:  # noqa: BLE001
+        print("graph capture failed:", type(e).__name__, str(e)[:300], flush=True)
+        torch.cuda.synchronize()
+    times = []
+    for _ in range(REPLAYS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for r in range(REPS):
+            fn(r % sets)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / REPS)
+    return -sorted(times)[len(times) // 2]
+
+
+def _graph_time(fn, sets: int) -> float:
+    """``graph_time`` through a CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(sets):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for r in range(REPS):
+            fn(r % sets)
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(REPLAYS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / REPS)
+    return sorted(times)[len(times) // 2]
+
+
+def operand(x, name):
+    """``x`` as a checked ``_arrays.Operand`` (for direct kernel launches)."""
+    types = (kaio.f16, kaio.i32, kaio.u32, kaio.f32)
+    return _arrays.Inputs("bench").array(x, name, ndim=2, dtypes=types, form="[R, C]")
+
+
+def check(log, m: int, n: int, k: int, out_dtype=None) -> None:
+    """matmul_int4 against the f32 product of the dequantized weights (TF32 off)."""
+    a, packed, scales, w = int4_inputs(m, n, k)
+    ref = a.float() @ w.float()
+    got = kaio_ops.matmul_int4(a, packed, scales, out_dtype=out_dtype).float()
+    err = ((got - ref).norm() / ref.norm()).item()
+    path = (
+        "wgmma" if _int4_hopper.takes(*(operand(x, "x") for x in (a, packed, scales))) else "other"
+    )
+    log({"check": [m, n, k], "out": str(out_dtype), "rel_err": err, "path": path,
+         "nan": bool(got.isnan().any())})  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default=".")
+    p.add_argument("--variants", action="store_true")
+    p.add_argument("--budget", type=float, default=80.0)
+    p.add_argument("--ms", default=",".join(map(str, MS)))
+    args = p.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ms = [int(x) for x in args.ms.split(",")]
+    path = os.path.join(args.out, "int4_wgmma.jsonl")
+    sink = open(path, "w")  # noqa: SIM115
+
+    def log(rec):
+        rec["t"] = round(time.time() - T0, 1)
+        print(json.dumps(rec), flush=True)
+        sink.write(json.dumps(rec) + "\n")
+        sink.flush()
+
+    log(
+        {
+            "gpu": torch.cuda.get_device_name(),
+            "sms": torch.cuda.get_device_properties(0).multi_processor_count,
+        }
+    )
+    for case in CHECKS:
+        check(log, *case)
+    rows = []
+    weights = {}
+    for n, k in SHAPES:
+        weights[n, k] = [int4_inputs(1, n, k)[1:] for _ in range(SETS)]  # (packed, scales, w)
+        for m in ms:
+            if time.time() - T0 > args.budget:
+                log({"skipped": [m, n, k]})
+                continue
+            rows.append(measure(log, m, n, k, weights[n, k]))
+    table(rows)
+    if args.variants:
+        for pick in (variants, cluster_variants):  # clusters last: new, least certain
+            for n, k in SHAPES:
+                for m in (x for x in TUNE_MS if x in ms):
+                    if time.time() - T0 < args.budget and pick(m):
+                        tune(log, m, n, k, weights[n, k], args.budget, pick)
+
+
+def measure(log, m: int, n: int, k: int, sets: list) -> dict:
+    """cuBLAS f16, matmul_int4 and (M <= 64) the decode kernel at one shape."""
+    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    t_cublas = graph_time(lambda i: torch.matmul(a, sets[i][2]), SETS)
+    t_kaio = graph_time(lambda i: kaio_ops.matmul_int4(a, sets[i][0], sets[i][1]), SETS)
+    t_f16 = graph_time(
+        lambda i: kaio_ops.matmul_int4(a, sets[i][0], sets[i][1], out_dtype=torch.float16), SETS
+    )
+    sms = _arrays.multiprocessors(operand(a, "a"))
+    rec = {"m": m, "n": n, "k": k, "cublas_us": t_cublas, "kaio_us": t_kaio, "kaio_f16_us": t_f16,
+           "plan": list(_int4_hopper.plan(m, n, k, sms))}  # fmt: skip
+    ops = [[operand(x, "x") for x in (a, s[0], s[1])] for s in sets]
+    if m <= _int4_decode.MAX_M:
+        rec["decode_us"] = graph_time(lambda i: _int4_decode.matmul(*ops[i]), SETS)
+    if m >= 512:  # the path this kernel replaces: the weights made f16, then the f16 matmul
+        rec["prefill_us"] = graph_time(lambda i: _prefill.matmul_int4(*ops[i]), SETS)
+    log(rec)
+    return rec
+
+
+def tune(log, m: int, n: int, k: int, sets: list, budget: float, pick) -> None:
+    """Explicit ``_int4_hopper`` configurations at one shape (``pick(m)``: ``variants`` or
+    ``cluster_variants``), each checked against the f32 product of the dequantized weights
+    (relative error in ``errors``)."""
+    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    ops = [[operand(x, "x") for x in (a, s[0], s[1])] for s in sets]
+    ref = a.float() @ sets[0][2].float()
+    rec = {"m": m, "n": n, "k": k, "variants": {}, "errors": {}}
+    for wg, bn, ds, split, *more in pick(m):
+        if time.time() - T0 > budget:
+            break
+        cl, occ = (more + [0, 1])[:2] if len(more) != 1 else (more[0], 1)
+        full = (wg, bn, _int4_hopper.stages_for(wg, bn, ds, occ), ds, split, cl, occ)
+        try:
+            got = _int4_hopper.launch(*ops[0], kaio.f32, full)
+            rec["errors"][str(list(full))] = ((got - ref).norm() / ref.norm()).item()
+            t = graph_time(lambda i, f=full: _int4_hopper.launch(*ops[i], kaio.f32, f), SETS)
+        except Exception as e:  # noqa: BLE001
+            t = f"{type(e).__name__}: {str(e)[:200]}"
+        rec["variants"][str(list(full))] = t
+    log(rec)
+
+
+def table(rows: list) -> None:
+    """The summary: cuBLAS f16 against matmul_int4 (and the decode kernel)."""
+    head = f"{'N x K':>12} {'M':>5} {'cuBLAS us':>10} {'kaio us':>9} {'ratio':>6} {'other':>7}"
+    print("\n" + head + "  (other: the decode kernel at M <= 64, dequantize + f16 matmul past)")
+    for r in rows:
+        other = r.get("decode_us", r.get("prefill_us"))
+        other = f"{other:7.1f}" if other is not None else ""
+        print(f"{r['n']:>5}x{r['k']:<6} {r['m']:>5} {r['cublas_us']:10.1f} {r['kaio_us']:9.1f} "
+              f"{r['cublas_us'] / r['kaio_us']:6.2f} {other}")  # fmt: skip
+
+
+def variants(m: int) -> list:
+    """(WG, BN, DSTAGES, split) tile configurations to try at M = ``m``."""
+    # (..., 0, 2): two blocks a multiprocessor (two dequantizing warpgroups)
+    if m <= 64:
+        return [(1, 256, 2, 8), (1, 256, 2, 4), (1, 128, 2, 4), (1, 128, 2, 2), (1, 64, 2, 2),
+                (1, 64, 2, 1), (1, 128, 2, 1), (1, 128, 2, 2, 0, 2), (1, 128, 2, 1, 0, 2),
+                (1, 64, 2, 1, 0, 2), (1, 64, 2, 2, 0, 2)]  # fmt: skip
+    if m <= 128:
+        return [(1, 256, 2, 4), (1, 256, 2, 2), (1, 128, 2, 2), (1, 128, 2, 1), (2, 128, 2, 2),
+                (2, 128, 2, 4), (2, 256, 2, 4), (1, 128, 2, 1, 0, 2),
+                (1, 128, 2, 2, 0, 2)]  # fmt: skip
+    if m <= 512:
+        return [(2, 128, 2, 1), (2, 128, 2, 2), (2, 256, 2, 1), (2, 256, 2, 2), (1, 256, 2, 1),
+                (1, 128, 2, 1), (2, 64, 2, 1), (1, 128, 2, 1, 0, 2)]  # fmt: skip
+    return [(2, 256, 2, 1), (2, 256, 3, 1), (2, 128, 2, 1), (2, 192, 2, 1), (4, 128, 2, 1),
+            (3, 128, 2, 1)]  # fmt: skip
+
+
+def cluster_variants(m: int) -> list:
+    """(WG, BN, DSTAGES, split, 1): K splits summed in a cluster, at M <= 512."""
+    if m <= 64:
+        return [(1, 256, 2, 8, 1), (1, 128, 2, 4, 1), (1, 128, 2, 2, 1), (1, 64, 2, 2, 1)]
+    if m <= 128:
+        return [(1, 256, 2, 4, 1), (1, 128, 2, 2, 1), (2, 128, 2, 4, 1), (2, 256, 2, 4, 1)]
+    if m <= 512:
+        return [(2, 128, 2, 2, 1), (2, 256, 2, 2, 1), (1, 256, 2, 2, 1)]
+    return []
+
+
+if __name__ == "__main__":
+    main()
