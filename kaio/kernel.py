@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kaio.errors import LaunchError
+from kaio.errors import CompileError, LaunchError
 from kaio.limits import check_dims
 from kaio.types import ArrayType, ScalarType
 
@@ -185,6 +185,14 @@ def _dump(spec: Specialization, arch: str, ptx: str) -> None:
         f.write(format_function(spec.function))
 
 
+def _flag(pyfunc, name: str, value) -> None:
+    """A yes/no decorator option must be a bool (or 0/1): ``debug="no"`` would be true."""
+    if value not in (True, False) or type(value).__name__ not in ("bool", "int", "bool_"):
+        raise CompileError(
+            f"@kaio.gpu_kernel({name}={value!r}) of {pyfunc.__name__}: {name} takes True or False"
+        )
+
+
 class Kernel:
     """A ``@kaio.gpu_kernel`` function: compile with ``.ptx()``, inspect with ``.ir()``, run
     with ``kernel[grid, block](...)`` on the GPU or ``kernel.sim[grid, block](...)`` on the CPU.
@@ -211,6 +219,8 @@ class Kernel:
 
             Target.for_arch(arch)
         self.arch = arch
+        _flag(pyfunc, "debug", debug)
+        _flag(pyfunc, "fastmath", fastmath)
         self.debug = debug or os.environ.get("KAIO_DEBUG", "") not in ("", "0")
         self.backend = backend_name(backend)
         self.fastmath = bool(fastmath)  # approximate math (docs/dsl-reference.md, "Fast math")

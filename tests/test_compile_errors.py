@@ -97,3 +97,24 @@ def test_in_between_compile_time_values_is_decided_at_compile_time(op, expected)
         _membership[1, 1](out, OP=op)
     assert out[0] == expected
     assert _membership.ir(OP=op).count("store") == 1  # decided while compiling: no branch
+
+
+@pytest.mark.parametrize("option", ["debug", "fastmath"])
+@pytest.mark.parametrize("value", ["no", "yes", None, 2, 1.0])
+def test_yes_no_decorator_options_take_bools(option, value):
+    """``debug="no"`` was taken as true: a yes/no option that is not a bool (or 0/1) is a
+    CompileError at definition naming the option and the kernel."""
+    with pytest.raises(kaio.CompileError, match=rf"{option}={value!r}\) of k: {option} takes"):
+
+        @kaio.gpu_kernel(**{option: value})
+        def k(x: kaio.f32[:]):
+            x[0] = 1.0
+
+
+@pytest.mark.parametrize("value", [True, False, 0, 1])
+def test_yes_no_decorator_options_accept_bools(value):
+    @kaio.gpu_kernel(debug=value, fastmath=value)
+    def k(x: kaio.f32[:]):
+        x[0] = 1.0
+
+    assert k.fastmath is bool(value)
