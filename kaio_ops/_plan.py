@@ -90,12 +90,24 @@ def plans_of(op: Callable) -> dict:
     return op._plans
 
 
-def _torch():
-    """(torch.Tensor, the current-raw-stream accessor), or (a type nothing is, None)."""
+class _NoTorch:
+    """The tensor type of wrappers made before torch was imported: nothing is one."""
+
+
+# the globals of wrappers made before torch was imported; ``describe`` binds torch's types
+# into them when the first torch tensor arrives (``import kaio_ops`` does not import torch)
+_UNBOUND: list[dict] = []
+
+
+def _torch(imported_only: bool = False):
+    """(torch.Tensor, the current-raw-stream accessor), or (a type nothing is, None) when
+    torch is not installed (or, with ``imported_only``, not imported yet)."""
+    if imported_only and "torch" not in sys.modules:
+        return _NoTorch, None
     try:
         import torch
     except ImportError:
-        return type("NoTorch", (), {}), None
+        return _NoTorch, None
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     if raw is None:
 
@@ -114,6 +126,8 @@ def describe(obj) -> tuple:
         info = obj._info
         return (DeviceArray, info.sig, info.shape, info.strides, info.ptr & 15), info.ptr
     kind = _arrays._kind(obj)
+    if kind == "torch" and _UNBOUND:
+        _bind_torch()  # this call's stream key reads RAW after this returns
     if kind == "torch" and hasattr(obj, "data_ptr"):  # a subclass (nn.Parameter)
         p = obj.data_ptr()
         return (type(obj), obj.dtype, obj.shape, obj.stride(), obj.get_device(), p & 15), p
@@ -122,6 +136,16 @@ def describe(obj) -> tuple:
         key = (type(obj), obj.dtype.char, obj.shape, obj.strides, obj.data.device_id, p & 15)
         return key, p
     return None, 0
+
+
+def _bind_torch() -> None:
+    """Torch's tensor types and stream accessor into the wrappers made before it was
+    imported."""
+    tensor, raw_stream = _torch()
+    parameter = sys.modules["torch.nn"].Parameter
+    for env in _UNBOUND:
+        env.update(T=tensor, P=parameter, RAW=raw_stream)
+    _UNBOUND.clear()
 
 
 def stream_key(obj, raw_stream) -> object:
@@ -313,7 +337,7 @@ def _generate(fn: Callable, array_names: tuple) -> Callable:
     missing = [a for a in array_names if a not in names]
     if missing:
         raise TypeError(f"{fn.__name__}: no parameter named {missing}")
-    tensor, raw_stream = _torch()
+    tensor, raw_stream = _torch(imported_only=True)
     parameter = getattr(sys.modules.get("torch.nn"), "Parameter", tensor)
     plans: dict = {}
     _ALL.append(plans)
@@ -327,7 +351,7 @@ def _generate(fn: Callable, array_names: tuple) -> Callable:
         # the flat key of torch tensors (see below) describes them all; in the other keys a
         # None stands for an array that is not described
         flat = all(
-            type(a) is tensor or type(a) is parameter or (a is None and name in optional)
+            type(a) is env["T"] or type(a) is env["P"] or (a is None and name in optional)
             for a, name in zip(arrays, array_names, strict=True)
         )
         plannable = (
@@ -351,6 +375,8 @@ def _generate(fn: Callable, array_names: tuple) -> Callable:
         return result
 
     env = {"T": tensor, "P": parameter, "RAW": raw_stream, "other": describe}
+    if tensor is _NoTorch:
+        _UNBOUND.append(env)
     env["stream_key"] = lambda obj, raw: stream_key(obj, raw)  # looked up per call: patchable
     env.update(current=current, plans=plans, slow=slow, fn=fn)
     header = []

@@ -868,3 +868,26 @@ def test_workspaces_from_the_allocator_on_streams_and_in_graphs():
             assert _error(torch, captured, reference(static)) < 2e-3, op.__name__
             assert torch.isfinite(eager).all()
     assert with_workspace, "no decode-size GEMM plan takes a workspace: test another shape"
+
+
+def test_import_kaio_ops_does_not_import_torch_and_binds_it_when_a_tensor_comes():
+    """``import kaio_ops`` leaves torch alone (it took 3 s); the ops' wrappers take torch's
+    tensor types and stream accessor from the first torch tensor they describe, so later
+    calls key torch tensors by their flat key and their stream."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    code = (
+        "import sys, kaio_ops\n"
+        "from kaio_ops import _plan\n"
+        "assert 'torch' not in sys.modules, 'import kaio_ops imported torch'\n"
+        "env = kaio_ops.rms_norm.__globals__\n"
+        "assert env['T'] is _plan._NoTorch and env['RAW'] is None and _plan._UNBOUND\n"
+        "import torch\n"
+        "_plan.describe(torch.zeros(2))\n"
+        "assert env['T'] is torch.Tensor and env['P'] is torch.nn.Parameter\n"
+        "assert env['RAW'] is not None and not _plan._UNBOUND\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
