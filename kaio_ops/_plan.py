@@ -127,7 +127,9 @@ def describe(obj) -> tuple:
         return (DeviceArray, info.sig, info.shape, info.strides, info.ptr & 15), info.ptr
     kind = _arrays._kind(obj)
     if kind == "torch" and _UNBOUND:
-        _bind_torch()  # this call's stream key reads RAW after this returns
+        _bind_torch()
+        # this call runs unplanned (the wrapper's except path); the next reads the flat key
+        raise _Rebound
     if kind == "torch" and hasattr(obj, "data_ptr"):  # a subclass (nn.Parameter)
         p = obj.data_ptr()
         return (type(obj), obj.dtype, obj.shape, obj.stride(), obj.get_device(), p & 15), p
@@ -136,6 +138,10 @@ def describe(obj) -> tuple:
         key = (type(obj), obj.dtype.char, obj.shape, obj.strides, obj.data.device_id, p & 15)
         return key, p
     return None, 0
+
+
+class _Rebound(Exception):
+    """Torch's types were just bound into the wrappers: the call in progress runs unplanned."""
 
 
 def _bind_torch() -> None:
