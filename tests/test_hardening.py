@@ -131,7 +131,8 @@ def test_concurrent_launches_never_share_a_parameter_buffer(fake_driver):  # noq
     torn = []
 
     def slow_launch(config, func, params, extra):
-        start, size = params[0], params[-1] - params[0] + 4  # kernelParams; n is a u32, last
+        _, pointers = launcher_mod.argument_values(func, params)  # kernelParams
+        start, size = pointers[0], pointers[-1] - pointers[0] + 4  # n is a u32, last
         first = ctypes.string_at(start, size)
         time.sleep(0.0005)  # another thread runs here
         if ctypes.string_at(start, size) != first:

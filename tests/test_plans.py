@@ -91,11 +91,11 @@ class FakeGPU:
 
     def launch(self, config, func, params, extra):
         cfg = config._obj
-        pointers = list(params)
+        handle, pointers = launcher_mod.argument_values(func, params)
         end = max(pointers) + 4 - pointers[0]  # the last parameter: at least 4 bytes here
         self.calls.append(
             (
-                func.value,
+                handle,
                 tuple(cfg.grid),
                 tuple(cfg.block),
                 cfg.shared,

@@ -487,10 +487,11 @@ def fake_driver(monkeypatch):
     def fake_launch(config, func, params, extra):
         cfg = config._obj  # the ctypes object behind byref()
         assert extra is None
-        pointers = list(params)  # kernelParams: where each parameter sits in one buffer
+        # the function handle; kernelParams: where each parameter sits in one buffer
+        handle, pointers = launcher_mod.argument_values(func, params)
         calls.append(
             (
-                func.value,
+                handle,
                 tuple(cfg.grid),
                 tuple(cfg.block),
                 cfg.shared,

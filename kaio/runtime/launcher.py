@@ -359,12 +359,34 @@ def launcher_elsewhere(device: Device) -> Callable:
 
 def parameter_slot(size: int, offsets: list[int]) -> tuple:
     """A parameter buffer of ``size`` bytes (as a writable memoryview, which ``pack_into``
-    takes faster than the ctypes array it views) and the ``kernelParams`` array of pointers to
-    its entries at ``offsets`` (None when the kernel has no parameters)."""
+    takes faster than the ctypes array it views) and the ``kernelParams`` argument: a
+    ``byref`` of the array of pointers to the buffer's entries at ``offsets`` (None when the
+    kernel has no parameters), which ctypes passes without converting anything."""
     buf = (ctypes.c_uint8 * max(size, 8))()
     base = ctypes.addressof(buf)
-    pointers = (ctypes.c_void_p * len(offsets))(*(base + o for o in offsets)) if offsets else None
-    return memoryview(buf), pointers
+    if not offsets:
+        return memoryview(buf), None
+    pointers = (ctypes.c_void_p * len(offsets))(*(base + o for o in offsets))
+    return memoryview(buf), ctypes.byref(pointers)
+
+
+_ANCHOR = ctypes.c_char()  # the object pointer_argument's byref offsets are taken from
+
+
+def pointer_argument(address: int) -> object:
+    """``address`` as an argument of a ctypes call that has no ``argtypes``, made once:
+    a ``byref`` whose pointer is ``address`` (``byref(obj, offset)`` passes the address of
+    ``obj`` plus ``offset``). ctypes passes a ``byref`` as it is, while a ``c_void_p``
+    argument makes a new argument object on every call. ``ctypes.cast(arg, c_void_p).value``
+    reads the address back."""
+    return ctypes.byref(_ANCHOR, address - ctypes.addressof(_ANCHOR))
+
+
+def argument_values(function, params) -> tuple[int, list[int]]:
+    """The function handle and the ``kernelParams`` pointers of a launch's arguments, as
+    ``raw_launch_kernel`` gets them (for fakes of the driver in tests)."""
+    handle = ctypes.cast(function, ctypes.c_void_p).value
+    return handle, [] if params is None else list(params._obj)
 
 
 def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
@@ -390,7 +412,7 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
 
     env = {
         "PACK_ERRORS": (struct.error, TypeError, OverflowError, ValueError),
-        "FUNC": ctypes.c_void_p(loaded.handle),
+        "FUNC": pointer_argument(loaded.handle),
         "config_struct": LaunchConfigStruct,
         "byref": ctypes.byref,
         "launch_kernel": raw_launch_kernel(),

@@ -230,7 +230,7 @@ class CallPlan:
             env[f"free{i}"] = [parameter_slot(size, offsets)]
             env[f"new{i}"] = lambda size=size, offsets=offsets: parameter_slot(size, offsets)
             env[f"CONFIG{i}"] = ctypes.byref(prepared.config)  # its _obj keeps the struct
-            env[f"FUNC{i}"] = ctypes.c_void_p(prepared.function)
+            env[f"FUNC{i}"] = launcher.pointer_argument(prepared.function)
             env[f"elsewhere{i}"] = launcher.launcher_elsewhere(prepared.device)
             env[f"LAST{i}"] = last_launched_slot(prepared.stream)
             env[f"NAME{i}"] = prepared.name
