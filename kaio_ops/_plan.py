@@ -31,9 +31,12 @@ non-array arguments (eps, causal, scale...). Process-wide settings read when the
 (``KAIO_HOPPER_MATMUL``, ``kaio_ops.tune`` results) hold for the plan's life: ``clear()``
 drops every plan after changing them.
 
-A call is left unplanned (the op runs as written, each time) when two array arguments are the
-same object (the plan would not know which address to use for which), an argument is not
-an array this module can describe without checks, or the op does something a plan cannot
+A call that passes one array twice (``silu_gate(x, x)``) is recorded with a twin of the
+array (a view of the same memory) in the second place, so that the plan knows which address
+goes where, and serves calls of its key whether or not they repeat an array. A call is left
+unplanned (the op runs as written, each time) when such an array has no twin (not a torch
+tensor or a ``DeviceArray``), an argument is not an array this module can describe without
+checks, or the op does something a plan cannot
 replay: launches a kernel in debug mode, passes a kernel an array (or a tensor map over one:
 the plan encodes the map again for each call's address) that is neither an input, an output
 it allocated, nor one registered with ``_arrays.constant``, or returns anything but its
@@ -241,6 +244,36 @@ def build(recorder, arrays: list, pointers: tuple, result) -> Callable | None:
     return _replay(CallPlan(steps) if steps else None, len(arrays), allocations, returned)
 
 
+def _twin(a) -> object | None:
+    """Another object for the array ``a`` (same memory, shape, strides and type of
+    description), or None for an array this module does not know how to view."""
+    if type(a) is DeviceArray:
+        return a._view(a.ptr, a.shape, a.strides)
+    if _arrays._kind(a) == "torch":
+        return a.view(a.shape)
+    return None
+
+
+def _twins(args: tuple, positions: list) -> tuple | None:
+    """``args`` with each array passed again (``silu_gate(x, x)``, ``flash_attention(q, kv,
+    kv)``) replaced by a twin of it (``_twin``), so that a recording traces every kernel
+    argument to one parameter: the plan then replays calls of the key whether or not they
+    pass one array twice (the key does not say; a replay only takes addresses). None when
+    an array has no twin: the call runs unplanned."""
+    seen: set = set()
+    args = list(args)
+    for i in positions:
+        a = args[i]
+        if a is None:
+            continue
+        if id(a) in seen:
+            a = args[i] = _twin(a)
+            if a is None:
+                return None
+        seen.add(id(a))
+    return tuple(args)
+
+
 def _raw_allocator():
     """(current device, allocate(bytes, stream) -> address, free(address)) of torch's CUDA
     caching allocator, called without making tensors; None where torch has no CUDA."""
@@ -354,6 +387,12 @@ def _generate(fn: Callable, array_names: tuple) -> Callable:
         """A call with no plan for its key: run the op, recording a plan when it can."""
         arrays = [args[i] for i in positions]
         present = [a for a in arrays if a is not None]
+        if len({id(a) for a in present}) != len(present):  # one array passed twice
+            twins = _twins(args, positions)
+            if twins is not None and not current.simulating:
+                args = twins
+                arrays = [args[i] for i in positions]
+                present = [a for a in arrays if a is not None]
         # the flat key of torch tensors (see below) describes them all; in the other keys a
         # None stands for an array that is not described
         flat = all(

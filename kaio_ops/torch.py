@@ -772,6 +772,31 @@ def _autograd(spec: OpSpec, names: list) -> tuple[Callable, Callable]:
     return setup_context, backward
 
 
+def _composite(spec: OpSpec) -> Callable:
+    """The CompositeImplicitAutograd kernel of a ``Composite`` op: when no argument needs a
+    gradient, the call first tries the plan of the kaio_ops function of the same name
+    (``replay_only``, as ``_implementation`` does), so an eager call whose plan exists is one
+    dispatch, not two (``flash_attention_decode`` through ``..._with_stats``); otherwise, and
+    on a miss, ``spec.grad.fn`` (the op it is written with). Tensors that are not plain CUDA
+    tensors (fake, functional, batched: torch.compile and vmap trace through this kernel)
+    never find a plan."""
+    fn = spec.grad.fn
+    op = getattr(kaio_ops, spec.name, None)
+    if getattr(op, "replay_only", None) is None:
+        return fn
+    miss = _plan.MISS
+    grad_enabled, any_requires_grad = torch.is_grad_enabled, torch._C._any_requires_grad
+
+    def composite(*args, **kwargs):
+        if not kwargs and not (grad_enabled() and any_requires_grad(*args)):
+            out = op.replay_only(*args)
+            if out is not miss:
+                return out
+        return fn(*args, **kwargs)
+
+    return composite
+
+
 _LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")  # holds the composite ops
 
 
@@ -780,7 +805,7 @@ def register(spec: OpSpec):
     a ``Composite``, its CompositeImplicitAutograd kernel) and return the op."""
     if isinstance(spec.grad, Composite):
         _LIBRARY.define(f"{spec.name}{spec.schema}")
-        _LIBRARY.impl(spec.name, spec.grad.fn, "CompositeImplicitAutograd")
+        _LIBRARY.impl(spec.name, _composite(spec), "CompositeImplicitAutograd")
         return getattr(getattr(torch.ops, NAMESPACE), spec.name)
     qualname = f"{NAMESPACE}::{spec.name}"
     arguments = torch._C.parse_schema(qualname + spec.schema).arguments

@@ -272,13 +272,27 @@ def test_a_scalar_of_another_type_is_checked_again(fake):
         kaio_ops.matmul_int8(a, b, np.float32(2.0))
 
 
-def test_aliased_arguments_are_not_planned(fake):
-    """silu_gate(x, x) must not become the plan silu_gate(x, y) replays."""
+def test_an_array_passed_twice_is_planned_with_each_address_in_its_place(fake):
+    """silu_gate(x, x) records its plan with a twin of x in the second place: the plan
+    replays silu_gate(x, y) with y's address where the op puts y, and (x, x) as the op
+    launches it."""
     x, y = fake.array((1, 256)), fake.array((1, 256))
     same_as_unplanned(fake, kaio_ops.silu_gate, x, x)
-    assert not _plan.plans_of(kaio_ops.silu_gate)
+    plans = _plan.plans_of(kaio_ops.silu_gate)
+    assert len(plans) == 1 and None not in plans.values()
     planned, unplanned, _ = fake.run(kaio_ops.silu_gate, x, y)
     assert planned == unplanned and y.ptr.to_bytes(8, "little") in planned[0][5]
+    planned, unplanned, _ = fake.run(kaio_ops.silu_gate, y, y)
+    assert planned == unplanned and x.ptr.to_bytes(8, "little") not in planned[0][5]
+    assert len(plans) == 1
+
+
+def test_an_array_without_a_twin_passed_twice_is_not_planned(fake, monkeypatch):
+    """An array passed twice that the plan cannot view again runs unplanned."""
+    monkeypatch.setattr(_plan, "_twin", lambda a: None)
+    x = fake.array((1, 256))
+    same_as_unplanned(fake, kaio_ops.silu_gate, x, x)
+    assert list(_plan.plans_of(kaio_ops.silu_gate).values()) in ([], [None])
 
 
 @pytest.mark.parametrize(
@@ -899,3 +913,28 @@ def test_import_kaio_ops_does_not_import_torch_and_binds_it_when_a_tensor_comes(
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_torch_ops_composites_replay_their_own_plan(monkeypatch):
+    """torch.ops.kaio.flash_attention_decode (written with ..._with_stats for its fake and
+    gradient) replays the plan of kaio_ops.flash_attention_decode when no input needs a
+    gradient: one dispatch. A call without a plan, or one that needs gradients, goes
+    through the op it is written with (here it refuses the CPU tensors)."""
+    pytest.importorskip("torch")
+    import kaio_ops.torch  # noqa: F401 (registers torch.ops.kaio)
+
+    keys = _TorchKeys(monkeypatch, kaio_ops.flash_attention_decode)
+    torch, t = keys.torch, keys.tensor
+    q, k, v = t(1, 4, 1, 64, dtype=torch.float16), *(t(1, 2, 32, 64, dtype=torch.float16)
+                                                     for _ in range(2))  # fmt: skip
+    lens = torch.full((1,), 32, dtype=torch.int32).as_subclass(keys.OnGPU)
+    keys.key(q, k, v, lens)
+    made = torch.zeros(1, 4, 1, 64, dtype=torch.float16)
+    keys.plans[keys.misses[-1]] = lambda *pointers: made
+    out = torch.ops.kaio.flash_attention_decode(q, k, v, lens)
+    assert out.data_ptr() == made.data_ptr()
+    with pytest.raises(ValueError, match="CPU tensor"):  # another signature: the composite
+        torch.ops.kaio.flash_attention_decode(q, k, v, lens, None, 0.5)
+    q.requires_grad_(True)
+    with pytest.raises(ValueError, match="CPU tensor"):
+        torch.ops.kaio.flash_attention_decode(q, k, v, lens)
