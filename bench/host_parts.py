@@ -48,6 +48,11 @@ def accessor_rows(out: dict) -> None:
     dev = x.device
     dt = torch.float16
     raw = torch._C._cuda_getCurrentRawStream
+    alloc = torch._C._cuda_cudaCachingAllocator_raw_alloc
+    delete = torch._C._cuda_cudaCachingAllocator_raw_delete
+    y = torch.randn(4096, device="cuda", dtype=torch.float16)
+    key = (x.dtype, x.shape, True, 0, 0, y.dtype, y.shape, True, 0, 0, 1e-6, float, raw(0), False)
+    plans = {key: None}
     rows = {
         "empty lambda": lambda: None,
         "type(x) is Tensor": lambda: type(x) is torch.Tensor,
@@ -71,6 +76,15 @@ def accessor_rows(out: dict) -> None:
         "torch.empty_strided": lambda: torch.empty_strided(
             (1, 4096), (4096, 1), dtype=dt, device=dev
         ),
+        "torch.empty(1, 4096, dtype, device=0)": lambda: torch.empty(1, 4096, dtype=dt, device=0),
+        "torch.empty((1, 4096), dtype, device=0)": lambda: torch.empty(
+            (1, 4096), dtype=dt, device=0
+        ),
+        "torch.empty(x.shape, dtype, device)": lambda: torch.empty(x.shape, dtype=dt, device=dev),
+        "raw_alloc + raw_delete (caching allocator)": lambda: delete(alloc(8192, 0)),
+        "x.untyped_storage()": lambda: x.untyped_storage(),
+        "hash of a 14-item key": lambda: hash(key),
+        "dict lookup of a 14-item key": lambda: plans.get(key),
     }
     base = per_call_ns(rows["empty lambda"])
     out["accessors_ns"] = {}
@@ -125,6 +139,67 @@ def ffi_rows(out: dict) -> None:
     del keep
 
 
+def python_rows(out: dict) -> None:
+    """The Python side of each launch path alone: each path timed as it is, with its driver
+    call swapped for a ctypes call of a C function that does nothing with the same four
+    arguments (``getpid``: ctypes' own cost), and for a Python function that returns 0
+    (the path's Python code alone)."""
+    import torch
+
+    import kaio_ops
+    from bench.launch_overhead import GRID, N, new_add, use_hand_ptx
+    from kaio import f32
+    from kaio.runtime.plan import CallPlan, prepare
+
+    use_hand_ptx()
+    libc = ctypes.CDLL(None)
+    ctypes_nothing = ctypes.PYFUNCTYPE(ctypes.c_int)(("getpid", libc))
+
+    def nothing(*args):
+        return 0
+
+    x, y, o = kaio.zeros((N,), f32), kaio.zeros((N,), f32), kaio.zeros((N,), f32)
+    tx, ty, to = (torch.zeros(N, device="cuda") for _ in range(3))
+    h = torch.randn(1, 4096, device="cuda", dtype=torch.float16)
+    r = torch.randn(1, 4096, device="cuda", dtype=torch.float16)
+    g = torch.randn(4096, device="cuda", dtype=torch.float16)
+    paths = {}
+    for kind, args in (("DeviceArray", (x, y, o, N)), ("torch", (tx, ty, to, N))):
+        launch = new_add()[GRID, 256]
+        launch(*args)
+        bound = launch.launch._first  # the generated launcher bound to this configuration
+        paths[f"kaio launch, {kind}"] = (
+            bound.__globals__,
+            lambda launch=launch, a=args: launch(*a),
+        )
+    prepared = prepare(new_add()[GRID, 256], (x, y, o, N))
+    run = CallPlan([(prepared, {0: (0, 0), 1: (1, 0), 2: (2, 0)})]).run
+    pointers = (x.ptr, y.ptr, o.ptr)
+    paths["CallPlan.run"] = (run.__globals__, lambda: run(pointers))
+    for name, op, args in (("add", kaio_ops.add, (h, r)), ("rms_norm", kaio_ops.rms_norm, (h, g))):
+        op(*args)
+        replay = next(v for v in kaio_ops._plan.plans_of(op).values() if v is not None)
+        paths[f"kaio_ops.{name}"] = (replay.__globals__, lambda op=op, args=args: op(*args))
+    torch.cuda.synchronize()
+    out["python_ns"] = {}
+    for name, (env, fn) in paths.items():
+        real = env["launch_kernel"]
+        results = {}
+        for label, stand_in in (("driver", real), ("ctypes no-op", ctypes_nothing),
+                                ("python no-op", nothing)):  # fmt: skip
+            env["launch_kernel"] = stand_in
+            try:
+                results[label] = per_call_ns(fn, calls=2000, repeats=15)
+            finally:
+                env["launch_kernel"] = real
+            torch.cuda.synchronize()
+        out["python_ns"][name] = results
+        print(
+            f"  {name:<28} " + "  ".join(f"{k} {v:6.0f} ns" for k, v in results.items()),
+            flush=True,
+        )
+
+
 def op_parts(out: dict) -> None:
     """A planned op call taken apart (torch tensors at decode size)."""
     import torch
@@ -136,7 +211,15 @@ def op_parts(out: dict) -> None:
     r = torch.randn(1, 4096, device="cuda", dtype=torch.float16)
     g = torch.randn(4096, device="cuda", dtype=torch.float16)
     out["op_parts_ns"] = {}
-    for name, op, args in (("rms_norm", kaio_ops.rms_norm, (h, g)), ("add", kaio_ops.add, (h, r))):
+    u = torch.randn(1, 14336, device="cuda", dtype=torch.float16)
+    w = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
+    cases = (
+        ("rms_norm", kaio_ops.rms_norm, (h, g)),
+        ("add", kaio_ops.add, (h, r)),
+        ("gelu", kaio_ops.gelu, (u,)),
+        ("matmul", kaio_ops.matmul, (h, w)),
+    )
+    for name, op, args in cases:
         op(*args)
         torch.cuda.synchronize()
         plans = _plan.plans_of(op)
@@ -228,7 +311,13 @@ def _replay_only_hits(op, args) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="write the results as JSON to this file")
-    groups = {"accessors": accessor_rows, "ffi": ffi_rows, "ops": op_parts, "plans": plan_rows}
+    groups = {
+        "accessors": accessor_rows,
+        "ffi": ffi_rows,
+        "python": python_rows,
+        "ops": op_parts,
+        "plans": plan_rows,
+    }
     parser.add_argument(
         "--only", choices=sorted(groups), action="append", help="run only these groups"
     )

@@ -106,6 +106,7 @@ BATCH = 200
 BATCHES = 40
 OP_BATCH = 40  # kaio_ops calls a batch: each enqueues more than a bare launch
 SPIN_MS = 8.0
+OPS: list = []  # the kaio_ops measured (--ops; empty: all)
 
 
 @kaio.gpu_kernel(block_size=256)
@@ -262,6 +263,19 @@ def raw_rows(bench: Bench, x, y, out) -> None:
         "raw ctypes cuLaunchKernel, extra buffer",
         lambda: launch(func, GRID, 1, 1, 256, 1, 1, 0, None, None, ext),
     )
+    # every argument a ctypes object made once that ctypes passes as it is (kaio's launches)
+    from kaio.runtime.launcher import pointer_argument
+
+    func_ref = pointer_argument(loaded.handle)
+    bench.row(
+        "raw ctypes cuLaunchKernelEx, GIL kept, byref function (kaio's)",
+        lambda: launch_ex_gil(cfg, func_ref, par, None),
+    )
+    launch_gil = ctypes.PYFUNCTYPE(ctypes.c_int)(("cuLaunchKernel", lib))
+    bench.row(
+        "raw ctypes cuLaunchKernel, kernelParams, GIL kept, byref function",
+        lambda: launch_gil(func_ref, GRID, 1, 1, 256, 1, 1, 0, None, par, None),
+    )
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
     types = (ptr, i64, ptr, i64, ptr, i64, ctypes.c_uint32)
     function = loaded.function
@@ -277,6 +291,20 @@ def raw_rows(bench: Bench, x, y, out) -> None:
         cu.cuLaunchKernel(function, GRID, 1, 1, 256, 1, 1, 0, 0, address, 0)
 
     bench.row("raw cuda.bindings cuLaunchKernel, prebuilt kernelParams", bindings_prebuilt)
+    try:
+        ex_config = cu.CUlaunchConfig()
+        ex_config.gridDimX, ex_config.gridDimY, ex_config.gridDimZ = GRID, 1, 1
+        ex_config.blockDimX, ex_config.blockDimY, ex_config.blockDimZ = 256, 1, 1
+        ex_config.sharedMemBytes, ex_config.numAttrs = 0, 0
+        ex_config.hStream = cu.CUstream(0)
+    except Exception as e:  # noqa: BLE001 (an older cuda-bindings: say so, go on)
+        print(f"  cuda.bindings CUlaunchConfig: {type(e).__name__}: {e}")
+    else:
+
+        def bindings_ex():
+            cu.cuLaunchKernelEx(ex_config, function, address, 0)
+
+        bench.row("raw cuda.bindings cuLaunchKernelEx, prebuilt config and params", bindings_ex)
     plan_row(bench, x, y, out)
 
 
@@ -355,7 +383,7 @@ def op_pairs():
     a8 = torch.randint(-128, 128, (1, 4096), device="cuda", dtype=torch.int8)
     b8 = torch.randint(-128, 128, (4096, 4096), device="cuda", dtype=torch.int8)
     q = randn(1, 32, 1, 128)
-    kv = randn(1, 32, 512, 128)
+    kv, kv2 = randn(1, 32, 512, 128), randn(1, 32, 512, 128)
     xr = randn(1, 32, 128)  # rope: [S, H, D], one token
     cos, sin = randn(1, 64), randn(1, 64)
     wt = w.t().contiguous()  # nn.Linear's [N, K]
@@ -397,8 +425,8 @@ def op_pairs():
         ("mul [1, 4096] f16", kaio_ops.mul, (h, r), "x * y", lambda: h * r),
         ("rope [1, 32, 128] f16", kaio_ops.rope, (xr, cos, sin),
          "rotate halves (6 ops)", rope_torch),
-        ("flash_attention q [1, 32, 1, 128], kv 512", kaio_ops.flash_attention, (q, kv, kv),
-         "F.scaled_dot_product_attention", lambda: F.scaled_dot_product_attention(q, kv, kv)),
+        ("flash_attention q [1, 32, 1, 128], kv 512", kaio_ops.flash_attention, (q, kv, kv2),
+         "F.scaled_dot_product_attention", lambda: F.scaled_dot_product_attention(q, kv, kv2)),
         ("linear [1, 4096] x [4096, 4096]^T f16", kaio_ops.linear, (x, wt),
          "F.linear", lambda: F.linear(x, wt)),
         ("matmul [1, 4096] x [4096, 4096] f16", kaio_ops.matmul, (x, w),
@@ -462,7 +490,7 @@ def op_rows(results: dict) -> None:
     import kaio_ops.torch  # noqa: F401 (registers torch.ops.kaio)
 
     bench = Bench(OP_BATCH)
-    pairs = op_pairs()
+    pairs = [p for p in op_pairs() if not OPS or p[1].__name__ in OPS]
     lib, empty = empty_custom_op()
     probe = torch.empty(1, device="cuda")
     bench.row("torch.ops.kaio_bench.empty (dispatcher floor)", lambda: empty(probe))
@@ -572,8 +600,14 @@ def main() -> None:
     parser.add_argument(
         "--spin-ms", type=float, default=SPIN_MS, help=f"GPU spin a batch (default {SPIN_MS})"
     )
+    parser.add_argument(
+        "--ops", nargs="*", default=[], help="only these kaio_ops (names; default: all)"
+    )
+    parser.add_argument(
+        "--rows", choices=("all", "launch", "ops"), default="all", help="which rows to measure"
+    )
     args = parser.parse_args()
-    globals().update(BATCHES=args.batches, SPIN_MS=args.spin_ms)
+    globals().update(BATCHES=args.batches, SPIN_MS=args.spin_ms, OPS=args.ops)
     if args.cold_child:
         cold_child()
         return
@@ -586,6 +620,7 @@ def main() -> None:
     print(f"  {'':<52} {'host':>8} {'free':>8}")
     bench, results, errors = Bench(), {}, {}
     groups = [lambda: main_rows(bench, results), lambda: op_rows(results)]
+    groups = {"all": groups, "launch": groups[:1], "ops": groups[1:]}[args.rows]
     if not args.skip_cold:
         groups.append(lambda: cold_rows(results))
     for group in groups:
