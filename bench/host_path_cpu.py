@@ -78,6 +78,8 @@ class LeanFakeGPU(FakeGPU):
     def __init__(self, monkeypatch):
         super().__init__(monkeypatch)
         self.outputs: dict = {}
+        # the GPU an op asks for its arch (attention's Hopper dispatch): the fake one
+        monkeypatch.setattr(_arrays, "gpu", lambda like: self.device(like.device))
 
     def launch(self, config, func, params, extra):
         return 0
@@ -102,6 +104,8 @@ def torch_twin(op, arrays: tuple) -> tuple | None:
     if replay is None:
         return None
     tensors = tuple(torch.empty(a.shape, dtype=_arrays.torch_dtype(a.kaio_dtype)) for a in arrays)
+    if _plan._UNBOUND:  # the wrappers take torch's types from the first tensor they see
+        _plan._bind_torch()
     env, keys = op.__globals__, []  # the wrapper's namespace: its misses give the key
     slow, env["slow"] = env["slow"], lambda key, args, pointers: keys.append(key)
     try:

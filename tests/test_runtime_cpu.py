@@ -739,3 +739,24 @@ def test_launch_binds_each_launcher_once_per_configuration(monkeypatch):
     assert [b[0] for b in bound] == ["ints", "strs", "floats"]
     launch(1.5)
     assert len(bound) == 3
+
+
+def test_pointer_argument_passes_its_address_through_ctypes():
+    """``pointer_argument(address)`` reaches a C function as ``address`` itself (a call with
+    no argtypes, like the launches'), and reads back with ``argument_values``; the
+    ``kernelParams`` argument of a parameter slot is the array of pointers into its buffer."""
+    from kaio.runtime.launcher import argument_values, parameter_slot, pointer_argument
+
+    memcmp = ctypes.PYFUNCTYPE(ctypes.c_int)(("memcmp", ctypes.CDLL(None)))
+    a = ctypes.create_string_buffer(b"kaio launch 1234")
+    b = ctypes.create_string_buffer(b"kaio launch 1234")
+    c = ctypes.create_string_buffer(b"kaio launch 9999")
+    n = ctypes.c_size_t(16)
+    for address, expected in ((ctypes.addressof(b), 0), (ctypes.addressof(c), -1)):
+        got = memcmp(ctypes.byref(a), pointer_argument(address), n)
+        assert (got > 0) - (got < 0) == expected
+    buf, params = parameter_slot(12, [0, 8])
+    handle, pointers = argument_values(pointer_argument(0x7F12_3456_7000), params)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    assert handle == 0x7F12_3456_7000 and pointers == [base, base + 8]
+    assert parameter_slot(0, [])[1] is None
