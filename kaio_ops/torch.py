@@ -773,26 +773,37 @@ def _autograd(spec: OpSpec, names: list) -> tuple[Callable, Callable]:
 
 
 def _composite(spec: OpSpec) -> Callable:
-    """The CompositeImplicitAutograd kernel of a ``Composite`` op: when no argument needs a
-    gradient, the call first tries the plan of the kaio_ops function of the same name
-    (``replay_only``, as ``_implementation`` does), so an eager call whose plan exists is one
-    dispatch, not two (``flash_attention_decode`` through ``..._with_stats``); otherwise, and
-    on a miss, ``spec.grad.fn`` (the op it is written with). Tensors that are not plain CUDA
-    tensors (fake, functional, batched: torch.compile and vmap trace through this kernel)
-    never find a plan."""
+    """The CompositeImplicitAutograd kernel of a ``Composite`` op. When no argument needs a
+    gradient and every tensor is a plain CUDA tensor, the call goes to the kaio_ops function
+    of the same name as a registered op's would (``_implementation``: its plan, through
+    ``replay_only``, or the checks and the op, which builds that plan), so an eager call is
+    one dispatch, not two (``flash_attention_decode`` rather than ``..._with_stats``).
+    Otherwise (gradients, the simulator, and the fake, functional and batched tensors of
+    torch.compile and vmap, which trace through this kernel) it is ``spec.grad.fn``, the op
+    it is written with."""
     fn = spec.grad.fn
     op = getattr(kaio_ops, spec.name, None)
-    if getattr(op, "replay_only", None) is None:
+    replay_only = getattr(op, "replay_only", None)
+    if replay_only is None:
         return fn
+    names = [
+        a.name for a in torch._C.parse_schema(f"{NAMESPACE}::{spec.name}{spec.schema}").arguments
+    ]
+    direct = _implementation(spec, names)
     miss = _plan.MISS
     grad_enabled, any_requires_grad = torch.is_grad_enabled, torch._C._any_requires_grad
+    plain = (torch.Tensor, torch.nn.Parameter)
 
     def composite(*args, **kwargs):
-        if not kwargs and not (grad_enabled() and any_requires_grad(*args)):
-            out = op.replay_only(*args)
-            if out is not miss:
-                return out
-        return fn(*args, **kwargs)
+        if kwargs or (grad_enabled() and any_requires_grad(*args)):
+            return fn(*args, **kwargs)
+        out = replay_only(*args)
+        if out is not miss:
+            return out
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if all(type(a) in plain and a.is_cuda for a in tensors) and not simulating():
+            return direct(*args)  # builds the plan the next call replays
+        return fn(*args)
 
     return composite
 

@@ -638,6 +638,47 @@ def test_linear_and_decode_replay_on_a_gpu():
         assert len(_plan.plans_of(op)) == 1 and None not in _plan.plans_of(op).values()
 
 
+@pytest.mark.gpu
+def test_torch_ops_composite_and_repeated_array_calls_build_and_replay_plans():
+    """torch.ops.kaio.flash_attention_decode builds and then replays the plan of
+    kaio_ops.flash_attention_decode (one dispatch a call); silu_gate(x, x) and
+    flash_attention(q, kv, kv) are planned, and their plans serve calls with distinct
+    arrays; every result against a float64 reference."""
+    torch = _torch_cuda()
+    import kaio_ops.torch  # noqa: F401 (registers torch.ops.kaio)
+
+    _plan.clear()
+    gen = torch.Generator(device="cuda").manual_seed(5)
+
+    def randn(*shape):
+        return torch.randn(*shape, device="cuda", dtype=torch.float16, generator=gen)
+
+    lens = torch.tensor([300], device="cuda", dtype=torch.int32)
+    for _ in range(3):
+        q, k, v = randn(1, 8, 1, 64), randn(1, 2, 512, 64), randn(1, 2, 512, 64)
+        out = torch.ops.kaio.flash_attention_decode(q, k, v, lens)
+        keys, values = (t[0, :, :300].double().repeat_interleave(4, 0) for t in (k, v))
+        scores = q[0].double() @ keys.transpose(1, 2) / 8.0
+        assert _error(torch, out[0], torch.softmax(scores, -1) @ values) < 2e-3
+    plans = _plan.plans_of(kaio_ops.flash_attention_decode)
+    assert len(plans) == 1 and None not in plans.values()
+    assert not _plan.plans_of(kaio_ops.flash_attention_decode_with_stats)
+
+    x, y = randn(2, 256), randn(2, 256)
+    for a, b in ((x, x), (x, y), (y, y)):
+        got = kaio_ops.silu_gate(a, b)
+        want = torch.nn.functional.silu(a.double()) * b.double()
+        assert _error(torch, got, want) < 2e-3
+    assert list(_plan.plans_of(kaio_ops.silu_gate).values()) != [None]
+    q, kv, kv2 = randn(1, 4, 1, 64), randn(1, 4, 128, 64), randn(1, 4, 128, 64)
+    for k, v in ((kv, kv), (kv, kv2)):
+        got = kaio_ops.flash_attention(q, k, v)
+        want = torch.softmax(q.double() @ k.double().transpose(-1, -2) / 8.0, -1) @ v.double()
+        assert _error(torch, got, want) < 2e-3
+    plans = _plan.plans_of(kaio_ops.flash_attention)
+    assert len(plans) == 1 and None not in plans.values()
+
+
 class _TorchKeys:
     """The keys a planned op's wrapper makes for torch tensors, on the CPU: the op's plan
     lookups and misses are recorded, the current stream is ``stream``, and tensors of the
