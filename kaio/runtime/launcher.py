@@ -24,7 +24,9 @@ last the slow path, which raises ``LaunchError`` for wrong arguments). Per launc
   per-argument ``from_param`` conversions cost more than the rest of the launch) and four
   arguments made once per binding: a ``CUlaunchConfig`` struct (grid, block, shared bytes,
   stream), the function, the ``kernelParams`` array of pointers to each parameter inside the
-  buffer, and NULL ``extra``. On an H200 host this call cost 0.1 to 0.4 µs less than
+  buffer, and NULL ``extra``; the first three as ``byref`` objects (the function handle's
+  through ``pointer_argument``), which ctypes passes as they are, where a ``c_void_p`` or
+  an array argument makes a new argument object on each call. On an H200 host this call cost 0.1 to 0.4 µs less than
   ``cuLaunchKernel`` with its eleven arguments, and ``kernelParams`` no more than handing the
   whole buffer over as ``extra`` (``CU_LAUNCH_PARAM_BUFFER_POINTER``; bench/launch_overhead.py,
   docs/performance.md). ``extra`` is not used because the driver copies that buffer verbatim:
