@@ -26,13 +26,14 @@ last the slow path, which raises ``LaunchError`` for wrong arguments). Per launc
   stream), the function, the ``kernelParams`` array of pointers to each parameter inside the
   buffer, and NULL ``extra``; the first three as ``byref`` objects (the function handle's
   through ``pointer_argument``), which ctypes passes as they are, where a ``c_void_p`` or
-  an array argument makes a new argument object on each call. On an H200 host this call cost 0.1 to 0.4 µs less than
-  ``cuLaunchKernel`` with its eleven arguments, and ``kernelParams`` no more than handing the
-  whole buffer over as ``extra`` (``CU_LAUNCH_PARAM_BUFFER_POINTER``; bench/launch_overhead.py,
-  docs/performance.md). ``extra`` is not used because the driver copies that buffer verbatim:
-  a TMA tensor map (a ``.param .align 64`` parameter) then lands where the kernel does not
-  expect it, and the TMA load faults with an illegal instruction (seen on an H200), while
-  ``kernelParams`` lets the driver lay the parameters out itself.
+  an array argument makes a new argument object on each call. On an H200 host this call
+  cost 0.1 to 0.4 µs less than ``cuLaunchKernel`` with its eleven arguments, and
+  ``kernelParams`` no more than handing the whole buffer over as ``extra``
+  (``CU_LAUNCH_PARAM_BUFFER_POINTER``; bench/launch_overhead.py, docs/performance.md).
+  ``extra`` is not used because the driver copies that buffer verbatim: a TMA tensor map (a
+  ``.param .align 64`` parameter) then lands where the kernel does not expect it, and the
+  TMA load faults with an illegal instruction (seen on an H200), while ``kernelParams`` lets
+  the driver lay the parameters out itself.
 
 A launcher belongs to one GPU, the one its signature's arrays are on. When that is not the
 current device, the launch makes the GPU's primary context current for the driver call and the
@@ -472,6 +473,7 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
     # it, and puts it back, so threads launching this signature at once never share a buffer.
     # Only such a collision allocates another.
     env["free"] = [parameter_slot(size, offsets)]
+    env["take"], env["give"] = env["free"].pop, env["free"].append  # bound once
     env["new_slot"] = lambda: parameter_slot(size, offsets)
     call = "launch_kernel(CONFIG, FUNC, params, None)"
     elsewhere = "elsewhere(CONFIG, FUNC, params)"
@@ -507,13 +509,13 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         "            admitted = True",
         *(["        refuse_capture(stream)"] if record is not None else []),
         "        try:",
-        "            buf, params = slot = free.pop()",
+        "            buf, params = slot = take()",
         "        except IndexError:",
         "            buf, params = slot = new_slot()",
         "        try:",
         f"            pack(buf, 0, {', '.join(entries)})",
         "        except PACK_ERRORS:",
-        "            free.append(slot)",
+        "            give(slot)",
         "            return False",
         "        if home:",
         f"            rc = {call}",
@@ -525,7 +527,7 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         f"                    rc = {elsewhere}",
         "        else:",
         f"            rc = {elsewhere}",
-        "        free.append(slot)",
+        "        give(slot)",
         "        if rc:",
         "            fail(rc, stream)",
         "        LAST[0] = NAME",

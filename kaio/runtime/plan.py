@@ -227,7 +227,8 @@ class CallPlan:
                     entries[prepared.arrays[k]] = where
             offsets, size = prepared.offsets, prepared.size
             env[f"pack{i}"] = struct.Struct(prepared.fmt).pack_into
-            env[f"free{i}"] = [parameter_slot(size, offsets)]
+            free = env[f"free{i}"] = [parameter_slot(size, offsets)]
+            env[f"take{i}"], env[f"give{i}"] = free.pop, free.append  # bound once
             env[f"new{i}"] = lambda size=size, offsets=offsets: parameter_slot(size, offsets)
             env[f"CONFIG{i}"] = ctypes.byref(prepared.config)  # its _obj keeps the struct
             env[f"FUNC{i}"] = launcher.pointer_argument(prepared.function)
@@ -243,7 +244,7 @@ class CallPlan:
                 lines.append(f"home = current.ordinal == DEV{i}")
             lines += [
                 "try:",
-                f"    buf, params = slot = free{i}.pop()",
+                f"    buf, params = slot = take{i}()",
                 "except IndexError:",
                 f"    buf, params = slot = new{i}()",
                 f"pack{i}(buf, 0, {', '.join(entries)})",
@@ -257,7 +258,7 @@ class CallPlan:
                 f"            rc = {elsewhere}",
                 "else:",
                 f"    rc = {elsewhere}",
-                f"free{i}.append(slot)",
+                f"give{i}(slot)",
                 "if rc:",
                 f"    fail{i}(rc)",
                 f"LAST{i}[0] = NAME{i}",
