@@ -228,9 +228,11 @@ def op_parts(out: dict) -> None:
         pointers = tuple(a.data_ptr() for a in args)
         allocate = replay.__globals__.get("A0")
         parts = {"whole call": lambda op=op, args=args: op(*args)}
-        parts["replay (allocate, launch)"] = lambda replay=replay, p=pointers: replay(*p)
+        parts["replay (allocate, launch)"] = lambda r=replay, p=pointers, a=args: r(*p, *a)
         if allocate is not None:
-            parts["allocate alone"] = allocate
+            parts["allocate alone (torch.empty)"] = allocate
+        if "EMPTY_LIKE(a0)" in replay.source:
+            parts["allocate alone (empty_like)"] = lambda x=args[0]: torch.empty_like(x)
         results = {}
         for label, fn in parts.items():
             results[label] = per_call_ns(fn, calls=200, repeats=41)

@@ -118,7 +118,7 @@ def torch_twin(op, arrays: tuple) -> tuple | None:
         _kind, device, _like, shape, dtype = made[f"A{len(allocations)}"].args
         allocations.append((None, "torch", device, None, shape, dtype))
     returned = replay.source.strip().splitlines()[-1].split("return ", 1)[1]
-    inputs = replay.__code__.co_argcount  # every array parameter, given or None
+    inputs = replay.__code__.co_argcount // 2  # (addresses, arrays) of every array parameter
     twin = _plan._replay(replay.plan, inputs, allocations, returned)
     for j, (*_, shape, dtype) in enumerate(allocations):
         twin.__globals__[f"A{j}"] = functools.partial(

@@ -606,8 +606,17 @@ def main() -> None:
     parser.add_argument(
         "--rows", choices=("all", "launch", "ops"), default="all", help="which rows to measure"
     )
+    parser.add_argument(
+        "--no-empty-like",
+        action="store_true",
+        help="plans make every output with torch.empty (kaio_ops._plan.EMPTY_LIKE off)",
+    )
     args = parser.parse_args()
     globals().update(BATCHES=args.batches, SPIN_MS=args.spin_ms, OPS=args.ops)
+    if args.no_empty_like:
+        from kaio_ops import _plan
+
+        _plan.EMPTY_LIKE = False
     if args.cold_child:
         cold_child()
         return

@@ -77,6 +77,9 @@ from kaio_ops import _arrays
 __all__ = ["MAX_PLANS", "MISS", "clear", "planned", "plans_of"]
 
 MAX_PLANS = 256  # per op; past this the op's plans are dropped and built again as met
+# an output like a contiguous input tensor (same shape, dtype, device) is made with
+# torch.empty_like(input) rather than torch.empty(*shape, dtype=..., device=...)
+EMPTY_LIKE = True
 MISS = object()  # replay_only's answer when the call has no plan
 _NONE = ("none",)  # the key of an optional array given as None
 _ALL: list[dict] = []  # every op's plans (for clear)
@@ -197,7 +200,8 @@ def build(recorder, arrays: list, pointers: tuple, result) -> Callable | None:
             return None
         where[id(made)] = (len(arrays) + len(allocations), _arrays._address(made, kind))
         like = _Like(like_obj.device) if kind == "kaio" else None
-        allocations.append((made, kind, device, like, shape, dtype))
+        twin = _input_like(arrays, like_obj, shape, dtype) if kind == "torch" else None
+        allocations.append((made, kind, device, like, shape, dtype, twin))
     steps = []
     for prepared, args in recorder.launches:
         sources = {}
@@ -274,6 +278,25 @@ def _twins(args: tuple, positions: list) -> tuple | None:
     return tuple(args)
 
 
+def _input_like(arrays: list, like_obj, shape: tuple, dtype) -> int | None:
+    """The position of the input tensor an output of ``shape`` and ``dtype`` can be made
+    like (``torch.empty_like``, cheaper than ``torch.empty`` with its keywords): the input
+    the op made it like, when that input is contiguous (every call of the key has it
+    contiguous) and has that shape and dtype; None otherwise."""
+    for i, a in enumerate(arrays):
+        if a is like_obj and a is not None:
+            try:
+                same = (
+                    tuple(a.shape) == shape
+                    and a.dtype == _arrays.torch_dtype(dtype)
+                    and a.is_contiguous()
+                )
+            except (AttributeError, TypeError, KeyError):
+                return None
+            return i if same else None
+    return None
+
+
 def _raw_allocator():
     """(current device, allocate(bytes, stream) -> address, free(address)) of torch's CUDA
     caching allocator, called without making tensors; None where torch has no CUDA."""
@@ -305,12 +328,13 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
     is done when torch's current device is the plan's, which the allocator serves;
     otherwise the workspace is a tensor like the outputs."""
     env: dict = {}
-    params = ", ".join(f"p{i}" for i in range(inputs))
-    lines = [f"def replay({params}):"]
+    params = [f"p{i}" for i in range(inputs)] + [f"a{i}=None" for i in range(inputs)]
+    lines = [f"def replay({', '.join(params)}):"]
     kept = {int(n) for n in re.findall(r"\bo(\d+)\b", returned)}
     raw = _raw_allocator() if plan is not None else None
     scratch, tensors = [], []  # (j, bytes) from the allocator; (j, line) as tensors
-    for j, (_made, kind, device, like, shape, dtype) in enumerate(allocations):
+    made_like = []  # (j, the input position) of outputs made with torch.empty_like
+    for j, (_made, kind, device, like, shape, dtype, *twin) in enumerate(allocations):
         if kind == "torch":
             import torch
 
@@ -320,6 +344,9 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
                 dtype=_arrays.torch_dtype(dtype),
                 device=torch.device("cuda", device),
             )
+            if twin and twin[0] is not None and EMPTY_LIKE:
+                env["EMPTY_LIKE"] = torch.empty_like
+                made_like.append((j, twin[0]))
             address = f"o{j}.data_ptr()"
             size = math.prod(shape) * dtype.itemsize
             if raw is not None and j not in kept and size > 0:
@@ -327,7 +354,10 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
         else:
             env[f"A{j}"] = functools.partial(_arrays.new_array, kind, device, like, shape, dtype)
             address = f"o{j}.data.ptr" if kind == "cupy" else f"o{j}.ptr"
-        tensors.append((j, [f"o{j} = A{j}()"] + ([f"p{inputs + j} = {address}"] if plan else [])))
+        make = f"o{j} = A{j}()"
+        if made_like and made_like[-1][0] == j:
+            make = f"o{j} = EMPTY_LIKE(a{made_like[-1][1]})"
+        tensors.append((j, [make] + ([f"p{inputs + j} = {address}"] if plan else [])))
     launches = plan.code(env, lambda source: f"p{source}") if plan is not None else []
     if scratch and len({device for _, _, device in scratch}) == 1:
         env["CURRENT"], env["ALLOCATE"], env["FREE"] = raw
@@ -483,6 +513,7 @@ def _generate(fn: Callable, array_names: tuple) -> Callable:
     # a value and its type: 2 and 2.0, or True and 1, may take different checks
     keys = [f"k{j}" for j in range(len(array_names))] + [f"{n}, type({n})" for n in others]
     pointers = ", ".join(f"p{j}" for j in range(len(array_names)))
+    arrays_args = ", ".join(array_names)
     all_args = ", ".join(names)
     call_args = ", ".join(names[:first] + [f"{n}={n}" for n in named])
     # simulate() blocks: the thread's count, read only while a block is open somewhere
@@ -505,7 +536,7 @@ def _generate(fn: Callable, array_names: tuple) -> Callable:
         f"        return slow(key, ({all_args},), ({pointers},))",
         "    if replay is None:",
         f"        return fn({call_args})",
-        f"    return replay({pointers})",
+        f"    return replay({pointers}, {arrays_args})",
     ]
     # replay_only: the same lookup, MISS instead of running the op (kaio_ops.torch's impl)
     lines += [f"def replay_only({', '.join(header)}):", *body]
@@ -515,7 +546,7 @@ def _generate(fn: Callable, array_names: tuple) -> Callable:
         "    replay = plans.get(key)",
         "    if replay is None or recordings[0]:",
         "        return MISS",
-        f"    return replay({pointers})",
+        f"    return replay({pointers}, {arrays_args})",
     ]
     env["MISS"] = MISS
     env["recordings"] = recordings

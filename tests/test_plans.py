@@ -756,7 +756,7 @@ def test_torch_calls_replay_only_their_own_plan(monkeypatch):
     keys = _TorchKeys(monkeypatch, kaio_ops.rms_norm)
     t = keys.tensor
     keys.key(t(4, 64), t(64))
-    keys.plans[keys.misses[-1]] = lambda *pointers: ("replayed", pointers)
+    keys.plans[keys.misses[-1]] = lambda p0, p1, *arrays: ("replayed", (p0, p1))
     x, w = t(4, 64), t(64)
     assert kaio_ops.rms_norm(x, w) == ("replayed", (x.data_ptr(), w.data_ptr()))
     assert kaio_ops.rms_norm.replay_only(x, w, 1e-6) == ("replayed", (x.data_ptr(), w.data_ptr()))
@@ -979,3 +979,22 @@ def test_torch_ops_composites_replay_their_own_plan(monkeypatch):
     q.requires_grad_(True)
     with pytest.raises(ValueError, match="CPU tensor"):
         torch.ops.kaio.flash_attention_decode(q, k, v, lens)
+
+
+def test_outputs_like_a_contiguous_input_are_made_with_empty_like():
+    """An output with a contiguous input's shape, dtype and device is made by
+    ``torch.empty_like(input)`` in the replay (cheaper than ``torch.empty`` with keywords);
+    one of another shape or dtype, or like a strided input, is not."""
+    torch = pytest.importorskip("torch")
+    x = torch.randn(2, 64, dtype=torch.float16)
+    arrays = [x, torch.randn(64)]
+    assert _plan._input_like(arrays, x, (2, 64), f16) == 0
+    assert _plan._input_like(arrays, x, (2, 32), f16) is None
+    assert _plan._input_like(arrays, x, (2, 64), f32) is None
+    assert _plan._input_like(arrays, arrays[1], (64,), f32) == 1
+    strided = torch.randn(64, 2, dtype=torch.float16).t()
+    assert _plan._input_like([strided], strided, (2, 64), f16) is None
+    replay = _plan._replay(None, 1, [(None, "torch", 0, None, (2, 64), f16, 0)], "o0")
+    assert "EMPTY_LIKE(a0)" in replay.source
+    out = replay(x.data_ptr(), x)
+    assert out.shape == x.shape and out.dtype == x.dtype and out.data_ptr() != x.data_ptr()
