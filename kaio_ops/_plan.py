@@ -16,14 +16,16 @@ contiguous is keyed by its strides, and the ops refuse it):
     (x.dtype, x.shape, x.is_contiguous() or x.stride(), x.get_device(), x.data_ptr() % 16,
      w.dtype, ..., every other argument and its type, the stream, simulate() on)
 
-A hit allocates the outputs, fills the addresses into the pre-packed parameters and launches,
-all in one generated ``replay`` (the plan's launches, ``kaio.runtime.plan.CallPlan.code``,
-inlined): no argument checks, no plan or tile choice, no packing of shapes and scalars. A
-miss runs the op itself, which checks everything (a wrong dtype, shape, device or stride
-raises its ``ValueError`` naming the argument, and nothing is stored) inside
-``kaio.runtime.plan.recording()``; its launches, output allocations (``_arrays.output``) and
-result become the plan for that key. So an argument of a planned call goes kaio_ops -> plan
--> launch, once, top to bottom.
+A hit allocates the outputs (an output with the shape, dtype and device of a contiguous
+input as ``torch.empty_like(input)``, which costs less than ``torch.empty`` with its
+keywords), fills the addresses into the pre-packed parameters and launches, all in one
+generated ``replay(addresses..., arrays...)`` (the plan's launches,
+``kaio.runtime.plan.CallPlan.code``, inlined): no argument checks, no plan or tile choice,
+no packing of shapes and scalars. A miss runs the op itself, which checks everything (a
+wrong dtype, shape, device or stride raises its ``ValueError`` naming the argument, and
+nothing is stored) inside ``kaio.runtime.plan.recording()``; its launches, output
+allocations (``_arrays.output``) and result become the plan for that key. So an argument of
+a planned call goes kaio_ops -> plan -> launch, once, top to bottom.
 
 What the key holds is exactly what the ops' choices may depend on: shapes and dtypes (grids,
 tiles, K splits), alignment (16-byte vector paths), device (SM count, arch), stream, the
