@@ -253,12 +253,15 @@ def array_code(k: int, arg, info: ArgInfo, layout: str, env: dict) -> tuple[str,
             f"i{k}.abi_{layout.lower()}",
             True,
         )
+    # the shape's entries one by one (the condition checked the rank): a call without a
+    # starred argument costs less
+    dims = "".join(f", s{k}[{d}]" for d in range(ndim))
     if type(arg) is RawArray:  # contiguous by definition
         env[f"D{k}"] = info.dtype
         return (
             f"type({a}) is not T{k} or {a}.dtype is not D{k} or {a}.device != DEV or "
             f"len(s{k} := {a}.shape) != {ndim}",
-            f"{a}.ptr, *s{k}",
+            f"{a}.ptr{dims}",
             False,
         )
     if is_torch(arg):
@@ -267,7 +270,7 @@ def array_code(k: int, arg, info: ArgInfo, layout: str, env: dict) -> tuple[str,
         return (
             f"type({a}) is not T{k} or {a}.dtype is not D{k} or {a}.get_device() != DEV or "
             f"len(s{k} := {a}.shape) != {ndim} or {'' if strided else 'not '}{a}.is_contiguous()",
-            f"{a}.data_ptr(), *s{k}" + (f", *{a}.stride()" if strided else ""),
+            f"{a}.data_ptr(){dims}" + (f", *{a}.stride()" if strided else ""),
             False,
         )
     if is_cupy(arg) and layout == "C":
