@@ -760,3 +760,28 @@ def test_pointer_argument_passes_its_address_through_ctypes():
     base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
     assert handle == 0x7F12_3456_7000 and pointers == [base, base + 8]
     assert parameter_slot(0, [])[1] is None
+
+
+def test_launches_on_gpu_0_know_they_are_home_until_a_thread_moves(fake_driver, monkeypatch):
+    """While no thread has made a device other than 0 current (``device.moved``), a launch
+    on GPU 0 does not read the thread-local current device; once one has (through
+    ``current.ordinal``), it does, and launches from a thread on GPU 1 switch context."""
+    from kaio.runtime import device as device_mod
+    from kaio.runtime.device import current
+
+    calls, loaded = fake_driver
+    saved, device_mod.moved[0] = device_mod.moved[0], False
+    try:
+        dev = loaded.device  # GPU 0
+        x, y, out = (fake_device_array(dev, p, (8,), (4,)) for p in (0x1000, 0x2000, 0x3000))
+        args = (x, y, out, 8)
+        launch = build(add, add.specialize({}, ("C", "C", "C")), loaded, args)(GRID, BLOCK, 0, 0)
+        monkeypatch.setattr(current, "_ordinal", 1)  # not through the setter: not read
+        assert launch(args) and [c[0] for c in calls] == [0xF00]
+        monkeypatch.setattr(current, "ordinal", 1)  # the setter: a thread moved
+        assert device_mod.moved[0]
+        assert launch(args) and calls[1] == ("context", 0)
+        monkeypatch.setattr(current, "ordinal", 0)
+        assert launch(args) and calls[3][0] == 0xF00 and len(calls) == 4
+    finally:
+        device_mod.moved[0] = saved or device_mod.moved[0]

@@ -24,6 +24,7 @@ __all__ = [
     "ensure_context",
     "synchronize",
     "current",
+    "moved",
     "visiting",
 ]
 
@@ -36,7 +37,7 @@ class _Current(threading.local):
     shared by all threads, and a thread without a current context is given it on first use.
     The class attributes are the defaults every new thread sees."""
 
-    ordinal = 0
+    _ordinal = 0
     context_ready = False
     simulating = 0
     recorder = None  # a kaio.runtime.plan.Recorder while a call plan is built: launches go to it
@@ -44,8 +45,23 @@ class _Current(threading.local):
     def __init__(self):
         self.entered: list[tuple] = []  # what each open ``with kaio.Device(i):`` replaced
 
+    @property
+    def ordinal(self) -> int:
+        """The thread's current device (0 until a thread makes another one current)."""
+        return self._ordinal
+
+    @ordinal.setter
+    def ordinal(self, value: int) -> None:
+        if value != 0:
+            moved[0] = True
+        self._ordinal = value
+
 
 current = _Current()
+# Whether any thread has ever made a device other than 0 current (it stays True). While it is
+# False every thread's current device is 0: a launch on GPU 0 knows it is home without
+# reading the thread-local ``current.ordinal`` (generated launchers: ``home(0)``).
+moved = [False]
 
 
 @functools.cache

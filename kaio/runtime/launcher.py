@@ -65,7 +65,7 @@ from kaio.errors import CudaError, LaunchError
 from kaio.kernel import constexpr_value_key, same_constexpr
 from kaio.runtime.arginfo import ArgInfo, RawArray
 from kaio.runtime.arguments import describe, is_cupy, is_torch
-from kaio.runtime.device import Device, current, visiting
+from kaio.runtime.device import Device, current, moved, visiting
 from kaio.runtime.driver import cuda_error, last_launched_slot, libcuda
 from kaio.runtime.memory import DeviceArray
 from kaio.tensormap import TensorMap
@@ -363,6 +363,17 @@ def launcher_elsewhere(device: Device) -> Callable:
     return elsewhere
 
 
+def home_test(ordinal: int, name: str, env: dict) -> str:
+    """The expression a generated launch tests to know whether GPU ``ordinal`` (its value in
+    ``env[name]``) is the calling thread's current device: for GPU 0, while no thread has
+    made another device current (``device.moved``), that is known without reading the
+    thread-local ``current.ordinal``."""
+    env["current"], env["MOVED"] = current, moved
+    if ordinal == 0:
+        return f"not MOVED[0] or current.ordinal == {name}"
+    return f"current.ordinal == {name}"
+
+
 def parameter_slot(size: int, offsets: list[int]) -> tuple:
     """A parameter buffer of ``size`` bytes (as a writable memoryview, which ``pack_into``
     takes faster than the ctypes array it views) and the ``kernelParams`` argument: a
@@ -499,7 +510,7 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         "    def launch(args):",
         "        nonlocal admitted",
         *unpack,
-        "        home = current.ordinal == DEV",
+        f"        home = {home_test(loaded.device.ordinal, 'DEV', env)}",
         # a kernel with arrays runs on their GPU (the conditions check it), one without on the
         # current device
         *([] if has_arrays else ["        if not home:", "            return False"]),

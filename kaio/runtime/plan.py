@@ -210,7 +210,7 @@ class CallPlan:
         one_device = len(devices) == 1
         if one_device:
             env["DEV"] = devices.pop()
-            lines.append("home = current.ordinal == DEV")
+            lines.append(f"home = {launcher.home_test(env['DEV'], 'DEV', env)}")
         for i, (prepared, sources) in enumerate(self.steps):
             entries = []
             for e, value in enumerate(prepared.values):
@@ -241,7 +241,8 @@ class CallPlan:
             elsewhere = f"elsewhere{i}(CONFIG{i}, FUNC{i}, params)"
             if not one_device:
                 env[f"DEV{i}"] = prepared.device.ordinal
-                lines.append(f"home = current.ordinal == DEV{i}")
+                home = launcher.home_test(prepared.device.ordinal, f"DEV{i}", env)
+                lines.append(f"home = {home}")
             lines += [
                 "try:",
                 f"    buf, params = slot = take{i}()",
