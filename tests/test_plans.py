@@ -1019,3 +1019,37 @@ def test_a_plan_on_gpu_0_knows_it_is_home_until_a_thread_moves(fake, monkeypatch
         assert fake.calls[0] == ("context", 0)
     finally:
         device_mod.moved[0] = saved or device_mod.moved[0]
+
+
+def test_a_subscript_hands_out_the_direct_launch_once_a_launcher_is_bound(fake):
+    """After its first launch, ``kernel[config]`` gives the first launcher's ``direct``
+    function (the launch without the ``Launch`` in between): it launches what the ``Launch``
+    launches, and hands keywords, other signatures (their checks), the simulator and
+    recordings to the ``Launch``."""
+
+    @kaio.gpu_kernel(block_size=256)
+    def copy(x: f32[:], out: f32[:], n: kaio.u32):
+        i = kaio.thread_idx_x() + kaio.block_idx_x() * kaio.block_dim_x()
+        if i < n:
+            out[i] = x[i]
+
+    first = copy[2, 256]
+    x, out = fake.array((512,)), fake.array((512,))
+    first(x, out, 512)
+    direct = copy[2, 256]
+    assert direct is not first and direct.launch is first.launch and direct.config is first.config
+    fake.calls = []
+    direct(x, out, 512)
+    first(x, out, 512)
+    direct(x, out=out, n=512)  # keywords: through the Launch
+    assert len(fake.calls) == 3 and fake.calls[0] == fake.calls[1] == fake.calls[2]
+    with pytest.raises(kaio.LaunchError, match="'out'"):
+        direct(x, fake.array((512,), f16), 512)
+    x2 = np.arange(512, dtype=np.float32)
+    out2 = np.zeros(512, np.float32)
+    with kaio.simulate():
+        direct(x2, out2, 512)
+    assert np.array_equal(out2, x2) and len(fake.calls) == 3
+    with _plan.recording() as recorder:
+        direct(x, out, 512)
+    assert len(recorder.launches) == 1 and len(fake.calls) == 4

@@ -2,8 +2,10 @@
 
 A ``Launch`` holds the kernel's launchers (see ``launcher.py``) bound to its configuration, most
 recent first (``kernel[config]`` hands out its ``call``, a plain function, which the host calls
-faster than the object): a call whose arguments one of them takes packs and launches in a few
-microseconds. Otherwise it binds the launchers other configurations built since, and failing
+faster than the object; once a launcher is bound, the first one's ``direct`` function: that
+launch with the ``Launch``'s checks in front and no call in between, which hands any call it
+does not take to ``call``): a call whose arguments one of them takes packs and launches in a
+few microseconds. Otherwise it binds the launchers other configurations built since, and failing
 those takes the slow path (``_build``): validate every argument (``LaunchError`` naming the
 parameter), pick the array layouts ('C' contiguous, 'A' strided), specialize the kernel and
 load it on the GPU its arrays are on (all on one; the current device for a kernel without
@@ -103,11 +105,18 @@ class Launch:
         return launch
 
     def _sync_bound(self) -> None:
-        """Follow the kernel's launcher list: its order, and the launchers it dropped."""
+        """Follow the kernel's launcher list: its order, and the launchers it dropped; what
+        ``kernel[config]`` hands out next is the first launcher's ``direct`` function."""
         launchers = self.kernel._launchers[_DISPATCH]
         self._bindings = {b: self._bindings[b] for b in launchers if b in self._bindings}
         self._bound = list(self._bindings.values())
         self._first = self._bound[0] if self._bound else _declines
+        make_direct = getattr(self._first, "make_direct", None)
+        entry = self.call if make_direct is None else make_direct(self.call)
+        entry.launch, entry.kernel, entry.config = self, self.kernel, self.config
+        subscripts = getattr(self.kernel, "_launches", {})
+        for key in [k for k, f in subscripts.items() if getattr(f, "launch", None) is self]:
+            subscripts[key] = entry
 
 
 def _call_of(launch: Launch):

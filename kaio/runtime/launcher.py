@@ -492,15 +492,65 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
     call = "launch_kernel(CONFIG, FUNC, params, None)"
     elsewhere = "elsewhere(CONFIG, FUNC, params)"
     has_arrays = any(kind in ("C", "A") for _, kind in abi)
+    # the body of a launch, written once for ``launch(args) -> bool`` and for ``direct``;
+    # MISMATCH and DONE stand for what each returns
     if args:
         unpack = [
-            "        try:",
-            f"            {', '.join(f'a{i}' for i in range(len(args)))}, = args",
-            "        except ValueError:",
-            "            return False",
+            "try:",
+            f"    {', '.join(f'a{i}' for i in range(len(args)))}, = args",
+            "except ValueError:",
+            "    MISMATCH",
         ]
     else:
-        unpack = ["        if args:", "            return False"]
+        unpack = ["if args:", "    MISMATCH"]
+    body = [
+        *unpack,
+        f"home = {home_test(loaded.device.ordinal, 'DEV', env)}",
+        # a kernel with arrays runs on their GPU (the conditions check it), one without on the
+        # current device
+        *([] if has_arrays else ["if not home:", "    MISMATCH"]),
+    ]
+    for condition in conditions:
+        body += [f"if {condition}:", "    MISMATCH"]
+    body += [
+        "if not admitted:",
+        "    admit(grid, block, shared)",
+        "    admitted = True",
+        *(["refuse_capture(stream)"] if record is not None else []),
+        "try:",
+        "    buf, params = slot = take()",
+        "except IndexError:",
+        "    buf, params = slot = new_slot()",
+        "try:",
+        f"    pack(buf, 0, {', '.join(entries)})",
+        "except PACK_ERRORS:",
+        "    give(slot)",
+        "    MISMATCH",
+        "if home:",
+        f"    rc = {call}",
+        "    if rc:  # the success path tests rc once",
+        f"        if rc == {_CUDA_ERROR_INVALID_CONTEXT}:  # a new thread: no context yet",
+        "            recover()",
+        f"            rc = {call}",
+        f"        elif rc == {_CUDA_ERROR_INVALID_HANDLE}:  # another library's context",
+        f"            rc = {elsewhere}",
+        "else:",
+        f"    rc = {elsewhere}",
+        "give(slot)",
+        "if rc:",
+        "    fail(rc, stream)",
+        "LAST[0] = NAME",
+        *(["debug_check(stream)"] if record is not None else []),
+        "DONE",
+    ]
+
+    def spelled(indent: str, mismatch: str, done: str) -> list[str]:
+        return [indent + line.replace("MISMATCH", mismatch).replace("DONE", done) for line in body]
+
+    from kaio.runtime.launch import recordings
+    from kaio.sim.mode import anywhere
+
+    env["SIMULATING"], env["recordings"] = anywhere, recordings
     lines = [
         "def bind(grid, block, shared, stream):",
         "    CONFIG = byref(config_struct(grid, block, shared, stream, None, 0))",
@@ -509,45 +559,18 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         "",
         "    def launch(args):",
         "        nonlocal admitted",
-        *unpack,
-        f"        home = {home_test(loaded.device.ordinal, 'DEV', env)}",
-        # a kernel with arrays runs on their GPU (the conditions check it), one without on the
-        # current device
-        *([] if has_arrays else ["        if not home:", "            return False"]),
-    ]
-    for condition in conditions:
-        lines += [f"        if {condition}:", "            return False"]
-    lines += [
-        "        if not admitted:",
-        "            admit(grid, block, shared)",
-        "            admitted = True",
-        *(["        refuse_capture(stream)"] if record is not None else []),
-        "        try:",
-        "            buf, params = slot = take()",
-        "        except IndexError:",
-        "            buf, params = slot = new_slot()",
-        "        try:",
-        f"            pack(buf, 0, {', '.join(entries)})",
-        "        except PACK_ERRORS:",
-        "            give(slot)",
-        "            return False",
-        "        if home:",
-        f"            rc = {call}",
-        "            if rc:  # the success path tests rc once",
-        f"                if rc == {_CUDA_ERROR_INVALID_CONTEXT}:  # a new thread: no context yet",
-        "                    recover()",
-        f"                    rc = {call}",
-        f"                elif rc == {_CUDA_ERROR_INVALID_HANDLE}:  # another library's context",
-        f"                    rc = {elsewhere}",
-        "        else:",
-        f"            rc = {elsewhere}",
-        "        give(slot)",
-        "        if rc:",
-        "            fail(rc, stream)",
-        "        LAST[0] = NAME",
-        *(["        debug_check(stream)"] if record is not None else []),
-        "        return True",
+        *spelled("        ", "return False", "return True"),
         "",
+        "    def make_direct(fallback):",
+        "        def direct(*args, **kwargs):",
+        "            nonlocal admitted",
+        "            if kwargs or SIMULATING[0] or recordings[0]:",
+        "                return fallback(*args, **kwargs)",
+        *spelled("            ", "return fallback(*args)", "return None"),
+        "",
+        "        return direct",
+        "",
+        "    launch.make_direct = make_direct",
         "    return launch",
     ]
     source = "\n".join(lines) + "\n"
