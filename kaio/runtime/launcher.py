@@ -46,6 +46,10 @@ driver call, so threads launching the same signature at once never overwrite eac
 parameters; a thread that finds the list empty makes another buffer. The driver call keeps the
 GIL (a ``PYFUNCTYPE`` prototype). The grid and block are validated against the device and the
 kernel once per binding.
+The bound ``launch`` also has ``make_direct(fallback)``: the same launch as a function of the
+arguments themselves (``direct(*args, **kwargs)``, what ``kernel[config]`` hands out once a
+launcher is bound), which passes keywords, simulated launches, recorded ones and arguments of
+another signature to ``fallback`` (the ``Launch``'s own function).
 A kernel compiled in debug mode also passes its error record's address as the last parameter
 and, after each launch, synchronizes the stream and raises ``kaio.OutOfBoundsError`` when a
 thread failed a bounds check (``kaio.runtime.debug``).
