@@ -326,6 +326,10 @@ def kaio_rows(bench: Bench, x, y, out, kind: str) -> None:
     launch = prebound[GRID, 256]
     bench.row(f"kaio add[grid, 256](...), {kind}", lambda: subscripted[GRID, 256](x, y, out, N))
     bench.row(f"kaio pre-bound launch(...), {kind}", lambda: launch(x, y, out, N))
+    later = new_add()
+    later[GRID, 256](x, y, out, N)
+    direct = later[GRID, 256]  # taken after a launch: the bound launcher's own function
+    bench.row(f"kaio launch taken after a first launch, {kind}", lambda: direct(x, y, out, N))
 
 
 def main_rows(bench: Bench, results: dict) -> None:
