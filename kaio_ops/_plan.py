@@ -82,6 +82,9 @@ MAX_PLANS = 256  # per op; past this the op's plans are dropped and built again 
 # an output like a contiguous input tensor (same shape, dtype, device) is made with
 # torch.empty_like(input) rather than torch.empty(*shape, dtype=..., device=...)
 EMPTY_LIKE = True
+# such an output of at most this many bytes is handed out again by the next call of its plan
+# when the caller has dropped it and nothing else refers to it (``_recycled``); 0: never
+RECYCLE_BYTES = 1 << 20
 MISS = object()  # replay_only's answer when the call has no plan
 _NONE = ("none",)  # the key of an optional array given as None
 _ALL: list[dict] = []  # every op's plans (for clear)
@@ -299,6 +302,67 @@ def _input_like(arrays: list, like_obj, shape: tuple, dtype) -> int | None:
     return None
 
 
+def _solo_refs() -> int | None:
+    """``sys.getrefcount`` of an object a replay has just popped off its list of kept
+    outputs when nothing else refers to it (2 on CPython 3.12: the local and the argument;
+    interpreters that borrow references count otherwise), or None when an extra reference
+    does not show in it: outputs are then never handed out again."""
+    env = {"REFS": sys.getrefcount}
+    exec("def probe(kept):\n    o, q = kept.pop()\n    return REFS(o)\n", env)
+    probe = env["probe"]
+
+    class Probe:
+        pass
+
+    alone = probe([(Probe(), 0)])
+    held = Probe()
+    return alone if probe([(held, 0)]) == alone + 1 else None
+
+
+def _recycled(env: dict, j: int, source: int, shape: tuple, dtype) -> list[str] | None:
+    """The lines that make output ``o{j}`` (like input ``a{source}``) and its address
+    ``q{j}``, handing out again the tensor the plan's last call returned when the caller has
+    dropped it: nothing else refers to it (its Python references, its TensorImpl's: no view,
+    no DLPack capsule, no autograd record holds it), and it is still what that call made
+    (address, shape, contiguity, dtype, no gradient, inference mode as now). As torch's
+    caching allocator would hand the same memory to the next allocation on the stream (the
+    plan's), later work on the stream runs after the last call's. Never while the stream is
+    being captured into a CUDA graph, nor an output made during a capture (its memory is
+    the graph's). Costs a fraction of a ``torch.empty_like`` (and of freeing the last
+    output). None where this torch or Python cannot tell those references."""
+    import torch
+
+    size = math.prod(shape) * dtype.itemsize
+    capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+    try:
+        capturing()  # a torch without CUDA has a stand-in that raises
+    except Exception:  # noqa: BLE001 (no way to tell a capture: never hand out again)
+        return None
+    refs = _solo_refs()
+    if not (
+        0 < size <= RECYCLE_BYTES and capturing and refs and hasattr(torch.Tensor, "_use_count")
+    ):
+        return None
+    env["CAPTURING"], env["REFS"], env["SOLO"] = capturing, sys.getrefcount, refs
+    env["INFERENCE"] = torch.is_inference_mode_enabled
+    env[f"KEPT{j}"], env[f"S{j}"], env[f"D{j}"] = [], torch.Size(shape), _arrays.torch_dtype(dtype)
+    o = f"o{j}"
+    same = (
+        f"REFS({o}) == SOLO and {o}._use_count() == 1 and {o}.data_ptr() == q{j} "
+        f"and {o}.shape == S{j} and {o}.is_contiguous() and {o}.dtype is D{j} "
+        f"and not {o}.requires_grad and {o}.is_inference() is INFERENCE()"
+    )
+    return [
+        "try:",
+        f"    {o}, q{j} = KEPT{j}.pop()",
+        "except IndexError:",
+        f"    {o} = None",
+        f"if {o} is None or capturing or not ({same}):",
+        f"    {o} = EMPTY_LIKE(a{source})",
+        f"    q{j} = {o}.data_ptr()",
+    ]
+
+
 def _raw_allocator():
     """(current device, allocate(bytes, stream) -> address, free(address)) of torch's CUDA
     caching allocator, called without making tensors; None where torch has no CUDA."""
@@ -336,6 +400,7 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
     raw = _raw_allocator() if plan is not None else None
     scratch, tensors = [], []  # (j, bytes) from the allocator; (j, line) as tensors
     made_like = []  # (j, the input position) of outputs made with torch.empty_like
+    recycled = []  # the outputs among those that a later call may hand out again
     for j, (_made, kind, device, like, shape, dtype, *twin) in enumerate(allocations):
         if kind == "torch":
             import torch
@@ -356,11 +421,21 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
         else:
             env[f"A{j}"] = functools.partial(_arrays.new_array, kind, device, like, shape, dtype)
             address = f"o{j}.data.ptr" if kind == "cupy" else f"o{j}.ptr"
-        make = f"o{j} = A{j}()"
+        make = [f"o{j} = A{j}()"]
         if made_like and made_like[-1][0] == j:
-            make = f"o{j} = EMPTY_LIKE(a{made_like[-1][1]})"
-        tensors.append((j, [make] + ([f"p{inputs + j} = {address}"] if plan else [])))
+            make = [f"o{j} = EMPTY_LIKE(a{made_like[-1][1]})"]
+            again = _recycled(env, j, made_like[-1][1], shape, dtype) if j in kept else None
+            if again is not None:
+                make, address = again, f"q{j}"
+                recycled.append(j)
+        tensors.append((j, make + ([f"p{inputs + j} = {address}"] if plan else [])))
     launches = plan.code(env, lambda source: f"p{source}") if plan is not None else []
+    if recycled:  # whether the stream is capturing, once; what this call made kept after it
+        lines.append("    capturing = CAPTURING()")
+        launches = launches + [
+            "    if not capturing:",
+            *[f"        KEPT{j}.append((o{j}, q{j}))" for j in recycled],
+        ]
     if scratch and len({device for _, _, device in scratch}) == 1:
         env["CURRENT"], env["ALLOCATE"], env["FREE"] = raw
         env["HOME"] = scratch[0][2]

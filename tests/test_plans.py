@@ -679,6 +679,55 @@ def test_torch_ops_composite_and_repeated_array_calls_build_and_replay_plans():
     assert len(plans) == 1 and None not in plans.values()
 
 
+@pytest.mark.gpu
+def test_outputs_handed_out_again_compute_right_on_a_gpu():
+    """On a GPU: an add whose output was dropped hands the same tensor out again, with the
+    new result; outputs the caller keeps are all distinct and right; a graph captured
+    meanwhile keeps its own output."""
+    import weakref
+
+    torch = _torch_cuda()
+    _plan.clear()
+    gen = torch.Generator(device="cuda").manual_seed(3)
+
+    def randn(*shape):
+        return torch.randn(*shape, device="cuda", dtype=torch.float16, generator=gen)
+
+    y = randn(1, 4096)
+    last = None
+    for i in range(4):
+        x = randn(1, 4096)
+        out = kaio_ops.add(x, y)
+        assert _error(torch, out, x.double() + y.double()) < 1e-3
+        if i >= 2:  # the plan exists and the last output was dropped
+            assert out is last()
+        last = weakref.ref(out)
+        del out
+    xs = [randn(1, 4096) for _ in range(3)]
+    kept = [kaio_ops.add(x, y) for x in xs]
+    assert len({id(o) for o in kept}) == 3
+    for x, out in zip(xs, kept, strict=True):
+        assert _error(torch, out, x.double() + y.double()) < 1e-3
+    static = randn(1, 4096)
+    capture = torch.cuda.Stream()
+    capture.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(capture):
+        kaio_ops.add(static, y)  # the capture stream's plan, outside the capture
+    capture.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=capture):
+        captured = kaio_ops.add(static, y)
+    with torch.cuda.stream(capture):
+        eager = [kaio_ops.add(x, y) for x in xs]
+    static.copy_(randn(1, 4096))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(captured is not o for o in eager)
+    assert _error(torch, captured, static.double() + y.double()) < 1e-3
+    for x, out in zip(xs, eager, strict=True):
+        assert _error(torch, out, x.double() + y.double()) < 1e-3
+
+
 class _TorchKeys:
     """The keys a planned op's wrapper makes for torch tensors, on the CPU: the op's plan
     lookups and misses are recorded, the current stream is ``stream``, and tensors of the
@@ -1053,3 +1102,52 @@ def test_a_subscript_hands_out_the_direct_launch_once_a_launcher_is_bound(fake):
     with _plan.recording() as recorder:
         direct(x, out, 512)
     assert len(recorder.launches) == 1 and len(fake.calls) == 4
+
+
+def test_an_output_the_caller_dropped_is_handed_out_again(monkeypatch):
+    """A small output made like an input comes back from the next call of its plan when
+    the caller has dropped it, and never while anything still refers to it (the caller, a
+    view, a DLPack capsule), after it was changed (resized, made to need a gradient), or
+    while the stream is being captured (nor one made during a capture)."""
+    import weakref
+
+    torch = pytest.importorskip("torch")
+    to_dlpack = pytest.importorskip("torch.utils.dlpack").to_dlpack
+    capturing = [False]
+    monkeypatch.setattr(
+        torch._C, "_cuda_isCurrentStreamCapturing", lambda: capturing[0], raising=False
+    )
+    x = torch.randn(2, 64, dtype=torch.float16)
+    replay = _plan._replay(None, 1, [(None, "torch", 0, None, (2, 64), f16, 0)], "o0")
+    assert "KEPT0.pop()" in replay.source
+
+    def call():
+        return replay(x.data_ptr(), x)
+
+    def dropped(keep=lambda out: None) -> tuple:
+        """A call's output, dropped (``keep`` may hold on to something of it): (a weak
+        reference to it, what ``keep`` returned)."""
+        out = call()
+        return weakref.ref(out), keep(out)
+
+    last, _ = dropped()
+    assert call() is last()  # dropped: handed out again
+    held = call()
+    assert call() is not held
+    del held
+    for keep in (lambda out: out[0], to_dlpack):  # a view, a capsule
+        last, kept = dropped(keep)
+        assert call() is not last()
+        del kept
+    for change in (lambda t: t.resize_(4, 64), lambda t: t.requires_grad_(True)):
+        last, _ = dropped(change)
+        fresh = call()
+        assert fresh is not last() and fresh.shape == (2, 64) and not fresh.requires_grad
+        del fresh
+    capturing[0] = True
+    last, _ = dropped()
+    made = [weakref.ref(call()) for _ in range(2)]  # none kept
+    assert all(r() is None for r in made) and last() is None
+    capturing[0] = False
+    last, _ = dropped()
+    assert call() is last()
