@@ -64,6 +64,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -84,7 +85,8 @@ MAX_PLANS = 256  # per op; past this the op's plans are dropped and built again 
 EMPTY_LIKE = True
 # such an output of at most this many bytes is handed out again by the next call of its plan
 # when the caller has dropped it and nothing else refers to it (``_recycled``); 0: never
-RECYCLE_BYTES = 1 << 20
+# (``KAIO_RECYCLE_OUTPUTS=0`` in the environment)
+RECYCLE_BYTES = 0 if os.environ.get("KAIO_RECYCLE_OUTPUTS") == "0" else 1 << 20
 MISS = object()  # replay_only's answer when the call has no plan
 _NONE = ("none",)  # the key of an optional array given as None
 _ALL: list[dict] = []  # every op's plans (for clear)
@@ -329,7 +331,13 @@ def _recycled(env: dict, j: int, source: int, shape: tuple, dtype) -> list[str] 
     plan's), later work on the stream runs after the last call's. Never while the stream is
     being captured into a CUDA graph, nor an output made during a capture (its memory is
     the graph's). Costs a fraction of a ``torch.empty_like`` (and of freeing the last
-    output). None where this torch or Python cannot tell those references."""
+    output). None where this torch or Python cannot tell those references.
+
+    What this cannot see is a ``Tensor.record_stream`` on the output: torch's allocator would
+    keep a dropped tensor's memory from reuse until the other stream's work recorded on it
+    has run; a handed-out-again output is written by the plan's stream at once. Code that
+    drops an output still in use on another stream (without making the plan's stream wait
+    for it) sets ``KAIO_RECYCLE_OUTPUTS=0``."""
     import torch
 
     size = math.prod(shape) * dtype.itemsize
