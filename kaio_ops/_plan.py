@@ -18,8 +18,9 @@ contiguous is keyed by its strides, and the ops refuse it):
 
 A hit allocates the outputs (an output with the shape, dtype and device of a contiguous
 input as ``torch.empty_like(input)``, which costs less than ``torch.empty`` with its
-keywords), fills the addresses into the pre-packed parameters and launches, all in one
-generated ``replay(addresses..., arrays...)`` (the plan's launches,
+keywords, or, small and dropped by the caller since the last call, that call's output
+again: ``_recycled``), fills the addresses into the pre-packed parameters and launches, all
+in one generated ``replay(addresses..., arrays...)`` (the plan's launches,
 ``kaio.runtime.plan.CallPlan.code``, inlined): no argument checks, no plan or tile choice,
 no packing of shapes and scalars. A miss runs the op itself, which checks everything (a
 wrong dtype, shape, device or stride raises its ``ValueError`` naming the argument, and
