@@ -68,6 +68,7 @@ import math
 import os
 import re
 import sys
+import weakref
 from collections.abc import Callable
 
 from kaio.runtime.arginfo import RawArray
@@ -445,6 +446,7 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
             "    if not capturing:",
             *[f"        KEPT{j}.append((o{j}, q{j}))" for j in recycled],
         ]
+    held = None  # the workspaces kept between calls (_held_workspaces)
     if scratch and len({device for _, _, device in scratch}) == 1:
         env["CURRENT"], env["ALLOCATE"], env["FREE"] = raw
         env["HOME"] = scratch[0][2]
@@ -452,11 +454,23 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
         raw_js = {j for j, _, _ in scratch}
         lines += ["    " + line for j, made in tensors if j not in raw_js for line in made]
         lines.append("    if CURRENT() == HOME:  # the allocator serves the current device")
-        lines += [f"        p{inputs + j} = ALLOCATE({size}, STREAM)" for j, size, _ in scratch]
+        held = _held_workspaces(env, scratch, inputs, recycled)
+        if held is not None:
+            lines += ["        " + line for line in held]
+        else:
+            lines += [f"        p{inputs + j} = ALLOCATE({size}, STREAM)" for j, size, _ in scratch]
         lines.append("        try:")
         lines += ["        " + line for line in launches]
         lines.append("        finally:")
-        lines += [f"            FREE(p{inputs + j})" for j, _, _ in scratch]
+        if held is not None:
+            lines += [
+                "            if capturing:",
+                *[f"                FREE(p{inputs + j})" for j, _, _ in scratch],
+                "            else:",
+                "                HELD.append(ws)",
+            ]
+        else:
+            lines += [f"            FREE(p{inputs + j})" for j, _, _ in scratch]
         lines.append("    else:")
         lines += ["        " + line for j, made in tensors if j in raw_js for line in made]
         lines += ["    " + line for line in launches]
@@ -466,7 +480,55 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
     lines.append(f"    return {returned}")
     replay = compile_function(lines, env, "replay", "<kaio op plan>")
     replay.plan = plan
+    if held is not None:  # the kept workspaces go back to the allocator with the plan
+        weakref.finalize(replay, _give_back, env["HELD"], env["FREE"]).atexit = False
     return replay
+
+
+def _give_back(kept: list, free: Callable) -> None:
+    """Give the workspaces a dropped plan kept back to torch's caching allocator."""
+    while kept:
+        for address in kept.pop():
+            free(address)
+
+
+HELD_BYTES = 4 << 20  # the most workspace bytes a plan keeps between its calls
+
+
+def _held_workspaces(env: dict, scratch: list, inputs: int, recycled: list) -> list | None:
+    """The lines that take a plan's workspaces (``scratch``: (j, bytes, device)) for a call:
+    the ones the plan keeps between its calls when no other call of it holds them (``HELD``,
+    taken off and put back, so threads never share them) and the stream is not being
+    captured (a capture takes its own from the graph's pool and gives them back after), else
+    new ones from the caching allocator. Kept workspaces follow the plan's stream order as
+    the allocator's blocks do, without the 0.8 µs of taking and giving back a block (one
+    plan, one stream: its calls' kernels run one call after the other). None where the
+    stream's capture cannot be told or the workspaces are large: every call then takes
+    them from the allocator."""
+    import torch
+
+    capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+    try:
+        capturing()
+    except Exception:  # noqa: BLE001 (a torch without CUDA: no way to tell a capture)
+        return None
+    if sum(size for _, size, _ in scratch) > HELD_BYTES:
+        return None
+    env["CAPTURING"], env["HELD"] = capturing, []
+    names = ", ".join(f"p{inputs + j}" for j, _, _ in scratch) + ","
+    take = ", ".join(f"ALLOCATE({size}, STREAM)" for _, size, _ in scratch) + ","
+    return [
+        *([] if recycled else ["capturing = CAPTURING()"]),
+        "try:",
+        "    ws = HELD.pop()",
+        "except IndexError:",
+        "    ws = None",
+        "if capturing and ws is not None:",
+        "    HELD.append(ws)",
+        "if capturing or ws is None:",
+        f"    ws = ({take})",
+        f"{names} = ws",
+    ]
 
 
 def planned(*array_names: str) -> Callable:

@@ -1152,3 +1152,50 @@ def test_an_output_the_caller_dropped_is_handed_out_again(monkeypatch):
     capturing[0] = False
     last, _ = dropped()
     assert call() is last()
+
+
+def test_a_plan_keeps_its_small_workspace_between_calls(fake, monkeypatch):
+    """Where a capture can be told, a plan keeps its split-K workspace between calls (one
+    allocation, no free per call), takes new ones while the stream is being captured (given
+    back after), and gives the kept one back to the allocator when the plan is dropped."""
+    import gc
+
+    torch = pytest.importorskip("torch")
+    capturing = [False]
+    monkeypatch.setattr(
+        torch._C, "_cuda_isCurrentStreamCapturing", lambda: capturing[0], raising=False
+    )
+    x, w = fake.array((1, 4096), f16), fake.array((4096, 4096), f16)
+    kaio_ops.linear(x, w)
+    (replay,) = _plan.plans_of(kaio_ops.linear).values()
+    made = replay.__globals__
+    allocations = []
+    while f"A{len(allocations)}" in made:
+        _kind, device, _like, shape, dtype = made[f"A{len(allocations)}"].args
+        allocations.append((None, "torch", device, None, shape, dtype))
+    log, addresses = [], itertools.count(0xA000, 0x1000)
+    allocator = (
+        lambda: 0,
+        lambda size, stream: log.append(("allocate", size)) or next(addresses),
+        lambda address: log.append(("free", address)),
+    )
+    monkeypatch.setattr(_plan, "_raw_allocator", lambda: allocator)
+    twin = _plan._replay(replay.plan, 4, allocations, "o0")
+    assert "HELD.pop()" in twin.source
+    empty = torch.empty(allocations[0][4], dtype=_arrays.torch_dtype(allocations[0][5]))
+    twin.__globals__["A0"] = lambda: empty
+    size = math.prod(allocations[1][4]) * allocations[1][5].itemsize
+    fake.calls = []
+    for _ in range(3):
+        twin(x.ptr, w.ptr, 0, 0)
+    assert log == [("allocate", size)]  # once, then kept
+    assert all(0xA000.to_bytes(8, "little") in call[5] for call in fake.calls)
+    capturing[0] = True
+    twin(x.ptr, w.ptr, 0, 0)
+    assert log[1:] == [("allocate", size), ("free", 0xB000)]
+    capturing[0] = False
+    twin(x.ptr, w.ptr, 0, 0)
+    assert len(log) == 3
+    del twin
+    gc.collect()
+    assert log[3:] == [("free", 0xA000)]
