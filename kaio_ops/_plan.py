@@ -402,7 +402,8 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
     the next user of that memory on the stream runs after them (in a CUDA graph capture, the
     allocator serves the graph's own pool). That costs a fraction of a ``torch.empty``. It
     is done when torch's current device is the plan's, which the allocator serves;
-    otherwise the workspace is a tensor like the outputs."""
+    otherwise the workspace is a tensor like the outputs. A small workspace is kept by the
+    plan between its calls instead (``_held_workspaces``)."""
     env: dict = {}
     params = [f"p{i}" for i in range(inputs)] + [f"a{i}=None" for i in range(inputs)]
     lines = [f"def replay({', '.join(params)}):"]
