@@ -86,9 +86,10 @@ MAX_PLANS = 256  # per op; past this the op's plans are dropped and built again 
 # torch.empty_like(input) rather than torch.empty(*shape, dtype=..., device=...)
 EMPTY_LIKE = True
 # such an output of at most this many bytes is handed out again by the next call of its plan
-# when the caller has dropped it and nothing else refers to it (``_recycled``); 0: never
-# (``KAIO_RECYCLE_OUTPUTS=0`` in the environment)
-RECYCLE_BYTES = 0 if os.environ.get("KAIO_RECYCLE_OUTPUTS") == "0" else 1 << 20
+# when the caller has dropped it and nothing else refers to it (``_recycled``); 0: never.
+# Opt-in (``KAIO_RECYCLE_OUTPUTS=1``): it cannot see ``Tensor.record_stream``, so code that
+# drops an output still read on another stream would see it overwritten
+RECYCLE_BYTES = (1 << 20) if os.environ.get("KAIO_RECYCLE_OUTPUTS") == "1" else 0
 MISS = object()  # replay_only's answer when the call has no plan
 _NONE = ("none",)  # the key of an optional array given as None
 _ALL: list[dict] = []  # every op's plans (for clear)
@@ -339,7 +340,7 @@ def _recycled(env: dict, j: int, source: int, shape: tuple, dtype) -> list[str] 
     keep a dropped tensor's memory from reuse until the other stream's work recorded on it
     has run; a handed-out-again output is written by the plan's stream at once. Code that
     drops an output still in use on another stream (without making the plan's stream wait
-    for it) sets ``KAIO_RECYCLE_OUTPUTS=0``."""
+    for it) must not turn this on; hence it is off unless ``KAIO_RECYCLE_OUTPUTS=1``."""
     import torch
 
     size = math.prod(shape) * dtype.itemsize

@@ -680,13 +680,14 @@ def test_torch_ops_composite_and_repeated_array_calls_build_and_replay_plans():
 
 
 @pytest.mark.gpu
-def test_outputs_handed_out_again_compute_right_on_a_gpu():
+def test_outputs_handed_out_again_compute_right_on_a_gpu(monkeypatch):
     """On a GPU: an add whose output was dropped hands the same tensor out again, with the
     new result; outputs the caller keeps are all distinct and right; a graph captured
     meanwhile keeps its own output."""
     import weakref
 
     torch = _torch_cuda()
+    monkeypatch.setattr(_plan, "RECYCLE_BYTES", 1 << 20)  # opt-in
     _plan.clear()
     gen = torch.Generator(device="cuda").manual_seed(3)
 
@@ -1118,6 +1119,7 @@ def test_an_output_the_caller_dropped_is_handed_out_again(monkeypatch):
     monkeypatch.setattr(
         torch._C, "_cuda_isCurrentStreamCapturing", lambda: capturing[0], raising=False
     )
+    monkeypatch.setattr(_plan, "RECYCLE_BYTES", 1 << 20)  # opt-in
     x = torch.randn(2, 64, dtype=torch.float16)
     replay = _plan._replay(None, 1, [(None, "torch", 0, None, (2, 64), f16, 0)], "o0")
     assert "KEPT0.pop()" in replay.source
