@@ -32,6 +32,7 @@ from bench.attention_hopper import emit, save, time_calls  # noqa: E402
 
 NEW = {  # name: overrides of _attention_hopper_bwd.config's constexprs, per kernel
     "wgmma": {},
+    "wgmma pipe0": {"dkdv": {"PIPE": 0}, "dq": {"PIPE": 0}},
     "wgmma s2": {"dkdv": {"STAGES": 2}, "dq": {"STAGES": 2}},
     "wgmma dq bn128": {"dq": {"BN": 128, "STAGES": 2}},
 }
@@ -42,7 +43,8 @@ def variants():
     out = [(name, "float16", 128, "new", over) for name, over in NEW.items()]
     out.append(("wgmma", "bfloat16", 128, "new", {}))
     out.append(("wgmma", "float16", 64, "new", {}))
-    out.append(("wgmma dq bn128", "float16", 64, "new", NEW["wgmma dq bn128"]))
+    for name in ("wgmma pipe0", "wgmma dq bn128"):
+        out.append((name, "float16", 64, "new", NEW[name]))
     for dt, d in (("float16", 128), ("bfloat16", 128), ("float16", 64)):
         out.append(("mma.sync", dt, d, "old", {}))
     return out
@@ -205,7 +207,7 @@ def bench(out_path, check_log=None, quick=False):
     cases = [  # dtype, d, b, h, hkv, s, variants
         ("float16", 128, 4, 16, 16, 4096, list(NEW) + ["mma.sync"]),
         ("bfloat16", 128, 4, 16, 16, 4096, ["wgmma", "mma.sync"]),
-        ("float16", 64, 4, 16, 16, 4096, ["wgmma", "wgmma dq bn128", "mma.sync"]),
+        ("float16", 64, 4, 16, 16, 4096, ["wgmma", "wgmma pipe0", "wgmma dq bn128", "mma.sync"]),
         ("float16", 128, 2, 16, 16, 8192, ["wgmma", "mma.sync"]),
         ("float16", 128, 8, 16, 16, 2048, ["wgmma", "mma.sync"]),
         ("float16", 128, 4, 32, 8, 4096, ["wgmma", "mma.sync"]),

@@ -74,21 +74,19 @@ def produce(
         kaio.tma_load_2d(b_s, (c, 0, 0), tb, once_row, c * 64, turn, 0)
     st = i32(0)
     ph = u32(0)
-    i = i32(0)
-    for j in range(heads_n):
-        for t in range(first, n_tiles):
-            row = ring_row + j * head_stride + t * R
-            if i >= STAGES:  # stage st held tile i - STAGES: wait until it is free
-                kaio.mbarrier_wait(bars, (1, st), ph ^ 1)
-            kaio.mbarrier_arrive_expect_tx(bars, (0, st), u32(2 * R * D * 2))
-            for c in kaio.static_range(C):
-                kaio.tma_load_2d(x_s, (st, c, 0, 0), tx, row, c * 64, bars, (0, st))
-                kaio.tma_load_2d(y_s, (st, c, 0, 0), ty, row, c * 64, bars, (0, st))
-            i += 1
-            st += 1
-            if st == STAGES:
-                st = 0
-                ph ^= 1
+    per = kaio.max(n_tiles - first, 0)
+    for i in range(heads_n * per):
+        row = ring_row + i // per * head_stride + (first + i % per) * R
+        if i >= STAGES:  # stage st held tile i - STAGES: wait until it is free
+            kaio.mbarrier_wait(bars, (1, st), ph ^ 1)
+        kaio.mbarrier_arrive_expect_tx(bars, (0, st), u32(2 * R * D * 2))
+        for c in kaio.static_range(C):
+            kaio.tma_load_2d(x_s, (st, c, 0, 0), tx, row, c * 64, bars, (0, st))
+            kaio.tma_load_2d(y_s, (st, c, 0, 0), ty, row, c * 64, bars, (0, st))
+        st += 1
+        if st == STAGES:
+            st = 0
+            ph ^= 1
 
 
 @kaio.gpu_func
@@ -169,10 +167,12 @@ def consume_dkdv(
     bars: u64[:, :], turn: u64[:], lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:],
     wg: u32, lt: u32, kvh: i32, first_head: i32, group: i32, first: i32, n_tiles: i32,
     k0: i32, sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32, D: kaio.constexpr,
-    BM: kaio.constexpr, STAGES: kaio.constexpr, DT: kaio.constexpr,
+    BM: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 keys (thread ``lt`` of it): dK and dV over the query
-    tiles of the group's heads (module docstring), then stored."""
+    tiles of the group's heads (module docstring), then stored. ``PIPE`` 1 issues the next
+    tile's S^T and dP^T right behind this tile's dV and dK (the tensor cores never wait for
+    this warpgroup's issue), and frees a stage one tile later."""
     lane = lt % 32
     key0 = k0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)  # rows key0, key0 + 8
     dka = kaio.local(f32, (D // 8, 4))
@@ -185,32 +185,52 @@ def consume_dkdv(
     ds = kaio.local(u32, (BM // 16, 4))
     l2 = kaio.local(f32, (BM // 8, 2))
     dl = kaio.local(f32, (BM // 8, 2))
+    per = kaio.max(n_tiles - first, 0)  # query tiles a head
+    total = group * per
     kaio.mbarrier_wait(turn, 0, 0)  # K and V landed
-    st = i32(0)
+    st = i32(0)  # the stage and parity of tile i
     ph = u32(0)
-    for j in range(group):
-        at0 = (first_head + j) * sq
-        for t in range(first, n_tiles):
-            q0 = t * BM
+    ps = i32(0)  # the stage of tile i - 1
+    if PIPE and total > 0:
+        kaio.mbarrier_wait(bars, (0, 0), 0)
+        kaio.wgmma_fence()
+        issue_s(s, k_s, q_s, 0, wg, D, DT)  # S^T = K Q^T
+        issue_s(dp, v_s, do_s, 0, wg, D, DT)  # dP^T = V dO^T
+    for i in range(total):
+        at0 = (first_head + i // per) * sq
+        q0 = (first + i % per) * BM
+        if not PIPE:
             kaio.mbarrier_wait(bars, (0, st), ph)
             kaio.wgmma_fence()
-            issue_s(s, k_s, q_s, st, wg, D, DT)  # S^T = K Q^T
-            issue_s(dp, v_s, do_s, st, wg, D, DT)  # dP^T = V dO^T
-            column_stats(l2, dl, lse, delta, at0, q0, sq, lane, BM)
-            kaio.wgmma_wait(0)
-            grads_t(s, dp, l2, dl, key0, q0, sq, causal, scale_log2, lane, BM)
-            pack_p(p, s, BM, DT)
-            pack_p(ds, dp, BM, DT)
-            kaio.wgmma_fence()
-            issue_pv(dva, p, do_s, st, BM, DT)  # dV += P^T dO
-            issue_pv(dka, ds, q_s, st, BM, DT)  # dK += dS^T Q
+            issue_s(s, k_s, q_s, st, wg, D, DT)
+            issue_s(dp, v_s, do_s, st, wg, D, DT)
+        column_stats(l2, dl, lse, delta, at0, q0, sq, lane, BM)
+        kaio.wgmma_wait(0)
+        if PIPE and i > 0 and lt == 0:  # tile i - 1's dV and dK are done
+            kaio.mbarrier_arrive(bars, (1, ps))
+        grads_t(s, dp, l2, dl, key0, q0, sq, causal, scale_log2, lane, BM)
+        pack_p(p, s, BM, DT)
+        pack_p(ds, dp, BM, DT)
+        kaio.wgmma_fence()
+        issue_pv(dva, p, do_s, st, BM, DT)  # dV += P^T dO
+        issue_pv(dka, ds, q_s, st, BM, DT)  # dK += dS^T Q
+        ps = st
+        st += 1
+        if st == STAGES:
+            st = 0
+            ph ^= 1
+        if not PIPE:
             kaio.wgmma_wait(0)
             if lt == 0:
-                kaio.mbarrier_arrive(bars, (1, st))
-            st += 1
-            if st == STAGES:
-                st = 0
-                ph ^= 1
+                kaio.mbarrier_arrive(bars, (1, ps))
+        elif i + 1 < total:
+            kaio.mbarrier_wait(bars, (0, st), ph)
+            issue_s(s, k_s, q_s, st, wg, D, DT)
+            issue_s(dp, v_s, do_s, st, wg, D, DT)
+    if PIPE and total > 0:
+        kaio.wgmma_wait(0)
+        if lt == 0:
+            kaio.mbarrier_arrive(bars, (1, ps))
     at = kvh * sk * D
     store_tile(dk, dka, at, key0, sk, scale, lane, D, DT)
     store_tile(dv, dva, at, key0, sk, 1.0, lane, D, DT)
@@ -241,10 +261,10 @@ def consume_dq(
     bars: u64[:, :], turn: u64[:], lse: f32[:], delta: f32[:], dq: DT[:], wg: u32, lt: u32,
     bh: i32, q0: i32, n_tiles: i32, sq: i32, sk: i32, causal: i32, scale_log2: f32,
     scale: f32, D: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr,
-    DT: kaio.constexpr,
+    PIPE: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 query rows (thread ``lt`` of it): dQ over the key tiles
-    (module docstring), then stored."""
+    (module docstring), then stored; ``PIPE`` as ``consume_dkdv``'s."""
     lane = lt % 32
     row0 = q0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)  # rows row0, row0 + 8
     l2 = kaio.local(f32, 2)
@@ -262,23 +282,42 @@ def consume_dq(
     kaio.mbarrier_wait(turn, 0, 0)  # Q and dO landed
     st = i32(0)
     ph = u32(0)
-    for j in range(n_tiles):
-        kaio.mbarrier_wait(bars, (0, st), ph)
+    ps = i32(0)
+    if PIPE and n_tiles > 0:
+        kaio.mbarrier_wait(bars, (0, 0), 0)
         kaio.wgmma_fence()
-        issue_s(s, q_s, k_s, st, wg, D, DT)  # S = Q K^T
-        issue_s(dp, do_s, v_s, st, wg, D, DT)  # dP = dO V^T
+        issue_s(s, q_s, k_s, 0, wg, D, DT)  # S = Q K^T
+        issue_s(dp, do_s, v_s, 0, wg, D, DT)  # dP = dO V^T
+    for j in range(n_tiles):
+        if not PIPE:
+            kaio.mbarrier_wait(bars, (0, st), ph)
+            kaio.wgmma_fence()
+            issue_s(s, q_s, k_s, st, wg, D, DT)
+            issue_s(dp, do_s, v_s, st, wg, D, DT)
         kaio.wgmma_wait(0)
+        if PIPE and j > 0 and lt == 0:  # tile j - 1's dQ product is done
+            kaio.mbarrier_arrive(bars, (1, ps))
         grads(s, dp, l2, dl, j * BN, row0, sk, causal, scale_log2, lane, BN)
         pack_p(ds, dp, BN, DT)
         kaio.wgmma_fence()
         issue_pv(dqa, ds, k_s, st, BN, DT)  # dQ += dS K
-        kaio.wgmma_wait(0)
-        if lt == 0:
-            kaio.mbarrier_arrive(bars, (1, st))
+        ps = st
         st += 1
         if st == STAGES:
             st = 0
             ph ^= 1
+        if not PIPE:
+            kaio.wgmma_wait(0)
+            if lt == 0:
+                kaio.mbarrier_arrive(bars, (1, ps))
+        elif j + 1 < n_tiles:
+            kaio.mbarrier_wait(bars, (0, st), ph)
+            issue_s(s, q_s, k_s, st, wg, D, DT)
+            issue_s(dp, do_s, v_s, st, wg, D, DT)
+    if PIPE and n_tiles > 0:
+        kaio.wgmma_wait(0)
+        if lt == 0:
+            kaio.mbarrier_arrive(bars, (1, ps))
     store_tile(dq, dqa, bh * sq * D, row0, sq, scale, lane, D, DT)
 
 
@@ -314,6 +353,7 @@ def attention_bwd_dkdv_wgmma(
     BM: kaio.constexpr,
     WG: kaio.constexpr,
     STAGES: kaio.constexpr,
+    PIPE: kaio.constexpr,
     REGS: kaio.constexpr,
     DT: kaio.constexpr,
 ):
@@ -352,7 +392,7 @@ def attention_bwd_dkdv_wgmma(
             kaio.setmaxnreg_inc(REGS)
         consume_dkdv(k_s, v_s, q_s, do_s, bars, turn, lse, delta, dk, dv, wg, lt, kvh,
                      first_head, group, first, n_tiles, k0, sq, sk, causal, scale_log2, scale,
-                     D, BM, STAGES, DT)  # fmt: skip
+                     D, BM, STAGES, PIPE, DT)  # fmt: skip
     else:  # the producer warpgroup: its first thread loads
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -382,6 +422,7 @@ def attention_bwd_dq_wgmma(
     BN: kaio.constexpr,
     WG: kaio.constexpr,
     STAGES: kaio.constexpr,
+    PIPE: kaio.constexpr,
     REGS: kaio.constexpr,
     DT: kaio.constexpr,
 ):
@@ -416,7 +457,7 @@ def attention_bwd_dq_wgmma(
         if REGS:
             kaio.setmaxnreg_inc(REGS)
         consume_dq(q_s, do_s, k_s, v_s, bars, turn, lse, delta, dq, wg, lt, bh, q0, n_tiles,
-                   sq, sk, causal, scale_log2, scale, D, BN, STAGES, DT)  # fmt: skip
+                   sq, sk, causal, scale_log2, scale, D, BN, STAGES, PIPE, DT)  # fmt: skip
     else:
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -437,15 +478,16 @@ def _stages(d: int, once: int, ring: int) -> int:
 
 def config(d: int) -> dict:
     """The constexprs of both kernels for head dim ``d`` (64 or 128): ``{"dkdv": {BM, WG,
-    STAGES, REGS}, "dq": {BN, WG, STAGES, REGS}}``: two consumer warpgroups (128 keys,
-    resp. 128 query rows, a block), query tiles of 64 for dK/dV, key tiles of 64 for dQ,
-    as many ring stages as fit (at most 4)."""
+    STAGES, PIPE, REGS}, "dq": {BN, WG, STAGES, PIPE, REGS}}``: two consumer warpgroups (128
+    keys, resp. 128 query rows, a block), query tiles of 64 for dK/dV, key tiles of 64 for
+    dQ, as many ring stages as fit (at most 4), the next tile's products issued behind this
+    one's (``PIPE`` 1, which needs two stages or more)."""
     wg = 2
-    regs = consumer_registers(wg)
+    common = {"WG": wg, "PIPE": 1, "REGS": consumer_registers(wg)}
     bm, bn = 64, 64
     return {
-        "dkdv": {"BM": bm, "WG": wg, "STAGES": _stages(d, 64 * wg, bm), "REGS": regs},
-        "dq": {"BN": bn, "WG": wg, "STAGES": _stages(d, 64 * wg, bn), "REGS": regs},
+        "dkdv": {"BM": bm, "STAGES": _stages(d, 64 * wg, bm), **common},
+        "dq": {"BN": bn, "STAGES": _stages(d, 64 * wg, bn), **common},
     }
 
 
