@@ -6,7 +6,8 @@ The kernels are DSL code in ``kaio_ops._attention_simt`` and ``kaio_ops._attenti
 on an sm_90 GPU (H100, H200) ``flash_attention``'s forward runs ``kaio_ops._attention_hopper``
 (TMA, wgmma, warp specialization) where it measured faster (``hopper_takes``;
 ``KAIO_HOPPER_ATTENTION=0`` opts out): the same contract and outputs (lse included), to the
-rounding of P. This module checks the inputs, picks the specialization and the grid, and
+rounding of P; its backward likewise runs ``kaio_ops._attention_hopper_bwd`` (two wgmma
+kernels, deterministic). This module checks the inputs, picks the specialization and the grid, and
 launches. Scores are
 scaled by ``1/sqrt(D)`` (``scale`` where given); causal attention masks key ``j > i`` (query
 ``i``, both counted from 0, as torch's ``is_causal``). A row with no valid key gets zeros
@@ -361,7 +362,8 @@ def flash_attention_bwd(do, q, k, v, o, lse, causal: bool = False, scale: float 
     and ``scale``. D a multiple of 8 up to 256. dK and dV of a K/V head sum over the query
     heads of its group. P is recomputed a tile at a time (no S x S matrix), dQ and dK/dV come
     from two kernels (for D > 128, dK and dV from one launch each), without atomics:
-    deterministic."""
+    deterministic. On sm_90 the two kernels are ``kaio_ops._attention_hopper_bwd``'s (wgmma,
+    TMA) where they measured faster (``hopper_takes``)."""
     op = "flash_attention_bwd"
     inputs = _arrays.Inputs(op)
     da = inputs.array(do, "do", ndim=4, dtypes=(f16, bf16), form="[B, H, S, D]")
