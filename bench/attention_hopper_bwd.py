@@ -33,8 +33,9 @@ from bench.attention_hopper import emit, save, time_calls  # noqa: E402
 NEW = {  # name: overrides of _attention_hopper_bwd.config's constexprs, per kernel
     "wgmma": {},
     "wgmma pipe0": {"dkdv": {"PIPE": 0}, "dq": {"PIPE": 0}},
+    "wgmma pipe1": {"dkdv": {"PIPE": 1}, "dq": {"PIPE": 1}},
     "wgmma s2": {"dkdv": {"STAGES": 2}, "dq": {"STAGES": 2}},
-    "wgmma dq bn128": {"dq": {"BN": 128, "STAGES": 2}},
+    "wgmma dq bn128": {"dq": {"BN": 128, "STAGES": 2, "PIPE": 0}},
 }
 DEFAULTS = (("float16", 128), ("bfloat16", 128), ("float16", 64))
 

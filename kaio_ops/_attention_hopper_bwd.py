@@ -52,26 +52,35 @@ from kaio_ops._attention_hopper import (
     issue_s,
     pack_p,
 )
-from kaio_ops._attention_tc import NEG_INF, POS_INF, lse_log2
+from kaio_ops._attention_tc import POS_INF, lse_log2
 
 
 @kaio.gpu_func
 def produce(
     a_s: DT[:, :, :], b_s: DT[:, :, :], x_s: DT[:, :, :, :], y_s: DT[:, :, :, :],
-    bars: u64[:, :], turn: u64[:], ta: kaio.tensormap, tb: kaio.tensormap,
-    tx: kaio.tensormap, ty: kaio.tensormap, once_row: i32, ring_row: i32, head_stride: i32,
-    heads_n: i32, first: i32, n_tiles: i32, D: kaio.constexpr, ONCE: kaio.constexpr,
-    R: kaio.constexpr, STAGES: kaio.constexpr, DT: kaio.constexpr,
+    stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], ta: kaio.tensormap,
+    tb: kaio.tensormap, tx: kaio.tensormap, ty: kaio.tensormap, tl: kaio.tensormap,
+    td: kaio.tensormap, once_row: i32, ring_row: i32, head_stride: i32, heads_n: i32,
+    first: i32, n_tiles: i32, D: kaio.constexpr, ONCE: kaio.constexpr, R: kaio.constexpr,
+    STAGES: kaio.constexpr, RING_STATS: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """The producer's copies: ``ONCE`` rows of ``ta``, ``tb`` from ``once_row`` into a_s,
     b_s (once, on ``turn[0]``), then for each head j < heads_n and tile t in first ..
     n_tiles the ``R`` rows from ``ring_row + j * head_stride + t * R`` of ``tx``, ``ty``
-    into the ring's next stage (on its "landed" barrier), once the consumers freed it."""
+    into the ring's next stage (on its "landed" barrier), once the consumers freed it. The
+    rows' lse and delta (``tl``, ``td``: [1, rows] f32) go to ``stats[0 and 1, stage]`` with
+    each ring tile where ``RING_STATS``, else to ``stats[0 and 1, 0]`` with the tiles loaded
+    once."""
     C = D // 64
-    kaio.mbarrier_arrive_expect_tx(turn, 0, u32(2 * ONCE * D * 2))
+    STATS_ONCE = 0 if RING_STATS else 2 * ONCE * 4
+    kaio.mbarrier_arrive_expect_tx(turn, 0, u32(2 * ONCE * D * 2 + STATS_ONCE))
     for c in kaio.static_range(C):
         kaio.tma_load_2d(a_s, (c, 0, 0), ta, once_row, c * 64, turn, 0)
         kaio.tma_load_2d(b_s, (c, 0, 0), tb, once_row, c * 64, turn, 0)
+    if not RING_STATS:
+        kaio.tma_load_2d(stats, (0, 0, 0), tl, 0, once_row, turn, 0)
+        kaio.tma_load_2d(stats, (1, 0, 0), td, 0, once_row, turn, 0)
+    STATS_RING = 2 * R * 4 if RING_STATS else 0
     st = i32(0)
     ph = u32(0)
     per = kaio.max(n_tiles - first, 0)
@@ -79,10 +88,13 @@ def produce(
         row = ring_row + i // per * head_stride + (first + i % per) * R
         if i >= STAGES:  # stage st held tile i - STAGES: wait until it is free
             kaio.mbarrier_wait(bars, (1, st), ph ^ 1)
-        kaio.mbarrier_arrive_expect_tx(bars, (0, st), u32(2 * R * D * 2))
+        kaio.mbarrier_arrive_expect_tx(bars, (0, st), u32(2 * R * D * 2 + STATS_RING))
         for c in kaio.static_range(C):
             kaio.tma_load_2d(x_s, (st, c, 0, 0), tx, row, c * 64, bars, (0, st))
             kaio.tma_load_2d(y_s, (st, c, 0, 0), ty, row, c * 64, bars, (0, st))
+        if RING_STATS:
+            kaio.tma_load_2d(stats, (0, st, 0), tl, 0, row, bars, (0, st))
+            kaio.tma_load_2d(stats, (1, st, 0), td, 0, row, bars, (0, st))
         st += 1
         if st == STAGES:
             st = 0
@@ -115,64 +127,55 @@ def zero_acc(acc: f32[:, :], N: kaio.constexpr):
 
 
 @kaio.gpu_func
-def column_stats(
-    l2: f32[:, :], dl: f32[:, :], lse: f32[:], delta: f32[:], at0: i32, q0: i32, sq: i32,
-    lane: u32, BM: kaio.constexpr,
-):  # fmt: skip
-    """l2[n, e], dl[n, e]: the base-2 lse offset and delta of query q0 + 8n + 2 (lane % 4) + e
-    (this lane's columns of an S^T accumulator), +inf and 0 past sq; ``at0`` indexes query 0
-    of the head in lse and delta (8-byte loads where both queries lie inside)."""
-    for n in kaio.static_range(BM // 8):
-        query = q0 + n * 8 + i32(lane % 4) * 2
-        pair = kaio.local(f32, 2)
-        dpair = kaio.local(f32, 2)
-        if query + 1 < sq and sq % 2 == 0:  # both inside, 8-byte aligned
-            kaio.load_vector(pair, lse, at0 + query)
-            kaio.load_vector(dpair, delta, at0 + query)
-        else:
-            for e in kaio.static_range(2):
-                inside = query + e < sq
-                at = at0 + kaio.select(inside, query + e, 0)
-                pair[e] = kaio.select(inside, lse[at], NEG_INF)
-                dpair[e] = kaio.select(inside, delta[at], 0.0)
-        for e in kaio.static_range(2):
-            l2[n, e] = lse_log2(pair[e])
-            dl[n, e] = dpair[e]
-
-
-@kaio.gpu_func
 def grads_t(
-    s: f32[:, :], dp: f32[:, :], l2: f32[:, :], dl: f32[:, :], key0: i32, q0: i32, sq: i32,
+    s: f32[:, :], dp: f32[:, :], stats: f32[:, :, :], st: i32, key0: i32, q0: i32, sq: i32,
     causal: i32, scale_log2: f32, lane: u32, BM: kaio.constexpr,
 ):  # fmt: skip
-    """s = P^T, dp = dS^T = P^T (dP^T - delta) of one query tile (columns: queries q0 + 8n +
-    2 (lane % 4) + e, rows: keys key0 + 8h), the queries past sq and (causal) before the key
-    masked to zero probability where the tile needs it."""
+    """s = P^T, dp = dS^T = P^T (dP^T - delta) of the query tile in ring stage ``st``
+    (columns: queries q0 + 8n + 2 (lane % 4) + e, whose lse and delta are ``stats[0 and 1,
+    st]``; rows: keys key0 + 8h), the queries past sq and (causal) before the key masked to
+    zero probability where the tile needs it."""
     masked = q0 + BM > sq or (causal != 0 and q0 < key0 - i32(lane // 4) + 15)
     for n in kaio.static_range(BM // 8):
         for e in kaio.static_range(2):
+            col = n * 8 + i32(lane % 4) * 2 + e
+            l2 = lse_log2(stats[0, st, col])
+            dl = stats[1, st, col]
             for h in kaio.static_range(2):
-                x = kaio.exp2(kaio.fma(s[n, 2 * h + e], scale_log2, -l2[n, e]))
+                x = kaio.exp2(kaio.fma(s[n, 2 * h + e], scale_log2, -l2))
                 if masked:
-                    query = q0 + n * 8 + i32(lane % 4) * 2 + e
-                    ok = query < sq and (causal == 0 or key0 + 8 * h <= query)
+                    ok = q0 + col < sq and (causal == 0 or key0 + 8 * h <= q0 + col)
                     x = kaio.select(ok, x, 0.0)
                 s[n, 2 * h + e] = x
-                dp[n, 2 * h + e] = x * (dp[n, 2 * h + e] - dl[n, e])
+                dp[n, 2 * h + e] = x * (dp[n, 2 * h + e] - dl)
+
+
+@kaio.gpu_func
+def issue_front(
+    s: f32[:, :], dp: f32[:, :], a_s: DT[:, :, :], b_s: DT[:, :, :], x_s: DT[:, :, :, :],
+    y_s: DT[:, :, :, :], st: i32, wg: u32, D: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """Issue a tile's first two products, each its own group (``issue_s`` commits): s = A X^T
+    and dp = B Y^T for this warpgroup's 64 rows of the tiles loaded once (a_s, b_s) and the
+    ring's stage st of x_s, y_s (S^T = K Q^T and dP^T = V dO^T, resp. S = Q K^T and
+    dP = dO V^T)."""
+    issue_s(s, a_s, x_s, st, wg, D, DT)
+    issue_s(dp, b_s, y_s, st, wg, D, DT)
 
 
 @kaio.gpu_func
 def consume_dkdv(
     k_s: DT[:, :, :], v_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :],
-    bars: u64[:, :], turn: u64[:], lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:],
-    wg: u32, lt: u32, kvh: i32, first_head: i32, group: i32, first: i32, n_tiles: i32,
-    k0: i32, sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32, D: kaio.constexpr,
-    BM: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr, DT: kaio.constexpr,
+    stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], dk: DT[:], dv: DT[:], wg: u32,
+    lt: u32, kvh: i32, group: i32, first: i32, n_tiles: i32, k0: i32, sq: i32, sk: i32,
+    causal: i32, scale_log2: f32, scale: f32, D: kaio.constexpr, BM: kaio.constexpr,
+    STAGES: kaio.constexpr, PIPE: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 keys (thread ``lt`` of it): dK and dV over the query
-    tiles of the group's heads (module docstring), then stored. ``PIPE`` 1 issues the next
-    tile's S^T and dP^T right behind this tile's dV and dK (the tensor cores never wait for
-    this warpgroup's issue), and frees a stage one tile later."""
+    tiles of the group's heads (module docstring), then stored. ``PIPE``: 0 each tile's
+    products issued and waited for in turn; 1 tile i's S^T and dP^T issued together with
+    tile i - 1's dV and dK, so that tile i's P^T and dS^T are computed while those run (the
+    forward's intra-warpgroup overlap)."""
     lane = lt % 32
     key0 = k0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)  # rows key0, key0 + 8
     dka = kaio.local(f32, (D // 8, 4))
@@ -183,57 +186,77 @@ def consume_dkdv(
     dp = kaio.local(f32, (BM // 8, 4))
     p = kaio.local(u32, (BM // 16, 4))
     ds = kaio.local(u32, (BM // 16, 4))
-    l2 = kaio.local(f32, (BM // 8, 2))
-    dl = kaio.local(f32, (BM // 8, 2))
     per = kaio.max(n_tiles - first, 0)  # query tiles a head
     total = group * per
     kaio.mbarrier_wait(turn, 0, 0)  # K and V landed
     st = i32(0)  # the stage and parity of tile i
     ph = u32(0)
-    ps = i32(0)  # the stage of tile i - 1
-    if PIPE and total > 0:
-        kaio.mbarrier_wait(bars, (0, 0), 0)
-        kaio.wgmma_fence()
-        issue_s(s, k_s, q_s, 0, wg, D, DT)  # S^T = K Q^T
-        issue_s(dp, v_s, do_s, 0, wg, D, DT)  # dP^T = V dO^T
-    for i in range(total):
-        at0 = (first_head + i // per) * sq
-        q0 = (first + i % per) * BM
-        if not PIPE:
+    if PIPE == 0:
+        for i in range(total):
             kaio.mbarrier_wait(bars, (0, st), ph)
             kaio.wgmma_fence()
-            issue_s(s, k_s, q_s, st, wg, D, DT)
-            issue_s(dp, v_s, do_s, st, wg, D, DT)
-        column_stats(l2, dl, lse, delta, at0, q0, sq, lane, BM)
+            issue_front(s, dp, k_s, v_s, q_s, do_s, st, wg, D, DT)  # S^T = K Q^T, dP^T = V dO^T
+            kaio.wgmma_wait(0)
+            grads_t(s, dp, stats, st, key0, (first + i % per) * BM, sq, causal, scale_log2,
+                    lane, BM)  # fmt: skip
+            pack_p(p, s, BM, DT)
+            pack_p(ds, dp, BM, DT)
+            kaio.wgmma_fence()
+            issue_back_dkdv(dka, dva, p, ds, q_s, do_s, st, BM, DT)
+            kaio.wgmma_wait(0)
+            release(bars, st, lt)
+            st += 1
+            if st == STAGES:
+                st = 0
+                ph ^= 1
+    elif total > 0:
+        kaio.mbarrier_wait(bars, (0, 0), 0)
+        kaio.wgmma_fence()
+        issue_front(s, dp, k_s, v_s, q_s, do_s, 0, wg, D, DT)
         kaio.wgmma_wait(0)
-        if PIPE and i > 0 and lt == 0:  # tile i - 1's dV and dK are done
-            kaio.mbarrier_arrive(bars, (1, ps))
-        grads_t(s, dp, l2, dl, key0, q0, sq, causal, scale_log2, lane, BM)
+        grads_t(s, dp, stats, 0, key0, first * BM, sq, causal, scale_log2, lane, BM)
         pack_p(p, s, BM, DT)
         pack_p(ds, dp, BM, DT)
-        kaio.wgmma_fence()
-        issue_pv(dva, p, do_s, st, BM, DT)  # dV += P^T dO
-        issue_pv(dka, ds, q_s, st, BM, DT)  # dK += dS^T Q
-        ps = st
-        st += 1
-        if st == STAGES:
+        ps = i32(0)  # the stage of tile i - 1
+        st = 1
+        if STAGES == 1:
             st = 0
-            ph ^= 1
-        if not PIPE:
-            kaio.wgmma_wait(0)
-            if lt == 0:
-                kaio.mbarrier_arrive(bars, (1, ps))
-        elif i + 1 < total:
+            ph = 1
+        for i in range(1, total):
             kaio.mbarrier_wait(bars, (0, st), ph)
-            issue_s(s, k_s, q_s, st, wg, D, DT)
-            issue_s(dp, v_s, do_s, st, wg, D, DT)
-    if PIPE and total > 0:
+            kaio.wgmma_fence()
+            issue_front(s, dp, k_s, v_s, q_s, do_s, st, wg, D, DT)
+            issue_back_dkdv(dka, dva, p, ds, q_s, do_s, ps, BM, DT)  # tile i - 1's
+            kaio.wgmma_wait(2)  # S^T, dP^T done (tile i - 1's dV, dK may still run)
+            grads_t(s, dp, stats, st, key0, (first + i % per) * BM, sq, causal, scale_log2,
+                    lane, BM)  # fmt: skip
+            kaio.wgmma_wait(0)  # tile i - 1's dV, dK done: p, ds and its stage are free
+            release(bars, ps, lt)
+            pack_p(p, s, BM, DT)
+            pack_p(ds, dp, BM, DT)
+            ps = st
+            st += 1
+            if st == STAGES:
+                st = 0
+                ph ^= 1
+        kaio.wgmma_fence()
+        issue_back_dkdv(dka, dva, p, ds, q_s, do_s, ps, BM, DT)
         kaio.wgmma_wait(0)
-        if lt == 0:
-            kaio.mbarrier_arrive(bars, (1, ps))
+        release(bars, ps, lt)
     at = kvh * sk * D
     store_tile(dk, dka, at, key0, sk, scale, lane, D, DT)
     store_tile(dv, dva, at, key0, sk, 1.0, lane, D, DT)
+
+
+@kaio.gpu_func
+def issue_back_dkdv(
+    dka: f32[:, :], dva: f32[:, :], p: u32[:, :], ds: u32[:, :], q_s: DT[:, :, :, :],
+    do_s: DT[:, :, :, :], st: i32, BM: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """Issue dV += P^T dO and dK += dS^T Q of the query tile in stage st (each its own
+    group; P^T and dS^T from registers)."""
+    issue_pv(dva, p, do_s, st, BM, DT)
+    issue_pv(dka, ds, q_s, st, BM, DT)
 
 
 @kaio.gpu_func
@@ -258,76 +281,100 @@ def grads(
 @kaio.gpu_func
 def consume_dq(
     q_s: DT[:, :, :], do_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :],
-    bars: u64[:, :], turn: u64[:], lse: f32[:], delta: f32[:], dq: DT[:], wg: u32, lt: u32,
-    bh: i32, q0: i32, n_tiles: i32, sq: i32, sk: i32, causal: i32, scale_log2: f32,
-    scale: f32, D: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr,
-    PIPE: kaio.constexpr, DT: kaio.constexpr,
+    stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], dq: DT[:], wg: u32, lt: u32, bh: i32,
+    q0: i32, n_tiles: i32, sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32,
+    D: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr,
+    DT: kaio.constexpr,
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 query rows (thread ``lt`` of it): dQ over the key tiles
-    (module docstring), then stored; ``PIPE`` as ``consume_dkdv``'s."""
+    (module docstring; at least one), then stored; ``PIPE`` as ``consume_dkdv``'s. The
+    rows' lse and delta are ``stats[0 and 1, 0]``."""
     lane = lt % 32
-    row0 = q0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)  # rows row0, row0 + 8
-    l2 = kaio.local(f32, 2)
-    dl = kaio.local(f32, 2)
-    for h in kaio.static_range(2):
-        inside = row0 + 8 * h < sq
-        at = bh * sq + kaio.select(inside, row0 + 8 * h, 0)
-        l2[h] = kaio.select(inside, lse_log2(lse[at]), POS_INF)
-        dl[h] = kaio.select(inside, delta[at], 0.0)
+    local = 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)  # rows q0 + local (+ 8)
+    row0 = q0 + local
     dqa = kaio.local(f32, (D // 8, 4))
     zero_acc(dqa, D)
     s = kaio.local(f32, (BN // 8, 4))
     dp = kaio.local(f32, (BN // 8, 4))
     ds = kaio.local(u32, (BN // 16, 4))
-    kaio.mbarrier_wait(turn, 0, 0)  # Q and dO landed
+    kaio.mbarrier_wait(turn, 0, 0)  # Q, dO and their rows' stats landed
+    l2 = kaio.local(f32, 2)
+    dl = kaio.local(f32, 2)
+    for h in kaio.static_range(2):
+        inside = row0 + 8 * h < sq
+        l2[h] = kaio.select(inside, lse_log2(stats[0, 0, local + 8 * h]), POS_INF)
+        dl[h] = kaio.select(inside, stats[1, 0, local + 8 * h], 0.0)
     st = i32(0)
     ph = u32(0)
-    ps = i32(0)
-    if PIPE and n_tiles > 0:
-        kaio.mbarrier_wait(bars, (0, 0), 0)
-        kaio.wgmma_fence()
-        issue_s(s, q_s, k_s, 0, wg, D, DT)  # S = Q K^T
-        issue_s(dp, do_s, v_s, 0, wg, D, DT)  # dP = dO V^T
-    for j in range(n_tiles):
-        if not PIPE:
+    if PIPE == 0:
+        for j in range(n_tiles):
             kaio.mbarrier_wait(bars, (0, st), ph)
             kaio.wgmma_fence()
-            issue_s(s, q_s, k_s, st, wg, D, DT)
-            issue_s(dp, do_s, v_s, st, wg, D, DT)
-        kaio.wgmma_wait(0)
-        if PIPE and j > 0 and lt == 0:  # tile j - 1's dQ product is done
-            kaio.mbarrier_arrive(bars, (1, ps))
-        grads(s, dp, l2, dl, j * BN, row0, sk, causal, scale_log2, lane, BN)
-        pack_p(ds, dp, BN, DT)
-        kaio.wgmma_fence()
-        issue_pv(dqa, ds, k_s, st, BN, DT)  # dQ += dS K
-        ps = st
-        st += 1
-        if st == STAGES:
-            st = 0
-            ph ^= 1
-        if not PIPE:
+            issue_front(s, dp, q_s, do_s, k_s, v_s, st, wg, D, DT)  # S = Q K^T, dP = dO V^T
             kaio.wgmma_wait(0)
-            if lt == 0:
-                kaio.mbarrier_arrive(bars, (1, ps))
-        elif j + 1 < n_tiles:
-            kaio.mbarrier_wait(bars, (0, st), ph)
-            issue_s(s, q_s, k_s, st, wg, D, DT)
-            issue_s(dp, do_s, v_s, st, wg, D, DT)
-    if PIPE and n_tiles > 0:
+            grads(s, dp, l2, dl, j * BN, row0, sk, causal, scale_log2, lane, BN)
+            pack_p(ds, dp, BN, DT)
+            kaio.wgmma_fence()
+            issue_pv(dqa, ds, k_s, st, BN, DT)  # dQ += dS K
+            kaio.wgmma_wait(0)
+            release(bars, st, lt)
+            st += 1
+            if st == STAGES:
+                st = 0
+                ph ^= 1
+    else:
+        kaio.mbarrier_wait(bars, (0, 0), 0)
+        kaio.wgmma_fence()
+        issue_front(s, dp, q_s, do_s, k_s, v_s, 0, wg, D, DT)
         kaio.wgmma_wait(0)
-        if lt == 0:
-            kaio.mbarrier_arrive(bars, (1, ps))
+        grads(s, dp, l2, dl, 0, row0, sk, causal, scale_log2, lane, BN)
+        pack_p(ds, dp, BN, DT)
+        ps = i32(0)
+        st = 1
+        if STAGES == 1:
+            st = 0
+            ph = 1
+        for j in range(1, n_tiles):
+            kaio.mbarrier_wait(bars, (0, st), ph)
+            kaio.wgmma_fence()
+            issue_front(s, dp, q_s, do_s, k_s, v_s, st, wg, D, DT)
+            issue_pv(dqa, ds, k_s, ps, BN, DT)  # tile j - 1's dQ += dS K
+            kaio.wgmma_wait(1)  # S, dP done (tile j - 1's dQ product may still run)
+            grads(s, dp, l2, dl, j * BN, row0, sk, causal, scale_log2, lane, BN)
+            kaio.wgmma_wait(0)  # tile j - 1's dQ product done: ds and its stage are free
+            release(bars, ps, lt)
+            pack_p(ds, dp, BN, DT)
+            ps = st
+            st += 1
+            if st == STAGES:
+                st = 0
+                ph ^= 1
+        kaio.wgmma_fence()
+        issue_pv(dqa, ds, k_s, ps, BN, DT)
+        kaio.wgmma_wait(0)
+        release(bars, ps, lt)
     store_tile(dq, dqa, bh * sq * D, row0, sq, scale, lane, D, DT)
+
+
+@kaio.gpu_func
+def release(bars: u64[:, :], st: i32, lt: u32):
+    """This warp is done with ring stage st (its products waited for): each thread fences its
+    reads of the stage (the lse and delta read with ordinary loads) against the next TMA
+    copy into it, then the warp's first lane arrives on the stage's "free" barrier."""
+    kaio.fence_proxy_async()
+    kaio.sync_warp()
+    if lt % 32 == 0:
+        kaio.mbarrier_arrive(bars, (1, st))
 
 
 @kaio.gpu_func
 def init_barriers(bars: u64[:, :], turn: u64[:], WG: kaio.constexpr, STAGES: kaio.constexpr):
     """Thread 0: the ring's barriers (landed: the producer's arrival; free: one from each
-    consumer warpgroup) and ``turn[0]`` (the tiles loaded once), fenced for the copy engine."""
+    consumer warp, ``release``) and ``turn[0]`` (the tiles loaded once), fenced for the copy
+    engine."""
     for s in kaio.static_range(STAGES):
         kaio.mbarrier_init(bars, (0, s), 1)
-        kaio.mbarrier_init(bars, (1, s), WG)
+        kaio.mbarrier_init(bars, (1, s), 4 * WG)  # an arrival from each consumer warp
     kaio.mbarrier_init(turn, 0, 1)
     kaio.fence_proxy_async()
 
@@ -338,8 +385,8 @@ def attention_bwd_dkdv_wgmma(
     tv: kaio.tensormap,
     tq: kaio.tensormap,
     tdo: kaio.tensormap,
-    lse: f32[:],
-    delta: f32[:],
+    tl: kaio.tensormap,
+    td: kaio.tensormap,
     dk: DT[:],
     dv: DT[:],
     sq: i32,
@@ -360,19 +407,22 @@ def attention_bwd_dkdv_wgmma(
     """dk, dv of the ``64 * WG`` keys of block x and K/V head ``kvh`` = block y, summed over
     the query heads of its group (module docstring). ``tk``, ``tv``: k, v as [B * Hkv * sk, D]
     in boxes of (64 * WG, 64); ``tq``, ``tdo``: q, do as [B * H * sq, D] in boxes of (BM,
-    64); lse, delta [B * H * sq], dk, dv [B * Hkv * sk * D] flat; ``scale_log2``: the scale
-    times log2(e)."""
+    64); ``tl``, ``td``: lse, delta as [1, B * H * sq] f32 in boxes of (1, BM); dk, dv
+    [B * Hkv * sk * D] flat; ``scale_log2``: the scale times log2(e)."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     BK = 64 * WG
     C = D // 64
     ONCE_BYTES = BK * D * 2
     RING_BYTES = STAGES * BM * D * 2
+    STATS = 2 * ONCE_BYTES + 2 * RING_BYTES
+    BARS = STATS + 2 * STAGES * BM * 4
     k_s = kaio.shared_dynamic(DT, (C, BK, 64), 0)
     v_s = kaio.shared_dynamic(DT, (C, BK, 64), ONCE_BYTES)
     q_s = kaio.shared_dynamic(DT, (STAGES, C, BM, 64), 2 * ONCE_BYTES)
     do_s = kaio.shared_dynamic(DT, (STAGES, C, BM, 64), 2 * ONCE_BYTES + RING_BYTES)
-    bars = kaio.shared_dynamic(u64, (2, STAGES), 2 * ONCE_BYTES + 2 * RING_BYTES)
-    turn = kaio.shared_dynamic(u64, (2,), 2 * ONCE_BYTES + 2 * RING_BYTES + 16 * STAGES)
+    stats = kaio.shared_dynamic(f32, (2, STAGES, BM), STATS)
+    bars = kaio.shared_dynamic(u64, (2, STAGES), BARS)
+    turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * STAGES)
     t = kaio.thread_idx_x()
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
     lt = t % 128
@@ -390,16 +440,16 @@ def attention_bwd_dkdv_wgmma(
     if wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
-        consume_dkdv(k_s, v_s, q_s, do_s, bars, turn, lse, delta, dk, dv, wg, lt, kvh,
-                     first_head, group, first, n_tiles, k0, sq, sk, causal, scale_log2, scale,
-                     D, BM, STAGES, PIPE, DT)  # fmt: skip
+        consume_dkdv(k_s, v_s, q_s, do_s, stats, bars, turn, dk, dv, wg, lt, kvh, group,
+                     first, n_tiles, k0, sq, sk, causal, scale_log2, scale, D, BM, STAGES,
+                     PIPE, DT)  # fmt: skip
     else:  # the producer warpgroup: its first thread loads
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         if lt == 0:
-            produce(k_s, v_s, q_s, do_s, bars, turn, tk, tv, tq, tdo, kvh * sk + k0,
-                    first_head * sq, sq, group, first, n_tiles, D, BK, BM, STAGES,
-                    DT)  # fmt: skip
+            produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl, td,
+                    kvh * sk + k0, first_head * sq, sq, group, first, n_tiles, D, BK, BM,
+                    STAGES, True, DT)  # fmt: skip
 
 
 @kaio.gpu_kernel(fastmath=True)
@@ -408,8 +458,8 @@ def attention_bwd_dq_wgmma(
     tdo: kaio.tensormap,
     tk: kaio.tensormap,
     tv: kaio.tensormap,
-    lse: f32[:],
-    delta: f32[:],
+    tl: kaio.tensormap,
+    td: kaio.tensormap,
     dq: DT[:],
     sq: i32,
     sk: i32,
@@ -429,18 +479,22 @@ def attention_bwd_dq_wgmma(
     """dq of the ``64 * WG`` query rows of block x (the heaviest causal tiles first) of
     (batch, head) ``bh`` = block y (module docstring). ``tq``, ``tdo``: q, do as
     [B * H * sq, D] in boxes of (64 * WG, 64); ``tk``, ``tv``: k, v as [B * Hkv * sk, D] in
-    boxes of (BN, 64); lse, delta [B * H * sq], dq [B * H * sq * D] flat."""
+    boxes of (BN, 64); ``tl``, ``td``: lse, delta as [1, B * H * sq] f32 in boxes of
+    (1, 64 * WG); dq [B * H * sq * D] flat."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     BQ = 64 * WG
     C = D // 64
     ONCE_BYTES = BQ * D * 2
     RING_BYTES = STAGES * BN * D * 2
+    STATS = 2 * ONCE_BYTES + 2 * RING_BYTES
+    BARS = STATS + 2 * BQ * 4
     q_s = kaio.shared_dynamic(DT, (C, BQ, 64), 0)
     do_s = kaio.shared_dynamic(DT, (C, BQ, 64), ONCE_BYTES)
     k_s = kaio.shared_dynamic(DT, (STAGES, C, BN, 64), 2 * ONCE_BYTES)
     v_s = kaio.shared_dynamic(DT, (STAGES, C, BN, 64), 2 * ONCE_BYTES + RING_BYTES)
-    bars = kaio.shared_dynamic(u64, (2, STAGES), 2 * ONCE_BYTES + 2 * RING_BYTES)
-    turn = kaio.shared_dynamic(u64, (2,), 2 * ONCE_BYTES + 2 * RING_BYTES + 16 * STAGES)
+    stats = kaio.shared_dynamic(f32, (2, 1, BQ), STATS)
+    bars = kaio.shared_dynamic(u64, (2, STAGES), BARS)
+    turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * STAGES)
     t = kaio.thread_idx_x()
     wg = kaio.shfl_idx(t // 128, 0)
     lt = t % 128
@@ -456,38 +510,48 @@ def attention_bwd_dq_wgmma(
     if wg < WG:
         if REGS:
             kaio.setmaxnreg_inc(REGS)
-        consume_dq(q_s, do_s, k_s, v_s, bars, turn, lse, delta, dq, wg, lt, bh, q0, n_tiles,
-                   sq, sk, causal, scale_log2, scale, D, BN, STAGES, PIPE, DT)  # fmt: skip
+        consume_dq(q_s, do_s, k_s, v_s, stats, bars, turn, dq, wg, lt, bh, q0, n_tiles, sq,
+                   sk, causal, scale_log2, scale, D, BN, STAGES, PIPE, DT)  # fmt: skip
     else:
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         if lt == 0:
-            produce(q_s, do_s, k_s, v_s, bars, turn, tq, tdo, tk, tv, bh * sq + q0, kvh * sk,
-                    0, 1, 0, n_tiles, D, BQ, BN, STAGES, DT)  # fmt: skip
+            produce(q_s, do_s, k_s, v_s, stats, bars, turn, tq, tdo, tk, tv, tl, td,
+                    bh * sq + q0, kvh * sk, 0, 1, 0, n_tiles, D, BQ, BN, STAGES, False,
+                    DT)  # fmt: skip
 
 
-def shared_bytes(d: int, once: int, ring: int, stages: int) -> int:
+def shared_bytes(d: int, once: int, ring: int, stages: int, stat_rows: int) -> int:
     """The dynamic shared memory of either kernel: the two tiles loaded once (``once`` rows),
-    the ring's two tiles of ``ring`` rows a stage, its barriers."""
-    return 2 * once * d * 2 + 2 * stages * ring * d * 2 + 16 * stages + 16
+    the ring's two tiles of ``ring`` rows a stage, the lse and delta of ``stat_rows`` rows,
+    the barriers."""
+    return 2 * once * d * 2 + 2 * stages * ring * d * 2 + 2 * stat_rows * 4 + 16 * stages + 16
 
 
-def _stages(d: int, once: int, ring: int) -> int:
-    return max(1, min(4, (SHARED_LIMIT - 2 * once * d * 2 - 256) // (2 * ring * d * 2)))
+def _stages(d: int, once: int, ring: int, ring_stats: bool) -> int:
+    left = SHARED_LIMIT - 2 * once * d * 2 - 2 * once * 4 - 256
+    return max(1, min(4, left // (2 * ring * d * 2 + (2 * ring * 4 if ring_stats else 0))))
 
 
 def config(d: int) -> dict:
     """The constexprs of both kernels for head dim ``d`` (64 or 128): ``{"dkdv": {BM, WG,
     STAGES, PIPE, REGS}, "dq": {BN, WG, STAGES, PIPE, REGS}}``: two consumer warpgroups (128
     keys, resp. 128 query rows, a block), query tiles of 64 for dK/dV, key tiles of 64 for
-    dQ, as many ring stages as fit (at most 4), the next tile's products issued behind this
-    one's (``PIPE`` 1, which needs two stages or more)."""
+    dQ, as many ring stages as fit (at most 4), and the overlap of a tile's P and dS with
+    the previous tile's products (``PIPE`` 1) except for dK/dV at D = 128, where P^T, dS^T,
+    S^T, dP^T and both accumulators do not fit in the registers together (144 bytes
+    spilled)."""
     wg = 2
-    common = {"WG": wg, "PIPE": 1, "REGS": consumer_registers(wg)}
+    common = {"WG": wg, "REGS": consumer_registers(wg)}
     bm, bn = 64, 64
     return {
-        "dkdv": {"BM": bm, "STAGES": _stages(d, 64 * wg, bm), **common},
-        "dq": {"BN": bn, "STAGES": _stages(d, 64 * wg, bn), **common},
+        "dkdv": {
+            "BM": bm,
+            "STAGES": _stages(d, 64 * wg, bm, True),
+            "PIPE": int(d < 128),
+            **common,
+        },  # fmt: skip
+        "dq": {"BN": bn, "STAGES": _stages(d, 64 * wg, bn, False), "PIPE": 1, **common},
     }
 
 
@@ -514,6 +578,11 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     from kaio_ops import _arrays
 
     bh, heads, group, sq, sk, d, _ = dims
+    if sq % 4 or not eligible(d):
+        raise ValueError(
+            f"_attention_hopper_bwd.launch: needs Sq a multiple of 4 (16-byte TMA copies of "
+            f"lse and delta) and D 64 or 128, got Sq = {sq}, D = {d}; use the mma.sync kernels"
+        )
     cfg = cfg or config(d)
     c1, c2 = cfg["dkdv"], cfg["dq"]
     stream = _arrays.stream_of(qa)
@@ -524,21 +593,27 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     def tmap(a, rows, box):
         return kaio.tensor_map_2d(_arrays.view(a.obj, a.kind, (rows, d)), (box, 64), SW)
 
-    lse_flat = la.arg(bh * sq)
+    def stats_maps(box):  # lse and delta as [1, B * H * sq] f32
+        flat = [
+            _arrays.view(la.obj, la.kind, (1, rows_q)),
+            _arrays.view(delta, la.kind, (1, rows_q)),
+        ]
+        return [kaio.tensor_map_2d(x, (1, box), 0) for x in flat]
+
     args = (sq, sk, heads, group, math.log2(math.e) * scale, scale, int(causal))
     bk = 64 * c1["WG"]
-    smem = shared_bytes(d, bk, c1["BM"], c1["STAGES"])
+    smem = shared_bytes(d, bk, c1["BM"], c1["STAGES"], c1["STAGES"] * c1["BM"])
     attention_bwd_dkdv_wgmma[(-(-sk // bk), bh // group), 128 * c1["WG"] + 128, stream, smem](
         tmap(ka, rows_kv, bk), tmap(va, rows_kv, bk), tmap(qa, rows_q, c1["BM"]),
-        tmap(da, rows_q, c1["BM"]), lse_flat, delta,
+        tmap(da, rows_q, c1["BM"]), *stats_maps(c1["BM"]),
         _arrays.output_arg(da, dk, (ka.size,)), _arrays.output_arg(da, dv, (ka.size,)), *args,
         D=d, DT=qa.dtype, **c1,
     )  # fmt: skip
     bq = 64 * c2["WG"]
-    smem = shared_bytes(d, bq, c2["BN"], c2["STAGES"])
+    smem = shared_bytes(d, bq, c2["BN"], c2["STAGES"], bq)
     attention_bwd_dq_wgmma[(-(-sq // bq), bh), 128 * c2["WG"] + 128, stream, smem](
         tmap(qa, rows_q, bq), tmap(da, rows_q, bq), tmap(ka, rows_kv, c2["BN"]),
-        tmap(va, rows_kv, c2["BN"]), lse_flat, delta, _arrays.output_arg(da, dq, (qa.size,)),
+        tmap(va, rows_kv, c2["BN"]), *stats_maps(bq), _arrays.output_arg(da, dq, (qa.size,)),
         *args, D=d, DT=qa.dtype, **c2,
     )  # fmt: skip
     return dq, dk, dv
