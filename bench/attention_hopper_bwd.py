@@ -20,6 +20,7 @@ Usage: ``python bench/attention_hopper_bwd.py {warm,check,time,tiny} [--out FILE
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -36,6 +37,8 @@ NEW = {  # name: overrides of _attention_hopper_bwd.config's constexprs, per ker
     "wgmma pipe1": {"dkdv": {"PIPE": 1}, "dq": {"PIPE": 1}},
     "wgmma s2": {"dkdv": {"STAGES": 2}, "dq": {"STAGES": 2}},
     "wgmma dq bn128": {"dq": {"BN": 128, "STAGES": 2, "PIPE": 0}},
+    "dkdv only": {"only": "dkdv"},  # one kernel alone (its FLOPs: 4/7 of the pair's, 2/3 dQ's)
+    "dq only": {"only": "dq"},
 }
 DEFAULTS = (("float16", 128), ("bfloat16", 128), ("float16", 64))
 
@@ -58,7 +61,7 @@ def runner(kind: str, d: int, over: dict):
     from kaio_ops import attention
 
     raw = attention.flash_attention_bwd.__wrapped__
-    base = hb.config
+    base, launch = hb.config, hb.launch
 
     def run(do, q, k, v, o, lse, causal):
         if kind == "old":
@@ -68,13 +71,15 @@ def runner(kind: str, d: int, over: dict):
             finally:
                 del os.environ["KAIO_HOPPER_ATTENTION"]
         cfg = base(d)
-        cfg = {key: {**cfg[key], **over.get(key, {})} for key in cfg}
-        saved = (hb.config, hb.worthwhile)
+        cfg = {key: {**cfg[key], **over.get(key, {})} for key in cfg if key != "only"}
+        saved = (hb.config, hb.worthwhile, hb.launch)
         hb.config, hb.worthwhile = (lambda _d: cfg), (lambda *a: True)
+        if "only" in over:
+            hb.launch = functools.partial(launch, only=over["only"])
         try:
             return raw(do, q, k, v, o, lse, causal)
         finally:
-            hb.config, hb.worthwhile = saved
+            hb.config, hb.worthwhile, hb.launch = saved
 
     return run
 
@@ -147,6 +152,8 @@ def check(out_path):
     rows, refs = [], {}
     for label, dtype, d, kind, over in variants():
         run = runner(kind, d, over)
+        if "only" in over:  # the other kernel's outputs are left unwritten
+            continue
         for b, h, hkv, sq, sk in shapes:
             if label != "wgmma" and sq != 1024:
                 continue
@@ -206,7 +213,7 @@ def bench(out_path, check_log=None, quick=False):
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
     cases = [  # dtype, d, b, h, hkv, s, variants
-        ("float16", 128, 4, 16, 16, 4096, list(NEW) + ["mma.sync"]),
+        ("float16", 128, 4, 16, 16, 4096, list(NEW) + ["mma.sync"]),  # "only": kernel ms
         ("bfloat16", 128, 4, 16, 16, 4096, ["wgmma", "mma.sync"]),
         ("float16", 64, 4, 16, 16, 4096, ["wgmma", "wgmma pipe0", "wgmma dq bn128", "mma.sync"]),
         ("float16", 128, 2, 16, 16, 8192, ["wgmma", "mma.sync"]),
@@ -226,14 +233,16 @@ def bench(out_path, check_log=None, quick=False):
         for causal in (False, True):
             flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
             o, lse = forward(q, k, v, causal)
-            res = {}
+            res, times = {}, {}
             for lab in names:
                 kind, over = by[(lab, dtype, d)]
-                if kind == "new" and ok is not None and (lab, dtype, d) not in ok:
+                checked = "wgmma" if "only" in over else lab
+                if kind == "new" and ok is not None and (checked, dtype, d) not in ok:
                     continue
                 run = runner(kind, d, over)
                 ms = time_calls(lambda run=run, a=(do, q, k, v, o, lse, causal): run(*a))
                 res[lab] = flops / ms / 1e9
+                times[lab] = ms
             leaves = [x.detach().requires_grad_() for x in (q, k, v)]
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
                 out = sdpa(*leaves, is_causal=causal, enable_gqa=h != hkv)
@@ -243,9 +252,10 @@ def bench(out_path, check_log=None, quick=False):
                 )
             )
             res["sdpa flash"] = flops / ms / 1e9
+            times["sdpa flash"] = ms
             del out, leaves
             row = dict(gpu=name, dtype=dtype, d=d, b=b, h=h, hkv=hkv, s=s, causal=causal,
-                       tflops=res)  # fmt: skip
+                       tflops=res, ms=times)  # fmt: skip
             emit(rows, row)
     save(rows, out_path)
     print(f"\n{name}: backward TFLOP/s (2.5x forward FLOPs; CUDA events, median of 3 x 6)")

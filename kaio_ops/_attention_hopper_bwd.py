@@ -568,11 +568,12 @@ def worthwhile(bh: int, sq: int, sk: int, d: int, sms: int) -> bool:
 
 
 def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
-           cfg: dict | None = None):  # fmt: skip
+           cfg: dict | None = None, only: str | None = None):  # fmt: skip
     """Run both kernels on checked operands (``_arrays.Operand``s q, do [B, H, Sq, D], k, v
     [B, Hkv, Sk, D], lse [B, H, Sq] f32) and ``delta`` (flat f32 [B * H * Sq], rowsum(dO *
     O)); ``dims``: (B * H, H, group, sq, sk, d, d); ``cfg``: the constexprs (default
-    ``config(d)``). Returns (dq, dk, dv) of q's type and shapes."""
+    ``config(d)``); ``only``: "dkdv" or "dq" launches that kernel alone (to time it: the
+    other's outputs are left unwritten). Returns (dq, dk, dv) of q's type and shapes."""
     import math
 
     from kaio_ops import _arrays
@@ -603,19 +604,21 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     args = (sq, sk, heads, group, math.log2(math.e) * scale, scale, int(causal))
     bk = 64 * c1["WG"]
     smem = shared_bytes(d, bk, c1["BM"], c1["STAGES"], c1["STAGES"] * c1["BM"])
-    attention_bwd_dkdv_wgmma[(-(-sk // bk), bh // group), 128 * c1["WG"] + 128, stream, smem](
-        tmap(ka, rows_kv, bk), tmap(va, rows_kv, bk), tmap(qa, rows_q, c1["BM"]),
-        tmap(da, rows_q, c1["BM"]), *stats_maps(c1["BM"]),
-        _arrays.output_arg(da, dk, (ka.size,)), _arrays.output_arg(da, dv, (ka.size,)), *args,
-        D=d, DT=qa.dtype, **c1,
-    )  # fmt: skip
+    if only != "dq":
+        attention_bwd_dkdv_wgmma[(-(-sk // bk), bh // group), 128 * c1["WG"] + 128, stream, smem](
+            tmap(ka, rows_kv, bk), tmap(va, rows_kv, bk), tmap(qa, rows_q, c1["BM"]),
+            tmap(da, rows_q, c1["BM"]), *stats_maps(c1["BM"]),
+            _arrays.output_arg(da, dk, (ka.size,)), _arrays.output_arg(da, dv, (ka.size,)),
+            *args, D=d, DT=qa.dtype, **c1,
+        )  # fmt: skip
     bq = 64 * c2["WG"]
     smem = shared_bytes(d, bq, c2["BN"], c2["STAGES"], bq)
-    attention_bwd_dq_wgmma[(-(-sq // bq), bh), 128 * c2["WG"] + 128, stream, smem](
-        tmap(qa, rows_q, bq), tmap(da, rows_q, bq), tmap(ka, rows_kv, c2["BN"]),
-        tmap(va, rows_kv, c2["BN"]), *stats_maps(bq), _arrays.output_arg(da, dq, (qa.size,)),
-        *args, D=d, DT=qa.dtype, **c2,
-    )  # fmt: skip
+    if only != "dkdv":
+        attention_bwd_dq_wgmma[(-(-sq // bq), bh), 128 * c2["WG"] + 128, stream, smem](
+            tmap(qa, rows_q, bq), tmap(da, rows_q, bq), tmap(ka, rows_kv, c2["BN"]),
+            tmap(va, rows_kv, c2["BN"]), *stats_maps(bq),
+            _arrays.output_arg(da, dq, (qa.size,)), *args, D=d, DT=qa.dtype, **c2,
+        )  # fmt: skip
     return dq, dk, dv
 
 
