@@ -13,6 +13,7 @@ the others' results):
   same process: the wgmma variants, the mma.sync kernels (``KAIO_HOPPER_ATTENTION=0``) and
   SDPA's flash backward (``torch.autograd.grad`` of its output).
 - ``tiny``: the default kernels on a few small cases (for compute-sanitizer).
+- ``one``: one call of the default kernels at S 4096 (for Nsight Compute).
 
 Usage: ``python bench/attention_hopper_bwd.py {warm,check,time,tiny} [--out FILE.json]``.
 """
@@ -207,6 +208,16 @@ def tiny() -> None:
             print(f"tiny {dtype} D{d} causal={causal}: rel {errs}", flush=True)
 
 
+def one() -> None:
+    """One call of the default kernels, f16 B1 H16 S4096 D128 (for Nsight Compute)."""
+    import torch
+
+    q, k, v, do = tensors(1, 16, 16, 4096, 4096, 128, "float16")
+    o, lse = forward(q, k, v, False)
+    runner("new", 128, {})(do, q, k, v, o, lse, False)
+    torch.cuda.synchronize()
+
+
 def bench(out_path, check_log=None, quick=False):
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -275,7 +286,7 @@ def _json_lines(path):
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("step", choices=("warm", "check", "time", "tiny"))
+    p.add_argument("step", choices=("warm", "check", "time", "tiny", "one"))
     p.add_argument("--out")
     p.add_argument("--jobs", type=int, default=8)
     p.add_argument("--quick", action="store_true", help="time: the first three cases only")
@@ -296,6 +307,8 @@ def main() -> None:
         check(args.out)
     elif args.step == "tiny":
         tiny()
+    elif args.step == "one":
+        one()
     else:
         bench(args.out, args.check_log, args.quick)
 

@@ -68,7 +68,7 @@ def run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg):
         # D = 128, a query tail, keys past the last query (causal: zero dK, dV)
         (1, 1, 1, 100, 384, 128, np.float16, True, 2, 0),
         # D = 128, bf16, more tiles than stages, Sq > Sk with a partial key tile
-        (1, 2, 2, 320, 100, 128, ml_dtypes.bfloat16, False, 2, 1),
+        (1, 1, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 1),
     ],
 )
 def test_hopper_backward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, wg, pipe):
@@ -137,3 +137,16 @@ def test_gpu_flash_attention_bwd_takes_the_hopper_kernels(b, h, hkv, sq, sk, d, 
         assert g.dtype == dt and _rel_t(g, leaf.grad) < tol
     again = kaio_ops.flash_attention_bwd(do, q, k, v, o, lse, causal=causal)
     assert all(torch.equal(x, y) for x, y in zip(again, grads, strict=True))
+
+
+def test_launch_refuses_what_the_kernels_do_not_take():
+    """lse and delta are copied by TMA from query row bh * Sq on: Sq must be a multiple of 4;
+    and only D 64 and 128 have kernels."""
+    q = np.zeros((1, 1, 150, 64), np.float16)
+    lse = np.zeros((1, 1, 150), np.float32)
+    with kaio.simulate():
+        inputs = _arrays.Inputs("test")
+        (qa, ka, va), dims, scale = attention._check_flash("test", q, q, q, None, inputs)
+        la = inputs.array(lse, "lse", ndim=3, dtypes=(f32,))
+        with pytest.raises(ValueError, match="Sq a multiple of 4"):
+            hopper_bwd.launch(qa, ka, va, qa, la, lse.reshape(-1), dims, False, scale)
