@@ -38,9 +38,11 @@ NEW = {  # name: overrides of _attention_hopper_bwd.config's constexprs, per ker
     "wgmma pipe1": {"dkdv": {"PIPE": 1}, "dq": {"PIPE": 1}},
     "wgmma s2": {"dkdv": {"STAGES": 2}, "dq": {"STAGES": 2}},
     "wgmma dq bn128": {"dq": {"BN": 128, "STAGES": 2, "PIPE": 0}},
+    "wgmma dq areg": {"dq": {"AREG": 1}},  # Q, dO fragments in registers
     "dkdv only": {"only": "dkdv"},  # one kernel alone (its FLOPs: 4/7 of the pair's, 2/3 dQ's)
     "dq only": {"only": "dq"},
 }
+D64 = {"wgmma areg": {"dkdv": {"AREG": 1}, "dq": {"AREG": 1}}}  # D 64 only (D 128 spills)
 DEFAULTS = (("float16", 128), ("bfloat16", 128), ("float16", 64))
 
 
@@ -49,8 +51,8 @@ def variants():
     default kernels first (a check cut short by its timeout still covers them)."""
     out = [("wgmma", dt, d, "new", {}) for dt, d in DEFAULTS]
     out += [(name, "float16", 128, "new", over) for name, over in NEW.items() if over]
-    for name in ("wgmma pipe0", "wgmma dq bn128"):
-        out.append((name, "float16", 64, "new", NEW[name]))
+    for name in ("wgmma pipe0", "wgmma dq bn128", "wgmma dq areg", "wgmma areg"):
+        out.append((name, "float16", 64, "new", D64[name] if name in D64 else NEW[name]))
     out += [("mma.sync", dt, d, "old", {}) for dt, d in DEFAULTS]
     return out
 
@@ -226,7 +228,15 @@ def bench(out_path, check_log=None, quick=False):
     cases = [  # dtype, d, b, h, hkv, s, variants
         ("float16", 128, 4, 16, 16, 4096, list(NEW) + ["mma.sync"]),  # "only": kernel ms
         ("bfloat16", 128, 4, 16, 16, 4096, ["wgmma", "mma.sync"]),
-        ("float16", 64, 4, 16, 16, 4096, ["wgmma", "wgmma pipe0", "wgmma dq bn128", "mma.sync"]),
+        (
+            "float16",
+            64,
+            4,
+            16,
+            16,
+            4096,
+            ["wgmma", "wgmma pipe0", "wgmma dq bn128", "wgmma dq areg", "wgmma areg", "mma.sync"],
+        ),
         ("float16", 128, 2, 16, 16, 8192, ["wgmma", "mma.sync"]),
         ("float16", 128, 8, 16, 16, 2048, ["wgmma", "mma.sync"]),
         ("float16", 128, 4, 32, 8, 4096, ["wgmma", "mma.sync"]),

@@ -153,14 +153,46 @@ def grads_t(
 @kaio.gpu_func
 def issue_front(
     s: f32[:, :], dp: f32[:, :], a_s: DT[:, :, :], b_s: DT[:, :, :], x_s: DT[:, :, :, :],
-    y_s: DT[:, :, :, :], st: i32, wg: u32, D: kaio.constexpr, DT: kaio.constexpr,
+    y_s: DT[:, :, :, :], af: u32[:, :], bf: u32[:, :], st: i32, wg: u32, D: kaio.constexpr,
+    AREG: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
-    """Issue a tile's first two products, each its own group (``issue_s`` commits): s = A X^T
-    and dp = B Y^T for this warpgroup's 64 rows of the tiles loaded once (a_s, b_s) and the
-    ring's stage st of x_s, y_s (S^T = K Q^T and dP^T = V dO^T, resp. S = Q K^T and
-    dP = dO V^T)."""
-    issue_s(s, a_s, x_s, st, wg, D, DT)
-    issue_s(dp, b_s, y_s, st, wg, D, DT)
+    """Issue a tile's first two products, each its own group: s = A X^T and dp = B Y^T for
+    this warpgroup's 64 rows of the tiles loaded once (a_s, b_s; where ``AREG``, their A
+    fragments ``af``, ``bf`` from ``load_frags``) and the ring's stage st of x_s, y_s
+    (S^T = K Q^T and dP^T = V dO^T, resp. S = Q K^T and dP = dO V^T)."""
+    if AREG:
+        issue_s_regs(s, af, x_s, st, D, DT)
+        issue_s_regs(dp, bf, y_s, st, D, DT)
+    else:
+        issue_s(s, a_s, x_s, st, wg, D, DT)
+        issue_s(dp, b_s, y_s, st, wg, D, DT)
+
+
+@kaio.gpu_func
+def issue_s_regs(
+    s: f32[:, :], af: u32[:, :], x_s: DT[:, :, :, :], st: i32, D: kaio.constexpr,
+    DT: kaio.constexpr,
+):  # fmt: skip
+    """Issue s = A X^T (A from the registers ``af``, X stage st of the ring, K-major) and
+    commit: ``issue_s`` without A's shared-memory reads in every product."""
+    for kk in kaio.static_range(D // 16):
+        dx = kaio.smem_descriptor(x_s, (st, kk // 4, 0, kk % 4 * 16), SW, 16, 1024)
+        if DT == kaio.bf16:
+            kaio.wgmma_bf16(s, af[kk], dx, kk > 0)
+        else:
+            kaio.wgmma_f16(s, af[kk], dx, kk > 0)
+    kaio.wgmma_commit()
+
+
+@kaio.gpu_func
+def load_frags(af: u32[:, :], a_s: DT[:, :, :], row0: i32, lane: u32, D: kaio.constexpr,
+               DT: kaio.constexpr):  # fmt: skip
+    """af[kk] = the wgmma A fragments (mma.m16n8k16's A layout) of rows row0 .. row0 + 15 of
+    the TMA-swizzled tile a_s [D / 64, rows, 64], k-step kk < D / 16 (``ldmatrix``)."""
+    r = row0 + i32(lane % 16)
+    for kk in kaio.static_range(D // 16):
+        col = kaio.swizzle(a_s, r, kk % 4 * 16 + i32(lane // 16) * 8)
+        kaio.ldmatrix(af[kk], a_s, (kk // 4, r, col))
 
 
 @kaio.gpu_func
@@ -169,7 +201,7 @@ def consume_dkdv(
     stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], dk: DT[:], dv: DT[:], wg: u32,
     lt: u32, kvh: i32, group: i32, first: i32, n_tiles: i32, k0: i32, sq: i32, sk: i32,
     causal: i32, scale_log2: f32, scale: f32, D: kaio.constexpr, BM: kaio.constexpr,
-    STAGES: kaio.constexpr, PIPE: kaio.constexpr, DT: kaio.constexpr,
+    STAGES: kaio.constexpr, PIPE: kaio.constexpr, AREG: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 keys (thread ``lt`` of it): dK and dV over the query
     tiles of the group's heads (module docstring), then stored. ``PIPE``: 0 each tile's
@@ -189,13 +221,18 @@ def consume_dkdv(
     per = kaio.max(n_tiles - first, 0)  # query tiles a head
     total = group * per
     kaio.mbarrier_wait(turn, 0, 0)  # K and V landed
+    af = kaio.local(u32, (D // 16, 4))
+    bf = kaio.local(u32, (D // 16, 4))
+    if AREG:  # K's and V's A fragments stay in registers
+        load_frags(af, k_s, 64 * i32(wg) + 16 * i32(lt // 32), lane, D, DT)
+        load_frags(bf, v_s, 64 * i32(wg) + 16 * i32(lt // 32), lane, D, DT)
     st = i32(0)  # the stage and parity of tile i
     ph = u32(0)
     if PIPE == 0:
         for i in range(total):
             kaio.mbarrier_wait(bars, (0, st), ph)
             kaio.wgmma_fence()
-            issue_front(s, dp, k_s, v_s, q_s, do_s, st, wg, D, DT)  # S^T = K Q^T, dP^T = V dO^T
+            issue_front(s, dp, k_s, v_s, q_s, do_s, af, bf, st, wg, D, AREG, DT)  # S^T, dP^T
             kaio.wgmma_wait(0)
             grads_t(s, dp, stats, st, key0, (first + i % per) * BM, sq, causal, scale_log2,
                     lane, BM)  # fmt: skip
@@ -212,7 +249,7 @@ def consume_dkdv(
     elif total > 0:
         kaio.mbarrier_wait(bars, (0, 0), 0)
         kaio.wgmma_fence()
-        issue_front(s, dp, k_s, v_s, q_s, do_s, 0, wg, D, DT)
+        issue_front(s, dp, k_s, v_s, q_s, do_s, af, bf, 0, wg, D, AREG, DT)
         kaio.wgmma_wait(0)
         grads_t(s, dp, stats, 0, key0, first * BM, sq, causal, scale_log2, lane, BM)
         pack_p(p, s, BM, DT)
@@ -225,7 +262,7 @@ def consume_dkdv(
         for i in range(1, total):
             kaio.mbarrier_wait(bars, (0, st), ph)
             kaio.wgmma_fence()
-            issue_front(s, dp, k_s, v_s, q_s, do_s, st, wg, D, DT)
+            issue_front(s, dp, k_s, v_s, q_s, do_s, af, bf, st, wg, D, AREG, DT)
             issue_back_dkdv(dka, dva, p, ds, q_s, do_s, ps, BM, DT)  # tile i - 1's
             kaio.wgmma_wait(2)  # S^T, dP^T done (tile i - 1's dV, dK may still run)
             grads_t(s, dp, stats, st, key0, (first + i % per) * BM, sq, causal, scale_log2,
@@ -284,7 +321,7 @@ def consume_dq(
     stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], dq: DT[:], wg: u32, lt: u32, bh: i32,
     q0: i32, n_tiles: i32, sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32,
     D: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr,
-    DT: kaio.constexpr,
+    AREG: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 query rows (thread ``lt`` of it): dQ over the key tiles
     (module docstring; at least one), then stored; ``PIPE`` as ``consume_dkdv``'s. The
@@ -298,6 +335,11 @@ def consume_dq(
     dp = kaio.local(f32, (BN // 8, 4))
     ds = kaio.local(u32, (BN // 16, 4))
     kaio.mbarrier_wait(turn, 0, 0)  # Q, dO and their rows' stats landed
+    af = kaio.local(u32, (D // 16, 4))
+    bf = kaio.local(u32, (D // 16, 4))
+    if AREG:  # Q's and dO's A fragments stay in registers
+        load_frags(af, q_s, 64 * i32(wg) + 16 * i32(lt // 32), lane, D, DT)
+        load_frags(bf, do_s, 64 * i32(wg) + 16 * i32(lt // 32), lane, D, DT)
     l2 = kaio.local(f32, 2)
     dl = kaio.local(f32, 2)
     for h in kaio.static_range(2):
@@ -310,7 +352,7 @@ def consume_dq(
         for j in range(n_tiles):
             kaio.mbarrier_wait(bars, (0, st), ph)
             kaio.wgmma_fence()
-            issue_front(s, dp, q_s, do_s, k_s, v_s, st, wg, D, DT)  # S = Q K^T, dP = dO V^T
+            issue_front(s, dp, q_s, do_s, k_s, v_s, af, bf, st, wg, D, AREG, DT)  # S, dP
             kaio.wgmma_wait(0)
             grads(s, dp, l2, dl, j * BN, row0, sk, causal, scale_log2, lane, BN)
             pack_p(ds, dp, BN, DT)
@@ -325,7 +367,7 @@ def consume_dq(
     else:
         kaio.mbarrier_wait(bars, (0, 0), 0)
         kaio.wgmma_fence()
-        issue_front(s, dp, q_s, do_s, k_s, v_s, 0, wg, D, DT)
+        issue_front(s, dp, q_s, do_s, k_s, v_s, af, bf, 0, wg, D, AREG, DT)
         kaio.wgmma_wait(0)
         grads(s, dp, l2, dl, 0, row0, sk, causal, scale_log2, lane, BN)
         pack_p(ds, dp, BN, DT)
@@ -337,7 +379,7 @@ def consume_dq(
         for j in range(1, n_tiles):
             kaio.mbarrier_wait(bars, (0, st), ph)
             kaio.wgmma_fence()
-            issue_front(s, dp, q_s, do_s, k_s, v_s, st, wg, D, DT)
+            issue_front(s, dp, q_s, do_s, k_s, v_s, af, bf, st, wg, D, AREG, DT)
             issue_pv(dqa, ds, k_s, ps, BN, DT)  # tile j - 1's dQ += dS K
             kaio.wgmma_wait(1)  # S, dP done (tile j - 1's dQ product may still run)
             grads(s, dp, l2, dl, j * BN, row0, sk, causal, scale_log2, lane, BN)
@@ -401,6 +443,7 @@ def attention_bwd_dkdv_wgmma(
     WG: kaio.constexpr,
     STAGES: kaio.constexpr,
     PIPE: kaio.constexpr,
+    AREG: kaio.constexpr,
     REGS: kaio.constexpr,
     DT: kaio.constexpr,
 ):
@@ -442,7 +485,7 @@ def attention_bwd_dkdv_wgmma(
             kaio.setmaxnreg_inc(REGS)
         consume_dkdv(k_s, v_s, q_s, do_s, stats, bars, turn, dk, dv, wg, lt, kvh, group,
                      first, n_tiles, k0, sq, sk, causal, scale_log2, scale, D, BM, STAGES,
-                     PIPE, DT)  # fmt: skip
+                     PIPE, AREG, DT)  # fmt: skip
     else:  # the producer warpgroup: its first thread loads
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -473,6 +516,7 @@ def attention_bwd_dq_wgmma(
     WG: kaio.constexpr,
     STAGES: kaio.constexpr,
     PIPE: kaio.constexpr,
+    AREG: kaio.constexpr,
     REGS: kaio.constexpr,
     DT: kaio.constexpr,
 ):
@@ -511,7 +555,7 @@ def attention_bwd_dq_wgmma(
         if REGS:
             kaio.setmaxnreg_inc(REGS)
         consume_dq(q_s, do_s, k_s, v_s, stats, bars, turn, dq, wg, lt, bh, q0, n_tiles, sq,
-                   sk, causal, scale_log2, scale, D, BN, STAGES, PIPE, DT)  # fmt: skip
+                   sk, causal, scale_log2, scale, D, BN, STAGES, PIPE, AREG, DT)  # fmt: skip
     else:
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -544,15 +588,9 @@ def config(d: int) -> dict:
     wg = 2
     common = {"WG": wg, "REGS": consumer_registers(wg)}
     bm, bn = 64, 64
-    return {
-        "dkdv": {
-            "BM": bm,
-            "STAGES": _stages(d, 64 * wg, bm, True),
-            "PIPE": int(d < 128),
-            **common,
-        },  # fmt: skip
-        "dq": {"BN": bn, "STAGES": _stages(d, 64 * wg, bn, False), "PIPE": 1, **common},
-    }
+    dkdv = {"BM": bm, "STAGES": _stages(d, 64 * wg, bm, True), "PIPE": int(d < 128), "AREG": 0}
+    dq = {"BN": bn, "STAGES": _stages(d, 64 * wg, bn, False), "PIPE": 1, "AREG": 0}
+    return {"dkdv": {**dkdv, **common}, "dq": {**dq, **common}}
 
 
 def eligible(d: int) -> bool:

@@ -29,10 +29,11 @@ def poisoned_outputs(monkeypatch):
     poison_allocations(monkeypatch)
 
 
-def small(wg: int, pipe: int) -> dict:
+def small(wg: int, pipe: int, areg: int = 0) -> dict:
     """A small configuration of both kernels: ``wg`` consumer warpgroups, 64-row tiles, two
-    ring stages (so that the ring wraps), schedule ``pipe``."""
-    base = {"WG": wg, "STAGES": 2, "PIPE": pipe, "REGS": 0 if wg == 1 else 240}
+    ring stages (so that the ring wraps), schedule ``pipe``, A fragments of the tiles loaded
+    once in registers where ``areg``."""
+    base = {"WG": wg, "STAGES": 2, "PIPE": pipe, "AREG": areg, "REGS": 0 if wg == 1 else 240}
     return {"dkdv": {"BM": 64, **base}, "dq": {"BN": 64, **base}}
 
 
@@ -57,22 +58,23 @@ def run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg):
 
 
 @pytest.mark.parametrize(
-    "b, h, hkv, sq, sk, d, dtype, causal, wg, pipe",
+    "b, h, hkv, sq, sk, d, dtype, causal, wg, pipe, areg",
     [
         # one consumer warpgroup, whole tiles, each product waited for
-        (1, 1, 1, 128, 128, 64, np.float16, False, 1, 0),
-        # grouped-query (dK, dV summed over two heads), Sq > Sk, causal, bf16, pipelined
-        (1, 2, 1, 256, 192, 64, ml_dtypes.bfloat16, True, 1, 1),
+        (1, 1, 1, 128, 128, 64, np.float16, False, 1, 0, 0),
+        # grouped-query (dK, dV summed over two heads), Sq > Sk, causal, bf16, pipelined,
+        # K, V (Q, dO) fragments in registers
+        (1, 2, 1, 256, 192, 64, ml_dtypes.bfloat16, True, 1, 1, 1),
         # two warpgroups, partial query tiles, grouped-query, Sq < Sk, causal
-        (1, 2, 1, 152, 256, 64, np.float16, True, 2, 1),
+        (1, 2, 1, 152, 256, 64, np.float16, True, 2, 1, 0),
         # D = 128, a query tail, keys past the last query (causal: zero dK, dV)
-        (1, 1, 1, 100, 384, 128, np.float16, True, 2, 0),
+        (1, 1, 1, 100, 384, 128, np.float16, True, 2, 0, 0),
         # D = 128, bf16, more tiles than stages, Sq > Sk with a partial key tile
-        (1, 1, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 1),
+        (1, 1, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 1, 1),
     ],
 )
-def test_hopper_backward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, wg, pipe):
-    grads, refs = run_sim(b, h, hkv, sq, sk, d, dtype, causal, small(wg, pipe))
+def test_hopper_backward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, wg, pipe, areg):
+    grads, refs = run_sim(b, h, hkv, sq, sk, d, dtype, causal, small(wg, pipe, areg))
     tol = 1e-3 if dtype == np.float16 else 1e-2  # P and dS are rounded to the input type
     for name, g, r in zip(("dq", "dk", "dv"), grads, refs, strict=True):
         assert g.dtype == dtype and g.shape == r.shape, name
