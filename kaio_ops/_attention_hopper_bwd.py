@@ -254,11 +254,8 @@ def consume_dkdv(
         grads_t(s, dp, stats, 0, key0, first * BM, sq, causal, scale_log2, lane, BM)
         pack_p(p, s, BM, DT)
         pack_p(ds, dp, BM, DT)
-        ps = i32(0)  # the stage of tile i - 1
+        ps = i32(0)  # the stage of tile i - 1 (two stages at least: launch)
         st = 1
-        if STAGES == 1:
-            st = 0
-            ph = 1
         for i in range(1, total):
             kaio.mbarrier_wait(bars, (0, st), ph)
             kaio.wgmma_fence()
@@ -371,11 +368,8 @@ def consume_dq(
         kaio.wgmma_wait(0)
         grads(s, dp, l2, dl, 0, row0, sk, causal, scale_log2, lane, BN)
         pack_p(ds, dp, BN, DT)
-        ps = i32(0)
+        ps = i32(0)  # the stage of tile j - 1
         st = 1
-        if STAGES == 1:
-            st = 0
-            ph = 1
         for j in range(1, n_tiles):
             kaio.mbarrier_wait(bars, (0, st), ph)
             kaio.wgmma_fence()
@@ -624,6 +618,9 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         )
     cfg = cfg or config(d)
     c1, c2 = cfg["dkdv"], cfg["dq"]
+    for c in (c1, c2):
+        if c["PIPE"] and c["STAGES"] < 2:
+            raise ValueError(f"_attention_hopper_bwd.launch: PIPE 1 needs 2 stages or more: {c}")
     stream = _arrays.stream_of(qa)
     dq = _arrays.output(da, qa.shape)
     dk, dv = (_arrays.output(da, ka.shape) for _ in range(2))
