@@ -34,16 +34,18 @@ from bench.attention_hopper import emit, save, time_calls  # noqa: E402
 
 NEW = {  # name: overrides of _attention_hopper_bwd.config's constexprs, per kernel
     "wgmma": {},
-    "wgmma pipe0": {"dkdv": {"PIPE": 0}, "dq": {"PIPE": 0}},
-    "wgmma pipe1": {"dkdv": {"PIPE": 1}, "dq": {"PIPE": 1}},
-    "wgmma s2": {"dkdv": {"STAGES": 2}, "dq": {"STAGES": 2}},
-    "wgmma dq bn128": {"dq": {"BN": 128, "STAGES": 2, "PIPE": 0}},
-    "wgmma dq areg": {"dq": {"AREG": 1}},  # Q, dO fragments in registers
+    "wgmma gstats": {"dkdv": {"TSTATS": 0}},  # dK/dV's lse, delta from global memory
+    "wgmma dq pipe0": {"dq": {"PIPE": 0}},
+    "wgmma s3": {"dkdv": {"STAGES": 3}, "dq": {"STAGES": 3}},
     "dkdv only": {"only": "dkdv"},  # one kernel alone (its FLOPs: 4/7 of the pair's, 2/3 dQ's)
+    "dkdv only gstats": {"only": "dkdv", "dkdv": {"TSTATS": 0}},
     "dq only": {"only": "dq"},
 }
-D64 = {"wgmma areg": {"dkdv": {"AREG": 1}, "dq": {"AREG": 1}}}  # D 64 only (D 128 spills)
-DEFAULTS = (("float16", 128), ("bfloat16", 128), ("float16", 64))
+D64 = {
+    "wgmma pipe1": {"dkdv": {"PIPE": 1}, "dq": {"PIPE": 1}},
+    "wgmma areg": {"dkdv": {"AREG": 1, "TSTATS": 0}, "dq": {"AREG": 1}},  # D 128 spills
+}
+DEFAULTS = (("float16", 128), ("bfloat16", 128), ("float16", 64), ("bfloat16", 64))
 
 
 def variants():
@@ -51,7 +53,7 @@ def variants():
     default kernels first (a check cut short by its timeout still covers them)."""
     out = [("wgmma", dt, d, "new", {}) for dt, d in DEFAULTS]
     out += [(name, "float16", 128, "new", over) for name, over in NEW.items() if over]
-    for name in ("wgmma pipe0", "wgmma dq bn128", "wgmma dq areg", "wgmma areg"):
+    for name in ("wgmma gstats", "wgmma pipe1", "wgmma areg", "dkdv only", "dq only"):
         out.append((name, "float16", 64, "new", D64[name] if name in D64 else NEW[name]))
     out += [("mma.sync", dt, d, "old", {}) for dt, d in DEFAULTS]
     return out
@@ -235,13 +237,22 @@ def bench(out_path, check_log=None, quick=False):
             16,
             16,
             4096,
-            ["wgmma", "wgmma pipe0", "wgmma dq bn128", "wgmma dq areg", "wgmma areg", "mma.sync"],
+            [
+                "wgmma",
+                "wgmma gstats",
+                "wgmma pipe1",
+                "wgmma areg",
+                "dkdv only",
+                "dq only",
+                "mma.sync",
+            ],
         ),
+        ("float16", 128, 1, 16, 16, 16384, ["wgmma", "mma.sync"]),
         ("float16", 128, 2, 16, 16, 8192, ["wgmma", "mma.sync"]),
         ("float16", 128, 8, 16, 16, 2048, ["wgmma", "mma.sync"]),
-        ("float16", 128, 4, 32, 8, 4096, ["wgmma", "mma.sync"]),
         ("float16", 128, 16, 16, 16, 1024, ["wgmma", "mma.sync"]),
-        ("float16", 128, 32, 16, 16, 512, ["wgmma", "mma.sync"]),
+        ("float16", 128, 4, 32, 8, 4096, ["wgmma", "mma.sync"]),
+        ("bfloat16", 64, 4, 16, 16, 4096, ["wgmma", "mma.sync"]),
     ]
     if quick:
         cases = cases[:3]

@@ -62,25 +62,25 @@ def produce(
     tb: kaio.tensormap, tx: kaio.tensormap, ty: kaio.tensormap, tl: kaio.tensormap,
     td: kaio.tensormap, once_row: i32, ring_row: i32, head_stride: i32, heads_n: i32,
     first: i32, n_tiles: i32, D: kaio.constexpr, ONCE: kaio.constexpr, R: kaio.constexpr,
-    STAGES: kaio.constexpr, RING_STATS: kaio.constexpr, DT: kaio.constexpr,
+    STAGES: kaio.constexpr, STATS: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """The producer's copies: ``ONCE`` rows of ``ta``, ``tb`` from ``once_row`` into a_s,
     b_s (once, on ``turn[0]``), then for each head j < heads_n and tile t in first ..
     n_tiles the ``R`` rows from ``ring_row + j * head_stride + t * R`` of ``tx``, ``ty``
     into the ring's next stage (on its "landed" barrier), once the consumers freed it. The
-    rows' lse and delta (``tl``, ``td``: [1, rows] f32) go to ``stats[0 and 1, stage]`` with
-    each ring tile where ``RING_STATS``, else to ``stats[0 and 1, 0]`` with the tiles loaded
-    once."""
+    rows' lse and delta (``tl``, ``td``: [1, rows] f32) go to ``stats[0 and 1, stage]``
+    with each ring tile where ``STATS`` is 1, to ``stats[0 and 1, 0]`` with the tiles loaded
+    once where it is 2 (0: not at all)."""
     C = D // 64
-    STATS_ONCE = 0 if RING_STATS else 2 * ONCE * 4
+    STATS_ONCE = 2 * ONCE * 4 if STATS == 2 else 0
     kaio.mbarrier_arrive_expect_tx(turn, 0, u32(2 * ONCE * D * 2 + STATS_ONCE))
     for c in kaio.static_range(C):
         kaio.tma_load_2d(a_s, (c, 0, 0), ta, once_row, c * 64, turn, 0)
         kaio.tma_load_2d(b_s, (c, 0, 0), tb, once_row, c * 64, turn, 0)
-    if not RING_STATS:
+    if STATS == 2:
         kaio.tma_load_2d(stats, (0, 0, 0), tl, 0, once_row, turn, 0)
         kaio.tma_load_2d(stats, (1, 0, 0), td, 0, once_row, turn, 0)
-    STATS_RING = 2 * R * 4 if RING_STATS else 0
+    STATS_RING = 2 * R * 4 if STATS == 1 else 0
     st = i32(0)
     ph = u32(0)
     per = kaio.max(n_tiles - first, 0)
@@ -92,7 +92,7 @@ def produce(
         for c in kaio.static_range(C):
             kaio.tma_load_2d(x_s, (st, c, 0, 0), tx, row, c * 64, bars, (0, st))
             kaio.tma_load_2d(y_s, (st, c, 0, 0), ty, row, c * 64, bars, (0, st))
-        if RING_STATS:
+        if STATS == 1:
             kaio.tma_load_2d(stats, (0, st, 0), tl, 0, row, bars, (0, st))
             kaio.tma_load_2d(stats, (1, st, 0), td, 0, row, bars, (0, st))
         st += 1
@@ -128,26 +128,42 @@ def zero_acc(acc: f32[:, :], N: kaio.constexpr):
 
 @kaio.gpu_func
 def grads_t(
-    s: f32[:, :], dp: f32[:, :], stats: f32[:, :, :], st: i32, key0: i32, q0: i32, sq: i32,
-    causal: i32, scale_log2: f32, lane: u32, BM: kaio.constexpr,
+    s: f32[:, :], dp: f32[:, :], stats: f32[:, :, :], st: i32, lse: f32[:], delta: f32[:],
+    at0: i32, key0: i32, q0: i32, sq: i32, causal: i32, scale_log2: f32, lane: u32,
+    BM: kaio.constexpr, TSTATS: kaio.constexpr,
 ):  # fmt: skip
-    """s = P^T, dp = dS^T = P^T (dP^T - delta) of the query tile in ring stage ``st``
+    """s = P^T, dp = dS^T = P^T (dP^T - delta) of the query tile q0 in ring stage ``st``
     (columns: queries q0 + 8n + 2 (lane % 4) + e, whose lse and delta are ``stats[0 and 1,
-    st]``; rows: keys key0 + 8h), the queries past sq and (causal) before the key masked to
+    st]`` where ``TSTATS``, else read from ``lse``, ``delta`` at ``at0`` (the head's query
+    0); rows: keys key0 + 8h), the queries past sq and (causal) before the key masked to
     zero probability where the tile needs it."""
     masked = q0 + BM > sq or (causal != 0 and q0 < key0 - i32(lane // 4) + 15)
     for n in kaio.static_range(BM // 8):
+        pair = kaio.local(f32, 2)
+        dpair = kaio.local(f32, 2)
+        col0 = n * 8 + i32(lane % 4) * 2
+        if TSTATS:
+            for e in kaio.static_range(2):
+                pair[e] = stats[0, st, col0 + e]
+                dpair[e] = stats[1, st, col0 + e]
+        elif q0 + col0 + 1 < sq and sq % 2 == 0:  # both inside, 8-byte aligned
+            kaio.load_vector(pair, lse, at0 + q0 + col0)
+            kaio.load_vector(dpair, delta, at0 + q0 + col0)
+        else:
+            for e in kaio.static_range(2):
+                at = at0 + kaio.min(q0 + col0 + e, sq - 1)
+                pair[e] = lse[at]
+                dpair[e] = delta[at]
         for e in kaio.static_range(2):
-            col = n * 8 + i32(lane % 4) * 2 + e
-            l2 = lse_log2(stats[0, st, col])
-            dl = stats[1, st, col]
+            col = col0 + e
+            l2 = lse_log2(pair[e])
             for h in kaio.static_range(2):
                 x = kaio.exp2(kaio.fma(s[n, 2 * h + e], scale_log2, -l2))
                 if masked:
                     ok = q0 + col < sq and (causal == 0 or key0 + 8 * h <= q0 + col)
                     x = kaio.select(ok, x, 0.0)
                 s[n, 2 * h + e] = x
-                dp[n, 2 * h + e] = x * (dp[n, 2 * h + e] - dl)
+                dp[n, 2 * h + e] = x * (dp[n, 2 * h + e] - dpair[e])
 
 
 @kaio.gpu_func
@@ -198,10 +214,11 @@ def load_frags(af: u32[:, :], a_s: DT[:, :, :], row0: i32, lane: u32, D: kaio.co
 @kaio.gpu_func
 def consume_dkdv(
     k_s: DT[:, :, :], v_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :],
-    stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], dk: DT[:], dv: DT[:], wg: u32,
-    lt: u32, kvh: i32, group: i32, first: i32, n_tiles: i32, k0: i32, sq: i32, sk: i32,
-    causal: i32, scale_log2: f32, scale: f32, D: kaio.constexpr, BM: kaio.constexpr,
-    STAGES: kaio.constexpr, PIPE: kaio.constexpr, AREG: kaio.constexpr, DT: kaio.constexpr,
+    stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], lse: f32[:], delta: f32[:],
+    dk: DT[:], dv: DT[:], wg: u32, lt: u32, kvh: i32, first_head: i32, group: i32, first: i32,
+    n_tiles: i32, k0: i32, sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32,
+    D: kaio.constexpr, BM: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr,
+    AREG: kaio.constexpr, TSTATS: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 keys (thread ``lt`` of it): dK and dV over the query
     tiles of the group's heads (module docstring), then stored. ``PIPE``: 0 each tile's
@@ -234,8 +251,10 @@ def consume_dkdv(
             kaio.wgmma_fence()
             issue_front(s, dp, k_s, v_s, q_s, do_s, af, bf, st, wg, D, AREG, DT)  # S^T, dP^T
             kaio.wgmma_wait(0)
-            grads_t(s, dp, stats, st, key0, (first + i % per) * BM, sq, causal, scale_log2,
-                    lane, BM)  # fmt: skip
+            q0 = (first + i % per) * BM
+            at0 = (first_head + i // per) * sq
+            grads_t(s, dp, stats, st, lse, delta, at0, key0, q0, sq, causal, scale_log2, lane,
+                    BM, TSTATS)  # fmt: skip
             pack_p(p, s, BM, DT)
             pack_p(ds, dp, BM, DT)
             kaio.wgmma_fence()
@@ -251,7 +270,8 @@ def consume_dkdv(
         kaio.wgmma_fence()
         issue_front(s, dp, k_s, v_s, q_s, do_s, af, bf, 0, wg, D, AREG, DT)
         kaio.wgmma_wait(0)
-        grads_t(s, dp, stats, 0, key0, first * BM, sq, causal, scale_log2, lane, BM)
+        grads_t(s, dp, stats, 0, lse, delta, first_head * sq, key0, first * BM, sq, causal,
+                scale_log2, lane, BM, TSTATS)  # fmt: skip
         pack_p(p, s, BM, DT)
         pack_p(ds, dp, BM, DT)
         ps = i32(0)  # the stage of tile i - 1 (two stages at least: launch)
@@ -262,8 +282,10 @@ def consume_dkdv(
             issue_front(s, dp, k_s, v_s, q_s, do_s, af, bf, st, wg, D, AREG, DT)
             issue_back_dkdv(dka, dva, p, ds, q_s, do_s, ps, BM, DT)  # tile i - 1's
             kaio.wgmma_wait(2)  # S^T, dP^T done (tile i - 1's dV, dK may still run)
-            grads_t(s, dp, stats, st, key0, (first + i % per) * BM, sq, causal, scale_log2,
-                    lane, BM)  # fmt: skip
+            q0 = (first + i % per) * BM
+            at0 = (first_head + i // per) * sq
+            grads_t(s, dp, stats, st, lse, delta, at0, key0, q0, sq, causal, scale_log2, lane,
+                    BM, TSTATS)  # fmt: skip
             kaio.wgmma_wait(0)  # tile i - 1's dV, dK done: p, ds and its stage are free
             release(bars, ps, lt)
             pack_p(p, s, BM, DT)
@@ -423,6 +445,8 @@ def attention_bwd_dkdv_wgmma(
     tdo: kaio.tensormap,
     tl: kaio.tensormap,
     td: kaio.tensormap,
+    lse: f32[:],
+    delta: f32[:],
     dk: DT[:],
     dv: DT[:],
     sq: i32,
@@ -438,6 +462,7 @@ def attention_bwd_dkdv_wgmma(
     STAGES: kaio.constexpr,
     PIPE: kaio.constexpr,
     AREG: kaio.constexpr,
+    TSTATS: kaio.constexpr,
     REGS: kaio.constexpr,
     DT: kaio.constexpr,
 ):
@@ -477,16 +502,16 @@ def attention_bwd_dkdv_wgmma(
     if wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
-        consume_dkdv(k_s, v_s, q_s, do_s, stats, bars, turn, dk, dv, wg, lt, kvh, group,
-                     first, n_tiles, k0, sq, sk, causal, scale_log2, scale, D, BM, STAGES,
-                     PIPE, AREG, DT)  # fmt: skip
+        consume_dkdv(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, wg, lt, kvh,
+                     first_head, group, first, n_tiles, k0, sq, sk, causal, scale_log2, scale,
+                     D, BM, STAGES, PIPE, AREG, TSTATS, DT)  # fmt: skip
     else:  # the producer warpgroup: its first thread loads
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         if lt == 0:
             produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl, td,
                     kvh * sk + k0, first_head * sq, sq, group, first, n_tiles, D, BK, BM,
-                    STAGES, True, DT)  # fmt: skip
+                    STAGES, TSTATS, DT)  # fmt: skip
 
 
 @kaio.gpu_kernel(fastmath=True)
@@ -555,7 +580,7 @@ def attention_bwd_dq_wgmma(
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         if lt == 0:
             produce(q_s, do_s, k_s, v_s, stats, bars, turn, tq, tdo, tk, tv, tl, td,
-                    bh * sq + q0, kvh * sk, 0, 1, 0, n_tiles, D, BQ, BN, STAGES, False,
+                    bh * sq + q0, kvh * sk, 0, 1, 0, n_tiles, D, BQ, BN, STAGES, 2,
                     DT)  # fmt: skip
 
 
@@ -573,17 +598,17 @@ def _stages(d: int, once: int, ring: int, ring_stats: bool) -> int:
 
 def config(d: int) -> dict:
     """The constexprs of both kernels for head dim ``d`` (64 or 128): ``{"dkdv": {BM, WG,
-    STAGES, PIPE, REGS}, "dq": {BN, WG, STAGES, PIPE, REGS}}``: two consumer warpgroups (128
-    keys, resp. 128 query rows, a block), query tiles of 64 for dK/dV, key tiles of 64 for
-    dQ, as many ring stages as fit (at most 4), and the overlap of a tile's P and dS with
-    the previous tile's products (``PIPE`` 1) except for dK/dV at D = 128, where P^T, dS^T,
-    S^T, dP^T and both accumulators do not fit in the registers together (144 bytes
-    spilled)."""
+    STAGES, PIPE, AREG, TSTATS, REGS}, "dq": {BN, WG, STAGES, PIPE, AREG, REGS}}``: two
+    consumer warpgroups (128 keys, resp. 128 query rows, a block), query tiles of 64 for
+    dK/dV, key tiles of 64 for dQ, as many ring stages as fit (at most 4), lse and delta by
+    TMA, and the schedule measured fastest on an H100 (docs/hopper.md): each product waited
+    for (``PIPE`` 0; at D = 64 PIPE 1 lost, 230 against 276 TFLOP/s, and at D = 128 the
+    dK/dV kernel's PIPE 1 spills), except for dQ at D = 128 (PIPE 1 and 0 alike)."""
     wg = 2
-    common = {"WG": wg, "REGS": consumer_registers(wg)}
+    common = {"WG": wg, "AREG": 0, "REGS": consumer_registers(wg)}
     bm, bn = 64, 64
-    dkdv = {"BM": bm, "STAGES": _stages(d, 64 * wg, bm, True), "PIPE": int(d < 128), "AREG": 0}
-    dq = {"BN": bn, "STAGES": _stages(d, 64 * wg, bn, False), "PIPE": 1, "AREG": 0}
+    dkdv = {"BM": bm, "STAGES": _stages(d, 64 * wg, bm, True), "PIPE": 0, "TSTATS": 1}
+    dq = {"BN": bn, "STAGES": _stages(d, 64 * wg, bn, False), "PIPE": int(d == 128)}
     return {"dkdv": {**dkdv, **common}, "dq": {**dq, **common}}
 
 
@@ -642,7 +667,7 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     if only != "dq":
         attention_bwd_dkdv_wgmma[(-(-sk // bk), bh // group), 128 * c1["WG"] + 128, stream, smem](
             tmap(ka, rows_kv, bk), tmap(va, rows_kv, bk), tmap(qa, rows_q, c1["BM"]),
-            tmap(da, rows_q, c1["BM"]), *stats_maps(c1["BM"]),
+            tmap(da, rows_q, c1["BM"]), *stats_maps(c1["BM"]), la.arg(rows_q), delta,
             _arrays.output_arg(da, dk, (ka.size,)), _arrays.output_arg(da, dv, (ka.size,)),
             *args, D=d, DT=qa.dtype, **c1,
         )  # fmt: skip

@@ -32,9 +32,10 @@ def poisoned_outputs(monkeypatch):
 def small(wg: int, pipe: int, areg: int = 0) -> dict:
     """A small configuration of both kernels: ``wg`` consumer warpgroups, 64-row tiles, two
     ring stages (so that the ring wraps), schedule ``pipe``, A fragments of the tiles loaded
-    once in registers where ``areg``."""
+    once in registers where ``areg`` (and then the dK/dV kernel's lse and delta read from
+    global memory, not copied by TMA)."""
     base = {"WG": wg, "STAGES": 2, "PIPE": pipe, "AREG": areg, "REGS": 0 if wg == 1 else 240}
-    return {"dkdv": {"BM": 64, **base}, "dq": {"BN": 64, **base}}
+    return {"dkdv": {"BM": 64, "TSTATS": 1 - areg, **base}, "dq": {"BN": 64, **base}}
 
 
 def run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg):
