@@ -250,7 +250,8 @@ def bench(out_path, check_log=None, quick=False):
         ("float16", 128, 1, 16, 16, 16384, ["wgmma", "mma.sync"]),
         ("float16", 128, 2, 16, 16, 8192, ["wgmma", "mma.sync"]),
         ("float16", 128, 8, 16, 16, 2048, ["wgmma", "mma.sync"]),
-        ("float16", 128, 16, 16, 16, 1024, ["wgmma", "mma.sync"]),
+        ("float16", 128, 16, 16, 16, 1024, ["wgmma", "dkdv only", "dq only", "mma.sync"]),
+        ("float16", 128, 32, 16, 16, 512, ["wgmma", "dkdv only", "dq only", "mma.sync"]),
         ("float16", 128, 4, 32, 8, 4096, ["wgmma", "mma.sync"]),
         ("bfloat16", 64, 4, 16, 16, 4096, ["wgmma", "mma.sync"]),
     ]
