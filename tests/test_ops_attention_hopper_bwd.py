@@ -106,6 +106,12 @@ def test_specializations_assemble_for_sm_90a(index):
     assert "C7518" not in report and "C7508" not in report and "C7510" not in report, report
 
 
+def test_other_targets_are_compile_errors():
+    for kernel, constexprs in list(hopper_bwd.specializations())[:2]:
+        with pytest.raises(kaio.CompileError, match="needs sm_90"):
+            kernel.ptx(arch="sm_80", **constexprs)
+
+
 # --------------------------------------------------------------------------- GPU
 
 
