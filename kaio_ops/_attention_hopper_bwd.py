@@ -13,8 +13,8 @@ key). Per query tile, transposed so that the keys are the wgmma's M:
 - S^T = K Q^T and dP^T = V dO^T (both operands in shared memory, K-major, as the forward's
   S = Q K^T), issued together;
 - P^T = exp2(S^T * scale * log2(e) - lse2[query]) (masked), dS^T = P^T (dP^T - delta[query]);
-  a thread's columns are queries, so lse and delta come from global memory (two 8-byte
-  loads per n8 tile, issued before the wait on S^T);
+  a thread's columns are queries, so lse and delta come with the tile into shared memory
+  (TMA, ``TSTATS`` 1) or from global memory (8-byte loads, 0);
 - dV += P^T dO and dK += dS^T Q, with P^T and dS^T from registers (the accumulators of two
   adjacent n8 tiles rounded to DT pairs are a k-step's A fragment) and dO, Q N-major from
   the ring stage.
@@ -22,7 +22,8 @@ key). Per query tile, transposed so that the keys are the wgmma's M:
 ``attention_bwd_dq_wgmma``: a block owns ``64 * WG`` query rows of one head (Q and dO loaded
 once) and loops over the key tiles of ``BN`` keys (causal: up to the diagonal) in the ring:
 S = Q K^T and dP = dO V^T issued together, dS = P (dP - delta) in registers, dQ += dS K (dS
-from registers, K N-major). The rows' lse and delta are two registers a thread.
+from registers, K N-major). The rows' lse and delta come once with Q and dO (TMA), two
+registers a thread.
 
 Both end by scaling (dK, dQ by the softmax scale) and storing from registers; GQA's dK and dV
 are summed over the group's heads inside the block, in a fixed order: deterministic.
@@ -30,12 +31,13 @@ are summed over the group's heads inside the block, in a fixed order: determinis
 
 Shared tiles (128-byte swizzle, 64-column blocks): the tiles loaded once ``[D / 64, 64 * WG,
 64]`` (K and V, resp. Q and dO), the ring's stages ``[STAGES, D / 64, R, 64]`` (Q and dO of
-``R = BM`` rows, resp. K and V of ``R = BN`` rows), then the barriers: ``bars[0, s]`` stage s
-landed (both tiles), ``bars[1, s]`` stage s free (an arrival from each consumer warpgroup),
-``turn[0]`` the tiles loaded once landed. The tensor maps see the arrays as ``[rows, D]``: a
-tile reaching past a head's rows reads the next head's (or TMA's zeros past the array); those
-rows are masked (zero probabilities and dS) and their outputs not stored, which needs the
-inputs finite there, as they are for any finite input.
+``R = BM`` rows, resp. K and V of ``R = BN`` rows), the lse and delta (f32), then the
+barriers: ``bars[0, s]`` stage s landed (its tiles), ``bars[1, s]`` stage s free (an arrival
+from each consumer warp, ``release``), ``turn[0]`` the tiles loaded once landed. The tensor
+maps see the arrays as ``[rows, D]``: a tile reaching past a head's rows reads the next
+head's (or TMA's zeros past the array); those rows are masked (zero probabilities and dS)
+and their outputs not stored, which needs the inputs finite there, as they are for any
+finite input.
 """
 
 # ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
@@ -83,9 +85,14 @@ def produce(
     STATS_RING = 2 * R * 4 if STATS == 1 else 0
     st = i32(0)
     ph = u32(0)
-    per = kaio.max(n_tiles - first, 0)
-    for i in range(heads_n * per):
-        row = ring_row + i // per * head_stride + (first + i % per) * R
+    t = first  # the tile of head row0 / head_stride: a counter, not divisions
+    row0 = ring_row
+    for i in range(heads_n * kaio.max(n_tiles - first, 0)):
+        row = row0 + t * R
+        t += 1
+        if t == n_tiles:
+            t = first
+            row0 += head_stride
         if i >= STAGES:  # stage st held tile i - STAGES: wait until it is free
             kaio.mbarrier_wait(bars, (1, st), ph ^ 1)
         kaio.mbarrier_arrive_expect_tx(bars, (0, st), u32(2 * R * D * 2 + STATS_RING))
@@ -235,8 +242,7 @@ def consume_dkdv(
     dp = kaio.local(f32, (BM // 8, 4))
     p = kaio.local(u32, (BM // 16, 4))
     ds = kaio.local(u32, (BM // 16, 4))
-    per = kaio.max(n_tiles - first, 0)  # query tiles a head
-    total = group * per
+    total = group * kaio.max(n_tiles - first, 0)
     kaio.mbarrier_wait(turn, 0, 0)  # K and V landed
     af = kaio.local(u32, (D // 16, 4))
     bf = kaio.local(u32, (D // 16, 4))
@@ -245,22 +251,26 @@ def consume_dkdv(
         load_frags(bf, v_s, 64 * i32(wg) + 16 * i32(lt // 32), lane, D, DT)
     st = i32(0)  # the stage and parity of tile i
     ph = u32(0)
+    t = first  # tile i's query tile and head (its lse at at0): counters, not divisions
+    at0 = first_head * sq
     if PIPE == 0:
-        for i in range(total):
+        for _i in range(total):
             kaio.mbarrier_wait(bars, (0, st), ph)
             kaio.wgmma_fence()
             issue_front(s, dp, k_s, v_s, q_s, do_s, af, bf, st, wg, D, AREG, DT)  # S^T, dP^T
             kaio.wgmma_wait(0)
-            q0 = (first + i % per) * BM
-            at0 = (first_head + i // per) * sq
-            grads_t(s, dp, stats, st, lse, delta, at0, key0, q0, sq, causal, scale_log2, lane,
-                    BM, TSTATS)  # fmt: skip
+            grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, causal, scale_log2,
+                    lane, BM, TSTATS)  # fmt: skip
             pack_p(p, s, BM, DT)
             pack_p(ds, dp, BM, DT)
             kaio.wgmma_fence()
             issue_back_dkdv(dka, dva, p, ds, q_s, do_s, st, BM, DT)
             kaio.wgmma_wait(0)
             release(bars, st, lt)
+            t += 1
+            if t == n_tiles:
+                t = first
+                at0 += sq
             st += 1
             if st == STAGES:
                 st = 0
@@ -270,26 +280,32 @@ def consume_dkdv(
         kaio.wgmma_fence()
         issue_front(s, dp, k_s, v_s, q_s, do_s, af, bf, 0, wg, D, AREG, DT)
         kaio.wgmma_wait(0)
-        grads_t(s, dp, stats, 0, lse, delta, first_head * sq, key0, first * BM, sq, causal,
-                scale_log2, lane, BM, TSTATS)  # fmt: skip
+        grads_t(s, dp, stats, 0, lse, delta, at0, key0, t * BM, sq, causal, scale_log2, lane,
+                BM, TSTATS)  # fmt: skip
         pack_p(p, s, BM, DT)
         pack_p(ds, dp, BM, DT)
         ps = i32(0)  # the stage of tile i - 1 (two stages at least: launch)
         st = 1
-        for i in range(1, total):
+        t += 1
+        if t == n_tiles:
+            t = first
+            at0 += sq
+        for _i in range(1, total):
             kaio.mbarrier_wait(bars, (0, st), ph)
             kaio.wgmma_fence()
             issue_front(s, dp, k_s, v_s, q_s, do_s, af, bf, st, wg, D, AREG, DT)
             issue_back_dkdv(dka, dva, p, ds, q_s, do_s, ps, BM, DT)  # tile i - 1's
             kaio.wgmma_wait(2)  # S^T, dP^T done (tile i - 1's dV, dK may still run)
-            q0 = (first + i % per) * BM
-            at0 = (first_head + i // per) * sq
-            grads_t(s, dp, stats, st, lse, delta, at0, key0, q0, sq, causal, scale_log2, lane,
-                    BM, TSTATS)  # fmt: skip
+            grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, causal, scale_log2,
+                    lane, BM, TSTATS)  # fmt: skip
             kaio.wgmma_wait(0)  # tile i - 1's dV, dK done: p, ds and its stage are free
             release(bars, ps, lt)
             pack_p(p, s, BM, DT)
             pack_p(ds, dp, BM, DT)
+            t += 1
+            if t == n_tiles:
+                t = first
+                at0 += sq
             ps = st
             st += 1
             if st == STAGES:
