@@ -6,7 +6,8 @@ The kernels are DSL code in ``kaio_ops._attention_simt`` and ``kaio_ops._attenti
 on an sm_90 GPU (H100, H200) ``flash_attention``'s forward runs ``kaio_ops._attention_hopper``
 (TMA, wgmma, warp specialization) where it measured faster (``hopper_takes``;
 ``KAIO_HOPPER_ATTENTION=0`` opts out): the same contract and outputs (lse included), to the
-rounding of P. This module checks the inputs, picks the specialization and the grid, and
+rounding of P; its backward likewise runs ``kaio_ops._attention_hopper_bwd`` (two wgmma
+kernels, deterministic). This module checks the inputs, picks the specialization and the grid, and
 launches. Scores are
 scaled by ``1/sqrt(D)`` (``scale`` where given); causal attention masks key ``j > i`` (query
 ``i``, both counted from 0, as torch's ``is_causal``). A row with no valid key gets zeros
@@ -22,6 +23,7 @@ from kaio.sim.mode import active as simulating
 from kaio.types import bf16, f16, f32
 from kaio_ops import _arrays
 from kaio_ops import _attention_hopper as hopper
+from kaio_ops import _attention_hopper_bwd as hopper_bwd
 from kaio_ops import _attention_simt as simt
 from kaio_ops import _attention_tc as tc
 from kaio_ops._plan import planned
@@ -311,19 +313,19 @@ def _check_flash(op: str, q, k, v, scale, inputs=None):
     return (qa, ka, va), (b * h, h, h // hkv, sq, sk, d, d), float(scale)
 
 
-def hopper_takes(qa, dims: tuple) -> bool:
+def hopper_takes(qa, dims: tuple, module=hopper) -> bool:
     """Whether ``flash_attention`` runs ``kaio_ops._attention_hopper`` (TMA, wgmma) rather
-    than the mma.sync kernel: an sm_90 GPU (never under the simulator, whose tests launch the
-    kernel directly; ``KAIO_HOPPER_ATTENTION=0`` opts out), a head dim the kernel takes
-    (``_attention_hopper.eligible``) and a case where it measured faster
-    (``_attention_hopper.worthwhile``)."""
+    than the mma.sync kernel (``module``: ``_attention_hopper_bwd`` for
+    ``flash_attention_bwd``): an sm_90 GPU (never under the simulator, whose tests launch the
+    kernels directly; ``KAIO_HOPPER_ATTENTION=0`` opts out), a head dim the kernel takes
+    (``module.eligible``) and a case where it measured faster (``module.worthwhile``)."""
     if os.environ.get("KAIO_HOPPER_ATTENTION") == "0" or simulating():
         return False
     dev = _arrays.gpu(qa)
     if dev is None or dev.arch != "sm_90":
         return False
     bh, _, _, sq, sk, d, _ = dims
-    return hopper.eligible(d) and hopper.worthwhile(bh, sq, sk, d, _arrays.multiprocessors(qa))
+    return module.eligible(d) and module.worthwhile(bh, sq, sk, d, _arrays.multiprocessors(qa))
 
 
 def _flash(op: str, q, k, v, causal, scale):
@@ -360,7 +362,8 @@ def flash_attention_bwd(do, q, k, v, o, lse, causal: bool = False, scale: float 
     and ``scale``. D a multiple of 8 up to 256. dK and dV of a K/V head sum over the query
     heads of its group. P is recomputed a tile at a time (no S x S matrix), dQ and dK/dV come
     from two kernels (for D > 128, dK and dV from one launch each), without atomics:
-    deterministic."""
+    deterministic. On sm_90 the two kernels are ``kaio_ops._attention_hopper_bwd``'s (wgmma,
+    TMA) where they measured faster (``hopper_takes``)."""
     op = "flash_attention_bwd"
     inputs = _arrays.Inputs(op)
     da = inputs.array(do, "do", ndim=4, dtypes=(f16, bf16), form="[B, H, S, D]")
@@ -375,17 +378,19 @@ def flash_attention_bwd(do, q, k, v, o, lse, causal: bool = False, scale: float 
     bh, heads, group, sq, sk, d, _ = dims
     dp = _pow2_dim(d, FLASH_DIMS)
     tile = bwd_tile(dp)
-    dq = _arrays.output(da, qa.shape)
-    dk, dv = (_arrays.output(da, ka.shape) for _ in range(2))
     delta = _arrays.output(da, (bh * sq,), f32)
     stream = _arrays.stream_of(da)
     flat = [a.arg(a.size) for a in (qa, ka, va, da)]
-    out_flat = [_arrays.output_arg(da, x, (x_size,)) for x, x_size in
-                ((dq, qa.size), (dk, ka.size), (dv, ka.size))]  # fmt: skip
-    lse_flat = la.arg(bh * sq)
     tc.row_dot[-(-bh * sq // 8), 256, stream, 0](
         oa.arg(oa.size), flat[3], delta, bh * sq, d, DT=qa.dtype
     )
+    if hopper_takes(qa, dims, hopper_bwd):  # sm_90: the wgmma kernels
+        return hopper_bwd.launch(qa, ka, va, da, la, delta, dims, bool(causal), scale)
+    dq = _arrays.output(da, qa.shape)
+    dk, dv = (_arrays.output(da, ka.shape) for _ in range(2))
+    out_flat = [_arrays.output_arg(da, x, (x_size,)) for x, x_size in
+                ((dq, qa.size), (dk, ka.size), (dv, ka.size))]  # fmt: skip
+    lse_flat = la.arg(bh * sq)
     args = (sq, sk, d, heads, group, math.log2(math.e) * scale, scale, bool(causal))
     smem = (128 + 2 * tile) * dp * 2
     types = {"DT": qa.dtype, "OT": qa.dtype}

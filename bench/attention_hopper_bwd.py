@@ -1,0 +1,341 @@
+"""The Hopper flash-attention backward (``kaio_ops._attention_hopper_bwd``, wgmma + TMA)
+against the mma.sync one (``kaio_ops._attention_tc``) and torch SDPA's flash backward, in
+one run, on an sm_90 GPU. Steps (each its own process, so that one stuck kernel cannot take
+the others' results):
+
+- ``warm --jobs N``: compile every specialization the other steps launch, N processes at a
+  time (each launches its kernels once at a small size; the cubins land in the disk cache).
+- ``check``: each wgmma variant's dQ, dK, dV against float64 autograd (f16 and bf16, D 64
+  and 128, causal and not, grouped-query heads, Sq != Sk, partial tiles), and the same bits
+  on a second run; the public op's dispatch where it should take the new kernels.
+- ``time``: TFLOP/s (2.5 x the forward's 4 * B * H * Sq * Sk * D, halved when causal) with
+  CUDA events, the median of several rounds of back-to-back calls, every contender in the
+  same process: the wgmma variants, the mma.sync kernels (``KAIO_HOPPER_ATTENTION=0``) and
+  SDPA's flash backward (``torch.autograd.grad`` of its output).
+- ``tiny``: the default kernels on a few small cases (for compute-sanitizer).
+- ``one``: one call of the default kernels at S 4096 (for Nsight Compute).
+
+Usage: ``python bench/attention_hopper_bwd.py {warm,check,time,tiny} [--out FILE.json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.attention_hopper import emit, save, time_calls  # noqa: E402
+
+NEW = {  # name: overrides of _attention_hopper_bwd.config's constexprs, per kernel
+    "wgmma": {},
+    "wgmma gstats": {"dkdv": {"TSTATS": 0}},  # dK/dV's lse, delta from global memory
+    "wgmma dq pipe0": {"dq": {"PIPE": 0}},
+    "wgmma s3": {"dkdv": {"STAGES": 3}, "dq": {"STAGES": 3}},
+    "dkdv only": {"only": "dkdv"},  # one kernel alone (its FLOPs: 4/7 of the pair's, 2/3 dQ's)
+    "dkdv only gstats": {"only": "dkdv", "dkdv": {"TSTATS": 0}},
+    "dq only": {"only": "dq"},
+}
+D64 = {
+    "wgmma pipe1": {"dkdv": {"PIPE": 1}, "dq": {"PIPE": 1}},
+    "wgmma areg": {"dkdv": {"AREG": 1, "TSTATS": 0}, "dq": {"AREG": 1}},  # D 128 spills
+}
+DEFAULTS = (("float16", 128), ("bfloat16", 128), ("float16", 64), ("bfloat16", 64))
+
+
+def variants():
+    """(label, dtype name, head dim, kind, overrides): every backward the steps launch, the
+    default kernels first (a check cut short by its timeout still covers them)."""
+    out = [("wgmma", dt, d, "new", {}) for dt, d in DEFAULTS]
+    out += [(name, "float16", 128, "new", over) for name, over in NEW.items() if over]
+    for name in ("wgmma gstats", "wgmma pipe1", "wgmma areg", "dkdv only", "dq only"):
+        out.append((name, "float16", 64, "new", D64[name] if name in D64 else NEW[name]))
+    out += [("mma.sync", dt, d, "old", {}) for dt, d in DEFAULTS]
+    return out
+
+
+def runner(kind: str, d: int, over: dict):
+    """A function (do, q, k, v, o, lse, causal) -> (dq, dk, dv) for one variant: the public
+    op's own code (unplanned), with the dispatch and the configuration forced."""
+    from kaio_ops import _attention_hopper_bwd as hb
+    from kaio_ops import attention
+
+    raw = attention.flash_attention_bwd.__wrapped__
+    base, launch = hb.config, hb.launch
+
+    def run(do, q, k, v, o, lse, causal):
+        if kind == "old":
+            os.environ["KAIO_HOPPER_ATTENTION"] = "0"
+            try:
+                return raw(do, q, k, v, o, lse, causal)
+            finally:
+                del os.environ["KAIO_HOPPER_ATTENTION"]
+        cfg = base(d)
+        cfg = {key: {**cfg[key], **over.get(key, {})} for key in cfg if key != "only"}
+        saved = (hb.config, hb.worthwhile, hb.launch)
+        hb.config, hb.worthwhile = (lambda _d: cfg), (lambda *a: True)
+        if "only" in over:
+            hb.launch = functools.partial(launch, only=over["only"])
+        try:
+            return raw(do, q, k, v, o, lse, causal)
+        finally:
+            hb.config, hb.worthwhile, hb.launch = saved
+
+    return run
+
+
+def tensors(b, h, hkv, sq, sk, d, dtype, seed=0):
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    dt = getattr(torch, dtype)
+    q, do = (torch.randn((b, h, sq, d), device="cuda", dtype=dt, generator=gen) for _ in "qo")
+    k, v = (torch.randn((b, hkv, sk, d), device="cuda", dtype=dt, generator=gen) for _ in "kv")
+    return q, k, v, do
+
+
+def forward(q, k, v, causal):
+    import kaio_ops
+
+    return kaio_ops.flash_attention_with_stats(q, k, v, causal=causal)
+
+
+def warm_one(i: int) -> str:
+    import time
+
+    import torch
+
+    t0 = time.time()
+    label, dtype, d, kind, over = variants()[i]
+    q, k, v, do = tensors(1, 2, 1, 256, 256, d, dtype)
+    o, lse = forward(q, k, v, False)
+    runner(kind, d, over)(do, q, k, v, o, lse, False)
+    if label == "wgmma":  # the Hopper forward the time step runs (S 4096) too
+        from kaio_ops import _attention_hopper as hop
+        from kaio_ops import attention
+
+        (qa, ka, va), dims, scale = attention._check_flash("bench", q, k, v, None)
+        hop.launch(qa, ka, va, dims, False, scale)
+    torch.cuda.synchronize()
+    return f"{label} {dtype} D{d}: {time.time() - t0:.1f}s"
+
+
+def reference(q, k, v, do, causal):
+    """(dq, dk, dv) in float64 by autograd over the explicit softmax."""
+    import torch
+
+    g = q.shape[1] // k.shape[1]
+    leaves = [x.double().requires_grad_() for x in (q, k, v)]
+    q64, k64, v64 = leaves
+    k64, v64 = (x.repeat_interleave(g, dim=1) for x in (k64, v64))
+    s = q64 @ k64.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        mask = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~mask, -math.inf)
+    (torch.softmax(s, -1) @ v64).backward(do.double())
+    return [x.grad for x in leaves]
+
+
+def check(out_path):
+    import torch
+
+    import kaio_ops
+    from kaio_ops import _attention_hopper_bwd as hb
+    from kaio_ops import attention
+
+    shapes = [  # b, h, hkv, sq, sk
+        (2, 8, 8, 1024, 1024),
+        (2, 8, 2, 1024, 2048),  # grouped-query, Sq < Sk
+        (1, 4, 2, 300, 700),  # partial tiles of queries and keys, Sq < Sk
+        (1, 2, 1, 640, 256),  # Sq > Sk
+    ]
+    rows, refs = [], {}
+    for label, dtype, d, kind, over in variants():
+        run = runner(kind, d, over)
+        if "only" in over:  # the other kernel's outputs are left unwritten
+            continue
+        for b, h, hkv, sq, sk in shapes:
+            if label != "wgmma" and sq != 1024:
+                continue
+            for causal in (False, True):
+                key = (dtype, d, b, h, hkv, sq, sk, causal)
+                if key not in refs:
+                    q, k, v, do = tensors(b, h, hkv, sq, sk, d, dtype, seed=sq + d)
+                    o, lse = forward(q, k, v, causal)
+                    refs[key] = (q, k, v, do, o, lse, reference(q, k, v, do, causal))
+                q, k, v, do, o, lse, ref = refs[key]
+                grads = run(do, q, k, v, o, lse, causal)
+                errs = [
+                    (torch.linalg.norm(g.double() - r) / torch.linalg.norm(r)).item()
+                    for g, r in zip(grads, ref, strict=True)
+                ]
+                again = run(do, q, k, v, o, lse, causal)
+                same = all(torch.equal(x, y) for x, y in zip(grads, again, strict=True))
+                finite = all(bool(torch.isfinite(g).all()) for g in grads)
+                row = dict(variant=label, dtype=dtype, d=d, b=b, h=h, hkv=hkv, sq=sq, sk=sk,
+                           causal=causal, dq=errs[0], dk=errs[1], dv=errs[2], same_bits=same,
+                           finite=finite)  # fmt: skip
+                emit(rows, row)
+    # the public op takes the new kernels where it should, with the same bits
+    q, k, v, do = tensors(2, 8, 2, 1024, 1024, 128, "float16", seed=3)
+    o, lse = forward(q, k, v, True)
+    (qa, _, _), dims, _ = attention._check_flash("bench", q, k, v, None)
+    takes = attention.hopper_takes(qa, dims, hb)
+    op = kaio_ops.flash_attention_bwd(do, q, k, v, o, lse, causal=True)
+    direct = runner("new", 128, {})(do, q, k, v, o, lse, True)
+    same = all(torch.equal(x, y) for x, y in zip(op, direct, strict=True))
+    emit(rows, dict(variant="dispatch", takes=takes, same_bits_as_direct=same))
+    save(rows, out_path)
+
+
+def tiny() -> None:
+    """The default kernels once per case at small sizes (f16, D 128 and 64, causal and
+    not, partial tiles, grouped-query heads), checked: for compute-sanitizer."""
+    import torch
+
+    for dtype, d in (("float16", 128), ("float16", 64)):
+        run = runner("new", d, {})
+        for causal in (False, True):
+            q, k, v, do = tensors(1, 4, 2, 200, 300, d, dtype)
+            o, lse = forward(q, k, v, causal)
+            grads = run(do, q, k, v, o, lse, causal)
+            ref = reference(q, k, v, do, causal)
+            errs = [
+                (torch.linalg.norm(g.double() - r) / torch.linalg.norm(r)).item()
+                for g, r in zip(grads, ref, strict=True)
+            ]
+            print(f"tiny {dtype} D{d} causal={causal}: rel {errs}", flush=True)
+
+
+def one() -> None:
+    """One call of the default kernels, f16 B1 H16 S4096 D128 (for Nsight Compute)."""
+    import torch
+
+    q, k, v, do = tensors(1, 16, 16, 4096, 4096, 128, "float16")
+    o, lse = forward(q, k, v, False)
+    runner("new", 128, {})(do, q, k, v, o, lse, False)
+    torch.cuda.synchronize()
+
+
+def bench(out_path, check_log=None, quick=False):
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    cases = [  # dtype, d, b, h, hkv, s, variants
+        ("float16", 128, 4, 16, 16, 4096, list(NEW) + ["mma.sync"]),  # "only": kernel ms
+        ("bfloat16", 128, 4, 16, 16, 4096, ["wgmma", "mma.sync"]),
+        (
+            "float16",
+            64,
+            4,
+            16,
+            16,
+            4096,
+            [
+                "wgmma",
+                "wgmma gstats",
+                "wgmma pipe1",
+                "wgmma areg",
+                "dkdv only",
+                "dq only",
+                "mma.sync",
+            ],
+        ),
+        ("float16", 128, 1, 16, 16, 16384, ["wgmma", "mma.sync"]),
+        ("float16", 128, 2, 16, 16, 8192, ["wgmma", "mma.sync"]),
+        ("float16", 128, 8, 16, 16, 2048, ["wgmma", "mma.sync"]),
+        ("float16", 128, 16, 16, 16, 1024, ["wgmma", "dkdv only", "dq only", "mma.sync"]),
+        ("float16", 128, 32, 16, 16, 512, ["wgmma", "dkdv only", "dq only", "mma.sync"]),
+        ("float16", 128, 4, 32, 8, 4096, ["wgmma", "mma.sync"]),
+        ("bfloat16", 64, 4, 16, 16, 4096, ["wgmma", "mma.sync"]),
+    ]
+    if quick:
+        cases = cases[:3]
+    by = {(lab, dt, d): (kind, over) for lab, dt, d, kind, over in variants()}
+    ok = None
+    if check_log and os.path.exists(check_log):
+        ok = {(r["variant"], r["dtype"], r["d"]) for r in map(json.loads, _json_lines(check_log))}
+    rows = []
+    name = torch.cuda.get_device_name()
+    for dtype, d, b, h, hkv, s, names in cases:
+        q, k, v, do = tensors(b, h, hkv, s, s, d, dtype)
+        for causal in (False, True):
+            flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
+            o, lse = forward(q, k, v, causal)
+            res, times = {}, {}
+            for lab in names:
+                kind, over = by[(lab, dtype, d)]
+                checked = "wgmma" if "only" in over else lab
+                if kind == "new" and ok is not None and (checked, dtype, d) not in ok:
+                    continue
+                run = runner(kind, d, over)
+                ms = time_calls(lambda run=run, a=(do, q, k, v, o, lse, causal): run(*a))
+                res[lab] = flops / ms / 1e9
+                times[lab] = ms
+            leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                out = sdpa(*leaves, is_causal=causal, enable_gqa=h != hkv)
+            ms = time_calls(
+                lambda out=out, do=do, leaves=leaves: torch.autograd.grad(
+                    out, leaves, do, retain_graph=True
+                )
+            )
+            res["sdpa flash"] = flops / ms / 1e9
+            times["sdpa flash"] = ms
+            del out, leaves
+            row = dict(gpu=name, dtype=dtype, d=d, b=b, h=h, hkv=hkv, s=s, causal=causal,
+                       tflops=res, ms=times)  # fmt: skip
+            emit(rows, row)
+    save(rows, out_path)
+    print(f"\n{name}: backward TFLOP/s (2.5x forward FLOPs; CUDA events, median of 3 x 6)")
+    for r in rows:
+        t = r["tflops"]
+        ratio = t.get("wgmma", math.nan) / t["sdpa flash"]
+        ratio_old = t.get("wgmma", math.nan) / t.get("mma.sync", math.nan)
+        cells = "  ".join(f"{k} {v:.0f}" for k, v in t.items())
+        print(f"{r['dtype']:>8} D{r['d']} B{r['b']} H{r['h']}/{r['hkv']} S{r['s']}"
+              f"{' causal' if r['causal'] else ''}: {cells}  (wgmma/sdpa {ratio:.2f}, "
+              f"wgmma/mma.sync {ratio_old:.2f})")  # fmt: skip
+
+
+def _json_lines(path):
+    return [line for line in open(path) if line.startswith("{") and '"dtype"' in line]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("step", choices=("warm", "check", "time", "tiny", "one"))
+    p.add_argument("--out")
+    p.add_argument("--jobs", type=int, default=8)
+    p.add_argument("--quick", action="store_true", help="time: the first three cases only")
+    p.add_argument("--check-log", help="time: only the variants this check output reached")
+    args = p.parse_args()
+    if args.step == "warm":
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=ctx) as pool:
+            futures = [pool.submit(warm_one, i) for i in range(len(variants()))]
+            for f in futures:
+                try:
+                    print(f.result(timeout=120), flush=True)
+                except Exception as e:  # noqa: BLE001  (report each specialization's failure)
+                    print(f"FAILED: {type(e).__name__}: {e}", flush=True)
+    elif args.step == "check":
+        check(args.out)
+    elif args.step == "tiny":
+        tiny()
+    elif args.step == "one":
+        one()
+    else:
+        bench(args.out, args.check_log, args.quick)
+
+
+if __name__ == "__main__":
+    main()

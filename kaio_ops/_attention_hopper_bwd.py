@@ -1,0 +1,712 @@
+"""The Hopper (sm_90a) flash-attention backward behind ``kaio_ops.flash_attention_bwd``:
+FlashAttention-2's deterministic pair of kernels (no atomics) rebuilt on FlashAttention-3's
+machinery (TMA, an mbarrier ring filled by a producer warp, ``WG`` consumer warpgroups on
+``wgmma``, ``setmaxnreg``), generic over the element type ``DT`` (f16 or bf16). The
+products and the ring are those of the forward, ``kaio_ops._attention_hopper``, whose
+helpers this module calls.
+
+``attention_bwd_dkdv_wgmma``: a block owns ``64 * WG`` keys of one K/V head (each consumer
+warpgroup 64 of them, their dK and dV accumulators in registers) and loops over the query
+tiles of ``BM`` rows of every query head of its group (causal: those at or past its first
+key). Per query tile, transposed so that the keys are the wgmma's M:
+
+- S^T = K Q^T and dP^T = V dO^T (both operands in shared memory, K-major, as the forward's
+  S = Q K^T), issued together;
+- P^T = exp2(S^T * scale * log2(e) - lse2[query]) (masked), dS^T = P^T (dP^T - delta[query]);
+  a thread's columns are queries, so lse and delta come with the tile into shared memory
+  (TMA, ``TSTATS`` 1) or from global memory (8-byte loads, 0);
+- dV += P^T dO and dK += dS^T Q, with P^T and dS^T from registers (the accumulators of two
+  adjacent n8 tiles rounded to DT pairs are a k-step's A fragment) and dO, Q N-major from
+  the ring stage.
+
+``attention_bwd_dq_wgmma``: a block owns ``64 * WG`` query rows of one head (Q and dO loaded
+once) and loops over the key tiles of ``BN`` keys (causal: up to the diagonal) in the ring:
+S = Q K^T and dP = dO V^T issued together, dS = P (dP - delta) in registers, dQ += dS K (dS
+from registers, K N-major). The rows' lse and delta come once with Q and dO (TMA), two
+registers a thread.
+
+Both end by scaling (dK, dQ by the softmax scale) and storing from registers; GQA's dK and dV
+are summed over the group's heads inside the block, in a fixed order: deterministic.
+``delta`` = rowsum(dO * O) comes from ``_attention_tc.row_dot`` (the host).
+
+Shared tiles (128-byte swizzle, 64-column blocks): the tiles loaded once ``[D / 64, 64 * WG,
+64]`` (K and V, resp. Q and dO), the ring's stages ``[STAGES, D / 64, R, 64]`` (Q and dO of
+``R = BM`` rows, resp. K and V of ``R = BN`` rows), the lse and delta (f32), then the
+barriers: ``bars[0, s]`` stage s landed (its tiles), ``bars[1, s]`` stage s free (an arrival
+from each consumer warp, ``release``), ``turn[0]`` the tiles loaded once landed. The tensor
+maps see the arrays as ``[rows, D]``: a tile reaching past a head's rows reads the next
+head's (or TMA's zeros past the array); those rows are masked (zero probabilities and dS)
+and their outputs not stored, which needs the inputs finite there, as they are for any
+finite input.
+"""
+
+# ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
+from __future__ import annotations
+
+import kaio
+from kaio import f32, i32, u32, u64
+from kaio_ops._attention_hopper import (
+    PRODUCER_REGS,
+    SHARED_LIMIT,
+    SW,
+    consumer_registers,
+    issue_pv,
+    issue_s,
+    pack_p,
+)
+from kaio_ops._attention_tc import POS_INF, lse_log2
+
+
+@kaio.gpu_func
+def produce(
+    a_s: DT[:, :, :], b_s: DT[:, :, :], x_s: DT[:, :, :, :], y_s: DT[:, :, :, :],
+    stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], ta: kaio.tensormap,
+    tb: kaio.tensormap, tx: kaio.tensormap, ty: kaio.tensormap, tl: kaio.tensormap,
+    td: kaio.tensormap, once_row: i32, ring_row: i32, head_stride: i32, heads_n: i32,
+    first: i32, n_tiles: i32, D: kaio.constexpr, ONCE: kaio.constexpr, R: kaio.constexpr,
+    STAGES: kaio.constexpr, STATS: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """The producer's copies: ``ONCE`` rows of ``ta``, ``tb`` from ``once_row`` into a_s,
+    b_s (once, on ``turn[0]``), then for each head j < heads_n and tile t in first ..
+    n_tiles the ``R`` rows from ``ring_row + j * head_stride + t * R`` of ``tx``, ``ty``
+    into the ring's next stage (on its "landed" barrier), once the consumers freed it. The
+    rows' lse and delta (``tl``, ``td``: [1, rows] f32) go to ``stats[0 and 1, stage]``
+    with each ring tile where ``STATS`` is 1, to ``stats[0 and 1, 0]`` with the tiles loaded
+    once where it is 2 (0: not at all)."""
+    C = D // 64
+    STATS_ONCE = 2 * ONCE * 4 if STATS == 2 else 0
+    kaio.mbarrier_arrive_expect_tx(turn, 0, u32(2 * ONCE * D * 2 + STATS_ONCE))
+    for c in kaio.static_range(C):
+        kaio.tma_load_2d(a_s, (c, 0, 0), ta, once_row, c * 64, turn, 0)
+        kaio.tma_load_2d(b_s, (c, 0, 0), tb, once_row, c * 64, turn, 0)
+    if STATS == 2:
+        kaio.tma_load_2d(stats, (0, 0, 0), tl, 0, once_row, turn, 0)
+        kaio.tma_load_2d(stats, (1, 0, 0), td, 0, once_row, turn, 0)
+    STATS_RING = 2 * R * 4 if STATS == 1 else 0
+    st = i32(0)
+    ph = u32(0)
+    t = first  # the tile of head row0 / head_stride: a counter, not divisions
+    row0 = ring_row
+    for i in range(heads_n * kaio.max(n_tiles - first, 0)):
+        row = row0 + t * R
+        t += 1
+        if t == n_tiles:
+            t = first
+            row0 += head_stride
+        if i >= STAGES:  # stage st held tile i - STAGES: wait until it is free
+            kaio.mbarrier_wait(bars, (1, st), ph ^ 1)
+        kaio.mbarrier_arrive_expect_tx(bars, (0, st), u32(2 * R * D * 2 + STATS_RING))
+        for c in kaio.static_range(C):
+            kaio.tma_load_2d(x_s, (st, c, 0, 0), tx, row, c * 64, bars, (0, st))
+            kaio.tma_load_2d(y_s, (st, c, 0, 0), ty, row, c * 64, bars, (0, st))
+        if STATS == 1:
+            kaio.tma_load_2d(stats, (0, st, 0), tl, 0, row, bars, (0, st))
+            kaio.tma_load_2d(stats, (1, st, 0), td, 0, row, bars, (0, st))
+        st += 1
+        if st == STAGES:
+            st = 0
+            ph ^= 1
+
+
+@kaio.gpu_func
+def store_tile(
+    out: DT[:], acc: f32[:, :], at0: i32, row: i32, rows: i32, factor: f32, lane: u32,
+    D: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """out[at0 + (row + 8h) * D + col] = acc * factor for this lane's two row halves h whose
+    row is below ``rows`` (its columns 8n + 2 (lane % 4) + e, pairs stored together)."""
+    for h in kaio.static_range(2):
+        if row + 8 * h < rows:
+            at = at0 + (row + 8 * h) * D + i32(lane % 4) * 2
+            for n in kaio.static_range(D // 8):
+                pair = kaio.local(DT, 2)
+                for e in kaio.static_range(2):
+                    pair[e] = DT(acc[n, 2 * h + e] * factor)
+                kaio.store_vector(out, at + n * 8, pair)
+
+
+@kaio.gpu_func
+def zero_acc(acc: f32[:, :], N: kaio.constexpr):
+    """acc's N / 8 n8 tiles of accumulators = 0."""
+    for n in kaio.static_range(N // 8):
+        for e in kaio.static_range(4):
+            acc[n, e] = 0.0
+
+
+@kaio.gpu_func
+def grads_t(
+    s: f32[:, :], dp: f32[:, :], stats: f32[:, :, :], st: i32, lse: f32[:], delta: f32[:],
+    at0: i32, key0: i32, q0: i32, sq: i32, causal: i32, scale_log2: f32, lane: u32,
+    BM: kaio.constexpr, TSTATS: kaio.constexpr,
+):  # fmt: skip
+    """s = P^T, dp = dS^T = P^T (dP^T - delta) of the query tile q0 in ring stage ``st``
+    (columns: queries q0 + 8n + 2 (lane % 4) + e, whose lse and delta are ``stats[0 and 1,
+    st]`` where ``TSTATS``, else read from ``lse``, ``delta`` at ``at0`` (the head's query
+    0); rows: keys key0 + 8h), the queries past sq and (causal) before the key masked to
+    zero probability where the tile needs it."""
+    masked = q0 + BM > sq or (causal != 0 and q0 < key0 - i32(lane // 4) + 15)
+    for n in kaio.static_range(BM // 8):
+        pair = kaio.local(f32, 2)
+        dpair = kaio.local(f32, 2)
+        col0 = n * 8 + i32(lane % 4) * 2
+        if TSTATS:
+            for e in kaio.static_range(2):
+                pair[e] = stats[0, st, col0 + e]
+                dpair[e] = stats[1, st, col0 + e]
+        elif q0 + col0 + 1 < sq and sq % 2 == 0:  # both inside, 8-byte aligned
+            kaio.load_vector(pair, lse, at0 + q0 + col0)
+            kaio.load_vector(dpair, delta, at0 + q0 + col0)
+        else:
+            for e in kaio.static_range(2):
+                at = at0 + kaio.min(q0 + col0 + e, sq - 1)
+                pair[e] = lse[at]
+                dpair[e] = delta[at]
+        for e in kaio.static_range(2):
+            col = col0 + e
+            l2 = lse_log2(pair[e])
+            for h in kaio.static_range(2):
+                x = kaio.exp2(kaio.fma(s[n, 2 * h + e], scale_log2, -l2))
+                if masked:
+                    ok = q0 + col < sq and (causal == 0 or key0 + 8 * h <= q0 + col)
+                    x = kaio.select(ok, x, 0.0)
+                s[n, 2 * h + e] = x
+                dp[n, 2 * h + e] = x * (dp[n, 2 * h + e] - dpair[e])
+
+
+@kaio.gpu_func
+def issue_front(
+    s: f32[:, :], dp: f32[:, :], a_s: DT[:, :, :], b_s: DT[:, :, :], x_s: DT[:, :, :, :],
+    y_s: DT[:, :, :, :], af: u32[:, :], bf: u32[:, :], st: i32, wg: u32, D: kaio.constexpr,
+    AREG: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """Issue a tile's first two products, each its own group: s = A X^T and dp = B Y^T for
+    this warpgroup's 64 rows of the tiles loaded once (a_s, b_s; where ``AREG``, their A
+    fragments ``af``, ``bf`` from ``load_frags``) and the ring's stage st of x_s, y_s
+    (S^T = K Q^T and dP^T = V dO^T, resp. S = Q K^T and dP = dO V^T)."""
+    if AREG:
+        issue_s_regs(s, af, x_s, st, D, DT)
+        issue_s_regs(dp, bf, y_s, st, D, DT)
+    else:
+        issue_s(s, a_s, x_s, st, wg, D, DT)
+        issue_s(dp, b_s, y_s, st, wg, D, DT)
+
+
+@kaio.gpu_func
+def issue_s_regs(
+    s: f32[:, :], af: u32[:, :], x_s: DT[:, :, :, :], st: i32, D: kaio.constexpr,
+    DT: kaio.constexpr,
+):  # fmt: skip
+    """Issue s = A X^T (A from the registers ``af``, X stage st of the ring, K-major) and
+    commit: ``issue_s`` without A's shared-memory reads in every product."""
+    for kk in kaio.static_range(D // 16):
+        dx = kaio.smem_descriptor(x_s, (st, kk // 4, 0, kk % 4 * 16), SW, 16, 1024)
+        if DT == kaio.bf16:
+            kaio.wgmma_bf16(s, af[kk], dx, kk > 0)
+        else:
+            kaio.wgmma_f16(s, af[kk], dx, kk > 0)
+    kaio.wgmma_commit()
+
+
+@kaio.gpu_func
+def load_frags(af: u32[:, :], a_s: DT[:, :, :], row0: i32, lane: u32, D: kaio.constexpr,
+               DT: kaio.constexpr):  # fmt: skip
+    """af[kk] = the wgmma A fragments (mma.m16n8k16's A layout) of rows row0 .. row0 + 15 of
+    the TMA-swizzled tile a_s [D / 64, rows, 64], k-step kk < D / 16 (``ldmatrix``)."""
+    r = row0 + i32(lane % 16)
+    for kk in kaio.static_range(D // 16):
+        col = kaio.swizzle(a_s, r, kk % 4 * 16 + i32(lane // 16) * 8)
+        kaio.ldmatrix(af[kk], a_s, (kk // 4, r, col))
+
+
+@kaio.gpu_func
+def consume_dkdv(
+    k_s: DT[:, :, :], v_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :],
+    stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], lse: f32[:], delta: f32[:],
+    dk: DT[:], dv: DT[:], wg: u32, lt: u32, kvh: i32, first_head: i32, group: i32, first: i32,
+    n_tiles: i32, k0: i32, sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32,
+    D: kaio.constexpr, BM: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr,
+    AREG: kaio.constexpr, TSTATS: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """Consumer warpgroup ``wg``'s 64 keys (thread ``lt`` of it): dK and dV over the query
+    tiles of the group's heads (module docstring), then stored. ``PIPE``: 0 each tile's
+    products issued and waited for in turn; 1 tile i's S^T and dP^T issued together with
+    tile i - 1's dV and dK, so that tile i's P^T and dS^T are computed while those run (the
+    forward's intra-warpgroup overlap)."""
+    lane = lt % 32
+    key0 = k0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)  # rows key0, key0 + 8
+    dka = kaio.local(f32, (D // 8, 4))
+    dva = kaio.local(f32, (D // 8, 4))
+    zero_acc(dka, D)
+    zero_acc(dva, D)
+    s = kaio.local(f32, (BM // 8, 4))
+    dp = kaio.local(f32, (BM // 8, 4))
+    p = kaio.local(u32, (BM // 16, 4))
+    ds = kaio.local(u32, (BM // 16, 4))
+    total = group * kaio.max(n_tiles - first, 0)
+    kaio.mbarrier_wait(turn, 0, 0)  # K and V landed
+    af = kaio.local(u32, (D // 16, 4))
+    bf = kaio.local(u32, (D // 16, 4))
+    if AREG:  # K's and V's A fragments stay in registers
+        load_frags(af, k_s, 64 * i32(wg) + 16 * i32(lt // 32), lane, D, DT)
+        load_frags(bf, v_s, 64 * i32(wg) + 16 * i32(lt // 32), lane, D, DT)
+    st = i32(0)  # the stage and parity of tile i
+    ph = u32(0)
+    t = first  # tile i's query tile and head (its lse at at0): counters, not divisions
+    at0 = first_head * sq
+    if PIPE == 0:
+        for _i in range(total):
+            kaio.mbarrier_wait(bars, (0, st), ph)
+            kaio.wgmma_fence()
+            issue_front(s, dp, k_s, v_s, q_s, do_s, af, bf, st, wg, D, AREG, DT)  # S^T, dP^T
+            kaio.wgmma_wait(0)
+            grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, causal, scale_log2,
+                    lane, BM, TSTATS)  # fmt: skip
+            pack_p(p, s, BM, DT)
+            pack_p(ds, dp, BM, DT)
+            kaio.wgmma_fence()
+            issue_back_dkdv(dka, dva, p, ds, q_s, do_s, st, BM, DT)
+            kaio.wgmma_wait(0)
+            release(bars, st, lt)
+            t += 1
+            if t == n_tiles:
+                t = first
+                at0 += sq
+            st += 1
+            if st == STAGES:
+                st = 0
+                ph ^= 1
+    elif total > 0:
+        kaio.mbarrier_wait(bars, (0, 0), 0)
+        kaio.wgmma_fence()
+        issue_front(s, dp, k_s, v_s, q_s, do_s, af, bf, 0, wg, D, AREG, DT)
+        kaio.wgmma_wait(0)
+        grads_t(s, dp, stats, 0, lse, delta, at0, key0, t * BM, sq, causal, scale_log2, lane,
+                BM, TSTATS)  # fmt: skip
+        pack_p(p, s, BM, DT)
+        pack_p(ds, dp, BM, DT)
+        ps = i32(0)  # the stage of tile i - 1 (two stages at least: launch)
+        st = 1
+        t += 1
+        if t == n_tiles:
+            t = first
+            at0 += sq
+        for _i in range(1, total):
+            kaio.mbarrier_wait(bars, (0, st), ph)
+            kaio.wgmma_fence()
+            issue_front(s, dp, k_s, v_s, q_s, do_s, af, bf, st, wg, D, AREG, DT)
+            issue_back_dkdv(dka, dva, p, ds, q_s, do_s, ps, BM, DT)  # tile i - 1's
+            kaio.wgmma_wait(2)  # S^T, dP^T done (tile i - 1's dV, dK may still run)
+            grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, causal, scale_log2,
+                    lane, BM, TSTATS)  # fmt: skip
+            kaio.wgmma_wait(0)  # tile i - 1's dV, dK done: p, ds and its stage are free
+            release(bars, ps, lt)
+            pack_p(p, s, BM, DT)
+            pack_p(ds, dp, BM, DT)
+            t += 1
+            if t == n_tiles:
+                t = first
+                at0 += sq
+            ps = st
+            st += 1
+            if st == STAGES:
+                st = 0
+                ph ^= 1
+        kaio.wgmma_fence()
+        issue_back_dkdv(dka, dva, p, ds, q_s, do_s, ps, BM, DT)
+        kaio.wgmma_wait(0)
+        release(bars, ps, lt)
+    at = kvh * sk * D
+    store_tile(dk, dka, at, key0, sk, scale, lane, D, DT)
+    store_tile(dv, dva, at, key0, sk, 1.0, lane, D, DT)
+
+
+@kaio.gpu_func
+def issue_back_dkdv(
+    dka: f32[:, :], dva: f32[:, :], p: u32[:, :], ds: u32[:, :], q_s: DT[:, :, :, :],
+    do_s: DT[:, :, :, :], st: i32, BM: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """Issue dV += P^T dO and dK += dS^T Q of the query tile in stage st (each its own
+    group; P^T and dS^T from registers)."""
+    issue_pv(dva, p, do_s, st, BM, DT)
+    issue_pv(dka, ds, q_s, st, BM, DT)
+
+
+@kaio.gpu_func
+def grads(
+    s: f32[:, :], dp: f32[:, :], l2: f32[:], dl: f32[:], k0: i32, row0: i32, sk: i32,
+    causal: i32, scale_log2: f32, lane: u32, BN: kaio.constexpr,
+):  # fmt: skip
+    """dp = dS = P (dP - delta) of one key tile (keys k0 + 8n + 2 (lane % 4) + e, rows row0 +
+    8h), keys past sk and (causal) past the row masked where the tile needs it."""
+    masked = k0 + BN > sk or (causal != 0 and k0 + BN > row0 - i32(lane // 4) + 1)
+    for n in kaio.static_range(BN // 8):
+        for e in kaio.static_range(2):
+            for h in kaio.static_range(2):
+                x = kaio.exp2(kaio.fma(s[n, 2 * h + e], scale_log2, -l2[h]))
+                if masked:
+                    key = k0 + n * 8 + i32(lane % 4) * 2 + e
+                    ok = key < sk and (causal == 0 or key <= row0 + 8 * h)
+                    x = kaio.select(ok, x, 0.0)
+                dp[n, 2 * h + e] = x * (dp[n, 2 * h + e] - dl[h])
+
+
+@kaio.gpu_func
+def consume_dq(
+    q_s: DT[:, :, :], do_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :],
+    stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], dq: DT[:], wg: u32, lt: u32, bh: i32,
+    q0: i32, n_tiles: i32, sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32,
+    D: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr,
+    AREG: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """Consumer warpgroup ``wg``'s 64 query rows (thread ``lt`` of it): dQ over the key tiles
+    (module docstring; at least one), then stored; ``PIPE`` as ``consume_dkdv``'s. The
+    rows' lse and delta are ``stats[0 and 1, 0]``."""
+    lane = lt % 32
+    local = 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)  # rows q0 + local (+ 8)
+    row0 = q0 + local
+    dqa = kaio.local(f32, (D // 8, 4))
+    zero_acc(dqa, D)
+    s = kaio.local(f32, (BN // 8, 4))
+    dp = kaio.local(f32, (BN // 8, 4))
+    ds = kaio.local(u32, (BN // 16, 4))
+    kaio.mbarrier_wait(turn, 0, 0)  # Q, dO and their rows' stats landed
+    af = kaio.local(u32, (D // 16, 4))
+    bf = kaio.local(u32, (D // 16, 4))
+    if AREG:  # Q's and dO's A fragments stay in registers
+        load_frags(af, q_s, 64 * i32(wg) + 16 * i32(lt // 32), lane, D, DT)
+        load_frags(bf, do_s, 64 * i32(wg) + 16 * i32(lt // 32), lane, D, DT)
+    l2 = kaio.local(f32, 2)
+    dl = kaio.local(f32, 2)
+    for h in kaio.static_range(2):
+        inside = row0 + 8 * h < sq
+        l2[h] = kaio.select(inside, lse_log2(stats[0, 0, local + 8 * h]), POS_INF)
+        dl[h] = kaio.select(inside, stats[1, 0, local + 8 * h], 0.0)
+    st = i32(0)
+    ph = u32(0)
+    if PIPE == 0:
+        for j in range(n_tiles):
+            kaio.mbarrier_wait(bars, (0, st), ph)
+            kaio.wgmma_fence()
+            issue_front(s, dp, q_s, do_s, k_s, v_s, af, bf, st, wg, D, AREG, DT)  # S, dP
+            kaio.wgmma_wait(0)
+            grads(s, dp, l2, dl, j * BN, row0, sk, causal, scale_log2, lane, BN)
+            pack_p(ds, dp, BN, DT)
+            kaio.wgmma_fence()
+            issue_pv(dqa, ds, k_s, st, BN, DT)  # dQ += dS K
+            kaio.wgmma_wait(0)
+            release(bars, st, lt)
+            st += 1
+            if st == STAGES:
+                st = 0
+                ph ^= 1
+    else:
+        kaio.mbarrier_wait(bars, (0, 0), 0)
+        kaio.wgmma_fence()
+        issue_front(s, dp, q_s, do_s, k_s, v_s, af, bf, 0, wg, D, AREG, DT)
+        kaio.wgmma_wait(0)
+        grads(s, dp, l2, dl, 0, row0, sk, causal, scale_log2, lane, BN)
+        pack_p(ds, dp, BN, DT)
+        ps = i32(0)  # the stage of tile j - 1
+        st = 1
+        for j in range(1, n_tiles):
+            kaio.mbarrier_wait(bars, (0, st), ph)
+            kaio.wgmma_fence()
+            issue_front(s, dp, q_s, do_s, k_s, v_s, af, bf, st, wg, D, AREG, DT)
+            issue_pv(dqa, ds, k_s, ps, BN, DT)  # tile j - 1's dQ += dS K
+            kaio.wgmma_wait(1)  # S, dP done (tile j - 1's dQ product may still run)
+            grads(s, dp, l2, dl, j * BN, row0, sk, causal, scale_log2, lane, BN)
+            kaio.wgmma_wait(0)  # tile j - 1's dQ product done: ds and its stage are free
+            release(bars, ps, lt)
+            pack_p(ds, dp, BN, DT)
+            ps = st
+            st += 1
+            if st == STAGES:
+                st = 0
+                ph ^= 1
+        kaio.wgmma_fence()
+        issue_pv(dqa, ds, k_s, ps, BN, DT)
+        kaio.wgmma_wait(0)
+        release(bars, ps, lt)
+    store_tile(dq, dqa, bh * sq * D, row0, sq, scale, lane, D, DT)
+
+
+@kaio.gpu_func
+def release(bars: u64[:, :], st: i32, lt: u32):
+    """This warp is done with ring stage st (its products waited for): each thread fences its
+    reads of the stage (the lse and delta read with ordinary loads) against the next TMA
+    copy into it, then the warp's first lane arrives on the stage's "free" barrier."""
+    kaio.fence_proxy_async()
+    kaio.sync_warp()
+    if lt % 32 == 0:
+        kaio.mbarrier_arrive(bars, (1, st))
+
+
+@kaio.gpu_func
+def init_barriers(bars: u64[:, :], turn: u64[:], WG: kaio.constexpr, STAGES: kaio.constexpr):
+    """Thread 0: the ring's barriers (landed: the producer's arrival; free: one from each
+    consumer warp, ``release``) and ``turn[0]`` (the tiles loaded once), fenced for the copy
+    engine."""
+    for s in kaio.static_range(STAGES):
+        kaio.mbarrier_init(bars, (0, s), 1)
+        kaio.mbarrier_init(bars, (1, s), 4 * WG)  # an arrival from each consumer warp
+    kaio.mbarrier_init(turn, 0, 1)
+    kaio.fence_proxy_async()
+
+
+@kaio.gpu_kernel(fastmath=True)  # ex2.approx.ftz: one instruction an exponential
+def attention_bwd_dkdv_wgmma(
+    tk: kaio.tensormap,
+    tv: kaio.tensormap,
+    tq: kaio.tensormap,
+    tdo: kaio.tensormap,
+    tl: kaio.tensormap,
+    td: kaio.tensormap,
+    lse: f32[:],
+    delta: f32[:],
+    dk: DT[:],
+    dv: DT[:],
+    sq: i32,
+    sk: i32,
+    heads: i32,
+    group: i32,
+    scale_log2: f32,
+    scale: f32,
+    causal: i32,
+    D: kaio.constexpr,
+    BM: kaio.constexpr,
+    WG: kaio.constexpr,
+    STAGES: kaio.constexpr,
+    PIPE: kaio.constexpr,
+    AREG: kaio.constexpr,
+    TSTATS: kaio.constexpr,
+    REGS: kaio.constexpr,
+    DT: kaio.constexpr,
+):
+    """dk, dv of the ``64 * WG`` keys of block x and K/V head ``kvh`` = block y, summed over
+    the query heads of its group (module docstring). ``tk``, ``tv``: k, v as [B * Hkv * sk, D]
+    in boxes of (64 * WG, 64); ``tq``, ``tdo``: q, do as [B * H * sq, D] in boxes of (BM,
+    64); ``tl``, ``td``: lse, delta as [1, B * H * sq] f32 in boxes of (1, BM); dk, dv
+    [B * Hkv * sk * D] flat; ``scale_log2``: the scale times log2(e)."""
+    kaio.launch_bounds(WG * 128 + 128, 1)
+    BK = 64 * WG
+    C = D // 64
+    ONCE_BYTES = BK * D * 2
+    RING_BYTES = STAGES * BM * D * 2
+    STATS = 2 * ONCE_BYTES + 2 * RING_BYTES
+    BARS = STATS + 2 * STAGES * BM * 4
+    k_s = kaio.shared_dynamic(DT, (C, BK, 64), 0)
+    v_s = kaio.shared_dynamic(DT, (C, BK, 64), ONCE_BYTES)
+    q_s = kaio.shared_dynamic(DT, (STAGES, C, BM, 64), 2 * ONCE_BYTES)
+    do_s = kaio.shared_dynamic(DT, (STAGES, C, BM, 64), 2 * ONCE_BYTES + RING_BYTES)
+    stats = kaio.shared_dynamic(f32, (2, STAGES, BM), STATS)
+    bars = kaio.shared_dynamic(u64, (2, STAGES), BARS)
+    turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * STAGES)
+    t = kaio.thread_idx_x()
+    wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
+    lt = t % 128
+    kvh = i32(kaio.block_idx_y())
+    kv_heads = heads // group
+    first_head = kvh // kv_heads * heads + kvh % kv_heads * group
+    k0 = i32(kaio.block_idx_x()) * BK  # causal: the first key tiles see the most queries
+    first = i32(0)
+    if causal != 0:
+        first = k0 // BM  # queries before k0 see none of these keys
+    n_tiles = (sq + BM - 1) // BM
+    if t == 0:
+        init_barriers(bars, turn, WG, STAGES)
+    kaio.sync_threads()
+    if wg < WG:  # the consumers
+        if REGS:
+            kaio.setmaxnreg_inc(REGS)
+        consume_dkdv(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, wg, lt, kvh,
+                     first_head, group, first, n_tiles, k0, sq, sk, causal, scale_log2, scale,
+                     D, BM, STAGES, PIPE, AREG, TSTATS, DT)  # fmt: skip
+    else:  # the producer warpgroup: its first thread loads
+        if REGS:
+            kaio.setmaxnreg_dec(PRODUCER_REGS)
+        if lt == 0:
+            produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl, td,
+                    kvh * sk + k0, first_head * sq, sq, group, first, n_tiles, D, BK, BM,
+                    STAGES, TSTATS, DT)  # fmt: skip
+
+
+@kaio.gpu_kernel(fastmath=True)
+def attention_bwd_dq_wgmma(
+    tq: kaio.tensormap,
+    tdo: kaio.tensormap,
+    tk: kaio.tensormap,
+    tv: kaio.tensormap,
+    tl: kaio.tensormap,
+    td: kaio.tensormap,
+    dq: DT[:],
+    sq: i32,
+    sk: i32,
+    heads: i32,
+    group: i32,
+    scale_log2: f32,
+    scale: f32,
+    causal: i32,
+    D: kaio.constexpr,
+    BN: kaio.constexpr,
+    WG: kaio.constexpr,
+    STAGES: kaio.constexpr,
+    PIPE: kaio.constexpr,
+    AREG: kaio.constexpr,
+    REGS: kaio.constexpr,
+    DT: kaio.constexpr,
+):
+    """dq of the ``64 * WG`` query rows of block x (the heaviest causal tiles first) of
+    (batch, head) ``bh`` = block y (module docstring). ``tq``, ``tdo``: q, do as
+    [B * H * sq, D] in boxes of (64 * WG, 64); ``tk``, ``tv``: k, v as [B * Hkv * sk, D] in
+    boxes of (BN, 64); ``tl``, ``td``: lse, delta as [1, B * H * sq] f32 in boxes of
+    (1, 64 * WG); dq [B * H * sq * D] flat."""
+    kaio.launch_bounds(WG * 128 + 128, 1)
+    BQ = 64 * WG
+    C = D // 64
+    ONCE_BYTES = BQ * D * 2
+    RING_BYTES = STAGES * BN * D * 2
+    STATS = 2 * ONCE_BYTES + 2 * RING_BYTES
+    BARS = STATS + 2 * BQ * 4
+    q_s = kaio.shared_dynamic(DT, (C, BQ, 64), 0)
+    do_s = kaio.shared_dynamic(DT, (C, BQ, 64), ONCE_BYTES)
+    k_s = kaio.shared_dynamic(DT, (STAGES, C, BN, 64), 2 * ONCE_BYTES)
+    v_s = kaio.shared_dynamic(DT, (STAGES, C, BN, 64), 2 * ONCE_BYTES + RING_BYTES)
+    stats = kaio.shared_dynamic(f32, (2, 1, BQ), STATS)
+    bars = kaio.shared_dynamic(u64, (2, STAGES), BARS)
+    turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * STAGES)
+    t = kaio.thread_idx_x()
+    wg = kaio.shfl_idx(t // 128, 0)
+    lt = t % 128
+    bh = i32(kaio.block_idx_y())
+    kvh = bh // heads * (heads // group) + bh % heads // group
+    q0 = i32(kaio.grid_dim_x() - 1 - kaio.block_idx_x()) * BQ
+    n_tiles = (sk + BN - 1) // BN
+    if causal != 0:
+        n_tiles = kaio.min(n_tiles, (q0 + BQ + BN - 1) // BN)
+    if t == 0:
+        init_barriers(bars, turn, WG, STAGES)
+    kaio.sync_threads()
+    if wg < WG:
+        if REGS:
+            kaio.setmaxnreg_inc(REGS)
+        consume_dq(q_s, do_s, k_s, v_s, stats, bars, turn, dq, wg, lt, bh, q0, n_tiles, sq,
+                   sk, causal, scale_log2, scale, D, BN, STAGES, PIPE, AREG, DT)  # fmt: skip
+    else:
+        if REGS:
+            kaio.setmaxnreg_dec(PRODUCER_REGS)
+        if lt == 0:
+            produce(q_s, do_s, k_s, v_s, stats, bars, turn, tq, tdo, tk, tv, tl, td,
+                    bh * sq + q0, kvh * sk, 0, 1, 0, n_tiles, D, BQ, BN, STAGES, 2,
+                    DT)  # fmt: skip
+
+
+def shared_bytes(d: int, once: int, ring: int, stages: int, stat_rows: int) -> int:
+    """The dynamic shared memory of either kernel: the two tiles loaded once (``once`` rows),
+    the ring's two tiles of ``ring`` rows a stage, the lse and delta of ``stat_rows`` rows,
+    the barriers."""
+    return 2 * once * d * 2 + 2 * stages * ring * d * 2 + 2 * stat_rows * 4 + 16 * stages + 16
+
+
+def _stages(d: int, once: int, ring: int, ring_stats: bool) -> int:
+    left = SHARED_LIMIT - 2 * once * d * 2 - 2 * once * 4 - 256
+    return max(1, min(4, left // (2 * ring * d * 2 + (2 * ring * 4 if ring_stats else 0))))
+
+
+def config(d: int) -> dict:
+    """The constexprs of both kernels for head dim ``d`` (64 or 128): ``{"dkdv": {BM, WG,
+    STAGES, PIPE, AREG, TSTATS, REGS}, "dq": {BN, WG, STAGES, PIPE, AREG, REGS}}``: two
+    consumer warpgroups (128 keys, resp. 128 query rows, a block), query tiles of 64 for
+    dK/dV, key tiles of 64 for dQ, as many ring stages as fit (at most 4), lse and delta by
+    TMA, and the schedule measured fastest on an H100 (docs/hopper.md): each product waited
+    for (``PIPE`` 0; at D = 64 PIPE 1 lost, 230 against 276 TFLOP/s, and at D = 128 the
+    dK/dV kernel's PIPE 1 spills), except for dQ at D = 128 (PIPE 1 and 0 alike)."""
+    wg = 2
+    common = {"WG": wg, "AREG": 0, "REGS": consumer_registers(wg)}
+    bm, bn = 64, 64
+    dkdv = {"BM": bm, "STAGES": _stages(d, 64 * wg, bm, True), "PIPE": 0, "TSTATS": 1}
+    dq = {"BN": bn, "STAGES": _stages(d, 64 * wg, bn, False), "PIPE": int(d == 128)}
+    return {"dkdv": {**dkdv, **common}, "dq": {**dq, **common}}
+
+
+def eligible(d: int) -> bool:
+    """Whether the kernels take head dim ``d``: 64 or 128 (256's dK and dV accumulators do
+    not fit beside the products in a thread's registers)."""
+    return d in (64, 128)
+
+
+def worthwhile(bh: int, sq: int, sk: int, d: int, sms: int) -> bool:
+    """Whether ``flash_attention_bwd`` should take these kernels (see ``eligible``): whole
+    128-row tiles of queries and keys (the kernels mask partial ones, untimed) and sequences
+    of 1024 and more. Measured on an H100 (docs/hopper.md), f16 D 128: 1.25x the mma.sync
+    pair at S 4096 (1.21x causal), 1.18x at S 1024 (1.05x causal); at S 512 it lost (0.50x,
+    0.97x causal)."""
+    return eligible(d) and sq % 128 == 0 and sk % 128 == 0 and sq >= 1024 and sk >= 1024
+
+
+def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
+           cfg: dict | None = None, only: str | None = None):  # fmt: skip
+    """Run both kernels on checked operands (``_arrays.Operand``s q, do [B, H, Sq, D], k, v
+    [B, Hkv, Sk, D], lse [B, H, Sq] f32) and ``delta`` (flat f32 [B * H * Sq], rowsum(dO *
+    O)); ``dims``: (B * H, H, group, sq, sk, d, d); ``cfg``: the constexprs (default
+    ``config(d)``); ``only``: "dkdv" or "dq" launches that kernel alone (to time it: the
+    other's outputs are left unwritten). Returns (dq, dk, dv) of q's type and shapes."""
+    import math
+
+    from kaio_ops import _arrays
+
+    bh, heads, group, sq, sk, d, _ = dims
+    if sq % 4 or not eligible(d):
+        raise ValueError(
+            f"_attention_hopper_bwd.launch: needs Sq a multiple of 4 (16-byte TMA copies of "
+            f"lse and delta) and D 64 or 128, got Sq = {sq}, D = {d}; use the mma.sync kernels"
+        )
+    cfg = cfg or config(d)
+    c1, c2 = cfg["dkdv"], cfg["dq"]
+    for c in (c1, c2):
+        if c["PIPE"] and c["STAGES"] < 2:
+            raise ValueError(f"_attention_hopper_bwd.launch: PIPE 1 needs 2 stages or more: {c}")
+    stream = _arrays.stream_of(qa)
+    dq = _arrays.output(da, qa.shape)
+    dk, dv = (_arrays.output(da, ka.shape) for _ in range(2))
+    rows_q, rows_kv = bh * sq, ka.size // d
+
+    def tmap(a, rows, box):
+        return kaio.tensor_map_2d(_arrays.view(a.obj, a.kind, (rows, d)), (box, 64), SW)
+
+    def stats_maps(box):  # lse and delta as [1, B * H * sq] f32
+        flat = [
+            _arrays.view(la.obj, la.kind, (1, rows_q)),
+            _arrays.view(delta, la.kind, (1, rows_q)),
+        ]
+        return [kaio.tensor_map_2d(x, (1, box), 0) for x in flat]
+
+    args = (sq, sk, heads, group, math.log2(math.e) * scale, scale, int(causal))
+    bk = 64 * c1["WG"]
+    smem = shared_bytes(d, bk, c1["BM"], c1["STAGES"], c1["STAGES"] * c1["BM"])
+    if only != "dq":
+        attention_bwd_dkdv_wgmma[(-(-sk // bk), bh // group), 128 * c1["WG"] + 128, stream, smem](
+            tmap(ka, rows_kv, bk), tmap(va, rows_kv, bk), tmap(qa, rows_q, c1["BM"]),
+            tmap(da, rows_q, c1["BM"]), *stats_maps(c1["BM"]), la.arg(rows_q), delta,
+            _arrays.output_arg(da, dk, (ka.size,)), _arrays.output_arg(da, dv, (ka.size,)),
+            *args, D=d, DT=qa.dtype, **c1,
+        )  # fmt: skip
+    bq = 64 * c2["WG"]
+    smem = shared_bytes(d, bq, c2["BN"], c2["STAGES"], bq)
+    if only != "dkdv":
+        attention_bwd_dq_wgmma[(-(-sq // bq), bh), 128 * c2["WG"] + 128, stream, smem](
+            tmap(qa, rows_q, bq), tmap(da, rows_q, bq), tmap(ka, rows_kv, c2["BN"]),
+            tmap(va, rows_kv, c2["BN"]), *stats_maps(bq),
+            _arrays.output_arg(da, dq, (qa.size,)), *args, D=d, DT=qa.dtype, **c2,
+        )  # fmt: skip
+    return dq, dk, dv
+
+
+def specializations():
+    """(kernel, constexprs) of the specializations the ops launch (for PTX checks)."""
+    from kaio import bf16, f16
+
+    for dt in (f16, bf16):
+        for d in (64, 128):
+            cfg = config(d)
+            yield attention_bwd_dkdv_wgmma, {"D": d, "DT": dt, **cfg["dkdv"]}
+            yield attention_bwd_dq_wgmma, {"D": d, "DT": dt, **cfg["dq"]}
