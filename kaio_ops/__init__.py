@@ -38,6 +38,11 @@ Attention (scale 1/sqrt(D); causal masks key j > i; no S x S matrix in memory):
   Sq <= 16 new tokens over a contiguous or paged KV cache, lengths on the GPU (split-KV);
   ``flash_attention_decode_with_stats``; ``kv_cache_append(k_cache, v_cache, k, v,
   seq_lens, block_table=None)`` writes the new tokens' K/V in place
+- ``flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+  causal=False, scale=None)``: packed sequences of different lengths, q [total_q, H, D], k, v
+  [total_k, Hkv, D], int32 offsets [B + 1] on the GPU (FlashAttention's varlen convention;
+  causal aligned bottom-right); ``flash_attention_varlen_with_stats``,
+  ``flash_attention_varlen_bwd(do, q, k, v, o, lse, cu_seqlens_q, ...)``
 
 Memory-bound ops (f32, f16, bf16; computed in f32; rows are the last axis):
 
@@ -76,6 +81,11 @@ from kaio_ops.attention import (
     flash_attention_bwd,
     flash_attention_with_stats,
 )
+from kaio_ops.attention_varlen import (
+    flash_attention_varlen,
+    flash_attention_varlen_bwd,
+    flash_attention_varlen_with_stats,
+)
 from kaio_ops.decode import (
     flash_attention_decode,
     flash_attention_decode_with_stats,
@@ -105,6 +115,9 @@ __all__ = [
     "flash_attention_bwd",
     "flash_attention_decode",
     "flash_attention_decode_with_stats",
+    "flash_attention_varlen",
+    "flash_attention_varlen_bwd",
+    "flash_attention_varlen_with_stats",
     "flash_attention_with_stats",
     "gelu",
     "kv_cache_append",
