@@ -229,13 +229,11 @@ def flash_attention_varlen_bwd(
     Tokens past cu_seqlens[B] get no gradient written."""
     op = "flash_attention_varlen_bwd"
     inputs = _arrays.Inputs(op)
-    da = inputs.array(do, "do", ndim=3, dtypes=(f16, bf16), form="[total_q, H, D]")
     (qa, ka, va, cqa, cka), dims, scale = _check(
         op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, inputs
     )
-    if da.shape != qa.shape or da.dtype != qa.dtype:
-        raise inputs.error("do", f"must be like q: {qa.dtype.name} {qa.shape}, got {da.shape}")
-    oa = inputs.array(o, "o", ndim=3, shape=qa.shape, form="[total_q, H, D]")
+    da = inputs.array(do, "do", ndim=3, shape=qa.shape, form="[total_q, H, D] like q")
+    oa = inputs.array(o, "o", ndim=3, shape=qa.shape, form="[total_q, H, D] like q")
     batch, heads, group, total_q, d, max_q, max_k = dims
     la = inputs.array(
         lse, "lse", ndim=2, shape=(heads, total_q), dtypes=(f32,), form="[H, total_q]"
