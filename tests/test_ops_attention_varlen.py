@@ -254,8 +254,18 @@ def test_bad_inputs_name_the_argument(call, message):
         call()
 
 
-def _assemble_shipped(index: int) -> None:
-    kernel, constexprs = list(attention_varlen.shipped())[index]
+def _assembled() -> list:
+    """The specializations assembled here: every f16 one (head dims 64, 128, 256; dK and dV
+    apart at 256) and the bf16 ones at D = 128 (bf16 changes only the mma's type)."""
+    return [
+        (kernel, constexprs)
+        for kernel, constexprs in attention_varlen.shipped()
+        if constexprs["DT"] == kaio.f16 or constexprs["DP"] == 128
+    ]
+
+
+def _assemble(index: int) -> None:
+    kernel, constexprs = _assembled()[index]
     for arch in ("sm_80", "sm_90"):
         report = assemble(kernel.ptx(arch=arch, **constexprs), arch)
         if arch == "sm_90":  # H100/H200: every kernel fits its registers (up to 255)
@@ -264,11 +274,12 @@ def _assemble_shipped(index: int) -> None:
 
 
 @pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
-def test_every_shipped_specialization_assembles():
-    count = len(list(attention_varlen.shipped()))
-    assert count == 2 * (3 + 3 + 4)  # f16 and bf16; D 64, 128, 256 (dK, dV apart at 256)
+def test_shipped_specializations_assemble():
+    assert len(list(attention_varlen.shipped())) == 2 * (3 + 3 + 4)  # f16, bf16; 3 head dims
+    count = len(_assembled())
+    assert count == 10 + 3
     with ProcessPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        list(pool.map(_assemble_shipped, range(count)))
+        list(pool.map(_assemble, range(count)))
 
 
 # --------------------------------------------------------------------------- GPU
