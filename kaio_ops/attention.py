@@ -291,9 +291,19 @@ def _check_flash(op: str, q, k, v, scale, inputs=None):
         raise inputs.error("q" if 0 in qa.shape else "k", "has an empty dimension")
     if kb != b:
         raise inputs.error("k", f"must have batch B = {b} like q, got shape {ka.shape}")
+    scale = check_heads(inputs, (qa, ka, va), h, hkv, d, kd, scale)
+    return (qa, ka, va), (b * h, h, h // hkv, sq, sk, d, d), scale
+
+
+def check_heads(inputs, arrays: tuple, h: int, hkv: int, d: int, kd: int, scale) -> float:
+    """The checks ``flash_attention`` and ``flash_attention_varlen`` share: k's head dim
+    ``kd`` equal to q's ``d`` (a multiple of 8 up to 256), ``hkv`` dividing ``h``, the arrays
+    (q, k, v) 16-byte aligned and ``scale`` positive and finite; returns the scale (default
+    1/sqrt(D))."""
+    op = inputs.op
     if kd != d:
-        raise inputs.error("k", f"must have head dim D = {d} like q, got shape {ka.shape}")
-    if h % hkv:
+        raise inputs.error("k", f"must have head dim D = {d} like q, got shape {arrays[1].shape}")
+    if hkv == 0 or h % hkv:
         raise inputs.error(
             "k", f"has Hkv = {hkv} heads, which must divide q's H = {h} (grouped-query)"
         )
@@ -301,14 +311,14 @@ def _check_flash(op: str, q, k, v, scale, inputs=None):
         raise inputs.error(
             "q", f"has head dim D = {d}; {op} takes multiples of 8 up to {MAX_HEAD_DIM}"
         )
-    for a in (qa, ka, va):
+    for a in arrays:
         if not a.aligned(16):
             raise inputs.error(a.name, "must start on a 16-byte boundary (16-byte copies)")
     if scale is None:
         scale = 1.0 / math.sqrt(d)
     if not (isinstance(scale, int | float) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"{op}: scale must be a positive finite number, got {scale!r}")
-    return (qa, ka, va), (b * h, h, h // hkv, sq, sk, d, d), float(scale)
+    return float(scale)
 
 
 def hopper_takes(qa, dims: tuple) -> bool:

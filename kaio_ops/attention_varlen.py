@@ -27,9 +27,9 @@ from kaio_ops import _attention_varlen as kernels
 from kaio_ops._plan import planned
 from kaio_ops.attention import (
     FLASH_DIMS,
-    MAX_HEAD_DIM,
     _pow2_dim,
     bwd_tile,
+    check_heads,
     dkdv_passes,
     tc_config,
     tc_shared_bytes,
@@ -78,19 +78,7 @@ def _check(
     total_k, hkv, kd = ka.shape
     if h == 0 or d == 0:
         raise inputs.error("q", f"has an empty dimension: shape {qa.shape}")
-    if kd != d:
-        raise inputs.error("k", f"must have head dim D = {d} like q, got shape {ka.shape}")
-    if hkv == 0 or h % hkv:
-        raise inputs.error(
-            "k", f"has Hkv = {hkv} heads, which must divide q's H = {h} (grouped-query)"
-        )
-    if d % 8 or d > MAX_HEAD_DIM:
-        raise inputs.error(
-            "q", f"has head dim D = {d}; {op} takes multiples of 8 up to {MAX_HEAD_DIM}"
-        )
-    for a in (qa, ka, va):
-        if not a.aligned(16):
-            raise inputs.error(a.name, "must start on a 16-byte boundary (16-byte copies)")
+    scale = check_heads(inputs, (qa, ka, va), h, hkv, d, kd, scale)
     cqa = inputs.array(cu_seqlens_q, "cu_seqlens_q", ndim=1, dtypes=(i32,), form="[B + 1]")
     if not 2 <= cqa.shape[0] <= MAX_BATCH + 1:
         raise inputs.error(
@@ -106,14 +94,10 @@ def _check(
     if cqa.kind == "numpy":  # the simulator: the offsets are on the host, check them
         _check_lengths(inputs, "cu_seqlens_q", cu_seqlens_q, total_q, "max_seqlen_q", max_seqlen_q)
         _check_lengths(inputs, "cu_seqlens_k", cu_seqlens_k, total_k, "max_seqlen_k", max_seqlen_k)
-    if scale is None:
-        scale = 1.0 / math.sqrt(d)
-    if not (isinstance(scale, int | float) and math.isfinite(scale) and scale > 0):
-        raise ValueError(f"{op}: scale must be a positive finite number, got {scale!r}")
     # no sequence is longer than the packed arrays: a larger max only adds idle blocks
     dims = (cqa.shape[0] - 1, h, h // hkv, total_q, d,
             min(int(max_seqlen_q), total_q), min(int(max_seqlen_k), total_k))  # fmt: skip
-    return (qa, ka, va, cqa, cka), dims, float(scale)
+    return (qa, ka, va, cqa, cka), dims, scale
 
 
 def _forward(
