@@ -385,3 +385,28 @@ def test_gpu_varlen_in_a_cuda_graph():
         graph.replay()
         ref = _torch_reference(q, k, v, lengths, lengths, True)
         assert _rel_t(out, ref) < 1e-3
+
+
+@pytest.mark.gpu
+def test_gpu_varlen_without_keys_or_queries():
+    """No key at all (total_k = 0, a null pointer): zeros and lse -inf; no query at all:
+    empty outputs; dK and dV of keys no query sees: zeros."""
+    import torch
+
+    q, _, _, do, cu_q, _ = _gpu_batch([3, 5], [0, 0], 2, 1, 64, torch.float16, 3)
+    k = torch.empty(0, 1, 64, dtype=torch.float16, device="cuda")
+    cu_k = torch.zeros(3, dtype=torch.int32, device="cuda")
+    out, lse = kaio_ops.flash_attention_varlen_with_stats(q, k, k, cu_q, cu_k, 5, 0)
+    assert torch.equal(out, torch.zeros_like(out)) and torch.isneginf(lse).all()
+    dq, dk, dv = kaio_ops.flash_attention_varlen_bwd(do, q, k, k, out, lse, cu_q, cu_k, 5, 0)
+    assert torch.equal(dq, torch.zeros_like(dq)) and dk.shape == (0, 1, 64)
+    kv = torch.randn(9, 1, 64, dtype=torch.float16, device="cuda")
+    cu_k = torch.tensor([0, 4, 9], dtype=torch.int32, device="cuda")
+    empty = q[:0]
+    cu_q = torch.zeros(3, dtype=torch.int32, device="cuda")
+    out, lse = kaio_ops.flash_attention_varlen_with_stats(empty, kv, kv, cu_q, cu_k, 0, 5)
+    assert out.shape == (0, 2, 64) and lse.shape == (2, 0)
+    dq, dk, dv = kaio_ops.flash_attention_varlen_bwd(
+        empty, empty, kv, kv, out, lse, cu_q, cu_k, 0, 5
+    )
+    assert torch.equal(dk, torch.zeros_like(dk)) and torch.equal(dv, torch.zeros_like(dv))
