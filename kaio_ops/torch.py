@@ -406,6 +406,15 @@ def _flash_varlen_grad(s, needs, d_out, d_lse):
     return {"q": dq, "k": dk, "v": dv}
 
 
+def _varlen_output(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False, scale=None
+):
+    # flash_attention_varlen: the output of the op with stats
+    return torch.ops.kaio.flash_attention_varlen_with_stats(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale
+    )[0]
+
+
 def _matmul_grad(op: str) -> Grad:
     """The Grad of the matmul op ``op``: backward through ``op`` itself."""
 
@@ -661,11 +670,7 @@ OPS: tuple[OpSpec, ...] = (
         None,
         Composite(
             "flash_attention_varlen_with_stats",
-            lambda q, k, v, cu_q, cu_k, max_q, max_k, causal=False, scale=None: (
-                torch.ops.kaio.flash_attention_varlen_with_stats(
-                    q, k, v, cu_q, cu_k, max_q, max_k, causal, scale
-                )[0]
-            ),
+            _varlen_output,
         ),
     ),
     OpSpec(
