@@ -32,6 +32,12 @@ The A operands of S and dP (Q and dO, resp. K and V) are read into fragments at 
 registers to the accumulators: dQ's 128 per thread, or dK's or dV's (each 128: for DP = 256
 they come from two launches, ``WITH_DK`` and ``WITH_DV``). ``delta`` = rowsum(dO * O) comes
 from ``row_dot``. The backward's outputs are typed ``OT`` (the host passes ``DT``).
+
+Each kernel's body is a device function over row bases and row strides and a causal
+diagonal shift (``attend_rows``, ``dq_rows``, ``dkdv_rows``; tiles load through
+``load_rows``): the kernels here pass a dense head's bases (rows D apart, causal j <= i), the
+variable-length kernels of ``kaio_ops._attention_varlen`` a packed sequence's (rows H * D
+apart, causal aligned bottom-right).
 """
 
 # ruff: noqa: F821  (DT and OT in annotations are dtype constexpr parameters)
