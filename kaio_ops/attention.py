@@ -350,8 +350,9 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None):
     """Multi-head attention on tensor cores (FlashAttention-2 forward): q [B, H, S, D], k and v
     [B, Hkv, Sk, D] of f16 or bf16, H a multiple of Hkv (grouped-query: query head h reads
     K/V head h // (H // Hkv)), D a multiple of 8 up to 256, arrays 16-byte aligned. Scores are
-    scaled by ``scale`` (default 1/sqrt(D)); ``causal`` masks key j > i. Returns
-    [B, H, S, D] of q's dtype."""
+    scaled by ``scale`` (default 1/sqrt(D)); ``causal`` masks key j > i (torch's is_causal,
+    aligned top-left; ``flash_attention_varlen`` aligns bottom-right as FlashAttention: the
+    same when Sq == Sk). Returns [B, H, S, D] of q's dtype."""
     return _flash("flash_attention", q, k, v, causal, scale)[0]
 
 
