@@ -278,7 +278,14 @@ def test_shipped_specializations_assemble():
 # --------------------------------------------------------------------------- GPU
 
 
-GPU_LENGTHS = [1, 0, 777, 1500, 64, 2048, 129, 333]
+# KAIO_SANITIZER_SHAPES=1 (compute-sanitizer runs, docs/testing.md): shorter sequences, the
+# same tails and empty and length-1 sequences
+SANITIZER_SHAPES = os.environ.get("KAIO_SANITIZER_SHAPES") == "1"
+if SANITIZER_SHAPES:
+    GPU_LENGTHS, OTHER_LENGTHS = [1, 0, 77, 150, 64, 205, 129, 33], [7, 3, 77, 100, 0, 210, 129, 40]
+else:
+    GPU_LENGTHS = [1, 0, 777, 1500, 64, 2048, 129, 333]
+    OTHER_LENGTHS = [7, 3, 777, 1000, 0, 2100, 129, 400]
 
 
 def _gpu_batch(lens_q, lens_k, h, hkv, d, dtype, seed):
@@ -340,7 +347,7 @@ def test_gpu_varlen_against_torch(h, hkv, d, causal, dtype, same_lengths):
     import torch
 
     lens_q = GPU_LENGTHS
-    lens_k = lens_q if same_lengths else [7, 3, 777, 1000, 0, 2100, 129, 400]
+    lens_k = lens_q if same_lengths else OTHER_LENGTHS
     dt = getattr(torch, dtype)
     q, k, v, _, cu_q, cu_k = _gpu_batch(lens_q, lens_k, h, hkv, d, dt, d + h)
     out = kaio_ops.flash_attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal)
@@ -360,7 +367,7 @@ def test_gpu_varlen_autograd_against_torch(h, hkv, d, causal, dtype):
 
     import kaio_ops.torch  # noqa: F401  (registers torch.ops.kaio)
 
-    lens_q, lens_k = GPU_LENGTHS, [7, 3, 777, 1000, 0, 2100, 129, 400]
+    lens_q, lens_k = GPU_LENGTHS, OTHER_LENGTHS
     if causal:
         lens_k = lens_q
     dt = getattr(torch, dtype)
