@@ -278,23 +278,6 @@ def attention_tc_causal(q, k, v):
     return _attention_tc("attention_tc_causal", q, k, v, True)
 
 
-def _check_flash(op: str, q, k, v, scale, inputs=None):
-    """Check flash_attention's q [B, H, S, D], k, v [B, Hkv, Sk, D] (f16 or bf16, 16-byte
-    aligned); returns the operands, dims (B * H, H, group, S, Sk, D, D) and the scale."""
-    inputs = inputs or _arrays.Inputs(op)
-    qa = inputs.array(q, "q", ndim=4, dtypes=(f16, bf16), form="[B, H, S, D]")
-    ka = inputs.array(k, "k", ndim=4, form="[B, Hkv, Sk, D]")
-    va = inputs.array(v, "v", ndim=4, shape=ka.shape, form="[B, Hkv, Sk, D]")
-    b, h, sq, d = qa.shape
-    kb, hkv, sk, kd = ka.shape
-    if 0 in qa.shape or 0 in ka.shape:
-        raise inputs.error("q" if 0 in qa.shape else "k", "has an empty dimension")
-    if kb != b:
-        raise inputs.error("k", f"must have batch B = {b} like q, got shape {ka.shape}")
-    scale = check_heads(inputs, (qa, ka, va), h, hkv, d, kd, scale)
-    return (qa, ka, va), (b * h, h, h // hkv, sq, sk, d, d), scale
-
-
 def check_heads(inputs, arrays: tuple, h: int, hkv: int, d: int, kd: int, scale) -> float:
     """The checks ``flash_attention`` and ``flash_attention_varlen`` share: k's head dim
     ``kd`` equal to q's ``d`` (a multiple of 8 up to 256), ``hkv`` dividing ``h``, the arrays
@@ -319,6 +302,23 @@ def check_heads(inputs, arrays: tuple, h: int, hkv: int, d: int, kd: int, scale)
     if not (isinstance(scale, int | float) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"{op}: scale must be a positive finite number, got {scale!r}")
     return float(scale)
+
+
+def _check_flash(op: str, q, k, v, scale, inputs=None):
+    """Check flash_attention's q [B, H, S, D], k, v [B, Hkv, Sk, D] (f16 or bf16, 16-byte
+    aligned); returns the operands, dims (B * H, H, group, S, Sk, D, D) and the scale."""
+    inputs = inputs or _arrays.Inputs(op)
+    qa = inputs.array(q, "q", ndim=4, dtypes=(f16, bf16), form="[B, H, S, D]")
+    ka = inputs.array(k, "k", ndim=4, form="[B, Hkv, Sk, D]")
+    va = inputs.array(v, "v", ndim=4, shape=ka.shape, form="[B, Hkv, Sk, D]")
+    b, h, sq, d = qa.shape
+    kb, hkv, sk, kd = ka.shape
+    if 0 in qa.shape or 0 in ka.shape:
+        raise inputs.error("q" if 0 in qa.shape else "k", "has an empty dimension")
+    if kb != b:
+        raise inputs.error("k", f"must have batch B = {b} like q, got shape {ka.shape}")
+    scale = check_heads(inputs, (qa, ka, va), h, hkv, d, kd, scale)
+    return (qa, ka, va), (b * h, h, h // hkv, sq, sk, d, d), float(scale)
 
 
 def hopper_takes(qa, dims: tuple) -> bool:
