@@ -34,6 +34,11 @@ Attention (scale 1/sqrt(D); causal masks key j > i; no S x S matrix in memory):
 - ``flash_attention(q, k, v, causal=False, scale=None)``: f16/bf16 [B, H, S, D], grouped-query
   K/V [B, Hkv, S, D], on tensor cores (FlashAttention-2); ``flash_attention_with_stats``,
   ``flash_attention_bwd(do, q, k, v, o, lse, causal=False, scale=None)`` (D <= 256)
+- ``flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+  causal=False, scale=None)``: packed sequences of different lengths, q [total_q, H, D], k, v
+  [total_k, Hkv, D], int32 offsets [B + 1] on the GPU (FlashAttention's varlen convention;
+  causal aligned bottom-right); ``flash_attention_varlen_with_stats``,
+  ``flash_attention_varlen_bwd(do, q, k, v, o, lse, cu_seqlens_q, ...)``
 - ``flash_attention_decode(q, k_cache, v_cache, seq_lens, block_table=None, scale=None)``:
   Sq <= 16 new tokens over a contiguous or paged KV cache, lengths on the GPU (split-KV);
   ``flash_attention_decode_with_stats``; ``kv_cache_append(k_cache, v_cache, k, v,
@@ -76,6 +81,11 @@ from kaio_ops.attention import (
     flash_attention_bwd,
     flash_attention_with_stats,
 )
+from kaio_ops.attention_varlen import (
+    flash_attention_varlen,
+    flash_attention_varlen_bwd,
+    flash_attention_varlen_with_stats,
+)
 from kaio_ops.decode import (
     flash_attention_decode,
     flash_attention_decode_with_stats,
@@ -105,6 +115,9 @@ __all__ = [
     "flash_attention_bwd",
     "flash_attention_decode",
     "flash_attention_decode_with_stats",
+    "flash_attention_varlen",
+    "flash_attention_varlen_bwd",
+    "flash_attention_varlen_with_stats",
     "flash_attention_with_stats",
     "gelu",
     "kv_cache_append",

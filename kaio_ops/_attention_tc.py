@@ -32,6 +32,12 @@ The A operands of S and dP (Q and dO, resp. K and V) are read into fragments at 
 registers to the accumulators: dQ's 128 per thread, or dK's or dV's (each 128: for DP = 256
 they come from two launches, ``WITH_DK`` and ``WITH_DV``). ``delta`` = rowsum(dO * O) comes
 from ``row_dot``. The backward's outputs are typed ``OT`` (the host passes ``DT``).
+
+Each kernel's body is a device function over row bases and row strides and a causal
+diagonal shift (``attend_rows``, ``dq_rows``, ``dkdv_rows``; tiles load through
+``load_rows``): the kernels here pass a dense head's bases (rows D apart, causal j <= i), the
+variable-length kernels of ``kaio_ops._attention_varlen`` a packed sequence's (rows H * D
+apart, causal aligned bottom-right).
 """
 
 # ruff: noqa: F821  (DT and OT in annotations are dtype constexpr parameters)
@@ -66,6 +72,27 @@ def load_tile(
     """Rows row0 .. row0 + R of the row-major [nrows, ncols] matrix at src[base] into the
     swizzled R x C tile dst, zeros outside the matrix: 16-byte cp.async copies when VEC
     (ncols % 8 == 0 and src 16-byte aligned; the caller commits), else element by element."""
+    load_rows(dst, src, base, row0, nrows, ncols, ncols, tid, R, C, THREADS, VEC, DT)
+
+
+@kaio.gpu_func
+def load_rows(
+    dst: DT[:, :],
+    src: DT[:],
+    base: u32,
+    row0: u32,
+    nrows: u32,
+    ncols: u32,
+    stride: u32,
+    tid: u32,
+    R: kaio.constexpr,
+    C: kaio.constexpr,
+    THREADS: kaio.constexpr,
+    VEC: kaio.constexpr,
+    DT: kaio.constexpr,
+):
+    """``load_tile`` of a matrix whose rows start ``stride`` elements apart (a head of a
+    packed [tokens, heads, D] array: stride = heads * D; VEC also needs stride % 8 == 0)."""
     if VEC:
         # thread tid copies chunk tid % PIECES of rows tid // PIECES + STEP * i: the swizzle
         # phase repeats every 8 rows, and the source address advances by STEP rows
@@ -73,13 +100,13 @@ def load_tile(
         STEP = THREADS // PIECES
         r0 = tid // PIECES
         col = tid % PIECES * 8
-        at0 = base + (row0 + r0) * ncols + col
+        at0 = base + (row0 + r0) * stride + col
         for i in kaio.static_range((R + STEP - 1) // STEP):
             r = r0 + i * STEP
             if R % STEP == 0 or r < R:
                 inside = row0 + r < nrows and col < ncols
                 at = (r, kaio.swizzle(dst, r0 + i * STEP % 8, col))
-                index = kaio.select(inside, at0 + i * STEP * ncols, 0)
+                index = kaio.select(inside, at0 + i * STEP * stride, 0)
                 kaio.cp_async(dst, at, src, index, 16, kaio.select(inside, 16, 0))
     else:
         piece = tid
@@ -87,7 +114,7 @@ def load_tile(
             r = piece // C
             col = piece % C
             inside = row0 + r < nrows and col < ncols
-            x = src[kaio.select(inside, base + (row0 + r) * ncols + col, 0)]
+            x = src[kaio.select(inside, base + (row0 + r) * stride + col, 0)]
             dst[r, kaio.swizzle(dst, r, col)] = kaio.select(inside, x, DT(0.0))
             piece += THREADS
 
@@ -414,29 +441,75 @@ def attention_fwd(
     """out[bh, row] = softmax(q[bh, row] k[kv]^T * scale) v[kv] and lse[bh, row] = the row's
     logsumexp, for the 16 * WARPS query rows of block x (heaviest causal tiles first) and
     (batch, head) ``bh`` = block y; q [.., sq, d], k [.., sk, d], v [.., sk, dv],
-    out [.., sq, dv], lse [.., sq], all flat; kv = the K/V head of ``bh``."""
+    out [.., sq, dv], lse [.., sq], all flat; kv = the K/V head of ``bh``. Causal: row i
+    sees keys j <= i (torch's is_causal)."""
+    BM = 16 * WARPS
+    kaio.launch_bounds(32 * WARPS, MIN_BLOCKS)
+    bh = kaio.block_idx_y()
+    kvh = kv_head(bh, heads, group)
+    q0 = (kaio.grid_dim_x() - 1 - kaio.block_idx_x()) * BM
+    attend_rows(
+        q, k, v, out, lse, bh * sq * d, d, kvh * sk * d, d, kvh * sk * dv, dv, bh * sq * dv, dv,
+        bh * sq, sq, sk, d, dv, q0, causal, 0, 0, scale_log2, DP, WARPS, BN, VEC, DT, OT,
+    )  # fmt: skip
+
+
+@kaio.gpu_func
+def attend_rows(
+    q: DT[:],
+    k: DT[:],
+    v: DT[:],
+    out: OT[:],
+    lse: f32[:],
+    q_base: u32,
+    q_stride: u32,
+    k_base: u32,
+    k_stride: u32,
+    v_base: u32,
+    v_stride: u32,
+    o_base: u32,
+    o_stride: u32,
+    lse_base: u32,
+    sq: u32,
+    sk: u32,
+    d: u32,
+    dv: u32,
+    q0: u32,
+    causal: u32,
+    shift_q: u32,
+    shift_k: u32,
+    scale_log2: f32,
+    DP: kaio.constexpr,
+    WARPS: kaio.constexpr,
+    BN: kaio.constexpr,
+    VEC: kaio.constexpr,
+    DT: kaio.constexpr,
+    OT: kaio.constexpr,
+):
+    """The body of ``attention_fwd`` (and of ``_attention_varlen.varlen_fwd``): the query
+    rows q0 .. q0 + 16 * WARPS of one head against its sk keys. Row i of Q starts at
+    q[q_base + i * q_stride] (d columns), key j of K and V at k[k_base + j * k_stride] and
+    v[v_base + j * v_stride] (dv columns), output row i at out[o_base + i * o_stride], its
+    logsumexp at lse[lse_base + i]. Causal: row i sees keys j with j + shift_q <= i + shift_k
+    (0, 0: torch's is_causal; sq, sk: aligned bottom-right, as FlashAttention's); a row that
+    sees no key gets zeros and a logsumexp of -inf."""
     BM = 16 * WARPS
     THREADS = 32 * WARPS
     QREG = DP <= 128  # Q fragments stay in registers
-    kaio.launch_bounds(THREADS, MIN_BLOCKS)
     tid, lane, warp, g = thread_place()
-    bh = kaio.block_idx_y()
-    kvh = kv_head(bh, heads, group)
-    q_base = bh * sq * d
-    k_base = kvh * sk * d
-    v_base = kvh * sk * dv
-    q0 = (kaio.grid_dim_x() - 1 - kaio.block_idx_x()) * BM
     q_s = kaio.shared_dynamic(DT, (BM, DP), 0)
     k_s = kaio.shared_dynamic(DT, (BN, DP), BM * DP * 2)
     v_s = kaio.shared_dynamic(DT, (BN, DP), (BM + BN) * DP * 2)
 
     n_tiles = (sk + BN - 1) // BN
-    if causal != 0:
-        n_tiles = kaio.min(n_tiles, (q0 + BM + BN - 1) // BN)
-    load_tile(q_s, q, q_base, q0, sq, d, tid, BM, DP, THREADS, VEC, DT)
-    load_tile(k_s, k, k_base, 0, sk, d, tid, BN, DP, THREADS, VEC, DT)
+    if causal != 0:  # the keys up to the last row's diagonal (none: no tile)
+        last = q0 + BM + shift_k
+        seen = kaio.select(last > shift_q, last - shift_q, 0)
+        n_tiles = kaio.min(n_tiles, (seen + BN - 1) // BN)
+    load_rows(q_s, q, q_base, q0, sq, d, q_stride, tid, BM, DP, THREADS, VEC, DT)
+    load_rows(k_s, k, k_base, 0, sk, d, k_stride, tid, BN, DP, THREADS, VEC, DT)
     kaio.cp_async_commit()
-    load_tile(v_s, v, v_base, 0, sk, dv, tid, BN, DP, THREADS, VEC, DT)
+    load_rows(v_s, v, v_base, 0, sk, dv, v_stride, tid, BN, DP, THREADS, VEC, DT)
     kaio.cp_async_commit()
     kaio.cp_async_wait(1)
     kaio.sync_threads()
@@ -458,19 +531,20 @@ def attention_fwd(
         dot_rows(s, qf, k_s, bcol, lane, BN // 8, 0, DP, DT)  # S = Q K^T
         kaio.sync_threads()  # k_s is free
         if t + 1 < n_tiles:
-            load_tile(k_s, k, k_base, (t + 1) * BN, sk, d, tid, BN, DP, THREADS, VEC, DT)
+            load_rows(k_s, k, k_base, (t + 1) * BN, sk, d, k_stride, tid, BN, DP, THREADS, VEC,
+                      DT)  # fmt: skip
         kaio.cp_async_commit()
 
         # online softmax; this lane holds rows g (h = 0) and g + 8 (h = 1)
         # (a tile of keys all valid for every row of the block needs no mask)
-        masked = (t + 1) * BN > sk or (causal != 0 and (t + 1) * BN > q0 + 1)
+        masked = (t + 1) * BN > sk or (causal != 0 and (t + 1) * BN + shift_q > q0 + 1 + shift_k)
         for h in kaio.static_range(2):
             if masked:
                 row = q0 + warp * 16 + g + 8 * h
                 for n in kaio.static_range(BN // 8):
                     for e in kaio.static_range(2):
                         key = t * BN + n * 8 + lane % 4 * 2 + e
-                        ok = key < sk and (causal == 0 or key <= row)
+                        ok = key < sk and (causal == 0 or key + shift_q <= row + shift_k)
                         s[n, 2 * h + e] = kaio.select(ok, s[n, 2 * h + e], NEG_INF)
             online_softmax(s, m, l, o, h, scale_log2, BN // 8, DP)
         kaio.cp_async_wait(1)  # V of tile t has landed
@@ -478,10 +552,12 @@ def attention_fwd(
         acc_rows(o, s, v_s, acol, lane, BN // 8, DP, DT)  # O += P V
         kaio.sync_threads()  # v_s is free
         if t + 1 < n_tiles:
-            load_tile(v_s, v, v_base, (t + 1) * BN, sk, dv, tid, BN, DP, THREADS, VEC, DT)
+            load_rows(v_s, v, v_base, (t + 1) * BN, sk, dv, v_stride, tid, BN, DP, THREADS, VEC,
+                      DT)  # fmt: skip
         kaio.cp_async_commit()
         kaio.cp_async_wait(1)  # K of tile t + 1 has landed
         kaio.sync_threads()
+    kaio.cp_async_wait_all()  # no copy outlives the block (none: the prologue's)
 
     for h in kaio.static_range(2):
         total = l[h] + kaio.shfl_xor(l[h], 1)
@@ -489,9 +565,9 @@ def attention_fwd(
         row = q0 + warp * 16 + g + 8 * h
         if row < sq:
             inv = kaio.select(total > 0.0, 1.0 / total, 0.0)
-            store_out(out, (bh * sq + row) * dv, o, h, inv, lane, dv, DP, VEC, OT)
+            store_out(out, o_base + row * o_stride, o, h, inv, lane, dv, DP, VEC, OT)
             if lane % 4 == 0:
-                lse[bh * sq + row] = kaio.select(
+                lse[lse_base + row] = kaio.select(
                     total > 0.0, (m[h] + kaio.log2(total)) * LN2, NEG_INF
                 )
 
@@ -538,21 +614,60 @@ def attention_bwd_dq(
     [.., sk, d] (16-byte rows), all flat. The A fragments of Q and dO are re-read from
     shared memory KC = min(DP, 128) columns at a time, so that dQ's DP / 2 accumulator
     registers fit beside them up to DP = 256."""
-    THREADS = 128
-    KC = DP if DP <= A_COLS else A_COLS
-    kaio.launch_bounds(THREADS, 1)
-    tid, lane, warp, g = thread_place()
+    kaio.launch_bounds(128, 1)
     bh = kaio.block_idx_y()
     kvh = kv_head(bh, heads, group)
-    q_base = bh * sq * d
-    k_base = kvh * sk * d
     q0 = (kaio.grid_dim_x() - 1 - kaio.block_idx_x()) * 64
+    dq_rows(
+        q, k, v, do, lse, delta, dq, bh * sq * d, d, kvh * sk * d, d, bh * sq, bh * sq, 1,
+        sq, sk, d, q0, causal, 0, 0, scale_log2, scale, DP, BN, DT, OT,
+    )  # fmt: skip
+
+
+@kaio.gpu_func
+def dq_rows(
+    q: DT[:],
+    k: DT[:],
+    v: DT[:],
+    do: DT[:],
+    lse: f32[:],
+    delta: f32[:],
+    dq: OT[:],
+    q_base: u32,
+    q_stride: u32,
+    k_base: u32,
+    k_stride: u32,
+    lse_base: u32,
+    delta_base: u32,
+    delta_stride: u32,
+    sq: u32,
+    sk: u32,
+    d: u32,
+    q0: u32,
+    causal: u32,
+    shift_q: u32,
+    shift_k: u32,
+    scale_log2: f32,
+    scale: f32,
+    DP: kaio.constexpr,
+    BN: kaio.constexpr,
+    DT: kaio.constexpr,
+    OT: kaio.constexpr,
+):
+    """The body of ``attention_bwd_dq`` (and of ``_attention_varlen.varlen_bwd_dq``): dQ of
+    the query rows q0 .. q0 + 64 of one head. Rows i of Q, dO and dQ start at
+    q_base + i * q_stride, keys j of K and V at k_base + j * k_stride; row i's logsumexp is
+    lse[lse_base + i], its delta delta[delta_base + i * delta_stride]. Causal: row i sees
+    keys j with j + shift_q <= i + shift_k (see ``attend_rows``)."""
+    THREADS = 128
+    KC = DP if DP <= A_COLS else A_COLS
+    tid, lane, warp, g = thread_place()
     q_s = kaio.shared_dynamic(DT, (64, DP), 0)
     do_s = kaio.shared_dynamic(DT, (64, DP), 64 * DP * 2)
     k_s = kaio.shared_dynamic(DT, (BN, DP), 128 * DP * 2)
     v_s = kaio.shared_dynamic(DT, (BN, DP), (128 + BN) * DP * 2)
-    load_tile(q_s, q, q_base, q0, sq, d, tid, 64, DP, THREADS, True, DT)
-    load_tile(do_s, do, q_base, q0, sq, d, tid, 64, DP, THREADS, True, DT)
+    load_rows(q_s, q, q_base, q0, sq, d, q_stride, tid, 64, DP, THREADS, True, DT)
+    load_rows(do_s, do, q_base, q0, sq, d, q_stride, tid, 64, DP, THREADS, True, DT)
     kaio.cp_async_commit()
 
     acol = kaio.local(u32, 4)
@@ -562,12 +677,14 @@ def attention_bwd_dq(
     dlt = kaio.local(f32, 2)
     for h in kaio.static_range(2):
         row = q0 + warp * 16 + g + 8 * h
-        at = bh * sq + kaio.select(row < sq, row, 0)
-        lse2[h] = kaio.select(row < sq, lse_log2(lse[at]), POS_INF)
-        dlt[h] = delta[at]
+        at = kaio.select(row < sq, row, 0)
+        lse2[h] = kaio.select(row < sq, lse_log2(lse[lse_base + at]), POS_INF)
+        dlt[h] = delta[delta_base + at * delta_stride]
     n_tiles = (sk + BN - 1) // BN
-    if causal != 0:
-        n_tiles = kaio.min(n_tiles, (q0 + 64 + BN - 1) // BN)
+    if causal != 0:  # the keys up to the last row's diagonal (none: no tile)
+        last = q0 + 64 + shift_k
+        seen = kaio.select(last > shift_q, last - shift_q, 0)
+        n_tiles = kaio.min(n_tiles, (seen + BN - 1) // BN)
     acc = kaio.local(f32, (DP // 8, 4))
     for n in kaio.static_range(DP // 8):
         for e in kaio.static_range(4):
@@ -577,8 +694,8 @@ def attention_bwd_dq(
     dp = kaio.local(f32, (BN // 8, 4))
     for t in range(n_tiles):
         kaio.sync_threads()  # the last tile's k_s, v_s are free
-        load_tile(k_s, k, k_base, t * BN, sk, d, tid, BN, DP, THREADS, True, DT)
-        load_tile(v_s, v, k_base, t * BN, sk, d, tid, BN, DP, THREADS, True, DT)
+        load_rows(k_s, k, k_base, t * BN, sk, d, k_stride, tid, BN, DP, THREADS, True, DT)
+        load_rows(v_s, v, k_base, t * BN, sk, d, k_stride, tid, BN, DP, THREADS, True, DT)
         kaio.cp_async_wait_all()
         kaio.sync_threads()
         # S = Q K^T, dP = dO V^T
@@ -589,15 +706,16 @@ def attention_bwd_dq(
             for n in kaio.static_range(BN // 8):
                 for e in kaio.static_range(2):
                     key = t * BN + n * 8 + lane % 4 * 2 + e
-                    ok = key < sk and (causal == 0 or key <= row)
+                    ok = key < sk and (causal == 0 or key + shift_q <= row + shift_k)
                     x = kaio.exp2(kaio.fma(s[n, 2 * h + e], scale_log2, -lse2[h]))
                     p = kaio.select(ok, x, 0.0)
                     s[n, 2 * h + e] = p * (dp[n, 2 * h + e] - dlt[h])  # dS
         acc_rows(acc, s, k_s, acol, lane, BN // 8, DP, DT)  # dQ += dS K
+    kaio.cp_async_wait_all()  # no copy outlives the block (none: the prologue's)
     for h in kaio.static_range(2):
         row = q0 + warp * 16 + g + 8 * h
         if row < sq:
-            store_out(dq, (bh * sq + row) * d, acc, h, scale, lane, d, DP, True, OT)
+            store_out(dq, q_base + row * q_stride, acc, h, scale, lane, d, DP, True, OT)
 
 
 @kaio.gpu_kernel
@@ -633,22 +751,72 @@ def attention_bwd_dkdv(
     not both fit in the registers, take one launch for each (the dV one skips V, dP^T and
     delta). Above DP = 64 the A fragments of K and V are re-read from shared memory at each
     tile, A_COLS columns at a time."""
-    THREADS = 128
-    KC = DP if DP <= A_COLS else A_COLS
-    kaio.launch_bounds(THREADS, 1)
-    tid, lane, warp, g = thread_place()
+    kaio.launch_bounds(128, 1)
     kvh = kaio.block_idx_y()
     kv_heads = heads // group
     first_head = kvh // kv_heads * heads + kvh % kv_heads * group
-    k_base = kvh * sk * d
-    k0 = kaio.block_idx_x() * 64  # causal: the first key tiles see the most queries
+    dkdv_rows(
+        q, k, v, do, lse, delta, dk, dv, first_head * sq * d, sq * d, d, kvh * sk * d, d,
+        first_head * sq, sq, first_head * sq, sq, 1, group, sq, sk, d,
+        kaio.block_idx_x() * 64, causal, 0, 0, scale_log2, scale,
+        DP, BQ, WITH_DK, WITH_DV, DT, OT,
+    )  # fmt: skip
+
+
+@kaio.gpu_func
+def dkdv_rows(
+    q: DT[:],
+    k: DT[:],
+    v: DT[:],
+    do: DT[:],
+    lse: f32[:],
+    delta: f32[:],
+    dk: OT[:],
+    dv: OT[:],
+    q_base: u32,
+    q_head: u32,
+    q_stride: u32,
+    k_base: u32,
+    k_stride: u32,
+    lse_base: u32,
+    lse_head: u32,
+    delta_base: u32,
+    delta_head: u32,
+    delta_stride: u32,
+    group: u32,
+    sq: u32,
+    sk: u32,
+    d: u32,
+    k0: u32,
+    causal: u32,
+    shift_q: u32,
+    shift_k: u32,
+    scale_log2: f32,
+    scale: f32,
+    DP: kaio.constexpr,
+    BQ: kaio.constexpr,
+    WITH_DK: kaio.constexpr,
+    WITH_DV: kaio.constexpr,
+    DT: kaio.constexpr,
+    OT: kaio.constexpr,
+):
+    """The body of ``attention_bwd_dkdv`` (and of ``_attention_varlen.varlen_bwd_dkdv``): dK
+    and dV of the keys k0 .. k0 + 64 of one K/V head, summed over the ``group`` query heads
+    j that read it. Keys i of K, V, dK and dV start at k_base + i * k_stride; query row r
+    of head j of Q and dO at q_base + j * q_head + r * q_stride, its logsumexp at
+    lse[lse_base + j * lse_head + r], its delta at
+    delta[delta_base + j * delta_head + r * delta_stride]. Causal: row r sees keys i with
+    i + shift_q <= r + shift_k (see ``attend_rows``); a key no row sees gets zeros."""
+    THREADS = 128
+    KC = DP if DP <= A_COLS else A_COLS
+    tid, lane, warp, g = thread_place()
     k_s = kaio.shared_dynamic(DT, (64, DP), 0)
     v_s = kaio.shared_dynamic(DT, (64, DP), 64 * DP * 2)
     q_s = kaio.shared_dynamic(DT, (BQ, DP), 128 * DP * 2)
     do_s = kaio.shared_dynamic(DT, (BQ, DP), (128 + BQ) * DP * 2)
-    load_tile(k_s, k, k_base, k0, sk, d, tid, 64, DP, THREADS, True, DT)
+    load_rows(k_s, k, k_base, k0, sk, d, k_stride, tid, 64, DP, THREADS, True, DT)
     if WITH_DK:
-        load_tile(v_s, v, k_base, k0, sk, d, tid, 64, DP, THREADS, True, DT)
+        load_rows(v_s, v, k_base, k0, sk, d, k_stride, tid, 64, DP, THREADS, True, DT)
     kaio.cp_async_wait_all()
     kaio.sync_threads()
 
@@ -671,18 +839,20 @@ def attention_bwd_dkdv(
             if WITH_DV:
                 dva[n, e] = 0.0
     first = u32(0)
-    if causal != 0:
-        first = k0 // BQ  # queries before k0 see none of these keys
+    if causal != 0:  # rows before k0 + shift_q - shift_k see none of these keys
+        top = k0 + shift_q
+        first = kaio.select(top > shift_k, (top - shift_k) // BQ, 0)
     n_tiles = (sq + BQ - 1) // BQ
     st = kaio.local(f32, (BQ // 8, 4))
     dpt = kaio.local(f32, (BQ // 8, 4))
     for j in range(group):
-        bh = first_head + j
-        q_base = bh * sq * d
+        q_at = q_base + j * q_head
+        lse_at = lse_base + j * lse_head
+        delta_at = delta_base + j * delta_head
         for t in range(first, n_tiles):
             kaio.sync_threads()  # the last tile's q_s, do_s are free
-            load_tile(q_s, q, q_base, t * BQ, sq, d, tid, BQ, DP, THREADS, True, DT)
-            load_tile(do_s, do, q_base, t * BQ, sq, d, tid, BQ, DP, THREADS, True, DT)
+            load_rows(q_s, q, q_at, t * BQ, sq, d, q_stride, tid, BQ, DP, THREADS, True, DT)
+            load_rows(do_s, do, q_at, t * BQ, sq, d, q_stride, tid, BQ, DP, THREADS, True, DT)
             kaio.cp_async_wait_all()
             kaio.sync_threads()
             if KVREG:
@@ -698,14 +868,14 @@ def attention_bwd_dkdv(
             for n in kaio.static_range(BQ // 8):
                 for e in kaio.static_range(2):
                     query = t * BQ + n * 8 + lane % 4 * 2 + e
-                    at = bh * sq + kaio.select(query < sq, query, 0)
-                    l2 = kaio.select(query < sq, lse_log2(lse[at]), POS_INF)
+                    at = kaio.select(query < sq, query, 0)
+                    l2 = kaio.select(query < sq, lse_log2(lse[lse_at + at]), POS_INF)
                     if WITH_DK:
-                        dl = delta[at]
+                        dl = delta[delta_at + at * delta_stride]
                     for h in kaio.static_range(2):
                         key = k0 + warp * 16 + g + 8 * h
                         x = kaio.exp2(kaio.fma(st[n, 2 * h + e], scale_log2, -l2))
-                        p = kaio.select(causal == 0 or key <= query, x, 0.0)
+                        p = kaio.select(causal == 0 or key + shift_q <= query + shift_k, x, 0.0)
                         st[n, 2 * h + e] = p
                         if WITH_DK:
                             dpt[n, 2 * h + e] = p * (dpt[n, 2 * h + e] - dl)  # dS^T
@@ -717,6 +887,6 @@ def attention_bwd_dkdv(
         key = k0 + warp * 16 + g + 8 * h
         if key < sk:
             if WITH_DK:
-                store_out(dk, k_base + key * d, dka, h, scale, lane, d, DP, True, OT)
+                store_out(dk, k_base + key * k_stride, dka, h, scale, lane, d, DP, True, OT)
             if WITH_DV:
-                store_out(dv, k_base + key * d, dva, h, 1.0, lane, d, DP, True, OT)
+                store_out(dv, k_base + key * k_stride, dva, h, 1.0, lane, d, DP, True, OT)

@@ -280,6 +280,32 @@ def attention_tc_causal(q, k, v):
     return _attention_tc("attention_tc_causal", q, k, v, True)
 
 
+def check_heads(inputs, arrays: tuple, h: int, hkv: int, d: int, kd: int, scale) -> float:
+    """The checks ``flash_attention`` and ``flash_attention_varlen`` share: k's head dim
+    ``kd`` equal to q's ``d`` (a multiple of 8 up to 256), ``hkv`` dividing ``h``, the arrays
+    (q, k, v) 16-byte aligned and ``scale`` positive and finite; returns the scale (default
+    1/sqrt(D))."""
+    op = inputs.op
+    if kd != d:
+        raise inputs.error("k", f"must have head dim D = {d} like q, got shape {arrays[1].shape}")
+    if hkv == 0 or h % hkv:
+        raise inputs.error(
+            "k", f"has Hkv = {hkv} heads, which must divide q's H = {h} (grouped-query)"
+        )
+    if d % 8 or d > MAX_HEAD_DIM:
+        raise inputs.error(
+            "q", f"has head dim D = {d}; {op} takes multiples of 8 up to {MAX_HEAD_DIM}"
+        )
+    for a in arrays:
+        if not a.aligned(16):
+            raise inputs.error(a.name, "must start on a 16-byte boundary (16-byte copies)")
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    if not (isinstance(scale, int | float) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"{op}: scale must be a positive finite number, got {scale!r}")
+    return float(scale)
+
+
 def _check_flash(op: str, q, k, v, scale, inputs=None):
     """Check flash_attention's q [B, H, S, D], k, v [B, Hkv, Sk, D] (f16 or bf16, 16-byte
     aligned); returns the operands, dims (B * H, H, group, S, Sk, D, D) and the scale."""
@@ -293,23 +319,7 @@ def _check_flash(op: str, q, k, v, scale, inputs=None):
         raise inputs.error("q" if 0 in qa.shape else "k", "has an empty dimension")
     if kb != b:
         raise inputs.error("k", f"must have batch B = {b} like q, got shape {ka.shape}")
-    if kd != d:
-        raise inputs.error("k", f"must have head dim D = {d} like q, got shape {ka.shape}")
-    if h % hkv:
-        raise inputs.error(
-            "k", f"has Hkv = {hkv} heads, which must divide q's H = {h} (grouped-query)"
-        )
-    if d % 8 or d > MAX_HEAD_DIM:
-        raise inputs.error(
-            "q", f"has head dim D = {d}; {op} takes multiples of 8 up to {MAX_HEAD_DIM}"
-        )
-    for a in (qa, ka, va):
-        if not a.aligned(16):
-            raise inputs.error(a.name, "must start on a 16-byte boundary (16-byte copies)")
-    if scale is None:
-        scale = 1.0 / math.sqrt(d)
-    if not (isinstance(scale, int | float) and math.isfinite(scale) and scale > 0):
-        raise ValueError(f"{op}: scale must be a positive finite number, got {scale!r}")
+    scale = check_heads(inputs, (qa, ka, va), h, hkv, d, kd, scale)
     return (qa, ka, va), (b * h, h, h // hkv, sq, sk, d, d), float(scale)
 
 
@@ -342,8 +352,9 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None):
     """Multi-head attention on tensor cores (FlashAttention-2 forward): q [B, H, S, D], k and v
     [B, Hkv, Sk, D] of f16 or bf16, H a multiple of Hkv (grouped-query: query head h reads
     K/V head h // (H // Hkv)), D a multiple of 8 up to 256, arrays 16-byte aligned. Scores are
-    scaled by ``scale`` (default 1/sqrt(D)); ``causal`` masks key j > i. Returns
-    [B, H, S, D] of q's dtype."""
+    scaled by ``scale`` (default 1/sqrt(D)); ``causal`` masks key j > i (torch's is_causal,
+    aligned top-left; ``flash_attention_varlen`` aligns bottom-right as FlashAttention: the
+    same when Sq == Sk). Returns [B, H, S, D] of q's dtype."""
     return _flash("flash_attention", q, k, v, causal, scale)[0]
 
 

@@ -192,6 +192,11 @@ def _mh_bwd_out(do, q, k, v, *_):
     return tuple(t.new_empty(t.shape) for t in (q, k, v))
 
 
+def _varlen_stats_out(q, *_):
+    """Packed varlen attention with stats: (out like q, logsumexp f32 [H, total_q])."""
+    return q.new_empty(q.shape), _f32(q, q.shape[1], q.shape[0])
+
+
 def _nothing(*_):
     """An op that only writes into its (mutable) arguments returns nothing."""
     return None
@@ -392,6 +397,24 @@ def _flash_attention_grad(s, needs, d_out, d_lse):
     return {"q": dq, "k": dk, "v": dv}
 
 
+def _flash_varlen_grad(s, needs, d_out, d_lse):
+    # the packed variable-length op: its backward kernels, with the same offsets
+    dq, dk, dv = torch.ops.kaio.flash_attention_varlen_bwd(
+        d_out, s.q, s.k, s.v, s.out0, s.out1, s.cu_seqlens_q, s.cu_seqlens_k,
+        s.max_seqlen_q, s.max_seqlen_k, s.causal, s.scale,
+    )  # fmt: skip
+    return {"q": dq, "k": dk, "v": dv}
+
+
+def _varlen_output(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False, scale=None
+):
+    # flash_attention_varlen: the output of the op with stats
+    return torch.ops.kaio.flash_attention_varlen_with_stats(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale
+    )[0]
+
+
 def _matmul_grad(op: str) -> Grad:
     """The Grad of the matmul op ``op``: backward through ``op`` itself."""
 
@@ -456,6 +479,10 @@ _DECODE = (
     " float? scale=None)"
 )
 _FORWARD_ONLY = "decode attention is forward-only (inference)"
+_VARLEN = (
+    "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q,"
+    " int max_seqlen_k, bool causal=False, float? scale=None)"
+)
 _FLASH_BWD = (
     "(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse) -> (Tensor, Tensor, Tensor)"
 )
@@ -626,6 +653,33 @@ OPS: tuple[OpSpec, ...] = (
                 )[0]
             ),
         ),
+    ),
+    OpSpec(
+        "flash_attention_varlen_with_stats",
+        f"{_VARLEN} -> (Tensor, Tensor)",
+        _varlen_stats_out,
+        Grad(
+            _flash_varlen_grad,
+            ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "out0", "out1"),
+            constant_outputs=(1,),
+        ),
+    ),
+    OpSpec(
+        "flash_attention_varlen",
+        f"{_VARLEN} -> Tensor",
+        None,
+        Composite(
+            "flash_attention_varlen_with_stats",
+            _varlen_output,
+        ),
+    ),
+    OpSpec(
+        "flash_attention_varlen_bwd",
+        "(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor cu_seqlens_q,"
+        " Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, bool causal=False,"
+        " float? scale=None) -> (Tensor, Tensor, Tensor)",
+        _mh_bwd_out,
+        _BACKWARD,
     ),
     OpSpec(
         "kv_cache_append",

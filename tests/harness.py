@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
+
+from kaio.ptx.ptxas import assemble
 
 
 def launch_config(grid, block, shared_bytes):
@@ -35,3 +39,13 @@ def assert_matches(name, got, expected, rtol, atol):
         bad = np.argwhere(~same)[:5]
         details = ", ".join(f"{tuple(i)}: got {g[tuple(i)]!r} want {e[tuple(i)]!r}" for i in bad)
         raise AssertionError(f"{name}: {int((~same).sum())} elements differ; first: {details}")
+
+
+def assemble_without_spills(kernel, constexprs: dict, archs=("sm_80", "sm_90")) -> None:
+    """ptxas assembles the kernel's PTX for each of ``archs``; for sm_90 (H100, H200) the
+    kernel fits its registers (up to 255): no spill stores."""
+    for arch in archs:
+        report = assemble(kernel.ptx(arch=arch, **constexprs), arch)
+        if arch == "sm_90":
+            spills = re.search(r"(\d+) bytes spill stores", report)
+            assert spills and spills[1] == "0", (kernel.pyfunc.__name__, constexprs, report)

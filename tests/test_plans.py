@@ -18,7 +18,7 @@ import pytest
 
 import kaio
 import kaio_ops
-from kaio import bf16, f16, f32, i8
+from kaio import bf16, f16, f32, i8, i32
 from kaio.runtime import launch as launch_mod
 from kaio.runtime import launcher as launcher_mod
 from kaio.runtime.device import current
@@ -305,13 +305,24 @@ def test_an_array_without_a_twin_passed_twice_is_not_planned(fake, monkeypatch):
             g.array((64,), f16),
         ),
         lambda g: (kaio_ops.matmul_tc, g.array((1, 256), f16), g.array((256, 128), f16)),
+        lambda g: (
+            kaio_ops.flash_attention_varlen,
+            g.array((10, 4, 64), bf16),
+            g.array((12, 2, 64), bf16),
+            g.array((12, 2, 64), bf16),
+            g.array((3,), i32),
+            g.array((3,), i32),
+            7,
+            9,
+            True,
+        ),
     ],  # fmt: skip
-    ids=["add", "rms_norm_residual", "matmul_tc"],
+    ids=["add", "rms_norm_residual", "matmul_tc", "flash_attention_varlen"],
 )
 def test_ops_replay_what_they_launch(fake, call):
     op, *args = call(fake)
     first = same_as_unplanned(fake, op, *args)
-    fresh = [fake.array(a.shape, a.kaio_dtype) for a in args]
+    fresh = [fake.array(a.shape, a.kaio_dtype) if hasattr(a, "shape") else a for a in args]
     second = same_as_unplanned(fake, op, *fresh)
     plans = _plan.plans_of(op)
     assert len(plans) == 1 and None not in plans.values()

@@ -85,6 +85,25 @@ def ref_stats(q, k, v, causal=False, scale=None):
     return out.to(q.dtype), lse.detach().to(torch.float32 if q.dtype != torch.float64 else q.dtype)
 
 
+def ref_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=False, scale=None):
+    """(packed attention, logsumexp [H, total_q]) sequence by sequence, causal aligned
+    bottom-right (query i of sq sees keys j <= i + sk - sq); a row with no key: zeros."""
+    group = q.shape[1] // k.shape[1]
+    outs, lses = [], []
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    for q0, q1, k0, k1 in zip(cq[:-1], cq[1:], ck[:-1], ck[1:], strict=True):
+        qs = up(q[q0:q1]).transpose(0, 1)
+        ks, vs = (up(x[k0:k1]).repeat_interleave(group, 1).transpose(0, 1) for x in (k, v))
+        scores = (qs @ ks.transpose(-1, -2)) * (scale or q.shape[-1] ** -0.5)
+        if causal:
+            i, j = torch.arange(q1 - q0)[:, None], torch.arange(k1 - k0)[None, :]
+            hidden = j > i + (k1 - k0) - (q1 - q0)
+            scores = scores.masked_fill(hidden.to(scores.device), float("-inf"))
+        outs.append((torch.softmax(scores, -1).nan_to_num(0.0) @ vs).transpose(0, 1))
+        lses.append(torch.logsumexp(scores, -1))
+    return torch.cat(outs).to(q.dtype), torch.cat(lses, -1).detach().float()
+
+
 REFERENCES = {
     "silu_gate": lambda x, g: (F.silu(up(x)) * up(g)).to(x.dtype),
     "gelu": lambda x, approximate="tanh": F.gelu(up(x), approximate=approximate).to(x.dtype),
@@ -104,6 +123,8 @@ REFERENCES = {
         q, k, v, causal, scale
     )[0].to(q.dtype),
     "flash_attention_with_stats": ref_stats,
+    "flash_attention_varlen": lambda *args: ref_varlen(*args)[0],
+    "flash_attention_varlen_with_stats": ref_varlen,
 }
 
 
@@ -165,6 +186,29 @@ def _flash_bwd_args(q_shape: tuple, kv_shape: tuple, causal: bool, multi_head: b
         o, lse = ref_attention(q, k, v, causal)
         args = (r(*q_shape, dtype=dtype), q, k, v, o.to(dtype), lse.float())
         return (*args, causal) if multi_head else args
+
+    return make
+
+
+def _varlen_args(big: bool, causal: bool, backward: bool = False):
+    """make(r, dtype): (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+    causal) of a packed batch with an empty and a length-1 sequence (for the backward op:
+    (do, q, k, v, o, lse, ...) with o and lse of the reference)."""
+    lens_q, lens_k = ([300, 0, 1, 700], [300, 5, 1, 900]) if big else ([5, 0, 1, 9], [5, 2, 1, 7])
+    h, hkv, d = (8, 2, 128) if big else (4, 2, 16)
+
+    def make(r: Maker, dtype):
+        cu_q, cu_k = (
+            torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32).to(r.device)
+            for n in (lens_q, lens_k)
+        )
+        q = r(sum(lens_q), h, d, dtype=dtype)
+        k, v = r(sum(lens_k), hkv, d, dtype=dtype), r(sum(lens_k), hkv, d, dtype=dtype)
+        args = (cu_q, cu_k, max(lens_q), max(lens_k), causal)
+        if not backward:
+            return (q, k, v, *args)
+        o, lse = ref_varlen(q, k, v, *args)
+        return (r(*q.shape, dtype=dtype), q, k, v, o, lse, *args)
 
     return make
 
@@ -285,6 +329,24 @@ def samples(big: bool, only=None, skip=(), every_dtype: bool = True):
             _flash_bwd_args(mh_q, mh_kv, True, True),
             half,
         ),
+        (
+            "flash_attention_varlen",
+            "flash_attention_varlen",
+            _varlen_args(big, True),
+            half,
+        ),
+        (
+            "flash_attention_varlen_with_stats",
+            "flash_attention_varlen_with_stats",
+            _varlen_args(big, False),
+            f16,
+        ),
+        (
+            "flash_attention_varlen_bwd",
+            "flash_attention_varlen_bwd",
+            _varlen_args(big, True, backward=True),
+            bf16,
+        ),
         ("flash_attention_decode", "flash_attention_decode", _decode_args(big, False), half),
         (
             "flash_attention_decode-paged",
@@ -392,17 +454,25 @@ def check_gradients(name: str, args, upstream_seed: int = 7):
     """The op's gradients (kaio forward and backward) against torch autograd of the float64
     reference on the same inputs, for the same random upstream gradients."""
     op = getattr(torch.ops.kaio, name)
-    leaves = [a.clone().requires_grad_() if isinstance(a, torch.Tensor) else a for a in args]
+    leaves = [
+        a.clone().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+        for a in args
+    ]
     outs = as_tuple(op(*leaves))
     gen = torch.Generator().manual_seed(upstream_seed)
     ups = [torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.device) for o in outs]
     sum(((o.double() * u).sum() for o, u in zip(outs, ups, strict=True))).backward()
     ref_leaves = [
-        a.detach().double().requires_grad_() if isinstance(a, torch.Tensor) else a for a in args
+        a.detach().double().requires_grad_()
+        if isinstance(a, torch.Tensor) and a.is_floating_point()
+        else a
+        for a in args
     ]
     ref_outs = as_tuple(REFERENCES[name](*ref_leaves))
     sum(((o * u).sum() for o, u in zip(ref_outs, ups, strict=True))).backward()
-    for i, (ours, ref) in enumerate(zip(tensors(leaves), tensors(ref_leaves), strict=True)):
+    floats = [(a, b) for a, b in zip(tensors(leaves), tensors(ref_leaves), strict=True)
+              if a.is_floating_point()]  # fmt: skip
+    for i, (ours, ref) in enumerate(floats):  # offsets (int32 tensors) have no gradient
         assert ours.grad is not None and ours.grad.dtype == ours.dtype
         err = relative_error(ours.grad, ref.grad)
         assert err < GRAD_TOL[ours.dtype], (
@@ -774,6 +844,7 @@ def test_gpu_gradients(name, make, dtype):
             "matmul_tc_bf16",
             "attention_flash_causal",
             "flash_attention",
+            "flash_attention_varlen",
         },
         every_dtype=False,
     ),

@@ -1,0 +1,212 @@
+"""Variable-length attention: ``flash_attention_varlen`` on a packed batch against padding
+every sequence to the longest, in one run.
+
+A batch of B sequences whose lengths are drawn uniformly from [max / 8, max] (a fixed seed),
+packed [total, H, D]. Implementations, each timed with CUDA events (bench/harness.py):
+
+- ``kaio varlen``: ``kaio_ops.flash_attention_varlen`` on the packed tensors;
+- ``kaio padded``: ``kaio_ops.flash_attention`` on [B, H, max, D] (zeros past each end; on
+  sm_90 it takes the Hopper kernel where that measured faster), and ``kaio padded
+  mma.sync``: the same kernel as varlen's, padded;
+- ``torch SDPA padded``: the flash backend on the padded batch, no mask (the fastest padded
+  peer: its results past each sequence's keys are not masked, so only timed; causal padding
+  at the end is exact);
+- ``torch varlen``: ``torch.nn.attention.varlen.varlen_attn`` where this torch has it.
+
+The padded implementations are timed on tensors already padded (the copies to and from the
+packed layout are not counted: the comparison favours padding). TFLOP/s counts the useful
+work, 4 * H * sum(sq * sk) * D (causal: sum(sq * (sq + 1) / 2)), for every implementation.
+The backward compares ``flash_attention_varlen_bwd`` with ``flash_attention_bwd`` padded and
+torch SDPA flash's backward padded. Correctness first: the varlen outputs against float32
+attention per sequence.
+
+Usage: ``python bench/attention_varlen.py --out results.json [--quick]``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+
+import numpy as np
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import kaio_ops  # noqa: E402
+from bench.harness import Harness  # noqa: E402
+from kaio_ops.attention import _arrays, tc_forward  # noqa: E402
+
+try:  # torch >= 2.9
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:  # pragma: no cover - older torch
+    varlen_attn = None
+
+
+def torch_varlen(q, k, v, cu, top, causal):
+    """torch's own varlen attention (FlashAttention's kernels): ``is_causal`` in the first
+    releases, ``window_size=(-1, 0)`` in later ones."""
+    if "is_causal" in inspect.signature(varlen_attn).parameters:
+        return varlen_attn(q, k, v, cu, cu, top, top, is_causal=causal)
+    return varlen_attn(q, k, v, cu, cu, top, top, window_size=(-1, 0) if causal else (-1, -1))
+
+
+def lengths(b: int, top: int, seed: int) -> list[int]:
+    """B lengths uniform in [top / 8, top], the first one ``top`` (the max is reached)."""
+    rng = np.random.default_rng(seed)
+    out = rng.integers(max(1, top // 8), top + 1, b).tolist()
+    out[0] = top
+    return out
+
+
+def offsets(lens: list[int]) -> torch.Tensor:
+    return torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device="cuda")
+
+
+def pad(x: torch.Tensor, lens: list[int]) -> torch.Tensor:
+    """Packed [total, H, D] -> [B, H, max, D], zeros past each sequence's end."""
+    out = x.new_zeros(len(lens), x.shape[1], max(lens), x.shape[2])
+    start = 0
+    for b, n in enumerate(lens):
+        out[b, :, :n] = x[start : start + n].transpose(0, 1)
+        start += n
+    return out
+
+
+def reference(q, k, v, lens, causal):
+    """Packed float32 attention, sequence by sequence (SDPA's math backend)."""
+    group = q.shape[1] // k.shape[1]
+    outs, start = [], 0
+    for n in lens:
+        qs, ks, vs = (x[start : start + n].transpose(0, 1).float() for x in (q, k, v))
+        ks, vs = (x.repeat_interleave(group, 0) for x in (ks, vs))
+        with sdpa_kernel(SDPBackend.MATH):
+            outs.append(sdpa(qs, ks, vs, is_causal=causal).transpose(0, 1))
+        start += n
+    return torch.cat(outs)
+
+
+def mma_sync_padded(q, k, v, causal):
+    """flash_attention's mma.sync kernel (the varlen kernel's body) on the padded batch."""
+    inputs = _arrays.Inputs("bench")
+    qa, ka, va = (inputs.array(x, n, ndim=4) for x, n in ((q, "q"), (k, "k"), (v, "v")))
+    b, h, s, d = q.shape
+    dims = (b * h, h, h // k.shape[1], s, k.shape[2], d, d)
+    dp = 64 if d <= 64 else 128 if d <= 128 else 256
+    return tc_forward(qa, ka, va, qa.dtype, q.shape, dims, causal, d**-0.5, dp)[0]
+
+
+def useful_flops(lens, h, d, causal) -> float:
+    pairs = sum(n * (n + 1) / 2 if causal else n * n for n in lens)
+    return 4.0 * h * d * pairs
+
+
+def forward_case(hb: Harness, b, top, h, hkv, d, dt, causal, seed):
+    lens = lengths(b, top, seed)
+    total = sum(lens)
+
+    def make():
+        q = torch.randn(total, h, d, device="cuda", dtype=dt)
+        k, v = (torch.randn(total, hkv, d, device="cuda", dtype=dt) for _ in range(2))
+        cu = offsets(lens)
+        padded = [pad(x, lens) for x in (q, k, v)]
+        return q, k, v, cu, *padded
+
+    def kaio_varlen(q, k, v, cu, *_):
+        return kaio_ops.flash_attention_varlen(q, k, v, cu, cu, top, top, causal)
+
+    impls = {
+        "kaio varlen": kaio_varlen,
+        "kaio padded": lambda q, k, v, cu, qp, kp, vp: kaio_ops.flash_attention(
+            qp, kp, vp, causal=causal
+        ),
+        "kaio padded mma.sync": lambda q, k, v, cu, qp, kp, vp: mma_sync_padded(qp, kp, vp, causal),
+        "torch SDPA padded": lambda q, k, v, cu, qp, kp, vp: _sdpa_flash(qp, kp, vp, causal),
+    }
+    if varlen_attn is not None and h == hkv:
+        impls["torch varlen"] = lambda q, k, v, cu, *_: torch_varlen(q, k, v, cu, top, causal)
+    name = {torch.float16: "f16", torch.bfloat16: "bf16"}[dt]
+    return hb.case(
+        f"flash_attention_varlen {name}" + " causal" * causal,
+        f"B{b} H{h}/{hkv} S<={top} D{d} (mean {total // b})",
+        make,
+        impls,
+        reference=lambda q, k, v, *_: reference(q, k, v, lens, causal),
+        tol=1e-3 if dt == torch.float16 else 1e-2,
+        flops=useful_flops(lens, h, d, causal),
+        baseline="torch SDPA padded",
+        set_bytes=2 * 3 * (total + b * top) * h * d,
+        timing_only=("kaio padded", "kaio padded mma.sync", "torch SDPA padded"),
+    )
+
+
+def _sdpa_flash(q, k, v, causal):
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        return sdpa(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def backward_case(hb: Harness, b, top, h, d, dt, causal, seed):
+    lens = lengths(b, top, seed)
+    total = sum(lens)
+
+    def make():
+        q, k, v, do = (torch.randn(total, h, d, device="cuda", dtype=dt) for _ in range(4))
+        cu = offsets(lens)
+        o, lse = kaio_ops.flash_attention_varlen_with_stats(q, k, v, cu, cu, top, top, causal)
+        qp, kp, vp, dop = (pad(x, lens) for x in (q, k, v, do))
+        op, lsep = kaio_ops.flash_attention_with_stats(qp, kp, vp, causal=causal)
+        leaves = [x.clone().requires_grad_() for x in (qp, kp, vp)]
+        out = _sdpa_flash(*leaves, causal)
+        return q, k, v, do, cu, o, lse, qp, kp, vp, dop, op, lsep, leaves, out
+
+    def kaio_varlen(q, k, v, do, cu, o, lse, *_):
+        return kaio_ops.flash_attention_varlen_bwd(do, q, k, v, o, lse, cu, cu, top, top, causal)
+
+    def kaio_padded(q, k, v, do, cu, o, lse, qp, kp, vp, dop, op, lsep, *_):
+        return kaio_ops.flash_attention_bwd(dop, qp, kp, vp, op, lsep, causal=causal)
+
+    def sdpa_padded(*args):
+        dop, leaves, out = args[10], args[13], args[14]
+        return torch.autograd.grad(out, leaves, dop, retain_graph=True)
+
+    def ref(q, k, v, do, *_):
+        leaves = [x.float().requires_grad_() for x in (q, k, v)]
+        reference(*leaves, lens, causal).backward(do.float())
+        return tuple(x.grad for x in leaves)
+
+    name = {torch.float16: "f16", torch.bfloat16: "bf16"}[dt]
+    return hb.case(
+        f"flash_attention_varlen_bwd {name}" + " causal" * causal,
+        f"B{b} H{h} S<={top} D{d} (mean {total // b})",
+        make,
+        {"kaio varlen": kaio_varlen, "kaio padded": kaio_padded, "torch SDPA padded": sdpa_padded},
+        reference=ref,
+        tol=5e-3 if dt == torch.float16 else 3e-2,
+        flops=2.5 * useful_flops(lens, h, d, causal),
+        baseline="torch SDPA padded",
+        set_bytes=2 * 8 * (total + b * top) * h * d,
+        timing_only=("kaio padded", "torch SDPA padded"),
+    )
+
+
+def main() -> None:
+    quick = "--quick" in sys.argv
+    hb = Harness.from_args("attention varlen", reps=20 if quick else 30)
+    f16, bf16 = torch.float16, torch.bfloat16
+    cases = [(8, 4096, 16, 16, 128, f16), (16, 2048, 32, 8, 128, bf16), (32, 1024, 16, 16, 64, f16)]
+    if not quick:
+        cases.append((4, 8192, 16, 16, 128, f16))
+    for i, (b, top, h, hkv, d, dt) in enumerate(cases):
+        for causal in (False, True):
+            forward_case(hb, b, top, h, hkv, d, dt, causal, seed=i)
+    for causal in (False, True):
+        backward_case(hb, 8, 4096, 16, 128, f16, causal, seed=7)
+    hb.finish()
+    print(hb.table())
+
+
+if __name__ == "__main__":
+    main()

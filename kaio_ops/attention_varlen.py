@@ -1,0 +1,269 @@
+"""Variable-length (packed) flash attention: ``flash_attention_varlen`` and its backward.
+
+A batch of sequences of different lengths, packed token after token with no padding, as
+FlashAttention's ``flash_attn_varlen_func`` takes it: q [total_q, H, D], k and v
+[total_k, Hkv, D] (H a multiple of Hkv), ``cu_seqlens_q`` and ``cu_seqlens_k`` int32 [B + 1]
+(sequence b owns tokens cu[b] .. cu[b + 1]) and the longest lengths ``max_seqlen_q``,
+``max_seqlen_k``, which size the grid. The offsets stay on the GPU: the kernels
+(``kaio_ops._attention_varlen``) read them, so a call never synchronizes with the device
+and can be captured in a CUDA graph. Under ``kaio.simulate()`` the offsets are on the host
+and are checked too (increasing, within the arrays, no sequence longer than its max).
+
+Causal attention is aligned bottom-right as in FlashAttention >= 2.1: query i of a sequence
+with sq queries and sk keys sees keys j <= i + sk - sq (for sq == sk: j <= i, the same as
+``flash_attention``'s ``causal``); a query that sees no key (sk < sq, or sk == 0) gets zeros.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from kaio.types import bf16, f16, f32, i32
+from kaio_ops import _arrays
+from kaio_ops import _attention_tc as tc
+from kaio_ops import _attention_varlen as kernels
+from kaio_ops._plan import planned
+from kaio_ops.attention import (
+    FLASH_DIMS,
+    _pow2_dim,
+    bwd_tile,
+    check_heads,
+    dkdv_passes,
+    tc_config,
+    tc_shared_bytes,
+)
+
+__all__ = [
+    "flash_attention_varlen",
+    "flash_attention_varlen_bwd",
+    "flash_attention_varlen_with_stats",
+    "shipped",
+]
+
+MAX_BATCH = 65535  # sequences: the grid's z dimension
+
+
+def _check_lengths(inputs: _arrays.Inputs, name: str, cu, total: int, max_name: str, limit):
+    """Offsets on the host (NumPy, in the simulator): increasing from >= 0, at most
+    ``total``, no sequence longer than ``limit`` (the max_seqlen argument)."""
+    offsets = np.asarray(cu, np.int64)
+    lengths = np.diff(offsets)
+    if offsets[0] < 0 or (lengths < 0).any() or offsets[-1] > total:
+        raise inputs.error(
+            name,
+            f"must increase from 0 and stay within the {total} packed tokens, got "
+            f"{offsets.tolist()}",
+        )
+    if lengths.size and lengths.max() > limit:
+        raise ValueError(
+            f"{inputs.op}: {max_name} = {limit} is less than the longest sequence of "
+            f"{name} ({int(lengths.max())} tokens); pass the longest length"
+        )
+
+
+def _check(
+    op: str, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, inputs=None
+):
+    """Check the packed q [total_q, H, D], k, v [total_k, Hkv, D] (f16 or bf16, 16-byte
+    aligned, D a multiple of 8 up to 256), the int32 offsets [B + 1] and the max lengths;
+    returns the operands (q, k, v, cu_q, cu_k), (batch, heads, group, total_q, d, max_q,
+    max_k) and the scale."""
+    inputs = inputs or _arrays.Inputs(op)
+    qa = inputs.array(q, "q", ndim=3, dtypes=(f16, bf16), form="[total_q, H, D]")
+    ka = inputs.array(k, "k", ndim=3, form="[total_k, Hkv, D]")
+    va = inputs.array(v, "v", ndim=3, shape=ka.shape, form="[total_k, Hkv, D]")
+    total_q, h, d = qa.shape
+    total_k, hkv, kd = ka.shape
+    if h == 0 or d == 0:
+        raise inputs.error("q", f"has an empty dimension: shape {qa.shape}")
+    scale = check_heads(inputs, (qa, ka, va), h, hkv, d, kd, scale)
+    cqa = inputs.array(cu_seqlens_q, "cu_seqlens_q", ndim=1, dtypes=(i32,), form="[B + 1]")
+    if not 2 <= cqa.shape[0] <= MAX_BATCH + 1:
+        raise inputs.error(
+            "cu_seqlens_q",
+            f"must hold B + 1 offsets for 1 to {MAX_BATCH} sequences, got shape {cqa.shape}",
+        )
+    cka = inputs.array(
+        cu_seqlens_k, "cu_seqlens_k", ndim=1, shape=cqa.shape, dtypes=(i32,), form="[B + 1]"
+    )
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
+            raise ValueError(f"{op}: {name} must be a non-negative int, got {value!r}")
+    if cqa.kind == "numpy":  # the simulator: the offsets are on the host, check them
+        _check_lengths(inputs, "cu_seqlens_q", cu_seqlens_q, total_q, "max_seqlen_q", max_seqlen_q)
+        _check_lengths(inputs, "cu_seqlens_k", cu_seqlens_k, total_k, "max_seqlen_k", max_seqlen_k)
+    # no sequence is longer than the packed arrays: a larger max only adds idle blocks
+    dims = (cqa.shape[0] - 1, h, h // hkv, total_q, d,
+            min(int(max_seqlen_q), total_q), min(int(max_seqlen_k), total_k))  # fmt: skip
+    return (qa, ka, va, cqa, cka), dims, scale
+
+
+def _forward(
+    op: str, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale
+):
+    (qa, ka, va, cqa, cka), dims, scale = _check(
+        op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale
+    )
+    batch, heads, group, total_q, d, max_q, _ = dims
+    out = _arrays.output(qa, qa.shape)
+    lse = _arrays.output(qa, (heads, total_q), f32)
+    if max_q == 0:  # no query at all
+        return out, lse
+    dp = _pow2_dim(d, FLASH_DIMS)
+    cfg = tc_config(dp)
+    rows = 16 * cfg["WARPS"]
+    smem = tc_shared_bytes(dp, cfg["WARPS"], cfg["BN"])
+    grid = (-(-max_q // rows), heads, batch)
+    kernels.varlen_fwd[grid, 32 * cfg["WARPS"], _arrays.stream_of(qa), smem](
+        *(a.arg(a.size) for a in (qa, ka, va)),
+        _arrays.output_arg(qa, out, (qa.size,)),
+        _arrays.output_arg(qa, lse, (heads * total_q,), f32),
+        cqa.arg(), cka.arg(), total_q, heads, group, d, math.log2(math.e) * scale, bool(causal),
+        DP=dp, **cfg, DT=qa.dtype,
+    )  # fmt: skip
+    return out, lse
+
+
+@planned("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k")
+def flash_attention_varlen(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    causal: bool = False,
+    scale: float | None = None,
+):
+    """Multi-head attention over a packed batch of variable-length sequences (FlashAttention's
+    ``flash_attn_varlen_func``): q [total_q, H, D], k and v [total_k, Hkv, D] of f16 or bf16
+    (H a multiple of Hkv: query head h reads K/V head h // (H // Hkv); D a multiple of 8 up to
+    256; 16-byte aligned), ``cu_seqlens_q``, ``cu_seqlens_k`` int32 [B + 1] on the device
+    (sequence b: tokens cu[b] .. cu[b + 1]), ``max_seqlen_q``, ``max_seqlen_k`` the longest
+    lengths (ints on the host, at least the real ones). Scores scaled by ``scale`` (default
+    1/sqrt(D)); ``causal`` aligned bottom-right (query i of a sequence of sq queries and sk
+    keys sees keys j <= i + sk - sq). Returns [total_q, H, D] of q's dtype; tokens past
+    cu_seqlens_q[B] are not written."""
+    return _forward(
+        "flash_attention_varlen",
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        causal,
+        scale,
+    )[0]
+
+
+@planned("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k")
+def flash_attention_varlen_with_stats(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    causal: bool = False,
+    scale: float | None = None,
+):
+    """``(out, lse)``: ``flash_attention_varlen`` and the natural logsumexp of each query row's
+    scaled scores, f32 [H, total_q] (FlashAttention's varlen layout; -inf for a row that sees
+    no key), which ``flash_attention_varlen_bwd`` takes."""
+    return _forward(
+        "flash_attention_varlen_with_stats",
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        causal,
+        scale,
+    )
+
+
+@planned("do", "q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k")
+def flash_attention_varlen_bwd(
+    do,
+    q,
+    k,
+    v,
+    o,
+    lse,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    causal: bool = False,
+    scale: float | None = None,
+):
+    """Gradients ``(dq, dk, dv)`` of ``flash_attention_varlen`` (FlashAttention-2's backward on
+    tensor cores, as ``flash_attention_bwd``) from the output gradient ``do`` and the output
+    ``o`` [total_q, H, D], the inputs and ``lse`` [H, total_q] (f32) of
+    ``flash_attention_varlen_with_stats``, with the same offsets, ``causal`` and ``scale``.
+    dK and dV of a K/V head sum over the query heads of its group; no atomics (deterministic).
+    Tokens past cu_seqlens[B] get no gradient written."""
+    op = "flash_attention_varlen_bwd"
+    inputs = _arrays.Inputs(op)
+    (qa, ka, va, cqa, cka), dims, scale = _check(
+        op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, inputs
+    )
+    da = inputs.array(do, "do", ndim=3, shape=qa.shape, form="[total_q, H, D] like q")
+    oa = inputs.array(o, "o", ndim=3, shape=qa.shape, form="[total_q, H, D] like q")
+    batch, heads, group, total_q, d, max_q, max_k = dims
+    la = inputs.array(
+        lse, "lse", ndim=2, shape=(heads, total_q), dtypes=(f32,), form="[H, total_q]"
+    )
+    for a in (da, oa):
+        if not a.aligned(16):
+            raise inputs.error(a.name, "must start on a 16-byte boundary (16-byte copies)")
+    dq = _arrays.output(da, qa.shape)
+    dk, dv = (_arrays.output(da, ka.shape) for _ in range(2))
+    if max_q == 0 and max_k == 0:
+        return dq, dk, dv
+    dp = _pow2_dim(d, FLASH_DIMS)
+    tile = bwd_tile(dp)
+    stream = _arrays.stream_of(da)
+    rows = total_q * heads
+    delta = _arrays.output(da, (rows,), f32)
+    flat = [a.arg(a.size) for a in (qa, ka, va, da)]
+    out_flat = [_arrays.output_arg(da, x, (n,)) for x, n in
+                ((dq, qa.size), (dk, ka.size), (dv, ka.size))]  # fmt: skip
+    if rows:
+        tc.row_dot[-(-rows // 8), 256, stream, 0](
+            oa.arg(oa.size), flat[3], delta, rows, d, DT=qa.dtype
+        )
+    args = (cqa.arg(), cka.arg(), total_q, heads, group, d, math.log2(math.e) * scale, scale,
+            bool(causal))  # fmt: skip
+    smem = (128 + 2 * tile) * dp * 2
+    lse_flat = la.arg(la.size)
+    if max_q:
+        kernels.varlen_bwd_dq[(-(-max_q // 64), heads, batch), 128, stream, smem](
+            *flat, lse_flat, delta, out_flat[0], *args, DP=dp, BN=tile, DT=qa.dtype
+        )
+    if max_k:
+        for with_dk, with_dv in dkdv_passes(dp):
+            kernels.varlen_bwd_dkdv[(-(-max_k // 64), heads // group, batch), 128, stream, smem](
+                *flat, lse_flat, delta, out_flat[1], out_flat[2], *args,
+                DP=dp, BQ=tile, WITH_DK=with_dk, WITH_DV=with_dv, DT=qa.dtype,
+            )  # fmt: skip
+    return dq, dk, dv
+
+
+def shipped():
+    """(kernel, constexprs) of every specialization these ops launch."""
+    for dtype in (f16, bf16):
+        for dp in FLASH_DIMS:
+            yield kernels.varlen_fwd, {"DP": dp, **tc_config(dp), "DT": dtype}
+            yield kernels.varlen_bwd_dq, {"DP": dp, "BN": bwd_tile(dp), "DT": dtype}
+            for with_dk, with_dv in dkdv_passes(dp):
+                flags = {"WITH_DK": with_dk, "WITH_DV": with_dv}
+                yield kernels.varlen_bwd_dkdv, {"DP": dp, "BQ": bwd_tile(dp), **flags, "DT": dtype}
