@@ -117,6 +117,8 @@ def main() -> None:
     p.add_argument("--variants", action="store_true")
     p.add_argument("--budget", type=float, default=80.0)
     p.add_argument("--ms", default=",".join(map(str, MS)))
+    p.add_argument("--swap", action="store_true", help="the role-swap kernel's sweep only")
+    p.add_argument("--shapes", default="", help="N x K list for --swap, e.g. 4096x4096,8192x8192")
     args = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     ms = [int(x) for x in args.ms.split(",")]
@@ -135,6 +137,10 @@ def main() -> None:
             "sms": torch.cuda.get_device_properties(0).multi_processor_count,
         }
     )
+    if args.swap:
+        shapes = [tuple(map(int, x.split("x"))) for x in args.shapes.split(",") if x] or SWAP_SHAPES
+        swap_sweep(log, shapes, ms, args.budget)
+        return
     for case in CHECKS:
         check(log, *case)
     rows = []
@@ -225,6 +231,60 @@ def variants(m: int) -> list:
                 (1, 128, 2, 1), (2, 64, 2, 1), (1, 128, 2, 1, 0, 2)]  # fmt: skip
     return [(2, 256, 2, 1), (2, 256, 3, 1), (2, 128, 2, 1), (2, 192, 2, 1), (4, 128, 2, 1),
             (3, 128, 2, 1)]  # fmt: skip
+
+
+SWAP_SHAPES = ((4096, 4096), (28672, 4096), (4096, 14336), (8192, 8192), (57344, 8192),
+               (8192, 28672))  # fmt: skip
+L2_BYTES = 200 << 20  # the int4 bytes a rotation covers: 4x the 50 MB L2
+
+
+def swap_variants(m: int) -> list:
+    """(WG, BM) tile configurations of ``_int4_hopper.int4_swap`` to time at M = ``m``."""
+    bm = min(256, -(-m // 8) * 8)
+    if m <= 64:
+        return [(1, bm), (2, bm)]
+    if m <= 256:
+        return [(2, bm), (1, bm), (2, bm // 2)]
+    return [(2, 256), (2, 128), (3, 128)]
+
+
+def swap_sweep(log, shapes, ms, budget: float) -> None:
+    """``int4_swap`` against cuBLAS f16 and today's ``matmul_int4`` (f32 out), each variant
+    checked against the f32 product (relative error), the int4 words rotated over enough
+    sets to cover ``L2_BYTES``."""
+    from bench.quantized import int4_bytes
+
+    for n, k in shapes:
+        sets = max(2, min(24, -(-L2_BYTES // int4_bytes(n, k))))
+        weights = [int4_inputs(1, n, k)[1:] for _ in range(sets)]
+        for m in ms:
+            if time.time() - T0 > budget:
+                log({"skipped": [m, n, k]})
+                continue
+            a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+            ops = [[operand(x, "x") for x in (a, s[0], s[1])] for s in weights]
+            ref = a.float() @ weights[0][2].float()
+            rec = {"m": m, "n": n, "k": k, "sets": sets}
+            rec["cublas_us"] = graph_time(lambda i: torch.matmul(a, weights[i][2]), sets)
+            rec["kaio_us"] = graph_time(
+                lambda i: kaio_ops.matmul_int4(a, weights[i][0], weights[i][1]), sets
+            )
+            rec["swap"], rec["err"] = {}, {}
+            for wg, bm in swap_variants(m):
+                cfg = (wg, bm, 0, 0)
+                try:
+                    got = _int4_hopper.launch_swap(*ops[0], kaio.f32, cfg)
+                    rec["err"][f"{wg},{bm}"] = ((got - ref).norm() / ref.norm()).item()
+                    rec["swap"][f"{wg},{bm}"] = graph_time(
+                        lambda i, c=cfg: _int4_hopper.launch_swap(*ops[i], kaio.f32, c), sets
+                    )
+                except Exception as e:  # noqa: BLE001
+                    rec["swap"][f"{wg},{bm}"] = f"{type(e).__name__}: {str(e)[:200]}"
+            best = min((t for t in rec["swap"].values() if isinstance(t, float)), default=None)
+            rec["best_x_cublas"] = round(rec["cublas_us"] / best, 3) if best else None
+            log(rec)
+        weights = None
+        torch.cuda.empty_cache()
 
 
 def cluster_variants(m: int) -> list:

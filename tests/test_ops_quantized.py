@@ -187,6 +187,36 @@ def test_int4_wgmma_in_simulator(m, n, k, out_dtype, config, sms, poisoned):
     assert np.abs(ref).max() > 10  # a real product
 
 
+# _int4_hopper.int4_swap (the role swap, A from registers) on the simulator: (M, N, K,
+# out_dtype, (WG, BM, STAGES, split), sms). M and N edges (TMA zero fill, stores cut at the
+# edge), both consumer counts, the ring wrapping (STAGES 2), an odd number of slices (the
+# last one alone), a K split summed by gemm_reduce, int32 words, every out_dtype, and the
+# persistent loop (6 tiles on 2 blocks).
+SWAP_CASES = [
+    (40, 64, 256, None, (1, 40, 2, 1), None),
+    (20, 136, 384, "float16", (2, 24, 3, 1), None),
+    (17, 72, 512, "bfloat16", (1, 32, 2, 2), None),
+    (50, 192, 256, None, (1, 16, 3, 1), 2),
+]
+
+
+@pytest.mark.parametrize("m, n, k, out_dtype, config, sms", SWAP_CASES)
+def test_int4_swap_in_simulator(m, n, k, out_dtype, config, sms, poisoned):
+    from kaio_ops import _int4_hopper
+
+    a, packed, scales, w = int4_case(m, n, k)
+    with kaio.simulate():
+        ops = _sim_operands(a, packed.view(np.int32) if out_dtype else packed, scales)
+        out = {None: f32, "float16": f16, "bfloat16": kaio.bf16}[out_dtype]
+        c = np.asarray(_int4_hopper.launch_swap(*ops, out, config, sms)).astype(np.float64)
+    ref = a.astype(np.float64) @ w.astype(np.float64)
+    bound = np.abs(a.astype(np.float64)) @ np.abs(w.astype(np.float64))  # no cancellation
+    rounding = {None: 0.0, "float16": 2.0**-11, "bfloat16": 2.0**-8}[out_dtype]
+    assert c.shape == (m, n) and np.isfinite(c).all()
+    assert np.all(np.abs(c - ref) <= 1e-6 * bound + rounding * np.abs(ref))
+    assert np.abs(ref).max() > 10  # a real product
+
+
 def test_int4_wgmma_dispatch(monkeypatch):
     """On sm_90 (here: the simulator with IN_SIMULATOR) M > 64 takes the wgmma kernel and
     M <= 64 the decode kernel; N % 8 != 0 is not the wgmma kernel's shape; out_dtype
