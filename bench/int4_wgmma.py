@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import kaio  # noqa: E402
 import kaio_ops  # noqa: E402
-from bench.quantized import int4_inputs  # noqa: E402
+from bench.quantized import int4_inputs, read_only  # noqa: E402
 from kaio_ops import _arrays, _int4_decode, _int4_hopper, _prefill  # noqa: E402
 
 SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336))  # (N, K)
@@ -241,11 +241,13 @@ L2_BYTES = 200 << 20  # the int4 bytes a rotation covers: 4x the 50 MB L2
 def swap_variants(m: int) -> list:
     """(WG, BM) tile configurations of ``_int4_hopper.int4_swap`` to time at M = ``m``."""
     bm = min(256, -(-m // 8) * 8)
+    if m <= 16:
+        return [(2, bm), (4, bm)]
     if m <= 64:
-        return [(1, bm), (2, bm)]
+        return [(1, bm), (2, bm), (4, bm)]
     if m <= 256:
-        return [(2, bm), (1, bm), (2, bm // 2)]
-    return [(2, 256), (2, 128), (3, 128)]
+        return [(2, bm), (1, bm), (2, bm // 2)] + ([(4, bm)] if bm <= 64 else [])
+    return [(2, 256), (2, 128), (3, 128), (1, 256)]
 
 
 def swap_sweep(log, shapes, ms, budget: float) -> None:
@@ -269,6 +271,9 @@ def swap_sweep(log, shapes, ms, budget: float) -> None:
             rec["kaio_us"] = graph_time(
                 lambda i: kaio_ops.matmul_int4(a, weights[i][0], weights[i][1]), sets
             )
+            if m <= 16:  # the decode kernel's range: the floor that only reads the words
+                floor = [read_only(w[0]) for w in weights]
+                rec["floor_us"] = graph_time(lambda i: floor[i](None, None, None, None), sets)
             rec["swap"], rec["err"] = {}, {}
             for wg, bm in swap_variants(m):
                 cfg = (wg, bm, 0, 0)

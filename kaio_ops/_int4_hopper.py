@@ -362,22 +362,44 @@ def stages_for(wg: int, bn: int, dstages: int, occ: int = 1) -> int:
 
 
 IN_SIMULATOR = False  # tests set it to run this kernel on the simulator
-DECODE_M = 64  # up to this M the decode kernel (``_int4_decode``) was faster (H100)
-# From this M the f16 copy of the weight and the f16 wgmma matmul (``_prefill``) were faster
-# on the H100 (0.6-1.0x cuBLAS f16 against this kernel's 0.45-0.62x).
-PREFILL_M = 512
+DECODE_M = 16  # up to this M the decode kernel (``_int4_decode``)
+# From this M the f16 copy of the weight and the f16 wgmma matmul (``_prefill``); none: past
+# DECODE_M every M runs int4_swap.
+PREFILL_M = 1 << 62
+
+# int4_swap's tiles by M (the first row whose bound M does not pass): (WG, BM; 0: M rounded
+# up to 8). Provisional: to be measured (bench/int4_wgmma.py --swap).
+SWAP_PLANS = (
+    (64, 4, 0),
+    (128, 2, 0),
+    (256, 2, 0),
+    (1 << 62, 2, 256),
+)
+
+
+def swap_plan(m: int) -> tuple:
+    """``int4_swap``'s (WG, BM, STAGES, split) for M = ``m`` (``SWAP_PLANS``; as many stages
+    as fit and ``swap_split``'s split)."""
+    _, wg, bm = next(row for row in SWAP_PLANS if m <= row[0])
+    return wg, bm or min(256, -(-m // 8) * 8), 0, 0
 
 
 def takes(a, b, s) -> bool:
-    """Whether ``matmul_int4`` runs ``int4_wgmma`` for activations ``a`` [M, K], words ``b``
-    and scales ``s`` (``_arrays.Operand``s): M > ``DECODE_M``, operands that ``fits``, and an
-    sm_90 GPU (``KAIO_HOPPER_MATMUL=0`` opts out, as for the f16 matmuls), or under the
-    simulator when ``IN_SIMULATOR``."""
+    """Whether ``matmul_int4`` runs a kernel of this module (``run``) for activations ``a``
+    [M, K], words ``b`` and scales ``s`` (``_arrays.Operand``s): ``DECODE_M`` < M <
+    ``PREFILL_M``, operands that ``fits``, and an sm_90 GPU (``KAIO_HOPPER_MATMUL=0`` opts
+    out, as for the f16 matmuls), or under the simulator when ``IN_SIMULATOR``."""
     from kaio.sim.mode import active as simulating
     from kaio_ops.matmul import _hopper
 
     on = IN_SIMULATOR if simulating() else _hopper(a)
     return on and DECODE_M < a.shape[0] < PREFILL_M and fits(a, b, s)
+
+
+def run(a, b, s, out_type):
+    """``a @ W`` rounded to ``out_type`` for operands that this module ``takes``:
+    ``int4_swap`` with ``swap_plan``'s tiles."""
+    return launch_swap(a, b, s, out_type, swap_plan(a.shape[0]))
 
 
 def finish(a, ws, split: int, out_type):

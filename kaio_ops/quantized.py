@@ -146,7 +146,7 @@ def matmul_int4(a, b_packed, scales, *, out_dtype=None):
     b, s = _int4_operands(inputs, k, b_packed, "b_packed", scales, "scales")
     n = b.shape[1]
     if _int4_hopper.takes(a, b, s):
-        return _int4_hopper.launch(a, b, s, out)
+        return _int4_hopper.run(a, b, s, out)
     if _int4_decode.fits(a, (b, s)):
         return _int4_decode.matmul(a, b, s, out)
     if _prefill.fits_int4(a, (b, s)):
@@ -299,7 +299,7 @@ def qkv_project_int4(x, wq, wk, wv, sq, sk, sv) -> tuple:
     named = ((wq, "wq", sq, "sq"), (wk, "wk", sk, "sk"), (wv, "wv", sv, "sv"))
     operands = [_int4_operands(inputs, x.shape[1], *args) for args in named]
     if all(_int4_hopper.takes(x, b, s) for b, s in operands):
-        return tuple(_int4_hopper.launch(x, b, s, f16) for b, s in operands)
+        return tuple(_int4_hopper.run(x, b, s, f16) for b, s in operands)
     if _int4_decode.fits(x, *operands):
         return _int4_decode.qkv(x, operands)
     if _prefill.fits_int4(x, *operands):

@@ -195,7 +195,7 @@ def test_int4_wgmma_in_simulator(m, n, k, out_dtype, config, sms, poisoned):
 SWAP_CASES = [
     (40, 64, 256, None, (1, 40, 2, 1), None),
     (20, 136, 384, "float16", (2, 24, 3, 1), None),
-    (17, 72, 512, "bfloat16", (1, 32, 2, 2), None),
+    (17, 72, 640, "bfloat16", (1, 32, 2, 2), None),  # 5 slices each
     (50, 192, 256, None, (1, 16, 3, 1), 2),
 ]
 
@@ -218,16 +218,18 @@ def test_int4_swap_in_simulator(m, n, k, out_dtype, config, sms, poisoned):
 
 
 def test_int4_wgmma_dispatch(monkeypatch):
-    """On sm_90 (here: the simulator with IN_SIMULATOR) M > 64 takes the wgmma kernel and
-    M <= 64 the decode kernel; N % 8 != 0 is not the wgmma kernel's shape; out_dtype
-    reaches every path; qkv_project_int4 runs the kernel once per weight, in f16."""
+    """On sm_90 (here: the simulator with IN_SIMULATOR) M > DECODE_M takes the wgmma kernel
+    (``run``) and M <= DECODE_M the decode kernel; N % 8 != 0 is not the wgmma kernel's
+    shape; out_dtype reaches every path; qkv_project_int4 runs the kernel once per weight,
+    in f16."""
     from kaio_ops import _int4_hopper
 
     monkeypatch.setattr(_int4_hopper, "IN_SIMULATOR", True)
     calls = []
-    wgmma = _int4_hopper.launch
-    monkeypatch.setattr(_int4_hopper, "launch", lambda *a: calls.append("wgmma") or wgmma(*a))
-    for m, n, path in ((65, 8, "wgmma"), (64, 8, "decode"), (70, 12, "tiled")):
+    wgmma = _int4_hopper.run
+    monkeypatch.setattr(_int4_hopper, "run", lambda *a: calls.append("wgmma") or wgmma(*a))
+    low = _int4_hopper.DECODE_M
+    for m, n, path in ((low + 1, 8, "wgmma"), (low, 8, "decode"), (70, 12, "tiled")):
         a, packed, scales, w = int4_case(m, n, 128)
         calls.clear()
         with kaio.simulate():
@@ -235,7 +237,7 @@ def test_int4_wgmma_dispatch(monkeypatch):
         assert calls == ([path] if path == "wgmma" else []) and c.dtype == np.float16
         ref = a.astype(np.float64) @ w.astype(np.float64)
         np.testing.assert_allclose(c, ref, rtol=2e-3, atol=1e-3 * np.abs(ref).max())
-    cases = [int4_case(66, n, 128) for n in (16, 8, 8)]  # grouped-query widths
+    cases = [int4_case(low + 2, n, 128) for n in (16, 8, 8)]  # grouped-query widths
     calls.clear()
     with kaio.simulate():
         qkv = kaio_ops.qkv_project_int4(cases[0][0], *(c[1] for c in cases), *(c[2] for c in cases))
@@ -245,7 +247,7 @@ def test_int4_wgmma_dispatch(monkeypatch):
         np.testing.assert_array_equal(got, ref)  # one kernel, one plan: the same bits
     monkeypatch.setattr(_int4_hopper, "IN_SIMULATOR", False)  # sm_80 and the like
     with kaio.simulate():
-        assert not _int4_hopper.takes(*_sim_operands(*int4_case(65, 8, 128)[:3]))
+        assert not _int4_hopper.takes(*_sim_operands(*int4_case(low + 1, 8, 128)[:3]))
 
 
 def test_int4_torch_op_out_dtype():
