@@ -239,15 +239,18 @@ L2_BYTES = 200 << 20  # the int4 bytes a rotation covers: 4x the 50 MB L2
 
 
 def swap_variants(m: int) -> list:
-    """(WG, BM) tile configurations of ``_int4_hopper.int4_swap`` to time at M = ``m``."""
+    """(WG, BM, CL) tile configurations of ``_int4_hopper.int4_swap`` to time at M = ``m``
+    (CL: a K split summed in a cluster, else by a second launch)."""
     bm = min(256, -(-m // 8) * 8)
     if m <= 16:
-        return [(2, bm), (4, bm)]
+        return [(2, bm, 1), (4, bm, 1), (4, bm, 0)]
     if m <= 64:
-        return [(1, bm), (2, bm), (4, bm)]
+        return [(2, bm, 1), (4, bm, 1), (4, bm, 0), (1, bm, 1)]
     if m <= 256:
-        return [(2, bm), (1, bm), (2, bm // 2)] + ([(4, bm)] if bm <= 64 else [])
-    return [(2, 256), (2, 128), (3, 128), (1, 256)]
+        return [(2, bm, 1), (2, bm, 0), (1, bm, 1), (2, bm // 2, 1)] + (
+            [(4, bm, 1)] if bm <= 64 else []
+        )
+    return [(2, 256, 1), (2, 128, 1), (3, 128, 1), (1, 256, 1)]
 
 
 def swap_sweep(log, shapes, ms, budget: float) -> None:
@@ -276,16 +279,16 @@ def swap_sweep(log, shapes, ms, budget: float) -> None:
                 floor = [read_only(w[0]) for w in weights]
                 rec["floor_us"] = graph_time(lambda i: floor[i](None, None, None, None), sets)
             rec["swap"], rec["err"] = {}, {}
-            for wg, bm in swap_variants(m):
-                cfg = (wg, bm, 0, 0)
+            for wg, bm, cl in swap_variants(m):
+                cfg = (wg, bm, 0, 0, cl)
                 try:
                     got = _int4_hopper.launch_swap(*ops[0], kaio.f16, cfg).float()
-                    rec["err"][f"{wg},{bm}"] = ((got - ref).norm() / ref.norm()).item()
-                    rec["swap"][f"{wg},{bm}"] = graph_time(
+                    rec["err"][f"{wg},{bm},{cl}"] = ((got - ref).norm() / ref.norm()).item()
+                    rec["swap"][f"{wg},{bm},{cl}"] = graph_time(
                         lambda i, c=cfg: _int4_hopper.launch_swap(*ops[i], kaio.f16, c), sets
                     )
                 except Exception as e:  # noqa: BLE001
-                    rec["swap"][f"{wg},{bm}"] = f"{type(e).__name__}: {str(e)[:200]}"
+                    rec["swap"][f"{wg},{bm},{cl}"] = f"{type(e).__name__}: {str(e)[:200]}"
             best = min((t for t in rec["swap"].values() if isinstance(t, float)), default=None)
             rec["best_x_cublas"] = round(rec["cublas_us"] / best, 3) if best else None
             log(rec)

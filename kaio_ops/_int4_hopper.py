@@ -234,8 +234,8 @@ def int4_wgmma(
             put_partial(acc, part, wg, lt, BN)
         kaio.cluster_sync()
         origin = tile_origin(first, grid_m, grid_n)
-        cluster_sum(part, c, tile_row(origin) * BM, tile_col(origin) * BN, t, M, N, WG, BN,
-                    SPLIT, OUT)  # fmt: skip
+        cluster_sum(part, c, tile_row(origin) * BM, tile_col(origin) * BN, t, M, N, BM, BN,
+                    WG * 128 + DEQUANT, SPLIT, OUT)  # fmt: skip
         kaio.cluster_sync()  # no block leaves while another reads its part
 
 
@@ -254,15 +254,15 @@ def put_partial(acc: f32[:, :, :], part: f32[:, :], wg: u32, lt: u32, BN: kaio.c
 @kaio.gpu_func
 def cluster_sum(
     part: f32[:, :], c: OUT[:, :], m0: u32, n0: u32, t: u32, M: u32, N: u32,
-    WG: kaio.constexpr, BN: kaio.constexpr, SPLIT: kaio.constexpr, OUT: kaio.constexpr,
+    BM: kaio.constexpr, BN: kaio.constexpr, THREADS: kaio.constexpr, SPLIT: kaio.constexpr,
+    OUT: kaio.constexpr,
 ):  # fmt: skip
-    """The K split of a cluster, once every block's partial tile is in its ``part``: block
-    ``r`` sums rows ``r``, ``r + SPLIT``, ... of the tile over the cluster's blocks in rank
-    order (the same result run to run) and stores them, thread ``t`` of the block taking
-    every ``WG * 128 + DEQUANT``-th element."""
-    BM = 64 * WG
+    """The K split of a cluster, once every block's partial ``BM x BN`` tile (at (m0, n0)
+    of c) is in its ``part``: block ``r`` sums rows ``r``, ``r + SPLIT``, ... of the tile
+    over the cluster's blocks in rank order (the same result run to run) and stores them,
+    thread ``t`` of the block taking every ``THREADS``-th element."""
     rank = kaio.cluster_rank()
-    for i in range(t, (BM + SPLIT - 1) // SPLIT * BN, WG * 128 + DEQUANT):
+    for i in range(t, (BM + SPLIT - 1) // SPLIT * BN, THREADS):
         r = i // BN * SPLIT + rank
         col = i % BN
         if r < BM and m0 + r < M and n0 + col < N:
@@ -378,10 +378,10 @@ SWAP_PLANS = (
 
 
 def swap_plan(m: int) -> tuple:
-    """``int4_swap``'s (WG, BM, STAGES, split) for M = ``m`` (``SWAP_PLANS``; as many stages
-    as fit and ``swap_split``'s split)."""
+    """``int4_swap``'s (WG, BM, STAGES, split, CL) for M = ``m`` (``SWAP_PLANS``; as many
+    stages as fit, ``swap_split``'s split, summed in a cluster)."""
     _, wg, bm = next(row for row in SWAP_PLANS if m <= row[0])
-    return wg, bm or min(256, -(-m // 8) * 8), 0, 0
+    return wg, bm or min(256, -(-m // 8) * 8), 0, 0, 1
 
 
 def takes(a, b, s) -> bool:
@@ -569,7 +569,8 @@ def store_swapped(
 def int4_swap(
     tx: kaio.tensormap, tw: kaio.tensormap, ts: kaio.tensormap, c: OUT[:, :], ws: f32[:, :],
     M: u32, N: u32, K: u32, k_slice: u32, WG: kaio.constexpr, BM: kaio.constexpr,
-    STAGES: kaio.constexpr, SPLIT: kaio.constexpr, REGS: kaio.constexpr, OUT: kaio.constexpr,
+    STAGES: kaio.constexpr, SPLIT: kaio.constexpr, CL: kaio.constexpr, REGS: kaio.constexpr,
+    OUT: kaio.constexpr,
 ):  # fmt: skip
     """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block
     computes ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG``
@@ -584,10 +585,14 @@ def int4_swap(
     while the wgmmas of the one before run. No f16 copy of the weight, in memory or in shared
     memory. With a K split (``grid.z``) the raw f32 partial tiles go to ``ws`` and
     ``finish`` sums them (``SPLIT`` 2 for any split, 1 for none: one specialization for
-    every split). ``tx``: a [M, K] in boxes (BM, 64); ``tw``: the words [K / 8, N]
-    in boxes (8, 64 WG); ``ts``: the scales [K / 128, N] in boxes (1, 64 WG). ``REGS``: the
-    registers a consumer thread takes (``setmaxnreg``; 0: none)."""
+    every split); with ``CL`` the K split is a cluster of ``SPLIT`` blocks along x, one tile
+    each, summed through distributed shared memory (``cluster_sum``). ``tx``: a [M, K] in
+    boxes (BM, 64); ``tw``: the words [K / 8, N] in boxes (8, 64 WG); ``ts``: the scales
+    [K / 128, N] in boxes (1, 64 WG). ``REGS``: the registers a consumer thread takes
+    (``setmaxnreg``; 0: none)."""
     kaio.launch_bounds(WG * 128 + 128, 1)
+    if CL:
+        kaio.cluster_dims(SPLIT)
     BNW = 64 * WG
     X_BYTES = BM * BK * 2
     W_BYTES = WORD_ROWS * BNW * 4
@@ -596,7 +601,9 @@ def int4_swap(
     sw = kaio.shared_dynamic(u32, (STAGES, WORD_ROWS, BNW), STAGES * X_BYTES)
     ss = kaio.shared_dynamic(f16, (STAGES, BNW), STAGES * (X_BYTES + W_BYTES))
     sc = kaio.shared_dynamic(u32, (STAGES, BNW // 2), STAGES * (X_BYTES + W_BYTES))  # ss pairs
-    bars = kaio.shared_dynamic(u64, (2, STAGES), STAGES * (X_BYTES + W_BYTES + S_BYTES))
+    # rows: 0 "full" (TMA), 1 "free" (the slice's wgmmas done), 2 (CL): every wgmma done
+    bars = kaio.shared_dynamic(u64, (3, STAGES), STAGES * (X_BYTES + W_BYTES + S_BYTES))
+    part = kaio.shared_dynamic(f32, (BM, BNW), 0)  # CL: the partial tile, over the idle ring
     t = kaio.thread_idx_x()
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
     lt = t % 128
@@ -605,6 +612,10 @@ def int4_swap(
     first = kaio.block_idx_x()
     step = kaio.grid_dim_x()
     k_begin = kaio.block_idx_z() * k_slice
+    if CL:  # a cluster per tile, its blocks the K slices
+        first = first // SPLIT
+        step = step // SPLIT
+        k_begin = kaio.cluster_rank() * k_slice
     my_tiles = i32((grid_m * grid_n - first + step - 1) // step)
     k_end = kaio.min(k_begin + k_slice, K)
     k_tiles = i32((k_end - k_begin + BK - 1) // BK)
@@ -612,18 +623,19 @@ def int4_swap(
         for i in kaio.static_range(STAGES):
             kaio.mbarrier_init(bars, (0, i), 1)
             kaio.mbarrier_init(bars, (1, i), WG)
+        kaio.mbarrier_init(bars, (2, 0), WG * 128)
         kaio.fence_proxy_async()
     kaio.sync_threads()
     if wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
         acc = kaio.local(f32, (BM // 8, 2, 2))
+        lane = lt % 32
+        nl = 64 * wg + 16 * (lt // 32) + 2 * (lane // 4)  # this lane's columns nl, nl + 1
         af = kaio.local(u32, (2, BK // 16, 4))  # two slices' A fragments
         at = kaio.local(i32, 3)  # (ring stage, its phase, the stage of the slice before)
         for i in kaio.static_range(3):
             at[i] = 0
-        lane = lt % 32
-        nl = 64 * wg + 16 * (lt // 32) + 2 * (lane // 4)
         sel = (lane % 4) * 0x1111
         for i in range(my_tiles):
             origin = tile_origin(first + u32(i) * step, grid_m, grid_n)
@@ -639,14 +651,28 @@ def int4_swap(
             kaio.wgmma_wait(0)
             if lt == 0:  # the tile's last slice
                 kaio.mbarrier_arrive(bars, (1, at[2]))
-            n = tile_col(origin) * BNW + nl
-            store_swapped(acc, c, ws, tile_row(origin) * BM, n, lane, M, N, BM, SPLIT, OUT)
+            if not CL:  # (with CL the one tile is summed below: cluster_sum)
+                n = tile_col(origin) * BNW + nl
+                store_swapped(acc, c, ws, tile_row(origin) * BM, n, lane, M, N, BM, SPLIT, OUT)
+        if CL:  # the one tile's partial sums, over the ring once every wgmma is done
+            kaio.mbarrier_arrive(bars, (2, 0))
+            kaio.mbarrier_wait(bars, (2, 0), u32(0))
+            for j in kaio.static_range(BM // 8):  # acc[j, h, e]: row 8 j + 2 t + e, column nl + h
+                for e in kaio.static_range(2):
+                    for h in kaio.static_range(2):
+                        part[8 * j + 2 * (lane % 4) + e, nl + h] = acc[j, h, e]
     else:  # the producer warpgroup's first thread: the TMA copies, slice after slice
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         if lt == 0:
             produce_swapped(sx, sw, ss, bars, tx, tw, ts, my_tiles * k_tiles, k_tiles, k_begin,
                             first, step, grid_m, grid_n, BM, WG, STAGES)  # fmt: skip
+    if CL:  # one tile a cluster: sum its K slices through distributed shared memory
+        kaio.cluster_sync()
+        origin = tile_origin(first, grid_m, grid_n)
+        cluster_sum(part, c, tile_row(origin) * BM, tile_col(origin) * BNW, t, M, N, BM, BNW,
+                    WG * 128 + 128, SPLIT, OUT)  # fmt: skip
+        kaio.cluster_sync()  # no block leaves while another reads its part
 
 
 @kaio.gpu_func
@@ -676,29 +702,36 @@ def produce_swapped(
 
 
 def swap_shared_bytes(wg: int, bm: int, stages: int) -> int:
-    """The dynamic shared memory of ``int4_swap``: the ring and its barriers."""
-    return stages * (bm * BK * 2 + WORD_ROWS * 64 * wg * 4 + 64 * wg * 2 + 16)
+    """The dynamic shared memory of ``int4_swap``: the ring and its barriers (at least the
+    f32 partial tile that a cluster's K split keeps over it)."""
+    return max(stages * swap_stage_bytes(wg, bm), bm * 64 * wg * 4)
+
+
+def swap_stage_bytes(wg: int, bm: int) -> int:
+    """One stage of ``int4_swap``'s ring: a's rows, the words, the scale row, 3 barriers."""
+    return bm * BK * 2 + WORD_ROWS * 64 * wg * 4 + 64 * wg * 2 + 24
 
 
 def swap_stages(wg: int, bm: int) -> int:
     """The ring stages of ``int4_swap`` that fit in shared memory, at most 8."""
-    return max(2, min(8, SHARED_LIMIT // swap_shared_bytes(wg, bm, 1)))
+    return max(2, min(8, SHARED_LIMIT // swap_stage_bytes(wg, bm)))
 
 
 def swap_split(tiles: int, k: int, sms: int) -> int:
     """The K split of ``int4_swap`` for ``tiles`` output tiles: none when they fill the
     ``sms`` multiprocessors, else towards one block each, every slice at least 4 steps of
-    64, at most 16 slices."""
+    64, at most 8 slices (a cluster)."""
     if tiles >= sms:
         return 1
-    return max(1, min(sms // tiles, k // (4 * BK), 16))
+    return max(1, min(sms // tiles, k // (4 * BK), 8))
 
 
 def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     """``a @ W`` rounded to ``out_type`` by ``int4_swap`` (operands as ``launch``) with
-    ``config`` = (WG, BM, STAGES, split; 0: as many stages as fit, ``swap_split``'s split):
-    a persistent grid of at most ``sms`` blocks along x, the K split along z summed by
-    ``finish``."""
+    ``config`` = (WG, BM, STAGES, split[, CL]; 0: as many stages as fit, ``swap_split``'s
+    split): a persistent grid of at most ``sms`` blocks along x, the K split along z summed
+    by ``finish``, or with ``CL`` (and a split of 2 to 8) over a cluster of that many blocks
+    along x, one tile a cluster, summed in distributed shared memory (no second launch)."""
     from kaio_ops import _arrays
     from kaio_ops.linear import _placeholder
     from kaio_ops.matmul import k_slices
@@ -706,11 +739,12 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     m, k = a.shape
     n = b.shape[1]
     sms = sms or _arrays.multiprocessors(a)
-    wg, bm, stages, split = config
+    wg, bm, stages, split, *more = config
     stages = stages or swap_stages(wg, bm)
     tiles = math.ceil(m / bm) * math.ceil(n / (64 * wg))
     split, k_slice = k_slices(k, split or swap_split(tiles, k, sms), BK)
-    if split > 1:
+    cl = int(bool(more and more[0]) and 1 < split <= 8)
+    if split > 1 and not cl:
         c = _arrays.output(a, (split * m, n), f32)
         ws, target = c, _placeholder(a, out_type, 2)
     else:
@@ -721,9 +755,9 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
         kaio.tensor_map_2d(b.obj, (WORD_ROWS, 64 * wg), 0),
         kaio.tensor_map_2d(s.obj, (1, 64 * wg), 0),
     )
-    grid = (min(tiles, sms), 1, split)
+    grid = (tiles * split, 1, 1) if cl else (min(tiles, sms), 1, split)  # a cluster: one tile
     int4_swap[grid, 128 * wg + 128, _arrays.stream_of(a), swap_shared_bytes(wg, bm, stages)](
-        *maps, target, ws, m, n, k, k_slice, WG=wg, BM=bm, STAGES=stages, SPLIT=min(split, 2),
-        REGS=consumer_registers(wg), OUT=out_type,
+        *maps, target, ws, m, n, k, k_slice, WG=wg, BM=bm, STAGES=stages,
+        SPLIT=split if cl else min(split, 2), CL=cl, REGS=consumer_registers(wg), OUT=out_type,
     )  # fmt: skip
-    return finish(a, c, split, out_type) if split > 1 else c
+    return finish(a, c, split, out_type) if split > 1 and not cl else c

@@ -188,15 +188,17 @@ def test_int4_wgmma_in_simulator(m, n, k, out_dtype, config, sms, poisoned):
 
 
 # _int4_hopper.int4_swap (the role swap, A from registers) on the simulator: (M, N, K,
-# out_dtype, (WG, BM, STAGES, split), sms). M and N edges (TMA zero fill, stores cut at the
+# out_dtype, (WG, BM, STAGES, split[, CL]), sms). M and N edges (TMA zero fill, stores cut at the
 # edge), both consumer counts, the ring wrapping (STAGES 2), an odd number of slices (the
-# last one alone), a K split summed by gemm_reduce, int32 words, every out_dtype, and the
-# persistent loop (6 tiles on 2 blocks).
+# last one alone), a K split summed by gemm_reduce, int32 words, every out_dtype, the
+# persistent loop (6 tiles on 2 blocks), and K splits summed in a cluster.
 SWAP_CASES = [
     (40, 64, 256, None, (1, 40, 2, 1), None),
     (20, 136, 384, "float16", (2, 24, 3, 1), None),
     (17, 72, 640, "bfloat16", (1, 32, 2, 2), None),  # 5 slices each
     (50, 192, 256, None, (1, 16, 3, 1), 2),
+    (20, 136, 512, "float16", (2, 24, 2, 4, 1), None),  # K split over a cluster
+    (9, 64, 768, None, (4, 16, 2, 3, 1), None),  # a split of 3: rows 0, 3, 6... a block
 ]
 
 
