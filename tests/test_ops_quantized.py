@@ -752,16 +752,22 @@ def test_gpu_int4(m, n, k):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [32, 64])
-def test_gpu_int4_multi_tile(m):
-    """K = N = 4096, M past one m16 tile (the decode kernel with 2 and 4 tiles a block):
-    every element against float64 products with the dequantized weights, within what the
-    tensor cores' f32 sums may be off (1 ulp per product of the sum of magnitudes)."""
+def test_gpu_int4_multi_tile(m, monkeypatch):
+    """K = N = 4096, M past one m16 tile (the decode kernel with 2 and 4 tiles a block; on
+    sm_90 that M takes the wgmma kernel, turned off here): every element against float64
+    products with the dequantized weights, within what the tensor cores' f32 sums may be off
+    (1 ulp per product of the sum of magnitudes)."""
     import torch
 
+    from kaio_ops import _plan
+
+    monkeypatch.setenv("KAIO_HOPPER_MATMUL", "0")
+    _plan.clear()  # plans keep the setting they were made with
     k = n = 4096
     x = torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(m)).half()
     packed, scales, w = _torch_int4_weights(k, n, m)
     out = kaio_ops.matmul_int4(x, packed, scales)
+    _plan.clear()
     x64, w64 = x.double(), w.double()
     exact = x64 @ w64
     slack = k * 2.0**-24 * (x64.abs() @ w64.abs())
@@ -867,9 +873,10 @@ def test_gpu_qkv_int4(m):
     "not (kaio.gpu_available() and kaio.device().arch == 'sm_90')", reason="needs an sm_90 GPU"
 )
 def test_gpu_prefill_paths_on_hopper(monkeypatch):
-    """On sm_90, matmul_int4 at M = 4096 and the projections at M = 512 (from
-    ``_int4_hopper.PREFILL_M``) take the dequantize-then-wgmma path; its int4 weights in f16
-    are the reference's bits."""
+    """On sm_90, matmul_int4 at M = 4096 and the int4 projections at M = 512 take the
+    dequantize-then-wgmma path from ``_int4_hopper.PREFILL_M``, below it the int4 wgmma
+    kernel (``_int4_hopper.run``); the int8 projections the dequantize-then-wgmma path; its
+    int4 weights in f16 are the reference's bits."""
     import torch
 
     from kaio_ops import _int4_hopper
@@ -877,7 +884,7 @@ def test_gpu_prefill_paths_on_hopper(monkeypatch):
     monkeypatch.delenv("KAIO_HOPPER_MATMUL", raising=False)
     taken = []
     for module, name in ((_prefill, "matmul_int4"), (_prefill, "qkv_int4"),
-                         (_prefill, "qkv_int8"), (_int4_hopper, "launch")):  # fmt: skip
+                         (_prefill, "qkv_int8"), (_int4_hopper, "run")):  # fmt: skip
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _n=name, _f=real: taken.append(_n) or _f(*a))
     k = n = 4096
@@ -894,7 +901,9 @@ def test_gpu_prefill_paths_on_hopper(monkeypatch):
     w8 = torch.randint(-128, 128, (k, n), device="cuda", dtype=torch.int8)
     kaio_ops.qkv_project_int8(x[:512], w8, w8, w8, 0.5, 0.25, 2.0)
     project_int8(x, w8, 0.5)
-    assert taken == ["matmul_int4", "qkv_int4", "qkv_int8", "qkv_int8"]  # M >= PREFILL_M
+    int4 = ["matmul_int4" if 4096 >= _int4_hopper.PREFILL_M else "run"]
+    int4 += ["qkv_int4"] if 512 >= _int4_hopper.PREFILL_M else ["run"] * 3
+    assert taken == [*int4, "qkv_int8", "qkv_int8"]
 
 
 @pytest.mark.gpu
