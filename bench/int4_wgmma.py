@@ -119,6 +119,9 @@ def main() -> None:
     p.add_argument("--ms", default=",".join(map(str, MS)))
     p.add_argument("--swap", action="store_true", help="the role-swap kernel's sweep only")
     p.add_argument("--shapes", default="", help="N x K list for --swap, e.g. 4096x4096,8192x8192")
+    p.add_argument(
+        "--prewarm", type=int, default=0, help="compile --swap's kernels first in N processes"
+    )
     args = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     ms = [int(x) for x in args.ms.split(",")]
@@ -139,6 +142,8 @@ def main() -> None:
     )
     if args.swap:
         shapes = [tuple(map(int, x.split("x"))) for x in args.shapes.split(",") if x] or SWAP_SHAPES
+        if args.prewarm:
+            prewarm(log, shapes, ms, args.prewarm)
         swap_sweep(log, shapes, ms, args.budget)
         return
     for case in CHECKS:
@@ -251,6 +256,40 @@ def swap_variants(m: int) -> list:
             [(4, bm, 1)] if bm <= 64 else []
         )
     return [(2, 256, 1), (2, 128, 1), (3, 128, 1), (1, 256, 1)]
+
+
+def _warm(consts: dict) -> str:
+    """Compile one ``int4_swap`` specialization into the disk cache (a worker process)."""
+    try:
+        _int4_hopper.int4_swap.resources(**{**consts, "OUT": getattr(kaio, consts["OUT"])})
+        return ""
+    except Exception as e:  # noqa: BLE001
+        return f"{consts}: {type(e).__name__}: {str(e)[:200]}"
+
+
+def prewarm(log, shapes, ms, workers: int) -> None:
+    """Every ``int4_swap`` specialization that ``swap_sweep`` and ``matmul_int4`` will launch,
+    compiled into the disk cache by ``workers`` processes at once (a new process then loads
+    each cubin without compiling)."""
+    import concurrent.futures
+    import multiprocessing
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    todo = {}
+    for n, k in shapes:
+        for m in ms:
+            configs = [(wg, bm, 0, 0, cl) for wg, bm, cl in swap_variants(m)]
+            if m > _int4_hopper.DECODE_M:
+                configs.append(_int4_hopper.swap_plan(m))
+            for cfg in configs:
+                consts = _int4_hopper.swap_launch_plan(m, n, k, cfg, sms, kaio.f16)[3]
+                consts["OUT"] = "f16"
+                todo[str(sorted(consts.items()))] = consts
+    ctx = multiprocessing.get_context("spawn")
+    t = time.time()
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+        errors = [e for e in pool.map(_warm, todo.values()) if e]
+    log({"prewarm": len(todo), "seconds": round(time.time() - t, 1), "errors": errors[:5]})
 
 
 def swap_sweep(log, shapes, ms, budget: float) -> None:

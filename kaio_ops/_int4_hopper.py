@@ -726,6 +726,21 @@ def swap_split(tiles: int, k: int, sms: int) -> int:
     return max(1, min(sms // tiles, k // (4 * BK), 8))
 
 
+def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) -> tuple:
+    """(split, k_slice, tiles, constexprs) of ``int4_swap`` for an ``m x n x k`` product
+    with ``config`` (``launch_swap``) on ``sms`` multiprocessors."""
+    from kaio_ops.matmul import k_slices
+
+    wg, bm, stages, split, *more = config
+    stages = stages or swap_stages(wg, bm)
+    tiles = math.ceil(m / bm) * math.ceil(n / (64 * wg))
+    split, k_slice = k_slices(k, split or swap_split(tiles, k, sms), BK)
+    cl = int(bool(more and more[0]) and 1 < split <= 8)
+    consts = {"WG": wg, "BM": bm, "STAGES": stages, "SPLIT": split if cl else min(split, 2),
+              "CL": cl, "REGS": consumer_registers(wg), "OUT": out_type}  # fmt: skip
+    return split, k_slice, tiles, consts
+
+
 def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     """``a @ W`` rounded to ``out_type`` by ``int4_swap`` (operands as ``launch``) with
     ``config`` = (WG, BM, STAGES, split[, CL]; 0: as many stages as fit, ``swap_split``'s
@@ -734,16 +749,12 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     along x, one tile a cluster, summed in distributed shared memory (no second launch)."""
     from kaio_ops import _arrays
     from kaio_ops.linear import _placeholder
-    from kaio_ops.matmul import k_slices
 
     m, k = a.shape
     n = b.shape[1]
     sms = sms or _arrays.multiprocessors(a)
-    wg, bm, stages, split, *more = config
-    stages = stages or swap_stages(wg, bm)
-    tiles = math.ceil(m / bm) * math.ceil(n / (64 * wg))
-    split, k_slice = k_slices(k, split or swap_split(tiles, k, sms), BK)
-    cl = int(bool(more and more[0]) and 1 < split <= 8)
+    split, k_slice, tiles, consts = swap_launch_plan(m, n, k, config, sms, out_type)
+    wg, bm, cl = consts["WG"], consts["BM"], consts["CL"]
     if split > 1 and not cl:
         c = _arrays.output(a, (split * m, n), f32)
         ws, target = c, _placeholder(a, out_type, 2)
@@ -756,8 +767,8 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
         kaio.tensor_map_2d(s.obj, (1, 64 * wg), 0),
     )
     grid = (tiles * split, 1, 1) if cl else (min(tiles, sms), 1, split)  # a cluster: one tile
-    int4_swap[grid, 128 * wg + 128, _arrays.stream_of(a), swap_shared_bytes(wg, bm, stages)](
-        *maps, target, ws, m, n, k, k_slice, WG=wg, BM=bm, STAGES=stages,
-        SPLIT=split if cl else min(split, 2), CL=cl, REGS=consumer_registers(wg), OUT=out_type,
-    )  # fmt: skip
+    shared = swap_shared_bytes(wg, bm, consts["STAGES"])
+    int4_swap[grid, 128 * wg + 128, _arrays.stream_of(a), shared](
+        *maps, target, ws, m, n, k, k_slice, **consts
+    )
     return finish(a, c, split, out_type) if split > 1 and not cl else c
