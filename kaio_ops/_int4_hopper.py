@@ -1,10 +1,16 @@
 """W4A16 on Hopper (sm_90a): ``out [M, N] = a [M, K] (f16) @ W`` with the int4 weights of
 ``matmul_int4`` (``W[k, n] = f16(scales[k // 128, n] * q)``) dequantized in the kernel, tile by
-tile, into the f16 B operand of ``wgmma``: the weights cross memory as their packed words
-(K N / 2 bytes), never as an f16 copy.
+tile, into an f16 operand of ``wgmma``: the weights cross memory as their packed words
+(K N / 2 bytes), never as an f16 copy. Two kernels:
 
-A persistent block (one a multiprocessor) computes ``64 * WG x BN`` tiles of the output, one
-after another, with two kinds of warpgroups:
+``int4_swap`` (what ``matmul_int4`` runs, ``run``) computes C^T = W^T a^T, the roles of
+Marlin and Machete: the dequantized weights are wgmma's A operand straight from registers
+(``wgmma`` with A in registers), the activations its B operand from shared memory, so no
+thread ever stores the f16 weights; see its docstring.
+
+``int4_wgmma`` (the first design, kept for comparison: ``bench/int4_wgmma.py --variants``)
+dequantizes into shared memory instead. A persistent block (one a multiprocessor) computes
+``64 * WG x BN`` tiles of the output, one after another, with two kinds of warpgroups:
 
 - a dequantizing warpgroup, whose thread 0 first issues, for each 64-deep K slice, the TMA
   copies of A's ``64 * WG x 64`` rows (128-byte swizzled, as ``kaio_ops._gemm_hopper``), the
@@ -772,3 +778,22 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
         *maps, target, ws, m, n, k, k_slice, **consts
     )
     return finish(a, c, split, out_type) if split > 1 and not cl else c
+
+
+def swap_specializations() -> list:
+    """(kernel, constexprs) of ``int4_swap``'s variants to check with ptxas (sm_90a): every
+    consumer count, the widest and narrowest activation tiles, a K split through the
+    workspace and through a cluster, every output type."""
+    out = []
+    for wg, bm, split, cl, ot in (
+        (1, 8, 2, 1, f32),
+        (2, 256, 1, 0, f16),
+        (2, 64, 4, 1, bf16),
+        (3, 128, 2, 0, f32),
+        (4, 16, 8, 1, f16),
+        (4, 64, 2, 0, f32),
+    ):
+        consts = {"WG": wg, "BM": bm, "STAGES": swap_stages(wg, bm), "SPLIT": split, "CL": cl,
+                  "REGS": consumer_registers(wg), "OUT": ot}  # fmt: skip
+        out.append((int4_swap, consts))
+    return out

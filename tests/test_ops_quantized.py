@@ -308,6 +308,23 @@ def test_int4_wgmma_assembles_for_sm_90a():
         kernel.ptx(arch="sm_80", **constexprs)
 
 
+@pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
+def test_int4_swap_assembles_for_sm_90a():
+    """The role-swap kernel's variants through ptxas: A from registers, no spills, and no
+    wgmma serialized (ptxas's C7512 / C7513: too few registers, or a fragment redefined
+    while a wgmma that reads it may be in flight)."""
+    from kaio_ops import _int4_hopper
+
+    for kernel, constexprs in _int4_hopper.swap_specializations():
+        ptx = kernel.ptx(arch="sm_90", **constexprs)
+        assert f"wgmma.mma_async.sync.aligned.m64n{constexprs['BM']}k16.f32.f16.f16" in ptx
+        report = assemble(ptx, "sm_90a")
+        assert " 0 bytes spill stores" in report and "C751" not in report, (constexprs, report)
+    if importlib.util.find_spec("llvmlite"):  # the LLVM lowering: a cluster variant
+        kernel, constexprs = _int4_hopper.swap_specializations()[4]
+        assemble(kernel.ptx(arch="sm_90", backend="llvm", **constexprs), "sm_90a")
+
+
 # --------------------------------------------------------------------------- int8 on wgmma
 @pytest.mark.parametrize(
     "m, n, k, dtype", [(130, 136, 288, np.int8), (70, 9, 160, np.uint8), (300, 264, 128, np.int8)]
