@@ -118,6 +118,7 @@ def main() -> None:
     p.add_argument("--budget", type=float, default=80.0)
     p.add_argument("--ms", default=",".join(map(str, MS)))
     p.add_argument("--swap", action="store_true", help="the role-swap kernel's sweep only")
+    p.add_argument("--routed", action="store_true", help="--swap without variants: the op only")
     p.add_argument("--shapes", default="", help="N x K list for --swap, e.g. 4096x4096,8192x8192")
     p.add_argument(
         "--prewarm", type=int, default=0, help="compile --swap's kernels first in N processes"
@@ -143,8 +144,8 @@ def main() -> None:
     if args.swap:
         shapes = [tuple(map(int, x.split("x"))) for x in args.shapes.split(",") if x] or SWAP_SHAPES
         if args.prewarm:
-            prewarm(log, shapes, ms, args.prewarm)
-        swap_sweep(log, shapes, ms, args.budget)
+            prewarm(log, shapes, ms, args.prewarm, not args.routed)
+        swap_sweep(log, shapes, ms, args.budget, not args.routed)
         return
     for case in CHECKS:
         check(log, *case)
@@ -267,7 +268,7 @@ def _warm(consts: dict) -> str:
         return f"{consts}: {type(e).__name__}: {str(e)[:200]}"
 
 
-def prewarm(log, shapes, ms, workers: int) -> None:
+def prewarm(log, shapes, ms, workers: int, variants: bool = True) -> None:
     """Every ``int4_swap`` specialization that ``swap_sweep`` and ``matmul_int4`` will launch,
     compiled into the disk cache by ``workers`` processes at once (a new process then loads
     each cubin without compiling)."""
@@ -278,7 +279,7 @@ def prewarm(log, shapes, ms, workers: int) -> None:
     todo = {}
     for n, k in shapes:
         for m in ms:
-            configs = [(wg, bm, 0, 0, cl) for wg, bm, cl in swap_variants(m)]
+            configs = [(wg, bm, 0, 0, cl) for wg, bm, cl in swap_variants(m)] if variants else []
             if m > _int4_hopper.DECODE_M:
                 configs.append(_int4_hopper.swap_plan(m))
             for cfg in configs:
@@ -292,10 +293,10 @@ def prewarm(log, shapes, ms, workers: int) -> None:
     log({"prewarm": len(todo), "seconds": round(time.time() - t, 1), "errors": errors[:5]})
 
 
-def swap_sweep(log, shapes, ms, budget: float) -> None:
+def swap_sweep(log, shapes, ms, budget: float, variants: bool = True) -> None:
     """``int4_swap`` against cuBLAS f16 and ``matmul_int4`` (f16 out, as cuBLAS), each variant
-    checked against the f32 product (relative error), the int4 words rotated over enough
-    sets to cover ``L2_BYTES``."""
+    checked against the f32 product (relative error; ``variants`` False: the op alone), the
+    int4 words rotated over enough sets to cover ``L2_BYTES``."""
     from bench.quantized import int4_bytes
 
     for n, k in shapes:
@@ -314,11 +315,13 @@ def swap_sweep(log, shapes, ms, budget: float) -> None:
             rec["kaio_us"] = graph_time(
                 lambda i: kaio_ops.matmul_int4(a, weights[i][0], weights[i][1], out_dtype=f16), sets
             )
+            got = kaio_ops.matmul_int4(a, weights[0][0], weights[0][1], out_dtype=f16).float()
+            rec["kaio_err"] = ((got - ref).norm() / ref.norm()).item()
             if m <= 16:  # the decode kernel's range: the floor that only reads the words
                 floor = [read_only(w[0]) for w in weights]
                 rec["floor_us"] = graph_time(lambda i: floor[i](None, None, None, None), sets)
             rec["swap"], rec["err"] = {}, {}
-            for wg, bm, cl in swap_variants(m):
+            for wg, bm, cl in swap_variants(m) if variants else []:
                 cfg = (wg, bm, 0, 0, cl)
                 try:
                     got = _int4_hopper.launch_swap(*ops[0], kaio.f16, cfg).float()
