@@ -119,11 +119,15 @@ def main() -> None:
     p.add_argument("--ms", default=",".join(map(str, MS)))
     p.add_argument("--swap", action="store_true", help="the role-swap kernel's sweep only")
     p.add_argument("--routed", action="store_true", help="--swap without variants: the op only")
+    p.add_argument("--markdown", default="", help="print --swap's JSONL file as a table, no GPU")
     p.add_argument("--shapes", default="", help="N x K list for --swap, e.g. 4096x4096,8192x8192")
     p.add_argument(
         "--prewarm", type=int, default=0, help="compile --swap's kernels first in N processes"
     )
     args = p.parse_args()
+    if args.markdown:
+        markdown(args.markdown)
+        return
     torch.backends.cuda.matmul.allow_tf32 = False
     ms = [int(x) for x in args.ms.split(",")]
     path = os.path.join(args.out, "int4_wgmma.jsonl")
@@ -336,6 +340,21 @@ def swap_sweep(log, shapes, ms, budget: float, variants: bool = True) -> None:
             log(rec)
         weights = None
         torch.cuda.empty_cache()
+
+
+def markdown(path: str) -> None:
+    """The ``--swap`` records of ``path`` as a Markdown table: cuBLAS f16 against
+    ``matmul_int4`` (f16 out) and, at M <= 16, the floor that only reads the words."""
+    print("| N x K | M | cuBLAS f16 µs | matmul_int4 µs | x cuBLAS | floor µs | x floor |")
+    print("|---|---|---|---|---|---|---|")
+    for line in open(path):  # noqa: SIM115
+        r = json.loads(line)
+        if "kaio_us" not in r:
+            continue
+        floor = r.get("floor_us")
+        extra = f"{floor:.1f} | {floor / r['kaio_us']:.2f}x" if floor else "– | –"
+        print(f"| {r['n']}x{r['k']} | {r['m']} | {r['cublas_us']:.1f} | {r['kaio_us']:.1f} | "
+              f"{r['cublas_us'] / r['kaio_us']:.2f}x | {extra} |")  # fmt: skip
 
 
 def cluster_variants(m: int) -> list:
