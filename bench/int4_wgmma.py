@@ -146,10 +146,11 @@ def main() -> None:
         }
     )
     if args.swap:
-        shapes = [tuple(map(int, x.split("x"))) for x in args.shapes.split(",") if x] or SWAP_SHAPES
+        shapes = [shape_ms(x, ms) for x in args.shapes.split(",") if x]
+        shapes = shapes or [(n, k, ms) for n, k in SWAP_SHAPES]
         if args.prewarm:
-            prewarm(log, shapes, ms, args.prewarm, not args.routed)
-        swap_sweep(log, shapes, ms, args.budget, not args.routed)
+            prewarm(log, shapes, args.prewarm, not args.routed)
+        swap_sweep(log, shapes, args.budget, not args.routed)
         return
     for case in CHECKS:
         check(log, *case)
@@ -250,17 +251,16 @@ L2_BYTES = 200 << 20  # the int4 bytes a rotation covers: 4x the 50 MB L2
 
 def swap_variants(m: int) -> list:
     """(WG, BM, CL) tile configurations of ``_int4_hopper.int4_swap`` to time at M = ``m``
-    (CL: a K split summed in a cluster, else by a second launch)."""
+    besides the plan's (``matmul_int4``) (CL: a K split summed in a cluster, else by a
+    second launch)."""
     bm = min(256, -(-m // 8) * 8)
     if m <= 16:
-        return [(2, bm, 1), (4, bm, 1), (4, bm, 0)]
+        return [(2, bm, 1), (4, bm, 1)]
     if m <= 64:
-        return [(2, bm, 1), (4, bm, 1), (4, bm, 0), (1, bm, 1)]
+        return [(2, bm, 1), (4, bm, 0)]
     if m <= 256:
-        return [(2, bm, 1), (2, bm, 0), (1, bm, 1), (2, bm // 2, 1)] + (
-            [(4, bm, 1)] if bm <= 64 else []
-        )
-    return [(2, 256, 1), (2, 128, 1), (3, 128, 1), (1, 256, 1)]
+        return [(1, bm, 1), (2, bm // 2, 1)]
+    return [(2, 128, 1), (3, 128, 1), (1, 256, 1)]
 
 
 def _warm(consts: dict) -> str:
@@ -272,7 +272,14 @@ def _warm(consts: dict) -> str:
         return f"{consts}: {type(e).__name__}: {str(e)[:200]}"
 
 
-def prewarm(log, shapes, ms, workers: int, variants: bool = True) -> None:
+def shape_ms(text: str, ms: list) -> tuple:
+    """(N, K, Ms) from ``NxK`` (the Ms of --ms) or ``NxK@m1/m2/...``."""
+    shape, _, own = text.partition("@")
+    n, k = map(int, shape.split("x"))
+    return n, k, [int(m) for m in own.split("/")] if own else ms
+
+
+def prewarm(log, shapes, workers: int, variants: bool = True) -> None:
     """Every ``int4_swap`` specialization that ``swap_sweep`` and ``matmul_int4`` will launch,
     compiled into the disk cache by ``workers`` processes at once (a new process then loads
     each cubin without compiling)."""
@@ -281,7 +288,7 @@ def prewarm(log, shapes, ms, workers: int, variants: bool = True) -> None:
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     todo = {}
-    for n, k in shapes:
+    for n, k, ms in shapes:
         for m in ms:
             configs = [(wg, bm, 0, 0, cl) for wg, bm, cl in swap_variants(m)] if variants else []
             if m > _int4_hopper.DECODE_M:
@@ -297,13 +304,13 @@ def prewarm(log, shapes, ms, workers: int, variants: bool = True) -> None:
     log({"prewarm": len(todo), "seconds": round(time.time() - t, 1), "errors": errors[:5]})
 
 
-def swap_sweep(log, shapes, ms, budget: float, variants: bool = True) -> None:
+def swap_sweep(log, shapes, budget: float, variants: bool = True) -> None:
     """``int4_swap`` against cuBLAS f16 and ``matmul_int4`` (f16 out, as cuBLAS), each variant
     checked against the f32 product (relative error; ``variants`` False: the op alone), the
     int4 words rotated over enough sets to cover ``L2_BYTES``."""
     from bench.quantized import int4_bytes
 
-    for n, k in shapes:
+    for n, k, ms in shapes:
         sets = max(2, min(24, -(-L2_BYTES // int4_bytes(n, k))))
         weights = [int4_inputs(1, n, k)[1:] for _ in range(sets)]
         for m in ms:
@@ -316,14 +323,19 @@ def swap_sweep(log, shapes, ms, budget: float, variants: bool = True) -> None:
             rec = {"m": m, "n": n, "k": k, "sets": sets}
             rec["cublas_us"] = graph_time(lambda i: torch.matmul(a, weights[i][2]), sets)
             f16 = torch.float16
-            rec["kaio_us"] = graph_time(
-                lambda i: kaio_ops.matmul_int4(a, weights[i][0], weights[i][1], out_dtype=f16), sets
-            )
-            got = kaio_ops.matmul_int4(a, weights[0][0], weights[0][1], out_dtype=f16).float()
-            rec["kaio_err"] = ((got - ref).norm() / ref.norm()).item()
-            if m <= 16:  # the decode kernel's range: the floor that only reads the words
-                floor = [read_only(w[0]) for w in weights]
-                rec["floor_us"] = graph_time(lambda i: floor[i](None, None, None, None), sets)
+            try:
+                got = kaio_ops.matmul_int4(a, weights[0][0], weights[0][1], out_dtype=f16).float()
+                rec["kaio_err"] = ((got - ref).norm() / ref.norm()).item()
+                rec["kaio_us"] = graph_time(
+                    lambda i: kaio_ops.matmul_int4(a, *weights[i][:2], out_dtype=f16), sets
+                )
+                if m <= 16:  # the decode kernel's range: the floor that only reads the words
+                    floor = [read_only(w[0]) for w in weights]
+                    rec["floor_us"] = graph_time(
+                        lambda i: floor[i](None, weights[i][0], None, None), sets
+                    )
+            except Exception as e:  # noqa: BLE001
+                rec["kaio_failed"] = f"{type(e).__name__}: {str(e)[:300]}"
             rec["swap"], rec["err"] = {}, {}
             for wg, bm, cl in swap_variants(m) if variants else []:
                 cfg = (wg, bm, 0, 0, cl)
@@ -345,16 +357,20 @@ def swap_sweep(log, shapes, ms, budget: float, variants: bool = True) -> None:
 def markdown(path: str) -> None:
     """The ``--swap`` records of ``path`` as a Markdown table: cuBLAS f16 against
     ``matmul_int4`` (f16 out) and, at M <= 16, the floor that only reads the words."""
-    print("| N x K | M | cuBLAS f16 µs | matmul_int4 µs | x cuBLAS | floor µs | x floor |")
-    print("|---|---|---|---|---|---|---|")
+    print("| N x K | M | cuBLAS f16 µs | matmul_int4 µs | x cuBLAS | floor µs | x floor | "
+          "best int4_swap variant µs (WG, BM, CL) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     for line in open(path):  # noqa: SIM115
         r = json.loads(line)
         if "kaio_us" not in r:
             continue
+        best = min(((t, v) for v, t in r.get("swap", {}).items() if isinstance(t, float)),
+                   default=None)  # fmt: skip
         floor = r.get("floor_us")
         extra = f"{floor:.1f} | {floor / r['kaio_us']:.2f}x" if floor else "– | –"
+        best = f"{best[0]:.1f} ({best[1]})" if best else "–"
         print(f"| {r['n']}x{r['k']} | {r['m']} | {r['cublas_us']:.1f} | {r['kaio_us']:.1f} | "
-              f"{r['cublas_us'] / r['kaio_us']:.2f}x | {extra} |")  # fmt: skip
+              f"{r['cublas_us'] / r['kaio_us']:.2f}x | {extra} | {best} |")  # fmt: skip
 
 
 def cluster_variants(m: int) -> list:
