@@ -250,17 +250,17 @@ L2_BYTES = 200 << 20  # the int4 bytes a rotation covers: 4x the 50 MB L2
 
 
 def swap_variants(m: int) -> list:
-    """(WG, BM, CL) tile configurations of ``_int4_hopper.int4_swap`` to time at M = ``m``
-    besides the plan's (``matmul_int4``) (CL: a K split summed in a cluster, else by a
-    second launch)."""
+    """(WG, BM, CL, split) tile configurations of ``_int4_hopper.int4_swap`` to time at
+    M = ``m`` besides the plan's (``matmul_int4``) (CL: a K split summed in a cluster, else
+    by a second launch; split 0: ``swap_split``'s)."""
     bm = min(256, -(-m // 8) * 8)
     if m <= 16:
-        return [(2, bm, 1), (4, bm, 1)]
+        return [(2, bm, 1, 0), (4, bm, 1, 0), (4, bm, 1, 2)]
     if m <= 64:
-        return [(2, bm, 1), (4, bm, 0)]
+        return [(2, bm, 1, 0), (4, bm, 0, 0), (4, bm, 1, 2)]
     if m <= 256:
-        return [(1, bm, 1), (2, bm // 2, 1)]
-    return [(2, 128, 1), (3, 128, 1), (1, 256, 1)]
+        return [(1, bm, 1, 0), (2, bm // 2, 1, 0)]
+    return [(2, 128, 1, 0), (3, 128, 1, 0), (1, 256, 1, 0)]
 
 
 def _warm(consts: dict) -> str:
@@ -290,7 +290,9 @@ def prewarm(log, shapes, workers: int, variants: bool = True) -> None:
     todo = {}
     for n, k, ms in shapes:
         for m in ms:
-            configs = [(wg, bm, 0, 0, cl) for wg, bm, cl in swap_variants(m)] if variants else []
+            configs = (
+                [(wg, bm, 0, sp, cl) for wg, bm, cl, sp in swap_variants(m)] if variants else []
+            )
             if m > _int4_hopper.DECODE_M:
                 configs.append(_int4_hopper.swap_plan(m))
             for cfg in configs:
@@ -337,16 +339,17 @@ def swap_sweep(log, shapes, budget: float, variants: bool = True) -> None:
             except Exception as e:  # noqa: BLE001
                 rec["kaio_failed"] = f"{type(e).__name__}: {str(e)[:300]}"
             rec["swap"], rec["err"] = {}, {}
-            for wg, bm, cl in swap_variants(m) if variants else []:
-                cfg = (wg, bm, 0, 0, cl)
+            for wg, bm, cl, sp in swap_variants(m) if variants else []:
+                cfg = (wg, bm, 0, sp, cl)
+                key = f"{wg},{bm},{cl}" + (f",split {sp}" if sp else "")
                 try:
                     got = _int4_hopper.launch_swap(*ops[0], kaio.f16, cfg).float()
-                    rec["err"][f"{wg},{bm},{cl}"] = ((got - ref).norm() / ref.norm()).item()
-                    rec["swap"][f"{wg},{bm},{cl}"] = graph_time(
+                    rec["err"][key] = ((got - ref).norm() / ref.norm()).item()
+                    rec["swap"][key] = graph_time(
                         lambda i, c=cfg: _int4_hopper.launch_swap(*ops[i], kaio.f16, c), sets
                     )
                 except Exception as e:  # noqa: BLE001
-                    rec["swap"][f"{wg},{bm},{cl}"] = f"{type(e).__name__}: {str(e)[:200]}"
+                    rec["swap"][key] = f"{type(e).__name__}: {str(e)[:200]}"
             best = min((t for t in rec["swap"].values() if isinstance(t, float)), default=None)
             rec["best_x_cublas"] = round(rec["cublas_us"] / best, 3) if best else None
             log(rec)
