@@ -707,10 +707,17 @@ def produce_swapped(
                          (0, s))  # fmt: skip
 
 
-def swap_shared_bytes(wg: int, bm: int, stages: int) -> int:
-    """The dynamic shared memory of ``int4_swap``: the ring and its barriers (at least the
-    f32 partial tile that a cluster's K split keeps over it)."""
-    return max(stages * swap_stage_bytes(wg, bm), bm * 64 * wg * 4)
+def swap_shared_bytes(wg: int, bm: int, stages: int, cl: int = 0) -> int:
+    """The dynamic shared memory of ``int4_swap``: the ring and its barriers. With ``cl``
+    the f32 partial tile that a cluster's K split keeps over the ring must not reach the
+    barriers (a producer may still be reading one)."""
+    ring = stages * (swap_stage_bytes(wg, bm) - 24)
+    if cl and bm * 64 * wg * 4 > ring:
+        raise ValueError(
+            f"int4_swap: the {bm} x {64 * wg} f32 partial tile does not fit in the {stages}-stage "
+            "ring: use more stages"
+        )
+    return stages * swap_stage_bytes(wg, bm)
 
 
 def swap_stage_bytes(wg: int, bm: int) -> int:
@@ -773,7 +780,7 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
         kaio.tensor_map_2d(s.obj, (1, 64 * wg), 0),
     )
     grid = (tiles * split, 1, 1) if cl else (min(tiles, sms), 1, split)  # a cluster: one tile
-    shared = swap_shared_bytes(wg, bm, consts["STAGES"])
+    shared = swap_shared_bytes(wg, bm, consts["STAGES"], cl)
     int4_swap[grid, 128 * wg + 128, _arrays.stream_of(a), shared](
         *maps, target, ws, m, n, k, k_slice, **consts
     )
