@@ -374,20 +374,22 @@ DECODE_M = 16  # up to this M the decode kernel (``_int4_decode``)
 PREFILL_M = 1 << 62
 
 # int4_swap's tiles by M (the first row whose bound M does not pass): (WG, BM; 0: M rounded
-# up to 8). Provisional: to be measured (bench/int4_wgmma.py --swap).
+# up to 8, CL: a K split summed in a cluster, else by gemm_reduce). Measured on an H100
+# (bench/int4_wgmma.py --swap, 2026-11-26): up to 64 rows the workspace split was 1.5-2x
+# faster than the cluster's.
 SWAP_PLANS = (
-    (64, 4, 0),
-    (128, 2, 0),
-    (256, 2, 0),
-    (1 << 62, 2, 256),
+    (64, 4, 0, 0),
+    (128, 2, 0, 1),
+    (256, 2, 0, 1),
+    (1 << 62, 2, 256, 1),
 )
 
 
 def swap_plan(m: int) -> tuple:
     """``int4_swap``'s (WG, BM, STAGES, split, CL) for M = ``m`` (``SWAP_PLANS``; as many
-    stages as fit, ``swap_split``'s split, summed in a cluster)."""
-    _, wg, bm = next(row for row in SWAP_PLANS if m <= row[0])
-    return wg, bm or min(256, -(-m // 8) * 8), 0, 0, 1
+    stages as fit, ``swap_split``'s split)."""
+    _, wg, bm, cl = next(row for row in SWAP_PLANS if m <= row[0])
+    return wg, bm or min(256, -(-m // 8) * 8), 0, 0, cl
 
 
 def takes(a, b, s) -> bool:
