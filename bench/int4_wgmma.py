@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import kaio  # noqa: E402
 import kaio_ops  # noqa: E402
-from bench.quantized import int4_inputs  # noqa: E402
+from bench.quantized import int4_inputs, read_only  # noqa: E402
 from kaio_ops import _arrays, _int4_decode, _int4_hopper, _prefill  # noqa: E402
 
 SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336))  # (N, K)
@@ -117,7 +117,17 @@ def main() -> None:
     p.add_argument("--variants", action="store_true")
     p.add_argument("--budget", type=float, default=80.0)
     p.add_argument("--ms", default=",".join(map(str, MS)))
+    p.add_argument("--swap", action="store_true", help="the role-swap kernel's sweep only")
+    p.add_argument("--routed", action="store_true", help="--swap without variants: the op only")
+    p.add_argument("--markdown", default="", help="print --swap's JSONL file as a table, no GPU")
+    p.add_argument("--shapes", default="", help="N x K list for --swap, e.g. 4096x4096,8192x8192")
+    p.add_argument(
+        "--prewarm", type=int, default=0, help="compile --swap's kernels first in N processes"
+    )
     args = p.parse_args()
+    if args.markdown:
+        markdown(args.markdown)
+        return
     torch.backends.cuda.matmul.allow_tf32 = False
     ms = [int(x) for x in args.ms.split(",")]
     path = os.path.join(args.out, "int4_wgmma.jsonl")
@@ -135,6 +145,13 @@ def main() -> None:
             "sms": torch.cuda.get_device_properties(0).multi_processor_count,
         }
     )
+    if args.swap:
+        shapes = [shape_ms(x, ms) for x in args.shapes.split(",") if x]
+        shapes = shapes or [(n, k, ms) for n, k in SWAP_SHAPES]
+        if args.prewarm:
+            prewarm(log, shapes, args.prewarm, not args.routed)
+        swap_sweep(log, shapes, args.budget, not args.routed)
+        return
     for case in CHECKS:
         check(log, *case)
     rows = []
@@ -225,6 +242,138 @@ def variants(m: int) -> list:
                 (1, 128, 2, 1), (2, 64, 2, 1), (1, 128, 2, 1, 0, 2)]  # fmt: skip
     return [(2, 256, 2, 1), (2, 256, 3, 1), (2, 128, 2, 1), (2, 192, 2, 1), (4, 128, 2, 1),
             (3, 128, 2, 1)]  # fmt: skip
+
+
+SWAP_SHAPES = ((4096, 4096), (28672, 4096), (4096, 14336), (8192, 8192), (57344, 8192),
+               (8192, 28672))  # fmt: skip
+L2_BYTES = 200 << 20  # the int4 bytes a rotation covers: 4x the 50 MB L2
+
+
+def swap_variants(m: int) -> list:
+    """(WG, BM, CL, split) tile configurations of ``_int4_hopper.int4_swap`` to time at
+    M = ``m`` besides the plan's (``matmul_int4``) (CL: a K split summed in a cluster, else
+    by a second launch; split 0: ``swap_split``'s)."""
+    bm = min(256, -(-m // 8) * 8)
+    if m <= 16:
+        return [(2, bm, 1, 0), (4, bm, 1, 0), (4, bm, 1, 2)]
+    if m <= 64:
+        return [(2, bm, 1, 0), (4, bm, 0, 0), (4, bm, 1, 2)]
+    if m <= 256:
+        return [(1, bm, 1, 0), (2, bm // 2, 1, 0)]
+    return [(2, 128, 1, 0), (3, 128, 1, 0), (1, 256, 1, 0)]
+
+
+def _warm(consts: dict) -> str:
+    """Compile one ``int4_swap`` specialization into the disk cache (a worker process)."""
+    try:
+        _int4_hopper.int4_swap.resources(**{**consts, "OUT": getattr(kaio, consts["OUT"])})
+        return ""
+    except Exception as e:  # noqa: BLE001
+        return f"{consts}: {type(e).__name__}: {str(e)[:200]}"
+
+
+def shape_ms(text: str, ms: list) -> tuple:
+    """(N, K, Ms) from ``NxK`` (the Ms of --ms) or ``NxK@m1/m2/...``."""
+    shape, _, own = text.partition("@")
+    n, k = map(int, shape.split("x"))
+    return n, k, [int(m) for m in own.split("/")] if own else ms
+
+
+def prewarm(log, shapes, workers: int, variants: bool = True) -> None:
+    """Every ``int4_swap`` specialization that ``swap_sweep`` and ``matmul_int4`` will launch,
+    compiled into the disk cache by ``workers`` processes at once (a new process then loads
+    each cubin without compiling)."""
+    import concurrent.futures
+    import multiprocessing
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    todo = {}
+    for n, k, ms in shapes:
+        for m in ms:
+            configs = (
+                [(wg, bm, 0, sp, cl) for wg, bm, cl, sp in swap_variants(m)] if variants else []
+            )
+            if m > _int4_hopper.DECODE_M:
+                configs.append(_int4_hopper.swap_plan(m))
+            for cfg in configs:
+                consts = _int4_hopper.swap_launch_plan(m, n, k, cfg, sms, kaio.f16)[3]
+                consts["OUT"] = "f16"
+                todo[str(sorted(consts.items()))] = consts
+    ctx = multiprocessing.get_context("spawn")
+    t = time.time()
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+        errors = [e for e in pool.map(_warm, todo.values()) if e]
+    log({"prewarm": len(todo), "seconds": round(time.time() - t, 1), "errors": errors[:5]})
+
+
+def swap_sweep(log, shapes, budget: float, variants: bool = True) -> None:
+    """``int4_swap`` against cuBLAS f16 and ``matmul_int4`` (f16 out, as cuBLAS), each variant
+    checked against the f32 product (relative error; ``variants`` False: the op alone), the
+    int4 words rotated over enough sets to cover ``L2_BYTES``."""
+    from bench.quantized import int4_bytes
+
+    for n, k, ms in shapes:
+        sets = max(2, min(24, -(-L2_BYTES // int4_bytes(n, k))))
+        weights = [int4_inputs(1, n, k)[1:] for _ in range(sets)]
+        for m in ms:
+            if time.time() - T0 > budget:
+                log({"skipped": [m, n, k]})
+                continue
+            a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+            ops = [[operand(x, "x") for x in (a, s[0], s[1])] for s in weights]
+            ref = a.float() @ weights[0][2].float()
+            rec = {"m": m, "n": n, "k": k, "sets": sets}
+            rec["cublas_us"] = graph_time(lambda i: torch.matmul(a, weights[i][2]), sets)
+            f16 = torch.float16
+            try:
+                got = kaio_ops.matmul_int4(a, weights[0][0], weights[0][1], out_dtype=f16).float()
+                rec["kaio_err"] = ((got - ref).norm() / ref.norm()).item()
+                rec["kaio_us"] = graph_time(
+                    lambda i: kaio_ops.matmul_int4(a, *weights[i][:2], out_dtype=f16), sets
+                )
+                if m <= 16:  # the decode kernel's range: the floor that only reads the words
+                    floor = [read_only(w[0]) for w in weights]
+                    rec["floor_us"] = graph_time(
+                        lambda i: floor[i](None, weights[i][0], None, None), sets
+                    )
+            except Exception as e:  # noqa: BLE001
+                rec["kaio_failed"] = f"{type(e).__name__}: {str(e)[:300]}"
+            rec["swap"], rec["err"] = {}, {}
+            for wg, bm, cl, sp in swap_variants(m) if variants else []:
+                cfg = (wg, bm, 0, sp, cl)
+                key = f"{wg},{bm},{cl}" + (f",split {sp}" if sp else "")
+                try:
+                    got = _int4_hopper.launch_swap(*ops[0], kaio.f16, cfg).float()
+                    rec["err"][key] = ((got - ref).norm() / ref.norm()).item()
+                    rec["swap"][key] = graph_time(
+                        lambda i, c=cfg: _int4_hopper.launch_swap(*ops[i], kaio.f16, c), sets
+                    )
+                except Exception as e:  # noqa: BLE001
+                    rec["swap"][key] = f"{type(e).__name__}: {str(e)[:200]}"
+            best = min((t for t in rec["swap"].values() if isinstance(t, float)), default=None)
+            rec["best_x_cublas"] = round(rec["cublas_us"] / best, 3) if best else None
+            log(rec)
+        weights = None
+        torch.cuda.empty_cache()
+
+
+def markdown(path: str) -> None:
+    """The ``--swap`` records of ``path`` as a Markdown table: cuBLAS f16 against
+    ``matmul_int4`` (f16 out) and, at M <= 16, the floor that only reads the words."""
+    print("| N x K | M | cuBLAS f16 µs | matmul_int4 µs | x cuBLAS | floor µs | x floor | "
+          "best int4_swap variant µs (WG, BM, CL) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for line in open(path):  # noqa: SIM115
+        r = json.loads(line)
+        if "kaio_us" not in r:
+            continue
+        best = min(((t, v) for v, t in r.get("swap", {}).items() if isinstance(t, float)),
+                   default=None)  # fmt: skip
+        floor = r.get("floor_us")
+        extra = f"{floor:.1f} | {floor / r['kaio_us']:.2f}x" if floor else "– | –"
+        best = f"{best[0]:.1f} ({best[1]})" if best else "–"
+        print(f"| {r['n']}x{r['k']} | {r['m']} | {r['cublas_us']:.1f} | {r['kaio_us']:.1f} | "
+              f"{r['cublas_us'] / r['kaio_us']:.2f}x | {extra} | {best} |")  # fmt: skip
 
 
 def cluster_variants(m: int) -> list:

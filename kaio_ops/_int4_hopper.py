@@ -1,10 +1,16 @@
 """W4A16 on Hopper (sm_90a): ``out [M, N] = a [M, K] (f16) @ W`` with the int4 weights of
 ``matmul_int4`` (``W[k, n] = f16(scales[k // 128, n] * q)``) dequantized in the kernel, tile by
-tile, into the f16 B operand of ``wgmma``: the weights cross memory as their packed words
-(K N / 2 bytes), never as an f16 copy.
+tile, into an f16 operand of ``wgmma``: the weights cross memory as their packed words
+(K N / 2 bytes), never as an f16 copy. Two kernels:
 
-A persistent block (one a multiprocessor) computes ``64 * WG x BN`` tiles of the output, one
-after another, with two kinds of warpgroups:
+``int4_swap`` (what ``matmul_int4`` runs, ``run``) computes C^T = W^T a^T, the roles of
+Marlin and Machete: the dequantized weights are wgmma's A operand straight from registers
+(``wgmma`` with A in registers), the activations its B operand from shared memory, so no
+thread ever stores the f16 weights; see its docstring.
+
+``int4_wgmma`` (the first design, kept for comparison: ``bench/int4_wgmma.py --variants``)
+dequantizes into shared memory instead. A persistent block (one a multiprocessor) computes
+``64 * WG x BN`` tiles of the output, one after another, with two kinds of warpgroups:
 
 - a dequantizing warpgroup, whose thread 0 first issues, for each 64-deep K slice, the TMA
   copies of A's ``64 * WG x 64`` rows (128-byte swizzled, as ``kaio_ops._gemm_hopper``), the
@@ -43,7 +49,8 @@ import math
 
 import kaio
 from kaio import bf16, f16, f16x2, f32, i32, u32, u64
-from kaio_ops._int4_decode import HIGH_HALVES, LOW_HALVES, LOW_TWICE, weight_pair
+from kaio_ops._attention_hopper import PRODUCER_REGS, consumer_registers
+from kaio_ops._int4_decode import HIGH_HALVES, HIGH_TWICE, LOW_HALVES, LOW_TWICE, weight_pair
 from kaio_ops._matmul_kernels import tile_col, tile_origin, tile_row
 
 BK = 64  # K values a slice (one 128-byte swizzled row of f16 per tile row)
@@ -233,8 +240,8 @@ def int4_wgmma(
             put_partial(acc, part, wg, lt, BN)
         kaio.cluster_sync()
         origin = tile_origin(first, grid_m, grid_n)
-        cluster_sum(part, c, tile_row(origin) * BM, tile_col(origin) * BN, t, M, N, WG, BN,
-                    SPLIT, OUT)  # fmt: skip
+        cluster_sum(part, c, tile_row(origin) * BM, tile_col(origin) * BN, t, M, N, BM, BN,
+                    WG * 128 + DEQUANT, SPLIT, OUT)  # fmt: skip
         kaio.cluster_sync()  # no block leaves while another reads its part
 
 
@@ -253,15 +260,15 @@ def put_partial(acc: f32[:, :, :], part: f32[:, :], wg: u32, lt: u32, BN: kaio.c
 @kaio.gpu_func
 def cluster_sum(
     part: f32[:, :], c: OUT[:, :], m0: u32, n0: u32, t: u32, M: u32, N: u32,
-    WG: kaio.constexpr, BN: kaio.constexpr, SPLIT: kaio.constexpr, OUT: kaio.constexpr,
+    BM: kaio.constexpr, BN: kaio.constexpr, THREADS: kaio.constexpr, SPLIT: kaio.constexpr,
+    OUT: kaio.constexpr,
 ):  # fmt: skip
-    """The K split of a cluster, once every block's partial tile is in its ``part``: block
-    ``r`` sums rows ``r``, ``r + SPLIT``, ... of the tile over the cluster's blocks in rank
-    order (the same result run to run) and stores them, thread ``t`` of the block taking
-    every ``WG * 128 + DEQUANT``-th element."""
-    BM = 64 * WG
+    """The K split of a cluster, once every block's partial ``BM x BN`` tile (at (m0, n0)
+    of c) is in its ``part``: block ``r`` sums rows ``r``, ``r + SPLIT``, ... of the tile
+    over the cluster's blocks in rank order (the same result run to run) and stores them,
+    thread ``t`` of the block taking every ``THREADS``-th element."""
     rank = kaio.cluster_rank()
-    for i in range(t, (BM + SPLIT - 1) // SPLIT * BN, WG * 128 + DEQUANT):
+    for i in range(t, (BM + SPLIT - 1) // SPLIT * BN, THREADS):
         r = i // BN * SPLIT + rank
         col = i % BN
         if r < BM and m0 + r < M and n0 + col < N:
@@ -361,22 +368,46 @@ def stages_for(wg: int, bn: int, dstages: int, occ: int = 1) -> int:
 
 
 IN_SIMULATOR = False  # tests set it to run this kernel on the simulator
-DECODE_M = 64  # up to this M the decode kernel (``_int4_decode``) was faster (H100)
-# From this M the f16 copy of the weight and the f16 wgmma matmul (``_prefill``) were faster
-# on the H100 (0.6-1.0x cuBLAS f16 against this kernel's 0.45-0.62x).
-PREFILL_M = 512
+DECODE_M = 16  # up to this M the decode kernel (``_int4_decode``)
+# From this M the f16 copy of the weight and the f16 wgmma matmul (``_prefill``); none: past
+# DECODE_M every M runs int4_swap.
+PREFILL_M = 1 << 62
+
+# int4_swap's tiles by M (the first row whose bound M does not pass): (WG, BM; 0: M rounded
+# up to 8, CL: a K split summed in a cluster, else by gemm_reduce). Measured on an H100
+# (bench/int4_wgmma.py --swap, 2026-11-26): up to 64 rows the workspace split was 1.5-2x
+# faster than the cluster's.
+SWAP_PLANS = (
+    (64, 4, 0, 0),
+    (128, 2, 0, 1),
+    (256, 2, 0, 1),
+    (1 << 62, 2, 256, 1),
+)
+
+
+def swap_plan(m: int) -> tuple:
+    """``int4_swap``'s (WG, BM, STAGES, split, CL) for M = ``m`` (``SWAP_PLANS``; as many
+    stages as fit, ``swap_split``'s split)."""
+    _, wg, bm, cl = next(row for row in SWAP_PLANS if m <= row[0])
+    return wg, bm or min(256, -(-m // 8) * 8), 0, 0, cl
 
 
 def takes(a, b, s) -> bool:
-    """Whether ``matmul_int4`` runs ``int4_wgmma`` for activations ``a`` [M, K], words ``b``
-    and scales ``s`` (``_arrays.Operand``s): M > ``DECODE_M``, operands that ``fits``, and an
-    sm_90 GPU (``KAIO_HOPPER_MATMUL=0`` opts out, as for the f16 matmuls), or under the
-    simulator when ``IN_SIMULATOR``."""
+    """Whether ``matmul_int4`` runs a kernel of this module (``run``) for activations ``a``
+    [M, K], words ``b`` and scales ``s`` (``_arrays.Operand``s): ``DECODE_M`` < M <
+    ``PREFILL_M``, operands that ``fits``, and an sm_90 GPU (``KAIO_HOPPER_MATMUL=0`` opts
+    out, as for the f16 matmuls), or under the simulator when ``IN_SIMULATOR``."""
     from kaio.sim.mode import active as simulating
     from kaio_ops.matmul import _hopper
 
     on = IN_SIMULATOR if simulating() else _hopper(a)
     return on and DECODE_M < a.shape[0] < PREFILL_M and fits(a, b, s)
+
+
+def run(a, b, s, out_type):
+    """``a @ W`` rounded to ``out_type`` for operands that this module ``takes``:
+    ``int4_swap`` with ``swap_plan``'s tiles."""
+    return launch_swap(a, b, s, out_type, swap_plan(a.shape[0]))
 
 
 def finish(a, ws, split: int, out_type):
@@ -456,4 +487,322 @@ def specializations() -> list:
         consts = {"WG": wg, "BN": bn, "STAGES": stages, "DSTAGES": 2, "SPLIT": split, "CL": cl,
                   "OCC": occ, "OUT": ot}  # fmt: skip
         out.append((int4_wgmma, consts))
+    return out
+
+
+# ---------------------------------------------------------------- the role swap (register A)
+# C^T = W^T a^T: the dequantized weights are wgmma's A operand, straight from registers, and the
+# activations its B operand from shared memory (module docstring of ``int4_swap``).
+SWAP_MAGIC = 0x54806408  # low half: 1024 + (lo nibble ^ 8); high half: 64 + (hi nibble ^ 8)
+SWAP_MASK = 0x00F0000F  # the low nibble of byte 0 and the high nibble of byte 2
+
+
+@kaio.gpu_func
+def nibble_pair(word: u32, sel: u32, scale: f16x2) -> u32:
+    """The two nibbles of byte ``t`` of ``word`` (``sel`` = ``t * 0x1111``: that byte in
+    every byte) as the f16 pair ``scale * q`` (low nibble in the low half): the low nibble
+    lands in the mantissa of 1024 (ulp 1), the high one four bits up in that of 64 (ulp
+    1/16), each biased by 8 (the sign bit flipped); one subtraction makes q exact, one
+    multiplication rounds ``scale * q`` once."""
+    biased = kaio.bitcast((kaio.prmt(word, word, sel) & SWAP_MASK) ^ SWAP_MAGIC, f16x2)
+    return kaio.bitcast((biased - kaio.bitcast(u32(SWAP_MAGIC), f16x2)) * scale, u32)
+
+
+@kaio.gpu_func
+def swap_slice(
+    sw: u32[:, :, :], sc: u32[:, :], sx: f16[:, :, :], bars: u64[:, :], acc: f32[:, :, :],
+    af: u32[:, :, :], at: i32[:], kt: i32, nl: u32, sel: u32, lt: u32, BUF: kaio.constexpr,
+    STAGES: kaio.constexpr,
+):  # fmt: skip
+    """One 64-deep K slice of a consumer warpgroup: wait for ring stage ``at[0]``, make the
+    A fragments of its 4 steps (buffer ``BUF`` of ``af``) from the words of columns ``nl``
+    and ``nl + 1`` (this lane's rows g and g + 8), issue the 4 wgmmas on the activations'
+    tile, and free the stage of the slice before (``at[2]``) once its wgmmas are done."""
+    s = at[0]
+    kaio.mbarrier_wait(bars, (0, s), u32(at[1]))
+    words = kaio.local(u32, (WORD_ROWS, 2))  # words[kw, h]: column nl + h, K 8 kw .. 8 kw + 7
+    for kw in kaio.static_range(WORD_ROWS):
+        kaio.load_vector(words[kw], sw, (s, kw, nl))
+    kaio.fence_proxy_async()  # the reads before the stage's next TMA copy
+    pair = sc[s, nl // 2]
+    scale = kaio.local(u32, 2)
+    scale[0] = kaio.prmt(pair, pair, LOW_TWICE)
+    scale[1] = kaio.prmt(pair, pair, HIGH_TWICE)
+    for kk in kaio.static_range(BK // 16):
+        for r in kaio.static_range(4):  # (row g, k 2t), (g + 8, 2t), (g, 2t + 8), (g + 8, 2t + 8)
+            af[BUF, kk, r] = nibble_pair(
+                words[2 * kk + r // 2, r % 2], sel, kaio.bitcast(scale[r % 2], f16x2)
+            )
+    kaio.wgmma_fence()
+    for kk in kaio.static_range(BK // 16):
+        db = kaio.smem_descriptor(sx, (s, 0, kk * 16), SW, 16, 1024)
+        kaio.wgmma_f16(acc, af[BUF, kk], db, kt + kk > 0)
+    kaio.wgmma_commit()
+    kaio.wgmma_wait(1)
+    if kt > 0 and lt == 0:  # the slice before's wgmmas are done: free its stage
+        kaio.mbarrier_arrive(bars, (1, at[2]))
+    at[2] = s
+    at[0] += 1
+    if at[0] == STAGES:
+        at[0] = 0
+        at[1] ^= 1
+
+
+@kaio.gpu_func
+def store_swapped(
+    acc: f32[:, :, :], c: OUT[:, :], ws: f32[:, :], m0: u32, n: u32, lt: u32, M: u32, N: u32,
+    BM: kaio.constexpr, SPLIT: kaio.constexpr, OUT: kaio.constexpr,
+):  # fmt: skip
+    """This lane's part of C^T's tile: acc[j, h, e] is c[m0 + 8 j + 2 t + e, n + h]
+    (columns n, n + 1 adjacent: one store a pair). Without a K split rounded to OUT into
+    ``c``; with one the raw f32 sums into this slice's rows of ``ws`` [SPLIT * M, N]."""
+    if n < N:  # N % 8 == 0 and n even: n + 1 < N too
+        for j in kaio.static_range(BM // 8):
+            for e in kaio.static_range(2):
+                m = m0 + 8 * j + 2 * (lt % 4) + e
+                if m < M:
+                    if SPLIT > 1:
+                        raw = kaio.local(f32, 2)
+                        raw[0] = acc[j, 0, e]
+                        raw[1] = acc[j, 1, e]
+                        kaio.store_vector(ws, (kaio.block_idx_z() * M + m, n), raw)
+                    else:
+                        out = kaio.local(OUT, 2)
+                        out[0] = OUT(acc[j, 0, e])
+                        out[1] = OUT(acc[j, 1, e])
+                        kaio.store_vector(c, (m, n), out)
+
+
+@kaio.gpu_kernel
+def int4_swap(
+    tx: kaio.tensormap, tw: kaio.tensormap, ts: kaio.tensormap, c: OUT[:, :], ws: f32[:, :],
+    M: u32, N: u32, K: u32, k_slice: u32, WG: kaio.constexpr, BM: kaio.constexpr,
+    STAGES: kaio.constexpr, SPLIT: kaio.constexpr, CL: kaio.constexpr, REGS: kaio.constexpr,
+    OUT: kaio.constexpr,
+):  # fmt: skip
+    """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block
+    computes ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG``
+    consumer warpgroups and a producer warpgroup, whose thread 0 copies each 64-deep K
+    slice by TMA into a ``STAGES``-deep ring: a's ``BM x 64`` rows (128-byte swizzled, wgmma's
+    B operand, K-major), the words ``8 x 64 WG`` and the scale row. Consumer warpgroup wg owns
+    W's columns ``64 wg .. 64 wg + 63`` of the tile as the 64 rows of its ``m64n{BM}k16``
+    wgmmas, row 16 w + g + 8 h (warp w, lane 4 g + t) being column ``16 w + 2 g + h``: a
+    lane reads its two columns' 8 words of the slice in 8-byte loads and makes its A
+    fragments in registers (``nibble_pair``: byte t of a word is k 2t, 2t + 1, exactly the
+    fragment's pairs), two slices' fragments alternating so that a slice is dequantized
+    while the wgmmas of the one before run. No f16 copy of the weight, in memory or in shared
+    memory. With a K split (``grid.z``) the raw f32 partial tiles go to ``ws`` and
+    ``finish`` sums them (``SPLIT`` 2 for any split, 1 for none: one specialization for
+    every split); with ``CL`` the K split is a cluster of ``SPLIT`` blocks along x, one tile
+    each, summed through distributed shared memory (``cluster_sum``). ``tx``: a [M, K] in
+    boxes (BM, 64); ``tw``: the words [K / 8, N] in boxes (8, 64 WG); ``ts``: the scales
+    [K / 128, N] in boxes (1, 64 WG). ``REGS``: the registers a consumer thread takes
+    (``setmaxnreg``; 0: none)."""
+    kaio.launch_bounds(WG * 128 + 128, 1)
+    if CL:
+        kaio.cluster_dims(SPLIT)
+    BNW = 64 * WG
+    X_BYTES = BM * BK * 2
+    W_BYTES = WORD_ROWS * BNW * 4
+    S_BYTES = BNW * 2
+    sx = kaio.shared_dynamic(f16, (STAGES, BM, BK), 0)
+    sw = kaio.shared_dynamic(u32, (STAGES, WORD_ROWS, BNW), STAGES * X_BYTES)
+    ss = kaio.shared_dynamic(f16, (STAGES, BNW), STAGES * (X_BYTES + W_BYTES))
+    sc = kaio.shared_dynamic(u32, (STAGES, BNW // 2), STAGES * (X_BYTES + W_BYTES))  # ss pairs
+    # rows: 0 "full" (TMA), 1 "free" (the slice's wgmmas done), 2 (CL): every wgmma done
+    bars = kaio.shared_dynamic(u64, (3, STAGES), STAGES * (X_BYTES + W_BYTES + S_BYTES))
+    part = kaio.shared_dynamic(f32, (BM, BNW), 0)  # CL: the partial tile, over the idle ring
+    t = kaio.thread_idx_x()
+    wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
+    lt = t % 128
+    grid_m = (M + BM - 1) // BM
+    grid_n = (N + BNW - 1) // BNW
+    first = kaio.block_idx_x()
+    step = kaio.grid_dim_x()
+    k_begin = kaio.block_idx_z() * k_slice
+    if CL:  # a cluster per tile, its blocks the K slices
+        first = first // SPLIT
+        step = step // SPLIT
+        k_begin = kaio.cluster_rank() * k_slice
+    my_tiles = i32((grid_m * grid_n - first + step - 1) // step)
+    k_end = kaio.min(k_begin + k_slice, K)
+    k_tiles = i32((k_end - k_begin + BK - 1) // BK)
+    if t == 0:
+        for i in kaio.static_range(STAGES):
+            kaio.mbarrier_init(bars, (0, i), 1)
+            kaio.mbarrier_init(bars, (1, i), WG)
+        kaio.mbarrier_init(bars, (2, 0), WG * 128)
+        kaio.fence_proxy_async()
+    kaio.sync_threads()
+    if wg < WG:  # the consumers
+        if REGS:
+            kaio.setmaxnreg_inc(REGS)
+        acc = kaio.local(f32, (BM // 8, 2, 2))
+        lane = lt % 32
+        nl = 64 * wg + 16 * (lt // 32) + 2 * (lane // 4)  # this lane's columns nl, nl + 1
+        af = kaio.local(u32, (2, BK // 16, 4))  # two slices' A fragments
+        at = kaio.local(i32, 3)  # (ring stage, its phase, the stage of the slice before)
+        for i in kaio.static_range(3):
+            at[i] = 0
+        sel = (lane % 4) * 0x1111
+        for i in range(my_tiles):
+            origin = tile_origin(first + u32(i) * step, grid_m, grid_n)
+            # slices in pairs, the fragments alternating; an odd last slice after every
+            # wgmma is done (ptxas serializes all wgmmas if any path could redefine the
+            # registers of one in flight)
+            for kt in range(0, k_tiles - 1, 2):
+                swap_slice(sw, sc, sx, bars, acc, af, at, kt, nl, sel, lt, 0, STAGES)
+                swap_slice(sw, sc, sx, bars, acc, af, at, kt + 1, nl, sel, lt, 1, STAGES)
+            if k_tiles % 2:
+                kaio.wgmma_wait(0)
+                swap_slice(sw, sc, sx, bars, acc, af, at, k_tiles - 1, nl, sel, lt, 0, STAGES)
+            kaio.wgmma_wait(0)
+            if lt == 0:  # the tile's last slice
+                kaio.mbarrier_arrive(bars, (1, at[2]))
+            if not CL:  # (with CL the one tile is summed below: cluster_sum)
+                n = tile_col(origin) * BNW + nl
+                store_swapped(acc, c, ws, tile_row(origin) * BM, n, lane, M, N, BM, SPLIT, OUT)
+        if CL:  # the one tile's partial sums, over the ring once every wgmma is done
+            kaio.mbarrier_arrive(bars, (2, 0))
+            kaio.mbarrier_wait(bars, (2, 0), u32(0))
+            for j in kaio.static_range(BM // 8):  # acc[j, h, e]: row 8 j + 2 t + e, column nl + h
+                for e in kaio.static_range(2):
+                    for h in kaio.static_range(2):
+                        part[8 * j + 2 * (lane % 4) + e, nl + h] = acc[j, h, e]
+    else:  # the producer warpgroup's first thread: the TMA copies, slice after slice
+        if REGS:
+            kaio.setmaxnreg_dec(PRODUCER_REGS)
+        if lt == 0:
+            produce_swapped(sx, sw, ss, bars, tx, tw, ts, my_tiles * k_tiles, k_tiles, k_begin,
+                            first, step, grid_m, grid_n, BM, WG, STAGES)  # fmt: skip
+    if CL:  # one tile a cluster: sum its K slices through distributed shared memory
+        kaio.cluster_sync()
+        origin = tile_origin(first, grid_m, grid_n)
+        cluster_sum(part, c, tile_row(origin) * BM, tile_col(origin) * BNW, t, M, N, BM, BNW,
+                    WG * 128 + 128, SPLIT, OUT)  # fmt: skip
+        kaio.cluster_sync()  # no block leaves while another reads its part
+
+
+@kaio.gpu_func
+def produce_swapped(
+    sx: f16[:, :, :], sw: u32[:, :, :], ss: f16[:, :], bars: u64[:, :], tx: kaio.tensormap,
+    tw: kaio.tensormap, ts: kaio.tensormap, total: i32, k_tiles: i32, k_begin: u32, first: u32,
+    step: u32, grid_m: u32, grid_n: u32, BM: kaio.constexpr, WG: kaio.constexpr,
+    STAGES: kaio.constexpr,
+):  # fmt: skip
+    """``int4_swap``'s copies: the block's ``total`` slices (``k_tiles`` a tile) into the
+    ring, each stage once the consumers freed the slice it held before."""
+    BNW = 64 * WG
+    X_BYTES = BM * BK * 2
+    W_BYTES = WORD_ROWS * BNW * 4
+    for j in range(total):
+        s = j % STAGES
+        if j >= STAGES:
+            kaio.mbarrier_wait(bars, (1, s), u32((j // STAGES - 1) & 1))
+        origin = tile_origin(first + u32(j // k_tiles) * step, grid_m, grid_n)
+        k0 = i32(k_begin) + j % k_tiles * BK
+        kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32(X_BYTES + W_BYTES + BNW * 2))
+        kaio.tma_load_2d(sx, (s, 0, 0), tx, i32(tile_row(origin) * BM), k0, bars, (0, s))
+        kaio.tma_load_2d(sw, (s, 0, 0), tw, k0 // 8, i32(tile_col(origin) * BNW), bars,
+                         (0, s))  # fmt: skip
+        kaio.tma_load_2d(ss, (s, 0), ts, k0 // 128, i32(tile_col(origin) * BNW), bars,
+                         (0, s))  # fmt: skip
+
+
+def swap_shared_bytes(wg: int, bm: int, stages: int, cl: int = 0) -> int:
+    """The dynamic shared memory of ``int4_swap``: the ring and its barriers. With ``cl``
+    the f32 partial tile that a cluster's K split keeps over the ring must not reach the
+    barriers (a producer may still be reading one)."""
+    ring = stages * (swap_stage_bytes(wg, bm) - 24)
+    if cl and bm * 64 * wg * 4 > ring:
+        raise ValueError(
+            f"int4_swap: the {bm} x {64 * wg} f32 partial tile does not fit in the {stages}-stage "
+            "ring: use more stages"
+        )
+    return stages * swap_stage_bytes(wg, bm)
+
+
+def swap_stage_bytes(wg: int, bm: int) -> int:
+    """One stage of ``int4_swap``'s ring: a's rows, the words, the scale row, 3 barriers."""
+    return bm * BK * 2 + WORD_ROWS * 64 * wg * 4 + 64 * wg * 2 + 24
+
+
+def swap_stages(wg: int, bm: int) -> int:
+    """The ring stages of ``int4_swap`` that fit in shared memory, at most 8."""
+    return max(2, min(8, SHARED_LIMIT // swap_stage_bytes(wg, bm)))
+
+
+def swap_split(tiles: int, k: int, sms: int) -> int:
+    """The K split of ``int4_swap`` for ``tiles`` output tiles: none when they fill the
+    ``sms`` multiprocessors, else towards one block each, every slice at least 4 steps of
+    64, at most 8 slices (a cluster)."""
+    if tiles >= sms:
+        return 1
+    return max(1, min(sms // tiles, k // (4 * BK), 8))
+
+
+def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) -> tuple:
+    """(split, k_slice, tiles, constexprs) of ``int4_swap`` for an ``m x n x k`` product
+    with ``config`` (``launch_swap``) on ``sms`` multiprocessors."""
+    from kaio_ops.matmul import k_slices
+
+    wg, bm, stages, split, *more = config
+    stages = stages or swap_stages(wg, bm)
+    tiles = math.ceil(m / bm) * math.ceil(n / (64 * wg))
+    split, k_slice = k_slices(k, split or swap_split(tiles, k, sms), BK)
+    cl = int(bool(more and more[0]) and 1 < split <= 8)
+    consts = {"WG": wg, "BM": bm, "STAGES": stages, "SPLIT": split if cl else min(split, 2),
+              "CL": cl, "REGS": consumer_registers(wg), "OUT": out_type}  # fmt: skip
+    return split, k_slice, tiles, consts
+
+
+def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
+    """``a @ W`` rounded to ``out_type`` by ``int4_swap`` (operands as ``launch``) with
+    ``config`` = (WG, BM, STAGES, split[, CL]; 0: as many stages as fit, ``swap_split``'s
+    split): a persistent grid of at most ``sms`` blocks along x, the K split along z summed
+    by ``finish``, or with ``CL`` (and a split of 2 to 8) over a cluster of that many blocks
+    along x, one tile a cluster, summed in distributed shared memory (no second launch)."""
+    from kaio_ops import _arrays
+    from kaio_ops.linear import _placeholder
+
+    m, k = a.shape
+    n = b.shape[1]
+    sms = sms or _arrays.multiprocessors(a)
+    split, k_slice, tiles, consts = swap_launch_plan(m, n, k, config, sms, out_type)
+    wg, bm, cl = consts["WG"], consts["BM"], consts["CL"]
+    if split > 1 and not cl:
+        c = _arrays.output(a, (split * m, n), f32)
+        ws, target = c, _placeholder(a, out_type, 2)
+    else:
+        c = _arrays.output(a, (m, n), out_type)
+        ws, target = _placeholder(a, f32, 2), _arrays.output_arg(a, c, (m, n), out_type)
+    maps = (
+        kaio.tensor_map_2d(a.obj, (bm, BK), SW),
+        kaio.tensor_map_2d(b.obj, (WORD_ROWS, 64 * wg), 0),
+        kaio.tensor_map_2d(s.obj, (1, 64 * wg), 0),
+    )
+    grid = (tiles * split, 1, 1) if cl else (min(tiles, sms), 1, split)  # a cluster: one tile
+    shared = swap_shared_bytes(wg, bm, consts["STAGES"], cl)
+    int4_swap[grid, 128 * wg + 128, _arrays.stream_of(a), shared](
+        *maps, target, ws, m, n, k, k_slice, **consts
+    )
+    return finish(a, c, split, out_type) if split > 1 and not cl else c
+
+
+def swap_specializations() -> list:
+    """(kernel, constexprs) of ``int4_swap``'s variants to check with ptxas (sm_90a): every
+    consumer count, the widest and narrowest activation tiles, a K split through the
+    workspace and through a cluster, every output type."""
+    out = []
+    for wg, bm, split, cl, ot in (
+        (1, 8, 2, 1, f32),
+        (2, 256, 1, 0, f16),
+        (2, 64, 4, 1, bf16),
+        (3, 128, 2, 0, f32),
+        (4, 16, 8, 1, f16),
+        (4, 64, 2, 0, f32),
+    ):
+        consts = {"WG": wg, "BM": bm, "STAGES": swap_stages(wg, bm), "SPLIT": split, "CL": cl,
+                  "REGS": consumer_registers(wg), "OUT": ot}  # fmt: skip
+        out.append((int4_swap, consts))
     return out

@@ -15,9 +15,10 @@ wgmma kernel reads that transpose too (PTX has no transposed 8-bit wgmma).
 ``scales`` f16 [K/128, N]; the weight is ``scales[k // 128, n] * q`` rounded to f16, made in
 registers right before the f16 ``mma`` (the same kernel, ``QUANT = 4``): the weights cross
 memory at a quarter of f16's bytes, which is the point for decode shapes. On sm_90 past 16
-rows ``kaio_ops._int4_hopper`` runs it on ``wgmma`` (the words dequantized in shared memory
-by a warpgroup of the block); ``out_dtype`` rounds the f32 sums once. Decode shapes
-(M <= 64, N % 4 == 0, aligned operands) take ``kaio_ops._int4_decode`` instead (and so does
+rows ``kaio_ops._int4_hopper`` runs it on ``wgmma`` (the words dequantized in registers as
+the A operand of C^T = W^T a^T); ``out_dtype`` rounds the f32 sums once. Decode shapes
+(M <= 64, on sm_90 M <= 16, N % 4 == 0, aligned operands) take ``kaio_ops._int4_decode``
+instead (and so does
 ``qkv_project_int4``, one launch for the three weights), which reads
 the words straight into ``mma`` fragments with no shared-memory staging.
 
@@ -136,8 +137,8 @@ def matmul_int4(a, b_packed, scales, *, out_dtype=None):
     """``a @ W`` for f16 ``a`` [M, K] and int4 weights ``W[k, n] = scales[k // 128, n] * q``
     (q the signed nibble ``k % 8`` of word ``b_packed[k // 8, n]``, low nibble first;
     ``b_packed`` u32 or int32 [K/8, N], ``scales`` f16 [K/128, N], K % 128 == 0): f32 sums,
-    rounded once to ``out_dtype`` (f32 by default; f16 or bf16). On sm_90 past 64 rows the
-    wgmma kernel of ``kaio_ops._int4_hopper``; up to 64 rows the decode kernel
+    rounded once to ``out_dtype`` (f32 by default; f16 or bf16). On sm_90 past 16 rows the
+    wgmma kernel of ``kaio_ops._int4_hopper``; up to 64 rows (16 on sm_90) the decode kernel
     (``kaio_ops._int4_decode``)."""
     inputs = _arrays.Inputs("matmul_int4")
     out = out_type("matmul_int4", out_dtype, f32)
@@ -146,7 +147,7 @@ def matmul_int4(a, b_packed, scales, *, out_dtype=None):
     b, s = _int4_operands(inputs, k, b_packed, "b_packed", scales, "scales")
     n = b.shape[1]
     if _int4_hopper.takes(a, b, s):
-        return _int4_hopper.launch(a, b, s, out)
+        return _int4_hopper.run(a, b, s, out)
     if _int4_decode.fits(a, (b, s)):
         return _int4_decode.matmul(a, b, s, out)
     if _prefill.fits_int4(a, (b, s)):
@@ -292,14 +293,14 @@ def qkv_project_int4(x, wq, wk, wv, sq, sk, sv) -> tuple:
     """``(q, k, v)``, each ``f16(x @ W)``, for f16 ``x`` [M, K] (K % 128 == 0) and the int4
     weights ``wq``, ``wk``, ``wv`` (u32 or int32 [K/8, N], one N each) with their f16 group
     scales ``sq``, ``sk``, ``sv`` [K/128, N], packed as for ``matmul_int4``; f32
-    accumulation, one launch for the three (on sm_90 past 64 rows: one launch of
+    accumulation, one launch for the three (on sm_90 past 16 rows: one launch of
     ``matmul_int4``'s wgmma kernel each)."""
     inputs = _arrays.Inputs("qkv_project_int4")
     x = _activations(inputs, x, "x", GROUP)
     named = ((wq, "wq", sq, "sq"), (wk, "wk", sk, "sk"), (wv, "wv", sv, "sv"))
     operands = [_int4_operands(inputs, x.shape[1], *args) for args in named]
     if all(_int4_hopper.takes(x, b, s) for b, s in operands):
-        return tuple(_int4_hopper.launch(x, b, s, f16) for b, s in operands)
+        return tuple(_int4_hopper.run(x, b, s, f16) for b, s in operands)
     if _int4_decode.fits(x, *operands):
         return _int4_decode.qkv(x, operands)
     if _prefill.fits_int4(x, *operands):

@@ -170,15 +170,37 @@ WGMMA_CASES = [
 ]
 
 
-@pytest.mark.parametrize("m, n, k, out_dtype, config, sms", WGMMA_CASES)
-def test_int4_wgmma_in_simulator(m, n, k, out_dtype, config, sms, poisoned):
+# _int4_hopper.int4_swap (the role swap, A from registers) on the simulator: (M, N, K,
+# out_dtype, (WG, BM, STAGES, split[, CL]), sms). M and N edges (TMA zero fill, stores cut at the
+# edge), both consumer counts, the ring wrapping (STAGES 2), an odd number of slices (the
+# last one alone), a K split summed by gemm_reduce, int32 words, every out_dtype, the
+# persistent loop (6 tiles on 2 blocks), and K splits summed in a cluster.
+SWAP_CASES = [
+    (40, 64, 256, None, (1, 40, 2, 1), None),
+    (20, 136, 384, "float16", (2, 24, 3, 1), None),
+    (17, 72, 640, "bfloat16", (1, 32, 2, 2), None),  # 5 slices each
+    (50, 192, 256, None, (1, 16, 3, 1), 2),
+    (20, 136, 512, "float16", (2, 24, 2, 4, 1), None),  # K split over a cluster
+    (9, 64, 768, None, (4, 16, 2, 3, 1), None),  # a split of 3: rows 0, 3, 6... a block
+]
+
+
+@pytest.mark.parametrize(
+    "launcher, m, n, k, out_dtype, config, sms",
+    [("launch", *c) for c in WGMMA_CASES] + [("launch_swap", *c) for c in SWAP_CASES],
+)
+def test_int4_wgmma_in_simulator(launcher, m, n, k, out_dtype, config, sms, poisoned):
+    """Both sm_90 kernels (``launch``: int4_wgmma, ``launch_swap``: int4_swap) against the
+    float64 product of the dequantized weights, within the f32 sums' error and the output's
+    one rounding, every element written."""
     from kaio_ops import _int4_hopper
 
     a, packed, scales, w = int4_case(m, n, k)
     with kaio.simulate():
         ops = _sim_operands(a, packed.view(np.int32) if out_dtype else packed, scales)
         out = {None: f32, "float16": f16, "bfloat16": kaio.bf16}[out_dtype]
-        c = np.asarray(_int4_hopper.launch(*ops, out, config, sms)).astype(np.float64)
+        run = getattr(_int4_hopper, launcher)
+        c = np.asarray(run(*ops, out, config, sms)).astype(np.float64)
     ref = a.astype(np.float64) @ w.astype(np.float64)
     bound = np.abs(a.astype(np.float64)) @ np.abs(w.astype(np.float64))  # no cancellation
     rounding = {None: 0.0, "float16": 2.0**-11, "bfloat16": 2.0**-8}[out_dtype]
@@ -188,16 +210,19 @@ def test_int4_wgmma_in_simulator(m, n, k, out_dtype, config, sms, poisoned):
 
 
 def test_int4_wgmma_dispatch(monkeypatch):
-    """On sm_90 (here: the simulator with IN_SIMULATOR) M > 64 takes the wgmma kernel and
-    M <= 64 the decode kernel; N % 8 != 0 is not the wgmma kernel's shape; out_dtype
-    reaches every path; qkv_project_int4 runs the kernel once per weight, in f16."""
+    """On sm_90 (here: the simulator with IN_SIMULATOR) M > DECODE_M takes the wgmma kernel
+    (``run``) and M <= DECODE_M the decode kernel; N % 8 != 0 is not the wgmma kernel's
+    shape; out_dtype reaches every path; qkv_project_int4 runs the kernel once per weight,
+    in f16."""
     from kaio_ops import _int4_hopper
 
     monkeypatch.setattr(_int4_hopper, "IN_SIMULATOR", True)
     calls = []
-    wgmma = _int4_hopper.launch
-    monkeypatch.setattr(_int4_hopper, "launch", lambda *a: calls.append("wgmma") or wgmma(*a))
-    for m, n, path in ((65, 8, "wgmma"), (64, 8, "decode"), (70, 12, "tiled")):
+    wgmma = _int4_hopper.run
+    monkeypatch.setattr(_int4_hopper, "run", lambda *a: calls.append("wgmma") or wgmma(*a))
+    low = _int4_hopper.DECODE_M
+    paths = [(low + 1, 8, "wgmma"), (70, 12, "tiled")] + ([(low, 8, "decode")] if low else [])
+    for m, n, path in paths:
         a, packed, scales, w = int4_case(m, n, 128)
         calls.clear()
         with kaio.simulate():
@@ -205,7 +230,7 @@ def test_int4_wgmma_dispatch(monkeypatch):
         assert calls == ([path] if path == "wgmma" else []) and c.dtype == np.float16
         ref = a.astype(np.float64) @ w.astype(np.float64)
         np.testing.assert_allclose(c, ref, rtol=2e-3, atol=1e-3 * np.abs(ref).max())
-    cases = [int4_case(66, n, 128) for n in (16, 8, 8)]  # grouped-query widths
+    cases = [int4_case(low + 2, n, 128) for n in (16, 8, 8)]  # grouped-query widths
     calls.clear()
     with kaio.simulate():
         qkv = kaio_ops.qkv_project_int4(cases[0][0], *(c[1] for c in cases), *(c[2] for c in cases))
@@ -215,7 +240,7 @@ def test_int4_wgmma_dispatch(monkeypatch):
         np.testing.assert_array_equal(got, ref)  # one kernel, one plan: the same bits
     monkeypatch.setattr(_int4_hopper, "IN_SIMULATOR", False)  # sm_80 and the like
     with kaio.simulate():
-        assert not _int4_hopper.takes(*_sim_operands(*int4_case(65, 8, 128)[:3]))
+        assert not _int4_hopper.takes(*_sim_operands(*int4_case(low + 1, 8, 128)[:3]))
 
 
 def test_int4_torch_op_out_dtype():
@@ -272,6 +297,23 @@ def test_int4_wgmma_assembles_for_sm_90a():
         assemble(kernel.ptx(arch="sm_90", backend="llvm", **constexprs), "sm_90a")
     with pytest.raises(kaio.CompileError, match="needs sm_90"):
         kernel.ptx(arch="sm_80", **constexprs)
+
+
+@pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
+def test_int4_swap_assembles_for_sm_90a():
+    """The role-swap kernel's variants through ptxas: A from registers, no spills, and no
+    wgmma serialized (ptxas's C7512 / C7513: too few registers, or a fragment redefined
+    while a wgmma that reads it may be in flight)."""
+    from kaio_ops import _int4_hopper
+
+    for kernel, constexprs in _int4_hopper.swap_specializations():
+        ptx = kernel.ptx(arch="sm_90", **constexprs)
+        assert f"wgmma.mma_async.sync.aligned.m64n{constexprs['BM']}k16.f32.f16.f16" in ptx
+        report = assemble(ptx, "sm_90a")
+        assert " 0 bytes spill stores" in report and "C751" not in report, (constexprs, report)
+    if importlib.util.find_spec("llvmlite"):  # the LLVM lowering: a cluster variant
+        kernel, constexprs = _int4_hopper.swap_specializations()[4]
+        assemble(kernel.ptx(arch="sm_90", backend="llvm", **constexprs), "sm_90a")
 
 
 # --------------------------------------------------------------------------- int8 on wgmma
@@ -718,16 +760,22 @@ def test_gpu_int4(m, n, k):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [32, 64])
-def test_gpu_int4_multi_tile(m):
-    """K = N = 4096, M past one m16 tile (the decode kernel with 2 and 4 tiles a block):
-    every element against float64 products with the dequantized weights, within what the
-    tensor cores' f32 sums may be off (1 ulp per product of the sum of magnitudes)."""
+def test_gpu_int4_multi_tile(m, monkeypatch):
+    """K = N = 4096, M past one m16 tile (the decode kernel with 2 and 4 tiles a block; on
+    sm_90 that M takes the wgmma kernel, turned off here): every element against float64
+    products with the dequantized weights, within what the tensor cores' f32 sums may be off
+    (1 ulp per product of the sum of magnitudes)."""
     import torch
 
+    from kaio_ops import _plan
+
+    monkeypatch.setenv("KAIO_HOPPER_MATMUL", "0")
+    _plan.clear()  # plans keep the setting they were made with
     k = n = 4096
     x = torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(m)).half()
     packed, scales, w = _torch_int4_weights(k, n, m)
     out = kaio_ops.matmul_int4(x, packed, scales)
+    _plan.clear()
     x64, w64 = x.double(), w.double()
     exact = x64 @ w64
     slack = k * 2.0**-24 * (x64.abs() @ w64.abs())
@@ -833,9 +881,10 @@ def test_gpu_qkv_int4(m):
     "not (kaio.gpu_available() and kaio.device().arch == 'sm_90')", reason="needs an sm_90 GPU"
 )
 def test_gpu_prefill_paths_on_hopper(monkeypatch):
-    """On sm_90, matmul_int4 at M = 4096 and the projections at M = 512 (from
-    ``_int4_hopper.PREFILL_M``) take the dequantize-then-wgmma path; its int4 weights in f16
-    are the reference's bits."""
+    """On sm_90, matmul_int4 at M = 4096 and the int4 projections at M = 512 take the
+    dequantize-then-wgmma path from ``_int4_hopper.PREFILL_M``, below it the int4 wgmma
+    kernel (``_int4_hopper.run``); the int8 projections the dequantize-then-wgmma path; its
+    int4 weights in f16 are the reference's bits."""
     import torch
 
     from kaio_ops import _int4_hopper
@@ -843,7 +892,7 @@ def test_gpu_prefill_paths_on_hopper(monkeypatch):
     monkeypatch.delenv("KAIO_HOPPER_MATMUL", raising=False)
     taken = []
     for module, name in ((_prefill, "matmul_int4"), (_prefill, "qkv_int4"),
-                         (_prefill, "qkv_int8"), (_int4_hopper, "launch")):  # fmt: skip
+                         (_prefill, "qkv_int8"), (_int4_hopper, "run")):  # fmt: skip
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _n=name, _f=real: taken.append(_n) or _f(*a))
     k = n = 4096
@@ -860,7 +909,9 @@ def test_gpu_prefill_paths_on_hopper(monkeypatch):
     w8 = torch.randint(-128, 128, (k, n), device="cuda", dtype=torch.int8)
     kaio_ops.qkv_project_int8(x[:512], w8, w8, w8, 0.5, 0.25, 2.0)
     project_int8(x, w8, 0.5)
-    assert taken == ["matmul_int4", "qkv_int4", "qkv_int8", "qkv_int8"]  # M >= PREFILL_M
+    int4 = ["matmul_int4" if 4096 >= _int4_hopper.PREFILL_M else "run"]
+    int4 += ["qkv_int4"] if 512 >= _int4_hopper.PREFILL_M else ["run"] * 3
+    assert taken == [*int4, "qkv_int8", "qkv_int8"]
 
 
 @pytest.mark.gpu
