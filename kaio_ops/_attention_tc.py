@@ -61,7 +61,7 @@ def load_tile(
     C: kaio.constexpr,
     THREADS: kaio.constexpr,
     VEC: kaio.constexpr,
-    DT: kaio.constexpr = f16,  # a default only for kaio_ops._decode (see _typed.by_dtype)
+    DT: kaio.constexpr,
 ):
     """Rows row0 .. row0 + R of the row-major [nrows, ncols] matrix at src[base] into the
     swizzled R x C tile dst, zeros outside the matrix: 16-byte cp.async copies when VEC
@@ -124,7 +124,7 @@ def frag_columns(
     bcol: u32[:],
     s: DT[:, :],
     lane: u32,
-    DT: kaio.constexpr = f16,  # a default only for kaio_ops._decode (see _typed.by_dtype)
+    DT: kaio.constexpr,
 ):
     """The ldmatrix columns of this lane in a swizzled tile with rows like ``s``'s: ``acol``
     for A fragments and ``.trans`` B fragments (row lane % 16, column lane // 16 * 8),
@@ -146,7 +146,7 @@ def load_a(
     lane: u32,
     K0: kaio.constexpr,
     K: kaio.constexpr,
-    DT: kaio.constexpr = f16,  # a default only for kaio_ops._decode (see _typed.by_dtype)
+    DT: kaio.constexpr,
 ):
     """af[kk] = the A fragments of rows row0 .. row0 + 15 of a_s, columns K0 + 16 kk for the
     k-steps kk < K / 16 (K0 a multiple of 64)."""
@@ -184,7 +184,7 @@ def dot_rows_at(
     NB: kaio.constexpr,
     K0: kaio.constexpr,
     K: kaio.constexpr,
-    DT: kaio.constexpr = f16,  # a default only for kaio_ops._decode (see _typed.by_dtype)
+    DT: kaio.constexpr,
 ):
     """``dot_rows`` with B rows b_row0 .. b_row0 + 8 NB of b_s (b_row0 a multiple of 8)."""
     bf = kaio.local(u32, (2, 2))
@@ -250,7 +250,7 @@ def acc_rows_at(
     lane: u32,
     KB: kaio.constexpr,
     DP: kaio.constexpr,
-    DT: kaio.constexpr = f16,  # a default only for kaio_ops._decode (see _typed.by_dtype)
+    DT: kaio.constexpr,
 ):
     """``acc_rows`` with V rows v_row0 .. v_row0 + 8 KB of v_s (v_row0 a multiple of 8)."""
     pf = kaio.local(u32, (1, 4))

@@ -21,6 +21,7 @@ N-major rows (LBO 8192, SBO 1024, ``trans_b``). The K tail and the M and N edges
 from TMA; the epilogue stores only the elements inside C (``_gemm.store_pair``).
 """
 
+# ruff: noqa: F821  (DT, OUT and RT in annotations are dtype constexpr parameters)
 from __future__ import annotations
 
 import math
@@ -28,13 +29,10 @@ from typing import NamedTuple
 
 import kaio
 from kaio import bool_, f16, f32, i32, u32, u64
-from kaio_ops._gemm import ByTypes, last_arrival, store_pair, sum_tile
+from kaio_ops._gemm import last_arrival, store_pair, sum_tile
 from kaio_ops._matmul_hopper import init_ring
 from kaio_ops._matmul_kernels import tile_col, tile_origin, tile_row
 
-DT = f16  # the input element type placeholder
-OUT = f16  # the output element type placeholder
-RT = f16  # the residual's element type placeholder
 BK = 64
 SW = 128  # swizzle bytes: one 128-byte row per 64 elements
 SHARED_LIMIT = 227 * 1024
@@ -47,6 +45,7 @@ def wgmma_step(
     db: u64,
     accumulate: bool_,
     TRANS_B: kaio.constexpr,
+    DT: kaio.constexpr,
 ):
     """acc (+)= the k16 product of descriptors da and db, in DT."""
     if DT == f16:
@@ -77,6 +76,9 @@ def gemm_wgmma(
     BIAS: kaio.constexpr,
     ACT: kaio.constexpr,
     RES: kaio.constexpr,
+    DT: kaio.constexpr,
+    OUT: kaio.constexpr,
+    RT: kaio.constexpr,
 ):
     """C = epilogue(A @ B) (module docstring): block x computes C tile x, or with a K split
     block (x, z) the raw partial tile of K slice z into ``ws``. ``ta``: A [M, K] in boxes of
@@ -118,13 +120,13 @@ def gemm_wgmma(
                 da = kaio.smem_descriptor(sa, (s, 64 * wg, kk * 16), SW, 16, 1024)
                 if BT:
                     db = kaio.smem_descriptor(sb, (s, 0, 0, kk * 16), SW, 16, 1024)
-                    wgmma_step(acc, da, db, kt + kk > 0, False)
+                    wgmma_step(acc, da, db, kt + kk > 0, False, DT)
                     if GATE:
                         du = kaio.smem_descriptor(sb, (s, BN // 64, 0, kk * 16), SW, 16, 1024)
-                        wgmma_step(acc_u, da, du, kt + kk > 0, False)
+                        wgmma_step(acc_u, da, du, kt + kk > 0, False, DT)
                 else:
                     db = kaio.smem_descriptor(sb, (s, 0, kk * 16, 0), SW, BK * SW, 1024)
-                    wgmma_step(acc, da, db, kt + kk > 0, True)
+                    wgmma_step(acc, da, db, kt + kk > 0, True, DT)
             kaio.wgmma_commit()
             kaio.wgmma_wait(1)
             if kt > 0 and lt == 0:  # the slice before's wgmmas are done: free its stage
@@ -147,7 +149,7 @@ def gemm_wgmma(
                     u0 = acc_u[j, h, 0]
                     u1 = acc_u[j, h, 1]
                 store_pair(c, ws, bias, res, acc[j, h, 0], acc[j, h, 1], u0, u1, row, col, M, N,
-                           SPLIT, BIAS, ACT, RES)  # fmt: skip
+                           SPLIT, BIAS, ACT, RES, DT, OUT, RT)  # fmt: skip
     elif t == WG * 128:  # the producer: each K slice, STAGES ahead at most
         for g in range(k_tiles):
             if g >= STAGES:  # stage s held slice g - STAGES: wait until the consumers freed it
@@ -170,10 +172,7 @@ def gemm_wgmma(
     if FIXUP:  # the last of the tile's grid.z blocks to finish sums the slices, in order
         if last_arrival(counters, kaio.block_idx_x(), kaio.grid_dim_z(), arrived, t):
             sum_tile(c, ws, bias, res, m0, n0, M, N, kaio.grid_dim_z(), t, WG * 128 + 32, BM,
-                     BN, BIAS, ACT, RES)  # fmt: skip
-
-
-GEMM_WGMMA = ByTypes(gemm_wgmma)
+                     BN, BIAS, ACT, RES, DT, OUT, RT)  # fmt: skip
 
 
 def eligible(a, b, n: int, k: int, transposed: bool) -> bool:
@@ -258,5 +257,5 @@ def specializations() -> list:
         consts = {"WG": wg, "BN": bn, "STAGES": stages, "BT": bt, "SPLIT": min(split, 2)}
         consts["FIXUP"] = int(split > 2)
         epi = {"BIAS": 1, "ACT": act, "RES": 1}
-        out.append((GEMM_WGMMA[dt, ot], {**consts, **epi}))
+        out.append((gemm_wgmma, {**consts, **epi, "DT": dt, "OUT": ot, "RT": ot}))
     return out
