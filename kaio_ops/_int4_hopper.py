@@ -372,7 +372,7 @@ def takes(a, b, s) -> bool:
     and scales ``s`` (``_arrays.Operand``s): M > ``DECODE_M``, operands that ``fits``, and an
     sm_90 GPU (``KAIO_HOPPER_MATMUL=0`` opts out, as for the f16 matmuls), or under the
     simulator when ``IN_SIMULATOR``."""
-    from kaio.sim.mode import active as simulating
+    from kaio.sim import active as simulating
     from kaio_ops.matmul import _hopper
 
     on = IN_SIMULATOR if simulating() else _hopper(a)

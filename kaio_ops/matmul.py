@@ -17,7 +17,7 @@ import math
 import os
 from dataclasses import dataclass, replace
 
-from kaio.sim.mode import active as simulating
+from kaio.sim import active as simulating
 from kaio.types import bf16, f16, f32
 from kaio_ops import _arrays, _matmul_hopper
 from kaio_ops._matmul_kernels import matmul_kernel, sum_slices
