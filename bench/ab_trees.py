@@ -155,6 +155,8 @@ def cases(g):
         out.append(
             (f"matmul_tc_async {m}x{n}x{k} (mma.sync)", {"KAIO_HOPPER_MATMUL": "0"}, sets, mm)
         )
+    sets = [(h(4096, 4096), h(4096, 4096)) for _ in range(2)]
+    out.append(("matmul_tc_async 4096^3 (default: Hopper persistent)", {}, sets, mm))
     sets = [(h(2048, 2048), h(2048, 2048)) for _ in range(2)]
     out.append(
         (
@@ -173,6 +175,8 @@ def cases(g):
     ):
         sets = [(h(m, 4096), h(4096, 4096), h(4096), h(m, 4096)) for _ in range(2)]
         out.append((f"linear gelu+bias+res M{m} 4096x4096 ({tag})", env, sets, lin))
+    sets = [(h(2048, 4096), h(4096, 4096), h(4096), h(2048, 4096)) for _ in range(2)]
+    out.append(("linear gelu+bias+res M2048 4096x4096 (default route)", {}, sets, lin))
     sets = [(h(256, 4096), h(2 * 7168, 4096), h(2 * 7168), None) for _ in range(2)]
     out.append(("linear silu_gate M256 F7168 (default route)", {}, sets, gate))
     sets = [

@@ -30,7 +30,7 @@ from typing import NamedTuple
 import kaio
 from kaio import bool_, f16, f32, i32, u32, u64
 from kaio_ops._gemm import last_arrival, store_pair, sum_tile
-from kaio_ops._matmul_hopper import init_ring
+from kaio_ops._matmul_hopper import init_ring, next_stage, retire_slice
 from kaio_ops._matmul_kernels import tile_col, tile_origin, tile_row
 
 BK = 64
@@ -127,15 +127,7 @@ def gemm_wgmma(
                 else:
                     db = kaio.smem_descriptor(sb, (s, 0, kk * 16, 0), SW, BK * SW, 1024)
                     wgmma_step(acc, da, db, kt + kk > 0, True, DT)
-            kaio.wgmma_commit()
-            kaio.wgmma_wait(1)
-            if kt > 0 and lt == 0:  # the slice before's wgmmas are done: free its stage
-                kaio.mbarrier_arrive(bars, (1, ps))
-            ps = s
-            s += 1
-            if s == STAGES:
-                s = 0
-                ph ^= 1
+            ps, s, ph = retire_slice(bars, kt, lt, s, ph, ps, STAGES)
         kaio.wgmma_wait(0)
         # lane (g, t) of warp w holds rows 16w + g (+ 8) and columns 8j + 2t, + 1
         lane = lt % 32
@@ -165,10 +157,7 @@ def gemm_wgmma(
                                          i32(N + n0) + j * 64, k0, bars, (0, s))  # fmt: skip
                 else:
                     kaio.tma_load_2d(sb, (s, j, 0, 0), tb, k0, i32(n0) + j * 64, bars, (0, s))
-            s += 1
-            if s == STAGES:
-                s = 0
-                ph ^= 1
+            s, ph = next_stage(s, ph, STAGES)
     if FIXUP:  # the last of the tile's grid.z blocks to finish sums the slices, in order
         if last_arrival(counters, kaio.block_idx_x(), kaio.grid_dim_z(), arrived, t):
             sum_tile(c, ws, bias, res, m0, n0, M, N, kaio.grid_dim_z(), t, WG * 128 + 32, BM,
