@@ -59,6 +59,8 @@ class Tree:
         return self
 
     def done(self):
+        """Keep the modules this tree imported since ``use`` (lazy imports inside calls)."""
+        self.modules = {n: m for n, m in sys.modules.items() if _ours(n)}
         sys.path.remove(self.path)
 
 
