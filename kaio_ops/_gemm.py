@@ -32,12 +32,14 @@ from __future__ import annotations
 import kaio
 from kaio import bool_, f32, i32, u32
 from kaio_ops._matmul_kernels import (
+    k_range,
     load_tiles,
     mma_step,
     slice_sum,
     tile_col,
     tile_origin,
     tile_row,
+    warp_place,
 )
 from kaio_ops.elementwise import apply
 
@@ -46,19 +48,11 @@ ACTIVATIONS = ("none", "gelu", "gelu_tanh", "silu", "silu_gate")
 
 @kaio.gpu_func
 def epilogue(
-    g: f32,
-    u: f32,
-    row: u32,
-    col: u32,
-    N: u32,
-    bias: BD[:],
-    res: RD[:, :],
-    BIAS: kaio.constexpr,
-    ACT: kaio.constexpr,
-    RES: kaio.constexpr,
-    BD: kaio.constexpr,
+    g: f32, u: f32, row: u32, col: u32, N: u32,
+    bias: BD[:], res: RD[:, :],
+    BIAS: kaio.constexpr, ACT: kaio.constexpr, RES: kaio.constexpr, BD: kaio.constexpr,
     RD: kaio.constexpr,
-) -> f32:
+) -> f32:  # fmt: skip
     """The epilogue of output (row, col) from its f32 sum ``g`` (and for "silu_gate" the up
     sum ``u``): + bias (elements of type BD), activation, + residual (of type RD), all in
     f32."""
@@ -83,35 +77,13 @@ def epilogue(
 
 @kaio.gpu_kernel
 def gemm_kernel(
-    a: DT[:],
-    b: DT[:],
-    c: OUT[:, :],
-    ws: f32[:, :],
-    bias: DT[:],
-    res: RT[:, :],
-    counters: i32[:],
-    M: u32,
-    N: u32,
-    K: u32,
-    k_slice: u32,
-    BM: kaio.constexpr,
-    BN: kaio.constexpr,
-    BK: kaio.constexpr,
-    WARPS_M: kaio.constexpr,
-    WARPS_N: kaio.constexpr,
-    STAGES: kaio.constexpr,
-    ASYNC: kaio.constexpr,
-    VEC: kaio.constexpr,
-    BT: kaio.constexpr,
-    SPLIT: kaio.constexpr,
-    FIXUP: kaio.constexpr,
-    BIAS: kaio.constexpr,
-    ACT: kaio.constexpr,
-    RES: kaio.constexpr,
-    DT: kaio.constexpr,
-    OUT: kaio.constexpr,
-    RT: kaio.constexpr,
-):
+    a: DT[:], b: DT[:], c: OUT[:, :], ws: f32[:, :], bias: DT[:], res: RT[:, :],
+    counters: i32[:], M: u32, N: u32, K: u32, k_slice: u32, BM: kaio.constexpr,
+    BN: kaio.constexpr, BK: kaio.constexpr, WARPS_M: kaio.constexpr, WARPS_N: kaio.constexpr,
+    STAGES: kaio.constexpr, ASYNC: kaio.constexpr, VEC: kaio.constexpr, BT: kaio.constexpr,
+    SPLIT: kaio.constexpr, FIXUP: kaio.constexpr, BIAS: kaio.constexpr, ACT: kaio.constexpr,
+    RES: kaio.constexpr, DT: kaio.constexpr, OUT: kaio.constexpr, RT: kaio.constexpr,
+):  # fmt: skip
     """C = epilogue(A @ B) (module docstring): block x computes C tile x (grouped order,
     ``tile_origin``), or with a K split (``SPLIT > 1``) block (x, z) the raw partial tile
     of K slice z into ``ws``. A comes flat [M, K]; B flat [K, N] (BT 0) or [N, K] (BT 1;
@@ -127,14 +99,8 @@ def gemm_kernel(
     origin = tile_origin(kaio.block_idx_x(), (M + BM - 1) // BM, (N + BN - 1) // BN)
     m0 = tile_row(origin) * BM
     n0 = tile_col(origin) * BN
-    tid = kaio.thread_idx_x()
-    lane = kaio.lane_id()
-    warp = tid // 32
-    wm = warp // WARPS_N * WTM
-    wn = warp % WARPS_N * WTN
-    k_begin = kaio.block_idx_z() * k_slice
-    k_end = kaio.min(k_begin + k_slice, K)
-    tiles = (k_end - k_begin + BK - 1) // BK
+    tid, lane, wm, wn = warp_place(WARPS_N, WTM, WTN)
+    k_begin, k_end, tiles = k_range(k_slice, K, BK)
 
     a_s = kaio.shared_dynamic(DT, (STAGES, BM, BK), 0)
     B_ROWS = BN if BT else BK
@@ -246,26 +212,12 @@ def last_arrival(counters: i32[:], slot: u32, total: u32, arrived: u32[:], t: u3
 
 @kaio.gpu_func
 def sum_tile(
-    c: OUT[:, :],
-    ws: f32[:, :],
-    bias: DT[:],
-    res: RT[:, :],
-    m0: u32,
-    n0: u32,
-    M: u32,
-    N: u32,
-    nz: u32,
-    t: u32,
-    THREADS: kaio.constexpr,
-    BM: kaio.constexpr,
-    BN: kaio.constexpr,
-    BIAS: kaio.constexpr,
-    ACT: kaio.constexpr,
-    RES: kaio.constexpr,
-    DT: kaio.constexpr,
-    OUT: kaio.constexpr,
+    c: OUT[:, :], ws: f32[:, :], bias: DT[:], res: RT[:, :],
+    m0: u32, n0: u32, M: u32, N: u32, nz: u32, t: u32,
+    THREADS: kaio.constexpr, BM: kaio.constexpr, BN: kaio.constexpr, BIAS: kaio.constexpr,
+    ACT: kaio.constexpr, RES: kaio.constexpr, DT: kaio.constexpr, OUT: kaio.constexpr,
     RT: kaio.constexpr,
-):
+):  # fmt: skip
     """The K split's sum in the last block of tile (m0, n0), by every thread of the block:
     elements t, t + THREADS, ... of the tile's rows inside C (a row's columns adjacent, so
     the loads coalesce), each the sum of its ``nz`` slices in ``ws`` in slice order (4
@@ -304,26 +256,11 @@ def sum_tile(
 
 @kaio.gpu_func
 def store_pair(
-    c: OUT[:, :],
-    ws: f32[:, :],
-    bias: DT[:],
-    res: RT[:, :],
-    g0: f32,
-    g1: f32,
-    u0: f32,
-    u1: f32,
-    row: u32,
-    col: u32,
-    M: u32,
-    N: u32,
-    SPLIT: kaio.constexpr,
-    BIAS: kaio.constexpr,
-    ACT: kaio.constexpr,
-    RES: kaio.constexpr,
-    DT: kaio.constexpr,
-    OUT: kaio.constexpr,
-    RT: kaio.constexpr,
-):
+    c: OUT[:, :], ws: f32[:, :], bias: DT[:], res: RT[:, :],
+    g0: f32, g1: f32, u0: f32, u1: f32, row: u32, col: u32, M: u32, N: u32,
+    SPLIT: kaio.constexpr, BIAS: kaio.constexpr, ACT: kaio.constexpr, RES: kaio.constexpr,
+    DT: kaio.constexpr, OUT: kaio.constexpr, RT: kaio.constexpr,
+):  # fmt: skip
     """Outputs (row, col) and (row, col + 1) (col even) from their f32 sums g0, g1 (and up
     sums u0, u1 for "silu_gate"), where inside C: with a K split (``SPLIT > 1``) the raw sums
     into this slice's rows of ``ws`` (up sums N columns right), else through ``epilogue``,
@@ -356,24 +293,11 @@ def store_pair(
 
 @kaio.gpu_func
 def fragments(
-    a_frag: u32[:, :, :],
-    b_frag: u32[:, :, :, :],
-    u_frag: u32[:, :, :, :],
-    BUF: kaio.constexpr,
-    a_s: DT[:, :, :],
-    b_s: DT[:, :, :],
-    u_s: DT[:, :, :],
-    stage: u32,
-    KK: kaio.constexpr,
-    wm: u32,
-    wn: u32,
-    lane: u32,
-    MI: kaio.constexpr,
-    NI: kaio.constexpr,
-    BT: kaio.constexpr,
-    GATE: kaio.constexpr,
-    DT: kaio.constexpr,
-):
+    a_frag: u32[:, :, :], b_frag: u32[:, :, :, :], u_frag: u32[:, :, :, :], BUF: kaio.constexpr,
+    a_s: DT[:, :, :], b_s: DT[:, :, :], u_s: DT[:, :, :], stage: u32, KK: kaio.constexpr,
+    wm: u32, wn: u32, lane: u32, MI: kaio.constexpr, NI: kaio.constexpr, BT: kaio.constexpr,
+    GATE: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
     """This warp's A and B (and up-row) fragments of the k16 step at KK of ``stage`` into
     buffer BUF: A and B [N, K] with ``ldmatrix`` (matrices (n 0-7, k lo), (n 0-7, k hi),
     (n 8-15, k lo), (n 8-15, k hi): the B registers of two n8 tiles), B [K, N] with
@@ -395,20 +319,11 @@ def fragments(
 
 @kaio.gpu_kernel
 def gemm_reduce(
-    ws: f32[:, :],
-    c: OUT[:, :],
-    bias: DT[:],
-    res: RT[:, :],
-    M: u32,
-    N: u32,
-    SPLIT: kaio.constexpr,
-    BIAS: kaio.constexpr,
-    ACT: kaio.constexpr,
-    RES: kaio.constexpr,
-    DT: kaio.constexpr,
-    OUT: kaio.constexpr,
-    RT: kaio.constexpr,
-):
+    ws: f32[:, :], c: OUT[:, :], bias: DT[:], res: RT[:, :],
+    M: u32, N: u32,
+    SPLIT: kaio.constexpr, BIAS: kaio.constexpr, ACT: kaio.constexpr, RES: kaio.constexpr,
+    DT: kaio.constexpr, OUT: kaio.constexpr, RT: kaio.constexpr,
+):  # fmt: skip
     """c = epilogue(the sum of the SPLIT partial products stacked in ws [SPLIT * M, N], or
     [SPLIT * M, 2N] gate then up for "silu_gate"), summed in slice order: one thread per
     element of c [M, N]."""

@@ -41,12 +41,9 @@ SHARED_LIMIT = 227 * 1024
 @kaio.gpu_func
 def wgmma_step(
     acc: f32[:, :, :],
-    da: u64,
-    db: u64,
-    accumulate: bool_,
-    TRANS_B: kaio.constexpr,
-    DT: kaio.constexpr,
-):
+    da: u64, db: u64, accumulate: bool_,
+    TRANS_B: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
     """acc (+)= the k16 product of descriptors da and db, in DT."""
     if DT == f16:
         kaio.wgmma_f16(acc, da, db, accumulate, False, TRANS_B)
@@ -56,30 +53,13 @@ def wgmma_step(
 
 @kaio.gpu_kernel
 def gemm_wgmma(
-    ta: kaio.tensormap,
-    tb: kaio.tensormap,
-    c: OUT[:, :],
-    ws: f32[:, :],
-    bias: DT[:],
-    res: RT[:, :],
-    counters: i32[:],
-    M: u32,
-    N: u32,
-    K: u32,
-    k_slice: u32,
-    WG: kaio.constexpr,
-    BN: kaio.constexpr,
-    STAGES: kaio.constexpr,
-    BT: kaio.constexpr,
-    SPLIT: kaio.constexpr,
-    FIXUP: kaio.constexpr,
-    BIAS: kaio.constexpr,
-    ACT: kaio.constexpr,
-    RES: kaio.constexpr,
-    DT: kaio.constexpr,
-    OUT: kaio.constexpr,
-    RT: kaio.constexpr,
-):
+    ta: kaio.tensormap, tb: kaio.tensormap, c: OUT[:, :], ws: f32[:, :], bias: DT[:],
+    res: RT[:, :], counters: i32[:],
+    M: u32, N: u32, K: u32, k_slice: u32,
+    WG: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, BT: kaio.constexpr,
+    SPLIT: kaio.constexpr, FIXUP: kaio.constexpr, BIAS: kaio.constexpr, ACT: kaio.constexpr,
+    RES: kaio.constexpr, DT: kaio.constexpr, OUT: kaio.constexpr, RT: kaio.constexpr,
+):  # fmt: skip
     """C = epilogue(A @ B) (module docstring): block x computes C tile x, or with a K split
     block (x, z) the raw partial tile of K slice z into ``ws``. ``ta``: A [M, K] in boxes of
     (64 * WG, 64); ``tb``: B [N, K] (BT 1; [2N, K] for "silu_gate") or [K, N] (BT 0) in boxes

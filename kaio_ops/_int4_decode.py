@@ -179,16 +179,10 @@ def decode_columns(
 
 @kaio.gpu_kernel
 def int4_decode(
-    x: f16[:, :],
-    w: u32[:, :],
-    scales: f16[:, :],
-    out: DT[:, :],
-    M: u32,
-    N: u32,
-    WARPS: kaio.constexpr,
-    ROWS: kaio.constexpr,
-    DT: kaio.constexpr,
-):
+    x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :],
+    M: u32, N: u32,
+    WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
     """``out = x @ W`` (``decode_columns``), a block per 32 columns."""
     if ROWS > 2:
         kaio.launch_bounds(WARPS * 32, 1)  # one block an SM: else ptxas may spill to fit 128
@@ -200,23 +194,11 @@ def int4_decode(
 
 @kaio.gpu_kernel
 def int4_decode_qkv(
-    x: f16[:, :],
-    wq: u32[:, :],
-    wk: u32[:, :],
-    wv: u32[:, :],
-    sq: f16[:, :],
-    sk: f16[:, :],
-    sv: f16[:, :],
-    q: DT[:, :],
-    k: DT[:, :],
-    v: DT[:, :],
-    M: u32,
-    NQ: u32,
-    NK: u32,
-    WARPS: kaio.constexpr,
-    ROWS: kaio.constexpr,
-    DT: kaio.constexpr,
-):
+    x: f16[:, :], wq: u32[:, :], wk: u32[:, :], wv: u32[:, :], sq: f16[:, :], sk: f16[:, :],
+    sv: f16[:, :], q: DT[:, :], k: DT[:, :], v: DT[:, :],
+    M: u32, NQ: u32, NK: u32,
+    WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
     """``q, k, v = x @ Wq, x @ Wk, x @ Wv`` in one launch: the blocks of q's columns, then
     k's, then v's (each block exactly a block of ``int4_decode``)."""
     if ROWS > 2:

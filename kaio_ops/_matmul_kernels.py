@@ -63,28 +63,33 @@ def tile_col(origin: u64) -> u32:
     return u32(origin & 0xFFFFFFFF)
 
 
+@kaio.gpu_func
+def warp_place(WARPS_N: kaio.constexpr, WTM: kaio.constexpr, WTN: kaio.constexpr):
+    """``(tid, lane, wm, wn)``: this thread's index in the block and in its warp, and the
+    row and column of its warp's WTM x WTN sub-tile of the block tile (warps row-major,
+    WARPS_N a row)."""
+    tid = kaio.thread_idx_x()
+    warp = tid // 32
+    return tid, kaio.lane_id(), warp // WARPS_N * WTM, warp % WARPS_N * WTN
+
+
+@kaio.gpu_func
+def k_range(k_slice: u32, K: u32, BK: kaio.constexpr):
+    """``(k_begin, k_end, tiles)``: the K range of this block's slice (block z of a K split
+    in slices of ``k_slice``; the whole K without one) and its number of BK steps."""
+    k_begin = kaio.block_idx_z() * k_slice
+    k_end = kaio.min(k_begin + k_slice, K)
+    return k_begin, k_end, (k_end - k_begin + BK - 1) // BK
+
+
 @kaio.gpu_kernel
 def matmul_kernel(
-    a: DT[:],
-    b: DT[:],
-    c: f32[:, :],
-    scales: f16[:, :],
-    M: u32,
-    N: u32,
-    K: u32,
-    k_slice: u32,
-    alpha: f32,
-    BM: kaio.constexpr,
-    BN: kaio.constexpr,
-    BK: kaio.constexpr,
-    WARPS_M: kaio.constexpr,
-    WARPS_N: kaio.constexpr,
-    STAGES: kaio.constexpr,
-    ASYNC: kaio.constexpr,
-    VEC: kaio.constexpr,
-    QUANT: kaio.constexpr,
-    DT: kaio.constexpr,
-):
+    a: DT[:], b: DT[:], c: f32[:, :], scales: f16[:, :],
+    M: u32, N: u32, K: u32, k_slice: u32, alpha: f32,
+    BM: kaio.constexpr, BN: kaio.constexpr, BK: kaio.constexpr, WARPS_M: kaio.constexpr,
+    WARPS_N: kaio.constexpr, STAGES: kaio.constexpr, ASYNC: kaio.constexpr, VEC: kaio.constexpr,
+    QUANT: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
     """C = alpha * A @ B: block (x, z) computes C tile x, or with a K split the partial tile
     of K slice z (``matmul_tile``)."""
     kaio.launch_bounds(WARPS_M * WARPS_N * 32)
@@ -96,36 +101,13 @@ def matmul_kernel(
 
 @kaio.gpu_kernel
 def qkv_kernel(
-    a: f16[:],
-    b0: f16[:],
-    b1: f16[:],
-    b2: f16[:],
-    c0: OUT[:, :],
-    c1: OUT[:, :],
-    c2: OUT[:, :],
-    s0: f16[:, :],
-    s1: f16[:, :],
-    s2: f16[:, :],
-    M: u32,
-    N0: u32,
-    N1: u32,
-    N2: u32,
-    K: u32,
-    k_slice: u32,
-    alpha0: f32,
-    alpha1: f32,
-    alpha2: f32,
-    BM: kaio.constexpr,
-    BN: kaio.constexpr,
-    BK: kaio.constexpr,
-    WARPS_M: kaio.constexpr,
-    WARPS_N: kaio.constexpr,
-    STAGES: kaio.constexpr,
-    ASYNC: kaio.constexpr,
-    VEC: kaio.constexpr,
-    QUANT: kaio.constexpr,
+    a: f16[:], b0: f16[:], b1: f16[:], b2: f16[:], c0: OUT[:, :], c1: OUT[:, :], c2: OUT[:, :],
+    s0: f16[:, :], s1: f16[:, :], s2: f16[:, :], M: u32, N0: u32, N1: u32, N2: u32, K: u32,
+    k_slice: u32, alpha0: f32, alpha1: f32, alpha2: f32, BM: kaio.constexpr, BN: kaio.constexpr,
+    BK: kaio.constexpr, WARPS_M: kaio.constexpr, WARPS_N: kaio.constexpr,
+    STAGES: kaio.constexpr, ASYNC: kaio.constexpr, VEC: kaio.constexpr, QUANT: kaio.constexpr,
     OUT: kaio.constexpr,
-):
+):  # fmt: skip
     """C_p = alpha_p * A @ B_p for three products p that share A (the Q, K and V
     projections), in one launch. The grid's column tiles are those of C_0, then C_1, then
     C_2 (a product of width N_p = 0 has none, and its arrays are not read), and blocks are
@@ -152,29 +134,12 @@ def qkv_kernel(
 
 @kaio.gpu_func
 def matmul_tile(
-    a: DT[:],
-    b: DT[:],
-    c: OUT[:, :],
-    scales: f16[:, :],
-    m0: u32,
-    n0: u32,
-    M: u32,
-    N: u32,
-    K: u32,
-    k_slice: u32,
-    alpha: f32,
-    BM: kaio.constexpr,
-    BN: kaio.constexpr,
-    BK: kaio.constexpr,
-    WARPS_M: kaio.constexpr,
-    WARPS_N: kaio.constexpr,
-    STAGES: kaio.constexpr,
-    ASYNC: kaio.constexpr,
-    VEC: kaio.constexpr,
-    QUANT: kaio.constexpr,
-    DT: kaio.constexpr,
-    OUT: kaio.constexpr,
-):
+    a: DT[:], b: DT[:], c: OUT[:, :], scales: f16[:, :],
+    m0: u32, n0: u32, M: u32, N: u32, K: u32, k_slice: u32, alpha: f32,
+    BM: kaio.constexpr, BN: kaio.constexpr, BK: kaio.constexpr, WARPS_M: kaio.constexpr,
+    WARPS_N: kaio.constexpr, STAGES: kaio.constexpr, ASYNC: kaio.constexpr, VEC: kaio.constexpr,
+    QUANT: kaio.constexpr, DT: kaio.constexpr, OUT: kaio.constexpr,
+):  # fmt: skip
     """The C tile at (m0, n0) (or, with a K split, the partial tile of K slice
     ``block_idx_z``) of alpha * A @ B, rounded once to OUT. A and B come flat: row-major
     M x K and K x N for 16-bit types; for 8-bit ones (s8 mma, bytes read as int8 whatever DT
@@ -193,14 +158,8 @@ def matmul_tile(
     WTN = BN // WARPS_N
     MI = WTM // 16
     NI = WTN // 8
-    tid = kaio.thread_idx_x()
-    lane = kaio.lane_id()
-    warp = tid // 32
-    wm = warp // WARPS_N * WTM
-    wn = warp % WARPS_N * WTN
-    k_begin = kaio.block_idx_z() * k_slice
-    k_end = kaio.min(k_begin + k_slice, K)
-    tiles = (k_end - k_begin + BK - 1) // BK
+    tid, lane, wm, wn = warp_place(WARPS_N, WTM, WTN)
+    k_begin, k_end, tiles = k_range(k_slice, K, BK)
     row0 = kaio.block_idx_z() * M  # this K slice's rows in c (the workspace when split)
 
     a_s = kaio.shared_dynamic(DT, (STAGES, BM, BK), 0)
@@ -301,38 +260,13 @@ def matmul_tile(
 
 @kaio.gpu_func
 def sync_step(
-    EDGES: kaio.constexpr,
-    t: u32,
-    acc: ACC[:, :, :, :],
-    a_frag: u32[:, :, :],
-    b_frag: u32[:, :, :, :],
-    a_s: DT[:, :, :],
-    b_s: DT[:, :, :],
-    a: DT[:],
-    b: DT[:],
-    scales: f16[:, :],
-    m0: u32,
-    n0: u32,
-    k_begin: u32,
-    k_end: u32,
-    M: u32,
-    N: u32,
-    K: u32,
-    tid: u32,
-    wm: u32,
-    wn: u32,
-    lane: u32,
-    BM: kaio.constexpr,
-    BN: kaio.constexpr,
-    BK: kaio.constexpr,
-    THREADS: kaio.constexpr,
-    VEC: kaio.constexpr,
-    QUANT: kaio.constexpr,
-    MI: kaio.constexpr,
-    NI: kaio.constexpr,
-    DT: kaio.constexpr,
-    ACC: kaio.constexpr,
-):
+    EDGES: kaio.constexpr, t: u32, acc: ACC[:, :, :, :], a_frag: u32[:, :, :],
+    b_frag: u32[:, :, :, :], a_s: DT[:, :, :], b_s: DT[:, :, :], a: DT[:], b: DT[:],
+    scales: f16[:, :], m0: u32, n0: u32, k_begin: u32, k_end: u32, M: u32, N: u32, K: u32,
+    tid: u32, wm: u32, wn: u32, lane: u32, BM: kaio.constexpr, BN: kaio.constexpr,
+    BK: kaio.constexpr, THREADS: kaio.constexpr, VEC: kaio.constexpr, QUANT: kaio.constexpr,
+    MI: kaio.constexpr, NI: kaio.constexpr, DT: kaio.constexpr, ACC: kaio.constexpr,
+):  # fmt: skip
     """K tile t of the pipeline-free path (no cp.async): copy both tiles to shared memory
     through registers (``load_tiles``, with bounds checks if EDGES), then multiply them."""
     KSTEP = 32 // DT.itemsize
@@ -348,25 +282,11 @@ def sync_step(
 
 @kaio.gpu_func
 def load_fragments(
-    a_frag: u32[:, :, :],
-    b_frag: u32[:, :, :, :],
-    BUF: kaio.constexpr,
-    a_s: DT[:, :, :],
-    b_s: DT[:, :, :],
-    stage: u32,
-    KK: kaio.constexpr,
-    wm: u32,
-    wn: u32,
-    lane: u32,
-    MI: kaio.constexpr,
-    NI: kaio.constexpr,
-    scales: f16[:, :],
-    k_at: u32,
-    n0: u32,
-    N: u32,
-    QUANT: kaio.constexpr,
-    DT: kaio.constexpr,
-):
+    a_frag: u32[:, :, :], b_frag: u32[:, :, :, :], BUF: kaio.constexpr, a_s: DT[:, :, :],
+    b_s: DT[:, :, :], stage: u32, KK: kaio.constexpr, wm: u32, wn: u32, lane: u32,
+    MI: kaio.constexpr, NI: kaio.constexpr, scales: f16[:, :], k_at: u32, n0: u32, N: u32,
+    QUANT: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
     """This warp's A (MI x 16 rows x 32 bytes) and B (NI x 32 bytes x 8 columns) fragments
     of the k step at KK of ``stage`` (k_at in the whole matrix) into buffer BUF. Swizzle
     phases repeat every 8 rows and the warp's rows start at multiples of 16, so the lane
@@ -397,20 +317,10 @@ INT4_BIAS = 0x64086408  # f16 1032.0 = 1024 + 8, in both halves
 
 @kaio.gpu_func
 def dequantize_b(
-    b_frag: u32[:, :, :, :],
-    BUF: kaio.constexpr,
-    b_s: DT[:, :, :],
-    stage: u32,
-    KK: kaio.constexpr,
-    wn: u32,
-    lane: u32,
-    NI: kaio.constexpr,
-    scales: f16[:, :],
-    k_at: u32,
-    n0: u32,
-    N: u32,
-    DT: kaio.constexpr,
-):
+    b_frag: u32[:, :, :, :], BUF: kaio.constexpr, b_s: DT[:, :, :], stage: u32,
+    KK: kaio.constexpr, wn: u32, lane: u32, NI: kaio.constexpr, scales: f16[:, :], k_at: u32,
+    n0: u32, N: u32, DT: kaio.constexpr,
+):  # fmt: skip
     """B fragments of the 16-value k step at KK from packed int4 words: lane (g, t) needs
     k = 2t, 2t+1 (register 0) and 2t+8, 2t+9 (register 1) of column g, i.e. nibbles 2t and
     2t+1 of two words. Each pair becomes an f16x2 with the magic-number trick
@@ -439,16 +349,9 @@ INT8_BIAS = 0x64806480  # f16 1152.0 = 1024 + 128, in both halves
 
 @kaio.gpu_func
 def widen_int8(
-    b_frag: u32[:, :, :, :],
-    BUF: kaio.constexpr,
-    b_s: DT[:, :, :],
-    stage: u32,
-    KK: kaio.constexpr,
-    wn: u32,
-    lane: u32,
-    NI: kaio.constexpr,
-    DT: kaio.constexpr,
-):
+    b_frag: u32[:, :, :, :], BUF: kaio.constexpr, b_s: DT[:, :, :], stage: u32,
+    KK: kaio.constexpr, wn: u32, lane: u32, NI: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
     """B fragments of the 16-value k step at KK from int8 weights: the K x N bytes of the
     tile read as K x N/2 halves. ``ldmatrix_trans`` of an 8 x 8 block of halves gives lane
     (g, t) the word of bytes (k, n), (k, n + 1), (k + 1, n), (k + 1, n + 1) with k = 2t
@@ -471,15 +374,10 @@ def widen_int8(
 
 @kaio.gpu_func
 def mma_step(
-    acc: ACC[:, :, :, :],
-    a_frag: u32[:, :, :],
-    b_frag: u32[:, :, :, :],
-    BUF: kaio.constexpr,
-    MI: kaio.constexpr,
-    NI: kaio.constexpr,
-    DT: kaio.constexpr,
+    acc: ACC[:, :, :, :], a_frag: u32[:, :, :], b_frag: u32[:, :, :, :],
+    BUF: kaio.constexpr, MI: kaio.constexpr, NI: kaio.constexpr, DT: kaio.constexpr,
     ACC: kaio.constexpr,
-):
+):  # fmt: skip
     """acc += the MI x NI tensor-core products of fragment buffer BUF (``DT`` inputs: f16,
     bf16 or 8-bit, read as int8; ``ACC`` accumulators: f32, i32 for 8-bit)."""
     for mi in kaio.static_range(MI):
@@ -496,32 +394,12 @@ def mma_step(
 
 @kaio.gpu_func
 def load_tiles(
-    EDGES: kaio.constexpr,
-    a_s: DT[:, :, :],
-    b_s: DT[:, :, :],
-    u_s: DT[:, :, :],
-    a: DT[:],
-    b: DT[:],
-    stage: u32,
-    m0: u32,
-    n0: u32,
-    k0: u32,
-    k_end: u32,
-    M: u32,
-    N: u32,
-    K: u32,
-    tid: u32,
-    BM: kaio.constexpr,
-    BN: kaio.constexpr,
-    BK: kaio.constexpr,
-    THREADS: kaio.constexpr,
-    VEC: kaio.constexpr,
-    ASYNC: kaio.constexpr,
-    QUANT: kaio.constexpr,
-    DT: kaio.constexpr,
-    BT: kaio.constexpr = 0,
-    GATE: kaio.constexpr = 0,
-):
+    EDGES: kaio.constexpr, a_s: DT[:, :, :], b_s: DT[:, :, :], u_s: DT[:, :, :], a: DT[:],
+    b: DT[:], stage: u32, m0: u32, n0: u32, k0: u32, k_end: u32, M: u32, N: u32, K: u32,
+    tid: u32, BM: kaio.constexpr, BN: kaio.constexpr, BK: kaio.constexpr,
+    THREADS: kaio.constexpr, VEC: kaio.constexpr, ASYNC: kaio.constexpr, QUANT: kaio.constexpr,
+    DT: kaio.constexpr, BT: kaio.constexpr = 0, GATE: kaio.constexpr = 0,
+):  # fmt: skip
     """A[m0:m0+BM, k0:k0+BK] and B[k0:k0+BK, n0:n0+BN] (B^T's [n0:n0+BN, k0:k0+BK] for
     8-bit types and for ``BT`` (B given [N, K], ``_gemm``), the packed words
     [k0/8:(k0+BK)/8, n0:n0+BN] for int4, the bytes as halves [k0:k0+BK, n0/2:(n0+BN)/2] for
@@ -556,25 +434,12 @@ def load_tiles(
 
 @kaio.gpu_func
 def load_tile(
-    PHASE: kaio.constexpr,
-    EDGES: kaio.constexpr,
-    dst: DT[:, :, :],
-    src: DT[:],
-    regs: u32[:, :],
-    stage: u32,
-    r0: u32,
-    c0: u32,
-    rows: u32,
-    cols: u32,
-    ld: u32,
-    tid: u32,
-    R: kaio.constexpr,
-    C: kaio.constexpr,
-    THREADS: kaio.constexpr,
-    VEC: kaio.constexpr,
-    ASYNC: kaio.constexpr,
-    DT: kaio.constexpr,
-):
+    PHASE: kaio.constexpr, EDGES: kaio.constexpr,
+    dst: DT[:, :, :], src: DT[:], regs: u32[:, :],
+    stage: u32, r0: u32, c0: u32, rows: u32, cols: u32, ld: u32, tid: u32,
+    R: kaio.constexpr, C: kaio.constexpr, THREADS: kaio.constexpr, VEC: kaio.constexpr,
+    ASYNC: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
     """The R x C tile at (r0, c0) of the flat row-major matrix ``src`` (row length ``ld``)
     into dst[stage], zeros past rows x cols: 16-byte chunks (cp.async when ASYNC, else
     vector loads into ``regs``) when VEC, else element by element. Through registers,
@@ -640,21 +505,10 @@ def store_sum(ws: f32[:, :], c: f16[:, :], i: u32, M: u32, N: u32, alpha: f32,
 
 @kaio.gpu_kernel
 def sum_qkv_slices(
-    ws0: f32[:, :],
-    ws1: f32[:, :],
-    ws2: f32[:, :],
-    c0: f16[:, :],
-    c1: f16[:, :],
-    c2: f16[:, :],
-    M: u32,
-    N0: u32,
-    N1: u32,
-    N2: u32,
-    alpha0: f32,
-    alpha1: f32,
-    alpha2: f32,
+    ws0: f32[:, :], ws1: f32[:, :], ws2: f32[:, :], c0: f16[:, :], c1: f16[:, :], c2: f16[:, :],
+    M: u32, N0: u32, N1: u32, N2: u32, alpha0: f32, alpha1: f32, alpha2: f32,
     SPLIT: kaio.constexpr,
-):
+):  # fmt: skip
     """c_p = f16(alpha_p * the sum of the SPLIT partial products stacked in ws_p), for the
     three products of ``qkv_kernel`` (widths N_p, 0 for none) in one launch: one thread per
     element, the elements of c_0, then c_1, then c_2."""
