@@ -69,8 +69,9 @@ def warp_place(WARPS_N: kaio.constexpr, WTM: kaio.constexpr, WTN: kaio.constexpr
     row and column of its warp's WTM x WTN sub-tile of the block tile (warps row-major,
     WARPS_N a row)."""
     tid = kaio.thread_idx_x()
+    lane = kaio.lane_id()
     warp = tid // 32
-    return tid, kaio.lane_id(), warp // WARPS_N * WTM, warp % WARPS_N * WTN
+    return tid, lane, warp // WARPS_N * WTM, warp % WARPS_N * WTN
 
 
 @kaio.gpu_func
