@@ -214,8 +214,8 @@ def _atomic_on_u8(out: kaio.u8[:]):
     ],
 )
 def test_atomics_no_arch_has_are_refused_before_either_backend(kernel, message, backend):
-    """The frontend refuses them at the call, whatever the backend (which no longer check
-    them again)."""
+    """The frontend refuses them at the call, whatever the backend (IR built otherwise:
+    the legality pass, test_ptx_emitter's test_atomic_on_narrow_types_is_an_error)."""
     with pytest.raises(CompileError, match=message) as err:
         kernel.ptx(arch="sm_90", backend=backend)
     assert "test_legality.py" in str(err.value)
