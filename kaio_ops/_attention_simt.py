@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import kaio
 from kaio import f32, u32
-from kaio_ops._common import lanes_max, lanes_sum
+from kaio_ops._common import lanes_max, lanes_sum, store_cols
 
 NT = 256  # threads per block
 ROWS = 64  # rows of a block's row tile: 16 thread rows x 4
@@ -134,13 +134,7 @@ def store_rows(
         col = 4 * tx + 64 * c
         for e in kaio.static_range(4):
             v[e] = acc[r, c, e] * factor
-        if vec != 0:
-            if col < D:
-                kaio.store_vector(dst, (row0 + row, col), v)
-        else:
-            for e in kaio.static_range(4):
-                if col + e < D:
-                    dst[row0 + row, col + e] = v[e]
+        store_cols(dst, row0 + row, col, v, D, vec != 0, 4, f32)
 
 
 @kaio.gpu_func

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import kaio
 from kaio import bool_, f32, i32, u32
+from kaio_ops._common import store_cols
 from kaio_ops._matmul_kernels import (
     k_range,
     load_tiles,
@@ -282,13 +283,8 @@ def store_pair(
                                    RES, DT, RT))  # fmt: skip
             pair[1] = OUT(epilogue(g1, u1, row, kaio.min(col + 1, N - 1), N, bias, res, BIAS, ACT,
                                    RES, DT, RT))  # fmt: skip
-            if N % 2 == 0:  # two adjacent columns, 2 * OUT.itemsize aligned
-                if col < N:
-                    kaio.store_vector(c, (row, col), pair)
-            else:
-                for e in kaio.static_range(2):
-                    if col + e < N:
-                        c[row, col + e] = pair[e]
+            # N even: two adjacent columns, 2 * OUT.itemsize aligned
+            store_cols(c, row, col, pair, N, N % 2 == 0, 2, OUT)
 
 
 @kaio.gpu_func

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import kaio
 from kaio import bf16, f16, f16x2, f32, i32, u32, u64
+from kaio_ops._common import store_cols
 
 GROUP_M = 8
 
@@ -250,13 +251,7 @@ def matmul_tile(
                 pair[0] = OUT(f32(acc[mi, tile_a, h, elem_a]) * alpha)
                 pair[1] = OUT(f32(acc[mi, tile_b, h, elem_b]) * alpha)
                 if row < M:
-                    if VEC:
-                        if col < N:
-                            kaio.store_vector(c, (row0 + row, col), pair)
-                    else:
-                        for e in kaio.static_range(2):
-                            if col + e < N:
-                                c[row0 + row, col + e] = pair[e]
+                    store_cols(c, row0 + row, col, pair, N, VEC, 2, OUT)
 
 
 @kaio.gpu_func
