@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import kaio
 from kaio import bf16, f16, f16x2, f32, i32, u32, u64
-from kaio_ops._common import store_cols
 
 GROUP_M = 8
 
@@ -250,8 +249,14 @@ def matmul_tile(
                 row = m0 + wm + mi * 16 + lane // 4 + h * 8
                 pair[0] = OUT(f32(acc[mi, tile_a, h, elem_a]) * alpha)
                 pair[1] = OUT(f32(acc[mi, tile_b, h, elem_b]) * alpha)
-                if row < M:
-                    store_cols(c, row0 + row, col, pair, N, VEC, 2, OUT)
+                if row < M:  # _common.store_cols, inline: the row is computed in each branch
+                    if VEC:
+                        if col < N:
+                            kaio.store_vector(c, (row0 + row, col), pair)
+                    else:
+                        for e in kaio.static_range(2):
+                            if col + e < N:
+                                c[row0 + row, col + e] = pair[e]
 
 
 @kaio.gpu_func
