@@ -193,7 +193,24 @@ def cases(g):
     out.append(
         ("linear bf16 M16 4096x4096 (mma.sync, K split)", {"KAIO_HOPPER_MATMUL": "0"}, sets, lin)
     )
+    f32 = torch.float32
+    sets = [tuple(h(2048, 128, dt=f32) for _ in range(3)) for _ in range(2)]
+    fwd = lambda ops, *a: ops.attention_flash_causal(*a)  # noqa: E731
+    out.append(("attention_flash_causal f32 S2048 D128 (SIMT)", {}, sets, fwd))
+    bwd = [(h(2048, 128, dt=f32), q, k, v, *_stats(q, k, v)) for q, k, v in sets]
+    back = lambda ops, *a: ops.attention_flash_bwd_causal(*a)  # noqa: E731
+    out.append(("attention_flash_bwd_causal f32 S2048 D128 (SIMT)", {}, bwd, back))
+    sets = [tuple(h(1, 32, 2048, 128) for _ in range(3)) for _ in range(2)]
+    fa = lambda ops, q, k, v: ops.flash_attention(q, k, v, causal=True)  # noqa: E731
+    out.append(("flash_attention f16 B1 H32 S2048 D128 causal", {}, sets, fa))
     return out
+
+
+def _stats(q, k, v):
+    """(out, lse) of causal f32 attention of q, k, v [S, D] in torch: the backward's inputs."""
+    s = (q @ k.T) / q.shape[1] ** 0.5
+    s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(s, 1) @ v, torch.logsumexp(s, 1).contiguous()
 
 
 def _setenv(env: dict, tree: Tree):
