@@ -332,3 +332,7 @@ def gemm_reduce(
             u = slice_sum(ws, row, N + col, M, SPLIT)
         g = slice_sum(ws, row, col, M, SPLIT)
         c[row, col] = OUT(epilogue(g, u, row, col, N, bias, res, BIAS, ACT, RES, DT, RT))
+
+
+GEMM = gemm_kernel  # the names the ops launch: kernels generic over DT, OUT and RT
+REDUCE = gemm_reduce

@@ -372,7 +372,7 @@ def takes(a, b, s) -> bool:
     and scales ``s`` (``_arrays.Operand``s): M > ``DECODE_M``, operands that ``fits``, and an
     sm_90 GPU (``KAIO_HOPPER_MATMUL=0`` opts out, as for the f16 matmuls), or under the
     simulator when ``IN_SIMULATOR``."""
-    from kaio.sim import active as simulating
+    from kaio.sim.mode import active as simulating
     from kaio_ops.matmul import _hopper
 
     on = IN_SIMULATOR if simulating() else _hopper(a)
@@ -384,12 +384,12 @@ def finish(a, ws, split: int, out_type):
     stacked in ``ws`` [split * M, N] (for ``a`` [M, K], an ``_arrays.Operand``), in slice
     order; ``split`` 1 converts an f32 result. ``kaio_ops._gemm.gemm_reduce`` does it."""
     from kaio_ops import _arrays
-    from kaio_ops._gemm import gemm_reduce
+    from kaio_ops._gemm import REDUCE
     from kaio_ops.linear import _placeholder
 
     m, n = a.shape[0], ws.shape[1]
     c = _arrays.output(a, (m, n), out_type)
-    gemm_reduce[(math.ceil(m * n / 256), 256, _arrays.stream_of(a), 0)](
+    REDUCE[(math.ceil(m * n / 256), 256, _arrays.stream_of(a), 0)](
         ws, _arrays.output_arg(a, c, (m, n), out_type), _placeholder(a, f16, 1),
         _placeholder(a, out_type, 2), m, n, SPLIT=split, BIAS=0, ACT="none", RES=0,
         DT=f16, OUT=out_type, RT=out_type,

@@ -18,7 +18,7 @@ import numpy as np
 
 from kaio.types import ScalarType, bf16, f16, f32, i32
 from kaio_ops import _arrays, _gemm_hopper, _gemv, _matmul_hopper
-from kaio_ops._gemm import ACTIVATIONS, gemm_kernel, gemm_reduce
+from kaio_ops._gemm import ACTIVATIONS, GEMM, REDUCE
 from kaio_ops._plan import planned
 from kaio_ops.matmul import CONFIGS, Plan, _hopper, heuristic, k_slices, plan_for
 
@@ -196,7 +196,7 @@ def gemm(
         shared = stages * (cfg.bm + (2 if gate else 1) * cfg.bn) * cfg.bk * 2 + 32
         tiles = math.ceil(m / cfg.bm) * math.ceil(n / cfg.bn)
         counters = _counters(a, tiles) if fixup else _placeholder(a, i32, 1)
-        gemm_kernel[(tiles, 1, split), cfg.threads, stream, shared](
+        GEMM[(tiles, 1, split), cfg.threads, stream, shared](
             a.arg(m * k),
             b.arg(b.size),
             *args[:4],
@@ -210,7 +210,7 @@ def gemm(
             **types,
         )
     if split > 1 and not fixup:
-        gemm_reduce[(math.ceil(m * n / 256), 256, stream, 0)](
+        REDUCE[(math.ceil(m * n / 256), 256, stream, 0)](
             ws, c_arg, bias_arg, res_arg, m, n, SPLIT=split, **epilogue, **types
         )
     return c
@@ -436,7 +436,7 @@ def specializations() -> list:
         consts = _tile_constexprs(CONFIGS[name], pipelined, True)
         extra = {"BT": bt, "SPLIT": min(split, 2), "FIXUP": int(split > 2), "BIAS": epi}
         extra |= {"ACT": act, "RES": epi}
-        out.append((gemm_kernel, {**consts, **extra, "DT": dt, "OUT": ot, "RT": ot}))
+        out.append((GEMM, {**consts, **extra, "DT": dt, "OUT": ot, "RT": ot}))
 
     for name in CONFIGS:
         for bt in (0, 1):
@@ -450,7 +450,7 @@ def specializations() -> list:
         add(f16, f32, "16x128", act=act, split=2)  # summed by gemm_reduce
         for dt, ot in ((f16, f16), (bf16, f32)):
             epi = {"SPLIT": 4, "BIAS": 1, "ACT": act, "RES": 1}
-            out.append((gemm_reduce, {**epi, "DT": dt, "OUT": ot, "RT": ot}))
+            out.append((REDUCE, {**epi, "DT": dt, "OUT": ot, "RT": ot}))
     for mr, dt, ot in ((1, f16, f16), (5, bf16, f32), (8, bf16, bf16)):
         out.append((_gemv.gemv_kn, {"MR": mr, "DT": dt, "OUT": ot}))
     for mr, dt, ot, act in (
