@@ -56,10 +56,9 @@ def kaio_ops_specializations() -> list[tuple[str, object, dict]]:
 
 
 def label(kernel, constexprs: dict) -> str:
-    """``name[dtype] K=V ...``: the kernel, its element type (kaio_ops' ``DT``: a dtype
-    constexpr, or the module global of a kernel still on ``kaio_ops._typed.by_dtype``) and the
-    other values."""
-    dt = constexprs.get("DT", kernel.pyfunc.__globals__.get("DT"))
+    """``name[dtype] K=V ...``: the kernel, its element type (kaio_ops' dtype constexpr
+    ``DT``) and the other values."""
+    dt = constexprs.get("DT")
     name = f"{kernel.__name__}[{dt}]" if dt is not None else kernel.__name__
     return " ".join([name, *(f"{k}={v}" for k, v in constexprs.items() if k != "DT")])
 

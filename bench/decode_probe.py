@@ -252,12 +252,12 @@ def main():
     sets = make_sets(b, length)
     lens = torch.full((b,), length, device="cuda", dtype=torch.int32)
     print(f"B1 L4096 rel err vs f32 SDPA: {check(sets, lens):.2e}", flush=True)
-    k = decode.DECODE[f16]
+    k = decode.DECODE
     for cl, st in ((16, 4), (16, 3), (16, 2), (8, 4)):
         try:
             n = k.max_active_clusters(
                 128, decode.shared_bytes(128, 1, st), DP=128, MT=1, PAGED=False, DIRECT=False,
-                FUSED=False, STAGES=st, CL=cl,
+                FUSED=False, STAGES=st, CL=cl, DT=f16,
             )  # fmt: skip
             print(f"max_active_clusters CL={cl} stages={st}: {n}", flush=True)
         except Exception as e:  # noqa: BLE001
@@ -326,8 +326,8 @@ def main():
 
 def warm_list():
     """The specializations the probe launches (D 128, one M-tile, f16), for ``warm``."""
-    k = decode.DECODE[f16]
-    out = [(decode.MERGE[f16], {"DP": 128, "MT": 1}), (probe_mark, {})]
+    k = decode.DECODE
+    out = [(decode.MERGE, {"DP": 128, "MT": 1, "DT": f16}), (probe_mark, {})]
     out += [(stream, {"U": u}) for u in (8, 16)]
     for paged in (False, True):
         for st in (2, 3, 4):
@@ -335,7 +335,7 @@ def warm_list():
                 (False, True, 1), (False, False, 16), (True, False, 1), (False, False, 1),
                 (False, False, 8), (False, False, 4), (False, False, 2),
             ):  # fmt: skip
-                c = {"DP": 128, "MT": 1, "PAGED": paged, "STAGES": st}
+                c = {"DP": 128, "MT": 1, "PAGED": paged, "STAGES": st, "DT": f16}
                 out.append((k, {**c, "DIRECT": direct, "FUSED": fused, "CL": cl}))
     return out
 

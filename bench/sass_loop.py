@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from kaio.kernel import BACKENDS  # noqa: E402
 from kaio.ptx.ptxas import find_ptxas  # noqa: E402
 from kaio.types import bf16, f16  # noqa: E402
-from kaio_ops._matmul_kernels import MATMUL  # noqa: E402
+from kaio_ops._matmul_kernels import matmul_kernel  # noqa: E402
 from kaio_ops.matmul import CONFIGS  # noqa: E402
 
 _SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
@@ -123,7 +123,7 @@ def table(dtype, pipelined: bool, arch: str, bin_dir: str, dump: str | None) -> 
     for name, cfg in CONFIGS.items():
         constexprs = cfg.for_itemsize(dtype.itemsize).constexprs(pipelined, True)
         for backend in BACKENDS:
-            ptx = MATMUL[dtype].ptx(arch=arch, backend=backend, **constexprs)
+            ptx = matmul_kernel.ptx(arch=arch, backend=backend, DT=dtype, **constexprs)
             prefix = os.path.join(dump, f"{name}_{backend}") if dump else None
             s = measure(ptx, arch, bin_dir, prefix)
             rows.append(

@@ -11,7 +11,7 @@ import numpy as np
 
 import kaio
 import kaio_ops
-from kaio_ops._matmul_kernels import MATMUL
+from kaio_ops._matmul_kernels import matmul_kernel
 from kaio_ops.matmul import CONFIGS, heuristic
 
 
@@ -23,7 +23,7 @@ def main() -> None:
             f"{m}x{n}x{k}: {plan.config} tiles, {cfg.threads} threads, "
             f"{cfg.stages}-stage pipeline, K split {plan.split}"
         )
-    ptx = MATMUL[kaio.f16].ptx(arch="sm_90", **CONFIGS["128x256"].constexprs(True, True))
+    ptx = matmul_kernel.ptx(arch="sm_90", DT=kaio.f16, **CONFIGS["128x256"].constexprs(True, True))
     for instr in ("cp.async.cg", "ldmatrix", "mma.sync.aligned.m16n8k16"):
         print(f"  {instr:28s} x{ptx.count(instr)} in the 128x256 kernel's PTX")
 

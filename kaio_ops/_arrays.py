@@ -16,13 +16,10 @@ import math
 import numpy as np
 
 import kaio
-from kaio.errors import LaunchError
-from kaio.runtime.arginfo import RawArray
-from kaio.runtime.arguments import NUMPY_HINT, describe
-from kaio.runtime.arguments import torch_dtype as torch_scalar_type
-from kaio.runtime.device import current
-from kaio.runtime.memory import DeviceArray
-from kaio.sim.mode import active as simulating
+from kaio import DeviceArray, LaunchError
+from kaio.runtime import NUMPY_HINT, RawArray, current, describe
+from kaio.runtime import torch_dtype as torch_scalar_type
+from kaio.sim import active as simulating
 from kaio.types import ScalarType, bf16, f16, f32, from_numpy_dtype
 
 __all__ = ["FLOATS", "Inputs", "Operand", "arg", "output", "output_arg", "stream_of", "view"]

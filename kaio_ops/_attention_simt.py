@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import kaio
 from kaio import f32, u32
-from kaio_ops._common import lanes_max, lanes_sum
+from kaio_ops._common import lanes_max, lanes_sum, store_cols
 
 NT = 256  # threads per block
 ROWS = 64  # rows of a block's row tile: 16 thread rows x 4
@@ -64,6 +64,14 @@ def bwd_cols(dp: int) -> int:
 
 
 @kaio.gpu_func
+def thread_grid():
+    """``(tid, ty, tx)``: this thread's index in the block and its row and column in the
+    block's 16-wide grid of threads (each owns 4 rows of a tile from row 4 ty)."""
+    tid = kaio.thread_idx_x()
+    return tid, tid // 16, tid % 16
+
+
+@kaio.gpu_func
 def zero_tile(dst: f32[:, :], R: kaio.constexpr, W: kaio.constexpr):
     """dst[0:R, 0:W] = 0 (W a multiple of 4), 16 bytes a store."""
     tid = kaio.thread_idx_x()
@@ -79,13 +87,10 @@ def zero_tile(dst: f32[:, :], R: kaio.constexpr, W: kaio.constexpr):
 
 @kaio.gpu_func
 def load_rows(
-    dst: f32[:, :],
-    src: f32[:, :],
-    row0: u32,
-    vec: u32,
-    R: kaio.constexpr,
-    DP: kaio.constexpr,
-):
+    dst: f32[:, :], src: f32[:, :],
+    row0: u32, vec: u32,
+    R: kaio.constexpr, DP: kaio.constexpr,
+):  # fmt: skip
     """src[row0 : row0 + R, 0:D] into dst[0:R, 0:D] (D = src.shape[1] <= DP), rows past the
     end of src as zeros. vec != 0: 16-byte cp.async copies (D % 4 == 0, src 16-byte aligned; the
     caller commits and waits), else element loads through registers (any D). Columns D..DP of
@@ -118,16 +123,9 @@ def load_rows(
 
 @kaio.gpu_func
 def store_rows(
-    dst: f32[:, :],
-    row0: u32,
-    acc: f32[:, :, :],
-    r: kaio.constexpr,
-    row: u32,
-    factor: f32,
-    tx: u32,
-    vec: u32,
-    DP: kaio.constexpr,
-):
+    dst: f32[:, :], row0: u32, acc: f32[:, :, :], r: kaio.constexpr, row: u32, factor: f32,
+    tx: u32, vec: u32, DP: kaio.constexpr,
+):  # fmt: skip
     """dst[row0 + row, 4tx + 64c + e] = acc[r, c, e] * factor for the columns below D (one
     16-byte store a chunk when vec != 0)."""
     D = u32(dst.shape[1])
@@ -136,25 +134,15 @@ def store_rows(
         col = 4 * tx + 64 * c
         for e in kaio.static_range(4):
             v[e] = acc[r, c, e] * factor
-        if vec != 0:
-            if col < D:
-                kaio.store_vector(dst, (row0 + row, col), v)
-        else:
-            for e in kaio.static_range(4):
-                if col + e < D:
-                    dst[row0 + row, col + e] = v[e]
+        store_cols(dst, row0 + row, col, v, D, vec != 0, 4, f32)
 
 
 @kaio.gpu_func
 def dot_tile(
-    acc: f32[:, :],
-    a_s: f32[:, :],
-    b_s: f32[:, :],
-    ty: u32,
-    tx: u32,
-    DP: kaio.constexpr,
-    C: kaio.constexpr,
-):
+    acc: f32[:, :], a_s: f32[:, :], b_s: f32[:, :],
+    ty: u32, tx: u32,
+    DP: kaio.constexpr, C: kaio.constexpr,
+):  # fmt: skip
     """acc[r, c] = sum over d < DP of a_s[4ty + r, d] * b_s[tx + 16c, d]."""
     a = kaio.local(f32, (4, 4))
     b = kaio.local(f32, (C, 4))
@@ -177,14 +165,10 @@ def dot_tile(
 
 @kaio.gpu_func
 def acc_tile(
-    acc: f32[:, :, :],
-    p_s: f32[:, :],
-    v_s: f32[:, :],
-    ty: u32,
-    tx: u32,
-    J: kaio.constexpr,
-    DP: kaio.constexpr,
-):
+    acc: f32[:, :, :], p_s: f32[:, :], v_s: f32[:, :],
+    ty: u32, tx: u32,
+    J: kaio.constexpr, DP: kaio.constexpr,
+):  # fmt: skip
     """acc[r, c, e] += sum over j < J of p_s[4ty + r, j] * v_s[j, 4tx + 64c + e]."""
     p = kaio.local(f32, (4, 4))
     w = kaio.local(f32, (DP // 64, 4))
@@ -220,17 +204,10 @@ def lse_log2(x: f32) -> f32:
 
 @kaio.gpu_kernel(block_size=NT)
 def flash_fwd(
-    q: f32[:, :],
-    k: f32[:, :],
-    v: f32[:, :],
-    out: f32[:, :],
-    lse: f32[:],
-    scale_log2: f32,
-    tiles_per_split: u32,
-    causal: u32,
-    vec: u32,
+    q: f32[:, :], k: f32[:, :], v: f32[:, :], out: f32[:, :], lse: f32[:],
+    scale_log2: f32, tiles_per_split: u32, causal: u32, vec: u32,
     DP: kaio.constexpr,
-):
+):  # fmt: skip
     """One 64-row query tile (block x, heaviest causal tiles first) against the key tiles of
     split ``block_idx_y`` (``tiles_per_split`` tiles of 64 keys each): out[split * Sq + row]
     = softmax-weighted V of those keys, lse[split * Sq + row] = their logsumexp (-inf and a
@@ -239,9 +216,7 @@ def flash_fwd(
     W = DP + 4
     Sq = u32(q.shape[0])
     Sk = u32(k.shape[0])
-    tid = kaio.thread_idx_x()
-    ty = tid // 16
-    tx = tid % 16
+    tid, ty, tx = thread_grid()
     q0 = (kaio.grid_dim_x() - 1 - kaio.block_idx_x()) * ROWS
     split = kaio.block_idx_y()
     q_s = kaio.shared_dynamic(f32, (ROWS, W), 0)
@@ -348,22 +323,32 @@ def combine_splits(part: f32[:, :], part_lse: f32[:], out: f32[:, :], lse: f32[:
             lse[row] = kaio.select(total > 0.0, base + kaio.log(total), NEG_INF)
 
 
+@kaio.gpu_func
+def start_tiles(
+    x_s: f32[:, :], y_s: f32[:, :], u_s: f32[:, :], v_s: f32[:, :], x: f32[:, :], y: f32[:, :],
+    row0: u32, vec: u32, R: kaio.constexpr, RU: kaio.constexpr, W: kaio.constexpr,
+    DP: kaio.constexpr,
+):  # fmt: skip
+    """A backward block's start: zero its shared tiles (x_s, y_s of R rows, u_s, v_s of RU
+    rows, W columns), then copy rows row0 .. row0 + R of x and y into x_s and y_s
+    (``load_rows``) and wait for the copies."""
+    zero_tile(x_s, R, W)
+    zero_tile(y_s, R, W)
+    zero_tile(u_s, RU, W)
+    zero_tile(v_s, RU, W)
+    kaio.sync_threads()
+    load_rows(x_s, x, row0, vec, R, DP)
+    load_rows(y_s, y, row0, vec, R, DP)
+    kaio.cp_async_wait_all()
+
+
 @kaio.gpu_kernel(block_size=NT)
 def flash_bwd_dq(
-    q: f32[:, :],
-    k: f32[:, :],
-    v: f32[:, :],
-    do: f32[:, :],
-    lse: f32[:],
-    delta: f32[:],
+    q: f32[:, :], k: f32[:, :], v: f32[:, :], do: f32[:, :], lse: f32[:], delta: f32[:],
     dq: f32[:, :],
-    scale_log2: f32,
-    scale: f32,
-    causal: u32,
-    vec: u32,
-    DP: kaio.constexpr,
-    C: kaio.constexpr,
-):
+    scale_log2: f32, scale: f32, causal: u32, vec: u32,
+    DP: kaio.constexpr, C: kaio.constexpr,
+):  # fmt: skip
     """dQ of one 64-row query tile: over the key tiles (16C keys) it sees, recompute
     P = exp2(S * scale_log2 - lse2) and dP = dO V^T, then dS = P * (dP - delta) and
     dQ += dS K; finally dQ *= scale. No atomics: deterministic."""
@@ -371,23 +356,14 @@ def flash_bwd_dq(
     KT = 16 * C
     Sq = u32(q.shape[0])
     Sk = u32(k.shape[0])
-    tid = kaio.thread_idx_x()
-    ty = tid // 16
-    tx = tid % 16
+    tid, ty, tx = thread_grid()
     q0 = (kaio.grid_dim_x() - 1 - kaio.block_idx_x()) * ROWS
     q_s = kaio.shared_dynamic(f32, (ROWS, W), 0)
     do_s = kaio.shared_dynamic(f32, (ROWS, W), ROWS * W * 4)
     k_s = kaio.shared_dynamic(f32, (KT, W), 2 * ROWS * W * 4)
     v_s = kaio.shared_dynamic(f32, (KT, W), (2 * ROWS + KT) * W * 4)
     ds_s = kaio.shared_dynamic(f32, (ROWS, KT + 4), (2 * ROWS + 2 * KT) * W * 4)
-    zero_tile(q_s, ROWS, W)
-    zero_tile(do_s, ROWS, W)
-    zero_tile(k_s, KT, W)
-    zero_tile(v_s, KT, W)
-    kaio.sync_threads()
-    load_rows(q_s, q, q0, vec, ROWS, DP)
-    load_rows(do_s, do, q0, vec, ROWS, DP)
-    kaio.cp_async_wait_all()
+    start_tiles(q_s, do_s, k_s, v_s, q, do, q0, vec, ROWS, KT, W, DP)
 
     lse2 = kaio.local(f32, 4)
     dlt = kaio.local(f32, 4)
@@ -429,21 +405,11 @@ def flash_bwd_dq(
 
 @kaio.gpu_kernel(block_size=NT)
 def flash_bwd_dkdv(
-    q: f32[:, :],
-    k: f32[:, :],
-    v: f32[:, :],
-    do: f32[:, :],
-    lse: f32[:],
-    delta: f32[:],
-    dk: f32[:, :],
-    dv: f32[:, :],
-    scale_log2: f32,
-    scale: f32,
-    causal: u32,
-    vec: u32,
-    DP: kaio.constexpr,
-    C: kaio.constexpr,
-):
+    q: f32[:, :], k: f32[:, :], v: f32[:, :], do: f32[:, :], lse: f32[:], delta: f32[:],
+    dk: f32[:, :], dv: f32[:, :],
+    scale_log2: f32, scale: f32, causal: u32, vec: u32,
+    DP: kaio.constexpr, C: kaio.constexpr,
+):  # fmt: skip
     """dK and dV of one 64-row key tile: over the query tiles (16C queries) that see it,
     recompute P^T = exp2(K Q^T * scale_log2 - lse2) and dP^T = V dO^T, then dV += P^T dO and
     dK += dS^T Q with dS^T = P^T * (dP^T - delta); finally dK *= scale."""
@@ -451,9 +417,7 @@ def flash_bwd_dkdv(
     QT = 16 * C
     Sq = u32(q.shape[0])
     Sk = u32(k.shape[0])
-    tid = kaio.thread_idx_x()
-    ty = tid // 16
-    tx = tid % 16
+    tid, ty, tx = thread_grid()
     k0 = kaio.block_idx_x() * ROWS  # causal: the first key tiles see the most queries
     k_s = kaio.shared_dynamic(f32, (ROWS, W), 0)
     v_s = kaio.shared_dynamic(f32, (ROWS, W), ROWS * W * 4)
@@ -463,14 +427,7 @@ def flash_bwd_dkdv(
     dst_s = kaio.shared_dynamic(
         f32, (ROWS, QT + 4), (2 * ROWS + 2 * QT) * W * 4 + ROWS * (QT + 4) * 4
     )
-    zero_tile(k_s, ROWS, W)
-    zero_tile(v_s, ROWS, W)
-    zero_tile(q_s, QT, W)
-    zero_tile(do_s, QT, W)
-    kaio.sync_threads()
-    load_rows(k_s, k, k0, vec, ROWS, DP)
-    load_rows(v_s, v, k0, vec, ROWS, DP)
-    kaio.cp_async_wait_all()
+    start_tiles(k_s, v_s, q_s, do_s, k, v, k0, vec, ROWS, QT, W, DP)
 
     first = u32(0)
     if causal != 0:

@@ -56,19 +56,11 @@ A_COLS = 128  # the backward reads A fragments at most this many columns at a ti
 
 @kaio.gpu_func
 def load_tile(
-    dst: DT[:, :],
-    src: DT[:],
-    base: u32,
-    row0: u32,
-    nrows: u32,
-    ncols: u32,
-    tid: u32,
-    R: kaio.constexpr,
-    C: kaio.constexpr,
-    THREADS: kaio.constexpr,
-    VEC: kaio.constexpr,
-    DT: kaio.constexpr = f16,  # a default only for kaio_ops._decode (see _typed.by_dtype)
-):
+    dst: DT[:, :], src: DT[:],
+    base: u32, row0: u32, nrows: u32, ncols: u32, tid: u32,
+    R: kaio.constexpr, C: kaio.constexpr, THREADS: kaio.constexpr, VEC: kaio.constexpr,
+    DT: kaio.constexpr,
+):  # fmt: skip
     """Rows row0 .. row0 + R of the row-major [nrows, ncols] matrix at src[base] into the
     swizzled R x C tile dst, zeros outside the matrix: 16-byte cp.async copies when VEC
     (ncols % 8 == 0 and src 16-byte aligned; the caller commits), else element by element."""
@@ -129,14 +121,9 @@ def pack(lo: f32, hi: f32, DT: kaio.constexpr) -> u32:
 
 @kaio.gpu_func
 def mma(
-    acc: f32[:, :],
-    n: kaio.constexpr,
-    a: u32[:, :],
-    ka: kaio.constexpr,
-    b: u32[:, :],
-    kb: kaio.constexpr,
-    DT: kaio.constexpr,
-):
+    acc: f32[:, :], n: kaio.constexpr, a: u32[:, :], ka: kaio.constexpr, b: u32[:, :],
+    kb: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
     """acc[n] += a[ka] @ b[kb]: one m16n8k16 with DT inputs (device functions take whole
     local arrays, so the fragments are named by their constant indices)."""
     if DT == f16:
@@ -151,7 +138,7 @@ def frag_columns(
     bcol: u32[:],
     s: DT[:, :],
     lane: u32,
-    DT: kaio.constexpr = f16,  # a default only for kaio_ops._decode (see _typed.by_dtype)
+    DT: kaio.constexpr,
 ):
     """The ldmatrix columns of this lane in a swizzled tile with rows like ``s``'s: ``acol``
     for A fragments and ``.trans`` B fragments (row lane % 16, column lane // 16 * 8),
@@ -166,15 +153,12 @@ def frag_columns(
 
 @kaio.gpu_func
 def load_a(
-    af: u32[:, :],
-    a_s: DT[:, :],
+    af: u32[:, :], a_s: DT[:, :],
     row0: u32,
     acol: u32[:],
     lane: u32,
-    K0: kaio.constexpr,
-    K: kaio.constexpr,
-    DT: kaio.constexpr = f16,  # a default only for kaio_ops._decode (see _typed.by_dtype)
-):
+    K0: kaio.constexpr, K: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
     """af[kk] = the A fragments of rows row0 .. row0 + 15 of a_s, columns K0 + 16 kk for the
     k-steps kk < K / 16 (K0 a multiple of 64)."""
     for kk in kaio.static_range(K // 16):
@@ -183,16 +167,10 @@ def load_a(
 
 @kaio.gpu_func
 def dot_rows(
-    acc: f32[:, :],
-    af: u32[:, :],
-    b_s: DT[:, :],
-    bcol: u32[:],
+    acc: f32[:, :], af: u32[:, :], b_s: DT[:, :], bcol: u32[:],
     lane: u32,
-    NB: kaio.constexpr,
-    K0: kaio.constexpr,
-    K: kaio.constexpr,
-    DT: kaio.constexpr,
-):
+    NB: kaio.constexpr, K0: kaio.constexpr, K: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
     """acc[n] = A @ B^T for the n-tiles n < NB over the columns K0 .. K0 + K (acc[n] +=
     where K0 > 0: the first column block starts the sum): A the warp's 16 rows in fragments
     ``af`` (k-steps of 16), B rows 0 .. 8 NB of the shared tile b_s (the ``col`` B operand as
@@ -202,17 +180,12 @@ def dot_rows(
 
 @kaio.gpu_func
 def dot_rows_at(
-    acc: f32[:, :],
-    af: u32[:, :],
-    b_s: DT[:, :],
+    acc: f32[:, :], af: u32[:, :], b_s: DT[:, :],
     b_row0: u32,
     bcol: u32[:],
     lane: u32,
-    NB: kaio.constexpr,
-    K0: kaio.constexpr,
-    K: kaio.constexpr,
-    DT: kaio.constexpr = f16,  # a default only for kaio_ops._decode (see _typed.by_dtype)
-):
+    NB: kaio.constexpr, K0: kaio.constexpr, K: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
     """``dot_rows`` with B rows b_row0 .. b_row0 + 8 NB of b_s (b_row0 a multiple of 8)."""
     bf = kaio.local(u32, (2, 2))
     if K0 == 0:
@@ -229,19 +202,12 @@ def dot_rows_at(
 
 @kaio.gpu_func
 def dot_shared_rows(
-    acc: f32[:, :],
-    af: u32[:, :],
-    a_s: DT[:, :],
+    acc: f32[:, :], af: u32[:, :], a_s: DT[:, :],
     row0: u32,
-    b_s: DT[:, :],
-    acol: u32[:],
-    bcol: u32[:],
+    b_s: DT[:, :], acol: u32[:], bcol: u32[:],
     lane: u32,
-    NB: kaio.constexpr,
-    DP: kaio.constexpr,
-    KC: kaio.constexpr,
-    DT: kaio.constexpr,
-):
+    NB: kaio.constexpr, DP: kaio.constexpr, KC: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
     """acc[n] = A @ B^T for the n-tiles n < NB over DP columns, A rows row0 .. row0 + 15 of
     the shared tile a_s, read into the fragments ``af`` (KC / 16 k-steps) KC columns at a
     time: KC < DP keeps wide heads' A fragments to KC / 4 registers."""
@@ -252,15 +218,10 @@ def dot_shared_rows(
 
 @kaio.gpu_func
 def acc_rows(
-    acc: f32[:, :],
-    p: f32[:, :],
-    v_s: DT[:, :],
-    acol: u32[:],
+    acc: f32[:, :], p: f32[:, :], v_s: DT[:, :], acol: u32[:],
     lane: u32,
-    KB: kaio.constexpr,
-    DP: kaio.constexpr,
-    DT: kaio.constexpr,
-):
+    KB: kaio.constexpr, DP: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
     """acc[n] += P @ V over DP / 8 n-tiles: P the warp's 16 x 8 KB accumulators ``p`` (the
     accumulators of n-tiles 2kk, 2kk + 1, packed to DT pairs, are the A fragment of k-step
     kk), V rows 0 .. 8 KB of the shared tile v_s (ldmatrix .trans)."""
@@ -269,16 +230,12 @@ def acc_rows(
 
 @kaio.gpu_func
 def acc_rows_at(
-    acc: f32[:, :],
-    p: f32[:, :],
-    v_s: DT[:, :],
+    acc: f32[:, :], p: f32[:, :], v_s: DT[:, :],
     v_row0: u32,
     acol: u32[:],
     lane: u32,
-    KB: kaio.constexpr,
-    DP: kaio.constexpr,
-    DT: kaio.constexpr = f16,  # a default only for kaio_ops._decode (see _typed.by_dtype)
-):
+    KB: kaio.constexpr, DP: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
     """``acc_rows`` with V rows v_row0 .. v_row0 + 8 KB of v_s (v_row0 a multiple of 8)."""
     pf = kaio.local(u32, (1, 4))
     vf = kaio.local(u32, (2, 2))
@@ -296,13 +253,11 @@ def acc_rows_at(
 
 @kaio.gpu_func
 def softmax_step(
-    s: f32[:, :],
-    m: f32[:],
-    l: f32[:],
+    s: f32[:, :], m: f32[:], l: f32[:],
     h: kaio.constexpr,
     scale_log2: f32,
     NB: kaio.constexpr,
-) -> f32:
+) -> f32:  # fmt: skip
     """One online-softmax step of this lane's row half h (row g + 8h of the warp's 16) over
     the scores s of NB n-tiles (masked ones -inf): the running max m[h] (base 2, scaled) and
     sum l[h] (this lane's part) updated and s replaced by the probabilities; returns the
@@ -350,32 +305,20 @@ def start_rows(m: f32[:], l: f32[:], o: f32[:, :], DP: kaio.constexpr):
 
 @kaio.gpu_func
 def online_softmax(
-    s: f32[:, :],
-    m: f32[:],
-    l: f32[:],
-    o: f32[:, :],
+    s: f32[:, :], m: f32[:], l: f32[:], o: f32[:, :],
     h: kaio.constexpr,
     scale_log2: f32,
-    NB: kaio.constexpr,
-    DP: kaio.constexpr,
-):
+    NB: kaio.constexpr, DP: kaio.constexpr,
+):  # fmt: skip
     """``softmax_step`` of row half h, then the accumulators o (DP / 8 n-tiles) rescaled."""
     rescale(o, h, softmax_step(s, m, l, h, scale_log2, NB), DP)
 
 
 @kaio.gpu_func
 def store_out(
-    out: OT[:],
-    at: u32,
-    acc: f32[:, :],
-    h: kaio.constexpr,
-    factor: f32,
-    lane: u32,
-    cols: u32,
-    DP: kaio.constexpr,
-    VEC: kaio.constexpr,
-    OT: kaio.constexpr,
-):
+    out: OT[:], at: u32, acc: f32[:, :], h: kaio.constexpr, factor: f32, lane: u32, cols: u32,
+    DP: kaio.constexpr, VEC: kaio.constexpr, OT: kaio.constexpr,
+):  # fmt: skip
     """out[at + col] = acc * factor for this lane's columns col < cols of accumulator row
     half h (row g + 8h of the warp's 16), two at a time when VEC."""
     for n in kaio.static_range(DP // 8):
@@ -417,27 +360,11 @@ def lse_log2(x: f32) -> f32:
 
 @kaio.gpu_kernel
 def attention_fwd(
-    q: DT[:],
-    k: DT[:],
-    v: DT[:],
-    out: OT[:],
-    lse: f32[:],
-    sq: u32,
-    sk: u32,
-    d: u32,
-    dv: u32,
-    heads: u32,
-    group: u32,
-    scale_log2: f32,
-    causal: u32,
-    DP: kaio.constexpr,
-    WARPS: kaio.constexpr,
-    BN: kaio.constexpr,
-    MIN_BLOCKS: kaio.constexpr,
-    VEC: kaio.constexpr,
-    DT: kaio.constexpr,
-    OT: kaio.constexpr,
-):
+    q: DT[:], k: DT[:], v: DT[:], out: OT[:], lse: f32[:],
+    sq: u32, sk: u32, d: u32, dv: u32, heads: u32, group: u32, scale_log2: f32, causal: u32,
+    DP: kaio.constexpr, WARPS: kaio.constexpr, BN: kaio.constexpr, MIN_BLOCKS: kaio.constexpr,
+    VEC: kaio.constexpr, DT: kaio.constexpr, OT: kaio.constexpr,
+):  # fmt: skip
     """out[bh, row] = softmax(q[bh, row] k[kv]^T * scale) v[kv] and lse[bh, row] = the row's
     logsumexp, for the 16 * WARPS query rows of block x (heaviest causal tiles first) and
     (batch, head) ``bh`` = block y; q [.., sq, d], k [.., sk, d], v [.., sk, dv],
@@ -588,26 +515,10 @@ def row_dot(o: DT[:], do: DT[:], delta: f32[:], rows: u32, d: u32, DT: kaio.cons
 
 @kaio.gpu_kernel
 def attention_bwd_dq(
-    q: DT[:],
-    k: DT[:],
-    v: DT[:],
-    do: DT[:],
-    lse: f32[:],
-    delta: f32[:],
-    dq: OT[:],
-    sq: u32,
-    sk: u32,
-    d: u32,
-    heads: u32,
-    group: u32,
-    scale_log2: f32,
-    scale: f32,
-    causal: u32,
-    DP: kaio.constexpr,
-    BN: kaio.constexpr,
-    DT: kaio.constexpr,
-    OT: kaio.constexpr,
-):
+    q: DT[:], k: DT[:], v: DT[:], do: DT[:], lse: f32[:], delta: f32[:], dq: OT[:],
+    sq: u32, sk: u32, d: u32, heads: u32, group: u32, scale_log2: f32, scale: f32, causal: u32,
+    DP: kaio.constexpr, BN: kaio.constexpr, DT: kaio.constexpr, OT: kaio.constexpr,
+):  # fmt: skip
     """dQ of the 64 query rows of block x and head ``bh`` = block y: over the key tiles (BN
     keys) they see, P = exp2(S * scale_log2 - lse2) and dP = dO V^T from the tiles, then
     dS = P * (dP - delta) and dQ += dS K; finally dQ *= scale. Q, dO: [.., sq, d], K, V:
@@ -720,29 +631,11 @@ def dq_rows(
 
 @kaio.gpu_kernel
 def attention_bwd_dkdv(
-    q: DT[:],
-    k: DT[:],
-    v: DT[:],
-    do: DT[:],
-    lse: f32[:],
-    delta: f32[:],
-    dk: OT[:],
-    dv: OT[:],
-    sq: u32,
-    sk: u32,
-    d: u32,
-    heads: u32,
-    group: u32,
-    scale_log2: f32,
-    scale: f32,
-    causal: u32,
-    DP: kaio.constexpr,
-    BQ: kaio.constexpr,
-    WITH_DK: kaio.constexpr,
-    WITH_DV: kaio.constexpr,
-    DT: kaio.constexpr,
-    OT: kaio.constexpr,
-):
+    q: DT[:], k: DT[:], v: DT[:], do: DT[:], lse: f32[:], delta: f32[:], dk: OT[:], dv: OT[:],
+    sq: u32, sk: u32, d: u32, heads: u32, group: u32, scale_log2: f32, scale: f32, causal: u32,
+    DP: kaio.constexpr, BQ: kaio.constexpr, WITH_DK: kaio.constexpr, WITH_DV: kaio.constexpr,
+    DT: kaio.constexpr, OT: kaio.constexpr,
+):  # fmt: skip
     """dK and dV of the 64 keys of block x and K/V head ``kvh`` = block y, summed over the
     ``group`` query heads that read it and their query tiles (BQ rows) that see these keys:
     P^T = exp2(K Q^T * scale_log2 - lse2), dP^T = V dO^T, dV += P^T dO,

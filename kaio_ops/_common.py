@@ -11,7 +11,7 @@ picks ``VEC`` (``vector_width``). Values are computed in f32 whatever the elemen
 from __future__ import annotations
 
 import kaio
-from kaio import f32, u32
+from kaio import bool_, f32, u32
 from kaio_ops._arrays import Operand
 
 VECTOR_BYTES = 16
@@ -68,6 +68,23 @@ def store_f32(
         dst[i] = raw[0]
     else:
         kaio.store_vector(dst, i, raw)
+
+
+@kaio.gpu_func
+def store_cols(
+    dst: DT[:, :], row: u32, col: u32, v: DT[:], n: u32, vec: bool_, E: kaio.constexpr,
+    DT: kaio.constexpr,
+):  # fmt: skip
+    """dst[row, col .. col + E - 1] = v[0 .. E - 1], the columns below ``n`` only: one vector
+    store when ``vec`` (the caller vouches that the address is aligned and that the chunk
+    lies inside whenever ``col < n``), else element by element."""
+    if vec:
+        if col < n:
+            kaio.store_vector(dst, (row, col), v)
+    else:
+        for e in kaio.static_range(E):
+            if col + e < n:
+                dst[row, col + e] = v[e]
 
 
 @kaio.gpu_func

@@ -1,5 +1,5 @@
 """Decode attention over a KV cache (flash-decoding) and the cache append, written in the kaio
-DSL for f16/bf16 (``DT``). The host side is ``kaio_ops.decode``.
+DSL for f16/bf16 (the dtype constexpr ``DT``). The host side is ``kaio_ops.decode``.
 
 ``decode_fwd``: block (x, y) = (split, (batch b, K/V head, row chunk)). The query rows of a
 K/V group, ``group`` heads times ``sq`` new tokens (contiguous in q: the heads of a group are
@@ -28,10 +28,11 @@ Cache layouts (``PAGED``): contiguous [B, Hkv, capacity, D], or vLLM/FlashInfer 
 [num_pages, page_size, Hkv, D] with ``block_table`` [B, max_pages] (page_size = 1 << shift).
 """
 
+# ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
 from __future__ import annotations
 
 import kaio
-from kaio import f16, f32, i32, u32
+from kaio import f32, i32, u32
 from kaio_ops._attention_tc import (
     acc_rows_at,
     dot_rows_at,
@@ -42,7 +43,6 @@ from kaio_ops._attention_tc import (
     start_rows,
 )
 
-DT = f16  # the element type placeholder (see _typed.by_dtype)
 NEG_INF = float("-inf")
 LN2 = 0.6931471805599453
 WARPS = 4
@@ -130,6 +130,7 @@ def load_stage(
     tid: u32,
     DP: kaio.constexpr,
     PAGED: kaio.constexpr,
+    DT: kaio.constexpr,
 ):
     """The K rows of keys key0 .. key0 + BN into the swizzled rows row0 .. row0 + BN of dst
     and the V rows into the next BN rows (16-byte cp.async, one address computation for
@@ -185,6 +186,7 @@ def decode_fwd(
     FUSED: kaio.constexpr,
     STAGES: kaio.constexpr,
     CL: kaio.constexpr,
+    DT: kaio.constexpr,
 ):
     """Attention of the 16 * MT query rows (row chunk) of one K/V group over the key tiles
     of split ``block x``: out / lse (``DIRECT``, one split) or part / part_lse (row-major
@@ -222,7 +224,7 @@ def decode_fwd(
     red_ml = kaio.shared_dynamic(f32, (2, WARPS * 16), (2 * STAGES * BN + ROWS) * DP * 2)
 
     # Q first: its copies are in flight while the length is read (the K/V copies need it)
-    load_tile(q_s, q, q_row0 * DP, row0, nrows, DP, tid, ROWS, DP, THREADS, True)
+    load_tile(q_s, q, q_row0 * DP, row0, nrows, DP, tid, ROWS, DP, THREADS, True, DT)
     kaio.cp_async_commit()
     kv_len = u32(kaio.min(kaio.max(seq_lens[b], 0), i32(capacity)))
     n_total = (kv_len + BN - 1) // BN
@@ -238,7 +240,7 @@ def decode_fwd(
         if t0 + j < t1:
             load_stage(
                 kv_s, j * 2 * BN, k, v, (t0 + j) * BN, kv_len, b, kvh, pg, j, capacity,
-                kv_heads, shift, pages, tid, DP, PAGED,
+                kv_heads, shift, pages, tid, DP, PAGED, DT,
             )  # fmt: skip
         kaio.cp_async_commit()
     kaio.cp_async_wait(STAGES - 1)  # Q has landed
@@ -250,9 +252,9 @@ def decode_fwd(
     m = kaio.local(f32, 2)
     l = kaio.local(f32, 2)
     o = kaio.local(f32, (DP // 8, 4))
-    frag_columns(acol, bcol, q_s, lane)
+    frag_columns(acol, bcol, q_s, lane, DT)
     if QREG:
-        load_a(qf, q_s, mtile * 16, acol, lane, 0, DP)
+        load_a(qf, q_s, mtile * 16, acol, lane, 0, DP, DT)
     start_rows(m, l, o, DP)
     limit = kaio.local(i32, 2)  # keys < limit are visible to the row (causal)
     for h in kaio.static_range(2):
@@ -265,6 +267,7 @@ def decode_fwd(
             load_stage(
                 kv_s, (t - t0 + STAGES - 1) % STAGES * 2 * BN, k, v, (t + STAGES - 1) * BN,
                 kv_len, b, kvh, pg, STAGES - 1, capacity, kv_heads, shift, pages, tid, DP, PAGED,
+                DT,
             )  # fmt: skip
             if PAGED:  # the next tile's pages, used by the next iteration's copies
                 page_ids(
@@ -275,9 +278,9 @@ def decode_fwd(
         kaio.cp_async_wait(STAGES - 1)  # tile t has landed
         kaio.sync_threads()
         if not QREG:
-            load_a(qf, q_s, mtile * 16, acol, lane, 0, DP)
+            load_a(qf, q_s, mtile * 16, acol, lane, 0, DP, DT)
         krow = stage + kpart * KW
-        dot_rows_at(s, qf, kv_s, krow, bcol, lane, KW // 8, 0, DP)  # S = Q K^T
+        dot_rows_at(s, qf, kv_s, krow, bcol, lane, KW // 8, 0, DP, DT)  # S = Q K^T
         # the last tiles hold keys past the end or past a new token's position
         masked = i32((t + 1) * BN) + i32(sq) > i32(kv_len) + 1
         for h in kaio.static_range(2):
@@ -288,7 +291,7 @@ def decode_fwd(
                         ok = i32(key) < limit[h]
                         s[n, 2 * h + e] = kaio.select(ok, s[n, 2 * h + e], NEG_INF)
             online_softmax(s, m, l, o, h, scale_log2, KW // 8, DP)
-        acc_rows_at(o, s, kv_s, krow + BN, acol, lane, KW // 8, DP)  # O += P V
+        acc_rows_at(o, s, kv_s, krow + BN, acol, lane, KW // 8, DP, DT)  # O += P V
         kaio.sync_threads()  # this stage is free
 
     # the warps' partial results, relative to their own maxima, through shared memory (the
@@ -346,7 +349,7 @@ def decode_fwd(
         kaio.cluster_sync()
         cluster_merge(
             mine_o, mine_lse, out, lse, q_row0 + row0, kaio.min(ROWS, nrows - row0), split,
-            tid, DP, CL,
+            tid, DP, CL, DT,
         )  # fmt: skip
         kaio.cluster_sync()  # no block leaves while others read its shared memory
     if FUSED and not DIRECT and CL == 1:
@@ -366,7 +369,7 @@ def decode_fwd(
             w_s = kaio.shared_dynamic(f32, (MAX_SPLITS, ROWS), 0)  # over kv_s, now free
             merge_chunk(
                 part, part_lse, out, lse, w_s, q_row0 + row0, kaio.min(ROWS, nrows - row0),
-                total_rows, splits, tid, DP, ROWS,
+                total_rows, splits, tid, DP, ROWS, DT,
             )  # fmt: skip
 
 
@@ -384,6 +387,7 @@ def merge_chunk(
     tid: u32,
     DP: kaio.constexpr,
     ROWS: kaio.constexpr,
+    DT: kaio.constexpr,
 ):
     """out / lse of query rows first .. first + nreal (one row chunk, a block of THREADS):
     the splits' partial outputs ``part`` weighted by their share of each row's softmax
@@ -465,6 +469,7 @@ def cluster_merge(
     tid: u32,
     DP: kaio.constexpr,
     CL: kaio.constexpr,
+    DT: kaio.constexpr,
 ):
     """out / lse of query rows first .. first + nreal from the CL blocks of this cluster
     (rank = split): each block's normalized partial rows ``mine_o`` and base-2 logsumexps
@@ -510,6 +515,7 @@ def decode_merge(
     splits: u32,
     DP: kaio.constexpr,
     MT: kaio.constexpr,
+    DT: kaio.constexpr,
 ):
     """``merge_chunk`` for the row chunk of block x (as ``decode_fwd``'s block y): the
     merge of ``decode_fwd`` launched without ``FUSED``."""
@@ -522,12 +528,12 @@ def decode_merge(
     w_s = kaio.shared_dynamic(f32, (MAX_SPLITS, ROWS), 0)
     merge_chunk(
         part, part_lse, out, lse, w_s, (b * heads + kvh * group) * sq + row0,
-        kaio.min(ROWS, group * sq - row0), rows, splits, kaio.thread_idx_x(), DP, ROWS,
+        kaio.min(ROWS, group * sq - row0), rows, splits, kaio.thread_idx_x(), DP, ROWS, DT,
     )  # fmt: skip
 
 
 @kaio.gpu_func
-def copy_chunk(dst: DT[:], at: u32, src: DT[:], i: u32, VEC: kaio.constexpr):
+def copy_chunk(dst: DT[:], at: u32, src: DT[:], i: u32, VEC: kaio.constexpr, DT: kaio.constexpr):
     """dst[at : at + VEC] = src[i : i + VEC] (one 16-byte vector when VEC = 8)."""
     buf = kaio.local(DT, VEC)
     if VEC == 1:
@@ -556,6 +562,7 @@ def kv_append(
     chunks: u32,
     PAGED: kaio.constexpr,
     VEC: kaio.constexpr,
+    DT: kaio.constexpr,
 ):
     """k_cache, v_cache at position seq_lens[b] - sq + j of sequence b, head h =
     k, v [b, h, j] ([B, Hkv, sq, d] flat), VEC elements a thread; positions outside
@@ -578,5 +585,5 @@ def kv_append(
     at = cache_row(
         u32(pos), b, h, block_table, capacity, max_pages, kv_heads, shift, pages, d, PAGED
     )
-    copy_chunk(k_cache, at + c, k, e, VEC)
-    copy_chunk(v_cache, at + c, v, e, VEC)
+    copy_chunk(k_cache, at + c, k, e, VEC, DT)
+    copy_chunk(v_cache, at + c, v, e, VEC, DT)

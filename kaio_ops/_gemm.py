@@ -1,7 +1,9 @@
 """The mma.sync GEMM behind ``kaio_ops.matmul`` and ``kaio_ops.linear``: ``C = epilogue(A @ B)``
 with A [M, K] and B either [K, N] (``BT == 0``, ``matmul``) or [N, K] (``BT == 1``, the
 ``nn.Linear`` weight layout, read as it is), f16 or bf16 in, f32 accumulators, the result
-rounded once to the output element type ``OUT`` (f16, bf16 or f32) in the epilogue.
+rounded once to the output element type ``OUT`` (f16, bf16 or f32) in the epilogue. The
+element types are dtype constexprs: ``DT`` (A, B and the bias), ``OUT`` (C) and ``RT`` (the
+residual).
 
 The tile machinery is that of ``kaio_ops._matmul_kernels`` (its ``load_tiles``, ``mma_step``
 and ``tile_origin``: a ``BM x BN`` block tile of ``WARPS_M x WARPS_N`` warps, K advanced
@@ -14,7 +16,7 @@ and ``tile_origin``: a ``BM x BN`` block tile of ``WARPS_M x WARPS_N`` warps, K 
   multiplies A by the gate rows *and* the up rows of its F columns, into two accumulator sets
   (two shared B tiles, two fragment sets), so that each thread holds gate and up of the same
   outputs and the epilogue returns ``silu(gate) * up``.
-- The epilogue (``finish``), in f32: ``+ bias[col]`` (``BIAS``), the activation ``ACT``
+- The epilogue (``epilogue``), in f32: ``+ bias[col]`` (``BIAS``), the activation ``ACT``
   ("none", "gelu" (erf), "gelu_tanh", "silu", "silu_gate"), ``+ residual[row, col]``
   (``RES``), then one rounding to ``OUT``.
 - ``SPLIT > 1`` (small M): block z multiplies K slice z and writes its raw f32 partial tile
@@ -24,60 +26,34 @@ and ``tile_origin``: a ``BM x BN`` block tile of ``WARPS_M x WARPS_N`` warps, K 
   ``gemm_reduce`` does, a second kernel (``SPLIT`` its slice count). Either way the sum's
   order is fixed: deterministic run to run, and the same bits both ways."""
 
-# ruff: noqa: F821  (BD and RD in annotations are dtype constexpr parameters)
+# ruff: noqa: F821  (DT, OUT, RT, BD and RD in annotations are dtype constexpr parameters)
 from __future__ import annotations
 
 import kaio
-from kaio import bool_, f16, f32, i32, u32
+from kaio import bool_, f32, i32, u32
+from kaio_ops._common import store_cols
 from kaio_ops._matmul_kernels import (
+    k_range,
     load_tiles,
     mma_step,
     slice_sum,
     tile_col,
     tile_origin,
     tile_row,
+    warp_place,
 )
-from kaio_ops._typed import by_dtype
 from kaio_ops.elementwise import apply
 
-DT = f16  # the input element type placeholder (see _typed.by_dtype)
-OUT = f16  # the output element type placeholder: f16, bf16 or f32 (see GEMM below)
-RT = f16  # the residual's element type placeholder: f16, bf16 or f32
 ACTIVATIONS = ("none", "gelu", "gelu_tanh", "silu", "silu_gate")
 
 
 @kaio.gpu_func
-def finish(
-    g: f32,
-    u: f32,
-    row: u32,
-    col: u32,
-    N: u32,
-    bias: DT[:],
-    res: RT[:, :],
-    BIAS: kaio.constexpr,
-    ACT: kaio.constexpr,
-    RES: kaio.constexpr,
-) -> f32:
-    """``epilogue`` with this module's placeholder types."""
-    return epilogue(g, u, row, col, N, bias, res, BIAS, ACT, RES, DT, RT)
-
-
-@kaio.gpu_func
 def epilogue(
-    g: f32,
-    u: f32,
-    row: u32,
-    col: u32,
-    N: u32,
-    bias: BD[:],
-    res: RD[:, :],
-    BIAS: kaio.constexpr,
-    ACT: kaio.constexpr,
-    RES: kaio.constexpr,
-    BD: kaio.constexpr,
+    g: f32, u: f32, row: u32, col: u32, N: u32,
+    bias: BD[:], res: RD[:, :],
+    BIAS: kaio.constexpr, ACT: kaio.constexpr, RES: kaio.constexpr, BD: kaio.constexpr,
     RD: kaio.constexpr,
-) -> f32:
+) -> f32:  # fmt: skip
     """The epilogue of output (row, col) from its f32 sum ``g`` (and for "silu_gate" the up
     sum ``u``): + bias (elements of type BD), activation, + residual (of type RD), all in
     f32."""
@@ -102,32 +78,13 @@ def epilogue(
 
 @kaio.gpu_kernel
 def gemm_kernel(
-    a: DT[:],
-    b: DT[:],
-    c: OUT[:, :],
-    ws: f32[:, :],
-    bias: DT[:],
-    res: RT[:, :],
-    counters: i32[:],
-    M: u32,
-    N: u32,
-    K: u32,
-    k_slice: u32,
-    BM: kaio.constexpr,
-    BN: kaio.constexpr,
-    BK: kaio.constexpr,
-    WARPS_M: kaio.constexpr,
-    WARPS_N: kaio.constexpr,
-    STAGES: kaio.constexpr,
-    ASYNC: kaio.constexpr,
-    VEC: kaio.constexpr,
-    BT: kaio.constexpr,
-    SPLIT: kaio.constexpr,
-    FIXUP: kaio.constexpr,
-    BIAS: kaio.constexpr,
-    ACT: kaio.constexpr,
-    RES: kaio.constexpr,
-):
+    a: DT[:], b: DT[:], c: OUT[:, :], ws: f32[:, :], bias: DT[:], res: RT[:, :],
+    counters: i32[:], M: u32, N: u32, K: u32, k_slice: u32, BM: kaio.constexpr,
+    BN: kaio.constexpr, BK: kaio.constexpr, WARPS_M: kaio.constexpr, WARPS_N: kaio.constexpr,
+    STAGES: kaio.constexpr, ASYNC: kaio.constexpr, VEC: kaio.constexpr, BT: kaio.constexpr,
+    SPLIT: kaio.constexpr, FIXUP: kaio.constexpr, BIAS: kaio.constexpr, ACT: kaio.constexpr,
+    RES: kaio.constexpr, DT: kaio.constexpr, OUT: kaio.constexpr, RT: kaio.constexpr,
+):  # fmt: skip
     """C = epilogue(A @ B) (module docstring): block x computes C tile x (grouped order,
     ``tile_origin``), or with a K split (``SPLIT > 1``) block (x, z) the raw partial tile
     of K slice z into ``ws``. A comes flat [M, K]; B flat [K, N] (BT 0) or [N, K] (BT 1;
@@ -143,14 +100,8 @@ def gemm_kernel(
     origin = tile_origin(kaio.block_idx_x(), (M + BM - 1) // BM, (N + BN - 1) // BN)
     m0 = tile_row(origin) * BM
     n0 = tile_col(origin) * BN
-    tid = kaio.thread_idx_x()
-    lane = kaio.lane_id()
-    warp = tid // 32
-    wm = warp // WARPS_N * WTM
-    wn = warp % WARPS_N * WTN
-    k_begin = kaio.block_idx_z() * k_slice
-    k_end = kaio.min(k_begin + k_slice, K)
-    tiles = (k_end - k_begin + BK - 1) // BK
+    tid, lane, wm, wn = warp_place(WARPS_N, WTM, WTN)
+    k_begin, k_end, tiles = k_range(k_slice, K, BK)
 
     a_s = kaio.shared_dynamic(DT, (STAGES, BM, BK), 0)
     B_ROWS = BN if BT else BK
@@ -184,12 +135,12 @@ def gemm_kernel(
         # double-buffered, a stage refilled right after its last fragments are read
         for s in kaio.static_range(STAGES):
             load_tiles(1, a_s, b_s, u_s, a, b, s, m0, n0, k_begin + s * BK, k_end, M, N, K, tid,
-                       BM, BN, BK, THREADS, VEC, ASYNC, 0, BT, GATE)  # fmt: skip
+                       BM, BN, BK, THREADS, VEC, ASYNC, 0, DT, BT, GATE)  # fmt: skip
             kaio.cp_async_commit()
         kaio.cp_async_wait(STAGES - 1)
         kaio.sync_threads()
         fragments(a_frag, b_frag, u_frag, 0, a_s, b_s, u_s, stage, 0, wm, wn, lane, MI, NI, BT,
-                  GATE)  # fmt: skip
+                  GATE, DT)  # fmt: skip
         for t in range(tiles):
             for ks in kaio.static_range(KSTEPS):
                 if ks == KSTEPS - 1:
@@ -197,30 +148,30 @@ def gemm_kernel(
                     kaio.sync_threads()
                     load_tiles(1, a_s, b_s, u_s, a, b, stage, m0, n0,
                                k_begin + (t + STAGES) * BK, k_end, M, N, K, tid, BM, BN, BK,
-                               THREADS, VEC, ASYNC, 0, BT, GATE)  # fmt: skip
+                               THREADS, VEC, ASYNC, 0, DT, BT, GATE)  # fmt: skip
                     kaio.cp_async_commit()
                     stage = kaio.select(stage == STAGES - 1, 0, stage + 1)
                     fragments(a_frag, b_frag, u_frag, (ks + 1) % 2, a_s, b_s, u_s, stage, 0, wm,
-                              wn, lane, MI, NI, BT, GATE)  # fmt: skip
+                              wn, lane, MI, NI, BT, GATE, DT)  # fmt: skip
                 else:
                     fragments(a_frag, b_frag, u_frag, (ks + 1) % 2, a_s, b_s, u_s, stage,
-                              (ks + 1) * 16, wm, wn, lane, MI, NI, BT, GATE)  # fmt: skip
-                mma_step(acc, a_frag, b_frag, ks % 2, MI, NI)
+                              (ks + 1) * 16, wm, wn, lane, MI, NI, BT, GATE, DT)  # fmt: skip
+                mma_step(acc, a_frag, b_frag, ks % 2, MI, NI, DT, f32)
                 if GATE:
-                    mma_step(acc_u, a_frag, u_frag, ks % 2, MI, NI)
+                    mma_step(acc_u, a_frag, u_frag, ks % 2, MI, NI, DT, f32)
     else:
         # one stage through registers (GPUs without cp.async)
         for t in range(tiles):
             kaio.sync_threads()
             load_tiles(1, a_s, b_s, u_s, a, b, 0, m0, n0, k_begin + t * BK, k_end, M, N, K, tid,
-                       BM, BN, BK, THREADS, VEC, ASYNC, 0, BT, GATE)  # fmt: skip
+                       BM, BN, BK, THREADS, VEC, ASYNC, 0, DT, BT, GATE)  # fmt: skip
             kaio.sync_threads()
             for ks in kaio.static_range(KSTEPS):
                 fragments(a_frag, b_frag, u_frag, 0, a_s, b_s, u_s, 0, ks * 16, wm, wn, lane,
-                          MI, NI, BT, GATE)  # fmt: skip
-                mma_step(acc, a_frag, b_frag, 0, MI, NI)
+                          MI, NI, BT, GATE, DT)  # fmt: skip
+                mma_step(acc, a_frag, b_frag, 0, MI, NI, DT, f32)
                 if GATE:
-                    mma_step(acc_u, a_frag, u_frag, 0, MI, NI)
+                    mma_step(acc_u, a_frag, u_frag, 0, MI, NI, DT, f32)
 
     # Lane (g, t) holds columns 2t, 2t + 1 of n8 tile p, rows g and g + 8 of 16-row tile mi.
     for mi in kaio.static_range(MI):
@@ -234,11 +185,11 @@ def gemm_kernel(
                     u0 = acc_u[mi, p, h, 0]
                     u1 = acc_u[mi, p, h, 1]
                 store_pair(c, ws, bias, res, acc[mi, p, h, 0], acc[mi, p, h, 1], u0, u1, row, col,
-                           M, N, SPLIT, BIAS, ACT, RES)  # fmt: skip
+                           M, N, SPLIT, BIAS, ACT, RES, DT, OUT, RT)  # fmt: skip
     if FIXUP:  # the last of the tile's grid.z blocks to finish sums the slices, in order
         if last_arrival(counters, kaio.block_idx_x(), kaio.grid_dim_z(), arrived, tid):
             sum_tile(c, ws, bias, res, m0, n0, M, N, kaio.grid_dim_z(), tid, THREADS, BM, BN,
-                     BIAS, ACT, RES)  # fmt: skip
+                     BIAS, ACT, RES, DT, OUT, RT)  # fmt: skip
 
 
 @kaio.gpu_func
@@ -262,27 +213,16 @@ def last_arrival(counters: i32[:], slot: u32, total: u32, arrived: u32[:], t: u3
 
 @kaio.gpu_func
 def sum_tile(
-    c: OUT[:, :],
-    ws: f32[:, :],
-    bias: DT[:],
-    res: RT[:, :],
-    m0: u32,
-    n0: u32,
-    M: u32,
-    N: u32,
-    nz: u32,
-    t: u32,
-    THREADS: kaio.constexpr,
-    BM: kaio.constexpr,
-    BN: kaio.constexpr,
-    BIAS: kaio.constexpr,
-    ACT: kaio.constexpr,
-    RES: kaio.constexpr,
-):
+    c: OUT[:, :], ws: f32[:, :], bias: DT[:], res: RT[:, :],
+    m0: u32, n0: u32, M: u32, N: u32, nz: u32, t: u32,
+    THREADS: kaio.constexpr, BM: kaio.constexpr, BN: kaio.constexpr, BIAS: kaio.constexpr,
+    ACT: kaio.constexpr, RES: kaio.constexpr, DT: kaio.constexpr, OUT: kaio.constexpr,
+    RT: kaio.constexpr,
+):  # fmt: skip
     """The K split's sum in the last block of tile (m0, n0), by every thread of the block:
     elements t, t + THREADS, ... of the tile's rows inside C (a row's columns adjacent, so
     the loads coalesce), each the sum of its ``nz`` slices in ``ws`` in slice order (4
-    loads in flight), through ``finish``: the same bits as ``gemm_reduce``."""
+    loads in flight), through ``epilogue``: the same bits as ``gemm_reduce``."""
     GATE = ACT == "silu_gate"
     count = kaio.min(M - m0, BM) * BN
     got = kaio.local(f32, (2, 4))
@@ -311,33 +251,21 @@ def sum_tile(
                             if GATE:
                                 u += got[1, e]
                 z0 += 4
-            c[row, col] = OUT(finish(g, u, row, col, N, bias, res, BIAS, ACT, RES))
+            c[row, col] = OUT(epilogue(g, u, row, col, N, bias, res, BIAS, ACT, RES, DT, RT))
         i += THREADS
 
 
 @kaio.gpu_func
 def store_pair(
-    c: OUT[:, :],
-    ws: f32[:, :],
-    bias: DT[:],
-    res: RT[:, :],
-    g0: f32,
-    g1: f32,
-    u0: f32,
-    u1: f32,
-    row: u32,
-    col: u32,
-    M: u32,
-    N: u32,
-    SPLIT: kaio.constexpr,
-    BIAS: kaio.constexpr,
-    ACT: kaio.constexpr,
-    RES: kaio.constexpr,
-):
+    c: OUT[:, :], ws: f32[:, :], bias: DT[:], res: RT[:, :],
+    g0: f32, g1: f32, u0: f32, u1: f32, row: u32, col: u32, M: u32, N: u32,
+    SPLIT: kaio.constexpr, BIAS: kaio.constexpr, ACT: kaio.constexpr, RES: kaio.constexpr,
+    DT: kaio.constexpr, OUT: kaio.constexpr, RT: kaio.constexpr,
+):  # fmt: skip
     """Outputs (row, col) and (row, col + 1) (col even) from their f32 sums g0, g1 (and up
     sums u0, u1 for "silu_gate"), where inside C: with a K split (``SPLIT > 1``) the raw sums
-    into this slice's rows of ``ws`` (up sums N columns right), else ``finish``ed, rounded to
-    OUT and stored (one 2-element store when N is even)."""
+    into this slice's rows of ``ws`` (up sums N columns right), else through ``epilogue``,
+    rounded to OUT and stored (one 2-element store when N is even)."""
     if row < M:
         if SPLIT > 1:
             at = kaio.block_idx_z() * M + row
@@ -351,37 +279,21 @@ def store_pair(
                     ws[at, N + col + 1] = u1
         else:
             pair = kaio.local(OUT, 2)
-            pair[0] = OUT(finish(g0, u0, row, kaio.min(col, N - 1), N, bias, res, BIAS, ACT, RES))
-            pair[1] = OUT(finish(g1, u1, row, kaio.min(col + 1, N - 1), N, bias, res, BIAS, ACT,
-                                 RES))  # fmt: skip
-            if N % 2 == 0:  # two adjacent columns, 2 * OUT.itemsize aligned
-                if col < N:
-                    kaio.store_vector(c, (row, col), pair)
-            else:
-                for e in kaio.static_range(2):
-                    if col + e < N:
-                        c[row, col + e] = pair[e]
+            pair[0] = OUT(epilogue(g0, u0, row, kaio.min(col, N - 1), N, bias, res, BIAS, ACT,
+                                   RES, DT, RT))  # fmt: skip
+            pair[1] = OUT(epilogue(g1, u1, row, kaio.min(col + 1, N - 1), N, bias, res, BIAS, ACT,
+                                   RES, DT, RT))  # fmt: skip
+            # N even: two adjacent columns, 2 * OUT.itemsize aligned
+            store_cols(c, row, col, pair, N, N % 2 == 0, 2, OUT)
 
 
 @kaio.gpu_func
 def fragments(
-    a_frag: u32[:, :, :],
-    b_frag: u32[:, :, :, :],
-    u_frag: u32[:, :, :, :],
-    BUF: kaio.constexpr,
-    a_s: DT[:, :, :],
-    b_s: DT[:, :, :],
-    u_s: DT[:, :, :],
-    stage: u32,
-    KK: kaio.constexpr,
-    wm: u32,
-    wn: u32,
-    lane: u32,
-    MI: kaio.constexpr,
-    NI: kaio.constexpr,
-    BT: kaio.constexpr,
-    GATE: kaio.constexpr,
-):
+    a_frag: u32[:, :, :], b_frag: u32[:, :, :, :], u_frag: u32[:, :, :, :], BUF: kaio.constexpr,
+    a_s: DT[:, :, :], b_s: DT[:, :, :], u_s: DT[:, :, :], stage: u32, KK: kaio.constexpr,
+    wm: u32, wn: u32, lane: u32, MI: kaio.constexpr, NI: kaio.constexpr, BT: kaio.constexpr,
+    GATE: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
     """This warp's A and B (and up-row) fragments of the k16 step at KK of ``stage`` into
     buffer BUF: A and B [N, K] with ``ldmatrix`` (matrices (n 0-7, k lo), (n 0-7, k hi),
     (n 8-15, k lo), (n 8-15, k hi): the B registers of two n8 tiles), B [K, N] with
@@ -403,17 +315,11 @@ def fragments(
 
 @kaio.gpu_kernel
 def gemm_reduce(
-    ws: f32[:, :],
-    c: OUT[:, :],
-    bias: DT[:],
-    res: RT[:, :],
-    M: u32,
-    N: u32,
-    SPLIT: kaio.constexpr,
-    BIAS: kaio.constexpr,
-    ACT: kaio.constexpr,
-    RES: kaio.constexpr,
-):
+    ws: f32[:, :], c: OUT[:, :], bias: DT[:], res: RT[:, :],
+    M: u32, N: u32,
+    SPLIT: kaio.constexpr, BIAS: kaio.constexpr, ACT: kaio.constexpr, RES: kaio.constexpr,
+    DT: kaio.constexpr, OUT: kaio.constexpr, RT: kaio.constexpr,
+):  # fmt: skip
     """c = epilogue(the sum of the SPLIT partial products stacked in ws [SPLIT * M, N], or
     [SPLIT * M, 2N] gate then up for "silu_gate"), summed in slice order: one thread per
     element of c [M, N]."""
@@ -425,27 +331,8 @@ def gemm_reduce(
         if ACT == "silu_gate":
             u = slice_sum(ws, row, N + col, M, SPLIT)
         g = slice_sum(ws, row, col, M, SPLIT)
-        c[row, col] = OUT(finish(g, u, row, col, N, bias, res, BIAS, ACT, RES))
+        c[row, col] = OUT(epilogue(g, u, row, col, N, bias, res, BIAS, ACT, RES, DT, RT))
 
 
-class ByTypes:
-    """``KERNEL[dt, out]`` or ``KERNEL[dt, out, rt]``: a GEMM kernel compiled for input type
-    ``dt`` (f16 or bf16), output type ``out`` and residual type ``rt`` (f16, bf16 or f32;
-    default ``out``), built on first use and kept."""
-
-    def __init__(self, kernel):
-        self.kernel = kernel
-        self._by_out: dict = {}
-
-    def __getitem__(self, types: tuple):
-        dt, out, *rest = types
-        key = (out, rest[0] if rest else out)
-        if key not in self._by_out:
-            self._by_out[key] = by_dtype(
-                self.kernel, OUT=lambda _t, o=key[0]: o, RT=lambda _t, r=key[1]: r
-            )
-        return self._by_out[key][dt]
-
-
-GEMM = ByTypes(gemm_kernel)
-REDUCE = ByTypes(gemm_reduce)
+GEMM = gemm_kernel  # the names the ops launch: kernels generic over DT, OUT and RT
+REDUCE = gemm_reduce

@@ -21,6 +21,7 @@ N-major rows (LBO 8192, SBO 1024, ``trans_b``). The K tail and the M and N edges
 from TMA; the epilogue stores only the elements inside C (``_gemm.store_pair``).
 """
 
+# ruff: noqa: F821  (DT, OUT and RT in annotations are dtype constexpr parameters)
 from __future__ import annotations
 
 import math
@@ -28,13 +29,10 @@ from typing import NamedTuple
 
 import kaio
 from kaio import bool_, f16, f32, i32, u32, u64
-from kaio_ops._gemm import ByTypes, last_arrival, store_pair, sum_tile
-from kaio_ops._matmul_hopper import init_ring
+from kaio_ops._gemm import last_arrival, store_pair, sum_tile
+from kaio_ops._matmul_hopper import init_ring, next_stage, retire_slice
 from kaio_ops._matmul_kernels import tile_col, tile_origin, tile_row
 
-DT = f16  # the input element type placeholder
-OUT = f16  # the output element type placeholder
-RT = f16  # the residual's element type placeholder
 BK = 64
 SW = 128  # swizzle bytes: one 128-byte row per 64 elements
 SHARED_LIMIT = 227 * 1024
@@ -43,11 +41,9 @@ SHARED_LIMIT = 227 * 1024
 @kaio.gpu_func
 def wgmma_step(
     acc: f32[:, :, :],
-    da: u64,
-    db: u64,
-    accumulate: bool_,
-    TRANS_B: kaio.constexpr,
-):
+    da: u64, db: u64, accumulate: bool_,
+    TRANS_B: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
     """acc (+)= the k16 product of descriptors da and db, in DT."""
     if DT == f16:
         kaio.wgmma_f16(acc, da, db, accumulate, False, TRANS_B)
@@ -57,27 +53,13 @@ def wgmma_step(
 
 @kaio.gpu_kernel
 def gemm_wgmma(
-    ta: kaio.tensormap,
-    tb: kaio.tensormap,
-    c: OUT[:, :],
-    ws: f32[:, :],
-    bias: DT[:],
-    res: RT[:, :],
-    counters: i32[:],
-    M: u32,
-    N: u32,
-    K: u32,
-    k_slice: u32,
-    WG: kaio.constexpr,
-    BN: kaio.constexpr,
-    STAGES: kaio.constexpr,
-    BT: kaio.constexpr,
-    SPLIT: kaio.constexpr,
-    FIXUP: kaio.constexpr,
-    BIAS: kaio.constexpr,
-    ACT: kaio.constexpr,
-    RES: kaio.constexpr,
-):
+    ta: kaio.tensormap, tb: kaio.tensormap, c: OUT[:, :], ws: f32[:, :], bias: DT[:],
+    res: RT[:, :], counters: i32[:],
+    M: u32, N: u32, K: u32, k_slice: u32,
+    WG: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, BT: kaio.constexpr,
+    SPLIT: kaio.constexpr, FIXUP: kaio.constexpr, BIAS: kaio.constexpr, ACT: kaio.constexpr,
+    RES: kaio.constexpr, DT: kaio.constexpr, OUT: kaio.constexpr, RT: kaio.constexpr,
+):  # fmt: skip
     """C = epilogue(A @ B) (module docstring): block x computes C tile x, or with a K split
     block (x, z) the raw partial tile of K slice z into ``ws``. ``ta``: A [M, K] in boxes of
     (64 * WG, 64); ``tb``: B [N, K] (BT 1; [2N, K] for "silu_gate") or [K, N] (BT 0) in boxes
@@ -118,22 +100,14 @@ def gemm_wgmma(
                 da = kaio.smem_descriptor(sa, (s, 64 * wg, kk * 16), SW, 16, 1024)
                 if BT:
                     db = kaio.smem_descriptor(sb, (s, 0, 0, kk * 16), SW, 16, 1024)
-                    wgmma_step(acc, da, db, kt + kk > 0, False)
+                    wgmma_step(acc, da, db, kt + kk > 0, False, DT)
                     if GATE:
                         du = kaio.smem_descriptor(sb, (s, BN // 64, 0, kk * 16), SW, 16, 1024)
-                        wgmma_step(acc_u, da, du, kt + kk > 0, False)
+                        wgmma_step(acc_u, da, du, kt + kk > 0, False, DT)
                 else:
                     db = kaio.smem_descriptor(sb, (s, 0, kk * 16, 0), SW, BK * SW, 1024)
-                    wgmma_step(acc, da, db, kt + kk > 0, True)
-            kaio.wgmma_commit()
-            kaio.wgmma_wait(1)
-            if kt > 0 and lt == 0:  # the slice before's wgmmas are done: free its stage
-                kaio.mbarrier_arrive(bars, (1, ps))
-            ps = s
-            s += 1
-            if s == STAGES:
-                s = 0
-                ph ^= 1
+                    wgmma_step(acc, da, db, kt + kk > 0, True, DT)
+            ps, s, ph = retire_slice(bars, kt, lt, s, ph, ps, STAGES)
         kaio.wgmma_wait(0)
         # lane (g, t) of warp w holds rows 16w + g (+ 8) and columns 8j + 2t, + 1
         lane = lt % 32
@@ -147,7 +121,7 @@ def gemm_wgmma(
                     u0 = acc_u[j, h, 0]
                     u1 = acc_u[j, h, 1]
                 store_pair(c, ws, bias, res, acc[j, h, 0], acc[j, h, 1], u0, u1, row, col, M, N,
-                           SPLIT, BIAS, ACT, RES)  # fmt: skip
+                           SPLIT, BIAS, ACT, RES, DT, OUT, RT)  # fmt: skip
     elif t == WG * 128:  # the producer: each K slice, STAGES ahead at most
         for g in range(k_tiles):
             if g >= STAGES:  # stage s held slice g - STAGES: wait until the consumers freed it
@@ -163,17 +137,11 @@ def gemm_wgmma(
                                          i32(N + n0) + j * 64, k0, bars, (0, s))  # fmt: skip
                 else:
                     kaio.tma_load_2d(sb, (s, j, 0, 0), tb, k0, i32(n0) + j * 64, bars, (0, s))
-            s += 1
-            if s == STAGES:
-                s = 0
-                ph ^= 1
+            s, ph = next_stage(s, ph, STAGES)
     if FIXUP:  # the last of the tile's grid.z blocks to finish sums the slices, in order
         if last_arrival(counters, kaio.block_idx_x(), kaio.grid_dim_z(), arrived, t):
             sum_tile(c, ws, bias, res, m0, n0, M, N, kaio.grid_dim_z(), t, WG * 128 + 32, BM,
-                     BN, BIAS, ACT, RES)  # fmt: skip
-
-
-GEMM_WGMMA = ByTypes(gemm_wgmma)
+                     BN, BIAS, ACT, RES, DT, OUT, RT)  # fmt: skip
 
 
 def eligible(a, b, n: int, k: int, transposed: bool) -> bool:
@@ -258,5 +226,5 @@ def specializations() -> list:
         consts = {"WG": wg, "BN": bn, "STAGES": stages, "BT": bt, "SPLIT": min(split, 2)}
         consts["FIXUP"] = int(split > 2)
         epi = {"BIAS": 1, "ACT": act, "RES": 1}
-        out.append((GEMM_WGMMA[dt, ot], {**consts, **epi}))
+        out.append((gemm_wgmma, {**consts, **epi, "DT": dt, "OUT": ot, "RT": ot}))
     return out

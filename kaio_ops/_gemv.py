@@ -38,19 +38,10 @@ U = 4  # B rows a warp has in flight
 
 @kaio.gpu_kernel(block_size=THREADS)
 def gemv_kn(
-    a: DT[:],
-    b: DT[:, :],
-    c: OUT[:, :],
-    ws: f32[:, :],
-    counters: i32[:],
-    M: u32,
-    N: u32,
-    K: u32,
-    k_slice: u32,
-    MR: kaio.constexpr,
-    DT: kaio.constexpr,
-    OUT: kaio.constexpr,
-):
+    a: DT[:], b: DT[:, :], c: OUT[:, :], ws: f32[:, :], counters: i32[:],
+    M: u32, N: u32, K: u32, k_slice: u32,
+    MR: kaio.constexpr, DT: kaio.constexpr, OUT: kaio.constexpr,
+):  # fmt: skip
     """C = A @ B for ``MR`` (= M) rows (module docstring): block (x, y) sums K slice y of C
     columns 256 x .. 256 x + 255; A comes flat [M, K], B [K, N] with N a multiple of 8."""
     t = kaio.thread_idx_x()
@@ -120,21 +111,11 @@ PREFERRED_M = 0  # the largest M the ops send here by default (bench/gemm_plans.
 
 @kaio.gpu_kernel(block_size=THREADS)
 def gemv_nk(
-    a: DT[:, :],
-    w: DT[:, :],
-    c: OUT[:, :],
-    bias: DT[:],
-    res: RT[:, :],
-    N: u32,
-    K: u32,
-    MR: kaio.constexpr,
-    DT: kaio.constexpr,
-    OUT: kaio.constexpr,
-    RT: kaio.constexpr,
-    BIAS: kaio.constexpr,
-    ACT: kaio.constexpr,
-    RES: kaio.constexpr,
-):
+    a: DT[:, :], w: DT[:, :], c: OUT[:, :], bias: DT[:], res: RT[:, :],
+    N: u32, K: u32,
+    MR: kaio.constexpr, DT: kaio.constexpr, OUT: kaio.constexpr, RT: kaio.constexpr,
+    BIAS: kaio.constexpr, ACT: kaio.constexpr, RES: kaio.constexpr,
+):  # fmt: skip
     """C = epilogue(A @ W.T) for ``MR`` (= M) rows, W [N, K] (``nn.Linear``'s layout; [2N,
     K], gate rows then up rows, for "silu_gate"): warp w of block x computes column
     ``8 x + w`` of C, its lanes reading 16-byte pieces of the W row (and of A's rows) ``U``

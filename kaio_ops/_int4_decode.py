@@ -33,14 +33,12 @@ Needs N % 4 == 0 and K % 128 == 0, x 16-byte aligned, the words 16-byte and the 
 8-byte aligned (``matmul_int4`` checks and otherwise takes the tiled kernel).
 """
 
+# ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
 from __future__ import annotations
 
 import kaio
 from kaio import f16, f16x2, f32, u32
 from kaio_ops import _arrays
-from kaio_ops._typed import by_dtype
-
-DT = f32  # the output's element type placeholder (see _typed.by_dtype): f32 or f16
 
 COLS = 32  # output columns per block: 8 lane groups x 4 adjacent columns
 ROWS_PER_GROUP = 16  # packed word rows per scale group (128 values)
@@ -127,15 +125,14 @@ def weight_pair(word: u32, j: kaio.constexpr, scale: f16x2) -> u32:
 @kaio.gpu_func
 def decode_columns(
     x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :], partial: f32[:, :, :],
-    M: u32, N: u32, block: u32, WARPS: kaio.constexpr, ROWS: kaio.constexpr,
+    M: u32, N: u32, block: u32, WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W = scales * the
-    nibbles of w, see the module docstring), rounded to DT, for the ``ROWS`` 8-row slabs of
-    x (``_rows``: 1 when M <= 8, rows g + 8 of A are zero; else 2 per m16 tile). Each warp's
-    groups go
-    through two register buffers: the next group's loads are in flight while the current
-    one is multiplied; ``partial`` [WARPS, 16, 32] (shared) adds the warps' tiles in a fixed
-    order, one m16 tile at a time."""
+    nibbles of w, see the module docstring), rounded to DT (the output's element type), for
+    the ``ROWS`` 8-row slabs of x (``_rows``: 1 when M <= 8, rows g + 8 of A are zero; else
+    2 per m16 tile). Each warp's groups go through two register buffers: the next group's
+    loads are in flight while the current one is multiplied; ``partial`` [WARPS, 16, 32]
+    (shared) adds the warps' tiles in a fixed order, one m16 tile at a time."""
     tid = kaio.thread_idx_x()
     warp = tid // 32
     lane = tid % 32
@@ -182,42 +179,26 @@ def decode_columns(
 
 @kaio.gpu_kernel
 def int4_decode(
-    x: f16[:, :],
-    w: u32[:, :],
-    scales: f16[:, :],
-    out: DT[:, :],
-    M: u32,
-    N: u32,
-    WARPS: kaio.constexpr,
-    ROWS: kaio.constexpr,
-):
+    x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :],
+    M: u32, N: u32,
+    WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
     """``out = x @ W`` (``decode_columns``), a block per 32 columns."""
     if ROWS > 2:
         kaio.launch_bounds(WARPS * 32, 1)  # one block an SM: else ptxas may spill to fit 128
     else:
         kaio.launch_bounds(WARPS * 32)
     partial = kaio.shared(f32, (WARPS, 16, COLS))
-    decode_columns(x, w, scales, out, partial, M, N, kaio.block_idx_x(), WARPS, ROWS)
+    decode_columns(x, w, scales, out, partial, M, N, kaio.block_idx_x(), WARPS, ROWS, DT)
 
 
 @kaio.gpu_kernel
 def int4_decode_qkv(
-    x: f16[:, :],
-    wq: u32[:, :],
-    wk: u32[:, :],
-    wv: u32[:, :],
-    sq: f16[:, :],
-    sk: f16[:, :],
-    sv: f16[:, :],
-    q: DT[:, :],
-    k: DT[:, :],
-    v: DT[:, :],
-    M: u32,
-    NQ: u32,
-    NK: u32,
-    WARPS: kaio.constexpr,
-    ROWS: kaio.constexpr,
-):
+    x: f16[:, :], wq: u32[:, :], wk: u32[:, :], wv: u32[:, :], sq: f16[:, :], sk: f16[:, :],
+    sv: f16[:, :], q: DT[:, :], k: DT[:, :], v: DT[:, :],
+    M: u32, NQ: u32, NK: u32,
+    WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
     """``q, k, v = x @ Wq, x @ Wk, x @ Wv`` in one launch: the blocks of q's columns, then
     k's, then v's (each block exactly a block of ``int4_decode``)."""
     if ROWS > 2:
@@ -229,19 +210,15 @@ def int4_decode_qkv(
     bk = (NK + COLS - 1) // COLS
     block = kaio.block_idx_x()
     if block < bq:
-        decode_columns(x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS)
+        decode_columns(x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT)
     elif block < bq + bk:
-        decode_columns(x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS)
+        decode_columns(x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT)
     else:
-        decode_columns(x, wv, sv, v, partial, M, u32(v.shape[1]), block - bq - bk, WARPS, ROWS)
+        decode_columns(x, wv, sv, v, partial, M, u32(v.shape[1]), block - bq - bk, WARPS, ROWS, DT)
 
 
 WARPS = 8  # measured best on an H200 at K = N = 4096, M = 1 and 16 (against 4 and 16)
 MAX_M = 64  # up to 4 m16 tiles per block; past this _prefill or the tiled kernel
-
-
-DECODE = by_dtype(int4_decode)  # f32 out: matmul_int4
-DECODE_QKV = by_dtype(int4_decode_qkv)  # f16 out: qkv_project_int4
 
 
 def fits(x: _arrays.Operand, *weights: tuple) -> bool:
@@ -277,9 +254,9 @@ def matmul(x: _arrays.Operand, words: _arrays.Operand, scales: _arrays.Operand, 
     per 32 columns."""
     m, n = x.shape[0], words.shape[1]
     out = _arrays.output(x, (m, n), dtype)
-    DECODE[dtype][_config(x, n)](
+    int4_decode[_config(x, n)](
         x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), dtype), m, n,
-        WARPS=WARPS, ROWS=_rows(m),
+        WARPS=WARPS, ROWS=_rows(m), DT=dtype,
     )  # fmt: skip
     return out
 
@@ -291,18 +268,19 @@ def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
     widths = [w.shape[1] for w, _ in weights]
     outs = [_arrays.output(x, (m, n), f16) for n in widths]
     blocks = sum(-(-n // COLS) for n in widths)
-    DECODE_QKV[f16][_config(x, blocks * COLS)](
+    int4_decode_qkv[_config(x, blocks * COLS)](
         x.arg(), *(_words(w) for w, _ in weights), *(s.arg() for _, s in weights),
         *(_arrays.output_arg(x, o, (m, n)) for o, n in zip(outs, widths, strict=True)), m,
-        widths[0], widths[1], WARPS=WARPS, ROWS=_rows(m),
+        widths[0], widths[1], WARPS=WARPS, ROWS=_rows(m), DT=f16,
     )  # fmt: skip
     return tuple(outs)
 
 
 def specializations() -> list:
-    """(kernel, constexprs) of every specialization ``matmul`` and ``qkv`` launch."""
+    """(kernel, constexprs) of every specialization ``matmul`` (f32 out: matmul_int4) and
+    ``qkv`` (f16 out: qkv_project_int4) launch."""
     return [
-        (kernel, {"WARPS": WARPS, "ROWS": rows})
-        for kernel in (DECODE[f32], DECODE_QKV[f16])
+        (kernel, {"WARPS": WARPS, "ROWS": rows, "DT": dt})
+        for kernel, dt in ((int4_decode, f32), (int4_decode_qkv, f16))
         for rows in ALL_ROWS
     ]

@@ -420,9 +420,10 @@ def finish(a, ws, split: int, out_type):
 
     m, n = a.shape[0], ws.shape[1]
     c = _arrays.output(a, (m, n), out_type)
-    REDUCE[f16, out_type][(math.ceil(m * n / 256), 256, _arrays.stream_of(a), 0)](
+    REDUCE[(math.ceil(m * n / 256), 256, _arrays.stream_of(a), 0)](
         ws, _arrays.output_arg(a, c, (m, n), out_type), _placeholder(a, f16, 1),
         _placeholder(a, out_type, 2), m, n, SPLIT=split, BIAS=0, ACT="none", RES=0,
+        DT=f16, OUT=out_type, RT=out_type,
     )  # fmt: skip
     return c
 

@@ -128,7 +128,7 @@ def takes(a, m: int, k: int) -> bool:
     """Whether ``matmul_int8`` runs this kernel for ``a`` [M, K] (an ``_arrays.Operand``): an
     sm_90 GPU (``KAIO_HOPPER_MATMUL=0`` opts out; the simulator when ``IN_SIMULATOR``), M of
     at least ``MIN_M`` and operands TMA can read (``eligible``)."""
-    from kaio.sim.mode import active as simulating
+    from kaio.sim import active as simulating
     from kaio_ops.matmul import _hopper
 
     on = IN_SIMULATOR if simulating() else _hopper(a)

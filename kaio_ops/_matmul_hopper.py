@@ -197,6 +197,35 @@ def init_ring(bars: u64[:, :], t: u32, STAGES: kaio.constexpr, FREES: kaio.const
     kaio.sync_threads()
 
 
+@kaio.gpu_func
+def next_stage(s: i32, ph: u32, STAGES: kaio.constexpr):
+    """``(stage, phase parity)`` of the ring slot after stage ``s`` of parity ``ph``: the
+    parity flips when the ring wraps. Kept as counters: a stage computed as g % STAGES is not
+    known to be warp-uniform when STAGES is not a power of two, and the wgmmas then ran at
+    half speed (measured: 5 or 7 stages against 4 or 8)."""
+    s += 1
+    if s == STAGES:
+        s = 0
+        ph ^= 1
+    return s, ph
+
+
+@kaio.gpu_func
+def retire_slice(
+    bars: u64[:, :], kt: i32, lt: u32, s: i32, ph: u32, ps: i32, STAGES: kaio.constexpr
+):
+    """A consumer warpgroup's end of K slice ``kt`` (in stage ``s``, parity ``ph``; the slice
+    before in stage ``ps``): commit its wgmmas, wait for the slice before's, free that one's
+    stage (lane ``lt`` 0) and return ``(s, next stage, next parity)``, the new ``ps, s,
+    ph``."""
+    kaio.wgmma_commit()
+    kaio.wgmma_wait(1)
+    if kt > 0 and lt == 0:  # the slice before's wgmmas are done: free its stage
+        kaio.mbarrier_arrive(bars, (1, ps))
+    s2, ph2 = next_stage(s, ph, STAGES)
+    return s, s2, ph2
+
+
 @kaio.gpu_kernel(block_size=THREADS)
 def matmul_wgmma(
     ta: kaio.tensormap,
@@ -228,10 +257,7 @@ def matmul_wgmma(
     tile0, step, tiles_m, tiles_n, my_tiles, k_tiles, slices = tile_schedule(m, n, k, BM, BN, BK)
     init_ring(bars, t, STAGES, 2)  # "free": lane 0 of each consumer warpgroup
     acc = kaio.local(f32, (BN // 8, 2, 2))
-    # the stage and phase parity of a slice, kept as counters: a stage computed as g % STAGES
-    # is not known to be warp-uniform when STAGES is not a power of two, and the wgmmas then
-    # ran at half speed (measured: 5 or 7 stages against 4 or 8)
-    s = i32(0)
+    s = i32(0)  # the stage and phase parity of a slice (``next_stage``)
     ph = u32(0)
     if wg < 2:  # the consumers
         ps = i32(0)  # the stage of the slice before
@@ -246,15 +272,7 @@ def matmul_wgmma(
                         kaio.wgmma_bf16(acc, da, db, kt + kk > 0, False, True)
                     else:
                         kaio.wgmma_f16(acc, da, db, kt + kk > 0, False, True)
-                kaio.wgmma_commit()
-                kaio.wgmma_wait(1)
-                if kt > 0 and lt == 0:  # the slice before's wgmmas are done: free its stage
-                    kaio.mbarrier_arrive(bars, (1, ps))
-                ps = s
-                s += 1
-                if s == STAGES:
-                    s = 0
-                    ph ^= 1
+                ps, s, ph = retire_slice(bars, kt, lt, s, ph, ps, STAGES)
             kaio.wgmma_wait(0)
             if lt == 0:  # the tile's last stage, before the epilogue
                 kaio.mbarrier_arrive(bars, (1, ps))
@@ -269,10 +287,7 @@ def matmul_wgmma(
             if g >= STAGES:  # stage s held slice g - STAGES: wait until both freed it
                 kaio.mbarrier_wait(bars, (1, s), ph ^ 1)
             produce(sa, sb, bars, ta, tb, at, s, k_tiles, step, tiles_m, tiles_n, BN, GROUP, IN)
-            s += 1
-            if s == STAGES:
-                s = 0
-                ph ^= 1
+            s, ph = next_stage(s, ph, STAGES)
 
 
 def eligible(a, b, m: int, n: int, k: int) -> bool:

@@ -22,19 +22,17 @@ block multiplies its tile of the product its column tile falls in).
   to a workspace; a second kernel sums the slices in a fixed order (deterministic).
 - ``QUANT``: B holds quantized weights, made f16 in registers right before the f16 ``mma``:
   4 for int4 (packed words and group scales), 8 for int8 bytes (scaled in the epilogue).
-- The output element type is the placeholder ``OUT``: f32, or f16 for the QKV projections
-  (``QKV``), rounded once from ``alpha * acc``.
+- Element types are dtype constexprs: ``DT`` the inputs' (f16, bf16, or 8-bit for the
+  int8 matmul, whose accumulators are then i32: ``ACC``, derived in ``matmul_tile``), ``OUT``
+  the output's: f32, or f16 for the QKV projections, rounded once from ``alpha * acc``.
 """
 
+# ruff: noqa: F821  (DT, ACC and OUT in annotations are dtype constexpr parameters)
 from __future__ import annotations
 
 import kaio
 from kaio import bf16, f16, f16x2, f32, i32, u32, u64
-from kaio_ops._typed import by_dtype
 
-DT = f16  # the element type placeholder (see _typed.by_dtype)
-ACC = f32  # the accumulator type placeholder: i32 for 8-bit DT (see MATMUL below)
-OUT = f32  # the output element type placeholder: f16 for the QKV projections (see QKV below)
 GROUP_M = 8
 
 
@@ -65,72 +63,59 @@ def tile_col(origin: u64) -> u32:
     return u32(origin & 0xFFFFFFFF)
 
 
+@kaio.gpu_func
+def warp_place(WARPS_N: kaio.constexpr, WTM: kaio.constexpr, WTN: kaio.constexpr):
+    """``(tid, lane, wm, wn)``: this thread's index in the block and in its warp, and the
+    row and column of its warp's WTM x WTN sub-tile of the block tile (warps row-major,
+    WARPS_N a row)."""
+    tid = kaio.thread_idx_x()
+    lane = kaio.lane_id()
+    warp = tid // 32
+    return tid, lane, warp // WARPS_N * WTM, warp % WARPS_N * WTN
+
+
+@kaio.gpu_func
+def k_range(k_slice: u32, K: u32, BK: kaio.constexpr):
+    """``(k_begin, k_end, tiles)``: the K range of this block's slice (block z of a K split
+    in slices of ``k_slice``; the whole K without one) and its number of BK steps."""
+    k_begin = kaio.block_idx_z() * k_slice
+    k_end = kaio.min(k_begin + k_slice, K)
+    return k_begin, k_end, (k_end - k_begin + BK - 1) // BK
+
+
 @kaio.gpu_kernel
 def matmul_kernel(
-    a: DT[:],
-    b: DT[:],
-    c: OUT[:, :],
-    scales: f16[:, :],
-    M: u32,
-    N: u32,
-    K: u32,
-    k_slice: u32,
-    alpha: f32,
-    BM: kaio.constexpr,
-    BN: kaio.constexpr,
-    BK: kaio.constexpr,
-    WARPS_M: kaio.constexpr,
-    WARPS_N: kaio.constexpr,
-    STAGES: kaio.constexpr,
-    ASYNC: kaio.constexpr,
-    VEC: kaio.constexpr,
-    QUANT: kaio.constexpr,
-):
+    a: DT[:], b: DT[:], c: f32[:, :], scales: f16[:, :],
+    M: u32, N: u32, K: u32, k_slice: u32, alpha: f32,
+    BM: kaio.constexpr, BN: kaio.constexpr, BK: kaio.constexpr, WARPS_M: kaio.constexpr,
+    WARPS_N: kaio.constexpr, STAGES: kaio.constexpr, ASYNC: kaio.constexpr, VEC: kaio.constexpr,
+    QUANT: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
     """C = alpha * A @ B: block (x, z) computes C tile x, or with a K split the partial tile
     of K slice z (``matmul_tile``)."""
     kaio.launch_bounds(WARPS_M * WARPS_N * 32)
     origin = tile_origin(kaio.block_idx_x(), (M + BM - 1) // BM, (N + BN - 1) // BN)
     matmul_tile(a, b, c, scales, tile_row(origin) * BM, tile_col(origin) * BN, M, N, K, k_slice,
-                alpha, BM, BN, BK, WARPS_M, WARPS_N, STAGES, ASYNC, VEC, QUANT)  # fmt: skip
+                alpha, BM, BN, BK, WARPS_M, WARPS_N, STAGES, ASYNC, VEC, QUANT, DT,
+                f32)  # fmt: skip
 
 
 @kaio.gpu_kernel
 def qkv_kernel(
-    a: DT[:],
-    b0: DT[:],
-    b1: DT[:],
-    b2: DT[:],
-    c0: OUT[:, :],
-    c1: OUT[:, :],
-    c2: OUT[:, :],
-    s0: f16[:, :],
-    s1: f16[:, :],
-    s2: f16[:, :],
-    M: u32,
-    N0: u32,
-    N1: u32,
-    N2: u32,
-    K: u32,
-    k_slice: u32,
-    alpha0: f32,
-    alpha1: f32,
-    alpha2: f32,
-    BM: kaio.constexpr,
-    BN: kaio.constexpr,
-    BK: kaio.constexpr,
-    WARPS_M: kaio.constexpr,
-    WARPS_N: kaio.constexpr,
-    STAGES: kaio.constexpr,
-    ASYNC: kaio.constexpr,
-    VEC: kaio.constexpr,
-    QUANT: kaio.constexpr,
-):
+    a: f16[:], b0: f16[:], b1: f16[:], b2: f16[:], c0: OUT[:, :], c1: OUT[:, :], c2: OUT[:, :],
+    s0: f16[:, :], s1: f16[:, :], s2: f16[:, :], M: u32, N0: u32, N1: u32, N2: u32, K: u32,
+    k_slice: u32, alpha0: f32, alpha1: f32, alpha2: f32, BM: kaio.constexpr, BN: kaio.constexpr,
+    BK: kaio.constexpr, WARPS_M: kaio.constexpr, WARPS_N: kaio.constexpr,
+    STAGES: kaio.constexpr, ASYNC: kaio.constexpr, VEC: kaio.constexpr, QUANT: kaio.constexpr,
+    OUT: kaio.constexpr,
+):  # fmt: skip
     """C_p = alpha_p * A @ B_p for three products p that share A (the Q, K and V
     projections), in one launch. The grid's column tiles are those of C_0, then C_1, then
     C_2 (a product of width N_p = 0 has none, and its arrays are not read), and blocks are
     grouped GROUP_M tile rows at a time across all three, so that a row panel of A is read
     from memory once for the three. Each block runs ``matmul_tile`` on the arrays of the
-    product its column tile belongs to: the per-tile work of ``matmul_kernel``, exactly."""
+    product its column tile belongs to: the per-tile work of ``matmul_kernel``, exactly.
+    ``OUT``: f16, or f32 partial products when K is split (summed by ``sum_qkv_slices``)."""
     kaio.launch_bounds(WARPS_M * WARPS_N * 32)
     t0 = (N0 + BN - 1) // BN
     t01 = t0 + (N1 + BN - 1) // BN
@@ -139,38 +124,23 @@ def qkv_kernel(
     j = tile_col(origin)  # the block's column tile, counted over the three products
     if j < t0:
         matmul_tile(a, b0, c0, s0, m0, j * BN, M, N0, K, k_slice, alpha0,
-                    BM, BN, BK, WARPS_M, WARPS_N, STAGES, ASYNC, VEC, QUANT)  # fmt: skip
+                    BM, BN, BK, WARPS_M, WARPS_N, STAGES, ASYNC, VEC, QUANT, f16, OUT)  # fmt: skip
     elif j < t01:
         matmul_tile(a, b1, c1, s1, m0, (j - t0) * BN, M, N1, K, k_slice, alpha1,
-                    BM, BN, BK, WARPS_M, WARPS_N, STAGES, ASYNC, VEC, QUANT)  # fmt: skip
+                    BM, BN, BK, WARPS_M, WARPS_N, STAGES, ASYNC, VEC, QUANT, f16, OUT)  # fmt: skip
     else:
         matmul_tile(a, b2, c2, s2, m0, (j - t01) * BN, M, N2, K, k_slice, alpha2,
-                    BM, BN, BK, WARPS_M, WARPS_N, STAGES, ASYNC, VEC, QUANT)  # fmt: skip
+                    BM, BN, BK, WARPS_M, WARPS_N, STAGES, ASYNC, VEC, QUANT, f16, OUT)  # fmt: skip
 
 
 @kaio.gpu_func
 def matmul_tile(
-    a: DT[:],
-    b: DT[:],
-    c: OUT[:, :],
-    scales: f16[:, :],
-    m0: u32,
-    n0: u32,
-    M: u32,
-    N: u32,
-    K: u32,
-    k_slice: u32,
-    alpha: f32,
-    BM: kaio.constexpr,
-    BN: kaio.constexpr,
-    BK: kaio.constexpr,
-    WARPS_M: kaio.constexpr,
-    WARPS_N: kaio.constexpr,
-    STAGES: kaio.constexpr,
-    ASYNC: kaio.constexpr,
-    VEC: kaio.constexpr,
-    QUANT: kaio.constexpr,
-):
+    a: DT[:], b: DT[:], c: OUT[:, :], scales: f16[:, :],
+    m0: u32, n0: u32, M: u32, N: u32, K: u32, k_slice: u32, alpha: f32,
+    BM: kaio.constexpr, BN: kaio.constexpr, BK: kaio.constexpr, WARPS_M: kaio.constexpr,
+    WARPS_N: kaio.constexpr, STAGES: kaio.constexpr, ASYNC: kaio.constexpr, VEC: kaio.constexpr,
+    QUANT: kaio.constexpr, DT: kaio.constexpr, OUT: kaio.constexpr,
+):  # fmt: skip
     """The C tile at (m0, n0) (or, with a K split, the partial tile of K slice
     ``block_idx_z``) of alpha * A @ B, rounded once to OUT. A and B come flat: row-major
     M x K and K x N for 16-bit types; for 8-bit ones (s8 mma, bytes read as int8 whatever DT
@@ -182,20 +152,15 @@ def matmul_tile(
     the per-thread part of every copy address is computed once, outside the K loop."""
     THREADS = WARPS_M * WARPS_N * 32
     ITEM = DT.itemsize
+    ACC = i32 if ITEM == 1 else f32  # the accumulators: s8 mma for 8-bit types
     KSTEP = 32 // ITEM  # elements per mma k step: 16 (f16, bf16) or 32 (s8)
     KSTEPS = BK // KSTEP  # an even number: fragments are double-buffered
     WTM = BM // WARPS_M
     WTN = BN // WARPS_N
     MI = WTM // 16
     NI = WTN // 8
-    tid = kaio.thread_idx_x()
-    lane = kaio.lane_id()
-    warp = tid // 32
-    wm = warp // WARPS_N * WTM
-    wn = warp % WARPS_N * WTN
-    k_begin = kaio.block_idx_z() * k_slice
-    k_end = kaio.min(k_begin + k_slice, K)
-    tiles = (k_end - k_begin + BK - 1) // BK
+    tid, lane, wm, wn = warp_place(WARPS_N, WTM, WTN)
+    k_begin, k_end, tiles = k_range(k_slice, K, BK)
     row0 = kaio.block_idx_z() * M  # this K slice's rows in c (the workspace when split)
 
     a_s = kaio.shared_dynamic(DT, (STAGES, BM, BK), 0)
@@ -229,12 +194,12 @@ def matmul_tile(
         # also makes tile t + 1 visible: it overlaps the last step's mma.
         for s in kaio.static_range(STAGES):
             load_tiles(1, a_s, b_s, b_s, a, b, s, m0, n0, k_begin + s * BK, k_end, M, N, K, tid,
-                       BM, BN, BK, THREADS, VEC, ASYNC, QUANT)  # fmt: skip
+                       BM, BN, BK, THREADS, VEC, ASYNC, QUANT, DT)  # fmt: skip
             kaio.cp_async_commit()
         kaio.cp_async_wait(STAGES - 1)
         kaio.sync_threads()
         load_fragments(a_frag, b_frag, 0, a_s, b_s, stage, 0, wm, wn, lane, MI, NI,
-                       scales, k_begin, n0, N, QUANT)  # fmt: skip
+                       scales, k_begin, n0, N, QUANT, DT)  # fmt: skip
         for t in range(tiles):
             for ks in kaio.static_range(KSTEPS):
                 if ks == KSTEPS - 1:
@@ -244,17 +209,18 @@ def matmul_tile(
                     # one reads: cheaper than a branch that would split the loop body.
                     k_refill = k_begin + (t + STAGES) * BK
                     load_tiles(1, a_s, b_s, b_s, a, b, stage, m0, n0, k_refill, k_end, M, N, K, tid,
-                               BM, BN, BK, THREADS, VEC, ASYNC, QUANT)  # fmt: skip
+                               BM, BN, BK, THREADS, VEC, ASYNC, QUANT, DT)  # fmt: skip
                     kaio.cp_async_commit()
                     stage = kaio.select(stage == STAGES - 1, 0, stage + 1)
                     load_fragments(a_frag, b_frag, (ks + 1) % 2, a_s, b_s, stage, 0, wm, wn,
                                    lane, MI, NI, scales, k_begin + (t + 1) * BK, n0, N,
-                                   QUANT)  # fmt: skip
+                                   QUANT, DT)  # fmt: skip
                 else:
                     load_fragments(a_frag, b_frag, (ks + 1) % 2, a_s, b_s, stage,
                                    (ks + 1) * KSTEP, wm, wn, lane, MI, NI, scales,
-                                   k_begin + t * BK + (ks + 1) * KSTEP, n0, N, QUANT)  # fmt: skip
-                mma_step(acc, a_frag, b_frag, ks % 2, MI, NI)
+                                   k_begin + t * BK + (ks + 1) * KSTEP, n0, N, QUANT,
+                                   DT)  # fmt: skip
+                mma_step(acc, a_frag, b_frag, ks % 2, MI, NI, DT, ACC)
     else:
         # Blocks inside the matrices along M and N copy their whole K tiles without bounds
         # checks (load_tiles), in a loop of their own; the rest, and a last partial K tile,
@@ -264,7 +230,7 @@ def matmul_tile(
             for t in range(0 if edges == 0 else unchecked, unchecked if edges == 0 else tiles):
                 sync_step(edges, t, acc, a_frag, b_frag, a_s, b_s, a, b, scales, m0, n0,
                           k_begin, k_end, M, N, K, tid, wm, wn, lane, BM, BN, BK, THREADS, VEC,
-                          QUANT, MI, NI)  # fmt: skip
+                          QUANT, MI, NI, DT, ACC)  # fmt: skip
 
     # Lane (g, t) holds two adjacent columns of C per column pair p and row half h of each
     # 16-row tile mi: elements 0 and 1 of n8 tile p, or with int8 weights, whose n8 tiles
@@ -283,7 +249,7 @@ def matmul_tile(
                 row = m0 + wm + mi * 16 + lane // 4 + h * 8
                 pair[0] = OUT(f32(acc[mi, tile_a, h, elem_a]) * alpha)
                 pair[1] = OUT(f32(acc[mi, tile_b, h, elem_b]) * alpha)
-                if row < M:
+                if row < M:  # _common.store_cols, inline: the row is computed in each branch
                     if VEC:
                         if col < N:
                             kaio.store_vector(c, (row0 + row, col), pair)
@@ -295,69 +261,33 @@ def matmul_tile(
 
 @kaio.gpu_func
 def sync_step(
-    EDGES: kaio.constexpr,
-    t: u32,
-    acc: ACC[:, :, :, :],
-    a_frag: u32[:, :, :],
-    b_frag: u32[:, :, :, :],
-    a_s: DT[:, :, :],
-    b_s: DT[:, :, :],
-    a: DT[:],
-    b: DT[:],
-    scales: f16[:, :],
-    m0: u32,
-    n0: u32,
-    k_begin: u32,
-    k_end: u32,
-    M: u32,
-    N: u32,
-    K: u32,
-    tid: u32,
-    wm: u32,
-    wn: u32,
-    lane: u32,
-    BM: kaio.constexpr,
-    BN: kaio.constexpr,
-    BK: kaio.constexpr,
-    THREADS: kaio.constexpr,
-    VEC: kaio.constexpr,
-    QUANT: kaio.constexpr,
-    MI: kaio.constexpr,
-    NI: kaio.constexpr,
-):
+    EDGES: kaio.constexpr, t: u32, acc: ACC[:, :, :, :], a_frag: u32[:, :, :],
+    b_frag: u32[:, :, :, :], a_s: DT[:, :, :], b_s: DT[:, :, :], a: DT[:], b: DT[:],
+    scales: f16[:, :], m0: u32, n0: u32, k_begin: u32, k_end: u32, M: u32, N: u32, K: u32,
+    tid: u32, wm: u32, wn: u32, lane: u32, BM: kaio.constexpr, BN: kaio.constexpr,
+    BK: kaio.constexpr, THREADS: kaio.constexpr, VEC: kaio.constexpr, QUANT: kaio.constexpr,
+    MI: kaio.constexpr, NI: kaio.constexpr, DT: kaio.constexpr, ACC: kaio.constexpr,
+):  # fmt: skip
     """K tile t of the pipeline-free path (no cp.async): copy both tiles to shared memory
     through registers (``load_tiles``, with bounds checks if EDGES), then multiply them."""
     KSTEP = 32 // DT.itemsize
     kaio.sync_threads()
     load_tiles(EDGES, a_s, b_s, b_s, a, b, 0, m0, n0, k_begin + t * BK, k_end, M, N, K, tid,
-               BM, BN, BK, THREADS, VEC, False, QUANT)  # fmt: skip
+               BM, BN, BK, THREADS, VEC, False, QUANT, DT)  # fmt: skip
     kaio.sync_threads()
     for ks in kaio.static_range(BK // KSTEP):
         load_fragments(a_frag, b_frag, 0, a_s, b_s, 0, ks * KSTEP, wm, wn, lane, MI, NI, scales,
-                       k_begin + t * BK + ks * KSTEP, n0, N, QUANT)  # fmt: skip
-        mma_step(acc, a_frag, b_frag, 0, MI, NI)
+                       k_begin + t * BK + ks * KSTEP, n0, N, QUANT, DT)  # fmt: skip
+        mma_step(acc, a_frag, b_frag, 0, MI, NI, DT, ACC)
 
 
 @kaio.gpu_func
 def load_fragments(
-    a_frag: u32[:, :, :],
-    b_frag: u32[:, :, :, :],
-    BUF: kaio.constexpr,
-    a_s: DT[:, :, :],
-    b_s: DT[:, :, :],
-    stage: u32,
-    KK: kaio.constexpr,
-    wm: u32,
-    wn: u32,
-    lane: u32,
-    MI: kaio.constexpr,
-    NI: kaio.constexpr,
-    scales: f16[:, :],
-    k_at: u32,
-    n0: u32,
-    N: u32,
-    QUANT: kaio.constexpr,
-):
+    a_frag: u32[:, :, :], b_frag: u32[:, :, :, :], BUF: kaio.constexpr, a_s: DT[:, :, :],
+    b_s: DT[:, :, :], stage: u32, KK: kaio.constexpr, wm: u32, wn: u32, lane: u32,
+    MI: kaio.constexpr, NI: kaio.constexpr, scales: f16[:, :], k_at: u32, n0: u32, N: u32,
+    QUANT: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
     """This warp's A (MI x 16 rows x 32 bytes) and B (NI x 32 bytes x 8 columns) fragments
     of the k step at KK of ``stage`` (k_at in the whole matrix) into buffer BUF. Swizzle
     phases repeat every 8 rows and the warp's rows start at multiples of 16, so the lane
@@ -367,9 +297,9 @@ def load_fragments(
         col = kaio.swizzle(a_s, lane % 16, KK + lane // 16 * HALF)
         kaio.ldmatrix(a_frag[BUF, mi], a_s, (stage, wm + mi * 16 + lane % 16, col))
     if QUANT == 4:
-        dequantize_b(b_frag, BUF, b_s, stage, KK, wn, lane, NI, scales, k_at, n0, N)
+        dequantize_b(b_frag, BUF, b_s, stage, KK, wn, lane, NI, scales, k_at, n0, N, DT)
     elif QUANT == 8:
-        widen_int8(b_frag, BUF, b_s, stage, KK, wn, lane, NI)
+        widen_int8(b_frag, BUF, b_s, stage, KK, wn, lane, NI, DT)
     else:
         for nj in kaio.static_range(NI // 2):
             if DT.itemsize == 1:
@@ -388,19 +318,10 @@ INT4_BIAS = 0x64086408  # f16 1032.0 = 1024 + 8, in both halves
 
 @kaio.gpu_func
 def dequantize_b(
-    b_frag: u32[:, :, :, :],
-    BUF: kaio.constexpr,
-    b_s: DT[:, :, :],
-    stage: u32,
-    KK: kaio.constexpr,
-    wn: u32,
-    lane: u32,
-    NI: kaio.constexpr,
-    scales: f16[:, :],
-    k_at: u32,
-    n0: u32,
-    N: u32,
-):
+    b_frag: u32[:, :, :, :], BUF: kaio.constexpr, b_s: DT[:, :, :], stage: u32,
+    KK: kaio.constexpr, wn: u32, lane: u32, NI: kaio.constexpr, scales: f16[:, :], k_at: u32,
+    n0: u32, N: u32, DT: kaio.constexpr,
+):  # fmt: skip
     """B fragments of the 16-value k step at KK from packed int4 words: lane (g, t) needs
     k = 2t, 2t+1 (register 0) and 2t+8, 2t+9 (register 1) of column g, i.e. nibbles 2t and
     2t+1 of two words. Each pair becomes an f16x2 with the magic-number trick
@@ -429,15 +350,9 @@ INT8_BIAS = 0x64806480  # f16 1152.0 = 1024 + 128, in both halves
 
 @kaio.gpu_func
 def widen_int8(
-    b_frag: u32[:, :, :, :],
-    BUF: kaio.constexpr,
-    b_s: DT[:, :, :],
-    stage: u32,
-    KK: kaio.constexpr,
-    wn: u32,
-    lane: u32,
-    NI: kaio.constexpr,
-):
+    b_frag: u32[:, :, :, :], BUF: kaio.constexpr, b_s: DT[:, :, :], stage: u32,
+    KK: kaio.constexpr, wn: u32, lane: u32, NI: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
     """B fragments of the 16-value k step at KK from int8 weights: the K x N bytes of the
     tile read as K x N/2 halves. ``ldmatrix_trans`` of an 8 x 8 block of halves gives lane
     (g, t) the word of bytes (k, n), (k, n + 1), (k + 1, n), (k + 1, n + 1) with k = 2t
@@ -460,14 +375,12 @@ def widen_int8(
 
 @kaio.gpu_func
 def mma_step(
-    acc: ACC[:, :, :, :],
-    a_frag: u32[:, :, :],
-    b_frag: u32[:, :, :, :],
-    BUF: kaio.constexpr,
-    MI: kaio.constexpr,
-    NI: kaio.constexpr,
-):
-    """acc += the MI x NI tensor-core products of fragment buffer BUF."""
+    acc: ACC[:, :, :, :], a_frag: u32[:, :, :], b_frag: u32[:, :, :, :],
+    BUF: kaio.constexpr, MI: kaio.constexpr, NI: kaio.constexpr, DT: kaio.constexpr,
+    ACC: kaio.constexpr,
+):  # fmt: skip
+    """acc += the MI x NI tensor-core products of fragment buffer BUF (``DT`` inputs: f16,
+    bf16 or 8-bit, read as int8; ``ACC`` accumulators: f32, i32 for 8-bit)."""
     for mi in kaio.static_range(MI):
         for ni in kaio.static_range(NI):
             a = a_frag[BUF, mi]
@@ -482,31 +395,12 @@ def mma_step(
 
 @kaio.gpu_func
 def load_tiles(
-    EDGES: kaio.constexpr,
-    a_s: DT[:, :, :],
-    b_s: DT[:, :, :],
-    u_s: DT[:, :, :],
-    a: DT[:],
-    b: DT[:],
-    stage: u32,
-    m0: u32,
-    n0: u32,
-    k0: u32,
-    k_end: u32,
-    M: u32,
-    N: u32,
-    K: u32,
-    tid: u32,
-    BM: kaio.constexpr,
-    BN: kaio.constexpr,
-    BK: kaio.constexpr,
-    THREADS: kaio.constexpr,
-    VEC: kaio.constexpr,
-    ASYNC: kaio.constexpr,
-    QUANT: kaio.constexpr,
-    BT: kaio.constexpr = 0,
-    GATE: kaio.constexpr = 0,
-):
+    EDGES: kaio.constexpr, a_s: DT[:, :, :], b_s: DT[:, :, :], u_s: DT[:, :, :], a: DT[:],
+    b: DT[:], stage: u32, m0: u32, n0: u32, k0: u32, k_end: u32, M: u32, N: u32, K: u32,
+    tid: u32, BM: kaio.constexpr, BN: kaio.constexpr, BK: kaio.constexpr,
+    THREADS: kaio.constexpr, VEC: kaio.constexpr, ASYNC: kaio.constexpr, QUANT: kaio.constexpr,
+    DT: kaio.constexpr, BT: kaio.constexpr = 0, GATE: kaio.constexpr = 0,
+):  # fmt: skip
     """A[m0:m0+BM, k0:k0+BK] and B[k0:k0+BK, n0:n0+BN] (B^T's [n0:n0+BN, k0:k0+BK] for
     8-bit types and for ``BT`` (B given [N, K], ``_gemm``), the packed words
     [k0/8:(k0+BK)/8, n0:n0+BN] for int4, the bytes as halves [k0:k0+BK, n0/2:(n0+BN)/2] for
@@ -521,44 +415,32 @@ def load_tiles(
     ru = kaio.local(u32, (COPIES if GATE else 1, 4))
     for phase in kaio.static_range(2 if VEC and not ASYNC else 1):
         load_tile(phase, EDGES, a_s, a, ra, stage, m0, k0, M, k_end, K, tid, BM, BK, THREADS,
-                  VEC, ASYNC)  # fmt: skip
+                  VEC, ASYNC, DT)  # fmt: skip
         if QUANT == 4:
             load_tile(phase, EDGES, b_s, b, rb, stage, k0 // 8, 2 * n0, k_end // 8, 2 * N,
-                      2 * N, tid, BK // 8, 2 * BN, THREADS, VEC, ASYNC)  # fmt: skip
+                      2 * N, tid, BK // 8, 2 * BN, THREADS, VEC, ASYNC, DT)  # fmt: skip
         elif QUANT == 8:
             load_tile(phase, EDGES, b_s, b, rb, stage, k0, n0 // 2, k_end, N // 2, N // 2, tid,
-                      BK, BN // 2, THREADS, VEC, ASYNC)  # fmt: skip
+                      BK, BN // 2, THREADS, VEC, ASYNC, DT)  # fmt: skip
         elif DT.itemsize == 1 or BT:
             load_tile(phase, EDGES, b_s, b, rb, stage, n0, k0, N, k_end, K, tid, BN, BK, THREADS,
-                      VEC, ASYNC)  # fmt: skip
+                      VEC, ASYNC, DT)  # fmt: skip
             if GATE:
                 load_tile(phase, EDGES, u_s, b, ru, stage, N + n0, k0, 2 * N, k_end, K, tid, BN,
-                          BK, THREADS, VEC, ASYNC)  # fmt: skip
+                          BK, THREADS, VEC, ASYNC, DT)  # fmt: skip
         else:
             load_tile(phase, EDGES, b_s, b, rb, stage, k0, n0, k_end, N, N, tid, BK, BN, THREADS,
-                      VEC, ASYNC)  # fmt: skip
+                      VEC, ASYNC, DT)  # fmt: skip
 
 
 @kaio.gpu_func
 def load_tile(
-    PHASE: kaio.constexpr,
-    EDGES: kaio.constexpr,
-    dst: DT[:, :, :],
-    src: DT[:],
-    regs: u32[:, :],
-    stage: u32,
-    r0: u32,
-    c0: u32,
-    rows: u32,
-    cols: u32,
-    ld: u32,
-    tid: u32,
-    R: kaio.constexpr,
-    C: kaio.constexpr,
-    THREADS: kaio.constexpr,
-    VEC: kaio.constexpr,
-    ASYNC: kaio.constexpr,
-):
+    PHASE: kaio.constexpr, EDGES: kaio.constexpr,
+    dst: DT[:, :, :], src: DT[:], regs: u32[:, :],
+    stage: u32, r0: u32, c0: u32, rows: u32, cols: u32, ld: u32, tid: u32,
+    R: kaio.constexpr, C: kaio.constexpr, THREADS: kaio.constexpr, VEC: kaio.constexpr,
+    ASYNC: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
     """The R x C tile at (r0, c0) of the flat row-major matrix ``src`` (row length ``ld``)
     into dst[stage], zeros past rows x cols: 16-byte chunks (cp.async when ASYNC, else
     vector loads into ``regs``) when VEC, else element by element. Through registers,
@@ -624,21 +506,10 @@ def store_sum(ws: f32[:, :], c: f16[:, :], i: u32, M: u32, N: u32, alpha: f32,
 
 @kaio.gpu_kernel
 def sum_qkv_slices(
-    ws0: f32[:, :],
-    ws1: f32[:, :],
-    ws2: f32[:, :],
-    c0: f16[:, :],
-    c1: f16[:, :],
-    c2: f16[:, :],
-    M: u32,
-    N0: u32,
-    N1: u32,
-    N2: u32,
-    alpha0: f32,
-    alpha1: f32,
-    alpha2: f32,
+    ws0: f32[:, :], ws1: f32[:, :], ws2: f32[:, :], c0: f16[:, :], c1: f16[:, :], c2: f16[:, :],
+    M: u32, N0: u32, N1: u32, N2: u32, alpha0: f32, alpha1: f32, alpha2: f32,
     SPLIT: kaio.constexpr,
-):
+):  # fmt: skip
     """c_p = f16(alpha_p * the sum of the SPLIT partial products stacked in ws_p), for the
     three products of ``qkv_kernel`` (widths N_p, 0 for none) in one launch: one thread per
     element, the elements of c_0, then c_1, then c_2."""
@@ -650,8 +521,3 @@ def sum_qkv_slices(
         store_sum(ws1, c1, i - M * N0, M, N1, alpha1, SPLIT)
     elif i < n01 + M * N2:
         store_sum(ws2, c2, i - n01, M, N2, alpha2, SPLIT)
-
-
-MATMUL = by_dtype(matmul_kernel, ACC=lambda t: i32 if t.itemsize == 1 else f32)
-# The QKV projections (DT f16) by output type: f16, or f32 partial products when K is split
-QKV = {f16: by_dtype(qkv_kernel, OUT=lambda t: f16)[f16], f32: by_dtype(qkv_kernel)[f16]}

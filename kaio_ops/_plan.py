@@ -71,12 +71,8 @@ import sys
 import weakref
 from collections.abc import Callable
 
-from kaio.runtime.arginfo import RawArray
-from kaio.runtime.device import current
-from kaio.runtime.launch import recordings
-from kaio.runtime.memory import DeviceArray
-from kaio.runtime.plan import CallPlan, compile_function, recording
-from kaio.sim import mode as sim_mode
+from kaio import DeviceArray, sim
+from kaio.runtime import CallPlan, RawArray, compile_function, current, recording, recordings
 from kaio_ops import _arrays
 
 __all__ = ["MAX_PLANS", "MISS", "clear", "planned", "plans_of"]
@@ -700,7 +696,7 @@ def _generate(fn: Callable, array_names: tuple) -> Callable:
     ]
     env["MISS"] = MISS
     env["recordings"] = recordings
-    env["SIMULATING"] = sim_mode.anywhere
+    env["SIMULATING"] = sim.anywhere
     source = "\n".join(lines) + "\n"
     exec(compile(source, f"<kaio planned {fn.__name__}>", "exec"), env)
     wrapper = env[fn.__name__]

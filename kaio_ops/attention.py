@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import os
 
-from kaio.sim.mode import active as simulating
+from kaio.sim import active as simulating
 from kaio.types import bf16, f16, f32
 from kaio_ops import _arrays
 from kaio_ops import _attention_hopper as hopper

@@ -22,7 +22,7 @@ import math
 import numpy as np
 
 from kaio.types import bf16, f16, f32, i32, u32
-from kaio_ops import _arrays, _typed
+from kaio_ops import _arrays
 from kaio_ops import _decode as dk
 from kaio_ops._plan import planned
 
@@ -49,9 +49,9 @@ CLUSTER_CHECK = True  # only clusters that all run at once (the driver's occupan
 SPREAD = 116 * 1024
 CLUSTER_TILES = 64  # the most key tiles a split of the cluster merge takes (measured)
 
-DECODE = _typed.by_dtype(dk.decode_fwd)
-MERGE = _typed.by_dtype(dk.decode_merge)
-APPEND = _typed.by_dtype(dk.kv_append)
+DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
+MERGE = dk.decode_merge
+APPEND = dk.kv_append
 
 
 def row_tiles(rows: int) -> int:
@@ -145,7 +145,7 @@ def plan_grid(like, kernel, blocks: int, tiles: int, dp: int, mt: int, paged: bo
             break  # long splits: the merge's cost matters little, the spread over the SMs more
         if dev is None or not CLUSTER_CHECK:
             return cl, stages, cl, shared
-        consts = {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": stages, "CL": cl}
+        consts = {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": stages, "CL": cl, "DT": like.dtype}
         key = (like.device, tuple(sorted(consts.items())), shared)
         have = _RESIDENT.get(key)
         if have is None:
@@ -315,15 +315,14 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
         scale = 1.0 / math.sqrt(d)
     if not (isinstance(scale, int | float) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"{op}: scale must be a positive finite number, got {scale!r}")
-    kernel = DECODE[qa.dtype]
-    _host_check(inputs, lens, cache, kernel.debug)
+    _host_check(inputs, lens, cache, DECODE.debug)
 
     group = heads // cache.kv_heads
     mt = row_tiles(group * sq)
     chunks = -(-group * sq // (16 * mt))
     blocks = batch * cache.kv_heads * chunks
     tiles = -(-cache.capacity // dk.BN)
-    splits, stages, cl, shared = plan_grid(qa, kernel, blocks, tiles, d, mt, cache.paged)
+    splits, stages, cl, shared = plan_grid(qa, DECODE, blocks, tiles, d, mt, cache.paged)
     rows = batch * heads * sq
     out = _arrays.output(qa, qa.shape)
     lse = _arrays.output(qa, (batch, heads, sq), f32)
@@ -342,16 +341,17 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     flat = [a.arg(a.size) for a in (qa, cache.k, cache.v)]
     if counters is None:  # a stand-in, never read
         counters = np.zeros(1, np.uint32) if qa.kind == "numpy" else qa.arg(1, dtype=u32)
-    kernel[(splits, blocks), dk.THREADS, stream, shared](
+    DECODE[(splits, blocks), dk.THREADS, stream, shared](
         *flat, cache.table_arg(qa), lens.arg(batch), out_flat, lse_flat, part, part_lse,
         counters, heads, group, sq, cache.kv_heads, *cache.geometry(), chunks, rows,
         math.log2(math.e) * float(scale),
         DP=d, MT=mt, PAGED=cache.paged, STAGES=stages, DIRECT=direct, FUSED=fused, CL=cl,
+        DT=qa.dtype,
     )  # fmt: skip
     if not (direct or fused or cl > 1):
-        MERGE[qa.dtype][blocks, dk.THREADS, stream, merge_shared(mt)](
+        MERGE[blocks, dk.THREADS, stream, merge_shared(mt)](
             part, part_lse, out_flat, lse_flat, heads, group, sq, cache.kv_heads, chunks, rows,
-            splits, DP=d, MT=mt,
+            splits, DP=d, MT=mt, DT=qa.dtype,
         )  # fmt: skip
     return out, lse
 
@@ -408,14 +408,13 @@ def kv_cache_append(k_cache, v_cache, k, v, seq_lens, block_table=None) -> None:
             "k_cache", f"has Hkv = {cache.kv_heads} heads; k has {kv_heads} (shape {ka.shape})"
         )
     lens = _lengths(inputs, seq_lens, batch)
-    kernel = APPEND[ka.dtype]
-    _host_check(inputs, lens, cache, kernel.debug)
+    _host_check(inputs, lens, cache, APPEND.debug)
     vec = 8 if d % 8 == 0 and all(a.aligned(16) for a in (ka, va)) else 1
     chunks = ka.size // vec
-    kernel[-(-chunks // 256), 256, _arrays.stream_of(ka), 0](
+    APPEND[-(-chunks // 256), 256, _arrays.stream_of(ka), 0](
         cache.k.arg(cache.k.size), cache.v.arg(cache.v.size), ka.arg(ka.size), va.arg(va.size),
         lens.arg(batch), cache.table_arg(ka), kv_heads, sq, d, *cache.geometry(), chunks,
-        PAGED=cache.paged, VEC=vec,
+        PAGED=cache.paged, VEC=vec, DT=ka.dtype,
     )  # fmt: skip
 
 
@@ -425,18 +424,18 @@ def shipped():
         for dp in DIMS:
             for mt in (1, 2, 4):
                 for paged in (False, True):
-                    base = {"DP": dp, "MT": mt, "PAGED": paged}
+                    base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dtype}
                     for direct, fused in ((True, False), (False, False), (False, True)):
                         flags = {**base, "DIRECT": direct, "FUSED": fused, "CL": 1}
                         for stages in sorted({stages_for(dp, mt), deep_stages(dp, mt)}):
-                            yield DECODE[dtype], {**flags, "STAGES": stages}
+                            yield DECODE, {**flags, "STAGES": stages}
                     # merged through a cluster (sm_90), a block a multiprocessor
                     flags = {**base, "DIRECT": False, "FUSED": False}
                     for cl in CLUSTERS:
-                        yield DECODE[dtype], {**flags, "STAGES": deep_stages(dp, mt), "CL": cl}
+                        yield DECODE, {**flags, "STAGES": deep_stages(dp, mt), "CL": cl}
         for dp in DIMS:
             for mt in (1, 2, 4):
-                yield MERGE[dtype], {"DP": dp, "MT": mt}
+                yield MERGE, {"DP": dp, "MT": mt, "DT": dtype}
         for paged in (False, True):
             for vec in (1, 8):
-                yield APPEND[dtype], {"PAGED": paged, "VEC": vec}
+                yield APPEND, {"PAGED": paged, "VEC": vec, "DT": dtype}

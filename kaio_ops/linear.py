@@ -175,6 +175,7 @@ def gemm(
     width = 2 * n if gate else n
     ws = _arrays.output(a, (split * m, width), f32) if split > 1 else _placeholder(a, f32, 2)
     epilogue = {"BIAS": int(bias is not None), "ACT": activation, "RES": int(residual is not None)}
+    types = {"DT": dtype, "OUT": out, "RT": rt}
     stream = _arrays.stream_of(a)
     args = (c_arg, ws, bias_arg, res_arg, m, n, k, k_slice)
     if hopper:
@@ -182,9 +183,9 @@ def gemm(
         maps = _gemm_hopper.tensor_maps(a, b, m, k, wg, transposed)
         shared = _gemm_hopper.shared_bytes(wg, bn, stages, gate)
         counters = _counters(a, tiles) if fixup else _placeholder(a, i32, 1)
-        _gemm_hopper.GEMM_WGMMA[dtype, out, rt][(tiles, 1, split), 128 * wg + 32, stream, shared](
+        _gemm_hopper.gemm_wgmma[(tiles, 1, split), 128 * wg + 32, stream, shared](
             *maps, *args[:4], counters, *args[4:], WG=wg, BN=bn, STAGES=stages,
-            BT=int(transposed), SPLIT=min(split, 2), FIXUP=int(fixup), **epilogue
+            BT=int(transposed), SPLIT=min(split, 2), FIXUP=int(fixup), **epilogue, **types
         )  # fmt: skip
     else:
         pipelined = _pipelined(a)
@@ -195,7 +196,7 @@ def gemm(
         shared = stages * (cfg.bm + (2 if gate else 1) * cfg.bn) * cfg.bk * 2 + 32
         tiles = math.ceil(m / cfg.bm) * math.ceil(n / cfg.bn)
         counters = _counters(a, tiles) if fixup else _placeholder(a, i32, 1)
-        GEMM[dtype, out, rt][(tiles, 1, split), cfg.threads, stream, shared](
+        GEMM[(tiles, 1, split), cfg.threads, stream, shared](
             a.arg(m * k),
             b.arg(b.size),
             *args[:4],
@@ -206,10 +207,11 @@ def gemm(
             SPLIT=min(split, 2),
             FIXUP=int(fixup),
             **epilogue,
+            **types,
         )
     if split > 1 and not fixup:
-        REDUCE[dtype, out, rt][(math.ceil(m * n / 256), 256, stream, 0)](
-            ws, c_arg, bias_arg, res_arg, m, n, SPLIT=split, **epilogue
+        REDUCE[(math.ceil(m * n / 256), 256, stream, 0)](
+            ws, c_arg, bias_arg, res_arg, m, n, SPLIT=split, **epilogue, **types
         )
     return c
 
@@ -434,7 +436,7 @@ def specializations() -> list:
         consts = _tile_constexprs(CONFIGS[name], pipelined, True)
         extra = {"BT": bt, "SPLIT": min(split, 2), "FIXUP": int(split > 2), "BIAS": epi}
         extra |= {"ACT": act, "RES": epi}
-        out.append((GEMM[dt, ot], {**consts, **extra}))
+        out.append((GEMM, {**consts, **extra, "DT": dt, "OUT": ot, "RT": ot}))
 
     for name in CONFIGS:
         for bt in (0, 1):
@@ -447,7 +449,8 @@ def specializations() -> list:
         add(bf16, f16, "16x128", act=act, split=4)  # summed in the kernel
         add(f16, f32, "16x128", act=act, split=2)  # summed by gemm_reduce
         for dt, ot in ((f16, f16), (bf16, f32)):
-            out.append((REDUCE[dt, ot], {"SPLIT": 4, "BIAS": 1, "ACT": act, "RES": 1}))
+            epi = {"SPLIT": 4, "BIAS": 1, "ACT": act, "RES": 1}
+            out.append((REDUCE, {**epi, "DT": dt, "OUT": ot, "RT": ot}))
     for mr, dt, ot in ((1, f16, f16), (5, bf16, f32), (8, bf16, bf16)):
         out.append((_gemv.gemv_kn, {"MR": mr, "DT": dt, "OUT": ot}))
     for mr, dt, ot, act in (

@@ -17,10 +17,10 @@ import math
 import os
 from dataclasses import dataclass, replace
 
-from kaio.sim.mode import active as simulating
+from kaio.sim import active as simulating
 from kaio.types import bf16, f16, f32
 from kaio_ops import _arrays, _matmul_hopper
-from kaio_ops._matmul_kernels import MATMUL, sum_slices
+from kaio_ops._matmul_kernels import matmul_kernel, sum_slices
 from kaio_ops._plan import planned
 
 __all__ = [
@@ -198,7 +198,7 @@ def launch(
     tiles = math.ceil(m / cfg.bm) * math.ceil(n / cfg.bn)
     stream = _arrays.stream_of(a)
     config = ((tiles, 1, split), cfg.threads, stream, cfg.shared_bytes(pipelined, dtype.itemsize))
-    MATMUL[dtype][config](
+    matmul_kernel[config](
         a.arg(m * k),
         b_flat,
         target,
@@ -209,6 +209,7 @@ def launch(
         k_slice,
         alpha,
         **cfg.constexprs(pipelined, vec, quant),
+        DT=dtype,
     )
     if split > 1:
         sum_slices[(math.ceil(m * n / 256), 256, stream, 0)](target, c, SPLIT=split)
@@ -267,6 +268,6 @@ def specializations():
         for cfg in CONFIGS.values():
             for pipelined in (False, True):
                 for vec in (False, True):
-                    out.append((MATMUL[dtype], cfg.constexprs(pipelined, vec)))
+                    out.append((matmul_kernel, {**cfg.constexprs(pipelined, vec), "DT": dtype}))
     out += [(sum_slices, {"SPLIT": s}) for s in (2, 16)]
     return out

@@ -39,9 +39,8 @@ import kaio
 from kaio import f16, f32, i32, u8, u32
 from kaio.types import i8
 from kaio_ops import _arrays, _int4_decode, _int4_hopper, _int8_hopper, _prefill
-from kaio_ops._matmul_kernels import MATMUL, QKV, sum_qkv_slices
+from kaio_ops._matmul_kernels import matmul_kernel, qkv_kernel, sum_qkv_slices
 from kaio_ops._plan import planned
-from kaio_ops._typed import by_dtype
 from kaio_ops.fp8 import _units
 from kaio_ops.linear import out_type
 from kaio_ops.matmul import (
@@ -63,7 +62,6 @@ __all__ = [
     "qkv_project_int8",
 ]
 
-DT = u8  # the element type placeholder (see _typed.by_dtype)
 GROUP = 128  # int4 weights share a scale per 128 values along K
 FALLBACK = "64x64"  # the fused projections' tile for shapes that need element copies
 TILE = 32
@@ -71,7 +69,13 @@ ROWS_PER_PASS = 8
 
 
 @kaio.gpu_kernel(block_size=(TILE, ROWS_PER_PASS))
-def transpose_kernel(src: DT[:, :], dst: DT[:, :], R: u32, C: u32):
+def transpose_kernel(
+    src: DT[:, :],  # noqa: F821  (DT: a dtype constexpr parameter)
+    dst: DT[:, :],  # noqa: F821
+    R: u32,
+    C: u32,
+    DT: kaio.constexpr,
+):
     """dst [C, R] = src [R, C] transposed, a 32 x 32 tile per block through shared memory."""
     tile = kaio.shared(DT, (TILE, TILE + 1))
     tx = kaio.thread_idx_x()
@@ -87,15 +91,12 @@ def transpose_kernel(src: DT[:, :], dst: DT[:, :], R: u32, C: u32):
             dst[c0 + ty + j, r0 + tx] = tile[tx, ty + j]
 
 
-TRANSPOSE = by_dtype(transpose_kernel)
-
-
 def transpose(x: _arrays.Operand):
     """A new array of ``x``'s kind holding ``x`` [R, C] transposed to [C, R]."""
     r, c = x.shape
     out = _arrays.output(x, (c, r))
     grid = (math.ceil(c / TILE), math.ceil(r / TILE))
-    TRANSPOSE[x.dtype][grid, None, _arrays.stream_of(x), 0](x.obj, out, r, c)
+    transpose_kernel[grid, None, _arrays.stream_of(x), 0](x.obj, out, r, c, DT=x.dtype)
     return out
 
 
@@ -265,10 +266,10 @@ def _project(x: _arrays.Operand, weights: list[Weights], quant: int) -> list:
     tiles = math.ceil(m / cfg.bm) * sum(math.ceil(n / cfg.bn) for n in widths)
     stream = _arrays.stream_of(x)
     config = ((tiles, 1, split), cfg.threads, stream, cfg.shared_bytes(True))
-    QKV[f16 if split == 1 else f32][config](
+    qkv_kernel[config](
         x.arg(m * k), *(w.halves for w in weights), *targets, *(w.scales for w in weights),
         m, *columns, k, k_slice, *(scales if split == 1 else [1.0] * 3),
-        **cfg.constexprs(True, vec, quant),
+        **cfg.constexprs(True, vec, quant), OUT=f16 if split == 1 else f32,
     )  # fmt: skip
     if split > 1:
         grid = (math.ceil(m * sum(widths) / 256), 256, stream, 0)
@@ -316,21 +317,30 @@ def project_int8(x, w, scale: float):
     return _project(x, [_int8_weights(inputs, x, w, "w", scale, "scale")], 8)[0]
 
 
+def qkv_constexprs(config: str, vec: bool, quant: int, out) -> dict:
+    """``qkv_kernel``'s constexprs for tile ``config`` (a key of ``CONFIGS``), 16-byte
+    copies or not, ``quant`` (4 or 8) and output type ``out`` (f16, or f32 partial products
+    when K is split)."""
+    return {**CONFIGS[config].constexprs(True, vec, quant), "OUT": out}
+
+
 def specializations() -> list:
     """(kernel, constexprs) of every specialization these ops launch (for PTX checks)."""
-    out = [(TRANSPOSE[t], {}) for t in (i8, u8)]
+    out = [(transpose_kernel, {"DT": t}) for t in (i8, u8)]
     for cfg in CONFIGS.values():
         for vec in (False, True):
-            out.append((MATMUL[i8], cfg.for_itemsize(1).constexprs(True, vec)))
-    out.append((MATMUL[u8], CONFIGS["128x256"].for_itemsize(1).constexprs(True, True)))
+            out.append((matmul_kernel, {**cfg.for_itemsize(1).constexprs(True, vec), "DT": i8}))
+    out.append(
+        (matmul_kernel, {**CONFIGS["128x256"].for_itemsize(1).constexprs(True, True), "DT": u8})
+    )
     for cfg in CONFIGS.values():
         for vec in (False, True):
-            out.append((MATMUL[f16], cfg.constexprs(True, vec, 4)))
+            out.append((matmul_kernel, {**cfg.constexprs(True, vec, 4), "DT": f16}))
     for quant in (4, 8):
         # 16-byte copies: every tile; element copies: the skinny and the fallback tiles
         tiles = [(name, True) for name in CONFIGS] + [(SKINNY, False), (FALLBACK, False)]
-        out += [(QKV[f16], CONFIGS[c].constexprs(True, vec, quant)) for c, vec in tiles]
+        out += [(qkv_kernel, qkv_constexprs(c, vec, quant, f16)) for c, vec in tiles]
         # a K split (decode): f32 partial products, summed by sum_qkv_slices
-        out += [(QKV[f32], CONFIGS[SKINNY].constexprs(True, vec, quant)) for vec in (False, True)]
+        out += [(qkv_kernel, qkv_constexprs(SKINNY, vec, quant, f32)) for vec in (False, True)]
     out += [(sum_qkv_slices, {"SPLIT": s}) for s in (2, 16)]
     return out + _int4_decode.specializations() + _prefill.specializations()

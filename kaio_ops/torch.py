@@ -43,7 +43,7 @@ except ImportError as e:  # pragma: no cover - exercised only without torch
     ) from e
 
 import kaio_ops
-from kaio.sim.mode import active as simulating
+from kaio.sim import active as simulating
 from kaio_ops import _plan
 
 __all__ = [

@@ -17,8 +17,8 @@ import tempfile
 import warnings
 
 import kaio
-from kaio.runtime.cache import cache_dir
-from kaio.sim.mode import active as simulating
+from kaio.runtime import cache_dir
+from kaio.sim import active as simulating
 from kaio.types import bf16, f16
 
 __all__ = ["bucket", "lookup", "matmul", "path"]

@@ -48,3 +48,51 @@ def test_compiling_loads_no_cuda_bindings(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+# the kaio modules whose public names (``__all__``) a library may import
+PUBLIC = ("kaio", "kaio.types", "kaio.runtime", "kaio.sim")
+
+
+def _from_imports(path: Path):
+    """(module, name, line) of each ``from kaio... import name`` in ``path``."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("kaio"):
+            for a in node.names:
+                yield node.module, a.name, node.lineno
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("kaio.") and not a.name.startswith("kaio_ops"):
+                    yield a.name, None, node.lineno
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "kaio_ops").glob("*.py")), ids=lambda p: p.name)
+def test_kaio_ops_imports_only_public_kaio_names(path):
+    import importlib
+
+    bad = []
+    for module, name, line in _from_imports(path):
+        if module == "kaio_ops" or module.startswith("kaio_ops."):
+            continue
+        if module == "kaio.sim.mode" and name in ("active", "simulate", "anywhere"):
+            continue  # kaio.sim's names, documented there (docs/simulator.md) by this path too
+        public = module in PUBLIC and (
+            name in importlib.import_module(module).__all__
+            or module == "kaio"
+            and name in PUBLIC[1:] + ("sim",)
+            or module == "kaio.types"  # the type module: every name without an underscore
+            and not name.startswith("_")
+        )
+        if not public:
+            bad.append(f"{path.name}:{line}: from {module} import {name}")
+    assert not bad, "private kaio names (export them from kaio.runtime instead):\n" + "\n".join(bad)
+
+
+def test_the_llvm_backend_imports_no_private_ptx_name():
+    bad = [
+        f"{path.name}:{line}: from {module} import {name}"
+        for path in sorted((ROOT / "kaio" / "llvm").glob("*.py"))
+        for module, name, line in _from_imports(path)
+        if module.startswith("kaio.ptx") and name and name.startswith("_")
+    ]
+    assert not bad, bad

@@ -190,3 +190,32 @@ def test_backends_only_translate(monkeypatch, backend, arch):
             monkeypatch.setattr(module, "pick", no_pick)
     text = _mixed.ptx(arch=arch, backend=backend)
     assert (".version 7.1" if arch == "sm_80" else ".version 7.8") in text
+
+
+@kaio.gpu_kernel(block_size=32)
+def _atomic_on_local(out: u32[:]):
+    buf = kaio.local(u32, 4)
+    buf[0] = u32(0)
+    kaio.atomic_add(buf, 0, u32(1))
+    out[0] = buf[0]
+
+
+@kaio.gpu_kernel(block_size=32)
+def _atomic_on_u8(out: kaio.u8[:]):
+    kaio.atomic_add(out, 0, kaio.u8(1))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    "kernel, message",
+    [
+        (_atomic_on_local, "works on global or shared arrays, not local ones"),
+        (_atomic_on_u8, "does not support u8 arrays"),
+    ],
+)
+def test_atomics_no_arch_has_are_refused_before_either_backend(kernel, message, backend):
+    """The frontend refuses them at the call, whatever the backend (IR built otherwise:
+    the legality pass, test_ptx_emitter's test_atomic_on_narrow_types_is_an_error)."""
+    with pytest.raises(CompileError, match=message) as err:
+        kernel.ptx(arch="sm_90", backend=backend)
+    assert "test_legality.py" in str(err.value)

@@ -255,7 +255,7 @@ def test_cluster_merge_takes_short_splits_one_block_a_multiprocessor():
     with kaio.simulate():
         qa = decode._arrays.Inputs("test").array(q, "q", ndim=4, dtypes=(kaio.f16,), form="q")
         plan = lambda blocks, tiles: decode.plan_grid(  # noqa: E731
-            qa, decode.DECODE[kaio.f16], blocks, tiles, 128, 1, False
+            qa, decode.DECODE, blocks, tiles, 128, 1, False
         )
         assert plan(8, 64)[:3] == (16, 4, 16) and plan(8, 64)[3] >= decode.SPREAD
         assert plan(8, 16)[:3] == (8, 4, 8)
@@ -383,24 +383,24 @@ def assembled() -> list:
     vector and scalar paths), not all 206 of them (the CI time budget). The largest
     (D = 256, four M-tiles) and the one compiled for 3 blocks per SM (168 registers) are in."""
 
-    def fwd(dp, mt, paged, merge, deep=False, cl=1):
+    def fwd(dp, mt, paged, merge, deep=False, cl=1, dt=kaio.f16):
         flags = {"DIRECT": merge == "direct", "FUSED": merge == "fused", "CL": cl}
         stages = (decode.deep_stages if deep else decode.stages_for)(dp, mt)
-        return {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": stages, **flags}
+        return {"DP": dp, "MT": mt, "PAGED": paged, "DT": dt, "STAGES": stages, **flags}
 
     return [
-        (decode.DECODE[kaio.f16], fwd(64, 4, True, "fused")),
-        (decode.DECODE[kaio.f16], fwd(128, 1, True, "fused")),
-        (decode.DECODE[kaio.f16], fwd(128, 4, False, "fused", deep=True)),
-        (decode.DECODE[kaio.f16], fwd(128, 2, False, "direct")),
-        (decode.DECODE[kaio.f16], fwd(256, 1, False, "kernel")),
-        (decode.DECODE[kaio.f16], fwd(256, 4, True, "fused")),
-        (decode.DECODE[kaio.bf16], fwd(128, 1, False, "fused")),
-        (decode.DECODE[kaio.f16], fwd(128, 1, True, "cluster", deep=True, cl=16)),
-        (decode.DECODE[kaio.bf16], fwd(256, 4, False, "cluster", deep=True, cl=2)),
-        (decode.MERGE[kaio.bf16], {"DP": 256, "MT": 4}),
-        (decode.APPEND[kaio.f16], {"PAGED": True, "VEC": 8}),
-        (decode.APPEND[kaio.bf16], {"PAGED": False, "VEC": 1}),
+        (decode.DECODE, fwd(64, 4, True, "fused")),
+        (decode.DECODE, fwd(128, 1, True, "fused")),
+        (decode.DECODE, fwd(128, 4, False, "fused", deep=True)),
+        (decode.DECODE, fwd(128, 2, False, "direct")),
+        (decode.DECODE, fwd(256, 1, False, "kernel")),
+        (decode.DECODE, fwd(256, 4, True, "fused")),
+        (decode.DECODE, fwd(128, 1, False, "fused", dt=kaio.bf16)),
+        (decode.DECODE, fwd(128, 1, True, "cluster", deep=True, cl=16)),
+        (decode.DECODE, fwd(256, 4, False, "cluster", deep=True, cl=2, dt=kaio.bf16)),
+        (decode.MERGE, {"DP": 256, "MT": 4, "DT": kaio.bf16}),
+        (decode.APPEND, {"PAGED": True, "VEC": 8, "DT": kaio.f16}),
+        (decode.APPEND, {"PAGED": False, "VEC": 1, "DT": kaio.bf16}),
     ]
 
 
@@ -587,7 +587,7 @@ def test_gpu_torch_ops_and_debug_length_check(monkeypatch):
     assert torch.equal(_gather_torch(k_cache, 1, 3, table)[:, 2], k[1, :, 0])
     # debug mode copies the lengths to the host and checks them; plans were built with the
     # kernel's setting of the time, so they are dropped after changing it
-    monkeypatch.setattr(decode.DECODE[kaio.bf16], "debug", True)
+    monkeypatch.setattr(decode.DECODE, "debug", True)
     _plan.clear()
     seq_lens[0] = 257
     with pytest.raises(ValueError, match="seq_lens\\[0\\] = 257"):

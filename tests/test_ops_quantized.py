@@ -17,9 +17,9 @@ import kaio_ops
 from kaio import f16, f32, u32
 from kaio.ptx.ptxas import assemble, find_ptxas
 from kaio_ops import _arrays, _int4_decode, _prefill
-from kaio_ops._matmul_kernels import QKV
+from kaio_ops._matmul_kernels import qkv_kernel
 from kaio_ops.matmul import CONFIGS, Plan, heuristic, k_slices
-from kaio_ops.quantized import FALLBACK, _qkv_plan, project_int8, specializations
+from kaio_ops.quantized import FALLBACK, _qkv_plan, project_int8, qkv_constexprs, specializations
 from tests.poison import poison_allocations
 
 RNG = np.random.default_rng(77)
@@ -485,7 +485,7 @@ def _assemble(job: tuple) -> None:
     kernel, constexprs = specializations()[index]
     for arch in archs:
         report = assemble(kernel.ptx(arch=arch, **constexprs), arch)
-        if kernel in (_int4_decode.DECODE[f32], _int4_decode.DECODE_QKV[f16]):
+        if kernel in (_int4_decode.int4_decode, _int4_decode.int4_decode_qkv):
             # the decode kernel's tiles live in registers: a spill is a slowdown (8 m16 tiles
             # spilled on sm_90, hence MAX_M = 64)
             assert " 0 bytes spill stores" in report, (constexprs, arch, report)
@@ -498,7 +498,7 @@ def test_every_specialization_assembles():
     turn (each arch still gets both quantizations and both kinds of copies). Emitting PTX
     is Python: processes, not threads, run the jobs in parallel."""
     specs = specializations()
-    fused = [i for i, (kernel, _) in enumerate(specs) if kernel in QKV.values()]
+    fused = [i for i, (kernel, _) in enumerate(specs) if kernel is qkv_kernel]
     jobs = [(i, ARCHS) for i in range(len(specs)) if i not in fused]
     jobs += [(i, (ARCHS[n % 2],)) for n, i in enumerate(fused)]
     with ProcessPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
@@ -654,7 +654,7 @@ def test_qkv_plans():
 
 def test_every_fused_plan_is_a_listed_specialization():
     """Whatever plan a fused launch takes, its kernel is one the PTX test assembles."""
-    listed = [(k, c) for k, c in specializations() if k in QKV.values()]
+    listed = [(k, c) for k, c in specializations() if k is qkv_kernel]
     shapes = [([4096] * 3, 4096), ([128] * 3, 4096), ([64] * 3, 256)]  # K splits of 4, 16, 1
     with kaio.simulate():
         for m, (widths, k), vec, quant in itertools.product(
@@ -663,7 +663,7 @@ def test_every_fused_plan_is_a_listed_specialization():
             plan = qkv_plan(m, widths, k, quant, vec)
             cfg = CONFIGS[plan.config]
             out = f16 if k_slices(k, plan.split, cfg.bk)[0] == 1 else f32
-            assert (QKV[out], cfg.constexprs(True, vec, quant)) in listed, (m, widths, plan)
+            assert (qkv_kernel, qkv_constexprs(plan.config, vec, quant, out)) in listed, (m, plan)
 
 
 def _qkv8(x=(4, 64), w=((64, 16),) * 3, s=(0.5, 0.5, 0.5), wdtype=np.int8):

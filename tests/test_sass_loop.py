@@ -10,7 +10,7 @@ import pytest
 
 from bench.sass_loop import default_bin, main_loop, measure, parse_sass, tool
 from kaio.types import f16
-from kaio_ops._matmul_kernels import MATMUL
+from kaio_ops._matmul_kernels import matmul_kernel
 from kaio_ops.matmul import CONFIGS
 
 SASS = """
@@ -56,7 +56,7 @@ LOOP_BOUND = {"128x128": 180, "128x256": 162}
 def test_the_matmul_main_loop_stays_tight(name):
     bin_dir = _tools()
     constexprs = CONFIGS[name].constexprs(True, True)
-    stats = measure(MATMUL[f16].ptx(arch="sm_90", **constexprs), "sm_90", bin_dir)
+    stats = measure(matmul_kernel.ptx(arch="sm_90", DT=f16, **constexprs), "sm_90", bin_dir)
     assert stats.hmma == 64
     assert stats.instructions <= LOOP_BOUND[name], stats
     assert stats.spills == 0, stats

@@ -337,6 +337,23 @@ def check(fn: Function, arch: str) -> Target:
     return target
 
 
+def _atomic_operand(ins: Instr) -> None:
+    """What no arch gives an atomic: a local array, or a bool or 8- or 16-bit integer element
+    (CompileError at the instruction; the frontend refuses both at the call already, this
+    guards IR built otherwise)."""
+    arr, builtin = ins.args[0], f"atomic_{ins.attrs['kind']}"
+    t = arr.dtype
+    where = (ins.loc.filename, ins.loc.lineno, ins.loc.col) if ins.loc else ()
+    if getattr(arr, "space", None) == "local":
+        raise CompileError(
+            f"{builtin} needs a global or shared array; {arr.name} is a local array", *where
+        )
+    if t.is_bool or (t.is_int and t.bits < 32):
+        raise CompileError(
+            f"{builtin} on {t} is not supported; use a 32- or 64-bit type, f16 or bf16", *where
+        )
+
+
 def _block(stmts: list, target: Target) -> None:
     for s in stmts:
         if isinstance(s, Instr):
@@ -348,6 +365,8 @@ def _block(stmts: list, target: Target) -> None:
                 elif s.op == "atomic":
                     names = {"kind": s.attrs["kind"]}
                 use(need, target, s.loc, **names)
+            if s.op == "atomic":
+                _atomic_operand(s)
         elif isinstance(s, If):
             if isinstance(s.cond, Const):
                 _block(s.then if s.cond.value else s.orelse, target)

@@ -112,11 +112,6 @@ def lower_atomic(g, ins: Instr, combine) -> None:
     arr = ins.args[0]
     idxs, values = ins.args[1 : 1 + arr.ndim], ins.args[1 + arr.ndim :]
     kind, t = ins.attrs["kind"], arr.dtype
-    builtin = f"atomic_{kind}"
-    if arr.space == "local":
-        g.fail(f"{builtin} needs a global or shared array; {arr.name} is a local array")
-    if t.is_bool or (t.is_int and t.bits < 32):
-        g.fail(f"{builtin} on {t} is not supported; use a 32- or 64-bit type, f16 or bf16")
     vals = [g.value(v) for v in values]
     ptr = address(g, arr, idxs)
     rmw = _RMW.get(kind, {})

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from kaio.ir.legality import native
 from kaio.ir.nodes import Array, Const, Instr
-from kaio.ptx.regs import bty, immediate, is_narrow, mem_type
+from kaio.ptx.regs import bty, immediate, mem_type
 from kaio.ptx.templates import fmt, pick
 from kaio.types import ScalarType, u32
 
@@ -164,11 +164,6 @@ def lower_atomic(e, ins: Instr, combine) -> None:
     arr = ins.args[0]
     idxs, values = ins.args[1 : 1 + arr.ndim], ins.args[1 + arr.ndim :]
     kind, t = ins.attrs["kind"], arr.dtype
-    builtin = f"atomic_{kind}"
-    if arr.space == "local":
-        e.fail(f"{builtin} needs a global or shared array; {arr.name} is a local array")
-    if t.is_bool or is_narrow(t):
-        e.fail(f"{builtin} on {t} is not supported; use a 32- or 64-bit type, f16 or bf16")
     d = e.dst(ins) if ins.dst is not None else e.tmp(t)
     regs = [e.r(v) for v in values]
     addr, sp = address(e, arr, idxs), SPACE[arr.space]
