@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from kaio.types import ScalarType, bf16, f16, f32, i32
-from kaio_ops import _arrays, _gemm_hopper, _gemv, _matmul_hopper
+from kaio_ops import _arrays, _gemm_hopper, _gemm_streamk, _gemv, _matmul_hopper
 from kaio_ops._gemm import ACTIVATIONS, GEMM, REDUCE
 from kaio_ops._plan import planned
 from kaio_ops.matmul import CONFIGS, Plan, _hopper, heuristic, k_slices, plan_for
@@ -155,6 +155,8 @@ def gemm(
         c = _arrays.output(a, out_shape, out)
         _matmul_hopper.launch(a, b, m, n, k, sms, dtype == bf16, [c], out_type=out, bn=bn)
         return c
+    if isinstance(chosen, _gemm_streamk.Plan) or chosen == "streamk":
+        return _streamk(a, b, out_shape, mnk, out, transposed, bias, residual, activation, chosen)
     hopper = isinstance(chosen, _gemm_hopper.Plan) or chosen == "hopper"
     if hopper:
         if not isinstance(chosen, _gemm_hopper.Plan):
@@ -211,6 +213,42 @@ def gemm(
         REDUCE[dtype, out, rt][(math.ceil(m * n / 256), 256, stream, 0)](
             ws, c_arg, bias_arg, res_arg, m, n, SPLIT=split, **epilogue
         )
+    return c
+
+
+def _streamk(a, b, out_shape, mnk, out, transposed, bias, residual, activation, chosen):
+    """``gemm`` on ``_gemm_streamk``'s schedule (``chosen``: its ``Plan``, or
+    ``"streamk"`` for ``_gemm_streamk.plan``)."""
+    m, n, k = mnk
+    gate = activation == "silu_gate"
+    sms = _arrays.multiprocessors(a)
+    if not isinstance(chosen, _gemm_streamk.Plan):
+        chosen = _gemm_streamk.plan(m, n, k, sms, gate)
+    sched = _gemm_streamk.schedule(m, n, k, chosen, sms)
+    c = _arrays.output(a, out_shape, out)
+    rt = out if residual is None else residual.dtype
+    bm = 64 * chosen.wg
+    rows = sched.slots * -(-m // bm) * bm
+    ws = _arrays.output(a, (rows, sched.wcols * (2 if gate else 1)), f32)
+    maps = _gemm_hopper.tensor_maps(a, b, m, k, chosen.wg, transposed)
+    launch = _gemm_streamk.gemm_streamk[
+        sched.grid,
+        128 * chosen.wg + 32,
+        _arrays.stream_of(a),
+        _gemm_streamk.shared_bytes(chosen.wg, chosen.bn, chosen.stages, gate),
+    ]
+    launch(
+        *maps,
+        _arrays.output_arg(a, c, (m, n), out),
+        ws,
+        bias.arg(bias.size) if bias is not None else _placeholder(a, a.dtype, 1),
+        residual.arg(m, n) if residual is not None else _placeholder(a, rt, 2),
+        _counters(a, sched.sk_tiles * 4 * chosen.wg),
+        m, n, k, sched.dp_tiles, sched.wcols,
+        WG=chosen.wg, BN=chosen.bn, STAGES=chosen.stages, BT=int(transposed),
+        BIAS=int(bias is not None), ACT=activation, RES=int(residual is not None),
+        DT=a.dtype, OUT=out, RT=rt,
+    )  # fmt: skip
     return c
 
 
