@@ -9,18 +9,33 @@ The ratio kaio / cuBLAS of each case is drawn as a heat map (M by shape, bench/p
 
 Usage: ``python bench/gemm_sweep.py --out results.json [--quick]``. ``--quick`` (or
 ``KAIO_GEMM_SWEEP=quick``) keeps a subset that runs in about a minute: M in {1, 16, 128,
-1024}, the Llama-3-8B shapes, f16, without Triton (its per-shape autotuning compiles for
-seconds a case; ``--triton`` puts it back). The squares 1024³ and 2048³ ("gemm square")
-run in both. ``--ms``, ``--models`` and ``--dtypes`` pick
+1024}, the Llama-3-8B shapes, f16, without Triton (``--triton`` puts it back). The squares
+1024³ and 2048³ ("gemm square") run in both. ``--ms``, ``--models`` and ``--dtypes`` pick
 any other subset; ``--mma`` also times kaio's mma.sync kernel (on sm_90 the op runs the
-Hopper one).
+Hopper one); ``--sk`` also times stream-K plans (``kaio_ops._gemm_streamk``) where the
+tiles do not fill the GPU in whole waves (the measurements behind ``linear.MEASURED``).
+
+The Triton peer is the tutorial matmul of bench/matmul.py (f16/bf16 out), tuned here per
+shape over a few standard configurations (each timed a few calls with CUDA events, the best
+kept): Triton's own autotuner benchmarks for ~0.1 s a configuration and shape, which the
+whole sweep cannot afford.
+
+Time: the full sweep is 224 cases plus the squares; ``--budget S`` stops starting cases after
+S seconds (the JSON and table keep what ran), and a run cut in parts (``--models 8b
+--dtypes f16``, ...) fits one at a time. Kernels compile on first use (seconds each on a
+cold cache): ``--warm R/J`` compiles the kaio kernels and Triton configurations of shard R of
+J of the same cases, calling each implementation once on uninitialized inputs, so that J
+processes started side by side fill the disk caches before the timed run (bench/README:
+``for r in $(seq 0 15); do python bench/gemm_sweep.py --warm $r/16 & done; wait``).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
+import time
 
 import torch
 
@@ -40,9 +55,58 @@ DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
 OP = "gemm sweep"  # op names: "gemm sweep f16", "gemm sweep bf16" (bench/plots.py's heat map)
 
 try:
-    from bench.matmul import triton_matmul
-except ImportError:  # no Triton, or bench.matmul has no half-output launcher
-    triton_matmul = None
+    import triton
+
+    from bench.matmul import _triton_mm
+except ImportError:  # no Triton: the peer is skipped
+    triton = None
+
+# (BM, BN, BK, num_stages, num_warps) tried per shape: wide tiles for large M, narrow ones
+# for small M (bench/matmul.py's standard set)
+TRITON_CONFIGS = {
+    "large": [(128, 256, 64, 3, 8), (128, 128, 64, 4, 4), (128, 64, 64, 4, 4)],
+    "small": [(64, 128, 32, 4, 4), (64, 64, 64, 4, 4), (64, 32, 32, 5, 2)],
+}
+_TRITON_BEST: dict = {}
+
+
+def _triton_configs(m: int) -> list[tuple]:
+    """The Triton configurations tried at ``m`` rows."""
+    return TRITON_CONFIGS["small"] + (TRITON_CONFIGS["large"] if m > 64 else [])
+
+
+def _triton_launch(a, b, cfg: tuple):
+    """C = a @ b (C in a's dtype) by bench/matmul.py's Triton kernel with one configuration."""
+    m, k = a.shape
+    n = b.shape[1]
+    bm, bn, bk, stages, warps = cfg
+    c = torch.empty((m, n), device=a.device, dtype=a.dtype)
+    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+    _triton_mm.fn[grid](
+        a, b, c, m, n, k, BM=bm, BN=bn, BK=bk, G=8, num_stages=stages, num_warps=warps
+    )
+    return c
+
+
+def triton_matmul(a, b):
+    """The Triton peer: on its first call for a shape and dtype, each configuration of
+    ``_triton_configs`` is timed (3 calls after 2, CUDA events) and the fastest kept."""
+    key = (*a.shape, b.shape[1], a.dtype)
+    best = _TRITON_BEST.get(key)
+    if best is None:
+        times = {}
+        for cfg in _triton_configs(a.shape[0]):
+            for _ in range(2):
+                _triton_launch(a, b, cfg)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(3):
+                _triton_launch(a, b, cfg)
+            end.record()
+            end.synchronize()
+            times[cfg] = start.elapsed_time(end)
+        best = _TRITON_BEST[key] = min(times, key=times.get)
+    return _triton_launch(a, b, best)
 
 
 def case_label(m: int, n: int, k: int) -> str:
@@ -71,6 +135,98 @@ def kaio_mma_sync(a, b):
     return gemm("matmul", x, y, (m, n), (m, n, k), x.dtype, False, chosen=chosen)
 
 
+def streamk_plans(m: int, n: int, sms: int) -> list:
+    """The stream-K plans worth timing at ``m x n``: where the 128 x 128 tiles make fewer
+    than three waves on ``sms`` multiprocessors (more: whole waves leave little to share),
+    64-row tiles up to M = 256, 128-row ones from M = 128."""
+    from kaio_ops import _gemm_streamk as sk
+
+    if math.ceil(m / 128) * math.ceil(n / 128) >= 3 * sms:
+        return []
+    shapes = [(1, 64), (1, 128)] if m <= 64 else [(1, 128), (2, 128)] if m <= 256 else []
+    shapes += [(2, 128), (2, 256)] if m > 256 else []
+    return [sk.Plan(wg, bn, sk.stages_for(wg, bn, False)) for wg, bn in shapes]
+
+
+def route_name(a, b) -> str:
+    """What ``kaio_ops.matmul`` runs for ``a @ b`` (``linear.route``'s choice, as text)."""
+    from kaio_ops import _arrays
+    from kaio_ops.linear import route
+
+    inputs = _arrays.Inputs("matmul")
+    x, y = inputs.array(a, "a", ndim=2), inputs.array(b, "b", ndim=2)
+    chosen = route(x, y, (*x.shape, y.shape[1]), False, True, False)
+    if isinstance(chosen, tuple):
+        return f"{type(chosen).__module__.rsplit('.', 1)[-1]} {tuple(chosen)}"
+    return str(chosen)
+
+
+def kaio_plan(chosen):
+    """kaio_ops.matmul's launch with a forced plan (``linear.gemm``'s ``chosen``)."""
+
+    def run(a, b):
+        from kaio_ops import _arrays
+        from kaio_ops.linear import gemm
+
+        inputs = _arrays.Inputs("matmul")
+        x, y = inputs.array(a, "a", ndim=2), inputs.array(b, "b", ndim=2)
+        (m, k), n = x.shape, y.shape[1]
+        return gemm("matmul", x, y, (m, n), (m, n, k), x.dtype, False, chosen=chosen)
+
+    return run
+
+
+class Budget:
+    """Stops starting cases once ``seconds`` have passed (None: never), counting what was
+    skipped; ``warm``: (shard, shards) of warm mode (``--warm``), else None."""
+
+    def __init__(self, seconds: float | None, warm: tuple[int, int] | None = None):
+        self.start = time.perf_counter()
+        self.seconds = seconds
+        self.warm = warm
+        self.index = -1
+        self.skipped = 0
+
+    def take(self) -> bool:
+        """Whether the next case runs (in warm mode: whether it is this shard's)."""
+        self.index += 1
+        if self.warm is not None:
+            return self.index % self.warm[1] == self.warm[0]
+        if self.seconds is not None and time.perf_counter() - self.start > self.seconds:
+            self.skipped += 1
+            return False
+        return True
+
+
+def warm_case(make_empty, impls: dict) -> None:
+    """Warm mode: call each kaio implementation once on uninitialized inputs of the case's
+    shape (compiling its kernels into the disk cache; Triton's are ``warm_triton``'s)."""
+    args = make_empty()
+    for name, fn in impls.items():
+        if name in ("cuBLAS", "Triton", "torch"):
+            continue
+        try:
+            fn(*args)
+        except Exception as e:  # noqa: BLE001  (warming must go on; the timed run reports it)
+            print(f"warm {name}: {type(e).__name__}: {e}"[:200], flush=True)
+
+
+def warm_triton(dtypes: list[str], shard: int, shards: int) -> None:
+    """Warm mode: compile shard ``shard`` of ``shards`` of the Triton kernels the sweep can
+    use (each configuration for M = 1, M not a multiple of 16, and a multiple: Triton
+    specializes on them), on small inputs."""
+    jobs = [
+        (dt, cfg, m)
+        for dt in dtypes
+        for m in (1, 2, 16, 128)
+        for cfg in _triton_configs(m)
+        if m <= 64 or cfg in TRITON_CONFIGS["large"]
+    ]
+    for dt, cfg, m in jobs[shard::shards]:
+        a = torch.zeros(m, 256, device="cuda", dtype=DTYPES[dt])
+        _triton_launch(a, torch.zeros(256, 256, device="cuda", dtype=DTYPES[dt]), cfg)
+
+
 def sweep(
     h: Harness,
     ms: list[int],
@@ -79,10 +235,15 @@ def sweep(
     mma: bool = False,
     use_triton: bool = True,
     op: str = OP,
+    budget: Budget | None = None,
+    sk: bool = False,
 ) -> None:
     """One harness case per (dtype, model shape, M) (``models``: names of ``SHAPES``, or
     "square": M = N = K for each M of ``ms``); ``mma``: also the mma.sync kernel;
-    ``use_triton``: also Triton (autotuned per shape: seconds of compiling per case)."""
+    ``use_triton``: also Triton (tuned per shape); ``sk``: also stream-K plans
+    (``streamk_plans``); ``budget``: stops starting cases when spent (or warm mode)."""
+    budget = budget or Budget(None)
+    sms = h.meta.get("sms", 132)
     for name in dtypes:
         dt = DTYPES[name]
         tol = 3e-3 if dt == torch.float16 else 2e-2
@@ -100,10 +261,23 @@ def sweep(
                     impls = {"kaio": kaio_ops.matmul, "cuBLAS": torch.matmul}
                     if mma:
                         impls["kaio mma.sync"] = kaio_mma_sync
-                    if use_triton and triton_matmul is not None:
+                    if use_triton and triton is not None:
                         impls["Triton"] = triton_matmul
+                    if sk:
+                        for p in streamk_plans(m, n, sms):
+                            impls[f"kaio sk {p.wg}x{p.bn}"] = kaio_plan(p)
+                    if not budget.take():
+                        continue
+                    if budget.warm is not None:
+
+                        def empty(m=m, n=n, k=k, dt=dt):
+                            a = torch.empty(m, k, device="cuda", dtype=dt)
+                            return a, torch.empty(k, n, device="cuda", dtype=dt)
+
+                        warm_case(empty, impls)
+                        continue
                     big = m * n * k > 2**36  # the float64 reference would take seconds
-                    h.case(
+                    done = h.case(
                         f"{op} {name}",
                         case_label(m, n, k),
                         make,
@@ -116,15 +290,25 @@ def sweep(
                         flops=2.0 * m * n * k,
                         baseline="cuBLAS",
                     )
+                    for r in done:
+                        if r.impl == "kaio":
+                            a = torch.empty(m, k, device="cuda", dtype=dt)
+                            b = torch.empty(k, n, device="cuda", dtype=dt)
+                            r.note = (r.note + " " if r.note else "") + route_name(a, b)
+                    if done:
+                        h.save()
 
 
-def epilogues(h: Harness, ms: list[int]) -> None:
+def epilogues(h: Harness, ms: list[int], budget: Budget | None = None) -> None:
     """``linear`` with its epilogue fused against torch's separate ops, Llama-3-8B MLP
     shapes: gelu + bias + residual on the down projection, the SwiGLU gate on gate+up."""
     F = torch.nn.functional
+    budget = budget or Budget(None)
     for m in ms:
         for act, n, k in (("gelu", 4096, 14336), ("silu_gate", 14336, 4096)):
             rows = 2 * n if act == "silu_gate" else n
+            if not budget.take():
+                continue
 
             def make(m=m, n=n, k=k, rows=rows):
                 x = torch.randn(m, k, device="cuda", dtype=torch.float16)
@@ -147,6 +331,10 @@ def epilogues(h: Harness, ms: list[int]) -> None:
                     return F.silu(g) * u + r.float()
                 return F.gelu(z) + r.float()
 
+            if budget.warm is not None:
+                warm_case(make, {"kaio": lambda *t, act=act: kaio_ops.linear(
+                              t[0], t[1], t[2], residual=t[3], activation=act)})  # fmt: skip
+                continue
             h.case(
                 f"linear {act} + bias + residual",
                 case_label(m, n, k),
@@ -180,8 +368,14 @@ def main(argv: list[str] | None = None) -> None:
         help="time Triton too (default: yes, except with --quick)",
     )
     p.add_argument("--no-epilogues", action="store_true", help="skip the fused linear cases")
+    p.add_argument("--no-squares", action="store_true", help="skip the squares 1024³, 2048³")
+    p.add_argument("--sk", action="store_true", help="also time stream-K plans")
+    p.add_argument("--budget", type=float, help="seconds to start cases in (default: no limit)")
+    p.add_argument("--warm", help="R/J: compile shard R of J of the cases' kernels, time nothing")
     args, rest = p.parse_known_args(argv)
     quick = args.quick or os.environ.get("KAIO_GEMM_SWEEP") == "quick"
+    warm = tuple(int(v) for v in args.warm.split("/")) if args.warm else None
+    budget = Budget(args.budget, warm)
     h = Harness.from_args("LLM GEMM shape sweep", rest, reps=20 if quick else 30)
     ms = [int(v) for v in args.ms.split(",")] if args.ms else (QUICK["ms"] if quick else MS)
     models = (
@@ -191,12 +385,45 @@ def main(argv: list[str] | None = None) -> None:
         args.dtypes.split(",") if args.dtypes else (QUICK["dtypes"] if quick else ["f16", "bf16"])
     )
     use_triton = not quick if args.triton is None else args.triton
-    sweep(h, ms, models, dtypes, args.mma, use_triton)
-    sweep(h, SQUARES, ["square"], dtypes, args.mma, use_triton, op="gemm square")
+    if not args.no_squares:
+        sweep(h, SQUARES, ["square"], dtypes, args.mma, use_triton, "gemm square", budget, args.sk)
+    sweep(h, ms, models, dtypes, args.mma, use_triton, OP, budget, args.sk)
     if not args.no_epilogues:
-        epilogues(h, [16, 4096] if quick else [1, 16, 256, 4096])
+        epilogues(h, [16, 4096] if quick else [1, 16, 256, 4096], budget)
+    if warm is not None:
+        if use_triton and triton is not None:
+            warm_triton(dtypes, *warm)
+        torch.cuda.synchronize()
+        return
+    if budget.skipped:
+        print(f"budget of {args.budget:.0f} s spent: {budget.skipped} cases not started")
+    h.meta["skipped_cases"] = budget.skipped
     print(h.table())
+    print(summary(h))
     h.finish()
+
+
+def summary(h: Harness) -> str:
+    """Per op: the geometric mean and the range of cuBLAS time / kaio time (and / Triton
+    time), the cases below 0.9x, as text."""
+    lines = []
+    by_op: dict = {}
+    for r in h.results:
+        if r.ms:
+            by_op.setdefault(r.op, {}).setdefault(r.case, {})[r.impl] = r.ms
+    for op, cases in by_op.items():
+        for peer in ("cuBLAS", "Triton", "torch"):
+            ratios = {c: t[peer] / t["kaio"] for c, t in cases.items() if "kaio" in t and peer in t}
+            if not ratios:
+                continue
+            gm = math.exp(sum(math.log(v) for v in ratios.values()) / len(ratios))
+            low = sorted((v, c) for c, v in ratios.items() if v < 0.9)
+            lines.append(
+                f"{op}: kaio vs {peer} over {len(ratios)} cases: geomean {gm:.3f}x, "
+                f"{min(ratios.values()):.2f}x to {max(ratios.values()):.2f}x"
+                + (f"; below 0.9x: {', '.join(f'{c} {v:.2f}' for v, c in low)}" if low else "")
+            )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -13,8 +13,8 @@ block's run is the tail of one tile, whole tiles, and the head of another (each 
 stores its raw f32 sums in the workspace, in the slot of its place among the tile's
 segments (``ws`` rows ``slot * MP + row``, MP and the columns padded to whole tiles), then
 each warp counts its arrival on the tile's counter of its 16 rows; the warp that arrives
-last adds the tile's slots in slot order, its own from its registers (the same value it
-stored), and finishes them. The order of the sum is fixed by the schedule, not by which
+last adds the tile's slots in slot order (its own read back too: its accumulators are then
+free registers) and finishes them. The order of the sum is fixed by the schedule, not by which
 block comes last: the result is the same bits run to run. Nothing waits on another block
 (no spin), so the schedule cannot deadlock whatever runs beside it.
 
@@ -34,7 +34,7 @@ import math
 from typing import NamedTuple
 
 import kaio
-from kaio import bool_, f32, i32, i64, u32, u64
+from kaio import bool_, f32, i32, u32, u64
 from kaio_ops._gemm import epilogue
 from kaio_ops._matmul_hopper import grouped, init_ring
 
@@ -58,14 +58,15 @@ def mma_step(
 @kaio.gpu_func
 def owner(step: i32, g: i32, work: i32) -> i32:
     """The block whose run holds stream-K step ``step`` (runs ``[b W / G, (b + 1) W / G)``;
-    i64 products: ``step * G`` may pass 2**31)."""
-    return i32((i64(step + 1) * i64(g) - 1) // i64(work))
+    ``W * G`` < 2**31, ``schedule`` checks: a 64-bit division would be a call, and the call
+    would spill the accumulators)."""
+    return ((step + 1) * g - 1) // work
 
 
 @kaio.gpu_func
 def run_bound(b: i32, g: i32, work: i32) -> i32:
     """The first stream-K step of block ``b``'s run (``b W / G``)."""
-    return i32(i64(b) * i64(work) // i64(g))
+    return b * work // g
 
 
 @kaio.gpu_func
@@ -124,15 +125,18 @@ def fixup(
     slots = owner(tile_sk * k_tiles + k_tiles - 1, g, work) - lo + 1
     mine = b - lo
     im = ((i32(M) + 64 * WG - 1) // (64 * WG)) * 64 * WG  # a slot's rows: whole tiles
+    pair = kaio.local(f32, 2)
     for j in kaio.static_range(BN // 8):
         for h in kaio.static_range(2):
             at = mine * im + row0 + 8 * h
             col = col0 + 8 * j
-            ws[at, col] = acc[j, h, 0]
-            ws[at, col + 1] = acc[j, h, 1]
+            pair[0] = acc[j, h, 0]
+            pair[1] = acc[j, h, 1]
+            kaio.store_vector(ws, (at, col), pair)
             if GATE:
-                ws[at, wcols + col] = acc_u[j, h, 0]
-                ws[at, wcols + col + 1] = acc_u[j, h, 1]
+                pair[0] = acc_u[j, h, 0]
+                pair[1] = acc_u[j, h, 1]
+                kaio.store_vector(ws, (at, wcols + col), pair)
     kaio.threadfence()
     kaio.sync_warp()
     slot = tile_sk * (4 * WG) + wslot
@@ -144,31 +148,26 @@ def fixup(
         kaio.threadfence()
         if lane == 0:
             counters[slot] = 0  # zero again for the next launch on the stream
-        for j in kaio.static_range(BN // 8):
-            for h in kaio.static_range(2):
-                row = row0 + 8 * h
-                col = col0 + 8 * j
-                if u32(row) < M and u32(col) < N:
-                    v = kaio.local(f32, (2, 2))
-                    for z in range(slots):
-                        at = z * im + row
-                        for e in kaio.static_range(2):
-                            got = ws[at, col + e]
-                            up = f32(0.0)
+        v = kaio.local(f32, (2, 2))  # [0]: the sums of columns col, col + 1; [1]: up
+        got = kaio.local(f32, (2, 2))
+        for q in range(BN // 4):  # a loop, not unrolled: the accumulators are dead here
+            row = row0 + 8 * (q % 2)
+            col = col0 + 8 * (q // 2)
+            if u32(row) < M and u32(col) < N:
+                for z in range(slots):  # every slot from ws, this warp's own included
+                    kaio.load_vector(got[0], ws, (z * im + row, col))
+                    if GATE:
+                        kaio.load_vector(got[1], ws, (z * im + row, wcols + col))
+                    for e in kaio.static_range(2):
+                        if z == 0:
+                            v[0, e] = got[0, e]
+                            v[1, e] = got[1, e] if GATE else f32(0.0)
+                        else:
+                            v[0, e] += got[0, e]
                             if GATE:
-                                up = ws[at, wcols + col + e]
-                            if z == mine:
-                                got = acc[j, h, e]
-                                if GATE:
-                                    up = acc_u[j, h, e]
-                            if z == 0:
-                                v[0, e] = got
-                                v[1, e] = up
-                            else:
-                                v[0, e] += got
-                                v[1, e] += up
-                    put_pair(c, bias, res, v[0, 0], v[0, 1], v[1, 0], v[1, 1], row, col, M, N,
-                             BIAS, ACT, RES, DT, OUT, RT)  # fmt: skip
+                                v[1, e] += got[1, e]
+                put_pair(c, bias, res, v[0, 0], v[0, 1], v[1, 0], v[1, 1], row, col, M, N, BIAS,
+                         ACT, RES, DT, OUT, RT)  # fmt: skip
 
 
 @kaio.gpu_kernel
@@ -198,8 +197,9 @@ def gemm_streamk(
 ):
     """C = epilogue(A @ B) on the stream-K schedule (module docstring). ``ta``: A [M, K] in
     boxes of (64 * WG, 64); ``tb``: B [N, K] (BT 1; [2N, K] for "silu_gate") or [K, N] (BT
-    0) in boxes of (64, 64); ``ws``: the partial sums, [slots * MP, wcols (gate: 2 wcols)]
-    f32 (MP: M rounded up to whole tiles; wcols: N rounded up to whole tiles); ``counters``: zeroed i32, 4 * WG a stream-K tile (left zero again)."""
+    0) in boxes of (64, 64); ``ws``: the partial sums, f32 [slots * MP, wcols] (gate: 2 *
+    wcols columns; MP and wcols: M and N rounded up to whole tiles); ``counters``: zeroed
+    i32, 4 * WG a stream-K tile (left zero again)."""
     kaio.launch_bounds(WG * 128 + 32, 1)
     GATE = ACT == "silu_gate"
     BM = 64 * WG
@@ -322,14 +322,16 @@ class Plan(NamedTuple):
 
 class Schedule(NamedTuple):
     """The host's view of a launch: the grid, the data-parallel tiles, the workspace's slots
-    and columns (N rounded up to whole tiles), and the stream-K tiles (each with 4 * WG
-    arrival counters)."""
+    and columns (N rounded up to whole tiles), the stream-K tiles (each with 4 * WG
+    arrival counters), and whether the kernel's step arithmetic (``owner``: stream-K steps
+    times the grid) fits in 31 bits."""
 
     grid: int
     dp_tiles: int
     slots: int
     wcols: int
     sk_tiles: int
+    fits: bool
 
 
 def schedule(m: int, n: int, k: int, chosen: Plan, sms: int) -> Schedule:
@@ -346,7 +348,8 @@ def schedule(m: int, n: int, k: int, chosen: Plan, sms: int) -> Schedule:
     grid = min(grid, work)
     least = work // grid  # steps of the shortest run
     slots = min(grid, -(-k_tiles // least) + 1)
-    return Schedule(grid, dp_tiles, slots, -(-n // chosen.bn) * chosen.bn, tiles - dp_tiles)
+    wcols = -(-n // chosen.bn) * chosen.bn
+    return Schedule(grid, dp_tiles, slots, wcols, tiles - dp_tiles, work * grid < 2**31)
 
 
 def shared_bytes(wg: int, bn: int, stages: int, gate: bool) -> int:

@@ -121,7 +121,8 @@ def gemm(
     plan (``_gemm_hopper.plan``; the tests run it in the simulator), or a
     ``_gemm_hopper.Plan``, or ``"gemv"`` or a ``_gemv.Plan`` for a skinny kernel (``_gemv``),
     or ``"persistent"`` for ``_matmul_hopper``'s persistent kernel (sm_90, B [K, N], no
-    epilogue), or None: ``route``'s choice."""
+    epilogue), or a ``_gemm_streamk.Plan`` or ``"streamk"`` for the stream-K schedule of the
+    Hopper kernel (sm_90, every epilogue), or None: ``route``'s choice."""
     m, n, k = mnk
     gate = activation == "silu_gate"
     dtype = a.dtype
@@ -225,6 +226,8 @@ def _streamk(a, b, out_shape, mnk, out, transposed, bias, residual, activation, 
     if not isinstance(chosen, _gemm_streamk.Plan):
         chosen = _gemm_streamk.plan(m, n, k, sms, gate)
     sched = _gemm_streamk.schedule(m, n, k, chosen, sms)
+    if not sched.fits:  # step numbers past 32 bits (K of millions): the split-K kernel
+        return gemm("", a, b, out_shape, mnk, out, transposed, bias, residual, activation, "hopper")
     c = _arrays.output(a, out_shape, out)
     rt = out if residual is None else residual.dtype
     bm = 64 * chosen.wg
@@ -304,7 +307,8 @@ def _counters(like: _arrays.Operand, tiles: int):
 # The kernel each LLM GEMM shape runs best with on sm_90 (H100/H200, measured with
 # bench/gemm_plans.py): (N, K, B layout: "kn" matmul, "nk" linear, "gate" linear with
 # "silu_gate", N its output columns) -> [(largest M, choice)] in increasing M; a choice is
-# a _gemm_hopper.Plan, "gemv", "mma.sync" (its own plan, ``tuned_plan``) or "persistent".
+# a _gemm_hopper.Plan, a _gemm_streamk.Plan (the stream-K schedule), "gemv", "mma.sync"
+# (its own plan, ``tuned_plan``) or "persistent".
 # Shapes and M ranges not listed take the rules of ``route``. Measured on an H100 SXM (132
 # SMs), f16, L2 rotated: the fastest correct plan of each shape (bench/gemm_plans.py).
 _P = _gemm_hopper.Plan
@@ -354,7 +358,7 @@ def route(a, b, mnk: tuple, transposed: bool, plain: bool, gate: bool):
                     return choice
                 if choice == "persistent" and persistent:
                     return choice
-                if isinstance(choice, _gemm_hopper.Plan):
+                if isinstance(choice, _gemm_hopper.Plan | _gemm_streamk.Plan):
                     return choice
                 if choice == "mma.sync":
                     return tuned_plan(a, m, n, k, gate)
