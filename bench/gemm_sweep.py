@@ -20,6 +20,9 @@ shape over a few standard configurations (each timed a few calls with CUDA event
 kept): Triton's own autotuner benchmarks for ~0.1 s a configuration and shape, which the
 whole sweep cannot afford.
 
+``--report A.json B.json --plots DIR`` prints the ratio tables of finished runs (later
+files replace earlier ones' cases) and draws the heat maps from them.
+
 Time: the full sweep is 224 cases plus the squares; ``--budget S`` stops starting cases after
 S seconds (the JSON and table keep what ran), and a run cut in parts (``--models 8b
 --dtypes f16``, ...) fits one at a time. Kernels compile on first use (seconds each on a
@@ -136,15 +139,18 @@ def kaio_mma_sync(a, b):
 
 
 def streamk_plans(m: int, n: int, sms: int) -> list:
-    """The stream-K plans worth timing at ``m x n``: where the 128 x 128 tiles make fewer
-    than three waves on ``sms`` multiprocessors (more: whole waves leave little to share),
-    64-row tiles up to M = 256, 128-row ones from M = 128."""
+    """The stream-K plans worth timing at ``m x n`` on ``sms`` multiprocessors: where the
+    128 x 128 tiles make fewer than three waves, 64-row tiles up to M = 256 and 128-row
+    ones from M = 128; where 128 x 256 tiles make fewer than six waves (more: whole waves
+    leave little to share), 128 x 256."""
     from kaio_ops import _gemm_streamk as sk
 
-    if math.ceil(m / 128) * math.ceil(n / 128) >= 3 * sms:
-        return []
-    shapes = [(1, 64), (1, 128)] if m <= 64 else [(1, 128), (2, 128)] if m <= 256 else []
-    shapes += [(2, 128), (2, 256)] if m > 256 else []
+    shapes = []
+    if math.ceil(m / 128) * math.ceil(n / 128) < 3 * sms:
+        shapes = [(1, 64), (1, 128)] if m <= 64 else [(1, 128), (2, 128)] if m <= 256 else []
+        shapes += [(2, 128)] if m > 256 else []
+    if m > 256 and math.ceil(m / 128) * math.ceil(n / 256) < 6 * sms:
+        shapes.append((2, 256))
     return [sk.Plan(wg, bn, sk.stages_for(wg, bn, False)) for wg, bn in shapes]
 
 
@@ -353,6 +359,112 @@ def epilogues(h: Harness, ms: list[int], budget: Budget | None = None) -> None:
             )
 
 
+def report(paths: list[str], plot_dir: str | None = None) -> str:
+    """Markdown tables of the sweep JSONs at ``paths`` (later files replace earlier ones'
+    cases): per op, peer time / kaio time by shape (rows) and M (columns) for cuBLAS and
+    Triton, with the geometric mean and range; heat maps (bench/plots.py) into ``plot_dir``."""
+    import json
+
+    from bench import perfdata, plots
+
+    ops: dict[str, perfdata.Op] = {}
+    gpus = set()
+    for path in paths:
+        with open(path) as fh:
+            raw = json.load(fh)
+        gpus.add(raw.get("meta", {}).get("gpu", "?"))
+        for d in raw.get("results", []):
+            rec = perfdata.Record.from_dict(d)
+            ops.setdefault(rec.op, perfdata.Op("gemm-sweep", rec.op)).add(rec)
+    lines = [f"GPU: {', '.join(sorted(gpus))}"]
+    for op in ops.values():
+        for peer in ("cuBLAS", "Triton", "torch"):
+            cells = {}
+            for case in op.cases:
+                kaio, other = op.get(case, "kaio"), op.get(case, peer)
+                if kaio and other and kaio.timed and other.timed:
+                    cells[case] = other.ms / kaio.ms
+            if not cells:
+                continue
+            at = {parse_label(c) or (0, c): v for c, v in cells.items()}
+            ms = sorted({m for m, _ in at})
+            shapes = list(dict.fromkeys(s for _, s in at))
+            gm = math.exp(sum(math.log(v) for v in cells.values()) / len(cells))
+            lines += [
+                "",
+                f"{op.name}: {peer} time / kaio time over {len(cells)} cases: geometric mean "
+                f"{gm:.3f}x, {min(cells.values()):.2f}x to {max(cells.values()):.2f}x",
+                "",
+                "| N x K | " + " | ".join(f"M={m}" for m in ms) + " |",
+                "|---|" + "---|" * len(ms),
+            ]
+            for shape in shapes:
+                row = [f"{at[(m, shape)]:.2f}" if (m, shape) in at else "" for m in ms]
+                lines.append(f"| {shape} | " + " | ".join(row) + " |")
+        if plot_dir and op.name.startswith(plots.SWEEP_OP):
+            os.makedirs(plot_dir, exist_ok=True)
+            path = os.path.join(plot_dir, f"{perfdata.slug(op.name)}-heatmap.png")
+            plots._sweep_heatmap(plots._pyplot(), op, path)
+            lines.append(f"\n(heat map: {path})")
+    return "\n".join(lines)
+
+
+def propose(paths: list[str], margin: float = 0.02) -> str:
+    """``linear.MEASURED``'s B [K, N] entries remade from sweep JSONs run with ``--sk``: at
+    each measured M the fastest stream-K plan where it beats the op's own choice by
+    ``margin``, else the table's choice as it was ("rules": ``route``'s rules); as Python
+    lines to paste."""
+    import json
+
+    from kaio_ops import _gemm_streamk as sk
+    from kaio_ops.linear import MEASURED
+
+    times: dict = {}
+    for path in paths:
+        with open(path) as fh:
+            for d in json.load(fh).get("results", []):
+                at = parse_label(d.get("case", ""))
+                if at and d.get("ok") and d.get("ms") and "f16" in d.get("op", ""):
+                    times.setdefault(at, {})[d["impl"]] = d["ms"]
+    wins: dict = {}
+    for (m, shape), t in times.items():
+        plans = {i: v for i, v in t.items() if i.startswith("kaio sk ")}
+        if "kaio" in t and plans:
+            best = min(plans, key=plans.get)
+            if plans[best] < (1 - margin) * t["kaio"]:
+                wg, bn = (int(v) for v in best.removeprefix("kaio sk ").split("x"))
+                wins[(m, shape)] = sk.Plan(wg, bn, sk.stages_for(wg, bn, False))
+    lines = []
+    for shape in sorted({s for _, s in wins}):
+        n, k = (int(v) for v in shape.split("x"))
+        old = MEASURED.get((n, k, "kn"), [])
+
+        def before(m, old=old):
+            return next((c for most, c in old if m <= most), "rules")
+
+        points = sorted({most for most, _ in old} | {m for m, s in times if s == shape})
+        entries = []
+        for p in points:
+            choice = wins.get((p, shape), before(p))
+            if entries and entries[-1][1] == choice:
+                entries[-1] = (p, choice)
+            else:
+                entries.append((p, choice))
+        while entries and entries[-1][1] == "rules":
+            entries.pop()
+        text = ", ".join(f"({p}, {_code(c)})" for p, c in entries)
+        lines.append(f'    ({n}, {k}, "kn"): [{text}],')
+    return "\n".join(lines)
+
+
+def _code(choice) -> str:
+    """A MEASURED choice as the table's source writes it."""
+    if isinstance(choice, str):
+        return f'"{choice}"'
+    name = "_S" if type(choice).__module__.endswith("_gemm_streamk") else "_P"
+    return f"{name}{tuple(choice)}".replace(",)", ")")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the sweep (a subset with --quick or KAIO_GEMM_SWEEP=quick) and the epilogues."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -372,7 +484,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sk", action="store_true", help="also time stream-K plans")
     p.add_argument("--budget", type=float, help="seconds to start cases in (default: no limit)")
     p.add_argument("--warm", help="R/J: compile shard R of J of the cases' kernels, time nothing")
+    p.add_argument("--report", nargs="+", help="JSON files: print their tables, time nothing")
+    p.add_argument("--plots", help="with --report: draw the heat maps into this directory")
     args, rest = p.parse_known_args(argv)
+    if args.report:
+        print(report(args.report, args.plots))
+        print("\nstream-K wins (linear.MEASURED, B [K, N]):\n" + propose(args.report))
+        return
     quick = args.quick or os.environ.get("KAIO_GEMM_SWEEP") == "quick"
     warm = tuple(int(v) for v in args.warm.split("/")) if args.warm else None
     budget = Budget(args.budget, warm)

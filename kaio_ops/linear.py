@@ -308,10 +308,11 @@ def _counters(like: _arrays.Operand, tiles: int):
 # bench/gemm_plans.py): (N, K, B layout: "kn" matmul, "nk" linear, "gate" linear with
 # "silu_gate", N its output columns) -> [(largest M, choice)] in increasing M; a choice is
 # a _gemm_hopper.Plan, a _gemm_streamk.Plan (the stream-K schedule), "gemv", "mma.sync"
-# (its own plan, ``tuned_plan``) or "persistent".
+# (its own plan, ``tuned_plan``), "persistent", or "rules" (``route``'s rules below).
 # Shapes and M ranges not listed take the rules of ``route``. Measured on an H100 SXM (132
 # SMs), f16, L2 rotated: the fastest correct plan of each shape (bench/gemm_plans.py).
 _P = _gemm_hopper.Plan
+_S = _gemm_streamk.Plan
 MEASURED: dict[tuple, list] = {
     (1024, 1024, "kn"): [(1024, _P(2, 64, 6, 1, False))],
     (2048, 2048, "kn"): [(2048, "persistent")],

@@ -18,6 +18,7 @@ import kaio
 import kaio_ops
 from kaio.ptx.ptxas import assemble, find_ptxas
 from kaio_ops import _gemm_hopper as hopper
+from kaio_ops import _gemm_streamk as streamk
 from kaio_ops.linear import gemm, plan, specializations
 from kaio_ops.matmul import Plan
 from tests.linear_reference import torch_linear_reference
@@ -357,8 +358,9 @@ def test_hopper_plans_fit_over_the_llm_sweep():
 
 
 def test_measured_table_is_well_formed():
-    """linear.MEASURED: M limits increasing, each choice a kernel the router knows, each
-    Hopper plan fitting shared memory with at least 4 steps of K a slice."""
+    """linear.MEASURED: M limits increasing, each choice a kernel the router knows (or
+    "rules"), each Hopper or stream-K plan fitting shared memory, a K split with at least 4
+    steps of K a slice."""
     from kaio_ops.linear import MEASURED
 
     for (n, k, layout), entries in MEASURED.items():
@@ -372,8 +374,13 @@ def test_measured_table_is_well_formed():
                     hopper.SHARED_LIMIT
                 )
                 assert k // choice.split >= 4 * hopper.BK and not choice.fixup
+            elif isinstance(choice, streamk.Plan):
+                gate = layout == "gate"
+                assert streamk.shared_bytes(choice.wg, choice.bn, choice.stages, gate) <= (
+                    streamk.SHARED_LIMIT
+                )
             else:
-                assert choice in ("gemv", "mma.sync", "persistent"), choice
+                assert choice in ("gemv", "mma.sync", "persistent", "rules"), choice
                 assert choice != "persistent" or layout == "kn"
 
 
