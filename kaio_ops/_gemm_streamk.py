@@ -35,13 +35,14 @@ from typing import NamedTuple
 
 import kaio
 from kaio import bool_, f32, i32, u32, u64
+from kaio_ops import _gemm_hopper
 from kaio_ops._gemm import epilogue
 from kaio_ops._matmul_hopper import grouped, init_ring
 
 BK = 64
 SW = 128  # swizzle bytes: one 128-byte row per 64 elements
 GROUP = 8  # tile rows a group of the tile order spans (``_matmul_hopper.grouped``)
-SHARED_LIMIT = 227 * 1024
+SHARED_LIMIT = _gemm_hopper.SHARED_LIMIT
 
 
 @kaio.gpu_func
@@ -53,6 +54,13 @@ def mma_step(
         kaio.wgmma_f16(acc, da, db, not first, False, TRANS_B)
     else:
         kaio.wgmma_bf16(acc, da, db, not first, False, TRANS_B)
+
+
+@kaio.gpu_func
+def next_stage(s: i32, ph: u32, STAGES: kaio.constexpr):
+    """The ring position (stage, phase parity) after stage ``s`` of parity ``ph``."""
+    last = s == STAGES - 1
+    return kaio.select(last, 0, s + 1), kaio.select(last, ph ^ 1, ph)
 
 
 @kaio.gpu_func
@@ -256,10 +264,7 @@ def gemm_streamk(
                 if kt > kb and lt == 0:  # the step before's wgmmas are done: free its stage
                     kaio.mbarrier_arrive(bars, (1, ps))
                 ps = s
-                s += 1
-                if s == STAGES:
-                    s = 0
-                    ph ^= 1
+                s, ph = next_stage(s, ph, STAGES)
             kaio.wgmma_wait(0)
             if lt == 0:  # the segment's last stage, before its epilogue
                 kaio.mbarrier_arrive(bars, (1, ps))
@@ -303,10 +308,7 @@ def gemm_streamk(
                     else:
                         kaio.tma_load_2d(sb, (s, j, 0, 0), tb, k0, n0 + j * 64, bars, (0, s))
                 issued += 1
-                s += 1
-                if s == STAGES:
-                    s = 0
-                    ph ^= 1
+                s, ph = next_stage(s, ph, STAGES)
 
 
 class Plan(NamedTuple):
@@ -352,14 +354,9 @@ def schedule(m: int, n: int, k: int, chosen: Plan, sms: int) -> Schedule:
     return Schedule(grid, dp_tiles, slots, wcols, tiles - dp_tiles, work * grid < 2**31)
 
 
-def shared_bytes(wg: int, bn: int, stages: int, gate: bool) -> int:
-    """The dynamic shared memory of ``gemm_streamk``: the tile ring and its barriers."""
-    return stages * ((64 * wg + (2 if gate else 1) * bn) * BK * 2 + 16)
-
-
-def stages_for(wg: int, bn: int, gate: bool, most: int = 6) -> int:
-    """As many ring stages as fit in shared memory, 2 to ``most``."""
-    return max(2, min(most, SHARED_LIMIT // shared_bytes(wg, bn, 1, gate)))
+# the tile ring is _gemm_hopper's (the same stage layout): its size and depth too
+shared_bytes = _gemm_hopper.shared_bytes
+stages_for = _gemm_hopper.stages_for
 
 
 def plan(m: int, n: int, k: int, sms: int, gate: bool = False) -> Plan:

@@ -13,10 +13,9 @@ import pytest
 
 import kaio
 from kaio.ptx.ptxas import assemble, find_ptxas
-from kaio_ops import _arrays
 from kaio_ops import _gemm_streamk as sk
 from kaio_ops.linear import gemm
-from tests.test_ops_linear import _operand, check, rand, reference
+from tests.test_ops_linear import _operand, check, forced_runs, rand, reference
 
 BF16 = ml_dtypes.bfloat16
 linear_mod = importlib.import_module("kaio_ops.linear")
@@ -129,27 +128,6 @@ def test_gpu_streamk_against_torch(m, n, k, activation, dtype, plan):
     torch = pytest.importorskip("torch")
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Hopper kernels need sm_90")
-    from tests.linear_reference import torch_linear_reference
-
-    dt = getattr(torch, dtype)
-    gen = torch.Generator("cuda").manual_seed(m + n)
-    rows = 2 * n if activation == "silu_gate" else n
-    transposed = activation != "matmul"
-    x = torch.randn(m, k, generator=gen, device="cuda").to(dt)
-    w = (torch.randn(rows, k, generator=gen, device="cuda") * 0.02).to(dt)
-    bias = torch.randn(rows, generator=gen, device="cuda").to(dt) if transposed else None
-    res = torch.randn(m, n, generator=gen, device="cuda") if transposed else None
-    wt = w if transposed else w.T.contiguous()
-    inputs = _arrays.Inputs("test")
-    args = [inputs.array(x, "x", ndim=2), inputs.array(wt, "w", ndim=2), (m, n), (m, n, k)]
-    args += [kaio.f32, transposed]
-    if transposed:
-        args += [inputs.array(bias, "bias", ndim=1), inputs.array(res, "res", ndim=2), activation]
-    runs = [gemm("linear", *args, chosen=plan) for _ in range(3)]
+    runs, ref = forced_runs(torch, m, n, k, activation, plan, getattr(torch, dtype))
     assert all(torch.equal(runs[0], r) for r in runs[1:])
-    if transposed:
-        ref = torch_linear_reference(x.double(), w.double(), bias.double(), res.double(),
-                                     activation)  # fmt: skip
-    else:
-        ref = x.double() @ wt.double()
     assert ((runs[0].double() - ref).norm() / ref.norm()).item() < 1e-5

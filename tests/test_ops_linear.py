@@ -529,12 +529,22 @@ def test_gpu_split_sums_deterministic(m, n, k, activation, chosen, monkeypatch):
     monkeypatch.setattr(importlib.import_module("kaio_ops.linear"), "MMA_FIXUP", True)
     if isinstance(chosen, hopper.Plan) and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Hopper kernel needs sm_90")
+    runs, ref = forced_runs(torch, m, n, k, activation, chosen)
+    assert all(torch.equal(runs[0], r) for r in runs[1:])
+    assert ((runs[0].double() - ref).norm() / ref.norm()).item() < 1e-5
+
+
+def forced_runs(torch, m, n, k, activation, chosen, dt=None, times=3):
+    """``gemm`` on the GPU with a forced plan ``chosen``, ``times`` times on the same random
+    inputs (dt: default f16; f32 out; "matmul": B [K, N], else ``linear`` with bias, that
+    activation and an f16 residual): (the results, the float64 torch reference)."""
+    dt = dt or torch.float16
     gen = torch.Generator("cuda").manual_seed(m + n)
     rows = 2 * n if activation == "silu_gate" else n
     transposed = activation != "matmul"
-    x = torch.randn(m, k, generator=gen, device="cuda").half()
-    w = (torch.randn(rows, k, generator=gen, device="cuda") * 0.02).half()
-    bias = torch.randn(rows, generator=gen, device="cuda").half() if transposed else None
+    x = torch.randn(m, k, generator=gen, device="cuda").to(dt)
+    w = (torch.randn(rows, k, generator=gen, device="cuda") * 0.02).to(dt)
+    bias = torch.randn(rows, generator=gen, device="cuda").to(dt) if transposed else None
     res = torch.randn(m, n, generator=gen, device="cuda").half() if transposed else None
     wt = w if transposed else w.T.contiguous()
     inputs = kaio_ops._arrays.Inputs("test")
@@ -542,11 +552,10 @@ def test_gpu_split_sums_deterministic(m, n, k, activation, chosen, monkeypatch):
     args += [kaio.f32, transposed]
     if transposed:
         args += [inputs.array(bias, "bias", ndim=1), inputs.array(res, "res", ndim=2), activation]
-    runs = [gemm("linear", *args, chosen=chosen) for _ in range(3)]
-    assert all(torch.equal(runs[0], r) for r in runs[1:])
+    runs = [gemm("linear", *args, chosen=chosen) for _ in range(times)]
     if transposed:
         ref = torch_linear_reference(x.double(), w.double(), bias.double(), res.double(),
                                      activation)  # fmt: skip
     else:
         ref = x.double() @ wt.double()
-    assert ((runs[0].double() - ref).norm() / ref.norm()).item() < 1e-5
+    return runs, ref
