@@ -149,9 +149,18 @@ def streamk_plans(m: int, n: int, sms: int) -> list:
     if math.ceil(m / 128) * math.ceil(n / 128) < 3 * sms:
         shapes = [(1, 64), (1, 128)] if m <= 64 else [(1, 128), (2, 128)] if m <= 256 else []
         shapes += [(2, 128)] if m > 256 else []
-    if m > 256 and math.ceil(m / 128) * math.ceil(n / 256) < 6 * sms:
+    wide = math.ceil(m / 128) * math.ceil(n / 256)  # 128 x 256 tiles
+    if m > 256 and wide < 6 * sms:
         shapes.append((2, 256))
-    return [sk.Plan(wg, bn, sk.stages_for(wg, bn, False)) for wg, bn in shapes]
+    plans = [sk.Plan(wg, bn, sk.stages_for(wg, bn, False)) for wg, bn in shapes]
+    if m > 256 and 2 * sms <= wide < 6 * sms and wide % sms:  # only the partial wave shared
+        plans.append(sk.Plan(2, 256, sk.stages_for(2, 256, False), spread=0))
+    return plans
+
+
+def streamk_name(plan) -> str:
+    """The implementation name of a stream-K plan: "kaio sk WGxBN", " s0" for spread 0."""
+    return f"kaio sk {plan.wg}x{plan.bn}" + (" s0" if plan.spread == 0 else "")
 
 
 def route_name(a, b) -> str:
@@ -271,7 +280,7 @@ def sweep(
                         impls["Triton"] = triton_matmul
                     if sk:
                         for p in streamk_plans(m, n, sms):
-                            impls[f"kaio sk {p.wg}x{p.bn}"] = kaio_plan(p)
+                            impls[streamk_name(p)] = kaio_plan(p)
                     if not budget.take():
                         continue
                     if budget.warm is not None:
@@ -432,8 +441,10 @@ def propose(paths: list[str], margin: float = 0.02) -> str:
         if "kaio" in t and plans:
             best = min(plans, key=plans.get)
             if plans[best] < (1 - margin) * t["kaio"]:
-                wg, bn = (int(v) for v in best.removeprefix("kaio sk ").split("x"))
-                wins[(m, shape)] = sk.Plan(wg, bn, sk.stages_for(wg, bn, False))
+                tiles, *spread = best.removeprefix("kaio sk ").split()
+                wg, bn = (int(v) for v in tiles.split("x"))
+                stages = sk.stages_for(wg, bn, False)
+                wins[(m, shape)] = sk.Plan(wg, bn, stages, 0, 0 if spread else 1)
     lines = []
     for shape in sorted({s for _, s in wins}):
         n, k = (int(v) for v in shape.split("x"))

@@ -313,13 +313,16 @@ def gemm_streamk(
 
 class Plan(NamedTuple):
     """A launch plan of ``gemm_streamk``: ``WG`` warpgroups (64 * WG rows a tile), ``BN``
-    columns a tile, a ring of ``stages``, and ``blocks``: the persistent grid (0: one block
-    a multiprocessor)."""
+    columns a tile, a ring of ``stages``, ``blocks``: the persistent grid (0: one block a
+    multiprocessor), and ``spread``: the whole waves of tiles left to the stream-K part
+    besides the last partial one (1: each block's run is one to two tiles long; 0: only
+    the partial wave is shared, each block's run less than a tile)."""
 
     wg: int
     bn: int
     stages: int
     blocks: int = 0
+    spread: int = 1
 
 
 class Schedule(NamedTuple):
@@ -338,17 +341,21 @@ class Schedule(NamedTuple):
 
 def schedule(m: int, n: int, k: int, chosen: Plan, sms: int) -> Schedule:
     """The schedule of ``chosen`` for an ``m x n x k`` product on ``sms`` multiprocessors:
-    up to one block a multiprocessor (``chosen.blocks`` if set); whole waves of tiles but
-    the last one or two data parallel (the stream-K part then gives each block one to two
-    tiles' steps); the grid cut to the stream-K steps when there are fewer (every block
-    needs one: a tile's arrival count covers every block between its first and last)."""
+    up to one block a multiprocessor (``chosen.blocks`` if set); whole waves of tiles data
+    parallel but the last partial one and ``chosen.spread`` more, whose K steps are shared;
+    every block must get at least one stream-K step (a tile's arrival count covers every
+    block between its first and last), so a data-parallel wave goes back to the shared part
+    while it has fewer steps than blocks, and without one the grid is cut to the steps."""
     tiles = math.ceil(m / (64 * chosen.wg)) * math.ceil(n / chosen.bn)
     k_tiles = max(1, math.ceil(k / BK))
     grid = chosen.blocks or sms
-    dp_tiles = (tiles // grid - 1) * grid if tiles >= 2 * grid else 0
+    dp_tiles = max(0, tiles // grid - chosen.spread) * grid
+    while dp_tiles and 0 < (tiles - dp_tiles) * k_tiles < grid:
+        dp_tiles -= grid
     work = (tiles - dp_tiles) * k_tiles
-    grid = min(grid, work)
-    least = work // grid  # steps of the shortest run
+    if not dp_tiles:
+        grid = min(grid, work)
+    least = max(1, work // grid)  # steps of the shortest run (none: all data parallel)
     slots = min(grid, -(-k_tiles // least) + 1)
     wcols = -(-n // chosen.bn) * chosen.bn
     return Schedule(grid, dp_tiles, slots, wcols, tiles - dp_tiles, work * grid < 2**31)

@@ -232,7 +232,9 @@ def _streamk(a, b, out_shape, mnk, out, transposed, bias, residual, activation, 
     rt = out if residual is None else residual.dtype
     bm = 64 * chosen.wg
     rows = sched.slots * -(-m // bm) * bm
-    ws = _arrays.output(a, (rows, sched.wcols * (2 if gate else 1)), f32)
+    ws = _placeholder(a, f32, 2)  # none when every tile is data parallel
+    if sched.sk_tiles:
+        ws = _arrays.output(a, (rows, sched.wcols * (2 if gate else 1)), f32)
     maps = _gemm_hopper.tensor_maps(a, b, m, k, chosen.wg, transposed)
     launch = _gemm_streamk.gemm_streamk[
         sched.grid,

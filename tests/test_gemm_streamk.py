@@ -50,6 +50,8 @@ def _run(x, w, b, res, act, transposed, out, plan):
         (1, 64, 320, "silu_gate", np.float16, np.float16, sk.Plan(1, 64, 2, 4)),
         # N = 1 (B [N, K]), M a whole tile, a run inside one tile
         (64, 1, 520, "silu", BF16, np.float32, sk.Plan(1, 64, 2, 3)),
+        # spread 0: 2 tiles data parallel, the third's 3 steps shared by the 2 blocks
+        (40, 136, 136, "gelu_tanh", np.float16, np.float16, sk.Plan(1, 64, 3, 2, 0)),
     ],
 )
 def test_streamk_in_simulator(m, n, k, act, dtype, out, plan):
@@ -81,12 +83,19 @@ def test_schedule_covers_every_step_once():
         (2048, 6144, 4096, sk.Plan(2, 256, 4), 132),
         (70, 96, 264, sk.Plan(2, 64, 2, 3), 132),
         (8, 64, 64, sk.Plan(1, 64, 2), 132),  # one step: a grid of one block
+        (2048, 6144, 4096, sk.Plan(2, 256, 4, 0, 0), 132),  # only the last wave shared
+        (2176, 128, 64, sk.Plan(2, 64, 4, 4, 0), 132),  # 2 tiles of 1 step left: a wave back
+        (1024, 256, 64, sk.Plan(2, 64, 4, 8, 0), 132),  # whole waves: nothing shared
     ):
         s = sk.schedule(m, n, k, plan, sms)
         tiles = -(-m // (64 * plan.wg)) * -(-n // plan.bn)
         kt = -(-k // 64)
         assert s.dp_tiles % s.grid == 0 and s.sk_tiles == tiles - s.dp_tiles
         work = s.sk_tiles * kt
+        if (m, plan.spread) == (2176, 0):
+            assert s.dp_tiles == 28  # 2 steps for 4 blocks: one wave more shared
+        if not work:
+            continue
         bounds = [b * work // s.grid for b in range(s.grid + 1)]
         assert all(hi > lo for lo, hi in zip(bounds, bounds[1:], strict=False))
         for t in range(s.sk_tiles):
