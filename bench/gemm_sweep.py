@@ -140,21 +140,18 @@ def kaio_mma_sync(a, b):
 
 def streamk_plans(m: int, n: int, sms: int) -> list:
     """The stream-K plans worth timing at ``m x n`` on ``sms`` multiprocessors: where the
-    128 x 128 tiles make fewer than three waves, 64-row tiles up to M = 256 and 128-row
-    ones from M = 128; where 128 x 256 tiles make fewer than six waves (more: whole waves
-    leave little to share), 128 x 256."""
+    128 x 128 tiles make fewer than three waves (more: whole waves leave little to share),
+    64-row tiles up to M = 256 and 128-row ones from M = 128, and from M = 512 the same
+    with only the last partial wave shared."""
     from kaio_ops import _gemm_streamk as sk
 
     shapes = []
     if math.ceil(m / 128) * math.ceil(n / 128) < 3 * sms:
         shapes = [(1, 64), (1, 128)] if m <= 64 else [(1, 128), (2, 128)] if m <= 256 else []
         shapes += [(2, 128)] if m > 256 else []
-    wide = math.ceil(m / 128) * math.ceil(n / 256)  # 128 x 256 tiles
-    if m > 256 and wide < 6 * sms:
-        shapes.append((2, 256))
     plans = [sk.Plan(wg, bn, sk.stages_for(wg, bn, False)) for wg, bn in shapes]
-    if m > 256 and 2 * sms <= wide < 6 * sms and wide % sms:  # only the partial wave shared
-        plans.append(sk.Plan(2, 256, sk.stages_for(2, 256, False), spread=0))
+    if m > 256 and math.ceil(m / 128) * math.ceil(n / 128) % sms:  # only the last wave shared
+        plans.append(sk.Plan(2, 128, sk.stages_for(2, 128, False), spread=0))
     return plans
 
 

@@ -13,9 +13,10 @@ block's run is the tail of one tile, whole tiles, and the head of another (each 
 stores its raw f32 sums in the workspace, in the slot of its place among the tile's
 segments (``ws`` rows ``slot * MP + row``, MP and the columns padded to whole tiles), then
 each warp counts its arrival on the tile's counter of its 16 rows; the warp that arrives
-last adds the tile's slots in slot order (its own read back too: its accumulators are then
-free registers) and finishes them. The order of the sum is fixed by the schedule, not by which
-block comes last: the result is the same bits run to run. Nothing waits on another block
+last sets its accumulators to the sum of the tile's slots in slot order (its own read back
+too), each slot's loads in flight at once, and finishes them as a whole tile is. The order
+of the sum is fixed by the schedule, not by which block comes last: the result is the same
+bits run to run. Nothing waits on another block
 (no spin), so the schedule cannot deadlock whatever runs beside it.
 
 Each block is ``_gemm_hopper.gemm_wgmma``'s: ``WG`` consumer warpgroups (64 rows each,
@@ -118,64 +119,52 @@ def put_pair(
 
 @kaio.gpu_func
 def fixup(
-    c: OUT[:, :], ws: f32[:, :], bias: DT[:], res: RT[:, :], counters: i32[:],
-    acc: f32[:, :, :], acc_u: f32[:, :, :], tile_sk: i32, b: i32, g: i32, work: i32,
-    k_tiles: i32, row0: i32, col0: i32, wcols: i32, wslot: i32, lane: i32, M: u32, N: u32,
-    WG: kaio.constexpr, BN: kaio.constexpr, BIAS: kaio.constexpr, ACT: kaio.constexpr,
-    RES: kaio.constexpr, DT: kaio.constexpr, OUT: kaio.constexpr, RT: kaio.constexpr,
-):  # fmt: skip
+    ws: f32[:, :], counters: i32[:], acc: f32[:, :, :], acc_u: f32[:, :, :], tile_sk: i32,
+    b: i32, g: i32, work: i32, k_tiles: i32, row0: i32, col0: i32, M: u32, wcols: i32,
+    wslot: i32, lane: i32, WG: kaio.constexpr, BN: kaio.constexpr, GATE: kaio.constexpr,
+) -> bool_:  # fmt: skip
     """One warp's part of a partial segment of stream-K tile ``tile_sk``: store its raw
-    sums (rows ``row0 (+ 8)``, columns ``col0 + 8 j (+ 1)``) in its slot of ``ws``, count
-    the warp's arrival; the tile's last warp of these rows adds the slots in slot order and
-    finishes them (module docstring)."""
-    GATE = ACT == "silu_gate"
+    sums (rows ``row0 (+ 8)``, columns ``col0 + 8 j (+ 1)``) in its slot of ``ws`` and
+    count the warp's arrival. The tile's last warp of these rows then sets its accumulators
+    to the sum of the slots in slot order (its own read back: the same value it stored),
+    a slot's loads all in flight at once, and returns True (it finishes the tile's rows)."""
     lo = owner(tile_sk * k_tiles, g, work)
     slots = owner(tile_sk * k_tiles + k_tiles - 1, g, work) - lo + 1
-    mine = b - lo
     im = ((i32(M) + 64 * WG - 1) // (64 * WG)) * 64 * WG  # a slot's rows: whole tiles
     pair = kaio.local(f32, 2)
     for j in kaio.static_range(BN // 8):
         for h in kaio.static_range(2):
-            at = mine * im + row0 + 8 * h
-            col = col0 + 8 * j
+            at = (b - lo) * im + row0 + 8 * h
             pair[0] = acc[j, h, 0]
             pair[1] = acc[j, h, 1]
-            kaio.store_vector(ws, (at, col), pair)
+            kaio.store_vector(ws, (at, col0 + 8 * j), pair)
             if GATE:
                 pair[0] = acc_u[j, h, 0]
                 pair[1] = acc_u[j, h, 1]
-                kaio.store_vector(ws, (at, wcols + col), pair)
+                kaio.store_vector(ws, (at, wcols + col0 + 8 * j), pair)
     kaio.threadfence()
     kaio.sync_warp()
     slot = tile_sk * (4 * WG) + wslot
     before = i32(0)
     if lane == 0:
         before = kaio.atomic_add(counters, slot, 1)
-    before = kaio.shfl_idx(before, 0)
-    if before == slots - 1:  # the last of the tile's segments for these rows: sum them
+    last = kaio.shfl_idx(before, 0) == slots - 1
+    if last:  # the last of the tile's segments for these rows: sum them
         kaio.threadfence()
         if lane == 0:
             counters[slot] = 0  # zero again for the next launch on the stream
-        v = kaio.local(f32, (2, 2))  # [0]: the sums of columns col, col + 1; [1]: up
-        got = kaio.local(f32, (2, 2))
-        for q in range(BN // 4):  # a loop, not unrolled: the accumulators are dead here
-            row = row0 + 8 * (q % 2)
-            col = col0 + 8 * (q // 2)
-            if u32(row) < M and u32(col) < N:
-                for z in range(slots):  # every slot from ws, this warp's own included
-                    kaio.load_vector(got[0], ws, (z * im + row, col))
-                    if GATE:
-                        kaio.load_vector(got[1], ws, (z * im + row, wcols + col))
+        for z in range(slots):
+            for j in kaio.static_range(BN // 8):
+                for h in kaio.static_range(2):
+                    at = z * im + row0 + 8 * h
+                    kaio.load_vector(pair, ws, (at, col0 + 8 * j))
                     for e in kaio.static_range(2):
-                        if z == 0:
-                            v[0, e] = got[0, e]
-                            v[1, e] = got[1, e] if GATE else f32(0.0)
-                        else:
-                            v[0, e] += got[0, e]
-                            if GATE:
-                                v[1, e] += got[1, e]
-                put_pair(c, bias, res, v[0, 0], v[0, 1], v[1, 0], v[1, 1], row, col, M, N, BIAS,
-                         ACT, RES, DT, OUT, RT)  # fmt: skip
+                        acc[j, h, e] = kaio.select(z == 0, pair[e], acc[j, h, e] + pair[e])
+                    if GATE:
+                        kaio.load_vector(pair, ws, (at, wcols + col0 + 8 * j))
+                        for e in kaio.static_range(2):
+                            acc_u[j, h, e] = kaio.select(z == 0, pair[e], acc_u[j, h, e] + pair[e])
+    return last
 
 
 @kaio.gpu_kernel
@@ -271,7 +260,11 @@ def gemm_streamk(
             idx = grouped(tile, tiles_m, tiles_n, GROUP)
             row0 = (idx // tiles_n) * BM + 64 * i32(wg) + 16 * warp + lane // 4
             col0 = (idx % tiles_n) * BN + 2 * (lane % 4)
-            if kb == 0 and ke == k_tiles:  # the whole tile: finish it in place
+            done = kb == 0 and ke == k_tiles  # the whole tile: finish it in place
+            if not done:  # a part: to the workspace; the last part's warp sums and finishes
+                done = fixup(ws, counters, acc, acc_u, tile - dp_tiles, b, g, work, k_tiles, row0,
+                             col0, M, wcols, i32(wg) * 4 + warp, lane, WG, BN, GATE)  # fmt: skip
+            if done:
                 for j in kaio.static_range(BN // 8):
                     for h in kaio.static_range(2):
                         u0 = f32(0.0)
@@ -282,10 +275,6 @@ def gemm_streamk(
                         put_pair(c, bias, res, acc[j, h, 0], acc[j, h, 1], u0, u1,
                                  row0 + 8 * h, col0 + 8 * j, M, N, BIAS, ACT, RES, DT, OUT,
                                  RT)  # fmt: skip
-            else:
-                fixup(c, ws, bias, res, counters, acc, acc_u, tile - dp_tiles, b, g, work,
-                      k_tiles, row0, col0, wcols, i32(wg) * 4 + warp, lane, M, N, WG, BN,
-                      BIAS, ACT, RES, DT, OUT, RT)  # fmt: skip
     elif t == WG * 128:  # the producer: each K step of each segment, STAGES ahead at most
         issued = i32(0)
         for sg in range(segments):
@@ -313,10 +302,12 @@ def gemm_streamk(
 
 class Plan(NamedTuple):
     """A launch plan of ``gemm_streamk``: ``WG`` warpgroups (64 * WG rows a tile), ``BN``
-    columns a tile, a ring of ``stages``, ``blocks``: the persistent grid (0: one block a
-    multiprocessor), and ``spread``: the whole waves of tiles left to the stream-K part
-    besides the last partial one (1: each block's run is one to two tiles long; 0: only
-    the partial wave is shared, each block's run less than a tile)."""
+    columns a tile (64 or 128: the sum of a split tile holds a slot's loads and the
+    accumulators in registers at once, which spills at 256), a ring of ``stages``,
+    ``blocks``: the persistent grid (0: one block a multiprocessor), and ``spread``: the
+    whole waves of tiles left to the stream-K part besides the last partial one (1: each
+    block's run is one to two tiles long; 0: only the partial wave is shared, each block's
+    run less than a tile)."""
 
     wg: int
     bn: int
@@ -383,7 +374,7 @@ def specializations() -> list:
         (f16, f16, 2, 128, 0, "none"),
         (bf16, bf16, 1, 64, 1, "gelu"),
         (f16, f32, 2, 64, 1, "silu_gate"),
-        (bf16, f16, 2, 256, 0, "silu"),
+        (bf16, f16, 2, 128, 0, "silu"),
     ):
         stages = stages_for(wg, bn, act == "silu_gate")
         consts = {"WG": wg, "BN": bn, "STAGES": stages, "BT": bt, "BIAS": 1, "ACT": act}

@@ -157,7 +157,8 @@ def gemm(
         _matmul_hopper.launch(a, b, m, n, k, sms, dtype == bf16, [c], out_type=out, bn=bn)
         return c
     if isinstance(chosen, _gemm_streamk.Plan) or chosen == "streamk":
-        return _streamk(a, b, out_shape, mnk, out, transposed, bias, residual, activation, chosen)
+        return _streamk(op, a, b, out_shape, mnk, out, transposed, bias, residual, activation,
+                        chosen)  # fmt: skip
     hopper = isinstance(chosen, _gemm_hopper.Plan) or chosen == "hopper"
     if hopper:
         if not isinstance(chosen, _gemm_hopper.Plan):
@@ -217,7 +218,7 @@ def gemm(
     return c
 
 
-def _streamk(a, b, out_shape, mnk, out, transposed, bias, residual, activation, chosen):
+def _streamk(op, a, b, out_shape, mnk, out, transposed, bias, residual, activation, chosen):
     """``gemm`` on ``_gemm_streamk``'s schedule (``chosen``: its ``Plan``, or
     ``"streamk"`` for ``_gemm_streamk.plan``)."""
     m, n, k = mnk
@@ -225,9 +226,11 @@ def _streamk(a, b, out_shape, mnk, out, transposed, bias, residual, activation, 
     sms = _arrays.multiprocessors(a)
     if not isinstance(chosen, _gemm_streamk.Plan):
         chosen = _gemm_streamk.plan(m, n, k, sms, gate)
+    if chosen.bn not in (64, 128):
+        raise ValueError(f"{op}: a stream-K plan has 64 or 128 columns a tile, got {chosen}")
     sched = _gemm_streamk.schedule(m, n, k, chosen, sms)
     if not sched.fits:  # step numbers past 32 bits (K of millions): the split-K kernel
-        return gemm("", a, b, out_shape, mnk, out, transposed, bias, residual, activation, "hopper")
+        return gemm(op, a, b, out_shape, mnk, out, transposed, bias, residual, activation, "hopper")
     c = _arrays.output(a, out_shape, out)
     rt = out if residual is None else residual.dtype
     bm = 64 * chosen.wg
@@ -309,8 +312,9 @@ def _counters(like: _arrays.Operand, tiles: int):
 # The kernel each LLM GEMM shape runs best with on sm_90 (H100/H200, measured with
 # bench/gemm_plans.py): (N, K, B layout: "kn" matmul, "nk" linear, "gate" linear with
 # "silu_gate", N its output columns) -> [(largest M, choice)] in increasing M; a choice is
-# a _gemm_hopper.Plan, a _gemm_streamk.Plan (the stream-K schedule), "gemv", "mma.sync"
-# (its own plan, ``tuned_plan``), "persistent", or "rules" (``route``'s rules below).
+# a _gemm_hopper.Plan, a _gemm_streamk.Plan (the stream-K schedule), "gemv" or a
+# _gemv.Plan, "mma.sync" (its own plan, ``tuned_plan``) or a matmul.Plan (an mma.sync
+# plan), "persistent", or "rules" (``route``'s rules below).
 # Shapes and M ranges not listed take the rules of ``route``. Measured on an H100 SXM (132
 # SMs), f16, L2 rotated: the fastest correct plan of each shape (bench/gemm_plans.py).
 _P = _gemm_hopper.Plan
@@ -357,14 +361,17 @@ def route(a, b, mnk: tuple, transposed: bool, plain: bool, gate: bool):
         layout = ("gate" if gate else "nk") if transposed else "kn"
         for most, choice in MEASURED.get((n, k, layout), ()):
             if m <= most:
-                if choice == "gemv" and _gemv.takes(a, b, mnk, transposed, plain):
-                    return choice
+                if choice == "gemv" or isinstance(choice, _gemv.Plan):
+                    if _gemv.takes(a, b, mnk, transposed, plain):
+                        return choice
                 if choice == "persistent" and persistent:
                     return choice
                 if isinstance(choice, _gemm_hopper.Plan | _gemm_streamk.Plan):
                     return choice
                 if choice == "mma.sync":
                     return tuned_plan(a, m, n, k, gate)
+                if isinstance(choice, Plan):  # a measured mma.sync plan
+                    return _capped(choice, gate)
                 break
     if _gemv.preferred(a, b, mnk, transposed, plain):
         return "gemv"

@@ -80,10 +80,10 @@ def test_schedule_covers_every_step_once():
     for m, n, k, plan, sms in (
         (128, 4096, 4096, sk.Plan(2, 128, 4), 132),
         (1024, 1024, 1024, sk.Plan(2, 128, 4), 132),
-        (2048, 6144, 4096, sk.Plan(2, 256, 4), 132),
+        (2048, 6144, 4096, sk.Plan(2, 128, 6), 132),
         (70, 96, 264, sk.Plan(2, 64, 2, 3), 132),
         (8, 64, 64, sk.Plan(1, 64, 2), 132),  # one step: a grid of one block
-        (2048, 6144, 4096, sk.Plan(2, 256, 4, 0, 0), 132),  # only the last wave shared
+        (2048, 6144, 4096, sk.Plan(2, 128, 6, 0, 0), 132),  # only the last wave shared
         (2176, 128, 64, sk.Plan(2, 64, 4, 4, 0), 132),  # 2 tiles of 1 step left: a wave back
         (1024, 256, 64, sk.Plan(2, 64, 4, 8, 0), 132),  # whole waves: nothing shared
     ):
@@ -129,7 +129,7 @@ def test_streamk_dispatch_names():
         (1, 4096, 4104, "matmul", "bfloat16", sk.Plan(1, 64, 6)),  # M = 1, K tail
         (77, 2056, 4096, "silu_gate", "float16", sk.Plan(1, 64, 6)),  # gate, N tail
         (1000, 1000, 1000, "gelu", "bfloat16", sk.Plan(2, 128, 6)),  # tails everywhere
-        (2048, 6144, 4096, "matmul", "float16", sk.Plan(2, 256, 4)),  # data parallel + split
+        (2048, 6144, 4096, "matmul", "float16", sk.Plan(2, 128, 6)),  # data parallel + split
     ],
 )
 def test_gpu_streamk_against_torch(m, n, k, activation, dtype, plan):

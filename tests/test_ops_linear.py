@@ -373,7 +373,13 @@ def test_measured_table_is_well_formed():
                 assert hopper.shared_bytes(choice.wg, choice.bn, choice.stages, gate) <= (
                     hopper.SHARED_LIMIT
                 )
-                assert k // choice.split >= 4 * hopper.BK and not choice.fixup
+                assert k // choice.split >= 4 * hopper.BK
+                assert not choice.fixup or hopper.fixup_ok(n)
+            elif isinstance(choice, Plan):  # an mma.sync plan
+                assert choice.config in importlib.import_module("kaio_ops.matmul").CONFIGS
+                assert choice.split >= 1
+            elif type(choice).__name__ == "Plan":  # a _gemv.Plan
+                assert choice.split >= 1 and layout != "gate"
             elif isinstance(choice, streamk.Plan):
                 gate = layout == "gate"
                 assert streamk.shared_bytes(choice.wg, choice.bn, choice.stages, gate) <= (
@@ -537,7 +543,7 @@ def test_gpu_split_sums_deterministic(m, n, k, activation, chosen, monkeypatch):
 def forced_runs(torch, m, n, k, activation, chosen, dt=None, times=3):
     """``gemm`` on the GPU with a forced plan ``chosen``, ``times`` times on the same random
     inputs (dt: default f16; f32 out; "matmul": B [K, N], else ``linear`` with bias, that
-    activation and an f16 residual): (the results, the float64 torch reference)."""
+    activation and a residual of type dt): (the results, the float64 torch reference)."""
     dt = dt or torch.float16
     gen = torch.Generator("cuda").manual_seed(m + n)
     rows = 2 * n if activation == "silu_gate" else n
@@ -545,7 +551,7 @@ def forced_runs(torch, m, n, k, activation, chosen, dt=None, times=3):
     x = torch.randn(m, k, generator=gen, device="cuda").to(dt)
     w = (torch.randn(rows, k, generator=gen, device="cuda") * 0.02).to(dt)
     bias = torch.randn(rows, generator=gen, device="cuda").to(dt) if transposed else None
-    res = torch.randn(m, n, generator=gen, device="cuda").half() if transposed else None
+    res = torch.randn(m, n, generator=gen, device="cuda").to(dt) if transposed else None
     wt = w if transposed else w.T.contiguous()
     inputs = kaio_ops._arrays.Inputs("test")
     args = [inputs.array(x, "x", ndim=2), inputs.array(wt, "w", ndim=2), (m, n), (m, n, k)]
