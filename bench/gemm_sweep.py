@@ -473,6 +473,24 @@ def _code(choice) -> str:
     return f"{name}{tuple(choice)}".replace(",)", ")")
 
 
+def use_routes(path: str, quiet: bool = False) -> None:
+    """Put the plans that beat the op's own choice in a bench/gemm_plans.py run (JSON at
+    ``path``) into ``linear.MEASURED`` for this process, and print the changed entries as
+    source (to check into kaio_ops/linear.py)."""
+    import importlib
+    import json
+
+    from bench import gemm_plans
+
+    with open(path) as fh:
+        found = gemm_plans.wins(json.load(fh).get("rows", []))
+    table = importlib.import_module("kaio_ops.linear").MEASURED
+    table.update(gemm_plans.measured_with(found))
+    if not quiet:
+        changed = {key: table[key] for key in found}
+        print("linear.MEASURED entries from the plan search:\n" + gemm_plans.table_source(changed))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the sweep (a subset with --quick or KAIO_GEMM_SWEEP=quick) and the epilogues."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -492,6 +510,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sk", action="store_true", help="also time stream-K plans")
     p.add_argument("--budget", type=float, help="seconds to start cases in (default: no limit)")
     p.add_argument("--warm", help="R/J: compile shard R of J of the cases' kernels, time nothing")
+    p.add_argument("--routes", help="a bench/gemm_plans.py JSON: its wins go into the table")
     p.add_argument("--report", nargs="+", help="JSON files: print their tables, time nothing")
     p.add_argument("--plots", help="with --report: draw the heat maps into this directory")
     args, rest = p.parse_known_args(argv)
@@ -499,6 +518,8 @@ def main(argv: list[str] | None = None) -> None:
         print(report(args.report, args.plots))
         print("\nstream-K wins (linear.MEASURED, B [K, N]):\n" + propose(args.report))
         return
+    if args.routes:
+        use_routes(args.routes, quiet=bool(args.warm))
     quick = args.quick or os.environ.get("KAIO_GEMM_SWEEP") == "quick"
     warm = tuple(int(v) for v in args.warm.split("/")) if args.warm else None
     budget = Budget(args.budget, warm)
@@ -513,9 +534,9 @@ def main(argv: list[str] | None = None) -> None:
     use_triton = not quick if args.triton is None else args.triton
     if not args.no_squares:
         sweep(h, SQUARES, ["square"], dtypes, args.mma, use_triton, "gemm square", budget, args.sk)
-    sweep(h, ms, models, dtypes, args.mma, use_triton, OP, budget, args.sk)
     if not args.no_epilogues:
         epilogues(h, [16, 4096] if quick else [1, 16, 256, 4096], budget)
+    sweep(h, ms, models, dtypes, args.mma, use_triton, OP, budget, args.sk)
     if warm is not None:
         if use_triton and triton is not None:
             warm_triton(dtypes, *warm)
