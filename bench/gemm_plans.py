@@ -61,6 +61,7 @@ SETS["worst"] = [
     (4, 4096, 4096), (1, 4096, 4096), (32, 4096, 4096), (64, 4096, 4096), (128, 4096, 4096),
     (256, 57344, 8192), (1024, 1024, 1024), (2048, 2048, 2048),
     (256, 4096, 14336, "gelu"), (1024, 4096, 14336, "gelu"), (128, 4096, 14336, "gelu"),
+    (2, 4096, 4096), (8, 4096, 4096), (4, 6144, 4096), (1, 6144, 4096),
 ]  # fmt: skip
 # fused linear epilogues (B [N, K], bias, activation, residual) against the separate torch
 # ops: (M, N (the output's columns), K, activation)
