@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.harness import Harness  # noqa: E402
-from kaio_ops import _arrays, _gemm_hopper, _gemv  # noqa: E402
+from kaio_ops import _arrays, _gemm_hopper, _gemm_streamk, _gemv  # noqa: E402
 from kaio_ops.linear import gemm  # noqa: E402
 from kaio_ops.matmul import Plan as MmaPlan  # noqa: E402
 
@@ -53,6 +53,16 @@ SETS["fixup"] += [(16, 6144, 4096), (4, 4096, 4096)]
 SETS["linear"] = [(m, n, -k) for m in (1, 4, 16, 128) for n, k in ((4096, 4096), (4096, 14336))]
 
 
+# the sweep's worst cases on an H100 (bench/gemm_sweep.py, round of 2026-11-26: 0.66-0.89x
+# cuBLAS), and the fused gelu epilogue at M = 256 (0.46x the torch ops)
+SETS["worst"] = [
+    (32, 8192, 8192), (64, 8192, 8192), (32, 10240, 8192), (64, 10240, 8192),
+    (256, 10240, 8192), (512, 10240, 8192), (512, 6144, 4096), (16, 6144, 4096),
+    (4, 4096, 4096), (1, 4096, 4096), (32, 4096, 4096), (64, 4096, 4096), (128, 4096, 4096),
+    (256, 57344, 8192), (1024, 1024, 1024), (2048, 2048, 2048),
+    (256, 4096, 14336, "gelu"), (1024, 4096, 14336, "gelu"), (128, 4096, 14336, "gelu"),
+    (2, 4096, 4096), (8, 4096, 4096), (4, 6144, 4096), (1, 6144, 4096),
+]  # fmt: skip
 # fused linear epilogues (B [N, K], bias, activation, residual) against the separate torch
 # ops: (M, N (the output's columns), K, activation)
 EPILOGUES = [
@@ -87,6 +97,97 @@ def candidates(m: int, n: int, k: int, sms: int, gate: bool = False) -> list[_ge
     return out
 
 
+def streamk_candidates(m: int, n: int, sms: int, gate: bool) -> list:
+    """The stream-K plans worth timing at ``m x n``: where 128 x 128 tiles make fewer than
+    three waves, 64-row tiles (N 64 and 128) up to M = 256, 128-row ones from M = 128, and
+    from M = 512 also with only the last partial wave shared."""
+    if math.ceil(m / 128) * math.ceil(n / 128) >= 3 * sms:
+        return []
+    shapes = ([(1, 64), (1, 128)] if m <= 256 else []) + ([(2, 128)] if m >= 128 else [])
+    plans = [
+        _gemm_streamk.Plan(wg, bn, _gemm_streamk.stages_for(wg, bn, gate)) for wg, bn in shapes
+    ]
+    if m >= 512:
+        plans.append(_gemm_streamk.Plan(2, 128, _gemm_streamk.stages_for(2, 128, gate), 0, 0))
+    return plans
+
+
+def choice_of(name: list):
+    """A timed plan's JSON name (``_name``) as a ``linear.MEASURED`` choice, or None for one
+    the table does not name (the mma.sync kernel's own plan, whose K split summed in the
+    kernel is a global switch; the Hopper kernel's own plan)."""
+    if name[0] == "sk":
+        return _gemm_streamk.Plan(*name[1:])
+    if name[0] == "gemv":
+        return _gemv.Plan(name[1])
+    if name[0] == "persistent":
+        return "persistent"
+    if name[0] in linear_mod.CONFIGS:
+        return MmaPlan(*name)
+    if isinstance(name[0], int):
+        return _gemm_hopper.Plan(*name)
+    return None  # "mma.sync fixup" / "reduce" (the mma.sync kernel's own plan), "hopper"
+
+
+def wins(rows: list[dict], margin: float = 0.02) -> dict:
+    """{(N, K, layout): {M: choice}} of the searched shapes whose best plan beats the op's
+    own choice (``route``) by ``margin``."""
+    found: dict = {}
+    for r in rows:
+        best, own = r.get("best"), r.get("route")
+        if not best or not own or best["us"] >= (1 - margin) * own["us"]:
+            continue
+        choice = choice_of(best["plan"])
+        if choice is None:
+            continue
+        layout = ("gate" if r["act"] == "silu_gate" else "nk") if r["transposed"] else "kn"
+        found.setdefault((r["n"], r["k"], layout), {})[r["m"]] = choice
+    return found
+
+
+def measured_with(found: dict, table: dict | None = None) -> dict:
+    """``linear.MEASURED`` (or ``table``) with the choices of ``found`` (``wins``) put in at
+    their M, each for M in (M / 2, M]: the entries below and above keep their choice (or
+    "rules": ``route``'s rules)."""
+    table = dict(linear_mod.MEASURED if table is None else table)
+    for key, at in found.items():
+        old = table.get(key, [])
+
+        def before(m, old=old):
+            return next((c for most, c in old if m <= most), "rules")
+
+        points = sorted({most for most, _ in old} | set(at) | {m // 2 for m in at if m > 1})
+        entries: list = []
+        for p in points:
+            choice = at.get(p, before(p))
+            if entries and entries[-1][1] == choice:
+                entries[-1] = (p, choice)
+            else:
+                entries.append((p, choice))
+        while entries and entries[-1][1] == "rules":
+            entries.pop()
+        table[key] = entries
+    return table
+
+
+def table_source(table: dict) -> str:
+    """``table`` (a ``linear.MEASURED``) as the Python source of its entries."""
+
+    def code(choice) -> str:
+        if isinstance(choice, str):
+            return f'"{choice}"'
+        if isinstance(choice, MmaPlan):
+            return f'Plan("{choice.config}", {choice.split})'
+        names = {_gemm_hopper.Plan: "_P", _gemm_streamk.Plan: "_S"}
+        name = names.get(type(choice), "_gemv.Plan")
+        return f"{name}{tuple(choice)}".replace(",)", ")")
+
+    return "\n".join(
+        f"    {key}: [{', '.join(f'({m}, {code(c)})' for m, c in entries)}],".replace("'", '"')
+        for key, entries in table.items()
+    )
+
+
 def _torch_linear(x, w, bias, res, act):
     """What the fused epilogue replaces: F.linear, the activation, the residual add."""
     F = torch.nn.functional
@@ -97,6 +198,80 @@ def _torch_linear(x, w, bias, res, act):
     if act == "gelu":
         z = F.gelu(z)
     return z if res is None else z + res
+
+
+def run_plan(plan, ops: list, m: int, n: int, k: int, sms: int, transposed: bool, act: str):
+    """``linear.gemm`` with ``plan`` on ``ops`` (Operands: a, b, and bias, residual for an
+    epilogue); "mma.sync fixup" / "mma.sync reduce": the mma.sync kernel's own plan with
+    its K split summed in the kernel / by the reduction kernel."""
+    fixup = plan == "mma.sync fixup"
+    if plan in ("mma.sync fixup", "mma.sync reduce"):
+        plan = linear_mod.plan(m, n, k, sms, act == "silu_gate")
+    ia, ib, *rest = ops
+    bias, res = rest or (None, None)
+    before, linear_mod.MMA_FIXUP = linear_mod.MMA_FIXUP, fixup
+    try:
+        return gemm("matmul", ia, ib, (m, n), (m, n, k), ia.dtype, transposed, bias, res, act,
+                    chosen=plan)  # fmt: skip
+    finally:
+        linear_mod.MMA_FIXUP = before
+
+
+def warm(shapes: list, sms: int, shard: int, shards: int) -> None:
+    """Compile shard ``shard`` of ``shards`` of the distinct kernels the search of
+    ``shapes`` times (each plan once, on uninitialized inputs of a shape it is timed at),
+    into kaio's disk cache: processes started side by side share the compiling."""
+    jobs: dict = {}
+    for m, n, k, act in shapes:
+        transposed, k, gate = k < 0 or act != "none", abs(k), act == "silu_gate"
+        rows = 2 * n if gate else n
+        made = [torch.empty(m, k, device="cuda", dtype=torch.half)]
+        made.append(torch.empty(*((rows, k) if transposed else (k, n)), device="cuda").half())
+        if act != "none":
+            made += [
+                torch.empty(rows, device="cuda").half(),
+                torch.empty(m, n, device="cuda").half(),
+            ]
+        inputs = _arrays.Inputs("matmul")
+        ops = [inputs.array(t, f"t{i}", ndim=(1, 2)) for i, t in enumerate(made)]
+        route = linear_mod.route(ops[0], ops[1], (m, n, k), transposed, act == "none", gate)
+        for plan in plans_of(m, n, k, sms, transposed, act, route)[0]:
+            job = (plan, ops, m, n, k, transposed, act)
+            jobs.setdefault((str(_name(plan)), transposed, act), job)
+    for i, (plan, ops, m, n, k, transposed, act) in enumerate(jobs.values()):
+        if i % shards == shard:
+            try:
+                run_plan(plan, ops, m, n, k, sms, transposed, act)
+            except Exception as e:  # noqa: BLE001  (the timed search reports it)
+                print(f"warm {plan}: {type(e).__name__}: {e}"[:200], flush=True)
+    torch.cuda.synchronize()
+
+
+def plans_of(m: int, n: int, k: int, sms: int, transposed: bool, act: str, route) -> tuple:
+    """(the plans timed for one shape, the Hopper kernel's own plan): the op's choice
+    ``route`` first, then ``candidates``, the skinny kernels, the mma.sync kernel's plan and
+    K splits around it, the persistent kernel and the stream-K plans, as each applies."""
+    gate = act == "silu_gate"
+    default = _gemm_hopper.plan(m, n, k, sms, gate)
+    plans = candidates(m, n, k, sms, gate)
+    if default not in plans:
+        plans.insert(0, default)
+    if default.split > 1:
+        plans.append(default._replace(fixup=False))
+    if _gemv.MAX_M >= m and not transposed:  # the skinny kernel, K splits around its own choice
+        mine = _gemv.split_for(m, n, k, sms)
+        plans += sorted({_gemv.Plan(max(1, s)) for s in (mine // 4, mine // 2, mine, 2 * mine)})
+    if _gemv.MAX_M_NK >= m and transposed:
+        plans.append(_gemv.Plan(1))
+    if m <= 64:
+        plans += ["mma.sync fixup", "mma.sync reduce"]
+        mine = linear_mod.plan(m, n, k, sms, gate)
+        if mine.split > 1:  # its K split halved and doubled
+            plans += [replace(mine, split=mine.split // 2), replace(mine, split=2 * mine.split)]
+    if m >= 128 and not transposed and act == "none":
+        plans.append("persistent")  # _matmul_hopper's kernel (128 x 128 or 128 x 256 tiles)
+    plans += streamk_candidates(m, n, sms, gate)
+    return [route, *plans], default
 
 
 def search(
@@ -134,19 +309,8 @@ def search(
         ]
 
     def kaio_fn(plan):
-        fixup = plan == "mma.sync fixup"
-        if plan in ("mma.sync fixup", "mma.sync reduce"):  # its own plan, K split summed two ways
-            plan = linear_mod.plan(m, n, k, sms, gate)
-
         def fn(a, *_):
-            ia, ib, *rest = ops[a.data_ptr()]
-            bias, res = rest or (None, None)
-            before, linear_mod.MMA_FIXUP = linear_mod.MMA_FIXUP, fixup
-            try:
-                return gemm("matmul", ia, ib, (m, n), (m, n, k), ia.dtype, transposed, bias,
-                            res, act, chosen=plan)  # fmt: skip
-            finally:
-                linear_mod.MMA_FIXUP = before
+            return run_plan(plan, ops[a.data_ptr()], m, n, k, sms, transposed, act)
 
         return fn
 
@@ -157,24 +321,9 @@ def search(
         peer = med(lambda *t: _torch_linear(*t, act))
     else:
         peer = med(torch.nn.functional.linear if transposed else torch.matmul)
-    default = _gemm_hopper.plan(m, n, k, sms, gate)
-    plans = candidates(m, n, k, sms, gate)
-    if default not in plans:
-        plans.insert(0, default)
-    if default.split > 1:
-        plans.append(default._replace(fixup=False))
-    if _gemv.MAX_M >= m and not transposed:  # the skinny kernel, K splits around its own choice
-        mine = _gemv.split_for(m, n, k, sms)
-        plans += sorted({_gemv.Plan(max(1, s)) for s in (mine // 4, mine // 2, mine, 2 * mine)})
-    if _gemv.MAX_M_NK >= m and transposed:
-        plans.append(_gemv.Plan(1))
-    if m <= 64:
-        plans += ["mma.sync fixup", "mma.sync reduce"]
-        mine = linear_mod.plan(m, n, k, sms, gate)
-        if mine.split > 1:  # its K split halved and doubled
-            plans += [replace(mine, split=mine.split // 2), replace(mine, split=2 * mine.split)]
-    if m >= 128 and not transposed:
-        plans.append("persistent")  # _matmul_hopper's kernel (128 x 128 or 128 x 256 tiles)
+    route = linear_mod.route(*ops[sets[0][0].data_ptr()][:2], (m, n, k), transposed, not epi,
+                             gate)  # fmt: skip
+    plans, default = plans_of(m, n, k, sms, transposed, act, route)
     timed = []
     for plan in plans:
         fn = kaio_fn(plan)
@@ -187,11 +336,16 @@ def search(
             print(f"  {plan}: {type(e).__name__}: {e}"[:300], flush=True)
             continue
         ok = err < 3e-3 and same
-        timed.append({"plan": _name(plan), "us": us, "err": err, "same": same, "ok": ok})
+        row = {"plan": _name(plan), "us": us, "err": err, "same": same, "ok": ok}
+        if plan is route and not any(t.get("route") for t in timed):
+            row["route"] = True
+        timed.append(row)
     good = [t for t in timed if t["ok"]]
     best = min(good, key=lambda t: t["us"]) if good else None
     dflt = next((t for t in timed if t["plan"] == _name(default)), None)
+    chosen = next((t for t in timed if t.get("route")), None)
     return {
+        "route": chosen,
         "m": m,
         "n": n,
         "k": k,
@@ -210,6 +364,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--set", default="all", help=f"comma-separated, of {sorted(SETS)}")
     p.add_argument("--budget", type=float, default=70.0, help="seconds to start shapes in")
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--warm", help="R/J: compile shard R of J of the search's kernels, time nothing")
     args, rest = p.parse_known_args(argv)
     h = Harness.from_args("Hopper GEMM plan search", rest, reps=args.reps)
     start = time.perf_counter()
@@ -220,6 +375,9 @@ def main(argv: list[str] | None = None) -> None:
         for name in args.set.split(",")
         for shape in (EPILOGUES if name == "epi" else SETS[name])
     ]
+    if args.warm:
+        warm(shapes, sms, *(int(v) for v in args.warm.split("/")))
+        return
     for m, n, k, act in shapes:
         if time.perf_counter() - start > args.budget:
             print(f"budget spent: stopped before {m}x{n}x{k} {act}", flush=True)
@@ -257,9 +415,12 @@ def _shape(row: dict) -> str:
 
 def _name(plan) -> list:
     """A plan as JSON: ``[wg, bn, stages, split, fixup]``, ``["gemv", split]``,
-    ``[config, split]`` (mma.sync) or ``["persistent"]``."""
+    ``[config, split]`` (mma.sync), ``["sk", wg, bn, stages, blocks, spread]`` (stream-K)
+    or ``["persistent"]``."""
     if isinstance(plan, str):
         return [plan]
+    if isinstance(plan, _gemm_streamk.Plan):
+        return ["sk", *plan]
     if isinstance(plan, MmaPlan):
         return [plan.config, plan.split]
     return ["gemv", plan.split] if isinstance(plan, _gemv.Plan) else list(plan)

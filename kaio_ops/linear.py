@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from kaio.types import ScalarType, bf16, f16, f32, i32
-from kaio_ops import _arrays, _gemm_hopper, _gemv, _matmul_hopper
+from kaio_ops import _arrays, _gemm_hopper, _gemm_streamk, _gemv, _matmul_hopper
 from kaio_ops._gemm import ACTIVATIONS, GEMM, REDUCE
 from kaio_ops._plan import planned
 from kaio_ops.matmul import CONFIGS, Plan, _hopper, heuristic, k_slices, plan_for
@@ -121,7 +121,8 @@ def gemm(
     plan (``_gemm_hopper.plan``; the tests run it in the simulator), or a
     ``_gemm_hopper.Plan``, or ``"gemv"`` or a ``_gemv.Plan`` for a skinny kernel (``_gemv``),
     or ``"persistent"`` for ``_matmul_hopper``'s persistent kernel (sm_90, B [K, N], no
-    epilogue), or None: ``route``'s choice."""
+    epilogue), or a ``_gemm_streamk.Plan`` or ``"streamk"`` for the stream-K schedule of the
+    Hopper kernel (sm_90, every epilogue), or None: ``route``'s choice."""
     m, n, k = mnk
     gate = activation == "silu_gate"
     dtype = a.dtype
@@ -155,6 +156,9 @@ def gemm(
         c = _arrays.output(a, out_shape, out)
         _matmul_hopper.launch(a, b, m, n, k, sms, dtype == bf16, [c], out_type=out, bn=bn)
         return c
+    if isinstance(chosen, _gemm_streamk.Plan) or chosen == "streamk":
+        return _streamk(op, a, b, out_shape, mnk, out, transposed, bias, residual, activation,
+                        chosen)  # fmt: skip
     hopper = isinstance(chosen, _gemm_hopper.Plan) or chosen == "hopper"
     if hopper:
         if not isinstance(chosen, _gemm_hopper.Plan):
@@ -216,6 +220,48 @@ def gemm(
     return c
 
 
+def _streamk(op, a, b, out_shape, mnk, out, transposed, bias, residual, activation, chosen):
+    """``gemm`` on ``_gemm_streamk``'s schedule (``chosen``: its ``Plan``, or
+    ``"streamk"`` for ``_gemm_streamk.plan``)."""
+    m, n, k = mnk
+    gate = activation == "silu_gate"
+    sms = _arrays.multiprocessors(a)
+    if not isinstance(chosen, _gemm_streamk.Plan):
+        chosen = _gemm_streamk.plan(m, n, k, sms, gate)
+    if chosen.bn not in (64, 128):
+        raise ValueError(f"{op}: a stream-K plan has 64 or 128 columns a tile, got {chosen}")
+    sched = _gemm_streamk.schedule(m, n, k, chosen, sms)
+    if not sched.fits:  # step numbers past 32 bits (K of millions): the split-K kernel
+        return gemm(op, a, b, out_shape, mnk, out, transposed, bias, residual, activation, "hopper")
+    c = _arrays.output(a, out_shape, out)
+    rt = out if residual is None else residual.dtype
+    bm = 64 * chosen.wg
+    rows = sched.slots * -(-m // bm) * bm
+    ws = _placeholder(a, f32, 2)  # none when every tile is data parallel
+    if sched.sk_tiles:
+        ws = _arrays.output(a, (rows, sched.wcols * (2 if gate else 1)), f32)
+    maps = _gemm_hopper.tensor_maps(a, b, m, k, chosen.wg, transposed)
+    launch = _gemm_streamk.gemm_streamk[
+        sched.grid,
+        128 * chosen.wg + 32,
+        _arrays.stream_of(a),
+        _gemm_streamk.shared_bytes(chosen.wg, chosen.bn, chosen.stages, gate),
+    ]
+    launch(
+        *maps,
+        _arrays.output_arg(a, c, (m, n), out),
+        ws,
+        bias.arg(bias.size) if bias is not None else _placeholder(a, a.dtype, 1),
+        residual.arg(m, n) if residual is not None else _placeholder(a, rt, 2),
+        _counters(a, sched.sk_tiles * 4 * chosen.wg),
+        m, n, k, sched.dp_tiles, sched.wcols,
+        WG=chosen.wg, BN=chosen.bn, STAGES=chosen.stages, BT=int(transposed),
+        BIAS=int(bias is not None), ACT=activation, RES=int(residual is not None),
+        DT=a.dtype, OUT=out, RT=rt,
+    )  # fmt: skip
+    return c
+
+
 def _skinny(a, b, out_shape: tuple, mnk: tuple, out: ScalarType, split: int):
     """``a @ b`` by ``_gemv.gemv_kn`` (M <= 8, B [K, N], no epilogue), K cut in up to
     ``split`` slices."""
@@ -268,10 +314,14 @@ def _counters(like: _arrays.Operand, tiles: int):
 # The kernel each LLM GEMM shape runs best with on sm_90 (H100/H200, measured with
 # bench/gemm_plans.py): (N, K, B layout: "kn" matmul, "nk" linear, "gate" linear with
 # "silu_gate", N its output columns) -> [(largest M, choice)] in increasing M; a choice is
-# a _gemm_hopper.Plan, "gemv", "mma.sync" (its own plan, ``tuned_plan``) or "persistent".
+# a _gemm_hopper.Plan, a _gemm_streamk.Plan (the stream-K schedule), "gemv" or a
+# _gemv.Plan, "mma.sync" (its own plan, ``tuned_plan``) or a matmul.Plan (an mma.sync
+# plan), "persistent", or "rules" (``route``'s rules below).
 # Shapes and M ranges not listed take the rules of ``route``. Measured on an H100 SXM (132
-# SMs), f16, L2 rotated: the fastest correct plan of each shape (bench/gemm_plans.py).
+# SMs), f16, L2 rotated: the fastest correct plan of each shape (bench/gemm_plans.py; the
+# sweep's worst cases re-searched with --set worst on 2026-11-26).
 _P = _gemm_hopper.Plan
+_S = _gemm_streamk.Plan
 MEASURED: dict[tuple, list] = {
     (1024, 1024, "kn"): [(1024, _P(2, 64, 6, 1, False))],
     (2048, 2048, "kn"): [(2048, "persistent")],
@@ -283,18 +333,21 @@ MEASURED: dict[tuple, list] = {
                           (128, _P(2, 64, 6, 2, False)), (256, _P(1, 128, 6, 1, False)),
                           (512, "persistent"), (1024, _P(2, 256, 4, 1, False)),
                           (2048, "persistent")],
-    (4096, 14336, "nk"): [(16, "mma.sync"), (128, _P(2, 64, 6, 2, False)),
+    (4096, 14336, "nk"): [(16, "mma.sync"), (64, _P(2, 64, 6, 2, False)),
+                          (128, _P(1, 64, 6, 2, False)), (256, _P(2, 64, 6, 1, False)),
                           (4096, _P(2, 256, 4, 1, False))],
-    (6144, 4096, "kn"): [(16, "mma.sync"), (128, _P(1, 64, 6, 1, False)), (2048, "persistent")],
-    (8192, 8192, "kn"): [(16, "mma.sync"), (128, _P(2, 64, 6, 1, False)), (1024, "persistent")],
-    (8192, 28672, "kn"): [(16, "mma.sync"), (128, _P(1, 128, 6, 1, False)),
+    (6144, 4096, "kn"): [(8, "mma.sync"), (16, Plan("16x128", 1)), (128, _P(1, 64, 6, 1, False)),
+                         (2048, "persistent")],
+    (8192, 8192, "kn"): [(16, "mma.sync"), (64, _P(1, 64, 6, 1, False)),
+                         (128, _P(2, 64, 6, 1, False)), (1024, "persistent")],
+    (8192, 28672, "kn"): [(16, "mma.sync"), (128, _P(1, 128, 6, 1, False)), (1024, "persistent")],
+    (10240, 8192, "kn"): [(1, "mma.sync"), (64, _P(1, 128, 6, 1, False)),
+                          (128, _P(2, 128, 6, 1, False)), (256, _P(2, 256, 4, 1, False)),
                           (1024, "persistent")],
-    (10240, 8192, "kn"): [(1, "mma.sync"), (16, _P(1, 128, 6, 1, False)),
-                          (128, _P(2, 128, 6, 1, False)), (1024, "persistent")],
     (14336, 4096, "gate"): [(1, "gemv"), (16, "mma.sync"), (4096, _P(2, 128, 4, 1, False))],
     (28672, 4096, "kn"): [(16, "mma.sync"), (64, _P(1, 256, 5, 1, False)),
                           (128, _P(2, 256, 4, 1, False)), (2048, "persistent")],
-    (57344, 8192, "kn"): [(1, "gemv"), (16, "mma.sync"), (128, "persistent"),
+    (57344, 8192, "kn"): [(1, "gemv"), (16, "mma.sync"), (256, "persistent"),
                           (1024, _P(2, 256, 4, 1, False))],
 }  # fmt: skip
 SKINNY_M = 16  # rows up to which the mma.sync kernel (16-row tiles, K split) wins on sm_90
@@ -314,14 +367,17 @@ def route(a, b, mnk: tuple, transposed: bool, plain: bool, gate: bool):
         layout = ("gate" if gate else "nk") if transposed else "kn"
         for most, choice in MEASURED.get((n, k, layout), ()):
             if m <= most:
-                if choice == "gemv" and _gemv.takes(a, b, mnk, transposed, plain):
-                    return choice
+                if choice == "gemv" or isinstance(choice, _gemv.Plan):
+                    if _gemv.takes(a, b, mnk, transposed, plain):
+                        return choice
                 if choice == "persistent" and persistent:
                     return choice
-                if isinstance(choice, _gemm_hopper.Plan):
+                if isinstance(choice, _gemm_hopper.Plan | _gemm_streamk.Plan):
                     return choice
                 if choice == "mma.sync":
                     return tuned_plan(a, m, n, k, gate)
+                if isinstance(choice, Plan):  # a measured mma.sync plan
+                    return _capped(choice, gate)
                 break
     if _gemv.preferred(a, b, mnk, transposed, plain):
         return "gemv"

@@ -18,6 +18,7 @@ import kaio
 import kaio_ops
 from kaio.ptx.ptxas import assemble, find_ptxas
 from kaio_ops import _gemm_hopper as hopper
+from kaio_ops import _gemm_streamk as streamk
 from kaio_ops.linear import gemm, plan, specializations
 from kaio_ops.matmul import Plan
 from tests.linear_reference import torch_linear_reference
@@ -357,8 +358,9 @@ def test_hopper_plans_fit_over_the_llm_sweep():
 
 
 def test_measured_table_is_well_formed():
-    """linear.MEASURED: M limits increasing, each choice a kernel the router knows, each
-    Hopper plan fitting shared memory with at least 4 steps of K a slice."""
+    """linear.MEASURED: M limits increasing, each choice a kernel the router knows (or
+    "rules"), each Hopper or stream-K plan fitting shared memory, a K split with at least 4
+    steps of K a slice."""
     from kaio_ops.linear import MEASURED
 
     for (n, k, layout), entries in MEASURED.items():
@@ -371,9 +373,20 @@ def test_measured_table_is_well_formed():
                 assert hopper.shared_bytes(choice.wg, choice.bn, choice.stages, gate) <= (
                     hopper.SHARED_LIMIT
                 )
-                assert k // choice.split >= 4 * hopper.BK and not choice.fixup
+                assert k // choice.split >= 4 * hopper.BK
+                assert not choice.fixup or hopper.fixup_ok(n)
+            elif isinstance(choice, Plan):  # an mma.sync plan
+                assert choice.config in importlib.import_module("kaio_ops.matmul").CONFIGS
+                assert choice.split >= 1
+            elif type(choice).__name__ == "Plan":  # a _gemv.Plan
+                assert choice.split >= 1 and layout != "gate"
+            elif isinstance(choice, streamk.Plan):
+                gate = layout == "gate"
+                assert streamk.shared_bytes(choice.wg, choice.bn, choice.stages, gate) <= (
+                    streamk.SHARED_LIMIT
+                )
             else:
-                assert choice in ("gemv", "mma.sync", "persistent"), choice
+                assert choice in ("gemv", "mma.sync", "persistent", "rules"), choice
                 assert choice != "persistent" or layout == "kn"
 
 
@@ -522,24 +535,33 @@ def test_gpu_split_sums_deterministic(m, n, k, activation, chosen, monkeypatch):
     monkeypatch.setattr(importlib.import_module("kaio_ops.linear"), "MMA_FIXUP", True)
     if isinstance(chosen, hopper.Plan) and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Hopper kernel needs sm_90")
+    runs, ref = forced_runs(torch, m, n, k, activation, chosen)
+    assert all(torch.equal(runs[0], r) for r in runs[1:])
+    assert ((runs[0].double() - ref).norm() / ref.norm()).item() < 1e-5
+
+
+def forced_runs(torch, m, n, k, activation, chosen, dt=None, times=3):
+    """``gemm`` on the GPU with a forced plan ``chosen``, ``times`` times on the same random
+    inputs (dt: default f16; f32 out; "matmul": B [K, N], else ``linear`` with bias, that
+    activation and a residual of type dt): (the results, the float64 torch reference)."""
+    dt = dt or torch.float16
     gen = torch.Generator("cuda").manual_seed(m + n)
     rows = 2 * n if activation == "silu_gate" else n
     transposed = activation != "matmul"
-    x = torch.randn(m, k, generator=gen, device="cuda").half()
-    w = (torch.randn(rows, k, generator=gen, device="cuda") * 0.02).half()
-    bias = torch.randn(rows, generator=gen, device="cuda").half() if transposed else None
-    res = torch.randn(m, n, generator=gen, device="cuda").half() if transposed else None
+    x = torch.randn(m, k, generator=gen, device="cuda").to(dt)
+    w = (torch.randn(rows, k, generator=gen, device="cuda") * 0.02).to(dt)
+    bias = torch.randn(rows, generator=gen, device="cuda").to(dt) if transposed else None
+    res = torch.randn(m, n, generator=gen, device="cuda").to(dt) if transposed else None
     wt = w if transposed else w.T.contiguous()
     inputs = kaio_ops._arrays.Inputs("test")
     args = [inputs.array(x, "x", ndim=2), inputs.array(wt, "w", ndim=2), (m, n), (m, n, k)]
     args += [kaio.f32, transposed]
     if transposed:
         args += [inputs.array(bias, "bias", ndim=1), inputs.array(res, "res", ndim=2), activation]
-    runs = [gemm("linear", *args, chosen=chosen) for _ in range(3)]
-    assert all(torch.equal(runs[0], r) for r in runs[1:])
+    runs = [gemm("linear", *args, chosen=chosen) for _ in range(times)]
     if transposed:
         ref = torch_linear_reference(x.double(), w.double(), bias.double(), res.double(),
                                      activation)  # fmt: skip
     else:
         ref = x.double() @ wt.double()
-    assert ((runs[0].double() - ref).norm() / ref.norm()).item() < 1e-5
+    return runs, ref

@@ -1,0 +1,63 @@
+"""bench/gemm_sweep.py's offline parts: the ratio tables of finished runs and the stream-K
+wins turned into ``linear.MEASURED`` entries (no GPU)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+gemm_sweep = pytest.importorskip("bench.gemm_sweep")
+
+
+def _run(tmp_path, rows):
+    results = [
+        {"op": op, "case": case, "impl": impl, "ok": True, "error": 0.0, "ms": ms}
+        for op, case, impl, ms in rows
+    ]
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps({"meta": {"gpu": "Test GPU"}, "results": results}))
+    return str(path)
+
+
+def test_report_tables_and_geomean(tmp_path):
+    path = _run(
+        tmp_path,
+        [
+            ("gemm sweep f16", "M=1 4096x4096", "kaio", 2.0),
+            ("gemm sweep f16", "M=1 4096x4096", "cuBLAS", 1.0),
+            ("gemm sweep f16", "M=16 4096x4096", "kaio", 1.0),
+            ("gemm sweep f16", "M=16 4096x4096", "cuBLAS", 2.0),
+            ("gemm sweep f16", "M=16 4096x4096", "Triton", 3.0),
+        ],
+    )
+    text = gemm_sweep.report([path])
+    assert "GPU: Test GPU" in text
+    assert "cuBLAS time / kaio time over 2 cases: geometric mean 1.000x, 0.50x to 2.00x" in text
+    assert "| 4096x4096 | 0.50 | 2.00 |" in text
+    assert "| 4096x4096 | 3.00 |" in text  # Triton: M = 16 only
+
+
+def test_propose_takes_streamk_where_it_wins(tmp_path):
+    """A stream-K plan 10% faster than the op at M = 128 replaces the table's choice there
+    only; a 1% win (under the margin) does not."""
+    from kaio_ops.linear import MEASURED
+
+    path = _run(
+        tmp_path,
+        [
+            ("gemm sweep f16", "M=128 4096x4096", "kaio", 1.0),
+            ("gemm sweep f16", "M=128 4096x4096", "kaio sk 2x128", 0.9),
+            ("gemm sweep f16", "M=256 4096x4096", "kaio", 1.0),
+            ("gemm sweep f16", "M=256 4096x4096", "kaio sk 2x128", 0.99),
+        ],
+    )
+    line = gemm_sweep.propose([path])
+    assert line.startswith('    (4096, 4096, "kn"): [')
+    names = {"_P": lambda *a: a, "_S": lambda *a: a}  # the plans as plain tuples
+    entries = eval(line.split(": ", 1)[1].rstrip(","), names)  # noqa: S307
+    old = dict(MEASURED[(4096, 4096, "kn")])
+    got = dict(entries)
+    assert got[128][:2] == (2, 128) and got[128] != old[128]
+    assert got[256] == tuple(old[256])
