@@ -42,6 +42,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 from torch import nn
+from transformers.cache_utils import StaticLayer
 
 import kaio_ops
 import kaio_ops.torch  # noqa: F401  (registers torch.ops.kaio)
@@ -235,25 +236,77 @@ class KaioRMSNorm(nn.Module):
         return op(x, self.weight, self.eps)
 
 
+STATIC_ROPE = ("default", "linear", "llama3")  # rope types whose angles depend on the position only
+
+
+class Step:
+    """What a decode or prefill step's layers share, computed once a step by ``KaioRotary``:
+    ``seq_lens`` (each sequence's cached length after the step: the last position + 1, int32
+    on the GPU), ``tables`` (cos and sin [P, D/2] for every position up to the model's
+    ``max_position_embeddings``, made once, on the first step: the fused decode path reads
+    them on the GPU) or None (a rope type whose angles change with the length), ``attend``
+    (the model's attention function now) and, made only when a layer asks (``angles``), this
+    step's cos and sin [P, S, D/2] and the decode rows."""
+
+    __slots__ = ("rotary", "x", "position_ids", "seq_lens", "tables", "attend", "_angles")
+
+    def __init__(self, rotary, x, position_ids, seq_lens, tables, attend):
+        self.rotary, self.x, self.position_ids = rotary, x, position_ids
+        self.seq_lens, self.tables, self.attend = seq_lens, tables, attend
+        self._angles = None
+
+    def angles(self) -> tuple:
+        """``(cos, sin, rows)``: cos and sin [P, S, D/2] (P: 1 or the batch); for a decode
+        step of one position for the whole batch (P = S = 1), ``rows`` is ``(cos[0],
+        sin[0])`` ([1, D/2]), else None. Gathered from the tables where there are tables,
+        else from the model's rotary module; made once a step."""
+        if self._angles is None:
+            if self.tables is not None:
+                cos, sin = (t[self.position_ids] for t in self.tables)
+            else:
+                cos, sin = self.rotary(self.x, self.position_ids)
+                half = cos.shape[-1] // 2
+                cos, sin = cos[..., :half].contiguous(), sin[..., :half].contiguous()
+            rows = (cos[0], sin[0]) if cos.shape[0] == 1 and cos.shape[1] == 1 else None
+            self._angles = cos, sin, rows
+        return self._angles
+
+
 class KaioRotary(nn.Module):
     """Wraps a model's rotary embedding: the same cos/sin, cut to the half-width tables kaio's
-    ``rope`` takes, and each sequence's cached length after this step (position of the last
-    new token + 1, int32 on the GPU), computed once a step for every layer."""
+    ``rope`` takes (for rope types whose angles depend on the position only, one table over
+    every position, made by the model's own module on the first step), and each sequence's
+    cached length after this step; the layers get them as a ``Step``."""
 
-    def __init__(self, rotary: nn.Module):
+    def __init__(self, rotary: nn.Module, config):
         super().__init__()
         self.rotary = rotary
+        self.config = config
+        self.positions = int(config.max_position_embeddings)
+        self.static = getattr(rotary, "rope_type", None) in STATIC_ROPE
+        self._tables: dict = {}
+
+    def tables(self, x) -> tuple | None:
+        """cos and sin [max_position_embeddings, D/2] in x's dtype on x's device (made once)."""
+        if not self.static:
+            return None
+        key = (x.device, x.dtype)
+        have = self._tables.get(key)
+        if have is None:
+            ids = torch.arange(self.positions, device=x.device)[None]
+            cos, sin = self.rotary(x[:1, :1], ids)
+            half = cos.shape[-1] // 2
+            have = self._tables[key] = (
+                cos[0, :, :half].contiguous(),
+                sin[0, :, :half].contiguous(),
+            )
+        return have
 
     def forward(self, x, position_ids):
-        """``(cos, sin, seq_lens, rows)``: cos and sin [P, S, D/2] (P: 1 or the batch); for
-        a decode step of one position for the whole batch (P = S = 1), ``rows`` is
-        ``(cos[0], sin[0])`` ([1, D/2], cut here once for every layer), else None."""
-        cos, sin = self.rotary(x, position_ids)
-        half = cos.shape[-1] // 2
+        """The step's ``Step``."""
         seq_lens = (position_ids[:, -1] + 1).to(torch.int32).expand(x.shape[0]).contiguous()
-        cos, sin = cos[..., :half].contiguous(), sin[..., :half].contiguous()
-        rows = (cos[0], sin[0]) if cos.shape[0] == 1 and cos.shape[1] == 1 else None
-        return cos, sin, seq_lens, rows
+        attend = _interface()[self.config.__dict__["_attn_implementation_internal"]]
+        return Step(self.rotary, x, position_ids, seq_lens, self.tables(x), attend)
 
 
 def _rope_op(x, cos, sin):
@@ -284,10 +337,31 @@ def _decode_qkv(qkv, b: int, h: int, hkv: int, d: int, rows: tuple):
     return rotated[:, :h], rotated[:, h : h + hkv], qkv.view(b, width, 1, d)[:, h + hkv :]
 
 
+def _static_layer(cache, layer_idx: int, like, kv_heads: int, d: int):
+    """The ``StaticLayer`` of ``cache`` for ``layer_idx`` (allocated now if it was not: the
+    batch and dtype of ``like``), or None for any other kind of cache or layer."""
+    layers = getattr(cache, "layers", None)
+    if layers is None or layer_idx >= len(layers) or type(layers[layer_idx]) is not StaticLayer:
+        return None
+    layer = layers[layer_idx]
+    if not layer.is_initialized:
+        empty = like.new_empty((like.shape[0], kv_heads, 0, d))
+        layer.lazy_initialization(empty, empty)
+    return layer
+
+
 class KaioAttention(nn.Module):
     """A Llama-family attention block on kaio: fused QKV ``linear``, ``rope``, the model's KV
     cache, attention through transformers' interface (``"kaio"``), and ``o_proj`` with the
-    residual add in its epilogue."""
+    residual add in its epilogue.
+
+    With a static cache (transformers' ``StaticCache``: ``generate(...,
+    cache_implementation="static")``) and kaio's attention, a step rotates q and k and writes
+    k and v into the cache in one ``kv_cache_append_rope`` (positions from the step's
+    ``seq_lens``, angles from the position tables), then ``flash_attention_decode`` over the
+    cache (steps of up to 16 tokens) or ``flash_attention`` over the prompt (a prefill from
+    an empty cache): nothing is reallocated or concatenated, and nothing synchronizes with the
+    GPU in a decode step."""
 
     def __init__(self, attn: nn.Module, config, quantize: str | None):
         super().__init__()
@@ -309,8 +383,15 @@ class KaioAttention(nn.Module):
         """``residual + o_proj(attention(hidden_states))`` (without ``residual`` when None)."""
         b, s, _ = hidden_states.shape
         h, hkv, d = self.heads, self.kv_heads, self.head_dim
-        cos, sin, seq_lens, rows = position_embeddings
-        qkv = self.qkv_proj(hidden_states)
+        step: Step = position_embeddings
+        qkv = self.qkv_proj.forward(hidden_states)
+        cache = kwargs.get("past_key_values")
+        if step.tables is not None and step.attend is kaio_attention and cache is not None:
+            layer = _static_layer(cache, self.layer_idx, qkv, hkv, d)
+            if layer is not None:
+                out = self._static_step(qkv, cache, layer, step, attention_mask, b, s)
+                return self.o_proj.forward(out, residual=residual)
+        cos, sin, rows = step.angles()
         if s == 1 and rows is not None:
             q, k, v = _decode_qkv(qkv, b, h, hkv, d, rows)
         else:
@@ -318,22 +399,67 @@ class KaioAttention(nn.Module):
             q = _rope(qkv[:, :, :h], cos, sin).transpose(1, 2)
             k = _rope(qkv[:, :, h : h + hkv], cos, sin).transpose(1, 2)
             v = qkv[:, :, h + hkv :].transpose(1, 2)
-        cache = kwargs.get("past_key_values")
         past = 0
         if cache is not None:
             if s > MAX_DECODE_TOKENS:
                 past = cache.get_seq_length(self.layer_idx)  # prefill only: may synchronize
             k, v = cache.update(k, v, self.layer_idx)
-        attend = _interface()[self.config._attn_implementation]
-        if attend is kaio_attention:  # kaio's own: [B, H, S, D], one view fewer for decode
+        seq_lens = step.seq_lens
+        if step.attend is kaio_attention:  # kaio's own: [B, H, S, D], one view fewer for decode
             out = _attend(q, k, v, attention_mask, self.scaling, seq_lens=seq_lens, past=past)
             out = out.view(b, s, h * d) if s == 1 else out.transpose(1, 2).reshape(b, s, h * d)
         else:
-            out, _ = attend(
+            out, _ = step.attend(
                 self, q, k, v, attention_mask, scaling=self.scaling, seq_lens=seq_lens, past=past
             )
             out = out.reshape(b, s, h * d)
-        return self.o_proj(out, residual=residual)
+        return self.o_proj.forward(out, residual=residual)
+
+    def _static_step(self, qkv, cache, layer, step: Step, attention_mask, b: int, s: int):
+        """Attention of a step over a transformers ``StaticLayer`` written by kaio: [B, S, H D]."""
+        h, d = self.heads, self.head_dim
+        if attention_mask is not None:
+            _attend(None, None, None, attention_mask)  # raises: padding is not supported
+        keys, values = layer.keys, layer.values
+        if layer.batch_size != b:
+            raise ValueError(
+                f"kaio attention: the static cache holds {layer.batch_size} sequences, the step "
+                f"has {b}; make the cache for this batch size"
+            )
+        cos, sin = step.tables
+        seq_lens = step.seq_lens
+        x = qkv.view(b, s, qkv.shape[-1])
+        if _direct(x):
+            q = kaio_ops.kv_cache_append_rope(keys, values, x, cos, sin, seq_lens, h)
+            decode = kaio_ops.flash_attention_decode
+        else:
+            q = ops.kv_cache_append_rope(keys, values, x, cos, sin, seq_lens, h)
+            decode = ops.flash_attention_decode
+        if self.layer_idx == 0:  # every layer's count, once a step (what transformers reads)
+            _advance(cache, qkv, self.kv_heads, d, s)
+        if s <= MAX_DECODE_TOKENS:
+            out = decode(q, keys, values, seq_lens, scale=self.scaling)
+        else:
+            if int(layer.cumulative_length) != s:  # prefill only: synchronizes
+                raise NotImplementedError(
+                    f"kaio attention: {s} new tokens on top of cached ones (chunked prefill "
+                    f"over {MAX_DECODE_TOKENS} tokens) is not supported yet"
+                )
+            k, v = keys[:, :, :s].contiguous(), values[:, :, :s].contiguous()
+            out = ops.flash_attention(q, k, v, causal=True, scale=self.scaling)
+        return out.view(b, s, h * d) if s == 1 else out.transpose(1, 2).reshape(b, s, h * d)
+
+
+def _advance(cache, like, kv_heads: int, d: int, s: int) -> None:
+    """Add a step's ``s`` tokens to the running count of every static layer of ``cache``
+    (transformers' ``cumulative_length``: what ``get_seq_length`` reads), in one launch;
+    layers not allocated yet are allocated first (their count is a new tensor then)."""
+    counts = []
+    for i, layer in enumerate(cache.layers):
+        if type(layer) is StaticLayer:
+            _static_layer(cache, i, like, kv_heads, d)
+            counts.append(layer.cumulative_length)
+    torch._foreach_add_(counts, s)
 
 
 class KaioGatedMLP(nn.Module):
@@ -347,21 +473,24 @@ class KaioGatedMLP(nn.Module):
 
     def forward(self, x, residual=None):
         """The MLP of ``x`` (plus ``residual``)."""
-        return self.down_proj(self.gate_up_proj(x, activation="silu_gate"), residual=residual)
+        up = self.gate_up_proj.forward(x, activation="silu_gate")
+        return self.down_proj.forward(up, residual=residual)
 
 
 def _llama_layer_forward(
     self, hidden_states, attention_mask=None, position_embeddings=None, **kwargs
 ):
-    """A Llama-family decoder layer with both residual adds in projection epilogues."""
-    h = self.self_attn(
-        self.input_layernorm(hidden_states),
+    """A Llama-family decoder layer with both residual adds in projection epilogues. The
+    layer's kaio modules are called through their ``forward`` (not ``Module.__call__``: its
+    hook checks cost host time every call; hooks on them do not run)."""
+    h = self.self_attn.forward(
+        self.input_layernorm.forward(hidden_states),
         position_embeddings=position_embeddings,
         attention_mask=attention_mask,
         residual=hidden_states,
         **kwargs,
     )
-    return self.mlp(self.post_attention_layernorm(h), residual=h)
+    return self.mlp.forward(self.post_attention_layernorm.forward(h), residual=h)
 
 
 # ---------------------------------------------------------------------------- attention
@@ -445,17 +574,24 @@ def register_attention() -> None:
 
 
 # ---------------------------------------------------------------------------- comparing
-def greedy(model: nn.Module, ids: torch.Tensor, steps: int):
+def greedy(model: nn.Module, ids: torch.Tensor, steps: int, cache: str = "dynamic"):
     """``(tokens, logits)``: ``steps`` greedy tokens [B, steps] after the prompt ``ids`` [B, S],
-    with the model's dynamic KV cache, and each step's last-position logits (f32)."""
+    with the model's KV cache (``cache``: ``"dynamic"``, transformers' ``DynamicCache``, or
+    ``"static"``, a ``StaticCache`` of S + steps tokens), and each step's last-position
+    logits (f32)."""
     import transformers
 
     tokens, logits = [], []
-    cache = transformers.DynamicCache(config=model.config)
+    if cache == "static":
+        kv = transformers.StaticCache(config=model.config, max_cache_len=ids.shape[1] + steps)
+    elif cache == "dynamic":
+        kv = transformers.DynamicCache(config=model.config)
+    else:
+        raise ValueError(f"greedy: cache must be 'dynamic' or 'static', got {cache!r}")
     inp = ids
     with torch.no_grad():
         for _ in range(steps):
-            out = model(input_ids=inp, past_key_values=cache, use_cache=True)
+            out = model(input_ids=inp, past_key_values=kv, use_cache=True)
             last = out.logits[:, -1].float()
             nxt = last.argmax(-1, keepdim=True)
             tokens.append(nxt)
@@ -558,7 +694,7 @@ def _patch_llama(model, base, quantize, report: Counter, kept: list[str]) -> Non
         report["attention"] += 1
         report["linear"] += 4  # qkv, o, gate_up, down
     base.norm = _norm(base.norm)
-    base.rotary_emb = KaioRotary(base.rotary_emb)
+    base.rotary_emb = KaioRotary(base.rotary_emb, model.config)
     model.config._attn_implementation = ATTENTION
     report["rms_norm"] += 1
     report["rotary"] += 1

@@ -56,9 +56,11 @@ def build(family: str, dtype, device="cpu", seed=0, **extra):
     return model, hf.apply(copy.deepcopy(model))
 
 
-def check_generation(ref, patched, ids, steps):
+def check_generation(ref, patched, ids, steps, cache="dynamic"):
+    """Greedy tokens of ``patched`` (with a ``cache`` of that kind) equal the unpatched
+    model's (dynamic cache) up to a near-tie, which is reported with its step and margin."""
     ref_tokens, ref_logits = greedy(ref, ids, steps)
-    tokens, logits = greedy(patched, ids, steps)
+    tokens, logits = greedy(patched, ids, steps, cache)
     div = hf.first_divergence(ref_tokens, ref_logits, tokens, logits)
     if div is not None:
         assert div.near_tie, (
@@ -116,6 +118,45 @@ def test_batched_decode_in_simulator(monkeypatch):
 
 
 _decode_qkv = hf._decode_qkv
+
+
+class CountingOps:
+    """Stands for ``torch.ops.kaio`` in ``kaio_ops.hf``, counting the calls of each op."""
+
+    def __init__(self):
+        self.calls: dict = {}
+
+    def __getattr__(self, name):
+        op = getattr(torch.ops.kaio, name)
+
+        def call(*args, **kwargs):
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return op(*args, **kwargs)
+
+        return call
+
+
+def test_static_cache_generation_in_simulator(monkeypatch):
+    """A static cache (transformers' StaticCache) written by kaio: each step rotates q and k
+    and appends k and v in one kv_cache_append_rope per layer, a 20-token prompt takes
+    flash_attention, the steps flash_attention_decode over the cache; greedy tokens of a
+    batch of 2 equal the unpatched model's (dynamic cache) up to a near-tie, and the cache's
+    count (transformers' get_seq_length) follows the steps."""
+    ref, patched = build("llama", torch.float16)
+    counting = CountingOps()
+    monkeypatch.setattr(hf, "ops", counting)
+    ids = torch.randint(0, 96, (2, 20), generator=torch.Generator().manual_seed(5))
+    with kaio.simulate():
+        check_generation(ref, patched, ids, steps=3, cache="static")
+    calls = counting.calls
+    assert calls["kv_cache_append_rope"] == 2 * 3  # 2 layers x (prefill + 2 decode steps)
+    assert calls["flash_attention"] == 2 and calls["flash_attention_decode"] == 4
+    assert "rope" not in calls and "kv_cache_append" not in calls
+    cache = transformers.StaticCache(config=patched.config, max_cache_len=32)
+    with torch.no_grad(), kaio.simulate():
+        patched(input_ids=ids[:, :5], past_key_values=cache, use_cache=True)
+        patched(input_ids=ids[:, 5:6], past_key_values=cache, use_cache=True)
+    assert [int(layer.cumulative_length) for layer in cache.layers] == [6, 6]
 
 
 def test_int4_in_simulator():
