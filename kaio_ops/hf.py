@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from transformers.cache_utils import StaticLayer
+from transformers.modeling_outputs import BaseModelOutputWithPast
 
 import kaio_ops
 import kaio_ops.torch  # noqa: F401  (registers torch.ops.kaio)
@@ -523,6 +524,75 @@ def _llama_layer_forward(
     return self.mlp.forward(self.post_attention_layernorm.forward(h), residual=h)
 
 
+def _llama_model_forward(
+    self,
+    input_ids=None,
+    attention_mask=None,
+    position_ids=None,
+    past_key_values=None,
+    inputs_embeds=None,
+    use_cache=None,
+    **kwargs,
+):
+    """A Llama-family model's forward (``LlamaModel``'s) with less host work a step: with
+    kaio's attention, no outputs to record and not training, it embeds, makes the step's
+    ``Step`` and runs the layers' ``forward`` and the norm directly (no attention mask is
+    built: kaio's attention takes none; a prompt's mask with padding raises, decode steps'
+    masks, which only extend it, are not read, so a step never synchronizes); anything else
+    goes to the model's own forward."""
+    config = self.config.__dict__
+    if (
+        config.get("_attn_implementation_internal") != ATTENTION
+        or self.training
+        or kwargs.get("output_hidden_states")
+        or kwargs.get("output_attentions")
+        or config.get("output_hidden_states")
+        or config.get("_output_attentions")
+        or (input_ids is None) == (inputs_embeds is None)
+    ):
+        return self._kaio_forward(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+    return_dict = kwargs.pop("return_dict", True)
+    if use_cache is None:
+        use_cache = config.get("use_cache", True)
+    if inputs_embeds is None:
+        inputs_embeds = self.embed_tokens(input_ids)
+    if use_cache and past_key_values is None:
+        from transformers import DynamicCache
+
+        past_key_values = DynamicCache(config=self.config)
+    s = inputs_embeds.shape[1]
+    if position_ids is None:
+        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        position_ids = (torch.arange(s, device=inputs_embeds.device) + past).unsqueeze(0)
+    if attention_mask is not None and s > 1 and not _capturing():
+        if not bool(attention_mask.all()):
+            _attend(None, None, None, attention_mask)  # raises: padding is not supported
+    step = self.rotary_emb(inputs_embeds, position_ids)
+    hidden = inputs_embeds
+    for layer in self.layers:
+        hidden = layer.forward(
+            hidden,
+            attention_mask=None,
+            position_embeddings=step,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            **kwargs,
+        )
+    out = BaseModelOutputWithPast(
+        last_hidden_state=self.norm.forward(hidden), past_key_values=past_key_values
+    )
+    return out if return_dict else out.to_tuple()
+
+
 # ---------------------------------------------------------------------------- attention
 def kaio_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers' attention-function interface on kaio: query [B, H, S, D], key and value
@@ -740,6 +810,8 @@ def _patch_llama(model, base, quantize, report: Counter, kept: list[str]) -> Non
         report["linear"] += 4  # qkv, o, gate_up, down
     base.norm = _norm(base.norm)
     base.rotary_emb = KaioRotary(base.rotary_emb, model.config)
+    base._kaio_forward = base.forward
+    base.forward = types.MethodType(_llama_model_forward, base)
     model.config._attn_implementation = ATTENTION
     report["rms_norm"] += 1
     report["rotary"] += 1
