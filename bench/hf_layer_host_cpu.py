@@ -82,8 +82,8 @@ def layer_case(module, batch: int, stubs: Stubs):
     module.ops = stubs  # the torch.ops.kaio names
     if hasattr(module, "_direct"):
         module._direct = lambda x, residual=None: True  # eager CUDA tensors on a GPU
-    module.kaio_ops = types.SimpleNamespace(**{n: getattr(stubs, n) for n in (
-        "linear", "rms_norm", "rope", "flash_attention_decode", "kv_cache_append_rope")})  # fmt: skip
+    names = ("linear", "rms_norm", "rope", "flash_attention_decode", "kv_cache_append_rope")
+    module.kaio_ops = types.SimpleNamespace(**{n: getattr(stubs, n) for n in names})
     layer = model.model.layers[0]
     # room for every timed step: transformers' static layers write at their running count
     cache = StaticCache(config=config, max_cache_len=1024)
