@@ -184,6 +184,35 @@ def decode_rows(results, label, model, batches, ctx, reps, compile_=False, kaio=
             model.forward = model.__class__.forward.__get__(model)
 
 
+def two_steps(model, ids, static: bool) -> list:
+    """The last-position logits (f32) of a prompt ``ids`` and of one greedy step after it,
+    over a dynamic or a static cache."""
+    cfg = model.config
+    if static:
+        cache = transformers.StaticCache(config=cfg, max_cache_len=ids.shape[1] + 8)
+    else:
+        cache = transformers.DynamicCache(config=cfg)
+    out = []
+    with torch.no_grad():
+        inp = ids
+        for _ in range(2):
+            logits = model(input_ids=inp, past_key_values=cache, use_cache=True).logits[:, -1]
+            out.append(logits.float())
+            inp = logits.argmax(-1, keepdim=True)
+    return out
+
+
+def check_rows(results, label, model, ids, want) -> None:
+    """A row per step: the relative difference of ``model``'s logits over the static cache
+    kaio writes from the unpatched model's (``want``, dynamic cache)."""
+    got = two_steps(model, ids, True)
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        err = ((g - w).norm() / w.norm()).item()
+        same = bool((g.argmax(-1) == w.argmax(-1)).all())
+        results.append(dict(kind="check", impl=label, step=i, rel_err=err, same_token=same))
+        print(f"check    {label:28s} step {i}: logits rel err {err:.2e}, same token {same}")
+
+
 def profile_host(model, batch: int, ctx: int, steps: int, path: str) -> None:
     """cProfile of ``steps`` eager decode steps (static cache), the GPU synchronized after
     each (so launches never wait for a full queue): the host's time by function, to ``path``."""
@@ -251,9 +280,12 @@ def main() -> None:
         compile_=not args.no_compile, ways=ways,
     )  # fmt: skip
     prefill_rows(results, "transformers", model, lengths, few)
+    ids = torch.randint(0, 1000, (2, 16), device="cuda", generator=torch.Generator("cuda"))
+    want = two_steps(model, ids, False)
     if not args.no_int4:
         q4 = hf.apply(copy.deepcopy(model), quantize="int4", dense_prefill=True)
     hf.apply(model)
+    check_rows(results, "kaio static cache", model, ids, want)
     decode_rows(results, "kaio", model, batches, args.ctx, args.reps, kaio=True, ways=ways)
     prefill_rows(results, "kaio", model, lengths, few)
     if args.profile:
