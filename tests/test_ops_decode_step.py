@@ -12,17 +12,20 @@ import pytest
 import kaio
 import kaio_ops
 from kaio.ptx.ptxas import assemble, find_ptxas
-from kaio_ops import decode_step
+from kaio.types import f16
+from kaio_ops import _plan, decode_step
 from tests.poison import poison_allocations
 from tests.test_ops_decode import make_cache
+from tests.test_plans import fake  # noqa: F401, F811  (the fixture)
 
 BF16 = ml_dtypes.bfloat16
 
 
 @pytest.fixture(autouse=True)
-def poisoned_outputs(monkeypatch):
-    """Every array an op allocates starts as NaN."""
-    poison_allocations(monkeypatch)
+def poisoned_outputs(request, monkeypatch):
+    """Every array an op allocates starts as NaN (not on the plan test's fake GPU)."""
+    if "fake" not in request.fixturenames:
+        poison_allocations(monkeypatch)
 
 
 def tables(rng, positions, half, dtype):
@@ -117,6 +120,31 @@ def _args(**change):
 def test_bad_inputs_raise_before_launch(change, message):
     with kaio.simulate(), pytest.raises(ValueError, match=message):
         kaio_ops.kv_cache_append_rope(**_args(**change))
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_call_plan_replays_what_it_launches(fake, paged):  # noqa: F811
+    """The op's call plan replays its one launch with each call's addresses (the caches
+    written in place, q a new output each call)."""
+    plans = _plan.plans_of(kaio_ops.kv_cache_append_rope)
+    outs = []
+    for _ in range(2):
+        if paged:
+            k_cache, v_cache = (fake.array((8, 16, 2, 64), f16) for _ in range(2))
+            table = fake.array((2, 4), kaio.i32)
+        else:
+            k_cache, v_cache = (fake.array((2, 2, 64, 64), f16) for _ in range(2))
+            table = None
+        qkv = fake.array((2, 1, 12 * 64), f16)
+        cos, sin = fake.array((64, 32), f16), fake.array((64, 32), f16)
+        lens = fake.array((2,), kaio.i32)
+        planned, unplanned, q = fake.run(
+            kaio_ops.kv_cache_append_rope, k_cache, v_cache, qkv, cos, sin, lens, 8, table
+        )
+        assert planned == unplanned and len(planned) == 1
+        assert k_cache.ptr.to_bytes(8, "little") in planned[0][5]
+        outs.append(q.ptr)
+    assert len(plans) == 1 and None not in plans.values() and outs[0] != outs[1]
 
 
 @pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
