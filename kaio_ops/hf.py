@@ -279,8 +279,6 @@ class Step:
     (the model's attention function now) and, made only when a layer asks (``angles``), this
     step's cos and sin [P, S, D/2] and the decode rows."""
 
-    __slots__ = ("rotary", "x", "position_ids", "seq_lens", "tables", "attend", "_angles")
-
     def __init__(self, rotary, x, position_ids, seq_lens, tables, attend):
         self.rotary, self.x, self.position_ids = rotary, x, position_ids
         self.seq_lens, self.tables, self.attend = seq_lens, tables, attend
