@@ -271,18 +271,25 @@ STATIC_ROPE = ("default", "linear", "llama3")  # rope types whose angles depend 
 
 
 class Step:
-    """What a decode or prefill step's layers share, computed once a step by ``KaioRotary``:
-    ``seq_lens`` (each sequence's cached length after the step: the last position + 1, int32
-    on the GPU), ``tables`` (cos and sin [P, D/2] for every position up to the model's
-    ``max_position_embeddings``, made once, on the first step: the fused decode path reads
-    them on the GPU) or None (a rope type whose angles change with the length), ``attend``
-    (the model's attention function now) and, made only when a layer asks (``angles``), this
-    step's cos and sin [P, S, D/2] and the decode rows."""
+    """What a decode or prefill step's layers share, computed once a step by ``KaioRotary``
+    (``owner``):
+        ``seq_lens`` (each sequence's cached length after the step: the last position + 1, int32
+        on the GPU), ``tables`` (cos and sin [P, D/2] for every position up to the model's
+        ``max_position_embeddings``, made once, on the first step: the fused decode path reads
+        them on the GPU) or None (a rope type whose angles change with the length), ``attend``
+        (the model's attention function now) and, made only when a layer asks (``angles``), this
+        step's cos and sin [P, S, D/2] and the decode rows."""
 
-    def __init__(self, rotary, x, position_ids, seq_lens, tables, attend):
-        self.rotary, self.x, self.position_ids = rotary, x, position_ids
+    def __init__(self, owner, x, position_ids, seq_lens, tables, attend):
+        self.owner, self.x, self.position_ids = owner, x, position_ids
         self.seq_lens, self.tables, self.attend = seq_lens, tables, attend
         self._angles = None
+
+    def tables_for(self, positions: int) -> tuple:
+        """The tables, covering at least ``positions`` positions (a static cache's capacity)."""
+        if self.tables[0].shape[0] < positions:
+            self.tables = self.owner.tables(self.x, positions)
+        return self.tables
 
     def angles(self) -> tuple:
         """``(cos, sin, rows)``: cos and sin [P, S, D/2] (P: 1 or the batch); for a decode
@@ -293,7 +300,7 @@ class Step:
             if self.tables is not None:
                 cos, sin = (t[self.position_ids] for t in self.tables)
             else:
-                cos, sin = self.rotary(self.x, self.position_ids)
+                cos, sin = self.owner.rotary(self.x, self.position_ids)
                 half = cos.shape[-1] // 2
                 cos, sin = cos[..., :half].contiguous(), sin[..., :half].contiguous()
             rows = (cos[0], sin[0]) if cos.shape[0] == 1 and cos.shape[1] == 1 else None
@@ -315,14 +322,17 @@ class KaioRotary(nn.Module):
         self.static = getattr(rotary, "rope_type", None) in STATIC_ROPE
         self._tables: dict = {}
 
-    def tables(self, x) -> tuple | None:
-        """cos and sin [max_position_embeddings, D/2] in x's dtype on x's device (made once)."""
+    def tables(self, x, positions: int = 0) -> tuple | None:
+        """cos and sin [P, D/2] in x's dtype on x's device, P the model's
+        ``max_position_embeddings`` or ``positions`` if more (made once, and again when a
+        static cache of more positions asks)."""
         if not self.static:
             return None
         key = (x.device, x.dtype)
         have = self._tables.get(key)
-        if have is None:
-            ids = torch.arange(self.positions, device=x.device)[None]
+        if have is None or have[0].shape[0] < positions:
+            count = max(self.positions, positions)
+            ids = torch.arange(count, device=x.device)[None]
             cos, sin = self.rotary(x[:1, :1], ids)
             half = cos.shape[-1] // 2
             have = self._tables[key] = (
@@ -335,7 +345,7 @@ class KaioRotary(nn.Module):
         """The step's ``Step``."""
         seq_lens = (position_ids[:, -1] + 1).to(torch.int32).expand(x.shape[0]).contiguous()
         attend = _interface()[self.config.__dict__["_attn_implementation_internal"]]
-        return Step(self.rotary, x, position_ids, seq_lens, self.tables(x), attend)
+        return Step(self, x, position_ids, seq_lens, self.tables(x), attend)
 
 
 def _rope_op(x, cos, sin):
@@ -455,7 +465,7 @@ class KaioAttention(nn.Module):
                 f"kaio attention: the static cache holds {layer.batch_size} sequences, the step "
                 f"has {b}; make the cache for this batch size"
             )
-        cos, sin = step.tables
+        cos, sin = step.tables_for(layer.max_cache_len)
         seq_lens = step.seq_lens
         x = qkv.view(b, s, qkv.shape[-1])
         if _direct(x):

@@ -152,11 +152,14 @@ def test_static_cache_generation_in_simulator(monkeypatch):
     assert calls["kv_cache_append_rope"] == 2 * 3  # 2 layers x (prefill + 2 decode steps)
     assert calls["flash_attention"] == 2 and calls["flash_attention_decode"] == 4
     assert "rope" not in calls and "kv_cache_append" not in calls
-    cache = transformers.StaticCache(config=patched.config, max_cache_len=32)
+    # a cache of more positions than max_position_embeddings (256): the tables grow to it
+    cache = transformers.StaticCache(config=patched.config, max_cache_len=300)
     with torch.no_grad(), kaio.simulate():
         patched(input_ids=ids[:, :5], past_key_values=cache, use_cache=True)
         patched(input_ids=ids[:, 5:6], past_key_values=cache, use_cache=True)
     assert [int(layer.cumulative_length) for layer in cache.layers] == [6, 6]
+    ((cos, sin),) = patched.model.rotary_emb._tables.values()
+    assert cos.shape == sin.shape == (300, 32)
 
 
 def test_int4_in_simulator():
