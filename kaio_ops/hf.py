@@ -229,9 +229,8 @@ class KaioLinear(nn.Module):
             op = kaio_ops.linear if _direct(x, residual) else ops.linear
             return op(x, weight, bias, residual=residual, activation=activation)
         flat = x.reshape(-1, self.in_features)
-        if self.bias is None and residual is None and activation is None:  # rounded in-kernel
-            y = ops.matmul_int4(flat, self.b_packed, self.scales, x.dtype)
-            return y.reshape(*x.shape[:-1], y.shape[-1])
+        if bias is None and activation in (None, "silu_gate"):
+            return self._int4_rounded(x, flat, residual, activation)
         y = ops.matmul_int4(flat, self.b_packed, self.scales)  # f32 [M, N]
         if bias is not None:
             y = y + bias.float()
@@ -244,6 +243,23 @@ class KaioLinear(nn.Module):
         if residual is not None:
             y = y + residual.float()
         return y.to(x.dtype)
+
+    def _int4_rounded(self, x, flat, residual, activation):
+        """The int4 product rounded to x's dtype in the kernel, then the SiLU gate or the
+        residual as one kaio op each (eagerly on CUDA: straight to kaio_ops, as ``_direct``
+        says): few launches and little host work a decode step."""
+        direct = _direct(flat, residual)
+        if direct:
+            y = kaio_ops.matmul_int4(flat, self.b_packed, self.scales, out_dtype=x.dtype)
+        else:
+            y = ops.matmul_int4(flat, self.b_packed, self.scales, x.dtype)
+        if activation == "silu_gate":
+            gate, up = y.chunk(2, dim=-1)
+            contiguous = direct and gate.is_contiguous()
+            y = (kaio_ops.silu_gate if contiguous else ops.silu_gate)(gate, up)
+        if residual is not None:
+            y = (kaio_ops.add if direct else ops.add)(y, residual.reshape(y.shape))
+        return y.reshape(*x.shape[:-1], y.shape[-1])
 
     def extra_repr(self) -> str:
         kind = "int4" if self.weight is None else "dense"
