@@ -223,6 +223,28 @@ def test_unsupported_model_is_refused():
         hf.apply(copy.deepcopy(ref).float())
 
 
+def test_model_forward_refuses_padding_and_falls_back_for_hidden_states(monkeypatch):
+    """The patched model's shorter forward: a prompt whose mask has padding raises (kaio's
+    attention has no mask), a decode step's mask is not read (no synchronization), and a
+    call asking for hidden states goes to the model's own forward (its hooks record them)."""
+    ref, patched = build("llama", torch.float16)
+    ids = torch.randint(0, 96, (2, 6), generator=torch.Generator().manual_seed(8))
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[1, :2] = 0
+    with torch.no_grad(), kaio.simulate():
+        with pytest.raises(NotImplementedError, match="padding"):
+            patched(input_ids=ids, attention_mask=mask)
+        out = patched(input_ids=ids, output_hidden_states=True)
+        want = ref(input_ids=ids, output_hidden_states=True)
+        assert len(out.hidden_states) == len(want.hidden_states) == 3
+        assert rel_err(out.hidden_states[1].float(), want.hidden_states[1].float()) < 2e-2
+        cache = transformers.StaticCache(config=patched.config, max_cache_len=16)
+        patched(input_ids=ids, past_key_values=cache, attention_mask=torch.ones(2, 6))
+        mask = torch.ones(2, 7)
+        monkeypatch.setattr(torch.Tensor, "all", lambda *_: pytest.fail("mask read"))
+        patched(input_ids=ids[:, :1], past_key_values=cache, attention_mask=mask)
+
+
 def test_gemma2_reports_what_it_keeps():
     _, patched = build("gemma2", torch.float16, hidden_activation="gelu_pytorch_tanh")
     rep = patched.kaio_report
