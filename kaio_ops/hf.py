@@ -163,7 +163,8 @@ class KaioLinear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
-        self.dense = None
+        # a buffer (moved by .to(), not saved in the state dict): see keep_dense
+        self.register_buffer("dense", None, persistent=False)
         if quantize == "int4":
             packed, scales = quantize_int4(weight)
             self.register_buffer("b_packed", packed)
