@@ -15,7 +15,10 @@ the same process on the same weights:
   Python call, the GPU idle before it);
 - prefill: tokens/s of one forward over a prompt of S tokens at batch 1 (no cache), unpatched
   and kaio-patched (and int4, with its weights' dense f16 copy for prompts:
-  ``dense_prefill=True``, and without it).
+  ``dense_prefill=True``, and without it);
+- with ``--generate N``: ``model.generate`` of N greedy tokens after a 512-token prompt at
+  each batch, tokens/s of the whole call: transformers as it comes (dynamic cache), kaio
+  with ``cache_implementation="static"`` (eager: ``disable_compile=True``) and dynamic.
 
 Each step time is the median over ``--reps`` timed steps (CUDA events), after warm-up; the
 cache content is random (the kernels read every cached token whatever its value).
@@ -184,6 +187,20 @@ def decode_rows(results, label, model, batches, ctx, reps, compile_=False, kaio=
             model.forward = model.__class__.forward.__get__(model)
 
 
+def generate_rows(results, label, model, batches, prompt: int, new: int, **extra) -> None:
+    """Rows of ``model.generate`` as a user calls it: ``new`` greedy tokens after a random
+    prompt of ``prompt`` tokens at each batch, tokens/s over the whole call (prefill
+    included), median of 3 calls after one warm-up; ``extra``: more generate arguments."""
+    for b in batches:
+        ids = torch.randint(0, 1000, (b, prompt), device="cuda")
+        args = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
+
+        def run(ids=ids, args=args):
+            return lambda: model.generate(ids, **args, **extra)
+
+        measure(results, label, b, prompt, run, 3, kind="generate", tokens=b * new)
+
+
 def two_steps(model, ids, static: bool) -> list:
     """The last-position logits (f32) of a prompt ``ids`` and of one greedy step after it,
     over a dynamic or a static cache."""
@@ -263,6 +280,9 @@ def main() -> None:
     p.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph rows")
     p.add_argument("--dynamic", action="store_true", help="kaio eager over a dynamic cache too")
     p.add_argument("--profile", default=None, help="write a host profile of kaio's B1 steps")
+    p.add_argument(
+        "--generate", type=int, default=0, help="also time generate() of this many tokens"
+    )
     p.add_argument("--quick", action="store_true", help="batches 1,16; prefill 512,2048; 10 reps")
     args = p.parse_args()
     if args.quick:
@@ -280,6 +300,8 @@ def main() -> None:
         compile_=not args.no_compile, ways=ways,
     )  # fmt: skip
     prefill_rows(results, "transformers", model, lengths, few)
+    if args.generate:
+        generate_rows(results, "transformers", model, batches, 512, args.generate)
     ids = torch.randint(0, 1000, (2, 16), device="cuda", generator=torch.Generator("cuda"))
     want = two_steps(model, ids, False)
     if not args.no_int4:
@@ -288,6 +310,10 @@ def main() -> None:
     check_rows(results, "kaio static cache", model, ids, want)
     decode_rows(results, "kaio", model, batches, args.ctx, args.reps, kaio=True, ways=ways)
     prefill_rows(results, "kaio", model, lengths, few)
+    if args.generate:
+        static = dict(cache_implementation="static", disable_compile=True)
+        generate_rows(results, "kaio static", model, batches, 512, args.generate, **static)
+        generate_rows(results, "kaio dynamic", model, batches, 512, args.generate)
     if args.profile:
         profile_host(model, 1, args.ctx, 20, args.profile)
     del model
