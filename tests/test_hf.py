@@ -194,12 +194,13 @@ def test_quantize_int4_round_trip():
 
 
 def test_int4_dense_prefill_in_simulator(monkeypatch):
-    """With ``dense_prefill``, an int4 model's prompt of more than 64 tokens takes the f16
-    GEMM (``linear``) on the dequantized weights, a decode step ``matmul_int4``: the
-    prompt's logits equal those of the int4 kernels to rounding."""
+    """With ``dense_prefill``, an int4 model's prompt of more than ``DENSE_ROWS`` tokens
+    (64; 8 here) takes the f16 GEMM (``linear``) on the dequantized weights: its logits equal
+    those of the int4 kernels to rounding."""
     ref, _ = build("llama", torch.float16)
     q4 = hf.apply(copy.deepcopy(ref), quantize="int4", dense_prefill=True)
-    ids = torch.randint(0, 96, (1, 66), generator=torch.Generator().manual_seed(6))
+    monkeypatch.setattr(hf, "DENSE_ROWS", 8)  # a short prompt for the simulator
+    ids = torch.randint(0, 96, (1, 10), generator=torch.Generator().manual_seed(6))
     counting = CountingOps()
     monkeypatch.setattr(hf, "ops", counting)
     with torch.no_grad(), kaio.simulate():
