@@ -5,14 +5,15 @@ floors (a DSL kernel that only streams the same bytes; torch reductions and copi
 torch SDPA, all in one profiler session per group, calls rotating over input sets of more
 than the L2 cache.
 
-    python3 bench/decode_probe.py [warm | b | ncu]    # this checkout's kaio_ops
+    python3 bench/decode_probe.py [warm | b | ncu | s [SECONDS]]    # this checkout's kaio_ops
     PROBE_BASE=1 PYTHONPATH=/other/checkout python3 bench/decode_probe.py base_b
 
 No argument: B = 1, 4k keys, taken apart (splits, stages, merges, lengths 0 .. 4k, floors).
 ``warm`` compiles the kernels in 16 processes first (the disk cache keeps them); ``b`` is the
 suite's shapes, default against the global merge and SDPA; ``ncu`` makes the calls for
 ``ncu --kernel-name regex:decode_fwd``; ``base_b`` the default of another checkout's
-kaio_ops (PROBE_BASE: its packages first on the path).
+kaio_ops (PROBE_BASE: its packages first on the path); ``s`` split counts and stages at the
+shapes where kaio is near SDPA, for SECONDS at most.
 """
 
 from __future__ import annotations
@@ -415,6 +416,39 @@ def round_b(base: bool):
         del sets
 
 
+def round_s(budget: float):
+    """Split counts and K/V stages at the suite's shapes where kaio is near or under SDPA
+    (kernel times; stops after ``budget`` seconds of the process)."""
+    for b, length, paged, variants in (
+        (16, 4096, True, ((2, None), (1, 2), (1, 3))),
+        (16, 4096, False, ((2, None), (1, 3))),
+        (64, 4096, False, ((2, None),)),
+        (64, 1024, False, ((2, None), (4, None))),
+        (16, 1024, False, ((2, None), (4, None))),
+        (1, 1024, False, ((4, None), (16, None))),
+        (16, 32768, False, ((2, None),)),
+    ):
+        if time.time() - T0 > budget:
+            print("(time budget: stopping)", flush=True)
+            break
+        torch.cuda.empty_cache()
+        sets = make_sets(b, length, paged)
+        lens = torch.full((b,), length, device="cuda", dtype=torch.int32)
+        label = f"B{b} L{length}" + " paged" * paged
+        show(f"{label} kaio default", kernel_times(run_kaio(lens), sets))
+        for splits, stages in variants:
+            show(
+                f"{label} kaio splits={splits} stages={stages}",
+                kernel_times(run_kaio(lens, splits=splits, stages=stages, cluster=False), sets),
+            )
+        show(
+            f"{label} SDPA default",
+            kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets),
+        )
+        flush()
+        del sets
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "ncu":
         sets = make_sets(1, 4096)
@@ -426,6 +460,8 @@ if __name__ == "__main__":
         torch.cuda.synchronize()
     elif len(sys.argv) > 1 and sys.argv[1] == "warm":
         warm()
+    elif len(sys.argv) > 1 and sys.argv[1] == "s":
+        round_s(float(sys.argv[2]) if len(sys.argv) > 2 else 20)
     elif len(sys.argv) > 1 and sys.argv[1] in ("b", "base_b"):
         round_b(sys.argv[1] == "base_b")
     else:

@@ -56,6 +56,9 @@ class Stubs:
     def flash_attention_decode(self, q, k, v, seq_lens, block_table=None, scale=None):
         return self._like(q.shape, q.dtype)
 
+    def kv_cache_append_rope(self, k_cache, v_cache, qkv, cos, sin, seq_lens, heads, table=None):
+        return self._like((qkv.shape[0], heads, qkv.shape[1], k_cache.shape[-1]), qkv.dtype)
+
 
 def load(path: str):
     spec = importlib.util.spec_from_file_location("hf_under_test", path)
@@ -79,8 +82,8 @@ def layer_case(module, batch: int, stubs: Stubs):
     module.ops = stubs  # the torch.ops.kaio names
     if hasattr(module, "_direct"):
         module._direct = lambda x, residual=None: True  # eager CUDA tensors on a GPU
-    module.kaio_ops = types.SimpleNamespace(**{n: getattr(stubs, n) for n in (
-        "linear", "rms_norm", "rope", "flash_attention_decode")})  # fmt: skip
+    names = ("linear", "rms_norm", "rope", "flash_attention_decode", "kv_cache_append_rope")
+    module.kaio_ops = types.SimpleNamespace(**{n: getattr(stubs, n) for n in names})
     layer = model.model.layers[0]
     # room for every timed step: transformers' static layers write at their running count
     cache = StaticCache(config=config, max_cache_len=1024)

@@ -42,13 +42,15 @@ def build(gpu: bool) -> torch.nn.Module:
     return model.to("cuda" if gpu else "cpu", torch.float16).eval()
 
 
-def generate(model, ids, tokens: int) -> tuple[list[int], float]:
-    """Greedy tokens and tokens per second."""
+def generate(model, ids, tokens: int, **extra) -> tuple[list[int], float]:
+    """Greedy tokens and tokens per second (``extra``: more ``generate`` arguments)."""
     with torch.no_grad():
         if ids.is_cuda:
             torch.cuda.synchronize()
         t = time.perf_counter()
-        out = model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
+        out = model.generate(
+            ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, **extra
+        )
         if ids.is_cuda:
             torch.cuda.synchronize()
         dt = time.perf_counter() - t
@@ -66,12 +68,16 @@ def main() -> None:
     ref, ref_rate = generate(model, ids, tokens)
     patched = kaio_ops.hf.apply(copy.deepcopy(model))
     print("kaio replaced:", patched.kaio_report)
+    # the static cache is written in place by kaio (eager: no torch.compile)
+    static = dict(cache_implementation="static", disable_compile=True)
     with contextlib.nullcontext() if gpu else kaio.simulate():
         got, rate = generate(patched, ids, tokens)
+        got_static, rate_static = generate(patched, ids, tokens, **static)
     where = torch.cuda.get_device_name() if gpu else "CPU (kaio on its simulator)"
     print(f"on {where}")
     print(f"transformers: {ref}  {ref_rate:.1f} tokens/s")
     print(f"kaio:         {got}  {rate:.1f} tokens/s")
+    print(f"kaio, static: {got_static}  {rate_static:.1f} tokens/s")
     same = sum(a == b for a, b in zip(ref, got, strict=True))
     print(
         f"{same} of {tokens} tokens equal"

@@ -42,7 +42,9 @@ Attention (scale 1/sqrt(D); causal masks key j > i; no S x S matrix in memory):
 - ``flash_attention_decode(q, k_cache, v_cache, seq_lens, block_table=None, scale=None)``:
   Sq <= 16 new tokens over a contiguous or paged KV cache, lengths on the GPU (split-KV);
   ``flash_attention_decode_with_stats``; ``kv_cache_append(k_cache, v_cache, k, v,
-  seq_lens, block_table=None)`` writes the new tokens' K/V in place
+  seq_lens, block_table=None)`` writes the new tokens' K/V in place;
+  ``kv_cache_append_rope(k_cache, v_cache, qkv, cos, sin, seq_lens, heads, block_table=None)``
+  rotates a fused QKV projection's q and k, appends k and v, and returns q (one launch)
 
 Memory-bound ops (f32, f16, bf16; computed in f32; rows are the last axis):
 
@@ -91,6 +93,7 @@ from kaio_ops.decode import (
     flash_attention_decode_with_stats,
     kv_cache_append,
 )
+from kaio_ops.decode_step import kv_cache_append_rope
 from kaio_ops.elementwise import add, gelu, mul, silu_gate
 from kaio_ops.fp8 import matmul_fp8, quantize_fp8
 from kaio_ops.gguf import dequantize_q6_k, dequantize_q8_0, quantize_q6_k, quantize_q8_0
@@ -121,6 +124,7 @@ __all__ = [
     "flash_attention_with_stats",
     "gelu",
     "kv_cache_append",
+    "kv_cache_append_rope",
     "layer_norm",
     "linear",
     "matmul_int4",

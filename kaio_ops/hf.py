@@ -42,6 +42,8 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 from torch import nn
+from transformers.cache_utils import StaticLayer
+from transformers.modeling_outputs import BaseModelOutputWithPast
 
 import kaio_ops
 import kaio_ops.torch  # noqa: F401  (registers torch.ops.kaio)
@@ -58,6 +60,9 @@ __all__ = [
     "KaioRotary",
     "apply",
     "quantize_int4",
+    "dequantize_int4",
+    "set_dense_prefill",
+    "Step",
 ]
 
 FAMILIES = ("llama", "mistral", "qwen2", "gemma2")
@@ -65,6 +70,9 @@ LLAMA_LIKE = ("llama", "mistral", "qwen2")
 ATTENTION = "kaio"  # the name under transformers' attention-function interface
 GROUP = 128  # int4 scale group along K (matmul_int4's)
 MAX_DECODE_TOKENS = 16  # flash_attention_decode's Sq limit
+# rows from which an int4 projection with a dense copy takes it: past 64 rows the f16 GEMM is
+# faster than matmul_int4 (on an H100: about 1.0x cuBLAS f16 at 64 rows, 0.45x to 0.9x past)
+DENSE_ROWS = 64
 
 ops = torch.ops.kaio
 _compiling = torch.compiler.is_compiling
@@ -101,6 +109,17 @@ def quantize_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return packed.contiguous(), scale.reshape(k // GROUP, n).to(torch.float16).contiguous()
 
 
+def dequantize_int4(b_packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The f16 weight [N, K] (``nn.Linear``'s layout) that ``quantize_int4``'s
+    ``(b_packed, scales)`` stand for: q * scale, exactly (q in -8..7, the scale f16)."""
+    k8, n = b_packed.shape
+    shifts = (4 * torch.arange(8, device=b_packed.device, dtype=torch.int32)).view(1, 8, 1)
+    q = (b_packed.view(k8, 1, n) >> shifts) & 0xF  # [K/8, 8, N], low nibble first
+    q = torch.where(q >= 8, q - 16, q).reshape(k8 * 8, n).float()
+    w = q * scales.float().repeat_interleave(GROUP, dim=0)
+    return w.t().to(torch.float16).contiguous()
+
+
 # ---------------------------------------------------------------------------- modules
 class _TensorParallel:
     """How a parameter is split by transformers' tensor-parallel plan: its local shard,
@@ -135,12 +154,17 @@ class _TensorParallel:
 
 class KaioLinear(nn.Module):
     """``y = activation(x @ w.T + bias) + residual`` through ``kaio_ops.linear`` (w [N, K] as
-    ``nn.Linear`` keeps it), or through ``matmul_int4`` when the weight was quantized."""
+    ``nn.Linear`` keeps it), or through ``matmul_int4`` when the weight was quantized. A
+    quantized weight may keep a dense f16 copy of its dequantized values (``dense``, see
+    ``dense_prefill``), which calls of more than ``DENSE_ROWS`` rows (prompts) take through
+    ``linear`` with the epilogues fused: the same weights, at f16 GEMM speed."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, quantize: str | None):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        # a buffer (moved by .to(), not saved in the state dict): see keep_dense
+        self.register_buffer("dense", None, persistent=False)
         if quantize == "int4":
             packed, scales = quantize_int4(weight)
             self.register_buffer("b_packed", packed)
@@ -149,6 +173,12 @@ class KaioLinear(nn.Module):
         else:
             self.weight = nn.Parameter(weight.detach(), requires_grad=False)
         self.reduce: _TensorParallel | None = None  # a row-wise tensor-parallel split
+
+    def keep_dense(self, on: bool) -> None:
+        """Keep (``on``) or drop the dense f16 copy of a quantized weight."""
+        if self.weight is not None:
+            return
+        self.dense = dequantize_int4(self.b_packed, self.scales) if on else None
 
     @classmethod
     def of(cls, *linears: nn.Linear, quantize: str | None = None) -> KaioLinear:
@@ -193,13 +223,15 @@ class KaioLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
     def _project(self, x, bias, residual, activation):
-        if self.weight is not None:
+        weight = self.weight
+        if weight is None and self.dense is not None and x.numel() > DENSE_ROWS * x.shape[-1]:
+            weight = self.dense
+        if weight is not None:
             op = kaio_ops.linear if _direct(x, residual) else ops.linear
-            return op(x, self.weight, bias, residual=residual, activation=activation)
+            return op(x, weight, bias, residual=residual, activation=activation)
         flat = x.reshape(-1, self.in_features)
-        if self.bias is None and residual is None and activation is None:  # rounded in-kernel
-            y = ops.matmul_int4(flat, self.b_packed, self.scales, x.dtype)
-            return y.reshape(*x.shape[:-1], y.shape[-1])
+        if bias is None and activation in (None, "silu_gate"):
+            return self._int4_rounded(x, flat, residual, activation)
         y = ops.matmul_int4(flat, self.b_packed, self.scales)  # f32 [M, N]
         if bias is not None:
             y = y + bias.float()
@@ -212,6 +244,23 @@ class KaioLinear(nn.Module):
         if residual is not None:
             y = y + residual.float()
         return y.to(x.dtype)
+
+    def _int4_rounded(self, x, flat, residual, activation):
+        """The int4 product rounded to x's dtype in the kernel, then the SiLU gate or the
+        residual as one kaio op each (eagerly on CUDA: straight to kaio_ops, as ``_direct``
+        says): few launches and little host work a decode step."""
+        direct = _direct(flat, residual)
+        if direct:
+            y = kaio_ops.matmul_int4(flat, self.b_packed, self.scales, out_dtype=x.dtype)
+        else:
+            y = ops.matmul_int4(flat, self.b_packed, self.scales, x.dtype)
+        if activation == "silu_gate":
+            gate, up = y.chunk(2, dim=-1)
+            contiguous = direct and gate.is_contiguous()
+            y = (kaio_ops.silu_gate if contiguous else ops.silu_gate)(gate, up)
+        if residual is not None:
+            y = (kaio_ops.add if direct else ops.add)(y, residual.reshape(y.shape))
+        return y.reshape(*x.shape[:-1], y.shape[-1])
 
     def extra_repr(self) -> str:
         kind = "int4" if self.weight is None else "dense"
@@ -235,25 +284,85 @@ class KaioRMSNorm(nn.Module):
         return op(x, self.weight, self.eps)
 
 
+STATIC_ROPE = ("default", "linear", "llama3")  # rope types whose angles depend on the position only
+
+
+class Step:
+    """What a decode or prefill step's layers share, computed once a step by ``KaioRotary``
+    (``owner``):
+        ``seq_lens`` (each sequence's cached length after the step: the last position + 1, int32
+        on the GPU), ``tables`` (cos and sin [P, D/2] for every position up to the model's
+        ``max_position_embeddings``, made once, on the first step: the fused decode path reads
+        them on the GPU) or None (a rope type whose angles change with the length), ``attend``
+        (the model's attention function now) and, made only when a layer asks (``angles``), this
+        step's cos and sin [P, S, D/2] and the decode rows."""
+
+    def __init__(self, owner, x, position_ids, seq_lens, tables, attend):
+        self.owner, self.x, self.position_ids = owner, x, position_ids
+        self.seq_lens, self.tables, self.attend = seq_lens, tables, attend
+        self._angles = None
+
+    def tables_for(self, positions: int) -> tuple:
+        """The tables, covering at least ``positions`` positions (a static cache's capacity)."""
+        if self.tables[0].shape[0] < positions:
+            self.tables = self.owner.tables(self.x, positions)
+        return self.tables
+
+    def angles(self) -> tuple:
+        """``(cos, sin, rows)``: cos and sin [P, S, D/2] (P: 1 or the batch); for a decode
+        step of one position for the whole batch (P = S = 1), ``rows`` is ``(cos[0],
+        sin[0])`` ([1, D/2]), else None. Gathered from the tables where there are tables,
+        else from the model's rotary module; made once a step."""
+        if self._angles is None:
+            if self.tables is not None:
+                cos, sin = (t[self.position_ids] for t in self.tables)
+            else:
+                cos, sin = self.owner.rotary(self.x, self.position_ids)
+                half = cos.shape[-1] // 2
+                cos, sin = cos[..., :half].contiguous(), sin[..., :half].contiguous()
+            rows = (cos[0], sin[0]) if cos.shape[0] == 1 and cos.shape[1] == 1 else None
+            self._angles = cos, sin, rows
+        return self._angles
+
+
 class KaioRotary(nn.Module):
     """Wraps a model's rotary embedding: the same cos/sin, cut to the half-width tables kaio's
-    ``rope`` takes, and each sequence's cached length after this step (position of the last
-    new token + 1, int32 on the GPU), computed once a step for every layer."""
+    ``rope`` takes (for rope types whose angles depend on the position only, one table over
+    every position, made by the model's own module on the first step), and each sequence's
+    cached length after this step; the layers get them as a ``Step``."""
 
-    def __init__(self, rotary: nn.Module):
+    def __init__(self, rotary: nn.Module, config):
         super().__init__()
         self.rotary = rotary
+        self.config = config
+        self.positions = int(config.max_position_embeddings)
+        self.static = getattr(rotary, "rope_type", None) in STATIC_ROPE
+        self._tables: dict = {}
+
+    def tables(self, x, positions: int = 0) -> tuple | None:
+        """cos and sin [P, D/2] in x's dtype on x's device, P the model's
+        ``max_position_embeddings`` or ``positions`` if more (made once, and again when a
+        static cache of more positions asks)."""
+        if not self.static:
+            return None
+        key = (x.device, x.dtype)
+        have = self._tables.get(key)
+        if have is None or have[0].shape[0] < positions:
+            count = max(self.positions, positions)
+            ids = torch.arange(count, device=x.device)[None]
+            cos, sin = self.rotary(x[:1, :1], ids)
+            half = cos.shape[-1] // 2
+            have = self._tables[key] = (
+                cos[0, :, :half].contiguous(),
+                sin[0, :, :half].contiguous(),
+            )
+        return have
 
     def forward(self, x, position_ids):
-        """``(cos, sin, seq_lens, rows)``: cos and sin [P, S, D/2] (P: 1 or the batch); for
-        a decode step of one position for the whole batch (P = S = 1), ``rows`` is
-        ``(cos[0], sin[0])`` ([1, D/2], cut here once for every layer), else None."""
-        cos, sin = self.rotary(x, position_ids)
-        half = cos.shape[-1] // 2
+        """The step's ``Step``."""
         seq_lens = (position_ids[:, -1] + 1).to(torch.int32).expand(x.shape[0]).contiguous()
-        cos, sin = cos[..., :half].contiguous(), sin[..., :half].contiguous()
-        rows = (cos[0], sin[0]) if cos.shape[0] == 1 and cos.shape[1] == 1 else None
-        return cos, sin, seq_lens, rows
+        attend = _interface()[self.config.__dict__["_attn_implementation_internal"]]
+        return Step(self, x, position_ids, seq_lens, self.tables(x), attend)
 
 
 def _rope_op(x, cos, sin):
@@ -284,10 +393,31 @@ def _decode_qkv(qkv, b: int, h: int, hkv: int, d: int, rows: tuple):
     return rotated[:, :h], rotated[:, h : h + hkv], qkv.view(b, width, 1, d)[:, h + hkv :]
 
 
+def _static_layer(cache, layer_idx: int, like, kv_heads: int, d: int):
+    """The ``StaticLayer`` of ``cache`` for ``layer_idx`` (allocated now if it was not: the
+    batch and dtype of ``like``), or None for any other kind of cache or layer."""
+    layers = getattr(cache, "layers", None)
+    if layers is None or layer_idx >= len(layers) or type(layers[layer_idx]) is not StaticLayer:
+        return None
+    layer = layers[layer_idx]
+    if not layer.is_initialized:
+        empty = like.new_empty((like.shape[0], kv_heads, 0, d))
+        layer.lazy_initialization(empty, empty)
+    return layer
+
+
 class KaioAttention(nn.Module):
     """A Llama-family attention block on kaio: fused QKV ``linear``, ``rope``, the model's KV
     cache, attention through transformers' interface (``"kaio"``), and ``o_proj`` with the
-    residual add in its epilogue."""
+    residual add in its epilogue.
+
+    With a static cache (transformers' ``StaticCache``: ``generate(...,
+    cache_implementation="static")``) and kaio's attention, a step rotates q and k and writes
+    k and v into the cache in one ``kv_cache_append_rope`` (positions from the step's
+    ``seq_lens``, angles from the position tables), then ``flash_attention_decode`` over the
+    cache (steps of up to 16 tokens) or ``flash_attention`` over the prompt (a prefill from
+    an empty cache): nothing is reallocated or concatenated, and nothing synchronizes with the
+    GPU in a decode step."""
 
     def __init__(self, attn: nn.Module, config, quantize: str | None):
         super().__init__()
@@ -309,8 +439,15 @@ class KaioAttention(nn.Module):
         """``residual + o_proj(attention(hidden_states))`` (without ``residual`` when None)."""
         b, s, _ = hidden_states.shape
         h, hkv, d = self.heads, self.kv_heads, self.head_dim
-        cos, sin, seq_lens, rows = position_embeddings
-        qkv = self.qkv_proj(hidden_states)
+        step: Step = position_embeddings
+        qkv = self.qkv_proj.forward(hidden_states)
+        cache = kwargs.get("past_key_values")
+        if step.tables is not None and step.attend is kaio_attention and cache is not None:
+            layer = _static_layer(cache, self.layer_idx, qkv, hkv, d)
+            if layer is not None:
+                out = self._static_step(qkv, cache, layer, step, attention_mask, b, s)
+                return self.o_proj.forward(out, residual=residual)
+        cos, sin, rows = step.angles()
         if s == 1 and rows is not None:
             q, k, v = _decode_qkv(qkv, b, h, hkv, d, rows)
         else:
@@ -318,22 +455,67 @@ class KaioAttention(nn.Module):
             q = _rope(qkv[:, :, :h], cos, sin).transpose(1, 2)
             k = _rope(qkv[:, :, h : h + hkv], cos, sin).transpose(1, 2)
             v = qkv[:, :, h + hkv :].transpose(1, 2)
-        cache = kwargs.get("past_key_values")
         past = 0
         if cache is not None:
             if s > MAX_DECODE_TOKENS:
                 past = cache.get_seq_length(self.layer_idx)  # prefill only: may synchronize
             k, v = cache.update(k, v, self.layer_idx)
-        attend = _interface()[self.config._attn_implementation]
-        if attend is kaio_attention:  # kaio's own: [B, H, S, D], one view fewer for decode
+        seq_lens = step.seq_lens
+        if step.attend is kaio_attention:  # kaio's own: [B, H, S, D], one view fewer for decode
             out = _attend(q, k, v, attention_mask, self.scaling, seq_lens=seq_lens, past=past)
             out = out.view(b, s, h * d) if s == 1 else out.transpose(1, 2).reshape(b, s, h * d)
         else:
-            out, _ = attend(
+            out, _ = step.attend(
                 self, q, k, v, attention_mask, scaling=self.scaling, seq_lens=seq_lens, past=past
             )
             out = out.reshape(b, s, h * d)
-        return self.o_proj(out, residual=residual)
+        return self.o_proj.forward(out, residual=residual)
+
+    def _static_step(self, qkv, cache, layer, step: Step, attention_mask, b: int, s: int):
+        """Attention of a step over a transformers ``StaticLayer`` written by kaio: [B, S, H D]."""
+        h, d = self.heads, self.head_dim
+        if attention_mask is not None:
+            _attend(None, None, None, attention_mask)  # raises: padding is not supported
+        keys, values = layer.keys, layer.values
+        if layer.batch_size != b:
+            raise ValueError(
+                f"kaio attention: the static cache holds {layer.batch_size} sequences, the step "
+                f"has {b}; make the cache for this batch size"
+            )
+        cos, sin = step.tables_for(layer.max_cache_len)
+        seq_lens = step.seq_lens
+        x = qkv.view(b, s, qkv.shape[-1])
+        if _direct(x):
+            q = kaio_ops.kv_cache_append_rope(keys, values, x, cos, sin, seq_lens, h)
+            decode = kaio_ops.flash_attention_decode
+        else:
+            q = ops.kv_cache_append_rope(keys, values, x, cos, sin, seq_lens, h)
+            decode = ops.flash_attention_decode
+        if self.layer_idx == 0:  # every layer's count, once a step (what transformers reads)
+            _advance(cache, qkv, self.kv_heads, d, s)
+        if s <= MAX_DECODE_TOKENS:
+            out = decode(q, keys, values, seq_lens, scale=self.scaling)
+        else:
+            if int(layer.cumulative_length) != s:  # prefill only: synchronizes
+                raise NotImplementedError(
+                    f"kaio attention: {s} new tokens on top of cached ones (chunked prefill "
+                    f"over {MAX_DECODE_TOKENS} tokens) is not supported yet"
+                )
+            k, v = keys[:, :, :s].contiguous(), values[:, :, :s].contiguous()
+            out = ops.flash_attention(q, k, v, causal=True, scale=self.scaling)
+        return out.view(b, s, h * d) if s == 1 else out.transpose(1, 2).reshape(b, s, h * d)
+
+
+def _advance(cache, like, kv_heads: int, d: int, s: int) -> None:
+    """Add a step's ``s`` tokens to the running count of every static layer of ``cache``
+    (transformers' ``cumulative_length``: what ``get_seq_length`` reads), in one launch;
+    layers not allocated yet are allocated first (their count is a new tensor then)."""
+    counts = []
+    for i, layer in enumerate(cache.layers):
+        if type(layer) is StaticLayer:
+            _static_layer(cache, i, like, kv_heads, d)
+            counts.append(layer.cumulative_length)
+    torch._foreach_add_(counts, s)
 
 
 class KaioGatedMLP(nn.Module):
@@ -347,21 +529,93 @@ class KaioGatedMLP(nn.Module):
 
     def forward(self, x, residual=None):
         """The MLP of ``x`` (plus ``residual``)."""
-        return self.down_proj(self.gate_up_proj(x, activation="silu_gate"), residual=residual)
+        up = self.gate_up_proj.forward(x, activation="silu_gate")
+        return self.down_proj.forward(up, residual=residual)
 
 
 def _llama_layer_forward(
     self, hidden_states, attention_mask=None, position_embeddings=None, **kwargs
 ):
-    """A Llama-family decoder layer with both residual adds in projection epilogues."""
-    h = self.self_attn(
-        self.input_layernorm(hidden_states),
+    """A Llama-family decoder layer with both residual adds in projection epilogues. The
+    layer's kaio modules are called through their ``forward`` (not ``Module.__call__``: its
+    hook checks cost host time every call; hooks on them do not run)."""
+    h = self.self_attn.forward(
+        self.input_layernorm.forward(hidden_states),
         position_embeddings=position_embeddings,
         attention_mask=attention_mask,
         residual=hidden_states,
         **kwargs,
     )
-    return self.mlp(self.post_attention_layernorm(h), residual=h)
+    return self.mlp.forward(self.post_attention_layernorm.forward(h), residual=h)
+
+
+def _llama_model_forward(
+    self,
+    input_ids=None,
+    attention_mask=None,
+    position_ids=None,
+    past_key_values=None,
+    inputs_embeds=None,
+    use_cache=None,
+    **kwargs,
+):
+    """A Llama-family model's forward (``LlamaModel``'s) with less host work a step: with
+    kaio's attention, no outputs to record and not training, it embeds, makes the step's
+    ``Step`` and runs the layers' ``forward`` and the norm directly (no attention mask is
+    built: kaio's attention takes none; a prompt's mask with padding raises, decode steps'
+    masks, which only extend it, are not read, so a step never synchronizes); anything else
+    goes to the model's own forward."""
+    config = self.config.__dict__
+    if (
+        config.get("_attn_implementation_internal") != ATTENTION
+        or self.training
+        or kwargs.get("output_hidden_states")
+        or kwargs.get("output_attentions")
+        or config.get("output_hidden_states")
+        or config.get("_output_attentions")
+        or (input_ids is None) == (inputs_embeds is None)
+    ):
+        return self._kaio_forward(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+    return_dict = kwargs.pop("return_dict", True)
+    if use_cache is None:
+        use_cache = config.get("use_cache", True)
+    if inputs_embeds is None:
+        inputs_embeds = self.embed_tokens(input_ids)
+    if use_cache and past_key_values is None:
+        from transformers import DynamicCache
+
+        past_key_values = DynamicCache(config=self.config)
+    s = inputs_embeds.shape[1]
+    if position_ids is None:
+        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        position_ids = (torch.arange(s, device=inputs_embeds.device) + past).unsqueeze(0)
+    if attention_mask is not None and s > 1 and not _capturing():
+        if not bool(attention_mask.all()):
+            _attend(None, None, None, attention_mask)  # raises: padding is not supported
+    step = self.rotary_emb(inputs_embeds, position_ids)
+    hidden = inputs_embeds
+    for layer in self.layers:
+        hidden = layer.forward(
+            hidden,
+            attention_mask=None,
+            position_embeddings=step,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            **kwargs,
+        )
+    out = BaseModelOutputWithPast(
+        last_hidden_state=self.norm.forward(hidden), past_key_values=past_key_values
+    )
+    return out if return_dict else out.to_tuple()
 
 
 # ---------------------------------------------------------------------------- attention
@@ -445,17 +699,24 @@ def register_attention() -> None:
 
 
 # ---------------------------------------------------------------------------- comparing
-def greedy(model: nn.Module, ids: torch.Tensor, steps: int):
+def greedy(model: nn.Module, ids: torch.Tensor, steps: int, cache: str = "dynamic"):
     """``(tokens, logits)``: ``steps`` greedy tokens [B, steps] after the prompt ``ids`` [B, S],
-    with the model's dynamic KV cache, and each step's last-position logits (f32)."""
+    with the model's KV cache (``cache``: ``"dynamic"``, transformers' ``DynamicCache``, or
+    ``"static"``, a ``StaticCache`` of S + steps tokens), and each step's last-position
+    logits (f32)."""
     import transformers
 
     tokens, logits = [], []
-    cache = transformers.DynamicCache(config=model.config)
+    if cache == "static":
+        kv = transformers.StaticCache(config=model.config, max_cache_len=ids.shape[1] + steps)
+    elif cache == "dynamic":
+        kv = transformers.DynamicCache(config=model.config)
+    else:
+        raise ValueError(f"greedy: cache must be 'dynamic' or 'static', got {cache!r}")
     inp = ids
     with torch.no_grad():
         for _ in range(steps):
-            out = model(input_ids=inp, past_key_values=cache, use_cache=True)
+            out = model(input_ids=inp, past_key_values=kv, use_cache=True)
             last = out.logits[:, -1].float()
             nxt = last.argmax(-1, keepdim=True)
             tokens.append(nxt)
@@ -493,10 +754,23 @@ def first_divergence(ref_tokens, ref_logits, tokens, logits) -> Divergence | Non
 
 
 # ---------------------------------------------------------------------------- patching
-def apply(model: nn.Module, *, quantize: str | None = None) -> nn.Module:
+def set_dense_prefill(model: nn.Module, on: bool) -> None:
+    """Give every int4 projection of a patched ``model`` a dense f16 copy of its dequantized
+    weight for prompts (``on``: calls of more than ``DENSE_ROWS`` rows take the f16 GEMM; the
+    model then holds f16 weights beside the int4 ones), or drop the copies."""
+    for module in model.modules():
+        if isinstance(module, KaioLinear):
+            module.keep_dense(on)
+
+
+def apply(
+    model: nn.Module, *, quantize: str | None = None, dense_prefill: bool = False
+) -> nn.Module:
     """Patches a transformers causal LM (Llama, Mistral, Qwen2 or Gemma2 family) in place to
     run on kaio_ops, and returns it; ``model.kaio_report`` says what was replaced and what
-    was kept. ``quantize="int4"`` quantizes the projections to W4A16 once, now."""
+    was kept. ``quantize="int4"`` quantizes the projections to W4A16 once, now;
+    ``dense_prefill=True`` also keeps their dequantized f16 copies for prompts
+    (``set_dense_prefill``: prefill at f16 speed with the same weights, for f16 memory)."""
     config = model.config
     family = getattr(config, "model_type", None)
     if family not in FAMILIES:
@@ -535,6 +809,8 @@ def apply(model: nn.Module, *, quantize: str | None = None) -> nn.Module:
         _patch_llama(model, base, quantize, report, kept)
     else:
         _patch_gemma2(model, base, quantize, report, kept)
+    if quantize == "int4" and dense_prefill:
+        set_dense_prefill(model, True)
     report = dict(report)
     report["kept"] = kept
     model.kaio_report = report
@@ -558,7 +834,9 @@ def _patch_llama(model, base, quantize, report: Counter, kept: list[str]) -> Non
         report["attention"] += 1
         report["linear"] += 4  # qkv, o, gate_up, down
     base.norm = _norm(base.norm)
-    base.rotary_emb = KaioRotary(base.rotary_emb)
+    base.rotary_emb = KaioRotary(base.rotary_emb, model.config)
+    base._kaio_forward = base.forward
+    base.forward = types.MethodType(_llama_model_forward, base)
     model.config._attn_implementation = ATTENTION
     report["rms_norm"] += 1
     report["rotary"] += 1

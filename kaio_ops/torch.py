@@ -202,6 +202,11 @@ def _nothing(*_):
     return None
 
 
+def _rope_append_out(k_cache, v_cache, qkv, cos, sin, seq_lens, heads, *_):
+    """The rotated queries [B, heads, Sq, D] (D: the cache's head dim)."""
+    return qkv.new_empty((qkv.shape[0], heads, qkv.shape[1], k_cache.shape[-1]))
+
+
 def _qkv_out(x, wq, wk, wv, *_):
     """Three f16 [M, N] outputs, N from each weight."""
     return tuple(x.new_empty((x.shape[0], w.shape[1]), dtype=torch.float16) for w in (wq, wk, wv))
@@ -686,6 +691,13 @@ OPS: tuple[OpSpec, ...] = (
         "(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor seq_lens,"
         " Tensor? block_table=None) -> ()",
         _nothing,
+        _FORWARD_ONLY,
+    ),
+    OpSpec(
+        "kv_cache_append_rope",
+        "(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor qkv, Tensor cos, Tensor sin,"
+        " Tensor seq_lens, int heads, Tensor? block_table=None) -> Tensor",
+        _rope_append_out,
         _FORWARD_ONLY,
     ),
 )

@@ -56,9 +56,11 @@ def build(family: str, dtype, device="cpu", seed=0, **extra):
     return model, hf.apply(copy.deepcopy(model))
 
 
-def check_generation(ref, patched, ids, steps):
+def check_generation(ref, patched, ids, steps, cache="dynamic"):
+    """Greedy tokens of ``patched`` (with a ``cache`` of that kind) equal the unpatched
+    model's (dynamic cache) up to a near-tie, which is reported with its step and margin."""
     ref_tokens, ref_logits = greedy(ref, ids, steps)
-    tokens, logits = greedy(patched, ids, steps)
+    tokens, logits = greedy(patched, ids, steps, cache)
     div = hf.first_divergence(ref_tokens, ref_logits, tokens, logits)
     if div is not None:
         assert div.near_tie, (
@@ -118,6 +120,48 @@ def test_batched_decode_in_simulator(monkeypatch):
 _decode_qkv = hf._decode_qkv
 
 
+class CountingOps:
+    """Stands for ``torch.ops.kaio`` in ``kaio_ops.hf``, counting the calls of each op."""
+
+    def __init__(self):
+        self.calls: dict = {}
+
+    def __getattr__(self, name):
+        op = getattr(torch.ops.kaio, name)
+
+        def call(*args, **kwargs):
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return op(*args, **kwargs)
+
+        return call
+
+
+def test_static_cache_generation_in_simulator(monkeypatch):
+    """A static cache (transformers' StaticCache) written by kaio: each step rotates q and k
+    and appends k and v in one kv_cache_append_rope per layer, a 20-token prompt takes
+    flash_attention, the steps flash_attention_decode over the cache; greedy tokens of a
+    batch of 2 equal the unpatched model's (dynamic cache) up to a near-tie, and the cache's
+    count (transformers' get_seq_length) follows the steps."""
+    ref, patched = build("llama", torch.float16)
+    counting = CountingOps()
+    monkeypatch.setattr(hf, "ops", counting)
+    ids = torch.randint(0, 96, (2, 20), generator=torch.Generator().manual_seed(5))
+    with kaio.simulate():
+        check_generation(ref, patched, ids, steps=3, cache="static")
+    calls = counting.calls
+    assert calls["kv_cache_append_rope"] == 2 * 3  # 2 layers x (prefill + 2 decode steps)
+    assert calls["flash_attention"] == 2 and calls["flash_attention_decode"] == 4
+    assert "rope" not in calls and "kv_cache_append" not in calls
+    # a cache of more positions than max_position_embeddings (256): the tables grow to it
+    cache = transformers.StaticCache(config=patched.config, max_cache_len=300)
+    with torch.no_grad(), kaio.simulate():
+        patched(input_ids=ids[:, :5], past_key_values=cache, use_cache=True)
+        patched(input_ids=ids[:, 5:6], past_key_values=cache, use_cache=True)
+    assert [int(layer.cumulative_length) for layer in cache.layers] == [6, 6]
+    ((cos, sin),) = patched.model.rotary_emb._tables.values()
+    assert cos.shape == sin.shape == (300, 32)
+
+
 def test_int4_in_simulator():
     ref, patched = build("llama", torch.float16)
     q = hf.apply(copy.deepcopy(ref), quantize="int4")
@@ -146,6 +190,26 @@ def test_quantize_int4_round_trip():
     deq = q * scales.double().repeat_interleave(128, 0)
     step = scales.double().repeat_interleave(128, 0)
     assert ((deq - w.t().double()).abs() <= 0.5 * step + 1e-6).all()
+    assert torch.equal(hf.dequantize_int4(packed, scales), deq.t().half())
+
+
+def test_int4_dense_prefill_in_simulator(monkeypatch):
+    """With ``dense_prefill``, an int4 model's prompt of more than ``DENSE_ROWS`` tokens
+    (64; 8 here) takes the f16 GEMM (``linear``) on the dequantized weights: its logits equal
+    those of the int4 kernels to rounding."""
+    ref, _ = build("llama", torch.float16)
+    q4 = hf.apply(copy.deepcopy(ref), quantize="int4", dense_prefill=True)
+    monkeypatch.setattr(hf, "DENSE_ROWS", 8)  # a short prompt for the simulator
+    ids = torch.randint(0, 96, (1, 10), generator=torch.Generator().manual_seed(6))
+    counting = CountingOps()
+    monkeypatch.setattr(hf, "ops", counting)
+    with torch.no_grad(), kaio.simulate():
+        dense = q4(input_ids=ids).logits.float()
+        assert counting.calls.get("linear") == 9 and "matmul_int4" not in counting.calls
+        hf.set_dense_prefill(q4, False)
+        packed = q4(input_ids=ids).logits.float()
+        assert counting.calls["matmul_int4"] == 8  # lm_head stays dense
+    assert rel_err(dense, packed) < 2e-3
 
 
 def test_unsupported_model_is_refused():
@@ -158,6 +222,28 @@ def test_unsupported_model_is_refused():
         hf.apply(ref, quantize="int8")
     with pytest.raises(ValueError, match="f16 or bf16"):
         hf.apply(copy.deepcopy(ref).float())
+
+
+def test_model_forward_refuses_padding_and_falls_back_for_hidden_states(monkeypatch):
+    """The patched model's shorter forward: a prompt whose mask has padding raises (kaio's
+    attention has no mask), a decode step's mask is not read (no synchronization), and a
+    call asking for hidden states goes to the model's own forward (its hooks record them)."""
+    ref, patched = build("llama", torch.float16)
+    ids = torch.randint(0, 96, (2, 6), generator=torch.Generator().manual_seed(8))
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[1, :2] = 0
+    with torch.no_grad(), kaio.simulate():
+        with pytest.raises(NotImplementedError, match="padding"):
+            patched(input_ids=ids, attention_mask=mask)
+        out = patched(input_ids=ids, output_hidden_states=True)
+        want = ref(input_ids=ids, output_hidden_states=True)
+        assert len(out.hidden_states) == len(want.hidden_states) == 3
+        assert rel_err(out.hidden_states[1].float(), want.hidden_states[1].float()) < 2e-2
+        cache = transformers.StaticCache(config=patched.config, max_cache_len=16)
+        patched(input_ids=ids, past_key_values=cache, attention_mask=torch.ones(2, 6))
+        mask = torch.ones(2, 7)
+        monkeypatch.setattr(torch.Tensor, "all", lambda *_: pytest.fail("mask read"))
+        patched(input_ids=ids[:, :1], past_key_values=cache, attention_mask=mask)
 
 
 def test_gemma2_reports_what_it_keeps():
@@ -200,6 +286,34 @@ def test_generation_on_gpu(family, dtype):
         want = ref(input_ids=ids).logits.float()
     assert rel_err(got, want) < (2e-2 if dtype == torch.bfloat16 else 5e-3)
     check_generation(ref, patched, ids, steps=64)
+    check_generation(ref, patched, ids, steps=64, cache="static")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 16])
+def test_static_cache_generate_on_gpu(batch):
+    """``generate(cache_implementation="static", disable_compile=True)`` on the patched model
+    (kaio writes transformers' StaticCache in place, eagerly) gives the unpatched model's
+    greedy tokens (dynamic cache) up to a near-tie, reported with its step and margin; and
+    ``greedy`` with a static cache the same."""
+    extra = gpu_size(num_hidden_layers=4)
+    ref, patched = build("llama", torch.float16, device="cuda", **extra)
+    ids = torch.randint(
+        0, 512, (batch, 40), device="cuda", generator=torch.Generator("cuda").manual_seed(7)
+    )
+    check_generation(ref, patched, ids, steps=32, cache="static")
+    with torch.no_grad():
+        # min_new_tokens: no sequence stops early at the config's eos token (2), so both
+        # calls return 16 tokens a sequence whatever a near-tie changed
+        args = dict(max_new_tokens=16, min_new_tokens=16, do_sample=False, pad_token_id=0)
+        want = ref.generate(ids, **args)
+        got = patched.generate(ids, cache_implementation="static", disable_compile=True, **args)
+    assert got.shape == want.shape
+    differ = (got != want).any(0).nonzero()
+    if differ.numel():  # a near-tie of random weights: greedy() above checked the margins
+        print(f"generate: first different token at {int(differ[0]) - ids.shape[1]}")
+    else:
+        assert torch.equal(got, want)
 
 
 @pytest.mark.gpu

@@ -218,10 +218,11 @@ def same(*shapes, extra=(), scale: float = 1.0):
     return lambda r, d: (*(r(*shape, dtype=d, scale=scale) for shape in shapes), *extra)
 
 
-def _decode_args(big: bool, paged: bool, append: bool = False):
+def _decode_args(big: bool, paged: bool, append: bool | None = False):
     """make(r, dtype): (q, k_cache, v_cache, seq_lens[, block_table]) of a decode step, or
-    (k_cache, v_cache, k, v, seq_lens[, block_table]) of a cache append (``append``);
-    ragged lengths, a contiguous cache or 16-token pages."""
+    (k_cache, v_cache, k, v, seq_lens[, block_table]) of a cache append (``append``), or
+    ``kv_cache_append_rope``'s arguments (``append`` None); ragged lengths, a contiguous
+    cache or 16-token pages."""
     b, h, hkv, sq, d, cap = (3, 32, 8, 2, 128, 1024) if big else (2, 4, 2, 2, 64, 48)
     lens = [cap, 3, 700][:b] if big else [cap, 3]
 
@@ -234,6 +235,10 @@ def _decode_args(big: bool, paged: bool, append: bool = False):
         if append:
             new = (r(b, hkv, sq, d, dtype=dtype), r(b, hkv, sq, d, dtype=dtype))
             return (k_cache, v_cache, *new, seq_lens, *table)
+        if append is None:  # kv_cache_append_rope: a fused projection and position tables
+            qkv = r(b, sq, (h + 2 * hkv) * d, dtype=dtype)
+            cos, sin = r(cap, d // 2, dtype=dtype), r(cap, d // 2, dtype=dtype)
+            return (k_cache, v_cache, qkv, cos, sin, seq_lens, h, *table)
         return (r(b, h, sq, d, dtype=dtype), k_cache, v_cache, seq_lens, *table)
 
     return make
@@ -361,6 +366,7 @@ def samples(big: bool, only=None, skip=(), every_dtype: bool = True):
             bf16,
         ),
         ("kv_cache_append", "kv_cache_append", _decode_args(big, True, append=True), half),
+        ("kv_cache_append_rope", "kv_cache_append_rope", _decode_args(big, True, None), half),
         # shared/API.md's quantized matmuls, tested here once kaio_ops exports them
         (
             "matmul_int8",
@@ -553,12 +559,13 @@ OPCHECK = {
     "quantize_q6_k",
     "qkv_project_int8",
     "kv_cache_append",  # an op that writes into its arguments (declared in its schema)
+    "kv_cache_append_rope",  # writes into its arguments and returns a tensor
 }
 # kernels that take long to compile for the simulator, tested on the GPU (and, through the
 # causal flash attention's gradient, on the simulator)
 SLOW_ON_SIMULATOR = {"attention_flash", "attention_flash_bwd", "attention_flash_bwd_causal"}
 # ops that return nothing and write into their arguments (tests/test_ops_decode.py checks them)
-IN_PLACE = {"kv_cache_append"}
+IN_PLACE = {"kv_cache_append", "kv_cache_append_rope"}
 
 
 def opcheck(name: str, args) -> None:
