@@ -1,70 +1,88 @@
 """The Hopper (sm_90a) FP8 matmul: ``kaio_ops._matmul_hopper``'s design (a persistent grid,
-TMA into a ring of 128-byte-swizzled shared stages, two consumer warpgroups on ``wgmma``, a
-producer warp, full/empty mbarriers per stage; see that module's docstring) with 8-bit
-operands: ``wgmma.mma_async.m64n{BN}k32`` with e4m3 or e5m2 A and B.
+TMA into a ring of 128-byte-swizzled shared stages, consumer warpgroups on ``wgmma``, a
+producer warp, full/free mbarriers per stage; see that module's docstring) with 8-bit
+operands: ``wgmma.mma_async.m64n{N}k32`` with e4m3 or e5m2 A and B. Its consumer loop
+(``consume``) and producer loop (``produce_all``) are also ``kaio_ops._int8_hopper``'s,
+parameterised by the wgmma kind (``KIND``: e4m3, e5m2 or i8 for s8) and the accumulation.
+
+A block computes a ``64 * WG x BN`` tile with ``WG`` (1 or 2) consumer warpgroups, each
+multiplying its 64 rows of A by the whole B slice: ``WG = 2`` for large M, ``WG = 1`` and
+narrow ``BN`` (32 or 64) for decode shapes, where the weight bytes are the cost and the
+tiles must cover every multiprocessor (``config``).
 
 Accumulation is promoted, as CUTLASS's default FP8 GEMMs and ``torch._scaled_mm`` (without
 ``use_fast_accum``) do: Hopper's fp8 wgmma keeps its running sum with fewer bits than f32
 (measured on an H200: K = 8192 sums of quantized normal data off by up to ~0.5% of the
 largest output, where small-integer data is exact), so each 128-deep K slice (four k32
-wgmmas) starts a fresh wgmma sum ``part`` that is then added to the f32 ``acc`` of the tile.
-The wgmmas of a slice are waited for (``wgmma_wait(0)``) before the add; the other consumer
-warpgroup keeps the tensor cores busy meanwhile. The simulator's wgmma sums in f32 (the
-documented result, not the hardware's rounding), so it cannot tell the two apart.
+wgmmas) starts a fresh wgmma sum ``part`` that is then added to the f32 ``acc`` of the tile
+(``PROMOTE``):
+
+- 2 ("double"): two ``part`` register sets in turn; slice k's wgmmas are issued into one while
+  slice k - 1's sum, in the other, is added to ``acc`` (one group of wgmmas kept in flight, as
+  the f16 kernel). Three accumulators: BN <= 128.
+- 3 ("halves"): for BN = 256, where a second 256-wide ``part`` does not fit in registers:
+  each slice is multiplied as two 128-wide halves into one ``part`` of half the width, each
+  waited for (``wgmma_wait(0)``) and added before the next; the other warpgroup's wgmmas keep
+  the tensor cores busy meanwhile.
+- 1 ("single"): one ``part``, waited for after each slice.
+- 0: no promotion (the wgmma sum over all of K): the s8 kernel's exact integer sums.
+
+The simulator's wgmma sums in f32 (the documented result, not the hardware's rounding), so
+it cannot tell these apart; the GPU tests compare against ``torch._scaled_mm``.
 
 PTX has no transposed 8-bit wgmma, so both operands are K-major: A [M, K] and B's transpose
 [N, K] (what a column-major B, ``torch._scaled_mm``'s layout, already is). The shared tiles
 and the TMA copies do not care about the element type: they are written for 16-bit units
-(pairs of fp8 values, the arrays viewed as f16 [rows, K / 2]), so a stage holds 64 units =
-128 fp8 values of K, four k32 wgmmas, and both operands use A's descriptor (K-major, SBO 1024).
-The epilogue is ``kaio_ops._fp8.store_scaled`` per pair of adjacent columns (one 4- or
-8-byte store): ``acc * scale_a * scale_b (+ bias)`` rounded once.
+(pairs of 8-bit values, the arrays viewed as f16 [rows, K / 2]), so a stage holds 64 units =
+128 values of K, four k32 wgmmas, and both operands use A's descriptor (K-major, SBO 1024).
+The epilogue scales the accumulators in registers first (the scales and bias loaded once a
+tile, before any store) and then stores a pair of adjacent columns at a time (4 or 8 bytes):
+``acc * (scale_a * scale_b) (+ bias)`` rounded once.
 """
 
-# ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
+# ruff: noqa: F821  (DT and ACC in annotations are dtype constexpr parameters)
 from __future__ import annotations
 
 import kaio
-from kaio import e4m3, f16, f32, i32, u32, u64
-from kaio_ops._fp8 import FP8_TYPES, store_scaled
+from kaio import bool_, e4m3, e5m2, f16, f32, i32, u32, u64
+from kaio_ops._fp8 import FP8_TYPES
 from kaio_ops._matmul_hopper import (
-    A_STAGE_BYTES,
     BK,
-    BM,
-    CONSUMERS,
     GROUP_ROWS,
     SW,
-    THREADS,
     init_ring,
     next_slice,
     place,
-    shared_bytes,
     tile_schedule,
 )
 
-__all__ = ["launch", "specializations"]
+__all__ = ["config", "launch", "specializations"]
+
+SHARED_LIMIT = 227 * 1024
+PRODUCER_REGS = 24  # registers a producer thread keeps (setmaxnreg), with two consumers
+CONSUMER_REGS = 240  # and a consumer thread takes: (64K - 128 * 24) / 256, rounded down to 8
 
 
 @kaio.gpu_func
 def produce_fp8(
     sa: f16[:, :, :], sb: f16[:, :, :], bars: u64[:, :], ta: kaio.tensormap, tb: kaio.tensormap,
     at: i32[:], s: i32, k_tiles: i32, step: i32, tiles_m: i32, tiles_n: i32,
-    BN: kaio.constexpr, GROUP: kaio.constexpr,
+    BN: kaio.constexpr, GROUP: kaio.constexpr, ROWS: kaio.constexpr,
 ):  # fmt: skip
-    """The TMA copies of the producer's next K slice (A rows, B^T rows) into stage ``s``,
-    then the producer's position ``at`` stepped (as ``_matmul_hopper.produce``)."""
+    """The TMA copies of the producer's next K slice (``ROWS`` A rows, ``BN`` B^T rows) into
+    stage ``s``, then the producer's position ``at`` stepped (as ``_matmul_hopper.produce``)."""
     k0 = at[0] * BK
-    kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32(A_STAGE_BYTES + BK * BN * 2))
+    kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32((ROWS + BN) * BK * 2))
     kaio.tma_load_2d(sa, (s, 0, 0), ta, at[2], k0, bars, (0, s))
     kaio.tma_load_2d(sb, (s, 0, 0), tb, at[3], k0, bars, (0, s))
-    next_slice(at, k_tiles, step, tiles_m, tiles_n, BN, GROUP)
+    next_slice(at, k_tiles, step, tiles_m, tiles_n, BN, GROUP, ROWS)
 
 
 @kaio.gpu_func
 def produce_all(
     sa: f16[:, :, :], sb: f16[:, :, :], bars: u64[:, :], ta: kaio.tensormap, tb: kaio.tensormap,
     tile0: i32, slices: i32, k_tiles: i32, step: i32, tiles_m: i32, tiles_n: i32,
-    BN: kaio.constexpr, STAGES: kaio.constexpr, GROUP: kaio.constexpr,
+    BN: kaio.constexpr, STAGES: kaio.constexpr, GROUP: kaio.constexpr, ROWS: kaio.constexpr,
 ):  # fmt: skip
     """The producer's loop: every K slice of the block's tiles (from tile ``tile0``, ``step``
     apart) through ``produce_fp8``, each stage reused once the consumers freed it (8-bit
@@ -72,13 +90,13 @@ def produce_all(
     at = kaio.local(i32, (4,))
     at[0] = 0
     at[1] = tile0
-    place(at, tiles_m, tiles_n, BN, GROUP)
+    place(at, tiles_m, tiles_n, BN, GROUP, ROWS)
     s = i32(0)
     ph = u32(0)
     for g in range(slices):
         if g >= STAGES:
             kaio.mbarrier_wait(bars, (1, s), ph ^ 1)
-        produce_fp8(sa, sb, bars, ta, tb, at, s, k_tiles, step, tiles_m, tiles_n, BN, GROUP)
+        produce_fp8(sa, sb, bars, ta, tb, at, s, k_tiles, step, tiles_m, tiles_n, BN, GROUP, ROWS)
         s += 1
         if s == STAGES:
             s = 0
@@ -86,115 +104,266 @@ def produce_all(
 
 
 @kaio.gpu_func
-def epilogue_fp8(
-    acc: f32[:, :, :], out: DT[:, :], sa: f32[:], sb: f32[:], bias: DT[:], tile: i32,
-    tiles_m: i32, tiles_n: i32, m: i32, n: i32, wg: u32, lt: u32, BN: kaio.constexpr,
-    GROUP: kaio.constexpr, ROW_A: kaio.constexpr, COL_B: kaio.constexpr,
-    BIAS: kaio.constexpr, DT: kaio.constexpr,
+def wgmma_slice(
+    part: ACC[:, :, :], sa: f16[:, :, :], sb: f16[:, :, :], s: i32, wg: u32, fresh: bool_,
+    N0: kaio.constexpr, KIND: kaio.constexpr, ACC: kaio.constexpr,
 ):  # fmt: skip
-    """Store warpgroup ``wg``'s 64 rows of tile number ``tile`` (thread ``lt`` holds ``acc``,
-    the m16n8 C fragment of each n8 tile of its warp's 16 rows)."""
-    here = kaio.local(i32, (4,))
-    here[1] = tile
-    place(here, tiles_m, tiles_n, BN, GROUP)
+    """``part`` (+)= warpgroup ``wg``'s 64 rows of stage ``s``'s A slice times B^T rows
+    ``N0 ..`` (as many as ``part`` has columns): four k32 wgmmas of kind ``KIND``, the first
+    one starting a fresh sum when ``fresh``."""
+    for kk in kaio.static_range(BK // 16):
+        da = kaio.smem_descriptor(sa, (s, 64 * wg, kk * 16), SW, 16, 1024)
+        db = kaio.smem_descriptor(sb, (s, N0, kk * 16), SW, 16, 1024)
+        keep = kk > 0 or not fresh
+        if KIND == e4m3:
+            kaio.wgmma_e4m3(part, da, db, keep)
+        elif KIND == e5m2:
+            kaio.wgmma_e5m2(part, da, db, keep)
+        else:
+            kaio.wgmma_s8(part, da, db, keep)
+
+
+@kaio.gpu_func
+def promote(acc: f32[:, :, :], part: f32[:, :, :], J0: kaio.constexpr, NJ: kaio.constexpr):
+    """``acc[J0 + j] += part[j]`` for the ``NJ`` n8 tiles of ``part``."""
+    for j in kaio.static_range(NJ):
+        for h in kaio.static_range(2):
+            for e in kaio.static_range(2):
+                acc[J0 + j, h, e] += part[j, h, e]
+
+
+@kaio.gpu_func
+def advance(ring: i32[:], STAGES: kaio.constexpr):
+    """Step the ring position ``ring`` (stage, phase parity) to the next slice."""
+    ring[0] += 1
+    if ring[0] == STAGES:
+        ring[0] = 0
+        ring[1] ^= 1
+
+
+@kaio.gpu_func
+def free_stage(bars: u64[:, :], s: i32, lt: u32):
+    """Lane 0 of the warpgroup tells the producer that stage ``s`` may be refilled."""
+    if lt == 0:
+        kaio.mbarrier_arrive(bars, (1, s))
+
+
+@kaio.gpu_func
+def consume(
+    acc: ACC[:, :, :], part0: ACC[:, :, :], part1: ACC[:, :, :], sa: f16[:, :, :],
+    sb: f16[:, :, :],
+    bars: u64[:, :], ring: i32[:], k_tiles: i32, wg: u32, lt: u32, BN: kaio.constexpr,
+    STAGES: kaio.constexpr, PROMOTE: kaio.constexpr, KIND: kaio.constexpr,
+    ACC: kaio.constexpr,
+):  # fmt: skip
+    """Warpgroup ``wg``'s sums of one tile over its ``k_tiles`` K slices into ``acc``, each
+    slice's stage waited for (full barrier) and freed once read, ``ring`` (stage, parity)
+    advanced past them; ``PROMOTE`` as the module docstring says (``part``: the slice sums,
+    ``part0`` and ``part1`` for 2)."""
+    if PROMOTE > 0:
+        for j in kaio.static_range(BN // 8):
+            for h in kaio.static_range(2):
+                for e in kaio.static_range(2):
+                    acc[j, h, e] = 0.0
+    ps = i32(0)  # the stage of the slice before
+    for kt in range(k_tiles):
+        s = ring[0]
+        kaio.mbarrier_wait(bars, (0, s), u32(ring[1]))
+        if PROMOTE == 3:
+            for half in kaio.static_range(2):
+                kaio.wgmma_fence()
+                wgmma_slice(part0, sa, sb, s, wg, True, half * BN // 2, KIND, ACC)
+                kaio.wgmma_commit()
+                kaio.wgmma_wait(0)
+                promote(acc, part0, half * BN // 16, BN // 16)
+            free_stage(bars, s, lt)
+        elif PROMOTE == 1:
+            kaio.wgmma_fence()
+            wgmma_slice(part0, sa, sb, s, wg, True, 0, KIND, ACC)
+            kaio.wgmma_commit()
+            kaio.wgmma_wait(0)
+            free_stage(bars, s, lt)
+            promote(acc, part0, 0, BN // 8)
+        else:  # one group kept in flight: the slice before's stage freed (and its sum added)
+            kaio.wgmma_fence()
+            if PROMOTE == 0:
+                wgmma_slice(acc, sa, sb, s, wg, kt == 0, 0, KIND, ACC)
+            elif kt % 2 == 0:
+                wgmma_slice(part0, sa, sb, s, wg, True, 0, KIND, ACC)
+            else:
+                wgmma_slice(part1, sa, sb, s, wg, True, 0, KIND, ACC)
+            kaio.wgmma_commit()
+            kaio.wgmma_wait(1)
+            if kt > 0:
+                free_stage(bars, ps, lt)
+                if PROMOTE == 2:
+                    if kt % 2 == 0:
+                        promote(acc, part1, 0, BN // 8)
+                    else:
+                        promote(acc, part0, 0, BN // 8)
+        ps = s
+        advance(ring, STAGES)
+    if PROMOTE == 0 or PROMOTE == 2:
+        kaio.wgmma_wait(0)
+        free_stage(bars, ps, lt)
+        if PROMOTE == 2:
+            if k_tiles % 2 == 1:
+                promote(acc, part0, 0, BN // 8)
+            else:
+                promote(acc, part1, 0, BN // 8)
+
+
+@kaio.gpu_func
+def epilogue_fp8(
+    acc: f32[:, :, :], out: DT[:, :], sa: f32[:], sb: f32[:], bias: DT[:], row0: i32,
+    col0: i32, m: i32, n: i32, lt: u32, BN: kaio.constexpr, ROW_A: kaio.constexpr,
+    COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """Store a warpgroup's 64 rows from ``row0`` and BN columns from ``col0`` (thread ``lt``
+    holds ``acc``, the m16n8 C fragment of each n8 tile of its warp's 16 rows): first every
+    accumulator scaled (and biased) in registers, the scales per tensor (element 0) or per
+    row of a / column of b (ROW_A, COL_B) loaded before any store; then a pair of adjacent
+    columns a store (N is a multiple of 16)."""
     lane = i32(lt % 32)
-    row0 = here[2] + 64 * i32(wg) + 16 * i32(lt // 32) + lane // 4
+    row = row0 + 16 * i32(lt // 32) + lane // 4
+    s_a = kaio.local(f32, (2,))
     for h in kaio.static_range(2):
-        row = row0 + 8 * h
-        if row < m:
+        s_a[h] = sa[0]
+        if ROW_A:
+            s_a[h] = sa[kaio.min(row + 8 * h, m - 1)]
+    for j in kaio.static_range(BN // 8):
+        col = kaio.min(col0 + 8 * j + 2 * (lane % 4), n - 2)
+        for e in kaio.static_range(2):
+            s_b = sb[0]
+            if COL_B:
+                s_b = sb[col + e]
+            add = f32(0.0)
+            if BIAS:
+                add = f32(bias[col + e])
+            for h in kaio.static_range(2):
+                acc[j, h, e] = acc[j, h, e] * (s_a[h] * s_b)
+                if BIAS:
+                    acc[j, h, e] += add
+    for h in kaio.static_range(2):
+        if row + 8 * h < m:
             for j in kaio.static_range(BN // 8):
-                col = here[3] + 8 * j + 2 * (lane % 4)
+                col = col0 + 8 * j + 2 * (lane % 4)
                 if col < n:
-                    store_scaled(out, u32(row), u32(col), acc[j, h, 0], acc[j, h, 1], sa, sb,
-                                 bias, ROW_A, COL_B, BIAS, DT)  # fmt: skip
+                    pair = kaio.local(DT, (2,))
+                    pair[0] = DT(acc[j, h, 0])
+                    pair[1] = DT(acc[j, h, 1])
+                    kaio.store_vector(out, (row + 8 * h, col), pair)
 
 
-@kaio.gpu_kernel(block_size=THREADS)
+@kaio.gpu_kernel
 def matmul_fp8_wgmma(
     ta: kaio.tensormap, tb: kaio.tensormap, out: DT[:, :], sa: f32[:], sb: f32[:],
-    bias: DT[:], m: i32, n: i32, k2: i32, BN: kaio.constexpr, STAGES: kaio.constexpr,
-    GROUP: kaio.constexpr, ROW_A: kaio.constexpr, COL_B: kaio.constexpr,
-    BIAS: kaio.constexpr, DT: kaio.constexpr, FP8: kaio.constexpr,
+    bias: DT[:], m: i32, n: i32, k2: i32, WG: kaio.constexpr, BN: kaio.constexpr,
+    STAGES: kaio.constexpr, PROMOTE: kaio.constexpr, GROUP: kaio.constexpr,
+    ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
+    FP8: kaio.constexpr,
 ):  # fmt: skip
     """out = (A @ B) * sa * sb (+ bias): A [m, K] through ``ta`` and B^T [n, K] through
-    ``tb``, both as 16-bit units [rows, k2 = K / 2]."""
-    kaio.launch_bounds(THREADS, 1)
-    sa_s = kaio.shared_dynamic(f16, (STAGES, BM, BK), 0)
-    sb_s = kaio.shared_dynamic(f16, (STAGES, BN, BK), STAGES * A_STAGE_BYTES)
-    bars = kaio.shared_dynamic(u64, (2, STAGES), STAGES * (A_STAGE_BYTES + BK * BN * 2))
+    ``tb``, both as 16-bit units [rows, k2 = K / 2]; ``64 * WG x BN`` tiles."""
+    kaio.launch_bounds(WG * 128 + 128, 1)
+    ROWS = 64 * WG  # noqa: N806  (a compile-time int, as the constexprs)
+    A_BYTES = ROWS * BK * 2  # noqa: N806
+    sa_s = kaio.shared_dynamic(f16, (STAGES, ROWS, BK), 0)
+    sb_s = kaio.shared_dynamic(f16, (STAGES, BN, BK), STAGES * A_BYTES)
+    bars = kaio.shared_dynamic(u64, (2, STAGES), STAGES * (A_BYTES + BK * BN * 2))
     t = kaio.thread_idx_x()
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
     lt = t % 128
-    tile0, step, tiles_m, tiles_n, my_tiles, k_tiles, slices = tile_schedule(m, n, k2, BM, BN, BK)
-    init_ring(bars, t, STAGES, 2)  # "free": lane 0 of each consumer warpgroup
-    part = kaio.local(f32, (BN // 8, 2, 2))  # one K slice's wgmma sums
-    acc = kaio.local(f32, (BN // 8, 2, 2))  # the tile's f32 sums of the slices
-    s = i32(0)
-    ph = u32(0)
-    if wg < 2:  # the consumers
+    tile0, step, tiles_m, tiles_n, my_tiles, k_tiles, slices = tile_schedule(m, n, k2, ROWS, BN, BK)
+    init_ring(bars, t, STAGES, WG)  # "free": lane 0 of each consumer warpgroup
+    acc = kaio.local(f32, (BN // 8, 2, 2))  # the tile's f32 sums
+    # the slice sums (module docstring): two sets for PROMOTE 2, half the width for 3
+    part0 = kaio.local(f32, (BN // (8 + 8 * (PROMOTE == 3)), 2, 2))
+    part1 = kaio.local(f32, (1 + (BN // 8 - 1) * (PROMOTE == 2), 2, 2))
+    ring = kaio.local(i32, (2,))  # stage, phase parity
+    ring[0] = 0
+    ring[1] = 0
+    if wg < WG:  # the consumers
+        if WG == 2:  # the registers the producer warpgroup gave up (three accumulators)
+            kaio.setmaxnreg_inc(CONSUMER_REGS)
+        here = kaio.local(i32, (4,))
         for i in range(my_tiles):
-            for j in kaio.static_range(BN // 8):
-                for h in kaio.static_range(2):
-                    for e in kaio.static_range(2):
-                        acc[j, h, e] = 0.0
-            for _kt in range(k_tiles):
-                kaio.mbarrier_wait(bars, (0, s), ph)
-                kaio.wgmma_fence()
-                for kk in kaio.static_range(BK // 16):
-                    da = kaio.smem_descriptor(sa_s, (s, 64 * wg, kk * 16), SW, 16, 1024)
-                    db = kaio.smem_descriptor(sb_s, (s, 0, kk * 16), SW, 16, 1024)
-                    if FP8 == e4m3:
-                        kaio.wgmma_e4m3(part, da, db, kk > 0)
-                    else:
-                        kaio.wgmma_e5m2(part, da, db, kk > 0)
-                kaio.wgmma_commit()
-                kaio.wgmma_wait(0)
-                if lt == 0:
-                    kaio.mbarrier_arrive(bars, (1, s))
-                for j in kaio.static_range(BN // 8):  # promote: the f32 sum (see above)
-                    for h in kaio.static_range(2):
-                        for e in kaio.static_range(2):
-                            acc[j, h, e] += part[j, h, e]
-                s += 1
-                if s == STAGES:
-                    s = 0
-                    ph ^= 1
-            epilogue_fp8(acc, out, sa, sb, bias, tile0 + i * step, tiles_m, tiles_n, m, n, wg,
-                         lt, BN, GROUP, ROW_A, COL_B, BIAS, DT)  # fmt: skip
-    elif t == CONSUMERS:  # the producer
-        produce_all(sa_s, sb_s, bars, ta, tb, tile0, slices, k_tiles, step, tiles_m, tiles_n, BN,
-                    STAGES, GROUP)  # fmt: skip
+            consume(acc, part0, part1, sa_s, sb_s, bars, ring, k_tiles, wg, lt, BN, STAGES, PROMOTE,
+                    FP8, f32)  # fmt: skip
+            here[1] = tile0 + i * step
+            place(here, tiles_m, tiles_n, BN, GROUP, ROWS)
+            epilogue_fp8(acc, out, sa, sb, bias, here[2] + 64 * i32(wg), here[3], m, n, lt, BN,
+                         ROW_A, COL_B, BIAS, DT)  # fmt: skip
+    else:  # the producer warpgroup: its first thread issues the copies
+        if WG == 2:
+            kaio.setmaxnreg_dec(PRODUCER_REGS)
+        if lt == 0:
+            produce_all(sa_s, sb_s, bars, ta, tb, tile0, slices, k_tiles, step, tiles_m, tiles_n,
+                        BN, STAGES, GROUP, ROWS)  # fmt: skip
 
 
-def tiles(m: int, n: int, sms: int) -> tuple[int, int]:
-    """(BN, STAGES): 128 x 128 tiles always: the promoted accumulation keeps two
-    accumulators (``part`` and ``acc``), 128 registers a thread at BN 128 (256 at BN 256
-    would spill)."""
-    return 128, 5
+def shared_bytes(wg: int, bn: int, stages: int) -> int:
+    """The dynamic shared memory of a ``64 * wg x bn`` tile ring of ``stages`` (8-bit
+    operands, 128 values of K a stage) and its barriers."""
+    return stages * ((64 * wg + bn) * BK * 2 + 16)
+
+
+def stages_for(wg: int, bn: int, most: int = 8) -> int:
+    """The ring stages that fit in shared memory (at most ``most``)."""
+    return max(2, min(most, SHARED_LIMIT // shared_bytes(wg, bn, 1)))
+
+
+def promotion(bn: int) -> int:
+    """The ``PROMOTE`` mode of an fp8 tile ``bn`` wide (module docstring)."""
+    return 3 if bn > 128 else 2
+
+
+def config(m: int, n: int, k: int, sms: int) -> tuple[int, int, int, int]:
+    """(WG, BN, STAGES, PROMOTE) for an ``m x n`` output."""
+    if m <= 64:
+        wg = 1
+        bn = 32
+        for width in (256, 128, 64):  # the widest tiles that still cover the GPU
+            if -(-n // width) >= sms:
+                bn = width
+                break
+    else:
+        wg = 2
+        bn = 256 if -(-m // 128) * -(-n // 256) >= sms else 128
+    return wg, bn, stages_for(wg, bn), promotion(bn)
 
 
 def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: str, dt,
-           flags: dict, sms: int, stream) -> None:  # fmt: skip
+           flags: dict, sms: int, stream, plan: tuple | None = None) -> None:  # fmt: skip
     """Run ``matmul_fp8_wgmma`` on a persistent grid of at most ``sms`` blocks. ``a_units``
     and ``bt_units``: A [m, k] and B^T [n, k] viewed as f16 [rows, k / 2] (for the tensor
     maps); the other arrays as ``_fp8._mm_fp8`` takes them; ``flags``: its ROW_A, COL_B and
-    BIAS."""
-    bn, stages = tiles(m, n, sms)
-    ta = kaio.tensor_map_2d(a_units, (BM, BK), SW)
+    BIAS; ``plan``: (WG, BN, STAGES, PROMOTE), default ``config``'s."""
+    wg, bn, stages, promote_mode = plan or config(m, n, k, sms)
+    rows = 64 * wg
+    ta = kaio.tensor_map_2d(a_units, (rows, BK), SW)
     tb = kaio.tensor_map_2d(bt_units, (bn, BK), SW)
-    grid = min(sms, -(-m // BM) * -(-n // bn))
-    matmul_fp8_wgmma[grid, THREADS, stream, shared_bytes(bn, stages)](
-        ta, tb, out, sa, sb, bias, m, n, k // 2, BN=bn, STAGES=stages, GROUP=GROUP_ROWS, **flags,
-        DT=dt, FP8=FP8_TYPES[name],
+    grid = min(sms, -(-m // rows) * -(-n // bn))
+    matmul_fp8_wgmma[grid, wg * 128 + 128, stream, shared_bytes(wg, bn, stages)](
+        ta, tb, out, sa, sb, bias, m, n, k // 2, WG=wg, BN=bn, STAGES=stages,
+        PROMOTE=promote_mode, GROUP=GROUP_ROWS, **flags, DT=dt, FP8=FP8_TYPES[name],
     )  # fmt: skip
+
+
+PLANS = [(2, 128), (2, 256), (1, 32), (1, 64), (1, 128), (1, 256)]  # the (WG, BN) config picks
 
 
 def specializations():
     """(kernel, constexprs) of the specializations ``launch`` uses (a spread for PTX checks:
-    every fp8 type, output type, tile width and flag)."""
+    every fp8 type, output type, tile shape and flag)."""
     from kaio import bf16
 
-    for i, (name, dt) in enumerate((n, d) for n in FP8_TYPES for d in (bf16, f16, f32)):
-        flags = {"ROW_A": i % 2, "COL_B": (i // 2) % 2, "BIAS": (i // 4) % 2}
-        tile = {"BN": 128, "STAGES": 5, "GROUP": GROUP_ROWS}
-        yield matmul_fp8_wgmma, {**tile, **flags, "DT": dt, "FP8": FP8_TYPES[name]}
+    combos = [(nm, d) for nm in FP8_TYPES for d in (bf16, f16, f32)]
+    for i, (wg, bn) in enumerate(PLANS):
+        name, dt = combos[i % len(combos)]
+        for j in range(2):
+            k = i + j
+            flags = {"ROW_A": k % 2, "COL_B": (k // 2) % 2, "BIAS": (k // 4) % 2 ^ j}
+            tile = {"WG": wg, "BN": bn, "STAGES": stages_for(wg, bn), "PROMOTE": promotion(bn)}
+            yield matmul_fp8_wgmma, {**tile, "GROUP": GROUP_ROWS, **flags, "DT": dt,
+                                     "FP8": FP8_TYPES[name]}  # fmt: skip

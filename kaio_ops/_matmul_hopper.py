@@ -55,23 +55,25 @@ def grouped(tile: i32, tiles_m: i32, tiles_n: i32, GROUP: kaio.constexpr) -> i32
 
 
 @kaio.gpu_func
-def place(at: i32[:], tiles_m: i32, tiles_n: i32, BN: kaio.constexpr, GROUP: kaio.constexpr):
-    """Set ``at[2], at[3]`` to the first row and column of tile number ``at[1]``."""
+def place(at: i32[:], tiles_m: i32, tiles_n: i32, BN: kaio.constexpr, GROUP: kaio.constexpr,
+          ROWS: kaio.constexpr):  # fmt: skip
+    """Set ``at[2], at[3]`` to the first row and column of tile number ``at[1]`` (tiles of
+    ``ROWS x BN``)."""
     idx = grouped(at[1], tiles_m, tiles_n, GROUP)
-    at[2] = (idx // tiles_n) * BM
+    at[2] = (idx // tiles_n) * ROWS
     at[3] = (idx % tiles_n) * BN
 
 
 @kaio.gpu_func
 def next_slice(at: i32[:], k_tiles: i32, step: i32, tiles_m: i32, tiles_n: i32,
-               BN: kaio.constexpr, GROUP: kaio.constexpr):  # fmt: skip
+               BN: kaio.constexpr, GROUP: kaio.constexpr, ROWS: kaio.constexpr):  # fmt: skip
     """Step the producer's position ``at`` to the K slice after its current one: the next
     tile's first (``place``) after the tile's last, dividing only when the tile changes."""
     at[0] += 1
     if at[0] == k_tiles:
         at[0] = 0
         at[1] += step
-        place(at, tiles_m, tiles_n, BN, GROUP)
+        place(at, tiles_m, tiles_n, BN, GROUP, ROWS)
 
 
 @kaio.gpu_func
@@ -100,7 +102,7 @@ def produce(
     kaio.tma_load_2d(sa, (s, 0, 0), ta, at[2], k0, bars, (0, s))
     for j in kaio.static_range(BN // 64):
         kaio.tma_load_2d(sb, (s, j, 0, 0), tb, k0, at[3] + j * 64, bars, (0, s))
-    next_slice(at, k_tiles, step, tiles_m, tiles_n, BN, GROUP)
+    next_slice(at, k_tiles, step, tiles_m, tiles_n, BN, GROUP, BM)
 
 
 @kaio.gpu_func
@@ -138,7 +140,7 @@ def epilogue(
     SIZE = OUT.itemsize  # noqa: N806  (a compile-time int, as the constexprs)
     here = kaio.local(i32, (4,))
     here[1] = tile
-    place(here, tiles_m, tiles_n, BN, GROUP)
+    place(here, tiles_m, tiles_n, BN, GROUP, BM)
     lane = i32(lt % 32)
     row = here[2] + 64 * i32(wg) + 16 * i32(lt // 32) + lane // 4
     odd = lane % 2 == 1
@@ -264,7 +266,7 @@ def matmul_wgmma(
         at = kaio.local(i32, (4,))
         at[0] = 0
         at[1] = tile0
-        place(at, tiles_m, tiles_n, BN, GROUP)
+        place(at, tiles_m, tiles_n, BN, GROUP, BM)
         for g in range(slices):
             if g >= STAGES:  # stage s held slice g - STAGES: wait until both freed it
                 kaio.mbarrier_wait(bars, (1, s), ph ^ 1)

@@ -192,6 +192,47 @@ def test_matmul_hopper_kernel_sim(monkeypatch):
     assert np.abs(ref).max() > 100
 
 
+@pytest.mark.parametrize(
+    "plan, m, n, k, scales, out",
+    [
+        ((2, 128, 3, 2), 130, 48, 384, "row", "f32"),  # double sums, an odd number of slices
+        ((2, 256, 2, 3), 70, 272, 256, "col", "bf16"),  # 256-wide halves, 2 tiles of N
+        ((2, 128, 2, 1), 20, 160, 128, "tensor", "f16"),  # one sum waited for a slice
+        ((1, 32, 4, 2), 9, 112, 512, "both", "bf16"),  # decode: 64-row tiles, 4 tiles a block
+        ((1, 64, 2, 2), 64, 80, 128, "row", "f32"),  # one slice, a partial N tile
+    ],
+)
+def test_hopper_plans_sim(plan, m, n, k, scales, out, monkeypatch):
+    """Every tile shape and accumulation mode of the sm_90 kernel on the simulator, two
+    persistent blocks (several tiles each, the ring running across tiles), against float64:
+    per-tensor, per-row and per-column scales, bias, the output types, M and N edges."""
+    from kaio_ops import _fp8_hopper, fp8
+
+    monkeypatch.setattr(fp8, "HOPPER_IN_SIMULATOR", True)
+    calls = []
+    launch = _fp8_hopper.launch
+
+    def forced(*args):
+        calls.append(1)
+        launch(*args[:12], 2, args[13], plan)
+
+    monkeypatch.setattr(_fp8_hopper, "launch", forced)
+    a, w = _fp8_operands(m, k, n, "e4m3", seed=m + n)
+    rng = np.random.default_rng(k)
+    sa = rng.uniform(0.5, 2, (m, 1) if scales in ("row", "both") else (1,)).astype(np.float32)
+    sb = rng.uniform(0.5, 2, (1, n) if scales in ("col", "both") else (1,)).astype(np.float32)
+    np_out = {"bf16": ml_dtypes.bfloat16, "f16": np.float16, "f32": np.float32}[out]
+    bias = (rng.standard_normal(n) * 10).astype(np_out)
+    with kaio.simulate():
+        got = kaio_ops.matmul_fp8(a, w.T, sa, sb, out_dtype=out, bias=bias)
+    assert calls == [1]
+    ref = matmul_reference(a, w.T, sa, sb, bias)
+    eps = {"bf16": 2.0**-8, "f16": 2.0**-11, "f32": 2.0**-20}[out]
+    mag = matmul_reference(np.abs(a.astype(np.float64)), np.abs(w.T.astype(np.float64)), sa, sb)
+    assert np.all(np.abs(got.astype(np.float64) - ref) <= np.abs(ref) * eps + 1e-6 * mag + 1e-3)
+    assert np.abs(ref).max() > 100
+
+
 def test_matmul_torch_dtypes_accepted():
     torch = pytest.importorskip("torch")
     a, w = _fp8_operands(16, 32, 16, "e4m3", seed=2)
