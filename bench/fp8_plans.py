@@ -1,0 +1,236 @@
+"""The sm_90 FP8 kernel's tile plans side by side with ``torch._scaled_mm`` (cuBLAS FP8):
+for each shape, every plan ``(WG, BN, STAGES, PROMOTE)`` of ``kaio_ops._fp8_hopper`` worth
+trying there, and the plan ``config`` picks, each checked against ``torch._scaled_mm`` first;
+kernel time with CUDA events around batches of calls, the operands rotated over enough copies
+to exceed the L2 cache; e4m3, bf16 out, per-tensor scales (``--rowwise``: per row / column).
+
+Usage: ``python bench/fp8_plans.py --out DIR [--budget SECONDS] [--cases big,sweep]``;
+writes ``DIR/fp8_plans.jsonl`` (one line per case) and prints a table. The sweep stops
+starting cases once ``--budget`` seconds have passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import kaio_ops  # noqa: E402
+from kaio_ops import _fp8_hopper as H  # noqa: E402
+from kaio_ops import _plan  # noqa: E402
+
+E4M3 = torch.float8_e4m3fn
+L2 = 50 * 2**20
+SHAPES = {
+    "8b": [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)],
+    "70b": [(10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672)],
+}
+
+
+def operands(m, n, k, rowwise, sets):
+    """``sets`` copies of (a, b column-major, scale_a, scale_b), quantized by torch."""
+    out = []
+    for _ in range(sets):
+        x = torch.randn(m, k, device="cuda")
+        w = torch.randn(n, k, device="cuda") * 0.02
+        if rowwise:
+            sa = x.abs().amax(-1, keepdim=True) / 448.0
+            sw = w.abs().amax(-1, keepdim=True).reshape(1, n) / 448.0
+        else:
+            sa = x.abs().amax().reshape(1) / 448.0
+            sw = w.abs().amax().reshape(1) / 448.0
+        a = (x / sa).to(E4M3)
+        b = (w / sw.reshape(-1, 1) if rowwise else w / sw).to(E4M3).t()
+        out.append((a, b, sa.float(), sw.float()))
+        del x, w
+    return out
+
+
+def scaled_mm(a, b, sa, sb):
+    """torch._scaled_mm, M padded to a multiple of 16 where torch wants it."""
+    m = a.shape[0]
+    if m % 16:
+        mp = -(-m // 16) * 16
+        a = torch.cat([a, a.new_zeros(mp - m, a.shape[1])])
+        if sa.numel() > 1:
+            sa = torch.cat([sa, sa.new_ones(mp - m, 1)])
+        return torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)[:m]
+    return torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
+
+
+def timed(fn, sets, target_ms=3.0, repeats=5):
+    """Median ms per call: batches of calls in a row (inputs rotated), CUDA events around
+    each batch, enqueued behind a GPU spin long enough that host time never shows."""
+    for s in sets[:2]:
+        fn(*s)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(3):
+        fn(*sets[i % len(sets)])
+    host_ms = (time.perf_counter() - t0) / 3 * 1e3  # an upper bound on enqueue time
+    torch.cuda.synchronize()
+    e0 = torch.cuda.Event(enable_timing=True)
+    e1 = torch.cuda.Event(enable_timing=True)
+    e0.record()
+    fn(*sets[0])
+    e1.record()
+    torch.cuda.synchronize()
+    once = max(e0.elapsed_time(e1), 1e-3)
+    batch = max(len(sets), min(200, int(target_ms / once) + 1))
+    times = []
+    for _ in range(repeats):
+        torch.cuda._sleep(int((1.5 * host_ms * batch + 0.2) * 2e6))
+        e0 = torch.cuda.Event(enable_timing=True)
+        e1 = torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for i in range(batch):
+            fn(*sets[i % len(sets)])
+        e1.record()
+        torch.cuda.synchronize()
+        times.append(e0.elapsed_time(e1) / batch)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def with_plan(plan):
+    """matmul_fp8 forced onto ``plan`` (None: the op's own choice)."""
+
+    def run(a, b, sa, sb):
+        return kaio_ops.matmul_fp8(a, b, sa, sb)
+
+    if plan is None:
+        return run
+
+    def forced(a, b, sa, sb):
+        keep = H.config
+        H.config = lambda *args: plan
+        try:
+            return run(a, b, sa, sb)
+        finally:
+            H.config = keep
+
+    return forced
+
+
+NOT_SHIPPED = ((2, 256, 4, 0), (2, 128, 7, 0))  # no promotion: for the ceiling only
+
+
+def plans_for(m, n):
+    """The plans worth timing at an ``m x n`` output."""
+    s = H.stages_for
+    if m <= 64:
+        out = [(1, bn, s(1, bn), H.promotion(bn)) for bn in (32, 64, 128, 256)]
+        return out + [(2, 128, s(2, 128), 2)]
+    out = [(2, 128, s(2, 128), 2), (2, 256, s(2, 256), 3)]
+    if m <= 512:
+        out += [(1, 64, s(1, 64), 2), (1, 128, s(1, 128), 2)]
+    return out
+
+
+def run_case(m, n, k, rowwise, plans, log, label=""):
+    nbytes = m * k + k * n + 2 * m * n
+    sets = operands(m, n, k, rowwise, max(1, min(8, math.ceil(3 * L2 / nbytes))))
+    ref = scaled_mm(*sets[0]).float()
+    rec = {"case": label or f"{m}x{n}x{k}", "m": m, "n": n, "k": k, "rowwise": rowwise}
+    rec["cublas_us"] = timed(scaled_mm, sets) * 1e3
+    rec["pick_plan"] = list(
+        H.config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+    )
+    best = None
+    for plan in [None, *plans]:
+        if plan is not None and list(plan) == rec["pick_plan"]:
+            continue  # timed as "pick"
+        name = "pick" if plan is None else "/".join(map(str, plan))
+        _plan.clear()
+        fn = with_plan(plan)
+        try:
+            got = fn(*sets[0]).float()
+            err = ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+            us = timed(fn, sets) * 1e3
+        except Exception as e:  # noqa: BLE001  (a plan that fails is reported, not fatal)
+            rec[name] = {"error": str(e)[:200]}
+            continue
+        rec[name] = {"us": us, "err": err, "x": rec["cublas_us"] / us}
+        if (
+            err < 1e-2
+            and plan not in NOT_SHIPPED
+            and (best is None or us < rec[best]["us"])
+        ):
+            best = name
+    rec["best"] = best
+    rec["gpu"] = torch.cuda.get_device_name()
+    log.write(json.dumps(rec) + "\n")
+    log.flush()
+    pick = rec.get("pick", {})
+    print(
+        f"{rec['case']:>24} cuBLAS {rec['cublas_us']:8.1f} us | pick {rec['pick_plan']} "
+        f"{pick.get('us', float('nan')):8.1f} us {pick.get('x', 0):.2f}x | best {best} "
+        f"{rec[best]['us'] if best else float('nan'):8.1f} us {rec[best]['x'] if best else 0:.2f}x"
+        + "".join(
+            f" | {kk} {v['x']:.2f}x"
+            for kk, v in rec.items()
+            if isinstance(v, dict) and "x" in v and kk not in ("pick", best)
+        ),
+        flush=True,
+    )
+    del sets
+    torch.cuda.empty_cache()
+    return rec
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default=".")
+    p.add_argument("--budget", type=float, default=70.0)
+    p.add_argument("--cases", default="big,sweep")
+    p.add_argument("--ms", default="1,16,64,256,1024,4096,8192")
+    p.add_argument("--models", default="8b,70b")
+    args = p.parse_args()
+    t0 = time.time()
+    log = open(os.path.join(args.out, "fp8_plans.jsonl"), "w")  # noqa: SIM115
+    recs = []
+    cases = args.cases.split(",")
+    if "big" in cases:
+        big = [
+            (2, 128, 7, 2),
+            (2, 256, 4, 3),
+            (2, 128, 7, 1),
+            (2, 128, 4, 2),
+            (2, 256, 4, 0),
+            (2, 128, 7, 0),
+        ]
+        recs.append(run_case(4096, 4096, 4096, False, big, log))
+        recs.append(run_case(8192, 8192, 8192, False, big, log))
+        recs.append(run_case(4096, 4096, 4096, True, big[:3], log, "4096^3 rowwise"))
+    if "sweep" in cases:
+        for m in (int(x) for x in args.ms.split(",")):
+            for model in args.models.split(","):
+                for n, k in SHAPES[model]:
+                    if time.time() - t0 > args.budget:
+                        print(f"budget: skipped M={m} {n}x{k}", flush=True)
+                        continue
+                    try:
+                        recs.append(
+                            run_case(m, n, k, False, plans_for(m, n), log, f"M={m} {n}x{k}")
+                        )
+                    except Exception:  # noqa: BLE001
+                        traceback.print_exc()
+    xs = [r["pick"]["x"] for r in recs if isinstance(r.get("pick"), dict) and "x" in r["pick"]]
+    bx = [r[r["best"]]["x"] for r in recs if r.get("best")]
+    if xs:
+        print(f"geomean pick {math.exp(sum(map(math.log, xs)) / len(xs)):.3f}x over {len(xs)}")
+    if bx:
+        print(f"geomean best {math.exp(sum(map(math.log, bx)) / len(bx)):.3f}x over {len(bx)}")
+    print(f"elapsed {time.time() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
