@@ -53,6 +53,7 @@ from kaio_ops._matmul_hopper import (
     init_ring,
     next_slice,
     place,
+    store_rows,
     tile_schedule,
 )
 
@@ -217,7 +218,7 @@ def consume(
 def epilogue_fp8(
     acc: f32[:, :, :], out: DT[:, :], sa: f32[:], sb: f32[:], bias: DT[:], row0: i32,
     col0: i32, m: i32, n: i32, lt: u32, BN: kaio.constexpr, ROW_A: kaio.constexpr,
-    COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
+    COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr, VEC: kaio.constexpr,
 ):  # fmt: skip
     """Store a warpgroup's 64 rows from ``row0`` and BN columns from ``col0`` (thread ``lt``
     holds ``acc``, the m16n8 C fragment of each n8 tile of its warp's 16 rows): first every
@@ -244,15 +245,18 @@ def epilogue_fp8(
                 acc[j, h, e] = acc[j, h, e] * (s_a[h] * s_b)
                 if BIAS:
                     acc[j, h, e] += add
-    for h in kaio.static_range(2):
-        if row + 8 * h < m:
-            for j in kaio.static_range(BN // 8):
-                col = col0 + 8 * j + 2 * (lane % 4)
-                if col < n:
-                    pair = kaio.local(DT, (2,))
-                    pair[0] = DT(acc[j, h, 0])
-                    pair[1] = DT(acc[j, h, 1])
-                    kaio.store_vector(out, (row + 8 * h, col), pair)
+    if VEC:  # 4 adjacent columns a store (lanes trade pairs), as the f16 kernel's
+        store_rows(acc, out, out, out, row0, col0, m, n, n, 0, 1.0, 1.0, 1.0, lt, BN, DT)
+    else:
+        for h in kaio.static_range(2):
+            if row + 8 * h < m:
+                for j in kaio.static_range(BN // 8):
+                    col = col0 + 8 * j + 2 * (lane % 4)
+                    if col < n:
+                        pair = kaio.local(DT, (2,))
+                        pair[0] = DT(acc[j, h, 0])
+                        pair[1] = DT(acc[j, h, 1])
+                        kaio.store_vector(out, (row + 8 * h, col), pair)
 
 
 @kaio.gpu_kernel
@@ -261,7 +265,7 @@ def matmul_fp8_wgmma(
     bias: DT[:], m: i32, n: i32, k2: i32, WG: kaio.constexpr, BN: kaio.constexpr,
     STAGES: kaio.constexpr, PROMOTE: kaio.constexpr, GROUP: kaio.constexpr,
     ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
-    FP8: kaio.constexpr,
+    FP8: kaio.constexpr, VEC: kaio.constexpr,
 ):  # fmt: skip
     """out = (A @ B) * sa * sb (+ bias): A [m, K] through ``ta`` and B^T [n, K] through
     ``tb``, both as 16-bit units [rows, k2 = K / 2]; ``64 * WG x BN`` tiles."""
@@ -293,7 +297,7 @@ def matmul_fp8_wgmma(
             here[1] = tile0 + i * step
             place(here, tiles_m, tiles_n, BN, GROUP, ROWS)
             epilogue_fp8(acc, out, sa, sb, bias, here[2] + 64 * i32(wg), here[3], m, n, lt, BN,
-                         ROW_A, COL_B, BIAS, DT)  # fmt: skip
+                         ROW_A, COL_B, BIAS, DT, VEC)  # fmt: skip
     else:  # the producer warpgroup: its first thread issues the copies
         if WG == 2:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -318,8 +322,8 @@ def promotion(bn: int) -> int:
     return 3 if bn > 128 else 2
 
 
-def config(m: int, n: int, k: int, sms: int) -> tuple[int, int, int, int]:
-    """(WG, BN, STAGES, PROMOTE) for an ``m x n`` output."""
+def config(m: int, n: int, k: int, sms: int) -> tuple[int, int, int, int, int]:
+    """(WG, BN, STAGES, PROMOTE, VEC) for an ``m x n`` output."""
     if m <= 64:
         wg = 1
         bn = 32
@@ -330,7 +334,7 @@ def config(m: int, n: int, k: int, sms: int) -> tuple[int, int, int, int]:
     else:
         wg = 2
         bn = 256 if -(-m // 128) * -(-n // 256) >= sms else 128
-    return wg, bn, stages_for(wg, bn), promotion(bn)
+    return wg, bn, stages_for(wg, bn), promotion(bn), 1
 
 
 def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: str, dt,
@@ -338,15 +342,15 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     """Run ``matmul_fp8_wgmma`` on a persistent grid of at most ``sms`` blocks. ``a_units``
     and ``bt_units``: A [m, k] and B^T [n, k] viewed as f16 [rows, k / 2] (for the tensor
     maps); the other arrays as ``_fp8._mm_fp8`` takes them; ``flags``: its ROW_A, COL_B and
-    BIAS; ``plan``: (WG, BN, STAGES, PROMOTE), default ``config``'s."""
-    wg, bn, stages, promote_mode = plan or config(m, n, k, sms)
+    BIAS; ``plan``: (WG, BN, STAGES, PROMOTE, VEC), default ``config``'s."""
+    wg, bn, stages, promote_mode, vec = plan or config(m, n, k, sms)
     rows = 64 * wg
     ta = kaio.tensor_map_2d(a_units, (rows, BK), SW)
     tb = kaio.tensor_map_2d(bt_units, (bn, BK), SW)
     grid = min(sms, -(-m // rows) * -(-n // bn))
     matmul_fp8_wgmma[grid, wg * 128 + 128, stream, shared_bytes(wg, bn, stages)](
         ta, tb, out, sa, sb, bias, m, n, k // 2, WG=wg, BN=bn, STAGES=stages,
-        PROMOTE=promote_mode, GROUP=GROUP_ROWS, **flags, DT=dt, FP8=FP8_TYPES[name],
+        PROMOTE=promote_mode, GROUP=GROUP_ROWS, **flags, DT=dt, FP8=FP8_TYPES[name], VEC=vec,
     )  # fmt: skip
 
 
@@ -366,4 +370,4 @@ def specializations():
             flags = {"ROW_A": k % 2, "COL_B": (k // 2) % 2, "BIAS": (k // 4) % 2 ^ j}
             tile = {"WG": wg, "BN": bn, "STAGES": stages_for(wg, bn), "PROMOTE": promotion(bn)}
             yield matmul_fp8_wgmma, {**tile, "GROUP": GROUP_ROWS, **flags, "DT": dt,
-                                     "FP8": FP8_TYPES[name]}  # fmt: skip
+                                     "FP8": FP8_TYPES[name], "VEC": 1}  # fmt: skip

@@ -134,20 +134,33 @@ def epilogue(
     lt: u32, BN: kaio.constexpr, GROUP: kaio.constexpr, OUT: kaio.constexpr,
 ):  # fmt: skip
     """Store warpgroup ``wg``'s 64 rows of tile number ``tile`` (thread ``lt`` of it holds
-    ``acc``) through ``store_c``, each column times its output's scale. Lanes t and t ^ 1
-    trade pairs, so that each stores 4 adjacent columns (16 bytes of f32, 8 of f16): even
-    lanes columns 2t..2t+3 of the first 8 of a 16, odd lanes 2t-2..2t+1 of the next 8."""
-    SIZE = OUT.itemsize  # noqa: N806  (a compile-time int, as the constexprs)
+    ``acc``) through ``store_rows``."""
     here = kaio.local(i32, (4,))
     here[1] = tile
     place(here, tiles_m, tiles_n, BN, GROUP, BM)
+    store_rows(acc, c0, c1, c2, here[2] + 64 * i32(wg), here[3], m, n, n0, n1, s0, s1, s2, lt,
+               BN, OUT)  # fmt: skip
+
+
+@kaio.gpu_func
+def store_rows(
+    acc: f32[:, :, :], c0: OUT[:, :], c1: OUT[:, :], c2: OUT[:, :], row0: i32, col0: i32,
+    m: i32, n: i32, n0: i32, n1: i32, s0: f32, s1: f32, s2: f32, lt: u32, BN: kaio.constexpr,
+    OUT: kaio.constexpr,
+):  # fmt: skip
+    """Store a warpgroup's 64 rows of C from row ``row0``, BN columns from ``col0`` (thread
+    ``lt`` of it holds ``acc``, the m16n8 C fragment of each n8 tile of its warp's 16 rows)
+    through ``store_c``, each column times its output's scale. Lanes t and t ^ 1 trade
+    pairs, so that each stores 4 adjacent columns (16 bytes of f32, 8 of f16): even lanes
+    columns 2t..2t+3 of the first 8 of a 16, odd lanes 2t-2..2t+1 of the next 8."""
+    SIZE = OUT.itemsize  # noqa: N806  (a compile-time int, as the constexprs)
     lane = i32(lt % 32)
-    row = here[2] + 64 * i32(wg) + 16 * i32(lt // 32) + lane // 4
+    row = row0 + 16 * i32(lt // 32) + lane // 4
     odd = lane % 2 == 1
     mine = kaio.local(u32, (2, SIZE // 2))  # a pair of each 8: its f32 bits or f16x2
     out = kaio.local(u32, SIZE)
     for jp in kaio.static_range(BN // 16):
-        col = here[3] + 16 * jp + 2 * (lane % 4)
+        col = col0 + 16 * jp + 2 * (lane % 4)
         scales = kaio.local(f32, 2)
         scales[0] = scale_of(col, n0, n1, s0, s1, s2)
         scales[1] = scale_of(col + 8, n0, n1, s0, s1, s2)

@@ -195,11 +195,11 @@ def test_matmul_hopper_kernel_sim(monkeypatch):
 @pytest.mark.parametrize(
     "plan, m, n, k, scales, out",
     [
-        ((2, 128, 3, 2), 130, 48, 384, "row", "f32"),  # double sums, an odd number of slices
-        ((2, 256, 2, 3), 70, 272, 256, "col", "bf16"),  # 256-wide halves, 2 tiles of N
-        ((2, 128, 2, 1), 20, 160, 128, "tensor", "f16"),  # one sum waited for a slice
-        ((1, 32, 4, 2), 9, 112, 512, "both", "bf16"),  # decode: 64-row tiles, 4 tiles a block
-        ((1, 64, 2, 2), 64, 80, 128, "row", "f32"),  # one slice, a partial N tile
+        ((2, 128, 3, 2, 1), 130, 48, 384, "row", "f32"),  # double sums, odd number of slices
+        ((2, 256, 2, 3, 1), 70, 272, 256, "col", "bf16"),  # 256-wide halves, 2 tiles of N
+        ((2, 128, 2, 1, 0), 20, 160, 128, "tensor", "f16"),  # one sum waited for; pair stores
+        ((1, 32, 4, 2, 1), 9, 112, 512, "both", "bf16"),  # decode: 64-row tiles, 4 a block
+        ((1, 64, 2, 2, 0), 64, 80, 128, "row", "f32"),  # one slice, a partial N tile
     ],
 )
 def test_hopper_plans_sim(plan, m, n, k, scales, out, monkeypatch):
