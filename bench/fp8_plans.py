@@ -110,12 +110,13 @@ def with_plan(plan):
         return run
 
     def forced(a, b, sa, sb):
-        keep = H.config
-        H.config = lambda *args: plan
+        keep, group = H.config, H.GROUP_ROWS
+        H.config = lambda *args: plan[:5]
+        H.GROUP_ROWS = plan[5] if len(plan) > 5 else group
         try:
             return run(a, b, sa, sb)
         finally:
-            H.config = keep
+            H.config, H.GROUP_ROWS = keep, group
 
     return forced
 
@@ -128,7 +129,7 @@ def plans_for(m, n):
     s = H.stages_for
     if m <= 64:
         out = [(1, bn, s(1, bn), H.promotion(bn), 1) for bn in (32, 64, 128, 256)]
-        return out + [(2, 128, s(2, 128), 2, 1)]
+        return out + [(2, 128, s(2, 128), 2, 1), (1, 32, 16, 2, 1), (1, 64, 12, 2, 1)]
     out = [(2, 128, s(2, 128), 2, 1), (2, 256, s(2, 256), 3, 1)]
     if m <= 1024:
         out += [(2, 64, s(2, 64), 2, 1), (1, 64, s(1, 64), 2, 1), (1, 128, s(1, 128), 2, 1)]
@@ -204,6 +205,8 @@ def main() -> None:
             (2, 128, 4, 2, 1),
             (2, 256, 4, 0, 1),
             (2, 128, 7, 0, 1),
+            (2, 256, 4, 3, 1, 16),
+            (2, 128, 7, 2, 1, 16),
         ]
         recs.append(run_case(4096, 4096, 4096, False, big, log))
         recs.append(run_case(8192, 8192, 8192, False, big, log))
@@ -223,6 +226,12 @@ def main() -> None:
                         traceback.print_exc()
     xs = [r["pick"]["x"] for r in recs if isinstance(r.get("pick"), dict) and "x" in r["pick"]]
     bx = [r[r["best"]]["x"] for r in recs if r.get("best")]
+    for m in sorted({r["m"] for r in recs}):
+        got = [r["pick"]["x"] for r in recs if r["m"] == m and "x" in r.get("pick", {})]
+        best = [r[r["best"]]["x"] for r in recs if r["m"] == m and r.get("best")]
+        if got:
+            span = f"{min(best):.2f}..{max(best):.2f}x"
+            print(f"M={m}: pick {min(got):.2f}..{max(got):.2f}x, best {span}")
     if xs:
         print(f"geomean pick {math.exp(sum(map(math.log, xs)) / len(xs)):.3f}x over {len(xs)}")
     if bx:
