@@ -111,8 +111,8 @@ def with_plan(plan):
 
     def forced(a, b, sa, sb):
         keep, group = H.config, H.GROUP_ROWS
-        H.config = lambda *args: plan[:5]
-        H.GROUP_ROWS = plan[5] if len(plan) > 5 else group
+        H.config = lambda *args: plan[:6]
+        H.GROUP_ROWS = plan[6] if len(plan) > 6 else group
         try:
             return run(a, b, sa, sb)
         finally:
@@ -187,30 +187,35 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=".")
     p.add_argument("--budget", type=float, default=70.0)
-    p.add_argument("--cases", default="big,sweep")
+    p.add_argument("--cases", default="big,rowwise,sweep,cluster")
     p.add_argument("--ms", default="1,16,64,256,1024,4096,8192")
     p.add_argument("--models", default="8b,70b")
     args = p.parse_args()
     t0 = time.time()
-    log = open(os.path.join(args.out, "fp8_plans.jsonl"), "w")  # noqa: SIM115
+    log = open(os.path.join(args.out, "fp8_plans.jsonl"), "a")  # noqa: SIM115
     recs = []
     cases = args.cases.split(",")
+    big = [
+        (2, 128, 7, 2, 1),
+        (2, 256, 4, 3, 1),
+        (2, 128, 7, 2, 0),
+        (2, 256, 4, 3, 0),
+        (2, 128, 7, 1, 1),
+        (2, 128, 4, 2, 1),
+        (2, 256, 4, 0, 1),
+        (2, 128, 7, 0, 1),
+        (2, 256, 4, 3, 1, 1, 16),
+        (2, 128, 7, 2, 1, 1, 16),
+    ]
+    cluster = [(2, 256, 4, 3, 1, 2), (2, 128, 7, 2, 1, 2), (2, 256, 4, 3, 1)]
     if "big" in cases:
-        big = [
-            (2, 128, 7, 2, 1),
-            (2, 256, 4, 3, 1),
-            (2, 128, 7, 2, 0),
-            (2, 256, 4, 3, 0),
-            (2, 128, 7, 1, 1),
-            (2, 128, 4, 2, 1),
-            (2, 256, 4, 0, 1),
-            (2, 128, 7, 0, 1),
-            (2, 256, 4, 3, 1, 16),
-            (2, 128, 7, 2, 1, 16),
-        ]
         recs.append(run_case(4096, 4096, 4096, False, big, log))
         recs.append(run_case(8192, 8192, 8192, False, big, log))
+    if "rowwise" in cases:
         recs.append(run_case(4096, 4096, 4096, True, big[:4], log, "4096^3 rowwise"))
+    if "cluster" in cases:
+        recs.append(run_case(4096, 4096, 4096, False, cluster, log, "4096^3 clusters"))
+        recs.append(run_case(8192, 8192, 8192, False, cluster, log, "8192^3 clusters"))
     if "sweep" in cases:
         for m in (int(x) for x in args.ms.split(",")):
             for model in args.models.split(","):

@@ -68,15 +68,23 @@ CONSUMER_REGS = 240  # and a consumer thread takes: (64K - 128 * 24) / 256, roun
 def produce_fp8(
     sa: f16[:, :, :], sb: f16[:, :, :], bars: u64[:, :], ta: kaio.tensormap, tb: kaio.tensormap,
     at: i32[:], s: i32, k_tiles: i32, step: i32, tiles_m: i32, tiles_n: i32,
-    BN: kaio.constexpr, GROUP: kaio.constexpr, ROWS: kaio.constexpr,
+    BN: kaio.constexpr, GROUP: kaio.constexpr, ROWS: kaio.constexpr, CL: kaio.constexpr,
 ):  # fmt: skip
     """The TMA copies of the producer's next K slice (``ROWS`` A rows, ``BN`` B^T rows) into
-    stage ``s``, then the producer's position ``at`` stepped (as ``_matmul_hopper.produce``)."""
+    stage ``s``, then the producer's position ``at`` stepped (as ``_matmul_hopper.produce``).
+    In a cluster of two (``CL``), ``at`` is the pair's position (``2 * ROWS`` rows a tile):
+    block r copies its own A rows and half r of the B slice, multicast into both blocks."""
     k0 = at[0] * BK
     kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32((ROWS + BN) * BK * 2))
-    kaio.tma_load_2d(sa, (s, 0, 0), ta, at[2], k0, bars, (0, s))
-    kaio.tma_load_2d(sb, (s, 0, 0), tb, at[3], k0, bars, (0, s))
-    next_slice(at, k_tiles, step, tiles_m, tiles_n, BN, GROUP, ROWS)
+    if CL == 1:
+        kaio.tma_load_2d(sa, (s, 0, 0), ta, at[2], k0, bars, (0, s))
+        kaio.tma_load_2d(sb, (s, 0, 0), tb, at[3], k0, bars, (0, s))
+    else:
+        r = i32(kaio.cluster_rank())
+        kaio.tma_load_2d(sa, (s, 0, 0), ta, at[2] + r * ROWS, k0, bars, (0, s))
+        half = r * (BN // 2)
+        kaio.tma_load_2d_multicast(sb, (s, half, 0), tb, at[3] + half, k0, bars, (0, s), 3)
+    next_slice(at, k_tiles, step, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
 
 
 @kaio.gpu_func
@@ -84,6 +92,7 @@ def produce_all(
     sa: f16[:, :, :], sb: f16[:, :, :], bars: u64[:, :], ta: kaio.tensormap, tb: kaio.tensormap,
     tile0: i32, slices: i32, k_tiles: i32, step: i32, tiles_m: i32, tiles_n: i32,
     BN: kaio.constexpr, STAGES: kaio.constexpr, GROUP: kaio.constexpr, ROWS: kaio.constexpr,
+    CL: kaio.constexpr,
 ):  # fmt: skip
     """The producer's loop: every K slice of the block's tiles (from tile ``tile0``, ``step``
     apart) through ``produce_fp8``, each stage reused once the consumers freed it (8-bit
@@ -91,13 +100,14 @@ def produce_all(
     at = kaio.local(i32, (4,))
     at[0] = 0
     at[1] = tile0
-    place(at, tiles_m, tiles_n, BN, GROUP, ROWS)
+    place(at, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
     s = i32(0)
     ph = u32(0)
     for g in range(slices):
         if g >= STAGES:
             kaio.mbarrier_wait(bars, (1, s), ph ^ 1)
-        produce_fp8(sa, sb, bars, ta, tb, at, s, k_tiles, step, tiles_m, tiles_n, BN, GROUP, ROWS)
+        produce_fp8(sa, sb, bars, ta, tb, at, s, k_tiles, step, tiles_m, tiles_n, BN, GROUP, ROWS,
+                    CL)  # fmt: skip
         s += 1
         if s == STAGES:
             s = 0
@@ -143,10 +153,15 @@ def advance(ring: i32[:], STAGES: kaio.constexpr):
 
 
 @kaio.gpu_func
-def free_stage(bars: u64[:, :], s: i32, lt: u32):
-    """Lane 0 of the warpgroup tells the producer that stage ``s`` may be refilled."""
+def free_stage(bars: u64[:, :], s: i32, lt: u32, CL: kaio.constexpr):
+    """Lane 0 of the warpgroup tells the producer that stage ``s`` may be refilled (in a
+    cluster of two, both blocks' producers: each writes half of the B slice into both)."""
     if lt == 0:
-        kaio.mbarrier_arrive(bars, (1, s))
+        if CL == 1:
+            kaio.mbarrier_arrive(bars, (1, s))
+        else:
+            kaio.mbarrier_arrive_cluster(bars, (1, s), 0)
+            kaio.mbarrier_arrive_cluster(bars, (1, s), 1)
 
 
 @kaio.gpu_func
@@ -155,7 +170,7 @@ def consume(
     sb: f16[:, :, :],
     bars: u64[:, :], ring: i32[:], k_tiles: i32, wg: u32, lt: u32, BN: kaio.constexpr,
     STAGES: kaio.constexpr, PROMOTE: kaio.constexpr, KIND: kaio.constexpr,
-    ACC: kaio.constexpr,
+    ACC: kaio.constexpr, CL: kaio.constexpr,
 ):  # fmt: skip
     """Warpgroup ``wg``'s sums of one tile over its ``k_tiles`` K slices into ``acc``, each
     slice's stage waited for (full barrier) and freed once read, ``ring`` (stage, parity)
@@ -177,13 +192,13 @@ def consume(
                 kaio.wgmma_commit()
                 kaio.wgmma_wait(0)
                 promote(acc, part0, half * BN // 16, BN // 16)
-            free_stage(bars, s, lt)
+            free_stage(bars, s, lt, CL)
         elif PROMOTE == 1:
             kaio.wgmma_fence()
             wgmma_slice(part0, sa, sb, s, wg, True, 0, KIND, ACC)
             kaio.wgmma_commit()
             kaio.wgmma_wait(0)
-            free_stage(bars, s, lt)
+            free_stage(bars, s, lt, CL)
             promote(acc, part0, 0, BN // 8)
         else:  # one group kept in flight: the slice before's stage freed (and its sum added)
             kaio.wgmma_fence()
@@ -196,7 +211,7 @@ def consume(
             kaio.wgmma_commit()
             kaio.wgmma_wait(1)
             if kt > 0:
-                free_stage(bars, ps, lt)
+                free_stage(bars, ps, lt, CL)
                 if PROMOTE == 2:
                     if kt % 2 == 0:
                         promote(acc, part1, 0, BN // 8)
@@ -206,7 +221,7 @@ def consume(
         advance(ring, STAGES)
     if PROMOTE == 0 or PROMOTE == 2:
         kaio.wgmma_wait(0)
-        free_stage(bars, ps, lt)
+        free_stage(bars, ps, lt, CL)
         if PROMOTE == 2:
             if k_tiles % 2 == 1:
                 promote(acc, part0, 0, BN // 8)
@@ -265,11 +280,15 @@ def matmul_fp8_wgmma(
     bias: DT[:], m: i32, n: i32, k2: i32, WG: kaio.constexpr, BN: kaio.constexpr,
     STAGES: kaio.constexpr, PROMOTE: kaio.constexpr, GROUP: kaio.constexpr,
     ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
-    FP8: kaio.constexpr, VEC: kaio.constexpr,
+    FP8: kaio.constexpr, VEC: kaio.constexpr, CL: kaio.constexpr,
 ):  # fmt: skip
     """out = (A @ B) * sa * sb (+ bias): A [m, K] through ``ta`` and B^T [n, K] through
-    ``tb``, both as 16-bit units [rows, k2 = K / 2]; ``64 * WG x BN`` tiles."""
+    ``tb``, both as 16-bit units [rows, k2 = K / 2]; ``64 * WG x BN`` tiles; with ``CL = 2``
+    clusters of two blocks, which take pairs of tiles one above the other and share the
+    copies of their B slices (multicast)."""
     kaio.launch_bounds(WG * 128 + 128, 1)
+    if CL == 2:
+        kaio.cluster_dims(2)
     ROWS = 64 * WG  # noqa: N806  (a compile-time int, as the constexprs)
     A_BYTES = ROWS * BK * 2  # noqa: N806
     sa_s = kaio.shared_dynamic(f16, (STAGES, ROWS, BK), 0)
@@ -278,8 +297,19 @@ def matmul_fp8_wgmma(
     t = kaio.thread_idx_x()
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
     lt = t % 128
-    tile0, step, tiles_m, tiles_n, my_tiles, k_tiles, slices = tile_schedule(m, n, k2, ROWS, BN, BK)
-    init_ring(bars, t, STAGES, WG)  # "free": lane 0 of each consumer warpgroup
+    tile0, step, tiles_m, tiles_n, my_tiles, k_tiles, slices = tile_schedule(
+        m, n, k2, ROWS * CL, BN, BK
+    )
+    rank = i32(0)
+    if CL == 2:  # the cluster's pair of tiles: tile0, step and the counts in pairs
+        rank = i32(kaio.cluster_rank())
+        tile0 = tile0 // 2
+        step = step // 2
+        my_tiles = (tiles_m * tiles_n - tile0 + step - 1) // step
+        slices = my_tiles * k_tiles
+    init_ring(bars, t, STAGES, WG * CL)  # "free": lane 0 of each consumer warpgroup (of both)
+    if CL == 2:
+        kaio.cluster_sync()  # the other block's barriers are ready before any copy
     acc = kaio.local(f32, (BN // 8, 2, 2))  # the tile's f32 sums
     # the slice sums (module docstring): two sets for PROMOTE 2, half the width for 3
     part0 = kaio.local(f32, (BN // (8 + 8 * (PROMOTE == 3)), 2, 2))
@@ -293,17 +323,20 @@ def matmul_fp8_wgmma(
         here = kaio.local(i32, (4,))
         for i in range(my_tiles):
             consume(acc, part0, part1, sa_s, sb_s, bars, ring, k_tiles, wg, lt, BN, STAGES, PROMOTE,
-                    FP8, f32)  # fmt: skip
+                    FP8, f32, CL)  # fmt: skip
             here[1] = tile0 + i * step
-            place(here, tiles_m, tiles_n, BN, GROUP, ROWS)
-            epilogue_fp8(acc, out, sa, sb, bias, here[2] + 64 * i32(wg), here[3], m, n, lt, BN,
+            place(here, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
+            row0 = here[2] + rank * ROWS + 64 * i32(wg)
+            epilogue_fp8(acc, out, sa, sb, bias, row0, here[3], m, n, lt, BN,
                          ROW_A, COL_B, BIAS, DT, VEC)  # fmt: skip
     else:  # the producer warpgroup: its first thread issues the copies
         if WG == 2:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         if lt == 0:
             produce_all(sa_s, sb_s, bars, ta, tb, tile0, slices, k_tiles, step, tiles_m, tiles_n,
-                        BN, STAGES, GROUP, ROWS)  # fmt: skip
+                        BN, STAGES, GROUP, ROWS, CL)  # fmt: skip
+    if CL == 2:
+        kaio.cluster_sync()  # no block leaves while the other may still write to it
 
 
 def shared_bytes(wg: int, bn: int, stages: int) -> int:
@@ -342,16 +375,40 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     """Run ``matmul_fp8_wgmma`` on a persistent grid of at most ``sms`` blocks. ``a_units``
     and ``bt_units``: A [m, k] and B^T [n, k] viewed as f16 [rows, k / 2] (for the tensor
     maps); the other arrays as ``_fp8._mm_fp8`` takes them; ``flags``: its ROW_A, COL_B and
-    BIAS; ``plan``: (WG, BN, STAGES, PROMOTE, VEC), default ``config``'s."""
-    wg, bn, stages, promote_mode, vec = plan or config(m, n, k, sms)
+    BIAS; ``plan``: (WG, BN, STAGES, PROMOTE, VEC[, CL]), default ``config``'s."""
+    wg, bn, stages, promote_mode, vec, *rest = plan or config(m, n, k, sms)
+    cl = rest[0] if rest else 1
     rows = 64 * wg
     ta = kaio.tensor_map_2d(a_units, (rows, BK), SW)
-    tb = kaio.tensor_map_2d(bt_units, (bn, BK), SW)
-    grid = min(sms, -(-m // rows) * -(-n // bn))
-    matmul_fp8_wgmma[grid, wg * 128 + 128, stream, shared_bytes(wg, bn, stages)](
-        ta, tb, out, sa, sb, bias, m, n, k // 2, WG=wg, BN=bn, STAGES=stages,
-        PROMOTE=promote_mode, GROUP=GROUP_ROWS, **flags, DT=dt, FP8=FP8_TYPES[name], VEC=vec,
+    tb = kaio.tensor_map_2d(bt_units, (bn // cl, BK), SW)
+    constexprs = dict(
+        WG=wg, BN=bn, STAGES=stages, PROMOTE=promote_mode, GROUP=GROUP_ROWS, **flags, DT=dt,
+        FP8=FP8_TYPES[name], VEC=vec, CL=cl,
     )  # fmt: skip
+    threads, shared = wg * 128 + 128, shared_bytes(wg, bn, stages)
+    tiles = -(-m // (rows * cl)) * -(-n // bn)
+    if cl == 1:
+        grid = min(sms, tiles)
+    else:
+        grid = 2 * min(tiles, _clusters(threads, shared, constexprs))
+    matmul_fp8_wgmma[grid, threads, stream, shared](
+        ta, tb, out, sa, sb, bias, m, n, k // 2, **constexprs
+    )
+
+
+_CLUSTERS: dict = {}
+
+
+def _clusters(threads: int, shared: int, constexprs: dict) -> int:
+    """How many clusters of two of this configuration run at once (asked once)."""
+    from kaio.sim.mode import active as simulating
+
+    if simulating():
+        return 1
+    key = (threads, shared, tuple(sorted((k, str(v)) for k, v in constexprs.items())))
+    if key not in _CLUSTERS:
+        _CLUSTERS[key] = matmul_fp8_wgmma.max_active_clusters(threads, shared, **constexprs)
+    return _CLUSTERS[key]
 
 
 PLANS = [(2, 128), (2, 256), (1, 32), (1, 64), (1, 128), (1, 256)]  # the (WG, BN) config picks
@@ -370,4 +427,4 @@ def specializations():
             flags = {"ROW_A": k % 2, "COL_B": (k // 2) % 2, "BIAS": (k // 4) % 2 ^ j}
             tile = {"WG": wg, "BN": bn, "STAGES": stages_for(wg, bn), "PROMOTE": promotion(bn)}
             yield matmul_fp8_wgmma, {**tile, "GROUP": GROUP_ROWS, **flags, "DT": dt,
-                                     "FP8": FP8_TYPES[name], "VEC": 1}  # fmt: skip
+                                     "FP8": FP8_TYPES[name], "VEC": 1, "CL": 1}  # fmt: skip

@@ -91,12 +91,12 @@ def matmul_int8_wgmma(
     if wg < 2:  # the consumers
         for i in range(my_tiles):
             consume(acc, unused, unused, sa_s, sb_s, bars, ring, k_tiles, wg, lt, BN, STAGES, 0,
-                    i8, i32)  # fmt: skip
+                    i8, i32, 1)  # fmt: skip
             store_int8(acc, out, alpha, tile0 + i * step, tiles_m, tiles_n, m, n, wg, lt, BN,
                        GROUP)  # fmt: skip
     elif t == CONSUMERS:  # the producer
         produce_all(sa_s, sb_s, bars, ta, tb, tile0, slices, k_tiles, step, tiles_m, tiles_n, BN,
-                    STAGES, GROUP, BM)  # fmt: skip
+                    STAGES, GROUP, BM, 1)  # fmt: skip
 
 
 def eligible(a, k: int) -> bool:

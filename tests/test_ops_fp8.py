@@ -200,6 +200,7 @@ def test_matmul_hopper_kernel_sim(monkeypatch):
         ((2, 128, 2, 1, 0), 20, 160, 128, "tensor", "f16"),  # one sum waited for; pair stores
         ((1, 32, 4, 2, 1), 9, 112, 512, "both", "bf16"),  # decode: 64-row tiles, 4 a block
         ((1, 64, 2, 2, 0), 64, 80, 128, "row", "f32"),  # one slice, a partial N tile
+        ((2, 128, 2, 2, 1, 2), 300, 272, 384, "both", "bf16"),  # clusters of two, multicast B
     ],
 )
 def test_hopper_plans_sim(plan, m, n, k, scales, out, monkeypatch):
@@ -377,3 +378,34 @@ def test_matmul_gpu_vs_scaled_mm(shape, scales, path, monkeypatch):
     # and the row-major b path (a transposed copy) gives the same bits
     again = kaio_ops.matmul_fp8(a, wq.t().contiguous(), sa, sb, bias=bias)
     assert torch.equal(again, got)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("vec", [1, 0])
+@pytest.mark.parametrize("wg, bn", [(2, 128), (2, 256), (2, 64), (1, 32), (1, 64), (1, 256)])
+def test_hopper_plans_gpu_vs_scaled_mm(wg, bn, vec, monkeypatch):
+    """Every tile shape of the sm_90 kernel, forced, against torch._scaled_mm at K = 8192 (64
+    slices: the promoted sums): per-row and per-column scales, bias, M and N edges."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernel needs sm_90")
+    from kaio_ops import _fp8_hopper as H
+
+    plan = (wg, bn, H.stages_for(wg, bn), H.promotion(bn), vec)
+    monkeypatch.setattr(H, "config", lambda *args: plan)
+    m, k, n = 1000, 8192, 1008
+    x = torch.randn(m, k, device="cuda")
+    w = torch.randn(n, k, device="cuda")
+    a, sa = kaio_ops.quantize_fp8(x, per="row")
+    wq, sw = kaio_ops.quantize_fp8(w, per="row")
+    bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+    got = kaio_ops.matmul_fp8(a, wq.t(), sa, sw.view(1, n), bias=bias)
+    mp = 1008
+    ap = torch.zeros(mp, k, device="cuda").to(a.dtype)
+    ap[:m] = a
+    sap = torch.ones(mp, 1, device="cuda")
+    sap[:m] = sa
+    want = torch._scaled_mm(ap, wq.t(), sap, sw.view(1, n), out_dtype=torch.bfloat16)[:m]
+    want = want.float() + bias.float()
+    diff = (got.float() - want).abs()
+    assert (diff <= want.abs() * 2**-6 + 1e-3 * want.abs().max()).all()
