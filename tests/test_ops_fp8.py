@@ -295,12 +295,27 @@ def test_ptx_assembles(arch, fmt, dt):
 
 @needs_ptxas
 def test_hopper_kernel_assembles_for_sm_90a():
+    """Every tile shape the sm_90 kernel ships (and a cluster of two) through ptxas: the fp8
+    wgmma of each width, no spills (the consumers' registers raised by setmaxnreg)."""
     from kaio_ops import _fp8_hopper
 
-    kernel, constexprs = list(_fp8_hopper.specializations())[1]  # e4m3, f16 out
-    ptx = kernel.ptx(arch="sm_90", **constexprs)
-    assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in ptx
-    assemble(ptx, "sm_90a")
+    cases = list(_fp8_hopper.specializations())
+    kernel, constexprs = cases[0]
+    cases.append((kernel, {**constexprs, "CL": 2}))
+    for kernel, constexprs in cases:
+        ptx = kernel.ptx(arch="sm_90", **constexprs)
+        fp8 = constexprs["FP8"].name
+        assert f"wgmma.mma_async.sync.aligned.m64n{min(constexprs['BN'], 128)}k32.f32.{fp8}" in ptx
+        assert " 0 bytes spill stores" in assemble(ptx, "sm_90a")
+
+
+@needs_ptxas
+def test_hopper_kernel_llvm_backend_assembles():
+    pytest.importorskip("llvmlite")
+    from kaio_ops import _fp8_hopper
+
+    kernel, constexprs = list(_fp8_hopper.specializations())[3]
+    assemble(kernel.ptx(arch="sm_90", backend="llvm", **constexprs), "sm_90a")
 
 
 @needs_ptxas
