@@ -407,7 +407,7 @@ def _clusters(threads: int, shared: int, constexprs: dict) -> int:
         return 1
     key = (threads, shared, tuple(sorted((k, str(v)) for k, v in constexprs.items())))
     if key not in _CLUSTERS:
-        _CLUSTERS[key] = matmul_fp8_wgmma.max_active_clusters(threads, shared, **constexprs)
+        _CLUSTERS[key] = max(1, matmul_fp8_wgmma.max_active_clusters(threads, shared, **constexprs))
     return _CLUSTERS[key]
 
 
