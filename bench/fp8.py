@@ -7,9 +7,9 @@ layers). Kernel time with CUDA events, inputs rotated through ~3x the L2 (bench.
 Then ``quantize_fp8`` (per row, bf16 in) against torch's recipe (amax, clamp, divide, cast:
 several kernels).
 
-``torch._scaled_mm`` wants M a multiple of 16: below that (and for any other M) its call
-pads a with zero rows to the next multiple, as a user must, and the padding is timed with
-it. Each implementation is first checked against float64 of the same fp8 values. Usage:
+Where the installed torch refuses an M that is not a multiple of 16 (older versions do), the
+peer's call pads a with zero rows to the next multiple, as a user must, and the padding is
+timed with it (``PADS`` records it). Each implementation is first checked against float64 of the same fp8 values. Usage:
 ``python bench/fp8.py --out results.json`` (``--quick``: 4096^3 and a short sweep, about 2
 minutes; ``--ms 1,16,256 --models 8b`` any other subset; ``--no-squares`` the sweep only).
 """
@@ -53,11 +53,20 @@ def fp8_operands(m: int, n: int, k: int, rowwise: bool):
     return a, b, sa.float(), (sw.reshape(1, n) if rowwise else sw).float()
 
 
+PADS = []  # [True] once torch._scaled_mm refused an M that is not a multiple of 16
+
+
 def scaled_mm(a, b, sa, sb):
-    """``torch._scaled_mm`` to bf16, a padded with zero rows to a multiple of 16 rows."""
+    """``torch._scaled_mm`` to bf16; where torch refuses an M that is not a multiple of 16,
+    a padded with zero rows to one (as a user must; the padding is timed with it)."""
     m = a.shape[0]
-    if m % 16 == 0:
-        return torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
+    if m % 16 == 0 or not PADS:
+        try:
+            return torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
+        except RuntimeError:
+            if m % 16 == 0:
+                raise
+            PADS.append(True)
     pad = -m % 16
     a = torch.cat([a, a.new_zeros(pad, a.shape[1])])
     if sa.numel() > 1:
