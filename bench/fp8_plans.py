@@ -202,6 +202,7 @@ def run_case(m, n, k, rowwise, plans, log, label=""):
                 best = name
     rec["best"] = best
     rec["gpu"] = torch.cuda.get_device_name()
+    rec["peer_padded"] = bool(PADS) and m % 16 != 0
     log.write(json.dumps(rec) + "\n")
     log.flush()
     pick = rec.get("pick", {})
