@@ -25,6 +25,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import kaio_ops  # noqa: E402
+from bench.fp8 import PADS, scaled_mm  # noqa: E402
 from kaio_ops import _fp8_hopper as H  # noqa: E402
 from kaio_ops import _plan  # noqa: E402
 
@@ -53,27 +54,6 @@ def operands(m, n, k, rowwise, sets):
         out.append((a, b, sa.float(), sw.float()))
         del x, w
     return out
-
-
-PADS = []  # [True] once torch._scaled_mm refused an M that is not a multiple of 16
-
-
-def scaled_mm(a, b, sa, sb):
-    """``torch._scaled_mm`` to bf16; where torch refuses an M that is not a multiple of 16,
-    a padded with zero rows to one (as a user must; the padding is timed with it)."""
-    m = a.shape[0]
-    if m % 16 == 0 or not PADS:
-        try:
-            return torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
-        except RuntimeError:
-            if m % 16 == 0:
-                raise
-            PADS.append(True)
-    pad = -m % 16
-    a = torch.cat([a, a.new_zeros(pad, a.shape[1])])
-    if sa.numel() > 1:
-        sa = torch.cat([sa, sa.new_ones(pad, 1)])
-    return torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)[:m]
 
 
 def prepare(fn, sets, target_ms=3.0):

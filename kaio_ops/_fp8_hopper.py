@@ -144,6 +144,19 @@ def promote(acc: f32[:, :, :], part: f32[:, :, :], J0: kaio.constexpr, NJ: kaio.
 
 
 @kaio.gpu_func
+def promote_either(
+    acc: f32[:, :, :], part0: f32[:, :, :], part1: f32[:, :, :], first: bool_,
+    NJ: kaio.constexpr,
+):  # fmt: skip
+    """``acc += part0`` when ``first``, else ``acc += part1`` (the sum of an even slice, or
+    of an odd one)."""
+    if first:
+        promote(acc, part0, 0, NJ)
+    else:
+        promote(acc, part1, 0, NJ)
+
+
+@kaio.gpu_func
 def advance(ring: i32[:], STAGES: kaio.constexpr):
     """Step the ring position ``ring`` (stage, phase parity) to the next slice."""
     ring[0] += 1
@@ -212,21 +225,15 @@ def consume(
             kaio.wgmma_wait(1)
             if kt > 0:
                 free_stage(bars, ps, lt, CL)
-                if PROMOTE == 2:
-                    if kt % 2 == 0:
-                        promote(acc, part1, 0, BN // 8)
-                    else:
-                        promote(acc, part0, 0, BN // 8)
+                if PROMOTE == 2:  # the slice before's sum
+                    promote_either(acc, part0, part1, kt % 2 == 1, BN // 8)
         ps = s
         advance(ring, STAGES)
     if PROMOTE == 0 or PROMOTE == 2:
         kaio.wgmma_wait(0)
         free_stage(bars, ps, lt, CL)
-        if PROMOTE == 2:
-            if k_tiles % 2 == 1:
-                promote(acc, part0, 0, BN // 8)
-            else:
-                promote(acc, part1, 0, BN // 8)
+        if PROMOTE == 2:  # the last slice's sum
+            promote_either(acc, part0, part1, k_tiles % 2 == 1, BN // 8)
 
 
 @kaio.gpu_func
