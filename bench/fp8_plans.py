@@ -113,7 +113,7 @@ def with_plan(plan):
 
     def forced(a, b, sa, sb):
         keep, group = H.config, H.GROUP_ROWS
-        H.config = lambda *args: plan[:6]
+        H.config = lambda *args: (*plan[:5], plan[5] if len(plan) > 5 else 1)
         H.GROUP_ROWS = plan[6] if len(plan) > 6 else group
         try:
             return run(a, b, sa, sb)
@@ -124,28 +124,26 @@ def with_plan(plan):
 
 
 BIG = [  # (WG, BN, STAGES, PROMOTE, VEC[, CL[, GROUP]])
-    (2, 128, 7, 2, 1),
-    (2, 256, 4, 3, 1),
-    (2, 256, 4, 3, 0),
     (2, 128, 7, 1, 1),
-    (2, 128, 4, 2, 1),
+    (3, 128, 5, 1, 1),
+    (2, 104, 7, 2, 1),
+    (2, 96, 8, 2, 1),
+    (2, 128, 6, 1, 1, 2),
+    (3, 128, 5, 1, 1, 2),
+    (2, 80, 8, 2, 1),
     (2, 256, 4, 0, 1),
-    (2, 256, 4, 3, 1, 1, 16),
 ]
-CLUSTER = [(2, 256, 4, 3, 1, 2), (2, 128, 7, 2, 1, 2), (2, 256, 4, 3, 1)]
+CLUSTER = [(2, 128, 6, 1, 1, 2), (3, 128, 5, 1, 1, 2)]
 NOT_SHIPPED = ((2, 256, 4, 0, 1),)  # no promotion: for the ceiling only
 
 
 def plans_for(m, n):
     """The plans worth timing at an ``m x n`` output."""
-    s = H.stages_for
+    p = H.plan
     if m <= 64:
-        out = [(1, bn, s(1, bn), H.promotion(bn), 1) for bn in (32, 64, 128, 256)]
-        return out + [(2, 128, s(2, 128), 2, 1), (1, 32, 16, 2, 1), (1, 64, 12, 2, 1)]
-    out = [(2, 128, s(2, 128), 2, 1), (2, 256, s(2, 256), 3, 1)]
-    if m <= 1024:
-        out += [(2, 64, s(2, 64), 2, 1), (1, 64, s(1, 64), 2, 1), (1, 128, s(1, 128), 2, 1)]
-    return out
+        return [p(1, 64)[:5], p(1, 128)[:5], p(1, 256)[:5]]
+    out = [p(2, 64)[:5], p(2, 128)[:5], p(3, 128)[:5], p(2, 104)[:5], p(2, 96)[:5]]
+    return out + ([p(1, 64)[:5]] if m <= 512 else [])
 
 
 def run_case(m, n, k, rowwise, plans, log, label=""):
@@ -154,7 +152,7 @@ def run_case(m, n, k, rowwise, plans, log, label=""):
     ref = scaled_mm(*sets[0]).float()
     rec = {"case": label or f"{m}x{n}x{k}", "m": m, "n": n, "k": k, "rowwise": rowwise}
     rec["pick_plan"] = list(
-        H.config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+        H.config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)[:5]
     )
     fns = {"cublas": scaled_mm}
     for plan in [None, *plans]:
@@ -202,6 +200,20 @@ def run_case(m, n, k, rowwise, plans, log, label=""):
     return rec
 
 
+def diagnose() -> None:
+    """Registers and local (spill) bytes the driver gives each big plan, and the slow ones."""
+    from kaio import bf16, e4m3
+
+    for plan in [*BIG, (2, 128, 7, 2, 1), (2, 256, 4, 3, 1)]:
+        wg, bn, st, pr, vec, *rest = plan
+        c = dict(WG=wg, BN=bn, STAGES=st, PROMOTE=pr, GROUP=H.GROUP_ROWS, ROW_A=0, COL_B=0,
+                 BIAS=0, DT=bf16, FP8=e4m3, VEC=vec, CL=rest[0] if rest else 1)  # fmt: skip
+        try:
+            print(plan, H.matmul_fp8_wgmma.resources(**c), flush=True)
+        except Exception as e:  # noqa: BLE001
+            print(plan, "resources failed:", str(e)[:200], flush=True)
+
+
 def _warm(jobs):
     """Compile (into kaio's disk cache) the specializations of ``jobs``: (plan, rowwise)."""
     for plan, rowwise in jobs:
@@ -218,7 +230,11 @@ def warm(processes: int = 8) -> None:
     for m in (1, 256, 4096):
         plans.update(plans_for(m, 4096))
     jobs = [(p, False) for p in sorted(plans)] + [(p, True) for p in BIG[:2]]
-    jobs += [(H.config(m, n, k, 132), False) for m in (1, 64, 256, 8192) for n, k in SHAPES["8b"]]
+    jobs += [
+        (H.config(m, n, k, 132)[:5], False)
+        for m in (1, 64, 256, 8192)
+        for n, k in SHAPES["8b"] + SHAPES["70b"]
+    ]
     jobs = sorted(set(jobs))
     chunks = [jobs[i::processes] for i in range(processes)]
     with mp.get_context("spawn").Pool(processes) as pool:
@@ -243,6 +259,8 @@ def main() -> None:
             warm()
         except Exception:  # noqa: BLE001  (the timed cases compile what is missing)
             traceback.print_exc()
+    if "diag" in cases:
+        diagnose()
     if "big" in cases:
         recs.append(run_case(4096, 4096, 4096, False, BIG, log))
         recs.append(run_case(8192, 8192, 8192, False, BIG, log))

@@ -60,8 +60,8 @@ from kaio_ops._matmul_hopper import (
 __all__ = ["config", "launch", "specializations"]
 
 SHARED_LIMIT = 227 * 1024
-PRODUCER_REGS = 24  # registers a producer thread keeps (setmaxnreg), with two consumers
-CONSUMER_REGS = 240  # and a consumer thread takes: (64K - 128 * 24) / 256, rounded down to 8
+PRODUCER_REGS = 24  # registers a producer thread keeps (setmaxnreg), with 2 or 3 consumers
+CONSUMER_REGS = (0, 0, 240, 160)  # and a consumer thread takes: (64K - 128 * 24) / (128 WG)
 
 
 @kaio.gpu_func
@@ -325,8 +325,8 @@ def matmul_fp8_wgmma(
     ring[0] = 0
     ring[1] = 0
     if wg < WG:  # the consumers
-        if WG == 2:  # the registers the producer warpgroup gave up (three accumulators)
-            kaio.setmaxnreg_inc(CONSUMER_REGS)
+        if WG > 1:  # the registers the producer warpgroup gave up
+            kaio.setmaxnreg_inc(CONSUMER_REGS[WG])
         here = kaio.local(i32, (4,))
         for i in range(my_tiles):
             consume(acc, part0, part1, sa_s, sb_s, bars, ring, k_tiles, wg, lt, BN, STAGES, PROMOTE,
@@ -337,7 +337,7 @@ def matmul_fp8_wgmma(
             epilogue_fp8(acc, out, sa, sb, bias, row0, here[3], m, n, lt, BN,
                          ROW_A, COL_B, BIAS, DT, VEC)  # fmt: skip
     else:  # the producer warpgroup: its first thread issues the copies
-        if WG == 2:
+        if WG > 1:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         if lt == 0:
             produce_all(sa_s, sb_s, bars, ta, tb, tile0, slices, k_tiles, step, tiles_m, tiles_n,
@@ -352,29 +352,45 @@ def shared_bytes(wg: int, bn: int, stages: int) -> int:
     return stages * ((64 * wg + bn) * BK * 2 + 16)
 
 
-def stages_for(wg: int, bn: int, most: int = 8) -> int:
+def stages_for(wg: int, bn: int, most: int = 12) -> int:
     """The ring stages that fit in shared memory (at most ``most``)."""
     return max(2, min(most, SHARED_LIMIT // shared_bytes(wg, bn, 1)))
 
 
-def promotion(bn: int) -> int:
-    """The ``PROMOTE`` mode of an fp8 tile ``bn`` wide (module docstring)."""
-    return 3 if bn > 128 else 2
+def promotion(wg: int, bn: int) -> int:
+    """The ``PROMOTE`` mode of a ``64 * wg x bn`` tile (module docstring): two slice sums in
+    turn where the three accumulators fit in registers, else one sum waited for."""
+    if bn > 128:
+        return 3
+    return 2 if wg == 1 or 3 * bn // 2 <= 160 * (wg == 2) else 1
 
 
-def config(m: int, n: int, k: int, sms: int) -> tuple[int, int, int, int, int]:
-    """(WG, BN, STAGES, PROMOTE, VEC) for an ``m x n`` output."""
+def plan(wg: int, bn: int, cl: int = 1) -> tuple[int, int, int, int, int, int]:
+    """The full plan (WG, BN, STAGES, PROMOTE, VEC, CL) of a tile shape."""
+    return wg, bn, stages_for(wg, bn), promotion(wg, bn), 1, cl
+
+
+LARGE = (2, 128)  # the (WG, BN) of large products (measured: docs/performance.md)
+
+
+def config(m: int, n: int, k: int, sms: int) -> tuple[int, int, int, int, int, int]:
+    """(WG, BN, STAGES, PROMOTE, VEC, CL) for an ``m x n`` output on ``sms``
+    multiprocessors. Up to 64 rows the weights' bytes are the cost: 64-row tiles, as wide as
+    the waves of tiles allow (each tile costs about 64 columns more than its width). Past
+    that, the fewest waves of 64-column tiles (two warpgroups, or one for more tiles), or the
+    large tile once it gives every multiprocessor work (measured on an H100: the sweep of
+    bench/fp8_plans.py)."""
+
+    def waves(rows: int, bn: int) -> int:
+        return -(-(-(-m // rows) * -(-n // bn)) // sms)
+
     if m <= 64:
-        wg = 1
-        bn = 32
-        for width in (256, 128, 64):  # the widest tiles that still cover the GPU
-            if -(-n // width) >= sms:
-                bn = width
-                break
-    else:
-        wg = 2
-        bn = 256 if -(-m // 128) * -(-n // 256) >= sms else 128
-    return wg, bn, stages_for(wg, bn), promotion(bn), 1
+        bn = min((64, 128, 256), key=lambda b: (waves(64, b) * (b + 64), -b))
+        return plan(1, bn)
+    wg, bn = LARGE
+    if -(-m // (64 * wg)) * -(-n // bn) >= sms:
+        return plan(wg, bn)
+    return plan(*min(((2, 64), (1, 64)), key=lambda p: (waves(64 * p[0], p[1]), p[0])))
 
 
 def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: str, dt,
@@ -418,7 +434,7 @@ def _clusters(threads: int, shared: int, constexprs: dict) -> int:
     return _CLUSTERS[key]
 
 
-PLANS = [(2, 128), (2, 256), (1, 32), (1, 64), (1, 128), (1, 256)]  # the (WG, BN) config picks
+PLANS = [(2, 128), (2, 64), (1, 64), (1, 128), (1, 256), (3, 128), (2, 104)]  # (WG, BN) picks
 
 
 def specializations():
@@ -430,6 +446,7 @@ def specializations():
     for i, (wg, bn) in enumerate(PLANS):
         name, dt = combos[i % len(combos)]
         flags = {"ROW_A": i % 2, "COL_B": (i // 2) % 2, "BIAS": (i + 1) // 3 % 2}
-        tile = {"WG": wg, "BN": bn, "STAGES": stages_for(wg, bn), "PROMOTE": promotion(bn)}
+        w, b, stages, promote_mode, vec, cl = plan(wg, bn)
+        tile = {"WG": w, "BN": b, "STAGES": stages, "PROMOTE": promote_mode}
         yield matmul_fp8_wgmma, {**tile, "GROUP": GROUP_ROWS, **flags, "DT": dt,
-                                 "FP8": FP8_TYPES[name], "VEC": 1, "CL": 1}  # fmt: skip
+                                 "FP8": FP8_TYPES[name], "VEC": vec, "CL": cl}  # fmt: skip

@@ -201,6 +201,7 @@ def test_matmul_hopper_kernel_sim(monkeypatch):
         ((1, 32, 4, 2, 1), 9, 112, 512, "both", "bf16"),  # decode: 64-row tiles, 4 a block
         ((1, 64, 2, 2, 0), 64, 80, 128, "row", "f32"),  # one slice, a partial N tile
         ((2, 128, 2, 2, 1, 2), 300, 272, 384, "both", "bf16"),  # clusters of two, multicast B
+        ((3, 96, 2, 2, 1), 200, 208, 256, "row", "f16"),  # three consumer warpgroups
     ],
 )
 def test_hopper_plans_sim(plan, m, n, k, scales, out, monkeypatch):
@@ -397,7 +398,7 @@ def test_matmul_gpu_vs_scaled_mm(shape, scales, path, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("vec", [1, 0])
-@pytest.mark.parametrize("wg, bn", [(2, 128), (2, 256), (2, 64), (1, 32), (1, 64), (1, 256)])
+@pytest.mark.parametrize("wg, bn", [(2, 128), (2, 104), (3, 128), (2, 64), (1, 64), (1, 256)])
 def test_hopper_plans_gpu_vs_scaled_mm(wg, bn, vec, monkeypatch):
     """Every tile shape of the sm_90 kernel, forced, against torch._scaled_mm at K = 8192 (64
     slices: the promoted sums): per-row and per-column scales, bias, M and N edges."""
@@ -406,7 +407,7 @@ def test_hopper_plans_gpu_vs_scaled_mm(wg, bn, vec, monkeypatch):
         pytest.skip("the wgmma kernel needs sm_90")
     from kaio_ops import _fp8_hopper as H
 
-    plan = (wg, bn, H.stages_for(wg, bn), H.promotion(bn), vec)
+    plan = (*H.plan(wg, bn)[:4], vec)
     monkeypatch.setattr(H, "config", lambda *args: plan)
     m, k, n = 1000, 8192, 1008
     x = torch.randn(m, k, device="cuda")
