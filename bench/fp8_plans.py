@@ -124,16 +124,16 @@ def with_plan(plan):
 
 
 BIG = [  # (WG, BN, STAGES, PROMOTE, VEC[, CL[, GROUP]])
+    (2, 128, 7, 4, 1),
     (2, 128, 7, 1, 1),
     (3, 128, 5, 1, 1),
     (2, 104, 7, 2, 1),
     (2, 96, 8, 2, 1),
-    (2, 128, 6, 1, 1, 2),
+    (2, 128, 6, 4, 1, 2),
     (3, 128, 5, 1, 1, 2),
-    (2, 80, 8, 2, 1),
     (2, 256, 4, 0, 1),
 ]
-CLUSTER = [(2, 128, 6, 1, 1, 2), (3, 128, 5, 1, 1, 2)]
+CLUSTER = [(2, 128, 6, 4, 1, 2), (3, 128, 5, 1, 1, 2)]
 NOT_SHIPPED = ((2, 256, 4, 0, 1),)  # no promotion: for the ceiling only
 
 
@@ -142,7 +142,7 @@ def plans_for(m, n):
     p = H.plan
     if m <= 64:
         return [p(1, 64)[:5], p(1, 128)[:5], p(1, 256)[:5]]
-    out = [p(2, 64)[:5], p(2, 128)[:5], p(3, 128)[:5], p(2, 104)[:5], p(2, 96)[:5]]
+    out = [p(2, 64)[:5], p(2, 128)[:5], (2, 128, 7, 1, 1), p(3, 128)[:5], p(2, 104)[:5]]
     return out + ([p(1, 64)[:5]] if m <= 512 else [])
 
 
@@ -229,6 +229,7 @@ def warm(processes: int = 8) -> None:
     plans = {p for p in BIG + CLUSTER}
     for m in (1, 256, 4096):
         plans.update(plans_for(m, 4096))
+    plans.add((2, 128, 7, 1, 1))
     jobs = [(p, False) for p in sorted(plans)] + [(p, True) for p in BIG[:2]]
     jobs += [
         (H.config(m, n, k, 132)[:5], False)
@@ -247,7 +248,7 @@ def main() -> None:
     p.add_argument("--out", default=".")
     p.add_argument("--budget", type=float, default=70.0)
     p.add_argument("--cases", default="big,rowwise,sweep,cluster")
-    p.add_argument("--ms", default="1,16,64,128,256,512,1024,2048,4096,8192")
+    p.add_argument("--ms", default="1,16,64,128,256,512,1024,2048,4096,8192,2,4,8,32")
     p.add_argument("--models", default="8b,70b")
     args = p.parse_args()
     t0 = time.time()

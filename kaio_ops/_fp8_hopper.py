@@ -180,15 +180,15 @@ def free_stage(bars: u64[:, :], s: i32, lt: u32, CL: kaio.constexpr):
 @kaio.gpu_func
 def consume(
     acc: ACC[:, :, :], part0: ACC[:, :, :], part1: ACC[:, :, :], sa: f16[:, :, :],
-    sb: f16[:, :, :],
-    bars: u64[:, :], ring: i32[:], k_tiles: i32, wg: u32, lt: u32, BN: kaio.constexpr,
-    STAGES: kaio.constexpr, PROMOTE: kaio.constexpr, KIND: kaio.constexpr,
-    ACC: kaio.constexpr, CL: kaio.constexpr,
+    sb: f16[:, :, :], bars: u64[:, :], turn: u64[:], ring: i32[:], k_tiles: i32, wg: u32,
+    lt: u32, BN: kaio.constexpr, STAGES: kaio.constexpr, PROMOTE: kaio.constexpr,
+    KIND: kaio.constexpr, ACC: kaio.constexpr, CL: kaio.constexpr,
 ):  # fmt: skip
     """Warpgroup ``wg``'s sums of one tile over its ``k_tiles`` K slices into ``acc``, each
-    slice's stage waited for (full barrier) and freed once read, ``ring`` (stage, parity)
-    advanced past them; ``PROMOTE`` as the module docstring says (``part``: the slice sums,
-    ``part0`` and ``part1`` for 2)."""
+    slice's stage waited for (full barrier) and freed once read, ``ring`` (stage, parity,
+    slices so far) advanced past them; ``PROMOTE`` as the module docstring says (``part``:
+    the slice sums, ``part0`` and ``part1`` for 2; ``turn``: the two warpgroups' turns for
+    4)."""
     if PROMOTE > 0:
         for j in kaio.static_range(BN // 8):
             for h in kaio.static_range(2):
@@ -198,7 +198,20 @@ def consume(
     for kt in range(k_tiles):
         s = ring[0]
         kaio.mbarrier_wait(bars, (0, s), u32(ring[1]))
-        if PROMOTE == 3:
+        if PROMOTE == 4:  # warpgroup 1 issues after 0, 0 after 1 (the slice before)
+            g = ring[2]
+            if wg == 1 or g > 0:
+                kaio.mbarrier_wait(turn, wg, u32((g + i32(wg) + 1) & 1))
+            kaio.wgmma_fence()
+            wgmma_slice(part0, sa, sb, s, wg, True, 0, KIND, ACC)
+            kaio.wgmma_commit()
+            if lt % 32 == 0:
+                kaio.mbarrier_arrive(turn, 1 - wg)
+            kaio.wgmma_wait(0)
+            free_stage(bars, s, lt, CL)
+            promote(acc, part0, 0, BN // 8)
+            ring[2] = g + 1
+        elif PROMOTE == 3:
             for half in kaio.static_range(2):
                 kaio.wgmma_fence()
                 wgmma_slice(part0, sa, sb, s, wg, True, half * BN // 2, KIND, ACC)
@@ -281,6 +294,29 @@ def epilogue_fp8(
                         kaio.store_vector(out, (row + 8 * h, col), pair)
 
 
+@kaio.gpu_func
+def consume_tiles(
+    acc: f32[:, :, :], part0: f32[:, :, :], part1: f32[:, :, :], sa_s: f16[:, :, :],
+    sb_s: f16[:, :, :], bars: u64[:, :], turn: u64[:], ring: i32[:], out: DT[:, :],
+    sa: f32[:], sb: f32[:], bias: DT[:], tile0: i32, step: i32, my_tiles: i32, k_tiles: i32,
+    tiles_m: i32, tiles_n: i32, rank: i32, m: i32, n: i32, wg: u32, lt: u32,
+    ROWS: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, PROMOTE: kaio.constexpr,
+    GROUP: kaio.constexpr, ROW_A: kaio.constexpr, COL_B: kaio.constexpr,
+    BIAS: kaio.constexpr, DT: kaio.constexpr, FP8: kaio.constexpr, VEC: kaio.constexpr,
+    CL: kaio.constexpr,
+):  # fmt: skip
+    """A consumer warpgroup's tiles: each one's sums (``consume``), then its epilogue."""
+    here = kaio.local(i32, (4,))
+    for i in range(my_tiles):
+        consume(acc, part0, part1, sa_s, sb_s, bars, turn, ring, k_tiles, wg, lt, BN, STAGES,
+                PROMOTE, FP8, f32, CL)  # fmt: skip
+        here[1] = tile0 + i * step
+        place(here, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
+        row0 = here[2] + rank * ROWS + 64 * i32(wg)
+        epilogue_fp8(acc, out, sa, sb, bias, row0, here[3], m, n, lt, BN, ROW_A, COL_B, BIAS,
+                     DT, VEC)  # fmt: skip
+
+
 @kaio.gpu_kernel
 def matmul_fp8_wgmma(
     ta: kaio.tensormap, tb: kaio.tensormap, out: DT[:, :], sa: f32[:], sb: f32[:],
@@ -301,12 +337,16 @@ def matmul_fp8_wgmma(
     sa_s = kaio.shared_dynamic(f16, (STAGES, ROWS, BK), 0)
     sb_s = kaio.shared_dynamic(f16, (STAGES, BN, BK), STAGES * A_BYTES)
     bars = kaio.shared_dynamic(u64, (2, STAGES), STAGES * (A_BYTES + BK * BN * 2))
+    turn = kaio.shared_dynamic(u64, (2,), STAGES * (A_BYTES + BK * BN * 2 + 16))
     t = kaio.thread_idx_x()
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
     lt = t % 128
     tile0, step, tiles_m, tiles_n, my_tiles, k_tiles, slices = tile_schedule(
         m, n, k2, ROWS * CL, BN, BK
     )
+    if PROMOTE == 4 and t == 0:  # turn[w]: warpgroup w may issue (an arrival a warp)
+        kaio.mbarrier_init(turn, 0, 4)
+        kaio.mbarrier_init(turn, 1, 4)
     rank = i32(0)
     if CL == 2:  # the cluster's pair of tiles: tile0, step and the counts in pairs
         rank = i32(kaio.cluster_rank())
@@ -321,21 +361,23 @@ def matmul_fp8_wgmma(
     # the slice sums (module docstring): two sets for PROMOTE 2, half the width for 3
     part0 = kaio.local(f32, (BN // (8 + 8 * (PROMOTE == 3)), 2, 2))
     part1 = kaio.local(f32, (1 + (BN // 8 - 1) * (PROMOTE == 2), 2, 2))
-    ring = kaio.local(i32, (2,))  # stage, phase parity
+    ring = kaio.local(i32, (3,))  # stage, phase parity, slices so far
     ring[0] = 0
     ring[1] = 0
+    ring[2] = 0
     if wg < WG:  # the consumers
         if WG > 1:  # the registers the producer warpgroup gave up
             kaio.setmaxnreg_inc(CONSUMER_REGS[WG])
-        here = kaio.local(i32, (4,))
-        for i in range(my_tiles):
-            consume(acc, part0, part1, sa_s, sb_s, bars, ring, k_tiles, wg, lt, BN, STAGES, PROMOTE,
-                    FP8, f32, CL)  # fmt: skip
-            here[1] = tile0 + i * step
-            place(here, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
-            row0 = here[2] + rank * ROWS + 64 * i32(wg)
-            epilogue_fp8(acc, out, sa, sb, bias, row0, here[3], m, n, lt, BN,
-                         ROW_A, COL_B, BIAS, DT, VEC)  # fmt: skip
+        if PROMOTE == 4 and wg == 0:  # turns: a loop in each branch (the simulator's turns)
+            consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, sa, sb, bias,
+                          tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, rank, m, n, wg, lt,
+                          ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B, BIAS, DT, FP8, VEC,
+                          CL)  # fmt: skip
+        else:
+            consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, sa, sb, bias,
+                          tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, rank, m, n, wg, lt,
+                          ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B, BIAS, DT, FP8, VEC,
+                          CL)  # fmt: skip
     else:  # the producer warpgroup: its first thread issues the copies
         if WG > 1:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -348,8 +390,8 @@ def matmul_fp8_wgmma(
 
 def shared_bytes(wg: int, bn: int, stages: int) -> int:
     """The dynamic shared memory of a ``64 * wg x bn`` tile ring of ``stages`` (8-bit
-    operands, 128 values of K a stage) and its barriers."""
-    return stages * ((64 * wg + bn) * BK * 2 + 16)
+    operands, 128 values of K a stage), its barriers and the two turn barriers."""
+    return stages * ((64 * wg + bn) * BK * 2 + 16) + 16
 
 
 def stages_for(wg: int, bn: int, most: int = 12) -> int:
@@ -359,10 +401,13 @@ def stages_for(wg: int, bn: int, most: int = 12) -> int:
 
 def promotion(wg: int, bn: int) -> int:
     """The ``PROMOTE`` mode of a ``64 * wg x bn`` tile (module docstring): two slice sums in
-    turn where the three accumulators fit in registers, else one sum waited for."""
+    turn where the three accumulators fit in registers (168 a thread with 384 threads),
+    else one sum waited for (the two warpgroups issuing in turn), halves past 128 columns."""
     if bn > 128:
         return 3
-    return 2 if wg == 1 or 3 * bn // 2 <= 160 * (wg == 2) else 1
+    if wg == 1 or (wg == 2 and 3 * bn // 2 <= 160):
+        return 2
+    return 4 if wg == 2 else 1
 
 
 def plan(wg: int, bn: int, cl: int = 1) -> tuple[int, int, int, int, int, int]:

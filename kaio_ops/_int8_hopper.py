@@ -85,13 +85,15 @@ def matmul_int8_wgmma(
     init_ring(bars, t, STAGES, 2)  # "free": lane 0 of each consumer warpgroup
     acc = kaio.local(i32, (BN // 8, 2, 2))
     unused = kaio.local(i32, (1, 2, 2))  # consume's slice sums: none (exact s32 sums)
-    ring = kaio.local(i32, (2,))  # stage, phase parity
+    no_turns = kaio.shared_dynamic(u64, (2,), 0)  # nor turns (never read)
+    ring = kaio.local(i32, (3,))  # stage, phase parity, slices so far
     ring[0] = 0
     ring[1] = 0
+    ring[2] = 0
     if wg < 2:  # the consumers
         for i in range(my_tiles):
-            consume(acc, unused, unused, sa_s, sb_s, bars, ring, k_tiles, wg, lt, BN, STAGES, 0,
-                    i8, i32, 1)  # fmt: skip
+            consume(acc, unused, unused, sa_s, sb_s, bars, no_turns, ring, k_tiles, wg, lt, BN,
+                    STAGES, 0, i8, i32, 1)  # fmt: skip
             store_int8(acc, out, alpha, tile0 + i * step, tiles_m, tiles_n, m, n, wg, lt, BN,
                        GROUP)  # fmt: skip
     elif t == CONSUMERS:  # the producer

@@ -202,6 +202,7 @@ def test_matmul_hopper_kernel_sim(monkeypatch):
         ((1, 64, 2, 2, 0), 64, 80, 128, "row", "f32"),  # one slice, a partial N tile
         ((2, 128, 2, 2, 1, 2), 300, 272, 384, "both", "bf16"),  # clusters of two, multicast B
         ((3, 96, 2, 2, 1), 200, 208, 256, "row", "f16"),  # three consumer warpgroups
+        ((2, 128, 3, 4, 1), 260, 144, 384, "col", "bf16"),  # warpgroups issuing in turn
     ],
 )
 def test_hopper_plans_sim(plan, m, n, k, scales, out, monkeypatch):
