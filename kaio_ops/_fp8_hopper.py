@@ -1,14 +1,18 @@
 """The Hopper (sm_90a) FP8 matmul: ``kaio_ops._matmul_hopper``'s design (a persistent grid,
 TMA into a ring of 128-byte-swizzled shared stages, consumer warpgroups on ``wgmma``, a
-producer warp, full/free mbarriers per stage; see that module's docstring) with 8-bit
-operands: ``wgmma.mma_async.m64n{N}k32`` with e4m3 or e5m2 A and B. Its consumer loop
-(``consume``) and producer loop (``produce_all``) are also ``kaio_ops._int8_hopper``'s,
-parameterised by the wgmma kind (``KIND``: e4m3, e5m2 or i8 for s8) and the accumulation.
+producer warpgroup whose first thread issues the copies, full/free mbarriers per stage; see
+that module's docstring) with 8-bit operands: ``wgmma.mma_async.m64n{N}k32`` with e4m3 or
+e5m2 A and B. Its consumer loop (``consume``) and producer loop (``produce_all``) are also
+``kaio_ops._int8_hopper``'s, parameterised by the wgmma kind (``KIND``: e4m3, e5m2 or i8 for
+s8) and the accumulation.
 
-A block computes a ``64 * WG x BN`` tile with ``WG`` (1 or 2) consumer warpgroups, each
+A block computes a ``64 * WG x BN`` tile with ``WG`` (1 to 3) consumer warpgroups, each
 multiplying its 64 rows of A by the whole B slice: ``WG = 2`` for large M, ``WG = 1`` and
-narrow ``BN`` (32 or 64) for decode shapes, where the weight bytes are the cost and the
-tiles must cover every multiprocessor (``config``).
+64 to 256 columns for decode shapes, where the weight bytes are the cost and the tiles must
+cover the multiprocessors (``config``). With more than one consumer warpgroup the producer
+warpgroup gives its registers to them (``setmaxnreg``: 24 left to it, 240 or 160 to each
+consumer). ``CL = 2``: clusters of two blocks, which take pairs of tiles one above the
+other and share each B slice (each copies half of it into both, TMA multicast).
 
 Accumulation is promoted, as CUTLASS's default FP8 GEMMs and ``torch._scaled_mm`` (without
 ``use_fast_accum``) do: Hopper's fp8 wgmma keeps its running sum with fewer bits than f32
@@ -19,16 +23,24 @@ wgmmas) starts a fresh wgmma sum ``part`` that is then added to the f32 ``acc`` 
 
 - 2 ("double"): two ``part`` register sets in turn; slice k's wgmmas are issued into one while
   slice k - 1's sum, in the other, is added to ``acc`` (one group of wgmmas kept in flight, as
-  the f16 kernel). Three accumulators: BN <= 128.
+  the f16 kernel). Three accumulators.
 - 3 ("halves"): for BN = 256, where a second 256-wide ``part`` does not fit in registers:
   each slice is multiplied as two 128-wide halves into one ``part`` of half the width, each
-  waited for (``wgmma_wait(0)``) and added before the next; the other warpgroup's wgmmas keep
+  waited for (``wgmma_wait(0)``) and added before the next.
+- 1 ("single"): one ``part``, waited for after each slice; the other warpgroups' wgmmas keep
   the tensor cores busy meanwhile.
-- 1 ("single"): one ``part``, waited for after each slice.
+- 4 ("turns", two consumer warpgroups): as 1, but the warpgroups issue each slice's wgmmas in
+  turn (warpgroup 1 after 0, 0 after 1's slice before; two mbarriers, an arrival a warp), so
+  that one warpgroup's group runs while the other waits for and adds its own: they do not
+  wait at the same time.
 - 0: no promotion (the wgmma sum over all of K): the s8 kernel's exact integer sums.
 
 The simulator's wgmma sums in f32 (the documented result, not the hardware's rounding), so
-it cannot tell these apart; the GPU tests compare against ``torch._scaled_mm``.
+it cannot tell these apart; the GPU tests compare against ``torch._scaled_mm``. On an H100
+(bench/fp8_plans.py, 2026-11-26) the modes that hold three accumulators in a 384-thread
+block (2 at 128 columns, 3) ran at a third of the speed of the others, though ptxas 13.5
+reports no spills for them: ``promotion`` keeps them to the tiles where they fit in 168
+registers.
 
 PTX has no transposed 8-bit wgmma, so both operands are K-major: A [M, K] and B's transpose
 [N, K] (what a column-major B, ``torch._scaled_mm``'s layout, already is). The shared tiles
@@ -36,8 +48,9 @@ and the TMA copies do not care about the element type: they are written for 16-b
 (pairs of 8-bit values, the arrays viewed as f16 [rows, K / 2]), so a stage holds 64 units =
 128 values of K, four k32 wgmmas, and both operands use A's descriptor (K-major, SBO 1024).
 The epilogue scales the accumulators in registers first (the scales and bias loaded once a
-tile, before any store) and then stores a pair of adjacent columns at a time (4 or 8 bytes):
-``acc * (scale_a * scale_b) (+ bias)`` rounded once.
+tile, before any store), then stores 4 adjacent columns a lane (``VEC``, lanes trading pairs:
+``_matmul_hopper.store_rows``) or a pair: ``acc * (scale_a * scale_b) (+ bias)`` rounded
+once.
 """
 
 # ruff: noqa: F821  (DT and ACC in annotations are dtype constexpr parameters)
