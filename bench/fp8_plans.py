@@ -134,14 +134,14 @@ BIG = [  # (WG, BN, STAGES, PROMOTE, VEC[, CL[, GROUP]])
     (2, 256, 4, 0, 1),
 ]
 CLUSTER = [(2, 128, 6, 4, 1, 2), (3, 128, 5, 1, 1, 2)]
-NOT_SHIPPED = ((2, 256, 4, 0, 1),)  # no promotion: for the ceiling only
+NOT_SHIPPED = ((2, 256, 4, 0, 1), (1, 64, 12, 0, 1))  # no promotion: ceilings only
 
 
 def plans_for(m, n):
     """The plans worth timing at an ``m x n`` output."""
     p = H.plan
     if m <= 64:
-        return [p(1, 64)[:5], p(1, 128)[:5], p(1, 256)[:5]]
+        return [p(1, 64)[:5], p(1, 128)[:5], p(1, 256)[:5], (1, 64, 12, 0, 1)]
     out = [p(2, 64)[:5], p(2, 128)[:5], (2, 128, 7, 1, 1), p(3, 128)[:5], p(2, 104)[:5]]
     return out + ([p(1, 64)[:5]] if m <= 512 else [])
 
