@@ -428,7 +428,7 @@ def plan(wg: int, bn: int, cl: int = 1) -> tuple[int, int, int, int, int, int]:
     return wg, bn, stages_for(wg, bn), promotion(wg, bn), 1, cl
 
 
-LARGE = (2, 128)  # the (WG, BN) of large products (measured: docs/performance.md)
+LARGE = (2, 128, 1)  # the (WG, BN, CL) of large products (measured: docs/performance.md)
 
 
 def config(m: int, n: int, k: int, sms: int) -> tuple[int, int, int, int, int, int]:
@@ -445,9 +445,9 @@ def config(m: int, n: int, k: int, sms: int) -> tuple[int, int, int, int, int, i
     if m <= 64:
         bn = min((64, 128, 256), key=lambda b: (waves(64, b) * (b + 64), -b))
         return plan(1, bn)
-    wg, bn = LARGE
+    wg, bn, cl = LARGE
     if -(-m // (64 * wg)) * -(-n // bn) >= sms:
-        return plan(wg, bn)
+        return plan(wg, bn, cl)
     return plan(*min(((2, 64), (1, 64)), key=lambda p: (waves(64 * p[0], p[1]), p[0])))
 
 
