@@ -112,18 +112,17 @@ def with_plan(plan):
         return run
 
     def forced(a, b, sa, sb):
-        keep, group = H.config, H.GROUP_ROWS
-        H.config = lambda *args: (*plan[:5], plan[5] if len(plan) > 5 else 1)
-        H.GROUP_ROWS = plan[6] if len(plan) > 6 else group
+        keep = H.config
+        H.config = lambda *args: tuple(plan)
         try:
             return run(a, b, sa, sb)
         finally:
-            H.config, H.GROUP_ROWS = keep, group
+            H.config = keep
 
     return forced
 
 
-BIG = [  # (WG, BN, STAGES, PROMOTE, VEC[, CL[, GROUP]])
+BIG = [  # (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT]])
     (2, 128, 7, 4, 1),
     (2, 128, 7, 1, 1),
     (3, 128, 5, 1, 1),
@@ -141,7 +140,8 @@ def plans_for(m, n):
     """The plans worth timing at an ``m x n`` output."""
     p = H.plan
     if m <= 64:
-        return [p(1, 64)[:5], p(1, 128)[:5], p(1, 256)[:5], (1, 64, 12, 0, 1)]
+        splits = [(1, 64, 12, 2, 1, 1, 2), (1, 64, 12, 2, 1, 1, 4)]
+        return [p(1, 64)[:5], p(1, 128)[:5], p(1, 256)[:5], (1, 64, 12, 0, 1), *splits]
     out = [p(2, 64)[:5], p(2, 128)[:5], (2, 128, 7, 1, 1), p(3, 128)[:5], p(2, 104)[:5]]
     return out + ([p(1, 64)[:5]] if m <= 512 else [])
 
@@ -207,7 +207,8 @@ def diagnose() -> None:
     for plan in [*BIG, (2, 128, 7, 2, 1), (2, 256, 4, 3, 1)]:
         wg, bn, st, pr, vec, *rest = plan
         c = dict(WG=wg, BN=bn, STAGES=st, PROMOTE=pr, GROUP=H.GROUP_ROWS, ROW_A=0, COL_B=0,
-                 BIAS=0, DT=bf16, FP8=e4m3, VEC=vec, CL=rest[0] if rest else 1)  # fmt: skip
+                 BIAS=0, DT=bf16, FP8=e4m3, VEC=vec, CL=rest[0] if rest else 1,
+                 SPLIT=1)  # fmt: skip
         try:
             print(plan, H.matmul_fp8_wgmma.resources(**c), flush=True)
         except Exception as e:  # noqa: BLE001

@@ -58,7 +58,8 @@ from __future__ import annotations
 
 import kaio
 from kaio import bool_, e4m3, e5m2, f16, f32, i32, u32, u64
-from kaio_ops._fp8 import FP8_TYPES
+from kaio_ops import _arrays
+from kaio_ops._fp8 import FP8_TYPES, store_scaled
 from kaio_ops._matmul_hopper import (
     BK,
     GROUP_ROWS,
@@ -73,6 +74,7 @@ from kaio_ops._matmul_hopper import (
 __all__ = ["config", "launch", "specializations"]
 
 SHARED_LIMIT = 227 * 1024
+SUM_THREADS = 256
 PRODUCER_REGS = 24  # registers a producer thread keeps (setmaxnreg), with 2 or 3 consumers
 CONSUMER_REGS = (0, 0, 240, 160)  # and a consumer thread takes: (64K - 128 * 24) / (128 WG)
 
@@ -87,6 +89,17 @@ def produce_fp8(
     stage ``s``, then the producer's position ``at`` stepped (as ``_matmul_hopper.produce``).
     In a cluster of two (``CL``), ``at`` is the pair's position (``2 * ROWS`` rows a tile):
     block r copies its own A rows and half r of the B slice, multicast into both blocks."""
+    load_slice(sa, sb, bars, ta, tb, at, s, BN, ROWS, CL)
+    next_slice(at, k_tiles, step, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
+
+
+@kaio.gpu_func
+def load_slice(
+    sa: f16[:, :, :], sb: f16[:, :, :], bars: u64[:, :], ta: kaio.tensormap, tb: kaio.tensormap,
+    at: i32[:], s: i32, BN: kaio.constexpr, ROWS: kaio.constexpr, CL: kaio.constexpr,
+):  # fmt: skip
+    """The TMA copies of K slice ``at[0]`` of the tile at rows ``at[2]``, columns ``at[3]``
+    into stage ``s`` (``produce_fp8``)."""
     k0 = at[0] * BK
     kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32((ROWS + BN) * BK * 2))
     if CL == 1:
@@ -97,7 +110,6 @@ def produce_fp8(
         kaio.tma_load_2d(sa, (s, 0, 0), ta, at[2] + r * ROWS, k0, bars, (0, s))
         half = r * (BN // 2)
         kaio.tma_load_2d_multicast(sb, (s, half, 0), tb, at[3] + half, k0, bars, (0, s), 3)
-    next_slice(at, k_tiles, step, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
 
 
 @kaio.gpu_func
@@ -125,6 +137,45 @@ def produce_all(
         if s == STAGES:
             s = 0
             ph ^= 1
+
+
+@kaio.gpu_func
+def produce_units(
+    sa: f16[:, :, :], sb: f16[:, :, :], bars: u64[:, :], ta: kaio.tensormap, tb: kaio.tensormap,
+    tile0: i32, units: i32, k_tiles: i32, step: i32, tiles_m: i32, tiles_n: i32,
+    BN: kaio.constexpr, STAGES: kaio.constexpr, GROUP: kaio.constexpr, ROWS: kaio.constexpr,
+    SPLIT: kaio.constexpr,
+):  # fmt: skip
+    """The producer's loop with K split ``SPLIT`` ways: unit u (from ``tile0``, ``step``
+    apart) is part ``u % SPLIT`` of tile ``u // SPLIT``'s K slices (``k_range``)."""
+    at = kaio.local(i32, (4,))
+    s = i32(0)
+    ph = u32(0)
+    g = i32(0)
+    for i in range(units):
+        u = tile0 + i * step
+        at[1] = u // SPLIT
+        place(at, tiles_m, tiles_n, BN, GROUP, ROWS)
+        kb, ke = k_range(u % SPLIT, k_tiles, SPLIT)
+        for kt in range(kb, ke):
+            if g >= STAGES:
+                kaio.mbarrier_wait(bars, (1, s), ph ^ 1)
+            at[0] = kt
+            load_slice(sa, sb, bars, ta, tb, at, s, BN, ROWS, 1)
+            g += 1
+            s += 1
+            if s == STAGES:
+                s = 0
+                ph ^= 1
+
+
+@kaio.gpu_func
+def k_range(part: i32, k_tiles: i32, SPLIT: kaio.constexpr):
+    """The K slices [begin, end) of part ``part`` of a tile's ``k_tiles`` split ``SPLIT``
+    ways (``(k_tiles + SPLIT - 1) // SPLIT`` each, the last part the rest)."""
+    per = (k_tiles + SPLIT - 1) // SPLIT
+    begin = part * per
+    return begin, kaio.min(begin + per, k_tiles)
 
 
 @kaio.gpu_func
@@ -311,32 +362,47 @@ def epilogue_fp8(
 def consume_tiles(
     acc: f32[:, :, :], part0: f32[:, :, :], part1: f32[:, :, :], sa_s: f16[:, :, :],
     sb_s: f16[:, :, :], bars: u64[:, :], turn: u64[:], ring: i32[:], out: DT[:, :],
-    sa: f32[:], sb: f32[:], bias: DT[:], tile0: i32, step: i32, my_tiles: i32, k_tiles: i32,
+    ws: f32[:, :], sa: f32[:], sb: f32[:], bias: DT[:], tile0: i32, step: i32, my_tiles: i32,
+    k_tiles: i32,
     tiles_m: i32, tiles_n: i32, rank: i32, m: i32, n: i32, wg: u32, lt: u32,
     ROWS: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, PROMOTE: kaio.constexpr,
     GROUP: kaio.constexpr, ROW_A: kaio.constexpr, COL_B: kaio.constexpr,
     BIAS: kaio.constexpr, DT: kaio.constexpr, FP8: kaio.constexpr, VEC: kaio.constexpr,
-    CL: kaio.constexpr,
+    CL: kaio.constexpr, SPLIT: kaio.constexpr,
 ):  # fmt: skip
-    """A consumer warpgroup's tiles: each one's sums (``consume``), then its epilogue."""
+    """A consumer warpgroup's tiles: each one's sums (``consume``), then its epilogue; with
+    K split ``SPLIT`` ways, its units (``produce_units``), each part's raw sums stored in
+    rows ``part * m ..`` of ``ws`` (``sum_parts`` adds them)."""
     here = kaio.local(i32, (4,))
     for i in range(my_tiles):
-        consume(acc, part0, part1, sa_s, sb_s, bars, turn, ring, k_tiles, wg, lt, BN, STAGES,
+        u = tile0 + i * step
+        count = k_tiles
+        part = i32(0)
+        here[1] = u
+        if SPLIT > 1:
+            part = u % SPLIT
+            kb, ke = k_range(part, k_tiles, SPLIT)
+            count = ke - kb
+            here[1] = u // SPLIT
+        consume(acc, part0, part1, sa_s, sb_s, bars, turn, ring, count, wg, lt, BN, STAGES,
                 PROMOTE, FP8, f32, CL)  # fmt: skip
-        here[1] = tile0 + i * step
         place(here, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
         row0 = here[2] + rank * ROWS + 64 * i32(wg)
-        epilogue_fp8(acc, out, sa, sb, bias, row0, here[3], m, n, lt, BN, ROW_A, COL_B, BIAS,
-                     DT, VEC)  # fmt: skip
+        if SPLIT > 1:
+            store_rows(acc, ws, ws, ws, part * m + row0, here[3], (part + 1) * m, n, n, 0, 1.0,
+                       1.0, 1.0, lt, BN, f32)  # fmt: skip
+        else:
+            epilogue_fp8(acc, out, sa, sb, bias, row0, here[3], m, n, lt, BN, ROW_A, COL_B,
+                         BIAS, DT, VEC)  # fmt: skip
 
 
 @kaio.gpu_kernel
 def matmul_fp8_wgmma(
-    ta: kaio.tensormap, tb: kaio.tensormap, out: DT[:, :], sa: f32[:], sb: f32[:],
-    bias: DT[:], m: i32, n: i32, k2: i32, WG: kaio.constexpr, BN: kaio.constexpr,
+    ta: kaio.tensormap, tb: kaio.tensormap, out: DT[:, :], ws: f32[:, :], sa: f32[:],
+    sb: f32[:], bias: DT[:], m: i32, n: i32, k2: i32, WG: kaio.constexpr, BN: kaio.constexpr,
     STAGES: kaio.constexpr, PROMOTE: kaio.constexpr, GROUP: kaio.constexpr,
     ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
-    FP8: kaio.constexpr, VEC: kaio.constexpr, CL: kaio.constexpr,
+    FP8: kaio.constexpr, VEC: kaio.constexpr, CL: kaio.constexpr, SPLIT: kaio.constexpr,
 ):  # fmt: skip
     """out = (A @ B) * sa * sb (+ bias): A [m, K] through ``ta`` and B^T [n, K] through
     ``tb``, both as 16-bit units [rows, k2 = K / 2]; ``64 * WG x BN`` tiles; with ``CL = 2``
@@ -367,6 +433,8 @@ def matmul_fp8_wgmma(
         step = step // 2
         my_tiles = (tiles_m * tiles_n - tile0 + step - 1) // step
         slices = my_tiles * k_tiles
+    if SPLIT > 1:  # units: SPLIT parts of each tile's K slices
+        my_tiles = (tiles_m * tiles_n * SPLIT - tile0 + step - 1) // step
     init_ring(bars, t, STAGES, WG * CL)  # "free": lane 0 of each consumer warpgroup (of both)
     if CL == 2:
         kaio.cluster_sync()  # the other block's barriers are ready before any copy
@@ -382,23 +450,48 @@ def matmul_fp8_wgmma(
         if WG > 1:  # the registers the producer warpgroup gave up
             kaio.setmaxnreg_inc(CONSUMER_REGS[WG])
         if PROMOTE == 4 and wg == 0:  # turns: a loop in each branch (the simulator's turns)
-            consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, sa, sb, bias,
-                          tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, rank, m, n, wg, lt,
-                          ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B, BIAS, DT, FP8, VEC,
-                          CL)  # fmt: skip
+            consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ws, sa, sb,
+                          bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, rank, m, n, wg,
+                          lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B, BIAS, DT, FP8, VEC,
+                          CL, SPLIT)  # fmt: skip
         else:
-            consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, sa, sb, bias,
-                          tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, rank, m, n, wg, lt,
-                          ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B, BIAS, DT, FP8, VEC,
-                          CL)  # fmt: skip
+            consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ws, sa, sb,
+                          bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, rank, m, n, wg,
+                          lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B, BIAS, DT, FP8, VEC,
+                          CL, SPLIT)  # fmt: skip
     else:  # the producer warpgroup: its first thread issues the copies
         if WG > 1:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
-        if lt == 0:
+        if lt == 0 and SPLIT > 1:
+            produce_units(sa_s, sb_s, bars, ta, tb, tile0, my_tiles, k_tiles, step, tiles_m,
+                          tiles_n, BN, STAGES, GROUP, ROWS, SPLIT)  # fmt: skip
+        elif lt == 0:
             produce_all(sa_s, sb_s, bars, ta, tb, tile0, slices, k_tiles, step, tiles_m, tiles_n,
                         BN, STAGES, GROUP, ROWS, CL)  # fmt: skip
     if CL == 2:
         kaio.cluster_sync()  # no block leaves while the other may still write to it
+
+
+@kaio.gpu_kernel(block_size=SUM_THREADS)
+def sum_parts(
+    ws: f32[:, :], out: DT[:, :], sa: f32[:], sb: f32[:], bias: DT[:], m: i32, n: i32,
+    SPLIT: kaio.constexpr, ROW_A: kaio.constexpr, COL_B: kaio.constexpr,
+    BIAS: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """out = (the sum of ``ws``'s SPLIT parts, in order) * sa * sb (+ bias): a pair of
+    columns a thread (``_fp8.store_scaled``, the epilogue's arithmetic)."""
+    idx = i32(kaio.block_idx_x() * SUM_THREADS + kaio.thread_idx_x())
+    if idx < m * (n // 2):
+        row = idx // (n // 2)
+        col = 2 * (idx % (n // 2))
+        v = kaio.local(f32, (2,))
+        kaio.load_vector(v, ws, (row, col))
+        for p in kaio.static_range(1, SPLIT):
+            w = kaio.local(f32, (2,))
+            kaio.load_vector(w, ws, (p * m + row, col))
+            v[0] += w[0]
+            v[1] += w[1]
+        store_scaled(out, u32(row), u32(col), v[0], v[1], sa, sb, bias, ROW_A, COL_B, BIAS, DT)
 
 
 def shared_bytes(wg: int, bn: int, stages: int) -> int:
@@ -452,29 +545,40 @@ def config(m: int, n: int, k: int, sms: int) -> tuple[int, int, int, int, int, i
 
 
 def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: str, dt,
-           flags: dict, sms: int, stream, plan: tuple | None = None) -> None:  # fmt: skip
+           flags: dict, sms: int, stream, plan: tuple | None = None, *,
+           like=None) -> None:  # fmt: skip
     """Run ``matmul_fp8_wgmma`` on a persistent grid of at most ``sms`` blocks. ``a_units``
     and ``bt_units``: A [m, k] and B^T [n, k] viewed as f16 [rows, k / 2] (for the tensor
     maps); the other arrays as ``_fp8._mm_fp8`` takes them; ``flags``: its ROW_A, COL_B and
-    BIAS; ``plan``: (WG, BN, STAGES, PROMOTE, VEC[, CL]), default ``config``'s."""
+    BIAS; ``plan``: (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT]]), default ``config``'s;
+    ``like``: the ``_arrays.Operand`` a K split's workspace is made like (f32 [SPLIT m, n],
+    summed by ``sum_parts``)."""
+    from kaio_ops.linear import _placeholder
+
     wg, bn, stages, promote_mode, vec, *rest = plan or config(m, n, k, sms)
     cl = rest[0] if rest else 1
+    split = rest[1] if len(rest) > 1 else 1
     rows = 64 * wg
     ta = kaio.tensor_map_2d(a_units, (rows, BK), SW)
     tb = kaio.tensor_map_2d(bt_units, (bn // cl, BK), SW)
     constexprs = dict(
         WG=wg, BN=bn, STAGES=stages, PROMOTE=promote_mode, GROUP=GROUP_ROWS, **flags, DT=dt,
-        FP8=FP8_TYPES[name], VEC=vec, CL=cl,
+        FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=split,
     )  # fmt: skip
     threads, shared = wg * 128 + 128, shared_bytes(wg, bn, stages)
-    tiles = -(-m // (rows * cl)) * -(-n // bn)
+    tiles = -(-m // (rows * cl)) * -(-n // bn) * split
     if cl == 1:
         grid = min(sms, tiles)
     else:
         grid = 2 * min(tiles, _clusters(threads, shared, constexprs))
+    ws = _arrays.output(like, (split * m, n), f32) if split > 1 else _placeholder(like, f32, 2)
     matmul_fp8_wgmma[grid, threads, stream, shared](
-        ta, tb, out, sa, sb, bias, m, n, k // 2, **constexprs
+        ta, tb, out, ws, sa, sb, bias, m, n, k // 2, **constexprs
     )
+    if split > 1:
+        sum_parts[-(-m * (n // 2) // SUM_THREADS), SUM_THREADS, stream](
+            ws, out, sa, sb, bias, m, n, SPLIT=split, **flags, DT=dt
+        )
 
 
 _CLUSTERS: dict = {}
@@ -507,4 +611,5 @@ def specializations():
         w, b, stages, promote_mode, vec, cl = plan(wg, bn)
         tile = {"WG": w, "BN": b, "STAGES": stages, "PROMOTE": promote_mode}
         yield matmul_fp8_wgmma, {**tile, "GROUP": GROUP_ROWS, **flags, "DT": dt,
-                                 "FP8": FP8_TYPES[name], "VEC": vec, "CL": cl}  # fmt: skip
+                                 "FP8": FP8_TYPES[name], "VEC": vec, "CL": cl,
+                                 "SPLIT": 1}  # fmt: skip

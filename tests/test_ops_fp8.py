@@ -203,6 +203,7 @@ def test_matmul_hopper_kernel_sim(monkeypatch):
         ((2, 128, 2, 2, 1, 2), 300, 272, 384, "both", "bf16"),  # clusters of two, multicast B
         ((3, 96, 2, 2, 1), 200, 208, 256, "row", "f16"),  # three consumer warpgroups
         ((2, 128, 3, 4, 1), 260, 144, 384, "col", "bf16"),  # warpgroups issuing in turn
+        ((1, 64, 3, 2, 1, 1, 3), 20, 128, 640, "both", "f16"),  # K split 3 ways (5 slices)
     ],
 )
 def test_hopper_plans_sim(plan, m, n, k, scales, out, monkeypatch):
@@ -215,9 +216,9 @@ def test_hopper_plans_sim(plan, m, n, k, scales, out, monkeypatch):
     calls = []
     launch = _fp8_hopper.launch
 
-    def forced(*args):
+    def forced(*args, like=None):
         calls.append(1)
-        launch(*args[:12], 2, args[13], plan)
+        launch(*args[:12], 2, args[13], plan, like=like)
 
     monkeypatch.setattr(_fp8_hopper, "launch", forced)
     a, w = _fp8_operands(m, k, n, "e4m3", seed=m + n)
