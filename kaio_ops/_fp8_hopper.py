@@ -115,58 +115,48 @@ def load_slice(
 @kaio.gpu_func
 def produce_all(
     sa: f16[:, :, :], sb: f16[:, :, :], bars: u64[:, :], ta: kaio.tensormap, tb: kaio.tensormap,
-    tile0: i32, slices: i32, k_tiles: i32, step: i32, tiles_m: i32, tiles_n: i32,
+    tile0: i32, count: i32, k_tiles: i32, step: i32, tiles_m: i32, tiles_n: i32,
     BN: kaio.constexpr, STAGES: kaio.constexpr, GROUP: kaio.constexpr, ROWS: kaio.constexpr,
-    CL: kaio.constexpr,
+    CL: kaio.constexpr, SPLIT: kaio.constexpr,
 ):  # fmt: skip
     """The producer's loop: every K slice of the block's tiles (from tile ``tile0``, ``step``
-    apart) through ``produce_fp8``, each stage reused once the consumers freed it (8-bit
-    operands, A and B^T K-major: also ``kaio_ops._int8_hopper``'s)."""
+    apart; ``count`` slices) through ``produce_fp8``, each stage reused once the consumers
+    freed it (8-bit operands, A and B^T K-major: also ``kaio_ops._int8_hopper``'s). With K
+    split ``SPLIT`` ways, ``count`` units instead: unit u (from ``tile0``, ``step`` apart)
+    is part ``u % SPLIT`` of tile ``u // SPLIT``'s K slices (``k_range``)."""
     at = kaio.local(i32, (4,))
     at[0] = 0
     at[1] = tile0
     place(at, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
-    s = i32(0)
-    ph = u32(0)
-    for g in range(slices):
-        if g >= STAGES:
-            kaio.mbarrier_wait(bars, (1, s), ph ^ 1)
-        produce_fp8(sa, sb, bars, ta, tb, at, s, k_tiles, step, tiles_m, tiles_n, BN, GROUP, ROWS,
-                    CL)  # fmt: skip
-        s += 1
-        if s == STAGES:
-            s = 0
-            ph ^= 1
+    ring = kaio.local(i32, (3,))  # stage, phase parity, slices so far
+    ring[0] = 0
+    ring[1] = 0
+    ring[2] = 0
+    if SPLIT == 1:
+        for _g in range(count):
+            wait_free(bars, ring, STAGES)
+            produce_fp8(sa, sb, bars, ta, tb, at, ring[0], k_tiles, step, tiles_m, tiles_n, BN,
+                        GROUP, ROWS, CL)  # fmt: skip
+            advance(ring, STAGES)
+    else:
+        for i in range(count):
+            u = tile0 + i * step
+            at[1] = u // SPLIT
+            place(at, tiles_m, tiles_n, BN, GROUP, ROWS)
+            kb, ke = k_range(u % SPLIT, k_tiles, SPLIT)
+            for kt in range(kb, ke):
+                wait_free(bars, ring, STAGES)
+                at[0] = kt
+                load_slice(sa, sb, bars, ta, tb, at, ring[0], BN, ROWS, 1)
+                advance(ring, STAGES)
 
 
 @kaio.gpu_func
-def produce_units(
-    sa: f16[:, :, :], sb: f16[:, :, :], bars: u64[:, :], ta: kaio.tensormap, tb: kaio.tensormap,
-    tile0: i32, units: i32, k_tiles: i32, step: i32, tiles_m: i32, tiles_n: i32,
-    BN: kaio.constexpr, STAGES: kaio.constexpr, GROUP: kaio.constexpr, ROWS: kaio.constexpr,
-    SPLIT: kaio.constexpr,
-):  # fmt: skip
-    """The producer's loop with K split ``SPLIT`` ways: unit u (from ``tile0``, ``step``
-    apart) is part ``u % SPLIT`` of tile ``u // SPLIT``'s K slices (``k_range``)."""
-    at = kaio.local(i32, (4,))
-    s = i32(0)
-    ph = u32(0)
-    g = i32(0)
-    for i in range(units):
-        u = tile0 + i * step
-        at[1] = u // SPLIT
-        place(at, tiles_m, tiles_n, BN, GROUP, ROWS)
-        kb, ke = k_range(u % SPLIT, k_tiles, SPLIT)
-        for kt in range(kb, ke):
-            if g >= STAGES:
-                kaio.mbarrier_wait(bars, (1, s), ph ^ 1)
-            at[0] = kt
-            load_slice(sa, sb, bars, ta, tb, at, s, BN, ROWS, 1)
-            g += 1
-            s += 1
-            if s == STAGES:
-                s = 0
-                ph ^= 1
+def wait_free(bars: u64[:, :], ring: i32[:], STAGES: kaio.constexpr):
+    """The producer waits until the consumers freed stage ``ring[0]`` (from the ring's
+    second round: ``ring[2]`` counts the slices)."""
+    if ring[2] >= STAGES:
+        kaio.mbarrier_wait(bars, (1, ring[0]), u32(ring[1] ^ 1))
 
 
 @kaio.gpu_func
@@ -222,7 +212,9 @@ def promote_either(
 
 @kaio.gpu_func
 def advance(ring: i32[:], STAGES: kaio.constexpr):
-    """Step the ring position ``ring`` (stage, phase parity) to the next slice."""
+    """Step the ring position ``ring`` (stage, phase parity, slices so far) to the next
+    slice."""
+    ring[2] += 1
     ring[0] += 1
     if ring[0] == STAGES:
         ring[0] = 0
@@ -274,7 +266,6 @@ def consume(
             kaio.wgmma_wait(0)
             free_stage(bars, s, lt, CL)
             promote(acc, part0, 0, BN // 8)
-            ring[2] = g + 1
         elif PROMOTE == 3:
             for half in kaio.static_range(2):
                 kaio.wgmma_fence()
@@ -462,12 +453,10 @@ def matmul_fp8_wgmma(
     else:  # the producer warpgroup: its first thread issues the copies
         if WG > 1:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
-        if lt == 0 and SPLIT > 1:
-            produce_units(sa_s, sb_s, bars, ta, tb, tile0, my_tiles, k_tiles, step, tiles_m,
-                          tiles_n, BN, STAGES, GROUP, ROWS, SPLIT)  # fmt: skip
-        elif lt == 0:
-            produce_all(sa_s, sb_s, bars, ta, tb, tile0, slices, k_tiles, step, tiles_m, tiles_n,
-                        BN, STAGES, GROUP, ROWS, CL)  # fmt: skip
+        if lt == 0:
+            produce_all(sa_s, sb_s, bars, ta, tb, tile0, my_tiles if SPLIT > 1 else slices,
+                        k_tiles, step, tiles_m, tiles_n, BN, STAGES, GROUP, ROWS, CL,
+                        SPLIT)  # fmt: skip
     if CL == 2:
         kaio.cluster_sync()  # no block leaves while the other may still write to it
 
@@ -612,4 +601,5 @@ def specializations():
         tile = {"WG": w, "BN": b, "STAGES": stages, "PROMOTE": promote_mode}
         yield matmul_fp8_wgmma, {**tile, "GROUP": GROUP_ROWS, **flags, "DT": dt,
                                  "FP8": FP8_TYPES[name], "VEC": vec, "CL": cl,
-                                 "SPLIT": 1}  # fmt: skip
+                                 "SPLIT": 2 if wg == 1 and bn == 64 else 1}  # fmt: skip
+    yield sum_parts, {"SPLIT": 2, "ROW_A": 1, "COL_B": 0, "BIAS": 1, "DT": bf16}

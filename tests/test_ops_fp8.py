@@ -307,6 +307,9 @@ def test_hopper_kernel_assembles_for_sm_90a():
     cases.append((kernel, {**constexprs, "CL": 2}))
     for kernel, constexprs in cases:
         ptx = kernel.ptx(arch="sm_90", **constexprs)
+        if kernel is _fp8_hopper.sum_parts:  # the K split's sum
+            assert " 0 bytes spill stores" in assemble(ptx, "sm_90")
+            continue
         fp8 = constexprs["FP8"].name
         assert f"wgmma.mma_async.sync.aligned.m64n{min(constexprs['BN'], 128)}k32.f32.{fp8}" in ptx
         assert " 0 bytes spill stores" in assemble(ptx, "sm_90a")
@@ -400,8 +403,11 @@ def test_matmul_gpu_vs_scaled_mm(shape, scales, path, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("vec", [1, 0])
-@pytest.mark.parametrize("wg, bn", [(2, 128), (2, 104), (3, 128), (2, 64), (1, 64), (1, 256)])
-def test_hopper_plans_gpu_vs_scaled_mm(wg, bn, vec, monkeypatch):
+@pytest.mark.parametrize(
+    "wg, bn, split",
+    [(2, 128, 1), (2, 104, 1), (3, 128, 1), (2, 64, 1), (1, 64, 1), (1, 256, 1), (1, 64, 3)],
+)
+def test_hopper_plans_gpu_vs_scaled_mm(wg, bn, split, vec, monkeypatch):
     """Every tile shape of the sm_90 kernel, forced, against torch._scaled_mm at K = 8192 (64
     slices: the promoted sums): per-row and per-column scales, bias, M and N edges."""
     torch = pytest.importorskip("torch")
@@ -409,7 +415,7 @@ def test_hopper_plans_gpu_vs_scaled_mm(wg, bn, vec, monkeypatch):
         pytest.skip("the wgmma kernel needs sm_90")
     from kaio_ops import _fp8_hopper as H
 
-    plan = (*H.plan(wg, bn)[:4], vec)
+    plan = (*H.plan(wg, bn)[:4], vec, 1, split)
     monkeypatch.setattr(H, "config", lambda *args: plan)
     m, k, n = 1000, 8192, 1008
     x = torch.randn(m, k, device="cuda")
