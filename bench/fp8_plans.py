@@ -249,7 +249,7 @@ def main() -> None:
     p.add_argument("--out", default=".")
     p.add_argument("--budget", type=float, default=70.0)
     p.add_argument("--cases", default="big,rowwise,sweep,cluster")
-    p.add_argument("--ms", default="1,16,64,128,256,512,1024,2048,4096,8192,2,4,8,32")
+    p.add_argument("--ms", default="1,8192,16,4096,64,1024,256,2048,128,512,2,4,8,32")
     p.add_argument("--models", default="8b,70b")
     args = p.parse_args()
     t0 = time.time()
