@@ -585,7 +585,7 @@ def _clusters(threads: int, shared: int, constexprs: dict) -> int:
     return _CLUSTERS[key]
 
 
-PLANS = [(2, 128), (2, 64), (1, 64), (1, 128), (1, 256), (3, 128), (2, 104)]  # (WG, BN) picks
+PLANS = [(2, 128), (2, 64), (1, 64), (1, 128), (1, 256), (3, 128), (2, 96)]  # (WG, BN) picks
 
 
 def specializations():
