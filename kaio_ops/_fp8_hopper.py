@@ -1,200 +1,605 @@
 """The Hopper (sm_90a) FP8 matmul: ``kaio_ops._matmul_hopper``'s design (a persistent grid,
-TMA into a ring of 128-byte-swizzled shared stages, two consumer warpgroups on ``wgmma``, a
-producer warp, full/empty mbarriers per stage; see that module's docstring) with 8-bit
-operands: ``wgmma.mma_async.m64n{BN}k32`` with e4m3 or e5m2 A and B.
+TMA into a ring of 128-byte-swizzled shared stages, consumer warpgroups on ``wgmma``, a
+producer warpgroup whose first thread issues the copies, full/free mbarriers per stage; see
+that module's docstring) with 8-bit operands: ``wgmma.mma_async.m64n{N}k32`` with e4m3 or
+e5m2 A and B. Its consumer loop (``consume``) and producer loop (``produce_all``) are also
+``kaio_ops._int8_hopper``'s, parameterised by the wgmma kind (``KIND``: e4m3, e5m2 or i8 for
+s8) and the accumulation.
+
+A block computes a ``64 * WG x BN`` tile with ``WG`` (1 to 3) consumer warpgroups, each
+multiplying its 64 rows of A by the whole B slice: ``WG = 2`` for large M, ``WG = 1`` and
+64 to 256 columns for decode shapes, where the weight bytes are the cost and the tiles must
+cover the multiprocessors (``config``). With more than one consumer warpgroup the producer
+warpgroup gives its registers to them (``setmaxnreg``: 24 left to it, 240 or 160 to each
+consumer). ``CL = 2``: clusters of two blocks, which take pairs of tiles one above the
+other and share each B slice (each copies half of it into both, TMA multicast).
 
 Accumulation is promoted, as CUTLASS's default FP8 GEMMs and ``torch._scaled_mm`` (without
 ``use_fast_accum``) do: Hopper's fp8 wgmma keeps its running sum with fewer bits than f32
 (measured on an H200: K = 8192 sums of quantized normal data off by up to ~0.5% of the
 largest output, where small-integer data is exact), so each 128-deep K slice (four k32
-wgmmas) starts a fresh wgmma sum ``part`` that is then added to the f32 ``acc`` of the tile.
-The wgmmas of a slice are waited for (``wgmma_wait(0)``) before the add; the other consumer
-warpgroup keeps the tensor cores busy meanwhile. The simulator's wgmma sums in f32 (the
-documented result, not the hardware's rounding), so it cannot tell the two apart.
+wgmmas) starts a fresh wgmma sum ``part`` that is then added to the f32 ``acc`` of the tile
+(``PROMOTE``):
+
+- 2 ("double"): two ``part`` register sets in turn; slice k's wgmmas are issued into one while
+  slice k - 1's sum, in the other, is added to ``acc`` (one group of wgmmas kept in flight, as
+  the f16 kernel). Three accumulators.
+- 3 ("halves"): for BN = 256, where a second 256-wide ``part`` does not fit in registers:
+  each slice is multiplied as two 128-wide halves into one ``part`` of half the width, each
+  waited for (``wgmma_wait(0)``) and added before the next.
+- 1 ("single"): one ``part``, waited for after each slice; the other warpgroups' wgmmas keep
+  the tensor cores busy meanwhile.
+- 4 ("turns", two consumer warpgroups): as 1, but the warpgroups issue each slice's wgmmas in
+  turn (warpgroup 1 after 0, 0 after 1's slice before; two mbarriers, an arrival a warp), so
+  that one warpgroup's group runs while the other waits for and adds its own: they do not
+  wait at the same time.
+- 0: no promotion (the wgmma sum over all of K): the s8 kernel's exact integer sums.
+
+The simulator's wgmma sums in f32 (the documented result, not the hardware's rounding), so
+it cannot tell these apart; the GPU tests compare against ``torch._scaled_mm``. On an H100
+(bench/fp8_plans.py, 2026-11-26) the modes that hold three accumulators in a 384-thread
+block (2 at 128 columns, 3) ran at a third of the speed of the others, though ptxas 13.5
+reports no spills for them: ``promotion`` keeps them to the tiles where they fit in 168
+registers.
 
 PTX has no transposed 8-bit wgmma, so both operands are K-major: A [M, K] and B's transpose
 [N, K] (what a column-major B, ``torch._scaled_mm``'s layout, already is). The shared tiles
 and the TMA copies do not care about the element type: they are written for 16-bit units
-(pairs of fp8 values, the arrays viewed as f16 [rows, K / 2]), so a stage holds 64 units =
-128 fp8 values of K, four k32 wgmmas, and both operands use A's descriptor (K-major, SBO 1024).
-The epilogue is ``kaio_ops._fp8.store_scaled`` per pair of adjacent columns (one 4- or
-8-byte store): ``acc * scale_a * scale_b (+ bias)`` rounded once.
+(pairs of 8-bit values, the arrays viewed as f16 [rows, K / 2]), so a stage holds 64 units =
+128 values of K, four k32 wgmmas, and both operands use A's descriptor (K-major, SBO 1024).
+The epilogue scales the accumulators in registers first (the scales and bias loaded once a
+tile, before any store), then stores 4 adjacent columns a lane (``VEC``, lanes trading pairs:
+``_matmul_hopper.store_rows``) or a pair: ``acc * (scale_a * scale_b) (+ bias)`` rounded
+once.
 """
 
-# ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
+# ruff: noqa: F821  (DT and ACC in annotations are dtype constexpr parameters)
 from __future__ import annotations
 
 import kaio
-from kaio import e4m3, f16, f32, i32, u32, u64
+from kaio import bool_, e4m3, e5m2, f16, f32, i32, u32, u64
+from kaio_ops import _arrays
 from kaio_ops._fp8 import FP8_TYPES, store_scaled
 from kaio_ops._matmul_hopper import (
-    A_STAGE_BYTES,
     BK,
-    BM,
-    CONSUMERS,
     GROUP_ROWS,
     SW,
-    THREADS,
     init_ring,
     next_slice,
     place,
-    shared_bytes,
+    store_rows,
     tile_schedule,
 )
 
-__all__ = ["launch", "specializations"]
+__all__ = ["config", "launch", "specializations"]
+
+SHARED_LIMIT = 227 * 1024
+SUM_THREADS = 256
+PRODUCER_REGS = 24  # registers a producer thread keeps (setmaxnreg), with 2 or 3 consumers
+CONSUMER_REGS = (0, 0, 240, 160)  # and a consumer thread takes: (64K - 128 * 24) / (128 WG)
 
 
 @kaio.gpu_func
 def produce_fp8(
     sa: f16[:, :, :], sb: f16[:, :, :], bars: u64[:, :], ta: kaio.tensormap, tb: kaio.tensormap,
     at: i32[:], s: i32, k_tiles: i32, step: i32, tiles_m: i32, tiles_n: i32,
-    BN: kaio.constexpr, GROUP: kaio.constexpr,
+    BN: kaio.constexpr, GROUP: kaio.constexpr, ROWS: kaio.constexpr, CL: kaio.constexpr,
 ):  # fmt: skip
-    """The TMA copies of the producer's next K slice (A rows, B^T rows) into stage ``s``,
-    then the producer's position ``at`` stepped (as ``_matmul_hopper.produce``)."""
+    """The TMA copies of the producer's next K slice (``ROWS`` A rows, ``BN`` B^T rows) into
+    stage ``s``, then the producer's position ``at`` stepped (as ``_matmul_hopper.produce``).
+    In a cluster of two (``CL``), ``at`` is the pair's position (``2 * ROWS`` rows a tile):
+    block r copies its own A rows and half r of the B slice, multicast into both blocks."""
+    load_slice(sa, sb, bars, ta, tb, at, s, BN, ROWS, CL)
+    next_slice(at, k_tiles, step, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
+
+
+@kaio.gpu_func
+def load_slice(
+    sa: f16[:, :, :], sb: f16[:, :, :], bars: u64[:, :], ta: kaio.tensormap, tb: kaio.tensormap,
+    at: i32[:], s: i32, BN: kaio.constexpr, ROWS: kaio.constexpr, CL: kaio.constexpr,
+):  # fmt: skip
+    """The TMA copies of K slice ``at[0]`` of the tile at rows ``at[2]``, columns ``at[3]``
+    into stage ``s`` (``produce_fp8``)."""
     k0 = at[0] * BK
-    kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32(A_STAGE_BYTES + BK * BN * 2))
-    kaio.tma_load_2d(sa, (s, 0, 0), ta, at[2], k0, bars, (0, s))
-    kaio.tma_load_2d(sb, (s, 0, 0), tb, at[3], k0, bars, (0, s))
-    next_slice(at, k_tiles, step, tiles_m, tiles_n, BN, GROUP)
+    kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32((ROWS + BN) * BK * 2))
+    if CL == 1:
+        kaio.tma_load_2d(sa, (s, 0, 0), ta, at[2], k0, bars, (0, s))
+        kaio.tma_load_2d(sb, (s, 0, 0), tb, at[3], k0, bars, (0, s))
+    else:
+        r = i32(kaio.cluster_rank())
+        kaio.tma_load_2d(sa, (s, 0, 0), ta, at[2] + r * ROWS, k0, bars, (0, s))
+        half = r * (BN // 2)
+        kaio.tma_load_2d_multicast(sb, (s, half, 0), tb, at[3] + half, k0, bars, (0, s), 3)
 
 
 @kaio.gpu_func
 def produce_all(
     sa: f16[:, :, :], sb: f16[:, :, :], bars: u64[:, :], ta: kaio.tensormap, tb: kaio.tensormap,
-    tile0: i32, slices: i32, k_tiles: i32, step: i32, tiles_m: i32, tiles_n: i32,
-    BN: kaio.constexpr, STAGES: kaio.constexpr, GROUP: kaio.constexpr,
+    tile0: i32, count: i32, k_tiles: i32, step: i32, tiles_m: i32, tiles_n: i32,
+    BN: kaio.constexpr, STAGES: kaio.constexpr, GROUP: kaio.constexpr, ROWS: kaio.constexpr,
+    CL: kaio.constexpr, SPLIT: kaio.constexpr,
 ):  # fmt: skip
     """The producer's loop: every K slice of the block's tiles (from tile ``tile0``, ``step``
-    apart) through ``produce_fp8``, each stage reused once the consumers freed it (8-bit
-    operands, A and B^T K-major: also ``kaio_ops._int8_hopper``'s)."""
+    apart; ``count`` slices) through ``produce_fp8``, each stage reused once the consumers
+    freed it (8-bit operands, A and B^T K-major: also ``kaio_ops._int8_hopper``'s). With K
+    split ``SPLIT`` ways, ``count`` units instead: unit u (from ``tile0``, ``step`` apart)
+    is part ``u % SPLIT`` of tile ``u // SPLIT``'s K slices (``k_range``)."""
     at = kaio.local(i32, (4,))
     at[0] = 0
     at[1] = tile0
-    place(at, tiles_m, tiles_n, BN, GROUP)
-    s = i32(0)
-    ph = u32(0)
-    for g in range(slices):
-        if g >= STAGES:
-            kaio.mbarrier_wait(bars, (1, s), ph ^ 1)
-        produce_fp8(sa, sb, bars, ta, tb, at, s, k_tiles, step, tiles_m, tiles_n, BN, GROUP)
-        s += 1
-        if s == STAGES:
-            s = 0
-            ph ^= 1
+    place(at, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
+    ring = kaio.local(i32, (3,))  # stage, phase parity, slices so far
+    ring[0] = 0
+    ring[1] = 0
+    ring[2] = 0
+    if SPLIT == 1:
+        for _g in range(count):
+            wait_free(bars, ring, STAGES)
+            produce_fp8(sa, sb, bars, ta, tb, at, ring[0], k_tiles, step, tiles_m, tiles_n, BN,
+                        GROUP, ROWS, CL)  # fmt: skip
+            advance(ring, STAGES)
+    else:
+        for i in range(count):
+            u = tile0 + i * step
+            at[1] = u // SPLIT
+            place(at, tiles_m, tiles_n, BN, GROUP, ROWS)
+            kb, ke = k_range(u % SPLIT, k_tiles, SPLIT)
+            for kt in range(kb, ke):
+                wait_free(bars, ring, STAGES)
+                at[0] = kt
+                load_slice(sa, sb, bars, ta, tb, at, ring[0], BN, ROWS, 1)
+                advance(ring, STAGES)
+
+
+@kaio.gpu_func
+def wait_free(bars: u64[:, :], ring: i32[:], STAGES: kaio.constexpr):
+    """The producer waits until the consumers freed stage ``ring[0]`` (from the ring's
+    second round: ``ring[2]`` counts the slices)."""
+    if ring[2] >= STAGES:
+        kaio.mbarrier_wait(bars, (1, ring[0]), u32(ring[1] ^ 1))
+
+
+@kaio.gpu_func
+def k_range(part: i32, k_tiles: i32, SPLIT: kaio.constexpr):
+    """The K slices [begin, end) of part ``part`` of a tile's ``k_tiles`` split ``SPLIT``
+    ways (``(k_tiles + SPLIT - 1) // SPLIT`` each, the last part the rest)."""
+    per = (k_tiles + SPLIT - 1) // SPLIT
+    begin = part * per
+    return begin, kaio.min(begin + per, k_tiles)
+
+
+@kaio.gpu_func
+def wgmma_slice(
+    part: ACC[:, :, :], sa: f16[:, :, :], sb: f16[:, :, :], s: i32, wg: u32, fresh: bool_,
+    N0: kaio.constexpr, KIND: kaio.constexpr, ACC: kaio.constexpr,
+):  # fmt: skip
+    """``part`` (+)= warpgroup ``wg``'s 64 rows of stage ``s``'s A slice times B^T rows
+    ``N0 ..`` (as many as ``part`` has columns): four k32 wgmmas of kind ``KIND``, the first
+    one starting a fresh sum when ``fresh``."""
+    for kk in kaio.static_range(BK // 16):
+        da = kaio.smem_descriptor(sa, (s, 64 * wg, kk * 16), SW, 16, 1024)
+        db = kaio.smem_descriptor(sb, (s, N0, kk * 16), SW, 16, 1024)
+        keep = kk > 0 or not fresh
+        if KIND == e4m3:
+            kaio.wgmma_e4m3(part, da, db, keep)
+        elif KIND == e5m2:
+            kaio.wgmma_e5m2(part, da, db, keep)
+        else:
+            kaio.wgmma_s8(part, da, db, keep)
+
+
+@kaio.gpu_func
+def promote(acc: f32[:, :, :], part: f32[:, :, :], J0: kaio.constexpr, NJ: kaio.constexpr):
+    """``acc[J0 + j] += part[j]`` for the ``NJ`` n8 tiles of ``part``."""
+    for j in kaio.static_range(NJ):
+        for h in kaio.static_range(2):
+            for e in kaio.static_range(2):
+                acc[J0 + j, h, e] += part[j, h, e]
+
+
+@kaio.gpu_func
+def promote_either(
+    acc: f32[:, :, :], part0: f32[:, :, :], part1: f32[:, :, :], first: bool_,
+    NJ: kaio.constexpr,
+):  # fmt: skip
+    """``acc += part0`` when ``first``, else ``acc += part1`` (the sum of an even slice, or
+    of an odd one)."""
+    if first:
+        promote(acc, part0, 0, NJ)
+    else:
+        promote(acc, part1, 0, NJ)
+
+
+@kaio.gpu_func
+def advance(ring: i32[:], STAGES: kaio.constexpr):
+    """Step the ring position ``ring`` (stage, phase parity, slices so far) to the next
+    slice."""
+    ring[2] += 1
+    ring[0] += 1
+    if ring[0] == STAGES:
+        ring[0] = 0
+        ring[1] ^= 1
+
+
+@kaio.gpu_func
+def free_stage(bars: u64[:, :], s: i32, lt: u32, CL: kaio.constexpr):
+    """Lane 0 of the warpgroup tells the producer that stage ``s`` may be refilled (in a
+    cluster of two, both blocks' producers: each writes half of the B slice into both)."""
+    if lt == 0:
+        if CL == 1:
+            kaio.mbarrier_arrive(bars, (1, s))
+        else:
+            kaio.mbarrier_arrive_cluster(bars, (1, s), 0)
+            kaio.mbarrier_arrive_cluster(bars, (1, s), 1)
+
+
+@kaio.gpu_func
+def consume(
+    acc: ACC[:, :, :], part0: ACC[:, :, :], part1: ACC[:, :, :], sa: f16[:, :, :],
+    sb: f16[:, :, :], bars: u64[:, :], turn: u64[:], ring: i32[:], k_tiles: i32, wg: u32,
+    lt: u32, BN: kaio.constexpr, STAGES: kaio.constexpr, PROMOTE: kaio.constexpr,
+    KIND: kaio.constexpr, ACC: kaio.constexpr, CL: kaio.constexpr,
+):  # fmt: skip
+    """Warpgroup ``wg``'s sums of one tile over its ``k_tiles`` K slices into ``acc``, each
+    slice's stage waited for (full barrier) and freed once read, ``ring`` (stage, parity,
+    slices so far) advanced past them; ``PROMOTE`` as the module docstring says (``part``:
+    the slice sums, ``part0`` and ``part1`` for 2; ``turn``: the two warpgroups' turns for
+    4)."""
+    if PROMOTE > 0:
+        for j in kaio.static_range(BN // 8):
+            for h in kaio.static_range(2):
+                for e in kaio.static_range(2):
+                    acc[j, h, e] = 0.0
+    ps = i32(0)  # the stage of the slice before
+    for kt in range(k_tiles):
+        s = ring[0]
+        kaio.mbarrier_wait(bars, (0, s), u32(ring[1]))
+        if PROMOTE == 4:  # warpgroup 1 issues after 0, 0 after 1 (the slice before)
+            g = ring[2]
+            if wg == 1 or g > 0:
+                kaio.mbarrier_wait(turn, wg, u32((g + i32(wg) + 1) & 1))
+            kaio.wgmma_fence()
+            wgmma_slice(part0, sa, sb, s, wg, True, 0, KIND, ACC)
+            kaio.wgmma_commit()
+            if lt % 32 == 0:
+                kaio.mbarrier_arrive(turn, 1 - wg)
+            kaio.wgmma_wait(0)
+            free_stage(bars, s, lt, CL)
+            promote(acc, part0, 0, BN // 8)
+        elif PROMOTE == 3:
+            for half in kaio.static_range(2):
+                kaio.wgmma_fence()
+                wgmma_slice(part0, sa, sb, s, wg, True, half * BN // 2, KIND, ACC)
+                kaio.wgmma_commit()
+                kaio.wgmma_wait(0)
+                promote(acc, part0, half * BN // 16, BN // 16)
+            free_stage(bars, s, lt, CL)
+        elif PROMOTE == 1:
+            kaio.wgmma_fence()
+            wgmma_slice(part0, sa, sb, s, wg, True, 0, KIND, ACC)
+            kaio.wgmma_commit()
+            kaio.wgmma_wait(0)
+            free_stage(bars, s, lt, CL)
+            promote(acc, part0, 0, BN // 8)
+        else:  # one group kept in flight: the slice before's stage freed (and its sum added)
+            kaio.wgmma_fence()
+            if PROMOTE == 0:
+                wgmma_slice(acc, sa, sb, s, wg, kt == 0, 0, KIND, ACC)
+            elif kt % 2 == 0:
+                wgmma_slice(part0, sa, sb, s, wg, True, 0, KIND, ACC)
+            else:
+                wgmma_slice(part1, sa, sb, s, wg, True, 0, KIND, ACC)
+            kaio.wgmma_commit()
+            kaio.wgmma_wait(1)
+            if kt > 0:
+                free_stage(bars, ps, lt, CL)
+                if PROMOTE == 2:  # the slice before's sum
+                    promote_either(acc, part0, part1, kt % 2 == 1, BN // 8)
+        ps = s
+        advance(ring, STAGES)
+    if PROMOTE == 0 or PROMOTE == 2:
+        kaio.wgmma_wait(0)
+        free_stage(bars, ps, lt, CL)
+        if PROMOTE == 2:  # the last slice's sum
+            promote_either(acc, part0, part1, k_tiles % 2 == 1, BN // 8)
 
 
 @kaio.gpu_func
 def epilogue_fp8(
-    acc: f32[:, :, :], out: DT[:, :], sa: f32[:], sb: f32[:], bias: DT[:], tile: i32,
-    tiles_m: i32, tiles_n: i32, m: i32, n: i32, wg: u32, lt: u32, BN: kaio.constexpr,
-    GROUP: kaio.constexpr, ROW_A: kaio.constexpr, COL_B: kaio.constexpr,
-    BIAS: kaio.constexpr, DT: kaio.constexpr,
+    acc: f32[:, :, :], out: DT[:, :], sa: f32[:], sb: f32[:], bias: DT[:], row0: i32,
+    col0: i32, m: i32, n: i32, lt: u32, BN: kaio.constexpr, ROW_A: kaio.constexpr,
+    COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr, VEC: kaio.constexpr,
 ):  # fmt: skip
-    """Store warpgroup ``wg``'s 64 rows of tile number ``tile`` (thread ``lt`` holds ``acc``,
-    the m16n8 C fragment of each n8 tile of its warp's 16 rows)."""
-    here = kaio.local(i32, (4,))
-    here[1] = tile
-    place(here, tiles_m, tiles_n, BN, GROUP)
+    """Store a warpgroup's 64 rows from ``row0`` and BN columns from ``col0`` (thread ``lt``
+    holds ``acc``, the m16n8 C fragment of each n8 tile of its warp's 16 rows): first every
+    accumulator scaled (and biased) in registers, the scales per tensor (element 0) or per
+    row of a / column of b (ROW_A, COL_B) loaded before any store; then a pair of adjacent
+    columns a store (N is a multiple of 16)."""
     lane = i32(lt % 32)
-    row0 = here[2] + 64 * i32(wg) + 16 * i32(lt // 32) + lane // 4
+    row = row0 + 16 * i32(lt // 32) + lane // 4
+    s_a = kaio.local(f32, (2,))
     for h in kaio.static_range(2):
-        row = row0 + 8 * h
-        if row < m:
-            for j in kaio.static_range(BN // 8):
-                col = here[3] + 8 * j + 2 * (lane % 4)
-                if col < n:
-                    store_scaled(out, u32(row), u32(col), acc[j, h, 0], acc[j, h, 1], sa, sb,
-                                 bias, ROW_A, COL_B, BIAS, DT)  # fmt: skip
+        s_a[h] = sa[0]
+        if ROW_A:
+            s_a[h] = sa[kaio.min(row + 8 * h, m - 1)]
+    for j in kaio.static_range(BN // 8):
+        col = kaio.min(col0 + 8 * j + 2 * (lane % 4), n - 2)
+        for e in kaio.static_range(2):
+            s_b = sb[0]
+            if COL_B:
+                s_b = sb[col + e]
+            add = f32(0.0)
+            if BIAS:
+                add = f32(bias[col + e])
+            for h in kaio.static_range(2):
+                acc[j, h, e] = acc[j, h, e] * (s_a[h] * s_b)
+                if BIAS:
+                    acc[j, h, e] += add
+    if VEC:  # 4 adjacent columns a store (lanes trade pairs), as the f16 kernel's
+        store_rows(acc, out, out, out, row0, col0, m, n, n, 0, 1.0, 1.0, 1.0, lt, BN, DT)
+    else:
+        for h in kaio.static_range(2):
+            if row + 8 * h < m:
+                for j in kaio.static_range(BN // 8):
+                    col = col0 + 8 * j + 2 * (lane % 4)
+                    if col < n:
+                        pair = kaio.local(DT, (2,))
+                        pair[0] = DT(acc[j, h, 0])
+                        pair[1] = DT(acc[j, h, 1])
+                        kaio.store_vector(out, (row + 8 * h, col), pair)
 
 
-@kaio.gpu_kernel(block_size=THREADS)
-def matmul_fp8_wgmma(
-    ta: kaio.tensormap, tb: kaio.tensormap, out: DT[:, :], sa: f32[:], sb: f32[:],
-    bias: DT[:], m: i32, n: i32, k2: i32, BN: kaio.constexpr, STAGES: kaio.constexpr,
+@kaio.gpu_func
+def consume_tiles(
+    acc: f32[:, :, :], part0: f32[:, :, :], part1: f32[:, :, :], sa_s: f16[:, :, :],
+    sb_s: f16[:, :, :], bars: u64[:, :], turn: u64[:], ring: i32[:], out: DT[:, :],
+    ws: f32[:, :], sa: f32[:], sb: f32[:], bias: DT[:], tile0: i32, step: i32, my_tiles: i32,
+    k_tiles: i32,
+    tiles_m: i32, tiles_n: i32, rank: i32, m: i32, n: i32, wg: u32, lt: u32,
+    ROWS: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, PROMOTE: kaio.constexpr,
     GROUP: kaio.constexpr, ROW_A: kaio.constexpr, COL_B: kaio.constexpr,
-    BIAS: kaio.constexpr, DT: kaio.constexpr, FP8: kaio.constexpr,
+    BIAS: kaio.constexpr, DT: kaio.constexpr, FP8: kaio.constexpr, VEC: kaio.constexpr,
+    CL: kaio.constexpr, SPLIT: kaio.constexpr,
+):  # fmt: skip
+    """A consumer warpgroup's tiles: each one's sums (``consume``), then its epilogue; with
+    K split ``SPLIT`` ways, its units (``produce_units``), each part's raw sums stored in
+    rows ``part * m ..`` of ``ws`` (``sum_parts`` adds them)."""
+    here = kaio.local(i32, (4,))
+    for i in range(my_tiles):
+        u = tile0 + i * step
+        count = k_tiles
+        part = i32(0)
+        here[1] = u
+        if SPLIT > 1:
+            part = u % SPLIT
+            kb, ke = k_range(part, k_tiles, SPLIT)
+            count = ke - kb
+            here[1] = u // SPLIT
+        consume(acc, part0, part1, sa_s, sb_s, bars, turn, ring, count, wg, lt, BN, STAGES,
+                PROMOTE, FP8, f32, CL)  # fmt: skip
+        place(here, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
+        row0 = here[2] + rank * ROWS + 64 * i32(wg)
+        if SPLIT > 1:
+            store_rows(acc, ws, ws, ws, part * m + row0, here[3], (part + 1) * m, n, n, 0, 1.0,
+                       1.0, 1.0, lt, BN, f32)  # fmt: skip
+        else:
+            epilogue_fp8(acc, out, sa, sb, bias, row0, here[3], m, n, lt, BN, ROW_A, COL_B,
+                         BIAS, DT, VEC)  # fmt: skip
+
+
+@kaio.gpu_kernel
+def matmul_fp8_wgmma(
+    ta: kaio.tensormap, tb: kaio.tensormap, out: DT[:, :], ws: f32[:, :], sa: f32[:],
+    sb: f32[:], bias: DT[:], m: i32, n: i32, k2: i32, WG: kaio.constexpr, BN: kaio.constexpr,
+    STAGES: kaio.constexpr, PROMOTE: kaio.constexpr, GROUP: kaio.constexpr,
+    ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
+    FP8: kaio.constexpr, VEC: kaio.constexpr, CL: kaio.constexpr, SPLIT: kaio.constexpr,
 ):  # fmt: skip
     """out = (A @ B) * sa * sb (+ bias): A [m, K] through ``ta`` and B^T [n, K] through
-    ``tb``, both as 16-bit units [rows, k2 = K / 2]."""
-    kaio.launch_bounds(THREADS, 1)
-    sa_s = kaio.shared_dynamic(f16, (STAGES, BM, BK), 0)
-    sb_s = kaio.shared_dynamic(f16, (STAGES, BN, BK), STAGES * A_STAGE_BYTES)
-    bars = kaio.shared_dynamic(u64, (2, STAGES), STAGES * (A_STAGE_BYTES + BK * BN * 2))
+    ``tb``, both as 16-bit units [rows, k2 = K / 2]; ``64 * WG x BN`` tiles; with ``CL = 2``
+    clusters of two blocks, which take pairs of tiles one above the other and share the
+    copies of their B slices (multicast)."""
+    kaio.launch_bounds(WG * 128 + 128, 1)
+    if CL == 2:
+        kaio.cluster_dims(2)
+    ROWS = 64 * WG  # noqa: N806  (a compile-time int, as the constexprs)
+    A_BYTES = ROWS * BK * 2  # noqa: N806
+    sa_s = kaio.shared_dynamic(f16, (STAGES, ROWS, BK), 0)
+    sb_s = kaio.shared_dynamic(f16, (STAGES, BN, BK), STAGES * A_BYTES)
+    bars = kaio.shared_dynamic(u64, (2, STAGES), STAGES * (A_BYTES + BK * BN * 2))
+    turn = kaio.shared_dynamic(u64, (2,), STAGES * (A_BYTES + BK * BN * 2 + 16))
     t = kaio.thread_idx_x()
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
     lt = t % 128
-    tile0, step, tiles_m, tiles_n, my_tiles, k_tiles, slices = tile_schedule(m, n, k2, BM, BN, BK)
-    init_ring(bars, t, STAGES, 2)  # "free": lane 0 of each consumer warpgroup
-    part = kaio.local(f32, (BN // 8, 2, 2))  # one K slice's wgmma sums
-    acc = kaio.local(f32, (BN // 8, 2, 2))  # the tile's f32 sums of the slices
-    s = i32(0)
-    ph = u32(0)
-    if wg < 2:  # the consumers
-        for i in range(my_tiles):
-            for j in kaio.static_range(BN // 8):
-                for h in kaio.static_range(2):
-                    for e in kaio.static_range(2):
-                        acc[j, h, e] = 0.0
-            for _kt in range(k_tiles):
-                kaio.mbarrier_wait(bars, (0, s), ph)
-                kaio.wgmma_fence()
-                for kk in kaio.static_range(BK // 16):
-                    da = kaio.smem_descriptor(sa_s, (s, 64 * wg, kk * 16), SW, 16, 1024)
-                    db = kaio.smem_descriptor(sb_s, (s, 0, kk * 16), SW, 16, 1024)
-                    if FP8 == e4m3:
-                        kaio.wgmma_e4m3(part, da, db, kk > 0)
-                    else:
-                        kaio.wgmma_e5m2(part, da, db, kk > 0)
-                kaio.wgmma_commit()
-                kaio.wgmma_wait(0)
-                if lt == 0:
-                    kaio.mbarrier_arrive(bars, (1, s))
-                for j in kaio.static_range(BN // 8):  # promote: the f32 sum (see above)
-                    for h in kaio.static_range(2):
-                        for e in kaio.static_range(2):
-                            acc[j, h, e] += part[j, h, e]
-                s += 1
-                if s == STAGES:
-                    s = 0
-                    ph ^= 1
-            epilogue_fp8(acc, out, sa, sb, bias, tile0 + i * step, tiles_m, tiles_n, m, n, wg,
-                         lt, BN, GROUP, ROW_A, COL_B, BIAS, DT)  # fmt: skip
-    elif t == CONSUMERS:  # the producer
-        produce_all(sa_s, sb_s, bars, ta, tb, tile0, slices, k_tiles, step, tiles_m, tiles_n, BN,
-                    STAGES, GROUP)  # fmt: skip
+    tile0, step, tiles_m, tiles_n, my_tiles, k_tiles, slices = tile_schedule(
+        m, n, k2, ROWS * CL, BN, BK
+    )
+    if PROMOTE == 4 and t == 0:  # turn[w]: warpgroup w may issue (an arrival a warp)
+        kaio.mbarrier_init(turn, 0, 4)
+        kaio.mbarrier_init(turn, 1, 4)
+    rank = i32(0)
+    if CL == 2:  # the cluster's pair of tiles: tile0, step and the counts in pairs
+        rank = i32(kaio.cluster_rank())
+        tile0 = tile0 // 2
+        step = step // 2
+        my_tiles = (tiles_m * tiles_n - tile0 + step - 1) // step
+        slices = my_tiles * k_tiles
+    if SPLIT > 1:  # units: SPLIT parts of each tile's K slices
+        my_tiles = (tiles_m * tiles_n * SPLIT - tile0 + step - 1) // step
+    init_ring(bars, t, STAGES, WG * CL)  # "free": lane 0 of each consumer warpgroup (of both)
+    if CL == 2:
+        kaio.cluster_sync()  # the other block's barriers are ready before any copy
+    acc = kaio.local(f32, (BN // 8, 2, 2))  # the tile's f32 sums
+    # the slice sums (module docstring): two sets for PROMOTE 2, half the width for 3
+    part0 = kaio.local(f32, (BN // (8 + 8 * (PROMOTE == 3)), 2, 2))
+    part1 = kaio.local(f32, (1 + (BN // 8 - 1) * (PROMOTE == 2), 2, 2))
+    ring = kaio.local(i32, (3,))  # stage, phase parity, slices so far
+    ring[0] = 0
+    ring[1] = 0
+    ring[2] = 0
+    if wg < WG:  # the consumers
+        if WG > 1:  # the registers the producer warpgroup gave up
+            kaio.setmaxnreg_inc(CONSUMER_REGS[WG])
+        if PROMOTE == 4 and wg == 0:  # turns: a loop in each branch (the simulator's turns)
+            consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ws, sa, sb,
+                          bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, rank, m, n, wg,
+                          lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B, BIAS, DT, FP8, VEC,
+                          CL, SPLIT)  # fmt: skip
+        else:
+            consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ws, sa, sb,
+                          bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, rank, m, n, wg,
+                          lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B, BIAS, DT, FP8, VEC,
+                          CL, SPLIT)  # fmt: skip
+    else:  # the producer warpgroup: its first thread issues the copies
+        if WG > 1:
+            kaio.setmaxnreg_dec(PRODUCER_REGS)
+        if lt == 0:
+            produce_all(sa_s, sb_s, bars, ta, tb, tile0, my_tiles if SPLIT > 1 else slices,
+                        k_tiles, step, tiles_m, tiles_n, BN, STAGES, GROUP, ROWS, CL,
+                        SPLIT)  # fmt: skip
+    if CL == 2:
+        kaio.cluster_sync()  # no block leaves while the other may still write to it
 
 
-def tiles(m: int, n: int, sms: int) -> tuple[int, int]:
-    """(BN, STAGES): 128 x 128 tiles always: the promoted accumulation keeps two
-    accumulators (``part`` and ``acc``), 128 registers a thread at BN 128 (256 at BN 256
-    would spill)."""
-    return 128, 5
+@kaio.gpu_kernel(block_size=SUM_THREADS)
+def sum_parts(
+    ws: f32[:, :], out: DT[:, :], sa: f32[:], sb: f32[:], bias: DT[:], m: i32, n: i32,
+    SPLIT: kaio.constexpr, ROW_A: kaio.constexpr, COL_B: kaio.constexpr,
+    BIAS: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """out = (the sum of ``ws``'s SPLIT parts, in order) * sa * sb (+ bias): a pair of
+    columns a thread (``_fp8.store_scaled``, the epilogue's arithmetic)."""
+    idx = i32(kaio.block_idx_x() * SUM_THREADS + kaio.thread_idx_x())
+    if idx < m * (n // 2):
+        row = idx // (n // 2)
+        col = 2 * (idx % (n // 2))
+        v = kaio.local(f32, (2,))
+        kaio.load_vector(v, ws, (row, col))
+        for p in kaio.static_range(1, SPLIT):
+            w = kaio.local(f32, (2,))
+            kaio.load_vector(w, ws, (p * m + row, col))
+            v[0] += w[0]
+            v[1] += w[1]
+        store_scaled(out, u32(row), u32(col), v[0], v[1], sa, sb, bias, ROW_A, COL_B, BIAS, DT)
+
+
+def shared_bytes(wg: int, bn: int, stages: int) -> int:
+    """The dynamic shared memory of a ``64 * wg x bn`` tile ring of ``stages`` (8-bit
+    operands, 128 values of K a stage), its barriers and the two turn barriers."""
+    return stages * ((64 * wg + bn) * BK * 2 + 16) + 16
+
+
+def stages_for(wg: int, bn: int, most: int = 12) -> int:
+    """The ring stages that fit in shared memory (at most ``most``)."""
+    return max(2, min(most, SHARED_LIMIT // shared_bytes(wg, bn, 1)))
+
+
+def promotion(wg: int, bn: int) -> int:
+    """The ``PROMOTE`` mode of a ``64 * wg x bn`` tile (module docstring): two slice sums in
+    turn where the three accumulators fit in registers (168 a thread with 384 threads),
+    else one sum waited for, halves past 128 columns."""
+    if bn > 128:
+        return 3
+    if wg == 1 or (wg == 2 and 3 * bn // 2 <= 160):
+        return 2
+    return 1  # 4 (turns) passes the simulator, not yet timed on a GPU
+
+
+def plan(wg: int, bn: int, cl: int = 1) -> tuple[int, int, int, int, int, int]:
+    """The full plan (WG, BN, STAGES, PROMOTE, VEC, CL) of a tile shape."""
+    return wg, bn, stages_for(wg, bn), promotion(wg, bn), 1, cl
+
+
+LARGE = (2, 128, 1)  # the (WG, BN, CL) of large products (measured: docs/performance.md)
+
+
+def config(m: int, n: int, k: int, sms: int) -> tuple[int, int, int, int, int, int]:
+    """(WG, BN, STAGES, PROMOTE, VEC, CL) for an ``m x n`` output on ``sms``
+    multiprocessors. Up to 64 rows the weights' bytes are the cost: 64-row tiles, as wide as
+    the waves of tiles allow (each tile costs about 64 columns more than its width). Past
+    that, the fewest waves of 64-column tiles (two warpgroups, or one for more tiles), or the
+    large tile once it gives every multiprocessor work (measured on an H100: the sweep of
+    bench/fp8_plans.py)."""
+
+    def waves(rows: int, bn: int) -> int:
+        return -(-(-(-m // rows) * -(-n // bn)) // sms)
+
+    if m <= 64:
+        bn = min((64, 128, 256), key=lambda b: (waves(64, b) * (b + 64), -b))
+        return plan(1, bn)
+    wg, bn, cl = LARGE
+    if -(-m // (64 * wg)) * -(-n // bn) >= sms:
+        return plan(wg, bn, cl)
+    return plan(*min(((2, 64), (1, 64)), key=lambda p: (waves(64 * p[0], p[1]), p[0])))
 
 
 def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: str, dt,
-           flags: dict, sms: int, stream) -> None:  # fmt: skip
+           flags: dict, sms: int, stream, plan: tuple | None = None, *,
+           like=None) -> None:  # fmt: skip
     """Run ``matmul_fp8_wgmma`` on a persistent grid of at most ``sms`` blocks. ``a_units``
     and ``bt_units``: A [m, k] and B^T [n, k] viewed as f16 [rows, k / 2] (for the tensor
     maps); the other arrays as ``_fp8._mm_fp8`` takes them; ``flags``: its ROW_A, COL_B and
-    BIAS."""
-    bn, stages = tiles(m, n, sms)
-    ta = kaio.tensor_map_2d(a_units, (BM, BK), SW)
-    tb = kaio.tensor_map_2d(bt_units, (bn, BK), SW)
-    grid = min(sms, -(-m // BM) * -(-n // bn))
-    matmul_fp8_wgmma[grid, THREADS, stream, shared_bytes(bn, stages)](
-        ta, tb, out, sa, sb, bias, m, n, k // 2, BN=bn, STAGES=stages, GROUP=GROUP_ROWS, **flags,
-        DT=dt, FP8=FP8_TYPES[name],
+    BIAS; ``plan``: (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT]]), default ``config``'s;
+    ``like``: the ``_arrays.Operand`` a K split's workspace is made like (f32 [SPLIT m, n],
+    summed by ``sum_parts``)."""
+    from kaio_ops.linear import _placeholder
+
+    wg, bn, stages, promote_mode, vec, *rest = plan or config(m, n, k, sms)
+    cl = rest[0] if rest else 1
+    split = rest[1] if len(rest) > 1 else 1
+    rows = 64 * wg
+    ta = kaio.tensor_map_2d(a_units, (rows, BK), SW)
+    tb = kaio.tensor_map_2d(bt_units, (bn // cl, BK), SW)
+    constexprs = dict(
+        WG=wg, BN=bn, STAGES=stages, PROMOTE=promote_mode, GROUP=GROUP_ROWS, **flags, DT=dt,
+        FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=split,
     )  # fmt: skip
+    threads, shared = wg * 128 + 128, shared_bytes(wg, bn, stages)
+    tiles = -(-m // (rows * cl)) * -(-n // bn) * split
+    if cl == 1:
+        grid = min(sms, tiles)
+    else:
+        grid = 2 * min(tiles, _clusters(threads, shared, constexprs))
+    ws = _arrays.output(like, (split * m, n), f32) if split > 1 else _placeholder(like, f32, 2)
+    matmul_fp8_wgmma[grid, threads, stream, shared](
+        ta, tb, out, ws, sa, sb, bias, m, n, k // 2, **constexprs
+    )
+    if split > 1:
+        sum_parts[-(-m * (n // 2) // SUM_THREADS), SUM_THREADS, stream](
+            ws, out, sa, sb, bias, m, n, SPLIT=split, **flags, DT=dt
+        )
+
+
+_CLUSTERS: dict = {}
+
+
+def _clusters(threads: int, shared: int, constexprs: dict) -> int:
+    """How many clusters of two of this configuration run at once (asked once)."""
+    from kaio.sim.mode import active as simulating
+
+    if simulating():
+        return 1
+    key = (threads, shared, tuple(sorted((k, str(v)) for k, v in constexprs.items())))
+    if key not in _CLUSTERS:
+        _CLUSTERS[key] = max(1, matmul_fp8_wgmma.max_active_clusters(threads, shared, **constexprs))
+    return _CLUSTERS[key]
+
+
+PLANS = [(2, 128), (2, 64), (1, 64), (1, 128), (1, 256), (3, 128), (2, 96)]  # (WG, BN) picks
 
 
 def specializations():
     """(kernel, constexprs) of the specializations ``launch`` uses (a spread for PTX checks:
-    every fp8 type, output type, tile width and flag)."""
+    every tile shape, and across them every fp8 type, output type and flag)."""
     from kaio import bf16
 
-    for i, (name, dt) in enumerate((n, d) for n in FP8_TYPES for d in (bf16, f16, f32)):
-        flags = {"ROW_A": i % 2, "COL_B": (i // 2) % 2, "BIAS": (i // 4) % 2}
-        tile = {"BN": 128, "STAGES": 5, "GROUP": GROUP_ROWS}
-        yield matmul_fp8_wgmma, {**tile, **flags, "DT": dt, "FP8": FP8_TYPES[name]}
+    combos = [(nm, d) for nm in FP8_TYPES for d in (bf16, f16, f32)]
+    for i, (wg, bn) in enumerate(PLANS):
+        name, dt = combos[i % len(combos)]
+        flags = {"ROW_A": i % 2, "COL_B": (i // 2) % 2, "BIAS": (i + 1) // 3 % 2}
+        w, b, stages, promote_mode, vec, cl = plan(wg, bn)
+        tile = {"WG": w, "BN": b, "STAGES": stages, "PROMOTE": promote_mode}
+        yield matmul_fp8_wgmma, {**tile, "GROUP": GROUP_ROWS, **flags, "DT": dt,
+                                 "FP8": FP8_TYPES[name], "VEC": vec, "CL": cl,
+                                 "SPLIT": 2 if wg == 1 and bn == 64 else 1}  # fmt: skip
+    yield sum_parts, {"SPLIT": 2, "ROW_A": 1, "COL_B": 0, "BIAS": 1, "DT": bf16}

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import kaio
 from kaio import f16, f32, i32, u32, u64
-from kaio_ops._fp8_hopper import produce_all
+from kaio.types import i8
+from kaio_ops._fp8_hopper import consume, produce_all
 from kaio_ops._matmul_hopper import (
     A_STAGE_BYTES,
     BK,
@@ -47,7 +48,7 @@ def store_int8(
     pair of adjacent columns a store when N is even."""
     here = kaio.local(i32, (4,))
     here[1] = tile
-    place(here, tiles_m, tiles_n, BN, GROUP)
+    place(here, tiles_m, tiles_n, BN, GROUP, BM)
     lane = i32(lt % 32)
     row0 = here[2] + 64 * i32(wg) + 16 * i32(lt // 32) + lane // 4
     for h in kaio.static_range(2):
@@ -83,35 +84,21 @@ def matmul_int8_wgmma(
     tile0, step, tiles_m, tiles_n, my_tiles, k_tiles, slices = tile_schedule(m, n, k2, BM, BN, BK)
     init_ring(bars, t, STAGES, 2)  # "free": lane 0 of each consumer warpgroup
     acc = kaio.local(i32, (BN // 8, 2, 2))
-    s = i32(0)
-    ph = u32(0)
+    unused = kaio.local(i32, (1, 2, 2))  # consume's slice sums: none (exact s32 sums)
+    no_turns = kaio.shared_dynamic(u64, (2,), 0)  # nor turns (never read)
+    ring = kaio.local(i32, (3,))  # stage, phase parity, slices so far
+    ring[0] = 0
+    ring[1] = 0
+    ring[2] = 0
     if wg < 2:  # the consumers
-        ps = i32(0)  # the stage of the slice before
         for i in range(my_tiles):
-            for kt in range(k_tiles):
-                kaio.mbarrier_wait(bars, (0, s), ph)
-                kaio.wgmma_fence()
-                for kk in kaio.static_range(BK // 16):
-                    da = kaio.smem_descriptor(sa_s, (s, 64 * wg, kk * 16), SW, 16, 1024)
-                    db = kaio.smem_descriptor(sb_s, (s, 0, kk * 16), SW, 16, 1024)
-                    kaio.wgmma_s8(acc, da, db, kt + kk > 0)
-                kaio.wgmma_commit()
-                kaio.wgmma_wait(1)
-                if kt > 0 and lt == 0:  # the slice before's wgmmas are done: free its stage
-                    kaio.mbarrier_arrive(bars, (1, ps))
-                ps = s
-                s += 1
-                if s == STAGES:
-                    s = 0
-                    ph ^= 1
-            kaio.wgmma_wait(0)
-            if lt == 0:  # the tile's last slice
-                kaio.mbarrier_arrive(bars, (1, ps))
+            consume(acc, unused, unused, sa_s, sb_s, bars, no_turns, ring, k_tiles, wg, lt, BN,
+                    STAGES, 0, i8, i32, 1)  # fmt: skip
             store_int8(acc, out, alpha, tile0 + i * step, tiles_m, tiles_n, m, n, wg, lt, BN,
                        GROUP)  # fmt: skip
     elif t == CONSUMERS:  # the producer
         produce_all(sa_s, sb_s, bars, ta, tb, tile0, slices, k_tiles, step, tiles_m, tiles_n, BN,
-                    STAGES, GROUP)  # fmt: skip
+                    STAGES, GROUP, BM, 1, 1)  # fmt: skip
 
 
 def eligible(a, k: int) -> bool:

@@ -55,23 +55,25 @@ def grouped(tile: i32, tiles_m: i32, tiles_n: i32, GROUP: kaio.constexpr) -> i32
 
 
 @kaio.gpu_func
-def place(at: i32[:], tiles_m: i32, tiles_n: i32, BN: kaio.constexpr, GROUP: kaio.constexpr):
-    """Set ``at[2], at[3]`` to the first row and column of tile number ``at[1]``."""
+def place(at: i32[:], tiles_m: i32, tiles_n: i32, BN: kaio.constexpr, GROUP: kaio.constexpr,
+          ROWS: kaio.constexpr):  # fmt: skip
+    """Set ``at[2], at[3]`` to the first row and column of tile number ``at[1]`` (tiles of
+    ``ROWS x BN``)."""
     idx = grouped(at[1], tiles_m, tiles_n, GROUP)
-    at[2] = (idx // tiles_n) * BM
+    at[2] = (idx // tiles_n) * ROWS
     at[3] = (idx % tiles_n) * BN
 
 
 @kaio.gpu_func
 def next_slice(at: i32[:], k_tiles: i32, step: i32, tiles_m: i32, tiles_n: i32,
-               BN: kaio.constexpr, GROUP: kaio.constexpr):  # fmt: skip
+               BN: kaio.constexpr, GROUP: kaio.constexpr, ROWS: kaio.constexpr):  # fmt: skip
     """Step the producer's position ``at`` to the K slice after its current one: the next
     tile's first (``place``) after the tile's last, dividing only when the tile changes."""
     at[0] += 1
     if at[0] == k_tiles:
         at[0] = 0
         at[1] += step
-        place(at, tiles_m, tiles_n, BN, GROUP)
+        place(at, tiles_m, tiles_n, BN, GROUP, ROWS)
 
 
 @kaio.gpu_func
@@ -100,7 +102,7 @@ def produce(
     kaio.tma_load_2d(sa, (s, 0, 0), ta, at[2], k0, bars, (0, s))
     for j in kaio.static_range(BN // 64):
         kaio.tma_load_2d(sb, (s, j, 0, 0), tb, k0, at[3] + j * 64, bars, (0, s))
-    next_slice(at, k_tiles, step, tiles_m, tiles_n, BN, GROUP)
+    next_slice(at, k_tiles, step, tiles_m, tiles_n, BN, GROUP, BM)
 
 
 @kaio.gpu_func
@@ -132,20 +134,33 @@ def epilogue(
     lt: u32, BN: kaio.constexpr, GROUP: kaio.constexpr, OUT: kaio.constexpr,
 ):  # fmt: skip
     """Store warpgroup ``wg``'s 64 rows of tile number ``tile`` (thread ``lt`` of it holds
-    ``acc``) through ``store_c``, each column times its output's scale. Lanes t and t ^ 1
-    trade pairs, so that each stores 4 adjacent columns (16 bytes of f32, 8 of f16): even
-    lanes columns 2t..2t+3 of the first 8 of a 16, odd lanes 2t-2..2t+1 of the next 8."""
-    SIZE = OUT.itemsize  # noqa: N806  (a compile-time int, as the constexprs)
+    ``acc``) through ``store_rows``."""
     here = kaio.local(i32, (4,))
     here[1] = tile
-    place(here, tiles_m, tiles_n, BN, GROUP)
+    place(here, tiles_m, tiles_n, BN, GROUP, BM)
+    store_rows(acc, c0, c1, c2, here[2] + 64 * i32(wg), here[3], m, n, n0, n1, s0, s1, s2, lt,
+               BN, OUT)  # fmt: skip
+
+
+@kaio.gpu_func
+def store_rows(
+    acc: f32[:, :, :], c0: OUT[:, :], c1: OUT[:, :], c2: OUT[:, :], row0: i32, col0: i32,
+    m: i32, n: i32, n0: i32, n1: i32, s0: f32, s1: f32, s2: f32, lt: u32, BN: kaio.constexpr,
+    OUT: kaio.constexpr,
+):  # fmt: skip
+    """Store a warpgroup's 64 rows of C from row ``row0``, BN columns from ``col0`` (thread
+    ``lt`` of it holds ``acc``, the m16n8 C fragment of each n8 tile of its warp's 16 rows)
+    through ``store_c``, each column times its output's scale. Lanes t and t ^ 1 trade
+    pairs, so that each stores 4 adjacent columns (16 bytes of f32, 8 of f16): even lanes
+    columns 2t..2t+3 of the first 8 of a 16, odd lanes 2t-2..2t+1 of the next 8."""
+    SIZE = OUT.itemsize  # noqa: N806  (a compile-time int, as the constexprs)
     lane = i32(lt % 32)
-    row = here[2] + 64 * i32(wg) + 16 * i32(lt // 32) + lane // 4
+    row = row0 + 16 * i32(lt // 32) + lane // 4
     odd = lane % 2 == 1
     mine = kaio.local(u32, (2, SIZE // 2))  # a pair of each 8: its f32 bits or f16x2
     out = kaio.local(u32, SIZE)
     for jp in kaio.static_range(BN // 16):
-        col = here[3] + 16 * jp + 2 * (lane % 4)
+        col = col0 + 16 * jp + 2 * (lane % 4)
         scales = kaio.local(f32, 2)
         scales[0] = scale_of(col, n0, n1, s0, s1, s2)
         scales[1] = scale_of(col + 8, n0, n1, s0, s1, s2)
@@ -282,7 +297,7 @@ def matmul_wgmma(
         at = kaio.local(i32, (4,))
         at[0] = 0
         at[1] = tile0
-        place(at, tiles_m, tiles_n, BN, GROUP)
+        place(at, tiles_m, tiles_n, BN, GROUP, BM)
         for g in range(slices):
             if g >= STAGES:  # stage s held slice g - STAGES: wait until both freed it
                 kaio.mbarrier_wait(bars, (1, s), ph ^ 1)

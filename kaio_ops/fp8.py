@@ -194,7 +194,7 @@ def matmul_fp8(a, b, scale_a, scale_b, *, out_dtype=None, bias=None):
     if _uses_wgmma(a):
         H.launch(
             _units(a.obj, a.kind), _units(bt_obj, a.kind), out_arg, sa, sb, bias_arg,
-            m, n, k, a.dtype.name, dt, flags, _arrays.multiprocessors(a), stream,
+            m, n, k, a.dtype.name, dt, flags, _arrays.multiprocessors(a), stream, like=a,
         )  # fmt: skip
         return out
     grid = (math.ceil(n / K.BN), math.ceil(m / K.BM))

@@ -192,6 +192,51 @@ def test_matmul_hopper_kernel_sim(monkeypatch):
     assert np.abs(ref).max() > 100
 
 
+@pytest.mark.parametrize(
+    "plan, m, n, k, scales, out",
+    [
+        ((2, 128, 3, 2, 1), 130, 48, 384, "row", "f32"),  # double sums, odd number of slices
+        ((2, 256, 2, 3, 1), 70, 272, 256, "col", "bf16"),  # 256-wide halves, 2 tiles of N
+        ((2, 128, 2, 1, 0), 20, 160, 128, "tensor", "f16"),  # one sum waited for; pair stores
+        ((1, 32, 4, 2, 1), 9, 112, 512, "both", "bf16"),  # decode: 64-row tiles, 4 a block
+        ((1, 64, 2, 2, 0), 64, 80, 128, "row", "f32"),  # one slice, a partial N tile
+        ((2, 128, 2, 2, 1, 2), 300, 272, 384, "both", "bf16"),  # clusters of two, multicast B
+        ((3, 96, 2, 2, 1), 200, 208, 256, "row", "f16"),  # three consumer warpgroups
+        ((2, 128, 3, 4, 1), 260, 144, 384, "col", "bf16"),  # warpgroups issuing in turn
+        ((1, 64, 3, 2, 1, 1, 3), 20, 128, 640, "both", "f16"),  # K split 3 ways (5 slices)
+    ],
+)
+def test_hopper_plans_sim(plan, m, n, k, scales, out, monkeypatch):
+    """Every tile shape and accumulation mode of the sm_90 kernel on the simulator, two
+    persistent blocks (several tiles each, the ring running across tiles), against float64:
+    per-tensor, per-row and per-column scales, bias, the output types, M and N edges."""
+    from kaio_ops import _fp8_hopper, fp8
+
+    monkeypatch.setattr(fp8, "HOPPER_IN_SIMULATOR", True)
+    calls = []
+    launch = _fp8_hopper.launch
+
+    def forced(*args, like=None):
+        calls.append(1)
+        launch(*args[:12], 2, args[13], plan, like=like)
+
+    monkeypatch.setattr(_fp8_hopper, "launch", forced)
+    a, w = _fp8_operands(m, k, n, "e4m3", seed=m + n)
+    rng = np.random.default_rng(k)
+    sa = rng.uniform(0.5, 2, (m, 1) if scales in ("row", "both") else (1,)).astype(np.float32)
+    sb = rng.uniform(0.5, 2, (1, n) if scales in ("col", "both") else (1,)).astype(np.float32)
+    np_out = {"bf16": ml_dtypes.bfloat16, "f16": np.float16, "f32": np.float32}[out]
+    bias = (rng.standard_normal(n) * 10).astype(np_out)
+    with kaio.simulate():
+        got = kaio_ops.matmul_fp8(a, w.T, sa, sb, out_dtype=out, bias=bias)
+    assert calls == [1]
+    ref = matmul_reference(a, w.T, sa, sb, bias)
+    eps = {"bf16": 2.0**-8, "f16": 2.0**-11, "f32": 2.0**-20}[out]
+    mag = matmul_reference(np.abs(a.astype(np.float64)), np.abs(w.T.astype(np.float64)), sa, sb)
+    assert np.all(np.abs(got.astype(np.float64) - ref) <= np.abs(ref) * eps + 1e-6 * mag + 1e-3)
+    assert np.abs(ref).max() > 100
+
+
 def test_matmul_torch_dtypes_accepted():
     torch = pytest.importorskip("torch")
     a, w = _fp8_operands(16, 32, 16, "e4m3", seed=2)
@@ -253,12 +298,30 @@ def test_ptx_assembles(arch, fmt, dt):
 
 @needs_ptxas
 def test_hopper_kernel_assembles_for_sm_90a():
+    """Every tile shape the sm_90 kernel ships (and a cluster of two) through ptxas: the fp8
+    wgmma of each width, no spills (the consumers' registers raised by setmaxnreg)."""
     from kaio_ops import _fp8_hopper
 
-    kernel, constexprs = list(_fp8_hopper.specializations())[1]  # e4m3, f16 out
-    ptx = kernel.ptx(arch="sm_90", **constexprs)
-    assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in ptx
-    assemble(ptx, "sm_90a")
+    cases = list(_fp8_hopper.specializations())
+    kernel, constexprs = cases[0]
+    cases.append((kernel, {**constexprs, "CL": 2}))
+    for kernel, constexprs in cases:
+        ptx = kernel.ptx(arch="sm_90", **constexprs)
+        if kernel is _fp8_hopper.sum_parts:  # the K split's sum
+            assert " 0 bytes spill stores" in assemble(ptx, "sm_90")
+            continue
+        fp8 = constexprs["FP8"].name
+        assert f"wgmma.mma_async.sync.aligned.m64n{min(constexprs['BN'], 128)}k32.f32.{fp8}" in ptx
+        assert " 0 bytes spill stores" in assemble(ptx, "sm_90a")
+
+
+@needs_ptxas
+def test_hopper_kernel_llvm_backend_assembles():
+    pytest.importorskip("llvmlite")
+    from kaio_ops import _fp8_hopper
+
+    kernel, constexprs = list(_fp8_hopper.specializations())[3]
+    assemble(kernel.ptx(arch="sm_90", backend="llvm", **constexprs), "sm_90a")
 
 
 @needs_ptxas
@@ -336,3 +399,37 @@ def test_matmul_gpu_vs_scaled_mm(shape, scales, path, monkeypatch):
     # and the row-major b path (a transposed copy) gives the same bits
     again = kaio_ops.matmul_fp8(a, wq.t().contiguous(), sa, sb, bias=bias)
     assert torch.equal(again, got)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("vec", [1, 0])
+@pytest.mark.parametrize(
+    "wg, bn, split",
+    [(2, 128, 1), (2, 96, 1), (3, 128, 1), (2, 64, 1), (1, 64, 1), (1, 256, 1), (1, 64, 3)],
+)
+def test_hopper_plans_gpu_vs_scaled_mm(wg, bn, split, vec, monkeypatch):
+    """Every tile shape of the sm_90 kernel, forced, against torch._scaled_mm at K = 8192 (64
+    slices: the promoted sums): per-row and per-column scales, bias, M and N edges."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernel needs sm_90")
+    from kaio_ops import _fp8_hopper as H
+
+    plan = (*H.plan(wg, bn)[:4], vec, 1, split)
+    monkeypatch.setattr(H, "config", lambda *args: plan)
+    m, k, n = 1000, 8192, 1008
+    x = torch.randn(m, k, device="cuda")
+    w = torch.randn(n, k, device="cuda")
+    a, sa = kaio_ops.quantize_fp8(x, per="row")
+    wq, sw = kaio_ops.quantize_fp8(w, per="row")
+    bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+    got = kaio_ops.matmul_fp8(a, wq.t(), sa, sw.view(1, n), bias=bias)
+    mp = 1008
+    ap = torch.zeros(mp, k, device="cuda").to(a.dtype)
+    ap[:m] = a
+    sap = torch.ones(mp, 1, device="cuda")
+    sap[:m] = sa
+    want = torch._scaled_mm(ap, wq.t(), sap, sw.view(1, n), out_dtype=torch.bfloat16)[:m]
+    want = want.float() + bias.float()
+    diff = (got.float() - want).abs()
+    assert (diff <= want.abs() * 2**-6 + 1e-3 * want.abs().max()).all()
