@@ -9,7 +9,8 @@ several kernels).
 
 Where the installed torch refuses an M that is not a multiple of 16 (older versions do), the
 peer's call pads a with zero rows to the next multiple, as a user must, and the padding is
-timed with it (``PADS`` records it). Each implementation is first checked against float64 of the same fp8 values. Usage:
+timed with it (``PADS`` records it). Each implementation is first checked against float64 of
+the same fp8 values. Usage:
 ``python bench/fp8.py --out results.json`` (``--quick``: 4096^3 and a short sweep, about 2
 minutes; ``--ms 1,16,256 --models 8b`` any other subset; ``--no-squares`` the sweep only).
 """
