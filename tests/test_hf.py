@@ -298,8 +298,9 @@ def test_static_cache_generate_on_gpu(batch):
     ``greedy`` with a static cache the same."""
     extra = gpu_size(num_hidden_layers=4)
     ref, patched = build("llama", torch.float16, device="cuda", **extra)
+    # tokens from 1: generate() takes pad_token_id's tokens (0) in the prompt for padding
     ids = torch.randint(
-        0, 512, (batch, 40), device="cuda", generator=torch.Generator("cuda").manual_seed(7)
+        1, 512, (batch, 40), device="cuda", generator=torch.Generator("cuda").manual_seed(7)
     )
     check_generation(ref, patched, ids, steps=32, cache="static")
     with torch.no_grad():
