@@ -12,8 +12,10 @@ others' results:
   median of several rounds of back-to-back calls, every contender in the same process.
 
 - ``tiny``: the default kernel on a few small cases (for compute-sanitizer).
+- ``one --variant LABEL [--d D] [--causal]``: one variant three times at B4 H16 S4096 (for a
+  profiler).
 
-Usage: ``python bench/attention_hopper.py {warm,check,time,tiny} [--out FILE.json]``.
+Usage: ``python bench/attention_hopper.py {warm,check,time,tiny,one} [--out FILE.json]``.
 """
 
 from __future__ import annotations
@@ -27,25 +29,39 @@ from concurrent.futures import ProcessPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-NEW = {  # name: the config over _attention_hopper.config's (the default: ping-pong, PIPE 2)
+NEW = {  # name: the config over _attention_hopper.config's (the default: "wgmma")
     "wgmma": {},
-    "wgmma pipe1": {"PIPE": 1},
-    "wgmma pipe0": {"PIPE": 0},
-    "wgmma 2 stages": {"STAGES": 2},
-    "wgmma 1 wg": {"WG": 1, "REGS": 0, "PIPE": 1},
-    "wgmma precise": {"precise": True},  # without fastmath (ex2.approx.f32, not .ftz)
-    "wgmma bn176": {"BN": 176, "STAGES": 2},
-    "wgmma bn192": {"BN": 192, "STAGES": 2},
+    "pipe0": {"PIPE": 0},
+    "pipe0 tree": {"PIPE": 0, "TREE": 1},
+    "pipe1": {"PIPE": 1},
+    "pipe2": {"PIPE": 2},
+    "pipe3": {"PIPE": 3},
+    "pipe3 tree": {"PIPE": 3, "TREE": 1},
+    "pipe4": {"PIPE": 4},
+    "pipe4 tree": {"PIPE": 4, "TREE": 1},
+    "pipe3 tree 2 stages": {"PIPE": 3, "TREE": 1, "STAGES": 2},
+    "pipe3 tree bn176": {"PIPE": 3, "TREE": 1, "BN": 176, "STAGES": 2},
+    "pipe4 tree bn176": {"PIPE": 4, "TREE": 1, "BN": 176, "STAGES": 2},
+    "wg3 pipe3": {"WG": 3, "REGS": 160, "PIPE": 3},
+    "wg3 pipe3 tree": {"WG": 3, "REGS": 160, "PIPE": 3, "TREE": 1},
+    "wg3 pipe0 tree": {"WG": 3, "REGS": 160, "PIPE": 0, "TREE": 1},
+    "precise": {"precise": True},  # without fastmath (ex2.approx.f32, not .ftz)
 }
+D128 = ["wgmma", "pipe0 tree", "pipe1", "pipe3", "pipe3 tree", "pipe4", "pipe4 tree",
+        "pipe3 tree 2 stages", "pipe3 tree bn176", "pipe4 tree bn176"]  # fmt: skip
+D64 = ["wgmma", "pipe0", "pipe3 tree", "pipe4", "pipe4 tree", "wg3 pipe3", "wg3 pipe3 tree",
+       "wg3 pipe0 tree"]  # fmt: skip
+D256 = ["wgmma", "pipe3 tree", "pipe4 tree"]
+BF16 = ["wgmma", "pipe3 tree", "pipe4 tree"]
+BEST = ["wgmma", "pipe3 tree", "pipe4 tree"]  # the contenders of the other shapes
 
 
 def variants():
     """(label, dtype name, head dim, kind, config): every kernel the steps launch."""
-    out = [(name, "float16", 128, "new", over) for name, over in NEW.items()]
-    out.append(("wgmma", "bfloat16", 128, "new", {}))
-    for d in (64, 256):
-        out.append(("wgmma", "float16", d, "new", {}))
-        out.append(("wgmma pipe1", "float16", d, "new", {"PIPE": 1}))
+    out = [(name, "float16", 128, "new", NEW[name]) for name in D128]
+    out += [(name, "bfloat16", 128, "new", NEW[name]) for name in BF16]
+    out += [(name, "float16", 64, "new", NEW[name]) for name in D64]
+    out += [(name, "float16", 256, "new", NEW[name]) for name in D256]
     for dt, d in (("float16", 128), ("bfloat16", 128), ("float16", 64), ("float16", 256)):
         out.append(("mma.sync", dt, d, "old", {}))
     return out
@@ -167,6 +183,17 @@ def tiny() -> None:
             print(f"tiny {dtype} D{d} causal={causal}: rel {err:.1e}", flush=True)
 
 
+def one(label: str, d: int, causal: bool) -> None:
+    """Variant ``label`` (f16, head dim d, B4 H16 S4096) three times: for a profiler."""
+    run = runner("new" if label != "mma.sync" else "old", d, NEW.get(label, {}))
+    q, k, v = tensors(4, 16, 16, 4096, 4096, d, "float16")
+    for _ in range(3):
+        run(q, k, v, causal)
+    import torch
+
+    torch.cuda.synchronize()
+
+
 def emit(rows: list, row: dict) -> None:
     """Keep ``row`` and print it (one JSON line: a run cut short still shows it)."""
     rows.append(row)
@@ -222,17 +249,15 @@ def bench(out_path, check_log=None):
             return sdpa(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
 
     cases = [  # dtype, d, b, h, hkv, s, variants
-        ("float16", 128, 4, 16, 16, 4096, list(NEW) + ["mma.sync"]),
-        ("bfloat16", 128, 4, 16, 16, 4096, ["wgmma", "mma.sync"]),
-        ("float16", 64, 4, 16, 16, 4096, ["wgmma", "wgmma pipe1", "mma.sync"]),
-        ("float16", 256, 4, 16, 16, 4096, ["wgmma", "wgmma pipe1", "mma.sync"]),
-        ("float16", 128, 32, 16, 16, 512, ["wgmma", "wgmma pipe1", "mma.sync"]),
-        ("float16", 128, 16, 16, 16, 1024, ["wgmma", "wgmma pipe1", "mma.sync"]),
-        ("float16", 128, 8, 16, 16, 2048, ["wgmma", "wgmma pipe1", "mma.sync"]),
-        ("float16", 128, 2, 16, 16, 8192, ["wgmma", "wgmma pipe1", "mma.sync"]),
-        ("float16", 128, 1, 16, 16, 16384, ["wgmma", "wgmma pipe1", "mma.sync"]),
-        ("float16", 128, 4, 32, 8, 4096, ["wgmma", "mma.sync"]),
-        ("float16", 128, 1, 32, 8, 1000, ["wgmma", "mma.sync"]),  # a partial last tile
+        ("float16", 128, 4, 16, 16, 4096, D128 + ["mma.sync"]),
+        ("bfloat16", 128, 4, 16, 16, 4096, BF16 + ["mma.sync"]),
+        ("float16", 64, 4, 16, 16, 4096, D64 + ["mma.sync"]),
+        ("float16", 256, 4, 16, 16, 4096, D256 + ["mma.sync"]),
+        ("float16", 128, 8, 16, 16, 2048, BEST + ["mma.sync"]),
+        ("float16", 128, 2, 16, 16, 8192, BEST + ["mma.sync"]),
+        ("float16", 128, 1, 16, 16, 16384, BEST + ["mma.sync"]),
+        ("float16", 128, 4, 32, 8, 4096, BEST + ["mma.sync"]),
+        ("float16", 64, 2, 16, 16, 8192, D64 + ["mma.sync"]),
     ]
     by = {(lab, dt, d): (kind, over) for lab, dt, d, kind, over in variants()}
     ok = passed(check_log)
@@ -267,7 +292,10 @@ def bench(out_path, check_log=None):
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("step", choices=("warm", "check", "time", "tiny"))
+    p.add_argument("step", choices=("warm", "check", "time", "tiny", "one"))
+    p.add_argument("--variant", default="wgmma", help="one: the variant (a NEW label)")
+    p.add_argument("--d", type=int, default=128, help="one: the head dim")
+    p.add_argument("--causal", action="store_true", help="one: causal")
     p.add_argument("--out")
     p.add_argument("--jobs", type=int, default=8)
     p.add_argument("--check-log", help="time: only the variants this check output passed")
@@ -287,6 +315,8 @@ def main() -> None:
         check(args.out)
     elif args.step == "tiny":
         tiny()
+    elif args.step == "one":
+        one(args.variant, args.d, args.causal)
     else:
         bench(args.out, args.check_log)
 

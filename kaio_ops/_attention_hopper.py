@@ -134,9 +134,46 @@ def pack_p(p: u32[:, :], s: f32[:, :], BN: kaio.constexpr, DT: kaio.constexpr):
 
 
 @kaio.gpu_func
+def row_reduce(s: f32[:, :], h: kaio.constexpr, NB: kaio.constexpr, SUM: kaio.constexpr) -> f32:
+    """The max (``SUM`` 0) or the sum (``SUM`` 1) of this lane's 2 * NB values of row half h
+    of s, in four independent chains (a fourth of the serial chain's latency)."""
+    acc = kaio.local(f32, 4)
+    for v in kaio.static_range(4):
+        acc[v] = s[v // 2, 2 * h + v % 2]
+    for v in kaio.static_range(4, 2 * NB):
+        if SUM:
+            acc[v % 4] = acc[v % 4] + s[v // 2, 2 * h + v % 2]
+        else:
+            acc[v % 4] = kaio.max(acc[v % 4], s[v // 2, 2 * h + v % 2])
+    if SUM:
+        return (acc[0] + acc[1]) + (acc[2] + acc[3])
+    return kaio.max(kaio.max(acc[0], acc[1]), kaio.max(acc[2], acc[3]))
+
+
+@kaio.gpu_func
+def softmax_step_tree(
+    s: f32[:, :], m: f32[:], l: f32[:], h: kaio.constexpr, scale_log2: f32, NB: kaio.constexpr
+) -> f32:
+    """``_attention_tc.softmax_step`` with the row's max and sum in independent chains
+    (``row_reduce``): the same maximum, the sum in another order."""
+    top = row_reduce(s, h, NB, 0)
+    top = kaio.max(top, kaio.shfl_xor(top, 1))
+    top = kaio.max(top, kaio.shfl_xor(top, 2))
+    m_new = kaio.max(m[h], top * scale_log2)
+    base = kaio.select(m_new == NEG_INF, 0.0, m_new)
+    alpha = kaio.exp2(m[h] - base)
+    m[h] = m_new
+    for n in kaio.static_range(NB):
+        for e in kaio.static_range(2):
+            s[n, 2 * h + e] = kaio.exp2(kaio.fma(s[n, 2 * h + e], scale_log2, -base))
+    l[h] = l[h] * alpha + row_reduce(s, h, NB, 1)
+    return alpha
+
+
+@kaio.gpu_func
 def softmax_tile(
     s: f32[:, :], m: f32[:], l: f32[:], alpha: f32[:], j: i32, row0: i32, sk: i32,
-    causal: i32, scale_log2: f32, lane: u32, BN: kaio.constexpr,
+    causal: i32, scale_log2: f32, lane: u32, BN: kaio.constexpr, TREE: kaio.constexpr,
 ):  # fmt: skip
     """Mask key tile j's scores (keys at or past sk, and past the row when causal) where the
     tile needs it, then one online-softmax step of both row halves (row0 + 8h); the factors
@@ -151,7 +188,10 @@ def softmax_tile(
                     ok = key < sk and (causal == 0 or key <= row)
                     s[n, 2 * h + e] = kaio.select(ok, s[n, 2 * h + e], NEG_INF)
     for h in kaio.static_range(2):
-        alpha[h] = softmax_step(s, m, l, h, scale_log2, BN // 8)
+        if TREE:
+            alpha[h] = softmax_step_tree(s, m, l, h, scale_log2, BN // 8)
+        else:
+            alpha[h] = softmax_step(s, m, l, h, scale_log2, BN // 8)
 
 
 @kaio.gpu_func
@@ -250,7 +290,7 @@ def consume(
     q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
     out: DT[:], lse: f32[:], wg: u32, lt: u32, bh: i32, q0: i32, n_tiles: i32, sq: i32,
     sk: i32, causal: i32, scale_log2: f32, D: kaio.constexpr, BN: kaio.constexpr,
-    STAGES: kaio.constexpr, PIPE: kaio.constexpr, DT: kaio.constexpr,
+    STAGES: kaio.constexpr, PIPE: kaio.constexpr, TREE: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 query rows (thread ``lt`` of it) over the key tiles
     (module docstring), then its rows of ``out`` and ``lse``. ``turn[0]``, ``turn[1]``: the
@@ -267,10 +307,10 @@ def consume(
     s = kaio.local(f32, (BN // 8, 4))
     p = kaio.local(u32, (BN // 16, 4))
     kaio.mbarrier_wait(turn, 2, 0)  # the Q tile landed
-    if PIPE:
+    if PIPE == 1 or PIPE == 2:
         # tile 0: S, softmax, P; then each tile j issues S_j with P_{j-1} V_{j-1}
         s_tile(s, q_s, k_s, bars, 0, 0, wg, lt, D, DT)
-        softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN)
+        softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, TREE)
         pack_p(p, s, BN, DT)
         ps = i32(0)  # the stage and parity of tile j - 1
         pph = u32(0)
@@ -295,7 +335,7 @@ def consume(
             kaio.wgmma_wait(1)  # S_j done
             if lt == 0:
                 kaio.mbarrier_arrive(bars, (2, st))
-            softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN)
+            softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, TREE)
             kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done
             if lt == 0:
                 kaio.mbarrier_arrive(bars, (3, ps))
@@ -308,10 +348,55 @@ def consume(
                 st = 0
                 ph ^= 1
         pv_tile(o, p, v_s, bars, turn, ps, pph, n_tiles * BN > sk, lt, BN, DT)
+    elif PIPE >= 3:
+        # FlashAttention-3's order: tile j's S = Q K_j^T issued, then O rescaled by tile
+        # j - 1's factors (while S runs) and P_{j-1} V_{j-1} issued; the softmax of tile j
+        # runs while P V is on the tensor cores (PIPE 4: the warpgroups take turns to issue)
+        s_tile(s, q_s, k_s, bars, 0, 0, wg, lt, D, DT)
+        softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, TREE)
+        pack_p(p, s, BN, DT)
+        ps = i32(0)  # the stage and parity of tile j - 1
+        pph = u32(0)
+        st = 1
+        if STAGES == 1:
+            st = 0
+            ph = 1
+        for j in range(1, n_tiles):
+            kaio.mbarrier_wait(bars, (0, st), ph)
+            if PIPE == 4:  # wait for this warpgroup's turn on the tensor cores
+                if wg == 0:
+                    if j > 1:
+                        kaio.mbarrier_wait(turn, 0, u32(j - 2) & 1)
+                else:
+                    kaio.mbarrier_wait(turn, 1, u32(j - 1) & 1)
+            kaio.wgmma_fence()
+            issue_s(s, q_s, k_s, st, wg, D, DT)
+            rescale_rows(o, alpha, D)
+            kaio.mbarrier_wait(bars, (1, ps), pph)
+            kaio.wgmma_fence()
+            issue_pv(o, p, v_s, ps, BN, DT)
+            if PIPE == 4 and lt % 32 == 0:  # the other warpgroup's turn
+                kaio.mbarrier_arrive(turn, 1 - wg)
+            kaio.wgmma_wait(1)  # S_j done
+            if lt == 0:
+                kaio.mbarrier_arrive(bars, (2, st))
+            softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, TREE)
+            kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done
+            if lt == 0:
+                kaio.mbarrier_arrive(bars, (3, ps))
+            pack_p(p, s, BN, DT)
+            ps = st
+            pph = ph
+            st += 1
+            if st == STAGES:
+                st = 0
+                ph ^= 1
+        rescale_rows(o, alpha, D)
+        pv_tile(o, p, v_s, bars, turn, ps, pph, n_tiles * BN > sk, lt, BN, DT)
     else:
         for j in range(n_tiles):
             s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT)
-            softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN)
+            softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, TREE)
             rescale_rows(o, alpha, D)
             pack_p(p, s, BN, DT)
             pv_tile(o, p, v_s, bars, turn, st, ph, (j + 1) * BN > sk, lt, BN, DT)
@@ -341,6 +426,7 @@ def attention_fwd_wgmma(
     STAGES: kaio.constexpr,
     PIPE: kaio.constexpr,
     REGS: kaio.constexpr,
+    TREE: kaio.constexpr,
     DT: kaio.constexpr,
 ):
     """out[bh, row] = softmax(q[bh, row] k[kv]^T * scale) v[kv] and lse[bh, row] for the
@@ -383,12 +469,12 @@ def attention_fwd_wgmma(
     if wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
-        if PIPE == 2 and wg == 0:  # ping-pong: a loop in each branch (the simulator's turns)
+        if (PIPE == 2 or PIPE == 4) and wg == 0:  # ping-pong: a loop in each branch (turns)
             consume(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh, q0, n_tiles, sq, sk,
-                    causal, scale_log2, D, BN, STAGES, PIPE, DT)  # fmt: skip
+                    causal, scale_log2, D, BN, STAGES, PIPE, TREE, DT)  # fmt: skip
         else:
             consume(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh, q0, n_tiles, sq, sk,
-                    causal, scale_log2, D, BN, STAGES, PIPE, DT)  # fmt: skip
+                    causal, scale_log2, D, BN, STAGES, PIPE, TREE, DT)  # fmt: skip
     else:  # the producer warpgroup: its first thread loads
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -419,7 +505,10 @@ def config(d: int) -> dict:
     wg = 2
     stages = max(1, min(4, (SHARED_LIMIT - 64 * wg * d * 2 - 256) // (2 * bn * d * 2)))
     pipe = 2 if d == 64 else 0  # measured fastest (H100): D 64 ping-pong, D 128 plain
-    return {"BN": bn, "WG": wg, "STAGES": stages, "PIPE": pipe, "REGS": consumer_registers(wg)}
+    return {
+        "BN": bn, "WG": wg, "STAGES": stages, "PIPE": pipe, "REGS": consumer_registers(wg),
+        "TREE": 0,
+    }  # fmt: skip
 
 
 def eligible(d: int) -> bool:

@@ -61,6 +61,12 @@ def small(d: int, **over) -> dict:
         (1, 1, 1, 70, 384, 128, np.float16, False, {"BN": 128, "STAGES": 2, "PIPE": 2}),
         # D = 256, bf16, causal
         (1, 1, 1, 100, 192, 256, ml_dtypes.bfloat16, True, {"PIPE": 1}),
+        # FlashAttention-3's order, row sums in chains, a partial last key tile, causal
+        (1, 2, 1, 130, 200, 64, np.float16, True, {"PIPE": 3, "TREE": 1}),
+        # that order with ping-pong, more key tiles than stages
+        (1, 1, 1, 128, 320, 64, ml_dtypes.bfloat16, False, {"PIPE": 4, "TREE": 1}),
+        # three consumer warpgroups (192 query rows)
+        (1, 1, 1, 200, 192, 64, np.float16, False, {"WG": 3, "REGS": 160, "PIPE": 3}),
     ],
 )
 def test_hopper_forward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, over):
