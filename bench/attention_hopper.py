@@ -42,15 +42,18 @@ NEW = {  # name: the config over _attention_hopper.config's (the default: "wgmma
     "pipe3 tree 2 stages": {"PIPE": 3, "TREE": 1, "STAGES": 2},
     "pipe3 tree bn176": {"PIPE": 3, "TREE": 1, "BN": 176, "STAGES": 2},
     "pipe4 tree bn176": {"PIPE": 4, "TREE": 1, "BN": 176, "STAGES": 2},
+    "pipe3 tree bn192": {"PIPE": 3, "TREE": 1, "BN": 192, "STAGES": 2},
+    "pipe4 tree bn192": {"PIPE": 4, "TREE": 1, "BN": 192, "STAGES": 2},
     "wg3 pipe3": {"WG": 3, "REGS": 160, "PIPE": 3},
     "wg3 pipe3 tree": {"WG": 3, "REGS": 160, "PIPE": 3, "TREE": 1},
     "wg3 pipe0 tree": {"WG": 3, "REGS": 160, "PIPE": 0, "TREE": 1},
     "precise": {"precise": True},  # without fastmath (ex2.approx.f32, not .ftz)
 }
 D128 = ["wgmma", "pipe0 tree", "pipe1", "pipe3", "pipe3 tree", "pipe4", "pipe4 tree",
-        "pipe3 tree 2 stages", "pipe3 tree bn176", "pipe4 tree bn176"]  # fmt: skip
+        "pipe3 tree 2 stages", "pipe3 tree bn176", "pipe4 tree bn176",
+        "pipe3 tree bn192"]  # fmt: skip
 D64 = ["wgmma", "pipe0", "pipe3 tree", "pipe4", "pipe4 tree", "wg3 pipe3", "wg3 pipe3 tree",
-       "wg3 pipe0 tree"]  # fmt: skip
+       "wg3 pipe0 tree", "pipe4 tree bn192"]  # fmt: skip
 D256 = ["wgmma", "pipe3 tree", "pipe4 tree"]
 BF16 = ["wgmma", "pipe3 tree", "pipe4 tree"]
 BEST = ["wgmma", "pipe3 tree", "pipe4 tree"]  # the contenders of the other shapes
