@@ -49,7 +49,7 @@ NEW = {  # name: the config over _attention_hopper.config's (the default: "wgmma
     "wg3 pipe0 tree": {"WG": 3, "REGS": 160, "PIPE": 0, "TREE": 1},
     "precise": {"precise": True},  # without fastmath (ex2.approx.f32, not .ftz)
 }
-D128 = ["wgmma", "pipe0 tree", "pipe1", "pipe3", "pipe3 tree", "pipe4", "pipe4 tree",
+D128 = ["wgmma", "pipe0 tree", "pipe1", "pipe2", "pipe3", "pipe3 tree", "pipe4", "pipe4 tree",
         "pipe3 tree 2 stages", "pipe3 tree bn176", "pipe4 tree bn176",
         "pipe3 tree bn192"]  # fmt: skip
 D64 = ["wgmma", "pipe0", "pipe3 tree", "pipe4", "pipe4 tree", "wg3 pipe3", "wg3 pipe3 tree",

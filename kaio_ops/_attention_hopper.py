@@ -335,7 +335,8 @@ def consume(
             kaio.wgmma_wait(1)  # S_j done
             if lt == 0:
                 kaio.mbarrier_arrive(bars, (2, st))
-            softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, TREE)
+            if sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
+                softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, TREE)
             kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done
             if lt == 0:
                 kaio.mbarrier_arrive(bars, (3, ps))
@@ -380,7 +381,8 @@ def consume(
             kaio.wgmma_wait(1)  # S_j done
             if lt == 0:
                 kaio.mbarrier_arrive(bars, (2, st))
-            softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, TREE)
+            if sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
+                softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, TREE)
             kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done
             if lt == 0:
                 kaio.mbarrier_arrive(bars, (3, ps))
