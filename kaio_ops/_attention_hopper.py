@@ -232,34 +232,37 @@ def store_rows(
 def produce(
     q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
     tq: kaio.tensormap, tk: kaio.tensormap, tv: kaio.tensormap, q_row: i32, kv_row: i32,
-    n_tiles: i32, D: kaio.constexpr, BN: kaio.constexpr, WG: kaio.constexpr,
+    n_tiles: i32, it: i32, cnt: i32, D: kaio.constexpr, BN: kaio.constexpr, WG: kaio.constexpr,
     STAGES: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
-    """The producer's copies: the Q tile (``64 * WG`` rows from ``q_row``) once, then K and V
-    of each key tile (from ``kv_row``), each on its own "full" barrier, STAGES tiles ahead:
-    a stage is refilled once the consumers have freed it (K and V apart)."""
+    """The producer's copies for the block's tile ``it`` (0 for the first): the Q tile
+    (``64 * WG`` rows from ``q_row``) once the consumers are done with the previous one's,
+    then K and V of each key tile (from ``kv_row``), each on its own "full" barrier, STAGES
+    tiles ahead: a stage is refilled once the consumers have freed it (K and V apart).
+    ``cnt``: the key tiles the ring has taken so far (for their stage and parity); returns
+    the count after this tile's."""
     C = D // 64
     KV_BYTES = BN * D * 2
+    if it > 0:
+        kaio.mbarrier_wait(turn, 4, u32(it - 1) & 1)
     kaio.mbarrier_arrive_expect_tx(turn, 2, u32(64 * WG * D * 2))
     for c in kaio.static_range(C):
         kaio.tma_load_2d(q_s, (c, 0, 0), tq, q_row, c * 64, turn, 2)
-    st = i32(0)
-    ph = u32(0)
     for j in range(n_tiles):
-        if j >= STAGES:  # stage st held tile j - STAGES: wait until its K is free
+        n = cnt + j
+        st = n % STAGES
+        ph = u32(n // STAGES) & 1
+        if n >= STAGES:  # stage st held key tile n - STAGES: wait until its K is free
             kaio.mbarrier_wait(bars, (2, st), ph ^ 1)
         kaio.mbarrier_arrive_expect_tx(bars, (0, st), u32(KV_BYTES))
         for c in kaio.static_range(C):
             kaio.tma_load_2d(k_s, (st, c, 0, 0), tk, kv_row + j * BN, c * 64, bars, (0, st))
-        if j >= STAGES:
+        if n >= STAGES:
             kaio.mbarrier_wait(bars, (3, st), ph ^ 1)
         kaio.mbarrier_arrive_expect_tx(bars, (1, st), u32(KV_BYTES))
         for c in kaio.static_range(C):
             kaio.tma_load_2d(v_s, (st, c, 0, 0), tv, kv_row + j * BN, c * 64, bars, (1, st))
-        st += 1
-        if st == STAGES:
-            st = 0
-            ph ^= 1
+    return cnt + n_tiles
 
 
 @kaio.gpu_func
@@ -286,17 +289,26 @@ def zero_tail(
 
 
 @kaio.gpu_func
+def advance(pos: i32[:], STAGES: kaio.constexpr):
+    """The ring's next stage ``pos[0]`` and its phase parity ``pos[1]``."""
+    pos[0] += 1
+    if pos[0] == STAGES:
+        pos[0] = 0
+        pos[1] ^= 1
+
+
+@kaio.gpu_func
 def consume(
     q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
     out: DT[:], lse: f32[:], wg: u32, lt: u32, bh: i32, q0: i32, n_tiles: i32, sq: i32,
-    sk: i32, causal: i32, scale_log2: f32, D: kaio.constexpr, BN: kaio.constexpr,
+    sk: i32, causal: i32, scale_log2: f32, pos: i32[:], D: kaio.constexpr, BN: kaio.constexpr,
     STAGES: kaio.constexpr, PIPE: kaio.constexpr, TREE: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
-    """Consumer warpgroup ``wg``'s 64 query rows (thread ``lt`` of it) over the key tiles
-    (module docstring), then its rows of ``out`` and ``lse``. ``turn[0]``, ``turn[1]``: the
-    ping-pong barriers of warpgroups 0 and 1 (PIPE 2), ``turn[2]``: the Q tile landed."""
-    st = i32(0)
-    ph = u32(0)
+    """Consumer warpgroup ``wg``'s 64 query rows of one tile (thread ``lt`` of it) over the
+    key tiles (module docstring), then its rows of ``out`` and ``lse``. ``pos``: the ring's
+    stage and parity, the ping-pong turns taken and the tiles done, carried from the block's
+    earlier tiles. ``turn[0]``, ``turn[1]``: the ping-pong barriers of warpgroups 0 and 1
+    (PIPE 2, 4), ``turn[2]``: the Q tile landed, ``turn[4]``: the Q tile read (by both)."""
     lane = lt % 32
     row0 = q0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)
     m = kaio.local(f32, 2)
@@ -306,107 +318,88 @@ def consume(
     start_rows(m, l, o, D)
     s = kaio.local(f32, (BN // 8, 4))
     p = kaio.local(u32, (BN // 16, 4))
-    kaio.mbarrier_wait(turn, 2, 0)  # the Q tile landed
-    if PIPE == 1 or PIPE == 2:
-        # tile 0: S, softmax, P; then each tile j issues S_j with P_{j-1} V_{j-1}
-        s_tile(s, q_s, k_s, bars, 0, 0, wg, lt, D, DT)
-        softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, TREE)
-        pack_p(p, s, BN, DT)
-        ps = i32(0)  # the stage and parity of tile j - 1
-        pph = u32(0)
-        st = 1
-        if STAGES == 1:
-            st = 0
-            ph = 1
-        for j in range(1, n_tiles):
-            kaio.mbarrier_wait(bars, (0, st), ph)
-            if PIPE == 2:  # wait for this warpgroup's turn on the tensor cores
-                if wg == 0:
-                    if j > 1:
-                        kaio.mbarrier_wait(turn, 0, u32(j - 2) & 1)
-                else:
-                    kaio.mbarrier_wait(turn, 1, u32(j - 1) & 1)
-            kaio.wgmma_fence()
-            issue_s(s, q_s, k_s, st, wg, D, DT)
-            kaio.mbarrier_wait(bars, (1, ps), pph)
-            issue_pv(o, p, v_s, ps, BN, DT)
-            if PIPE == 2 and lt % 32 == 0:  # the other warpgroup's turn
-                kaio.mbarrier_arrive(turn, 1 - wg)
-            kaio.wgmma_wait(1)  # S_j done
-            if lt == 0:
-                kaio.mbarrier_arrive(bars, (2, st))
-            if sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
-                softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, TREE)
-            kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done
-            if lt == 0:
-                kaio.mbarrier_arrive(bars, (3, ps))
-            rescale_rows(o, alpha, D)
-            pack_p(p, s, BN, DT)
-            ps = st
-            pph = ph
-            st += 1
-            if st == STAGES:
-                st = 0
-                ph ^= 1
-        pv_tile(o, p, v_s, bars, turn, ps, pph, n_tiles * BN > sk, lt, BN, DT)
-    elif PIPE >= 3:
-        # FlashAttention-3's order: tile j's S = Q K_j^T issued, then O rescaled by tile
-        # j - 1's factors (while S runs) and P_{j-1} V_{j-1} issued; the softmax of tile j
-        # runs while P V is on the tensor cores (PIPE 4: the warpgroups take turns to issue)
-        s_tile(s, q_s, k_s, bars, 0, 0, wg, lt, D, DT)
-        softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, TREE)
-        pack_p(p, s, BN, DT)
-        ps = i32(0)  # the stage and parity of tile j - 1
-        pph = u32(0)
-        st = 1
-        if STAGES == 1:
-            st = 0
-            ph = 1
-        for j in range(1, n_tiles):
-            kaio.mbarrier_wait(bars, (0, st), ph)
-            if PIPE == 4:  # wait for this warpgroup's turn on the tensor cores
-                if wg == 0:
-                    if j > 1:
-                        kaio.mbarrier_wait(turn, 0, u32(j - 2) & 1)
-                else:
-                    kaio.mbarrier_wait(turn, 1, u32(j - 1) & 1)
-            kaio.wgmma_fence()
-            issue_s(s, q_s, k_s, st, wg, D, DT)
-            rescale_rows(o, alpha, D)
-            kaio.mbarrier_wait(bars, (1, ps), pph)
-            kaio.wgmma_fence()
-            issue_pv(o, p, v_s, ps, BN, DT)
-            if PIPE == 4 and lt % 32 == 0:  # the other warpgroup's turn
-                kaio.mbarrier_arrive(turn, 1 - wg)
-            kaio.wgmma_wait(1)  # S_j done
-            if lt == 0:
-                kaio.mbarrier_arrive(bars, (2, st))
-            if sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
-                softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, TREE)
-            kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done
-            if lt == 0:
-                kaio.mbarrier_arrive(bars, (3, ps))
-            pack_p(p, s, BN, DT)
-            ps = st
-            pph = ph
-            st += 1
-            if st == STAGES:
-                st = 0
-                ph ^= 1
-        rescale_rows(o, alpha, D)
-        pv_tile(o, p, v_s, bars, turn, ps, pph, n_tiles * BN > sk, lt, BN, DT)
-    else:
+    kaio.mbarrier_wait(turn, 2, u32(pos[3]) & 1)  # this tile's Q landed
+    if PIPE == 0:
         for j in range(n_tiles):
+            st = pos[0]
+            ph = u32(pos[1])
             s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT)
             softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, TREE)
             rescale_rows(o, alpha, D)
             pack_p(p, s, BN, DT)
             pv_tile(o, p, v_s, bars, turn, st, ph, (j + 1) * BN > sk, lt, BN, DT)
-            st += 1
-            if st == STAGES:
-                st = 0
-                ph ^= 1
+            advance(pos, STAGES)
+        if lt == 0:
+            kaio.mbarrier_arrive(turn, 4)
+    else:
+        # tile 0: S, softmax, P; then each tile j issues S_j with P_{j-1} V_{j-1}, and the
+        # softmax of tile j runs while P V is on the tensor cores. PIPE 3, 4 (FlashAttention-3's
+        # order) rescale O by tile j - 1's factors while S_j runs, PIPE 1, 2 once P V is done;
+        # PIPE 2, 4: the warpgroups take turns to issue their products (ping-pong)
+        s_tile(s, q_s, k_s, bars, pos[0], u32(pos[1]), wg, lt, D, DT)
+        softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, TREE)
+        pack_p(p, s, BN, DT)
+        ps = pos[0]  # the stage and parity of tile j - 1
+        pph = u32(pos[1])
+        advance(pos, STAGES)
+        for j in range(1, n_tiles):
+            st = pos[0]
+            ph = u32(pos[1])
+            kaio.mbarrier_wait(bars, (0, st), ph)
+            if PIPE == 2 or PIPE == 4:  # wait for this warpgroup's turn on the tensor cores
+                g = pos[2] + j  # the block's g-th overlapped step
+                if wg == 0:
+                    if g > 1:
+                        kaio.mbarrier_wait(turn, 0, u32(g - 2) & 1)
+                else:
+                    kaio.mbarrier_wait(turn, 1, u32(g - 1) & 1)
+            kaio.wgmma_fence()
+            issue_s(s, q_s, k_s, st, wg, D, DT)
+            if PIPE >= 3:
+                rescale_rows(o, alpha, D)
+            kaio.mbarrier_wait(bars, (1, ps), pph)
+            kaio.wgmma_fence()
+            issue_pv(o, p, v_s, ps, BN, DT)
+            if (PIPE == 2 or PIPE == 4) and lt % 32 == 0:  # the other warpgroup's turn
+                kaio.mbarrier_arrive(turn, 1 - wg)
+            kaio.wgmma_wait(1)  # S_j done
+            if lt == 0:
+                kaio.mbarrier_arrive(bars, (2, st))
+            if sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
+                softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, TREE)
+            kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done
+            if lt == 0:
+                kaio.mbarrier_arrive(bars, (3, ps))
+            if PIPE < 3:
+                rescale_rows(o, alpha, D)
+            pack_p(p, s, BN, DT)
+            ps = st
+            pph = ph
+            advance(pos, STAGES)
+        pos[2] += n_tiles - 1
+        if lt == 0:  # every S = Q K^T of the tile is done: Q's buffer is free
+            kaio.mbarrier_arrive(turn, 4)
+        if PIPE >= 3:
+            rescale_rows(o, alpha, D)
+        pv_tile(o, p, v_s, bars, turn, ps, pph, n_tiles * BN > sk, lt, BN, DT)
+    pos[3] += 1
     store_rows(out, lse, o, m, l, bh, row0, sq, lane, D, DT)
+
+
+@kaio.gpu_func
+def tile_of(
+    t: i32, n_qt: i32, heads: i32, group: i32, sk: i32, causal: i32, BM: kaio.constexpr,
+    BN: kaio.constexpr,
+) -> tuple[i32, i32, i32, i32]:  # fmt: skip
+    """(bh, q0, kv head, key tiles) of work tile ``t``: query tile ``n_qt - 1 - t % n_qt``
+    (the heaviest causal tiles first) of (batch, head) ``t // n_qt``."""
+    bh = t // n_qt
+    q0 = (n_qt - 1 - t % n_qt) * BM
+    kvh = bh // heads * (heads // group) + bh % heads // group
+    n_tiles = (sk + BN - 1) // BN
+    if causal != 0:
+        n_tiles = kaio.min(n_tiles, (q0 + BM + BN - 1) // BN)
+    return bh, q0, kvh, n_tiles
 
 
 @kaio.gpu_kernel(fastmath=True)  # ex2.approx.ftz: one instruction an exponential
@@ -422,6 +415,7 @@ def attention_fwd_wgmma(
     group: i32,
     scale_log2: f32,
     causal: i32,
+    bhs: i32,
     D: kaio.constexpr,
     BN: kaio.constexpr,
     WG: kaio.constexpr,
@@ -429,6 +423,7 @@ def attention_fwd_wgmma(
     PIPE: kaio.constexpr,
     REGS: kaio.constexpr,
     TREE: kaio.constexpr,
+    PERSIST: kaio.constexpr,
     DT: kaio.constexpr,
 ):
     """out[bh, row] = softmax(q[bh, row] k[kv]^T * scale) v[kv] and lse[bh, row] for the
@@ -445,18 +440,21 @@ def attention_fwd_wgmma(
     k_s = kaio.shared_dynamic(DT, (STAGES, C, BN, 64), BM * D * 2)
     v_s = kaio.shared_dynamic(DT, (STAGES, C, BN, 64), BM * D * 2 + STAGES * KV_BYTES)
     # bars[0, s]: K of stage s landed, [1, s]: V landed, [2, s]: K free, [3, s]: V free;
-    # turn[0], turn[1]: warpgroup 0's, 1's turn on the tensor cores (PIPE 2), turn[2]: Q landed
+    # turn[0], turn[1]: warpgroup 0's, 1's turn on the tensor cores (PIPE 2, 4), turn[2]: Q
+    # landed, turn[3]: the partial tile's zeros stored, turn[4]: Q read by both warpgroups
     bars = kaio.shared_dynamic(u64, (4, STAGES), BM * D * 2 + 2 * STAGES * KV_BYTES)
-    turn = kaio.shared_dynamic(u64, (4,), BM * D * 2 + 2 * STAGES * KV_BYTES + 32 * STAGES)
+    turn = kaio.shared_dynamic(u64, (6,), BM * D * 2 + 2 * STAGES * KV_BYTES + 32 * STAGES)
     t = kaio.thread_idx_x()
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
     lt = t % 128
-    bh = i32(kaio.block_idx_y())
-    kvh = bh // heads * (heads // group) + bh % heads // group
-    q0 = i32(kaio.grid_dim_x() - 1 - kaio.block_idx_x()) * BM
-    n_tiles = (sk + BN - 1) // BN
-    if causal != 0:
-        n_tiles = kaio.min(n_tiles, (q0 + BM + BN - 1) // BN)
+    n_qt = (sq + BM - 1) // BM
+    first = i32(kaio.block_idx_x())  # PERSIST: tiles first, first + grid, ...
+    end = n_qt * bhs
+    if PERSIST == 0:  # a tile a block
+        first = i32(kaio.block_idx_y()) * n_qt + i32(kaio.block_idx_x())
+        end = first + 1
+    step = i32(kaio.grid_dim_x())
+    mine = (end - first + step - 1) // step  # the block's tiles
     if t == 0:
         for s in kaio.static_range(STAGES):
             for r in kaio.static_range(2):
@@ -466,34 +464,44 @@ def attention_fwd_wgmma(
         kaio.mbarrier_init(turn, 1, 4)
         kaio.mbarrier_init(turn, 2, 1)
         kaio.mbarrier_init(turn, 3, 32)  # the tail's zeros: each lane of the producer warp
+        kaio.mbarrier_init(turn, 4, WG)
         kaio.fence_proxy_async()
     kaio.sync_threads()
     if wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
-        if (PIPE == 2 or PIPE == 4) and wg == 0:  # ping-pong: a loop in each branch (turns)
-            consume(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh, q0, n_tiles, sq, sk,
-                    causal, scale_log2, D, BN, STAGES, PIPE, TREE, DT)  # fmt: skip
-        else:
-            consume(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh, q0, n_tiles, sq, sk,
-                    causal, scale_log2, D, BN, STAGES, PIPE, TREE, DT)  # fmt: skip
+        pos = kaio.local(i32, 4)
+        for e in kaio.static_range(4):
+            pos[e] = 0
+        for k in range(mine):
+            bh, q0, kvh, n_tiles = tile_of(first + k * step, n_qt, heads, group, sk, causal, BM, BN)
+            if (PIPE == 2 or PIPE == 4) and wg == 0:  # ping-pong: a loop in each branch
+                consume(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh, q0, n_tiles, sq, sk,
+                        causal, scale_log2, pos, D, BN, STAGES, PIPE, TREE, DT)  # fmt: skip
+            else:
+                consume(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh, q0, n_tiles, sq, sk,
+                        causal, scale_log2, pos, D, BN, STAGES, PIPE, TREE, DT)  # fmt: skip
     else:  # the producer warpgroup: its first thread loads
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
-        if lt == 0:
-            produce(q_s, k_s, v_s, bars, turn, tq, tk, tv, bh * sq + q0, kvh * sk, n_tiles, D,
-                    BN, WG, STAGES, DT)  # fmt: skip
-        if lt < 32 and n_tiles * BN > sk:  # the last key tile reaches past the keys
-            # the warp waits until its first thread has issued every copy: an earlier wait
-            # on the last tile's barrier could see an earlier phase of the same parity
-            # complete (measured on an H100: the zeros landed before the copy did)
-            kaio.sync_warp()
-            zero_tail(v_s, bars, turn, n_tiles - 1, sk, lt, D, BN, STAGES, DT)
+        cnt = i32(0)
+        for k in range(mine):
+            bh, q0, kvh, n_tiles = tile_of(first + k * step, n_qt, heads, group, sk, causal, BM, BN)
+            if lt == 0:
+                cnt = produce(q_s, k_s, v_s, bars, turn, tq, tk, tv, bh * sq + q0, kvh * sk,
+                              n_tiles, k, cnt, D, BN, WG, STAGES, DT)  # fmt: skip
+            if lt < 32 and n_tiles * BN > sk:  # the last key tile reaches past the keys
+                # (never with PERSIST: launch takes it only for whole key tiles) the warp
+                # waits until its first thread has issued every copy: an earlier wait on the
+                # last tile's barrier could see an earlier phase of the same parity complete
+                # (measured on an H100: the zeros landed before the copy did)
+                kaio.sync_warp()
+                zero_tail(v_s, bars, turn, n_tiles - 1, sk, lt, D, BN, STAGES, DT)
 
 
 def shared_bytes(d: int, bn: int, wg: int, stages: int) -> int:
     """The dynamic shared memory of ``attention_fwd_wgmma``: Q, the K/V ring, its barriers."""
-    return 64 * wg * d * 2 + 2 * stages * bn * d * 2 + 32 * stages + 32
+    return 64 * wg * d * 2 + 2 * stages * bn * d * 2 + 32 * stages + 48
 
 
 def config(d: int) -> dict:
@@ -509,7 +517,7 @@ def config(d: int) -> dict:
     pipe = 2 if d == 64 else 0  # measured fastest (H100): D 64 ping-pong, D 128 plain
     return {
         "BN": bn, "WG": wg, "STAGES": stages, "PIPE": pipe, "REGS": consumer_registers(wg),
-        "TREE": 0,
+        "TREE": 0, "PERSIST": 0,
     }  # fmt: skip
 
 
@@ -528,11 +536,13 @@ def worthwhile(bh: int, sq: int, sk: int, d: int, sms: int) -> bool:
 
 
 def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None = None,
-           kernel=None):  # fmt: skip
+           kernel=None, ctas: int | None = None):  # fmt: skip
     """Run ``attention_fwd_wgmma`` (or ``kernel``, a variant of it: bench/attention_hopper.py)
     on checked operands (``_arrays.Operand``s q [B, H, Sq, D], k, v [B, Hkv, Sk, D] of one
     16-bit type); ``dims``: (B * H, H, group, sq, sk, d, d); ``cfg``: the constexprs (default
-    ``config(d)``). Returns (out [B, H, Sq, D] of q's type, lse [B, H, Sq] f32)."""
+    ``config(d)``; ``PERSIST`` is taken only for whole key tiles); ``ctas``: the blocks of a
+    persistent launch (default: one a multiprocessor). Returns (out [B, H, Sq, D] of q's type,
+    lse [B, H, Sq] f32)."""
     import math
 
     from kaio_ops import _arrays
@@ -549,10 +559,15 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     out_flat = _arrays.output_arg(qa, out, (bh * sq * d,))
     lse_flat = _arrays.output_arg(qa, lse, (bh * sq,), f32)
     smem = shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"])
-    grid = (-(-sq // bm), bh)
+    n_qt = -(-sq // bm)
+    cfg["PERSIST"] = int(bool(cfg.get("PERSIST")) and sk % cfg["BN"] == 0)
+    if cfg["PERSIST"]:
+        grid = (min(n_qt * bh, ctas or _arrays.multiprocessors(qa)), 1)
+    else:
+        grid = (n_qt, bh)
     (kernel or attention_fwd_wgmma)[grid, 128 * cfg["WG"] + 128, _arrays.stream_of(qa), smem](
         tq, tk, tv, out_flat, lse_flat, sq, sk, heads, group, math.log2(math.e) * scale,
-        int(causal), D=d, DT=qa.dtype, **cfg,
+        int(causal), bh, D=d, DT=qa.dtype, **cfg,
     )  # fmt: skip
     return out, lse
 

@@ -29,15 +29,15 @@ def poisoned_outputs(monkeypatch):
     poison_allocations(monkeypatch)
 
 
-def run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, scale=None):
+def run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, scale=None, ctas=None):
     """(out, lse, reference out, reference lse) of ``_attention_hopper.launch`` in the
-    simulator on random inputs."""
+    simulator on random inputs (``ctas``: the blocks of a persistent launch)."""
     rng = np.random.default_rng(sq * 7 + sk + d)
     q = rng.standard_normal((b, h, sq, d)).astype(dtype)
     k, v = (rng.standard_normal((b, hkv, sk, d)).astype(dtype) for _ in range(2))
     with kaio.simulate():
         (qa, ka, va), dims, scale = attention._check_flash("test", q, k, v, scale)
-        out, lse = hopper.launch(qa, ka, va, dims, causal, scale, cfg)
+        out, lse = hopper.launch(qa, ka, va, dims, causal, scale, cfg, ctas=ctas)
     g = h // hkv
     ref, ref_lse, _ = reference(q, np.repeat(k, g, 1), np.repeat(v, g, 1), causal, scale)
     return out, lse, ref, ref_lse
@@ -73,6 +73,23 @@ def test_hopper_forward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, over):
     out, lse, ref, ref_lse = run_sim(b, h, hkv, sq, sk, d, dtype, causal, small(d, **over))
     assert out.dtype == dtype and out.shape == (b, h, sq, d)
     # P is rounded to the input type for the tensor cores
+    assert rel(out, ref) < (1e-3 if dtype == np.float16 else 1e-2)
+    np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "b, h, hkv, sq, sk, d, dtype, causal, over, ctas",
+    [
+        # two blocks of two tiles each: the ring, the Q buffer and the ping-pong turns carried
+        # from one tile to the next; causal (tiles of 4 and 2 key tiles)
+        (1, 2, 1, 256, 256, 64, np.float16, True, {"PIPE": 4, "TREE": 1}, 2),
+        # one block for all four tiles, the plain order, grouped-query heads
+        (1, 4, 2, 100, 192, 64, ml_dtypes.bfloat16, False, {"PIPE": 0}, 1),
+    ],
+)
+def test_persistent_blocks_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, over, ctas):
+    cfg = small(d, PERSIST=1, **over)
+    out, lse, ref, ref_lse = run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, ctas=ctas)
     assert rel(out, ref) < (1e-3 if dtype == np.float16 else 1e-2)
     np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=1e-4)
 
