@@ -265,6 +265,8 @@ def bench(out_path, check_log=None):
         ("bfloat16", 128, 4, 16, 16, 4096, BF16 + ["mma.sync"]),
         ("float16", 64, 4, 16, 16, 4096, D64 + ["mma.sync"]),
         ("float16", 256, 4, 16, 16, 4096, D256 + ["mma.sync"]),
+        ("float16", 128, 32, 16, 16, 512, BEST + ["mma.sync"]),
+        ("float16", 128, 16, 16, 16, 1024, BEST + ["mma.sync"]),
         ("float16", 128, 8, 16, 16, 2048, BEST + ["mma.sync"]),
         ("float16", 128, 2, 16, 16, 8192, BEST + ["mma.sync"]),
         ("float16", 128, 1, 16, 16, 16384, BEST + ["mma.sync"]),
