@@ -12,15 +12,29 @@ A block owns ``BM = 64 * WG`` query rows of one (batch, head) and loops over the
   O += P V by ``wgmma`` with P from registers (the S accumulators of two adjacent n8 tiles
   rounded to DT pairs are the A fragment of a k-step: docs/hopper.md "A from registers") and
   V from shared memory, N-major (``BN / 16`` k-steps of ``m64n{D}k16``).
-- a producer warp (one thread of it works): the TMA copies of the block's Q tile (once) and
+- a producer warp (one thread of it works): the TMA copies of the tile's Q (once) and
   of each key tile's K and V into a ``STAGES``-deep ring, each on its own "full" barrier so
   that S = Q K^T can start before V has landed; it waits on the ring's "free" barriers
   (one for K, one for V, an arrival from each consumer warpgroup) before refilling a stage.
 
-``PIPE`` 1 overlaps the softmax with the tensor cores inside a warpgroup (FlashAttention-3's
+``PIPE`` picks the schedule. 0: the plain order (S, softmax, P V, each waited for). 1 to 4
+overlap the softmax with the tensor cores inside a warpgroup (FlashAttention-3's
 intra-warpgroup pipelining): tile j's S = Q K_j^T and tile j - 1's O += P V are issued
-together, the softmax of tile j runs while P V still runs, and O is rescaled only after it
-has finished. ``PIPE`` 0 is the plain order (S, softmax, P V, each waited for).
+together and the softmax of tile j runs while P V still runs; 3 and 4 (FlashAttention-3's
+order) rescale O by tile j - 1's factors while S_j runs, before P V is issued, 1 and 2 once
+P V has finished; 2 and 4 also make the two consumer warpgroups take turns to issue their
+products (ping-pong: ``turn`` mbarriers, an arrival from each warp of the other warpgroup),
+so that one's softmax overlaps the other's products. The softmax of the overlapped loop sits
+in a block of its own (``if sk > 0``, always true): in one block with the wait for P V,
+ptxas hoisted that wait above the softmax (SASS: ``WARPGROUP.DEPBAR.LE gsb0, 0x1`` then
+``0x0`` back to back), which undid the overlap. ``TREE`` 1 reduces each row's max and sum
+in four independent chains (``row_reduce``) rather than one serial chain.
+
+``PERSIST`` 1: one block a multiprocessor, each looping over the work tiles (query tile,
+head) first, first + grid, ...; the K/V ring's stage and parity, the ping-pong turns and
+the Q buffer (refilled once both warpgroups have issued their last S = Q K^T of a tile,
+``turn[4]``) carry from one tile to the next, so that the producer loads the next tile's
+keys while the consumers finish a tile (``launch`` takes it for whole key tiles only).
 
 Shared tiles (128-byte swizzle, 64-column blocks, docs/hopper.md): Q ``[D / 64, BM, 64]``,
 K and V stages ``[STAGES, D / 64, BN, 64]``. The tensor maps see Q as ``[B * H * Sq, D]`` and
