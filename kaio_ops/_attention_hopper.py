@@ -441,8 +441,9 @@ def attention_fwd_wgmma(
     DT: kaio.constexpr,
 ):
     """out[bh, row] = softmax(q[bh, row] k[kv]^T * scale) v[kv] and lse[bh, row] for the
-    ``64 * WG`` query rows of block x (the heaviest causal tiles first) of (batch, head)
-    ``bh`` = block y (module docstring). ``tq``: q as [B * H * sq, D] in boxes of
+    work tiles of ``64 * WG`` query rows of one (batch, head) ``bh`` (``tile_of``; ``bhs``:
+    B * H of them): block (x, y)'s tile y * grid x + x, or with ``PERSIST`` tiles x, x +
+    grid x, ... (module docstring). ``tq``: q as [B * H * sq, D] in boxes of
     (64 * WG, 64); ``tk``, ``tv``: k, v as [B * Hkv * sk, D] in boxes of (BN, 64);
     ``out`` [B * H * sq * D] and ``lse`` [B * H * sq] flat; ``scale_log2``: the scale times
     log2(e)."""
