@@ -47,6 +47,7 @@ NEW = {  # name: the config over _attention_hopper.config's (the default: "wgmma
     "pipe4 tree bn176": {"PIPE": 4, "TREE": 1, "BN": 176, "STAGES": 2},
     "pipe3 tree bn192": {"PIPE": 3, "TREE": 1, "BN": 192, "STAGES": 2},
     "pipe4 tree bn192": {"PIPE": 4, "TREE": 1, "BN": 192, "STAGES": 2},
+    "pipe4 tree bn80": {"PIPE": 4, "TREE": 1, "BN": 80, "STAGES": 2},
     "wg3 pipe3": {"WG": 3, "REGS": 160, "PIPE": 3},
     "wg3 pipe3 tree": {"WG": 3, "REGS": 160, "PIPE": 3, "TREE": 1},
     "wg3 pipe0 tree": {"WG": 3, "REGS": 160, "PIPE": 0, "TREE": 1},
@@ -59,7 +60,7 @@ D128 = ["wgmma", "pipe0 tree", "pipe0 persist", "pipe1", "pipe2", "pipe3", "pipe
 D64 = ["wgmma", "pipe0", "pipe3 tree", "pipe4 tree", "wg3 pipe3", "wg3 pipe3 tree",
        "wg3 pipe0 tree", "pipe4 tree bn192", "pipe4 tree persist",
        "wg3 pipe3 tree persist"]  # fmt: skip
-D256 = ["wgmma", "pipe3 tree", "pipe4 tree"]
+D256 = ["wgmma", "pipe3 tree", "pipe4 tree", "pipe4 tree persist", "pipe4 tree bn80"]
 BF16 = ["wgmma", "pipe3 tree", "pipe4 tree", "pipe4 tree persist"]
 BEST = ["wgmma", "pipe3 tree", "pipe4 tree", "pipe3 tree persist", "pipe4 tree persist"]
 
