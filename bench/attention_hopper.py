@@ -171,7 +171,11 @@ def check(out_path):
                     q, k, v = tensors(b, h, hkv, sq, sk, d, dtype, seed=sq + d)
                     refs[key] = (q, k, v, *reference(q, k, v, causal))
                 q, k, v, ref, ref_lse = refs[key]
-                out, lse = run(q, k, v, causal)
+                try:
+                    out, lse = run(q, k, v, causal)
+                except Exception as e:  # noqa: BLE001  (one variant's failure, the others go on)
+                    print(f"FAILED {label} {dtype} D{d}: {type(e).__name__}: {e}", flush=True)
+                    break
                 err = (torch.linalg.norm(out.double() - ref) / torch.linalg.norm(ref)).item()
                 lse_err = (lse.double() - ref_lse).abs().max().item()
                 again = torch.equal(run(q, k, v, causal)[0], out)
@@ -288,7 +292,11 @@ def bench(out_path, check_log=None):
                 if kind == "new" and ok is not None and (lab, dtype, d) not in ok:
                     continue
                 run = runner(kind, d, over)
-                ms = time_calls(lambda run=run, a=(q, k, v, causal): run(*a))
+                try:
+                    ms = time_calls(lambda run=run, a=(q, k, v, causal): run(*a))
+                except Exception as e:  # noqa: BLE001  (one variant's failure, the others go on)
+                    print(f"FAILED {lab} {dtype} D{d}: {type(e).__name__}: {e}", flush=True)
+                    continue
                 res[lab] = flops / ms / 1e9
             ms = time_calls(lambda a=(q, k, v, causal): flash(*a))
             res["sdpa flash"] = flops / ms / 1e9
