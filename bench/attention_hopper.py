@@ -31,38 +31,30 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 NEW = {  # name: the config over _attention_hopper.config's (the default: "wgmma")
     "wgmma": {},
-    "pipe0": {"PIPE": 0},
-    "pipe0 tree": {"PIPE": 0, "TREE": 1},
+    "pipe0": {"PIPE": 0, "PERSIST": 0},  # not persistent
     "pipe0 persist": {"PIPE": 0, "PERSIST": 1},
-    "pipe1": {"PIPE": 1},
-    "pipe2": {"PIPE": 2},
-    "pipe3": {"PIPE": 3},
-    "pipe3 tree": {"PIPE": 3, "TREE": 1},
-    "pipe4": {"PIPE": 4},
-    "pipe4 tree": {"PIPE": 4, "TREE": 1},
-    "pipe3 tree persist": {"PIPE": 3, "TREE": 1, "PERSIST": 1},
-    "pipe4 tree persist": {"PIPE": 4, "TREE": 1, "PERSIST": 1},
-    "pipe3 tree 2 stages": {"PIPE": 3, "TREE": 1, "STAGES": 2},
-    "pipe3 tree bn176": {"PIPE": 3, "TREE": 1, "BN": 176, "STAGES": 2},
-    "pipe4 tree bn176": {"PIPE": 4, "TREE": 1, "BN": 176, "STAGES": 2},
-    "pipe3 tree bn192": {"PIPE": 3, "TREE": 1, "BN": 192, "STAGES": 2},
-    "pipe4 tree bn192": {"PIPE": 4, "TREE": 1, "BN": 192, "STAGES": 2},
-    "pipe4 tree bn80": {"PIPE": 4, "TREE": 1, "BN": 80, "STAGES": 2},
-    "wg3 pipe3": {"WG": 3, "REGS": 160, "PIPE": 3},
-    "wg3 pipe3 tree": {"WG": 3, "REGS": 160, "PIPE": 3, "TREE": 1},
+    "pipe0 persist tree": {"PIPE": 0, "PERSIST": 1, "TREE": 1},
+    "pipe0 persist 2 stages": {"PIPE": 0, "PERSIST": 1, "STAGES": 2},
+    "pipe1 2 stages": {"PIPE": 1, "STAGES": 2, "PERSIST": 0},
+    "pipe3 tree": {"PIPE": 3, "TREE": 1, "PERSIST": 0},
+    "pipe3 tree 2 stages": {"PIPE": 3, "TREE": 1, "STAGES": 2, "PERSIST": 0},
+    "pipe4 tree 2 stages": {"PIPE": 4, "TREE": 1, "STAGES": 2, "PERSIST": 0},
+    "pipe3 tree 2 stages persist": {"PIPE": 3, "TREE": 1, "STAGES": 2, "PERSIST": 1},
+    "wg2 pipe0": {"WG": 2, "REGS": 240, "PIPE": 0, "TREE": 0},
+    "wg2 pipe0 persist": {"WG": 2, "REGS": 240, "PIPE": 0, "TREE": 0, "PERSIST": 1},
+    "wg3 pipe0": {"WG": 3, "REGS": 160, "PIPE": 0, "TREE": 0},
     "wg3 pipe0 tree": {"WG": 3, "REGS": 160, "PIPE": 0, "TREE": 1},
-    "wg3 pipe3 tree persist": {"WG": 3, "REGS": 160, "PIPE": 3, "TREE": 1, "PERSIST": 1},
+    "wg3 pipe0 tree persist": {"WG": 3, "REGS": 160, "PIPE": 0, "TREE": 1, "PERSIST": 1},
     "precise": {"precise": True},  # without fastmath (ex2.approx.f32, not .ftz)
 }
-D128 = ["wgmma", "pipe0 tree", "pipe0 persist", "pipe1", "pipe2", "pipe3", "pipe3 tree", "pipe4",
-        "pipe4 tree", "pipe3 tree persist", "pipe4 tree persist", "pipe3 tree 2 stages",
-        "pipe3 tree bn176", "pipe4 tree bn176", "pipe3 tree bn192"]  # fmt: skip
-D64 = ["wgmma", "pipe0", "pipe3 tree", "pipe4 tree", "wg3 pipe3", "wg3 pipe3 tree",
-       "wg3 pipe0 tree", "pipe4 tree bn192", "pipe4 tree persist",
-       "wg3 pipe3 tree persist"]  # fmt: skip
-D256 = ["wgmma", "pipe3 tree", "pipe4 tree", "pipe4 tree persist", "pipe4 tree bn80"]
-BF16 = ["wgmma", "pipe3 tree", "pipe4 tree", "pipe4 tree persist"]
-BEST = ["wgmma", "pipe3 tree", "pipe4 tree", "pipe3 tree persist", "pipe4 tree persist"]
+D128 = ["wgmma", "pipe0", "pipe0 persist tree", "pipe0 persist 2 stages", "pipe1 2 stages",
+        "pipe3 tree", "pipe3 tree 2 stages", "pipe4 tree 2 stages",
+        "pipe3 tree 2 stages persist"]  # fmt: skip
+D64 = ["wgmma", "wg2 pipe0", "wg2 pipe0 persist", "wg3 pipe0", "wg3 pipe0 tree",
+       "wg3 pipe0 tree persist"]  # fmt: skip
+D256 = ["wgmma", "pipe0 persist"]
+BF16 = ["wgmma", "pipe0"]
+BEST = ["wgmma", "pipe0"]  # the contenders of the other shapes
 
 
 def variants():
@@ -100,7 +92,7 @@ def runner(kind: str, d: int, over: dict):
         if kind == "old":
             dp = attention._pow2_dim(d, attention.FLASH_DIMS)
             return attention.tc_forward(qa, ka, va, qa.dtype, qa.shape, dims, causal, scale, dp)
-        cfg = {**hop.config(d), **over}
+        cfg = {**hop.config(d, causal), **over}
         kernel = precise_kernel() if cfg.pop("precise", False) else None
         return hop.launch(qa, ka, va, dims, causal, scale, cfg, kernel)
 
@@ -124,7 +116,8 @@ def warm_one(i: int) -> str:
     t0 = time.time()
     label, dtype, d, kind, over = variants()[i]
     q, k, v = tensors(1, 2, 1, 256, 256, d, dtype)
-    runner(kind, d, over)(q, k, v, False)
+    for causal in (False, True):  # the default's configuration may depend on the mask
+        runner(kind, d, over)(q, k, v, causal)
     import torch
 
     torch.cuda.synchronize()
@@ -189,7 +182,11 @@ def check(out_path):
 
 def tiny() -> None:
     """The default kernel once per case at small sizes (f16, D 128 and 64, causal and
-    not, a partial last key tile, grouped-query heads), checked: for compute-sanitizer."""
+    not, a partial last key tile, grouped-query heads; then persistent blocks of several
+    tiles each), checked: for compute-sanitizer."""
+    from kaio_ops import _attention_hopper as hop
+    from kaio_ops import attention
+
     for dtype, d in (("float16", 128), ("float16", 64)):
         run = runner("new", d, {})
         for causal in (False, True):
@@ -198,6 +195,13 @@ def tiny() -> None:
             ref, _ = reference(q, k, v, causal)
             err = (out.double() - ref).norm().item() / ref.norm().item()
             print(f"tiny {dtype} D{d} causal={causal}: rel {err:.1e}", flush=True)
+    for causal in (False, True):  # 8 tiles on 3 blocks
+        q, k, v = tensors(1, 4, 2, 256, 256, 128, "float16")
+        (qa, ka, va), dims, scale = attention._check_flash("tiny", q, k, v, None)
+        out, _ = hop.launch(qa, ka, va, dims, causal, scale, hop.config(128), ctas=3)
+        ref, _ = reference(q, k, v, causal)
+        err = (out.double() - ref).norm().item() / ref.norm().item()
+        print(f"tiny persistent D128 causal={causal}: rel {err:.1e}", flush=True)
 
 
 def one(label: str, d: int, causal: bool) -> None:

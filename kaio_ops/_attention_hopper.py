@@ -519,20 +519,20 @@ def shared_bytes(d: int, bn: int, wg: int, stages: int) -> int:
     return 64 * wg * d * 2 + 2 * stages * bn * d * 2 + 32 * stages + 48
 
 
-def config(d: int) -> dict:
-    """BN, WG, STAGES, PIPE and REGS of ``attention_fwd_wgmma`` for head dim ``d`` (64, 128,
-    256): two consumer warpgroups (128 query rows), key tiles of 128 (64 for d = 256, whose O
-    accumulators take 128 registers a thread), as many stages as fit (at most 4), and the
-    schedule measured fastest on an H100 at S = 4096: ping-pong (PIPE 2) at D = 64 (380
-    TFLOP/s against 347 for PIPE 1), the plain order (PIPE 0) at D = 128 (546 against 412
-    for PIPE 1 and 324 for PIPE 2)."""
+def config(d: int, causal: bool = False) -> dict:
+    """The constexprs of ``attention_fwd_wgmma`` for head dim ``d`` (64, 128, 256) and the
+    mask, as measured fastest on an H100 (docs/hopper.md): key tiles of 128 (64 for d = 256,
+    whose O accumulators take 128 registers a thread), as many stages as fit (at most 4),
+    the plain order (PIPE 0: the overlapped schedules measured slower) and persistent blocks
+    at D = 128 (568 TFLOP/s at S = 4096 against 540 without); two consumer warpgroups (128
+    query rows), three (192) at D = 64 without the mask (428 against 408), with the row sums
+    in independent chains."""
     bn = 64 if d == 256 else 128
-    wg = 2
+    wg = 3 if d == 64 and not causal else 2
     stages = max(1, min(4, (SHARED_LIMIT - 64 * wg * d * 2 - 256) // (2 * bn * d * 2)))
-    pipe = 2 if d == 64 else 0  # measured fastest (H100): D 64 ping-pong, D 128 plain
     return {
-        "BN": bn, "WG": wg, "STAGES": stages, "PIPE": pipe, "REGS": consumer_registers(wg),
-        "TREE": 0, "PERSIST": 0,
+        "BN": bn, "WG": wg, "STAGES": stages, "PIPE": 0, "REGS": consumer_registers(wg),
+        "TREE": int(wg == 3), "PERSIST": int(d == 128),
     }  # fmt: skip
 
 
@@ -543,11 +543,12 @@ def eligible(d: int) -> bool:
 
 def worthwhile(bh: int, sq: int, sk: int, d: int, sms: int) -> bool:
     """Whether the kernel beat the mma.sync one (measured on an H100, docs/hopper.md): head
-    dims 64 and 128 (at 256 it lost: 231 against 284 TFLOP/s), sequences of 2048 and more
-    whose keys fill whole tiles (a partial last tile and short sequences measured slower),
-    and enough 128-row tiles to give every multiprocessor a block."""
+    dims 64 and 128 (at 256 it lost: 282 against 288 TFLOP/s), sequences of 1024 and more
+    (at 512 it lost with the causal mask: 178 against 190) whose keys fill whole tiles (a
+    partial last tile measured slower), and enough 128-row tiles to give every
+    multiprocessor a block."""
     whole = sk % config(d)["BN"] == 0
-    return d in (64, 128) and sq >= 2048 and sk >= 2048 and whole and bh * -(-sq // 128) >= sms
+    return d in (64, 128) and sq >= 1024 and sk >= 1024 and whole and bh * -(-sq // 128) >= sms
 
 
 def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None = None,
@@ -563,7 +564,12 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     from kaio_ops import _arrays
 
     bh, heads, group, sq, sk, d, _ = dims
-    cfg = dict(cfg or config(d))
+    cfg = dict(cfg or config(d, causal))
+    if cfg["PIPE"] in (2, 4) and cfg["WG"] != 2:
+        raise ValueError(
+            f"attention_fwd_wgmma: ping-pong (PIPE {cfg['PIPE']}) takes turns between two "
+            f"consumer warpgroups, got WG = {cfg['WG']}: use PIPE 0, 1 or 3 for other counts"
+        )
     bm = 64 * cfg["WG"]
     out = _arrays.output(qa, qa.shape)
     lse = _arrays.output(qa, qa.shape[:-1], f32)
@@ -593,4 +599,5 @@ def specializations():
 
     for dt in (f16, bf16):
         for d in (64, 128, 256):
-            yield attention_fwd_wgmma, {"D": d, "DT": dt, **config(d)}
+            for causal in (False, True) if d == 64 else (False,):
+                yield attention_fwd_wgmma, {"D": d, "DT": dt, **config(d, causal)}

@@ -44,8 +44,9 @@ def run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, scale=None, ctas=None):
 
 
 def small(d: int, **over) -> dict:
-    """A small configuration of the kernel for head dim d: 64-key tiles, two stages."""
-    return {**hopper.config(d), "BN": 64, "STAGES": 2, **over}
+    """A small configuration of the kernel for head dim d (two consumer warpgroups):
+    64-key tiles, two stages."""
+    return {**hopper.config(d, causal=True), "BN": 64, "STAGES": 2, **over}
 
 
 @pytest.mark.parametrize(
@@ -65,8 +66,8 @@ def small(d: int, **over) -> dict:
         (1, 2, 1, 130, 200, 64, np.float16, True, {"PIPE": 3, "TREE": 1}),
         # that order with ping-pong, more key tiles than stages
         (1, 1, 1, 128, 320, 64, ml_dtypes.bfloat16, False, {"PIPE": 4, "TREE": 1}),
-        # three consumer warpgroups (192 query rows)
-        (1, 1, 1, 200, 192, 64, np.float16, False, {"WG": 3, "REGS": 160, "PIPE": 3}),
+        # three consumer warpgroups (192 query rows), D = 64's default without the mask
+        (1, 1, 1, 200, 192, 64, np.float16, False, {**hopper.config(64), "BN": 64}),
     ],
 )
 def test_hopper_forward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, over):
@@ -119,7 +120,8 @@ def test_dispatch_needs_a_whole_64_column_head_dim_and_a_gpu():
         assert not attention.hopper_takes(qa, dims)
     assert hopper.worthwhile(16, 2048, 4096, 128, 132)
     assert not hopper.worthwhile(8, 2048, 4096, 128, 132)  # 128 blocks: under a wave
-    assert not hopper.worthwhile(64, 1024, 1024, 128, 132)  # short: measured slower
+    assert hopper.worthwhile(64, 1024, 1024, 128, 132)
+    assert not hopper.worthwhile(64, 512, 1024, 128, 132)  # short: measured slower
     assert not hopper.worthwhile(16, 2048, 4000, 128, 132)  # a partial last key tile
     assert not hopper.worthwhile(16, 4096, 4096, 256, 132)  # D = 256: measured slower
 
