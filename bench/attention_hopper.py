@@ -121,7 +121,16 @@ def warm_one(i: int) -> str:
     import torch
 
     torch.cuda.synchronize()
-    return f"{label} {dtype} D{d}: {time.time() - t0:.1f}s"
+    res = ""
+    if kind == "new" and "precise" not in over:  # the driver's registers and local bytes
+        import kaio
+        from kaio_ops import _attention_hopper as hop
+
+        cfg = {**hop.config(d), **over}
+        dt = kaio.f16 if dtype == "float16" else kaio.bf16
+        r = hop.attention_fwd_wgmma.resources(D=d, DT=dt, **cfg)
+        res = f" (registers {r.registers}, local bytes {r.local_bytes})"
+    return f"{label} {dtype} D{d}: {time.time() - t0:.1f}s{res}"
 
 
 def reference(q, k, v, causal):
