@@ -33,6 +33,7 @@ NEW = {  # name: the config over _attention_hopper.config's (the default: "wgmma
     "wgmma": {},
     "pipe0": {"PIPE": 0, "PERSIST": 0},  # not persistent
     "pipe0 persist": {"PIPE": 0, "PERSIST": 1},
+    "pipe0 persist lpt": {"PIPE": 0, "PERSIST": 2},
     "pipe0 persist tree": {"PIPE": 0, "PERSIST": 1, "TREE": 1},
     "pipe0 persist 2 stages": {"PIPE": 0, "PERSIST": 1, "STAGES": 2},
     "pipe1 2 stages": {"PIPE": 1, "STAGES": 2, "PERSIST": 0},
@@ -47,14 +48,15 @@ NEW = {  # name: the config over _attention_hopper.config's (the default: "wgmma
     "wg3 pipe0 tree persist": {"WG": 3, "REGS": 160, "PIPE": 0, "TREE": 1, "PERSIST": 1},
     "precise": {"precise": True},  # without fastmath (ex2.approx.f32, not .ftz)
 }
-D128 = ["wgmma", "pipe0", "pipe0 persist tree", "pipe0 persist 2 stages", "pipe1 2 stages",
+D128 = ["wgmma", "pipe0", "pipe0 persist", "pipe0 persist lpt", "pipe0 persist tree",
+        "pipe0 persist 2 stages", "pipe1 2 stages",
         "pipe3 tree", "pipe3 tree 2 stages", "pipe4 tree 2 stages",
         "pipe3 tree 2 stages persist"]  # fmt: skip
 D64 = ["wgmma", "wg2 pipe0", "wg2 pipe0 persist", "wg3 pipe0", "wg3 pipe0 tree",
        "wg3 pipe0 tree persist"]  # fmt: skip
 D256 = ["wgmma", "pipe0 persist"]
 BF16 = ["wgmma", "pipe0"]
-BEST = ["wgmma", "pipe0"]  # the contenders of the other shapes
+BEST = ["wgmma", "pipe0", "pipe0 persist", "pipe0 persist lpt"]  # the other shapes
 
 
 def variants():
@@ -204,13 +206,14 @@ def tiny() -> None:
             ref, _ = reference(q, k, v, causal)
             err = (out.double() - ref).norm().item() / ref.norm().item()
             print(f"tiny {dtype} D{d} causal={causal}: rel {err:.1e}", flush=True)
-    for causal in (False, True):  # 8 tiles on 3 blocks
+    for causal, persist in ((False, 1), (True, 1), (True, 2)):  # 8 tiles on 3 blocks
         q, k, v = tensors(1, 4, 2, 256, 256, 128, "float16")
         (qa, ka, va), dims, scale = attention._check_flash("tiny", q, k, v, None)
-        out, _ = hop.launch(qa, ka, va, dims, causal, scale, hop.config(128), ctas=3)
+        cfg = {**hop.config(128), "PERSIST": persist}
+        out, _ = hop.launch(qa, ka, va, dims, causal, scale, cfg, ctas=3)
         ref, _ = reference(q, k, v, causal)
         err = (out.double() - ref).norm().item() / ref.norm().item()
-        print(f"tiny persistent D128 causal={causal}: rel {err:.1e}", flush=True)
+        print(f"tiny persistent {persist} D128 causal={causal}: rel {err:.1e}", flush=True)
 
 
 def one(label: str, d: int, causal: bool) -> None:

@@ -31,10 +31,12 @@ ptxas hoisted that wait above the softmax (SASS: ``WARPGROUP.DEPBAR.LE gsb0, 0x1
 in four independent chains (``row_reduce``) rather than one serial chain.
 
 ``PERSIST`` 1: one block a multiprocessor, each looping over the work tiles (query tile,
-head) first, first + grid, ...; the K/V ring's stage and parity, the ping-pong turns and
-the Q buffer (refilled once both warpgroups have issued their last S = Q K^T of a tile,
-``turn[4]``) carry from one tile to the next, so that the producer loads the next tile's
-keys while the consumers finish a tile (``launch`` takes it for whole key tiles only).
+head) first, first + grid, ... (2: every head's heaviest query tiles first, the rounds of
+tiles going back and forth over the blocks, for the causal mask's unequal tiles); the K/V
+ring's stage and parity, the ping-pong turns and the Q buffer (refilled once both
+warpgroups have issued their last S = Q K^T of a tile, ``turn[4]``) carry from one tile to
+the next, so that the producer loads the next tile's keys while the consumers finish a
+tile (``launch`` takes it for whole key tiles only).
 
 Shared tiles (128-byte swizzle, 64-column blocks, docs/hopper.md): Q ``[D / 64, BM, 64]``,
 K and V stages ``[STAGES, D / 64, BN, 64]``. The tensor maps see Q as ``[B * H * Sq, D]`` and
@@ -402,18 +404,34 @@ def consume(
 
 @kaio.gpu_func
 def tile_of(
-    t: i32, n_qt: i32, heads: i32, group: i32, sk: i32, causal: i32, BM: kaio.constexpr,
-    BN: kaio.constexpr,
+    t: i32, n_qt: i32, bhs: i32, heads: i32, group: i32, sk: i32, causal: i32,
+    BM: kaio.constexpr, BN: kaio.constexpr, PERSIST: kaio.constexpr,
 ) -> tuple[i32, i32, i32, i32]:  # fmt: skip
     """(bh, q0, kv head, key tiles) of work tile ``t``: query tile ``n_qt - 1 - t % n_qt``
-    (the heaviest causal tiles first) of (batch, head) ``t // n_qt``."""
+    (the heaviest causal tiles first) of (batch, head) ``t // n_qt``; with ``PERSIST`` 2
+    query tile ``n_qt - 1 - t // bhs`` of (batch, head) ``t % bhs`` (every head's heaviest
+    tiles first)."""
     bh = t // n_qt
     q0 = (n_qt - 1 - t % n_qt) * BM
+    if PERSIST == 2:
+        bh = t % bhs
+        q0 = (n_qt - 1 - t // bhs) * BM
     kvh = bh // heads * (heads // group) + bh % heads // group
     n_tiles = (sk + BN - 1) // BN
     if causal != 0:
         n_tiles = kaio.min(n_tiles, (q0 + BM + BN - 1) // BN)
     return bh, q0, kvh, n_tiles
+
+
+@kaio.gpu_func
+def work_tile(k: i32, first: i32, step: i32, PERSIST: kaio.constexpr) -> i32:
+    """The block's k-th work tile: ``first + k * step``; with ``PERSIST`` 2 the rounds of
+    ``step`` tiles go back and forth over the blocks (``first`` the block's place), so that
+    with the tiles heaviest first every block's sum of work comes out nearly the same."""
+    w = first + k * step
+    if PERSIST == 2 and k % 2 == 1:
+        w = k * step + step - 1 - first
+    return w
 
 
 @kaio.gpu_kernel(fastmath=True)  # ex2.approx.ftz: one instruction an exponential
@@ -469,7 +487,9 @@ def attention_fwd_wgmma(
         first = i32(kaio.block_idx_y()) * n_qt + i32(kaio.block_idx_x())
         end = first + 1
     step = i32(kaio.grid_dim_x())
-    mine = (end - first + step - 1) // step  # the block's tiles
+    rounds = (end - first + step - 1) // step  # the block's tiles
+    if PERSIST == 2:  # rounds of step tiles, back and forth: one may leave the block out
+        rounds = (end + step - 1) // step
     if t == 0:
         for s in kaio.static_range(STAGES):
             for r in kaio.static_range(2):
@@ -488,30 +508,41 @@ def attention_fwd_wgmma(
         pos = kaio.local(i32, 4)
         for e in kaio.static_range(4):
             pos[e] = 0
-        for k in range(mine):
-            bh, q0, kvh, n_tiles = tile_of(first + k * step, n_qt, heads, group, sk, causal, BM, BN)
-            if (PIPE == 2 or PIPE == 4) and wg == 0:  # ping-pong: a loop in each branch
-                consume(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh, q0, n_tiles, sq, sk,
-                        causal, scale_log2, pos, D, BN, STAGES, PIPE, TREE, DT)  # fmt: skip
-            else:
-                consume(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh, q0, n_tiles, sq, sk,
-                        causal, scale_log2, pos, D, BN, STAGES, PIPE, TREE, DT)  # fmt: skip
+        for k in range(rounds):
+            w = work_tile(k, first, step, PERSIST)
+            if w < end:
+                bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, heads, group, sk, causal, BM, BN,
+                                               PERSIST)  # fmt: skip
+                if (PIPE == 2 or PIPE == 4) and wg == 0:  # ping-pong: a loop in each branch
+                    consume(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh, q0, n_tiles, sq,
+                            sk, causal, scale_log2, pos, D, BN, STAGES, PIPE, TREE,
+                            DT)  # fmt: skip
+                else:
+                    consume(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh, q0, n_tiles, sq,
+                            sk, causal, scale_log2, pos, D, BN, STAGES, PIPE, TREE,
+                            DT)  # fmt: skip
     else:  # the producer warpgroup: its first thread loads
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
-        cnt = i32(0)
-        for k in range(mine):
-            bh, q0, kvh, n_tiles = tile_of(first + k * step, n_qt, heads, group, sk, causal, BM, BN)
-            if lt == 0:
-                cnt = produce(q_s, k_s, v_s, bars, turn, tq, tk, tv, bh * sq + q0, kvh * sk,
-                              n_tiles, k, cnt, D, BN, WG, STAGES, DT)  # fmt: skip
-            if lt < 32 and n_tiles * BN > sk:  # the last key tile reaches past the keys
-                # (never with PERSIST: launch takes it only for whole key tiles) the warp
-                # waits until its first thread has issued every copy: an earlier wait on the
-                # last tile's barrier could see an earlier phase of the same parity complete
-                # (measured on an H100: the zeros landed before the copy did)
-                kaio.sync_warp()
-                zero_tail(v_s, bars, turn, n_tiles - 1, sk, lt, D, BN, STAGES, DT)
+        cnt = i32(0)  # key tiles loaded
+        it = i32(0)  # work tiles loaded
+        for k in range(rounds):
+            w = work_tile(k, first, step, PERSIST)
+            if w < end:
+                bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, heads, group, sk, causal, BM, BN,
+                                               PERSIST)  # fmt: skip
+                if lt == 0:
+                    cnt = produce(q_s, k_s, v_s, bars, turn, tq, tk, tv, bh * sq + q0,
+                                  kvh * sk, n_tiles, it, cnt, D, BN, WG, STAGES,
+                                  DT)  # fmt: skip
+                it += 1
+                if lt < 32 and n_tiles * BN > sk:  # the last key tile reaches past the keys
+                    # (never with PERSIST: launch takes it only for whole key tiles) the warp
+                    # waits until its first thread has issued every copy: an earlier wait on
+                    # the last tile's barrier could see an earlier phase of the same parity
+                    # complete (measured on an H100: the zeros landed before the copy did)
+                    kaio.sync_warp()
+                    zero_tail(v_s, bars, turn, n_tiles - 1, sk, lt, D, BN, STAGES, DT)
 
 
 def shared_bytes(d: int, bn: int, wg: int, stages: int) -> int:
@@ -524,7 +555,8 @@ def config(d: int, causal: bool = False) -> dict:
     mask, as measured fastest on an H100 (docs/hopper.md): key tiles of 128 (64 for d = 256,
     whose O accumulators take 128 registers a thread), as many stages as fit (at most 4),
     the plain order (PIPE 0: the overlapped schedules measured slower) and persistent blocks
-    at D = 128 (568 TFLOP/s at S = 4096 against 540 without); two consumer warpgroups (128
+    at D = 128 without the mask (568 TFLOP/s at S = 4096 against 540 without; with it, the
+    tiles' unequal work left some blocks far behind at S = 16384); two consumer warpgroups (128
     query rows), three (192) at D = 64 without the mask (428 against 408), with the row sums
     in independent chains."""
     bn = 64 if d == 256 else 128
@@ -532,7 +564,7 @@ def config(d: int, causal: bool = False) -> dict:
     stages = max(1, min(4, (SHARED_LIMIT - 64 * wg * d * 2 - 256) // (2 * bn * d * 2)))
     return {
         "BN": bn, "WG": wg, "STAGES": stages, "PIPE": 0, "REGS": consumer_registers(wg),
-        "TREE": int(wg == 3), "PERSIST": int(d == 128),
+        "TREE": int(wg == 3), "PERSIST": int(d == 128 and not causal),
     }  # fmt: skip
 
 
@@ -581,7 +613,7 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     lse_flat = _arrays.output_arg(qa, lse, (bh * sq,), f32)
     smem = shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"])
     n_qt = -(-sq // bm)
-    cfg["PERSIST"] = int(bool(cfg.get("PERSIST")) and sk % cfg["BN"] == 0)
+    cfg["PERSIST"] = cfg.get("PERSIST", 0) if sk % cfg["BN"] == 0 else 0
     if cfg["PERSIST"]:
         grid = (min(n_qt * bh, ctas or _arrays.multiprocessors(qa)), 1)
     else:

@@ -86,10 +86,13 @@ def test_hopper_forward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, over):
         (1, 2, 1, 256, 256, 64, np.float16, True, {"PIPE": 4, "TREE": 1}, 2),
         # one block for all four tiles, the plain order, grouped-query heads
         (1, 4, 2, 100, 192, 64, ml_dtypes.bfloat16, False, {"PIPE": 0}, 1),
+        # heaviest tiles first, back and forth over three blocks (the last round leaves two
+        # blocks out)
+        (1, 2, 1, 256, 128, 64, np.float16, True, {"PIPE": 0, "PERSIST": 2}, 3),
     ],
 )
 def test_persistent_blocks_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, over, ctas):
-    cfg = small(d, PERSIST=1, **over)
+    cfg = small(d, **{"PERSIST": 1, **over})
     out, lse, ref, ref_lse = run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, ctas=ctas)
     assert rel(out, ref) < (1e-3 if dtype == np.float16 else 1e-2)
     np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=1e-4)
