@@ -554,17 +554,17 @@ def config(d: int, causal: bool = False) -> dict:
     """The constexprs of ``attention_fwd_wgmma`` for head dim ``d`` (64, 128, 256) and the
     mask, as measured fastest on an H100 (docs/hopper.md): key tiles of 128 (64 for d = 256,
     whose O accumulators take 128 registers a thread), as many stages as fit (at most 4),
-    the plain order (PIPE 0: the overlapped schedules measured slower) and persistent blocks
-    at D = 128 without the mask (568 TFLOP/s at S = 4096 against 540 without; with it, the
-    tiles' unequal work left some blocks far behind at S = 16384); two consumer warpgroups (128
-    query rows), three (192) at D = 64 without the mask (428 against 408), with the row sums
-    in independent chains."""
+    the plain order (PIPE 0: the driver's JIT spilled the overlapped schedules' P), one
+    row-sum chain (TREE 0), three consumer warpgroups (192 query rows) at D = 64 (441 TFLOP/s
+    at S = 4096 against 408, causal 342 against 318), two (128 rows) otherwise, and
+    persistent blocks at D = 128 without the mask (560-571 against 544; with it, the tiles'
+    unequal work left blocks behind: 328 against 503-548 at S = 16384)."""
     bn = 64 if d == 256 else 128
-    wg = 3 if d == 64 and not causal else 2
+    wg = 3 if d == 64 else 2
     stages = max(1, min(4, (SHARED_LIMIT - 64 * wg * d * 2 - 256) // (2 * bn * d * 2)))
     return {
         "BN": bn, "WG": wg, "STAGES": stages, "PIPE": 0, "REGS": consumer_registers(wg),
-        "TREE": int(wg == 3), "PERSIST": int(d == 128 and not causal),
+        "TREE": 0, "PERSIST": int(d == 128 and not causal),
     }  # fmt: skip
 
 
@@ -631,5 +631,5 @@ def specializations():
 
     for dt in (f16, bf16):
         for d in (64, 128, 256):
-            for causal in (False, True) if d == 64 else (False,):
+            for causal in (False, True) if d == 128 else (False,):
                 yield attention_fwd_wgmma, {"D": d, "DT": dt, **config(d, causal)}

@@ -46,7 +46,8 @@ def run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, scale=None, ctas=None):
 def small(d: int, **over) -> dict:
     """A small configuration of the kernel for head dim d (two consumer warpgroups):
     64-key tiles, two stages."""
-    return {**hopper.config(d, causal=True), "BN": 64, "STAGES": 2, **over}
+    two = {"WG": 2, "REGS": hopper.consumer_registers(2)}
+    return {**hopper.config(d, causal=True), **two, "BN": 64, "STAGES": 2, **over}
 
 
 @pytest.mark.parametrize(
