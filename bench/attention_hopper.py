@@ -34,26 +34,19 @@ NEW = {  # name: the config over _attention_hopper.config's (the default: "wgmma
     "pipe0": {"PIPE": 0, "PERSIST": 0},  # not persistent
     "pipe0 persist": {"PIPE": 0, "PERSIST": 1},
     "pipe0 persist lpt": {"PIPE": 0, "PERSIST": 2},
-    "pipe0 persist tree": {"PIPE": 0, "PERSIST": 1, "TREE": 1},
     "pipe0 persist 2 stages": {"PIPE": 0, "PERSIST": 1, "STAGES": 2},
     "pipe1 2 stages": {"PIPE": 1, "STAGES": 2, "PERSIST": 0},
-    "pipe3 tree": {"PIPE": 3, "TREE": 1, "PERSIST": 0},
-    "pipe3 tree 2 stages": {"PIPE": 3, "TREE": 1, "STAGES": 2, "PERSIST": 0},
-    "pipe4 tree 2 stages": {"PIPE": 4, "TREE": 1, "STAGES": 2, "PERSIST": 0},
-    "pipe3 tree 2 stages persist": {"PIPE": 3, "TREE": 1, "STAGES": 2, "PERSIST": 1},
-    "wg2 pipe0": {"WG": 2, "REGS": 240, "PIPE": 0, "TREE": 0},
-    "wg2 pipe0 persist": {"WG": 2, "REGS": 240, "PIPE": 0, "TREE": 0, "PERSIST": 1},
-    "wg3 pipe0": {"WG": 3, "REGS": 160, "PIPE": 0, "TREE": 0},
-    "wg3 pipe0 tree": {"WG": 3, "REGS": 160, "PIPE": 0, "TREE": 1},
-    "wg3 pipe0 tree persist": {"WG": 3, "REGS": 160, "PIPE": 0, "TREE": 1, "PERSIST": 1},
+    "pipe3": {"PIPE": 3, "PERSIST": 0},
+    "pipe3 2 stages": {"PIPE": 3, "STAGES": 2, "PERSIST": 0},
+    "pipe4 2 stages": {"PIPE": 4, "STAGES": 2, "PERSIST": 0},
+    "wg2": {"WG": 2, "REGS": 240},
+    "wg2 persist": {"WG": 2, "REGS": 240, "PERSIST": 1},
+    "wg3 persist": {"WG": 3, "REGS": 160, "PERSIST": 1},
     "precise": {"precise": True},  # without fastmath (ex2.approx.f32, not .ftz)
 }
-D128 = ["wgmma", "pipe0", "pipe0 persist", "pipe0 persist lpt", "pipe0 persist tree",
-        "pipe0 persist 2 stages", "pipe1 2 stages",
-        "pipe3 tree", "pipe3 tree 2 stages", "pipe4 tree 2 stages",
-        "pipe3 tree 2 stages persist"]  # fmt: skip
-D64 = ["wgmma", "wg2 pipe0", "wg2 pipe0 persist", "wg3 pipe0", "wg3 pipe0 tree",
-       "wg3 pipe0 tree persist"]  # fmt: skip
+D128 = ["wgmma", "pipe0", "pipe0 persist lpt", "pipe0 persist 2 stages", "pipe1 2 stages",
+        "pipe3", "pipe3 2 stages", "pipe4 2 stages"]  # fmt: skip
+D64 = ["wgmma", "wg2", "wg2 persist", "wg3 persist"]
 D256 = ["wgmma", "pipe0 persist"]
 BF16 = ["wgmma", "pipe0"]
 BEST = ["wgmma", "pipe0", "pipe0 persist", "pipe0 persist lpt"]  # the other shapes

@@ -27,8 +27,7 @@ products (ping-pong: ``turn`` mbarriers, an arrival from each warp of the other 
 so that one's softmax overlaps the other's products. The softmax of the overlapped loop sits
 in a block of its own (``if sk > 0``, always true): in one block with the wait for P V,
 ptxas hoisted that wait above the softmax (SASS: ``WARPGROUP.DEPBAR.LE gsb0, 0x1`` then
-``0x0`` back to back), which undid the overlap. ``TREE`` 1 reduces each row's max and sum
-in four independent chains (``row_reduce``) rather than one serial chain.
+``0x0`` back to back), which undid the overlap.
 
 ``PERSIST`` 1: one block a multiprocessor, each looping over the work tiles (query tile,
 head) first, first + grid, ... (2: every head's heaviest query tiles first, the rounds of
@@ -150,46 +149,9 @@ def pack_p(p: u32[:, :], s: f32[:, :], BN: kaio.constexpr, DT: kaio.constexpr):
 
 
 @kaio.gpu_func
-def row_reduce(s: f32[:, :], h: kaio.constexpr, NB: kaio.constexpr, SUM: kaio.constexpr) -> f32:
-    """The max (``SUM`` 0) or the sum (``SUM`` 1) of this lane's 2 * NB values of row half h
-    of s, in four independent chains (a fourth of the serial chain's latency)."""
-    acc = kaio.local(f32, 4)
-    for v in kaio.static_range(4):
-        acc[v] = s[v // 2, 2 * h + v % 2]
-    for v in kaio.static_range(4, 2 * NB):
-        if SUM:
-            acc[v % 4] = acc[v % 4] + s[v // 2, 2 * h + v % 2]
-        else:
-            acc[v % 4] = kaio.max(acc[v % 4], s[v // 2, 2 * h + v % 2])
-    if SUM:
-        return (acc[0] + acc[1]) + (acc[2] + acc[3])
-    return kaio.max(kaio.max(acc[0], acc[1]), kaio.max(acc[2], acc[3]))
-
-
-@kaio.gpu_func
-def softmax_step_tree(
-    s: f32[:, :], m: f32[:], l: f32[:], h: kaio.constexpr, scale_log2: f32, NB: kaio.constexpr
-) -> f32:
-    """``_attention_tc.softmax_step`` with the row's max and sum in independent chains
-    (``row_reduce``): the same maximum, the sum in another order."""
-    top = row_reduce(s, h, NB, 0)
-    top = kaio.max(top, kaio.shfl_xor(top, 1))
-    top = kaio.max(top, kaio.shfl_xor(top, 2))
-    m_new = kaio.max(m[h], top * scale_log2)
-    base = kaio.select(m_new == NEG_INF, 0.0, m_new)
-    alpha = kaio.exp2(m[h] - base)
-    m[h] = m_new
-    for n in kaio.static_range(NB):
-        for e in kaio.static_range(2):
-            s[n, 2 * h + e] = kaio.exp2(kaio.fma(s[n, 2 * h + e], scale_log2, -base))
-    l[h] = l[h] * alpha + row_reduce(s, h, NB, 1)
-    return alpha
-
-
-@kaio.gpu_func
 def softmax_tile(
     s: f32[:, :], m: f32[:], l: f32[:], alpha: f32[:], j: i32, row0: i32, sk: i32,
-    causal: i32, scale_log2: f32, lane: u32, BN: kaio.constexpr, TREE: kaio.constexpr,
+    causal: i32, scale_log2: f32, lane: u32, BN: kaio.constexpr,
 ):  # fmt: skip
     """Mask key tile j's scores (keys at or past sk, and past the row when causal) where the
     tile needs it, then one online-softmax step of both row halves (row0 + 8h); the factors
@@ -204,10 +166,7 @@ def softmax_tile(
                     ok = key < sk and (causal == 0 or key <= row)
                     s[n, 2 * h + e] = kaio.select(ok, s[n, 2 * h + e], NEG_INF)
     for h in kaio.static_range(2):
-        if TREE:
-            alpha[h] = softmax_step_tree(s, m, l, h, scale_log2, BN // 8)
-        else:
-            alpha[h] = softmax_step(s, m, l, h, scale_log2, BN // 8)
+        alpha[h] = softmax_step(s, m, l, h, scale_log2, BN // 8)
 
 
 @kaio.gpu_func
@@ -318,7 +277,7 @@ def consume(
     q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
     out: DT[:], lse: f32[:], wg: u32, lt: u32, bh: i32, q0: i32, n_tiles: i32, sq: i32,
     sk: i32, causal: i32, scale_log2: f32, pos: i32[:], D: kaio.constexpr, BN: kaio.constexpr,
-    STAGES: kaio.constexpr, PIPE: kaio.constexpr, TREE: kaio.constexpr, DT: kaio.constexpr,
+    STAGES: kaio.constexpr, PIPE: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 query rows of one tile (thread ``lt`` of it) over the
     key tiles (module docstring), then its rows of ``out`` and ``lse``. ``pos``: the ring's
@@ -340,7 +299,7 @@ def consume(
             st = pos[0]
             ph = u32(pos[1])
             s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT)
-            softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, TREE)
+            softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN)
             rescale_rows(o, alpha, D)
             pack_p(p, s, BN, DT)
             pv_tile(o, p, v_s, bars, turn, st, ph, (j + 1) * BN > sk, lt, BN, DT)
@@ -353,7 +312,7 @@ def consume(
         # order) rescale O by tile j - 1's factors while S_j runs, PIPE 1, 2 once P V is done;
         # PIPE 2, 4: the warpgroups take turns to issue their products (ping-pong)
         s_tile(s, q_s, k_s, bars, pos[0], u32(pos[1]), wg, lt, D, DT)
-        softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, TREE)
+        softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN)
         pack_p(p, s, BN, DT)
         ps = pos[0]  # the stage and parity of tile j - 1
         pph = u32(pos[1])
@@ -382,7 +341,7 @@ def consume(
             if lt == 0:
                 kaio.mbarrier_arrive(bars, (2, st))
             if sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
-                softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, TREE)
+                softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN)
             kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done
             if lt == 0:
                 kaio.mbarrier_arrive(bars, (3, ps))
@@ -454,7 +413,6 @@ def attention_fwd_wgmma(
     STAGES: kaio.constexpr,
     PIPE: kaio.constexpr,
     REGS: kaio.constexpr,
-    TREE: kaio.constexpr,
     PERSIST: kaio.constexpr,
     DT: kaio.constexpr,
 ):
@@ -515,12 +473,10 @@ def attention_fwd_wgmma(
                                                PERSIST)  # fmt: skip
                 if (PIPE == 2 or PIPE == 4) and wg == 0:  # ping-pong: a loop in each branch
                     consume(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh, q0, n_tiles, sq,
-                            sk, causal, scale_log2, pos, D, BN, STAGES, PIPE, TREE,
-                            DT)  # fmt: skip
+                            sk, causal, scale_log2, pos, D, BN, STAGES, PIPE, DT)  # fmt: skip
                 else:
                     consume(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh, q0, n_tiles, sq,
-                            sk, causal, scale_log2, pos, D, BN, STAGES, PIPE, TREE,
-                            DT)  # fmt: skip
+                            sk, causal, scale_log2, pos, D, BN, STAGES, PIPE, DT)  # fmt: skip
     else:  # the producer warpgroup: its first thread loads
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -554,8 +510,8 @@ def config(d: int, causal: bool = False) -> dict:
     """The constexprs of ``attention_fwd_wgmma`` for head dim ``d`` (64, 128, 256) and the
     mask, as measured fastest on an H100 (docs/hopper.md): key tiles of 128 (64 for d = 256,
     whose O accumulators take 128 registers a thread), as many stages as fit (at most 4),
-    the plain order (PIPE 0: the driver's JIT spilled the overlapped schedules' P), one
-    row-sum chain (TREE 0), three consumer warpgroups (192 query rows) at D = 64 (441 TFLOP/s
+    the plain order (PIPE 0: the driver's JIT spilled the overlapped schedules' P), three
+    consumer warpgroups (192 query rows) at D = 64 (441 TFLOP/s
     at S = 4096 against 408, causal 342 against 318), two (128 rows) otherwise, and
     persistent blocks at D = 128 without the mask (560-571 against 544; with it, the tiles'
     unequal work left blocks behind: 328 against 503-548 at S = 16384)."""
@@ -564,7 +520,7 @@ def config(d: int, causal: bool = False) -> dict:
     stages = max(1, min(4, (SHARED_LIMIT - 64 * wg * d * 2 - 256) // (2 * bn * d * 2)))
     return {
         "BN": bn, "WG": wg, "STAGES": stages, "PIPE": 0, "REGS": consumer_registers(wg),
-        "TREE": 0, "PERSIST": int(d == 128 and not causal),
+        "PERSIST": int(d == 128 and not causal),
     }  # fmt: skip
 
 

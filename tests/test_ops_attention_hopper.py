@@ -63,10 +63,10 @@ def small(d: int, **over) -> dict:
         (1, 1, 1, 70, 384, 128, np.float16, False, {"BN": 128, "STAGES": 2, "PIPE": 2}),
         # D = 256, bf16, causal
         (1, 1, 1, 100, 192, 256, ml_dtypes.bfloat16, True, {"PIPE": 1}),
-        # FlashAttention-3's order, row sums in chains, a partial last key tile, causal
-        (1, 2, 1, 130, 200, 64, np.float16, True, {"PIPE": 3, "TREE": 1}),
+        # FlashAttention-3's order, a partial last key tile, causal
+        (1, 2, 1, 130, 200, 64, np.float16, True, {"PIPE": 3}),
         # that order with ping-pong, more key tiles than stages
-        (1, 1, 1, 128, 320, 64, ml_dtypes.bfloat16, False, {"PIPE": 4, "TREE": 1}),
+        (1, 1, 1, 128, 320, 64, ml_dtypes.bfloat16, False, {"PIPE": 4}),
         # three consumer warpgroups (192 query rows), D = 64's default without the mask
         (1, 1, 1, 200, 192, 64, np.float16, False, {**hopper.config(64), "BN": 64}),
     ],
@@ -84,7 +84,7 @@ def test_hopper_forward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, over):
     [
         # two blocks of two tiles each: the ring, the Q buffer and the ping-pong turns carried
         # from one tile to the next; causal (tiles of 4 and 2 key tiles)
-        (1, 2, 1, 256, 256, 64, np.float16, True, {"PIPE": 4, "TREE": 1}, 2),
+        (1, 2, 1, 256, 256, 64, np.float16, True, {"PIPE": 4}, 2),
         # one block for all four tiles, the plain order, grouped-query heads
         (1, 4, 2, 100, 192, 64, ml_dtypes.bfloat16, False, {"PIPE": 0}, 1),
         # heaviest tiles first, back and forth over three blocks (the last round leaves two
