@@ -48,6 +48,7 @@ CLUSTER_CHECK = True  # only clusters that all run at once (the driver's occupan
 # multiprocessor's (228 KB on sm_90), so that a cluster's blocks take one each
 SPREAD = 116 * 1024
 CLUSTER_TILES = 64  # the most key tiles a split of the cluster merge takes (measured)
+PAGE_WINDOW = True  # paged: pages from a window of the block table across a warp's lanes
 
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
 MERGE = dk.decode_merge
@@ -146,6 +147,7 @@ def plan_grid(like, kernel, blocks: int, tiles: int, dp: int, mt: int, paged: bo
         if dev is None or not CLUSTER_CHECK:
             return cl, stages, cl, shared
         consts = {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": stages, "CL": cl, "DT": like.dtype}
+        consts["PW"] = int(PAGE_WINDOW and paged)
         key = (like.device, tuple(sorted(consts.items())), shared)
         have = _RESIDENT.get(key)
         if have is None:
@@ -346,7 +348,7 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
         counters, heads, group, sq, cache.kv_heads, *cache.geometry(), chunks, rows,
         math.log2(math.e) * float(scale),
         DP=d, MT=mt, PAGED=cache.paged, STAGES=stages, DIRECT=direct, FUSED=fused, CL=cl,
-        DT=qa.dtype,
+        DT=qa.dtype, PW=int(PAGE_WINDOW and cache.paged),
     )  # fmt: skip
     if not (direct or fused or cl > 1):
         MERGE[blocks, dk.THREADS, stream, merge_shared(mt)](
@@ -425,6 +427,7 @@ def shipped():
             for mt in (1, 2, 4):
                 for paged in (False, True):
                     base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dtype}
+                    base["PW"] = int(PAGE_WINDOW and paged)
                     for direct, fused in ((True, False), (False, False), (False, True)):
                         flags = {**base, "DIRECT": direct, "FUSED": fused, "CL": 1}
                         for stages in sorted({stages_for(dp, mt), deep_stages(dp, mt)}):

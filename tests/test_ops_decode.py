@@ -194,6 +194,23 @@ def test_append_then_decode_in_simulator(page_size, dtype):
     assert np.abs(out.astype(np.float64) - ref).max() < (4e-3 if dtype == np.float16 else 3e-2)
 
 
+@pytest.mark.parametrize("splits", [1, 2])
+def test_paged_window_moves_over_many_pages_in_simulator(monkeypatch, splits):
+    # the block table read through a window of 64 entries held across a warp's lanes: one
+    # split over 69 pages of 16 keys moves it twice (at pages 32 and 64), a second split
+    # starts mid-table; a length ending on the window's boundary (512 keys = 32 pages)
+    monkeypatch.setattr(decode, "splits_for", lambda *_: splits)
+    monkeypatch.setattr(decode, "CLUSTER_MERGE", False)
+    rng = np.random.default_rng(9 + splits)
+    q = rng.standard_normal((2, 2, 1, 64)).astype(np.float16)
+    k_cache, v_cache, table = make_cache(rng, 2, 1, 64, 1100, np.float16, 16)
+    lens = np.array([1090, 512], np.int32)
+    with kaio.simulate():
+        out = kaio_ops.flash_attention_decode(q, k_cache, v_cache, lens, table)
+    ref = reference(q, k_cache, v_cache, list(lens), table)[0]
+    assert np.abs(out.astype(np.float64) - ref).max() < 4e-3
+
+
 def test_bad_block_table_stays_inside_the_cache_in_simulator(monkeypatch):
     # what the GPU only sees (the table's values; a graph replayed after the table was
     # freed and its memory reused): pages outside the pool are read as the last page and
@@ -386,7 +403,8 @@ def assembled() -> list:
     def fwd(dp, mt, paged, merge, deep=False, cl=1, dt=kaio.f16):
         flags = {"DIRECT": merge == "direct", "FUSED": merge == "fused", "CL": cl}
         stages = (decode.deep_stages if deep else decode.stages_for)(dp, mt)
-        return {"DP": dp, "MT": mt, "PAGED": paged, "DT": dt, "STAGES": stages, **flags}
+        pw = int(decode.PAGE_WINDOW and paged)
+        return {"DP": dp, "MT": mt, "PAGED": paged, "DT": dt, "STAGES": stages, "PW": pw, **flags}
 
     return [
         (decode.DECODE, fwd(64, 4, True, "fused")),
