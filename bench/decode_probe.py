@@ -33,7 +33,8 @@ if not os.environ.get("PROBE_BASE"):  # else kaio_ops from PYTHONPATH (main's, t
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import kaio  # noqa: E402
-from kaio import f16, f32, u32  # noqa: E402
+from kaio import f16, f32, i32, u32  # noqa: E402
+from kaio_ops import _decode as dk  # noqa: E402
 from kaio_ops import decode  # noqa: E402
 
 
@@ -55,6 +56,7 @@ H, HKV, D = 32, 8, 128
 ORIG = {n: getattr(decode, n) for n in ("splits_for", "deep_stages", "stages_for", "_counters")}
 ORIG_CLUSTER = getattr(decode, "CLUSTER_MERGE", False)
 ORIG_TILES = getattr(decode, "CLUSTER_TILES", 8)
+ORIG_WINDOW = getattr(decode, "PAGE_WINDOW", False)
 T0 = time.time()
 
 
@@ -64,6 +66,7 @@ def restore():
     decode.CLUSTER_MERGE = ORIG_CLUSTER
     decode.CLUSTER_CHECK = True
     decode.CLUSTER_TILES = ORIG_TILES
+    decode.PAGE_WINDOW = ORIG_WINDOW
 
 
 PENDING: list = []  # (label, fn, sets) to time in the next profiler session
@@ -171,9 +174,12 @@ def check(sets, lens):
     return err
 
 
-def force(splits=None, stages=None, unfused=False, cluster=None):
-    """Module defaults but for what is named (cluster: None = the module's choice)."""
+def force(splits=None, stages=None, unfused=False, cluster=None, window=None):
+    """Module defaults but for what is named (cluster: None = the module's choice; window:
+    the paged block-table window on or off)."""
     restore()
+    if window is not None:
+        decode.PAGE_WINDOW = window
     if cluster is not None:
         decode.CLUSTER_MERGE = cluster
         decode.CLUSTER_CHECK = not cluster  # forced: measured even where clusters would queue
@@ -201,6 +207,131 @@ def stream(src: f16[:], out: f32[:], per_block: u32, U: kaio.constexpr):
         for j in kaio.static_range(U):
             acc += f32(buf[j, 0]) + f32(buf[j, 7])
     out[kaio.block_idx_x() * 128 + tid] = acc
+
+
+@kaio.gpu_kernel(block_size=128)
+def head_stream(
+    k: f16[:],
+    v: f16[:],
+    table: i32[:],
+    out: f32[:],
+    kv_heads: u32,
+    length: u32,
+    max_pages: u32,
+    pages: u32,
+    PAGED: kaio.constexpr,
+    STAGES: kaio.constexpr,
+):
+    """Floor of kaio's grid and copies: block (b, kvh) brings the K and V tiles of its
+    sequence and head into shared memory as decode_fwd does (``load_stage``'s cp.async,
+    STAGES in flight, the paged pages of 16 keys through ``window_pages``), with no
+    arithmetic."""
+    tid = kaio.thread_idx_x()
+    lane = kaio.lane_id()
+    bkv = kaio.block_idx_x()
+    b = bkv // kv_heads
+    kvh = bkv % kv_heads
+    kv_s = kaio.shared_dynamic(f16, (2 * STAGES * dk.BN, 128), 0)
+    pg = kaio.local(u32, (1, 8))
+    win = kaio.local(u32, 3)
+    n = length // dk.BN
+    if PAGED:
+        dk.window_start(win, 0, b, table, max_pages, 4, lane)
+    for j in kaio.static_range(STAGES - 1):
+        if PAGED:
+            dk.window_pages(pg, win, j * dk.BN, b, table, max_pages, 4, tid, lane, 128)
+        dk.load_stage(
+            kv_s, j * 2 * dk.BN, k, v, j * dk.BN, length, b, kvh, pg, 0, length, kv_heads, 4,
+            pages, tid, 128, PAGED, f16,
+        )  # fmt: skip
+        kaio.cp_async_commit()
+    acc = 0.0
+    for t in range(n):
+        if t + STAGES - 1 < n:
+            key0 = (t + STAGES - 1) * dk.BN
+            if PAGED:
+                dk.window_pages(pg, win, key0, b, table, max_pages, 4, tid, lane, 128)
+            dk.load_stage(
+                kv_s, (t + STAGES - 1) % STAGES * 2 * dk.BN, k, v, key0, length, b, kvh, pg, 0,
+                length, kv_heads, 4, pages, tid, 128, PAGED, f16,
+            )  # fmt: skip
+        kaio.cp_async_commit()
+        kaio.cp_async_wait(STAGES - 1)
+        kaio.sync_threads()
+        acc += f32(kv_s[t % STAGES * 2 * dk.BN + tid % 64, tid // 64])
+        kaio.sync_threads()
+    kaio.cp_async_wait_all()
+    out[bkv * 128 + tid] = acc
+
+
+def round_w(budget: float):
+    """The paged layout against the contiguous one at the shapes where it trailed SDPA:
+    kaio with the block-table window and without, the floors of kaio's grid (head_stream)
+    in both layouts, SDPA on the contiguous cache (kernel times, one profiler session a
+    shape; stops after ``budget`` seconds of the process)."""
+    print(torch.cuda.get_device_name(), flush=True)
+    for b, length, extra in (
+        (16, 4096, True),
+        (64, 4096, False),
+        (1, 4096, False),
+        (16, 1024, False),
+        (64, 1024, False),
+        (1, 32768, True),
+        (16, 32768, False),
+    ):
+        if time.time() - T0 > budget:
+            print("(time budget: stopping)", flush=True)
+            break
+        torch.cuda.empty_cache()
+        sets = make_sets(b, length, paged=True)
+        lens = torch.full((b,), length, device="cuda", dtype=torch.int32)
+        label = f"B{b} L{length}"
+        q, k, v, kc, vc, table = sets[0]
+        out = decode._decode("probe", q, kc, vc, lens, table, None)[0]
+        ref = sdpa(q.float(), k.float(), v.float(), enable_gqa=True)
+        print(f"{label} paged rel err {((out.float() - ref).norm() / ref.norm()).item():.1e}")
+        show(f"{label} kaio contiguous", kernel_times(run_kaio_contig(lens), sets))
+        show(f"{label} kaio paged window", kernel_times(run_kaio(lens, window=True), sets))
+        show(f"{label} kaio paged per-row", kernel_times(run_kaio(lens, window=False), sets))
+        if extra:
+            for st in (2, 3):
+                show(
+                    f"{label} kaio paged window stages={st}",
+                    kernel_times(run_kaio(lens, window=True, stages=st), sets),
+                )
+        if b == 1 and length == 32768:
+            for sp, cl in ((16, False), (32, False), (16, True), (4, True)):
+                show(
+                    f"{label} kaio contiguous splits={sp} cluster={cl}",
+                    kernel_times(run_kaio_contig(lens, splits=sp, cluster=cl), sets),
+                )
+        show(
+            f"{label} SDPA default",
+            kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets),
+        )
+        if b >= 16:
+            o = torch.empty(b * HKV * 128, device="cuda")
+            for paged in (False, True):
+                for st in (3, 4):
+
+                    def floor(q, k, v, kc, vc, table, paged=paged, st=st, o=o, n=length):
+                        src = (kc, vc) if paged else (k, v)
+                        head_stream[o.numel() // 128, 128, None, 2 * st * 64 * 256](
+                            *src, table.view(-1), o, HKV, n, n // 16, kc.shape[0], PAGED=paged,
+                            STAGES=st,
+                        )  # fmt: skip
+
+                    show(f"{label} floor copies paged={paged} st={st}", kernel_times(floor, sets))
+        flush()
+        del sets
+
+
+def run_kaio_contig(lens, **cfg):
+    def f(q, k, v, kc, vc, table):
+        force(**cfg)
+        return decode._decode("probe", q, k, v, lens, None, None)
+
+    return f
 
 
 def floors(nbytes):
@@ -460,6 +591,8 @@ if __name__ == "__main__":
         torch.cuda.synchronize()
     elif len(sys.argv) > 1 and sys.argv[1] == "warm":
         warm()
+    elif len(sys.argv) > 1 and sys.argv[1] == "w":
+        round_w(float(sys.argv[2]) if len(sys.argv) > 2 else 25)
     elif len(sys.argv) > 1 and sys.argv[1] == "s":
         round_s(float(sys.argv[2]) if len(sys.argv) > 2 else 20)
     elif len(sys.argv) > 1 and sys.argv[1] in ("b", "base_b"):
