@@ -270,14 +270,14 @@ def round_w(budget: float):
     in both layouts, SDPA on the contiguous cache (kernel times, one profiler session a
     shape; stops after ``budget`` seconds of the process)."""
     print(torch.cuda.get_device_name(), flush=True)
-    for b, length, extra in (
-        (16, 4096, True),
-        (64, 4096, False),
-        (1, 4096, False),
-        (16, 1024, False),
-        (64, 1024, False),
-        (1, 32768, True),
-        (16, 32768, False),
+    for b, length, stages in (
+        (16, 4096, (2, 3)),
+        (64, 4096, (2,)),
+        (1, 4096, ()),
+        (16, 1024, (2, 3)),
+        (64, 1024, (2,)),
+        (1, 32768, ()),
+        (16, 32768, (2, 3)),
     ):
         if time.time() - T0 > budget:
             print("(time budget: stopping)", flush=True)
@@ -293,12 +293,15 @@ def round_w(budget: float):
         show(f"{label} kaio contiguous", kernel_times(run_kaio_contig(lens), sets))
         show(f"{label} kaio paged window", kernel_times(run_kaio(lens, window=True), sets))
         show(f"{label} kaio paged per-row", kernel_times(run_kaio(lens, window=False), sets))
-        if extra:
-            for st in (2, 3):
-                show(
-                    f"{label} kaio paged window stages={st}",
-                    kernel_times(run_kaio(lens, window=True, stages=st), sets),
-                )
+        for st in stages:
+            show(
+                f"{label} kaio contiguous stages={st}",
+                kernel_times(run_kaio_contig(lens, stages=st), sets),
+            )
+            show(
+                f"{label} kaio paged window stages={st}",
+                kernel_times(run_kaio(lens, window=True, stages=st), sets),
+            )
         if b == 1 and length == 32768:
             for sp, cl in ((16, False), (32, False), (16, True), (4, True)):
                 show(
@@ -457,19 +460,24 @@ def main():
 
 
 def warm_list():
-    """The specializations the probe launches (D 128, one M-tile, f16), for ``warm``."""
-    k = decode.DECODE
-    out = [(decode.MERGE, {"DP": 128, "MT": 1, "DT": f16}), (probe_mark, {})]
-    out += [(stream, {"U": u}) for u in (8, 16)]
-    for paged in (False, True):
+    """Every specialization the decode ops ship (``decode.shipped()``: what the suite, the
+    probe and the GPU tests launch) and the probe's own kernels, for ``warm``."""
+    out = list(decode.shipped())
+    out += [(probe_mark, {})] + [(stream, {"U": u}) for u in (8, 16)]
+    out += [(head_stream, {"PAGED": p, "STAGES": st}) for p in (False, True) for st in (3, 4)]
+    for paged in (False, True):  # the probe's forced variants: global merges, the old pages
         for st in (2, 3, 4):
-            for direct, fused, cl in (
-                (False, True, 1), (False, False, 16), (True, False, 1), (False, False, 1),
-                (False, False, 8), (False, False, 4), (False, False, 2),
-            ):  # fmt: skip
-                c = {"DP": 128, "MT": 1, "PAGED": paged, "STAGES": st, "DT": f16}
-                out.append((k, {**c, "DIRECT": direct, "FUSED": fused, "CL": cl}))
-    return out
+            for direct, fused in ((False, True), (True, False), (False, False)):
+                c = {"DP": 128, "MT": 1, "PAGED": paged, "STAGES": st, "DT": f16, "CL": 1}
+                for pw in (0, 1) if paged else (0,):
+                    out.append((decode.DECODE, {**c, "DIRECT": direct, "FUSED": fused, "PW": pw}))
+    seen, unique = set(), []
+    for kernel, c in out:
+        key = (kernel.pyfunc.__name__, tuple(sorted(c.items(), key=str)))
+        if key not in seen:
+            seen.add(key)
+            unique.append((kernel, c))
+    return unique
 
 
 def warm_one(i):
