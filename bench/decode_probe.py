@@ -318,7 +318,7 @@ def round_w(budget: float):
                 for st in (3, 4):
 
                     def floor(q, k, v, kc, vc, table, paged=paged, st=st, o=o, n=length):
-                        src = (kc, vc) if paged else (k, v)
+                        src = (x.view(-1) for x in ((kc, vc) if paged else (k, v)))
                         head_stream[o.numel() // 128, 128, None, 2 * st * 64 * 256](
                             *src, table.view(-1), o, HKV, n, n // 16, kc.shape[0], PAGED=paged,
                             STAGES=st,
