@@ -495,9 +495,10 @@ def warm(budget: float = 1e9):
     ``budget`` seconds are left out."""
     from concurrent.futures import ProcessPoolExecutor
 
-    todo = list(range(len(warm_list())))
-    first = [i for i in todo if warm_list()[i][1].get("DP", 128) == 128]
-    first = [i for i in first if warm_list()[i][1].get("DT", f16) == f16]
+    kernels = warm_list()
+    todo = list(range(len(kernels)))
+    first = [i for i in todo if kernels[i][1].get("DP", 128) == 128]
+    first = [i for i in first if kernels[i][1].get("DT", f16) == f16]
     order = first + [i for i in todo if i not in first]
     pool = ProcessPoolExecutor(16)
     futures = [pool.submit(warm_one, i) for i in order]
