@@ -144,7 +144,38 @@ def main() -> None:
                 for paged in layouts:
                     case(h, b, length, ragged, paged)
     print(h.table())
+    print(summary(h.results))
     h.finish()
+
+
+def summary(results) -> str:
+    """One line a case: kaio's time against torch SDPA's default and its fastest backend on
+    the same shape (the paged cases against their contiguous twin's backends), % of copy."""
+    times: dict = {}
+    for r in results:
+        if r.op.startswith("flash_attention_decode") and r.ms:
+            times.setdefault((r.op.endswith("paged"), r.case), {})[r.impl] = r
+    lines = [
+        "| case | kaio µs | % copy | SDPA default µs | fastest SDPA µs | kaio vs fastest |",
+        "|---|---|---|---|---|---|",
+    ]
+    for (paged, label), impls in times.items():
+        if "kaio" not in impls:
+            continue
+        peers = {n: r.ms for n, r in {**times.get((False, label), {}), **impls}.items()}
+        peers = {n: ms for n, ms in peers.items() if n.startswith("torch SDPA")}
+        if not peers:
+            continue
+        best = min(peers, key=peers.get)
+        kaio = impls["kaio"]
+        ratio = peers[best] / kaio.ms
+        lines.append(
+            f"| {label}{' paged' * paged} | {kaio.ms * 1e3:.1f} | {kaio.pct_copy or 0:.0f} | "
+            f"{peers.get('torch SDPA', 0) * 1e3:.1f} | {peers[best] * 1e3:.1f} "
+            f"({best[len('torch SDPA') :].strip() or 'default'}) | "
+            f"{ratio:.2f}{' <' if ratio < 1 else ''} |"
+        )
+    return "\n".join(lines)
 
 
 def case(h: Harness, b: int, length: int, ragged: bool, paged: bool) -> None:

@@ -221,28 +221,30 @@ def head_stream(
     pages: u32,
     PAGED: kaio.constexpr,
     STAGES: kaio.constexpr,
+    DP: kaio.constexpr,
 ):
     """Floor of kaio's grid and copies: block (b, kvh) brings the K and V tiles of its
     sequence and head into shared memory as decode_fwd does (``load_stage``'s cp.async,
     STAGES in flight, the paged pages of 16 keys through ``window_pages``), with no
-    arithmetic."""
+    arithmetic. DP 256 over a cache of D 128 (kv_heads halved): a block reads two heads,
+    whose rows are adjacent in a page (512 bytes a token)."""
     tid = kaio.thread_idx_x()
     lane = kaio.lane_id()
     bkv = kaio.block_idx_x()
     b = bkv // kv_heads
     kvh = bkv % kv_heads
-    kv_s = kaio.shared_dynamic(f16, (2 * STAGES * dk.BN, 128), 0)
-    pg = kaio.local(u32, (1, 8))
+    kv_s = kaio.shared_dynamic(f16, (2 * STAGES * dk.BN, DP), 0)
+    pg = kaio.local(u32, (1, dk.BN // (128 // (DP // 8))))
     win = kaio.local(u32, 3)
     n = length // dk.BN
     if PAGED:
         dk.window_start(win, 0, b, table, max_pages, 4, lane)
     for j in kaio.static_range(STAGES - 1):
         if PAGED:
-            dk.window_pages(pg, win, j * dk.BN, b, table, max_pages, 4, tid, lane, 128)
+            dk.window_pages(pg, win, j * dk.BN, b, table, max_pages, 4, tid, lane, DP)
         dk.load_stage(
             kv_s, j * 2 * dk.BN, k, v, j * dk.BN, length, b, kvh, pg, 0, length, kv_heads, 4,
-            pages, tid, 128, PAGED, f16,
+            pages, tid, DP, PAGED, f16,
         )  # fmt: skip
         kaio.cp_async_commit()
     acc = 0.0
@@ -250,10 +252,10 @@ def head_stream(
         if t + STAGES - 1 < n:
             key0 = (t + STAGES - 1) * dk.BN
             if PAGED:
-                dk.window_pages(pg, win, key0, b, table, max_pages, 4, tid, lane, 128)
+                dk.window_pages(pg, win, key0, b, table, max_pages, 4, tid, lane, DP)
             dk.load_stage(
                 kv_s, (t + STAGES - 1) % STAGES * 2 * dk.BN, k, v, key0, length, b, kvh, pg, 0,
-                length, kv_heads, 4, pages, tid, 128, PAGED, f16,
+                length, kv_heads, 4, pages, tid, DP, PAGED, f16,
             )  # fmt: skip
         kaio.cp_async_commit()
         kaio.cp_async_wait(STAGES - 1)
@@ -314,17 +316,23 @@ def round_w(budget: float):
         )
         if b >= 16:
             o = torch.empty(b * HKV * 128, device="cuda")
-            for paged in (False, True):
-                for st in (3, 4):
+            for paged, st, dp in (
+                (False, 3, 128), (False, 4, 128), (True, 3, 128), (True, 4, 128),
+                (False, 3, 256), (True, 3, 256),
+            ):  # fmt: skip
 
-                    def floor(q, k, v, kc, vc, table, paged=paged, st=st, o=o, n=length):
-                        src = (x.view(-1) for x in ((kc, vc) if paged else (k, v)))
-                        head_stream[o.numel() // 128, 128, None, 2 * st * 64 * 256](
-                            *src, table.view(-1), o, HKV, n, n // 16, kc.shape[0], PAGED=paged,
-                            STAGES=st,
-                        )  # fmt: skip
+                def floor(q, k, v, kc, vc, table, paged=paged, st=st, o=o, n=length, dp=dp, b=b):
+                    src = (x.view(-1) for x in ((kc, vc) if paged else (k, v)))
+                    hk = HKV * 128 // dp
+                    head_stream[b * hk, 128, None, 2 * st * 64 * dp * 2](
+                        *src, table.view(-1), o, hk, n, n // 16, kc.shape[0], PAGED=paged,
+                        STAGES=st, DP=dp,
+                    )  # fmt: skip
 
-                    show(f"{label} floor copies paged={paged} st={st}", kernel_times(floor, sets))
+                show(
+                    f"{label} floor copies paged={paged} st={st} heads/block={dp // 128}",
+                    kernel_times(floor, sets),
+                )
         flush()
         del sets
 
@@ -464,7 +472,11 @@ def warm_list():
     probe and the GPU tests launch) and the probe's own kernels, for ``warm``."""
     out = list(decode.shipped())
     out += [(probe_mark, {})] + [(stream, {"U": u}) for u in (8, 16)]
-    out += [(head_stream, {"PAGED": p, "STAGES": st}) for p in (False, True) for st in (3, 4)]
+    out += [
+        (head_stream, {"PAGED": p, "STAGES": st, "DP": dp})
+        for p in (False, True)
+        for st, dp in ((3, 128), (4, 128), (3, 256))
+    ]
     for paged in (False, True):  # the probe's forced variants: global merges, the old pages
         for st in (2, 3, 4):
             for direct, fused in ((False, True), (True, False), (False, False)):
