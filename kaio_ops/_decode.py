@@ -166,6 +166,33 @@ def window_pages(
 
 
 @kaio.gpu_func
+def load_q_pairs(
+    dst: DT[:, :],
+    q: DT[:],
+    first: u32,
+    nrows: u32,
+    tid: u32,
+    R: kaio.constexpr,
+    DP: kaio.constexpr,
+    DT: kaio.constexpr,
+):
+    """Q rows first .. first + nrows (of DP / 2 elements) of a head pair into the swizzled
+    R x DP tile dst: row r in columns 0 .. DP / 2 when r < nrows / 2 (the first head's
+    rows), else DP / 2 .. DP; zeros elsewhere (16-byte cp.async; the caller commits)."""
+    PIECES = DP // 8
+    STEP = THREADS // PIECES
+    HALF = DP // 2
+    r0 = tid // PIECES
+    col = tid % PIECES * 8
+    for i in kaio.static_range(R // STEP):
+        r = r0 + i * STEP
+        inside = r < nrows and col // HALF == r // (nrows // 2)
+        index = kaio.select(inside, (first + r) * HALF + col % HALF, 0)
+        at = (r, kaio.swizzle(dst, r0 + i * STEP % 8, col))
+        kaio.cp_async(dst, at, q, index, 16, kaio.select(inside, 16, 0))
+
+
+@kaio.gpu_func
 def load_stage(
     dst: DT[:, :],
     row0: u32,
@@ -242,6 +269,7 @@ def decode_fwd(
     CL: kaio.constexpr,
     DT: kaio.constexpr,
     PW: kaio.constexpr,
+    PAIR: kaio.constexpr,
 ):
     """Attention of the 16 * MT query rows (row chunk) of one K/V group over the key tiles
     of split ``block x``: out / lse (``DIRECT``, one split) or part / part_lse (row-major
@@ -252,7 +280,13 @@ def decode_fwd(
     splits of a row chunk are one thread-block cluster, their partial results stay in
     shared memory and ``cluster_merge`` combines them (part, part_lse, counters unused).
     ``PW`` (paged): the pages come from a window of the block table held across each warp's
-    lanes (``window_pages``), else from loads one tile ahead (``page_ids``)."""
+    lanes (``window_pages``), else from loads one tile ahead (``page_ids``). ``PAIR``
+    (paged, D 128, one split, one M-tile): the caller passes the cache as two heads of
+    DP = 256 a row (kv_heads and group as for heads in pairs): a block reads both K/V heads
+    of a pair, whose rows are adjacent in a page (512 bytes a token, not 256); Q's rows of
+    the pair's first head fill columns 0 .. 127 of the M-tile and the second head's columns
+    128 .. 255 (zeros elsewhere), so the scores are each row's own head's, and each row
+    keeps its half of the output (``load_q_pairs``)."""
     if CL > 1:
         kaio.cluster_dims(CL)
     KSPLIT = WARPS // MT  # warps sharing one M-tile, each on KW keys of a tile
@@ -281,7 +315,10 @@ def decode_fwd(
     red_ml = kaio.shared_dynamic(f32, (2, WARPS * 16), (2 * STAGES * BN + ROWS) * DP * 2)
 
     # Q first: its copies are in flight while the length is read (the K/V copies need it)
-    load_tile(q_s, q, q_row0 * DP, row0, nrows, DP, tid, ROWS, DP, THREADS, True, DT)
+    if PAIR:
+        load_q_pairs(q_s, q, q_row0, nrows, tid, ROWS, DP, DT)
+    else:
+        load_tile(q_s, q, q_row0 * DP, row0, nrows, DP, tid, ROWS, DP, THREADS, True, DT)
     kaio.cp_async_commit()
     kv_len = u32(kaio.min(kaio.max(seq_lens[b], 0), i32(capacity)))
     n_total = (kv_len + BN - 1) // BN
@@ -401,7 +438,12 @@ def decode_fwd(
             num += red_o[r, c ^ r % 4 * 8] * w
         at = q_row0 + row0 + rr
         inv = kaio.select(den > 0.0, 1.0 / den, 0.0)
-        if DIRECT:
+        if PAIR:  # the row's half of the columns: its own head's output
+            if c // (DP // 2) == rr // (nrows // 2):
+                out[at * (DP // 2) + c % (DP // 2)] = DT(num * inv)
+                if c % (DP // 2) == 0:
+                    lse[at] = kaio.select(den > 0.0, (base + kaio.log2(den)) * LN2, NEG_INF)
+        elif DIRECT:
             out[at * DP + c] = DT(num * inv)
             if c == 0:
                 lse[at] = kaio.select(den > 0.0, (base + kaio.log2(den)) * LN2, NEG_INF)

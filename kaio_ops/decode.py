@@ -49,6 +49,8 @@ CLUSTER_CHECK = True  # only clusters that all run at once (the driver's occupan
 SPREAD = 116 * 1024
 CLUSTER_TILES = 64  # the most key tiles a split of the cluster merge takes (measured)
 PAGE_WINDOW = True  # paged: pages from a window of the block table across a warp's lanes
+PAIR_HEADS = True  # paged, one split: a block reads a pair of K/V heads (``pairs``)
+PAIR_STAGES = 3  # K/V stages of a pair block (D 128: 205 KB of shared memory, sm_90)
 
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
 MERGE = dk.decode_merge
@@ -147,7 +149,7 @@ def plan_grid(like, kernel, blocks: int, tiles: int, dp: int, mt: int, paged: bo
         if dev is None or not CLUSTER_CHECK:
             return cl, stages, cl, shared
         consts = {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": stages, "CL": cl, "DT": like.dtype}
-        consts["PW"] = int(PAGE_WINDOW and paged)
+        consts["PW"], consts["PAIR"] = int(PAGE_WINDOW and paged), 0
         key = (like.device, tuple(sorted(consts.items())), shared)
         have = _RESIDENT.get(key)
         if have is None:
@@ -157,6 +159,24 @@ def plan_grid(like, kernel, blocks: int, tiles: int, dp: int, mt: int, paged: bo
         if have >= blocks:
             return cl, stages, cl, shared
     return plain
+
+
+def pairs(like, cache, splits: int, rows: int, d: int) -> bool:
+    """Whether ``decode_fwd`` reads the K/V heads in pairs (``PAIR``): a paged cache of
+    D = 128 and an even Hkv, a grid of one split (a block per sequence and head fills the
+    GPU), query rows of a pair within one M-tile (group x Sq <= 8), on sm_90 (its shared
+    memory holds PAIR_STAGES stages of 64 tokens x 512 bytes for K and V). A page holds a
+    token's heads side by side, 256 bytes each: a block reading one head reads 256 bytes
+    every 2 KB; in pairs, 512."""
+    return (
+        PAIR_HEADS
+        and cache.paged
+        and d == 128
+        and cache.kv_heads % 2 == 0
+        and splits == 1
+        and 2 * rows <= 16
+        and _hopper(like)
+    )
 
 
 class _Cache:
@@ -325,6 +345,10 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     blocks = batch * cache.kv_heads * chunks
     tiles = -(-cache.capacity // dk.BN)
     splits, stages, cl, shared = plan_grid(qa, DECODE, blocks, tiles, d, mt, cache.paged)
+    kv_heads, dp, pair = cache.kv_heads, d, pairs(qa, cache, splits, group * sq, d)
+    if pair:  # heads in pairs: DP 256 over both K/V heads of a pair (decode_fwd's PAIR)
+        kv_heads, group, dp, blocks = kv_heads // 2, 2 * group, 2 * d, blocks // 2
+        stages, shared = PAIR_STAGES, shared_bytes(2 * d, 1, PAIR_STAGES)
     rows = batch * heads * sq
     out = _arrays.output(qa, qa.shape)
     lse = _arrays.output(qa, (batch, heads, sq), f32)
@@ -345,10 +369,10 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
         counters = np.zeros(1, np.uint32) if qa.kind == "numpy" else qa.arg(1, dtype=u32)
     DECODE[(splits, blocks), dk.THREADS, stream, shared](
         *flat, cache.table_arg(qa), lens.arg(batch), out_flat, lse_flat, part, part_lse,
-        counters, heads, group, sq, cache.kv_heads, *cache.geometry(), chunks, rows,
+        counters, heads, group, sq, kv_heads, *cache.geometry(), chunks, rows,
         math.log2(math.e) * float(scale),
-        DP=d, MT=mt, PAGED=cache.paged, STAGES=stages, DIRECT=direct, FUSED=fused, CL=cl,
-        DT=qa.dtype, PW=int(PAGE_WINDOW and cache.paged),
+        DP=dp, MT=mt, PAGED=cache.paged, STAGES=stages, DIRECT=direct, FUSED=fused, CL=cl,
+        DT=qa.dtype, PW=int(PAGE_WINDOW and cache.paged), PAIR=int(pair),
     )  # fmt: skip
     if not (direct or fused or cl > 1):
         MERGE[blocks, dk.THREADS, stream, merge_shared(mt)](
@@ -427,7 +451,7 @@ def shipped():
             for mt in (1, 2, 4):
                 for paged in (False, True):
                     base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dtype}
-                    base["PW"] = int(PAGE_WINDOW and paged)
+                    base["PW"], base["PAIR"] = int(PAGE_WINDOW and paged), 0
                     for direct, fused in ((True, False), (False, False), (False, True)):
                         flags = {**base, "DIRECT": direct, "FUSED": fused, "CL": 1}
                         for stages in sorted({stages_for(dp, mt), deep_stages(dp, mt)}):
@@ -436,6 +460,10 @@ def shipped():
                     flags = {**base, "DIRECT": False, "FUSED": False}
                     for cl in CLUSTERS:
                         yield DECODE, {**flags, "STAGES": deep_stages(dp, mt), "CL": cl}
+        # K/V heads in pairs (paged, D 128, one M-tile, one split; sm_90)
+        pair = {"DP": 256, "MT": 1, "PAGED": True, "DT": dtype, "PW": int(PAGE_WINDOW)}
+        pair |= {"DIRECT": True, "FUSED": False, "CL": 1, "STAGES": PAIR_STAGES, "PAIR": 1}
+        yield DECODE, pair
         for dp in DIMS:
             for mt in (1, 2, 4):
                 yield MERGE, {"DP": dp, "MT": mt, "DT": dtype}

@@ -211,6 +211,34 @@ def test_paged_window_moves_over_many_pages_in_simulator(monkeypatch, splits):
     assert np.abs(out.astype(np.float64) - ref).max() < 4e-3
 
 
+@pytest.mark.parametrize(
+    "lens, h, hkv, sq, dtype",
+    [((0, 1, 16, 100), 8, 2, 1, np.float16), ((47, 3), 4, 2, 3, BF16)],
+)
+def test_paged_head_pairs_in_simulator(monkeypatch, lens, h, hkv, sq, dtype):
+    # one split (a full GPU's grid): a block reads both K/V heads of a pair, Q's rows of
+    # each head in their half of DP 256; lengths 0, 1, a page boundary; Sq 3 (causal)
+    monkeypatch.setattr(decode, "splits_for", lambda *_: 1)
+    launched, real = [], decode.pairs
+    monkeypatch.setattr(decode, "pairs", lambda *a: launched.append(real(*a)) or launched[-1])
+    rng = np.random.default_rng(sum(lens) + sq)
+    b = len(lens)
+    q = rng.standard_normal((b, h, sq, 128)).astype(dtype)
+    k_cache, v_cache, table = make_cache(rng, b, hkv, 128, 112, dtype, 16)
+    with kaio.simulate():
+        out, lse = kaio_ops.flash_attention_decode_with_stats(
+            q, k_cache, v_cache, np.array(lens, np.int32), table
+        )
+    assert launched == [True]
+    ref, ref_lse = reference(q, k_cache, v_cache, lens, table)
+    out = out.astype(np.float64)
+    assert np.abs(out - ref).max() < (4e-3 if dtype == np.float16 else 3e-2)
+    seen = np.isfinite(ref_lse)
+    assert np.array_equal(np.isinf(lse), ~seen)
+    assert np.abs(lse[seen] - ref_lse[seen]).max() < 1e-4
+    assert (out[~seen] == 0).all()
+
+
 def test_bad_block_table_stays_inside_the_cache_in_simulator(monkeypatch):
     # what the GPU only sees (the table's values; a graph replayed after the table was
     # freed and its memory reused): pages outside the pool are read as the last page and
@@ -404,7 +432,8 @@ def assembled() -> list:
         flags = {"DIRECT": merge == "direct", "FUSED": merge == "fused", "CL": cl}
         stages = (decode.deep_stages if deep else decode.stages_for)(dp, mt)
         pw = int(decode.PAGE_WINDOW and paged)
-        return {"DP": dp, "MT": mt, "PAGED": paged, "DT": dt, "STAGES": stages, "PW": pw, **flags}
+        base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dt, "STAGES": stages, "PW": pw}
+        return {**base, "PAIR": 0, **flags}
 
     return [
         (decode.DECODE, fwd(64, 4, True, "fused")),
@@ -416,6 +445,7 @@ def assembled() -> list:
         (decode.DECODE, fwd(128, 1, False, "fused", dt=kaio.bf16)),
         (decode.DECODE, fwd(128, 1, True, "cluster", deep=True, cl=16)),
         (decode.DECODE, fwd(256, 4, False, "cluster", deep=True, cl=2, dt=kaio.bf16)),
+        (decode.DECODE, next(c for k, c in decode.shipped() if c.get("PAIR"))),
         (decode.MERGE, {"DP": 256, "MT": 4, "DT": kaio.bf16}),
         (decode.APPEND, {"PAGED": True, "VEC": 8, "DT": kaio.f16}),
         (decode.APPEND, {"PAGED": False, "VEC": 1, "DT": kaio.bf16}),
