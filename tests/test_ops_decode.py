@@ -532,6 +532,8 @@ def _sdpa_reference(q, k_cache, v_cache, lens, table, scale=None):
         (3, 32, 4, 4, 128, 2048, [2047, 16, 1000]),
         (2, 8, 1, 16, 64, 5000, [4999, 17]),
         (2, 16, 16, 2, 256, 3000, [3000, 129]),
+        # a full GPU's grid (one split), paged: K/V heads in pairs on sm_90
+        (16, 32, 8, 2, 128, 1000, [0, 1, 2, 15, 16, 17, 999, 1000, 500, 64, 65, 128, 3, 7, 8, 9]),
     ],
 )
 @pytest.mark.parametrize("page_size", [None, 16, 128])
