@@ -161,9 +161,14 @@ def make_sets(b, length, paged=False, page=16):
     return sets
 
 
-def run_kaio(lens, **cfg):
+def run_kaio(lens, contiguous=False, **cfg):
+    """A job's call: kaio on the set's paged cache (where it has one), or on its contiguous
+    cache, with ``force(**cfg)``'s settings."""
+
     def f(q, k, v, kc, vc, table):
         force(**cfg)
+        if contiguous:
+            return decode._decode("probe", q, k, v, lens, None, None)
         return decode._decode("probe", q, kc, vc, lens, table, None)
 
     return f
@@ -356,11 +361,7 @@ def round_w(budget: float):
 
 
 def run_kaio_contig(lens, **cfg):
-    def f(q, k, v, kc, vc, table):
-        force(**cfg)
-        return decode._decode("probe", q, k, v, lens, None, None)
-
-    return f
+    return run_kaio(lens, contiguous=True, **cfg)
 
 
 def floors(nbytes):
