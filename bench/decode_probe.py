@@ -59,6 +59,7 @@ ORIG_TILES = getattr(decode, "CLUSTER_TILES", 8)
 ORIG_WINDOW = getattr(decode, "PAGE_WINDOW", False)
 ORIG_PAIR = getattr(decode, "PAIR_HEADS", False)
 ORIG_PAIR_STAGES = getattr(decode, "PAIR_STAGES", 3)
+ORIG_PAIR_CLUSTER = getattr(decode, "PAIR_CLUSTER", False)
 T0 = time.time()
 
 
@@ -71,6 +72,7 @@ def restore():
     decode.PAGE_WINDOW = ORIG_WINDOW
     decode.PAIR_HEADS = ORIG_PAIR
     decode.PAIR_STAGES = ORIG_PAIR_STAGES
+    decode.PAIR_CLUSTER = ORIG_PAIR_CLUSTER
 
 
 PENDING: list = []  # (label, fn, sets) to time in the next profiler session
@@ -184,7 +186,14 @@ def check(sets, lens):
 
 
 def force(
-    splits=None, stages=None, unfused=False, cluster=None, window=None, pair=None, pstages=None
+    splits=None,
+    stages=None,
+    unfused=False,
+    cluster=None,
+    window=None,
+    pair=None,
+    pstages=None,
+    pcluster=None,
 ):
     """Module defaults but for what is named (cluster: None = the module's choice; window:
     the paged block-table window on or off)."""
@@ -195,6 +204,8 @@ def force(
         decode.PAIR_HEADS = pair
     if pstages is not None:
         decode.PAIR_STAGES = pstages
+    if pcluster is not None:
+        decode.PAIR_CLUSTER = pcluster
     if cluster is not None:
         decode.CLUSTER_MERGE = cluster
         decode.CLUSTER_CHECK = not cluster  # forced: measured even where clusters would queue
@@ -313,6 +324,11 @@ def round_w(budget: float):
         if b >= 16:
             show(
                 f"{label} kaio paged pairs stages=2", kernel_times(run_kaio(lens, pstages=2), sets)
+            )
+        if b == 16:
+            show(
+                f"{label} kaio paged pairs, one split",
+                kernel_times(run_kaio(lens, pcluster=False), sets),
             )
         show(
             f"{label} kaio paged pairs off per-row",

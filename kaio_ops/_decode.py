@@ -438,7 +438,7 @@ def decode_fwd(
             num += red_o[r, c ^ r % 4 * 8] * w
         at = q_row0 + row0 + rr
         inv = kaio.select(den > 0.0, 1.0 / den, 0.0)
-        if PAIR:  # the row's half of the columns: its own head's output
+        if PAIR and DIRECT:  # the row's half of the columns: its own head's output
             if c // (DP // 2) == rr // (nrows // 2):
                 out[at * (DP // 2) + c % (DP // 2)] = DT(num * inv)
                 if c % (DP // 2) == 0:
@@ -461,7 +461,7 @@ def decode_fwd(
         kaio.cluster_sync()
         cluster_merge(
             mine_o, mine_lse, out, lse, q_row0 + row0, kaio.min(ROWS, nrows - row0), split,
-            tid, DP, CL, DT,
+            tid, DP, CL, PAIR, DT,
         )  # fmt: skip
         kaio.cluster_sync()  # no block leaves while others read its shared memory
     if FUSED and not DIRECT and CL == 1:
@@ -581,20 +581,26 @@ def cluster_merge(
     tid: u32,
     DP: kaio.constexpr,
     CL: kaio.constexpr,
+    PAIR: kaio.constexpr,
     DT: kaio.constexpr,
 ):
     """out / lse of query rows first .. first + nreal from the CL blocks of this cluster
     (rank = split): each block's normalized partial rows ``mine_o`` and base-2 logsumexps
     ``mine_lse`` in its shared memory, weighted by their share of each row's softmax and
     summed in rank order (deterministic). Block ``rank`` writes the rank-th CL-th of the
-    rows' elements, a thread an element."""
-    n = nreal * DP
+    rows' elements, a thread an element. ``PAIR``: rows of DP / 2 outputs, each row the
+    half of its columns that is its head's (``decode_fwd``)."""
+    W = DP // 2 if PAIR else DP  # outputs a row
+    n = nreal * W
     per = (n + CL - 1) // CL
     lo = rank * per
     xs = kaio.local(f32, CL)
     for i in range(lo + tid, kaio.min(lo + per, n), THREADS):
-        r = i // DP
-        c = i % DP
+        r = i // W
+        cw = i % W
+        c = cw
+        if PAIR:  # the row's half of the columns
+            c += r // (nreal // 2) * W
         top = NEG_INF
         for sp in kaio.static_range(CL):
             xs[sp] = kaio.cluster_load(mine_lse, r, sp)
@@ -607,8 +613,8 @@ def cluster_merge(
             den += w
             num += w * kaio.cluster_load(mine_o, (r, c), sp)
         inv = kaio.select(den > 0.0, 1.0 / den, 0.0)
-        out[(first + r) * DP + c] = DT(num * inv)
-        if c == 0:
+        out[(first + r) * W + cw] = DT(num * inv)
+        if cw == 0:
             lse[first + r] = kaio.select(den > 0.0, (base + kaio.log2(den)) * LN2, NEG_INF)
 
 

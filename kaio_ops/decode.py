@@ -51,6 +51,7 @@ CLUSTER_TILES = 64  # the most key tiles a split of the cluster merge takes (mea
 PAGE_WINDOW = True  # paged: pages from a window of the block table across a warp's lanes
 PAIR_HEADS = True  # paged, one split: a block reads a pair of K/V heads (``pairs``)
 PAIR_STAGES = 3  # K/V stages of a pair block (D 128: 205 KB of shared memory, sm_90)
+PAIR_CLUSTER = True  # pairs in two splits merged through a cluster where the grid allows
 
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
 MERGE = dk.decode_merge
@@ -140,25 +141,46 @@ def plan_grid(like, kernel, blocks: int, tiles: int, dp: int, mt: int, paged: bo
     plain = (splits, stages, 1, shared_bytes(dp, mt, stages))
     if not CLUSTER_MERGE or splits == 1 or blocks * splits > sms or not _hopper(like):
         return plain
-    dev = _arrays.gpu(like)
     stages = deep_stages(dp, mt)
     shared = max(shared_bytes(dp, mt, stages), SPREAD)
     for cl in sorted((c for c in CLUSTERS if c <= splits), reverse=True):
         if -(-tiles // cl) > CLUSTER_TILES:
             break  # long splits: the merge's cost matters little, the spread over the SMs more
-        if dev is None or not CLUSTER_CHECK:
-            return cl, stages, cl, shared
         consts = {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": stages, "CL": cl, "DT": like.dtype}
         consts["PW"], consts["PAIR"] = int(PAGE_WINDOW and paged), 0
-        key = (like.device, tuple(sorted(consts.items())), shared)
-        have = _RESIDENT.get(key)
-        if have is None:
-            have = _RESIDENT[key] = kernel.max_active_clusters(
-                dk.THREADS, shared, device=dev, DIRECT=False, FUSED=False, **consts
-            )
-        if have >= blocks:
+        if all_resident(like, kernel, consts, shared, blocks):
             return cl, stages, cl, shared
     return plain
+
+
+def all_resident(like, kernel, consts: dict, shared: int, clusters: int) -> bool:
+    """Whether ``clusters`` clusters of ``decode_fwd`` (merging through the cluster, with
+    ``consts``) run at once (the driver's occupancy query, kept per GPU); always in the
+    simulator or when CLUSTER_CHECK is off."""
+    dev = _arrays.gpu(like)
+    if dev is None or not CLUSTER_CHECK:
+        return True
+    key = (like.device, tuple(sorted(consts.items())), shared)
+    have = _RESIDENT.get(key)
+    if have is None:
+        have = _RESIDENT[key] = kernel.max_active_clusters(
+            dk.THREADS, shared, device=dev, DIRECT=False, FUSED=False, **consts
+        )
+    return have >= clusters
+
+
+def pair_grid(like, kernel, blocks: int, tiles: int) -> tuple:
+    """(splits, STAGES, CL, shared bytes) of ``decode_fwd`` reading heads in pairs
+    (``pairs``) for ``blocks`` (batch x K/V head pairs): one split, or two merged through
+    a cluster of 2 (PAIR_CLUSTER) where that grid still takes at most a block a
+    multiprocessor (the pairs halve the blocks)."""
+    shared = shared_bytes(256, 1, PAIR_STAGES)
+    if PAIR_CLUSTER and 2 * blocks <= _arrays.multiprocessors(like) and tiles > 1:
+        consts = {"DP": 256, "MT": 1, "PAGED": True, "STAGES": PAIR_STAGES, "CL": 2}
+        consts |= {"DT": like.dtype, "PW": int(PAGE_WINDOW), "PAIR": 1}
+        if all_resident(like, kernel, consts, shared, blocks):
+            return 2, PAIR_STAGES, 2, shared
+    return 1, PAIR_STAGES, 1, shared
 
 
 def pairs(like, cache, splits: int, rows: int, d: int) -> bool:
@@ -348,7 +370,7 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     kv_heads, dp, pair = cache.kv_heads, d, pairs(qa, cache, splits, group * sq, d)
     if pair:  # heads in pairs: DP 256 over both K/V heads of a pair (decode_fwd's PAIR)
         kv_heads, group, dp, blocks = kv_heads // 2, 2 * group, 2 * d, blocks // 2
-        stages, shared = PAIR_STAGES, shared_bytes(2 * d, 1, PAIR_STAGES)
+        splits, stages, cl, shared = pair_grid(qa, DECODE, blocks, tiles)
     rows = batch * heads * sq
     out = _arrays.output(qa, qa.shape)
     lse = _arrays.output(qa, (batch, heads, sq), f32)
@@ -464,6 +486,7 @@ def shipped():
         pair = {"DP": 256, "MT": 1, "PAGED": True, "DT": dtype, "PW": int(PAGE_WINDOW)}
         pair |= {"DIRECT": True, "FUSED": False, "CL": 1, "STAGES": PAIR_STAGES, "PAIR": 1}
         yield DECODE, pair
+        yield DECODE, {**pair, "DIRECT": False, "CL": 2}
         for dp in DIMS:
             for mt in (1, 2, 4):
                 yield MERGE, {"DP": dp, "MT": mt, "DT": dtype}

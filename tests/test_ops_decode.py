@@ -212,13 +212,22 @@ def test_paged_window_moves_over_many_pages_in_simulator(monkeypatch, splits):
 
 
 @pytest.mark.parametrize(
-    "lens, h, hkv, sq, dtype",
-    [((0, 1, 16, 100), 8, 2, 1, np.float16), ((47, 3), 4, 2, 3, BF16)],
+    "lens, h, hkv, sq, dtype, cluster",
+    [
+        ((0, 1, 16, 100), 8, 2, 1, np.float16, False),
+        ((47, 3), 4, 2, 3, BF16, False),
+        ((0, 1, 16, 100), 8, 2, 1, np.float16, True),
+        ((47, 3), 4, 2, 3, BF16, True),
+    ],
 )
-def test_paged_head_pairs_in_simulator(monkeypatch, lens, h, hkv, sq, dtype):
+def test_paged_head_pairs_in_simulator(monkeypatch, lens, h, hkv, sq, dtype, cluster):
     # one split (a full GPU's grid): a block reads both K/V heads of a pair, Q's rows of
-    # each head in their half of DP 256; lengths 0, 1, a page boundary; Sq 3 (causal)
+    # each head in their half of DP 256; lengths 0, 1, a page boundary; Sq 3 (causal);
+    # or two splits merged through a cluster of 2
     monkeypatch.setattr(decode, "splits_for", lambda *_: 1)
+    monkeypatch.setattr(decode, "PAIR_CLUSTER", cluster)
+    grids, real_grid = [], decode.pair_grid
+    monkeypatch.setattr(decode, "pair_grid", lambda *a: grids.append(real_grid(*a)) or grids[-1])
     launched, real = [], decode.pairs
     monkeypatch.setattr(decode, "pairs", lambda *a: launched.append(real(*a)) or launched[-1])
     rng = np.random.default_rng(sum(lens) + sq)
@@ -229,7 +238,7 @@ def test_paged_head_pairs_in_simulator(monkeypatch, lens, h, hkv, sq, dtype):
         out, lse = kaio_ops.flash_attention_decode_with_stats(
             q, k_cache, v_cache, np.array(lens, np.int32), table
         )
-    assert launched == [True]
+    assert launched == [True] and grids[0][2] == (2 if cluster else 1)
     ref, ref_lse = reference(q, k_cache, v_cache, lens, table)
     out = out.astype(np.float64)
     assert np.abs(out - ref).max() < (4e-3 if dtype == np.float16 else 3e-2)
