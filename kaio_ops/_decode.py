@@ -146,21 +146,26 @@ def window_pages(
     key0 + BN (``load_stage``'s rows), from the warp's window ``win`` of the table
     (``window_start``). Tiles come in order: once a tile starts in the window's upper half
     the window moves on by 32 entries, whose load is then 7 or more tiles (pages of 16 keys
-    or more) ahead of its first use. Rows of one 16-key block share a page (pages hold 16
-    or more, tiles start on multiples of BN), so a page is shuffled once per 16 rows. Every
-    lane of the warp takes part (the callers' conditions are uniform over the block)."""
+    or more) ahead of its first use (only a tile that reaches the upper half shuffles it).
+    Rows of one 16-key block share a page (pages hold 16 or more, tiles start on multiples
+    of BN), so a page is shuffled once per 16 rows. Every lane of the warp takes part (the
+    callers' conditions are uniform over the block)."""
     if key0 >> shift >= win[0] + 32:
         win[0] += 32
         win[1] = win[2]
         win[2] = table_at(block_table, b, win[0] + 32 + lane, max_pages)
     STEP = THREADS // (DP // 8)
     DUP = 16 // STEP if STEP < 16 else 1  # rows i .. i + DUP - 1 of a thread share a page
+    # only a tile reaching the upper half reads it (uniform over the block): the tiles
+    # after a move do not wait for its load
+    upper = (key0 + BN - 1) >> shift >= win[0] + 32
     for i in kaio.static_range(BN // STEP):
         if i % DUP == 0:
             at = ((key0 + tid // (DP // 8) + i * STEP) >> shift) - win[0]  # 0 .. 35
-            low = kaio.shfl_idx(win[1], at % 32)
-            high = kaio.shfl_idx(win[2], at % 32)
-            pg[0, i] = kaio.select(at < 32, low, high)
+            pg[0, i] = kaio.shfl_idx(win[1], at % 32)
+            if upper:
+                high = kaio.shfl_idx(win[2], at % 32)
+                pg[0, i] = kaio.select(at < 32, pg[0, i], high)
         else:
             pg[0, i] = pg[0, i - i % DUP]
 

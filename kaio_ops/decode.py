@@ -49,7 +49,7 @@ CLUSTER_CHECK = True  # only clusters that all run at once (the driver's occupan
 SPREAD = 116 * 1024
 CLUSTER_TILES = 64  # the most key tiles a split of the cluster merge takes (measured)
 PAGE_WINDOW = True  # paged: pages from a window of the block table across a warp's lanes
-PAIR_HEADS = True  # paged, one split: a block reads a pair of K/V heads (``pairs``)
+PAIR_HEADS = False  # paged, one split: a block reads a pair of K/V heads (``pairs``)
 PAIR_STAGES = 3  # K/V stages of a pair block (D 128: 205 KB of shared memory, sm_90)
 PAIR_CLUSTER = True  # pairs in two splits merged through a cluster where the grid allows
 
