@@ -53,7 +53,12 @@ def _paged_caches():
 paged_caches = _paged_caches()
 
 H, HKV, D = 32, 8, 128
-ORIG = {n: getattr(decode, n) for n in ("splits_for", "deep_stages", "stages_for", "_counters")}
+ORIG = {
+    n: getattr(decode, n)
+    for n in ("splits_for", "deep_stages", "stages_for", "_counters", "one_split_stages")
+    if hasattr(decode, n)
+}
+ORIG_SPEC = getattr(decode, "SPECULATE", False)
 ORIG_CLUSTER = getattr(decode, "CLUSTER_MERGE", False)
 ORIG_TILES = getattr(decode, "CLUSTER_TILES", 8)
 ORIG_WINDOW = getattr(decode, "PAGE_WINDOW", False)
@@ -73,6 +78,7 @@ def restore():
     decode.PAIR_HEADS = ORIG_PAIR
     decode.PAIR_STAGES = ORIG_PAIR_STAGES
     decode.PAIR_CLUSTER = ORIG_PAIR_CLUSTER
+    decode.SPECULATE = ORIG_SPEC
 
 
 PENDING: list = []  # (label, fn, sets) to time in the next profiler session
@@ -177,6 +183,7 @@ def run_kaio(lens, contiguous=False, **cfg):
 
 
 def check(sets, lens):
+    restore()
     q, k, v, kc, vc, table = sets[0]
     out = decode._decode("probe", q, kc, vc, lens, table, None)[0]
     n = int(lens[0])
@@ -194,6 +201,7 @@ def force(
     pair=None,
     pstages=None,
     pcluster=None,
+    spec=None,
 ):
     """Module defaults but for what is named (cluster: None = the module's choice; window:
     the paged block-table window on or off)."""
@@ -206,6 +214,8 @@ def force(
         decode.PAIR_STAGES = pstages
     if pcluster is not None:
         decode.PAIR_CLUSTER = pcluster
+    if spec is not None:
+        decode.SPECULATE = spec
     if cluster is not None:
         decode.CLUSTER_MERGE = cluster
         decode.CLUSTER_CHECK = not cluster  # forced: measured even where clusters would queue
@@ -215,6 +225,7 @@ def force(
     if stages is not None:
         decode.deep_stages = lambda *a, s=stages: s
         decode.stages_for = lambda *a, s=stages: s
+        decode.one_split_stages = lambda *a, s=stages: s
     if unfused:
         decode._counters = lambda *a: None
 
@@ -376,6 +387,51 @@ def round_w(budget: float):
         del sets
 
 
+def round_x(budget: float):
+    """The copies before the length (SPEC) on and off, the block-table window on and off,
+    the stages of one split, B = 1 at 32k keys paged over more splits, against SDPA on the
+    contiguous cache (kernel times, one profiler session a shape; stops after ``budget``
+    seconds of the process)."""
+    print(torch.cuda.get_device_name(), flush=True)
+    for b, length in (
+        (16, 1024), (16, 4096), (64, 1024), (64, 4096), (1, 32768), (16, 32768), (1, 4096),
+        (1, 1024),
+    ):  # fmt: skip
+        if time.time() - T0 > budget:
+            print("(time budget: stopping)", flush=True)
+            break
+        torch.cuda.empty_cache()
+        sets = make_sets(b, length, paged=True)
+        lens = torch.full((b,), length, device="cuda", dtype=torch.int32)
+        label = f"B{b} L{length}"
+        print(f"{label} paged rel err {check(sets, lens):.1e}", flush=True)
+        show(f"{label} kaio contiguous", kernel_times(run_kaio_contig(lens), sets))
+        show(
+            f"{label} kaio contiguous spec off",
+            kernel_times(run_kaio_contig(lens, spec=False), sets),
+        )
+        if b == 16:
+            show(
+                f"{label} kaio contiguous stages=4",
+                kernel_times(run_kaio_contig(lens, stages=4), sets),
+            )
+        show(f"{label} kaio paged", kernel_times(run_kaio(lens), sets))
+        show(f"{label} kaio paged spec off", kernel_times(run_kaio(lens, spec=False), sets))
+        show(f"{label} kaio paged per-row", kernel_times(run_kaio(lens, window=False), sets))
+        if b == 1 and length == 32768:
+            for sp, cl in ((16, False), (32, False), (16, True)):
+                show(
+                    f"{label} kaio paged splits={sp} cluster={cl}",
+                    kernel_times(run_kaio(lens, splits=sp, cluster=cl), sets),
+                )
+        show(
+            f"{label} SDPA default",
+            kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets),
+        )
+        flush()
+        del sets
+
+
 def run_kaio_contig(lens, **cfg):
     return run_kaio(lens, contiguous=True, **cfg)
 
@@ -517,8 +573,9 @@ def warm_list():
             for direct, fused in ((False, True), (True, False), (False, False)):
                 c = {"DP": 128, "MT": 1, "PAGED": paged, "STAGES": st, "DT": f16, "CL": 1}
                 for pw in (0, 1) if paged else (0,):
-                    flags = {"DIRECT": direct, "FUSED": fused, "PW": pw, "PAIR": 0}
-                    out.append((decode.DECODE, {**c, **flags}))
+                    for spec in (0, 1) if direct and (pw or not paged) else (0,):
+                        flags = {"DIRECT": direct, "FUSED": fused, "PW": pw, "PAIR": 0}
+                        out.append((decode.DECODE, {**c, **flags, "SPEC": spec}))
     for kernel, c in list(decode.shipped()):
         if c.get("PAIR") and c["DT"] == f16:
             out.append((kernel, {**c, "STAGES": 2}))
@@ -668,6 +725,8 @@ if __name__ == "__main__":
         torch.cuda.synchronize()
     elif len(sys.argv) > 1 and sys.argv[1] == "warm":
         warm(float(sys.argv[2]) if len(sys.argv) > 2 else 1e9)
+    elif len(sys.argv) > 1 and sys.argv[1] == "x":
+        round_x(float(sys.argv[2]) if len(sys.argv) > 2 else 25)
     elif len(sys.argv) > 1 and sys.argv[1] == "w":
         round_w(float(sys.argv[2]) if len(sys.argv) > 2 else 25)
     elif len(sys.argv) > 1 and sys.argv[1] == "s":

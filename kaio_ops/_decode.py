@@ -275,6 +275,7 @@ def decode_fwd(
     DT: kaio.constexpr,
     PW: kaio.constexpr,
     PAIR: kaio.constexpr,
+    SPEC: kaio.constexpr,
 ):
     """Attention of the 16 * MT query rows (row chunk) of one K/V group over the key tiles
     of split ``block x``: out / lse (``DIRECT``, one split) or part / part_lse (row-major
@@ -291,7 +292,11 @@ def decode_fwd(
     of a pair, whose rows are adjacent in a page (512 bytes a token, not 256); Q's rows of
     the pair's first head fill columns 0 .. 127 of the M-tile and the second head's columns
     128 .. 255 (zeros elsewhere), so the scores are each row's own head's, and each row
-    keeps its half of the output (``load_q_pairs``)."""
+    keeps its half of the output (``load_q_pairs``). ``SPEC`` (one split, ``DIRECT``; a
+    paged cache with ``PW``): tiles 0 .. STAGES - 2 are copied before the length is read
+    (every block starts at key 0), their rows past the length zeroed in shared memory once
+    it is known (only V's matter: K's scores are masked), so the first copies wait for no
+    load of the length."""
     if CL > 1:
         kaio.cluster_dims(CL)
     KSPLIT = WARPS // MT  # warps sharing one M-tile, each on KW keys of a tile
@@ -325,31 +330,44 @@ def decode_fwd(
     else:
         load_tile(q_s, q, q_row0 * DP, row0, nrows, DP, tid, ROWS, DP, THREADS, True, DT)
     kaio.cp_async_commit()
+    # a paged cache's pages of tiles t0 .. t0 + STAGES - 1 (loads all in flight at once)
+    pg = kaio.local(u32, (STAGES, BN // (THREADS // (DP // 8))))
+    win = kaio.local(u32, 3)
+    if SPEC:  # one split: tiles 0 .. STAGES - 2 whatever the length, read meanwhile
+        if PAGED:
+            window_start(win, 0, b, block_table, max_pages, shift, lane)
+        for j in kaio.static_range(STAGES - 1):
+            if j * BN < capacity:
+                if PAGED:
+                    window_pages(pg, win, j * BN, b, block_table, max_pages, shift, tid, lane, DP)
+                load_stage(
+                    kv_s, j * 2 * BN, k, v, j * BN, capacity, b, kvh, pg, 0, capacity,
+                    kv_heads, shift, pages, tid, DP, PAGED, DT,
+                )  # fmt: skip
+            kaio.cp_async_commit()
     kv_len = u32(kaio.min(kaio.max(seq_lens[b], 0), i32(capacity)))
     n_total = (kv_len + BN - 1) // BN
     per = (n_total + splits - 1) // splits
     t0 = kaio.min(split * per, n_total)
     t1 = kaio.min(t0 + per, n_total)
-    # a paged cache's pages of tiles t0 .. t0 + STAGES - 1 (loads all in flight at once)
-    pg = kaio.local(u32, (STAGES, BN // (THREADS // (DP // 8))))
-    win = kaio.local(u32, 3)
-    if PAGED:
+    if PAGED and not SPEC:
         if PW:
             window_start(win, t0 * BN, b, block_table, max_pages, shift, lane)
         else:
             for j in kaio.static_range(STAGES):
                 page_ids(pg, j, (t0 + j) * BN, kv_len, b, block_table, max_pages, shift, tid, DP)
     for j in kaio.static_range(STAGES - 1):  # tiles t0 .. t0 + STAGES - 2 in flight
-        if t0 + j < t1:
-            if PAGED and PW:
-                window_pages(
-                    pg, win, (t0 + j) * BN, b, block_table, max_pages, shift, tid, lane, DP
-                )
-            load_stage(
-                kv_s, j * 2 * BN, k, v, (t0 + j) * BN, kv_len, b, kvh, pg,
-                0 if PW else j, capacity, kv_heads, shift, pages, tid, DP, PAGED, DT,
-            )  # fmt: skip
-        kaio.cp_async_commit()
+        if not SPEC:
+            if t0 + j < t1:
+                if PAGED and PW:
+                    window_pages(
+                        pg, win, (t0 + j) * BN, b, block_table, max_pages, shift, tid, lane, DP
+                    )
+                load_stage(
+                    kv_s, j * 2 * BN, k, v, (t0 + j) * BN, kv_len, b, kvh, pg,
+                    0 if PW else j, capacity, kv_heads, shift, pages, tid, DP, PAGED, DT,
+                )  # fmt: skip
+            kaio.cp_async_commit()
     kaio.cp_async_wait(STAGES - 1)  # Q has landed
     kaio.sync_threads()
 
@@ -389,6 +407,12 @@ def decode_fwd(
         kaio.cp_async_commit()
         kaio.cp_async_wait(STAGES - 1)  # tile t has landed
         kaio.sync_threads()
+        if SPEC:
+            if t < STAGES - 1 and (t + 1) * BN > kv_len:  # copied before the length was known
+                for idx in range(tid, BN * DP, THREADS):  # V's rows past it: zeros
+                    if t * BN + idx // DP >= kv_len:
+                        kv_s[stage + BN + idx // DP, idx % DP] = DT(0.0)
+                kaio.sync_threads()
         if not QREG:
             load_a(qf, q_s, mtile * 16, acol, lane, 0, DP, DT)
         krow = stage + kpart * KW

@@ -52,6 +52,7 @@ PAGE_WINDOW = True  # paged: pages from a window of the block table across a war
 PAIR_HEADS = False  # paged, one split: a block reads a pair of K/V heads (``pairs``)
 PAIR_STAGES = 3  # K/V stages of a pair block (D 128: 205 KB of shared memory, sm_90)
 PAIR_CLUSTER = True  # pairs in two splits merged through a cluster where the grid allows
+SPECULATE = True  # one split: the first K/V copies before the length is read (SPEC)
 
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
 MERGE = dk.decode_merge
@@ -79,6 +80,15 @@ def deep_stages(dp: int, mt: int) -> int:
     4 tiles, the split of one sequence of 4k keys, has all its tiles in flight at once),
     else ``stages_for``'s."""
     return 4 if shared_bytes(dp, mt, 4) <= BLOCK_SHARED else stages_for(dp, mt)
+
+
+def one_split_stages(dp: int, mt: int, paged: bool) -> int:
+    """K/V pipeline stages of ``decode_fwd`` for a grid of one split and at most a block a
+    multiprocessor (B = 16 with 8 K/V heads): 2 for a contiguous cache, each block's
+    stream of 64-key tiles (measured on an H100, kernel time, B = 16 at 1k, 4k and 32k keys:
+    25.3, 90.0 and 683 us with 2 stages, 25.5, 90.2 and 691 with 4), else ``deep_stages``'s
+    (paged: 92.4 us with 4 at 4k, 93.2 with 2)."""
+    return 2 if not paged else deep_stages(dp, mt)
 
 
 def shared_bytes(dp: int, mt: int, stages: int = 2) -> int:
@@ -138,6 +148,8 @@ def plan_grid(like, kernel, blocks: int, tiles: int, dp: int, mt: int, paged: bo
     sms = _arrays.multiprocessors(like)
     splits = splits_for(blocks, tiles, sms)
     stages = deep_stages(dp, mt) if blocks * splits <= sms else stages_for(dp, mt)
+    if splits == 1 and blocks <= sms:
+        stages = one_split_stages(dp, mt, paged)
     plain = (splits, stages, 1, shared_bytes(dp, mt, stages))
     if not CLUSTER_MERGE or splits == 1 or blocks * splits > sms or not _hopper(like):
         return plain
@@ -147,7 +159,7 @@ def plan_grid(like, kernel, blocks: int, tiles: int, dp: int, mt: int, paged: bo
         if -(-tiles // cl) > CLUSTER_TILES:
             break  # long splits: the merge's cost matters little, the spread over the SMs more
         consts = {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": stages, "CL": cl, "DT": like.dtype}
-        consts["PW"], consts["PAIR"] = int(PAGE_WINDOW and paged), 0
+        consts |= {"PW": int(PAGE_WINDOW and paged), "PAIR": 0, "SPEC": 0}
         if all_resident(like, kernel, consts, shared, blocks):
             return cl, stages, cl, shared
     return plain
@@ -177,10 +189,16 @@ def pair_grid(like, kernel, blocks: int, tiles: int) -> tuple:
     shared = shared_bytes(256, 1, PAIR_STAGES)
     if PAIR_CLUSTER and 2 * blocks <= _arrays.multiprocessors(like) and tiles > 1:
         consts = {"DP": 256, "MT": 1, "PAGED": True, "STAGES": PAIR_STAGES, "CL": 2}
-        consts |= {"DT": like.dtype, "PW": int(PAGE_WINDOW), "PAIR": 1}
+        consts |= {"DT": like.dtype, "PW": int(PAGE_WINDOW), "PAIR": 1, "SPEC": 0}
         if all_resident(like, kernel, consts, shared, blocks):
             return 2, PAIR_STAGES, 2, shared
     return 1, PAIR_STAGES, 1, shared
+
+
+def speculates(paged: bool) -> int:
+    """``decode_fwd``'s SPEC for a grid of one split (SPECULATE; a paged cache reads its
+    table through the window, PAGE_WINDOW)."""
+    return int(SPECULATE and (PAGE_WINDOW or not paged))
 
 
 def pairs(like, cache, splits: int, rows: int, d: int) -> bool:
@@ -395,6 +413,7 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
         math.log2(math.e) * float(scale),
         DP=dp, MT=mt, PAGED=cache.paged, STAGES=stages, DIRECT=direct, FUSED=fused, CL=cl,
         DT=qa.dtype, PW=int(PAGE_WINDOW and cache.paged), PAIR=int(pair),
+        SPEC=speculates(cache.paged) if direct else 0,
     )  # fmt: skip
     if not (direct or fused or cl > 1):
         MERGE[blocks, dk.THREADS, stream, merge_shared(mt)](
@@ -476,17 +495,19 @@ def shipped():
                     base["PW"], base["PAIR"] = int(PAGE_WINDOW and paged), 0
                     for direct, fused in ((True, False), (False, False), (False, True)):
                         flags = {**base, "DIRECT": direct, "FUSED": fused, "CL": 1}
-                        for stages in sorted({stages_for(dp, mt), deep_stages(dp, mt)}):
+                        flags["SPEC"] = speculates(paged) if direct else 0
+                        one = one_split_stages(dp, mt, paged)
+                        for stages in sorted({stages_for(dp, mt), deep_stages(dp, mt), one}):
                             yield DECODE, {**flags, "STAGES": stages}
                     # merged through a cluster (sm_90), a block a multiprocessor
-                    flags = {**base, "DIRECT": False, "FUSED": False}
+                    flags = {**base, "DIRECT": False, "FUSED": False, "SPEC": 0}
                     for cl in CLUSTERS:
                         yield DECODE, {**flags, "STAGES": deep_stages(dp, mt), "CL": cl}
         # K/V heads in pairs (paged, D 128, one M-tile, one split; sm_90)
         pair = {"DP": 256, "MT": 1, "PAGED": True, "DT": dtype, "PW": int(PAGE_WINDOW)}
         pair |= {"DIRECT": True, "FUSED": False, "CL": 1, "STAGES": PAIR_STAGES, "PAIR": 1}
-        yield DECODE, pair
-        yield DECODE, {**pair, "DIRECT": False, "CL": 2}
+        yield DECODE, {**pair, "SPEC": speculates(True)}
+        yield DECODE, {**pair, "DIRECT": False, "CL": 2, "SPEC": 0}
         for dp in DIMS:
             for mt in (1, 2, 4):
                 yield MERGE, {"DP": dp, "MT": mt, "DT": dtype}

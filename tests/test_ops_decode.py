@@ -248,6 +248,30 @@ def test_paged_head_pairs_in_simulator(monkeypatch, lens, h, hkv, sq, dtype, clu
     assert (out[~seen] == 0).all()
 
 
+@pytest.mark.parametrize("page_size", [None, 16])
+def test_one_split_copies_before_the_length_in_simulator(monkeypatch, page_size):
+    # one split (SPEC): the first three tiles are copied before the length is read; rows
+    # past each length hold NaN (an unwritten cache), which must not reach the output
+    monkeypatch.setattr(decode, "splits_for", lambda *_: 1)
+    rng = np.random.default_rng(12)
+    lens = [0, 1, 63, 64, 65, 130, 250]
+    b, hkv, d = len(lens), 1, 64
+    q = rng.standard_normal((b, 4, 1, d)).astype(np.float16)
+    k_cache, v_cache, table = make_cache(rng, b, hkv, d, 256, np.float16, page_size)
+    for cache in (k_cache, v_cache):
+        for i, n in enumerate(lens):
+            for pos in range(n, 256):
+                if page_size is None:
+                    cache[i, :, pos] = np.nan
+                else:
+                    cache[table[i, pos // page_size], pos % page_size] = np.nan
+    with kaio.simulate():
+        out = kaio_ops.flash_attention_decode(q, k_cache, v_cache, np.array(lens, np.int32), table)
+    ref = reference(q, k_cache, v_cache, lens, table)[0]
+    assert np.isfinite(out.astype(np.float64)).all()
+    assert np.abs(out.astype(np.float64) - ref).max() < 4e-3
+
+
 def test_bad_block_table_stays_inside_the_cache_in_simulator(monkeypatch):
     # what the GPU only sees (the table's values; a graph replayed after the table was
     # freed and its memory reused): pages outside the pool are read as the last page and
@@ -315,7 +339,8 @@ def test_cluster_merge_takes_short_splits_one_block_a_multiprocessor():
         assert plan(8, 16)[:3] == (8, 4, 8)
         assert plan(8, 512)[2] == 16
         assert plan(8, 16 * 128)[2] == 1  # splits of 128 tiles: the global merge
-        assert plan(128, 64)[:3] == (1, 4, 1)
+        assert plan(128, 64)[:3] == (1, 2, 1)  # contiguous, one split: 2 stages
+        assert decode.plan_grid(qa, decode.DECODE, 128, 64, 128, 1, True)[:3] == (1, 4, 1)
 
 
 # --------------------------------------------------------------------------- input checks
@@ -442,7 +467,8 @@ def assembled() -> list:
         stages = (decode.deep_stages if deep else decode.stages_for)(dp, mt)
         pw = int(decode.PAGE_WINDOW and paged)
         base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dt, "STAGES": stages, "PW": pw}
-        return {**base, "PAIR": 0, **flags}
+        spec = decode.speculates(paged) if merge == "direct" else 0
+        return {**base, "PAIR": 0, "SPEC": spec, **flags}
 
     return [
         (decode.DECODE, fwd(64, 4, True, "fused")),
