@@ -62,9 +62,6 @@ ORIG_SPEC = getattr(decode, "SPECULATE", False)
 ORIG_CLUSTER = getattr(decode, "CLUSTER_MERGE", False)
 ORIG_TILES = getattr(decode, "CLUSTER_TILES", 8)
 ORIG_WINDOW = getattr(decode, "PAGE_WINDOW", False)
-ORIG_PAIR = getattr(decode, "PAIR_HEADS", False)
-ORIG_PAIR_STAGES = getattr(decode, "PAIR_STAGES", 3)
-ORIG_PAIR_CLUSTER = getattr(decode, "PAIR_CLUSTER", False)
 T0 = time.time()
 
 
@@ -75,9 +72,6 @@ def restore():
     decode.CLUSTER_CHECK = True
     decode.CLUSTER_TILES = ORIG_TILES
     decode.PAGE_WINDOW = ORIG_WINDOW
-    decode.PAIR_HEADS = ORIG_PAIR
-    decode.PAIR_STAGES = ORIG_PAIR_STAGES
-    decode.PAIR_CLUSTER = ORIG_PAIR_CLUSTER
     decode.SPECULATE = ORIG_SPEC
 
 
@@ -198,9 +192,6 @@ def force(
     unfused=False,
     cluster=None,
     window=None,
-    pair=None,
-    pstages=None,
-    pcluster=None,
     spec=None,
 ):
     """Module defaults but for what is named (cluster: None = the module's choice; window:
@@ -208,12 +199,6 @@ def force(
     restore()
     if window is not None:
         decode.PAGE_WINDOW = window
-    if pair is not None:
-        decode.PAIR_HEADS = pair
-    if pstages is not None:
-        decode.PAIR_STAGES = pstages
-    if pcluster is not None:
-        decode.PAIR_CLUSTER = pcluster
     if spec is not None:
         decode.SPECULATE = spec
     if cluster is not None:
@@ -330,29 +315,16 @@ def round_w(budget: float):
         ref = sdpa(q.float(), k.float(), v.float(), enable_gqa=True)
         print(f"{label} paged rel err {((out.float() - ref).norm() / ref.norm()).item():.1e}")
         show(f"{label} kaio contiguous", kernel_times(run_kaio_contig(lens), sets))
-        show(f"{label} kaio paged default", kernel_times(run_kaio(lens), sets))
-        show(f"{label} kaio paged pairs off", kernel_times(run_kaio(lens, pair=False), sets))
-        if b >= 16:
-            show(
-                f"{label} kaio paged pairs stages=2", kernel_times(run_kaio(lens, pstages=2), sets)
-            )
-        if b == 16:
-            show(
-                f"{label} kaio paged pairs, one split",
-                kernel_times(run_kaio(lens, pcluster=False), sets),
-            )
-        show(
-            f"{label} kaio paged pairs off per-row",
-            kernel_times(run_kaio(lens, window=False, pair=False), sets),
-        )
+        show(f"{label} kaio paged window", kernel_times(run_kaio(lens, window=True), sets))
+        show(f"{label} kaio paged per-row", kernel_times(run_kaio(lens, window=False), sets))
         for st in stages:
             show(
                 f"{label} kaio contiguous stages={st}",
                 kernel_times(run_kaio_contig(lens, stages=st), sets),
             )
             show(
-                f"{label} kaio paged pairs off stages={st}",
-                kernel_times(run_kaio(lens, pair=False, stages=st), sets),
+                f"{label} kaio paged window stages={st}",
+                kernel_times(run_kaio(lens, window=True, stages=st), sets),
             )
         if b == 1 and length == 32768:
             for sp, cl in ((16, False), (32, False), (16, True), (4, True)):
@@ -574,11 +546,8 @@ def warm_list():
                 c = {"DP": 128, "MT": 1, "PAGED": paged, "STAGES": st, "DT": f16, "CL": 1}
                 for pw in (0, 1) if paged else (0,):
                     for spec in (0, 1) if direct and (pw or not paged) else (0,):
-                        flags = {"DIRECT": direct, "FUSED": fused, "PW": pw, "PAIR": 0}
+                        flags = {"DIRECT": direct, "FUSED": fused, "PW": pw}
                         out.append((decode.DECODE, {**c, **flags, "SPEC": spec}))
-    for kernel, c in list(decode.shipped()):
-        if c.get("PAIR") and c["DT"] == f16:
-            out.append((kernel, {**c, "STAGES": 2}))
     seen, unique = set(), []
     for kernel, c in out:
         key = (kernel.pyfunc.__name__, tuple(sorted(c.items(), key=str)))

@@ -171,33 +171,6 @@ def window_pages(
 
 
 @kaio.gpu_func
-def load_q_pairs(
-    dst: DT[:, :],
-    q: DT[:],
-    first: u32,
-    nrows: u32,
-    tid: u32,
-    R: kaio.constexpr,
-    DP: kaio.constexpr,
-    DT: kaio.constexpr,
-):
-    """Q rows first .. first + nrows (of DP / 2 elements) of a head pair into the swizzled
-    R x DP tile dst: row r in columns 0 .. DP / 2 when r < nrows / 2 (the first head's
-    rows), else DP / 2 .. DP; zeros elsewhere (16-byte cp.async; the caller commits)."""
-    PIECES = DP // 8
-    STEP = THREADS // PIECES
-    HALF = DP // 2
-    r0 = tid // PIECES
-    col = tid % PIECES * 8
-    for i in kaio.static_range(R // STEP):
-        r = r0 + i * STEP
-        inside = r < nrows and col // HALF == r // (nrows // 2)
-        index = kaio.select(inside, (first + r) * HALF + col % HALF, 0)
-        at = (r, kaio.swizzle(dst, r0 + i * STEP % 8, col))
-        kaio.cp_async(dst, at, q, index, 16, kaio.select(inside, 16, 0))
-
-
-@kaio.gpu_func
 def load_stage(
     dst: DT[:, :],
     row0: u32,
@@ -274,7 +247,6 @@ def decode_fwd(
     CL: kaio.constexpr,
     DT: kaio.constexpr,
     PW: kaio.constexpr,
-    PAIR: kaio.constexpr,
     SPEC: kaio.constexpr,
 ):
     """Attention of the 16 * MT query rows (row chunk) of one K/V group over the key tiles
@@ -286,17 +258,11 @@ def decode_fwd(
     splits of a row chunk are one thread-block cluster, their partial results stay in
     shared memory and ``cluster_merge`` combines them (part, part_lse, counters unused).
     ``PW`` (paged): the pages come from a window of the block table held across each warp's
-    lanes (``window_pages``), else from loads one tile ahead (``page_ids``). ``PAIR``
-    (paged, D 128, one split, one M-tile): the caller passes the cache as two heads of
-    DP = 256 a row (kv_heads and group as for heads in pairs): a block reads both K/V heads
-    of a pair, whose rows are adjacent in a page (512 bytes a token, not 256); Q's rows of
-    the pair's first head fill columns 0 .. 127 of the M-tile and the second head's columns
-    128 .. 255 (zeros elsewhere), so the scores are each row's own head's, and each row
-    keeps its half of the output (``load_q_pairs``). ``SPEC`` (one split, ``DIRECT``; a
-    paged cache with ``PW``): tiles 0 .. STAGES - 2 are copied before the length is read
-    (every block starts at key 0), their rows past the length zeroed in shared memory once
-    it is known (only V's matter: K's scores are masked), so the first copies wait for no
-    load of the length."""
+    lanes (``window_pages``), else from loads one tile ahead (``page_ids``). ``SPEC`` (one
+    split, ``DIRECT``; a paged cache with ``PW``): tiles 0 .. STAGES - 2 are copied before
+    the length is read (every block starts at key 0), their V rows past the length zeroed
+    in shared memory once it is known (K's scores there are masked), so the first copies
+    wait for no load of the length."""
     if CL > 1:
         kaio.cluster_dims(CL)
     KSPLIT = WARPS // MT  # warps sharing one M-tile, each on KW keys of a tile
@@ -325,10 +291,7 @@ def decode_fwd(
     red_ml = kaio.shared_dynamic(f32, (2, WARPS * 16), (2 * STAGES * BN + ROWS) * DP * 2)
 
     # Q first: its copies are in flight while the length is read (the K/V copies need it)
-    if PAIR:
-        load_q_pairs(q_s, q, q_row0, nrows, tid, ROWS, DP, DT)
-    else:
-        load_tile(q_s, q, q_row0 * DP, row0, nrows, DP, tid, ROWS, DP, THREADS, True, DT)
+    load_tile(q_s, q, q_row0 * DP, row0, nrows, DP, tid, ROWS, DP, THREADS, True, DT)
     kaio.cp_async_commit()
     # a paged cache's pages of tiles t0 .. t0 + STAGES - 1 (loads all in flight at once)
     pg = kaio.local(u32, (STAGES, BN // (THREADS // (DP // 8))))
@@ -467,12 +430,7 @@ def decode_fwd(
             num += red_o[r, c ^ r % 4 * 8] * w
         at = q_row0 + row0 + rr
         inv = kaio.select(den > 0.0, 1.0 / den, 0.0)
-        if PAIR and DIRECT:  # the row's half of the columns: its own head's output
-            if c // (DP // 2) == rr // (nrows // 2):
-                out[at * (DP // 2) + c % (DP // 2)] = DT(num * inv)
-                if c % (DP // 2) == 0:
-                    lse[at] = kaio.select(den > 0.0, (base + kaio.log2(den)) * LN2, NEG_INF)
-        elif DIRECT:
+        if DIRECT:
             out[at * DP + c] = DT(num * inv)
             if c == 0:
                 lse[at] = kaio.select(den > 0.0, (base + kaio.log2(den)) * LN2, NEG_INF)
@@ -490,7 +448,7 @@ def decode_fwd(
         kaio.cluster_sync()
         cluster_merge(
             mine_o, mine_lse, out, lse, q_row0 + row0, kaio.min(ROWS, nrows - row0), split,
-            tid, DP, CL, PAIR, DT,
+            tid, DP, CL, DT,
         )  # fmt: skip
         kaio.cluster_sync()  # no block leaves while others read its shared memory
     if FUSED and not DIRECT and CL == 1:
@@ -610,26 +568,20 @@ def cluster_merge(
     tid: u32,
     DP: kaio.constexpr,
     CL: kaio.constexpr,
-    PAIR: kaio.constexpr,
     DT: kaio.constexpr,
 ):
     """out / lse of query rows first .. first + nreal from the CL blocks of this cluster
     (rank = split): each block's normalized partial rows ``mine_o`` and base-2 logsumexps
     ``mine_lse`` in its shared memory, weighted by their share of each row's softmax and
     summed in rank order (deterministic). Block ``rank`` writes the rank-th CL-th of the
-    rows' elements, a thread an element. ``PAIR``: rows of DP / 2 outputs, each row the
-    half of its columns that is its head's (``decode_fwd``)."""
-    W = DP // 2 if PAIR else DP  # outputs a row
-    n = nreal * W
+    rows' elements, a thread an element."""
+    n = nreal * DP
     per = (n + CL - 1) // CL
     lo = rank * per
     xs = kaio.local(f32, CL)
     for i in range(lo + tid, kaio.min(lo + per, n), THREADS):
-        r = i // W
-        cw = i % W
-        c = cw
-        if PAIR:  # the row's half of the columns
-            c += r // (nreal // 2) * W
+        r = i // DP
+        c = i % DP
         top = NEG_INF
         for sp in kaio.static_range(CL):
             xs[sp] = kaio.cluster_load(mine_lse, r, sp)
@@ -642,8 +594,8 @@ def cluster_merge(
             den += w
             num += w * kaio.cluster_load(mine_o, (r, c), sp)
         inv = kaio.select(den > 0.0, 1.0 / den, 0.0)
-        out[(first + r) * W + cw] = DT(num * inv)
-        if cw == 0:
+        out[(first + r) * DP + c] = DT(num * inv)
+        if c == 0:
             lse[first + r] = kaio.select(den > 0.0, (base + kaio.log2(den)) * LN2, NEG_INF)
 
 

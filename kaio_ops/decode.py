@@ -49,9 +49,6 @@ CLUSTER_CHECK = True  # only clusters that all run at once (the driver's occupan
 SPREAD = 116 * 1024
 CLUSTER_TILES = 64  # the most key tiles a split of the cluster merge takes (measured)
 PAGE_WINDOW = True  # paged: pages from a window of the block table across a warp's lanes
-PAIR_HEADS = False  # paged, one split: a block reads a pair of K/V heads (``pairs``)
-PAIR_STAGES = 3  # K/V stages of a pair block (D 128: 205 KB of shared memory, sm_90)
-PAIR_CLUSTER = True  # pairs in two splits merged through a cluster where the grid allows
 SPECULATE = True  # one split: the first K/V copies before the length is read (SPEC)
 
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
@@ -153,70 +150,31 @@ def plan_grid(like, kernel, blocks: int, tiles: int, dp: int, mt: int, paged: bo
     plain = (splits, stages, 1, shared_bytes(dp, mt, stages))
     if not CLUSTER_MERGE or splits == 1 or blocks * splits > sms or not _hopper(like):
         return plain
+    dev = _arrays.gpu(like)
     stages = deep_stages(dp, mt)
     shared = max(shared_bytes(dp, mt, stages), SPREAD)
     for cl in sorted((c for c in CLUSTERS if c <= splits), reverse=True):
         if -(-tiles // cl) > CLUSTER_TILES:
             break  # long splits: the merge's cost matters little, the spread over the SMs more
         consts = {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": stages, "CL": cl, "DT": like.dtype}
-        consts |= {"PW": int(PAGE_WINDOW and paged), "PAIR": 0, "SPEC": 0}
-        if all_resident(like, kernel, consts, shared, blocks):
+        if dev is None or not CLUSTER_CHECK:
+            return cl, stages, cl, shared
+        consts |= {"PW": int(PAGE_WINDOW and paged), "SPEC": 0}
+        key = (like.device, tuple(sorted(consts.items())), shared)
+        have = _RESIDENT.get(key)
+        if have is None:
+            have = _RESIDENT[key] = kernel.max_active_clusters(
+                dk.THREADS, shared, device=dev, DIRECT=False, FUSED=False, **consts
+            )
+        if have >= blocks:
             return cl, stages, cl, shared
     return plain
-
-
-def all_resident(like, kernel, consts: dict, shared: int, clusters: int) -> bool:
-    """Whether ``clusters`` clusters of ``decode_fwd`` (merging through the cluster, with
-    ``consts``) run at once (the driver's occupancy query, kept per GPU); always in the
-    simulator or when CLUSTER_CHECK is off."""
-    dev = _arrays.gpu(like)
-    if dev is None or not CLUSTER_CHECK:
-        return True
-    key = (like.device, tuple(sorted(consts.items())), shared)
-    have = _RESIDENT.get(key)
-    if have is None:
-        have = _RESIDENT[key] = kernel.max_active_clusters(
-            dk.THREADS, shared, device=dev, DIRECT=False, FUSED=False, **consts
-        )
-    return have >= clusters
-
-
-def pair_grid(like, kernel, blocks: int, tiles: int) -> tuple:
-    """(splits, STAGES, CL, shared bytes) of ``decode_fwd`` reading heads in pairs
-    (``pairs``) for ``blocks`` (batch x K/V head pairs): one split, or two merged through
-    a cluster of 2 (PAIR_CLUSTER) where that grid still takes at most a block a
-    multiprocessor (the pairs halve the blocks)."""
-    shared = shared_bytes(256, 1, PAIR_STAGES)
-    if PAIR_CLUSTER and 2 * blocks <= _arrays.multiprocessors(like) and tiles > 1:
-        consts = {"DP": 256, "MT": 1, "PAGED": True, "STAGES": PAIR_STAGES, "CL": 2}
-        consts |= {"DT": like.dtype, "PW": int(PAGE_WINDOW), "PAIR": 1, "SPEC": 0}
-        if all_resident(like, kernel, consts, shared, blocks):
-            return 2, PAIR_STAGES, 2, shared
-    return 1, PAIR_STAGES, 1, shared
 
 
 def speculates(paged: bool) -> int:
     """``decode_fwd``'s SPEC for a grid of one split (SPECULATE; a paged cache reads its
     table through the window, PAGE_WINDOW)."""
     return int(SPECULATE and (PAGE_WINDOW or not paged))
-
-
-def pairs(like, cache, splits: int, rows: int, d: int) -> bool:
-    """Whether ``decode_fwd`` reads the K/V heads in pairs (``PAIR``): a paged cache of
-    D = 128 and an even Hkv, a grid of one split (a block per sequence and head fills the
-    GPU), query rows of a pair within one M-tile (group x Sq <= 8), on sm_90 (its shared
-    memory holds PAIR_STAGES stages of 64 tokens x 512 bytes for K and V). A page holds a
-    token's heads side by side, 256 bytes each: a block reading one head reads 256 bytes
-    every 2 KB; in pairs, 512."""
-    return (
-        PAIR_HEADS
-        and cache.paged
-        and d == 128
-        and cache.kv_heads % 2 == 0
-        and splits == 1
-        and 2 * rows <= 16
-        and _hopper(like)
-    )
 
 
 class _Cache:
@@ -385,10 +343,6 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     blocks = batch * cache.kv_heads * chunks
     tiles = -(-cache.capacity // dk.BN)
     splits, stages, cl, shared = plan_grid(qa, DECODE, blocks, tiles, d, mt, cache.paged)
-    kv_heads, dp, pair = cache.kv_heads, d, pairs(qa, cache, splits, group * sq, d)
-    if pair:  # heads in pairs: DP 256 over both K/V heads of a pair (decode_fwd's PAIR)
-        kv_heads, group, dp, blocks = kv_heads // 2, 2 * group, 2 * d, blocks // 2
-        splits, stages, cl, shared = pair_grid(qa, DECODE, blocks, tiles)
     rows = batch * heads * sq
     out = _arrays.output(qa, qa.shape)
     lse = _arrays.output(qa, (batch, heads, sq), f32)
@@ -409,10 +363,10 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
         counters = np.zeros(1, np.uint32) if qa.kind == "numpy" else qa.arg(1, dtype=u32)
     DECODE[(splits, blocks), dk.THREADS, stream, shared](
         *flat, cache.table_arg(qa), lens.arg(batch), out_flat, lse_flat, part, part_lse,
-        counters, heads, group, sq, kv_heads, *cache.geometry(), chunks, rows,
+        counters, heads, group, sq, cache.kv_heads, *cache.geometry(), chunks, rows,
         math.log2(math.e) * float(scale),
-        DP=dp, MT=mt, PAGED=cache.paged, STAGES=stages, DIRECT=direct, FUSED=fused, CL=cl,
-        DT=qa.dtype, PW=int(PAGE_WINDOW and cache.paged), PAIR=int(pair),
+        DP=d, MT=mt, PAGED=cache.paged, STAGES=stages, DIRECT=direct, FUSED=fused, CL=cl,
+        DT=qa.dtype, PW=int(PAGE_WINDOW and cache.paged),
         SPEC=speculates(cache.paged) if direct else 0,
     )  # fmt: skip
     if not (direct or fused or cl > 1):
@@ -492,7 +446,7 @@ def shipped():
             for mt in (1, 2, 4):
                 for paged in (False, True):
                     base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dtype}
-                    base["PW"], base["PAIR"] = int(PAGE_WINDOW and paged), 0
+                    base["PW"] = int(PAGE_WINDOW and paged)
                     for direct, fused in ((True, False), (False, False), (False, True)):
                         flags = {**base, "DIRECT": direct, "FUSED": fused, "CL": 1}
                         flags["SPEC"] = speculates(paged) if direct else 0
@@ -503,11 +457,6 @@ def shipped():
                     flags = {**base, "DIRECT": False, "FUSED": False, "SPEC": 0}
                     for cl in CLUSTERS:
                         yield DECODE, {**flags, "STAGES": deep_stages(dp, mt), "CL": cl}
-        # K/V heads in pairs (paged, D 128, one M-tile, one split; sm_90)
-        pair = {"DP": 256, "MT": 1, "PAGED": True, "DT": dtype, "PW": int(PAGE_WINDOW)}
-        pair |= {"DIRECT": True, "FUSED": False, "CL": 1, "STAGES": PAIR_STAGES, "PAIR": 1}
-        yield DECODE, {**pair, "SPEC": speculates(True)}
-        yield DECODE, {**pair, "DIRECT": False, "CL": 2, "SPEC": 0}
         for dp in DIMS:
             for mt in (1, 2, 4):
                 yield MERGE, {"DP": dp, "MT": mt, "DT": dtype}

@@ -211,43 +211,6 @@ def test_paged_window_moves_over_many_pages_in_simulator(monkeypatch, splits):
     assert np.abs(out.astype(np.float64) - ref).max() < 4e-3
 
 
-@pytest.mark.parametrize(
-    "lens, h, hkv, sq, dtype, cluster",
-    [
-        ((0, 1, 16, 100), 8, 2, 1, np.float16, False),
-        ((47, 3), 4, 2, 3, BF16, False),
-        ((0, 1, 16, 100), 8, 2, 1, np.float16, True),
-        ((47, 3), 4, 2, 3, BF16, True),
-    ],
-)
-def test_paged_head_pairs_in_simulator(monkeypatch, lens, h, hkv, sq, dtype, cluster):
-    # one split (a full GPU's grid): a block reads both K/V heads of a pair, Q's rows of
-    # each head in their half of DP 256; lengths 0, 1, a page boundary; Sq 3 (causal);
-    # or two splits merged through a cluster of 2
-    monkeypatch.setattr(decode, "splits_for", lambda *_: 1)
-    monkeypatch.setattr(decode, "PAIR_CLUSTER", cluster)
-    grids, real_grid = [], decode.pair_grid
-    monkeypatch.setattr(decode, "pair_grid", lambda *a: grids.append(real_grid(*a)) or grids[-1])
-    launched, real = [], decode.pairs
-    monkeypatch.setattr(decode, "pairs", lambda *a: launched.append(real(*a)) or launched[-1])
-    rng = np.random.default_rng(sum(lens) + sq)
-    b = len(lens)
-    q = rng.standard_normal((b, h, sq, 128)).astype(dtype)
-    k_cache, v_cache, table = make_cache(rng, b, hkv, 128, 112, dtype, 16)
-    with kaio.simulate():
-        out, lse = kaio_ops.flash_attention_decode_with_stats(
-            q, k_cache, v_cache, np.array(lens, np.int32), table
-        )
-    assert launched == [True] and grids[0][2] == (2 if cluster else 1)
-    ref, ref_lse = reference(q, k_cache, v_cache, lens, table)
-    out = out.astype(np.float64)
-    assert np.abs(out - ref).max() < (4e-3 if dtype == np.float16 else 3e-2)
-    seen = np.isfinite(ref_lse)
-    assert np.array_equal(np.isinf(lse), ~seen)
-    assert np.abs(lse[seen] - ref_lse[seen]).max() < 1e-4
-    assert (out[~seen] == 0).all()
-
-
 @pytest.mark.parametrize("page_size", [None, 16])
 def test_one_split_copies_before_the_length_in_simulator(monkeypatch, page_size):
     # one split (SPEC): the first three tiles are copied before the length is read; rows
@@ -468,7 +431,7 @@ def assembled() -> list:
         pw = int(decode.PAGE_WINDOW and paged)
         base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dt, "STAGES": stages, "PW": pw}
         spec = decode.speculates(paged) if merge == "direct" else 0
-        return {**base, "PAIR": 0, "SPEC": spec, **flags}
+        return {**base, "SPEC": spec, **flags}
 
     return [
         (decode.DECODE, fwd(64, 4, True, "fused")),
@@ -480,7 +443,6 @@ def assembled() -> list:
         (decode.DECODE, fwd(128, 1, False, "fused", dt=kaio.bf16)),
         (decode.DECODE, fwd(128, 1, True, "cluster", deep=True, cl=16)),
         (decode.DECODE, fwd(256, 4, False, "cluster", deep=True, cl=2, dt=kaio.bf16)),
-        (decode.DECODE, next(c for k, c in decode.shipped() if c.get("PAIR"))),
         (decode.MERGE, {"DP": 256, "MT": 4, "DT": kaio.bf16}),
         (decode.APPEND, {"PAGED": True, "VEC": 8, "DT": kaio.f16}),
         (decode.APPEND, {"PAGED": False, "VEC": 1, "DT": kaio.bf16}),
@@ -567,7 +529,7 @@ def _sdpa_reference(q, k_cache, v_cache, lens, table, scale=None):
         (3, 32, 4, 4, 128, 2048, [2047, 16, 1000]),
         (2, 8, 1, 16, 64, 5000, [4999, 17]),
         (2, 16, 16, 2, 256, 3000, [3000, 129]),
-        # a full GPU's grid (one split), paged: K/V heads in pairs on sm_90
+        # a full GPU's grid (one split: its first tiles copied before the length is read)
         (16, 32, 8, 2, 128, 1000, [0, 1, 2, 15, 16, 17, 999, 1000, 500, 64, 65, 128, 3, 7, 8, 9]),
     ],
 )
