@@ -186,14 +186,7 @@ def check(sets, lens):
     return err
 
 
-def force(
-    splits=None,
-    stages=None,
-    unfused=False,
-    cluster=None,
-    window=None,
-    spec=None,
-):
+def force(splits=None, stages=None, unfused=False, cluster=None, window=None, spec=None):
     """Module defaults but for what is named (cluster: None = the module's choice; window:
     the paged block-table window on or off)."""
     restore()
@@ -293,8 +286,7 @@ def round_w(budget: float):
     kaio with the block-table window and without, the floors of kaio's grid (head_stream)
     in both layouts, SDPA on the contiguous cache (kernel times, one profiler session a
     shape; stops after ``budget`` seconds of the process)."""
-    print(torch.cuda.get_device_name(), flush=True)
-    for b, length, stages in (
+    cases = (
         (16, 4096, (2, 3)),
         (64, 4096, (2,)),
         (1, 4096, ()),
@@ -302,18 +294,8 @@ def round_w(budget: float):
         (64, 1024, (2,)),
         (1, 32768, ()),
         (16, 32768, (2, 3)),
-    ):
-        if time.time() - T0 > budget:
-            print("(time budget: stopping)", flush=True)
-            break
-        torch.cuda.empty_cache()
-        sets = make_sets(b, length, paged=True)
-        lens = torch.full((b,), length, device="cuda", dtype=torch.int32)
-        label = f"B{b} L{length}"
-        q, k, v, kc, vc, table = sets[0]
-        out = decode._decode("probe", q, kc, vc, lens, table, None)[0]
-        ref = sdpa(q.float(), k.float(), v.float(), enable_gqa=True)
-        print(f"{label} paged rel err {((out.float() - ref).norm() / ref.norm()).item():.1e}")
+    )
+    for b, length, (stages,), sets, lens, label in shapes(cases, budget):
         show(f"{label} kaio contiguous", kernel_times(run_kaio_contig(lens), sets))
         show(f"{label} kaio paged window", kernel_times(run_kaio(lens, window=True), sets))
         show(f"{label} kaio paged per-row", kernel_times(run_kaio(lens, window=False), sets))
@@ -332,10 +314,6 @@ def round_w(budget: float):
                     f"{label} kaio contiguous splits={sp} cluster={cl}",
                     kernel_times(run_kaio_contig(lens, splits=sp, cluster=cl), sets),
                 )
-        show(
-            f"{label} SDPA default",
-            kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets),
-        )
         if b >= 16:
             o = torch.empty(b * HKV * 128, device="cuda")
             for paged, st, dp in (
@@ -355,8 +333,6 @@ def round_w(budget: float):
                     f"{label} floor copies paged={paged} st={st} heads/block={dp // 128}",
                     kernel_times(floor, sets),
                 )
-        flush()
-        del sets
 
 
 def round_x(budget: float):
@@ -364,19 +340,11 @@ def round_x(budget: float):
     the stages of one split, B = 1 at 32k keys paged over more splits, against SDPA on the
     contiguous cache (kernel times, one profiler session a shape; stops after ``budget``
     seconds of the process)."""
-    print(torch.cuda.get_device_name(), flush=True)
-    for b, length in (
+    cases = (
         (16, 1024), (16, 4096), (64, 1024), (64, 4096), (1, 32768), (16, 32768), (1, 4096),
         (1, 1024),
-    ):  # fmt: skip
-        if time.time() - T0 > budget:
-            print("(time budget: stopping)", flush=True)
-            break
-        torch.cuda.empty_cache()
-        sets = make_sets(b, length, paged=True)
-        lens = torch.full((b,), length, device="cuda", dtype=torch.int32)
-        label = f"B{b} L{length}"
-        print(f"{label} paged rel err {check(sets, lens):.1e}", flush=True)
+    )  # fmt: skip
+    for b, length, _, sets, lens, label in shapes(cases, budget):
         show(f"{label} kaio contiguous", kernel_times(run_kaio_contig(lens), sets))
         show(
             f"{label} kaio contiguous spec off",
@@ -396,10 +364,27 @@ def round_x(budget: float):
                     f"{label} kaio paged splits={sp} cluster={cl}",
                     kernel_times(run_kaio(lens, splits=sp, cluster=cl), sets),
                 )
+
+
+def shapes(cases, budget: float):
+    """(b, length, the rest of the case, paged sets, lengths, label) of each (b, length,
+    ...) of ``cases`` in turn, the default's error printed first and the jobs queued by
+    the caller timed after it; stops after ``budget`` seconds of the process."""
+    print(torch.cuda.get_device_name(), flush=True)
+    for b, length, *rest in cases:
+        if time.time() - T0 > budget:
+            print("(time budget: stopping)", flush=True)
+            break
+        torch.cuda.empty_cache()
+        sets = make_sets(b, length, paged=True)
+        lens = torch.full((b,), length, device="cuda", dtype=torch.int32)
+        label = f"B{b} L{length}"
+        print(f"{label} paged rel err {check(sets, lens):.1e}", flush=True)
         show(
             f"{label} SDPA default",
             kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets),
         )
+        yield b, length, rest, sets, lens, label
         flush()
         del sets
 
