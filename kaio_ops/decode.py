@@ -48,6 +48,7 @@ CLUSTER_CHECK = True  # only clusters that all run at once (the driver's occupan
 # multiprocessor's (228 KB on sm_90), so that a cluster's blocks take one each
 SPREAD = 116 * 1024
 CLUSTER_TILES = 64  # the most key tiles a split of the cluster merge takes (measured)
+PAGED_CLUSTER_TILES = 16  # the same over a paged cache (measured: ``plan_grid``)
 PAGE_WINDOW = True  # paged: pages from a window of the block table across a warp's lanes
 SPECULATE = True  # one split: the first K/V copies before the length is read (SPEC)
 
@@ -141,7 +142,9 @@ def plan_grid(like, kernel, blocks: int, tiles: int, dp: int, mt: int, paged: bo
     CLUSTER_TILES key tiles. Measured on an H100 (kernel time), Hkv = 8, D = 128: B = 1
     through clusters of 8 (of 16 only 7 of 8 run at once) at 1k, 4k and 32k keys 7.0, 11.1
     and 48.1 us against 7.5, 11.6 and 49.8 with the global merge; B = 4 at 4k through
-    clusters of 2, 27.5 against 28.0."""
+    clusters of 2, 27.5 against 28.0. A paged cache takes splits of at most
+    PAGED_CLUSTER_TILES through a cluster (B = 1 at 32k keys: clusters of 8, 64 tiles a
+    split, 56.4 us; 16 splits and the global merge 51.7; 32 splits 53.0)."""
     sms = _arrays.multiprocessors(like)
     splits = splits_for(blocks, tiles, sms)
     stages = deep_stages(dp, mt) if blocks * splits <= sms else stages_for(dp, mt)
@@ -154,7 +157,7 @@ def plan_grid(like, kernel, blocks: int, tiles: int, dp: int, mt: int, paged: bo
     stages = deep_stages(dp, mt)
     shared = max(shared_bytes(dp, mt, stages), SPREAD)
     for cl in sorted((c for c in CLUSTERS if c <= splits), reverse=True):
-        if -(-tiles // cl) > CLUSTER_TILES:
+        if -(-tiles // cl) > (PAGED_CLUSTER_TILES if paged else CLUSTER_TILES):
             break  # long splits: the merge's cost matters little, the spread over the SMs more
         consts = {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": stages, "CL": cl, "DT": like.dtype}
         if dev is None or not CLUSTER_CHECK:
@@ -172,9 +175,12 @@ def plan_grid(like, kernel, blocks: int, tiles: int, dp: int, mt: int, paged: bo
 
 
 def speculates(paged: bool) -> int:
-    """``decode_fwd``'s SPEC for a grid of one split (SPECULATE; a paged cache reads its
-    table through the window, PAGE_WINDOW)."""
-    return int(SPECULATE and (PAGE_WINDOW or not paged))
+    """``decode_fwd``'s SPEC for a grid of one split (SPECULATE): over a paged cache read
+    through the block-table window (PAGE_WINDOW), the length and the window's load then in
+    flight together. Measured on an H100 (kernel time, paged, on / off): B = 16 at 1k, 4k
+    and 32k keys 26.2 / 26.4, 92.8 / 92.9 and 706.7 / 707.6 us, B = 64 at 1k 93.7 / 94.4;
+    contiguous it was no faster (25.9 / 25.4 us at B = 16, 1k keys)."""
+    return int(SPECULATE and PAGE_WINDOW and paged)
 
 
 class _Cache:

@@ -213,7 +213,7 @@ def test_paged_window_moves_over_many_pages_in_simulator(monkeypatch, splits):
 
 @pytest.mark.parametrize("page_size", [None, 16])
 def test_one_split_copies_before_the_length_in_simulator(monkeypatch, page_size):
-    # one split (SPEC): the first three tiles are copied before the length is read; rows
+    # one split (paged: SPEC, the first three tiles copied before the length is read); rows
     # past each length hold NaN (an unwritten cache), which must not reach the output
     monkeypatch.setattr(decode, "splits_for", lambda *_: 1)
     rng = np.random.default_rng(12)
@@ -303,7 +303,12 @@ def test_cluster_merge_takes_short_splits_one_block_a_multiprocessor():
         assert plan(8, 512)[2] == 16
         assert plan(8, 16 * 128)[2] == 1  # splits of 128 tiles: the global merge
         assert plan(128, 64)[:3] == (1, 2, 1)  # contiguous, one split: 2 stages
-        assert decode.plan_grid(qa, decode.DECODE, 128, 64, 128, 1, True)[:3] == (1, 4, 1)
+        paged = lambda blocks, tiles: decode.plan_grid(  # noqa: E731
+            qa, decode.DECODE, blocks, tiles, 128, 1, True
+        )
+        assert paged(128, 64)[:3] == (1, 4, 1)
+        # paged: splits of up to 16 tiles through a cluster, longer ones the global merge
+        assert paged(8, 64)[2] > 1 and paged(8, 512)[:3] == (16, 4, 1)
 
 
 # --------------------------------------------------------------------------- input checks
