@@ -5,15 +5,19 @@ floors (a DSL kernel that only streams the same bytes; torch reductions and copi
 torch SDPA, all in one profiler session per group, calls rotating over input sets of more
 than the L2 cache.
 
-    python3 bench/decode_probe.py [warm | b | ncu | s [SECONDS]]    # this checkout's kaio_ops
+    python3 bench/decode_probe.py [warm | b | ncu | s | w | x [SECONDS]]  # this checkout's
     PROBE_BASE=1 PYTHONPATH=/other/checkout python3 bench/decode_probe.py base_b
 
 No argument: B = 1, 4k keys, taken apart (splits, stages, merges, lengths 0 .. 4k, floors).
-``warm`` compiles the kernels in 16 processes first (the disk cache keeps them); ``b`` is the
+``warm [SECONDS]`` compiles the kernels in 16 processes first (the disk cache keeps them;
+D 128 f16 first, what is not started within SECONDS left out); ``b`` is the
 suite's shapes, default against the global merge and SDPA; ``ncu`` makes the calls for
 ``ncu --kernel-name regex:decode_fwd``; ``base_b`` the default of another checkout's
 kaio_ops (PROBE_BASE: its packages first on the path); ``s`` split counts and stages at the
-shapes where kaio is near SDPA, for SECONDS at most.
+shapes where kaio is near SDPA, for SECONDS at most; ``w`` the paged layout against the
+contiguous one (the block-table window or a load per row, stages, kaio's copies alone as a
+floor in both layouts); ``x`` the copies before the length on and off, the window on and
+off, one split's stages and B = 1 at 32k keys paged over more splits.
 """
 
 from __future__ import annotations

@@ -213,9 +213,11 @@ def test_paged_window_moves_over_many_pages_in_simulator(monkeypatch, splits):
 
 @pytest.mark.parametrize("page_size", [None, 16])
 def test_one_split_copies_before_the_length_in_simulator(monkeypatch, page_size):
-    # one split (paged: SPEC, the first three tiles copied before the length is read); rows
-    # past each length hold NaN (an unwritten cache), which must not reach the output
+    # one split, the first three tiles copied before the length is read (SPEC: shipped for
+    # paged caches, forced here for both); rows past each length hold NaN (an unwritten
+    # cache), which must not reach the output
     monkeypatch.setattr(decode, "splits_for", lambda *_: 1)
+    monkeypatch.setattr(decode, "speculates", lambda paged: 1)
     rng = np.random.default_rng(12)
     lens = [0, 1, 63, 64, 65, 130, 250]
     b, hkv, d = len(lens), 1, 64
