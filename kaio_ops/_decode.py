@@ -25,7 +25,8 @@ the last block of its row chunk to finish (``FUSED``: an atomic counter per chun
 ``decode_merge`` combines them. Either way in split order (deterministic).
 
 Cache layouts (``PAGED``): contiguous [B, Hkv, capacity, D], or vLLM/FlashInfer "NHD" pages
-[num_pages, page_size, Hkv, D] with ``block_table`` [B, max_pages] (page_size = 1 << shift).
+[num_pages, page_size, Hkv, D] with ``block_table`` [B, max_pages] (page_size = 1 << shift),
+whose entries each warp holds 64 at a time across its lanes (``window_pages``).
 """
 
 # ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)

@@ -194,12 +194,14 @@ def test_append_then_decode_in_simulator(page_size, dtype):
     assert np.abs(out.astype(np.float64) - ref).max() < (4e-3 if dtype == np.float16 else 3e-2)
 
 
-@pytest.mark.parametrize("splits", [1, 2])
-def test_paged_window_moves_over_many_pages_in_simulator(monkeypatch, splits):
+@pytest.mark.parametrize("splits, window", [(1, True), (2, True), (2, False)])
+def test_paged_window_moves_over_many_pages_in_simulator(monkeypatch, splits, window):
     # the block table read through a window of 64 entries held across a warp's lanes: one
     # split over 69 pages of 16 keys moves it twice (at pages 32 and 64), a second split
-    # starts mid-table; a length ending on the window's boundary (512 keys = 32 pages)
+    # starts mid-table; a length ending on the window's boundary (512 keys = 32 pages);
+    # without the window (PAGE_WINDOW off), a load per row a tile ahead
     monkeypatch.setattr(decode, "splits_for", lambda *_: splits)
+    monkeypatch.setattr(decode, "PAGE_WINDOW", window)
     monkeypatch.setattr(decode, "CLUSTER_MERGE", False)
     rng = np.random.default_rng(9 + splits)
     q = rng.standard_normal((2, 2, 1, 64)).astype(np.float16)
