@@ -5,15 +5,19 @@ floors (a DSL kernel that only streams the same bytes; torch reductions and copi
 torch SDPA, all in one profiler session per group, calls rotating over input sets of more
 than the L2 cache.
 
-    python3 bench/decode_probe.py [warm | b | ncu | s [SECONDS]]    # this checkout's kaio_ops
+    python3 bench/decode_probe.py [warm | b | ncu | s | w | x [SECONDS]]  # this checkout's
     PROBE_BASE=1 PYTHONPATH=/other/checkout python3 bench/decode_probe.py base_b
 
 No argument: B = 1, 4k keys, taken apart (splits, stages, merges, lengths 0 .. 4k, floors).
-``warm`` compiles the kernels in 16 processes first (the disk cache keeps them); ``b`` is the
+``warm [SECONDS]`` compiles the kernels in 16 processes first (the disk cache keeps them;
+D 128 f16 first, what is not started within SECONDS left out); ``b`` is the
 suite's shapes, default against the global merge and SDPA; ``ncu`` makes the calls for
 ``ncu --kernel-name regex:decode_fwd``; ``base_b`` the default of another checkout's
 kaio_ops (PROBE_BASE: its packages first on the path); ``s`` split counts and stages at the
-shapes where kaio is near SDPA, for SECONDS at most.
+shapes where kaio is near SDPA, for SECONDS at most; ``w`` the paged layout against the
+contiguous one (the block-table window or a load per row, stages, kaio's copies alone as a
+floor in both layouts); ``x`` the copies before the length on and off, the window on and
+off, one split's stages and B = 1 at 32k keys paged over more splits.
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ if not os.environ.get("PROBE_BASE"):  # else kaio_ops from PYTHONPATH (main's, t
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import kaio  # noqa: E402
-from kaio import f16, f32, u32  # noqa: E402
+from kaio import f16, f32, i32, u32  # noqa: E402
+from kaio_ops import _decode as dk  # noqa: E402
 from kaio_ops import decode  # noqa: E402
 
 
@@ -52,9 +57,15 @@ def _paged_caches():
 paged_caches = _paged_caches()
 
 H, HKV, D = 32, 8, 128
-ORIG = {n: getattr(decode, n) for n in ("splits_for", "deep_stages", "stages_for", "_counters")}
+ORIG = {
+    n: getattr(decode, n)
+    for n in ("splits_for", "deep_stages", "stages_for", "_counters", "one_split_stages")
+    if hasattr(decode, n)
+}
+ORIG_SPEC = getattr(decode, "SPECULATE", False)
 ORIG_CLUSTER = getattr(decode, "CLUSTER_MERGE", False)
 ORIG_TILES = getattr(decode, "CLUSTER_TILES", 8)
+ORIG_WINDOW = getattr(decode, "PAGE_WINDOW", False)
 T0 = time.time()
 
 
@@ -64,6 +75,8 @@ def restore():
     decode.CLUSTER_MERGE = ORIG_CLUSTER
     decode.CLUSTER_CHECK = True
     decode.CLUSTER_TILES = ORIG_TILES
+    decode.PAGE_WINDOW = ORIG_WINDOW
+    decode.SPECULATE = ORIG_SPEC
 
 
 PENDING: list = []  # (label, fn, sets) to time in the next profiler session
@@ -154,15 +167,21 @@ def make_sets(b, length, paged=False, page=16):
     return sets
 
 
-def run_kaio(lens, **cfg):
+def run_kaio(lens, contiguous=False, **cfg):
+    """A job's call: kaio on the set's paged cache (where it has one), or on its contiguous
+    cache, with ``force(**cfg)``'s settings."""
+
     def f(q, k, v, kc, vc, table):
         force(**cfg)
+        if contiguous:
+            return decode._decode("probe", q, k, v, lens, None, None)
         return decode._decode("probe", q, kc, vc, lens, table, None)
 
     return f
 
 
 def check(sets, lens):
+    restore()
     q, k, v, kc, vc, table = sets[0]
     out = decode._decode("probe", q, kc, vc, lens, table, None)[0]
     n = int(lens[0])
@@ -171,9 +190,14 @@ def check(sets, lens):
     return err
 
 
-def force(splits=None, stages=None, unfused=False, cluster=None):
-    """Module defaults but for what is named (cluster: None = the module's choice)."""
+def force(splits=None, stages=None, unfused=False, cluster=None, window=None, spec=None):
+    """Module defaults but for what is named (cluster: None = the module's choice; window:
+    the paged block-table window on or off)."""
     restore()
+    if window is not None:
+        decode.PAGE_WINDOW = window
+    if spec is not None:
+        decode.SPECULATE = spec
     if cluster is not None:
         decode.CLUSTER_MERGE = cluster
         decode.CLUSTER_CHECK = not cluster  # forced: measured even where clusters would queue
@@ -183,6 +207,7 @@ def force(splits=None, stages=None, unfused=False, cluster=None):
     if stages is not None:
         decode.deep_stages = lambda *a, s=stages: s
         decode.stages_for = lambda *a, s=stages: s
+        decode.one_split_stages = lambda *a, s=stages: s
     if unfused:
         decode._counters = lambda *a: None
 
@@ -201,6 +226,175 @@ def stream(src: f16[:], out: f32[:], per_block: u32, U: kaio.constexpr):
         for j in kaio.static_range(U):
             acc += f32(buf[j, 0]) + f32(buf[j, 7])
     out[kaio.block_idx_x() * 128 + tid] = acc
+
+
+@kaio.gpu_kernel(block_size=128)
+def head_stream(
+    k: f16[:],
+    v: f16[:],
+    table: i32[:],
+    out: f32[:],
+    kv_heads: u32,
+    length: u32,
+    max_pages: u32,
+    pages: u32,
+    PAGED: kaio.constexpr,
+    STAGES: kaio.constexpr,
+    DP: kaio.constexpr,
+):
+    """Floor of kaio's grid and copies: block (b, kvh) brings the K and V tiles of its
+    sequence and head into shared memory as decode_fwd does (``load_stage``'s cp.async,
+    STAGES in flight, the paged pages of 16 keys through ``window_pages``), with no
+    arithmetic. DP 256 over a cache of D 128 (kv_heads halved): a block reads two heads,
+    whose rows are adjacent in a page (512 bytes a token)."""
+    tid = kaio.thread_idx_x()
+    lane = kaio.lane_id()
+    bkv = kaio.block_idx_x()
+    b = bkv // kv_heads
+    kvh = bkv % kv_heads
+    kv_s = kaio.shared_dynamic(f16, (2 * STAGES * dk.BN, DP), 0)
+    pg = kaio.local(u32, (1, dk.BN // (128 // (DP // 8))))
+    win = kaio.local(u32, 3)
+    n = length // dk.BN
+    if PAGED:
+        dk.window_start(win, 0, b, table, max_pages, 4, lane)
+    for j in kaio.static_range(STAGES - 1):
+        if PAGED:
+            dk.window_pages(pg, win, j * dk.BN, b, table, max_pages, 4, tid, lane, DP)
+        dk.load_stage(
+            kv_s, j * 2 * dk.BN, k, v, j * dk.BN, length, b, kvh, pg, 0, length, kv_heads, 4,
+            pages, tid, DP, PAGED, f16,
+        )  # fmt: skip
+        kaio.cp_async_commit()
+    acc = 0.0
+    for t in range(n):
+        if t + STAGES - 1 < n:
+            key0 = (t + STAGES - 1) * dk.BN
+            if PAGED:
+                dk.window_pages(pg, win, key0, b, table, max_pages, 4, tid, lane, DP)
+            dk.load_stage(
+                kv_s, (t + STAGES - 1) % STAGES * 2 * dk.BN, k, v, key0, length, b, kvh, pg, 0,
+                length, kv_heads, 4, pages, tid, DP, PAGED, f16,
+            )  # fmt: skip
+        kaio.cp_async_commit()
+        kaio.cp_async_wait(STAGES - 1)
+        kaio.sync_threads()
+        acc += f32(kv_s[t % STAGES * 2 * dk.BN + tid % 64, tid // 64])
+        kaio.sync_threads()
+    kaio.cp_async_wait_all()
+    out[bkv * 128 + tid] = acc
+
+
+def round_w(budget: float):
+    """The paged layout against the contiguous one at the shapes where it trailed SDPA:
+    kaio with the block-table window and without, the floors of kaio's grid (head_stream)
+    in both layouts, SDPA on the contiguous cache (kernel times, one profiler session a
+    shape; stops after ``budget`` seconds of the process)."""
+    cases = (
+        (16, 4096, (2, 3)),
+        (64, 4096, (2,)),
+        (1, 4096, ()),
+        (16, 1024, (2, 3)),
+        (64, 1024, (2,)),
+        (1, 32768, ()),
+        (16, 32768, (2, 3)),
+    )
+    for b, length, (stages,), sets, lens, label in shapes(cases, budget):
+        show(f"{label} kaio contiguous", kernel_times(run_kaio_contig(lens), sets))
+        show(f"{label} kaio paged window", kernel_times(run_kaio(lens, window=True), sets))
+        show(f"{label} kaio paged per-row", kernel_times(run_kaio(lens, window=False), sets))
+        for st in stages:
+            show(
+                f"{label} kaio contiguous stages={st}",
+                kernel_times(run_kaio_contig(lens, stages=st), sets),
+            )
+            show(
+                f"{label} kaio paged window stages={st}",
+                kernel_times(run_kaio(lens, window=True, stages=st), sets),
+            )
+        if b == 1 and length == 32768:
+            for sp, cl in ((16, False), (32, False), (16, True), (4, True)):
+                show(
+                    f"{label} kaio contiguous splits={sp} cluster={cl}",
+                    kernel_times(run_kaio_contig(lens, splits=sp, cluster=cl), sets),
+                )
+        if b >= 16:
+            o = torch.empty(b * HKV * 128, device="cuda")
+            for paged, st, dp in (
+                (False, 3, 128), (False, 4, 128), (True, 3, 128), (True, 4, 128),
+                (False, 3, 256), (True, 3, 256),
+            ):  # fmt: skip
+
+                def floor(q, k, v, kc, vc, table, paged=paged, st=st, o=o, n=length, dp=dp, b=b):
+                    src = (x.view(-1) for x in ((kc, vc) if paged else (k, v)))
+                    hk = HKV * 128 // dp
+                    head_stream[b * hk, 128, None, 2 * st * 64 * dp * 2](
+                        *src, table.view(-1), o, hk, n, n // 16, kc.shape[0], PAGED=paged,
+                        STAGES=st, DP=dp,
+                    )  # fmt: skip
+
+                show(
+                    f"{label} floor copies paged={paged} st={st} heads/block={dp // 128}",
+                    kernel_times(floor, sets),
+                )
+
+
+def round_x(budget: float):
+    """The copies before the length (SPEC) on and off, the block-table window on and off,
+    the stages of one split, B = 1 at 32k keys paged over more splits, against SDPA on the
+    contiguous cache (kernel times, one profiler session a shape; stops after ``budget``
+    seconds of the process)."""
+    cases = (
+        (16, 1024), (16, 4096), (64, 1024), (64, 4096), (1, 32768), (16, 32768), (1, 4096),
+        (1, 1024),
+    )  # fmt: skip
+    for b, length, _, sets, lens, label in shapes(cases, budget):
+        show(f"{label} kaio contiguous", kernel_times(run_kaio_contig(lens), sets))
+        show(
+            f"{label} kaio contiguous spec off",
+            kernel_times(run_kaio_contig(lens, spec=False), sets),
+        )
+        if b == 16:
+            show(
+                f"{label} kaio contiguous stages=4",
+                kernel_times(run_kaio_contig(lens, stages=4), sets),
+            )
+        show(f"{label} kaio paged", kernel_times(run_kaio(lens), sets))
+        show(f"{label} kaio paged spec off", kernel_times(run_kaio(lens, spec=False), sets))
+        show(f"{label} kaio paged per-row", kernel_times(run_kaio(lens, window=False), sets))
+        if b == 1 and length == 32768:
+            for sp, cl in ((16, False), (32, False), (16, True)):
+                show(
+                    f"{label} kaio paged splits={sp} cluster={cl}",
+                    kernel_times(run_kaio(lens, splits=sp, cluster=cl), sets),
+                )
+
+
+def shapes(cases, budget: float):
+    """(b, length, the rest of the case, paged sets, lengths, label) of each (b, length,
+    ...) of ``cases`` in turn, the default's error printed first and the jobs queued by
+    the caller timed after it; stops after ``budget`` seconds of the process."""
+    print(torch.cuda.get_device_name(), flush=True)
+    for b, length, *rest in cases:
+        if time.time() - T0 > budget:
+            print("(time budget: stopping)", flush=True)
+            break
+        torch.cuda.empty_cache()
+        sets = make_sets(b, length, paged=True)
+        lens = torch.full((b,), length, device="cuda", dtype=torch.int32)
+        label = f"B{b} L{length}"
+        print(f"{label} paged rel err {check(sets, lens):.1e}", flush=True)
+        show(
+            f"{label} SDPA default",
+            kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets),
+        )
+        yield b, length, rest, sets, lens, label
+        flush()
+        del sets
+
+
+def run_kaio_contig(lens, **cfg):
+    return run_kaio(lens, contiguous=True, **cfg)
 
 
 def floors(nbytes):
@@ -326,19 +520,30 @@ def main():
 
 
 def warm_list():
-    """The specializations the probe launches (D 128, one M-tile, f16), for ``warm``."""
-    k = decode.DECODE
-    out = [(decode.MERGE, {"DP": 128, "MT": 1, "DT": f16}), (probe_mark, {})]
-    out += [(stream, {"U": u}) for u in (8, 16)]
-    for paged in (False, True):
+    """Every specialization the decode ops ship (``decode.shipped()``: what the suite, the
+    probe and the GPU tests launch) and the probe's own kernels, for ``warm``."""
+    out = list(decode.shipped())
+    out += [(probe_mark, {})] + [(stream, {"U": u}) for u in (8, 16)]
+    out += [
+        (head_stream, {"PAGED": p, "STAGES": st, "DP": dp})
+        for p in (False, True)
+        for st, dp in ((3, 128), (4, 128), (3, 256))
+    ]
+    for paged in (False, True):  # the probe's forced variants: global merges, the old pages
         for st in (2, 3, 4):
-            for direct, fused, cl in (
-                (False, True, 1), (False, False, 16), (True, False, 1), (False, False, 1),
-                (False, False, 8), (False, False, 4), (False, False, 2),
-            ):  # fmt: skip
-                c = {"DP": 128, "MT": 1, "PAGED": paged, "STAGES": st, "DT": f16}
-                out.append((k, {**c, "DIRECT": direct, "FUSED": fused, "CL": cl}))
-    return out
+            for direct, fused in ((False, True), (True, False), (False, False)):
+                c = {"DP": 128, "MT": 1, "PAGED": paged, "STAGES": st, "DT": f16, "CL": 1}
+                for pw in (0, 1) if paged else (0,):
+                    for spec in (0, 1) if direct and (pw or not paged) else (0,):
+                        flags = {"DIRECT": direct, "FUSED": fused, "PW": pw}
+                        out.append((decode.DECODE, {**c, **flags, "SPEC": spec}))
+    seen, unique = set(), []
+    for kernel, c in out:
+        key = (kernel.pyfunc.__name__, tuple(sorted(c.items(), key=str)))
+        if key not in seen:
+            seen.add(key)
+            unique.append((kernel, c))
+    return unique
 
 
 def warm_one(i):
@@ -350,15 +555,33 @@ def warm_one(i):
     return None
 
 
-def warm():
-    """Compile the probe's kernels in parallel processes (the disk cache keeps them)."""
+def warm(budget: float = 1e9):
+    """Compile the kernels of ``warm_list`` in parallel processes (the disk cache keeps
+    them), D = 128 f16 first (the suite's and the probe's); those not started within
+    ``budget`` seconds are left out."""
     from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(16) as pool:
-        for err in pool.map(warm_one, range(len(warm_list()))):
-            if err:
-                print(err, flush=True)
-    print(f"warm: {len(warm_list())} kernels in {time.time() - T0:.1f}s", flush=True)
+    kernels = warm_list()
+    todo = list(range(len(kernels)))
+    first = [i for i in todo if kernels[i][1].get("DP", 128) == 128]
+    first = [i for i in first if kernels[i][1].get("DT", f16) == f16]
+    order = first + [i for i in todo if i not in first]
+    pool = ProcessPoolExecutor(16)
+    futures = [pool.submit(warm_one, i) for i in order]
+    done = 0
+    for f in futures:
+        left = budget - (time.time() - T0)
+        if left <= 0:
+            break
+        try:
+            err = f.result(timeout=left)
+        except Exception:  # noqa: BLE001  (the time is up)
+            break
+        done += 1
+        if err:
+            print(err, flush=True)
+    pool.shutdown(wait=True, cancel_futures=True)
+    print(f"warm: {done} of {len(order)} kernels in {time.time() - T0:.1f}s", flush=True)
 
 
 def round_b(base: bool):
@@ -459,7 +682,11 @@ if __name__ == "__main__":
             run_kaio(lens, splits=16, cluster=True)(*sets[i % len(sets)])
         torch.cuda.synchronize()
     elif len(sys.argv) > 1 and sys.argv[1] == "warm":
-        warm()
+        warm(float(sys.argv[2]) if len(sys.argv) > 2 else 1e9)
+    elif len(sys.argv) > 1 and sys.argv[1] == "x":
+        round_x(float(sys.argv[2]) if len(sys.argv) > 2 else 25)
+    elif len(sys.argv) > 1 and sys.argv[1] == "w":
+        round_w(float(sys.argv[2]) if len(sys.argv) > 2 else 25)
     elif len(sys.argv) > 1 and sys.argv[1] == "s":
         round_s(float(sys.argv[2]) if len(sys.argv) > 2 else 20)
     elif len(sys.argv) > 1 and sys.argv[1] in ("b", "base_b"):

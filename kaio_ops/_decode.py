@@ -25,7 +25,8 @@ the last block of its row chunk to finish (``FUSED``: an atomic counter per chun
 ``decode_merge`` combines them. Either way in split order (deterministic).
 
 Cache layouts (``PAGED``): contiguous [B, Hkv, capacity, D], or vLLM/FlashInfer "NHD" pages
-[num_pages, page_size, Hkv, D] with ``block_table`` [B, max_pages] (page_size = 1 << shift).
+[num_pages, page_size, Hkv, D] with ``block_table`` [B, max_pages] (page_size = 1 << shift),
+whose entries each warp holds 64 at a time across its lanes (``window_pages``).
 """
 
 # ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
@@ -112,6 +113,65 @@ def page_ids(
 
 
 @kaio.gpu_func
+def table_at(block_table: i32[:], b: u32, p: u32, max_pages: u32) -> u32:
+    """Entry p of block_table row b (the row's last entry past its end: read, never used)."""
+    return u32(block_table[b * max_pages + kaio.min(p, max_pages - 1)])
+
+
+@kaio.gpu_func
+def window_start(
+    win: u32[:], key0: u32, b: u32, block_table: i32[:], max_pages: u32, shift: u32, lane: u32
+):
+    """``win`` = (first page index w, entry w + lane, entry w + 32 + lane) of block_table row
+    b: the 64 table entries from the page of key ``key0`` on, one coalesced load per 32 held
+    across a warp's lanes (``window_pages`` hands them out by shuffles)."""
+    win[0] = key0 >> shift
+    win[1] = table_at(block_table, b, win[0] + lane, max_pages)
+    win[2] = table_at(block_table, b, win[0] + 32 + lane, max_pages)
+
+
+@kaio.gpu_func
+def window_pages(
+    pg: u32[:, :],
+    win: u32[:],
+    key0: u32,
+    b: u32,
+    block_table: i32[:],
+    max_pages: u32,
+    shift: u32,
+    tid: u32,
+    lane: u32,
+    DP: kaio.constexpr,
+):
+    """pg[0, i]: the page of the i-th row this thread copies of the tile of keys key0 ..
+    key0 + BN (``load_stage``'s rows), from the warp's window ``win`` of the table
+    (``window_start``). Tiles come in order: once a tile starts in the window's upper half
+    the window moves on by 32 entries, whose load is then 7 or more tiles (pages of 16 keys
+    or more) ahead of its first use (only a tile that reaches the upper half shuffles it).
+    Rows of one 16-key block share a page (pages hold 16 or more, tiles start on multiples
+    of BN), so a page is shuffled once per 16 rows. Every lane of the warp takes part (the
+    callers' conditions are uniform over the block)."""
+    if key0 >> shift >= win[0] + 32:
+        win[0] += 32
+        win[1] = win[2]
+        win[2] = table_at(block_table, b, win[0] + 32 + lane, max_pages)
+    STEP = THREADS // (DP // 8)
+    DUP = 16 // STEP if STEP < 16 else 1  # rows i .. i + DUP - 1 of a thread share a page
+    # only a tile reaching the upper half reads it (uniform over the block): the tiles
+    # after a move do not wait for its load
+    upper = (key0 + BN - 1) >> shift >= win[0] + 32
+    for i in kaio.static_range(BN // STEP):
+        if i % DUP == 0:
+            at = ((key0 + tid // (DP // 8) + i * STEP) >> shift) - win[0]  # 0 .. 35
+            pg[0, i] = kaio.shfl_idx(win[1], at % 32)
+            if upper:
+                high = kaio.shfl_idx(win[2], at % 32)
+                pg[0, i] = kaio.select(at < 32, pg[0, i], high)
+        else:
+            pg[0, i] = pg[0, i - i % DUP]
+
+
+@kaio.gpu_func
 def load_stage(
     dst: DT[:, :],
     row0: u32,
@@ -187,6 +247,8 @@ def decode_fwd(
     STAGES: kaio.constexpr,
     CL: kaio.constexpr,
     DT: kaio.constexpr,
+    PW: kaio.constexpr,
+    SPEC: kaio.constexpr,
 ):
     """Attention of the 16 * MT query rows (row chunk) of one K/V group over the key tiles
     of split ``block x``: out / lse (``DIRECT``, one split) or part / part_lse (row-major
@@ -195,7 +257,13 @@ def decode_fwd(
     them, and is reset to 0 by that block) merges the splits into out / lse; else
     ``decode_merge`` does. ``CL`` > 1 (sm_90; the grid's x size is CL, the splits): the
     splits of a row chunk are one thread-block cluster, their partial results stay in
-    shared memory and ``cluster_merge`` combines them (part, part_lse, counters unused)."""
+    shared memory and ``cluster_merge`` combines them (part, part_lse, counters unused).
+    ``PW`` (paged): the pages come from a window of the block table held across each warp's
+    lanes (``window_pages``), else from loads one tile ahead (``page_ids``). ``SPEC`` (one
+    split, ``DIRECT``; a paged cache with ``PW``): tiles 0 .. STAGES - 2 are copied before
+    the length is read (every block starts at key 0), their V rows past the length zeroed
+    in shared memory once it is known (K's scores there are masked), so the first copies
+    wait for no load of the length."""
     if CL > 1:
         kaio.cluster_dims(CL)
     KSPLIT = WARPS // MT  # warps sharing one M-tile, each on KW keys of a tile
@@ -226,23 +294,44 @@ def decode_fwd(
     # Q first: its copies are in flight while the length is read (the K/V copies need it)
     load_tile(q_s, q, q_row0 * DP, row0, nrows, DP, tid, ROWS, DP, THREADS, True, DT)
     kaio.cp_async_commit()
+    # a paged cache's pages of tiles t0 .. t0 + STAGES - 1 (loads all in flight at once)
+    pg = kaio.local(u32, (STAGES, BN // (THREADS // (DP // 8))))
+    win = kaio.local(u32, 3)
+    if SPEC:  # one split: tiles 0 .. STAGES - 2 whatever the length, read meanwhile
+        if PAGED:
+            window_start(win, 0, b, block_table, max_pages, shift, lane)
+        for j in kaio.static_range(STAGES - 1):
+            if j * BN < capacity:
+                if PAGED:
+                    window_pages(pg, win, j * BN, b, block_table, max_pages, shift, tid, lane, DP)
+                load_stage(
+                    kv_s, j * 2 * BN, k, v, j * BN, capacity, b, kvh, pg, 0, capacity,
+                    kv_heads, shift, pages, tid, DP, PAGED, DT,
+                )  # fmt: skip
+            kaio.cp_async_commit()
     kv_len = u32(kaio.min(kaio.max(seq_lens[b], 0), i32(capacity)))
     n_total = (kv_len + BN - 1) // BN
     per = (n_total + splits - 1) // splits
     t0 = kaio.min(split * per, n_total)
     t1 = kaio.min(t0 + per, n_total)
-    # a paged cache's pages of tiles t0 .. t0 + STAGES - 1 (loads all in flight at once)
-    pg = kaio.local(u32, (STAGES, BN // (THREADS // (DP // 8))))
-    if PAGED:
-        for j in kaio.static_range(STAGES):
-            page_ids(pg, j, (t0 + j) * BN, kv_len, b, block_table, max_pages, shift, tid, DP)
+    if PAGED and not SPEC:
+        if PW:
+            window_start(win, t0 * BN, b, block_table, max_pages, shift, lane)
+        else:
+            for j in kaio.static_range(STAGES):
+                page_ids(pg, j, (t0 + j) * BN, kv_len, b, block_table, max_pages, shift, tid, DP)
     for j in kaio.static_range(STAGES - 1):  # tiles t0 .. t0 + STAGES - 2 in flight
-        if t0 + j < t1:
-            load_stage(
-                kv_s, j * 2 * BN, k, v, (t0 + j) * BN, kv_len, b, kvh, pg, j, capacity,
-                kv_heads, shift, pages, tid, DP, PAGED, DT,
-            )  # fmt: skip
-        kaio.cp_async_commit()
+        if not SPEC:
+            if t0 + j < t1:
+                if PAGED and PW:
+                    window_pages(
+                        pg, win, (t0 + j) * BN, b, block_table, max_pages, shift, tid, lane, DP
+                    )
+                load_stage(
+                    kv_s, j * 2 * BN, k, v, (t0 + j) * BN, kv_len, b, kvh, pg,
+                    0 if PW else j, capacity, kv_heads, shift, pages, tid, DP, PAGED, DT,
+                )  # fmt: skip
+            kaio.cp_async_commit()
     kaio.cp_async_wait(STAGES - 1)  # Q has landed
     kaio.sync_threads()
 
@@ -264,12 +353,17 @@ def decode_fwd(
     for t in range(t0, t1):
         stage = (t - t0) % STAGES * 2 * BN
         if t + STAGES - 1 < t1:  # into the stage tile t - 1 used
+            if PAGED and PW:
+                window_pages(
+                    pg, win, (t + STAGES - 1) * BN, b, block_table, max_pages, shift, tid,
+                    lane, DP,
+                )  # fmt: skip
             load_stage(
                 kv_s, (t - t0 + STAGES - 1) % STAGES * 2 * BN, k, v, (t + STAGES - 1) * BN,
-                kv_len, b, kvh, pg, STAGES - 1, capacity, kv_heads, shift, pages, tid, DP, PAGED,
-                DT,
+                kv_len, b, kvh, pg, 0 if PW else STAGES - 1, capacity, kv_heads, shift, pages,
+                tid, DP, PAGED, DT,
             )  # fmt: skip
-            if PAGED:  # the next tile's pages, used by the next iteration's copies
+            if PAGED and not PW:  # the next tile's pages, used by the next iteration's copies
                 page_ids(
                     pg, STAGES - 1, (t + STAGES) * BN, kv_len, b, block_table, max_pages, shift,
                     tid, DP,
@@ -277,6 +371,12 @@ def decode_fwd(
         kaio.cp_async_commit()
         kaio.cp_async_wait(STAGES - 1)  # tile t has landed
         kaio.sync_threads()
+        if SPEC:
+            if t < STAGES - 1 and (t + 1) * BN > kv_len:  # copied before the length was known
+                for idx in range(tid, BN * DP, THREADS):  # V's rows past it: zeros
+                    if t * BN + idx // DP >= kv_len:
+                        kv_s[stage + BN + idx // DP, idx % DP] = DT(0.0)
+                kaio.sync_threads()
         if not QREG:
             load_a(qf, q_s, mtile * 16, acol, lane, 0, DP, DT)
         krow = stage + kpart * KW

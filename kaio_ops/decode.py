@@ -48,6 +48,9 @@ CLUSTER_CHECK = True  # only clusters that all run at once (the driver's occupan
 # multiprocessor's (228 KB on sm_90), so that a cluster's blocks take one each
 SPREAD = 116 * 1024
 CLUSTER_TILES = 64  # the most key tiles a split of the cluster merge takes (measured)
+PAGED_CLUSTER_TILES = 16  # the same over a paged cache (measured: ``plan_grid``)
+PAGE_WINDOW = True  # paged: pages from a window of the block table across a warp's lanes
+SPECULATE = True  # one split: the first K/V copies before the length is read (SPEC)
 
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
 MERGE = dk.decode_merge
@@ -75,6 +78,15 @@ def deep_stages(dp: int, mt: int) -> int:
     4 tiles, the split of one sequence of 4k keys, has all its tiles in flight at once),
     else ``stages_for``'s."""
     return 4 if shared_bytes(dp, mt, 4) <= BLOCK_SHARED else stages_for(dp, mt)
+
+
+def one_split_stages(dp: int, mt: int, paged: bool) -> int:
+    """K/V pipeline stages of ``decode_fwd`` for a grid of one split and at most a block a
+    multiprocessor (B = 16 with 8 K/V heads): 2 for a contiguous cache, each block's
+    stream of 64-key tiles (measured on an H100, kernel time, B = 16 at 1k, 4k and 32k keys:
+    25.3, 90.0 and 683 us with 2 stages, 25.5, 90.2 and 691 with 4), else ``deep_stages``'s
+    (paged: 92.4 us with 4 at 4k, 93.2 with 2)."""
+    return 2 if not paged else deep_stages(dp, mt)
 
 
 def shared_bytes(dp: int, mt: int, stages: int = 2) -> int:
@@ -130,10 +142,14 @@ def plan_grid(like, kernel, blocks: int, tiles: int, dp: int, mt: int, paged: bo
     CLUSTER_TILES key tiles. Measured on an H100 (kernel time), Hkv = 8, D = 128: B = 1
     through clusters of 8 (of 16 only 7 of 8 run at once) at 1k, 4k and 32k keys 7.0, 11.1
     and 48.1 us against 7.5, 11.6 and 49.8 with the global merge; B = 4 at 4k through
-    clusters of 2, 27.5 against 28.0."""
+    clusters of 2, 27.5 against 28.0. A paged cache takes splits of at most
+    PAGED_CLUSTER_TILES through a cluster (B = 1 at 32k keys: clusters of 8, 64 tiles a
+    split, 56.4 us; 16 splits and the global merge 51.7; 32 splits 53.0)."""
     sms = _arrays.multiprocessors(like)
     splits = splits_for(blocks, tiles, sms)
     stages = deep_stages(dp, mt) if blocks * splits <= sms else stages_for(dp, mt)
+    if splits == 1 and blocks <= sms:
+        stages = one_split_stages(dp, mt, paged)
     plain = (splits, stages, 1, shared_bytes(dp, mt, stages))
     if not CLUSTER_MERGE or splits == 1 or blocks * splits > sms or not _hopper(like):
         return plain
@@ -141,11 +157,12 @@ def plan_grid(like, kernel, blocks: int, tiles: int, dp: int, mt: int, paged: bo
     stages = deep_stages(dp, mt)
     shared = max(shared_bytes(dp, mt, stages), SPREAD)
     for cl in sorted((c for c in CLUSTERS if c <= splits), reverse=True):
-        if -(-tiles // cl) > CLUSTER_TILES:
+        if -(-tiles // cl) > (PAGED_CLUSTER_TILES if paged else CLUSTER_TILES):
             break  # long splits: the merge's cost matters little, the spread over the SMs more
+        consts = {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": stages, "CL": cl, "DT": like.dtype}
         if dev is None or not CLUSTER_CHECK:
             return cl, stages, cl, shared
-        consts = {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": stages, "CL": cl, "DT": like.dtype}
+        consts |= {"PW": int(PAGE_WINDOW and paged), "SPEC": 0}
         key = (like.device, tuple(sorted(consts.items())), shared)
         have = _RESIDENT.get(key)
         if have is None:
@@ -155,6 +172,15 @@ def plan_grid(like, kernel, blocks: int, tiles: int, dp: int, mt: int, paged: bo
         if have >= blocks:
             return cl, stages, cl, shared
     return plain
+
+
+def speculates(paged: bool) -> int:
+    """``decode_fwd``'s SPEC for a grid of one split (SPECULATE): over a paged cache read
+    through the block-table window (PAGE_WINDOW), the length and the window's load then in
+    flight together. Measured on an H100 (kernel time, paged, on / off): B = 16 at 1k, 4k
+    and 32k keys 26.2 / 26.4, 92.8 / 92.9 and 706.7 / 707.6 us, B = 64 at 1k 93.7 / 94.4;
+    contiguous it was no faster (25.9 / 25.4 us at B = 16, 1k keys)."""
+    return int(SPECULATE and PAGE_WINDOW and paged)
 
 
 class _Cache:
@@ -346,7 +372,8 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
         counters, heads, group, sq, cache.kv_heads, *cache.geometry(), chunks, rows,
         math.log2(math.e) * float(scale),
         DP=d, MT=mt, PAGED=cache.paged, STAGES=stages, DIRECT=direct, FUSED=fused, CL=cl,
-        DT=qa.dtype,
+        DT=qa.dtype, PW=int(PAGE_WINDOW and cache.paged),
+        SPEC=speculates(cache.paged) if direct else 0,
     )  # fmt: skip
     if not (direct or fused or cl > 1):
         MERGE[blocks, dk.THREADS, stream, merge_shared(mt)](
@@ -425,12 +452,15 @@ def shipped():
             for mt in (1, 2, 4):
                 for paged in (False, True):
                     base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dtype}
+                    base["PW"] = int(PAGE_WINDOW and paged)
                     for direct, fused in ((True, False), (False, False), (False, True)):
                         flags = {**base, "DIRECT": direct, "FUSED": fused, "CL": 1}
-                        for stages in sorted({stages_for(dp, mt), deep_stages(dp, mt)}):
+                        flags["SPEC"] = speculates(paged) if direct else 0
+                        one = one_split_stages(dp, mt, paged)
+                        for stages in sorted({stages_for(dp, mt), deep_stages(dp, mt), one}):
                             yield DECODE, {**flags, "STAGES": stages}
                     # merged through a cluster (sm_90), a block a multiprocessor
-                    flags = {**base, "DIRECT": False, "FUSED": False}
+                    flags = {**base, "DIRECT": False, "FUSED": False, "SPEC": 0}
                     for cl in CLUSTERS:
                         yield DECODE, {**flags, "STAGES": deep_stages(dp, mt), "CL": cl}
         for dp in DIMS:

@@ -194,6 +194,51 @@ def test_append_then_decode_in_simulator(page_size, dtype):
     assert np.abs(out.astype(np.float64) - ref).max() < (4e-3 if dtype == np.float16 else 3e-2)
 
 
+@pytest.mark.parametrize("splits, window", [(1, True), (2, True), (2, False)])
+def test_paged_window_moves_over_many_pages_in_simulator(monkeypatch, splits, window):
+    # the block table read through a window of 64 entries held across a warp's lanes: one
+    # split over 69 pages of 16 keys moves it twice (at pages 32 and 64), a second split
+    # starts mid-table; a length ending on the window's boundary (512 keys = 32 pages);
+    # without the window (PAGE_WINDOW off), a load per row a tile ahead
+    monkeypatch.setattr(decode, "splits_for", lambda *_: splits)
+    monkeypatch.setattr(decode, "PAGE_WINDOW", window)
+    monkeypatch.setattr(decode, "CLUSTER_MERGE", False)
+    rng = np.random.default_rng(9 + splits)
+    q = rng.standard_normal((2, 2, 1, 64)).astype(np.float16)
+    k_cache, v_cache, table = make_cache(rng, 2, 1, 64, 1100, np.float16, 16)
+    lens = np.array([1090, 512], np.int32)
+    with kaio.simulate():
+        out = kaio_ops.flash_attention_decode(q, k_cache, v_cache, lens, table)
+    ref = reference(q, k_cache, v_cache, list(lens), table)[0]
+    assert np.abs(out.astype(np.float64) - ref).max() < 4e-3
+
+
+@pytest.mark.parametrize("page_size", [None, 16])
+def test_one_split_copies_before_the_length_in_simulator(monkeypatch, page_size):
+    # one split, the first three tiles copied before the length is read (SPEC: shipped for
+    # paged caches, forced here for both); rows past each length hold NaN (an unwritten
+    # cache), which must not reach the output
+    monkeypatch.setattr(decode, "splits_for", lambda *_: 1)
+    monkeypatch.setattr(decode, "speculates", lambda paged: 1)
+    rng = np.random.default_rng(12)
+    lens = [0, 1, 63, 64, 65, 130, 250]
+    b, hkv, d = len(lens), 1, 64
+    q = rng.standard_normal((b, 4, 1, d)).astype(np.float16)
+    k_cache, v_cache, table = make_cache(rng, b, hkv, d, 256, np.float16, page_size)
+    for cache in (k_cache, v_cache):
+        for i, n in enumerate(lens):
+            for pos in range(n, 256):
+                if page_size is None:
+                    cache[i, :, pos] = np.nan
+                else:
+                    cache[table[i, pos // page_size], pos % page_size] = np.nan
+    with kaio.simulate():
+        out = kaio_ops.flash_attention_decode(q, k_cache, v_cache, np.array(lens, np.int32), table)
+    ref = reference(q, k_cache, v_cache, lens, table)[0]
+    assert np.isfinite(out.astype(np.float64)).all()
+    assert np.abs(out.astype(np.float64) - ref).max() < 4e-3
+
+
 def test_bad_block_table_stays_inside_the_cache_in_simulator(monkeypatch):
     # what the GPU only sees (the table's values; a graph replayed after the table was
     # freed and its memory reused): pages outside the pool are read as the last page and
@@ -261,7 +306,13 @@ def test_cluster_merge_takes_short_splits_one_block_a_multiprocessor():
         assert plan(8, 16)[:3] == (8, 4, 8)
         assert plan(8, 512)[2] == 16
         assert plan(8, 16 * 128)[2] == 1  # splits of 128 tiles: the global merge
-        assert plan(128, 64)[:3] == (1, 4, 1)
+        assert plan(128, 64)[:3] == (1, 2, 1)  # contiguous, one split: 2 stages
+        paged = lambda blocks, tiles: decode.plan_grid(  # noqa: E731
+            qa, decode.DECODE, blocks, tiles, 128, 1, True
+        )
+        assert paged(128, 64)[:3] == (1, 4, 1)
+        # paged: splits of up to 16 tiles through a cluster, longer ones the global merge
+        assert paged(8, 64)[2] > 1 and paged(8, 512)[:3] == (16, 4, 1)
 
 
 # --------------------------------------------------------------------------- input checks
@@ -386,7 +437,10 @@ def assembled() -> list:
     def fwd(dp, mt, paged, merge, deep=False, cl=1, dt=kaio.f16):
         flags = {"DIRECT": merge == "direct", "FUSED": merge == "fused", "CL": cl}
         stages = (decode.deep_stages if deep else decode.stages_for)(dp, mt)
-        return {"DP": dp, "MT": mt, "PAGED": paged, "DT": dt, "STAGES": stages, **flags}
+        pw = int(decode.PAGE_WINDOW and paged)
+        base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dt, "STAGES": stages, "PW": pw}
+        spec = decode.speculates(paged) if merge == "direct" else 0
+        return {**base, "SPEC": spec, **flags}
 
     return [
         (decode.DECODE, fwd(64, 4, True, "fused")),
@@ -484,6 +538,8 @@ def _sdpa_reference(q, k_cache, v_cache, lens, table, scale=None):
         (3, 32, 4, 4, 128, 2048, [2047, 16, 1000]),
         (2, 8, 1, 16, 64, 5000, [4999, 17]),
         (2, 16, 16, 2, 256, 3000, [3000, 129]),
+        # a full GPU's grid (one split: its first tiles copied before the length is read)
+        (16, 32, 8, 2, 128, 1000, [0, 1, 2, 15, 16, 17, 999, 1000, 500, 64, 65, 128, 3, 7, 8, 9]),
     ],
 )
 @pytest.mark.parametrize("page_size", [None, 16, 128])
