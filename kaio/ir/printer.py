@@ -2,20 +2,8 @@
 
 from __future__ import annotations
 
-from kaio.ir.nodes import (
-    Array,
-    Break,
-    Const,
-    Continue,
-    Function,
-    If,
-    Instr,
-    Loop,
-    Region,
-    Return,
-    StaticFor,
-    Var,
-)
+from kaio.ir import nodes
+from kaio.ir.nodes import Array, Const, Function, Instr, Var
 
 
 def format_operand(v) -> str:
@@ -45,30 +33,30 @@ def _format_block(stmts: list, indent: int, out: list[str]) -> None:
     for s in stmts:
         if isinstance(s, Instr):
             out.append(pad + format_instr(s))
-        elif isinstance(s, If):
+        elif isinstance(s, nodes.If):
             out.append(f"{pad}if {format_operand(s.cond)}:")
             _format_block(s.then, indent + 1, out)
             if s.orelse:
                 out.append(f"{pad}else:")
                 _format_block(s.orelse, indent + 1, out)
-        elif isinstance(s, Loop):
+        elif isinstance(s, nodes.Loop):
             out.append(f"{pad}loop L{s.id}:")
             _format_block(s.body, indent + 1, out)
             if s.step:
                 out.append(f"{pad}step L{s.id}:")
                 _format_block(s.step, indent + 1, out)
-        elif isinstance(s, StaticFor):
+        elif isinstance(s, nodes.StaticFor):
             values = ", ".join(repr(v) for v in s.values)
             out.append(f"{pad}static_for L{s.id} %{s.var.name} in ({values}):")
             _format_block(s.body, indent + 1, out)
-        elif isinstance(s, Region):
+        elif isinstance(s, nodes.Region):
             out.append(f"{pad}region R{s.id}:")
             _format_block(s.body, indent + 1, out)
-        elif isinstance(s, Break):
+        elif isinstance(s, nodes.Break):
             out.append(f"{pad}break {s.target}")
-        elif isinstance(s, Continue):
+        elif isinstance(s, nodes.Continue):
             out.append(f"{pad}continue {s.target}")
-        elif isinstance(s, Return):
+        elif isinstance(s, nodes.Return):
             out.append(f"{pad}return")
         else:
             raise TypeError(f"unknown IR statement {s!r}")

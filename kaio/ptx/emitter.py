@@ -21,21 +21,9 @@ import re
 from itertools import count
 
 from kaio.errors import CompileError
+from kaio.ir import nodes
 from kaio.ir.legality import Target
-from kaio.ir.nodes import (
-    Array,
-    Break,
-    Const,
-    Continue,
-    Function,
-    If,
-    Instr,
-    Loop,
-    Region,
-    Return,
-    Var,
-    walk,
-)
+from kaio.ir.nodes import Array, Const, Function, Instr, Var, walk
 from kaio.ir.passes import constant_term, definitions
 from kaio.ptx.debug import DebugChecks
 from kaio.ptx.hopper import ALIGNED_OPS
@@ -43,7 +31,7 @@ from kaio.ptx.lowering import LOWERING
 from kaio.ptx.regs import REG_CLASSES, bty, immediate, mem_type, storage
 from kaio.types import u32
 
-_JUMPS = (Break, Continue, Return)
+_JUMPS = (nodes.Break, nodes.Continue, nodes.Return)
 
 
 def ptx_identifier(name: str) -> str:
@@ -282,11 +270,11 @@ class Emitter:
             if isinstance(s, Instr):
                 self.instr = s
                 LOWERING[s.op](self, s)
-            elif isinstance(s, If):
+            elif isinstance(s, nodes.If):
                 self._if(s)
-            elif isinstance(s, Loop):
+            elif isinstance(s, nodes.Loop):
                 self._loop(s)
-            elif isinstance(s, Region):
+            elif isinstance(s, nodes.Region):
                 end = self.new_label("region")
                 self._targets[s.id] = (end, end)  # continue in an unrolled body: next copy
                 self.block(s.body)
@@ -297,12 +285,12 @@ class Emitter:
                 raise TypeError(f"the PTX emitter cannot lower {type(s).__name__} (run the passes)")
 
     def _jump(self, s) -> str:
-        if isinstance(s, Return):
+        if isinstance(s, nodes.Return):
             return "ret"
         continue_label, break_label = self._targets[s.target]
-        return f"bra {break_label if isinstance(s, Break) else continue_label}"
+        return f"bra {break_label if isinstance(s, nodes.Break) else continue_label}"
 
-    def _if(self, s: If) -> None:
+    def _if(self, s: nodes.If) -> None:
         if isinstance(s.cond, Const):
             self.block(s.then if s.cond.value else s.orelse)
             return
@@ -325,7 +313,7 @@ class Emitter:
             self.block(s.orelse)
         self.place(end)
 
-    def _loop(self, s: Loop) -> None:
+    def _loop(self, s: nodes.Loop) -> None:
         n = next(self._labels)
         head, cont, done = f"$L__loop{n}", f"$L__loop{n}_step", f"$L__loop{n}_end"
         self._targets[s.id] = (cont, done)
@@ -359,7 +347,7 @@ class Emitter:
     def run(self) -> str:
         """Emit the function and return the whole PTX module."""
         self.block(self.fn.body)
-        if not (self.fn.body and isinstance(self.fn.body[-1], Return)):
+        if not (self.fn.body and isinstance(self.fn.body[-1], nodes.Return)):
             self.line("ret")
         if self.debug:
             self.debug.finish()
