@@ -285,3 +285,30 @@ def child_blocks(s) -> list[list]:
     if isinstance(s, StaticFor | Region):
         return [s.body]
     return []
+
+
+class BlockLowering:
+    """The statement dispatch that the PTX emitter and the LLVM walker share: ``block`` lowers
+    a statement list in order, each statement by the method for its kind (``_instr``, ``_if``,
+    ``_loop``, ``_region``, and ``_jump`` for ``Break``, ``Continue`` and ``Return``), after
+    ``_set_loc`` has taken its source location. ``StaticFor`` is gone by then (the unroll
+    pass); any other statement is a compiler bug."""
+
+    what = "this backend"  # who cannot lower a statement, in the error
+
+    def block(self, stmts: list) -> None:
+        """Lower a statement list at the current position."""
+        for s in stmts:
+            self._set_loc(s.loc)
+            if isinstance(s, Instr):
+                self._instr(s)
+            elif isinstance(s, If):
+                self._if(s)
+            elif isinstance(s, Loop):
+                self._loop(s)
+            elif isinstance(s, Region):
+                self._region(s)
+            elif isinstance(s, Break | Continue | Return):
+                self._jump(s)
+            else:
+                raise TypeError(f"{self.what} cannot lower {type(s).__name__} (run the passes)")

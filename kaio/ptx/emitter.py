@@ -23,7 +23,7 @@ from itertools import count
 from kaio.errors import CompileError
 from kaio.ir import nodes
 from kaio.ir.legality import Target
-from kaio.ir.nodes import Array, Const, Function, Instr, Var, walk
+from kaio.ir.nodes import Array, BlockLowering, Const, Function, Instr, Var, walk
 from kaio.ir.passes import constant_term, definitions
 from kaio.ptx.debug import DebugChecks
 from kaio.ptx.hopper import ALIGNED_OPS
@@ -63,8 +63,10 @@ def _constant_sums(fn: Function) -> dict[Var, tuple]:
     return out
 
 
-class Emitter:
+class Emitter(BlockLowering):
     """Emits one ``Function`` for one ``Target``; ``run()`` returns the module text."""
+
+    what = "the PTX emitter"
 
     def __init__(self, fn: Function, target: Target):
         self.fn = fn
@@ -263,28 +265,20 @@ class Emitter:
         self._body.append(f"\t.loc {fid} {loc.lineno} {loc.col + 1}")
         self._last_loc = (loc.filename, loc.lineno, loc.col)
 
-    def block(self, stmts: list) -> None:
-        """Emit a statement list."""
-        for s in stmts:
-            self._set_loc(s.loc)
-            if isinstance(s, Instr):
-                self.instr = s
-                LOWERING[s.op](self, s)
-            elif isinstance(s, nodes.If):
-                self._if(s)
-            elif isinstance(s, nodes.Loop):
-                self._loop(s)
-            elif isinstance(s, nodes.Region):
-                end = self.new_label("region")
-                self._targets[s.id] = (end, end)  # continue in an unrolled body: next copy
-                self.block(s.body)
-                self.place(end)
-            elif isinstance(s, _JUMPS):
-                self.line(self._jump(s))
-            else:
-                raise TypeError(f"the PTX emitter cannot lower {type(s).__name__} (run the passes)")
+    def _instr(self, s: Instr) -> None:
+        self.instr = s
+        LOWERING[s.op](self, s)
 
-    def _jump(self, s) -> str:
+    def _region(self, s: nodes.Region) -> None:
+        end = self.new_label("region")
+        self._targets[s.id] = (end, end)  # continue in an unrolled body: next copy
+        self.block(s.body)
+        self.place(end)
+
+    def _jump(self, s) -> None:
+        self.line(self._jump_text(s))
+
+    def _jump_text(self, s) -> str:
         if isinstance(s, nodes.Return):
             return "ret"
         continue_label, break_label = self._targets[s.target]
@@ -297,7 +291,7 @@ class Emitter:
         p = self.r(s.cond)
         if not s.orelse and len(s.then) == 1 and isinstance(s.then[0], _JUMPS):
             self._set_loc(s.then[0].loc)
-            self.line(f"@{p} {self._jump(s.then[0])}")
+            self.line(f"@{p} {self._jump_text(s.then[0])}")
             return
         end = self.new_label("endif")
         if not s.orelse:
