@@ -515,7 +515,7 @@ class Lowerer:
                 self.b.append(nodes.Break(loop_id))
             return
         notc = self.b.emit("not", T.bool_, (cond,))
-        self.b.append(nodes.If(notc, [nodes.Break(loop_id, self.b.loc)], []))
+        self.b.append(nodes.If(notc, [nodes.Break(loop_id, loc=self.b.loc)], []))
 
     def _loop_body(self, stmts, target: LoopTarget):
         self.scope.loops.append(target)
@@ -1540,7 +1540,7 @@ def _plain_signature(signature: inspect.Signature) -> str:
 
 
 def _instr_add(counter: Var, step: Const, loc):
-    return Instr("add", counter, (counter, step), {}, loc)
+    return Instr("add", counter, (counter, step), {}, loc=loc)
 
 
 def _python_scalar(x):

@@ -58,12 +58,12 @@ class Builder:
         dst = self.var(t) if t is not None else None
         if self.substitute and t == f32:
             op = self.substitute.get(op, op)
-        self.append(Instr(op, dst, tuple(args), attrs, self.loc))
+        self.append(Instr(op, dst, tuple(args), attrs, loc=self.loc))
         return dst
 
     def assign(self, dst: Var, value) -> None:
         """``dst = value`` (same type)."""
-        self.append(Instr("mov", dst, (value,), {}, self.loc))
+        self.append(Instr("mov", dst, (value,), {}, loc=self.loc))
 
     def convert(self, value, t: ScalarType):
         """``value`` converted to ``t``; constants are converted at compile time."""

@@ -113,7 +113,7 @@ def unroll(fn: Function) -> None:
 
 
 def _unroll_one(fn: Function, sf: nodes.StaticFor) -> nodes.Region:
-    outer = nodes.Region(fresh_id(), [], sf.loc)
+    outer = nodes.Region(fresh_id(), [], loc=sf.loc)
     inner_defs = definitions(sf.body)
     all_defs = definitions(fn.body)
     outside_uses = uses(fn.body) - uses(sf.body)
@@ -121,7 +121,7 @@ def _unroll_one(fn: Function, sf: nodes.StaticFor) -> nodes.Region:
     assigned_var = inner_defs[sf.var] > 0
     read_after = outside_uses[sf.var] > 0  # the variable keeps its last value after the loop
     for k, value in enumerate(sf.values):
-        iteration = nodes.Region(fresh_id(), [], sf.loc)
+        iteration = nodes.Region(fresh_id(), [], loc=sf.loc)
         memo = _shared_memo(fn)
         for v in local:
             memo[id(v)] = Var(f"{v.name}_{k}", v.type)
@@ -130,7 +130,7 @@ def _unroll_one(fn: Function, sf: nodes.StaticFor) -> nodes.Region:
         if not assigned_var:
             _substitute(body, {sf.var: const})
         if assigned_var or read_after:
-            body.insert(0, Instr("mov", sf.var, (const,), {}, sf.loc))
+            body.insert(0, Instr("mov", sf.var, (const,), {}, loc=sf.loc))
         iteration.body = _retarget(body, sf.id, outer.id, iteration.id)
         outer.body.append(iteration)
     return outer
@@ -166,7 +166,7 @@ def _retarget(stmts: list, loop_id: int, break_to: int, continue_to: int) -> lis
 
     def fix(s):
         if isinstance(s, nodes.Continue) and s.target == loop_id:
-            return [nodes.Break(continue_to, s.loc)]
+            return [nodes.Break(continue_to, loc=s.loc)]
         if isinstance(s, nodes.Break) and s.target == loop_id:
             s.target = break_to
         elif isinstance(s, nodes.Break | nodes.Continue) and s.target in renames:
