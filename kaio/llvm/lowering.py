@@ -37,6 +37,7 @@ from llvmlite import ir
 
 from kaio.ir.legality import native
 from kaio.ir.nodes import Const, Instr
+from kaio.ir.ops import integer_classes
 from kaio.llvm import fp8, hopper, memory, packed, tensor
 from kaio.llvm.typemap import (
     DOUBLE,
@@ -63,12 +64,9 @@ def suffix(ty: ir.Type) -> str:
 
 def classes(t: ScalarType) -> tuple[str, ...]:
     """The table keys that may hold ``t``'s entry, most specific first."""
-    if t.is_bool:
-        return ("pred", "any")
-    if t.kind == "uint":
-        return ("uint", "int", "any")
-    if t.is_int:
-        return ("int", "any")
+    integer = integer_classes(t)
+    if integer is not None:
+        return integer
     if t.is_float and t.bits == 16:
         return (t.name, "half", "float", "any")
     return (t.name, "float", "any")
