@@ -6,7 +6,7 @@ import contextlib
 import itertools
 
 from kaio.ir.nodes import Const, Instr, SourceLoc, Var
-from kaio.types import ScalarType, f32
+from kaio.types import ScalarType, f32, int_range
 
 
 def wrap_int(value: int, t: ScalarType) -> int:
@@ -101,9 +101,7 @@ def const_convert(value, t: ScalarType) -> Const:
 
         if math.isnan(value):
             return Const(0, t)
-        lo, hi = (
-            (-(2 ** (t.bits - 1)), 2 ** (t.bits - 1) - 1) if t.kind == "int" else (0, 2**t.bits - 1)
-        )
+        lo, hi = int_range(t)
         if math.isinf(value):  # saturates, as cvt does
             return Const(hi if value > 0 else lo, t)
         return Const(max(lo, min(hi, int(value))), t)
