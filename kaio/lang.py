@@ -387,6 +387,12 @@ def _math1(name: str, build: Callable, approx: bool):
     return lower
 
 
+def _one_op(op: str) -> Callable:
+    """The build of a math builtin that is the one IR op ``op``, in the operand's type (f32
+    for the approximations: ``_float_operand`` computes them in f32)."""
+    return lambda b, x: b.emit(op, x.type, (x,))
+
+
 def _c(v: float, t=T.f32):
     return Const(v, t)
 
@@ -400,7 +406,7 @@ _MATH1 = {
     "exp2": (
         "exp2(x): 2**x, ex2.approx.f32; max rel. error 2^-22 (2 ulp).",
         True,
-        lambda b, x: b.emit("exp2", T.f32, (x,)),
+        _one_op("exp2"),
     ),
     "log": (
         "log(x): natural log as lg2.approx(x)*ln(2); abs. error 2^-21 near 1, rel. 2^-22 else.",
@@ -410,64 +416,64 @@ _MATH1 = {
     "log2": (
         "log2(x): lg2.approx.f32; abs. error 2^-22 for x in [0.5, 2], rel. 2^-22 elsewhere.",
         True,
-        lambda b, x: b.emit("log2", T.f32, (x,)),
+        _one_op("log2"),
     ),
     "exp2_ftz": (
         "exp2_ftz(x): 2**x, ex2.approx.ftz.f32: exp2's accuracy, one instruction; subnormal "
         "inputs and results are flushed to zero.",
         True,
-        lambda b, x: b.emit("exp2_ftz", T.f32, (x,)),
+        _one_op("exp2_ftz"),
     ),
     "rcp_ftz": (
         "rcp_ftz(x): 1/x, rcp.approx.ftz.f32; max rel. error 2^-23, one instruction; subnormal "
         "inputs and results are flushed to zero (1/0 is inf).",
         True,
-        lambda b, x: b.emit("rcp_ftz", T.f32, (x,)),
+        _one_op("rcp_ftz"),
     ),
     "rsqrt": (
         "rsqrt(x): 1/sqrt(x), rsqrt.approx.f32; max rel. error 2^-22.9.",
         True,
-        lambda b, x: b.emit("rsqrt", T.f32, (x,)),
+        _one_op("rsqrt"),
     ),
     "sin": (
         "sin(x): sin.approx.f32; abs. error 2^-20.9 on [-pi, pi], grows outside.",
         True,
-        lambda b, x: b.emit("sin", T.f32, (x,)),
+        _one_op("sin"),
     ),
     "cos": (
         "cos(x): cos.approx.f32; abs. error 2^-20.9 on [-pi, pi], grows outside.",
         True,
-        lambda b, x: b.emit("cos", T.f32, (x,)),
+        _one_op("cos"),
     ),
     "tanh": (
         "tanh(x): tanh.approx.f32 (sm_75+); max rel. error 2^-10.7.",
         True,
-        lambda b, x: b.emit("tanh", T.f32, (x,)),
+        _one_op("tanh"),
     ),
     "sqrt": (
         "sqrt(x): IEEE correctly rounded (sqrt.rn), f32 and f64.",
         False,
-        lambda b, x: b.emit("sqrt", x.type, (x,)),
+        _one_op("sqrt"),
     ),
     "floor": (
         "floor(x): exact, result keeps the float type.",
         False,
-        lambda b, x: b.emit("floor", x.type, (x,)),
+        _one_op("floor"),
     ),
     "ceil": (
         "ceil(x): exact, result keeps the float type.",
         False,
-        lambda b, x: b.emit("ceil", x.type, (x,)),
+        _one_op("ceil"),
     ),
     "trunc": (
         "trunc(x): round toward zero, exact.",
         False,
-        lambda b, x: b.emit("trunc", x.type, (x,)),
+        _one_op("trunc"),
     ),
     "rint": (
         "rint(x): round half to even, exact.",
         False,
-        lambda b, x: b.emit("rint", x.type, (x,)),
+        _one_op("rint"),
     ),
 }
 

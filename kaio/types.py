@@ -334,6 +334,15 @@ def literal_type(value) -> ScalarType:
     return f32
 
 
+def int_range(t: ScalarType) -> tuple[int, int]:
+    """The smallest and the largest value of the integer or bool type ``t``."""
+    if t.is_bool:
+        return 0, 1
+    if t.kind == "int":
+        return -(2 ** (t.bits - 1)), 2 ** (t.bits - 1) - 1
+    return 0, 2**t.bits - 1
+
+
 def int_fits(value: int, t: ScalarType) -> bool:
     """True when the integer literal fits ``t``'s width as a signed or unsigned bit pattern."""
     if t.is_bool:

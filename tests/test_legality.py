@@ -44,7 +44,7 @@ def _instr(op: str, key: str) -> Instr:
         t = _TYPES[key]
         dst = Var("d", kaio.bool_ if op in ("lt", "le", "gt", "ge", "eq", "ne") else t)
         args = tuple(Var(f"a{i}", t) for i in range(3 if op == "fma" else 2))
-    return Instr(op, dst, args, attrs, LOC)
+    return Instr(op, dst, args, attrs, loc=LOC)
 
 
 def _kernel(*body, **meta) -> Function:
@@ -129,8 +129,8 @@ def test_kernel_meta_and_dead_branches():
 
 
 def test_the_first_illegal_instruction_is_reported():
-    first = Instr("cp_async_commit", None, (), {}, SourceLoc("a.py", 3, 0))
-    second = Instr("tma_load", None, (), {}, SourceLoc("a.py", 9, 0))
+    first = Instr("cp_async_commit", None, (), {}, loc=SourceLoc("a.py", 3, 0))
+    second = Instr("tma_load", None, (), {}, loc=SourceLoc("a.py", 9, 0))
     with pytest.raises(CompileError, match=r"^a.py:3:1: .*cp_async_commit"):
         legality.check(_kernel(first, second), "sm_75")
 

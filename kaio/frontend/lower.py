@@ -28,25 +28,9 @@ from kaio.errors import CompileError, UnsignedComparisonWarning
 from kaio.frontend import definite
 from kaio.frontend.resolve import MISSING, lookup_global, parse
 from kaio.frontend.resolve import signature as resolve_signature
+from kaio.ir import nodes
 from kaio.ir.builder import Builder, const_convert
-from kaio.ir.nodes import (
-    Array,
-    Break,
-    Const,
-    Continue,
-    Frag,
-    Function,
-    If,
-    Instr,
-    Loop,
-    Param,
-    Region,
-    Return,
-    SourceLoc,
-    StaticFor,
-    Var,
-    fresh_id,
-)
+from kaio.ir.nodes import Array, Const, Frag, Function, Instr, Param, SourceLoc, Var, fresh_id
 from kaio.ir.ops import FASTMATH, OPS
 from kaio.types import ArrayType, ScalarType
 
@@ -496,7 +480,7 @@ class Lowerer:
         with self.b.block() as orelse, self._some_paths("if", node):
             self.lower_block(node.orelse)
         self.b.loc = SourceLoc(self.scope.filename, node.lineno, node.col_offset)
-        self.b.append(If(cond, then, orelse))
+        self.b.append(nodes.If(cond, then, orelse))
 
     @contextlib.contextmanager
     def _some_paths(self, construct: str, node):
@@ -513,7 +497,7 @@ class Lowerer:
     def stmt_While(self, node):
         if node.orelse:
             self.error("while/else is not supported in kernels", node)
-        loop = Loop(fresh_id(), [], [])
+        loop = nodes.Loop(fresh_id(), [], [])
         loc = self.b.loc
         with self.b.block() as body:
             self.b.loc = loc
@@ -528,10 +512,10 @@ class Lowerer:
     def _break_unless(self, cond, loop_id: int):
         if isinstance(cond, Const):
             if not cond.value:
-                self.b.append(Break(loop_id))
+                self.b.append(nodes.Break(loop_id))
             return
         notc = self.b.emit("not", T.bool_, (cond,))
-        self.b.append(If(notc, [Break(loop_id, self.b.loc)], []))
+        self.b.append(nodes.If(notc, [nodes.Break(loop_id, loc=self.b.loc)], []))
 
     def _loop_body(self, stmts, target: LoopTarget):
         self.scope.loops.append(target)
@@ -586,7 +570,7 @@ class Lowerer:
         """A range() loop with few constant trips: a StaticFor the unroll pass expands."""
         t = T.i32 if all(-(2**31) <= v < 2**31 for v in values) else T.i64
         var = self._loop_var(node.target, t)
-        sf = StaticFor(fresh_id(), var, tuple(values), [])
+        sf = nodes.StaticFor(fresh_id(), var, tuple(values), [])
         loc = self.b.loc
         with self.b.block() as body:
             self._loop_body(node.body, LoopTarget(sf.id, sf.id, False))
@@ -626,7 +610,7 @@ class Lowerer:
         self.b.assign(counter, start_v)
         if self._is_user_variable(stop_v):
             stop_v = self._snapshot(stop_v)  # range() evaluates its bounds once
-        loop = Loop(fresh_id(), [], [])
+        loop = nodes.Loop(fresh_id(), [], [])
         loc = self.b.loc
         with self.b.block() as body:
             cond = self.b.emit("lt" if step > 0 else "gt", T.bool_, (counter, stop_v))
@@ -657,7 +641,7 @@ class Lowerer:
         name = node.target.id
         if name in self.scope.readonly:
             self.error(f"cannot use parameter {name!r} as a loop variable", node.target)
-        outer = Region(fresh_id(), [])
+        outer = nodes.Region(fresh_id(), [])
         loc = self.b.loc
         saved = self.scope.names.get(name, MISSING)
         breaks = _breaks_out(node.body)
@@ -668,7 +652,7 @@ class Lowerer:
         with self.b.block() as copies:
             for v in values:
                 self.scope.names[name] = Py(v)
-                iteration = Region(fresh_id(), [])
+                iteration = nodes.Region(fresh_id(), [])
                 with self.b.block() as body:
                     if after is not None and breaks:
                         self.b.assign(after, self._coerce_assignment(name, after.type, Py(v), node))
@@ -696,30 +680,30 @@ class Lowerer:
     def stmt_Break(self, node):
         if not self.scope.loops:
             self.error("'break' outside a loop", node)
-        self.b.append(Break(self.scope.loops[-1].break_id))
+        self.b.append(nodes.Break(self.scope.loops[-1].break_id))
 
     def stmt_Continue(self, node):
         if not self.scope.loops:
             self.error("'continue' outside a loop", node)
         target = self.scope.loops[-1]
         if target.continue_is_break:
-            self.b.append(Break(target.continue_id))
+            self.b.append(nodes.Break(target.continue_id))
         else:
-            self.b.append(Continue(target.continue_id))
+            self.b.append(nodes.Continue(target.continue_id))
 
     def stmt_Return(self, node):
         scope = self.scope
         if scope.region_id is None:
             if node.value is not None:
                 self.error("kernels cannot return a value; write results to an array", node.value)
-            self.b.append(Return())
+            self.b.append(nodes.Return())
             return
         if node.value is None:
             if scope.result_type is not None:
                 self.error("this device function returns a value on other paths", node)
         else:
             self._set_result(scope, self.expr(node.value), node.value)
-        self.b.append(Break(scope.region_id))
+        self.b.append(nodes.Break(scope.region_id))
 
     def _set_result(self, scope: Scope, value, node) -> None:
         """Assign a device function's return value (a scalar or a tuple of scalars) to its
@@ -1115,7 +1099,7 @@ class Lowerer:
                 self.b.assign(result, combined)
                 continue
             cond = result if is_and else self.b.emit("not", T.bool_, (result,))
-            self.b.append(If(cond, rest, []))
+            self.b.append(nodes.If(cond, rest, []))
         return result if result is not None else Const(is_and, T.bool_)
 
     def expr_Compare(self, node):
@@ -1212,7 +1196,7 @@ class Lowerer:
         for block, v in ((then, a), (orelse, b)):
             with self._into(block):
                 self.b.assign(result, self.convert(self.value(v, node, t), t))
-        self.b.append(If(cond, then, orelse))
+        self.b.append(nodes.If(cond, then, orelse))
         return result
 
     @contextlib.contextmanager
@@ -1362,7 +1346,7 @@ class Lowerer:
         saved_scope, saved_node, saved_loc = self.scope, self.node, self.b.loc
         self.inline_stack.append(df.pyfunc)
         self.scope = scope
-        region = Region(scope.region_id, [])
+        region = nodes.Region(scope.region_id, [])
         try:
             with self.b.block() as body:
                 self.lower_block(tree.body)
@@ -1556,7 +1540,7 @@ def _plain_signature(signature: inspect.Signature) -> str:
 
 
 def _instr_add(counter: Var, step: Const, loc):
-    return Instr("add", counter, (counter, step), {}, loc)
+    return Instr("add", counter, (counter, step), {}, loc=loc)
 
 
 def _python_scalar(x):

@@ -6,7 +6,7 @@ import contextlib
 import itertools
 
 from kaio.ir.nodes import Const, Instr, SourceLoc, Var
-from kaio.types import ScalarType, f32
+from kaio.types import ScalarType, f32, int_range
 
 
 def wrap_int(value: int, t: ScalarType) -> int:
@@ -58,12 +58,12 @@ class Builder:
         dst = self.var(t) if t is not None else None
         if self.substitute and t == f32:
             op = self.substitute.get(op, op)
-        self.append(Instr(op, dst, tuple(args), attrs, self.loc))
+        self.append(Instr(op, dst, tuple(args), attrs, loc=self.loc))
         return dst
 
     def assign(self, dst: Var, value) -> None:
         """``dst = value`` (same type)."""
-        self.append(Instr("mov", dst, (value,), {}, self.loc))
+        self.append(Instr("mov", dst, (value,), {}, loc=self.loc))
 
     def convert(self, value, t: ScalarType):
         """``value`` converted to ``t``; constants are converted at compile time."""
@@ -101,9 +101,7 @@ def const_convert(value, t: ScalarType) -> Const:
 
         if math.isnan(value):
             return Const(0, t)
-        lo, hi = (
-            (-(2 ** (t.bits - 1)), 2 ** (t.bits - 1) - 1) if t.kind == "int" else (0, 2**t.bits - 1)
-        )
+        lo, hi = int_range(t)
         if math.isinf(value):  # saturates, as cvt does
             return Const(hi if value > 0 else lo, t)
         return Const(max(lo, min(hi, int(value))), t)

@@ -71,6 +71,14 @@ class SourceLoc:
 
 
 @dataclass(eq=False)
+class Statement:
+    """What every statement has: where it came from in the source (``loc``, None for code the
+    compiler made up), given by keyword after the statement's own fields."""
+
+    loc: SourceLoc | None = field(default=None, kw_only=True)
+
+
+@dataclass(eq=False)
 class Array:
     """An array the kernel can index.
 
@@ -130,7 +138,7 @@ class Frag:
 
 
 @dataclass(eq=False)
-class Instr:
+class Instr(Statement):
     """``dst = op(args) {attrs}``; ``dst`` is None for instructions without a result.
 
     ``args`` holds ``Var``, ``Const`` and, for memory instructions, ``Array`` and ``Frag``
@@ -143,21 +151,19 @@ class Instr:
     dst: Var | None
     args: tuple
     attrs: dict = field(default_factory=dict)
-    loc: SourceLoc | None = None
 
 
 @dataclass(eq=False)
-class If:
+class If(Statement):
     """``if cond: then else: orelse``; ``cond`` is a bool_ value."""
 
     cond: Value
     then: list
     orelse: list
-    loc: SourceLoc | None = None
 
 
 @dataclass(eq=False)
-class Loop:
+class Loop(Statement):
     """Repeat ``body`` then ``step`` until a ``Break(id)``. ``Continue(id)`` jumps to ``step``.
 
     ``for`` and ``while`` loops both lower to this: the loop test is an ``If`` with a
@@ -167,11 +173,10 @@ class Loop:
     id: int
     body: list
     step: list
-    loc: SourceLoc | None = None
 
 
 @dataclass(eq=False)
-class StaticFor:
+class StaticFor(Statement):
     """A loop over compile-time ``values`` that the unroll pass replaces by copies of ``body``
     with ``var`` bound to each value (``kaio.static_range``). ``id`` is the target of the
     ``Break``/``Continue`` statements inside."""
@@ -180,39 +185,33 @@ class StaticFor:
     var: Var
     values: tuple
     body: list
-    loc: SourceLoc | None = None
 
 
 @dataclass(eq=False)
-class Region:
+class Region(Statement):
     """A block that ``Break(id)`` leaves early (inlined device functions, unrolled bodies)."""
 
     id: int
     body: list
-    loc: SourceLoc | None = None
 
 
 @dataclass(eq=False)
-class Break:
+class Break(Statement):
     """Leave the enclosing ``Loop``, ``StaticFor`` or ``Region`` with this ``target`` id."""
 
     target: int
-    loc: SourceLoc | None = None
 
 
 @dataclass(eq=False)
-class Continue:
+class Continue(Statement):
     """Go to the ``step`` block of the enclosing ``Loop`` (or next ``StaticFor`` value)."""
 
     target: int
-    loc: SourceLoc | None = None
 
 
 @dataclass(eq=False)
-class Return:
+class Return(Statement):
     """The thread exits the kernel."""
-
-    loc: SourceLoc | None = None
 
 
 Stmt = Instr | If | Loop | StaticFor | Region | Break | Continue | Return
@@ -285,3 +284,30 @@ def child_blocks(s) -> list[list]:
     if isinstance(s, StaticFor | Region):
         return [s.body]
     return []
+
+
+class BlockLowering:
+    """The statement dispatch that the PTX emitter and the LLVM walker share: ``block`` lowers
+    a statement list in order, each statement by the method for its kind (``_instr``, ``_if``,
+    ``_loop``, ``_region``, and ``_jump`` for ``Break``, ``Continue`` and ``Return``), after
+    ``_set_loc`` has taken its source location. ``StaticFor`` is gone by then (the unroll
+    pass); any other statement is a compiler bug."""
+
+    what = "this backend"  # who cannot lower a statement, in the error
+
+    def block(self, stmts: list) -> None:
+        """Lower a statement list at the current position."""
+        for s in stmts:
+            self._set_loc(s.loc)
+            if isinstance(s, Instr):
+                self._instr(s)
+            elif isinstance(s, If):
+                self._if(s)
+            elif isinstance(s, Loop):
+                self._loop(s)
+            elif isinstance(s, Region):
+                self._region(s)
+            elif isinstance(s, Break | Continue | Return):
+                self._jump(s)
+            else:
+                raise TypeError(f"{self.what} cannot lower {type(s).__name__} (run the passes)")

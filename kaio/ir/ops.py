@@ -31,6 +31,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kaio.types import ScalarType
+
 
 @dataclass(frozen=True)
 class OpInfo:
@@ -355,3 +357,16 @@ REQUIRED_ATTRS = {
     "smem_desc": {"swizzle": (0, 32, 64, 128)},
     "setmaxnreg": {"action": ("inc", "dec")},
 }
+
+
+def integer_classes(t: ScalarType) -> tuple[str, ...] | None:
+    """The keys of a backend's table (``kaio.ptx.templates``, ``kaio.llvm.lowering``) that may
+    hold the entry of a bool or integer type ``t``, most specific first; None for a float or
+    packed type, whose keys each backend orders its own way."""
+    if t.is_bool:
+        return ("pred", "any")
+    if t.kind == "uint":
+        return ("uint", "int", "any")
+    if t.is_int:
+        return ("int", "any")
+    return None

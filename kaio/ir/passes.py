@@ -12,24 +12,9 @@ from __future__ import annotations
 import copy
 from collections import Counter
 
+from kaio.ir import nodes
 from kaio.ir.builder import const_convert, wrap_int
-from kaio.ir.nodes import (
-    Array,
-    Break,
-    Const,
-    Continue,
-    Function,
-    If,
-    Instr,
-    Loop,
-    Region,
-    Return,
-    StaticFor,
-    Var,
-    child_blocks,
-    fresh_id,
-    walk,
-)
+from kaio.ir.nodes import Array, Const, Function, Instr, Var, child_blocks, fresh_id, walk
 from kaio.ir.ops import OPS
 from kaio.types import bool_, u32
 
@@ -77,7 +62,7 @@ def definitions(stmts: list) -> Counter:
     for s in walk(stmts):
         if isinstance(s, Instr) and s.dst is not None:
             counts[s.dst] += 1
-        elif isinstance(s, StaticFor):
+        elif isinstance(s, nodes.StaticFor):
             counts[s.var] += 2
     return counts
 
@@ -89,7 +74,7 @@ def uses(stmts: list) -> Counter:
     for s in walk(stmts):
         if s.__class__ is Instr:
             count([a for a in s.args if a.__class__ is Var])
-        elif isinstance(s, If) and isinstance(s.cond, Var):
+        elif isinstance(s, nodes.If) and isinstance(s.cond, Var):
             counts[s.cond] += 1
     return counts
 
@@ -98,11 +83,11 @@ def _map_block(stmts: list, fn) -> list:
     """Rebuild a block with ``fn(stmt) -> list of stmts``, recursing into nested blocks first."""
     out = []
     for s in stmts:
-        if isinstance(s, If):
+        if isinstance(s, nodes.If):
             s.then, s.orelse = _map_block(s.then, fn), _map_block(s.orelse, fn)
-        elif isinstance(s, Loop):
+        elif isinstance(s, nodes.Loop):
             s.body, s.step = _map_block(s.body, fn), _map_block(s.step, fn)
-        elif isinstance(s, StaticFor | Region):
+        elif isinstance(s, nodes.StaticFor | nodes.Region):
             s.body = _map_block(s.body, fn)
         out.extend(fn(s))
     return out
@@ -114,7 +99,7 @@ def _substitute(stmts: list, mapping: dict) -> None:
         if isinstance(s, Instr):
             if any(isinstance(a, Var) and a in mapping for a in s.args):
                 s.args = tuple(mapping.get(a, a) if isinstance(a, Var) else a for a in s.args)
-        elif isinstance(s, If) and isinstance(s.cond, Var) and s.cond in mapping:
+        elif isinstance(s, nodes.If) and isinstance(s.cond, Var) and s.cond in mapping:
             s.cond = mapping[s.cond]
 
 
@@ -123,12 +108,12 @@ def unroll(fn: Function) -> None:
     """Replace each ``StaticFor`` by one ``Region`` per value (``continue`` leaves the copy,
     ``break`` the whole loop) with the loop variable a constant."""
     fn.body = _map_block(
-        fn.body, lambda s: [_unroll_one(fn, s)] if isinstance(s, StaticFor) else [s]
+        fn.body, lambda s: [_unroll_one(fn, s)] if isinstance(s, nodes.StaticFor) else [s]
     )
 
 
-def _unroll_one(fn: Function, sf: StaticFor) -> Region:
-    outer = Region(fresh_id(), [], sf.loc)
+def _unroll_one(fn: Function, sf: nodes.StaticFor) -> nodes.Region:
+    outer = nodes.Region(fresh_id(), [], loc=sf.loc)
     inner_defs = definitions(sf.body)
     all_defs = definitions(fn.body)
     outside_uses = uses(fn.body) - uses(sf.body)
@@ -136,7 +121,7 @@ def _unroll_one(fn: Function, sf: StaticFor) -> Region:
     assigned_var = inner_defs[sf.var] > 0
     read_after = outside_uses[sf.var] > 0  # the variable keeps its last value after the loop
     for k, value in enumerate(sf.values):
-        iteration = Region(fresh_id(), [], sf.loc)
+        iteration = nodes.Region(fresh_id(), [], loc=sf.loc)
         memo = _shared_memo(fn)
         for v in local:
             memo[id(v)] = Var(f"{v.name}_{k}", v.type)
@@ -145,7 +130,7 @@ def _unroll_one(fn: Function, sf: StaticFor) -> Region:
         if not assigned_var:
             _substitute(body, {sf.var: const})
         if assigned_var or read_after:
-            body.insert(0, Instr("mov", sf.var, (const,), {}, sf.loc))
+            body.insert(0, Instr("mov", sf.var, (const,), {}, loc=sf.loc))
         iteration.body = _retarget(body, sf.id, outer.id, iteration.id)
         outer.body.append(iteration)
     return outer
@@ -159,9 +144,9 @@ def _shared_memo(fn: Function) -> dict:
         operands: list = []
         if isinstance(s, Instr):
             operands = [*s.args, s.dst]
-        elif isinstance(s, If):
+        elif isinstance(s, nodes.If):
             operands = [s.cond]
-        elif isinstance(s, StaticFor):
+        elif isinstance(s, nodes.StaticFor):
             operands = [s.var]
         for v in operands:
             if isinstance(v, Var | Array):
@@ -176,15 +161,15 @@ def _retarget(stmts: list, loop_id: int, break_to: int, continue_to: int) -> lis
     and nested constructs get fresh ids."""
     renames = {}
     for s in walk(stmts):
-        if isinstance(s, Loop | Region | StaticFor):
+        if isinstance(s, nodes.Loop | nodes.Region | nodes.StaticFor):
             renames[s.id] = s.id = fresh_id()
 
     def fix(s):
-        if isinstance(s, Continue) and s.target == loop_id:
-            return [Break(continue_to, s.loc)]
-        if isinstance(s, Break) and s.target == loop_id:
+        if isinstance(s, nodes.Continue) and s.target == loop_id:
+            return [nodes.Break(continue_to, loc=s.loc)]
+        if isinstance(s, nodes.Break) and s.target == loop_id:
             s.target = break_to
-        elif isinstance(s, Break | Continue) and s.target in renames:
+        elif isinstance(s, nodes.Break | nodes.Continue) and s.target in renames:
             s.target = renames[s.target]
         return [s]
 
@@ -285,7 +270,7 @@ def fold(fn: Function) -> bool:
 
 
 # ---------------------------------------------------------------- dead code
-_TERMINATORS = (Break, Continue, Return)
+_TERMINATORS = (nodes.Break, nodes.Continue, nodes.Return)
 
 
 def _size(stmts: list) -> int:
@@ -298,7 +283,7 @@ def eliminate_dead_code(fn: Function) -> bool:
     start = size = _size(fn.body)
     while True:
         used = uses(fn.body)
-        targets = {s.target for s in walk(fn.body) if isinstance(s, Break)}
+        targets = {s.target for s in walk(fn.body) if isinstance(s, nodes.Break)}
         fn.body = _clean_block(fn.body, used, targets)
         new_size = _size(fn.body)
         if new_size == size:
@@ -325,14 +310,14 @@ def _clean_stmt(s, used: Counter, targets: set) -> list:
         if s.op == "mov" and s.args[0] is s.dst:
             return []
         return [s]
-    if isinstance(s, If):
+    if isinstance(s, nodes.If):
         if isinstance(s.cond, Const):
             return s.then if s.cond.value else s.orelse
         if not s.then and not s.orelse:
             return []
         return [s]
-    if isinstance(s, Region):
-        if s.body and isinstance(s.body[-1], Break) and s.body[-1].target == s.id:
+    if isinstance(s, nodes.Region):
+        if s.body and isinstance(s.body[-1], nodes.Break) and s.body[-1].target == s.id:
             s.body.pop()
         if s.id not in targets:
             return s.body
@@ -381,7 +366,7 @@ def assignments(stmts: list, table: dict | None = None) -> dict:
     for s in stmts:
         if isinstance(s, Instr):
             continue
-        inner = {s.var} if isinstance(s, StaticFor) else set()
+        inner = {s.var} if isinstance(s, nodes.StaticFor) else set()
         for block in child_blocks(s):
             assignments(block, table)
             for t in block:
@@ -418,13 +403,13 @@ def _propagate_block(stmts: list, copies: _Facts, table: dict) -> bool:
             src = s.args[0] if s.op == "mov" else None
             if isinstance(src, Var | Const) and src is not s.dst and src.type == s.dst.type:
                 copies.add(s.dst, src, (s.dst, src))
-        elif isinstance(s, If):
+        elif isinstance(s, nodes.If):
             if isinstance(s.cond, Var) and copies.get(s.cond) is not None:
                 s.cond, changed = copies.get(s.cond), True
             for block in child_blocks(s):
                 changed |= _propagate_block(block, copies.copy(), table)
             copies.forget(_assigned(s, table))
-        elif isinstance(s, Region):  # entered at the top, left at the end or by a break
+        elif isinstance(s, nodes.Region):  # entered at the top, left at the end or by a break
             changed |= _propagate_block(s.body, copies.copy(), table)
             copies.forget(_assigned(s, table))
         else:  # loops: a copy holds inside only if nothing in the loop reassigns either side
@@ -537,12 +522,12 @@ def hoist_invariants(fn: Function) -> None:
     defs, read = definitions(fn.body), uses(fn.body)  # moving code changes neither
 
     def visit(s) -> list:
-        return _hoist_loop(s, defs, read) if isinstance(s, Loop) else [s]
+        return _hoist_loop(s, defs, read) if isinstance(s, nodes.Loop) else [s]
 
     fn.body = _map_block(fn.body, visit)
 
 
-def _hoist_loop(loop: Loop, defs: Counter, read: Counter) -> list:
+def _hoist_loop(loop: nodes.Loop, defs: Counter, read: Counter) -> list:
     """The instructions hoisted out of ``loop``, followed by the loop. Each reassociation
     makes one more instruction invariant, so the rounds end."""
     variant = set(definitions([loop]))
@@ -565,13 +550,13 @@ def _hoist_block(stmts: list, variant: set, defs: Counter, hoisted: list) -> lis
             hoisted.append(s)
             variant.discard(s.dst)
             continue
-        if isinstance(s, Region):
+        if isinstance(s, nodes.Region):
             s.body = _hoist_block(s.body, variant, defs, hoisted)
         out.append(s)
     return out
 
 
-def _pressure(loop: Loop, variant: set, defs: Counter) -> int:
+def _pressure(loop: nodes.Loop, variant: set, defs: Counter) -> int:
     """The registers (64-bit values count two) that the loop's invariant instructions would
     keep live across it once hoisted: their results that code staying in the loop reads."""
     variant, moved = set(variant), set()
@@ -583,19 +568,19 @@ def _pressure(loop: Loop, variant: set, defs: Counter) -> int:
     for s in walk([loop]):
         if isinstance(s, Instr) and s.dst not in moved:
             live |= {a for a in s.args if isinstance(a, Var) and a in moved}
-        elif isinstance(s, If) and s.cond in moved:
+        elif isinstance(s, nodes.If) and s.cond in moved:
             live.add(s.cond)
     return sum(2 if v.type.bits == 64 else 1 for v in live)
 
 
-def _straight_line(loop: Loop):
+def _straight_line(loop: nodes.Loop):
     """The instructions of the loop's body and step and of the Regions in them, in order."""
 
     def visit(stmts):
         for s in stmts:
             if isinstance(s, Instr):
                 yield s
-            elif isinstance(s, Region):
+            elif isinstance(s, nodes.Region):
                 yield from visit(s.body)
 
     for block in child_blocks(loop):
@@ -617,7 +602,7 @@ def _hoistable(s: Instr, defs: Counter) -> bool:
     return True
 
 
-def _reassociate(loop: Loop, variant: set, defs: Counter, read: Counter) -> bool:
+def _reassociate(loop: nodes.Loop, variant: set, defs: Counter, read: Counter) -> bool:
     """Rewrite ``p = a + b; ...; d = p + q`` (integers, one block of the loop's straight-line
     code; ``p`` read only by ``d``; ``q`` and exactly one of ``a, b`` invariant; neither
     reassigned in between) into ``p = inv + q; ...; d = p + var``. ``p`` then reads only
@@ -635,7 +620,7 @@ def _reassociate_block(
     sums = _Facts()  # p -> its instruction, while its operands keep their values
     changed = False
     for s in stmts:
-        if isinstance(s, Region):
+        if isinstance(s, nodes.Region):
             changed |= _reassociate_block(s.body, variant, defs, read, table)
         if _int_sum(s):
             changed |= _reassociate_pair(s, sums, variant, read)

@@ -2,20 +2,8 @@
 
 from __future__ import annotations
 
-from kaio.ir.nodes import (
-    Array,
-    Break,
-    Const,
-    Continue,
-    Function,
-    If,
-    Instr,
-    Loop,
-    Region,
-    Return,
-    StaticFor,
-    Var,
-)
+from kaio.ir import nodes
+from kaio.ir.nodes import Array, Const, Function, Instr, Var
 
 
 def format_operand(v) -> str:
@@ -40,38 +28,37 @@ def format_instr(s: Instr) -> str:
     return f"{lhs}{s.op}{' ' + args if args else ''}{attrs}{line}"
 
 
+def _headed_blocks(s) -> list[tuple[str, list]]:
+    """A compound statement as its (header, nested block) pairs. The first block is always
+    printed, a later one (``else``, ``step``) only when it has statements."""
+    if isinstance(s, nodes.If):
+        return [(f"if {format_operand(s.cond)}", s.then), ("else", s.orelse)]
+    if isinstance(s, nodes.Loop):
+        return [(f"loop L{s.id}", s.body), (f"step L{s.id}", s.step)]
+    if isinstance(s, nodes.StaticFor):
+        values = ", ".join(repr(v) for v in s.values)
+        return [(f"static_for L{s.id} %{s.var.name} in ({values})", s.body)]
+    if isinstance(s, nodes.Region):
+        return [(f"region R{s.id}", s.body)]
+    raise TypeError(f"unknown IR statement {s!r}")
+
+
 def _format_block(stmts: list, indent: int, out: list[str]) -> None:
     pad = "  " * indent
     for s in stmts:
         if isinstance(s, Instr):
             out.append(pad + format_instr(s))
-        elif isinstance(s, If):
-            out.append(f"{pad}if {format_operand(s.cond)}:")
-            _format_block(s.then, indent + 1, out)
-            if s.orelse:
-                out.append(f"{pad}else:")
-                _format_block(s.orelse, indent + 1, out)
-        elif isinstance(s, Loop):
-            out.append(f"{pad}loop L{s.id}:")
-            _format_block(s.body, indent + 1, out)
-            if s.step:
-                out.append(f"{pad}step L{s.id}:")
-                _format_block(s.step, indent + 1, out)
-        elif isinstance(s, StaticFor):
-            values = ", ".join(repr(v) for v in s.values)
-            out.append(f"{pad}static_for L{s.id} %{s.var.name} in ({values}):")
-            _format_block(s.body, indent + 1, out)
-        elif isinstance(s, Region):
-            out.append(f"{pad}region R{s.id}:")
-            _format_block(s.body, indent + 1, out)
-        elif isinstance(s, Break):
+        elif isinstance(s, nodes.Break):
             out.append(f"{pad}break {s.target}")
-        elif isinstance(s, Continue):
+        elif isinstance(s, nodes.Continue):
             out.append(f"{pad}continue {s.target}")
-        elif isinstance(s, Return):
+        elif isinstance(s, nodes.Return):
             out.append(f"{pad}return")
         else:
-            raise TypeError(f"unknown IR statement {s!r}")
+            for k, (header, block) in enumerate(_headed_blocks(s)):
+                if k == 0 or block:
+                    out.append(f"{pad}{header}:")
+                    _format_block(block, indent + 1, out)
 
 
 def format_array(a: Array) -> str:

@@ -5,21 +5,8 @@ Tests run it after every pass; a failure is a compiler bug, reported as ``ValueE
 
 from __future__ import annotations
 
-from kaio.ir.nodes import (
-    Array,
-    Break,
-    Const,
-    Continue,
-    Frag,
-    Function,
-    If,
-    Instr,
-    Loop,
-    Region,
-    Return,
-    StaticFor,
-    Var,
-)
+from kaio.ir import nodes
+from kaio.ir.nodes import Array, Const, Frag, Function, Instr, Var
 from kaio.ir.ops import OPS, PACKED_OPS, REQUIRED_ATTRS, SIGNATURES
 from kaio.types import PACKED_TYPES, SCALAR_TYPES, bool_, f32, u32
 
@@ -45,7 +32,7 @@ class _Verifier:
         for s in _all(fn.body):
             if isinstance(s, Instr) and s.dst is not None:
                 self.defined.add(s.dst)
-            elif isinstance(s, StaticFor):
+            elif isinstance(s, nodes.StaticFor):
                 self.defined.add(s.var)
 
     def fail(self, s, msg):
@@ -185,27 +172,27 @@ class _Verifier:
         for s in stmts:
             if isinstance(s, Instr):
                 self.instr(s)
-            elif isinstance(s, If):
+            elif isinstance(s, nodes.If):
                 self.operand(s, s.cond)
                 if s.cond.type != bool_:
                     self.fail(s, "if condition must be bool_")
                 self.block(s.then, targets)
                 self.block(s.orelse, targets)
-            elif isinstance(s, Loop):
+            elif isinstance(s, nodes.Loop):
                 inner = {**targets, s.id: "loop"}
                 self.block(s.body, inner)
                 self.block(s.step, targets)
-            elif isinstance(s, StaticFor):
+            elif isinstance(s, nodes.StaticFor):
                 self.block(s.body, {**targets, s.id: "loop"})
-            elif isinstance(s, Region):
+            elif isinstance(s, nodes.Region):
                 self.block(s.body, {**targets, s.id: "region"})
-            elif isinstance(s, Break):
+            elif isinstance(s, nodes.Break):
                 if s.target not in targets:
                     self.fail(s, f"break to {s.target}, which does not enclose it")
-            elif isinstance(s, Continue):
+            elif isinstance(s, nodes.Continue):
                 if targets.get(s.target) != "loop":
                     self.fail(s, f"continue to {s.target}, which is not an enclosing loop")
-            elif not isinstance(s, Return):
+            elif not isinstance(s, nodes.Return):
                 self.fail(s, f"unknown statement {s!r}")
 
 

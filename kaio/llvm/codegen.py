@@ -26,21 +26,9 @@ from __future__ import annotations
 from llvmlite import ir
 
 from kaio.errors import CompileError
+from kaio.ir import nodes
 from kaio.ir.legality import Target
-from kaio.ir.nodes import (
-    Array,
-    Break,
-    Const,
-    Continue,
-    Function,
-    If,
-    Instr,
-    Loop,
-    Region,
-    Return,
-    Var,
-    child_blocks,
-)
+from kaio.ir.nodes import Array, BlockLowering, Const, Function, Instr, Var, child_blocks
 from kaio.ir.passes import definitions
 from kaio.llvm.hopper import TENSOR_MAP, aligned_tiles, declare_tensor_maps
 from kaio.llvm.lowering import LOWERING
@@ -62,13 +50,15 @@ from kaio.ptx.emitter import ptx_identifier, register_locals
 TRIPLE = "nvptx64-nvidia-cuda"
 
 
-class Codegen:
+class Codegen(BlockLowering):
     """Lowers one ``Function`` for one ``Target``; ``run()`` returns the ``ir.Module``.
 
     The lowering functions see this object as ``g``: ``g.b`` is the IR builder at the current
     position, ``g.value``/``g.set`` read and write IR values, ``g.intrinsic``/``g.asm`` call
     LLVM intrinsics and inline PTX, ``g.target``/``g.loc``/``g.fail`` are as in the PTX
     emitter (``target`` is the one ``kaio.ir.legality.check`` returned: it only translates)."""
+
+    what = "the LLVM backend"
 
     def __init__(self, fn: Function, target: Target, data_layout: str = ""):
         self.fn = fn
@@ -249,33 +239,26 @@ class Codegen:
 
     # ------------------------------------------------------------------ statements
 
-    def block(self, stmts: list) -> None:
-        """Lower a statement list at the current position."""
-        for s in stmts:
-            self.loc = s.loc
-            if isinstance(s, Instr):
-                LOWERING[s.op](self, s)
-            elif isinstance(s, If):
-                self._if(s)
-            elif isinstance(s, Loop):
-                self._loop(s)
-            elif isinstance(s, Region):
-                end = self.func.append_basic_block(f"region{s.id}_end")
-                self._targets[s.id] = (end, end)  # continue in an unrolled body: next copy
-                self.block(s.body)
-                self._goto(end)
-                self.b.position_at_end(end)
-            elif isinstance(s, Return):
-                self.b.ret_void()
-                self._dead()
-            elif isinstance(s, Break | Continue):
-                cont, done = self._targets[s.target]
-                self.b.branch(done if isinstance(s, Break) else cont)
-                self._dead()
-            else:
-                raise TypeError(
-                    f"the LLVM backend cannot lower {type(s).__name__} (run the passes)"
-                )
+    def _set_loc(self, loc) -> None:
+        self.loc = loc
+
+    def _instr(self, s: Instr) -> None:
+        LOWERING[s.op](self, s)
+
+    def _region(self, s: nodes.Region) -> None:
+        end = self.func.append_basic_block(f"region{s.id}_end")
+        self._targets[s.id] = (end, end)  # continue in an unrolled body: next copy
+        self.block(s.body)
+        self._goto(end)
+        self.b.position_at_end(end)
+
+    def _jump(self, s) -> None:
+        if isinstance(s, nodes.Return):
+            self.b.ret_void()
+        else:
+            cont, done = self._targets[s.target]
+            self.b.branch(done if isinstance(s, nodes.Break) else cont)
+        self._dead()
 
     def _goto(self, target: ir.Block) -> None:
         if not self.b.block.is_terminated:
@@ -285,7 +268,7 @@ class Codegen:
         """Continue in a block nothing branches to (code after a jump; LLVM deletes it)."""
         self.b.position_at_end(self.func.append_basic_block("dead"))
 
-    def _if(self, s: If) -> None:
+    def _if(self, s: nodes.If) -> None:
         if isinstance(s.cond, Const):
             self.block(s.then if s.cond.value else s.orelse)
             return
@@ -302,7 +285,7 @@ class Codegen:
             self._goto(end)
         self.b.position_at_end(end)
 
-    def _loop(self, s: Loop) -> None:
+    def _loop(self, s: nodes.Loop) -> None:
         head = self.func.append_basic_block(f"loop{s.id}")
         step = self.func.append_basic_block(f"loop{s.id}_step")
         done = self.func.append_basic_block(f"loop{s.id}_end")
@@ -345,7 +328,9 @@ def ssa_vars(fn: Function) -> set[Var]:
     def visit(stmts: list, path: tuple) -> None:
         for i, s in enumerate(stmts):
             here = (*path, (id(stmts), i))
-            operands = s.args if isinstance(s, Instr) else (s.cond,) if isinstance(s, If) else ()
+            operands = (
+                s.args if isinstance(s, Instr) else (s.cond,) if isinstance(s, nodes.If) else ()
+            )
             reads.extend((v, here) for v in operands if v in once)
             if isinstance(s, Instr) and s.dst in once:
                 where[s.dst] = here

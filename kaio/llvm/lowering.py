@@ -37,6 +37,7 @@ from llvmlite import ir
 
 from kaio.ir.legality import native
 from kaio.ir.nodes import Const, Instr
+from kaio.ir.ops import integer_classes
 from kaio.llvm import fp8, hopper, memory, packed, tensor
 from kaio.llvm.typemap import (
     DOUBLE,
@@ -63,12 +64,9 @@ def suffix(ty: ir.Type) -> str:
 
 def classes(t: ScalarType) -> tuple[str, ...]:
     """The table keys that may hold ``t``'s entry, most specific first."""
-    if t.is_bool:
-        return ("pred", "any")
-    if t.kind == "uint":
-        return ("uint", "int", "any")
-    if t.is_int:
-        return ("int", "any")
+    integer = integer_classes(t)
+    if integer is not None:
+        return integer
     if t.is_float and t.bits == 16:
         return (t.name, "half", "float", "any")
     return (t.name, "float", "any")
@@ -519,14 +517,13 @@ LOWERING = {
     "cvt": _lower_cvt,
     "bitcast": _lower_bitcast,
     "sreg": _lower_sreg,
-    "load": memory.lower_load,
-    "store": memory.lower_store,
     "atomic": lambda g, ins: memory.lower_atomic(g, ins, binary),
     "shfl": _lower_shfl,
     **{op: _lower_vote for op in _VOTES},
     "sync_threads": _call("llvm.nvvm.barrier0"),
     "sync_warp": _call("llvm.nvvm.bar.warp.sync", -1),
     "threadfence": _call("llvm.nvvm.membar.gl"),
+    **memory.LOWERING,
     **tensor.LOWERING,
     **hopper.LOWERING,
 }

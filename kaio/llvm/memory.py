@@ -150,3 +150,7 @@ def _cas_loop(g, kind: str, t: ScalarType, ptr, v, combine) -> ir.Value:
     b.cbranch(b.extract_value(pair, 1), done, loop)
     b.position_at_end(done)
     return old
+
+
+# Loads and stores; the backend's LOWERING adds atomics (they combine values with its arithmetic).
+LOWERING = {"load": lower_load, "store": lower_store}

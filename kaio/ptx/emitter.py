@@ -21,21 +21,9 @@ import re
 from itertools import count
 
 from kaio.errors import CompileError
+from kaio.ir import nodes
 from kaio.ir.legality import Target
-from kaio.ir.nodes import (
-    Array,
-    Break,
-    Const,
-    Continue,
-    Function,
-    If,
-    Instr,
-    Loop,
-    Region,
-    Return,
-    Var,
-    walk,
-)
+from kaio.ir.nodes import Array, BlockLowering, Const, Function, Instr, Var, walk
 from kaio.ir.passes import constant_term, definitions
 from kaio.ptx.debug import DebugChecks
 from kaio.ptx.hopper import ALIGNED_OPS
@@ -43,7 +31,7 @@ from kaio.ptx.lowering import LOWERING
 from kaio.ptx.regs import REG_CLASSES, bty, immediate, mem_type, storage
 from kaio.types import u32
 
-_JUMPS = (Break, Continue, Return)
+_JUMPS = (nodes.Break, nodes.Continue, nodes.Return)
 
 
 def ptx_identifier(name: str) -> str:
@@ -75,8 +63,10 @@ def _constant_sums(fn: Function) -> dict[Var, tuple]:
     return out
 
 
-class Emitter:
+class Emitter(BlockLowering):
     """Emits one ``Function`` for one ``Target``; ``run()`` returns the module text."""
+
+    what = "the PTX emitter"
 
     def __init__(self, fn: Function, target: Target):
         self.fn = fn
@@ -275,41 +265,33 @@ class Emitter:
         self._body.append(f"\t.loc {fid} {loc.lineno} {loc.col + 1}")
         self._last_loc = (loc.filename, loc.lineno, loc.col)
 
-    def block(self, stmts: list) -> None:
-        """Emit a statement list."""
-        for s in stmts:
-            self._set_loc(s.loc)
-            if isinstance(s, Instr):
-                self.instr = s
-                LOWERING[s.op](self, s)
-            elif isinstance(s, If):
-                self._if(s)
-            elif isinstance(s, Loop):
-                self._loop(s)
-            elif isinstance(s, Region):
-                end = self.new_label("region")
-                self._targets[s.id] = (end, end)  # continue in an unrolled body: next copy
-                self.block(s.body)
-                self.place(end)
-            elif isinstance(s, _JUMPS):
-                self.line(self._jump(s))
-            else:
-                raise TypeError(f"the PTX emitter cannot lower {type(s).__name__} (run the passes)")
+    def _instr(self, s: Instr) -> None:
+        self.instr = s
+        LOWERING[s.op](self, s)
 
-    def _jump(self, s) -> str:
-        if isinstance(s, Return):
+    def _region(self, s: nodes.Region) -> None:
+        end = self.new_label("region")
+        self._targets[s.id] = (end, end)  # continue in an unrolled body: next copy
+        self.block(s.body)
+        self.place(end)
+
+    def _jump(self, s) -> None:
+        self.line(self._jump_text(s))
+
+    def _jump_text(self, s) -> str:
+        if isinstance(s, nodes.Return):
             return "ret"
         continue_label, break_label = self._targets[s.target]
-        return f"bra {break_label if isinstance(s, Break) else continue_label}"
+        return f"bra {break_label if isinstance(s, nodes.Break) else continue_label}"
 
-    def _if(self, s: If) -> None:
+    def _if(self, s: nodes.If) -> None:
         if isinstance(s.cond, Const):
             self.block(s.then if s.cond.value else s.orelse)
             return
         p = self.r(s.cond)
         if not s.orelse and len(s.then) == 1 and isinstance(s.then[0], _JUMPS):
             self._set_loc(s.then[0].loc)
-            self.line(f"@{p} {self._jump(s.then[0])}")
+            self.line(f"@{p} {self._jump_text(s.then[0])}")
             return
         end = self.new_label("endif")
         if not s.orelse:
@@ -325,7 +307,7 @@ class Emitter:
             self.block(s.orelse)
         self.place(end)
 
-    def _loop(self, s: Loop) -> None:
+    def _loop(self, s: nodes.Loop) -> None:
         n = next(self._labels)
         head, cont, done = f"$L__loop{n}", f"$L__loop{n}_step", f"$L__loop{n}_end"
         self._targets[s.id] = (cont, done)
@@ -359,7 +341,7 @@ class Emitter:
     def run(self) -> str:
         """Emit the function and return the whole PTX module."""
         self.block(self.fn.body)
-        if not (self.fn.body and isinstance(self.fn.body[-1], Return)):
+        if not (self.fn.body and isinstance(self.fn.body[-1], nodes.Return)):
             self.line("ret")
         if self.debug:
             self.debug.finish()

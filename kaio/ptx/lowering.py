@@ -449,8 +449,6 @@ LOWERING = {
     "cvt": _lower_cvt,
     "bitcast": _lower_bitcast,
     "sreg": _lower_sreg,
-    "load": memory.lower_load,
-    "store": memory.lower_store,
     "atomic": _lower_atomic,
     "shfl": _lower_shfl,
     "vote_any": _lower_vote,
@@ -459,6 +457,7 @@ LOWERING = {
     "sync_threads": _fixed("bar.sync 0"),
     "sync_warp": _fixed("bar.warp.sync 0xffffffff"),
     "threadfence": _fixed("membar.gl"),
+    **memory.LOWERING,
     **tensor.LOWERING,
     **hopper.LOWERING,
 }

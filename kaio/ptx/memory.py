@@ -198,3 +198,7 @@ def _cas_loop(e, kind: str, t: ScalarType, sp: str, d: str, addr: str, v: str, c
     e.line(_mov(t, old, seen))
     e.line(f"@{retry} bra {loop}")
     e.line(_mov(t, d, old))
+
+
+# Loads and stores; the backend's LOWERING adds atomics (they combine values with its arithmetic).
+LOWERING = {"load": lower_load, "store": lower_store}

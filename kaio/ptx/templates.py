@@ -11,18 +11,16 @@ f16/bf16 op uses a fallback instead of its template.
 
 from __future__ import annotations
 
+from kaio.ir.ops import integer_classes
 from kaio.ptx.regs import bty, is_half, ity, sty
 from kaio.types import ScalarType
 
 
 def classes(t: ScalarType) -> tuple[str, ...]:
     """The table keys that may hold ``t``'s template, most specific first."""
-    if t.is_bool:
-        return ("pred", "any")
-    if t.kind == "uint":
-        return ("uint", "int", "any")
-    if t.is_int:
-        return ("int", "any")
+    integer = integer_classes(t)
+    if integer is not None:
+        return integer
     if is_half(t):
         return (t.name, "half", "any")
     if t.is_packed:

@@ -12,7 +12,7 @@ from kaio.errors import LaunchError
 from kaio.runtime import dlpack
 from kaio.runtime.arginfo import ArgInfo, RawArray, c_strides
 from kaio.runtime.memory import DeviceArray
-from kaio.types import ArrayType, ScalarType, from_numpy_dtype
+from kaio.types import ArrayType, ScalarType, from_numpy_dtype, int_range
 
 __all__ = [
     "describe",
@@ -197,11 +197,6 @@ def check_scalar(value, name: str, expected: ScalarType, kernel: str) -> None:
         hint = f"; pass int({value!r}) if truncation is intended" if expected.is_int else ""
         raise LaunchError(f"{where}: got {type(value).__name__} {value!r}{hint}")
     v = int(value)
-    if expected.is_bool:
-        lo, hi = 0, 1
-    elif expected.kind == "int":
-        lo, hi = -(2 ** (expected.bits - 1)), 2 ** (expected.bits - 1) - 1
-    else:
-        lo, hi = 0, 2**expected.bits - 1
+    lo, hi = int_range(expected)
     if not lo <= v <= hi:
         raise LaunchError(f"{where}: {v} is out of range [{lo}, {hi}]")

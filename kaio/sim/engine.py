@@ -26,19 +26,8 @@ import math
 import numpy as np
 
 from kaio.errors import LaunchError, SimulationError
-from kaio.ir.nodes import (
-    Array,
-    Break,
-    Continue,
-    Frag,
-    Function,
-    If,
-    Instr,
-    Loop,
-    Region,
-    Return,
-    Var,
-)
+from kaio.ir import nodes
+from kaio.ir.nodes import Array, Frag, Function, Instr, Var
 from kaio.limits import check_dims, check_dynamic_shared, static_shared_bytes
 from kaio.sim import memory
 from kaio.sim.semantics import SEMANTICS
@@ -331,7 +320,7 @@ class Machine:
         old = self.env.get(dst)
         self.env[dst] = np.where(self.mask, value, np.zeros((), dtype) if old is None else old)
 
-    def _if(self, s: If):
+    def _if(self, s: nodes.If):
         saved = self.mask
         cond = self.pick(self._value(s.cond), None)
         then, orelse = saved & cond, saved & ~cond
@@ -382,7 +371,7 @@ class Machine:
         self.off = self.off & ~lanes
         return lanes
 
-    def _loop(self, s: Loop):
+    def _loop(self, s: nodes.Loop):
         saved = self.mask
         while self.any_active:
             yield from self._block(s.body)
@@ -391,13 +380,13 @@ class Machine:
         self._unpark("break", s.id)
         self._set_mask(saved & ~self.off)
 
-    def _region(self, s: Region):
+    def _region(self, s: nodes.Region):
         saved = self.mask
         yield from self._block(s.body)
         self._unpark("break", s.id)
         self._set_mask(saved & ~self.off)
 
-    def _return(self, s: Return):
+    def _return(self, s: nodes.Return):
         self.alive = self.alive & ~self.mask
         self.off = self.off | self.mask
         self._set_mask(np.zeros(self.n, bool))
@@ -405,10 +394,10 @@ class Machine:
 
     _EXEC = {
         Instr: _instr,
-        If: _if,
-        Loop: _loop,
-        Region: _region,
-        Break: lambda m, s: m._park("break", s.target),
-        Continue: lambda m, s: m._park("continue", s.target),
-        Return: _return,
+        nodes.If: _if,
+        nodes.Loop: _loop,
+        nodes.Region: _region,
+        nodes.Break: lambda m, s: m._park("break", s.target),
+        nodes.Continue: lambda m, s: m._park("continue", s.target),
+        nodes.Return: _return,
     }

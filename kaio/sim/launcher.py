@@ -13,7 +13,7 @@ from kaio.kernel import DEFAULT_ARCH, LaunchConfig, parse_launch_config
 from kaio.numerics import round_f64
 from kaio.sim.engine import simulate
 from kaio.tensormap import TensorMap
-from kaio.types import ArrayType, ScalarType
+from kaio.types import ArrayType, ScalarType, int_range
 
 
 class SimLauncher:
@@ -136,12 +136,7 @@ def _scalar(kernel, name: str, t: ScalarType, v):
     if not isinstance(v, int | np.integer | np.bool_):
         raise LaunchError(f"{where} must be an integer, got {type(v).__name__}")
     v = int(v)
-    if t.is_bool:
-        lo, hi = 0, 1
-    elif t.kind == "int":
-        lo, hi = -(2 ** (t.bits - 1)), 2 ** (t.bits - 1) - 1
-    else:
-        lo, hi = 0, 2**t.bits - 1
+    lo, hi = int_range(t)
     if not lo <= v <= hi:
         raise LaunchError(f"{where} is {v}, outside the type's range [{lo}, {hi}]")
     return np.asarray(v).astype(t.np_dtype)
