@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import kaio
 from kaio import bool_, f32, i32, u32, u64
+from kaio_ops._attention_hopper_common import query_block, store_pairs, thread_roles
 from kaio_ops._attention_tc import LN2, NEG_INF, rescale, softmax_step, start_rows
 
 SW = 128  # swizzle bytes: one 128-byte row per 64 elements
@@ -176,12 +177,7 @@ def store_rows(
         row = row0 + 8 * h
         if row < sq:
             inv = kaio.select(total > 0.0, 1.0 / total, 0.0)
-            at = (bh * sq + row) * D + i32(lane % 4) * 2
-            for n in kaio.static_range(D // 8):
-                pair = kaio.local(DT, 2)
-                for e in kaio.static_range(2):
-                    pair[e] = DT(o[n, 2 * h + e] * inv)
-                kaio.store_vector(out, at + n * 8, pair)
+            store_pairs(out, (bh * sq + row) * D, o, h, inv, lane, D, DT)
             if lane % 4 == 0:
                 lse[bh * sq + row] = kaio.select(
                     total > 0.0, (m[h] + kaio.log2(total)) * LN2, NEG_INF
@@ -360,15 +356,8 @@ def attention_fwd_wgmma(
     # turn[0], turn[1]: warpgroup 0's, 1's turn on the tensor cores (PIPE 2), turn[2]: Q landed
     bars = kaio.shared_dynamic(u64, (4, STAGES), BM * D * 2 + 2 * STAGES * KV_BYTES)
     turn = kaio.shared_dynamic(u64, (4,), BM * D * 2 + 2 * STAGES * KV_BYTES + 32 * STAGES)
-    t = kaio.thread_idx_x()
-    wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
-    lt = t % 128
-    bh = i32(kaio.block_idx_y())
-    kvh = bh // heads * (heads // group) + bh % heads // group
-    q0 = i32(kaio.grid_dim_x() - 1 - kaio.block_idx_x()) * BM
-    n_tiles = (sk + BN - 1) // BN
-    if causal != 0:
-        n_tiles = kaio.min(n_tiles, (q0 + BM + BN - 1) // BN)
+    t, wg, lt = thread_roles()
+    bh, kvh, q0, n_tiles = query_block(heads, group, sk, causal, BM, BN)
     if t == 0:
         for s in kaio.static_range(STAGES):
             for r in kaio.static_range(2):

@@ -54,6 +54,7 @@ from kaio_ops._attention_hopper import (
     issue_s,
     pack_p,
 )
+from kaio_ops._attention_hopper_common import query_block, store_pairs, thread_roles
 from kaio_ops._attention_tc import POS_INF, lse_log2
 
 
@@ -117,12 +118,7 @@ def store_tile(
     row is below ``rows`` (its columns 8n + 2 (lane % 4) + e, pairs stored together)."""
     for h in kaio.static_range(2):
         if row + 8 * h < rows:
-            at = at0 + (row + 8 * h) * D + i32(lane % 4) * 2
-            for n in kaio.static_range(D // 8):
-                pair = kaio.local(DT, 2)
-                for e in kaio.static_range(2):
-                    pair[e] = DT(acc[n, 2 * h + e] * factor)
-                kaio.store_vector(out, at + n * 8, pair)
+            store_pairs(out, at0 + (row + 8 * h) * D, acc, h, factor, lane, D, DT)
 
 
 @kaio.gpu_func
@@ -501,9 +497,7 @@ def attention_bwd_dkdv_wgmma(
     stats = kaio.shared_dynamic(f32, (2, STAGES, BM), STATS)
     bars = kaio.shared_dynamic(u64, (2, STAGES), BARS)
     turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * STAGES)
-    t = kaio.thread_idx_x()
-    wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
-    lt = t % 128
+    t, wg, lt = thread_roles()
     kvh = i32(kaio.block_idx_y())
     kv_heads = heads // group
     first_head = kvh // kv_heads * heads + kvh % kv_heads * group
@@ -574,15 +568,8 @@ def attention_bwd_dq_wgmma(
     stats = kaio.shared_dynamic(f32, (2, 1, BQ), STATS)
     bars = kaio.shared_dynamic(u64, (2, STAGES), BARS)
     turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * STAGES)
-    t = kaio.thread_idx_x()
-    wg = kaio.shfl_idx(t // 128, 0)
-    lt = t % 128
-    bh = i32(kaio.block_idx_y())
-    kvh = bh // heads * (heads // group) + bh % heads // group
-    q0 = i32(kaio.grid_dim_x() - 1 - kaio.block_idx_x()) * BQ
-    n_tiles = (sk + BN - 1) // BN
-    if causal != 0:
-        n_tiles = kaio.min(n_tiles, (q0 + BQ + BN - 1) // BN)
+    t, wg, lt = thread_roles()
+    bh, kvh, q0, n_tiles = query_block(heads, group, sk, causal, BQ, BN)
     if t == 0:
         init_barriers(bars, turn, WG, STAGES)
     kaio.sync_threads()
