@@ -54,8 +54,14 @@ from kaio_ops._attention_hopper import (
     issue_s,
     pack_p,
 )
-from kaio_ops._attention_hopper_common import query_block, store_pairs, thread_roles
+from kaio_ops._attention_hopper_common import (
+    next_tile,
+    query_block,
+    store_pairs,
+    thread_roles,
+)
 from kaio_ops._attention_tc import POS_INF, lse_log2
+from kaio_ops._matmul_hopper import next_stage
 
 
 @kaio.gpu_func
@@ -90,10 +96,7 @@ def produce(
     row0 = ring_row
     for i in range(heads_n * kaio.max(n_tiles - first, 0)):
         row = row0 + t * R
-        t += 1
-        if t == n_tiles:
-            t = first
-            row0 += head_stride
+        t, row0 = next_tile(t, row0, first, n_tiles, head_stride)
         if i >= STAGES:  # stage st held tile i - STAGES: wait until it is free
             kaio.mbarrier_wait(bars, (1, st), ph ^ 1)
         kaio.mbarrier_arrive_expect_tx(bars, (0, st), u32(2 * R * D * 2 + STATS_RING))
@@ -103,10 +106,7 @@ def produce(
         if STATS == 1:
             kaio.tma_load_2d(stats, (0, st, 0), tl, 0, row, bars, (0, st))
             kaio.tma_load_2d(stats, (1, st, 0), td, 0, row, bars, (0, st))
-        st += 1
-        if st == STAGES:
-            st = 0
-            ph ^= 1
+        st, ph = next_stage(st, ph, STAGES)
 
 
 @kaio.gpu_func
@@ -263,14 +263,8 @@ def consume_dkdv(
             issue_back_dkdv(dka, dva, p, ds, q_s, do_s, st, BM, DT)
             kaio.wgmma_wait(0)
             release(bars, st, lt)
-            t += 1
-            if t == n_tiles:
-                t = first
-                at0 += sq
-            st += 1
-            if st == STAGES:
-                st = 0
-                ph ^= 1
+            t, at0 = next_tile(t, at0, first, n_tiles, sq)
+            st, ph = next_stage(st, ph, STAGES)
     elif total > 0:
         kaio.mbarrier_wait(bars, (0, 0), 0)
         kaio.wgmma_fence()
@@ -282,10 +276,7 @@ def consume_dkdv(
         pack_p(ds, dp, BM, DT)
         ps = i32(0)  # the stage of tile i - 1 (two stages at least: launch)
         st = 1
-        t += 1
-        if t == n_tiles:
-            t = first
-            at0 += sq
+        t, at0 = next_tile(t, at0, first, n_tiles, sq)
         for _i in range(1, total):
             kaio.mbarrier_wait(bars, (0, st), ph)
             kaio.wgmma_fence()
@@ -298,15 +289,9 @@ def consume_dkdv(
             release(bars, ps, lt)
             pack_p(p, s, BM, DT)
             pack_p(ds, dp, BM, DT)
-            t += 1
-            if t == n_tiles:
-                t = first
-                at0 += sq
+            t, at0 = next_tile(t, at0, first, n_tiles, sq)
             ps = st
-            st += 1
-            if st == STAGES:
-                st = 0
-                ph ^= 1
+            st, ph = next_stage(st, ph, STAGES)
         kaio.wgmma_fence()
         issue_back_dkdv(dka, dva, p, ds, q_s, do_s, ps, BM, DT)
         kaio.wgmma_wait(0)
@@ -391,10 +376,7 @@ def consume_dq(
             issue_pv(dqa, ds, k_s, st, BN, DT)  # dQ += dS K
             kaio.wgmma_wait(0)
             release(bars, st, lt)
-            st += 1
-            if st == STAGES:
-                st = 0
-                ph ^= 1
+            st, ph = next_stage(st, ph, STAGES)
     else:
         kaio.mbarrier_wait(bars, (0, 0), 0)
         kaio.wgmma_fence()
@@ -415,10 +397,7 @@ def consume_dq(
             release(bars, ps, lt)
             pack_p(ds, dp, BN, DT)
             ps = st
-            st += 1
-            if st == STAGES:
-                st = 0
-                ph ^= 1
+            st, ph = next_stage(st, ph, STAGES)
         kaio.wgmma_fence()
         issue_pv(dqa, ds, k_s, ps, BN, DT)
         kaio.wgmma_wait(0)
@@ -451,33 +430,13 @@ def init_barriers(bars: u64[:, :], turn: u64[:], WG: kaio.constexpr, STAGES: kai
 
 @kaio.gpu_kernel(fastmath=True)  # ex2.approx.ftz: one instruction an exponential
 def attention_bwd_dkdv_wgmma(
-    tk: kaio.tensormap,
-    tv: kaio.tensormap,
-    tq: kaio.tensormap,
-    tdo: kaio.tensormap,
-    tl: kaio.tensormap,
-    td: kaio.tensormap,
-    lse: f32[:],
-    delta: f32[:],
-    dk: DT[:],
-    dv: DT[:],
-    sq: i32,
-    sk: i32,
-    heads: i32,
-    group: i32,
-    scale_log2: f32,
-    scale: f32,
-    causal: i32,
-    D: kaio.constexpr,
-    BM: kaio.constexpr,
-    WG: kaio.constexpr,
-    STAGES: kaio.constexpr,
-    PIPE: kaio.constexpr,
-    AREG: kaio.constexpr,
-    TSTATS: kaio.constexpr,
-    REGS: kaio.constexpr,
+    tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
+    tl: kaio.tensormap, td: kaio.tensormap, lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:],
+    sq: i32, sk: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
+    D: kaio.constexpr, BM: kaio.constexpr, WG: kaio.constexpr, STAGES: kaio.constexpr,
+    PIPE: kaio.constexpr, AREG: kaio.constexpr, TSTATS: kaio.constexpr, REGS: kaio.constexpr,
     DT: kaio.constexpr,
-):
+):  # fmt: skip
     """dk, dv of the ``64 * WG`` keys of block x and K/V head ``kvh`` = block y, summed over
     the query heads of its group (module docstring). ``tk``, ``tv``: k, v as [B * Hkv * sk, D]
     in boxes of (64 * WG, 64); ``tq``, ``tdo``: q, do as [B * H * sq, D] in boxes of (BM,
@@ -526,29 +485,12 @@ def attention_bwd_dkdv_wgmma(
 
 @kaio.gpu_kernel(fastmath=True)
 def attention_bwd_dq_wgmma(
-    tq: kaio.tensormap,
-    tdo: kaio.tensormap,
-    tk: kaio.tensormap,
-    tv: kaio.tensormap,
-    tl: kaio.tensormap,
-    td: kaio.tensormap,
-    dq: DT[:],
-    sq: i32,
-    sk: i32,
-    heads: i32,
-    group: i32,
-    scale_log2: f32,
-    scale: f32,
-    causal: i32,
-    D: kaio.constexpr,
-    BN: kaio.constexpr,
-    WG: kaio.constexpr,
-    STAGES: kaio.constexpr,
-    PIPE: kaio.constexpr,
-    AREG: kaio.constexpr,
-    REGS: kaio.constexpr,
-    DT: kaio.constexpr,
-):
+    tq: kaio.tensormap, tdo: kaio.tensormap, tk: kaio.tensormap, tv: kaio.tensormap,
+    tl: kaio.tensormap, td: kaio.tensormap, dq: DT[:],
+    sq: i32, sk: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
+    D: kaio.constexpr, BN: kaio.constexpr, WG: kaio.constexpr, STAGES: kaio.constexpr,
+    PIPE: kaio.constexpr, AREG: kaio.constexpr, REGS: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
     """dq of the ``64 * WG`` query rows of block x (the heaviest causal tiles first) of
     (batch, head) ``bh`` = block y (module docstring). ``tq``, ``tdo``: q, do as
     [B * H * sq, D] in boxes of (64 * WG, 64); ``tk``, ``tv``: k, v as [B * Hkv * sk, D] in

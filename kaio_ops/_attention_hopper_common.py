@@ -1,7 +1,8 @@
 """Device functions that the Hopper (sm_90a) attention kernels share, the forward
 (``kaio_ops._attention_hopper``) and the backward (``kaio_ops._attention_hopper_bwd``): the
 threads' roles in a warp-specialized block, the query tile of a block and the key tiles its
-rows see, and the stores of accumulator rows as 16-bit pairs."""
+rows see, the walk over the tiles of several heads, and the stores of accumulator rows as
+16-bit pairs (the ring's stage counter is ``_matmul_hopper.next_stage``)."""
 
 # ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
 from __future__ import annotations
@@ -52,3 +53,15 @@ def store_pairs(
         for e in kaio.static_range(2):
             pair[e] = DT(acc[n, 2 * h + e] * factor)
         kaio.store_vector(out, at + n * 8, pair)
+
+
+@kaio.gpu_func
+def next_tile(t: i32, at: i32, first: i32, n_tiles: i32, head: i32) -> tuple[i32, i32]:
+    """``(t, at)`` of the next tile of a loop over the tiles ``first`` .. ``n_tiles`` of each
+    head in turn: tile ``t`` + 1, back to ``first`` past the last, where ``at`` (where the
+    head's rows start) moves to the next head's, ``head`` further."""
+    t += 1
+    if t == n_tiles:
+        t = first
+        at += head
+    return t, at
