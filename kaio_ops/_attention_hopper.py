@@ -345,7 +345,6 @@ def attention_fwd_wgmma(
     (64 * WG, 64); ``tk``, ``tv``: k, v as [B * Hkv * sk, D] in boxes of (BN, 64);
     ``out`` [B * H * sq * D] and ``lse`` [B * H * sq] flat; ``scale_log2``: the scale times
     log2(e)."""
-    kaio.launch_bounds(WG * 128 + 128, 1)
     BM = 64 * WG
     C = D // 64  # 64-column blocks of a row
     KV_BYTES = BN * D * 2
@@ -356,7 +355,7 @@ def attention_fwd_wgmma(
     # turn[0], turn[1]: warpgroup 0's, 1's turn on the tensor cores (PIPE 2), turn[2]: Q landed
     bars = kaio.shared_dynamic(u64, (4, STAGES), BM * D * 2 + 2 * STAGES * KV_BYTES)
     turn = kaio.shared_dynamic(u64, (4,), BM * D * 2 + 2 * STAGES * KV_BYTES + 32 * STAGES)
-    t, wg, lt = thread_roles()
+    t, wg, lt = thread_roles(WG)
     bh, kvh, q0, n_tiles = query_block(heads, group, sk, causal, BM, BN)
     if t == 0:
         for s in kaio.static_range(STAGES):

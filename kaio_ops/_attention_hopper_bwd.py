@@ -442,7 +442,6 @@ def attention_bwd_dkdv_wgmma(
     in boxes of (64 * WG, 64); ``tq``, ``tdo``: q, do as [B * H * sq, D] in boxes of (BM,
     64); ``tl``, ``td``: lse, delta as [1, B * H * sq] f32 in boxes of (1, BM); dk, dv
     [B * Hkv * sk * D] flat; ``scale_log2``: the scale times log2(e)."""
-    kaio.launch_bounds(WG * 128 + 128, 1)
     BK = 64 * WG
     C = D // 64
     ONCE_BYTES = BK * D * 2
@@ -456,7 +455,7 @@ def attention_bwd_dkdv_wgmma(
     stats = kaio.shared_dynamic(f32, (2, STAGES, BM), STATS)
     bars = kaio.shared_dynamic(u64, (2, STAGES), BARS)
     turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * STAGES)
-    t, wg, lt = thread_roles()
+    t, wg, lt = thread_roles(WG)
     kvh = i32(kaio.block_idx_y())
     kv_heads = heads // group
     first_head = kvh // kv_heads * heads + kvh % kv_heads * group
@@ -496,7 +495,6 @@ def attention_bwd_dq_wgmma(
     [B * H * sq, D] in boxes of (64 * WG, 64); ``tk``, ``tv``: k, v as [B * Hkv * sk, D] in
     boxes of (BN, 64); ``tl``, ``td``: lse, delta as [1, B * H * sq] f32 in boxes of
     (1, 64 * WG); dq [B * H * sq * D] flat."""
-    kaio.launch_bounds(WG * 128 + 128, 1)
     BQ = 64 * WG
     C = D // 64
     ONCE_BYTES = BQ * D * 2
@@ -510,7 +508,7 @@ def attention_bwd_dq_wgmma(
     stats = kaio.shared_dynamic(f32, (2, 1, BQ), STATS)
     bars = kaio.shared_dynamic(u64, (2, STAGES), BARS)
     turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * STAGES)
-    t, wg, lt = thread_roles()
+    t, wg, lt = thread_roles(WG)
     bh, kvh, q0, n_tiles = query_block(heads, group, sk, causal, BQ, BN)
     if t == 0:
         init_barriers(bars, turn, WG, STAGES)

@@ -12,10 +12,12 @@ from kaio import f32, i32, u32
 
 
 @kaio.gpu_func
-def thread_roles() -> tuple[u32, u32, u32]:
-    """``(t, wg, lt)``: this thread's index in the block, its warpgroup (the consumers are
-    warpgroups 0 .. WG - 1, the producer the last; warp-uniform as ptxas sees it) and its
-    index in its warpgroup."""
+def thread_roles(WG: kaio.constexpr) -> tuple[u32, u32, u32]:
+    """The warp-specialized block of ``WG`` consumer warpgroups and a producer warpgroup (the
+    last): its launch bounds (128 (WG + 1) threads, one block a multiprocessor), and
+    ``(t, wg, lt)``: this thread's index in the block, its warpgroup (warp-uniform as ptxas
+    sees it) and its index in its warpgroup."""
+    kaio.launch_bounds(WG * 128 + 128, 1)
     t = kaio.thread_idx_x()
     wg = kaio.shfl_idx(t // 128, 0)
     return t, wg, t % 128
