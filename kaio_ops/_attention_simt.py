@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import kaio
 from kaio import f32, u32
-from kaio_ops._common import lanes_max, lanes_sum, store_cols
+from kaio_ops._common import lanes_max, lanes_sum, store_cols, thread_element
 
 NT = 256  # threads per block
 ROWS = 64  # rows of a block's row tile: 16 thread rows x 4
@@ -303,11 +303,8 @@ def combine_splits(part: f32[:, :], part_lse: f32[:], out: f32[:, :], lse: f32[:
     (weights exp(part_lse)), lse[row] = the logsumexp of their lse; zeros and -inf where no
     split saw a valid key. One thread per output element."""
     Sq = u32(out.shape[0])
-    D = u32(out.shape[1])
-    i = kaio.block_idx_x() * kaio.block_dim_x() + kaio.thread_idx_x()
-    if i < Sq * D:
-        row = i // D
-        col = i % D
+    inside, row, col = thread_element(Sq, u32(out.shape[1]))
+    if inside:
         top = NEG_INF
         for s in range(splits):
             top = kaio.max(top, part_lse[s * Sq + row])
