@@ -202,6 +202,29 @@ def lse_log2(x: f32) -> f32:
     return kaio.select(x == NEG_INF, POS_INF, x * LOG2E)
 
 
+@kaio.gpu_func
+def row_stats(lse: f32[:], delta: f32[:], row: u32, rows: u32) -> tuple[f32, f32]:
+    """``(lse2, delta)`` of a query row for the backward: its ``lse_log2`` and its delta,
+    +inf and delta[0] for a row past ``rows`` (its probabilities are then 0)."""
+    inside = row < rows
+    at = kaio.select(inside, row, 0)
+    return kaio.select(inside, lse_log2(lse[at]), POS_INF), delta[at]
+
+
+@kaio.gpu_func
+def next_tiles(
+    x_s: f32[:, :], y_s: f32[:, :], x: f32[:, :], y: f32[:, :], row0: u32, vec: u32,
+    R: kaio.constexpr, DP: kaio.constexpr,
+):  # fmt: skip
+    """The backward's streamed tiles: once every thread is done with x_s and y_s (a
+    barrier), rows row0 .. row0 + R of x and y into them (``load_rows``) and this thread's
+    copies waited for (the caller synchronizes before reading them)."""
+    kaio.sync_threads()
+    load_rows(x_s, x, row0, vec, R, DP)
+    load_rows(y_s, y, row0, vec, R, DP)
+    kaio.cp_async_wait_all()
+
+
 @kaio.gpu_kernel(block_size=NT)
 def flash_fwd(
     q: f32[:, :], k: f32[:, :], v: f32[:, :], out: f32[:, :], lse: f32[:],
@@ -365,11 +388,9 @@ def flash_bwd_dq(
     lse2 = kaio.local(f32, 4)
     dlt = kaio.local(f32, 4)
     for r in kaio.static_range(4):
-        row = q0 + 4 * ty + r
-        inside = row < Sq
-        at = kaio.select(inside, row, 0)
-        lse2[r] = kaio.select(inside, lse_log2(lse[at]), POS_INF)
-        dlt[r] = delta[at]
+        l2, dl = row_stats(lse, delta, q0 + 4 * ty + r, Sq)
+        lse2[r] = l2
+        dlt[r] = dl
     n_tiles = (Sk + KT - 1) // KT
     if causal != 0:
         n_tiles = kaio.min(n_tiles, (q0 + ROWS + KT - 1) // KT)
@@ -378,10 +399,7 @@ def flash_bwd_dq(
     s = kaio.local(f32, (4, C))
     dp = kaio.local(f32, (4, C))
     for t in range(n_tiles):
-        kaio.sync_threads()  # the last tile's k_s, v_s, ds_s are free
-        load_rows(k_s, k, t * KT, vec, KT, DP)
-        load_rows(v_s, v, t * KT, vec, KT, DP)
-        kaio.cp_async_wait_all()
+        next_tiles(k_s, v_s, k, v, t * KT, vec, KT, DP)  # (ds_s is free too)
         kaio.sync_threads()
         dot_tile(s, q_s, k_s, ty, tx, DP, C)
         dot_tile(dp, do_s, v_s, ty, tx, DP, C)
@@ -439,16 +457,11 @@ def flash_bwd_dkdv(
     lse2 = kaio.local(f32, C)
     dlt = kaio.local(f32, C)
     for t in range(first, n_tiles):
-        kaio.sync_threads()  # the last tile's q_s, do_s, pt_s, dst_s are free
-        load_rows(q_s, q, t * QT, vec, QT, DP)
-        load_rows(do_s, do, t * QT, vec, QT, DP)
-        kaio.cp_async_wait_all()
+        next_tiles(q_s, do_s, q, do, t * QT, vec, QT, DP)  # (pt_s, dst_s are free too)
         for c in kaio.static_range(C):
-            query = t * QT + tx + 16 * c
-            inside = query < Sq
-            at = kaio.select(inside, query, 0)
-            lse2[c] = kaio.select(inside, lse_log2(lse[at]), POS_INF)
-            dlt[c] = delta[at]
+            l2, dl = row_stats(lse, delta, t * QT + tx + 16 * c, Sq)
+            lse2[c] = l2
+            dlt[c] = dl
         kaio.sync_threads()
         dot_tile(st, k_s, q_s, ty, tx, DP, C)
         dot_tile(dpt, v_s, do_s, ty, tx, DP, C)
