@@ -216,13 +216,27 @@ def next_tiles(
     x_s: f32[:, :], y_s: f32[:, :], x: f32[:, :], y: f32[:, :], row0: u32, vec: u32,
     R: kaio.constexpr, DP: kaio.constexpr,
 ):  # fmt: skip
-    """The backward's streamed tiles: once every thread is done with x_s and y_s (a
-    barrier), rows row0 .. row0 + R of x and y into them (``load_rows``) and this thread's
-    copies waited for (the caller synchronizes before reading them)."""
+    """The backward's tile pairs: once every thread is done with x_s and y_s (a barrier:
+    done reading the last tiles, or writing zeros), rows row0 .. row0 + R of x and y into
+    them (``load_rows``) and this thread's copies waited for (the caller synchronizes
+    before reading them)."""
     kaio.sync_threads()
     load_rows(x_s, x, row0, vec, R, DP)
     load_rows(y_s, y, row0, vec, R, DP)
     kaio.cp_async_wait_all()
+
+
+@kaio.gpu_func
+def dot_pair(
+    s: f32[:, :], dp: f32[:, :], a_s: f32[:, :], x_s: f32[:, :], b_s: f32[:, :],
+    y_s: f32[:, :], ty: u32, tx: u32, DP: kaio.constexpr, C: kaio.constexpr,
+):  # fmt: skip
+    """The backward's first two products of a tile, once its tiles are in (a barrier):
+    s = A X^T and dp = B Y^T (``dot_tile``): S = Q K^T and dP = dO V^T, or their
+    transposes."""
+    kaio.sync_threads()
+    dot_tile(s, a_s, x_s, ty, tx, DP, C)
+    dot_tile(dp, b_s, y_s, ty, tx, DP, C)
 
 
 @kaio.gpu_kernel(block_size=NT)
@@ -356,10 +370,7 @@ def start_tiles(
     zero_tile(y_s, R, W)
     zero_tile(u_s, RU, W)
     zero_tile(v_s, RU, W)
-    kaio.sync_threads()
-    load_rows(x_s, x, row0, vec, R, DP)
-    load_rows(y_s, y, row0, vec, R, DP)
-    kaio.cp_async_wait_all()
+    next_tiles(x_s, y_s, x, y, row0, vec, R, DP)
 
 
 @kaio.gpu_kernel(block_size=NT)
@@ -400,9 +411,7 @@ def flash_bwd_dq(
     dp = kaio.local(f32, (4, C))
     for t in range(n_tiles):
         next_tiles(k_s, v_s, k, v, t * KT, vec, KT, DP)  # (ds_s is free too)
-        kaio.sync_threads()
-        dot_tile(s, q_s, k_s, ty, tx, DP, C)
-        dot_tile(dp, do_s, v_s, ty, tx, DP, C)
+        dot_pair(s, dp, q_s, k_s, do_s, v_s, ty, tx, DP, C)
         for r in kaio.static_range(4):
             row = q0 + 4 * ty + r
             for c in kaio.static_range(C):
@@ -462,9 +471,7 @@ def flash_bwd_dkdv(
             l2, dl = row_stats(lse, delta, t * QT + tx + 16 * c, Sq)
             lse2[c] = l2
             dlt[c] = dl
-        kaio.sync_threads()
-        dot_tile(st, k_s, q_s, ty, tx, DP, C)
-        dot_tile(dpt, v_s, do_s, ty, tx, DP, C)
+        dot_pair(st, dpt, k_s, q_s, v_s, do_s, ty, tx, DP, C)
         for r in kaio.static_range(4):
             key = k0 + 4 * ty + r
             for c in kaio.static_range(C):
