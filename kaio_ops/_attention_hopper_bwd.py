@@ -96,7 +96,10 @@ def produce(
     row0 = ring_row
     for i in range(heads_n * kaio.max(n_tiles - first, 0)):
         row = row0 + t * R
-        t, row0 = next_tile(t, row0, first, n_tiles, head_stride)
+        t += 1  # written out: ``next_tile`` here changed the dK/dV kernel's SASS
+        if t == n_tiles:
+            t = first
+            row0 += head_stride
         if i >= STAGES:  # stage st held tile i - STAGES: wait until it is free
             kaio.mbarrier_wait(bars, (1, st), ph ^ 1)
         kaio.mbarrier_arrive_expect_tx(bars, (0, st), u32(2 * R * D * 2 + STATS_RING))
@@ -376,7 +379,10 @@ def consume_dq(
             issue_pv(dqa, ds, k_s, st, BN, DT)  # dQ += dS K
             kaio.wgmma_wait(0)
             release(bars, st, lt)
-            st, ph = next_stage(st, ph, STAGES)
+            st += 1  # written out (twice): ``next_stage`` here changed this kernel's SASS
+            if st == STAGES:
+                st = 0
+                ph ^= 1
     else:
         kaio.mbarrier_wait(bars, (0, 0), 0)
         kaio.wgmma_fence()
@@ -397,7 +403,10 @@ def consume_dq(
             release(bars, ps, lt)
             pack_p(ds, dp, BN, DT)
             ps = st
-            st, ph = next_stage(st, ph, STAGES)
+            st += 1
+            if st == STAGES:
+                st = 0
+                ph ^= 1
         kaio.wgmma_fence()
         issue_pv(dqa, ds, k_s, ps, BN, DT)
         kaio.wgmma_wait(0)
