@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import kaio
 from kaio import bool_, f32, i32, u32, u64
+from kaio_ops._attention_hopper_common import store_pairs, thread_roles
 from kaio_ops._attention_tc import LN2, NEG_INF, rescale, softmax_step, start_rows
 
 SW = 128  # swizzle bytes: one 128-byte row per 64 elements
@@ -191,12 +192,7 @@ def store_rows(
         row = row0 + 8 * h
         if row < sq:
             inv = kaio.select(total > 0.0, 1.0 / total, 0.0)
-            at = (bh * sq + row) * D + i32(lane % 4) * 2
-            for n in kaio.static_range(D // 8):
-                pair = kaio.local(DT, 2)
-                for e in kaio.static_range(2):
-                    pair[e] = DT(o[n, 2 * h + e] * inv)
-                kaio.store_vector(out, at + n * 8, pair)
+            store_pairs(out, (bh * sq + row) * D, o, h, inv, lane, D, DT)
             if lane % 4 == 0:
                 lse[bh * sq + row] = kaio.select(
                     total > 0.0, (m[h] + kaio.log2(total)) * LN2, NEG_INF
@@ -423,7 +419,6 @@ def attention_fwd_wgmma(
     (64 * WG, 64); ``tk``, ``tv``: k, v as [B * Hkv * sk, D] in boxes of (BN, 64);
     ``out`` [B * H * sq * D] and ``lse`` [B * H * sq] flat; ``scale_log2``: the scale times
     log2(e)."""
-    kaio.launch_bounds(WG * 128 + 128, 1)
     BM = 64 * WG
     C = D // 64  # 64-column blocks of a row
     KV_BYTES = BN * D * 2
@@ -435,9 +430,7 @@ def attention_fwd_wgmma(
     # landed, turn[3]: the partial tile's zeros stored, turn[4]: Q read by both warpgroups
     bars = kaio.shared_dynamic(u64, (4, STAGES), BM * D * 2 + 2 * STAGES * KV_BYTES)
     turn = kaio.shared_dynamic(u64, (6,), BM * D * 2 + 2 * STAGES * KV_BYTES + 32 * STAGES)
-    t = kaio.thread_idx_x()
-    wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
-    lt = t % 128
+    t, wg, lt = thread_roles(WG)
     n_qt = (sq + BM - 1) // BM
     first = i32(kaio.block_idx_x())  # PERSIST: tiles first, first + grid, ...
     end = n_qt * bhs

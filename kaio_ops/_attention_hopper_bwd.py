@@ -54,7 +54,14 @@ from kaio_ops._attention_hopper import (
     issue_s,
     pack_p,
 )
+from kaio_ops._attention_hopper_common import (
+    next_tile,
+    query_block,
+    store_pairs,
+    thread_roles,
+)
 from kaio_ops._attention_tc import POS_INF, lse_log2
+from kaio_ops._matmul_hopper import next_stage
 
 
 @kaio.gpu_func
@@ -89,7 +96,7 @@ def produce(
     row0 = ring_row
     for i in range(heads_n * kaio.max(n_tiles - first, 0)):
         row = row0 + t * R
-        t += 1
+        t += 1  # written out: ``next_tile`` here changed the dK/dV kernel's SASS
         if t == n_tiles:
             t = first
             row0 += head_stride
@@ -102,10 +109,7 @@ def produce(
         if STATS == 1:
             kaio.tma_load_2d(stats, (0, st, 0), tl, 0, row, bars, (0, st))
             kaio.tma_load_2d(stats, (1, st, 0), td, 0, row, bars, (0, st))
-        st += 1
-        if st == STAGES:
-            st = 0
-            ph ^= 1
+        st, ph = next_stage(st, ph, STAGES)
 
 
 @kaio.gpu_func
@@ -117,12 +121,7 @@ def store_tile(
     row is below ``rows`` (its columns 8n + 2 (lane % 4) + e, pairs stored together)."""
     for h in kaio.static_range(2):
         if row + 8 * h < rows:
-            at = at0 + (row + 8 * h) * D + i32(lane % 4) * 2
-            for n in kaio.static_range(D // 8):
-                pair = kaio.local(DT, 2)
-                for e in kaio.static_range(2):
-                    pair[e] = DT(acc[n, 2 * h + e] * factor)
-                kaio.store_vector(out, at + n * 8, pair)
+            store_pairs(out, at0 + (row + 8 * h) * D, acc, h, factor, lane, D, DT)
 
 
 @kaio.gpu_func
@@ -267,14 +266,8 @@ def consume_dkdv(
             issue_back_dkdv(dka, dva, p, ds, q_s, do_s, st, BM, DT)
             kaio.wgmma_wait(0)
             release(bars, st, lt)
-            t += 1
-            if t == n_tiles:
-                t = first
-                at0 += sq
-            st += 1
-            if st == STAGES:
-                st = 0
-                ph ^= 1
+            t, at0 = next_tile(t, at0, first, n_tiles, sq)
+            st, ph = next_stage(st, ph, STAGES)
     elif total > 0:
         kaio.mbarrier_wait(bars, (0, 0), 0)
         kaio.wgmma_fence()
@@ -286,10 +279,7 @@ def consume_dkdv(
         pack_p(ds, dp, BM, DT)
         ps = i32(0)  # the stage of tile i - 1 (two stages at least: launch)
         st = 1
-        t += 1
-        if t == n_tiles:
-            t = first
-            at0 += sq
+        t, at0 = next_tile(t, at0, first, n_tiles, sq)
         for _i in range(1, total):
             kaio.mbarrier_wait(bars, (0, st), ph)
             kaio.wgmma_fence()
@@ -302,15 +292,9 @@ def consume_dkdv(
             release(bars, ps, lt)
             pack_p(p, s, BM, DT)
             pack_p(ds, dp, BM, DT)
-            t += 1
-            if t == n_tiles:
-                t = first
-                at0 += sq
+            t, at0 = next_tile(t, at0, first, n_tiles, sq)
             ps = st
-            st += 1
-            if st == STAGES:
-                st = 0
-                ph ^= 1
+            st, ph = next_stage(st, ph, STAGES)
         kaio.wgmma_fence()
         issue_back_dkdv(dka, dva, p, ds, q_s, do_s, ps, BM, DT)
         kaio.wgmma_wait(0)
@@ -395,7 +379,7 @@ def consume_dq(
             issue_pv(dqa, ds, k_s, st, BN, DT)  # dQ += dS K
             kaio.wgmma_wait(0)
             release(bars, st, lt)
-            st += 1
+            st += 1  # written out (twice): ``next_stage`` here changed this kernel's SASS
             if st == STAGES:
                 st = 0
                 ph ^= 1
@@ -455,39 +439,18 @@ def init_barriers(bars: u64[:, :], turn: u64[:], WG: kaio.constexpr, STAGES: kai
 
 @kaio.gpu_kernel(fastmath=True)  # ex2.approx.ftz: one instruction an exponential
 def attention_bwd_dkdv_wgmma(
-    tk: kaio.tensormap,
-    tv: kaio.tensormap,
-    tq: kaio.tensormap,
-    tdo: kaio.tensormap,
-    tl: kaio.tensormap,
-    td: kaio.tensormap,
-    lse: f32[:],
-    delta: f32[:],
-    dk: DT[:],
-    dv: DT[:],
-    sq: i32,
-    sk: i32,
-    heads: i32,
-    group: i32,
-    scale_log2: f32,
-    scale: f32,
-    causal: i32,
-    D: kaio.constexpr,
-    BM: kaio.constexpr,
-    WG: kaio.constexpr,
-    STAGES: kaio.constexpr,
-    PIPE: kaio.constexpr,
-    AREG: kaio.constexpr,
-    TSTATS: kaio.constexpr,
-    REGS: kaio.constexpr,
+    tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
+    tl: kaio.tensormap, td: kaio.tensormap, lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:],
+    sq: i32, sk: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
+    D: kaio.constexpr, BM: kaio.constexpr, WG: kaio.constexpr, STAGES: kaio.constexpr,
+    PIPE: kaio.constexpr, AREG: kaio.constexpr, TSTATS: kaio.constexpr, REGS: kaio.constexpr,
     DT: kaio.constexpr,
-):
+):  # fmt: skip
     """dk, dv of the ``64 * WG`` keys of block x and K/V head ``kvh`` = block y, summed over
     the query heads of its group (module docstring). ``tk``, ``tv``: k, v as [B * Hkv * sk, D]
     in boxes of (64 * WG, 64); ``tq``, ``tdo``: q, do as [B * H * sq, D] in boxes of (BM,
     64); ``tl``, ``td``: lse, delta as [1, B * H * sq] f32 in boxes of (1, BM); dk, dv
     [B * Hkv * sk * D] flat; ``scale_log2``: the scale times log2(e)."""
-    kaio.launch_bounds(WG * 128 + 128, 1)
     BK = 64 * WG
     C = D // 64
     ONCE_BYTES = BK * D * 2
@@ -501,9 +464,7 @@ def attention_bwd_dkdv_wgmma(
     stats = kaio.shared_dynamic(f32, (2, STAGES, BM), STATS)
     bars = kaio.shared_dynamic(u64, (2, STAGES), BARS)
     turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * STAGES)
-    t = kaio.thread_idx_x()
-    wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
-    lt = t % 128
+    t, wg, lt = thread_roles(WG)
     kvh = i32(kaio.block_idx_y())
     kv_heads = heads // group
     first_head = kvh // kv_heads * heads + kvh % kv_heads * group
@@ -532,35 +493,17 @@ def attention_bwd_dkdv_wgmma(
 
 @kaio.gpu_kernel(fastmath=True)
 def attention_bwd_dq_wgmma(
-    tq: kaio.tensormap,
-    tdo: kaio.tensormap,
-    tk: kaio.tensormap,
-    tv: kaio.tensormap,
-    tl: kaio.tensormap,
-    td: kaio.tensormap,
-    dq: DT[:],
-    sq: i32,
-    sk: i32,
-    heads: i32,
-    group: i32,
-    scale_log2: f32,
-    scale: f32,
-    causal: i32,
-    D: kaio.constexpr,
-    BN: kaio.constexpr,
-    WG: kaio.constexpr,
-    STAGES: kaio.constexpr,
-    PIPE: kaio.constexpr,
-    AREG: kaio.constexpr,
-    REGS: kaio.constexpr,
-    DT: kaio.constexpr,
-):
+    tq: kaio.tensormap, tdo: kaio.tensormap, tk: kaio.tensormap, tv: kaio.tensormap,
+    tl: kaio.tensormap, td: kaio.tensormap, dq: DT[:],
+    sq: i32, sk: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
+    D: kaio.constexpr, BN: kaio.constexpr, WG: kaio.constexpr, STAGES: kaio.constexpr,
+    PIPE: kaio.constexpr, AREG: kaio.constexpr, REGS: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
     """dq of the ``64 * WG`` query rows of block x (the heaviest causal tiles first) of
     (batch, head) ``bh`` = block y (module docstring). ``tq``, ``tdo``: q, do as
     [B * H * sq, D] in boxes of (64 * WG, 64); ``tk``, ``tv``: k, v as [B * Hkv * sk, D] in
     boxes of (BN, 64); ``tl``, ``td``: lse, delta as [1, B * H * sq] f32 in boxes of
     (1, 64 * WG); dq [B * H * sq * D] flat."""
-    kaio.launch_bounds(WG * 128 + 128, 1)
     BQ = 64 * WG
     C = D // 64
     ONCE_BYTES = BQ * D * 2
@@ -574,15 +517,8 @@ def attention_bwd_dq_wgmma(
     stats = kaio.shared_dynamic(f32, (2, 1, BQ), STATS)
     bars = kaio.shared_dynamic(u64, (2, STAGES), BARS)
     turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * STAGES)
-    t = kaio.thread_idx_x()
-    wg = kaio.shfl_idx(t // 128, 0)
-    lt = t % 128
-    bh = i32(kaio.block_idx_y())
-    kvh = bh // heads * (heads // group) + bh % heads // group
-    q0 = i32(kaio.grid_dim_x() - 1 - kaio.block_idx_x()) * BQ
-    n_tiles = (sk + BN - 1) // BN
-    if causal != 0:
-        n_tiles = kaio.min(n_tiles, (q0 + BQ + BN - 1) // BN)
+    t, wg, lt = thread_roles(WG)
+    bh, kvh, q0, n_tiles = query_block(heads, group, sk, causal, BQ, BN)
     if t == 0:
         init_barriers(bars, turn, WG, STAGES)
     kaio.sync_threads()

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import kaio
 from kaio import f32, u32
-from kaio_ops._common import lanes_max, lanes_sum, store_cols
+from kaio_ops._common import lanes_max, lanes_sum, store_cols, thread_element
 
 NT = 256  # threads per block
 ROWS = 64  # rows of a block's row tile: 16 thread rows x 4
@@ -202,6 +202,43 @@ def lse_log2(x: f32) -> f32:
     return kaio.select(x == NEG_INF, POS_INF, x * LOG2E)
 
 
+@kaio.gpu_func
+def row_stats(lse: f32[:], delta: f32[:], row: u32, rows: u32) -> tuple[f32, f32]:
+    """``(lse2, delta)`` of a query row for the backward: its ``lse_log2`` and its delta,
+    +inf and delta[0] for a row past ``rows`` (its probabilities are then 0)."""
+    inside = row < rows
+    at = kaio.select(inside, row, 0)
+    return kaio.select(inside, lse_log2(lse[at]), POS_INF), delta[at]
+
+
+@kaio.gpu_func
+def next_tiles(
+    x_s: f32[:, :], y_s: f32[:, :], x: f32[:, :], y: f32[:, :], row0: u32, vec: u32,
+    R: kaio.constexpr, DP: kaio.constexpr,
+):  # fmt: skip
+    """The backward's tile pairs: once every thread is done with x_s and y_s (a barrier:
+    done reading the last tiles, or writing zeros), rows row0 .. row0 + R of x and y into
+    them (``load_rows``) and this thread's copies waited for (the caller synchronizes
+    before reading them)."""
+    kaio.sync_threads()
+    load_rows(x_s, x, row0, vec, R, DP)
+    load_rows(y_s, y, row0, vec, R, DP)
+    kaio.cp_async_wait_all()
+
+
+@kaio.gpu_func
+def dot_pair(
+    s: f32[:, :], dp: f32[:, :], a_s: f32[:, :], x_s: f32[:, :], b_s: f32[:, :],
+    y_s: f32[:, :], ty: u32, tx: u32, DP: kaio.constexpr, C: kaio.constexpr,
+):  # fmt: skip
+    """The backward's first two products of a tile, once its tiles are in (a barrier):
+    s = A X^T and dp = B Y^T (``dot_tile``): S = Q K^T and dP = dO V^T, or their
+    transposes."""
+    kaio.sync_threads()
+    dot_tile(s, a_s, x_s, ty, tx, DP, C)
+    dot_tile(dp, b_s, y_s, ty, tx, DP, C)
+
+
 @kaio.gpu_kernel(block_size=NT)
 def flash_fwd(
     q: f32[:, :], k: f32[:, :], v: f32[:, :], out: f32[:, :], lse: f32[:],
@@ -303,11 +340,8 @@ def combine_splits(part: f32[:, :], part_lse: f32[:], out: f32[:, :], lse: f32[:
     (weights exp(part_lse)), lse[row] = the logsumexp of their lse; zeros and -inf where no
     split saw a valid key. One thread per output element."""
     Sq = u32(out.shape[0])
-    D = u32(out.shape[1])
-    i = kaio.block_idx_x() * kaio.block_dim_x() + kaio.thread_idx_x()
-    if i < Sq * D:
-        row = i // D
-        col = i % D
+    inside, row, col = thread_element(Sq, u32(out.shape[1]))
+    if inside:
         top = NEG_INF
         for s in range(splits):
             top = kaio.max(top, part_lse[s * Sq + row])
@@ -336,10 +370,7 @@ def start_tiles(
     zero_tile(y_s, R, W)
     zero_tile(u_s, RU, W)
     zero_tile(v_s, RU, W)
-    kaio.sync_threads()
-    load_rows(x_s, x, row0, vec, R, DP)
-    load_rows(y_s, y, row0, vec, R, DP)
-    kaio.cp_async_wait_all()
+    next_tiles(x_s, y_s, x, y, row0, vec, R, DP)
 
 
 @kaio.gpu_kernel(block_size=NT)
@@ -368,11 +399,9 @@ def flash_bwd_dq(
     lse2 = kaio.local(f32, 4)
     dlt = kaio.local(f32, 4)
     for r in kaio.static_range(4):
-        row = q0 + 4 * ty + r
-        inside = row < Sq
-        at = kaio.select(inside, row, 0)
-        lse2[r] = kaio.select(inside, lse_log2(lse[at]), POS_INF)
-        dlt[r] = delta[at]
+        l2, dl = row_stats(lse, delta, q0 + 4 * ty + r, Sq)
+        lse2[r] = l2
+        dlt[r] = dl
     n_tiles = (Sk + KT - 1) // KT
     if causal != 0:
         n_tiles = kaio.min(n_tiles, (q0 + ROWS + KT - 1) // KT)
@@ -381,13 +410,8 @@ def flash_bwd_dq(
     s = kaio.local(f32, (4, C))
     dp = kaio.local(f32, (4, C))
     for t in range(n_tiles):
-        kaio.sync_threads()  # the last tile's k_s, v_s, ds_s are free
-        load_rows(k_s, k, t * KT, vec, KT, DP)
-        load_rows(v_s, v, t * KT, vec, KT, DP)
-        kaio.cp_async_wait_all()
-        kaio.sync_threads()
-        dot_tile(s, q_s, k_s, ty, tx, DP, C)
-        dot_tile(dp, do_s, v_s, ty, tx, DP, C)
+        next_tiles(k_s, v_s, k, v, t * KT, vec, KT, DP)  # (ds_s is free too)
+        dot_pair(s, dp, q_s, k_s, do_s, v_s, ty, tx, DP, C)
         for r in kaio.static_range(4):
             row = q0 + 4 * ty + r
             for c in kaio.static_range(C):
@@ -442,19 +466,12 @@ def flash_bwd_dkdv(
     lse2 = kaio.local(f32, C)
     dlt = kaio.local(f32, C)
     for t in range(first, n_tiles):
-        kaio.sync_threads()  # the last tile's q_s, do_s, pt_s, dst_s are free
-        load_rows(q_s, q, t * QT, vec, QT, DP)
-        load_rows(do_s, do, t * QT, vec, QT, DP)
-        kaio.cp_async_wait_all()
+        next_tiles(q_s, do_s, q, do, t * QT, vec, QT, DP)  # (pt_s, dst_s are free too)
         for c in kaio.static_range(C):
-            query = t * QT + tx + 16 * c
-            inside = query < Sq
-            at = kaio.select(inside, query, 0)
-            lse2[c] = kaio.select(inside, lse_log2(lse[at]), POS_INF)
-            dlt[c] = delta[at]
-        kaio.sync_threads()
-        dot_tile(st, k_s, q_s, ty, tx, DP, C)
-        dot_tile(dpt, v_s, do_s, ty, tx, DP, C)
+            l2, dl = row_stats(lse, delta, t * QT + tx + 16 * c, Sq)
+            lse2[c] = l2
+            dlt[c] = dl
+        dot_pair(st, dpt, k_s, q_s, v_s, do_s, ty, tx, DP, C)
         for r in kaio.static_range(4):
             key = k0 + 4 * ty + r
             for c in kaio.static_range(C):

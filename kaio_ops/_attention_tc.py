@@ -52,6 +52,7 @@ POS_INF = float("inf")
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 A_COLS = 128  # the backward reads A fragments at most this many columns at a time
+BWD_THREADS = 128  # the threads of a backward block (4 warps)
 
 
 @kaio.gpu_func
@@ -109,6 +110,22 @@ def load_rows(
             x = src[kaio.select(inside, base + (row0 + r) * stride + col, 0)]
             dst[r, kaio.swizzle(dst, r, col)] = kaio.select(inside, x, DT(0.0))
             piece += THREADS
+
+
+@kaio.gpu_func
+def load_pair(
+    x_s: DT[:, :], y_s: DT[:, :], x: DT[:], y: DT[:],
+    base: u32, row0: u32, nrows: u32, ncols: u32, stride: u32, tid: u32,
+    R: kaio.constexpr, DP: kaio.constexpr, WITH_Y: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """The backward's tile loads: rows row0 .. row0 + R of x and y, two matrices with the same
+    rows (Q and dO, or K and V), into x_s and y_s (y only where ``WITH_Y``) by a backward
+    block's threads (``load_rows``, 16-byte copies), waited for, then the block synchronized."""
+    load_rows(x_s, x, base, row0, nrows, ncols, stride, tid, R, DP, BWD_THREADS, True, DT)
+    if WITH_Y:
+        load_rows(y_s, y, base, row0, nrows, ncols, stride, tid, R, DP, BWD_THREADS, True, DT)
+    kaio.cp_async_wait_all()
+    kaio.sync_threads()
 
 
 @kaio.gpu_func
@@ -537,48 +554,25 @@ def attention_bwd_dq(
 
 @kaio.gpu_func
 def dq_rows(
-    q: DT[:],
-    k: DT[:],
-    v: DT[:],
-    do: DT[:],
-    lse: f32[:],
-    delta: f32[:],
-    dq: OT[:],
-    q_base: u32,
-    q_stride: u32,
-    k_base: u32,
-    k_stride: u32,
-    lse_base: u32,
-    delta_base: u32,
-    delta_stride: u32,
-    sq: u32,
-    sk: u32,
-    d: u32,
-    q0: u32,
-    causal: u32,
-    shift_q: u32,
-    shift_k: u32,
-    scale_log2: f32,
-    scale: f32,
-    DP: kaio.constexpr,
-    BN: kaio.constexpr,
-    DT: kaio.constexpr,
-    OT: kaio.constexpr,
-):
+    q: DT[:], k: DT[:], v: DT[:], do: DT[:], lse: f32[:], delta: f32[:], dq: OT[:],
+    q_base: u32, q_stride: u32, k_base: u32, k_stride: u32,
+    lse_base: u32, delta_base: u32, delta_stride: u32,
+    sq: u32, sk: u32, d: u32, q0: u32, causal: u32, shift_q: u32, shift_k: u32,
+    scale_log2: f32, scale: f32,
+    DP: kaio.constexpr, BN: kaio.constexpr, DT: kaio.constexpr, OT: kaio.constexpr,
+):  # fmt: skip
     """The body of ``attention_bwd_dq`` (and of ``_attention_varlen.varlen_bwd_dq``): dQ of
     the query rows q0 .. q0 + 64 of one head. Rows i of Q, dO and dQ start at
     q_base + i * q_stride, keys j of K and V at k_base + j * k_stride; row i's logsumexp is
     lse[lse_base + i], its delta delta[delta_base + i * delta_stride]. Causal: row i sees
     keys j with j + shift_q <= i + shift_k (see ``attend_rows``)."""
-    THREADS = 128
-    KC = DP if DP <= A_COLS else A_COLS
     tid, lane, warp, g = thread_place()
     q_s = kaio.shared_dynamic(DT, (64, DP), 0)
     do_s = kaio.shared_dynamic(DT, (64, DP), 64 * DP * 2)
     k_s = kaio.shared_dynamic(DT, (BN, DP), 128 * DP * 2)
     v_s = kaio.shared_dynamic(DT, (BN, DP), (128 + BN) * DP * 2)
-    load_rows(q_s, q, q_base, q0, sq, d, q_stride, tid, 64, DP, THREADS, True, DT)
-    load_rows(do_s, do, q_base, q0, sq, d, q_stride, tid, 64, DP, THREADS, True, DT)
+    load_rows(q_s, q, q_base, q0, sq, d, q_stride, tid, 64, DP, BWD_THREADS, True, DT)
+    load_rows(do_s, do, q_base, q0, sq, d, q_stride, tid, 64, DP, BWD_THREADS, True, DT)
     kaio.cp_async_commit()
 
     acol = kaio.local(u32, 4)
@@ -600,15 +594,13 @@ def dq_rows(
     for n in kaio.static_range(DP // 8):
         for e in kaio.static_range(4):
             acc[n, e] = 0.0
+    KC = DP if DP <= A_COLS else A_COLS  # the A fragments' columns read at a time
     af = kaio.local(u32, (KC // 16, 4))
     s = kaio.local(f32, (BN // 8, 4))
     dp = kaio.local(f32, (BN // 8, 4))
     for t in range(n_tiles):
         kaio.sync_threads()  # the last tile's k_s, v_s are free
-        load_rows(k_s, k, k_base, t * BN, sk, d, k_stride, tid, BN, DP, THREADS, True, DT)
-        load_rows(v_s, v, k_base, t * BN, sk, d, k_stride, tid, BN, DP, THREADS, True, DT)
-        kaio.cp_async_wait_all()
-        kaio.sync_threads()
+        load_pair(k_s, v_s, k, v, k_base, t * BN, sk, d, k_stride, tid, BN, DP, True, DT)
         # S = Q K^T, dP = dO V^T
         dot_shared_rows(s, af, q_s, warp * 16, k_s, acol, bcol, lane, BN // 8, DP, KC, DT)
         dot_shared_rows(dp, af, do_s, warp * 16, v_s, acol, bcol, lane, BN // 8, DP, KC, DT)
@@ -658,41 +650,14 @@ def attention_bwd_dkdv(
 
 @kaio.gpu_func
 def dkdv_rows(
-    q: DT[:],
-    k: DT[:],
-    v: DT[:],
-    do: DT[:],
-    lse: f32[:],
-    delta: f32[:],
-    dk: OT[:],
-    dv: OT[:],
-    q_base: u32,
-    q_head: u32,
-    q_stride: u32,
-    k_base: u32,
-    k_stride: u32,
-    lse_base: u32,
-    lse_head: u32,
-    delta_base: u32,
-    delta_head: u32,
-    delta_stride: u32,
-    group: u32,
-    sq: u32,
-    sk: u32,
-    d: u32,
-    k0: u32,
-    causal: u32,
-    shift_q: u32,
-    shift_k: u32,
-    scale_log2: f32,
-    scale: f32,
-    DP: kaio.constexpr,
-    BQ: kaio.constexpr,
-    WITH_DK: kaio.constexpr,
-    WITH_DV: kaio.constexpr,
-    DT: kaio.constexpr,
-    OT: kaio.constexpr,
-):
+    q: DT[:], k: DT[:], v: DT[:], do: DT[:], lse: f32[:], delta: f32[:], dk: OT[:], dv: OT[:],
+    q_base: u32, q_head: u32, q_stride: u32, k_base: u32, k_stride: u32,
+    lse_base: u32, lse_head: u32, delta_base: u32, delta_head: u32, delta_stride: u32,
+    group: u32, sq: u32, sk: u32, d: u32, k0: u32, causal: u32, shift_q: u32, shift_k: u32,
+    scale_log2: f32, scale: f32,
+    DP: kaio.constexpr, BQ: kaio.constexpr, WITH_DK: kaio.constexpr, WITH_DV: kaio.constexpr,
+    DT: kaio.constexpr, OT: kaio.constexpr,
+):  # fmt: skip
     """The body of ``attention_bwd_dkdv`` (and of ``_attention_varlen.varlen_bwd_dkdv``): dK
     and dV of the keys k0 .. k0 + 64 of one K/V head, summed over the ``group`` query heads
     j that read it. Keys i of K, V, dK and dV start at k_base + i * k_stride; query row r
@@ -700,23 +665,18 @@ def dkdv_rows(
     lse[lse_base + j * lse_head + r], its delta at
     delta[delta_base + j * delta_head + r * delta_stride]. Causal: row r sees keys i with
     i + shift_q <= r + shift_k (see ``attend_rows``); a key no row sees gets zeros."""
-    THREADS = 128
-    KC = DP if DP <= A_COLS else A_COLS
     tid, lane, warp, g = thread_place()
     k_s = kaio.shared_dynamic(DT, (64, DP), 0)
     v_s = kaio.shared_dynamic(DT, (64, DP), 64 * DP * 2)
     q_s = kaio.shared_dynamic(DT, (BQ, DP), 128 * DP * 2)
     do_s = kaio.shared_dynamic(DT, (BQ, DP), (128 + BQ) * DP * 2)
-    load_rows(k_s, k, k_base, k0, sk, d, k_stride, tid, 64, DP, THREADS, True, DT)
-    if WITH_DK:
-        load_rows(v_s, v, k_base, k0, sk, d, k_stride, tid, 64, DP, THREADS, True, DT)
-    kaio.cp_async_wait_all()
-    kaio.sync_threads()
+    load_pair(k_s, v_s, k, v, k_base, k0, sk, d, k_stride, tid, 64, DP, WITH_DK, DT)
 
     acol = kaio.local(u32, 4)
     bcol = kaio.local(u32, 4)
     frag_columns(acol, bcol, k_s, lane, DT)
     KVREG = DP <= 64  # K and V fragments stay in registers (else: re-read each tile)
+    KC = DP if DP <= A_COLS else A_COLS  # the A fragments' columns read at a time
     kf = kaio.local(u32, (KC // 16, 4))
     vf = kaio.local(u32, (KC // 16, 4))
     if KVREG:
@@ -744,10 +704,7 @@ def dkdv_rows(
         delta_at = delta_base + j * delta_head
         for t in range(first, n_tiles):
             kaio.sync_threads()  # the last tile's q_s, do_s are free
-            load_rows(q_s, q, q_at, t * BQ, sq, d, q_stride, tid, BQ, DP, THREADS, True, DT)
-            load_rows(do_s, do, q_at, t * BQ, sq, d, q_stride, tid, BQ, DP, THREADS, True, DT)
-            kaio.cp_async_wait_all()
-            kaio.sync_threads()
+            load_pair(q_s, do_s, q, do, q_at, t * BQ, sq, d, q_stride, tid, BQ, DP, True, DT)
             if KVREG:
                 dot_rows(st, kf, q_s, bcol, lane, BQ // 8, 0, DP, DT)  # S^T = K Q^T
                 if WITH_DK:

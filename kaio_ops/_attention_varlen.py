@@ -37,25 +37,11 @@ def sequence(cu_q: i32[:], cu_k: i32[:], b: u32) -> tuple[u32, u32, u32, u32]:
 
 @kaio.gpu_kernel
 def varlen_fwd(
-    q: DT[:],
-    k: DT[:],
-    v: DT[:],
-    out: DT[:],
-    lse: f32[:],
-    cu_q: i32[:],
-    cu_k: i32[:],
-    total_q: u32,
-    heads: u32,
-    group: u32,
-    d: u32,
-    scale_log2: f32,
-    causal: u32,
-    DP: kaio.constexpr,
-    WARPS: kaio.constexpr,
-    BN: kaio.constexpr,
-    MIN_BLOCKS: kaio.constexpr,
+    q: DT[:], k: DT[:], v: DT[:], out: DT[:], lse: f32[:], cu_q: i32[:], cu_k: i32[:],
+    total_q: u32, heads: u32, group: u32, d: u32, scale_log2: f32, causal: u32,
+    DP: kaio.constexpr, WARPS: kaio.constexpr, BN: kaio.constexpr, MIN_BLOCKS: kaio.constexpr,
     DT: kaio.constexpr,
-):
+):  # fmt: skip
     """out and lse of the 16 * WARPS query rows of block x (heaviest causal tiles first) of
     head block y of sequence block z: q, out [total_q, heads, d], k, v [total_k,
     heads / group, d], lse [heads, total_q], all flat (d % 8 == 0, 16-byte aligned)."""
@@ -78,26 +64,11 @@ def varlen_fwd(
 
 @kaio.gpu_kernel
 def varlen_bwd_dq(
-    q: DT[:],
-    k: DT[:],
-    v: DT[:],
-    do: DT[:],
-    lse: f32[:],
-    delta: f32[:],
-    dq: DT[:],
-    cu_q: i32[:],
-    cu_k: i32[:],
-    total_q: u32,
-    heads: u32,
-    group: u32,
-    d: u32,
-    scale_log2: f32,
-    scale: f32,
-    causal: u32,
-    DP: kaio.constexpr,
-    BN: kaio.constexpr,
-    DT: kaio.constexpr,
-):
+    q: DT[:], k: DT[:], v: DT[:], do: DT[:], lse: f32[:], delta: f32[:], dq: DT[:],
+    cu_q: i32[:], cu_k: i32[:], total_q: u32, heads: u32, group: u32, d: u32,
+    scale_log2: f32, scale: f32, causal: u32,
+    DP: kaio.constexpr, BN: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
     """dQ of the 64 query rows of block x of head block y of sequence block z (see
     ``_attention_tc.attention_bwd_dq``); delta [total_q, heads]."""
     kaio.launch_bounds(128, 1)
@@ -117,29 +88,12 @@ def varlen_bwd_dq(
 
 @kaio.gpu_kernel
 def varlen_bwd_dkdv(
-    q: DT[:],
-    k: DT[:],
-    v: DT[:],
-    do: DT[:],
-    lse: f32[:],
-    delta: f32[:],
-    dk: DT[:],
-    dv: DT[:],
-    cu_q: i32[:],
-    cu_k: i32[:],
-    total_q: u32,
-    heads: u32,
-    group: u32,
-    d: u32,
-    scale_log2: f32,
-    scale: f32,
-    causal: u32,
-    DP: kaio.constexpr,
-    BQ: kaio.constexpr,
-    WITH_DK: kaio.constexpr,
-    WITH_DV: kaio.constexpr,
+    q: DT[:], k: DT[:], v: DT[:], do: DT[:], lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:],
+    cu_q: i32[:], cu_k: i32[:], total_q: u32, heads: u32, group: u32, d: u32,
+    scale_log2: f32, scale: f32, causal: u32,
+    DP: kaio.constexpr, BQ: kaio.constexpr, WITH_DK: kaio.constexpr, WITH_DV: kaio.constexpr,
     DT: kaio.constexpr,
-):
+):  # fmt: skip
     """dK and dV of the 64 keys of block x of K/V head block y of sequence block z, summed
     over the ``group`` query heads that read it (see ``_attention_tc.attention_bwd_dkdv``)."""
     kaio.launch_bounds(128, 1)

@@ -71,6 +71,15 @@ def store_f32(
 
 
 @kaio.gpu_func
+def thread_element(rows: u32, cols: u32) -> tuple[bool_, u32, u32]:
+    """``(inside, row, col)``: the element of a row-major [rows, cols] matrix that this thread
+    owns when a 1-D grid gives each thread one element, block after block, and whether the
+    matrix has it (the last block may reach past its end)."""
+    i = kaio.block_idx_x() * kaio.block_dim_x() + kaio.thread_idx_x()
+    return i < rows * cols, i // cols, i % cols
+
+
+@kaio.gpu_func
 def store_cols(
     dst: DT[:, :], row: u32, col: u32, v: DT[:], n: u32, vec: bool_, E: kaio.constexpr,
     DT: kaio.constexpr,

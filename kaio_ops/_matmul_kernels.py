@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import kaio
 from kaio import bf16, f16, f16x2, f32, i32, u32, u64
+from kaio_ops._common import thread_element
 
 GROUP_M = 8
 
@@ -487,11 +488,8 @@ def slice_sum(ws: f32[:, :], row: u32, col: u32, M: u32, SPLIT: kaio.constexpr) 
 def sum_slices(ws: f32[:, :], c: f32[:, :], SPLIT: kaio.constexpr):
     """c = the sum of the SPLIT partial products stacked in ws [SPLIT * M, N], in order."""
     M = u32(c.shape[0])
-    N = u32(c.shape[1])
-    i = kaio.block_idx_x() * kaio.block_dim_x() + kaio.thread_idx_x()
-    if i < M * N:
-        row = i // N
-        col = i % N
+    inside, row, col = thread_element(M, u32(c.shape[1]))
+    if inside:
         c[row, col] = slice_sum(ws, row, col, M, SPLIT)
 
 

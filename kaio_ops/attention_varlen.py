@@ -128,16 +128,9 @@ def _forward(
 
 @planned("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k")
 def flash_attention_varlen(
-    q,
-    k,
-    v,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    causal: bool = False,
-    scale: float | None = None,
-):
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+    causal: bool = False, scale: float | None = None,
+):  # fmt: skip
     """Multi-head attention over a packed batch of variable-length sequences (FlashAttention's
     ``flash_attn_varlen_func``): q [total_q, H, D], k and v [total_k, Hkv, D] of f16 or bf16
     (H a multiple of Hkv: query head h reads K/V head h // (H // Hkv); D a multiple of 8 up to
@@ -147,64 +140,27 @@ def flash_attention_varlen(
     1/sqrt(D)); ``causal`` aligned bottom-right (query i of a sequence of sq queries and sk
     keys sees keys j <= i + sk - sq). Returns [total_q, H, D] of q's dtype; tokens past
     cu_seqlens_q[B] are not written."""
-    return _forward(
-        "flash_attention_varlen",
-        q,
-        k,
-        v,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
-        causal,
-        scale,
-    )[0]
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale)
+    return _forward("flash_attention_varlen", *args)[0]
 
 
 @planned("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k")
 def flash_attention_varlen_with_stats(
-    q,
-    k,
-    v,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    causal: bool = False,
-    scale: float | None = None,
-):
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+    causal: bool = False, scale: float | None = None,
+):  # fmt: skip
     """``(out, lse)``: ``flash_attention_varlen`` and the natural logsumexp of each query row's
     scaled scores, f32 [H, total_q] (FlashAttention's varlen layout; -inf for a row that sees
     no key), which ``flash_attention_varlen_bwd`` takes."""
-    return _forward(
-        "flash_attention_varlen_with_stats",
-        q,
-        k,
-        v,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
-        causal,
-        scale,
-    )
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale)
+    return _forward("flash_attention_varlen_with_stats", *args)
 
 
 @planned("do", "q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k")
 def flash_attention_varlen_bwd(
-    do,
-    q,
-    k,
-    v,
-    o,
-    lse,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    causal: bool = False,
-    scale: float | None = None,
-):
+    do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+    causal: bool = False, scale: float | None = None,
+):  # fmt: skip
     """Gradients ``(dq, dk, dv)`` of ``flash_attention_varlen`` (FlashAttention-2's backward on
     tensor cores, as ``flash_attention_bwd``) from the output gradient ``do`` and the output
     ``o`` [total_q, H, D], the inputs and ``lse`` [H, total_q] (f32) of

@@ -550,15 +550,9 @@ def _llama_layer_forward(
 
 
 def _llama_model_forward(
-    self,
-    input_ids=None,
-    attention_mask=None,
-    position_ids=None,
-    past_key_values=None,
-    inputs_embeds=None,
-    use_cache=None,
-    **kwargs,
-):
+    self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+    inputs_embeds=None, use_cache=None, **kwargs,
+):  # fmt: skip
     """A Llama-family model's forward (``LlamaModel``'s) with less host work a step: with
     kaio's attention, no outputs to record and not training, it embeds, makes the step's
     ``Step`` and runs the layers' ``forward`` and the norm directly (no attention mask is

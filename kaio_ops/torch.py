@@ -473,6 +473,12 @@ def _linear_grad(s, needs, dy):
     }
 
 
+def _like_op(name: str, schema: str, grad: Callable, inputs: tuple) -> OpSpec:
+    """The ``OpSpec`` of an op with one output shaped like its first input (``_like``),
+    differentiable in ``inputs`` by ``grad`` (``Grad``)."""
+    return OpSpec(name, schema, _like, Grad(grad, inputs))
+
+
 _MATMUL = "(Tensor a, Tensor b) -> Tensor"
 _QUANTIZED = "a quantized op is forward-only (its integer operands have no gradient)"
 _SHORT = "short-sequence tensor-core attention is forward-only; use flash attention to train"
@@ -510,20 +516,12 @@ OPS: tuple[OpSpec, ...] = (
     OpSpec("matmul_tc_async", _MATMUL, _matmul_out, _matmul_grad("matmul_tc_async")),
     OpSpec("matmul_tc_bf16", _MATMUL, _matmul_out, _matmul_grad("matmul_tc_bf16")),
     OpSpec("matmul_tc_bf16_async", _MATMUL, _matmul_out, _matmul_grad("matmul_tc_bf16_async")),
-    OpSpec(
-        "silu_gate",
-        "(Tensor x, Tensor gate) -> Tensor",
-        _like,
-        Grad(_silu_gate_grad, ("x", "gate")),
-    ),
-    OpSpec("gelu", "(Tensor x, str approximate='tanh') -> Tensor", _like, Grad(_gelu_grad, ("x",))),
+    _like_op("silu_gate", "(Tensor x, Tensor gate) -> Tensor", _silu_gate_grad, ("x", "gate")),
+    _like_op("gelu", "(Tensor x, str approximate='tanh') -> Tensor", _gelu_grad, ("x",)),
     OpSpec("add", "(Tensor x, Tensor y) -> Tensor", _like, Grad(_add_grad)),
-    OpSpec("mul", "(Tensor x, Tensor y) -> Tensor", _like, Grad(_mul_grad, ("x", "y"))),
-    OpSpec(
-        "rms_norm",
-        "(Tensor x, Tensor w, float eps=1e-06) -> Tensor",
-        _like,
-        Grad(_rms_norm_grad, ("x", "w")),
+    _like_op("mul", "(Tensor x, Tensor y) -> Tensor", _mul_grad, ("x", "y")),
+    _like_op(
+        "rms_norm", "(Tensor x, Tensor w, float eps=1e-06) -> Tensor", _rms_norm_grad, ("x", "w")
     ),
     OpSpec(
         "rms_norm_residual",
@@ -531,18 +529,18 @@ OPS: tuple[OpSpec, ...] = (
         _two_like,
         Grad(_rms_norm_residual_grad, ("w", "out1")),
     ),
-    OpSpec(
+    _like_op(
         "layer_norm",
         "(Tensor x, Tensor w, Tensor b, float eps=1e-05) -> Tensor",
-        _like,
-        Grad(_layer_norm_grad, ("x", "w")),
+        _layer_norm_grad,
+        ("x", "w"),
     ),
-    OpSpec("softmax", "(Tensor x) -> Tensor", _like, Grad(_softmax_grad, ("out",))),
-    OpSpec(
+    _like_op("softmax", "(Tensor x) -> Tensor", _softmax_grad, ("out",)),
+    _like_op(
         "rope",
         "(Tensor x, Tensor cos, Tensor sin, bool interleaved=False) -> Tensor",
-        _like,
-        Grad(_rope_grad, ("x", "cos", "sin")),
+        _rope_grad,
+        ("x", "cos", "sin"),
     ),
     # Ops of shared/API.md section 5 registered as soon as kaio_ops exports them.
     OpSpec(
