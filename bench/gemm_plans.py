@@ -8,7 +8,7 @@ checked against.
 Usage: ``python bench/gemm_plans.py --out plans.json [--budget 70] [--set small,mid,...]``
 (``linear``: B [N, K] shapes; ``epi``: fused ``linear`` epilogues against the torch ops);
 stops starting shapes after ``--budget`` seconds (the JSON keeps what finished). Prints, per
-shape, cuBLAS, the current heuristic's plan and the best plan found (µs), then a summary.
+shape, cuBLAS, the op's own plan (``linear.route``) and the best plan found (µs), then a summary.
 """
 
 from __future__ import annotations
@@ -63,6 +63,18 @@ SETS["worst"] = [
     (256, 4096, 14336, "gelu"), (1024, 4096, 14336, "gelu"), (128, 4096, 14336, "gelu"),
     (2, 4096, 4096), (8, 4096, 4096), (4, 6144, 4096), (1, 6144, 4096),
 ]  # fmt: skip
+# the cases still below 0.9x cuBLAS (f16 or bf16) and the squares after the round of
+# 2026-11-26 (docs/performance.md), and the next worst at the same M (issue 33's second pass)
+SETS["w33"] = [
+    (512, 6144, 4096), (256, 10240, 8192), (512, 10240, 8192), (1024, 1024, 1024),
+    (2048, 2048, 2048), (32, 4096, 4096), (64, 4096, 4096), (128, 4096, 4096),
+    (8, 4096, 4096), (4, 4096, 4096), (8, 6144, 4096), (1024, 57344, 8192), (512, 28672, 4096),
+    (256, 4096, 14336), (1024, 4096, 4096), (256, 57344, 8192), (512, 57344, 8192),
+    (128, 6144, 4096), (128, 10240, 8192), (1024, 10240, 8192), (1024, 6144, 4096),
+]  # fmt: skip
+# tile widths besides 64, 128 and 256 that fill the waves of some shapes (132 SMs: 6144 /
+# 192 = 32 column tiles, 10240 / 160 = 64, 28672 / 224 = 128)
+WIDE = (160, 192, 224)
 # fused linear epilogues (B [N, K], bias, activation, residual) against the separate torch
 # ops: (M, N (the output's columns), K, activation)
 EPILOGUES = [
@@ -75,7 +87,8 @@ EPILOGUES = [
 def candidates(m: int, n: int, k: int, sms: int, gate: bool = False) -> list[_gemm_hopper.Plan]:
     """The plans worth timing for one shape: every tile shape whose grid, times a K split
     of whole 64-deep steps (at least 2 a slice), gives between sms / 2 and 4 * sms blocks
-    (or the one split nearest that), the split summed both ways. ``gate``: "silu_gate"
+    (or the one split nearest that), the split summed both ways, and from M = 128 the widths
+    of ``WIDE`` unsplit. ``gate``: "silu_gate"
     (N tiles of at most 128)."""
     out = []
     for wg in (1,) if m <= 64 else (1, 2) if m <= 2048 else (2,):
@@ -94,6 +107,12 @@ def candidates(m: int, n: int, k: int, sms: int, gate: bool = False) -> list[_ge
                 out.append(_gemm_hopper.Plan(wg, bn, stages, split, False))
                 if split > 1:  # the split summed in the kernel too
                     out.append(_gemm_hopper.Plan(wg, bn, stages, split, True))
+    if m >= 128 and not gate:  # the other widths, one slice, where they make a wave or more
+        for wg in (1, 2) if m <= 512 else (2,):
+            for bn in WIDE:
+                if math.ceil(m / (64 * wg)) * math.ceil(n / bn) >= sms // 2:
+                    out.append(_gemm_hopper.Plan(wg, bn, _gemm_hopper.stages_for(wg, bn, gate), 1,
+                                                 False))  # fmt: skip
     return out
 
 
@@ -121,7 +140,7 @@ def choice_of(name: list):
     if name[0] == "gemv":
         return _gemv.Plan(name[1])
     if name[0] == "persistent":
-        return "persistent"
+        return linear_mod.Persistent(name[1]) if len(name) > 1 else "persistent"
     if name[0] in linear_mod.CONFIGS:
         return MmaPlan(*name)
     if isinstance(name[0], int):
@@ -178,6 +197,8 @@ def table_source(table: dict) -> str:
             return f'"{choice}"'
         if isinstance(choice, MmaPlan):
             return f'Plan("{choice.config}", {choice.split})'
+        if isinstance(choice, linear_mod.Persistent):
+            return f"Persistent({choice.bn})"
         names = {_gemm_hopper.Plan: "_P", _gemm_streamk.Plan: "_S"}
         name = names.get(type(choice), "_gemv.Plan")
         return f"{name}{tuple(choice)}".replace(",)", ")")
@@ -270,6 +291,9 @@ def plans_of(m: int, n: int, k: int, sms: int, transposed: bool, act: str, route
             plans += [replace(mine, split=mine.split // 2), replace(mine, split=2 * mine.split)]
     if m >= 128 and not transposed and act == "none":
         plans.append("persistent")  # _matmul_hopper's kernel (128 x 128 or 128 x 256 tiles)
+        for bn in (128, *WIDE, 256):  # and each width, where the tiles make a wave or more
+            if math.ceil(m / 128) * math.ceil(n / bn) >= sms // 2:
+                plans.append(linear_mod.Persistent(bn))
     plans += streamk_candidates(m, n, sms, gate)
     return [route, *plans], default
 
@@ -388,7 +412,7 @@ def main(argv: list[str] | None = None) -> None:
         bad = [t["plan"] for t in row["all"] if not t["ok"]]
         cu = row["cublas_us"]
         print(
-            f"M={m:5d} {_shape(row)} cuBLAS {cu:7.1f}us  default {_fmt(row['default'], cu)}  "
+            f"M={m:5d} {_shape(row)} cuBLAS {cu:7.1f}us  route {_fmt(row['route'], cu)}  "
             f"best {_fmt(row['best'], cu)}" + (f"  WRONG {bad}" if bad else ""),
             flush=True,
         )
@@ -397,10 +421,10 @@ def main(argv: list[str] | None = None) -> None:
                 json.dump({"meta": h.meta, "rows": rows}, fh)
         torch.cuda.empty_cache()
     print(f"\nHopper GEMM plans on {h.meta['gpu']} ({sms} SMs), f16, B [K, N]; x = cuBLAS/kaio")
-    print("| M | N x K | cuBLAS µs | default plan | x | best plan | x |")
+    print("| M | N x K | cuBLAS µs | route's plan | x | best plan | x |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        d, b, cu = r["default"], r["best"], r["cublas_us"]
+        d, b, cu = r["route"], r["best"], r["cublas_us"]
         print(
             f"| {r['m']} | {_shape(r)} | {cu:.1f} | {_fmt(d, cu, ' | ')} | {_fmt(b, cu, ' | ')} |"
         )
@@ -416,9 +440,11 @@ def _shape(row: dict) -> str:
 def _name(plan) -> list:
     """A plan as JSON: ``[wg, bn, stages, split, fixup]``, ``["gemv", split]``,
     ``[config, split]`` (mma.sync), ``["sk", wg, bn, stages, blocks, spread]`` (stream-K)
-    or ``["persistent"]``."""
+    or ``["persistent"]`` (``["persistent", bn]``: a ``linear.Persistent``)."""
     if isinstance(plan, str):
         return [plan]
+    if isinstance(plan, linear_mod.Persistent):
+        return ["persistent", plan.bn]
     if isinstance(plan, _gemm_streamk.Plan):
         return ["sk", *plan]
     if isinstance(plan, MmaPlan):

@@ -68,11 +68,12 @@ def gemm_wgmma(
     GATE = ACT == "silu_gate"
     BM = 64 * WG
     NB = 2 if GATE else 1  # B tiles a stage: the gate and up rows for "silu_gate"
-    STAGE_BYTES = (BM + NB * BN) * BK * 2
+    NBLK = (BN + 63) // 64  # 64-row (column) TMA boxes of B a tile: 160 or 224 load a whole last
+    STAGE_BYTES = (BM + NB * NBLK * 64) * BK * 2
     sa = kaio.shared_dynamic(DT, (STAGES, BM, BK), 0)
     sb = kaio.shared_dynamic(
         DT,
-        (STAGES, NB * BN // 64, 64, BK) if BT else (STAGES, BN // 64, BK, 64),
+        (STAGES, NB * NBLK, 64, BK) if BT else (STAGES, NBLK, BK, 64),
         STAGES * BM * BK * 2,
     )
     bars = kaio.shared_dynamic(u64, (2, STAGES), STAGES * STAGE_BYTES)
@@ -102,7 +103,7 @@ def gemm_wgmma(
                     db = kaio.smem_descriptor(sb, (s, 0, 0, kk * 16), SW, 16, 1024)
                     wgmma_step(acc, da, db, kt + kk > 0, False, DT)
                     if GATE:
-                        du = kaio.smem_descriptor(sb, (s, BN // 64, 0, kk * 16), SW, 16, 1024)
+                        du = kaio.smem_descriptor(sb, (s, NBLK, 0, kk * 16), SW, 16, 1024)
                         wgmma_step(acc_u, da, du, kt + kk > 0, False, DT)
                 else:
                     db = kaio.smem_descriptor(sb, (s, 0, kk * 16, 0), SW, BK * SW, 1024)
@@ -129,11 +130,11 @@ def gemm_wgmma(
             k0 = i32(k_begin) + g * BK
             kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32(STAGE_BYTES))
             kaio.tma_load_2d(sa, (s, 0, 0), ta, i32(m0), k0, bars, (0, s))
-            for j in kaio.static_range(BN // 64):
+            for j in kaio.static_range(NBLK):
                 if BT:
                     kaio.tma_load_2d(sb, (s, j, 0, 0), tb, i32(n0) + j * 64, k0, bars, (0, s))
                     if GATE:
-                        kaio.tma_load_2d(sb, (s, BN // 64 + j, 0, 0), tb,
+                        kaio.tma_load_2d(sb, (s, NBLK + j, 0, 0), tb,
                                          i32(N + n0) + j * 64, k0, bars, (0, s))  # fmt: skip
                 else:
                     kaio.tma_load_2d(sb, (s, j, 0, 0), tb, k0, i32(n0) + j * 64, bars, (0, s))
@@ -153,7 +154,7 @@ def eligible(a, b, n: int, k: int, transposed: bool) -> bool:
 def shared_bytes(wg: int, bn: int, stages: int, gate: bool) -> int:
     """The dynamic shared memory of ``gemm_wgmma``: the tile ring, its barriers and the
     K-split fixup's arrival count."""
-    return stages * ((64 * wg + (2 if gate else 1) * bn) * BK * 2 + 16) + 16
+    return stages * ((64 * wg + (2 if gate else 1) * -(-bn // 64) * 64) * BK * 2 + 16) + 16
 
 
 class Plan(NamedTuple):

@@ -98,9 +98,10 @@ def produce(
     row and column) to the slice after it, dividing only when the tile changes (the short
     path keeps the producer ahead of the consumers)."""
     k0 = at[0] * BK
-    kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32(A_STAGE_BYTES + BK * BN * 2))
+    NBLK = (BN + 63) // 64  # 64-column TMA boxes: a width of 160 or 224 loads a whole last box
+    kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32(A_STAGE_BYTES + BK * NBLK * 128))
     kaio.tma_load_2d(sa, (s, 0, 0), ta, at[2], k0, bars, (0, s))
-    for j in kaio.static_range(BN // 64):
+    for j in kaio.static_range(NBLK):
         kaio.tma_load_2d(sb, (s, j, 0, 0), tb, k0, at[3] + j * 64, bars, (0, s))
     next_slice(at, k_tiles, step, tiles_m, tiles_n, BN, GROUP, BM)
 
@@ -264,8 +265,9 @@ def matmul_wgmma(
 ):
     kaio.launch_bounds(THREADS, 1)
     sa = kaio.shared_dynamic(IN, (STAGES, BM, BK), 0)
-    sb = kaio.shared_dynamic(IN, (STAGES, BN // 64, BK, 64), STAGES * A_STAGE_BYTES)
-    bars = kaio.shared_dynamic(u64, (2, STAGES), STAGES * (A_STAGE_BYTES + BK * BN * 2))
+    NBLK = (BN + 63) // 64  # B's 64-column blocks a stage (``produce``)
+    sb = kaio.shared_dynamic(IN, (STAGES, NBLK, BK, 64), STAGES * A_STAGE_BYTES)
+    bars = kaio.shared_dynamic(u64, (2, STAGES), STAGES * (A_STAGE_BYTES + BK * NBLK * 128))
     t = kaio.thread_idx_x()
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it (CUTLASS does the same)
     lt = t % 128
@@ -329,12 +331,13 @@ def launch(
     or with ``f16_outs`` (one to three arrays [M, N_i] of ``out_type``, f16 or bf16, the N_i
     summing to N) the columns of C go to them in turn, each times its float in ``scales``
     (default 1) and rounded to ``out_type``; returns ``f16_outs``. ``bn``: the tile width
-    (128 or 256) instead of that rule."""
+    (a multiple of 16 up to 256; 160, 192 and 224 fill the waves of some LLM shapes:
+    ``linear.persistent_width``) instead of that rule."""
     from kaio_ops import _arrays
 
     if bn is None:
         bn = 256 if -(-m // BM) * -(-n // 256) >= sms else 128
-    stages = 4 if bn == 256 else 5
+    stages = stages_for(bn)
     if f16_outs is None:
         outs = _arrays.output(a, (m, n), f32)
         targets, widths = [outs] * 3, [n, 0]
@@ -366,14 +369,20 @@ def launch(
 
 
 def shared_bytes(bn: int, stages: int) -> int:
-    """The dynamic shared memory of ``matmul_wgmma``: the tile ring and its 2 x STAGES
-    barriers."""
-    return stages * (A_STAGE_BYTES + BK * bn * 2 + 16)
+    """The dynamic shared memory of ``matmul_wgmma``: the tile ring (B in whole 64-column
+    blocks) and its 2 x STAGES barriers."""
+    return stages * (A_STAGE_BYTES + BK * -(-bn // 64) * 128 + 16)
+
+
+def stages_for(bn: int) -> int:
+    """The ring depth of ``matmul_wgmma`` at tile width ``bn``: as many stages as fit in
+    shared memory, at most 5 (4 at 256 columns)."""
+    return min(5, 227 * 1024 // shared_bytes(bn, 1))
 
 
 def specializations() -> list:
     """(kernel, constexprs) of every specialization ``launch`` uses (for PTX checks)."""
-    return [
+    specs = [
         (
             matmul_wgmma,
             {"BN": bn, "STAGES": st, "IN": in_, "GROUP": GROUP_ROWS, "OUT": out},
@@ -382,3 +391,7 @@ def specializations() -> list:
         for in_ in (f16, kaio.bf16)
         for out in (f32, f16, kaio.bf16)
     ]
+    for bn, in_ in ((160, f16), (192, kaio.bf16), (224, f16)):  # widths of part-used blocks
+        consts = {"BN": bn, "STAGES": stages_for(bn), "IN": in_, "GROUP": GROUP_ROWS}
+        specs.append((matmul_wgmma, {**consts, "OUT": in_}))
+    return specs

@@ -13,6 +13,7 @@ and launches.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -62,6 +63,14 @@ def out_type(op: str, out_dtype, default: ScalarType) -> ScalarType:
             f"or kaio dtype) or None for the inputs' dtype, got {out_dtype!r}"
         )
     return found
+
+
+class Persistent(NamedTuple):
+    """A ``gemm`` choice: ``_matmul_hopper``'s persistent kernel (sm_90, B [K, N], no
+    epilogue) with ``128 x bn`` tiles (``bn`` a multiple of 16 up to 256), where the string
+    ``"persistent"`` takes the width of ``persistent_width``."""
+
+    bn: int
 
 
 _PLACEHOLDERS: dict = {}
@@ -149,8 +158,8 @@ def gemm(
         return c
     if isinstance(chosen, _gemv.Plan):
         return _skinny(a, b, out_shape, mnk, out, chosen.split)
-    if chosen == "persistent":  # _matmul_hopper's persistent kernel (B [K, N], no epilogue)
-        bn = persistent_width(m, n, sms)
+    if chosen == "persistent" or isinstance(chosen, Persistent):  # B [K, N], no epilogue
+        bn = chosen.bn if isinstance(chosen, Persistent) else persistent_width(m, n, sms)
         if out == f32:
             return _matmul_hopper.launch(a, b, m, n, k, sms, dtype == bf16, bn=bn)
         c = _arrays.output(a, out_shape, out)
@@ -316,7 +325,7 @@ def _counters(like: _arrays.Operand, tiles: int):
 # "silu_gate", N its output columns) -> [(largest M, choice)] in increasing M; a choice is
 # a _gemm_hopper.Plan, a _gemm_streamk.Plan (the stream-K schedule), "gemv" or a
 # _gemv.Plan, "mma.sync" (its own plan, ``tuned_plan``) or a matmul.Plan (an mma.sync
-# plan), "persistent", or "rules" (``route``'s rules below).
+# plan), "persistent" or a Persistent (its tile width), or "rules" (``route``'s rules below).
 # Shapes and M ranges not listed take the rules of ``route``. Measured on an H100 SXM (132
 # SMs), f16, L2 rotated: the fastest correct plan of each shape (bench/gemm_plans.py; the
 # sweep's worst cases re-searched with --set worst on 2026-11-26).
@@ -370,7 +379,7 @@ def route(a, b, mnk: tuple, transposed: bool, plain: bool, gate: bool):
                 if choice == "gemv" or isinstance(choice, _gemv.Plan):
                     if _gemv.takes(a, b, mnk, transposed, plain):
                         return choice
-                if choice == "persistent" and persistent:
+                if (choice == "persistent" or isinstance(choice, Persistent)) and persistent:
                     return choice
                 if isinstance(choice, _gemm_hopper.Plan | _gemm_streamk.Plan):
                     return choice
