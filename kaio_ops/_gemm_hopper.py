@@ -13,12 +13,15 @@ tiles) and narrow N tiles; when the tiles do not fill the GPU, K is split over `
 in a fixed order (deterministic). One tile per block (no persistent loop); blocks go in
 groups of 8 tile rows (``_matmul_kernels.tile_origin``) for L2 reuse.
 
-Shared tiles (docs/hopper.md gives the descriptors): A stage ``s`` is ``64 * WG x 64``
-K-major rows of 128 bytes (SBO 1024). B [N, K] (``BT``, ``nn.Linear``'s layout) is K-major
-too: ``BN`` rows of 64 K (for "silu_gate" the gate rows then the up rows of the block's
-columns, two accumulator sets); B [K, N] is ``BN / 64`` column blocks of ``64 x 64``
-N-major rows (LBO 8192, SBO 1024, ``trans_b``). The K tail and the M and N edges read zeros
-from TMA; the epilogue stores only the elements inside C (``_gemm.store_pair``).
+Shared tiles (docs/hopper.md gives the descriptors): stage ``s`` of the ring is rows of 128
+bytes (``load_slice``, ``mma_slice``, shared with ``kaio_ops._gemm_streamk``): first A's
+``64 * WG x 64`` K-major rows (SBO 1024), then B's in blocks of 64 rows. B [N, K] (``BT``,
+``nn.Linear``'s layout) is K-major too: ``BN`` rows of 64 K (for "silu_gate" the gate rows
+then the up rows of the block's columns, two accumulator sets); B [K, N] is ``BN / 64``
+column blocks of ``64 x 64`` N-major rows (LBO 8192, SBO 1024, ``trans_b``). ``BN`` is a
+multiple of 16 (160 and 224 fill the waves of some LLM shapes): B is loaded in whole 64-row
+blocks, the wgmmas read the first ``BN``. The K tail and the M and N edges read zeros from
+TMA; the epilogue stores only the elements inside C (``_gemm.store_pair``).
 """
 
 # ruff: noqa: F821  (DT, OUT and RT in annotations are dtype constexpr parameters)
@@ -51,6 +54,78 @@ def wgmma_step(
         kaio.wgmma_bf16(acc, da, db, accumulate, False, TRANS_B)
 
 
+@kaio.gpu_func
+def load_slice(
+    ring: DT[:, :, :], bars: u64[:, :], ta: kaio.tensormap, tb: kaio.tensormap, s: i32,
+    m0: i32, n0: i32, k0: i32, N: u32,
+    WG: kaio.constexpr, BN: kaio.constexpr, BT: kaio.constexpr, ACT: kaio.constexpr,
+    DT: kaio.constexpr,
+):  # fmt: skip
+    """The producer's TMA copies of one 64-deep K slice (from ``k0``) into stage ``s`` of
+    ``ring``, armed on its full barrier: A's rows from ``m0``, then B's columns from ``n0`` in
+    64-row blocks (for "silu_gate" then the up rows' blocks, from ``N + n0``). A width that
+    is not a multiple of 64 (160, 224) loads its last block whole."""
+    NBLK = (BN + 63) // 64
+    NB = 2 if ACT == "silu_gate" else 1
+    BM = 64 * WG
+    kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32((BM + NB * NBLK * 64) * BK * 2))
+    kaio.tma_load_2d(ring, (s, 0, 0), ta, m0, k0, bars, (0, s))
+    for j in kaio.static_range(NBLK):
+        if BT:
+            kaio.tma_load_2d(ring, (s, BM + 64 * j, 0), tb, n0 + 64 * j, k0, bars, (0, s))
+            if NB == 2:
+                kaio.tma_load_2d(ring, (s, BM + 64 * (NBLK + j), 0), tb, i32(N) + n0 + 64 * j,
+                                 k0, bars, (0, s))  # fmt: skip
+        else:
+            kaio.tma_load_2d(ring, (s, BM + 64 * j, 0), tb, k0, n0 + 64 * j, bars, (0, s))
+
+
+@kaio.gpu_func
+def mma_slice(
+    acc: f32[:, :, :], acc_u: f32[:, :, :], ring: DT[:, :, :], s: i32, wg: u32, fresh: bool_,
+    WG: kaio.constexpr, BN: kaio.constexpr, BT: kaio.constexpr, ACT: kaio.constexpr,
+    DT: kaio.constexpr,
+):  # fmt: skip
+    """Consumer warpgroup ``wg``'s wgmmas of the K slice in stage ``s`` of ``ring``
+    (``load_slice``'s layout): acc (+)= its 64 rows of A times the B tile, and for
+    "silu_gate" acc_u (+)= them times the up tile; ``fresh``: the slice starts the sum."""
+    NBLK = (BN + 63) // 64
+    BM = 64 * WG
+    for kk in kaio.static_range(BK // 16):
+        da = kaio.smem_descriptor(ring, (s, 64 * wg, kk * 16), SW, 16, 1024)
+        more = kk > 0 or not fresh
+        if BT:
+            db = kaio.smem_descriptor(ring, (s, BM, kk * 16), SW, 16, 1024)
+            wgmma_step(acc, da, db, more, False, DT)
+            if ACT == "silu_gate":
+                du = kaio.smem_descriptor(ring, (s, BM + 64 * NBLK, kk * 16), SW, 16, 1024)
+                wgmma_step(acc_u, da, du, more, False, DT)
+        else:  # B [K, N]: 64-column blocks of N-major rows, LBO between blocks
+            db = kaio.smem_descriptor(ring, (s, BM + kk * 16, 0), SW, BK * SW, 1024)
+            wgmma_step(acc, da, db, more, True, DT)
+
+
+@kaio.gpu_func
+def mma_run(
+    acc: f32[:, :, :], acc_u: f32[:, :, :], ring: DT[:, :, :], bars: u64[:, :], kb: i32,
+    ke: i32, s: i32, ph: u32, ps: i32, wg: u32, lt: u32,
+    STAGES: kaio.constexpr, WG: kaio.constexpr, BN: kaio.constexpr, BT: kaio.constexpr,
+    ACT: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """A consumer warpgroup's sum of K slices ``kb`` to ``ke`` (> ``kb``) of one tile: each
+    waited for at ring position ``s``, ``ph``, multiplied (``mma_slice``) and retired (its
+    stage before freed, ``retire_slice``; ``ps``: the stage of the slice before), then all
+    its wgmmas waited for. Returns the ring position after it and the stage of its last
+    slice (``s, ph, ps``), which the caller frees when it no longer needs it."""
+    for kt in range(kb, ke):
+        kaio.mbarrier_wait(bars, (0, s), ph)
+        kaio.wgmma_fence()
+        mma_slice(acc, acc_u, ring, s, wg, kt == kb, WG, BN, BT, ACT, DT)
+        ps, s, ph = retire_slice(bars, kt - kb, lt, s, ph, ps, STAGES)
+    kaio.wgmma_wait(0)
+    return s, ph, ps
+
+
 @kaio.gpu_kernel
 def gemm_wgmma(
     ta: kaio.tensormap, tb: kaio.tensormap, c: OUT[:, :], ws: f32[:, :], bias: DT[:],
@@ -67,17 +142,10 @@ def gemm_wgmma(
     kaio.launch_bounds(WG * 128 + 32, 1)
     GATE = ACT == "silu_gate"
     BM = 64 * WG
-    NB = 2 if GATE else 1  # B tiles a stage: the gate and up rows for "silu_gate"
-    NBLK = (BN + 63) // 64  # 64-row (column) TMA boxes of B a tile: 160 or 224 load a whole last
-    STAGE_BYTES = (BM + NB * NBLK * 64) * BK * 2
-    sa = kaio.shared_dynamic(DT, (STAGES, BM, BK), 0)
-    sb = kaio.shared_dynamic(
-        DT,
-        (STAGES, NB * NBLK, 64, BK) if BT else (STAGES, NBLK, BK, 64),
-        STAGES * BM * BK * 2,
-    )
-    bars = kaio.shared_dynamic(u64, (2, STAGES), STAGES * STAGE_BYTES)
-    arrived = kaio.shared_dynamic(u32, (4,), STAGES * (STAGE_BYTES + 16))
+    ROWS = BM + (2 if GATE else 1) * ((BN + 63) // 64) * 64  # a stage: A, B (``load_slice``)
+    ring = kaio.shared_dynamic(DT, (STAGES, ROWS, BK), 0)
+    bars = kaio.shared_dynamic(u64, (2, STAGES), STAGES * ROWS * BK * 2)
+    arrived = kaio.shared_dynamic(u32, (4,), STAGES * (ROWS * BK * 2 + 16))
     t = kaio.thread_idx_x()
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
     lt = t % 128
@@ -90,26 +158,9 @@ def gemm_wgmma(
     init_ring(bars, t, STAGES, WG)  # "free": lane 0 of each consumer warpgroup
     acc = kaio.local(f32, (BN // 8, 2, 2))
     acc_u = kaio.local(f32, (BN // 8 if GATE else 1, 2, 2))
-    s = i32(0)
-    ph = u32(0)
+    s, ph = i32(0), u32(0)  # the ring position: stage, phase parity
     if wg < WG:  # the consumers
-        ps = i32(0)  # the stage of the slice before
-        for kt in range(k_tiles):
-            kaio.mbarrier_wait(bars, (0, s), ph)
-            kaio.wgmma_fence()
-            for kk in kaio.static_range(BK // 16):
-                da = kaio.smem_descriptor(sa, (s, 64 * wg, kk * 16), SW, 16, 1024)
-                if BT:
-                    db = kaio.smem_descriptor(sb, (s, 0, 0, kk * 16), SW, 16, 1024)
-                    wgmma_step(acc, da, db, kt + kk > 0, False, DT)
-                    if GATE:
-                        du = kaio.smem_descriptor(sb, (s, NBLK, 0, kk * 16), SW, 16, 1024)
-                        wgmma_step(acc_u, da, du, kt + kk > 0, False, DT)
-                else:
-                    db = kaio.smem_descriptor(sb, (s, 0, kk * 16, 0), SW, BK * SW, 1024)
-                    wgmma_step(acc, da, db, kt + kk > 0, True, DT)
-            ps, s, ph = retire_slice(bars, kt, lt, s, ph, ps, STAGES)
-        kaio.wgmma_wait(0)
+        mma_run(acc, acc_u, ring, bars, 0, k_tiles, s, ph, 0, wg, lt, STAGES, WG, BN, BT, ACT, DT)
         # lane (g, t) of warp w holds rows 16w + g (+ 8) and columns 8j + 2t, + 1
         lane = lt % 32
         for j in kaio.static_range(BN // 8):
@@ -128,16 +179,7 @@ def gemm_wgmma(
             if g >= STAGES:  # stage s held slice g - STAGES: wait until the consumers freed it
                 kaio.mbarrier_wait(bars, (1, s), ph ^ 1)
             k0 = i32(k_begin) + g * BK
-            kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32(STAGE_BYTES))
-            kaio.tma_load_2d(sa, (s, 0, 0), ta, i32(m0), k0, bars, (0, s))
-            for j in kaio.static_range(NBLK):
-                if BT:
-                    kaio.tma_load_2d(sb, (s, j, 0, 0), tb, i32(n0) + j * 64, k0, bars, (0, s))
-                    if GATE:
-                        kaio.tma_load_2d(sb, (s, NBLK + j, 0, 0), tb,
-                                         i32(N + n0) + j * 64, k0, bars, (0, s))  # fmt: skip
-                else:
-                    kaio.tma_load_2d(sb, (s, j, 0, 0), tb, k0, i32(n0) + j * 64, bars, (0, s))
+            load_slice(ring, bars, ta, tb, s, i32(m0), i32(n0), k0, N, WG, BN, BT, ACT, DT)
             s, ph = next_stage(s, ph, STAGES)
     if FIXUP:  # the last of the tile's grid.z blocks to finish sums the slices, in order
         if last_arrival(counters, kaio.block_idx_x(), kaio.grid_dim_z(), arrived, t):
