@@ -183,7 +183,7 @@ def gemm_streamk(
     kaio.launch_bounds(WG * 128 + 32, 1)
     GATE = ACT == "silu_gate"
     BM = 64 * WG
-    ROWS = BM + (2 if GATE else 1) * BN  # a stage: A, B (``_gemm_hopper.load_slice``)
+    ROWS = BM + (2 if GATE else 1) * ((BN + 63) // 64) * 64  # a stage: A, B (``load_slice``)
     ring = kaio.shared_dynamic(DT, (STAGES, ROWS, BK), 0)
     bars = kaio.shared_dynamic(u64, (2, STAGES), STAGES * ROWS * BK * 2)
     t = kaio.thread_idx_x()
