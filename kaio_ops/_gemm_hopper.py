@@ -264,6 +264,8 @@ def specializations() -> list:
         (bf16, f16, 1, 128, 1, "silu_gate", 2),
         (f16, f32, 2, 128, 0, "none", 1),
         (bf16, bf16, 1, 64, 0, "silu", 3),
+        (f16, f16, 2, 160, 0, "none", 1),  # widths not a multiple of 64
+        (bf16, bf16, 1, 32, 1, "silu_gate", 4),
     ):
         stages = stages_for(wg, bn, act == "silu_gate")
         consts = {"WG": wg, "BN": bn, "STAGES": stages, "BT": bt, "SPLIT": min(split, 2)}

@@ -19,7 +19,7 @@ import kaio_ops
 from kaio.ptx.ptxas import assemble, find_ptxas
 from kaio_ops import _gemm_hopper as hopper
 from kaio_ops import _gemm_streamk as streamk
-from kaio_ops.linear import gemm, plan, specializations
+from kaio_ops.linear import Persistent, gemm, plan, specializations
 from kaio_ops.matmul import Plan
 from tests.linear_reference import torch_linear_reference
 
@@ -261,6 +261,34 @@ def test_hopper_split_fixup_in_simulator(m, n, k, act, dtype, chosen):
 
 
 @pytest.mark.parametrize(
+    "m, n, k, act, dtype, chosen",
+    [
+        # widths that are not a multiple of 64: the last 64-row block of B loaded whole, the
+        # wgmmas read its first part; tails in M, N and K
+        (70, 200, 136, "silu_gate", np.float16, hopper.Plan(2, 160, 2, 1, False)),
+        (33, 200, 200, "matmul", BF16, hopper.Plan(1, 192, 2, 1, False)),
+        (5, 72, 520, "matmul", np.float16, hopper.Plan(1, 32, 12, 2, True)),  # deep ring
+    ],
+)
+def test_hopper_tile_widths_in_simulator(m, n, k, act, dtype, chosen):
+    """The Hopper kernel at tile widths of 160, 192 and 32 columns."""
+    rng = np.random.default_rng(m + n)
+    transposed = act != "matmul"
+    rows = 2 * n if act == "silu_gate" else n
+    x = rand(rng, (m, k), dtype)
+    w = rand(rng, (rows, k) if transposed else (k, n), dtype, 0.3)
+    b = rand(rng, (rows,), dtype) if transposed else None
+    with kaio.simulate():
+        got = gemm("linear", _operand(x), _operand(w, "w"), (m, n), (m, n, k), kaio.f32,
+                   transposed, _operand(b, "bias") if transposed else None, None,
+                   act if transposed else "none", chosen=chosen)  # fmt: skip
+    if transposed:
+        check(got, *reference(x, w, b, None, act), np.float32)
+    else:
+        check(got, *reference(x, w.T.copy()), np.float32)
+
+
+@pytest.mark.parametrize(
     "m, n, k, dtype",
     [
         (1, 264, 200, np.float16),  # a partial column block, K in 3 slices (tail 8 rows)
@@ -307,17 +335,25 @@ def test_gemv_nk_in_simulator(m, n, k, act, dtype, out_dtype):
     check(got, *reference(x, w, b, res, None if act == "none" else act), out)
 
 
-@pytest.mark.parametrize("dtype, out", [(np.float16, np.float16), (BF16, BF16), (BF16, np.float32)])
-def test_persistent_kernel_in_simulator(dtype, out):
+@pytest.mark.parametrize(
+    "dtype, out, chosen",
+    [
+        (np.float16, np.float16, "persistent"),
+        (BF16, BF16, "persistent"),
+        (BF16, np.float32, "persistent"),
+        (np.float16, np.float16, Persistent(160)),  # 2.5 blocks of 64 columns: the last whole
+    ],
+)
+def test_persistent_kernel_in_simulator(dtype, out, chosen):
     """``matmul`` on ``_matmul_hopper``'s persistent kernel (its f16 and bf16 outputs packed
     in pairs): 2 x 2 tiles with tails in M, N and K."""
     rng = np.random.default_rng(5)
-    m, n, k = 130, 136, 200
+    m, n, k = 130, 136 if chosen == "persistent" else 200, 200
     a, b = rand(rng, (m, k), dtype), rand(rng, (k, n), dtype, 0.3)
     with kaio.simulate():
         ot = kaio.types.from_numpy_dtype(np.dtype(out))
         got = gemm("matmul", _operand(a), _operand(b, "b"), (m, n), (m, n, k), ot, False,
-                   chosen="persistent")  # fmt: skip
+                   chosen=chosen)  # fmt: skip
     check(got, *reference(a, b.T.copy()), out)
 
 
