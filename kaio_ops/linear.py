@@ -400,18 +400,23 @@ def route(a, b, mnk: tuple, transposed: bool, plain: bool, gate: bool):
     return tuned_plan(a, m, n, k, gate)
 
 
+# tile widths of the persistent kernel, and the cost of a tile besides its columns (in
+# columns: A's rows, the epilogue), fitted to bench/gemm_plans.py's timings (H100)
+WIDTHS = (128, 160, 192, 224, 256)
+TILE_COST = 64
+
+
 def persistent_width(m: int, n: int, sms: int) -> int:
-    """The tile width of the persistent kernel: 256 (128 x 256 tiles) when they fill the
-    last wave of ``sms`` blocks at least 85% as well as 128-wide tiles do, else 128 (at
-    M = 1024, N = 6144 on 132 SMs: 192 tiles of 256 fill 1.45 waves, 384 of 128 2.9)."""
+    """The tile width of the persistent kernel for ``m x n`` on ``sms`` multiprocessors:
+    of ``WIDTHS``, the one whose waves of 128-row tiles cost least, a wave costing its width
+    plus ``TILE_COST`` (the last wave counts whole: at M = 512, N = 6144 on 132 SMs, 128 x
+    192 tiles make one wave of 128 where 128 x 128 ones make 1.45 waves)."""
 
-    def filled(bn: int) -> float:
-        tiles = math.ceil(m / 128) * math.ceil(n / bn)
-        return tiles / (math.ceil(tiles / sms) * sms)
+    def cost(bn: int) -> tuple:
+        waves = math.ceil(math.ceil(m / 128) * math.ceil(n / bn) / sms)
+        return waves * (bn + TILE_COST), -bn
 
-    return 256 if math.ceil(m / 128) * math.ceil(n / 256) >= sms and (
-        filled(256) >= 0.85 * filled(128)
-    ) else 128  # fmt: skip
+    return min(WIDTHS, key=cost)
 
 
 def hopper_takes(a: _arrays.Operand, b: _arrays.Operand, n: int, k: int, transposed: bool) -> bool:
