@@ -107,9 +107,9 @@ def candidates(m: int, n: int, k: int, sms: int, gate: bool = False) -> list[_ge
                 out.append(_gemm_hopper.Plan(wg, bn, stages, split, False))
                 if split > 1:  # the split summed in the kernel too
                     out.append(_gemm_hopper.Plan(wg, bn, stages, split, True))
-    if m <= 64:  # memory bound: 32-column tiles (half of each 64-column box read), deep rings
+    if m <= 128:  # memory bound: 32-column tiles (half of each 64-column box read), deep rings
         for bn in (32, 64):
-            tiles = math.ceil(n / bn)
+            tiles = math.ceil(m / 64) * math.ceil(n / bn)
             for split in (1, 2, 4):
                 if tiles * split <= 2 * sms and k // split >= 4 * _gemm_hopper.BK:
                     deep = _gemm_hopper.stages_for(1, bn, gate, most=12)
