@@ -149,7 +149,7 @@ def choice_of(name: list):
     if name[0] == "gemv":
         return _gemv.Plan(name[1])
     if name[0] == "persistent":
-        return linear_mod.Persistent(name[1]) if len(name) > 1 else "persistent"
+        return linear_mod.Persistent(*name[1:]) if len(name) > 1 else "persistent"
     if name[0] in linear_mod.CONFIGS:
         return MmaPlan(*name)
     if isinstance(name[0], int):
@@ -207,7 +207,7 @@ def table_source(table: dict) -> str:
         if isinstance(choice, MmaPlan):
             return f'Plan("{choice.config}", {choice.split})'
         if isinstance(choice, linear_mod.Persistent):
-            return f"Persistent({choice.bn})"
+            return f"Persistent{tuple(choice)}"
         names = {_gemm_hopper.Plan: "_P", _gemm_streamk.Plan: "_S"}
         name = names.get(type(choice), "_gemv.Plan")
         return f"{name}{tuple(choice)}".replace(",)", ")")
@@ -303,6 +303,9 @@ def plans_of(m: int, n: int, k: int, sms: int, transposed: bool, act: str, route
         for bn in (128, *WIDE, 256):  # and each width, where the tiles make a wave or more
             if math.ceil(m / 128) * math.ceil(n / bn) >= sms // 2:
                 plans.append(linear_mod.Persistent(bn))
+        if m >= 1024:  # the rule's width in groups of 4 and 16 tile rows
+            bn = linear_mod.persistent_width(m, n, sms)
+            plans += [linear_mod.Persistent(bn, 4), linear_mod.Persistent(bn, 16)]
     plans += streamk_candidates(m, n, sms, gate)
     return [route, *plans], default
 
@@ -449,11 +452,11 @@ def _shape(row: dict) -> str:
 def _name(plan) -> list:
     """A plan as JSON: ``[wg, bn, stages, split, fixup]``, ``["gemv", split]``,
     ``[config, split]`` (mma.sync), ``["sk", wg, bn, stages, blocks, spread]`` (stream-K)
-    or ``["persistent"]`` (``["persistent", bn]``: a ``linear.Persistent``)."""
+    or ``["persistent"]`` (``["persistent", bn, group]``: a ``linear.Persistent``)."""
     if isinstance(plan, str):
         return [plan]
     if isinstance(plan, linear_mod.Persistent):
-        return ["persistent", plan.bn]
+        return ["persistent", *plan]
     if isinstance(plan, _gemm_streamk.Plan):
         return ["sk", *plan]
     if isinstance(plan, MmaPlan):

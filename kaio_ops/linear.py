@@ -67,10 +67,12 @@ def out_type(op: str, out_dtype, default: ScalarType) -> ScalarType:
 
 class Persistent(NamedTuple):
     """A ``gemm`` choice: ``_matmul_hopper``'s persistent kernel (sm_90, B [K, N], no
-    epilogue) with ``128 x bn`` tiles (``bn`` a multiple of 16 up to 256), where the string
-    ``"persistent"`` takes the width of ``persistent_width``."""
+    epilogue) with ``128 x bn`` tiles (``bn`` a multiple of 16 up to 256) taken ``group``
+    tile rows at a time, where the string ``"persistent"`` takes the width of
+    ``persistent_width`` and groups of ``_matmul_hopper.GROUP_ROWS``."""
 
     bn: int
+    group: int = _matmul_hopper.GROUP_ROWS
 
 
 _PLACEHOLDERS: dict = {}
@@ -159,11 +161,14 @@ def gemm(
     if isinstance(chosen, _gemv.Plan):
         return _skinny(a, b, out_shape, mnk, out, chosen.split)
     if chosen == "persistent" or isinstance(chosen, Persistent):  # B [K, N], no epilogue
-        bn = chosen.bn if isinstance(chosen, Persistent) else persistent_width(m, n, sms)
+        if not isinstance(chosen, Persistent):
+            chosen = Persistent(persistent_width(m, n, sms))
+        bn, group = chosen
         if out == f32:
-            return _matmul_hopper.launch(a, b, m, n, k, sms, dtype == bf16, bn=bn)
+            return _matmul_hopper.launch(a, b, m, n, k, sms, dtype == bf16, group=group, bn=bn)
         c = _arrays.output(a, out_shape, out)
-        _matmul_hopper.launch(a, b, m, n, k, sms, dtype == bf16, [c], out_type=out, bn=bn)
+        _matmul_hopper.launch(a, b, m, n, k, sms, dtype == bf16, [c], group=group, out_type=out,
+                              bn=bn)  # fmt: skip
         return c
     if isinstance(chosen, _gemm_streamk.Plan) or chosen == "streamk":
         return _streamk(op, a, b, out_shape, mnk, out, transposed, bias, residual, activation,
