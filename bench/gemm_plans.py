@@ -277,6 +277,9 @@ def warm(shapes: list, sms: int, shard: int, shards: int) -> None:
     torch.cuda.synchronize()
 
 
+PAIRS = "no"  # paired plans: "no", "also" or "only" (--pairs)
+
+
 def plans_of(m: int, n: int, k: int, sms: int, transposed: bool, act: str, route) -> tuple:
     """(the plans timed for one shape, the Hopper kernel's own plan): the op's choice
     ``route`` first, then ``candidates``, the skinny kernels, the mma.sync kernel's plan and
@@ -307,6 +310,15 @@ def plans_of(m: int, n: int, k: int, sms: int, transposed: bool, act: str, route
             bn = linear_mod.persistent_width(m, n, sms)
             plans += [linear_mod.Persistent(bn, 4), linear_mod.Persistent(bn, 16)]
     plans += streamk_candidates(m, n, sms, gate)
+    if PAIRS != "no":  # clusters of two blocks sharing A or B: the unsplit Hopper plans paired
+        paired = [
+            p._replace(pair=pair)
+            for p in plans
+            if isinstance(p, _gemm_hopper.Plan) and p.split == 1 and not p.pair and p.stages <= 6
+            for pair, tiles in ((1, math.ceil(m / (64 * p.wg))), (2, math.ceil(n / p.bn)))
+            if tiles >= 2 and _gemm_hopper.grid_tiles(m, n, p.wg, p.bn, 0) >= sms // 2
+        ]
+        plans = paired if PAIRS == "only" else plans + paired
     return [route, *plans], default
 
 
@@ -401,7 +413,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--budget", type=float, default=70.0, help="seconds to start shapes in")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--warm", help="R/J: compile shard R of J of the search's kernels, time nothing")
+    p.add_argument("--pairs", choices=("no", "also", "only"), default="no",
+                   help="also (or only) time the Hopper plans in clusters of two")  # fmt: skip
     args, rest = p.parse_known_args(argv)
+    global PAIRS
+    PAIRS = args.pairs
     h = Harness.from_args("Hopper GEMM plan search", rest, reps=args.reps)
     start = time.perf_counter()
     sms = h.meta["sms"]

@@ -210,7 +210,7 @@ def gemm_streamk(
         for sg in range(segments):
             tile, kb, ke = segment(sg, b, g, dp, dp_tiles, first, k_tiles, sk_end)
             s, ph, ps = mma_run(acc, acc_u, ring, bars, kb, ke, s, ph, ps, wg, lt, STAGES, WG, BN,
-                                BT, ACT, DT)  # fmt: skip
+                                BT, ACT, 0, DT)  # fmt: skip
             if lt == 0:  # the segment's last stage, before its epilogue
                 kaio.mbarrier_arrive(bars, (1, ps))
             idx = grouped(tile, tiles_m, tiles_n, GROUP)
@@ -241,7 +241,7 @@ def gemm_streamk(
             for kt in range(kb, ke):
                 if issued >= STAGES:  # stage s held step issued - STAGES: wait until freed
                     kaio.mbarrier_wait(bars, (1, s), ph ^ 1)
-                load_slice(ring, bars, ta, tb, s, m0, n0, kt * BK, N, WG, BN, BT, ACT, DT)
+                load_slice(ring, bars, ta, tb, s, m0, n0, kt * BK, N, 0, WG, BN, BT, ACT, 0, DT)
                 issued += 1
                 s, ph = next_stage(s, ph, STAGES)
 

@@ -385,7 +385,7 @@ def test_hopper_plans_fit_over_the_llm_sweep():
         for n, k in shapes:
             for m in (1 << i for i in range(14)):
                 for gate in (False, True):
-                    wg, bn, stages, split, _ = hopper.plan(m, n, k, sms, gate)
+                    wg, bn, stages, split, *_ = hopper.plan(m, n, k, sms, gate)
                     assert hopper.shared_bytes(wg, bn, stages, gate) <= hopper.SHARED_LIMIT
                     assert stages >= 2 and 1 <= split <= 16 and k // split >= 4 * hopper.BK
                     assert bn <= (128 if gate else 256)
