@@ -268,10 +268,14 @@ def test_hopper_split_fixup_in_simulator(m, n, k, act, dtype, chosen):
         (70, 200, 136, "silu_gate", np.float16, hopper.Plan(2, 160, 2, 1, False)),
         (33, 200, 200, "matmul", BF16, hopper.Plan(1, 192, 2, 1, False)),
         (5, 72, 520, "matmul", np.float16, hopper.Plan(1, 32, 12, 2, True)),  # deep ring
+        # clusters of two blocks: side by side sharing A (two 64-row boxes, one each), one
+        # above the other sharing B (the gate and up blocks in turn), an odd count of tiles
+        (130, 72, 136, "matmul", np.float16, hopper.Plan(2, 64, 2, 1, False, 2)),
+        (70, 200, 200, "silu_gate", BF16, hopper.Plan(1, 64, 2, 1, False, 1)),
     ],
 )
-def test_hopper_tile_widths_in_simulator(m, n, k, act, dtype, chosen):
-    """The Hopper kernel at tile widths of 160, 192 and 32 columns."""
+def test_hopper_tile_widths_and_pairs_in_simulator(m, n, k, act, dtype, chosen):
+    """The Hopper kernel at tile widths of 160, 192 and 32 columns, and in pairs."""
     rng = np.random.default_rng(m + n)
     transposed = act != "matmul"
     rows = 2 * n if act == "silu_gate" else n
