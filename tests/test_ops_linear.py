@@ -580,6 +580,30 @@ def test_gpu_split_sums_deterministic(m, n, k, activation, chosen, monkeypatch):
     assert ((runs[0].double() - ref).norm() / ref.norm()).item() < 1e-5
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "m, n, k, activation, chosen",
+    [
+        (512, 6144, 4096, "matmul", hopper.Plan(2, 192, 5, 1, False)),  # widths off 64
+        (300, 1000, 4104, "gelu", hopper.Plan(2, 160, 5, 2, True)),  # tails, split in kernel
+        (64, 4096, 4096, "matmul", hopper.Plan(1, 32, 12, 2, True)),  # a deep ring
+        (1024, 1024, 1024, "matmul", hopper.Plan(2, 64, 6, 1, False, 2)),  # pairs sharing A
+        (333, 1000, 2048, "silu_gate", hopper.Plan(1, 128, 4, 1, False, 1)),  # sharing B
+        (256, 10240, 1024, "matmul", Persistent(160)),  # the persistent kernel's widths
+        (520, 6144, 1032, "matmul", Persistent(224, 4)),
+    ],
+)
+def test_gpu_hopper_tiles_against_torch(m, n, k, activation, chosen):
+    """The Hopper kernels' tile widths, deep rings and pairs at real sizes: right against
+    torch in float64 (f32 out) and the same bits run to run."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Hopper kernels need sm_90")
+    runs, ref = forced_runs(torch, m, n, k, activation, chosen, times=2)
+    assert torch.equal(runs[0], runs[1])
+    assert ((runs[0].double() - ref).norm() / ref.norm()).item() < 1e-5
+
+
 def forced_runs(torch, m, n, k, activation, chosen, dt=None, times=3):
     """``gemm`` on the GPU with a forced plan ``chosen``, ``times`` times on the same random
     inputs (dt: default f16; f32 out; "matmul": B [K, N], else ``linear`` with bias, that
