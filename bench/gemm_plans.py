@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.harness import Harness  # noqa: E402
-from kaio_ops import _arrays, _gemm_hopper, _gemm_streamk, _gemv  # noqa: E402
+from kaio_ops import _arrays, _gemm_hopper, _gemm_streamk, _gemv, _matmul_hopper  # noqa: E402
 from kaio_ops.linear import gemm  # noqa: E402
 from kaio_ops.matmul import Plan as MmaPlan  # noqa: E402
 
@@ -318,6 +318,10 @@ def plans_of(m: int, n: int, k: int, sms: int, transposed: bool, act: str, route
             for pair, tiles in ((1, math.ceil(m / (64 * p.wg))), (2, math.ceil(n / p.bn)))
             if tiles >= 2 and _gemm_hopper.grid_tiles(m, n, p.wg, p.bn, 0) >= sms // 2
         ]
+        if m >= 256 and not transposed and act == "none":  # the persistent kernel in pairs
+            for bn in sorted({128, linear_mod.persistent_width(m, n, sms), 256}):
+                if math.ceil(m / 128) * math.ceil(n / bn) >= sms // 2:
+                    paired.append(linear_mod.Persistent(bn, _matmul_hopper.GROUP_ROWS, 1))
         plans = paired if PAIRS == "only" else plans + paired
     return [route, *plans], default
 

@@ -146,16 +146,7 @@ def mma_run(
         kaio.mbarrier_wait(bars, (0, s), ph)
         kaio.wgmma_fence()
         mma_slice(acc, acc_u, ring, s, wg, kt == kb, WG, BN, BT, ACT, DT)
-        if PAIR == 0:
-            ps, s, ph = retire_slice(bars, kt - kb, lt, s, ph, ps, STAGES)
-        else:
-            kaio.wgmma_commit()
-            kaio.wgmma_wait(1)
-            if kt > kb and lt == 0:  # the slice before's wgmmas are done: free its stage
-                kaio.mbarrier_arrive_cluster(bars, (1, ps), 0)
-                kaio.mbarrier_arrive_cluster(bars, (1, ps), 1)
-            ps = s
-            s, ph = next_stage(s, ph, STAGES)
+        ps, s, ph = retire_slice(bars, kt - kb, lt, s, ph, ps, STAGES, PAIR)
     kaio.wgmma_wait(0)
     return s, ph, ps
 

@@ -346,13 +346,14 @@ def test_gemv_nk_in_simulator(m, n, k, act, dtype, out_dtype):
         (BF16, BF16, "persistent"),
         (BF16, np.float32, "persistent"),
         (np.float16, np.float16, Persistent(160)),  # 2.5 blocks of 64 columns: the last whole
+        (BF16, BF16, Persistent(128, 8, 1)),  # pairs sharing B, an odd count of tile rows
     ],
 )
 def test_persistent_kernel_in_simulator(dtype, out, chosen):
     """``matmul`` on ``_matmul_hopper``'s persistent kernel (its f16 and bf16 outputs packed
     in pairs): 2 x 2 tiles with tails in M, N and K."""
     rng = np.random.default_rng(5)
-    m, n, k = 130, 136 if chosen == "persistent" else 200, 200
+    m, n, k = 130 if chosen == "persistent" else 300, 136 if chosen == "persistent" else 200, 200
     a, b = rand(rng, (m, k), dtype), rand(rng, (k, n), dtype, 0.3)
     with kaio.simulate():
         ot = kaio.types.from_numpy_dtype(np.dtype(out))
@@ -591,6 +592,7 @@ def test_gpu_split_sums_deterministic(m, n, k, activation, chosen, monkeypatch):
         (333, 1000, 2048, "silu_gate", hopper.Plan(1, 128, 4, 1, False, 1)),  # sharing B
         (256, 10240, 1024, "matmul", Persistent(160)),  # the persistent kernel's widths
         (520, 6144, 1032, "matmul", Persistent(224, 4)),
+        (1000, 2048, 2048, "matmul", Persistent(256, 8, 1)),  # pairs sharing B
     ],
 )
 def test_gpu_hopper_tiles_against_torch(m, n, k, activation, chosen):
