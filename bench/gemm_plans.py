@@ -198,22 +198,28 @@ def measured_with(found: dict, table: dict | None = None) -> dict:
     return table
 
 
+def choice_source(choice) -> str:
+    """A ``linear.MEASURED`` choice as the table's source writes it."""
+    if isinstance(choice, str):
+        return f'"{choice}"'
+    if isinstance(choice, MmaPlan):
+        return f'Plan("{choice.config}", {choice.split})'
+    if isinstance(choice, linear_mod.Persistent):
+        return f"Persistent{tuple(choice)}"
+    names = {_gemm_hopper.Plan: "_P", _gemm_streamk.Plan: "_S"}
+    name = names.get(type(choice), "_gemv.Plan")
+    fields = tuple(choice)
+    if isinstance(choice, _gemm_hopper.Plan) and not choice.pair:
+        fields = fields[:-1]  # unpaired: the table's five fields
+    return f"{name}{fields}".replace(",)", ")")
+
+
 def table_source(table: dict) -> str:
     """``table`` (a ``linear.MEASURED``) as the Python source of its entries."""
-
-    def code(choice) -> str:
-        if isinstance(choice, str):
-            return f'"{choice}"'
-        if isinstance(choice, MmaPlan):
-            return f'Plan("{choice.config}", {choice.split})'
-        if isinstance(choice, linear_mod.Persistent):
-            return f"Persistent{tuple(choice)}"
-        names = {_gemm_hopper.Plan: "_P", _gemm_streamk.Plan: "_S"}
-        name = names.get(type(choice), "_gemv.Plan")
-        return f"{name}{tuple(choice)}".replace(",)", ")")
-
     return "\n".join(
-        f"    {key}: [{', '.join(f'({m}, {code(c)})' for m, c in entries)}],".replace("'", '"')
+        f"    {key}: [{', '.join(f'({m}, {choice_source(c)})' for m, c in entries)}],".replace(
+            "'", '"'
+        )
         for key, entries in table.items()
     )
 
