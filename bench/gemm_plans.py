@@ -73,6 +73,14 @@ SETS["w33"] = [
     (128, 6144, 4096), (128, 10240, 8192), (1024, 10240, 8192), (1024, 6144, 4096),
     (512, 8192, 8192), (256, 28672, 4096), (128, 57344, 8192), (512, 8192, 28672),
 ]  # fmt: skip
+# issue 33's second pass: small M on every sweep shape (--deep: rings of 6 stages against
+# as many as fit), and where pairs of blocks sharing A or B may pay (--pairs only)
+SETS["deep"] = [(m, n, k) for m in (32, 64, 128, 256) for n, k in LLAMA8B + LLAMA70B]
+SETS["pairs"] = [
+    (1024, 1024, 1024), (2048, 2048, 2048), (512, 6144, 4096), (256, 10240, 8192),
+    (64, 4096, 4096), (1024, 4096, 4096), (512, 57344, 8192), (4096, 6144, 4096),
+    (4096, 8192, 8192), (512, 10240, 8192), (128, 4096, 4096), (1024, 6144, 4096),
+]  # fmt: skip
 # tile widths besides 64, 128 and 256 that fill the waves of some shapes (132 SMs: 6144 /
 # 192 = 32 column tiles, 10240 / 160 = 64, 28672 / 224 = 128)
 WIDE = (160, 192, 224)
@@ -285,6 +293,24 @@ def warm(shapes: list, sms: int, shard: int, shards: int) -> None:
 
 
 PAIRS = "no"  # paired plans: "no", "also" or "only" (--pairs)
+DEEP = False  # only the op's plan and a few tiles with 6-stage and deep rings (--deep)
+DEEP_TILES = ((1, 64, 1), (1, 64, 2), (1, 128, 1), (2, 64, 1), (2, 128, 1))  # wg, bn, split
+
+
+def deep_plans(m: int, n: int, k: int, gate: bool, route) -> list:
+    """``--deep``'s plans: ``DEEP_TILES`` (two warpgroups from M = 128) with rings of 6
+    stages and of as many as fit (up to 12), and the op's own Hopper plan with the deep
+    ring."""
+    plans = []
+    for wg, bn, split in DEEP_TILES:
+        if wg == 2 and m < 128:
+            continue
+        for most in (6, 12):
+            stages = _gemm_hopper.stages_for(wg, bn, gate, most=most)
+            plans.append(_gemm_hopper.Plan(wg, bn, stages, split, False))
+    if isinstance(route, _gemm_hopper.Plan):
+        plans.append(route._replace(stages=_gemm_hopper.stages_for(route.wg, route.bn, gate, 12)))
+    return list(dict.fromkeys(plans))
 
 
 def plans_of(m: int, n: int, k: int, sms: int, transposed: bool, act: str, route) -> tuple:
@@ -293,6 +319,8 @@ def plans_of(m: int, n: int, k: int, sms: int, transposed: bool, act: str, route
     K splits around it, the persistent kernel and the stream-K plans, as each applies."""
     gate = act == "silu_gate"
     default = _gemm_hopper.plan(m, n, k, sms, gate)
+    if DEEP:
+        return [route, *deep_plans(m, n, k, gate, route)], default
     plans = candidates(m, n, k, sms, gate)
     if default not in plans:
         plans.insert(0, default)
@@ -426,9 +454,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warm", help="R/J: compile shard R of J of the search's kernels, time nothing")
     p.add_argument("--pairs", choices=("no", "also", "only"), default="no",
                    help="also (or only) time the Hopper plans in clusters of two")  # fmt: skip
+    p.add_argument("--deep", action="store_true", help="only deep rings against 6 stages")
     args, rest = p.parse_known_args(argv)
-    global PAIRS
-    PAIRS = args.pairs
+    global PAIRS, DEEP
+    PAIRS, DEEP = args.pairs, args.deep
     h = Harness.from_args("Hopper GEMM plan search", rest, reps=args.reps)
     start = time.perf_counter()
     sms = h.meta["sms"]
