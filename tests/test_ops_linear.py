@@ -372,6 +372,20 @@ def test_plans():
     assert hopper.plan(4096, 14336, 4096, 132, gate=True)[1] == 128
 
 
+def test_persistent_width_fills_the_waves():
+    """The persistent kernel's tile width per shape (132 SMs), as the H100 measured it
+    (bench/gemm_plans.py --set w33): 192 at M = 512 of N = 6144 (one wave of 128 tiles, 0.97x
+    cuBLAS, where 128 x 128 tiles make 1.45 waves, 0.78x), 160 at M = 256 of 10240 (1.05x,
+    against 0.74x), 224 at M = 512 of 28672, 256 for 2048 x 2048."""
+    from kaio_ops.linear import WIDTHS, persistent_width
+
+    got = {(m, n): persistent_width(m, n, 132) for m, n in
+           ((512, 6144), (256, 10240), (512, 28672), (2048, 2048), (8192, 8192))}  # fmt: skip
+    assert got == {(512, 6144): 192, (256, 10240): 160, (512, 28672): 224, (2048, 2048): 256,
+                   (8192, 8192): 256}  # fmt: skip
+    assert all(persistent_width(m, 4096, 132) in WIDTHS for m in (128, 1000, 8192))
+
+
 def test_hopper_plans_fit_over_the_llm_sweep():
     """Every plan of the bench sweep's shapes (H100/H200 SM counts) fits shared memory, gives
     each K slice at least 4 steps and fills at least half the multiprocessors when the shape
