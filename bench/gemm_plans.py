@@ -297,6 +297,23 @@ DEEP = False  # only the op's plan and a few tiles with 6-stage and deep rings (
 DEEP_TILES = ((1, 64, 1), (1, 64, 2), (1, 128, 1), (2, 64, 1), (2, 128, 1))  # wg, bn, split
 
 
+OCC = False  # only short rings, two to four blocks a multiprocessor (--occ)
+SETS["occ"] = [(1024, 1024, 1024), (2048, 2048, 2048), (1024, 4096, 4096), (512, 6144, 4096)]
+
+
+def occupancy_plans(m: int, n: int, sms: int, gate: bool) -> list:
+    """``--occ``'s plans: unsplit tiles with rings of 2 to 4 stages, so that two or more
+    blocks share a multiprocessor (one's epilogue beside another's loop), where the tiles
+    make half a wave or more."""
+    return [
+        _gemm_hopper.Plan(wg, bn, stages, 1, False)
+        for wg, bn in ((1, 64), (2, 64), (1, 128), (2, 128), (2, 256))
+        for stages in (2, 3, 4)
+        if _gemm_hopper.grid_tiles(m, n, wg, bn, 0) >= sms // 2
+        and stages < _gemm_hopper.stages_for(wg, bn, gate)
+    ]
+
+
 def deep_plans(m: int, n: int, k: int, gate: bool, route) -> list:
     """``--deep``'s plans: ``DEEP_TILES`` (two warpgroups from M = 128) with rings of 6
     stages and of as many as fit (up to 12), and the op's own Hopper plan with the deep
@@ -321,6 +338,8 @@ def plans_of(m: int, n: int, k: int, sms: int, transposed: bool, act: str, route
     default = _gemm_hopper.plan(m, n, k, sms, gate)
     if DEEP:
         return [route, *deep_plans(m, n, k, gate, route)], default
+    if OCC:
+        return [route, *occupancy_plans(m, n, sms, gate)], default
     plans = candidates(m, n, k, sms, gate)
     if default not in plans:
         plans.insert(0, default)
@@ -455,9 +474,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--pairs", choices=("no", "also", "only"), default="no",
                    help="also (or only) time the Hopper plans in clusters of two")  # fmt: skip
     p.add_argument("--deep", action="store_true", help="only deep rings against 6 stages")
+    p.add_argument("--occ", action="store_true", help="only short rings, blocks side by side")
     args, rest = p.parse_known_args(argv)
-    global PAIRS, DEEP
-    PAIRS, DEEP = args.pairs, args.deep
+    global PAIRS, DEEP, OCC
+    PAIRS, DEEP, OCC = args.pairs, args.deep, args.occ
     h = Harness.from_args("Hopper GEMM plan search", rest, reps=args.reps)
     start = time.perf_counter()
     sms = h.meta["sms"]

@@ -339,33 +339,37 @@ def _counters(like: _arrays.Operand, tiles: int):
 # SMs), f16, L2 rotated: the fastest correct plan of each shape (bench/gemm_plans.py; the
 # sweep's worst cases re-searched with --set worst on 2026-11-26, then with --set w33: the
 # persistent kernel's widths, "persistent_width", at M = 256-512 of 10240 and 57344 columns,
-# and 12-stage rings for M = 32-128 at 4096 x 4096).
+# and 12-stage rings for M = 32-128 at 4096 x 4096; then --set deep --deep: rings as deep as
+# fit at small M where they won by more than the noise, 3-4%. Pairs of blocks sharing A or
+# B, --set pairs, won nowhere by more than the noise: the table names none).
 _P = _gemm_hopper.Plan
 _S = _gemm_streamk.Plan
 MEASURED: dict[tuple, list] = {
     (1024, 1024, "kn"): [(1024, _P(2, 64, 6, 1, False))],
     (2048, 2048, "kn"): [(2048, "persistent")],
     (4096, 4096, "kn"): [(16, "mma.sync"), (128, _P(1, 64, 12, 1, False)),
-                         (256, _P(1, 128, 6, 1, False)), (2048, "persistent")],
+                         (256, _P(2, 64, 9, 1, False)), (2048, "persistent")],
     (4096, 4096, "nk"): [(1, "gemv"), (16, "mma.sync"), (128, _P(1, 64, 6, 1, False))],
-    (4096, 14336, "kn"): [(16, "mma.sync"), (64, _P(1, 64, 6, 2, False)),
-                          (128, _P(2, 64, 6, 2, False)), (256, _P(1, 128, 6, 1, False)),
+    (4096, 14336, "kn"): [(16, "mma.sync"), (32, _P(1, 64, 6, 2, False)),
+                          (128, _P(1, 64, 12, 1, False)), (256, _P(1, 128, 9, 1, False)),
                           (512, "persistent"), (1024, _P(2, 256, 4, 1, False)),
                           (2048, "persistent")],
     (4096, 14336, "nk"): [(16, "mma.sync"), (64, _P(2, 64, 6, 2, False)),
                           (128, _P(1, 64, 6, 2, False)), (256, _P(2, 64, 6, 1, False)),
                           (4096, _P(2, 256, 4, 1, False))],
-    (6144, 4096, "kn"): [(8, "mma.sync"), (16, Plan("16x128", 1)), (128, _P(1, 64, 6, 1, False)),
-                         (2048, "persistent")],
-    (8192, 8192, "kn"): [(16, "mma.sync"), (64, _P(1, 64, 6, 1, False)),
-                         (128, _P(2, 64, 6, 1, False)), (1024, "persistent")],
+    (6144, 4096, "kn"): [(8, "mma.sync"), (16, Plan("16x128", 1)), (32, _P(1, 64, 12, 1, False)),
+                         (128, _P(1, 64, 6, 1, False)), (2048, "persistent")],
+    (8192, 8192, "kn"): [(16, "mma.sync"), (32, _P(1, 64, 12, 1, False)),
+                         (64, _P(1, 64, 6, 1, False)), (128, _P(2, 64, 6, 1, False)),
+                         (1024, "persistent")],
     (8192, 28672, "kn"): [(16, "mma.sync"), (128, _P(1, 128, 6, 1, False)), (1024, "persistent")],
     (10240, 8192, "kn"): [(1, "mma.sync"), (64, _P(1, 128, 6, 1, False)),
                           (128, _P(2, 128, 6, 1, False)), (1024, "persistent")],
     (14336, 4096, "gate"): [(1, "gemv"), (16, "mma.sync"), (4096, _P(2, 128, 4, 1, False))],
     (28672, 4096, "kn"): [(16, "mma.sync"), (64, _P(1, 256, 5, 1, False)),
                           (128, _P(2, 256, 4, 1, False)), (2048, "persistent")],
-    (57344, 8192, "kn"): [(1, "gemv"), (16, "mma.sync"), (512, "persistent"),
+    (57344, 8192, "kn"): [(1, "gemv"), (16, "mma.sync"), (64, _P(1, 128, 9, 1, False)),
+                          (128, _P(2, 128, 6, 1, False)), (512, "persistent"),
                           (1024, _P(2, 256, 4, 1, False))],
 }  # fmt: skip
 SKINNY_M = 16  # rows up to which the mma.sync kernel (16-row tiles, K split) wins on sm_90
