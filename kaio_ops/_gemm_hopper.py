@@ -279,7 +279,7 @@ def plan(m: int, n: int, k: int, sms: int, gate: bool = False) -> Plan:
     whose tiles fill 90% of the multiprocessors, else 64; then, if the tiles fill fewer than
     half of them, a K split towards one block per multiprocessor, each slice at least 4
     steps of 64, summed by ``_gemm.gemm_reduce`` (measured faster than the in-kernel sum);
-    as many stages as fit in shared memory (at most 12, ``stages_for``)."""
+    as many stages as fit in shared memory (``stages_for``)."""
     wg = 1 if m <= 256 else 2
     rows = math.ceil(m / (64 * wg))
     widths = (128, 64) if gate else (256, 128, 64)
@@ -291,11 +291,15 @@ def plan(m: int, n: int, k: int, sms: int, gate: bool = False) -> Plan:
     return Plan(wg, bn, stages_for(wg, bn, gate), split, False)
 
 
-def stages_for(wg: int, bn: int, gate: bool, most: int = 12) -> int:
-    """As many ring stages as fit in shared memory, 2 to ``most`` (the deepest rings were
-    the fastest at small M on an H100, where the weights' bytes in flight set the speed:
-    bench/gemm_plans.py --deep, 0.95-0.99x cuBLAS at M = 64-128 of 4096 x 4096 with 12
-    stages of 64 x 64 tiles against 0.77-0.88x with 6)."""
+def stages_for(wg: int, bn: int, gate: bool, most: int | None = None) -> int:
+    """As many ring stages as fit in shared memory, 2 to ``most`` (default: 12 for stages of
+    16 KB, 64 x 64 tiles, else 6). Measured on an H100 (bench/gemm_plans.py --deep): at
+    small M the bytes in flight set the speed, and 64 x 64 tiles ran at 0.95-0.99x cuBLAS
+    at M = 64-128 of 4096 x 4096 with 12 stages against 0.86-0.88x with 6; wider tiles hold
+    enough in 6 stages, and deeper rings of them were as fast or slower (0.88x against
+    0.97x for 128 x 128 tiles at M = 128 of 10240 x 8192)."""
+    if most is None:
+        most = 12 if wg * 64 + bn <= 128 and not gate else 6
     return max(2, min(most, (SHARED_LIMIT - 16) // shared_bytes(wg, bn, 1, gate)))
 
 

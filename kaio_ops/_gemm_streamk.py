@@ -306,7 +306,7 @@ stages_for = _gemm_hopper.stages_for
 def plan(m: int, n: int, k: int, sms: int, gate: bool = False) -> Plan:
     """A default ``Plan``: 128-row tiles (64 up to M = 64), 128 columns (the two
     accumulator sets of "silu_gate" share the registers of one), the deepest ring that fits
-    (at most 12), one block a multiprocessor."""
+    (``stages_for``), one block a multiprocessor."""
     wg = 1 if m <= 64 else 2
     return Plan(wg, 128, stages_for(wg, 128, gate))
 
