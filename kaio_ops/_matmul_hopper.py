@@ -239,12 +239,11 @@ def next_stage(s: i32, ph: u32, STAGES: kaio.constexpr):
 def free_stage(bars: u64[:, :], s: i32, lt: u32, PAIR: kaio.constexpr):
     """Lane ``lt`` 0 of a consumer warpgroup frees stage ``s`` for the producer; in a pair of
     blocks (``PAIR``, a cluster of two whose producers both write into it) for both."""
-    if lt == 0:
-        if PAIR == 0:
-            kaio.mbarrier_arrive(bars, (1, s))
-        else:
-            kaio.mbarrier_arrive_cluster(bars, (1, s), 0)
-            kaio.mbarrier_arrive_cluster(bars, (1, s), 1)
+    if lt == 0 and PAIR == 0:
+        kaio.mbarrier_arrive(bars, (1, s))
+    elif lt == 0:
+        for rank in kaio.static_range(2):  # the stage in each block of the cluster
+            kaio.mbarrier_arrive_cluster(bars, (1, s), rank)
 
 
 @kaio.gpu_func
