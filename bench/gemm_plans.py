@@ -8,7 +8,7 @@ checked against.
 Usage: ``python bench/gemm_plans.py --out plans.json [--budget 70] [--set small,mid,...]``
 (``linear``: B [N, K] shapes; ``epi``: fused ``linear`` epilogues against the torch ops);
 stops starting shapes after ``--budget`` seconds (the JSON keeps what finished). Prints, per
-shape, cuBLAS, the current heuristic's plan and the best plan found (µs), then a summary.
+shape, cuBLAS, the op's own plan (``linear.route``) and the best plan found (µs), then a summary.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.harness import Harness  # noqa: E402
-from kaio_ops import _arrays, _gemm_hopper, _gemm_streamk, _gemv  # noqa: E402
+from kaio_ops import _arrays, _gemm_hopper, _gemm_streamk, _gemv, _matmul_hopper  # noqa: E402
 from kaio_ops.linear import gemm  # noqa: E402
 from kaio_ops.matmul import Plan as MmaPlan  # noqa: E402
 
@@ -63,6 +63,27 @@ SETS["worst"] = [
     (256, 4096, 14336, "gelu"), (1024, 4096, 14336, "gelu"), (128, 4096, 14336, "gelu"),
     (2, 4096, 4096), (8, 4096, 4096), (4, 6144, 4096), (1, 6144, 4096),
 ]  # fmt: skip
+# the cases still below 0.9x cuBLAS (f16 or bf16) and the squares after the round of
+# 2026-11-26 (docs/performance.md), and the next worst at the same M (issue 33's second pass)
+SETS["w33"] = [
+    (512, 6144, 4096), (256, 10240, 8192), (512, 10240, 8192), (1024, 1024, 1024),
+    (2048, 2048, 2048), (32, 4096, 4096), (64, 4096, 4096), (128, 4096, 4096),
+    (8, 4096, 4096), (4, 4096, 4096), (8, 6144, 4096), (1024, 57344, 8192), (512, 28672, 4096),
+    (256, 4096, 14336), (1024, 4096, 4096), (256, 57344, 8192), (512, 57344, 8192),
+    (128, 6144, 4096), (128, 10240, 8192), (1024, 10240, 8192), (1024, 6144, 4096),
+    (512, 8192, 8192), (256, 28672, 4096), (128, 57344, 8192), (512, 8192, 28672),
+]  # fmt: skip
+# issue 33's second pass: small M on every sweep shape (--deep: rings of 6 stages against
+# as many as fit), and where pairs of blocks sharing A or B may pay (--pairs only)
+SETS["deep"] = [(m, n, k) for m in (32, 64, 128, 256) for n, k in LLAMA8B + LLAMA70B]
+SETS["pairs"] = [
+    (1024, 1024, 1024), (2048, 2048, 2048), (512, 6144, 4096), (256, 10240, 8192),
+    (64, 4096, 4096), (1024, 4096, 4096), (512, 57344, 8192), (4096, 6144, 4096),
+    (4096, 8192, 8192), (512, 10240, 8192), (128, 4096, 4096), (1024, 6144, 4096),
+]  # fmt: skip
+# tile widths besides 64, 128 and 256 that fill the waves of some shapes (132 SMs: 6144 /
+# 192 = 32 column tiles, 10240 / 160 = 64, 28672 / 224 = 128)
+WIDE = (160, 192, 224)
 # fused linear epilogues (B [N, K], bias, activation, residual) against the separate torch
 # ops: (M, N (the output's columns), K, activation)
 EPILOGUES = [
@@ -75,7 +96,8 @@ EPILOGUES = [
 def candidates(m: int, n: int, k: int, sms: int, gate: bool = False) -> list[_gemm_hopper.Plan]:
     """The plans worth timing for one shape: every tile shape whose grid, times a K split
     of whole 64-deep steps (at least 2 a slice), gives between sms / 2 and 4 * sms blocks
-    (or the one split nearest that), the split summed both ways. ``gate``: "silu_gate"
+    (or the one split nearest that), the split summed both ways, and from M = 128 the widths
+    of ``WIDE`` unsplit. ``gate``: "silu_gate"
     (N tiles of at most 128)."""
     out = []
     for wg in (1,) if m <= 64 else (1, 2) if m <= 2048 else (2,):
@@ -94,6 +116,21 @@ def candidates(m: int, n: int, k: int, sms: int, gate: bool = False) -> list[_ge
                 out.append(_gemm_hopper.Plan(wg, bn, stages, split, False))
                 if split > 1:  # the split summed in the kernel too
                     out.append(_gemm_hopper.Plan(wg, bn, stages, split, True))
+    if m <= 128:  # memory bound: 32-column tiles (half of each 64-column box read), deep rings
+        for bn in (32, 64):
+            tiles = math.ceil(m / 64) * math.ceil(n / bn)
+            for split in (1, 2, 4):
+                if tiles * split <= 2 * sms and k // split >= 4 * _gemm_hopper.BK:
+                    deep = _gemm_hopper.stages_for(1, bn, gate, most=12)
+                    out.append(_gemm_hopper.Plan(1, bn, deep, split, split > 1))
+                    if bn == 32:
+                        out.append(_gemm_hopper.Plan(1, bn, 6, split, split > 1))
+    if m >= 128 and not gate:  # the other widths, one slice, where they make a wave or more
+        for wg in (1, 2) if m <= 512 else (2,):
+            for bn in WIDE:
+                if math.ceil(m / (64 * wg)) * math.ceil(n / bn) >= sms // 2:
+                    out.append(_gemm_hopper.Plan(wg, bn, _gemm_hopper.stages_for(wg, bn, gate), 1,
+                                                 False))  # fmt: skip
     return out
 
 
@@ -121,7 +158,7 @@ def choice_of(name: list):
     if name[0] == "gemv":
         return _gemv.Plan(name[1])
     if name[0] == "persistent":
-        return "persistent"
+        return linear_mod.Persistent(*name[1:]) if len(name) > 1 else "persistent"
     if name[0] in linear_mod.CONFIGS:
         return MmaPlan(*name)
     if isinstance(name[0], int):
@@ -170,20 +207,28 @@ def measured_with(found: dict, table: dict | None = None) -> dict:
     return table
 
 
+def choice_source(choice) -> str:
+    """A ``linear.MEASURED`` choice as the table's source writes it."""
+    if isinstance(choice, str):
+        return f'"{choice}"'
+    if isinstance(choice, MmaPlan):
+        return f'Plan("{choice.config}", {choice.split})'
+    if isinstance(choice, linear_mod.Persistent):
+        return f"Persistent{tuple(choice)}"
+    names = {_gemm_hopper.Plan: "_P", _gemm_streamk.Plan: "_S"}
+    name = names.get(type(choice), "_gemv.Plan")
+    fields = tuple(choice)
+    if isinstance(choice, _gemm_hopper.Plan) and not choice.pair:
+        fields = fields[:-1]  # unpaired: the table's five fields
+    return f"{name}{fields}".replace(",)", ")")
+
+
 def table_source(table: dict) -> str:
     """``table`` (a ``linear.MEASURED``) as the Python source of its entries."""
-
-    def code(choice) -> str:
-        if isinstance(choice, str):
-            return f'"{choice}"'
-        if isinstance(choice, MmaPlan):
-            return f'Plan("{choice.config}", {choice.split})'
-        names = {_gemm_hopper.Plan: "_P", _gemm_streamk.Plan: "_S"}
-        name = names.get(type(choice), "_gemv.Plan")
-        return f"{name}{tuple(choice)}".replace(",)", ")")
-
     return "\n".join(
-        f"    {key}: [{', '.join(f'({m}, {code(c)})' for m, c in entries)}],".replace("'", '"')
+        f"    {key}: [{', '.join(f'({m}, {choice_source(c)})' for m, c in entries)}],".replace(
+            "'", '"'
+        )
         for key, entries in table.items()
     )
 
@@ -247,12 +292,54 @@ def warm(shapes: list, sms: int, shard: int, shards: int) -> None:
     torch.cuda.synchronize()
 
 
+PAIRS = "no"  # paired plans: "no", "also" or "only" (--pairs)
+DEEP = False  # only the op's plan and a few tiles with 6-stage and deep rings (--deep)
+DEEP_TILES = ((1, 64, 1), (1, 64, 2), (1, 128, 1), (2, 64, 1), (2, 128, 1))  # wg, bn, split
+
+
+OCC = False  # only short rings, two to four blocks a multiprocessor (--occ)
+SETS["occ"] = [(1024, 1024, 1024), (2048, 2048, 2048), (1024, 4096, 4096), (512, 6144, 4096)]
+
+
+def occupancy_plans(m: int, n: int, sms: int, gate: bool) -> list:
+    """``--occ``'s plans: unsplit tiles with rings of 2 to 4 stages, so that two or more
+    blocks share a multiprocessor (one's epilogue beside another's loop), where the tiles
+    make half a wave or more."""
+    return [
+        _gemm_hopper.Plan(wg, bn, stages, 1, False)
+        for wg, bn in ((1, 64), (2, 64), (1, 128), (2, 128), (2, 256))
+        for stages in (2, 3, 4)
+        if _gemm_hopper.grid_tiles(m, n, wg, bn, 0) >= sms // 2
+        and stages < _gemm_hopper.stages_for(wg, bn, gate)
+    ]
+
+
+def deep_plans(m: int, n: int, k: int, gate: bool, route) -> list:
+    """``--deep``'s plans: ``DEEP_TILES`` (two warpgroups from M = 128) with rings of 6
+    stages and of as many as fit (up to 12), and the op's own Hopper plan with the deep
+    ring."""
+    plans = []
+    for wg, bn, split in DEEP_TILES:
+        if wg == 2 and m < 128:
+            continue
+        for most in (6, 12):
+            stages = _gemm_hopper.stages_for(wg, bn, gate, most=most)
+            plans.append(_gemm_hopper.Plan(wg, bn, stages, split, False))
+    if isinstance(route, _gemm_hopper.Plan):
+        plans.append(route._replace(stages=_gemm_hopper.stages_for(route.wg, route.bn, gate, 12)))
+    return list(dict.fromkeys(plans))
+
+
 def plans_of(m: int, n: int, k: int, sms: int, transposed: bool, act: str, route) -> tuple:
     """(the plans timed for one shape, the Hopper kernel's own plan): the op's choice
     ``route`` first, then ``candidates``, the skinny kernels, the mma.sync kernel's plan and
     K splits around it, the persistent kernel and the stream-K plans, as each applies."""
     gate = act == "silu_gate"
     default = _gemm_hopper.plan(m, n, k, sms, gate)
+    if DEEP:
+        return [route, *deep_plans(m, n, k, gate, route)], default
+    if OCC:
+        return [route, *occupancy_plans(m, n, sms, gate)], default
     plans = candidates(m, n, k, sms, gate)
     if default not in plans:
         plans.insert(0, default)
@@ -270,7 +357,26 @@ def plans_of(m: int, n: int, k: int, sms: int, transposed: bool, act: str, route
             plans += [replace(mine, split=mine.split // 2), replace(mine, split=2 * mine.split)]
     if m >= 128 and not transposed and act == "none":
         plans.append("persistent")  # _matmul_hopper's kernel (128 x 128 or 128 x 256 tiles)
+        for bn in (128, *WIDE, 256):  # and each width, where the tiles make a wave or more
+            if math.ceil(m / 128) * math.ceil(n / bn) >= sms // 2:
+                plans.append(linear_mod.Persistent(bn))
+        if m >= 1024:  # the rule's width in groups of 4 and 16 tile rows
+            bn = linear_mod.persistent_width(m, n, sms)
+            plans += [linear_mod.Persistent(bn, 4), linear_mod.Persistent(bn, 16)]
     plans += streamk_candidates(m, n, sms, gate)
+    if PAIRS != "no":  # clusters of two blocks sharing A or B: the unsplit Hopper plans paired
+        paired = [
+            p._replace(pair=pair)
+            for p in plans
+            if isinstance(p, _gemm_hopper.Plan) and p.split == 1 and not p.pair and p.stages <= 6
+            for pair, tiles in ((1, math.ceil(m / (64 * p.wg))), (2, math.ceil(n / p.bn)))
+            if tiles >= 2 and _gemm_hopper.grid_tiles(m, n, p.wg, p.bn, 0) >= sms // 2
+        ]
+        if m >= 256 and not transposed and act == "none":  # the persistent kernel in pairs
+            for bn in sorted({128, linear_mod.persistent_width(m, n, sms), 256}):
+                if math.ceil(m / 128) * math.ceil(n / bn) >= sms // 2:
+                    paired.append(linear_mod.Persistent(bn, _matmul_hopper.GROUP_ROWS, 1))
+        plans = paired if PAIRS == "only" else plans + paired
     return [route, *plans], default
 
 
@@ -365,7 +471,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--budget", type=float, default=70.0, help="seconds to start shapes in")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--warm", help="R/J: compile shard R of J of the search's kernels, time nothing")
+    p.add_argument("--pairs", choices=("no", "also", "only"), default="no",
+                   help="also (or only) time the Hopper plans in clusters of two")  # fmt: skip
+    p.add_argument("--deep", action="store_true", help="only deep rings against 6 stages")
+    p.add_argument("--occ", action="store_true", help="only short rings, blocks side by side")
     args, rest = p.parse_known_args(argv)
+    global PAIRS, DEEP, OCC
+    PAIRS, DEEP, OCC = args.pairs, args.deep, args.occ
     h = Harness.from_args("Hopper GEMM plan search", rest, reps=args.reps)
     start = time.perf_counter()
     sms = h.meta["sms"]
@@ -388,7 +500,7 @@ def main(argv: list[str] | None = None) -> None:
         bad = [t["plan"] for t in row["all"] if not t["ok"]]
         cu = row["cublas_us"]
         print(
-            f"M={m:5d} {_shape(row)} cuBLAS {cu:7.1f}us  default {_fmt(row['default'], cu)}  "
+            f"M={m:5d} {_shape(row)} cuBLAS {cu:7.1f}us  route {_fmt(row['route'], cu)}  "
             f"best {_fmt(row['best'], cu)}" + (f"  WRONG {bad}" if bad else ""),
             flush=True,
         )
@@ -397,10 +509,10 @@ def main(argv: list[str] | None = None) -> None:
                 json.dump({"meta": h.meta, "rows": rows}, fh)
         torch.cuda.empty_cache()
     print(f"\nHopper GEMM plans on {h.meta['gpu']} ({sms} SMs), f16, B [K, N]; x = cuBLAS/kaio")
-    print("| M | N x K | cuBLAS µs | default plan | x | best plan | x |")
+    print("| M | N x K | cuBLAS µs | route's plan | x | best plan | x |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        d, b, cu = r["default"], r["best"], r["cublas_us"]
+        d, b, cu = r["route"], r["best"], r["cublas_us"]
         print(
             f"| {r['m']} | {_shape(r)} | {cu:.1f} | {_fmt(d, cu, ' | ')} | {_fmt(b, cu, ' | ')} |"
         )
@@ -416,9 +528,11 @@ def _shape(row: dict) -> str:
 def _name(plan) -> list:
     """A plan as JSON: ``[wg, bn, stages, split, fixup]``, ``["gemv", split]``,
     ``[config, split]`` (mma.sync), ``["sk", wg, bn, stages, blocks, spread]`` (stream-K)
-    or ``["persistent"]``."""
+    or ``["persistent"]`` (``["persistent", bn, group]``: a ``linear.Persistent``)."""
     if isinstance(plan, str):
         return [plan]
+    if isinstance(plan, linear_mod.Persistent):
+        return ["persistent", *plan]
     if isinstance(plan, _gemm_streamk.Plan):
         return ["sk", *plan]
     if isinstance(plan, MmaPlan):

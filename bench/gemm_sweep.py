@@ -466,11 +466,10 @@ def propose(paths: list[str], margin: float = 0.02) -> str:
 
 
 def _code(choice) -> str:
-    """A MEASURED choice as the table's source writes it."""
-    if isinstance(choice, str):
-        return f'"{choice}"'
-    name = "_S" if type(choice).__module__.endswith("_gemm_streamk") else "_P"
-    return f"{name}{tuple(choice)}".replace(",)", ")")
+    """A MEASURED choice as the table's source writes it (``gemm_plans.choice_source``)."""
+    from bench.gemm_plans import choice_source
+
+    return choice_source(choice)
 
 
 def use_routes(path: str, quiet: bool = False) -> None:

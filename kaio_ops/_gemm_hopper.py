@@ -13,12 +13,15 @@ tiles) and narrow N tiles; when the tiles do not fill the GPU, K is split over `
 in a fixed order (deterministic). One tile per block (no persistent loop); blocks go in
 groups of 8 tile rows (``_matmul_kernels.tile_origin``) for L2 reuse.
 
-Shared tiles (docs/hopper.md gives the descriptors): A stage ``s`` is ``64 * WG x 64``
-K-major rows of 128 bytes (SBO 1024). B [N, K] (``BT``, ``nn.Linear``'s layout) is K-major
-too: ``BN`` rows of 64 K (for "silu_gate" the gate rows then the up rows of the block's
-columns, two accumulator sets); B [K, N] is ``BN / 64`` column blocks of ``64 x 64``
-N-major rows (LBO 8192, SBO 1024, ``trans_b``). The K tail and the M and N edges read zeros
-from TMA; the epilogue stores only the elements inside C (``_gemm.store_pair``).
+Shared tiles (docs/hopper.md gives the descriptors): stage ``s`` of the ring is rows of 128
+bytes (``load_slice``, ``mma_slice``, shared with ``kaio_ops._gemm_streamk``): first A's
+``64 * WG x 64`` K-major rows (SBO 1024), then B's in blocks of 64 rows. B [N, K] (``BT``,
+``nn.Linear``'s layout) is K-major too: ``BN`` rows of 64 K (for "silu_gate" the gate rows
+then the up rows of the block's columns, two accumulator sets); B [K, N] is ``BN / 64``
+column blocks of ``64 x 64`` N-major rows (LBO 8192, SBO 1024, ``trans_b``). ``BN`` is a
+multiple of 16 (160 and 224 fill the waves of some LLM shapes): B is loaded in whole 64-row
+blocks, the wgmmas read the first ``BN``. The K tail and the M and N edges read zeros from
+TMA; the epilogue stores only the elements inside C (``_gemm.store_pair``).
 """
 
 # ruff: noqa: F821  (DT, OUT and RT in annotations are dtype constexpr parameters)
@@ -51,6 +54,103 @@ def wgmma_step(
         kaio.wgmma_bf16(acc, da, db, accumulate, False, TRANS_B)
 
 
+@kaio.gpu_func
+def copy_box(
+    ring: DT[:, :, :], s: i32, row: i32, tmap: kaio.tensormap, c0: i32, c1: i32, bars: u64[:, :],
+    SHARED: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """One TMA box of ``tmap`` at (``c0``, ``c1``) into rows ``row``.. of stage ``s``,
+    completing on the stage's full barrier; ``SHARED``: into both blocks of the cluster
+    (multicast)."""
+    if SHARED:
+        kaio.tma_load_2d_multicast(ring, (s, row, 0), tmap, c0, c1, bars, (0, s), 3)
+    else:
+        kaio.tma_load_2d(ring, (s, row, 0), tmap, c0, c1, bars, (0, s))
+
+
+@kaio.gpu_func
+def load_slice(
+    ring: DT[:, :, :], bars: u64[:, :], ta: kaio.tensormap, tb: kaio.tensormap, s: i32,
+    m0: i32, n0: i32, k0: i32, N: u32, rank: i32,
+    WG: kaio.constexpr, BN: kaio.constexpr, BT: kaio.constexpr, ACT: kaio.constexpr,
+    PAIR: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """The producer's TMA copies of one 64-deep K slice (from ``k0``) into stage ``s`` of
+    ``ring``, armed on its full barrier: A's rows from ``m0``, then B's columns from ``n0`` in
+    64-row blocks (for "silu_gate" then the up rows' blocks, from ``N + n0``). A width that
+    is not a multiple of 64 (160, 224) loads its last block whole. In a pair of blocks
+    (``PAIR``, a cluster of two: block ``rank``), the shared operand's boxes (B's blocks for
+    ``PAIR`` 1, A's 64-row boxes for 2) go to both blocks, the two blocks taking them in
+    turn; each block's barrier expects the whole stage."""
+    NBLK = (BN + 63) // 64
+    NB = 2 if ACT == "silu_gate" else 1
+    BM = 64 * WG
+    kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32((BM + NB * NBLK * 64) * BK * 2))
+    if PAIR == 2:  # A shared: its 64-row boxes in turn
+        for i in kaio.static_range(WG):
+            if rank == i % 2:
+                copy_box(ring, s, 64 * i, ta, m0 + 64 * i, k0, bars, True, DT)
+    else:
+        kaio.tma_load_2d(ring, (s, 0, 0), ta, m0, k0, bars, (0, s))
+    for j in kaio.static_range(NBLK):
+        mine = PAIR != 1 or rank == j % 2  # B shared (PAIR 1): its blocks in turn
+        if BT:
+            if mine:
+                copy_box(ring, s, BM + 64 * j, tb, n0 + 64 * j, k0, bars, PAIR == 1, DT)
+            if NB == 2 and (PAIR != 1 or rank == (NBLK + j) % 2):
+                copy_box(ring, s, BM + 64 * (NBLK + j), tb, i32(N) + n0 + 64 * j, k0, bars,
+                         PAIR == 1, DT)  # fmt: skip
+        elif mine:
+            copy_box(ring, s, BM + 64 * j, tb, k0, n0 + 64 * j, bars, PAIR == 1, DT)
+
+
+@kaio.gpu_func
+def mma_slice(
+    acc: f32[:, :, :], acc_u: f32[:, :, :], ring: DT[:, :, :], s: i32, wg: u32, fresh: bool_,
+    WG: kaio.constexpr, BN: kaio.constexpr, BT: kaio.constexpr, ACT: kaio.constexpr,
+    DT: kaio.constexpr,
+):  # fmt: skip
+    """Consumer warpgroup ``wg``'s wgmmas of the K slice in stage ``s`` of ``ring``
+    (``load_slice``'s layout): acc (+)= its 64 rows of A times the B tile, and for
+    "silu_gate" acc_u (+)= them times the up tile; ``fresh``: the slice starts the sum."""
+    NBLK = (BN + 63) // 64
+    BM = 64 * WG
+    for kk in kaio.static_range(BK // 16):
+        da = kaio.smem_descriptor(ring, (s, 64 * wg, kk * 16), SW, 16, 1024)
+        more = kk > 0 or not fresh
+        if BT:
+            db = kaio.smem_descriptor(ring, (s, BM, kk * 16), SW, 16, 1024)
+            wgmma_step(acc, da, db, more, False, DT)
+            if ACT == "silu_gate":
+                du = kaio.smem_descriptor(ring, (s, BM + 64 * NBLK, kk * 16), SW, 16, 1024)
+                wgmma_step(acc_u, da, du, more, False, DT)
+        else:  # B [K, N]: 64-column blocks of N-major rows, LBO between blocks
+            db = kaio.smem_descriptor(ring, (s, BM + kk * 16, 0), SW, BK * SW, 1024)
+            wgmma_step(acc, da, db, more, True, DT)
+
+
+@kaio.gpu_func
+def mma_run(
+    acc: f32[:, :, :], acc_u: f32[:, :, :], ring: DT[:, :, :], bars: u64[:, :], kb: i32,
+    ke: i32, s: i32, ph: u32, ps: i32, wg: u32, lt: u32,
+    STAGES: kaio.constexpr, WG: kaio.constexpr, BN: kaio.constexpr, BT: kaio.constexpr,
+    ACT: kaio.constexpr, PAIR: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """A consumer warpgroup's sum of K slices ``kb`` to ``ke`` (> ``kb``) of one tile: each
+    waited for at ring position ``s``, ``ph``, multiplied (``mma_slice``) and retired (its
+    stage before freed, ``retire_slice``; ``ps``: the stage of the slice before), then all
+    its wgmmas waited for. Returns the ring position after it and the stage of its last
+    slice (``s, ph, ps``), which the caller frees when it no longer needs it. In a pair of
+    blocks (``PAIR``) a stage is freed in both (each block's producer writes into both)."""
+    for kt in range(kb, ke):
+        kaio.mbarrier_wait(bars, (0, s), ph)
+        kaio.wgmma_fence()
+        mma_slice(acc, acc_u, ring, s, wg, kt == kb, WG, BN, BT, ACT, DT)
+        ps, s, ph = retire_slice(bars, kt - kb, lt, s, ph, ps, STAGES, PAIR)
+    kaio.wgmma_wait(0)
+    return s, ph, ps
+
+
 @kaio.gpu_kernel
 def gemm_wgmma(
     ta: kaio.tensormap, tb: kaio.tensormap, c: OUT[:, :], ws: f32[:, :], bias: DT[:],
@@ -58,57 +158,56 @@ def gemm_wgmma(
     M: u32, N: u32, K: u32, k_slice: u32,
     WG: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, BT: kaio.constexpr,
     SPLIT: kaio.constexpr, FIXUP: kaio.constexpr, BIAS: kaio.constexpr, ACT: kaio.constexpr,
-    RES: kaio.constexpr, DT: kaio.constexpr, OUT: kaio.constexpr, RT: kaio.constexpr,
+    RES: kaio.constexpr, PAIR: kaio.constexpr, DT: kaio.constexpr, OUT: kaio.constexpr,
+    RT: kaio.constexpr,
 ):  # fmt: skip
     """C = epilogue(A @ B) (module docstring): block x computes C tile x, or with a K split
     block (x, z) the raw partial tile of K slice z into ``ws``. ``ta``: A [M, K] in boxes of
-    (64 * WG, 64); ``tb``: B [N, K] (BT 1; [2N, K] for "silu_gate") or [K, N] (BT 0) in boxes
-    of (64, 64)."""
+    (64 * WG, 64) (64 rows for ``PAIR`` 2); ``tb``: B [N, K] (BT 1; [2N, K] for "silu_gate")
+    or [K, N] (BT 0) in boxes of (64, 64). ``PAIR``: 0, or clusters of two blocks whose
+    tiles share B (1: one above the other) or A (2: side by side), copied once for both."""
     kaio.launch_bounds(WG * 128 + 32, 1)
+    if PAIR:
+        kaio.cluster_dims(2)
     GATE = ACT == "silu_gate"
     BM = 64 * WG
-    NB = 2 if GATE else 1  # B tiles a stage: the gate and up rows for "silu_gate"
-    STAGE_BYTES = (BM + NB * BN) * BK * 2
-    sa = kaio.shared_dynamic(DT, (STAGES, BM, BK), 0)
-    sb = kaio.shared_dynamic(
-        DT,
-        (STAGES, NB * BN // 64, 64, BK) if BT else (STAGES, BN // 64, BK, 64),
-        STAGES * BM * BK * 2,
-    )
-    bars = kaio.shared_dynamic(u64, (2, STAGES), STAGES * STAGE_BYTES)
-    arrived = kaio.shared_dynamic(u32, (4,), STAGES * (STAGE_BYTES + 16))
+    ROWS = BM + (2 if GATE else 1) * ((BN + 63) // 64) * 64  # a stage: A, B (``load_slice``)
+    ring = kaio.shared_dynamic(DT, (STAGES, ROWS, BK), 0)
+    bars = kaio.shared_dynamic(u64, (2, STAGES), STAGES * ROWS * BK * 2)
+    arrived = kaio.shared_dynamic(u32, (4,), STAGES * (ROWS * BK * 2 + 16))
     t = kaio.thread_idx_x()
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
     lt = t % 128
-    origin = tile_origin(kaio.block_idx_x(), (M + BM - 1) // BM, (N + BN - 1) // BN)
-    m0 = tile_row(origin) * BM
-    n0 = tile_col(origin) * BN
+    x = kaio.block_idx_x()
+    rank = i32(0)
+    m0 = u32(0)
+    n0 = u32(0)
+    if PAIR == 0:
+        origin = tile_origin(x, (M + BM - 1) // BM, (N + BN - 1) // BN)
+        m0 = tile_row(origin) * BM
+        n0 = tile_col(origin) * BN
+    else:  # the pair's tiles: x // 2 in a grid of pairs, block x % 2 of it
+        rank = i32(kaio.cluster_rank())
+        if PAIR == 1:
+            origin = tile_origin(x // 2, (M + 2 * BM - 1) // (2 * BM), (N + BN - 1) // BN)
+            m0 = (2 * tile_row(origin) + u32(rank)) * BM
+            n0 = tile_col(origin) * BN
+        else:
+            origin = tile_origin(x // 2, (M + BM - 1) // BM, (N + 2 * BN - 1) // (2 * BN))
+            m0 = tile_row(origin) * BM
+            n0 = (2 * tile_col(origin) + u32(rank)) * BN
     k_begin = kaio.block_idx_z() * k_slice
     k_end = kaio.min(k_begin + k_slice, K)
     k_tiles = i32((k_end - k_begin + BK - 1) // BK)
-    init_ring(bars, t, STAGES, WG)  # "free": lane 0 of each consumer warpgroup
+    init_ring(bars, t, STAGES, WG * (2 if PAIR else 1))  # "free": each consumer warpgroup's
+    if PAIR:
+        kaio.cluster_sync()  # the other block's barriers are ready before any copy
     acc = kaio.local(f32, (BN // 8, 2, 2))
     acc_u = kaio.local(f32, (BN // 8 if GATE else 1, 2, 2))
-    s = i32(0)
-    ph = u32(0)
+    s, ph = i32(0), u32(0)  # the ring position: stage, phase parity
     if wg < WG:  # the consumers
-        ps = i32(0)  # the stage of the slice before
-        for kt in range(k_tiles):
-            kaio.mbarrier_wait(bars, (0, s), ph)
-            kaio.wgmma_fence()
-            for kk in kaio.static_range(BK // 16):
-                da = kaio.smem_descriptor(sa, (s, 64 * wg, kk * 16), SW, 16, 1024)
-                if BT:
-                    db = kaio.smem_descriptor(sb, (s, 0, 0, kk * 16), SW, 16, 1024)
-                    wgmma_step(acc, da, db, kt + kk > 0, False, DT)
-                    if GATE:
-                        du = kaio.smem_descriptor(sb, (s, BN // 64, 0, kk * 16), SW, 16, 1024)
-                        wgmma_step(acc_u, da, du, kt + kk > 0, False, DT)
-                else:
-                    db = kaio.smem_descriptor(sb, (s, 0, kk * 16, 0), SW, BK * SW, 1024)
-                    wgmma_step(acc, da, db, kt + kk > 0, True, DT)
-            ps, s, ph = retire_slice(bars, kt, lt, s, ph, ps, STAGES)
-        kaio.wgmma_wait(0)
+        mma_run(acc, acc_u, ring, bars, 0, k_tiles, s, ph, 0, wg, lt, STAGES, WG, BN, BT, ACT,
+                PAIR, DT)  # fmt: skip
         # lane (g, t) of warp w holds rows 16w + g (+ 8) and columns 8j + 2t, + 1
         lane = lt % 32
         for j in kaio.static_range(BN // 8):
@@ -127,21 +226,15 @@ def gemm_wgmma(
             if g >= STAGES:  # stage s held slice g - STAGES: wait until the consumers freed it
                 kaio.mbarrier_wait(bars, (1, s), ph ^ 1)
             k0 = i32(k_begin) + g * BK
-            kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32(STAGE_BYTES))
-            kaio.tma_load_2d(sa, (s, 0, 0), ta, i32(m0), k0, bars, (0, s))
-            for j in kaio.static_range(BN // 64):
-                if BT:
-                    kaio.tma_load_2d(sb, (s, j, 0, 0), tb, i32(n0) + j * 64, k0, bars, (0, s))
-                    if GATE:
-                        kaio.tma_load_2d(sb, (s, BN // 64 + j, 0, 0), tb,
-                                         i32(N + n0) + j * 64, k0, bars, (0, s))  # fmt: skip
-                else:
-                    kaio.tma_load_2d(sb, (s, j, 0, 0), tb, k0, i32(n0) + j * 64, bars, (0, s))
+            load_slice(ring, bars, ta, tb, s, i32(m0), i32(n0), k0, N, rank, WG, BN, BT, ACT,
+                       PAIR, DT)  # fmt: skip
             s, ph = next_stage(s, ph, STAGES)
     if FIXUP:  # the last of the tile's grid.z blocks to finish sums the slices, in order
         if last_arrival(counters, kaio.block_idx_x(), kaio.grid_dim_z(), arrived, t):
             sum_tile(c, ws, bias, res, m0, n0, M, N, kaio.grid_dim_z(), t, WG * 128 + 32, BM,
                      BN, BIAS, ACT, RES, DT, OUT, RT)  # fmt: skip
+    if PAIR:
+        kaio.cluster_sync()  # no block leaves while the other may still write to it
 
 
 def eligible(a, b, n: int, k: int, transposed: bool) -> bool:
@@ -153,20 +246,22 @@ def eligible(a, b, n: int, k: int, transposed: bool) -> bool:
 def shared_bytes(wg: int, bn: int, stages: int, gate: bool) -> int:
     """The dynamic shared memory of ``gemm_wgmma``: the tile ring, its barriers and the
     K-split fixup's arrival count."""
-    return stages * ((64 * wg + (2 if gate else 1) * bn) * BK * 2 + 16) + 16
+    return stages * ((64 * wg + (2 if gate else 1) * -(-bn // 64) * 64) * BK * 2 + 16) + 16
 
 
 class Plan(NamedTuple):
     """A launch plan of ``gemm_wgmma``: ``WG`` warpgroups (64 * WG rows a tile), ``BN``
     columns a tile, a ring of ``stages``, ``split`` K slices (grid.z) and whether their sum
     is the fixup in the kernel (the last block of a tile to finish sums the slices in
-    order: ``fixup``) or the separate ``_gemm.gemm_reduce`` kernel."""
+    order: ``fixup``) or the separate ``_gemm.gemm_reduce`` kernel; ``pair``: 0, or blocks in
+    clusters of two that share B (1) or A (2) (``gemm_wgmma``)."""
 
     wg: int
     bn: int
     stages: int
     split: int
     fixup: bool
+    pair: int = 0
 
 
 def fixup_ok(n: int) -> bool:
@@ -184,7 +279,7 @@ def plan(m: int, n: int, k: int, sms: int, gate: bool = False) -> Plan:
     whose tiles fill 90% of the multiprocessors, else 64; then, if the tiles fill fewer than
     half of them, a K split towards one block per multiprocessor, each slice at least 4
     steps of 64, summed by ``_gemm.gemm_reduce`` (measured faster than the in-kernel sum);
-    as many stages as fit in shared memory (at most 6)."""
+    as many stages as fit in shared memory (``stages_for``)."""
     wg = 1 if m <= 256 else 2
     rows = math.ceil(m / (64 * wg))
     widths = (128, 64) if gate else (256, 128, 64)
@@ -196,17 +291,37 @@ def plan(m: int, n: int, k: int, sms: int, gate: bool = False) -> Plan:
     return Plan(wg, bn, stages_for(wg, bn, gate), split, False)
 
 
-def stages_for(wg: int, bn: int, gate: bool, most: int = 6) -> int:
-    """As many ring stages as fit in shared memory, 2 to ``most``."""
+def stages_for(wg: int, bn: int, gate: bool, most: int | None = None) -> int:
+    """As many ring stages as fit in shared memory, 2 to ``most`` (default: 12 for stages of
+    16 KB, 64 x 64 tiles, else 6). Measured on an H100 (bench/gemm_plans.py --deep): at
+    small M the bytes in flight set the speed, and 64 x 64 tiles ran at 0.95-0.99x cuBLAS
+    at M = 64-128 of 4096 x 4096 with 12 stages against 0.86-0.88x with 6; wider tiles hold
+    enough in 6 stages, and deeper rings of them were as fast or slower (0.88x against
+    0.97x for 128 x 128 tiles at M = 128 of 10240 x 8192)."""
+    if most is None:
+        most = 12 if wg * 64 + bn <= 128 and not gate else 6
     return max(2, min(most, (SHARED_LIMIT - 16) // shared_bytes(wg, bn, 1, gate)))
 
 
-def tensor_maps(a, b, m: int, k: int, wg: int, transposed: bool) -> tuple:
-    """The TMA maps of A (an ``Operand`` of any rank, seen as [M, K]) and B."""
+def tensor_maps(a, b, m: int, k: int, wg: int, transposed: bool, rows: int = 0) -> tuple:
+    """The TMA maps of A (an ``Operand`` of any rank, seen as [M, K]; boxes of ``rows``
+    rows, default 64 * ``wg``) and B."""
     from kaio_ops import _arrays
 
     a2 = a.obj if len(a.shape) == 2 else _arrays.view(a.obj, a.kind, (m, k))
-    return kaio.tensor_map_2d(a2, (64 * wg, BK), SW), kaio.tensor_map_2d(b.obj, (64, 64), SW)
+    box = (rows or 64 * wg, BK)
+    return kaio.tensor_map_2d(a2, box, SW), kaio.tensor_map_2d(b.obj, (64, 64), SW)
+
+
+def grid_tiles(m: int, n: int, wg: int, bn: int, pair: int) -> int:
+    """The blocks along x of ``gemm_wgmma`` for an ``m x n`` C: its tiles, in whole pairs
+    (``pair``: a tile row or column more where their count is odd)."""
+    rows, cols = math.ceil(m / (64 * wg)), math.ceil(n / bn)
+    if pair == 1:
+        rows += rows % 2
+    elif pair == 2:
+        cols += cols % 2
+    return rows * cols
 
 
 def specializations() -> list:
@@ -214,17 +329,20 @@ def specializations() -> list:
     from kaio.types import bf16
 
     out = []
-    for dt, ot, wg, bn, bt, act, split in (
-        (f16, f16, 1, 64, 1, "none", 4),
-        (f16, f16, 2, 256, 1, "gelu", 1),
-        (bf16, bf16, 2, 128, 1, "silu_gate", 1),
-        (bf16, f16, 1, 128, 1, "silu_gate", 2),
-        (f16, f32, 2, 128, 0, "none", 1),
-        (bf16, bf16, 1, 64, 0, "silu", 3),
+    for dt, ot, wg, bn, bt, act, split, pair in (
+        (f16, f16, 1, 64, 1, "none", 4, 0),
+        (f16, f16, 2, 256, 1, "gelu", 1, 0),
+        (bf16, bf16, 2, 128, 1, "silu_gate", 1, 0),
+        (bf16, f16, 1, 128, 1, "silu_gate", 2, 0),
+        (f16, f32, 2, 128, 0, "none", 1, 0),
+        (bf16, bf16, 1, 64, 0, "silu", 3, 0),
+        (f16, f16, 2, 160, 0, "none", 1, 1),  # widths not a multiple of 64, pairs
+        (bf16, bf16, 1, 32, 1, "silu_gate", 4, 0),
+        (f16, f16, 2, 64, 0, "none", 1, 2),
     ):
         stages = stages_for(wg, bn, act == "silu_gate")
         consts = {"WG": wg, "BN": bn, "STAGES": stages, "BT": bt, "SPLIT": min(split, 2)}
         consts["FIXUP"] = int(split > 2)
-        epi = {"BIAS": 1, "ACT": act, "RES": 1}
+        epi = {"BIAS": 1, "ACT": act, "RES": 1, "PAIR": pair}
         out.append((gemm_wgmma, {**consts, **epi, "DT": dt, "OUT": ot, "RT": ot}))
     return out

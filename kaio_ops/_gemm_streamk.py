@@ -38,30 +38,13 @@ import kaio
 from kaio import bool_, f32, i32, u32, u64
 from kaio_ops import _gemm_hopper
 from kaio_ops._gemm import epilogue
-from kaio_ops._matmul_hopper import grouped, init_ring
+from kaio_ops._gemm_hopper import load_slice, mma_run
+from kaio_ops._matmul_hopper import grouped, init_ring, next_stage
 
 BK = 64
 SW = 128  # swizzle bytes: one 128-byte row per 64 elements
 GROUP = 8  # tile rows a group of the tile order spans (``_matmul_hopper.grouped``)
 SHARED_LIMIT = _gemm_hopper.SHARED_LIMIT
-
-
-@kaio.gpu_func
-def mma_step(
-    acc: f32[:, :, :], da: u64, db: u64, first: bool_, TRANS_B: kaio.constexpr, DT: kaio.constexpr
-):
-    """acc = (acc if not ``first``) + the k16 product of descriptors da and db, in DT."""
-    if DT == kaio.f16:
-        kaio.wgmma_f16(acc, da, db, not first, False, TRANS_B)
-    else:
-        kaio.wgmma_bf16(acc, da, db, not first, False, TRANS_B)
-
-
-@kaio.gpu_func
-def next_stage(s: i32, ph: u32, STAGES: kaio.constexpr):
-    """The ring position (stage, phase parity) after stage ``s`` of parity ``ph``."""
-    last = s == STAGES - 1
-    return kaio.select(last, 0, s + 1), kaio.select(last, ph ^ 1, ph)
 
 
 @kaio.gpu_func
@@ -200,15 +183,9 @@ def gemm_streamk(
     kaio.launch_bounds(WG * 128 + 32, 1)
     GATE = ACT == "silu_gate"
     BM = 64 * WG
-    NB = 2 if GATE else 1  # B tiles a stage: the gate and up rows for "silu_gate"
-    STAGE_BYTES = (BM + NB * BN) * BK * 2
-    sa = kaio.shared_dynamic(DT, (STAGES, BM, BK), 0)
-    sb = kaio.shared_dynamic(
-        DT,
-        (STAGES, NB * BN // 64, 64, BK) if BT else (STAGES, BN // 64, BK, 64),
-        STAGES * BM * BK * 2,
-    )
-    bars = kaio.shared_dynamic(u64, (2, STAGES), STAGES * STAGE_BYTES)
+    ROWS = BM + (2 if GATE else 1) * ((BN + 63) // 64) * 64  # a stage: A, B (``load_slice``)
+    ring = kaio.shared_dynamic(DT, (STAGES, ROWS, BK), 0)
+    bars = kaio.shared_dynamic(u64, (2, STAGES), STAGES * ROWS * BK * 2)
     t = kaio.thread_idx_x()
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
     lt = t % 128
@@ -225,36 +202,15 @@ def gemm_streamk(
     init_ring(bars, t, STAGES, WG)  # "free": lane 0 of each consumer warpgroup
     acc = kaio.local(f32, (BN // 8, 2, 2))
     acc_u = kaio.local(f32, (BN // 8 if GATE else 1, 2, 2))
-    s = i32(0)
-    ph = u32(0)
+    s, ph = i32(0), u32(0)  # the ring position: stage, phase parity
     if wg < WG:  # the consumers
         ps = i32(0)  # the stage of the step before
         lane = i32(lt % 32)
         warp = i32(lt // 32)
         for sg in range(segments):
             tile, kb, ke = segment(sg, b, g, dp, dp_tiles, first, k_tiles, sk_end)
-            for kt in range(kb, ke):
-                kaio.mbarrier_wait(bars, (0, s), ph)
-                kaio.wgmma_fence()
-                for kk in kaio.static_range(BK // 16):
-                    da = kaio.smem_descriptor(sa, (s, 64 * wg, kk * 16), SW, 16, 1024)
-                    start = kt == kb and kk == 0
-                    if BT:
-                        db = kaio.smem_descriptor(sb, (s, 0, 0, kk * 16), SW, 16, 1024)
-                        mma_step(acc, da, db, start, False, DT)
-                        if GATE:
-                            du = kaio.smem_descriptor(sb, (s, BN // 64, 0, kk * 16), SW, 16, 1024)
-                            mma_step(acc_u, da, du, start, False, DT)
-                    else:
-                        db = kaio.smem_descriptor(sb, (s, 0, kk * 16, 0), SW, BK * SW, 1024)
-                        mma_step(acc, da, db, start, True, DT)
-                kaio.wgmma_commit()
-                kaio.wgmma_wait(1)
-                if kt > kb and lt == 0:  # the step before's wgmmas are done: free its stage
-                    kaio.mbarrier_arrive(bars, (1, ps))
-                ps = s
-                s, ph = next_stage(s, ph, STAGES)
-            kaio.wgmma_wait(0)
+            s, ph, ps = mma_run(acc, acc_u, ring, bars, kb, ke, s, ph, ps, wg, lt, STAGES, WG, BN,
+                                BT, ACT, 0, DT)  # fmt: skip
             if lt == 0:  # the segment's last stage, before its epilogue
                 kaio.mbarrier_arrive(bars, (1, ps))
             idx = grouped(tile, tiles_m, tiles_n, GROUP)
@@ -285,17 +241,7 @@ def gemm_streamk(
             for kt in range(kb, ke):
                 if issued >= STAGES:  # stage s held step issued - STAGES: wait until freed
                     kaio.mbarrier_wait(bars, (1, s), ph ^ 1)
-                k0 = kt * BK
-                kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32(STAGE_BYTES))
-                kaio.tma_load_2d(sa, (s, 0, 0), ta, m0, k0, bars, (0, s))
-                for j in kaio.static_range(BN // 64):
-                    if BT:
-                        kaio.tma_load_2d(sb, (s, j, 0, 0), tb, n0 + j * 64, k0, bars, (0, s))
-                        if GATE:
-                            kaio.tma_load_2d(sb, (s, BN // 64 + j, 0, 0), tb,
-                                             i32(N) + n0 + j * 64, k0, bars, (0, s))  # fmt: skip
-                    else:
-                        kaio.tma_load_2d(sb, (s, j, 0, 0), tb, k0, n0 + j * 64, bars, (0, s))
+                load_slice(ring, bars, ta, tb, s, m0, n0, kt * BK, N, 0, WG, BN, BT, ACT, 0, DT)
                 issued += 1
                 s, ph = next_stage(s, ph, STAGES)
 
@@ -360,7 +306,7 @@ stages_for = _gemm_hopper.stages_for
 def plan(m: int, n: int, k: int, sms: int, gate: bool = False) -> Plan:
     """A default ``Plan``: 128-row tiles (64 up to M = 64), 128 columns (the two
     accumulator sets of "silu_gate" share the registers of one), the deepest ring that fits
-    (at most 6), one block a multiprocessor."""
+    (``stages_for``), one block a multiprocessor."""
     wg = 1 if m <= 64 else 2
     return Plan(wg, 128, stages_for(wg, 128, gate))
 

@@ -89,20 +89,29 @@ def produce(
     step: i32,
     tiles_m: i32,
     tiles_n: i32,
+    rank: i32,
     BN: kaio.constexpr,
     GROUP: kaio.constexpr,
     IN: kaio.constexpr,
+    PAIR: kaio.constexpr,
 ):
     """Issue the TMA copies of the producer's next K slice into stage ``s``, armed on its full
     barrier, and step the producer's position ``at`` (K slice, tile number, the tile's first
     row and column) to the slice after it, dividing only when the tile changes (the short
-    path keeps the producer ahead of the consumers)."""
+    path keeps the producer ahead of the consumers). In a pair (``PAIR``: block ``rank`` of a
+    cluster of two, tiles one above the other) the tile is the pair's: this block's A rows
+    are ``rank * BM`` further, and it copies every other 64-column block of the shared B
+    slice into both blocks."""
     k0 = at[0] * BK
-    kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32(A_STAGE_BYTES + BK * BN * 2))
-    kaio.tma_load_2d(sa, (s, 0, 0), ta, at[2], k0, bars, (0, s))
-    for j in kaio.static_range(BN // 64):
-        kaio.tma_load_2d(sb, (s, j, 0, 0), tb, k0, at[3] + j * 64, bars, (0, s))
-    next_slice(at, k_tiles, step, tiles_m, tiles_n, BN, GROUP, BM)
+    NBLK = (BN + 63) // 64  # 64-column TMA boxes: a width of 160 or 224 loads a whole last box
+    kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32(A_STAGE_BYTES + BK * NBLK * 128))
+    kaio.tma_load_2d(sa, (s, 0, 0), ta, at[2] + rank * BM, k0, bars, (0, s))
+    for j in kaio.static_range(NBLK):
+        if PAIR == 0:
+            kaio.tma_load_2d(sb, (s, j, 0, 0), tb, k0, at[3] + j * 64, bars, (0, s))
+        elif rank == j % 2:
+            kaio.tma_load_2d_multicast(sb, (s, j, 0, 0), tb, k0, at[3] + j * 64, bars, (0, s), 3)
+    next_slice(at, k_tiles, step, tiles_m, tiles_n, BN, GROUP, BM * (2 if PAIR else 1))
 
 
 @kaio.gpu_func
@@ -131,15 +140,16 @@ def store_c(
 def epilogue(
     acc: f32[:, :, :], c0: OUT[:, :], c1: OUT[:, :], c2: OUT[:, :], tile: i32, tiles_m: i32,
     tiles_n: i32, m: i32, n: i32, n0: i32, n1: i32, s0: f32, s1: f32, s2: f32, wg: u32,
-    lt: u32, BN: kaio.constexpr, GROUP: kaio.constexpr, OUT: kaio.constexpr,
+    lt: u32, rank: i32, BN: kaio.constexpr, GROUP: kaio.constexpr, OUT: kaio.constexpr,
+    PAIR: kaio.constexpr,
 ):  # fmt: skip
     """Store warpgroup ``wg``'s 64 rows of tile number ``tile`` (thread ``lt`` of it holds
-    ``acc``) through ``store_rows``."""
+    ``acc``; in a pair, block ``rank``'s half of the pair's tile) through ``store_rows``."""
     here = kaio.local(i32, (4,))
     here[1] = tile
-    place(here, tiles_m, tiles_n, BN, GROUP, BM)
-    store_rows(acc, c0, c1, c2, here[2] + 64 * i32(wg), here[3], m, n, n0, n1, s0, s1, s2, lt,
-               BN, OUT)  # fmt: skip
+    place(here, tiles_m, tiles_n, BN, GROUP, BM * (2 if PAIR else 1))
+    store_rows(acc, c0, c1, c2, here[2] + rank * BM + 64 * i32(wg), here[3], m, n, n0, n1, s0,
+               s1, s2, lt, BN, OUT)  # fmt: skip
 
 
 @kaio.gpu_func
@@ -226,17 +236,29 @@ def next_stage(s: i32, ph: u32, STAGES: kaio.constexpr):
 
 
 @kaio.gpu_func
+def free_stage(bars: u64[:, :], s: i32, lt: u32, PAIR: kaio.constexpr):
+    """Lane ``lt`` 0 of a consumer warpgroup frees stage ``s`` for the producer; in a pair of
+    blocks (``PAIR``, a cluster of two whose producers both write into it) for both."""
+    if lt == 0 and PAIR == 0:
+        kaio.mbarrier_arrive(bars, (1, s))
+    elif lt == 0:
+        for rank in kaio.static_range(2):  # the stage in each block of the cluster
+            kaio.mbarrier_arrive_cluster(bars, (1, s), rank)
+
+
+@kaio.gpu_func
 def retire_slice(
-    bars: u64[:, :], kt: i32, lt: u32, s: i32, ph: u32, ps: i32, STAGES: kaio.constexpr
-):
+    bars: u64[:, :], kt: i32, lt: u32, s: i32, ph: u32, ps: i32, STAGES: kaio.constexpr,
+    PAIR: kaio.constexpr,
+):  # fmt: skip
     """A consumer warpgroup's end of K slice ``kt`` (in stage ``s``, parity ``ph``; the slice
     before in stage ``ps``): commit its wgmmas, wait for the slice before's, free that one's
-    stage (lane ``lt`` 0) and return ``(s, next stage, next parity)``, the new ``ps, s,
+    stage (``free_stage``) and return ``(s, next stage, next parity)``, the new ``ps, s,
     ph``."""
     kaio.wgmma_commit()
     kaio.wgmma_wait(1)
-    if kt > 0 and lt == 0:  # the slice before's wgmmas are done: free its stage
-        kaio.mbarrier_arrive(bars, (1, ps))
+    if kt > 0:  # the slice before's wgmmas are done: free its stage
+        free_stage(bars, ps, lt, PAIR)
     s2, ph2 = next_stage(s, ph, STAGES)
     return s, s2, ph2
 
@@ -261,16 +283,30 @@ def matmul_wgmma(
     IN: kaio.constexpr,
     GROUP: kaio.constexpr,
     OUT: kaio.constexpr,
+    PAIR: kaio.constexpr,
 ):
     kaio.launch_bounds(THREADS, 1)
+    if PAIR:
+        kaio.cluster_dims(2)
     sa = kaio.shared_dynamic(IN, (STAGES, BM, BK), 0)
-    sb = kaio.shared_dynamic(IN, (STAGES, BN // 64, BK, 64), STAGES * A_STAGE_BYTES)
-    bars = kaio.shared_dynamic(u64, (2, STAGES), STAGES * (A_STAGE_BYTES + BK * BN * 2))
+    NBLK = (BN + 63) // 64  # B's 64-column blocks a stage (``produce``)
+    sb = kaio.shared_dynamic(IN, (STAGES, NBLK, BK, 64), STAGES * A_STAGE_BYTES)
+    bars = kaio.shared_dynamic(u64, (2, STAGES), STAGES * (A_STAGE_BYTES + BK * NBLK * 128))
     t = kaio.thread_idx_x()
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it (CUTLASS does the same)
     lt = t % 128
-    tile0, step, tiles_m, tiles_n, my_tiles, k_tiles, slices = tile_schedule(m, n, k, BM, BN, BK)
-    init_ring(bars, t, STAGES, 2)  # "free": lane 0 of each consumer warpgroup
+    ROWS = BM * (2 if PAIR else 1)  # a tile of the schedule: a pair's two tiles for PAIR
+    tile0, step, tiles_m, tiles_n, my_tiles, k_tiles, slices = tile_schedule(m, n, k, ROWS, BN, BK)
+    rank = i32(0)
+    if PAIR:  # the cluster's pair of tiles: tile0, step and the counts in pairs
+        rank = i32(kaio.cluster_rank())
+        tile0 = tile0 // 2
+        step = step // 2
+        my_tiles = (tiles_m * tiles_n - tile0 + step - 1) // step
+        slices = my_tiles * k_tiles
+    init_ring(bars, t, STAGES, 2 * (2 if PAIR else 1))  # "free": each consumer warpgroup's
+    if PAIR:
+        kaio.cluster_sync()  # the other block's barriers are ready before any copy
     acc = kaio.local(f32, (BN // 8, 2, 2))
     s = i32(0)  # the stage and phase parity of a slice (``next_stage``)
     ph = u32(0)
@@ -287,22 +323,24 @@ def matmul_wgmma(
                         kaio.wgmma_bf16(acc, da, db, kt + kk > 0, False, True)
                     else:
                         kaio.wgmma_f16(acc, da, db, kt + kk > 0, False, True)
-                ps, s, ph = retire_slice(bars, kt, lt, s, ph, ps, STAGES)
+                ps, s, ph = retire_slice(bars, kt, lt, s, ph, ps, STAGES, PAIR)
             kaio.wgmma_wait(0)
-            if lt == 0:  # the tile's last stage, before the epilogue
-                kaio.mbarrier_arrive(bars, (1, ps))
+            free_stage(bars, ps, lt, PAIR)  # the tile's last stage, before the epilogue
             epilogue(acc, c0, c1, c2, tile0 + i * step, tiles_m, tiles_n, m, n, n0, n1, s0, s1, s2,
-                     wg, lt, BN, GROUP, OUT)  # fmt: skip
+                     wg, lt, rank, BN, GROUP, OUT, PAIR)  # fmt: skip
     elif t == CONSUMERS:  # the producer: each K slice of each tile, STAGES ahead at most
         at = kaio.local(i32, (4,))
         at[0] = 0
         at[1] = tile0
-        place(at, tiles_m, tiles_n, BN, GROUP, BM)
+        place(at, tiles_m, tiles_n, BN, GROUP, ROWS)
         for g in range(slices):
             if g >= STAGES:  # stage s held slice g - STAGES: wait until both freed it
                 kaio.mbarrier_wait(bars, (1, s), ph ^ 1)
-            produce(sa, sb, bars, ta, tb, at, s, k_tiles, step, tiles_m, tiles_n, BN, GROUP, IN)
+            produce(sa, sb, bars, ta, tb, at, s, k_tiles, step, tiles_m, tiles_n, rank, BN, GROUP,
+                    IN, PAIR)  # fmt: skip
             s, ph = next_stage(s, ph, STAGES)
+    if PAIR:
+        kaio.cluster_sync()  # no block leaves while the other may still write to it
 
 
 def eligible(a, b, m: int, n: int, k: int) -> bool:
@@ -322,6 +360,7 @@ def worthwhile(m: int, n: int, sms: int) -> bool:
 def launch(
     a, b, m: int, n: int, k: int, sms: int, bf16: bool, f16_outs: list | None = None,
     scales: list | None = None, group: int = GROUP_ROWS, out_type=f16, bn: int | None = None,
+    pair: int = 0,
 ):  # fmt: skip
     """``a @ b`` with ``matmul_wgmma`` on a persistent grid of at most ``sms`` blocks: 128 x
     256 tiles when they give every one of ``sms`` multiprocessors a block, else 128 x 128;
@@ -329,12 +368,15 @@ def launch(
     or with ``f16_outs`` (one to three arrays [M, N_i] of ``out_type``, f16 or bf16, the N_i
     summing to N) the columns of C go to them in turn, each times its float in ``scales``
     (default 1) and rounded to ``out_type``; returns ``f16_outs``. ``bn``: the tile width
-    (128 or 256) instead of that rule."""
+    (a multiple of 16 up to 256; 160, 192 and 224 fill the waves of some LLM shapes:
+    ``linear.persistent_width``) instead of that rule. ``pair`` 1: blocks in clusters of two
+    that take pairs of tiles one above the other and load the B slice once for both (TMA
+    multicast), as many clusters as run at once."""
     from kaio_ops import _arrays
 
     if bn is None:
         bn = 256 if -(-m // BM) * -(-n // 256) >= sms else 128
-    stages = 4 if bn == 256 else 5
+    stages = stages_for(bn)
     if f16_outs is None:
         outs = _arrays.output(a, (m, n), f32)
         targets, widths = [outs] * 3, [n, 0]
@@ -345,35 +387,48 @@ def launch(
     factors = (list(scales or []) + [1.0, 1.0, 1.0])[:3]
     ta = kaio.tensor_map_2d(a.obj, (BM, BK), SW)
     tb = kaio.tensor_map_2d(b.obj, (BK, 64), SW)
-    grid = min(sms, -(-m // BM) * -(-n // bn))
     out = f32 if f16_outs is None else out_type
-    matmul_wgmma[grid, THREADS, _arrays.stream_of(a), shared_bytes(bn, stages)](
-        ta,
-        tb,
-        *targets,
-        m,
-        n,
-        *widths,
-        k,
-        *factors,
-        BN=bn,
-        STAGES=stages,
-        IN=kaio.bf16 if bf16 else f16,
-        GROUP=group,
-        OUT=out,
+    consts = {"BN": bn, "STAGES": stages, "IN": kaio.bf16 if bf16 else f16, "GROUP": group}
+    consts |= {"OUT": out, "PAIR": pair}
+    shared = shared_bytes(bn, stages)
+    grid = min(sms, -(-m // BM) * -(-n // bn))
+    if pair:  # whole clusters, as many as the GPU runs at once
+        grid = 2 * min(-(-m // (2 * BM)) * -(-n // bn), clusters(_arrays.gpu(a), shared, consts))
+    matmul_wgmma[grid, THREADS, _arrays.stream_of(a), shared](
+        ta, tb, *targets, m, n, *widths, k, *factors, **consts
     )
     return outs
 
 
+_CLUSTERS: dict = {}
+
+
+def clusters(dev, shared: int, consts: dict) -> int:
+    """How many clusters of two blocks of ``matmul_wgmma`` with ``consts`` run at once on
+    ``dev`` (None, the simulator: one), asked of the driver once."""
+    key = (dev and dev.ordinal, shared, str(sorted(consts.items(), key=str)))
+    if key not in _CLUSTERS:
+        found = 1 if dev is None else matmul_wgmma.max_active_clusters(THREADS, shared, device=dev,
+                                                                      **consts)  # fmt: skip
+        _CLUSTERS[key] = max(1, found)
+    return _CLUSTERS[key]
+
+
 def shared_bytes(bn: int, stages: int) -> int:
-    """The dynamic shared memory of ``matmul_wgmma``: the tile ring and its 2 x STAGES
-    barriers."""
-    return stages * (A_STAGE_BYTES + BK * bn * 2 + 16)
+    """The dynamic shared memory of ``matmul_wgmma``: the tile ring (B in whole 64-column
+    blocks) and its 2 x STAGES barriers."""
+    return stages * (A_STAGE_BYTES + BK * -(-bn // 64) * 128 + 16)
+
+
+def stages_for(bn: int) -> int:
+    """The ring depth of ``matmul_wgmma`` at tile width ``bn``: as many stages as fit in
+    shared memory, at most 5 (4 at 256 columns)."""
+    return min(5, 227 * 1024 // shared_bytes(bn, 1))
 
 
 def specializations() -> list:
     """(kernel, constexprs) of every specialization ``launch`` uses (for PTX checks)."""
-    return [
+    specs = [
         (
             matmul_wgmma,
             {"BN": bn, "STAGES": st, "IN": in_, "GROUP": GROUP_ROWS, "OUT": out},
@@ -382,3 +437,9 @@ def specializations() -> list:
         for in_ in (f16, kaio.bf16)
         for out in (f32, f16, kaio.bf16)
     ]
+    for spec in specs:
+        spec[1]["PAIR"] = 0
+    for bn, in_, pair in ((160, f16, 0), (192, kaio.bf16, 1), (224, f16, 0), (128, f16, 1)):
+        consts = {"BN": bn, "STAGES": stages_for(bn), "IN": in_, "GROUP": GROUP_ROWS}
+        specs.append((matmul_wgmma, {**consts, "OUT": in_, "PAIR": pair}))  # widths, pairs
+    return specs

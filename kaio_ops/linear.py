@@ -13,6 +13,7 @@ and launches.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -62,6 +63,18 @@ def out_type(op: str, out_dtype, default: ScalarType) -> ScalarType:
             f"or kaio dtype) or None for the inputs' dtype, got {out_dtype!r}"
         )
     return found
+
+
+class Persistent(NamedTuple):
+    """A ``gemm`` choice: ``_matmul_hopper``'s persistent kernel (sm_90, B [K, N], no
+    epilogue) with ``128 x bn`` tiles (``bn`` a multiple of 16 up to 256) taken ``group``
+    tile rows at a time, where the string ``"persistent"`` takes the width of
+    ``persistent_width`` and groups of ``_matmul_hopper.GROUP_ROWS``; ``pair`` 1: blocks in
+    clusters of two sharing the B slice (``_matmul_hopper.launch``)."""
+
+    bn: int
+    group: int = _matmul_hopper.GROUP_ROWS
+    pair: int = 0
 
 
 _PLACEHOLDERS: dict = {}
@@ -149,12 +162,16 @@ def gemm(
         return c
     if isinstance(chosen, _gemv.Plan):
         return _skinny(a, b, out_shape, mnk, out, chosen.split)
-    if chosen == "persistent":  # _matmul_hopper's persistent kernel (B [K, N], no epilogue)
-        bn = persistent_width(m, n, sms)
+    if chosen == "persistent" or isinstance(chosen, Persistent):  # B [K, N], no epilogue
+        if not isinstance(chosen, Persistent):
+            chosen = Persistent(persistent_width(m, n, sms))
+        bn, group, pair = chosen
         if out == f32:
-            return _matmul_hopper.launch(a, b, m, n, k, sms, dtype == bf16, bn=bn)
+            return _matmul_hopper.launch(a, b, m, n, k, sms, dtype == bf16, group=group, bn=bn,
+                                         pair=pair)  # fmt: skip
         c = _arrays.output(a, out_shape, out)
-        _matmul_hopper.launch(a, b, m, n, k, sms, dtype == bf16, [c], out_type=out, bn=bn)
+        _matmul_hopper.launch(a, b, m, n, k, sms, dtype == bf16, [c], group=group, out_type=out,
+                              bn=bn, pair=pair)  # fmt: skip
         return c
     if isinstance(chosen, _gemm_streamk.Plan) or chosen == "streamk":
         return _streamk(op, a, b, out_shape, mnk, out, transposed, bias, residual, activation,
@@ -163,7 +180,7 @@ def gemm(
     if hopper:
         if not isinstance(chosen, _gemm_hopper.Plan):
             chosen = _gemm_hopper.plan(m, n, k, sms, gate)
-        wg, bn, stages, split, fixup = chosen
+        wg, bn, stages, split, fixup, pair = chosen
         split, k_slice = k_slices(k, split, _gemm_hopper.BK)
         fixup = fixup and split > 1 and _gemm_hopper.fixup_ok(n)
     else:
@@ -183,13 +200,14 @@ def gemm(
     stream = _arrays.stream_of(a)
     args = (c_arg, ws, bias_arg, res_arg, m, n, k, k_slice)
     if hopper:
-        tiles = math.ceil(m / (64 * wg)) * math.ceil(n / bn)
-        maps = _gemm_hopper.tensor_maps(a, b, m, k, wg, transposed)
+        tiles = _gemm_hopper.grid_tiles(m, n, wg, bn, pair)
+        maps = _gemm_hopper.tensor_maps(a, b, m, k, wg, transposed, 64 if pair == 2 else 0)
         shared = _gemm_hopper.shared_bytes(wg, bn, stages, gate)
         counters = _counters(a, tiles) if fixup else _placeholder(a, i32, 1)
         _gemm_hopper.gemm_wgmma[(tiles, 1, split), 128 * wg + 32, stream, shared](
             *maps, *args[:4], counters, *args[4:], WG=wg, BN=bn, STAGES=stages,
-            BT=int(transposed), SPLIT=min(split, 2), FIXUP=int(fixup), **epilogue, **types
+            BT=int(transposed), SPLIT=min(split, 2), FIXUP=int(fixup), PAIR=pair, **epilogue,
+            **types,
         )  # fmt: skip
     else:
         pipelined = _pipelined(a)
@@ -316,38 +334,42 @@ def _counters(like: _arrays.Operand, tiles: int):
 # "silu_gate", N its output columns) -> [(largest M, choice)] in increasing M; a choice is
 # a _gemm_hopper.Plan, a _gemm_streamk.Plan (the stream-K schedule), "gemv" or a
 # _gemv.Plan, "mma.sync" (its own plan, ``tuned_plan``) or a matmul.Plan (an mma.sync
-# plan), "persistent", or "rules" (``route``'s rules below).
+# plan), "persistent" or a Persistent (its tile width), or "rules" (``route``'s rules below).
 # Shapes and M ranges not listed take the rules of ``route``. Measured on an H100 SXM (132
 # SMs), f16, L2 rotated: the fastest correct plan of each shape (bench/gemm_plans.py; the
-# sweep's worst cases re-searched with --set worst on 2026-11-26).
+# sweep's worst cases re-searched with --set worst on 2026-11-26, then with --set w33: the
+# persistent kernel's widths, "persistent_width", at M = 256-512 of 10240 and 57344 columns,
+# and 12-stage rings for M = 32-128 at 4096 x 4096; then --set deep --deep: rings as deep as
+# fit at small M where they won by more than the noise, 3-4%. Pairs of blocks sharing A or
+# B, --set pairs, won nowhere by more than the noise: the table names none).
 _P = _gemm_hopper.Plan
 _S = _gemm_streamk.Plan
 MEASURED: dict[tuple, list] = {
     (1024, 1024, "kn"): [(1024, _P(2, 64, 6, 1, False))],
     (2048, 2048, "kn"): [(2048, "persistent")],
-    (4096, 4096, "kn"): [(16, "mma.sync"), (64, _P(1, 64, 6, 2, False)),
-                         (128, _P(1, 64, 6, 1, False)), (256, _P(1, 128, 6, 1, False)),
-                         (2048, "persistent")],
+    (4096, 4096, "kn"): [(16, "mma.sync"), (128, _P(1, 64, 12, 1, False)),
+                         (256, _P(2, 64, 9, 1, False)), (2048, "persistent")],
     (4096, 4096, "nk"): [(1, "gemv"), (16, "mma.sync"), (128, _P(1, 64, 6, 1, False))],
-    (4096, 14336, "kn"): [(16, "mma.sync"), (64, _P(1, 64, 6, 2, False)),
-                          (128, _P(2, 64, 6, 2, False)), (256, _P(1, 128, 6, 1, False)),
+    (4096, 14336, "kn"): [(16, "mma.sync"), (32, _P(1, 64, 6, 2, False)),
+                          (128, _P(1, 64, 12, 1, False)), (256, _P(1, 128, 9, 1, False)),
                           (512, "persistent"), (1024, _P(2, 256, 4, 1, False)),
                           (2048, "persistent")],
     (4096, 14336, "nk"): [(16, "mma.sync"), (64, _P(2, 64, 6, 2, False)),
                           (128, _P(1, 64, 6, 2, False)), (256, _P(2, 64, 6, 1, False)),
                           (4096, _P(2, 256, 4, 1, False))],
-    (6144, 4096, "kn"): [(8, "mma.sync"), (16, Plan("16x128", 1)), (128, _P(1, 64, 6, 1, False)),
-                         (2048, "persistent")],
-    (8192, 8192, "kn"): [(16, "mma.sync"), (64, _P(1, 64, 6, 1, False)),
-                         (128, _P(2, 64, 6, 1, False)), (1024, "persistent")],
+    (6144, 4096, "kn"): [(8, "mma.sync"), (16, Plan("16x128", 1)), (32, _P(1, 64, 12, 1, False)),
+                         (128, _P(1, 64, 6, 1, False)), (2048, "persistent")],
+    (8192, 8192, "kn"): [(16, "mma.sync"), (32, _P(1, 64, 12, 1, False)),
+                         (64, _P(1, 64, 6, 1, False)), (128, _P(2, 64, 6, 1, False)),
+                         (1024, "persistent")],
     (8192, 28672, "kn"): [(16, "mma.sync"), (128, _P(1, 128, 6, 1, False)), (1024, "persistent")],
     (10240, 8192, "kn"): [(1, "mma.sync"), (64, _P(1, 128, 6, 1, False)),
-                          (128, _P(2, 128, 6, 1, False)), (256, _P(2, 256, 4, 1, False)),
-                          (1024, "persistent")],
+                          (128, _P(2, 128, 6, 1, False)), (1024, "persistent")],
     (14336, 4096, "gate"): [(1, "gemv"), (16, "mma.sync"), (4096, _P(2, 128, 4, 1, False))],
     (28672, 4096, "kn"): [(16, "mma.sync"), (64, _P(1, 256, 5, 1, False)),
                           (128, _P(2, 256, 4, 1, False)), (2048, "persistent")],
-    (57344, 8192, "kn"): [(1, "gemv"), (16, "mma.sync"), (256, "persistent"),
+    (57344, 8192, "kn"): [(1, "gemv"), (16, "mma.sync"), (64, _P(1, 128, 9, 1, False)),
+                          (128, _P(2, 128, 6, 1, False)), (512, "persistent"),
                           (1024, _P(2, 256, 4, 1, False))],
 }  # fmt: skip
 SKINNY_M = 16  # rows up to which the mma.sync kernel (16-row tiles, K split) wins on sm_90
@@ -370,7 +392,7 @@ def route(a, b, mnk: tuple, transposed: bool, plain: bool, gate: bool):
                 if choice == "gemv" or isinstance(choice, _gemv.Plan):
                     if _gemv.takes(a, b, mnk, transposed, plain):
                         return choice
-                if choice == "persistent" and persistent:
+                if (choice == "persistent" or isinstance(choice, Persistent)) and persistent:
                     return choice
                 if isinstance(choice, _gemm_hopper.Plan | _gemm_streamk.Plan):
                     return choice
@@ -391,18 +413,23 @@ def route(a, b, mnk: tuple, transposed: bool, plain: bool, gate: bool):
     return tuned_plan(a, m, n, k, gate)
 
 
+# tile widths of the persistent kernel, and the cost of a tile besides its columns (in
+# columns: A's rows, the epilogue), fitted to bench/gemm_plans.py's timings (H100)
+WIDTHS = (128, 160, 192, 224, 256)
+TILE_COST = 64
+
+
 def persistent_width(m: int, n: int, sms: int) -> int:
-    """The tile width of the persistent kernel: 256 (128 x 256 tiles) when they fill the
-    last wave of ``sms`` blocks at least 85% as well as 128-wide tiles do, else 128 (at
-    M = 1024, N = 6144 on 132 SMs: 192 tiles of 256 fill 1.45 waves, 384 of 128 2.9)."""
+    """The tile width of the persistent kernel for ``m x n`` on ``sms`` multiprocessors:
+    of ``WIDTHS``, the one whose waves of 128-row tiles cost least, a wave costing its width
+    plus ``TILE_COST`` (the last wave counts whole: at M = 512, N = 6144 on 132 SMs, 128 x
+    192 tiles make one wave of 128 where 128 x 128 ones make 1.45 waves)."""
 
-    def filled(bn: int) -> float:
-        tiles = math.ceil(m / 128) * math.ceil(n / bn)
-        return tiles / (math.ceil(tiles / sms) * sms)
+    def cost(bn: int) -> tuple:
+        waves = math.ceil(math.ceil(m / 128) * math.ceil(n / bn) / sms)
+        return waves * (bn + TILE_COST), -bn
 
-    return 256 if math.ceil(m / 128) * math.ceil(n / 256) >= sms and (
-        filled(256) >= 0.85 * filled(128)
-    ) else 128  # fmt: skip
+    return min(WIDTHS, key=cost)
 
 
 def hopper_takes(a: _arrays.Operand, b: _arrays.Operand, n: int, k: int, transposed: bool) -> bool:

@@ -19,7 +19,7 @@ import kaio_ops
 from kaio.ptx.ptxas import assemble, find_ptxas
 from kaio_ops import _gemm_hopper as hopper
 from kaio_ops import _gemm_streamk as streamk
-from kaio_ops.linear import gemm, plan, specializations
+from kaio_ops.linear import Persistent, gemm, plan, specializations
 from kaio_ops.matmul import Plan
 from tests.linear_reference import torch_linear_reference
 
@@ -261,6 +261,38 @@ def test_hopper_split_fixup_in_simulator(m, n, k, act, dtype, chosen):
 
 
 @pytest.mark.parametrize(
+    "m, n, k, act, dtype, chosen",
+    [
+        # widths that are not a multiple of 64: the last 64-row block of B loaded whole, the
+        # wgmmas read its first part; tails in M, N and K
+        (70, 200, 136, "silu_gate", np.float16, hopper.Plan(2, 160, 2, 1, False)),
+        (33, 200, 200, "matmul", BF16, hopper.Plan(1, 192, 2, 1, False)),
+        (5, 72, 520, "matmul", np.float16, hopper.Plan(1, 32, 12, 2, True)),  # deep ring
+        # clusters of two blocks: side by side sharing A (two 64-row boxes, one each), one
+        # above the other sharing B (the gate and up blocks in turn), an odd count of tiles
+        (130, 72, 136, "matmul", np.float16, hopper.Plan(2, 64, 2, 1, False, 2)),
+        (70, 200, 200, "silu_gate", BF16, hopper.Plan(1, 64, 2, 1, False, 1)),
+    ],
+)
+def test_hopper_tile_widths_and_pairs_in_simulator(m, n, k, act, dtype, chosen):
+    """The Hopper kernel at tile widths of 160, 192 and 32 columns, and in pairs."""
+    rng = np.random.default_rng(m + n)
+    transposed = act != "matmul"
+    rows = 2 * n if act == "silu_gate" else n
+    x = rand(rng, (m, k), dtype)
+    w = rand(rng, (rows, k) if transposed else (k, n), dtype, 0.3)
+    b = rand(rng, (rows,), dtype) if transposed else None
+    with kaio.simulate():
+        got = gemm("linear", _operand(x), _operand(w, "w"), (m, n), (m, n, k), kaio.f32,
+                   transposed, _operand(b, "bias") if transposed else None, None,
+                   act if transposed else "none", chosen=chosen)  # fmt: skip
+    if transposed:
+        check(got, *reference(x, w, b, None, act), np.float32)
+    else:
+        check(got, *reference(x, w.T.copy()), np.float32)
+
+
+@pytest.mark.parametrize(
     "m, n, k, dtype",
     [
         (1, 264, 200, np.float16),  # a partial column block, K in 3 slices (tail 8 rows)
@@ -307,17 +339,26 @@ def test_gemv_nk_in_simulator(m, n, k, act, dtype, out_dtype):
     check(got, *reference(x, w, b, res, None if act == "none" else act), out)
 
 
-@pytest.mark.parametrize("dtype, out", [(np.float16, np.float16), (BF16, BF16), (BF16, np.float32)])
-def test_persistent_kernel_in_simulator(dtype, out):
+@pytest.mark.parametrize(
+    "dtype, out, chosen",
+    [
+        (np.float16, np.float16, "persistent"),
+        (BF16, BF16, "persistent"),
+        (BF16, np.float32, "persistent"),
+        (np.float16, np.float16, Persistent(160)),  # 2.5 blocks of 64 columns: the last whole
+        (BF16, BF16, Persistent(128, 8, 1)),  # pairs sharing B, an odd count of tile rows
+    ],
+)
+def test_persistent_kernel_in_simulator(dtype, out, chosen):
     """``matmul`` on ``_matmul_hopper``'s persistent kernel (its f16 and bf16 outputs packed
     in pairs): 2 x 2 tiles with tails in M, N and K."""
     rng = np.random.default_rng(5)
-    m, n, k = 130, 136, 200
+    m, n, k = 130 if chosen == "persistent" else 300, 136 if chosen == "persistent" else 200, 200
     a, b = rand(rng, (m, k), dtype), rand(rng, (k, n), dtype, 0.3)
     with kaio.simulate():
         ot = kaio.types.from_numpy_dtype(np.dtype(out))
         got = gemm("matmul", _operand(a), _operand(b, "b"), (m, n), (m, n, k), ot, False,
-                   chosen="persistent")  # fmt: skip
+                   chosen=chosen)  # fmt: skip
     check(got, *reference(a, b.T.copy()), out)
 
 
@@ -329,6 +370,20 @@ def test_plans():
     assert hopper.plan(16, 4096, 4096, 132)[1] == 64  # narrow N tiles for small M
     assert hopper.plan(8192, 8192, 8192, 132)[:4] == (2, 256, 4, 1)
     assert hopper.plan(4096, 14336, 4096, 132, gate=True)[1] == 128
+
+
+def test_persistent_width_fills_the_waves():
+    """The persistent kernel's tile width per shape (132 SMs), as the H100 measured it
+    (bench/gemm_plans.py --set w33): 192 at M = 512 of N = 6144 (one wave of 128 tiles, 0.97x
+    cuBLAS, where 128 x 128 tiles make 1.45 waves, 0.78x), 160 at M = 256 of 10240 (1.05x,
+    against 0.74x), 224 at M = 512 of 28672, 256 for 2048 x 2048."""
+    from kaio_ops.linear import WIDTHS, persistent_width
+
+    got = {(m, n): persistent_width(m, n, 132) for m, n in
+           ((512, 6144), (256, 10240), (512, 28672), (2048, 2048), (8192, 8192))}  # fmt: skip
+    assert got == {(512, 6144): 192, (256, 10240): 160, (512, 28672): 224, (2048, 2048): 256,
+                   (8192, 8192): 256}  # fmt: skip
+    assert all(persistent_width(m, 4096, 132) in WIDTHS for m in (128, 1000, 8192))
 
 
 def test_hopper_plans_fit_over_the_llm_sweep():
@@ -349,7 +404,7 @@ def test_hopper_plans_fit_over_the_llm_sweep():
         for n, k in shapes:
             for m in (1 << i for i in range(14)):
                 for gate in (False, True):
-                    wg, bn, stages, split, _ = hopper.plan(m, n, k, sms, gate)
+                    wg, bn, stages, split, *_ = hopper.plan(m, n, k, sms, gate)
                     assert hopper.shared_bytes(wg, bn, stages, gate) <= hopper.SHARED_LIMIT
                     assert stages >= 2 and 1 <= split <= 16 and k // split >= 4 * hopper.BK
                     assert bn <= (128 if gate else 256)
@@ -537,6 +592,31 @@ def test_gpu_split_sums_deterministic(m, n, k, activation, chosen, monkeypatch):
         pytest.skip("the Hopper kernel needs sm_90")
     runs, ref = forced_runs(torch, m, n, k, activation, chosen)
     assert all(torch.equal(runs[0], r) for r in runs[1:])
+    assert ((runs[0].double() - ref).norm() / ref.norm()).item() < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "m, n, k, activation, chosen",
+    [
+        (512, 6144, 4096, "matmul", hopper.Plan(2, 192, 5, 1, False)),  # widths off 64
+        (300, 1000, 4104, "gelu", hopper.Plan(2, 160, 5, 2, True)),  # tails, split in kernel
+        (64, 4096, 4096, "matmul", hopper.Plan(1, 32, 12, 2, True)),  # a deep ring
+        (1024, 1024, 1024, "matmul", hopper.Plan(2, 64, 6, 1, False, 2)),  # pairs sharing A
+        (333, 1000, 2048, "silu_gate", hopper.Plan(1, 128, 4, 1, False, 1)),  # sharing B
+        (256, 10240, 1024, "matmul", Persistent(160)),  # the persistent kernel's widths
+        (520, 6144, 1032, "matmul", Persistent(224, 4)),
+        (1000, 2048, 2048, "matmul", Persistent(256, 8, 1)),  # pairs sharing B
+    ],
+)
+def test_gpu_hopper_tiles_against_torch(m, n, k, activation, chosen):
+    """The Hopper kernels' tile widths, deep rings and pairs at real sizes: right against
+    torch in float64 (f32 out) and the same bits run to run."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Hopper kernels need sm_90")
+    runs, ref = forced_runs(torch, m, n, k, activation, chosen, times=2)
+    assert torch.equal(runs[0], runs[1])
     assert ((runs[0].double() - ref).norm() / ref.norm()).item() < 1e-5
 
 
