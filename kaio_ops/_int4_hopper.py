@@ -37,9 +37,6 @@ SW = 128
 SHARED_LIMIT = 227 * 1024
 
 
-SUM_UNROLL = 1  # column pairs a thread of ``cluster_sum`` reads at once from each block
-
-
 @kaio.gpu_func
 def cluster_sum(
     pairs: u64[:, :], c: OUT[:, :], m0: u32, n0: u32, t: u32, M: u32, N: u32,
@@ -51,34 +48,33 @@ def cluster_sum(
     columns a 64-bit word, the low half the even column): block ``r`` sums rows ``r``,
     ``r + SPLIT``, ... of the tile over the cluster's blocks in rank order (the same result
     run to run) and stores them, thread ``t`` of the block taking every ``THREADS``-th pair,
-    ``SUM_UNROLL`` pairs of every block loaded before any is summed (the distributed
-    shared-memory latency paid once per round, not once per element). N is even: a pair is
-    in c or out of it whole."""
+    the blocks' words read two at a time (with an even split; the producer warpgroup runs
+    this too, on the 24 registers it kept). N is even: a pair is in c or out of it whole."""
     rank = kaio.cluster_rank()
     PAIRS = BN // 2
-    COUNT = (BM + SPLIT - 1) // SPLIT * PAIRS  # this block's pairs
-    for i0 in range(t, COUNT, THREADS * SUM_UNROLL):
-        raw = kaio.local(u64, (SUM_UNROLL, SPLIT))
-        for u in kaio.static_range(SUM_UNROLL):
-            i = i0 + THREADS * u
-            r = i // PAIRS * SPLIT + rank
-            if i < COUNT and r < BM:
-                for q in kaio.static_range(SPLIT):
-                    raw[u, q] = kaio.cluster_load(pairs, (r, i % PAIRS), q)
-        for u in kaio.static_range(SUM_UNROLL):
-            i = i0 + THREADS * u
-            r = i // PAIRS * SPLIT + rank
-            col = 2 * (i % PAIRS)
-            if i < COUNT and r < BM and m0 + r < M and n0 + col < N:
-                lo = kaio.bitcast(u32(raw[u, 0]), f32)
-                hi = kaio.bitcast(u32(raw[u, 0] >> 32), f32)
-                for q in kaio.static_range(1, SPLIT):
-                    lo += kaio.bitcast(u32(raw[u, q]), f32)
-                    hi += kaio.bitcast(u32(raw[u, q] >> 32), f32)
-                out = kaio.local(OUT, 2)
-                out[0] = OUT(lo)
-                out[1] = OUT(hi)
-                kaio.store_vector(c, (m0 + r, n0 + col), out)
+    CHUNK = 2 - SPLIT % 2  # words in flight
+    for i in range(t, (BM + SPLIT - 1) // SPLIT * PAIRS, THREADS):
+        r = i // PAIRS * SPLIT + rank
+        col = 2 * (i % PAIRS)
+        if r < BM and m0 + r < M and n0 + col < N:
+            raw = kaio.local(u64, CHUNK)
+            for u in kaio.static_range(CHUNK):
+                raw[u] = kaio.cluster_load(pairs, (r, i % PAIRS), u)
+            lo = kaio.bitcast(u32(raw[0]), f32)
+            hi = kaio.bitcast(u32(raw[0] >> 32), f32)
+            for u in kaio.static_range(1, CHUNK):
+                lo += kaio.bitcast(u32(raw[u]), f32)
+                hi += kaio.bitcast(u32(raw[u] >> 32), f32)
+            for q in kaio.static_range(CHUNK, SPLIT, CHUNK):
+                for u in kaio.static_range(CHUNK):
+                    raw[u] = kaio.cluster_load(pairs, (r, i % PAIRS), q + u)
+                for u in kaio.static_range(CHUNK):
+                    lo += kaio.bitcast(u32(raw[u]), f32)
+                    hi += kaio.bitcast(u32(raw[u] >> 32), f32)
+            out = kaio.local(OUT, 2)
+            out[0] = OUT(lo)
+            out[1] = OUT(hi)
+            kaio.store_vector(c, (m0 + r, n0 + col), out)
 
 
 def fits(a, b, s) -> bool:
