@@ -168,7 +168,7 @@ def nibble_pair(word: u32, sel: u32, scale: f16x2) -> u32:
 def swap_slice(
     sw: u32[:, :, :], sc: u32[:, :], sx: f16[:, :, :], bars: u64[:, :], acc: f32[:, :, :],
     af: u32[:, :, :], at: i32[:], kt: i32, nl: u32, sel: u32, lt: u32, BUF: kaio.constexpr,
-    STAGES: kaio.constexpr,
+    STAGES: kaio.constexpr, MC: kaio.constexpr,
 ):  # fmt: skip
     """One 64-deep K slice of a consumer warpgroup: wait for ring stage ``at[0]``, make the
     A fragments of its 4 steps (buffer ``BUF`` of ``af``) from the words of columns ``nl``
@@ -179,8 +179,8 @@ def swap_slice(
     words = kaio.local(u32, (WORD_ROWS, 2))  # words[kw, h]: column nl + h, K 8 kw .. 8 kw + 7
     for kw in kaio.static_range(WORD_ROWS):
         kaio.load_vector(words[kw], sw, (s, kw, nl))
-    kaio.fence_proxy_async()  # the reads before the stage's next TMA copy
     pair = sc[s, nl // 2]
+    kaio.fence_proxy_async()  # the reads before the stage's next TMA copy
     scale = kaio.local(u32, 2)
     scale[0] = kaio.prmt(pair, pair, LOW_TWICE)
     scale[1] = kaio.prmt(pair, pair, HIGH_TWICE)
@@ -196,12 +196,24 @@ def swap_slice(
     kaio.wgmma_commit()
     kaio.wgmma_wait(1)
     if kt > 0 and lt == 0:  # the slice before's wgmmas are done: free its stage
-        kaio.mbarrier_arrive(bars, (1, at[2]))
+        free_stage(bars, at[2], MC)
     at[2] = s
     at[0] += 1
     if at[0] == STAGES:
         at[0] = 0
         at[1] ^= 1
+
+
+@kaio.gpu_func
+def free_stage(bars: u64[:, :], s: i32, MC: kaio.constexpr):
+    """A consumer warpgroup's arrival on ring stage ``s``'s "free" barrier: this block's, or
+    with ``MC`` both blocks' of the pair (each block's producer multicasts half of the
+    activations into both, so a stage is free once both blocks' consumers are done)."""
+    if MC:
+        kaio.mbarrier_arrive_cluster(bars, (1, s), 0)
+        kaio.mbarrier_arrive_cluster(bars, (1, s), 1)
+    else:
+        kaio.mbarrier_arrive(bars, (1, s))
 
 
 @kaio.gpu_func
@@ -234,7 +246,7 @@ def int4_swap(
     tx: kaio.tensormap, tw: kaio.tensormap, ts: kaio.tensormap, c: OUT[:, :], ws: f32[:, :],
     M: u32, N: u32, K: u32, k_slice: u32, WG: kaio.constexpr, BM: kaio.constexpr,
     STAGES: kaio.constexpr, SPLIT: kaio.constexpr, CL: kaio.constexpr, REGS: kaio.constexpr,
-    OUT: kaio.constexpr,
+    OUT: kaio.constexpr, MC: kaio.constexpr,
 ):  # fmt: skip
     """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block
     computes ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG``
@@ -253,10 +265,15 @@ def int4_swap(
     each, summed through distributed shared memory (``cluster_sum``). ``tx``: a [M, K] in
     boxes (BM, 64); ``tw``: the words [K / 8, N] in boxes (8, 64 WG); ``ts``: the scales
     [K / 128, N] in boxes (1, 64 WG). ``REGS``: the registers a consumer thread takes
-    (``setmaxnreg``; 0: none)."""
+    (``setmaxnreg``; 0: none). ``MC`` (no K split): a cluster of two blocks takes two
+    tiles side by side (the same rows of a, columns ``2 p`` and ``2 p + 1`` of W's tiles,
+    one a block), each block's producer copying half of a's rows by TMA multicast into both
+    blocks (``tx`` in boxes (BM / 2, 64)): a's rows cross from L2 once for the pair."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL:
         kaio.cluster_dims(SPLIT)
+    if MC:
+        kaio.cluster_dims(2)
     BNW = 64 * WG
     X_BYTES = BM * BK * 2
     W_BYTES = WORD_ROWS * BNW * 4
@@ -281,13 +298,19 @@ def int4_swap(
         first = first // SPLIT
         step = step // SPLIT
         k_begin = kaio.cluster_rank() * k_slice
+    mine = u32(0)  # MC: this block's tile of the pair
+    if MC:  # a cluster per pair of tiles: the schedule's columns are pairs
+        first = first // 2
+        step = step // 2
+        grid_n = (grid_n + 1) // 2
+        mine = kaio.cluster_rank()
     my_tiles = i32((grid_m * grid_n - first + step - 1) // step)
     k_end = kaio.min(k_begin + k_slice, K)
     k_tiles = i32((k_end - k_begin + BK - 1) // BK)
     if t == 0:
         for i in kaio.static_range(STAGES):
             kaio.mbarrier_init(bars, (0, i), 1)
-            kaio.mbarrier_init(bars, (1, i), WG)
+            kaio.mbarrier_init(bars, (1, i), WG * (1 + MC))
         kaio.mbarrier_init(bars, (2, 0), WG * 128)
         kaio.fence_proxy_async()
     kaio.sync_threads()
@@ -308,16 +331,16 @@ def int4_swap(
             # wgmma is done (ptxas serializes all wgmmas if any path could redefine the
             # registers of one in flight)
             for kt in range(0, k_tiles - 1, 2):
-                swap_slice(sw, sc, sx, bars, acc, af, at, kt, nl, sel, lt, 0, STAGES)
-                swap_slice(sw, sc, sx, bars, acc, af, at, kt + 1, nl, sel, lt, 1, STAGES)
+                swap_slice(sw, sc, sx, bars, acc, af, at, kt, nl, sel, lt, 0, STAGES, MC)
+                swap_slice(sw, sc, sx, bars, acc, af, at, kt + 1, nl, sel, lt, 1, STAGES, MC)
             if k_tiles % 2:
                 kaio.wgmma_wait(0)
-                swap_slice(sw, sc, sx, bars, acc, af, at, k_tiles - 1, nl, sel, lt, 0, STAGES)
+                swap_slice(sw, sc, sx, bars, acc, af, at, k_tiles - 1, nl, sel, lt, 0, STAGES, MC)
             kaio.wgmma_wait(0)
             if lt == 0:  # the tile's last slice
-                kaio.mbarrier_arrive(bars, (1, at[2]))
+                free_stage(bars, at[2], MC)
             if not CL:  # (with CL the one tile is summed below: cluster_sum)
-                n = tile_col(origin) * BNW + nl
+                n = (tile_col(origin) * (1 + MC) + mine) * BNW + nl
                 store_swapped(acc, c, ws, tile_row(origin) * BM, n, lane, M, N, BM, SPLIT, OUT)
         if CL:  # the one tile's partial sums, over the ring once every wgmma is done
             kaio.mbarrier_arrive(bars, (2, 0))
@@ -333,7 +356,7 @@ def int4_swap(
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         if lt == 0:
             produce_swapped(sx, sw, ss, bars, tx, tw, ts, my_tiles * k_tiles, k_tiles, k_begin,
-                            first, step, grid_m, grid_n, BM, WG, STAGES)  # fmt: skip
+                            first, step, grid_m, grid_n, mine, BM, WG, STAGES, MC)  # fmt: skip
     if CL:  # one tile a cluster: sum its K slices through distributed shared memory (no
         # setmaxnreg with CL: ptxas gives this code, past the join, the producer's registers)
         kaio.cluster_sync()
@@ -341,17 +364,21 @@ def int4_swap(
         cluster_sum(pairs, c, tile_row(origin) * BM, tile_col(origin) * BNW, t, M, N, BM, BNW,
                     WG * 128 + 128, SPLIT, OUT)  # fmt: skip
         kaio.cluster_sync()  # no block leaves while another reads its part
+    if MC:  # no block leaves while the other may still copy into it or free its stages
+        kaio.cluster_sync()
 
 
 @kaio.gpu_func
 def produce_swapped(
     sx: f16[:, :, :], sw: u32[:, :, :], ss: f16[:, :], bars: u64[:, :], tx: kaio.tensormap,
     tw: kaio.tensormap, ts: kaio.tensormap, total: i32, k_tiles: i32, k_begin: u32, first: u32,
-    step: u32, grid_m: u32, grid_n: u32, BM: kaio.constexpr, WG: kaio.constexpr,
-    STAGES: kaio.constexpr,
+    step: u32, grid_m: u32, grid_n: u32, mine: u32, BM: kaio.constexpr, WG: kaio.constexpr,
+    STAGES: kaio.constexpr, MC: kaio.constexpr,
 ):  # fmt: skip
     """``int4_swap``'s copies: the block's ``total`` slices (``k_tiles`` a tile) into the
-    ring, each stage once the consumers freed the slice it held before."""
+    ring, each stage once the consumers freed the slice it held before (with ``MC``, the
+    consumers of both blocks of the pair: ``grid_n`` counts pairs of tiles, ``mine`` is
+    this block's, and its half of a's rows goes to both blocks)."""
     BNW = 64 * WG
     X_BYTES = BM * BK * 2
     W_BYTES = WORD_ROWS * BNW * 4
@@ -361,12 +388,16 @@ def produce_swapped(
             kaio.mbarrier_wait(bars, (1, s), u32((j // STAGES - 1) & 1))
         origin = tile_origin(first + u32(j // k_tiles) * step, grid_m, grid_n)
         k0 = i32(k_begin) + j % k_tiles * BK
+        n0 = i32((tile_col(origin) * (1 + MC) + mine) * BNW)
         kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32(X_BYTES + W_BYTES + BNW * 2))
-        kaio.tma_load_2d(sx, (s, 0, 0), tx, i32(tile_row(origin) * BM), k0, bars, (0, s))
-        kaio.tma_load_2d(sw, (s, 0, 0), tw, k0 // 8, i32(tile_col(origin) * BNW), bars,
-                         (0, s))  # fmt: skip
-        kaio.tma_load_2d(ss, (s, 0), ts, k0 // 128, i32(tile_col(origin) * BNW), bars,
-                         (0, s))  # fmt: skip
+        if MC:  # half the rows, into both blocks (the other half comes from the other block)
+            half = i32(mine * (BM // 2))
+            row = i32(tile_row(origin) * BM) + half
+            kaio.tma_load_2d_multicast(sx, (s, half, 0), tx, row, k0, bars, (0, s), 3)
+        else:
+            kaio.tma_load_2d(sx, (s, 0, 0), tx, i32(tile_row(origin) * BM), k0, bars, (0, s))
+        kaio.tma_load_2d(sw, (s, 0, 0), tw, k0 // 8, n0, bars, (0, s))
+        kaio.tma_load_2d(ss, (s, 0), ts, k0 // 128, n0, bars, (0, s))
 
 
 def swap_shared_bytes(wg: int, bm: int, stages: int, cl: int = 0) -> int:
@@ -403,26 +434,35 @@ def swap_split(tiles: int, k: int, sms: int) -> int:
 
 def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) -> tuple:
     """(split, k_slice, tiles, constexprs) of ``int4_swap`` for an ``m x n x k`` product
-    with ``config`` (``launch_swap``) on ``sms`` multiprocessors."""
+    with ``config`` (``launch_swap``) on ``sms`` multiprocessors (with ``MC``, tiles counts
+    the pairs of tiles)."""
     from kaio_ops.matmul import k_slices
 
     wg, bm, stages, split, *more = config
+    mc = int(len(more) > 1 and bool(more[1]))
     stages = stages or swap_stages(wg, bm)
     tiles = math.ceil(m / bm) * math.ceil(n / (64 * wg))
-    split, k_slice = k_slices(k, split or swap_split(tiles, k, sms), BK)
+    if mc:  # pairs of tiles, no K split
+        if bm % 16:
+            raise ValueError(f"int4_swap: a multicast pair needs BM % 16 == 0, got {bm}")
+        split, k_slice = 1, k
+        tiles = math.ceil(m / bm) * math.ceil(math.ceil(n / (64 * wg)) / 2)
+    else:
+        split, k_slice = k_slices(k, split or swap_split(tiles, k, sms), BK)
     cl = int(bool(more and more[0]) and 1 < split <= 8)
-    regs = consumer_registers(wg)
     consts = {"WG": wg, "BM": bm, "STAGES": stages, "SPLIT": split if cl else min(split, 2),
-              "CL": cl, "REGS": regs, "OUT": out_type}  # fmt: skip
+              "CL": cl, "REGS": consumer_registers(wg), "OUT": out_type, "MC": mc}  # fmt: skip
     return split, k_slice, tiles, consts
 
 
 def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     """``a @ W`` rounded to ``out_type`` by ``int4_swap`` (operands as ``launch``) with
-    ``config`` = (WG, BM, STAGES, split[, CL]; 0: as many stages as fit, ``swap_split``'s
-    split): a persistent grid of at most ``sms`` blocks along x, the K split along z summed
-    by ``finish``, or with ``CL`` (and a split of 2 to 8) over a cluster of that many blocks
-    along x, one tile a cluster, summed in distributed shared memory (no second launch)."""
+    ``config`` = (WG, BM, STAGES, split[, CL[, MC]]; 0: as many stages as fit,
+    ``swap_split``'s split): a persistent grid of at most ``sms`` blocks along x, the K split
+    along z summed by ``finish``, or with ``CL`` (and a split of 2 to 8) over a cluster of
+    that many blocks along x, one tile a cluster, summed in distributed shared memory (no
+    second launch); with ``MC`` no split, clusters of two blocks sharing a's rows by TMA
+    multicast (at most ``sms`` blocks, two a pair of tiles)."""
     from kaio_ops import _arrays
     from kaio_ops.linear import _placeholder
 
@@ -430,7 +470,7 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     n = b.shape[1]
     sms = sms or _arrays.multiprocessors(a)
     split, k_slice, tiles, consts = swap_launch_plan(m, n, k, config, sms, out_type)
-    wg, bm, cl = consts["WG"], consts["BM"], consts["CL"]
+    wg, bm, cl, mc = consts["WG"], consts["BM"], consts["CL"], consts["MC"]
     if split > 1 and not cl:
         c = _arrays.output(a, (split * m, n), f32)
         ws, target = c, _placeholder(a, out_type, 2)
@@ -438,11 +478,13 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
         c = _arrays.output(a, (m, n), out_type)
         ws, target = _placeholder(a, f32, 2), _arrays.output_arg(a, c, (m, n), out_type)
     maps = (
-        kaio.tensor_map_2d(a.obj, (bm, BK), SW),
+        kaio.tensor_map_2d(a.obj, (bm // (1 + mc), BK), SW),
         kaio.tensor_map_2d(b.obj, (WORD_ROWS, 64 * wg), 0),
         kaio.tensor_map_2d(s.obj, (1, 64 * wg), 0),
     )
     grid = (tiles * split, 1, 1) if cl else (min(tiles, sms), 1, split)  # a cluster: one tile
+    if mc:
+        grid = (2 * min(tiles, sms // 2), 1, 1)
     shared = swap_shared_bytes(wg, bm, consts["STAGES"], cl)
     int4_swap[grid, 128 * wg + 128, _arrays.stream_of(a), shared](
         *maps, target, ws, m, n, k, k_slice, **consts
@@ -453,17 +495,20 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
 def swap_specializations() -> list:
     """(kernel, constexprs) of ``int4_swap``'s variants to check with ptxas (sm_90a): every
     consumer count, the widest and narrowest activation tiles, a K split through the
-    workspace and through a cluster, every output type."""
+    workspace and through a cluster, every output type, pairs of tiles sharing a's rows by
+    multicast."""
     out = []
-    for wg, bm, split, cl, ot in (
-        (1, 8, 2, 1, f32),
-        (2, 256, 1, 0, f16),
-        (2, 64, 4, 1, bf16),
-        (3, 128, 2, 0, f32),
-        (4, 16, 8, 1, f16),
-        (4, 64, 2, 0, f32),
+    for wg, bm, split, cl, ot, mc in (
+        (1, 8, 2, 1, f32, 0),
+        (2, 256, 1, 0, f16, 0),
+        (2, 64, 4, 1, bf16, 0),
+        (3, 128, 2, 0, f32, 0),
+        (4, 16, 8, 1, f16, 0),
+        (4, 64, 2, 0, f32, 0),
+        (2, 256, 1, 0, f16, 1),
+        (3, 128, 1, 0, bf16, 1),
     ):
         consts = {"WG": wg, "BM": bm, "STAGES": swap_stages(wg, bm), "SPLIT": split, "CL": cl,
-                  "REGS": consumer_registers(wg), "OUT": ot}  # fmt: skip
+                  "REGS": consumer_registers(wg), "OUT": ot, "MC": mc}  # fmt: skip
         out.append((int4_swap, consts))
     return out
