@@ -219,8 +219,8 @@ def swap_variants(m: int) -> list:
     cluster, else by a second launch; split 0: ``swap_split``'s; STAGES 0: as many as fit;
     MC: pairs of tiles sharing a's rows by multicast, no split)."""
     bm = min(256, -(-m // 8) * 8)
-    if m <= 16:
-        return [(2, bm, 1, 0, 0, 0), (4, bm, 1, 0, 0, 0)]
+    if m <= 16:  # the decode kernel's range
+        return []
     if m <= 64:
         return [(2, bm, 1, 0, 0, 0), (2, bm, 0, 0, 0, 0), (4, bm, 1, 0, 0, 0),
                 (4, bm, 0, 0, 0, 0), (1, bm, 1, 0, 0, 0)]  # fmt: skip

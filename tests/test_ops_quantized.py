@@ -261,6 +261,30 @@ def test_int4_swap_assembles_for_sm_90a():
         assemble(kernel.ptx(arch="sm_90", backend="llvm", **constexprs), "sm_90a")
 
 
+@pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
+def test_int4_swap_plans_fit():
+    """Every int4_swap configuration that matmul_int4 routes to at Llama-3-8B and -70B shapes
+    (M 17..8192, 132 multiprocessors) fits: shared memory, at most 8 blocks a cluster, and
+    ptxas for sm_90a without spills or serialized wgmmas."""
+    from kaio_ops import _int4_hopper
+
+    shapes = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (8192, 28672),
+              (10240, 8192), (57344, 8192))  # fmt: skip
+    seen = {}
+    for n, k in shapes:
+        for m in (17, 32, 64, 100, 128, 200, 256, 512, 1024, 2048, 8192):
+            split, _, _, consts = _int4_hopper.swap_launch_plan(
+                m, n, k, _int4_hopper.swap_plan(m), 132, f16
+            )
+            cfg = (consts["WG"], consts["BM"], consts["STAGES"], consts["CL"], consts["MC"])
+            shared = _int4_hopper.swap_shared_bytes(*cfg[:3], consts["CL"])
+            assert shared <= _int4_hopper.SHARED_LIMIT and split <= (8 if consts["CL"] else 64)
+            seen[(*cfg, consts["SPLIT"])] = consts
+    for consts in seen.values():
+        report = assemble(_int4_hopper.int4_swap.ptx(arch="sm_90", **consts), "sm_90a")
+        assert " 0 bytes spill stores" in report and "C751" not in report, (consts, report)
+
+
 # --------------------------------------------------------------------------- int8 on wgmma
 @pytest.mark.parametrize(
     "m, n, k, dtype", [(130, 136, 288, np.int8), (70, 9, 160, np.uint8), (300, 264, 128, np.int8)]
