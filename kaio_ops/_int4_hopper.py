@@ -265,7 +265,7 @@ def int4_swap(
     each, summed through distributed shared memory (``cluster_sum``). ``tx``: a [M, K] in
     boxes (BM, 64); ``tw``: the words [K / 8, N] in boxes (8, 64 WG); ``ts``: the scales
     [K / 128, N] in boxes (1, 64 WG). ``REGS``: the registers a consumer thread takes
-    (``setmaxnreg``; 0: none). ``MC`` (no K split): a cluster of two blocks takes two
+    (``setmaxnreg``; 0: none). ``MC`` (K split along z only): a cluster of two blocks takes two
     tiles side by side (the same rows of a, columns ``2 p`` and ``2 p + 1`` of W's tiles,
     one a block), each block's producer copying half of a's rows by TMA multicast into both
     blocks (``tx`` in boxes (BM / 2, 64)): a's rows cross from L2 once for the pair."""
@@ -442,14 +442,15 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     mc = int(len(more) > 1 and bool(more[1]))
     stages = stages or swap_stages(wg, bm)
     tiles = math.ceil(m / bm) * math.ceil(n / (64 * wg))
-    if mc:  # pairs of tiles, no K split
+    if mc:  # pairs of tiles (a K split through the workspace only)
         if bm % 16:
             raise ValueError(f"int4_swap: a multicast pair needs BM % 16 == 0, got {bm}")
-        split, k_slice = 1, k
-        tiles = math.ceil(m / bm) * math.ceil(math.ceil(n / (64 * wg)) / 2)
+        pairs = math.ceil(m / bm) * math.ceil(math.ceil(n / (64 * wg)) / 2)
+        split, k_slice = k_slices(k, split or swap_split(2 * pairs, k, sms), BK)
+        tiles = pairs
     else:
         split, k_slice = k_slices(k, split or swap_split(tiles, k, sms), BK)
-    cl = int(bool(more and more[0]) and 1 < split <= 8)
+    cl = int(bool(more and more[0]) and 1 < split <= 8 and not mc)
     consts = {"WG": wg, "BM": bm, "STAGES": stages, "SPLIT": split if cl else min(split, 2),
               "CL": cl, "REGS": consumer_registers(wg), "OUT": out_type, "MC": mc}  # fmt: skip
     return split, k_slice, tiles, consts
@@ -461,8 +462,8 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     ``swap_split``'s split): a persistent grid of at most ``sms`` blocks along x, the K split
     along z summed by ``finish``, or with ``CL`` (and a split of 2 to 8) over a cluster of
     that many blocks along x, one tile a cluster, summed in distributed shared memory (no
-    second launch); with ``MC`` no split, clusters of two blocks sharing a's rows by TMA
-    multicast (at most ``sms`` blocks, two a pair of tiles)."""
+    second launch); with ``MC`` clusters of two blocks sharing a's rows by TMA multicast (at
+    most ``sms`` blocks along x, two a pair of tiles; a K split along z only)."""
     from kaio_ops import _arrays
     from kaio_ops.linear import _placeholder
 
@@ -484,7 +485,7 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     )
     grid = (tiles * split, 1, 1) if cl else (min(tiles, sms), 1, split)  # a cluster: one tile
     if mc:
-        grid = (2 * min(tiles, sms // 2), 1, 1)
+        grid = (2 * min(tiles, sms // 2), 1, split)
     shared = swap_shared_bytes(wg, bm, consts["STAGES"], cl)
     int4_swap[grid, 128 * wg + 128, _arrays.stream_of(a), shared](
         *maps, target, ws, m, n, k, k_slice, **consts

@@ -170,6 +170,7 @@ SWAP_CASES = [
     (9, 64, 768, None, (4, 16, 2, 3, 1), None),  # a split of 3: rows 0, 3, 6... a block
     (40, 200, 256, None, (1, 48, 2, 1, 0, 1), None),  # pairs of tiles sharing a by multicast
     (70, 136, 384, "bfloat16", (1, 32, 2, 1, 0, 1), 2),  # 6 pairs on one cluster, odd grid_n
+    (40, 200, 512, "float16", (1, 48, 2, 2, 0, 1), None),  # pairs and a K split along z
 ]
 
 
