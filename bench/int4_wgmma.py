@@ -297,9 +297,10 @@ def prewarm(log, shapes, workers: int, variants: bool = True) -> None:
 def swap_sweep(log, shapes, budget: float, variants: bool = False) -> list:
     """Without ``variants``: cuBLAS f16 against ``matmul_int4`` as routed (f16 out, as cuBLAS),
     checked against the f32 product (relative error), and at M <= 16 the floor that only reads
-    the words; with ``variants``: ``swap_variants``' explicit ``int4_swap`` configurations and
-    (M >= 2048) the dequantize-once path, each checked the same way. The int4 words rotated over
-    enough sets to cover ``L2_BYTES``. Returns the records."""
+    the words; with ``variants``: ``swap_variants``' explicit ``int4_swap`` configurations,
+    (M <= 64) the decode kernel and (M >= 2048) the dequantize-once path, each checked the
+    same way. The int4 words rotated over enough sets to cover ``L2_BYTES``. Returns the
+    records."""
     from bench.quantized import int4_bytes
 
     recs = []
@@ -338,12 +339,19 @@ def swap_sweep(log, shapes, budget: float, variants: bool = False) -> list:
                 continue
             rec["swap"], rec["err"] = {}, {}
             todo = [(variant_key(*v), v) for v in swap_variants(m)]
+            if m <= _int4_decode.MAX_M:
+                todo.append(("decode kernel", "decode"))
             if m >= 2048:
                 todo.append(("dequantize + matmul", None))
             for key, v in todo:
                 if time.time() - T0 > budget:
                     break
-                if v is None:
+                if v == "decode":
+
+                    def fn(i):
+                        return _int4_decode.matmul(*ops[i], kaio.f16)
+
+                elif v is None:
 
                     def fn(i):
                         w16 = _prefill.int4_to_f16(ops[i][0], [(ops[i][1], ops[i][2])])
