@@ -314,6 +314,8 @@ def int4_swap(
         kaio.mbarrier_init(bars, (2, 0), WG * 128)
         kaio.fence_proxy_async()
     kaio.sync_threads()
+    if MC:
+        kaio.cluster_sync()  # the other block's barriers are ready before any copy or arrival
     if wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
