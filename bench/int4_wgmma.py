@@ -155,8 +155,9 @@ def main() -> None:
         if args.prewarm:
             prewarm(log, shapes, args.prewarm, args.variants)
         recs = swap_sweep(log, shapes, args.budget, False)
-        if args.variants:
+        if args.variants:  # the multicast pairs last (a cluster's first timing on a GPU)
             recs += swap_sweep(log, shapes, args.budget, True)
+            recs += swap_sweep(log, shapes, args.budget, True, multicast=True)
         text = swap_tables(recs, torch.cuda.get_device_name())
         if args.table:
             with open(args.table, "w") as f:
@@ -294,13 +295,13 @@ def prewarm(log, shapes, workers: int, variants: bool = True) -> None:
     log({"prewarm": len(todo), "seconds": round(time.time() - t, 1), "errors": errors[:5]})
 
 
-def swap_sweep(log, shapes, budget: float, variants: bool = False) -> list:
+def swap_sweep(log, shapes, budget: float, variants: bool = False, multicast=False) -> list:
     """Without ``variants``: cuBLAS f16 against ``matmul_int4`` as routed (f16 out, as cuBLAS),
     checked against the f32 product (relative error), and at M <= 16 the floor that only reads
     the words; with ``variants``: ``swap_variants``' explicit ``int4_swap`` configurations,
     (M <= 64) the decode kernel and (M >= 2048) the dequantize-once path, each checked the
-    same way. The int4 words rotated over enough sets to cover ``L2_BYTES``. Returns the
-    records."""
+    same way (``multicast``: the variants with MC only, else those without). The int4 words
+    rotated over enough sets to cover ``L2_BYTES``. Returns the records."""
     from bench.quantized import int4_bytes
 
     recs = []
@@ -338,11 +339,13 @@ def swap_sweep(log, shapes, budget: float, variants: bool = False) -> list:
                 recs.append(rec)
                 continue
             rec["swap"], rec["err"] = {}, {}
-            todo = [(variant_key(*v), v) for v in swap_variants(m)]
-            if m <= _int4_decode.MAX_M:
+            todo = [(variant_key(*v), v) for v in swap_variants(m) if v[5] == multicast]
+            if not multicast and _int4_hopper.DECODE_M < m <= _int4_decode.MAX_M:
                 todo.append(("decode kernel", "decode"))
-            if m >= 2048:
+            if not multicast and m >= 2048:
                 todo.append(("dequantize + matmul", None))
+            if not todo:
+                continue
             for key, v in todo:
                 if time.time() - T0 > budget:
                     break
