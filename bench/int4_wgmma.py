@@ -215,38 +215,35 @@ L2_BYTES = 200 << 20  # the int4 bytes a rotation covers: 4x the 50 MB L2
 
 
 def swap_variants(m: int) -> list:
-    """(WG, BM, CL, split, STAGES, MC) tile configurations of ``_int4_hopper.int4_swap`` to
-    time at M = ``m`` besides the plan's (``matmul_int4``) (CL: a K split summed in a
-    cluster, else by a second launch; split 0: ``swap_split``'s; STAGES 0: as many as fit;
-    MC: pairs of tiles sharing a's rows by multicast, no split)."""
-    bm = min(256, -(-m // 8) * 8)
+    """(WG, BM, CL, split, STAGES, MC, FENCE) tile configurations of
+    ``_int4_hopper.int4_swap`` to time at M = ``m`` besides the plan's (``matmul_int4``)
+    (CL: a K split summed in a cluster, else by a second launch; split 0: ``swap_split``'s;
+    STAGES 0: as many as fit; MC: pairs of tiles sharing a's rows by multicast; FENCE: the
+    proxy fence in every slice (1), odd slices (2) or none (0, a measurement only))."""
     if m <= 16:  # the decode kernel's range
         return []
     if m <= 64:
-        return [(2, bm, 1, 0, 0, 0), (2, bm, 0, 0, 0, 0), (4, bm, 1, 0, 0, 0),
-                (4, bm, 0, 0, 0, 0), (1, bm, 1, 0, 0, 0)]  # fmt: skip
+        return [(4, 64, 0, 0, 0, 0, 1), (4, 64, 0, 0, 0, 0, 2), (4, 64, 0, 0, 0, 0, 0)]
     if m <= 128:
-        return [(1, 128, 1, 0, 0, 0), (2, 128, 1, 0, 0, 0), (2, 128, 0, 0, 0, 0),
-                (2, 64, 1, 0, 0, 0), (4, 64, 1, 0, 0, 0), (3, 128, 1, 0, 0, 0),
-                (2, 128, 0, 0, 0, 1)]  # fmt: skip
+        return [(2, 128, 0, 0, 0, 0, 1), (2, 128, 0, 0, 0, 0, 2), (2, 128, 0, 0, 0, 0, 0),
+                (3, 128, 0, 0, 0, 0, 2), (2, 128, 0, 0, 0, 1, 2)]  # fmt: skip
     if m <= 256:
-        return [(2, 128, 1, 0, 0, 0), (2, 256, 1, 0, 0, 0), (3, 128, 1, 0, 0, 0),
-                (1, 256, 1, 0, 0, 0), (2, 128, 0, 0, 0, 0), (4, 64, 1, 0, 0, 0),
-                (2, 128, 0, 0, 0, 1), (2, 256, 0, 0, 0, 1)]  # fmt: skip
+        return [(2, 128, 1, 0, 0, 0, 2), (2, 128, 0, 0, 0, 0, 2), (2, 256, 0, 0, 0, 1, 1),
+                (2, 256, 0, 0, 0, 1, 2), (2, 256, 0, 0, 0, 1, 0),
+                (2, 128, 0, 0, 0, 1, 2)]  # fmt: skip
     if m <= 512:
-        return [(2, 128, 1, 0, 0, 0), (2, 256, 1, 0, 0, 0), (3, 128, 1, 0, 0, 0),
-                (2, 192, 1, 0, 0, 0), (2, 128, 0, 0, 0, 0), (2, 128, 0, 0, 0, 1),
-                (2, 256, 0, 0, 0, 1), (3, 128, 0, 0, 0, 1)]  # fmt: skip
-    return [(2, 256, 1, 0, 0, 0), (2, 128, 1, 0, 0, 0), (3, 128, 1, 0, 0, 0),
-            (2, 192, 1, 0, 0, 0), (2, 256, 0, 0, 0, 1), (3, 128, 0, 0, 0, 1),
-            (2, 192, 0, 0, 0, 1), (2, 256, 0, 0, 4, 1)]  # fmt: skip
+        return [(2, 256, 1, 0, 0, 0, 1), (2, 256, 1, 0, 0, 0, 2), (2, 256, 0, 0, 0, 1, 2),
+                (2, 256, 0, 0, 0, 1, 0), (2, 128, 1, 0, 0, 0, 2)]  # fmt: skip
+    return [(2, 256, 0, 0, 0, 1, 1), (2, 256, 0, 0, 0, 1, 2), (2, 256, 0, 0, 0, 1, 0),
+            (2, 256, 0, 0, 4, 1, 2), (2, 192, 0, 0, 0, 1, 2), (3, 192, 0, 0, 0, 1, 2),
+            (3, 192, 1, 0, 0, 0, 2), (2, 256, 1, 0, 0, 0, 2)]  # fmt: skip
 
 
-def variant_key(wg: int, bm: int, cl: int, sp: int, stages: int, mc: int = 0) -> str:
-    """A ``swap_variants`` entry as text: ``WG,BM,CL[,split S][,stages S][,mc]``."""
+def variant_key(wg: int, bm: int, cl: int, sp: int, stages: int, mc: int = 0, fence=1) -> str:
+    """A ``swap_variants`` entry as text: ``WG,BM,CL[,split S][,stages S][,mc],fF``."""
     return (
         f"{wg},{bm},{cl}" + (f",split {sp}" if sp else "") + (f",stages {stages}" * bool(stages))
-        + ",mc" * mc
+        + ",mc" * mc + f",f{fence}"
     )  # fmt: skip
 
 
@@ -278,7 +275,7 @@ def prewarm(log, shapes, workers: int, variants: bool = True) -> None:
     for n, k, ms in shapes:
         for m in ms:
             configs = (
-                [(wg, bm, st, sp, cl, mc) for wg, bm, cl, sp, st, mc in swap_variants(m)]
+                [(wg, bm, st, sp, cl, mc, f) for wg, bm, cl, sp, st, mc, f in swap_variants(m)]
                 if variants
                 else []
             )
@@ -360,8 +357,8 @@ def swap_sweep(log, shapes, budget: float, variants: bool = False, multicast=Fal
                         w16 = _prefill.int4_to_f16(ops[i][0], [(ops[i][1], ops[i][2])])
                         return kaio_ops.matmul(a, w16)
                 else:
-                    wg, bm, cl, sp, st, mc = v
-                    cfg = (wg, bm, st, sp, cl, mc)
+                    wg, bm, cl, sp, st, mc, fence = v
+                    cfg = (wg, bm, st, sp, cl, mc, fence)
 
                     def fn(i, c=cfg):
                         return _int4_hopper.launch_swap(*ops[i], kaio.f16, c)

@@ -92,22 +92,27 @@ DECODE_M = 16  # up to this M the decode kernel (``_int4_decode``)
 PREFILL_M = 1 << 62
 
 # int4_swap's tiles by M (the first row whose bound M does not pass): (WG, BM; 0: M rounded
-# up to 8, CL: a K split summed in a cluster, else by gemm_reduce). Measured on an H100
-# (bench/int4_wgmma.py --swap, 2026-11-26): up to 64 rows the workspace split was 1.5-2x
-# faster than the cluster's.
+# up to 8, or 16 with MC; CL: a K split summed in a cluster, else by gemm_reduce; MC: pairs
+# of tiles sharing a's rows by multicast). Measured on an H100 (bench/int4_wgmma.py --swap
+# --variants, 2026-11-26, the geometric mean over N x K = 4096x4096, 8192x8192, 14336x4096,
+# 4096x14336): a cluster K split of more than 2 blocks ran 1.5-2x slower than the workspace's
+# (clusters of 4 or 8 large blocks do not all fit at once); MC 4-6% faster from 1024 rows.
 SWAP_PLANS = (
-    (64, 4, 0, 0),
-    (128, 2, 0, 1),
-    (256, 2, 0, 1),
-    (1 << 62, 2, 256, 1),
+    (64, 4, 0, 0, 0),
+    (128, 2, 0, 0, 0),
+    (256, 2, 0, 0, 1),
+    (512, 2, 256, 1, 0),
+    (1 << 62, 2, 256, 0, 1),
 )
+SWAP_FENCE = 2  # the proxy fence in odd slices only (``swap_slice``)
 
 
 def swap_plan(m: int) -> tuple:
-    """``int4_swap``'s (WG, BM, STAGES, split, CL) for M = ``m`` (``SWAP_PLANS``; as many
-    stages as fit, ``swap_split``'s split)."""
-    _, wg, bm, cl = next(row for row in SWAP_PLANS if m <= row[0])
-    return wg, bm or min(256, -(-m // 8) * 8), 0, 0, cl
+    """``int4_swap``'s (WG, BM, STAGES, split, CL, MC, FENCE) for M = ``m`` (``SWAP_PLANS``;
+    as many stages as fit, ``swap_split``'s split)."""
+    _, wg, bm, cl, mc = next(row for row in SWAP_PLANS if m <= row[0])
+    step = 16 if mc else 8
+    return wg, bm or min(256, -(-m // step) * step), 0, 0, cl, mc, SWAP_FENCE
 
 
 def takes(a, b, s) -> bool:
@@ -168,19 +173,23 @@ def nibble_pair(word: u32, sel: u32, scale: f16x2) -> u32:
 def swap_slice(
     sw: u32[:, :, :], sc: u32[:, :], sx: f16[:, :, :], bars: u64[:, :], acc: f32[:, :, :],
     af: u32[:, :, :], at: i32[:], kt: i32, nl: u32, sel: u32, lt: u32, BUF: kaio.constexpr,
-    STAGES: kaio.constexpr, MC: kaio.constexpr,
+    STAGES: kaio.constexpr, MC: kaio.constexpr, FENCE: kaio.constexpr,
 ):  # fmt: skip
     """One 64-deep K slice of a consumer warpgroup: wait for ring stage ``at[0]``, make the
     A fragments of its 4 steps (buffer ``BUF`` of ``af``) from the words of columns ``nl``
     and ``nl + 1`` (this lane's rows g and g + 8), issue the 4 wgmmas on the activations'
-    tile, and free the stage of the slice before (``at[2]``) once its wgmmas are done."""
+    tile, and free the stage of the slice before (``at[2]``) once its wgmmas are done.
+    ``FENCE``: the proxy fence after the shared reads in every slice (1), in odd slices
+    only (2: it covers the reads of the slice before, whose stage is freed after it), or
+    none (0: a measurement only)."""
     s = at[0]
     kaio.mbarrier_wait(bars, (0, s), u32(at[1]))
     words = kaio.local(u32, (WORD_ROWS, 2))  # words[kw, h]: column nl + h, K 8 kw .. 8 kw + 7
     for kw in kaio.static_range(WORD_ROWS):
         kaio.load_vector(words[kw], sw, (s, kw, nl))
     pair = sc[s, nl // 2]
-    kaio.fence_proxy_async()  # the reads before the stage's next TMA copy
+    if FENCE == 1 or (FENCE == 2 and BUF == 1):  # the reads before the stage's next TMA copy
+        kaio.fence_proxy_async()  # (FENCE 2: an odd slice's covers the even one's before it)
     scale = kaio.local(u32, 2)
     scale[0] = kaio.prmt(pair, pair, LOW_TWICE)
     scale[1] = kaio.prmt(pair, pair, HIGH_TWICE)
@@ -246,7 +255,7 @@ def int4_swap(
     tx: kaio.tensormap, tw: kaio.tensormap, ts: kaio.tensormap, c: OUT[:, :], ws: f32[:, :],
     M: u32, N: u32, K: u32, k_slice: u32, WG: kaio.constexpr, BM: kaio.constexpr,
     STAGES: kaio.constexpr, SPLIT: kaio.constexpr, CL: kaio.constexpr, REGS: kaio.constexpr,
-    OUT: kaio.constexpr, MC: kaio.constexpr,
+    OUT: kaio.constexpr, MC: kaio.constexpr, FENCE: kaio.constexpr,
 ):  # fmt: skip
     """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block
     computes ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG``
@@ -333,12 +342,17 @@ def int4_swap(
             # wgmma is done (ptxas serializes all wgmmas if any path could redefine the
             # registers of one in flight)
             for kt in range(0, k_tiles - 1, 2):
-                swap_slice(sw, sc, sx, bars, acc, af, at, kt, nl, sel, lt, 0, STAGES, MC)
-                swap_slice(sw, sc, sx, bars, acc, af, at, kt + 1, nl, sel, lt, 1, STAGES, MC)
+                swap_slice(sw, sc, sx, bars, acc, af, at, kt, nl, sel, lt, 0, STAGES, MC,
+                           FENCE)  # fmt: skip
+                swap_slice(sw, sc, sx, bars, acc, af, at, kt + 1, nl, sel, lt, 1, STAGES, MC,
+                           FENCE)  # fmt: skip
             if k_tiles % 2:
                 kaio.wgmma_wait(0)
-                swap_slice(sw, sc, sx, bars, acc, af, at, k_tiles - 1, nl, sel, lt, 0, STAGES, MC)
+                swap_slice(sw, sc, sx, bars, acc, af, at, k_tiles - 1, nl, sel, lt, 0, STAGES, MC,
+                           FENCE)  # fmt: skip
             kaio.wgmma_wait(0)
+            if FENCE == 2 and k_tiles % 2:  # the odd last slice's reads
+                kaio.fence_proxy_async()
             if lt == 0:  # the tile's last slice
                 free_stage(bars, at[2], MC)
             if not CL:  # (with CL the one tile is summed below: cluster_sum)
@@ -442,6 +456,7 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
 
     wg, bm, stages, split, *more = config
     mc = int(len(more) > 1 and bool(more[1]))
+    fence = more[2] if len(more) > 2 else 1
     stages = stages or swap_stages(wg, bm)
     tiles = math.ceil(m / bm) * math.ceil(n / (64 * wg))
     if mc:  # pairs of tiles (a K split through the workspace only)
@@ -454,7 +469,8 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
         split, k_slice = k_slices(k, split or swap_split(tiles, k, sms), BK)
     cl = int(bool(more and more[0]) and 1 < split <= 8 and not mc)
     consts = {"WG": wg, "BM": bm, "STAGES": stages, "SPLIT": split if cl else min(split, 2),
-              "CL": cl, "REGS": consumer_registers(wg), "OUT": out_type, "MC": mc}  # fmt: skip
+              "CL": cl, "REGS": consumer_registers(wg), "OUT": out_type, "MC": mc,
+              "FENCE": fence}  # fmt: skip
     return split, k_slice, tiles, consts
 
 
@@ -512,6 +528,6 @@ def swap_specializations() -> list:
         (3, 128, 1, 0, bf16, 1),
     ):
         consts = {"WG": wg, "BM": bm, "STAGES": swap_stages(wg, bm), "SPLIT": split, "CL": cl,
-                  "REGS": consumer_registers(wg), "OUT": ot, "MC": mc}  # fmt: skip
+                  "REGS": consumer_registers(wg), "OUT": ot, "MC": mc, "FENCE": 1 + mc}  # fmt: skip
         out.append((int4_swap, consts))
     return out

@@ -160,16 +160,17 @@ def test_int4_multi_tile_fallback_in_simulator():
 # edge), both consumer counts, the ring wrapping (STAGES 2), an odd number of slices (the
 # last one alone), a K split summed by gemm_reduce, int32 words, every out_dtype, the
 # persistent loop (6 tiles on 2 blocks), K splits summed in a cluster, and pairs of tiles
-# whose blocks multicast a's rows to each other (MC: the last pair half past N).
+# whose blocks multicast a's rows to each other (MC: the last pair half past N); FENCE 2
+# (the proxy fence in odd slices only, and after an odd last slice).
 SWAP_CASES = [
     (40, 64, 256, None, (1, 40, 2, 1), None),
     (20, 136, 384, "float16", (2, 24, 3, 1), None),
-    (17, 72, 640, "bfloat16", (1, 32, 2, 2), None),  # 5 slices each
+    (17, 72, 640, "bfloat16", (1, 32, 2, 2, 0, 0, 2), None),  # 5 slices each, FENCE 2
     (50, 192, 256, None, (1, 16, 3, 1), 2),
     (20, 136, 512, "float16", (2, 24, 2, 4, 1), None),  # K split over a cluster
     (9, 64, 768, None, (4, 16, 2, 3, 1), None),  # a split of 3: rows 0, 3, 6... a block
-    (40, 200, 256, None, (1, 48, 2, 1, 0, 1), None),  # pairs of tiles sharing a by multicast
-    (70, 136, 384, "bfloat16", (1, 32, 2, 1, 0, 1), 2),  # 6 pairs on one cluster, odd grid_n
+    (40, 200, 256, None, (1, 48, 2, 1, 0, 1, 2), None),  # pairs of tiles sharing a by multicast
+    (70, 136, 384, "bfloat16", (1, 32, 2, 1, 0, 1, 2), 2),  # 6 pairs on a cluster, odd grid_n
     (40, 200, 512, "float16", (1, 48, 2, 2, 0, 1), None),  # pairs and a K split along z
 ]
 
