@@ -127,10 +127,29 @@ def takes(a, b, s) -> bool:
     return on and DECODE_M < a.shape[0] < PREFILL_M and fits(a, b, s)
 
 
+# From this M the weight is made f16 once (``_prefill.int4_to_f16``: K N 2 bytes written and
+# read again, a few percent of the product's time there) and ``kaio_ops.matmul`` multiplies.
+DEQUANT_M = 1 << 62
+
+
 def run(a, b, s, out_type):
     """``a @ W`` rounded to ``out_type`` for operands that this module ``takes``:
-    ``int4_swap`` with ``swap_plan``'s tiles."""
+    ``int4_swap`` with ``swap_plan``'s tiles, or from ``DEQUANT_M`` rows ``dequantized``."""
+    if a.shape[0] >= DEQUANT_M:
+        return dequantized(a, b, s, out_type)
     return launch_swap(a, b, s, out_type, swap_plan(a.shape[0]))
+
+
+def dequantized(a, b, s, out_type):
+    """``a @ W`` rounded to ``out_type`` through an f16 copy of the weight: the words and
+    scales made f16 [K, N] by ``_prefill.int4_to_f16`` (the same bits as ``int4_swap``'s
+    weights), then ``kaio_ops.matmul`` (f32 sums, one rounding to ``out_type``)."""
+    import importlib
+
+    from kaio_ops import _prefill
+
+    w = _prefill.int4_to_f16(a, [(b, s)])
+    return importlib.import_module("kaio_ops.linear").matmul(a.obj, w, out_dtype=out_type)
 
 
 def finish(a, ws, split: int, out_type):

@@ -229,6 +229,30 @@ def test_int4_wgmma_dispatch(monkeypatch):
         assert not _int4_hopper.takes(*_sim_operands(*int4_case(low + 1, 8, 128)[:3]))
 
 
+def test_int4_dequantized_route(monkeypatch):
+    """From ``DEQUANT_M`` rows ``run`` makes the weight f16 once and multiplies with
+    ``kaio_ops.matmul``: every out_dtype against the float64 product (the same weights'
+    bits, f32 sums, one rounding)."""
+    from kaio_ops import _int4_hopper
+
+    monkeypatch.setattr(_int4_hopper, "IN_SIMULATOR", True)
+    monkeypatch.setattr(_int4_hopper, "DEQUANT_M", 20)
+    calls = []
+    dequantized = _int4_hopper.dequantized
+    monkeypatch.setattr(_int4_hopper, "dequantized", lambda *a: calls.append(1) or dequantized(*a))
+    a, packed, scales, w = int4_case(24, 40, 256)
+    ref = a.astype(np.float64) @ w.astype(np.float64)
+    bound = np.abs(a.astype(np.float64)) @ np.abs(w.astype(np.float64))
+    for out_dtype, rounding in ((None, 0.0), ("float16", 2.0**-11), ("bfloat16", 2.0**-8)):
+        with kaio.simulate():
+            c = np.asarray(kaio_ops.matmul_int4(a, packed, scales, out_dtype=out_dtype))
+        c = c.astype(np.float64)
+        assert c.shape == (24, 40) and np.all(
+            np.abs(c - ref) <= 1e-6 * bound + rounding * np.abs(ref)
+        )
+    assert len(calls) == 3
+
+
 def test_int4_torch_op_out_dtype():
     """torch.ops.kaio.matmul_int4 takes out_dtype: the real op (CPU tensors, the simulator)
     and its fake implementation (meta tensors) agree on shape and dtype."""
