@@ -95,8 +95,8 @@ PREFILL_M = 1 << 62
 # up to 8, or 16 with MC; CL: a K split summed in a cluster, else by gemm_reduce; MC: pairs
 # of tiles sharing a's rows by multicast). Measured on an H100 (bench/int4_wgmma.py --swap
 # --variants, 2026-11-26, the geometric mean over N x K = 4096x4096, 8192x8192, 14336x4096,
-# 4096x14336): a cluster K split of more than 2 blocks ran 1.5-2x slower than the workspace's
-# (clusters of 4 or 8 large blocks do not all fit at once); MC 4-6% faster from 1024 rows.
+# 4096x14336): a cluster K split over 4 or 8 blocks ran 1.5-2x slower than the workspace's
+# (over 2 blocks, as fast or faster); MC 4-6% faster from 1024 rows.
 SWAP_PLANS = (
     (64, 4, 0, 0, 0),
     (128, 2, 0, 0, 0),
