@@ -487,6 +487,8 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     else:
         split, k_slice = k_slices(k, split or swap_split(tiles, k, sms), BK)
     cl = int(bool(more and more[0]) and 1 < split <= 8 and not mc)
+    if cl and split > 2 and not config[3]:  # a chosen split past 2: the workspace (faster)
+        cl = 0
     consts = {"WG": wg, "BM": bm, "STAGES": stages, "SPLIT": split if cl else min(split, 2),
               "CL": cl, "REGS": consumer_registers(wg), "OUT": out_type, "MC": mc,
               "FENCE": fence}  # fmt: skip
