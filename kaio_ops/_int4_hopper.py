@@ -129,7 +129,9 @@ def takes(a, b, s) -> bool:
 
 # From this M the weight is made f16 once (``_prefill.int4_to_f16``: K N 2 bytes written and
 # read again, a few percent of the product's time there) and ``kaio_ops.matmul`` multiplies.
-DEQUANT_M = 1 << 62
+# Measured on an H100 (bench/int4_wgmma.py --swap --variants, two runs): at M = 4096 and 8192
+# 0.86-0.95x cuBLAS f16 against int4_swap's 0.78-0.89x; at 2048 the two equal (0.85x).
+DEQUANT_M = 4096
 
 
 def run(a, b, s, out_type):
