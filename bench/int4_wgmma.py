@@ -219,24 +219,19 @@ def swap_variants(m: int) -> list:
     ``_int4_hopper.int4_swap`` to time at M = ``m`` besides the plan's (``matmul_int4``)
     (CL: a K split summed in a cluster, else by a second launch; split 0: ``swap_split``'s;
     STAGES 0: as many as fit; MC: pairs of tiles sharing a's rows by multicast; FENCE: the
-    proxy fence in every slice (1), odd slices (2) or none (0, a measurement only))."""
+    proxy fence in every slice (1) or odd slices (2))."""
     if m <= 16:  # the decode kernel's range
         return []
+    bm = min(256, -(-m // 8) * 8)
     if m <= 64:
-        return [(4, 64, 0, 0, 0, 0, 1), (4, 64, 0, 0, 0, 0, 2), (4, 64, 0, 0, 0, 0, 0)]
+        return [(4, bm, 0, 0, 0, 0, 2), (2, bm, 0, 0, 0, 0, 2)]
     if m <= 128:
-        return [(2, 128, 0, 0, 0, 0, 1), (2, 128, 0, 0, 0, 0, 2), (2, 128, 0, 0, 0, 0, 0),
-                (3, 128, 0, 0, 0, 0, 2), (2, 128, 0, 0, 0, 1, 2)]  # fmt: skip
+        return [(2, 128, 0, 0, 0, 0, 2), (2, 128, 1, 0, 0, 0, 2)]
     if m <= 256:
-        return [(2, 128, 1, 0, 0, 0, 2), (2, 128, 0, 0, 0, 0, 2), (2, 256, 0, 0, 0, 1, 1),
-                (2, 256, 0, 0, 0, 1, 2), (2, 256, 0, 0, 0, 1, 0),
-                (2, 128, 0, 0, 0, 1, 2)]  # fmt: skip
+        return [(2, 256, 0, 0, 0, 1, 2), (2, 128, 1, 0, 0, 0, 2), (2, 128, 0, 0, 0, 0, 2)]
     if m <= 512:
-        return [(2, 256, 1, 0, 0, 0, 1), (2, 256, 1, 0, 0, 0, 2), (2, 256, 0, 0, 0, 1, 2),
-                (2, 256, 0, 0, 0, 1, 0), (2, 128, 1, 0, 0, 0, 2)]  # fmt: skip
-    return [(2, 256, 0, 0, 0, 1, 1), (2, 256, 0, 0, 0, 1, 2), (2, 256, 0, 0, 0, 1, 0),
-            (2, 256, 0, 0, 4, 1, 2), (2, 192, 0, 0, 0, 1, 2), (3, 192, 0, 0, 0, 1, 2),
-            (3, 192, 1, 0, 0, 0, 2), (2, 256, 1, 0, 0, 0, 2)]  # fmt: skip
+        return [(2, 256, 1, 0, 0, 0, 2), (2, 256, 0, 0, 0, 1, 2)]
+    return [(2, 256, 0, 0, 0, 1, 2), (2, 192, 0, 0, 0, 1, 2)]
 
 
 def variant_key(wg: int, bm: int, cl: int, sp: int, stages: int, mc: int = 0, fence=1) -> str:
