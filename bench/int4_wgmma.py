@@ -1,13 +1,17 @@
 """``matmul_int4`` (W4A16) on sm_90 against cuBLAS f16 (``torch.matmul`` with the dequantized
-f16 weight) over M at Llama-3-8B shapes (N x K = 4096 x 4096, 14336 x 4096, 4096 x 14336):
-kernel time from CUDA graphs of ``REPS`` calls (the weights rotated over ``SETS`` copies so
-that they do not sit in L2), the median of ``REPLAYS`` replays. First the results are checked
-against an f32 torch reference at real sizes; then the sweep; then (``--variants``) explicit
-``kaio_ops._int4_hopper`` tile configurations, to tune its plan.
+f16 weight) over M at Llama-3 shapes: kernel time from CUDA graphs of ``REPS`` calls (the
+weights rotated over copies so that they do not sit in L2), the median of ``REPLAYS`` replays.
 
-Usage: ``python bench/int4_wgmma.py [--out DIR] [--variants] [--budget SECONDS]
-[--ms 16,64,...]``. Writes ``DIR/int4_wgmma.jsonl`` (one JSON object a measurement) and prints
-a table.
+Default: results checked against an f32 torch reference at real sizes, then the 8B sweep.
+``--swap``: the op as routed at each (N x K, M) of ``--shapes`` / ``--ms`` (f16 out, as
+cuBLAS), every result checked; with ``--variants`` a second pass over the same points times
+explicit ``int4_swap`` tile configurations (``swap_variants``) and, from 2048 rows, the
+dequantize-once path (the f16 weight made by ``kaio_ops._prefill``, then ``kaio_ops.matmul``)
+to re-derive ``_int4_hopper.SWAP_PLANS``. ``--table FILE`` writes the Markdown tables.
+
+Usage: ``python bench/int4_wgmma.py [--out DIR] [--budget SECONDS] [--ms 16,64,...]
+[--swap [--variants] [--shapes 4096x4096,...] [--prewarm N] [--table FILE]]``. Writes
+``DIR/int4_wgmma.jsonl`` (one JSON object a measurement) and prints a table.
 """
 
 # ruff: noqa: B023  (the timed lambdas run before the loop moves on)
@@ -30,7 +34,6 @@ from kaio_ops import _arrays, _int4_decode, _int4_hopper, _prefill  # noqa: E402
 
 SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336))  # (N, K)
 MS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
-TUNE_MS = MS  # the M of --variants
 SETS = 4
 REPS = 10
 REPLAYS = 5
@@ -114,11 +117,12 @@ def check(log, m: int, n: int, k: int, out_dtype=None) -> None:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=".")
-    p.add_argument("--variants", action="store_true")
     p.add_argument("--budget", type=float, default=80.0)
     p.add_argument("--ms", default=",".join(map(str, MS)))
     p.add_argument("--swap", action="store_true", help="the role-swap kernel's sweep only")
-    p.add_argument("--routed", action="store_true", help="--swap without variants: the op only")
+    p.add_argument("--routed", action="store_true", help="(kept for old command lines)")
+    p.add_argument("--variants", action="store_true", help="--swap: then tile variants")
+    p.add_argument("--table", default="", help="--swap: write the Markdown tables here")
     p.add_argument("--markdown", default="", help="print --swap's JSONL file as a table, no GPU")
     p.add_argument("--shapes", default="", help="N x K list for --swap, e.g. 4096x4096,8192x8192")
     p.add_argument(
@@ -149,8 +153,16 @@ def main() -> None:
         shapes = [shape_ms(x, ms) for x in args.shapes.split(",") if x]
         shapes = shapes or [(n, k, ms) for n, k in SWAP_SHAPES]
         if args.prewarm:
-            prewarm(log, shapes, args.prewarm, not args.routed)
-        swap_sweep(log, shapes, args.budget, not args.routed)
+            prewarm(log, shapes, args.prewarm, args.variants)
+        recs = swap_sweep(log, shapes, args.budget, False)
+        if args.variants:  # the multicast pairs last (a cluster's first timing on a GPU)
+            recs += swap_sweep(log, shapes, args.budget, True)
+            recs += swap_sweep(log, shapes, args.budget, True, multicast=True)
+        text = swap_tables(recs, torch.cuda.get_device_name())
+        if args.table:
+            with open(args.table, "w") as f:
+                f.write(text)
+        print(text)
         return
     for case in CHECKS:
         check(log, *case)
@@ -164,12 +176,6 @@ def main() -> None:
                 continue
             rows.append(measure(log, m, n, k, weights[n, k]))
     table(rows)
-    if args.variants:
-        for pick in (variants, cluster_variants):  # clusters last: new, least certain
-            for n, k in SHAPES:
-                for m in (x for x in TUNE_MS if x in ms):
-                    if time.time() - T0 < args.budget and pick(m):
-                        tune(log, m, n, k, weights[n, k], args.budget, pick)
 
 
 def measure(log, m: int, n: int, k: int, sets: list) -> dict:
@@ -182,7 +188,7 @@ def measure(log, m: int, n: int, k: int, sets: list) -> dict:
     )
     sms = _arrays.multiprocessors(operand(a, "a"))
     rec = {"m": m, "n": n, "k": k, "cublas_us": t_cublas, "kaio_us": t_kaio, "kaio_f16_us": t_f16,
-           "plan": list(_int4_hopper.plan(m, n, k, sms))}  # fmt: skip
+           "plan": list(_int4_hopper.swap_plan(m)), "sms": sms}  # fmt: skip
     ops = [[operand(x, "x") for x in (a, s[0], s[1])] for s in sets]
     if m <= _int4_decode.MAX_M:
         rec["decode_us"] = graph_time(lambda i: _int4_decode.matmul(*ops[i]), SETS)
@@ -190,29 +196,6 @@ def measure(log, m: int, n: int, k: int, sets: list) -> dict:
         rec["prefill_us"] = graph_time(lambda i: _prefill.matmul_int4(*ops[i]), SETS)
     log(rec)
     return rec
-
-
-def tune(log, m: int, n: int, k: int, sets: list, budget: float, pick) -> None:
-    """Explicit ``_int4_hopper`` configurations at one shape (``pick(m)``: ``variants`` or
-    ``cluster_variants``), each checked against the f32 product of the dequantized weights
-    (relative error in ``errors``)."""
-    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
-    ops = [[operand(x, "x") for x in (a, s[0], s[1])] for s in sets]
-    ref = a.float() @ sets[0][2].float()
-    rec = {"m": m, "n": n, "k": k, "variants": {}, "errors": {}}
-    for wg, bn, ds, split, *more in pick(m):
-        if time.time() - T0 > budget:
-            break
-        cl, occ = (more + [0, 1])[:2] if len(more) != 1 else (more[0], 1)
-        full = (wg, bn, _int4_hopper.stages_for(wg, bn, ds, occ), ds, split, cl, occ)
-        try:
-            got = _int4_hopper.launch(*ops[0], kaio.f32, full)
-            rec["errors"][str(list(full))] = ((got - ref).norm() / ref.norm()).item()
-            t = graph_time(lambda i, f=full: _int4_hopper.launch(*ops[i], kaio.f32, f), SETS)
-        except Exception as e:  # noqa: BLE001
-            t = f"{type(e).__name__}: {str(e)[:200]}"
-        rec["variants"][str(list(full))] = t
-    log(rec)
 
 
 def table(rows: list) -> None:
@@ -226,41 +209,37 @@ def table(rows: list) -> None:
               f"{r['cublas_us'] / r['kaio_us']:6.2f} {other}")  # fmt: skip
 
 
-def variants(m: int) -> list:
-    """(WG, BN, DSTAGES, split) tile configurations to try at M = ``m``."""
-    # (..., 0, 2): two blocks a multiprocessor (two dequantizing warpgroups)
-    if m <= 64:
-        return [(1, 256, 2, 8), (1, 256, 2, 4), (1, 128, 2, 4), (1, 128, 2, 2), (1, 64, 2, 2),
-                (1, 64, 2, 1), (1, 128, 2, 1), (1, 128, 2, 2, 0, 2), (1, 128, 2, 1, 0, 2),
-                (1, 64, 2, 1, 0, 2), (1, 64, 2, 2, 0, 2)]  # fmt: skip
-    if m <= 128:
-        return [(1, 256, 2, 4), (1, 256, 2, 2), (1, 128, 2, 2), (1, 128, 2, 1), (2, 128, 2, 2),
-                (2, 128, 2, 4), (2, 256, 2, 4), (1, 128, 2, 1, 0, 2),
-                (1, 128, 2, 2, 0, 2)]  # fmt: skip
-    if m <= 512:
-        return [(2, 128, 2, 1), (2, 128, 2, 2), (2, 256, 2, 1), (2, 256, 2, 2), (1, 256, 2, 1),
-                (1, 128, 2, 1), (2, 64, 2, 1), (1, 128, 2, 1, 0, 2)]  # fmt: skip
-    return [(2, 256, 2, 1), (2, 256, 3, 1), (2, 128, 2, 1), (2, 192, 2, 1), (4, 128, 2, 1),
-            (3, 128, 2, 1)]  # fmt: skip
-
-
 SWAP_SHAPES = ((4096, 4096), (28672, 4096), (4096, 14336), (8192, 8192), (57344, 8192),
                (8192, 28672))  # fmt: skip
 L2_BYTES = 200 << 20  # the int4 bytes a rotation covers: 4x the 50 MB L2
 
 
 def swap_variants(m: int) -> list:
-    """(WG, BM, CL, split) tile configurations of ``_int4_hopper.int4_swap`` to time at
-    M = ``m`` besides the plan's (``matmul_int4``) (CL: a K split summed in a cluster, else
-    by a second launch; split 0: ``swap_split``'s)."""
+    """(WG, BM, CL, split, STAGES, MC, FENCE) tile configurations of
+    ``_int4_hopper.int4_swap`` to time at M = ``m`` besides the plan's (``matmul_int4``)
+    (CL: a K split summed in a cluster, else by a second launch; split 0: ``swap_split``'s;
+    STAGES 0: as many as fit; MC: pairs of tiles sharing a's rows by multicast; FENCE: the
+    proxy fence in every slice (1) or odd slices (2))."""
+    if m <= 16:  # the decode kernel's range
+        return []
     bm = min(256, -(-m // 8) * 8)
-    if m <= 16:
-        return [(2, bm, 1, 0), (4, bm, 1, 0), (4, bm, 1, 2)]
     if m <= 64:
-        return [(2, bm, 1, 0), (4, bm, 0, 0), (4, bm, 1, 2)]
+        return [(4, bm, 0, 0, 0, 0, 2), (2, bm, 0, 0, 0, 0, 2)]
+    if m <= 128:
+        return [(2, 128, 0, 0, 0, 0, 2), (2, 128, 1, 0, 0, 0, 2)]
     if m <= 256:
-        return [(1, bm, 1, 0), (2, bm // 2, 1, 0)]
-    return [(2, 128, 1, 0), (3, 128, 1, 0), (1, 256, 1, 0)]
+        return [(2, 256, 0, 0, 0, 1, 2), (2, 128, 1, 0, 0, 0, 2), (2, 128, 0, 0, 0, 0, 2)]
+    if m <= 512:
+        return [(2, 256, 1, 0, 0, 0, 2), (2, 256, 0, 0, 0, 1, 2)]
+    return [(2, 256, 0, 0, 0, 1, 2), (2, 192, 0, 0, 0, 1, 2)]
+
+
+def variant_key(wg: int, bm: int, cl: int, sp: int, stages: int, mc: int = 0, fence=1) -> str:
+    """A ``swap_variants`` entry as text: ``WG,BM,CL[,split S][,stages S][,mc],fF``."""
+    return (
+        f"{wg},{bm},{cl}" + (f",split {sp}" if sp else "") + (f",stages {stages}" * bool(stages))
+        + ",mc" * mc + f",f{fence}"
+    )  # fmt: skip
 
 
 def _warm(consts: dict) -> str:
@@ -291,7 +270,9 @@ def prewarm(log, shapes, workers: int, variants: bool = True) -> None:
     for n, k, ms in shapes:
         for m in ms:
             configs = (
-                [(wg, bm, 0, sp, cl) for wg, bm, cl, sp in swap_variants(m)] if variants else []
+                [(wg, bm, st, sp, cl, mc, f) for wg, bm, cl, sp, st, mc, f in swap_variants(m)]
+                if variants
+                else []
             )
             if m > _int4_hopper.DECODE_M:
                 configs.append(_int4_hopper.swap_plan(m))
@@ -306,55 +287,116 @@ def prewarm(log, shapes, workers: int, variants: bool = True) -> None:
     log({"prewarm": len(todo), "seconds": round(time.time() - t, 1), "errors": errors[:5]})
 
 
-def swap_sweep(log, shapes, budget: float, variants: bool = True) -> None:
-    """``int4_swap`` against cuBLAS f16 and ``matmul_int4`` (f16 out, as cuBLAS), each variant
-    checked against the f32 product (relative error; ``variants`` False: the op alone), the
-    int4 words rotated over enough sets to cover ``L2_BYTES``."""
+def swap_sweep(log, shapes, budget: float, variants: bool = False, multicast=False) -> list:
+    """Without ``variants``: cuBLAS f16 against ``matmul_int4`` as routed (f16 out, as cuBLAS),
+    checked against the f32 product (relative error), and at M <= 16 the floor that only reads
+    the words; with ``variants``: ``swap_variants``' explicit ``int4_swap`` configurations,
+    (M <= 64) the decode kernel and (M >= 2048) the dequantize-once path, each checked the
+    same way (``multicast``: the variants with MC only, else those without). The int4 words
+    rotated over enough sets to cover ``L2_BYTES``. Returns the records."""
     from bench.quantized import int4_bytes
 
+    recs = []
     for n, k, ms in shapes:
+        if time.time() - T0 > budget:
+            log({"skipped": [n, k, ms, variants]})
+            continue
         sets = max(2, min(24, -(-L2_BYTES // int4_bytes(n, k))))
         weights = [int4_inputs(1, n, k)[1:] for _ in range(sets)]
         for m in ms:
             if time.time() - T0 > budget:
-                log({"skipped": [m, n, k]})
+                log({"skipped": [m, n, k, variants]})
                 continue
             a = torch.randn(m, k, device="cuda", dtype=torch.float16)
             ops = [[operand(x, "x") for x in (a, s[0], s[1])] for s in weights]
             ref = a.float() @ weights[0][2].float()
             rec = {"m": m, "n": n, "k": k, "sets": sets}
-            rec["cublas_us"] = graph_time(lambda i: torch.matmul(a, weights[i][2]), sets)
             f16 = torch.float16
-            try:
-                got = kaio_ops.matmul_int4(a, weights[0][0], weights[0][1], out_dtype=f16).float()
-                rec["kaio_err"] = ((got - ref).norm() / ref.norm()).item()
-                rec["kaio_us"] = graph_time(
-                    lambda i: kaio_ops.matmul_int4(a, *weights[i][:2], out_dtype=f16), sets
-                )
-                if m <= 16:  # the decode kernel's range: the floor that only reads the words
-                    floor = [read_only(w[0]) for w in weights]
-                    rec["floor_us"] = graph_time(
-                        lambda i: floor[i](None, weights[i][0], None, None), sets
-                    )
-            except Exception as e:  # noqa: BLE001
-                rec["kaio_failed"] = f"{type(e).__name__}: {str(e)[:300]}"
-            rec["swap"], rec["err"] = {}, {}
-            for wg, bm, cl, sp in swap_variants(m) if variants else []:
-                cfg = (wg, bm, 0, sp, cl)
-                key = f"{wg},{bm},{cl}" + (f",split {sp}" if sp else "")
+            if not variants:
+                rec["cublas_us"] = graph_time(lambda i: torch.matmul(a, weights[i][2]), sets)
                 try:
-                    got = _int4_hopper.launch_swap(*ops[0], kaio.f16, cfg).float()
-                    rec["err"][key] = ((got - ref).norm() / ref.norm()).item()
-                    rec["swap"][key] = graph_time(
-                        lambda i, c=cfg: _int4_hopper.launch_swap(*ops[i], kaio.f16, c), sets
+                    got = kaio_ops.matmul_int4(a, weights[0][0], weights[0][1], out_dtype=f16)
+                    rec["kaio_err"] = ((got.float() - ref).norm() / ref.norm()).item()
+                    rec["kaio_us"] = graph_time(
+                        lambda i: kaio_ops.matmul_int4(a, *weights[i][:2], out_dtype=f16), sets
                     )
+                    if m <= 16:  # the decode kernel's range: the floor that only reads the words
+                        floor = [read_only(w[0]) for w in weights]
+                        rec["floor_us"] = graph_time(
+                            lambda i: floor[i](None, weights[i][0], None, None), sets
+                        )
+                except Exception as e:  # noqa: BLE001
+                    rec["kaio_failed"] = f"{type(e).__name__}: {str(e)[:300]}"
+                log(rec)
+                recs.append(rec)
+                continue
+            rec["swap"], rec["err"] = {}, {}
+            todo = [(variant_key(*v), v) for v in swap_variants(m) if v[5] == multicast]
+            if not multicast and _int4_hopper.DECODE_M < m <= _int4_decode.MAX_M:
+                todo.append(("decode kernel", "decode"))
+            if not multicast and m >= 2048:
+                todo.append(("dequantize + matmul", None))
+            if not todo:
+                continue
+            for key, v in todo:
+                if time.time() - T0 > budget:
+                    break
+                if v == "decode":
+
+                    def fn(i):
+                        return _int4_decode.matmul(*ops[i], kaio.f16)
+
+                elif v is None:
+
+                    def fn(i):
+                        w16 = _prefill.int4_to_f16(ops[i][0], [(ops[i][1], ops[i][2])])
+                        return kaio_ops.matmul(a, w16)
+                else:
+                    wg, bm, cl, sp, st, mc, fence = v
+                    cfg = (wg, bm, st, sp, cl, mc, fence)
+
+                    def fn(i, c=cfg):
+                        return _int4_hopper.launch_swap(*ops[i], kaio.f16, c)
+
+                try:
+                    rec["err"][key] = ((fn(0).float() - ref).norm() / ref.norm()).item()
+                    rec["swap"][key] = graph_time(fn, sets)
                 except Exception as e:  # noqa: BLE001
                     rec["swap"][key] = f"{type(e).__name__}: {str(e)[:200]}"
-            best = min((t for t in rec["swap"].values() if isinstance(t, float)), default=None)
-            rec["best_x_cublas"] = round(rec["cublas_us"] / best, 3) if best else None
             log(rec)
+            recs.append(rec)
         weights = None
         torch.cuda.empty_cache()
+    return recs
+
+
+def swap_tables(recs: list, gpu: str) -> str:
+    """Markdown: the routed op against cuBLAS f16 at each point, then (records of the variant
+    pass) every variant's time and its ratio to cuBLAS, the best marked."""
+    cublas = {(r["m"], r["n"], r["k"]): r["cublas_us"] for r in recs if "cublas_us" in r}
+    lines = [f"matmul_int4 as routed on {gpu} (f16 out, µs, CUDA graphs, L2 rotated)", "",
+             "| N x K | M | cuBLAS f16 µs | matmul_int4 µs | x cuBLAS | rel err |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for r in recs:
+        if "cublas_us" in r and "kaio_us" in r:
+            lines.append(
+                f"| {r['n']}x{r['k']} | {r['m']} | {r['cublas_us']:.1f} | {r['kaio_us']:.1f} | "
+                f"{r['cublas_us'] / r['kaio_us']:.2f}x | {r.get('kaio_err', 0):.1e} |"
+            )
+        elif "cublas_us" in r:
+            lines.append(f"| {r['n']}x{r['k']} | {r['m']} | {r['cublas_us']:.1f} | failed: "
+                         f"{r.get('kaio_failed', '')[:80]} | | |")  # fmt: skip
+    lines += ["", "Variants (WG, BM, CL[, split][, stages]): µs (x cuBLAS), best first", "",
+              "| N x K | M | variants |", "|---|---|---|"]  # fmt: skip
+    for r in recs:
+        if "swap" not in r:
+            continue
+        base = cublas.get((r["m"], r["n"], r["k"]))
+        timed = sorted((t, key) for key, t in r["swap"].items() if isinstance(t, float))
+        cells = [f"{key}: {t:.1f}" + (f" ({base / t:.2f}x)" if base else "") for t, key in timed]
+        cells += [f"{key}: {t[:60]}" for key, t in r["swap"].items() if not isinstance(t, float)]
+        lines.append(f"| {r['n']}x{r['k']} | {r['m']} | {'; '.join(cells)} |")
+    return "\n".join(lines) + "\n"
 
 
 def markdown(path: str) -> None:
@@ -374,17 +416,6 @@ def markdown(path: str) -> None:
         best = f"{best[0]:.1f} ({best[1]})" if best else "–"
         print(f"| {r['n']}x{r['k']} | {r['m']} | {r['cublas_us']:.1f} | {r['kaio_us']:.1f} | "
               f"{r['cublas_us'] / r['kaio_us']:.2f}x | {extra} | {best} |")  # fmt: skip
-
-
-def cluster_variants(m: int) -> list:
-    """(WG, BN, DSTAGES, split, 1): K splits summed in a cluster, at M <= 512."""
-    if m <= 64:
-        return [(1, 256, 2, 8, 1), (1, 128, 2, 4, 1), (1, 128, 2, 2, 1), (1, 64, 2, 2, 1)]
-    if m <= 128:
-        return [(1, 256, 2, 4, 1), (1, 128, 2, 2, 1), (2, 128, 2, 4, 1), (2, 256, 2, 4, 1)]
-    if m <= 512:
-        return [(2, 128, 2, 2, 1), (2, 256, 2, 2, 1), (1, 256, 2, 2, 1)]
-    return []
 
 
 if __name__ == "__main__":

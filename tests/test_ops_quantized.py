@@ -155,52 +155,38 @@ def test_int4_multi_tile_fallback_in_simulator():
 
 
 # --------------------------------------------------------------------------- int4 on wgmma
-# _int4_hopper on the simulator: (M, N, K, out_dtype, (WG, BN, STAGES, DSTAGES, split) or
-# None for the plan). M and N edges (TMA zero fill, stores cut at the edge), both consumer
-# counts, the raw ring wrapping (STAGES 2 over 4 slices), a K split summed by gemm_reduce,
-# int32 words, every out_dtype, the persistent loop (the rings going on from tile to tile; 9
-# tiles on 2 blocks), and the K split summed in a cluster's distributed shared memory.
-WGMMA_CASES = [
-    (40, 64, 256, None, None, None),
-    (130, 136, 384, "float16", (2, 128, 3, 2, 1), None),
-    (17, 72, 512, "bfloat16", (1, 64, 2, 2, 2), None),
-    (150, 192, 256, None, (1, 64, 3, 2, 1), 2),
-    (130, 136, 512, "float16", (2, 128, 3, 2, 4, 1), None),  # K split over a cluster
-    (40, 72, 768, None, (1, 64, 2, 2, 3, 1), None),  # a split of 3: rows 0, 3, 6... a block
-]
-
-
 # _int4_hopper.int4_swap (the role swap, A from registers) on the simulator: (M, N, K,
 # out_dtype, (WG, BM, STAGES, split[, CL]), sms). M and N edges (TMA zero fill, stores cut at the
 # edge), both consumer counts, the ring wrapping (STAGES 2), an odd number of slices (the
 # last one alone), a K split summed by gemm_reduce, int32 words, every out_dtype, the
-# persistent loop (6 tiles on 2 blocks), and K splits summed in a cluster.
+# persistent loop (6 tiles on 2 blocks), K splits summed in a cluster, and pairs of tiles
+# whose blocks multicast a's rows to each other (MC: the last pair half past N); FENCE 2
+# (the proxy fence in odd slices only, and after an odd last slice).
 SWAP_CASES = [
     (40, 64, 256, None, (1, 40, 2, 1), None),
     (20, 136, 384, "float16", (2, 24, 3, 1), None),
-    (17, 72, 640, "bfloat16", (1, 32, 2, 2), None),  # 5 slices each
+    (17, 72, 640, "bfloat16", (1, 32, 2, 2, 0, 0, 2), None),  # 5 slices each, FENCE 2
     (50, 192, 256, None, (1, 16, 3, 1), 2),
     (20, 136, 512, "float16", (2, 24, 2, 4, 1), None),  # K split over a cluster
     (9, 64, 768, None, (4, 16, 2, 3, 1), None),  # a split of 3: rows 0, 3, 6... a block
+    (40, 200, 256, None, (1, 48, 2, 1, 0, 1, 2), None),  # pairs of tiles sharing a by multicast
+    (70, 136, 384, "bfloat16", (1, 32, 2, 1, 0, 1, 2), 2),  # 6 pairs on a cluster, odd grid_n
+    (40, 200, 512, "float16", (1, 48, 2, 2, 0, 1), None),  # pairs and a K split along z
 ]
 
 
-@pytest.mark.parametrize(
-    "launcher, m, n, k, out_dtype, config, sms",
-    [("launch", *c) for c in WGMMA_CASES] + [("launch_swap", *c) for c in SWAP_CASES],
-)
-def test_int4_wgmma_in_simulator(launcher, m, n, k, out_dtype, config, sms, poisoned):
-    """Both sm_90 kernels (``launch``: int4_wgmma, ``launch_swap``: int4_swap) against the
-    float64 product of the dequantized weights, within the f32 sums' error and the output's
-    one rounding, every element written."""
+@pytest.mark.parametrize("m, n, k, out_dtype, config, sms", SWAP_CASES)
+def test_int4_wgmma_in_simulator(m, n, k, out_dtype, config, sms, poisoned):
+    """The sm_90 kernel (``launch_swap``: int4_swap) against the float64 product of the
+    dequantized weights, within the f32 sums' error and the output's one rounding, every
+    element written."""
     from kaio_ops import _int4_hopper
 
     a, packed, scales, w = int4_case(m, n, k)
     with kaio.simulate():
         ops = _sim_operands(a, packed.view(np.int32) if out_dtype else packed, scales)
         out = {None: f32, "float16": f16, "bfloat16": kaio.bf16}[out_dtype]
-        run = getattr(_int4_hopper, launcher)
-        c = np.asarray(run(*ops, out, config, sms)).astype(np.float64)
+        c = np.asarray(_int4_hopper.launch_swap(*ops, out, config, sms)).astype(np.float64)
     ref = a.astype(np.float64) @ w.astype(np.float64)
     bound = np.abs(a.astype(np.float64)) @ np.abs(w.astype(np.float64))  # no cancellation
     rounding = {None: 0.0, "float16": 2.0**-11, "bfloat16": 2.0**-8}[out_dtype]
@@ -243,6 +229,30 @@ def test_int4_wgmma_dispatch(monkeypatch):
         assert not _int4_hopper.takes(*_sim_operands(*int4_case(low + 1, 8, 128)[:3]))
 
 
+def test_int4_dequantized_route(monkeypatch):
+    """From ``DEQUANT_M`` rows ``run`` makes the weight f16 once and multiplies with
+    ``kaio_ops.matmul``: every out_dtype against the float64 product (the same weights'
+    bits, f32 sums, one rounding)."""
+    from kaio_ops import _int4_hopper
+
+    monkeypatch.setattr(_int4_hopper, "IN_SIMULATOR", True)
+    monkeypatch.setattr(_int4_hopper, "DEQUANT_M", 20)
+    calls = []
+    dequantized = _int4_hopper.dequantized
+    monkeypatch.setattr(_int4_hopper, "dequantized", lambda *a: calls.append(1) or dequantized(*a))
+    a, packed, scales, w = int4_case(24, 40, 256)
+    ref = a.astype(np.float64) @ w.astype(np.float64)
+    bound = np.abs(a.astype(np.float64)) @ np.abs(w.astype(np.float64))
+    for out_dtype, rounding in ((None, 0.0), ("float16", 2.0**-11), ("bfloat16", 2.0**-8)):
+        with kaio.simulate():
+            c = np.asarray(kaio_ops.matmul_int4(a, packed, scales, out_dtype=out_dtype))
+        c = c.astype(np.float64)
+        assert c.shape == (24, 40) and np.all(
+            np.abs(c - ref) <= 1e-6 * bound + rounding * np.abs(ref)
+        )
+    assert len(calls) == 3
+
+
 def test_int4_torch_op_out_dtype():
     """torch.ops.kaio.matmul_int4 takes out_dtype: the real op (CPU tensors, the simulator)
     and its fake implementation (meta tensors) agree on shape and dtype."""
@@ -261,45 +271,6 @@ def test_int4_torch_op_out_dtype():
 
 
 @pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
-def test_int4_wgmma_plans_fit():
-    """Every configuration the plan picks at Llama-3-8B and -70B shapes (M 17..8192, 132
-    multiprocessors) fits: shared memory for its blocks a multiprocessor, at most 8 blocks a
-    cluster, and the kernel assembles for sm_90a without spills."""
-    from kaio_ops import _int4_hopper
-
-    plans = set()
-    for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (8192, 28672)):
-        for m in (17, 32, 64, 100, 128, 256, 512, 1024, 8192):
-            plans.add(_int4_hopper.plan(m, n, k, 132))
-    for wg, bn, stages, dstages, split, cl, occ in plans:
-        shared = _int4_hopper.shared_bytes(wg, bn, stages, dstages)
-        assert occ * (shared + 1024) <= 228 * 1024 and bn >= 64 and (split <= 8 or not cl)
-    for wg, bn, stages, dstages, cl, occ in {(p[:4] + p[5:]) for p in plans}:
-        consts = {"WG": wg, "BN": bn, "STAGES": stages, "DSTAGES": dstages, "SPLIT": 2 if cl else 1,
-                  "CL": cl, "OCC": occ, "OUT": f32}  # fmt: skip
-        report = assemble(_int4_hopper.int4_wgmma.ptx(arch="sm_90", **consts), "sm_90a")
-        assert " 0 bytes spill stores" in report, (consts, report)
-
-
-@pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
-def test_int4_wgmma_assembles_for_sm_90a():
-    """The wgmma kernel's variants through ptxas: no spills; sm_80 is refused."""
-    from kaio_ops import _int4_hopper
-
-    specs = _int4_hopper.specializations()
-    for kernel, constexprs in specs:
-        ptx = kernel.ptx(arch="sm_90", **constexprs)
-        assert f"wgmma.mma_async.sync.aligned.m64n{constexprs['BN']}k16.f32.f16.f16" in ptx
-        report = assemble(ptx, "sm_90a")
-        assert " 0 bytes spill stores" in report, (constexprs, report)
-    if importlib.util.find_spec("llvmlite"):  # the LLVM lowering: the cluster variant
-        kernel, constexprs = next((k, c) for k, c in specs if c["CL"])
-        assemble(kernel.ptx(arch="sm_90", backend="llvm", **constexprs), "sm_90a")
-    with pytest.raises(kaio.CompileError, match="needs sm_90"):
-        kernel.ptx(arch="sm_80", **constexprs)
-
-
-@pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
 def test_int4_swap_assembles_for_sm_90a():
     """The role-swap kernel's variants through ptxas: A from registers, no spills, and no
     wgmma serialized (ptxas's C7512 / C7513: too few registers, or a fragment redefined
@@ -314,6 +285,30 @@ def test_int4_swap_assembles_for_sm_90a():
     if importlib.util.find_spec("llvmlite"):  # the LLVM lowering: a cluster variant
         kernel, constexprs = _int4_hopper.swap_specializations()[4]
         assemble(kernel.ptx(arch="sm_90", backend="llvm", **constexprs), "sm_90a")
+
+
+@pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
+def test_int4_swap_plans_fit():
+    """Every int4_swap configuration that matmul_int4 routes to at Llama-3-8B and -70B shapes
+    (M 17..8192, 132 multiprocessors) fits: shared memory, at most 8 blocks a cluster, and
+    ptxas for sm_90a without spills or serialized wgmmas."""
+    from kaio_ops import _int4_hopper
+
+    shapes = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (8192, 28672),
+              (10240, 8192), (57344, 8192))  # fmt: skip
+    seen = {}
+    for n, k in shapes:
+        for m in (17, 32, 64, 100, 128, 200, 256, 512, 1024, 2048, 8192):
+            split, _, _, consts = _int4_hopper.swap_launch_plan(
+                m, n, k, _int4_hopper.swap_plan(m), 132, f16
+            )
+            cfg = (consts["WG"], consts["BM"], consts["STAGES"], consts["CL"], consts["MC"])
+            shared = _int4_hopper.swap_shared_bytes(*cfg[:3], consts["CL"])
+            assert shared <= _int4_hopper.SHARED_LIMIT and split <= (8 if consts["CL"] else 64)
+            seen[(*cfg, consts["SPLIT"])] = consts
+    for consts in seen.values():
+        report = assemble(_int4_hopper.int4_swap.ptx(arch="sm_90", **consts), "sm_90a")
+        assert " 0 bytes spill stores" in report and "C751" not in report, (consts, report)
 
 
 # --------------------------------------------------------------------------- int8 on wgmma
@@ -787,10 +782,12 @@ def test_gpu_int4_multi_tile(m, monkeypatch):
 @pytest.mark.parametrize(
     "m, n, k, out_dtype",
     [(17, 4096, 4096, None), (200, 4104, 4096, None), (1000, 1024, 14336, "float16"),
-     (4096, 4096, 4096, "bfloat16")],
+     (300, 4096, 4096, None), (2048, 8192, 4096, "float16"), (4096, 4096, 4096, "bfloat16")],
 )  # fmt: skip
 def test_gpu_int4_wgmma(m, n, k, out_dtype):
-    """M > 16 on sm_90 (the wgmma kernel; elsewhere the other paths): every element against
+    """M > 16 on sm_90 (the wgmma kernel: a workspace K split, multicast pairs with and
+    without a split, a cluster K split; from DEQUANT_M the f16 weight and kaio_ops.matmul;
+    elsewhere the other paths): every element against
     float64 products within the f32 sums' slack plus the output's rounding, and the same
     bits on a second call (a race would move them)."""
     import torch
