@@ -189,6 +189,15 @@ def wgmma_slice(
 
 
 @kaio.gpu_func
+def zero(acc: f32[:, :, :], BN: kaio.constexpr):
+    """``acc = 0``: the ``BN // 8`` n8 tiles of a C fragment."""
+    for j in kaio.static_range(BN // 8):
+        for h in kaio.static_range(2):
+            for e in kaio.static_range(2):
+                acc[j, h, e] = 0.0
+
+
+@kaio.gpu_func
 def promote(acc: f32[:, :, :], part: f32[:, :, :], J0: kaio.constexpr, NJ: kaio.constexpr):
     """``acc[J0 + j] += part[j]`` for the ``NJ`` n8 tiles of ``part``."""
     for j in kaio.static_range(NJ):
@@ -246,10 +255,7 @@ def consume(
     the slice sums, ``part0`` and ``part1`` for 2; ``turn``: the two warpgroups' turns for
     4)."""
     if PROMOTE > 0:
-        for j in kaio.static_range(BN // 8):
-            for h in kaio.static_range(2):
-                for e in kaio.static_range(2):
-                    acc[j, h, e] = 0.0
+        zero(acc, BN)
     ps = i32(0)  # the stage of the slice before
     for kt in range(k_tiles):
         s = ring[0]
@@ -302,6 +308,47 @@ def consume(
         free_stage(bars, ps, lt, CL)
         if PROMOTE == 2:  # the last slice's sum
             promote_either(acc, part0, part1, k_tiles % 2 == 1, BN // 8)
+
+
+@kaio.gpu_func
+def consume_every(
+    acc: ACC[:, :, :], part: ACC[:, :, :], sa: f16[:, :, :], sb: f16[:, :, :],
+    bars: u64[:, :], ring: i32[:], k_tiles: i32, wg: u32, lt: u32, BN: kaio.constexpr,
+    STAGES: kaio.constexpr, EVERY: kaio.constexpr, STAGGER: kaio.constexpr,
+    KIND: kaio.constexpr, ACC: kaio.constexpr, CL: kaio.constexpr,
+):  # fmt: skip
+    """``consume`` with ``PROMOTE >= 10`` (module docstring): one wgmma sum ``part`` over
+    ``EVERY`` K slices (a group of wgmmas a slice, one kept in flight: the slice before's
+    stage freed once the next group is issued), waited for and added to the zeroed ``acc``
+    at the last slice of each interval (and of the tile). ``STAGGER``: warpgroup 1's
+    intervals start half an interval later than warpgroup 0's, so that the two do not wait
+    for their sums at the same time."""
+    pend = i32(0)  # whether the stage of the slice before (ps) is still to be freed
+    ps = i32(0)
+    for kt in range(k_tiles):
+        s = ring[0]
+        kaio.mbarrier_wait(bars, (0, s), u32(ring[1]))
+        g = kt
+        if STAGGER:
+            g = kt + i32(wg) * (EVERY // 2)
+        kaio.wgmma_fence()
+        wgmma_slice(part, sa, sb, s, wg, kt == 0 or g % EVERY == 0, 0, KIND, ACC)
+        kaio.wgmma_commit()
+        if g % EVERY == EVERY - 1 or kt == k_tiles - 1:  # the interval's sum is complete
+            kaio.wgmma_wait(0)
+            if pend:
+                free_stage(bars, ps, lt, CL)
+            free_stage(bars, s, lt, CL)
+            promote(acc, part, 0, BN // 8)
+            pend = i32(0)
+        else:
+            kaio.wgmma_wait(1)
+            if pend:
+                free_stage(bars, ps, lt, CL)
+            pend = i32(1)
+        ps = s
+        advance(ring, STAGES)
+    kaio.wgmma_wait(0)  # (the last slice waited already: for ptxas, which cannot tell)
 
 
 @kaio.gpu_func
@@ -375,8 +422,13 @@ def consume_tiles(
             kb, ke = k_range(part, k_tiles, SPLIT)
             count = ke - kb
             here[1] = u // SPLIT
-        consume(acc, part0, part1, sa_s, sb_s, bars, turn, ring, count, wg, lt, BN, STAGES,
-                PROMOTE, FP8, f32, CL)  # fmt: skip
+        if PROMOTE >= 10:  # promoted every PROMOTE // 10 slices
+            zero(acc, BN)
+            consume_every(acc, part0, sa_s, sb_s, bars, ring, count, wg, lt, BN, STAGES,
+                          PROMOTE // 10, PROMOTE % 10, FP8, f32, CL)  # fmt: skip
+        else:
+            consume(acc, part0, part1, sa_s, sb_s, bars, turn, ring, count, wg, lt, BN, STAGES,
+                    PROMOTE, FP8, f32, CL)  # fmt: skip
         place(here, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
         row0 = here[2] + rank * ROWS + 64 * i32(wg)
         if SPLIT > 1:

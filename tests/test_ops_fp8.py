@@ -204,6 +204,8 @@ def test_matmul_hopper_kernel_sim(monkeypatch):
         ((3, 96, 2, 2, 1), 200, 208, 256, "row", "f16"),  # three consumer warpgroups
         ((2, 128, 3, 4, 1), 260, 144, 384, "col", "bf16"),  # warpgroups issuing in turn
         ((1, 64, 3, 2, 1, 1, 3), 20, 128, 640, "both", "f16"),  # K split 3 ways (5 slices)
+        ((2, 128, 3, 21, 1), 130, 144, 640, "row", "bf16"),  # promoted every 2, staggered
+        ((1, 32, 4, 40, 1), 9, 96, 768, "col", "f32"),  # every 4 (6 slices: a short interval)
     ],
 )
 def test_hopper_plans_sim(plan, m, n, k, scales, out, monkeypatch):
