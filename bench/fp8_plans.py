@@ -134,6 +134,9 @@ BIG = [  # (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT]])
 ]
 INTERVAL = [  # promoted every PROMOTE // 10 slices (one group in flight; 1: staggered)
     (2, 128, 7, 1, 1),
+    (2, 128, 7, 5, 1),
+    (2, 192, 5, 5, 1),
+    (2, 128, 6, 5, 1, 2),
     (2, 128, 7, 20, 1),
     (2, 128, 7, 21, 1),
     (2, 128, 7, 41, 1),
@@ -178,7 +181,8 @@ def plans_for(m, n, new=False):
                 out += [(1, bn, st, 20, 1), (1, bn, st, 40, 1)]
                 out += [(1, bn, deep, 20, 1)] if deep > st else []
             return out + [(1, 64, 12, 20, 1, 1, 2)]
-        out = [(2, 128, 7, 1, 1), (2, 128, 7, 21, 1), (2, 128, 7, 41, 1), p(2, 64)[:5]]
+        out = [(2, 128, 7, 1, 1), (2, 128, 7, 5, 1), (2, 128, 7, 21, 1), (2, 128, 7, 41, 1)]
+        out += [p(2, 64)[:5]]
         out += [(2, 64, H.stages_for(2, 64), 21, 1), (2, 96, 8, 21, 1)]
         return out + ([p(1, 64)[:5], (1, 128, H.stages_for(1, 128), 20, 1)] if m <= 512 else [])
     if m <= 64:
@@ -306,7 +310,7 @@ def _warm(jobs):
     torch.cuda.synchronize()
 
 
-def warm(cases, ms, models, processes: int = 8) -> None:
+def warm(cases, ms, models, processes: int = 14) -> None:
     """Every plan this run times, compiled by ``processes`` workers at once."""
     import multiprocessing as mp
 
@@ -321,7 +325,7 @@ def warm(cases, ms, models, processes: int = 8) -> None:
         for n, k in shapes:
             plans.update(plans_for(m, n, new))
             plans.add(H.config(m, n, k, 132)[:5])
-    jobs = [(p, False) for p in sorted(plans)] + [(p, True) for p in INTERVAL[:4]]
+    jobs = [(p, False) for p in sorted(plans)] + [(p, True) for p in INTERVAL[:5]]
     jobs = sorted(set(jobs))
     chunks = [jobs[i::processes] for i in range(processes)]
     with mp.get_context("spawn").Pool(processes) as pool:
@@ -380,7 +384,7 @@ def main() -> None:
     if "interval" in cases:
         recs.append(run_case(4096, 4096, 4096, False, INTERVAL, log))
         recs.append(run_case(8192, 8192, 8192, False, INTERVAL, log))
-        recs.append(run_case(4096, 4096, 4096, True, INTERVAL[:4], log, "4096^3 rowwise"))
+        recs.append(run_case(4096, 4096, 4096, True, INTERVAL[:5], log, "4096^3 rowwise"))
     if "big" in cases:
         recs.append(run_case(4096, 4096, 4096, False, BIG, log))
         recs.append(run_case(8192, 8192, 8192, False, BIG, log))

@@ -352,6 +352,45 @@ def consume_every(
 
 
 @kaio.gpu_func
+def consume_halves(
+    acc: ACC[:, :, :], p0: ACC[:, :, :], p1: ACC[:, :, :], sa: f16[:, :, :],
+    sb: f16[:, :, :], bars: u64[:, :], ring: i32[:], k_tiles: i32, wg: u32, lt: u32,
+    BN: kaio.constexpr, STAGES: kaio.constexpr, KIND: kaio.constexpr, ACC: kaio.constexpr,
+    CL: kaio.constexpr,
+):  # fmt: skip
+    """``consume`` with ``PROMOTE = 5`` (module docstring): each K slice multiplied as two
+    halves of the columns, each its own group of wgmmas into its own sum (``p0``: columns
+    0 .. BN / 2, ``p1`` the rest), one group kept in flight: a half's sum is added to ``acc``
+    while the next half runs (promoted every slice, as ``PROMOTE = 1``, without waiting
+    for the last group)."""
+    ps = i32(0)  # the stage of the slice before
+    s = i32(0)
+    for h in range(2 * k_tiles):  # half h % 2 of slice h // 2
+        if h % 2 == 0:
+            s = ring[0]
+            kaio.mbarrier_wait(bars, (0, s), u32(ring[1]))
+        kaio.wgmma_fence()
+        if h % 2 == 0:
+            wgmma_slice(p0, sa, sb, s, wg, True, 0, KIND, ACC)
+        else:
+            wgmma_slice(p1, sa, sb, s, wg, True, BN // 2, KIND, ACC)
+        kaio.wgmma_commit()
+        kaio.wgmma_wait(1)  # the half before
+        if h % 2 == 0:
+            if h > 0:  # the slice before's second half: its stage read
+                free_stage(bars, ps, lt, CL)
+                promote(acc, p1, BN // 16, BN // 16)
+        else:
+            promote(acc, p0, 0, BN // 16)
+            ps = s
+            advance(ring, STAGES)
+    kaio.wgmma_wait(0)
+    if k_tiles > 0:
+        free_stage(bars, ps, lt, CL)
+        promote(acc, p1, BN // 16, BN // 16)
+
+
+@kaio.gpu_func
 def epilogue_fp8(
     acc: f32[:, :, :], out: DT[:, :], sa: f32[:], sb: f32[:], bias: DT[:], row0: i32,
     col0: i32, m: i32, n: i32, lt: u32, BN: kaio.constexpr, ROW_A: kaio.constexpr,
@@ -422,7 +461,11 @@ def consume_tiles(
             kb, ke = k_range(part, k_tiles, SPLIT)
             count = ke - kb
             here[1] = u // SPLIT
-        if PROMOTE >= 10:  # promoted every PROMOTE // 10 slices
+        if PROMOTE == 5:  # each slice in two halves, one in flight
+            zero(acc, BN)
+            consume_halves(acc, part0, part1, sa_s, sb_s, bars, ring, count, wg, lt, BN, STAGES,
+                           FP8, f32, CL)  # fmt: skip
+        elif PROMOTE >= 10:  # promoted every PROMOTE // 10 slices
             zero(acc, BN)
             consume_every(acc, part0, sa_s, sb_s, bars, ring, count, wg, lt, BN, STAGES,
                           PROMOTE // 10, PROMOTE % 10, FP8, f32, CL)  # fmt: skip
@@ -482,9 +525,12 @@ def matmul_fp8_wgmma(
     if CL == 2:
         kaio.cluster_sync()  # the other block's barriers are ready before any copy
     acc = kaio.local(f32, (BN // 8, 2, 2))  # the tile's f32 sums
-    # the slice sums (module docstring): two sets for PROMOTE 2, half the width for 3
-    part0 = kaio.local(f32, (BN // (8 + 8 * (PROMOTE == 3)), 2, 2))
-    part1 = kaio.local(f32, (1 + (BN // 8 - 1) * (PROMOTE == 2), 2, 2))
+    # the slice sums (module docstring): two sets for PROMOTE 2, half the width for 3 and
+    # 5 (two halves for 5)
+    halves = (PROMOTE == 3) + (PROMOTE == 5)
+    part0 = kaio.local(f32, (BN // (8 + 8 * halves), 2, 2))
+    wide1 = (BN // 8 - 1) * (PROMOTE == 2) + (BN // 16 - 1) * (PROMOTE == 5)
+    part1 = kaio.local(f32, (1 + wide1, 2, 2))
     ring = kaio.local(i32, (3,))  # stage, phase parity, slices so far
     ring[0] = 0
     ring[1] = 0

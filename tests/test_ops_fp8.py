@@ -205,6 +205,7 @@ def test_matmul_hopper_kernel_sim(monkeypatch):
         ((2, 128, 3, 4, 1), 260, 144, 384, "col", "bf16"),  # warpgroups issuing in turn
         ((1, 64, 3, 2, 1, 1, 3), 20, 128, 640, "both", "f16"),  # K split 3 ways (5 slices)
         ((2, 128, 3, 21, 1), 130, 144, 640, "row", "bf16"),  # promoted every 2, staggered
+        ((2, 128, 3, 5, 1), 70, 144, 384, "both", "f16"),  # halves, one in flight
         ((1, 32, 4, 40, 1), 9, 96, 768, "col", "f32"),  # every 4 (6 slices: a short interval)
     ],
 )
@@ -406,10 +407,12 @@ def test_matmul_gpu_vs_scaled_mm(shape, scales, path, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("vec", [1, 0])
 @pytest.mark.parametrize(
-    "wg, bn, split",
-    [(2, 128, 1), (2, 96, 1), (3, 128, 1), (2, 64, 1), (1, 64, 1), (1, 256, 1), (1, 64, 3)],
-)
-def test_hopper_plans_gpu_vs_scaled_mm(wg, bn, split, vec, monkeypatch):
+    "wg, bn, split, promote",
+    [(2, 128, 1, None), (2, 96, 1, None), (3, 128, 1, None), (2, 64, 1, None), (1, 64, 1, None),
+     (1, 256, 1, None), (1, 64, 3, None), (2, 128, 1, 5), (2, 128, 1, 21), (2, 192, 1, 41),
+     (1, 32, 1, 20)],
+)  # fmt: skip
+def test_hopper_plans_gpu_vs_scaled_mm(wg, bn, split, promote, vec, monkeypatch):
     """Every tile shape of the sm_90 kernel, forced, against torch._scaled_mm at K = 8192 (64
     slices: the promoted sums): per-row and per-column scales, bias, M and N edges."""
     torch = pytest.importorskip("torch")
@@ -417,7 +420,7 @@ def test_hopper_plans_gpu_vs_scaled_mm(wg, bn, split, vec, monkeypatch):
         pytest.skip("the wgmma kernel needs sm_90")
     from kaio_ops import _fp8_hopper as H
 
-    plan = (*H.plan(wg, bn)[:4], vec, 1, split)
+    plan = (*H.plan(wg, bn)[:3], promote or H.promotion(wg, bn), vec, 1, split)
     monkeypatch.setattr(H, "config", lambda *args: plan)
     m, k, n = 1000, 8192, 1008
     x = torch.randn(m, k, device="cuda")
