@@ -33,6 +33,15 @@ wgmmas) starts a fresh wgmma sum ``part`` that is then added to the f32 ``acc`` 
   turn (warpgroup 1 after 0, 0 after 1's slice before; two mbarriers, an arrival a warp), so
   that one warpgroup's group runs while the other waits for and adds its own: they do not
   wait at the same time.
+- 5 ("halves in flight", ``consume_halves``): each slice multiplied as two column halves,
+  each its own group of wgmmas into its own half-width sum; one group kept in flight, so a
+  half's sum is added to ``acc`` while the next half runs. Promoted every slice (as 1), with
+  the registers of two accumulators (acc and two half-width sums), which fit 168 registers
+  at 128 columns.
+- 10 * E + S (``consume_every``): one sum over E slices (one group in flight within the
+  interval), waited for and added at the interval's end: fewer waits, at the cost of E
+  times longer wgmma sums (the error: docs/performance.md); S = 1 staggers the warpgroups'
+  intervals by half an interval, so that they do not wait at the same time.
 - 0: no promotion (the wgmma sum over all of K): the s8 kernel's exact integer sums.
 
 The simulator's wgmma sums in f32 (the documented result, not the hardware's rounding), so
