@@ -315,7 +315,7 @@ def warm(cases, ms, models, processes: int = 14) -> None:
     import multiprocessing as mp
 
     new = "sweepnew" in cases
-    plans = set(INTERVAL if "interval" in cases else BIG)
+    plans = set(INTERVAL if "interval" in cases else BIG if "big" in cases else [])
     if "cluster" in cases:
         plans.update(CLUSTER)
     if "acc" in cases:
@@ -323,9 +323,12 @@ def warm(cases, ms, models, processes: int = 14) -> None:
     shapes = [s for mo in models for s in SHAPES[mo]]
     for m in ms:
         for n, k in shapes:
-            plans.update(plans_for(m, n, new))
-            plans.add(H.config(m, n, k, 132)[:5])
+            if "pick" not in cases:
+                plans.update(plans_for(m, n, new))
+            plans.add(H.config(m, n, k, 132))
     jobs = [(p, False) for p in sorted(plans)] + [(p, True) for p in INTERVAL[:5]]
+    if "final" in cases:
+        jobs += [(H.config(4096, 4096, 4096, 132), r) for r in (False, True)]
     jobs = sorted(set(jobs))
     chunks = [jobs[i::processes] for i in range(processes)]
     with mp.get_context("spawn").Pool(processes) as pool:
@@ -385,6 +388,10 @@ def main() -> None:
         recs.append(run_case(4096, 4096, 4096, False, INTERVAL, log))
         recs.append(run_case(8192, 8192, 8192, False, INTERVAL, log))
         recs.append(run_case(4096, 4096, 4096, True, INTERVAL[:5], log, "4096^3 rowwise"))
+    if "final" in cases:  # the op as routed (config's plans) against cuBLAS
+        recs.append(run_case(4096, 4096, 4096, False, [], log))
+        recs.append(run_case(8192, 8192, 8192, False, [], log))
+        recs.append(run_case(4096, 4096, 4096, True, [], log, "4096^3 rowwise"))
     if "big" in cases:
         recs.append(run_case(4096, 4096, 4096, False, BIG, log))
         recs.append(run_case(8192, 8192, 8192, False, BIG, log))
@@ -401,7 +408,7 @@ def main() -> None:
                         print(f"budget: skipped M={m} {n}x{k}", flush=True)
                         continue
                     try:
-                        plans = plans_for(m, n, "sweepnew" in cases)
+                        plans = [] if "pick" in cases else plans_for(m, n, "sweepnew" in cases)
                         recs.append(run_case(m, n, k, False, plans, log, f"M={m} {n}x{k}"))
                     except Exception:  # noqa: BLE001
                         traceback.print_exc()
