@@ -5,6 +5,7 @@ kernel time with CUDA events around batches of calls, the operands rotated over 
 to exceed the L2 cache; e4m3, bf16 out, per-tensor scales (``--rowwise``: per row / column).
 
 Usage: ``python bench/fp8_plans.py --out DIR [--budget SECONDS] [--cases warm,big,sweep]``
+(``--summary FILE``: the table of a run's jsonl)
 (``warm``: compile every plan first, 8 processes at once);
 writes ``DIR/fp8_plans.jsonl`` (one line per case) and prints a table. The sweep stops
 starting cases once ``--budget`` seconds have passed.
@@ -20,7 +21,34 @@ import sys
 import time
 import traceback
 
-import torch
+
+def summary(path) -> None:
+    """A table of a run's ``fp8_plans.jsonl``: each case's cuBLAS time and each plan's speed
+    against it (x), then per plan the geometric mean over the sweep cases it ran in."""
+    recs = [json.loads(line) for line in open(path)]  # noqa: SIM115
+    per_plan: dict = {}
+    for r in recs:
+        if "cublas_us" not in r:
+            print(r["case"], {k: v for k, v in r.items() if isinstance(v, dict)})
+            continue
+        xs = {k: v for k, v in r.items() if isinstance(v, dict) and "x" in v}
+        row = " ".join(f"{k}={v['x']:.3f}" for k, v in sorted(xs.items(), key=lambda i: -i[1]["x"]))
+        print(f"{r['case']:>20} cublas {r['cublas_us']:8.1f}us best {r.get('best')} | {row}")
+        if r["case"].startswith("M="):
+            for k, v in xs.items():
+                per_plan.setdefault(k, []).append(v["x"])
+            if r.get("best"):
+                per_plan.setdefault("best", []).append(r[r["best"]]["x"])
+    for k, xs in sorted(per_plan.items(), key=lambda i: -len(i[1])):
+        geo = math.exp(sum(map(math.log, xs)) / len(xs))
+        print(f"{k:>22}: geomean {geo:.3f}x over {len(xs)} cases ({min(xs):.2f}..{max(xs):.2f})")
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--summary"]:  # no torch needed
+    summary(sys.argv[2])
+    sys.exit(0)
+
+import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -340,32 +368,7 @@ def warm(cases, ms, models, processes: int = 14) -> None:
     print(f"warmed {len(jobs)} specializations", flush=True)
 
 
-def summary(path) -> None:
-    """A table of a run's ``fp8_plans.jsonl``: each case's cuBLAS time and each plan's speed
-    against it (x), then per plan the geometric mean over the sweep cases it ran in."""
-    recs = [json.loads(line) for line in open(path)]  # noqa: SIM115
-    per_plan: dict = {}
-    for r in recs:
-        if "cublas_us" not in r:
-            print(r["case"], {k: v for k, v in r.items() if isinstance(v, dict)})
-            continue
-        xs = {k: v for k, v in r.items() if isinstance(v, dict) and "x" in v}
-        row = " ".join(f"{k}={v['x']:.3f}" for k, v in sorted(xs.items(), key=lambda i: -i[1]["x"]))
-        print(f"{r['case']:>20} cublas {r['cublas_us']:8.1f}us best {r.get('best')} | {row}")
-        if r["case"].startswith("M="):
-            for k, v in xs.items():
-                per_plan.setdefault(k, []).append(v["x"])
-            if r.get("best"):
-                per_plan.setdefault("best", []).append(r[r["best"]]["x"])
-    for k, xs in sorted(per_plan.items(), key=lambda i: -len(i[1])):
-        geo = math.exp(sum(map(math.log, xs)) / len(xs))
-        print(f"{k:>22}: geomean {geo:.3f}x over {len(xs)} cases ({min(xs):.2f}..{max(xs):.2f})")
-
-
 def main() -> None:
-    if len(sys.argv) == 3 and sys.argv[1] == "--summary":
-        summary(sys.argv[2])
-        return
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=".")
     p.add_argument("--budget", type=float, default=70.0)
