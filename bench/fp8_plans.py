@@ -276,7 +276,15 @@ def run_case(m, n, k, rowwise, plans, log, label=""):
 
 def diagnose() -> None:
     """Registers and local (spill) bytes the driver gives each big plan, and the slow ones."""
+    import subprocess
+
     from kaio import bf16, e4m3
+    from kaio.ptx.ptxas import assemble, find_ptxas
+
+    ptxas = find_ptxas()
+    if ptxas:
+        version = subprocess.run([ptxas, "--version"], capture_output=True, text=True).stdout
+        print("ptxas", ptxas, version.strip().splitlines()[-1:], flush=True)
 
     for plan in [*INTERVAL, (1, 224, 6, 20, 1), (1, 32, 12, 20, 1), (2, 128, 7, 2, 1)]:
         wg, bn, st, pr, vec, *rest = plan
@@ -285,6 +293,10 @@ def diagnose() -> None:
                  SPLIT=1)  # fmt: skip
         try:
             print(plan, H.matmul_fp8_wgmma.resources(**c), flush=True)
+            if pr in (2, 5) and ptxas:  # the local ptxas' view of the same PTX
+                report = assemble(H.matmul_fp8_wgmma.ptx(arch="sm_90", **c), "sm_90a")
+                print("  ptxas:", [ln.strip() for ln in report.splitlines() if "Used" in ln
+                                   or "spill" in ln], flush=True)  # fmt: skip
         except Exception as e:  # noqa: BLE001
             print(plan, "resources failed:", str(e)[:200], flush=True)
 
