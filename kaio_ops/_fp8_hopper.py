@@ -169,6 +169,24 @@ def wait_free(bars: u64[:, :], ring: i32[:], STAGES: kaio.constexpr):
 
 
 @kaio.gpu_func
+def refill(
+    sa: f16[:, :, :], sb: f16[:, :, :], bars: u64[:, :], ta: kaio.tensormap, tb: kaio.tensormap,
+    prod: i32[:], pring: i32[:], wg: u32, lt: u32, BN: kaio.constexpr, STAGES: kaio.constexpr,
+    GROUP: kaio.constexpr, ROWS: kaio.constexpr, EMBED: kaio.constexpr,
+):  # fmt: skip
+    """With ``EMBED`` (no producer warpgroup): the first consumer thread issues the copies
+    of the block's next K slice, once its stage is free, until all ``prod[4]`` are issued.
+    ``prod``: the producer's position (``at``, 0..3), then its slices, K slices a tile,
+    tile step, tiles_m and tiles_n; ``pring``: its ring (stage, parity, slices so far)."""
+    if EMBED:
+        if wg == 0 and lt == 0 and pring[2] < prod[4]:
+            wait_free(bars, pring, STAGES)
+            produce_fp8(sa, sb, bars, ta, tb, prod, pring[0], prod[5], prod[6], prod[7],
+                        prod[8], BN, GROUP, ROWS, 1)  # fmt: skip
+            advance(pring, STAGES)
+
+
+@kaio.gpu_func
 def k_range(part: i32, k_tiles: i32, SPLIT: kaio.constexpr):
     """The K slices [begin, end) of part ``part`` of a tile's ``k_tiles`` split ``SPLIT``
     ways (``(k_tiles + SPLIT - 1) // SPLIT`` each, the last part the rest)."""
@@ -322,9 +340,11 @@ def consume(
 @kaio.gpu_func
 def consume_every(
     acc: ACC[:, :, :], part: ACC[:, :, :], sa: f16[:, :, :], sb: f16[:, :, :],
-    bars: u64[:, :], ring: i32[:], k_tiles: i32, wg: u32, lt: u32, BN: kaio.constexpr,
+    bars: u64[:, :], ring: i32[:], k_tiles: i32, wg: u32, lt: u32, ta: kaio.tensormap,
+    tb: kaio.tensormap, prod: i32[:], pring: i32[:], BN: kaio.constexpr,
     STAGES: kaio.constexpr, EVERY: kaio.constexpr, STAGGER: kaio.constexpr,
-    KIND: kaio.constexpr, ACC: kaio.constexpr, CL: kaio.constexpr,
+    KIND: kaio.constexpr, ACC: kaio.constexpr, CL: kaio.constexpr, GROUP: kaio.constexpr,
+    ROWS: kaio.constexpr, EMBED: kaio.constexpr,
 ):  # fmt: skip
     """``consume`` with ``PROMOTE >= 10`` (module docstring): one wgmma sum ``part`` over
     ``EVERY`` K slices (a group of wgmmas a slice, one kept in flight: the slice before's
@@ -357,46 +377,56 @@ def consume_every(
             pend = i32(1)
         ps = s
         advance(ring, STAGES)
+        refill(sa, sb, bars, ta, tb, prod, pring, wg, lt, BN, STAGES, GROUP, ROWS, EMBED)
     kaio.wgmma_wait(0)  # (the last slice waited already: for ptxas, which cannot tell)
 
 
 @kaio.gpu_func
-def consume_halves(
+def consume_pair(
     acc: ACC[:, :, :], p0: ACC[:, :, :], p1: ACC[:, :, :], sa: f16[:, :, :],
     sb: f16[:, :, :], bars: u64[:, :], ring: i32[:], k_tiles: i32, wg: u32, lt: u32,
-    BN: kaio.constexpr, STAGES: kaio.constexpr, KIND: kaio.constexpr, ACC: kaio.constexpr,
-    CL: kaio.constexpr,
+    ta: kaio.tensormap, tb: kaio.tensormap, prod: i32[:], pring: i32[:], BN: kaio.constexpr,
+    STAGES: kaio.constexpr, HALF: kaio.constexpr, KIND: kaio.constexpr, ACC: kaio.constexpr,
+    CL: kaio.constexpr, GROUP: kaio.constexpr, ROWS: kaio.constexpr, EMBED: kaio.constexpr,
 ):  # fmt: skip
-    """``consume`` with ``PROMOTE = 5`` (module docstring): each K slice multiplied as two
-    halves of the columns, each its own group of wgmmas into its own sum (``p0``: columns
-    0 .. BN / 2, ``p1`` the rest), one group kept in flight: a half's sum is added to ``acc``
-    while the next half runs (promoted every slice, as ``PROMOTE = 1``, without waiting
-    for the last group)."""
+    """``consume`` with two sums in turn and one group of wgmmas kept in flight, each sum
+    added to ``acc`` while the other's group runs (promoted every slice, as ``PROMOTE = 1``,
+    without waiting for the last group). ``HALF`` (``PROMOTE = 5``, module docstring): each
+    K slice multiplied as two halves of the columns, ``p0`` the first, ``p1`` the second;
+    else (``PROMOTE = 6``, as 2) the slices in turn into the full-width ``p0`` and ``p1``.
+    ``EMBED``: the first thread also issues the copies (``refill``), a slice a slice."""
     ps = i32(0)  # the stage of the slice before
     s = i32(0)
-    for h in range(2 * k_tiles):  # half h % 2 of slice h // 2
-        if h % 2 == 0:
+    for h in range((1 + HALF) * k_tiles):  # half h % 2 of slice h // 2, or slice h
+        if h % 2 == 0 or not HALF:
             s = ring[0]
             kaio.mbarrier_wait(bars, (0, s), u32(ring[1]))
         kaio.wgmma_fence()
         if h % 2 == 0:
             wgmma_slice(p0, sa, sb, s, wg, True, 0, KIND, ACC)
         else:
-            wgmma_slice(p1, sa, sb, s, wg, True, BN // 2, KIND, ACC)
+            wgmma_slice(p1, sa, sb, s, wg, True, HALF * BN // 2, KIND, ACC)
         kaio.wgmma_commit()
-        kaio.wgmma_wait(1)  # the half before
+        kaio.wgmma_wait(1)  # the group before
         if h % 2 == 0:
-            if h > 0:  # the slice before's second half: its stage read
+            if h > 0:  # the group before: the second half (its stage read), or a slice
                 free_stage(bars, ps, lt, CL)
-                promote(acc, p1, BN // 16, BN // 16)
+                promote(acc, p1, HALF * BN // 16, BN // (8 + 8 * HALF))
         else:
-            promote(acc, p0, 0, BN // 16)
+            if not HALF:
+                free_stage(bars, ps, lt, CL)
+            promote(acc, p0, 0, BN // (8 + 8 * HALF))
+        if h % 2 == 1 or not HALF:  # the slice issued
             ps = s
             advance(ring, STAGES)
+            refill(sa, sb, bars, ta, tb, prod, pring, wg, lt, BN, STAGES, GROUP, ROWS, EMBED)
     kaio.wgmma_wait(0)
     if k_tiles > 0:
         free_stage(bars, ps, lt, CL)
-        promote(acc, p1, BN // 16, BN // 16)
+        if HALF or k_tiles % 2 == 0:
+            promote(acc, p1, HALF * BN // 16, BN // (8 + 8 * HALF))
+        else:
+            promote(acc, p0, 0, BN // 8)
 
 
 @kaio.gpu_func
@@ -451,14 +481,16 @@ def consume_tiles(
     ws: f32[:, :], sa: f32[:], sb: f32[:], bias: DT[:], tile0: i32, step: i32, my_tiles: i32,
     k_tiles: i32,
     tiles_m: i32, tiles_n: i32, rank: i32, m: i32, n: i32, wg: u32, lt: u32,
+    ta: kaio.tensormap, tb: kaio.tensormap, prod: i32[:], pring: i32[:],
     ROWS: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, PROMOTE: kaio.constexpr,
     GROUP: kaio.constexpr, ROW_A: kaio.constexpr, COL_B: kaio.constexpr,
     BIAS: kaio.constexpr, DT: kaio.constexpr, FP8: kaio.constexpr, VEC: kaio.constexpr,
-    CL: kaio.constexpr, SPLIT: kaio.constexpr,
+    CL: kaio.constexpr, SPLIT: kaio.constexpr, EMBED: kaio.constexpr,
 ):  # fmt: skip
     """A consumer warpgroup's tiles: each one's sums (``consume``), then its epilogue; with
     K split ``SPLIT`` ways, its units (``produce_units``), each part's raw sums stored in
-    rows ``part * m ..`` of ``ws`` (``sum_parts`` adds them)."""
+    rows ``part * m ..`` of ``ws`` (``sum_parts`` adds them). ``EMBED``: thread 0 is also
+    the producer (``refill``; the ``PROMOTE`` 5, 6 and >= 10 loops only)."""
     here = kaio.local(i32, (4,))
     for i in range(my_tiles):
         u = tile0 + i * step
@@ -470,14 +502,16 @@ def consume_tiles(
             kb, ke = k_range(part, k_tiles, SPLIT)
             count = ke - kb
             here[1] = u // SPLIT
-        if PROMOTE == 5:  # each slice in two halves, one in flight
+        if PROMOTE == 5 or PROMOTE == 6:  # two sums in turn, one group in flight
             zero(acc, BN)
-            consume_halves(acc, part0, part1, sa_s, sb_s, bars, ring, count, wg, lt, BN, STAGES,
-                           FP8, f32, CL)  # fmt: skip
+            consume_pair(acc, part0, part1, sa_s, sb_s, bars, ring, count, wg, lt, ta, tb, prod,
+                         pring, BN, STAGES, PROMOTE == 5, FP8, f32, CL, GROUP, ROWS * CL,
+                         EMBED)  # fmt: skip
         elif PROMOTE >= 10:  # promoted every PROMOTE // 10 slices
             zero(acc, BN)
-            consume_every(acc, part0, sa_s, sb_s, bars, ring, count, wg, lt, BN, STAGES,
-                          PROMOTE // 10, PROMOTE % 10, FP8, f32, CL)  # fmt: skip
+            consume_every(acc, part0, sa_s, sb_s, bars, ring, count, wg, lt, ta, tb, prod, pring,
+                          BN, STAGES, PROMOTE // 10, PROMOTE % 10, FP8, f32, CL, GROUP,
+                          ROWS * CL, EMBED)  # fmt: skip
         else:
             consume(acc, part0, part1, sa_s, sb_s, bars, turn, ring, count, wg, lt, BN, STAGES,
                     PROMOTE, FP8, f32, CL)  # fmt: skip
@@ -498,12 +532,15 @@ def matmul_fp8_wgmma(
     STAGES: kaio.constexpr, PROMOTE: kaio.constexpr, GROUP: kaio.constexpr,
     ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
     FP8: kaio.constexpr, VEC: kaio.constexpr, CL: kaio.constexpr, SPLIT: kaio.constexpr,
+    EMBED: kaio.constexpr,
 ):  # fmt: skip
     """out = (A @ B) * sa * sb (+ bias): A [m, K] through ``ta`` and B^T [n, K] through
     ``tb``, both as 16-bit units [rows, k2 = K / 2]; ``64 * WG x BN`` tiles; with ``CL = 2``
     clusters of two blocks, which take pairs of tiles one above the other and share the
-    copies of their B slices (multicast)."""
-    kaio.launch_bounds(WG * 128 + 128, 1)
+    copies of their B slices (multicast). ``EMBED`` (``PROMOTE`` 5, 6 or >= 10; CL = 1,
+    SPLIT = 1): no producer warpgroup, the first consumer thread issues the copies (two
+    warps a scheduler: 255 registers a thread without ``setmaxnreg``)."""
+    kaio.launch_bounds(WG * 128 + 128 * (1 - EMBED), 1)
     if CL == 2:
         kaio.cluster_dims(2)
     ROWS = 64 * WG  # noqa: N806  (a compile-time int, as the constexprs)
@@ -538,25 +575,41 @@ def matmul_fp8_wgmma(
     # 5 (two halves for 5)
     halves = (PROMOTE == 3) + (PROMOTE == 5)
     part0 = kaio.local(f32, (BN // (8 + 8 * halves), 2, 2))
-    wide1 = (BN // 8 - 1) * (PROMOTE == 2) + (BN // 16 - 1) * (PROMOTE == 5)
+    wide1 = (BN // 8 - 1) * ((PROMOTE == 2) + (PROMOTE == 6)) + (BN // 16 - 1) * (PROMOTE == 5)
     part1 = kaio.local(f32, (1 + wide1, 2, 2))
     ring = kaio.local(i32, (3,))  # stage, phase parity, slices so far
     ring[0] = 0
     ring[1] = 0
     ring[2] = 0
+    prod = kaio.local(i32, (9,))  # EMBED: the producer's position and counts (refill)
+    pring = kaio.local(i32, (3,))  # and its ring
+    if EMBED:  # the first STAGES - 2 slices (refill then issues one a slice consumed)
+        prod[0] = 0
+        prod[1] = tile0
+        place(prod, tiles_m, tiles_n, BN, GROUP, ROWS)
+        prod[4] = slices
+        prod[5] = k_tiles
+        prod[6] = step
+        prod[7] = tiles_m
+        prod[8] = tiles_n
+        pring[0] = 0
+        pring[1] = 0
+        pring[2] = 0
+        for _i in range(STAGES - 2):
+            refill(sa_s, sb_s, bars, ta, tb, prod, pring, wg, lt, BN, STAGES, GROUP, ROWS, EMBED)
     if wg < WG:  # the consumers
-        if WG > 1:  # the registers the producer warpgroup gave up
+        if WG > 1 and not EMBED:  # the registers the producer warpgroup gave up
             kaio.setmaxnreg_inc(CONSUMER_REGS[WG])
         if PROMOTE == 4 and wg == 0:  # turns: a loop in each branch (the simulator's turns)
             consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ws, sa, sb,
                           bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, rank, m, n, wg,
-                          lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B, BIAS, DT, FP8, VEC,
-                          CL, SPLIT)  # fmt: skip
+                          lt, ta, tb, prod, pring, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
+                          BIAS, DT, FP8, VEC, CL, SPLIT, EMBED)  # fmt: skip
         else:
             consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ws, sa, sb,
                           bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, rank, m, n, wg,
-                          lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B, BIAS, DT, FP8, VEC,
-                          CL, SPLIT)  # fmt: skip
+                          lt, ta, tb, prod, pring, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
+                          BIAS, DT, FP8, VEC, CL, SPLIT, EMBED)  # fmt: skip
     else:  # the producer warpgroup: its first thread issues the copies
         if WG > 1:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -646,7 +699,8 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     """Run ``matmul_fp8_wgmma`` on a persistent grid of at most ``sms`` blocks. ``a_units``
     and ``bt_units``: A [m, k] and B^T [n, k] viewed as f16 [rows, k / 2] (for the tensor
     maps); the other arrays as ``_fp8._mm_fp8`` takes them; ``flags``: its ROW_A, COL_B and
-    BIAS; ``plan``: (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT]]), default ``config``'s;
+    BIAS; ``plan``: (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT[, EMBED]]]), default
+    ``config``'s;
     ``like``: the ``_arrays.Operand`` a K split's workspace is made like (f32 [SPLIT m, n],
     summed by ``sum_parts``)."""
     from kaio_ops.linear import _placeholder
@@ -654,14 +708,21 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     wg, bn, stages, promote_mode, vec, *rest = plan or config(m, n, k, sms)
     cl = rest[0] if rest else 1
     split = rest[1] if len(rest) > 1 else 1
+    embed = rest[2] if len(rest) > 2 else 0
+    refills = promote_mode in (5, 6) or promote_mode >= 10  # the loops that call refill
+    if embed and (cl != 1 or split != 1 or stages < 3 or not refills):
+        raise ValueError(
+            f"_fp8_hopper.launch: plan {plan}: EMBED (no producer warpgroup) needs CL = 1, "
+            "SPLIT = 1, 3 stages or more and PROMOTE 5, 6 or >= 10"
+        )
     rows = 64 * wg
     ta = kaio.tensor_map_2d(a_units, (rows, BK), SW)
     tb = kaio.tensor_map_2d(bt_units, (bn // cl, BK), SW)
     constexprs = dict(
         WG=wg, BN=bn, STAGES=stages, PROMOTE=promote_mode, GROUP=GROUP_ROWS, **flags, DT=dt,
-        FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=split,
+        FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=split, EMBED=embed,
     )  # fmt: skip
-    threads, shared = wg * 128 + 128, shared_bytes(wg, bn, stages)
+    threads, shared = wg * 128 + 128 * (1 - embed), shared_bytes(wg, bn, stages)
     tiles = -(-m // (rows * cl)) * -(-n // bn) * split
     if cl == 1:
         grid = min(sms, tiles)
@@ -708,5 +769,6 @@ def specializations():
         tile = {"WG": w, "BN": b, "STAGES": stages, "PROMOTE": promote_mode}
         yield matmul_fp8_wgmma, {**tile, "GROUP": GROUP_ROWS, **flags, "DT": dt,
                                  "FP8": FP8_TYPES[name], "VEC": vec, "CL": cl,
-                                 "SPLIT": 2 if wg == 1 and bn == 64 else 1}  # fmt: skip
+                                 "SPLIT": 2 if wg == 1 and bn == 64 else 1,
+                                 "EMBED": 0}  # fmt: skip
     yield sum_parts, {"SPLIT": 2, "ROW_A": 1, "COL_B": 0, "BIAS": 1, "DT": bf16}

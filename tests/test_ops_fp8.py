@@ -206,6 +206,9 @@ def test_matmul_hopper_kernel_sim(monkeypatch):
         ((1, 64, 3, 2, 1, 1, 3), 20, 128, 640, "both", "f16"),  # K split 3 ways (5 slices)
         ((2, 128, 3, 21, 1), 130, 144, 640, "row", "bf16"),  # promoted every 2, staggered
         ((2, 128, 3, 5, 1), 70, 144, 384, "both", "f16"),  # halves, one in flight
+        ((2, 128, 3, 6, 1, 1, 1, 1), 130, 144, 640, "row", "f16"),  # embedded producer
+        ((2, 128, 4, 5, 1, 1, 1, 1), 70, 272, 384, "col", "bf16"),  # (halves)
+        ((2, 64, 3, 21, 1, 1, 1, 1), 140, 80, 640, "both", "f32"),  # (every 2, staggered)
         ((1, 32, 4, 40, 1), 9, 96, 768, "col", "f32"),  # every 4 (6 slices: a short interval)
     ],
 )
