@@ -156,6 +156,11 @@ BIG = [  # (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT]])
     (3, 128, 5, 1, 1),
     (2, 104, 7, 2, 1),
     (2, 96, 8, 2, 1),
+    (2, 128, 7, 6, 1, 1, 1, 1),  # EMBED: no producer warpgroup, 255 registers
+    (2, 128, 7, 5, 1, 1, 1, 1),
+    (2, 192, 5, 5, 1, 1, 1, 1),
+    (2, 192, 5, 21, 1, 1, 1, 1),
+    (2, 128, 7, 21, 1, 1, 1, 1),
     (2, 128, 6, 4, 1, 2),
     (3, 128, 5, 1, 1, 2),
     (2, 256, 4, 0, 1),
@@ -211,6 +216,7 @@ def plans_for(m, n, new=False):
                 out += [(1, bn, deep, 20, 1)] if deep > st else []
             return out + [(1, 64, 12, 20, 1, 1, 2)]
         out = [(2, 128, 7, 1, 1), (2, 128, 7, 5, 1), (2, 128, 7, 21, 1), (2, 128, 7, 41, 1)]
+        out += [(2, 128, 7, 6, 1, 1, 1, 1), (2, 192, 5, 5, 1, 1, 1, 1)]
         out += [p(2, 64)[:5], (2, 128, 6, 5, 1, 2)]
         out += [(2, 64, H.stages_for(2, 64), 21, 1), (2, 96, 8, 21, 1)]
         return out + ([p(1, 64)[:5], (1, 128, H.stages_for(1, 128), 20, 1)] if m <= 512 else [])
@@ -372,6 +378,7 @@ def warm(cases, ms, models, processes: int = 14) -> None:
                 plans.update(plans_for(m, n, new))
             plans.add(H.config(m, n, k, 132))
     jobs = [(p, False) for p in sorted(plans)] + [(p, True) for p in INTERVAL[:5]]
+    jobs += [(p, True) for p in INTERVAL if p[-1:] == (1,) and len(p) == 8][:2]
     if "final" in cases:
         jobs += [(H.config(4096, 4096, 4096, 132), r) for r in (False, True)]
     jobs = sorted(set(jobs))
@@ -410,7 +417,8 @@ def main() -> None:
     if "interval" in cases:
         recs.append(run_case(4096, 4096, 4096, False, INTERVAL, log))
         recs.append(run_case(8192, 8192, 8192, False, INTERVAL, log))
-        recs.append(run_case(4096, 4096, 4096, True, INTERVAL[:5], log, "4096^3 rowwise"))
+        rowwise = INTERVAL[:5] + [p for p in INTERVAL if len(p) == 8][:2]
+        recs.append(run_case(4096, 4096, 4096, True, rowwise, log, "4096^3 rowwise"))
     if "final" in cases:  # the op as routed (config's plans) against cuBLAS
         recs.append(run_case(4096, 4096, 4096, False, [], log))
         recs.append(run_case(8192, 8192, 8192, False, [], log))
