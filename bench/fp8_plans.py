@@ -130,6 +130,51 @@ def time_all(fns: dict, sets, rounds=5) -> dict:
     return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
 
 
+def use_ptxas() -> None:
+    """With ``FP8_PLANS_PTXAS=1``: the kernels loaded from cubins built by the CLI ``ptxas``
+    (``kaio.runtime.module.link_ptx`` replaced here only), not by the driver's JIT, which
+    gives the consumers of ``setmaxnreg`` kernels local memory where ptxas does not (round
+    A's diag); the caller points ``KAIO_CACHE_DIR`` elsewhere so that no JIT cubin is
+    reused."""
+    import re
+    import subprocess
+    import tempfile
+
+    from kaio.ptx.ptxas import find_ptxas
+    from kaio.runtime import module
+
+    exe = find_ptxas()
+    if os.environ.get("FP8_PLANS_PTXAS") != "1" or exe is None:
+        return
+
+    def link(ptx, name, arch):
+        target = re.search(r"\.target\s+(sm_\w+)", ptx).group(1)
+        with tempfile.TemporaryDirectory() as tmp:
+            src, out = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
+            with open(src, "w") as f:
+                f.write(ptx)
+            subprocess.run([exe, f"-arch={target}", "-o", out, src], check=True)
+            with open(out, "rb") as f:
+                return f.read()
+
+    module.link_ptx = link
+
+
+REGS = [  # plans that need the setmaxnreg registers (FP8_PLANS_PTXAS=1 --cases regs)
+    (2, 128, 7, 1, 1),
+    (2, 128, 7, 2, 1),
+    (2, 256, 4, 3, 1),
+    (2, 192, 5, 1, 1),
+    (2, 192, 5, 3, 1),
+    (3, 128, 5, 1, 1),
+    (2, 128, 7, 4, 1),
+    (2, 256, 4, 0, 1),
+]
+
+
+EMBED_DIAG = [(2, 128, 7, 81, 1), (2, 128, 7, 81, 1, 1, 1, 1), (2, 128, 7, 6, 1, 1, 1, 1)]
+
+
 def with_plan(plan, out_dtype=None):
     """matmul_fp8 forced onto ``plan`` (None: the op's own choice)."""
 
@@ -205,24 +250,21 @@ def fitted_bn(n, sms, most=224):
 
 
 def plans_for(m, n, new=False):
-    """The plans worth timing at an ``m x n`` output (``new``: the promotion interval's
-    plans of this round)."""
+    """The plans worth timing at an ``m x n`` output (``new``: the second set, the plans
+    that promote every slice as cuBLAS does: decode widths fitted to the multiprocessors,
+    K splits, and the mid-M tiles)."""
     p = H.plan
     if new:
         if m <= 64:
-            out = [p(1, 64)[:5], p(1, 128)[:5], p(1, 256)[:5]]
+            out = [p(1, 64)[:5], p(1, 128)[:5]]
             for bn in fitted_bn(n, 132):
                 st, deep = H.stages_for(1, bn), H.stages_for(1, bn, 24)
-                out += [(1, bn, st, 20, 1), (1, bn, st, 40, 1)]
-                out += [(1, bn, deep, 20, 1)] if deep > st else []
-            return out + [(1, 64, 12, 20, 1, 1, 2)]
-        out = [(2, 128, 7, 1, 1), (2, 128, 7, 5, 1), (2, 128, 7, 21, 1), (2, 128, 7, 41, 1)]
-        out += [(2, 128, 7, 6, 1, 1, 1, 1), (2, 192, 5, 5, 1, 1, 1, 1)]
-        out += [p(2, 64)[:5], (2, 128, 6, 5, 1, 2)]
-        out += [(2, 64, H.stages_for(2, 64), 21, 1), (2, 96, 8, 21, 1)]
-        small = [p(1, 64)[:5], (1, 128, H.stages_for(1, 128), 20, 1)]
-        small += [(1, 128, H.stages_for(1, 128), 5, 1)]
-        return out + (small if m <= 1024 else [])
+                out += [(1, bn, st, H.promotion(1, bn), 1)]
+                out += [(1, bn, deep, H.promotion(1, bn), 1)] if deep > st else []
+            return out + [(1, 64, 12, 2, 1, 1, 2), (1, 32, 12, 2, 1, 1, 2), (1, 128, 9, 2, 1, 1, 2)]
+        out = [(2, 128, 7, 1, 1), (2, 128, 7, 4, 1), (2, 96, 8, 2, 1), p(2, 64)[:5]]
+        out += [(2, 128, 6, 1, 1, 2)]
+        return out + ([p(1, 64)[:5], p(1, 128)[:5], (1, 96, 11, 2, 1)] if m <= 1024 else [])
     if m <= 64:
         splits = [(1, 64, 12, 2, 1, 1, 2), (1, 64, 12, 2, 1, 1, 4)]
         return [p(1, 64)[:5], p(1, 128)[:5], p(1, 256)[:5], (1, 64, 12, 0, 1), *splits]
@@ -296,7 +338,8 @@ def diagnose() -> None:
         version = subprocess.run([ptxas, "--version"], capture_output=True, text=True).stdout
         print("ptxas", ptxas, version.strip().splitlines()[-1:], flush=True)
 
-    for plan in [*INTERVAL, (1, 224, 6, 20, 1), (1, 32, 12, 20, 1), (2, 128, 7, 2, 1)]:
+    embedded = [] if os.environ.get("FP8_PLANS_PTXAS") == "1" else EMBED_DIAG
+    for plan in REGS + embedded:
         wg, bn, st, pr, vec, *rest = plan
         c = dict(WG=wg, BN=bn, STAGES=st, PROMOTE=pr, GROUP=H.GROUP_ROWS, ROW_A=0, COL_B=0,
                  BIAS=0, DT=bf16, FP8=e4m3, VEC=vec, CL=rest[0] if rest else 1,
@@ -358,6 +401,7 @@ def accuracy(log, k=8192, size=1024) -> None:
 
 def _warm(jobs):
     """Compile (into kaio's disk cache) the specializations of ``jobs``: (plan, rowwise)."""
+    use_ptxas()
     for plan, rowwise in jobs:
         (a, b, sa, sb) = operands(256, 256, 256, rowwise, 1)[0]
         with_plan(plan)(a, b, sa, sb)
@@ -370,6 +414,10 @@ def warm(cases, ms, models, processes: int = 14) -> None:
 
     new = "sweepnew" in cases
     plans = set(INTERVAL if "interval" in cases else BIG if "big" in cases else [])
+    if "regs" in cases:
+        plans.update(REGS)
+    if "embed" in cases:
+        plans.update(EMBED_DIAG)
     if "cluster" in cases:
         plans.update(CLUSTER)
     if "acc" in cases:
@@ -380,8 +428,10 @@ def warm(cases, ms, models, processes: int = 14) -> None:
             if "pick" not in cases:
                 plans.update(plans_for(m, n, new))
             plans.add(H.config(m, n, k, 132))
-    jobs = [(p, False) for p in sorted(plans)] + [(p, True) for p in INTERVAL[:5]]
-    jobs += [(p, True) for p in INTERVAL if p[-1:] == (1,) and len(p) == 8][:2]
+    jobs = [(p, False) for p in sorted(plans)]
+    if "interval" in cases:
+        jobs += [(p, True) for p in INTERVAL[:5]]
+        jobs += [(p, True) for p in INTERVAL if p[-1:] == (1,) and len(p) == 8][:2]
     if "final" in cases:
         jobs += [(H.config(4096, 4096, 4096, 132), r) for r in (False, True)]
     jobs = sorted(set(jobs))
@@ -400,6 +450,7 @@ def main() -> None:
     p.add_argument("--models", default="8b,70b")
     args = p.parse_args()
     t0 = time.time()
+    use_ptxas()
     log = open(os.path.join(args.out, "fp8_plans.jsonl"), "a")  # noqa: SIM115
     recs = []
     cases = args.cases.split(",")
@@ -422,6 +473,12 @@ def main() -> None:
         recs.append(run_case(8192, 8192, 8192, False, INTERVAL, log))
         rowwise = INTERVAL[:5] + [p for p in INTERVAL if len(p) == 8][:2]
         recs.append(run_case(4096, 4096, 4096, True, rowwise, log, "4096^3 rowwise"))
+    if "regs" in cases:
+        tag = " ptxas" if os.environ.get("FP8_PLANS_PTXAS") == "1" else ""
+        recs.append(run_case(4096, 4096, 4096, False, REGS, log, "4096^3" + tag))
+        recs.append(run_case(8192, 8192, 8192, False, REGS, log, "8192^3" + tag))
+    if "embed" in cases:  # the embedded producer against the producer warpgroup
+        recs.append(run_case(4096, 4096, 4096, False, EMBED_DIAG, log, "4096^3 embed"))
     if "final" in cases:  # the op as routed (config's plans) against cuBLAS
         recs.append(run_case(4096, 4096, 4096, False, [], log))
         recs.append(run_case(8192, 8192, 8192, False, [], log))
