@@ -93,12 +93,13 @@ def produce_fp8(
     sa: f16[:, :, :], sb: f16[:, :, :], bars: u64[:, :], ta: kaio.tensormap, tb: kaio.tensormap,
     at: i32[:], s: i32, k_tiles: i32, step: i32, tiles_m: i32, tiles_n: i32,
     BN: kaio.constexpr, GROUP: kaio.constexpr, ROWS: kaio.constexpr, CL: kaio.constexpr,
+    AR: kaio.constexpr,
 ):  # fmt: skip
-    """The TMA copies of the producer's next K slice (``ROWS`` A rows, ``BN`` B^T rows) into
+    """The TMA copies of the producer's next K slice (``AR`` A rows, ``BN`` B^T rows) into
     stage ``s``, then the producer's position ``at`` stepped (as ``_matmul_hopper.produce``).
     In a cluster of two (``CL``), ``at`` is the pair's position (``2 * ROWS`` rows a tile):
     block r copies its own A rows and half r of the B slice, multicast into both blocks."""
-    load_slice(sa, sb, bars, ta, tb, at, s, BN, ROWS, CL)
+    load_slice(sa, sb, bars, ta, tb, at, s, BN, ROWS, CL, AR)
     next_slice(at, k_tiles, step, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
 
 
@@ -106,11 +107,14 @@ def produce_fp8(
 def load_slice(
     sa: f16[:, :, :], sb: f16[:, :, :], bars: u64[:, :], ta: kaio.tensormap, tb: kaio.tensormap,
     at: i32[:], s: i32, BN: kaio.constexpr, ROWS: kaio.constexpr, CL: kaio.constexpr,
+    AR: kaio.constexpr,
 ):  # fmt: skip
     """The TMA copies of K slice ``at[0]`` of the tile at rows ``at[2]``, columns ``at[3]``
-    into stage ``s`` (``produce_fp8``)."""
+    into stage ``s`` (``produce_fp8``). ``AR``: the A rows a copy brings (``ROWS``, or
+    fewer for a decode tile of fewer rows: the stage's other rows keep what they held, and
+    the results of those rows are never stored)."""
     k0 = at[0] * BK
-    kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32((ROWS + BN) * BK * 2))
+    kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32((AR + BN) * BK * 2))
     if CL == 1:
         kaio.tma_load_2d(sa, (s, 0, 0), ta, at[2], k0, bars, (0, s))
         kaio.tma_load_2d(sb, (s, 0, 0), tb, at[3], k0, bars, (0, s))
@@ -126,7 +130,7 @@ def produce_all(
     sa: f16[:, :, :], sb: f16[:, :, :], bars: u64[:, :], ta: kaio.tensormap, tb: kaio.tensormap,
     tile0: i32, count: i32, k_tiles: i32, step: i32, tiles_m: i32, tiles_n: i32,
     BN: kaio.constexpr, STAGES: kaio.constexpr, GROUP: kaio.constexpr, ROWS: kaio.constexpr,
-    CL: kaio.constexpr, SPLIT: kaio.constexpr,
+    CL: kaio.constexpr, SPLIT: kaio.constexpr, AR: kaio.constexpr,
 ):  # fmt: skip
     """The producer's loop: every K slice of the block's tiles (from tile ``tile0``, ``step``
     apart; ``count`` slices) through ``produce_fp8``, each stage reused once the consumers
@@ -145,7 +149,7 @@ def produce_all(
         for _g in range(count):
             wait_free(bars, ring, STAGES)
             produce_fp8(sa, sb, bars, ta, tb, at, ring[0], k_tiles, step, tiles_m, tiles_n, BN,
-                        GROUP, ROWS, CL)  # fmt: skip
+                        GROUP, ROWS, CL, AR)  # fmt: skip
             advance(ring, STAGES)
     else:
         for i in range(count):
@@ -156,7 +160,7 @@ def produce_all(
             for kt in range(kb, ke):
                 wait_free(bars, ring, STAGES)
                 at[0] = kt
-                load_slice(sa, sb, bars, ta, tb, at, ring[0], BN, ROWS, 1)
+                load_slice(sa, sb, bars, ta, tb, at, ring[0], BN, ROWS, 1, AR)
                 advance(ring, STAGES)
 
 
@@ -182,7 +186,7 @@ def refill(
         if wg == 0 and lt == 0 and pring[2] < prod[4]:
             wait_free(bars, pring, STAGES)
             produce_fp8(sa, sb, bars, ta, tb, prod, pring[0], prod[5], prod[6], prod[7],
-                        prod[8], BN, GROUP, ROWS, 1)  # fmt: skip
+                        prod[8], BN, GROUP, ROWS, 1, ROWS)  # fmt: skip
             advance(pring, STAGES)
 
 
@@ -532,7 +536,7 @@ def matmul_fp8_wgmma(
     STAGES: kaio.constexpr, PROMOTE: kaio.constexpr, GROUP: kaio.constexpr,
     ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
     FP8: kaio.constexpr, VEC: kaio.constexpr, CL: kaio.constexpr, SPLIT: kaio.constexpr,
-    EMBED: kaio.constexpr,
+    EMBED: kaio.constexpr, AR: kaio.constexpr,
 ):  # fmt: skip
     """out = (A @ B) * sa * sb (+ bias): A [m, K] through ``ta`` and B^T [n, K] through
     ``tb``, both as 16-bit units [rows, k2 = K / 2]; ``64 * WG x BN`` tiles; with ``CL = 2``
@@ -616,7 +620,7 @@ def matmul_fp8_wgmma(
         if lt == 0:
             produce_all(sa_s, sb_s, bars, ta, tb, tile0, my_tiles if SPLIT > 1 else slices,
                         k_tiles, step, tiles_m, tiles_n, BN, STAGES, GROUP, ROWS, CL,
-                        SPLIT)  # fmt: skip
+                        SPLIT, AR)  # fmt: skip
     if CL == 2:
         kaio.cluster_sync()  # no block leaves while the other may still write to it
 
@@ -693,6 +697,14 @@ def config(m: int, n: int, k: int, sms: int) -> tuple[int, int, int, int, int, i
     return plan(*min(((2, 64), (1, 64)), key=lambda p: (waves(64 * p[0], p[1]), p[0])))
 
 
+def a_rows(m: int, wg: int, cl: int) -> int:
+    """The A rows a copy brings (``AR``): a decode tile's (one warpgroup, no cluster) rows
+    rounded up to a power of two from 8 when M is smaller than its 64, else the tile's."""
+    if wg == 1 and cl == 1 and m < 64:
+        return max(8, 1 << (m - 1).bit_length())
+    return 64 * wg
+
+
 def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: str, dt,
            flags: dict, sms: int, stream, plan: tuple | None = None, *,
            like=None) -> None:  # fmt: skip
@@ -716,11 +728,12 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
             "SPLIT = 1, 3 stages or more and PROMOTE 5, 6 or >= 10"
         )
     rows = 64 * wg
-    ta = kaio.tensor_map_2d(a_units, (rows, BK), SW)
+    ar = a_rows(m, wg, cl)
+    ta = kaio.tensor_map_2d(a_units, (ar, BK), SW)
     tb = kaio.tensor_map_2d(bt_units, (bn // cl, BK), SW)
     constexprs = dict(
         WG=wg, BN=bn, STAGES=stages, PROMOTE=promote_mode, GROUP=GROUP_ROWS, **flags, DT=dt,
-        FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=split, EMBED=embed,
+        FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=split, EMBED=embed, AR=ar,
     )  # fmt: skip
     threads, shared = wg * 128 + 128 * (1 - embed), shared_bytes(wg, bn, stages)
     tiles = -(-m // (rows * cl)) * -(-n // bn) * split
@@ -770,5 +783,6 @@ def specializations():
         yield matmul_fp8_wgmma, {**tile, "GROUP": GROUP_ROWS, **flags, "DT": dt,
                                  "FP8": FP8_TYPES[name], "VEC": vec, "CL": cl,
                                  "SPLIT": 2 if wg == 1 and bn == 64 else 1,
-                                 "EMBED": 0}  # fmt: skip
+                                 "EMBED": 0,
+                                 "AR": 16 if wg == 1 and bn == 128 else 64 * wg}  # fmt: skip
     yield sum_parts, {"SPLIT": 2, "ROW_A": 1, "COL_B": 0, "BIAS": 1, "DT": bf16}
