@@ -679,20 +679,21 @@ LARGE = (2, 128, 1)  # the (WG, BN, CL) of large products (measured: docs/perfor
 
 def config(m: int, n: int, k: int, sms: int) -> tuple[int, int, int, int, int, int]:
     """(WG, BN, STAGES, PROMOTE, VEC, CL) for an ``m x n`` output on ``sms``
-    multiprocessors. Up to 64 rows the weights' bytes are the cost: 64-row tiles, as wide as
-    the waves of tiles allow (each tile costs about 64 columns more than its width). Past
-    that, the fewest waves of 64-column tiles (two warpgroups, or one for more tiles), or the
-    large tile once it gives every multiprocessor work (measured on an H100: the sweep of
-    bench/fp8_plans.py)."""
+    multiprocessors. Up to 64 rows the weights' bytes are the cost: 64-row tiles of 16 to 128
+    columns (two slice sums in turn), the width that fills the waves of tiles best (each tile
+    costs about 64 columns more than its width: 32 columns for N = 4096, 48 for 6144, 112
+    for 28672). Past that, the large tile once its tiles fill two thirds of the
+    multiprocessors, else the fewest waves of 64-column tiles (two warpgroups, or one for
+    more tiles). Measured on an H100 (bench/fp8_plans.py; docs/performance.md)."""
 
     def waves(rows: int, bn: int) -> int:
         return -(-(-(-m // rows) * -(-n // bn)) // sms)
 
     if m <= 64:
-        bn = min((64, 128, 256), key=lambda b: (waves(64, b) * (b + 64), -b))
+        bn = min(range(16, 129, 16), key=lambda b: (waves(64, b) * (b + 64), -b))
         return plan(1, bn)
     wg, bn, cl = LARGE
-    if -(-m // (64 * wg)) * -(-n // bn) >= sms:
+    if 3 * -(-m // (64 * wg)) * -(-n // bn) >= 2 * sms:
         return plan(wg, bn, cl)
     return plan(*min(((2, 64), (1, 64)), key=lambda p: (waves(64 * p[0], p[1]), p[0])))
 
