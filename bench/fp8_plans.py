@@ -172,9 +172,6 @@ REGS = [  # plans that need the setmaxnreg registers (FP8_PLANS_PTXAS=1 --cases 
 ]
 
 
-EMBED_DIAG = [(2, 128, 7, 81, 1), (2, 128, 7, 81, 1, 1, 1, 1), (2, 128, 7, 6, 1, 1, 1, 1)]
-
-
 def with_plan(plan, out_dtype=None):
     """matmul_fp8 forced onto ``plan`` (None: the op's own choice)."""
 
@@ -201,12 +198,6 @@ BIG = [  # (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT]])
     (3, 128, 5, 1, 1),
     (2, 104, 7, 2, 1),
     (2, 96, 8, 2, 1),
-    (2, 128, 7, 6, 1, 1, 1, 1),  # EMBED: no producer warpgroup, 255 registers
-    (2, 128, 7, 5, 1, 1, 1, 1),
-    (2, 192, 5, 5, 1, 1, 1, 1),
-    (2, 192, 5, 21, 1, 1, 1, 1),
-    (2, 208, 5, 5, 1, 1, 1, 1),
-    (2, 128, 7, 21, 1, 1, 1, 1),
     (2, 128, 6, 4, 1, 2),
     (3, 128, 5, 1, 1, 2),
     (2, 256, 4, 0, 1),
@@ -338,12 +329,11 @@ def diagnose() -> None:
         version = subprocess.run([ptxas, "--version"], capture_output=True, text=True).stdout
         print("ptxas", ptxas, version.strip().splitlines()[-1:], flush=True)
 
-    embedded = [] if os.environ.get("FP8_PLANS_PTXAS") == "1" else EMBED_DIAG
-    for plan in REGS + embedded:
+    for plan in REGS:
         wg, bn, st, pr, vec, *rest = plan
         c = dict(WG=wg, BN=bn, STAGES=st, PROMOTE=pr, GROUP=H.GROUP_ROWS, ROW_A=0, COL_B=0,
                  BIAS=0, DT=bf16, FP8=e4m3, VEC=vec, CL=rest[0] if rest else 1,
-                 SPLIT=1, EMBED=rest[2] if len(rest) > 2 else 0, AR=64 * wg)  # fmt: skip
+                 SPLIT=1, AR=64 * wg)  # fmt: skip
         try:
             print(plan, H.matmul_fp8_wgmma.resources(**c), flush=True)
             if pr in (2, 5) and ptxas:  # the local ptxas' view of the same PTX
@@ -416,8 +406,6 @@ def warm(cases, ms, models, processes: int = 14) -> None:
     plans = set(INTERVAL if "interval" in cases else BIG if "big" in cases else [])
     if "regs" in cases:
         plans.update(REGS)
-    if "embed" in cases:
-        plans.update(EMBED_DIAG)
     if "cluster" in cases:
         plans.update(CLUSTER)
     if "acc" in cases:
@@ -431,7 +419,6 @@ def warm(cases, ms, models, processes: int = 14) -> None:
     jobs = [(p, False) for p in sorted(plans)]
     if "interval" in cases:
         jobs += [(p, True) for p in INTERVAL[:5]]
-        jobs += [(p, True) for p in INTERVAL if p[-1:] == (1,) and len(p) == 8][:2]
     if "final" in cases:
         jobs += [(H.config(4096, 4096, 4096, 132), r) for r in (False, True)]
     jobs = sorted(set(jobs))
@@ -471,14 +458,11 @@ def main() -> None:
     if "interval" in cases:
         recs.append(run_case(4096, 4096, 4096, False, INTERVAL, log))
         recs.append(run_case(8192, 8192, 8192, False, INTERVAL, log))
-        rowwise = INTERVAL[:5] + [p for p in INTERVAL if len(p) == 8][:2]
-        recs.append(run_case(4096, 4096, 4096, True, rowwise, log, "4096^3 rowwise"))
+        recs.append(run_case(4096, 4096, 4096, True, INTERVAL[:5], log, "4096^3 rowwise"))
     if "regs" in cases:
         tag = " ptxas" if os.environ.get("FP8_PLANS_PTXAS") == "1" else ""
         recs.append(run_case(4096, 4096, 4096, False, REGS, log, "4096^3" + tag))
         recs.append(run_case(8192, 8192, 8192, False, REGS, log, "8192^3" + tag))
-    if "embed" in cases:  # the embedded producer against the producer warpgroup
-        recs.append(run_case(4096, 4096, 4096, False, EMBED_DIAG, log, "4096^3 embed"))
     if "final" in cases:  # the op as routed (config's plans) against cuBLAS
         recs.append(run_case(4096, 4096, 4096, False, [], log))
         recs.append(run_case(8192, 8192, 8192, False, [], log))

@@ -8,11 +8,15 @@ s8) and the accumulation.
 
 A block computes a ``64 * WG x BN`` tile with ``WG`` (1 to 3) consumer warpgroups, each
 multiplying its 64 rows of A by the whole B slice: ``WG = 2`` for large M, ``WG = 1`` and
-64 to 256 columns for decode shapes, where the weight bytes are the cost and the tiles must
-cover the multiprocessors (``config``). With more than one consumer warpgroup the producer
-warpgroup gives its registers to them (``setmaxnreg``: 24 left to it, 240 or 160 to each
-consumer). ``CL = 2``: clusters of two blocks, which take pairs of tiles one above the
-other and share each B slice (each copies half of it into both, TMA multicast).
+16 to 128 columns for decode shapes, where the weight bytes are the cost and the tiles must
+cover the multiprocessors (``config``); a decode tile copies only the A rows there are
+(``AR``, ``a_rows``: the stage's other rows keep stale bytes whose results are never
+stored), not 64 rows mostly out of bounds. With more than one consumer warpgroup the
+producer warpgroup gives its registers to them (``setmaxnreg``: 24 left to it, 240 or 160
+to each consumer; the driver's JIT on an H100 nevertheless gave local memory to the plans
+that need more than 168, where the CLI ptxas does not: docs/performance.md). ``CL = 2``:
+clusters of two blocks, which take pairs of tiles one above the other and share each B
+slice (each copies half of it into both, TMA multicast).
 
 Accumulation is promoted, as CUTLASS's default FP8 GEMMs and ``torch._scaled_mm`` (without
 ``use_fast_accum``) do: Hopper's fp8 wgmma keeps its running sum with fewer bits than f32
@@ -33,11 +37,13 @@ wgmmas) starts a fresh wgmma sum ``part`` that is then added to the f32 ``acc`` 
   turn (warpgroup 1 after 0, 0 after 1's slice before; two mbarriers, an arrival a warp), so
   that one warpgroup's group runs while the other waits for and adds its own: they do not
   wait at the same time.
-- 5 ("halves in flight", ``consume_halves``): each slice multiplied as two column halves,
+- 5 ("halves in flight", ``consume_pair``): each slice multiplied as two column halves,
   each its own group of wgmmas into its own half-width sum; one group kept in flight, so a
   half's sum is added to ``acc`` while the next half runs. Promoted every slice (as 1), with
   the registers of two accumulators (acc and two half-width sums), which fit 168 registers
-  at 128 columns.
+  at 128 columns; slow on an H100 (0.66x of mode 1's speed: 64-column wgmmas read A twice
+  as often from shared memory).
+- 6 (``consume_pair``): mode 2's numerics and schedule in ``consume_pair``'s loop.
 - 10 * E + S (``consume_every``): one sum over E slices (one group in flight within the
   interval), waited for and added at the interval's end: fewer waits, at the cost of E
   times longer wgmma sums (the error: docs/performance.md); S = 1 staggers the warpgroups'
@@ -170,24 +176,6 @@ def wait_free(bars: u64[:, :], ring: i32[:], STAGES: kaio.constexpr):
     second round: ``ring[2]`` counts the slices)."""
     if ring[2] >= STAGES:
         kaio.mbarrier_wait(bars, (1, ring[0]), u32(ring[1] ^ 1))
-
-
-@kaio.gpu_func
-def refill(
-    sa: f16[:, :, :], sb: f16[:, :, :], bars: u64[:, :], ta: kaio.tensormap, tb: kaio.tensormap,
-    prod: i32[:], pring: i32[:], wg: u32, lt: u32, BN: kaio.constexpr, STAGES: kaio.constexpr,
-    GROUP: kaio.constexpr, ROWS: kaio.constexpr, EMBED: kaio.constexpr,
-):  # fmt: skip
-    """With ``EMBED`` (no producer warpgroup): the first consumer thread issues the copies
-    of the block's next K slice, once its stage is free, until all ``prod[4]`` are issued.
-    ``prod``: the producer's position (``at``, 0..3), then its slices, K slices a tile,
-    tile step, tiles_m and tiles_n; ``pring``: its ring (stage, parity, slices so far)."""
-    if EMBED:
-        if wg == 0 and lt == 0 and pring[2] < prod[4]:
-            wait_free(bars, pring, STAGES)
-            produce_fp8(sa, sb, bars, ta, tb, prod, pring[0], prod[5], prod[6], prod[7],
-                        prod[8], BN, GROUP, ROWS, 1, ROWS)  # fmt: skip
-            advance(pring, STAGES)
 
 
 @kaio.gpu_func
@@ -344,11 +332,9 @@ def consume(
 @kaio.gpu_func
 def consume_every(
     acc: ACC[:, :, :], part: ACC[:, :, :], sa: f16[:, :, :], sb: f16[:, :, :],
-    bars: u64[:, :], ring: i32[:], k_tiles: i32, wg: u32, lt: u32, ta: kaio.tensormap,
-    tb: kaio.tensormap, prod: i32[:], pring: i32[:], BN: kaio.constexpr,
+    bars: u64[:, :], ring: i32[:], k_tiles: i32, wg: u32, lt: u32, BN: kaio.constexpr,
     STAGES: kaio.constexpr, EVERY: kaio.constexpr, STAGGER: kaio.constexpr,
-    KIND: kaio.constexpr, ACC: kaio.constexpr, CL: kaio.constexpr, GROUP: kaio.constexpr,
-    ROWS: kaio.constexpr, EMBED: kaio.constexpr,
+    KIND: kaio.constexpr, ACC: kaio.constexpr, CL: kaio.constexpr,
 ):  # fmt: skip
     """``consume`` with ``PROMOTE >= 10`` (module docstring): one wgmma sum ``part`` over
     ``EVERY`` K slices (a group of wgmmas a slice, one kept in flight: the slice before's
@@ -381,7 +367,6 @@ def consume_every(
             pend = i32(1)
         ps = s
         advance(ring, STAGES)
-        refill(sa, sb, bars, ta, tb, prod, pring, wg, lt, BN, STAGES, GROUP, ROWS, EMBED)
     kaio.wgmma_wait(0)  # (the last slice waited already: for ptxas, which cannot tell)
 
 
@@ -389,16 +374,14 @@ def consume_every(
 def consume_pair(
     acc: ACC[:, :, :], p0: ACC[:, :, :], p1: ACC[:, :, :], sa: f16[:, :, :],
     sb: f16[:, :, :], bars: u64[:, :], ring: i32[:], k_tiles: i32, wg: u32, lt: u32,
-    ta: kaio.tensormap, tb: kaio.tensormap, prod: i32[:], pring: i32[:], BN: kaio.constexpr,
-    STAGES: kaio.constexpr, HALF: kaio.constexpr, KIND: kaio.constexpr, ACC: kaio.constexpr,
-    CL: kaio.constexpr, GROUP: kaio.constexpr, ROWS: kaio.constexpr, EMBED: kaio.constexpr,
+    BN: kaio.constexpr, STAGES: kaio.constexpr, HALF: kaio.constexpr, KIND: kaio.constexpr,
+    ACC: kaio.constexpr, CL: kaio.constexpr,
 ):  # fmt: skip
     """``consume`` with two sums in turn and one group of wgmmas kept in flight, each sum
     added to ``acc`` while the other's group runs (promoted every slice, as ``PROMOTE = 1``,
     without waiting for the last group). ``HALF`` (``PROMOTE = 5``, module docstring): each
     K slice multiplied as two halves of the columns, ``p0`` the first, ``p1`` the second;
-    else (``PROMOTE = 6``, as 2) the slices in turn into the full-width ``p0`` and ``p1``.
-    ``EMBED``: the first thread also issues the copies (``refill``), a slice a slice."""
+    else (``PROMOTE = 6``, as 2) the slices in turn into the full-width ``p0`` and ``p1``."""
     ps = i32(0)  # the stage of the slice before
     s = i32(0)
     for h in range((1 + HALF) * k_tiles):  # half h % 2 of slice h // 2, or slice h
@@ -423,7 +406,6 @@ def consume_pair(
         if h % 2 == 1 or not HALF:  # the slice issued
             ps = s
             advance(ring, STAGES)
-            refill(sa, sb, bars, ta, tb, prod, pring, wg, lt, BN, STAGES, GROUP, ROWS, EMBED)
     kaio.wgmma_wait(0)
     if k_tiles > 0:
         free_stage(bars, ps, lt, CL)
@@ -485,16 +467,14 @@ def consume_tiles(
     ws: f32[:, :], sa: f32[:], sb: f32[:], bias: DT[:], tile0: i32, step: i32, my_tiles: i32,
     k_tiles: i32,
     tiles_m: i32, tiles_n: i32, rank: i32, m: i32, n: i32, wg: u32, lt: u32,
-    ta: kaio.tensormap, tb: kaio.tensormap, prod: i32[:], pring: i32[:],
     ROWS: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, PROMOTE: kaio.constexpr,
     GROUP: kaio.constexpr, ROW_A: kaio.constexpr, COL_B: kaio.constexpr,
     BIAS: kaio.constexpr, DT: kaio.constexpr, FP8: kaio.constexpr, VEC: kaio.constexpr,
-    CL: kaio.constexpr, SPLIT: kaio.constexpr, EMBED: kaio.constexpr,
+    CL: kaio.constexpr, SPLIT: kaio.constexpr,
 ):  # fmt: skip
     """A consumer warpgroup's tiles: each one's sums (``consume``), then its epilogue; with
     K split ``SPLIT`` ways, its units (``produce_units``), each part's raw sums stored in
-    rows ``part * m ..`` of ``ws`` (``sum_parts`` adds them). ``EMBED``: thread 0 is also
-    the producer (``refill``; the ``PROMOTE`` 5, 6 and >= 10 loops only)."""
+    rows ``part * m ..`` of ``ws`` (``sum_parts`` adds them)."""
     here = kaio.local(i32, (4,))
     for i in range(my_tiles):
         u = tile0 + i * step
@@ -508,14 +488,12 @@ def consume_tiles(
             here[1] = u // SPLIT
         if PROMOTE == 5 or PROMOTE == 6:  # two sums in turn, one group in flight
             zero(acc, BN)
-            consume_pair(acc, part0, part1, sa_s, sb_s, bars, ring, count, wg, lt, ta, tb, prod,
-                         pring, BN, STAGES, PROMOTE == 5, FP8, f32, CL, GROUP, ROWS * CL,
-                         EMBED)  # fmt: skip
+            consume_pair(acc, part0, part1, sa_s, sb_s, bars, ring, count, wg, lt, BN, STAGES,
+                         PROMOTE == 5, FP8, f32, CL)  # fmt: skip
         elif PROMOTE >= 10:  # promoted every PROMOTE // 10 slices
             zero(acc, BN)
-            consume_every(acc, part0, sa_s, sb_s, bars, ring, count, wg, lt, ta, tb, prod, pring,
-                          BN, STAGES, PROMOTE // 10, PROMOTE % 10, FP8, f32, CL, GROUP,
-                          ROWS * CL, EMBED)  # fmt: skip
+            consume_every(acc, part0, sa_s, sb_s, bars, ring, count, wg, lt, BN, STAGES,
+                          PROMOTE // 10, PROMOTE % 10, FP8, f32, CL)  # fmt: skip
         else:
             consume(acc, part0, part1, sa_s, sb_s, bars, turn, ring, count, wg, lt, BN, STAGES,
                     PROMOTE, FP8, f32, CL)  # fmt: skip
@@ -536,15 +514,13 @@ def matmul_fp8_wgmma(
     STAGES: kaio.constexpr, PROMOTE: kaio.constexpr, GROUP: kaio.constexpr,
     ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
     FP8: kaio.constexpr, VEC: kaio.constexpr, CL: kaio.constexpr, SPLIT: kaio.constexpr,
-    EMBED: kaio.constexpr, AR: kaio.constexpr,
+    AR: kaio.constexpr,
 ):  # fmt: skip
     """out = (A @ B) * sa * sb (+ bias): A [m, K] through ``ta`` and B^T [n, K] through
     ``tb``, both as 16-bit units [rows, k2 = K / 2]; ``64 * WG x BN`` tiles; with ``CL = 2``
     clusters of two blocks, which take pairs of tiles one above the other and share the
-    copies of their B slices (multicast). ``EMBED`` (``PROMOTE`` 5, 6 or >= 10; CL = 1,
-    SPLIT = 1): no producer warpgroup, the first consumer thread issues the copies (two
-    warps a scheduler: 255 registers a thread without ``setmaxnreg``)."""
-    kaio.launch_bounds(WG * 128 + 128 * (1 - EMBED), 1)
+    copies of their B slices (multicast). ``AR``: the A rows a copy brings (``a_rows``)."""
+    kaio.launch_bounds(WG * 128 + 128, 1)
     if CL == 2:
         kaio.cluster_dims(2)
     ROWS = 64 * WG  # noqa: N806  (a compile-time int, as the constexprs)
@@ -585,35 +561,19 @@ def matmul_fp8_wgmma(
     ring[0] = 0
     ring[1] = 0
     ring[2] = 0
-    prod = kaio.local(i32, (9,))  # EMBED: the producer's position and counts (refill)
-    pring = kaio.local(i32, (3,))  # and its ring
-    if EMBED:  # the first STAGES - 2 slices (refill then issues one a slice consumed)
-        prod[0] = 0
-        prod[1] = tile0
-        place(prod, tiles_m, tiles_n, BN, GROUP, ROWS)
-        prod[4] = slices
-        prod[5] = k_tiles
-        prod[6] = step
-        prod[7] = tiles_m
-        prod[8] = tiles_n
-        pring[0] = 0
-        pring[1] = 0
-        pring[2] = 0
-        for _i in range(STAGES - 2):
-            refill(sa_s, sb_s, bars, ta, tb, prod, pring, wg, lt, BN, STAGES, GROUP, ROWS, EMBED)
     if wg < WG:  # the consumers
-        if WG > 1 and not EMBED:  # the registers the producer warpgroup gave up
+        if WG > 1:  # the registers the producer warpgroup gave up
             kaio.setmaxnreg_inc(CONSUMER_REGS[WG])
         if PROMOTE == 4 and wg == 0:  # turns: a loop in each branch (the simulator's turns)
             consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ws, sa, sb,
                           bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, rank, m, n, wg,
-                          lt, ta, tb, prod, pring, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
-                          BIAS, DT, FP8, VEC, CL, SPLIT, EMBED)  # fmt: skip
+                          lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B, BIAS, DT, FP8, VEC,
+                          CL, SPLIT)  # fmt: skip
         else:
             consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ws, sa, sb,
                           bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, rank, m, n, wg,
-                          lt, ta, tb, prod, pring, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
-                          BIAS, DT, FP8, VEC, CL, SPLIT, EMBED)  # fmt: skip
+                          lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B, BIAS, DT, FP8, VEC,
+                          CL, SPLIT)  # fmt: skip
     else:  # the producer warpgroup: its first thread issues the copies
         if WG > 1:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -712,8 +672,7 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     """Run ``matmul_fp8_wgmma`` on a persistent grid of at most ``sms`` blocks. ``a_units``
     and ``bt_units``: A [m, k] and B^T [n, k] viewed as f16 [rows, k / 2] (for the tensor
     maps); the other arrays as ``_fp8._mm_fp8`` takes them; ``flags``: its ROW_A, COL_B and
-    BIAS; ``plan``: (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT[, EMBED]]]), default
-    ``config``'s;
+    BIAS; ``plan``: (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT]]), default ``config``'s;
     ``like``: the ``_arrays.Operand`` a K split's workspace is made like (f32 [SPLIT m, n],
     summed by ``sum_parts``)."""
     from kaio_ops.linear import _placeholder
@@ -721,22 +680,15 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     wg, bn, stages, promote_mode, vec, *rest = plan or config(m, n, k, sms)
     cl = rest[0] if rest else 1
     split = rest[1] if len(rest) > 1 else 1
-    embed = rest[2] if len(rest) > 2 else 0
-    refills = promote_mode in (5, 6) or promote_mode >= 10  # the loops that call refill
-    if embed and (cl != 1 or split != 1 or stages < 3 or not refills):
-        raise ValueError(
-            f"_fp8_hopper.launch: plan {plan}: EMBED (no producer warpgroup) needs CL = 1, "
-            "SPLIT = 1, 3 stages or more and PROMOTE 5, 6 or >= 10"
-        )
     rows = 64 * wg
     ar = a_rows(m, wg, cl)
     ta = kaio.tensor_map_2d(a_units, (ar, BK), SW)
     tb = kaio.tensor_map_2d(bt_units, (bn // cl, BK), SW)
     constexprs = dict(
         WG=wg, BN=bn, STAGES=stages, PROMOTE=promote_mode, GROUP=GROUP_ROWS, **flags, DT=dt,
-        FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=split, EMBED=embed, AR=ar,
+        FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=split, AR=ar,
     )  # fmt: skip
-    threads, shared = wg * 128 + 128 * (1 - embed), shared_bytes(wg, bn, stages)
+    threads, shared = wg * 128 + 128, shared_bytes(wg, bn, stages)
     tiles = -(-m // (rows * cl)) * -(-n // bn) * split
     if cl == 1:
         grid = min(sms, tiles)
@@ -784,6 +736,5 @@ def specializations():
         yield matmul_fp8_wgmma, {**tile, "GROUP": GROUP_ROWS, **flags, "DT": dt,
                                  "FP8": FP8_TYPES[name], "VEC": vec, "CL": cl,
                                  "SPLIT": 2 if wg == 1 and bn == 64 else 1,
-                                 "EMBED": 0,
                                  "AR": 16 if wg == 1 and bn == 128 else 64 * wg}  # fmt: skip
     yield sum_parts, {"SPLIT": 2, "ROW_A": 1, "COL_B": 0, "BIAS": 1, "DT": bf16}

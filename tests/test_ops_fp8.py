@@ -206,9 +206,8 @@ def test_matmul_hopper_kernel_sim(monkeypatch):
         ((1, 64, 3, 2, 1, 1, 3), 20, 128, 640, "both", "f16"),  # K split 3 ways (5 slices)
         ((2, 128, 3, 21, 1), 130, 144, 640, "row", "bf16"),  # promoted every 2, staggered
         ((2, 128, 3, 5, 1), 70, 144, 384, "both", "f16"),  # halves, one in flight
-        ((2, 128, 3, 6, 1, 1, 1, 1), 130, 144, 640, "row", "f16"),  # embedded producer
-        ((2, 128, 4, 5, 1, 1, 1, 1), 70, 272, 384, "col", "bf16"),  # (halves)
-        ((2, 64, 3, 21, 1, 1, 1, 1), 140, 80, 640, "both", "f32"),  # (every 2, staggered)
+        ((2, 128, 3, 6, 1), 130, 144, 640, "row", "f16"),  # two full sums, one in flight
+        ((1, 112, 3, 2, 1), 5, 240, 384, "col", "f32"),  # a decode width (8 A rows copied)
         ((1, 32, 4, 40, 1), 9, 96, 768, "col", "f32"),  # every 4 (6 slices: a short interval)
     ],
 )
@@ -413,7 +412,7 @@ def test_matmul_gpu_vs_scaled_mm(shape, scales, path, monkeypatch):
     "wg, bn, split, promote",
     [(2, 128, 1, None), (2, 96, 1, None), (3, 128, 1, None), (2, 64, 1, None), (1, 64, 1, None),
      (1, 256, 1, None), (1, 64, 3, None), (2, 128, 1, 5), (2, 128, 1, 21), (2, 192, 1, 41),
-     (1, 32, 1, 20)],
+     (1, 32, 1, 20), (1, 112, 1, None), (1, 48, 1, None)],
 )  # fmt: skip
 def test_hopper_plans_gpu_vs_scaled_mm(wg, bn, split, promote, vec, monkeypatch):
     """Every tile shape of the sm_90 kernel, forced, against torch._scaled_mm at K = 8192 (64
