@@ -719,7 +719,8 @@ def _clusters(threads: int, shared: int, constexprs: dict) -> int:
     return _CLUSTERS[key]
 
 
-PLANS = [(2, 128), (2, 64), (1, 64), (1, 128), (1, 256), (3, 128), (2, 96)]  # (WG, BN) picks
+# (WG, BN) tile shapes for the PTX checks (the decode widths config picks among them)
+PLANS = [(2, 128), (2, 64), (1, 64), (1, 128), (1, 256), (3, 128), (2, 96), (1, 32), (1, 112)]
 
 
 def specializations():
@@ -736,5 +737,6 @@ def specializations():
         yield matmul_fp8_wgmma, {**tile, "GROUP": GROUP_ROWS, **flags, "DT": dt,
                                  "FP8": FP8_TYPES[name], "VEC": vec, "CL": cl,
                                  "SPLIT": 2 if wg == 1 and bn == 64 else 1,
-                                 "AR": 16 if wg == 1 and bn == 128 else 64 * wg}  # fmt: skip
+                                 "AR": {128: 16, 32: 8}.get(bn, 64) if wg == 1
+                                 else 64 * wg}  # fmt: skip
     yield sum_parts, {"SPLIT": 2, "ROW_A": 1, "COL_B": 0, "BIAS": 1, "DT": bf16}
