@@ -5,6 +5,7 @@ kernel time with CUDA events around batches of calls, the operands rotated over 
 to exceed the L2 cache; e4m3, bf16 out, per-tensor scales (``--rowwise``: per row / column).
 
 Usage: ``python bench/fp8_plans.py --out DIR [--budget SECONDS] [--cases warm,big,sweep]``
+(``--summary FILE``: the table of a run's jsonl)
 (``warm``: compile every plan first, 8 processes at once);
 writes ``DIR/fp8_plans.jsonl`` (one line per case) and prints a table. The sweep stops
 starting cases once ``--budget`` seconds have passed.
@@ -20,7 +21,34 @@ import sys
 import time
 import traceback
 
-import torch
+
+def summary(path) -> None:
+    """A table of a run's ``fp8_plans.jsonl``: each case's cuBLAS time and each plan's speed
+    against it (x), then per plan the geometric mean over the sweep cases it ran in."""
+    recs = [json.loads(line) for line in open(path)]  # noqa: SIM115
+    per_plan: dict = {}
+    for r in recs:
+        if "cublas_us" not in r:
+            print(r["case"], {k: v for k, v in r.items() if isinstance(v, dict)})
+            continue
+        xs = {k: v for k, v in r.items() if isinstance(v, dict) and "x" in v}
+        row = " ".join(f"{k}={v['x']:.3f}" for k, v in sorted(xs.items(), key=lambda i: -i[1]["x"]))
+        print(f"{r['case']:>20} cublas {r['cublas_us']:8.1f}us best {r.get('best')} | {row}")
+        if r["case"].startswith("M="):
+            for k, v in xs.items():
+                per_plan.setdefault(k, []).append(v["x"])
+            if r.get("best"):
+                per_plan.setdefault("best", []).append(r[r["best"]]["x"])
+    for k, xs in sorted(per_plan.items(), key=lambda i: -len(i[1])):
+        geo = math.exp(sum(map(math.log, xs)) / len(xs))
+        print(f"{k:>22}: geomean {geo:.3f}x over {len(xs)} cases ({min(xs):.2f}..{max(xs):.2f})")
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--summary"]:  # no torch needed
+    summary(sys.argv[2])
+    sys.exit(0)
+
+import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -102,11 +130,53 @@ def time_all(fns: dict, sets, rounds=5) -> dict:
     return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
 
 
-def with_plan(plan):
+def use_ptxas() -> None:
+    """With ``FP8_PLANS_PTXAS=1``: the kernels loaded from cubins built by the CLI ``ptxas``
+    (``kaio.runtime.module.link_ptx`` replaced here only), not by the driver's JIT, which
+    gives the consumers of ``setmaxnreg`` kernels local memory where ptxas does not (round
+    A's diag); the caller points ``KAIO_CACHE_DIR`` elsewhere so that no JIT cubin is
+    reused."""
+    import re
+    import subprocess
+    import tempfile
+
+    from kaio.ptx.ptxas import find_ptxas
+    from kaio.runtime import module
+
+    exe = find_ptxas()
+    if os.environ.get("FP8_PLANS_PTXAS") != "1" or exe is None:
+        return
+
+    def link(ptx, name, arch):
+        target = re.search(r"\.target\s+(sm_\w+)", ptx).group(1)
+        with tempfile.TemporaryDirectory() as tmp:
+            src, out = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
+            with open(src, "w") as f:
+                f.write(ptx)
+            subprocess.run([exe, f"-arch={target}", "-o", out, src], check=True)
+            with open(out, "rb") as f:
+                return f.read()
+
+    module.link_ptx = link
+
+
+REGS = [  # plans that need the setmaxnreg registers (FP8_PLANS_PTXAS=1 --cases regs)
+    (2, 128, 7, 1, 1),
+    (2, 128, 7, 2, 1),
+    (2, 256, 4, 3, 1),
+    (2, 192, 5, 1, 1),
+    (2, 192, 5, 3, 1),
+    (3, 128, 5, 1, 1),
+    (2, 128, 7, 4, 1),
+    (2, 256, 4, 0, 1),
+]
+
+
+def with_plan(plan, out_dtype=None):
     """matmul_fp8 forced onto ``plan`` (None: the op's own choice)."""
 
     def run(a, b, sa, sb):
-        return kaio_ops.matmul_fp8(a, b, sa, sb)
+        return kaio_ops.matmul_fp8(a, b, sa, sb, out_dtype=out_dtype)
 
     if plan is None:
         return run
@@ -132,13 +202,60 @@ BIG = [  # (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT]])
     (3, 128, 5, 1, 1, 2),
     (2, 256, 4, 0, 1),
 ]
+INTERVAL = [  # promoted every PROMOTE // 10 slices (one group in flight; 1: staggered)
+    (2, 128, 7, 1, 1),
+    (2, 128, 7, 5, 1),
+    (2, 192, 5, 5, 1),
+    (2, 128, 6, 5, 1, 2),
+    (2, 96, 8, 2, 1),
+    (2, 128, 7, 20, 1),
+    (2, 128, 7, 21, 1),
+    (2, 128, 7, 41, 1),
+    (2, 128, 7, 81, 1),
+    (2, 192, 5, 21, 1),
+    (3, 128, 5, 21, 1),
+    (2, 128, 6, 21, 1, 2),
+    (2, 128, 7, 0, 1),
+    (2, 256, 4, 0, 1),
+]
 CLUSTER = [(2, 128, 6, 4, 1, 2), (3, 128, 5, 1, 1, 2)]
-NOT_SHIPPED = ((2, 256, 4, 0, 1), (1, 64, 12, 0, 1))  # no promotion: ceilings only
+NOT_SHIPPED = ((2, 256, 4, 0, 1), (1, 64, 12, 0, 1), (2, 128, 7, 0, 1))  # no promotion
 
 
-def plans_for(m, n):
-    """The plans worth timing at an ``m x n`` output."""
+def fitted_bn(n, sms, most=224):
+    """Decode tile widths (multiples of 16, at most ``most``: two 224-wide sums fill 255
+    registers) that suit ``n`` columns on ``sms`` multiprocessors: the one with the least
+    idle share of its last wave, and the one of ``config``'s cost (waves times the width
+    plus 64)."""
+    options = range(16, most + 1, 16)
+
+    def tiles(b):
+        return -(-n // b)
+
+    def waves(b):
+        return -(-tiles(b) // sms)
+
+    fullest = min(options, key=lambda b: (waves(b) * sms / tiles(b), -b))
+    cheapest = min(options, key=lambda b: (waves(b) * (b + 64), -b))
+    return sorted({fullest, cheapest})
+
+
+def plans_for(m, n, new=False):
+    """The plans worth timing at an ``m x n`` output (``new``: the second set, the plans
+    that promote every slice as cuBLAS does: decode widths fitted to the multiprocessors,
+    K splits, and the mid-M tiles)."""
     p = H.plan
+    if new:
+        if m <= 64:
+            out = [p(1, 64)[:5], p(1, 128)[:5]]
+            for bn in fitted_bn(n, 132):
+                st, deep = H.stages_for(1, bn), H.stages_for(1, bn, 24)
+                out += [(1, bn, st, H.promotion(1, bn), 1)]
+                out += [(1, bn, deep, H.promotion(1, bn), 1)] if deep > st else []
+            return out + [(1, 64, 12, 2, 1, 1, 2), (1, 32, 12, 2, 1, 1, 2), (1, 128, 9, 2, 1, 1, 2)]
+        out = [(2, 128, 7, 1, 1), (2, 128, 7, 4, 1), (2, 96, 8, 2, 1), p(2, 64)[:5]]
+        out += [(2, 128, 6, 1, 1, 2)]
+        return out + ([p(1, 64)[:5], p(1, 128)[:5], (1, 96, 11, 2, 1)] if m <= 1024 else [])
     if m <= 64:
         splits = [(1, 64, 12, 2, 1, 1, 2), (1, 64, 12, 2, 1, 1, 4)]
         return [p(1, 64)[:5], p(1, 128)[:5], p(1, 256)[:5], (1, 64, 12, 0, 1), *splits]
@@ -202,41 +319,108 @@ def run_case(m, n, k, rowwise, plans, log, label=""):
 
 def diagnose() -> None:
     """Registers and local (spill) bytes the driver gives each big plan, and the slow ones."""
-    from kaio import bf16, e4m3
+    import subprocess
 
-    for plan in [*BIG, (2, 128, 7, 2, 1), (2, 256, 4, 3, 1)]:
+    from kaio import bf16, e4m3
+    from kaio.ptx.ptxas import assemble, find_ptxas
+
+    ptxas = find_ptxas()
+    if ptxas:
+        version = subprocess.run([ptxas, "--version"], capture_output=True, text=True).stdout
+        print("ptxas", ptxas, version.strip().splitlines()[-1:], flush=True)
+
+    for plan in REGS:
         wg, bn, st, pr, vec, *rest = plan
         c = dict(WG=wg, BN=bn, STAGES=st, PROMOTE=pr, GROUP=H.GROUP_ROWS, ROW_A=0, COL_B=0,
                  BIAS=0, DT=bf16, FP8=e4m3, VEC=vec, CL=rest[0] if rest else 1,
-                 SPLIT=1)  # fmt: skip
+                 SPLIT=1, AR=64 * wg)  # fmt: skip
         try:
             print(plan, H.matmul_fp8_wgmma.resources(**c), flush=True)
+            if pr in (2, 5) and ptxas:  # the local ptxas' view of the same PTX
+                report = assemble(H.matmul_fp8_wgmma.ptx(arch="sm_90", **c), "sm_90a")
+                print("  ptxas:", [ln.strip() for ln in report.splitlines() if "Used" in ln
+                                   or "spill" in ln], flush=True)  # fmt: skip
         except Exception as e:  # noqa: BLE001
             print(plan, "resources failed:", str(e)[:200], flush=True)
 
 
+def accuracy(log, k=8192, size=1024) -> None:
+    """Error against float64 of the same fp8 values at K = ``k``, f32 out (so that the
+    output's rounding hides nothing): cuBLAS (``torch._scaled_mm``, with and without
+    ``use_fast_accum``) and each promotion interval, for zero-mean data (the benchmark's)
+    and all-positive data (the sums grow with K: the hard case for the wgmma's short sum)."""
+    torch.manual_seed(0)
+    plans = {f"every {p // 10 if p >= 10 else p}" + (" staggered" if p % 10 == 1 and p > 10
+             else ""): (2, 128, 7, p, 1) for p in (1, 20, 21, 41, 81)}  # fmt: skip
+    plans["halves"] = (2, 128, 7, 5, 1)
+    plans["no promotion"] = (2, 128, 7, 0, 1)
+    for data in ("randn", "positive"):
+        x = torch.randn(size, k, device="cuda")
+        w = torch.randn(size, k, device="cuda")
+        if data == "positive":
+            x, w = x.abs(), w.abs()
+        sa = (x.abs().amax() / 448.0).reshape(1)
+        sw = (w.abs().amax() / 448.0).reshape(1)
+        a, b = (x / sa).to(E4M3), (w / sw).to(E4M3).t()
+        ref = (a.double() @ b.double()) * sa.double() * sw.double()
+        rec = {"case": f"accuracy K={k} {data}", "k": k, "size": size}
+        outs = {
+            "cublas": torch._scaled_mm(a, b, sa, sw, out_dtype=torch.float32),
+            "cublas fast accum": torch._scaled_mm(
+                a, b, sa, sw, out_dtype=torch.float32, use_fast_accum=True
+            ),
+        }
+        for name, plan in plans.items():
+            _plan.clear()
+            try:
+                outs[name] = with_plan(plan, torch.float32)(a, b, sa, sw)
+            except Exception as e:  # noqa: BLE001  (reported, not fatal)
+                print(name, "failed:", str(e)[:200], flush=True)
+        for name, got in outs.items():
+            d = got.double() - ref
+            rec[name] = {
+                "rel_fro": (d.norm() / ref.norm()).item(),
+                "max_rel": (d.abs().max() / ref.abs().max()).item(),
+            }
+        log.write(json.dumps(rec) + "\n")
+        log.flush()
+        print(rec["case"], " | ".join(
+            f"{nm} {v['rel_fro']:.2e} / {v['max_rel']:.2e}" for nm, v in rec.items()
+            if isinstance(v, dict)), flush=True)  # fmt: skip
+
+
 def _warm(jobs):
     """Compile (into kaio's disk cache) the specializations of ``jobs``: (plan, rowwise)."""
+    use_ptxas()
     for plan, rowwise in jobs:
         (a, b, sa, sb) = operands(256, 256, 256, rowwise, 1)[0]
         with_plan(plan)(a, b, sa, sb)
     torch.cuda.synchronize()
 
 
-def warm(processes: int = 8) -> None:
-    """Every plan this benchmark times, compiled by ``processes`` workers at once."""
+def warm(cases, ms, models, processes: int = 14) -> None:
+    """Every plan this run times, compiled by ``processes`` workers at once."""
     import multiprocessing as mp
 
-    plans = {p for p in BIG + CLUSTER}
-    for m in (1, 256, 4096):
-        plans.update(plans_for(m, 4096))
-    plans.add((2, 128, 7, 1, 1))
-    jobs = [(p, False) for p in sorted(plans)] + [(p, True) for p in BIG[:2]]
-    jobs += [
-        (H.config(m, n, k, 132)[:5], False)
-        for m in (1, 64, 256, 8192)
-        for n, k in SHAPES["8b"] + SHAPES["70b"]
-    ]
+    new = "sweepnew" in cases
+    plans = set(INTERVAL if "interval" in cases else BIG if "big" in cases else [])
+    if "regs" in cases:
+        plans.update(REGS)
+    if "cluster" in cases:
+        plans.update(CLUSTER)
+    if "acc" in cases:
+        plans.update((2, 128, 7, p, 1) for p in (0, 1, 5, 20, 21, 41, 81))
+    shapes = [s for mo in models for s in SHAPES[mo]]
+    for m in ms:
+        for n, k in shapes:
+            if "pick" not in cases:
+                plans.update(plans_for(m, n, new))
+            plans.add(H.config(m, n, k, 132))
+    jobs = [(p, False) for p in sorted(plans)]
+    if "interval" in cases:
+        jobs += [(p, True) for p in INTERVAL[:5]]
+    if "final" in cases:
+        jobs += [(H.config(4096, 4096, 4096, 132), r) for r in (False, True)]
     jobs = sorted(set(jobs))
     chunks = [jobs[i::processes] for i in range(processes)]
     with mp.get_context("spawn").Pool(processes) as pool:
@@ -253,16 +437,36 @@ def main() -> None:
     p.add_argument("--models", default="8b,70b")
     args = p.parse_args()
     t0 = time.time()
+    use_ptxas()
     log = open(os.path.join(args.out, "fp8_plans.jsonl"), "a")  # noqa: SIM115
     recs = []
     cases = args.cases.split(",")
+    ms = [int(x) for x in args.ms.split(",")]
+    models = args.models.split(",")
     if "warm" in cases:
         try:
-            warm()
+            warm(cases, ms, models)
         except Exception:  # noqa: BLE001  (the timed cases compile what is missing)
             traceback.print_exc()
     if "diag" in cases:
         diagnose()
+    if "acc" in cases:
+        try:
+            accuracy(log)
+        except Exception:  # noqa: BLE001
+            traceback.print_exc()
+    if "interval" in cases:
+        recs.append(run_case(4096, 4096, 4096, False, INTERVAL, log))
+        recs.append(run_case(8192, 8192, 8192, False, INTERVAL, log))
+        recs.append(run_case(4096, 4096, 4096, True, INTERVAL[:5], log, "4096^3 rowwise"))
+    if "regs" in cases:
+        tag = " ptxas" if os.environ.get("FP8_PLANS_PTXAS") == "1" else ""
+        recs.append(run_case(4096, 4096, 4096, False, REGS, log, "4096^3" + tag))
+        recs.append(run_case(8192, 8192, 8192, False, REGS, log, "8192^3" + tag))
+    if "final" in cases:  # the op as routed (config's plans) against cuBLAS
+        recs.append(run_case(4096, 4096, 4096, False, [], log))
+        recs.append(run_case(8192, 8192, 8192, False, [], log))
+        recs.append(run_case(4096, 4096, 4096, True, [], log, "4096^3 rowwise"))
     if "big" in cases:
         recs.append(run_case(4096, 4096, 4096, False, BIG, log))
         recs.append(run_case(8192, 8192, 8192, False, BIG, log))
@@ -271,17 +475,16 @@ def main() -> None:
     if "cluster" in cases:
         recs.append(run_case(4096, 4096, 4096, False, CLUSTER, log, "4096^3 clusters"))
         recs.append(run_case(8192, 8192, 8192, False, CLUSTER, log, "8192^3 clusters"))
-    if "sweep" in cases:
-        for m in (int(x) for x in args.ms.split(",")):
-            for model in args.models.split(","):
+    if "sweep" in cases or "sweepnew" in cases:
+        for m in ms:
+            for model in models:
                 for n, k in SHAPES[model]:
                     if time.time() - t0 > args.budget:
                         print(f"budget: skipped M={m} {n}x{k}", flush=True)
                         continue
                     try:
-                        recs.append(
-                            run_case(m, n, k, False, plans_for(m, n), log, f"M={m} {n}x{k}")
-                        )
+                        plans = [] if "pick" in cases else plans_for(m, n, "sweepnew" in cases)
+                        recs.append(run_case(m, n, k, False, plans, log, f"M={m} {n}x{k}"))
                     except Exception:  # noqa: BLE001
                         traceback.print_exc()
     xs = [r["pick"]["x"] for r in recs if isinstance(r.get("pick"), dict) and "x" in r["pick"]]

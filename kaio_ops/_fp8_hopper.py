@@ -8,11 +8,15 @@ s8) and the accumulation.
 
 A block computes a ``64 * WG x BN`` tile with ``WG`` (1 to 3) consumer warpgroups, each
 multiplying its 64 rows of A by the whole B slice: ``WG = 2`` for large M, ``WG = 1`` and
-64 to 256 columns for decode shapes, where the weight bytes are the cost and the tiles must
-cover the multiprocessors (``config``). With more than one consumer warpgroup the producer
-warpgroup gives its registers to them (``setmaxnreg``: 24 left to it, 240 or 160 to each
-consumer). ``CL = 2``: clusters of two blocks, which take pairs of tiles one above the
-other and share each B slice (each copies half of it into both, TMA multicast).
+16 to 128 columns for decode shapes, where the weight bytes are the cost and the tiles must
+cover the multiprocessors (``config``); a decode tile copies only the A rows there are
+(``AR``, ``a_rows``: the stage's other rows keep stale bytes whose results are never
+stored), not 64 rows mostly out of bounds. With more than one consumer warpgroup the
+producer warpgroup gives its registers to them (``setmaxnreg``: 24 left to it, 240 or 160
+to each consumer; the driver's JIT on an H100 nevertheless gave local memory to the plans
+that need more than 168, where the CLI ptxas does not: docs/performance.md). ``CL = 2``:
+clusters of two blocks, which take pairs of tiles one above the other and share each B
+slice (each copies half of it into both, TMA multicast).
 
 Accumulation is promoted, as CUTLASS's default FP8 GEMMs and ``torch._scaled_mm`` (without
 ``use_fast_accum``) do: Hopper's fp8 wgmma keeps its running sum with fewer bits than f32
@@ -33,6 +37,17 @@ wgmmas) starts a fresh wgmma sum ``part`` that is then added to the f32 ``acc`` 
   turn (warpgroup 1 after 0, 0 after 1's slice before; two mbarriers, an arrival a warp), so
   that one warpgroup's group runs while the other waits for and adds its own: they do not
   wait at the same time.
+- 5 ("halves in flight", ``consume_pair``): each slice multiplied as two column halves,
+  each its own group of wgmmas into its own half-width sum; one group kept in flight, so a
+  half's sum is added to ``acc`` while the next half runs. Promoted every slice (as 1), with
+  the registers of two accumulators (acc and two half-width sums), which fit 168 registers
+  at 128 columns; slow on an H100 (0.66x of mode 1's speed: 64-column wgmmas read A twice
+  as often from shared memory).
+- 6 (``consume_pair``): mode 2's numerics and schedule in ``consume_pair``'s loop.
+- 10 * E + S (``consume_every``): one sum over E slices (one group in flight within the
+  interval), waited for and added at the interval's end: fewer waits, at the cost of E
+  times longer wgmma sums (the error: docs/performance.md); S = 1 staggers the warpgroups'
+  intervals by half an interval, so that they do not wait at the same time.
 - 0: no promotion (the wgmma sum over all of K): the s8 kernel's exact integer sums.
 
 The simulator's wgmma sums in f32 (the documented result, not the hardware's rounding), so
@@ -84,12 +99,13 @@ def produce_fp8(
     sa: f16[:, :, :], sb: f16[:, :, :], bars: u64[:, :], ta: kaio.tensormap, tb: kaio.tensormap,
     at: i32[:], s: i32, k_tiles: i32, step: i32, tiles_m: i32, tiles_n: i32,
     BN: kaio.constexpr, GROUP: kaio.constexpr, ROWS: kaio.constexpr, CL: kaio.constexpr,
+    AR: kaio.constexpr,
 ):  # fmt: skip
-    """The TMA copies of the producer's next K slice (``ROWS`` A rows, ``BN`` B^T rows) into
+    """The TMA copies of the producer's next K slice (``AR`` A rows, ``BN`` B^T rows) into
     stage ``s``, then the producer's position ``at`` stepped (as ``_matmul_hopper.produce``).
     In a cluster of two (``CL``), ``at`` is the pair's position (``2 * ROWS`` rows a tile):
     block r copies its own A rows and half r of the B slice, multicast into both blocks."""
-    load_slice(sa, sb, bars, ta, tb, at, s, BN, ROWS, CL)
+    load_slice(sa, sb, bars, ta, tb, at, s, BN, ROWS, CL, AR)
     next_slice(at, k_tiles, step, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
 
 
@@ -97,11 +113,14 @@ def produce_fp8(
 def load_slice(
     sa: f16[:, :, :], sb: f16[:, :, :], bars: u64[:, :], ta: kaio.tensormap, tb: kaio.tensormap,
     at: i32[:], s: i32, BN: kaio.constexpr, ROWS: kaio.constexpr, CL: kaio.constexpr,
+    AR: kaio.constexpr,
 ):  # fmt: skip
     """The TMA copies of K slice ``at[0]`` of the tile at rows ``at[2]``, columns ``at[3]``
-    into stage ``s`` (``produce_fp8``)."""
+    into stage ``s`` (``produce_fp8``). ``AR``: the A rows a copy brings (``ROWS``, or
+    fewer for a decode tile of fewer rows: the stage's other rows keep what they held, and
+    the results of those rows are never stored)."""
     k0 = at[0] * BK
-    kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32((ROWS + BN) * BK * 2))
+    kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32((AR + BN) * BK * 2))
     if CL == 1:
         kaio.tma_load_2d(sa, (s, 0, 0), ta, at[2], k0, bars, (0, s))
         kaio.tma_load_2d(sb, (s, 0, 0), tb, at[3], k0, bars, (0, s))
@@ -117,7 +136,7 @@ def produce_all(
     sa: f16[:, :, :], sb: f16[:, :, :], bars: u64[:, :], ta: kaio.tensormap, tb: kaio.tensormap,
     tile0: i32, count: i32, k_tiles: i32, step: i32, tiles_m: i32, tiles_n: i32,
     BN: kaio.constexpr, STAGES: kaio.constexpr, GROUP: kaio.constexpr, ROWS: kaio.constexpr,
-    CL: kaio.constexpr, SPLIT: kaio.constexpr,
+    CL: kaio.constexpr, SPLIT: kaio.constexpr, AR: kaio.constexpr,
 ):  # fmt: skip
     """The producer's loop: every K slice of the block's tiles (from tile ``tile0``, ``step``
     apart; ``count`` slices) through ``produce_fp8``, each stage reused once the consumers
@@ -136,7 +155,7 @@ def produce_all(
         for _g in range(count):
             wait_free(bars, ring, STAGES)
             produce_fp8(sa, sb, bars, ta, tb, at, ring[0], k_tiles, step, tiles_m, tiles_n, BN,
-                        GROUP, ROWS, CL)  # fmt: skip
+                        GROUP, ROWS, CL, AR)  # fmt: skip
             advance(ring, STAGES)
     else:
         for i in range(count):
@@ -147,7 +166,7 @@ def produce_all(
             for kt in range(kb, ke):
                 wait_free(bars, ring, STAGES)
                 at[0] = kt
-                load_slice(sa, sb, bars, ta, tb, at, ring[0], BN, ROWS, 1)
+                load_slice(sa, sb, bars, ta, tb, at, ring[0], BN, ROWS, 1, AR)
                 advance(ring, STAGES)
 
 
@@ -186,6 +205,15 @@ def wgmma_slice(
             kaio.wgmma_e5m2(part, da, db, keep)
         else:
             kaio.wgmma_s8(part, da, db, keep)
+
+
+@kaio.gpu_func
+def zero(acc: f32[:, :, :], BN: kaio.constexpr):
+    """``acc = 0``: the ``BN // 8`` n8 tiles of a C fragment."""
+    for j in kaio.static_range(BN // 8):
+        for h in kaio.static_range(2):
+            for e in kaio.static_range(2):
+                acc[j, h, e] = 0.0
 
 
 @kaio.gpu_func
@@ -246,10 +274,7 @@ def consume(
     the slice sums, ``part0`` and ``part1`` for 2; ``turn``: the two warpgroups' turns for
     4)."""
     if PROMOTE > 0:
-        for j in kaio.static_range(BN // 8):
-            for h in kaio.static_range(2):
-                for e in kaio.static_range(2):
-                    acc[j, h, e] = 0.0
+        zero(acc, BN)
     ps = i32(0)  # the stage of the slice before
     for kt in range(k_tiles):
         s = ring[0]
@@ -302,6 +327,92 @@ def consume(
         free_stage(bars, ps, lt, CL)
         if PROMOTE == 2:  # the last slice's sum
             promote_either(acc, part0, part1, k_tiles % 2 == 1, BN // 8)
+
+
+@kaio.gpu_func
+def consume_every(
+    acc: ACC[:, :, :], part: ACC[:, :, :], sa: f16[:, :, :], sb: f16[:, :, :],
+    bars: u64[:, :], ring: i32[:], k_tiles: i32, wg: u32, lt: u32, BN: kaio.constexpr,
+    STAGES: kaio.constexpr, EVERY: kaio.constexpr, STAGGER: kaio.constexpr,
+    KIND: kaio.constexpr, ACC: kaio.constexpr, CL: kaio.constexpr,
+):  # fmt: skip
+    """``consume`` with ``PROMOTE >= 10`` (module docstring): one wgmma sum ``part`` over
+    ``EVERY`` K slices (a group of wgmmas a slice, one kept in flight: the slice before's
+    stage freed once the next group is issued), waited for and added to the zeroed ``acc``
+    at the last slice of each interval (and of the tile). ``STAGGER``: warpgroup 1's
+    intervals start half an interval later than warpgroup 0's, so that the two do not wait
+    for their sums at the same time."""
+    pend = i32(0)  # whether the stage of the slice before (ps) is still to be freed
+    ps = i32(0)
+    for kt in range(k_tiles):
+        s = ring[0]
+        kaio.mbarrier_wait(bars, (0, s), u32(ring[1]))
+        g = kt
+        if STAGGER:
+            g = kt + i32(wg) * (EVERY // 2)
+        kaio.wgmma_fence()
+        wgmma_slice(part, sa, sb, s, wg, kt == 0 or g % EVERY == 0, 0, KIND, ACC)
+        kaio.wgmma_commit()
+        if g % EVERY == EVERY - 1 or kt == k_tiles - 1:  # the interval's sum is complete
+            kaio.wgmma_wait(0)
+            if pend:
+                free_stage(bars, ps, lt, CL)
+            free_stage(bars, s, lt, CL)
+            promote(acc, part, 0, BN // 8)
+            pend = i32(0)
+        else:
+            kaio.wgmma_wait(1)
+            if pend:
+                free_stage(bars, ps, lt, CL)
+            pend = i32(1)
+        ps = s
+        advance(ring, STAGES)
+    kaio.wgmma_wait(0)  # (the last slice waited already: for ptxas, which cannot tell)
+
+
+@kaio.gpu_func
+def consume_pair(
+    acc: ACC[:, :, :], p0: ACC[:, :, :], p1: ACC[:, :, :], sa: f16[:, :, :],
+    sb: f16[:, :, :], bars: u64[:, :], ring: i32[:], k_tiles: i32, wg: u32, lt: u32,
+    BN: kaio.constexpr, STAGES: kaio.constexpr, HALF: kaio.constexpr, KIND: kaio.constexpr,
+    ACC: kaio.constexpr, CL: kaio.constexpr,
+):  # fmt: skip
+    """``consume`` with two sums in turn and one group of wgmmas kept in flight, each sum
+    added to ``acc`` while the other's group runs (promoted every slice, as ``PROMOTE = 1``,
+    without waiting for the last group). ``HALF`` (``PROMOTE = 5``, module docstring): each
+    K slice multiplied as two halves of the columns, ``p0`` the first, ``p1`` the second;
+    else (``PROMOTE = 6``, as 2) the slices in turn into the full-width ``p0`` and ``p1``."""
+    ps = i32(0)  # the stage of the slice before
+    s = i32(0)
+    for h in range((1 + HALF) * k_tiles):  # half h % 2 of slice h // 2, or slice h
+        if h % 2 == 0 or not HALF:
+            s = ring[0]
+            kaio.mbarrier_wait(bars, (0, s), u32(ring[1]))
+        kaio.wgmma_fence()
+        if h % 2 == 0:
+            wgmma_slice(p0, sa, sb, s, wg, True, 0, KIND, ACC)
+        else:
+            wgmma_slice(p1, sa, sb, s, wg, True, HALF * BN // 2, KIND, ACC)
+        kaio.wgmma_commit()
+        kaio.wgmma_wait(1)  # the group before
+        if h % 2 == 0:
+            if h > 0:  # the group before: the second half (its stage read), or a slice
+                free_stage(bars, ps, lt, CL)
+                promote(acc, p1, HALF * BN // 16, BN // (8 + 8 * HALF))
+        else:
+            if not HALF:
+                free_stage(bars, ps, lt, CL)
+            promote(acc, p0, 0, BN // (8 + 8 * HALF))
+        if h % 2 == 1 or not HALF:  # the slice issued
+            ps = s
+            advance(ring, STAGES)
+    kaio.wgmma_wait(0)
+    if k_tiles > 0:
+        free_stage(bars, ps, lt, CL)
+        if HALF or k_tiles % 2 == 0:
+            promote(acc, p1, HALF * BN // 16, BN // (8 + 8 * HALF))
+        else:
+            promote(acc, p0, 0, BN // 8)
 
 
 @kaio.gpu_func
@@ -375,8 +486,17 @@ def consume_tiles(
             kb, ke = k_range(part, k_tiles, SPLIT)
             count = ke - kb
             here[1] = u // SPLIT
-        consume(acc, part0, part1, sa_s, sb_s, bars, turn, ring, count, wg, lt, BN, STAGES,
-                PROMOTE, FP8, f32, CL)  # fmt: skip
+        if PROMOTE == 5 or PROMOTE == 6:  # two sums in turn, one group in flight
+            zero(acc, BN)
+            consume_pair(acc, part0, part1, sa_s, sb_s, bars, ring, count, wg, lt, BN, STAGES,
+                         PROMOTE == 5, FP8, f32, CL)  # fmt: skip
+        elif PROMOTE >= 10:  # promoted every PROMOTE // 10 slices
+            zero(acc, BN)
+            consume_every(acc, part0, sa_s, sb_s, bars, ring, count, wg, lt, BN, STAGES,
+                          PROMOTE // 10, PROMOTE % 10, FP8, f32, CL)  # fmt: skip
+        else:
+            consume(acc, part0, part1, sa_s, sb_s, bars, turn, ring, count, wg, lt, BN, STAGES,
+                    PROMOTE, FP8, f32, CL)  # fmt: skip
         place(here, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
         row0 = here[2] + rank * ROWS + 64 * i32(wg)
         if SPLIT > 1:
@@ -394,11 +514,12 @@ def matmul_fp8_wgmma(
     STAGES: kaio.constexpr, PROMOTE: kaio.constexpr, GROUP: kaio.constexpr,
     ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
     FP8: kaio.constexpr, VEC: kaio.constexpr, CL: kaio.constexpr, SPLIT: kaio.constexpr,
+    AR: kaio.constexpr,
 ):  # fmt: skip
     """out = (A @ B) * sa * sb (+ bias): A [m, K] through ``ta`` and B^T [n, K] through
     ``tb``, both as 16-bit units [rows, k2 = K / 2]; ``64 * WG x BN`` tiles; with ``CL = 2``
     clusters of two blocks, which take pairs of tiles one above the other and share the
-    copies of their B slices (multicast)."""
+    copies of their B slices (multicast). ``AR``: the A rows a copy brings (``a_rows``)."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL == 2:
         kaio.cluster_dims(2)
@@ -430,9 +551,12 @@ def matmul_fp8_wgmma(
     if CL == 2:
         kaio.cluster_sync()  # the other block's barriers are ready before any copy
     acc = kaio.local(f32, (BN // 8, 2, 2))  # the tile's f32 sums
-    # the slice sums (module docstring): two sets for PROMOTE 2, half the width for 3
-    part0 = kaio.local(f32, (BN // (8 + 8 * (PROMOTE == 3)), 2, 2))
-    part1 = kaio.local(f32, (1 + (BN // 8 - 1) * (PROMOTE == 2), 2, 2))
+    # the slice sums (module docstring): two sets for PROMOTE 2, half the width for 3 and
+    # 5 (two halves for 5)
+    halves = (PROMOTE == 3) + (PROMOTE == 5)
+    part0 = kaio.local(f32, (BN // (8 + 8 * halves), 2, 2))
+    wide1 = (BN // 8 - 1) * ((PROMOTE == 2) + (PROMOTE == 6)) + (BN // 16 - 1) * (PROMOTE == 5)
+    part1 = kaio.local(f32, (1 + wide1, 2, 2))
     ring = kaio.local(i32, (3,))  # stage, phase parity, slices so far
     ring[0] = 0
     ring[1] = 0
@@ -456,7 +580,7 @@ def matmul_fp8_wgmma(
         if lt == 0:
             produce_all(sa_s, sb_s, bars, ta, tb, tile0, my_tiles if SPLIT > 1 else slices,
                         k_tiles, step, tiles_m, tiles_n, BN, STAGES, GROUP, ROWS, CL,
-                        SPLIT)  # fmt: skip
+                        SPLIT, AR)  # fmt: skip
     if CL == 2:
         kaio.cluster_sync()  # no block leaves while the other may still write to it
 
@@ -515,22 +639,31 @@ LARGE = (2, 128, 1)  # the (WG, BN, CL) of large products (measured: docs/perfor
 
 def config(m: int, n: int, k: int, sms: int) -> tuple[int, int, int, int, int, int]:
     """(WG, BN, STAGES, PROMOTE, VEC, CL) for an ``m x n`` output on ``sms``
-    multiprocessors. Up to 64 rows the weights' bytes are the cost: 64-row tiles, as wide as
-    the waves of tiles allow (each tile costs about 64 columns more than its width). Past
-    that, the fewest waves of 64-column tiles (two warpgroups, or one for more tiles), or the
-    large tile once it gives every multiprocessor work (measured on an H100: the sweep of
-    bench/fp8_plans.py)."""
+    multiprocessors. Up to 64 rows the weights' bytes are the cost: 64-row tiles of 16 to 128
+    columns (two slice sums in turn), the width that fills the waves of tiles best (each tile
+    costs about 64 columns more than its width: 32 columns for N = 4096, 48 for 6144, 112
+    for 28672). Past that, the large tile once its tiles fill two thirds of the
+    multiprocessors, else the fewest waves of 64-column tiles (two warpgroups, or one for
+    more tiles). Measured on an H100 (bench/fp8_plans.py; docs/performance.md)."""
 
     def waves(rows: int, bn: int) -> int:
         return -(-(-(-m // rows) * -(-n // bn)) // sms)
 
     if m <= 64:
-        bn = min((64, 128, 256), key=lambda b: (waves(64, b) * (b + 64), -b))
+        bn = min(range(16, 129, 16), key=lambda b: (waves(64, b) * (b + 64), -b))
         return plan(1, bn)
     wg, bn, cl = LARGE
-    if -(-m // (64 * wg)) * -(-n // bn) >= sms:
+    if 3 * -(-m // (64 * wg)) * -(-n // bn) >= 2 * sms:
         return plan(wg, bn, cl)
     return plan(*min(((2, 64), (1, 64)), key=lambda p: (waves(64 * p[0], p[1]), p[0])))
+
+
+def a_rows(m: int, wg: int, cl: int) -> int:
+    """The A rows a copy brings (``AR``): a decode tile's (one warpgroup, no cluster) rows
+    rounded up to a power of two from 8 when M is smaller than its 64, else the tile's."""
+    if wg == 1 and cl == 1 and m < 64:
+        return max(8, 1 << (m - 1).bit_length())
+    return 64 * wg
 
 
 def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: str, dt,
@@ -548,11 +681,12 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     cl = rest[0] if rest else 1
     split = rest[1] if len(rest) > 1 else 1
     rows = 64 * wg
-    ta = kaio.tensor_map_2d(a_units, (rows, BK), SW)
+    ar = a_rows(m, wg, cl)
+    ta = kaio.tensor_map_2d(a_units, (ar, BK), SW)
     tb = kaio.tensor_map_2d(bt_units, (bn // cl, BK), SW)
     constexprs = dict(
         WG=wg, BN=bn, STAGES=stages, PROMOTE=promote_mode, GROUP=GROUP_ROWS, **flags, DT=dt,
-        FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=split,
+        FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=split, AR=ar,
     )  # fmt: skip
     threads, shared = wg * 128 + 128, shared_bytes(wg, bn, stages)
     tiles = -(-m // (rows * cl)) * -(-n // bn) * split
@@ -585,7 +719,8 @@ def _clusters(threads: int, shared: int, constexprs: dict) -> int:
     return _CLUSTERS[key]
 
 
-PLANS = [(2, 128), (2, 64), (1, 64), (1, 128), (1, 256), (3, 128), (2, 96)]  # (WG, BN) picks
+# (WG, BN) tile shapes for the PTX checks (the decode widths config picks among them)
+PLANS = [(2, 128), (2, 64), (1, 64), (1, 128), (1, 256), (3, 128), (2, 96), (1, 32), (1, 112)]
 
 
 def specializations():
@@ -601,5 +736,7 @@ def specializations():
         tile = {"WG": w, "BN": b, "STAGES": stages, "PROMOTE": promote_mode}
         yield matmul_fp8_wgmma, {**tile, "GROUP": GROUP_ROWS, **flags, "DT": dt,
                                  "FP8": FP8_TYPES[name], "VEC": vec, "CL": cl,
-                                 "SPLIT": 2 if wg == 1 and bn == 64 else 1}  # fmt: skip
+                                 "SPLIT": 2 if wg == 1 and bn == 64 else 1,
+                                 "AR": {128: 16, 32: 8}.get(bn, 64) if wg == 1
+                                 else 64 * wg}  # fmt: skip
     yield sum_parts, {"SPLIT": 2, "ROW_A": 1, "COL_B": 0, "BIAS": 1, "DT": bf16}

@@ -98,7 +98,7 @@ def matmul_int8_wgmma(
                        GROUP)  # fmt: skip
     elif t == CONSUMERS:  # the producer
         produce_all(sa_s, sb_s, bars, ta, tb, tile0, slices, k_tiles, step, tiles_m, tiles_n, BN,
-                    STAGES, GROUP, BM, 1, 1)  # fmt: skip
+                    STAGES, GROUP, BM, 1, 1, BM)  # fmt: skip
 
 
 def eligible(a, k: int) -> bool:
