@@ -619,17 +619,17 @@ def main() -> None:
         help="plans make every output with torch.empty (kaio_ops._plan.EMPTY_LIKE off)",
     )
     parser.add_argument(
-        "--recycle",
+        "--no-recycle",
         action="store_true",
-        help="plans hand a dropped output out again (KAIO_RECYCLE_OUTPUTS=1; off by default)",
+        help="plans never hand a dropped output out again (KAIO_RECYCLE_OUTPUTS=0)",
     )
     args = parser.parse_args()
     globals().update(BATCHES=args.batches, SPIN_MS=args.spin_ms, OPS=args.ops)
-    if args.no_empty_like or args.recycle:
+    if args.no_empty_like or args.no_recycle:
         from kaio_ops import _plan
 
         _plan.EMPTY_LIKE = _plan.EMPTY_LIKE and not args.no_empty_like
-        _plan.RECYCLE_BYTES = (1 << 20) if args.recycle else _plan.RECYCLE_BYTES
+        _plan.RECYCLE_BYTES = 0 if args.no_recycle else _plan.RECYCLE_BYTES
     if args.cold_child:
         cold_child()
         return

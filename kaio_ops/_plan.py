@@ -82,10 +82,14 @@ MAX_PLANS = 256  # per op; past this the op's plans are dropped and built again 
 # torch.empty_like(input) rather than torch.empty(*shape, dtype=..., device=...)
 EMPTY_LIKE = True
 # such an output of at most this many bytes is handed out again by the next call of its plan
-# when the caller has dropped it and nothing else refers to it (``_recycled``); 0: never.
-# Opt-in (``KAIO_RECYCLE_OUTPUTS=1``): it cannot see ``Tensor.record_stream``, so code that
-# drops an output still read on another stream would see it overwritten
-RECYCLE_BYTES = (1 << 20) if os.environ.get("KAIO_RECYCLE_OUTPUTS") == "1" else 0
+# when the caller has dropped it and nothing else refers to it (``_recycled``); 0: never
+# (``KAIO_RECYCLE_OUTPUTS=0``). On by default while nothing in the process has asked torch
+# to keep memory for another stream (``Tensor.record_stream``, watched: ``_watch_streams``)
+# and torch.distributed was not initialized when the plan was built
+RECYCLE_BYTES = 0 if os.environ.get("KAIO_RECYCLE_OUTPUTS") == "0" else (1 << 20)
+# [False] once any tensor was recorded on a stream (``Tensor.record_stream``): outputs are
+# then never handed out again, in any plan, for the rest of the process
+RECYCLING = [True]
 MISS = object()  # replay_only's answer when the call has no plan
 _NONE = ("none",)  # the key of an optional array given as None
 _ALL: list[dict] = []  # every op's plans (for clear)
@@ -332,11 +336,17 @@ def _recycled(env: dict, j: int, source: int, shape: tuple, dtype) -> list[str] 
     the graph's). Costs a fraction of a ``torch.empty_like`` (and of freeing the last
     output). None where this torch or Python cannot tell those references.
 
-    What this cannot see is a ``Tensor.record_stream`` on the output: torch's allocator would
-    keep a dropped tensor's memory from reuse until the other stream's work recorded on it
-    has run; a handed-out-again output is written by the plan's stream at once. Code that
-    drops an output still in use on another stream (without making the plan's stream wait
-    for it) must not turn this on; hence it is off unless ``KAIO_RECYCLE_OUTPUTS=1``."""
+    No weak reference may remain either (a cache keyed weakly by the dropped tensor would
+    otherwise find it alive with new contents).
+
+    What the references cannot show is a ``Tensor.record_stream`` on the output: torch's
+    allocator would keep a dropped tensor's memory from reuse until the other stream's work
+    recorded on it has run, while a handed-out-again output is written by the plan's stream
+    at once. So ``record_stream`` is watched (``_watch_streams``): once any tensor of the
+    process is recorded on a stream, no output is handed out again (``RECYCLING``); nor by
+    a plan built while torch.distributed is initialized (its collectives record their
+    tensors' streams in C++, out of the watch's sight). ``KAIO_RECYCLE_OUTPUTS=0`` turns
+    it off."""
     import torch
 
     size = math.prod(shape) * dtype.itemsize
@@ -347,17 +357,24 @@ def _recycled(env: dict, j: int, source: int, shape: tuple, dtype) -> list[str] 
         return None
     refs = _solo_refs()
     if not (
-        0 < size <= RECYCLE_BYTES and capturing and refs and hasattr(torch.Tensor, "_use_count")
+        0 < size <= RECYCLE_BYTES
+        and capturing
+        and refs
+        and hasattr(torch.Tensor, "_use_count")
+        and _watch_streams(torch)
+        and not _distributed(torch)
     ):
         return None
     env["CAPTURING"], env["REFS"], env["SOLO"] = capturing, sys.getrefcount, refs
-    env["INFERENCE"] = torch.is_inference_mode_enabled
+    env["INFERENCE"], env["WEAK"] = torch.is_inference_mode_enabled, weakref.getweakrefcount
+    env["RECYCLING"] = RECYCLING
     env[f"KEPT{j}"], env[f"S{j}"], env[f"D{j}"] = [], torch.Size(shape), _arrays.torch_dtype(dtype)
     o = f"o{j}"
     same = (
         f"REFS({o}) == SOLO and {o}._use_count() == 1 and {o}.data_ptr() == q{j} "
         f"and {o}.shape == S{j} and {o}.is_contiguous() and {o}.dtype is D{j} "
-        f"and not {o}.requires_grad and {o}.is_inference() is INFERENCE()"
+        f"and not {o}.requires_grad and {o}.is_inference() is INFERENCE() "
+        f"and not WEAK({o}) and RECYCLING[0]"
     )
     return [
         "try:",
@@ -368,6 +385,36 @@ def _recycled(env: dict, j: int, source: int, shape: tuple, dtype) -> list[str] 
         f"    {o} = EMPTY_LIKE(a{source})",
         f"    q{j} = {o}.data_ptr()",
     ]
+
+
+def _watch_streams(torch) -> bool:
+    """Watch ``torch.Tensor.record_stream`` (once a process): the first call, on any tensor,
+    sets ``RECYCLING[0]`` to False before doing what it does. True when the watch is on."""
+    original = torch.Tensor.record_stream
+    if getattr(original, "_kaio_watch", False):
+        return True
+
+    @functools.wraps(original)
+    def record_stream(self, stream):
+        RECYCLING[0] = False  # the allocator now keeps memory for another stream's work
+        return original(self, stream)
+
+    record_stream._kaio_watch = True
+    try:
+        torch.Tensor.record_stream = record_stream
+    except (AttributeError, TypeError):  # pragma: no cover - a torch that refuses it
+        return False
+    return True
+
+
+def _distributed(torch) -> bool:
+    """Whether torch.distributed is initialized (its NCCL collectives record streams in C++,
+    which ``_watch_streams`` cannot see)."""
+    dist = getattr(torch, "distributed", None)
+    try:
+        return bool(dist.is_available() and dist.is_initialized())
+    except AttributeError:
+        return False
 
 
 def _raw_allocator():

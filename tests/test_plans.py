@@ -11,6 +11,9 @@ import ctypes
 import importlib
 import itertools
 import math
+import os
+import subprocess
+import sys
 import types
 
 import numpy as np
@@ -695,10 +698,9 @@ def test_outputs_handed_out_again_compute_right_on_a_gpu(monkeypatch):
     """On a GPU: an add whose output was dropped hands the same tensor out again, with the
     new result; outputs the caller keeps are all distinct and right; a graph captured
     meanwhile keeps its own output."""
-    import weakref
-
     torch = _torch_cuda()
-    monkeypatch.setattr(_plan, "RECYCLE_BYTES", 1 << 20)  # opt-in
+    monkeypatch.setattr(_plan, "RECYCLE_BYTES", 1 << 20)  # the default
+    monkeypatch.setattr(_plan, "RECYCLING", [True])  # whatever ran before in this process
     _plan.clear()
     gen = torch.Generator(device="cuda").manual_seed(3)
 
@@ -708,13 +710,13 @@ def test_outputs_handed_out_again_compute_right_on_a_gpu(monkeypatch):
     y = randn(1, 4096)
     for _ in range(3):  # torch's types bound, the plan recorded, replayed
         kaio_ops.add(randn(1, 4096), y)
-    last = weakref.ref(kaio_ops.add(randn(1, 4096), y))
-    for _ in range(3):
+    kaio_ops.add(randn(1, 4096), y).kaio_test_mark = 0  # a mark tells the object again
+    for i in range(3):
         x = randn(1, 4096)
         out = kaio_ops.add(x, y)
-        assert out is last()  # the last output, dropped: handed out again
+        assert out.kaio_test_mark == i  # the last output, dropped: handed out again
         assert _error(torch, out, x.double() + y.double()) < 1e-3
-        last = weakref.ref(out)
+        out.kaio_test_mark = i + 1
         del out
     xs = [randn(1, 4096) for _ in range(3)]
     kept = [kaio_ops.add(x, y) for x in xs]
@@ -739,6 +741,25 @@ def test_outputs_handed_out_again_compute_right_on_a_gpu(monkeypatch):
     assert _error(torch, captured, static.double() + y.double()) < 1e-3
     for x, out in zip(xs, eager, strict=True):
         assert _error(torch, out, x.double() + y.double()) < 1e-3
+    # an output read on another stream, recorded there and dropped: never handed out again
+    monkeypatch.setattr(_plan, "RECYCLING", [True])
+    _plan.clear()
+    side = torch.cuda.Stream()
+    x = randn(1, 4096)
+    for _ in range(2):
+        kaio_ops.add(x, y)
+    out = kaio_ops.add(x, y)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(10_000_000)  # the side stream still reads out after the drop
+        total = out.double().sum()
+    out.record_stream(side)
+    out.kaio_test_mark = "read on the side stream"
+    want = (x.double() + y.double()).sum()
+    del out
+    assert not hasattr(kaio_ops.add(randn(1, 4096), y), "kaio_test_mark")
+    side.synchronize()
+    assert abs(total.item() - want.item()) < 1.0
 
 
 class _TorchKeys:
@@ -1120,8 +1141,8 @@ def test_a_subscript_hands_out_the_direct_launch_once_a_launcher_is_bound(fake):
 def test_an_output_the_caller_dropped_is_handed_out_again(monkeypatch):
     """A small output made like an input comes back from the next call of its plan when
     the caller has dropped it, and never while anything still refers to it (the caller, a
-    view, a DLPack capsule), after it was changed (resized, made to need a gradient), or
-    while the stream is being captured (nor one made during a capture)."""
+    view, a DLPack capsule, a weak reference), after it was changed (resized, made to need a
+    gradient), or while the stream is being captured (nor one made during a capture)."""
     import weakref
 
     torch = pytest.importorskip("torch")
@@ -1130,7 +1151,8 @@ def test_an_output_the_caller_dropped_is_handed_out_again(monkeypatch):
     monkeypatch.setattr(
         torch._C, "_cuda_isCurrentStreamCapturing", lambda: capturing[0], raising=False
     )
-    monkeypatch.setattr(_plan, "RECYCLE_BYTES", 1 << 20)  # opt-in
+    monkeypatch.setattr(_plan, "RECYCLING", [True])
+    assert _plan.RECYCLE_BYTES == 1 << 20  # on by default
     x = torch.randn(2, 64, dtype=torch.float16)
     replay = _plan._replay(None, 1, [(None, "torch", 0, None, (2, 64), f16, 0)], "o0")
     assert "KEPT0.pop()" in replay.source
@@ -1138,33 +1160,77 @@ def test_an_output_the_caller_dropped_is_handed_out_again(monkeypatch):
     def call():
         return replay(x.data_ptr(), x)
 
+    marks = itertools.count()
+
     def dropped(keep=lambda out: None) -> tuple:
-        """A call's output, dropped (``keep`` may hold on to something of it): (a weak
-        reference to it, what ``keep`` returned)."""
+        """A call's output, marked and dropped (``keep`` may hold on to something of it):
+        (its mark, what ``keep`` returned)."""
         out = call()
-        return weakref.ref(out), keep(out)
+        out.kaio_test_mark = mark = next(marks)  # tells the object again, holding nothing
+        return mark, keep(out)
+
+    def again(out, mark) -> bool:
+        return getattr(out, "kaio_test_mark", None) == mark
 
     last, _ = dropped()
-    assert call() is last()  # dropped: handed out again
+    assert again(call(), last)  # dropped: handed out again
     held = call()
     assert call() is not held
     del held
-    for keep in (lambda out: out[0], to_dlpack):  # a view, a capsule
+    for keep in (lambda out: out[0], to_dlpack, weakref.ref):  # a view, a capsule, a weakref
         last, kept = dropped(keep)
-        assert call() is not last()
+        assert not again(call(), last)
         del kept
     for change in (lambda t: t.resize_(4, 64), lambda t: t.requires_grad_(True)):
         last, _ = dropped(change)
         fresh = call()
-        assert fresh is not last() and fresh.shape == (2, 64) and not fresh.requires_grad
+        assert not again(fresh, last) and fresh.shape == (2, 64) and not fresh.requires_grad
         del fresh
     capturing[0] = True
     last, _ = dropped()
     made = [weakref.ref(call()) for _ in range(2)]  # none kept
-    assert all(r() is None for r in made) and last() is None
+    assert all(r() is None for r in made)
     capturing[0] = False
     last, _ = dropped()
-    assert call() is last()
+    assert again(call(), last)
+
+
+def test_a_record_stream_anywhere_stops_handing_outputs_out_again(monkeypatch):
+    """``Tensor.record_stream`` (which the references cannot show: torch's allocator then
+    keeps a dropped tensor's memory for the other stream's work) on any tensor turns the
+    handing out again off for every plan; a plan built while torch.distributed is
+    initialized never hands out again; ``KAIO_RECYCLE_OUTPUTS=0`` turns it off."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False, raising=False)
+    monkeypatch.setattr(_plan, "RECYCLING", [True])
+    x = torch.randn(2, 64, dtype=torch.float16)
+    allocations = [(None, "torch", 0, None, (2, 64), f16, 0)]
+    replay = _plan._replay(None, 1, allocations, "o0")
+
+    def call():
+        return replay(x.data_ptr(), x)
+
+    out = call()
+    ptr = out.data_ptr()
+    del out
+    assert call().data_ptr() == ptr  # handed out again (the first output, dropped)
+    other = torch.randn(3)
+    try:  # a CPU tensor: torch refuses it after the watch has seen the call
+        other.record_stream(torch.Stream())
+    except Exception:  # noqa: BLE001
+        pass
+    assert _plan.RECYCLING == [False]
+    out = call()
+    out.kaio_test_mark = 1
+    del out
+    assert getattr(call(), "kaio_test_mark", None) is None  # a new output
+    monkeypatch.setattr(_plan, "RECYCLING", [True])
+    monkeypatch.setattr(_plan, "_distributed", lambda torch: True)
+    assert "KEPT0.pop()" not in _plan._replay(None, 1, allocations, "o0").source
+    monkeypatch.undo()
+    code = "from kaio_ops import _plan; assert _plan.RECYCLE_BYTES == 0"
+    env = {**os.environ, "KAIO_RECYCLE_OUTPUTS": "0", "PYTHONPATH": os.getcwd()}
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
 
 
 def test_a_plan_keeps_its_small_workspace_between_calls(fake, monkeypatch):
