@@ -212,6 +212,15 @@ def build(recorder, arrays: list, pointers: tuple, result) -> Callable | None:
         like = _Like(like_obj.device) if kind == "kaio" else None
         twin = _input_like(arrays, like_obj, shape, dtype) if kind == "torch" else None
         allocations.append((made, kind, device, like, shape, dtype, twin))
+
+    def viewed(address: int) -> tuple | None:
+        """(source, address) of the one input or output at ``address``: the array the op
+        viewed there (``b.t()``, x [B, S, K] seen as [M, K], fp8 seen as 16-bit units) is a
+        view of it, which every call of the key makes alike at that array's address; None
+        if none or several are there (the array is then one the op made: not replayable)."""
+        at = {found for found in where.values() if found[1] == address}
+        return at.pop() if len(at) == 1 else None
+
     steps = []
     for prepared, args in recorder.launches:
         sources = {}
@@ -221,6 +230,8 @@ def build(recorder, arrays: list, pointers: tuple, result) -> Callable | None:
             if id(owner) in _arrays._CONSTANTS:
                 continue
             found = where.get(id(owner))
+            if found is None and _arrays._kind(owner) in ("torch", "kaio", "cupy"):
+                found = viewed(_arrays._address(owner, _arrays._kind(owner)))
             if found is None:
                 return None  # an array made or viewed inside the op: its address is unknown
             source, base = found
@@ -229,12 +240,9 @@ def build(recorder, arrays: list, pointers: tuple, result) -> Callable | None:
             if id(tm.array) in _arrays._CONSTANTS:
                 continue
             address = _arrays._address(tm.array, _arrays._kind(tm.array))
-            found = where.get(id(tm.array))
-            if found is None:  # a view the op made of an input (x [B, S, K] seen as [M, K])
-                at = [i for i, p in enumerate(pointers) if p == address and arrays[i] is not None]
-                if len(at) != 1:
-                    return None
-                found = (at[0], address)
+            found = where.get(id(tm.array)) or viewed(address)
+            if found is None:
+                return None
             source, base = found
             sources[k] = (source, address - base)
         steps.append((prepared, sources))

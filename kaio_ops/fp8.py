@@ -15,6 +15,7 @@ from kaio.types import ScalarType
 from kaio_ops import _arrays
 from kaio_ops import _fp8 as K
 from kaio_ops import _fp8_hopper as H
+from kaio_ops._plan import planned
 
 __all__ = ["quantize_fp8", "matmul_fp8"]
 
@@ -139,6 +140,7 @@ def _require_fp8_gpu(a: _arrays.Operand) -> None:
         )
 
 
+@planned("a", "b", "scale_a", "scale_b", "bias")
 def matmul_fp8(a, b, scale_a, scale_b, *, out_dtype=None, bias=None):
     """``(a @ b) * scale_a * scale_b (+ bias)``, ``torch._scaled_mm``'s contract: f32
     accumulation, one rounding to ``out_dtype``.

@@ -352,6 +352,48 @@ def test_an_op_made_of_planned_ops_records_their_launches(fake):
     assert len(_plan.plans_of(twice)) == 1
 
 
+def test_matmul_fp8_replays_what_it_launches(fake, monkeypatch):
+    """matmul_fp8 has plans: mma.sync (sm_89) and wgmma (sm_90, tensor maps over the 16-bit
+    views the op makes of its inputs and workspace, traced to them at their addresses), with
+    and without bias, a row-major b (transposed into a workspace first); a new shape of a
+    scale, another plan; a wrong scale still raises."""
+    from kaio import e4m3
+
+    tensormap = importlib.import_module("kaio.tensormap")
+
+    def encode(tm, address=None):  # a fake cuTensorMapEncodeTiled: the address, the box
+        address = tm.array.ptr if address is None else address
+        return (address.to_bytes(8, "little") + bytes(tm.box)).ljust(128, b"\0")
+
+    monkeypatch.setattr(tensormap, "_encode", encode)
+    plans = _plan.plans_of(kaio_ops.matmul_fp8)
+
+    def args(m=16, per_row=False):
+        a, b = fake.array((m, 64), e4m3), fake.array((64, 32), e4m3)
+        sa = fake.array((m, 1) if per_row else (1,), f32)
+        return a, b, sa, fake.array((1,), f32)
+
+    # one fake GPU for both kernels: launchers keep the kernel handles they were built with
+    for arch in ((8, 9), (9, 0)):
+        gpu = types.SimpleNamespace(compute_capability=arch, multiprocessor_count=132)
+        monkeypatch.setattr(_arrays, "gpu", lambda like, gpu=gpu: gpu)
+        _plan.clear()  # the fake GPUs are both GPU 0
+        for kwargs in ({}, {"bias": None}, {"out_dtype": "f16"}):
+            for _ in range(2):
+                planned, unplanned, _ = fake.run(kaio_ops.matmul_fp8, *args(), **kwargs)
+                assert planned == unplanned
+        bias = fake.array((32,), bf16)
+        planned, unplanned, _ = fake.run(kaio_ops.matmul_fp8, *args(), bias=bias)
+        assert planned == unplanned
+        assert bias.ptr.to_bytes(8, "little") in planned[-1][5]
+        assert None not in plans.values()
+        count = len(plans)
+        planned, unplanned, _ = fake.run(kaio_ops.matmul_fp8, *args(per_row=True))
+        assert planned == unplanned and len(plans) == count + 1
+        with pytest.raises(ValueError, match="scale_a"):
+            kaio_ops.matmul_fp8(*args()[:2], fake.array((3,), f32), args()[3])
+
+
 # ----------------------------------------------------------------------------- on a GPU
 def _torch_cuda():
     torch = pytest.importorskip("torch")
