@@ -374,6 +374,7 @@ def op_pairs():
     import torch.nn.functional as F
 
     import kaio_ops
+    from bench.fp8 import fp8_operands, scaled_mm
     from bench.quantized import int4_inputs
 
     def randn(*shape, dtype=torch.float16):
@@ -395,6 +396,7 @@ def op_pairs():
     qd = randn(1, 32, 1, 128)  # decode attention: Llama-3-8B heads over a 4k-token cache
     kc, vc = randn(1, 8, 4096, 128), randn(1, 8, 4096, 128)
     lens = torch.full((1,), 4096, device="cuda", dtype=torch.int32)
+    fp8 = fp8_operands(1, 4096, 4096, rowwise=False)  # b column-major, as torch takes it
 
     def rope_torch():
         x1, x2 = xr[..., :64], xr[..., 64:]
@@ -439,6 +441,8 @@ def op_pairs():
         ("flash_attention_decode q [1, 32, 1, 128], kv [1, 8, 4096, 128]",
          kaio_ops.flash_attention_decode, (qd, kc, vc, lens),
          "SDPA (GQA)", lambda: F.scaled_dot_product_attention(qd, kc, vc, enable_gqa=True)),
+        ("matmul_fp8 [1, 4096] x [4096, 4096] e4m3", kaio_ops.matmul_fp8, fp8,
+         "torch._scaled_mm (M padded to 16)", lambda: scaled_mm(*fp8)),
     ]  # fmt: skip
 
 

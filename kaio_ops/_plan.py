@@ -749,6 +749,19 @@ def _generate(fn: Callable, array_names: tuple) -> Callable:
         "        return MISS",
         f"    return replay({pointers}, {arrays_args})",
     ]
+    # dispatch_entry(fallback): replay_only with the miss handled inside (``fallback`` called
+    # with every argument, positionally), for torch.ops.kaio: one Python call to the launch
+    lines += ["def dispatch_entry(FALLBACK):", f"    def {fn.__name__}({', '.join(header)}):"]
+    lines += ["    " + line for line in body]
+    lines += [
+        "        except Exception:",
+        f"            return FALLBACK({all_args})",
+        "        replay = plans.get(key)",
+        "        if replay is None or recordings[0]:",
+        f"            return FALLBACK({all_args})",
+        f"        return replay({pointers}, {arrays_args})",
+        f"    return {fn.__name__}",
+    ]
     env["MISS"] = MISS
     env["recordings"] = recordings
     env["SIMULATING"] = sim.anywhere
@@ -758,5 +771,6 @@ def _generate(fn: Callable, array_names: tuple) -> Callable:
     functools.update_wrapper(wrapper, fn)
     wrapper._plans = plans
     wrapper.replay_only = env["replay_only"]
+    wrapper.dispatch_entry = env["dispatch_entry"]
     wrapper.source = source
     return wrapper

@@ -761,16 +761,8 @@ def _implementation(spec: OpSpec, names: list, written: tuple = ()) -> Callable:
     writes (kaio_ops refuses them if they are not contiguous)."""
     op = getattr(kaio_ops, spec.name)
     fn = _positional(op)
-    # A call whose plan exists (contiguous CUDA tensors of a signature already run) goes
-    # straight to it: the checks and copies below would find nothing to do
-    replay_only = getattr(op, "replay_only", None)
-    miss = _plan.MISS
 
     def impl(*args, **kwargs):  # kwargs: the schema's keyword-only (non-tensor) arguments
-        if replay_only is not None and not kwargs:
-            out = replay_only(*args)
-            if out is not miss:
-                return out
         _check_devices(spec.name, names, args)
         if spec.contiguous:
             args = [
@@ -788,7 +780,13 @@ def _implementation(spec: OpSpec, names: list, written: tuple = ()) -> Callable:
             return None
         return tuple(map(_from_numpy, out)) if isinstance(out, tuple) else _from_numpy(out)
 
-    return impl
+    # A call whose plan exists (contiguous CUDA tensors of a signature already run) goes
+    # straight to it, in the op's generated entry (its wrapper's lookup; on a miss, impl):
+    # the checks and copies of impl would find nothing to do
+    # (it takes every parameter positionally in signature order, as the dispatcher passes
+    # them, or by name: the schema's keyword-only arguments)
+    entry = getattr(op, "dispatch_entry", None)
+    return impl if entry is None else entry(impl)
 
 
 def _fake(spec: OpSpec, names: list) -> Callable:

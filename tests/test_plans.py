@@ -584,7 +584,7 @@ def test_planned_keyword_only_signature_is_kept():
 
 def test_torch_ops_fast_path_takes_keyword_only_arguments_positionally(fake, monkeypatch):
     """torch.ops.kaio.linear's implementation gets every argument positionally (the
-    dispatcher's order): a call with a plan replays it through ``replay_only`` without the
+    dispatcher's order): a call with a plan replays it through ``dispatch_entry`` without the
     device checks or the op's body; a call without one runs the op (keyword-only arguments
     passed by name) and leaves a plan."""
     pytest.importorskip("torch")
@@ -597,7 +597,7 @@ def test_torch_ops_fast_path_takes_keyword_only_arguments_positionally(fake, mon
     assert out.kaio_dtype == f32 and len(_plan.plans_of(kaio_ops.linear)) == 1
 
     def entered(*args):
-        raise AssertionError("a call with a plan went past replay_only")
+        raise AssertionError("a call with a plan went past dispatch_entry")
 
     monkeypatch.setattr(kt, "_check_devices", entered)
     monkeypatch.setattr(linear_module, "gemm", entered)  # the op's body
@@ -875,8 +875,9 @@ def test_torch_keys_tell_every_signature_apart(monkeypatch):
 
 def test_torch_calls_replay_only_their_own_plan(monkeypatch):
     """A plan stored under a torch call's key is replayed, with the new tensors' addresses,
-    by calls of that signature and by no other (through the op and through
-    ``replay_only``, torch.ops.kaio's entry)."""
+    by calls of that signature and by no other (through the op, through ``replay_only``
+    and through ``dispatch_entry``, torch.ops.kaio's entry, which calls its fallback on a
+    miss)."""
     pytest.importorskip("torch")
     keys = _TorchKeys(monkeypatch, kaio_ops.rms_norm)
     t = keys.tensor
@@ -885,9 +886,13 @@ def test_torch_calls_replay_only_their_own_plan(monkeypatch):
     x, w = t(4, 64), t(64)
     assert kaio_ops.rms_norm(x, w) == ("replayed", (x.data_ptr(), w.data_ptr()))
     assert kaio_ops.rms_norm.replay_only(x, w, 1e-6) == ("replayed", (x.data_ptr(), w.data_ptr()))
+    entry = kaio_ops.rms_norm.dispatch_entry(lambda *args: ("fell back", args))
+    assert entry(x, w, 1e-6) == ("replayed", (x.data_ptr(), w.data_ptr()))
+    assert entry(x, w, eps=1e-6) == ("replayed", (x.data_ptr(), w.data_ptr()))
     for stale in [(t(4, 64, t=True), t(64)), (t(4, 32), t(32)), (t(4, 64), t(64, gpu=1))]:
         assert kaio_ops.rms_norm(*stale) is None  # a miss (recorded), not the plan
         assert kaio_ops.rms_norm.replay_only(*stale, 1e-6) is _plan.MISS
+        assert entry(*stale, 1e-6) == ("fell back", (*stale, 1e-6))
 
 
 def test_torch_keys_of_an_optional_array(monkeypatch):
