@@ -736,6 +736,39 @@ def test_torch_ops_composite_and_repeated_array_calls_build_and_replay_plans():
 
 
 @pytest.mark.gpu
+def test_matmul_fp8_plans_compute_right_on_a_gpu():
+    """On an fp8 GPU: matmul_fp8 replays its plans on new inputs (b column-major, as torch
+    takes it, and row-major: transposed into a workspace first; per-tensor and per-row
+    scales; bias) with the results of float64 on the same fp8 values."""
+    torch = _torch_cuda()
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 needs sm_89 or newer")
+    _plan.clear()
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    m, k, n = 16, 256, 128
+    for rowwise, col_major, biased in (
+        (False, True, False),
+        (True, True, True),
+        (False, False, True),
+    ):
+        for _ in range(3):  # recorded, then replayed on new inputs
+            x = torch.randn(m, k, device="cuda", generator=gen)
+            w = torch.randn(n, k, device="cuda", generator=gen)
+            a, sa = kaio_ops.quantize_fp8(x, per="row" if rowwise else "tensor")
+            wq, sw = kaio_ops.quantize_fp8(w, per="row" if rowwise else "tensor")
+            sb = sw.view(1, n) if rowwise else sw
+            b = wq.t() if col_major else wq.t().contiguous()
+            bias = torch.randn(n, device="cuda", generator=gen).bfloat16() if biased else None
+            got = kaio_ops.matmul_fp8(a, b, sa, sb, bias=bias)
+            want = (a.double() @ b.double()) * sa.double().reshape(-1, 1) * sb.double()
+            if biased:
+                want = want + bias.double()
+            assert _error(torch, got, want) < 1e-2
+    plans = _plan.plans_of(kaio_ops.matmul_fp8)
+    assert len(plans) == 3 and None not in plans.values()
+
+
+@pytest.mark.gpu
 def test_outputs_handed_out_again_compute_right_on_a_gpu(monkeypatch):
     """On a GPU: an add whose output was dropped hands the same tensor out again, with the
     new result; outputs the caller keeps are all distinct and right; a graph captured
