@@ -388,8 +388,8 @@ def dispatch_rows(out: dict) -> None:
 
 def gemv_rows(out: dict) -> None:
     """``kaio_ops.matmul`` at M = 1, K = N = 4096 (f16, B [K, N]): GPU time a call back to
-    back (queued behind a spinner, CUDA events) and host time a call, as routed (the
-    mma.sync kernel with a K split and its sum: two launches) and through the one-launch
+    back (queued behind a spinner, CUDA events) and host time a call, through the mma.sync
+    kernel with a K split and its sum (two launches) and through the one-launch
     skinny kernel (``_gemv.gemv_kn``, its K split summed by the last block), the weight the
     same (L2-warm) or rotated over 4 (128 MB, past the L2); cuBLAS (``x @ w``) beside."""
     import importlib
@@ -408,8 +408,8 @@ def gemv_rows(out: dict) -> None:
     routed = linear.MEASURED[key]
     out["gemv"] = {}
     for label, table in (
-        ("routed (mma.sync split-K)", routed),
-        ("gemv_kn", [(1, "gemv")] + routed),
+        ("mma.sync split-K", [(1, "mma.sync"), *routed]),
+        ("gemv_kn", [(1, "gemv"), *routed]),
     ):
         linear.MEASURED[key] = table
         _plan.clear()
