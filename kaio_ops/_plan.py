@@ -584,17 +584,20 @@ def _held_workspaces(env: dict, scratch: list, inputs: int, recycled: list) -> l
     ]
 
 
-def planned(*array_names: str) -> Callable:
+def planned(*array_names: str, settings: Callable[[], object] | None = None) -> Callable:
     """Decorator: call plans for an op whose array parameters are ``array_names`` (the
-    others are keyed by value). The wrapper has the op's name, signature and docstring."""
+    others are keyed by value). The wrapper has the op's name, signature and docstring.
+    ``settings``: a function whose (hashable) result is part of every key, for a setting
+    the op reads at plan time that tests and plan searches change (matmul_fp8's tile
+    choice, ``_fp8_hopper.config``): a changed setting finds its own plans."""
 
     def wrap(fn: Callable) -> Callable:
-        return _generate(fn, array_names)
+        return _generate(fn, array_names, settings)
 
     return wrap
 
 
-def _generate(fn: Callable, array_names: tuple) -> Callable:
+def _generate(fn: Callable, array_names: tuple, settings: Callable | None = None) -> Callable:
     signature = inspect.signature(fn)
     names = list(signature.parameters)
     for name, p in signature.parameters.items():
@@ -654,7 +657,7 @@ def _generate(fn: Callable, array_names: tuple) -> Callable:
     if tensor is _NoTorch:
         _UNBOUND.append(env)
     env["stream_key"] = lambda obj, raw: stream_key(obj, raw)  # looked up per call: patchable
-    env.update(current=current, plans=plans, slow=slow, fn=fn)
+    env.update(current=current, plans=plans, slow=slow, fn=fn, SETTINGS=settings)
     header = []
     for i, name in enumerate(names):
         default = signature.parameters[name].default
@@ -719,9 +722,12 @@ def _generate(fn: Callable, array_names: tuple) -> Callable:
     call_args = ", ".join(names[:first] + [f"{n}={n}" for n in named])
     # simulate() blocks: the thread's count, read only while a block is open somewhere
     simulating = "(SIMULATING[0] and current.simulating)"
+    if settings is not None:  # the op's own settings (planned(settings=...)), read per call
+        keys.append("SETTINGS()")
     describe_lines.append(f"    key = ({', '.join(keys)}, stream, {simulating})")
     stream = "RAW(d) if d >= 0 else None"
     fast_keys += [f"{n}, type({n})" for n in others] + [stream, simulating]
+    fast_keys += ["SETTINGS()"] if settings is not None else []
     fast_lines.append(f"        key = ({', '.join(fast_keys)})")
     lines += ["    " + line for line in [*fast_lines, "    else:"]]
     lines += ["        " + line for line in describe_lines]
