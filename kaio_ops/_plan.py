@@ -584,20 +584,20 @@ def _held_workspaces(env: dict, scratch: list, inputs: int, recycled: list) -> l
     ]
 
 
-def planned(*array_names: str, settings: Callable[[], object] | None = None) -> Callable:
+def planned(*array_names: str, when: Callable[[], bool] | None = None) -> Callable:
     """Decorator: call plans for an op whose array parameters are ``array_names`` (the
     others are keyed by value). The wrapper has the op's name, signature and docstring.
-    ``settings``: a function whose (hashable) result is part of every key, for a setting
-    the op reads at plan time that tests and plan searches change (matmul_fp8's tile
-    choice, ``_fp8_hopper.config``): a changed setting finds its own plans."""
+    ``when``: a function asked at each call whether plans serve it; when it says no, the
+    op runs as written (for a choice the op makes at plan time that tests and plan
+    searches replace: matmul_fp8's tile choice, ``_fp8_hopper.config``)."""
 
     def wrap(fn: Callable) -> Callable:
-        return _generate(fn, array_names, settings)
+        return _generate(fn, array_names, when)
 
     return wrap
 
 
-def _generate(fn: Callable, array_names: tuple, settings: Callable | None = None) -> Callable:
+def _generate(fn: Callable, array_names: tuple, when: Callable | None = None) -> Callable:
     signature = inspect.signature(fn)
     names = list(signature.parameters)
     for name, p in signature.parameters.items():
@@ -657,7 +657,7 @@ def _generate(fn: Callable, array_names: tuple, settings: Callable | None = None
     if tensor is _NoTorch:
         _UNBOUND.append(env)
     env["stream_key"] = lambda obj, raw: stream_key(obj, raw)  # looked up per call: patchable
-    env.update(current=current, plans=plans, slow=slow, fn=fn, SETTINGS=settings)
+    env.update(current=current, plans=plans, slow=slow, fn=fn, WHEN=when)
     header = []
     for i, name in enumerate(names):
         default = signature.parameters[name].default
@@ -722,16 +722,15 @@ def _generate(fn: Callable, array_names: tuple, settings: Callable | None = None
     call_args = ", ".join(names[:first] + [f"{n}={n}" for n in named])
     # simulate() blocks: the thread's count, read only while a block is open somewhere
     simulating = "(SIMULATING[0] and current.simulating)"
-    if settings is not None:  # the op's own settings (planned(settings=...)), read per call
-        keys.append("SETTINGS()")
     describe_lines.append(f"    key = ({', '.join(keys)}, stream, {simulating})")
     stream = "RAW(d) if d >= 0 else None"
     fast_keys += [f"{n}, type({n})" for n in others] + [stream, simulating]
-    fast_keys += ["SETTINGS()"] if settings is not None else []
     fast_lines.append(f"        key = ({', '.join(fast_keys)})")
     lines += ["    " + line for line in [*fast_lines, "    else:"]]
     lines += ["        " + line for line in describe_lines]
     body = lines[1:]
+    if when is not None:  # planned(when=...): no plans while it says no
+        lines[1:1] = ["    if not WHEN():", f"        return fn({call_args})"]
     lines += [
         "    except Exception:  # not an array these keys describe (a meta tensor, say)",
         f"        return fn({call_args})",
@@ -746,7 +745,9 @@ def _generate(fn: Callable, array_names: tuple, settings: Callable | None = None
         f"    return replay({pointers}, {arrays_args})",
     ]
     # replay_only: the same lookup, MISS instead of running the op (kaio_ops.torch's impl)
-    lines += [f"def replay_only({', '.join(header)}):", *body]
+    lines += [f"def replay_only({', '.join(header)}):"]
+    lines += ["    if not WHEN():", "        return MISS"] if when is not None else []
+    lines += body
     lines += [
         "    except Exception:",
         "        return MISS",
@@ -758,6 +759,8 @@ def _generate(fn: Callable, array_names: tuple, settings: Callable | None = None
     # dispatch_entry(fallback): replay_only with the miss handled inside (``fallback`` called
     # with every argument, positionally), for torch.ops.kaio: one Python call to the launch
     lines += ["def dispatch_entry(FALLBACK):", f"    def {fn.__name__}({', '.join(header)}):"]
+    if when is not None:
+        lines += ["        if not WHEN():", f"            return FALLBACK({all_args})"]
     lines += ["    " + line for line in body]
     lines += [
         "        except Exception:",

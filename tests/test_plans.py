@@ -356,8 +356,8 @@ def test_matmul_fp8_replays_what_it_launches(fake, monkeypatch):
     """matmul_fp8 has plans: mma.sync (sm_89) and wgmma (sm_90, tensor maps over the 16-bit
     views the op makes of its inputs and workspace, traced to them at their addresses), with
     and without bias, a row-major b (transposed into a workspace first); a new shape of a
-    scale or a forced tile choice (``_fp8_hopper.config`` replaced), another plan; a wrong
-    scale still raises."""
+    scale, another plan; a forced tile choice (``_fp8_hopper.config`` replaced) runs
+    unplanned; a wrong scale still raises."""
     from kaio import e4m3
 
     tensormap = importlib.import_module("kaio.tensormap")
@@ -395,11 +395,15 @@ def test_matmul_fp8_replays_what_it_launches(fake, monkeypatch):
             kaio_ops.matmul_fp8(*args()[:2], fake.array((3,), f32), args()[3])
     hopper = importlib.import_module("kaio_ops._fp8_hopper")
     count, chosen = len(plans), hopper.config
-    forced = hopper.plan(1, 64)[:5]  # a tile choice forced (the plan search, tests)
+    forced = hopper.plan(1, 128)[:5]  # a tile choice forced (the plan search, tests)
+    assert chosen(16, 32, 64, 132)[:5] != forced
     monkeypatch.setattr(hopper, "config", lambda *a: forced)
-    planned, unplanned, _ = fake.run(kaio_ops.matmul_fp8, *args())
-    assert planned == unplanned and len(plans) == count + 1  # not the other choice's plan
-    assert chosen(16, 32, 64, 132) != forced
+    for _ in range(2):
+        planned, unplanned, _ = fake.run(kaio_ops.matmul_fp8, *args())
+        assert planned == unplanned and len(plans) == count  # runs unplanned, as forced
+    assert kaio_ops.matmul_fp8.replay_only(*args(), None, None) is _plan.MISS
+    monkeypatch.setattr(hopper, "config", chosen)
+    assert kaio_ops.matmul_fp8.replay_only(*args(), None, None) is not _plan.MISS
 
 
 # ----------------------------------------------------------------------------- on a GPU
