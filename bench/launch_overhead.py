@@ -20,7 +20,9 @@ process:
   torch eager doing the same work: what a decode step pays per op when it is not captured in
   a CUDA graph; each op also as ``torch.ops.kaio.<op>`` beside its floor: the ``kaio_ops``
   call plus the dispatcher's cost of an empty custom op registered the way kaio_ops.torch
-  registers its ops (``torch.ops.kaio_bench.empty``, measured in the same rounds).
+  registers its ops (``torch.ops.kaio_bench.empty_kaio``, and one of the op's own schema;
+  ``f.torch``: with torch.library.register_autograd's kernel, ``...empty``; measured in
+  the same rounds).
 
 Method. Each figure is the median, over BATCHES batches of BATCH launches, of the host time of
 one batch divided by BATCH, with no synchronization inside a batch (the GPU is drained between
@@ -446,21 +448,44 @@ def op_pairs():
     ]  # fmt: skip
 
 
+def _register_empty(lib, name: str, schema: str, made, kaio_way: bool):
+    """``torch.ops.kaio_bench.<name>`` of ``schema``, whose impl only returns ``made``
+    (tensors made beforehand), registered as kaio_ops.torch registers its ops (Library
+    define, a CompositeExplicitAutograd impl, a fake, an autograd formula: with
+    ``kaio_way``, kaio_ops.torch's Autograd kernel, which answers a call needing no
+    gradient itself, as it replays a plan; else torch.library.register_autograd's)."""
+    import torch
+
+    from kaio_ops.torch import _register_autograd
+
+    lib.define(name + schema)
+    lib.impl(name, lambda *args, **kwargs: made, "CompositeExplicitAutograd")
+    qualname = f"kaio_bench::{name}"
+    fake = (
+        (lambda *a, **k: tuple(t.new_empty(t.shape) for t in made))
+        if isinstance(made, tuple)
+        else (lambda *a, **k: made.new_empty(made.shape))
+    )
+    torch.library.register_fake(qualname, fake, lib=lib)
+    backward, setup = (lambda ctx, *g: g), (lambda ctx, inputs, output: None)
+    if kaio_way:
+        _register_autograd(lib, qualname, backward, setup, lambda *args: made)
+    else:
+        torch.library.register_autograd(qualname, backward, setup_context=setup, lib=lib)
+    return getattr(torch.ops.kaio_bench, name)
+
+
 def empty_custom_op():
-    """``torch.ops.kaio_bench.empty(x) -> Tensor``, registered as kaio_ops.torch registers
-    its ops (Library define, a CompositeExplicitAutograd impl, a fake, an autograd formula),
-    with an impl that only returns a tensor made beforehand: the dispatcher's own cost."""
+    """(the library, ``torch.ops.kaio_bench.empty(x) -> Tensor`` registered with
+    torch.library.register_autograd's kernel, the same registered as kaio_ops.torch
+    registers its ops): the dispatcher's own cost (``_register_empty``)."""
     import torch
 
     lib = torch.library.Library("kaio_bench", "FRAGMENT")
-    lib.define("empty(Tensor x) -> Tensor")
     made = torch.empty(1, device="cuda")
-    lib.impl("empty", lambda x: made, "CompositeExplicitAutograd")
-    torch.library.register_fake("kaio_bench::empty", lambda x: x.new_empty(1), lib=lib)
-    torch.library.register_autograd(
-        "kaio_bench::empty", lambda ctx, g: g, setup_context=lambda ctx, i, o: None, lib=lib
-    )
-    return lib, torch.ops.kaio_bench.empty
+    ops = [_register_empty(lib, name, "(Tensor x) -> Tensor", made, kaio_way)
+           for name, kaio_way in (("empty", False), ("empty_kaio", True))]  # fmt: skip
+    return lib, *ops
 
 
 def empty_twin(lib, op_name: str, made):
@@ -471,19 +496,7 @@ def empty_twin(lib, op_name: str, made):
     import torch
 
     schema = str(getattr(torch.ops.kaio, op_name).default._schema)
-    lib.define(op_name + schema[schema.index("(") :])
-    lib.impl(op_name, lambda *args, **kwargs: made, "CompositeExplicitAutograd")
-    qualname = f"kaio_bench::{op_name}"
-    fake = (
-        (lambda *a, **k: tuple(t.new_empty(t.shape) for t in made))
-        if isinstance(made, tuple)
-        else (lambda *a, **k: made.new_empty(made.shape))
-    )
-    torch.library.register_fake(qualname, fake, lib=lib)
-    torch.library.register_autograd(
-        qualname, lambda ctx, *g: g, setup_context=lambda ctx, i, o: None, lib=lib
-    )
-    return getattr(torch.ops.kaio_bench, op_name)
+    return _register_empty(lib, op_name, schema[schema.index("(") :], made, kaio_way=True)
 
 
 def _as_tensors(out):
@@ -516,9 +529,10 @@ def op_rows(results: dict) -> None:
 
     bench = Bench(OP_BATCH, OP_SPIN_MS * SPIN_MS)
     pairs = [p for p in op_pairs() if not OPS or p[1].__name__ in OPS]
-    lib, empty = empty_custom_op()
+    lib, empty, empty_kaio = empty_custom_op()
     probe = torch.empty(1, device="cuda")
     bench.row("torch.ops.kaio_bench.empty (dispatcher floor)", lambda: empty(probe))
+    bench.row("torch.ops.kaio_bench.empty_kaio (floor, kaio's way)", lambda: empty_kaio(probe))
     failed = results["op_errors"] = {}
     for label, op, args, spelled, torch_call in list(pairs):
         dispatched = getattr(torch.ops.kaio, op.__name__)
@@ -539,6 +553,8 @@ def op_rows(results: dict) -> None:
     print(f"  op batches that outlasted their spinner: {bench.late}")
     floor = rows["torch.ops.kaio_bench.empty (dispatcher floor)"]["host_us"]
     results["dispatcher_floor_us"] = floor
+    floor_kaio = rows["torch.ops.kaio_bench.empty_kaio (floor, kaio's way)"]["host_us"]
+    results["dispatcher_floor_kaio_us"] = floor_kaio
     results["ops"] = [
         {
             "op": label,
@@ -546,6 +562,7 @@ def op_rows(results: dict) -> None:
             "kaio_us": rows[f"kaio_ops.{label}"]["host_us"],
             "torch_ops_kaio_us": rows[f"torch.ops.kaio.{label}"]["host_us"],
             "torch_ops_floor_us": rows[f"kaio_ops.{label}"]["host_us"] + floor,
+            "torch_ops_floor_kaio_us": rows[f"kaio_ops.{label}"]["host_us"] + floor_kaio,
             # the same with the dispatcher's cost for this op's own schema
             "torch_ops_schema_floor_us": rows[f"kaio_ops.{label}"]["host_us"]
             + rows[f"torch.ops.kaio_bench.{label} (empty)"]["host_us"],
@@ -555,13 +572,14 @@ def op_rows(results: dict) -> None:
     ]
     print(
         f"  {'op':<44} {'kaio_ops':>8} {'torch':>8} {'ratio':>6} {'t.ops':>8} {'floor':>8} "
-        f"{'schema':>8}"
+        f"{'schema':>8} {'f.torch':>8}"
     )
     for r in results["ops"]:
         print(
             f"  {r['op']:<44} {r['kaio_us']:8.2f} {r['torch_us']:8.2f} "
             f"{r['torch_us'] / r['kaio_us']:6.2f} {r['torch_ops_kaio_us']:8.2f} "
-            f"{r['torch_ops_floor_us']:8.2f} {r['torch_ops_schema_floor_us']:8.2f}"
+            f"{r['torch_ops_floor_kaio_us']:8.2f} {r['torch_ops_schema_floor_us']:8.2f} "
+            f"{r['torch_ops_floor_us']:8.2f}"
         )
     del lib
 

@@ -1156,6 +1156,38 @@ def test_torch_ops_composites_replay_their_own_plan(monkeypatch):
         torch.ops.kaio.flash_attention_decode(q, k, v, lens)
 
 
+def test_torch_ops_replay_their_plan_at_the_autograd_key(monkeypatch):
+    """torch.ops.kaio.add (an op with register_autograd's formula) replays its plan in its
+    Autograd kernel (through ``replay_only``) when no input needs a gradient, grad mode on
+    or off; a call needing a gradient goes through register_autograd's kernel to the
+    implementation (``dispatch_entry``), which replays the same plan under autograd; a
+    call without a plan runs the implementation (which refuses the CPU tensors standing in
+    for CUDA ones here)."""
+    torch = pytest.importorskip("torch")
+    import kaio_ops.torch  # noqa: F401 (registers torch.ops.kaio)
+
+    keys = _TorchKeys(monkeypatch, kaio_ops.add)
+    t = keys.tensor
+    x, y = t(2, 64, dtype=torch.float16), t(2, 64, dtype=torch.float16)
+    keys.key(x, y)
+    callers = []
+
+    def replay(*pointers_and_arrays):
+        callers.append(sys._getframe(1).f_code.co_name)  # replay_only, or the entry ("add")
+        return torch.zeros(2, 64, dtype=torch.float16)
+
+    keys.plans[keys.misses[-1]] = replay
+    for grad in (True, False):
+        with torch.set_grad_enabled(grad):
+            assert not torch.ops.kaio.add(x, y).requires_grad
+    assert callers == ["replay_only", "replay_only"]
+    x.requires_grad_(True)
+    out = torch.ops.kaio.add(x, y)
+    assert callers[2:] == ["add"] and out.grad_fn is not None
+    with pytest.raises(ValueError, match="CPU tensor"):  # no plan for this signature
+        torch.ops.kaio.add(t(4, 64, dtype=torch.float16), t(4, 64, dtype=torch.float16))
+
+
 def test_outputs_like_a_contiguous_input_are_made_with_empty_like():
     """An output with a contiguous input's shape, dtype and device is made by
     ``torch.empty_like(input)`` in the replay (cheaper than ``torch.empty`` with keywords);
