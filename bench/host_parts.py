@@ -336,10 +336,11 @@ def _replay_only_hits(op, args) -> str:
 def dispatch_rows(out: dict) -> None:
     """The dispatcher's cost of an empty custom op (one tensor in, a tensor made beforehand
     out) registered in several ways: as kaio_ops.torch registers its ops (define, a
-    CompositeExplicitAutograd impl, a fake, register_autograd), without the autograd
-    formula, with an AutogradCUDA kernel that returns at once, as a
-    CompositeImplicitAutograd kernel (kaio_ops.torch's composites); beside them a planned
-    op called directly and through torch.ops.kaio (its impl replays the plan)."""
+    CompositeExplicitAutograd impl, a fake, ``_register_autograd``: an Autograd kernel that
+    answers a call needing no gradient itself), with torch.library.register_autograd's
+    kernel, without an autograd formula, as a CompositeImplicitAutograd kernel
+    (kaio_ops.torch's composites); beside them planned ops called directly and through
+    torch.ops.kaio."""
     import torch
 
     import kaio_ops
@@ -349,27 +350,34 @@ def dispatch_rows(out: dict) -> None:
     probe = torch.empty(1, device="cuda")
     lib = torch.library.Library("kaio_parts", "FRAGMENT")
     ops = {}
-    for name, autograd, cuda, implicit in (
-        ("as_kaio", True, False, False),
-        ("no_autograd", False, False, False),
-        ("autograd_cuda", True, True, False),
-        ("implicit", False, False, True),
+    from kaio_ops.torch import _register_autograd
+
+    def backward(ctx, g):
+        return g
+
+    def setup(ctx, inputs, output):
+        pass
+
+    for name, autograd, implicit in (
+        ("kaio_way", "kaio", False),
+        ("register_autograd", "torch", False),
+        ("no_autograd", None, False),
+        ("implicit", None, True),
     ):
         lib.define(f"{name}(Tensor x) -> Tensor")
+        qualname = f"kaio_parts::{name}"
         if implicit:
             lib.impl(name, lambda x: made, "CompositeImplicitAutograd")
         else:
             lib.impl(name, lambda x: made, "CompositeExplicitAutograd")
-            torch.library.register_fake(f"kaio_parts::{name}", lambda x: x.new_empty(1), lib=lib)
-        if autograd:
-            torch.library.register_autograd(
-                f"kaio_parts::{name}", lambda ctx, g: g, setup_context=lambda c, i, o: None, lib=lib
-            )
-        if cuda:
-            lib.impl(name, lambda x: made, "AutogradCUDA")
+            torch.library.register_fake(qualname, lambda x: x.new_empty(1), lib=lib)
+        if autograd == "torch":
+            torch.library.register_autograd(qualname, backward, setup_context=setup, lib=lib)
+        elif autograd == "kaio":
+            _register_autograd(lib, qualname, backward, setup, lambda *args: made)
         ops[name] = getattr(torch.ops.kaio_parts, name)
     rows = {f"empty op, {name}": (lambda f=f: f(probe)) for name, f in ops.items()}
-    rows["empty op, as_kaio, .default"] = lambda f=ops["as_kaio"].default: f(probe)
+    rows["empty op, kaio_way, .default"] = lambda f=ops["kaio_way"].default: f(probe)
     u = torch.randn(1, 14336, device="cuda", dtype=torch.float16)
     h = torch.randn(1, 4096, device="cuda", dtype=torch.float16)
     rows["kaio_ops.gelu"] = lambda: kaio_ops.gelu(u)
