@@ -373,7 +373,8 @@ def _recycled(env: dict, j: int, source: int, shape: tuple, dtype) -> list[str] 
         and not _distributed(torch)
     ):
         return None
-    env["CAPTURING"], env["REFS"], env["SOLO"] = capturing, sys.getrefcount, refs
+    env.setdefault("CAPTURING", capturing)  # _never_captured on the legacy default stream
+    env["REFS"], env["SOLO"] = sys.getrefcount, refs
     env["INFERENCE"], env["WEAK"] = torch.is_inference_mode_enabled, weakref.getweakrefcount
     env["RECYCLING"] = RECYCLING
     env[f"KEPT{j}"], env[f"S{j}"], env[f"D{j}"] = [], torch.Size(shape), _arrays.torch_dtype(dtype)
@@ -455,10 +456,16 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
     allocator serves the graph's own pool). That costs a fraction of a ``torch.empty``. It
     is done when torch's current device is the plan's, which the allocator serves;
     otherwise the workspace is a tensor like the outputs. A small workspace is kept by the
-    plan between its calls instead (``_held_workspaces``)."""
+    plan between its calls instead (``_held_workspaces``).
+
+    Whether the stream is being captured into a CUDA graph (0.5 µs to ask torch) is asked
+    only of a plan that launches on another stream than the legacy default one (stream 0,
+    which CUDA never captures: ``cudaStreamBeginCapture`` refuses it)."""
     env: dict = {}
     params = [f"p{i}" for i in range(inputs)] + [f"a{i}=None" for i in range(inputs)]
     lines = [f"def replay({', '.join(params)}):"]
+    if plan is not None and all(not prepared.stream for prepared, _ in plan.steps):
+        env["CAPTURING"] = _never_captured
     kept = {int(n) for n in re.findall(r"\bo(\d+)\b", returned)}
     raw = _raw_allocator() if plan is not None else None
     scratch, tensors = [], []  # (j, bytes) from the allocator; (j, line) as tensors
@@ -494,7 +501,7 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
         tensors.append((j, make + ([f"p{inputs + j} = {address}"] if plan else [])))
     launches = plan.code(env, lambda source: f"p{source}") if plan is not None else []
     if recycled:  # whether the stream is capturing, once; what this call made kept after it
-        lines.append("    capturing = CAPTURING()")
+        lines.append(f"    capturing = {_capture_test(env)}")
         launches = launches + [
             "    if not capturing:",
             *[f"        KEPT{j}.append((o{j}, q{j}))" for j in recycled],
@@ -538,6 +545,17 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
     return replay
 
 
+def _never_captured() -> bool:
+    """The capture test of a plan on the legacy default stream, which is never captured."""
+    return False
+
+
+def _capture_test(env: dict) -> str:
+    """The expression a replay asks whether its stream is being captured: ``False`` for a
+    plan on the legacy default stream (``_replay``), else torch's ``CAPTURING()``."""
+    return "False" if env["CAPTURING"] is _never_captured else "CAPTURING()"
+
+
 def _give_back(kept: list, free: Callable) -> None:
     """Give the workspaces a dropped plan kept back to torch's caching allocator."""
     while kept:
@@ -567,11 +585,12 @@ def _held_workspaces(env: dict, scratch: list, inputs: int, recycled: list) -> l
         return None
     if sum(size for _, size, _ in scratch) > HELD_BYTES:
         return None
-    env["CAPTURING"], env["HELD"] = capturing, []
+    env.setdefault("CAPTURING", capturing)  # _never_captured on the legacy default stream
+    env["HELD"] = []
     names = ", ".join(f"p{inputs + j}" for j, _, _ in scratch) + ","
     take = ", ".join(f"ALLOCATE({size}, STREAM)" for _, size, _ in scratch) + ","
     return [
-        *([] if recycled else ["capturing = CAPTURING()"]),
+        *([] if recycled else [f"capturing = {_capture_test(env)}"]),
         "try:",
         "    ws = HELD.pop()",
         "except IndexError:",

@@ -1319,6 +1319,37 @@ def test_an_output_the_caller_dropped_is_handed_out_again(monkeypatch):
     assert again(call(), last)
 
 
+def test_a_plan_on_the_default_stream_does_not_ask_about_captures(monkeypatch):
+    """A replay asks torch whether its stream is being captured (0.5 µs) only when its plan
+    launches on another stream than the legacy default one, which CUDA never captures; on
+    either, a dropped output is handed out again."""
+    torch = pytest.importorskip("torch")
+    asked = []
+
+    def capturing():
+        asked.append(1)
+        return False
+
+    monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", capturing, raising=False)
+    monkeypatch.setattr(_plan, "RECYCLING", [True])
+    x = torch.randn(2, 64, dtype=torch.float16)
+    for stream, asks in ((0, False), (None, False), (0x7F00_0000_1000, True)):
+
+        class Plan:  # one launch on ``stream`` that the replay does not need to run here
+            steps = [(types.SimpleNamespace(stream=stream), {})]
+
+            def code(self, env, address):
+                return []
+
+        replay = _plan._replay(Plan(), 1, [(None, "torch", 0, None, (2, 64), f16, 0)], "o0")
+        asked.clear()
+        out = replay(x.data_ptr(), x)
+        out.kaio_test_mark = stream
+        del out
+        assert getattr(replay(x.data_ptr(), x), "kaio_test_mark", "new") == stream
+        assert bool(asked) == asks and ("CAPTURING()" in replay.source) == asks
+
+
 def test_a_record_stream_anywhere_stops_handing_outputs_out_again(monkeypatch):
     """``Tensor.record_stream`` (which the references cannot show: torch's allocator then
     keeps a dropped tensor's memory for the other stream's work) on any tensor turns the
@@ -1368,6 +1399,7 @@ def test_a_plan_keeps_its_small_workspace_between_calls(fake, monkeypatch):
     monkeypatch.setattr(
         torch._C, "_cuda_isCurrentStreamCapturing", lambda: capturing[0], raising=False
     )
+    fake.stream = 0x7F00_0000_5000  # a stream that can be captured (not the legacy default)
     x, w = fake.array((1, 4096), f16), fake.array((4096, 4096), f16)
     kaio_ops.linear(x, w)
     (replay,) = _plan.plans_of(kaio_ops.linear).values()
