@@ -397,7 +397,8 @@ def dispatch_rows(out: dict) -> None:
 def gemv_rows(out: dict) -> None:
     """``kaio_ops.matmul`` at M = 1, K = N = 4096 (f16, B [K, N]): GPU time a call back to
     back (queued behind a spinner, CUDA events) and host time a call, through the mma.sync
-    kernel with a K split and its sum (two launches) and through the one-launch
+    kernel with a K split and its sum (two launches), the same summing its K split in the
+    kernel (``linear.MMA_FIXUP``: one launch) and through the one-launch
     skinny kernel (``_gemv.gemv_kn``, its K split summed by the last block), the weight the
     same (L2-warm) or rotated over 4 (128 MB, past the L2); cuBLAS (``x @ w``) beside."""
     import importlib
@@ -415,11 +416,14 @@ def gemv_rows(out: dict) -> None:
     key = (4096, 4096, "kn")
     routed = linear.MEASURED[key]
     out["gemv"] = {}
-    for label, table in (
-        ("mma.sync split-K", [(1, "mma.sync"), *routed]),
-        ("gemv_kn", [(1, "gemv"), *routed]),
+    fixup = linear.MMA_FIXUP
+    for label, table, in_kernel in (
+        ("mma.sync split-K", [(1, "mma.sync"), *routed], False),
+        ("mma.sync split-K summed in the kernel", [(1, "mma.sync"), *routed], True),
+        ("gemv_kn", [(1, "gemv"), *routed], False),
     ):
         linear.MEASURED[key] = table
+        linear.MMA_FIXUP = in_kernel
         _plan.clear()
         try:
             for w in ws:
@@ -427,10 +431,10 @@ def gemv_rows(out: dict) -> None:
                 want = x.double() @ w.double()
                 err = (torch.linalg.norm(got - want) / torch.linalg.norm(want)).item()
                 assert err < 1e-2, f"{label}: relative error {err}"
-            for name, fn in (
-                (f"kaio {label}", kaio_ops.matmul),
-                (f"cuBLAS x @ w [{label}]", torch.matmul),
-            ):
+            peers = [(f"kaio {label}", kaio_ops.matmul)]
+            if not in_kernel:
+                peers.append((f"cuBLAS x @ w [{label}]", torch.matmul))
+            for name, fn in peers:
                 for rot in (1, 4):
                     start, end = torch.cuda.Event(True), torch.cuda.Event(True)
                     times = []
@@ -449,7 +453,7 @@ def gemv_rows(out: dict) -> None:
                     out["gemv"][row] = {"gpu_us": gpu, "host_us": host}
                     print(f"  {row:<52} GPU {gpu:7.2f} us  host {host:6.2f} us", flush=True)
         finally:
-            linear.MEASURED[key] = routed
+            linear.MEASURED[key], linear.MMA_FIXUP = routed, fixup
             _plan.clear()
 
 
