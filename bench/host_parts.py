@@ -23,7 +23,9 @@ import functools
 import json
 import re
 import statistics
+import sys
 import time
+import weakref
 
 import kaio
 
@@ -83,6 +85,26 @@ def accessor_rows(out: dict) -> None:
         "torch.empty(x.shape, dtype, device)": lambda: torch.empty(x.shape, dtype=dt, device=dev),
         "raw_alloc + raw_delete (caching allocator)": lambda: delete(alloc(8192, 0)),
         "x.untyped_storage()": lambda: x.untyped_storage(),
+        "x.__cuda_array_interface__": lambda: x.__cuda_array_interface__,
+        "x.is_cuda": lambda: x.is_cuda,
+        "x.size()": lambda: x.size(),
+        "x.ndim": lambda: x.ndim,
+        "x.numel()": lambda: x.numel(),
+        "x.storage_offset()": lambda: x.storage_offset(),
+        "x.element_size()": lambda: x.element_size(),
+        "x.layout": lambda: x.layout,
+        "x.requires_grad": lambda: x.requires_grad,
+        "x.is_inference()": lambda: x.is_inference(),
+        "x._use_count()": lambda: x._use_count(),
+        "sys.getrefcount(x)": lambda: sys.getrefcount(x),
+        "weakref.getweakrefcount(x)": lambda: weakref.getweakrefcount(x),
+        "torch.is_inference_mode_enabled()": torch.is_inference_mode_enabled,
+        "_cuda_isCurrentStreamCapturing()": torch._C._cuda_isCurrentStreamCapturing,
+        "torch.empty_like(x, memory_format)": lambda: torch.empty_like(
+            x, memory_format=torch.contiguous_format
+        ),
+        "x.new_empty(x.shape)": lambda: x.new_empty(x.shape),
+        "torch.empty_like(x) + .data_ptr()": lambda: torch.empty_like(x).data_ptr(),
         "hash of a 14-item key": lambda: hash(key),
         "dict lookup of a 14-item key": lambda: plans.get(key),
     }
@@ -311,6 +333,130 @@ def _replay_only_hits(op, args) -> str:
     return f"{counting.hits} replayed, {counting.misses} missed"
 
 
+def dispatch_rows(out: dict) -> None:
+    """The dispatcher's cost of an empty custom op (one tensor in, a tensor made beforehand
+    out) registered in several ways: as kaio_ops.torch registers its ops (define, a
+    CompositeExplicitAutograd impl, a fake, ``_register_autograd``: an Autograd kernel that
+    answers a call needing no gradient itself), with torch.library.register_autograd's
+    kernel, without an autograd formula, as a CompositeImplicitAutograd kernel
+    (kaio_ops.torch's composites); beside them planned ops called directly and through
+    torch.ops.kaio."""
+    import torch
+
+    import kaio_ops
+    import kaio_ops.torch  # noqa: F401
+
+    made = torch.empty(1, device="cuda")
+    probe = torch.empty(1, device="cuda")
+    lib = torch.library.Library("kaio_parts", "FRAGMENT")
+    ops = {}
+    from kaio_ops.torch import _register_autograd
+
+    def backward(ctx, g):
+        return g
+
+    def setup(ctx, inputs, output):
+        pass
+
+    for name, autograd, implicit in (
+        ("kaio_way", "kaio", False),
+        ("register_autograd", "torch", False),
+        ("no_autograd", None, False),
+        ("implicit", None, True),
+    ):
+        lib.define(f"{name}(Tensor x) -> Tensor")
+        qualname = f"kaio_parts::{name}"
+        if implicit:
+            lib.impl(name, lambda x: made, "CompositeImplicitAutograd")
+        else:
+            lib.impl(name, lambda x: made, "CompositeExplicitAutograd")
+            torch.library.register_fake(qualname, lambda x: x.new_empty(1), lib=lib)
+        if autograd == "torch":
+            torch.library.register_autograd(qualname, backward, setup_context=setup, lib=lib)
+        elif autograd == "kaio":
+            _register_autograd(lib, qualname, backward, setup, lambda *args: made)
+        ops[name] = getattr(torch.ops.kaio_parts, name)
+    rows = {f"empty op, {name}": (lambda f=f: f(probe)) for name, f in ops.items()}
+    rows["empty op, kaio_way, .default"] = lambda f=ops["kaio_way"].default: f(probe)
+    u = torch.randn(1, 14336, device="cuda", dtype=torch.float16)
+    h = torch.randn(1, 4096, device="cuda", dtype=torch.float16)
+    rows["kaio_ops.gelu"] = lambda: kaio_ops.gelu(u)
+    rows["torch.ops.kaio.gelu"] = lambda: torch.ops.kaio.gelu(u)
+    rows["torch.ops.kaio.gelu.default"] = lambda f=torch.ops.kaio.gelu.default: f(u)
+    rows["kaio_ops.add"] = lambda: kaio_ops.add(h, h)
+    rows["torch.ops.kaio.add"] = lambda: torch.ops.kaio.add(h, h)
+    out["dispatch_ns"] = {}
+    for name, fn in rows.items():
+        ns = per_call_ns(fn, calls=2000, repeats=15)
+        torch.cuda.synchronize()
+        out["dispatch_ns"][name] = ns
+        print(f"  {name:<44} {ns:8.0f} ns", flush=True)
+    del lib
+
+
+def gemv_rows(out: dict) -> None:
+    """``kaio_ops.matmul`` at M = 1, K = N = 4096 (f16, B [K, N]): GPU time a call back to
+    back (queued behind a spinner, CUDA events) and host time a call, through the mma.sync
+    kernel with a K split and its sum (two launches), the same summing its K split in the
+    kernel (``linear.MMA_FIXUP``: one launch) and through the one-launch
+    skinny kernel (``_gemv.gemv_kn``, its K split summed by the last block), the weight the
+    same (L2-warm) or rotated over 4 (128 MB, past the L2); cuBLAS (``x @ w``) beside."""
+    import importlib
+
+    import torch
+
+    import kaio_ops
+    from bench.launch_overhead import Spinner
+    from kaio_ops import _plan
+
+    linear = importlib.import_module("kaio_ops.linear")
+    x = torch.randn(1, 4096, device="cuda", dtype=torch.float16)
+    ws = [torch.randn(4096, 4096, device="cuda", dtype=torch.float16) / 64 for _ in range(4)]
+    spinner = Spinner(5.0)
+    key = (4096, 4096, "kn")
+    routed = linear.MEASURED[key]
+    out["gemv"] = {}
+    fixup = linear.MMA_FIXUP
+    for label, table, in_kernel in (
+        ("mma.sync split-K", [(1, "mma.sync"), *routed], False),
+        ("mma.sync split-K summed in the kernel", [(1, "mma.sync"), *routed], True),
+        ("gemv_kn", [(1, "gemv"), *routed], False),
+    ):
+        linear.MEASURED[key] = table
+        linear.MMA_FIXUP = in_kernel
+        _plan.clear()
+        try:
+            for w in ws:
+                got = kaio_ops.matmul(x, w).double()
+                want = x.double() @ w.double()
+                err = (torch.linalg.norm(got - want) / torch.linalg.norm(want)).item()
+                assert err < 1e-2, f"{label}: relative error {err}"
+            peers = [(f"kaio {label}", kaio_ops.matmul)]
+            if not in_kernel:
+                peers.append((f"cuBLAS x @ w [{label}]", torch.matmul))
+            for name, fn in peers:
+                for rot in (1, 4):
+                    start, end = torch.cuda.Event(True), torch.cuda.Event(True)
+                    times = []
+                    for _ in range(5):
+                        spinner.start()
+                        start.record()
+                        for i in range(100):
+                            fn(x, ws[i % rot])
+                        end.record()
+                        end.synchronize()
+                        times.append(start.elapsed_time(end) * 10)
+                    gpu = statistics.median(times)
+                    host = per_call_ns(lambda fn=fn: fn(x, ws[0]), calls=200, repeats=21) / 1e3
+                    torch.cuda.synchronize()
+                    row = f"{name}, {'rotated' if rot > 1 else 'same'} weight"
+                    out["gemv"][row] = {"gpu_us": gpu, "host_us": host}
+                    print(f"  {row:<52} GPU {gpu:7.2f} us  host {host:6.2f} us", flush=True)
+        finally:
+            linear.MEASURED[key], linear.MMA_FIXUP = routed, fixup
+            _plan.clear()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="write the results as JSON to this file")
@@ -320,6 +466,8 @@ def main() -> None:
         "python": python_rows,
         "ops": op_parts,
         "plans": plan_rows,
+        "dispatch": dispatch_rows,
+        "gemv": gemv_rows,
     }
     parser.add_argument(
         "--only", choices=sorted(groups), action="append", help="run only these groups"

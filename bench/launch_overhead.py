@@ -20,7 +20,9 @@ process:
   torch eager doing the same work: what a decode step pays per op when it is not captured in
   a CUDA graph; each op also as ``torch.ops.kaio.<op>`` beside its floor: the ``kaio_ops``
   call plus the dispatcher's cost of an empty custom op registered the way kaio_ops.torch
-  registers its ops (``torch.ops.kaio_bench.empty``, measured in the same rounds).
+  registers its ops (``torch.ops.kaio_bench.empty_kaio``, and one of the op's own schema;
+  ``f.torch``: with torch.library.register_autograd's kernel, ``...empty``; measured in
+  the same rounds).
 
 Method. Each figure is the median, over BATCHES batches of BATCH launches, of the host time of
 one batch divided by BATCH, with no synchronization inside a batch (the GPU is drained between
@@ -374,6 +376,7 @@ def op_pairs():
     import torch.nn.functional as F
 
     import kaio_ops
+    from bench.fp8 import fp8_operands, scaled_mm
     from bench.quantized import int4_inputs
 
     def randn(*shape, dtype=torch.float16):
@@ -395,6 +398,7 @@ def op_pairs():
     qd = randn(1, 32, 1, 128)  # decode attention: Llama-3-8B heads over a 4k-token cache
     kc, vc = randn(1, 8, 4096, 128), randn(1, 8, 4096, 128)
     lens = torch.full((1,), 4096, device="cuda", dtype=torch.int32)
+    fp8 = fp8_operands(1, 4096, 4096, rowwise=False)  # b column-major, as torch takes it
 
     def rope_torch():
         x1, x2 = xr[..., :64], xr[..., 64:]
@@ -439,24 +443,49 @@ def op_pairs():
         ("flash_attention_decode q [1, 32, 1, 128], kv [1, 8, 4096, 128]",
          kaio_ops.flash_attention_decode, (qd, kc, vc, lens),
          "SDPA (GQA)", lambda: F.scaled_dot_product_attention(qd, kc, vc, enable_gqa=True)),
+        ("matmul_fp8 [1, 4096] x [4096, 4096] e4m3", kaio_ops.matmul_fp8, fp8,
+         "torch._scaled_mm (M padded to 16)", lambda: scaled_mm(*fp8)),
     ]  # fmt: skip
 
 
+def _register_empty(lib, name: str, schema: str, made, kaio_way: bool):
+    """``torch.ops.kaio_bench.<name>`` of ``schema``, whose impl only returns ``made``
+    (tensors made beforehand), registered as kaio_ops.torch registers its ops (Library
+    define, a CompositeExplicitAutograd impl, a fake, an autograd formula: with
+    ``kaio_way``, kaio_ops.torch's Autograd kernel, which answers a call needing no
+    gradient itself, as it replays a plan; else torch.library.register_autograd's)."""
+    import torch
+
+    from kaio_ops.torch import _register_autograd
+
+    lib.define(name + schema)
+    lib.impl(name, lambda *args, **kwargs: made, "CompositeExplicitAutograd")
+    qualname = f"kaio_bench::{name}"
+    fake = (
+        (lambda *a, **k: tuple(t.new_empty(t.shape) for t in made))
+        if isinstance(made, tuple)
+        else (lambda *a, **k: made.new_empty(made.shape))
+    )
+    torch.library.register_fake(qualname, fake, lib=lib)
+    backward, setup = (lambda ctx, *g: g), (lambda ctx, inputs, output: None)
+    if kaio_way:
+        _register_autograd(lib, qualname, backward, setup, lambda *args: made)
+    else:
+        torch.library.register_autograd(qualname, backward, setup_context=setup, lib=lib)
+    return getattr(torch.ops.kaio_bench, name)
+
+
 def empty_custom_op():
-    """``torch.ops.kaio_bench.empty(x) -> Tensor``, registered as kaio_ops.torch registers
-    its ops (Library define, a CompositeExplicitAutograd impl, a fake, an autograd formula),
-    with an impl that only returns a tensor made beforehand: the dispatcher's own cost."""
+    """(the library, ``torch.ops.kaio_bench.empty(x) -> Tensor`` registered with
+    torch.library.register_autograd's kernel, the same registered as kaio_ops.torch
+    registers its ops): the dispatcher's own cost (``_register_empty``)."""
     import torch
 
     lib = torch.library.Library("kaio_bench", "FRAGMENT")
-    lib.define("empty(Tensor x) -> Tensor")
     made = torch.empty(1, device="cuda")
-    lib.impl("empty", lambda x: made, "CompositeExplicitAutograd")
-    torch.library.register_fake("kaio_bench::empty", lambda x: x.new_empty(1), lib=lib)
-    torch.library.register_autograd(
-        "kaio_bench::empty", lambda ctx, g: g, setup_context=lambda ctx, i, o: None, lib=lib
-    )
-    return lib, torch.ops.kaio_bench.empty
+    ops = [_register_empty(lib, name, "(Tensor x) -> Tensor", made, kaio_way)
+           for name, kaio_way in (("empty", False), ("empty_kaio", True))]  # fmt: skip
+    return lib, *ops
 
 
 def empty_twin(lib, op_name: str, made):
@@ -467,23 +496,27 @@ def empty_twin(lib, op_name: str, made):
     import torch
 
     schema = str(getattr(torch.ops.kaio, op_name).default._schema)
-    lib.define(op_name + schema[schema.index("(") :])
-    lib.impl(op_name, lambda *args, **kwargs: made, "CompositeExplicitAutograd")
-    qualname = f"kaio_bench::{op_name}"
-    fake = (
-        (lambda *a, **k: tuple(t.new_empty(t.shape) for t in made))
-        if isinstance(made, tuple)
-        else (lambda *a, **k: made.new_empty(made.shape))
-    )
-    torch.library.register_fake(qualname, fake, lib=lib)
-    torch.library.register_autograd(
-        qualname, lambda ctx, *g: g, setup_context=lambda ctx, i, o: None, lib=lib
-    )
-    return getattr(torch.ops.kaio_bench, op_name)
+    return _register_empty(lib, op_name, schema[schema.index("(") :], made, kaio_way=True)
 
 
 def _as_tensors(out):
     return out if isinstance(out, tuple) else (out,)
+
+
+def _check_pair(torch, label: str, op, args: tuple, torch_call) -> None:
+    """Raise unless ``op(*args)`` (twice: the second call replays its plan) matches torch's
+    result to 1e-2 (relative norm)."""
+    if op.__name__ == "matmul_int8":  # the peer multiplies other (f16) weights
+        a8, b8 = args
+        reference = (a8.double() @ b8.double(),)
+    else:
+        reference = _as_tensors(torch_call())
+    for _ in range(2):
+        for got, want in zip(_as_tensors(op(*args)), reference, strict=False):
+            got, want = got.double(), want.double()
+            error = (torch.linalg.norm(got - want) / torch.linalg.norm(want)).item()
+            if not error < 1e-2:
+                raise AssertionError(f"kaio_ops.{label}: relative error {error:.2e} against torch")
 
 
 def op_rows(results: dict) -> None:
@@ -496,21 +529,20 @@ def op_rows(results: dict) -> None:
 
     bench = Bench(OP_BATCH, OP_SPIN_MS * SPIN_MS)
     pairs = [p for p in op_pairs() if not OPS or p[1].__name__ in OPS]
-    lib, empty = empty_custom_op()
+    lib, empty, empty_kaio = empty_custom_op()
     probe = torch.empty(1, device="cuda")
     bench.row("torch.ops.kaio_bench.empty (dispatcher floor)", lambda: empty(probe))
-    for label, op, args, spelled, torch_call in pairs:
+    bench.row("torch.ops.kaio_bench.empty_kaio (floor, kaio's way)", lambda: empty_kaio(probe))
+    failed = results["op_errors"] = {}
+    for label, op, args, spelled, torch_call in list(pairs):
         dispatched = getattr(torch.ops.kaio, op.__name__)
-        if op.__name__ == "matmul_int8":  # the peer multiplies other (f16) weights
-            a8, b8 = args
-            reference = (a8.double() @ b8.double(),)
-        else:
-            reference = _as_tensors(torch_call())
-        for got, want in zip(_as_tensors(op(*args)), reference, strict=False):
-            got, want = got.double(), want.double()
-            error = (torch.linalg.norm(got - want) / torch.linalg.norm(want)).item()
-            if not error < 1e-2:
-                raise AssertionError(f"kaio_ops.{label}: relative error {error:.2e} against torch")
+        try:
+            _check_pair(torch, label, op, args, torch_call)
+        except Exception as e:  # one failing op must not lose the other rows
+            failed[label] = f"{type(e).__name__}: {e}"
+            print(f"  {label}: failed: {failed[label]}", flush=True)
+            pairs.remove((label, op, args, spelled, torch_call))
+            continue
         bench.row(f"kaio_ops.{label}", lambda op=op, args=args: op(*args))
         bench.row(f"torch.ops.kaio.{label}", lambda f=dispatched, args=args: f(*args))
         twin = empty_twin(lib, op.__name__, op(*args))
@@ -521,6 +553,8 @@ def op_rows(results: dict) -> None:
     print(f"  op batches that outlasted their spinner: {bench.late}")
     floor = rows["torch.ops.kaio_bench.empty (dispatcher floor)"]["host_us"]
     results["dispatcher_floor_us"] = floor
+    floor_kaio = rows["torch.ops.kaio_bench.empty_kaio (floor, kaio's way)"]["host_us"]
+    results["dispatcher_floor_kaio_us"] = floor_kaio
     results["ops"] = [
         {
             "op": label,
@@ -528,6 +562,7 @@ def op_rows(results: dict) -> None:
             "kaio_us": rows[f"kaio_ops.{label}"]["host_us"],
             "torch_ops_kaio_us": rows[f"torch.ops.kaio.{label}"]["host_us"],
             "torch_ops_floor_us": rows[f"kaio_ops.{label}"]["host_us"] + floor,
+            "torch_ops_floor_kaio_us": rows[f"kaio_ops.{label}"]["host_us"] + floor_kaio,
             # the same with the dispatcher's cost for this op's own schema
             "torch_ops_schema_floor_us": rows[f"kaio_ops.{label}"]["host_us"]
             + rows[f"torch.ops.kaio_bench.{label} (empty)"]["host_us"],
@@ -537,13 +572,14 @@ def op_rows(results: dict) -> None:
     ]
     print(
         f"  {'op':<44} {'kaio_ops':>8} {'torch':>8} {'ratio':>6} {'t.ops':>8} {'floor':>8} "
-        f"{'schema':>8}"
+        f"{'schema':>8} {'f.torch':>8}"
     )
     for r in results["ops"]:
         print(
             f"  {r['op']:<44} {r['kaio_us']:8.2f} {r['torch_us']:8.2f} "
             f"{r['torch_us'] / r['kaio_us']:6.2f} {r['torch_ops_kaio_us']:8.2f} "
-            f"{r['torch_ops_floor_us']:8.2f} {r['torch_ops_schema_floor_us']:8.2f}"
+            f"{r['torch_ops_floor_kaio_us']:8.2f} {r['torch_ops_schema_floor_us']:8.2f} "
+            f"{r['torch_ops_floor_us']:8.2f}"
         )
     del lib
 
@@ -619,17 +655,17 @@ def main() -> None:
         help="plans make every output with torch.empty (kaio_ops._plan.EMPTY_LIKE off)",
     )
     parser.add_argument(
-        "--recycle",
+        "--no-recycle",
         action="store_true",
-        help="plans hand a dropped output out again (KAIO_RECYCLE_OUTPUTS=1; off by default)",
+        help="plans never hand a dropped output out again (KAIO_RECYCLE_OUTPUTS=0)",
     )
     args = parser.parse_args()
     globals().update(BATCHES=args.batches, SPIN_MS=args.spin_ms, OPS=args.ops)
-    if args.no_empty_like or args.recycle:
+    if args.no_empty_like or args.no_recycle:
         from kaio_ops import _plan
 
         _plan.EMPTY_LIKE = _plan.EMPTY_LIKE and not args.no_empty_like
-        _plan.RECYCLE_BYTES = (1 << 20) if args.recycle else _plan.RECYCLE_BYTES
+        _plan.RECYCLE_BYTES = 0 if args.no_recycle else _plan.RECYCLE_BYTES
     if args.cold_child:
         cold_child()
         return

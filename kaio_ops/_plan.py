@@ -82,10 +82,14 @@ MAX_PLANS = 256  # per op; past this the op's plans are dropped and built again 
 # torch.empty_like(input) rather than torch.empty(*shape, dtype=..., device=...)
 EMPTY_LIKE = True
 # such an output of at most this many bytes is handed out again by the next call of its plan
-# when the caller has dropped it and nothing else refers to it (``_recycled``); 0: never.
-# Opt-in (``KAIO_RECYCLE_OUTPUTS=1``): it cannot see ``Tensor.record_stream``, so code that
-# drops an output still read on another stream would see it overwritten
-RECYCLE_BYTES = (1 << 20) if os.environ.get("KAIO_RECYCLE_OUTPUTS") == "1" else 0
+# when the caller has dropped it and nothing else refers to it (``_recycled``); 0: never
+# (``KAIO_RECYCLE_OUTPUTS=0``). On by default while nothing in the process has asked torch
+# to keep memory for another stream (``Tensor.record_stream``, watched: ``_watch_streams``)
+# and torch.distributed was not initialized when the plan was built
+RECYCLE_BYTES = 0 if os.environ.get("KAIO_RECYCLE_OUTPUTS") == "0" else (1 << 20)
+# [False] once any tensor was recorded on a stream (``Tensor.record_stream``): outputs are
+# then never handed out again, in any plan, for the rest of the process
+RECYCLING = [True]
 MISS = object()  # replay_only's answer when the call has no plan
 _NONE = ("none",)  # the key of an optional array given as None
 _ALL: list[dict] = []  # every op's plans (for clear)
@@ -208,6 +212,15 @@ def build(recorder, arrays: list, pointers: tuple, result) -> Callable | None:
         like = _Like(like_obj.device) if kind == "kaio" else None
         twin = _input_like(arrays, like_obj, shape, dtype) if kind == "torch" else None
         allocations.append((made, kind, device, like, shape, dtype, twin))
+
+    def viewed(address: int) -> tuple | None:
+        """(source, address) of the one input or output at ``address``: the array the op
+        viewed there (``b.t()``, x [B, S, K] seen as [M, K], fp8 seen as 16-bit units) is a
+        view of it, which every call of the key makes alike at that array's address; None
+        if none or several are there (the array is then one the op made: not replayable)."""
+        at = {found for found in where.values() if found[1] == address}
+        return at.pop() if len(at) == 1 else None
+
     steps = []
     for prepared, args in recorder.launches:
         sources = {}
@@ -217,6 +230,8 @@ def build(recorder, arrays: list, pointers: tuple, result) -> Callable | None:
             if id(owner) in _arrays._CONSTANTS:
                 continue
             found = where.get(id(owner))
+            if found is None and _arrays._kind(owner) in ("torch", "kaio", "cupy"):
+                found = viewed(_arrays._address(owner, _arrays._kind(owner)))
             if found is None:
                 return None  # an array made or viewed inside the op: its address is unknown
             source, base = found
@@ -225,12 +240,9 @@ def build(recorder, arrays: list, pointers: tuple, result) -> Callable | None:
             if id(tm.array) in _arrays._CONSTANTS:
                 continue
             address = _arrays._address(tm.array, _arrays._kind(tm.array))
-            found = where.get(id(tm.array))
-            if found is None:  # a view the op made of an input (x [B, S, K] seen as [M, K])
-                at = [i for i, p in enumerate(pointers) if p == address and arrays[i] is not None]
-                if len(at) != 1:
-                    return None
-                found = (at[0], address)
+            found = where.get(id(tm.array)) or viewed(address)
+            if found is None:
+                return None
             source, base = found
             sources[k] = (source, address - base)
         steps.append((prepared, sources))
@@ -332,11 +344,17 @@ def _recycled(env: dict, j: int, source: int, shape: tuple, dtype) -> list[str] 
     the graph's). Costs a fraction of a ``torch.empty_like`` (and of freeing the last
     output). None where this torch or Python cannot tell those references.
 
-    What this cannot see is a ``Tensor.record_stream`` on the output: torch's allocator would
-    keep a dropped tensor's memory from reuse until the other stream's work recorded on it
-    has run; a handed-out-again output is written by the plan's stream at once. Code that
-    drops an output still in use on another stream (without making the plan's stream wait
-    for it) must not turn this on; hence it is off unless ``KAIO_RECYCLE_OUTPUTS=1``."""
+    No weak reference may remain either (a cache keyed weakly by the dropped tensor would
+    otherwise find it alive with new contents).
+
+    What the references cannot show is a ``Tensor.record_stream`` on the output: torch's
+    allocator would keep a dropped tensor's memory from reuse until the other stream's work
+    recorded on it has run, while a handed-out-again output is written by the plan's stream
+    at once. So ``record_stream`` is watched (``_watch_streams``): once any tensor of the
+    process is recorded on a stream, no output is handed out again (``RECYCLING``); nor by
+    a plan built while torch.distributed is initialized (its collectives record their
+    tensors' streams in C++, out of the watch's sight). ``KAIO_RECYCLE_OUTPUTS=0`` turns
+    it off."""
     import torch
 
     size = math.prod(shape) * dtype.itemsize
@@ -347,17 +365,25 @@ def _recycled(env: dict, j: int, source: int, shape: tuple, dtype) -> list[str] 
         return None
     refs = _solo_refs()
     if not (
-        0 < size <= RECYCLE_BYTES and capturing and refs and hasattr(torch.Tensor, "_use_count")
+        0 < size <= RECYCLE_BYTES
+        and capturing
+        and refs
+        and hasattr(torch.Tensor, "_use_count")
+        and _watch_streams(torch)
+        and not _distributed(torch)
     ):
         return None
-    env["CAPTURING"], env["REFS"], env["SOLO"] = capturing, sys.getrefcount, refs
-    env["INFERENCE"] = torch.is_inference_mode_enabled
+    env.setdefault("CAPTURING", capturing)  # _never_captured on the legacy default stream
+    env["REFS"], env["SOLO"] = sys.getrefcount, refs
+    env["INFERENCE"], env["WEAK"] = torch.is_inference_mode_enabled, weakref.getweakrefcount
+    env["RECYCLING"] = RECYCLING
     env[f"KEPT{j}"], env[f"S{j}"], env[f"D{j}"] = [], torch.Size(shape), _arrays.torch_dtype(dtype)
     o = f"o{j}"
     same = (
         f"REFS({o}) == SOLO and {o}._use_count() == 1 and {o}.data_ptr() == q{j} "
         f"and {o}.shape == S{j} and {o}.is_contiguous() and {o}.dtype is D{j} "
-        f"and not {o}.requires_grad and {o}.is_inference() is INFERENCE()"
+        f"and not {o}.requires_grad and {o}.is_inference() is INFERENCE() "
+        f"and not WEAK({o}) and RECYCLING[0]"
     )
     return [
         "try:",
@@ -368,6 +394,36 @@ def _recycled(env: dict, j: int, source: int, shape: tuple, dtype) -> list[str] 
         f"    {o} = EMPTY_LIKE(a{source})",
         f"    q{j} = {o}.data_ptr()",
     ]
+
+
+def _watch_streams(torch) -> bool:
+    """Watch ``torch.Tensor.record_stream`` (once a process): the first call, on any tensor,
+    sets ``RECYCLING[0]`` to False before doing what it does. True when the watch is on."""
+    original = torch.Tensor.record_stream
+    if getattr(original, "_kaio_watch", False):
+        return True
+
+    @functools.wraps(original)
+    def record_stream(self, stream):
+        RECYCLING[0] = False  # the allocator now keeps memory for another stream's work
+        return original(self, stream)
+
+    record_stream._kaio_watch = True
+    try:
+        torch.Tensor.record_stream = record_stream
+    except (AttributeError, TypeError):  # pragma: no cover - a torch that refuses it
+        return False
+    return True
+
+
+def _distributed(torch) -> bool:
+    """Whether torch.distributed is initialized (its NCCL collectives record streams in C++,
+    which ``_watch_streams`` cannot see)."""
+    dist = getattr(torch, "distributed", None)
+    try:
+        return bool(dist.is_available() and dist.is_initialized())
+    except AttributeError:
+        return False
 
 
 def _raw_allocator():
@@ -400,10 +456,16 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
     allocator serves the graph's own pool). That costs a fraction of a ``torch.empty``. It
     is done when torch's current device is the plan's, which the allocator serves;
     otherwise the workspace is a tensor like the outputs. A small workspace is kept by the
-    plan between its calls instead (``_held_workspaces``)."""
+    plan between its calls instead (``_held_workspaces``).
+
+    Whether the stream is being captured into a CUDA graph (0.5 µs to ask torch) is asked
+    only of a plan that launches on another stream than the legacy default one (stream 0,
+    which CUDA never captures: ``cudaStreamBeginCapture`` refuses it)."""
     env: dict = {}
     params = [f"p{i}" for i in range(inputs)] + [f"a{i}=None" for i in range(inputs)]
     lines = [f"def replay({', '.join(params)}):"]
+    if plan is not None and all(not prepared.stream for prepared, _ in plan.steps):
+        env["CAPTURING"] = _never_captured
     kept = {int(n) for n in re.findall(r"\bo(\d+)\b", returned)}
     raw = _raw_allocator() if plan is not None else None
     scratch, tensors = [], []  # (j, bytes) from the allocator; (j, line) as tensors
@@ -439,7 +501,7 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
         tensors.append((j, make + ([f"p{inputs + j} = {address}"] if plan else [])))
     launches = plan.code(env, lambda source: f"p{source}") if plan is not None else []
     if recycled:  # whether the stream is capturing, once; what this call made kept after it
-        lines.append("    capturing = CAPTURING()")
+        lines.append(f"    capturing = {_capture_test(env)}")
         launches = launches + [
             "    if not capturing:",
             *[f"        KEPT{j}.append((o{j}, q{j}))" for j in recycled],
@@ -483,6 +545,17 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
     return replay
 
 
+def _never_captured() -> bool:
+    """The capture test of a plan on the legacy default stream, which is never captured."""
+    return False
+
+
+def _capture_test(env: dict) -> str:
+    """The expression a replay asks whether its stream is being captured: ``False`` for a
+    plan on the legacy default stream (``_replay``), else torch's ``CAPTURING()``."""
+    return "False" if env["CAPTURING"] is _never_captured else "CAPTURING()"
+
+
 def _give_back(kept: list, free: Callable) -> None:
     """Give the workspaces a dropped plan kept back to torch's caching allocator."""
     while kept:
@@ -512,11 +585,12 @@ def _held_workspaces(env: dict, scratch: list, inputs: int, recycled: list) -> l
         return None
     if sum(size for _, size, _ in scratch) > HELD_BYTES:
         return None
-    env["CAPTURING"], env["HELD"] = capturing, []
+    env.setdefault("CAPTURING", capturing)  # _never_captured on the legacy default stream
+    env["HELD"] = []
     names = ", ".join(f"p{inputs + j}" for j, _, _ in scratch) + ","
     take = ", ".join(f"ALLOCATE({size}, STREAM)" for _, size, _ in scratch) + ","
     return [
-        *([] if recycled else ["capturing = CAPTURING()"]),
+        *([] if recycled else [f"capturing = {_capture_test(env)}"]),
         "try:",
         "    ws = HELD.pop()",
         "except IndexError:",
@@ -529,17 +603,20 @@ def _held_workspaces(env: dict, scratch: list, inputs: int, recycled: list) -> l
     ]
 
 
-def planned(*array_names: str) -> Callable:
+def planned(*array_names: str, when: Callable[[], bool] | None = None) -> Callable:
     """Decorator: call plans for an op whose array parameters are ``array_names`` (the
-    others are keyed by value). The wrapper has the op's name, signature and docstring."""
+    others are keyed by value). The wrapper has the op's name, signature and docstring.
+    ``when``: a function asked at each call whether plans serve it; when it says no, the
+    op runs as written (for a choice the op makes at plan time that tests and plan
+    searches replace: matmul_fp8's tile choice, ``_fp8_hopper.config``)."""
 
     def wrap(fn: Callable) -> Callable:
-        return _generate(fn, array_names)
+        return _generate(fn, array_names, when)
 
     return wrap
 
 
-def _generate(fn: Callable, array_names: tuple) -> Callable:
+def _generate(fn: Callable, array_names: tuple, when: Callable | None = None) -> Callable:
     signature = inspect.signature(fn)
     names = list(signature.parameters)
     for name, p in signature.parameters.items():
@@ -599,7 +676,7 @@ def _generate(fn: Callable, array_names: tuple) -> Callable:
     if tensor is _NoTorch:
         _UNBOUND.append(env)
     env["stream_key"] = lambda obj, raw: stream_key(obj, raw)  # looked up per call: patchable
-    env.update(current=current, plans=plans, slow=slow, fn=fn)
+    env.update(current=current, plans=plans, slow=slow, fn=fn, WHEN=when)
     header = []
     for i, name in enumerate(names):
         default = signature.parameters[name].default
@@ -671,6 +748,8 @@ def _generate(fn: Callable, array_names: tuple) -> Callable:
     lines += ["    " + line for line in [*fast_lines, "    else:"]]
     lines += ["        " + line for line in describe_lines]
     body = lines[1:]
+    if when is not None:  # planned(when=...): no plans while it says no
+        lines[1:1] = ["    if not WHEN():", f"        return fn({call_args})"]
     lines += [
         "    except Exception:  # not an array these keys describe (a meta tensor, say)",
         f"        return fn({call_args})",
@@ -685,7 +764,9 @@ def _generate(fn: Callable, array_names: tuple) -> Callable:
         f"    return replay({pointers}, {arrays_args})",
     ]
     # replay_only: the same lookup, MISS instead of running the op (kaio_ops.torch's impl)
-    lines += [f"def replay_only({', '.join(header)}):", *body]
+    lines += [f"def replay_only({', '.join(header)}):"]
+    lines += ["    if not WHEN():", "        return MISS"] if when is not None else []
+    lines += body
     lines += [
         "    except Exception:",
         "        return MISS",
@@ -693,6 +774,21 @@ def _generate(fn: Callable, array_names: tuple) -> Callable:
         "    if replay is None or recordings[0]:",
         "        return MISS",
         f"    return replay({pointers}, {arrays_args})",
+    ]
+    # dispatch_entry(fallback): replay_only with the miss handled inside (``fallback`` called
+    # with every argument, positionally), for torch.ops.kaio: one Python call to the launch
+    lines += ["def dispatch_entry(FALLBACK):", f"    def {fn.__name__}({', '.join(header)}):"]
+    if when is not None:
+        lines += ["        if not WHEN():", f"            return FALLBACK({all_args})"]
+    lines += ["    " + line for line in body]
+    lines += [
+        "        except Exception:",
+        f"            return FALLBACK({all_args})",
+        "        replay = plans.get(key)",
+        "        if replay is None or recordings[0]:",
+        f"            return FALLBACK({all_args})",
+        f"        return replay({pointers}, {arrays_args})",
+        f"    return {fn.__name__}",
     ]
     env["MISS"] = MISS
     env["recordings"] = recordings
@@ -703,5 +799,6 @@ def _generate(fn: Callable, array_names: tuple) -> Callable:
     functools.update_wrapper(wrapper, fn)
     wrapper._plans = plans
     wrapper.replay_only = env["replay_only"]
+    wrapper.dispatch_entry = env["dispatch_entry"]
     wrapper.source = source
     return wrapper

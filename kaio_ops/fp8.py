@@ -15,6 +15,7 @@ from kaio.types import ScalarType
 from kaio_ops import _arrays
 from kaio_ops import _fp8 as K
 from kaio_ops import _fp8_hopper as H
+from kaio_ops._plan import planned
 
 __all__ = ["quantize_fp8", "matmul_fp8"]
 
@@ -139,6 +140,11 @@ def _require_fp8_gpu(a: _arrays.Operand) -> None:
         )
 
 
+_CONFIG = H.config  # the tile choice; tests and bench/fp8_plans.py replace it to force one
+
+
+# plans serve the shipped tile choice (a plan keeps the kernel it was recorded with)
+@planned("a", "b", "scale_a", "scale_b", "bias", when=lambda: H.config is _CONFIG)
 def matmul_fp8(a, b, scale_a, scale_b, *, out_dtype=None, bias=None):
     """``(a @ b) * scale_a * scale_b (+ bias)``, ``torch._scaled_mm``'s contract: f32
     accumulation, one rounding to ``out_dtype``.

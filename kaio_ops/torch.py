@@ -759,16 +759,8 @@ def _implementation(spec: OpSpec, names: list, written: tuple = ()) -> Callable:
     writes (kaio_ops refuses them if they are not contiguous)."""
     op = getattr(kaio_ops, spec.name)
     fn = _positional(op)
-    # A call whose plan exists (contiguous CUDA tensors of a signature already run) goes
-    # straight to it: the checks and copies below would find nothing to do
-    replay_only = getattr(op, "replay_only", None)
-    miss = _plan.MISS
 
     def impl(*args, **kwargs):  # kwargs: the schema's keyword-only (non-tensor) arguments
-        if replay_only is not None and not kwargs:
-            out = replay_only(*args)
-            if out is not miss:
-                return out
         _check_devices(spec.name, names, args)
         if spec.contiguous:
             args = [
@@ -786,7 +778,13 @@ def _implementation(spec: OpSpec, names: list, written: tuple = ()) -> Callable:
             return None
         return tuple(map(_from_numpy, out)) if isinstance(out, tuple) else _from_numpy(out)
 
-    return impl
+    # A call whose plan exists (contiguous CUDA tensors of a signature already run) goes
+    # straight to it, in the op's generated entry (its wrapper's lookup; on a miss, impl):
+    # the checks and copies of impl would find nothing to do
+    # (it takes every parameter positionally in signature order, as the dispatcher passes
+    # them, or by name: the schema's keyword-only arguments)
+    entry = getattr(op, "dispatch_entry", None)
+    return impl if entry is None else entry(impl)
 
 
 def _fake(spec: OpSpec, names: list) -> Callable:
@@ -895,8 +893,44 @@ def register(spec: OpSpec):
     if written:  # torch takes no autograd formula for an op that mutates its arguments
         return getattr(getattr(torch.ops, NAMESPACE), spec.name)
     setup_context, backward = _autograd(spec, names)
-    torch.library.register_autograd(qualname, backward, setup_context=setup_context, lib=_LIBRARY)
+    replay_only = getattr(getattr(kaio_ops, spec.name), "replay_only", None)
+    _register_autograd(_LIBRARY, qualname, backward, setup_context, replay_only)
     return getattr(getattr(torch.ops, NAMESPACE), spec.name)
+
+
+def _register_autograd(
+    lib, qualname: str, backward: Callable, setup_context: Callable, replay_only: Callable | None
+) -> None:
+    """``torch.library.register_autograd`` of the op ``name``, with the op's plan in front:
+    a call that needs no gradient (grad mode off, or no input requiring one: what
+    register_autograd's kernel tests before it redispatches below autograd to the op's
+    implementation) whose plan exists replays it right there, at the Autograd key, one
+    Python kernel instead of two (register_autograd's, then the implementation's); anything
+    else (gradients, a miss, the fake and functional tensors of torch.compile) goes to
+    register_autograd's own kernel, made by the same torch function. Where that function
+    is not there (another torch), plain register_autograd. ``replay_only(*args)``: the
+    plan's result or ``_plan.MISS`` (bench/launch_overhead.py registers its empty ops this
+    way too, for the dispatcher's floor)."""
+    try:
+        made = torch._library.autograd
+        op = torch._library.utils.lookup_op(qualname)
+        kernel = made.make_autograd_impl(op, made.Info(backward, setup_context))
+    except (AttributeError, TypeError):
+        kernel = None
+    if replay_only is None or kernel is None:
+        torch.library.register_autograd(qualname, backward, setup_context=setup_context, lib=lib)
+        return
+    grad_enabled, any_requires_grad = torch.is_grad_enabled, torch._C._any_requires_grad
+    miss = _plan.MISS
+
+    def autograd(keyset, *args, **kwargs):
+        if not kwargs and not (grad_enabled() and any_requires_grad(*args)):
+            out = replay_only(*args)
+            if out is not miss:
+                return out
+        return kernel(keyset, *args, **kwargs)
+
+    lib.impl(qualname.split("::")[1], autograd, "Autograd", with_keyset=True)
 
 
 def differentiable(name: str) -> bool:

@@ -11,6 +11,9 @@ import ctypes
 import importlib
 import itertools
 import math
+import os
+import subprocess
+import sys
 import types
 
 import numpy as np
@@ -349,6 +352,60 @@ def test_an_op_made_of_planned_ops_records_their_launches(fake):
     assert len(_plan.plans_of(twice)) == 1
 
 
+def test_matmul_fp8_replays_what_it_launches(fake, monkeypatch):
+    """matmul_fp8 has plans: mma.sync (sm_89) and wgmma (sm_90, tensor maps over the 16-bit
+    views the op makes of its inputs and workspace, traced to them at their addresses), with
+    and without bias, a row-major b (transposed into a workspace first); a new shape of a
+    scale, another plan; a forced tile choice (``_fp8_hopper.config`` replaced) runs
+    unplanned; a wrong scale still raises."""
+    from kaio import e4m3
+
+    tensormap = importlib.import_module("kaio.tensormap")
+
+    def encode(tm, address=None):  # a fake cuTensorMapEncodeTiled: the address, the box
+        address = tm.array.ptr if address is None else address
+        return (address.to_bytes(8, "little") + bytes(tm.box)).ljust(128, b"\0")
+
+    monkeypatch.setattr(tensormap, "_encode", encode)
+    plans = _plan.plans_of(kaio_ops.matmul_fp8)
+
+    def args(m=16, per_row=False):
+        a, b = fake.array((m, 64), e4m3), fake.array((64, 32), e4m3)
+        sa = fake.array((m, 1) if per_row else (1,), f32)
+        return a, b, sa, fake.array((1,), f32)
+
+    # one fake GPU for both kernels: launchers keep the kernel handles they were built with
+    for arch in ((8, 9), (9, 0)):
+        gpu = types.SimpleNamespace(compute_capability=arch, multiprocessor_count=132)
+        monkeypatch.setattr(_arrays, "gpu", lambda like, gpu=gpu: gpu)
+        _plan.clear()  # the fake GPUs are both GPU 0
+        for kwargs in ({}, {"bias": None}, {"out_dtype": "f16"}):
+            for _ in range(2):
+                planned, unplanned, _ = fake.run(kaio_ops.matmul_fp8, *args(), **kwargs)
+                assert planned == unplanned
+        bias = fake.array((32,), bf16)
+        planned, unplanned, _ = fake.run(kaio_ops.matmul_fp8, *args(), bias=bias)
+        assert planned == unplanned
+        assert bias.ptr.to_bytes(8, "little") in planned[-1][5]
+        assert None not in plans.values()
+        count = len(plans)
+        planned, unplanned, _ = fake.run(kaio_ops.matmul_fp8, *args(per_row=True))
+        assert planned == unplanned and len(plans) == count + 1
+        with pytest.raises(ValueError, match="scale_a"):
+            kaio_ops.matmul_fp8(*args()[:2], fake.array((3,), f32), args()[3])
+    hopper = importlib.import_module("kaio_ops._fp8_hopper")
+    count, chosen = len(plans), hopper.config
+    forced = hopper.plan(1, 128)[:5]  # a tile choice forced (the plan search, tests)
+    assert chosen(16, 32, 64, 132)[:5] != forced
+    monkeypatch.setattr(hopper, "config", lambda *a: forced)
+    for _ in range(2):
+        planned, unplanned, _ = fake.run(kaio_ops.matmul_fp8, *args())
+        assert planned == unplanned and len(plans) == count  # runs unplanned, as forced
+    assert kaio_ops.matmul_fp8.replay_only(*args(), None, None) is _plan.MISS
+    monkeypatch.setattr(hopper, "config", chosen)
+    assert kaio_ops.matmul_fp8.replay_only(*args(), None, None) is not _plan.MISS
+
+
 # ----------------------------------------------------------------------------- on a GPU
 def _torch_cuda():
     torch = pytest.importorskip("torch")
@@ -539,7 +596,7 @@ def test_planned_keyword_only_signature_is_kept():
 
 def test_torch_ops_fast_path_takes_keyword_only_arguments_positionally(fake, monkeypatch):
     """torch.ops.kaio.linear's implementation gets every argument positionally (the
-    dispatcher's order): a call with a plan replays it through ``replay_only`` without the
+    dispatcher's order): a call with a plan replays it through ``dispatch_entry`` without the
     device checks or the op's body; a call without one runs the op (keyword-only arguments
     passed by name) and leaves a plan."""
     pytest.importorskip("torch")
@@ -552,7 +609,7 @@ def test_torch_ops_fast_path_takes_keyword_only_arguments_positionally(fake, mon
     assert out.kaio_dtype == f32 and len(_plan.plans_of(kaio_ops.linear)) == 1
 
     def entered(*args):
-        raise AssertionError("a call with a plan went past replay_only")
+        raise AssertionError("a call with a plan went past dispatch_entry")
 
     monkeypatch.setattr(kt, "_check_devices", entered)
     monkeypatch.setattr(linear_module, "gemm", entered)  # the op's body
@@ -691,14 +748,46 @@ def test_torch_ops_composite_and_repeated_array_calls_build_and_replay_plans():
 
 
 @pytest.mark.gpu
+def test_matmul_fp8_plans_compute_right_on_a_gpu():
+    """On an fp8 GPU: matmul_fp8 replays its plans on new inputs (b column-major, as torch
+    takes it, and row-major: transposed into a workspace first; per-tensor and per-row
+    scales; bias) with the results of float64 on the same fp8 values."""
+    torch = _torch_cuda()
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 needs sm_89 or newer")
+    _plan.clear()
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    m, k, n = 16, 256, 128
+    for rowwise, col_major, biased in (
+        (False, True, False),
+        (True, True, True),
+        (False, False, True),
+    ):
+        for _ in range(3):  # recorded, then replayed on new inputs
+            x = torch.randn(m, k, device="cuda", generator=gen)
+            w = torch.randn(n, k, device="cuda", generator=gen)
+            a, sa = kaio_ops.quantize_fp8(x, per="row" if rowwise else "tensor")
+            wq, sw = kaio_ops.quantize_fp8(w, per="row" if rowwise else "tensor")
+            sb = sw.view(1, n) if rowwise else sw
+            b = wq.t() if col_major else wq.t().contiguous()
+            bias = torch.randn(n, device="cuda", generator=gen).bfloat16() if biased else None
+            got = kaio_ops.matmul_fp8(a, b, sa, sb, bias=bias)
+            want = (a.double() @ b.double()) * sa.double().reshape(-1, 1) * sb.double()
+            if biased:
+                want = want + bias.double()
+            assert _error(torch, got, want) < 1e-2
+    plans = _plan.plans_of(kaio_ops.matmul_fp8)
+    assert len(plans) == 3 and None not in plans.values()
+
+
+@pytest.mark.gpu
 def test_outputs_handed_out_again_compute_right_on_a_gpu(monkeypatch):
     """On a GPU: an add whose output was dropped hands the same tensor out again, with the
     new result; outputs the caller keeps are all distinct and right; a graph captured
     meanwhile keeps its own output."""
-    import weakref
-
     torch = _torch_cuda()
-    monkeypatch.setattr(_plan, "RECYCLE_BYTES", 1 << 20)  # opt-in
+    monkeypatch.setattr(_plan, "RECYCLE_BYTES", 1 << 20)  # the default
+    monkeypatch.setattr(_plan, "RECYCLING", [True])  # whatever ran before in this process
     _plan.clear()
     gen = torch.Generator(device="cuda").manual_seed(3)
 
@@ -708,13 +797,13 @@ def test_outputs_handed_out_again_compute_right_on_a_gpu(monkeypatch):
     y = randn(1, 4096)
     for _ in range(3):  # torch's types bound, the plan recorded, replayed
         kaio_ops.add(randn(1, 4096), y)
-    last = weakref.ref(kaio_ops.add(randn(1, 4096), y))
-    for _ in range(3):
+    kaio_ops.add(randn(1, 4096), y).kaio_test_mark = 0  # a mark tells the object again
+    for i in range(3):
         x = randn(1, 4096)
         out = kaio_ops.add(x, y)
-        assert out is last()  # the last output, dropped: handed out again
+        assert out.kaio_test_mark == i  # the last output, dropped: handed out again
         assert _error(torch, out, x.double() + y.double()) < 1e-3
-        last = weakref.ref(out)
+        out.kaio_test_mark = i + 1
         del out
     xs = [randn(1, 4096) for _ in range(3)]
     kept = [kaio_ops.add(x, y) for x in xs]
@@ -739,6 +828,25 @@ def test_outputs_handed_out_again_compute_right_on_a_gpu(monkeypatch):
     assert _error(torch, captured, static.double() + y.double()) < 1e-3
     for x, out in zip(xs, eager, strict=True):
         assert _error(torch, out, x.double() + y.double()) < 1e-3
+    # an output read on another stream, recorded there and dropped: never handed out again
+    monkeypatch.setattr(_plan, "RECYCLING", [True])
+    _plan.clear()
+    side = torch.cuda.Stream()
+    x = randn(1, 4096)
+    for _ in range(2):
+        kaio_ops.add(x, y)
+    out = kaio_ops.add(x, y)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(10_000_000)  # the side stream still reads out after the drop
+        total = out.double().sum()
+    out.record_stream(side)
+    out.kaio_test_mark = "read on the side stream"
+    want = (x.double() + y.double()).sum()
+    del out
+    assert not hasattr(kaio_ops.add(randn(1, 4096), y), "kaio_test_mark")
+    side.synchronize()
+    assert abs(total.item() - want.item()) < 1.0
 
 
 class _TorchKeys:
@@ -812,8 +920,9 @@ def test_torch_keys_tell_every_signature_apart(monkeypatch):
 
 def test_torch_calls_replay_only_their_own_plan(monkeypatch):
     """A plan stored under a torch call's key is replayed, with the new tensors' addresses,
-    by calls of that signature and by no other (through the op and through
-    ``replay_only``, torch.ops.kaio's entry)."""
+    by calls of that signature and by no other (through the op, through ``replay_only``
+    and through ``dispatch_entry``, torch.ops.kaio's entry, which calls its fallback on a
+    miss)."""
     pytest.importorskip("torch")
     keys = _TorchKeys(monkeypatch, kaio_ops.rms_norm)
     t = keys.tensor
@@ -822,9 +931,13 @@ def test_torch_calls_replay_only_their_own_plan(monkeypatch):
     x, w = t(4, 64), t(64)
     assert kaio_ops.rms_norm(x, w) == ("replayed", (x.data_ptr(), w.data_ptr()))
     assert kaio_ops.rms_norm.replay_only(x, w, 1e-6) == ("replayed", (x.data_ptr(), w.data_ptr()))
+    entry = kaio_ops.rms_norm.dispatch_entry(lambda *args: ("fell back", args))
+    assert entry(x, w, 1e-6) == ("replayed", (x.data_ptr(), w.data_ptr()))
+    assert entry(x, w, eps=1e-6) == ("replayed", (x.data_ptr(), w.data_ptr()))
     for stale in [(t(4, 64, t=True), t(64)), (t(4, 32), t(32)), (t(4, 64), t(64, gpu=1))]:
         assert kaio_ops.rms_norm(*stale) is None  # a miss (recorded), not the plan
         assert kaio_ops.rms_norm.replay_only(*stale, 1e-6) is _plan.MISS
+        assert entry(*stale, 1e-6) == ("fell back", (*stale, 1e-6))
 
 
 def test_torch_keys_of_an_optional_array(monkeypatch):
@@ -1043,6 +1156,38 @@ def test_torch_ops_composites_replay_their_own_plan(monkeypatch):
         torch.ops.kaio.flash_attention_decode(q, k, v, lens)
 
 
+def test_torch_ops_replay_their_plan_at_the_autograd_key(monkeypatch):
+    """torch.ops.kaio.add (an op with register_autograd's formula) replays its plan in its
+    Autograd kernel (through ``replay_only``) when no input needs a gradient, grad mode on
+    or off; a call needing a gradient goes through register_autograd's kernel to the
+    implementation (``dispatch_entry``), which replays the same plan under autograd; a
+    call without a plan runs the implementation (which refuses the CPU tensors standing in
+    for CUDA ones here)."""
+    torch = pytest.importorskip("torch")
+    import kaio_ops.torch  # noqa: F401 (registers torch.ops.kaio)
+
+    keys = _TorchKeys(monkeypatch, kaio_ops.add)
+    t = keys.tensor
+    x, y = t(2, 64, dtype=torch.float16), t(2, 64, dtype=torch.float16)
+    keys.key(x, y)
+    callers = []
+
+    def replay(*pointers_and_arrays):
+        callers.append(sys._getframe(1).f_code.co_name)  # replay_only, or the entry ("add")
+        return torch.zeros(2, 64, dtype=torch.float16)
+
+    keys.plans[keys.misses[-1]] = replay
+    for grad in (True, False):
+        with torch.set_grad_enabled(grad):
+            assert not torch.ops.kaio.add(x, y).requires_grad
+    assert callers == ["replay_only", "replay_only"]
+    x.requires_grad_(True)
+    out = torch.ops.kaio.add(x, y)
+    assert callers[2:] == ["add"] and out.grad_fn is not None
+    with pytest.raises(ValueError, match="CPU tensor"):  # no plan for this signature
+        torch.ops.kaio.add(t(4, 64, dtype=torch.float16), t(4, 64, dtype=torch.float16))
+
+
 def test_outputs_like_a_contiguous_input_are_made_with_empty_like():
     """An output with a contiguous input's shape, dtype and device is made by
     ``torch.empty_like(input)`` in the replay (cheaper than ``torch.empty`` with keywords);
@@ -1120,8 +1265,8 @@ def test_a_subscript_hands_out_the_direct_launch_once_a_launcher_is_bound(fake):
 def test_an_output_the_caller_dropped_is_handed_out_again(monkeypatch):
     """A small output made like an input comes back from the next call of its plan when
     the caller has dropped it, and never while anything still refers to it (the caller, a
-    view, a DLPack capsule), after it was changed (resized, made to need a gradient), or
-    while the stream is being captured (nor one made during a capture)."""
+    view, a DLPack capsule, a weak reference), after it was changed (resized, made to need a
+    gradient), or while the stream is being captured (nor one made during a capture)."""
     import weakref
 
     torch = pytest.importorskip("torch")
@@ -1130,7 +1275,8 @@ def test_an_output_the_caller_dropped_is_handed_out_again(monkeypatch):
     monkeypatch.setattr(
         torch._C, "_cuda_isCurrentStreamCapturing", lambda: capturing[0], raising=False
     )
-    monkeypatch.setattr(_plan, "RECYCLE_BYTES", 1 << 20)  # opt-in
+    monkeypatch.setattr(_plan, "RECYCLING", [True])
+    assert _plan.RECYCLE_BYTES == 1 << 20  # on by default
     x = torch.randn(2, 64, dtype=torch.float16)
     replay = _plan._replay(None, 1, [(None, "torch", 0, None, (2, 64), f16, 0)], "o0")
     assert "KEPT0.pop()" in replay.source
@@ -1138,33 +1284,108 @@ def test_an_output_the_caller_dropped_is_handed_out_again(monkeypatch):
     def call():
         return replay(x.data_ptr(), x)
 
+    marks = itertools.count()
+
     def dropped(keep=lambda out: None) -> tuple:
-        """A call's output, dropped (``keep`` may hold on to something of it): (a weak
-        reference to it, what ``keep`` returned)."""
+        """A call's output, marked and dropped (``keep`` may hold on to something of it):
+        (its mark, what ``keep`` returned)."""
         out = call()
-        return weakref.ref(out), keep(out)
+        out.kaio_test_mark = mark = next(marks)  # tells the object again, holding nothing
+        return mark, keep(out)
+
+    def again(out, mark) -> bool:
+        return getattr(out, "kaio_test_mark", None) == mark
 
     last, _ = dropped()
-    assert call() is last()  # dropped: handed out again
+    assert again(call(), last)  # dropped: handed out again
     held = call()
     assert call() is not held
     del held
-    for keep in (lambda out: out[0], to_dlpack):  # a view, a capsule
+    for keep in (lambda out: out[0], to_dlpack, weakref.ref):  # a view, a capsule, a weakref
         last, kept = dropped(keep)
-        assert call() is not last()
+        assert not again(call(), last)
         del kept
     for change in (lambda t: t.resize_(4, 64), lambda t: t.requires_grad_(True)):
         last, _ = dropped(change)
         fresh = call()
-        assert fresh is not last() and fresh.shape == (2, 64) and not fresh.requires_grad
+        assert not again(fresh, last) and fresh.shape == (2, 64) and not fresh.requires_grad
         del fresh
     capturing[0] = True
     last, _ = dropped()
     made = [weakref.ref(call()) for _ in range(2)]  # none kept
-    assert all(r() is None for r in made) and last() is None
+    assert all(r() is None for r in made)
     capturing[0] = False
     last, _ = dropped()
-    assert call() is last()
+    assert again(call(), last)
+
+
+def test_a_plan_on_the_default_stream_does_not_ask_about_captures(monkeypatch):
+    """A replay asks torch whether its stream is being captured (0.5 µs) only when its plan
+    launches on another stream than the legacy default one, which CUDA never captures; on
+    either, a dropped output is handed out again."""
+    torch = pytest.importorskip("torch")
+    asked = []
+
+    def capturing():
+        asked.append(1)
+        return False
+
+    monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", capturing, raising=False)
+    monkeypatch.setattr(_plan, "RECYCLING", [True])
+    x = torch.randn(2, 64, dtype=torch.float16)
+    for stream, asks in ((0, False), (None, False), (0x7F00_0000_1000, True)):
+
+        class Plan:  # one launch on ``stream`` that the replay does not need to run here
+            steps = [(types.SimpleNamespace(stream=stream), {})]
+
+            def code(self, env, address):
+                return []
+
+        replay = _plan._replay(Plan(), 1, [(None, "torch", 0, None, (2, 64), f16, 0)], "o0")
+        asked.clear()
+        out = replay(x.data_ptr(), x)
+        out.kaio_test_mark = stream
+        del out
+        assert getattr(replay(x.data_ptr(), x), "kaio_test_mark", "new") == stream
+        assert bool(asked) == asks and ("CAPTURING()" in replay.source) == asks
+
+
+def test_a_record_stream_anywhere_stops_handing_outputs_out_again(monkeypatch):
+    """``Tensor.record_stream`` (which the references cannot show: torch's allocator then
+    keeps a dropped tensor's memory for the other stream's work) on any tensor turns the
+    handing out again off for every plan; a plan built while torch.distributed is
+    initialized never hands out again; ``KAIO_RECYCLE_OUTPUTS=0`` turns it off."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False, raising=False)
+    monkeypatch.setattr(_plan, "RECYCLING", [True])
+    x = torch.randn(2, 64, dtype=torch.float16)
+    allocations = [(None, "torch", 0, None, (2, 64), f16, 0)]
+    replay = _plan._replay(None, 1, allocations, "o0")
+
+    def call():
+        return replay(x.data_ptr(), x)
+
+    out = call()
+    ptr = out.data_ptr()
+    del out
+    assert call().data_ptr() == ptr  # handed out again (the first output, dropped)
+    other = torch.randn(3)
+    try:  # a CPU tensor: torch refuses it after the watch has seen the call
+        other.record_stream(torch.Stream())
+    except Exception:  # noqa: BLE001
+        pass
+    assert _plan.RECYCLING == [False]
+    out = call()
+    out.kaio_test_mark = 1
+    del out
+    assert getattr(call(), "kaio_test_mark", None) is None  # a new output
+    monkeypatch.setattr(_plan, "RECYCLING", [True])
+    monkeypatch.setattr(_plan, "_distributed", lambda torch: True)
+    assert "KEPT0.pop()" not in _plan._replay(None, 1, allocations, "o0").source
+    monkeypatch.undo()
+    code = "from kaio_ops import _plan; assert _plan.RECYCLE_BYTES == 0"
+    env = {**os.environ, "KAIO_RECYCLE_OUTPUTS": "0", "PYTHONPATH": os.getcwd()}
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
 
 
 def test_a_plan_keeps_its_small_workspace_between_calls(fake, monkeypatch):
@@ -1178,6 +1399,7 @@ def test_a_plan_keeps_its_small_workspace_between_calls(fake, monkeypatch):
     monkeypatch.setattr(
         torch._C, "_cuda_isCurrentStreamCapturing", lambda: capturing[0], raising=False
     )
+    fake.stream = 0x7F00_0000_5000  # a stream that can be captured (not the legacy default)
     x, w = fake.array((1, 4096), f16), fake.array((4096, 4096), f16)
     kaio_ops.linear(x, w)
     (replay,) = _plan.plans_of(kaio_ops.linear).values()
