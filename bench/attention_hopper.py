@@ -78,44 +78,10 @@ def precise_kernel():
     return _PRECISE[0]
 
 
-def use_ptxas() -> None:
-    """With ``--ptxas PATH`` (the environment's ``ATTENTION_BENCH_PTXAS``, so that the warm
-    step's workers see it too): build every kernel's cubin with that ``ptxas`` (sm_90a, -O3)
-    rather than the driver's JIT, cached in a folder of its own. The driver of the H100 held
-    the overlapped schedules to 168 registers and spilled P where ``ptxas`` gives the
-    consumers up to 240 after ``setmaxnreg`` (docs/hopper.md): this times them as
-    ``ptxas`` builds them."""
-    path = os.environ.get("ATTENTION_BENCH_PTXAS")
-    if not path:
-        return
-    import subprocess
-    import tempfile
-
-    from kaio.runtime import module
-
-    if getattr(module.link_ptx, "ptxas", None):
-        return
-
-    def link(ptx: str, name: str, arch: str) -> bytes:
-        with tempfile.TemporaryDirectory() as tmp:
-            src, dst = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
-            with open(src, "w") as f:
-                f.write(ptx)
-            target = arch + "a" if arch == "sm_90" else arch
-            subprocess.run([path, f"-arch={target}", "-O3", src, "-o", dst], check=True)
-            with open(dst, "rb") as f:
-                return f.read()
-
-    link.ptxas = True
-    module.link_ptx = link
-
-
 def runner(kind: str, d: int, over: dict):
     """A function (q, k, v, causal) -> (out, lse) for one variant."""
     from kaio_ops import _attention_hopper as hop
     from kaio_ops import attention
-
-    use_ptxas()
 
     def run(q, k, v, causal):
         (qa, ka, va), dims, scale = attention._check_flash("bench", q, k, v, None)
@@ -368,9 +334,8 @@ def main() -> None:
     p.add_argument("--check-log", help="time: only the variants this check output passed")
     p.add_argument("--ptxas", help="build the cubins with this ptxas, not the driver's JIT")
     args = p.parse_args()
-    if args.ptxas:  # before kaio reads its cache folder: these cubins are kept apart
-        os.environ["ATTENTION_BENCH_PTXAS"] = args.ptxas
-        os.environ["KAIO_CACHE_DIR"] = os.path.expanduser("~/.cache/kaio-bench-ptxas")
+    if args.ptxas:  # before kaio compiles anything; cached under their own keys
+        os.environ["KAIO_PTXAS"] = args.ptxas  # the runtime's opt-in; read by the workers too
     if args.step == "warm":
         import multiprocessing as mp
 

@@ -46,6 +46,45 @@ def test_cache_key_depends_on_spec_arch_and_driver():
     assert base == cache_key("abc", "sm_90", 12080)
     assert len({base, cache_key("abd", "sm_90", 12080), cache_key("abc", "sm_80", 12080)}) == 3
     assert base != cache_key("abc", "sm_90", 12090)
+    assert base != cache_key("abc", "sm_90", 12080, "Build cuda_13.0.r13.0/compiler.1_0")
+
+
+@pytest.fixture
+def fresh_compiler(monkeypatch):
+    """``KAIO_PTXAS`` is read once a process: each test reads it again."""
+    from kaio.runtime import module
+
+    monkeypatch.setattr(module, "_compiler", None)
+    return module
+
+
+def test_the_driver_jit_builds_cubins_unless_kaio_ptxas_says(fresh_compiler, monkeypatch):
+    monkeypatch.delenv("KAIO_PTXAS", raising=False)
+    assert fresh_compiler.compiler() == ("", "")
+    monkeypatch.setenv("KAIO_PTXAS", "0")
+    monkeypatch.setattr(fresh_compiler, "_compiler", None)
+    assert fresh_compiler.compiler() == ("", "")
+
+
+def test_kaio_ptxas_naming_no_executable_says_what_to_do(fresh_compiler, monkeypatch, tmp_path):
+    monkeypatch.setenv("KAIO_PTXAS", str(tmp_path / "ptxas"))
+    with pytest.raises(LaunchError, match="KAIO_PTXAS=.*no ptxas executable at .*unset"):
+        fresh_compiler.compiler()
+
+
+def test_kaio_ptxas_auto_builds_a_cubin_for_the_ptx_target(fresh_compiler, monkeypatch):
+    from kaio.ptx.ptxas import find_ptxas
+
+    if find_ptxas() is None:
+        pytest.skip("no ptxas (pip install nvidia-cuda-nvcc)")
+    monkeypatch.setenv("KAIO_PTXAS", "auto")
+    path, build = fresh_compiler.compiler()
+    assert path == find_ptxas() and build.startswith("Build cuda_")
+    for ptx in (add.ptx("sm_80"), add.ptx("sm_90")):
+        cubin = fresh_compiler.build_cubin(ptx, "add", "sm_90")
+        assert cubin[:4] == b"\x7fELF" and len(cubin) > 1000
+    with pytest.raises(LaunchError, match="compiling kernel broken with KAIO_PTXAS: .*ptxas"):
+        fresh_compiler.build_cubin(add.ptx("sm_80").replace("ret;", "bogus;"), "broken", "sm_80")
 
 
 def test_cache_round_trip_leaves_no_temporary_files(tmp_path):

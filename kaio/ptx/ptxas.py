@@ -1,6 +1,7 @@
-"""Run NVIDIA's ``ptxas`` on emitted PTX, when one is installed (tests, resource reports).
+"""Run NVIDIA's ``ptxas`` on emitted PTX, when one is installed (tests, resource reports,
+and the runtime's opt-in ``KAIO_PTXAS`` build of cubins).
 
-kaio itself never needs ptxas: the driver JIT-compiles PTX. It is found in the
+kaio itself never needs ptxas: by default the driver JIT-compiles PTX. It is found in the
 ``nvidia-cuda-nvcc`` wheel (``nvidia/cu13/bin`` or ``nvidia/cuda_nvcc/bin`` on ``sys.path``)
 or on ``PATH``.
 """
@@ -8,6 +9,7 @@ or on ``PATH``.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -44,3 +46,35 @@ def assemble(ptx: str, arch: str) -> str:
     if done.returncode != 0:
         raise RuntimeError(f"ptxas -arch={arch} failed:\n{done.stderr}{done.stdout}")
     return done.stderr
+
+
+_TARGET = re.compile(r"^\s*\.target\s+(sm_\w+)", re.MULTILINE)
+
+
+def build_cubin(ptx: str, ptxas: str) -> bytes:
+    """Compile ``ptx`` to a cubin with the ``ptxas`` executable at that path (``-O3``, for the
+    architecture the PTX's ``.target`` names, ``sm_90a`` included). RuntimeError with ptxas'
+    whole message when it fails."""
+    target = _TARGET.search(ptx)
+    if target is None:
+        raise RuntimeError("the PTX has no .target line: it cannot be built with ptxas")
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = os.path.join(tmp, "kernel.ptx"), os.path.join(tmp, "kernel.cubin")
+        with open(src, "w") as f:
+            f.write(ptx)
+        done = subprocess.run(
+            [ptxas, f"-arch={target.group(1)}", "-O3", "-o", dst, src],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"{ptxas} -arch={target.group(1)} failed:\n{done.stderr}")
+        with open(dst, "rb") as f:
+            return f.read()
+
+
+def version(ptxas: str) -> str:
+    """The last line of ``ptxas --version`` (its build), which names the compiler in cache
+    keys."""
+    done = subprocess.run([ptxas, "--version"], capture_output=True, text=True, check=True)
+    return done.stdout.strip().splitlines()[-1]

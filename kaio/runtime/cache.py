@@ -42,9 +42,10 @@ def cache_dir() -> str:
     return os.path.join(base, "kaio")
 
 
-def cache_key(spec_key: str, arch: str, driver_version: int) -> str:
-    """The file key of one kernel specialization compiled for ``arch`` by this driver."""
-    text = f"{spec_key}|{arch}|{driver_version}"
+def cache_key(spec_key: str, arch: str, driver_version: int, compiler: str = "") -> str:
+    """The file key of one kernel specialization compiled for ``arch`` by this driver's JIT,
+    or by the ptxas build ``compiler`` names (``KAIO_PTXAS``)."""
+    text = f"{spec_key}|{arch}|{driver_version}" + (f"|{compiler}" if compiler else "")
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -1,11 +1,12 @@
-"""Loading kernels: PTX -> cubin with the driver's JIT linker (no toolkit), cubins cached on
-disk and loaded modules in memory, function attributes, and the opt-in to more than 48 KB of
-dynamic shared memory."""
+"""Loading kernels: PTX -> cubin with the driver's JIT linker (no toolkit; or, with
+``KAIO_PTXAS``, with a ptxas executable), cubins cached on disk and loaded modules in memory,
+function attributes, and the opt-in to more than 48 KB of dynamic shared memory."""
 
 from __future__ import annotations
 
 import ctypes
 import json
+import os
 import re
 import threading
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from kaio.errors import CudaError, LaunchError
 from kaio.ir.nodes import Param, Var
 from kaio.limits import static_shared_bytes
+from kaio.ptx import ptxas as _ptxas
 from kaio.ptx.debug import declares_record
 from kaio.runtime.cache import DiskCache, cache_key
 from kaio.runtime.debug import DebugRecord
@@ -168,6 +170,47 @@ def select_arch(requested: str | None, device: Device) -> str:
     return requested
 
 
+_compiler: tuple[str, str] | None = None  # (ptxas path or "", its build) once read
+
+
+def compiler() -> tuple[str, str]:
+    """Which compiler builds cubins, as ``(ptxas path, its build)``, or ``("", "")`` for the
+    driver's JIT (the default). ``KAIO_PTXAS`` chooses, read once a process: unset, empty
+    or ``0``, the driver; ``1`` or ``auto``, the ptxas ``kaio.ptx.ptxas.find_ptxas`` finds
+    (the ``nvidia-cuda-nvcc`` wheel, then ``PATH``); anything else, the path of a ptxas.
+    Why: the driver's JIT (driver 580, CUDA 13.0) keeps a kernel that raises its consumers'
+    registers with ``setmaxnreg`` to the launch bounds' share (168 for 384 threads) and
+    spills, where ptxas of the same CUDA version gives the consumers up to 240 (see
+    docs/hopper.md)."""
+    global _compiler
+    if _compiler is None:
+        choice = os.environ.get("KAIO_PTXAS", "").strip()
+        if choice in ("", "0"):
+            _compiler = ("", "")
+        else:
+            path = _ptxas.find_ptxas() if choice in ("1", "auto") else choice
+            if path is None or not os.access(path, os.X_OK):
+                raise LaunchError(
+                    f"KAIO_PTXAS={choice!r}: no ptxas executable "
+                    + ("was found" if path is None else f"at {path}")
+                    + "; pip install nvidia-cuda-nvcc (no newer than the driver's CUDA), "
+                    "name a ptxas path, or unset KAIO_PTXAS to use the driver's JIT"
+                )
+            _compiler = (path, _ptxas.version(path))
+    return _compiler
+
+
+def build_cubin(ptx: str, name: str, arch: str) -> bytes:
+    """A cubin of ``ptx`` for ``arch``, built by the ``compiler()`` chosen."""
+    path = compiler()[0]
+    if not path:
+        return link_ptx(ptx, name, arch)
+    try:
+        return _ptxas.build_cubin(ptx, path)
+    except RuntimeError as error:
+        raise LaunchError(f"compiling kernel {name} with KAIO_PTXAS: {error}") from None
+
+
 def link_ptx(ptx: str, name: str, arch: str) -> bytes:
     """JIT-compile ``ptx`` to a cubin for the current device with the driver's linker."""
     lib = libcuda()
@@ -257,7 +300,7 @@ def _load(spec, device: Device, arch: str) -> LoadedKernel:
     neither compiles the Python nor runs the driver's JIT; else compile, link and cache it.
     ``load`` without the memo."""
     cache = disk_cache()
-    key = cache_key(spec.key, arch, driver_version())
+    key = cache_key(spec.key, arch, driver_version(), compiler()[1])
     cached = None if spec.kernel.debug else unpack_entry(cache.get(key))
     if cached is not None and not fits_kernel(cached[0], spec.kernel, spec.layouts):
         cached = None
@@ -284,13 +327,20 @@ def _load(spec, device: Device, arch: str) -> LoadedKernel:
         ],
         "variant": variant(spec, arch),  # for people (kaio cubins), not read back
     }
-    cubin = link_ptx(ptx, name, arch)
+    cubin = build_cubin(ptx, name, arch)
     cache.put(key, pack_entry(meta, cubin))
-    module = check(cu.cuModuleLoadData(cubin), f"loading kernel {name}")
+    module = check(cu.cuModuleLoadData(cubin), f"loading kernel {name}" + _by_ptxas())
     loaded = _loaded_kernel(module, meta, device, from_disk=False)
     if declares_record(ptx):
         loaded.debug = DebugRecord(name, ptx, device)
     return loaded
+
+
+def _by_ptxas() -> str:
+    path, build = compiler()
+    if not path:
+        return ""
+    return f" (built by {path}, {build}: a ptxas newer than the driver's CUDA may not load)"
 
 
 def _load_cached(meta: dict, cubin: bytes, device: Device) -> LoadedKernel | None:
