@@ -55,7 +55,7 @@ BEST = ["wgmma", "pipe0", "pipe0 persist", "pipe0 persist lpt"]  # the other sha
 
 def variants():
     """(label, dtype name, head dim, kind, config): every kernel the steps launch."""
-    out = [(name, "float16", 128, "new", NEW[name]) for name in D128]
+    out = [(name, "float16", 128, "new", NEW[name]) for name in dict.fromkeys(D128 + BEST)]
     out += [(name, "bfloat16", 128, "new", NEW[name]) for name in BF16]
     out += [(name, "float16", 64, "new", NEW[name]) for name in D64]
     out += [(name, "float16", 256, "new", NEW[name]) for name in D256]
