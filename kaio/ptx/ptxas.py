@@ -51,24 +51,23 @@ def assemble(ptx: str, arch: str) -> str:
 _TARGET = re.compile(r"^\s*\.target\s+(sm_\w+)", re.MULTILINE)
 
 
-def build_cubin(ptx: str, ptxas: str) -> bytes:
-    """Compile ``ptx`` to a cubin with the ``ptxas`` executable at that path (``-O3``, for the
-    architecture the PTX's ``.target`` names, ``sm_90a`` included). RuntimeError with ptxas'
-    whole message when it fails."""
+def build_cubin(ptx: str, ptxas: str, arch: str) -> bytes:
+    """Compile ``ptx`` to a cubin for the GPU architecture ``arch`` (``sm_90``: the device's,
+    since SASS runs only on its own architecture, whatever older ``.target`` the PTX names;
+    ``sm_90a`` where the PTX targets it) with the ``ptxas`` executable at that path, ``-O3``.
+    RuntimeError with ptxas' whole message when it fails."""
     target = _TARGET.search(ptx)
-    if target is None:
-        raise RuntimeError("the PTX has no .target line: it cannot be built with ptxas")
+    if target is not None and target.group(1) == arch + "a":
+        arch = target.group(1)
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = os.path.join(tmp, "kernel.ptx"), os.path.join(tmp, "kernel.cubin")
         with open(src, "w") as f:
             f.write(ptx)
         done = subprocess.run(
-            [ptxas, f"-arch={target.group(1)}", "-O3", "-o", dst, src],
-            capture_output=True,
-            text=True,
+            [ptxas, f"-arch={arch}", "-O3", "-o", dst, src], capture_output=True, text=True
         )
         if done.returncode != 0:
-            raise RuntimeError(f"{ptxas} -arch={target.group(1)} failed:\n{done.stderr}")
+            raise RuntimeError(f"{ptxas} -arch={arch} failed:\n{done.stderr}")
         with open(dst, "rb") as f:
             return f.read()
 
