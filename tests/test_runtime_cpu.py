@@ -82,12 +82,13 @@ def test_kaio_ptxas_auto_builds_a_cubin_for_the_ptx_target(fresh_compiler, monke
     assert path == find_ptxas() and build.startswith("Build cuda_")
     # SASS is for the device's architecture, whatever older target the PTX names
     for ptx in (add.ptx("sm_80"), add.ptx("sm_90")):
-        cubin = fresh_compiler.build_cubin(ptx, "add", "sm_80", "sm_90")
+        cubin = fresh_compiler.build_cubin(ptx, "add", "sm_80", types.SimpleNamespace(arch="sm_90"))
         assert cubin[:4] == b"\x7fELF" and _elf_sm(cubin) == 90
-    assert _elf_sm(fresh_compiler.build_cubin(add.ptx("sm_80"), "add", "sm_80", "sm_80")) == 80
+    sm80 = types.SimpleNamespace(arch="sm_80")
+    assert _elf_sm(fresh_compiler.build_cubin(add.ptx("sm_80"), "add", "sm_80", sm80)) == 80
     broken = add.ptx("sm_80").replace("ret;", "bogus;")
     with pytest.raises(LaunchError, match="compiling kernel broken with KAIO_PTXAS: .*ptxas"):
-        fresh_compiler.build_cubin(broken, "broken", "sm_80", "sm_80")
+        fresh_compiler.build_cubin(broken, "broken", "sm_80", sm80)
 
 
 def _elf_sm(cubin: bytes) -> int:

@@ -200,14 +200,14 @@ def compiler() -> tuple[str, str]:
     return _compiler
 
 
-def build_cubin(ptx: str, name: str, arch: str, device_arch: str) -> bytes:
-    """A cubin of ``ptx`` (compiled for ``arch``) for a GPU of ``device_arch``, built by the
-    ``compiler()`` chosen."""
+def build_cubin(ptx: str, name: str, arch: str, device: Device) -> bytes:
+    """A cubin of ``ptx`` (compiled for ``arch``) for ``device``, built by the ``compiler()``
+    chosen: ptxas builds SASS for the device's own architecture."""
     path = compiler()[0]
     if not path:
         return link_ptx(ptx, name, arch)
     try:
-        return _ptxas.build_cubin(ptx, path, device_arch)
+        return _ptxas.build_cubin(ptx, path, device.arch)
     except RuntimeError as error:
         raise LaunchError(f"compiling kernel {name} with KAIO_PTXAS: {error}") from None
 
@@ -328,7 +328,7 @@ def _load(spec, device: Device, arch: str) -> LoadedKernel:
         ],
         "variant": variant(spec, arch),  # for people (kaio cubins), not read back
     }
-    cubin = build_cubin(ptx, name, arch, device.arch)
+    cubin = build_cubin(ptx, name, arch, device)
     cache.put(key, pack_entry(meta, cubin))
     module = check(cu.cuModuleLoadData(cubin), f"loading kernel {name}" + _by_ptxas())
     loaded = _loaded_kernel(module, meta, device, from_disk=False)
