@@ -187,7 +187,7 @@ def gemm(
         chosen = chosen or tuned_plan(a, m, n, k, gate)
         cfg = CONFIGS[chosen.config]
         split, k_slice = k_slices(k, chosen.split, cfg.bk)
-        fixup = MMA_FIXUP and split > 1 and _gemm_hopper.fixup_ok(n)
+        fixup = mma_fixup(m, n, split)
     c = _arrays.output(a, out_shape, out)
     c_arg = _arrays.output_arg(a, c, (m, n), out)
     bias_arg = bias.arg(bias.size) if bias is not None else _placeholder(a, dtype, 1)
@@ -298,8 +298,20 @@ def _skinny(a, b, out_shape: tuple, mnk: tuple, out: ScalarType, split: int):
 
 _COUNTERS: dict = {}
 # the mma.sync kernel sums its K split in the kernel (else gemm_reduce): off, as measured on
-# an H100 (bench/gemm_plans.py: the gemm_reduce launch was faster than the last block's sum)
+# an H100 (bench/gemm_plans.py: the gemm_reduce launch was faster than the last block's sum),
+# but for one row: [1, 4096] x [4096, 4096] took 9.06 µs of GPU time and 6.6 µs of host time
+# summed in the kernel against 9.57 and 11.2 with the second launch (bench/host_parts.py
+# --only gemv, H100, 2026-11-26)
 MMA_FIXUP = False
+FIXUP_ROWS = 1
+
+
+def mma_fixup(m: int, n: int, split: int) -> bool:
+    """Whether the mma.sync kernel sums its ``split``-way K split of an ``m x n`` product
+    itself (the last block of a tile adds the slices) rather than through ``gemm_reduce``:
+    for at most ``FIXUP_ROWS`` rows, or everywhere with ``MMA_FIXUP``, where the workspace
+    lines allow it (``_gemm_hopper.fixup_ok``)."""
+    return (MMA_FIXUP or m <= FIXUP_ROWS) and split > 1 and _gemm_hopper.fixup_ok(n)
 
 
 def _counters(like: _arrays.Operand, tiles: int):

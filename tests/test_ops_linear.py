@@ -170,6 +170,17 @@ def test_mma_sync_split_summed_in_kernel_in_simulator(act, monkeypatch):
     check(fixed, *reference(x, w, b, res, act), np.float32)
 
 
+def test_one_row_sums_its_k_split_in_the_kernel():
+    """One row: the K split summed by the mma.sync kernel (one launch, faster on an H100);
+    more rows, N not a multiple of 32 or no split: through gemm_reduce (MMA_FIXUP off)."""
+    linear_mod = importlib.import_module("kaio_ops.linear")
+    assert not linear_mod.MMA_FIXUP
+    assert linear_mod.mma_fixup(1, 4096, 4)
+    assert not linear_mod.mma_fixup(2, 4096, 4)
+    assert not linear_mod.mma_fixup(1, 4100, 4)
+    assert not linear_mod.mma_fixup(1, 4096, 1)
+
+
 def _operand(arr, name="x"):
     inputs = kaio_ops._arrays.Inputs("test")
     return inputs.array(arr, name, ndim=(1, 2, 3), dtypes=None)
@@ -581,6 +592,7 @@ def test_gpu_linear_batched_f32_out():
         (200, 512, 8192, "matmul", hopper.Plan(2, 128, 4, 6, True)),
         (16, 1024, 4096, "silu_gate", Plan("16x128", 8)),  # mma.sync, summed in the kernel
         (3, 2048, 4096, "matmul", Plan("16x128", 4)),
+        (1, 4096, 4096, "matmul", Plan("16x128", 4)),  # one row: summed in the kernel
     ],
 )
 def test_gpu_split_sums_deterministic(m, n, k, activation, chosen, monkeypatch):
