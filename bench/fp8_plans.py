@@ -131,33 +131,12 @@ def time_all(fns: dict, sets, rounds=5) -> dict:
 
 
 def use_ptxas() -> None:
-    """With ``FP8_PLANS_PTXAS=1``: the kernels loaded from cubins built by the CLI ``ptxas``
-    (``kaio.runtime.module.link_ptx`` replaced here only), not by the driver's JIT, which
-    gives the consumers of ``setmaxnreg`` kernels local memory where ptxas does not (round
-    A's diag); the caller points ``KAIO_CACHE_DIR`` elsewhere so that no JIT cubin is
-    reused."""
-    import re
-    import subprocess
-    import tempfile
-
-    from kaio.ptx.ptxas import find_ptxas
-    from kaio.runtime import module
-
-    exe = find_ptxas()
-    if os.environ.get("FP8_PLANS_PTXAS") != "1" or exe is None:
-        return
-
-    def link(ptx, name, arch):
-        target = re.search(r"\.target\s+(sm_\w+)", ptx).group(1)
-        with tempfile.TemporaryDirectory() as tmp:
-            src, out = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
-            with open(src, "w") as f:
-                f.write(ptx)
-            subprocess.run([exe, f"-arch={target}", "-o", out, src], check=True)
-            with open(out, "rb") as f:
-                return f.read()
-
-    module.link_ptx = link
+    """With ``FP8_PLANS_PTXAS=1``: the kernels' cubins built by ``ptxas`` (the runtime's
+    ``KAIO_PTXAS=auto``), not by the driver's JIT, which gives the consumers of ``setmaxnreg``
+    kernels local memory where ptxas does not (round A's diag). Called before any kernel
+    loads: the runtime reads ``KAIO_PTXAS`` once a process."""
+    if os.environ.get("FP8_PLANS_PTXAS") == "1":
+        os.environ.setdefault("KAIO_PTXAS", "auto")
 
 
 REGS = [  # plans that need the setmaxnreg registers (FP8_PLANS_PTXAS=1 --cases regs)
