@@ -182,6 +182,26 @@ def wins(rows: list[dict], margin: float = 0.02) -> dict:
     return found
 
 
+def route_steps(old: list, points, choose) -> list:
+    """A ``linear.MEASURED`` entry list over the sorted ``points``: ``choose(m, before)`` the
+    choice at M = m (``before(m)``: the one ``old`` gives, else "rules"), runs of one choice
+    merged into their last M, trailing "rules" dropped."""
+
+    def before(m):
+        return next((c for most, c in old if m <= most), "rules")
+
+    entries: list = []
+    for p in sorted(points):
+        choice = choose(p, before)
+        if entries and entries[-1][1] == choice:
+            entries[-1] = (p, choice)
+        else:
+            entries.append((p, choice))
+    while entries and entries[-1][1] == "rules":
+        entries.pop()
+    return entries
+
+
 def measured_with(found: dict, table: dict | None = None) -> dict:
     """``linear.MEASURED`` (or ``table``) with the choices of ``found`` (``wins``) put in at
     their M, each for M in (M / 2, M]: the entries below and above keep their choice (or
@@ -189,21 +209,8 @@ def measured_with(found: dict, table: dict | None = None) -> dict:
     table = dict(linear_mod.MEASURED if table is None else table)
     for key, at in found.items():
         old = table.get(key, [])
-
-        def before(m, old=old):
-            return next((c for most, c in old if m <= most), "rules")
-
-        points = sorted({most for most, _ in old} | set(at) | {m // 2 for m in at if m > 1})
-        entries: list = []
-        for p in points:
-            choice = at.get(p, before(p))
-            if entries and entries[-1][1] == choice:
-                entries[-1] = (p, choice)
-            else:
-                entries.append((p, choice))
-        while entries and entries[-1][1] == "rules":
-            entries.pop()
-        table[key] = entries
+        points = {most for most, _ in old} | set(at) | {m // 2 for m in at if m > 1}
+        table[key] = route_steps(old, points, lambda p, before, at=at: at.get(p, before(p)))
     return table
 
 

@@ -422,6 +422,7 @@ def propose(paths: list[str], margin: float = 0.02) -> str:
     lines to paste."""
     import json
 
+    from bench.gemm_plans import route_steps
     from kaio_ops import _gemm_streamk as sk
     from kaio_ops.linear import MEASURED
 
@@ -446,20 +447,10 @@ def propose(paths: list[str], margin: float = 0.02) -> str:
     for shape in sorted({s for _, s in wins}):
         n, k = (int(v) for v in shape.split("x"))
         old = MEASURED.get((n, k, "kn"), [])
-
-        def before(m, old=old):
-            return next((c for most, c in old if m <= most), "rules")
-
-        points = sorted({most for most, _ in old} | {m for m, s in times if s == shape})
-        entries = []
-        for p in points:
-            choice = wins.get((p, shape), before(p))
-            if entries and entries[-1][1] == choice:
-                entries[-1] = (p, choice)
-            else:
-                entries.append((p, choice))
-        while entries and entries[-1][1] == "rules":
-            entries.pop()
+        points = {most for most, _ in old} | {m for m, s in times if s == shape}
+        entries = route_steps(
+            old, points, lambda p, before, shape=shape: wins.get((p, shape), before(p))
+        )
         text = ", ".join(f"({p}, {_code(c)})" for p, c in entries)
         lines.append(f'    ({n}, {k}, "kn"): [{text}],')
     return "\n".join(lines)
