@@ -16,7 +16,7 @@ import kaio
 import kaio_ops
 from kaio import f16, f32, u32
 from kaio.ptx.ptxas import assemble, find_ptxas
-from kaio_ops import _arrays, _int4_decode, _prefill
+from kaio_ops import _arrays, _int4_decode, _int8_decode, _prefill
 from kaio_ops._matmul_kernels import qkv_kernel
 from kaio_ops.matmul import CONFIGS, Plan, heuristic, k_slices
 from kaio_ops.quantized import FALLBACK, _qkv_plan, project_int8, qkv_constexprs, specializations
@@ -48,7 +48,9 @@ def int4_case(m, n, k, rng=RNG):
 
 
 @pytest.mark.parametrize(
-    "m, n, k", [(40, 48, 96), (33, 17, 21), (130, 136, 128), (3, 72, 520), (1, 40, 1000)]
+    "m, n, k",
+    # (3, 72, 524), (1, 44, 1000): decode rows _int8_decode does not fit (K, N % 8): mma.sync
+    [(40, 48, 96), (33, 17, 21), (130, 136, 128), (3, 72, 524), (1, 44, 1000), (3, 72, 520)],
 )
 @pytest.mark.parametrize("unsigned", [False, True])
 def test_int8_exact_in_simulator(m, n, k, unsigned):
@@ -60,6 +62,59 @@ def test_int8_exact_in_simulator(m, n, k, unsigned):
     with kaio.simulate():
         c = kaio_ops.matmul_int8(a, b, scale)
     np.testing.assert_array_equal(c, int8_reference(a, b, scale))
+
+
+@pytest.mark.parametrize(
+    "m, n, k, sms",
+    [
+        (1, 264, 328, 4),  # K split in 2 slices, the second a partial step; a partial column block
+        (16, 40, 200, 1),  # the most rows, one slice, K not a whole step
+        (5, 512, 1024, 8),  # 8 slices summed by the last block of each column block
+        (2, 8, 8, 1),  # one word of A a row
+    ],
+)
+@pytest.mark.parametrize("unsigned", [False, True])
+def test_int8_decode_one_launch_exact_in_simulator(m, n, k, sms, unsigned, poisoned, monkeypatch):
+    """Decode rows (``_int8_decode``): one launch of ``gemv_int8`` reading B [K, N] as it is
+    (no transpose), bit-identical with the integer reference, every output element written
+    (poisoned allocations), uint8 bytes read as int8."""
+    monkeypatch.setattr(_arrays, "multiprocessors", lambda like: sms)
+    a = RNG.integers(-128, 128, (m, k)).astype(np.int8)
+    b = RNG.integers(-128, 128, (k, n)).astype(np.int8)
+    if unsigned:
+        a, b = a.view(np.uint8), b.view(np.uint8)
+    launched = []  # every kernel subscripted for a launch
+    kernel_type = type(_int8_decode.gemv_int8)
+    subscript = kernel_type.__getitem__
+
+    def counted(kernel, config):
+        launched.append(kernel)
+        return subscript(kernel, config)
+
+    monkeypatch.setattr(kernel_type, "__getitem__", counted)
+    with kaio.simulate():
+        c = kaio_ops.matmul_int8(a, b, -0.75)
+    np.testing.assert_array_equal(c, int8_reference(a, b, -0.75))
+    assert launched == [_int8_decode.gemv_int8]
+    assert _int8_decode.fits(_operand(a), _operand(b), m, n, k)
+
+
+def test_int8_decode_takes_only_what_it_fits():
+    """More than ``MAX_M`` rows, K or N not a multiple of 8, or an operand off an 8-byte
+    boundary: the transposing mma.sync path (``test_int8_exact_in_simulator``)."""
+    a, b = np.zeros((16, 64), np.int8), np.zeros((64, 32), np.int8)
+    assert _int8_decode.fits(_operand(a), _operand(b), 16, 32, 64)
+    assert not _int8_decode.fits(_operand(np.zeros((17, 64), np.int8)), _operand(b), 17, 32, 64)
+    a60, b60 = np.zeros((16, 60), np.int8), np.zeros((60, 32), np.int8)
+    assert not _int8_decode.fits(_operand(a60), _operand(b60), 16, 32, 60)
+    assert not _int8_decode.fits(_operand(a), _operand(np.zeros((64, 28), np.int8)), 16, 28, 64)
+    off = np.zeros(16 * 64 + 4, np.int8)[4:].reshape(16, 64)
+    assert not _int8_decode.fits(_operand(off), _operand(b), 16, 32, 64)
+
+
+def _operand(x: np.ndarray) -> _arrays.Operand:
+    with kaio.simulate():
+        return _arrays.Inputs("test").array(x, "x", ndim=2, dtypes=(kaio.i8, kaio.u8))
 
 
 @pytest.mark.parametrize("m, n, k", [(40, 48, 128), (3, 72, 256), (130, 136, 384), (17, 20, 128)])
