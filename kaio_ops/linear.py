@@ -301,9 +301,10 @@ _COUNTERS: dict = {}
 # an H100 (bench/gemm_plans.py: the gemm_reduce launch was faster than the last block's sum),
 # but for one row: [1, 4096] x [4096, 4096] took 9.06 µs of GPU time and 6.6 µs of host time
 # summed in the kernel against 9.57 and 11.2 with the second launch (bench/host_parts.py
-# --only gemv, H100, 2026-11-26)
+# --only gemv, H100, 2026-11-26); up to 16 rows (decode), where a call's host time exceeds
+# its GPU time, one launch less is worth more than the sum's GPU time
 MMA_FIXUP = False
-FIXUP_ROWS = 1
+FIXUP_ROWS = 16
 
 
 def mma_fixup(m: int, n: int, split: int) -> bool:

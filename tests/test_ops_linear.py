@@ -165,18 +165,20 @@ def test_mma_sync_split_summed_in_kernel_in_simulator(act, monkeypatch):
         monkeypatch.setattr(linear_mod, "MMA_FIXUP", True)
         fixed = run()
         monkeypatch.setattr(linear_mod, "MMA_FIXUP", False)
+        monkeypatch.setattr(linear_mod, "FIXUP_ROWS", 0)
         reduced = run()
     assert np.array_equal(fixed.view(np.uint32), reduced.view(np.uint32))
     check(fixed, *reference(x, w, b, res, act), np.float32)
 
 
-def test_one_row_sums_its_k_split_in_the_kernel():
-    """One row: the K split summed by the mma.sync kernel (one launch, faster on an H100);
+def test_decode_rows_sum_their_k_split_in_the_kernel():
+    """Up to 16 rows (decode): the K split summed by the mma.sync kernel (one launch);
     more rows, N not a multiple of 32 or no split: through gemm_reduce (MMA_FIXUP off)."""
     linear_mod = importlib.import_module("kaio_ops.linear")
     assert not linear_mod.MMA_FIXUP
     assert linear_mod.mma_fixup(1, 4096, 4)
-    assert not linear_mod.mma_fixup(2, 4096, 4)
+    assert linear_mod.mma_fixup(16, 4096, 4)
+    assert not linear_mod.mma_fixup(17, 4096, 4)
     assert not linear_mod.mma_fixup(1, 4100, 4)
     assert not linear_mod.mma_fixup(1, 4096, 1)
 

@@ -18,6 +18,7 @@ import kaio
 import kaio_ops
 from kaio.ptx.ptxas import assemble, find_ptxas
 from kaio_ops.matmul import CONFIGS, Plan, heuristic, run, specializations
+from tests.launches import launched
 
 OPS = {
     "matmul_tc": (kaio_ops.matmul_tc, np.float16, 1e-3),
@@ -87,6 +88,22 @@ def test_unaligned_base_takes_the_element_path_in_simulator():
     with kaio.simulate():
         c = kaio_ops.matmul_tc_async(a, b[:64].copy())
     assert _rel_error(c, a, b[:64]) < 1e-5
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("m, n, k", [(1, 64, 2048), (16, 96, 1000)])
+def test_decode_rows_take_one_launch_in_simulator(op, m, n, k, monkeypatch):
+    """Up to 16 rows: one launch (linear's GEMM, its K split summed by the last block of a
+    tile: N a multiple of 32 here), right against float64."""
+    from kaio_ops._gemm import GEMM
+
+    fn, dtype, _ = OPS[op]
+    a, b = _inputs(np.random.default_rng(m + n), m, n, k, dtype)
+    kernels = launched(monkeypatch)
+    with kaio.simulate():
+        c = fn(a, b)
+    assert kernels == [GEMM]
+    assert _rel_error(c, a, b) < 1e-5
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from kaio_ops import _arrays, _int4_decode, _int8_decode, _prefill
 from kaio_ops._matmul_kernels import qkv_kernel
 from kaio_ops.matmul import CONFIGS, Plan, heuristic, k_slices
 from kaio_ops.quantized import FALLBACK, _qkv_plan, project_int8, qkv_constexprs, specializations
+from tests.launches import launched
 from tests.poison import poison_allocations
 
 RNG = np.random.default_rng(77)
@@ -83,19 +84,11 @@ def test_int8_decode_one_launch_exact_in_simulator(m, n, k, sms, unsigned, poiso
     b = RNG.integers(-128, 128, (k, n)).astype(np.int8)
     if unsigned:
         a, b = a.view(np.uint8), b.view(np.uint8)
-    launched = []  # every kernel subscripted for a launch
-    kernel_type = type(_int8_decode.gemv_int8)
-    subscript = kernel_type.__getitem__
-
-    def counted(kernel, config):
-        launched.append(kernel)
-        return subscript(kernel, config)
-
-    monkeypatch.setattr(kernel_type, "__getitem__", counted)
+    kernels = launched(monkeypatch)
     with kaio.simulate():
         c = kaio_ops.matmul_int8(a, b, -0.75)
     np.testing.assert_array_equal(c, int8_reference(a, b, -0.75))
-    assert launched == [_int8_decode.gemv_int8]
+    assert kernels == [_int8_decode.gemv_int8]
     assert _int8_decode.fits(_operand(a), _operand(b), m, n, k)
 
 
