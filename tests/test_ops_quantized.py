@@ -752,7 +752,11 @@ def test_qkv_numpy_outside_simulate_names_both_ways_out():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m, n, k", [(4096, 4096, 4096), (16, 4096, 4096), (1000, 1030, 770)])
+@pytest.mark.parametrize(
+    "m, n, k",
+    # decode rows (_int8_decode): 16, 1, and 7 with a partial column block and K split
+    [(4096, 4096, 4096), (16, 4096, 4096), (1000, 1030, 770), (1, 4096, 4096), (7, 1000, 1096)],
+)
 def test_gpu_int8_exact(m, n, k):
     import torch
 
