@@ -9,8 +9,9 @@ For each op at M rows (default 1, 2, 4, 8, 16) of a K x N = 4096 x 4096 weight:
   16) against ``gemm_reduce`` (``FIXUP_ROWS`` 0);
 - ``matmul_int8``: ``_int8_decode.gemv_int8`` (one launch, B read as it is) against the
   transposing path (``_int8_decode.MAX_M`` 0: B transposed, then the mma.sync kernel);
-- ``matmul_fp8`` (e4m3, b column-major, per-tensor scales, bf16 out): as routed, against
-  the path with ``_fp8_decode`` turned off (``_fp8_decode.MAX_M`` 0) where that exists;
+- ``matmul_fp8`` (e4m3, b column-major, per-tensor scales, bf16 out): as routed, with
+  ``_fp8_decode.gemv_fp8`` up to 16 rows (``MAX_M`` 16), and with the wgmma kernel (its K
+  split and ``sum_parts``: ``MAX_M`` 0);
 - cuBLAS beside: ``x @ w`` in f16 (``torch._scaled_mm`` for fp8, M padded to 16).
 
 GPU time: CUDA events around 100 calls queued behind a spinner (back to back), median of 5,
@@ -125,15 +126,12 @@ def cases(m: int) -> list:
         ], [(a8, b) for b in b8s], a8.double() @ b8s[0].double(),
          lambda a, b: x @ ws[0]),
     ]  # fmt: skip
-    fp8_paths = [("as routed", nothing, kaio_ops.matmul_fp8)]
-    try:
-        importlib.import_module("kaio_ops._fp8_decode")
-        fp8_paths.append(
-            ("wgmma (no _fp8_decode)", lambda: setting("kaio_ops._fp8_decode", "MAX_M", 0),
-             kaio_ops.matmul_fp8)
-        )  # fmt: skip
-    except ImportError:
-        pass
+    decode = ("kaio_ops._fp8_decode", "MAX_M")
+    fp8_paths = [
+        ("as routed", nothing, kaio_ops.matmul_fp8),
+        ("gemv_fp8 (MAX_M 16)", lambda: setting(*decode, 16), kaio_ops.matmul_fp8),
+        ("wgmma (MAX_M 0)", lambda: setting(*decode, 0), kaio_ops.matmul_fp8),
+    ]
     a, b, sa, sb = fp8[0]
     ref = (a.double() @ b.double()) * sa.double() * sb.double()
     out.append(("matmul_fp8", fp8_paths, fp8, ref, scaled_mm))
