@@ -4,7 +4,8 @@ process:
 - raw ctypes ``cuLaunchKernelEx`` / ``cuLaunchKernel`` on kaio's CUfunction with everything
   prepared (parameters packed once, configuration built once): the floor for a Python launcher,
   with ctypes releasing the GIL around the call (``CFUNCTYPE``) and keeping it (``PYFUNCTYPE``,
-  as kaio's launcher does);
+  as kaio's launcher does); the same on other streams than the legacy default one (a
+  created stream, a non-blocking one, the per-thread default stream);
 - raw cuda.bindings ``cuLaunchKernel``, kernelParams as (values, types), the bindings' own
   way of passing arguments;
 - kaio ``add[grid, 256](x, y, out, n)`` and pre-bound ``launch = add[grid, 256]``, with
@@ -274,6 +275,24 @@ def raw_rows(bench: Bench, x, y, out) -> None:
         "raw ctypes cuLaunchKernelEx, GIL kept, byref function (kaio's)",
         lambda: launch_ex_gil(cfg, func_ref, par, None),
     )
+    # the same launch on other streams than the legacy default one (which the driver
+    # synchronizes with every blocking stream): a created stream, a non-blocking one, and the
+    # per-thread default stream (CU_STREAM_PER_THREAD)
+    from kaio.runtime.stream import Stream
+
+    for label, stream in (
+        ("a created stream", Stream()),
+        ("a non-blocking stream", Stream(non_blocking=True)),
+        ("the per-thread default stream", 2),
+    ):
+        handle = stream if isinstance(stream, int) else stream.handle
+        other = CUlaunchConfig((GRID, 1, 1), (256, 1, 1), 0, handle, None, 0)
+        config_ref = ctypes.byref(other)
+        bench.keep += [other, stream]
+        bench.row(
+            f"raw ctypes cuLaunchKernelEx, GIL kept, byref function, {label}",
+            lambda c=config_ref: launch_ex_gil(c, func_ref, par, None),
+        )
     launch_gil = ctypes.PYFUNCTYPE(ctypes.c_int)(("cuLaunchKernel", lib))
     bench.row(
         "raw ctypes cuLaunchKernel, kernelParams, GIL kept, byref function",
