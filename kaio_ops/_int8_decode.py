@@ -26,7 +26,7 @@ import math
 import kaio
 from kaio import f32, i32, u32
 from kaio_ops import _arrays
-from kaio_ops._gemm import last_arrival
+from kaio_ops._gemv import finish_columns
 
 __all__ = ["MAX_M", "fits", "gemv_int8", "matmul", "specializations", "split_for"]
 
@@ -87,36 +87,9 @@ def gemv_int8(
                 for j in kaio.static_range(8):
                     acc[m, j] += x * bv[j]
         kk += STEP
-    # the 8 warps' sums of row m: warp w's at part[w, column], added in warp order
     part = kaio.shared(i32, (8, COLS))
-    mine = n0 + t  # thread t sums and writes column n0 + t
-    split = kaio.grid_dim_y()
-    sums = kaio.local(i32, MR)
-    for m in kaio.static_range(MR):
-        for j in kaio.static_range(8):
-            part[warp, lane * 8 + j] = acc[m, j]
-        kaio.sync_threads()
-        total = part[0, t]
-        for w in kaio.static_range(1, 8):
-            total += part[w, t]
-        sums[m] = total
-        kaio.sync_threads()
-    if split == 1:
-        if mine < N:
-            for m in kaio.static_range(MR):
-                c[m, mine] = f32(sums[m]) * alpha
-    else:
-        if mine < N:
-            for m in kaio.static_range(MR):
-                ws[kaio.block_idx_y() * M + m, mine] = sums[m]
-        last = kaio.shared(u32, (1,))
-        if last_arrival(counters, kaio.block_idx_x(), split, last, t):
-            if mine < N:
-                for m in kaio.static_range(MR):
-                    total = ws[m, mine]
-                    for z in range(1, split):
-                        total += ws[z * M + m, mine]
-                    c[m, mine] = f32(total) * alpha
+    last = kaio.shared(u32, (1,))
+    finish_columns(acc, part, last, c, ws, counters, alpha, M, N, n0, t, MR, i32, f32)
 
 
 def fits(a: _arrays.Operand, b: _arrays.Operand, m: int, n: int, k: int) -> bool:
