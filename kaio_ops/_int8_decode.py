@@ -98,11 +98,14 @@ def fits(a: _arrays.Operand, b: _arrays.Operand, m: int, n: int, k: int) -> bool
     return m <= MAX_M and k % 8 == 0 and n % 8 == 0 and a.aligned(8) and b.aligned(8)
 
 
+BLOCKS_PER_SM = 4  # the K split aims at this many blocks a multiprocessor
+
+
 def split_for(n: int, k: int, sms: int) -> int:
-    """The K slices of a launch: towards 4 blocks a multiprocessor, each slice at least 2
-    full steps of ``STEP`` rows, at most 64 slices."""
+    """The K slices of a launch: towards ``BLOCKS_PER_SM`` blocks a multiprocessor, each
+    slice at least 2 full steps of ``STEP`` rows, at most 64 slices."""
     blocks = math.ceil(n / COLS)
-    return max(1, min(math.ceil(4 * sms / blocks), k // (2 * STEP), 64))
+    return max(1, min(math.ceil(BLOCKS_PER_SM * sms / blocks), k // (2 * STEP), 64))
 
 
 def matmul(a: _arrays.Operand, b: _arrays.Operand, alpha: float, mnk: tuple):

@@ -301,10 +301,11 @@ _COUNTERS: dict = {}
 # an H100 (bench/gemm_plans.py: the gemm_reduce launch was faster than the last block's sum),
 # but for one row: [1, 4096] x [4096, 4096] took 9.06 µs of GPU time and 6.6 µs of host time
 # summed in the kernel against 9.57 and 11.2 with the second launch (bench/host_parts.py
-# --only gemv, H100, 2026-11-26); up to 16 rows (decode), where a call's host time exceeds
-# its GPU time, one launch less is worth more than the sum's GPU time
+# --only gemv, H100, 2026-11-26); up to 4 rows: at K = N = 4096 on an H100 the sum in the
+# kernel took 10.2 / 11.4 / 17.0 µs of GPU time at M = 1 / 4 / 16 against gemm_reduce's
+# 10.3 / 10.3 / 10.8, and saved 4-5 µs of host time (bench/decode_gemms.py)
 MMA_FIXUP = False
-FIXUP_ROWS = 16
+FIXUP_ROWS = 4
 
 
 def mma_fixup(m: int, n: int, split: int) -> bool:

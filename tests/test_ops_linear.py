@@ -172,13 +172,14 @@ def test_mma_sync_split_summed_in_kernel_in_simulator(act, monkeypatch):
 
 
 def test_decode_rows_sum_their_k_split_in_the_kernel():
-    """Up to 16 rows (decode): the K split summed by the mma.sync kernel (one launch);
-    more rows, N not a multiple of 32 or no split: through gemm_reduce (MMA_FIXUP off)."""
+    """Up to ``FIXUP_ROWS`` rows (decode): the K split summed by the mma.sync kernel (one
+    launch); more rows, N not a multiple of 32 or no split: through gemm_reduce (MMA_FIXUP
+    off)."""
     linear_mod = importlib.import_module("kaio_ops.linear")
-    assert not linear_mod.MMA_FIXUP
+    assert not linear_mod.MMA_FIXUP and 1 <= linear_mod.FIXUP_ROWS <= 16
     assert linear_mod.mma_fixup(1, 4096, 4)
-    assert linear_mod.mma_fixup(16, 4096, 4)
-    assert not linear_mod.mma_fixup(17, 4096, 4)
+    assert linear_mod.mma_fixup(linear_mod.FIXUP_ROWS, 4096, 4)
+    assert not linear_mod.mma_fixup(linear_mod.FIXUP_ROWS + 1, 4096, 4)
     assert not linear_mod.mma_fixup(1, 4100, 4)
     assert not linear_mod.mma_fixup(1, 4096, 1)
 

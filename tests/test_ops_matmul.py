@@ -5,6 +5,7 @@ inputs and run-to-run determinism."""
 
 from __future__ import annotations
 
+import importlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -92,17 +93,19 @@ def test_unaligned_base_takes_the_element_path_in_simulator():
 
 @pytest.mark.parametrize("op", sorted(OPS))
 @pytest.mark.parametrize("m, n, k", [(1, 64, 2048), (16, 96, 1000)])
-def test_decode_rows_take_one_launch_in_simulator(op, m, n, k, monkeypatch):
-    """Up to 16 rows: one launch (linear's GEMM, its K split summed by the last block of a
-    tile: N a multiple of 32 here), right against float64."""
-    from kaio_ops._gemm import GEMM
+def test_decode_rows_take_linears_gemm_in_simulator(op, m, n, k, monkeypatch):
+    """Up to 16 rows: linear's GEMM, its K split summed by the last block of a tile (one
+    launch) up to ``linear.FIXUP_ROWS`` rows (N a multiple of 32 here), else by
+    ``gemm_reduce``; right against float64."""
+    from kaio_ops._gemm import GEMM, REDUCE
 
     fn, dtype, _ = OPS[op]
     a, b = _inputs(np.random.default_rng(m + n), m, n, k, dtype)
     kernels = launched(monkeypatch)
     with kaio.simulate():
         c = fn(a, b)
-    assert kernels == [GEMM]
+    one = m <= importlib.import_module("kaio_ops.linear").FIXUP_ROWS
+    assert kernels == ([GEMM] if one else [GEMM, REDUCE])
     assert _rel_error(c, a, b) < 1e-5
 
 

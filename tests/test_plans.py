@@ -1321,6 +1321,28 @@ def test_an_output_the_caller_dropped_is_handed_out_again(monkeypatch):
     assert again(call(), last)
 
 
+def test_an_output_unlike_every_input_is_handed_out_again(monkeypatch):
+    """An output with no input of its shape and dtype (``matmul_tc``'s f32 of f16 inputs,
+    ``matmul_fp8``'s bf16 of fp8 ones) is made by the plan's ``torch.empty`` and, dropped by
+    the caller, handed out again like one made like an input; not once changed."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False, raising=False)
+    monkeypatch.setattr(_plan, "RECYCLING", [True])
+    x = torch.randn(1, 64, dtype=torch.float16)
+    replay = _plan._replay(None, 1, [(None, "torch", 0, None, (1, 32), f32, None)], "o0")
+    assert "KEPT0.pop()" in replay.source and "EMPTY_LIKE" not in replay.source
+    made = []
+    replay.__globals__["A0"] = lambda: made.append(1) or torch.empty(1, 32)  # on the CPU
+    out = replay(x.data_ptr(), x)
+    out.kaio_test_mark = "first"
+    del out
+    out = replay(x.data_ptr(), x)
+    assert getattr(out, "kaio_test_mark", None) == "first" and len(made) == 1
+    out.resize_(2, 32)
+    del out
+    assert replay(x.data_ptr(), x).shape == (1, 32) and len(made) == 2
+
+
 def test_a_plan_on_the_default_stream_does_not_ask_about_captures(monkeypatch):
     """A replay asks torch whether its stream is being captured (0.5 µs) only when its plan
     launches on another stream than the legacy default one, which CUDA never captures; on
