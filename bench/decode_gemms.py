@@ -2,16 +2,15 @@
 
 For each op at M rows (default 1, 2, 4, 8, 16) of a K x N = 4096 x 4096 weight:
 
-- ``matmul_tc`` (f16 in, f32 out): its decode path (``linear``'s GEMM, the K split summed
-  in the kernel: one launch) against the path it took before (``matmul.launch``: the
-  mma.sync kernel, then ``sum_slices``);
+- ``matmul_tc`` (f16 in, f32 out) as routed (``linear``'s GEMM);
 - ``matmul`` and ``linear`` (f16): the K split summed in the kernel (``linear.FIXUP_ROWS``
   16) against ``gemm_reduce`` (``FIXUP_ROWS`` 0);
-- ``matmul_int8``: ``_int8_decode.gemv_int8`` (one launch, B read as it is) against the
-  transposing path (``_int8_decode.MAX_M`` 0: B transposed, then the mma.sync kernel);
-- ``matmul_fp8`` (e4m3, b column-major, per-tensor scales, bf16 out): as routed, with
-  ``_fp8_decode.gemv_fp8`` up to 16 rows (``MAX_M`` 16), and with the wgmma kernel (its K
-  split and ``sum_parts``: ``MAX_M`` 0);
+- ``matmul_int8``: ``_int8_decode.gemv_int8`` (one launch, B read as it is; its K split
+  aiming at 1, 2 or 4 blocks a multiprocessor) against the transposing path
+  (``_int8_decode.MAX_M`` 0: B transposed, then the mma.sync kernel);
+- ``matmul_fp8`` (e4m3, b column-major, per-tensor scales, bf16 out): ``_fp8_decode.gemv_fp8``
+  (``MAX_M`` 16) with 2 or 4 columns a warp, and the wgmma kernel (its K split and
+  ``sum_parts``: ``MAX_M`` 0);
 - cuBLAS beside: ``x @ w`` in f16 (``torch._scaled_mm`` for fp8, M padded to 16).
 
 GPU time: CUDA events around 100 calls queued behind a spinner (back to back), median of 5,
@@ -44,22 +43,26 @@ ROT = 4
 
 
 @contextmanager
-def setting(module: str, name: str, value):
-    """``module.name = value`` for the block (plans dropped before and after)."""
-    mod = importlib.import_module(module)
-    saved = getattr(mod, name)
-    setattr(mod, name, value)
+def setting(*changes: tuple):
+    """Each ``(module, name, value)`` of ``changes`` set for the block (plans dropped before
+    and after)."""
+    saved = []
+    for module, name, value in changes:
+        mod = importlib.import_module(module)
+        saved.append((mod, name, getattr(mod, name)))
+        setattr(mod, name, value)
     _plan.clear()
     try:
         yield
     finally:
-        setattr(mod, name, saved)
+        for mod, name, value in saved:
+            setattr(mod, name, value)
         _plan.clear()
 
 
-@contextmanager
 def nothing():
-    yield
+    """No setting changed."""
+    return setting()
 
 
 def gpu_us(spinner: Spinner, fn, args_list: list) -> float:
@@ -106,49 +109,37 @@ def cases(m: int) -> list:
     b8s = [torch.randint(-128, 128, (K, N), device="cuda", dtype=torch.int8) for _ in range(ROT)]
     fp8 = [fp8_operands(m, N, K, rowwise=False) for _ in range(ROT)]
     fixup = ("kaio_ops.linear", "FIXUP_ROWS")
+    int8 = "kaio_ops._int8_decode"
+    fp8m = "kaio_ops._fp8_decode"
     out = [
         ("matmul_tc", [
-            ("one launch", nothing, kaio_ops.matmul_tc),
-            ("mma.sync + sum_slices", nothing, _old_matmul_tc),
+            ("as routed", nothing, kaio_ops.matmul_tc),
         ], [(x, w) for w in ws], x.double() @ ws[0].double(), torch.matmul),
         ("matmul", [
-            ("summed in the kernel", lambda: setting(*fixup, 16), kaio_ops.matmul),
-            ("+ gemm_reduce", lambda: setting(*fixup, 0), kaio_ops.matmul),
+            ("summed in the kernel", lambda: setting((*fixup, 16)), kaio_ops.matmul),
+            ("+ gemm_reduce", lambda: setting((*fixup, 0)), kaio_ops.matmul),
         ], [(x, w) for w in ws], x.double() @ ws[0].double(), torch.matmul),
         ("linear", [
-            ("summed in the kernel", lambda: setting(*fixup, 16), kaio_ops.linear),
-            ("+ gemm_reduce", lambda: setting(*fixup, 0), kaio_ops.linear),
+            ("summed in the kernel", lambda: setting((*fixup, 16)), kaio_ops.linear),
+            ("+ gemm_reduce", lambda: setting((*fixup, 0)), kaio_ops.linear),
         ], [(x, w) for w in wts], x.double() @ ws[0].double(), torch.nn.functional.linear),
         ("matmul_int8", [
-            ("gemv_int8", nothing, kaio_ops.matmul_int8),
-            ("transpose + mma.sync",
-             lambda: setting("kaio_ops._int8_decode", "MAX_M", 0), kaio_ops.matmul_int8),
+            (f"gemv_int8, {b} blocks/SM", lambda b=b: setting((int8, "BLOCKS_PER_SM", b)),
+             kaio_ops.matmul_int8) for b in (1, 2, 4)
+        ] + [
+            ("transpose + mma.sync", lambda: setting((int8, "MAX_M", 0)), kaio_ops.matmul_int8),
         ], [(a8, b) for b in b8s], a8.double() @ b8s[0].double(),
          lambda a, b: x @ ws[0]),
     ]  # fmt: skip
-    decode = ("kaio_ops._fp8_decode", "MAX_M")
     fp8_paths = [
-        ("as routed", nothing, kaio_ops.matmul_fp8),
-        ("gemv_fp8 (MAX_M 16)", lambda: setting(*decode, 16), kaio_ops.matmul_fp8),
-        ("wgmma (MAX_M 0)", lambda: setting(*decode, 0), kaio_ops.matmul_fp8),
-    ]
+        (f"gemv_fp8, {nc} columns a warp",
+         lambda nc=nc: setting((fp8m, "MAX_M", 16), (fp8m, "COLS_PER_WARP", nc)),
+         kaio_ops.matmul_fp8) for nc in (2, 4)
+    ] + [("wgmma", lambda: setting((fp8m, "MAX_M", 0)), kaio_ops.matmul_fp8)]  # fmt: skip
     a, b, sa, sb = fp8[0]
     ref = (a.double() @ b.double()) * sa.double() * sb.double()
     out.append(("matmul_fp8", fp8_paths, fp8, ref, scaled_mm))
     return out
-
-
-def _old_matmul_tc(a, b):
-    """``matmul_tc`` as it ran before the decode path: ``matmul.launch`` with its plan (the
-    mma.sync kernel, then ``sum_slices``)."""
-    mm = importlib.import_module("kaio_ops.matmul")
-    m, k = a.shape
-    n = b.shape[1]
-    ops = kaio_ops._arrays.Inputs("matmul_tc")
-    ao = ops.array(a, "a", ndim=2)
-    bo = ops.array(b, "b", ndim=2)
-    plan = mm.plan_for(ao, m, n, k, "f16_sync")
-    return mm.launch(ao, bo.arg(k * n), (m, n, k), False, plan)
 
 
 def main() -> None:
