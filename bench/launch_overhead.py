@@ -12,9 +12,9 @@ process:
   DeviceArray, torch tensor and CuPy arguments;
 - raw cuda.bindings ``cuLaunchKernel`` with a prebuilt ``kernelParams`` array (its address
   as an int: nothing converted per call), the cheapest way through the bindings;
-- kaio's call-plan replay of the same launch (``kaio.runtime.plan.CallPlan.run``: the
-  parameters packed into a buffer with one ``pack_into`` and ``cuLaunchKernelEx`` through
-  ctypes), what every planned ``kaio_ops`` call ends in;
+- kaio's call-plan replay of the same launch (``kaio.runtime.plan.CallPlan.run``: the three
+  addresses written into a buffer that holds the other parameters, and ``cuLaunchKernelEx``
+  through ctypes), what every planned ``kaio_ops`` call ends in;
 - Triton's launcher on an equivalent kernel, torch tensors;
 - the first launch in a new process, with an empty and with a warm disk cache;
 - ``kaio_ops`` calls at decode sizes (argument checks, output allocation and launch) beside
