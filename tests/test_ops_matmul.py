@@ -91,8 +91,11 @@ def test_unaligned_base_takes_the_element_path_in_simulator():
     assert _rel_error(c, a, b[:64]) < 1e-5
 
 
-@pytest.mark.parametrize("op", sorted(OPS))
-@pytest.mark.parametrize("m, n, k", [(1, 64, 2048), (16, 96, 1000)])
+@pytest.mark.parametrize(
+    "op, m, n, k",
+    [("matmul_tc", 1, 64, 2048), ("matmul_tc_bf16_async", 16, 96, 1000),
+     ("matmul_tc_async", 4, 32, 512), ("matmul_tc_bf16", 2, 64, 512)],
+)  # fmt: skip
 def test_decode_rows_take_linears_gemm_in_simulator(op, m, n, k, monkeypatch):
     """Up to 16 rows: linear's GEMM, its K split summed by the last block of a tile (one
     launch) up to ``linear.FIXUP_ROWS`` rows (N a multiple of 32 here), else by

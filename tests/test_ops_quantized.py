@@ -66,15 +66,14 @@ def test_int8_exact_in_simulator(m, n, k, unsigned):
 
 
 @pytest.mark.parametrize(
-    "m, n, k, sms",
+    "m, n, k, sms, unsigned",
     [
-        (1, 264, 328, 4),  # K split in 2 slices, the second a partial step; a partial column block
-        (16, 40, 200, 1),  # the most rows, one slice, K not a whole step
-        (5, 512, 1024, 8),  # 8 slices summed by the last block of each column block
-        (2, 8, 8, 1),  # one word of A a row
+        (1, 264, 328, 4, False),  # K split in 2, the second a partial step; a partial block
+        (16, 40, 200, 1, True),  # the most rows, one slice, K not a whole step; uint8
+        (5, 512, 1024, 8, False),  # 8 slices summed by the last block of each column block
+        (2, 8, 8, 1, True),  # one word of A a row
     ],
 )
-@pytest.mark.parametrize("unsigned", [False, True])
 def test_int8_decode_one_launch_exact_in_simulator(m, n, k, sms, unsigned, poisoned, monkeypatch):
     """Decode rows (``_int8_decode``): one launch of ``gemv_int8`` reading B [K, N] as it is
     (no transpose), bit-identical with the integer reference, every output element written
