@@ -28,13 +28,17 @@ from kaio import f32, i32, u32
 from kaio_ops import _arrays
 from kaio_ops._gemv import finish_columns
 
-__all__ = ["MAX_M", "fits", "gemv_int8", "matmul", "specializations", "split_for"]
+__all__ = ["MAX_M", "MOST_M", "fits", "gemv_int8", "matmul", "specializations", "split_for"]
 
 THREADS = 256
 COLS = 8 * 32  # C columns a block: 8 a lane
 ROWS = 8  # consecutive B rows a warp takes a step (two words of A's row)
 STEP = ROWS * THREADS // 32  # B rows a block takes a step
-MAX_M = 16
+# the rows routed here: at K = N = 4096 on an H100 8 rows took 21.8 µs of GPU time against
+# 33.5 for the transpose and the mma.sync kernel (bench/decode_gemms.py); 16 is what the
+# kernel is checked for (MOST_M: tests, the bench)
+MAX_M = 8
+MOST_M = 16
 # prmt selector of byte r of a word sign-extended to 32 bits: SIGNED + BYTE * r
 # (nibbles r, 8 + r, 8 + r, 8 + r)
 SIGNED = 0x8880
@@ -98,7 +102,9 @@ def fits(a: _arrays.Operand, b: _arrays.Operand, m: int, n: int, k: int) -> bool
     return m <= MAX_M and k % 8 == 0 and n % 8 == 0 and a.aligned(8) and b.aligned(8)
 
 
-BLOCKS_PER_SM = 4  # the K split aims at this many blocks a multiprocessor
+# the K split aims at this many blocks a multiprocessor: 2 was fastest at M = 1 to 8 on an
+# H100 (8.7 µs at M = 1 against 9.1 with 1 and 9.5 with 4; bench/decode_gemms.py)
+BLOCKS_PER_SM = 2
 
 
 def split_for(n: int, k: int, sms: int) -> int:

@@ -79,6 +79,7 @@ def test_int8_decode_one_launch_exact_in_simulator(m, n, k, sms, unsigned, poiso
     (no transpose), bit-identical with the integer reference, every output element written
     (poisoned allocations), uint8 bytes read as int8."""
     monkeypatch.setattr(_arrays, "multiprocessors", lambda like: sms)
+    monkeypatch.setattr(_int8_decode, "MAX_M", _int8_decode.MOST_M)  # routed: fewer rows
     a = RNG.integers(-128, 128, (m, k)).astype(np.int8)
     b = RNG.integers(-128, 128, (k, n)).astype(np.int8)
     if unsigned:
@@ -91,9 +92,11 @@ def test_int8_decode_one_launch_exact_in_simulator(m, n, k, sms, unsigned, poiso
     assert _int8_decode.fits(_operand(a), _operand(b), m, n, k)
 
 
-def test_int8_decode_takes_only_what_it_fits():
+def test_int8_decode_takes_only_what_it_fits(monkeypatch):
     """More than ``MAX_M`` rows, K or N not a multiple of 8, or an operand off an 8-byte
     boundary: the transposing mma.sync path (``test_int8_exact_in_simulator``)."""
+    assert 1 <= _int8_decode.MAX_M <= _int8_decode.MOST_M
+    monkeypatch.setattr(_int8_decode, "MAX_M", 16)
     a, b = np.zeros((16, 64), np.int8), np.zeros((64, 32), np.int8)
     assert _int8_decode.fits(_operand(a), _operand(b), 16, 32, 64)
     assert not _int8_decode.fits(_operand(np.zeros((17, 64), np.int8)), _operand(b), 17, 32, 64)
