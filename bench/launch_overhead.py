@@ -5,7 +5,8 @@ process:
   prepared (parameters packed once, configuration built once): the floor for a Python launcher,
   with ctypes releasing the GIL around the call (``CFUNCTYPE``) and keeping it (``PYFUNCTYPE``,
   as kaio's launcher does); the same on other streams than the legacy default one (a
-  created stream, a non-blocking one, the per-thread default stream);
+  created stream, a non-blocking one, the per-thread default stream); and the ctypes call
+  alone, made the same way to a C function that does nothing (the Python side of the floor);
 - raw cuda.bindings ``cuLaunchKernel``, kernelParams as (values, types), the bindings' own
   way of passing arguments;
 - kaio ``add[grid, 256](x, y, out, n)`` and pre-bound ``launch = add[grid, 256]``, with
@@ -274,6 +275,14 @@ def raw_rows(bench: Bench, x, y, out) -> None:
     bench.row(
         "raw ctypes cuLaunchKernelEx, GIL kept, byref function (kaio's)",
         lambda: launch_ex_gil(cfg, func_ref, par, None),
+    )
+    # the foreign-function call alone, as kaio's launches make it (GIL kept, four byref
+    # arguments) to a C function that does nothing (memcmp of 0 bytes; the fourth argument
+    # ignored): the Python side of the floor, the rest of a raw launch being the driver's
+    nothing = ctypes.PYFUNCTYPE(ctypes.c_int)(("memcmp", ctypes.CDLL(None)))
+    bench.row(
+        "ctypes call of a C no-op (memcmp of 0 bytes), 4 arguments",
+        lambda: nothing(cfg, func_ref, None, par),
     )
     # the same launch on other streams than the legacy default one (which the driver
     # synchronizes with every blocking stream): a created stream, a non-blocking one, and the
