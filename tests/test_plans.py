@@ -781,6 +781,35 @@ def test_matmul_fp8_plans_compute_right_on_a_gpu():
 
 
 @pytest.mark.gpu
+def test_outputs_unlike_their_inputs_handed_out_again_on_a_gpu(monkeypatch):
+    """On a GPU: the f32 output of matmul_tc (f16 inputs) and matmul_int8 (int8 inputs),
+    dropped, comes back from the next call with the new product, right each time."""
+    torch = _torch_cuda()
+    monkeypatch.setattr(_plan, "RECYCLE_BYTES", 1 << 20)  # the default
+    monkeypatch.setattr(_plan, "RECYCLING", [True])
+    _plan.clear()
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    w = torch.randn(1024, 512, device="cuda", dtype=torch.float16, generator=gen)
+    b8 = torch.randint(-128, 128, (1024, 512), device="cuda", dtype=torch.int8, generator=gen)
+    for op, make, other in (
+        (kaio_ops.matmul_tc, lambda: torch.randn(1, 1024, device="cuda", dtype=torch.float16,
+                                                 generator=gen), w),
+        (kaio_ops.matmul_int8, lambda: torch.randint(-128, 128, (1, 1024), device="cuda",
+                                                     dtype=torch.int8, generator=gen), b8),
+    ):  # fmt: skip
+        for _ in range(3):  # torch's types bound, the plan recorded, replayed
+            op(make(), other)
+        op(make(), other).kaio_test_mark = 0
+        for i in range(3):
+            x = make()
+            out = op(x, other)
+            assert out.kaio_test_mark == i and out.dtype == torch.float32
+            assert _error(torch, out, x.double() @ other.double()) < 1e-5
+            out.kaio_test_mark = i + 1
+            del out
+
+
+@pytest.mark.gpu
 def test_outputs_handed_out_again_compute_right_on_a_gpu(monkeypatch):
     """On a GPU: an add whose output was dropped hands the same tensor out again, with the
     new result; outputs the caller keeps are all distinct and right; a graph captured
