@@ -23,25 +23,11 @@ from kaio.types import ScalarType, f32, f64, u32
 
 # ----------------------------------------------------------------------------- arithmetic
 
+# "any" is every other type the op takes (f32, f64, f16, bf16): the verifier checks which.
 BINARY = {
-    "add": {
-        "int": "add.{ty} {d}, {a}, {b}",
-        "float": "add.rn.{ty} {d}, {a}, {b}",
-        "f16": "add.rn.f16 {d}, {a}, {b}",
-        "bf16": "add.rn.bf16 {d}, {a}, {b}",
-    },
-    "sub": {
-        "int": "sub.{ty} {d}, {a}, {b}",
-        "float": "sub.rn.{ty} {d}, {a}, {b}",
-        "f16": "sub.rn.f16 {d}, {a}, {b}",
-        "bf16": "sub.rn.bf16 {d}, {a}, {b}",
-    },
-    "mul": {
-        "int": "mul.lo.{ty} {d}, {a}, {b}",
-        "float": "mul.rn.{ty} {d}, {a}, {b}",
-        "f16": "mul.rn.f16 {d}, {a}, {b}",
-        "bf16": "mul.rn.bf16 {d}, {a}, {b}",
-    },
+    "add": {"int": "add.{ty} {d}, {a}, {b}", "any": "add.rn.{ty} {d}, {a}, {b}"},
+    "sub": {"int": "sub.{ty} {d}, {a}, {b}", "any": "sub.rn.{ty} {d}, {a}, {b}"},
+    "mul": {"int": "mul.lo.{ty} {d}, {a}, {b}", "any": "mul.rn.{ty} {d}, {a}, {b}"},
     "div": {"float": "div.rn.{ty} {d}, {a}, {b}"},
     "div_ftz": {"float": "div.full.ftz.f32 {d}, {a}, {b}"},
     "and": {"pred": "and.pred {d}, {a}, {b}", "int": "and.{bt} {d}, {a}, {b}"},
@@ -49,18 +35,8 @@ BINARY = {
     "xor": {"pred": "xor.pred {d}, {a}, {b}", "int": "xor.{bt} {d}, {a}, {b}"},
     "shl": {"int": "shl.{bt} {d}, {a}, {b}"},
     "shr": {"int": "shr.{ty} {d}, {a}, {b}"},
-    "min": {
-        "int": "min.{ty} {d}, {a}, {b}",
-        "float": "min.{ty} {d}, {a}, {b}",
-        "f16": "min.f16 {d}, {a}, {b}",
-        "bf16": "min.bf16 {d}, {a}, {b}",
-    },
-    "max": {
-        "int": "max.{ty} {d}, {a}, {b}",
-        "float": "max.{ty} {d}, {a}, {b}",
-        "f16": "max.f16 {d}, {a}, {b}",
-        "bf16": "max.bf16 {d}, {a}, {b}",
-    },
+    "min": {"any": "min.{ty} {d}, {a}, {b}"},
+    "max": {"any": "max.{ty} {d}, {a}, {b}"},
 }
 
 UNARY = {
@@ -102,8 +78,7 @@ UNARY = {
 TERNARY = {
     "fma": {
         "float": "fma.rn.{ty} {d}, {a}, {b}, {c}",
-        "f16": "fma.rn.f16 {d}, {a}, {b}, {c}",  # rounded once, like the f32 and f64 forms
-        "bf16": "fma.rn.bf16 {d}, {a}, {b}, {c}",
+        "half": "fma.rn.{ty} {d}, {a}, {b}, {c}",  # rounded once, like the f32 and f64 forms
     }
 }
 
@@ -185,10 +160,10 @@ def _floor_divmod(e, op: str, t: ScalarType, d: str, a: str, b: str) -> None:
 
 def compare(e, op: str, t: ScalarType, d: str, a: str, b: str) -> None:
     """``d = a op b`` into a predicate."""
-    if t.is_bool:
-        x = e.tmp_pred()
-        e.line(f"xor.pred {x}, {a}, {b}")
-        e.line(f"{'mov' if op == 'ne' else 'not'}.pred {d}, {x}")
+    if t.is_bool:  # eq or ne: a == b is not (a xor b)
+        e.line(f"xor.pred {d}, {a}, {b}")
+        if op == "eq":
+            e.line(f"not.pred {d}, {d}")
         return
     if t.name == "bf16" and not native(op, "bf16", e.target):
         wa, wb = e.tmp(f32), e.tmp(f32)
