@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from kaio.ir.legality import native
 from kaio.ir.nodes import Array, Const, Instr
+from kaio.ir.ops import OpTable
 from kaio.ptx.regs import bty, immediate, mem_type
 from kaio.ptx.templates import fmt, pick
 from kaio.types import ScalarType, u32
@@ -140,6 +141,11 @@ ACCESS = {
 }
 
 
+# Loads and stores; the backend's LOWERING adds atomics (they combine values with its arithmetic).
+LOWERING = OpTable()
+
+
+@LOWERING.register("load", "store")
 def lower_access(e, ins: Instr) -> None:
     """``dst = array[idx...]`` (``load``) and ``array[idx...] = value`` (``store``), by
     ``ACCESS``."""
@@ -199,7 +205,3 @@ def _cas_loop(e, kind: str, t: ScalarType, sp: str, d: str, addr: str, v: str, c
     e.line(_mov(t, old, seen))
     e.line(f"@{retry} bra {loop}")
     e.line(_mov(t, d, old))
-
-
-# Loads and stores; the backend's LOWERING adds atomics (they combine values with its arithmetic).
-LOWERING = {"load": lower_access, "store": lower_access}
