@@ -151,14 +151,13 @@ def lower_access(e, ins: Instr) -> None:
     ``ACCESS``."""
     arr = ins.args[0]
     idxs, t = ins.args[1 : 1 + arr.ndim], arr.dtype
+    v = e.dst(ins) if ins.op == "load" else None
     x = local_register(e, arr, idxs)
     form = "register" if x is not None else "bool" if t.is_bool else "memory"
     if x is None:
         x = address(e, arr, idxs)
     byte = e.tmp(u32) if form == "bool" else None
-    if ins.op == "load":
-        v = e.dst(ins)
-    else:  # selp takes a register, mov and st also an immediate
+    if v is None:  # a store: selp takes a register, mov and st also an immediate
         v = (e.r if form == "bool" else e.o)(ins.args[-1])
     fields = {"bt": bty(t), "sp": SPACE[arr.space], "mt": mem_type(t)}
     for template in ACCESS[ins.op][form]:
