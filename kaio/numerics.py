@@ -213,13 +213,13 @@ def integer_op(op: str, t: ScalarType, *vals):
     """The IR op ``op`` (one of ``INTEGER_OPS``) on NumPy values of the integer or bool type
     ``t`` (a shift amount is u32), as ``kaio.ir.ops`` defines it: wrapping at the width,
     Python's floor division and modulo, PTX's clamped shifts. Division by zero gives an
-    unspecified value, as on the GPU."""
-    with np.errstate(all="ignore"):
-        if op == "shl":
-            return shl(t, *vals)
-        if op == "shr":
-            return shr(t, *vals)
-        return _INTEGER_UFUNCS[op](*vals)
+    unspecified value, as on the GPU. NumPy warns of a wrap unless called under
+    ``np.errstate(all="ignore")`` (as the simulator runs)."""
+    if op == "shl":
+        return shl(t, *vals)
+    if op == "shr":
+        return shr(t, *vals)
+    return _INTEGER_UFUNCS[op](*vals)
 
 
 # The 8-bit floats: the canonical NaN the GPU's cvt writes, and the largest finite value, per

@@ -185,7 +185,8 @@ def _fold_int(op: str, t, args: tuple[Const, ...]) -> int | bool | None:
     (``kaio.numerics.integer_op``); None for a division by zero (unspecified on the GPU)."""
     if op in ("floordiv", "mod") and args[1].value == 0:
         return None
-    r = numerics.integer_op(op, t, *(np.asarray(a.value, a.type.np_dtype) for a in args))
+    with np.errstate(all="ignore"):
+        r = numerics.integer_op(op, t, *(np.asarray(a.value, a.type.np_dtype) for a in args))
     return bool(r) if t.is_bool else int(r)
 
 

@@ -98,7 +98,10 @@ def abs_(t: ScalarType, a):
     return _abs_half(np.asarray(a)) if _half(t) else np.abs(a)
 
 
-shl, shr = numerics.shl, numerics.shr  # the constant folder's shifts too
+def integer(op: str):
+    """An op of integers or bools only: ``kaio.numerics.integer_op``, which the constant
+    folder computes with too."""
+    return lambda t, *vals: numerics.integer_op(op, t, *vals)
 
 
 def fma(t: ScalarType, a, b, c):
