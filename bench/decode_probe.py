@@ -65,8 +65,17 @@ ORIG = {
 ORIG_SPEC = getattr(decode, "SPECULATE", False)
 ORIG_CLUSTER = getattr(decode, "CLUSTER_MERGE", False)
 ORIG_TILES = getattr(decode, "CLUSTER_TILES", 8)
+ORIG_PAGED_TILES = getattr(decode, "PAGED_CLUSTER_TILES", 8)
 ORIG_WINDOW = getattr(decode, "PAGE_WINDOW", False)
 T0 = time.time()
+if os.environ.get("PROBE_L2HINT"):  # every kernel's 16-byte cp.async with this L2 prefetch
+    from kaio.runtime import module as _module
+
+    _build = _module.build_cubin
+    _hint = f"cp.async.cg.shared.global.L2::{os.environ['PROBE_L2HINT']}B "
+    _module.build_cubin = lambda ptx, *a: _build(
+        ptx.replace("cp.async.cg.shared.global ", _hint), *a
+    )
 
 
 def restore():
@@ -75,6 +84,7 @@ def restore():
     decode.CLUSTER_MERGE = ORIG_CLUSTER
     decode.CLUSTER_CHECK = True
     decode.CLUSTER_TILES = ORIG_TILES
+    decode.PAGED_CLUSTER_TILES = ORIG_PAGED_TILES
     decode.PAGE_WINDOW = ORIG_WINDOW
     decode.SPECULATE = ORIG_SPEC
 
@@ -202,6 +212,7 @@ def force(splits=None, stages=None, unfused=False, cluster=None, window=None, sp
         decode.CLUSTER_MERGE = cluster
         decode.CLUSTER_CHECK = not cluster  # forced: measured even where clusters would queue
         decode.CLUSTER_TILES = 1 << 30 if cluster else ORIG_TILES
+        decode.PAGED_CLUSTER_TILES = 1 << 30 if cluster else ORIG_PAGED_TILES
     if splits is not None:
         decode.splits_for = lambda *a, s=splits: s
     if stages is not None:
@@ -241,12 +252,18 @@ def head_stream(
     PAGED: kaio.constexpr,
     STAGES: kaio.constexpr,
     DP: kaio.constexpr,
+    LOCK: kaio.constexpr,
 ):
     """Floor of kaio's grid and copies: block (b, kvh) brings the K and V tiles of its
     sequence and head into shared memory as decode_fwd does (``load_stage``'s cp.async,
     STAGES in flight, the paged pages of 16 keys through ``window_pages``), with no
     arithmetic. DP 256 over a cache of D 128 (kv_heads halved): a block reads two heads,
-    whose rows are adjacent in a page (512 bytes a token)."""
+    whose rows are adjacent in a page (512 bytes a token). LOCK: the blocks of a sequence's
+    kv_heads (8) are one cluster, kept within a tile of each other (a cluster barrier a
+    tile, arrive after the copies, wait before the next ones), so that they read each page
+    together."""
+    if LOCK:
+        kaio.cluster_dims(8)
     tid = kaio.thread_idx_x()
     lane = kaio.lane_id()
     bkv = kaio.block_idx_x()
@@ -268,6 +285,9 @@ def head_stream(
         kaio.cp_async_commit()
     acc = 0.0
     for t in range(n):
+        if LOCK:
+            if t > 0:
+                kaio.cluster_wait()
         if t + STAGES - 1 < n:
             key0 = (t + STAGES - 1) * dk.BN
             if PAGED:
@@ -277,10 +297,15 @@ def head_stream(
                 length, kv_heads, 4, pages, tid, DP, PAGED, f16,
             )  # fmt: skip
         kaio.cp_async_commit()
+        if LOCK:
+            kaio.cluster_arrive()
         kaio.cp_async_wait(STAGES - 1)
         kaio.sync_threads()
         acc += f32(kv_s[t % STAGES * 2 * dk.BN + tid % 64, tid // 64])
         kaio.sync_threads()
+    if LOCK:
+        if n > 0:
+            kaio.cluster_wait()
     kaio.cp_async_wait_all()
     out[bkv * 128 + tid] = acc
 
@@ -330,7 +355,7 @@ def round_w(budget: float):
                     hk = HKV * 128 // dp
                     head_stream[b * hk, 128, None, 2 * st * 64 * dp * 2](
                         *src, table.view(-1), o, hk, n, n // 16, kc.shape[0], PAGED=paged,
-                        STAGES=st, DP=dp,
+                        STAGES=st, DP=dp, LOCK=0,
                     )  # fmt: skip
 
                 show(
@@ -368,6 +393,64 @@ def round_x(budget: float):
                     f"{label} kaio paged splits={sp} cluster={cl}",
                     kernel_times(run_kaio(lens, splits=sp, cluster=cl), sets),
                 )
+
+
+def round_a(budget: float):
+    """Deeper K/V pipelines (5 and 6 stages: over A100's shared memory, within H100's) and
+    B = 1 at 32k keys through clusters of 8 with them, paged and contiguous, against SDPA on
+    the contiguous cache (kernel times, one profiler session a shape; stops after
+    ``budget`` seconds of the process)."""
+    cases = (
+        (16, 4096, ((5, None, None), (6, None, None))),
+        (1, 32768, ((4, 8, True), (6, 8, True), (6, 16, False), (5, 8, True))),
+        (64, 4096, ((4, None, None), (6, None, None))),
+        (16, 1024, ((6, None, None),)),
+        (64, 1024, ((4, None, None),)),
+        (1, 4096, ((6, None, None),)),
+        (16, 32768, ((6, None, None),)),
+    )
+    for b, length, (variants,), sets, lens, label in shapes(cases, budget):
+        show(f"{label} kaio contiguous", kernel_times(run_kaio_contig(lens), sets))
+        show(f"{label} kaio paged", kernel_times(run_kaio(lens), sets))
+        for st, sp, cl in variants:
+            tag = f"stages={st}" + (f" splits={sp} cluster={cl}" if sp else "")
+            show(
+                f"{label} kaio paged {tag}",
+                kernel_times(run_kaio(lens, stages=st, splits=sp, cluster=cl), sets),
+            )
+            if b == 1 and sp == 8 and st == 6:
+                show(
+                    f"{label} kaio contiguous {tag}",
+                    kernel_times(run_kaio_contig(lens, stages=st, splits=sp, cluster=cl), sets),
+                )
+        if b in (16, 64) and length == 4096:
+            floor_jobs(b, length, label, sets, ((False, 4, 0), (True, 4, 0), (True, 4, 1)))
+
+
+def floor_jobs(b, length, label, sets, variants):
+    """head_stream floors (kaio's grid and copies, no arithmetic) for (paged, STAGES, LOCK)
+    of ``variants``."""
+    o = torch.empty(b * HKV * 128, device="cuda")
+    for paged, st, lock in variants:
+
+        def floor(q, k, v, kc, vc, table, paged=paged, st=st, lock=lock):
+            src = (x.view(-1) for x in ((kc, vc) if paged else (k, v)))
+            head_stream[b * HKV, 128, None, 2 * st * 64 * 128 * 2](
+                *src, table.view(-1), o, HKV, length, length // 16, kc.shape[0], PAGED=paged,
+                STAGES=st, DP=128, LOCK=lock,
+            )  # fmt: skip
+
+        show(f"{label} floor copies paged={paged} st={st} lock={lock}", kernel_times(floor, sets))
+
+
+def round_h(budget: float):
+    """kaio paged and contiguous against SDPA at the suite's large shapes, for a run with
+    PROBE_L2HINT set (the L2 prefetch size of the 16-byte copies, 128 or 256; with its own
+    KAIO_CACHE_DIR) and one without: compare the ratios to SDPA of the two processes."""
+    cases = ((16, 4096, ()), (64, 4096, ()), (1, 32768, ()), (16, 1024, ()))
+    for _b, _length, _, sets, lens, label in shapes(cases, budget):
+        show(f"{label} kaio contiguous", kernel_times(run_kaio_contig(lens), sets))
+        show(f"{label} kaio paged", kernel_times(run_kaio(lens), sets))
 
 
 def shapes(cases, budget: float):
@@ -525,7 +608,7 @@ def warm_list():
     out = list(decode.shipped())
     out += [(probe_mark, {})] + [(stream, {"U": u}) for u in (8, 16)]
     out += [
-        (head_stream, {"PAGED": p, "STAGES": st, "DP": dp})
+        (head_stream, {"PAGED": p, "STAGES": st, "DP": dp, "LOCK": 0})
         for p in (False, True)
         for st, dp in ((3, 128), (4, 128), (3, 256))
     ]
@@ -546,8 +629,28 @@ def warm_list():
     return unique
 
 
+def warm_few():
+    """D 128 f16 decode_fwd for one M-tile: both layouts, 2 to 6 stages, one split, the
+    fused merge and clusters of 8 and 16 (what the suite and rounds a and h launch)."""
+    out = [(probe_mark, {})]
+    out += [(head_stream, {"PAGED": p, "STAGES": 4, "DP": 128, "LOCK": lk}) for p, lk in
+            ((False, 0), (True, 0), (True, 1))]  # fmt: skip
+    for paged in (False, True):
+        for st in (2, 3, 4, 5, 6):
+            for direct, fused, cl in ((True, False, 1), (False, True, 1), (False, False, 8),
+                                      (False, False, 16)):  # fmt: skip
+                c = {"DP": 128, "MT": 1, "PAGED": paged, "STAGES": st, "DT": f16, "CL": cl}
+                spec = decode.speculates(paged) if direct else 0
+                c |= {"DIRECT": direct, "FUSED": fused, "PW": int(paged), "SPEC": spec}
+                out.append((decode.DECODE, c))
+    return out
+
+
+WARM_LIST = warm_list
+
+
 def warm_one(i):
-    kernel, c = warm_list()[i]
+    kernel, c = WARM_LIST()[i]
     try:
         kernel.resources(**c)  # compiled, loaded, its cubin in the disk cache
     except Exception as e:  # noqa: BLE001
@@ -561,7 +664,7 @@ def warm(budget: float = 1e9):
     ``budget`` seconds are left out."""
     from concurrent.futures import ProcessPoolExecutor
 
-    kernels = warm_list()
+    kernels = WARM_LIST()
     todo = list(range(len(kernels)))
     first = [i for i in todo if kernels[i][1].get("DP", 128) == 128]
     first = [i for i in first if kernels[i][1].get("DT", f16) == f16]
@@ -681,8 +784,15 @@ if __name__ == "__main__":
         for i in range(3):
             run_kaio(lens, splits=16, cluster=True)(*sets[i % len(sets)])
         torch.cuda.synchronize()
+    elif len(sys.argv) > 1 and sys.argv[1] == "warm_few":
+        WARM_LIST = warm_few
+        warm(float(sys.argv[2]) if len(sys.argv) > 2 else 1e9)
     elif len(sys.argv) > 1 and sys.argv[1] == "warm":
         warm(float(sys.argv[2]) if len(sys.argv) > 2 else 1e9)
+    elif len(sys.argv) > 1 and sys.argv[1] == "a":
+        round_a(float(sys.argv[2]) if len(sys.argv) > 2 else 25)
+    elif len(sys.argv) > 1 and sys.argv[1] == "h":
+        round_h(float(sys.argv[2]) if len(sys.argv) > 2 else 25)
     elif len(sys.argv) > 1 and sys.argv[1] == "x":
         round_x(float(sys.argv[2]) if len(sys.argv) > 2 else 25)
     elif len(sys.argv) > 1 and sys.argv[1] == "w":
