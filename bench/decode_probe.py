@@ -71,9 +71,9 @@ T0 = time.time()
 if os.environ.get("PROBE_L2HINT"):  # every kernel's 16-byte cp.async with this L2 prefetch
     from kaio.runtime import module as _module
 
-    _build = _module.build_cubin
+    _build = _module.build_image
     _hint = f"cp.async.cg.shared.global.L2::{os.environ['PROBE_L2HINT']}B "
-    _module.build_cubin = lambda ptx, *a: _build(
+    _module.build_image = lambda ptx, *a: _build(
         ptx.replace("cp.async.cg.shared.global ", _hint), *a
     )
 
