@@ -67,6 +67,7 @@ ORIG_CLUSTER = getattr(decode, "CLUSTER_MERGE", False)
 ORIG_TILES = getattr(decode, "CLUSTER_TILES", 8)
 ORIG_PAGED_TILES = getattr(decode, "PAGED_CLUSTER_TILES", 8)
 ORIG_WINDOW = getattr(decode, "PAGE_WINDOW", False)
+ORIG_LOCK = getattr(decode, "LOCK_HEADS", False)
 T0 = time.time()
 if os.environ.get("PROBE_L2HINT"):  # every kernel's 16-byte cp.async with this L2 prefetch
     from kaio.runtime import module as _module
@@ -87,6 +88,7 @@ def restore():
     decode.PAGED_CLUSTER_TILES = ORIG_PAGED_TILES
     decode.PAGE_WINDOW = ORIG_WINDOW
     decode.SPECULATE = ORIG_SPEC
+    decode.LOCK_HEADS = ORIG_LOCK
 
 
 PENDING: list = []  # (label, fn, sets) to time in the next profiler session
@@ -200,10 +202,12 @@ def check(sets, lens):
     return err
 
 
-def force(splits=None, stages=None, unfused=False, cluster=None, window=None, spec=None):
+def force(splits=None, stages=None, unfused=False, cluster=None, window=None, spec=None, lock=None):
     """Module defaults but for what is named (cluster: None = the module's choice; window:
-    the paged block-table window on or off)."""
+    the paged block-table window on or off; lock: LOCK_HEADS)."""
     restore()
+    if lock is not None:
+        decode.LOCK_HEADS = lock
     if window is not None:
         decode.PAGE_WINDOW = window
     if spec is not None:
@@ -401,9 +405,9 @@ def round_a(budget: float):
     the contiguous cache (kernel times, one profiler session a shape; stops after
     ``budget`` seconds of the process)."""
     cases = (
-        (16, 4096, ((5, None, None), (6, None, None))),
+        (16, 4096, ((5, None, None), (6, None, None), (4, "lock", None), (6, "lock", None))),
+        (64, 4096, ((4, None, None), (6, None, None), (3, "lock", None), (4, "lock", None))),
         (1, 32768, ((4, 8, True), (6, 8, True), (6, 16, False), (5, 8, True))),
-        (64, 4096, ((4, None, None), (6, None, None))),
         (16, 1024, ((6, None, None),)),
         (64, 1024, ((4, None, None),)),
         (1, 4096, ((6, None, None),)),
@@ -413,6 +417,12 @@ def round_a(budget: float):
         show(f"{label} kaio contiguous", kernel_times(run_kaio_contig(lens), sets))
         show(f"{label} kaio paged", kernel_times(run_kaio(lens), sets))
         for st, sp, cl in variants:
+            if sp == "lock":
+                show(
+                    f"{label} kaio paged stages={st} lock",
+                    kernel_times(run_kaio(lens, stages=st, lock=True), sets),
+                )
+                continue
             tag = f"stages={st}" + (f" splits={sp} cluster={cl}" if sp else "")
             show(
                 f"{label} kaio paged {tag}",
@@ -425,6 +435,10 @@ def round_a(budget: float):
                 )
         if b in (16, 64) and length == 4096:
             floor_jobs(b, length, label, sets, ((False, 4, 0), (True, 4, 0), (True, 4, 1)))
+    for key, have in decode._RESIDENT.items():
+        consts = dict(key[1])
+        print(f"resident clusters {have}: LOCK {consts.get('LOCK')} CL {consts.get('CL')} "
+              f"STAGES {consts.get('STAGES')} shared {key[2]}")  # fmt: skip
 
 
 def floor_jobs(b, length, label, sets, variants):
@@ -619,7 +633,7 @@ def warm_list():
                 for pw in (0, 1) if paged else (0,):
                     for spec in (0, 1) if direct and (pw or not paged) else (0,):
                         flags = {"DIRECT": direct, "FUSED": fused, "PW": pw}
-                        out.append((decode.DECODE, {**c, **flags, "SPEC": spec}))
+                        out.append((decode.DECODE, {**c, **flags, "SPEC": spec, "LOCK": 1}))
     seen, unique = set(), []
     for kernel, c in out:
         key = (kernel.pyfunc.__name__, tuple(sorted(c.items(), key=str)))
@@ -642,7 +656,9 @@ def warm_few():
                 c = {"DP": 128, "MT": 1, "PAGED": paged, "STAGES": st, "DT": f16, "CL": cl}
                 spec = decode.speculates(paged) if direct else 0
                 c |= {"DIRECT": direct, "FUSED": fused, "PW": int(paged), "SPEC": spec}
-                out.append((decode.DECODE, c))
+                out.append((decode.DECODE, {**c, "LOCK": 1}))
+                if paged and direct:
+                    out.append((decode.DECODE, {**c, "LOCK": 8}))
     return out
 
 
