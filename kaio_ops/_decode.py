@@ -419,16 +419,18 @@ def decode_fwd(
     # banks, not 4)
     kaio.cp_async_wait_all()
     kaio.sync_threads()
+    # (only the chunk's real rows: a K/V group of 4 heads and one new token fills 4 of 16)
     for h in kaio.static_range(2):
         r = warp * 16 + g + 8 * h
         total = l[h] + kaio.shfl_xor(l[h], 1)
         total += kaio.shfl_xor(total, 2)
-        if lane % 4 == 0:
-            red_ml[0, r] = m[h]
-            red_ml[1, r] = total
-        for n in kaio.static_range(DP // 8):
-            for e in kaio.static_range(2):
-                red_o[r, (n * 8 + lane % 4 * 2 + e) ^ r % 4 * 8] = o[n, 2 * h + e]
+        if row0 + mtile * 16 + g + 8 * h < nrows:
+            if lane % 4 == 0:
+                red_ml[0, r] = m[h]
+                red_ml[1, r] = total
+            for n in kaio.static_range(DP // 8):
+                for e in kaio.static_range(2):
+                    red_o[r, (n * 8 + lane % 4 * 2 + e) ^ r % 4 * 8] = o[n, 2 * h + e]
     kaio.sync_threads()
     # CL > 1: this block's merged rows, read by the cluster (after red_o; over Q)
     mine_o = kaio.shared_dynamic(f32, (ROWS, DP), WARPS * 16 * DP * 4)
