@@ -69,6 +69,8 @@ ORIG_PAGED_TILES = getattr(decode, "PAGED_CLUSTER_TILES", 8)
 ORIG_WINDOW = getattr(decode, "PAGE_WINDOW", False)
 ORIG_LOCK = getattr(decode, "LOCK_HEADS", False)
 T0 = time.time()
+if os.environ.get("PROBE_BN"):  # key tiles of this many keys (run with its own KAIO_CACHE_DIR)
+    dk.BN = int(os.environ["PROBE_BN"])
 if os.environ.get("PROBE_L2HINT"):  # every kernel's 16-byte cp.async with this L2 prefetch
     from kaio.runtime import module as _module
 
@@ -262,12 +264,12 @@ def head_stream(
     sequence and head into shared memory as decode_fwd does (``load_stage``'s cp.async,
     STAGES in flight, the paged pages of 16 keys through ``window_pages``), with no
     arithmetic. DP 256 over a cache of D 128 (kv_heads halved): a block reads two heads,
-    whose rows are adjacent in a page (512 bytes a token). LOCK: the blocks of a sequence's
-    kv_heads (8) are one cluster, kept within a tile of each other (a cluster barrier a
-    tile, arrive after the copies, wait before the next ones), so that they read each page
-    together."""
-    if LOCK:
-        kaio.cluster_dims(8)
+    whose rows are adjacent in a page (512 bytes a token). LOCK > 1: the blocks of LOCK
+    K/V heads of a sequence are one cluster, kept within a tile of each other (a cluster
+    barrier a tile, arrive after the copies, wait before the next ones), so that they read
+    each page together."""
+    if LOCK > 1:
+        kaio.cluster_dims(LOCK)
     tid = kaio.thread_idx_x()
     lane = kaio.lane_id()
     bkv = kaio.block_idx_x()
@@ -289,7 +291,7 @@ def head_stream(
         kaio.cp_async_commit()
     acc = 0.0
     for t in range(n):
-        if LOCK:
+        if LOCK > 1:
             if t > 0:
                 kaio.cluster_wait()
         if t + STAGES - 1 < n:
@@ -301,13 +303,13 @@ def head_stream(
                 length, kv_heads, 4, pages, tid, DP, PAGED, f16,
             )  # fmt: skip
         kaio.cp_async_commit()
-        if LOCK:
+        if LOCK > 1:
             kaio.cluster_arrive()
         kaio.cp_async_wait(STAGES - 1)
         kaio.sync_threads()
         acc += f32(kv_s[t % STAGES * 2 * dk.BN + tid % 64, tid // 64])
         kaio.sync_threads()
-    if LOCK:
+    if LOCK > 1:
         if n > 0:
             kaio.cluster_wait()
     kaio.cp_async_wait_all()
@@ -420,7 +422,7 @@ def round_a(budget: float):
             if sp == "lock":
                 show(
                     f"{label} kaio paged stages={st} lock",
-                    kernel_times(run_kaio(lens, stages=st, lock=True), sets),
+                    kernel_times(run_kaio(lens, stages=st, lock=8), sets),
                 )
                 continue
             tag = f"stages={st}" + (f" splits={sp} cluster={cl}" if sp else "")
@@ -434,11 +436,8 @@ def round_a(budget: float):
                     kernel_times(run_kaio_contig(lens, stages=st, splits=sp, cluster=cl), sets),
                 )
         if b in (16, 64) and length == 4096:
-            floor_jobs(b, length, label, sets, ((False, 4, 0), (True, 4, 0), (True, 4, 1)))
-    for key, have in decode._RESIDENT.items():
-        consts = dict(key[1])
-        print(f"resident clusters {have}: LOCK {consts.get('LOCK')} CL {consts.get('CL')} "
-              f"STAGES {consts.get('STAGES')} shared {key[2]}")  # fmt: skip
+            floor_jobs(b, length, label, sets, ((False, 4, 1), (True, 4, 1), (True, 4, 8)))
+    resident()
 
 
 def floor_jobs(b, length, label, sets, variants):
@@ -455,6 +454,83 @@ def floor_jobs(b, length, label, sets, variants):
             )  # fmt: skip
 
         show(f"{label} floor copies paged={paged} st={st} lock={lock}", kernel_times(floor, sets))
+
+
+def round_b2(budget: float):
+    """Clusters of 4 and 2 K/V heads in lockstep (LOCK_HEADS; floors too), the merge's
+    prefetch at B = 1, 32k keys, against SDPA (kernel times; stops after ``budget`` s)."""
+    cases = (
+        (1, 32768, ()),
+        (16, 4096, ((4, 4), (4, 2))),
+        (16, 1024, ((4, 4),)),
+        (64, 4096, ((3, 4), (3, 2))),
+        (64, 1024, ((3, 4),)),
+    )
+    for b, length, (variants,), sets, lens, label in shapes(cases, budget):
+        show(f"{label} kaio contiguous", kernel_times(run_kaio_contig(lens), sets))
+        show(f"{label} kaio paged", kernel_times(run_kaio(lens), sets))
+        for st, lock in variants:
+            show(
+                f"{label} kaio paged stages={st} lock={lock}",
+                kernel_times(run_kaio(lens, stages=st, lock=lock), sets),
+            )
+        if b == 1:
+            for sp in (16, 12):
+                show(
+                    f"{label} kaio contiguous splits={sp} global merge",
+                    kernel_times(run_kaio_contig(lens, splits=sp, cluster=False), sets),
+                )
+            show(
+                f"{label} kaio paged splits=12 global merge",
+                kernel_times(run_kaio(lens, splits=12, cluster=False), sets),
+            )
+        if length == 4096:
+            floors = ((True, 4, 1), (True, 4, 4), (True, 4, 2))
+            floor_jobs(b, length, label, sets, floors if b == 16 else floors[:2])
+    resident()
+
+
+def round_bn(budget: float):
+    """Key tiles of PROBE_BN keys (128: half the tiles, so half the per-tile costs, for the
+    same bytes in flight): both layouts, the default stages and 3, against SDPA."""
+    cases = ((16, 1024), (16, 4096), (64, 1024), (64, 4096), (1, 32768), (1, 4096))
+    for b, _length, _, sets, lens, label in shapes(cases, budget):
+        show(f"{label} BN{dk.BN} kaio contiguous", kernel_times(run_kaio_contig(lens), sets))
+        show(f"{label} BN{dk.BN} kaio paged", kernel_times(run_kaio(lens), sets))
+        if b > 1:
+            show(
+                f"{label} BN{dk.BN} kaio contiguous stages=3",
+                kernel_times(run_kaio_contig(lens, stages=3), sets),
+            )
+            show(
+                f"{label} BN{dk.BN} kaio paged stages=3",
+                kernel_times(run_kaio(lens, stages=3), sets),
+            )
+
+
+def resident():
+    """The cluster residency the plans asked the driver for (decode._RESIDENT)."""
+    for key, have in decode._RESIDENT.items():
+        consts = dict(key[1])
+        print(f"resident clusters {have}: LOCK {consts.get('LOCK')} CL {consts.get('CL')} "
+              f"STAGES {consts.get('STAGES')} shared {key[2]}")  # fmt: skip
+
+
+def warm_b():
+    """What rounds b and bn launch (D 128 f16, one M-tile): the warm_few set at 2 to 4
+    stages and LOCK 1, 2, 4; head_stream floors with LOCK 1, 2, 4."""
+    out = [(probe_mark, {})]
+    out += [(head_stream, {"PAGED": True, "STAGES": 4, "DP": 128, "LOCK": lk}) for lk in (1, 2, 4)]
+    for paged in (False, True):
+        for st in (2, 3, 4):
+            for direct, fused, cl in ((True, False, 1), (False, True, 1), (False, False, 8)):
+                c = {"DP": 128, "MT": 1, "PAGED": paged, "STAGES": st, "DT": f16, "CL": cl}
+                spec = decode.speculates(paged) if direct else 0
+                c |= {"DIRECT": direct, "FUSED": fused, "PW": int(paged), "SPEC": spec}
+                out.append((decode.DECODE, {**c, "LOCK": 1}))
+                if paged and direct and dk.BN == 64:
+                    out += [(decode.DECODE, {**c, "LOCK": lk}) for lk in (2, 4)]
+    return out
 
 
 def round_h(budget: float):
@@ -800,6 +876,13 @@ if __name__ == "__main__":
         for i in range(3):
             run_kaio(lens, splits=16, cluster=True)(*sets[i % len(sets)])
         torch.cuda.synchronize()
+    elif len(sys.argv) > 1 and sys.argv[1] == "warm_b":
+        WARM_LIST = warm_b
+        warm(float(sys.argv[2]) if len(sys.argv) > 2 else 1e9)
+    elif len(sys.argv) > 1 and sys.argv[1] == "b2":
+        round_b2(float(sys.argv[2]) if len(sys.argv) > 2 else 25)
+    elif len(sys.argv) > 1 and sys.argv[1] == "bn":
+        round_bn(float(sys.argv[2]) if len(sys.argv) > 2 else 25)
     elif len(sys.argv) > 1 and sys.argv[1] == "warm_few":
         WARM_LIST = warm_few
         warm(float(sys.argv[2]) if len(sys.argv) > 2 else 1e9)

@@ -54,6 +54,7 @@ BN = 64  # keys per tile
 # also hold values another block writes later (the rows of part are whole lines already)
 LSE_STRIDE = 32
 UNROLL = 8  # splits a merge step loads at once (16 bytes each)
+PREFETCH = 16  # splits of a thread's first merge item loaded before the weights are known
 MAX_SPLITS = 64  # the most key splits (the merge holds a weight per split and row)
 
 
@@ -265,10 +266,10 @@ def decode_fwd(
     the length is read (every block starts at key 0), their V rows past the length zeroed
     in shared memory once it is known (K's scores there are masked), so the first copies
     wait for no load of the length. ``LOCK`` > 1 (one split, ``DIRECT``, sm_90; the grid
-    (kv_heads = LOCK, B * chunks)): the blocks of a sequence's K/V heads are one cluster,
-    kept within a key tile of each other by a cluster barrier a tile (arrive after a tile's
-    copies, wait before the next ones), so they read each page of a paged cache (all the
-    heads of 16 or more tokens) together."""
+    (kv_heads, B * chunks), kv_heads a multiple of LOCK): the blocks of LOCK K/V heads of a
+    sequence are one cluster, kept within a key tile of each other by a cluster barrier a
+    tile (arrive after a tile's copies, wait before the next ones), so they read each page
+    of a paged cache (all the heads of 16 or more tokens) together."""
     if CL > 1:
         kaio.cluster_dims(CL)
     if LOCK > 1:
@@ -518,9 +519,17 @@ def merge_chunk(
     handful of memory round trips whatever the split count: the logsumexps into ``w_s``
     [MAX_SPLITS, ROWS] (shared, independent loads), one warp a row turns them into
     normalized weights (lanes over the splits, shuffle reductions), then each thread sums
-    4 adjacent columns of one row, UNROLL 16-byte loads in flight."""
+    4 adjacent columns of one row, UNROLL 16-byte loads in flight. A thread's first 4
+    columns of its first PREFETCH splits are loaded before the logsumexps, in flight with
+    them: up to 16 splits of a row chunk of up to 16 rows take one round trip, not two."""
     warp = tid // 32
     lane = kaio.lane_id()
+    pre = kaio.local(f32, (PREFETCH, 4))
+    mine = tid < nreal * (DP // 4)  # this thread has a first item (row, 4 columns)
+    for j in kaio.static_range(PREFETCH):
+        ok = j < splits and mine
+        at = ((j * rows + first + tid // (DP // 4)) * DP) + tid % (DP // 4) * 4
+        kaio.load_vector(pre[j], part, kaio.select(ok, at, 0))
     n = splits * nreal
     for i0 in range(tid, n, THREADS * 4):
         for j in kaio.static_range(4):
@@ -564,7 +573,15 @@ def merge_chunk(
         c = it % (DP // 4) * 4
         for e in kaio.static_range(4):
             acc[e] = 0.0
-        for sp0 in range(0, splits, UNROLL):
+        start = u32(0)
+        if it == tid:  # the splits prefetched
+            for j in kaio.static_range(PREFETCH):
+                ok = j < splits
+                w = w_s[kaio.select(ok, j, 0), r]
+                for e in kaio.static_range(4):
+                    acc[e] += kaio.select(ok, w * pre[j, e], 0.0)
+            start = PREFETCH
+        for sp0 in range(start, splits, UNROLL):
             for j in kaio.static_range(UNROLL):
                 ok = sp0 + j < splits
                 at = kaio.select(ok, ((sp0 + j) * rows + first + r) * DP + c, 0)

@@ -51,7 +51,7 @@ CLUSTER_TILES = 64  # the most key tiles a split of the cluster merge takes (mea
 PAGED_CLUSTER_TILES = 16  # the same over a paged cache (measured: ``plan_grid``)
 PAGE_WINDOW = True  # paged: pages from a window of the block table across a warp's lanes
 SPECULATE = True  # one split: the first K/V copies before the length is read (SPEC)
-LOCK_HEADS = False  # one split, paged, sm_90: a sequence's K/V heads a cluster in lockstep
+LOCK_HEADS = 0  # one split, paged, sm_90: clusters of this many K/V heads in lockstep (0: off)
 
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
 MERGE = dk.decode_merge
@@ -186,20 +186,21 @@ def speculates(paged: bool) -> int:
 
 def lock_heads(like, kernel, kv_heads: int, rows: int, paged: bool, consts: dict, shared) -> int:
     """``decode_fwd``'s LOCK for a grid of one split over ``rows`` (batch x row chunks)
-    sequences' heads: the K/V head count (the blocks of a sequence one cluster in lockstep)
-    where LOCK_HEADS, the cache is paged (a page holds every head of its tokens), sm_90, 2
-    to 8 K/V heads, and the clusters all run at once when the grid is one wave; else 1."""
-    if not (LOCK_HEADS and paged and 2 <= kv_heads <= 8 and _hopper(like)):
+    sequences' heads: LOCK_HEADS (clusters of that many K/V heads of a sequence in lockstep)
+    where it divides the K/V heads, the cache is paged (a page holds every head of its
+    tokens), sm_90, and the clusters all run at once when the grid is one wave; else 1."""
+    lock = LOCK_HEADS
+    if not (lock > 1 and paged and kv_heads % lock == 0 and _hopper(like)):
         return 1
     dev = _arrays.gpu(like)
     if dev is None or rows * kv_heads > dev.multiprocessor_count:
-        return kv_heads
-    consts = {**consts, "LOCK": kv_heads}
+        return lock
+    consts = {**consts, "LOCK": lock}
     key = (like.device, tuple(sorted(consts.items())), shared)
     have = _RESIDENT.get(key)
     if have is None:
         have = _RESIDENT[key] = kernel.max_active_clusters(dk.THREADS, shared, device=dev, **consts)
-    return kv_heads if have >= rows else 1
+    return lock if have * lock >= rows * kv_heads else 1
 
 
 class _Cache:
@@ -403,7 +404,7 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
         rows_blocks = blocks // cache.kv_heads
         lock = lock_heads(qa, DECODE, cache.kv_heads, rows_blocks, cache.paged, consts, shared)
         if lock > 1:
-            grid = (lock, rows_blocks)
+            grid = (cache.kv_heads, rows_blocks)
     DECODE[grid, dk.THREADS, stream, shared](
         *flat, cache.table_arg(qa), lens.arg(batch), out_flat, lse_flat, part, part_lse,
         counters, heads, group, sq, cache.kv_heads, *cache.geometry(), chunks, rows,
@@ -494,9 +495,8 @@ def shipped():
                         one = one_split_stages(dp, mt, paged)
                         for stages in sorted({stages_for(dp, mt), deep_stages(dp, mt), one}):
                             yield DECODE, {**flags, "STAGES": stages}
-                            if direct and paged and LOCK_HEADS:  # sm_90, 2 to 8 K/V heads
-                                for lock in range(2, 9):
-                                    yield DECODE, {**flags, "STAGES": stages, "LOCK": lock}
+                            if direct and paged and LOCK_HEADS > 1:  # sm_90
+                                yield DECODE, {**flags, "STAGES": stages, "LOCK": LOCK_HEADS}
                     # merged through a cluster (sm_90), a block a multiprocessor
                     flags = {**base, "DIRECT": False, "FUSED": False, "SPEC": 0, "LOCK": 1}
                     for cl in CLUSTERS:

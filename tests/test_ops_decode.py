@@ -240,11 +240,11 @@ def test_one_split_copies_before_the_length_in_simulator(monkeypatch, page_size)
 
 
 def test_paged_heads_in_lockstep_in_simulator(monkeypatch):
-    # one split over a paged cache, the K/V heads of a sequence one cluster kept within a
-    # tile of each other (LOCK_HEADS): ragged lengths (0, under a tile, several tiles), GQA
+    # one split over a paged cache, pairs of K/V heads of a sequence one cluster kept within
+    # a tile of each other (LOCK_HEADS): ragged lengths (0, under a tile, several tiles), GQA
     # 8 x Sq 3 = 24 query rows a head (two M-tiles)
     monkeypatch.setattr(decode, "splits_for", lambda *_: 1)
-    monkeypatch.setattr(decode, "LOCK_HEADS", True)
+    monkeypatch.setattr(decode, "LOCK_HEADS", 2)
     rng = np.random.default_rng(21)
     lens = [200, 0, 37]
     b, hkv, sq, d = len(lens), 4, 3, 64
@@ -255,7 +255,7 @@ def test_paged_heads_in_lockstep_in_simulator(monkeypatch):
     monkeypatch.setattr(decode, "lock_heads", lambda *a: launches.append(real(*a)) or launches[-1])
     with kaio.simulate():
         out = kaio_ops.flash_attention_decode(q, k_cache, v_cache, np.array(lens, np.int32), table)
-    assert launches == [hkv]
+    assert launches == [2]  # clusters of 2 of the 4 heads
     ref = reference(q, k_cache, v_cache, lens, table)[0]
     assert np.abs(out.astype(np.float64) - ref).max() < 4e-3
 
