@@ -5,8 +5,11 @@ floors (a DSL kernel that only streams the same bytes; torch reductions and copi
 torch SDPA, all in one profiler session per group, calls rotating over input sets of more
 than the L2 cache.
 
-    python3 bench/decode_probe.py [warm | b | ncu | s | w | x [SECONDS]]  # this checkout's
+    python3 bench/decode_probe.py [warm | b | ncu | s | w | x | a | h | bn | c [SECONDS]]
+    python3 bench/decode_probe.py warm_few | warm_c [SECONDS]  # the kernels of a, h / c
     PROBE_BASE=1 PYTHONPATH=/other/checkout python3 bench/decode_probe.py base_b
+    PROBE_L2HINT=256 KAIO_CACHE_DIR=/tmp/other python3 bench/decode_probe.py h
+    PROBE_BN=128 KAIO_CACHE_DIR=/tmp/other python3 bench/decode_probe.py bn
 
 No argument: B = 1, 4k keys, taken apart (splits, stages, merges, lengths 0 .. 4k, floors).
 ``warm [SECONDS]`` compiles the kernels in 16 processes first (the disk cache keeps them;
@@ -17,7 +20,13 @@ kaio_ops (PROBE_BASE: its packages first on the path); ``s`` split counts and st
 shapes where kaio is near SDPA, for SECONDS at most; ``w`` the paged layout against the
 contiguous one (the block-table window or a load per row, stages, kaio's copies alone as a
 floor in both layouts); ``x`` the copies before the length on and off, the window on and
-off, one split's stages and B = 1 at 32k keys paged over more splits.
+off, one split's stages and B = 1 at 32k keys paged over more splits; ``a`` 5 and 6 K/V
+stages, B = 1 at 32k keys through clusters of 8 with them, copy floors; ``h`` the suite's
+large shapes, for a run with PROBE_L2HINT (every 16-byte cp.async with that L2 prefetch
+size, the PTX edited before the JIT) beside one without; ``bn`` key tiles of PROBE_BN keys;
+``c`` each shape's default called twice (the same bits) and B = 1 at 32k keys through
+clusters of 16 at two blocks a multiprocessor. head_stream's LOCK (the floor with a
+sequence's K/V heads a cluster in lockstep) is what rounds of 2026-11-26 measured.
 """
 
 from __future__ import annotations
@@ -67,7 +76,7 @@ ORIG_CLUSTER = getattr(decode, "CLUSTER_MERGE", False)
 ORIG_TILES = getattr(decode, "CLUSTER_TILES", 8)
 ORIG_PAGED_TILES = getattr(decode, "PAGED_CLUSTER_TILES", 8)
 ORIG_WINDOW = getattr(decode, "PAGE_WINDOW", False)
-ORIG_LOCK = getattr(decode, "LOCK_HEADS", False)
+ORIG_SPREAD = getattr(decode, "SPREAD", 0)
 T0 = time.time()
 if os.environ.get("PROBE_BN"):  # key tiles of this many keys (run with its own KAIO_CACHE_DIR)
     dk.BN = int(os.environ["PROBE_BN"])
@@ -90,7 +99,7 @@ def restore():
     decode.PAGED_CLUSTER_TILES = ORIG_PAGED_TILES
     decode.PAGE_WINDOW = ORIG_WINDOW
     decode.SPECULATE = ORIG_SPEC
-    decode.LOCK_HEADS = ORIG_LOCK
+    decode.SPREAD = ORIG_SPREAD
 
 
 PENDING: list = []  # (label, fn, sets) to time in the next profiler session
@@ -204,12 +213,15 @@ def check(sets, lens):
     return err
 
 
-def force(splits=None, stages=None, unfused=False, cluster=None, window=None, spec=None, lock=None):
+def force(
+    splits=None, stages=None, unfused=False, cluster=None, window=None, spec=None, spread=None
+):
     """Module defaults but for what is named (cluster: None = the module's choice; window:
-    the paged block-table window on or off; lock: LOCK_HEADS)."""
+    the paged block-table window on or off; spread: the cluster merge's least shared
+    memory a block, SPREAD)."""
     restore()
-    if lock is not None:
-        decode.LOCK_HEADS = lock
+    if spread is not None:
+        decode.SPREAD = spread
     if window is not None:
         decode.PAGE_WINDOW = window
     if spec is not None:
@@ -407,8 +419,8 @@ def round_a(budget: float):
     the contiguous cache (kernel times, one profiler session a shape; stops after
     ``budget`` seconds of the process)."""
     cases = (
-        (16, 4096, ((5, None, None), (6, None, None), (4, "lock", None), (6, "lock", None))),
-        (64, 4096, ((4, None, None), (6, None, None), (3, "lock", None), (4, "lock", None))),
+        (16, 4096, ((5, None, None), (6, None, None))),
+        (64, 4096, ((4, None, None), (6, None, None))),
         (1, 32768, ((4, 8, True), (6, 8, True), (6, 16, False), (5, 8, True))),
         (16, 1024, ((6, None, None),)),
         (64, 1024, ((4, None, None),)),
@@ -419,12 +431,6 @@ def round_a(budget: float):
         show(f"{label} kaio contiguous", kernel_times(run_kaio_contig(lens), sets))
         show(f"{label} kaio paged", kernel_times(run_kaio(lens), sets))
         for st, sp, cl in variants:
-            if sp == "lock":
-                show(
-                    f"{label} kaio paged stages={st} lock",
-                    kernel_times(run_kaio(lens, stages=st, lock=8), sets),
-                )
-                continue
             tag = f"stages={st}" + (f" splits={sp} cluster={cl}" if sp else "")
             show(
                 f"{label} kaio paged {tag}",
@@ -456,40 +462,6 @@ def floor_jobs(b, length, label, sets, variants):
         show(f"{label} floor copies paged={paged} st={st} lock={lock}", kernel_times(floor, sets))
 
 
-def round_b2(budget: float):
-    """Clusters of 4 and 2 K/V heads in lockstep (LOCK_HEADS; floors too), the merge's
-    prefetch at B = 1, 32k keys, against SDPA (kernel times; stops after ``budget`` s)."""
-    cases = (
-        (1, 32768, ()),
-        (16, 4096, ((4, 4), (4, 2))),
-        (16, 1024, ((4, 4),)),
-        (64, 4096, ((3, 4), (3, 2))),
-        (64, 1024, ((3, 4),)),
-    )
-    for b, length, (variants,), sets, lens, label in shapes(cases, budget):
-        show(f"{label} kaio contiguous", kernel_times(run_kaio_contig(lens), sets))
-        show(f"{label} kaio paged", kernel_times(run_kaio(lens), sets))
-        for st, lock in variants:
-            show(
-                f"{label} kaio paged stages={st} lock={lock}",
-                kernel_times(run_kaio(lens, stages=st, lock=lock), sets),
-            )
-        if b == 1:
-            for sp in (16, 12):
-                show(
-                    f"{label} kaio contiguous splits={sp} global merge",
-                    kernel_times(run_kaio_contig(lens, splits=sp, cluster=False), sets),
-                )
-            show(
-                f"{label} kaio paged splits=12 global merge",
-                kernel_times(run_kaio(lens, splits=12, cluster=False), sets),
-            )
-        if length == 4096:
-            floors = ((True, 4, 1), (True, 4, 4), (True, 4, 2))
-            floor_jobs(b, length, label, sets, floors if b == 16 else floors[:2])
-    resident()
-
-
 def round_bn(budget: float):
     """Key tiles of PROBE_BN keys (128: half the tiles, so half the per-tile costs, for the
     same bytes in flight): both layouts, the default stages and 3, against SDPA."""
@@ -516,20 +488,49 @@ def resident():
               f"STAGES {consts.get('STAGES')} shared {key[2]}")  # fmt: skip
 
 
-def warm_b():
-    """What rounds b and bn launch (D 128 f16, one M-tile): the warm_few set at 2 to 4
-    stages and LOCK 1, 2, 4; head_stream floors with LOCK 1, 2, 4."""
+def round_c(budget: float):
+    """Each suite shape's default twice (the same bits: deterministic), B = 1 at 32k keys
+    through clusters of 16 two blocks a multiprocessor (3 stages, no SPREAD), against SDPA
+    (kernel times; stops after ``budget`` seconds of the process)."""
+    cases = ((1, 32768), (1, 4096), (1, 1024), (16, 4096), (64, 1024), (16, 32768))
+    for b, length, _, sets, lens, label in shapes(cases, budget):
+        q, k, v, kc, vc, table = sets[0]
+        for name, args in (
+            ("contiguous", (q, k, v, lens, None)),
+            ("paged", (q, kc, vc, lens, table)),
+        ):
+            one = decode._decode("probe", *args, None)
+            two = decode._decode("probe", *args, None)
+            same = all(torch.equal(x, y) for x, y in zip(one, two, strict=True))
+            print(f"{label} {name} deterministic (two calls, same bits): {same}", flush=True)
+        show(f"{label} kaio contiguous", kernel_times(run_kaio_contig(lens), sets))
+        show(f"{label} kaio paged", kernel_times(run_kaio(lens), sets))
+        if b == 1 and length == 32768:
+            for st in (3, 2):
+                cfg = {"splits": 16, "cluster": True, "stages": st, "spread": 0}
+                show(
+                    f"{label} kaio contiguous CL16 st{st} 2/SM",
+                    kernel_times(run_kaio_contig(lens, **cfg), sets),
+                )
+                show(
+                    f"{label} kaio paged CL16 st{st} 2/SM",
+                    kernel_times(run_kaio(lens, **cfg), sets),
+                )
+    resident()
+
+
+def warm_c():
+    """What round c and the GPU tests of tests/test_ops_decode.py's CUDA graph and
+    no-synchronization cases launch: decode.shipped() at D 128, one M-tile; clusters of 16
+    at 2 and 3 stages."""
     out = [(probe_mark, {})]
-    out += [(head_stream, {"PAGED": True, "STAGES": 4, "DP": 128, "LOCK": lk}) for lk in (1, 2, 4)]
+    out += [(k, c) for k, c in decode.shipped() if c.get("DP", 128) == 128 and c.get("MT", 1) == 1]
     for paged in (False, True):
-        for st in (2, 3, 4):
-            for direct, fused, cl in ((True, False, 1), (False, True, 1), (False, False, 8)):
-                c = {"DP": 128, "MT": 1, "PAGED": paged, "STAGES": st, "DT": f16, "CL": cl}
-                spec = decode.speculates(paged) if direct else 0
-                c |= {"DIRECT": direct, "FUSED": fused, "PW": int(paged), "SPEC": spec}
-                out.append((decode.DECODE, {**c, "LOCK": 1}))
-                if paged and direct and dk.BN == 64:
-                    out += [(decode.DECODE, {**c, "LOCK": lk}) for lk in (2, 4)]
+        for st in (2, 3):
+            c = {"DP": 128, "MT": 1, "PAGED": paged, "STAGES": st, "DT": f16, "CL": 16}
+            out.append(
+                (decode.DECODE, {**c, "DIRECT": False, "FUSED": False, "PW": int(paged), "SPEC": 0})
+            )
     return out
 
 
@@ -709,7 +710,7 @@ def warm_list():
                 for pw in (0, 1) if paged else (0,):
                     for spec in (0, 1) if direct and (pw or not paged) else (0,):
                         flags = {"DIRECT": direct, "FUSED": fused, "PW": pw}
-                        out.append((decode.DECODE, {**c, **flags, "SPEC": spec, "LOCK": 1}))
+                        out.append((decode.DECODE, {**c, **flags, "SPEC": spec}))
     seen, unique = set(), []
     for kernel, c in out:
         key = (kernel.pyfunc.__name__, tuple(sorted(c.items(), key=str)))
@@ -724,7 +725,7 @@ def warm_few():
     fused merge and clusters of 8 and 16 (what the suite and rounds a and h launch)."""
     out = [(probe_mark, {})]
     out += [(head_stream, {"PAGED": p, "STAGES": 4, "DP": 128, "LOCK": lk}) for p, lk in
-            ((False, 0), (True, 0), (True, 1))]  # fmt: skip
+            ((False, 1), (True, 1), (True, 8))]  # fmt: skip
     for paged in (False, True):
         for st in (2, 3, 4, 5, 6):
             for direct, fused, cl in ((True, False, 1), (False, True, 1), (False, False, 8),
@@ -732,9 +733,7 @@ def warm_few():
                 c = {"DP": 128, "MT": 1, "PAGED": paged, "STAGES": st, "DT": f16, "CL": cl}
                 spec = decode.speculates(paged) if direct else 0
                 c |= {"DIRECT": direct, "FUSED": fused, "PW": int(paged), "SPEC": spec}
-                out.append((decode.DECODE, {**c, "LOCK": 1}))
-                if paged and direct:
-                    out.append((decode.DECODE, {**c, "LOCK": 8}))
+                out.append((decode.DECODE, c))
     return out
 
 
@@ -876,11 +875,11 @@ if __name__ == "__main__":
         for i in range(3):
             run_kaio(lens, splits=16, cluster=True)(*sets[i % len(sets)])
         torch.cuda.synchronize()
-    elif len(sys.argv) > 1 and sys.argv[1] == "warm_b":
-        WARM_LIST = warm_b
+    elif len(sys.argv) > 1 and sys.argv[1] == "warm_c":
+        WARM_LIST = warm_c
         warm(float(sys.argv[2]) if len(sys.argv) > 2 else 1e9)
-    elif len(sys.argv) > 1 and sys.argv[1] == "b2":
-        round_b2(float(sys.argv[2]) if len(sys.argv) > 2 else 25)
+    elif len(sys.argv) > 1 and sys.argv[1] == "c":
+        round_c(float(sys.argv[2]) if len(sys.argv) > 2 else 25)
     elif len(sys.argv) > 1 and sys.argv[1] == "bn":
         round_bn(float(sys.argv[2]) if len(sys.argv) > 2 else 25)
     elif len(sys.argv) > 1 and sys.argv[1] == "warm_few":

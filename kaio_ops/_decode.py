@@ -250,7 +250,6 @@ def decode_fwd(
     DT: kaio.constexpr,
     PW: kaio.constexpr,
     SPEC: kaio.constexpr,
-    LOCK: kaio.constexpr,
 ):
     """Attention of the 16 * MT query rows (row chunk) of one K/V group over the key tiles
     of split ``block x``: out / lse (``DIRECT``, one split) or part / part_lse (row-major
@@ -265,15 +264,9 @@ def decode_fwd(
     split, ``DIRECT``; a paged cache with ``PW``): tiles 0 .. STAGES - 2 are copied before
     the length is read (every block starts at key 0), their V rows past the length zeroed
     in shared memory once it is known (K's scores there are masked), so the first copies
-    wait for no load of the length. ``LOCK`` > 1 (one split, ``DIRECT``, sm_90; the grid
-    (kv_heads, B * chunks), kv_heads a multiple of LOCK): the blocks of LOCK K/V heads of a
-    sequence are one cluster, kept within a key tile of each other by a cluster barrier a
-    tile (arrive after a tile's copies, wait before the next ones), so they read each page
-    of a paged cache (all the heads of 16 or more tokens) together."""
+    wait for no load of the length."""
     if CL > 1:
         kaio.cluster_dims(CL)
-    if LOCK > 1:
-        kaio.cluster_dims(LOCK)
     KSPLIT = WARPS // MT  # warps sharing one M-tile, each on KW keys of a tile
     KW = BN // KSPLIT
     ROWS = 16 * MT
@@ -291,11 +284,6 @@ def decode_fwd(
     bkv = kaio.block_idx_y() // chunks
     b = bkv // kv_heads
     kvh = bkv % kv_heads
-    if LOCK > 1:  # block (K/V head, (batch, row chunk))
-        split = u32(0)
-        splits = u32(1)
-        b = kaio.block_idx_y() // chunks
-        kvh = kaio.block_idx_x()
     nrows = group * sq  # the group's query rows, contiguous in q
     q_row0 = (b * heads + kvh * group) * sq
     row0 = chunk * ROWS
@@ -365,9 +353,6 @@ def decode_fwd(
     s = kaio.local(f32, (KW // 8, 4))
     for t in range(t0, t1):
         stage = (t - t0) % STAGES * 2 * BN
-        if LOCK > 1:  # the cluster's blocks have issued tile t + STAGES - 2's copies
-            if t > t0:
-                kaio.cluster_wait()
         if t + STAGES - 1 < t1:  # into the stage tile t - 1 used
             if PAGED and PW:
                 window_pages(
@@ -385,8 +370,6 @@ def decode_fwd(
                     tid, DP,
                 )  # fmt: skip
         kaio.cp_async_commit()
-        if LOCK > 1:
-            kaio.cluster_arrive()
         kaio.cp_async_wait(STAGES - 1)  # tile t has landed
         kaio.sync_threads()
         if SPEC:
@@ -411,9 +394,6 @@ def decode_fwd(
             online_softmax(s, m, l, o, h, scale_log2, KW // 8, DP)
         acc_rows_at(o, s, kv_s, krow + BN, acol, lane, KW // 8, DP, DT)  # O += P V
         kaio.sync_threads()  # this stage is free
-    if LOCK > 1:  # the last arrival's wait (every block of the cluster takes as many tiles)
-        if t1 > t0:
-            kaio.cluster_wait()
 
     # the warps' partial results, relative to their own maxima, through shared memory (the
     # columns of row r XOR-ed with r % 4 * 8: a store's 8 rows x 4 column pairs fall on 16

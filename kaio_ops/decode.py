@@ -51,7 +51,6 @@ CLUSTER_TILES = 64  # the most key tiles a split of the cluster merge takes (mea
 PAGED_CLUSTER_TILES = 16  # the same over a paged cache (measured: ``plan_grid``)
 PAGE_WINDOW = True  # paged: pages from a window of the block table across a warp's lanes
 SPECULATE = True  # one split: the first K/V copies before the length is read (SPEC)
-LOCK_HEADS = 0  # one split, paged, sm_90: clusters of this many K/V heads in lockstep (0: off)
 
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
 MERGE = dk.decode_merge
@@ -163,7 +162,7 @@ def plan_grid(like, kernel, blocks: int, tiles: int, dp: int, mt: int, paged: bo
         consts = {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": stages, "CL": cl, "DT": like.dtype}
         if dev is None or not CLUSTER_CHECK:
             return cl, stages, cl, shared
-        consts |= {"PW": int(PAGE_WINDOW and paged), "SPEC": 0, "LOCK": 1}
+        consts |= {"PW": int(PAGE_WINDOW and paged), "SPEC": 0}
         key = (like.device, tuple(sorted(consts.items())), shared)
         have = _RESIDENT.get(key)
         if have is None:
@@ -182,25 +181,6 @@ def speculates(paged: bool) -> int:
     and 32k keys 26.2 / 26.4, 92.8 / 92.9 and 706.7 / 707.6 us, B = 64 at 1k 93.7 / 94.4;
     contiguous it was no faster (25.9 / 25.4 us at B = 16, 1k keys)."""
     return int(SPECULATE and PAGE_WINDOW and paged)
-
-
-def lock_heads(like, kernel, kv_heads: int, rows: int, paged: bool, consts: dict, shared) -> int:
-    """``decode_fwd``'s LOCK for a grid of one split over ``rows`` (batch x row chunks)
-    sequences' heads: LOCK_HEADS (clusters of that many K/V heads of a sequence in lockstep)
-    where it divides the K/V heads, the cache is paged (a page holds every head of its
-    tokens), sm_90, and the clusters all run at once when the grid is one wave; else 1."""
-    lock = LOCK_HEADS
-    if not (lock > 1 and paged and kv_heads % lock == 0 and _hopper(like)):
-        return 1
-    dev = _arrays.gpu(like)
-    if dev is None or rows * kv_heads > dev.multiprocessor_count:
-        return lock
-    consts = {**consts, "LOCK": lock}
-    key = (like.device, tuple(sorted(consts.items())), shared)
-    have = _RESIDENT.get(key)
-    if have is None:
-        have = _RESIDENT[key] = kernel.max_active_clusters(dk.THREADS, shared, device=dev, **consts)
-    return lock if have * lock >= rows * kv_heads else 1
 
 
 class _Cache:
@@ -387,28 +367,13 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     flat = [a.arg(a.size) for a in (qa, cache.k, cache.v)]
     if counters is None:  # a stand-in, never read
         counters = np.zeros(1, np.uint32) if qa.kind == "numpy" else qa.arg(1, dtype=u32)
-    consts = dict(
-        DP=d,
-        MT=mt,
-        PAGED=cache.paged,
-        STAGES=stages,
-        DIRECT=direct,
-        FUSED=fused,
-        CL=cl,
-        DT=qa.dtype,
-        PW=int(PAGE_WINDOW and cache.paged),
-        SPEC=speculates(cache.paged) if direct else 0,
-    )
-    lock, grid = 1, (splits, blocks)
-    if direct:
-        rows_blocks = blocks // cache.kv_heads
-        lock = lock_heads(qa, DECODE, cache.kv_heads, rows_blocks, cache.paged, consts, shared)
-        if lock > 1:
-            grid = (cache.kv_heads, rows_blocks)
-    DECODE[grid, dk.THREADS, stream, shared](
+    DECODE[(splits, blocks), dk.THREADS, stream, shared](
         *flat, cache.table_arg(qa), lens.arg(batch), out_flat, lse_flat, part, part_lse,
         counters, heads, group, sq, cache.kv_heads, *cache.geometry(), chunks, rows,
-        math.log2(math.e) * float(scale), LOCK=lock, **consts,
+        math.log2(math.e) * float(scale),
+        DP=d, MT=mt, PAGED=cache.paged, STAGES=stages, DIRECT=direct, FUSED=fused, CL=cl,
+        DT=qa.dtype, PW=int(PAGE_WINDOW and cache.paged),
+        SPEC=speculates(cache.paged) if direct else 0,
     )  # fmt: skip
     if not (direct or fused or cl > 1):
         MERGE[blocks, dk.THREADS, stream, merge_shared(mt)](
@@ -491,14 +456,11 @@ def shipped():
                     for direct, fused in ((True, False), (False, False), (False, True)):
                         flags = {**base, "DIRECT": direct, "FUSED": fused, "CL": 1}
                         flags["SPEC"] = speculates(paged) if direct else 0
-                        flags["LOCK"] = 1
                         one = one_split_stages(dp, mt, paged)
                         for stages in sorted({stages_for(dp, mt), deep_stages(dp, mt), one}):
                             yield DECODE, {**flags, "STAGES": stages}
-                            if direct and paged and LOCK_HEADS > 1:  # sm_90
-                                yield DECODE, {**flags, "STAGES": stages, "LOCK": LOCK_HEADS}
                     # merged through a cluster (sm_90), a block a multiprocessor
-                    flags = {**base, "DIRECT": False, "FUSED": False, "SPEC": 0, "LOCK": 1}
+                    flags = {**base, "DIRECT": False, "FUSED": False, "SPEC": 0}
                     for cl in CLUSTERS:
                         yield DECODE, {**flags, "STAGES": deep_stages(dp, mt), "CL": cl}
         for dp in DIMS:

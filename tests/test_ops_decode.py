@@ -239,27 +239,6 @@ def test_one_split_copies_before_the_length_in_simulator(monkeypatch, page_size)
     assert np.abs(out.astype(np.float64) - ref).max() < 4e-3
 
 
-def test_paged_heads_in_lockstep_in_simulator(monkeypatch):
-    # one split over a paged cache, pairs of K/V heads of a sequence one cluster kept within
-    # a tile of each other (LOCK_HEADS): ragged lengths (0, under a tile, several tiles), GQA
-    # 8 x Sq 3 = 24 query rows a head (two M-tiles)
-    monkeypatch.setattr(decode, "splits_for", lambda *_: 1)
-    monkeypatch.setattr(decode, "LOCK_HEADS", 2)
-    rng = np.random.default_rng(21)
-    lens = [200, 0, 37]
-    b, hkv, sq, d = len(lens), 4, 3, 64
-    q = rng.standard_normal((b, 8 * hkv, sq, d)).astype(np.float16)
-    k_cache, v_cache, table = make_cache(rng, b, hkv, d, 256, np.float16, 16)
-    launches = []
-    real = decode.lock_heads
-    monkeypatch.setattr(decode, "lock_heads", lambda *a: launches.append(real(*a)) or launches[-1])
-    with kaio.simulate():
-        out = kaio_ops.flash_attention_decode(q, k_cache, v_cache, np.array(lens, np.int32), table)
-    assert launches == [2]  # clusters of 2 of the 4 heads
-    ref = reference(q, k_cache, v_cache, lens, table)[0]
-    assert np.abs(out.astype(np.float64) - ref).max() < 4e-3
-
-
 def test_bad_block_table_stays_inside_the_cache_in_simulator(monkeypatch):
     # what the GPU only sees (the table's values; a graph replayed after the table was
     # freed and its memory reused): pages outside the pool are read as the last page and
