@@ -516,6 +516,17 @@ def round_c(budget: float):
                     f"{label} kaio paged CL16 st{st} 2/SM",
                     kernel_times(run_kaio(lens, **cfg), sets),
                 )
+            for sp, st in ((16, 3), (20, 3), (24, 3)):
+                cfg = {"splits": sp, "cluster": False, "stages": st}
+                show(
+                    f"{label} kaio paged splits={sp} st{st}",
+                    kernel_times(run_kaio(lens, **cfg), sets),
+                )
+        if b == 64:
+            show(
+                f"{label} kaio contiguous st2", kernel_times(run_kaio_contig(lens, stages=2), sets)
+            )
+            show(f"{label} kaio paged st2", kernel_times(run_kaio(lens, stages=2), sets))
     resident()
 
 
@@ -525,6 +536,10 @@ def warm_c():
     at 2 and 3 stages."""
     out = [(probe_mark, {})]
     out += [(k, c) for k, c in decode.shipped() if c.get("DP", 128) == 128 and c.get("MT", 1) == 1]
+    for st in (2, 3):  # B = 64 at 2 stages, B = 1 over 20 or 24 splits at 3
+        c = {"DP": 128, "MT": 1, "PAGED": True, "STAGES": st, "DT": f16, "CL": 1, "PW": 1}
+        out.append((decode.DECODE, {**c, "DIRECT": True, "FUSED": False, "SPEC": 1}))
+        out.append((decode.DECODE, {**c, "DIRECT": False, "FUSED": True, "SPEC": 0}))
     for paged in (False, True):
         for st in (2, 3):
             c = {"DP": 128, "MT": 1, "PAGED": paged, "STAGES": st, "DT": f16, "CL": 16}
