@@ -881,8 +881,21 @@ def round_s(budget: float):
         del sets
 
 
+ROUNDS = {  # argument: (round, its default time budget in seconds)
+    "x": (round_x, 25),
+    "w": (round_w, 25),
+    "s": (round_s, 20),
+    "a": (round_a, 25),
+    "h": (round_h, 25),
+    "bn": (round_bn, 25),
+    "c": (round_c, 25),
+}
+WARMS = {"warm": warm_list, "warm_few": warm_few, "warm_c": warm_c}
+
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "ncu":
+    arg = sys.argv[1] if len(sys.argv) > 1 else ""
+    seconds = float(sys.argv[2]) if len(sys.argv) > 2 else None
+    if arg == "ncu":
         sets = make_sets(1, 4096)
         lens = torch.full((1,), 4096, device="cuda", dtype=torch.int32)
         for i in range(3):
@@ -890,29 +903,13 @@ if __name__ == "__main__":
         for i in range(3):
             run_kaio(lens, splits=16, cluster=True)(*sets[i % len(sets)])
         torch.cuda.synchronize()
-    elif len(sys.argv) > 1 and sys.argv[1] == "warm_c":
-        WARM_LIST = warm_c
-        warm(float(sys.argv[2]) if len(sys.argv) > 2 else 1e9)
-    elif len(sys.argv) > 1 and sys.argv[1] == "c":
-        round_c(float(sys.argv[2]) if len(sys.argv) > 2 else 25)
-    elif len(sys.argv) > 1 and sys.argv[1] == "bn":
-        round_bn(float(sys.argv[2]) if len(sys.argv) > 2 else 25)
-    elif len(sys.argv) > 1 and sys.argv[1] == "warm_few":
-        WARM_LIST = warm_few
-        warm(float(sys.argv[2]) if len(sys.argv) > 2 else 1e9)
-    elif len(sys.argv) > 1 and sys.argv[1] == "warm":
-        warm(float(sys.argv[2]) if len(sys.argv) > 2 else 1e9)
-    elif len(sys.argv) > 1 and sys.argv[1] == "a":
-        round_a(float(sys.argv[2]) if len(sys.argv) > 2 else 25)
-    elif len(sys.argv) > 1 and sys.argv[1] == "h":
-        round_h(float(sys.argv[2]) if len(sys.argv) > 2 else 25)
-    elif len(sys.argv) > 1 and sys.argv[1] == "x":
-        round_x(float(sys.argv[2]) if len(sys.argv) > 2 else 25)
-    elif len(sys.argv) > 1 and sys.argv[1] == "w":
-        round_w(float(sys.argv[2]) if len(sys.argv) > 2 else 25)
-    elif len(sys.argv) > 1 and sys.argv[1] == "s":
-        round_s(float(sys.argv[2]) if len(sys.argv) > 2 else 20)
-    elif len(sys.argv) > 1 and sys.argv[1] in ("b", "base_b"):
-        round_b(sys.argv[1] == "base_b")
+    elif arg in WARMS:
+        WARM_LIST = WARMS[arg]
+        warm(seconds or 1e9)
+    elif arg in ROUNDS:
+        fn, default = ROUNDS[arg]
+        fn(seconds or default)
+    elif arg in ("b", "base_b"):
+        round_b(arg == "base_b")
     else:
         main()
