@@ -198,6 +198,34 @@ INTERVAL = [  # promoted every PROMOTE // 10 slices (one group in flight; 1: sta
     (2, 256, 4, 0, 1),
 ]
 CLUSTER = [(2, 128, 6, 4, 1, 2), (3, 128, 5, 1, 1, 2)]
+WIDE = [  # the tile widths that fit 240 registers a consumer (whole-program JIT), clusters
+    (2, 128, 7, 1, 1),
+    (2, 160, 6, 1, 1),
+    (2, 176, 5, 1, 1),
+    (2, 192, 5, 1, 1),
+    (2, 208, 5, 1, 1),
+    (2, 224, 5, 1, 1),
+    (2, 256, 4, 3, 1),
+    (2, 192, 5, 5, 1),
+    (2, 192, 5, 4, 1),
+    (3, 128, 5, 1, 1),
+    (2, 128, 7, 1, 1, 2),
+    (2, 192, 5, 1, 1, 2),
+    (2, 208, 5, 1, 1, 2),
+    (2, 256, 4, 3, 1, 2),
+    (2, 256, 4, 0, 1),
+]
+SWEEP_WIDE = [  # the mid and large M plans of "sweepwide"
+    (2, 128, 7, 1, 1),
+    (2, 160, 6, 1, 1),
+    (2, 192, 5, 1, 1),
+    (2, 208, 5, 1, 1),
+    (2, 256, 4, 3, 1),
+    (2, 128, 7, 1, 1, 2),
+    (2, 192, 5, 1, 1, 2),
+    (2, 256, 4, 3, 1, 2),
+]
+DEPTH = [(2, 128, 7, 1, 1), (2, 192, 5, 1, 1), (2, 256, 4, 3, 1), (2, 192, 5, 1, 1, 2)]
 NOT_SHIPPED = ((2, 256, 4, 0, 1), (1, 64, 12, 0, 1), (2, 128, 7, 0, 1))  # no promotion
 
 
@@ -387,6 +415,12 @@ def warm(cases, ms, models, processes: int = 14) -> None:
         plans.update(REGS)
     if "cluster" in cases:
         plans.update(CLUSTER)
+    if "wide" in cases:
+        plans.update(WIDE)
+    if "depth" in cases:
+        plans.update(DEPTH)
+    if "sweepwide" in cases:
+        plans.update(SWEEP_WIDE)
     if "acc" in cases:
         plans.update((2, 128, 7, p, 1) for p in (0, 1, 5, 20, 21, 41, 81))
     shapes = [s for mo in models for s in SHAPES[mo]]
@@ -420,7 +454,7 @@ def main() -> None:
     log = open(os.path.join(args.out, "fp8_plans.jsonl"), "a")  # noqa: SIM115
     recs = []
     cases = args.cases.split(",")
-    ms = [int(x) for x in args.ms.split(",")]
+    ms = [int(x) for x in args.ms.split(",") if x]
     models = args.models.split(",")
     if "warm" in cases:
         try:
@@ -446,6 +480,11 @@ def main() -> None:
         recs.append(run_case(4096, 4096, 4096, False, [], log))
         recs.append(run_case(8192, 8192, 8192, False, [], log))
         recs.append(run_case(4096, 4096, 4096, True, [], log, "4096^3 rowwise"))
+    if "wide" in cases:
+        recs.append(run_case(4096, 4096, 4096, False, WIDE, log))
+        recs.append(run_case(8192, 8192, 8192, False, WIDE, log))
+    if "depth" in cases:  # 4x longer tiles than 4096^3: the fixed cost of a tile shows
+        recs.append(run_case(4096, 4096, 16384, False, DEPTH, log))
     if "big" in cases:
         recs.append(run_case(4096, 4096, 4096, False, BIG, log))
         recs.append(run_case(8192, 8192, 8192, False, BIG, log))
@@ -454,7 +493,7 @@ def main() -> None:
     if "cluster" in cases:
         recs.append(run_case(4096, 4096, 4096, False, CLUSTER, log, "4096^3 clusters"))
         recs.append(run_case(8192, 8192, 8192, False, CLUSTER, log, "8192^3 clusters"))
-    if "sweep" in cases or "sweepnew" in cases:
+    if "sweep" in cases or "sweepnew" in cases or "sweepwide" in cases:
         for m in ms:
             for model in models:
                 for n, k in SHAPES[model]:
@@ -463,6 +502,7 @@ def main() -> None:
                         continue
                     try:
                         plans = [] if "pick" in cases else plans_for(m, n, "sweepnew" in cases)
+                        plans = SWEEP_WIDE if "sweepwide" in cases else plans
                         recs.append(run_case(m, n, k, False, plans, log, f"M={m} {n}x{k}"))
                     except Exception:  # noqa: BLE001
                         traceback.print_exc()
