@@ -134,15 +134,15 @@ def load_slice(
 @kaio.gpu_func
 def produce_all(
     sa: f16[:, :, :], sb: f16[:, :, :], bars: u64[:, :], ta: kaio.tensormap, tb: kaio.tensormap,
-    tile0: i32, count: i32, k_tiles: i32, step: i32, tiles_m: i32, tiles_n: i32,
-    BN: kaio.constexpr, STAGES: kaio.constexpr, GROUP: kaio.constexpr, ROWS: kaio.constexpr,
-    CL: kaio.constexpr, SPLIT: kaio.constexpr, AR: kaio.constexpr,
+    tile0: i32, count: i32, k_tiles: i32, step: i32, tiles_m: i32, tiles_n: i32, full: i32,
+    parts: i32, BN: kaio.constexpr, STAGES: kaio.constexpr, GROUP: kaio.constexpr,
+    ROWS: kaio.constexpr, CL: kaio.constexpr, SPLIT: kaio.constexpr, AR: kaio.constexpr,
 ):  # fmt: skip
     """The producer's loop: every K slice of the block's tiles (from tile ``tile0``, ``step``
     apart; ``count`` slices) through ``produce_fp8``, each stage reused once the consumers
-    freed it (8-bit operands, A and B^T K-major: also ``kaio_ops._int8_hopper``'s). With K
-    split ``SPLIT`` ways, ``count`` units instead: unit u (from ``tile0``, ``step`` apart)
-    is part ``u % SPLIT`` of tile ``u // SPLIT``'s K slices (``k_range``)."""
+    freed it (8-bit operands, A and B^T K-major: also ``kaio_ops._int8_hopper``'s). With
+    ``SPLIT`` (the tiles from ``full`` on split in ``parts`` along K), ``count`` units
+    instead (``unit_of``), from ``tile0``, ``step`` apart."""
     at = kaio.local(i32, (4,))
     at[0] = 0
     at[1] = tile0
@@ -159,10 +159,9 @@ def produce_all(
             advance(ring, STAGES)
     else:
         for i in range(count):
-            u = tile0 + i * step
-            at[1] = u // SPLIT
+            tile, kb, ke, _slot = unit_of(tile0 + i * step, k_tiles, full, parts)
+            at[1] = tile
             place(at, tiles_m, tiles_n, BN, GROUP, ROWS)
-            kb, ke = k_range(u % SPLIT, k_tiles, SPLIT)
             for kt in range(kb, ke):
                 wait_free(bars, ring, STAGES)
                 at[0] = kt
@@ -179,12 +178,30 @@ def wait_free(bars: u64[:, :], ring: i32[:], STAGES: kaio.constexpr):
 
 
 @kaio.gpu_func
-def k_range(part: i32, k_tiles: i32, SPLIT: kaio.constexpr):
-    """The K slices [begin, end) of part ``part`` of a tile's ``k_tiles`` split ``SPLIT``
-    ways (``(k_tiles + SPLIT - 1) // SPLIT`` each, the last part the rest)."""
-    per = (k_tiles + SPLIT - 1) // SPLIT
-    begin = part * per
+def k_range(part: i32, k_tiles: i32, parts: i32):
+    """The K slices [begin, end) of part ``part`` of a tile's ``k_tiles`` split ``parts``
+    ways (``(k_tiles + parts - 1) // parts`` each, the last part the rest)."""
+    per = (k_tiles + parts - 1) // parts
+    begin = kaio.min(part * per, k_tiles)
     return begin, kaio.min(begin + per, k_tiles)
+
+
+@kaio.gpu_func
+def unit_of(u: i32, k_tiles: i32, full: i32, parts: i32):
+    """``(tile, first slice, end slice, slot)`` of work unit ``u`` of a K-split launch:
+    units below ``full`` are whole tiles (slot -1, stored by the epilogue); the tiles from
+    ``full`` on are split in ``parts`` along K (``k_range``), unit ``full + slot`` being
+    part ``slot % parts`` of tile ``full + slot // parts`` (its raw sums go to rows
+    ``slot * ROWS ..`` of the workspace; ``sum_parts`` adds a tile's parts in order)."""
+    tile = u
+    kb = i32(0)
+    ke = k_tiles
+    slot = i32(-1)
+    if u >= full:
+        slot = u - full
+        tile = full + slot // parts
+        kb, ke = k_range(slot % parts, k_tiles, parts)
+    return tile, kb, ke, slot
 
 
 @kaio.gpu_func
@@ -465,27 +482,26 @@ def consume_tiles(
     acc: f32[:, :, :], part0: f32[:, :, :], part1: f32[:, :, :], sa_s: f16[:, :, :],
     sb_s: f16[:, :, :], bars: u64[:, :], turn: u64[:], ring: i32[:], out: DT[:, :],
     ws: f32[:, :], sa: f32[:], sb: f32[:], bias: DT[:], tile0: i32, step: i32, my_tiles: i32,
-    k_tiles: i32,
-    tiles_m: i32, tiles_n: i32, rank: i32, m: i32, n: i32, wg: u32, lt: u32,
+    k_tiles: i32, tiles_m: i32, tiles_n: i32, full: i32, parts: i32, rank: i32, m: i32, n: i32,
+    wg: u32, lt: u32,
     ROWS: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, PROMOTE: kaio.constexpr,
     GROUP: kaio.constexpr, ROW_A: kaio.constexpr, COL_B: kaio.constexpr,
     BIAS: kaio.constexpr, DT: kaio.constexpr, FP8: kaio.constexpr, VEC: kaio.constexpr,
     CL: kaio.constexpr, SPLIT: kaio.constexpr,
 ):  # fmt: skip
     """A consumer warpgroup's tiles: each one's sums (``consume``), then its epilogue; with
-    K split ``SPLIT`` ways, its units (``produce_units``), each part's raw sums stored in
-    rows ``part * m ..`` of ``ws`` (``sum_parts`` adds them)."""
+    ``SPLIT``, its units (``unit_of``: whole tiles below ``full``, then parts of the split
+    tiles, whose raw sums go to rows ``slot * ROWS ..`` of ``ws`` for ``sum_parts``)."""
     here = kaio.local(i32, (4,))
     for i in range(my_tiles):
         u = tile0 + i * step
         count = k_tiles
-        part = i32(0)
+        slot = i32(-1)
         here[1] = u
         if SPLIT > 1:
-            part = u % SPLIT
-            kb, ke = k_range(part, k_tiles, SPLIT)
+            tile, kb, ke, slot = unit_of(u, k_tiles, full, parts)
             count = ke - kb
-            here[1] = u // SPLIT
+            here[1] = tile
         if PROMOTE == 5 or PROMOTE == 6:  # two sums in turn, one group in flight
             zero(acc, BN)
             consume_pair(acc, part0, part1, sa_s, sb_s, bars, ring, count, wg, lt, BN, STAGES,
@@ -499,9 +515,9 @@ def consume_tiles(
                     PROMOTE, FP8, f32, CL)  # fmt: skip
         place(here, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
         row0 = here[2] + rank * ROWS + 64 * i32(wg)
-        if SPLIT > 1:
-            store_rows(acc, ws, ws, ws, part * m + row0, here[3], (part + 1) * m, n, n, 0, 1.0,
-                       1.0, 1.0, lt, BN, f32)  # fmt: skip
+        if slot >= 0:  # a part of a split tile (SPLIT): its raw sums, BN columns a row
+            store_rows(acc, ws, ws, ws, slot * ROWS + 64 * i32(wg), 0, (slot + 1) * ROWS, BN,
+                       BN, 0, 1.0, 1.0, 1.0, lt, BN, f32)  # fmt: skip
         else:
             epilogue_fp8(acc, out, sa, sb, bias, row0, here[3], m, n, lt, BN, ROW_A, COL_B,
                          BIAS, DT, VEC)  # fmt: skip
@@ -510,7 +526,8 @@ def consume_tiles(
 @kaio.gpu_kernel
 def matmul_fp8_wgmma(
     ta: kaio.tensormap, tb: kaio.tensormap, out: DT[:, :], ws: f32[:, :], sa: f32[:],
-    sb: f32[:], bias: DT[:], m: i32, n: i32, k2: i32, WG: kaio.constexpr, BN: kaio.constexpr,
+    sb: f32[:], bias: DT[:], m: i32, n: i32, k2: i32, full: i32, parts: i32,
+    WG: kaio.constexpr, BN: kaio.constexpr,
     STAGES: kaio.constexpr, PROMOTE: kaio.constexpr, GROUP: kaio.constexpr,
     ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
     FP8: kaio.constexpr, VEC: kaio.constexpr, CL: kaio.constexpr, SPLIT: kaio.constexpr,
@@ -519,7 +536,10 @@ def matmul_fp8_wgmma(
     """out = (A @ B) * sa * sb (+ bias): A [m, K] through ``ta`` and B^T [n, K] through
     ``tb``, both as 16-bit units [rows, k2 = K / 2]; ``64 * WG x BN`` tiles; with ``CL = 2``
     clusters of two blocks, which take pairs of tiles one above the other and share the
-    copies of their B slices (multicast). ``AR``: the A rows a copy brings (``a_rows``)."""
+    copies of their B slices (multicast). ``AR``: the A rows a copy brings (``a_rows``).
+    ``SPLIT`` (one block a cluster): the tiles from ``full`` on split in ``parts`` along K,
+    their raw sums in ``ws`` [(tiles - full) * parts * 64 WG, BN] (``unit_of``), added by
+    ``sum_parts``."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL == 2:
         kaio.cluster_dims(2)
@@ -545,8 +565,9 @@ def matmul_fp8_wgmma(
         step = step // 2
         my_tiles = (tiles_m * tiles_n - tile0 + step - 1) // step
         slices = my_tiles * k_tiles
-    if SPLIT > 1:  # units: SPLIT parts of each tile's K slices
-        my_tiles = (tiles_m * tiles_n * SPLIT - tile0 + step - 1) // step
+    if SPLIT > 1:  # units: the whole tiles, then the parts of the split ones (unit_of)
+        units = full + (tiles_m * tiles_n - full) * parts
+        my_tiles = (units - tile0 + step - 1) // step
     init_ring(bars, t, STAGES, WG * CL)  # "free": lane 0 of each consumer warpgroup (of both)
     if CL == 2:
         kaio.cluster_sync()  # the other block's barriers are ready before any copy
@@ -566,21 +587,21 @@ def matmul_fp8_wgmma(
             kaio.setmaxnreg_inc(CONSUMER_REGS[WG])
         if PROMOTE == 4 and wg == 0:  # turns: a loop in each branch (the simulator's turns)
             consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ws, sa, sb,
-                          bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, rank, m, n, wg,
-                          lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B, BIAS, DT, FP8, VEC,
-                          CL, SPLIT)  # fmt: skip
+                          bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
+                          rank, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
+                          BIAS, DT, FP8, VEC, CL, SPLIT)  # fmt: skip
         else:
             consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ws, sa, sb,
-                          bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, rank, m, n, wg,
-                          lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B, BIAS, DT, FP8, VEC,
-                          CL, SPLIT)  # fmt: skip
+                          bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
+                          rank, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
+                          BIAS, DT, FP8, VEC, CL, SPLIT)  # fmt: skip
     else:  # the producer warpgroup: its first thread issues the copies
         if WG > 1:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         if lt == 0:
             produce_all(sa_s, sb_s, bars, ta, tb, tile0, my_tiles if SPLIT > 1 else slices,
-                        k_tiles, step, tiles_m, tiles_n, BN, STAGES, GROUP, ROWS, CL,
-                        SPLIT, AR)  # fmt: skip
+                        k_tiles, step, tiles_m, tiles_n, full, parts, BN, STAGES, GROUP, ROWS,
+                        CL, SPLIT, AR)  # fmt: skip
     if CL == 2:
         kaio.cluster_sync()  # no block leaves while the other may still write to it
 
@@ -588,23 +609,34 @@ def matmul_fp8_wgmma(
 @kaio.gpu_kernel(block_size=SUM_THREADS)
 def sum_parts(
     ws: f32[:, :], out: DT[:, :], sa: f32[:], sb: f32[:], bias: DT[:], m: i32, n: i32,
-    SPLIT: kaio.constexpr, ROW_A: kaio.constexpr, COL_B: kaio.constexpr,
-    BIAS: kaio.constexpr, DT: kaio.constexpr,
+    full: i32, parts: i32, ROWS: kaio.constexpr, BN: kaio.constexpr, GROUP: kaio.constexpr,
+    ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
-    """out = (the sum of ``ws``'s SPLIT parts, in order) * sa * sb (+ bias): a pair of
-    columns a thread (``_fp8.store_scaled``, the epilogue's arithmetic)."""
+    """The split tiles of ``matmul_fp8_wgmma`` (``ROWS x BN`` tiles from number ``full``
+    on): out = (the sum of a tile's ``parts`` raw partial tiles in ``ws``, in order) * sa *
+    sb (+ bias), a pair of columns a thread (``_fp8.store_scaled``, the epilogue's
+    arithmetic)."""
     idx = i32(kaio.block_idx_x() * SUM_THREADS + kaio.thread_idx_x())
-    if idx < m * (n // 2):
-        row = idx // (n // 2)
-        col = 2 * (idx % (n // 2))
-        v = kaio.local(f32, (2,))
-        kaio.load_vector(v, ws, (row, col))
-        for p in kaio.static_range(1, SPLIT):
-            w = kaio.local(f32, (2,))
-            kaio.load_vector(w, ws, (p * m + row, col))
-            v[0] += w[0]
-            v[1] += w[1]
-        store_scaled(out, u32(row), u32(col), v[0], v[1], sa, sb, bias, ROW_A, COL_B, BIAS, DT)
+    per = ROWS * (BN // 2)  # pairs a tile
+    tiles_m = (m + ROWS - 1) // ROWS
+    tiles_n = (n + BN - 1) // BN
+    j = idx // per  # the split tile
+    if j < tiles_m * tiles_n - full:
+        at = kaio.local(i32, (4,))
+        at[1] = full + j
+        place(at, tiles_m, tiles_n, BN, GROUP, ROWS)
+        r = (idx % per) // (BN // 2)
+        c = 2 * (idx % (BN // 2))
+        if at[2] + r < m and at[3] + c < n:
+            v = kaio.local(f32, (2,))
+            kaio.load_vector(v, ws, (j * parts * ROWS + r, c))
+            for p in range(1, parts):
+                w = kaio.local(f32, (2,))
+                kaio.load_vector(w, ws, ((j * parts + p) * ROWS + r, c))
+                v[0] += w[0]
+                v[1] += w[1]
+            store_scaled(out, u32(at[2] + r), u32(at[3] + c), v[0], v[1], sa, sb, bias, ROW_A,
+                         COL_B, BIAS, DT)  # fmt: skip
 
 
 def shared_bytes(wg: int, bn: int, stages: int) -> int:
@@ -619,14 +651,19 @@ def stages_for(wg: int, bn: int, most: int = 12) -> int:
 
 
 def promotion(wg: int, bn: int) -> int:
-    """The ``PROMOTE`` mode of a ``64 * wg x bn`` tile (module docstring): two slice sums in
-    turn where the three accumulators fit in registers (168 a thread with 384 threads),
-    else one sum waited for, halves past 128 columns."""
-    if bn > 128:
+    """The ``PROMOTE`` mode of a ``64 * wg x bn`` tile (module docstring). One warpgroup:
+    two slice sums in turn up to 128 columns, 128-column halves past that. Two or three:
+    two sums in turn where the three accumulators fit in 160 registers, else one sum waited
+    for (acc and one sum fit the 240 registers that ``setmaxnreg`` gives two consumer
+    warpgroups up to 224 columns: the whole-program JIT spills none of them), halves past
+    224."""
+    if wg == 1:
+        return 3 if bn > 128 else 2
+    if bn > 224:
         return 3
-    if wg == 1 or (wg == 2 and 3 * bn // 2 <= 160):
+    if wg == 2 and 3 * bn // 2 <= 160:
         return 2
-    return 1  # 4 (turns) passes the simulator, not yet timed on a GPU
+    return 1
 
 
 def plan(wg: int, bn: int, cl: int = 1) -> tuple[int, int, int, int, int, int]:
@@ -666,6 +703,18 @@ def a_rows(m: int, wg: int, cl: int) -> int:
     return 64 * wg
 
 
+def split_from(tiles: int, sms: int, parts: int) -> int:
+    """The first tile that a K split ``parts`` ways splits (``unit_of``'s ``full``) on a
+    persistent grid of at most ``sms`` blocks: every tile when there are fewer tiles than
+    blocks; else those of the last, partial wave (none when the tiles fill whole waves, or
+    ``parts`` is 1)."""
+    if parts == 1:
+        return tiles
+    if tiles < sms:
+        return 0
+    return tiles - tiles % sms
+
+
 def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: str, dt,
            flags: dict, sms: int, stream, plan: tuple | None = None, *,
            like=None) -> None:  # fmt: skip
@@ -673,35 +722,45 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     and ``bt_units``: A [m, k] and B^T [n, k] viewed as f16 [rows, k / 2] (for the tensor
     maps); the other arrays as ``_fp8._mm_fp8`` takes them; ``flags``: its ROW_A, COL_B and
     BIAS; ``plan``: (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT]]), default ``config``'s;
-    ``like``: the ``_arrays.Operand`` a K split's workspace is made like (f32 [SPLIT m, n],
-    summed by ``sum_parts``)."""
+    SPLIT > 1 (one block a cluster): the tiles of the last partial wave split that many
+    ways along K (``split_from``), their raw sums in a workspace made like ``like`` (an
+    ``_arrays.Operand``), added by ``sum_parts``."""
     from kaio_ops.linear import _placeholder
 
     wg, bn, stages, promote_mode, vec, *rest = plan or config(m, n, k, sms)
     cl = rest[0] if rest else 1
     split = rest[1] if len(rest) > 1 else 1
+    if split > 1 and cl > 1:
+        raise ValueError(f"matmul_fp8: plan {plan}: a K split needs CL = 1 (one block a tile)")
     rows = 64 * wg
     ar = a_rows(m, wg, cl)
     ta = kaio.tensor_map_2d(a_units, (ar, BK), SW)
     tb = kaio.tensor_map_2d(bt_units, (bn // cl, BK), SW)
     constexprs = dict(
         WG=wg, BN=bn, STAGES=stages, PROMOTE=promote_mode, GROUP=GROUP_ROWS, **flags, DT=dt,
-        FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=split, AR=ar,
+        FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=min(split, 2), AR=ar,
     )  # fmt: skip
     threads, shared = wg * 128 + 128, shared_bytes(wg, bn, stages)
-    tiles = -(-m // (rows * cl)) * -(-n // bn) * split
+    tiles = -(-m // (rows * cl)) * -(-n // bn)
+    full = split_from(tiles, sms, split)
+    units = full + (tiles - full) * split
     if cl == 1:
-        grid = min(sms, tiles)
+        grid = min(sms, units)
     else:
         grid = 2 * min(tiles, _clusters(threads, shared, constexprs))
-    ws = _arrays.output(like, (split * m, n), f32) if split > 1 else _placeholder(like, f32, 2)
+    if full < tiles:
+        ws = _arrays.output(like, ((tiles - full) * split * rows, bn), f32)
+    else:
+        ws = _placeholder(like, f32, 2)
     matmul_fp8_wgmma[grid, threads, stream, shared](
-        ta, tb, out, ws, sa, sb, bias, m, n, k // 2, **constexprs
+        ta, tb, out, ws, sa, sb, bias, m, n, k // 2, full, split, **constexprs
     )
-    if split > 1:
-        sum_parts[-(-m * (n // 2) // SUM_THREADS), SUM_THREADS, stream](
-            ws, out, sa, sb, bias, m, n, SPLIT=split, **flags, DT=dt
-        )
+    if full < tiles:
+        pairs = (tiles - full) * rows * bn // 2
+        sum_parts[-(-pairs // SUM_THREADS), SUM_THREADS, stream](
+            ws, out, sa, sb, bias, m, n, full, split, ROWS=rows, BN=bn, GROUP=GROUP_ROWS,
+            **flags, DT=dt,
+        )  # fmt: skip
 
 
 _CLUSTERS: dict = {}
@@ -720,7 +779,8 @@ def _clusters(threads: int, shared: int, constexprs: dict) -> int:
 
 
 # (WG, BN) tile shapes for the PTX checks (the decode widths config picks among them)
-PLANS = [(2, 128), (2, 64), (1, 64), (1, 128), (1, 256), (3, 128), (2, 96), (1, 32), (1, 112)]
+PLANS = [(2, 128), (2, 64), (1, 64), (1, 128), (1, 256), (3, 128), (2, 96), (1, 32), (1, 112),
+         (2, 208), (2, 256)]  # fmt: skip
 
 
 def specializations():
@@ -739,4 +799,5 @@ def specializations():
                                  "SPLIT": 2 if wg == 1 and bn == 64 else 1,
                                  "AR": {128: 16, 32: 8}.get(bn, 64) if wg == 1
                                  else 64 * wg}  # fmt: skip
-    yield sum_parts, {"SPLIT": 2, "ROW_A": 1, "COL_B": 0, "BIAS": 1, "DT": bf16}
+    yield sum_parts, {"ROWS": 64, "BN": 64, "GROUP": GROUP_ROWS, "ROW_A": 1, "COL_B": 0,
+                      "BIAS": 1, "DT": bf16}  # fmt: skip
