@@ -214,6 +214,10 @@ WIDE = [  # the tile widths that fit 240 registers a consumer (whole-program JIT
     (2, 208, 5, 1, 1, 2),
     (2, 256, 4, 3, 1, 2),
     (2, 256, 4, 0, 1),
+    (2, 192, 5, 1, 1, 1, 3),
+    (2, 160, 6, 1, 1, 1, 3),
+    (3, 128, 5, 1, 1, 1, 3),
+    (2, 208, 5, 1, 1, 1, 2),
 ]
 SWEEP_WIDE = [  # the mid and large M plans of "sweepwide"
     (2, 128, 7, 1, 1),
@@ -268,6 +272,19 @@ def plans_for(m, n, new=False):
         return [p(1, 64)[:5], p(1, 128)[:5], p(1, 256)[:5], (1, 64, 12, 0, 1), *splits]
     out = [p(2, 64)[:5], p(2, 128)[:5], (2, 128, 7, 1, 1), p(3, 128)[:5], p(2, 104)[:5]]
     return out + ([p(1, 64)[:5]] if m <= 512 else [])
+
+
+def with_splits(plans, m, n, k, sms=132):
+    """``plans`` and, for each one of a block a tile, the same plan with the K split of its
+    last partial wave (``_fp8_hopper.split_parts``) where that saves a fifth of a tile."""
+    out = list(plans)
+    for p in plans:
+        if len(p) == 5:
+            tiles = -(-m // (64 * p[0])) * -(-n // p[1])
+            parts = H.split_parts(tiles, sms, k // 128)
+            if parts > 1:
+                out.append((*p, 1, parts))
+    return out
 
 
 def run_case(m, n, k, rowwise, plans, log, label=""):
@@ -421,6 +438,7 @@ def warm(cases, ms, models, processes: int = 14) -> None:
         plans.update(DEPTH)
     if "sweepwide" in cases:
         plans.update(SWEEP_WIDE)
+        plans.update((*p[:5], 1, 2) for p in SWEEP_WIDE if len(p) == 5)
     if "acc" in cases:
         plans.update((2, 128, 7, p, 1) for p in (0, 1, 5, 20, 21, 41, 81))
     shapes = [s for mo in models for s in SHAPES[mo]]
@@ -502,7 +520,7 @@ def main() -> None:
                         continue
                     try:
                         plans = [] if "pick" in cases else plans_for(m, n, "sweepnew" in cases)
-                        plans = SWEEP_WIDE if "sweepwide" in cases else plans
+                        plans = with_splits(SWEEP_WIDE, m, n, k) if "sweepwide" in cases else plans
                         recs.append(run_case(m, n, k, False, plans, log, f"M={m} {n}x{k}"))
                     except Exception:  # noqa: BLE001
                         traceback.print_exc()
