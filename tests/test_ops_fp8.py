@@ -414,11 +414,14 @@ def test_matmul_gpu_vs_scaled_mm(shape, scales, path, monkeypatch):
     "wg, bn, split, promote",
     [(2, 128, 1, None), (2, 96, 1, None), (3, 128, 1, None), (2, 64, 1, None), (1, 64, 1, None),
      (1, 256, 1, None), (1, 64, 3, None), (2, 128, 1, 5), (2, 128, 1, 21), (2, 192, 1, 41),
-     (1, 32, 1, 20), (1, 112, 1, None), (1, 48, 1, None)],
+     (1, 32, 1, 20), (1, 112, 1, None), (1, 48, 1, None), (2, 192, 1, None),
+     (2, 224, 1, None), (2, 208, 3, None), (2, 256, 2, None)],
 )  # fmt: skip
 def test_hopper_plans_gpu_vs_scaled_mm(wg, bn, split, promote, vec, monkeypatch):
     """Every tile shape of the sm_90 kernel, forced, against torch._scaled_mm at K = 8192 (64
-    slices: the promoted sums): per-row and per-column scales, bias, M and N edges."""
+    slices: the promoted sums): per-row and per-column scales, bias, M and N edges; K split
+    (``split_from``: every tile when fewer than the multiprocessors, else the last wave's;
+    the parts summed by ``sum_parts``)."""
     torch = pytest.importorskip("torch")
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernel needs sm_90")
