@@ -292,12 +292,11 @@ def run_case(m, n, k, rowwise, plans, log, label=""):
     sets = operands(m, n, k, rowwise, max(1, min(8, math.ceil(3 * L2 / nbytes))))
     ref = scaled_mm(*sets[0]).float()
     rec = {"case": label or f"{m}x{n}x{k}", "m": m, "n": n, "k": k, "rowwise": rowwise}
-    rec["pick_plan"] = list(
-        H.config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)[:5]
-    )
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rec["pick_plan"] = list(H.config(m, n, k, sms))
     fns = {"cublas": scaled_mm}
     for plan in [None, *plans]:
-        if plan is not None and list(plan) == rec["pick_plan"]:
+        if plan is not None and list((*plan, 1, 1)[:7]) == rec["pick_plan"]:
             continue  # timed as "pick"
         name = "pick" if plan is None else "/".join(map(str, plan))
         _plan.clear()

@@ -666,22 +666,55 @@ def promotion(wg: int, bn: int) -> int:
     return 1
 
 
-def plan(wg: int, bn: int, cl: int = 1) -> tuple[int, int, int, int, int, int]:
-    """The full plan (WG, BN, STAGES, PROMOTE, VEC, CL) of a tile shape."""
-    return wg, bn, stages_for(wg, bn), promotion(wg, bn), 1, cl
+def plan(wg: int, bn: int, cl: int = 1, split: int = 1) -> tuple:
+    """The full plan (WG, BN, STAGES, PROMOTE, VEC, CL, SPLIT) of a tile shape."""
+    return wg, bn, stages_for(wg, bn), promotion(wg, bn), 1, cl, split
 
 
-LARGE = (2, 128, 1)  # the (WG, BN, CL) of large products (measured: docs/performance.md)
+# (WG, BN, CL): a tile's work (rows x columns) a unit of time, relative, at sizes where its
+# tiles fill whole waves (measured on an H100 against cuBLAS FP8 at 8192^3 and the sweep:
+# docs/performance.md); the mid-M tiles' from the sweep of those sizes
+RATES = {
+    (2, 128, 1): 0.92,
+    (2, 160, 1): 0.96,
+    (2, 192, 1): 1.00,
+    (2, 208, 1): 1.00,
+    (2, 224, 1): 0.99,
+    (2, 256, 1): 0.97,
+    (2, 64, 1): 0.70,
+    (1, 64, 1): 0.66,
+}
+SPLIT_COST = 3e-6  # seconds a K split adds (the sum_parts launch), besides its workspace
+SM_RATE = 1450e12 / 132  # FLOP/s a multiprocessor at rate 1 (cuBLAS FP8 at 8192^3, H100)
+WS_RATE = 3e12  # bytes/s of the workspace's round trip (written, then read by sum_parts)
 
 
-def config(m: int, n: int, k: int, sms: int) -> tuple[int, int, int, int, int, int]:
-    """(WG, BN, STAGES, PROMOTE, VEC, CL) for an ``m x n`` output on ``sms``
+def estimate(m: int, n: int, k: int, sms: int, wg: int, bn: int, cl: int) -> tuple:
+    """(seconds, split) that ``config``'s model gives a ``64 * wg x bn`` tile (``cl`` blocks
+    a cluster) at ``m x n x k``: the waves of tiles on the persistent grid (the last wave's
+    tiles split along K where ``split_parts`` says so) times a tile's time at its ``RATES``
+    speed, plus a split's fixed cost and its workspace's traffic."""
+    rows = 64 * wg * cl
+    tiles = -(-m // rows) * -(-n // bn)
+    slots = sms // cl
+    tile_s = 2.0 * rows * bn * k / (RATES[wg, bn, cl] * SM_RATE * cl)
+    parts = split_parts(tiles, slots, k // 128) if cl == 1 else 1
+    tail = tiles % slots if tiles >= slots else tiles
+    waves = tiles // slots if tiles >= slots else 0
+    if parts == 1:
+        return (waves + (tail > 0)) * tile_s, 1
+    extra = SPLIT_COST + tail * parts * rows * bn * 8 / WS_RATE
+    return (waves + -(-parts * tail // slots) / parts) * tile_s + extra, parts
+
+
+def config(m: int, n: int, k: int, sms: int) -> tuple:
+    """(WG, BN, STAGES, PROMOTE, VEC, CL, SPLIT) for an ``m x n`` output on ``sms``
     multiprocessors. Up to 64 rows the weights' bytes are the cost: 64-row tiles of 16 to 128
     columns (two slice sums in turn), the width that fills the waves of tiles best (each tile
     costs about 64 columns more than its width: 32 columns for N = 4096, 48 for 6144, 112
-    for 28672). Past that, the large tile once its tiles fill two thirds of the
-    multiprocessors, else the fewest waves of 64-column tiles (two warpgroups, or one for
-    more tiles). Measured on an H100 (bench/fp8_plans.py; docs/performance.md)."""
+    for 28672). Past that, the tile of ``RATES`` whose ``estimate`` is least: its speed
+    times how well its tiles fill the waves, the last wave's tiles split along K where that
+    shortens it. Measured on an H100 (bench/fp8_plans.py; docs/performance.md)."""
 
     def waves(rows: int, bn: int) -> int:
         return -(-(-(-m // rows) * -(-n // bn)) // sms)
@@ -689,10 +722,8 @@ def config(m: int, n: int, k: int, sms: int) -> tuple[int, int, int, int, int, i
     if m <= 64:
         bn = min(range(16, 129, 16), key=lambda b: (waves(64, b) * (b + 64), -b))
         return plan(1, bn)
-    wg, bn, cl = LARGE
-    if 3 * -(-m // (64 * wg)) * -(-n // bn) >= 2 * sms:
-        return plan(wg, bn, cl)
-    return plan(*min(((2, 64), (1, 64)), key=lambda p: (waves(64 * p[0], p[1]), p[0])))
+    (_, split), tile = min((estimate(m, n, k, sms, *tile), tile) for tile in RATES)
+    return plan(*tile, split)
 
 
 def a_rows(m: int, wg: int, cl: int) -> int:
@@ -793,7 +824,7 @@ def _clusters(threads: int, shared: int, constexprs: dict) -> int:
 
 # (WG, BN) tile shapes for the PTX checks (the decode widths config picks among them)
 PLANS = [(2, 128), (2, 64), (1, 64), (1, 128), (1, 256), (3, 128), (2, 96), (1, 32), (1, 112),
-         (2, 208), (2, 256)]  # fmt: skip
+         (2, 160), (2, 192), (2, 208), (2, 224), (2, 256)]  # fmt: skip
 
 
 def specializations():
@@ -805,7 +836,7 @@ def specializations():
     for i, (wg, bn) in enumerate(PLANS):
         name, dt = combos[i % len(combos)]
         flags = {"ROW_A": i % 2, "COL_B": (i // 2) % 2, "BIAS": (i + 1) // 3 % 2}
-        w, b, stages, promote_mode, vec, cl = plan(wg, bn)
+        w, b, stages, promote_mode, vec, cl, _ = plan(wg, bn)
         tile = {"WG": w, "BN": b, "STAGES": stages, "PROMOTE": promote_mode}
         yield matmul_fp8_wgmma, {**tile, "GROUP": GROUP_ROWS, **flags, "DT": dt,
                                  "FP8": FP8_TYPES[name], "VEC": vec, "CL": cl,

@@ -243,6 +243,44 @@ def test_hopper_plans_sim(plan, m, n, k, scales, out, monkeypatch):
     assert np.abs(ref).max() > 100
 
 
+def test_split_of_the_last_wave():
+    """The K split splits only the last partial wave's tiles, into the parts that make it
+    shortest: 4096^3 in 128 x 192 tiles is 704 tiles on 132 multiprocessors, 5 whole waves
+    and 44 tiles split 3 ways (132 parts: one more round of a third of a tile); tiles that
+    fill whole waves are not split; fewer tiles than multiprocessors are all split."""
+    from kaio_ops import _fp8_hopper as H
+
+    assert (H.split_parts(704, 132, 32), H.split_from(704, 132, 3)) == (3, 660)
+    assert H.split_parts(528, 132, 32) == 1 and H.split_from(528, 132, 3) == 528
+    assert (H.split_parts(32, 132, 32), H.split_from(32, 132, 4)) == (4, 0)
+    assert H.split_parts(32, 132, 4) == 2  # two slices a part at least
+    assert H.split_parts(250, 132, 64) == 1  # 118 tiles left: a split saves nothing
+    assert H.split_from(704, 132, 1) == 704
+
+
+@pytest.mark.parametrize("sms", [132, 114, 78])
+def test_config_plans_fit(sms):
+    """Every plan ``config`` picks over the M sweep (1..8192) at the Llama-3 shapes fits: its
+    ring in shared memory, a promotion mode its registers hold, a K split only with one
+    block a tile and two slices a part; on an H100's 132 multiprocessors 4096^3 and 8192^3
+    take tiles of 192 columns or more (faster than 128 x 128 tiles there: the H100 rounds'
+    sweep, docs/performance.md)."""
+    from kaio_ops import _fp8_hopper as H
+
+    shapes = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (10240, 8192),
+              (8192, 8192), (57344, 8192), (8192, 28672)]  # fmt: skip
+    for m in [1 << i for i in range(14)] + [3, 100, 1000]:
+        for n, k in shapes:
+            wg, bn, stages, promote, vec, cl, split = H.config(m, n, k, sms)
+            assert H.shared_bytes(wg, bn, stages) <= H.SHARED_LIMIT
+            assert promote == H.promotion(wg, bn)
+            assert (wg, bn, cl) in H.RATES or (wg == 1 and bn <= 128 and m <= 64)
+            assert split == 1 or (cl == 1 and k // 128 >= 2 * split)
+    assert {(wg, bn) for wg, bn, _ in H.RATES} <= set(H.PLANS)  # each in the PTX checks
+    if sms == 132:
+        assert min(H.config(s, s, s, sms)[1] for s in (4096, 8192)) >= 192
+
+
 def test_matmul_torch_dtypes_accepted():
     torch = pytest.importorskip("torch")
     a, w = _fp8_operands(16, 32, 16, "e4m3", seed=2)
