@@ -219,15 +219,10 @@ WIDE = [  # the tile widths that fit 240 registers a consumer (whole-program JIT
     (3, 128, 5, 1, 1, 1, 3),
     (2, 208, 5, 1, 1, 1, 2),
 ]
-SWEEP_WIDE = [  # the mid and large M plans of "sweepwide"
-    (2, 128, 7, 1, 1),
-    (2, 160, 6, 1, 1),
-    (2, 192, 5, 1, 1),
-    (2, 208, 5, 1, 1),
-    (2, 256, 4, 3, 1),
-    (2, 128, 7, 1, 1, 2),
-    (2, 192, 5, 1, 1, 2),
-    (2, 256, 4, 3, 1, 2),
+SWEEP_WIDE = [  # the mid and large M plans of "sweepwide": WIDE's one sum waited for (128 to
+    p  # 208 columns), halves at 256, clusters of two, no split (with_splits adds them)
+    for p in WIDE
+    if p[0] == 2 and p[3] in (1, 3) and p[1] not in (176, 224) and (p + (1, 1))[6] == 1
 ]
 DEPTH = [(2, 128, 7, 1, 1), (2, 192, 5, 1, 1), (2, 256, 4, 3, 1), (2, 192, 5, 1, 1, 2)]
 NOT_SHIPPED = ((2, 256, 4, 0, 1), (1, 64, 12, 0, 1), (2, 128, 7, 0, 1))  # no promotion
