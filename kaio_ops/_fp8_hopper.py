@@ -283,13 +283,14 @@ def consume(
     acc: ACC[:, :, :], part0: ACC[:, :, :], part1: ACC[:, :, :], sa: f16[:, :, :],
     sb: f16[:, :, :], bars: u64[:, :], turn: u64[:], ring: i32[:], k_tiles: i32, wg: u32,
     lt: u32, BN: kaio.constexpr, STAGES: kaio.constexpr, PROMOTE: kaio.constexpr,
-    KIND: kaio.constexpr, ACC: kaio.constexpr, CL: kaio.constexpr,
+    KIND: kaio.constexpr, ACC: kaio.constexpr, CL: kaio.constexpr, LAG: kaio.constexpr,
 ):  # fmt: skip
     """Warpgroup ``wg``'s sums of one tile over its ``k_tiles`` K slices into ``acc``, each
     slice's stage waited for (full barrier) and freed once read, ``ring`` (stage, parity,
     slices so far) advanced past them; ``PROMOTE`` as the module docstring says (``part``:
     the slice sums, ``part0`` and ``part1`` for 2; ``turn``: the two warpgroups' turns for
-    4)."""
+    4). ``LAG``: warpgroup 0 tells warpgroup 1 (``turn[0]``, an arrival a warp) once it has
+    consumed its first ``LAG`` slices (``consume_tiles``)."""
     if PROMOTE > 0:
         zero(acc, BN)
     ps = i32(0)  # the stage of the slice before
@@ -339,6 +340,9 @@ def consume(
                     promote_either(acc, part0, part1, kt % 2 == 1, BN // 8)
         ps = s
         advance(ring, STAGES)
+        if LAG > 0:
+            if wg == 0 and ring[2] == LAG and lt % 32 == 0:  # warpgroup 1 may start
+                kaio.mbarrier_arrive(turn, 0)
     if PROMOTE == 0 or PROMOTE == 2:
         kaio.wgmma_wait(0)
         free_stage(bars, ps, lt, CL)
@@ -487,12 +491,18 @@ def consume_tiles(
     ROWS: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, PROMOTE: kaio.constexpr,
     GROUP: kaio.constexpr, ROW_A: kaio.constexpr, COL_B: kaio.constexpr,
     BIAS: kaio.constexpr, DT: kaio.constexpr, FP8: kaio.constexpr, VEC: kaio.constexpr,
-    CL: kaio.constexpr, SPLIT: kaio.constexpr,
+    CL: kaio.constexpr, SPLIT: kaio.constexpr, LAG: kaio.constexpr,
 ):  # fmt: skip
     """A consumer warpgroup's tiles: each one's sums (``consume``), then its epilogue; with
     ``SPLIT``, its units (``unit_of``: whole tiles below ``full``, then parts of the split
-    tiles, whose raw sums go to rows ``slot * ROWS ..`` of ``ws`` for ``sum_parts``)."""
+    tiles, whose raw sums go to rows ``slot * ROWS ..`` of ``ws`` for ``sum_parts``).
+    ``LAG`` (two warpgroups, no split): warpgroup 1 starts ``LAG`` slices after warpgroup 0
+    and stays that far behind, so that one's epilogue runs while the other still issues
+    wgmmas (the tensor cores not idle while both store)."""
     here = kaio.local(i32, (4,))
+    if LAG > 0:
+        if wg == 1 and my_tiles * k_tiles >= LAG:  # (warpgroup 0 arrives after LAG slices)
+            kaio.mbarrier_wait(turn, 0, u32(0))
     for i in range(my_tiles):
         u = tile0 + i * step
         count = k_tiles
@@ -512,7 +522,7 @@ def consume_tiles(
                           PROMOTE // 10, PROMOTE % 10, FP8, f32, CL)  # fmt: skip
         else:
             consume(acc, part0, part1, sa_s, sb_s, bars, turn, ring, count, wg, lt, BN, STAGES,
-                    PROMOTE, FP8, f32, CL)  # fmt: skip
+                    PROMOTE, FP8, f32, CL, LAG)  # fmt: skip
         place(here, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
         row0 = here[2] + rank * ROWS + 64 * i32(wg)
         if slot >= 0:  # a part of a split tile (SPLIT): its raw sums, BN columns a row
@@ -531,7 +541,7 @@ def matmul_fp8_wgmma(
     STAGES: kaio.constexpr, PROMOTE: kaio.constexpr, GROUP: kaio.constexpr,
     ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
     FP8: kaio.constexpr, VEC: kaio.constexpr, CL: kaio.constexpr, SPLIT: kaio.constexpr,
-    AR: kaio.constexpr,
+    AR: kaio.constexpr, LAG: kaio.constexpr,
 ):  # fmt: skip
     """out = (A @ B) * sa * sb (+ bias): A [m, K] through ``ta`` and B^T [n, K] through
     ``tb``, both as 16-bit units [rows, k2 = K / 2]; ``64 * WG x BN`` tiles; with ``CL = 2``
@@ -539,7 +549,7 @@ def matmul_fp8_wgmma(
     copies of their B slices (multicast). ``AR``: the A rows a copy brings (``a_rows``).
     ``SPLIT`` (one block a cluster): the tiles from ``full`` on split in ``parts`` along K,
     their raw sums in ``ws`` [(tiles - full) * parts * 64 WG, BN] (``unit_of``), added by
-    ``sum_parts``."""
+    ``sum_parts``. ``LAG``: warpgroup 1 runs that many slices behind 0 (``consume_tiles``)."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL == 2:
         kaio.cluster_dims(2)
@@ -555,7 +565,7 @@ def matmul_fp8_wgmma(
     tile0, step, tiles_m, tiles_n, my_tiles, k_tiles, slices = tile_schedule(
         m, n, k2, ROWS * CL, BN, BK
     )
-    if PROMOTE == 4 and t == 0:  # turn[w]: warpgroup w may issue (an arrival a warp)
+    if (PROMOTE == 4 or LAG > 0) and t == 0:  # turn[w]: warpgroup w may go (a warp's arrival)
         kaio.mbarrier_init(turn, 0, 4)
         kaio.mbarrier_init(turn, 1, 4)
     rank = i32(0)
@@ -585,16 +595,16 @@ def matmul_fp8_wgmma(
     if wg < WG:  # the consumers
         if WG > 1:  # the registers the producer warpgroup gave up
             kaio.setmaxnreg_inc(CONSUMER_REGS[WG])
-        if PROMOTE == 4 and wg == 0:  # turns: a loop in each branch (the simulator's turns)
+        if (PROMOTE == 4 or LAG > 0) and wg == 0:  # turns: each its loop (the simulator's)
             consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ws, sa, sb,
                           bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
                           rank, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
-                          BIAS, DT, FP8, VEC, CL, SPLIT)  # fmt: skip
+                          BIAS, DT, FP8, VEC, CL, SPLIT, LAG)  # fmt: skip
         else:
             consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ws, sa, sb,
                           bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
                           rank, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
-                          BIAS, DT, FP8, VEC, CL, SPLIT)  # fmt: skip
+                          BIAS, DT, FP8, VEC, CL, SPLIT, LAG)  # fmt: skip
     else:  # the producer warpgroup: its first thread issues the copies
         if WG > 1:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -671,34 +681,38 @@ def plan(wg: int, bn: int, cl: int = 1, split: int = 1) -> tuple:
     return wg, bn, stages_for(wg, bn), promotion(wg, bn), 1, cl, split
 
 
-# (WG, BN, CL): a tile's work (rows x columns) a unit of time, relative, at sizes where its
-# tiles fill whole waves (measured on an H100 against cuBLAS FP8 at 8192^3 and the sweep:
-# docs/performance.md); the mid-M tiles' from the sweep of those sizes
+# (WG, BN, CL): a tile's work (rows x columns) a unit of time, relative (1: cuBLAS FP8 at
+# 8192^3). Measured on an H100 under the whole-program JIT (bench/fp8_plans.py --cases
+# sweepwide, 2026-11-26: the median over M >= 1024 of the 8 Llama-3 shapes, the 64-column
+# tiles' and 128 x 128's fitted to the M = 128 and 256 cases, where they win; 224 columns
+# timed at 4096^3 and 8192^3 only; docs/performance.md). Clusters of two ran slower (0.85
+# to 0.95 of the same tile alone), so none is routed.
 RATES = {
-    (2, 128, 1): 0.92,
-    (2, 160, 1): 0.96,
-    (2, 192, 1): 1.00,
-    (2, 208, 1): 1.00,
-    (2, 224, 1): 0.99,
-    (2, 256, 1): 0.97,
-    (2, 64, 1): 0.70,
-    (1, 64, 1): 0.66,
+    (2, 128, 1): 0.90,
+    (2, 160, 1): 0.934,
+    (2, 192, 1): 0.96,
+    (2, 208, 1): 0.964,
+    (2, 224, 1): 0.95,
+    (2, 256, 1): 0.92,
+    (2, 64, 1): 0.60,
+    (1, 64, 1): 0.50,
 }
-SPLIT_COST = 3e-6  # seconds a K split adds (the sum_parts launch), besides its workspace
+SPLIT_COST = 1e-6  # seconds a K split adds (the sum_parts launch), besides its workspace
 SM_RATE = 1450e12 / 132  # FLOP/s a multiprocessor at rate 1 (cuBLAS FP8 at 8192^3, H100)
-WS_RATE = 3e12  # bytes/s of the workspace's round trip (written, then read by sum_parts)
+WS_RATE = 1e12  # bytes/s of the workspace's round trip (fitted to the same sweep)
 
 
 def estimate(m: int, n: int, k: int, sms: int, wg: int, bn: int, cl: int) -> tuple:
     """(seconds, split) that ``config``'s model gives a ``64 * wg x bn`` tile (``cl`` blocks
     a cluster) at ``m x n x k``: the waves of tiles on the persistent grid (the last wave's
     tiles split along K where ``split_parts`` says so) times a tile's time at its ``RATES``
-    speed, plus a split's fixed cost and its workspace's traffic."""
+    speed, plus a split's fixed cost and its workspace's traffic (splits only for tiles of
+    128 columns or more: the ones measured split)."""
     rows = 64 * wg * cl
     tiles = -(-m // rows) * -(-n // bn)
     slots = sms // cl
     tile_s = 2.0 * rows * bn * k / (RATES[wg, bn, cl] * SM_RATE * cl)
-    parts = split_parts(tiles, slots, k // 128) if cl == 1 else 1
+    parts = split_parts(tiles, slots, k // 128) if cl == 1 and bn >= 128 else 1
     tail = tiles % slots if tiles >= slots else tiles
     waves = tiles // slots if tiles >= slots else 0
     if parts == 1:
@@ -765,24 +779,26 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     """Run ``matmul_fp8_wgmma`` on a persistent grid of at most ``sms`` blocks. ``a_units``
     and ``bt_units``: A [m, k] and B^T [n, k] viewed as f16 [rows, k / 2] (for the tensor
     maps); the other arrays as ``_fp8._mm_fp8`` takes them; ``flags``: its ROW_A, COL_B and
-    BIAS; ``plan``: (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT]]), default ``config``'s;
+    BIAS; ``plan``: (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT[, LAG]]]), default
+    ``config``'s;
     SPLIT > 1 (one block a cluster): the tiles of the last partial wave split that many
     ways along K (``split_from``), their raw sums in a workspace made like ``like`` (an
     ``_arrays.Operand``), added by ``sum_parts``."""
     from kaio_ops.linear import _placeholder
 
     wg, bn, stages, promote_mode, vec, *rest = plan or config(m, n, k, sms)
-    cl = rest[0] if rest else 1
-    split = rest[1] if len(rest) > 1 else 1
+    cl, split, lag = (*rest, *(1, 1, 0)[len(rest) :])[:3]
     if split > 1 and cl > 1:
         raise ValueError(f"matmul_fp8: plan {plan}: a K split needs CL = 1 (one block a tile)")
+    if lag and (wg != 2 or split > 1 or promote_mode == 4):
+        raise ValueError(f"matmul_fp8: plan {plan}: LAG needs two warpgroups, no split, no turns")
     rows = 64 * wg
     ar = a_rows(m, wg, cl)
     ta = kaio.tensor_map_2d(a_units, (ar, BK), SW)
     tb = kaio.tensor_map_2d(bt_units, (bn // cl, BK), SW)
     constexprs = dict(
         WG=wg, BN=bn, STAGES=stages, PROMOTE=promote_mode, GROUP=GROUP_ROWS, **flags, DT=dt,
-        FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=min(split, 2), AR=ar,
+        FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=min(split, 2), AR=ar, LAG=lag,
     )  # fmt: skip
     threads, shared = wg * 128 + 128, shared_bytes(wg, bn, stages)
     tiles = -(-m // (rows * cl)) * -(-n // bn)
@@ -841,6 +857,7 @@ def specializations():
         yield matmul_fp8_wgmma, {**tile, "GROUP": GROUP_ROWS, **flags, "DT": dt,
                                  "FP8": FP8_TYPES[name], "VEC": vec, "CL": cl,
                                  "SPLIT": 2 if wg == 1 and bn == 64 else 1,
+                                 "LAG": int(bn == 208),
                                  "AR": {128: 16, 32: 8}.get(bn, 64) if wg == 1
                                  else 64 * wg}  # fmt: skip
     yield sum_parts, {"ROWS": 64, "BN": 64, "GROUP": GROUP_ROWS, "ROW_A": 1, "COL_B": 0,
