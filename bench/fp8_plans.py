@@ -224,6 +224,19 @@ SWEEP_WIDE = [  # the mid and large M plans of "sweepwide": WIDE's one sum waite
     for p in WIDE
     if p[0] == 2 and p[3] in (1, 3) and p[1] not in (176, 224) and (p + (1, 1))[6] == 1
 ]
+LAGS = [  # warpgroup 1 LAG slices behind warpgroup 0 (the 8th element)
+    (2, 208, 5, 1, 1),
+    (2, 208, 5, 1, 1, 1, 1, 1),
+    (2, 208, 5, 1, 1, 1, 1, 2),
+    (2, 192, 5, 1, 1),
+    (2, 192, 5, 1, 1, 1, 1, 1),
+    (2, 192, 5, 1, 1, 1, 1, 2),
+    (2, 224, 5, 1, 1),
+    (2, 224, 5, 1, 1, 1, 1, 2),
+    (2, 256, 4, 3, 1),
+    (2, 256, 4, 3, 1, 1, 1, 2),
+    (2, 128, 7, 1, 1, 1, 1, 2),
+]
 DEPTH = [(2, 128, 7, 1, 1), (2, 192, 5, 1, 1), (2, 256, 4, 3, 1), (2, 192, 5, 1, 1, 2)]
 NOT_SHIPPED = ((2, 256, 4, 0, 1), (1, 64, 12, 0, 1), (2, 128, 7, 0, 1))  # no promotion
 
@@ -280,6 +293,22 @@ def with_splits(plans, m, n, k, sms=132):
             if parts > 1:
                 out.append((*p, 1, parts))
     return out
+
+
+def lagged(plan, lags=(1, 2)):
+    """``plan`` (7 elements) with warpgroup 1 each of ``lags`` slices behind, where it can."""
+    wg, bn, st, pr, vec, cl, sp = plan
+    if wg != 2 or sp > 1 or pr == 4:
+        return []
+    return [(wg, bn, st, pr, vec, cl, sp, lag) for lag in lags]
+
+
+def final_plans(m, n, k, sms=132):
+    """The alternatives "sweepfinal" times beside the routed plan: its lagged variants and
+    the 224-column tile (past 64 rows)."""
+    if m <= 64:
+        return []
+    return [*lagged(H.config(m, n, k, sms)), (2, 224, 5, 1, 1)]
 
 
 def run_case(m, n, k, rowwise, plans, log, label=""):
@@ -430,6 +459,8 @@ def warm(cases, ms, models, processes: int = 14) -> None:
         plans.update(WIDE)
     if "depth" in cases:
         plans.update(DEPTH)
+    if "lag" in cases:
+        plans.update(LAGS)
     if "sweepwide" in cases:
         plans.update(SWEEP_WIDE)
         plans.update((*p[:5], 1, 2) for p in SWEEP_WIDE if len(p) == 5)
@@ -440,6 +471,8 @@ def warm(cases, ms, models, processes: int = 14) -> None:
         for n, k in shapes:
             if "pick" not in cases:
                 plans.update(plans_for(m, n, new))
+            if "sweepfinal" in cases:
+                plans.update(final_plans(m, n, k))
             plans.add(H.config(m, n, k, 132))
     jobs = [(p, False) for p in sorted(plans)]
     if "interval" in cases:
@@ -488,6 +521,9 @@ def main() -> None:
         tag = " ptxas" if os.environ.get("FP8_PLANS_PTXAS") == "1" else ""
         recs.append(run_case(4096, 4096, 4096, False, REGS, log, "4096^3" + tag))
         recs.append(run_case(8192, 8192, 8192, False, REGS, log, "8192^3" + tag))
+    if "lag" in cases:
+        recs.append(run_case(4096, 4096, 4096, False, LAGS, log))
+        recs.append(run_case(8192, 8192, 8192, False, LAGS, log))
     if "final" in cases:  # the op as routed (config's plans) against cuBLAS
         recs.append(run_case(4096, 4096, 4096, False, [], log))
         recs.append(run_case(8192, 8192, 8192, False, [], log))
@@ -505,7 +541,7 @@ def main() -> None:
     if "cluster" in cases:
         recs.append(run_case(4096, 4096, 4096, False, CLUSTER, log, "4096^3 clusters"))
         recs.append(run_case(8192, 8192, 8192, False, CLUSTER, log, "8192^3 clusters"))
-    if "sweep" in cases or "sweepnew" in cases or "sweepwide" in cases:
+    if any(c in cases for c in ("sweep", "sweepnew", "sweepwide", "sweepfinal")):
         for m in ms:
             for model in models:
                 for n, k in SHAPES[model]:
@@ -515,6 +551,7 @@ def main() -> None:
                     try:
                         plans = [] if "pick" in cases else plans_for(m, n, "sweepnew" in cases)
                         plans = with_splits(SWEEP_WIDE, m, n, k) if "sweepwide" in cases else plans
+                        plans = final_plans(m, n, k) if "sweepfinal" in cases else plans
                         recs.append(run_case(m, n, k, False, plans, log, f"M={m} {n}x{k}"))
                     except Exception:  # noqa: BLE001
                         traceback.print_exc()
