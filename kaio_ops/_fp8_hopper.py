@@ -13,10 +13,15 @@ cover the multiprocessors (``config``); a decode tile copies only the A rows the
 (``AR``, ``a_rows``: the stage's other rows keep stale bytes whose results are never
 stored), not 64 rows mostly out of bounds. With more than one consumer warpgroup the
 producer warpgroup gives its registers to them (``setmaxnreg``: 24 left to it, 240 or 160
-to each consumer; the driver's JIT on an H100 nevertheless gave local memory to the plans
-that need more than 168, where the CLI ptxas does not: docs/performance.md). ``CL = 2``:
-clusters of two blocks, which take pairs of tiles one above the other and share each B
-slice (each copies half of it into both, TMA multicast).
+to each consumer: 128 x 160 to 128 x 224 tiles hold their acc and one slice sum there;
+the runtime's whole-program JIT spills none of them, where the old relocatable one gave
+them local memory: docs/performance.md). ``CL = 2``: clusters of two blocks, which take
+pairs of tiles one above the other and share each B slice (each copies half of it into
+both, TMA multicast). ``SPLIT``: the tiles of the last, partial wave of the persistent grid
+(all of them when there are fewer tiles than multiprocessors) split along K into
+``parts`` (``unit_of``, ``split_parts``), their raw f32 sums in a workspace that
+``sum_parts`` adds in order and scales. ``LAG``: warpgroup 1 starts that many slices after
+warpgroup 0, so that their epilogues do not leave the tensor cores idle together.
 
 Accumulation is promoted, as CUTLASS's default FP8 GEMMs and ``torch._scaled_mm`` (without
 ``use_fast_accum``) do: Hopper's fp8 wgmma keeps its running sum with fewer bits than f32
@@ -52,10 +57,11 @@ wgmmas) starts a fresh wgmma sum ``part`` that is then added to the f32 ``acc`` 
 
 The simulator's wgmma sums in f32 (the documented result, not the hardware's rounding), so
 it cannot tell these apart; the GPU tests compare against ``torch._scaled_mm``. On an H100
-(bench/fp8_plans.py, 2026-11-26) the modes that hold three accumulators in a 384-thread
-block (2 at 128 columns, 3) ran at a third of the speed of the others, though ptxas 13.5
-reports no spills for them: ``promotion`` keeps them to the tiles where they fit in 168
-registers.
+(bench/fp8_plans.py, 2026-11-26, under the old relocatable JIT) the modes that hold three
+accumulators in a 384-thread block (2 at 128 columns, 3) ran at a third of the speed of
+the others (local memory); built whole (ptxas, or the JIT since), two sums in turn at 128
+columns still ran at 0.82x of cuBLAS against one sum waited for's 0.91x, so ``promotion``
+keeps mode 2 to the tiles where three accumulators fit in 160 registers.
 
 PTX has no transposed 8-bit wgmma, so both operands are K-major: A [M, K] and B's transpose
 [N, K] (what a column-major B, ``torch._scaled_mm``'s layout, already is). The shared tiles
