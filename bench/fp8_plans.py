@@ -236,6 +236,12 @@ LAGS = [  # warpgroup 1 LAG slices behind warpgroup 0 (the 8th element)
     (2, 256, 4, 3, 1),
     (2, 256, 4, 3, 1, 1, 1, 2),
     (2, 128, 7, 1, 1, 1, 1, 2),
+    (2, 208, 4, 1, 1),  # C through shared memory, bulk copies (VEC 2), a stage fewer
+    (2, 208, 4, 1, 2),
+    (2, 208, 4, 1, 2, 1, 1, 1),
+    (2, 192, 4, 1, 2),
+    (2, 224, 3, 1, 2),
+    (2, 256, 3, 3, 2),
 ]
 DEPTH = [(2, 128, 7, 1, 1), (2, 192, 5, 1, 1), (2, 256, 4, 3, 1), (2, 192, 5, 1, 1, 2)]
 NOT_SHIPPED = ((2, 256, 4, 0, 1), (1, 64, 12, 0, 1), (2, 128, 7, 0, 1))  # no promotion
@@ -304,11 +310,14 @@ def lagged(plan, lags=(1, 2)):
 
 
 def final_plans(m, n, k, sms=132):
-    """The alternatives "sweepfinal" times beside the routed plan: its lagged variants and
-    the 224-column tile (past 64 rows)."""
+    """The alternatives "sweepfinal" times beside the routed plan: its lagged variants, its
+    epilogue through shared memory (VEC 2, the stages that still fit), both, and the
+    224-column tile (past 64 rows)."""
     if m <= 64:
         return []
-    return [*lagged(H.config(m, n, k, sms)), (2, 224, 5, 1, 1)]
+    wg, bn, _, pr, _, cl, sp = H.config(m, n, k, sms)
+    vec2 = (wg, bn, H.stages_for(wg, bn, vec=2), pr, 2, cl, sp)
+    return [*lagged(H.config(m, n, k, sms)), vec2, *lagged(vec2, (1,)), (2, 224, 5, 1, 1)]
 
 
 def run_case(m, n, k, rowwise, plans, log, label=""):

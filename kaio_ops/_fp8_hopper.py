@@ -444,15 +444,19 @@ def consume_pair(
 
 @kaio.gpu_func
 def epilogue_fp8(
-    acc: f32[:, :, :], out: DT[:, :], sa: f32[:], sb: f32[:], bias: DT[:], row0: i32,
-    col0: i32, m: i32, n: i32, lt: u32, BN: kaio.constexpr, ROW_A: kaio.constexpr,
-    COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr, VEC: kaio.constexpr,
+    acc: f32[:, :, :], out: DT[:, :], ebuf: DT[:, :, :], sa: f32[:], sb: f32[:],
+    bias: DT[:], row0: i32, col0: i32, m: i32, n: i32, wg: u32, lt: u32, BN: kaio.constexpr,
+    ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
+    VEC: kaio.constexpr,
 ):  # fmt: skip
     """Store a warpgroup's 64 rows from ``row0`` and BN columns from ``col0`` (thread ``lt``
     holds ``acc``, the m16n8 C fragment of each n8 tile of its warp's 16 rows): first every
     accumulator scaled (and biased) in registers, the scales per tensor (element 0) or per
-    row of a / column of b (ROW_A, COL_B) loaded before any store; then a pair of adjacent
-    columns a store (N is a multiple of 16)."""
+    row of a / column of b (ROW_A, COL_B) loaded before any store; then 4 adjacent columns
+    a store (``VEC`` 1), a pair (0), or (2, 16-bit ``DT``) the warp's 16 rows through its
+    shared buffer ``ebuf[warp]``, each row then copied out by one lane's bulk copy
+    (asynchronous: the warp goes on to its next tile; the copies read the buffer before the
+    next epilogue writes it). N is a multiple of 16."""
     lane = i32(lt % 32)
     row = row0 + 16 * i32(lt // 32) + lane // 4
     s_a = kaio.local(f32, (2,))
@@ -473,7 +477,24 @@ def epilogue_fp8(
                 acc[j, h, e] = acc[j, h, e] * (s_a[h] * s_b)
                 if BIAS:
                     acc[j, h, e] += add
-    if VEC:  # 4 adjacent columns a store (lanes trade pairs), as the f16 kernel's
+    if VEC == 2:  # through shared memory, a bulk copy a row
+        w = i32(wg) * 4 + i32(lt // 32)
+        if lane < 16:
+            kaio.bulk_wait_read(0)  # the last tile's copies have read the buffer
+        kaio.sync_warp()
+        two = kaio.local(DT, (2,))
+        for h in kaio.static_range(2):
+            for j in kaio.static_range(BN // 8):
+                two[0] = DT(acc[j, h, 0])
+                two[1] = DT(acc[j, h, 1])
+                kaio.store_vector(ebuf, (w, lane // 4 + 8 * h, 8 * j + 2 * (lane % 4)), two)
+        kaio.fence_proxy_async()
+        kaio.sync_warp()
+        r = row0 + 16 * i32(lt // 32) + lane
+        if lane < 16 and r < m:
+            kaio.bulk_store(out, (r, col0), ebuf, (w, lane, 0), kaio.min(BN, n - col0) * 2)
+            kaio.bulk_commit()
+    elif VEC:  # 4 adjacent columns a store (lanes trade pairs), as the f16 kernel's
         store_rows(acc, out, out, out, row0, col0, m, n, n, 0, 1.0, 1.0, 1.0, lt, BN, DT)
     else:
         for h in kaio.static_range(2):
@@ -491,7 +512,8 @@ def epilogue_fp8(
 def consume_tiles(
     acc: f32[:, :, :], part0: f32[:, :, :], part1: f32[:, :, :], sa_s: f16[:, :, :],
     sb_s: f16[:, :, :], bars: u64[:, :], turn: u64[:], ring: i32[:], out: DT[:, :],
-    ws: f32[:, :], sa: f32[:], sb: f32[:], bias: DT[:], tile0: i32, step: i32, my_tiles: i32,
+    ebuf: DT[:, :, :], ws: f32[:, :], sa: f32[:], sb: f32[:], bias: DT[:], tile0: i32,
+    step: i32, my_tiles: i32,
     k_tiles: i32, tiles_m: i32, tiles_n: i32, full: i32, parts: i32, rank: i32, m: i32, n: i32,
     wg: u32, lt: u32,
     ROWS: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, PROMOTE: kaio.constexpr,
@@ -535,8 +557,11 @@ def consume_tiles(
             store_rows(acc, ws, ws, ws, slot * ROWS + 64 * i32(wg), 0, (slot + 1) * ROWS, BN,
                        BN, 0, 1.0, 1.0, 1.0, lt, BN, f32)  # fmt: skip
         else:
-            epilogue_fp8(acc, out, sa, sb, bias, row0, here[3], m, n, lt, BN, ROW_A, COL_B,
-                         BIAS, DT, VEC)  # fmt: skip
+            epilogue_fp8(acc, out, ebuf, sa, sb, bias, row0, here[3], m, n, wg, lt, BN, ROW_A,
+                         COL_B, BIAS, DT, VEC)  # fmt: skip
+    if VEC == 2:
+        if lt % 32 < 16:
+            kaio.bulk_wait(0)  # (the buffer stays until its copies are done)
 
 
 @kaio.gpu_kernel
@@ -565,6 +590,12 @@ def matmul_fp8_wgmma(
     sb_s = kaio.shared_dynamic(f16, (STAGES, BN, BK), STAGES * A_BYTES)
     bars = kaio.shared_dynamic(u64, (2, STAGES), STAGES * (A_BYTES + BK * BN * 2))
     turn = kaio.shared_dynamic(u64, (2,), STAGES * (A_BYTES + BK * BN * 2 + 16))
+    # VEC 2: each consumer warp's 16 rows of C on their way out (rows padded by 16 bytes)
+    on = VEC == 2  # (else a stub of 8 values)
+    ebuf = kaio.shared_dynamic(
+        DT, (1 + (WG * 4 - 1) * on, 1 + 15 * on, 8 + BN * on),
+        STAGES * (A_BYTES + BK * BN * 2 + 16) + 16,
+    )  # fmt: skip
     t = kaio.thread_idx_x()
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
     lt = t % 128
@@ -602,12 +633,12 @@ def matmul_fp8_wgmma(
         if WG > 1:  # the registers the producer warpgroup gave up
             kaio.setmaxnreg_inc(CONSUMER_REGS[WG])
         if (PROMOTE == 4 or LAG > 0) and wg == 0:  # turns: each its loop (the simulator's)
-            consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ws, sa, sb,
+            consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ebuf, ws, sa, sb,
                           bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
                           rank, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
                           BIAS, DT, FP8, VEC, CL, SPLIT, LAG)  # fmt: skip
         else:
-            consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ws, sa, sb,
+            consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ebuf, ws, sa, sb,
                           bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
                           rank, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
                           BIAS, DT, FP8, VEC, CL, SPLIT, LAG)  # fmt: skip
@@ -655,15 +686,19 @@ def sum_parts(
                          COL_B, BIAS, DT)  # fmt: skip
 
 
-def shared_bytes(wg: int, bn: int, stages: int) -> int:
+def shared_bytes(wg: int, bn: int, stages: int, vec: int = 1) -> int:
     """The dynamic shared memory of a ``64 * wg x bn`` tile ring of ``stages`` (8-bit
-    operands, 128 values of K a stage), its barriers and the two turn barriers."""
-    return stages * ((64 * wg + bn) * BK * 2 + 16) + 16
+    operands, 128 values of K a stage), its barriers, the two turn barriers and the consumer
+    warps' epilogue buffers of 16-bit values (``vec`` 2; else a stub)."""
+    ebuf = wg * 4 * 16 * (bn + 8) * 2 if vec == 2 else 32  # (a stub: 8 values)
+    return stages * ((64 * wg + bn) * BK * 2 + 16) + 16 + ebuf
 
 
-def stages_for(wg: int, bn: int, most: int = 12) -> int:
-    """The ring stages that fit in shared memory (at most ``most``)."""
-    return max(2, min(most, SHARED_LIMIT // shared_bytes(wg, bn, 1)))
+def stages_for(wg: int, bn: int, most: int = 12, vec: int = 1) -> int:
+    """The ring stages that fit in shared memory (at most ``most``) beside the rest
+    (``shared_bytes``)."""
+    per = shared_bytes(wg, bn, 1, vec) - shared_bytes(wg, bn, 0, vec)
+    return max(2, min(most, (SHARED_LIMIT - shared_bytes(wg, bn, 0, vec)) // per))
 
 
 def promotion(wg: int, bn: int) -> int:
@@ -706,14 +741,17 @@ RATES = {
 SPLIT_COST = 1e-6  # seconds a K split adds (the sum_parts launch), besides its workspace
 SM_RATE = 1450e12 / 132  # FLOP/s a multiprocessor at rate 1 (cuBLAS FP8 at 8192^3, H100)
 WS_RATE = 1e12  # bytes/s of the workspace's round trip (fitted to the same sweep)
+HBM_RATE = 3.0e12  # bytes/s an H100 reads and writes (the floor of a memory-bound product)
 
 
 def estimate(m: int, n: int, k: int, sms: int, wg: int, bn: int, cl: int) -> tuple:
-    """(seconds, split) that ``config``'s model gives a ``64 * wg x bn`` tile (``cl`` blocks
-    a cluster) at ``m x n x k``: the waves of tiles on the persistent grid (the last wave's
-    tiles split along K where ``split_parts`` says so) times a tile's time at its ``RATES``
-    speed, plus a split's fixed cost and its workspace's traffic (splits only for tiles of
-    128 columns or more: the ones measured split)."""
+    """(seconds, seconds without the memory floor: the tie-break, split) that ``config``'s
+    model gives a ``64 * wg x bn`` tile (``cl`` blocks a cluster) at ``m x n x k``: the
+    waves of tiles on the persistent grid (the last wave's tiles split along K where
+    ``split_parts`` says so) times a tile's time at its ``RATES`` speed, no less than the
+    time to read the operands once (memory-bound products), plus a split's fixed cost and
+    its workspace's traffic (splits only for tiles of 128 columns or more: the ones
+    measured split), or unsplit where that is less."""
     rows = 64 * wg * cl
     tiles = -(-m // rows) * -(-n // bn)
     slots = sms // cl
@@ -721,10 +759,14 @@ def estimate(m: int, n: int, k: int, sms: int, wg: int, bn: int, cl: int) -> tup
     parts = split_parts(tiles, slots, k // 128) if cl == 1 and bn >= 128 else 1
     tail = tiles % slots if tiles >= slots else tiles
     waves = tiles // slots if tiles >= slots else 0
-    if parts == 1:
-        return (waves + (tail > 0)) * tile_s, 1
-    extra = SPLIT_COST + tail * parts * rows * bn * 8 / WS_RATE
-    return (waves + -(-parts * tail // slots) / parts) * tile_s + extra, parts
+    floor = (m * k + n * k + 2 * m * n) / HBM_RATE  # the operands read once, C written
+    compute = (waves + (tail > 0)) * tile_s
+    best = (max(compute, floor), compute, 1)
+    if parts > 1:
+        extra = SPLIT_COST + tail * parts * rows * bn * 8 / WS_RATE
+        compute = (waves + -(-parts * tail // slots) / parts) * tile_s
+        best = min(best, (max(compute, floor) + extra, compute + extra, parts))
+    return best
 
 
 def config(m: int, n: int, k: int, sms: int) -> tuple:
@@ -742,7 +784,7 @@ def config(m: int, n: int, k: int, sms: int) -> tuple:
     if m <= 64:
         bn = min(range(16, 129, 16), key=lambda b: (waves(64, b) * (b + 64), -b))
         return plan(1, bn)
-    (_, split), tile = min((estimate(m, n, k, sms, *tile), tile) for tile in RATES)
+    (*_, split), tile = min((estimate(m, n, k, sms, *tile), tile) for tile in RATES)
     return plan(*tile, split)
 
 
@@ -806,7 +848,10 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
         WG=wg, BN=bn, STAGES=stages, PROMOTE=promote_mode, GROUP=GROUP_ROWS, **flags, DT=dt,
         FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=min(split, 2), AR=ar, LAG=lag,
     )  # fmt: skip
-    threads, shared = wg * 128 + 128, shared_bytes(wg, bn, stages)
+    if vec == 2 and dt.itemsize != 2:
+        vec = 1  # (the shared buffers hold 16-bit outputs)
+        constexprs["VEC"] = 1
+    threads, shared = wg * 128 + 128, shared_bytes(wg, bn, stages, vec)
     tiles = -(-m // (rows * cl)) * -(-n // bn)
     full = split_from(tiles, sms, split)
     units = full + (tiles - full) * split
