@@ -224,23 +224,15 @@ SWEEP_WIDE = [  # the mid and large M plans of "sweepwide": WIDE's one sum waite
     for p in WIDE
     if p[0] == 2 and p[3] in (1, 3) and p[1] not in (176, 224) and (p + (1, 1))[6] == 1
 ]
-LAGS = [  # warpgroup 1 LAG slices behind warpgroup 0 (the 8th element)
+EPI = [  # C through shared memory, a bulk copy a row (VEC 2; a stage fewer) and controls
     (2, 208, 5, 1, 1),
-    (2, 208, 5, 1, 1, 1, 1, 1),
-    (2, 208, 5, 1, 1, 1, 1, 2),
-    (2, 192, 5, 1, 1),
-    (2, 192, 5, 1, 1, 1, 1, 1),
-    (2, 192, 5, 1, 1, 1, 1, 2),
-    (2, 224, 5, 1, 1),
-    (2, 224, 5, 1, 1, 1, 1, 2),
-    (2, 256, 4, 3, 1),
-    (2, 256, 4, 3, 1, 1, 1, 2),
-    (2, 128, 7, 1, 1, 1, 1, 2),
-    (2, 208, 4, 1, 1),  # C through shared memory, bulk copies (VEC 2), a stage fewer
+    (2, 208, 4, 1, 1),
     (2, 208, 4, 1, 2),
-    (2, 208, 4, 1, 2, 1, 1, 1),
+    (2, 192, 5, 1, 1),
     (2, 192, 4, 1, 2),
+    (2, 224, 5, 1, 1),
     (2, 224, 3, 1, 2),
+    (2, 256, 4, 3, 1),
     (2, 256, 3, 3, 2),
 ]
 DEPTH = [(2, 128, 7, 1, 1), (2, 192, 5, 1, 1), (2, 256, 4, 3, 1), (2, 192, 5, 1, 1, 2)]
@@ -301,23 +293,13 @@ def with_splits(plans, m, n, k, sms=132):
     return out
 
 
-def lagged(plan, lags=(1, 2)):
-    """``plan`` (7 elements) with warpgroup 1 each of ``lags`` slices behind, where it can."""
-    wg, bn, st, pr, vec, cl, sp = plan
-    if wg != 2 or sp > 1 or pr == 4:
-        return []
-    return [(wg, bn, st, pr, vec, cl, sp, lag) for lag in lags]
-
-
 def final_plans(m, n, k, sms=132):
-    """The alternatives "sweepfinal" times beside the routed plan: its lagged variants, its
-    epilogue through shared memory (VEC 2, the stages that still fit), both, and the
-    224-column tile (past 64 rows)."""
+    """The alternatives "sweepfinal" times beside the routed plan (past 64 rows): its
+    epilogue through shared memory (VEC 2, the stages that still fit)."""
     if m <= 64:
         return []
     wg, bn, _, pr, _, cl, sp = H.config(m, n, k, sms)
-    vec2 = (wg, bn, H.stages_for(wg, bn, vec=2), pr, 2, cl, sp)
-    return [*lagged(H.config(m, n, k, sms)), vec2, *lagged(vec2, (1,)), (2, 224, 5, 1, 1)]
+    return [(wg, bn, H.stages_for(wg, bn, vec=2), pr, 2, cl, sp)]
 
 
 def run_case(m, n, k, rowwise, plans, log, label=""):
@@ -389,7 +371,7 @@ def diagnose() -> None:
         wg, bn, st, pr, vec, *rest = plan
         c = dict(WG=wg, BN=bn, STAGES=st, PROMOTE=pr, GROUP=H.GROUP_ROWS, ROW_A=0, COL_B=0,
                  BIAS=0, DT=bf16, FP8=e4m3, VEC=vec, CL=rest[0] if rest else 1,
-                 SPLIT=1, AR=64 * wg, LAG=0)  # fmt: skip
+                 SPLIT=1, AR=64 * wg)  # fmt: skip
         try:
             print(plan, H.matmul_fp8_wgmma.resources(**c), flush=True)
             if pr in (2, 5) and ptxas:  # the local ptxas' view of the same PTX
@@ -468,8 +450,8 @@ def warm(cases, ms, models, processes: int = 14) -> None:
         plans.update(WIDE)
     if "depth" in cases:
         plans.update(DEPTH)
-    if "lag" in cases:
-        plans.update(LAGS)
+    if "epi" in cases:
+        plans.update(EPI)
     if "sweepwide" in cases:
         plans.update(SWEEP_WIDE)
         plans.update((*p[:5], 1, 2) for p in SWEEP_WIDE if len(p) == 5)
@@ -530,9 +512,9 @@ def main() -> None:
         tag = " ptxas" if os.environ.get("FP8_PLANS_PTXAS") == "1" else ""
         recs.append(run_case(4096, 4096, 4096, False, REGS, log, "4096^3" + tag))
         recs.append(run_case(8192, 8192, 8192, False, REGS, log, "8192^3" + tag))
-    if "lag" in cases:
-        recs.append(run_case(4096, 4096, 4096, False, LAGS, log))
-        recs.append(run_case(8192, 8192, 8192, False, LAGS, log))
+    if "epi" in cases:
+        recs.append(run_case(4096, 4096, 4096, False, EPI, log))
+        recs.append(run_case(8192, 8192, 8192, False, EPI, log))
     if "final" in cases:  # the op as routed (config's plans) against cuBLAS
         recs.append(run_case(4096, 4096, 4096, False, [], log))
         recs.append(run_case(8192, 8192, 8192, False, [], log))

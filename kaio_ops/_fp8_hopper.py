@@ -20,8 +20,7 @@ pairs of tiles one above the other and share each B slice (each copies half of i
 both, TMA multicast). ``SPLIT``: the tiles of the last, partial wave of the persistent grid
 (all of them when there are fewer tiles than multiprocessors) split along K into
 ``parts`` (``unit_of``, ``split_parts``), their raw f32 sums in a workspace that
-``sum_parts`` adds in order and scales. ``LAG``: warpgroup 1 starts that many slices after
-warpgroup 0, so that their epilogues do not leave the tensor cores idle together.
+``sum_parts`` adds in order and scales.
 
 Accumulation is promoted, as CUTLASS's default FP8 GEMMs and ``torch._scaled_mm`` (without
 ``use_fast_accum``) do: Hopper's fp8 wgmma keeps its running sum with fewer bits than f32
@@ -69,9 +68,10 @@ and the TMA copies do not care about the element type: they are written for 16-b
 (pairs of 8-bit values, the arrays viewed as f16 [rows, K / 2]), so a stage holds 64 units =
 128 values of K, four k32 wgmmas, and both operands use A's descriptor (K-major, SBO 1024).
 The epilogue scales the accumulators in registers first (the scales and bias loaded once a
-tile, before any store), then stores 4 adjacent columns a lane (``VEC``, lanes trading pairs:
-``_matmul_hopper.store_rows``) or a pair: ``acc * (scale_a * scale_b) (+ bias)`` rounded
-once.
+tile, before any store), then stores 4 adjacent columns a lane (``VEC`` 1, lanes trading
+pairs: ``_matmul_hopper.store_rows``), a pair (0), or (2, 16-bit outputs) each warp's 16
+rows through its shared buffer, copied out a row by a lane's asynchronous bulk copy:
+``acc * (scale_a * scale_b) (+ bias)`` rounded once.
 """
 
 # ruff: noqa: F821  (DT and ACC in annotations are dtype constexpr parameters)
@@ -289,14 +289,13 @@ def consume(
     acc: ACC[:, :, :], part0: ACC[:, :, :], part1: ACC[:, :, :], sa: f16[:, :, :],
     sb: f16[:, :, :], bars: u64[:, :], turn: u64[:], ring: i32[:], k_tiles: i32, wg: u32,
     lt: u32, BN: kaio.constexpr, STAGES: kaio.constexpr, PROMOTE: kaio.constexpr,
-    KIND: kaio.constexpr, ACC: kaio.constexpr, CL: kaio.constexpr, LAG: kaio.constexpr,
+    KIND: kaio.constexpr, ACC: kaio.constexpr, CL: kaio.constexpr,
 ):  # fmt: skip
     """Warpgroup ``wg``'s sums of one tile over its ``k_tiles`` K slices into ``acc``, each
     slice's stage waited for (full barrier) and freed once read, ``ring`` (stage, parity,
     slices so far) advanced past them; ``PROMOTE`` as the module docstring says (``part``:
     the slice sums, ``part0`` and ``part1`` for 2; ``turn``: the two warpgroups' turns for
-    4). ``LAG``: warpgroup 0 tells warpgroup 1 (``turn[0]``, an arrival a warp) once it has
-    consumed its first ``LAG`` slices (``consume_tiles``)."""
+    4)."""
     if PROMOTE > 0:
         zero(acc, BN)
     ps = i32(0)  # the stage of the slice before
@@ -346,9 +345,6 @@ def consume(
                     promote_either(acc, part0, part1, kt % 2 == 1, BN // 8)
         ps = s
         advance(ring, STAGES)
-        if LAG > 0:
-            if wg == 0 and ring[2] == LAG and lt % 32 == 0:  # warpgroup 1 may start
-                kaio.mbarrier_arrive(turn, 0)
     if PROMOTE == 0 or PROMOTE == 2:
         kaio.wgmma_wait(0)
         free_stage(bars, ps, lt, CL)
@@ -519,18 +515,12 @@ def consume_tiles(
     ROWS: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, PROMOTE: kaio.constexpr,
     GROUP: kaio.constexpr, ROW_A: kaio.constexpr, COL_B: kaio.constexpr,
     BIAS: kaio.constexpr, DT: kaio.constexpr, FP8: kaio.constexpr, VEC: kaio.constexpr,
-    CL: kaio.constexpr, SPLIT: kaio.constexpr, LAG: kaio.constexpr,
+    CL: kaio.constexpr, SPLIT: kaio.constexpr,
 ):  # fmt: skip
     """A consumer warpgroup's tiles: each one's sums (``consume``), then its epilogue; with
     ``SPLIT``, its units (``unit_of``: whole tiles below ``full``, then parts of the split
-    tiles, whose raw sums go to rows ``slot * ROWS ..`` of ``ws`` for ``sum_parts``).
-    ``LAG`` (two warpgroups, no split): warpgroup 1 starts ``LAG`` slices after warpgroup 0
-    and stays that far behind, so that one's epilogue runs while the other still issues
-    wgmmas (the tensor cores not idle while both store)."""
+    tiles, whose raw sums go to rows ``slot * ROWS ..`` of ``ws`` for ``sum_parts``)."""
     here = kaio.local(i32, (4,))
-    if LAG > 0:
-        if wg == 1 and my_tiles * k_tiles >= LAG:  # (warpgroup 0 arrives after LAG slices)
-            kaio.mbarrier_wait(turn, 0, u32(0))
     for i in range(my_tiles):
         u = tile0 + i * step
         count = k_tiles
@@ -550,7 +540,7 @@ def consume_tiles(
                           PROMOTE // 10, PROMOTE % 10, FP8, f32, CL)  # fmt: skip
         else:
             consume(acc, part0, part1, sa_s, sb_s, bars, turn, ring, count, wg, lt, BN, STAGES,
-                    PROMOTE, FP8, f32, CL, LAG)  # fmt: skip
+                    PROMOTE, FP8, f32, CL)  # fmt: skip
         place(here, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
         row0 = here[2] + rank * ROWS + 64 * i32(wg)
         if slot >= 0:  # a part of a split tile (SPLIT): its raw sums, BN columns a row
@@ -572,7 +562,7 @@ def matmul_fp8_wgmma(
     STAGES: kaio.constexpr, PROMOTE: kaio.constexpr, GROUP: kaio.constexpr,
     ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
     FP8: kaio.constexpr, VEC: kaio.constexpr, CL: kaio.constexpr, SPLIT: kaio.constexpr,
-    AR: kaio.constexpr, LAG: kaio.constexpr,
+    AR: kaio.constexpr,
 ):  # fmt: skip
     """out = (A @ B) * sa * sb (+ bias): A [m, K] through ``ta`` and B^T [n, K] through
     ``tb``, both as 16-bit units [rows, k2 = K / 2]; ``64 * WG x BN`` tiles; with ``CL = 2``
@@ -580,7 +570,7 @@ def matmul_fp8_wgmma(
     copies of their B slices (multicast). ``AR``: the A rows a copy brings (``a_rows``).
     ``SPLIT`` (one block a cluster): the tiles from ``full`` on split in ``parts`` along K,
     their raw sums in ``ws`` [(tiles - full) * parts * 64 WG, BN] (``unit_of``), added by
-    ``sum_parts``. ``LAG``: warpgroup 1 runs that many slices behind 0 (``consume_tiles``)."""
+    ``sum_parts``."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL == 2:
         kaio.cluster_dims(2)
@@ -602,7 +592,7 @@ def matmul_fp8_wgmma(
     tile0, step, tiles_m, tiles_n, my_tiles, k_tiles, slices = tile_schedule(
         m, n, k2, ROWS * CL, BN, BK
     )
-    if (PROMOTE == 4 or LAG > 0) and t == 0:  # turn[w]: warpgroup w may go (a warp's arrival)
+    if PROMOTE == 4 and t == 0:  # turn[w]: warpgroup w may issue (an arrival a warp)
         kaio.mbarrier_init(turn, 0, 4)
         kaio.mbarrier_init(turn, 1, 4)
     rank = i32(0)
@@ -632,16 +622,16 @@ def matmul_fp8_wgmma(
     if wg < WG:  # the consumers
         if WG > 1:  # the registers the producer warpgroup gave up
             kaio.setmaxnreg_inc(CONSUMER_REGS[WG])
-        if (PROMOTE == 4 or LAG > 0) and wg == 0:  # turns: each its loop (the simulator's)
+        if PROMOTE == 4 and wg == 0:  # turns: a loop in each branch (the simulator's turns)
             consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ebuf, ws, sa, sb,
                           bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
                           rank, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
-                          BIAS, DT, FP8, VEC, CL, SPLIT, LAG)  # fmt: skip
+                          BIAS, DT, FP8, VEC, CL, SPLIT)  # fmt: skip
         else:
             consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ebuf, ws, sa, sb,
                           bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
                           rank, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
-                          BIAS, DT, FP8, VEC, CL, SPLIT, LAG)  # fmt: skip
+                          BIAS, DT, FP8, VEC, CL, SPLIT)  # fmt: skip
     else:  # the producer warpgroup: its first thread issues the copies
         if WG > 1:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -827,26 +817,23 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     """Run ``matmul_fp8_wgmma`` on a persistent grid of at most ``sms`` blocks. ``a_units``
     and ``bt_units``: A [m, k] and B^T [n, k] viewed as f16 [rows, k / 2] (for the tensor
     maps); the other arrays as ``_fp8._mm_fp8`` takes them; ``flags``: its ROW_A, COL_B and
-    BIAS; ``plan``: (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT[, LAG]]]), default
-    ``config``'s;
+    BIAS; ``plan``: (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT]]), default ``config``'s;
     SPLIT > 1 (one block a cluster): the tiles of the last partial wave split that many
     ways along K (``split_from``), their raw sums in a workspace made like ``like`` (an
     ``_arrays.Operand``), added by ``sum_parts``."""
     from kaio_ops.linear import _placeholder
 
     wg, bn, stages, promote_mode, vec, *rest = plan or config(m, n, k, sms)
-    cl, split, lag = (*rest, *(1, 1, 0)[len(rest) :])[:3]
+    cl, split = (*rest, *(1, 1)[len(rest) :])[:2]
     if split > 1 and cl > 1:
         raise ValueError(f"matmul_fp8: plan {plan}: a K split needs CL = 1 (one block a tile)")
-    if lag and (wg != 2 or split > 1 or promote_mode == 4):
-        raise ValueError(f"matmul_fp8: plan {plan}: LAG needs two warpgroups, no split, no turns")
     rows = 64 * wg
     ar = a_rows(m, wg, cl)
     ta = kaio.tensor_map_2d(a_units, (ar, BK), SW)
     tb = kaio.tensor_map_2d(bt_units, (bn // cl, BK), SW)
     constexprs = dict(
         WG=wg, BN=bn, STAGES=stages, PROMOTE=promote_mode, GROUP=GROUP_ROWS, **flags, DT=dt,
-        FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=min(split, 2), AR=ar, LAG=lag,
+        FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=min(split, 2), AR=ar,
     )  # fmt: skip
     if vec == 2 and dt.itemsize != 2:
         vec = 1  # (the shared buffers hold 16-bit outputs)
@@ -908,8 +895,11 @@ def specializations():
         yield matmul_fp8_wgmma, {**tile, "GROUP": GROUP_ROWS, **flags, "DT": dt,
                                  "FP8": FP8_TYPES[name], "VEC": vec, "CL": cl,
                                  "SPLIT": 2 if wg == 1 and bn == 64 else 1,
-                                 "LAG": int(bn == 208),
                                  "AR": {128: 16, 32: 8}.get(bn, 64) if wg == 1
                                  else 64 * wg}  # fmt: skip
+    shared_c = {"WG": 2, "BN": 208, "STAGES": stages_for(2, 208, vec=2), "PROMOTE": 1,
+                "GROUP": GROUP_ROWS, "ROW_A": 0, "COL_B": 1, "BIAS": 1, "DT": bf16,
+                "FP8": e4m3, "VEC": 2, "CL": 1, "SPLIT": 1, "AR": 128}  # fmt: skip
+    yield matmul_fp8_wgmma, shared_c  # (C through shared memory)
     yield sum_parts, {"ROWS": 64, "BN": 64, "GROUP": GROUP_ROWS, "ROW_A": 1, "COL_B": 0,
                       "BIAS": 1, "DT": bf16}  # fmt: skip

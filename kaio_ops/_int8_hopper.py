@@ -93,7 +93,7 @@ def matmul_int8_wgmma(
     if wg < 2:  # the consumers
         for i in range(my_tiles):
             consume(acc, unused, unused, sa_s, sb_s, bars, no_turns, ring, k_tiles, wg, lt, BN,
-                    STAGES, 0, i8, i32, 1, 0)  # fmt: skip
+                    STAGES, 0, i8, i32, 1)  # fmt: skip
             store_int8(acc, out, alpha, tile0 + i * step, tiles_m, tiles_n, m, n, wg, lt, BN,
                        GROUP)  # fmt: skip
     elif t == CONSUMERS:  # the producer
