@@ -1,14 +1,20 @@
 """The sm_90 FP8 kernel's tile plans side by side with ``torch._scaled_mm`` (cuBLAS FP8):
-for each shape, every plan ``(WG, BN, STAGES, PROMOTE)`` of ``kaio_ops._fp8_hopper`` worth
-trying there, and the plan ``config`` picks, each checked against ``torch._scaled_mm`` first;
-kernel time with CUDA events around batches of calls, the operands rotated over enough copies
-to exceed the L2 cache; e4m3, bf16 out, per-tensor scales (``--rowwise``: per row / column).
+for each shape, every plan ``(WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT]])`` of
+``kaio_ops._fp8_hopper`` worth trying there, and the plan ``config`` picks, each checked
+against ``torch._scaled_mm`` first; kernel time with CUDA events around batches of calls, the
+operands rotated over enough copies to exceed the L2 cache; e4m3, bf16 out, per-tensor
+scales (``--rowwise``: per row / column).
 
 Usage: ``python bench/fp8_plans.py --out DIR [--budget SECONDS] [--cases warm,big,sweep]``
-(``--summary FILE``: the table of a run's jsonl)
-(``warm``: compile every plan first, 8 processes at once);
-writes ``DIR/fp8_plans.jsonl`` (one line per case) and prints a table. The sweep stops
-starting cases once ``--budget`` seconds have passed.
+(``--summary FILE``: the table of a run's jsonl). Cases: ``warm`` compiles every plan first,
+14 processes at once (with ``only``: nothing else); ``final`` the routed plan at 4096^3,
+8192^3 and 4096^3 with per-row scales; ``wide``, ``depth``, ``epi``, ``big``, ``regs``,
+``interval``, ``cluster``, ``rowwise``, ``acc``, ``diag``: the plan lists of their rounds at
+the squares; ``sweep``, ``sweepnew``, ``sweepwide``, ``sweepfinal``: the M sweep over the
+Llama-3-8B/-70B shapes with ``plans_for``'s, ``SWEEP_WIDE``'s (``with_splits``) or
+``final_plans``' alternatives (``pick``: none from ``plans_for``). Writes
+``DIR/fp8_plans.jsonl`` (one line per case) and prints a table. The sweep stops starting
+cases once ``--budget`` seconds have passed.
 """
 
 from __future__ import annotations
@@ -497,6 +503,8 @@ def main() -> None:
             warm(cases, ms, models)
         except Exception:  # noqa: BLE001  (the timed cases compile what is missing)
             traceback.print_exc()
+        if "only" in cases:  # compile, time nothing (another process times them)
+            return
     if "diag" in cases:
         diagnose()
     if "acc" in cases:

@@ -467,6 +467,28 @@ def test_hopper_plans_gpu_vs_scaled_mm(wg, bn, split, promote, vec, monkeypatch)
     from kaio_ops import _fp8_hopper as H
 
     plan = (*H.plan(wg, bn)[:3], promote or H.promotion(wg, bn), vec, 1, split)
+    _forced_plan_vs_scaled_mm(torch, plan, monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("wg, bn, split", [(2, 208, 1), (2, 192, 3), (2, 256, 1), (1, 64, 1)])
+def test_hopper_shared_epilogue_gpu_vs_scaled_mm(wg, bn, split, monkeypatch):
+    """The epilogue through shared memory (``VEC`` 2: each warp's 16 rows copied out a row by
+    a bulk copy, the last column tile partial) against torch._scaled_mm, as above."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernel needs sm_90")
+    from kaio_ops import _fp8_hopper as H
+
+    plan = (wg, bn, H.stages_for(wg, bn, vec=2), H.promotion(wg, bn), 2, 1, split)
+    _forced_plan_vs_scaled_mm(torch, plan, monkeypatch)
+
+
+def _forced_plan_vs_scaled_mm(torch, plan, monkeypatch):
+    """matmul_fp8 forced onto ``plan``, M = 1000, K = 8192, N = 1008, per-row and
+    per-column scales and bias, against torch._scaled_mm (its A padded to 1008 rows)."""
+    from kaio_ops import _fp8_hopper as H
+
     monkeypatch.setattr(H, "config", lambda *args: plan)
     m, k, n = 1000, 8192, 1008
     x = torch.randn(m, k, device="cuda")
