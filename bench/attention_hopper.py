@@ -27,6 +27,7 @@ import math
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -106,12 +107,14 @@ def tensors(b, h, hkv, sq, sk, d, dtype, seed=0):
     return q, k, v
 
 
-def warm_one(i: int) -> str:
+def warm_one(i: int, specs: str | None = None) -> str:
+    """Compile variant ``i`` (of ``variants()``, or of ``parse_specs(specs)``) by launching it
+    once at a small size, causal and not; returns a line with its compile time."""
     import time
 
     t0 = time.time()
-    label, dtype, d, kind, over = variants()[i]
-    q, k, v = tensors(1, 2, 1, 256, 256, d, dtype)
+    label, dtype, d, kind, over = (parse_specs(specs) if specs else variants())[i]
+    q, k, v = tensors(1, 2, 1, 512, 512, d, dtype)
     for causal in (False, True):  # the default's configuration may depend on the mask
         runner(kind, d, over)(q, k, v, causal)
     import torch
@@ -127,6 +130,23 @@ def warm_one(i: int) -> str:
         r = hop.attention_fwd_wgmma.resources(D=d, DT=dt, **cfg)
         res = f" (registers {r.registers}, local bytes {r.local_bytes})"
     return f"{label} {dtype} D{d}: {time.time() - t0:.1f}s{res}"
+
+
+def parse_specs(specs: str) -> list:
+    """Variants from ``D/dtype/K=V,K=V;...`` (dtype f16 or bf16; ``old`` for the mma.sync
+    kernel, ``default`` for ``config``'s choice): (label, dtype name, d, kind, config)."""
+    out = []
+    for spec in specs.split(";"):
+        d, dt, cfg = spec.strip().split("/")
+        dtype = {"f16": "float16", "bf16": "bfloat16"}[dt]
+        if cfg == "old":
+            out.append((spec.strip(), dtype, int(d), "old", {}))
+            continue
+        over = {} if cfg == "default" else {
+            k: int(v) for k, v in (kv.split("=") for kv in cfg.split(","))
+        }  # fmt: skip
+        out.append((spec.strip(), dtype, int(d), "new", over))
+    return out
 
 
 def reference(q, k, v, causal):
@@ -323,9 +343,97 @@ def bench(out_path, check_log=None):
               f"{' causal' if r['causal'] else ''}: {cells}  (wgmma/sdpa {ratio:.2f})")  # fmt: skip
 
 
+def warm(jobs: int, specs: str | None = None) -> None:
+    """Compile the variants (of ``variants()``, or ``specs``) ``jobs`` processes at a time."""
+    import multiprocessing as mp
+
+    n = len(parse_specs(specs) if specs else variants())
+    ctx = mp.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        futures = [pool.submit(warm_one, i, specs) for i in range(n)]
+        for f in futures:
+            try:
+                print(f.result(timeout=120), flush=True)
+            except Exception as e:  # noqa: BLE001  (report each specialization's failure)
+                print(f"FAILED: {type(e).__name__}: {e}", flush=True)
+
+
+def grid(specs: str, shapes: str, causals: tuple, out_path, rounds: int = 5) -> None:
+    """Each variant of ``specs`` (``parse_specs``) checked against float64 on two small
+    cases (grouped-query heads with several tiles a persistent block, and a partial last key
+    tile with a query tail), then, where it passed, timed with SDPA flash on each shape
+    ``B,H,HKV,S;...``: ``rounds`` rounds, each of every contender in turn (so that a drift
+    of the clocks reaches all of them), the median of each."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    vs = parse_specs(specs)
+    name = torch.cuda.get_device_name()
+    rows, refs, ok = [], {}, []
+    for label, dtype, d, kind, over in vs:
+        run = runner(kind, d, over)
+        worst = 0.0
+        try:
+            for b, h, hkv, sq, sk in ((2, 16, 4, 1024, 1024), (1, 4, 2, 300, 500)):
+                for causal in causals:
+                    key = (dtype, d, b, h, hkv, sq, sk, causal)
+                    if key not in refs:
+                        q, k, v = tensors(b, h, hkv, sq, sk, d, dtype, seed=sq + d)
+                        refs[key] = (q, k, v, reference(q, k, v, causal)[0])
+                    q, k, v, ref = refs[key]
+                    out = run(q, k, v, causal)[0]
+                    err = (torch.linalg.norm(out.double() - ref) / torch.linalg.norm(ref)).item()
+                    worst = max(worst, err if math.isfinite(err) else math.inf)
+        except Exception as e:  # noqa: BLE001  (one variant's failure, the others go on)
+            print(f"FAILED {label}: {type(e).__name__}: {e}", flush=True)
+            continue
+        tol = 2e-2 if dtype == "bfloat16" else 3e-3
+        print(f"check {label}: rel {worst:.1e}{'' if worst < tol else '  WRONG'}", flush=True)
+        if worst < tol:
+            ok.append((label, dtype, d, kind, over))
+
+    def flash(q, k, v, causal):
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return sdpa(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
+
+    for shape in shapes.split(";"):
+        b, h, hkv, s = (int(x) for x in shape.split(","))
+        for dtype, d in dict.fromkeys((dt, dd) for _, dt, dd, _, _ in ok):
+            q, k, v = tensors(b, h, hkv, s, s, d, dtype)
+            for causal in causals:
+                flops = 4 * b * h * s * s * d / (2 if causal else 1)
+                fns = {"sdpa flash": partial(flash, q, k, v, causal)}
+                for label, dt, dd, kind, over in ok:
+                    if (dt, dd) == (dtype, d):
+                        fns[label] = partial(runner(kind, d, over), q, k, v, causal)
+                times = {lab: [] for lab in fns}
+                for _ in range(rounds):
+                    for lab, fn in fns.items():
+                        times[lab].append(time_calls(fn, reps=4, rounds=1))
+                res = {lab: flops / sorted(t)[len(t) // 2] / 1e9 for lab, t in times.items()}
+                row = dict(gpu=name, dtype=dtype, d=d, b=b, h=h, hkv=hkv, s=s, causal=causal,
+                           tflops=res)  # fmt: skip
+                emit(rows, row)
+    save(rows, out_path)
+    print(f"\n{name}: TFLOP/s (CUDA events, median of {rounds} interleaved rounds)")
+    for r in rows:
+        t = r["tflops"]
+        print(
+            f"{r['dtype']} D{r['d']} B{r['b']} H{r['h']}/{r['hkv']} S{r['s']}"
+            f"{' causal' if r['causal'] else ''}: sdpa flash {t['sdpa flash']:.0f}"
+        )
+        for lab, v in sorted(t.items(), key=lambda kv: -kv[1]):
+            if lab != "sdpa flash":
+                print(f"    {v:6.0f}  {v / t['sdpa flash']:.2f}x  {lab}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("step", choices=("warm", "check", "time", "tiny", "one"))
+    p.add_argument("step", choices=("warm", "check", "time", "tiny", "one", "grid"))
+    p.add_argument("--specs", help="warm, grid: the variants, D/dtype/K=V,K=V;... (parse_specs)")
+    p.add_argument("--shapes", default="4,16,16,4096", help="grid: B,H,HKV,S;...")
+    p.add_argument("--causal-grid", default="both", choices=("both", "no", "yes"))
     p.add_argument("--variant", default="wgmma", help="one: the variant (a NEW label)")
     p.add_argument("--d", type=int, default=128, help="one: the head dim")
     p.add_argument("--causal", action="store_true", help="one: causal")
@@ -337,16 +445,12 @@ def main() -> None:
     if args.ptxas:  # before kaio compiles anything; cached under their own keys
         os.environ["KAIO_PTXAS"] = args.ptxas  # the runtime's opt-in; read by the workers too
     if args.step == "warm":
-        import multiprocessing as mp
-
-        ctx = mp.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=ctx) as pool:
-            futures = [pool.submit(warm_one, i) for i in range(len(variants()))]
-            for f in futures:
-                try:
-                    print(f.result(timeout=120), flush=True)
-                except Exception as e:  # noqa: BLE001  (report each specialization's failure)
-                    print(f"FAILED: {type(e).__name__}: {e}", flush=True)
+        warm(args.jobs, args.specs)
+    elif args.step == "grid":
+        if args.jobs:
+            warm(args.jobs, args.specs)
+        causals = {"both": (False, True), "no": (False,), "yes": (True,)}[args.causal_grid]
+        grid(args.specs, args.shapes, causals, args.out)
     elif args.step == "check":
         check(args.out)
     elif args.step == "tiny":
