@@ -35,7 +35,7 @@ tiles going back and forth over the blocks, for the causal mask's unequal tiles)
 ring's stage and parity, the ping-pong turns and the Q buffer (refilled once both
 warpgroups have issued their last S = Q K^T of a tile, ``turn[4]``) carry from one tile to
 the next, so that the producer loads the next tile's keys while the consumers finish a
-tile (``launch`` takes it for whole key tiles only).
+tile (and ``turn[3]``, the partial last key tiles' zeros, counts its phases over them).
 
 Shared tiles (128-byte swizzle, 64-column blocks, docs/hopper.md): Q ``[D / 64, BM, 64]``,
 K and V stages ``[STAGES, D / 64, BN, 64]``. The tensor maps see Q as ``[B * H * Sq, D]`` and
@@ -121,14 +121,14 @@ def s_tile(s: f32[:, :], q_s: DT[:, :, :], k_s: DT[:, :, :, :], bars: u64[:, :],
 
 @kaio.gpu_func
 def pv_tile(o: f32[:, :], p: u32[:, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
-            st: i32, ph: u32, tail: bool_, lt: u32, BN: kaio.constexpr,
+            st: i32, ph: u32, tail: bool_, tails: i32, lt: u32, BN: kaio.constexpr,
             DT: kaio.constexpr):  # fmt: skip
     """O += P V of the key tile in stage ``st`` once its V has landed (and, for the partial
-    last tile, ``tail``, once its rows past the keys are zeros: ``zero_tail``), waited for;
-    then the stage's V is free."""
+    last tile, ``tail``, once its rows past the keys are zeros: ``zero_tail``; ``tails``: the
+    block's partial tiles before this one), waited for; then the stage's V is free."""
     kaio.mbarrier_wait(bars, (1, st), ph)
     if tail:
-        kaio.mbarrier_wait(turn, 3, 0)
+        kaio.mbarrier_wait(turn, 3, u32(tails) & 1)
     kaio.wgmma_fence()
     issue_pv(o, p, v_s, st, BN, DT)
     kaio.wgmma_wait(0)
@@ -210,8 +210,7 @@ def produce(
     (``64 * WG`` rows from ``q_row``) once the consumers are done with the previous one's,
     then K and V of each key tile (from ``kv_row``), each on its own "full" barrier, STAGES
     tiles ahead: a stage is refilled once the consumers have freed it (K and V apart).
-    ``cnt``: the key tiles the ring has taken so far (for their stage and parity); returns
-    the count after this tile's."""
+    ``cnt``: the key tiles the ring has taken so far (for their stage and parity)."""
     C = D // 64
     KV_BYTES = BN * D * 2
     if it > 0:
@@ -233,21 +232,20 @@ def produce(
         kaio.mbarrier_arrive_expect_tx(bars, (1, st), u32(KV_BYTES))
         for c in kaio.static_range(C):
             kaio.tma_load_2d(v_s, (st, c, 0, 0), tv, kv_row + j * BN, c * 64, bars, (1, st))
-    return cnt + n_tiles
 
 
 @kaio.gpu_func
 def zero_tail(
-    v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:], j: i32, sk: i32, lane: u32,
+    v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:], j: i32, n: i32, sk: i32, lane: u32,
     D: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
-    """The producer warp, once V of key tile j (the last, partial) has landed (called after
-    the copy was issued, so that the wait sees its phase, not an earlier one): its rows past
-    the keys (the next head's, or TMA's zeros past the array) set to zeros, so that their zero
-    probabilities never meet a non-finite value there; fenced for the tensor cores, then each
-    lane arrives on ``turn[3]``."""
-    st = j % STAGES
-    kaio.mbarrier_wait(bars, (1, st), u32(j // STAGES) & 1)
+    """The producer warp, once V of key tile j (the last, partial; the ring's n-th) has
+    landed (called after the copy was issued, so that the wait sees its phase, not an
+    earlier one): its rows past the keys (the next head's, or TMA's zeros past the array)
+    set to zeros, so that their zero probabilities never meet a non-finite value there;
+    fenced for the tensor cores, then each lane arrives on ``turn[3]``."""
+    st = n % STAGES
+    kaio.mbarrier_wait(bars, (1, st), u32(n // STAGES) & 1)
     r0 = sk - j * BN
     zero = kaio.local(DT, 8)
     for e in kaio.static_range(8):
@@ -277,8 +275,8 @@ def consume(
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 query rows of one tile (thread ``lt`` of it) over the
     key tiles (module docstring), then its rows of ``out`` and ``lse``. ``pos``: the ring's
-    stage and parity, the ping-pong turns taken and the tiles done, carried from the block's
-    earlier tiles. ``turn[0]``, ``turn[1]``: the ping-pong barriers of warpgroups 0 and 1
+    stage and parity, the ping-pong turns taken, the tiles done and those of them whose last
+    key tile was partial, carried from the block's earlier tiles. ``turn[0]``, ``turn[1]``: the ping-pong barriers of warpgroups 0 and 1
     (PIPE 2, 4), ``turn[2]``: the Q tile landed, ``turn[4]``: the Q tile read (by both)."""
     lane = lt % 32
     row0 = q0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)
@@ -298,7 +296,7 @@ def consume(
             softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN)
             rescale_rows(o, alpha, D)
             pack_p(p, s, BN, DT)
-            pv_tile(o, p, v_s, bars, turn, st, ph, (j + 1) * BN > sk, lt, BN, DT)
+            pv_tile(o, p, v_s, bars, turn, st, ph, (j + 1) * BN > sk, pos[4], lt, BN, DT)
             advance(pos, STAGES)
         if lt == 0:
             kaio.mbarrier_arrive(turn, 4)
@@ -352,8 +350,10 @@ def consume(
             kaio.mbarrier_arrive(turn, 4)
         if PIPE >= 3:
             rescale_rows(o, alpha, D)
-        pv_tile(o, p, v_s, bars, turn, ps, pph, n_tiles * BN > sk, lt, BN, DT)
+        pv_tile(o, p, v_s, bars, turn, ps, pph, n_tiles * BN > sk, pos[4], lt, BN, DT)
     pos[3] += 1
+    if n_tiles * BN > sk:
+        pos[4] += 1
     store_rows(out, lse, o, m, l, bh, row0, sq, lane, D, DT)
 
 
@@ -456,8 +456,8 @@ def attention_fwd_wgmma(
     if wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
-        pos = kaio.local(i32, 4)
-        for e in kaio.static_range(4):
+        pos = kaio.local(i32, 5)
+        for e in kaio.static_range(5):
             pos[e] = 0
         for k in range(rounds):
             w = work_tile(k, first, step, PERSIST)
@@ -481,17 +481,18 @@ def attention_fwd_wgmma(
                 bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, heads, group, sk, causal, BM, BN,
                                                PERSIST)  # fmt: skip
                 if lt == 0:
-                    cnt = produce(q_s, k_s, v_s, bars, turn, tq, tk, tv, bh * sq + q0,
-                                  kvh * sk, n_tiles, it, cnt, D, BN, WG, STAGES,
-                                  DT)  # fmt: skip
+                    produce(q_s, k_s, v_s, bars, turn, tq, tk, tv, bh * sq + q0, kvh * sk,
+                            n_tiles, it, cnt, D, BN, WG, STAGES, DT)  # fmt: skip
+                cnt += n_tiles
                 it += 1
-                if lt < 32 and n_tiles * BN > sk:  # the last key tile reaches past the keys
-                    # (never with PERSIST: launch takes it only for whole key tiles) the warp
-                    # waits until its first thread has issued every copy: an earlier wait on
-                    # the last tile's barrier could see an earlier phase of the same parity
-                    # complete (measured on an H100: the zeros landed before the copy did)
+                if lt < 32 and n_tiles * BN > sk:  # the last key tile reaches past the keys:
+                    # the warp waits until its first thread has issued every copy: an earlier
+                    # wait on the last tile's barrier could see an earlier phase of the same
+                    # parity complete (measured on an H100: the zeros landed before the copy
+                    # did)
                     kaio.sync_warp()
-                    zero_tail(v_s, bars, turn, n_tiles - 1, sk, lt, D, BN, STAGES, DT)
+                    zero_tail(v_s, bars, turn, n_tiles - 1, cnt - 1, sk, lt, D, BN, STAGES,
+                              DT)  # fmt: skip
 
 
 def shared_bytes(d: int, bn: int, wg: int, stages: int) -> int:
@@ -537,7 +538,7 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     """Run ``attention_fwd_wgmma`` (or ``kernel``, a variant of it: bench/attention_hopper.py)
     on checked operands (``_arrays.Operand``s q [B, H, Sq, D], k, v [B, Hkv, Sk, D] of one
     16-bit type); ``dims``: (B * H, H, group, sq, sk, d, d); ``cfg``: the constexprs (default
-    ``config(d)``; ``PERSIST`` is taken only for whole key tiles); ``ctas``: the blocks of a
+    ``config(d)``); ``ctas``: the blocks of a
     persistent launch (default: one a multiprocessor). Returns (out [B, H, Sq, D] of q's type,
     lse [B, H, Sq] f32)."""
     import math
@@ -562,7 +563,6 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     lse_flat = _arrays.output_arg(qa, lse, (bh * sq,), f32)
     smem = shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"])
     n_qt = -(-sq // bm)
-    cfg["PERSIST"] = cfg.get("PERSIST", 0) if sk % cfg["BN"] == 0 else 0
     if cfg["PERSIST"]:
         grid = (min(n_qt * bh, ctas or _arrays.multiprocessors(qa)), 1)
     else:

@@ -99,17 +99,21 @@ def test_persistent_blocks_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, ove
     np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=1e-4)
 
 
-def test_keys_past_sk_are_left_out_in_simulator():
+@pytest.mark.parametrize("persist", [0, 1])
+def test_keys_past_sk_are_left_out_in_simulator(persist):
     """The last key tile reaches past sk into the next head's keys, whose V rows hold inf:
     those keys are masked and their V rows zeroed before P V (no NaN); a scale other than
-    1/sqrt(D) is applied."""
+    1/sqrt(D) is applied. Persistent: one block takes both heads, each with a partial last
+    key tile (the zeros' barrier in its second phase for the second, the ring's stage
+    counted over both)."""
     rng = np.random.default_rng(5)
     q = rng.standard_normal((1, 2, 64, 64)).astype(np.float16)
     k, v = (rng.standard_normal((1, 2, 100, 64)).astype(np.float16) for _ in range(2))
     v[0, 1, :28] = np.inf  # the rows head 0's last 64-key tile reads past its 100 keys
+    cfg = small(64, PERSIST=persist, PIPE=4 if persist else 0, STAGES=3)
     with kaio.simulate():
         (qa, ka, va), dims, scale = attention._check_flash("test", q, k, v, 0.2)
-        out, lse = hopper.launch(qa, ka, va, dims, False, scale, small(64))
+        out, lse = hopper.launch(qa, ka, va, dims, False, scale, cfg, ctas=1)
     ref, ref_lse, _ = reference(q[:, :1], k[:, :1], v[:, :1], False, 0.2)
     assert rel(out[:, :1], ref) < 1e-3
     np.testing.assert_allclose(lse[:, :1], ref_lse, rtol=0, atol=1e-4)
