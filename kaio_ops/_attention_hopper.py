@@ -276,8 +276,10 @@ def consume(
     """Consumer warpgroup ``wg``'s 64 query rows of one tile (thread ``lt`` of it) over the
     key tiles (module docstring), then its rows of ``out`` and ``lse``. ``pos``: the ring's
     stage and parity, the ping-pong turns taken, the tiles done and those of them whose last
-    key tile was partial, carried from the block's earlier tiles. ``turn[0]``, ``turn[1]``: the ping-pong barriers of warpgroups 0 and 1
-    (PIPE 2, 4), ``turn[2]``: the Q tile landed, ``turn[4]``: the Q tile read (by both)."""
+    key tile was partial, carried from the block's earlier tiles. ``turn[0]``, ``turn[1]``:
+    the ping-pong barriers of warpgroups 0 and 1 (PIPE 2, 4), ``turn[2]``: the Q tile
+    landed, ``turn[3]``: the partial tile's zeros stored, ``turn[4]``: the Q tile read (by
+    both)."""
     lane = lt % 32
     row0 = q0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)
     m = kaio.local(f32, 2)
