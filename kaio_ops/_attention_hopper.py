@@ -29,9 +29,12 @@ in a block of its own (``if sk > 0``, always true): in one block with the wait f
 ptxas hoisted that wait above the softmax (SASS: ``WARPGROUP.DEPBAR.LE gsb0, 0x1`` then
 ``0x0`` back to back), which undid the overlap.
 
-``PERSIST`` 1: one block a multiprocessor, each looping over the work tiles (query tile,
-head) first, first + grid, ... (2: every head's heaviest query tiles first, the rounds of
-tiles going back and forth over the blocks, for the causal mask's unequal tiles); the K/V
+The work tiles (query tile, head) come in sections of heads (``tile_of``, ``sections``):
+with the causal mask, each section's heaviest query tiles first, so that the blocks started
+last have the least work. ``PERSIST`` 1: one block a multiprocessor, each looping over the
+work tiles first, first + grid, ... (2: the rounds of tiles going back and forth over the
+blocks, for the causal mask's unequal tiles); without it, block (x, y) takes tile
+y * grid x + x (the hardware starts the blocks in that order as others finish); the K/V
 ring's stage and parity, the ping-pong turns and the Q buffer (refilled once both
 warpgroups have issued their last S = Q K^T of a tile, ``turn[4]``) carry from one tile to
 the next, so that the producer loads the next tile's keys while the consumers finish a
@@ -58,6 +61,7 @@ from kaio_ops._attention_tc import LN2, NEG_INF, rescale, softmax_step, start_ro
 
 SW = 128  # swizzle bytes: one 128-byte row per 64 elements
 SHARED_LIMIT = 227 * 1024
+L2_KEYS = 24 << 20  # bytes of K and V that a section of heads may keep in L2 (H100: 50 MB)
 PRODUCER_REGS = 24  # registers a thread of the producer warpgroup keeps (setmaxnreg)
 
 
@@ -361,18 +365,20 @@ def consume(
 
 @kaio.gpu_func
 def tile_of(
-    t: i32, n_qt: i32, bhs: i32, heads: i32, group: i32, sk: i32, causal: i32,
-    BM: kaio.constexpr, BN: kaio.constexpr, PERSIST: kaio.constexpr,
+    t: i32, n_qt: i32, bhs: i32, hs: i32, heads: i32, group: i32, sk: i32, causal: i32,
+    BM: kaio.constexpr, BN: kaio.constexpr,
 ) -> tuple[i32, i32, i32, i32]:  # fmt: skip
-    """(bh, q0, kv head, key tiles) of work tile ``t``: query tile ``n_qt - 1 - t % n_qt``
-    (the heaviest causal tiles first) of (batch, head) ``t // n_qt``; with ``PERSIST`` 2
-    query tile ``n_qt - 1 - t // bhs`` of (batch, head) ``t % bhs`` (every head's heaviest
-    tiles first)."""
-    bh = t // n_qt
-    q0 = (n_qt - 1 - t % n_qt) * BM
-    if PERSIST == 2:
-        bh = t % bhs
-        q0 = (n_qt - 1 - t // bhs) * BM
+    """(bh, q0, kv head, key tiles) of work tile ``t``: the tiles come in sections of ``hs``
+    (batch, head)s (the last may have fewer; ``bhs`` in all), each section's heaviest query
+    tiles first (the causal mask's longest), its heads inner: query tile ``n_qt - 1 - r //
+    h`` of (batch, head) ``section * hs + r % h``, for the section's r-th tile and h heads.
+    ``hs`` 1: one head's tiles after another's; ``hs`` = ``bhs``: every head's heaviest
+    first; in between, the keys of a section's heads fit in L2 (``sections``)."""
+    first = t // (hs * n_qt) * hs
+    h = kaio.min(hs, bhs - first)
+    r = t - first * n_qt
+    bh = first + r % h
+    q0 = (n_qt - 1 - r // h) * BM
     kvh = bh // heads * (heads // group) + bh % heads // group
     n_tiles = (sk + BN - 1) // BN
     if causal != 0:
@@ -405,6 +411,7 @@ def attention_fwd_wgmma(
     scale_log2: f32,
     causal: i32,
     bhs: i32,
+    hs: i32,
     D: kaio.constexpr,
     BN: kaio.constexpr,
     WG: kaio.constexpr,
@@ -416,9 +423,9 @@ def attention_fwd_wgmma(
 ):
     """out[bh, row] = softmax(q[bh, row] k[kv]^T * scale) v[kv] and lse[bh, row] for the
     work tiles of ``64 * WG`` query rows of one (batch, head) ``bh`` (``tile_of``; ``bhs``:
-    B * H of them): block (x, y)'s tile y * grid x + x, or with ``PERSIST`` tiles x, x +
-    grid x, ... (module docstring). ``tq``: q as [B * H * sq, D] in boxes of
-    (64 * WG, 64); ``tk``, ``tv``: k, v as [B * Hkv * sk, D] in boxes of (BN, 64);
+    B * H of them, in sections of ``hs``): block (x, y)'s tile y * grid x + x, or with
+    ``PERSIST`` tiles x, x + grid x, ... (module docstring). ``tq``: q as [B * H * sq, D]
+    in boxes of (64 * WG, 64); ``tk``, ``tv``: k, v as [B * Hkv * sk, D] in boxes of (BN, 64);
     ``out`` [B * H * sq * D] and ``lse`` [B * H * sq] flat; ``scale_log2``: the scale times
     log2(e)."""
     BM = 64 * WG
@@ -464,8 +471,8 @@ def attention_fwd_wgmma(
         for k in range(rounds):
             w = work_tile(k, first, step, PERSIST)
             if w < end:
-                bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, heads, group, sk, causal, BM, BN,
-                                               PERSIST)  # fmt: skip
+                bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sk, causal,
+                                               BM, BN)  # fmt: skip
                 if (PIPE == 2 or PIPE == 4) and wg == 0:  # ping-pong: a loop in each branch
                     consume(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh, q0, n_tiles, sq,
                             sk, causal, scale_log2, pos, D, BN, STAGES, PIPE, DT)  # fmt: skip
@@ -480,8 +487,8 @@ def attention_fwd_wgmma(
         for k in range(rounds):
             w = work_tile(k, first, step, PERSIST)
             if w < end:
-                bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, heads, group, sk, causal, BM, BN,
-                                               PERSIST)  # fmt: skip
+                bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sk, causal,
+                                               BM, BN)  # fmt: skip
                 if lt == 0:
                     produce(q_s, k_s, v_s, bars, turn, tq, tk, tv, bh * sq + q0, kvh * sk,
                             n_tiles, it, cnt, D, BN, WG, STAGES, DT)  # fmt: skip
@@ -500,6 +507,18 @@ def attention_fwd_wgmma(
 def shared_bytes(d: int, bn: int, wg: int, stages: int) -> int:
     """The dynamic shared memory of ``attention_fwd_wgmma``: Q, the K/V ring, its barriers."""
     return 64 * wg * d * 2 + 2 * stages * bn * d * 2 + 32 * stages + 48
+
+
+def sections(bh: int, group: int, sk: int, d: int, causal: bool) -> int:
+    """``hs`` of ``attention_fwd_wgmma``: the (batch, head)s of a section of work tiles. With
+    the causal mask, as many as keep their K and V (shared by ``group`` query heads) within
+    ``L2_KEYS``, so that the blocks that run at once take the heaviest tiles of a few heads
+    first (the tiles' work falls from the last query tile to the first: started in that
+    order, no multiprocessor is left with a long tile at the end); without it, 1 (each
+    head's tiles in turn: the fewest heads' keys at once)."""
+    if not causal:
+        return 1
+    return max(1, min(bh, L2_KEYS // (sk * d * 4) * group))
 
 
 def config(d: int, causal: bool = False) -> dict:
@@ -549,6 +568,7 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
 
     bh, heads, group, sq, sk, d, _ = dims
     cfg = dict(cfg or config(d, causal))
+    hs = cfg.pop("SECTION", 0) or sections(bh, group, sk, d, causal)
     if cfg["PIPE"] in (2, 4) and cfg["WG"] != 2:
         raise ValueError(
             f"attention_fwd_wgmma: ping-pong (PIPE {cfg['PIPE']}) takes turns between two "
@@ -571,7 +591,7 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
         grid = (n_qt, bh)
     (kernel or attention_fwd_wgmma)[grid, 128 * cfg["WG"] + 128, _arrays.stream_of(qa), smem](
         tq, tk, tv, out_flat, lse_flat, sq, sk, heads, group, math.log2(math.e) * scale,
-        int(causal), bh, D=d, DT=qa.dtype, **cfg,
+        int(causal), bh, min(hs, bh), D=d, DT=qa.dtype, **cfg,
     )  # fmt: skip
     return out, lse
 

@@ -90,11 +90,15 @@ def test_hopper_forward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, over):
         # heaviest tiles first, back and forth over three blocks (the last round leaves two
         # blocks out)
         (1, 2, 1, 256, 128, 64, np.float16, True, {"PIPE": 0, "PERSIST": 2}, 3),
+        # sections of two heads (the last of one), heaviest query tiles first: a block a
+        # tile, and two persistent blocks going back and forth
+        (1, 3, 3, 200, 256, 64, np.float16, True, {"PIPE": 4, "PERSIST": 0, "SECTION": 2}, 0),
+        (1, 3, 1, 256, 256, 64, np.float16, True, {"PIPE": 0, "PERSIST": 2, "SECTION": 2}, 2),
     ],
 )
 def test_persistent_blocks_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, over, ctas):
     cfg = small(d, **{"PERSIST": 1, **over})
-    out, lse, ref, ref_lse = run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, ctas=ctas)
+    out, lse, ref, ref_lse = run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, ctas=ctas or None)
     assert rel(out, ref) < (1e-3 if dtype == np.float16 else 1e-2)
     np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=1e-4)
 
