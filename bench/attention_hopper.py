@@ -126,6 +126,7 @@ def warm_one(i: int, specs: str | None = None) -> str:
         from kaio_ops import _attention_hopper as hop
 
         cfg = {**hop.config(d), **over}
+        cfg.pop("SECTION", None)  # launch's, not the kernel's
         dt = kaio.f16 if dtype == "float16" else kaio.bf16
         r = hop.attention_fwd_wgmma.resources(D=d, DT=dt, **cfg)
         res = f" (registers {r.registers}, local bytes {r.local_bytes})"
