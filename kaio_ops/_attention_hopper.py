@@ -387,13 +387,31 @@ def tile_of(
 
 
 @kaio.gpu_func
-def work_tile(k: i32, first: i32, step: i32, PERSIST: kaio.constexpr) -> i32:
-    """The block's k-th work tile: ``first + k * step``; with ``PERSIST`` 2 the rounds of
-    ``step`` tiles go back and forth over the blocks (``first`` the block's place), so that
-    with the tiles heaviest first every block's sum of work comes out nearly the same."""
+def work_tile(
+    k: i32, first: i32, step: i32, end: i32, n_qt: i32, PERSIST: kaio.constexpr
+) -> i32:  # fmt: skip
+    """The block's k-th work tile (``tile_of``'s index), or -1 where it has none (past
+    ``end``): ``first + k * step``; with ``PERSIST`` 2 the rounds of ``step`` tiles go back
+    and forth over the blocks (``first`` the block's place), so that with the tiles heaviest
+    first every block's sum of work comes out nearly the same; with ``PERSIST`` 3 the
+    block's k // 2-th pair u = first + k // 2 * step of a head's query tiles (``end``: twice
+    the pairs), the head's u % half-th heaviest and then its u % half-th lightest (half =
+    ceil(n_qt / 2); an odd count's middle tile has no partner): the causal mask's work
+    the same in every pair."""
     w = first + k * step
     if PERSIST == 2 and k % 2 == 1:
         w = k * step + step - 1 - first
+    if PERSIST == 3:
+        w = 2 * (first + k // 2 * step) + k % 2
+    if w >= end:
+        w = -1
+    elif PERSIST == 3:
+        half = (n_qt + 1) // 2
+        i = w // 2 % half  # the pair's rank from the heaviest
+        r = i
+        if w % 2 == 1:
+            r = n_qt - 1 - i
+        w = kaio.select(w % 2 == 1 and r == i, -1, w // 2 // half * n_qt + r)
     return w
 
 
@@ -446,10 +464,14 @@ def attention_fwd_wgmma(
     if PERSIST == 0:  # a tile a block
         first = i32(kaio.block_idx_y()) * n_qt + i32(kaio.block_idx_x())
         end = first + 1
+    if PERSIST == 3:  # pairs of query tiles: twice the pairs
+        end = 2 * ((n_qt + 1) // 2) * bhs  # (launch passes hs = 1: head after head)
     step = i32(kaio.grid_dim_x())
     rounds = (end - first + step - 1) // step  # the block's tiles
     if PERSIST == 2:  # rounds of step tiles, back and forth: one may leave the block out
         rounds = (end + step - 1) // step
+    if PERSIST == 3:  # pairs first, first + grid, ...
+        rounds = 2 * ((end // 2 - first + step - 1) // step)
     if t == 0:
         for s in kaio.static_range(STAGES):
             for r in kaio.static_range(2):
@@ -469,8 +491,8 @@ def attention_fwd_wgmma(
         for e in kaio.static_range(5):
             pos[e] = 0
         for k in range(rounds):
-            w = work_tile(k, first, step, PERSIST)
-            if w < end:
+            w = work_tile(k, first, step, end, n_qt, PERSIST)
+            if w >= 0:
                 bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sk, causal,
                                                BM, BN)  # fmt: skip
                 if (PIPE == 2 or PIPE == 4) and wg == 0:  # ping-pong: a loop in each branch
@@ -485,8 +507,8 @@ def attention_fwd_wgmma(
         cnt = i32(0)  # key tiles loaded
         it = i32(0)  # work tiles loaded
         for k in range(rounds):
-            w = work_tile(k, first, step, PERSIST)
-            if w < end:
+            w = work_tile(k, first, step, end, n_qt, PERSIST)
+            if w >= 0:
                 bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sk, causal,
                                                BM, BN)  # fmt: skip
                 if lt == 0:
@@ -569,6 +591,8 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     bh, heads, group, sq, sk, d, _ = dims
     cfg = dict(cfg or config(d, causal))
     hs = cfg.pop("SECTION", 0) or sections(bh, group, sk, d, causal)
+    if cfg.get("PERSIST") == 3:  # pairs of a head's query tiles: one head after another
+        hs = 1
     if cfg["PIPE"] in (2, 4) and cfg["WG"] != 2:
         raise ValueError(
             f"attention_fwd_wgmma: ping-pong (PIPE {cfg['PIPE']}) takes turns between two "
@@ -586,7 +610,8 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     smem = shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"])
     n_qt = -(-sq // bm)
     if cfg["PERSIST"]:
-        grid = (min(n_qt * bh, ctas or _arrays.multiprocessors(qa)), 1)
+        work = bh * (-(-n_qt // 2) if cfg["PERSIST"] == 3 else n_qt)  # pairs of tiles, or tiles
+        grid = (min(work, ctas or _arrays.multiprocessors(qa)), 1)
     else:
         grid = (n_qt, bh)
     (kernel or attention_fwd_wgmma)[grid, 128 * cfg["WG"] + 128, _arrays.stream_of(qa), smem](

@@ -94,6 +94,10 @@ def test_hopper_forward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, over):
         # tile, and two persistent blocks going back and forth
         (1, 3, 3, 200, 256, 64, np.float16, True, {"PIPE": 4, "PERSIST": 0, "SECTION": 2}, 0),
         (1, 3, 1, 256, 256, 64, np.float16, True, {"PIPE": 0, "PERSIST": 2, "SECTION": 2}, 2),
+        # pairs of query tiles, the heaviest with the lightest: three tiles a head (the
+        # middle one alone), two blocks; and a block for each pair
+        (1, 2, 1, 320, 320, 64, np.float16, True, {"PIPE": 4, "PERSIST": 3}, 2),
+        (1, 2, 2, 256, 200, 64, ml_dtypes.bfloat16, False, {"PIPE": 0, "PERSIST": 3}, 0),
     ],
 )
 def test_persistent_blocks_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, over, ctas):
