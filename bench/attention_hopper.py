@@ -221,14 +221,22 @@ def tiny() -> None:
             ref, _ = reference(q, k, v, causal)
             err = (out.double() - ref).norm().item() / ref.norm().item()
             print(f"tiny {dtype} D{d} causal={causal}: rel {err:.1e}", flush=True)
-    for causal, persist in ((False, 1), (True, 1), (True, 2)):  # 8 tiles on 3 blocks
-        q, k, v = tensors(1, 4, 2, 256, 256, 128, "float16")
+    for causal, persist, sk, pipe in (  # 8 tiles (or 4 pairs) on 3 blocks
+        (False, 1, 256, 0),
+        (True, 1, 256, 0),
+        (True, 2, 256, 0),
+        (False, 1, 300, 4),  # a partial last key tile in every work tile
+        (True, 3, 256, 4),  # pairs of query tiles
+        (True, 3, 300, 1),
+    ):
+        q, k, v = tensors(1, 4, 2, 256, sk, 128, "float16")
         (qa, ka, va), dims, scale = attention._check_flash("tiny", q, k, v, None)
-        cfg = {**hop.config(128), "PERSIST": persist}
+        cfg = {**hop.config(128), "PERSIST": persist, "PIPE": pipe, "STAGES": 2}
         out, _ = hop.launch(qa, ka, va, dims, causal, scale, cfg, ctas=3)
         ref, _ = reference(q, k, v, causal)
         err = (out.double() - ref).norm().item() / ref.norm().item()
-        print(f"tiny persistent {persist} D128 causal={causal}: rel {err:.1e}", flush=True)
+        print(f"tiny persistent {persist} PIPE {pipe} D128 sk {sk} causal={causal}: rel "
+              f"{err:.1e}", flush=True)  # fmt: skip
 
 
 def one(label: str, d: int, causal: bool) -> None:
