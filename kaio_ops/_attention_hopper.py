@@ -29,13 +29,15 @@ in a block of its own (``if sk > 0``, always true): in one block with the wait f
 ptxas hoisted that wait above the softmax (SASS: ``WARPGROUP.DEPBAR.LE gsb0, 0x1`` then
 ``0x0`` back to back), which undid the overlap.
 
-The work tiles (query tile, head) come in sections of heads (``tile_of``, ``sections``):
-with the causal mask, each section's heaviest query tiles first, so that the blocks started
-last have the least work. ``PERSIST`` 1: one block a multiprocessor, each looping over the
-work tiles first, first + grid, ... (2: the rounds of tiles going back and forth over the
-blocks, for the causal mask's unequal tiles); without it, block (x, y) takes tile
-y * grid x + x (the hardware starts the blocks in that order as others finish); the K/V
-ring's stage and parity, the ping-pong turns and the Q buffer (refilled once both
+The work tiles (query tile, head) come in sections of heads (``tile_of``), each
+section's heaviest query tiles first (the causal mask's longest), so that the blocks
+started last have the least work; ``launch`` takes sections of one head (a section of
+several measured no faster, and slower at S = 16384). ``PERSIST`` 1: one block a
+multiprocessor, each looping over the work tiles first, first + grid, ... (2: the rounds of
+tiles going back and forth over the blocks, for the causal mask's unequal tiles; 3: pairs
+of a head's query tiles, the heaviest with the lightest, ``work_tile``); without it, block
+(x, y) takes tile y * grid x + x (the hardware starts the blocks in that order as others
+finish); the K/V ring's stage and parity, the ping-pong turns and the Q buffer (refilled once both
 warpgroups have issued their last S = Q K^T of a tile, ``turn[4]``) carry from one tile to
 the next, so that the producer loads the next tile's keys while the consumers finish a
 tile (and ``turn[3]``, the partial last key tiles' zeros, counts its phases over them).
@@ -61,7 +63,6 @@ from kaio_ops._attention_tc import LN2, NEG_INF, rescale, softmax_step, start_ro
 
 SW = 128  # swizzle bytes: one 128-byte row per 64 elements
 SHARED_LIMIT = 227 * 1024
-L2_KEYS = 24 << 20  # bytes of K and V that a section of heads may keep in L2 (H100: 50 MB)
 PRODUCER_REGS = 24  # registers a thread of the producer warpgroup keeps (setmaxnreg)
 
 
@@ -373,7 +374,7 @@ def tile_of(
     tiles first (the causal mask's longest), its heads inner: query tile ``n_qt - 1 - r //
     h`` of (batch, head) ``section * hs + r % h``, for the section's r-th tile and h heads.
     ``hs`` 1: one head's tiles after another's; ``hs`` = ``bhs``: every head's heaviest
-    first; in between, the keys of a section's heads fit in L2 (``sections``)."""
+    first."""
     first = t // (hs * n_qt) * hs
     h = kaio.min(hs, bhs - first)
     r = t - first * n_qt
@@ -531,33 +532,24 @@ def shared_bytes(d: int, bn: int, wg: int, stages: int) -> int:
     return 64 * wg * d * 2 + 2 * stages * bn * d * 2 + 32 * stages + 48
 
 
-def sections(bh: int, group: int, sk: int, d: int, causal: bool) -> int:
-    """``hs`` of ``attention_fwd_wgmma``: the (batch, head)s of a section of work tiles. With
-    the causal mask, as many as keep their K and V (shared by ``group`` query heads) within
-    ``L2_KEYS``, so that the blocks that run at once take the heaviest tiles of a few heads
-    first (the tiles' work falls from the last query tile to the first: started in that
-    order, no multiprocessor is left with a long tile at the end); without it, 1 (each
-    head's tiles in turn: the fewest heads' keys at once)."""
-    if not causal:
-        return 1
-    return max(1, min(bh, L2_KEYS // (sk * d * 4) * group))
-
-
 def config(d: int, causal: bool = False) -> dict:
     """The constexprs of ``attention_fwd_wgmma`` for head dim ``d`` (64, 128, 256) and the
-    mask, as measured fastest on an H100 (docs/hopper.md): key tiles of 128 (64 for d = 256,
-    whose O accumulators take 128 registers a thread), as many stages as fit (at most 4),
-    the plain order (PIPE 0: the driver's JIT spilled the overlapped schedules' P), three
-    consumer warpgroups (192 query rows) at D = 64 (441 TFLOP/s
-    at S = 4096 against 408, causal 342 against 318), two (128 rows) otherwise, and
-    persistent blocks at D = 128 without the mask (560-571 against 544; with it, the tiles'
-    unequal work left blocks behind: 328 against 503-548 at S = 16384)."""
+    mask, as measured fastest on an H100 under the driver's whole-program JIT
+    (docs/hopper.md, "Schedules under the whole-program JIT"): key tiles of 128 (64 for
+    d = 256, whose O accumulators take 128 registers a thread); two stages (three or four at
+    D = 64, as many as fit); the softmax overlapped with the tensor cores inside each
+    warpgroup (no ping-pong: it measured slower), O rescaled while S = Q K^T runs (PIPE 3)
+    without the mask and after P V (PIPE 1) with it; three consumer warpgroups (192 query
+    rows) at D = 64, two (128 rows) otherwise; persistent blocks without the mask at D 64
+    and 128 (with it, non-persistent blocks, which the hardware starts heaviest first as
+    others finish, measured faster)."""
     bn = 64 if d == 256 else 128
     wg = 3 if d == 64 else 2
-    stages = max(1, min(4, (SHARED_LIMIT - 64 * wg * d * 2 - 256) // (2 * bn * d * 2)))
+    fit = (SHARED_LIMIT - 64 * wg * d * 2 - 256) // (2 * bn * d * 2)
+    stages = max(1, min(4 if d == 64 else 2, fit))
     return {
-        "BN": bn, "WG": wg, "STAGES": stages, "PIPE": 0, "REGS": consumer_registers(wg),
-        "PERSIST": int(d == 128 and not causal),
+        "BN": bn, "WG": wg, "STAGES": stages, "PIPE": 1 if causal else 3,
+        "REGS": consumer_registers(wg), "PERSIST": int(d != 256 and not causal),
     }  # fmt: skip
 
 
@@ -567,13 +559,13 @@ def eligible(d: int) -> bool:
 
 
 def worthwhile(bh: int, sq: int, sk: int, d: int, sms: int) -> bool:
-    """Whether the kernel beat the mma.sync one (measured on an H100, docs/hopper.md): head
-    dims 64 and 128 (at 256 it lost: 282 against 288 TFLOP/s), sequences of 1024 and more
-    (at 512 it lost with the causal mask: 178 against 190) whose keys fill whole tiles (a
-    partial last tile measured slower), and enough 128-row tiles to give every
-    multiprocessor a block."""
+    """Whether the kernel beat the mma.sync one (measured on an H100, docs/hopper.md): every
+    head dim it takes (64, 128, 256: 1.4x to 2.8x its TFLOP/s at S = 4096), sequences of
+    1024 and more (at 512 it lost with the causal mask: 178 against 190), whose keys fill
+    whole tiles (a partial last tile measured slower), and enough 128-row tiles to give
+    every multiprocessor a block."""
     whole = sk % config(d)["BN"] == 0
-    return d in (64, 128) and sq >= 1024 and sk >= 1024 and whole and bh * -(-sq // 128) >= sms
+    return eligible(d) and sq >= 1024 and sk >= 1024 and whole and bh * -(-sq // 128) >= sms
 
 
 def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None = None,
@@ -590,8 +582,10 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
 
     bh, heads, group, sq, sk, d, _ = dims
     cfg = dict(cfg or config(d, causal))
-    hs = cfg.pop("SECTION", 0) or sections(bh, group, sk, d, causal)
-    if cfg.get("PERSIST") == 3:  # pairs of a head's query tiles: one head after another
+    # sections of heads (tile_of): one head's tiles after another's (PERSIST 2: every head's
+    # heaviest tiles first; PERSIST 3 takes pairs of a head's tiles, head after head)
+    hs = cfg.pop("SECTION", 0) or (bh if cfg.get("PERSIST") == 2 else 1)
+    if cfg.get("PERSIST") == 3:
         hs = 1
     if cfg["PIPE"] in (2, 4) and cfg["WG"] != 2:
         raise ValueError(
@@ -627,5 +621,5 @@ def specializations():
 
     for dt in (f16, bf16):
         for d in (64, 128, 256):
-            for causal in (False, True) if d == 128 else (False,):
+            for causal in (False, True):
                 yield attention_fwd_wgmma, {"D": d, "DT": dt, **config(d, causal)}
