@@ -11,11 +11,16 @@ others' results:
 - ``time``: TFLOP/s (4 * B * H * Sq * Sk * D, halved when causal) with CUDA events, the
   median of several rounds of back-to-back calls, every contender in the same process.
 
-- ``tiny``: the default kernel on a few small cases (for compute-sanitizer).
+- ``grid --specs "D/dtype/K=V,...;..." [--shapes "B,H,HKV,S;..."]``: any configurations
+  (``parse_specs``; ``default`` for the routed one, ``old`` for the mma.sync kernel),
+  compiled N processes at a time, checked against float64 on two small cases, then timed
+  beside SDPA flash in interleaved rounds, causal and not.
+- ``tiny``: the default kernel on a few small cases, and persistent variants (for
+  compute-sanitizer).
 - ``one --variant LABEL [--d D] [--causal]``: one variant three times at B4 H16 S4096 (for a
   profiler).
 
-Usage: ``python bench/attention_hopper.py {warm,check,time,tiny,one} [--out FILE.json]
+Usage: ``python bench/attention_hopper.py {warm,check,time,tiny,one,grid} [--out FILE.json]
 [--ptxas PATH]`` (``--ptxas``: cubins built by that ptxas, not the driver's JIT).
 """
 
@@ -33,25 +38,23 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 NEW = {  # name: the config over _attention_hopper.config's (the default: "wgmma")
     "wgmma": {},
-    "pipe0": {"PIPE": 0, "PERSIST": 0},  # not persistent
+    "pipe0": {"PIPE": 0, "PERSIST": 0},  # the plain order, a tile a block
     "pipe0 persist": {"PIPE": 0, "PERSIST": 1},
-    "pipe0 persist lpt": {"PIPE": 0, "PERSIST": 2},
-    "pipe0 persist 2 stages": {"PIPE": 0, "PERSIST": 1, "STAGES": 2},
-    "pipe1 2 stages": {"PIPE": 1, "STAGES": 2, "PERSIST": 0},
-    "pipe3": {"PIPE": 3, "PERSIST": 0},
-    "pipe3 2 stages": {"PIPE": 3, "STAGES": 2, "PERSIST": 0},
-    "pipe4 2 stages": {"PIPE": 4, "STAGES": 2, "PERSIST": 0},
+    "pipe1": {"PIPE": 1, "PERSIST": 0},  # the softmax under P V, O rescaled after it
+    "pipe1 persist": {"PIPE": 1, "PERSIST": 1},
+    "pipe1 pairs": {"PIPE": 1, "PERSIST": 3},  # pairs of query tiles (causal)
+    "pipe3": {"PIPE": 3, "PERSIST": 0},  # FlashAttention-3's order
+    "pipe3 persist": {"PIPE": 3, "PERSIST": 1},
+    "pipe4 persist": {"PIPE": 4, "PERSIST": 1},  # and ping-pong
     "wg2": {"WG": 2, "REGS": 240},
-    "wg2 persist": {"WG": 2, "REGS": 240, "PERSIST": 1},
-    "wg3 persist": {"WG": 3, "REGS": 160, "PERSIST": 1},
     "precise": {"precise": True},  # without fastmath (ex2.approx.f32, not .ftz)
 }
-D128 = ["wgmma", "pipe0", "pipe0 persist lpt", "pipe0 persist 2 stages", "pipe1 2 stages",
-        "pipe3", "pipe3 2 stages", "pipe4 2 stages"]  # fmt: skip
-D64 = ["wgmma", "wg2", "wg2 persist", "wg3 persist"]
-D256 = ["wgmma", "pipe0 persist"]
-BF16 = ["wgmma", "pipe0"]
-BEST = ["wgmma", "pipe0", "pipe0 persist", "pipe0 persist lpt"]  # the other shapes
+D128 = ["wgmma", "pipe0", "pipe0 persist", "pipe1", "pipe1 persist", "pipe1 pairs", "pipe3",
+        "pipe3 persist", "pipe4 persist"]  # fmt: skip
+D64 = ["wgmma", "wg2", "pipe1", "pipe3 persist"]
+D256 = ["wgmma", "pipe0", "pipe1", "pipe3"]
+BF16 = ["wgmma", "pipe4 persist"]
+BEST = ["wgmma", "pipe1", "pipe3 persist"]  # the other shapes
 
 
 def variants():
