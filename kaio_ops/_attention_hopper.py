@@ -536,20 +536,23 @@ def config(d: int, causal: bool = False) -> dict:
     """The constexprs of ``attention_fwd_wgmma`` for head dim ``d`` (64, 128, 256) and the
     mask, as measured fastest on an H100 under the driver's whole-program JIT
     (docs/hopper.md, "Schedules under the whole-program JIT"): key tiles of 128 (64 for
-    d = 256, whose O accumulators take 128 registers a thread); two stages (three or four at
-    D = 64, as many as fit); the softmax overlapped with the tensor cores inside each
-    warpgroup (no ping-pong: it measured slower), O rescaled while S = Q K^T runs (PIPE 3)
-    without the mask and after P V (PIPE 1) with it; three consumer warpgroups (192 query
-    rows) at D = 64, two (128 rows) otherwise; persistent blocks without the mask at D 64
-    and 128 (with it, non-persistent blocks, which the hardware starts heaviest first as
-    others finish, measured faster)."""
+    d = 256, whose O accumulators take 128 registers a thread); two stages (four at D = 64
+    with the mask); the softmax overlapped with the tensor cores inside each warpgroup (no
+    ping-pong: it measured slower), O rescaled after P V (PIPE 1) or while S = Q K^T runs
+    (PIPE 3); three consumer warpgroups (192 query rows) at D = 64, two (128 rows)
+    otherwise. Blocks: at D = 128 persistent over pairs of a head's query tiles (PERSIST 3,
+    the heaviest with the lightest: 514 TFLOP/s against 489 for a tile a block at S = 4096
+    with the mask, 586-668 without it, as fast as a tile at a time); at D = 64 persistent
+    without the mask; a tile a block otherwise (the hardware starts them heaviest first)."""
     bn = 64 if d == 256 else 128
     wg = 3 if d == 64 else 2
     fit = (SHARED_LIMIT - 64 * wg * d * 2 - 256) // (2 * bn * d * 2)
-    stages = max(1, min(4 if d == 64 else 2, fit))
+    stages = max(1, min(4 if d == 64 and causal else 2, fit))
+    pipe = 1 if causal or d == 128 else 3
+    persist = 3 if d == 128 else int(d == 64 and not causal)
     return {
-        "BN": bn, "WG": wg, "STAGES": stages, "PIPE": 1 if causal else 3,
-        "REGS": consumer_registers(wg), "PERSIST": int(d != 256 and not causal),
+        "BN": bn, "WG": wg, "STAGES": stages, "PIPE": pipe, "REGS": consumer_registers(wg),
+        "PERSIST": persist,
     }  # fmt: skip
 
 
@@ -560,12 +563,11 @@ def eligible(d: int) -> bool:
 
 def worthwhile(bh: int, sq: int, sk: int, d: int, sms: int) -> bool:
     """Whether the kernel beat the mma.sync one (measured on an H100, docs/hopper.md): every
-    head dim it takes (64, 128, 256: 1.4x to 2.8x its TFLOP/s at S = 4096), sequences of
-    1024 and more (at 512 it lost with the causal mask: 178 against 190), whose keys fill
-    whole tiles (a partial last tile measured slower), and enough 128-row tiles to give
-    every multiprocessor a block."""
-    whole = sk % config(d)["BN"] == 0
-    return eligible(d) and sq >= 1024 and sk >= 1024 and whole and bh * -(-sq // 128) >= sms
+    head dim it takes (64, 128, 256: 1.4x to 2.8x its TFLOP/s at S = 4096; a partial last
+    key tile too: 507 against 265 at S = 4000), sequences of 1024 and more (at 512 it lost
+    with the causal mask: 178 against 190) and enough 128-row tiles to give every
+    multiprocessor a block."""
+    return eligible(d) and sq >= 1024 and sk >= 1024 and bh * -(-sq // 128) >= sms
 
 
 def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None = None,
