@@ -266,6 +266,15 @@ def save(rows: list, out_path) -> None:
             json.dump(rows, f, indent=1)
 
 
+def sdpa_flash(q, k, v, causal):
+    """torch SDPA's flash backend on the same operands (grouped-query heads as its GQA)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        return sdpa(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
+
+
 def time_calls(fn, reps=6, rounds=3):
     import torch
 
@@ -300,12 +309,6 @@ def passed(check_log) -> set | None:
 
 def bench(out_path, check_log=None):
     import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.nn.functional import scaled_dot_product_attention as sdpa
-
-    def flash(q, k, v, causal):
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            return sdpa(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
 
     cases = [  # dtype, d, b, h, hkv, s, variants
         ("float16", 128, 4, 16, 16, 4096, D128 + ["mma.sync"]),
@@ -340,7 +343,7 @@ def bench(out_path, check_log=None):
                     print(f"FAILED {lab} {dtype} D{d}: {type(e).__name__}: {e}", flush=True)
                     continue
                 res[lab] = flops / ms / 1e9
-            ms = time_calls(lambda a=(q, k, v, causal): flash(*a))
+            ms = time_calls(partial(sdpa_flash, q, k, v, causal))
             res["sdpa flash"] = flops / ms / 1e9
             row = dict(gpu=name, dtype=dtype, d=d, b=b, h=h, hkv=hkv, s=s, causal=causal,
                        tflops=res)  # fmt: skip
@@ -377,8 +380,6 @@ def grid(specs: str, shapes: str, causals: tuple, out_path, rounds: int = 5) -> 
     ``B,H,HKV,S;...``: ``rounds`` rounds, each of every contender in turn (so that a drift
     of the clocks reaches all of them), the median of each."""
     import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.nn.functional import scaled_dot_product_attention as sdpa
 
     vs = parse_specs(specs)
     name = torch.cuda.get_device_name()
@@ -405,17 +406,13 @@ def grid(specs: str, shapes: str, causals: tuple, out_path, rounds: int = 5) -> 
         if worst < tol:
             ok.append((label, dtype, d, kind, over))
 
-    def flash(q, k, v, causal):
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            return sdpa(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
-
     for shape in shapes.split(";"):
         b, h, hkv, s = (int(x) for x in shape.split(","))
         for dtype, d in dict.fromkeys((dt, dd) for _, dt, dd, _, _ in ok):
             q, k, v = tensors(b, h, hkv, s, s, d, dtype)
             for causal in causals:
                 flops = 4 * b * h * s * s * d / (2 if causal else 1)
-                fns = {"sdpa flash": partial(flash, q, k, v, causal)}
+                fns = {"sdpa flash": partial(sdpa_flash, q, k, v, causal)}
                 for label, dt, dd, kind, over in ok:
                     if (dt, dd) == (dtype, d):
                         fns[label] = partial(runner(kind, d, over), q, k, v, causal)
