@@ -255,9 +255,9 @@ def zero_tail(
     zero = kaio.local(DT, 8)
     for e in kaio.static_range(8):
         zero[e] = DT(0.0)
-    chunks = (BN - r0) * 8  # 16-byte chunks of a 64-column block's rows
-    for i in range(i32(lane), (D // 64) * chunks, 32):
-        kaio.store_vector(v_s, (st, i // chunks, r0 + i % chunks // 8, i % 8 * 8), zero)
+    for c in kaio.static_range(D // 64):  # a row's 8 16-byte chunks, 4 rows a step
+        for r in range(r0 + i32(lane // 8), BN, 4):
+            kaio.store_vector(v_s, (st, c, r, i32(lane % 8) * 8), zero)
     kaio.fence_proxy_async()
     kaio.mbarrier_arrive(turn, 3)
 
