@@ -624,5 +624,5 @@ def specializations():
 
     for dt in (f16, bf16):
         for d in (64, 128, 256):
-            for causal in (False, True):
-                yield attention_fwd_wgmma, {"D": d, "DT": dt, **config(d, causal)}
+            for cfg in dict.fromkeys(tuple(config(d, c).items()) for c in (False, True)):
+                yield attention_fwd_wgmma, {"D": d, "DT": dt, **dict(cfg)}  # each once
