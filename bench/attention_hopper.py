@@ -253,6 +253,13 @@ def one(label: str, d: int, causal: bool) -> None:
     torch.cuda.synchronize()
 
 
+def case_row(gpu: str, case: tuple, tflops: dict) -> dict:
+    """A timed case's row: the GPU, (dtype, d, b, h, hkv, s, causal) and each contender's
+    TFLOP/s."""
+    return dict(zip(("gpu", "dtype", "d", "b", "h", "hkv", "s", "causal", "tflops"),
+                    (gpu, *case, tflops), strict=True))  # fmt: skip
+
+
 def emit(rows: list, row: dict) -> None:
     """Keep ``row`` and print it (one JSON line: a run cut short still shows it)."""
     rows.append(row)
@@ -345,9 +352,7 @@ def bench(out_path, check_log=None):
                 res[lab] = flops / ms / 1e9
             ms = time_calls(partial(sdpa_flash, q, k, v, causal))
             res["sdpa flash"] = flops / ms / 1e9
-            row = dict(gpu=name, dtype=dtype, d=d, b=b, h=h, hkv=hkv, s=s, causal=causal,
-                       tflops=res)  # fmt: skip
-            emit(rows, row)
+            emit(rows, case_row(name, (dtype, d, b, h, hkv, s, causal), res))
     save(rows, out_path)
     print(f"\n{name}: TFLOP/s (CUDA events, median of 3 rounds of 6 calls)")
     for r in rows:
@@ -421,9 +426,7 @@ def grid(specs: str, shapes: str, causals: tuple, out_path, rounds: int = 5) -> 
                     for lab, fn in fns.items():
                         times[lab].append(time_calls(fn, reps=4, rounds=1))
                 res = {lab: flops / sorted(t)[len(t) // 2] / 1e9 for lab, t in times.items()}
-                row = dict(gpu=name, dtype=dtype, d=d, b=b, h=h, hkv=hkv, s=s, causal=causal,
-                           tflops=res)  # fmt: skip
-                emit(rows, row)
+                emit(rows, case_row(name, (dtype, d, b, h, hkv, s, causal), res))
     save(rows, out_path)
     print(f"\n{name}: TFLOP/s (CUDA events, median of {rounds} interleaved rounds)")
     for r in rows:
