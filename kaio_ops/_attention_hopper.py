@@ -537,14 +537,14 @@ def config(d: int, causal: bool = False) -> dict:
     mask, as measured fastest on an H100 under the driver's whole-program JIT
     (docs/hopper.md, "Schedules under the whole-program JIT"): key tiles of 128 (64 for
     d = 256, whose O accumulators take 128 registers a thread); two stages; the softmax
-    overlapped with the tensor cores inside each warpgroup (no
-    ping-pong: it measured slower), O rescaled after P V (PIPE 1) or while S = Q K^T runs
-    (PIPE 3); three consumer warpgroups (192 query rows) at D = 64, two (128 rows)
-    otherwise. Blocks: persistent over pairs of a head's query tiles (PERSIST 3, the
-    heaviest with the lightest) at D = 128 (514 TFLOP/s against 489 for a tile a block at
-    S = 4096 with the mask, 586-668 without it, as fast as a tile at a time) and at D = 256
-    with the mask (564 against 531); at D = 64 persistent without the mask; a tile a block
-    otherwise (the hardware starts them heaviest first)."""
+    overlapped with the tensor cores inside each warpgroup (no ping-pong: it measured
+    slower), O rescaled after P V (PIPE 1) or while S = Q K^T runs (PIPE 3); three
+    consumer warpgroups (192 query rows) at D = 64, two (128 rows) otherwise. Blocks:
+    persistent over pairs of a head's query tiles (PERSIST 3, the heaviest with the
+    lightest) at D = 128 (514 TFLOP/s against 489 for a tile a block at S = 4096 with the
+    mask, 586-668 without it, as fast as a tile at a time) and at D = 256 with the mask
+    (564 against 531); at D = 64 persistent without the mask; a tile a block otherwise
+    (the hardware starts them heaviest first)."""
     bn = 64 if d == 256 else 128
     wg = 3 if d == 64 else 2
     fit = (SHARED_LIMIT - 64 * wg * d * 2 - 256) // (2 * bn * d * 2)
