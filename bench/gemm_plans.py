@@ -161,7 +161,7 @@ def choice_of(name: list):
         return _gemv.Plan(name[1])
     if name[0] == "persistent":
         return linear_mod.Persistent(*name[1:]) if len(name) > 1 else "persistent"
-    if name[0] in linear_mod.CONFIGS:
+    if name[0] in linear_mod.CONFIGS or name[0] in linear_mod.SKINNY_CONFIGS:
         return MmaPlan(*name)
     if isinstance(name[0], int):
         return _gemm_hopper.Plan(*name)
@@ -264,7 +264,7 @@ def run_plan(plan, ops: list, m: int, n: int, k: int, sms: int, transposed: bool
         plan = linear_mod.plan(m, n, k, sms, act == "silu_gate")
     elif isinstance(plan, MmaSplit):
         fixup, rows = plan.fixup, 0
-        plan = MmaPlan(SKINNY, plan.split)
+        plan = MmaPlan(plan.config, plan.split)
     ia, ib, *rest = ops
     bias, res = rest or (None, None)
     before = linear_mod.MMA_FIXUP, linear_mod.FIXUP_ROWS
@@ -326,12 +326,14 @@ MMA_SPLITS = (2, 3, 4, 5, 6, 8, 11)  # the K splits of ``MmaSplit`` timed up to 
 
 
 class MmaSplit(NamedTuple):
-    """A searched plan: the mma.sync kernel's skinny tile (``matmul.SKINNY``) with ``split``
-    K slices summed in the kernel (``fixup``: the last block of a tile adds them) or by
-    ``gemm_reduce``, whatever ``linear.FIXUP_ROWS`` says."""
+    """A searched plan: the mma.sync kernel's skinny tile ``config`` (``matmul.SKINNY`` or
+    one of ``linear.SKINNY_CONFIGS``) with ``split`` K slices summed in the kernel
+    (``fixup``: the last block of a tile adds them) or by ``gemm_reduce``, whatever
+    ``linear.FIXUP_ROWS`` says."""
 
     split: int
     fixup: bool
+    config: str = SKINNY
 
 
 def occupancy_plans(m: int, n: int, sms: int, gate: bool) -> list:
@@ -392,6 +394,8 @@ def plans_of(m: int, n: int, k: int, sms: int, transposed: bool, act: str, route
         # tiles of 64 columns at most (the wider ones lost at these M: docs/performance.md)
         plans = [p for p in plans if not isinstance(p, _gemm_hopper.Plan) or p.bn <= 64]
         plans += [MmaSplit(s, f) for s in MMA_SPLITS for f in (True, False) if k // s >= 256]
+        for config in linear_mod.SKINNY_CONFIGS:  # deeper rings: summed in the kernel only
+            plans += [MmaSplit(s, True, config) for s in (2, 3, 4, 6, 8) if k // s >= 256]
     if m >= 128 and not transposed and act == "none":
         plans.append("persistent")  # _matmul_hopper's kernel (128 x 128 or 128 x 256 tiles)
         for bn in (128, *WIDE, 256):  # and each width, where the tiles make a wave or more
@@ -580,7 +584,7 @@ def _name(plan) -> list:
     if isinstance(plan, MmaPlan):
         return [plan.config, plan.split]
     if isinstance(plan, MmaSplit):
-        return ["mma", plan.split, "fixup" if plan.fixup else "reduce"]
+        return ["mma", plan.split, "fixup" if plan.fixup else "reduce", plan.config]
     return ["gemv", plan.split] if isinstance(plan, _gemv.Plan) else list(plan)
 
 

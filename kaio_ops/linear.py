@@ -21,7 +21,7 @@ from kaio.types import ScalarType, bf16, f16, f32, i32
 from kaio_ops import _arrays, _gemm_hopper, _gemm_streamk, _gemv, _matmul_hopper
 from kaio_ops._gemm import ACTIVATIONS, GEMM, REDUCE
 from kaio_ops._plan import planned
-from kaio_ops.matmul import CONFIGS, Plan, _hopper, heuristic, k_slices, plan_for
+from kaio_ops.matmul import CONFIGS, MatmulConfig, Plan, _hopper, heuristic, k_slices, plan_for
 
 __all__ = ["linear", "matmul"]
 
@@ -38,6 +38,18 @@ _DTYPE_NAMES = {
 }
 # "silu_gate" keeps two accumulator sets: the large tiles' registers would spill
 GATE_CONFIG = {"128x256": "64x128", "128x128": "64x128"}
+# skinny tiles of the mma.sync kernel besides matmul.CONFIGS, with deeper cp.async rings
+# (more of B in flight at small M, where the product streams B): a Plan may name them
+SKINNY_CONFIGS = {
+    "16x128s8": MatmulConfig(16, 128, 64, 1, 4, 8),
+    "16x64s8": MatmulConfig(16, 64, 64, 1, 4, 8),
+}
+
+
+def mma_config(name: str) -> MatmulConfig:
+    """The tile configuration an mma.sync ``Plan`` names: ``matmul.CONFIGS`` or
+    ``SKINNY_CONFIGS``."""
+    return CONFIGS[name] if name in CONFIGS else SKINNY_CONFIGS[name]
 
 
 def out_type(op: str, out_dtype, default: ScalarType) -> ScalarType:
@@ -185,7 +197,7 @@ def gemm(
         fixup = fixup and split > 1 and _gemm_hopper.fixup_ok(n)
     else:
         chosen = chosen or tuned_plan(a, m, n, k, gate)
-        cfg = CONFIGS[chosen.config]
+        cfg = mma_config(chosen.config)
         split, k_slice = k_slices(k, chosen.split, cfg.bk)
         fixup = mma_fixup(m, n, split)
     c = _arrays.output(a, out_shape, out)
