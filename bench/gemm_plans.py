@@ -391,8 +391,13 @@ def plans_of(m: int, n: int, k: int, sms: int, transposed: bool, act: str, route
         if mine.split > 1:  # its K split halved and doubled
             plans += [replace(mine, split=mine.split // 2), replace(mine, split=2 * mine.split)]
     if m <= 32 and ALL_SPLITS:  # the skinny tile, each K split summed both ways; Hopper
-        # tiles of 64 columns at most (the wider ones lost at these M: docs/performance.md)
-        plans = [p for p in plans if not isinstance(p, _gemm_hopper.Plan) or p.bn <= 64]
+        # tiles of 64 columns at most (the wider ones lost at these M: docs/performance.md),
+        # and K splits summed in the kernel (one launch)
+        plans = [
+            p
+            for p in plans
+            if not isinstance(p, _gemm_hopper.Plan) or p.bn <= 64 and (p.split == 1 or p.fixup)
+        ]
         plans += [MmaSplit(s, f) for s in MMA_SPLITS for f in (True, False) if k // s >= 256]
         for config in linear_mod.SKINNY_CONFIGS:  # deeper rings: summed in the kernel only
             plans += [MmaSplit(s, True, config) for s in (2, 3, 4, 6, 8) if k // s >= 256]
