@@ -163,6 +163,8 @@ def choice_of(name: list):
         return linear_mod.Persistent(*name[1:]) if len(name) > 1 else "persistent"
     if name[0] in linear_mod.CONFIGS or name[0] in linear_mod.SKINNY_CONFIGS:
         return MmaPlan(*name)
+    if name[0] == "mma":  # summed in the kernel: the table's plan up to FIXUP_ROWS rows
+        return MmaPlan(name[3], name[1]) if name[2] == "fixup" else None
     if isinstance(name[0], int):
         return _gemm_hopper.Plan(*name)
     return None  # "mma.sync fixup" / "reduce" (the mma.sync kernel's own plan), "hopper"
@@ -322,7 +324,12 @@ SETS["a33"] = [
     (32, 4096, 4096), (2048, 2048, 2048), (4, 6144, 4096), (16, 6144, 4096), (2, 6144, 4096),
     (16, 4096, 4096), (1, 6144, 4096), (1, 4096, 4096), (32, 6144, 4096),
 ]  # fmt: skip
-MMA_SPLITS = (2, 3, 4, 5, 6, 8, 11)  # the K splits of ``MmaSplit`` timed up to M = 32
+MMA_SPLITS = (1, 2, 3, 4, 6, 8)  # the K splits of ``MmaSplit`` timed up to M = 32
+# the second pass of a33 after the in-kernel sum got fast (sum_tile): the same cases, the
+# other shapes at a few small M, M = 64 and 1024^3 (Hopper K splits summed in the kernel)
+SETS["b33"] = [(m, n, 4096) for m in (8, 2, 4, 16, 1, 32) for n in (4096, 6144)]
+SETS["b33"] += [(64, 4096, 4096), (64, 6144, 4096), (1024, 1024, 1024)]
+SETS["b33"] += [(m, n, k) for m in (8, 2, 16) for n, k in LLAMA8B[2:] + LLAMA70B]
 
 
 class MmaSplit(NamedTuple):
@@ -398,9 +405,9 @@ def plans_of(m: int, n: int, k: int, sms: int, transposed: bool, act: str, route
             for p in plans
             if not isinstance(p, _gemm_hopper.Plan) or p.bn <= 64 and (p.split == 1 or p.fixup)
         ]
-        plans += [MmaSplit(s, f) for s in MMA_SPLITS for f in (True, False) if k // s >= 256]
-        for config in linear_mod.SKINNY_CONFIGS:  # deeper rings: summed in the kernel only
-            plans += [MmaSplit(s, True, config) for s in (2, 3, 4, 6, 8) if k // s >= 256]
+        for config in (SKINNY, *linear_mod.SKINNY_CONFIGS):  # summed in the kernel
+            plans += [MmaSplit(s, True, config) for s in MMA_SPLITS if k // s >= 256]
+        plans += [MmaSplit(s, False) for s in MMA_SPLITS[1:4] if k // s >= 256]  # gemm_reduce
     if m >= 128 and not transposed and act == "none":
         plans.append("persistent")  # _matmul_hopper's kernel (128 x 128 or 128 x 256 tiles)
         for bn in (128, *WIDE, 256):  # and each width, where the tiles make a wave or more

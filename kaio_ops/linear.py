@@ -309,13 +309,14 @@ def _skinny(a, b, out_shape: tuple, mnk: tuple, out: ScalarType, split: int):
 
 
 _COUNTERS: dict = {}
-# the mma.sync kernel sums its K split in the kernel (else gemm_reduce): off, as measured on
-# an H100 (bench/gemm_plans.py: the gemm_reduce launch was faster than the last block's sum),
-# but for one row: [1, 4096] x [4096, 4096] took 9.06 µs of GPU time and 6.6 µs of host time
-# summed in the kernel against 9.57 and 11.2 with the second launch (bench/host_parts.py
-# --only gemv, H100, 2026-11-26)
+# the mma.sync kernel sums its K split in the kernel (else gemm_reduce) up to FIXUP_ROWS rows
+# (MMA_FIXUP: at every M). For one row: [1, 4096] x [4096, 4096] took 9.06 µs of GPU time
+# and 6.6 µs of host time summed in the kernel against 9.57 and 11.2 with the second launch
+# (bench/host_parts.py --only gemv, H100, 2026-11-26). More rows lost while the last block
+# summed one element at a time (_gemm.sum_tile: M = 8 of 4096 x 4096, 19.97 µs against
+# 15.30 µs + 3.07 µs of gemm_reduce, ncu on an H100); it now sums 8 at a time.
 MMA_FIXUP = False
-FIXUP_ROWS = 1
+FIXUP_ROWS = 32
 
 
 def mma_fixup(m: int, n: int, split: int) -> bool:
@@ -534,13 +535,13 @@ def linear(x, w, bias=None, *, residual=None, activation: str | None = None, out
 
 def specializations() -> list:
     """(kernel, constexprs) of the GEMM specializations to check (PTX through ptxas): every
-    tile configuration with both B layouts, each activation with bias and residual, each
-    output type, the K split, the pipeline-free variant, the split-K reduction, and the
-    skinny kernels (``_gemv``)."""
+    tile configuration with both B layouts (and the deep skinny tiles, ``SKINNY_CONFIGS``),
+    each activation with bias and residual, each output type, the K split, the
+    pipeline-free variant, the split-K reduction, and the skinny kernels (``_gemv``)."""
     out = []
 
     def add(dt, ot, name, bt=1, act="none", epi=1, split=1, pipelined=True):
-        consts = _tile_constexprs(CONFIGS[name], pipelined, True)
+        consts = _tile_constexprs(mma_config(name), pipelined, True)
         extra = {"BT": bt, "SPLIT": min(split, 2), "FIXUP": int(split > 2), "BIAS": epi}
         extra |= {"ACT": act, "RES": epi}
         out.append((GEMM, {**consts, **extra, "DT": dt, "OUT": ot, "RT": ot}))
@@ -550,6 +551,9 @@ def specializations() -> list:
             add(f16, f16, name, bt, epi=bt)
     for act in ACTIVATIONS:
         add(bf16, bf16, "64x128", act=act)
+    for name in SKINNY_CONFIGS:  # deep rings, K split summed in the kernel
+        add(f16, f16, name, 0, epi=0, split=4)
+        add(bf16, f32, name, 1, act="silu_gate", split=3)
     add(f16, f32, "128x128")
     add(f16, bf16, "128x256", pipelined=False)
     for act in ("none", "silu_gate"):

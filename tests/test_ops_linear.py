@@ -165,18 +165,44 @@ def test_mma_sync_split_summed_in_kernel_in_simulator(act, monkeypatch):
         monkeypatch.setattr(linear_mod, "MMA_FIXUP", True)
         fixed = run()
         monkeypatch.setattr(linear_mod, "MMA_FIXUP", False)
+        monkeypatch.setattr(linear_mod, "FIXUP_ROWS", 0)
         reduced = run()
     assert np.array_equal(fixed.view(np.uint32), reduced.view(np.uint32))
     check(fixed, *reference(x, w, b, res, act), np.float32)
 
 
-def test_one_row_sums_its_k_split_in_the_kernel():
-    """One row: the K split summed by the mma.sync kernel (one launch, faster on an H100);
-    more rows, N not a multiple of 32 or no split: through gemm_reduce (MMA_FIXUP off)."""
+@pytest.mark.parametrize(
+    "config, m, n, k, split, act",
+    [
+        ("16x128s8", 5, 96, 1040, 2, "gelu"),  # N and K tails, summed in the kernel
+        ("16x64s8", 3, 64, 1100, 3, "silu_gate"),
+        ("16x64s8", 17, 40, 600, 2, None),  # two row tiles; N % 32: summed by gemm_reduce
+        ("16x128s8", 1, 1, 9, 1, None),  # K shorter than a ring stage, N = 1
+    ],
+)
+def test_deep_skinny_tiles_in_simulator(config, m, n, k, split, act):
+    """The mma.sync kernel's skinny tiles with 8-stage rings (``linear.SKINNY_CONFIGS``),
+    named by a Plan: with bias, activation and residual, against float64."""
+    rng = np.random.default_rng(m + n + k)
+    rows = 2 * n if act == "silu_gate" else n
+    x, w = rand(rng, (m, k), np.float16), rand(rng, (rows, k), np.float16, 0.3)
+    b, res = rand(rng, (rows,), np.float16), rand(rng, (m, n), np.float16)
+    with kaio.simulate():
+        args = (_operand(x), _operand(w, "w"), (m, n), (m, n, k), kaio.f16, True)
+        got = gemm("linear", *args, _operand(b, "bias"), _operand(res, "residual"),
+                   act or "none", chosen=Plan(config, split))  # fmt: skip
+    check(got, *reference(x, w, b, res, act), np.float16)
+
+
+def test_few_rows_sum_their_k_split_in_the_kernel():
+    """Up to FIXUP_ROWS rows: the K split summed by the mma.sync kernel (one launch, faster
+    on an H100); more rows, N not a multiple of 32 or no split: through gemm_reduce
+    (MMA_FIXUP off)."""
     linear_mod = importlib.import_module("kaio_ops.linear")
+    rows = linear_mod.FIXUP_ROWS
     assert not linear_mod.MMA_FIXUP
-    assert linear_mod.mma_fixup(1, 4096, 4)
-    assert not linear_mod.mma_fixup(2, 4096, 4)
+    assert linear_mod.mma_fixup(1, 4096, 4) and linear_mod.mma_fixup(rows, 4096, 4)
+    assert not linear_mod.mma_fixup(rows + 1, 4096, 4)
     assert not linear_mod.mma_fixup(1, 4100, 4)
     assert not linear_mod.mma_fixup(1, 4096, 1)
 
