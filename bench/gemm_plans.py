@@ -408,6 +408,10 @@ def plans_of(m: int, n: int, k: int, sms: int, transposed: bool, act: str, route
         for config in (SKINNY, *linear_mod.SKINNY_CONFIGS):  # summed in the kernel
             plans += [MmaSplit(s, True, config) for s in MMA_SPLITS if k // s >= 256]
         plans += [MmaSplit(s, False) for s in MMA_SPLITS[1:4] if k // s >= 256]  # gemm_reduce
+    if m == n == k and m <= 1024 and ALL_SPLITS:  # 128 x 64 tiles (cuBLAS's at 1024^3 on an
+        # H100: 8 stages, clusters of two sharing A) with deeper rings, alone and paired
+        for wg, bn, pair in ((2, 64, 0), (2, 64, 2), (1, 128, 0), (1, 128, 1)):
+            plans += [_gemm_hopper.Plan(wg, bn, st, 1, False, pair) for st in (8, 9)]
     if m >= 128 and not transposed and act == "none":
         plans.append("persistent")  # _matmul_hopper's kernel (128 x 128 or 128 x 256 tiles)
         for bn in (128, *WIDE, 256):  # and each width, where the tiles make a wave or more
