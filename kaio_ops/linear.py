@@ -369,44 +369,67 @@ def _counters(like: _arrays.Operand, tiles: int):
 # B, --set pairs, won nowhere by more than the noise: the table names none).
 _P = _gemm_hopper.Plan
 _S = _gemm_streamk.Plan
+_D = Plan("16x64s8", 1)  # the deep skinny tile, unsplit (SKINNY_CONFIGS)
 MEASURED: dict[tuple, list] = {
-    (1024, 1024, "kn"): [(1024, _P(2, 64, 6, 1, False))],
+    (1024, 1024, "kn"): [(1024, _P(2, 64, 8, 1, False))],
     (2048, 2048, "kn"): [(2048, "persistent")],
-    (4096, 4096, "kn"): [(16, "mma.sync"), (128, _P(1, 64, 12, 1, False)),
+    (4096, 4096, "kn"): [(32, _D), (128, _P(1, 64, 12, 1, False)),
                          (256, _P(2, 64, 9, 1, False)), (2048, "persistent")],
     (4096, 4096, "nk"): [(1, "gemv"), (16, "mma.sync"), (128, _P(1, 64, 6, 1, False))],
-    (4096, 14336, "kn"): [(16, "mma.sync"), (32, _P(1, 64, 6, 2, False)),
+    (4096, 14336, "kn"): [(16, _D), (32, _P(1, 64, 6, 2, False)),
                           (128, _P(1, 64, 12, 1, False)), (256, _P(1, 128, 9, 1, False)),
                           (512, "persistent"), (1024, _P(2, 256, 4, 1, False)),
                           (2048, "persistent")],
     (4096, 14336, "nk"): [(16, "mma.sync"), (64, _P(2, 64, 6, 2, False)),
                           (128, _P(1, 64, 6, 2, False)), (256, _P(2, 64, 6, 1, False)),
                           (4096, _P(2, 256, 4, 1, False))],
-    (6144, 4096, "kn"): [(8, "mma.sync"), (16, Plan("16x128", 1)), (32, _P(1, 64, 12, 1, False)),
-                         (128, _P(1, 64, 6, 1, False)), (2048, "persistent")],
-    (8192, 8192, "kn"): [(16, "mma.sync"), (32, _P(1, 64, 12, 1, False)),
+    (6144, 4096, "kn"): [(32, _D), (128, _P(1, 64, 6, 1, False)), (2048, "persistent")],
+    (8192, 8192, "kn"): [(16, _D), (32, _P(1, 64, 12, 1, False)),
                          (64, _P(1, 64, 6, 1, False)), (128, _P(2, 64, 6, 1, False)),
                          (1024, "persistent")],
-    (8192, 28672, "kn"): [(16, "mma.sync"), (128, _P(1, 128, 6, 1, False)), (1024, "persistent")],
-    (10240, 8192, "kn"): [(1, "mma.sync"), (64, _P(1, 128, 6, 1, False)),
+    (8192, 28672, "kn"): [(16, _D), (128, _P(1, 128, 6, 1, False)), (1024, "persistent")],
+    (10240, 8192, "kn"): [(16, Plan("16x128", 1)), (64, _P(1, 128, 6, 1, False)),
                           (128, _P(2, 128, 6, 1, False)), (1024, "persistent")],
     (14336, 4096, "gate"): [(1, "gemv"), (16, "mma.sync"), (4096, _P(2, 128, 4, 1, False))],
     (28672, 4096, "kn"): [(16, "mma.sync"), (64, _P(1, 256, 5, 1, False)),
                           (128, _P(2, 256, 4, 1, False)), (2048, "persistent")],
-    (57344, 8192, "kn"): [(1, "gemv"), (16, "mma.sync"), (64, _P(1, 128, 9, 1, False)),
+    (57344, 8192, "kn"): [(1, "gemv"), (8, Plan("16x128", 4)), (16, "mma.sync"),
+                          (64, _P(1, 128, 9, 1, False)),
                           (128, _P(2, 128, 6, 1, False)), (512, "persistent"),
                           (1024, _P(2, 256, 4, 1, False))],
 }  # fmt: skip
 SKINNY_M = 16  # rows up to which the mma.sync kernel (16-row tiles, K split) wins on sm_90
 
 
+def skinny_plan(a, m: int, n: int, k: int, gate: bool, transposed: bool) -> Plan:
+    """The mma.sync plan of a product of at most ``SKINNY_M`` rows on sm_90 that the table
+    does not list: for B [K, N] without a stored ``kaio_ops.tune`` plan, one block a
+    16-row tile, unsplit: ``16x64s8`` tiles (8-stage rings) where they make between 1/2.2
+    and 1 wave, else ``16x128`` ones where those make 1/2.2 wave or more (measured on an
+    H100, bench/gemm_plans.py --set b33: unsplit 16x64s8 tiles ran at 0.98-1.11x cuBLAS at
+    M = 1-32 of N = 4096-8192 against 0.87-0.96x with 16x128 tiles in 2-4 K slices;
+    16x128 tiles at N = 10240, 1.01-1.02x); otherwise ``tuned_plan``."""
+    from kaio_ops import tune
+
+    stored = tune.lookup(a, f"{a.dtype.name}_async", m, n, k)
+    if gate or transposed or stored is not None:
+        return tuned_plan(a, m, n, k, gate)
+    sms = _arrays.multiprocessors(a)
+    rows = math.ceil(m / 16)
+    if sms / 2.2 <= rows * math.ceil(n / 64) <= sms:
+        return Plan("16x64s8", 1)
+    if rows * math.ceil(n / 128) >= sms / 2.2:
+        return Plan("16x128", 1)
+    return tuned_plan(a, m, n, k, gate)
+
+
 def route(a, b, mnk: tuple, transposed: bool, plain: bool, gate: bool):
     """The kernel of a call (a ``gemm`` ``chosen``): on sm_90 the measured choice of the
     shape (``MEASURED``) where it can run, else a skinny kernel where ``_gemv.preferred``;
-    then on sm_90 (measured there): the mma.sync kernel up to ``SKINNY_M`` rows, the
-    persistent kernel for plain ``matmul`` from 128 rows when its 128 x 128 tiles fill the
-    GPU, else the Hopper kernel with ``_gemm_hopper.plan``; elsewhere the mma.sync kernel
-    with ``tuned_plan``."""
+    then on sm_90 (measured there): the mma.sync kernel up to ``SKINNY_M`` rows
+    (``skinny_plan``), the persistent kernel for plain ``matmul`` from 128 rows when its
+    128 x 128 tiles fill the GPU, else the Hopper kernel with ``_gemm_hopper.plan``;
+    elsewhere the mma.sync kernel with ``tuned_plan``."""
     m, n, k = mnk
     hopper = hopper_takes(a, b, n, k, transposed)
     persistent = plain and not transposed and hopper and a.dtype == b.dtype
@@ -429,7 +452,7 @@ def route(a, b, mnk: tuple, transposed: bool, plain: bool, gate: bool):
     if _gemv.preferred(a, b, mnk, transposed, plain):
         return "gemv"
     if hopper and m <= SKINNY_M:
-        return tuned_plan(a, m, n, k, gate)
+        return skinny_plan(a, m, n, k, gate, transposed)
     sms = _arrays.multiprocessors(a)
     if persistent and m >= 128 and math.ceil(m / 128) * math.ceil(n / 128) >= 0.9 * sms:
         return "persistent"  # a wave of 128 x 128 tiles or more: the persistent kernel

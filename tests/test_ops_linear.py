@@ -409,6 +409,23 @@ def test_plans():
     assert hopper.plan(4096, 14336, 4096, 132, gate=True)[1] == 128
 
 
+def test_skinny_plans_of_unlisted_shapes(monkeypatch):
+    """At most 16 rows of a shape the table does not list (sm_90, B [K, N]): unsplit deep
+    16 x 64 tiles where they make half a wave to a wave (132 SMs: N = 4096-8192), unsplit
+    16 x 128 tiles from half a wave of those (N = 10240 and up), else the K split of
+    ``tuned_plan``; B [N, K] and "silu_gate" keep ``tuned_plan``."""
+    linear_mod = importlib.import_module("kaio_ops.linear")
+    monkeypatch.setattr(kaio_ops._arrays, "multiprocessors", lambda like: 132)
+    with kaio.simulate():
+        a = _operand(np.zeros((4, 64), np.float16))
+        got = {n: linear_mod.skinny_plan(a, 4, n, 4096, False, False)
+               for n in (2048, 4096, 8192, 10240, 20000)}  # fmt: skip
+        assert linear_mod.skinny_plan(a, 4, 4096, 4096, False, True) == Plan("16x128", 4)
+        assert linear_mod.skinny_plan(a, 4, 4096, 4096, True, False).config == "16x128"
+    assert got == {2048: Plan("16x128", 8), 4096: Plan("16x64s8"), 8192: Plan("16x64s8"),
+                   10240: Plan("16x128"), 20000: Plan("16x128")}  # fmt: skip
+
+
 def test_persistent_width_fills_the_waves():
     """The persistent kernel's tile width per shape (132 SMs), as the H100 measured it
     (bench/gemm_plans.py --set w33): 192 at M = 512 of N = 6144 (one wave of 128 tiles, 0.97x
@@ -468,7 +485,8 @@ def test_measured_table_is_well_formed():
                 assert k // choice.split >= 4 * hopper.BK
                 assert not choice.fixup or hopper.fixup_ok(n)
             elif isinstance(choice, Plan):  # an mma.sync plan
-                assert choice.config in importlib.import_module("kaio_ops.matmul").CONFIGS
+                linear_mod = importlib.import_module("kaio_ops.linear")
+                assert linear_mod.mma_config(choice.config).bm in (16, 64, 128)
                 assert choice.split >= 1
             elif type(choice).__name__ == "Plan":  # a _gemv.Plan
                 assert choice.split >= 1 and layout != "gate"
@@ -619,6 +637,9 @@ def test_gpu_linear_batched_f32_out():
         (16, 1024, 4096, "silu_gate", Plan("16x128", 8)),  # mma.sync, summed in the kernel
         (3, 2048, 4096, "matmul", Plan("16x128", 4)),
         (1, 4096, 4096, "matmul", Plan("16x128", 4)),  # one row: summed in the kernel
+        (13, 4096, 4096, "matmul", Plan("16x64s8", 1)),  # the deep skinny tile (sm_90 route)
+        (30, 2000, 4104, "gelu", Plan("16x64s8", 3)),  # N and K tails: gemm_reduce
+        (9, 1024, 8192, "silu_gate", Plan("16x128s8", 4)),
     ],
 )
 def test_gpu_split_sums_deterministic(m, n, k, activation, chosen, monkeypatch):
