@@ -324,12 +324,15 @@ SETS["a33"] = [
     (32, 4096, 4096), (2048, 2048, 2048), (4, 6144, 4096), (16, 6144, 4096), (2, 6144, 4096),
     (16, 4096, 4096), (1, 6144, 4096), (1, 4096, 4096), (32, 6144, 4096),
 ]  # fmt: skip
-MMA_SPLITS = (1, 2, 3, 4, 6, 8)  # the K splits of ``MmaSplit`` timed up to M = 32
+MMA_SPLITS = (1, 2, 3, 4, 6, 8)  # the K splits of ``MmaSplit`` timed up to M = 64
 # the second pass of a33 after the in-kernel sum got fast (sum_tile): the same cases, the
 # other shapes at a few small M, M = 64 and 1024^3 (Hopper K splits summed in the kernel)
 SETS["b33"] = [(m, n, 4096) for m in (8, 2, 4, 16, 1, 32) for n in (4096, 6144)]
 SETS["b33"] += [(64, 4096, 4096), (64, 6144, 4096), (1024, 1024, 1024)]
 SETS["b33"] += [(m, n, k) for m in (8, 2, 16) for n, k in LLAMA8B[2:] + LLAMA70B]
+# the third pass: where the unsplit deep 16 x 64 tiles may also pay (M = 32-64)
+SETS["c33"] = [(32, n, k) for n, k in ((8192, 8192), (4096, 14336), (8192, 28672), (28672, 4096))]
+SETS["c33"] += [(64, n, k) for n, k in ((4096, 4096), (6144, 4096), (8192, 8192))]
 
 
 class MmaSplit(NamedTuple):
@@ -397,7 +400,7 @@ def plans_of(m: int, n: int, k: int, sms: int, transposed: bool, act: str, route
         mine = linear_mod.plan(m, n, k, sms, gate)
         if mine.split > 1:  # its K split halved and doubled
             plans += [replace(mine, split=mine.split // 2), replace(mine, split=2 * mine.split)]
-    if m <= 32 and ALL_SPLITS:  # the skinny tile, each K split summed both ways; Hopper
+    if m <= 64 and ALL_SPLITS:  # the skinny tile, each K split summed both ways; Hopper
         # tiles of 64 columns at most (the wider ones lost at these M: docs/performance.md),
         # and K splits summed in the kernel (one launch)
         plans = [
@@ -535,7 +538,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--splits",
         action="store_true",
-        help="also the mma.sync skinny tile at every K split, both sums (M <= 32)",
+        help="also the mma.sync skinny tile at every K split, both sums (M <= 64)",
     )
     args, rest = p.parse_known_args(argv)
     global PAIRS, DEEP, OCC, ALL_SPLITS
