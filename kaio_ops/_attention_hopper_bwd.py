@@ -221,16 +221,21 @@ def load_frags(af: u32[:, :], a_s: DT[:, :, :], row0: i32, lane: u32, D: kaio.co
 def consume_dkdv(
     k_s: DT[:, :, :], v_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :],
     stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], lse: f32[:], delta: f32[:],
-    dk: DT[:], dv: DT[:], wg: u32, lt: u32, kvh: i32, first_head: i32, group: i32, first: i32,
-    n_tiles: i32, k0: i32, sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32,
-    D: kaio.constexpr, BM: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr,
-    AREG: kaio.constexpr, TSTATS: kaio.constexpr, DT: kaio.constexpr,
+    dk: DT[:], dv: DT[:], ds_s: DT[:, :, :], dq_acc: f32[:], wg: u32, lt: u32, kvh: i32,
+    first_head: i32, group: i32, first: i32, n_tiles: i32, k0: i32, sq: i32, sk: i32,
+    causal: i32, scale_log2: f32, scale: f32, D: kaio.constexpr, BM: kaio.constexpr,
+    WG: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr, AREG: kaio.constexpr,
+    TSTATS: kaio.constexpr, DQ: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 keys (thread ``lt`` of it): dK and dV over the query
     tiles of the group's heads (module docstring), then stored. ``PIPE``: 0 each tile's
     products issued and waited for in turn; 1 tile i's S^T and dP^T issued together with
     tile i - 1's dV and dK, so that tile i's P^T and dS^T are computed while those run (the
-    forward's intra-warpgroup overlap)."""
+    forward's intra-warpgroup overlap). ``DQ`` (PIPE 0 only): 0 no dQ; else each tile's dS^T
+    also goes to shared memory (``ds_s``, double-buffered) and dQ += dS K is added to the
+    f32 ``dq_acc`` with atomics, over this warpgroup's 64 keys and every column (1) or over
+    the block's keys and this warpgroup's D / WG columns (2: a barrier across the
+    warpgroups, half the atomics)."""
     lane = lt % 32
     key0 = k0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)  # rows key0, key0 + 8
     dka = kaio.local(f32, (D // 8, 4))
@@ -252,6 +257,11 @@ def consume_dkdv(
     ph = u32(0)
     t = first  # tile i's query tile and head (its lse at at0): counters, not divisions
     at0 = first_head * sq
+    NQ = D if DQ == 1 else D // WG  # dQ's columns in this warpgroup
+    dqa = kaio.local(f32, (NQ // 8, 4))
+    kr = 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)  # key0 - k0: ds_s's rows
+    db = i32(0)  # the ds_s buffer of tile i and the parity of its barrier
+    dph = u32(0)
     if PIPE == 0:
         for _i in range(total):
             kaio.mbarrier_wait(bars, (0, st), ph)
@@ -262,10 +272,23 @@ def consume_dkdv(
                     lane, BM, TSTATS)  # fmt: skip
             pack_p(p, s, BM, DT)
             pack_p(ds, dp, BM, DT)
+            if DQ:
+                store_ds(ds_s, db, dp, kr, lane, BM, DT)
             kaio.wgmma_fence()
             issue_back_dkdv(dka, dva, p, ds, q_s, do_s, st, BM, DT)
+            if DQ:  # every warp's dS^T rows (DQ 2: of both warpgroups) in ds_s, then dQ
+                j = STAGES + 2 * (0 if DQ == 2 else i32(wg)) + db
+                release(bars, j, lt)
+                kaio.mbarrier_wait(bars, (1, j), dph)
+                issue_dq(dqa, ds_s, db, k_s, wg, D, NQ, WG, DQ, DT)
             kaio.wgmma_wait(0)
             release(bars, st, lt)
+            if DQ:
+                add_dq(dq_acc, dqa, at0, t * BM + 16 * i32(lt // 32) + i32(lane // 4), sq,
+                       (0 if DQ == 1 else i32(wg) * NQ), lane, D, NQ)  # fmt: skip
+                db ^= 1
+                if db == 0:
+                    dph ^= 1
             t, at0 = next_tile(t, at0, first, n_tiles, sq)
             st, ph = next_stage(st, ph, STAGES)
     elif total > 0:
@@ -313,6 +336,58 @@ def issue_back_dkdv(
     group; P^T and dS^T from registers)."""
     issue_pv(dva, p, do_s, st, BM, DT)
     issue_pv(dka, ds, q_s, st, BM, DT)
+
+
+@kaio.gpu_func
+def store_ds(ds_s: DT[:, :, :], b: i32, dp: f32[:, :], kr: i32, lane: u32, BM: kaio.constexpr,
+             DT: kaio.constexpr):  # fmt: skip
+    """ds_s[b, kr + 8h, query] = this thread's dS^T (``dp``: rows kr, kr + 8 of the block's
+    keys, columns its queries 8n + 2 (lane % 4) + e) rounded to DT, in pairs, the rows of
+    ``BM`` = 64 queries 128-byte swizzled: dS, the dQ product's A, M-major."""
+    for h in kaio.static_range(2):
+        for n in kaio.static_range(BM // 8):
+            pair = kaio.local(DT, 2)
+            for e in kaio.static_range(2):
+                pair[e] = DT(dp[n, 2 * h + e])
+            col = kaio.swizzle(ds_s, kr + 8 * h, n * 8 + i32(lane % 4) * 2)
+            kaio.store_vector(ds_s, (b, kr + 8 * h, col), pair)
+
+
+@kaio.gpu_func
+def issue_dq(
+    dqa: f32[:, :], ds_s: DT[:, :, :], b: i32, k_s: DT[:, :, :], wg: u32, D: kaio.constexpr,
+    NQ: kaio.constexpr, WG: kaio.constexpr, DQ: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """Issue dqa = dS K (its first product overwrites) and commit: the 64 queries of ds_s
+    buffer b (M-major) times the keys of k_s (N-major), the warpgroup's 64 keys and all D
+    columns (``DQ`` 1) or the block's 64 WG keys and columns wg NQ .. (2)."""
+    rows = 64 if DQ == 1 else 64 * WG
+    r0 = 64 * i32(wg) if DQ == 1 else 0
+    c0 = 0 if DQ == 1 else i32(wg) * NQ
+    for kk in kaio.static_range(rows // 16):
+        da = kaio.smem_descriptor(ds_s, (b, r0 + kk * 16, 0), SW, 64 * WG * SW, 1024)
+        dk = kaio.smem_descriptor(k_s, (c0 // 64, r0 + kk * 16, c0 % 64), SW, 64 * WG * SW,
+                                  1024)  # fmt: skip
+        if DT == kaio.bf16:
+            kaio.wgmma_bf16(dqa, da, dk, kk > 0, True, True)
+        else:
+            kaio.wgmma_f16(dqa, da, dk, kk > 0, True, True)
+    kaio.wgmma_commit()
+
+
+@kaio.gpu_func
+def add_dq(
+    dq_acc: f32[:], dqa: f32[:, :], at0: i32, q: i32, sq: i32, c0: i32, lane: u32,
+    D: kaio.constexpr, NQ: kaio.constexpr,
+):  # fmt: skip
+    """dq_acc[at0 + q + 8h, c0 + col] += dqa (atomics; rows q, q + 8 of the head whose row 0
+    is at0, those below sq; this lane's columns col = 8n + 2 (lane % 4) + e of NQ)."""
+    for h in kaio.static_range(2):
+        if q + 8 * h < sq:
+            at = (at0 + q + 8 * h) * D + c0 + i32(lane % 4) * 2
+            for n in kaio.static_range(NQ // 8):
+                for e in kaio.static_range(2):
+                    kaio.atomic_add(dq_acc, at + n * 8 + e, dqa[n, 2 * h + e])
 
 
 @kaio.gpu_func
@@ -426,13 +501,18 @@ def release(bars: u64[:, :], st: i32, lt: u32):
 
 
 @kaio.gpu_func
-def init_barriers(bars: u64[:, :], turn: u64[:], WG: kaio.constexpr, STAGES: kaio.constexpr):
+def init_barriers(bars: u64[:, :], turn: u64[:], WG: kaio.constexpr, STAGES: kaio.constexpr,
+                  DQ: kaio.constexpr):  # fmt: skip
     """Thread 0: the ring's barriers (landed: the producer's arrival; free: one from each
-    consumer warp, ``release``) and ``turn[0]`` (the tiles loaded once), fenced for the copy
-    engine."""
+    consumer warp, ``release``), ``turn[0]`` (the tiles loaded once) and, where ``DQ``, the
+    dS buffers' ``bars[1, STAGES + 2 g + b]`` (buffer b of warpgroup g's warps, ``DQ`` 1, or
+    g = 0 of all consumer warps, 2), fenced for the copy engine."""
     for s in kaio.static_range(STAGES):
         kaio.mbarrier_init(bars, (0, s), 1)
         kaio.mbarrier_init(bars, (1, s), 4 * WG)  # an arrival from each consumer warp
+    if DQ:
+        for j in kaio.static_range(2 * WG):
+            kaio.mbarrier_init(bars, (1, STAGES + j), 4 if DQ == 1 else 4 * WG)
     kaio.mbarrier_init(turn, 0, 1)
     kaio.fence_proxy_async()
 
@@ -441,29 +521,34 @@ def init_barriers(bars: u64[:, :], turn: u64[:], WG: kaio.constexpr, STAGES: kai
 def attention_bwd_dkdv_wgmma(
     tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
     tl: kaio.tensormap, td: kaio.tensormap, lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:],
-    sq: i32, sk: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
-    D: kaio.constexpr, BM: kaio.constexpr, WG: kaio.constexpr, STAGES: kaio.constexpr,
-    PIPE: kaio.constexpr, AREG: kaio.constexpr, TSTATS: kaio.constexpr, REGS: kaio.constexpr,
-    DT: kaio.constexpr,
+    dq_acc: f32[:], sq: i32, sk: i32, heads: i32, group: i32, scale_log2: f32, scale: f32,
+    causal: i32, D: kaio.constexpr, BM: kaio.constexpr, WG: kaio.constexpr,
+    STAGES: kaio.constexpr, PIPE: kaio.constexpr, AREG: kaio.constexpr, TSTATS: kaio.constexpr,
+    REGS: kaio.constexpr, DT: kaio.constexpr, DQ: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the ``64 * WG`` keys of block x and K/V head ``kvh`` = block y, summed over
-    the query heads of its group (module docstring). ``tk``, ``tv``: k, v as [B * Hkv * sk, D]
-    in boxes of (64 * WG, 64); ``tq``, ``tdo``: q, do as [B * H * sq, D] in boxes of (BM,
-    64); ``tl``, ``td``: lse, delta as [1, B * H * sq] f32 in boxes of (1, BM); dk, dv
-    [B * Hkv * sk * D] flat; ``scale_log2``: the scale times log2(e)."""
+    the query heads of its group (module docstring); where ``DQ`` (1 or 2, PIPE 0, BM 64),
+    their share of dQ / scale too, added to ``dq_acc`` (f32 [B * H * sq * D], zeros before)
+    with atomics (``consume_dkdv``). ``tk``, ``tv``: k, v as [B * Hkv * sk, D] in boxes of
+    (64 * WG, 64); ``tq``, ``tdo``: q, do as [B * H * sq, D] in boxes of (BM, 64); ``tl``,
+    ``td``: lse, delta as [1, B * H * sq] f32 in boxes of (1, BM); dk, dv [B * Hkv * sk * D]
+    flat; ``scale_log2``: the scale times log2(e)."""
     BK = 64 * WG
     C = D // 64
     ONCE_BYTES = BK * D * 2
     RING_BYTES = STAGES * BM * D * 2
-    STATS = 2 * ONCE_BYTES + 2 * RING_BYTES
+    DS = 2 * ONCE_BYTES + 2 * RING_BYTES
+    STATS = DS + (2 * BK * 64 * 2 if DQ else 0)
     BARS = STATS + 2 * STAGES * BM * 4
+    NB = STAGES + (2 * WG if DQ else 0)
     k_s = kaio.shared_dynamic(DT, (C, BK, 64), 0)
     v_s = kaio.shared_dynamic(DT, (C, BK, 64), ONCE_BYTES)
     q_s = kaio.shared_dynamic(DT, (STAGES, C, BM, 64), 2 * ONCE_BYTES)
     do_s = kaio.shared_dynamic(DT, (STAGES, C, BM, 64), 2 * ONCE_BYTES + RING_BYTES)
+    ds_s = kaio.shared_dynamic(DT, (2, BK, 64), DS)
     stats = kaio.shared_dynamic(f32, (2, STAGES, BM), STATS)
-    bars = kaio.shared_dynamic(u64, (2, STAGES), BARS)
-    turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * STAGES)
+    bars = kaio.shared_dynamic(u64, (2, NB), BARS)
+    turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * NB)
     t, wg, lt = thread_roles(WG)
     kvh = i32(kaio.block_idx_y())
     kv_heads = heads // group
@@ -474,14 +559,15 @@ def attention_bwd_dkdv_wgmma(
         first = k0 // BM  # queries before k0 see none of these keys
     n_tiles = (sq + BM - 1) // BM
     if t == 0:
-        init_barriers(bars, turn, WG, STAGES)
+        init_barriers(bars, turn, WG, STAGES, DQ)
     kaio.sync_threads()
     if wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
-        consume_dkdv(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, wg, lt, kvh,
-                     first_head, group, first, n_tiles, k0, sq, sk, causal, scale_log2, scale,
-                     D, BM, STAGES, PIPE, AREG, TSTATS, DT)  # fmt: skip
+        consume_dkdv(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_acc,
+                     wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk, causal,
+                     scale_log2, scale, D, BM, WG, STAGES, PIPE, AREG, TSTATS, DQ,
+                     DT)  # fmt: skip
     else:  # the producer warpgroup: its first thread loads
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -520,7 +606,7 @@ def attention_bwd_dq_wgmma(
     t, wg, lt = thread_roles(WG)
     bh, kvh, q0, n_tiles = query_block(heads, group, sk, causal, BQ, BN)
     if t == 0:
-        init_barriers(bars, turn, WG, STAGES)
+        init_barriers(bars, turn, WG, STAGES, 0)
     kaio.sync_threads()
     if wg < WG:
         if REGS:
@@ -536,16 +622,41 @@ def attention_bwd_dq_wgmma(
                     DT)  # fmt: skip
 
 
-def shared_bytes(d: int, once: int, ring: int, stages: int, stat_rows: int) -> int:
+def shared_bytes(d: int, once: int, ring: int, stages: int, stat_rows: int, dq: int = 0) -> int:
     """The dynamic shared memory of either kernel: the two tiles loaded once (``once`` rows),
-    the ring's two tiles of ``ring`` rows a stage, the lse and delta of ``stat_rows`` rows,
-    the barriers."""
-    return 2 * once * d * 2 + 2 * stages * ring * d * 2 + 2 * stat_rows * 4 + 16 * stages + 16
+    the ring's two tiles of ``ring`` rows a stage, (``dq``: the dS^T buffers, two of ``once``
+    x 64,) the lse and delta of ``stat_rows`` rows, the barriers."""
+    ds = 2 * once * 64 * 2 + 16 * once // 32 if dq else 0  # the buffers, their barriers
+    return 2 * once * d * 2 + 2 * stages * ring * d * 2 + 2 * stat_rows * 4 + 16 * stages + 16 + ds
 
 
-def _stages(d: int, once: int, ring: int, ring_stats: bool) -> int:
-    left = SHARED_LIMIT - 2 * once * d * 2 - 2 * once * 4 - 256
+def _stages(d: int, once: int, ring: int, ring_stats: bool, dq: int = 0) -> int:
+    left = SHARED_LIMIT - 2 * once * d * 2 - 2 * once * 4 - 256 - (4 * once * 64 if dq else 0)
     return max(1, min(4, left // (2 * ring * d * 2 + (2 * ring * 4 if ring_stats else 0))))
+
+
+@kaio.gpu_kernel(block_size=256)
+def dq_zero(acc: f32[:], n: i32):
+    """acc[0 .. n) = 0, four a thread (n a multiple of 4)."""
+    i = i32(kaio.block_idx_x() * 256 + kaio.thread_idx_x()) * 4
+    if i < n:
+        z = kaio.local(f32, 4)
+        for e in kaio.static_range(4):
+            z[e] = 0.0
+        kaio.store_vector(acc, i, z)
+
+
+@kaio.gpu_kernel(block_size=256)
+def dq_convert(dq: DT[:], acc: f32[:], n: i32, scale: f32, DT: kaio.constexpr):
+    """dq[i] = acc[i] * scale rounded to DT for i < n, four a thread (n a multiple of 4)."""
+    i = i32(kaio.block_idx_x() * 256 + kaio.thread_idx_x()) * 4
+    if i < n:
+        x = kaio.local(f32, 4)
+        y = kaio.local(DT, 4)
+        kaio.load_vector(x, acc, i)
+        for e in kaio.static_range(4):
+            y[e] = DT(x[e] * scale)
+        kaio.store_vector(dq, i, y)
 
 
 def config(d: int) -> dict:
@@ -559,9 +670,10 @@ def config(d: int) -> dict:
     wg = 2
     common = {"WG": wg, "AREG": 0, "REGS": consumer_registers(wg)}
     bm, bn = 64, 64
-    dkdv = {"BM": bm, "STAGES": _stages(d, 64 * wg, bm, True), "PIPE": 0, "TSTATS": 1}
+    dkdv = {"BM": bm, "STAGES": _stages(d, 64 * wg, bm, True), "PIPE": 0, "TSTATS": 1, "DQ": 0}
     dq = {"BN": bn, "STAGES": _stages(d, 64 * wg, bn, False), "PIPE": int(d == 128)}
-    return {"dkdv": {**dkdv, **common}, "dq": {**dq, **common}}
+    fused = {**dkdv, "STAGES": _stages(d, 64 * wg, bm, True, 1), "DQ": 2 if d == 128 else 1}
+    return {"dkdv": {**dkdv, **common}, "dq": {**dq, **common}, "fused": {**fused, **common}}
 
 
 def eligible(d: int) -> bool:
@@ -580,12 +692,17 @@ def worthwhile(bh: int, sq: int, sk: int, d: int, sms: int) -> bool:
 
 
 def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
-           cfg: dict | None = None, only: str | None = None):  # fmt: skip
-    """Run both kernels on checked operands (``_arrays.Operand``s q, do [B, H, Sq, D], k, v
+           cfg: dict | None = None, only: str | None = None,
+           deterministic: bool = False):  # fmt: skip
+    """Run the kernels on checked operands (``_arrays.Operand``s q, do [B, H, Sq, D], k, v
     [B, Hkv, Sk, D], lse [B, H, Sq] f32) and ``delta`` (flat f32 [B * H * Sq], rowsum(dO *
     O)); ``dims``: (B * H, H, group, sq, sk, d, d); ``cfg``: the constexprs (default
-    ``config(d)``); ``only``: "dkdv" or "dq" launches that kernel alone (to time it: the
-    other's outputs are left unwritten). Returns (dq, dk, dv) of q's type and shapes."""
+    ``config(d)``). By default one kernel (``cfg["fused"]``) computes dK, dV and adds dQ in
+    f32 with atomics (then rounded by ``dq_convert``): the order of those additions varies
+    from run to run, so dQ's last bits may; ``deterministic`` runs the dK/dV kernel and the
+    dQ kernel instead (``cfg["dkdv"]``, ``cfg["dq"]``: the same bits every run). ``only``:
+    "dkdv" or "dq" launches that kernel of the pair alone (to time it: the other's outputs
+    are left unwritten). Returns (dq, dk, dv) of q's type and shapes."""
     import math
 
     from kaio_ops import _arrays
@@ -597,10 +714,13 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
             f"lse and delta) and D 64 or 128, got Sq = {sq}, D = {d}; use the mma.sync kernels"
         )
     cfg = cfg or config(d)
-    c1, c2 = cfg["dkdv"], cfg["dq"]
+    fused = not deterministic and only is None
+    c1, c2 = (cfg["fused"] if fused else cfg["dkdv"]), cfg["dq"]
     for c in (c1, c2):
         if c["PIPE"] and c["STAGES"] < 2:
             raise ValueError(f"_attention_hopper_bwd.launch: PIPE 1 needs 2 stages or more: {c}")
+    if c1.get("DQ") and (c1["PIPE"] or c1["BM"] != 64):
+        raise ValueError(f"_attention_hopper_bwd.launch: DQ needs PIPE 0 and BM 64: {c1}")
     stream = _arrays.stream_of(qa)
     dq = _arrays.output(da, qa.shape)
     dk, dv = (_arrays.output(da, ka.shape) for _ in range(2))
@@ -618,14 +738,22 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
 
     args = (sq, sk, heads, group, math.log2(math.e) * scale, scale, int(causal))
     bk = 64 * c1["WG"]
-    smem = shared_bytes(d, bk, c1["BM"], c1["STAGES"], c1["STAGES"] * c1["BM"])
+    dq_acc = _arrays.output(da, (qa.size,), f32) if fused else delta  # (unused: DQ 0)
+    grid = -(-qa.size // 1024)
+    if fused:
+        dq_zero[grid, 256, stream, 0](dq_acc, qa.size)
+    smem = shared_bytes(d, bk, c1["BM"], c1["STAGES"], c1["STAGES"] * c1["BM"], c1.get("DQ", 0))
     if only != "dq":
         attention_bwd_dkdv_wgmma[(-(-sk // bk), bh // group), 128 * c1["WG"] + 128, stream, smem](
             tmap(ka, rows_kv, bk), tmap(va, rows_kv, bk), tmap(qa, rows_q, c1["BM"]),
             tmap(da, rows_q, c1["BM"]), *stats_maps(c1["BM"]), la.arg(rows_q), delta,
             _arrays.output_arg(da, dk, (ka.size,)), _arrays.output_arg(da, dv, (ka.size,)),
-            *args, D=d, DT=qa.dtype, **c1,
+            dq_acc, *args, D=d, DT=qa.dtype, **c1,
         )  # fmt: skip
+    if fused:
+        dq_out = _arrays.output_arg(da, dq, (qa.size,))
+        dq_convert[grid, 256, stream, 0](dq_out, dq_acc, qa.size, scale, DT=qa.dtype)
+        return dq, dk, dv
     bq = 64 * c2["WG"]
     smem = shared_bytes(d, bq, c2["BN"], c2["STAGES"], bq)
     if only != "dkdv":
@@ -646,3 +774,4 @@ def specializations():
             cfg = config(d)
             yield attention_bwd_dkdv_wgmma, {"D": d, "DT": dt, **cfg["dkdv"]}
             yield attention_bwd_dq_wgmma, {"D": d, "DT": dt, **cfg["dq"]}
+            yield attention_bwd_dkdv_wgmma, {"D": d, "DT": dt, **cfg["fused"]}
