@@ -225,7 +225,7 @@ def consume_dkdv(
     first_head: i32, group: i32, first: i32, n_tiles: i32, k0: i32, sq: i32, sk: i32,
     causal: i32, scale_log2: f32, scale: f32, D: kaio.constexpr, BM: kaio.constexpr,
     WG: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr, AREG: kaio.constexpr,
-    TSTATS: kaio.constexpr, DQ: kaio.constexpr, DT: kaio.constexpr,
+    TSTATS: kaio.constexpr, DQ: kaio.constexpr, LATE: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 keys (thread ``lt`` of it): dK and dV over the query
     tiles of the group's heads (module docstring), then stored. ``PIPE``: 0 each tile's
@@ -235,7 +235,8 @@ def consume_dkdv(
     also goes to shared memory (``ds_s``, double-buffered) and dQ += dS K is added to the
     f32 ``dq_acc`` with atomics, over this warpgroup's 64 keys and every column (1) or over
     the block's keys and this warpgroup's D / WG columns (2: a barrier across the
-    warpgroups, half the atomics)."""
+    warpgroups, half the atomics); ``LATE``: a tile's dQ added while the next tile's S^T and
+    dP^T run (else at once)."""
     lane = lt % 32
     key0 = k0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)  # rows key0, key0 + 8
     dka = kaio.local(f32, (D // 8, 4))
@@ -260,23 +261,28 @@ def consume_dkdv(
     NQ = D if DQ == 1 else D // WG  # dQ's columns in this warpgroup
     dqa = kaio.local(f32, (NQ // 8, 4))
     kr = 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)  # key0 - k0: ds_s's rows
+    c0 = 0 if DQ == 1 else i32(wg) * NQ  # dQ's first column here
     db = i32(0)  # the ds_s buffer of tile i and the parity of its barrier
     dph = u32(0)
+    pq = i32(0)  # the last tile's first query row of this thread, its head's row 0
+    pat0 = i32(0)
     if PIPE == 0:
         for _i in range(total):
             kaio.mbarrier_wait(bars, (0, st), ph)
             kaio.wgmma_fence()
             issue_front(s, dp, k_s, v_s, q_s, do_s, af, bf, st, wg, D, AREG, DT)  # S^T, dP^T
+            if DQ and LATE and _i > 0:  # the last tile's dQ added while S^T, dP^T run
+                add_dq(dq_acc, dqa, pat0, pq, sq, c0, lane, D, NQ)
             kaio.wgmma_wait(0)
             grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, causal, scale_log2,
                     lane, BM, TSTATS)  # fmt: skip
             pack_p(p, s, BM, DT)
             pack_p(ds, dp, BM, DT)
-            if DQ:
-                store_ds(ds_s, db, dp, kr, lane, BM, DT)
             kaio.wgmma_fence()
             issue_back_dkdv(dka, dva, p, ds, q_s, do_s, st, BM, DT)
-            if DQ:  # every warp's dS^T rows (DQ 2: of both warpgroups) in ds_s, then dQ
+            if DQ:  # dS^T (dp: no operand of dV's, dK's) to ds_s while they run; once every
+                # warp's rows are there (DQ 2: both warpgroups'), dQ
+                store_ds(ds_s, db, dp, kr, lane, BM, DT)
                 j = STAGES + 2 * (0 if DQ == 2 else i32(wg)) + db
                 release(bars, j, lt)
                 kaio.mbarrier_wait(bars, (1, j), dph)
@@ -284,13 +290,17 @@ def consume_dkdv(
             kaio.wgmma_wait(0)
             release(bars, st, lt)
             if DQ:
-                add_dq(dq_acc, dqa, at0, t * BM + 16 * i32(lt // 32) + i32(lane // 4), sq,
-                       (0 if DQ == 1 else i32(wg) * NQ), lane, D, NQ)  # fmt: skip
+                pq = t * BM + 16 * i32(lt // 32) + i32(lane // 4)
+                pat0 = at0
+                if not LATE:
+                    add_dq(dq_acc, dqa, at0, pq, sq, c0, lane, D, NQ)
                 db ^= 1
                 if db == 0:
                     dph ^= 1
             t, at0 = next_tile(t, at0, first, n_tiles, sq)
             st, ph = next_stage(st, ph, STAGES)
+        if DQ and LATE and total > 0:
+            add_dq(dq_acc, dqa, pat0, pq, sq, c0, lane, D, NQ)
     elif total > 0:
         kaio.mbarrier_wait(bars, (0, 0), 0)
         kaio.wgmma_fence()
@@ -381,13 +391,14 @@ def add_dq(
     D: kaio.constexpr, NQ: kaio.constexpr,
 ):  # fmt: skip
     """dq_acc[at0 + q + 8h, c0 + col] += dqa (atomics; rows q, q + 8 of the head whose row 0
-    is at0, those below sq; this lane's columns col = 8n + 2 (lane % 4) + e of NQ)."""
+    is at0; this lane's columns col = 8n + 2 (lane % 4) + e of NQ). A row at or past sq
+    (its dS masked: zeros) adds its zeros to row sq - 1: no branch, which would serialize
+    the products in flight (ptxas C7518)."""
     for h in kaio.static_range(2):
-        if q + 8 * h < sq:
-            at = (at0 + q + 8 * h) * D + c0 + i32(lane % 4) * 2
-            for n in kaio.static_range(NQ // 8):
-                for e in kaio.static_range(2):
-                    kaio.atomic_add(dq_acc, at + n * 8 + e, dqa[n, 2 * h + e])
+        at = (at0 + kaio.min(q + 8 * h, sq - 1)) * D + c0 + i32(lane % 4) * 2
+        for n in kaio.static_range(NQ // 8):
+            for e in kaio.static_range(2):
+                kaio.atomic_add(dq_acc, at + n * 8 + e, dqa[n, 2 * h + e])
 
 
 @kaio.gpu_func
@@ -524,15 +535,15 @@ def attention_bwd_dkdv_wgmma(
     dq_acc: f32[:], sq: i32, sk: i32, heads: i32, group: i32, scale_log2: f32, scale: f32,
     causal: i32, D: kaio.constexpr, BM: kaio.constexpr, WG: kaio.constexpr,
     STAGES: kaio.constexpr, PIPE: kaio.constexpr, AREG: kaio.constexpr, TSTATS: kaio.constexpr,
-    REGS: kaio.constexpr, DT: kaio.constexpr, DQ: kaio.constexpr,
+    REGS: kaio.constexpr, DT: kaio.constexpr, DQ: kaio.constexpr, LATE: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the ``64 * WG`` keys of block x and K/V head ``kvh`` = block y, summed over
     the query heads of its group (module docstring); where ``DQ`` (1 or 2, PIPE 0, BM 64),
     their share of dQ / scale too, added to ``dq_acc`` (f32 [B * H * sq * D], zeros before)
-    with atomics (``consume_dkdv``). ``tk``, ``tv``: k, v as [B * Hkv * sk, D] in boxes of
-    (64 * WG, 64); ``tq``, ``tdo``: q, do as [B * H * sq, D] in boxes of (BM, 64); ``tl``,
-    ``td``: lse, delta as [1, B * H * sq] f32 in boxes of (1, BM); dk, dv [B * Hkv * sk * D]
-    flat; ``scale_log2``: the scale times log2(e)."""
+    with atomics (``consume_dkdv``; ``LATE`` there). ``tk``, ``tv``: k, v as [B * Hkv * sk,
+    D] in boxes of (64 * WG, 64); ``tq``, ``tdo``: q, do as [B * H * sq, D] in boxes of (BM,
+    64); ``tl``, ``td``: lse, delta as [1, B * H * sq] f32 in boxes of (1, BM); dk, dv
+    [B * Hkv * sk * D] flat; ``scale_log2``: the scale times log2(e)."""
     BK = 64 * WG
     C = D // 64
     ONCE_BYTES = BK * D * 2
@@ -566,7 +577,7 @@ def attention_bwd_dkdv_wgmma(
             kaio.setmaxnreg_inc(REGS)
         consume_dkdv(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_acc,
                      wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk, causal,
-                     scale_log2, scale, D, BM, WG, STAGES, PIPE, AREG, TSTATS, DQ,
+                     scale_log2, scale, D, BM, WG, STAGES, PIPE, AREG, TSTATS, DQ, LATE,
                      DT)  # fmt: skip
     else:  # the producer warpgroup: its first thread loads
         if REGS:
@@ -660,8 +671,11 @@ def dq_convert(dq: DT[:], acc: f32[:], n: i32, scale: f32, DT: kaio.constexpr):
 
 
 def config(d: int) -> dict:
-    """The constexprs of both kernels for head dim ``d`` (64 or 128): ``{"dkdv": {BM, WG,
-    STAGES, PIPE, AREG, TSTATS, REGS}, "dq": {BN, WG, STAGES, PIPE, AREG, REGS}}``: two
+    """The constexprs of the kernels for head dim ``d`` (64 or 128): ``{"dkdv": {BM, WG,
+    STAGES, PIPE, AREG, TSTATS, REGS, DQ, LATE}, "dq": {BN, WG, STAGES, PIPE, AREG, REGS},
+    "fused": (dkdv's, with DQ)}``. The fused kernel (the default): dQ's columns split
+    between the warpgroups at D 128 (``DQ`` 2), each warpgroup's keys at D 64 (1), added
+    late at D 64. The pair (deterministic): two
     consumer warpgroups (128 keys, resp. 128 query rows, a block), query tiles of 64 for
     dK/dV, key tiles of 64 for dQ, as many ring stages as fit (at most 4), lse and delta by
     TMA, and the schedule measured fastest on an H100 (docs/hopper.md): each product waited
@@ -670,9 +684,11 @@ def config(d: int) -> dict:
     wg = 2
     common = {"WG": wg, "AREG": 0, "REGS": consumer_registers(wg)}
     bm, bn = 64, 64
-    dkdv = {"BM": bm, "STAGES": _stages(d, 64 * wg, bm, True), "PIPE": 0, "TSTATS": 1, "DQ": 0}
+    dkdv = {"BM": bm, "STAGES": _stages(d, 64 * wg, bm, True), "PIPE": 0, "TSTATS": 1}
+    dkdv.update(DQ=0, LATE=0)
     dq = {"BN": bn, "STAGES": _stages(d, 64 * wg, bn, False), "PIPE": int(d == 128)}
     fused = {**dkdv, "STAGES": _stages(d, 64 * wg, bm, True, 1), "DQ": 2 if d == 128 else 1}
+    fused["LATE"] = int(d == 64)  # at D 128 LATE spills (128 bytes)
     return {"dkdv": {**dkdv, **common}, "dq": {**dq, **common}, "fused": {**fused, **common}}
 
 

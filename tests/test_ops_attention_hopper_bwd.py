@@ -30,14 +30,16 @@ def poisoned_outputs(monkeypatch):
     poison_allocations(monkeypatch)
 
 
-def small(wg: int, pipe: int, areg: int = 0, dq: int = 0) -> dict:
+def small(wg: int, pipe: int, areg: int = 0, dq: int = 0, late: int = 0) -> dict:
     """A small configuration of the kernels: ``wg`` consumer warpgroups, 64-row tiles, two
     ring stages (so that the ring wraps), schedule ``pipe``, A fragments of the tiles loaded
     once in registers where ``areg`` (and then the dK/dV kernel's lse and delta read from
-    global memory, not copied by TMA); the fused kernel's dQ split ``dq`` (its PIPE 0)."""
+    global memory, not copied by TMA); the fused kernel's dQ split ``dq`` and ``late`` (its
+    PIPE 0)."""
     base = {"WG": wg, "STAGES": 2, "PIPE": pipe, "AREG": areg, "REGS": 0 if wg == 1 else 240}
-    dkdv = {"BM": 64, "TSTATS": 1 - areg, **base, "DQ": 0}
-    return {"dkdv": dkdv, "dq": {"BN": 64, **base}, "fused": {**dkdv, "PIPE": 0, "DQ": dq}}
+    dkdv = {"BM": 64, "TSTATS": 1 - areg, **base, "DQ": 0, "LATE": 0}
+    fused = {**dkdv, "PIPE": 0, "DQ": dq, "LATE": late}
+    return {"dkdv": dkdv, "dq": {"BN": 64, **base}, "fused": fused}
 
 
 def run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, deterministic=True):
@@ -86,21 +88,22 @@ def test_hopper_backward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, wg, p
 
 
 @pytest.mark.parametrize(
-    "b, h, hkv, sq, sk, d, dtype, causal, wg, dq",
+    "b, h, hkv, sq, sk, d, dtype, causal, wg, dq, late",
     [
         # one consumer warpgroup, each its keys' dQ over every column
-        (1, 1, 1, 128, 128, 64, np.float16, False, 1, 1),
-        # grouped-query, partial query tiles, Sq < Sk, causal; dQ's 32 columns a warpgroup
-        (1, 2, 1, 152, 256, 64, np.float16, True, 2, 2),
+        (1, 1, 1, 128, 128, 64, np.float16, False, 1, 1, 0),
+        # grouped-query, partial query tiles, Sq < Sk, causal; dQ's 32 columns a warpgroup,
+        # added while the next tile's products run
+        (1, 2, 1, 152, 256, 64, np.float16, True, 2, 2, 1),
         # D = 128, a query tail, keys past the last query; 64 columns a warpgroup
-        (1, 1, 1, 100, 384, 128, np.float16, True, 2, 2),
+        (1, 1, 1, 100, 384, 128, np.float16, True, 2, 2, 0),
         # D = 128, bf16, grouped-query, more tiles than stages, Sq > Sk, a partial key tile
-        (1, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 1),
+        (1, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 1, 1),
     ],
 )
-def test_fused_backward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, wg, dq):
+def test_fused_backward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, wg, dq, late):
     """The default (not deterministic) path: one kernel for dK, dV and dQ (atomics)."""
-    cfg = small(wg, 0, 0, dq)
+    cfg = small(wg, 0, 0, dq, late)
     grads, refs = run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, deterministic=False)
     tol = 1e-3 if dtype == np.float16 else 1e-2
     for name, g, r in zip(("dq", "dk", "dv"), grads, refs, strict=True):
