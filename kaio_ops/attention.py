@@ -6,9 +6,9 @@ The kernels are DSL code in ``kaio_ops._attention_simt`` and ``kaio_ops._attenti
 on an sm_90 GPU (H100, H200) ``flash_attention``'s forward runs ``kaio_ops._attention_hopper``
 (TMA, wgmma, warp specialization) where it measured faster (``hopper_takes``;
 ``KAIO_HOPPER_ATTENTION=0`` opts out): the same contract and outputs (lse included), to the
-rounding of P; its backward likewise runs ``kaio_ops._attention_hopper_bwd`` (two wgmma
-kernels, deterministic). This module checks the inputs, picks the specialization and the grid, and
-launches. Scores are
+rounding of P; its backward likewise runs ``kaio_ops._attention_hopper_bwd`` (one wgmma
+kernel with dQ by atomics, or the deterministic pair). This module checks the inputs, picks
+the specialization and the grid, and launches. Scores are
 scaled by ``1/sqrt(D)`` (``scale`` where given); causal attention masks key ``j > i`` (query
 ``i``, both counted from 0, as torch's ``is_causal``). A row with no valid key gets zeros
 (and a logsumexp of -inf), never NaN.
@@ -445,3 +445,6 @@ def shipped():
                 yield tc.attention_bwd_dkdv, {"DP": dp, "BQ": bwd_tile(dp), **flags, **types}
     for dtype in (f32, f16, bf16):
         yield tc.row_dot, {"DT": dtype}
+    yield hopper_bwd.dq_zero, {}  # the fused Hopper backward's dQ (f32 sums: SIMT kernels)
+    for dtype in (f16, bf16):
+        yield hopper_bwd.dq_convert, {"DT": dtype}
