@@ -221,7 +221,8 @@ def load_frags(af: u32[:, :], a_s: DT[:, :, :], row0: i32, lane: u32, D: kaio.co
 def consume_dkdv(
     k_s: DT[:, :, :], v_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :],
     stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], lse: f32[:], delta: f32[:],
-    dk: DT[:], dv: DT[:], ds_s: DT[:, :, :], dq_acc: f32[:], wg: u32, lt: u32, kvh: i32,
+    dk: DT[:], dv: DT[:], ds_s: DT[:, :, :], dq_s: f32[:, :], dq_acc: f32[:], wg: u32, lt: u32,
+    kvh: i32,
     first_head: i32, group: i32, first: i32, n_tiles: i32, k0: i32, sq: i32, sk: i32,
     causal: i32, scale_log2: f32, scale: f32, D: kaio.constexpr, BM: kaio.constexpr,
     WG: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr, AREG: kaio.constexpr,
@@ -235,8 +236,9 @@ def consume_dkdv(
     also goes to shared memory (``ds_s``, double-buffered) and dQ += dS K is added to the
     f32 ``dq_acc`` with atomics, over this warpgroup's 64 keys and every column (1) or over
     the block's keys and this warpgroup's D / WG columns (2: a barrier across the
-    warpgroups, half the atomics); ``LATE``: a tile's dQ added while the next tile's S^T and
-    dP^T run (else at once)."""
+    warpgroups, half the atomics), or as 2 but stored to ``dq_s`` for the producer
+    warpgroup's other warps to add (3: ``write_dq``); ``LATE`` (DQ 1, 2): a tile's dQ added
+    while the next tile's S^T and dP^T run (else at once)."""
     lane = lt % 32
     key0 = k0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)  # rows key0, key0 + 8
     dka = kaio.local(f32, (D // 8, 4))
@@ -266,12 +268,14 @@ def consume_dkdv(
     dph = u32(0)
     pq = i32(0)  # the last tile's first query row of this thread, its head's row 0
     pat0 = i32(0)
+    FULL = STAGES + 2 * WG  # DQ 3: dq_s written (the consumers), read (the writers)
+    wph = u32(0)
     if PIPE == 0:
         for _i in range(total):
             kaio.mbarrier_wait(bars, (0, st), ph)
             kaio.wgmma_fence()
             issue_front(s, dp, k_s, v_s, q_s, do_s, af, bf, st, wg, D, AREG, DT)  # S^T, dP^T
-            if DQ and LATE and _i > 0:  # the last tile's dQ added while S^T, dP^T run
+            if DQ != 3 and LATE and _i > 0:  # the last tile's dQ added while S^T, dP^T run
                 add_dq(dq_acc, dqa, pat0, pq, sq, c0, lane, D, NQ)
             kaio.wgmma_wait(0)
             grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, causal, scale_log2,
@@ -283,7 +287,7 @@ def consume_dkdv(
             if DQ:  # dS^T (dp: no operand of dV's, dK's) to ds_s while they run; once every
                 # warp's rows are there (DQ 2: both warpgroups'), dQ
                 store_ds(ds_s, db, dp, kr, lane, BM, DT)
-                j = STAGES + 2 * (0 if DQ == 2 else i32(wg)) + db
+                j = STAGES + 2 * (0 if DQ >= 2 else i32(wg)) + db
                 release(bars, j, lt)
                 kaio.mbarrier_wait(bars, (1, j), dph)
                 issue_dq(dqa, ds_s, db, k_s, wg, D, NQ, WG, DQ, DT)
@@ -292,14 +296,20 @@ def consume_dkdv(
             if DQ:
                 pq = t * BM + 16 * i32(lt // 32) + i32(lane // 4)
                 pat0 = at0
-                if not LATE:
+                if DQ == 3:  # to dq_s once the writers have read the last tile's
+                    if _i > 0:
+                        kaio.mbarrier_wait(bars, (1, FULL + 1), wph)
+                        wph ^= 1
+                    store_dq(dq_s, dqa, 16 * i32(lt // 32) + i32(lane // 4), c0, lane, NQ)
+                    release(bars, FULL, lt)
+                elif not LATE:
                     add_dq(dq_acc, dqa, at0, pq, sq, c0, lane, D, NQ)
                 db ^= 1
                 if db == 0:
                     dph ^= 1
             t, at0 = next_tile(t, at0, first, n_tiles, sq)
             st, ph = next_stage(st, ph, STAGES)
-        if DQ and LATE and total > 0:
+        if DQ != 3 and DQ and LATE and total > 0:
             add_dq(dq_acc, dqa, pat0, pq, sq, c0, lane, D, NQ)
     elif total > 0:
         kaio.mbarrier_wait(bars, (0, 0), 0)
@@ -399,6 +409,46 @@ def add_dq(
         for n in kaio.static_range(NQ // 8):
             for e in kaio.static_range(2):
                 kaio.atomic_add(dq_acc, at + n * 8 + e, dqa[n, 2 * h + e])
+
+
+@kaio.gpu_func
+def store_dq(dq_s: f32[:, :], dqa: f32[:, :], q: i32, c0: i32, lane: u32, NQ: kaio.constexpr):
+    """dq_s[q + 8h, c0 + col] = dqa (rows q, q + 8 of the tile; this lane's columns col =
+    8n + 2 (lane % 4) + e of NQ, in pairs)."""
+    for h in kaio.static_range(2):
+        for n in kaio.static_range(NQ // 8):
+            pair = kaio.local(f32, 2)
+            for e in kaio.static_range(2):
+                pair[e] = dqa[n, 2 * h + e]
+            kaio.store_vector(dq_s, (q + 8 * h, c0 + n * 8 + i32(lane % 4) * 2), pair)
+
+
+@kaio.gpu_func
+def write_dq(
+    dq_s: f32[:, :], bars: u64[:, :], dq_acc: f32[:], lt: u32, first_head: i32, group: i32,
+    first: i32, n_tiles: i32, sq: i32, FULL: kaio.constexpr, D: kaio.constexpr,
+    BM: kaio.constexpr,
+):  # fmt: skip
+    """The dQ writers (DQ 3), the producer warpgroup's warps 1 to 3 (thread ``lt`` of it):
+    for each tile of the consumers' walk, once the consumers have stored its dQ in dq_s
+    (``bars[1, FULL]``), add its rows below sq to ``dq_acc`` (atomics, a warp a row at a
+    time: 128 contiguous bytes), then free dq_s (``bars[1, FULL + 1]``)."""
+    lane = i32(lt % 32)
+    t = first
+    at0 = first_head * sq
+    ph = u32(0)
+    for _i in range(group * kaio.max(n_tiles - first, 0)):
+        kaio.mbarrier_wait(bars, (1, FULL), ph)
+        ph ^= 1
+        q0 = t * BM
+        for r in range(i32(lt // 32) - 1, kaio.min(BM, sq - q0), 3):
+            at = (at0 + q0 + r) * D + lane
+            for c in kaio.static_range(D // 32):
+                kaio.atomic_add(dq_acc, at + 32 * c, dq_s[r, lane + 32 * c])
+        kaio.sync_warp()
+        if lane == 0:
+            kaio.mbarrier_arrive(bars, (1, FULL + 1))
+        t, at0 = next_tile(t, at0, first, n_tiles, sq)
 
 
 @kaio.gpu_func
@@ -517,13 +567,17 @@ def init_barriers(bars: u64[:, :], turn: u64[:], WG: kaio.constexpr, STAGES: kai
     """Thread 0: the ring's barriers (landed: the producer's arrival; free: one from each
     consumer warp, ``release``), ``turn[0]`` (the tiles loaded once) and, where ``DQ``, the
     dS buffers' ``bars[1, STAGES + 2 g + b]`` (buffer b of warpgroup g's warps, ``DQ`` 1, or
-    g = 0 of all consumer warps, 2), fenced for the copy engine."""
+    g = 0 of all consumer warps, 2 and 3) and for DQ 3 dq_s's (``write_dq``), fenced for
+    the copy engine."""
     for s in kaio.static_range(STAGES):
         kaio.mbarrier_init(bars, (0, s), 1)
         kaio.mbarrier_init(bars, (1, s), 4 * WG)  # an arrival from each consumer warp
     if DQ:
         for j in kaio.static_range(2 * WG):
             kaio.mbarrier_init(bars, (1, STAGES + j), 4 if DQ == 1 else 4 * WG)
+    if DQ == 3:  # dq_s written by the consumer warps, read by the 3 writer warps
+        kaio.mbarrier_init(bars, (1, STAGES + 2 * WG), 4 * WG)
+        kaio.mbarrier_init(bars, (1, STAGES + 2 * WG + 1), 3)
     kaio.mbarrier_init(turn, 0, 1)
     kaio.fence_proxy_async()
 
@@ -549,14 +603,17 @@ def attention_bwd_dkdv_wgmma(
     ONCE_BYTES = BK * D * 2
     RING_BYTES = STAGES * BM * D * 2
     DS = 2 * ONCE_BYTES + 2 * RING_BYTES
-    STATS = DS + (2 * BK * 64 * 2 if DQ else 0)
+    DQS = DS + (2 * BK * 64 * 2 if DQ else 0)
+    STATS = DQS + (BM * (D + 8) * 4 if DQ == 3 else 0)
     BARS = STATS + 2 * STAGES * BM * 4
-    NB = STAGES + (2 * WG if DQ else 0)
+    NB = STAGES + (2 * WG if DQ else 0) + (2 if DQ == 3 else 0)
     k_s = kaio.shared_dynamic(DT, (C, BK, 64), 0)
     v_s = kaio.shared_dynamic(DT, (C, BK, 64), ONCE_BYTES)
     q_s = kaio.shared_dynamic(DT, (STAGES, C, BM, 64), 2 * ONCE_BYTES)
     do_s = kaio.shared_dynamic(DT, (STAGES, C, BM, 64), 2 * ONCE_BYTES + RING_BYTES)
-    ds_s = kaio.shared_dynamic(DT, (2, BK, 64), DS)
+    # (without DQ, resp. DQ 3, these two are unused: a row at the stats)
+    ds_s = kaio.shared_dynamic(DT, (2 if DQ else 1, BK if DQ else 1, 64), DS)
+    dq_s = kaio.shared_dynamic(f32, (BM if DQ == 3 else 1, D + 8), DQS)  # rows padded
     stats = kaio.shared_dynamic(f32, (2, STAGES, BM), STATS)
     bars = kaio.shared_dynamic(u64, (2, NB), BARS)
     turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * NB)
@@ -575,8 +632,8 @@ def attention_bwd_dkdv_wgmma(
     if wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
-        consume_dkdv(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_acc,
-                     wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk, causal,
+        consume_dkdv(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
+                     dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk, causal,
                      scale_log2, scale, D, BM, WG, STAGES, PIPE, AREG, TSTATS, DQ, LATE,
                      DT)  # fmt: skip
     else:  # the producer warpgroup: its first thread loads
@@ -586,6 +643,10 @@ def attention_bwd_dkdv_wgmma(
             produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl, td,
                     kvh * sk + k0, first_head * sq, sq, group, first, n_tiles, D, BK, BM,
                     STAGES, TSTATS, DT)  # fmt: skip
+        elif lt >= 32:  # warps 1 to 3: the dQ writers (DQ 3)
+            if DQ == 3:
+                write_dq(dq_s, bars, dq_acc, lt, first_head, group, first, n_tiles, sq,
+                         STAGES + 2 * WG, D, BM)  # fmt: skip
 
 
 @kaio.gpu_kernel(fastmath=True)
@@ -638,11 +699,13 @@ def shared_bytes(d: int, once: int, ring: int, stages: int, stat_rows: int, dq: 
     the ring's two tiles of ``ring`` rows a stage, (``dq``: the dS^T buffers, two of ``once``
     x 64,) the lse and delta of ``stat_rows`` rows, the barriers."""
     ds = 2 * once * 64 * 2 + 16 * once // 32 if dq else 0  # the buffers, their barriers
+    ds += ring * (d + 8) * 4 + 32 if dq == 3 else 0  # dq_s, its barriers
     return 2 * once * d * 2 + 2 * stages * ring * d * 2 + 2 * stat_rows * 4 + 16 * stages + 16 + ds
 
 
 def _stages(d: int, once: int, ring: int, ring_stats: bool, dq: int = 0) -> int:
     left = SHARED_LIMIT - 2 * once * d * 2 - 2 * once * 4 - 256 - (4 * once * 64 if dq else 0)
+    left -= ring * (d + 8) * 4 + 32 if dq == 3 else 0
     return max(1, min(4, left // (2 * ring * d * 2 + (2 * ring * 4 if ring_stats else 0))))
 
 
@@ -687,8 +750,8 @@ def config(d: int) -> dict:
     dkdv = {"BM": bm, "STAGES": _stages(d, 64 * wg, bm, True), "PIPE": 0, "TSTATS": 1}
     dkdv.update(DQ=0, LATE=0)
     dq = {"BN": bn, "STAGES": _stages(d, 64 * wg, bn, False), "PIPE": int(d == 128)}
-    fused = {**dkdv, "STAGES": _stages(d, 64 * wg, bm, True, 1), "DQ": 2 if d == 128 else 1}
-    fused["LATE"] = int(d == 64)  # at D 128 LATE spills (128 bytes)
+    fused = {**dkdv, "DQ": 2 if d == 128 else 1, "LATE": int(d == 64)}  # D 128 LATE spills
+    fused["STAGES"] = _stages(d, 64 * wg, bm, True, fused["DQ"])
     return {"dkdv": {**dkdv, **common}, "dq": {**dq, **common}, "fused": {**fused, **common}}
 
 

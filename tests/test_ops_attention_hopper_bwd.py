@@ -99,6 +99,10 @@ def test_hopper_backward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, wg, p
         (1, 1, 1, 100, 384, 128, np.float16, True, 2, 2, 0),
         # D = 128, bf16, grouped-query, more tiles than stages, Sq > Sk, a partial key tile
         (1, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 1, 1),
+        # dQ through shared memory and the writer warps: grouped-query, partial query
+        # tiles, causal (D 64), more tiles than stages, a partial key tile (D 128, bf16)
+        (1, 2, 1, 152, 256, 64, np.float16, True, 2, 3, 0),
+        (1, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 3, 0),
     ],
 )
 def test_fused_backward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, wg, dq, late):
