@@ -44,7 +44,7 @@ finite input.
 from __future__ import annotations
 
 import kaio
-from kaio import f32, i32, u32, u64
+from kaio import bool_, f32, i32, u32, u64
 from kaio_ops._attention_hopper import (
     PRODUCER_REGS,
     SHARED_LIMIT,
@@ -237,8 +237,9 @@ def consume_dkdv(
     f32 ``dq_acc`` with atomics, over this warpgroup's 64 keys and every column (1) or over
     the block's keys and this warpgroup's D / WG columns (2: a barrier across the
     warpgroups, half the atomics), or as 2 but stored to ``dq_s`` for the producer
-    warpgroup's other warps to add (3: ``write_dq``); ``LATE`` (DQ 1, 2): a tile's dQ added
-    while the next tile's S^T and dP^T run (else at once)."""
+    warpgroup's other warps to add (3: ``write_dq``); ``LATE``: a tile's dQ product issued
+    with the next tile's S^T and dP^T and run while that tile's P^T and dS^T are computed
+    (else at once)."""
     lane = lt % 32
     key0 = k0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)  # rows key0, key0 + 8
     dka = kaio.local(f32, (D // 8, 4))
@@ -270,47 +271,59 @@ def consume_dkdv(
     pat0 = i32(0)
     FULL = STAGES + 2 * WG  # DQ 3: dq_s written (the consumers), read (the writers)
     wph = u32(0)
+    pdb = i32(0)  # the last tile's buffer and barrier parity (LATE)
+    pph = u32(0)
+    G = 0 if DQ >= 2 else 2 * i32(wg)  # this warpgroup's dS barriers: bars[1, STAGES + G + b]
     if PIPE == 0:
         for _i in range(total):
             kaio.mbarrier_wait(bars, (0, st), ph)
             kaio.wgmma_fence()
             issue_front(s, dp, k_s, v_s, q_s, do_s, af, bf, st, wg, D, AREG, DT)  # S^T, dP^T
-            if DQ != 3 and LATE and _i > 0:  # the last tile's dQ added while S^T, dP^T run
-                add_dq(dq_acc, dqa, pat0, pq, sq, c0, lane, D, NQ)
-            kaio.wgmma_wait(0)
+            if DQ and LATE and _i > 0:  # the last tile's dQ product while P^T, dS^T are made
+                kaio.mbarrier_wait(bars, (1, STAGES + G + pdb), pph)
+                issue_dq(dqa, ds_s, pdb, k_s, wg, D, NQ, WG, DQ, DT)
+                kaio.wgmma_wait(1)
+            else:
+                kaio.wgmma_wait(0)
             grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, causal, scale_log2,
                     lane, BM, TSTATS)  # fmt: skip
             pack_p(p, s, BM, DT)
             pack_p(ds, dp, BM, DT)
+            if DQ and LATE and _i > 0:
+                kaio.wgmma_wait(0)
+                wph = hand_dq(dq_s, bars, dq_acc, dqa, pat0, pq, sq, c0, lane, lt, _i > 1, wph,
+                              FULL, D, NQ, DQ)  # fmt: skip
             kaio.wgmma_fence()
             issue_back_dkdv(dka, dva, p, ds, q_s, do_s, st, BM, DT)
             if DQ:  # dS^T (dp: no operand of dV's, dK's) to ds_s while they run; once every
-                # warp's rows are there (DQ 2: both warpgroups'), dQ
+                # warp's rows are there (DQ 2, 3: both warpgroups'), dQ (LATE: next tile)
                 store_ds(ds_s, db, dp, kr, lane, BM, DT)
-                j = STAGES + 2 * (0 if DQ >= 2 else i32(wg)) + db
-                release(bars, j, lt)
-                kaio.mbarrier_wait(bars, (1, j), dph)
-                issue_dq(dqa, ds_s, db, k_s, wg, D, NQ, WG, DQ, DT)
+                release(bars, STAGES + G + db, lt)
+                if not LATE:
+                    kaio.mbarrier_wait(bars, (1, STAGES + G + db), dph)
+                    issue_dq(dqa, ds_s, db, k_s, wg, D, NQ, WG, DQ, DT)
             kaio.wgmma_wait(0)
             release(bars, st, lt)
             if DQ:
                 pq = t * BM + 16 * i32(lt // 32) + i32(lane // 4)
                 pat0 = at0
-                if DQ == 3:  # to dq_s once the writers have read the last tile's
-                    if _i > 0:
-                        kaio.mbarrier_wait(bars, (1, FULL + 1), wph)
-                        wph ^= 1
-                    store_dq(dq_s, dqa, 16 * i32(lt // 32) + i32(lane // 4), c0, lane, NQ)
-                    release(bars, FULL, lt)
-                elif not LATE:
-                    add_dq(dq_acc, dqa, at0, pq, sq, c0, lane, D, NQ)
+                if not LATE:
+                    wph = hand_dq(dq_s, bars, dq_acc, dqa, at0, pq, sq, c0, lane, lt, _i > 0,
+                                  wph, FULL, D, NQ, DQ)  # fmt: skip
+                pdb = db
+                pph = dph
                 db ^= 1
                 if db == 0:
                     dph ^= 1
             t, at0 = next_tile(t, at0, first, n_tiles, sq)
             st, ph = next_stage(st, ph, STAGES)
-        if DQ != 3 and DQ and LATE and total > 0:
-            add_dq(dq_acc, dqa, pat0, pq, sq, c0, lane, D, NQ)
+        if DQ and LATE and total > 0:  # the last tile's dQ
+            kaio.mbarrier_wait(bars, (1, STAGES + G + pdb), pph)
+            kaio.wgmma_fence()
+            issue_dq(dqa, ds_s, pdb, k_s, wg, D, NQ, WG, DQ, DT)
+            kaio.wgmma_wait(0)
+            hand_dq(dq_s, bars, dq_acc, dqa, pat0, pq, sq, c0, lane, lt, total > 1, wph, FULL,
+                    D, NQ, DQ)  # fmt: skip
     elif total > 0:
         kaio.mbarrier_wait(bars, (0, 0), 0)
         kaio.wgmma_fence()
@@ -421,6 +434,27 @@ def store_dq(dq_s: f32[:, :], dqa: f32[:, :], q: i32, c0: i32, lane: u32, NQ: ka
             for e in kaio.static_range(2):
                 pair[e] = dqa[n, 2 * h + e]
             kaio.store_vector(dq_s, (q + 8 * h, c0 + n * 8 + i32(lane % 4) * 2), pair)
+
+
+@kaio.gpu_func
+def hand_dq(
+    dq_s: f32[:, :], bars: u64[:, :], dq_acc: f32[:], dqa: f32[:, :], at0: i32, q: i32,
+    sq: i32, c0: i32, lane: u32, lt: u32, after: bool_, wph: u32, FULL: kaio.constexpr,
+    D: kaio.constexpr, NQ: kaio.constexpr, DQ: kaio.constexpr,
+) -> u32:  # fmt: skip
+    """A tile's dQ out of the registers (rows q, q + 8 of the head at at0, columns c0 ..):
+    DQ 3, to dq_s once the writers have read the last tile's (``after`` a first; parity
+    ``wph``), then the "full" arrival; else added to dq_acc (``add_dq``). Returns the next
+    parity."""
+    if DQ == 3:
+        if after:
+            kaio.mbarrier_wait(bars, (1, FULL + 1), wph)
+            wph ^= 1
+        store_dq(dq_s, dqa, q % 64, c0, lane, NQ)
+        release(bars, FULL, lt)
+    else:
+        add_dq(dq_acc, dqa, at0, q, sq, c0, lane, D, NQ)
+    return wph
 
 
 @kaio.gpu_func

@@ -93,16 +93,17 @@ def test_hopper_backward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, wg, p
         # one consumer warpgroup, each its keys' dQ over every column
         (1, 1, 1, 128, 128, 64, np.float16, False, 1, 1, 0),
         # grouped-query, partial query tiles, Sq < Sk, causal; dQ's 32 columns a warpgroup,
-        # added while the next tile's products run
+        # its product run with the next tile's
         (1, 2, 1, 152, 256, 64, np.float16, True, 2, 2, 1),
         # D = 128, a query tail, keys past the last query; 64 columns a warpgroup
         (1, 1, 1, 100, 384, 128, np.float16, True, 2, 2, 0),
         # D = 128, bf16, grouped-query, more tiles than stages, Sq > Sk, a partial key tile
         (1, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 1, 1),
         # dQ through shared memory and the writer warps: grouped-query, partial query
-        # tiles, causal (D 64), more tiles than stages, a partial key tile (D 128, bf16)
+        # tiles, causal (D 64), more tiles than stages, a partial key tile (D 128, bf16,
+        # each dQ product a tile late)
         (1, 2, 1, 152, 256, 64, np.float16, True, 2, 3, 0),
-        (1, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 3, 0),
+        (1, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 3, 1),
     ],
 )
 def test_fused_backward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, wg, dq, late):
