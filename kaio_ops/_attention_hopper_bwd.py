@@ -135,15 +135,17 @@ def zero_acc(acc: f32[:, :], N: kaio.constexpr):
 @kaio.gpu_func
 def grads_t(
     s: f32[:, :], dp: f32[:, :], stats: f32[:, :, :], st: i32, lse: f32[:], delta: f32[:],
-    at0: i32, key0: i32, q0: i32, sq: i32, causal: i32, scale_log2: f32, lane: u32,
+    at0: i32, key0: i32, q0: i32, sq: i32, kend: i32, causal: i32, scale_log2: f32, lane: u32,
     BM: kaio.constexpr, TSTATS: kaio.constexpr,
 ):  # fmt: skip
     """s = P^T, dp = dS^T = P^T (dP^T - delta) of the query tile q0 in ring stage ``st``
     (columns: queries q0 + 8n + 2 (lane % 4) + e, whose lse and delta are ``stats[0 and 1,
     st]`` where ``TSTATS``, else read from ``lse``, ``delta`` at ``at0`` (the head's query
-    0); rows: keys key0 + 8h), the queries past sq and (causal) before the key masked to
-    zero probability where the tile needs it."""
-    masked = q0 + BM > sq or (causal != 0 and q0 < key0 - i32(lane // 4) + 15)
+    0); rows: keys key0 + 8h), the queries past sq, (causal) before the key and the keys at
+    or past ``kend`` (the fused kernel's sk: its dS reaches dQ) masked to zero probability
+    where the tile needs it."""
+    key_tile = key0 - i32(lane // 4)  # the warp's first key
+    masked = q0 + BM > sq or (causal != 0 and q0 < key_tile + 15) or key_tile + 16 > kend
     for n in kaio.static_range(BM // 8):
         pair = kaio.local(f32, 2)
         dpair = kaio.local(f32, 2)
@@ -167,7 +169,7 @@ def grads_t(
                 x = kaio.exp2(kaio.fma(s[n, 2 * h + e], scale_log2, -l2))
                 if masked:
                     ok = q0 + col < sq and (causal == 0 or key0 + 8 * h <= q0 + col)
-                    x = kaio.select(ok, x, 0.0)
+                    x = kaio.select(ok and key0 + 8 * h < kend, x, 0.0)
                 s[n, 2 * h + e] = x
                 dp[n, 2 * h + e] = x * (dp[n, 2 * h + e] - dpair[e])
 
@@ -274,6 +276,7 @@ def consume_dkdv(
     pdb = i32(0)  # the last tile's buffer and barrier parity (LATE)
     pph = u32(0)
     G = 0 if DQ >= 2 else 2 * i32(wg)  # this warpgroup's dS barriers: bars[1, STAGES + G + b]
+    kend = sk if DQ else 1 << 30  # keys past sk: their dS would reach dQ
     if PIPE == 0:
         for _i in range(total):
             kaio.mbarrier_wait(bars, (0, st), ph)
@@ -285,7 +288,7 @@ def consume_dkdv(
                 kaio.wgmma_wait(1)
             else:
                 kaio.wgmma_wait(0)
-            grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, causal, scale_log2,
+            grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, kend, causal, scale_log2,
                     lane, BM, TSTATS)  # fmt: skip
             pack_p(p, s, BM, DT)
             pack_p(ds, dp, BM, DT)
@@ -329,7 +332,7 @@ def consume_dkdv(
         kaio.wgmma_fence()
         issue_front(s, dp, k_s, v_s, q_s, do_s, af, bf, 0, wg, D, AREG, DT)
         kaio.wgmma_wait(0)
-        grads_t(s, dp, stats, 0, lse, delta, at0, key0, t * BM, sq, causal, scale_log2, lane,
+        grads_t(s, dp, stats, 0, lse, delta, at0, key0, t * BM, sq, kend, causal, scale_log2, lane,
                 BM, TSTATS)  # fmt: skip
         pack_p(p, s, BM, DT)
         pack_p(ds, dp, BM, DT)
@@ -342,7 +345,7 @@ def consume_dkdv(
             issue_front(s, dp, k_s, v_s, q_s, do_s, af, bf, st, wg, D, AREG, DT)
             issue_back_dkdv(dka, dva, p, ds, q_s, do_s, ps, BM, DT)  # tile i - 1's
             kaio.wgmma_wait(2)  # S^T, dP^T done (tile i - 1's dV, dK may still run)
-            grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, causal, scale_log2,
+            grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, kend, causal, scale_log2,
                     lane, BM, TSTATS)  # fmt: skip
             kaio.wgmma_wait(0)  # tile i - 1's dV, dK done: p, ds and its stage are free
             release(bars, ps, lt)
