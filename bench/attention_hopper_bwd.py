@@ -33,19 +33,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.attention_hopper import emit, save, time_calls  # noqa: E402
 
 NEW = {  # name: overrides of _attention_hopper_bwd.config's constexprs, per kernel
-    "wgmma": {},  # the default: the fused kernel (dQ by atomics)
+    "wgmma": {},  # the default: the fused kernel (dQ by bulk reductions)
     "pair": {"deterministic": True},  # the deterministic dK/dV and dQ kernels
-    "fused dq1": {"fused": {"DQ": 1}},  # each warpgroup's dQ over its own keys, every column
-    "fused s2": {"fused": {"STAGES": 2}},
-    "pair gstats": {"deterministic": True, "dkdv": {"TSTATS": 0}},
-    "pair dq areg": {"deterministic": True, "dq": {"AREG": 1}},
+    "fused atomics": {"fused": {"DQ": 2, "STAGES": 3}},  # dQ by atomics from the registers
+    "fused writers": {"fused": {"DQ": 3}},  # by atomics from dq_s (the writer warps)
     "dkdv only": {"only": "dkdv"},  # one kernel alone (its FLOPs: 4/7 of the pair's, 2/3 dQ's)
     "dq only": {"only": "dq"},
 }
 D64 = {
-    "fused dq2": {"fused": {"DQ": 2}},  # dQ's 32 columns a warpgroup
-    "pair pipe1": {"deterministic": True, "dkdv": {"PIPE": 1}, "dq": {"PIPE": 1}},
-    "pair areg": {"deterministic": True, "dkdv": {"AREG": 1, "TSTATS": 0}, "dq": {"AREG": 1}},
+    "fused atomics late": {"fused": {"DQ": 2, "STAGES": 4, "LATE": 1}},
+    "pair pipe0": {"deterministic": True, "dkdv": {"PIPE": 0}, "dq": {"PIPE": 0}},
 }
 DEFAULTS = (("float16", 128), ("bfloat16", 128), ("float16", 64), ("bfloat16", 64))
 
@@ -63,7 +60,7 @@ def variants(spec=None):
         return [(lab, dt, d, kind, over) for (lab, dt, d), (kind, over) in seen.items()]
     out = [("wgmma", dt, d, "new", {}) for dt, d in DEFAULTS]
     out += [(name, "float16", 128, "new", over) for name, over in NEW.items() if over]
-    for name in ("pair", "fused dq2", "pair pipe1", "pair areg", "dkdv only", "dq only"):
+    for name in ("pair", "fused atomics late", "pair pipe0", "dkdv only", "dq only"):
         out.append((name, "float16", 64, "new", D64[name] if name in D64 else NEW[name]))
     out += [("mma.sync", dt, d, "old", {}) for dt, d in DEFAULTS]
     return out

@@ -239,9 +239,9 @@ def consume_dkdv(
     f32 ``dq_acc`` with atomics, over this warpgroup's 64 keys and every column (1) or over
     the block's keys and this warpgroup's D / WG columns (2: a barrier across the
     warpgroups, half the atomics), or as 2 but stored to ``dq_s`` for the producer
-    warpgroup's other warps to add (3: ``write_dq``); ``LATE``: a tile's dQ product issued
-    with the next tile's S^T and dP^T and run while that tile's P^T and dS^T are computed
-    (else at once)."""
+    warpgroup's other warps to add (3: atomics, 4: bulk reductions; ``write_dq``);
+    ``LATE`` (DQ 1, 2): a tile's dQ product issued with the next tile's S^T and dP^T and run
+    while that tile's P^T and dS^T are computed (else at once)."""
     lane = lt % 32
     key0 = k0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)  # rows key0, key0 + 8
     dka = kaio.local(f32, (D // 8, 4))
@@ -446,10 +446,10 @@ def hand_dq(
     D: kaio.constexpr, NQ: kaio.constexpr, DQ: kaio.constexpr,
 ) -> u32:  # fmt: skip
     """A tile's dQ out of the registers (rows q, q + 8 of the head at at0, columns c0 ..):
-    DQ 3, to dq_s once the writers have read the last tile's (``after`` a first; parity
+    DQ 3 and 4, to dq_s once the writers have read the last tile's (``after`` a first; parity
     ``wph``), then the "full" arrival; else added to dq_acc (``add_dq``). Returns the next
     parity."""
-    if DQ == 3:
+    if DQ >= 3:
         if after:
             kaio.mbarrier_wait(bars, (1, FULL + 1), wph)
             wph ^= 1
@@ -464,12 +464,14 @@ def hand_dq(
 def write_dq(
     dq_s: f32[:, :], bars: u64[:, :], dq_acc: f32[:], lt: u32, first_head: i32, group: i32,
     first: i32, n_tiles: i32, sq: i32, FULL: kaio.constexpr, D: kaio.constexpr,
-    BM: kaio.constexpr,
+    BM: kaio.constexpr, DQ: kaio.constexpr,
 ):  # fmt: skip
-    """The dQ writers (DQ 3), the producer warpgroup's warps 1 to 3 (thread ``lt`` of it):
-    for each tile of the consumers' walk, once the consumers have stored its dQ in dq_s
-    (``bars[1, FULL]``), add its rows below sq to ``dq_acc`` (atomics, a warp a row at a
-    time: 128 contiguous bytes), then free dq_s (``bars[1, FULL + 1]``)."""
+    """The dQ writers, the producer warpgroup's warps 1 to 3 (thread ``lt`` of it): for each
+    tile of the consumers' walk, once the consumers have stored its dQ in dq_s
+    (``bars[1, FULL]``), add its rows below sq to ``dq_acc``, then free dq_s (``bars[1,
+    FULL + 1]``). DQ 3: atomics, a warp a row at a time (128 contiguous bytes an
+    instruction); DQ 4: warp 1's lanes each a row's ``bulk_reduce_add`` (two rows), warps 2
+    and 3 only pass the barriers."""
     lane = i32(lt % 32)
     t = first
     at0 = first_head * sq
@@ -478,14 +480,24 @@ def write_dq(
         kaio.mbarrier_wait(bars, (1, FULL), ph)
         ph ^= 1
         q0 = t * BM
-        for r in range(i32(lt // 32) - 1, kaio.min(BM, sq - q0), 3):
-            at = (at0 + q0 + r) * D + lane
-            for c in kaio.static_range(D // 32):
-                kaio.atomic_add(dq_acc, at + 32 * c, dq_s[r, lane + 32 * c])
+        if DQ == 3:
+            for r in range(i32(lt // 32) - 1, kaio.min(BM, sq - q0), 3):
+                at = (at0 + q0 + r) * D + lane
+                for c in kaio.static_range(D // 32):
+                    kaio.atomic_add(dq_acc, at + 32 * c, dq_s[r, lane + 32 * c])
+        elif lt < 64:
+            for h in kaio.static_range(BM // 32):
+                r = lane + 32 * h
+                if q0 + r < sq:
+                    kaio.bulk_reduce_add(dq_acc, (at0 + q0 + r) * D, dq_s, (r, 0), D * 4)
+            kaio.bulk_commit()
+            kaio.bulk_wait_read(0)
         kaio.sync_warp()
         if lane == 0:
             kaio.mbarrier_arrive(bars, (1, FULL + 1))
         t, at0 = next_tile(t, at0, first, n_tiles, sq)
+    if DQ == 4:
+        kaio.bulk_wait(0)
 
 
 @kaio.gpu_func
@@ -612,7 +624,7 @@ def init_barriers(bars: u64[:, :], turn: u64[:], WG: kaio.constexpr, STAGES: kai
     if DQ:
         for j in kaio.static_range(2 * WG):
             kaio.mbarrier_init(bars, (1, STAGES + j), 4 if DQ == 1 else 4 * WG)
-    if DQ == 3:  # dq_s written by the consumer warps, read by the 3 writer warps
+    if DQ >= 3:  # dq_s written by the consumer warps, read by the 3 writer warps
         kaio.mbarrier_init(bars, (1, STAGES + 2 * WG), 4 * WG)
         kaio.mbarrier_init(bars, (1, STAGES + 2 * WG + 1), 3)
     kaio.mbarrier_init(turn, 0, 1)
@@ -641,16 +653,16 @@ def attention_bwd_dkdv_wgmma(
     RING_BYTES = STAGES * BM * D * 2
     DS = 2 * ONCE_BYTES + 2 * RING_BYTES
     DQS = DS + (2 * BK * 64 * 2 if DQ else 0)
-    STATS = DQS + (BM * (D + 8) * 4 if DQ == 3 else 0)
+    STATS = DQS + (BM * (D + 8) * 4 if DQ >= 3 else 0)
     BARS = STATS + 2 * STAGES * BM * 4
-    NB = STAGES + (2 * WG if DQ else 0) + (2 if DQ == 3 else 0)
+    NB = STAGES + (2 * WG if DQ else 0) + (2 if DQ >= 3 else 0)
     k_s = kaio.shared_dynamic(DT, (C, BK, 64), 0)
     v_s = kaio.shared_dynamic(DT, (C, BK, 64), ONCE_BYTES)
     q_s = kaio.shared_dynamic(DT, (STAGES, C, BM, 64), 2 * ONCE_BYTES)
     do_s = kaio.shared_dynamic(DT, (STAGES, C, BM, 64), 2 * ONCE_BYTES + RING_BYTES)
     # (without DQ, resp. DQ 3, these two are unused: a row at the stats)
     ds_s = kaio.shared_dynamic(DT, (2 if DQ else 1, BK if DQ else 1, 64), DS)
-    dq_s = kaio.shared_dynamic(f32, (BM if DQ == 3 else 1, D + 8), DQS)  # rows padded
+    dq_s = kaio.shared_dynamic(f32, (BM if DQ >= 3 else 1, D + 8), DQS)  # rows padded
     stats = kaio.shared_dynamic(f32, (2, STAGES, BM), STATS)
     bars = kaio.shared_dynamic(u64, (2, NB), BARS)
     turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * NB)
@@ -680,10 +692,10 @@ def attention_bwd_dkdv_wgmma(
             produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl, td,
                     kvh * sk + k0, first_head * sq, sq, group, first, n_tiles, D, BK, BM,
                     STAGES, TSTATS, DT)  # fmt: skip
-        elif lt >= 32:  # warps 1 to 3: the dQ writers (DQ 3)
-            if DQ == 3:
+        elif lt >= 32:  # warps 1 to 3: the dQ writers (DQ 3; DQ 4: warp 1's lanes add)
+            if DQ >= 3:
                 write_dq(dq_s, bars, dq_acc, lt, first_head, group, first, n_tiles, sq,
-                         STAGES + 2 * WG, D, BM)  # fmt: skip
+                         STAGES + 2 * WG, D, BM, DQ)  # fmt: skip
 
 
 @kaio.gpu_kernel(fastmath=True)
@@ -736,13 +748,13 @@ def shared_bytes(d: int, once: int, ring: int, stages: int, stat_rows: int, dq: 
     the ring's two tiles of ``ring`` rows a stage, (``dq``: the dS^T buffers, two of ``once``
     x 64,) the lse and delta of ``stat_rows`` rows, the barriers."""
     ds = 2 * once * 64 * 2 + 16 * once // 32 if dq else 0  # the buffers, their barriers
-    ds += ring * (d + 8) * 4 + 32 if dq == 3 else 0  # dq_s, its barriers
+    ds += ring * (d + 8) * 4 + 32 if dq >= 3 else 0  # dq_s, its barriers
     return 2 * once * d * 2 + 2 * stages * ring * d * 2 + 2 * stat_rows * 4 + 16 * stages + 16 + ds
 
 
 def _stages(d: int, once: int, ring: int, ring_stats: bool, dq: int = 0) -> int:
     left = SHARED_LIMIT - 2 * once * d * 2 - 2 * once * 4 - 256 - (4 * once * 64 if dq else 0)
-    left -= ring * (d + 8) * 4 + 32 if dq == 3 else 0
+    left -= ring * (d + 8) * 4 + 32 if dq >= 3 else 0
     return max(1, min(4, left // (2 * ring * d * 2 + (2 * ring * 4 if ring_stats else 0))))
 
 
@@ -786,8 +798,10 @@ def config(d: int) -> dict:
     bm, bn = 64, 64
     dkdv = {"BM": bm, "STAGES": _stages(d, 64 * wg, bm, True), "PIPE": 0, "TSTATS": 1}
     dkdv.update(DQ=0, LATE=0)
-    dq = {"BN": bn, "STAGES": _stages(d, 64 * wg, bn, False), "PIPE": int(d == 128)}
-    fused = {**dkdv, "DQ": 2 if d == 128 else 1, "LATE": int(d == 64)}  # D 128 LATE spills
+    dq = {"BN": bn, "STAGES": _stages(d, 64 * wg, bn, False), "PIPE": 1}
+    if d == 64:  # under the whole-program JIT (no spills): 324 against 304 TFLOP/s
+        dkdv["PIPE"] = 1
+    fused = {**dkdv, "PIPE": 0, "DQ": 4, "LATE": 0}
     fused["STAGES"] = _stages(d, 64 * wg, bm, True, fused["DQ"])
     return {"dkdv": {**dkdv, **common}, "dq": {**dq, **common}, "fused": {**fused, **common}}
 
@@ -835,8 +849,11 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     for c in (c1, c2):
         if c["PIPE"] and c["STAGES"] < 2:
             raise ValueError(f"_attention_hopper_bwd.launch: PIPE 1 needs 2 stages or more: {c}")
-    if c1.get("DQ") and (c1["PIPE"] or c1["BM"] != 64):
-        raise ValueError(f"_attention_hopper_bwd.launch: DQ needs PIPE 0 and BM 64: {c1}")
+    if c1.get("DQ") and (c1["PIPE"] or c1["BM"] != 64 or (c1["LATE"] and c1["DQ"] > 2)):
+        raise ValueError(
+            f"_attention_hopper_bwd.launch: DQ needs PIPE 0 and BM 64, LATE needs DQ 1 or 2 "
+            f"(with the writer warps it deadlocked in the simulator; not investigated): {c1}"
+        )
     stream = _arrays.stream_of(qa)
     dq = _arrays.output(da, qa.shape)
     dk, dv = (_arrays.output(da, ka.shape) for _ in range(2))

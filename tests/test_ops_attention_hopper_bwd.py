@@ -100,11 +100,13 @@ def test_hopper_backward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, wg, p
         # D = 128, bf16, grouped-query, more tiles than stages, Sq > Sk, a partial key tile
         # whose rows past Sk are the next batch's keys (their dS must not reach dQ)
         (2, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 1, 1),
-        # dQ through shared memory and the writer warps: grouped-query, partial query
-        # tiles, causal (D 64), more tiles than stages, a partial key tile (D 128, bf16,
-        # each dQ product a tile late)
+        # dQ through shared memory and the writer warps (atomics, bulk reductions):
+        # grouped-query, partial query tiles, causal (D 64), more tiles than stages, a
+        # partial key tile (D 128, bf16), two batches
         (1, 2, 1, 152, 256, 64, np.float16, True, 2, 3, 0),
-        (1, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 3, 1),
+        (1, 2, 1, 152, 256, 64, np.float16, True, 2, 4, 0),  # bulk reductions
+        (1, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 3, 0),
+        (2, 1, 1, 100, 384, 128, np.float16, True, 2, 4, 0),
     ],
 )
 def test_fused_backward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, wg, dq, late):
