@@ -809,13 +809,17 @@ def test_bulk_reduce_add_adds_every_block_rows():
         arch="sm_90"
     )
     with pytest.raises(kaio.CompileError, match="adds f32 elements"):
+        bulk_typed.ptx(arch="sm_90", DT=f16, RT=f16, REDUCE=True)
 
-        @kaio.gpu_kernel(block_size=32)
-        def halves(out: f16[:]):
-            rows = kaio.shared(f16, (8,))
-            kaio.bulk_reduce_add(out, 0, rows, 0, 16)
 
-        halves.ptx(arch="sm_90")
+@kaio.gpu_kernel(block_size=32)
+def bulk_typed(out: DT[:], DT: kaio.constexpr, RT: kaio.constexpr, REDUCE: kaio.constexpr):  # noqa: F821
+    """A bulk copy (``REDUCE``: addition) of 16 bytes of RT elements to out."""
+    rows = kaio.shared(RT, (8,))
+    if REDUCE:
+        kaio.bulk_reduce_add(out, 0, rows, 0, 16)
+    else:
+        kaio.bulk_store(out, 0, rows, 0, 16)
 
 
 def test_bulk_store_misuse_is_reported():
@@ -824,13 +828,7 @@ def test_bulk_store_misuse_is_reported():
     with pytest.raises(kaio.SimulationError, match="multiples of 16"):
         bulk_misaligned.sim[1](np.zeros((4, 9), np.float32), 24)
     with pytest.raises(kaio.CompileError, match="one element type"):
-
-        @kaio.gpu_kernel(block_size=32)
-        def mixed(out: f16[:]):
-            rows = kaio.shared(f32, (8,))
-            kaio.bulk_store(out, 0, rows, 0, 16)
-
-        mixed.ptx(arch="sm_90")
+        bulk_typed.ptx(arch="sm_90", DT=f16, RT=f32, REDUCE=False)
 
 
 ROWS = np.arange(128, dtype=np.float32).reshape(32, 4)

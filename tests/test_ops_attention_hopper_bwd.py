@@ -80,8 +80,14 @@ def run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, deterministic=True):
     ],
 )
 def test_hopper_backward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, wg, pipe, areg):
-    grads, refs = run_sim(b, h, hkv, sq, sk, d, dtype, causal, small(wg, pipe, areg))
-    tol = 1e-3 if dtype == np.float16 else 1e-2  # P and dS are rounded to the input type
+    cfg = small(wg, pipe, areg)
+    check_grads(*run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg), dtype)
+
+
+def check_grads(grads, refs, dtype) -> None:
+    """dq, dk, dv of the input type and shapes within the tolerance of P and dS rounded to
+    the input type."""
+    tol = 1e-3 if dtype == np.float16 else 1e-2
     for name, g, r in zip(("dq", "dk", "dv"), grads, refs, strict=True):
         assert g.dtype == dtype and g.shape == r.shape, name
         assert rel(g, r) < tol, (name, rel(g, r))
@@ -112,11 +118,7 @@ def test_hopper_backward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, wg, p
 def test_fused_backward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, wg, dq, late):
     """The default (not deterministic) path: one kernel for dK, dV and dQ (atomics)."""
     cfg = small(wg, 0, 0, dq, late)
-    grads, refs = run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, deterministic=False)
-    tol = 1e-3 if dtype == np.float16 else 1e-2
-    for name, g, r in zip(("dq", "dk", "dv"), grads, refs, strict=True):
-        assert g.dtype == dtype and g.shape == r.shape, name
-        assert rel(g, r) < tol, (name, rel(g, r))
+    check_grads(*run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, False), dtype)
 
 
 def test_dispatch_needs_whole_tiles_and_a_gpu():
