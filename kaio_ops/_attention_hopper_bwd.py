@@ -653,7 +653,7 @@ def attention_bwd_dkdv_wgmma(
     RING_BYTES = STAGES * BM * D * 2
     DS = 2 * ONCE_BYTES + 2 * RING_BYTES
     DQS = DS + (2 * BK * 64 * 2 if DQ else 0)
-    STATS = DQS + (BM * (D + 8) * 4 if DQ >= 3 else 0)
+    STATS = DQS + (BM * (D + 4) * 4 if DQ >= 3 else 0)
     BARS = STATS + 2 * STAGES * BM * 4
     NB = STAGES + (2 * WG if DQ else 0) + (2 if DQ >= 3 else 0)
     k_s = kaio.shared_dynamic(DT, (C, BK, 64), 0)
@@ -662,7 +662,7 @@ def attention_bwd_dkdv_wgmma(
     do_s = kaio.shared_dynamic(DT, (STAGES, C, BM, 64), 2 * ONCE_BYTES + RING_BYTES)
     # (without DQ, resp. DQ 3, these two are unused: a row at the stats)
     ds_s = kaio.shared_dynamic(DT, (2 if DQ else 1, BK if DQ else 1, 64), DS)
-    dq_s = kaio.shared_dynamic(f32, (BM if DQ >= 3 else 1, D + 8), DQS)  # rows padded
+    dq_s = kaio.shared_dynamic(f32, (BM if DQ >= 3 else 1, D + 4), DQS)  # rows padded
     stats = kaio.shared_dynamic(f32, (2, STAGES, BM), STATS)
     bars = kaio.shared_dynamic(u64, (2, NB), BARS)
     turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * NB)
@@ -748,14 +748,15 @@ def shared_bytes(d: int, once: int, ring: int, stages: int, stat_rows: int, dq: 
     the ring's two tiles of ``ring`` rows a stage, (``dq``: the dS^T buffers, two of ``once``
     x 64,) the lse and delta of ``stat_rows`` rows, the barriers."""
     ds = 2 * once * 64 * 2 + 16 * once // 32 if dq else 0  # the buffers, their barriers
-    ds += ring * (d + 8) * 4 + 32 if dq >= 3 else 0  # dq_s, its barriers
+    ds += ring * (d + 4) * 4 + 32 if dq >= 3 else 0  # dq_s, its barriers
     return 2 * once * d * 2 + 2 * stages * ring * d * 2 + 2 * stat_rows * 4 + 16 * stages + 16 + ds
 
 
 def _stages(d: int, once: int, ring: int, ring_stats: bool, dq: int = 0) -> int:
-    left = SHARED_LIMIT - 2 * once * d * 2 - 2 * once * 4 - 256 - (4 * once * 64 if dq else 0)
-    left -= ring * (d + 8) * 4 + 32 if dq >= 3 else 0
-    return max(1, min(4, left // (2 * ring * d * 2 + (2 * ring * 4 if ring_stats else 0))))
+    """The most ring stages (at most 4) whose ``shared_bytes`` fit."""
+    fit = [n for n in range(1, 5) if shared_bytes(d, once, ring, n, n * ring if ring_stats
+                                                   else once, dq) <= SHARED_LIMIT]  # fmt: skip
+    return max(fit, default=1)
 
 
 @kaio.gpu_kernel(block_size=256)
