@@ -33,7 +33,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.attention_hopper import emit, save, time_calls  # noqa: E402
 
 NEW = {  # name: overrides of _attention_hopper_bwd.config's constexprs, per kernel
-    "wgmma": {},  # the default: the fused kernel (dQ by bulk reductions)
+    "wgmma": {},  # the fused kernel (dQ by bulk reductions)
+    "shipped": {"shipped": True},  # flash_attention_bwd's default (FUSED: fused or the pair)
     "pair": {"deterministic": True},  # the deterministic dK/dV and dQ kernels
     "fused atomics": {"fused": {"DQ": 2, "STAGES": 3}},  # dQ by atomics from the registers
     "fused writers": {"fused": {"DQ": 3}},  # by atomics from dq_s (the writer warps)
@@ -86,14 +87,16 @@ def runner(kind: str, d: int, over: dict):
                 del os.environ["KAIO_HOPPER_ATTENTION"]
         cfg = base(d)
         cfg = {key: {**cfg[key], **over.get(key, {})} for key in cfg}
-        saved = (hb.config, hb.worthwhile, hb.launch)
+        saved = (hb.config, hb.worthwhile, hb.launch, hb.FUSED)
         hb.config, hb.worthwhile = (lambda _d: cfg), (lambda *a: True)
+        if not over.get("shipped"):  # the fused kernel, even where the pair is the default
+            hb.FUSED = dict.fromkeys(hb.FUSED, True)
         if "only" in over:
             hb.launch = functools.partial(launch, only=over["only"])
         try:
             return raw(do, q, k, v, o, lse, causal, None, fixed)
         finally:
-            hb.config, hb.worthwhile, hb.launch = saved
+            hb.config, hb.worthwhile, hb.launch, hb.FUSED = saved
 
     return run
 
