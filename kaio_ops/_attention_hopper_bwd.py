@@ -240,8 +240,9 @@ def consume_dkdv(
     the block's keys and this warpgroup's D / WG columns (2: a barrier across the
     warpgroups, half the atomics), or as 2 but stored to ``dq_s`` for the producer
     warpgroup's other warps to add (3: atomics, 4: bulk reductions; ``write_dq``);
-    ``LATE`` (DQ 1, 2): a tile's dQ product issued with the next tile's S^T and dP^T and run
-    while that tile's P^T and dS^T are computed (else at once)."""
+    ``LATE`` (DQ 1, 2): a tile's dQ product issued a tile late, 1: with the next tile's S^T
+    and dP^T (run while that tile's P^T and dS^T are computed), 2: behind the next tile's dV
+    and dK (three dS^T buffers: the warpgroups may drift a tile apart); 0: at once."""
     lane = lt % 32
     key0 = k0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)  # rows key0, key0 + 8
     dka = kaio.local(f32, (D // 8, 4))
@@ -271,18 +272,19 @@ def consume_dkdv(
     dph = u32(0)
     pq = i32(0)  # the last tile's first query row of this thread, its head's row 0
     pat0 = i32(0)
-    FULL = STAGES + 2 * WG  # DQ 3: dq_s written (the consumers), read (the writers)
+    NBUF = 3 if LATE == 2 else 2  # ds_s buffers
+    FULL = STAGES + NBUF * WG  # DQ 3, 4: dq_s written (the consumers), read (the writers)
     wph = u32(0)
     pdb = i32(0)  # the last tile's buffer and barrier parity (LATE)
     pph = u32(0)
-    G = 0 if DQ >= 2 else 2 * i32(wg)  # this warpgroup's dS barriers: bars[1, STAGES + G + b]
+    G = 0 if DQ >= 2 else NBUF * i32(wg)  # this warpgroup's dS barriers: bars[1, STAGES + G + b]
     kend = sk if DQ else 1 << 30  # keys past sk: their dS would reach dQ
     if PIPE == 0:
         for _i in range(total):
             kaio.mbarrier_wait(bars, (0, st), ph)
             kaio.wgmma_fence()
             issue_front(s, dp, k_s, v_s, q_s, do_s, af, bf, st, wg, D, AREG, DT)  # S^T, dP^T
-            if DQ and LATE and _i > 0:  # the last tile's dQ product while P^T, dS^T are made
+            if DQ and LATE == 1 and _i > 0:  # the last tile's dQ product while P^T, dS^T are made
                 kaio.mbarrier_wait(bars, (1, STAGES + G + pdb), pph)
                 issue_dq(dqa, ds_s, pdb, k_s, wg, D, NQ, WG, DQ, DT)
                 kaio.wgmma_wait(1)
@@ -292,22 +294,30 @@ def consume_dkdv(
                     lane, BM, TSTATS)  # fmt: skip
             pack_p(p, s, BM, DT)
             pack_p(ds, dp, BM, DT)
-            if DQ and LATE and _i > 0:
+            if DQ and LATE == 1 and _i > 0:
                 kaio.wgmma_wait(0)
                 wph = hand_dq(dq_s, bars, dq_acc, dqa, pat0, pq, sq, c0, lane, lt, _i > 1, wph,
                               FULL, D, NQ, DQ)  # fmt: skip
             kaio.wgmma_fence()
             issue_back_dkdv(dka, dva, p, ds, q_s, do_s, st, BM, DT)
             if DQ:  # dS^T (dp: no operand of dV's, dK's) to ds_s while they run; once every
-                # warp's rows are there (DQ 2, 3: both warpgroups'), dQ (LATE: next tile)
+                # warp's rows are there (DQ 2-4: both warpgroups'), dQ (LATE: the next tile's)
+                if LATE == 2 and _i > 0:  # the last tile's dS^T everywhere: its dQ may run,
+                    # and every warp is past the dQ product that read buffer db (tile i - 3)
+                    kaio.mbarrier_wait(bars, (1, STAGES + G + pdb), pph)
                 store_ds(ds_s, db, dp, kr, lane, BM, DT)
                 release(bars, STAGES + G + db, lt)
                 if not LATE:
                     kaio.mbarrier_wait(bars, (1, STAGES + G + db), dph)
                     issue_dq(dqa, ds_s, db, k_s, wg, D, NQ, WG, DQ, DT)
+                elif LATE == 2 and _i > 0:  # the last tile's, behind this tile's dV, dK
+                    issue_dq(dqa, ds_s, pdb, k_s, wg, D, NQ, WG, DQ, DT)
             kaio.wgmma_wait(0)
             release(bars, st, lt)
             if DQ:
+                if LATE == 2 and _i > 0:
+                    wph = hand_dq(dq_s, bars, dq_acc, dqa, pat0, pq, sq, c0, lane, lt, _i > 1,
+                                  wph, FULL, D, NQ, DQ)  # fmt: skip
                 pq = t * BM + 16 * i32(lt // 32) + i32(lane // 4)
                 pat0 = at0
                 if not LATE:
@@ -315,8 +325,9 @@ def consume_dkdv(
                                   wph, FULL, D, NQ, DQ)  # fmt: skip
                 pdb = db
                 pph = dph
-                db ^= 1
-                if db == 0:
+                db += 1
+                if db == NBUF:
+                    db = 0
                     dph ^= 1
             t, at0 = next_tile(t, at0, first, n_tiles, sq)
             st, ph = next_stage(st, ph, STAGES)
@@ -612,21 +623,21 @@ def release(bars: u64[:, :], st: i32, lt: u32):
 
 @kaio.gpu_func
 def init_barriers(bars: u64[:, :], turn: u64[:], WG: kaio.constexpr, STAGES: kaio.constexpr,
-                  DQ: kaio.constexpr):  # fmt: skip
+                  DQ: kaio.constexpr, NBUF: kaio.constexpr):  # fmt: skip
     """Thread 0: the ring's barriers (landed: the producer's arrival; free: one from each
     consumer warp, ``release``), ``turn[0]`` (the tiles loaded once) and, where ``DQ``, the
-    dS buffers' ``bars[1, STAGES + 2 g + b]`` (buffer b of warpgroup g's warps, ``DQ`` 1, or
-    g = 0 of all consumer warps, 2 and 3) and for DQ 3 dq_s's (``write_dq``), fenced for
+    dS buffers' ``bars[1, STAGES + NBUF g + b]`` (buffer b of warpgroup g's warps, ``DQ`` 1,
+    or g = 0 of all consumer warps, 2 to 4) and for DQ 3 dq_s's (``write_dq``), fenced for
     the copy engine."""
     for s in kaio.static_range(STAGES):
         kaio.mbarrier_init(bars, (0, s), 1)
         kaio.mbarrier_init(bars, (1, s), 4 * WG)  # an arrival from each consumer warp
     if DQ:
-        for j in kaio.static_range(2 * WG):
+        for j in kaio.static_range(NBUF * WG):
             kaio.mbarrier_init(bars, (1, STAGES + j), 4 if DQ == 1 else 4 * WG)
     if DQ >= 3:  # dq_s written by the consumer warps, read by the 3 writer warps
-        kaio.mbarrier_init(bars, (1, STAGES + 2 * WG), 4 * WG)
-        kaio.mbarrier_init(bars, (1, STAGES + 2 * WG + 1), 3)
+        kaio.mbarrier_init(bars, (1, STAGES + NBUF * WG), 4 * WG)
+        kaio.mbarrier_init(bars, (1, STAGES + NBUF * WG + 1), 3)
     kaio.mbarrier_init(turn, 0, 1)
     kaio.fence_proxy_async()
 
@@ -652,16 +663,17 @@ def attention_bwd_dkdv_wgmma(
     ONCE_BYTES = BK * D * 2
     RING_BYTES = STAGES * BM * D * 2
     DS = 2 * ONCE_BYTES + 2 * RING_BYTES
-    DQS = DS + (2 * BK * 64 * 2 if DQ else 0)
+    NBUF = 3 if LATE == 2 else 2
+    DQS = DS + (NBUF * BK * 64 * 2 if DQ else 0)
     STATS = DQS + (BM * (D + 4) * 4 if DQ >= 3 else 0)
     BARS = STATS + 2 * STAGES * BM * 4
-    NB = STAGES + (2 * WG if DQ else 0) + (2 if DQ >= 3 else 0)
+    NB = STAGES + (NBUF * WG if DQ else 0) + (2 if DQ >= 3 else 0)
     k_s = kaio.shared_dynamic(DT, (C, BK, 64), 0)
     v_s = kaio.shared_dynamic(DT, (C, BK, 64), ONCE_BYTES)
     q_s = kaio.shared_dynamic(DT, (STAGES, C, BM, 64), 2 * ONCE_BYTES)
     do_s = kaio.shared_dynamic(DT, (STAGES, C, BM, 64), 2 * ONCE_BYTES + RING_BYTES)
     # (without DQ, resp. DQ 3, these two are unused: a row at the stats)
-    ds_s = kaio.shared_dynamic(DT, (2 if DQ else 1, BK if DQ else 1, 64), DS)
+    ds_s = kaio.shared_dynamic(DT, (NBUF if DQ else 1, BK if DQ else 1, 64), DS)
     dq_s = kaio.shared_dynamic(f32, (BM if DQ >= 3 else 1, D + 4), DQS)  # rows padded
     stats = kaio.shared_dynamic(f32, (2, STAGES, BM), STATS)
     bars = kaio.shared_dynamic(u64, (2, NB), BARS)
@@ -676,7 +688,7 @@ def attention_bwd_dkdv_wgmma(
         first = k0 // BM  # queries before k0 see none of these keys
     n_tiles = (sq + BM - 1) // BM
     if t == 0:
-        init_barriers(bars, turn, WG, STAGES, DQ)
+        init_barriers(bars, turn, WG, STAGES, DQ, NBUF)
     kaio.sync_threads()
     if wg < WG:  # the consumers
         if REGS:
@@ -695,7 +707,7 @@ def attention_bwd_dkdv_wgmma(
         elif lt >= 32:  # warps 1 to 3: the dQ writers (DQ 3; DQ 4: warp 1's lanes add)
             if DQ >= 3:
                 write_dq(dq_s, bars, dq_acc, lt, first_head, group, first, n_tiles, sq,
-                         STAGES + 2 * WG, D, BM, DQ)  # fmt: skip
+                         STAGES + NBUF * WG, D, BM, DQ)  # fmt: skip
 
 
 @kaio.gpu_kernel(fastmath=True)
@@ -727,7 +739,7 @@ def attention_bwd_dq_wgmma(
     t, wg, lt = thread_roles(WG)
     bh, kvh, q0, n_tiles = query_block(heads, group, sk, causal, BQ, BN)
     if t == 0:
-        init_barriers(bars, turn, WG, STAGES, 0)
+        init_barriers(bars, turn, WG, STAGES, 0, 2)
     kaio.sync_threads()
     if wg < WG:
         if REGS:
@@ -743,19 +755,24 @@ def attention_bwd_dq_wgmma(
                     DT)  # fmt: skip
 
 
-def shared_bytes(d: int, once: int, ring: int, stages: int, stat_rows: int, dq: int = 0) -> int:
+def shared_bytes(
+    d: int, once: int, ring: int, stages: int, stat_rows: int, dq: int = 0, nbuf: int = 2
+) -> int:
     """The dynamic shared memory of either kernel: the two tiles loaded once (``once`` rows),
-    the ring's two tiles of ``ring`` rows a stage, (``dq``: the dS^T buffers, two of ``once``
-    x 64,) the lse and delta of ``stat_rows`` rows, the barriers."""
-    ds = 2 * once * 64 * 2 + 16 * once // 32 if dq else 0  # the buffers, their barriers
+    the ring's two tiles of ``ring`` rows a stage, (``dq``: the ``nbuf`` dS^T buffers of
+    ``once`` x 64, dq_s,) the lse and delta of ``stat_rows`` rows, the barriers."""
+    ds = nbuf * once * 64 * 2 + 8 * nbuf * once // 32 if dq else 0  # buffers, barriers
     ds += ring * (d + 4) * 4 + 32 if dq >= 3 else 0  # dq_s, its barriers
     return 2 * once * d * 2 + 2 * stages * ring * d * 2 + 2 * stat_rows * 4 + 16 * stages + 16 + ds
 
 
-def _stages(d: int, once: int, ring: int, ring_stats: bool, dq: int = 0) -> int:
+def _stages(d: int, once: int, ring: int, ring_stats: bool, dq: int = 0, nbuf: int = 2) -> int:
     """The most ring stages (at most 4) whose ``shared_bytes`` fit."""
-    fit = [n for n in range(1, 5) if shared_bytes(d, once, ring, n, n * ring if ring_stats
-                                                   else once, dq) <= SHARED_LIMIT]  # fmt: skip
+
+    def size(n: int) -> int:
+        return shared_bytes(d, once, ring, n, n * ring if ring_stats else once, dq, nbuf)
+
+    fit = [n for n in range(1, 5) if size(n) <= SHARED_LIMIT]
     return max(fit, default=1)
 
 
@@ -783,8 +800,12 @@ def dq_convert(dq: DT[:], acc: f32[:], n: i32, scale: f32, DT: kaio.constexpr):
         kaio.store_vector(dq, i, y)
 
 
-# Whether the fused kernel is the default for head dim d (else the pair: measured slower)
-FUSED = {64: True, 128: True}
+# Whether the fused kernel is flash_attention_bwd's default for head dim d (else the pair).
+# Measured on an H100 (round B, f16 B4 H16 S4096, TFLOP/s at 2.5x forward FLOPs): D 128
+# fused 357-360 (bulk reductions or writer atomics) against the pair's 416; D 64 273 against
+# 311. The fused kernel's two warpgroups meet at every tile (dQ needs both halves of dS), so
+# their softmax phases coincide and the tensor cores idle; the pair's run free.
+FUSED = {64: False, 128: False}
 
 
 def config(d: int) -> dict:
@@ -827,17 +848,17 @@ def worthwhile(bh: int, sq: int, sk: int, d: int, sms: int) -> bool:
 
 
 def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
-           cfg: dict | None = None, only: str | None = None,
-           deterministic: bool = False):  # fmt: skip
+           cfg: dict | None = None, only: str | None = None, deterministic: bool = False,
+           fused: bool | None = None):  # fmt: skip
     """Run the kernels on checked operands (``_arrays.Operand``s q, do [B, H, Sq, D], k, v
     [B, Hkv, Sk, D], lse [B, H, Sq] f32) and ``delta`` (flat f32 [B * H * Sq], rowsum(dO *
     O)); ``dims``: (B * H, H, group, sq, sk, d, d); ``cfg``: the constexprs (default
-    ``config(d)``). By default one kernel (``cfg["fused"]``) computes dK, dV and adds dQ in
-    f32 with atomics (then rounded by ``dq_convert``): the order of those additions varies
-    from run to run, so dQ's last bits may; ``deterministic`` runs the dK/dV kernel and the
-    dQ kernel instead (``cfg["dkdv"]``, ``cfg["dq"]``: the same bits every run). ``only``:
-    "dkdv" or "dq" launches that kernel of the pair alone (to time it: the other's outputs
-    are left unwritten). Returns (dq, dk, dv) of q's type and shapes."""
+    ``config(d)``). The pair (``cfg["dkdv"]``, ``cfg["dq"]``: the same bits every run), or
+    where ``fused`` (default ``FUSED[d]``) and not ``deterministic`` one kernel
+    (``cfg["fused"]``) that computes dK, dV and adds dQ in f32 with atomics (then rounded by
+    ``dq_convert``): the order of those additions varies from run to run, so dQ's last bits
+    may. ``only``: "dkdv" or "dq" launches that kernel of the pair alone (to time it: the
+    other's outputs are left unwritten). Returns (dq, dk, dv) of q's type and shapes."""
     import math
 
     from kaio_ops import _arrays
@@ -849,7 +870,7 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
             f"lse and delta) and D 64 or 128, got Sq = {sq}, D = {d}; use the mma.sync kernels"
         )
     cfg = cfg or config(d)
-    fused = not deterministic and only is None and FUSED[d]
+    fused = not deterministic and only is None and (FUSED[d] if fused is None else fused)
     c1, c2 = (cfg["fused"] if fused else cfg["dkdv"]), cfg["dq"]
     for c in (c1, c2):
         if c["PIPE"] and c["STAGES"] < 2:
@@ -880,7 +901,9 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     grid = -(-qa.size // 1024)
     if fused:
         dq_zero[grid, 256, stream, 0](dq_acc, qa.size)
-    smem = shared_bytes(d, bk, c1["BM"], c1["STAGES"], c1["STAGES"] * c1["BM"], c1.get("DQ", 0))
+    nbuf = 3 if c1.get("LATE") == 2 else 2
+    smem = shared_bytes(d, bk, c1["BM"], c1["STAGES"], c1["STAGES"] * c1["BM"], c1.get("DQ", 0),
+                        nbuf)  # fmt: skip
     if only != "dq":
         attention_bwd_dkdv_wgmma[(-(-sk // bk), bh // group), 128 * c1["WG"] + 128, stream, smem](
             tmap(ka, rows_kv, bk), tmap(va, rows_kv, bk), tmap(qa, rows_q, c1["BM"]),

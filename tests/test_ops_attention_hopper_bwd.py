@@ -42,7 +42,7 @@ def small(wg: int, pipe: int, areg: int = 0, dq: int = 0, late: int = 0) -> dict
     return {"dkdv": dkdv, "dq": {"BN": 64, **base}, "fused": fused}
 
 
-def run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, deterministic=True):
+def run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, fused=False):
     """(dq, dk, dv) of ``_attention_hopper_bwd.launch`` in the simulator on random inputs,
     and the float64 reference gradients. o and lse are the float64 forward's (o rounded to
     the input type, as the forward returns it)."""
@@ -59,7 +59,7 @@ def run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, deterministic=True):
         da = inputs.array(do, "do", ndim=4)
         la = inputs.array(lse, "lse", ndim=3, dtypes=(f32,))
         grads = hopper_bwd.launch(qa, ka, va, da, la, delta, dims, causal, scale, cfg,
-                                  deterministic=deterministic)  # fmt: skip
+                                  fused=fused)  # fmt: skip
     return grads, reference_grads(q, k, v, do, causal, g)
 
 
@@ -113,12 +113,15 @@ def check_grads(grads, refs, dtype) -> None:
         (1, 2, 1, 152, 256, 64, np.float16, True, 2, 4, 0),  # bulk reductions
         (1, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 3, 0),
         (2, 1, 1, 100, 384, 128, np.float16, True, 2, 4, 0),
+        # each tile's dQ product behind the next tile's dV, dK (three dS^T buffers)
+        (1, 2, 1, 152, 256, 64, np.float16, True, 2, 2, 2),
+        (2, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 2, 2),
     ],
 )
 def test_fused_backward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, wg, dq, late):
-    """The default (not deterministic) path: one kernel for dK, dV and dQ (atomics)."""
+    """The fused kernel: dK, dV and dQ (atomics) from one kernel."""
     cfg = small(wg, 0, 0, dq, late)
-    check_grads(*run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, False), dtype)
+    check_grads(*run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, True), dtype)
 
 
 def test_dispatch_needs_whole_tiles_and_a_gpu():
