@@ -27,6 +27,15 @@ registers a thread.
 
 Both end by scaling (dK, dQ by the softmax scale) and storing from registers; GQA's dK and dV
 are summed over the group's heads inside the block, in a fixed order: deterministic.
+
+With ``DQ`` (``config(d)["fused"]``, ``launch(fused=True)``; not ``flash_attention_bwd``'s
+default: ``FUSED``) the dK/dV kernel also computes dQ, FlashAttention-3's one-kernel
+backward: each query tile's dS^T goes to shared memory (``store_ds``), both warpgroups
+compute dQ = dS K for their half of the columns (``issue_dq``) and add it to an f32 buffer
+(``dq_zero`` before, ``dq_convert`` after): with atomics from the registers (``add_dq``) or
+through ``dq_s`` and the producer warpgroup's other warps (``write_dq``: atomics a row at a
+time, or ``kaio.bulk_reduce_add``); keys past sk are masked there (their dS would reach
+dQ).
 ``delta`` = rowsum(dO * O) comes from ``_attention_tc.row_dot`` (the host).
 
 Shared tiles (128-byte swizzle, 64-column blocks): the tiles loaded once ``[D / 64, 64 * WG,

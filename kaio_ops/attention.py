@@ -6,8 +6,8 @@ The kernels are DSL code in ``kaio_ops._attention_simt`` and ``kaio_ops._attenti
 on an sm_90 GPU (H100, H200) ``flash_attention``'s forward runs ``kaio_ops._attention_hopper``
 (TMA, wgmma, warp specialization) where it measured faster (``hopper_takes``;
 ``KAIO_HOPPER_ATTENTION=0`` opts out): the same contract and outputs (lse included), to the
-rounding of P; its backward likewise runs ``kaio_ops._attention_hopper_bwd`` (one wgmma
-kernel with dQ by atomics, or the deterministic pair). This module checks the inputs, picks
+rounding of P; its backward likewise runs ``kaio_ops._attention_hopper_bwd`` (two wgmma
+kernels, deterministic). This module checks the inputs, picks
 the specialization and the grid, and launches. Scores are
 scaled by ``1/sqrt(D)`` (``scale`` where given); causal attention masks key ``j > i`` (query
 ``i``, both counted from 0, as torch's ``is_causal``). A row with no valid key gets zeros
@@ -377,10 +377,10 @@ def flash_attention_bwd(
     heads of its group. P is recomputed a tile at a time (no S x S matrix), dQ and dK/dV come
     from two kernels (for D > 128, dK and dV from one launch each), without atomics:
     deterministic. On sm_90 for D 64 and 128 (``hopper_takes``) ``kaio_ops._attention_hopper_bwd``
-    runs instead: by default one kernel (wgmma, TMA) for dK and dV that adds dQ in f32 with
-    atomics (FlashAttention-3's), so dQ's last bits may differ between runs;
-    ``deterministic=True`` (or ``KAIO_ATTENTION_DETERMINISTIC=1``) takes its pair of kernels
-    without atomics, the same bits every run."""
+    runs instead: its pair of wgmma kernels, or where ``_attention_hopper_bwd.FUSED`` says so
+    (nowhere today: it measured slower) one kernel for dK, dV and dQ that adds dQ in f32 with
+    atomics, so dQ's last bits may differ between runs; ``deterministic=True`` (or
+    ``KAIO_ATTENTION_DETERMINISTIC=1``) always takes the pair, the same bits every run."""
     op = "flash_attention_bwd"
     inputs = _arrays.Inputs(op)
     da = inputs.array(do, "do", ndim=4, dtypes=(f16, bf16), form="[B, H, S, D]")
