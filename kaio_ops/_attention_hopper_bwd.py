@@ -249,7 +249,7 @@ def consume_dkdv(
     the block's keys and this warpgroup's D / WG columns (2: a barrier across the
     warpgroups, half the atomics), or as 2 but stored to ``dq_s`` for the producer
     warpgroup's other warps to add (3: atomics, 4: bulk reductions; ``write_dq``);
-    ``LATE`` (DQ 1, 2): a tile's dQ product issued a tile late, 1: with the next tile's S^T
+    ``LATE``: a tile's dQ product issued a tile late, 1: with the next tile's S^T
     and dP^T (run while that tile's P^T and dS^T are computed), 2: behind the next tile's dV
     and dK (three dS^T buffers: the warpgroups may drift a tile apart); 0: at once."""
     lane = lt % 32
@@ -884,11 +884,8 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     for c in (c1, c2):
         if c["PIPE"] and c["STAGES"] < 2:
             raise ValueError(f"_attention_hopper_bwd.launch: PIPE 1 needs 2 stages or more: {c}")
-    if c1.get("DQ") and (c1["PIPE"] or c1["BM"] != 64 or (c1["LATE"] and c1["DQ"] > 2)):
-        raise ValueError(
-            f"_attention_hopper_bwd.launch: DQ needs PIPE 0 and BM 64, LATE needs DQ 1 or 2 "
-            f"(with the writer warps it deadlocked in the simulator; not investigated): {c1}"
-        )
+    if c1.get("DQ") and (c1["PIPE"] or c1["BM"] != 64):
+        raise ValueError(f"_attention_hopper_bwd.launch: DQ needs PIPE 0 and BM 64: {c1}")
     stream = _arrays.stream_of(qa)
     dq = _arrays.output(da, qa.shape)
     dk, dv = (_arrays.output(da, ka.shape) for _ in range(2))
