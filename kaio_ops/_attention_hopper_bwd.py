@@ -820,14 +820,13 @@ FUSED = {64: False, 128: False}
 def config(d: int) -> dict:
     """The constexprs of the kernels for head dim ``d`` (64 or 128): ``{"dkdv": {BM, WG,
     STAGES, PIPE, AREG, TSTATS, REGS, DQ, LATE}, "dq": {BN, WG, STAGES, PIPE, AREG, REGS},
-    "fused": (dkdv's, with DQ)}``. The fused kernel (the default): dQ's columns split
-    between the warpgroups at D 128 (``DQ`` 2), each warpgroup's keys at D 64 (1), added
-    late at D 64. The pair (deterministic): two
-    consumer warpgroups (128 keys, resp. 128 query rows, a block), query tiles of 64 for
-    dK/dV, key tiles of 64 for dQ, as many ring stages as fit (at most 4), lse and delta by
-    TMA, and the schedule measured fastest on an H100 (docs/hopper.md): each product waited
-    for (``PIPE`` 0; at D = 64 PIPE 1 lost, 230 against 276 TFLOP/s, and at D = 128 the
-    dK/dV kernel's PIPE 1 spills), except for dQ at D = 128 (PIPE 1 and 0 alike)."""
+    "fused": (dkdv's, with DQ)}``. The pair (the default, ``FUSED``): two consumer
+    warpgroups (128 keys, resp. 128 query rows, a block), query tiles of 64 for dK/dV, key
+    tiles of 64 for dQ, as many ring stages as fit (at most 4), lse and delta by TMA, and
+    the schedule measured fastest on an H100 under the whole-program JIT (docs/hopper.md):
+    dQ's products overlapped (``PIPE`` 1), dK/dV's too at D 64 (324 against 304 TFLOP/s; at
+    D 128 its PIPE 1 spills, 326 against 424). The fused kernel: dQ's columns split between
+    the warpgroups and added by bulk reductions from shared memory (``DQ`` 4), at once."""
     wg = 2
     common = {"WG": wg, "AREG": 0, "REGS": consumer_registers(wg)}
     bm, bn = 64, 64
@@ -850,9 +849,10 @@ def eligible(d: int) -> bool:
 def worthwhile(bh: int, sq: int, sk: int, d: int, sms: int) -> bool:
     """Whether ``flash_attention_bwd`` should take these kernels (see ``eligible``): whole
     128-row tiles of queries and keys (the kernels mask partial ones, untimed) and sequences
-    of 1024 and more. Measured on an H100 (docs/hopper.md), f16 D 128: 1.25x the mma.sync
-    pair at S 4096 (1.21x causal), 1.18x at S 1024 (1.05x causal); at S 512 it lost (0.50x,
-    0.97x causal)."""
+    of 1024 and more. Measured on an H100 (docs/hopper.md), f16 D 128, under the old
+    (relocatable) JIT: 1.25x the mma.sync pair at S 4096 (1.21x causal), 1.18x at S 1024
+    (1.05x causal); at S 512 it lost (0.50x, 0.97x causal). Under the whole-program JIT at S
+    4096: 2.18x (2.09x causal), D 64 1.70x (1.52x)."""
     return eligible(d) and sq % 128 == 0 and sk % 128 == 0 and sq >= 1024 and sk >= 1024
 
 
