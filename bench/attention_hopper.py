@@ -11,11 +11,16 @@ others' results:
 - ``time``: TFLOP/s (4 * B * H * Sq * Sk * D, halved when causal) with CUDA events, the
   median of several rounds of back-to-back calls, every contender in the same process.
 
-- ``tiny``: the default kernel on a few small cases (for compute-sanitizer).
+- ``grid --specs "D/dtype/K=V,...;..." [--shapes "B,H,HKV,S;..."]``: any configurations
+  (``parse_specs``; ``default`` for the routed one, ``old`` for the mma.sync kernel),
+  compiled N processes at a time, checked against float64 on two small cases, then timed
+  beside SDPA flash in interleaved rounds, causal and not.
+- ``tiny``: the default kernel on a few small cases, and persistent variants (for
+  compute-sanitizer).
 - ``one --variant LABEL [--d D] [--causal]``: one variant three times at B4 H16 S4096 (for a
   profiler).
 
-Usage: ``python bench/attention_hopper.py {warm,check,time,tiny,one} [--out FILE.json]
+Usage: ``python bench/attention_hopper.py {warm,check,time,tiny,one,grid} [--out FILE.json]
 [--ptxas PATH]`` (``--ptxas``: cubins built by that ptxas, not the driver's JIT).
 """
 
@@ -27,30 +32,29 @@ import math
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 NEW = {  # name: the config over _attention_hopper.config's (the default: "wgmma")
     "wgmma": {},
-    "pipe0": {"PIPE": 0, "PERSIST": 0},  # not persistent
+    "pipe0": {"PIPE": 0, "PERSIST": 0},  # the plain order, a tile a block
     "pipe0 persist": {"PIPE": 0, "PERSIST": 1},
-    "pipe0 persist lpt": {"PIPE": 0, "PERSIST": 2},
-    "pipe0 persist 2 stages": {"PIPE": 0, "PERSIST": 1, "STAGES": 2},
-    "pipe1 2 stages": {"PIPE": 1, "STAGES": 2, "PERSIST": 0},
-    "pipe3": {"PIPE": 3, "PERSIST": 0},
-    "pipe3 2 stages": {"PIPE": 3, "STAGES": 2, "PERSIST": 0},
-    "pipe4 2 stages": {"PIPE": 4, "STAGES": 2, "PERSIST": 0},
+    "pipe1": {"PIPE": 1, "PERSIST": 0},  # the softmax under P V, O rescaled after it
+    "pipe1 persist": {"PIPE": 1, "PERSIST": 1},
+    "pipe1 pairs": {"PIPE": 1, "PERSIST": 3},  # pairs of query tiles (causal)
+    "pipe3": {"PIPE": 3, "PERSIST": 0},  # FlashAttention-3's order
+    "pipe3 persist": {"PIPE": 3, "PERSIST": 1},
+    "pipe4 persist": {"PIPE": 4, "PERSIST": 1},  # and ping-pong
     "wg2": {"WG": 2, "REGS": 240},
-    "wg2 persist": {"WG": 2, "REGS": 240, "PERSIST": 1},
-    "wg3 persist": {"WG": 3, "REGS": 160, "PERSIST": 1},
     "precise": {"precise": True},  # without fastmath (ex2.approx.f32, not .ftz)
 }
-D128 = ["wgmma", "pipe0", "pipe0 persist lpt", "pipe0 persist 2 stages", "pipe1 2 stages",
-        "pipe3", "pipe3 2 stages", "pipe4 2 stages"]  # fmt: skip
-D64 = ["wgmma", "wg2", "wg2 persist", "wg3 persist"]
-D256 = ["wgmma", "pipe0 persist"]
-BF16 = ["wgmma", "pipe0"]
-BEST = ["wgmma", "pipe0", "pipe0 persist", "pipe0 persist lpt"]  # the other shapes
+D128 = ["wgmma", "pipe0", "pipe0 persist", "pipe1", "pipe1 persist", "pipe1 pairs", "pipe3",
+        "pipe3 persist", "pipe4 persist"]  # fmt: skip
+D64 = ["wgmma", "wg2", "pipe1", "pipe3 persist"]
+D256 = ["wgmma", "pipe0", "pipe1", "pipe3"]
+BF16 = ["wgmma", "pipe4 persist"]
+BEST = ["wgmma", "pipe1", "pipe3 persist"]  # the other shapes
 
 
 def variants():
@@ -106,12 +110,14 @@ def tensors(b, h, hkv, sq, sk, d, dtype, seed=0):
     return q, k, v
 
 
-def warm_one(i: int) -> str:
+def warm_one(i: int, specs: str | None = None) -> str:
+    """Compile variant ``i`` (of ``variants()``, or of ``parse_specs(specs)``) by launching it
+    once at a small size, causal and not; returns a line with its compile time."""
     import time
 
     t0 = time.time()
-    label, dtype, d, kind, over = variants()[i]
-    q, k, v = tensors(1, 2, 1, 256, 256, d, dtype)
+    label, dtype, d, kind, over = (parse_specs(specs) if specs else variants())[i]
+    q, k, v = tensors(1, 2, 1, 512, 512, d, dtype)
     for causal in (False, True):  # the default's configuration may depend on the mask
         runner(kind, d, over)(q, k, v, causal)
     import torch
@@ -123,10 +129,28 @@ def warm_one(i: int) -> str:
         from kaio_ops import _attention_hopper as hop
 
         cfg = {**hop.config(d), **over}
+        cfg.pop("SECTION", None)  # launch's, not the kernel's
         dt = kaio.f16 if dtype == "float16" else kaio.bf16
         r = hop.attention_fwd_wgmma.resources(D=d, DT=dt, **cfg)
         res = f" (registers {r.registers}, local bytes {r.local_bytes})"
     return f"{label} {dtype} D{d}: {time.time() - t0:.1f}s{res}"
+
+
+def parse_specs(specs: str) -> list:
+    """Variants from ``D/dtype/K=V,K=V;...`` (dtype f16 or bf16; ``old`` for the mma.sync
+    kernel, ``default`` for ``config``'s choice): (label, dtype name, d, kind, config)."""
+    out = []
+    for spec in specs.split(";"):
+        d, dt, cfg = spec.strip().split("/")
+        dtype = {"f16": "float16", "bf16": "bfloat16"}[dt]
+        if cfg == "old":
+            out.append((spec.strip(), dtype, int(d), "old", {}))
+            continue
+        over = {} if cfg == "default" else {
+            k: int(v) for k, v in (kv.split("=") for kv in cfg.split(","))
+        }  # fmt: skip
+        out.append((spec.strip(), dtype, int(d), "new", over))
+    return out
 
 
 def reference(q, k, v, causal):
@@ -200,14 +224,22 @@ def tiny() -> None:
             ref, _ = reference(q, k, v, causal)
             err = (out.double() - ref).norm().item() / ref.norm().item()
             print(f"tiny {dtype} D{d} causal={causal}: rel {err:.1e}", flush=True)
-    for causal, persist in ((False, 1), (True, 1), (True, 2)):  # 8 tiles on 3 blocks
-        q, k, v = tensors(1, 4, 2, 256, 256, 128, "float16")
+    for causal, persist, sk, pipe in (  # 8 tiles (or 4 pairs) on 3 blocks
+        (False, 1, 256, 0),
+        (True, 1, 256, 0),
+        (True, 2, 256, 0),
+        (False, 1, 300, 4),  # a partial last key tile in every work tile
+        (True, 3, 256, 4),  # pairs of query tiles
+        (True, 3, 300, 1),
+    ):
+        q, k, v = tensors(1, 4, 2, 256, sk, 128, "float16")
         (qa, ka, va), dims, scale = attention._check_flash("tiny", q, k, v, None)
-        cfg = {**hop.config(128), "PERSIST": persist}
+        cfg = {**hop.config(128), "PERSIST": persist, "PIPE": pipe, "STAGES": 2}
         out, _ = hop.launch(qa, ka, va, dims, causal, scale, cfg, ctas=3)
         ref, _ = reference(q, k, v, causal)
         err = (out.double() - ref).norm().item() / ref.norm().item()
-        print(f"tiny persistent {persist} D128 causal={causal}: rel {err:.1e}", flush=True)
+        print(f"tiny persistent {persist} PIPE {pipe} D128 sk {sk} causal={causal}: rel "
+              f"{err:.1e}", flush=True)  # fmt: skip
 
 
 def one(label: str, d: int, causal: bool) -> None:
@@ -221,6 +253,13 @@ def one(label: str, d: int, causal: bool) -> None:
     torch.cuda.synchronize()
 
 
+def case_row(gpu: str, case: tuple, tflops: dict) -> dict:
+    """A timed case's row: the GPU, (dtype, d, b, h, hkv, s, causal) and each contender's
+    TFLOP/s."""
+    return dict(zip(("gpu", "dtype", "d", "b", "h", "hkv", "s", "causal", "tflops"),
+                    (gpu, *case, tflops), strict=True))  # fmt: skip
+
+
 def emit(rows: list, row: dict) -> None:
     """Keep ``row`` and print it (one JSON line: a run cut short still shows it)."""
     rows.append(row)
@@ -232,6 +271,15 @@ def save(rows: list, out_path) -> None:
     if out_path:
         with open(out_path, "w") as f:
             json.dump(rows, f, indent=1)
+
+
+def sdpa_flash(q, k, v, causal):
+    """torch SDPA's flash backend on the same operands (grouped-query heads as its GQA)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        return sdpa(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
 
 
 def time_calls(fn, reps=6, rounds=3):
@@ -268,12 +316,6 @@ def passed(check_log) -> set | None:
 
 def bench(out_path, check_log=None):
     import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.nn.functional import scaled_dot_product_attention as sdpa
-
-    def flash(q, k, v, causal):
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            return sdpa(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
 
     cases = [  # dtype, d, b, h, hkv, s, variants
         ("float16", 128, 4, 16, 16, 4096, D128 + ["mma.sync"]),
@@ -308,11 +350,9 @@ def bench(out_path, check_log=None):
                     print(f"FAILED {lab} {dtype} D{d}: {type(e).__name__}: {e}", flush=True)
                     continue
                 res[lab] = flops / ms / 1e9
-            ms = time_calls(lambda a=(q, k, v, causal): flash(*a))
+            ms = time_calls(partial(sdpa_flash, q, k, v, causal))
             res["sdpa flash"] = flops / ms / 1e9
-            row = dict(gpu=name, dtype=dtype, d=d, b=b, h=h, hkv=hkv, s=s, causal=causal,
-                       tflops=res)  # fmt: skip
-            emit(rows, row)
+            emit(rows, case_row(name, (dtype, d, b, h, hkv, s, causal), res))
     save(rows, out_path)
     print(f"\n{name}: TFLOP/s (CUDA events, median of 3 rounds of 6 calls)")
     for r in rows:
@@ -323,9 +363,89 @@ def bench(out_path, check_log=None):
               f"{' causal' if r['causal'] else ''}: {cells}  (wgmma/sdpa {ratio:.2f})")  # fmt: skip
 
 
+def warm(jobs: int, specs: str | None = None) -> None:
+    """Compile the variants (of ``variants()``, or ``specs``) ``jobs`` processes at a time."""
+    import multiprocessing as mp
+
+    n = len(parse_specs(specs) if specs else variants())
+    ctx = mp.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        futures = [pool.submit(warm_one, i, specs) for i in range(n)]
+        for f in futures:
+            try:
+                print(f.result(timeout=120), flush=True)
+            except Exception as e:  # noqa: BLE001  (report each specialization's failure)
+                print(f"FAILED: {type(e).__name__}: {e}", flush=True)
+
+
+def grid(specs: str, shapes: str, causals: tuple, out_path, rounds: int = 5) -> None:
+    """Each variant of ``specs`` (``parse_specs``) checked against float64 on two small
+    cases (grouped-query heads with several tiles a persistent block, and a partial last key
+    tile with a query tail), then, where it passed, timed with SDPA flash on each shape
+    ``B,H,HKV,S;...``: ``rounds`` rounds, each of every contender in turn (so that a drift
+    of the clocks reaches all of them), the median of each."""
+    import torch
+
+    vs = parse_specs(specs)
+    name = torch.cuda.get_device_name()
+    rows, refs, ok = [], {}, []
+    for label, dtype, d, kind, over in vs:
+        run = runner(kind, d, over)
+        worst = 0.0
+        try:
+            for b, h, hkv, sq, sk in ((2, 16, 4, 1024, 1024), (1, 4, 2, 300, 500)):
+                for causal in causals:
+                    key = (dtype, d, b, h, hkv, sq, sk, causal)
+                    if key not in refs:
+                        q, k, v = tensors(b, h, hkv, sq, sk, d, dtype, seed=sq + d)
+                        refs[key] = (q, k, v, reference(q, k, v, causal)[0])
+                    q, k, v, ref = refs[key]
+                    out = run(q, k, v, causal)[0]
+                    err = (torch.linalg.norm(out.double() - ref) / torch.linalg.norm(ref)).item()
+                    worst = max(worst, err if math.isfinite(err) else math.inf)
+        except Exception as e:  # noqa: BLE001  (one variant's failure, the others go on)
+            print(f"FAILED {label}: {type(e).__name__}: {e}", flush=True)
+            continue
+        tol = 2e-2 if dtype == "bfloat16" else 3e-3
+        print(f"check {label}: rel {worst:.1e}{'' if worst < tol else '  WRONG'}", flush=True)
+        if worst < tol:
+            ok.append((label, dtype, d, kind, over))
+
+    for shape in shapes.split(";"):
+        b, h, hkv, s = (int(x) for x in shape.split(","))
+        for dtype, d in dict.fromkeys((dt, dd) for _, dt, dd, _, _ in ok):
+            q, k, v = tensors(b, h, hkv, s, s, d, dtype)
+            for causal in causals:
+                flops = 4 * b * h * s * s * d / (2 if causal else 1)
+                fns = {"sdpa flash": partial(sdpa_flash, q, k, v, causal)}
+                for label, dt, dd, kind, over in ok:
+                    if (dt, dd) == (dtype, d):
+                        fns[label] = partial(runner(kind, d, over), q, k, v, causal)
+                times = {lab: [] for lab in fns}
+                for _ in range(rounds):
+                    for lab, fn in fns.items():
+                        times[lab].append(time_calls(fn, reps=4, rounds=1))
+                res = {lab: flops / sorted(t)[len(t) // 2] / 1e9 for lab, t in times.items()}
+                emit(rows, case_row(name, (dtype, d, b, h, hkv, s, causal), res))
+    save(rows, out_path)
+    print(f"\n{name}: TFLOP/s (CUDA events, median of {rounds} interleaved rounds)")
+    for r in rows:
+        t = r["tflops"]
+        print(
+            f"{r['dtype']} D{r['d']} B{r['b']} H{r['h']}/{r['hkv']} S{r['s']}"
+            f"{' causal' if r['causal'] else ''}: sdpa flash {t['sdpa flash']:.0f}"
+        )
+        for lab, v in sorted(t.items(), key=lambda kv: -kv[1]):
+            if lab != "sdpa flash":
+                print(f"    {v:6.0f}  {v / t['sdpa flash']:.2f}x  {lab}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("step", choices=("warm", "check", "time", "tiny", "one"))
+    p.add_argument("step", choices=("warm", "check", "time", "tiny", "one", "grid"))
+    p.add_argument("--specs", help="warm, grid: the variants, D/dtype/K=V,K=V;... (parse_specs)")
+    p.add_argument("--shapes", default="4,16,16,4096", help="grid: B,H,HKV,S;...")
+    p.add_argument("--causal-grid", default="both", choices=("both", "no", "yes"))
     p.add_argument("--variant", default="wgmma", help="one: the variant (a NEW label)")
     p.add_argument("--d", type=int, default=128, help="one: the head dim")
     p.add_argument("--causal", action="store_true", help="one: causal")
@@ -337,16 +457,12 @@ def main() -> None:
     if args.ptxas:  # before kaio compiles anything; cached under their own keys
         os.environ["KAIO_PTXAS"] = args.ptxas  # the runtime's opt-in; read by the workers too
     if args.step == "warm":
-        import multiprocessing as mp
-
-        ctx = mp.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=ctx) as pool:
-            futures = [pool.submit(warm_one, i) for i in range(len(variants()))]
-            for f in futures:
-                try:
-                    print(f.result(timeout=120), flush=True)
-                except Exception as e:  # noqa: BLE001  (report each specialization's failure)
-                    print(f"FAILED: {type(e).__name__}: {e}", flush=True)
+        warm(args.jobs, args.specs)
+    elif args.step == "grid":
+        if args.jobs:
+            warm(args.jobs, args.specs)
+        causals = {"both": (False, True), "no": (False,), "yes": (True,)}[args.causal_grid]
+        grid(args.specs, args.shapes, causals, args.out)
     elif args.step == "check":
         check(args.out)
     elif args.step == "tiny":

@@ -22,6 +22,7 @@ import statistics
 import sys
 import time
 from dataclasses import replace
+from typing import NamedTuple
 
 import torch
 
@@ -30,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.harness import Harness  # noqa: E402
 from kaio_ops import _arrays, _gemm_hopper, _gemm_streamk, _gemv, _matmul_hopper  # noqa: E402
 from kaio_ops.linear import gemm  # noqa: E402
+from kaio_ops.matmul import SKINNY  # noqa: E402
 from kaio_ops.matmul import Plan as MmaPlan  # noqa: E402
 
 linear_mod = importlib.import_module("kaio_ops.linear")
@@ -159,8 +161,10 @@ def choice_of(name: list):
         return _gemv.Plan(name[1])
     if name[0] == "persistent":
         return linear_mod.Persistent(*name[1:]) if len(name) > 1 else "persistent"
-    if name[0] in linear_mod.CONFIGS:
+    if name[0] in linear_mod.CONFIGS or name[0] in linear_mod.SKINNY_CONFIGS:
         return MmaPlan(*name)
+    if name[0] == "mma":  # summed in the kernel: the table's plan up to FIXUP_ROWS rows
+        return MmaPlan(name[3], name[1]) if name[2] == "fixup" else None
     if isinstance(name[0], int):
         return _gemm_hopper.Plan(*name)
     return None  # "mma.sync fixup" / "reduce" (the mma.sync kernel's own plan), "hopper"
@@ -257,16 +261,21 @@ def run_plan(plan, ops: list, m: int, n: int, k: int, sms: int, transposed: bool
     epilogue); "mma.sync fixup" / "mma.sync reduce": the mma.sync kernel's own plan with
     its K split summed in the kernel / by the reduction kernel."""
     fixup = plan == "mma.sync fixup"
+    rows = linear_mod.FIXUP_ROWS
     if plan in ("mma.sync fixup", "mma.sync reduce"):
         plan = linear_mod.plan(m, n, k, sms, act == "silu_gate")
+    elif isinstance(plan, MmaSplit):
+        fixup, rows = plan.fixup, 0
+        plan = MmaPlan(plan.config, plan.split)
     ia, ib, *rest = ops
     bias, res = rest or (None, None)
-    before, linear_mod.MMA_FIXUP = linear_mod.MMA_FIXUP, fixup
+    before = linear_mod.MMA_FIXUP, linear_mod.FIXUP_ROWS
+    linear_mod.MMA_FIXUP, linear_mod.FIXUP_ROWS = fixup, rows
     try:
         return gemm("matmul", ia, ib, (m, n), (m, n, k), ia.dtype, transposed, bias, res, act,
                     chosen=plan)  # fmt: skip
     finally:
-        linear_mod.MMA_FIXUP = before
+        linear_mod.MMA_FIXUP, linear_mod.FIXUP_ROWS = before
 
 
 def warm(shapes: list, sms: int, shard: int, shards: int) -> None:
@@ -289,7 +298,8 @@ def warm(shapes: list, sms: int, shard: int, shards: int) -> None:
         route = linear_mod.route(ops[0], ops[1], (m, n, k), transposed, act == "none", gate)
         for plan in plans_of(m, n, k, sms, transposed, act, route)[0]:
             job = (plan, ops, m, n, k, transposed, act)
-            jobs.setdefault((str(_name(plan)), transposed, act), job)
+            rows = m if isinstance(plan, _gemv.Plan) else 0  # the skinny kernels: M a constexpr
+            jobs.setdefault((str(_name(plan)), transposed, act, rows), job)
     for i, (plan, ops, m, n, k, transposed, act) in enumerate(jobs.values()):
         if i % shards == shard:
             try:
@@ -304,8 +314,36 @@ DEEP = False  # only the op's plan and a few tiles with 6-stage and deep rings (
 DEEP_TILES = ((1, 64, 1), (1, 64, 2), (1, 128, 1), (2, 64, 1), (2, 128, 1))  # wg, bn, split
 
 
+ALL_SPLITS = False  # also the mma.sync skinny tile at every K split, both sums (--splits)
 OCC = False  # only short rings, two to four blocks a multiprocessor (--occ)
 SETS["occ"] = [(1024, 1024, 1024), (2048, 2048, 2048), (1024, 4096, 4096), (512, 6144, 4096)]
+# issue 33's third pass: the cases left below 0.9x cuBLAS (small M of the 8b attention
+# shapes) and the squares, re-measured under the whole-program JIT
+SETS["a33"] = [
+    (8, 4096, 4096), (1024, 1024, 1024), (4, 4096, 4096), (2, 4096, 4096), (8, 6144, 4096),
+    (32, 4096, 4096), (2048, 2048, 2048), (4, 6144, 4096), (16, 6144, 4096), (2, 6144, 4096),
+    (16, 4096, 4096), (1, 6144, 4096), (1, 4096, 4096), (32, 6144, 4096),
+]  # fmt: skip
+MMA_SPLITS = (1, 2, 3, 4, 6, 8)  # the K splits of ``MmaSplit`` timed up to M = 64
+# the second pass of a33 after the in-kernel sum got fast (sum_tile): the same cases, the
+# other shapes at a few small M, M = 64 and 1024^3 (Hopper K splits summed in the kernel)
+SETS["b33"] = [(m, n, 4096) for m in (8, 2, 4, 16, 1, 32) for n in (4096, 6144)]
+SETS["b33"] += [(64, 4096, 4096), (64, 6144, 4096), (1024, 1024, 1024)]
+SETS["b33"] += [(m, n, k) for m in (8, 2, 16) for n, k in LLAMA8B[2:] + LLAMA70B]
+# the third pass: where the unsplit deep 16 x 64 tiles may also pay (M = 32-64)
+SETS["c33"] = [(32, n, k) for n, k in ((8192, 8192), (4096, 14336), (8192, 28672), (28672, 4096))]
+SETS["c33"] += [(64, n, k) for n, k in ((4096, 4096), (6144, 4096), (8192, 8192))]
+
+
+class MmaSplit(NamedTuple):
+    """A searched plan: the mma.sync kernel's skinny tile ``config`` (``matmul.SKINNY`` or
+    one of ``linear.SKINNY_CONFIGS``) with ``split`` K slices summed in the kernel
+    (``fixup``: the last block of a tile adds them) or by ``gemm_reduce``, whatever
+    ``linear.FIXUP_ROWS`` says."""
+
+    split: int
+    fixup: bool
+    config: str = SKINNY
 
 
 def occupancy_plans(m: int, n: int, sms: int, gate: bool) -> list:
@@ -362,6 +400,21 @@ def plans_of(m: int, n: int, k: int, sms: int, transposed: bool, act: str, route
         mine = linear_mod.plan(m, n, k, sms, gate)
         if mine.split > 1:  # its K split halved and doubled
             plans += [replace(mine, split=mine.split // 2), replace(mine, split=2 * mine.split)]
+    if m <= 64 and ALL_SPLITS:  # the skinny tile, each K split summed both ways; Hopper
+        # tiles of 64 columns at most (the wider ones lost at these M: docs/performance.md),
+        # and K splits summed in the kernel (one launch)
+        plans = [
+            p
+            for p in plans
+            if not isinstance(p, _gemm_hopper.Plan) or p.bn <= 64 and (p.split == 1 or p.fixup)
+        ]
+        for config in (SKINNY, *linear_mod.SKINNY_CONFIGS):  # summed in the kernel
+            plans += [MmaSplit(s, True, config) for s in MMA_SPLITS if k // s >= 256]
+        plans += [MmaSplit(s, False) for s in MMA_SPLITS[1:4] if k // s >= 256]  # gemm_reduce
+    if m == n == k and m <= 1024 and ALL_SPLITS:  # 128 x 64 tiles (cuBLAS's at 1024^3 on an
+        # H100: 8 stages, clusters of two sharing A) with deeper rings, alone and paired
+        for wg, bn, pair in ((2, 64, 0), (2, 64, 2), (1, 128, 0), (1, 128, 1)):
+            plans += [_gemm_hopper.Plan(wg, bn, st, 1, False, pair) for st in (8, 9)]
     if m >= 128 and not transposed and act == "none":
         plans.append("persistent")  # _matmul_hopper's kernel (128 x 128 or 128 x 256 tiles)
         for bn in (128, *WIDE, 256):  # and each width, where the tiles make a wave or more
@@ -384,7 +437,7 @@ def plans_of(m: int, n: int, k: int, sms: int, transposed: bool, act: str, route
                 if math.ceil(m / 128) * math.ceil(n / bn) >= sms // 2:
                     paired.append(linear_mod.Persistent(bn, _matmul_hopper.GROUP_ROWS, 1))
         plans = paired if PAIRS == "only" else plans + paired
-    return [route, *plans], default
+    return [route, *dict.fromkeys(plans)], default
 
 
 def search(
@@ -482,9 +535,14 @@ def main(argv: list[str] | None = None) -> None:
                    help="also (or only) time the Hopper plans in clusters of two")  # fmt: skip
     p.add_argument("--deep", action="store_true", help="only deep rings against 6 stages")
     p.add_argument("--occ", action="store_true", help="only short rings, blocks side by side")
+    p.add_argument(
+        "--splits",
+        action="store_true",
+        help="also the mma.sync skinny tile at every K split, both sums (M <= 64)",
+    )
     args, rest = p.parse_known_args(argv)
-    global PAIRS, DEEP, OCC
-    PAIRS, DEEP, OCC = args.pairs, args.deep, args.occ
+    global PAIRS, DEEP, OCC, ALL_SPLITS
+    PAIRS, DEEP, OCC, ALL_SPLITS = args.pairs, args.deep, args.occ, args.splits
     h = Harness.from_args("Hopper GEMM plan search", rest, reps=args.reps)
     start = time.perf_counter()
     sms = h.meta["sms"]
@@ -544,6 +602,8 @@ def _name(plan) -> list:
         return ["sk", *plan]
     if isinstance(plan, MmaPlan):
         return [plan.config, plan.split]
+    if isinstance(plan, MmaSplit):
+        return ["mma", plan.split, "fixup" if plan.fixup else "reduce", plan.config]
     return ["gemv", plan.split] if isinstance(plan, _gemv.Plan) else list(plan)
 
 

@@ -167,7 +167,8 @@ def route_name(a, b) -> str:
 
     inputs = _arrays.Inputs("matmul")
     x, y = inputs.array(a, "a", ndim=2), inputs.array(b, "b", ndim=2)
-    chosen = route(x, y, (*x.shape, y.shape[1]), False, True, False)
+    (m, k), n = x.shape, y.shape[1]
+    chosen = route(x, y, (m, n, k), False, True, False)
     if isinstance(chosen, tuple):
         return f"{type(chosen).__module__.rsplit('.', 1)[-1]} {tuple(chosen)}"
     return str(chosen)

@@ -29,13 +29,18 @@ in a block of its own (``if sk > 0``, always true): in one block with the wait f
 ptxas hoisted that wait above the softmax (SASS: ``WARPGROUP.DEPBAR.LE gsb0, 0x1`` then
 ``0x0`` back to back), which undid the overlap.
 
-``PERSIST`` 1: one block a multiprocessor, each looping over the work tiles (query tile,
-head) first, first + grid, ... (2: every head's heaviest query tiles first, the rounds of
-tiles going back and forth over the blocks, for the causal mask's unequal tiles); the K/V
-ring's stage and parity, the ping-pong turns and the Q buffer (refilled once both
+The work tiles (query tile, head) come in sections of heads (``tile_of``), each
+section's heaviest query tiles first (the causal mask's longest), so that the blocks
+started last have the least work; ``launch`` takes sections of one head (a section of
+several measured no faster, and slower at S = 16384). ``PERSIST`` 1: one block a
+multiprocessor, each looping over the work tiles first, first + grid, ... (2: the rounds of
+tiles going back and forth over the blocks, for the causal mask's unequal tiles; 3: pairs
+of a head's query tiles, the heaviest with the lightest, ``work_tile``); without it, block
+(x, y) takes tile y * grid x + x (the hardware starts the blocks in that order as others
+finish); the K/V ring's stage and parity, the ping-pong turns and the Q buffer (refilled once both
 warpgroups have issued their last S = Q K^T of a tile, ``turn[4]``) carry from one tile to
 the next, so that the producer loads the next tile's keys while the consumers finish a
-tile (``launch`` takes it for whole key tiles only).
+tile (and ``turn[3]``, the partial last key tiles' zeros, counts its phases over them).
 
 Shared tiles (128-byte swizzle, 64-column blocks, docs/hopper.md): Q ``[D / 64, BM, 64]``,
 K and V stages ``[STAGES, D / 64, BN, 64]``. The tensor maps see Q as ``[B * H * Sq, D]`` and
@@ -121,14 +126,14 @@ def s_tile(s: f32[:, :], q_s: DT[:, :, :], k_s: DT[:, :, :, :], bars: u64[:, :],
 
 @kaio.gpu_func
 def pv_tile(o: f32[:, :], p: u32[:, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
-            st: i32, ph: u32, tail: bool_, lt: u32, BN: kaio.constexpr,
+            st: i32, ph: u32, tail: bool_, tails: i32, lt: u32, BN: kaio.constexpr,
             DT: kaio.constexpr):  # fmt: skip
     """O += P V of the key tile in stage ``st`` once its V has landed (and, for the partial
-    last tile, ``tail``, once its rows past the keys are zeros: ``zero_tail``), waited for;
-    then the stage's V is free."""
+    last tile, ``tail``, once its rows past the keys are zeros: ``zero_tail``; ``tails``: the
+    block's partial tiles before this one), waited for; then the stage's V is free."""
     kaio.mbarrier_wait(bars, (1, st), ph)
     if tail:
-        kaio.mbarrier_wait(turn, 3, 0)
+        kaio.mbarrier_wait(turn, 3, u32(tails) & 1)
     kaio.wgmma_fence()
     issue_pv(o, p, v_s, st, BN, DT)
     kaio.wgmma_wait(0)
@@ -210,8 +215,7 @@ def produce(
     (``64 * WG`` rows from ``q_row``) once the consumers are done with the previous one's,
     then K and V of each key tile (from ``kv_row``), each on its own "full" barrier, STAGES
     tiles ahead: a stage is refilled once the consumers have freed it (K and V apart).
-    ``cnt``: the key tiles the ring has taken so far (for their stage and parity); returns
-    the count after this tile's."""
+    ``cnt``: the key tiles the ring has taken so far (for their stage and parity)."""
     C = D // 64
     KV_BYTES = BN * D * 2
     if it > 0:
@@ -233,28 +237,27 @@ def produce(
         kaio.mbarrier_arrive_expect_tx(bars, (1, st), u32(KV_BYTES))
         for c in kaio.static_range(C):
             kaio.tma_load_2d(v_s, (st, c, 0, 0), tv, kv_row + j * BN, c * 64, bars, (1, st))
-    return cnt + n_tiles
 
 
 @kaio.gpu_func
 def zero_tail(
-    v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:], j: i32, sk: i32, lane: u32,
+    v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:], j: i32, n: i32, sk: i32, lane: u32,
     D: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
-    """The producer warp, once V of key tile j (the last, partial) has landed (called after
-    the copy was issued, so that the wait sees its phase, not an earlier one): its rows past
-    the keys (the next head's, or TMA's zeros past the array) set to zeros, so that their zero
-    probabilities never meet a non-finite value there; fenced for the tensor cores, then each
-    lane arrives on ``turn[3]``."""
-    st = j % STAGES
-    kaio.mbarrier_wait(bars, (1, st), u32(j // STAGES) & 1)
+    """The producer warp, once V of key tile j (the last, partial; the ring's n-th) has
+    landed (called after the copy was issued, so that the wait sees its phase, not an
+    earlier one): its rows past the keys (the next head's, or TMA's zeros past the array)
+    set to zeros, so that their zero probabilities never meet a non-finite value there;
+    fenced for the tensor cores, then each lane arrives on ``turn[3]``."""
+    st = n % STAGES
+    kaio.mbarrier_wait(bars, (1, st), u32(n // STAGES) & 1)
     r0 = sk - j * BN
     zero = kaio.local(DT, 8)
     for e in kaio.static_range(8):
         zero[e] = DT(0.0)
-    chunks = (BN - r0) * 8  # 16-byte chunks of a 64-column block's rows
-    for i in range(i32(lane), (D // 64) * chunks, 32):
-        kaio.store_vector(v_s, (st, i // chunks, r0 + i % chunks // 8, i % 8 * 8), zero)
+    for c in kaio.static_range(D // 64):  # a row's 8 16-byte chunks, 4 rows a step
+        for r in range(r0 + i32(lane // 8), BN, 4):
+            kaio.store_vector(v_s, (st, c, r, i32(lane % 8) * 8), zero)
     kaio.fence_proxy_async()
     kaio.mbarrier_arrive(turn, 3)
 
@@ -277,9 +280,11 @@ def consume(
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 query rows of one tile (thread ``lt`` of it) over the
     key tiles (module docstring), then its rows of ``out`` and ``lse``. ``pos``: the ring's
-    stage and parity, the ping-pong turns taken and the tiles done, carried from the block's
-    earlier tiles. ``turn[0]``, ``turn[1]``: the ping-pong barriers of warpgroups 0 and 1
-    (PIPE 2, 4), ``turn[2]``: the Q tile landed, ``turn[4]``: the Q tile read (by both)."""
+    stage and parity, the ping-pong turns taken, the tiles done and those of them whose last
+    key tile was partial, carried from the block's earlier tiles. ``turn[0]``, ``turn[1]``:
+    the ping-pong barriers of warpgroups 0 and 1 (PIPE 2, 4), ``turn[2]``: the Q tile
+    landed, ``turn[3]``: the partial tile's zeros stored, ``turn[4]``: the Q tile read (by
+    both)."""
     lane = lt % 32
     row0 = q0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)
     m = kaio.local(f32, 2)
@@ -298,7 +303,7 @@ def consume(
             softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN)
             rescale_rows(o, alpha, D)
             pack_p(p, s, BN, DT)
-            pv_tile(o, p, v_s, bars, turn, st, ph, (j + 1) * BN > sk, lt, BN, DT)
+            pv_tile(o, p, v_s, bars, turn, st, ph, (j + 1) * BN > sk, pos[4], lt, BN, DT)
             advance(pos, STAGES)
         if lt == 0:
             kaio.mbarrier_arrive(turn, 4)
@@ -352,25 +357,29 @@ def consume(
             kaio.mbarrier_arrive(turn, 4)
         if PIPE >= 3:
             rescale_rows(o, alpha, D)
-        pv_tile(o, p, v_s, bars, turn, ps, pph, n_tiles * BN > sk, lt, BN, DT)
+        pv_tile(o, p, v_s, bars, turn, ps, pph, n_tiles * BN > sk, pos[4], lt, BN, DT)
     pos[3] += 1
+    if n_tiles * BN > sk:
+        pos[4] += 1
     store_rows(out, lse, o, m, l, bh, row0, sq, lane, D, DT)
 
 
 @kaio.gpu_func
 def tile_of(
-    t: i32, n_qt: i32, bhs: i32, heads: i32, group: i32, sk: i32, causal: i32,
-    BM: kaio.constexpr, BN: kaio.constexpr, PERSIST: kaio.constexpr,
+    t: i32, n_qt: i32, bhs: i32, hs: i32, heads: i32, group: i32, sk: i32, causal: i32,
+    BM: kaio.constexpr, BN: kaio.constexpr,
 ) -> tuple[i32, i32, i32, i32]:  # fmt: skip
-    """(bh, q0, kv head, key tiles) of work tile ``t``: query tile ``n_qt - 1 - t % n_qt``
-    (the heaviest causal tiles first) of (batch, head) ``t // n_qt``; with ``PERSIST`` 2
-    query tile ``n_qt - 1 - t // bhs`` of (batch, head) ``t % bhs`` (every head's heaviest
-    tiles first)."""
-    bh = t // n_qt
-    q0 = (n_qt - 1 - t % n_qt) * BM
-    if PERSIST == 2:
-        bh = t % bhs
-        q0 = (n_qt - 1 - t // bhs) * BM
+    """(bh, q0, kv head, key tiles) of work tile ``t``: the tiles come in sections of ``hs``
+    (batch, head)s (the last may have fewer; ``bhs`` in all), each section's heaviest query
+    tiles first (the causal mask's longest), its heads inner: query tile ``n_qt - 1 - r //
+    h`` of (batch, head) ``section * hs + r % h``, for the section's r-th tile and h heads.
+    ``hs`` 1: one head's tiles after another's; ``hs`` = ``bhs``: every head's heaviest
+    first."""
+    first = t // (hs * n_qt) * hs
+    h = kaio.min(hs, bhs - first)
+    r = t - first * n_qt
+    bh = first + r % h
+    q0 = (n_qt - 1 - r // h) * BM
     kvh = bh // heads * (heads // group) + bh % heads // group
     n_tiles = (sk + BN - 1) // BN
     if causal != 0:
@@ -379,13 +388,31 @@ def tile_of(
 
 
 @kaio.gpu_func
-def work_tile(k: i32, first: i32, step: i32, PERSIST: kaio.constexpr) -> i32:
-    """The block's k-th work tile: ``first + k * step``; with ``PERSIST`` 2 the rounds of
-    ``step`` tiles go back and forth over the blocks (``first`` the block's place), so that
-    with the tiles heaviest first every block's sum of work comes out nearly the same."""
+def work_tile(
+    k: i32, first: i32, step: i32, end: i32, n_qt: i32, PERSIST: kaio.constexpr
+) -> i32:  # fmt: skip
+    """The block's k-th work tile (``tile_of``'s index), or -1 where it has none (past
+    ``end``): ``first + k * step``; with ``PERSIST`` 2 the rounds of ``step`` tiles go back
+    and forth over the blocks (``first`` the block's place), so that with the tiles heaviest
+    first every block's sum of work comes out nearly the same; with ``PERSIST`` 3 the
+    block's k // 2-th pair u = first + k // 2 * step of a head's query tiles (``end``: twice
+    the pairs), the head's u % half-th heaviest and then its u % half-th lightest (half =
+    ceil(n_qt / 2); an odd count's middle tile has no partner): the causal mask's work
+    the same in every pair."""
     w = first + k * step
     if PERSIST == 2 and k % 2 == 1:
         w = k * step + step - 1 - first
+    if PERSIST == 3:
+        w = 2 * (first + k // 2 * step) + k % 2
+    if w >= end:
+        w = -1
+    elif PERSIST == 3:
+        half = (n_qt + 1) // 2
+        i = w // 2 % half  # the pair's rank from the heaviest
+        r = i
+        if w % 2 == 1:
+            r = n_qt - 1 - i
+        w = kaio.select(w % 2 == 1 and r == i, -1, w // 2 // half * n_qt + r)
     return w
 
 
@@ -403,6 +430,7 @@ def attention_fwd_wgmma(
     scale_log2: f32,
     causal: i32,
     bhs: i32,
+    hs: i32,
     D: kaio.constexpr,
     BN: kaio.constexpr,
     WG: kaio.constexpr,
@@ -414,9 +442,9 @@ def attention_fwd_wgmma(
 ):
     """out[bh, row] = softmax(q[bh, row] k[kv]^T * scale) v[kv] and lse[bh, row] for the
     work tiles of ``64 * WG`` query rows of one (batch, head) ``bh`` (``tile_of``; ``bhs``:
-    B * H of them): block (x, y)'s tile y * grid x + x, or with ``PERSIST`` tiles x, x +
-    grid x, ... (module docstring). ``tq``: q as [B * H * sq, D] in boxes of
-    (64 * WG, 64); ``tk``, ``tv``: k, v as [B * Hkv * sk, D] in boxes of (BN, 64);
+    B * H of them, in sections of ``hs``): block (x, y)'s tile y * grid x + x, or with
+    ``PERSIST`` tiles x, x + grid x, ... (module docstring). ``tq``: q as [B * H * sq, D]
+    in boxes of (64 * WG, 64); ``tk``, ``tv``: k, v as [B * Hkv * sk, D] in boxes of (BN, 64);
     ``out`` [B * H * sq * D] and ``lse`` [B * H * sq] flat; ``scale_log2``: the scale times
     log2(e)."""
     BM = 64 * WG
@@ -437,10 +465,14 @@ def attention_fwd_wgmma(
     if PERSIST == 0:  # a tile a block
         first = i32(kaio.block_idx_y()) * n_qt + i32(kaio.block_idx_x())
         end = first + 1
+    if PERSIST == 3:  # pairs of query tiles: twice the pairs
+        end = 2 * ((n_qt + 1) // 2) * bhs  # (launch passes hs = 1: head after head)
     step = i32(kaio.grid_dim_x())
     rounds = (end - first + step - 1) // step  # the block's tiles
     if PERSIST == 2:  # rounds of step tiles, back and forth: one may leave the block out
         rounds = (end + step - 1) // step
+    if PERSIST == 3:  # pairs first, first + grid, ...
+        rounds = 2 * ((end // 2 - first + step - 1) // step)
     if t == 0:
         for s in kaio.static_range(STAGES):
             for r in kaio.static_range(2):
@@ -456,14 +488,14 @@ def attention_fwd_wgmma(
     if wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
-        pos = kaio.local(i32, 4)
-        for e in kaio.static_range(4):
+        pos = kaio.local(i32, 5)
+        for e in kaio.static_range(5):
             pos[e] = 0
         for k in range(rounds):
-            w = work_tile(k, first, step, PERSIST)
-            if w < end:
-                bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, heads, group, sk, causal, BM, BN,
-                                               PERSIST)  # fmt: skip
+            w = work_tile(k, first, step, end, n_qt, PERSIST)
+            if w >= 0:
+                bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sk, causal,
+                                               BM, BN)  # fmt: skip
                 if (PIPE == 2 or PIPE == 4) and wg == 0:  # ping-pong: a loop in each branch
                     consume(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh, q0, n_tiles, sq,
                             sk, causal, scale_log2, pos, D, BN, STAGES, PIPE, DT)  # fmt: skip
@@ -476,22 +508,23 @@ def attention_fwd_wgmma(
         cnt = i32(0)  # key tiles loaded
         it = i32(0)  # work tiles loaded
         for k in range(rounds):
-            w = work_tile(k, first, step, PERSIST)
-            if w < end:
-                bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, heads, group, sk, causal, BM, BN,
-                                               PERSIST)  # fmt: skip
+            w = work_tile(k, first, step, end, n_qt, PERSIST)
+            if w >= 0:
+                bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sk, causal,
+                                               BM, BN)  # fmt: skip
                 if lt == 0:
-                    cnt = produce(q_s, k_s, v_s, bars, turn, tq, tk, tv, bh * sq + q0,
-                                  kvh * sk, n_tiles, it, cnt, D, BN, WG, STAGES,
-                                  DT)  # fmt: skip
+                    produce(q_s, k_s, v_s, bars, turn, tq, tk, tv, bh * sq + q0, kvh * sk,
+                            n_tiles, it, cnt, D, BN, WG, STAGES, DT)  # fmt: skip
+                cnt += n_tiles
                 it += 1
-                if lt < 32 and n_tiles * BN > sk:  # the last key tile reaches past the keys
-                    # (never with PERSIST: launch takes it only for whole key tiles) the warp
-                    # waits until its first thread has issued every copy: an earlier wait on
-                    # the last tile's barrier could see an earlier phase of the same parity
-                    # complete (measured on an H100: the zeros landed before the copy did)
+                if lt < 32 and n_tiles * BN > sk:  # the last key tile reaches past the keys:
+                    # the warp waits until its first thread has issued every copy: an earlier
+                    # wait on the last tile's barrier could see an earlier phase of the same
+                    # parity complete (measured on an H100: the zeros landed before the copy
+                    # did)
                     kaio.sync_warp()
-                    zero_tail(v_s, bars, turn, n_tiles - 1, sk, lt, D, BN, STAGES, DT)
+                    zero_tail(v_s, bars, turn, n_tiles - 1, cnt - 1, sk, lt, D, BN, STAGES,
+                              DT)  # fmt: skip
 
 
 def shared_bytes(d: int, bn: int, wg: int, stages: int) -> int:
@@ -501,19 +534,26 @@ def shared_bytes(d: int, bn: int, wg: int, stages: int) -> int:
 
 def config(d: int, causal: bool = False) -> dict:
     """The constexprs of ``attention_fwd_wgmma`` for head dim ``d`` (64, 128, 256) and the
-    mask, as measured fastest on an H100 (docs/hopper.md): key tiles of 128 (64 for d = 256,
-    whose O accumulators take 128 registers a thread), as many stages as fit (at most 4),
-    the plain order (PIPE 0: the driver's JIT spilled the overlapped schedules' P), three
-    consumer warpgroups (192 query rows) at D = 64 (441 TFLOP/s
-    at S = 4096 against 408, causal 342 against 318), two (128 rows) otherwise, and
-    persistent blocks at D = 128 without the mask (560-571 against 544; with it, the tiles'
-    unequal work left blocks behind: 328 against 503-548 at S = 16384)."""
+    mask, as measured fastest on an H100 under the driver's whole-program JIT
+    (docs/hopper.md, "Schedules under the whole-program JIT"): key tiles of 128 (64 for
+    d = 256, whose O accumulators take 128 registers a thread); two stages; the softmax
+    overlapped with the tensor cores inside each warpgroup (no ping-pong: it measured
+    slower), O rescaled after P V (PIPE 1) or while S = Q K^T runs (PIPE 3); three
+    consumer warpgroups (192 query rows) at D = 64, two (128 rows) otherwise. Blocks:
+    persistent over pairs of a head's query tiles (PERSIST 3, the heaviest with the
+    lightest) at D = 128 (514 TFLOP/s against 489 for a tile a block at S = 4096 with the
+    mask, 586-668 without it, as fast as a tile at a time) and at D = 256 with the mask
+    (564 against 531); at D = 64 persistent without the mask; a tile a block otherwise
+    (the hardware starts them heaviest first)."""
     bn = 64 if d == 256 else 128
     wg = 3 if d == 64 else 2
-    stages = max(1, min(4, (SHARED_LIMIT - 64 * wg * d * 2 - 256) // (2 * bn * d * 2)))
+    fit = (SHARED_LIMIT - 64 * wg * d * 2 - 256) // (2 * bn * d * 2)
+    stages = max(1, min(2, fit))
+    pipe = 1 if causal or d == 128 else 3
+    persist = 3 if d == 128 or (d == 256 and causal) else int(d == 64 and not causal)
     return {
-        "BN": bn, "WG": wg, "STAGES": stages, "PIPE": 0, "REGS": consumer_registers(wg),
-        "PERSIST": int(d == 128 and not causal),
+        "BN": bn, "WG": wg, "STAGES": stages, "PIPE": pipe, "REGS": consumer_registers(wg),
+        "PERSIST": persist,
     }  # fmt: skip
 
 
@@ -523,13 +563,12 @@ def eligible(d: int) -> bool:
 
 
 def worthwhile(bh: int, sq: int, sk: int, d: int, sms: int) -> bool:
-    """Whether the kernel beat the mma.sync one (measured on an H100, docs/hopper.md): head
-    dims 64 and 128 (at 256 it lost: 282 against 288 TFLOP/s), sequences of 1024 and more
-    (at 512 it lost with the causal mask: 178 against 190) whose keys fill whole tiles (a
-    partial last tile measured slower), and enough 128-row tiles to give every
+    """Whether the kernel beat the mma.sync one (measured on an H100, docs/hopper.md): every
+    head dim it takes (64, 128, 256: 1.4x to 2.8x its TFLOP/s at S = 4096; a partial last
+    key tile too: 507 against 265 at S = 4000), sequences of 1024 and more (at 512 it lost
+    with the causal mask: 178 against 190) and enough 128-row tiles to give every
     multiprocessor a block."""
-    whole = sk % config(d)["BN"] == 0
-    return d in (64, 128) and sq >= 1024 and sk >= 1024 and whole and bh * -(-sq // 128) >= sms
+    return eligible(d) and sq >= 1024 and sk >= 1024 and bh * -(-sq // 128) >= sms
 
 
 def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None = None,
@@ -537,7 +576,7 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     """Run ``attention_fwd_wgmma`` (or ``kernel``, a variant of it: bench/attention_hopper.py)
     on checked operands (``_arrays.Operand``s q [B, H, Sq, D], k, v [B, Hkv, Sk, D] of one
     16-bit type); ``dims``: (B * H, H, group, sq, sk, d, d); ``cfg``: the constexprs (default
-    ``config(d)``; ``PERSIST`` is taken only for whole key tiles); ``ctas``: the blocks of a
+    ``config(d)``); ``ctas``: the blocks of a
     persistent launch (default: one a multiprocessor). Returns (out [B, H, Sq, D] of q's type,
     lse [B, H, Sq] f32)."""
     import math
@@ -546,6 +585,11 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
 
     bh, heads, group, sq, sk, d, _ = dims
     cfg = dict(cfg or config(d, causal))
+    # sections of heads (tile_of): one head's tiles after another's (PERSIST 2: every head's
+    # heaviest tiles first; PERSIST 3 takes pairs of a head's tiles, head after head)
+    hs = cfg.pop("SECTION", 0) or (bh if cfg.get("PERSIST") == 2 else 1)
+    if cfg.get("PERSIST") == 3:
+        hs = 1
     if cfg["PIPE"] in (2, 4) and cfg["WG"] != 2:
         raise ValueError(
             f"attention_fwd_wgmma: ping-pong (PIPE {cfg['PIPE']}) takes turns between two "
@@ -562,14 +606,14 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     lse_flat = _arrays.output_arg(qa, lse, (bh * sq,), f32)
     smem = shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"])
     n_qt = -(-sq // bm)
-    cfg["PERSIST"] = cfg.get("PERSIST", 0) if sk % cfg["BN"] == 0 else 0
     if cfg["PERSIST"]:
-        grid = (min(n_qt * bh, ctas or _arrays.multiprocessors(qa)), 1)
+        work = bh * (-(-n_qt // 2) if cfg["PERSIST"] == 3 else n_qt)  # pairs of tiles, or tiles
+        grid = (min(work, ctas or _arrays.multiprocessors(qa)), 1)
     else:
         grid = (n_qt, bh)
     (kernel or attention_fwd_wgmma)[grid, 128 * cfg["WG"] + 128, _arrays.stream_of(qa), smem](
         tq, tk, tv, out_flat, lse_flat, sq, sk, heads, group, math.log2(math.e) * scale,
-        int(causal), bh, D=d, DT=qa.dtype, **cfg,
+        int(causal), bh, min(hs, bh), D=d, DT=qa.dtype, **cfg,
     )  # fmt: skip
     return out, lse
 
@@ -580,5 +624,5 @@ def specializations():
 
     for dt in (f16, bf16):
         for d in (64, 128, 256):
-            for causal in (False, True) if d == 128 else (False,):
-                yield attention_fwd_wgmma, {"D": d, "DT": dt, **config(d, causal)}
+            for cfg in dict.fromkeys(tuple(config(d, c).items()) for c in (False, True)):
+                yield attention_fwd_wgmma, {"D": d, "DT": dt, **dict(cfg)}  # each once

@@ -21,7 +21,7 @@ from kaio.types import ScalarType, bf16, f16, f32, i32
 from kaio_ops import _arrays, _gemm_hopper, _gemm_streamk, _gemv, _matmul_hopper
 from kaio_ops._gemm import ACTIVATIONS, GEMM, REDUCE
 from kaio_ops._plan import planned
-from kaio_ops.matmul import CONFIGS, Plan, _hopper, heuristic, k_slices, plan_for
+from kaio_ops.matmul import CONFIGS, MatmulConfig, Plan, _hopper, heuristic, k_slices, plan_for
 
 __all__ = ["linear", "matmul"]
 
@@ -38,6 +38,18 @@ _DTYPE_NAMES = {
 }
 # "silu_gate" keeps two accumulator sets: the large tiles' registers would spill
 GATE_CONFIG = {"128x256": "64x128", "128x128": "64x128"}
+# skinny tiles of the mma.sync kernel besides matmul.CONFIGS, with deeper cp.async rings
+# (more of B in flight at small M, where the product streams B): a Plan may name them
+SKINNY_CONFIGS = {
+    "16x128s8": MatmulConfig(16, 128, 64, 1, 4, 8),
+    "16x64s8": MatmulConfig(16, 64, 64, 1, 4, 8),
+}
+
+
+def mma_config(name: str) -> MatmulConfig:
+    """The tile configuration an mma.sync ``Plan`` names: ``matmul.CONFIGS`` or
+    ``SKINNY_CONFIGS``."""
+    return CONFIGS[name] if name in CONFIGS else SKINNY_CONFIGS[name]
 
 
 def out_type(op: str, out_dtype, default: ScalarType) -> ScalarType:
@@ -185,7 +197,7 @@ def gemm(
         fixup = fixup and split > 1 and _gemm_hopper.fixup_ok(n)
     else:
         chosen = chosen or tuned_plan(a, m, n, k, gate)
-        cfg = CONFIGS[chosen.config]
+        cfg = mma_config(chosen.config)
         split, k_slice = k_slices(k, chosen.split, cfg.bk)
         fixup = mma_fixup(m, n, split)
     c = _arrays.output(a, out_shape, out)
@@ -297,15 +309,14 @@ def _skinny(a, b, out_shape: tuple, mnk: tuple, out: ScalarType, split: int):
 
 
 _COUNTERS: dict = {}
-# the mma.sync kernel sums its K split in the kernel (else gemm_reduce): off, as measured on
-# an H100 (bench/gemm_plans.py: the gemm_reduce launch was faster than the last block's sum),
-# but for one row: [1, 4096] x [4096, 4096] took 9.06 µs of GPU time and 6.6 µs of host time
-# summed in the kernel against 9.57 and 11.2 with the second launch (bench/host_parts.py
-# --only gemv, H100, 2026-11-26); up to 4 rows: at K = N = 4096 on an H100 the sum in the
-# kernel took 10.2 / 11.4 / 17.0 µs of GPU time at M = 1 / 4 / 16 against gemm_reduce's
-# 10.3 / 10.3 / 10.8, and saved 4-5 µs of host time (bench/decode_gemms.py)
+# the mma.sync kernel sums its K split in the kernel (else gemm_reduce) up to FIXUP_ROWS rows
+# (MMA_FIXUP: at every M). For one row: [1, 4096] x [4096, 4096] took 9.06 µs of GPU time
+# and 6.6 µs of host time summed in the kernel against 9.57 and 11.2 with the second launch
+# (bench/host_parts.py --only gemv, H100, 2026-11-26). More rows lost while the last block
+# summed one element at a time (_gemm.sum_tile: M = 8 of 4096 x 4096, 19.97 µs against
+# 15.30 µs + 3.07 µs of gemm_reduce, ncu on an H100); it now sums 8 at a time.
 MMA_FIXUP = False
-FIXUP_ROWS = 4
+FIXUP_ROWS = 32
 
 
 def mma_fixup(m: int, n: int, split: int) -> bool:
@@ -358,44 +369,67 @@ def _counters(like: _arrays.Operand, tiles: int):
 # B, --set pairs, won nowhere by more than the noise: the table names none).
 _P = _gemm_hopper.Plan
 _S = _gemm_streamk.Plan
+_D = Plan("16x64s8", 1)  # the deep skinny tile, unsplit (SKINNY_CONFIGS)
 MEASURED: dict[tuple, list] = {
-    (1024, 1024, "kn"): [(1024, _P(2, 64, 6, 1, False))],
+    (1024, 1024, "kn"): [(1024, _P(2, 64, 8, 1, False))],
     (2048, 2048, "kn"): [(2048, "persistent")],
-    (4096, 4096, "kn"): [(16, "mma.sync"), (128, _P(1, 64, 12, 1, False)),
+    (4096, 4096, "kn"): [(32, _D), (128, _P(1, 64, 12, 1, False)),
                          (256, _P(2, 64, 9, 1, False)), (2048, "persistent")],
     (4096, 4096, "nk"): [(1, "gemv"), (16, "mma.sync"), (128, _P(1, 64, 6, 1, False))],
-    (4096, 14336, "kn"): [(16, "mma.sync"), (32, _P(1, 64, 6, 2, False)),
-                          (128, _P(1, 64, 12, 1, False)), (256, _P(1, 128, 9, 1, False)),
+    (4096, 14336, "kn"): [(32, _D), (128, _P(1, 64, 12, 1, False)), (256, _P(1, 128, 9, 1, False)),
                           (512, "persistent"), (1024, _P(2, 256, 4, 1, False)),
                           (2048, "persistent")],
     (4096, 14336, "nk"): [(16, "mma.sync"), (64, _P(2, 64, 6, 2, False)),
                           (128, _P(1, 64, 6, 2, False)), (256, _P(2, 64, 6, 1, False)),
                           (4096, _P(2, 256, 4, 1, False))],
-    (6144, 4096, "kn"): [(8, "mma.sync"), (16, Plan("16x128", 1)), (32, _P(1, 64, 12, 1, False)),
-                         (128, _P(1, 64, 6, 1, False)), (2048, "persistent")],
-    (8192, 8192, "kn"): [(16, "mma.sync"), (32, _P(1, 64, 12, 1, False)),
+    (6144, 4096, "kn"): [(32, _D), (128, _P(1, 64, 6, 1, False)), (2048, "persistent")],
+    (8192, 8192, "kn"): [(16, _D), (32, Plan("16x128s8", 1)),
                          (64, _P(1, 64, 6, 1, False)), (128, _P(2, 64, 6, 1, False)),
                          (1024, "persistent")],
-    (8192, 28672, "kn"): [(16, "mma.sync"), (128, _P(1, 128, 6, 1, False)), (1024, "persistent")],
-    (10240, 8192, "kn"): [(1, "mma.sync"), (64, _P(1, 128, 6, 1, False)),
+    (8192, 28672, "kn"): [(1, "mma.sync"), (16, _D), (128, _P(1, 128, 6, 1, False)),
+                          (1024, "persistent")],
+    (10240, 8192, "kn"): [(16, Plan("16x128", 1)), (64, _P(1, 128, 6, 1, False)),
                           (128, _P(2, 128, 6, 1, False)), (1024, "persistent")],
     (14336, 4096, "gate"): [(1, "gemv"), (16, "mma.sync"), (4096, _P(2, 128, 4, 1, False))],
     (28672, 4096, "kn"): [(16, "mma.sync"), (64, _P(1, 256, 5, 1, False)),
                           (128, _P(2, 256, 4, 1, False)), (2048, "persistent")],
-    (57344, 8192, "kn"): [(1, "gemv"), (16, "mma.sync"), (64, _P(1, 128, 9, 1, False)),
+    (57344, 8192, "kn"): [(1, "gemv"), (8, Plan("16x128", 4)), (16, "mma.sync"),
+                          (64, _P(1, 128, 9, 1, False)),
                           (128, _P(2, 128, 6, 1, False)), (512, "persistent"),
                           (1024, _P(2, 256, 4, 1, False))],
 }  # fmt: skip
 SKINNY_M = 16  # rows up to which the mma.sync kernel (16-row tiles, K split) wins on sm_90
 
 
+def skinny_plan(a, m: int, n: int, k: int, gate: bool, transposed: bool) -> Plan:
+    """The mma.sync plan of a product of at most ``SKINNY_M`` rows on sm_90 that the table
+    does not list: for B [K, N] without a stored ``kaio_ops.tune`` plan, one block a
+    16-row tile, unsplit: ``16x64s8`` tiles (8-stage rings) where they make between 1/2.2
+    and 1 wave, else ``16x128`` ones where those make 1/2.2 wave or more (measured on an
+    H100, bench/gemm_plans.py --set b33: unsplit 16x64s8 tiles ran at 0.98-1.11x cuBLAS at
+    M = 1-32 of N = 4096-8192 against 0.87-0.96x with 16x128 tiles in 2-4 K slices;
+    16x128 tiles at N = 10240, 1.01-1.02x); otherwise ``tuned_plan``."""
+    from kaio_ops import tune
+
+    stored = tune.lookup(a, f"{a.dtype.name}_async", m, n, k)
+    if gate or transposed or stored is not None:
+        return tuned_plan(a, m, n, k, gate)
+    sms = _arrays.multiprocessors(a)
+    rows = math.ceil(m / 16)
+    if sms / 2.2 <= rows * math.ceil(n / 64) <= sms:
+        return Plan("16x64s8", 1)
+    if rows * math.ceil(n / 128) >= sms / 2.2:
+        return Plan("16x128", 1)
+    return tuned_plan(a, m, n, k, gate)
+
+
 def route(a, b, mnk: tuple, transposed: bool, plain: bool, gate: bool):
     """The kernel of a call (a ``gemm`` ``chosen``): on sm_90 the measured choice of the
     shape (``MEASURED``) where it can run, else a skinny kernel where ``_gemv.preferred``;
-    then on sm_90 (measured there): the mma.sync kernel up to ``SKINNY_M`` rows, the
-    persistent kernel for plain ``matmul`` from 128 rows when its 128 x 128 tiles fill the
-    GPU, else the Hopper kernel with ``_gemm_hopper.plan``; elsewhere the mma.sync kernel
-    with ``tuned_plan``."""
+    then on sm_90 (measured there): the mma.sync kernel up to ``SKINNY_M`` rows
+    (``skinny_plan``), the persistent kernel for plain ``matmul`` from 128 rows when its
+    128 x 128 tiles fill the GPU, else the Hopper kernel with ``_gemm_hopper.plan``;
+    elsewhere the mma.sync kernel with ``tuned_plan``."""
     m, n, k = mnk
     hopper = hopper_takes(a, b, n, k, transposed)
     persistent = plain and not transposed and hopper and a.dtype == b.dtype
@@ -418,7 +452,7 @@ def route(a, b, mnk: tuple, transposed: bool, plain: bool, gate: bool):
     if _gemv.preferred(a, b, mnk, transposed, plain):
         return "gemv"
     if hopper and m <= SKINNY_M:
-        return tuned_plan(a, m, n, k, gate)
+        return skinny_plan(a, m, n, k, gate, transposed)
     sms = _arrays.multiprocessors(a)
     if persistent and m >= 128 and math.ceil(m / 128) * math.ceil(n / 128) >= 0.9 * sms:
         return "persistent"  # a wave of 128 x 128 tiles or more: the persistent kernel
@@ -524,13 +558,13 @@ def linear(x, w, bias=None, *, residual=None, activation: str | None = None, out
 
 def specializations() -> list:
     """(kernel, constexprs) of the GEMM specializations to check (PTX through ptxas): every
-    tile configuration with both B layouts, each activation with bias and residual, each
-    output type, the K split, the pipeline-free variant, the split-K reduction, and the
-    skinny kernels (``_gemv``)."""
+    tile configuration with both B layouts (and the deep skinny tiles, ``SKINNY_CONFIGS``),
+    each activation with bias and residual, each output type, the K split, the
+    pipeline-free variant, the split-K reduction, and the skinny kernels (``_gemv``)."""
     out = []
 
     def add(dt, ot, name, bt=1, act="none", epi=1, split=1, pipelined=True):
-        consts = _tile_constexprs(CONFIGS[name], pipelined, True)
+        consts = _tile_constexprs(mma_config(name), pipelined, True)
         extra = {"BT": bt, "SPLIT": min(split, 2), "FIXUP": int(split > 2), "BIAS": epi}
         extra |= {"ACT": act, "RES": epi}
         out.append((GEMM, {**consts, **extra, "DT": dt, "OUT": ot, "RT": ot}))
@@ -540,6 +574,9 @@ def specializations() -> list:
             add(f16, f16, name, bt, epi=bt)
     for act in ACTIVATIONS:
         add(bf16, bf16, "64x128", act=act)
+    for name in SKINNY_CONFIGS:  # deep rings, K split summed in the kernel
+        add(f16, f16, name, 0, epi=0, split=4)
+        add(bf16, f32, name, 1, act="silu_gate", split=3)
     add(f16, f32, "128x128")
     add(f16, bf16, "128x256", pipelined=False)
     for act in ("none", "silu_gate"):

@@ -56,8 +56,9 @@ def test_propose_takes_streamk_where_it_wins(tmp_path):
     line = gemm_sweep.propose([path])
     assert line.startswith('    (4096, 4096, "kn"): [')
     from kaio_ops import _gemm_hopper, _gemm_streamk
+    from kaio_ops.matmul import Plan
 
-    names = {"_P": _gemm_hopper.Plan, "_S": _gemm_streamk.Plan}  # the table's names
+    names = {"_P": _gemm_hopper.Plan, "_S": _gemm_streamk.Plan, "Plan": Plan}  # the table's
     entries = eval(line.split(": ", 1)[1].rstrip(","), names)  # noqa: S307
     old = dict(MEASURED[(4096, 4096, "kn")])
     got = dict(entries)

@@ -90,26 +90,38 @@ def test_hopper_forward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, over):
         # heaviest tiles first, back and forth over three blocks (the last round leaves two
         # blocks out)
         (1, 2, 1, 256, 128, 64, np.float16, True, {"PIPE": 0, "PERSIST": 2}, 3),
+        # sections of two heads (the last of one), heaviest query tiles first: a block a
+        # tile, and two persistent blocks going back and forth
+        (1, 3, 3, 200, 256, 64, np.float16, True, {"PIPE": 4, "PERSIST": 0, "SECTION": 2}, 0),
+        (1, 3, 1, 256, 256, 64, np.float16, True, {"PIPE": 0, "PERSIST": 2, "SECTION": 2}, 2),
+        # pairs of query tiles, the heaviest with the lightest: three tiles a head (the
+        # middle one alone), two blocks; and a block for each pair
+        (1, 2, 1, 320, 320, 64, np.float16, True, {"PIPE": 4, "PERSIST": 3}, 2),
+        (1, 2, 2, 256, 200, 64, ml_dtypes.bfloat16, False, {"PIPE": 0, "PERSIST": 3}, 0),
     ],
 )
 def test_persistent_blocks_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, over, ctas):
     cfg = small(d, **{"PERSIST": 1, **over})
-    out, lse, ref, ref_lse = run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, ctas=ctas)
+    out, lse, ref, ref_lse = run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, ctas=ctas or None)
     assert rel(out, ref) < (1e-3 if dtype == np.float16 else 1e-2)
     np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=1e-4)
 
 
-def test_keys_past_sk_are_left_out_in_simulator():
+@pytest.mark.parametrize("persist", [0, 1])
+def test_keys_past_sk_are_left_out_in_simulator(persist):
     """The last key tile reaches past sk into the next head's keys, whose V rows hold inf:
     those keys are masked and their V rows zeroed before P V (no NaN); a scale other than
-    1/sqrt(D) is applied."""
+    1/sqrt(D) is applied. Persistent: one block takes both heads, each with a partial last
+    key tile (the zeros' barrier in its second phase for the second, the ring's stage
+    counted over both)."""
     rng = np.random.default_rng(5)
     q = rng.standard_normal((1, 2, 64, 64)).astype(np.float16)
     k, v = (rng.standard_normal((1, 2, 100, 64)).astype(np.float16) for _ in range(2))
     v[0, 1, :28] = np.inf  # the rows head 0's last 64-key tile reads past its 100 keys
+    cfg = small(64, PERSIST=persist, PIPE=4 if persist else 0, STAGES=3)
     with kaio.simulate():
         (qa, ka, va), dims, scale = attention._check_flash("test", q, k, v, 0.2)
-        out, lse = hopper.launch(qa, ka, va, dims, False, scale, small(64))
+        out, lse = hopper.launch(qa, ka, va, dims, False, scale, cfg, ctas=1)
     ref, ref_lse, _ = reference(q[:, :1], k[:, :1], v[:, :1], False, 0.2)
     assert rel(out[:, :1], ref) < 1e-3
     np.testing.assert_allclose(lse[:, :1], ref_lse, rtol=0, atol=1e-4)
@@ -126,8 +138,8 @@ def test_dispatch_needs_a_whole_64_column_head_dim_and_a_gpu():
     assert not hopper.worthwhile(8, 2048, 4096, 128, 132)  # 128 blocks: under a wave
     assert hopper.worthwhile(64, 1024, 1024, 128, 132)
     assert not hopper.worthwhile(64, 512, 1024, 128, 132)  # short: measured slower
-    assert not hopper.worthwhile(16, 2048, 4000, 128, 132)  # a partial last key tile
-    assert not hopper.worthwhile(16, 4096, 4096, 256, 132)  # D = 256: measured slower
+    assert hopper.worthwhile(16, 2048, 4000, 128, 132)  # a partial last key tile too
+    assert hopper.worthwhile(16, 4096, 4096, 256, 132)  # D = 256 too (whole-program JIT)
 
 
 @pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")

@@ -171,15 +171,38 @@ def test_mma_sync_split_summed_in_kernel_in_simulator(act, monkeypatch):
     check(fixed, *reference(x, w, b, res, act), np.float32)
 
 
-def test_decode_rows_sum_their_k_split_in_the_kernel():
-    """Up to ``FIXUP_ROWS`` rows (decode): the K split summed by the mma.sync kernel (one
-    launch); more rows, N not a multiple of 32 or no split: through gemm_reduce (MMA_FIXUP
-    off)."""
+@pytest.mark.parametrize(
+    "config, m, n, k, split, act",
+    [
+        ("16x128s8", 5, 96, 1040, 2, "gelu"),  # N and K tails, summed in the kernel
+        ("16x64s8", 3, 64, 1100, 3, "silu_gate"),
+        ("16x64s8", 17, 40, 600, 2, None),  # two row tiles; N % 32: summed by gemm_reduce
+        ("16x128s8", 1, 1, 9, 1, None),  # K shorter than a ring stage, N = 1
+    ],
+)
+def test_deep_skinny_tiles_in_simulator(config, m, n, k, split, act):
+    """The mma.sync kernel's skinny tiles with 8-stage rings (``linear.SKINNY_CONFIGS``),
+    named by a Plan: with bias, activation and residual, against float64."""
+    rng = np.random.default_rng(m + n + k)
+    rows = 2 * n if act == "silu_gate" else n
+    x, w = rand(rng, (m, k), np.float16), rand(rng, (rows, k), np.float16, 0.3)
+    b, res = rand(rng, (rows,), np.float16), rand(rng, (m, n), np.float16)
+    with kaio.simulate():
+        args = (_operand(x), _operand(w, "w"), (m, n), (m, n, k), kaio.f16, True)
+        got = gemm("linear", *args, _operand(b, "bias"), _operand(res, "residual"),
+                   act or "none", chosen=Plan(config, split))  # fmt: skip
+    check(got, *reference(x, w, b, res, act), np.float16)
+
+
+def test_few_rows_sum_their_k_split_in_the_kernel():
+    """Up to FIXUP_ROWS rows: the K split summed by the mma.sync kernel (one launch, faster
+    on an H100); more rows, N not a multiple of 32 or no split: through gemm_reduce
+    (MMA_FIXUP off)."""
     linear_mod = importlib.import_module("kaio_ops.linear")
-    assert not linear_mod.MMA_FIXUP and 1 <= linear_mod.FIXUP_ROWS <= 16
-    assert linear_mod.mma_fixup(1, 4096, 4)
-    assert linear_mod.mma_fixup(linear_mod.FIXUP_ROWS, 4096, 4)
-    assert not linear_mod.mma_fixup(linear_mod.FIXUP_ROWS + 1, 4096, 4)
+    rows = linear_mod.FIXUP_ROWS
+    assert not linear_mod.MMA_FIXUP
+    assert linear_mod.mma_fixup(1, 4096, 4) and linear_mod.mma_fixup(rows, 4096, 4)
+    assert not linear_mod.mma_fixup(rows + 1, 4096, 4)
     assert not linear_mod.mma_fixup(1, 4100, 4)
     assert not linear_mod.mma_fixup(1, 4096, 1)
 
@@ -386,6 +409,23 @@ def test_plans():
     assert hopper.plan(4096, 14336, 4096, 132, gate=True)[1] == 128
 
 
+def test_skinny_plans_of_unlisted_shapes(monkeypatch):
+    """At most 16 rows of a shape the table does not list (sm_90, B [K, N]): unsplit deep
+    16 x 64 tiles where they make half a wave to a wave (132 SMs: N = 4096-8192), unsplit
+    16 x 128 tiles from half a wave of those (N = 10240 and up), else the K split of
+    ``tuned_plan``; B [N, K] and "silu_gate" keep ``tuned_plan``."""
+    linear_mod = importlib.import_module("kaio_ops.linear")
+    monkeypatch.setattr(kaio_ops._arrays, "multiprocessors", lambda like: 132)
+    with kaio.simulate():
+        a = _operand(np.zeros((4, 64), np.float16))
+        got = {n: linear_mod.skinny_plan(a, 4, n, 4096, False, False)
+               for n in (2048, 4096, 8192, 10240, 20000)}  # fmt: skip
+        assert linear_mod.skinny_plan(a, 4, 4096, 4096, False, True) == Plan("16x128", 4)
+        assert linear_mod.skinny_plan(a, 4, 4096, 4096, True, False).config == "16x128"
+    assert got == {2048: Plan("16x128", 8), 4096: Plan("16x64s8"), 8192: Plan("16x64s8"),
+                   10240: Plan("16x128"), 20000: Plan("16x128")}  # fmt: skip
+
+
 def test_persistent_width_fills_the_waves():
     """The persistent kernel's tile width per shape (132 SMs), as the H100 measured it
     (bench/gemm_plans.py --set w33): 192 at M = 512 of N = 6144 (one wave of 128 tiles, 0.97x
@@ -445,7 +485,8 @@ def test_measured_table_is_well_formed():
                 assert k // choice.split >= 4 * hopper.BK
                 assert not choice.fixup or hopper.fixup_ok(n)
             elif isinstance(choice, Plan):  # an mma.sync plan
-                assert choice.config in importlib.import_module("kaio_ops.matmul").CONFIGS
+                linear_mod = importlib.import_module("kaio_ops.linear")
+                assert linear_mod.mma_config(choice.config).bm in (16, 64, 128)
                 assert choice.split >= 1
             elif type(choice).__name__ == "Plan":  # a _gemv.Plan
                 assert choice.split >= 1 and layout != "gate"
@@ -596,6 +637,9 @@ def test_gpu_linear_batched_f32_out():
         (16, 1024, 4096, "silu_gate", Plan("16x128", 8)),  # mma.sync, summed in the kernel
         (3, 2048, 4096, "matmul", Plan("16x128", 4)),
         (1, 4096, 4096, "matmul", Plan("16x128", 4)),  # one row: summed in the kernel
+        (13, 4096, 4096, "matmul", Plan("16x64s8", 1)),  # the deep skinny tile (sm_90 route)
+        (30, 2000, 4104, "gelu", Plan("16x64s8", 3)),  # N and K tails: gemm_reduce
+        (9, 1024, 8192, "silu_gate", Plan("16x128s8", 4)),
     ],
 )
 def test_gpu_split_sums_deterministic(m, n, k, activation, chosen, monkeypatch):
