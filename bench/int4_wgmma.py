@@ -125,6 +125,7 @@ def main() -> None:
     p.add_argument("--table", default="", help="--swap: write the Markdown tables here")
     p.add_argument("--markdown", default="", help="print --swap's JSONL file as a table, no GPU")
     p.add_argument("--shapes", default="", help="N x K list for --swap, e.g. 4096x4096,8192x8192")
+    p.add_argument("--variants-json", default="", help="--variants: M -> variants (JSON file)")
     p.add_argument(
         "--prewarm", type=int, default=0, help="compile --swap's kernels first in N processes"
     )
@@ -132,6 +133,9 @@ def main() -> None:
     if args.markdown:
         markdown(args.markdown)
         return
+    if args.variants_json:
+        with open(args.variants_json) as f:
+            VARIANTS.update(json.load(f))
     torch.backends.cuda.matmul.allow_tf32 = False
     ms = [int(x) for x in args.ms.split(",")]
     path = os.path.join(args.out, "int4_wgmma.jsonl")
@@ -214,12 +218,18 @@ SWAP_SHAPES = ((4096, 4096), (28672, 4096), (4096, 14336), (8192, 8192), (57344,
 L2_BYTES = 200 << 20  # the int4 bytes a rotation covers: 4x the 50 MB L2
 
 
+VARIANTS: dict = {}  # --variants-json: M (as text, or "*") -> the variants to time there
+
+
 def swap_variants(m: int) -> list:
-    """(WG, BM, CL, split, STAGES, MC, FENCE) tile configurations of
+    """(WG, BM, CL, split, STAGES, MC, FENCE[, BUFS]) tile configurations of
     ``_int4_hopper.int4_swap`` to time at M = ``m`` besides the plan's (``matmul_int4``)
     (CL: a K split summed in a cluster, else by a second launch; split 0: ``swap_split``'s;
     STAGES 0: as many as fit; MC: pairs of tiles sharing a's rows by multicast; FENCE: the
-    proxy fence in every slice (1) or odd slices (2))."""
+    proxy fence in every slice (1) or odd slices (2); BUFS: fragment buffers, 2 if left
+    out). ``--variants-json`` replaces the lists below."""
+    if VARIANTS:
+        return [tuple(v) for v in VARIANTS.get(str(m), VARIANTS.get("*", []))]
     if m <= 16:  # the decode kernel's range
         return []
     bm = min(256, -(-m // 8) * 8)
@@ -234,12 +244,21 @@ def swap_variants(m: int) -> list:
     return [(2, 256, 0, 0, 0, 1, 2), (2, 192, 0, 0, 0, 1, 2)]
 
 
-def variant_key(wg: int, bm: int, cl: int, sp: int, stages: int, mc: int = 0, fence=1) -> str:
-    """A ``swap_variants`` entry as text: ``WG,BM,CL[,split S][,stages S][,mc],fF``."""
+def variant_key(
+    wg: int, bm: int, cl: int, sp: int, stages: int, mc: int = 0, fence=1, bufs=2
+) -> str:
+    """A ``swap_variants`` entry as text: ``WG,BM,CL[,split S][,stages S][,mc],fF[,bB]``."""
     return (
         f"{wg},{bm},{cl}" + (f",split {sp}" if sp else "") + (f",stages {stages}" * bool(stages))
-        + ",mc" * mc + f",f{fence}"
+        + ",mc" * mc + f",f{fence}" + (f",b{bufs}" if bufs != 2 else "")
     )  # fmt: skip
+
+
+def as_config(v: tuple) -> tuple:
+    """A ``swap_variants`` entry as ``launch_swap``'s config (WG, BM, STAGES, split, CL, MC,
+    FENCE, BUFS)."""
+    wg, bm, cl, sp, st, mc, fence, *bufs = v
+    return (wg, bm, st, sp, cl, mc, fence, bufs[0] if bufs else 2)
 
 
 def _warm(consts: dict) -> str:
@@ -269,11 +288,7 @@ def prewarm(log, shapes, workers: int, variants: bool = True) -> None:
     todo = {}
     for n, k, ms in shapes:
         for m in ms:
-            configs = (
-                [(wg, bm, st, sp, cl, mc, f) for wg, bm, cl, sp, st, mc, f in swap_variants(m)]
-                if variants
-                else []
-            )
+            configs = [as_config(v) for v in swap_variants(m)] if variants else []
             if m > _int4_hopper.DECODE_M:
                 configs.append(_int4_hopper.swap_plan(m))
             for cfg in configs:
@@ -352,10 +367,8 @@ def swap_sweep(log, shapes, budget: float, variants: bool = False, multicast=Fal
                         w16 = _prefill.int4_to_f16(ops[i][0], [(ops[i][1], ops[i][2])])
                         return kaio_ops.matmul(a, w16)
                 else:
-                    wg, bm, cl, sp, st, mc, fence = v
-                    cfg = (wg, bm, st, sp, cl, mc, fence)
 
-                    def fn(i, c=cfg):
+                    def fn(i, c=as_config(v)):
                         return _int4_hopper.launch_swap(*ops[i], kaio.f16, c)
 
                 try:

@@ -194,15 +194,17 @@ def nibble_pair(word: u32, sel: u32, scale: f16x2) -> u32:
 def swap_slice(
     sw: u32[:, :, :], sc: u32[:, :], sx: f16[:, :, :], bars: u64[:, :], acc: f32[:, :, :],
     af: u32[:, :, :], at: i32[:], kt: i32, nl: u32, sel: u32, lt: u32, BUF: kaio.constexpr,
-    STAGES: kaio.constexpr, MC: kaio.constexpr, FENCE: kaio.constexpr,
+    STAGES: kaio.constexpr, MC: kaio.constexpr, FENCE: kaio.constexpr, BUFS: kaio.constexpr,
 ):  # fmt: skip
     """One 64-deep K slice of a consumer warpgroup: wait for ring stage ``at[0]``, make the
-    A fragments of its 4 steps (buffer ``BUF`` of ``af``) from the words of columns ``nl``
-    and ``nl + 1`` (this lane's rows g and g + 8), issue the 4 wgmmas on the activations'
-    tile, and free the stage of the slice before (``at[2]``) once its wgmmas are done.
-    ``FENCE``: the proxy fence after the shared reads in every slice (1), or in odd slices
-    only (2: it covers the reads of the slice before, whose stage is freed after it; no
-    measurable difference on an H100, nor without any fence)."""
+    A fragments of its 4 steps (buffer ``BUF`` of the ``BUFS`` of ``af``) from the words of
+    columns ``nl`` and ``nl + 1`` (this lane's rows g and g + 8), issue the 4 wgmmas on the
+    activations' tile, wait until at most ``BUFS - 1`` slices' wgmmas are in flight (this
+    one's among them) and free the stage of the slice ``BUFS - 1`` before (``at[2]``, with 3
+    buffers ``at[3]``), whose wgmmas are then done. ``FENCE``: the proxy fence after the
+    shared reads in every slice (1), or in odd slices only (2, two buffers: it covers the
+    reads of the slice before, whose stage is freed after it; no measurable difference on
+    an H100, nor without any fence)."""
     s = at[0]
     kaio.mbarrier_wait(bars, (0, s), u32(at[1]))
     words = kaio.local(u32, (WORD_ROWS, 2))  # words[kw, h]: column nl + h, K 8 kw .. 8 kw + 7
@@ -224,9 +226,11 @@ def swap_slice(
         db = kaio.smem_descriptor(sx, (s, 0, kk * 16), SW, 16, 1024)
         kaio.wgmma_f16(acc, af[BUF, kk], db, kt + kk > 0)
     kaio.wgmma_commit()
-    kaio.wgmma_wait(1)
-    if kt > 0 and lt == 0:  # the slice before's wgmmas are done: free its stage
-        free_stage(bars, at[2], MC)
+    kaio.wgmma_wait(BUFS - 1)
+    if kt >= BUFS - 1 and lt == 0:  # that slice's wgmmas are done: free its stage
+        free_stage(bars, at[BUFS], MC)
+    if BUFS == 3:
+        at[3] = at[2]
     at[2] = s
     at[0] += 1
     if at[0] == STAGES:
@@ -276,7 +280,7 @@ def int4_swap(
     tx: kaio.tensormap, tw: kaio.tensormap, ts: kaio.tensormap, c: OUT[:, :], ws: f32[:, :],
     M: u32, N: u32, K: u32, k_slice: u32, WG: kaio.constexpr, BM: kaio.constexpr,
     STAGES: kaio.constexpr, SPLIT: kaio.constexpr, CL: kaio.constexpr, REGS: kaio.constexpr,
-    OUT: kaio.constexpr, MC: kaio.constexpr, FENCE: kaio.constexpr,
+    OUT: kaio.constexpr, MC: kaio.constexpr, FENCE: kaio.constexpr, BUFS: kaio.constexpr,
 ):  # fmt: skip
     """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block
     computes ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG``
@@ -287,8 +291,8 @@ def int4_swap(
     wgmmas, row 16 w + g + 8 h (warp w, lane 4 g + t) being column ``16 w + 2 g + h``: a
     lane reads its two columns' 8 words of the slice in 8-byte loads and makes its A
     fragments in registers (``nibble_pair``: byte t of a word is k 2t, 2t + 1, exactly the
-    fragment's pairs), two slices' fragments alternating so that a slice is dequantized
-    while the wgmmas of the one before run. No f16 copy of the weight, in memory or in shared
+    fragment's pairs), ``BUFS`` (2 or 3) slices' fragments in turn so that a slice is
+    dequantized while the wgmmas of the ``BUFS - 1`` before it run. No f16 copy of the weight, in memory or in shared
     memory. With a K split (``grid.z``) the raw f32 partial tiles go to ``ws`` and
     ``finish`` sums them (``SPLIT`` 2 for any split, 1 for none: one specialization for
     every split); with ``CL`` the K split is a cluster of ``SPLIT`` blocks along x, one tile
@@ -352,29 +356,34 @@ def int4_swap(
         acc = kaio.local(f32, (BM // 8, 2, 2))
         lane = lt % 32
         nl = 64 * wg + 16 * (lt // 32) + 2 * (lane // 4)  # this lane's columns nl, nl + 1
-        af = kaio.local(u32, (2, BK // 16, 4))  # two slices' A fragments
-        at = kaio.local(i32, 3)  # (ring stage, its phase, the stage of the slice before)
-        for i in kaio.static_range(3):
+        af = kaio.local(u32, (BUFS, BK // 16, 4))  # BUFS slices' A fragments
+        # (ring stage, its phase, the stages of the slice before and of the one before that)
+        at = kaio.local(i32, 4)
+        for i in kaio.static_range(4):
             at[i] = 0
         sel = (lane % 4) * 0x1111
         for i in range(my_tiles):
             origin = tile_origin(first + u32(i) * step, grid_m, grid_n)
-            # slices in pairs, the fragments alternating; an odd last slice after every
-            # wgmma is done (ptxas serializes all wgmmas if any path could redefine the
-            # registers of one in flight)
-            for kt in range(0, k_tiles - 1, 2):
-                swap_slice(sw, sc, sx, bars, acc, af, at, kt, nl, sel, lt, 0, STAGES, MC,
-                           FENCE)  # fmt: skip
-                swap_slice(sw, sc, sx, bars, acc, af, at, kt + 1, nl, sel, lt, 1, STAGES, MC,
-                           FENCE)  # fmt: skip
-            if k_tiles % 2:
+            # slices in groups of BUFS, the fragment buffers in turn; the last k_tiles %
+            # BUFS slices after every wgmma is done (ptxas serializes all wgmmas if any
+            # path could redefine the registers of one in flight)
+            for kt in range(0, k_tiles - (BUFS - 1), BUFS):
+                for b in kaio.static_range(BUFS):
+                    swap_slice(sw, sc, sx, bars, acc, af, at, kt + b, nl, sel, lt, b, STAGES,
+                               MC, FENCE, BUFS)  # fmt: skip
+            rest = k_tiles % BUFS
+            if rest:
                 kaio.wgmma_wait(0)
-                swap_slice(sw, sc, sx, bars, acc, af, at, k_tiles - 1, nl, sel, lt, 0, STAGES, MC,
-                           FENCE)  # fmt: skip
+                for b in kaio.static_range(BUFS - 1):
+                    if b < rest:
+                        swap_slice(sw, sc, sx, bars, acc, af, at, k_tiles - rest + b, nl, sel,
+                                   lt, b, STAGES, MC, FENCE, BUFS)  # fmt: skip
             kaio.wgmma_wait(0)
-            if FENCE == 2 and k_tiles % 2:  # the odd last slice's reads
+            if FENCE == 2 and (rest or BUFS == 3):  # the last slices' reads
                 kaio.fence_proxy_async()
-            if lt == 0:  # the tile's last slice
+            if lt == 0:  # the tile's last slices, not freed in the loop
+                if BUFS == 3 and k_tiles > 1:
+                    free_stage(bars, at[3], MC)
                 free_stage(bars, at[2], MC)
             if not CL:  # (with CL the one tile is summed below: cluster_sum)
                 n = (tile_col(origin) * (1 + MC) + mine) * BNW + nl
@@ -478,7 +487,12 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     wg, bm, stages, split, *more = config
     mc = int(len(more) > 1 and bool(more[1]))
     fence = more[2] if len(more) > 2 else 1
+    bufs = more[3] if len(more) > 3 else 2
+    if bufs not in (2, 3):
+        raise ValueError(f"int4_swap: BUFS (fragment buffers) must be 2 or 3, got {bufs}")
     stages = stages or swap_stages(wg, bm)
+    if stages < bufs:  # a slice's stage is freed BUFS - 1 slices later
+        raise ValueError(f"int4_swap: {bufs} fragment buffers need {bufs} stages, got {stages}")
     tiles = math.ceil(m / bm) * math.ceil(n / (64 * wg))
     if mc:  # pairs of tiles (a K split through the workspace only)
         if bm % 16:
@@ -493,13 +507,13 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
         cl = 0
     consts = {"WG": wg, "BM": bm, "STAGES": stages, "SPLIT": split if cl else min(split, 2),
               "CL": cl, "REGS": consumer_registers(wg), "OUT": out_type, "MC": mc,
-              "FENCE": fence}  # fmt: skip
+              "FENCE": fence, "BUFS": bufs}  # fmt: skip
     return split, k_slice, tiles, consts
 
 
 def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     """``a @ W`` rounded to ``out_type`` by ``int4_swap`` (operands as ``launch``) with
-    ``config`` = (WG, BM, STAGES, split[, CL[, MC]]; 0: as many stages as fit,
+    ``config`` = (WG, BM, STAGES, split[, CL[, MC[, FENCE[, BUFS]]]]; 0: as many stages as fit,
     ``swap_split``'s split): a persistent grid of at most ``sms`` blocks along x, the K split
     along z summed by ``finish``, or with ``CL`` (and a split of 2 to 8) over a cluster of
     that many blocks along x, one tile a cluster, summed in distributed shared memory (no
@@ -538,19 +552,22 @@ def swap_specializations() -> list:
     """(kernel, constexprs) of ``int4_swap``'s variants to check with ptxas (sm_90a): every
     consumer count, the widest and narrowest activation tiles, a K split through the
     workspace and through a cluster, every output type, pairs of tiles sharing a's rows by
-    multicast."""
+    multicast, three fragment buffers."""
     out = []
-    for wg, bm, split, cl, ot, mc in (
-        (1, 8, 2, 1, f32, 0),
-        (2, 256, 1, 0, f16, 0),
-        (2, 64, 4, 1, bf16, 0),
-        (3, 128, 2, 0, f32, 0),
-        (4, 16, 8, 1, f16, 0),
-        (4, 64, 2, 0, f32, 0),
-        (2, 256, 1, 0, f16, 1),
-        (3, 128, 1, 0, bf16, 1),
+    for wg, bm, split, cl, ot, mc, bufs in (
+        (1, 8, 2, 1, f32, 0, 2),
+        (2, 256, 1, 0, f16, 0, 2),
+        (2, 64, 4, 1, bf16, 0, 2),
+        (3, 128, 2, 0, f32, 0, 2),
+        (4, 16, 8, 1, f16, 0, 2),
+        (4, 64, 2, 0, f32, 0, 2),
+        (2, 256, 1, 0, f16, 1, 2),
+        (3, 128, 1, 0, bf16, 1, 2),
+        (2, 256, 1, 0, f16, 1, 3),
+        (2, 128, 2, 1, f32, 0, 3),
     ):
         consts = {"WG": wg, "BM": bm, "STAGES": swap_stages(wg, bm), "SPLIT": split, "CL": cl,
-                  "REGS": consumer_registers(wg), "OUT": ot, "MC": mc, "FENCE": 1 + mc}  # fmt: skip
+                  "REGS": consumer_registers(wg), "OUT": ot, "MC": mc, "FENCE": 1 + mc,
+                  "BUFS": bufs}  # fmt: skip
         out.append((int4_swap, consts))
     return out

@@ -172,6 +172,10 @@ SWAP_CASES = [
     (40, 200, 256, None, (1, 48, 2, 1, 0, 1, 2), None),  # pairs of tiles sharing a by multicast
     (70, 136, 384, "bfloat16", (1, 32, 2, 1, 0, 1, 2), 2),  # 6 pairs on a cluster, odd grid_n
     (40, 200, 512, "float16", (1, 48, 2, 2, 0, 1), None),  # pairs and a K split along z
+    # three fragment buffers (BUFS 3): 10 slices (one after the groups of 3) on 3 stages, the
+    # persistent loop; 8 slices (two after) with multicast pairs and FENCE 2
+    (20, 136, 640, "float16", (2, 24, 3, 1, 0, 0, 1, 3), 1),
+    (40, 200, 512, None, (1, 48, 4, 1, 0, 1, 2, 3), None),
 ]
 
 
