@@ -76,8 +76,9 @@ def write_cubins(names: list[str], out: str, cache: str | None) -> int:
     if not entries:
         wanted = f"kernels named {', '.join(names)}" if names else "kernels"
         print(
-            f"kaio: no {wanted} in the cache at {disk.directory}: run them on a GPU first "
-            "(KAIO_CACHE_DIR names the cache)",
+            f"kaio: no cubins of {wanted} in the cache at {disk.directory}: run them on a GPU "
+            "first with KAIO_PTXAS=auto (the driver's JIT keeps no cubin; KAIO_CACHE_DIR "
+            "names the cache)",
             file=sys.stderr,
         )
         return 1

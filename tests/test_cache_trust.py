@@ -128,19 +128,23 @@ def fake_load(monkeypatch, tmp_path):
     fake = FakeCu()
     builds = []
 
-    def link(ptx, name, arch):
+    def build(ptx, name, arch, device):
         builds.append(name)
         return name.encode()  # a "cubin" holding that function
+
+    def load_image(image, name, arch):
+        return module_mod.check(fake.cuModuleLoadData(image), "load")
 
     monkeypatch.setattr(module_mod, "cu", fake)
     monkeypatch.setattr(module_mod, "check", fake_check)
     monkeypatch.setattr(module_mod, "driver_version", lambda: 12080)
     monkeypatch.setattr(module_mod, "check_ptx_supported", lambda *a: None)
-    monkeypatch.setattr(module_mod, "link_ptx", link)
+    monkeypatch.setattr(module_mod, "build_image", build)
+    monkeypatch.setattr(module_mod, "load_image", load_image)
     monkeypatch.setattr(module_mod, "disk_cache", lambda: cache)
     device = types.SimpleNamespace(ordinal=0, max_shared_per_block=48 << 10, name="fake")
     spec = axpy.specialize({}, ("C", "C"))
-    key = cache_key(spec.key, "sm_90", 12080)
+    key = cache_key(spec.key, "sm_90", 12080, module_mod.DRIVER_JIT)
 
     def load():
         return module_mod._load(spec, device, "sm_90")
@@ -299,7 +303,7 @@ def test_kaio_cubins_writes_only_inside_its_directory(tmp_path, monkeypatch, cap
     from kaio.cli import main, safe_file_name
 
     cache = DiskCache(str(tmp_path / "cache"))
-    cubin = bytes(np.random.default_rng(3).integers(0, 256, 64, dtype=np.uint8))
+    cubin = b"\x7fELF" + bytes(np.random.default_rng(3).integers(0, 256, 64, dtype=np.uint8))
     cache.put("a" * 64, pack_entry(crafted(name="../../evil"), cubin))
     cache.put("b" * 64, pack_entry(crafted(name="axpy"), cubin))
     out = tmp_path / "deep" / "out"

@@ -58,12 +58,17 @@ def fresh_compiler(monkeypatch):
     return module
 
 
-def test_the_driver_jit_builds_cubins_unless_kaio_ptxas_says(fresh_compiler, monkeypatch):
+def test_the_driver_jit_builds_kernels_unless_kaio_ptxas_says(fresh_compiler, monkeypatch):
+    """By default the module image is the PTX itself (NUL-terminated), which the driver
+    compiles as a whole program when it loads; never a cubin from its linker."""
     monkeypatch.delenv("KAIO_PTXAS", raising=False)
     assert fresh_compiler.compiler() == ("", "")
     monkeypatch.setenv("KAIO_PTXAS", "0")
     monkeypatch.setattr(fresh_compiler, "_compiler", None)
     assert fresh_compiler.compiler() == ("", "")
+    ptx = add.ptx("sm_80")
+    image = fresh_compiler.build_image(ptx, "add", "sm_80", types.SimpleNamespace(arch="sm_90"))
+    assert image == ptx.encode() + b"\0" and not fresh_compiler.is_cubin(image)
 
 
 def test_kaio_ptxas_naming_no_executable_says_what_to_do(fresh_compiler, monkeypatch, tmp_path):
@@ -82,13 +87,13 @@ def test_kaio_ptxas_auto_builds_a_cubin_for_the_ptx_target(fresh_compiler, monke
     assert path == find_ptxas() and build.startswith("Build cuda_")
     # SASS is for the device's architecture, whatever older target the PTX names
     for ptx in (add.ptx("sm_80"), add.ptx("sm_90")):
-        cubin = fresh_compiler.build_cubin(ptx, "add", "sm_80", types.SimpleNamespace(arch="sm_90"))
-        assert cubin[:4] == b"\x7fELF" and _elf_sm(cubin) == 90
+        cubin = fresh_compiler.build_image(ptx, "add", "sm_80", types.SimpleNamespace(arch="sm_90"))
+        assert fresh_compiler.is_cubin(cubin) and _elf_sm(cubin) == 90
     sm80 = types.SimpleNamespace(arch="sm_80")
-    assert _elf_sm(fresh_compiler.build_cubin(add.ptx("sm_80"), "add", "sm_80", sm80)) == 80
+    assert _elf_sm(fresh_compiler.build_image(add.ptx("sm_80"), "add", "sm_80", sm80)) == 80
     broken = add.ptx("sm_80").replace("ret;", "bogus;")
     with pytest.raises(LaunchError, match="compiling kernel broken with KAIO_PTXAS: .*ptxas"):
-        fresh_compiler.build_cubin(broken, "broken", "sm_80", sm80)
+        fresh_compiler.build_image(broken, "broken", "sm_80", sm80)
 
 
 def _elf_sm(cubin: bytes) -> int:
@@ -166,10 +171,11 @@ def test_cache_entries_name_their_variant():
     assert variant(spec, "sm_90") == "sm_90 backend=ptx OP=softmax VEC=8"
 
 
-def test_kaio_cubins_writes_the_drivers_code_from_the_cache(tmp_path, capsys):
-    """`kaio cubins NAME --out DIR`: each cached kernel of that name as NAME-KEY.cubin, the
-    bytes the cache holds; damaged and older-format entries skipped; none found is an error
-    that names the cache."""
+def test_kaio_cubins_writes_the_cached_cubins(tmp_path, capsys):
+    """`kaio cubins NAME --out DIR`: each cached cubin of a kernel of that name as
+    NAME-KEY.cubin, the bytes the cache holds; PTX entries (the driver's JIT), damaged and
+    older-format entries skipped; none found is an error that names the cache and
+    KAIO_PTXAS."""
     from kaio.cli import main
     from kaio.runtime.module import pack_entry
 
@@ -178,9 +184,11 @@ def test_kaio_cubins_writes_the_drivers_code_from_the_cache(tmp_path, capsys):
     rng = np.random.default_rng(5)
     blobs = {}
     for name, key in (("add", "a" * 64), ("scale", "b" * 64), ("add", "c" * 64)):
-        blobs[name, key] = bytes(rng.integers(0, 256, 300, dtype=np.uint8))
+        blobs[name, key] = b"\x7fELF" + bytes(rng.integers(0, 256, 300, dtype=np.uint8))
         meta = {"name": name, "reqntid": None, "maxntid": None, "params": [], "variant": key[0]}
         cache.put(key, pack_entry(meta, blobs[name, key]))
+    ptx_meta = {"name": "add", "reqntid": None, "maxntid": None, "params": [], "variant": "f"}
+    cache.put("f" * 64, pack_entry(ptx_meta, add.ptx("sm_80").encode() + b"\0"))
     cache.put("d" * 64, b"a bare cubin, as an older kaio cached")
     (cache_path / ("e" * 64 + ".cubin")).write_bytes(b"torn")
     out = tmp_path / "out"
@@ -198,7 +206,9 @@ def test_kaio_cubins_writes_the_drivers_code_from_the_cache(tmp_path, capsys):
     assert len(list(out.iterdir())) == 3
     capsys.readouterr()
     assert main(["cubins", "missing", *args]) == 1
-    assert f"no kernels named missing in the cache at {cache_path}" in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert f"no cubins of kernels named missing in the cache at {cache_path}" in error
+    assert "KAIO_PTXAS=auto" in error
 
 
 def test_unwritable_cache_warns_once_and_never_raises(tmp_path):

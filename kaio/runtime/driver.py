@@ -222,24 +222,18 @@ _libcuda: ctypes.CDLL | None = None
 
 def libcuda() -> ctypes.CDLL:
     """libcuda through ctypes (the same library the bindings use), with the prototypes of the
-    calls kaio makes directly: ``cuLaunchKernel``, the ``cuLink*`` JIT linker and
+    calls kaio makes directly: ``cuLaunchKernel``, ``cuModuleLoadDataEx`` (the JIT's log) and
     ``cuPointerGetAttribute``."""
     global _libcuda
     if _libcuda is None:
         init()
         lib = ctypes.CDLL("libcuda.so.1")
-        p, u, i, sz = ctypes.c_void_p, ctypes.c_uint, ctypes.c_int, ctypes.c_size_t
+        p, u, i = ctypes.c_void_p, ctypes.c_uint, ctypes.c_int
         pp = ctypes.POINTER(p)
         lib.cuLaunchKernel.argtypes = [p, u, u, u, u, u, u, u, p, pp, pp]
         lib.cuLaunchKernel.restype = i
-        lib.cuLinkCreate_v2.argtypes = [u, ctypes.POINTER(i), pp, pp]
-        lib.cuLinkCreate_v2.restype = i
-        lib.cuLinkAddData_v2.argtypes = [p, i, ctypes.c_char_p, sz, ctypes.c_char_p, u, p, p]
-        lib.cuLinkAddData_v2.restype = i
-        lib.cuLinkComplete.argtypes = [p, pp, ctypes.POINTER(sz)]
-        lib.cuLinkComplete.restype = i
-        lib.cuLinkDestroy.argtypes = [p]
-        lib.cuLinkDestroy.restype = i
+        lib.cuModuleLoadDataEx.argtypes = [pp, ctypes.c_char_p, u, ctypes.POINTER(i), pp]
+        lib.cuModuleLoadDataEx.restype = i
         lib.cuPointerGetAttribute.argtypes = [p, i, ctypes.c_uint64]
         lib.cuPointerGetAttribute.restype = i
         _libcuda = lib

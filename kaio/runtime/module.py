@@ -1,5 +1,6 @@
-"""Loading kernels: PTX -> cubin with the driver's JIT linker (no toolkit; or, with
-``KAIO_PTXAS``, with a ptxas executable), cubins cached on disk and loaded modules in memory,
+"""Loading kernels: PTX compiled by the driver's JIT as a whole program when its module
+loads (no toolkit; or, with ``KAIO_PTXAS``, built into a cubin by a ptxas executable), module
+images cached on disk and loaded modules in memory,
 function attributes, and the opt-in to more than 48 KB of dynamic shared memory."""
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ __all__ = [
     "LoadedKernel",
     "Resources",
     "select_arch",
-    "link_ptx",
+    "build_image",
+    "load_image",
     "load",
     "disk_cache",
     "check_static_shared",
@@ -43,7 +45,6 @@ __all__ = [
 
 _CU_JIT_ERROR_LOG_BUFFER = 5
 _CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 6
-_CU_JIT_INPUT_PTX = 1
 _LOG_BYTES = 16384
 
 _ENTRY = re.compile(r"\.entry\s+([A-Za-z_$%][\w$]*)")
@@ -174,14 +175,11 @@ _compiler: tuple[str, str] | None = None  # (ptxas path or "", its build) once r
 
 
 def compiler() -> tuple[str, str]:
-    """Which compiler builds cubins, as ``(ptxas path, its build)``, or ``("", "")`` for the
-    driver's JIT (the default). ``KAIO_PTXAS`` chooses, read once a process: unset, empty
+    """Which compiler builds kernels, as ``(ptxas path, its build)``, or ``("", "")`` for
+    the driver's JIT (the default). ``KAIO_PTXAS`` chooses, read once a process: unset, empty
     or ``0``, the driver; ``1`` or ``auto``, the ptxas ``kaio.ptx.ptxas.find_ptxas`` finds
-    (the ``nvidia-cuda-nvcc`` wheel, then ``PATH``); anything else, the path of a ptxas.
-    Why: the driver's JIT (driver 580, CUDA 13.0) keeps a kernel that raises its consumers'
-    registers with ``setmaxnreg`` to the launch bounds' share (168 for 384 threads) and
-    spills, where ptxas of the same CUDA version gives the consumers up to 240 (see
-    docs/hopper.md)."""
+    (the ``nvidia-cuda-nvcc`` wheel, then ``PATH``); anything else, the path of a ptxas,
+    whose cubins the disk cache keeps (``kaio cubins``)."""
     global _compiler
     if _compiler is None:
         choice = os.environ.get("KAIO_PTXAS", "").strip()
@@ -200,49 +198,53 @@ def compiler() -> tuple[str, str]:
     return _compiler
 
 
-def build_cubin(ptx: str, name: str, arch: str, device: Device) -> bytes:
-    """A cubin of ``ptx`` (compiled for ``arch``) for ``device``, built by the ``compiler()``
-    chosen: ptxas builds SASS for the device's own architecture."""
+DRIVER_JIT = "driver JIT, whole program"  # the cache-key name of the driver's builds
+
+
+def build_image(ptx: str, name: str, arch: str, device: Device) -> bytes:
+    """The module image of ``ptx`` (compiled for ``arch``) that ``cuModuleLoadData`` takes on
+    ``device``: with ``KAIO_PTXAS``, a cubin that ptxas builds for the device's own
+    architecture; by default the PTX itself, which the driver compiles when the module loads.
+    Why not the driver's linker (``cuLinkAddData``), which returns a cubin: it compiles PTX as
+    relocatable code (``ptxas -c``), which holds a kernel that raises registers with
+    ``setmaxnreg`` to fewer of them and spills (the Hopper attention forward's overlapped
+    schedule: 128 bytes of local memory, none as a whole program)."""
     path = compiler()[0]
     if not path:
-        return link_ptx(ptx, name, arch)
+        return ptx.encode() + b"\0"
     try:
         return _ptxas.build_cubin(ptx, path, device.arch)
     except RuntimeError as error:
         raise LaunchError(f"compiling kernel {name} with KAIO_PTXAS: {error}") from None
 
 
-def link_ptx(ptx: str, name: str, arch: str) -> bytes:
-    """JIT-compile ``ptx`` to a cubin for the current device with the driver's linker."""
+def is_cubin(image: bytes) -> bool:
+    """Whether a module image is a cubin (an ELF file), not PTX for the driver's JIT."""
+    return image[:4] == b"\x7fELF"
+
+
+def load_image(image: bytes, name: str, arch: str):
+    """Load a module image (``build_image``) into the current context: a cubin as is, PTX
+    compiled by the driver's JIT as a whole program. CudaError with the JIT's log when the
+    driver refuses it."""
     lib = libcuda()
     log = ctypes.create_string_buffer(_LOG_BYTES)
     options = (ctypes.c_int * 2)(_CU_JIT_ERROR_LOG_BUFFER, _CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES)
     values = (ctypes.c_void_p * 2)(ctypes.addressof(log), _LOG_BYTES)
-    state = ctypes.c_void_p()
-    rc = lib.cuLinkCreate_v2(2, options, values, ctypes.byref(state))
-    if rc:
-        raise cuda_error(rc, "cuLinkCreate")
-    try:
-        data = ptx.encode() + b"\0"
-        rc = lib.cuLinkAddData_v2(
-            state, _CU_JIT_INPUT_PTX, data, len(data), name.encode(), 0, None, None
+    module = ctypes.c_void_p()
+    rc = lib.cuModuleLoadDataEx(ctypes.byref(module), image, 2, options, values)
+    if rc == 0:
+        return cu.CUmodule(module.value)
+    how = "loading the cubin" + _by_ptxas() if is_cubin(image) else "compiling (driver JIT)"
+    error = cuda_error(rc, f"{how} of kernel {name} for {arch}")
+    text = log.value.decode(errors="replace").strip()
+    if error.name == "CUDA_ERROR_UNSUPPORTED_PTX_VERSION":
+        top = max_ptx_isa(driver_version())
+        text += (
+            f"\nthis driver (CUDA {format_version(driver_version())}) loads PTX ISA up "
+            f"to {top[0]}.{top[1]}: update the NVIDIA driver"
         )
-        cubin, size = ctypes.c_void_p(), ctypes.c_size_t()
-        if rc == 0:
-            rc = lib.cuLinkComplete(state, ctypes.byref(cubin), ctypes.byref(size))
-        if rc:
-            error = cuda_error(rc, f"compiling kernel {name} for {arch} (driver JIT)")
-            text = log.value.decode(errors="replace").strip()
-            if error.name == "CUDA_ERROR_UNSUPPORTED_PTX_VERSION":
-                top = max_ptx_isa(driver_version())
-                text += (
-                    f"\nthis driver (CUDA {format_version(driver_version())}) loads PTX ISA up "
-                    f"to {top[0]}.{top[1]}: update the NVIDIA driver"
-                )
-            raise type(error)(f"{error}\n{text}" if text else str(error), error.name, error.code)
-        return ctypes.string_at(cubin, size.value)
-    finally:
-        lib.cuLinkDestroy(state)
+    raise type(error)(f"{error}\n{text}" if text else str(error), error.name, error.code)
 
 
 _disk_cache: DiskCache | None = None
@@ -296,12 +298,13 @@ def check_static_shared(function, name: str, device: Device) -> None:
 
 
 def _load(spec, device: Device, arch: str) -> LoadedKernel:
-    """Load one kernel: from the disk cache, which holds each cubin with what a launch needs
-    to know of the kernel (entry name, block constraints, parameters), so that a new process
-    neither compiles the Python nor runs the driver's JIT; else compile, link and cache it.
-    ``load`` without the memo."""
+    """Load one kernel: from the disk cache, which holds each module image (``build_image``)
+    with what a launch needs to know of the kernel (entry name, block constraints,
+    parameters), so that a new process does not compile the Python (the driver keeps its own
+    cache of what its JIT built); else compile, load and cache it. ``load`` without the
+    memo."""
     cache = disk_cache()
-    key = cache_key(spec.key, arch, driver_version(), compiler()[1])
+    key = cache_key(spec.key, arch, driver_version(), compiler()[1] or DRIVER_JIT)
     cached = None if spec.kernel.debug else unpack_entry(cache.get(key))
     if cached is not None and not fits_kernel(cached[0], spec.kernel, spec.layouts):
         cached = None
@@ -328,9 +331,9 @@ def _load(spec, device: Device, arch: str) -> LoadedKernel:
         ],
         "variant": variant(spec, arch),  # for people (kaio cubins), not read back
     }
-    cubin = build_cubin(ptx, name, arch, device)
-    cache.put(key, pack_entry(meta, cubin))
-    module = check(cu.cuModuleLoadData(cubin), f"loading kernel {name}" + _by_ptxas())
+    image = build_image(ptx, name, arch, device)
+    module = load_image(image, name, arch)
+    cache.put(key, pack_entry(meta, image))
     loaded = _loaded_kernel(module, meta, device, from_disk=False)
     if declares_record(ptx):
         loaded.debug = DebugRecord(name, ptx, device)
@@ -344,10 +347,10 @@ def _by_ptxas() -> str:
     return f" (built by {path}, {build}: a ptxas newer than the driver's CUDA may not load)"
 
 
-def _load_cached(meta: dict, cubin: bytes, device: Device) -> LoadedKernel | None:
+def _load_cached(meta: dict, image: bytes, device: Device) -> LoadedKernel | None:
     """The kernel of a cache entry, or None when the driver refuses it (the caller rebuilds
     it: cache trouble never fails a launch)."""
-    err, module = cu.cuModuleLoadData(cubin)
+    err, module = cu.cuModuleLoadData(image)
     if err != cu.CUresult.CUDA_SUCCESS:
         return None
     try:
@@ -397,16 +400,17 @@ def _loaded_kernel(module, meta: dict, device: Device, from_disk: bool) -> Loade
 
 
 def cached_cubins(cache: DiskCache | None = None) -> list[tuple[dict, str, bytes]]:
-    """``(meta, key, cubin)`` of every kernel in the disk cache (default: this process's),
-    sorted by kernel name: the code the driver built from kaio's PTX, the code that runs, for
-    ``cuobjdump -sass`` (a local ``ptxas`` may schedule the same PTX otherwise). ``meta``
-    has the kernel's ``name`` and, from entries this kaio wrote, ``variant`` (arch, backend,
-    constexpr values). Damaged and older-format entries are skipped."""
+    """``(meta, key, cubin)`` of every kernel in the disk cache (default: this process's)
+    built into a cubin (``KAIO_PTXAS``), sorted by kernel name: the code that runs, for
+    ``cuobjdump -sass``. Entries the driver's JIT builds hold PTX (the driver compiles it
+    when the module loads and keeps no cubin to hand out) and are left out, as are damaged
+    and older-format entries. ``meta`` has the kernel's ``name`` and, from entries this kaio
+    wrote, ``variant`` (arch, backend, constexpr values)."""
     cache = cache or disk_cache()
     out = []
     for key in cache.keys():
         entry = unpack_entry(cache.get(key))
-        if entry is not None:
+        if entry is not None and is_cubin(entry[1]):
             out.append((entry[0], key, entry[1]))
     return sorted(out, key=lambda e: (e[0]["name"], e[1]))
 
@@ -414,14 +418,14 @@ def cached_cubins(cache: DiskCache | None = None) -> list[tuple[dict, str, bytes
 _ENTRY_MAGIC = b"KAIOKRN1"
 
 
-def pack_entry(meta: dict, cubin: bytes) -> bytes:
-    """A disk-cache entry: ``meta`` (JSON) and the cubin."""
+def pack_entry(meta: dict, image: bytes) -> bytes:
+    """A disk-cache entry: ``meta`` (JSON) and the module image (``build_image``)."""
     text = json.dumps(meta).encode()
-    return _ENTRY_MAGIC + len(text).to_bytes(4, "little") + text + cubin
+    return _ENTRY_MAGIC + len(text).to_bytes(4, "little") + text + image
 
 
 def unpack_entry(payload: bytes | None) -> tuple[dict, bytes] | None:
-    """``(meta, cubin)`` of a ``pack_entry`` payload; None for anything else (no entry, or
+    """``(meta, image)`` of a ``pack_entry`` payload; None for anything else (no entry, or
     one an older kaio wrote), which the caller rebuilds."""
     head = len(_ENTRY_MAGIC) + 4
     if payload is None or len(payload) < head or not payload.startswith(_ENTRY_MAGIC):
