@@ -367,8 +367,9 @@ def swap_sweep(log, shapes, budget: float, variants: bool = False, multicast=Fal
                         w16 = _prefill.int4_to_f16(ops[i][0], [(ops[i][1], ops[i][2])])
                         return kaio_ops.matmul(a, w16)
                 else:
+                    config = as_config(v)
 
-                    def fn(i, c=as_config(v)):
+                    def fn(i, c=config):
                         return _int4_hopper.launch_swap(*ops[i], kaio.f16, c)
 
                 try:

@@ -282,27 +282,26 @@ def int4_swap(
     STAGES: kaio.constexpr, SPLIT: kaio.constexpr, CL: kaio.constexpr, REGS: kaio.constexpr,
     OUT: kaio.constexpr, MC: kaio.constexpr, FENCE: kaio.constexpr, BUFS: kaio.constexpr,
 ):  # fmt: skip
-    """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block
-    computes ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG``
-    consumer warpgroups and a producer warpgroup, whose thread 0 copies each 64-deep K
-    slice by TMA into a ``STAGES``-deep ring: a's ``BM x 64`` rows (128-byte swizzled, wgmma's
-    B operand, K-major), the words ``8 x 64 WG`` and the scale row. Consumer warpgroup wg owns
-    W's columns ``64 wg .. 64 wg + 63`` of the tile as the 64 rows of its ``m64n{BM}k16``
-    wgmmas, row 16 w + g + 8 h (warp w, lane 4 g + t) being column ``16 w + 2 g + h``: a
-    lane reads its two columns' 8 words of the slice in 8-byte loads and makes its A
-    fragments in registers (``nibble_pair``: byte t of a word is k 2t, 2t + 1, exactly the
-    fragment's pairs), ``BUFS`` (2 or 3) slices' fragments in turn so that a slice is
-    dequantized while the wgmmas of the ``BUFS - 1`` before it run. No f16 copy of the weight, in memory or in shared
-    memory. With a K split (``grid.z``) the raw f32 partial tiles go to ``ws`` and
-    ``finish`` sums them (``SPLIT`` 2 for any split, 1 for none: one specialization for
-    every split); with ``CL`` the K split is a cluster of ``SPLIT`` blocks along x, one tile
-    each, summed through distributed shared memory (``cluster_sum``). ``tx``: a [M, K] in
-    boxes (BM, 64); ``tw``: the words [K / 8, N] in boxes (8, 64 WG); ``ts``: the scales
-    [K / 128, N] in boxes (1, 64 WG). ``REGS``: the registers a consumer thread takes
-    (``setmaxnreg``; 0: none). ``MC`` (K split along z only): a cluster of two blocks takes two
-    tiles side by side (the same rows of a, columns ``2 p`` and ``2 p + 1`` of W's tiles,
-    one a block), each block's producer copying half of a's rows by TMA multicast into both
-    blocks (``tx`` in boxes (BM / 2, 64)): a's rows cross from L2 once for the pair."""
+    """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block computes
+    ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG`` consumer warpgroups and
+    a producer warpgroup, whose thread 0 copies each 64-deep K slice by TMA into a ``STAGES``-deep
+    ring: a's ``BM x 64`` rows (128-byte swizzled, wgmma's B operand, K-major), the words ``8 x 64
+    WG`` and the scale row. Consumer warpgroup wg owns W's columns ``64 wg .. 64 wg + 63`` of the
+    tile as the 64 rows of its ``m64n{BM}k16`` wgmmas, row 16 w + g + 8 h (warp w, lane 4 g + t)
+    being column ``16 w + 2 g + h``: a lane reads its two columns' 8 words of the slice in 8-byte
+    loads and makes its A fragments in registers (``nibble_pair``: byte t of a word is k 2t, 2t + 1,
+    exactly the fragment's pairs), ``BUFS`` (2 or 3) slices' fragments in turn so that a slice is
+    dequantized while the wgmmas of the ``BUFS - 1`` before it run. No f16 copy of the weight, in
+    memory or in shared memory. With a K split (``grid.z``) the raw f32 partial tiles go to ``ws``
+    and ``finish`` sums them (``SPLIT`` 2 for any split, 1 for none: one specialization for every
+    split); with ``CL`` the K split is a cluster of ``SPLIT`` blocks along x, one tile each, summed
+    through distributed shared memory (``cluster_sum``). ``tx``: a [M, K] in boxes (BM, 64); ``tw``:
+    the words [K / 8, N] in boxes (8, 64 WG); ``ts``: the scales [K / 128, N] in boxes (1, 64 WG).
+    ``REGS``: the registers a consumer thread takes (``setmaxnreg``; 0: none). ``MC`` (K split along
+    z only): a cluster of two blocks takes two tiles side by side (the same rows of a, columns ``2
+    p`` and ``2 p + 1`` of W's tiles, one a block), each block's producer copying half of a's rows
+    by TMA multicast into both blocks (``tx`` in boxes (BM / 2, 64)): a's rows cross from L2 once
+    for the pair."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL:
         kaio.cluster_dims(SPLIT)
