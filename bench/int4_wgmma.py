@@ -288,7 +288,9 @@ def prewarm(log, shapes, workers: int, variants: bool = True) -> None:
     todo = {}
     for n, k, ms in shapes:
         for m in ms:
-            configs = [as_config(v) for v in swap_variants(m)] if variants else []
+            configs = (
+                [as_config(v) for v in swap_variants(m) if v[0] != "decode"] if variants else []
+            )
             if m > _int4_hopper.DECODE_M:
                 configs.append(_int4_hopper.swap_plan(m))
             for cfg in configs:
@@ -346,7 +348,10 @@ def swap_sweep(log, shapes, budget: float, variants: bool = False, multicast=Fal
                 recs.append(rec)
                 continue
             rec["swap"], rec["err"] = {}, {}
-            todo = [(variant_key(*v), v) for v in swap_variants(m) if v[5] == multicast]
+            variants, mc = swap_variants(m), multicast
+            todo = [(variant_key(*v), v) for v in variants if v[0] != "decode" and v[5] == mc]
+            if not multicast:  # ("decode", WARPS): the decode kernel with that many warps a block
+                todo += [(f"decode kernel, {v[1]} warps", v) for v in variants if v[0] == "decode"]
             if not multicast and _int4_hopper.DECODE_M < m <= _int4_decode.MAX_M:
                 todo.append(("decode kernel", "decode"))
             if not multicast and m >= 2048:
@@ -366,6 +371,11 @@ def swap_sweep(log, shapes, budget: float, variants: bool = False, multicast=Fal
                     def fn(i):
                         w16 = _prefill.int4_to_f16(ops[i][0], [(ops[i][1], ops[i][2])])
                         return kaio_ops.matmul(a, w16)
+                elif v[0] == "decode":
+
+                    def fn(i, w=v[1]):
+                        return _int4_decode.matmul(*ops[i], kaio.f16, warps=w)
+
                 else:
                     config = as_config(v)
 
