@@ -93,26 +93,27 @@ PREFILL_M = 1 << 62
 
 # int4_swap's tiles by M (the first row whose bound M does not pass): (WG, BM; 0: M rounded
 # up to 8, or 16 with MC; CL: a K split summed in a cluster, else by gemm_reduce; MC: pairs
-# of tiles sharing a's rows by multicast). Measured on an H100 (bench/int4_wgmma.py --swap
+# of tiles sharing a's rows by multicast; BUFS: slices' A fragments in registers).
+# Measured on an H100 (bench/int4_wgmma.py --swap
 # --variants, 2026-11-26, the geometric mean over N x K = 4096x4096, 8192x8192, 14336x4096,
 # 4096x14336): a cluster K split over 4 or 8 blocks ran 1.5-2x slower than the workspace's
 # (over 2 blocks, as fast or faster); MC 4-6% faster from 1024 rows.
 SWAP_PLANS = (
-    (64, 4, 0, 0, 0),
-    (128, 2, 0, 0, 0),
-    (256, 2, 0, 0, 1),
-    (512, 2, 256, 1, 0),
-    (1 << 62, 2, 256, 0, 1),
+    (64, 4, 0, 0, 0, 2),
+    (128, 2, 0, 0, 0, 2),
+    (256, 2, 0, 0, 1, 2),
+    (512, 2, 256, 1, 0, 2),
+    (1 << 62, 2, 256, 0, 1, 2),
 )
 SWAP_FENCE = 2  # the proxy fence in odd slices only (``swap_slice``)
 
 
 def swap_plan(m: int) -> tuple:
-    """``int4_swap``'s (WG, BM, STAGES, split, CL, MC, FENCE) for M = ``m`` (``SWAP_PLANS``;
-    as many stages as fit, ``swap_split``'s split)."""
-    _, wg, bm, cl, mc = next(row for row in SWAP_PLANS if m <= row[0])
+    """``int4_swap``'s (WG, BM, STAGES, split, CL, MC, FENCE, BUFS) for M = ``m``
+    (``SWAP_PLANS``; as many stages as fit, ``swap_split``'s split)."""
+    _, wg, bm, cl, mc, bufs = next(row for row in SWAP_PLANS if m <= row[0])
     step = 16 if mc else 8
-    return wg, bm or min(256, -(-m // step) * step), 0, 0, cl, mc, SWAP_FENCE
+    return wg, bm or min(256, -(-m // step) * step), 0, 0, cl, mc, SWAP_FENCE, bufs
 
 
 def takes(a, b, s) -> bool:
