@@ -37,6 +37,9 @@ SW = 128
 SHARED_LIMIT = 227 * 1024
 
 
+SUM_UNROLL = 4  # cluster_sum: column pairs a thread sums at once, every block's word in flight
+
+
 @kaio.gpu_func
 def cluster_sum(
     pairs: u64[:, :], c: OUT[:, :], m0: u32, n0: u32, t: u32, M: u32, N: u32,
@@ -47,34 +50,34 @@ def cluster_sum(
     n0) of c) is in its shared memory, read here as ``pairs`` [BM, BN / 2] (two adjacent
     columns a 64-bit word, the low half the even column): block ``r`` sums rows ``r``,
     ``r + SPLIT``, ... of the tile over the cluster's blocks in rank order (the same result
-    run to run) and stores them, thread ``t`` of the block taking every ``THREADS``-th pair,
-    the blocks' words read two at a time (with an even split; the producer warpgroup runs
-    this too, on the 24 registers it kept). N is even: a pair is in c or out of it whole."""
+    run to run) and stores them, thread ``t`` of the block's ``THREADS`` (the consumer
+    warpgroups) taking every ``THREADS``-th pair, ``SUM_UNROLL`` pairs at a time with the
+    words of all the blocks in flight (distributed shared memory is read at its latency,
+    not its bandwidth). N is even: a pair is in c or out of it whole."""
     rank = kaio.cluster_rank()
     PAIRS = BN // 2
-    CHUNK = 2 - SPLIT % 2  # words in flight
-    for i in range(t, (BM + SPLIT - 1) // SPLIT * PAIRS, THREADS):
-        r = i // PAIRS * SPLIT + rank
-        col = 2 * (i % PAIRS)
-        if r < BM and m0 + r < M and n0 + col < N:
-            raw = kaio.local(u64, CHUNK)
-            for u in kaio.static_range(CHUNK):
-                raw[u] = kaio.cluster_load(pairs, (r, i % PAIRS), u)
-            lo = kaio.bitcast(u32(raw[0]), f32)
-            hi = kaio.bitcast(u32(raw[0] >> 32), f32)
-            for u in kaio.static_range(1, CHUNK):
-                lo += kaio.bitcast(u32(raw[u]), f32)
-                hi += kaio.bitcast(u32(raw[u] >> 32), f32)
-            for q in kaio.static_range(CHUNK, SPLIT, CHUNK):
-                for u in kaio.static_range(CHUNK):
-                    raw[u] = kaio.cluster_load(pairs, (r, i % PAIRS), q + u)
-                for u in kaio.static_range(CHUNK):
-                    lo += kaio.bitcast(u32(raw[u]), f32)
-                    hi += kaio.bitcast(u32(raw[u] >> 32), f32)
-            out = kaio.local(OUT, 2)
-            out[0] = OUT(lo)
-            out[1] = OUT(hi)
-            kaio.store_vector(c, (m0 + r, n0 + col), out)
+    TOTAL = (BM + SPLIT - 1) // SPLIT * PAIRS
+    for i0 in range(t, TOTAL, THREADS * SUM_UNROLL):
+        raw = kaio.local(u64, (SUM_UNROLL, SPLIT))
+        for u in kaio.static_range(SUM_UNROLL):
+            i = i0 + u * THREADS
+            if i < TOTAL and i // PAIRS * SPLIT + rank < BM:
+                for q in kaio.static_range(SPLIT):
+                    raw[u, q] = kaio.cluster_load(pairs, (i // PAIRS * SPLIT + rank, i % PAIRS), q)
+        for u in kaio.static_range(SUM_UNROLL):
+            i = i0 + u * THREADS
+            r = i // PAIRS * SPLIT + rank
+            col = 2 * (i % PAIRS)
+            if i < TOTAL and r < BM and m0 + r < M and n0 + col < N:
+                lo = kaio.bitcast(u32(raw[u, 0]), f32)
+                hi = kaio.bitcast(u32(raw[u, 0] >> 32), f32)
+                for q in kaio.static_range(1, SPLIT):
+                    lo += kaio.bitcast(u32(raw[u, q]), f32)
+                    hi += kaio.bitcast(u32(raw[u, q] >> 32), f32)
+                out = kaio.local(OUT, 2)
+                out[0] = OUT(lo)
+                out[1] = OUT(hi)
+                kaio.store_vector(c, (m0 + r, n0 + col), out)
 
 
 def fits(a, b, s) -> bool:
@@ -403,12 +406,14 @@ def int4_swap(
         if lt == 0:
             produce_swapped(sx, sw, ss, bars, tx, tw, ts, my_tiles * k_tiles, k_tiles, k_begin,
                             first, step, grid_m, grid_n, mine, BM, WG, STAGES, MC)  # fmt: skip
-    if CL:  # one tile a cluster: sum its K slices through distributed shared memory (no
-        # setmaxnreg with CL: ptxas gives this code, past the join, the producer's registers)
+        if CL:  # the cluster barriers below wait for the threads that have not exited
+            return
+    if CL:  # one tile a cluster: sum its K slices through distributed shared memory, in the
+        # consumers only (the producer has exited: ptxas compiles this with their registers)
         kaio.cluster_sync()
         origin = tile_origin(first, grid_m, grid_n)
         cluster_sum(pairs, c, tile_row(origin) * BM, tile_col(origin) * BNW, t, M, N, BM, BNW,
-                    WG * 128 + 128, SPLIT, OUT)  # fmt: skip
+                    WG * 128, SPLIT, OUT)  # fmt: skip
         kaio.cluster_sync()  # no block leaves while another reads its part
     if MC:  # no block leaves while the other may still copy into it or free its stages
         kaio.cluster_sync()
