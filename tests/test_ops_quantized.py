@@ -176,6 +176,8 @@ SWAP_CASES = [
     # persistent loop; 8 slices (two after) with multicast pairs and FENCE 2
     (20, 136, 640, "float16", (2, 24, 3, 1, 0, 0, 1, 3), 1),
     (40, 200, 512, None, (1, 48, 4, 1, 0, 1, 2, 3), None),
+    # a cluster sum of two trips a thread (SUM_UNROLL pairs each), the last rows past M
+    (60, 64, 256, "bfloat16", (1, 64, 2, 2, 1), None),
 ]
 
 
@@ -197,6 +199,18 @@ def test_int4_wgmma_in_simulator(m, n, k, out_dtype, config, sms, poisoned):
     assert c.shape == (m, n) and np.isfinite(c).all()
     assert np.all(np.abs(c - ref) <= 1e-6 * bound + rounding * np.abs(ref))
     assert np.abs(ref).max() > 10  # a real product
+
+
+def test_int4_swap_rejects_bad_buffers():
+    """int4_swap's BUFS is 2 or 3, and 3 fragment buffers need 3 ring stages (a slice's
+    stage is freed two slices later): both refused with what to change."""
+    from kaio_ops import _int4_hopper
+
+    with pytest.raises(ValueError, match="must be 2 or 3"):
+        _int4_hopper.swap_launch_plan(64, 128, 256, (1, 64, 0, 1, 0, 0, 2, 4), 132, f16)
+    with pytest.raises(ValueError, match="need 3 stages, got 2"):
+        _int4_hopper.swap_launch_plan(64, 128, 256, (1, 64, 2, 1, 0, 0, 2, 3), 132, f16)
+    assert _int4_hopper.swap_launch_plan(64, 128, 256, (1, 64, 3, 1, 0, 0, 2, 3), 132, f16)
 
 
 def test_int4_wgmma_dispatch(monkeypatch):
