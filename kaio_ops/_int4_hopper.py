@@ -95,7 +95,8 @@ DECODE_M = 16  # up to this M the decode kernel (``_int4_decode``)
 PREFILL_M = 1 << 62
 
 # int4_swap's tiles by M (the first row whose bound M does not pass): (WG, BM; 0: M rounded
-# up to 8, or 16 with MC; CL: a K split summed in a cluster, else by gemm_reduce; MC: pairs
+# up to 8, or 16 with MC; CL: a K split summed in a cluster (1: of 2 blocks, a split past 2
+# through the workspace; 2: of up to 8 blocks), else by gemm_reduce; MC: pairs
 # of tiles sharing a's rows by multicast; BUFS: slices' A fragments in registers).
 # Measured on an H100 (bench/int4_wgmma.py --swap
 # --variants, 2026-11-26, the geometric mean over N x K = 4096x4096, 8192x8192, 14336x4096,
@@ -508,7 +509,7 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     else:
         split, k_slice = k_slices(k, split or swap_split(tiles, k, sms), BK)
     cl = int(bool(more and more[0]) and 1 < split <= 8 and not mc)
-    if cl and split > 2 and not config[3]:  # a chosen split past 2: the workspace (faster)
+    if cl and split > 2 and not config[3] and more[0] != 2:  # CL 1: the workspace past 2
         cl = 0
     consts = {"WG": wg, "BM": bm, "STAGES": stages, "SPLIT": split if cl else min(split, 2),
               "CL": cl, "REGS": consumer_registers(wg), "OUT": out_type, "MC": mc,
@@ -517,13 +518,14 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
 
 
 def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
-    """``a @ W`` rounded to ``out_type`` by ``int4_swap`` (operands as ``launch``) with
-    ``config`` = (WG, BM, STAGES, split[, CL[, MC[, FENCE[, BUFS]]]]; 0: as many stages as fit,
-    ``swap_split``'s split): a persistent grid of at most ``sms`` blocks along x, the K split
-    along z summed by ``finish``, or with ``CL`` (and a split of 2 to 8) over a cluster of
-    that many blocks along x, one tile a cluster, summed in distributed shared memory (no
-    second launch); with ``MC`` clusters of two blocks sharing a's rows by TMA multicast (at
-    most ``sms`` blocks along x, two a pair of tiles; a K split along z only)."""
+    """``a @ W`` rounded to ``out_type`` by ``int4_swap`` (operands as ``launch``) with ``config`` =
+    (WG, BM, STAGES, split[, CL[, MC[, FENCE[, BUFS]]]]; 0: as many stages as fit, ``swap_split``'s
+    split): a persistent grid of at most ``sms`` blocks along x, the K split along z summed by
+    ``finish``, or with ``CL`` (and a split of 2 to 8; CL 1 and a split past 2 that ``swap_split``
+    chose: the workspace) over a cluster of that many blocks along x, one tile a cluster, summed in
+    distributed shared memory (no second launch); with ``MC`` clusters of two blocks sharing a's
+    rows by TMA multicast (at most ``sms`` blocks along x, two a pair of tiles; a K split along z
+    only)."""
     from kaio_ops import _arrays
     from kaio_ops.linear import _placeholder
 
