@@ -126,6 +126,8 @@ def main() -> None:
     p.add_argument("--markdown", default="", help="print --swap's JSONL file as a table, no GPU")
     p.add_argument("--shapes", default="", help="N x K list for --swap, e.g. 4096x4096,8192x8192")
     p.add_argument("--variants-json", default="", help="--variants: M -> variants (JSON file)")
+    p.add_argument("--watchdog", type=float, default=0, help="dump the stacks and exit after S s")
+    p.add_argument("--trace", action="store_true", help="log each step as it starts")
     p.add_argument(
         "--prewarm", type=int, default=0, help="compile --swap's kernels first in N processes"
     )
@@ -133,6 +135,11 @@ def main() -> None:
     if args.markdown:
         markdown(args.markdown)
         return
+    if args.watchdog:  # a hang (a kernel, a compile) shows where it is, not just a timeout
+        import faulthandler
+
+        faulthandler.dump_traceback_later(args.watchdog, exit=True)
+    TRACE[0] = args.trace
     if args.variants_json:
         with open(args.variants_json) as f:
             VARIANTS.update(json.load(f))
@@ -216,6 +223,15 @@ def table(rows: list) -> None:
 SWAP_SHAPES = ((4096, 4096), (28672, 4096), (4096, 14336), (8192, 8192), (57344, 8192),
                (8192, 28672))  # fmt: skip
 L2_BYTES = 200 << 20  # the int4 bytes a rotation covers: 4x the 50 MB L2
+
+
+TRACE = [False]  # --trace: print each step of swap_sweep as it starts
+
+
+def trace(*what) -> None:
+    """With ``--trace``, the step about to run and the seconds since start."""
+    if TRACE[0]:
+        print(f"[{time.time() - T0:6.1f}s]", *what, flush=True)
 
 
 VARIANTS: dict = {}  # --variants-json: M (as text, or "*") -> the variants to time there
@@ -319,21 +335,26 @@ def swap_sweep(log, shapes, budget: float, variants: bool = False, multicast=Fal
             log({"skipped": [n, k, ms, variants]})
             continue
         sets = max(2, min(24, -(-L2_BYTES // int4_bytes(n, k))))
+        trace("weights", n, k, sets)
         weights = [int4_inputs(1, n, k)[1:] for _ in range(sets)]
         for m in ms:
             if time.time() - T0 > budget:
                 log({"skipped": [m, n, k, variants]})
                 continue
+            trace("point", m, n, k, "variants" if variants else "routed")
             a = torch.randn(m, k, device="cuda", dtype=torch.float16)
             ops = [[operand(x, "x") for x in (a, s[0], s[1])] for s in weights]
             ref = a.float() @ weights[0][2].float()
             rec = {"m": m, "n": n, "k": k, "sets": sets}
             f16 = torch.float16
             if not variants:
+                trace("cublas")
                 rec["cublas_us"] = graph_time(lambda i: torch.matmul(a, weights[i][2]), sets)
+                trace("check", _int4_hopper.swap_plan(m))
                 try:
                     got = kaio_ops.matmul_int4(a, weights[0][0], weights[0][1], out_dtype=f16)
                     rec["kaio_err"] = ((got.float() - ref).norm() / ref.norm()).item()
+                    trace("time")
                     rec["kaio_us"] = graph_time(
                         lambda i: kaio_ops.matmul_int4(a, *weights[i][:2], out_dtype=f16), sets
                     )
@@ -383,6 +404,7 @@ def swap_sweep(log, shapes, budget: float, variants: bool = False, multicast=Fal
                         return _int4_hopper.launch_swap(*ops[i], kaio.f16, c)
 
                 try:
+                    trace("variant", key)
                     rec["err"][key] = ((fn(0).float() - ref).norm() / ref.norm()).item()
                     rec["swap"][key] = graph_time(fn, sets)
                 except Exception as e:  # noqa: BLE001
