@@ -27,7 +27,7 @@ import math
 
 import kaio
 from kaio import bf16, f16, f16x2, f32, i32, u32, u64
-from kaio_ops._attention_hopper import PRODUCER_REGS, consumer_registers
+from kaio_ops._attention_hopper import PRODUCER_REGS
 from kaio_ops._int4_decode import HIGH_TWICE, LOW_TWICE
 from kaio_ops._matmul_kernels import tile_col, tile_origin, tile_row
 
@@ -452,6 +452,21 @@ def produce_swapped(
         kaio.tma_load_2d(ss, (s, 0), ts, k0 // 128, n0, bars, (0, s))
 
 
+def swap_registers(wg: int) -> int:
+    """``REGS`` of ``int4_swap`` with ``wg`` consumer warpgroups: the registers a consumer
+    thread takes with ``setmaxnreg`` once the producer warpgroup kept ``PRODUCER_REGS``, out
+    of what the block was launched with (its ``128 (wg + 1)`` threads at the launch bounds'
+    share of the 64K register file, a multiple of 8: 168 for 384 threads, 128 for 512, 96
+    for 640), at most 240; 0 (no ``setmaxnreg``) for one consumer warpgroup. Asking for more
+    than the block holds blocks ``setmaxnreg.inc`` for ever: with 4 warpgroups the 64K-based
+    share (120) hung the kernel on an H100 under the whole-program JIT."""
+    if wg == 1:
+        return 0
+    threads = 128 * (wg + 1)
+    launch = min(255, 65536 // threads // 8 * 8)
+    return min(240, (launch * threads - 128 * PRODUCER_REGS) // (128 * wg) // 8 * 8)
+
+
 def swap_shared_bytes(wg: int, bm: int, stages: int, cl: int = 0) -> int:
     """The dynamic shared memory of ``int4_swap``: the ring and its barriers. With ``cl``
     the f32 partial tile that a cluster's K split keeps over the ring must not reach the
@@ -512,7 +527,7 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     if cl and split > 2 and not config[3] and more[0] != 2:  # CL 1: the workspace past 2
         cl = 0
     consts = {"WG": wg, "BM": bm, "STAGES": stages, "SPLIT": split if cl else min(split, 2),
-              "CL": cl, "REGS": consumer_registers(wg), "OUT": out_type, "MC": mc,
+              "CL": cl, "REGS": swap_registers(wg), "OUT": out_type, "MC": mc,
               "FENCE": fence, "BUFS": bufs}  # fmt: skip
     return split, k_slice, tiles, consts
 
@@ -574,7 +589,7 @@ def swap_specializations() -> list:
         (2, 128, 2, 1, f32, 0, 3),
     ):
         consts = {"WG": wg, "BM": bm, "STAGES": swap_stages(wg, bm), "SPLIT": split, "CL": cl,
-                  "REGS": consumer_registers(wg), "OUT": ot, "MC": mc, "FENCE": 1 + mc,
+                  "REGS": swap_registers(wg), "OUT": ot, "MC": mc, "FENCE": 1 + mc,
                   "BUFS": bufs}  # fmt: skip
         out.append((int4_swap, consts))
     return out

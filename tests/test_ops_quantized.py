@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import os
+import re
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
@@ -327,6 +328,35 @@ def test_int4_swap_plans_fit():
     for consts in seen.values():
         report = assemble(_int4_hopper.int4_swap.ptx(arch="sm_90", **consts), "sm_90a")
         assert " 0 bytes spill stores" in report and "C751" not in report, (consts, report)
+        _assert_registers_balance(report, consts)
+
+
+def _assert_registers_balance(report: str, consts: dict) -> None:
+    """The setmaxnreg of an int4_swap build (ptxas ``report``) can be granted: the consumers'
+    ``REGS`` and the producer's registers fit in what the block is launched with (ptxas's
+    count times its threads); asking for more hangs ``setmaxnreg.inc`` on the GPU."""
+    from kaio_ops._attention_hopper import PRODUCER_REGS
+
+    if not consts["REGS"]:
+        return
+    used = int(re.search(r"Used (\d+) registers", report).group(1))
+    wg = consts["WG"]
+    assert consts["REGS"] * 128 * wg + PRODUCER_REGS * 128 <= used * 128 * (wg + 1), (consts, used)
+
+
+@pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
+def test_int4_swap_registers_can_be_granted():
+    """Every consumer count's setmaxnreg balances against the block's registers as ptxas
+    builds it (4 warpgroups: 96 a thread of 640, so the consumers get 112, not 120)."""
+    from kaio_ops import _int4_hopper
+
+    for wg, bm in ((2, 256), (3, 128), (4, 64)):
+        consts = {"WG": wg, "BM": bm, "STAGES": _int4_hopper.swap_stages(wg, bm), "SPLIT": 2,
+                  "CL": 0, "REGS": _int4_hopper.swap_registers(wg), "OUT": f16, "MC": 0,
+                  "FENCE": 2, "BUFS": 2}  # fmt: skip
+        report = assemble(_int4_hopper.int4_swap.ptx(arch="sm_90", **consts), "sm_90a")
+        assert " 0 bytes spill stores" in report, (consts, report)
+        _assert_registers_balance(report, consts)
 
 
 # --------------------------------------------------------------------------- int8 on wgmma
