@@ -125,6 +125,9 @@ def main() -> None:
     p.add_argument("--table", default="", help="--swap: write the Markdown tables here")
     p.add_argument("--markdown", default="", help="print --swap's JSONL file as a table, no GPU")
     p.add_argument("--shapes", default="", help="N x K list for --swap, e.g. 4096x4096,8192x8192")
+    p.add_argument(
+        "--variants-only", action="store_true", help="--variants without the routed pass"
+    )
     p.add_argument("--variants-json", default="", help="--variants: M -> variants (JSON file)")
     p.add_argument("--watchdog", type=float, default=0, help="dump the stacks and exit after S s")
     p.add_argument("--trace", action="store_true", help="log each step as it starts")
@@ -164,9 +167,11 @@ def main() -> None:
         shapes = [shape_ms(x, ms) for x in args.shapes.split(",") if x]
         shapes = shapes or [(n, k, ms) for n, k in SWAP_SHAPES]
         if args.prewarm:
-            prewarm(log, shapes, args.prewarm, args.variants)
-        recs = swap_sweep(log, shapes, args.budget, False)
-        if args.variants:  # the multicast pairs last (a cluster's first timing on a GPU)
+            prewarm(log, shapes, args.prewarm, args.variants or args.variants_only)
+        recs = [] if args.variants_only else swap_sweep(log, shapes, args.budget, False)
+        if args.variants_only:  # every variant of a point together, multicast or not
+            recs += swap_sweep(log, shapes, args.budget, True, multicast=None)
+        elif args.variants:  # the multicast pairs last (a cluster's first timing on a GPU)
             recs += swap_sweep(log, shapes, args.budget, True)
             recs += swap_sweep(log, shapes, args.budget, True, multicast=True)
         text = swap_tables(recs, torch.cuda.get_device_name())
@@ -325,7 +330,8 @@ def swap_sweep(log, shapes, budget: float, variants: bool = False, multicast=Fal
     checked against the f32 product (relative error), and at M <= 16 the floor that only reads
     the words; with ``variants``: ``swap_variants``' explicit ``int4_swap`` configurations,
     (M <= 64) the decode kernel and (M >= 2048) the dequantize-once path, each checked the
-    same way (``multicast``: the variants with MC only, else those without). The int4 words
+    same way (``multicast``: the variants with MC only, else those without; None: all of
+    them, after cuBLAS f16 at the same point). The int4 words
     rotated over enough sets to cover ``L2_BYTES``. Returns the records."""
     from bench.quantized import int4_bytes
 
@@ -370,7 +376,13 @@ def swap_sweep(log, shapes, budget: float, variants: bool = False, multicast=Fal
                 continue
             rec["swap"], rec["err"] = {}, {}
             variants, mc = swap_variants(m), multicast
-            todo = [(variant_key(*v), v) for v in variants if v[0] != "decode" and v[5] == mc]
+            if mc is None and any(v[0] != "decode" for v in variants):  # the peer, this run
+                rec["cublas_us"] = graph_time(lambda i: torch.matmul(a, weights[i][2]), sets)
+            todo = [
+                (variant_key(*v), v)
+                for v in variants
+                if v[0] != "decode" and (mc is None or v[5] == mc)
+            ]
             if not multicast:  # ("decode", WARPS): the decode kernel with that many warps a block
                 todo += [(f"decode kernel, {v[1]} warps", v) for v in variants if v[0] == "decode"]
             if not multicast and _int4_hopper.DECODE_M < m <= _int4_decode.MAX_M:
