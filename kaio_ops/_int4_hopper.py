@@ -96,16 +96,19 @@ PREFILL_M = 1 << 62
 
 # int4_swap's tiles by M (the first row whose bound M does not pass): (WG, BM; 0: M rounded
 # up to 8, or 16 with MC; CL: a K split summed in a cluster (1: of 2 blocks, a split past 2
-# through the workspace; 2: of up to 8 blocks), else by gemm_reduce; MC: pairs
-# of tiles sharing a's rows by multicast; BUFS: slices' A fragments in registers).
-# Measured on an H100 (bench/int4_wgmma.py --swap
-# --variants, 2026-11-26, the geometric mean over N x K = 4096x4096, 8192x8192, 14336x4096,
-# 4096x14336): a cluster K split over 4 or 8 blocks ran 1.5-2x slower than the workspace's
-# (over 2 blocks, as fast or faster); MC 4-6% faster from 1024 rows.
+# through the workspace; 2: of up to 8 blocks), else by gemm_reduce; MC: pairs of tiles
+# sharing a's rows by multicast; BUFS: slices' A fragments in registers). Measured on an
+# H100 under the whole-program JIT (bench/int4_wgmma.py --swap --variants-only, round C of
+# 2026-11-26, x cuBLAS f16 at the same point): 129-256 rows one M-row tile with a cluster
+# pair split, 8192x8192 1.00x against the 16-row multicast pairs' 0.86x (28672x4096 1.10x
+# against 1.04x); 65-128 rows a cluster pair when the split is 2 (8192x8192 1.30x against
+# 1.23x); clusters of 4 or 8 stay slower than the workspace (4096x4096 M=256: 0.45x
+# against 0.70x); 3 fragment buffers (BUFS 3) within 1-3% of 2 either way (28672x4096
+# M=2048 0.91x against 0.87x, 8192x8192 0.91x against 0.94x): 2 everywhere.
 SWAP_PLANS = (
     (64, 4, 0, 0, 0, 2),
-    (128, 2, 0, 0, 0, 2),
-    (256, 2, 0, 0, 1, 2),
+    (128, 2, 0, 1, 0, 2),
+    (256, 2, 0, 1, 0, 2),
     (512, 2, 256, 1, 0, 2),
     (1 << 62, 2, 256, 0, 1, 2),
 )
@@ -135,7 +138,9 @@ def takes(a, b, s) -> bool:
 # From this M the weight is made f16 once (``_prefill.int4_to_f16``: K N 2 bytes written and
 # read again, a few percent of the product's time there) and ``kaio_ops.matmul`` multiplies.
 # Measured on an H100 (bench/int4_wgmma.py --swap --variants, two runs): at M = 4096 and 8192
-# 0.86-0.95x cuBLAS f16 against int4_swap's 0.78-0.89x; at 2048 the two equal (0.85x).
+# 0.86-0.95x cuBLAS f16 against int4_swap's 0.78-0.89x; at 2048 the two equal (0.85x). Under
+# the whole-program JIT (round C): at 2048 int4_swap 0.91-0.94x against 0.83-0.86x; at 4096
+# 0.94x against 0.90x on 4096x4096 but 0.85-0.88x against 0.90x on 8192x8192: kept.
 DEQUANT_M = 4096
 
 
