@@ -8,10 +8,16 @@ cuBLAS), every result checked; with ``--variants`` a second pass over the same p
 explicit ``int4_swap`` tile configurations (``swap_variants``) and, from 2048 rows, the
 dequantize-once path (the f16 weight made by ``kaio_ops._prefill``, then ``kaio_ops.matmul``)
 to re-derive ``_int4_hopper.SWAP_PLANS``. ``--table FILE`` writes the Markdown tables.
+``--variants-only``: no routed pass, every variant of a point in one pass beside cuBLAS timed
+at that point; ``--variants-json FILE`` replaces ``swap_variants``' lists (M as text, or
+"*", to a list of ``(WG, BM, CL, split, STAGES, MC, FENCE[, BUFS])`` or ``["decode",
+WARPS]``); ``--trace`` prints each step as it starts and ``--watchdog S`` dumps every
+thread's stack and exits after S seconds (a kernel that hangs shows where).
 
 Usage: ``python bench/int4_wgmma.py [--out DIR] [--budget SECONDS] [--ms 16,64,...]
-[--swap [--variants] [--shapes 4096x4096,...] [--prewarm N] [--table FILE]]``. Writes
-``DIR/int4_wgmma.jsonl`` (one JSON object a measurement) and prints a table.
+[--swap [--variants | --variants-only] [--variants-json FILE] [--shapes 4096x4096@16/64,...]
+[--prewarm N] [--table FILE] [--trace] [--watchdog S]]``. Writes ``DIR/int4_wgmma.jsonl``
+(one JSON object a measurement) and prints a table.
 """
 
 # ruff: noqa: B023  (the timed lambdas run before the loop moves on)
