@@ -5,8 +5,11 @@ floors (a DSL kernel that only streams the same bytes; torch reductions and copi
 torch SDPA, all in one profiler session per group, calls rotating over input sets of more
 than the L2 cache.
 
-    python3 bench/decode_probe.py [warm | b | ncu | s | w | x [SECONDS]]  # this checkout's
+    python3 bench/decode_probe.py [warm | b | ncu | s | w | x | a | h | bn | c [SECONDS]]
+    python3 bench/decode_probe.py warm_few | warm_c [SECONDS]  # the kernels of a, h / c
     PROBE_BASE=1 PYTHONPATH=/other/checkout python3 bench/decode_probe.py base_b
+    PROBE_L2HINT=256 KAIO_CACHE_DIR=/tmp/other python3 bench/decode_probe.py h
+    PROBE_BN=128 KAIO_CACHE_DIR=/tmp/other python3 bench/decode_probe.py bn
 
 No argument: B = 1, 4k keys, taken apart (splits, stages, merges, lengths 0 .. 4k, floors).
 ``warm [SECONDS]`` compiles the kernels in 16 processes first (the disk cache keeps them;
@@ -17,7 +20,13 @@ kaio_ops (PROBE_BASE: its packages first on the path); ``s`` split counts and st
 shapes where kaio is near SDPA, for SECONDS at most; ``w`` the paged layout against the
 contiguous one (the block-table window or a load per row, stages, kaio's copies alone as a
 floor in both layouts); ``x`` the copies before the length on and off, the window on and
-off, one split's stages and B = 1 at 32k keys paged over more splits.
+off, one split's stages and B = 1 at 32k keys paged over more splits; ``a`` 5 and 6 K/V
+stages, B = 1 at 32k keys through clusters of 8 with them, copy floors; ``h`` the suite's
+large shapes, for a run with PROBE_L2HINT (every 16-byte cp.async with that L2 prefetch
+size, the PTX edited before the JIT) beside one without; ``bn`` key tiles of PROBE_BN keys;
+``c`` each shape's default called twice (the same bits) and B = 1 at 32k keys through
+clusters of 16 at two blocks a multiprocessor. head_stream's LOCK (the floor with a
+sequence's K/V heads a cluster in lockstep) is what rounds of 2026-11-26 measured.
 """
 
 from __future__ import annotations
@@ -65,8 +74,20 @@ ORIG = {
 ORIG_SPEC = getattr(decode, "SPECULATE", False)
 ORIG_CLUSTER = getattr(decode, "CLUSTER_MERGE", False)
 ORIG_TILES = getattr(decode, "CLUSTER_TILES", 8)
+ORIG_PAGED_TILES = getattr(decode, "PAGED_CLUSTER_TILES", 8)
 ORIG_WINDOW = getattr(decode, "PAGE_WINDOW", False)
+ORIG_SPREAD = getattr(decode, "SPREAD", 0)
 T0 = time.time()
+if os.environ.get("PROBE_BN"):  # key tiles of this many keys (run with its own KAIO_CACHE_DIR)
+    dk.BN = int(os.environ["PROBE_BN"])
+if os.environ.get("PROBE_L2HINT"):  # every kernel's 16-byte cp.async with this L2 prefetch
+    from kaio.runtime import module as _module
+
+    _build = _module.build_image
+    _hint = f"cp.async.cg.shared.global.L2::{os.environ['PROBE_L2HINT']}B "
+    _module.build_image = lambda ptx, *a: _build(
+        ptx.replace("cp.async.cg.shared.global ", _hint), *a
+    )
 
 
 def restore():
@@ -75,8 +96,10 @@ def restore():
     decode.CLUSTER_MERGE = ORIG_CLUSTER
     decode.CLUSTER_CHECK = True
     decode.CLUSTER_TILES = ORIG_TILES
+    decode.PAGED_CLUSTER_TILES = ORIG_PAGED_TILES
     decode.PAGE_WINDOW = ORIG_WINDOW
     decode.SPECULATE = ORIG_SPEC
+    decode.SPREAD = ORIG_SPREAD
 
 
 PENDING: list = []  # (label, fn, sets) to time in the next profiler session
@@ -190,10 +213,15 @@ def check(sets, lens):
     return err
 
 
-def force(splits=None, stages=None, unfused=False, cluster=None, window=None, spec=None):
+def force(
+    splits=None, stages=None, unfused=False, cluster=None, window=None, spec=None, spread=None
+):
     """Module defaults but for what is named (cluster: None = the module's choice; window:
-    the paged block-table window on or off)."""
+    the paged block-table window on or off; spread: the cluster merge's least shared
+    memory a block, SPREAD)."""
     restore()
+    if spread is not None:
+        decode.SPREAD = spread
     if window is not None:
         decode.PAGE_WINDOW = window
     if spec is not None:
@@ -202,6 +230,7 @@ def force(splits=None, stages=None, unfused=False, cluster=None, window=None, sp
         decode.CLUSTER_MERGE = cluster
         decode.CLUSTER_CHECK = not cluster  # forced: measured even where clusters would queue
         decode.CLUSTER_TILES = 1 << 30 if cluster else ORIG_TILES
+        decode.PAGED_CLUSTER_TILES = 1 << 30 if cluster else ORIG_PAGED_TILES
     if splits is not None:
         decode.splits_for = lambda *a, s=splits: s
     if stages is not None:
@@ -241,12 +270,18 @@ def head_stream(
     PAGED: kaio.constexpr,
     STAGES: kaio.constexpr,
     DP: kaio.constexpr,
+    LOCK: kaio.constexpr,
 ):
     """Floor of kaio's grid and copies: block (b, kvh) brings the K and V tiles of its
     sequence and head into shared memory as decode_fwd does (``load_stage``'s cp.async,
     STAGES in flight, the paged pages of 16 keys through ``window_pages``), with no
     arithmetic. DP 256 over a cache of D 128 (kv_heads halved): a block reads two heads,
-    whose rows are adjacent in a page (512 bytes a token)."""
+    whose rows are adjacent in a page (512 bytes a token). LOCK > 1: the blocks of LOCK
+    K/V heads of a sequence are one cluster, kept within a tile of each other (a cluster
+    barrier a tile, arrive after the copies, wait before the next ones), so that they read
+    each page together."""
+    if LOCK > 1:
+        kaio.cluster_dims(LOCK)
     tid = kaio.thread_idx_x()
     lane = kaio.lane_id()
     bkv = kaio.block_idx_x()
@@ -268,6 +303,9 @@ def head_stream(
         kaio.cp_async_commit()
     acc = 0.0
     for t in range(n):
+        if LOCK > 1:
+            if t > 0:
+                kaio.cluster_wait()
         if t + STAGES - 1 < n:
             key0 = (t + STAGES - 1) * dk.BN
             if PAGED:
@@ -277,10 +315,15 @@ def head_stream(
                 length, kv_heads, 4, pages, tid, DP, PAGED, f16,
             )  # fmt: skip
         kaio.cp_async_commit()
+        if LOCK > 1:
+            kaio.cluster_arrive()
         kaio.cp_async_wait(STAGES - 1)
         kaio.sync_threads()
         acc += f32(kv_s[t % STAGES * 2 * dk.BN + tid % 64, tid // 64])
         kaio.sync_threads()
+    if LOCK > 1:
+        if n > 0:
+            kaio.cluster_wait()
     kaio.cp_async_wait_all()
     out[bkv * 128 + tid] = acc
 
@@ -330,7 +373,7 @@ def round_w(budget: float):
                     hk = HKV * 128 // dp
                     head_stream[b * hk, 128, None, 2 * st * 64 * dp * 2](
                         *src, table.view(-1), o, hk, n, n // 16, kc.shape[0], PAGED=paged,
-                        STAGES=st, DP=dp,
+                        STAGES=st, DP=dp, LOCK=0,
                     )  # fmt: skip
 
                 show(
@@ -368,6 +411,152 @@ def round_x(budget: float):
                     f"{label} kaio paged splits={sp} cluster={cl}",
                     kernel_times(run_kaio(lens, splits=sp, cluster=cl), sets),
                 )
+
+
+def round_a(budget: float):
+    """Deeper K/V pipelines (5 and 6 stages: over A100's shared memory, within H100's) and
+    B = 1 at 32k keys through clusters of 8 with them, paged and contiguous, against SDPA on
+    the contiguous cache (kernel times, one profiler session a shape; stops after
+    ``budget`` seconds of the process)."""
+    cases = (
+        (16, 4096, ((5, None, None), (6, None, None))),
+        (64, 4096, ((4, None, None), (6, None, None))),
+        (1, 32768, ((4, 8, True), (6, 8, True), (6, 16, False), (5, 8, True))),
+        (16, 1024, ((6, None, None),)),
+        (64, 1024, ((4, None, None),)),
+        (1, 4096, ((6, None, None),)),
+        (16, 32768, ((6, None, None),)),
+    )
+    for b, length, (variants,), sets, lens, label in shapes(cases, budget):
+        show(f"{label} kaio contiguous", kernel_times(run_kaio_contig(lens), sets))
+        show(f"{label} kaio paged", kernel_times(run_kaio(lens), sets))
+        for st, sp, cl in variants:
+            tag = f"stages={st}" + (f" splits={sp} cluster={cl}" if sp else "")
+            show(
+                f"{label} kaio paged {tag}",
+                kernel_times(run_kaio(lens, stages=st, splits=sp, cluster=cl), sets),
+            )
+            if b == 1 and sp == 8 and st == 6:
+                show(
+                    f"{label} kaio contiguous {tag}",
+                    kernel_times(run_kaio_contig(lens, stages=st, splits=sp, cluster=cl), sets),
+                )
+        if b in (16, 64) and length == 4096:
+            floor_jobs(b, length, label, sets, ((False, 4, 1), (True, 4, 1), (True, 4, 8)))
+    resident()
+
+
+def floor_jobs(b, length, label, sets, variants):
+    """head_stream floors (kaio's grid and copies, no arithmetic) for (paged, STAGES, LOCK)
+    of ``variants``."""
+    o = torch.empty(b * HKV * 128, device="cuda")
+    for paged, st, lock in variants:
+
+        def floor(q, k, v, kc, vc, table, paged=paged, st=st, lock=lock):
+            src = (x.view(-1) for x in ((kc, vc) if paged else (k, v)))
+            head_stream[b * HKV, 128, None, 2 * st * 64 * 128 * 2](
+                *src, table.view(-1), o, HKV, length, length // 16, kc.shape[0], PAGED=paged,
+                STAGES=st, DP=128, LOCK=lock,
+            )  # fmt: skip
+
+        show(f"{label} floor copies paged={paged} st={st} lock={lock}", kernel_times(floor, sets))
+
+
+def round_bn(budget: float):
+    """Key tiles of PROBE_BN keys (128: half the tiles, so half the per-tile costs, for the
+    same bytes in flight): both layouts, the default stages and 3, against SDPA."""
+    cases = ((16, 1024), (16, 4096), (64, 1024), (64, 4096), (1, 32768), (1, 4096))
+    for b, _length, _, sets, lens, label in shapes(cases, budget):
+        show(f"{label} BN{dk.BN} kaio contiguous", kernel_times(run_kaio_contig(lens), sets))
+        show(f"{label} BN{dk.BN} kaio paged", kernel_times(run_kaio(lens), sets))
+        if b > 1:
+            show(
+                f"{label} BN{dk.BN} kaio contiguous stages=3",
+                kernel_times(run_kaio_contig(lens, stages=3), sets),
+            )
+            show(
+                f"{label} BN{dk.BN} kaio paged stages=3",
+                kernel_times(run_kaio(lens, stages=3), sets),
+            )
+
+
+def resident():
+    """The cluster residency the plans asked the driver for (decode._RESIDENT)."""
+    for key, have in decode._RESIDENT.items():
+        consts = dict(key[1])
+        print(f"resident clusters {have}: LOCK {consts.get('LOCK')} CL {consts.get('CL')} "
+              f"STAGES {consts.get('STAGES')} shared {key[2]}")  # fmt: skip
+
+
+def round_c(budget: float):
+    """Each suite shape's default twice (the same bits: deterministic), B = 1 at 32k keys
+    through clusters of 16 two blocks a multiprocessor (3 stages, no SPREAD), against SDPA
+    (kernel times; stops after ``budget`` seconds of the process)."""
+    cases = ((1, 32768), (1, 4096), (1, 1024), (16, 4096), (64, 1024), (16, 32768))
+    for b, length, _, sets, lens, label in shapes(cases, budget):
+        q, k, v, kc, vc, table = sets[0]
+        for name, args in (
+            ("contiguous", (q, k, v, lens, None)),
+            ("paged", (q, kc, vc, lens, table)),
+        ):
+            one = decode._decode("probe", *args, None)
+            two = decode._decode("probe", *args, None)
+            same = all(torch.equal(x, y) for x, y in zip(one, two, strict=True))
+            print(f"{label} {name} deterministic (two calls, same bits): {same}", flush=True)
+        show(f"{label} kaio contiguous", kernel_times(run_kaio_contig(lens), sets))
+        show(f"{label} kaio paged", kernel_times(run_kaio(lens), sets))
+        if b == 1 and length == 32768:
+            for st in (3, 2):
+                cfg = {"splits": 16, "cluster": True, "stages": st, "spread": 0}
+                show(
+                    f"{label} kaio contiguous CL16 st{st} 2/SM",
+                    kernel_times(run_kaio_contig(lens, **cfg), sets),
+                )
+                show(
+                    f"{label} kaio paged CL16 st{st} 2/SM",
+                    kernel_times(run_kaio(lens, **cfg), sets),
+                )
+            for sp, st in ((16, 3), (20, 3), (24, 3)):
+                cfg = {"splits": sp, "cluster": False, "stages": st}
+                show(
+                    f"{label} kaio paged splits={sp} st{st}",
+                    kernel_times(run_kaio(lens, **cfg), sets),
+                )
+        if b == 64:
+            show(
+                f"{label} kaio contiguous st2", kernel_times(run_kaio_contig(lens, stages=2), sets)
+            )
+            show(f"{label} kaio paged st2", kernel_times(run_kaio(lens, stages=2), sets))
+    resident()
+
+
+def warm_c():
+    """What round c and the GPU tests of tests/test_ops_decode.py's CUDA graph and
+    no-synchronization cases launch: decode.shipped() at D 128, one M-tile; clusters of 16
+    at 2 and 3 stages."""
+    out = [(probe_mark, {})]
+    out += [(k, c) for k, c in decode.shipped() if c.get("DP", 128) == 128 and c.get("MT", 1) == 1]
+    for st in (2, 3):  # B = 64 at 2 stages, B = 1 over 20 or 24 splits at 3
+        c = {"DP": 128, "MT": 1, "PAGED": True, "STAGES": st, "DT": f16, "CL": 1, "PW": 1}
+        out.append((decode.DECODE, {**c, "DIRECT": True, "FUSED": False, "SPEC": 1}))
+        out.append((decode.DECODE, {**c, "DIRECT": False, "FUSED": True, "SPEC": 0}))
+    for paged in (False, True):
+        for st in (2, 3):
+            c = {"DP": 128, "MT": 1, "PAGED": paged, "STAGES": st, "DT": f16, "CL": 16}
+            out.append(
+                (decode.DECODE, {**c, "DIRECT": False, "FUSED": False, "PW": int(paged), "SPEC": 0})
+            )
+    return out
+
+
+def round_h(budget: float):
+    """kaio paged and contiguous against SDPA at the suite's large shapes, for a run with
+    PROBE_L2HINT set (the L2 prefetch size of the 16-byte copies, 128 or 256; with its own
+    KAIO_CACHE_DIR) and one without: compare the ratios to SDPA of the two processes."""
+    cases = ((16, 4096, ()), (64, 4096, ()), (1, 32768, ()), (16, 1024, ()))
+    for _b, _length, _, sets, lens, label in shapes(cases, budget):
+        show(f"{label} kaio contiguous", kernel_times(run_kaio_contig(lens), sets))
+        show(f"{label} kaio paged", kernel_times(run_kaio(lens), sets))
 
 
 def shapes(cases, budget: float):
@@ -525,7 +714,7 @@ def warm_list():
     out = list(decode.shipped())
     out += [(probe_mark, {})] + [(stream, {"U": u}) for u in (8, 16)]
     out += [
-        (head_stream, {"PAGED": p, "STAGES": st, "DP": dp})
+        (head_stream, {"PAGED": p, "STAGES": st, "DP": dp, "LOCK": 0})
         for p in (False, True)
         for st, dp in ((3, 128), (4, 128), (3, 256))
     ]
@@ -546,8 +735,28 @@ def warm_list():
     return unique
 
 
+def warm_few():
+    """D 128 f16 decode_fwd for one M-tile: both layouts, 2 to 6 stages, one split, the
+    fused merge and clusters of 8 and 16 (what the suite and rounds a and h launch)."""
+    out = [(probe_mark, {})]
+    out += [(head_stream, {"PAGED": p, "STAGES": 4, "DP": 128, "LOCK": lk}) for p, lk in
+            ((False, 1), (True, 1), (True, 8))]  # fmt: skip
+    for paged in (False, True):
+        for st in (2, 3, 4, 5, 6):
+            for direct, fused, cl in ((True, False, 1), (False, True, 1), (False, False, 8),
+                                      (False, False, 16)):  # fmt: skip
+                c = {"DP": 128, "MT": 1, "PAGED": paged, "STAGES": st, "DT": f16, "CL": cl}
+                spec = decode.speculates(paged) if direct else 0
+                c |= {"DIRECT": direct, "FUSED": fused, "PW": int(paged), "SPEC": spec}
+                out.append((decode.DECODE, c))
+    return out
+
+
+WARM_LIST = warm_list
+
+
 def warm_one(i):
-    kernel, c = warm_list()[i]
+    kernel, c = WARM_LIST()[i]
     try:
         kernel.resources(**c)  # compiled, loaded, its cubin in the disk cache
     except Exception as e:  # noqa: BLE001
@@ -561,7 +770,7 @@ def warm(budget: float = 1e9):
     ``budget`` seconds are left out."""
     from concurrent.futures import ProcessPoolExecutor
 
-    kernels = warm_list()
+    kernels = WARM_LIST()
     todo = list(range(len(kernels)))
     first = [i for i in todo if kernels[i][1].get("DP", 128) == 128]
     first = [i for i in first if kernels[i][1].get("DT", f16) == f16]
@@ -672,8 +881,21 @@ def round_s(budget: float):
         del sets
 
 
+ROUNDS = {  # argument: (round, its default time budget in seconds)
+    "x": (round_x, 25),
+    "w": (round_w, 25),
+    "s": (round_s, 20),
+    "a": (round_a, 25),
+    "h": (round_h, 25),
+    "bn": (round_bn, 25),
+    "c": (round_c, 25),
+}
+WARMS = {"warm": warm_list, "warm_few": warm_few, "warm_c": warm_c}
+
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "ncu":
+    arg = sys.argv[1] if len(sys.argv) > 1 else ""
+    seconds = float(sys.argv[2]) if len(sys.argv) > 2 else None
+    if arg == "ncu":
         sets = make_sets(1, 4096)
         lens = torch.full((1,), 4096, device="cuda", dtype=torch.int32)
         for i in range(3):
@@ -681,15 +903,13 @@ if __name__ == "__main__":
         for i in range(3):
             run_kaio(lens, splits=16, cluster=True)(*sets[i % len(sets)])
         torch.cuda.synchronize()
-    elif len(sys.argv) > 1 and sys.argv[1] == "warm":
-        warm(float(sys.argv[2]) if len(sys.argv) > 2 else 1e9)
-    elif len(sys.argv) > 1 and sys.argv[1] == "x":
-        round_x(float(sys.argv[2]) if len(sys.argv) > 2 else 25)
-    elif len(sys.argv) > 1 and sys.argv[1] == "w":
-        round_w(float(sys.argv[2]) if len(sys.argv) > 2 else 25)
-    elif len(sys.argv) > 1 and sys.argv[1] == "s":
-        round_s(float(sys.argv[2]) if len(sys.argv) > 2 else 20)
-    elif len(sys.argv) > 1 and sys.argv[1] in ("b", "base_b"):
-        round_b(sys.argv[1] == "base_b")
+    elif arg in WARMS:
+        WARM_LIST = WARMS[arg]
+        warm(seconds or 1e9)
+    elif arg in ROUNDS:
+        fn, default = ROUNDS[arg]
+        fn(seconds or default)
+    elif arg in ("b", "base_b"):
+        round_b(arg == "base_b")
     else:
         main()

@@ -1,14 +1,20 @@
 """The sm_90 FP8 kernel's tile plans side by side with ``torch._scaled_mm`` (cuBLAS FP8):
-for each shape, every plan ``(WG, BN, STAGES, PROMOTE)`` of ``kaio_ops._fp8_hopper`` worth
-trying there, and the plan ``config`` picks, each checked against ``torch._scaled_mm`` first;
-kernel time with CUDA events around batches of calls, the operands rotated over enough copies
-to exceed the L2 cache; e4m3, bf16 out, per-tensor scales (``--rowwise``: per row / column).
+for each shape, every plan ``(WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT]])`` of
+``kaio_ops._fp8_hopper`` worth trying there, and the plan ``config`` picks, each checked
+against ``torch._scaled_mm`` first; kernel time with CUDA events around batches of calls, the
+operands rotated over enough copies to exceed the L2 cache; e4m3, bf16 out, per-tensor
+scales (``--rowwise``: per row / column).
 
 Usage: ``python bench/fp8_plans.py --out DIR [--budget SECONDS] [--cases warm,big,sweep]``
-(``--summary FILE``: the table of a run's jsonl)
-(``warm``: compile every plan first, 8 processes at once);
-writes ``DIR/fp8_plans.jsonl`` (one line per case) and prints a table. The sweep stops
-starting cases once ``--budget`` seconds have passed.
+(``--summary FILE``: the table of a run's jsonl). Cases: ``warm`` compiles every plan first,
+14 processes at once (with ``only``: nothing else); ``final`` the routed plan at 4096^3,
+8192^3 and 4096^3 with per-row scales; ``wide``, ``depth``, ``epi``, ``big``, ``regs``,
+``interval``, ``cluster``, ``rowwise``, ``acc``, ``diag``: the plan lists of their rounds at
+the squares; ``sweep``, ``sweepnew``, ``sweepwide``, ``sweepfinal``: the M sweep over the
+Llama-3-8B/-70B shapes with ``plans_for``'s, ``SWEEP_WIDE``'s (``with_splits``) or
+``final_plans``' alternatives (``pick``: none from ``plans_for``). Writes
+``DIR/fp8_plans.jsonl`` (one line per case) and prints a table. The sweep stops starting
+cases once ``--budget`` seconds have passed.
 """
 
 from __future__ import annotations
@@ -198,6 +204,44 @@ INTERVAL = [  # promoted every PROMOTE // 10 slices (one group in flight; 1: sta
     (2, 256, 4, 0, 1),
 ]
 CLUSTER = [(2, 128, 6, 4, 1, 2), (3, 128, 5, 1, 1, 2)]
+WIDE = [  # the tile widths that fit 240 registers a consumer (whole-program JIT), clusters
+    (2, 128, 7, 1, 1),
+    (2, 160, 6, 1, 1),
+    (2, 176, 5, 1, 1),
+    (2, 192, 5, 1, 1),
+    (2, 208, 5, 1, 1),
+    (2, 224, 5, 1, 1),
+    (2, 256, 4, 3, 1),
+    (2, 192, 5, 5, 1),
+    (2, 192, 5, 4, 1),
+    (3, 128, 5, 1, 1),
+    (2, 128, 7, 1, 1, 2),
+    (2, 192, 5, 1, 1, 2),
+    (2, 208, 5, 1, 1, 2),
+    (2, 256, 4, 3, 1, 2),
+    (2, 256, 4, 0, 1),
+    (2, 192, 5, 1, 1, 1, 3),
+    (2, 160, 6, 1, 1, 1, 3),
+    (3, 128, 5, 1, 1, 1, 3),
+    (2, 208, 5, 1, 1, 1, 2),
+]
+SWEEP_WIDE = [  # the mid and large M plans of "sweepwide": WIDE's one sum waited for (128 to
+    p  # 208 columns), halves at 256, clusters of two, no split (with_splits adds them)
+    for p in WIDE
+    if p[0] == 2 and p[3] in (1, 3) and p[1] not in (176, 224) and (p + (1, 1))[6] == 1
+]
+EPI = [  # C through shared memory, a bulk copy a row (VEC 2; a stage fewer) and controls
+    (2, 208, 5, 1, 1),
+    (2, 208, 4, 1, 1),
+    (2, 208, 4, 1, 2),
+    (2, 192, 5, 1, 1),
+    (2, 192, 4, 1, 2),
+    (2, 224, 5, 1, 1),
+    (2, 224, 3, 1, 2),
+    (2, 256, 4, 3, 1),
+    (2, 256, 3, 3, 2),
+]
+DEPTH = [(2, 128, 7, 1, 1), (2, 192, 5, 1, 1), (2, 256, 4, 3, 1), (2, 192, 5, 1, 1, 2)]
 NOT_SHIPPED = ((2, 256, 4, 0, 1), (1, 64, 12, 0, 1), (2, 128, 7, 0, 1))  # no promotion
 
 
@@ -242,17 +286,38 @@ def plans_for(m, n, new=False):
     return out + ([p(1, 64)[:5]] if m <= 512 else [])
 
 
+def with_splits(plans, m, n, k, sms=132):
+    """``plans`` and, for each one of a block a tile, the same plan with the K split of its
+    last partial wave (``_fp8_hopper.split_parts``) where that saves a fifth of a tile."""
+    out = list(plans)
+    for p in plans:
+        if len(p) == 5:
+            tiles = -(-m // (64 * p[0])) * -(-n // p[1])
+            parts = H.split_parts(tiles, sms, k // 128)
+            if parts > 1:
+                out.append((*p, 1, parts))
+    return out
+
+
+def final_plans(m, n, k, sms=132):
+    """The alternatives "sweepfinal" times beside the routed plan (past 64 rows): its
+    epilogue through shared memory (VEC 2, the stages that still fit)."""
+    if m <= 64:
+        return []
+    wg, bn, _, pr, _, cl, sp = H.config(m, n, k, sms)
+    return [(wg, bn, H.stages_for(wg, bn, vec=2), pr, 2, cl, sp)]
+
+
 def run_case(m, n, k, rowwise, plans, log, label=""):
     nbytes = m * k + k * n + 2 * m * n
     sets = operands(m, n, k, rowwise, max(1, min(8, math.ceil(3 * L2 / nbytes))))
     ref = scaled_mm(*sets[0]).float()
     rec = {"case": label or f"{m}x{n}x{k}", "m": m, "n": n, "k": k, "rowwise": rowwise}
-    rec["pick_plan"] = list(
-        H.config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)[:5]
-    )
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rec["pick_plan"] = list(H.config(m, n, k, sms))
     fns = {"cublas": scaled_mm}
     for plan in [None, *plans]:
-        if plan is not None and list(plan) == rec["pick_plan"]:
+        if plan is not None and list((*plan, 1, 1)[:7]) == rec["pick_plan"]:
             continue  # timed as "pick"
         name = "pick" if plan is None else "/".join(map(str, plan))
         _plan.clear()
@@ -387,6 +452,15 @@ def warm(cases, ms, models, processes: int = 14) -> None:
         plans.update(REGS)
     if "cluster" in cases:
         plans.update(CLUSTER)
+    if "wide" in cases:
+        plans.update(WIDE)
+    if "depth" in cases:
+        plans.update(DEPTH)
+    if "epi" in cases:
+        plans.update(EPI)
+    if "sweepwide" in cases:
+        plans.update(SWEEP_WIDE)
+        plans.update((*p[:5], 1, 2) for p in SWEEP_WIDE if len(p) == 5)
     if "acc" in cases:
         plans.update((2, 128, 7, p, 1) for p in (0, 1, 5, 20, 21, 41, 81))
     shapes = [s for mo in models for s in SHAPES[mo]]
@@ -394,6 +468,8 @@ def warm(cases, ms, models, processes: int = 14) -> None:
         for n, k in shapes:
             if "pick" not in cases:
                 plans.update(plans_for(m, n, new))
+            if "sweepfinal" in cases:
+                plans.update(final_plans(m, n, k))
             plans.add(H.config(m, n, k, 132))
     jobs = [(p, False) for p in sorted(plans)]
     if "interval" in cases:
@@ -420,13 +496,15 @@ def main() -> None:
     log = open(os.path.join(args.out, "fp8_plans.jsonl"), "a")  # noqa: SIM115
     recs = []
     cases = args.cases.split(",")
-    ms = [int(x) for x in args.ms.split(",")]
+    ms = [int(x) for x in args.ms.split(",") if x]
     models = args.models.split(",")
     if "warm" in cases:
         try:
             warm(cases, ms, models)
         except Exception:  # noqa: BLE001  (the timed cases compile what is missing)
             traceback.print_exc()
+        if "only" in cases:  # compile, time nothing (another process times them)
+            return
     if "diag" in cases:
         diagnose()
     if "acc" in cases:
@@ -442,10 +520,18 @@ def main() -> None:
         tag = " ptxas" if os.environ.get("FP8_PLANS_PTXAS") == "1" else ""
         recs.append(run_case(4096, 4096, 4096, False, REGS, log, "4096^3" + tag))
         recs.append(run_case(8192, 8192, 8192, False, REGS, log, "8192^3" + tag))
+    if "epi" in cases:
+        recs.append(run_case(4096, 4096, 4096, False, EPI, log))
+        recs.append(run_case(8192, 8192, 8192, False, EPI, log))
     if "final" in cases:  # the op as routed (config's plans) against cuBLAS
         recs.append(run_case(4096, 4096, 4096, False, [], log))
         recs.append(run_case(8192, 8192, 8192, False, [], log))
         recs.append(run_case(4096, 4096, 4096, True, [], log, "4096^3 rowwise"))
+    if "wide" in cases:
+        recs.append(run_case(4096, 4096, 4096, False, WIDE, log))
+        recs.append(run_case(8192, 8192, 8192, False, WIDE, log))
+    if "depth" in cases:  # 4x longer tiles than 4096^3: the fixed cost of a tile shows
+        recs.append(run_case(4096, 4096, 16384, False, DEPTH, log))
     if "big" in cases:
         recs.append(run_case(4096, 4096, 4096, False, BIG, log))
         recs.append(run_case(8192, 8192, 8192, False, BIG, log))
@@ -454,7 +540,7 @@ def main() -> None:
     if "cluster" in cases:
         recs.append(run_case(4096, 4096, 4096, False, CLUSTER, log, "4096^3 clusters"))
         recs.append(run_case(8192, 8192, 8192, False, CLUSTER, log, "8192^3 clusters"))
-    if "sweep" in cases or "sweepnew" in cases:
+    if any(c in cases for c in ("sweep", "sweepnew", "sweepwide", "sweepfinal")):
         for m in ms:
             for model in models:
                 for n, k in SHAPES[model]:
@@ -463,6 +549,8 @@ def main() -> None:
                         continue
                     try:
                         plans = [] if "pick" in cases else plans_for(m, n, "sweepnew" in cases)
+                        plans = with_splits(SWEEP_WIDE, m, n, k) if "sweepwide" in cases else plans
+                        plans = final_plans(m, n, k) if "sweepfinal" in cases else plans
                         recs.append(run_case(m, n, k, False, plans, log, f"M={m} {n}x{k}"))
                     except Exception:  # noqa: BLE001
                         traceback.print_exc()

@@ -1,7 +1,9 @@
-"""Exact floating-point helpers: one rounding, fused multiply-add, conversions (fp8 included).
+"""Exact floating-point helpers: one rounding, fused multiply-add, conversions (fp8 included);
+and the IR's integer ops on NumPy values (``integer_op``).
 
 Backend-neutral: the host conversions of ``kaio.types`` (``kaio.f16x2(...)``, ``kaio.e4m3(...)``)
-and the simulator use them, and this module imports neither.
+and the simulator use them, the constant folder (``kaio.ir.passes``) computes integer results
+with ``integer_op`` as the simulator does, and this module imports none of them.
 
 NumPy's own casts round twice in a few places (``float64 -> bfloat16`` and ``int64 ->
 bfloat16`` go through float32). Everything here rounds exactly once, using *round to odd*:
@@ -165,6 +167,59 @@ def _fma_exact(a: float, b: float, c: float) -> float:
         return float(exact)  # int / int true division rounds correctly
     except OverflowError:
         return float("inf") if exact > 0 else float("-inf")
+
+
+# ----------------------------------------------------------------------------- integers
+
+# Integer (and bool) ops that are one NumPy ufunc on values of the type's dtype: NumPy's
+# integers wrap at their width, and floor_divide/remainder are Python's ``//`` and ``%``.
+_INTEGER_UFUNCS = {
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "and": np.bitwise_and,
+    "or": np.bitwise_or,
+    "xor": np.bitwise_xor,
+    "floordiv": np.floor_divide,
+    "mod": np.remainder,
+    "min": np.minimum,
+    "max": np.maximum,
+    "neg": np.negative,
+    "invert": np.invert,
+    "not": np.logical_not,
+}
+
+
+def shl(t: ScalarType, a, n):
+    """``a << n`` with a u32 amount; amounts >= the width give 0."""
+    s = np.minimum(n, t.bits - 1).astype(t.np_dtype)
+    return np.where(n >= t.bits, np.zeros((), t.np_dtype), np.left_shift(a, s))
+
+
+def shr(t: ScalarType, a, n):
+    """``a >> n`` with a u32 amount: arithmetic for signed types; clamped like PTX."""
+    s = np.minimum(n, t.bits - 1).astype(t.np_dtype)
+    shifted = np.right_shift(a, s)
+    if t.kind == "int":
+        return shifted  # a shift by width-1 already gives the sign fill
+    return np.where(n >= t.bits, np.zeros((), t.np_dtype), shifted)
+
+
+INTEGER_OPS = frozenset(_INTEGER_UFUNCS) | {"shl", "shr"}
+"""The ops ``integer_op`` computes."""
+
+
+def integer_op(op: str, t: ScalarType, *vals):
+    """The IR op ``op`` (one of ``INTEGER_OPS``) on NumPy values of the integer or bool type
+    ``t`` (a shift amount is u32), as ``kaio.ir.ops`` defines it: wrapping at the width,
+    Python's floor division and modulo, PTX's clamped shifts. Division by zero gives an
+    unspecified value, as on the GPU. NumPy warns of a wrap unless called under
+    ``np.errstate(all="ignore")`` (as the simulator runs)."""
+    if op == "shl":
+        return shl(t, *vals)
+    if op == "shr":
+        return shr(t, *vals)
+    return _INTEGER_UFUNCS[op](*vals)
 
 
 # The 8-bit floats: the canonical NaN the GPU's cvt writes, and the largest finite value, per

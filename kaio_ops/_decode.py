@@ -54,6 +54,7 @@ BN = 64  # keys per tile
 # also hold values another block writes later (the rows of part are whole lines already)
 LSE_STRIDE = 32
 UNROLL = 8  # splits a merge step loads at once (16 bytes each)
+PREFETCH = 16  # splits of a thread's first merge item loaded before the weights are known
 MAX_SPLITS = 64  # the most key splits (the merge holds a weight per split and row)
 
 
@@ -399,16 +400,18 @@ def decode_fwd(
     # banks, not 4)
     kaio.cp_async_wait_all()
     kaio.sync_threads()
+    # (only the chunk's real rows: a K/V group of 4 heads and one new token fills 4 of 16)
     for h in kaio.static_range(2):
         r = warp * 16 + g + 8 * h
         total = l[h] + kaio.shfl_xor(l[h], 1)
         total += kaio.shfl_xor(total, 2)
-        if lane % 4 == 0:
-            red_ml[0, r] = m[h]
-            red_ml[1, r] = total
-        for n in kaio.static_range(DP // 8):
-            for e in kaio.static_range(2):
-                red_o[r, (n * 8 + lane % 4 * 2 + e) ^ r % 4 * 8] = o[n, 2 * h + e]
+        if row0 + mtile * 16 + g + 8 * h < nrows:
+            if lane % 4 == 0:
+                red_ml[0, r] = m[h]
+                red_ml[1, r] = total
+            for n in kaio.static_range(DP // 8):
+                for e in kaio.static_range(2):
+                    red_o[r, (n * 8 + lane % 4 * 2 + e) ^ r % 4 * 8] = o[n, 2 * h + e]
     kaio.sync_threads()
     # CL > 1: this block's merged rows, read by the cluster (after red_o; over Q)
     mine_o = kaio.shared_dynamic(f32, (ROWS, DP), WARPS * 16 * DP * 4)
@@ -496,9 +499,17 @@ def merge_chunk(
     handful of memory round trips whatever the split count: the logsumexps into ``w_s``
     [MAX_SPLITS, ROWS] (shared, independent loads), one warp a row turns them into
     normalized weights (lanes over the splits, shuffle reductions), then each thread sums
-    4 adjacent columns of one row, UNROLL 16-byte loads in flight."""
+    4 adjacent columns of one row, UNROLL 16-byte loads in flight. A thread's first 4
+    columns of its first PREFETCH splits are loaded before the logsumexps, in flight with
+    them: up to 16 splits of a row chunk of up to 16 rows take one round trip, not two."""
     warp = tid // 32
     lane = kaio.lane_id()
+    pre = kaio.local(f32, (PREFETCH, 4))
+    mine = tid < nreal * (DP // 4)  # this thread has a first item (row, 4 columns)
+    for j in kaio.static_range(PREFETCH):
+        ok = j < splits and mine
+        at = ((j * rows + first + tid // (DP // 4)) * DP) + tid % (DP // 4) * 4
+        kaio.load_vector(pre[j], part, kaio.select(ok, at, 0))
     n = splits * nreal
     for i0 in range(tid, n, THREADS * 4):
         for j in kaio.static_range(4):
@@ -542,7 +553,15 @@ def merge_chunk(
         c = it % (DP // 4) * 4
         for e in kaio.static_range(4):
             acc[e] = 0.0
-        for sp0 in range(0, splits, UNROLL):
+        start = u32(0)
+        if it == tid:  # the splits prefetched
+            for j in kaio.static_range(PREFETCH):
+                ok = j < splits
+                w = w_s[kaio.select(ok, j, 0), r]
+                for e in kaio.static_range(4):
+                    acc[e] += kaio.select(ok, w * pre[j, e], 0.0)
+            start = PREFETCH
+        for sp0 in range(start, splits, UNROLL):
             for j in kaio.static_range(UNROLL):
                 ok = sp0 + j < splits
                 at = kaio.select(ok, ((sp0 + j) * rows + first + r) * DP + c, 0)

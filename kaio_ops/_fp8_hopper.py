@@ -13,10 +13,14 @@ cover the multiprocessors (``config``); a decode tile copies only the A rows the
 (``AR``, ``a_rows``: the stage's other rows keep stale bytes whose results are never
 stored), not 64 rows mostly out of bounds. With more than one consumer warpgroup the
 producer warpgroup gives its registers to them (``setmaxnreg``: 24 left to it, 240 or 160
-to each consumer; the driver's JIT on an H100 nevertheless gave local memory to the plans
-that need more than 168, where the CLI ptxas does not: docs/performance.md). ``CL = 2``:
-clusters of two blocks, which take pairs of tiles one above the other and share each B
-slice (each copies half of it into both, TMA multicast).
+to each consumer: 128 x 160 to 128 x 224 tiles hold their acc and one slice sum there;
+the runtime's whole-program JIT spills none of them, where the old relocatable one gave
+them local memory: docs/performance.md). ``CL = 2``: clusters of two blocks, which take
+pairs of tiles one above the other and share each B slice (each copies half of it into
+both, TMA multicast). ``SPLIT``: the tiles of the last, partial wave of the persistent grid
+(all of them when there are fewer tiles than multiprocessors) split along K into
+``parts`` (``unit_of``, ``split_parts``), their raw f32 sums in a workspace that
+``sum_parts`` adds in order and scales.
 
 Accumulation is promoted, as CUTLASS's default FP8 GEMMs and ``torch._scaled_mm`` (without
 ``use_fast_accum``) do: Hopper's fp8 wgmma keeps its running sum with fewer bits than f32
@@ -52,10 +56,11 @@ wgmmas) starts a fresh wgmma sum ``part`` that is then added to the f32 ``acc`` 
 
 The simulator's wgmma sums in f32 (the documented result, not the hardware's rounding), so
 it cannot tell these apart; the GPU tests compare against ``torch._scaled_mm``. On an H100
-(bench/fp8_plans.py, 2026-11-26) the modes that hold three accumulators in a 384-thread
-block (2 at 128 columns, 3) ran at a third of the speed of the others, though ptxas 13.5
-reports no spills for them: ``promotion`` keeps them to the tiles where they fit in 168
-registers.
+(bench/fp8_plans.py, 2026-11-26, under the old relocatable JIT) the modes that hold three
+accumulators in a 384-thread block (2 at 128 columns, 3) ran at a third of the speed of
+the others (local memory); built whole (ptxas, or the JIT since), two sums in turn at 128
+columns still ran at 0.82x of cuBLAS against one sum waited for's 0.91x, so ``promotion``
+keeps mode 2 to the tiles where three accumulators fit in 160 registers.
 
 PTX has no transposed 8-bit wgmma, so both operands are K-major: A [M, K] and B's transpose
 [N, K] (what a column-major B, ``torch._scaled_mm``'s layout, already is). The shared tiles
@@ -63,9 +68,10 @@ and the TMA copies do not care about the element type: they are written for 16-b
 (pairs of 8-bit values, the arrays viewed as f16 [rows, K / 2]), so a stage holds 64 units =
 128 values of K, four k32 wgmmas, and both operands use A's descriptor (K-major, SBO 1024).
 The epilogue scales the accumulators in registers first (the scales and bias loaded once a
-tile, before any store), then stores 4 adjacent columns a lane (``VEC``, lanes trading pairs:
-``_matmul_hopper.store_rows``) or a pair: ``acc * (scale_a * scale_b) (+ bias)`` rounded
-once.
+tile, before any store), then stores 4 adjacent columns a lane (``VEC`` 1, lanes trading
+pairs: ``_matmul_hopper.store_rows``), a pair (0), or (2, 16-bit outputs) each warp's 16
+rows through its shared buffer, copied out a row by a lane's asynchronous bulk copy:
+``acc * (scale_a * scale_b) (+ bias)`` rounded once.
 """
 
 # ruff: noqa: F821  (DT and ACC in annotations are dtype constexpr parameters)
@@ -134,15 +140,15 @@ def load_slice(
 @kaio.gpu_func
 def produce_all(
     sa: f16[:, :, :], sb: f16[:, :, :], bars: u64[:, :], ta: kaio.tensormap, tb: kaio.tensormap,
-    tile0: i32, count: i32, k_tiles: i32, step: i32, tiles_m: i32, tiles_n: i32,
-    BN: kaio.constexpr, STAGES: kaio.constexpr, GROUP: kaio.constexpr, ROWS: kaio.constexpr,
-    CL: kaio.constexpr, SPLIT: kaio.constexpr, AR: kaio.constexpr,
+    tile0: i32, count: i32, k_tiles: i32, step: i32, tiles_m: i32, tiles_n: i32, full: i32,
+    parts: i32, BN: kaio.constexpr, STAGES: kaio.constexpr, GROUP: kaio.constexpr,
+    ROWS: kaio.constexpr, CL: kaio.constexpr, SPLIT: kaio.constexpr, AR: kaio.constexpr,
 ):  # fmt: skip
     """The producer's loop: every K slice of the block's tiles (from tile ``tile0``, ``step``
     apart; ``count`` slices) through ``produce_fp8``, each stage reused once the consumers
-    freed it (8-bit operands, A and B^T K-major: also ``kaio_ops._int8_hopper``'s). With K
-    split ``SPLIT`` ways, ``count`` units instead: unit u (from ``tile0``, ``step`` apart)
-    is part ``u % SPLIT`` of tile ``u // SPLIT``'s K slices (``k_range``)."""
+    freed it (8-bit operands, A and B^T K-major: also ``kaio_ops._int8_hopper``'s). With
+    ``SPLIT`` (the tiles from ``full`` on split in ``parts`` along K), ``count`` units
+    instead (``unit_of``), from ``tile0``, ``step`` apart."""
     at = kaio.local(i32, (4,))
     at[0] = 0
     at[1] = tile0
@@ -159,10 +165,9 @@ def produce_all(
             advance(ring, STAGES)
     else:
         for i in range(count):
-            u = tile0 + i * step
-            at[1] = u // SPLIT
+            tile, kb, ke, _slot = unit_of(tile0 + i * step, k_tiles, full, parts)
+            at[1] = tile
             place(at, tiles_m, tiles_n, BN, GROUP, ROWS)
-            kb, ke = k_range(u % SPLIT, k_tiles, SPLIT)
             for kt in range(kb, ke):
                 wait_free(bars, ring, STAGES)
                 at[0] = kt
@@ -179,12 +184,30 @@ def wait_free(bars: u64[:, :], ring: i32[:], STAGES: kaio.constexpr):
 
 
 @kaio.gpu_func
-def k_range(part: i32, k_tiles: i32, SPLIT: kaio.constexpr):
-    """The K slices [begin, end) of part ``part`` of a tile's ``k_tiles`` split ``SPLIT``
-    ways (``(k_tiles + SPLIT - 1) // SPLIT`` each, the last part the rest)."""
-    per = (k_tiles + SPLIT - 1) // SPLIT
-    begin = part * per
+def k_range(part: i32, k_tiles: i32, parts: i32):
+    """The K slices [begin, end) of part ``part`` of a tile's ``k_tiles`` split ``parts``
+    ways (``(k_tiles + parts - 1) // parts`` each, the last part the rest)."""
+    per = (k_tiles + parts - 1) // parts
+    begin = kaio.min(part * per, k_tiles)
     return begin, kaio.min(begin + per, k_tiles)
+
+
+@kaio.gpu_func
+def unit_of(u: i32, k_tiles: i32, full: i32, parts: i32):
+    """``(tile, first slice, end slice, slot)`` of work unit ``u`` of a K-split launch:
+    units below ``full`` are whole tiles (slot -1, stored by the epilogue); the tiles from
+    ``full`` on are split in ``parts`` along K (``k_range``), unit ``full + slot`` being
+    part ``slot % parts`` of tile ``full + slot // parts`` (its raw sums go to rows
+    ``slot * ROWS ..`` of the workspace; ``sum_parts`` adds a tile's parts in order)."""
+    tile = u
+    kb = i32(0)
+    ke = k_tiles
+    slot = i32(-1)
+    if u >= full:
+        slot = u - full
+        tile = full + slot // parts
+        kb, ke = k_range(slot % parts, k_tiles, parts)
+    return tile, kb, ke, slot
 
 
 @kaio.gpu_func
@@ -417,15 +440,19 @@ def consume_pair(
 
 @kaio.gpu_func
 def epilogue_fp8(
-    acc: f32[:, :, :], out: DT[:, :], sa: f32[:], sb: f32[:], bias: DT[:], row0: i32,
-    col0: i32, m: i32, n: i32, lt: u32, BN: kaio.constexpr, ROW_A: kaio.constexpr,
-    COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr, VEC: kaio.constexpr,
+    acc: f32[:, :, :], out: DT[:, :], ebuf: DT[:, :, :], sa: f32[:], sb: f32[:],
+    bias: DT[:], row0: i32, col0: i32, m: i32, n: i32, wg: u32, lt: u32, BN: kaio.constexpr,
+    ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
+    VEC: kaio.constexpr,
 ):  # fmt: skip
     """Store a warpgroup's 64 rows from ``row0`` and BN columns from ``col0`` (thread ``lt``
     holds ``acc``, the m16n8 C fragment of each n8 tile of its warp's 16 rows): first every
     accumulator scaled (and biased) in registers, the scales per tensor (element 0) or per
-    row of a / column of b (ROW_A, COL_B) loaded before any store; then a pair of adjacent
-    columns a store (N is a multiple of 16)."""
+    row of a / column of b (ROW_A, COL_B) loaded before any store; then 4 adjacent columns
+    a store (``VEC`` 1), a pair (0), or (2, 16-bit ``DT``) the warp's 16 rows through its
+    shared buffer ``ebuf[warp]``, each row then copied out by one lane's bulk copy
+    (asynchronous: the warp goes on to its next tile; the copies read the buffer before the
+    next epilogue writes it). N is a multiple of 16."""
     lane = i32(lt % 32)
     row = row0 + 16 * i32(lt // 32) + lane // 4
     s_a = kaio.local(f32, (2,))
@@ -446,7 +473,24 @@ def epilogue_fp8(
                 acc[j, h, e] = acc[j, h, e] * (s_a[h] * s_b)
                 if BIAS:
                     acc[j, h, e] += add
-    if VEC:  # 4 adjacent columns a store (lanes trade pairs), as the f16 kernel's
+    if VEC == 2:  # through shared memory, a bulk copy a row
+        w = i32(wg) * 4 + i32(lt // 32)
+        if lane < 16:
+            kaio.bulk_wait_read(0)  # the last tile's copies have read the buffer
+        kaio.sync_warp()
+        two = kaio.local(DT, (2,))
+        for h in kaio.static_range(2):
+            for j in kaio.static_range(BN // 8):
+                two[0] = DT(acc[j, h, 0])
+                two[1] = DT(acc[j, h, 1])
+                kaio.store_vector(ebuf, (w, lane // 4 + 8 * h, 8 * j + 2 * (lane % 4)), two)
+        kaio.fence_proxy_async()
+        kaio.sync_warp()
+        r = row0 + 16 * i32(lt // 32) + lane
+        if lane < 16 and r < m:
+            kaio.bulk_store(out, (r, col0), ebuf, (w, lane, 0), kaio.min(BN, n - col0) * 2)
+            kaio.bulk_commit()
+    elif VEC:  # 4 adjacent columns a store (lanes trade pairs), as the f16 kernel's
         store_rows(acc, out, out, out, row0, col0, m, n, n, 0, 1.0, 1.0, 1.0, lt, BN, DT)
     else:
         for h in kaio.static_range(2):
@@ -464,28 +508,28 @@ def epilogue_fp8(
 def consume_tiles(
     acc: f32[:, :, :], part0: f32[:, :, :], part1: f32[:, :, :], sa_s: f16[:, :, :],
     sb_s: f16[:, :, :], bars: u64[:, :], turn: u64[:], ring: i32[:], out: DT[:, :],
-    ws: f32[:, :], sa: f32[:], sb: f32[:], bias: DT[:], tile0: i32, step: i32, my_tiles: i32,
-    k_tiles: i32,
-    tiles_m: i32, tiles_n: i32, rank: i32, m: i32, n: i32, wg: u32, lt: u32,
+    ebuf: DT[:, :, :], ws: f32[:, :], sa: f32[:], sb: f32[:], bias: DT[:], tile0: i32,
+    step: i32, my_tiles: i32,
+    k_tiles: i32, tiles_m: i32, tiles_n: i32, full: i32, parts: i32, rank: i32, m: i32, n: i32,
+    wg: u32, lt: u32,
     ROWS: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, PROMOTE: kaio.constexpr,
     GROUP: kaio.constexpr, ROW_A: kaio.constexpr, COL_B: kaio.constexpr,
     BIAS: kaio.constexpr, DT: kaio.constexpr, FP8: kaio.constexpr, VEC: kaio.constexpr,
     CL: kaio.constexpr, SPLIT: kaio.constexpr,
 ):  # fmt: skip
     """A consumer warpgroup's tiles: each one's sums (``consume``), then its epilogue; with
-    K split ``SPLIT`` ways, its units (``produce_units``), each part's raw sums stored in
-    rows ``part * m ..`` of ``ws`` (``sum_parts`` adds them)."""
+    ``SPLIT``, its units (``unit_of``: whole tiles below ``full``, then parts of the split
+    tiles, whose raw sums go to rows ``slot * ROWS ..`` of ``ws`` for ``sum_parts``)."""
     here = kaio.local(i32, (4,))
     for i in range(my_tiles):
         u = tile0 + i * step
         count = k_tiles
-        part = i32(0)
+        slot = i32(-1)
         here[1] = u
         if SPLIT > 1:
-            part = u % SPLIT
-            kb, ke = k_range(part, k_tiles, SPLIT)
+            tile, kb, ke, slot = unit_of(u, k_tiles, full, parts)
             count = ke - kb
-            here[1] = u // SPLIT
+            here[1] = tile
         if PROMOTE == 5 or PROMOTE == 6:  # two sums in turn, one group in flight
             zero(acc, BN)
             consume_pair(acc, part0, part1, sa_s, sb_s, bars, ring, count, wg, lt, BN, STAGES,
@@ -499,18 +543,22 @@ def consume_tiles(
                     PROMOTE, FP8, f32, CL)  # fmt: skip
         place(here, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
         row0 = here[2] + rank * ROWS + 64 * i32(wg)
-        if SPLIT > 1:
-            store_rows(acc, ws, ws, ws, part * m + row0, here[3], (part + 1) * m, n, n, 0, 1.0,
-                       1.0, 1.0, lt, BN, f32)  # fmt: skip
+        if slot >= 0:  # a part of a split tile (SPLIT): its raw sums, BN columns a row
+            store_rows(acc, ws, ws, ws, slot * ROWS + 64 * i32(wg), 0, (slot + 1) * ROWS, BN,
+                       BN, 0, 1.0, 1.0, 1.0, lt, BN, f32)  # fmt: skip
         else:
-            epilogue_fp8(acc, out, sa, sb, bias, row0, here[3], m, n, lt, BN, ROW_A, COL_B,
-                         BIAS, DT, VEC)  # fmt: skip
+            epilogue_fp8(acc, out, ebuf, sa, sb, bias, row0, here[3], m, n, wg, lt, BN, ROW_A,
+                         COL_B, BIAS, DT, VEC)  # fmt: skip
+    if VEC == 2:
+        if lt % 32 < 16:
+            kaio.bulk_wait(0)  # (the buffer stays until its copies are done)
 
 
 @kaio.gpu_kernel
 def matmul_fp8_wgmma(
     ta: kaio.tensormap, tb: kaio.tensormap, out: DT[:, :], ws: f32[:, :], sa: f32[:],
-    sb: f32[:], bias: DT[:], m: i32, n: i32, k2: i32, WG: kaio.constexpr, BN: kaio.constexpr,
+    sb: f32[:], bias: DT[:], m: i32, n: i32, k2: i32, full: i32, parts: i32,
+    WG: kaio.constexpr, BN: kaio.constexpr,
     STAGES: kaio.constexpr, PROMOTE: kaio.constexpr, GROUP: kaio.constexpr,
     ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
     FP8: kaio.constexpr, VEC: kaio.constexpr, CL: kaio.constexpr, SPLIT: kaio.constexpr,
@@ -519,7 +567,10 @@ def matmul_fp8_wgmma(
     """out = (A @ B) * sa * sb (+ bias): A [m, K] through ``ta`` and B^T [n, K] through
     ``tb``, both as 16-bit units [rows, k2 = K / 2]; ``64 * WG x BN`` tiles; with ``CL = 2``
     clusters of two blocks, which take pairs of tiles one above the other and share the
-    copies of their B slices (multicast). ``AR``: the A rows a copy brings (``a_rows``)."""
+    copies of their B slices (multicast). ``AR``: the A rows a copy brings (``a_rows``).
+    ``SPLIT`` (one block a cluster): the tiles from ``full`` on split in ``parts`` along K,
+    their raw sums in ``ws`` [(tiles - full) * parts * 64 WG, BN] (``unit_of``), added by
+    ``sum_parts``."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL == 2:
         kaio.cluster_dims(2)
@@ -529,6 +580,12 @@ def matmul_fp8_wgmma(
     sb_s = kaio.shared_dynamic(f16, (STAGES, BN, BK), STAGES * A_BYTES)
     bars = kaio.shared_dynamic(u64, (2, STAGES), STAGES * (A_BYTES + BK * BN * 2))
     turn = kaio.shared_dynamic(u64, (2,), STAGES * (A_BYTES + BK * BN * 2 + 16))
+    # VEC 2: each consumer warp's 16 rows of C on their way out (rows padded by 16 bytes)
+    on = VEC == 2  # (else a stub of 8 values)
+    ebuf = kaio.shared_dynamic(
+        DT, (1 + (WG * 4 - 1) * on, 1 + 15 * on, 8 + BN * on),
+        STAGES * (A_BYTES + BK * BN * 2 + 16) + 16,
+    )  # fmt: skip
     t = kaio.thread_idx_x()
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
     lt = t % 128
@@ -545,8 +602,9 @@ def matmul_fp8_wgmma(
         step = step // 2
         my_tiles = (tiles_m * tiles_n - tile0 + step - 1) // step
         slices = my_tiles * k_tiles
-    if SPLIT > 1:  # units: SPLIT parts of each tile's K slices
-        my_tiles = (tiles_m * tiles_n * SPLIT - tile0 + step - 1) // step
+    if SPLIT > 1:  # units: the whole tiles, then the parts of the split ones (unit_of)
+        units = full + (tiles_m * tiles_n - full) * parts
+        my_tiles = (units - tile0 + step - 1) // step
     init_ring(bars, t, STAGES, WG * CL)  # "free": lane 0 of each consumer warpgroup (of both)
     if CL == 2:
         kaio.cluster_sync()  # the other block's barriers are ready before any copy
@@ -565,22 +623,22 @@ def matmul_fp8_wgmma(
         if WG > 1:  # the registers the producer warpgroup gave up
             kaio.setmaxnreg_inc(CONSUMER_REGS[WG])
         if PROMOTE == 4 and wg == 0:  # turns: a loop in each branch (the simulator's turns)
-            consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ws, sa, sb,
-                          bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, rank, m, n, wg,
-                          lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B, BIAS, DT, FP8, VEC,
-                          CL, SPLIT)  # fmt: skip
+            consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ebuf, ws, sa, sb,
+                          bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
+                          rank, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
+                          BIAS, DT, FP8, VEC, CL, SPLIT)  # fmt: skip
         else:
-            consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ws, sa, sb,
-                          bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, rank, m, n, wg,
-                          lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B, BIAS, DT, FP8, VEC,
-                          CL, SPLIT)  # fmt: skip
+            consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ebuf, ws, sa, sb,
+                          bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
+                          rank, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
+                          BIAS, DT, FP8, VEC, CL, SPLIT)  # fmt: skip
     else:  # the producer warpgroup: its first thread issues the copies
         if WG > 1:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         if lt == 0:
             produce_all(sa_s, sb_s, bars, ta, tb, tile0, my_tiles if SPLIT > 1 else slices,
-                        k_tiles, step, tiles_m, tiles_n, BN, STAGES, GROUP, ROWS, CL,
-                        SPLIT, AR)  # fmt: skip
+                        k_tiles, step, tiles_m, tiles_n, full, parts, BN, STAGES, GROUP, ROWS,
+                        CL, SPLIT, AR)  # fmt: skip
     if CL == 2:
         kaio.cluster_sync()  # no block leaves while the other may still write to it
 
@@ -588,63 +646,127 @@ def matmul_fp8_wgmma(
 @kaio.gpu_kernel(block_size=SUM_THREADS)
 def sum_parts(
     ws: f32[:, :], out: DT[:, :], sa: f32[:], sb: f32[:], bias: DT[:], m: i32, n: i32,
-    SPLIT: kaio.constexpr, ROW_A: kaio.constexpr, COL_B: kaio.constexpr,
-    BIAS: kaio.constexpr, DT: kaio.constexpr,
+    full: i32, parts: i32, ROWS: kaio.constexpr, BN: kaio.constexpr, GROUP: kaio.constexpr,
+    ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
-    """out = (the sum of ``ws``'s SPLIT parts, in order) * sa * sb (+ bias): a pair of
-    columns a thread (``_fp8.store_scaled``, the epilogue's arithmetic)."""
+    """The split tiles of ``matmul_fp8_wgmma`` (``ROWS x BN`` tiles from number ``full``
+    on): out = (the sum of a tile's ``parts`` raw partial tiles in ``ws``, in order) * sa *
+    sb (+ bias), a pair of columns a thread (``_fp8.store_scaled``, the epilogue's
+    arithmetic)."""
     idx = i32(kaio.block_idx_x() * SUM_THREADS + kaio.thread_idx_x())
-    if idx < m * (n // 2):
-        row = idx // (n // 2)
-        col = 2 * (idx % (n // 2))
-        v = kaio.local(f32, (2,))
-        kaio.load_vector(v, ws, (row, col))
-        for p in kaio.static_range(1, SPLIT):
-            w = kaio.local(f32, (2,))
-            kaio.load_vector(w, ws, (p * m + row, col))
-            v[0] += w[0]
-            v[1] += w[1]
-        store_scaled(out, u32(row), u32(col), v[0], v[1], sa, sb, bias, ROW_A, COL_B, BIAS, DT)
+    per = ROWS * (BN // 2)  # pairs a tile
+    tiles_m = (m + ROWS - 1) // ROWS
+    tiles_n = (n + BN - 1) // BN
+    j = idx // per  # the split tile
+    if j < tiles_m * tiles_n - full:
+        at = kaio.local(i32, (4,))
+        at[1] = full + j
+        place(at, tiles_m, tiles_n, BN, GROUP, ROWS)
+        r = (idx % per) // (BN // 2)
+        c = 2 * (idx % (BN // 2))
+        if at[2] + r < m and at[3] + c < n:
+            v = kaio.local(f32, (2,))
+            kaio.load_vector(v, ws, (j * parts * ROWS + r, c))
+            for p in range(1, parts):
+                w = kaio.local(f32, (2,))
+                kaio.load_vector(w, ws, ((j * parts + p) * ROWS + r, c))
+                v[0] += w[0]
+                v[1] += w[1]
+            store_scaled(out, u32(at[2] + r), u32(at[3] + c), v[0], v[1], sa, sb, bias, ROW_A,
+                         COL_B, BIAS, DT)  # fmt: skip
 
 
-def shared_bytes(wg: int, bn: int, stages: int) -> int:
+def shared_bytes(wg: int, bn: int, stages: int, vec: int = 1) -> int:
     """The dynamic shared memory of a ``64 * wg x bn`` tile ring of ``stages`` (8-bit
-    operands, 128 values of K a stage), its barriers and the two turn barriers."""
-    return stages * ((64 * wg + bn) * BK * 2 + 16) + 16
+    operands, 128 values of K a stage), its barriers, the two turn barriers and the consumer
+    warps' epilogue buffers of 16-bit values (``vec`` 2; else a stub)."""
+    ebuf = wg * 4 * 16 * (bn + 8) * 2 if vec == 2 else 32  # (a stub: 8 values)
+    return stages * ((64 * wg + bn) * BK * 2 + 16) + 16 + ebuf
 
 
-def stages_for(wg: int, bn: int, most: int = 12) -> int:
-    """The ring stages that fit in shared memory (at most ``most``)."""
-    return max(2, min(most, SHARED_LIMIT // shared_bytes(wg, bn, 1)))
+def stages_for(wg: int, bn: int, most: int = 12, vec: int = 1) -> int:
+    """The ring stages that fit in shared memory (at most ``most``) beside the rest
+    (``shared_bytes``)."""
+    per = shared_bytes(wg, bn, 1, vec) - shared_bytes(wg, bn, 0, vec)
+    return max(2, min(most, (SHARED_LIMIT - shared_bytes(wg, bn, 0, vec)) // per))
 
 
 def promotion(wg: int, bn: int) -> int:
-    """The ``PROMOTE`` mode of a ``64 * wg x bn`` tile (module docstring): two slice sums in
-    turn where the three accumulators fit in registers (168 a thread with 384 threads),
-    else one sum waited for, halves past 128 columns."""
-    if bn > 128:
+    """The ``PROMOTE`` mode of a ``64 * wg x bn`` tile (module docstring). One warpgroup:
+    two slice sums in turn up to 128 columns, 128-column halves past that. Two or three:
+    two sums in turn where the three accumulators fit in 160 registers, else one sum waited
+    for (acc and one sum fit the 240 registers that ``setmaxnreg`` gives two consumer
+    warpgroups up to 224 columns: the whole-program JIT spills none of them), halves past
+    224."""
+    if wg == 1:
+        return 3 if bn > 128 else 2
+    if bn > 224:
         return 3
-    if wg == 1 or (wg == 2 and 3 * bn // 2 <= 160):
+    if wg == 2 and 3 * bn // 2 <= 160:
         return 2
-    return 1  # 4 (turns) passes the simulator, not yet timed on a GPU
+    return 1
 
 
-def plan(wg: int, bn: int, cl: int = 1) -> tuple[int, int, int, int, int, int]:
-    """The full plan (WG, BN, STAGES, PROMOTE, VEC, CL) of a tile shape."""
-    return wg, bn, stages_for(wg, bn), promotion(wg, bn), 1, cl
+def plan(wg: int, bn: int, cl: int = 1, split: int = 1) -> tuple:
+    """The full plan (WG, BN, STAGES, PROMOTE, VEC, CL, SPLIT) of a tile shape."""
+    return wg, bn, stages_for(wg, bn), promotion(wg, bn), 1, cl, split
 
 
-LARGE = (2, 128, 1)  # the (WG, BN, CL) of large products (measured: docs/performance.md)
+# (WG, BN, CL): a tile's work (rows x columns) a unit of time, relative (1: cuBLAS FP8 at
+# 8192^3). Measured on an H100 under the whole-program JIT (bench/fp8_plans.py --cases
+# sweepwide, 2026-11-26: the median over M >= 1024 of the 8 Llama-3 shapes, the 64-column
+# tiles' and 128 x 128's fitted to the M = 128 and 256 cases, where they win; 224 columns
+# timed at 4096^3 and 8192^3 only; docs/performance.md). Clusters of two ran slower (0.85
+# to 0.95 of the same tile alone), so none is routed.
+RATES = {
+    (2, 128, 1): 0.90,
+    (2, 160, 1): 0.934,
+    (2, 192, 1): 0.96,
+    (2, 208, 1): 0.964,
+    (2, 224, 1): 0.95,
+    (2, 256, 1): 0.92,
+    (2, 64, 1): 0.60,
+    (1, 64, 1): 0.50,
+}
+SPLIT_COST = 1e-6  # seconds a K split adds (the sum_parts launch), besides its workspace
+SM_RATE = 1450e12 / 132  # FLOP/s a multiprocessor at rate 1 (cuBLAS FP8 at 8192^3, H100)
+WS_RATE = 1e12  # bytes/s of the workspace's round trip (fitted to the same sweep)
+HBM_RATE = 3.0e12  # bytes/s an H100 reads and writes (the floor of a memory-bound product)
 
 
-def config(m: int, n: int, k: int, sms: int) -> tuple[int, int, int, int, int, int]:
-    """(WG, BN, STAGES, PROMOTE, VEC, CL) for an ``m x n`` output on ``sms``
+def estimate(m: int, n: int, k: int, sms: int, wg: int, bn: int, cl: int) -> tuple:
+    """(seconds, seconds without the memory floor: the tie-break, split) that ``config``'s
+    model gives a ``64 * wg x bn`` tile (``cl`` blocks a cluster) at ``m x n x k``: the
+    waves of tiles on the persistent grid (the last wave's tiles split along K where
+    ``split_parts`` says so) times a tile's time at its ``RATES`` speed, no less than the
+    time to read the operands once (memory-bound products), plus a split's fixed cost and
+    its workspace's traffic (splits only for tiles of 128 columns or more: the ones
+    measured split), or unsplit where that is less."""
+    rows = 64 * wg * cl
+    tiles = -(-m // rows) * -(-n // bn)
+    slots = sms // cl
+    tile_s = 2.0 * rows * bn * k / (RATES[wg, bn, cl] * SM_RATE * cl)
+    parts = split_parts(tiles, slots, k // 128) if cl == 1 and bn >= 128 else 1
+    tail = tiles % slots if tiles >= slots else tiles
+    waves = tiles // slots if tiles >= slots else 0
+    floor = (m * k + n * k + 2 * m * n) / HBM_RATE  # the operands read once, C written
+    compute = (waves + (tail > 0)) * tile_s
+    best = (max(compute, floor), compute, 1)
+    if parts > 1:
+        extra = SPLIT_COST + tail * parts * rows * bn * 8 / WS_RATE
+        compute = (waves + -(-parts * tail // slots) / parts) * tile_s
+        best = min(best, (max(compute, floor) + extra, compute + extra, parts))
+    return best
+
+
+def config(m: int, n: int, k: int, sms: int) -> tuple:
+    """(WG, BN, STAGES, PROMOTE, VEC, CL, SPLIT) for an ``m x n`` output on ``sms``
     multiprocessors. Up to 64 rows the weights' bytes are the cost: 64-row tiles of 16 to 128
     columns (two slice sums in turn), the width that fills the waves of tiles best (each tile
     costs about 64 columns more than its width: 32 columns for N = 4096, 48 for 6144, 112
-    for 28672). Past that, the large tile once its tiles fill two thirds of the
-    multiprocessors, else the fewest waves of 64-column tiles (two warpgroups, or one for
-    more tiles). Measured on an H100 (bench/fp8_plans.py; docs/performance.md)."""
+    for 28672). Past that, the tile of ``RATES`` whose ``estimate`` is least: its speed
+    times how well its tiles fill the waves, the last wave's tiles split along K where that
+    shortens it. Measured on an H100 (bench/fp8_plans.py; docs/performance.md)."""
 
     def waves(rows: int, bn: int) -> int:
         return -(-(-(-m // rows) * -(-n // bn)) // sms)
@@ -652,10 +774,8 @@ def config(m: int, n: int, k: int, sms: int) -> tuple[int, int, int, int, int, i
     if m <= 64:
         bn = min(range(16, 129, 16), key=lambda b: (waves(64, b) * (b + 64), -b))
         return plan(1, bn)
-    wg, bn, cl = LARGE
-    if 3 * -(-m // (64 * wg)) * -(-n // bn) >= 2 * sms:
-        return plan(wg, bn, cl)
-    return plan(*min(((2, 64), (1, 64)), key=lambda p: (waves(64 * p[0], p[1]), p[0])))
+    (*_, split), tile = min((estimate(m, n, k, sms, *tile), tile) for tile in RATES)
+    return plan(*tile, split)
 
 
 def a_rows(m: int, wg: int, cl: int) -> int:
@@ -666,6 +786,31 @@ def a_rows(m: int, wg: int, cl: int) -> int:
     return 64 * wg
 
 
+def split_from(tiles: int, sms: int, parts: int) -> int:
+    """The first tile that a K split ``parts`` ways splits (``unit_of``'s ``full``) on a
+    persistent grid of at most ``sms`` blocks: every tile when there are fewer tiles than
+    blocks; else those of the last, partial wave (none when the tiles fill whole waves, or
+    ``parts`` is 1)."""
+    if parts == 1:
+        return tiles
+    if tiles < sms:
+        return 0
+    return tiles - tiles % sms
+
+
+def split_parts(tiles: int, sms: int, k_tiles: int, most: int = 4) -> int:
+    """The K split (``split_from``) that most shortens a persistent launch of ``tiles``
+    equal tiles on ``sms`` blocks, 1 unless it saves a fifth of a tile's time: the split
+    tiles' parts run as ``ceil(parts * tail / sms)`` rounds of ``1 / parts`` of a tile (at
+    most ``most`` parts, each at least 2 of the ``k_tiles`` K slices)."""
+    tail = tiles % sms if tiles >= sms else tiles
+    if tail == 0:
+        return 1
+    options = [(-(-p * tail // sms) / p, p) for p in range(2, min(most, k_tiles // 2) + 1)]
+    cost, parts = min(options, default=(1.0, 1))
+    return parts if cost <= 0.8 else 1
+
+
 def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: str, dt,
            flags: dict, sms: int, stream, plan: tuple | None = None, *,
            like=None) -> None:  # fmt: skip
@@ -673,35 +818,47 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     and ``bt_units``: A [m, k] and B^T [n, k] viewed as f16 [rows, k / 2] (for the tensor
     maps); the other arrays as ``_fp8._mm_fp8`` takes them; ``flags``: its ROW_A, COL_B and
     BIAS; ``plan``: (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT]]), default ``config``'s;
-    ``like``: the ``_arrays.Operand`` a K split's workspace is made like (f32 [SPLIT m, n],
-    summed by ``sum_parts``)."""
+    SPLIT > 1 (one block a cluster): the tiles of the last partial wave split that many
+    ways along K (``split_from``), their raw sums in a workspace made like ``like`` (an
+    ``_arrays.Operand``), added by ``sum_parts``."""
     from kaio_ops.linear import _placeholder
 
     wg, bn, stages, promote_mode, vec, *rest = plan or config(m, n, k, sms)
-    cl = rest[0] if rest else 1
-    split = rest[1] if len(rest) > 1 else 1
+    cl, split = (*rest, *(1, 1)[len(rest) :])[:2]
+    if split > 1 and cl > 1:
+        raise ValueError(f"matmul_fp8: plan {plan}: a K split needs CL = 1 (one block a tile)")
     rows = 64 * wg
     ar = a_rows(m, wg, cl)
     ta = kaio.tensor_map_2d(a_units, (ar, BK), SW)
     tb = kaio.tensor_map_2d(bt_units, (bn // cl, BK), SW)
     constexprs = dict(
         WG=wg, BN=bn, STAGES=stages, PROMOTE=promote_mode, GROUP=GROUP_ROWS, **flags, DT=dt,
-        FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=split, AR=ar,
+        FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=min(split, 2), AR=ar,
     )  # fmt: skip
-    threads, shared = wg * 128 + 128, shared_bytes(wg, bn, stages)
-    tiles = -(-m // (rows * cl)) * -(-n // bn) * split
+    if vec == 2 and dt.itemsize != 2:
+        vec = 1  # (the shared buffers hold 16-bit outputs)
+        constexprs["VEC"] = 1
+    threads, shared = wg * 128 + 128, shared_bytes(wg, bn, stages, vec)
+    tiles = -(-m // (rows * cl)) * -(-n // bn)
+    full = split_from(tiles, sms, split)
+    units = full + (tiles - full) * split
     if cl == 1:
-        grid = min(sms, tiles)
+        grid = min(sms, units)
     else:
         grid = 2 * min(tiles, _clusters(threads, shared, constexprs))
-    ws = _arrays.output(like, (split * m, n), f32) if split > 1 else _placeholder(like, f32, 2)
+    if full < tiles:
+        ws = _arrays.output(like, ((tiles - full) * split * rows, bn), f32)
+    else:
+        ws = _placeholder(like, f32, 2)
     matmul_fp8_wgmma[grid, threads, stream, shared](
-        ta, tb, out, ws, sa, sb, bias, m, n, k // 2, **constexprs
+        ta, tb, out, ws, sa, sb, bias, m, n, k // 2, full, split, **constexprs
     )
-    if split > 1:
-        sum_parts[-(-m * (n // 2) // SUM_THREADS), SUM_THREADS, stream](
-            ws, out, sa, sb, bias, m, n, SPLIT=split, **flags, DT=dt
-        )
+    if full < tiles:
+        pairs = (tiles - full) * rows * bn // 2
+        sum_parts[-(-pairs // SUM_THREADS), SUM_THREADS, stream](
+            ws, out, sa, sb, bias, m, n, full, split, ROWS=rows, BN=bn, GROUP=GROUP_ROWS,
+            **flags, DT=dt,
+        )  # fmt: skip
 
 
 _CLUSTERS: dict = {}
@@ -720,7 +877,8 @@ def _clusters(threads: int, shared: int, constexprs: dict) -> int:
 
 
 # (WG, BN) tile shapes for the PTX checks (the decode widths config picks among them)
-PLANS = [(2, 128), (2, 64), (1, 64), (1, 128), (1, 256), (3, 128), (2, 96), (1, 32), (1, 112)]
+PLANS = [(2, 128), (2, 64), (1, 64), (1, 128), (1, 256), (3, 128), (2, 96), (1, 32), (1, 112),
+         (2, 160), (2, 192), (2, 208), (2, 224), (2, 256)]  # fmt: skip
 
 
 def specializations():
@@ -732,11 +890,16 @@ def specializations():
     for i, (wg, bn) in enumerate(PLANS):
         name, dt = combos[i % len(combos)]
         flags = {"ROW_A": i % 2, "COL_B": (i // 2) % 2, "BIAS": (i + 1) // 3 % 2}
-        w, b, stages, promote_mode, vec, cl = plan(wg, bn)
+        w, b, stages, promote_mode, vec, cl, _ = plan(wg, bn)
         tile = {"WG": w, "BN": b, "STAGES": stages, "PROMOTE": promote_mode}
         yield matmul_fp8_wgmma, {**tile, "GROUP": GROUP_ROWS, **flags, "DT": dt,
                                  "FP8": FP8_TYPES[name], "VEC": vec, "CL": cl,
                                  "SPLIT": 2 if wg == 1 and bn == 64 else 1,
                                  "AR": {128: 16, 32: 8}.get(bn, 64) if wg == 1
                                  else 64 * wg}  # fmt: skip
-    yield sum_parts, {"SPLIT": 2, "ROW_A": 1, "COL_B": 0, "BIAS": 1, "DT": bf16}
+    shared_c = {"WG": 2, "BN": 208, "STAGES": stages_for(2, 208, vec=2), "PROMOTE": 1,
+                "GROUP": GROUP_ROWS, "ROW_A": 0, "COL_B": 1, "BIAS": 1, "DT": bf16,
+                "FP8": e4m3, "VEC": 2, "CL": 1, "SPLIT": 1, "AR": 128}  # fmt: skip
+    yield matmul_fp8_wgmma, shared_c  # (C through shared memory)
+    yield sum_parts, {"ROWS": 64, "BN": 64, "GROUP": GROUP_ROWS, "ROW_A": 1, "COL_B": 0,
+                      "BIAS": 1, "DT": bf16}  # fmt: skip

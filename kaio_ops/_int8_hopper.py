@@ -97,8 +97,8 @@ def matmul_int8_wgmma(
             store_int8(acc, out, alpha, tile0 + i * step, tiles_m, tiles_n, m, n, wg, lt, BN,
                        GROUP)  # fmt: skip
     elif t == CONSUMERS:  # the producer
-        produce_all(sa_s, sb_s, bars, ta, tb, tile0, slices, k_tiles, step, tiles_m, tiles_n, BN,
-                    STAGES, GROUP, BM, 1, 1, BM)  # fmt: skip
+        produce_all(sa_s, sb_s, bars, ta, tb, tile0, slices, k_tiles, step, tiles_m, tiles_n, 0,
+                    1, BN, STAGES, GROUP, BM, 1, 1, BM)  # fmt: skip
 
 
 def eligible(a, k: int) -> bool:

@@ -88,11 +88,23 @@ def test_kaio_ops_imports_only_public_kaio_names(path):
     assert not bad, "private kaio names (export them from kaio.runtime instead):\n" + "\n".join(bad)
 
 
-def test_the_llvm_backend_imports_no_private_ptx_name():
-    bad = [
-        f"{path.name}:{line}: from {module} import {name}"
-        for path in sorted((ROOT / "kaio" / "llvm").glob("*.py"))
-        for module, name, line in _from_imports(path)
-        if module.startswith("kaio.ptx") and name and name.startswith("_")
-    ]
+def _layer(module: str) -> str:
+    """The layer of a kaio module: its subpackage (``kaio.ptx``, ``kaio.sim``...); the
+    builtin modules (``kaio.lang``, ``kaio.lang_hopper``, ``kaio.lang_fp8``) fill one table
+    and are one layer."""
+    parts = module.split(".")
+    return "kaio.lang" if parts[1].startswith("lang") else ".".join(parts[:2])
+
+
+def test_no_layer_imports_another_layers_private_names():
+    """The LLVM backend no private name of the PTX emitter, the runtime none of the compiler's,
+    and so on (the package's root, kaio/__init__.py, assembles the public names)."""
+    bad = []
+    for path in sorted((ROOT / "kaio").rglob("*.py")):
+        if path == ROOT / "kaio" / "__init__.py":
+            continue
+        own = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        for module, name, line in _from_imports(path):
+            if name and name.startswith("_") and _layer(module) != _layer(own):
+                bad.append(f"{path.relative_to(ROOT)}:{line}: from {module} import {name}")
     assert not bad, bad

@@ -1,4 +1,4 @@
-"""Every IR op has an entry in each backend's lowering table."""
+"""Every IR op has an entry in each backend's lowering table and in the simulator's."""
 
 from kaio.ir.ops import OPS
 from kaio.ptx.lowering import LOWERING
@@ -14,6 +14,16 @@ def test_every_op_has_sim_semantics():
 
     assert sorted(set(OPS) - set(SEMANTICS)) == []
     assert sorted(set(SEMANTICS) - set(OPS)) == []
+
+
+def test_every_op_has_llvm_lowering():
+    import pytest
+
+    pytest.importorskip("llvmlite")
+    from kaio.llvm.lowering import LOWERING as LLVM_LOWERING
+
+    assert sorted(set(OPS) - set(LLVM_LOWERING)) == []
+    assert sorted(set(LLVM_LOWERING) - set(OPS)) == []
 
 
 def test_every_special_op_declares_its_operands():
@@ -47,3 +57,24 @@ def test_verifier_checks_declared_operands():
         with pytest.raises(ValueError, match=instr.op):
             verify(fn)
         fn.body.pop()
+
+
+def test_op_table_refuses_unknown_and_repeated_ops():
+    """A backend's table takes each op of the catalogue once, by name."""
+    import pytest
+
+    from kaio.ir.ops import OpTable
+
+    table = OpTable()
+
+    @table.register("add", "sub")
+    def lower(backend, ins):
+        """A lowering."""
+
+    assert table == {"add": lower, "sub": lower}
+    with pytest.raises(ValueError, match="'addd' is not an IR op"):
+        table.register("addd")(lower)
+    with pytest.raises(ValueError, match="'add' already has an entry"):
+        table.add("add", lower)
+    with pytest.raises(ValueError, match="'sub' already has an entry"):
+        table.include({"mul": lower, "sub": lower})

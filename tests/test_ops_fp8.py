@@ -203,7 +203,9 @@ def test_matmul_hopper_kernel_sim(monkeypatch):
         ((2, 128, 2, 2, 1, 2), 300, 272, 384, "both", "bf16"),  # clusters of two, multicast B
         ((3, 96, 2, 2, 1), 200, 208, 256, "row", "f16"),  # three consumer warpgroups
         ((2, 128, 3, 4, 1), 260, 144, 384, "col", "bf16"),  # warpgroups issuing in turn
-        ((1, 64, 3, 2, 1, 1, 3), 20, 128, 640, "both", "f16"),  # K split 3 ways (5 slices)
+        ((1, 64, 3, 2, 1, 1, 3), 20, 192, 640, "both", "f16"),  # last tile split 3 ways
+        ((2, 192, 2, 1, 1, 1, 2), 100, 176, 384, "row", "bf16"),  # 1 tile, 2 blocks: K split
+        ((2, 192, 2, 1, 2), 200, 432, 256, "both", "f16"),  # C through shared, bulk copies
         ((2, 128, 3, 21, 1), 130, 144, 640, "row", "bf16"),  # promoted every 2, staggered
         ((2, 128, 3, 5, 1), 70, 144, 384, "both", "f16"),  # halves, one in flight
         ((2, 128, 3, 6, 1), 130, 144, 640, "row", "f16"),  # two full sums, one in flight
@@ -240,6 +242,44 @@ def test_hopper_plans_sim(plan, m, n, k, scales, out, monkeypatch):
     mag = matmul_reference(np.abs(a.astype(np.float64)), np.abs(w.T.astype(np.float64)), sa, sb)
     assert np.all(np.abs(got.astype(np.float64) - ref) <= np.abs(ref) * eps + 1e-6 * mag + 1e-3)
     assert np.abs(ref).max() > 100
+
+
+def test_split_of_the_last_wave():
+    """The K split splits only the last partial wave's tiles, into the parts that make it
+    shortest: 4096^3 in 128 x 192 tiles is 704 tiles on 132 multiprocessors, 5 whole waves
+    and 44 tiles split 3 ways (132 parts: one more round of a third of a tile); tiles that
+    fill whole waves are not split; fewer tiles than multiprocessors are all split."""
+    from kaio_ops import _fp8_hopper as H
+
+    assert (H.split_parts(704, 132, 32), H.split_from(704, 132, 3)) == (3, 660)
+    assert H.split_parts(528, 132, 32) == 1 and H.split_from(528, 132, 3) == 528
+    assert (H.split_parts(32, 132, 32), H.split_from(32, 132, 4)) == (4, 0)
+    assert H.split_parts(32, 132, 4) == 2  # two slices a part at least
+    assert H.split_parts(250, 132, 64) == 1  # 118 tiles left: a split saves nothing
+    assert H.split_from(704, 132, 1) == 704
+
+
+@pytest.mark.parametrize("sms", [132, 114, 78])
+def test_config_plans_fit(sms):
+    """Every plan ``config`` picks over the M sweep (1..8192) at the Llama-3 shapes fits: its
+    ring in shared memory, a promotion mode its registers hold, a K split only with one
+    block a tile and two slices a part; on an H100's 132 multiprocessors 4096^3 and 8192^3
+    take tiles of 192 columns or more (faster than 128 x 128 tiles there: the H100 rounds'
+    sweep, docs/performance.md)."""
+    from kaio_ops import _fp8_hopper as H
+
+    shapes = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (10240, 8192),
+              (8192, 8192), (57344, 8192), (8192, 28672)]  # fmt: skip
+    for m in [1 << i for i in range(14)] + [3, 100, 1000]:
+        for n, k in shapes:
+            wg, bn, stages, promote, vec, cl, split = H.config(m, n, k, sms)
+            assert H.shared_bytes(wg, bn, stages) <= H.SHARED_LIMIT
+            assert promote == H.promotion(wg, bn)
+            assert (wg, bn, cl) in H.RATES or (wg == 1 and bn <= 128 and m <= 64)
+            assert split == 1 or (cl == 1 and k // 128 >= 2 * split)
+    assert {(wg, bn) for wg, bn, _ in H.RATES} <= set(H.PLANS)  # each in the PTX checks
+    if sms == 132:
+        assert min(H.config(s, s, s, sms)[1] for s in (4096, 8192)) >= 192
 
 
 def test_matmul_torch_dtypes_accepted():
@@ -316,7 +356,8 @@ def test_hopper_kernel_assembles_for_sm_90a():
             assert " 0 bytes spill stores" in assemble(ptx, "sm_90")
             continue
         fp8 = constexprs["FP8"].name
-        assert f"wgmma.mma_async.sync.aligned.m64n{min(constexprs['BN'], 128)}k32.f32.{fp8}" in ptx
+        width = constexprs["BN"] // (2 if constexprs["PROMOTE"] in (3, 5) else 1)  # halves
+        assert f"wgmma.mma_async.sync.aligned.m64n{width}k32.f32.{fp8}" in ptx
         assert " 0 bytes spill stores" in assemble(ptx, "sm_90a")
 
 
@@ -412,17 +453,42 @@ def test_matmul_gpu_vs_scaled_mm(shape, scales, path, monkeypatch):
     "wg, bn, split, promote",
     [(2, 128, 1, None), (2, 96, 1, None), (3, 128, 1, None), (2, 64, 1, None), (1, 64, 1, None),
      (1, 256, 1, None), (1, 64, 3, None), (2, 128, 1, 5), (2, 128, 1, 21), (2, 192, 1, 41),
-     (1, 32, 1, 20), (1, 112, 1, None), (1, 48, 1, None)],
+     (1, 32, 1, 20), (1, 112, 1, None), (1, 48, 1, None), (2, 192, 1, None),
+     (2, 224, 1, None), (2, 208, 3, None), (2, 256, 2, None)],
 )  # fmt: skip
 def test_hopper_plans_gpu_vs_scaled_mm(wg, bn, split, promote, vec, monkeypatch):
     """Every tile shape of the sm_90 kernel, forced, against torch._scaled_mm at K = 8192 (64
-    slices: the promoted sums): per-row and per-column scales, bias, M and N edges."""
+    slices: the promoted sums): per-row and per-column scales, bias, M and N edges; K split
+    (``split_from``: every tile when fewer than the multiprocessors, else the last wave's;
+    the parts summed by ``sum_parts``)."""
     torch = pytest.importorskip("torch")
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernel needs sm_90")
     from kaio_ops import _fp8_hopper as H
 
     plan = (*H.plan(wg, bn)[:3], promote or H.promotion(wg, bn), vec, 1, split)
+    _forced_plan_vs_scaled_mm(torch, plan, monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("wg, bn, split", [(2, 208, 1), (2, 192, 3), (2, 256, 1), (1, 64, 1)])
+def test_hopper_shared_epilogue_gpu_vs_scaled_mm(wg, bn, split, monkeypatch):
+    """The epilogue through shared memory (``VEC`` 2: each warp's 16 rows copied out a row by
+    a bulk copy, the last column tile partial) against torch._scaled_mm, as above."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernel needs sm_90")
+    from kaio_ops import _fp8_hopper as H
+
+    plan = (wg, bn, H.stages_for(wg, bn, vec=2), H.promotion(wg, bn), 2, 1, split)
+    _forced_plan_vs_scaled_mm(torch, plan, monkeypatch)
+
+
+def _forced_plan_vs_scaled_mm(torch, plan, monkeypatch):
+    """matmul_fp8 forced onto ``plan``, M = 1000, K = 8192, N = 1008, per-row and
+    per-column scales and bias, against torch._scaled_mm (its A padded to 1008 rows)."""
+    from kaio_ops import _fp8_hopper as H
+
     monkeypatch.setattr(H, "config", lambda *args: plan)
     m, k, n = 1000, 8192, 1008
     x = torch.randn(m, k, device="cuda")

@@ -464,6 +464,31 @@ def test_int8_prefill_path_in_simulator():
         np.testing.assert_allclose(got, want, rtol=2**-10, atol=2**-14 + 1e-5 * np.abs(want).max())
 
 
+def test_qkv_int8_route(monkeypatch):
+    """qkv_project_int8's route: where the Hopper matmul takes the product (an sm_90 GPU past
+    16 rows, ``hopper_takes``: stood in for here) and every width is a multiple of 16, the
+    weights are widened once and the three projections come from one wgmma matmul
+    (``_prefill.qkv_int8``); a width that is not (24) keeps the fused mma.sync kernel, whose
+    results are checked."""
+    from kaio_ops import _plan
+
+    _plan.clear()  # (no plan recorded with the stand-ins outlives the test)
+    taken = []
+    monkeypatch.setattr(_prefill, "hopper_takes", lambda *a: True)
+    monkeypatch.setattr(_prefill, "qkv_int8", lambda *a: taken.append(a) or (None,) * 3)
+    x, weights, scales = int8_qkv_case(32, (48, 32, 16), 64)
+    with kaio.simulate():
+        assert kaio_ops.qkv_project_int8(x, *weights, *scales) == (None,) * 3
+        assert len(taken) == 1 and [w.shape[1] for w in taken[0][1]] == [48, 32, 16]
+        x, weights, scales = int8_qkv_case(32, (48, 24, 16), 64)
+        outs = kaio_ops.qkv_project_int8(x, *weights, *scales)
+    _plan.clear()
+    assert len(taken) == 1
+    for got, w, sc in zip(outs, weights, scales, strict=True):
+        want = (x.astype(np.float64) @ w.astype(np.float64)) * sc
+        np.testing.assert_allclose(got, want, rtol=2**-10, atol=2**-14 + 1e-5 * np.abs(want).max())
+
+
 def test_int4_packing_reference_matches_the_documented_layout():
     q = RNG.integers(-8, 8, (16, 3))
     words = pack_int4(q)

@@ -410,3 +410,36 @@ def test_staged_reads_keep_results(n):
     out = same_results(staged, 32, {"out": np.zeros(32, np.float32)}, {"n": n})["out"]
     col = 31 - np.arange(32)
     assert out.tolist() == (col * sum(1 + j % 2 for j in range(n))).tolist()
+
+
+# ---------------------------------------------------------------- constant folding of integers
+@pytest.mark.parametrize("name", ["i8", "u8", "i16", "u16", "i32", "u32", "i64", "u64"])
+def test_folded_integer_ops_wrap_floor_and_clamp_as_the_catalogue_says(name):
+    """The folder (which computes as the simulator does, kaio.numerics.integer_op) against
+    Python integers wrapped by hand, at the edges of each type."""
+    from kaio.ir.nodes import Const
+    from kaio.types import u32
+    from tests.test_sim_engine import INT_BINARY, wrap
+
+    t = getattr(kaio, name)
+    bits, signed = t.bits, t.kind == "int"
+    lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+    values = sorted({lo, lo + 1, -7 if signed else 7, -1 if signed else 1, 0, 3, hi - 1, hi})
+    python = {**INT_BINARY, "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b}
+
+    def fold(op, *args):
+        return passes._fold_instr(Instr(op, Var("d", t), args)).value
+
+    for a in values:
+        for b in values:
+            for op, py in python.items():
+                if op in ("floordiv", "mod") and (b == 0 or (a, b) == (lo, -1)):
+                    continue  # unspecified on the GPU
+                assert fold(op, Const(a, t), Const(b, t)) == wrap(py(a, b), t), (op, a, b)
+        assert fold("neg", Const(a, t)) == wrap(-a, t)
+        assert fold("invert", Const(a, t)) == wrap(~a, t)
+        for n in (0, 1, bits - 1, bits, bits + 9):
+            shl = 0 if n >= bits else wrap(a << n, t)
+            shr = (-1 if a < 0 else 0) if n >= bits else a >> n
+            assert fold("shl", Const(a, t), Const(n, u32)) == shl, ("shl", a, n)
+            assert fold("shr", Const(a, t), Const(n, u32)) == shr, ("shr", a, n)

@@ -370,3 +370,38 @@ def integer_classes(t: ScalarType) -> tuple[str, ...] | None:
     if t.is_int:
         return ("int", "any")
     return None
+
+
+class OpTable(dict):
+    """One consumer's entry per IR op (a backend's lowering: op name -> function), filled
+    where each function is defined: ``@LOWERING.register("tma_load", "tma_load_multicast")``
+    over it, or ``LOWERING.add(op, function)`` for a made one. Both refuse a name that is not
+    an op of ``OPS`` and an op that already has an entry (``update`` still replaces entries,
+    for a wrapper such as ``kaio.ptx.packed.packed_lowering``)."""
+
+    def add(self, op: str, function) -> None:
+        """Make ``function`` the entry of ``op``."""
+        if op not in OPS:
+            raise ValueError(f"{op!r} is not an IR op: declare it in kaio.ir.ops.OPS first")
+        if op in self:
+            raise ValueError(
+                f"{op!r} already has an entry ({getattr(self[op], '__qualname__', self[op])}): "
+                f"one function per op and table"
+            )
+        self[op] = function
+
+    def register(self, *ops: str):
+        """Decorator: the function becomes the entry of each of ``ops``."""
+
+        def add_all(function):
+            for op in ops:
+                self.add(op, function)
+            return function
+
+        return add_all
+
+    def include(self, *tables: dict) -> None:
+        """Add every entry of ``tables`` (another module's part of the same table)."""
+        for table in tables:
+            for op, function in table.items():
+                self.add(op, function)

@@ -12,8 +12,11 @@ from __future__ import annotations
 import copy
 from collections import Counter
 
+import numpy as np
+
+from kaio import numerics
 from kaio.ir import nodes
-from kaio.ir.builder import const_convert, wrap_int
+from kaio.ir.builder import const_convert
 from kaio.ir.nodes import Array, Const, Function, Instr, Var, child_blocks, fresh_id, walk
 from kaio.ir.ops import OPS
 from kaio.types import bool_, u32
@@ -177,36 +180,14 @@ def _retarget(stmts: list, loop_id: int, break_to: int, continue_to: int) -> lis
 
 
 # ---------------------------------------------------------------- folding
-def _fold_int(op: str, t, a, b=None):
-    if op in ("add", "sub", "mul", "and", "or", "xor"):
-        py = {
-            "add": lambda: a + b,
-            "sub": lambda: a - b,
-            "mul": lambda: a * b,
-            "and": lambda: a & b,
-            "or": lambda: a | b,
-            "xor": lambda: a ^ b,
-        }[op]()
-        return py if t == bool_ else wrap_int(py, t)
-    if op in ("floordiv", "mod"):
-        if b == 0:
-            return None
-        return wrap_int(a // b if op == "floordiv" else a % b, t)
-    if op == "shl":
-        return 0 if b >= t.bits else wrap_int(a << b, t)
-    if op == "shr":
-        if b >= t.bits:
-            return -1 if a < 0 else 0
-        return a >> b
-    if op in ("min", "max"):
-        return min(a, b) if op == "min" else max(a, b)
-    if op == "neg":
-        return wrap_int(-a, t)
-    if op == "invert":
-        return wrap_int(~a, t)
-    if op == "not":
-        return not a
-    return None
+def _fold_int(op: str, t, args: tuple[Const, ...]) -> int | bool | None:
+    """An integer or bool op on constants, computed as the simulator computes it
+    (``kaio.numerics.integer_op``); None for a division by zero (unspecified on the GPU)."""
+    if op in ("floordiv", "mod") and args[1].value == 0:
+        return None
+    with np.errstate(all="ignore"):
+        r = numerics.integer_op(op, t, *(np.asarray(a.value, a.type.np_dtype) for a in args))
+    return bool(r) if t.is_bool else int(r)
 
 
 _COMPARE = {
@@ -237,11 +218,9 @@ def _fold_instr(s: Instr):
             return const_convert(int(vals[0]), t)
     if s.op in _COMPARE and (src.is_int or src.is_bool):
         return Const(_COMPARE[s.op](*vals), bool_)
-    if (t.is_int or t.is_bool) and s.op in (
-        "add sub mul and or xor floordiv mod shl shr min max neg invert not".split()
-    ):
-        r = _fold_int(s.op, t, *vals)
-        return None if r is None else Const(bool(r) if t.is_bool else r, t)
+    if (t.is_int or t.is_bool) and s.op in numerics.INTEGER_OPS:
+        r = _fold_int(s.op, t, args)
+        return None if r is None else Const(r, t)
     return None
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from kaio.ir.nodes import Array, Const, Function, Instr, Param, walk
+from kaio.ir.ops import OpTable
 from kaio.llvm.memory import address
 from kaio.llvm.tensor import members, operands, read, shared_address, write
 from kaio.llvm.typemap import CONVERGENT, EFFECTS, FLOAT, I8, I16, I32, I64, VOID, int_const, lltype
@@ -49,6 +50,8 @@ from kaio.ptx.tensor import frag_registers
 
 TENSOR_MAP = ir.ArrayType(I8, 128)
 """A ``CUtensorMap`` as the kernel receives it: 128 bytes, 64-byte aligned."""
+
+LOWERING = OpTable()
 
 
 def aligned_tiles(fn: Function) -> set[Array]:
@@ -100,6 +103,7 @@ _FIXED = {
 }
 
 
+@LOWERING.register(*_FIXED)
 def _lower_fixed(g, ins: Instr) -> None:
     """One ``_FIXED`` statement; the wgmma accumulators settle before a fence, after a wait."""
     text, collective = _FIXED[ins.op]
@@ -113,6 +117,7 @@ def _lower_fixed(g, ins: Instr) -> None:
 # ----------------------------------------------------------------------------- wgmma
 
 
+@LOWERING.register("wgmma", "wgmma_rs")
 def lower_wgmma(g, ins: Instr) -> None:
     """``wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {d}, a_desc, b_desc, p, 1, 1,
     trans_a, trans_b`` with ``p = accumulate != 0``; for ``wgmma_rs`` (A from registers)
@@ -167,6 +172,7 @@ def _settle(g) -> None:
             g.b.store(v, p)
 
 
+@LOWERING.register("smem_desc")
 def lower_smem_desc(g, ins: Instr) -> None:
     """The 64-bit descriptor: start address >> 4 (bits 0-13), leading byte offset >> 4
     (16-29), stride byte offset >> 4 (32-45), swizzle mode (62-63)."""
@@ -202,6 +208,11 @@ def _barrier(g, ins: Instr, form: str) -> None:
     _statement(g, text, ["r"] * len(args), args, collective=False)
 
 
+LOWERING.add("mbarrier_init", lambda g, ins: _barrier(g, ins, "init"))
+LOWERING.add("mbarrier_expect_tx", lambda g, ins: _barrier(g, ins, "expect_tx"))
+
+
+@LOWERING.register("mbarrier_arrive")
 def lower_mbarrier_arrive(g, ins: Instr) -> None:
     """``mbarrier.arrive``, or ``.expect_tx`` with a byte count first."""
     tx = ins.args[-1]
@@ -221,11 +232,13 @@ def _try_wait(g, ins: Instr) -> ir.Value:
     return g.b.icmp_unsigned("!=", done, int_const(I32, 0))
 
 
+@LOWERING.register("mbarrier_try_wait")
 def lower_mbarrier_try_wait(g, ins: Instr) -> None:
     """``dst = mbarrier.try_wait.parity``."""
     g.set(ins.dst, _try_wait(g, ins))
 
 
+@LOWERING.register("mbarrier_wait")
 def lower_mbarrier_wait(g, ins: Instr) -> None:
     """A ``try_wait.parity`` loop."""
     again = g.func.append_basic_block("mbarrier_wait")
@@ -239,6 +252,7 @@ def lower_mbarrier_wait(g, ins: Instr) -> None:
 # ----------------------------------------------------------------------------- TMA
 
 
+@LOWERING.register("tma_load", "tma_load_multicast")
 def lower_tma_load(g, ins: Instr) -> None:
     """``cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [dst],
     [map, {col, row}], [bar]``; ``tma_load_multicast`` adds ``.multicast::cluster`` and the
@@ -255,6 +269,7 @@ def lower_tma_load(g, ins: Instr) -> None:
     _statement(g, text, ["r", "l", "r", "r", "r", "h"], args, collective=False)
 
 
+@LOWERING.register("mbarrier_arrive_cluster")
 def lower_mbarrier_arrive_cluster(g, ins: Instr) -> None:
     """``mapa`` of the barrier's address to block ``rank``'s, then
     ``mbarrier.arrive.shared::cluster.b64 _, [remote]`` (release at CTA scope, as CUTLASS's:
@@ -268,6 +283,7 @@ def lower_mbarrier_arrive_cluster(g, ins: Instr) -> None:
     _statement(g, text, ["r", "r"], args, collective=False)
 
 
+@LOWERING.register("bulk_store")
 def lower_bulk_store(g, ins: Instr) -> None:
     """``cp.async.bulk.global.shared::cta.bulk_group [dst], [src], nbytes``."""
     dst, dst_idx, src, src_idx, nbytes = bulk_store_operands(ins)
@@ -276,6 +292,7 @@ def lower_bulk_store(g, ins: Instr) -> None:
     _statement(g, text, ["l", "r", "r"], [*args, g.value(nbytes)], collective=False)
 
 
+@LOWERING.register("bulk_wait")
 def lower_bulk_wait(g, ins: Instr) -> None:
     """``cp.async.bulk.wait_group[.read] n``."""
     read = ins.attrs["read"]
@@ -286,6 +303,7 @@ def lower_bulk_wait(g, ins: Instr) -> None:
 _REGISTER = {("float", 32): "f", ("float", 64): "d", 32: "r", 64: "l"}  # asm constraints
 
 
+@LOWERING.register("dsmem_load")
 def lower_dsmem_load(g, ins: Instr) -> None:
     """``mapa.shared::cluster`` of this block's address of the element to block ``rank``'s,
     then ``ld.shared::cluster`` (ordered like the cluster barriers: side effects, memory)."""
@@ -298,22 +316,3 @@ def lower_dsmem_load(g, ins: Instr) -> None:
     )
     args = [shared_address(g, arr, idxs), g.value(rank)]
     g.set(ins.dst, _statement(g, text, [f"={reg}", "r", "r"], args, False, lltype(t)))
-
-
-LOWERING = {
-    **dict.fromkeys(_FIXED, _lower_fixed),
-    "dsmem_load": lower_dsmem_load,
-    "wgmma": lower_wgmma,
-    "wgmma_rs": lower_wgmma,
-    "smem_desc": lower_smem_desc,
-    "mbarrier_init": lambda g, ins: _barrier(g, ins, "init"),
-    "mbarrier_arrive": lower_mbarrier_arrive,
-    "mbarrier_expect_tx": lambda g, ins: _barrier(g, ins, "expect_tx"),
-    "mbarrier_try_wait": lower_mbarrier_try_wait,
-    "mbarrier_wait": lower_mbarrier_wait,
-    "tma_load": lower_tma_load,
-    "tma_load_multicast": lower_tma_load,
-    "mbarrier_arrive_cluster": lower_mbarrier_arrive_cluster,
-    "bulk_store": lower_bulk_store,
-    "bulk_wait": lower_bulk_wait,
-}

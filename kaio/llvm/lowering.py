@@ -37,7 +37,7 @@ from llvmlite import ir
 
 from kaio.ir.legality import native
 from kaio.ir.nodes import Const, Instr
-from kaio.ir.ops import integer_classes
+from kaio.ir.ops import OpTable, integer_classes
 from kaio.llvm import fp8, hopper, memory, packed, tensor
 from kaio.llvm.typemap import (
     DOUBLE,
@@ -432,45 +432,56 @@ def shuffle(g, mode: str, t: ScalarType, v, lane):
 
 # ----------------------------------------------------------------------------- per-op entry
 
+LOWERING = OpTable()
 
+
+@LOWERING.register(*BINARY)
 def _lower_binary(g, ins: Instr) -> None:
     a, b = (g.value(x) for x in ins.args)
     g.set(ins.dst, binary(g, ins.op, ins.dst.type, a, b))
 
 
+@LOWERING.register(*UNARY)
 def _lower_unary(g, ins: Instr) -> None:
     g.set(ins.dst, unary(g, ins.op, ins.dst.type, g.value(ins.args[0])))
 
 
+@LOWERING.register("mov")
 def _lower_mov(g, ins: Instr) -> None:
     g.set(ins.dst, g.value(ins.args[0]))
 
 
+@LOWERING.register("fma")
 def _lower_fma(g, ins: Instr) -> None:
     a, b, c = (g.value(x) for x in ins.args)
     g.set(ins.dst, g.intrinsic(f"llvm.fma.{suffix(a.type)}", a.type, [a, b, c]))
 
 
+@LOWERING.register(*_PREDICATES)
 def _lower_compare(g, ins: Instr) -> None:
     a, b = ins.args
     g.set(ins.dst, compare(g, ins.op, a.type, g.value(a), g.value(b)))
 
 
+@LOWERING.register("select")
 def _lower_select(g, ins: Instr) -> None:
     c, a, b = (g.value(x) for x in ins.args)
     g.set(ins.dst, g.b.select(c, a, b))
 
 
+@LOWERING.register("cvt")
 def _lower_cvt(g, ins: Instr) -> None:
     (a,) = ins.args
     g.set(ins.dst, convert(g, g.value(a), a.type, ins.dst.type))
 
 
+@LOWERING.register("bitcast")
 def _lower_bitcast(g, ins: Instr) -> None:
     (a,) = ins.args
     g.set(ins.dst, bitcast(g, g.value(a), a.type, ins.dst.type))
 
 
+@LOWERING.register("sreg")
 def _lower_sreg(g, ins: Instr) -> None:
     name = ins.attrs["name"]
     if name in ("dynamic_smem_size", "cluster_ctarank"):  # read in PTX, as the emitter does
@@ -480,22 +491,19 @@ def _lower_sreg(g, ins: Instr) -> None:
     g.set(ins.dst, value)
 
 
+@LOWERING.register("shfl")
 def _lower_shfl(g, ins: Instr) -> None:
     value, lane = ins.args
     mode = ins.attrs["mode"]
     g.set(ins.dst, shuffle(g, mode, value.type, g.value(value), g.value(lane)))
 
 
-_VOTES = {
-    "vote_any": ("llvm.nvvm.vote.any.sync", I1),
-    "vote_all": ("llvm.nvvm.vote.all.sync", I1),
-    "ballot": ("llvm.nvvm.vote.ballot.sync", I32),
-}
-
-
+@LOWERING.register("vote_any", "vote_all", "ballot")
 def _lower_vote(g, ins: Instr) -> None:
-    name, ty = _VOTES[ins.op]
-    g.set(ins.dst, g.intrinsic(name, ty, [int_const(I32, -1), g.value(ins.args[0])]))
+    """``llvm.nvvm.vote.{any,all,ballot}.sync`` over the whole warp."""
+    mode, ty = ("ballot", I32) if ins.op == "ballot" else (ins.op.removeprefix("vote_"), I1)
+    args = [int_const(I32, -1), g.value(ins.args[0])]
+    g.set(ins.dst, g.intrinsic(f"llvm.nvvm.vote.{mode}.sync", ty, args))
 
 
 def _call(name: str, *args: int):
@@ -507,24 +515,9 @@ def _call(name: str, *args: int):
     return lower
 
 
-LOWERING = {
-    **{op: _lower_binary for op in BINARY},
-    **{op: _lower_unary for op in UNARY},
-    "mov": _lower_mov,
-    "fma": _lower_fma,
-    **{op: _lower_compare for op in _PREDICATES},
-    "select": _lower_select,
-    "cvt": _lower_cvt,
-    "bitcast": _lower_bitcast,
-    "sreg": _lower_sreg,
-    "atomic": lambda g, ins: memory.lower_atomic(g, ins, binary),
-    "shfl": _lower_shfl,
-    **{op: _lower_vote for op in _VOTES},
-    "sync_threads": _call("llvm.nvvm.barrier0"),
-    "sync_warp": _call("llvm.nvvm.bar.warp.sync", -1),
-    "threadfence": _call("llvm.nvvm.membar.gl"),
-    **memory.LOWERING,
-    **tensor.LOWERING,
-    **hopper.LOWERING,
-}
+LOWERING.add("atomic", lambda g, ins: memory.lower_atomic(g, ins, binary))
+LOWERING.add("sync_threads", _call("llvm.nvvm.barrier0"))
+LOWERING.add("sync_warp", _call("llvm.nvvm.bar.warp.sync", -1))
+LOWERING.add("threadfence", _call("llvm.nvvm.membar.gl"))
+LOWERING.include(memory.LOWERING, tensor.LOWERING, hopper.LOWERING)
 LOWERING.update(packed.lowering(LOWERING))  # f16x2/bf16x2, pack/unpack, prmt

@@ -22,6 +22,7 @@ from llvmlite import ir
 
 from kaio.ir.legality import native
 from kaio.ir.nodes import Array, Const, Instr
+from kaio.ir.ops import OpTable
 from kaio.llvm.typemap import I32, I64, int_const, lltype, memtype
 from kaio.ptx import memory as ptx
 from kaio.types import ScalarType
@@ -90,12 +91,18 @@ def store(g, ptr: ir.Value, t: ScalarType, v: ir.Value) -> None:
     g.b.store(v, ptr, align=t.itemsize)
 
 
+# Loads and stores; the backend's LOWERING adds atomics (they combine values with its arithmetic).
+LOWERING = OpTable()
+
+
+@LOWERING.register("load")
 def lower_load(g, ins: Instr) -> None:
     """``dst = array[idx...]``."""
     arr, *idxs = ins.args
     g.set(ins.dst, load(g, element(g, arr, idxs), arr.dtype))
 
 
+@LOWERING.register("store")
 def lower_store(g, ins: Instr) -> None:
     """``array[idx...] = value``."""
     arr, *idxs, value = ins.args
@@ -150,7 +157,3 @@ def _cas_loop(g, kind: str, t: ScalarType, ptr, v, combine) -> ir.Value:
     b.cbranch(b.extract_value(pair, 1), done, loop)
     b.position_at_end(done)
     return old
-
-
-# Loads and stores; the backend's LOWERING adds atomics (they combine values with its arithmetic).
-LOWERING = {"load": lower_load, "store": lower_store}

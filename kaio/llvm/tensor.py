@@ -19,7 +19,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from kaio.ir.nodes import Frag, Instr
-from kaio.ir.ops import MMA_KINDS
+from kaio.ir.ops import MMA_KINDS, OpTable
 from kaio.llvm.memory import address
 from kaio.llvm.typemap import (
     CONVERGENT,
@@ -35,6 +35,8 @@ from kaio.llvm.typemap import (
 )
 from kaio.ptx.tensor import cp_async_operands, frag_registers
 from kaio.types import f32
+
+LOWERING = OpTable()
 
 
 def read(g, frag: Frag, builtin: str) -> list[ir.Value]:
@@ -64,6 +66,7 @@ def _vector_type(frag: Frag) -> ir.Type:
     return ty if frag.size == 1 else ir.VectorType(ty, frag.size)
 
 
+@LOWERING.register("ld_vec")
 def lower_ld_vec(g, ins: Instr) -> None:
     """One vector load of the fragment's bytes."""
     frag, arr, *idxs = ins.args
@@ -77,6 +80,7 @@ def lower_ld_vec(g, ins: Instr) -> None:
     write(g, frag, builtin, [g.b.extract_element(vec, int_const(I32, k)) for k in range(frag.size)])
 
 
+@LOWERING.register("st_vec")
 def lower_st_vec(g, ins: Instr) -> None:
     """One vector store of the fragment's bytes."""
     arr, *idxs, frag = ins.args
@@ -100,6 +104,7 @@ def operands(first: int, count: int) -> str:
     return "{" + ", ".join(f"${k}" for k in range(first, first + count)) + "}"
 
 
+@LOWERING.register("ldmatrix")
 def lower_ldmatrix(g, ins: Instr) -> None:
     """``ldmatrix.sync.aligned.m8n8.x{n}[.trans].shared.b16``."""
     frag, arr, *idxs = ins.args
@@ -113,6 +118,7 @@ def lower_ldmatrix(g, ins: Instr) -> None:
     write(g, frag, builtin, members(g, result, n))
 
 
+@LOWERING.register("mma")
 def lower_mma(g, ins: Instr) -> None:
     """``mma.sync.aligned.{shape}.row.col.{acc}.{in}.{in}.{acc} d, a, b, c``."""
     kind = MMA_KINDS[ins.attrs["kind"]]
@@ -134,12 +140,14 @@ def lower_mma(g, ins: Instr) -> None:
     write(g, d, builtin, members(g, result, n))
 
 
+@LOWERING.register("to_tf32")
 def lower_to_tf32(g, ins: Instr) -> None:
     """``cvt.rna.tf32.f32`` (its result is a .b32 bit pattern, read back as f32)."""
     bits = g.asm("cvt.rna.tf32.f32 $0, $1;", "=r,f", I32, [g.value(ins.args[0])], PURE)
     g.set(ins.dst, g.b.bitcast(bits, FLOAT))
 
 
+@LOWERING.register("cp_async")
 def lower_cp_async(g, ins: Instr) -> None:
     """``cp.async.{ca,cg}.shared.global [dst], [src], bytes[, src_bytes]``."""
     dst, dst_idx, src, src_idx, size, nbytes, cache = cp_async_operands(ins)
@@ -161,13 +169,5 @@ def _fixed(text: str):
     return lower
 
 
-LOWERING = {
-    "ld_vec": lower_ld_vec,
-    "st_vec": lower_st_vec,
-    "ldmatrix": lower_ldmatrix,
-    "mma": lower_mma,
-    "to_tf32": lower_to_tf32,
-    "cp_async": lower_cp_async,
-    "cp_async_commit": _fixed("cp.async.commit_group;"),
-    "cp_async_wait": _fixed("cp.async.wait_group {pending};"),
-}
+LOWERING.add("cp_async_commit", _fixed("cp.async.commit_group;"))
+LOWERING.add("cp_async_wait", _fixed("cp.async.wait_group {pending};"))

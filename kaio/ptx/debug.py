@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from kaio.ir.nodes import Array, Const, Instr
 from kaio.types import u32
@@ -112,8 +113,6 @@ class DebugChecks:
     def __init__(self, e):
         self.e = e
         self.param = e._unique(PARAM)
-        self._base: str | None = None
-        self._dyn_bytes: str | None = None
         self._extents: dict = {}
         self._scratch: tuple | None = None
         self._stubs: list[str] = []
@@ -129,21 +128,25 @@ class DebugChecks:
     def _prologue(self, line: str) -> None:
         self.e._prologue.append(f"\t{line};")
 
+    def _in_prologue(self, temporary: str, first: str, then: str) -> str:
+        """A new 64-bit register {d} that two prologue lines compute: ``first`` into
+        ``temporary`` ({t}), then ``then`` from it."""
+        d = self.e.tmp_addr(True)
+        self._prologue(first.format(t=temporary))
+        self._prologue(then.format(t=temporary, d=d))
+        return d
+
+    @cached_property
     def _record(self) -> str:
         """The record's global address, loaded once in the prologue."""
-        if self._base is None:
-            raw, self._base = self.e.tmp_addr(True), self.e.tmp_addr(True)
-            self._prologue(f"ld.param.u64 {raw}, [{self.param}]")
-            self._prologue(f"cvta.to.global.u64 {self._base}, {raw}")
-        return self._base
+        load = f"ld.param.u64 {{t}}, [{self.param}]"
+        return self._in_prologue(self.e.tmp_addr(True), load, "cvta.to.global.u64 {d}, {t}")
 
+    @cached_property
     def _dynamic_bytes(self) -> str:
         """``%dynamic_smem_size`` as a 64-bit register, read once in the prologue."""
-        if self._dyn_bytes is None:
-            small, self._dyn_bytes = self.e.tmp(u32), self.e.tmp_addr(True)
-            self._prologue(f"mov.u32 {small}, %dynamic_smem_size")
-            self._prologue(f"cvt.u64.u32 {self._dyn_bytes}, {small}")
-        return self._dyn_bytes
+        read = "mov.u32 {t}, %dynamic_smem_size"
+        return self._in_prologue(self.e.tmp(u32), read, "cvt.u64.u32 {d}, {t}")
 
     def _scratch_regs(self) -> tuple[str, str]:
         """(temporary, predicate) registers the stubs share: a stub never returns, so one
@@ -164,7 +167,7 @@ class DebugChecks:
         if reg is None:
             reg = self._extents[arr] = self.e.tmp_addr(True)
             size = arr.dtype.itemsize
-            available = self._dynamic_bytes()
+            available = self._dynamic_bytes
             if arr.offset:
                 self._prologue(f"max.u64 {reg}, {available}, {arr.offset}")
                 self._prologue(f"sub.u64 {reg}, {reg}, {arr.offset}")
@@ -252,7 +255,7 @@ class DebugChecks:
             site.kinds.append("end")
         if arr.space == "shared_dyn" and arr.shape != (None,):
             site.view_end = arr.offset + arr.static_size * arr.dtype.itemsize
-            site.dynamic = self._dynamic_bytes()
+            site.dynamic = self._dynamic_bytes
             tests.append((site.view_end - 1, site.dynamic))
             site.kinds.append("dynamic")
         fails = self._any_fails(tests)
@@ -291,7 +294,7 @@ class DebugChecks:
         """The out-of-line code of one access site: claim the record (the first failing
         thread only), write what failed, and go to the common tail."""
         tmp, p = self._scratch_regs()
-        base = self._record()
+        base = self._record
         number = self._sites
         self._sites += 1
         out = self._stubs
@@ -313,7 +316,7 @@ class DebugChecks:
         if self._tail_label is None:
             self._tail_label = self.e.new_label("oob_thread")
             tmp, _ = self._scratch_regs()
-            base = self._record()
+            base = self._record
             code = [f"{self._tail_label}:"]
             for name, sreg in (("thread", "tid"), ("block", "ctaid")):
                 for d, axis in enumerate("xyz"):

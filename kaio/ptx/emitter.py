@@ -28,7 +28,7 @@ from kaio.ir.passes import constant_term, definitions
 from kaio.ptx.debug import DebugChecks
 from kaio.ptx.hopper import ALIGNED_OPS
 from kaio.ptx.lowering import LOWERING
-from kaio.ptx.regs import REG_CLASSES, bty, immediate, mem_type, storage
+from kaio.ptx.regs import REG_PREFIX, bty, immediate, mem_type, storage
 from kaio.types import u32
 
 _JUMPS = (nodes.Break, nodes.Continue, nodes.Return)
@@ -72,7 +72,7 @@ class Emitter(BlockLowering):
         self.fn = fn
         self.target = target
         self.loc = None
-        self._counts = dict.fromkeys(REG_CLASSES, 0)
+        self._counts = dict.fromkeys(REG_PREFIX, 0)
         self._regs: dict[Var, str] = {}
         self._params = {p.value: p for p in fn.params}
         self._prologue: list[str] = []
@@ -114,7 +114,7 @@ class Emitter(BlockLowering):
 
     def _new(self, cls: str) -> str:
         self._counts[cls] += 1
-        return f"{REG_CLASSES[cls][0]}{self._counts[cls]}"
+        return f"{REG_PREFIX[cls]}{self._counts[cls]}"
 
     def tmp(self, t) -> str:
         """A fresh register for a value of type ``t``."""
@@ -375,9 +375,9 @@ class Emitter(BlockLowering):
         if "cluster" in fn.meta:
             out.append(f".reqnctapercluster {fn.meta['cluster']}, 1, 1")
         out.append("{")
-        for cls, (prefix, decl) in REG_CLASSES.items():
+        for cls, prefix in REG_PREFIX.items():
             if self._counts[cls]:
-                out.append(f"\t.reg {decl} {prefix}<{self._counts[cls] + 1}>;")
+                out.append(f"\t.reg .{cls} {prefix}<{self._counts[cls] + 1}>;")
         for a in fn.arrays:
             if a in self._symbols and a.space != "shared_dyn":
                 space = "shared" if a.space == "shared" else "local"

@@ -12,6 +12,7 @@ operand, computed once in the prologue (``Emitter.param_address``).
 from __future__ import annotations
 
 from kaio.ir.nodes import Const, Instr
+from kaio.ir.ops import OpTable
 from kaio.lang_hopper import dynamic_tile_conflict
 from kaio.ptx.memory import address, mem_type
 from kaio.ptx.tensor import frag_registers
@@ -19,6 +20,8 @@ from kaio.types import f16, u32, u64
 
 # Descriptor bits 62-63 per swizzle (bytes): PTX ISA "Matrix Descriptor Format".
 SWIZZLE_MODE = {0: 0, 128: 1, 64: 2, 32: 3}
+
+LOWERING = OpTable()
 
 
 def _shared_address_register(e, arr, idxs) -> str:
@@ -62,6 +65,7 @@ def wgmma_form(attrs: dict) -> tuple[str, str]:
     return f"m64n{attrs['n']}k16.f32.{kind}.{kind}", f"1, 1, {ta}, {tb}"
 
 
+@LOWERING.register("wgmma")
 def lower_wgmma(e, ins: Instr) -> None:
     """``wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {d}, a_desc, b_desc, p, 1, 1,
     trans_a, trans_b`` (k32 and no transposes for e4m3/e5m2: ``wgmma_form``)."""
@@ -75,6 +79,7 @@ def lower_wgmma(e, ins: Instr) -> None:
     e.line(f"wgmma.mma_async.sync.aligned.{shape} {d}, {operands}")
 
 
+@LOWERING.register("wgmma_rs")
 def lower_wgmma_rs(e, ins: Instr) -> None:
     """``wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {d}, {a0, a1, a2, a3}, b_desc, p,
     1, 1, trans_b``: A from registers (no trans_a immediate)."""
@@ -98,6 +103,7 @@ def _fixed(text: str):
     return lower
 
 
+@LOWERING.register("smem_desc")
 def lower_smem_desc(e, ins: Instr) -> None:
     """The 64-bit descriptor: start address >> 4 (bits 0-13), leading byte offset >> 4
     (16-29), stride byte offset >> 4 (32-45), swizzle mode (62-63)."""
@@ -114,12 +120,14 @@ def lower_smem_desc(e, ins: Instr) -> None:
     e.line(f"mov.b64 {e.dst(ins)}, {{{lo}, {hi}}}")
 
 
+@LOWERING.register("mbarrier_init")
 def lower_mbarrier_init(e, ins: Instr) -> None:
     """``mbarrier.init.shared.b64 [bar], count``."""
     arr, idxs, (count,) = split_index(ins, 0)
     e.line(f"mbarrier.init.shared.b64 {address(e, arr, idxs)}, {e.o(count)}")
 
 
+@LOWERING.register("mbarrier_arrive")
 def lower_mbarrier_arrive(e, ins: Instr) -> None:
     """``mbarrier.arrive.shared.b64``, or ``.expect_tx`` with a byte count first."""
     arr, idxs, (tx,) = split_index(ins, 0)
@@ -131,6 +139,7 @@ def lower_mbarrier_arrive(e, ins: Instr) -> None:
     e.line(f"mbarrier.arrive.expect_tx.shared::cta.b64 {state}, {addr}, {e.o(tx)}")
 
 
+@LOWERING.register("mbarrier_expect_tx")
 def lower_mbarrier_expect_tx(e, ins: Instr) -> None:
     """``mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [bar], bytes``."""
     arr, idxs, (tx,) = split_index(ins, 0)
@@ -144,11 +153,13 @@ def _try_wait(e, ins: Instr, p: str) -> str:
     return f"mbarrier.try_wait.parity.shared::cta.b64 {p}, {addr}, {e.o(parity)}"
 
 
+@LOWERING.register("mbarrier_try_wait")
 def lower_mbarrier_try_wait(e, ins: Instr) -> None:
     """``mbarrier.try_wait.parity.shared::cta.b64 p, [bar], parity``."""
     e.line(_try_wait(e, ins, e.dst(ins)))
 
 
+@LOWERING.register("mbarrier_wait")
 def lower_mbarrier_wait(e, ins: Instr) -> None:
     """A ``try_wait.parity`` loop."""
     p = e.tmp_pred()
@@ -173,6 +184,7 @@ def tma_load_operands(e, ins: Instr) -> tuple:
 TMA_LOAD = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
 
 
+@LOWERING.register("tma_load", "tma_load_multicast")
 def lower_tma_load(e, ins: Instr) -> None:
     """``cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [dst],
     [map, {col, row}], [bar]``; ``tma_load_multicast`` adds ``.multicast::cluster`` and the
@@ -189,6 +201,7 @@ def lower_tma_load(e, ins: Instr) -> None:
     e.line(f"{TMA_LOAD}.multicast::cluster {d}, {src}, {b}, {mask}")
 
 
+@LOWERING.register("mbarrier_arrive_cluster")
 def lower_mbarrier_arrive_cluster(e, ins: Instr) -> None:
     """``mapa`` of the barrier's address to block ``rank``'s, then
     ``mbarrier.arrive.shared::cluster.b64 _, [remote]`` (release at CTA scope, as CUTLASS's:
@@ -214,6 +227,7 @@ def bulk_store_operands(ins: Instr) -> tuple:
     return dst, ins.args[1:src_at], src, ins.args[src_at + 1 : -1], ins.args[-1]
 
 
+@LOWERING.register("bulk_store")
 def lower_bulk_store(e, ins: Instr) -> None:
     """``cp.async.bulk.global.shared::cta.bulk_group [dst], [src], nbytes``."""
     dst, dst_idx, src, src_idx, nbytes = bulk_store_operands(ins)
@@ -221,12 +235,14 @@ def lower_bulk_store(e, ins: Instr) -> None:
     e.line(f"cp.async.bulk.global.shared::cta.bulk_group {d}, {s}, {e.o(nbytes)}")
 
 
+@LOWERING.register("bulk_wait")
 def lower_bulk_wait(e, ins: Instr) -> None:
     """``cp.async.bulk.wait_group[.read] n``."""
     read = ".read" if ins.attrs["read"] else ""
     e.line(f"cp.async.bulk.wait_group{read} {ins.attrs['pending']}")
 
 
+@LOWERING.register("cluster_sync")
 def lower_cluster_sync(e, ins: Instr) -> None:
     """``barrier.cluster.arrive.aligned; barrier.cluster.wait.aligned`` (release, then
     acquire: shared-memory writes before it are visible to the cluster's blocks after it)."""
@@ -234,6 +250,7 @@ def lower_cluster_sync(e, ins: Instr) -> None:
     e.line("barrier.cluster.wait.aligned")
 
 
+@LOWERING.register("dsmem_load")
 def lower_dsmem_load(e, ins: Instr) -> None:
     """``mapa.shared::cluster`` of this block's address of the element to block ``rank``'s,
     then ``ld.shared::cluster``."""
@@ -241,31 +258,19 @@ def lower_dsmem_load(e, ins: Instr) -> None:
     e.line(f"ld.shared::cluster.{mem_type(ins.args[0].dtype)} {e.dst(ins)}, [{remote}]")
 
 
-LOWERING = {
-    "wgmma": lower_wgmma,
-    "wgmma_rs": lower_wgmma_rs,
-    "wgmma_fence": _fixed("wgmma.fence.sync.aligned"),
-    "wgmma_commit": _fixed("wgmma.commit_group.sync.aligned"),
-    "wgmma_wait": _fixed("wgmma.wait_group.sync.aligned {pending}"),
-    "smem_desc": lower_smem_desc,
-    "mbarrier_init": lower_mbarrier_init,
-    "mbarrier_arrive": lower_mbarrier_arrive,
-    "mbarrier_expect_tx": lower_mbarrier_expect_tx,
-    "mbarrier_try_wait": lower_mbarrier_try_wait,
-    "mbarrier_wait": lower_mbarrier_wait,
-    "tma_load": lower_tma_load,
-    "tma_load_multicast": lower_tma_load,
-    "mbarrier_arrive_cluster": lower_mbarrier_arrive_cluster,
-    "bulk_store": lower_bulk_store,
-    "bulk_commit": _fixed("cp.async.bulk.commit_group"),
-    "bulk_wait": lower_bulk_wait,
-    "fence_proxy_async": _fixed("fence.proxy.async.shared::cta"),
-    "setmaxnreg": _fixed("setmaxnreg.{action}.sync.aligned.u32 {count}"),
-    "cluster_sync": lower_cluster_sync,
-    "cluster_arrive": _fixed("barrier.cluster.arrive.aligned"),
-    "cluster_wait": _fixed("barrier.cluster.wait.aligned"),
-    "dsmem_load": lower_dsmem_load,
+# op: its one instruction, the op's attributes as {fields}
+_FIXED = {
+    "wgmma_fence": "wgmma.fence.sync.aligned",
+    "wgmma_commit": "wgmma.commit_group.sync.aligned",
+    "wgmma_wait": "wgmma.wait_group.sync.aligned {pending}",
+    "bulk_commit": "cp.async.bulk.commit_group",
+    "fence_proxy_async": "fence.proxy.async.shared::cta",
+    "setmaxnreg": "setmaxnreg.{action}.sync.aligned.u32 {count}",
+    "cluster_arrive": "barrier.cluster.arrive.aligned",
+    "cluster_wait": "barrier.cluster.wait.aligned",
 }
+for _op, _text in _FIXED.items():
+    LOWERING.add(_op, _fixed(_text))
 
 ALIGNED_OPS = ("tma_load", "tma_load_multicast", "smem_desc")
 """Ops whose first operand is a shared tile that the emitter aligns to 1024 bytes (a whole

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from kaio.ir.legality import native
 from kaio.ir.nodes import Const, Instr
+from kaio.ir.ops import OpTable
 from kaio.ptx import fp8, hopper, memory, packed, tensor
 from kaio.ptx.regs import bty, immediate, is_half, is_narrow, ity, normalise, storage
 from kaio.ptx.templates import fmt, pick
@@ -23,25 +24,11 @@ from kaio.types import ScalarType, f32, f64, u32
 
 # ----------------------------------------------------------------------------- arithmetic
 
+# "any" is every other type the op takes (f32, f64, f16, bf16): the verifier checks which.
 BINARY = {
-    "add": {
-        "int": "add.{ty} {d}, {a}, {b}",
-        "float": "add.rn.{ty} {d}, {a}, {b}",
-        "f16": "add.rn.f16 {d}, {a}, {b}",
-        "bf16": "add.rn.bf16 {d}, {a}, {b}",
-    },
-    "sub": {
-        "int": "sub.{ty} {d}, {a}, {b}",
-        "float": "sub.rn.{ty} {d}, {a}, {b}",
-        "f16": "sub.rn.f16 {d}, {a}, {b}",
-        "bf16": "sub.rn.bf16 {d}, {a}, {b}",
-    },
-    "mul": {
-        "int": "mul.lo.{ty} {d}, {a}, {b}",
-        "float": "mul.rn.{ty} {d}, {a}, {b}",
-        "f16": "mul.rn.f16 {d}, {a}, {b}",
-        "bf16": "mul.rn.bf16 {d}, {a}, {b}",
-    },
+    "add": {"int": "add.{ty} {d}, {a}, {b}", "any": "add.rn.{ty} {d}, {a}, {b}"},
+    "sub": {"int": "sub.{ty} {d}, {a}, {b}", "any": "sub.rn.{ty} {d}, {a}, {b}"},
+    "mul": {"int": "mul.lo.{ty} {d}, {a}, {b}", "any": "mul.rn.{ty} {d}, {a}, {b}"},
     "div": {"float": "div.rn.{ty} {d}, {a}, {b}"},
     "div_ftz": {"float": "div.full.ftz.f32 {d}, {a}, {b}"},
     "and": {"pred": "and.pred {d}, {a}, {b}", "int": "and.{bt} {d}, {a}, {b}"},
@@ -49,18 +36,8 @@ BINARY = {
     "xor": {"pred": "xor.pred {d}, {a}, {b}", "int": "xor.{bt} {d}, {a}, {b}"},
     "shl": {"int": "shl.{bt} {d}, {a}, {b}"},
     "shr": {"int": "shr.{ty} {d}, {a}, {b}"},
-    "min": {
-        "int": "min.{ty} {d}, {a}, {b}",
-        "float": "min.{ty} {d}, {a}, {b}",
-        "f16": "min.f16 {d}, {a}, {b}",
-        "bf16": "min.bf16 {d}, {a}, {b}",
-    },
-    "max": {
-        "int": "max.{ty} {d}, {a}, {b}",
-        "float": "max.{ty} {d}, {a}, {b}",
-        "f16": "max.f16 {d}, {a}, {b}",
-        "bf16": "max.bf16 {d}, {a}, {b}",
-    },
+    "min": {"any": "min.{ty} {d}, {a}, {b}"},
+    "max": {"any": "max.{ty} {d}, {a}, {b}"},
 }
 
 UNARY = {
@@ -102,8 +79,7 @@ UNARY = {
 TERNARY = {
     "fma": {
         "float": "fma.rn.{ty} {d}, {a}, {b}, {c}",
-        "f16": "fma.rn.f16 {d}, {a}, {b}, {c}",  # rounded once, like the f32 and f64 forms
-        "bf16": "fma.rn.bf16 {d}, {a}, {b}, {c}",
+        "half": "fma.rn.{ty} {d}, {a}, {b}, {c}",  # rounded once, like the f32 and f64 forms
     }
 }
 
@@ -185,10 +161,10 @@ def _floor_divmod(e, op: str, t: ScalarType, d: str, a: str, b: str) -> None:
 
 def compare(e, op: str, t: ScalarType, d: str, a: str, b: str) -> None:
     """``d = a op b`` into a predicate."""
-    if t.is_bool:
-        x = e.tmp_pred()
-        e.line(f"xor.pred {x}, {a}, {b}")
-        e.line(f"{'mov' if op == 'ne' else 'not'}.pred {d}, {x}")
+    if t.is_bool:  # eq or ne: a == b is not (a xor b)
+        e.line(f"xor.pred {d}, {a}, {b}")
+        if op == "eq":
+            e.line(f"not.pred {d}, {d}")
         return
     if t.name == "bf16" and not native(op, "bf16", e.target):
         wa, wb = e.tmp(f32), e.tmp(f32)
@@ -373,92 +349,88 @@ def shuffle(e, mode: str, t: ScalarType, d: str, a: str, lane: str) -> None:
 
 # ----------------------------------------------------------------------------- per-op entry
 
+LOWERING = OpTable()
 
+
+@LOWERING.register(*BINARY, "floordiv", "mod")
 def _lower_binary(e, ins: Instr) -> None:
     binary(e, ins.op, ins.dst.type, e.dst(ins), *(e.o(x) for x in ins.args))
 
 
+@LOWERING.register(*(op for op in UNARY if op != "mov"))
 def _lower_unary(e, ins: Instr) -> None:
     unary(e, ins.op, ins.dst.type, e.dst(ins), e.r(ins.args[0]))
 
 
+@LOWERING.register("mov")
 def _lower_mov(e, ins: Instr) -> None:
     convert(e, e.dst(ins), ins.dst.type, e.o(ins.args[0]), ins.dst.type)
 
 
+@LOWERING.register("fma")
 def _lower_fma(e, ins: Instr) -> None:
     a, b, c = (e.o(x) for x in ins.args)
     template = pick(TERNARY["fma"], ins.dst.type)
     e.line(fmt(template, ins.dst.type, d=e.dst(ins), a=a, b=b, c=c))
 
 
+@LOWERING.register(*COMPARE)
 def _lower_compare(e, ins: Instr) -> None:
     a, b = ins.args
     compare(e, ins.op, a.type, e.dst(ins), e.o(a), e.o(b))
 
 
+@LOWERING.register("select")
 def _lower_select(e, ins: Instr) -> None:
     c, a, b = ins.args
     select(e, ins.dst.type, e.dst(ins), e.r(c), e.o(a), e.o(b))
 
 
+@LOWERING.register("cvt")
 def _lower_cvt(e, ins: Instr) -> None:
     (a,) = ins.args
     convert(e, e.dst(ins), ins.dst.type, e.r(a), a.type)
 
 
+@LOWERING.register("bitcast")
 def _lower_bitcast(e, ins: Instr) -> None:
     (a,) = ins.args
     bitcast(e, e.dst(ins), ins.dst.type, e.r(a), a.type)
 
 
+@LOWERING.register("sreg")
 def _lower_sreg(e, ins: Instr) -> None:
     e.line(f"mov.u32 {e.dst(ins)}, %{ins.attrs['name']}")
 
 
+@LOWERING.register("shfl")
 def _lower_shfl(e, ins: Instr) -> None:
     value, lane = ins.args
     shuffle(e, ins.attrs["mode"], value.type, e.dst(ins), e.r(value), e.o(lane))
 
 
+@LOWERING.register("vote_any", "vote_all", "ballot")
 def _lower_vote(e, ins: Instr) -> None:
     mode = {"vote_any": "any.pred", "vote_all": "all.pred", "ballot": "ballot.b32"}[ins.op]
     e.line(f"vote.sync.{mode} {e.dst(ins)}, {e.r(ins.args[0])}, 0xffffffff")
 
 
+@LOWERING.register("atomic")
 def _lower_atomic(e, ins: Instr) -> None:
     memory.lower_atomic(e, ins, binary)
 
 
-def _fixed(text: str):
-    def lower(e, ins: Instr) -> None:
-        e.line(text)
-
-    return lower
-
-
-LOWERING = {
-    **{op: _lower_binary for op in BINARY},
-    "floordiv": _lower_binary,
-    "mod": _lower_binary,
-    **{op: _lower_unary for op in UNARY if op != "mov"},
-    "mov": _lower_mov,
-    "fma": _lower_fma,
-    **{op: _lower_compare for op in COMPARE},
-    "select": _lower_select,
-    "cvt": _lower_cvt,
-    "bitcast": _lower_bitcast,
-    "sreg": _lower_sreg,
-    "atomic": _lower_atomic,
-    "shfl": _lower_shfl,
-    "vote_any": _lower_vote,
-    "vote_all": _lower_vote,
-    "ballot": _lower_vote,
-    "sync_threads": _fixed("bar.sync 0"),
-    "sync_warp": _fixed("bar.warp.sync 0xffffffff"),
-    "threadfence": _fixed("membar.gl"),
-    **memory.LOWERING,
-    **tensor.LOWERING,
-    **hopper.LOWERING,
+_FIXED = {
+    "sync_threads": "bar.sync 0",
+    "sync_warp": "bar.warp.sync 0xffffffff",
+    "threadfence": "membar.gl",
 }
+
+
+@LOWERING.register(*_FIXED)
+def _lower_fixed(e, ins: Instr) -> None:
+    e.line(_FIXED[ins.op])
+
+
+LOWERING.include(memory.LOWERING, tensor.LOWERING, hopper.LOWERING)
 LOWERING.update(packed.lowering(LOWERING))  # f16x2/bf16x2 arithmetic, pack/unpack, prmt

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from kaio.ir.legality import native
 from kaio.ir.nodes import Array, Const, Instr
+from kaio.ir.ops import OpTable
 from kaio.ptx.regs import bty, immediate, mem_type
 from kaio.ptx.templates import fmt, pick
 from kaio.types import ScalarType, u32
@@ -33,8 +34,7 @@ ATOMIC = {
     "add": {
         "int": "atom.{sp}.add.u{w} {d}, {addr}, {a}",
         "float": "atom.{sp}.add.{ty} {d}, {addr}, {a}",
-        "f16": "atom.{sp}.add.noftz.f16 {d}, {addr}, {a}",
-        "bf16": "atom.{sp}.add.noftz.bf16 {d}, {addr}, {a}",
+        "half": "atom.{sp}.add.noftz.{ty} {d}, {addr}, {a}",
     },
     "max": {"int": "atom.{sp}.max.{ty} {d}, {addr}, {a}"},
     "min": {"int": "atom.{sp}.min.{ty} {d}, {addr}, {a}"},
@@ -124,38 +124,44 @@ def _mov(t: ScalarType, d: str, a: str) -> str:
     return f"mov.{bty(t)} {d}, {a}"
 
 
-def lower_load(e, ins: Instr) -> None:
-    """``dst = array[idx...]``."""
-    arr, *idxs = ins.args
-    d, t = e.dst(ins), arr.dtype
-    reg = local_register(e, arr, idxs)
-    if reg is not None:
-        e.line(_mov(t, d, reg))
-        return
-    addr, sp = address(e, arr, idxs), SPACE[arr.space]
-    if t.is_bool:
-        byte = e.tmp(u32)
-        e.line(f"ld.{sp}.u8 {byte}, {addr}")
-        e.line(f"setp.ne.u32 {d}, {byte}, 0")
-    else:
-        e.line(f"ld.{sp}.{mem_type(t)} {d}, {addr}")
+# The instructions of a load and of a store: for an element of a local array kept in registers
+# ({x} its register), for one in memory ({x} its address), and for a bool in memory (one byte,
+# 0 or 1, through the u32 register {byte}); {v} is the value loaded or stored.
+ACCESS = {
+    "load": {
+        "register": ("mov.{bt} {v}, {x}",),
+        "memory": ("ld.{sp}.{mt} {v}, {x}",),
+        "bool": ("ld.{sp}.u8 {byte}, {x}", "setp.ne.u32 {v}, {byte}, 0"),
+    },
+    "store": {
+        "register": ("mov.{bt} {x}, {v}",),
+        "memory": ("st.{sp}.{mt} {x}, {v}",),
+        "bool": ("selp.u32 {byte}, 1, 0, {v}", "st.{sp}.u8 {x}, {byte}"),
+    },
+}
 
 
-def lower_store(e, ins: Instr) -> None:
-    """``array[idx...] = value``."""
-    arr, *idxs, value = ins.args
-    t = arr.dtype
-    reg = local_register(e, arr, idxs)
-    if reg is not None:
-        e.line(_mov(t, reg, e.o(value)))
-        return
-    addr, sp = address(e, arr, idxs), SPACE[arr.space]
-    if t.is_bool:
-        byte = e.tmp(u32)
-        e.line(f"selp.u32 {byte}, 1, 0, {e.r(value)}")
-        e.line(f"st.{sp}.u8 {addr}, {byte}")
-    else:
-        e.line(f"st.{sp}.{mem_type(t)} {addr}, {e.o(value)}")
+# Loads and stores; the backend's LOWERING adds atomics (they combine values with its arithmetic).
+LOWERING = OpTable()
+
+
+@LOWERING.register("load", "store")
+def lower_access(e, ins: Instr) -> None:
+    """``dst = array[idx...]`` (``load``) and ``array[idx...] = value`` (``store``), by
+    ``ACCESS``."""
+    arr = ins.args[0]
+    idxs, t = ins.args[1 : 1 + arr.ndim], arr.dtype
+    v = e.dst(ins) if ins.op == "load" else None
+    x = local_register(e, arr, idxs)
+    form = "register" if x is not None else "bool" if t.is_bool else "memory"
+    if x is None:
+        x = address(e, arr, idxs)
+    byte = e.tmp(u32) if form == "bool" else None
+    if v is None:  # a store: selp takes a register, mov and st also an immediate
+        v = (e.r if form == "bool" else e.o)(ins.args[-1])
+    fields = {"bt": bty(t), "sp": SPACE[arr.space], "mt": mem_type(t)}
+    for template in ACCESS[ins.op][form]:
+        e.line(template.format(v=v, x=x, byte=byte, **fields))
 
 
 def lower_atomic(e, ins: Instr, combine) -> None:
@@ -198,7 +204,3 @@ def _cas_loop(e, kind: str, t: ScalarType, sp: str, d: str, addr: str, v: str, c
     e.line(_mov(t, old, seen))
     e.line(f"@{retry} bra {loop}")
     e.line(_mov(t, d, old))
-
-
-# Loads and stores; the backend's LOWERING adds atomics (they combine values with its arithmetic).
-LOWERING = {"load": lower_load, "store": lower_store}

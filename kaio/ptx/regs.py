@@ -26,14 +26,14 @@ import numpy as np
 from kaio.ir.nodes import Const
 from kaio.types import ScalarType
 
-# storage class -> (register prefix, .reg type)
-REG_CLASSES: dict[str, tuple[str, str]] = {
-    "pred": ("%p", ".pred"),
-    "b16": ("%h", ".b16"),
-    "b32": ("%r", ".b32"),
-    "b64": ("%rd", ".b64"),
-    "f32": ("%f", ".f32"),
-    "f64": ("%fd", ".f64"),
+# storage class (its ``.reg`` type) -> register prefix
+REG_PREFIX: dict[str, str] = {
+    "pred": "%p",
+    "b16": "%h",
+    "b32": "%r",
+    "b64": "%rd",
+    "f32": "%f",
+    "f64": "%fd",
 }
 
 

@@ -10,9 +10,11 @@ in pairs through 32-bit registers (``mov.b32 {%h1, %h2}, %r1``), as the hardware
 from __future__ import annotations
 
 from kaio.ir.nodes import Frag, Instr
-from kaio.ir.ops import MMA_KINDS
+from kaio.ir.ops import MMA_KINDS, OpTable
 from kaio.ptx.memory import SPACE, address
 from kaio.types import f32, u32
+
+LOWERING = OpTable()
 
 
 def frag_registers(e, frag: Frag, builtin: str) -> list[str]:
@@ -58,6 +60,7 @@ def _vec_suffix(n: int) -> str:
     return "" if n == 1 else f".v{n}"
 
 
+@LOWERING.register("ld_vec")
 def lower_ld_vec(e, ins: Instr) -> None:
     """``ld.{space}.v{n}.b{w} {regs}, [addr]``."""
     frag, arr, *idxs = ins.args
@@ -67,6 +70,7 @@ def lower_ld_vec(e, ins: Instr) -> None:
     _unpack(e, frag, words)
 
 
+@LOWERING.register("st_vec")
 def lower_st_vec(e, ins: Instr) -> None:
     """``st.{space}.v{n}.b{w} [addr], {regs}``."""
     arr, *idxs, frag = ins.args
@@ -75,6 +79,7 @@ def lower_st_vec(e, ins: Instr) -> None:
     e.line(f"st.{SPACE[arr.space]}{_vec_suffix(len(words))}.b{w} {addr}, {_vector(words)}")
 
 
+@LOWERING.register("ldmatrix")
 def lower_ldmatrix(e, ins: Instr) -> None:
     """``ldmatrix.sync.aligned.m8n8.x{n}[.trans].shared.b16``."""
     frag, arr, *idxs = ins.args
@@ -96,6 +101,7 @@ def _as_b32(e, regs: list[str], frag: Frag) -> list[str]:
     return out
 
 
+@LOWERING.register("mma")
 def lower_mma(e, ins: Instr) -> None:
     """``mma.sync.aligned.{shape}.row.col.{acc}.{in}.{in}.{acc} d, a, b, c``."""
     kind = MMA_KINDS[ins.attrs["kind"]]
@@ -108,6 +114,7 @@ def lower_mma(e, ins: Instr) -> None:
     e.line(f"mma.sync.aligned.{kind.ptx_shape}.row.col.{types} {operands}")
 
 
+@LOWERING.register("to_tf32")
 def lower_to_tf32(e, ins: Instr) -> None:
     """``cvt.rna.tf32.f32`` (its result is a .b32 bit pattern, moved back to f32)."""
     bits = e.tmp(u32)
@@ -125,6 +132,7 @@ def cp_async_operands(ins: Instr) -> tuple:
     return dst, dst_idx, src, src_idx, ins.args[-1], ins.attrs["bytes"], ins.attrs["cache"]
 
 
+@LOWERING.register("cp_async")
 def lower_cp_async(e, ins: Instr) -> None:
     """``cp.async.{ca,cg}.shared.global [dst], [src], bytes[, src_bytes]``."""
     dst, dst_idx, src, src_idx, size, nbytes, cache = cp_async_operands(ins)
@@ -134,23 +142,13 @@ def lower_cp_async(e, ins: Instr) -> None:
     e.line(f"cp.async.{cache}.shared.global {d}, {s}, {nbytes}{tail}")
 
 
+@LOWERING.register("cp_async_commit")
 def lower_cp_async_commit(e, ins: Instr) -> None:
     """``cp.async.commit_group``."""
     e.line("cp.async.commit_group")
 
 
+@LOWERING.register("cp_async_wait")
 def lower_cp_async_wait(e, ins: Instr) -> None:
     """``cp.async.wait_group n``."""
     e.line(f"cp.async.wait_group {ins.attrs['pending']}")
-
-
-LOWERING = {
-    "ld_vec": lower_ld_vec,
-    "st_vec": lower_st_vec,
-    "ldmatrix": lower_ldmatrix,
-    "mma": lower_mma,
-    "to_tf32": lower_to_tf32,
-    "cp_async": lower_cp_async,
-    "cp_async_commit": lower_cp_async_commit,
-    "cp_async_wait": lower_cp_async_wait,
-}

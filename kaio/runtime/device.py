@@ -98,6 +98,19 @@ def device_count() -> int:
     return check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
 
 
+def _attribute(name: str, doc: str) -> cached_property:
+    """A ``Device`` property read once from the driver: ``CU_DEVICE_ATTRIBUTE_<name>`` (an
+    int), or, for a name with ``{c}``, the triple of its X, Y and Z attributes."""
+
+    def read(self: Device) -> int | tuple[int, int, int]:
+        if "{c}" in name:
+            return tuple(self.attribute(name.format(c=c)) for c in "XYZ")
+        return self.attribute(name)
+
+    read.__doc__ = doc
+    return cached_property(read)
+
+
 class Device:
     """One CUDA device. ``kaio.Device(0)`` is the same object every time.
 
@@ -169,35 +182,19 @@ class Device:
         """Global memory in bytes."""
         return check(cu.cuDeviceTotalMem(self._handle), "cuDeviceTotalMem")
 
-    @cached_property
-    def multiprocessor_count(self) -> int:
-        """Number of SMs."""
-        return self.attribute("MULTIPROCESSOR_COUNT")
-
-    @cached_property
-    def max_threads_per_block(self) -> int:
-        """The most threads one block may have."""
-        return self.attribute("MAX_THREADS_PER_BLOCK")
-
-    @cached_property
-    def max_block_dim(self) -> tuple[int, int, int]:
-        """The largest block extent in x, y and z."""
-        return tuple(self.attribute(f"MAX_BLOCK_DIM_{c}") for c in "XYZ")
-
-    @cached_property
-    def max_grid_dim(self) -> tuple[int, int, int]:
-        """The largest grid extent in x, y and z."""
-        return tuple(self.attribute(f"MAX_GRID_DIM_{c}") for c in "XYZ")
-
-    @cached_property
-    def max_shared_per_block(self) -> int:
-        """Shared memory a block gets without opting in (48 KB)."""
-        return self.attribute("MAX_SHARED_MEMORY_PER_BLOCK")
-
-    @cached_property
-    def max_shared_per_block_optin(self) -> int:
-        """The most shared memory a block may opt in to (227 KB on H100)."""
-        return self.attribute("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN")
+    multiprocessor_count = _attribute("MULTIPROCESSOR_COUNT", "Number of SMs.")
+    max_threads_per_block = _attribute(
+        "MAX_THREADS_PER_BLOCK", "The most threads one block may have."
+    )
+    max_block_dim = _attribute("MAX_BLOCK_DIM_{c}", "The largest block extent in x, y and z.")
+    max_grid_dim = _attribute("MAX_GRID_DIM_{c}", "The largest grid extent in x, y and z.")
+    max_shared_per_block = _attribute(
+        "MAX_SHARED_MEMORY_PER_BLOCK", "Shared memory a block gets without opting in (48 KB)."
+    )
+    max_shared_per_block_optin = _attribute(
+        "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN",
+        "The most shared memory a block may opt in to (227 KB on H100).",
+    )
 
     @property
     def context(self):

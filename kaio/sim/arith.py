@@ -98,19 +98,10 @@ def abs_(t: ScalarType, a):
     return _abs_half(np.asarray(a)) if _half(t) else np.abs(a)
 
 
-def shl(t: ScalarType, a, n):
-    """``a << n`` with a u32 amount; amounts >= the width give 0."""
-    s = np.minimum(n, t.bits - 1).astype(t.np_dtype)
-    return np.where(n >= t.bits, np.zeros((), t.np_dtype), np.left_shift(a, s))
-
-
-def shr(t: ScalarType, a, n):
-    """``a >> n`` with a u32 amount: arithmetic for signed types; clamped like PTX."""
-    s = np.minimum(n, t.bits - 1).astype(t.np_dtype)
-    shifted = np.right_shift(a, s)
-    if t.kind == "int":
-        return shifted  # a shift by width-1 already gives the sign fill
-    return np.where(n >= t.bits, np.zeros((), t.np_dtype), shifted)
+def integer(op: str):
+    """An op of integers or bools only: ``kaio.numerics.integer_op``, which the constant
+    folder computes with too."""
+    return lambda t, *vals: numerics.integer_op(op, t, *vals)
 
 
 def fma(t: ScalarType, a, b, c):

@@ -46,13 +46,13 @@ def _lanes_text(m, lanes: np.ndarray) -> str:
 
 def _divergence_error(m, ins: Instr, what: str, group: np.ndarray, unit: str, hint: str):
     """Raise for ``group`` (lane indices of one warp or block) being partly active."""
-    arrived = group[m.mask[group]]
-    missing = group[m.alive[group] & ~m.mask[group]]
+    block = m.block_coords(int(group[0]))
+    reached = _lanes_text(m, group[m.mask[group]])
+    missing = _lanes_text(m, group[m.alive[group] & ~m.mask[group]])
     raise SimulationError(
-        f"{m.where(ins)}: {what} in divergent code: in {unit}block "
-        f"{m.block_coords(int(group[0]))}, threads {_lanes_text(m, arrived)} reached it but "
-        f"threads {_lanes_text(m, missing)} did not (they took another branch, left a loop "
-        f"early or are in another iteration){m.source(ins)}\n{hint}"
+        f"{m.where(ins)}: {what} in divergent code: in {unit}block {block}, threads {reached} "
+        f"reached it but threads {missing} did not (they took another branch, left a loop early "
+        f"or are in another iteration){m.source(ins)}\n{hint}"
     )
 
 
