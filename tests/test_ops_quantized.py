@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import os
+import re
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
@@ -222,6 +223,12 @@ SWAP_CASES = [
     (40, 200, 256, None, (1, 48, 2, 1, 0, 1, 2), None),  # pairs of tiles sharing a by multicast
     (70, 136, 384, "bfloat16", (1, 32, 2, 1, 0, 1, 2), 2),  # 6 pairs on a cluster, odd grid_n
     (40, 200, 512, "float16", (1, 48, 2, 2, 0, 1), None),  # pairs and a K split along z
+    # three fragment buffers (BUFS 3): 10 slices (one after the groups of 3) on 3 stages, the
+    # persistent loop; 8 slices (two after) with multicast pairs and FENCE 2
+    (20, 136, 640, "float16", (2, 24, 3, 1, 0, 0, 1, 3), 1),
+    (40, 200, 512, None, (1, 48, 4, 1, 0, 1, 2, 3), None),
+    # a cluster sum of two trips a thread (SUM_UNROLL pairs each), the last rows past M
+    (60, 64, 256, "bfloat16", (1, 64, 2, 2, 1), None),
 ]
 
 
@@ -243,6 +250,18 @@ def test_int4_wgmma_in_simulator(m, n, k, out_dtype, config, sms, poisoned):
     assert c.shape == (m, n) and np.isfinite(c).all()
     assert np.all(np.abs(c - ref) <= 1e-6 * bound + rounding * np.abs(ref))
     assert np.abs(ref).max() > 10  # a real product
+
+
+def test_int4_swap_rejects_bad_buffers():
+    """int4_swap's BUFS is 2 or 3, and 3 fragment buffers need 3 ring stages (a slice's
+    stage is freed two slices later): both refused with what to change."""
+    from kaio_ops import _int4_hopper
+
+    with pytest.raises(ValueError, match="must be 2 or 3"):
+        _int4_hopper.swap_launch_plan(64, 128, 256, (1, 64, 0, 1, 0, 0, 2, 4), 132, f16)
+    with pytest.raises(ValueError, match="need 3 stages, got 2"):
+        _int4_hopper.swap_launch_plan(64, 128, 256, (1, 64, 2, 1, 0, 0, 2, 3), 132, f16)
+    assert _int4_hopper.swap_launch_plan(64, 128, 256, (1, 64, 3, 1, 0, 0, 2, 3), 132, f16)
 
 
 def test_int4_wgmma_dispatch(monkeypatch):
@@ -359,6 +378,35 @@ def test_int4_swap_plans_fit():
     for consts in seen.values():
         report = assemble(_int4_hopper.int4_swap.ptx(arch="sm_90", **consts), "sm_90a")
         assert " 0 bytes spill stores" in report and "C751" not in report, (consts, report)
+        _assert_registers_balance(report, consts)
+
+
+def _assert_registers_balance(report: str, consts: dict) -> None:
+    """The setmaxnreg of an int4_swap build (ptxas ``report``) can be granted: the consumers'
+    ``REGS`` and the producer's registers fit in what the block is launched with (ptxas's
+    count times its threads); asking for more hangs ``setmaxnreg.inc`` on the GPU."""
+    from kaio_ops._attention_hopper import PRODUCER_REGS
+
+    if not consts["REGS"]:
+        return
+    used = int(re.search(r"Used (\d+) registers", report).group(1))
+    wg = consts["WG"]
+    assert consts["REGS"] * 128 * wg + PRODUCER_REGS * 128 <= used * 128 * (wg + 1), (consts, used)
+
+
+@pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
+def test_int4_swap_registers_can_be_granted():
+    """Every consumer count's setmaxnreg balances against the block's registers as ptxas
+    builds it (4 warpgroups: 96 a thread of 640, so the consumers get 112, not 120)."""
+    from kaio_ops import _int4_hopper
+
+    for wg, bm in ((2, 256), (3, 128), (4, 64)):
+        consts = {"WG": wg, "BM": bm, "STAGES": _int4_hopper.swap_stages(wg, bm), "SPLIT": 2,
+                  "CL": 0, "REGS": _int4_hopper.swap_registers(wg), "OUT": f16, "MC": 0,
+                  "FENCE": 2, "BUFS": 2}  # fmt: skip
+        report = assemble(_int4_hopper.int4_swap.ptx(arch="sm_90", **consts), "sm_90a")
+        assert " 0 bytes spill stores" in report, (consts, report)
+        _assert_registers_balance(report, consts)
 
 
 # --------------------------------------------------------------------------- int8 on wgmma
@@ -861,11 +909,13 @@ def test_gpu_int4_multi_tile(m, monkeypatch):
 @pytest.mark.parametrize(
     "m, n, k, out_dtype",
     [(17, 4096, 4096, None), (200, 4104, 4096, None), (1000, 1024, 14336, "float16"),
-     (300, 4096, 4096, None), (2048, 8192, 4096, "float16"), (4096, 4096, 4096, "bfloat16")],
+     (300, 4096, 4096, None), (2048, 8192, 4096, "float16"), (4096, 4096, 4096, "bfloat16"),
+     (100, 8192, 4096, None), (256, 8192, 2048, "float16")],
 )  # fmt: skip
 def test_gpu_int4_wgmma(m, n, k, out_dtype):
-    """M > 16 on sm_90 (the wgmma kernel: a workspace K split, multicast pairs with and
-    without a split, a cluster K split; from DEQUANT_M the f16 weight and kaio_ops.matmul;
+    """M > 16 on sm_90 (the wgmma kernel: 4 consumer warpgroups, a workspace K split,
+    multicast pairs with and without a split, a cluster pair's K split at 65-128, 129-256
+    and 257-512 rows; from DEQUANT_M the f16 weight and kaio_ops.matmul;
     elsewhere the other paths): every element against
     float64 products within the f32 sums' slack plus the output's rounding, and the same
     bits on a second call (a race would move them)."""
