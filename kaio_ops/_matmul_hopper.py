@@ -309,7 +309,7 @@ def matmul_wgmma(
             free_stage(bars, ps, lt, PAIR)  # the tile's last stage, before the epilogue
             # the epilogue: this warpgroup's 64 rows (in a pair, of block rank's half)
             row0, col0 = place(tile0 + i * step, tiles_m, tiles_n, BN, GROUP, ROWS)
-            row0 += rank * BM + 64 * i32(wg)
+            row0 = row0 + rank * BM + 64 * i32(wg)
             store_rows(acc, c0, c1, c2, row0, col0, m, n, n0, n1, s0, s1, s2, lt, BN=BN, OUT=OUT)
     elif t == CONSUMERS:  # the producer: each K slice of each tile, STAGES ahead at most
         kt = i32(0)  # the producer's position: K slice kt of tile number tile, at row0, col0
