@@ -55,8 +55,8 @@ def grouped(tile: i32, tiles_m: i32, tiles_n: i32, GROUP: kaio.constexpr) -> i32
 
 
 @kaio.gpu_func
-def place(tile: i32, tiles_m: i32, tiles_n: i32, BN: kaio.constexpr, GROUP: kaio.constexpr,
-          ROWS: kaio.constexpr) -> tuple[i32, i32]:  # fmt: skip
+def tile_origin(tile: i32, tiles_m: i32, tiles_n: i32, BN: kaio.constexpr, GROUP: kaio.constexpr,
+                ROWS: kaio.constexpr) -> tuple[i32, i32]:  # fmt: skip
     """``(row0, col0)``: the first row and column of tile number ``tile`` (tiles of
     ``ROWS x BN``)."""
     idx = grouped(tile, tiles_m, tiles_n, GROUP)
@@ -64,19 +64,42 @@ def place(tile: i32, tiles_m: i32, tiles_n: i32, BN: kaio.constexpr, GROUP: kaio
 
 
 @kaio.gpu_func
-def next_slice(kt: i32, tile: i32, row0: i32, col0: i32, k_tiles: i32, step: i32,
-               tiles_m: i32, tiles_n: i32, BN: kaio.constexpr, GROUP: kaio.constexpr,
-               ROWS: kaio.constexpr):  # fmt: skip
+def next_position(kt: i32, tile: i32, row0: i32, col0: i32, k_tiles: i32, step: i32,
+                  tiles_m: i32, tiles_n: i32, BN: kaio.constexpr, GROUP: kaio.constexpr,
+                  ROWS: kaio.constexpr):  # fmt: skip
     """The producer's position ``(kt, tile, row0, col0)`` (K slice, tile number, the tile's
     first row and column) after K slice ``kt`` of ``tile``: the next tile's first slice
-    (``place``) after the tile's last, dividing only when the tile changes (the short path
-    keeps the producer ahead of the consumers)."""
+    (``tile_origin``) after the tile's last, dividing only when the tile changes (the short
+    path keeps the producer ahead of the consumers)."""
     kt += 1
     if kt == k_tiles:
         kt = 0
         tile += step
-        row0, col0 = place(tile, tiles_m, tiles_n, BN, GROUP, ROWS)
+        row0, col0 = tile_origin(tile, tiles_m, tiles_n, BN, GROUP, ROWS)
     return kt, tile, row0, col0
+
+
+@kaio.gpu_func
+def place(at: i32[:], tiles_m: i32, tiles_n: i32, BN: kaio.constexpr, GROUP: kaio.constexpr,
+          ROWS: kaio.constexpr):  # fmt: skip
+    """``tile_origin`` on a position array ``at`` (K slice, tile number, first row, first
+    column): sets ``at[2], at[3]`` for tile ``at[1]``. The form ``_fp8_hopper`` and
+    ``_int8_hopper`` still use."""
+    row0, col0 = tile_origin(at[1], tiles_m, tiles_n, BN, GROUP, ROWS)
+    at[2] = row0
+    at[3] = col0
+
+
+@kaio.gpu_func
+def next_slice(at: i32[:], k_tiles: i32, step: i32, tiles_m: i32, tiles_n: i32,
+               BN: kaio.constexpr, GROUP: kaio.constexpr, ROWS: kaio.constexpr):  # fmt: skip
+    """``next_position`` on a position array ``at`` (as ``place``)."""
+    kt, tile, row0, col0 = next_position(at[0], at[1], at[2], at[3], k_tiles, step, tiles_m,
+                                         tiles_n, BN, GROUP, ROWS)  # fmt: skip
+    at[0] = kt
+    at[1] = tile
+    at[2] = row0
+    at[3] = col0
 
 
 @kaio.gpu_func
@@ -308,18 +331,18 @@ def matmul_wgmma(
             kaio.wgmma_wait(0)
             free_stage(bars, ps, lt, PAIR)  # the tile's last stage, before the epilogue
             # the epilogue: this warpgroup's 64 rows (in a pair, of block rank's half)
-            row0, col0 = place(tile0 + i * step, tiles_m, tiles_n, BN, GROUP, ROWS)
+            row0, col0 = tile_origin(tile0 + i * step, tiles_m, tiles_n, BN, GROUP, ROWS)
             row0 = row0 + rank * BM + 64 * i32(wg)
             store_rows(acc, c0, c1, c2, row0, col0, m, n, n0, n1, s0, s1, s2, lt, BN=BN, OUT=OUT)
     elif t == CONSUMERS:  # the producer: each K slice of each tile, STAGES ahead at most
         kt = i32(0)  # the producer's position: K slice kt of tile number tile, at row0, col0
         tile = tile0
-        row0, col0 = place(tile, tiles_m, tiles_n, BN, GROUP, ROWS)
+        row0, col0 = tile_origin(tile, tiles_m, tiles_n, BN, GROUP, ROWS)
         for g in range(slices):
             if g >= STAGES:  # stage s held slice g - STAGES: wait until both freed it
                 kaio.mbarrier_wait(bars, (1, s), ph ^ 1)
             produce(sa, sb, bars, ta, tb, s, kt, row0, col0, rank, BN=BN, IN=IN, PAIR=PAIR)
-            kt, tile, row0, col0 = next_slice(
+            kt, tile, row0, col0 = next_position(
                 kt, tile, row0, col0, k_tiles, step, tiles_m, tiles_n, BN, GROUP, ROWS
             )
             s, ph = next_stage(s, ph, STAGES)
