@@ -393,8 +393,14 @@ def attention_fwd(
     kvh = kv_head(bh, heads, group)
     q0 = (kaio.grid_dim_x() - 1 - kaio.block_idx_x()) * BM
     attend_rows(
-        q, k, v, out, lse, bh * sq * d, d, kvh * sk * d, d, kvh * sk * dv, dv, bh * sq * dv, dv,
-        bh * sq, sq, sk, d, dv, q0, causal, 0, 0, scale_log2, DP, WARPS, BN, VEC, DT, OT,
+        q, k, v, out, lse,
+        q_base=bh * sq * d, q_stride=d,
+        k_base=kvh * sk * d, k_stride=d,
+        v_base=kvh * sk * dv, v_stride=dv,
+        o_base=bh * sq * dv, o_stride=dv,
+        lse_base=bh * sq,
+        sq=sq, sk=sk, d=d, dv=dv, q0=q0, causal=causal, shift_q=0, shift_k=0,
+        scale_log2=scale_log2, DP=DP, WARPS=WARPS, BN=BN, VEC=VEC, DT=DT, OT=OT,
     )  # fmt: skip
 
 
@@ -547,8 +553,12 @@ def attention_bwd_dq(
     kvh = kv_head(bh, heads, group)
     q0 = (kaio.grid_dim_x() - 1 - kaio.block_idx_x()) * 64
     dq_rows(
-        q, k, v, do, lse, delta, dq, bh * sq * d, d, kvh * sk * d, d, bh * sq, bh * sq, 1,
-        sq, sk, d, q0, causal, 0, 0, scale_log2, scale, DP, BN, DT, OT,
+        q, k, v, do, lse, delta, dq,
+        q_base=bh * sq * d, q_stride=d,
+        k_base=kvh * sk * d, k_stride=d,
+        lse_base=bh * sq, delta_base=bh * sq, delta_stride=1,
+        sq=sq, sk=sk, d=d, q0=q0, causal=causal, shift_q=0, shift_k=0,
+        scale_log2=scale_log2, scale=scale, DP=DP, BN=BN, DT=DT, OT=OT,
     )  # fmt: skip
 
 
@@ -641,10 +651,14 @@ def attention_bwd_dkdv(
     kv_heads = heads // group
     first_head = kvh // kv_heads * heads + kvh % kv_heads * group
     dkdv_rows(
-        q, k, v, do, lse, delta, dk, dv, first_head * sq * d, sq * d, d, kvh * sk * d, d,
-        first_head * sq, sq, first_head * sq, sq, 1, group, sq, sk, d,
-        kaio.block_idx_x() * 64, causal, 0, 0, scale_log2, scale,
-        DP, BQ, WITH_DK, WITH_DV, DT, OT,
+        q, k, v, do, lse, delta, dk, dv,
+        q_base=first_head * sq * d, q_head=sq * d, q_stride=d,
+        k_base=kvh * sk * d, k_stride=d,
+        lse_base=first_head * sq, lse_head=sq,
+        delta_base=first_head * sq, delta_head=sq, delta_stride=1,
+        group=group, sq=sq, sk=sk, d=d, k0=kaio.block_idx_x() * 64, causal=causal,
+        shift_q=0, shift_k=0, scale_log2=scale_log2, scale=scale,
+        DP=DP, BQ=BQ, WITH_DK=WITH_DK, WITH_DV=WITH_DV, DT=DT, OT=OT,
     )  # fmt: skip
 
 

@@ -56,9 +56,14 @@ def varlen_fwd(
     q_base = (start_q * heads + h) * d
     k_base = (start_k * kv_heads + h // group) * d
     attend_rows(
-        q, k, v, out, lse, q_base, heads * d, k_base, kv_heads * d, k_base, kv_heads * d,
-        q_base, heads * d, h * total_q + start_q, sq, sk, d, d, q0, causal, sq, sk,
-        scale_log2, DP, WARPS, BN, True, DT, DT,
+        q, k, v, out, lse,
+        q_base=q_base, q_stride=heads * d,
+        k_base=k_base, k_stride=kv_heads * d,
+        v_base=k_base, v_stride=kv_heads * d,
+        o_base=q_base, o_stride=heads * d,
+        lse_base=h * total_q + start_q,
+        sq=sq, sk=sk, d=d, dv=d, q0=q0, causal=causal, shift_q=sq, shift_k=sk,
+        scale_log2=scale_log2, DP=DP, WARPS=WARPS, BN=BN, VEC=True, DT=DT, OT=DT,
     )  # fmt: skip
 
 
@@ -79,10 +84,12 @@ def varlen_bwd_dq(
         return
     kv_heads = heads // group
     dq_rows(
-        q, k, v, do, lse, delta, dq, (start_q * heads + h) * d, heads * d,
-        (start_k * kv_heads + h // group) * d, kv_heads * d, h * total_q + start_q,
-        start_q * heads + h, heads, sq, sk, d, q0, causal, sq, sk, scale_log2, scale,
-        DP, BN, DT, DT,
+        q, k, v, do, lse, delta, dq,
+        q_base=(start_q * heads + h) * d, q_stride=heads * d,
+        k_base=(start_k * kv_heads + h // group) * d, k_stride=kv_heads * d,
+        lse_base=h * total_q + start_q, delta_base=start_q * heads + h, delta_stride=heads,
+        sq=sq, sk=sk, d=d, q0=q0, causal=causal, shift_q=sq, shift_k=sk,
+        scale_log2=scale_log2, scale=scale, DP=DP, BN=BN, DT=DT, OT=DT,
     )  # fmt: skip
 
 
@@ -105,8 +112,12 @@ def varlen_bwd_dkdv(
     kv_heads = heads // group
     first_head = kvh * group
     dkdv_rows(
-        q, k, v, do, lse, delta, dk, dv, (start_q * heads + first_head) * d, d, heads * d,
-        (start_k * kv_heads + kvh) * d, kv_heads * d, first_head * total_q + start_q, total_q,
-        start_q * heads + first_head, 1, heads, group, sq, sk, d, k0, causal, sq, sk,
-        scale_log2, scale, DP, BQ, WITH_DK, WITH_DV, DT, DT,
+        q, k, v, do, lse, delta, dk, dv,
+        q_base=(start_q * heads + first_head) * d, q_head=d, q_stride=heads * d,
+        k_base=(start_k * kv_heads + kvh) * d, k_stride=kv_heads * d,
+        lse_base=first_head * total_q + start_q, lse_head=total_q,
+        delta_base=start_q * heads + first_head, delta_head=1, delta_stride=heads,
+        group=group, sq=sq, sk=sk, d=d, k0=k0, causal=causal, shift_q=sq, shift_k=sk,
+        scale_log2=scale_log2, scale=scale,
+        DP=DP, BQ=BQ, WITH_DK=WITH_DK, WITH_DV=WITH_DV, DT=DT, OT=DT,
     )  # fmt: skip

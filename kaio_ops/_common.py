@@ -135,31 +135,36 @@ def block_sum(v: f32, red: f32[:]) -> f32:
 
 
 @kaio.gpu_func
-def merge_max_sum(m: f32, s: f32, acc: f32[:]):
-    """acc[0], acc[1] = the running (max, sum of exp(v - max)) merged with the pair (m, s)."""
-    top = kaio.max(acc[0], m)
-    acc[1] = acc[1] * kaio.exp(acc[0] - top) + s * kaio.exp(m - top)
-    acc[0] = top
+def merge_max_sum(m: f32, s: f32, m2: f32, s2: f32) -> tuple[f32, f32]:
+    """The running ``(max, sum of exp(v - max))`` pair ``(m, s)`` merged with ``(m2, s2)``."""
+    top = kaio.max(m, m2)
+    return top, s * kaio.exp(m - top) + s2 * kaio.exp(m2 - top)
 
 
 @kaio.gpu_func
-def block_max_sum(acc: f32[:], red_m: f32[:], red_s: f32[:]):
-    """Merge every thread's (acc[0] max, acc[1] sum of exp(v - max)) over the block; every
-    thread gets the block's pair in acc. ``red_m``, ``red_s``: shared f32[32] arrays."""
+def warp_max_sum(m: f32, s: f32) -> tuple[f32, f32]:
+    """The ``(max, sum of exp(v - max))`` pairs of the warp's lanes merged, in every lane."""
     for k in kaio.static_range(5):
-        merge_max_sum(kaio.shfl_xor(acc[0], 16 >> k), kaio.shfl_xor(acc[1], 16 >> k), acc)
+        m, s = merge_max_sum(m, s, kaio.shfl_xor(m, 16 >> k), kaio.shfl_xor(s, 16 >> k))
+    return m, s
+
+
+@kaio.gpu_func
+def block_max_sum(m: f32, s: f32, red_m: f32[:], red_s: f32[:]) -> tuple[f32, f32]:
+    """The ``(max, sum of exp(v - max))`` pairs of the block's threads merged, in every
+    thread. ``red_m``, ``red_s``: shared f32[32] arrays."""
+    m, s = warp_max_sum(m, s)
     lane = kaio.lane_id()
     if lane == 0:
-        red_m[kaio.warp_id()] = acc[0]
-        red_s[kaio.warp_id()] = acc[1]
+        red_m[kaio.warp_id()] = m
+        red_s[kaio.warp_id()] = s
     kaio.sync_threads()
-    acc[0] = LOWEST
-    acc[1] = 0.0
+    m = LOWEST
+    s = 0.0
     if lane < (kaio.block_dim_x() >> 5):
-        acc[0] = red_m[lane]
-        acc[1] = red_s[lane]
-    for k in kaio.static_range(5):
-        merge_max_sum(kaio.shfl_xor(acc[0], 16 >> k), kaio.shfl_xor(acc[1], 16 >> k), acc)
+        m = red_m[lane]
+        s = red_s[lane]
+    return warp_max_sum(m, s)
 
 
 LOG2E = 1.4426950408889634  # exp(v) = exp2_ftz(v * LOG2E): one instruction

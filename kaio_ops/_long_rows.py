@@ -71,7 +71,7 @@ SIM_CLUSTERS = 2  # the persistent grid in the simulator: a cluster takes severa
 # persistent grid with both exponentials 57%, _softmax_rows 61%. _softmax_rows on an H100:
 # 16 x 256 threads best for f32, 8 x 1024 3-8% slower, 16 x 512 15-40% slower; bf16 8 x 256
 # fastest, 8 x 512 up to 30% slower, 4 x 512 16% slower.
-MAX, EXPSUM = 0, 1
+MAX, EXPSUM = 0, 1  # a block's pair in shared memory (``cluster_max_sum``)
 
 
 @kaio.gpu_kernel
@@ -92,10 +92,7 @@ def _softmax_f32(
     kaio.cluster_dims(CLUSTER)
     kaio.launch_bounds(THREADS, BLOCKS)
     cache = kaio.shared_dynamic(f32)
-    span = kaio.local(u32, (2,))
-    block_slice(n, VEC, CLUSTER, span)
-    first = span[0]
-    count = span[1]
+    first, count = block_slice(n, VEC, CLUSTER)
     clusters = kaio.grid_dim_x() // CLUSTER
     start = kaio.block_idx_x() // CLUSTER
     rounds = kaio.select(start < rows, (rows - start + clusters - 1) // clusters, 0)
@@ -107,43 +104,42 @@ def _softmax_f32(
                 if c < count:
                     fill(VEC, cache, c * VEC, x, start * n + (first + c) * VEC)
             kaio.cp_async_commit()
-    acc = kaio.local(f32, (2,))
     tops = kaio.local(f32, (GROUPS,))  # each group's max
     raw = kaio.local(f32, (UNROLL, VEC))
     ov = kaio.local(f32, (VEC,))
     for k in range(rounds):
-        acc[MAX] = LOWEST
-        acc[EXPSUM] = 0.0
+        top = LOWEST  # the running max and sum of exp(x - top) of this thread's part of the row
+        total = 0.0
         for g in kaio.static_range(GROUPS):
             if GROUPS - 1 - g > MAX_PENDING:
                 kaio.cp_async_wait(MAX_PENDING)  # waiting for more groups than needed is safe
             else:
                 kaio.cp_async_wait(GROUPS - 1 - g)
-            top = LOWEST  # finite, so a chunk of -inf gives exp(-inf) = 0, not NaN
+            group_top = LOWEST  # finite, so a chunk of -inf gives exp(-inf) = 0, not NaN
             for u in kaio.static_range(UNROLL):
                 c = t + (g * UNROLL + u) * THREADS
                 if c < count:
                     fetch(VEC, raw, u, cache, c * VEC, f32)
                     for j in kaio.static_range(VEC):
-                        top = kaio.max(top, raw[u, j])
-            tops[g] = top
+                        group_top = kaio.max(group_top, raw[u, j])
+            tops[g] = group_top
             s = 0.0
             for u in kaio.static_range(UNROLL):
                 c = t + (g * UNROLL + u) * THREADS
                 if c < count:
                     for j in kaio.static_range(VEC):
-                        ov[j] = kaio.exp2_ftz((raw[u, j] - top) * LOG2E)
+                        ov[j] = kaio.exp2_ftz((raw[u, j] - group_top) * LOG2E)
                         s += ov[j]
                     store_f32(cache, c * VEC, ov, 0, VEC, f32)
-            merge_max_sum(top, s, acc)
+            top, total = merge_max_sum(top, total, group_top, s)
         if k > 0:
             kaio.cluster_wait()  # every block has read the previous row's pair
-        cluster_max_sum(acc, CLUSTER)
-        inv = 1.0 / acc[EXPSUM]
+        top, total = cluster_max_sum(top, total, CLUSTER)
+        inv = 1.0 / total
         base = (start + k * clusters) * n + first * VEC
         following = base + clusters * n  # the same slice of the cluster's next row
         for g in kaio.static_range(GROUPS):
-            scale = kaio.exp2_ftz((tops[g] - acc[MAX]) * LOG2E) * inv
+            scale = kaio.exp2_ftz((tops[g] - top) * LOG2E) * inv
             for u in kaio.static_range(UNROLL):
                 c = t + (g * UNROLL + u) * THREADS
                 if c < count:
@@ -159,13 +155,13 @@ def _softmax_f32(
 
 
 @kaio.gpu_func
-def block_slice(n: u32, VEC: kaio.constexpr, CLUSTER: kaio.constexpr, span: u32[:]):
-    """span[0], span[1] = the first chunk and the number of chunks of this block's slice of a
-    row of ``n`` elements in chunks of VEC (the last blocks' may be shorter or empty)."""
+def block_slice(n: u32, VEC: kaio.constexpr, CLUSTER: kaio.constexpr) -> tuple[u32, u32]:
+    """``(first, count)``: the first chunk and the number of chunks of this block's slice of
+    a row of ``n`` elements in chunks of VEC (the last blocks' may be shorter or empty)."""
     chunks = n // VEC
     per = (chunks + CLUSTER - 1) // CLUSTER
-    span[0] = kaio.cluster_rank() * per
-    span[1] = kaio.select(span[0] < chunks, kaio.min(per, chunks - span[0]), 0)
+    first = kaio.cluster_rank() * per
+    return first, kaio.select(first < chunks, kaio.min(per, chunks - first), 0)
 
 
 @kaio.gpu_func
@@ -179,24 +175,27 @@ def fill(VEC: kaio.constexpr, cache: f32[:], i: u32, src: f32[:], j: u32):
 
 
 @kaio.gpu_func
-def cluster_max_sum(acc: f32[:], CLUSTER: kaio.constexpr):
-    """Merge every thread's (acc[0] max, acc[1] sum of exp(v - max)) over the cluster: over
-    the block, then the blocks' pairs published in shared ``pair`` and read from each block's
-    shared memory; every thread gets the row's pair in acc. Ends with ``cluster_arrive``: the
-    block must ``cluster_wait`` before it calls this again or exits."""
+def cluster_max_sum(m: f32, s: f32, CLUSTER: kaio.constexpr) -> tuple[f32, f32]:
+    """Every thread's ``(max, sum of exp(v - max))`` pair ``(m, s)`` merged over the cluster:
+    over the block, then the blocks' pairs published in shared ``pair`` and read from each
+    block's shared memory; every thread gets the row's pair. Ends with ``cluster_arrive``:
+    the block must ``cluster_wait`` before it calls this again or exits."""
     pair = kaio.shared(f32, (2,))
     red0 = kaio.shared(f32, (32,))
     red1 = kaio.shared(f32, (32,))
-    block_max_sum(acc, red0, red1)
+    m, s = block_max_sum(m, s, red0, red1)
     if kaio.thread_idx_x() == 0:
-        pair[MAX] = acc[MAX]
-        pair[EXPSUM] = acc[EXPSUM]
+        pair[MAX] = m
+        pair[EXPSUM] = s
     kaio.cluster_sync()
-    acc[MAX] = LOWEST
-    acc[EXPSUM] = 0.0
+    m = LOWEST
+    s = 0.0
     for r in kaio.static_range(CLUSTER):
-        merge_max_sum(kaio.cluster_load(pair, MAX, r), kaio.cluster_load(pair, EXPSUM, r), acc)
+        m, s = merge_max_sum(
+            m, s, kaio.cluster_load(pair, MAX, r), kaio.cluster_load(pair, EXPSUM, r)
+        )
     kaio.cluster_arrive()  # this block has read the others' pairs
+    return m, s
 
 
 @kaio.gpu_kernel
@@ -214,35 +213,31 @@ def _softmax_rows(
     kaio.cluster_dims(CLUSTER)
     kaio.launch_bounds(THREADS)
     cache = kaio.shared_dynamic(DT)
-    span = kaio.local(u32, (2,))
-    block_slice(n, VEC, CLUSTER, span)
-    first = span[0]
-    count = span[1]
+    first, count = block_slice(n, VEC, CLUSTER)
     base = kaio.block_idx_x() // CLUSTER * n + first * VEC
     t = kaio.thread_idx_x()
     nt = THREADS
-    acc = kaio.local(f32, (2,))
-    acc[MAX] = LOWEST
-    acc[EXPSUM] = 0.0
+    top = LOWEST  # the running max and sum of exp(x - top) of this thread's part of the row
+    total = 0.0
     raw = kaio.local(DT, (UNROLL, VEC))
     for c in range(t, count, THREADS * UNROLL):
         for u in kaio.static_range(UNROLL):
             if c + u * nt < count:
                 fetch(VEC, raw, u, x, base + (c + u * nt) * VEC, DT)
-        top = LOWEST
+        chunk_top = LOWEST
         for u in kaio.static_range(UNROLL):
             if c + u * nt < count:
                 for j in kaio.static_range(VEC):
-                    top = kaio.max(top, f32(raw[u, j]))
+                    chunk_top = kaio.max(chunk_top, f32(raw[u, j]))
         s = 0.0
         for u in kaio.static_range(UNROLL):
             if c + u * nt < count:
                 keep(VEC, cache, (c + u * nt) * VEC, raw, u, DT)
                 for j in kaio.static_range(VEC):
-                    s += kaio.exp2_ftz((f32(raw[u, j]) - top) * LOG2E)
-        merge_max_sum(top, s, acc)
-    cluster_max_sum(acc, CLUSTER)
-    inv = 1.0 / acc[EXPSUM]
+                    s += kaio.exp2_ftz((f32(raw[u, j]) - chunk_top) * LOG2E)
+        top, total = merge_max_sum(top, total, chunk_top, s)
+    top, total = cluster_max_sum(top, total, CLUSTER)
+    inv = 1.0 / total
     ov = kaio.local(f32, (VEC,))
     for c in range(t, count, THREADS * UNROLL):
         for u in kaio.static_range(UNROLL):
@@ -251,7 +246,7 @@ def _softmax_rows(
         for u in kaio.static_range(UNROLL):
             if c + u * nt < count:
                 for j in kaio.static_range(VEC):
-                    ov[j] = kaio.exp2_ftz((f32(raw[u, j]) - acc[MAX]) * LOG2E) * inv
+                    ov[j] = kaio.exp2_ftz((f32(raw[u, j]) - top) * LOG2E) * inv
                 store_f32(out, base + (c + u * nt) * VEC, ov, 0, VEC, DT)
     kaio.cluster_wait()  # no block exits while another may still read its pair
 

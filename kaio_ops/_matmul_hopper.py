@@ -55,25 +55,51 @@ def grouped(tile: i32, tiles_m: i32, tiles_n: i32, GROUP: kaio.constexpr) -> i32
 
 
 @kaio.gpu_func
+def tile_origin(tile: i32, tiles_m: i32, tiles_n: i32, BN: kaio.constexpr, GROUP: kaio.constexpr,
+                ROWS: kaio.constexpr) -> tuple[i32, i32]:  # fmt: skip
+    """``(row0, col0)``: the first row and column of tile number ``tile`` (tiles of
+    ``ROWS x BN``)."""
+    idx = grouped(tile, tiles_m, tiles_n, GROUP)
+    return (idx // tiles_n) * ROWS, (idx % tiles_n) * BN
+
+
+@kaio.gpu_func
+def next_position(kt: i32, tile: i32, row0: i32, col0: i32, k_tiles: i32, step: i32,
+                  tiles_m: i32, tiles_n: i32, BN: kaio.constexpr, GROUP: kaio.constexpr,
+                  ROWS: kaio.constexpr):  # fmt: skip
+    """The producer's position ``(kt, tile, row0, col0)`` (K slice, tile number, the tile's
+    first row and column) after K slice ``kt`` of ``tile``: the next tile's first slice
+    (``tile_origin``) after the tile's last, dividing only when the tile changes (the short
+    path keeps the producer ahead of the consumers)."""
+    kt += 1
+    if kt == k_tiles:
+        kt = 0
+        tile += step
+        row0, col0 = tile_origin(tile, tiles_m, tiles_n, BN, GROUP, ROWS)
+    return kt, tile, row0, col0
+
+
+@kaio.gpu_func
 def place(at: i32[:], tiles_m: i32, tiles_n: i32, BN: kaio.constexpr, GROUP: kaio.constexpr,
           ROWS: kaio.constexpr):  # fmt: skip
-    """Set ``at[2], at[3]`` to the first row and column of tile number ``at[1]`` (tiles of
-    ``ROWS x BN``)."""
-    idx = grouped(at[1], tiles_m, tiles_n, GROUP)
-    at[2] = (idx // tiles_n) * ROWS
-    at[3] = (idx % tiles_n) * BN
+    """``tile_origin`` on a position array ``at`` (K slice, tile number, first row, first
+    column): sets ``at[2], at[3]`` for tile ``at[1]``. The form ``_fp8_hopper`` and
+    ``_int8_hopper`` still use."""
+    row0, col0 = tile_origin(at[1], tiles_m, tiles_n, BN, GROUP, ROWS)
+    at[2] = row0
+    at[3] = col0
 
 
 @kaio.gpu_func
 def next_slice(at: i32[:], k_tiles: i32, step: i32, tiles_m: i32, tiles_n: i32,
                BN: kaio.constexpr, GROUP: kaio.constexpr, ROWS: kaio.constexpr):  # fmt: skip
-    """Step the producer's position ``at`` to the K slice after its current one: the next
-    tile's first (``place``) after the tile's last, dividing only when the tile changes."""
-    at[0] += 1
-    if at[0] == k_tiles:
-        at[0] = 0
-        at[1] += step
-        place(at, tiles_m, tiles_n, BN, GROUP, ROWS)
+    """``next_position`` on a position array ``at`` (as ``place``)."""
+    kt, tile, row0, col0 = next_position(at[0], at[1], at[2], at[3], k_tiles, step, tiles_m,
+                                         tiles_n, BN, GROUP, ROWS)  # fmt: skip
+    at[0] = kt
+    at[1] = tile
+    at[2] = row0
+    at[3] = col0
 
 
 @kaio.gpu_func
@@ -83,35 +109,29 @@ def produce(
     bars: u64[:, :],
     ta: kaio.tensormap,
     tb: kaio.tensormap,
-    at: i32[:],
     s: i32,
-    k_tiles: i32,
-    step: i32,
-    tiles_m: i32,
-    tiles_n: i32,
+    kt: i32,
+    row0: i32,
+    col0: i32,
     rank: i32,
     BN: kaio.constexpr,
-    GROUP: kaio.constexpr,
     IN: kaio.constexpr,
     PAIR: kaio.constexpr,
 ):
-    """Issue the TMA copies of the producer's next K slice into stage ``s``, armed on its full
-    barrier, and step the producer's position ``at`` (K slice, tile number, the tile's first
-    row and column) to the slice after it, dividing only when the tile changes (the short
-    path keeps the producer ahead of the consumers). In a pair (``PAIR``: block ``rank`` of a
-    cluster of two, tiles one above the other) the tile is the pair's: this block's A rows
-    are ``rank * BM`` further, and it copies every other 64-column block of the shared B
-    slice into both blocks."""
-    k0 = at[0] * BK
+    """Issue the TMA copies of K slice ``kt`` of the tile at (``row0``, ``col0``) into stage
+    ``s``, armed on its full barrier. In a pair (``PAIR``: block ``rank`` of a cluster of
+    two, tiles one above the other) the tile is the pair's: this block's A rows are ``rank *
+    BM`` further, and it copies every other 64-column block of the shared B slice into both
+    blocks."""
+    k0 = kt * BK
     NBLK = (BN + 63) // 64  # 64-column TMA boxes: a width of 160 or 224 loads a whole last box
     kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32(A_STAGE_BYTES + BK * NBLK * 128))
-    kaio.tma_load_2d(sa, (s, 0, 0), ta, at[2] + rank * BM, k0, bars, (0, s))
+    kaio.tma_load_2d(sa, (s, 0, 0), ta, row0 + rank * BM, k0, bars, (0, s))
     for j in kaio.static_range(NBLK):
         if PAIR == 0:
-            kaio.tma_load_2d(sb, (s, j, 0, 0), tb, k0, at[3] + j * 64, bars, (0, s))
+            kaio.tma_load_2d(sb, (s, j, 0, 0), tb, k0, col0 + j * 64, bars, (0, s))
         elif rank == j % 2:
-            kaio.tma_load_2d_multicast(sb, (s, j, 0, 0), tb, k0, at[3] + j * 64, bars, (0, s), 3)
-    next_slice(at, k_tiles, step, tiles_m, tiles_n, BN, GROUP, BM * (2 if PAIR else 1))
+            kaio.tma_load_2d_multicast(sb, (s, j, 0, 0), tb, k0, col0 + j * 64, bars, (0, s), 3)
 
 
 @kaio.gpu_func
@@ -134,22 +154,6 @@ def store_c(
             kaio.store_vector(c1, (row, col - n0), out)
         else:
             kaio.store_vector(c2, (row, col - n0 - n1), out)
-
-
-@kaio.gpu_func
-def epilogue(
-    acc: f32[:, :, :], c0: OUT[:, :], c1: OUT[:, :], c2: OUT[:, :], tile: i32, tiles_m: i32,
-    tiles_n: i32, m: i32, n: i32, n0: i32, n1: i32, s0: f32, s1: f32, s2: f32, wg: u32,
-    lt: u32, rank: i32, BN: kaio.constexpr, GROUP: kaio.constexpr, OUT: kaio.constexpr,
-    PAIR: kaio.constexpr,
-):  # fmt: skip
-    """Store warpgroup ``wg``'s 64 rows of tile number ``tile`` (thread ``lt`` of it holds
-    ``acc``; in a pair, block ``rank``'s half of the pair's tile) through ``store_rows``."""
-    here = kaio.local(i32, (4,))
-    here[1] = tile
-    place(here, tiles_m, tiles_n, BN, GROUP, BM * (2 if PAIR else 1))
-    store_rows(acc, c0, c1, c2, here[2] + rank * BM + 64 * i32(wg), here[3], m, n, n0, n1, s0,
-               s1, s2, lt, BN, OUT)  # fmt: skip
 
 
 @kaio.gpu_func
@@ -326,18 +330,21 @@ def matmul_wgmma(
                 ps, s, ph = retire_slice(bars, kt, lt, s, ph, ps, STAGES, PAIR)
             kaio.wgmma_wait(0)
             free_stage(bars, ps, lt, PAIR)  # the tile's last stage, before the epilogue
-            epilogue(acc, c0, c1, c2, tile0 + i * step, tiles_m, tiles_n, m, n, n0, n1, s0, s1, s2,
-                     wg, lt, rank, BN, GROUP, OUT, PAIR)  # fmt: skip
+            # the epilogue: this warpgroup's 64 rows (in a pair, of block rank's half)
+            row0, col0 = tile_origin(tile0 + i * step, tiles_m, tiles_n, BN, GROUP, ROWS)
+            row0 = row0 + rank * BM + 64 * i32(wg)
+            store_rows(acc, c0, c1, c2, row0, col0, m, n, n0, n1, s0, s1, s2, lt, BN=BN, OUT=OUT)
     elif t == CONSUMERS:  # the producer: each K slice of each tile, STAGES ahead at most
-        at = kaio.local(i32, (4,))
-        at[0] = 0
-        at[1] = tile0
-        place(at, tiles_m, tiles_n, BN, GROUP, ROWS)
+        kt = i32(0)  # the producer's position: K slice kt of tile number tile, at row0, col0
+        tile = tile0
+        row0, col0 = tile_origin(tile, tiles_m, tiles_n, BN, GROUP, ROWS)
         for g in range(slices):
             if g >= STAGES:  # stage s held slice g - STAGES: wait until both freed it
                 kaio.mbarrier_wait(bars, (1, s), ph ^ 1)
-            produce(sa, sb, bars, ta, tb, at, s, k_tiles, step, tiles_m, tiles_n, rank, BN, GROUP,
-                    IN, PAIR)  # fmt: skip
+            produce(sa, sb, bars, ta, tb, s, kt, row0, col0, rank, BN=BN, IN=IN, PAIR=PAIR)
+            kt, tile, row0, col0 = next_position(
+                kt, tile, row0, col0, k_tiles, step, tiles_m, tiles_n, BN, GROUP, ROWS
+            )
             s, ph = next_stage(s, ph, STAGES)
     if PAIR:
         kaio.cluster_sync()  # no block leaves while the other may still write to it

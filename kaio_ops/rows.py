@@ -51,12 +51,6 @@ OPS = ("rms_norm", "rms_norm_residual", "layer_norm", "softmax")
 # softmax 80% -> 92% of copy bandwidth, rms_norm 87% -> 95%). Layer norm and the residual
 # op issued their loads together either way and only gained registers (layer norm 91% -> 80%).
 LOADS_FIRST = ("softmax", "rms_norm")
-# acc[]: per-thread accumulators, then the row's statistics
-SUM, SQDEV, MEAN, SCALE = 0, 1, 2, 3  # rms and layer norm
-# softmax: running max and sum of exp(x - max) (after the reduction: the row's max and
-# 1/sum); the max of the segment whose exp(x - max) xs holds, and the factor turning those
-# into outputs
-MAX, EXPSUM, SEGMAX, CACHED = 0, 1, 2, 3
 
 
 @kaio.gpu_func
@@ -85,76 +79,93 @@ def take_chunk(
 
 
 @kaio.gpu_func
-def visit(
+def accumulate(
     PASS: kaio.constexpr,
     OP: kaio.constexpr,
     VEC: kaio.constexpr,
     xs: f32[:],
     at: kaio.constexpr,
-    acc: f32[:],
+    total: f32,
+    shift: f32,
+) -> f32:
+    """``total`` plus pass PASS's sum over the chunk xs[at : at + VEC]: of x (layer norm's
+    pass 0), x * x (rms norms), (x - shift)^2 (layer norm's pass 1: shift is the mean)."""
+    for j in kaio.static_range(VEC):
+        if PASS == 0 and OP == "layer_norm":
+            total += xs[at + j]
+        elif PASS == 0:
+            total += xs[at + j] * xs[at + j]
+        else:
+            d = xs[at + j] - shift
+            total += d * d
+    return total
+
+
+@kaio.gpu_func
+def write_chunk(
+    OP: kaio.constexpr,
+    VEC: kaio.constexpr,
+    xs: f32[:],
+    at: kaio.constexpr,
     w: DT[:],
     b: DT[:],
     out: DT[:],
     i: u32,
     col: u32,
+    shift: f32,
+    scale: f32,
     cached: bool_,
+    seg_scale: f32,
     DT: kaio.constexpr,
 ):
-    """Pass PASS's work on the chunk xs[at : at + VEC] (row element col, array element i);
-    ``cached``: the chunk was not read again in this pass (softmax: xs holds exp(x - SEGMAX))."""
-    if PASS == 0 and OP == "softmax":
-        pass  # done a segment at a time by exp_segment
-    elif PASS == 0 and OP == "layer_norm":
+    """The output pass on the chunk xs[at : at + VEC] (row element col, array element i):
+    out = (x - shift) * scale * w + b (layer norm: shift the mean, scale 1/std), x * scale *
+    w (rms norms), exp(x - shift) * scale (softmax: shift the row's max, scale 1/sum); when
+    ``cached`` (softmax: xs holds exp(x - the segment's max), not read again)
+    xs * seg_scale."""
+    ov = kaio.local(f32, (VEC,))
+    wv = kaio.local(f32, (VEC,))
+    bv = kaio.local(f32, (VEC,))
+    if OP == "softmax" and cached:
         for j in kaio.static_range(VEC):
-            acc[SUM] += xs[at + j]
-    elif PASS == 0:
+            ov[j] = xs[at + j] * seg_scale
+    elif OP == "softmax":
         for j in kaio.static_range(VEC):
-            acc[SUM] += xs[at + j] * xs[at + j]
-    elif PASS == 1 and OP == "layer_norm":
+            ov[j] = kaio.exp2_ftz((xs[at + j] - shift) * LOG2E) * scale
+    elif OP == "layer_norm":
+        load_f32(wv, 0, w, col, VEC, DT)
+        load_f32(bv, 0, b, col, VEC, DT)
         for j in kaio.static_range(VEC):
-            d = xs[at + j] - acc[MEAN]
-            acc[SQDEV] += d * d
-    else:  # the output pass
-        ov = kaio.local(f32, (VEC,))
-        wv = kaio.local(f32, (VEC,))
-        bv = kaio.local(f32, (VEC,))
-        if OP == "softmax" and cached:
-            for j in kaio.static_range(VEC):
-                ov[j] = xs[at + j] * acc[CACHED]
-        elif OP == "softmax":
-            for j in kaio.static_range(VEC):
-                ov[j] = kaio.exp2_ftz((xs[at + j] - acc[MAX]) * LOG2E) * acc[EXPSUM]
-        elif OP == "layer_norm":
-            load_f32(wv, 0, w, col, VEC, DT)
-            load_f32(bv, 0, b, col, VEC, DT)
-            for j in kaio.static_range(VEC):
-                ov[j] = (xs[at + j] - acc[MEAN]) * acc[SCALE] * wv[j] + bv[j]
-        else:
-            load_f32(wv, 0, w, col, VEC, DT)
-            for j in kaio.static_range(VEC):
-                ov[j] = xs[at + j] * acc[SCALE] * wv[j]
-        store_f32(out, i, ov, 0, VEC, DT)
+            ov[j] = (xs[at + j] - shift) * scale * wv[j] + bv[j]
+    else:
+        load_f32(wv, 0, w, col, VEC, DT)
+        for j in kaio.static_range(VEC):
+            ov[j] = xs[at + j] * scale * wv[j]
+    store_f32(out, i, ov, 0, VEC, DT)
 
 
 @kaio.gpu_func
-def exp_segment(VEC: kaio.constexpr, xs: f32[:], acc: f32[:], first: u32, nt: u32, chunks: u32):
-    """Softmax's pass 0 on the segment in xs (chunks first + k * nt): m = its max over this
-    thread's chunks, xs = exp(xs - m), (m, sum) merged into acc, acc[SEGMAX] = m. One exp
-    an element; the output pass scales the cached exps instead of computing them again."""
-    top = LOWEST  # finite, so a chunk of -inf gives exp(-inf) = 0, not NaN
+def exp_segment(
+    VEC: kaio.constexpr, xs: f32[:], first: u32, nt: u32, chunks: u32, top: f32, total: f32
+):
+    """Softmax's pass 0 on the segment in xs (chunks first + k * nt): seg_top = its max over
+    this thread's chunks, xs = exp(xs - seg_top), and (seg_top, the sum of those) merged
+    into the running pair (top, total). Returns ``(top, total, seg_top)``. One exp an
+    element; the output pass scales the cached exps instead of computing them again."""
+    seg_top = LOWEST  # finite, so a chunk of -inf gives exp(-inf) = 0, not NaN
     for k in kaio.static_range(REGS // VEC):
         if first + k * nt < chunks:
             for j in kaio.static_range(VEC):
-                top = kaio.max(top, xs[k * VEC + j])
+                seg_top = kaio.max(seg_top, xs[k * VEC + j])
     s = 0.0
     for k in kaio.static_range(REGS // VEC):
         if first + k * nt < chunks:
             for j in kaio.static_range(VEC):
-                e = kaio.exp2_ftz((xs[k * VEC + j] - top) * LOG2E)
+                e = kaio.exp2_ftz((xs[k * VEC + j] - seg_top) * LOG2E)
                 xs[k * VEC + j] = e
                 s += e
-    merge_max_sum(top, s, acc)
-    acc[SEGMAX] = top
+    top, total = merge_max_sum(top, total, seg_top, s)
+    return top, total, seg_top
 
 
 @kaio.gpu_func
@@ -163,7 +174,6 @@ def row_pass(
     OP: kaio.constexpr,
     VEC: kaio.constexpr,
     xs: f32[:],
-    acc: f32[:],
     x: DT[:],
     res: DT[:],
     res_out: DT[:],
@@ -172,13 +182,24 @@ def row_pass(
     out: DT[:],
     base: u32,
     chunks: u32,
+    shift: f32,
+    scale: f32,
+    seg_scale: f32,
     DT: kaio.constexpr,
 ):
-    """One pass over this block's row: element base.., ``chunks`` chunks of VEC."""
+    """One pass over this block's row (element base.., ``chunks`` chunks of VEC): the
+    accumulating passes (``accumulate``; softmax's pass 0: ``exp_segment``) return this
+    thread's ``(total, top, seg_top)``: its sum, and for softmax its running max (total
+    then the sum of exp(x - top)) and the max of the segment left in xs; the output pass
+    (``write_chunk``, with the row's ``shift``, ``scale`` and ``seg_scale``) returns them
+    unchanged."""
     t = kaio.thread_idx_x()
     nt = kaio.block_dim_x()
     per = nt * (REGS // VEC)
     segments = (chunks + per - 1) // per
+    total = 0.0
+    top = LOWEST
+    seg_top = 0.0
     for s in range(segments):
         # Passes alternate direction, so each starts with the segment the last one left in xs
         seg = s if PASS % 2 == 0 else segments - 1 - s
@@ -203,13 +224,18 @@ def row_pass(
                     if c < chunks:
                         take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, base + c * VEC, DT)
         if PASS == 0 and OP == "softmax":
-            exp_segment(VEC, xs, acc, first, nt, chunks)
+            top, total, seg_top = exp_segment(VEC, xs, first, nt, chunks, top, total)
         for k in kaio.static_range(REGS // VEC):
             c = first + k * nt
             if c < chunks:
-                visit(
-                    PASS, OP, VEC, xs, k * VEC, acc, w, b, out, base + c * VEC, c * VEC, s == 0, DT
-                )
+                if PASS == 0 and OP == "softmax":
+                    pass  # done a segment at a time by exp_segment
+                elif PASS == 0 or (PASS == 1 and OP == "layer_norm"):
+                    total = accumulate(PASS, OP, VEC, xs, k * VEC, total, shift)
+                else:
+                    write_chunk(OP, VEC, xs, k * VEC, w, b, out, base + c * VEC, c * VEC, shift,
+                                scale, s == 0, seg_scale, DT)  # fmt: skip
+    return total, top, seg_top
 
 
 @kaio.gpu_kernel
@@ -229,27 +255,28 @@ def _rows(
     red0 = kaio.shared(f32, (32,))
     red1 = kaio.shared(f32, (32,))
     xs = kaio.local(f32, (REGS,))
-    acc = kaio.local(f32, (4,))
-    for k in kaio.static_range(4):
-        acc[k] = 0.0
-    if OP == "softmax":
-        acc[MAX] = LOWEST
     base = kaio.block_idx_x() * n
     chunks = n // VEC
-    row_pass(0, OP, VEC, xs, acc, x, res, res_out, w, b, out, base, chunks, DT)
+    # pass 0: this thread's sum (softmax: its running max top and sum of exp(x - top), and
+    # seg_top, the max of the segment whose exps xs keeps)
+    total, top, seg_top = row_pass(0, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks,
+                                   shift=0.0, scale=0.0, seg_scale=0.0, DT=DT)  # fmt: skip
     if OP == "softmax":
-        block_max_sum(acc, red0, red1)
-        acc[EXPSUM] = 1.0 / acc[EXPSUM]
-        acc[CACHED] = kaio.exp(acc[SEGMAX] - acc[MAX]) * acc[EXPSUM]
-        row_pass(1, OP, VEC, xs, acc, x, res, res_out, w, b, out, base, chunks, DT)
+        top, total = block_max_sum(top, total, red0, red1)
+        inv = 1.0 / total
+        row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, shift=top, scale=inv,
+                 seg_scale=kaio.exp(seg_top - top) * inv, DT=DT)  # fmt: skip
     elif OP == "layer_norm":
-        acc[MEAN] = block_sum(acc[SUM], red0) / f32(n)
-        row_pass(1, OP, VEC, xs, acc, x, res, res_out, w, b, out, base, chunks, DT)
-        acc[SCALE] = kaio.rsqrt(block_sum(acc[SQDEV], red1) / f32(n) + eps)
-        row_pass(2, OP, VEC, xs, acc, x, res, res_out, w, b, out, base, chunks, DT)
+        mean = block_sum(total, red0) / f32(n)
+        sqdev, top, seg_top = row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks,
+                                       shift=mean, scale=0.0, seg_scale=0.0, DT=DT)  # fmt: skip
+        scale = kaio.rsqrt(block_sum(sqdev, red1) / f32(n) + eps)
+        row_pass(2, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, shift=mean,
+                 scale=scale, seg_scale=0.0, DT=DT)  # fmt: skip
     else:
-        acc[SCALE] = kaio.rsqrt(block_sum(acc[SUM], red0) / f32(n) + eps)
-        row_pass(1, OP, VEC, xs, acc, x, res, res_out, w, b, out, base, chunks, DT)
+        scale = kaio.rsqrt(block_sum(total, red0) / f32(n) + eps)
+        row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, shift=0.0,
+                 scale=scale, seg_scale=0.0, DT=DT)  # fmt: skip
 
 
 def block_size(n: int, vec: int) -> int:
