@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import kaio
 from kaio import bool_, f32, i32, u32, u64
-from kaio_ops._attention_hopper_common import store_pairs, thread_roles
+from kaio_ops._attention_hopper_common import kv_head_and_tiles, store_pairs, thread_roles
 from kaio_ops._attention_tc import LN2, NEG_INF, rescale, softmax_step, start_rows
 
 SW = 128  # swizzle bytes: one 128-byte row per 64 elements
@@ -380,10 +380,7 @@ def tile_of(
     r = t - first * n_qt
     bh = first + r % h
     q0 = (n_qt - 1 - r // h) * BM
-    kvh = bh // heads * (heads // group) + bh % heads // group
-    n_tiles = (sk + BN - 1) // BN
-    if causal != 0:
-        n_tiles = kaio.min(n_tiles, (q0 + BM + BN - 1) // BN)
+    kvh, n_tiles = kv_head_and_tiles(bh, q0, heads, group, sk, causal, BM, BN)
     return bh, q0, kvh, n_tiles
 
 

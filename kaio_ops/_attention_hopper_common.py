@@ -33,12 +33,24 @@ def query_block(
     the last: the heaviest causal tiles start first) and the number of ``BN``-key tiles its
     rows see (causal: up to the diagonal)."""
     bh = i32(kaio.block_idx_y())
-    kvh = bh // heads * (heads // group) + bh % heads // group
     q0 = i32(kaio.grid_dim_x() - 1 - kaio.block_idx_x()) * BM
+    kvh, n_tiles = kv_head_and_tiles(bh, q0, heads, group, sk, causal, BM, BN)
+    return bh, kvh, q0, n_tiles
+
+
+@kaio.gpu_func
+def kv_head_and_tiles(
+    bh: i32, q0: i32, heads: i32, group: i32, sk: i32, causal: i32, BM: kaio.constexpr,
+    BN: kaio.constexpr,
+) -> tuple[i32, i32]:  # fmt: skip
+    """``(kvh, n_tiles)`` of the ``BM`` query rows from ``q0`` of (batch, head) ``bh``: the
+    K/V head they read (grouped-query attention: each ``group`` query heads of a batch share
+    one) and the number of ``BN``-key tiles they see (causal: up to the diagonal)."""
+    kvh = bh // heads * (heads // group) + bh % heads // group
     n_tiles = (sk + BN - 1) // BN
     if causal != 0:
         n_tiles = kaio.min(n_tiles, (q0 + BM + BN - 1) // BN)
-    return bh, kvh, q0, n_tiles
+    return kvh, n_tiles
 
 
 @kaio.gpu_func
