@@ -139,7 +139,7 @@ def _kept_encoding(tm: TensorMap) -> bytes:
         return found[1]
     made = encode(tm, address)
     if found is None and len(_KEPT) >= MAPS_KEPT:
-        del _KEPT[next(iter(_KEPT))]  # the oldest
+        _KEPT.pop(next(iter(_KEPT)), None)  # the oldest (another thread may have taken it)
     _KEPT[key] = (encode, made)
     return made
 
