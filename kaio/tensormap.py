@@ -85,8 +85,10 @@ def _shape_of(array) -> tuple[tuple, tuple, ScalarType, int | None]:
     if isinstance(array, np.ndarray):
         strides = tuple(s // array.itemsize for s in array.strides)
         return array.shape, strides, from_numpy_dtype(array.dtype), None
-    from kaio.runtime.arguments import describe
+    from kaio.runtime.arguments import RawArray, describe
 
+    if type(array) is RawArray and len(array.shape) == 2:  # row-major by construction
+        return tuple(array.shape), (max(array.shape[1], 1), 1), array.dtype, array.ptr
     info = describe(array)
     return tuple(info.shape), tuple(info.strides), info.dtype, info.ptr
 
@@ -98,30 +100,31 @@ def tensor_map_2d(array, box: tuple, swizzle: int = 128) -> TensorMap:
     multiple of 16 bytes apart; a box row (``cols`` elements) is at most ``swizzle`` bytes
     when swizzled and each box side is 1..256. Elements outside the array read as zero."""
     shape, strides, dtype, address = _shape_of(array)
-    where = f"kaio.tensor_map_2d({dtype}[{', '.join(map(str, shape))}])"
+
+    def error(message: str) -> ValueError:  # the text is made only for an error
+        return ValueError(f"kaio.tensor_map_2d({dtype}[{', '.join(map(str, shape))}]): {message}")
+
     if len(shape) != 2:
-        raise ValueError(f"{where}: needs a 2-D array, got {len(shape)} dimensions")
+        raise error(f"needs a 2-D array, got {len(shape)} dimensions")
     if strides[1] != 1:
-        raise ValueError(f"{where}: the rows must be contiguous (column stride {strides[1]})")
+        raise error(f"the rows must be contiguous (column stride {strides[1]})")
     if dtype.name not in _DATA_TYPES:
-        raise ValueError(f"{where}: TMA does not copy {dtype} (supported: {list(_DATA_TYPES)})")
+        raise error(f"TMA does not copy {dtype} (supported: {list(_DATA_TYPES)})")
     row_bytes = strides[0] * dtype.itemsize
     if shape[0] > 1 and row_bytes % 16:
-        raise ValueError(
-            f"{where}: rows are {row_bytes} bytes apart; TMA needs a multiple of 16 (pad the "
-            "columns to a multiple of 16 bytes)"
+        raise error(
+            f"rows are {row_bytes} bytes apart; TMA needs a multiple of 16 (pad the columns "
+            "to a multiple of 16 bytes)"
         )
     if swizzle not in SWIZZLES:
-        raise ValueError(f"{where}: swizzle must be one of {SWIZZLES} bytes, got {swizzle!r}")
+        raise error(f"swizzle must be one of {SWIZZLES} bytes, got {swizzle!r}")
     rows, cols = (int(b) for b in box)
     if not (1 <= rows <= 256 and 1 <= cols <= 256):
-        raise ValueError(f"{where}: each box side must be 1..256, got {box}")
+        raise error(f"each box side must be 1..256, got {box}")
     inner = cols * dtype.itemsize
     if inner % 16 or (swizzle and inner > swizzle):
         limit = f"at most {swizzle} bytes (the swizzle) and " if swizzle else ""
-        raise ValueError(
-            f"{where}: a box row is {inner} bytes; it must be {limit}a multiple of 16 bytes"
-        )
+        raise error(f"a box row is {inner} bytes; it must be {limit}a multiple of 16 bytes")
     return TensorMap(array, dtype, tuple(shape), strides[0], (rows, cols), swizzle, address)
 
 

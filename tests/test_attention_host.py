@@ -133,3 +133,21 @@ def test_flash_attention_on_hopper_replays_its_maps(fake, encoded, monkeypatch):
         kaio_ops.flash_attention(q, k, fake.array((1, 2, 1000, 64), f16))
     with pytest.raises(ValueError, match="'q'.*f16 or bf16"):
         kaio_ops.flash_attention(fake.array(shape, f32), k, v)
+
+
+@pytest.mark.parametrize(
+    "array, box, swizzle, match",
+    [
+        (raw(0x10000, (4, 64, 64)), (64, 64), 128, r"f16\[4, 64, 64\]\): needs a 2-D array"),
+        (raw(0x10000, (64, 64), kaio.e4m3), (8, 16), 0, "TMA does not copy e4m3"),
+        (raw(0x10000, (64, 60)), (64, 8), 0, "rows are 120 bytes apart"),
+        (raw(0x10000, (64, 64)), (64, 64), 96, "swizzle must be one of"),
+        (raw(0x10000, (64, 64)), (300, 64), 128, "each box side must be 1..256"),
+        (raw(0x10000, (64, 64)), (64, 128), 128, "a box row is 256 bytes"),
+    ],
+)
+def test_map_checks_still_raise(array, box, swizzle, match):
+    """The checks of ``kaio.tensor_map_2d`` (arrays given by address included) name the
+    array and what is wrong."""
+    with pytest.raises(ValueError, match=match):
+        kaio.tensor_map_2d(array, box, swizzle)
