@@ -33,27 +33,36 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.attention_hopper import emit, save, time_calls  # noqa: E402
 
 NEW = {  # name: overrides of _attention_hopper_bwd.config's constexprs, per kernel
-    "wgmma": {},
-    "wgmma gstats": {"dkdv": {"TSTATS": 0}},  # dK/dV's lse, delta from global memory
-    "wgmma dq pipe0": {"dq": {"PIPE": 0}},
-    "wgmma s3": {"dkdv": {"STAGES": 3}, "dq": {"STAGES": 3}},
+    "wgmma": {},  # the fused kernel (dQ by bulk reductions)
+    "shipped": {"shipped": True},  # flash_attention_bwd's default (FUSED: fused or the pair)
+    "pair": {"deterministic": True},  # the deterministic dK/dV and dQ kernels
+    "fused atomics": {"fused": {"DQ": 2, "STAGES": 3}},  # dQ by atomics from the registers
+    "fused writers": {"fused": {"DQ": 3}},  # by atomics from dq_s (the writer warps)
     "dkdv only": {"only": "dkdv"},  # one kernel alone (its FLOPs: 4/7 of the pair's, 2/3 dQ's)
-    "dkdv only gstats": {"only": "dkdv", "dkdv": {"TSTATS": 0}},
     "dq only": {"only": "dq"},
 }
 D64 = {
-    "wgmma pipe1": {"dkdv": {"PIPE": 1}, "dq": {"PIPE": 1}},
-    "wgmma areg": {"dkdv": {"AREG": 1, "TSTATS": 0}, "dq": {"AREG": 1}},  # D 128 spills
+    "fused atomics late": {"fused": {"DQ": 2, "STAGES": 4, "LATE": 1}},
+    "pair pipe0": {"deterministic": True, "dkdv": {"PIPE": 0}, "dq": {"PIPE": 0}},
 }
 DEFAULTS = (("float16", 128), ("bfloat16", 128), ("float16", 64), ("bfloat16", 64))
 
 
-def variants():
+def variants(spec=None):
     """(label, dtype name, head dim, kind, overrides): every backward the steps launch, the
-    default kernels first (a check cut short by its timeout still covers them)."""
-    out = [("wgmma", dt, d, "new", {}) for dt, d in DEFAULTS]
-    out += [(name, "float16", 128, "new", over) for name, over in NEW.items() if over]
-    for name in ("wgmma gstats", "wgmma pipe1", "wgmma areg", "dkdv only", "dq only"):
+    default kernels first (a check cut short by its timeout still covers them); with
+    ``spec`` (``--spec``'s cases), those its cases time."""
+    if spec is not None:
+        seen = {}
+        for case in spec:
+            for label, over in case["variants"].items():
+                kind = "old" if label == "mma.sync" else "new"
+                seen[(label, case["dtype"], case["d"])] = (kind, over or {})
+        return [(lab, dt, d, kind, over) for (lab, dt, d), (kind, over) in seen.items()]
+    out = [("shipped", dt, d, "new", NEW["shipped"]) for dt, d in DEFAULTS]
+    out += [("wgmma", dt, d, "new", {}) for dt, d in DEFAULTS]
+    out += [(n, "float16", 128, "new", over) for n, over in NEW.items() if over and n != "shipped"]
+    for name in ("pair", "fused atomics late", "pair pipe0", "dkdv only", "dq only"):
         out.append((name, "float16", 64, "new", D64[name] if name in D64 else NEW[name]))
     out += [("mma.sync", dt, d, "old", {}) for dt, d in DEFAULTS]
     return out
@@ -68,6 +77,8 @@ def runner(kind: str, d: int, over: dict):
     raw = attention.flash_attention_bwd.__wrapped__
     base, launch = hb.config, hb.launch
 
+    fixed = over.get("deterministic", False)
+
     def run(do, q, k, v, o, lse, causal):
         if kind == "old":
             os.environ["KAIO_HOPPER_ATTENTION"] = "0"
@@ -76,15 +87,17 @@ def runner(kind: str, d: int, over: dict):
             finally:
                 del os.environ["KAIO_HOPPER_ATTENTION"]
         cfg = base(d)
-        cfg = {key: {**cfg[key], **over.get(key, {})} for key in cfg if key != "only"}
-        saved = (hb.config, hb.worthwhile, hb.launch)
+        cfg = {key: {**cfg[key], **over.get(key, {})} for key in cfg}
+        saved = (hb.config, hb.worthwhile, hb.launch, hb.FUSED)
         hb.config, hb.worthwhile = (lambda _d: cfg), (lambda *a: True)
+        if not over.get("shipped"):  # the fused kernel, even where the pair is the default
+            hb.FUSED = dict.fromkeys(hb.FUSED, True)
         if "only" in over:
             hb.launch = functools.partial(launch, only=over["only"])
         try:
-            return raw(do, q, k, v, o, lse, causal)
+            return raw(do, q, k, v, o, lse, causal, None, fixed)
         finally:
-            hb.config, hb.worthwhile, hb.launch = saved
+            hb.config, hb.worthwhile, hb.launch, hb.FUSED = saved
 
     return run
 
@@ -105,13 +118,22 @@ def forward(q, k, v, causal):
     return kaio_ops.flash_attention_with_stats(q, k, v, causal=causal)
 
 
-def warm_one(i: int) -> str:
+def load_spec(path):
+    """``--spec``'s cases: a JSON list of {dtype, d, b, h, hkv, s, causal: [bools], variants:
+    {label: overrides ("mma.sync": the old kernels)}}; None without a path."""
+    if not path:
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def warm_one(i: int, spec_path=None) -> str:
     import time
 
     import torch
 
     t0 = time.time()
-    label, dtype, d, kind, over = variants()[i]
+    label, dtype, d, kind, over = variants(load_spec(spec_path))[i]
     q, k, v, do = tensors(1, 2, 1, 256, 256, d, dtype)
     o, lse = forward(q, k, v, False)
     runner(kind, d, over)(do, q, k, v, o, lse, False)
@@ -141,7 +163,7 @@ def reference(q, k, v, do, causal):
     return [x.grad for x in leaves]
 
 
-def check(out_path):
+def check(out_path, spec=None):
     import torch
 
     import kaio_ops
@@ -155,12 +177,12 @@ def check(out_path):
         (1, 2, 1, 640, 256),  # Sq > Sk
     ]
     rows, refs = [], {}
-    for label, dtype, d, kind, over in variants():
+    for label, dtype, d, kind, over in variants(spec):
         run = runner(kind, d, over)
         if "only" in over:  # the other kernel's outputs are left unwritten
             continue
         for b, h, hkv, sq, sk in shapes:
-            if label != "wgmma" and sq != 1024:
+            if label not in ("wgmma", "shipped") and sq != 1024:
                 continue
             for causal in (False, True):
                 key = (dtype, d, b, h, hkv, sq, sk, causal)
@@ -186,20 +208,25 @@ def check(out_path):
     o, lse = forward(q, k, v, True)
     (qa, _, _), dims, _ = attention._check_flash("bench", q, k, v, None)
     takes = attention.hopper_takes(qa, dims, hb)
-    op = kaio_ops.flash_attention_bwd(do, q, k, v, o, lse, causal=True)
-    direct = runner("new", 128, {})(do, q, k, v, o, lse, True)
+    op = kaio_ops.flash_attention_bwd(do, q, k, v, o, lse, causal=True, deterministic=True)
+    direct = runner("new", 128, NEW["pair"])(do, q, k, v, o, lse, True)
     same = all(torch.equal(x, y) for x, y in zip(op, direct, strict=True))
     emit(rows, dict(variant="dispatch", takes=takes, same_bits_as_direct=same))
     save(rows, out_path)
 
 
 def tiny() -> None:
-    """The default kernels once per case at small sizes (f16, D 128 and 64, causal and
-    not, partial tiles, grouped-query heads), checked: for compute-sanitizer."""
+    """The pair (the default) and the fused kernel once per case at small sizes (f16, D 128
+    and 64, causal and not, partial tiles, grouped-query heads), checked: for
+    compute-sanitizer (``TINY=pair``: the pair alone)."""
     import torch
 
-    for dtype, d in (("float16", 128), ("float16", 64)):
-        run = runner("new", d, {})
+    cases = [("float16", 128, NEW["pair"]), ("float16", 64, NEW["pair"]), ("float16", 128, {}),
+             ("float16", 64, {})]  # fmt: skip
+    if os.environ.get("TINY") == "pair":  # the shipped kernels alone (a shorter sanitizer run)
+        cases = cases[:2]
+    for dtype, d, over in cases:
+        run = runner("new", d, over)
         for causal in (False, True):
             q, k, v, do = tensors(1, 4, 2, 200, 300, d, dtype)
             o, lse = forward(q, k, v, causal)
@@ -209,7 +236,7 @@ def tiny() -> None:
                 (torch.linalg.norm(g.double() - r) / torch.linalg.norm(r)).item()
                 for g, r in zip(grads, ref, strict=True)
             ]
-            print(f"tiny {dtype} D{d} causal={causal}: rel {errs}", flush=True)
+            print(f"tiny {dtype} D{d} {over} causal={causal}: rel {errs}", flush=True)
 
 
 def one() -> None:
@@ -222,14 +249,14 @@ def one() -> None:
     torch.cuda.synchronize()
 
 
-def bench(out_path, check_log=None, quick=False):
+def bench(out_path, check_log=None, quick=False, spec=None):
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
-    cases = [  # dtype, d, b, h, hkv, s, variants
+    cases = [  # dtype, d, b, h, hkv, s, variants ("shipped": flash_attention_bwd's default)
         ("float16", 128, 4, 16, 16, 4096, list(NEW) + ["mma.sync"]),  # "only": kernel ms
-        ("bfloat16", 128, 4, 16, 16, 4096, ["wgmma", "mma.sync"]),
+        ("bfloat16", 128, 4, 16, 16, 4096, ["shipped", "wgmma", "mma.sync"]),
         (
             "float16",
             64,
@@ -237,35 +264,32 @@ def bench(out_path, check_log=None, quick=False):
             16,
             16,
             4096,
-            [
-                "wgmma",
-                "wgmma gstats",
-                "wgmma pipe1",
-                "wgmma areg",
-                "dkdv only",
-                "dq only",
-                "mma.sync",
-            ],
-        ),
-        ("float16", 128, 1, 16, 16, 16384, ["wgmma", "mma.sync"]),
-        ("float16", 128, 2, 16, 16, 8192, ["wgmma", "mma.sync"]),
-        ("float16", 128, 8, 16, 16, 2048, ["wgmma", "mma.sync"]),
-        ("float16", 128, 16, 16, 16, 1024, ["wgmma", "dkdv only", "dq only", "mma.sync"]),
-        ("float16", 128, 32, 16, 16, 512, ["wgmma", "dkdv only", "dq only", "mma.sync"]),
-        ("float16", 128, 4, 32, 8, 4096, ["wgmma", "mma.sync"]),
-        ("bfloat16", 64, 4, 16, 16, 4096, ["wgmma", "mma.sync"]),
+            ["shipped", "wgmma", *D64, "dkdv only", "dq only", "mma.sync"],
+        ),  # fmt: skip
+        ("float16", 128, 1, 16, 16, 16384, ["shipped", "wgmma", "mma.sync"]),
+        ("float16", 128, 2, 16, 16, 8192, ["shipped", "mma.sync"]),
+        ("float16", 128, 8, 16, 16, 2048, ["shipped", "mma.sync"]),
+        ("float16", 128, 16, 16, 16, 1024, ["shipped", "dkdv only", "dq only", "mma.sync"]),
+        ("float16", 128, 32, 16, 16, 512, ["shipped", "dkdv only", "dq only", "mma.sync"]),
+        ("float16", 128, 4, 32, 8, 4096, ["shipped", "mma.sync"]),
+        ("bfloat16", 64, 4, 16, 16, 4096, ["shipped", "mma.sync"]),
     ]
     if quick:
         cases = cases[:3]
-    by = {(lab, dt, d): (kind, over) for lab, dt, d, kind, over in variants()}
+    if spec is not None:
+        cases = [(c["dtype"], c["d"], c["b"], c["h"], c["hkv"], c["s"], list(c["variants"]),
+                  c.get("causal", [False, True])) for c in spec]  # fmt: skip
+    else:
+        cases = [(*c, [False, True]) for c in cases]
+    by = {(lab, dt, d): (kind, over) for lab, dt, d, kind, over in variants(spec)}
     ok = None
     if check_log and os.path.exists(check_log):
         ok = {(r["variant"], r["dtype"], r["d"]) for r in map(json.loads, _json_lines(check_log))}
     rows = []
     name = torch.cuda.get_device_name()
-    for dtype, d, b, h, hkv, s, names in cases:
+    for dtype, d, b, h, hkv, s, names, causals in cases:
         q, k, v, do = tensors(b, h, hkv, s, s, d, dtype)
-        for causal in (False, True):
+        for causal in causals:
             flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
             o, lse = forward(q, k, v, causal)
             res, times = {}, {}
@@ -296,12 +320,13 @@ def bench(out_path, check_log=None, quick=False):
     print(f"\n{name}: backward TFLOP/s (2.5x forward FLOPs; CUDA events, median of 3 x 6)")
     for r in rows:
         t = r["tflops"]
-        ratio = t.get("wgmma", math.nan) / t["sdpa flash"]
-        ratio_old = t.get("wgmma", math.nan) / t.get("mma.sync", math.nan)
+        ours = t.get("shipped", t.get("wgmma", math.nan))  # flash_attention_bwd's default
+        ratio = ours / t["sdpa flash"]
+        ratio_old = ours / t.get("mma.sync", math.nan)
         cells = "  ".join(f"{k} {v:.0f}" for k, v in t.items())
         print(f"{r['dtype']:>8} D{r['d']} B{r['b']} H{r['h']}/{r['hkv']} S{r['s']}"
-              f"{' causal' if r['causal'] else ''}: {cells}  (wgmma/sdpa {ratio:.2f}, "
-              f"wgmma/mma.sync {ratio_old:.2f})")  # fmt: skip
+              f"{' causal' if r['causal'] else ''}: {cells}  (kaio/sdpa {ratio:.2f}, "
+              f"kaio/mma.sync {ratio_old:.2f})")  # fmt: skip
 
 
 def _json_lines(path):
@@ -315,26 +340,28 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=8)
     p.add_argument("--quick", action="store_true", help="time: the first three cases only")
     p.add_argument("--check-log", help="time: only the variants this check output reached")
+    p.add_argument("--spec", help="warm, time: the cases of this JSON file (load_spec)")
     args = p.parse_args()
     if args.step == "warm":
         import multiprocessing as mp
 
         ctx = mp.get_context("spawn")
         with ProcessPoolExecutor(max_workers=args.jobs, mp_context=ctx) as pool:
-            futures = [pool.submit(warm_one, i) for i in range(len(variants()))]
+            n = len(variants(load_spec(args.spec)))
+            futures = [pool.submit(warm_one, i, args.spec) for i in range(n)]
             for f in futures:
                 try:
                     print(f.result(timeout=120), flush=True)
                 except Exception as e:  # noqa: BLE001  (report each specialization's failure)
                     print(f"FAILED: {type(e).__name__}: {e}", flush=True)
     elif args.step == "check":
-        check(args.out)
+        check(args.out, load_spec(args.spec))
     elif args.step == "tiny":
         tiny()
     elif args.step == "one":
         one()
     else:
-        bench(args.out, args.check_log, args.quick)
+        bench(args.out, args.check_log, args.quick, load_spec(args.spec))
 
 
 if __name__ == "__main__":

@@ -398,7 +398,7 @@ def gemv_rows(out: dict) -> None:
     """``kaio_ops.matmul`` at M = 1, K = N = 4096 (f16, B [K, N]): GPU time a call back to
     back (queued behind a spinner, CUDA events) and host time a call, through the mma.sync
     kernel with a K split and its sum (two launches), the same summing its K split in the
-    kernel (``linear.MMA_FIXUP``: one launch) and through the one-launch
+    kernel (``linear.MMA_FIXUP``, ``FIXUP_ROWS``: one launch) and through the one-launch
     skinny kernel (``_gemv.gemv_kn``, its K split summed by the last block), the weight the
     same (L2-warm) or rotated over 4 (128 MB, past the L2); cuBLAS (``x @ w``) beside."""
     import importlib
@@ -406,6 +406,7 @@ def gemv_rows(out: dict) -> None:
     import torch
 
     import kaio_ops
+    from bench.decode_gemms import gpu_us
     from bench.launch_overhead import Spinner
     from kaio_ops import _plan
 
@@ -416,14 +417,14 @@ def gemv_rows(out: dict) -> None:
     key = (4096, 4096, "kn")
     routed = linear.MEASURED[key]
     out["gemv"] = {}
-    fixup = linear.MMA_FIXUP
+    fixup, rows = linear.MMA_FIXUP, linear.FIXUP_ROWS
     for label, table, in_kernel in (
         ("mma.sync split-K", [(1, "mma.sync"), *routed], False),
         ("mma.sync split-K summed in the kernel", [(1, "mma.sync"), *routed], True),
         ("gemv_kn", [(1, "gemv"), *routed], False),
     ):
         linear.MEASURED[key] = table
-        linear.MMA_FIXUP = in_kernel
+        linear.MMA_FIXUP, linear.FIXUP_ROWS = in_kernel, rows if in_kernel else 0
         _plan.clear()
         try:
             for w in ws:
@@ -436,24 +437,14 @@ def gemv_rows(out: dict) -> None:
                 peers.append((f"cuBLAS x @ w [{label}]", torch.matmul))
             for name, fn in peers:
                 for rot in (1, 4):
-                    start, end = torch.cuda.Event(True), torch.cuda.Event(True)
-                    times = []
-                    for _ in range(5):
-                        spinner.start()
-                        start.record()
-                        for i in range(100):
-                            fn(x, ws[i % rot])
-                        end.record()
-                        end.synchronize()
-                        times.append(start.elapsed_time(end) * 10)
-                    gpu = statistics.median(times)
+                    gpu = gpu_us(spinner, fn, [(x, w) for w in ws[:rot]])
                     host = per_call_ns(lambda fn=fn: fn(x, ws[0]), calls=200, repeats=21) / 1e3
                     torch.cuda.synchronize()
                     row = f"{name}, {'rotated' if rot > 1 else 'same'} weight"
                     out["gemv"][row] = {"gpu_us": gpu, "host_us": host}
                     print(f"  {row:<52} GPU {gpu:7.2f} us  host {host:6.2f} us", flush=True)
         finally:
-            linear.MEASURED[key], linear.MMA_FIXUP = routed, fixup
+            linear.MEASURED[key], linear.MMA_FIXUP, linear.FIXUP_ROWS = routed, fixup, rows
             _plan.clear()
 
 

@@ -8,10 +8,16 @@ cuBLAS), every result checked; with ``--variants`` a second pass over the same p
 explicit ``int4_swap`` tile configurations (``swap_variants``) and, from 2048 rows, the
 dequantize-once path (the f16 weight made by ``kaio_ops._prefill``, then ``kaio_ops.matmul``)
 to re-derive ``_int4_hopper.SWAP_PLANS``. ``--table FILE`` writes the Markdown tables.
+``--variants-only``: no routed pass, every variant of a point in one pass beside cuBLAS timed
+at that point; ``--variants-json FILE`` replaces ``swap_variants``' lists (M as text, or
+"*", to a list of ``(WG, BM, CL, split, STAGES, MC, FENCE[, BUFS])`` or ``["decode",
+WARPS]``); ``--trace`` prints each step as it starts and ``--watchdog S`` dumps every
+thread's stack and exits after S seconds (a kernel that hangs shows where).
 
 Usage: ``python bench/int4_wgmma.py [--out DIR] [--budget SECONDS] [--ms 16,64,...]
-[--swap [--variants] [--shapes 4096x4096,...] [--prewarm N] [--table FILE]]``. Writes
-``DIR/int4_wgmma.jsonl`` (one JSON object a measurement) and prints a table.
+[--swap [--variants | --variants-only] [--variants-json FILE] [--shapes 4096x4096@16/64,...]
+[--prewarm N] [--table FILE] [--trace] [--watchdog S]]``. Writes ``DIR/int4_wgmma.jsonl``
+(one JSON object a measurement) and prints a table.
 """
 
 # ruff: noqa: B023  (the timed lambdas run before the loop moves on)
@@ -126,12 +132,26 @@ def main() -> None:
     p.add_argument("--markdown", default="", help="print --swap's JSONL file as a table, no GPU")
     p.add_argument("--shapes", default="", help="N x K list for --swap, e.g. 4096x4096,8192x8192")
     p.add_argument(
+        "--variants-only", action="store_true", help="--variants without the routed pass"
+    )
+    p.add_argument("--variants-json", default="", help="--variants: M -> variants (JSON file)")
+    p.add_argument("--watchdog", type=float, default=0, help="dump the stacks and exit after S s")
+    p.add_argument("--trace", action="store_true", help="log each step as it starts")
+    p.add_argument(
         "--prewarm", type=int, default=0, help="compile --swap's kernels first in N processes"
     )
     args = p.parse_args()
     if args.markdown:
         markdown(args.markdown)
         return
+    if args.watchdog:  # a hang (a kernel, a compile) shows where it is, not just a timeout
+        import faulthandler
+
+        faulthandler.dump_traceback_later(args.watchdog, exit=True)
+    TRACE[0] = args.trace
+    if args.variants_json:
+        with open(args.variants_json) as f:
+            VARIANTS.update(json.load(f))
     torch.backends.cuda.matmul.allow_tf32 = False
     ms = [int(x) for x in args.ms.split(",")]
     path = os.path.join(args.out, "int4_wgmma.jsonl")
@@ -153,9 +173,11 @@ def main() -> None:
         shapes = [shape_ms(x, ms) for x in args.shapes.split(",") if x]
         shapes = shapes or [(n, k, ms) for n, k in SWAP_SHAPES]
         if args.prewarm:
-            prewarm(log, shapes, args.prewarm, args.variants)
-        recs = swap_sweep(log, shapes, args.budget, False)
-        if args.variants:  # the multicast pairs last (a cluster's first timing on a GPU)
+            prewarm(log, shapes, args.prewarm, args.variants or args.variants_only)
+        recs = [] if args.variants_only else swap_sweep(log, shapes, args.budget, False)
+        if args.variants_only:  # every variant of a point together, multicast or not
+            recs += swap_sweep(log, shapes, args.budget, True, multicast=None)
+        elif args.variants:  # the multicast pairs last (a cluster's first timing on a GPU)
             recs += swap_sweep(log, shapes, args.budget, True)
             recs += swap_sweep(log, shapes, args.budget, True, multicast=True)
         text = swap_tables(recs, torch.cuda.get_device_name())
@@ -214,12 +236,27 @@ SWAP_SHAPES = ((4096, 4096), (28672, 4096), (4096, 14336), (8192, 8192), (57344,
 L2_BYTES = 200 << 20  # the int4 bytes a rotation covers: 4x the 50 MB L2
 
 
+TRACE = [False]  # --trace: print each step of swap_sweep as it starts
+
+
+def trace(*what) -> None:
+    """With ``--trace``, the step about to run and the seconds since start."""
+    if TRACE[0]:
+        print(f"[{time.time() - T0:6.1f}s]", *what, flush=True)
+
+
+VARIANTS: dict = {}  # --variants-json: M (as text, or "*") -> the variants to time there
+
+
 def swap_variants(m: int) -> list:
-    """(WG, BM, CL, split, STAGES, MC, FENCE) tile configurations of
+    """(WG, BM, CL, split, STAGES, MC, FENCE[, BUFS]) tile configurations of
     ``_int4_hopper.int4_swap`` to time at M = ``m`` besides the plan's (``matmul_int4``)
     (CL: a K split summed in a cluster, else by a second launch; split 0: ``swap_split``'s;
     STAGES 0: as many as fit; MC: pairs of tiles sharing a's rows by multicast; FENCE: the
-    proxy fence in every slice (1) or odd slices (2))."""
+    proxy fence in every slice (1) or odd slices (2); BUFS: fragment buffers, 2 if left
+    out). ``--variants-json`` replaces the lists below."""
+    if VARIANTS:
+        return [tuple(v) for v in VARIANTS.get(str(m), VARIANTS.get("*", []))]
     if m <= 16:  # the decode kernel's range
         return []
     bm = min(256, -(-m // 8) * 8)
@@ -234,12 +271,21 @@ def swap_variants(m: int) -> list:
     return [(2, 256, 0, 0, 0, 1, 2), (2, 192, 0, 0, 0, 1, 2)]
 
 
-def variant_key(wg: int, bm: int, cl: int, sp: int, stages: int, mc: int = 0, fence=1) -> str:
-    """A ``swap_variants`` entry as text: ``WG,BM,CL[,split S][,stages S][,mc],fF``."""
+def variant_key(
+    wg: int, bm: int, cl: int, sp: int, stages: int, mc: int = 0, fence=1, bufs=2
+) -> str:
+    """A ``swap_variants`` entry as text: ``WG,BM,CL[,split S][,stages S][,mc],fF[,bB]``."""
     return (
         f"{wg},{bm},{cl}" + (f",split {sp}" if sp else "") + (f",stages {stages}" * bool(stages))
-        + ",mc" * mc + f",f{fence}"
+        + ",mc" * mc + f",f{fence}" + (f",b{bufs}" if bufs != 2 else "")
     )  # fmt: skip
+
+
+def as_config(v: tuple) -> tuple:
+    """A ``swap_variants`` entry as ``launch_swap``'s config (WG, BM, STAGES, split, CL, MC,
+    FENCE, BUFS)."""
+    wg, bm, cl, sp, st, mc, fence, *bufs = v
+    return (wg, bm, st, sp, cl, mc, fence, bufs[0] if bufs else 2)
 
 
 def _warm(consts: dict) -> str:
@@ -270,9 +316,7 @@ def prewarm(log, shapes, workers: int, variants: bool = True) -> None:
     for n, k, ms in shapes:
         for m in ms:
             configs = (
-                [(wg, bm, st, sp, cl, mc, f) for wg, bm, cl, sp, st, mc, f in swap_variants(m)]
-                if variants
-                else []
+                [as_config(v) for v in swap_variants(m) if v[0] != "decode"] if variants else []
             )
             if m > _int4_hopper.DECODE_M:
                 configs.append(_int4_hopper.swap_plan(m))
@@ -292,7 +336,8 @@ def swap_sweep(log, shapes, budget: float, variants: bool = False, multicast=Fal
     checked against the f32 product (relative error), and at M <= 16 the floor that only reads
     the words; with ``variants``: ``swap_variants``' explicit ``int4_swap`` configurations,
     (M <= 64) the decode kernel and (M >= 2048) the dequantize-once path, each checked the
-    same way (``multicast``: the variants with MC only, else those without). The int4 words
+    same way (``multicast``: the variants with MC only, else those without; None: all of
+    them, after cuBLAS f16 at the same point). The int4 words
     rotated over enough sets to cover ``L2_BYTES``. Returns the records."""
     from bench.quantized import int4_bytes
 
@@ -302,21 +347,26 @@ def swap_sweep(log, shapes, budget: float, variants: bool = False, multicast=Fal
             log({"skipped": [n, k, ms, variants]})
             continue
         sets = max(2, min(24, -(-L2_BYTES // int4_bytes(n, k))))
+        trace("weights", n, k, sets)
         weights = [int4_inputs(1, n, k)[1:] for _ in range(sets)]
         for m in ms:
             if time.time() - T0 > budget:
                 log({"skipped": [m, n, k, variants]})
                 continue
+            trace("point", m, n, k, "variants" if variants else "routed")
             a = torch.randn(m, k, device="cuda", dtype=torch.float16)
             ops = [[operand(x, "x") for x in (a, s[0], s[1])] for s in weights]
             ref = a.float() @ weights[0][2].float()
             rec = {"m": m, "n": n, "k": k, "sets": sets}
             f16 = torch.float16
             if not variants:
+                trace("cublas")
                 rec["cublas_us"] = graph_time(lambda i: torch.matmul(a, weights[i][2]), sets)
+                trace("check", _int4_hopper.swap_plan(m))
                 try:
                     got = kaio_ops.matmul_int4(a, weights[0][0], weights[0][1], out_dtype=f16)
                     rec["kaio_err"] = ((got.float() - ref).norm() / ref.norm()).item()
+                    trace("time")
                     rec["kaio_us"] = graph_time(
                         lambda i: kaio_ops.matmul_int4(a, *weights[i][:2], out_dtype=f16), sets
                     )
@@ -331,7 +381,16 @@ def swap_sweep(log, shapes, budget: float, variants: bool = False, multicast=Fal
                 recs.append(rec)
                 continue
             rec["swap"], rec["err"] = {}, {}
-            todo = [(variant_key(*v), v) for v in swap_variants(m) if v[5] == multicast]
+            variants, mc = swap_variants(m), multicast
+            if mc is None and any(v[0] != "decode" for v in variants):  # the peer, this run
+                rec["cublas_us"] = graph_time(lambda i: torch.matmul(a, weights[i][2]), sets)
+            todo = [
+                (variant_key(*v), v)
+                for v in variants
+                if v[0] != "decode" and (mc is None or v[5] == mc)
+            ]
+            if not multicast:  # ("decode", WARPS): the decode kernel with that many warps a block
+                todo += [(f"decode kernel, {v[1]} warps", v) for v in variants if v[0] == "decode"]
             if not multicast and _int4_hopper.DECODE_M < m <= _int4_decode.MAX_M:
                 todo.append(("decode kernel", "decode"))
             if not multicast and m >= 2048:
@@ -351,14 +410,19 @@ def swap_sweep(log, shapes, budget: float, variants: bool = False, multicast=Fal
                     def fn(i):
                         w16 = _prefill.int4_to_f16(ops[i][0], [(ops[i][1], ops[i][2])])
                         return kaio_ops.matmul(a, w16)
-                else:
-                    wg, bm, cl, sp, st, mc, fence = v
-                    cfg = (wg, bm, st, sp, cl, mc, fence)
+                elif v[0] == "decode":
 
-                    def fn(i, c=cfg):
+                    def fn(i, w=v[1]):
+                        return _int4_decode.matmul(*ops[i], kaio.f16, warps=w)
+
+                else:
+                    config = as_config(v)
+
+                    def fn(i, c=config):
                         return _int4_hopper.launch_swap(*ops[i], kaio.f16, c)
 
                 try:
+                    trace("variant", key)
                     rec["err"][key] = ((fn(0).float() - ref).norm() / ref.norm()).item()
                     rec["swap"][key] = graph_time(fn, sets)
                 except Exception as e:  # noqa: BLE001

@@ -4,16 +4,18 @@ process:
 - raw ctypes ``cuLaunchKernelEx`` / ``cuLaunchKernel`` on kaio's CUfunction with everything
   prepared (parameters packed once, configuration built once): the floor for a Python launcher,
   with ctypes releasing the GIL around the call (``CFUNCTYPE``) and keeping it (``PYFUNCTYPE``,
-  as kaio's launcher does);
+  as kaio's launcher does); the same on other streams than the legacy default one (a
+  created stream, a non-blocking one, the per-thread default stream); and the ctypes call
+  alone, made the same way to a C function that does nothing (the Python side of the floor);
 - raw cuda.bindings ``cuLaunchKernel``, kernelParams as (values, types), the bindings' own
   way of passing arguments;
 - kaio ``add[grid, 256](x, y, out, n)`` and pre-bound ``launch = add[grid, 256]``, with
   DeviceArray, torch tensor and CuPy arguments;
 - raw cuda.bindings ``cuLaunchKernel`` with a prebuilt ``kernelParams`` array (its address
   as an int: nothing converted per call), the cheapest way through the bindings;
-- kaio's call-plan replay of the same launch (``kaio.runtime.plan.CallPlan.run``: the
-  parameters packed into a buffer with one ``pack_into`` and ``cuLaunchKernelEx`` through
-  ctypes), what every planned ``kaio_ops`` call ends in;
+- kaio's call-plan replay of the same launch (``kaio.runtime.plan.CallPlan.run``: the three
+  addresses written into a buffer that holds the other parameters, and ``cuLaunchKernelEx``
+  through ctypes), what every planned ``kaio_ops`` call ends in;
 - Triton's launcher on an equivalent kernel, torch tensors;
 - the first launch in a new process, with an empty and with a warm disk cache;
 - ``kaio_ops`` calls at decode sizes (argument checks, output allocation and launch) beside
@@ -274,6 +276,32 @@ def raw_rows(bench: Bench, x, y, out) -> None:
         "raw ctypes cuLaunchKernelEx, GIL kept, byref function (kaio's)",
         lambda: launch_ex_gil(cfg, func_ref, par, None),
     )
+    # the foreign-function call alone, as kaio's launches make it (GIL kept, four byref
+    # arguments) to a C function that does nothing (memcmp of 0 bytes; the fourth argument
+    # ignored): the Python side of the floor, the rest of a raw launch being the driver's
+    nothing = ctypes.PYFUNCTYPE(ctypes.c_int)(("memcmp", ctypes.CDLL(None)))
+    bench.row(
+        "ctypes call of a C no-op (memcmp of 0 bytes), 4 arguments",
+        lambda: nothing(cfg, func_ref, None, par),
+    )
+    # the same launch on other streams than the legacy default one (which the driver
+    # synchronizes with every blocking stream): a created stream, a non-blocking one, and the
+    # per-thread default stream (CU_STREAM_PER_THREAD)
+    from kaio.runtime.stream import Stream
+
+    for label, stream in (
+        ("a created stream", Stream()),
+        ("a non-blocking stream", Stream(non_blocking=True)),
+        ("the per-thread default stream", 2),
+    ):
+        handle = stream if isinstance(stream, int) else stream.handle
+        other = CUlaunchConfig((GRID, 1, 1), (256, 1, 1), 0, handle, None, 0)
+        config_ref = ctypes.byref(other)
+        bench.keep += [other, stream]
+        bench.row(
+            f"raw ctypes cuLaunchKernelEx, GIL kept, byref function, {label}",
+            lambda c=config_ref: launch_ex_gil(c, func_ref, par, None),
+        )
     launch_gil = ctypes.PYFUNCTYPE(ctypes.c_int)(("cuLaunchKernel", lib))
     bench.row(
         "raw ctypes cuLaunchKernel, kernelParams, GIL kept, byref function",

@@ -385,23 +385,35 @@ _define(
 )
 
 
-def _bulk_store(ctx, args, node):
-    dst = _memory_array(ctx, args[0], node, "bulk_store", ("global",))
-    src = _memory_array(ctx, args[2], node, "bulk_store", _SHARED)
-    if dst.dtype != src.dtype:
-        ctx.error(
-            f"kaio.bulk_store() copies between arrays of one element type; {dst.name!r} holds "
-            f"{dst.dtype} and {src.name!r} {src.dtype}",
-            node,
+def _bulk_copy(name: str):
+    """``bulk_store`` and ``bulk_reduce_add`` (the same op, ``reduce="add"``: f32 only)."""
+
+    def lower(ctx, args, node):
+        dst = _memory_array(ctx, args[0], node, name, ("global",))
+        src = _memory_array(ctx, args[2], node, name, _SHARED)
+        if dst.dtype != src.dtype:
+            ctx.error(
+                f"kaio.{name}() copies between arrays of one element type; {dst.name!r} holds "
+                f"{dst.dtype} and {src.name!r} {src.dtype}",
+                node,
+            )
+        if name == "bulk_reduce_add" and dst.dtype != T.f32:
+            ctx.error(
+                f"kaio.bulk_reduce_add() adds f32 elements; {dst.name!r} holds {dst.dtype}: "
+                "accumulate in an f32 array and convert it afterwards",
+                node,
+            )
+        operands = (
+            dst,
+            *ctx.indices(dst, args[1], node),
+            src,
+            *ctx.indices(src, args[3], node),
+            _u32(ctx, args[4], node, f"the byte count of kaio.{name}()"),
         )
-    operands = (
-        dst,
-        *ctx.indices(dst, args[1], node),
-        src,
-        *ctx.indices(src, args[3], node),
-        _u32(ctx, args[4], node, "the byte count of kaio.bulk_store()"),
-    )
-    ctx.b.emit("bulk_store", None, operands)
+        attrs = {"reduce": "add"} if name == "bulk_reduce_add" else {}
+        ctx.b.emit("bulk_store", None, operands, **attrs)
+
+    return lower
 
 
 def _bulk_wait(read: bool):
@@ -424,7 +436,16 @@ _define(
     "group (cp.async.bulk.global.shared::cta.bulk_group). Make the shared writes it reads "
     "visible first with fence_proxy_async() (and sync_threads() if other threads wrote "
     "them); close the group with bulk_commit(). sm_90.",
-    _bulk_store,
+    _bulk_copy("bulk_store"),
+)
+_define(
+    "bulk_reduce_add",
+    "bulk_reduce_add(dst, dst_index, src, src_index, nbytes): as bulk_store(), but adds the "
+    "nbytes of f32 elements from shared src[src_index...] to global dst[dst_index...] "
+    "element by element, each addition atomic (cp.reduce.async.bulk.global.shared::cta."
+    "bulk_group.add.f32): several blocks may add to the same elements, in no fixed order. "
+    "sm_90.",
+    _bulk_copy("bulk_reduce_add"),
 )
 _define(
     "bulk_commit",

@@ -27,6 +27,15 @@ registers a thread.
 
 Both end by scaling (dK, dQ by the softmax scale) and storing from registers; GQA's dK and dV
 are summed over the group's heads inside the block, in a fixed order: deterministic.
+
+With ``DQ`` (``config(d)["fused"]``, ``launch(fused=True)``; not ``flash_attention_bwd``'s
+default: ``FUSED``) the dK/dV kernel also computes dQ, FlashAttention-3's one-kernel
+backward: each query tile's dS^T goes to shared memory (``store_ds``), both warpgroups
+compute dQ = dS K for their half of the columns (``issue_dq``) and add it to an f32 buffer
+(``dq_zero`` before, ``dq_convert`` after): with atomics from the registers (``add_dq``) or
+through ``dq_s`` and the producer warpgroup's other warps (``write_dq``: atomics a row at a
+time, or ``kaio.bulk_reduce_add``); keys past sk are masked there (their dS would reach
+dQ).
 ``delta`` = rowsum(dO * O) comes from ``_attention_tc.row_dot`` (the host).
 
 Shared tiles (128-byte swizzle, 64-column blocks): the tiles loaded once ``[D / 64, 64 * WG,
@@ -44,7 +53,7 @@ finite input.
 from __future__ import annotations
 
 import kaio
-from kaio import f32, i32, u32, u64
+from kaio import bool_, f32, i32, u32, u64
 from kaio_ops._attention_hopper import (
     PRODUCER_REGS,
     SHARED_LIMIT,
@@ -135,15 +144,17 @@ def zero_acc(acc: f32[:, :], N: kaio.constexpr):
 @kaio.gpu_func
 def grads_t(
     s: f32[:, :], dp: f32[:, :], stats: f32[:, :, :], st: i32, lse: f32[:], delta: f32[:],
-    at0: i32, key0: i32, q0: i32, sq: i32, causal: i32, scale_log2: f32, lane: u32,
+    at0: i32, key0: i32, q0: i32, sq: i32, kend: i32, causal: i32, scale_log2: f32, lane: u32,
     BM: kaio.constexpr, TSTATS: kaio.constexpr,
 ):  # fmt: skip
     """s = P^T, dp = dS^T = P^T (dP^T - delta) of the query tile q0 in ring stage ``st``
     (columns: queries q0 + 8n + 2 (lane % 4) + e, whose lse and delta are ``stats[0 and 1,
     st]`` where ``TSTATS``, else read from ``lse``, ``delta`` at ``at0`` (the head's query
-    0); rows: keys key0 + 8h), the queries past sq and (causal) before the key masked to
-    zero probability where the tile needs it."""
-    masked = q0 + BM > sq or (causal != 0 and q0 < key0 - i32(lane // 4) + 15)
+    0); rows: keys key0 + 8h), the queries past sq, (causal) before the key and the keys at
+    or past ``kend`` (the fused kernel's sk: its dS reaches dQ) masked to zero probability
+    where the tile needs it."""
+    key_tile = key0 - i32(lane // 4)  # the warp's first key
+    masked = q0 + BM > sq or (causal != 0 and q0 < key_tile + 15) or key_tile + 16 > kend
     for n in kaio.static_range(BM // 8):
         pair = kaio.local(f32, 2)
         dpair = kaio.local(f32, 2)
@@ -167,7 +178,7 @@ def grads_t(
                 x = kaio.exp2(kaio.fma(s[n, 2 * h + e], scale_log2, -l2))
                 if masked:
                     ok = q0 + col < sq and (causal == 0 or key0 + 8 * h <= q0 + col)
-                    x = kaio.select(ok, x, 0.0)
+                    x = kaio.select(ok and key0 + 8 * h < kend, x, 0.0)
                 s[n, 2 * h + e] = x
                 dp[n, 2 * h + e] = x * (dp[n, 2 * h + e] - dpair[e])
 
@@ -221,16 +232,26 @@ def load_frags(af: u32[:, :], a_s: DT[:, :, :], row0: i32, lane: u32, D: kaio.co
 def consume_dkdv(
     k_s: DT[:, :, :], v_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :],
     stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], lse: f32[:], delta: f32[:],
-    dk: DT[:], dv: DT[:], wg: u32, lt: u32, kvh: i32, first_head: i32, group: i32, first: i32,
-    n_tiles: i32, k0: i32, sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32,
-    D: kaio.constexpr, BM: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr,
-    AREG: kaio.constexpr, TSTATS: kaio.constexpr, DT: kaio.constexpr,
+    dk: DT[:], dv: DT[:], ds_s: DT[:, :, :], dq_s: f32[:, :], dq_acc: f32[:], wg: u32, lt: u32,
+    kvh: i32,
+    first_head: i32, group: i32, first: i32, n_tiles: i32, k0: i32, sq: i32, sk: i32,
+    causal: i32, scale_log2: f32, scale: f32, D: kaio.constexpr, BM: kaio.constexpr,
+    WG: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr, AREG: kaio.constexpr,
+    TSTATS: kaio.constexpr, DQ: kaio.constexpr, LATE: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 keys (thread ``lt`` of it): dK and dV over the query
     tiles of the group's heads (module docstring), then stored. ``PIPE``: 0 each tile's
     products issued and waited for in turn; 1 tile i's S^T and dP^T issued together with
     tile i - 1's dV and dK, so that tile i's P^T and dS^T are computed while those run (the
-    forward's intra-warpgroup overlap)."""
+    forward's intra-warpgroup overlap). ``DQ`` (PIPE 0 only): 0 no dQ; else each tile's dS^T
+    also goes to shared memory (``ds_s``, double-buffered) and dQ += dS K is added to the
+    f32 ``dq_acc`` with atomics, over this warpgroup's 64 keys and every column (1) or over
+    the block's keys and this warpgroup's D / WG columns (2: a barrier across the
+    warpgroups, half the atomics), or as 2 but stored to ``dq_s`` for the producer
+    warpgroup's other warps to add (3: atomics, 4: bulk reductions; ``write_dq``);
+    ``LATE``: a tile's dQ product issued a tile late, 1: with the next tile's S^T
+    and dP^T (run while that tile's P^T and dS^T are computed), 2: behind the next tile's dV
+    and dK (three dS^T buffers: the warpgroups may drift a tile apart); 0: at once."""
     lane = lt % 32
     key0 = k0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)  # rows key0, key0 + 8
     dka = kaio.local(f32, (D // 8, 4))
@@ -252,28 +273,86 @@ def consume_dkdv(
     ph = u32(0)
     t = first  # tile i's query tile and head (its lse at at0): counters, not divisions
     at0 = first_head * sq
+    NQ = D if DQ == 1 else D // WG  # dQ's columns in this warpgroup
+    dqa = kaio.local(f32, (NQ // 8, 4))
+    kr = 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)  # key0 - k0: ds_s's rows
+    c0 = 0 if DQ == 1 else i32(wg) * NQ  # dQ's first column here
+    db = i32(0)  # the ds_s buffer of tile i and the parity of its barrier
+    dph = u32(0)
+    pq = i32(0)  # the last tile's first query row of this thread, its head's row 0
+    pat0 = i32(0)
+    NBUF = 3 if LATE == 2 else 2  # ds_s buffers
+    FULL = STAGES + NBUF * WG  # DQ 3, 4: dq_s written (the consumers), read (the writers)
+    wph = u32(0)
+    pdb = i32(0)  # the last tile's buffer and barrier parity (LATE)
+    pph = u32(0)
+    G = 0 if DQ >= 2 else NBUF * i32(wg)  # this warpgroup's dS barriers: bars[1, STAGES + G + b]
+    kend = sk if DQ else 1 << 30  # keys past sk: their dS would reach dQ
     if PIPE == 0:
         for _i in range(total):
             kaio.mbarrier_wait(bars, (0, st), ph)
             kaio.wgmma_fence()
             issue_front(s, dp, k_s, v_s, q_s, do_s, af, bf, st, wg, D, AREG, DT)  # S^T, dP^T
-            kaio.wgmma_wait(0)
-            grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, causal, scale_log2,
+            if DQ and LATE == 1 and _i > 0:  # the last tile's dQ product while P^T, dS^T are made
+                kaio.mbarrier_wait(bars, (1, STAGES + G + pdb), pph)
+                issue_dq(dqa, ds_s, pdb, k_s, wg, D, NQ, WG, DQ, DT)
+                kaio.wgmma_wait(1)
+            else:
+                kaio.wgmma_wait(0)
+            grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, kend, causal, scale_log2,
                     lane, BM, TSTATS)  # fmt: skip
             pack_p(p, s, BM, DT)
             pack_p(ds, dp, BM, DT)
+            if DQ and LATE == 1 and _i > 0:
+                kaio.wgmma_wait(0)
+                wph = hand_dq(dq_s, bars, dq_acc, dqa, pat0, pq, sq, c0, lane, lt, _i > 1, wph,
+                              FULL, D, NQ, DQ)  # fmt: skip
             kaio.wgmma_fence()
             issue_back_dkdv(dka, dva, p, ds, q_s, do_s, st, BM, DT)
+            if DQ:  # dS^T (dp: no operand of dV's, dK's) to ds_s while they run; once every
+                # warp's rows are there (DQ 2-4: both warpgroups'), dQ (LATE: the next tile's)
+                if LATE == 2 and _i > 0:  # the last tile's dS^T everywhere: its dQ may run,
+                    # and every warp is past the dQ product that read buffer db (tile i - 3)
+                    kaio.mbarrier_wait(bars, (1, STAGES + G + pdb), pph)
+                store_ds(ds_s, db, dp, kr, lane, BM, DT)
+                release(bars, STAGES + G + db, lt)
+                if not LATE:
+                    kaio.mbarrier_wait(bars, (1, STAGES + G + db), dph)
+                    issue_dq(dqa, ds_s, db, k_s, wg, D, NQ, WG, DQ, DT)
+                elif LATE == 2 and _i > 0:  # the last tile's, behind this tile's dV, dK
+                    issue_dq(dqa, ds_s, pdb, k_s, wg, D, NQ, WG, DQ, DT)
             kaio.wgmma_wait(0)
             release(bars, st, lt)
+            if DQ:
+                if LATE == 2 and _i > 0:
+                    wph = hand_dq(dq_s, bars, dq_acc, dqa, pat0, pq, sq, c0, lane, lt, _i > 1,
+                                  wph, FULL, D, NQ, DQ)  # fmt: skip
+                pq = t * BM + 16 * i32(lt // 32) + i32(lane // 4)
+                pat0 = at0
+                if not LATE:
+                    wph = hand_dq(dq_s, bars, dq_acc, dqa, at0, pq, sq, c0, lane, lt, _i > 0,
+                                  wph, FULL, D, NQ, DQ)  # fmt: skip
+                pdb = db
+                pph = dph
+                db += 1
+                if db == NBUF:
+                    db = 0
+                    dph ^= 1
             t, at0 = next_tile(t, at0, first, n_tiles, sq)
             st, ph = next_stage(st, ph, STAGES)
+        if DQ and LATE and total > 0:  # the last tile's dQ
+            kaio.mbarrier_wait(bars, (1, STAGES + G + pdb), pph)
+            kaio.wgmma_fence()
+            issue_dq(dqa, ds_s, pdb, k_s, wg, D, NQ, WG, DQ, DT)
+            kaio.wgmma_wait(0)
+            hand_dq(dq_s, bars, dq_acc, dqa, pat0, pq, sq, c0, lane, lt, total > 1, wph, FULL,
+                    D, NQ, DQ)  # fmt: skip
     elif total > 0:
         kaio.mbarrier_wait(bars, (0, 0), 0)
         kaio.wgmma_fence()
         issue_front(s, dp, k_s, v_s, q_s, do_s, af, bf, 0, wg, D, AREG, DT)
         kaio.wgmma_wait(0)
-        grads_t(s, dp, stats, 0, lse, delta, at0, key0, t * BM, sq, causal, scale_log2, lane,
+        grads_t(s, dp, stats, 0, lse, delta, at0, key0, t * BM, sq, kend, causal, scale_log2, lane,
                 BM, TSTATS)  # fmt: skip
         pack_p(p, s, BM, DT)
         pack_p(ds, dp, BM, DT)
@@ -286,7 +365,7 @@ def consume_dkdv(
             issue_front(s, dp, k_s, v_s, q_s, do_s, af, bf, st, wg, D, AREG, DT)
             issue_back_dkdv(dka, dva, p, ds, q_s, do_s, ps, BM, DT)  # tile i - 1's
             kaio.wgmma_wait(2)  # S^T, dP^T done (tile i - 1's dV, dK may still run)
-            grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, causal, scale_log2,
+            grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, kend, causal, scale_log2,
                     lane, BM, TSTATS)  # fmt: skip
             kaio.wgmma_wait(0)  # tile i - 1's dV, dK done: p, ds and its stage are free
             release(bars, ps, lt)
@@ -313,6 +392,132 @@ def issue_back_dkdv(
     group; P^T and dS^T from registers)."""
     issue_pv(dva, p, do_s, st, BM, DT)
     issue_pv(dka, ds, q_s, st, BM, DT)
+
+
+@kaio.gpu_func
+def store_ds(ds_s: DT[:, :, :], b: i32, dp: f32[:, :], kr: i32, lane: u32, BM: kaio.constexpr,
+             DT: kaio.constexpr):  # fmt: skip
+    """ds_s[b, kr + 8h, query] = this thread's dS^T (``dp``: rows kr, kr + 8 of the block's
+    keys, columns its queries 8n + 2 (lane % 4) + e) rounded to DT, in pairs, the rows of
+    ``BM`` = 64 queries 128-byte swizzled: dS, the dQ product's A, M-major."""
+    for h in kaio.static_range(2):
+        for n in kaio.static_range(BM // 8):
+            pair = kaio.local(DT, 2)
+            for e in kaio.static_range(2):
+                pair[e] = DT(dp[n, 2 * h + e])
+            col = kaio.swizzle(ds_s, kr + 8 * h, n * 8 + i32(lane % 4) * 2)
+            kaio.store_vector(ds_s, (b, kr + 8 * h, col), pair)
+
+
+@kaio.gpu_func
+def issue_dq(
+    dqa: f32[:, :], ds_s: DT[:, :, :], b: i32, k_s: DT[:, :, :], wg: u32, D: kaio.constexpr,
+    NQ: kaio.constexpr, WG: kaio.constexpr, DQ: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """Issue dqa = dS K (its first product overwrites) and commit: the 64 queries of ds_s
+    buffer b (M-major) times the keys of k_s (N-major), the warpgroup's 64 keys and all D
+    columns (``DQ`` 1) or the block's 64 WG keys and columns wg NQ .. (2)."""
+    rows = 64 if DQ == 1 else 64 * WG
+    r0 = 64 * i32(wg) if DQ == 1 else 0
+    c0 = 0 if DQ == 1 else i32(wg) * NQ
+    for kk in kaio.static_range(rows // 16):
+        da = kaio.smem_descriptor(ds_s, (b, r0 + kk * 16, 0), SW, 64 * WG * SW, 1024)
+        dk = kaio.smem_descriptor(k_s, (c0 // 64, r0 + kk * 16, c0 % 64), SW, 64 * WG * SW,
+                                  1024)  # fmt: skip
+        if DT == kaio.bf16:
+            kaio.wgmma_bf16(dqa, da, dk, kk > 0, True, True)
+        else:
+            kaio.wgmma_f16(dqa, da, dk, kk > 0, True, True)
+    kaio.wgmma_commit()
+
+
+@kaio.gpu_func
+def add_dq(
+    dq_acc: f32[:], dqa: f32[:, :], at0: i32, q: i32, sq: i32, c0: i32, lane: u32,
+    D: kaio.constexpr, NQ: kaio.constexpr,
+):  # fmt: skip
+    """dq_acc[at0 + q + 8h, c0 + col] += dqa (atomics; rows q, q + 8 of the head whose row 0
+    is at0; this lane's columns col = 8n + 2 (lane % 4) + e of NQ). A row at or past sq
+    (its dS masked: zeros) adds its zeros to row sq - 1: no branch, which would serialize
+    the products in flight (ptxas C7518)."""
+    for h in kaio.static_range(2):
+        at = (at0 + kaio.min(q + 8 * h, sq - 1)) * D + c0 + i32(lane % 4) * 2
+        for n in kaio.static_range(NQ // 8):
+            for e in kaio.static_range(2):
+                kaio.atomic_add(dq_acc, at + n * 8 + e, dqa[n, 2 * h + e])
+
+
+@kaio.gpu_func
+def store_dq(dq_s: f32[:, :], dqa: f32[:, :], q: i32, c0: i32, lane: u32, NQ: kaio.constexpr):
+    """dq_s[q + 8h, c0 + col] = dqa (rows q, q + 8 of the tile; this lane's columns col =
+    8n + 2 (lane % 4) + e of NQ, in pairs)."""
+    for h in kaio.static_range(2):
+        for n in kaio.static_range(NQ // 8):
+            pair = kaio.local(f32, 2)
+            for e in kaio.static_range(2):
+                pair[e] = dqa[n, 2 * h + e]
+            kaio.store_vector(dq_s, (q + 8 * h, c0 + n * 8 + i32(lane % 4) * 2), pair)
+
+
+@kaio.gpu_func
+def hand_dq(
+    dq_s: f32[:, :], bars: u64[:, :], dq_acc: f32[:], dqa: f32[:, :], at0: i32, q: i32,
+    sq: i32, c0: i32, lane: u32, lt: u32, after: bool_, wph: u32, FULL: kaio.constexpr,
+    D: kaio.constexpr, NQ: kaio.constexpr, DQ: kaio.constexpr,
+) -> u32:  # fmt: skip
+    """A tile's dQ out of the registers (rows q, q + 8 of the head at at0, columns c0 ..):
+    DQ 3 and 4, to dq_s once the writers have read the last tile's (``after`` a first; parity
+    ``wph``), then the "full" arrival; else added to dq_acc (``add_dq``). Returns the next
+    parity."""
+    if DQ >= 3:
+        if after:
+            kaio.mbarrier_wait(bars, (1, FULL + 1), wph)
+            wph ^= 1
+        store_dq(dq_s, dqa, q % 64, c0, lane, NQ)
+        release(bars, FULL, lt)
+    else:
+        add_dq(dq_acc, dqa, at0, q, sq, c0, lane, D, NQ)
+    return wph
+
+
+@kaio.gpu_func
+def write_dq(
+    dq_s: f32[:, :], bars: u64[:, :], dq_acc: f32[:], lt: u32, first_head: i32, group: i32,
+    first: i32, n_tiles: i32, sq: i32, FULL: kaio.constexpr, D: kaio.constexpr,
+    BM: kaio.constexpr, DQ: kaio.constexpr,
+):  # fmt: skip
+    """The dQ writers, the producer warpgroup's warps 1 to 3 (thread ``lt`` of it): for each
+    tile of the consumers' walk, once the consumers have stored its dQ in dq_s
+    (``bars[1, FULL]``), add its rows below sq to ``dq_acc``, then free dq_s (``bars[1,
+    FULL + 1]``). DQ 3: atomics, a warp a row at a time (128 contiguous bytes an
+    instruction); DQ 4: warp 1's lanes each a row's ``bulk_reduce_add`` (two rows), warps 2
+    and 3 only pass the barriers."""
+    lane = i32(lt % 32)
+    t = first
+    at0 = first_head * sq
+    ph = u32(0)
+    for _i in range(group * kaio.max(n_tiles - first, 0)):
+        kaio.mbarrier_wait(bars, (1, FULL), ph)
+        ph ^= 1
+        q0 = t * BM
+        if DQ == 3:
+            for r in range(i32(lt // 32) - 1, kaio.min(BM, sq - q0), 3):
+                at = (at0 + q0 + r) * D + lane
+                for c in kaio.static_range(D // 32):
+                    kaio.atomic_add(dq_acc, at + 32 * c, dq_s[r, lane + 32 * c])
+        elif lt < 64:
+            for h in kaio.static_range(BM // 32):
+                r = lane + 32 * h
+                if q0 + r < sq:
+                    kaio.bulk_reduce_add(dq_acc, (at0 + q0 + r) * D, dq_s, (r, 0), D * 4)
+            kaio.bulk_commit()
+            kaio.bulk_wait_read(0)
+        kaio.sync_warp()
+        if lane == 0:
+            kaio.mbarrier_arrive(bars, (1, FULL + 1))
+        t, at0 = next_tile(t, at0, first, n_tiles, sq)
+    if DQ == 4:
+        kaio.bulk_wait(0)
 
 
 @kaio.gpu_func
@@ -426,13 +631,22 @@ def release(bars: u64[:, :], st: i32, lt: u32):
 
 
 @kaio.gpu_func
-def init_barriers(bars: u64[:, :], turn: u64[:], WG: kaio.constexpr, STAGES: kaio.constexpr):
+def init_barriers(bars: u64[:, :], turn: u64[:], WG: kaio.constexpr, STAGES: kaio.constexpr,
+                  DQ: kaio.constexpr, NBUF: kaio.constexpr):  # fmt: skip
     """Thread 0: the ring's barriers (landed: the producer's arrival; free: one from each
-    consumer warp, ``release``) and ``turn[0]`` (the tiles loaded once), fenced for the copy
-    engine."""
+    consumer warp, ``release``), ``turn[0]`` (the tiles loaded once) and, where ``DQ``, the
+    dS buffers' ``bars[1, STAGES + NBUF g + b]`` (buffer b of warpgroup g's warps, ``DQ`` 1,
+    or g = 0 of all consumer warps, 2 to 4) and for DQ 3 dq_s's (``write_dq``), fenced for
+    the copy engine."""
     for s in kaio.static_range(STAGES):
         kaio.mbarrier_init(bars, (0, s), 1)
         kaio.mbarrier_init(bars, (1, s), 4 * WG)  # an arrival from each consumer warp
+    if DQ:
+        for j in kaio.static_range(NBUF * WG):
+            kaio.mbarrier_init(bars, (1, STAGES + j), 4 if DQ == 1 else 4 * WG)
+    if DQ >= 3:  # dq_s written by the consumer warps, read by the 3 writer warps
+        kaio.mbarrier_init(bars, (1, STAGES + NBUF * WG), 4 * WG)
+        kaio.mbarrier_init(bars, (1, STAGES + NBUF * WG + 1), 3)
     kaio.mbarrier_init(turn, 0, 1)
     kaio.fence_proxy_async()
 
@@ -441,29 +655,38 @@ def init_barriers(bars: u64[:, :], turn: u64[:], WG: kaio.constexpr, STAGES: kai
 def attention_bwd_dkdv_wgmma(
     tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
     tl: kaio.tensormap, td: kaio.tensormap, lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:],
-    sq: i32, sk: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
-    D: kaio.constexpr, BM: kaio.constexpr, WG: kaio.constexpr, STAGES: kaio.constexpr,
-    PIPE: kaio.constexpr, AREG: kaio.constexpr, TSTATS: kaio.constexpr, REGS: kaio.constexpr,
-    DT: kaio.constexpr,
+    dq_acc: f32[:], sq: i32, sk: i32, heads: i32, group: i32, scale_log2: f32, scale: f32,
+    causal: i32, D: kaio.constexpr, BM: kaio.constexpr, WG: kaio.constexpr,
+    STAGES: kaio.constexpr, PIPE: kaio.constexpr, AREG: kaio.constexpr, TSTATS: kaio.constexpr,
+    REGS: kaio.constexpr, DT: kaio.constexpr, DQ: kaio.constexpr, LATE: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the ``64 * WG`` keys of block x and K/V head ``kvh`` = block y, summed over
-    the query heads of its group (module docstring). ``tk``, ``tv``: k, v as [B * Hkv * sk, D]
-    in boxes of (64 * WG, 64); ``tq``, ``tdo``: q, do as [B * H * sq, D] in boxes of (BM,
+    the query heads of its group (module docstring); where ``DQ`` (1 or 2, PIPE 0, BM 64),
+    their share of dQ / scale too, added to ``dq_acc`` (f32 [B * H * sq * D], zeros before)
+    with atomics (``consume_dkdv``; ``LATE`` there). ``tk``, ``tv``: k, v as [B * Hkv * sk,
+    D] in boxes of (64 * WG, 64); ``tq``, ``tdo``: q, do as [B * H * sq, D] in boxes of (BM,
     64); ``tl``, ``td``: lse, delta as [1, B * H * sq] f32 in boxes of (1, BM); dk, dv
     [B * Hkv * sk * D] flat; ``scale_log2``: the scale times log2(e)."""
     BK = 64 * WG
     C = D // 64
     ONCE_BYTES = BK * D * 2
     RING_BYTES = STAGES * BM * D * 2
-    STATS = 2 * ONCE_BYTES + 2 * RING_BYTES
+    DS = 2 * ONCE_BYTES + 2 * RING_BYTES
+    NBUF = 3 if LATE == 2 else 2
+    DQS = DS + (NBUF * BK * 64 * 2 if DQ else 0)
+    STATS = DQS + (BM * (D + 4) * 4 if DQ >= 3 else 0)
     BARS = STATS + 2 * STAGES * BM * 4
+    NB = STAGES + (NBUF * WG if DQ else 0) + (2 if DQ >= 3 else 0)
     k_s = kaio.shared_dynamic(DT, (C, BK, 64), 0)
     v_s = kaio.shared_dynamic(DT, (C, BK, 64), ONCE_BYTES)
     q_s = kaio.shared_dynamic(DT, (STAGES, C, BM, 64), 2 * ONCE_BYTES)
     do_s = kaio.shared_dynamic(DT, (STAGES, C, BM, 64), 2 * ONCE_BYTES + RING_BYTES)
+    # (without DQ, resp. DQ 3, these two are unused: a row at the stats)
+    ds_s = kaio.shared_dynamic(DT, (NBUF if DQ else 1, BK if DQ else 1, 64), DS)
+    dq_s = kaio.shared_dynamic(f32, (BM if DQ >= 3 else 1, D + 4), DQS)  # rows padded
     stats = kaio.shared_dynamic(f32, (2, STAGES, BM), STATS)
-    bars = kaio.shared_dynamic(u64, (2, STAGES), BARS)
-    turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * STAGES)
+    bars = kaio.shared_dynamic(u64, (2, NB), BARS)
+    turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * NB)
     t, wg, lt = thread_roles(WG)
     kvh = i32(kaio.block_idx_y())
     kv_heads = heads // group
@@ -474,14 +697,15 @@ def attention_bwd_dkdv_wgmma(
         first = k0 // BM  # queries before k0 see none of these keys
     n_tiles = (sq + BM - 1) // BM
     if t == 0:
-        init_barriers(bars, turn, WG, STAGES)
+        init_barriers(bars, turn, WG, STAGES, DQ, NBUF)
     kaio.sync_threads()
     if wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
-        consume_dkdv(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, wg, lt, kvh,
-                     first_head, group, first, n_tiles, k0, sq, sk, causal, scale_log2, scale,
-                     D, BM, STAGES, PIPE, AREG, TSTATS, DT)  # fmt: skip
+        consume_dkdv(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
+                     dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk, causal,
+                     scale_log2, scale, D, BM, WG, STAGES, PIPE, AREG, TSTATS, DQ, LATE,
+                     DT)  # fmt: skip
     else:  # the producer warpgroup: its first thread loads
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -489,6 +713,10 @@ def attention_bwd_dkdv_wgmma(
             produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl, td,
                     kvh * sk + k0, first_head * sq, sq, group, first, n_tiles, D, BK, BM,
                     STAGES, TSTATS, DT)  # fmt: skip
+        elif lt >= 32:  # warps 1 to 3: the dQ writers (DQ 3; DQ 4: warp 1's lanes add)
+            if DQ >= 3:
+                write_dq(dq_s, bars, dq_acc, lt, first_head, group, first, n_tiles, sq,
+                         STAGES + NBUF * WG, D, BM, DQ)  # fmt: skip
 
 
 @kaio.gpu_kernel(fastmath=True)
@@ -520,7 +748,7 @@ def attention_bwd_dq_wgmma(
     t, wg, lt = thread_roles(WG)
     bh, kvh, q0, n_tiles = query_block(heads, group, sk, causal, BQ, BN)
     if t == 0:
-        init_barriers(bars, turn, WG, STAGES)
+        init_barriers(bars, turn, WG, STAGES, 0, 2)
     kaio.sync_threads()
     if wg < WG:
         if REGS:
@@ -536,32 +764,80 @@ def attention_bwd_dq_wgmma(
                     DT)  # fmt: skip
 
 
-def shared_bytes(d: int, once: int, ring: int, stages: int, stat_rows: int) -> int:
+def shared_bytes(
+    d: int, once: int, ring: int, stages: int, stat_rows: int, dq: int = 0, nbuf: int = 2
+) -> int:
     """The dynamic shared memory of either kernel: the two tiles loaded once (``once`` rows),
-    the ring's two tiles of ``ring`` rows a stage, the lse and delta of ``stat_rows`` rows,
-    the barriers."""
-    return 2 * once * d * 2 + 2 * stages * ring * d * 2 + 2 * stat_rows * 4 + 16 * stages + 16
+    the ring's two tiles of ``ring`` rows a stage, (``dq``: the ``nbuf`` dS^T buffers of
+    ``once`` x 64, dq_s,) the lse and delta of ``stat_rows`` rows, the barriers."""
+    ds = nbuf * once * 64 * 2 + 8 * nbuf * once // 32 if dq else 0  # buffers, barriers
+    ds += ring * (d + 4) * 4 + 32 if dq >= 3 else 0  # dq_s, its barriers
+    return 2 * once * d * 2 + 2 * stages * ring * d * 2 + 2 * stat_rows * 4 + 16 * stages + 16 + ds
 
 
-def _stages(d: int, once: int, ring: int, ring_stats: bool) -> int:
-    left = SHARED_LIMIT - 2 * once * d * 2 - 2 * once * 4 - 256
-    return max(1, min(4, left // (2 * ring * d * 2 + (2 * ring * 4 if ring_stats else 0))))
+def _stages(d: int, once: int, ring: int, ring_stats: bool, dq: int = 0, nbuf: int = 2) -> int:
+    """The most ring stages (at most 4) whose ``shared_bytes`` fit."""
+
+    def size(n: int) -> int:
+        return shared_bytes(d, once, ring, n, n * ring if ring_stats else once, dq, nbuf)
+
+    fit = [n for n in range(1, 5) if size(n) <= SHARED_LIMIT]
+    return max(fit, default=1)
+
+
+@kaio.gpu_kernel(block_size=256)
+def dq_zero(acc: f32[:], n: i32):
+    """acc[0 .. n) = 0, four a thread (n a multiple of 4)."""
+    i = i32(kaio.block_idx_x() * 256 + kaio.thread_idx_x()) * 4
+    if i < n:
+        z = kaio.local(f32, 4)
+        for e in kaio.static_range(4):
+            z[e] = 0.0
+        kaio.store_vector(acc, i, z)
+
+
+@kaio.gpu_kernel(block_size=256)
+def dq_convert(dq: DT[:], acc: f32[:], n: i32, scale: f32, DT: kaio.constexpr):
+    """dq[i] = acc[i] * scale rounded to DT for i < n, four a thread (n a multiple of 4)."""
+    i = i32(kaio.block_idx_x() * 256 + kaio.thread_idx_x()) * 4
+    if i < n:
+        x = kaio.local(f32, 4)
+        y = kaio.local(DT, 4)
+        kaio.load_vector(x, acc, i)
+        for e in kaio.static_range(4):
+            y[e] = DT(x[e] * scale)
+        kaio.store_vector(dq, i, y)
+
+
+# Whether the fused kernel is flash_attention_bwd's default for head dim d (else the pair).
+# Measured on an H100 (round B, f16 B4 H16 S4096, TFLOP/s at 2.5x forward FLOPs): D 128
+# fused 357-360 (bulk reductions or writer atomics) against the pair's 416; D 64 273 against
+# 311. The fused kernel's two warpgroups meet at every tile (dQ needs both halves of dS), so
+# their softmax phases coincide and the tensor cores idle; the pair's run free.
+FUSED = {64: False, 128: False}
 
 
 def config(d: int) -> dict:
-    """The constexprs of both kernels for head dim ``d`` (64 or 128): ``{"dkdv": {BM, WG,
-    STAGES, PIPE, AREG, TSTATS, REGS}, "dq": {BN, WG, STAGES, PIPE, AREG, REGS}}``: two
-    consumer warpgroups (128 keys, resp. 128 query rows, a block), query tiles of 64 for
-    dK/dV, key tiles of 64 for dQ, as many ring stages as fit (at most 4), lse and delta by
-    TMA, and the schedule measured fastest on an H100 (docs/hopper.md): each product waited
-    for (``PIPE`` 0; at D = 64 PIPE 1 lost, 230 against 276 TFLOP/s, and at D = 128 the
-    dK/dV kernel's PIPE 1 spills), except for dQ at D = 128 (PIPE 1 and 0 alike)."""
+    """The constexprs of the kernels for head dim ``d`` (64 or 128): ``{"dkdv": {BM, WG,
+    STAGES, PIPE, AREG, TSTATS, REGS, DQ, LATE}, "dq": {BN, WG, STAGES, PIPE, AREG, REGS},
+    "fused": (dkdv's, with DQ)}``. The pair (the default, ``FUSED``): two consumer
+    warpgroups (128 keys, resp. 128 query rows, a block), query tiles of 64 for dK/dV, key
+    tiles of 64 for dQ, as many ring stages as fit (at most 4), lse and delta by TMA, and
+    the schedule measured fastest on an H100 under the whole-program JIT (docs/hopper.md):
+    dQ's products overlapped (``PIPE`` 1), dK/dV's too at D 64 (324 against 304 TFLOP/s; at
+    D 128 its PIPE 1 spills, 326 against 424). The fused kernel: dQ's columns split between
+    the warpgroups and added by bulk reductions from shared memory (``DQ`` 4), at once."""
     wg = 2
     common = {"WG": wg, "AREG": 0, "REGS": consumer_registers(wg)}
     bm, bn = 64, 64
     dkdv = {"BM": bm, "STAGES": _stages(d, 64 * wg, bm, True), "PIPE": 0, "TSTATS": 1}
-    dq = {"BN": bn, "STAGES": _stages(d, 64 * wg, bn, False), "PIPE": int(d == 128)}
-    return {"dkdv": {**dkdv, **common}, "dq": {**dq, **common}}
+    dkdv.update(DQ=0, LATE=0)
+    dq = {"BN": bn, "STAGES": _stages(d, 64 * wg, bn, False), "PIPE": 1}
+    if d == 64:  # under the whole-program JIT (no spills): 324 against 304 TFLOP/s
+        dkdv["PIPE"] = 1
+    fused = {**dkdv, "PIPE": 0, "DQ": 4, "LATE": 0}
+    fused["STAGES"] = _stages(d, 64 * wg, bm, True, fused["DQ"])
+    return {"dkdv": {**dkdv, **common}, "dq": {**dq, **common}, "fused": {**fused, **common}}
 
 
 def eligible(d: int) -> bool:
@@ -573,18 +849,24 @@ def eligible(d: int) -> bool:
 def worthwhile(bh: int, sq: int, sk: int, d: int, sms: int) -> bool:
     """Whether ``flash_attention_bwd`` should take these kernels (see ``eligible``): whole
     128-row tiles of queries and keys (the kernels mask partial ones, untimed) and sequences
-    of 1024 and more. Measured on an H100 (docs/hopper.md), f16 D 128: 1.25x the mma.sync
-    pair at S 4096 (1.21x causal), 1.18x at S 1024 (1.05x causal); at S 512 it lost (0.50x,
-    0.97x causal)."""
+    of 1024 and more. Measured on an H100 (docs/hopper.md), f16 D 128, under the old
+    (relocatable) JIT: 1.25x the mma.sync pair at S 4096 (1.21x causal), 1.18x at S 1024
+    (1.05x causal); at S 512 it lost (0.50x, 0.97x causal). Under the whole-program JIT at S
+    4096: 2.18x (2.09x causal), D 64 1.70x (1.52x)."""
     return eligible(d) and sq % 128 == 0 and sk % 128 == 0 and sq >= 1024 and sk >= 1024
 
 
 def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
-           cfg: dict | None = None, only: str | None = None):  # fmt: skip
-    """Run both kernels on checked operands (``_arrays.Operand``s q, do [B, H, Sq, D], k, v
+           cfg: dict | None = None, only: str | None = None, deterministic: bool = False,
+           fused: bool | None = None):  # fmt: skip
+    """Run the kernels on checked operands (``_arrays.Operand``s q, do [B, H, Sq, D], k, v
     [B, Hkv, Sk, D], lse [B, H, Sq] f32) and ``delta`` (flat f32 [B * H * Sq], rowsum(dO *
     O)); ``dims``: (B * H, H, group, sq, sk, d, d); ``cfg``: the constexprs (default
-    ``config(d)``); ``only``: "dkdv" or "dq" launches that kernel alone (to time it: the
+    ``config(d)``). The pair (``cfg["dkdv"]``, ``cfg["dq"]``: the same bits every run), or
+    where ``fused`` (default ``FUSED[d]``) and not ``deterministic`` one kernel
+    (``cfg["fused"]``) that computes dK, dV and adds dQ in f32 with atomics (then rounded by
+    ``dq_convert``): the order of those additions varies from run to run, so dQ's last bits
+    may. ``only``: "dkdv" or "dq" launches that kernel of the pair alone (to time it: the
     other's outputs are left unwritten). Returns (dq, dk, dv) of q's type and shapes."""
     import math
 
@@ -597,10 +879,13 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
             f"lse and delta) and D 64 or 128, got Sq = {sq}, D = {d}; use the mma.sync kernels"
         )
     cfg = cfg or config(d)
-    c1, c2 = cfg["dkdv"], cfg["dq"]
+    fused = not deterministic and only is None and (FUSED[d] if fused is None else fused)
+    c1, c2 = (cfg["fused"] if fused else cfg["dkdv"]), cfg["dq"]
     for c in (c1, c2):
         if c["PIPE"] and c["STAGES"] < 2:
             raise ValueError(f"_attention_hopper_bwd.launch: PIPE 1 needs 2 stages or more: {c}")
+    if c1.get("DQ") and (c1["PIPE"] or c1["BM"] != 64):
+        raise ValueError(f"_attention_hopper_bwd.launch: DQ needs PIPE 0 and BM 64: {c1}")
     stream = _arrays.stream_of(qa)
     dq = _arrays.output(da, qa.shape)
     dk, dv = (_arrays.output(da, ka.shape) for _ in range(2))
@@ -618,14 +903,24 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
 
     args = (sq, sk, heads, group, math.log2(math.e) * scale, scale, int(causal))
     bk = 64 * c1["WG"]
-    smem = shared_bytes(d, bk, c1["BM"], c1["STAGES"], c1["STAGES"] * c1["BM"])
+    dq_acc = _arrays.output(da, (qa.size,), f32) if fused else delta  # (unused: DQ 0)
+    grid = -(-qa.size // 1024)
+    if fused:
+        dq_zero[grid, 256, stream, 0](dq_acc, qa.size)
+    nbuf = 3 if c1.get("LATE") == 2 else 2
+    smem = shared_bytes(d, bk, c1["BM"], c1["STAGES"], c1["STAGES"] * c1["BM"], c1.get("DQ", 0),
+                        nbuf)  # fmt: skip
     if only != "dq":
         attention_bwd_dkdv_wgmma[(-(-sk // bk), bh // group), 128 * c1["WG"] + 128, stream, smem](
             tmap(ka, rows_kv, bk), tmap(va, rows_kv, bk), tmap(qa, rows_q, c1["BM"]),
             tmap(da, rows_q, c1["BM"]), *stats_maps(c1["BM"]), la.arg(rows_q), delta,
             _arrays.output_arg(da, dk, (ka.size,)), _arrays.output_arg(da, dv, (ka.size,)),
-            *args, D=d, DT=qa.dtype, **c1,
+            dq_acc, *args, D=d, DT=qa.dtype, **c1,
         )  # fmt: skip
+    if fused:
+        dq_out = _arrays.output_arg(da, dq, (qa.size,))
+        dq_convert[grid, 256, stream, 0](dq_out, dq_acc, qa.size, scale, DT=qa.dtype)
+        return dq, dk, dv
     bq = 64 * c2["WG"]
     smem = shared_bytes(d, bq, c2["BN"], c2["STAGES"], bq)
     if only != "dkdv":
@@ -646,3 +941,4 @@ def specializations():
             cfg = config(d)
             yield attention_bwd_dkdv_wgmma, {"D": d, "DT": dt, **cfg["dkdv"]}
             yield attention_bwd_dq_wgmma, {"D": d, "DT": dt, **cfg["dq"]}
+            yield attention_bwd_dkdv_wgmma, {"D": d, "DT": dt, **cfg["fused"]}

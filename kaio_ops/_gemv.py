@@ -20,7 +20,7 @@ added with shuffles (a fixed order); no K split (the LLM layers have N of 1024 a
 enough warps).
 """
 
-# ruff: noqa: F821  (DT, OUT and RT in annotations are dtype constexpr parameters)
+# ruff: noqa: F821  (DT, OUT, RT and T in annotations are dtype constexpr parameters)
 from __future__ import annotations
 
 import math
@@ -74,11 +74,29 @@ def gemv_kn(
                     for j in kaio.static_range(8):
                         acc[m, j] += x * f32(v[i, j])
         kk += 8 * U
-    # the 8 warps' sums of row m: warp w's at part[w, column], added in warp order
     part = kaio.shared(f32, (8, COLS))
-    mine = n0 + t  # thread t sums and writes column n0 + t
-    split = kaio.grid_dim_y()
-    sums = kaio.local(f32, MR)
+    last = kaio.shared(u32, (1,))
+    finish_columns(acc, part, last, c, ws, counters, 1.0, M, N, n0, t, MR, f32, OUT)
+
+
+@kaio.gpu_func
+def finish_columns(
+    acc: T[:, :], part: T[:, :], last: u32[:], c: OUT[:, :], ws: T[:, :], counters: i32[:],
+    alpha: f32, M: u32, N: u32, n0: u32, t: u32,
+    MR: kaio.constexpr, T: kaio.constexpr, OUT: kaio.constexpr,
+):  # fmt: skip
+    """The end of a block of ``gemv_kn`` (and of ``_int8_decode.gemv_int8``), by its 256
+    threads: the 8 warps' sums of C columns ``n0 .. n0 + 255`` (lane ``l`` of each warp
+    holds its sums of columns ``8 l .. 8 l + 7`` of row m in ``acc[m, j]``; element type
+    ``T``) added in warp order (warp 0's first) through ``part`` (shared [8, 256]), thread
+    ``t`` taking column ``n0 + t``; then ``C = OUT(f32(sum) * alpha)`` when K is not split
+    (``grid.y`` 1), else the block's sums into its K slice's rows of the workspace ``ws`` and
+    the last of the column block's slices to finish (``last``: a shared u32) adds the
+    slices in order, 4 of each row loaded at once (one round trip to the L2 per 4 slices,
+    not one per slice and row), and writes C."""
+    warp = t // 32
+    lane = t % 32
+    sums = kaio.local(T, MR)
     for m in kaio.static_range(MR):
         for j in kaio.static_range(8):
             part[warp, lane * 8 + j] = acc[m, j]
@@ -88,22 +106,34 @@ def gemv_kn(
             total += part[w, t]
         sums[m] = total
         kaio.sync_threads()
+    mine = n0 + t
+    split = kaio.grid_dim_y()
     if split == 1:
         if mine < N:
             for m in kaio.static_range(MR):
-                c[m, mine] = OUT(sums[m])
+                c[m, mine] = OUT(f32(sums[m]) * alpha)
     else:
         if mine < N:
             for m in kaio.static_range(MR):
                 ws[kaio.block_idx_y() * M + m, mine] = sums[m]
-        last = kaio.shared(u32, (1,))
         if last_arrival(counters, kaio.block_idx_x(), split, last, t):  # the slices, in order
             if mine < N:
+                got = kaio.local(T, (MR, 4))  # 4 slices of each row in flight at once
+                z0 = u32(0)
+                while z0 < split:
+                    for m in kaio.static_range(MR):
+                        for e in kaio.static_range(4):
+                            if z0 + e < split:
+                                got[m, e] = ws[(z0 + e) * M + m, mine]
+                    for m in kaio.static_range(MR):
+                        for e in kaio.static_range(4):
+                            if z0 + e == 0:
+                                sums[m] = got[m, e]
+                            elif z0 + e < split:
+                                sums[m] += got[m, e]
+                    z0 += 4
                 for m in kaio.static_range(MR):
-                    total = ws[m, mine]
-                    for z in range(1, split):
-                        total += ws[z * M + m, mine]
-                    c[m, mine] = OUT(total)
+                    c[m, mine] = OUT(f32(sums[m]) * alpha)
 
 
 PREFERRED_M = 0  # the largest M the ops send here by default (bench/gemm_plans.py measures)

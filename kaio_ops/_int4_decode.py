@@ -235,9 +235,9 @@ def _words(w: _arrays.Operand):
     return w.arg(dtype=u32)
 
 
-def _config(x: _arrays.Operand, columns: int) -> tuple:
-    """The launch configuration for ``columns`` output columns in all."""
-    return (-(-columns // COLS), WARPS * 32, _arrays.stream_of(x), 0)
+def _config(x: _arrays.Operand, columns: int, warps: int = WARPS) -> tuple:
+    """The launch configuration for ``columns`` output columns in all, ``warps`` a block."""
+    return (-(-columns // COLS), warps * 32, _arrays.stream_of(x), 0)
 
 
 def _rows(m: int) -> int:
@@ -249,14 +249,17 @@ def _rows(m: int) -> int:
 ALL_ROWS = tuple(sorted({_rows(m) for m in range(1, MAX_M + 1)}))  # (1, 2, 4, 6, 8)
 
 
-def matmul(x: _arrays.Operand, words: _arrays.Operand, scales: _arrays.Operand, dtype=f32):
+def matmul(
+    x: _arrays.Operand, words: _arrays.Operand, scales: _arrays.Operand, dtype=f32,
+    warps: int = WARPS,
+):  # fmt: skip
     """``x @ W`` in ``dtype`` (f32, f16 or bf16) [M, N] (see ``fits``): one launch, a block
-    per 32 columns."""
+    of ``warps`` warps per 32 columns."""
     m, n = x.shape[0], words.shape[1]
     out = _arrays.output(x, (m, n), dtype)
-    int4_decode[_config(x, n)](
+    int4_decode[_config(x, n, warps)](
         x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), dtype), m, n,
-        WARPS=WARPS, ROWS=_rows(m), DT=dtype,
+        WARPS=warps, ROWS=_rows(m), DT=dtype,
     )  # fmt: skip
     return out
 

@@ -27,7 +27,7 @@ import math
 
 import kaio
 from kaio import bf16, f16, f16x2, f32, i32, u32, u64
-from kaio_ops._attention_hopper import PRODUCER_REGS, consumer_registers
+from kaio_ops._attention_hopper import PRODUCER_REGS
 from kaio_ops._int4_decode import HIGH_TWICE, LOW_TWICE
 from kaio_ops._matmul_kernels import tile_col, tile_origin, tile_row
 
@@ -35,6 +35,9 @@ BK = 64  # K values a slice (one 128-byte swizzled row of f16 per tile row)
 WORD_ROWS = BK // 8  # packed word rows a slice
 SW = 128
 SHARED_LIMIT = 227 * 1024
+
+
+SUM_UNROLL = 4  # cluster_sum: column pairs a thread sums at once, every block's word in flight
 
 
 @kaio.gpu_func
@@ -47,34 +50,34 @@ def cluster_sum(
     n0) of c) is in its shared memory, read here as ``pairs`` [BM, BN / 2] (two adjacent
     columns a 64-bit word, the low half the even column): block ``r`` sums rows ``r``,
     ``r + SPLIT``, ... of the tile over the cluster's blocks in rank order (the same result
-    run to run) and stores them, thread ``t`` of the block taking every ``THREADS``-th pair,
-    the blocks' words read two at a time (with an even split; the producer warpgroup runs
-    this too, on the 24 registers it kept). N is even: a pair is in c or out of it whole."""
+    run to run) and stores them, thread ``t`` of the block's ``THREADS`` (the consumer
+    warpgroups) taking every ``THREADS``-th pair, ``SUM_UNROLL`` pairs at a time with the
+    words of all the blocks in flight (distributed shared memory is read at its latency,
+    not its bandwidth). N is even: a pair is in c or out of it whole."""
     rank = kaio.cluster_rank()
     PAIRS = BN // 2
-    CHUNK = 2 - SPLIT % 2  # words in flight
-    for i in range(t, (BM + SPLIT - 1) // SPLIT * PAIRS, THREADS):
-        r = i // PAIRS * SPLIT + rank
-        col = 2 * (i % PAIRS)
-        if r < BM and m0 + r < M and n0 + col < N:
-            raw = kaio.local(u64, CHUNK)
-            for u in kaio.static_range(CHUNK):
-                raw[u] = kaio.cluster_load(pairs, (r, i % PAIRS), u)
-            lo = kaio.bitcast(u32(raw[0]), f32)
-            hi = kaio.bitcast(u32(raw[0] >> 32), f32)
-            for u in kaio.static_range(1, CHUNK):
-                lo += kaio.bitcast(u32(raw[u]), f32)
-                hi += kaio.bitcast(u32(raw[u] >> 32), f32)
-            for q in kaio.static_range(CHUNK, SPLIT, CHUNK):
-                for u in kaio.static_range(CHUNK):
-                    raw[u] = kaio.cluster_load(pairs, (r, i % PAIRS), q + u)
-                for u in kaio.static_range(CHUNK):
-                    lo += kaio.bitcast(u32(raw[u]), f32)
-                    hi += kaio.bitcast(u32(raw[u] >> 32), f32)
-            out = kaio.local(OUT, 2)
-            out[0] = OUT(lo)
-            out[1] = OUT(hi)
-            kaio.store_vector(c, (m0 + r, n0 + col), out)
+    TOTAL = (BM + SPLIT - 1) // SPLIT * PAIRS
+    for i0 in range(t, TOTAL, THREADS * SUM_UNROLL):
+        raw = kaio.local(u64, (SUM_UNROLL, SPLIT))
+        for u in kaio.static_range(SUM_UNROLL):
+            i = i0 + u * THREADS
+            if i < TOTAL and i // PAIRS * SPLIT + rank < BM:
+                for q in kaio.static_range(SPLIT):
+                    raw[u, q] = kaio.cluster_load(pairs, (i // PAIRS * SPLIT + rank, i % PAIRS), q)
+        for u in kaio.static_range(SUM_UNROLL):
+            i = i0 + u * THREADS
+            r = i // PAIRS * SPLIT + rank
+            col = 2 * (i % PAIRS)
+            if i < TOTAL and r < BM and m0 + r < M and n0 + col < N:
+                lo = kaio.bitcast(u32(raw[u, 0]), f32)
+                hi = kaio.bitcast(u32(raw[u, 0] >> 32), f32)
+                for q in kaio.static_range(1, SPLIT):
+                    lo += kaio.bitcast(u32(raw[u, q]), f32)
+                    hi += kaio.bitcast(u32(raw[u, q] >> 32), f32)
+                out = kaio.local(OUT, 2)
+                out[0] = OUT(lo)
+                out[1] = OUT(hi)
+                kaio.store_vector(c, (m0 + r, n0 + col), out)
 
 
 def fits(a, b, s) -> bool:
@@ -92,27 +95,32 @@ DECODE_M = 16  # up to this M the decode kernel (``_int4_decode``)
 PREFILL_M = 1 << 62
 
 # int4_swap's tiles by M (the first row whose bound M does not pass): (WG, BM; 0: M rounded
-# up to 8, or 16 with MC; CL: a K split summed in a cluster, else by gemm_reduce; MC: pairs
-# of tiles sharing a's rows by multicast). Measured on an H100 (bench/int4_wgmma.py --swap
-# --variants, 2026-11-26, the geometric mean over N x K = 4096x4096, 8192x8192, 14336x4096,
-# 4096x14336): a cluster K split over 4 or 8 blocks ran 1.5-2x slower than the workspace's
-# (over 2 blocks, as fast or faster); MC 4-6% faster from 1024 rows.
+# up to 8, or 16 with MC; CL: a K split summed in a cluster (1: of 2 blocks, a split past 2
+# through the workspace; 2: of up to 8 blocks), else by gemm_reduce; MC: pairs of tiles
+# sharing a's rows by multicast; BUFS: slices' A fragments in registers). Measured on an
+# H100 under the whole-program JIT (bench/int4_wgmma.py --swap --variants-only, round C of
+# 2026-11-26, x cuBLAS f16 at the same point): 129-256 rows one M-row tile with a cluster
+# pair split, 8192x8192 1.00x against the 16-row multicast pairs' 0.86x (28672x4096 1.10x
+# against 1.04x); 65-128 rows a cluster pair when the split is 2 (8192x8192 1.30x against
+# 1.23x); clusters of 4 or 8 stay slower than the workspace (4096x4096 M=256: 0.45x
+# against 0.70x); 3 fragment buffers (BUFS 3) within 1-3% of 2 either way (28672x4096
+# M=2048 0.91x against 0.87x, 8192x8192 0.91x against 0.94x): 2 everywhere.
 SWAP_PLANS = (
-    (64, 4, 0, 0, 0),
-    (128, 2, 0, 0, 0),
-    (256, 2, 0, 0, 1),
-    (512, 2, 256, 1, 0),
-    (1 << 62, 2, 256, 0, 1),
+    (64, 4, 0, 0, 0, 2),
+    (128, 2, 0, 1, 0, 2),
+    (256, 2, 0, 1, 0, 2),
+    (512, 2, 256, 1, 0, 2),
+    (1 << 62, 2, 256, 0, 1, 2),
 )
 SWAP_FENCE = 2  # the proxy fence in odd slices only (``swap_slice``)
 
 
 def swap_plan(m: int) -> tuple:
-    """``int4_swap``'s (WG, BM, STAGES, split, CL, MC, FENCE) for M = ``m`` (``SWAP_PLANS``;
-    as many stages as fit, ``swap_split``'s split)."""
-    _, wg, bm, cl, mc = next(row for row in SWAP_PLANS if m <= row[0])
+    """``int4_swap``'s (WG, BM, STAGES, split, CL, MC, FENCE, BUFS) for M = ``m``
+    (``SWAP_PLANS``; as many stages as fit, ``swap_split``'s split)."""
+    _, wg, bm, cl, mc, bufs = next(row for row in SWAP_PLANS if m <= row[0])
     step = 16 if mc else 8
-    return wg, bm or min(256, -(-m // step) * step), 0, 0, cl, mc, SWAP_FENCE
+    return wg, bm or min(256, -(-m // step) * step), 0, 0, cl, mc, SWAP_FENCE, bufs
 
 
 def takes(a, b, s) -> bool:
@@ -130,7 +138,9 @@ def takes(a, b, s) -> bool:
 # From this M the weight is made f16 once (``_prefill.int4_to_f16``: K N 2 bytes written and
 # read again, a few percent of the product's time there) and ``kaio_ops.matmul`` multiplies.
 # Measured on an H100 (bench/int4_wgmma.py --swap --variants, two runs): at M = 4096 and 8192
-# 0.86-0.95x cuBLAS f16 against int4_swap's 0.78-0.89x; at 2048 the two equal (0.85x).
+# 0.86-0.95x cuBLAS f16 against int4_swap's 0.78-0.89x; at 2048 the two equal (0.85x). Under
+# the whole-program JIT (round C): at 2048 int4_swap 0.91-0.94x against 0.83-0.86x; at 4096
+# 0.94x against 0.90x on 4096x4096 but 0.85-0.88x against 0.90x on 8192x8192: kept.
 DEQUANT_M = 4096
 
 
@@ -194,15 +204,17 @@ def nibble_pair(word: u32, sel: u32, scale: f16x2) -> u32:
 def swap_slice(
     sw: u32[:, :, :], sc: u32[:, :], sx: f16[:, :, :], bars: u64[:, :], acc: f32[:, :, :],
     af: u32[:, :, :], at: i32[:], kt: i32, nl: u32, sel: u32, lt: u32, BUF: kaio.constexpr,
-    STAGES: kaio.constexpr, MC: kaio.constexpr, FENCE: kaio.constexpr,
+    STAGES: kaio.constexpr, MC: kaio.constexpr, FENCE: kaio.constexpr, BUFS: kaio.constexpr,
 ):  # fmt: skip
     """One 64-deep K slice of a consumer warpgroup: wait for ring stage ``at[0]``, make the
-    A fragments of its 4 steps (buffer ``BUF`` of ``af``) from the words of columns ``nl``
-    and ``nl + 1`` (this lane's rows g and g + 8), issue the 4 wgmmas on the activations'
-    tile, and free the stage of the slice before (``at[2]``) once its wgmmas are done.
-    ``FENCE``: the proxy fence after the shared reads in every slice (1), or in odd slices
-    only (2: it covers the reads of the slice before, whose stage is freed after it; no
-    measurable difference on an H100, nor without any fence)."""
+    A fragments of its 4 steps (buffer ``BUF`` of the ``BUFS`` of ``af``) from the words of
+    columns ``nl`` and ``nl + 1`` (this lane's rows g and g + 8), issue the 4 wgmmas on the
+    activations' tile, wait until at most ``BUFS - 1`` slices' wgmmas are in flight (this
+    one's among them) and free the stage of the slice ``BUFS - 1`` before (``at[2]``, with 3
+    buffers ``at[3]``), whose wgmmas are then done. ``FENCE``: the proxy fence after the
+    shared reads in every slice (1), or in odd slices only (2, two buffers: it covers the
+    reads of the slice before, whose stage is freed after it; no measurable difference on
+    an H100, nor without any fence)."""
     s = at[0]
     kaio.mbarrier_wait(bars, (0, s), u32(at[1]))
     words = kaio.local(u32, (WORD_ROWS, 2))  # words[kw, h]: column nl + h, K 8 kw .. 8 kw + 7
@@ -224,9 +236,11 @@ def swap_slice(
         db = kaio.smem_descriptor(sx, (s, 0, kk * 16), SW, 16, 1024)
         kaio.wgmma_f16(acc, af[BUF, kk], db, kt + kk > 0)
     kaio.wgmma_commit()
-    kaio.wgmma_wait(1)
-    if kt > 0 and lt == 0:  # the slice before's wgmmas are done: free its stage
-        free_stage(bars, at[2], MC)
+    kaio.wgmma_wait(BUFS - 1)
+    if kt >= BUFS - 1 and lt == 0:  # that slice's wgmmas are done: free its stage
+        free_stage(bars, at[BUFS], MC)
+    if BUFS == 3:
+        at[3] = at[2]
     at[2] = s
     at[0] += 1
     if at[0] == STAGES:
@@ -276,29 +290,28 @@ def int4_swap(
     tx: kaio.tensormap, tw: kaio.tensormap, ts: kaio.tensormap, c: OUT[:, :], ws: f32[:, :],
     M: u32, N: u32, K: u32, k_slice: u32, WG: kaio.constexpr, BM: kaio.constexpr,
     STAGES: kaio.constexpr, SPLIT: kaio.constexpr, CL: kaio.constexpr, REGS: kaio.constexpr,
-    OUT: kaio.constexpr, MC: kaio.constexpr, FENCE: kaio.constexpr,
+    OUT: kaio.constexpr, MC: kaio.constexpr, FENCE: kaio.constexpr, BUFS: kaio.constexpr,
 ):  # fmt: skip
-    """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block
-    computes ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG``
-    consumer warpgroups and a producer warpgroup, whose thread 0 copies each 64-deep K
-    slice by TMA into a ``STAGES``-deep ring: a's ``BM x 64`` rows (128-byte swizzled, wgmma's
-    B operand, K-major), the words ``8 x 64 WG`` and the scale row. Consumer warpgroup wg owns
-    W's columns ``64 wg .. 64 wg + 63`` of the tile as the 64 rows of its ``m64n{BM}k16``
-    wgmmas, row 16 w + g + 8 h (warp w, lane 4 g + t) being column ``16 w + 2 g + h``: a
-    lane reads its two columns' 8 words of the slice in 8-byte loads and makes its A
-    fragments in registers (``nibble_pair``: byte t of a word is k 2t, 2t + 1, exactly the
-    fragment's pairs), two slices' fragments alternating so that a slice is dequantized
-    while the wgmmas of the one before run. No f16 copy of the weight, in memory or in shared
-    memory. With a K split (``grid.z``) the raw f32 partial tiles go to ``ws`` and
-    ``finish`` sums them (``SPLIT`` 2 for any split, 1 for none: one specialization for
-    every split); with ``CL`` the K split is a cluster of ``SPLIT`` blocks along x, one tile
-    each, summed through distributed shared memory (``cluster_sum``). ``tx``: a [M, K] in
-    boxes (BM, 64); ``tw``: the words [K / 8, N] in boxes (8, 64 WG); ``ts``: the scales
-    [K / 128, N] in boxes (1, 64 WG). ``REGS``: the registers a consumer thread takes
-    (``setmaxnreg``; 0: none). ``MC`` (K split along z only): a cluster of two blocks takes two
-    tiles side by side (the same rows of a, columns ``2 p`` and ``2 p + 1`` of W's tiles,
-    one a block), each block's producer copying half of a's rows by TMA multicast into both
-    blocks (``tx`` in boxes (BM / 2, 64)): a's rows cross from L2 once for the pair."""
+    """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block computes
+    ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG`` consumer warpgroups and
+    a producer warpgroup, whose thread 0 copies each 64-deep K slice by TMA into a ``STAGES``-deep
+    ring: a's ``BM x 64`` rows (128-byte swizzled, wgmma's B operand, K-major), the words ``8 x 64
+    WG`` and the scale row. Consumer warpgroup wg owns W's columns ``64 wg .. 64 wg + 63`` of the
+    tile as the 64 rows of its ``m64n{BM}k16`` wgmmas, row 16 w + g + 8 h (warp w, lane 4 g + t)
+    being column ``16 w + 2 g + h``: a lane reads its two columns' 8 words of the slice in 8-byte
+    loads and makes its A fragments in registers (``nibble_pair``: byte t of a word is k 2t, 2t + 1,
+    exactly the fragment's pairs), ``BUFS`` (2 or 3) slices' fragments in turn so that a slice is
+    dequantized while the wgmmas of the ``BUFS - 1`` before it run. No f16 copy of the weight, in
+    memory or in shared memory. With a K split (``grid.z``) the raw f32 partial tiles go to ``ws``
+    and ``finish`` sums them (``SPLIT`` 2 for any split, 1 for none: one specialization for every
+    split); with ``CL`` the K split is a cluster of ``SPLIT`` blocks along x, one tile each, summed
+    through distributed shared memory (``cluster_sum``). ``tx``: a [M, K] in boxes (BM, 64); ``tw``:
+    the words [K / 8, N] in boxes (8, 64 WG); ``ts``: the scales [K / 128, N] in boxes (1, 64 WG).
+    ``REGS``: the registers a consumer thread takes (``setmaxnreg``; 0: none). ``MC`` (K split along
+    z only): a cluster of two blocks takes two tiles side by side (the same rows of a, columns ``2
+    p`` and ``2 p + 1`` of W's tiles, one a block), each block's producer copying half of a's rows
+    by TMA multicast into both blocks (``tx`` in boxes (BM / 2, 64)): a's rows cross from L2 once
+    for the pair."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL:
         kaio.cluster_dims(SPLIT)
@@ -352,29 +365,34 @@ def int4_swap(
         acc = kaio.local(f32, (BM // 8, 2, 2))
         lane = lt % 32
         nl = 64 * wg + 16 * (lt // 32) + 2 * (lane // 4)  # this lane's columns nl, nl + 1
-        af = kaio.local(u32, (2, BK // 16, 4))  # two slices' A fragments
-        at = kaio.local(i32, 3)  # (ring stage, its phase, the stage of the slice before)
-        for i in kaio.static_range(3):
+        af = kaio.local(u32, (BUFS, BK // 16, 4))  # BUFS slices' A fragments
+        # (ring stage, its phase, the stages of the slice before and of the one before that)
+        at = kaio.local(i32, 4)
+        for i in kaio.static_range(4):
             at[i] = 0
         sel = (lane % 4) * 0x1111
         for i in range(my_tiles):
             origin = tile_origin(first + u32(i) * step, grid_m, grid_n)
-            # slices in pairs, the fragments alternating; an odd last slice after every
-            # wgmma is done (ptxas serializes all wgmmas if any path could redefine the
-            # registers of one in flight)
-            for kt in range(0, k_tiles - 1, 2):
-                swap_slice(sw, sc, sx, bars, acc, af, at, kt, nl, sel, lt, 0, STAGES, MC,
-                           FENCE)  # fmt: skip
-                swap_slice(sw, sc, sx, bars, acc, af, at, kt + 1, nl, sel, lt, 1, STAGES, MC,
-                           FENCE)  # fmt: skip
-            if k_tiles % 2:
+            # slices in groups of BUFS, the fragment buffers in turn; the last k_tiles %
+            # BUFS slices after every wgmma is done (ptxas serializes all wgmmas if any
+            # path could redefine the registers of one in flight)
+            for kt in range(0, k_tiles - (BUFS - 1), BUFS):
+                for b in kaio.static_range(BUFS):
+                    swap_slice(sw, sc, sx, bars, acc, af, at, kt + b, nl, sel, lt, b, STAGES,
+                               MC, FENCE, BUFS)  # fmt: skip
+            rest = k_tiles % BUFS
+            if rest:
                 kaio.wgmma_wait(0)
-                swap_slice(sw, sc, sx, bars, acc, af, at, k_tiles - 1, nl, sel, lt, 0, STAGES, MC,
-                           FENCE)  # fmt: skip
+                for b in kaio.static_range(BUFS - 1):
+                    if b < rest:
+                        swap_slice(sw, sc, sx, bars, acc, af, at, k_tiles - rest + b, nl, sel,
+                                   lt, b, STAGES, MC, FENCE, BUFS)  # fmt: skip
             kaio.wgmma_wait(0)
-            if FENCE == 2 and k_tiles % 2:  # the odd last slice's reads
+            if FENCE == 2 and (rest or BUFS == 3):  # the last slices' reads
                 kaio.fence_proxy_async()
-            if lt == 0:  # the tile's last slice
+            if lt == 0:  # the tile's last slices, not freed in the loop
+                if BUFS == 3 and k_tiles > 1:
+                    free_stage(bars, at[3], MC)
                 free_stage(bars, at[2], MC)
             if not CL:  # (with CL the one tile is summed below: cluster_sum)
                 n = (tile_col(origin) * (1 + MC) + mine) * BNW + nl
@@ -394,12 +412,14 @@ def int4_swap(
         if lt == 0:
             produce_swapped(sx, sw, ss, bars, tx, tw, ts, my_tiles * k_tiles, k_tiles, k_begin,
                             first, step, grid_m, grid_n, mine, BM, WG, STAGES, MC)  # fmt: skip
-    if CL:  # one tile a cluster: sum its K slices through distributed shared memory (no
-        # setmaxnreg with CL: ptxas gives this code, past the join, the producer's registers)
+        if CL:  # the cluster barriers below wait for the threads that have not exited
+            return
+    if CL:  # one tile a cluster: sum its K slices through distributed shared memory, in the
+        # consumers only (the producer has exited: ptxas compiles this with their registers)
         kaio.cluster_sync()
         origin = tile_origin(first, grid_m, grid_n)
         cluster_sum(pairs, c, tile_row(origin) * BM, tile_col(origin) * BNW, t, M, N, BM, BNW,
-                    WG * 128 + 128, SPLIT, OUT)  # fmt: skip
+                    WG * 128, SPLIT, OUT)  # fmt: skip
         kaio.cluster_sync()  # no block leaves while another reads its part
     if MC:  # no block leaves while the other may still copy into it or free its stages
         kaio.cluster_sync()
@@ -435,6 +455,21 @@ def produce_swapped(
             kaio.tma_load_2d(sx, (s, 0, 0), tx, i32(tile_row(origin) * BM), k0, bars, (0, s))
         kaio.tma_load_2d(sw, (s, 0, 0), tw, k0 // 8, n0, bars, (0, s))
         kaio.tma_load_2d(ss, (s, 0), ts, k0 // 128, n0, bars, (0, s))
+
+
+def swap_registers(wg: int) -> int:
+    """``REGS`` of ``int4_swap`` with ``wg`` consumer warpgroups: the registers a consumer
+    thread takes with ``setmaxnreg`` once the producer warpgroup kept ``PRODUCER_REGS``, out
+    of what the block was launched with (its ``128 (wg + 1)`` threads at the launch bounds'
+    share of the 64K register file, a multiple of 8: 168 for 384 threads, 128 for 512, 96
+    for 640), at most 240; 0 (no ``setmaxnreg``) for one consumer warpgroup. Asking for more
+    than the block holds blocks ``setmaxnreg.inc`` for ever: with 4 warpgroups the 64K-based
+    share (120) hung the kernel on an H100 under the whole-program JIT."""
+    if wg == 1:
+        return 0
+    threads = 128 * (wg + 1)
+    launch = min(255, 65536 // threads // 8 * 8)
+    return min(240, (launch * threads - 128 * PRODUCER_REGS) // (128 * wg) // 8 * 8)
 
 
 def swap_shared_bytes(wg: int, bm: int, stages: int, cl: int = 0) -> int:
@@ -478,7 +513,12 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     wg, bm, stages, split, *more = config
     mc = int(len(more) > 1 and bool(more[1]))
     fence = more[2] if len(more) > 2 else 1
+    bufs = more[3] if len(more) > 3 else 2
+    if bufs not in (2, 3):
+        raise ValueError(f"int4_swap: BUFS (fragment buffers) must be 2 or 3, got {bufs}")
     stages = stages or swap_stages(wg, bm)
+    if stages < bufs:  # a slice's stage is freed BUFS - 1 slices later
+        raise ValueError(f"int4_swap: {bufs} fragment buffers need {bufs} stages, got {stages}")
     tiles = math.ceil(m / bm) * math.ceil(n / (64 * wg))
     if mc:  # pairs of tiles (a K split through the workspace only)
         if bm % 16:
@@ -489,22 +529,23 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     else:
         split, k_slice = k_slices(k, split or swap_split(tiles, k, sms), BK)
     cl = int(bool(more and more[0]) and 1 < split <= 8 and not mc)
-    if cl and split > 2 and not config[3]:  # a chosen split past 2: the workspace (faster)
+    if cl and split > 2 and not config[3] and more[0] != 2:  # CL 1: the workspace past 2
         cl = 0
     consts = {"WG": wg, "BM": bm, "STAGES": stages, "SPLIT": split if cl else min(split, 2),
-              "CL": cl, "REGS": consumer_registers(wg), "OUT": out_type, "MC": mc,
-              "FENCE": fence}  # fmt: skip
+              "CL": cl, "REGS": swap_registers(wg), "OUT": out_type, "MC": mc,
+              "FENCE": fence, "BUFS": bufs}  # fmt: skip
     return split, k_slice, tiles, consts
 
 
 def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
-    """``a @ W`` rounded to ``out_type`` by ``int4_swap`` (operands as ``launch``) with
-    ``config`` = (WG, BM, STAGES, split[, CL[, MC]]; 0: as many stages as fit,
-    ``swap_split``'s split): a persistent grid of at most ``sms`` blocks along x, the K split
-    along z summed by ``finish``, or with ``CL`` (and a split of 2 to 8) over a cluster of
-    that many blocks along x, one tile a cluster, summed in distributed shared memory (no
-    second launch); with ``MC`` clusters of two blocks sharing a's rows by TMA multicast (at
-    most ``sms`` blocks along x, two a pair of tiles; a K split along z only)."""
+    """``a @ W`` rounded to ``out_type`` by ``int4_swap`` (operands as ``launch``) with ``config`` =
+    (WG, BM, STAGES, split[, CL[, MC[, FENCE[, BUFS]]]]; 0: as many stages as fit, ``swap_split``'s
+    split): a persistent grid of at most ``sms`` blocks along x, the K split along z summed by
+    ``finish``, or with ``CL`` (and a split of 2 to 8; CL 1 and a split past 2 that ``swap_split``
+    chose: the workspace) over a cluster of that many blocks along x, one tile a cluster, summed in
+    distributed shared memory (no second launch); with ``MC`` clusters of two blocks sharing a's
+    rows by TMA multicast (at most ``sms`` blocks along x, two a pair of tiles; a K split along z
+    only)."""
     from kaio_ops import _arrays
     from kaio_ops.linear import _placeholder
 
@@ -538,19 +579,22 @@ def swap_specializations() -> list:
     """(kernel, constexprs) of ``int4_swap``'s variants to check with ptxas (sm_90a): every
     consumer count, the widest and narrowest activation tiles, a K split through the
     workspace and through a cluster, every output type, pairs of tiles sharing a's rows by
-    multicast."""
+    multicast, three fragment buffers."""
     out = []
-    for wg, bm, split, cl, ot, mc in (
-        (1, 8, 2, 1, f32, 0),
-        (2, 256, 1, 0, f16, 0),
-        (2, 64, 4, 1, bf16, 0),
-        (3, 128, 2, 0, f32, 0),
-        (4, 16, 8, 1, f16, 0),
-        (4, 64, 2, 0, f32, 0),
-        (2, 256, 1, 0, f16, 1),
-        (3, 128, 1, 0, bf16, 1),
+    for wg, bm, split, cl, ot, mc, bufs in (
+        (1, 8, 2, 1, f32, 0, 2),
+        (2, 256, 1, 0, f16, 0, 2),
+        (2, 64, 4, 1, bf16, 0, 2),
+        (3, 128, 2, 0, f32, 0, 2),
+        (4, 16, 8, 1, f16, 0, 2),
+        (4, 64, 2, 0, f32, 0, 2),
+        (2, 256, 1, 0, f16, 1, 2),
+        (3, 128, 1, 0, bf16, 1, 2),
+        (2, 256, 1, 0, f16, 1, 3),
+        (2, 128, 2, 1, f32, 0, 3),
     ):
         consts = {"WG": wg, "BM": bm, "STAGES": swap_stages(wg, bm), "SPLIT": split, "CL": cl,
-                  "REGS": consumer_registers(wg), "OUT": ot, "MC": mc, "FENCE": 1 + mc}  # fmt: skip
+                  "REGS": swap_registers(wg), "OUT": ot, "MC": mc, "FENCE": 1 + mc,
+                  "BUFS": bufs}  # fmt: skip
         out.append((int4_swap, consts))
     return out

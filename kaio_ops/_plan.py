@@ -81,7 +81,8 @@ MAX_PLANS = 256  # per op; past this the op's plans are dropped and built again 
 # an output like a contiguous input tensor (same shape, dtype, device) is made with
 # torch.empty_like(input) rather than torch.empty(*shape, dtype=..., device=...)
 EMPTY_LIKE = True
-# such an output of at most this many bytes is handed out again by the next call of its plan
+# an output (made like an input or not) of at most this many bytes is handed out again by
+# the next call of its plan
 # when the caller has dropped it and nothing else refers to it (``_recycled``); 0: never
 # (``KAIO_RECYCLE_OUTPUTS=0``). On by default while nothing in the process has asked torch
 # to keep memory for another stream (``Tensor.record_stream``, watched: ``_watch_streams``)
@@ -332,9 +333,10 @@ def _solo_refs() -> int | None:
     return alone if probe([(held, 0)]) == alone + 1 else None
 
 
-def _recycled(env: dict, j: int, source: int, shape: tuple, dtype) -> list[str] | None:
-    """The lines that make output ``o{j}`` (like input ``a{source}``) and its address
-    ``q{j}``, handing out again the tensor the plan's last call returned when the caller has
+def _recycled(env: dict, j: int, fresh: str, shape: tuple, dtype) -> list[str] | None:
+    """The lines that make output ``o{j}`` (a new one: the expression ``fresh``, an
+    ``EMPTY_LIKE`` of an input or ``A{j}()``) and its address ``q{j}``, handing out again
+    the tensor the plan's last call returned when the caller has
     dropped it: nothing else refers to it (its Python references, its TensorImpl's: no view,
     no DLPack capsule, no autograd record holds it), and it is still what that call made
     (address, shape, contiguity, dtype, no gradient, inference mode as now). As torch's
@@ -391,7 +393,7 @@ def _recycled(env: dict, j: int, source: int, shape: tuple, dtype) -> list[str] 
         "except IndexError:",
         f"    {o} = None",
         f"if {o} is None or capturing or not ({same}):",
-        f"    {o} = EMPTY_LIKE(a{source})",
+        f"    {o} = {fresh}",
         f"    q{j} = {o}.data_ptr()",
     ]
 
@@ -491,13 +493,15 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
         else:
             env[f"A{j}"] = functools.partial(_arrays.new_array, kind, device, like, shape, dtype)
             address = f"o{j}.data.ptr" if kind == "cupy" else f"o{j}.ptr"
-        make = [f"o{j} = A{j}()"]
+        fresh = f"A{j}()"
         if made_like and made_like[-1][0] == j:
-            make = [f"o{j} = EMPTY_LIKE(a{made_like[-1][1]})"]
-            again = _recycled(env, j, made_like[-1][1], shape, dtype) if j in kept else None
-            if again is not None:
-                make, address = again, f"q{j}"
-                recycled.append(j)
+            fresh = f"EMPTY_LIKE(a{made_like[-1][1]})"
+        make = [f"o{j} = {fresh}"]
+        # a returned output (like an input or not: matmul_tc's f32 of f16 inputs)
+        again = _recycled(env, j, fresh, shape, dtype) if kind == "torch" and j in kept else None
+        if again is not None:
+            make, address = again, f"q{j}"
+            recycled.append(j)
         tensors.append((j, make + ([f"p{inputs + j} = {address}"] if plan else [])))
     launches = plan.code(env, lambda source: f"p{source}") if plan is not None else []
     if recycled:  # whether the stream is capturing, once; what this call made kept after it

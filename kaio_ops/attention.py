@@ -7,8 +7,8 @@ on an sm_90 GPU (H100, H200) ``flash_attention``'s forward runs ``kaio_ops._atte
 (TMA, wgmma, warp specialization) where it measured faster (``hopper_takes``;
 ``KAIO_HOPPER_ATTENTION=0`` opts out): the same contract and outputs (lse included), to the
 rounding of P; its backward likewise runs ``kaio_ops._attention_hopper_bwd`` (two wgmma
-kernels, deterministic). This module checks the inputs, picks the specialization and the grid, and
-launches. Scores are
+kernels, deterministic). This module checks the inputs, picks
+the specialization and the grid, and launches. Scores are
 scaled by ``1/sqrt(D)`` (``scale`` where given); causal attention masks key ``j > i`` (query
 ``i``, both counted from 0, as torch's ``is_causal``). A row with no valid key gets zeros
 (and a logsumexp of -inf), never NaN.
@@ -366,15 +366,21 @@ def flash_attention_with_stats(q, k, v, causal: bool = False, scale: float | Non
 
 
 @planned("do", "q", "k", "v", "o", "lse")
-def flash_attention_bwd(do, q, k, v, o, lse, causal: bool = False, scale: float | None = None):
+def flash_attention_bwd(
+    do, q, k, v, o, lse, causal: bool = False, scale: float | None = None,
+    deterministic: bool = False,
+):  # fmt: skip
     """Gradients ``(dq, dk, dv)`` of ``flash_attention`` (FlashAttention-2 backward on tensor
     cores) from the output gradient ``do`` and ``o`` [B, H, S, D], the inputs q, k, v and the
     stats ``lse`` [B, H, S] (f32) of ``flash_attention_with_stats``, with the same ``causal``
     and ``scale``. D a multiple of 8 up to 256. dK and dV of a K/V head sum over the query
     heads of its group. P is recomputed a tile at a time (no S x S matrix), dQ and dK/dV come
     from two kernels (for D > 128, dK and dV from one launch each), without atomics:
-    deterministic. On sm_90 the two kernels are ``kaio_ops._attention_hopper_bwd``'s (wgmma,
-    TMA) where they measured faster (``hopper_takes``)."""
+    deterministic. On sm_90 for D 64 and 128 (``hopper_takes``) ``kaio_ops._attention_hopper_bwd``
+    runs instead: its pair of wgmma kernels, or where ``_attention_hopper_bwd.FUSED`` says so
+    (nowhere today: it measured slower) one kernel for dK, dV and dQ that adds dQ in f32 with
+    atomics, so dQ's last bits may differ between runs; ``deterministic=True`` (or
+    ``KAIO_ATTENTION_DETERMINISTIC=1``) always takes the pair, the same bits every run."""
     op = "flash_attention_bwd"
     inputs = _arrays.Inputs(op)
     da = inputs.array(do, "do", ndim=4, dtypes=(f16, bf16), form="[B, H, S, D]")
@@ -396,7 +402,10 @@ def flash_attention_bwd(do, q, k, v, o, lse, causal: bool = False, scale: float 
         oa.arg(oa.size), flat[3], delta, bh * sq, d, DT=qa.dtype
     )
     if hopper_takes(qa, dims, hopper_bwd):  # sm_90: the wgmma kernels
-        return hopper_bwd.launch(qa, ka, va, da, la, delta, dims, bool(causal), scale)
+        fixed = deterministic or os.environ.get("KAIO_ATTENTION_DETERMINISTIC") == "1"
+        return hopper_bwd.launch(
+            qa, ka, va, da, la, delta, dims, bool(causal), scale, deterministic=fixed
+        )
     dq = _arrays.output(da, qa.shape)
     dk, dv = (_arrays.output(da, ka.shape) for _ in range(2))
     out_flat = [_arrays.output_arg(da, x, (x_size,)) for x, x_size in
@@ -436,3 +445,6 @@ def shipped():
                 yield tc.attention_bwd_dkdv, {"DP": dp, "BQ": bwd_tile(dp), **flags, **types}
     for dtype in (f32, f16, bf16):
         yield tc.row_dot, {"DT": dtype}
+    yield hopper_bwd.dq_zero, {}  # the fused Hopper backward's dQ (f32 sums: SIMT kernels)
+    for dtype in (f16, bf16):
+        yield hopper_bwd.dq_convert, {"DT": dtype}

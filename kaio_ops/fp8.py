@@ -12,7 +12,7 @@ import numpy as np
 
 from kaio import bf16, e4m3, e5m2, f16, f32, u32
 from kaio.types import ScalarType
-from kaio_ops import _arrays
+from kaio_ops import _arrays, _fp8_decode
 from kaio_ops import _fp8 as K
 from kaio_ops import _fp8_hopper as H
 from kaio_ops._plan import planned
@@ -197,6 +197,9 @@ def matmul_fp8(a, b, scale_a, scale_b, *, out_dtype=None, bias=None):
             bo.arg(k, n // 4, dtype=u32), bt
         )
     flags = {"ROW_A": int(row_a), "COL_B": int(col_b), "BIAS": int(bias is not None)}
+    if _fp8_decode.fits(m):  # decode: one launch for a column-major b
+        _fp8_decode.launch(a, bt, out_arg, sa, sb, bias_arg, m, n, k, flags, dt, a.dtype, stream)
+        return out
     if _uses_wgmma(a):
         H.launch(
             _units(a.obj, a.kind), _units(bt_obj, a.kind), out_arg, sa, sb, bias_arg,

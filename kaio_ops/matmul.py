@@ -147,8 +147,21 @@ def run(a, b, dtype, pipelined: bool, plan: Plan | None = None, op: str = "matmu
     if plan is None and hopper_takes(a, b, m, n, k):
         return _matmul_hopper.launch(a, b, m, n, k, _arrays.multiprocessors(a), bf16=dtype == bf16)
     variant = f"{dtype.name}_{'async' if pipelined else 'sync'}"
+    if plan is None and m <= SKINNY_M:
+        return _one_launch(op, a, b, (m, n, k), plan_for(a, m, n, k, variant))
     plan = plan or plan_for(a, m, n, k, variant)
     return launch(a, b.arg(k * n), (m, n, k), pipelined, plan, aligned=b.aligned(16))
+
+
+def _one_launch(op: str, a, b, mnk: tuple, plan: Plan):
+    """``a @ b`` in f32 for a few rows (decode, M <= ``SKINNY_M``) in one launch: the GEMM
+    of ``kaio_ops.linear`` (the same mma.sync tiles and K split as ``launch``), whose last
+    block of a tile sums the K slices itself (``linear.mma_fixup``) where ``launch`` would
+    launch ``sum_slices`` after it: half the host time of a call at these sizes."""
+    from kaio_ops.linear import gemm  # linear imports this module
+
+    m, n, _ = mnk
+    return gemm(op, a, b, (m, n), mnk, f32, transposed=False, chosen=plan)
 
 
 def hopper_takes(a, b, m: int, n: int, k: int) -> bool:

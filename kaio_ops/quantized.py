@@ -38,7 +38,14 @@ from dataclasses import dataclass
 import kaio
 from kaio import f16, f32, i32, u8, u32
 from kaio.types import i8
-from kaio_ops import _arrays, _int4_decode, _int4_hopper, _int8_hopper, _prefill
+from kaio_ops import (
+    _arrays,
+    _int4_decode,
+    _int4_hopper,
+    _int8_decode,
+    _int8_hopper,
+    _prefill,
+)
 from kaio_ops._matmul_kernels import matmul_kernel, qkv_kernel, sum_qkv_slices
 from kaio_ops._plan import planned
 from kaio_ops.fp8 import _units
@@ -114,6 +121,8 @@ def matmul_int8(a, b, scale: float = 1.0):
     if 0 in (m, k, n):
         raise inputs.error("a" if 0 in a.shape else "b", "has an empty dimension")
     alpha = _scale(inputs, scale, "scale")
+    if _int8_decode.fits(a, b, m, n, k):  # decode: one launch, B read as it is
+        return _int8_decode.matmul(a, b, alpha, (m, n, k))
     bt = transpose(b)
     if _int8_hopper.takes(a, m, k):
         out = _arrays.output(a, (m, n), f32)
@@ -344,4 +353,5 @@ def specializations() -> list:
         # a K split (decode): f32 partial products, summed by sum_qkv_slices
         out += [(qkv_kernel, qkv_constexprs(SKINNY, vec, quant, f32)) for vec in (False, True)]
     out += [(sum_qkv_slices, {"SPLIT": s}) for s in (2, 16)]
+    out += _int8_decode.specializations()
     return out + _int4_decode.specializations() + _prefill.specializations()

@@ -395,9 +395,11 @@ def _flash_grad(s, needs, d_out, d_lse):
 
 
 def _flash_attention_grad(s, needs, d_out, d_lse):
-    # the same for the multi-head op, on tensor cores (dK, dV summed over each K/V group)
+    # the same for the multi-head op, on tensor cores (dK, dV summed over each K/V group);
+    # torch.use_deterministic_algorithms(True) takes the backward without atomics
+    fixed = torch.are_deterministic_algorithms_enabled()
     dq, dk, dv = torch.ops.kaio.flash_attention_bwd(
-        d_out, s.q, s.k, s.v, s.out0, s.out1, s.causal, s.scale
+        d_out, s.q, s.k, s.v, s.out0, s.out1, s.causal, s.scale, fixed
     )
     return {"q": dq, "k": dk, "v": dv}
 
@@ -634,7 +636,7 @@ OPS: tuple[OpSpec, ...] = (
     OpSpec(
         "flash_attention_bwd",
         "(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, bool causal=False,"
-        " float? scale=None) -> (Tensor, Tensor, Tensor)",
+        " float? scale=None, bool deterministic=False) -> (Tensor, Tensor, Tensor)",
         _mh_bwd_out,
         _BACKWARD,
     ),

@@ -9,7 +9,7 @@ frontend routes through f32 (integers, f64 out, e4m3 <-> e5m2).
 from __future__ import annotations
 
 import kaio
-from kaio import bf16, e4m3, e5m2, f16, f32, f64, i32, u32
+from kaio import bf16, e4m3, e5m2, f16, f32, f64, i8, i32, u8, u32
 
 TYPES = {"e4m3": e4m3, "e5m2": e5m2}  # the FP8 of each format
 
@@ -57,3 +57,14 @@ def routed(q: e4m3[:], r: e5m2[:], ints: i32[:], d: f64[:], qi: e4m3[:], qr: e5m
             qi[i] = e4m3(1000.0)  # a constant, saturated at compile time
         v = r[i]
         r[i] = v
+
+
+@kaio.gpu_kernel(block_size=128)
+def from_bits(w: u32[:], x: f32[:], codes: i32[:], n: u32, FP8: kaio.constexpr):
+    """x[i] = byte i of the words ``w`` (low byte first) read as FP8 and widened; codes[i]
+    = that FP8 value's bits read back as an int8 (the two ``bitcast`` directions)."""
+    i = kaio.thread_idx_x() + kaio.block_idx_x() * kaio.block_dim_x()
+    if i < n:
+        q = kaio.bitcast(u8(w[i // 4] >> (8 * (i % 4))), FP8)
+        x[i] = f32(q)
+        codes[i] = i32(kaio.bitcast(q, i8))

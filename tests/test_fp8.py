@@ -169,11 +169,25 @@ def test_host_conversion():
 def test_ptx_assembles(arch, backend):
     if backend == "llvm":
         pytest.importorskip("llvmlite")
-    cases = [(k, {"FP8": t}) for k in (K.to_fp8, K.from_fp8) for t in K.TYPES.values()]
+    kernels = (K.to_fp8, K.from_fp8, K.from_bits)
+    cases = [(k, {"FP8": t}) for k in kernels for t in K.TYPES.values()]
     for kernel, constexprs in [*cases, (K.routed, {})]:
         ptx = kernel.ptx(arch=arch, backend=backend, **constexprs)
         assert "cvt.rn.satfinite.e" in ptx or "cvt.rn.f16x2.e" in ptx
         assemble(ptx, arch)
+
+
+@pytest.mark.parametrize("name", ["e4m3", "e5m2"])
+def test_bytes_bitcast_to_and_from_fp8(name):
+    """Every code as a byte of a u32 word, ``bitcast`` to fp8 (its value, against the
+    fields' decoding) and back to int8 (the same code)."""
+    codes = np.arange(256, dtype=np.uint8)
+    x, back = np.full(256, 7.0, np.float32), np.zeros(256, np.int32)
+    with kaio.simulate():
+        K.from_bits[2, 128](codes.view(np.uint32), x, back, 256, FP8=K.TYPES[name])
+    want = np.array([decode(int(c), name) for c in codes])
+    np.testing.assert_array_equal(x, want.astype(np.float32))  # NaN where NaN
+    np.testing.assert_array_equal(back, codes.view(np.int8))
 
 
 def test_sm80_refused_with_location():

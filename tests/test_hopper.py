@@ -130,6 +130,20 @@ def bulk_rows(src: f32[:, :], out: f32[:, :], n: u32):
     kaio.bulk_wait(0)
 
 
+@kaio.gpu_kernel(block_size=64)
+def bulk_add_rows(src: f32[:, :], out: f32[:, :]):
+    """Block b stages src times b + 1 in shared memory and adds row t to row t of out
+    (bulk_reduce_add): two blocks add to the same rows."""
+    rows = kaio.shared(f32, (64, 36))
+    t = kaio.thread_idx_x()
+    for c in range(32):
+        rows[t, c] = src[t, c] * f32(kaio.block_idx_x() + 1)
+    kaio.fence_proxy_async()
+    kaio.bulk_reduce_add(out, (t, 0), rows, (t, 0), 32 * 4)
+    kaio.bulk_commit()
+    kaio.bulk_wait(0)
+
+
 @kaio.gpu_kernel(block_size=32)
 def bulk_misaligned(out: f32[:, :], nbytes: u32):
     rows = kaio.shared(f32, (4, 8))
@@ -785,19 +799,36 @@ def test_bulk_store_copies_shared_runs_to_global():
     assert np.isnan(out[:, 28:]).all()
 
 
+def test_bulk_reduce_add_adds_every_block_rows():
+    src = RNG.standard_normal((64, 32)).astype(np.float32)
+    out = RNG.standard_normal((64, 32)).astype(np.float32)
+    want = out + src + src * 2  # blocks 0 and 1 (in some order: f32 roundings)
+    bulk_add_rows.sim[2](src, out)
+    np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)
+    assert "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32" in bulk_add_rows.ptx(
+        arch="sm_90"
+    )
+    with pytest.raises(kaio.CompileError, match="adds f32 elements"):
+        bulk_typed.ptx(arch="sm_90", DT=f16, RT=f16, REDUCE=True)
+
+
+@kaio.gpu_kernel(block_size=32)
+def bulk_typed(out: DT[:], DT: kaio.constexpr, RT: kaio.constexpr, REDUCE: kaio.constexpr):  # noqa: F821
+    """A bulk copy (``REDUCE``: addition) of 16 bytes of RT elements to out."""
+    rows = kaio.shared(RT, (8,))
+    if REDUCE:
+        kaio.bulk_reduce_add(out, 0, rows, 0, 16)
+    else:
+        kaio.bulk_store(out, 0, rows, 0, 16)
+
+
 def test_bulk_store_misuse_is_reported():
     with pytest.raises(kaio.SimulationError, match="multiples of 16"):
         bulk_misaligned.sim[1](np.zeros((4, 8), np.float32), 16)  # element 1: 4 bytes in
     with pytest.raises(kaio.SimulationError, match="multiples of 16"):
         bulk_misaligned.sim[1](np.zeros((4, 9), np.float32), 24)
     with pytest.raises(kaio.CompileError, match="one element type"):
-
-        @kaio.gpu_kernel(block_size=32)
-        def mixed(out: f16[:]):
-            rows = kaio.shared(f32, (8,))
-            kaio.bulk_store(out, 0, rows, 0, 16)
-
-        mixed.ptx(arch="sm_90")
+        bulk_typed.ptx(arch="sm_90", DT=f16, RT=f32, REDUCE=False)
 
 
 ROWS = np.arange(128, dtype=np.float32).reshape(32, 4)
@@ -916,6 +947,7 @@ def test_ptx_assembles_for_sm_90a():
         role_split.ptx(arch="sm_90", SPIN=1),
         barrier_phases.ptx(arch="sm_90"),
         bulk_rows.ptx(arch="sm_90"),
+        bulk_add_rows.ptx(arch="sm_90"),
         descriptor_bits.ptx(arch="sm_90"),
         regs_and_fences.ptx(arch="sm_90"),
         wgmma_stored.ptx(arch="sm_90", FENCE=True, SYNC=True),
@@ -1010,6 +1042,19 @@ def test_gpu_bulk_store_matches_simulator(backend):
     got = kaio.to_device(np.full((64, 32), -1.0, np.float32))
     _on_backend(bulk_rows, 64, backend)[1](kaio.to_device(src), got, 28)
     np.testing.assert_array_equal(got.numpy(), want)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("backend", ["ptx", "llvm"])
+def test_gpu_bulk_reduce_add_matches_simulator(backend):
+    src = RNG.standard_normal((64, 32)).astype(np.float32)
+    base = RNG.standard_normal((64, 32)).astype(np.float32)
+    want = base.copy()
+    bulk_add_rows.sim[2](src, want)
+    got = kaio.to_device(base)
+    _on_backend(bulk_add_rows, 64, backend)[2](kaio.to_device(src), got)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.gpu

@@ -36,6 +36,8 @@ def _instr(op: str, key: str) -> Instr:
         attrs = {"trans": key == "trans"}
     elif op == "bulk_wait":
         attrs = {"read": key == "read"}
+    elif op == "bulk_store":
+        attrs = {"reduce": key} if key else {}
     elif op == "sreg":
         attrs = {"name": "cluster_ctarank"}
     elif op == "mbarrier_arrive":

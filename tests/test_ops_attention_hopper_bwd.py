@@ -1,5 +1,6 @@
 """The Hopper flash-attention backward (``kaio_ops._attention_hopper_bwd``: TMA, mbarriers, a
-producer warpgroup, wgmma with P^T and dS from registers) in the simulator against NumPy
+producer warpgroup, wgmma with P^T and dS from registers; the fused kernel's dQ by atomics
+and the deterministic pair) in the simulator against NumPy
 float64 gradients at small sizes (both head dims, f16 and bf16, causal and not,
 grouped-query heads, Sq != Sk, partial tiles of queries and keys; the race detector on), its
 PTX through ptxas for sm_90a (no spills, no serialized wgmma), and on an sm_90 GPU
@@ -29,16 +30,19 @@ def poisoned_outputs(monkeypatch):
     poison_allocations(monkeypatch)
 
 
-def small(wg: int, pipe: int, areg: int = 0) -> dict:
-    """A small configuration of both kernels: ``wg`` consumer warpgroups, 64-row tiles, two
+def small(wg: int, pipe: int, areg: int = 0, dq: int = 0, late: int = 0) -> dict:
+    """A small configuration of the kernels: ``wg`` consumer warpgroups, 64-row tiles, two
     ring stages (so that the ring wraps), schedule ``pipe``, A fragments of the tiles loaded
     once in registers where ``areg`` (and then the dK/dV kernel's lse and delta read from
-    global memory, not copied by TMA)."""
+    global memory, not copied by TMA); the fused kernel's dQ split ``dq`` and ``late`` (its
+    PIPE 0)."""
     base = {"WG": wg, "STAGES": 2, "PIPE": pipe, "AREG": areg, "REGS": 0 if wg == 1 else 240}
-    return {"dkdv": {"BM": 64, "TSTATS": 1 - areg, **base}, "dq": {"BN": 64, **base}}
+    dkdv = {"BM": 64, "TSTATS": 1 - areg, **base, "DQ": 0, "LATE": 0}
+    fused = {**dkdv, "PIPE": 0, "DQ": dq, "LATE": late}
+    return {"dkdv": dkdv, "dq": {"BN": 64, **base}, "fused": fused}
 
 
-def run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg):
+def run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, fused=False):
     """(dq, dk, dv) of ``_attention_hopper_bwd.launch`` in the simulator on random inputs,
     and the float64 reference gradients. o and lse are the float64 forward's (o rounded to
     the input type, as the forward returns it)."""
@@ -54,7 +58,8 @@ def run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg):
         (qa, ka, va), dims, scale = attention._check_flash("test", q, k, v, None, inputs)
         da = inputs.array(do, "do", ndim=4)
         la = inputs.array(lse, "lse", ndim=3, dtypes=(f32,))
-        grads = hopper_bwd.launch(qa, ka, va, da, la, delta, dims, causal, scale, cfg)
+        grads = hopper_bwd.launch(qa, ka, va, da, la, delta, dims, causal, scale, cfg,
+                                  fused=fused)  # fmt: skip
     return grads, reference_grads(q, k, v, do, causal, g)
 
 
@@ -75,11 +80,61 @@ def run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg):
     ],
 )
 def test_hopper_backward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, wg, pipe, areg):
-    grads, refs = run_sim(b, h, hkv, sq, sk, d, dtype, causal, small(wg, pipe, areg))
-    tol = 1e-3 if dtype == np.float16 else 1e-2  # P and dS are rounded to the input type
+    cfg = small(wg, pipe, areg)
+    check_grads(*run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg), dtype)
+
+
+def check_grads(grads, refs, dtype) -> None:
+    """dq, dk, dv of the input type and shapes within the tolerance of P and dS rounded to
+    the input type."""
+    tol = 1e-3 if dtype == np.float16 else 1e-2
     for name, g, r in zip(("dq", "dk", "dv"), grads, refs, strict=True):
         assert g.dtype == dtype and g.shape == r.shape, name
         assert rel(g, r) < tol, (name, rel(g, r))
+
+
+@pytest.mark.parametrize(
+    "b, h, hkv, sq, sk, d, dtype, causal, wg, dq, late",
+    [
+        # one consumer warpgroup, each its keys' dQ over every column
+        (1, 1, 1, 128, 128, 64, np.float16, False, 1, 1, 0),
+        # grouped-query, partial query tiles, Sq < Sk, causal; dQ's 32 columns a warpgroup,
+        # its product run with the next tile's
+        (1, 2, 1, 152, 256, 64, np.float16, True, 2, 2, 1),
+        # D = 128, a query tail, keys past the last query; 64 columns a warpgroup
+        (1, 1, 1, 100, 384, 128, np.float16, True, 2, 2, 0),
+        # D = 128, bf16, grouped-query, more tiles than stages, Sq > Sk, a partial key tile
+        # whose rows past Sk are the next batch's keys (their dS must not reach dQ)
+        (2, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 1, 1),
+        # dQ through shared memory and the writer warps (atomics, bulk reductions):
+        # grouped-query, partial query tiles, causal (D 64), more tiles than stages, a
+        # partial key tile (D 128, bf16), two batches
+        (1, 2, 1, 152, 256, 64, np.float16, True, 2, 3, 0),
+        (1, 2, 1, 152, 256, 64, np.float16, True, 2, 4, 0),  # bulk reductions
+        (1, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 3, 0),
+        (2, 1, 1, 100, 384, 128, np.float16, True, 2, 4, 0),
+        # each tile's dQ product behind the next tile's dV, dK (three dS^T buffers), or
+        # with the next tile's S^T, dP^T, with and without the writer warps
+        (1, 2, 1, 152, 256, 64, np.float16, True, 2, 2, 2),
+        (2, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 2, 2),
+        (1, 2, 1, 152, 256, 64, np.float16, True, 2, 4, 2),
+        (1, 1, 1, 256, 256, 64, np.float16, True, 2, 3, 1),
+    ],
+)
+def test_fused_backward_in_simulator(
+    b, h, hkv, sq, sk, d, dtype, causal, wg, dq, late, monkeypatch
+):  # fmt: skip
+    """The fused kernel: dK, dV and dQ (atomics) from one kernel. With the writer warps and
+    a late dQ, one block a simulator batch: blocks with different tile counts (causal) in
+    one lockstep batch made the simulator report a deadlock (the waits of each block alone
+    have none; with one block a batch the results are right)."""
+    if dq > 2 and late:
+        from kaio.sim import launcher
+
+        run = launcher.simulate
+        monkeypatch.setattr(launcher, "simulate", lambda *a, **k: run(*a, **k, batch_lanes=384))
+    cfg = small(wg, 0, 0, dq, late)
+    check_grads(*run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, True), dtype)
 
 
 def test_dispatch_needs_whole_tiles_and_a_gpu():
@@ -138,13 +193,14 @@ def test_gpu_flash_attention_bwd_takes_the_hopper_kernels(b, h, hkv, sq, sk, d, 
     (qa, _, _), dims, _ = attention._check_flash("test", q, k, v, None)
     assert attention.hopper_takes(qa, dims, hopper_bwd)
     o, lse = kaio_ops.flash_attention_with_stats(q, k, v, causal=causal)
-    grads = kaio_ops.flash_attention_bwd(do, q, k, v, o, lse, causal=causal)
     leaves = [x.double().requires_grad_() for x in (q, k, v)]
     _sdpa64(*leaves, causal, group=h // hkv).backward(do.double())
     tol = 5e-3 if dtype == "float16" else 3e-2
-    for g, leaf in zip(grads, leaves, strict=True):
-        assert g.dtype == dt and _rel_t(g, leaf.grad) < tol
-    again = kaio_ops.flash_attention_bwd(do, q, k, v, o, lse, causal=causal)
+    for fixed in (False, True):  # the fused kernel (dQ by atomics), the deterministic pair
+        grads = kaio_ops.flash_attention_bwd(do, q, k, v, o, lse, causal, None, fixed)
+        for g, leaf in zip(grads, leaves, strict=True):
+            assert g.dtype == dt and _rel_t(g, leaf.grad) < tol
+    again = kaio_ops.flash_attention_bwd(do, q, k, v, o, lse, causal, None, True)
     assert all(torch.equal(x, y) for x, y in zip(again, grads, strict=True))
 
 

@@ -12,7 +12,7 @@ import pytest
 import kaio
 import kaio_ops
 from kaio.ptx.ptxas import assemble, find_ptxas
-from kaio_ops import _fp8
+from kaio_ops import _fp8, _fp8_decode
 
 needs_ptxas = pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
 NP_FP8 = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
@@ -170,6 +170,43 @@ def test_matmul_sim(name, layout, scales, out, with_bias, k):
     )
     assert np.all(np.abs(got.astype(np.float64) - ref) <= bound)
     assert np.abs(ref).max() > 100  # a real product
+
+
+@pytest.mark.parametrize(
+    "m, n, k, name, scales, out, with_bias",
+    [
+        (1, 48, 160, "e4m3", "tensor", "bf16", False),  # K: 10 pieces of 16, a partial step
+        (3, 32, 528, "e5m2", "both", "f32", True),
+        (4, 16, 1056, "e4m3", "row", "f16", True),  # K past one step of the 32 lanes
+    ],
+)
+def test_decode_rows_one_launch_sim(m, n, k, name, scales, out, with_bias, monkeypatch):
+    """Up to ``_fp8_decode.MOST_M`` rows with a column-major b: one launch of ``gemv_fp8``
+    (no K split, no second kernel), against float64 within one rounding; a row-major b
+    (transposed first) gives the same bits."""
+    from kaio_ops import _fp8_decode
+    from tests.launches import launched
+
+    a, w = _fp8_operands(m, k, n, name, seed=m + k)
+    rng = np.random.default_rng(n)
+    sa = rng.uniform(0.5, 2, (m, 1) if scales in ("row", "both") else (1,)).astype(np.float32)
+    sb = rng.uniform(0.5, 2, (1, n) if scales == "both" else (1,)).astype(np.float32)
+    np_out = {"bf16": ml_dtypes.bfloat16, "f16": np.float16, "f32": np.float32}[out]
+    bias = (rng.standard_normal(n) * 10).astype(np_out) if with_bias else None
+    monkeypatch.setattr(_fp8_decode, "MAX_M", _fp8_decode.MOST_M)  # routed: fewer rows
+    kernels = launched(monkeypatch)
+    with kaio.simulate():
+        got = kaio_ops.matmul_fp8(a, w.T, sa, sb, out_dtype=out, bias=bias)
+        assert kernels == [_fp8_decode.gemv_fp8]
+        again = kaio_ops.matmul_fp8(a, np.ascontiguousarray(w.T), sa, sb, out_dtype=out,
+                                    bias=bias)  # fmt: skip
+    assert got.dtype == np_out and got.shape == (m, n)
+    np.testing.assert_array_equal(got.view(np.uint8), again.view(np.uint8))
+    ref = matmul_reference(a, w.T, sa, sb, bias)
+    eps = {"bf16": 2.0**-8, "f16": 2.0**-11, "f32": 2.0**-20}[out]
+    mag = matmul_reference(np.abs(a.astype(np.float64)), np.abs(w.T.astype(np.float64)), sa, sb)
+    assert np.all(np.abs(got.astype(np.float64) - ref) <= np.abs(ref) * eps + 1e-6 * mag + 1e-3)
+    assert np.abs(ref).max() > 100
 
 
 def test_matmul_hopper_kernel_sim(monkeypatch):
@@ -338,6 +375,8 @@ def test_ptx_assembles(arch, fmt, dt):
     ]
     for kernel, constexprs in chosen:
         assert (kernel, constexprs) in shipped
+        assemble(kernel.ptx(arch=arch, **constexprs), arch)
+    for kernel, constexprs in _fp8_decode.specializations():  # decode rows
         assemble(kernel.ptx(arch=arch, **constexprs), arch)
 
 

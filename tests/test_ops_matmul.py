@@ -5,6 +5,7 @@ inputs and run-to-run determinism."""
 
 from __future__ import annotations
 
+import importlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -18,6 +19,7 @@ import kaio
 import kaio_ops
 from kaio.ptx.ptxas import assemble, find_ptxas
 from kaio_ops.matmul import CONFIGS, Plan, heuristic, run, specializations
+from tests.launches import launched
 
 OPS = {
     "matmul_tc": (kaio_ops.matmul_tc, np.float16, 1e-3),
@@ -90,6 +92,27 @@ def test_unaligned_base_takes_the_element_path_in_simulator():
 
 
 @pytest.mark.parametrize(
+    "op, m, n, k",
+    [("matmul_tc", 1, 64, 2048), ("matmul_tc_bf16_async", 16, 96, 1000),
+     ("matmul_tc_async", 4, 32, 512), ("matmul_tc_bf16", 2, 64, 512)],
+)  # fmt: skip
+def test_decode_rows_take_linears_gemm_in_simulator(op, m, n, k, monkeypatch):
+    """Up to 16 rows: linear's GEMM, its K split summed by the last block of a tile (one
+    launch) up to ``linear.FIXUP_ROWS`` rows (N a multiple of 32 here), else by
+    ``gemm_reduce``; right against float64."""
+    from kaio_ops._gemm import GEMM, REDUCE
+
+    fn, dtype, _ = OPS[op]
+    a, b = _inputs(np.random.default_rng(m + n), m, n, k, dtype)
+    kernels = launched(monkeypatch)
+    with kaio.simulate():
+        c = fn(a, b)
+    one = m <= importlib.import_module("kaio_ops.linear").FIXUP_ROWS
+    assert kernels == ([GEMM] if one else [GEMM, REDUCE])
+    assert _rel_error(c, a, b) < 1e-5
+
+
+@pytest.mark.parametrize(
     "args, message",
     [
         (((4, 8), np.float32, (8, 4), np.float16), "'a' must be a 2-D array \\[M, K\\] of f16"),
@@ -144,7 +167,8 @@ def _torch_inputs(m, n, k, dtype, seed=0):
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", sorted(OPS))
 @pytest.mark.parametrize(
-    "m, n, k", [(1024, 1024, 1024), (1, 4096, 4096), (16, 4096, 4096), (1000, 1030, 777)]
+    "m, n, k",
+    [(1024, 1024, 1024), (1, 4096, 4096), (16, 4096, 4096), (1000, 1030, 777), (5, 1000, 3000)],
 )
 def test_gpu_against_float64_and_deterministic(op, m, n, k):
     import torch

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import os
+import re
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
@@ -16,10 +17,11 @@ import kaio
 import kaio_ops
 from kaio import f16, f32, u32
 from kaio.ptx.ptxas import assemble, find_ptxas
-from kaio_ops import _arrays, _int4_decode, _prefill
+from kaio_ops import _arrays, _int4_decode, _int8_decode, _prefill
 from kaio_ops._matmul_kernels import qkv_kernel
 from kaio_ops.matmul import CONFIGS, Plan, heuristic, k_slices
 from kaio_ops.quantized import FALLBACK, _qkv_plan, project_int8, qkv_constexprs, specializations
+from tests.launches import launched
 from tests.poison import poison_allocations
 
 RNG = np.random.default_rng(77)
@@ -48,7 +50,9 @@ def int4_case(m, n, k, rng=RNG):
 
 
 @pytest.mark.parametrize(
-    "m, n, k", [(40, 48, 96), (33, 17, 21), (130, 136, 128), (3, 72, 520), (1, 40, 1000)]
+    "m, n, k",
+    # (3, 72, 524), (1, 44, 1000): decode rows _int8_decode does not fit (K, N % 8): mma.sync
+    [(40, 48, 96), (33, 17, 21), (130, 136, 128), (3, 72, 524), (1, 44, 1000), (3, 72, 520)],
 )
 @pytest.mark.parametrize("unsigned", [False, True])
 def test_int8_exact_in_simulator(m, n, k, unsigned):
@@ -60,6 +64,53 @@ def test_int8_exact_in_simulator(m, n, k, unsigned):
     with kaio.simulate():
         c = kaio_ops.matmul_int8(a, b, scale)
     np.testing.assert_array_equal(c, int8_reference(a, b, scale))
+
+
+@pytest.mark.parametrize(
+    "m, n, k, sms, unsigned",
+    [
+        (1, 264, 328, 4, False),  # K split in 2, the second a partial step; a partial block
+        (16, 40, 200, 1, True),  # the most rows, one slice, K not a whole step; uint8
+        (5, 512, 1024, 8, False),  # 8 slices summed by the last block of each column block
+        (2, 8, 8, 1, True),  # one word of A a row
+    ],
+)
+def test_int8_decode_one_launch_exact_in_simulator(m, n, k, sms, unsigned, poisoned, monkeypatch):
+    """Decode rows (``_int8_decode``): one launch of ``gemv_int8`` reading B [K, N] as it is
+    (no transpose), bit-identical with the integer reference, every output element written
+    (poisoned allocations), uint8 bytes read as int8."""
+    monkeypatch.setattr(_arrays, "multiprocessors", lambda like: sms)
+    monkeypatch.setattr(_int8_decode, "MAX_M", _int8_decode.MOST_M)  # routed: fewer rows
+    a = RNG.integers(-128, 128, (m, k)).astype(np.int8)
+    b = RNG.integers(-128, 128, (k, n)).astype(np.int8)
+    if unsigned:
+        a, b = a.view(np.uint8), b.view(np.uint8)
+    kernels = launched(monkeypatch)
+    with kaio.simulate():
+        c = kaio_ops.matmul_int8(a, b, -0.75)
+    np.testing.assert_array_equal(c, int8_reference(a, b, -0.75))
+    assert kernels == [_int8_decode.gemv_int8]
+    assert _int8_decode.fits(_operand(a), _operand(b), m, n, k)
+
+
+def test_int8_decode_takes_only_what_it_fits(monkeypatch):
+    """More than ``MAX_M`` rows, K or N not a multiple of 8, or an operand off an 8-byte
+    boundary: the transposing mma.sync path (``test_int8_exact_in_simulator``)."""
+    assert 1 <= _int8_decode.MAX_M <= _int8_decode.MOST_M
+    monkeypatch.setattr(_int8_decode, "MAX_M", 16)
+    a, b = np.zeros((16, 64), np.int8), np.zeros((64, 32), np.int8)
+    assert _int8_decode.fits(_operand(a), _operand(b), 16, 32, 64)
+    assert not _int8_decode.fits(_operand(np.zeros((17, 64), np.int8)), _operand(b), 17, 32, 64)
+    a60, b60 = np.zeros((16, 60), np.int8), np.zeros((60, 32), np.int8)
+    assert not _int8_decode.fits(_operand(a60), _operand(b60), 16, 32, 60)
+    assert not _int8_decode.fits(_operand(a), _operand(np.zeros((64, 28), np.int8)), 16, 28, 64)
+    off = np.zeros(16 * 64 + 4, np.int8)[4:].reshape(16, 64)
+    assert not _int8_decode.fits(_operand(off), _operand(b), 16, 32, 64)
+
+
+def _operand(x: np.ndarray) -> _arrays.Operand:
+    with kaio.simulate():
+        return _arrays.Inputs("test").array(x, "x", ndim=2, dtypes=(kaio.i8, kaio.u8))
 
 
 @pytest.mark.parametrize("m, n, k", [(40, 48, 128), (3, 72, 256), (130, 136, 384), (17, 20, 128)])
@@ -172,6 +223,12 @@ SWAP_CASES = [
     (40, 200, 256, None, (1, 48, 2, 1, 0, 1, 2), None),  # pairs of tiles sharing a by multicast
     (70, 136, 384, "bfloat16", (1, 32, 2, 1, 0, 1, 2), 2),  # 6 pairs on a cluster, odd grid_n
     (40, 200, 512, "float16", (1, 48, 2, 2, 0, 1), None),  # pairs and a K split along z
+    # three fragment buffers (BUFS 3): 10 slices (one after the groups of 3) on 3 stages, the
+    # persistent loop; 8 slices (two after) with multicast pairs and FENCE 2
+    (20, 136, 640, "float16", (2, 24, 3, 1, 0, 0, 1, 3), 1),
+    (40, 200, 512, None, (1, 48, 4, 1, 0, 1, 2, 3), None),
+    # a cluster sum of two trips a thread (SUM_UNROLL pairs each), the last rows past M
+    (60, 64, 256, "bfloat16", (1, 64, 2, 2, 1), None),
 ]
 
 
@@ -193,6 +250,18 @@ def test_int4_wgmma_in_simulator(m, n, k, out_dtype, config, sms, poisoned):
     assert c.shape == (m, n) and np.isfinite(c).all()
     assert np.all(np.abs(c - ref) <= 1e-6 * bound + rounding * np.abs(ref))
     assert np.abs(ref).max() > 10  # a real product
+
+
+def test_int4_swap_rejects_bad_buffers():
+    """int4_swap's BUFS is 2 or 3, and 3 fragment buffers need 3 ring stages (a slice's
+    stage is freed two slices later): both refused with what to change."""
+    from kaio_ops import _int4_hopper
+
+    with pytest.raises(ValueError, match="must be 2 or 3"):
+        _int4_hopper.swap_launch_plan(64, 128, 256, (1, 64, 0, 1, 0, 0, 2, 4), 132, f16)
+    with pytest.raises(ValueError, match="need 3 stages, got 2"):
+        _int4_hopper.swap_launch_plan(64, 128, 256, (1, 64, 2, 1, 0, 0, 2, 3), 132, f16)
+    assert _int4_hopper.swap_launch_plan(64, 128, 256, (1, 64, 3, 1, 0, 0, 2, 3), 132, f16)
 
 
 def test_int4_wgmma_dispatch(monkeypatch):
@@ -309,6 +378,35 @@ def test_int4_swap_plans_fit():
     for consts in seen.values():
         report = assemble(_int4_hopper.int4_swap.ptx(arch="sm_90", **consts), "sm_90a")
         assert " 0 bytes spill stores" in report and "C751" not in report, (consts, report)
+        _assert_registers_balance(report, consts)
+
+
+def _assert_registers_balance(report: str, consts: dict) -> None:
+    """The setmaxnreg of an int4_swap build (ptxas ``report``) can be granted: the consumers'
+    ``REGS`` and the producer's registers fit in what the block is launched with (ptxas's
+    count times its threads); asking for more hangs ``setmaxnreg.inc`` on the GPU."""
+    from kaio_ops._attention_hopper import PRODUCER_REGS
+
+    if not consts["REGS"]:
+        return
+    used = int(re.search(r"Used (\d+) registers", report).group(1))
+    wg = consts["WG"]
+    assert consts["REGS"] * 128 * wg + PRODUCER_REGS * 128 <= used * 128 * (wg + 1), (consts, used)
+
+
+@pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
+def test_int4_swap_registers_can_be_granted():
+    """Every consumer count's setmaxnreg balances against the block's registers as ptxas
+    builds it (4 warpgroups: 96 a thread of 640, so the consumers get 112, not 120)."""
+    from kaio_ops import _int4_hopper
+
+    for wg, bm in ((2, 256), (3, 128), (4, 64)):
+        consts = {"WG": wg, "BM": bm, "STAGES": _int4_hopper.swap_stages(wg, bm), "SPLIT": 2,
+                  "CL": 0, "REGS": _int4_hopper.swap_registers(wg), "OUT": f16, "MC": 0,
+                  "FENCE": 2, "BUFS": 2}  # fmt: skip
+        report = assemble(_int4_hopper.int4_swap.ptx(arch="sm_90", **consts), "sm_90a")
+        assert " 0 bytes spill stores" in report, (consts, report)
+        _assert_registers_balance(report, consts)
 
 
 # --------------------------------------------------------------------------- int8 on wgmma
@@ -729,7 +827,11 @@ def test_qkv_numpy_outside_simulate_names_both_ways_out():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m, n, k", [(4096, 4096, 4096), (16, 4096, 4096), (1000, 1030, 770)])
+@pytest.mark.parametrize(
+    "m, n, k",
+    # decode rows (_int8_decode): 16, 1, and 7 with a partial column block and K split
+    [(4096, 4096, 4096), (16, 4096, 4096), (1000, 1030, 770), (1, 4096, 4096), (7, 1000, 1096)],
+)
 def test_gpu_int8_exact(m, n, k):
     import torch
 
@@ -807,11 +909,13 @@ def test_gpu_int4_multi_tile(m, monkeypatch):
 @pytest.mark.parametrize(
     "m, n, k, out_dtype",
     [(17, 4096, 4096, None), (200, 4104, 4096, None), (1000, 1024, 14336, "float16"),
-     (300, 4096, 4096, None), (2048, 8192, 4096, "float16"), (4096, 4096, 4096, "bfloat16")],
+     (300, 4096, 4096, None), (2048, 8192, 4096, "float16"), (4096, 4096, 4096, "bfloat16"),
+     (100, 8192, 4096, None), (256, 8192, 2048, "float16")],
 )  # fmt: skip
 def test_gpu_int4_wgmma(m, n, k, out_dtype):
-    """M > 16 on sm_90 (the wgmma kernel: a workspace K split, multicast pairs with and
-    without a split, a cluster K split; from DEQUANT_M the f16 weight and kaio_ops.matmul;
+    """M > 16 on sm_90 (the wgmma kernel: 4 consumer warpgroups, a workspace K split,
+    multicast pairs with and without a split, a cluster pair's K split at 65-128, 129-256
+    and 257-512 rows; from DEQUANT_M the f16 weight and kaio_ops.matmul;
     elsewhere the other paths): every element against
     float64 products within the f32 sums' slack plus the output's rounding, and the same
     bits on a second call (a race would move them)."""

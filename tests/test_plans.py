@@ -781,6 +781,35 @@ def test_matmul_fp8_plans_compute_right_on_a_gpu():
 
 
 @pytest.mark.gpu
+def test_outputs_unlike_their_inputs_handed_out_again_on_a_gpu(monkeypatch):
+    """On a GPU: the f32 output of matmul_tc (f16 inputs) and matmul_int8 (int8 inputs),
+    dropped, comes back from the next call with the new product, right each time."""
+    torch = _torch_cuda()
+    monkeypatch.setattr(_plan, "RECYCLE_BYTES", 1 << 20)  # the default
+    monkeypatch.setattr(_plan, "RECYCLING", [True])
+    _plan.clear()
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    w = torch.randn(1024, 512, device="cuda", dtype=torch.float16, generator=gen)
+    b8 = torch.randint(-128, 128, (1024, 512), device="cuda", dtype=torch.int8, generator=gen)
+    for op, make, other in (
+        (kaio_ops.matmul_tc, lambda: torch.randn(1, 1024, device="cuda", dtype=torch.float16,
+                                                 generator=gen), w),
+        (kaio_ops.matmul_int8, lambda: torch.randint(-128, 128, (1, 1024), device="cuda",
+                                                     dtype=torch.int8, generator=gen), b8),
+    ):  # fmt: skip
+        for _ in range(3):  # torch's types bound, the plan recorded, replayed
+            op(make(), other)
+        op(make(), other).kaio_test_mark = 0
+        for i in range(3):
+            x = make()
+            out = op(x, other)
+            assert out.kaio_test_mark == i and out.dtype == torch.float32
+            assert _error(torch, out, x.double() @ other.double()) < 1e-5
+            out.kaio_test_mark = i + 1
+            del out
+
+
+@pytest.mark.gpu
 def test_outputs_handed_out_again_compute_right_on_a_gpu(monkeypatch):
     """On a GPU: an add whose output was dropped hands the same tensor out again, with the
     new result; outputs the caller keeps are all distinct and right; a graph captured
@@ -1320,6 +1349,28 @@ def test_an_output_the_caller_dropped_is_handed_out_again(monkeypatch):
     capturing[0] = False
     last, _ = dropped()
     assert again(call(), last)
+
+
+def test_an_output_unlike_every_input_is_handed_out_again(monkeypatch):
+    """An output with no input of its shape and dtype (``matmul_tc``'s f32 of f16 inputs,
+    ``matmul_fp8``'s bf16 of fp8 ones) is made by the plan's ``torch.empty`` and, dropped by
+    the caller, handed out again like one made like an input; not once changed."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False, raising=False)
+    monkeypatch.setattr(_plan, "RECYCLING", [True])
+    x = torch.randn(1, 64, dtype=torch.float16)
+    replay = _plan._replay(None, 1, [(None, "torch", 0, None, (1, 32), f32, None)], "o0")
+    assert "KEPT0.pop()" in replay.source and "EMPTY_LIKE" not in replay.source
+    made = []
+    replay.__globals__["A0"] = lambda: made.append(1) or torch.empty(1, 32)  # on the CPU
+    out = replay(x.data_ptr(), x)
+    out.kaio_test_mark = "first"
+    del out
+    out = replay(x.data_ptr(), x)
+    assert getattr(out, "kaio_test_mark", None) == "first" and len(made) == 1
+    out.resize_(2, 32)
+    del out
+    assert replay(x.data_ptr(), x).shape == (1, 32) and len(made) == 2
 
 
 def test_a_plan_on_the_default_stream_does_not_ask_about_captures(monkeypatch):

@@ -197,6 +197,7 @@ _ONE_FEATURE = (
     ("tma_load", "", "tma", "tma_load_2d"),
     ("mbarrier_arrive_cluster", "", "cluster", ""),
     ("bulk_store", "", "bulk_copy", ""),
+    ("bulk_store", "add", "bulk_copy", "bulk_reduce_add"),
     ("bulk_commit", "", "bulk_copy", ""),
     ("bulk_wait", "", "bulk_copy", ""),
     ("bulk_wait", "read", "bulk_copy", "bulk_wait_read"),
@@ -289,6 +290,8 @@ def key(ins: Instr) -> str:
         return "trans" if attrs["trans"] else ""
     if op == "bulk_wait":
         return "read" if attrs["read"] else ""
+    if op == "bulk_store":
+        return attrs.get("reduce", "")
     if op == "sreg":
         return "cluster" if attrs["name"].startswith("cluster_") else ""
     if op == "mbarrier_arrive":

@@ -39,6 +39,7 @@ from kaio.ptx.hopper import (
     ALIGNED_OPS,
     SWIZZLE_MODE,
     TMA_LOAD,
+    bulk_store_instruction,
     bulk_store_operands,
     check_tile,
     split_index,
@@ -285,10 +286,10 @@ def lower_mbarrier_arrive_cluster(g, ins: Instr) -> None:
 
 @LOWERING.register("bulk_store")
 def lower_bulk_store(g, ins: Instr) -> None:
-    """``cp.async.bulk.global.shared::cta.bulk_group [dst], [src], nbytes``."""
+    """``cp{.reduce}.async.bulk.global.shared::cta.bulk_group{.add.f32} [dst], [src], n``."""
     dst, dst_idx, src, src_idx, nbytes = bulk_store_operands(ins)
     args = [g.b.ptrtoint(address(g, dst, dst_idx), I64), shared_address(g, src, src_idx)]
-    text = "cp.async.bulk.global.shared::cta.bulk_group [$0], [$1], $2;"
+    text = f"{bulk_store_instruction(ins)} [$0], [$1], $2;"
     _statement(g, text, ["l", "r", "r"], [*args, g.value(nbytes)], collective=False)
 
 

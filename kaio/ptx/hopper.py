@@ -227,12 +227,20 @@ def bulk_store_operands(ins: Instr) -> tuple:
     return dst, ins.args[1:src_at], src, ins.args[src_at + 1 : -1], ins.args[-1]
 
 
+def bulk_store_instruction(ins: Instr) -> str:
+    """``cp.async.bulk.global.shared::cta.bulk_group``, or for ``bulk_reduce_add`` (attrs
+    ``reduce``) ``cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32``."""
+    if ins.attrs.get("reduce"):
+        return "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
+    return "cp.async.bulk.global.shared::cta.bulk_group"
+
+
 @LOWERING.register("bulk_store")
 def lower_bulk_store(e, ins: Instr) -> None:
-    """``cp.async.bulk.global.shared::cta.bulk_group [dst], [src], nbytes``."""
+    """``cp{.reduce}.async.bulk.global.shared::cta.bulk_group{.add.f32} [dst], [src], n``."""
     dst, dst_idx, src, src_idx, nbytes = bulk_store_operands(ins)
     d, s = address(e, dst, dst_idx), address(e, src, src_idx)
-    e.line(f"cp.async.bulk.global.shared::cta.bulk_group {d}, {s}, {e.o(nbytes)}")
+    e.line(f"{bulk_store_instruction(ins)} {d}, {s}, {e.o(nbytes)}")
 
 
 @LOWERING.register("bulk_wait")

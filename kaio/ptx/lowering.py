@@ -305,10 +305,10 @@ def bitcast(e, d: str, dt: ScalarType, a: str, st: ScalarType) -> None:
     """Reinterpret the bits of a same-width value."""
     if (dt.is_int or dt.is_bool) and (st.is_int or st.is_bool):
         convert(e, d, dt, a, st)  # narrow integers: re-extend; bool: 0/1
-    elif is_half(st) and dt.is_int:  # 16 bits into a (32-bit register) 16-bit integer
+    elif (is_half(st) or st.is_fp8) and dt.is_int:  # into a (32-bit register) integer
         s = "s" if dt.kind == "int" else "u"
-        e.line(f"cvt.{s}32.{s}16 {d}, {a}")
-    elif is_half(dt) and st.is_int:
+        e.line(f"cvt.{s}32.{s}{st.bits} {d}, {a}")  # fp8: the code in the low byte
+    elif (is_half(dt) or dt.is_fp8) and st.is_int:  # into a 16-bit register
         e.line(f"cvt.u16.u32 {d}, {a}")
     else:  # f32 <-> 32-bit int, f64 <-> 64-bit int, f16 <-> bf16
         e.line(f"mov.{bty(dt)} {d}, {a}")

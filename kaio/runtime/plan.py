@@ -9,7 +9,7 @@ function, the launch configuration struct, the ``struct`` format of its paramete
 values, and which parameters are array addresses). The caller then says where each address
 comes from (its own inputs, its outputs, constants) and makes a ``CallPlan``: a generated
 function ``run(pointers)`` that, per launch, packs the constant parameters and the new
-addresses into a parameter buffer with one ``pack_into`` and calls ``cuLaunchKernelEx``
+addresses into a parameter buffer and calls ``cuLaunchKernelEx``
 through ctypes, as the kernel launcher (``launcher.py``) does, with the same recovery (a new
 thread without a context, another library's context current, arrays on another GPU than the
 current one) and the same error reporting.
@@ -212,24 +212,29 @@ class CallPlan:
             env["DEV"] = devices.pop()
             lines.append(f"home = {launcher.home_test(env['DEV'], 'DEV', env)}")
         for i, (prepared, sources) in enumerate(self.steps):
-            entries = []
-            for e, value in enumerate(prepared.values):
-                env[f"V{i}_{e}"] = value
-                entries.append(f"V{i}_{e}")
+            # a parameter buffer holds every constant entry from when it is made: a call
+            # writes only the addresses of its arrays (8-byte entries at 8-byte offsets) and
+            # the maps over them (128 bytes at 64-byte offsets), not the whole format
+            writes = []
+            offsets = prepared.offsets
             for k, (source, add) in sources.items():
                 where = address(source)
                 where = f"{where} + {add}" if add else where
                 if k in prepared.maps:
                     e, tm = prepared.maps[k]
                     env[f"MAP{i}_{e}"] = map_encoder(tm)
-                    entries[e] = f"MAP{i}_{e}({where})"
+                    at = offsets[e]
+                    writes.append(f"buf[{at}:{at + 128}] = MAP{i}_{e}({where})")
                 else:
-                    entries[prepared.arrays[k]] = where
-            offsets, size = prepared.offsets, prepared.size
-            env[f"pack{i}"] = struct.Struct(prepared.fmt).pack_into
-            free = env[f"free{i}"] = [parameter_slot(size, offsets)]
+                    writes.append(f"words[{offsets[prepared.arrays[k]] // 8}] = {where}")
+            filled = struct.pack(prepared.fmt, *prepared.values)
+
+            def new(filled=filled, offsets=offsets) -> tuple:
+                return _filled_slot(filled, offsets)
+
+            free = env[f"free{i}"] = [new()]
             env[f"take{i}"], env[f"give{i}"] = free.pop, free.append  # bound once
-            env[f"new{i}"] = lambda size=size, offsets=offsets: parameter_slot(size, offsets)
+            env[f"new{i}"] = new
             env[f"CONFIG{i}"] = ctypes.byref(prepared.config)  # its _obj keeps the struct
             env[f"FUNC{i}"] = launcher.pointer_argument(prepared.function)
             env[f"elsewhere{i}"] = launcher.launcher_elsewhere(prepared.device)
@@ -245,10 +250,10 @@ class CallPlan:
                 lines.append(f"home = {home}")
             lines += [
                 "try:",
-                f"    buf, params = slot = take{i}()",
+                f"    buf, words, params = slot = take{i}()",
                 "except IndexError:",
-                f"    buf, params = slot = new{i}()",
-                f"pack{i}(buf, 0, {', '.join(entries)})",
+                f"    buf, words, params = slot = new{i}()",
+                *writes,
                 "if home:",
                 f"    rc = {call}",
                 "    if rc:  # the success path tests rc once",
@@ -265,6 +270,16 @@ class CallPlan:
                 f"LAST{i}[0] = NAME{i}",
             ]
         return ["    " + line for line in lines]
+
+
+def _filled_slot(filled: bytes, offsets: list[int]) -> tuple:
+    """A parameter buffer holding ``filled`` (the packed parameters), as ``(bytes view,
+    the same as 8-byte words, the kernelParams argument)``: its size rounded up to whole
+    words (the driver reads each parameter at its offset, nothing past the last)."""
+    view, params = parameter_slot(-(-len(filled) // 8) * 8, offsets)
+    buf = view.cast("B")  # ctypes' "<B" takes no slice assignment
+    buf[: len(filled)] = filled
+    return buf, buf.cast("Q"), params
 
 
 def compile_function(lines: list[str], env: dict, name: str, filename: str) -> Callable:

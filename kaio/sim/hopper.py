@@ -401,10 +401,10 @@ def mbarrier_arrive_cluster(m, ins: Instr, vals: list):
 
 
 def bulk_store(m, ins: Instr, vals: list):
-    """Copy each active lane's ``nbytes`` from its block's shared source to the global
-    destination, both taken as flat runs of elements, now (the GPU copies some time before
-    the lane's ``bulk_wait``; the simulator does not see a source overwritten before
-    ``bulk_wait_read``)."""
+    """Copy (``bulk_reduce_add``: add) each active lane's ``nbytes`` from its block's shared
+    source to the global destination, both taken as flat runs of elements, now (the GPU
+    copies some time before the lane's ``bulk_wait``; the simulator does not see a source
+    overwritten before ``bulk_wait_read``)."""
     dst = ins.args[0]
     src = ins.args[1 + dst.ndim]
     dst_st, src_st = m.storage(dst), m.storage(src)
@@ -442,7 +442,11 @@ def bulk_store(m, ins: Instr, vals: list):
         if src_st.tracker is not None:
             keys = block * src_st.size + sflat + np.arange(count)
             _async_access(m, ins, src_st, keys, int(lane), "kaio.bulk_store()")
-        flat_dst[dkey : dkey + count] = src_st.data[block].reshape(-1)[sflat : sflat + count]
+        data = src_st.data[block].reshape(-1)[sflat : sflat + count]
+        if ins.attrs.get("reduce"):  # bulk_reduce_add
+            flat_dst[dkey : dkey + count] += data
+        else:
+            flat_dst[dkey : dkey + count] = data
 
 
 def _async_access(
