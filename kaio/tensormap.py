@@ -17,7 +17,7 @@ import numpy as np
 from kaio.errors import LaunchError
 from kaio.types import ScalarType, from_numpy_dtype
 
-__all__ = ["TensorMap", "tensor_map_2d", "SWIZZLES"]
+__all__ = ["TensorMap", "tensor_map_2d", "SWIZZLES", "MAPS_KEPT"]
 
 SWIZZLES = (0, 32, 64, 128)
 """The shared-tile swizzles, in bytes (0: none): 16-byte chunk ``c`` of the tile's 128-byte
@@ -28,14 +28,31 @@ _DATA_TYPES |= {"f16": 6, "f32": 7, "f64": 8, "bf16": 9}
 _SWIZZLE_ENUM = {0: 0, 32: 1, 64: 2, 128: 3}
 _L2_PROMOTION_256B = 3
 
+# encoded maps kept by (address, dtype, shape, row stride, box, swizzle): everything the 128
+# bytes depend on, so a hit is the same map the driver would encode again (an op called in
+# a loop over the same arrays, or over the few addresses torch's caching allocator hands
+# back, encodes each map once). The oldest go past this many; 0: encode every time
+MAPS_KEPT = 4096
+_KEPT: dict = {}  # key -> (the encoder that made it, its 128 bytes)
+
 
 class TensorMap:
     """A 2-D TMA tensor map over ``array`` (row-major, ``[rows, cols]``) copying boxes of
     ``box = (box_rows, box_cols)`` elements into shared tiles swizzled by ``swizzle`` bytes.
     Build it with ``kaio.tensor_map_2d``; ``encoded()`` gives the driver's 128 bytes."""
 
-    def __init__(self, array, dtype: ScalarType, shape: tuple, row_stride: int, box, swizzle):
+    def __init__(
+        self,
+        array,
+        dtype: ScalarType,
+        shape: tuple,
+        row_stride: int,
+        box,
+        swizzle,
+        address: int | None = None,
+    ):
         self.array = array
+        self.address = address  # of element 0 of a CUDA array (None: asked when encoding)
         self.dtype = dtype
         self.shape = shape
         self.row_stride = row_stride  # elements
@@ -49,9 +66,11 @@ class TensorMap:
         return self.box[0] * self.box[1] * self.dtype.itemsize
 
     def encoded(self) -> bytes:
-        """The 128-byte ``CUtensorMap`` (``cuTensorMapEncodeTiled``), encoded on first use."""
+        """The 128-byte ``CUtensorMap`` (``cuTensorMapEncodeTiled``), encoded on first use, or
+        the bytes of an identical map encoded before (same address, dtype, shape, strides,
+        box and swizzle: ``MAPS_KEPT``)."""
         if self._bytes is None:
-            self._bytes = _encode(self)
+            self._bytes = _kept_encoding(self)
         return self._bytes
 
     def __repr__(self) -> str:
@@ -61,15 +80,17 @@ class TensorMap:
         )
 
 
-def _shape_of(array) -> tuple[tuple, tuple, ScalarType]:
-    """(shape, strides in elements, dtype) of a NumPy or CUDA array."""
+def _shape_of(array) -> tuple[tuple, tuple, ScalarType, int | None]:
+    """(shape, strides in elements, dtype, address or None) of a NumPy or CUDA array."""
     if isinstance(array, np.ndarray):
         strides = tuple(s // array.itemsize for s in array.strides)
-        return array.shape, strides, from_numpy_dtype(array.dtype)
-    from kaio.runtime.arguments import describe
+        return array.shape, strides, from_numpy_dtype(array.dtype), None
+    from kaio.runtime.arguments import RawArray, describe
 
+    if type(array) is RawArray and len(array.shape) == 2:  # row-major by construction
+        return tuple(array.shape), (max(array.shape[1], 1), 1), array.dtype, array.ptr
     info = describe(array)
-    return tuple(info.shape), tuple(info.strides), info.dtype
+    return tuple(info.shape), tuple(info.strides), info.dtype, info.ptr
 
 
 def tensor_map_2d(array, box: tuple, swizzle: int = 128) -> TensorMap:
@@ -78,32 +99,52 @@ def tensor_map_2d(array, box: tuple, swizzle: int = 128) -> TensorMap:
     32, 64 or 128 bytes). The rows of ``array`` must be contiguous, 16-byte aligned and a
     multiple of 16 bytes apart; a box row (``cols`` elements) is at most ``swizzle`` bytes
     when swizzled and each box side is 1..256. Elements outside the array read as zero."""
-    shape, strides, dtype = _shape_of(array)
-    where = f"kaio.tensor_map_2d({dtype}[{', '.join(map(str, shape))}])"
+    shape, strides, dtype, address = _shape_of(array)
+
+    def error(message: str) -> ValueError:  # the text is made only for an error
+        return ValueError(f"kaio.tensor_map_2d({dtype}[{', '.join(map(str, shape))}]): {message}")
+
     if len(shape) != 2:
-        raise ValueError(f"{where}: needs a 2-D array, got {len(shape)} dimensions")
+        raise error(f"needs a 2-D array, got {len(shape)} dimensions")
     if strides[1] != 1:
-        raise ValueError(f"{where}: the rows must be contiguous (column stride {strides[1]})")
+        raise error(f"the rows must be contiguous (column stride {strides[1]})")
     if dtype.name not in _DATA_TYPES:
-        raise ValueError(f"{where}: TMA does not copy {dtype} (supported: {list(_DATA_TYPES)})")
+        raise error(f"TMA does not copy {dtype} (supported: {list(_DATA_TYPES)})")
     row_bytes = strides[0] * dtype.itemsize
     if shape[0] > 1 and row_bytes % 16:
-        raise ValueError(
-            f"{where}: rows are {row_bytes} bytes apart; TMA needs a multiple of 16 (pad the "
-            "columns to a multiple of 16 bytes)"
+        raise error(
+            f"rows are {row_bytes} bytes apart; TMA needs a multiple of 16 (pad the columns "
+            "to a multiple of 16 bytes)"
         )
     if swizzle not in SWIZZLES:
-        raise ValueError(f"{where}: swizzle must be one of {SWIZZLES} bytes, got {swizzle!r}")
+        raise error(f"swizzle must be one of {SWIZZLES} bytes, got {swizzle!r}")
     rows, cols = (int(b) for b in box)
     if not (1 <= rows <= 256 and 1 <= cols <= 256):
-        raise ValueError(f"{where}: each box side must be 1..256, got {box}")
+        raise error(f"each box side must be 1..256, got {box}")
     inner = cols * dtype.itemsize
     if inner % 16 or (swizzle and inner > swizzle):
         limit = f"at most {swizzle} bytes (the swizzle) and " if swizzle else ""
-        raise ValueError(
-            f"{where}: a box row is {inner} bytes; it must be {limit}a multiple of 16 bytes"
-        )
-    return TensorMap(array, dtype, tuple(shape), strides[0], (rows, cols), swizzle)
+        raise error(f"a box row is {inner} bytes; it must be {limit}a multiple of 16 bytes")
+    return TensorMap(array, dtype, tuple(shape), strides[0], (rows, cols), swizzle, address)
+
+
+def _kept_encoding(tm: TensorMap) -> bytes:
+    """``_encode(tm)``, or the bytes kept from encoding the same map before (the key holds
+    all the map depends on; bytes made by another ``_encode``, a test's stand-in for the
+    driver, are never handed out)."""
+    address = tm.address
+    if address is None or not MAPS_KEPT:
+        return _encode(tm)
+    encode = _encode
+    key = (address, tm.dtype, tm.shape, tm.row_stride, tm.box, tm.swizzle)
+    found = _KEPT.get(key)
+    if found is not None and found[0] is encode:
+        return found[1]
+    made = encode(tm, address)
+    if found is None and len(_KEPT) >= MAPS_KEPT:
+        _KEPT.pop(next(iter(_KEPT)), None)  # the oldest (another thread may have taken it)
+    _KEPT[key] = (encode, made)
+    return made
 
 
 def _encode(tm: TensorMap, address: int | None = None) -> bytes:

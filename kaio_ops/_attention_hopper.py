@@ -596,9 +596,11 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     out = _arrays.output(qa, qa.shape)
     lse = _arrays.output(qa, qa.shape[:-1], f32)
     rows_q, rows_kv = bh * sq, ka.size // d
-    tq = kaio.tensor_map_2d(_arrays.view(qa.obj, qa.kind, (rows_q, d)), (bm, 64), SW)
-    tk = kaio.tensor_map_2d(_arrays.view(ka.obj, ka.kind, (rows_kv, d)), (cfg["BN"], 64), SW)
-    tv = kaio.tensor_map_2d(_arrays.view(va.obj, va.kind, (rows_kv, d)), (cfg["BN"], 64), SW)
+    # the maps over the operands' memory as 2-D arrays (``Operand.arg``: no view made);
+    # their bytes are encoded once per address and layout (``kaio.tensormap.MAPS_KEPT``)
+    tq = kaio.tensor_map_2d(qa.arg(rows_q, d), (bm, 64), SW)
+    tk = kaio.tensor_map_2d(ka.arg(rows_kv, d), (cfg["BN"], 64), SW)
+    tv = kaio.tensor_map_2d(va.arg(rows_kv, d), (cfg["BN"], 64), SW)
     out_flat = _arrays.output_arg(qa, out, (bh * sq * d,))
     lse_flat = _arrays.output_arg(qa, lse, (bh * sq,), f32)
     smem = shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"])
