@@ -330,6 +330,31 @@ def test_hopper_tile_widths_and_pairs_in_simulator(m, n, k, act, dtype, chosen):
 
 
 @pytest.mark.parametrize(
+    "m, n, k, transposed, dtype, out, chosen",
+    [
+        # 4 adjacent columns a store (lanes trading pairs): tails in M and N, both layouts
+        (70, 200, 136, False, np.float16, kaio.f16, hopper.Plan(2, 64, 2, 1, False, 0, 1)),
+        (33, 72, 200, True, BF16, kaio.f32, hopper.Plan(1, 128, 3, 1, False, 0, 1)),
+        # through shared memory, a bulk copy a row: a partial last column tile and rows
+        (70, 200, 136, False, np.float16, kaio.f16, hopper.Plan(2, 64, 2, 1, False, 0, 2)),
+        (33, 72, 200, True, BF16, kaio.bf16, hopper.Plan(1, 128, 2, 1, False, 0, 2)),
+        (17, 40, 64, False, np.float16, kaio.f32, hopper.Plan(1, 64, 2, 1, False, 0, 2)),
+    ],
+)
+def test_hopper_vector_epilogues_in_simulator(m, n, k, transposed, dtype, out, chosen):
+    """The Hopper kernel's wide stores (``VEC`` 1 and 2) against float64, every output
+    type, tails in M and N."""
+    rng = np.random.default_rng(m + n + chosen.vec)
+    x = rand(rng, (m, k), dtype)
+    w = rand(rng, (n, k) if transposed else (k, n), dtype, 0.3)
+    with kaio.simulate():
+        got = gemm("matmul", _operand(x), _operand(w, "w"), (m, n), (m, n, k), out, transposed,
+                   chosen=chosen)  # fmt: skip
+    types = {kaio.f16: np.float16, kaio.bf16: BF16, kaio.f32: np.float32}
+    check(got, *reference(x, w if transposed else w.T.copy()), types[out])
+
+
+@pytest.mark.parametrize(
     "m, n, k, dtype",
     [
         (1, 264, 200, np.float16),  # a partial column block, K in 3 slices (tail 8 rows)
@@ -640,6 +665,7 @@ def test_gpu_linear_batched_f32_out():
         (13, 4096, 4096, "matmul", Plan("16x64s8", 1)),  # the deep skinny tile (sm_90 route)
         (30, 2000, 4104, "gelu", Plan("16x64s8", 3)),  # N and K tails: gemm_reduce
         (9, 1024, 8192, "silu_gate", Plan("16x128s8", 4)),
+        (20, 4096, 4096, "silu", Plan("16x64s8", 1)),  # W [N, K] on the deep skinny tile
     ],
 )
 def test_gpu_split_sums_deterministic(m, n, k, activation, chosen, monkeypatch):
@@ -666,6 +692,8 @@ def test_gpu_split_sums_deterministic(m, n, k, activation, chosen, monkeypatch):
         (256, 10240, 1024, "matmul", Persistent(160)),  # the persistent kernel's widths
         (520, 6144, 1032, "matmul", Persistent(224, 4)),
         (1000, 2048, 2048, "matmul", Persistent(256, 8, 1)),  # pairs sharing B
+        (1000, 1000, 1024, "matmul", hopper.Plan(2, 64, 8, 1, False, 0, 1)),  # wide stores
+        (1000, 1000, 1024, "matmul", hopper.Plan(2, 64, 6, 1, False, 0, 2)),  # through shared
     ],
 )
 def test_gpu_hopper_tiles_against_torch(m, n, k, activation, chosen):
