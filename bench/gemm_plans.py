@@ -229,8 +229,8 @@ def choice_source(choice) -> str:
     names = {_gemm_hopper.Plan: "_P", _gemm_streamk.Plan: "_S"}
     name = names.get(type(choice), "_gemv.Plan")
     fields = tuple(choice)
-    if isinstance(choice, _gemm_hopper.Plan) and not choice.pair:
-        fields = fields[:-1]  # unpaired: the table's five fields
+    while isinstance(choice, _gemm_hopper.Plan) and len(fields) > 5 and not fields[-1]:
+        fields = fields[:-1]  # unpaired, pair-wise stores: the table's five fields
     return f"{name}{fields}".replace(",)", ")")
 
 
@@ -340,7 +340,7 @@ SETS["c33"] += [(64, n, k) for n, k in ((4096, 4096), (6144, 4096), (8192, 8192)
 # ``linear`` (B [N, K]) at M <= 32 on the deep skinny tiles (--epi33)
 SETS["d33"] = [(1024, 1024, 1024), (2048, 2048, 2048)]
 SETS["d33"] += [(m, n, -k) for m in (1, 4, 16, 32) for n, k in LLAMA8B[:2] + LLAMA8B[3:]]
-SETS["d33"] += [(m, 28672, -4096) for m in (4, 16)]
+SETS["d33"] += [(m, 28672, -4096) for m in (4, 16)] + [(8192, 28672, 4096)]
 EPI33 = False  # only the plans of ``epi33_plans`` (--epi33)
 
 

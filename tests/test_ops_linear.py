@@ -504,9 +504,9 @@ def test_measured_table_is_well_formed():
         for _, choice in entries:
             if isinstance(choice, hopper.Plan):
                 gate = layout == "gate"
-                assert hopper.shared_bytes(choice.wg, choice.bn, choice.stages, gate) <= (
-                    hopper.SHARED_LIMIT
-                )
+                size = hopper.shared_bytes(choice.wg, choice.bn, choice.stages, gate, choice.vec)
+                assert size <= hopper.SHARED_LIMIT
+                assert choice.vec in (0, 1, 2) and (not choice.vec or choice.split == 1)
                 assert k // choice.split >= 4 * hopper.BK
                 assert not choice.fixup or hopper.fixup_ok(n)
             elif isinstance(choice, Plan):  # an mma.sync plan
