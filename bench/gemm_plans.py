@@ -346,9 +346,9 @@ EPI33 = False  # only the plans of ``epi33_plans`` (--epi33)
 
 def epi33_plans(m: int, n: int, k: int, transposed: bool) -> list:
     """``--epi33``'s plans: for B [K, N] the Hopper tiles of the squares with each store
-    width (``vec`` 0, 1, 2; a stage fewer where the warps' buffers need it) and the
-    persistent kernel; for B [N, K] the mma.sync kernel's 16-row tiles unsplit (4- and
-    8-stage rings)."""
+    width (``vec`` 0, 1, 2; a stage fewer where the warps' buffers need it; at 1024^3 also
+    in pairs sharing A) and the persistent kernel; for B [N, K] the mma.sync kernel's
+    16-row tiles unsplit (4- and 8-stage rings)."""
     if transposed:
         return [MmaPlan(c, 1) for c in ("16x64s8", "16x128s8", "16x128")]
     plans: list = ["persistent"]
@@ -358,6 +358,8 @@ def epi33_plans(m: int, n: int, k: int, transposed: bool) -> list:
         for vec in (0, 1, 2):
             stages = _gemm_hopper.stages_for(wg, bn, False, 8, vec)
             plans.append(_gemm_hopper.Plan(wg, bn, stages, 1, False, 0, vec))
+            if m == n == k <= 1024 and (wg, bn) == (2, 64):  # in pairs sharing A (cuBLAS's)
+                plans.append(_gemm_hopper.Plan(wg, bn, stages, 1, False, 2, vec))
     return plans
 
 
