@@ -339,6 +339,7 @@ def test_hopper_tile_widths_and_pairs_in_simulator(m, n, k, act, dtype, chosen):
         (70, 200, 136, False, np.float16, kaio.f16, hopper.Plan(2, 64, 2, 1, False, 0, 2)),
         (33, 72, 200, True, BF16, kaio.bf16, hopper.Plan(1, 128, 2, 1, False, 0, 2)),
         (17, 40, 64, False, np.float16, kaio.f32, hopper.Plan(1, 64, 2, 1, False, 0, 2)),
+        (130, 72, 136, False, BF16, kaio.bf16, hopper.Plan(2, 64, 2, 1, False, 2, 2)),  # pairs
     ],
 )
 def test_hopper_vector_epilogues_in_simulator(m, n, k, transposed, dtype, out, chosen):
