@@ -429,7 +429,7 @@ def test_plans():
     assert plan(1, 4096, 4096, 132).split > 1  # decode: K split
     assert plan(4096, 4096, 4096, 132).split == 1
     assert plan(4096, 14336, 4096, 132, gate=True).config == "64x128"  # registers
-    assert hopper.plan(1, 4096, 4096, 132)[::3] == (1, 2)  # 64-row tiles, K split
+    assert hopper.plan(1, 4096, 4096, 132)[:4:3] == (1, 2)  # 64-row tiles, K split
     assert hopper.plan(16, 4096, 4096, 132)[1] == 64  # narrow N tiles for small M
     assert hopper.plan(8192, 8192, 8192, 132)[:4] == (2, 256, 4, 1)
     assert hopper.plan(4096, 14336, 4096, 132, gate=True)[1] == 128
@@ -439,17 +439,19 @@ def test_skinny_plans_of_unlisted_shapes(monkeypatch):
     """At most 16 rows of a shape the table does not list (sm_90, B [K, N]): unsplit deep
     16 x 64 tiles where they make half a wave to a wave (132 SMs: N = 4096-8192), unsplit
     16 x 128 tiles from half a wave of those (N = 10240 and up), else the K split of
-    ``tuned_plan``; B [N, K] and "silu_gate" keep ``tuned_plan``."""
+    ``tuned_plan``; B [N, K] unsplit deep 16 x 64 tiles from half a wave (at any N), else
+    ``tuned_plan``; "silu_gate" keeps ``tuned_plan``."""
     linear_mod = importlib.import_module("kaio_ops.linear")
     monkeypatch.setattr(kaio_ops._arrays, "multiprocessors", lambda like: 132)
     with kaio.simulate():
         a = _operand(np.zeros((4, 64), np.float16))
         got = {n: linear_mod.skinny_plan(a, 4, n, 4096, False, False)
                for n in (2048, 4096, 8192, 10240, 20000)}  # fmt: skip
-        assert linear_mod.skinny_plan(a, 4, 4096, 4096, False, True) == Plan("16x128", 4)
+        nk = {n: linear_mod.skinny_plan(a, 4, n, 4096, False, True) for n in (2048, 4096, 28672)}
         assert linear_mod.skinny_plan(a, 4, 4096, 4096, True, False).config == "16x128"
     assert got == {2048: Plan("16x128", 8), 4096: Plan("16x64s8"), 8192: Plan("16x64s8"),
                    10240: Plan("16x128"), 20000: Plan("16x128")}  # fmt: skip
+    assert nk == {2048: Plan("16x128", 8), 4096: Plan("16x64s8"), 28672: Plan("16x64s8")}
 
 
 def test_persistent_width_fills_the_waves():
