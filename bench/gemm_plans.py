@@ -229,8 +229,8 @@ def choice_source(choice) -> str:
     names = {_gemm_hopper.Plan: "_P", _gemm_streamk.Plan: "_S"}
     name = names.get(type(choice), "_gemv.Plan")
     fields = tuple(choice)
-    if isinstance(choice, _gemm_hopper.Plan) and not choice.pair:
-        fields = fields[:-1]  # unpaired: the table's five fields
+    while isinstance(choice, _gemm_hopper.Plan) and len(fields) > 5 and not fields[-1]:
+        fields = fields[:-1]  # unpaired, pair-wise stores: the table's five fields
     return f"{name}{fields}".replace(",)", ")")
 
 
@@ -335,6 +335,34 @@ SETS["c33"] = [(32, n, k) for n, k in ((8192, 8192), (4096, 14336), (8192, 28672
 SETS["c33"] += [(64, n, k) for n, k in ((4096, 4096), (6144, 4096), (8192, 8192))]
 
 
+# issue 33's fourth pass: the squares under the Hopper kernel's wide stores (``Plan.vec``: 4
+# adjacent columns a store, or each warp's rows through shared memory and bulk copies), and
+# ``linear`` (B [N, K]) at M <= 32 on the deep skinny tiles (--epi33)
+SETS["d33"] = [(1024, 1024, 1024), (2048, 2048, 2048)]
+SETS["d33"] += [(m, n, -k) for m in (1, 4, 16, 32) for n, k in LLAMA8B[:2] + LLAMA8B[3:]]
+SETS["d33"] += [(m, 28672, -4096) for m in (4, 16)] + [(8192, 28672, 4096)]
+EPI33 = False  # only the plans of ``epi33_plans`` (--epi33)
+
+
+def epi33_plans(m: int, n: int, k: int, transposed: bool) -> list:
+    """``--epi33``'s plans: for B [K, N] the Hopper tiles of the squares with each store
+    width (``vec`` 0, 1, 2; a stage fewer where the warps' buffers need it; at 1024^3 also
+    in pairs sharing A) and the persistent kernel; for B [N, K] the mma.sync kernel's
+    16-row tiles unsplit (4- and 8-stage rings)."""
+    if transposed:
+        return [MmaPlan(c, 1) for c in ("16x64s8", "16x128s8", "16x128")]
+    plans: list = ["persistent"]
+    for wg, bn in ((2, 64), (1, 128), (2, 128), (2, 256)):
+        if math.ceil(m / (64 * wg)) * math.ceil(n / bn) < 100:
+            continue
+        for vec in (0, 1, 2):
+            stages = _gemm_hopper.stages_for(wg, bn, False, 8, vec)
+            plans.append(_gemm_hopper.Plan(wg, bn, stages, 1, False, 0, vec))
+            if m == n == k <= 1024 and (wg, bn) == (2, 64):  # in pairs sharing A (cuBLAS's)
+                plans.append(_gemm_hopper.Plan(wg, bn, stages, 1, False, 2, vec))
+    return plans
+
+
 class MmaSplit(NamedTuple):
     """A searched plan: the mma.sync kernel's skinny tile ``config`` (``matmul.SKINNY`` or
     one of ``linear.SKINNY_CONFIGS``) with ``split`` K slices summed in the kernel
@@ -381,6 +409,8 @@ def plans_of(m: int, n: int, k: int, sms: int, transposed: bool, act: str, route
     K splits around it, the persistent kernel and the stream-K plans, as each applies."""
     gate = act == "silu_gate"
     default = _gemm_hopper.plan(m, n, k, sms, gate)
+    if EPI33:
+        return [route, *epi33_plans(m, n, k, transposed)], default
     if DEEP:
         return [route, *deep_plans(m, n, k, gate, route)], default
     if OCC:
@@ -535,14 +565,16 @@ def main(argv: list[str] | None = None) -> None:
                    help="also (or only) time the Hopper plans in clusters of two")  # fmt: skip
     p.add_argument("--deep", action="store_true", help="only deep rings against 6 stages")
     p.add_argument("--occ", action="store_true", help="only short rings, blocks side by side")
+    p.add_argument("--epi33", action="store_true", help="only the store widths and B [N, K] tiles")
     p.add_argument(
         "--splits",
         action="store_true",
         help="also the mma.sync skinny tile at every K split, both sums (M <= 64)",
     )
     args, rest = p.parse_known_args(argv)
-    global PAIRS, DEEP, OCC, ALL_SPLITS
+    global PAIRS, DEEP, OCC, ALL_SPLITS, EPI33
     PAIRS, DEEP, OCC, ALL_SPLITS = args.pairs, args.deep, args.occ, args.splits
+    EPI33 = args.epi33
     h = Harness.from_args("Hopper GEMM plan search", rest, reps=args.reps)
     start = time.perf_counter()
     sms = h.meta["sms"]

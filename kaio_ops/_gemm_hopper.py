@@ -33,7 +33,7 @@ from typing import NamedTuple
 import kaio
 from kaio import bool_, f16, f32, i32, u32, u64
 from kaio_ops._gemm import last_arrival, store_pair, sum_tile
-from kaio_ops._matmul_hopper import init_ring, next_stage, retire_slice
+from kaio_ops._matmul_hopper import init_ring, next_stage, retire_slice, store_rows
 from kaio_ops._matmul_kernels import tile_col, tile_origin, tile_row
 
 BK = 64
@@ -151,6 +151,33 @@ def mma_run(
     return s, ph, ps
 
 
+@kaio.gpu_func
+def store_shared(
+    acc: f32[:, :, :], c: OUT[:, :], ebuf: OUT[:, :, :], row0: i32, col0: i32, m: i32, n: i32,
+    wg: u32, lt: u32, BN: kaio.constexpr, OUT: kaio.constexpr,
+):  # fmt: skip
+    """Store a warpgroup's 64 rows of C from ``row0``, BN columns from ``col0`` (thread
+    ``lt`` holds ``acc``, the m16n8 C fragment of each n8 tile of its warp's 16 rows): each
+    warp rounds its 16 rows into its buffer ``ebuf[warp]`` (rows of BN + 8, against bank
+    conflicts), then lane r < 16 copies row r out by one bulk copy (n a multiple of 8) and
+    waits until the copy has read the buffer (the block may then leave)."""
+    lane = i32(lt % 32)
+    w = i32(wg) * 4 + i32(lt // 32)
+    two = kaio.local(OUT, (2,))
+    for h in kaio.static_range(2):
+        for j in kaio.static_range(BN // 8):
+            two[0] = OUT(acc[j, h, 0])
+            two[1] = OUT(acc[j, h, 1])
+            kaio.store_vector(ebuf, (w, lane // 4 + 8 * h, 8 * j + 2 * (lane % 4)), two)
+    kaio.fence_proxy_async()
+    kaio.sync_warp()
+    r = row0 + 16 * i32(lt // 32) + lane
+    if lane < 16 and r < m and col0 < n:
+        kaio.bulk_store(c, (r, col0), ebuf, (w, lane, 0), kaio.min(BN, n - col0) * OUT.itemsize)
+        kaio.bulk_commit()
+        kaio.bulk_wait_read(0)
+
+
 @kaio.gpu_kernel
 def gemm_wgmma(
     ta: kaio.tensormap, tb: kaio.tensormap, c: OUT[:, :], ws: f32[:, :], bias: DT[:],
@@ -159,13 +186,17 @@ def gemm_wgmma(
     WG: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, BT: kaio.constexpr,
     SPLIT: kaio.constexpr, FIXUP: kaio.constexpr, BIAS: kaio.constexpr, ACT: kaio.constexpr,
     RES: kaio.constexpr, PAIR: kaio.constexpr, DT: kaio.constexpr, OUT: kaio.constexpr,
-    RT: kaio.constexpr,
+    RT: kaio.constexpr, VEC: kaio.constexpr,
 ):  # fmt: skip
     """C = epilogue(A @ B) (module docstring): block x computes C tile x, or with a K split
     block (x, z) the raw partial tile of K slice z into ``ws``. ``ta``: A [M, K] in boxes of
     (64 * WG, 64) (64 rows for ``PAIR`` 2); ``tb``: B [N, K] (BT 1; [2N, K] for "silu_gate")
     or [K, N] (BT 0) in boxes of (64, 64). ``PAIR``: 0, or clusters of two blocks whose
-    tiles share B (1: one above the other) or A (2: side by side), copied once for both."""
+    tiles share B (1: one above the other) or A (2: side by side), copied once for both.
+    ``VEC`` (a plain product, no K split, N a multiple of 8; ``vec_ok``): 0, a pair of
+    columns a store (``_gemm.store_pair``); 1, 4 adjacent columns a store, lanes trading
+    pairs (``_matmul_hopper.store_rows``); 2, each warp's 16 rows through its own shared
+    buffer, then a bulk copy a row (``store_shared``)."""
     kaio.launch_bounds(WG * 128 + 32, 1)
     if PAIR:
         kaio.cluster_dims(2)
@@ -175,6 +206,8 @@ def gemm_wgmma(
     ring = kaio.shared_dynamic(DT, (STAGES, ROWS, BK), 0)
     bars = kaio.shared_dynamic(u64, (2, STAGES), STAGES * ROWS * BK * 2)
     arrived = kaio.shared_dynamic(u32, (4,), STAGES * (ROWS * BK * 2 + 16))
+    EB = STAGES * (ROWS * BK * 2 + 16) + 16 if VEC == 2 else 0  # unused: a stub over the ring
+    ebuf = kaio.shared_dynamic(OUT, (4 * WG if VEC == 2 else 1, 16, BN + 8), EB)
     t = kaio.thread_idx_x()
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
     lt = t % 128
@@ -210,7 +243,13 @@ def gemm_wgmma(
                 PAIR, DT)  # fmt: skip
         # lane (g, t) of warp w holds rows 16w + g (+ 8) and columns 8j + 2t, + 1
         lane = lt % 32
-        for j in kaio.static_range(BN // 8):
+        if VEC == 1:
+            store_rows(acc, c, c, c, i32(m0 + 64 * wg), i32(n0), i32(M), i32(N), i32(N), 0,
+                       f32(1.0), f32(1.0), f32(1.0), lt, BN, OUT)  # fmt: skip
+        if VEC == 2:
+            store_shared(acc, c, ebuf, i32(m0 + 64 * wg), i32(n0), i32(M), i32(N), wg, lt, BN,
+                         OUT)  # fmt: skip
+        for j in kaio.static_range(BN // 8 if VEC == 0 else 0):
             col = n0 + 8 * j + 2 * (lane % 4)
             for h in kaio.static_range(2):
                 row = m0 + 64 * wg + 16 * (lt // 32) + lane // 4 + 8 * h
@@ -243,10 +282,19 @@ def eligible(a, b, n: int, k: int, transposed: bool) -> bool:
     return k % 8 == 0 and (transposed or n % 8 == 0) and a.aligned(16) and b.aligned(16)
 
 
-def shared_bytes(wg: int, bn: int, stages: int, gate: bool) -> int:
+def shared_bytes(wg: int, bn: int, stages: int, gate: bool, vec: int = 0, size: int = 2) -> int:
     """The dynamic shared memory of ``gemm_wgmma``: the tile ring, its barriers and the
-    K-split fixup's arrival count."""
-    return stages * ((64 * wg + (2 if gate else 1) * -(-bn // 64) * 64) * BK * 2 + 16) + 16
+    K-split fixup's arrival count, and for ``vec`` 2 the warps' epilogue buffers (of
+    ``size``-byte outputs)."""
+    ring = stages * ((64 * wg + (2 if gate else 1) * -(-bn // 64) * 64) * BK * 2 + 16) + 16
+    return ring + (4 * wg * 16 * (bn + 8) * size if vec == 2 else 0)
+
+
+def vec_ok(n: int, split: int, plain: bool) -> bool:
+    """Whether ``gemm_wgmma`` may store C with ``VEC`` 1 or 2 (whole 16-byte rows of 8
+    columns): a plain product (no bias, activation or residual), no K split, N a multiple
+    of 8."""
+    return plain and split == 1 and n % 8 == 0
 
 
 class Plan(NamedTuple):
@@ -254,7 +302,8 @@ class Plan(NamedTuple):
     columns a tile, a ring of ``stages``, ``split`` K slices (grid.z) and whether their sum
     is the fixup in the kernel (the last block of a tile to finish sums the slices in
     order: ``fixup``) or the separate ``_gemm.gemm_reduce`` kernel; ``pair``: 0, or blocks in
-    clusters of two that share B (1) or A (2) (``gemm_wgmma``)."""
+    clusters of two that share B (1) or A (2) (``gemm_wgmma``); ``vec``: its epilogue's
+    stores (``gemm_wgmma``'s ``VEC``, where ``vec_ok``; else 0)."""
 
     wg: int
     bn: int
@@ -262,6 +311,7 @@ class Plan(NamedTuple):
     split: int
     fixup: bool
     pair: int = 0
+    vec: int = 0
 
 
 def fixup_ok(n: int) -> bool:
@@ -291,16 +341,20 @@ def plan(m: int, n: int, k: int, sms: int, gate: bool = False) -> Plan:
     return Plan(wg, bn, stages_for(wg, bn, gate), split, False)
 
 
-def stages_for(wg: int, bn: int, gate: bool, most: int | None = None) -> int:
+def stages_for(
+    wg: int, bn: int, gate: bool, most: int | None = None, vec: int = 0, size: int = 2
+) -> int:
     """As many ring stages as fit in shared memory, 2 to ``most`` (default: 12 for stages of
     16 KB, 64 x 64 tiles, else 6). Measured on an H100 (bench/gemm_plans.py --deep): at
     small M the bytes in flight set the speed, and 64 x 64 tiles ran at 0.95-0.99x cuBLAS
     at M = 64-128 of 4096 x 4096 with 12 stages against 0.86-0.88x with 6; wider tiles hold
     enough in 6 stages, and deeper rings of them were as fast or slower (0.88x against
-    0.97x for 128 x 128 tiles at M = 128 of 10240 x 8192)."""
+    0.97x for 128 x 128 tiles at M = 128 of 10240 x 8192). ``vec`` 2: room left for the
+    warps' epilogue buffers (of ``size``-byte outputs)."""
     if most is None:
         most = 12 if wg * 64 + bn <= 128 and not gate else 6
-    return max(2, min(most, (SHARED_LIMIT - 16) // shared_bytes(wg, bn, 1, gate)))
+    room = SHARED_LIMIT - 16 - (shared_bytes(wg, bn, 0, gate, vec, size) - 16)
+    return max(2, min(most, room // shared_bytes(wg, bn, 1, gate)))
 
 
 def tensor_maps(a, b, m: int, k: int, wg: int, transposed: bool, rows: int = 0) -> tuple:
@@ -329,20 +383,24 @@ def specializations() -> list:
     from kaio.types import bf16
 
     out = []
-    for dt, ot, wg, bn, bt, act, split, pair in (
-        (f16, f16, 1, 64, 1, "none", 4, 0),
-        (f16, f16, 2, 256, 1, "gelu", 1, 0),
-        (bf16, bf16, 2, 128, 1, "silu_gate", 1, 0),
-        (bf16, f16, 1, 128, 1, "silu_gate", 2, 0),
-        (f16, f32, 2, 128, 0, "none", 1, 0),
-        (bf16, bf16, 1, 64, 0, "silu", 3, 0),
-        (f16, f16, 2, 160, 0, "none", 1, 1),  # widths not a multiple of 64, pairs
-        (bf16, bf16, 1, 32, 1, "silu_gate", 4, 0),
-        (f16, f16, 2, 64, 0, "none", 1, 2),
+    for dt, ot, wg, bn, bt, act, split, pair, vec in (
+        (f16, f16, 1, 64, 1, "none", 4, 0, 0),
+        (f16, f16, 2, 256, 1, "gelu", 1, 0, 0),
+        (bf16, bf16, 2, 128, 1, "silu_gate", 1, 0, 0),
+        (bf16, f16, 1, 128, 1, "silu_gate", 2, 0, 0),
+        (f16, f32, 2, 128, 0, "none", 1, 0, 0),
+        (bf16, bf16, 1, 64, 0, "silu", 3, 0, 0),
+        (f16, f16, 2, 160, 0, "none", 1, 1, 0),  # widths not a multiple of 64, pairs
+        (bf16, bf16, 1, 32, 1, "silu_gate", 4, 0, 0),
+        (f16, f16, 2, 64, 0, "none", 1, 2, 0),
+        (f16, f16, 2, 64, 0, "none", 1, 0, 1),  # wide stores, through shared memory
+        (bf16, f32, 2, 256, 1, "none", 1, 0, 1),
+        (f16, f16, 2, 64, 0, "none", 1, 0, 2),
+        (bf16, f32, 1, 128, 1, "none", 1, 0, 2),
     ):
-        stages = stages_for(wg, bn, act == "silu_gate")
+        stages = stages_for(wg, bn, act == "silu_gate", None, vec, ot.itemsize)
         consts = {"WG": wg, "BN": bn, "STAGES": stages, "BT": bt, "SPLIT": min(split, 2)}
         consts["FIXUP"] = int(split > 2)
-        epi = {"BIAS": 1, "ACT": act, "RES": 1, "PAIR": pair}
+        epi = {"BIAS": int(not vec), "ACT": act, "RES": int(not vec), "PAIR": pair, "VEC": vec}
         out.append((gemm_wgmma, {**consts, **epi, "DT": dt, "OUT": ot, "RT": ot}))
     return out

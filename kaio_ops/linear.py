@@ -192,9 +192,11 @@ def gemm(
     if hopper:
         if not isinstance(chosen, _gemm_hopper.Plan):
             chosen = _gemm_hopper.plan(m, n, k, sms, gate)
-        wg, bn, stages, split, fixup, pair = chosen
+        wg, bn, stages, split, fixup, pair, vec = chosen
         split, k_slice = k_slices(k, split, _gemm_hopper.BK)
         fixup = fixup and split > 1 and _gemm_hopper.fixup_ok(n)
+        if not _gemm_hopper.vec_ok(n, split, plain):
+            vec = 0
     else:
         chosen = chosen or tuned_plan(a, m, n, k, gate)
         cfg = mma_config(chosen.config)
@@ -214,12 +216,12 @@ def gemm(
     if hopper:
         tiles = _gemm_hopper.grid_tiles(m, n, wg, bn, pair)
         maps = _gemm_hopper.tensor_maps(a, b, m, k, wg, transposed, 64 if pair == 2 else 0)
-        shared = _gemm_hopper.shared_bytes(wg, bn, stages, gate)
+        shared = _gemm_hopper.shared_bytes(wg, bn, stages, gate, vec, out.itemsize)
         counters = _counters(a, tiles) if fixup else _placeholder(a, i32, 1)
         _gemm_hopper.gemm_wgmma[(tiles, 1, split), 128 * wg + 32, stream, shared](
             *maps, *args[:4], counters, *args[4:], WG=wg, BN=bn, STAGES=stages,
             BT=int(transposed), SPLIT=min(split, 2), FIXUP=int(fixup), PAIR=pair, **epilogue,
-            **types,
+            VEC=vec, **types,
         )  # fmt: skip
     else:
         pipelined = _pipelined(a)
@@ -366,23 +368,28 @@ def _counters(like: _arrays.Operand, tiles: int):
 # persistent kernel's widths, "persistent_width", at M = 256-512 of 10240 and 57344 columns,
 # and 12-stage rings for M = 32-128 at 4096 x 4096; then --set deep --deep: rings as deep as
 # fit at small M where they won by more than the noise, 3-4%. Pairs of blocks sharing A or
-# B, --set pairs, won nowhere by more than the noise: the table names none).
+# B, --set pairs, won nowhere by more than the noise: the table names none). Issue 33's fourth
+# pass (--set d33 --epi33, H100): the squares on the Hopper kernel with 4 adjacent columns a
+# store (Plan.vec 1; 1024^3 0.997x cuBLAS against 0.901x with pairs of columns, 2048^3 on
+# 128 x 256 tiles 0.969x against the persistent kernel's 0.944x), and B [N, K] ("nk") up to
+# M = 32 on the unsplit deep 16 x 64 tiles (0.96-1.06x against 0.67-1.00x).
 _P = _gemm_hopper.Plan
 _S = _gemm_streamk.Plan
 _D = Plan("16x64s8", 1)  # the deep skinny tile, unsplit (SKINNY_CONFIGS)
 MEASURED: dict[tuple, list] = {
-    (1024, 1024, "kn"): [(1024, _P(2, 64, 8, 1, False))],
-    (2048, 2048, "kn"): [(2048, "persistent")],
+    (1024, 1024, "kn"): [(1024, _P(2, 64, 8, 1, False, 0, 1))],
+    (2048, 2048, "kn"): [(2048, _P(2, 256, 4, 1, False, 0, 1))],
     (4096, 4096, "kn"): [(32, _D), (128, _P(1, 64, 12, 1, False)),
                          (256, _P(2, 64, 9, 1, False)), (2048, "persistent")],
-    (4096, 4096, "nk"): [(1, "gemv"), (16, "mma.sync"), (128, _P(1, 64, 6, 1, False))],
+    (4096, 4096, "nk"): [(32, _D), (128, _P(1, 64, 6, 1, False))],
     (4096, 14336, "kn"): [(32, _D), (128, _P(1, 64, 12, 1, False)), (256, _P(1, 128, 9, 1, False)),
                           (512, "persistent"), (1024, _P(2, 256, 4, 1, False)),
                           (2048, "persistent")],
-    (4096, 14336, "nk"): [(16, "mma.sync"), (64, _P(2, 64, 6, 2, False)),
+    (4096, 14336, "nk"): [(32, _D), (64, _P(2, 64, 6, 2, False)),
                           (128, _P(1, 64, 6, 2, False)), (256, _P(2, 64, 6, 1, False)),
                           (4096, _P(2, 256, 4, 1, False))],
     (6144, 4096, "kn"): [(32, _D), (128, _P(1, 64, 6, 1, False)), (2048, "persistent")],
+    (6144, 4096, "nk"): [(16, _D), (32, Plan("16x128s8", 1))],
     (8192, 8192, "kn"): [(16, _D), (32, Plan("16x128s8", 1)),
                          (64, _P(1, 64, 6, 1, False)), (128, _P(2, 64, 6, 1, False)),
                          (1024, "persistent")],
@@ -391,6 +398,7 @@ MEASURED: dict[tuple, list] = {
     (10240, 8192, "kn"): [(16, Plan("16x128", 1)), (64, _P(1, 128, 6, 1, False)),
                           (128, _P(2, 128, 6, 1, False)), (1024, "persistent")],
     (14336, 4096, "gate"): [(1, "gemv"), (16, "mma.sync"), (4096, _P(2, 128, 4, 1, False))],
+    (28672, 4096, "nk"): [(16, _D)],
     (28672, 4096, "kn"): [(16, "mma.sync"), (64, _P(1, 256, 5, 1, False)),
                           (128, _P(2, 256, 4, 1, False)), (2048, "persistent")],
     (57344, 8192, "kn"): [(1, "gemv"), (8, Plan("16x128", 4)), (16, "mma.sync"),
@@ -408,14 +416,20 @@ def skinny_plan(a, m: int, n: int, k: int, gate: bool, transposed: bool) -> Plan
     and 1 wave, else ``16x128`` ones where those make 1/2.2 wave or more (measured on an
     H100, bench/gemm_plans.py --set b33: unsplit 16x64s8 tiles ran at 0.98-1.11x cuBLAS at
     M = 1-32 of N = 4096-8192 against 0.87-0.96x with 16x128 tiles in 2-4 K slices;
-    16x128 tiles at N = 10240, 1.01-1.02x); otherwise ``tuned_plan``."""
+    16x128 tiles at N = 10240, 1.01-1.02x); for B [N, K] (not "silu_gate") ``16x64s8``
+    tiles from half a wave (--set d33 --epi33: 0.96-1.06x cuBLAS at M = 1-16 of N = 4096 to
+    28672, where the K split of 16x128 tiles ran at 0.84-1.00x); otherwise ``tuned_plan``."""
     from kaio_ops import tune
 
     stored = tune.lookup(a, f"{a.dtype.name}_async", m, n, k)
-    if gate or transposed or stored is not None:
+    if gate or stored is not None:
         return tuned_plan(a, m, n, k, gate)
     sms = _arrays.multiprocessors(a)
     rows = math.ceil(m / 16)
+    if transposed:  # B [N, K]: 16x64s8 from half a wave (no wave cap: at N = 28672 too)
+        if rows * math.ceil(n / 64) >= sms / 2.2:
+            return Plan("16x64s8", 1)
+        return tuned_plan(a, m, n, k, gate)
     if sms / 2.2 <= rows * math.ceil(n / 64) <= sms:
         return Plan("16x64s8", 1)
     if rows * math.ceil(n / 128) >= sms / 2.2:

@@ -330,6 +330,32 @@ def test_hopper_tile_widths_and_pairs_in_simulator(m, n, k, act, dtype, chosen):
 
 
 @pytest.mark.parametrize(
+    "m, n, k, transposed, dtype, out, chosen",
+    [
+        # 4 adjacent columns a store (lanes trading pairs): tails in M and N, both layouts
+        (70, 200, 136, False, np.float16, kaio.f16, hopper.Plan(2, 64, 2, 1, False, 0, 1)),
+        (33, 72, 200, True, BF16, kaio.f32, hopper.Plan(1, 128, 3, 1, False, 0, 1)),
+        # through shared memory, a bulk copy a row: a partial last column tile and rows
+        (70, 200, 136, False, np.float16, kaio.f16, hopper.Plan(2, 64, 2, 1, False, 0, 2)),
+        (33, 72, 200, True, BF16, kaio.bf16, hopper.Plan(1, 128, 2, 1, False, 0, 2)),
+        (17, 40, 64, False, np.float16, kaio.f32, hopper.Plan(1, 64, 2, 1, False, 0, 2)),
+        (130, 72, 136, False, BF16, kaio.bf16, hopper.Plan(2, 64, 2, 1, False, 2, 2)),  # pairs
+    ],
+)
+def test_hopper_vector_epilogues_in_simulator(m, n, k, transposed, dtype, out, chosen):
+    """The Hopper kernel's wide stores (``VEC`` 1 and 2) against float64, every output
+    type, tails in M and N."""
+    rng = np.random.default_rng(m + n + chosen.vec)
+    x = rand(rng, (m, k), dtype)
+    w = rand(rng, (n, k) if transposed else (k, n), dtype, 0.3)
+    with kaio.simulate():
+        got = gemm("matmul", _operand(x), _operand(w, "w"), (m, n), (m, n, k), out, transposed,
+                   chosen=chosen)  # fmt: skip
+    types = {kaio.f16: np.float16, kaio.bf16: BF16, kaio.f32: np.float32}
+    check(got, *reference(x, w if transposed else w.T.copy()), types[out])
+
+
+@pytest.mark.parametrize(
     "m, n, k, dtype",
     [
         (1, 264, 200, np.float16),  # a partial column block, K in 3 slices (tail 8 rows)
@@ -403,7 +429,7 @@ def test_plans():
     assert plan(1, 4096, 4096, 132).split > 1  # decode: K split
     assert plan(4096, 4096, 4096, 132).split == 1
     assert plan(4096, 14336, 4096, 132, gate=True).config == "64x128"  # registers
-    assert hopper.plan(1, 4096, 4096, 132)[::3] == (1, 2)  # 64-row tiles, K split
+    assert hopper.plan(1, 4096, 4096, 132)[:4:3] == (1, 2)  # 64-row tiles, K split
     assert hopper.plan(16, 4096, 4096, 132)[1] == 64  # narrow N tiles for small M
     assert hopper.plan(8192, 8192, 8192, 132)[:4] == (2, 256, 4, 1)
     assert hopper.plan(4096, 14336, 4096, 132, gate=True)[1] == 128
@@ -413,17 +439,19 @@ def test_skinny_plans_of_unlisted_shapes(monkeypatch):
     """At most 16 rows of a shape the table does not list (sm_90, B [K, N]): unsplit deep
     16 x 64 tiles where they make half a wave to a wave (132 SMs: N = 4096-8192), unsplit
     16 x 128 tiles from half a wave of those (N = 10240 and up), else the K split of
-    ``tuned_plan``; B [N, K] and "silu_gate" keep ``tuned_plan``."""
+    ``tuned_plan``; B [N, K] unsplit deep 16 x 64 tiles from half a wave (at any N), else
+    ``tuned_plan``; "silu_gate" keeps ``tuned_plan``."""
     linear_mod = importlib.import_module("kaio_ops.linear")
     monkeypatch.setattr(kaio_ops._arrays, "multiprocessors", lambda like: 132)
     with kaio.simulate():
         a = _operand(np.zeros((4, 64), np.float16))
         got = {n: linear_mod.skinny_plan(a, 4, n, 4096, False, False)
                for n in (2048, 4096, 8192, 10240, 20000)}  # fmt: skip
-        assert linear_mod.skinny_plan(a, 4, 4096, 4096, False, True) == Plan("16x128", 4)
+        nk = {n: linear_mod.skinny_plan(a, 4, n, 4096, False, True) for n in (2048, 4096, 28672)}
         assert linear_mod.skinny_plan(a, 4, 4096, 4096, True, False).config == "16x128"
     assert got == {2048: Plan("16x128", 8), 4096: Plan("16x64s8"), 8192: Plan("16x64s8"),
                    10240: Plan("16x128"), 20000: Plan("16x128")}  # fmt: skip
+    assert nk == {2048: Plan("16x128", 8), 4096: Plan("16x64s8"), 28672: Plan("16x64s8")}
 
 
 def test_persistent_width_fills_the_waves():
@@ -479,9 +507,9 @@ def test_measured_table_is_well_formed():
         for _, choice in entries:
             if isinstance(choice, hopper.Plan):
                 gate = layout == "gate"
-                assert hopper.shared_bytes(choice.wg, choice.bn, choice.stages, gate) <= (
-                    hopper.SHARED_LIMIT
-                )
+                size = hopper.shared_bytes(choice.wg, choice.bn, choice.stages, gate, choice.vec)
+                assert size <= hopper.SHARED_LIMIT
+                assert choice.vec in (0, 1, 2) and (not choice.vec or choice.split == 1)
                 assert k // choice.split >= 4 * hopper.BK
                 assert not choice.fixup or hopper.fixup_ok(n)
             elif isinstance(choice, Plan):  # an mma.sync plan
@@ -640,6 +668,7 @@ def test_gpu_linear_batched_f32_out():
         (13, 4096, 4096, "matmul", Plan("16x64s8", 1)),  # the deep skinny tile (sm_90 route)
         (30, 2000, 4104, "gelu", Plan("16x64s8", 3)),  # N and K tails: gemm_reduce
         (9, 1024, 8192, "silu_gate", Plan("16x128s8", 4)),
+        (20, 4096, 4096, "silu", Plan("16x64s8", 1)),  # W [N, K] on the deep skinny tile
     ],
 )
 def test_gpu_split_sums_deterministic(m, n, k, activation, chosen, monkeypatch):
@@ -666,6 +695,8 @@ def test_gpu_split_sums_deterministic(m, n, k, activation, chosen, monkeypatch):
         (256, 10240, 1024, "matmul", Persistent(160)),  # the persistent kernel's widths
         (520, 6144, 1032, "matmul", Persistent(224, 4)),
         (1000, 2048, 2048, "matmul", Persistent(256, 8, 1)),  # pairs sharing B
+        (1000, 1000, 1024, "matmul", hopper.Plan(2, 64, 8, 1, False, 0, 1)),  # wide stores
+        (1000, 1000, 1024, "matmul", hopper.Plan(2, 64, 6, 1, False, 0, 2)),  # through shared
     ],
 )
 def test_gpu_hopper_tiles_against_torch(m, n, k, activation, chosen):
