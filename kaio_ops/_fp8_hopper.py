@@ -575,16 +575,19 @@ def matmul_fp8_wgmma(
     if CL == 2:
         kaio.cluster_dims(2)
     ROWS = 64 * WG  # noqa: N806  (a compile-time int, as the constexprs)
-    A_BYTES = ROWS * BK * 2  # noqa: N806
-    sa_s = kaio.shared_dynamic(f16, (STAGES, ROWS, BK), 0)
-    sb_s = kaio.shared_dynamic(f16, (STAGES, BN, BK), STAGES * A_BYTES)
-    bars = kaio.shared_dynamic(u64, (2, STAGES), STAGES * (A_BYTES + BK * BN * 2))
-    turn = kaio.shared_dynamic(u64, (2,), STAGES * (A_BYTES + BK * BN * 2 + 16))
+    # a decode tile's A stages hold only the AR rows copied (a_stage_rows), the ring padded
+    # so that the last stage's 64-row wgmma operand stays inside it
+    SR = ROWS + (AR - ROWS) * ((WG == 1) * (CL == 1) * (AR < 64))  # noqa: N806
+    A_BYTES = (STAGES * SR + ROWS - SR) * BK * 2  # noqa: N806
+    sa_s = kaio.shared_dynamic(f16, (STAGES + ROWS // SR - 1, SR, BK), 0)
+    sb_s = kaio.shared_dynamic(f16, (STAGES, BN, BK), A_BYTES)
+    bars = kaio.shared_dynamic(u64, (2, STAGES), A_BYTES + STAGES * BK * BN * 2)
+    turn = kaio.shared_dynamic(u64, (2,), A_BYTES + STAGES * (BK * BN * 2 + 16))
     # VEC 2: each consumer warp's 16 rows of C on their way out (rows padded by 16 bytes)
     on = VEC == 2  # (else a stub of 8 values)
     ebuf = kaio.shared_dynamic(
         DT, (1 + (WG * 4 - 1) * on, 1 + 15 * on, 8 + BN * on),
-        STAGES * (A_BYTES + BK * BN * 2 + 16) + 16,
+        A_BYTES + STAGES * (BK * BN * 2 + 16) + 16,
     )  # fmt: skip
     t = kaio.thread_idx_x()
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
@@ -676,19 +679,31 @@ def sum_parts(
                          COL_B, BIAS, DT)  # fmt: skip
 
 
-def shared_bytes(wg: int, bn: int, stages: int, vec: int = 1) -> int:
+def a_stage_rows(wg: int, cl: int, ar: int) -> int:
+    """The rows of an A stage of the ring: a decode tile's (one warpgroup, no cluster) only
+    the ``ar`` rows its copies bring (``a_rows``), else the tile's ``64 * wg``. The wgmma
+    still reads 64 rows from a stage: the rows past ``ar`` are the next stages' (or the
+    ring's padding), whose results are never stored."""
+    return ar if wg == 1 and cl == 1 and ar < 64 else 64 * wg
+
+
+def shared_bytes(wg: int, bn: int, stages: int, vec: int = 1, ar: int = 64) -> int:
     """The dynamic shared memory of a ``64 * wg x bn`` tile ring of ``stages`` (8-bit
-    operands, 128 values of K a stage), its barriers, the two turn barriers and the consumer
-    warps' epilogue buffers of 16-bit values (``vec`` 2; else a stub)."""
+    operands, 128 values of K a stage; A stages of ``a_stage_rows`` rows for ``ar`` A
+    rows copied, padded to a last 64-row operand), its barriers, the two turn barriers and
+    the consumer warps' epilogue buffers of 16-bit values (``vec`` 2; else a stub)."""
+    sr = a_stage_rows(wg, 1, ar)
     ebuf = wg * 4 * 16 * (bn + 8) * 2 if vec == 2 else 32  # (a stub: 8 values)
-    return stages * ((64 * wg + bn) * BK * 2 + 16) + 16 + ebuf
+    a_bytes = (stages * sr + 64 * wg - sr) * BK * 2
+    return a_bytes + stages * (bn * BK * 2 + 16) + 16 + ebuf
 
 
-def stages_for(wg: int, bn: int, most: int = 12, vec: int = 1) -> int:
-    """The ring stages that fit in shared memory (at most ``most``) beside the rest
-    (``shared_bytes``)."""
-    per = shared_bytes(wg, bn, 1, vec) - shared_bytes(wg, bn, 0, vec)
-    return max(2, min(most, (SHARED_LIMIT - shared_bytes(wg, bn, 0, vec)) // per))
+def stages_for(wg: int, bn: int, most: int = 12, vec: int = 1, ar: int = 64,
+               limit: int = SHARED_LIMIT) -> int:  # fmt: skip
+    """The ring stages that fit in ``limit`` bytes of shared memory (at most ``most``)
+    beside the rest (``shared_bytes``; ``ar``: the A rows a copy brings)."""
+    per = shared_bytes(wg, bn, 1, vec, ar) - shared_bytes(wg, bn, 0, vec, ar)
+    return max(2, min(most, (limit - shared_bytes(wg, bn, 0, vec, ar)) // per))
 
 
 def promotion(wg: int, bn: int) -> int:
@@ -817,16 +832,21 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     """Run ``matmul_fp8_wgmma`` on a persistent grid of at most ``sms`` blocks. ``a_units``
     and ``bt_units``: A [m, k] and B^T [n, k] viewed as f16 [rows, k / 2] (for the tensor
     maps); the other arrays as ``_fp8._mm_fp8`` takes them; ``flags``: its ROW_A, COL_B and
-    BIAS; ``plan``: (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT]]), default ``config``'s;
-    SPLIT > 1 (one block a cluster): the tiles of the last partial wave split that many
-    ways along K (``split_from``), their raw sums in a workspace made like ``like`` (an
-    ``_arrays.Operand``), added by ``sum_parts``."""
+    BIAS; ``plan``: (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT[, OCC]]]), default
+    ``config``'s; SPLIT > 1 (one block a cluster): the tiles of the last partial wave split
+    that many ways along K (``split_from``), their raw sums in a workspace made like
+    ``like`` (an ``_arrays.Operand``), added by ``sum_parts``. OCC (one block a cluster;
+    default 1): a persistent grid of up to OCC blocks a multiprocessor (with a ring of
+    STAGES small enough that OCC blocks' shared memory fits one: more blocks streaming the
+    weights at decode sizes)."""
     from kaio_ops.linear import _placeholder
 
     wg, bn, stages, promote_mode, vec, *rest = plan or config(m, n, k, sms)
-    cl, split = (*rest, *(1, 1)[len(rest) :])[:2]
-    if split > 1 and cl > 1:
-        raise ValueError(f"matmul_fp8: plan {plan}: a K split needs CL = 1 (one block a tile)")
+    cl, split, occ = (*rest, *(1, 1, 1)[len(rest) :])[:3]
+    if (split > 1 or occ > 1) and cl > 1:
+        raise ValueError(
+            f"matmul_fp8: plan {plan}: a K split or OCC > 1 needs CL = 1 (one block a tile)"
+        )
     rows = 64 * wg
     ar = a_rows(m, wg, cl)
     ta = kaio.tensor_map_2d(a_units, (ar, BK), SW)
@@ -838,12 +858,12 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     if vec == 2 and dt.itemsize != 2:
         vec = 1  # (the shared buffers hold 16-bit outputs)
         constexprs["VEC"] = 1
-    threads, shared = wg * 128 + 128, shared_bytes(wg, bn, stages, vec)
+    threads, shared = wg * 128 + 128, shared_bytes(wg, bn, stages, vec, ar)
     tiles = -(-m // (rows * cl)) * -(-n // bn)
-    full = split_from(tiles, sms, split)
+    full = split_from(tiles, sms * occ, split)
     units = full + (tiles - full) * split
     if cl == 1:
-        grid = min(sms, units)
+        grid = min(sms * occ, units)
     else:
         grid = 2 * min(tiles, _clusters(threads, shared, constexprs))
     if full < tiles:
