@@ -7,20 +7,23 @@ e5m2 A and B. Its consumer loop (``consume``) and producer loop (``produce_all``
 s8) and the accumulation.
 
 A block computes a ``64 * WG x BN`` tile with ``WG`` (1 to 3) consumer warpgroups, each
-multiplying its 64 rows of A by the whole B slice: ``WG = 2`` for large M, ``WG = 1`` and
-16 to 128 columns for decode shapes, where the weight bytes are the cost and the tiles must
+multiplying its 64 rows of A by the whole B slice: ``WG = 2`` for large M, ``WG = 1`` and 16
+to 128 columns for decode shapes, where the weight bytes are the cost and the tiles must
 cover the multiprocessors (``config``); a decode tile copies only the A rows there are
-(``AR``, ``a_rows``: the stage's other rows keep stale bytes whose results are never
-stored), not 64 rows mostly out of bounds. With more than one consumer warpgroup the
-producer warpgroup gives its registers to them (``setmaxnreg``: 24 left to it, 240 or 160
-to each consumer: 128 x 160 to 128 x 224 tiles hold their acc and one slice sum there;
-the runtime's whole-program JIT spills none of them, where the old relocatable one gave
-them local memory: docs/performance.md). ``CL = 2``: clusters of two blocks, which take
-pairs of tiles one above the other and share each B slice (each copies half of it into
-both, TMA multicast). ``SPLIT``: the tiles of the last, partial wave of the persistent grid
-(all of them when there are fewer tiles than multiprocessors) split along K into
-``parts`` (``unit_of``, ``split_parts``), their raw f32 sums in a workspace that
-``sum_parts`` adds in order and scales.
+(``AR``, ``a_rows``), not 64 rows mostly out of bounds, and its A stages hold only those
+rows (``a_stage_rows``: a stage's 64-row wgmma operand runs on into the next stages' rows or
+the ring's padding, rows whose results are never stored), so that deeper rings of weights
+fit. ``OCC`` (a launch option, not a constexpr): up to that many blocks a multiprocessor on
+the persistent grid, their rings small enough to fit together. With more than one consumer
+warpgroup the producer warpgroup gives its registers to them (``setmaxnreg``: 24 left to it,
+240 or 160 to each consumer: 128 x 160 to 128 x 224 tiles hold their acc and one slice sum
+there; the runtime's whole-program JIT spills none of them, where the old relocatable one
+gave them local memory: docs/performance.md). ``CL = 2``: clusters of two blocks, which take
+pairs of tiles one above the other and share each B slice (each copies half of it into both,
+TMA multicast). ``SPLIT``: the tiles of the last, partial wave of the persistent grid (all
+of them when there are fewer tiles than multiprocessors) split along K into ``parts``
+(``unit_of``, ``split_parts``), their raw f32 sums in a workspace that ``sum_parts`` adds in
+order and scales.
 
 Accumulation is promoted, as CUTLASS's default FP8 GEMMs and ``torch._scaled_mm`` (without
 ``use_fast_accum``) do: Hopper's fp8 wgmma keeps its running sum with fewer bits than f32
