@@ -23,7 +23,8 @@ pairs of tiles one above the other and share each B slice (each copies half of i
 TMA multicast). ``SPLIT``: the tiles of the last, partial wave of the persistent grid (all
 of them when there are fewer tiles than multiprocessors) split along K into ``parts``
 (``unit_of``, ``split_parts``), their raw f32 sums in a workspace that ``sum_parts`` adds in
-order and scales.
+order and scales, or (``SPLIT`` 3) that the last warp to arrive of each tile's warps adds
+in the same order before its epilogue (``last_part``: no second launch).
 
 Accumulation is promoted, as CUTLASS's default FP8 GEMMs and ``torch._scaled_mm`` (without
 ``use_fast_accum``) do: Hopper's fp8 wgmma keeps its running sum with fewer bits than f32
@@ -508,11 +509,49 @@ def epilogue_fp8(
 
 
 @kaio.gpu_func
+def last_part(
+    acc: f32[:, :, :], ws: f32[:, :], cnt: i32[:], cw: i32, at: i32, p: i32, parts: i32,
+    lane: i32, ROWS: kaio.constexpr, BN: kaio.constexpr,
+) -> bool_:  # fmt: skip
+    """Part ``p`` of a K-split tile (``SPLIT`` 3), by one warp: its C fragment (thread rows
+    ``at``, ``at + 8`` of ``ws``) stored, the warp's arrival counted at ``cnt[cw]``; the
+    last of the ``parts`` arrivals (the others' stores then visible to it) resets the count
+    for the next launch and sums the parts in order into ``acc`` (part q's rows ``(q - p) *
+    ROWS`` from its own: the bits of ``sum_parts``) and returns True: the warp then stores
+    the sums through the epilogue."""
+    for h in kaio.static_range(2):
+        for j in kaio.static_range(BN // 8):
+            pair = kaio.local(f32, (2,))
+            pair[0] = acc[j, h, 0]
+            pair[1] = acc[j, h, 1]
+            kaio.store_vector(ws, (at + 8 * h, 8 * j + 2 * (lane % 4)), pair)
+    kaio.threadfence()
+    kaio.sync_warp()
+    old = i32(0)
+    if lane == 0:
+        old = i32(kaio.atomic_add(cnt, cw, 1))
+    last = kaio.shfl_idx(old, 0) == parts - 1
+    if last:
+        kaio.threadfence()
+        if lane == 0:
+            cnt[cw] = 0
+        zero(acc, BN)
+        for q in range(parts):
+            for h in kaio.static_range(2):
+                for j in kaio.static_range(BN // 8):
+                    got = kaio.local(f32, (2,))
+                    kaio.load_vector(got, ws, (at + (q - p) * ROWS + 8 * h, 8 * j + 2 * (lane % 4)))
+                    acc[j, h, 0] += got[0]
+                    acc[j, h, 1] += got[1]
+    return last
+
+
+@kaio.gpu_func
 def consume_tiles(
     acc: f32[:, :, :], part0: f32[:, :, :], part1: f32[:, :, :], sa_s: f16[:, :, :],
     sb_s: f16[:, :, :], bars: u64[:, :], turn: u64[:], ring: i32[:], out: DT[:, :],
-    ebuf: DT[:, :, :], ws: f32[:, :], sa: f32[:], sb: f32[:], bias: DT[:], tile0: i32,
-    step: i32, my_tiles: i32,
+    ebuf: DT[:, :, :], ws: f32[:, :], cnt: i32[:], sa: f32[:], sb: f32[:], bias: DT[:],
+    tile0: i32, step: i32, my_tiles: i32,
     k_tiles: i32, tiles_m: i32, tiles_n: i32, full: i32, parts: i32, rank: i32, m: i32, n: i32,
     wg: u32, lt: u32,
     ROWS: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, PROMOTE: kaio.constexpr,
@@ -522,7 +561,8 @@ def consume_tiles(
 ):  # fmt: skip
     """A consumer warpgroup's tiles: each one's sums (``consume``), then its epilogue; with
     ``SPLIT``, its units (``unit_of``: whole tiles below ``full``, then parts of the split
-    tiles, whose raw sums go to rows ``slot * ROWS ..`` of ``ws`` for ``sum_parts``)."""
+    tiles, whose raw sums go to rows ``slot * ROWS ..`` of ``ws`` for ``sum_parts``; with
+    ``SPLIT`` 3, each warp's last arrival of a tile sums them: ``last_part``)."""
     here = kaio.local(i32, (4,))
     for i in range(my_tiles):
         u = tile0 + i * step
@@ -546,7 +586,14 @@ def consume_tiles(
                     PROMOTE, FP8, f32, CL)  # fmt: skip
         place(here, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
         row0 = here[2] + rank * ROWS + 64 * i32(wg)
-        if slot >= 0:  # a part of a split tile (SPLIT): its raw sums, BN columns a row
+        if slot >= 0 and SPLIT == 3:  # fused: the warp's last arrival sums and stores
+            w = i32(lt // 32)
+            cw = (slot // parts) * (4 * ROWS // 64) + i32(wg) * 4 + w  # the warp's counter
+            at = slot * ROWS + 64 * i32(wg) + 16 * w + i32(lt % 32) // 4
+            if last_part(acc, ws, cnt, cw, at, slot % parts, parts, i32(lt % 32), ROWS, BN):
+                epilogue_fp8(acc, out, ebuf, sa, sb, bias, row0, here[3], m, n, wg, lt, BN,
+                             ROW_A, COL_B, BIAS, DT, VEC)  # fmt: skip
+        elif slot >= 0:  # a part of a split tile (SPLIT): its raw sums, BN columns a row
             store_rows(acc, ws, ws, ws, slot * ROWS + 64 * i32(wg), 0, (slot + 1) * ROWS, BN,
                        BN, 0, 1.0, 1.0, 1.0, lt, BN, f32)  # fmt: skip
         else:
@@ -559,8 +606,8 @@ def consume_tiles(
 
 @kaio.gpu_kernel
 def matmul_fp8_wgmma(
-    ta: kaio.tensormap, tb: kaio.tensormap, out: DT[:, :], ws: f32[:, :], sa: f32[:],
-    sb: f32[:], bias: DT[:], m: i32, n: i32, k2: i32, full: i32, parts: i32,
+    ta: kaio.tensormap, tb: kaio.tensormap, out: DT[:, :], ws: f32[:, :], cnt: i32[:],
+    sa: f32[:], sb: f32[:], bias: DT[:], m: i32, n: i32, k2: i32, full: i32, parts: i32,
     WG: kaio.constexpr, BN: kaio.constexpr,
     STAGES: kaio.constexpr, PROMOTE: kaio.constexpr, GROUP: kaio.constexpr,
     ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
@@ -573,7 +620,8 @@ def matmul_fp8_wgmma(
     copies of their B slices (multicast). ``AR``: the A rows a copy brings (``a_rows``).
     ``SPLIT`` (one block a cluster): the tiles from ``full`` on split in ``parts`` along K,
     their raw sums in ``ws`` [(tiles - full) * parts * 64 WG, BN] (``unit_of``), added by
-    ``sum_parts``."""
+    ``sum_parts``, or with ``SPLIT`` 3 by each warp's last arrival (``last_part``, counting
+    in ``cnt``)."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL == 2:
         kaio.cluster_dims(2)
@@ -629,13 +677,13 @@ def matmul_fp8_wgmma(
         if WG > 1:  # the registers the producer warpgroup gave up
             kaio.setmaxnreg_inc(CONSUMER_REGS[WG])
         if PROMOTE == 4 and wg == 0:  # turns: a loop in each branch (the simulator's turns)
-            consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ebuf, ws, sa, sb,
-                          bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
+            consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ebuf, ws, cnt, sa,
+                          sb, bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
                           rank, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
                           BIAS, DT, FP8, VEC, CL, SPLIT)  # fmt: skip
         else:
-            consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ebuf, ws, sa, sb,
-                          bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
+            consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ebuf, ws, cnt, sa,
+                          sb, bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
                           rank, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
                           BIAS, DT, FP8, VEC, CL, SPLIT)  # fmt: skip
     else:  # the producer warpgroup: its first thread issues the copies
@@ -835,17 +883,19 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     """Run ``matmul_fp8_wgmma`` on a persistent grid of at most ``sms`` blocks. ``a_units``
     and ``bt_units``: A [m, k] and B^T [n, k] viewed as f16 [rows, k / 2] (for the tensor
     maps); the other arrays as ``_fp8._mm_fp8`` takes them; ``flags``: its ROW_A, COL_B and
-    BIAS; ``plan``: (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT[, OCC]]]), default
+    BIAS; ``plan``: (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT[, OCC[, FUSE]]]]), default
     ``config``'s; SPLIT > 1 (one block a cluster): the tiles of the last partial wave split
     that many ways along K (``split_from``), their raw sums in a workspace made like
     ``like`` (an ``_arrays.Operand``), added by ``sum_parts``. OCC (one block a cluster;
     default 1): a persistent grid of up to OCC blocks a multiprocessor (with a ring of
     STAGES small enough that OCC blocks' shared memory fits one: more blocks streaming the
-    weights at decode sizes)."""
-    from kaio_ops.linear import _placeholder
+    weights at decode sizes). FUSE (with SPLIT > 1): the parts summed in the kernel, by
+    each warp's last arrival (``last_part``; counters from ``linear._counters``), not by
+    ``sum_parts``."""
+    from kaio_ops.linear import _counters, _placeholder
 
     wg, bn, stages, promote_mode, vec, *rest = plan or config(m, n, k, sms)
-    cl, split, occ = (*rest, *(1, 1, 1)[len(rest) :])[:3]
+    cl, split, occ, fuse = (*rest, *(1, 1, 1, 0)[len(rest) :])[:4]
     if (split > 1 or occ > 1) and cl > 1:
         raise ValueError(
             f"matmul_fp8: plan {plan}: a K split or OCC > 1 needs CL = 1 (one block a tile)"
@@ -856,7 +906,7 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     tb = kaio.tensor_map_2d(bt_units, (bn // cl, BK), SW)
     constexprs = dict(
         WG=wg, BN=bn, STAGES=stages, PROMOTE=promote_mode, GROUP=GROUP_ROWS, **flags, DT=dt,
-        FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=min(split, 2), AR=ar,
+        FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=min(split, 2) + (split > 1 and fuse), AR=ar,
     )  # fmt: skip
     if vec == 2 and dt.itemsize != 2:
         vec = 1  # (the shared buffers hold 16-bit outputs)
@@ -873,10 +923,12 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
         ws = _arrays.output(like, ((tiles - full) * split * rows, bn), f32)
     else:
         ws = _placeholder(like, f32, 2)
+    fused = full < tiles and constexprs["SPLIT"] == 3
+    cnt = _counters(like, (tiles - full) * 4 * wg) if fused else _placeholder(like, i32, 1)
     matmul_fp8_wgmma[grid, threads, stream, shared](
-        ta, tb, out, ws, sa, sb, bias, m, n, k // 2, full, split, **constexprs
+        ta, tb, out, ws, cnt, sa, sb, bias, m, n, k // 2, full, split, **constexprs
     )
-    if full < tiles:
+    if full < tiles and not fused:
         pairs = (tiles - full) * rows * bn // 2
         sum_parts[-(-pairs // SUM_THREADS), SUM_THREADS, stream](
             ws, out, sa, sb, bias, m, n, full, split, ROWS=rows, BN=bn, GROUP=GROUP_ROWS,
@@ -924,5 +976,9 @@ def specializations():
                 "GROUP": GROUP_ROWS, "ROW_A": 0, "COL_B": 1, "BIAS": 1, "DT": bf16,
                 "FP8": e4m3, "VEC": 2, "CL": 1, "SPLIT": 1, "AR": 128}  # fmt: skip
     yield matmul_fp8_wgmma, shared_c  # (C through shared memory)
+    yield (
+        matmul_fp8_wgmma,
+        {**shared_c, "WG": 1, "BN": 32, "STAGES": 20, "PROMOTE": 2, "VEC": 1, "SPLIT": 3, "AR": 8},
+    )  # (the K split summed in kernel)
     yield sum_parts, {"ROWS": 64, "BN": 64, "GROUP": GROUP_ROWS, "ROW_A": 1, "COL_B": 0,
                       "BIAS": 1, "DT": bf16}  # fmt: skip
