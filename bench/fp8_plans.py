@@ -313,7 +313,7 @@ def decode_plans(m, n, k, sms=132):
     with the deepest ring that fits (A stages of the copied rows only), the width that fills
     two blocks a multiprocessor (``OCC`` 2) and the routed width with two blocks a
     multiprocessor and a K split in two (every tile split: twice the blocks streaming), its
-    parts summed by ``sum_parts`` or in the kernel (``FUSE``)."""
+    parts summed in the kernel (``FUSE``)."""
     ar = H.a_rows(m, 1, 1)
     _, bn, st, pr, *_ = H.config(m, n, k, sms)
 
@@ -328,7 +328,6 @@ def decode_plans(m, n, k, sms=132):
     )
     out.append((1, bn2, occ_stages(bn2, ar, 2), 2, 1, 1, 1, 2))
     if bn <= 64:  # (two blocks' registers)
-        out.append((1, bn, occ_stages(bn, ar, 2), pr, 1, 1, 2, 2))
         out.append((1, bn, occ_stages(bn, ar, 2), pr, 1, 1, 2, 2, 1))  # summed in the kernel
     return out
 
