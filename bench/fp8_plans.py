@@ -12,7 +12,9 @@ Usage: ``python bench/fp8_plans.py --out DIR [--budget SECONDS] [--cases warm,bi
 ``interval``, ``cluster``, ``rowwise``, ``acc``, ``diag``: the plan lists of their rounds at
 the squares; ``sweep``, ``sweepnew``, ``sweepwide``, ``sweepfinal``: the M sweep over the
 Llama-3-8B/-70B shapes with ``plans_for``'s, ``SWEEP_WIDE``'s (``with_splits``) or
-``final_plans``' alternatives (``pick``: none from ``plans_for``). Writes
+``final_plans``' alternatives (``pick``: none from ``plans_for``); ``decgrid`` the decode
+plans of ``decode_plans`` at ``DECODE_SHAPES`` (the ``--ms`` up to 64) with the weight-read
+floor (``copy_bandwidth``). Writes
 ``DIR/fp8_plans.jsonl`` (one line per case) and prints a table. The sweep stops starting
 cases once ``--budget`` seconds have passed.
 """
