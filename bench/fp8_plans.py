@@ -12,7 +12,9 @@ Usage: ``python bench/fp8_plans.py --out DIR [--budget SECONDS] [--cases warm,bi
 ``interval``, ``cluster``, ``rowwise``, ``acc``, ``diag``: the plan lists of their rounds at
 the squares; ``sweep``, ``sweepnew``, ``sweepwide``, ``sweepfinal``: the M sweep over the
 Llama-3-8B/-70B shapes with ``plans_for``'s, ``SWEEP_WIDE``'s (``with_splits``) or
-``final_plans``' alternatives (``pick``: none from ``plans_for``). Writes
+``final_plans``' alternatives (``pick``: none from ``plans_for``); ``decgrid`` the decode
+plans of ``decode_plans`` at ``DECODE_SHAPES`` (the ``--ms`` up to 64) with the weight-read
+floor (``copy_bandwidth``). Writes
 ``DIR/fp8_plans.jsonl`` (one line per case) and prints a table. The sweep stops starting
 cases once ``--budget`` seconds have passed.
 """
@@ -299,6 +301,58 @@ def with_splits(plans, m, n, k, sms=132):
     return out
 
 
+DECODE_SHAPES = [(4096, 4096), (6144, 4096), (14336, 4096), (4096, 14336), (8192, 8192)]
+
+
+def occ_stages(bn, ar, occ):
+    """The deepest ring (at most 32 stages) of a decode tile of ``bn`` columns copying
+    ``ar`` A rows of which ``occ`` blocks fit one multiprocessor's 228 KiB."""
+    return H.stages_for(1, bn, 32, ar=ar, limit=228 * 1024 // occ - 1024)
+
+
+def decode_plans(m, n, k, sms=132):
+    """The decode (M <= 64) alternatives "decgrid" times beside the routed plan: its width
+    with the deepest ring that fits (A stages of the copied rows only), the width that fills
+    two blocks a multiprocessor (``OCC`` 2) and the routed width with two blocks a
+    multiprocessor and a K split in two (every tile split: twice the blocks streaming), its
+    parts summed in the kernel (``FUSE``)."""
+    ar = H.a_rows(m, 1, 1)
+    _, bn, st, pr, *_ = H.config(m, n, k, sms)
+
+    def cost(b):  # config's: waves of tiles times the width plus 64, on 2 * sms slots
+        return math.ceil(math.ceil(n / b) / (2 * sms)) * (b + 64), -b
+
+    bn2 = min(range(16, 65, 16), key=cost)
+    out = (
+        [(1, bn, H.stages_for(1, bn, 32, ar=ar), pr, 1)]
+        if H.stages_for(1, bn, 32, ar=ar) > st
+        else []
+    )
+    out.append((1, bn2, occ_stages(bn2, ar, 2), 2, 1, 1, 1, 2))
+    if bn <= 64:  # (two blocks' registers)
+        out.append((1, bn, occ_stages(bn, ar, 2), pr, 1, 1, 2, 2, 1))  # summed in the kernel
+    return out
+
+
+def copy_bandwidth(nbytes=2**30):
+    """Bytes a second that a device-to-device copy moves (read + written), the median of 5."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    ts = []
+    for _ in range(5):
+        e0 = torch.cuda.Event(enable_timing=True)
+        e1 = torch.cuda.Event(enable_timing=True)
+        e0.record()
+        dst.copy_(src)
+        e1.record()
+        torch.cuda.synchronize()
+        ts.append(e0.elapsed_time(e1) / 1e3)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / sorted(ts)[2]
+
+
 def final_plans(m, n, k, sms=132):
     """The alternatives "sweepfinal" times beside the routed plan (past 64 rows): its
     epilogue through shared memory (VEC 2, the stages that still fit)."""
@@ -308,7 +362,7 @@ def final_plans(m, n, k, sms=132):
     return [(wg, bn, H.stages_for(wg, bn, vec=2), pr, 2, cl, sp)]
 
 
-def run_case(m, n, k, rowwise, plans, log, label=""):
+def run_case(m, n, k, rowwise, plans, log, label="", floor_us=None):
     nbytes = m * k + k * n + 2 * m * n
     sets = operands(m, n, k, rowwise, max(1, min(8, math.ceil(3 * L2 / nbytes))))
     ref = scaled_mm(*sets[0]).float()
@@ -341,12 +395,16 @@ def run_case(m, n, k, rowwise, plans, log, label=""):
                 best = name
     rec["best"] = best
     rec["gpu"] = torch.cuda.get_device_name()
+    if floor_us:  # the weights read once at the copy bandwidth
+        rec["floor_us"] = floor_us
     rec["peer_padded"] = bool(PADS) and m % 16 != 0
     log.write(json.dumps(rec) + "\n")
     log.flush()
     pick = rec.get("pick", {})
     print(
-        f"{rec['case']:>24} cuBLAS {rec['cublas_us']:8.1f} us | pick {rec['pick_plan']} "
+        f"{rec['case']:>24} cuBLAS {rec['cublas_us']:8.1f} us"
+        + (f" floor {floor_us:6.1f} us" if floor_us else "")
+        + f" | pick {rec['pick_plan']} "
         f"{pick.get('us', float('nan')):8.1f} us {pick.get('x', 0):.2f}x | best {best} "
         f"{rec[best]['us'] if best else float('nan'):8.1f} us {rec[best]['x'] if best else 0:.2f}x"
         + "".join(
@@ -434,10 +492,11 @@ def accuracy(log, k=8192, size=1024) -> None:
 
 
 def _warm(jobs):
-    """Compile (into kaio's disk cache) the specializations of ``jobs``: (plan, rowwise)."""
+    """Compile (into kaio's disk cache) the specializations of ``jobs``: (plan, rowwise[,
+    m]: the rows, which set a decode tile's A rows copied)."""
     use_ptxas()
-    for plan, rowwise in jobs:
-        (a, b, sa, sb) = operands(256, 256, 256, rowwise, 1)[0]
+    for plan, rowwise, *rows in jobs:
+        (a, b, sa, sb) = operands(*rows or [256], 256, 256, rowwise, 1)[0]
         with_plan(plan)(a, b, sa, sb)
     torch.cuda.synchronize()
 
@@ -463,7 +522,8 @@ def warm(cases, ms, models, processes: int = 14) -> None:
         plans.update((*p[:5], 1, 2) for p in SWEEP_WIDE if len(p) == 5)
     if "acc" in cases:
         plans.update((2, 128, 7, p, 1) for p in (0, 1, 5, 20, 21, 41, 81))
-    shapes = [s for mo in models for s in SHAPES[mo]]
+    sweeping = any(c.startswith("sweep") or c == "pick" for c in cases)
+    shapes = [s for mo in models for s in SHAPES[mo]] if sweeping else []
     for m in ms:
         for n, k in shapes:
             if "pick" not in cases:
@@ -472,6 +532,10 @@ def warm(cases, ms, models, processes: int = 14) -> None:
                 plans.update(final_plans(m, n, k))
             plans.add(H.config(m, n, k, 132))
     jobs = [(p, False) for p in sorted(plans)]
+    if "decgrid" in cases:
+        for m in {min(H.a_rows(m, 1, 1), 64) for m in ms if m <= 64}:
+            for n, k in DECODE_SHAPES:
+                jobs += [(p, False, m) for p in [H.config(m, n, k, 132), *decode_plans(m, n, k)]]
     if "interval" in cases:
         jobs += [(p, True) for p in INTERVAL[:5]]
     if "final" in cases:
@@ -523,6 +587,20 @@ def main() -> None:
     if "epi" in cases:
         recs.append(run_case(4096, 4096, 4096, False, EPI, log))
         recs.append(run_case(8192, 8192, 8192, False, EPI, log))
+    if "decgrid" in cases:  # decode: the routed plan and decode_plans', the weight floor
+        bw = copy_bandwidth()
+        print(f"copy bandwidth {bw / 1e12:.3f} TB/s (read + written)", flush=True)
+        for m in [m for m in ms if m <= 64]:
+            for n, k in DECODE_SHAPES:
+                if time.time() - t0 > args.budget:
+                    print(f"budget: skipped M={m} {n}x{k}", flush=True)
+                    continue
+                try:
+                    rec = run_case(m, n, k, False, decode_plans(m, n, k), log, f"dec M={m} {n}x{k}",
+                                   floor_us=n * k / bw * 1e6)  # fmt: skip
+                    recs.append(rec)
+                except Exception:  # noqa: BLE001
+                    traceback.print_exc()
     if "final" in cases:  # the op as routed (config's plans) against cuBLAS
         recs.append(run_case(4096, 4096, 4096, False, [], log))
         recs.append(run_case(8192, 8192, 8192, False, [], log))

@@ -7,20 +7,24 @@ e5m2 A and B. Its consumer loop (``consume``) and producer loop (``produce_all``
 s8) and the accumulation.
 
 A block computes a ``64 * WG x BN`` tile with ``WG`` (1 to 3) consumer warpgroups, each
-multiplying its 64 rows of A by the whole B slice: ``WG = 2`` for large M, ``WG = 1`` and
-16 to 128 columns for decode shapes, where the weight bytes are the cost and the tiles must
+multiplying its 64 rows of A by the whole B slice: ``WG = 2`` for large M, ``WG = 1`` and 16
+to 128 columns for decode shapes, where the weight bytes are the cost and the tiles must
 cover the multiprocessors (``config``); a decode tile copies only the A rows there are
-(``AR``, ``a_rows``: the stage's other rows keep stale bytes whose results are never
-stored), not 64 rows mostly out of bounds. With more than one consumer warpgroup the
-producer warpgroup gives its registers to them (``setmaxnreg``: 24 left to it, 240 or 160
-to each consumer: 128 x 160 to 128 x 224 tiles hold their acc and one slice sum there;
-the runtime's whole-program JIT spills none of them, where the old relocatable one gave
-them local memory: docs/performance.md). ``CL = 2``: clusters of two blocks, which take
-pairs of tiles one above the other and share each B slice (each copies half of it into
-both, TMA multicast). ``SPLIT``: the tiles of the last, partial wave of the persistent grid
-(all of them when there are fewer tiles than multiprocessors) split along K into
-``parts`` (``unit_of``, ``split_parts``), their raw f32 sums in a workspace that
-``sum_parts`` adds in order and scales.
+(``AR``, ``a_rows``), not 64 rows mostly out of bounds, and its A stages hold only those
+rows (``a_stage_rows``: a stage's 64-row wgmma operand runs on into the next stages' rows or
+the ring's padding, rows whose results are never stored), so that deeper rings of weights
+fit. ``OCC`` (a launch option, not a constexpr): up to that many blocks a multiprocessor on
+the persistent grid, their rings small enough to fit together. With more than one consumer
+warpgroup the producer warpgroup gives its registers to them (``setmaxnreg``: 24 left to it,
+240 or 160 to each consumer: 128 x 160 to 128 x 224 tiles hold their acc and one slice sum
+there; the runtime's whole-program JIT spills none of them, where the old relocatable one
+gave them local memory: docs/performance.md). ``CL = 2``: clusters of two blocks, which take
+pairs of tiles one above the other and share each B slice (each copies half of it into both,
+TMA multicast). ``SPLIT``: the tiles of the last, partial wave of the persistent grid (all
+of them when there are fewer tiles than multiprocessors) split along K into ``parts``
+(``unit_of``, ``split_parts``), their raw f32 sums in a workspace that ``sum_parts`` adds in
+order and scales, or (``SPLIT`` 3) that the last warp to arrive of each tile's warps adds
+in the same order before its epilogue (``last_part``: no second launch).
 
 Accumulation is promoted, as CUTLASS's default FP8 GEMMs and ``torch._scaled_mm`` (without
 ``use_fast_accum``) do: Hopper's fp8 wgmma keeps its running sum with fewer bits than f32
@@ -505,11 +509,49 @@ def epilogue_fp8(
 
 
 @kaio.gpu_func
+def last_part(
+    acc: f32[:, :, :], ws: f32[:, :], cnt: i32[:], cw: i32, at: i32, p: i32, parts: i32,
+    lane: i32, ROWS: kaio.constexpr, BN: kaio.constexpr,
+) -> bool_:  # fmt: skip
+    """Part ``p`` of a K-split tile (``SPLIT`` 3), by one warp: its C fragment (thread rows
+    ``at``, ``at + 8`` of ``ws``) stored, the warp's arrival counted at ``cnt[cw]``; the
+    last of the ``parts`` arrivals (the others' stores then visible to it) resets the count
+    for the next launch and sums the parts in order into ``acc`` (part q's rows ``(q - p) *
+    ROWS`` from its own: the bits of ``sum_parts``) and returns True: the warp then stores
+    the sums through the epilogue."""
+    for h in kaio.static_range(2):
+        for j in kaio.static_range(BN // 8):
+            pair = kaio.local(f32, (2,))
+            pair[0] = acc[j, h, 0]
+            pair[1] = acc[j, h, 1]
+            kaio.store_vector(ws, (at + 8 * h, 8 * j + 2 * (lane % 4)), pair)
+    kaio.threadfence()
+    kaio.sync_warp()
+    old = i32(0)
+    if lane == 0:
+        old = i32(kaio.atomic_add(cnt, cw, 1))
+    last = kaio.shfl_idx(old, 0) == parts - 1
+    if last:
+        kaio.threadfence()
+        if lane == 0:
+            cnt[cw] = 0
+        zero(acc, BN)
+        for q in range(parts):
+            for h in kaio.static_range(2):
+                for j in kaio.static_range(BN // 8):
+                    got = kaio.local(f32, (2,))
+                    kaio.load_vector(got, ws, (at + (q - p) * ROWS + 8 * h, 8 * j + 2 * (lane % 4)))
+                    acc[j, h, 0] += got[0]
+                    acc[j, h, 1] += got[1]
+    return last
+
+
+@kaio.gpu_func
 def consume_tiles(
     acc: f32[:, :, :], part0: f32[:, :, :], part1: f32[:, :, :], sa_s: f16[:, :, :],
     sb_s: f16[:, :, :], bars: u64[:, :], turn: u64[:], ring: i32[:], out: DT[:, :],
-    ebuf: DT[:, :, :], ws: f32[:, :], sa: f32[:], sb: f32[:], bias: DT[:], tile0: i32,
-    step: i32, my_tiles: i32,
+    ebuf: DT[:, :, :], ws: f32[:, :], cnt: i32[:], sa: f32[:], sb: f32[:], bias: DT[:],
+    tile0: i32, step: i32, my_tiles: i32,
     k_tiles: i32, tiles_m: i32, tiles_n: i32, full: i32, parts: i32, rank: i32, m: i32, n: i32,
     wg: u32, lt: u32,
     ROWS: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, PROMOTE: kaio.constexpr,
@@ -519,7 +561,8 @@ def consume_tiles(
 ):  # fmt: skip
     """A consumer warpgroup's tiles: each one's sums (``consume``), then its epilogue; with
     ``SPLIT``, its units (``unit_of``: whole tiles below ``full``, then parts of the split
-    tiles, whose raw sums go to rows ``slot * ROWS ..`` of ``ws`` for ``sum_parts``)."""
+    tiles, whose raw sums go to rows ``slot * ROWS ..`` of ``ws`` for ``sum_parts``; with
+    ``SPLIT`` 3, each warp's last arrival of a tile sums them: ``last_part``)."""
     here = kaio.local(i32, (4,))
     for i in range(my_tiles):
         u = tile0 + i * step
@@ -543,7 +586,14 @@ def consume_tiles(
                     PROMOTE, FP8, f32, CL)  # fmt: skip
         place(here, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
         row0 = here[2] + rank * ROWS + 64 * i32(wg)
-        if slot >= 0:  # a part of a split tile (SPLIT): its raw sums, BN columns a row
+        if slot >= 0 and SPLIT == 3:  # fused: the warp's last arrival sums and stores
+            w = i32(lt // 32)
+            cw = (slot // parts) * (4 * ROWS // 64) + i32(wg) * 4 + w  # the warp's counter
+            at = slot * ROWS + 64 * i32(wg) + 16 * w + i32(lt % 32) // 4
+            if last_part(acc, ws, cnt, cw, at, slot % parts, parts, i32(lt % 32), ROWS, BN):
+                epilogue_fp8(acc, out, ebuf, sa, sb, bias, row0, here[3], m, n, wg, lt, BN,
+                             ROW_A, COL_B, BIAS, DT, VEC)  # fmt: skip
+        elif slot >= 0:  # a part of a split tile (SPLIT): its raw sums, BN columns a row
             store_rows(acc, ws, ws, ws, slot * ROWS + 64 * i32(wg), 0, (slot + 1) * ROWS, BN,
                        BN, 0, 1.0, 1.0, 1.0, lt, BN, f32)  # fmt: skip
         else:
@@ -556,8 +606,8 @@ def consume_tiles(
 
 @kaio.gpu_kernel
 def matmul_fp8_wgmma(
-    ta: kaio.tensormap, tb: kaio.tensormap, out: DT[:, :], ws: f32[:, :], sa: f32[:],
-    sb: f32[:], bias: DT[:], m: i32, n: i32, k2: i32, full: i32, parts: i32,
+    ta: kaio.tensormap, tb: kaio.tensormap, out: DT[:, :], ws: f32[:, :], cnt: i32[:],
+    sa: f32[:], sb: f32[:], bias: DT[:], m: i32, n: i32, k2: i32, full: i32, parts: i32,
     WG: kaio.constexpr, BN: kaio.constexpr,
     STAGES: kaio.constexpr, PROMOTE: kaio.constexpr, GROUP: kaio.constexpr,
     ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
@@ -570,21 +620,25 @@ def matmul_fp8_wgmma(
     copies of their B slices (multicast). ``AR``: the A rows a copy brings (``a_rows``).
     ``SPLIT`` (one block a cluster): the tiles from ``full`` on split in ``parts`` along K,
     their raw sums in ``ws`` [(tiles - full) * parts * 64 WG, BN] (``unit_of``), added by
-    ``sum_parts``."""
+    ``sum_parts``, or with ``SPLIT`` 3 by each warp's last arrival (``last_part``, counting
+    in ``cnt``)."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL == 2:
         kaio.cluster_dims(2)
     ROWS = 64 * WG  # noqa: N806  (a compile-time int, as the constexprs)
-    A_BYTES = ROWS * BK * 2  # noqa: N806
-    sa_s = kaio.shared_dynamic(f16, (STAGES, ROWS, BK), 0)
-    sb_s = kaio.shared_dynamic(f16, (STAGES, BN, BK), STAGES * A_BYTES)
-    bars = kaio.shared_dynamic(u64, (2, STAGES), STAGES * (A_BYTES + BK * BN * 2))
-    turn = kaio.shared_dynamic(u64, (2,), STAGES * (A_BYTES + BK * BN * 2 + 16))
+    # a decode tile's A stages hold only the AR rows copied (a_stage_rows), the ring padded
+    # so that the last stage's 64-row wgmma operand stays inside it
+    SR = ROWS + (AR - ROWS) * ((WG == 1) * (CL == 1) * (AR < 64))  # noqa: N806
+    A_BYTES = (STAGES * SR + ROWS - SR) * BK * 2  # noqa: N806
+    sa_s = kaio.shared_dynamic(f16, (STAGES + ROWS // SR - 1, SR, BK), 0)
+    sb_s = kaio.shared_dynamic(f16, (STAGES, BN, BK), A_BYTES)
+    bars = kaio.shared_dynamic(u64, (2, STAGES), A_BYTES + STAGES * BK * BN * 2)
+    turn = kaio.shared_dynamic(u64, (2,), A_BYTES + STAGES * (BK * BN * 2 + 16))
     # VEC 2: each consumer warp's 16 rows of C on their way out (rows padded by 16 bytes)
     on = VEC == 2  # (else a stub of 8 values)
     ebuf = kaio.shared_dynamic(
         DT, (1 + (WG * 4 - 1) * on, 1 + 15 * on, 8 + BN * on),
-        STAGES * (A_BYTES + BK * BN * 2 + 16) + 16,
+        A_BYTES + STAGES * (BK * BN * 2 + 16) + 16,
     )  # fmt: skip
     t = kaio.thread_idx_x()
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
@@ -623,13 +677,13 @@ def matmul_fp8_wgmma(
         if WG > 1:  # the registers the producer warpgroup gave up
             kaio.setmaxnreg_inc(CONSUMER_REGS[WG])
         if PROMOTE == 4 and wg == 0:  # turns: a loop in each branch (the simulator's turns)
-            consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ebuf, ws, sa, sb,
-                          bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
+            consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ebuf, ws, cnt, sa,
+                          sb, bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
                           rank, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
                           BIAS, DT, FP8, VEC, CL, SPLIT)  # fmt: skip
         else:
-            consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ebuf, ws, sa, sb,
-                          bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
+            consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ebuf, ws, cnt, sa,
+                          sb, bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
                           rank, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
                           BIAS, DT, FP8, VEC, CL, SPLIT)  # fmt: skip
     else:  # the producer warpgroup: its first thread issues the copies
@@ -676,19 +730,31 @@ def sum_parts(
                          COL_B, BIAS, DT)  # fmt: skip
 
 
-def shared_bytes(wg: int, bn: int, stages: int, vec: int = 1) -> int:
+def a_stage_rows(wg: int, cl: int, ar: int) -> int:
+    """The rows of an A stage of the ring: a decode tile's (one warpgroup, no cluster) only
+    the ``ar`` rows its copies bring (``a_rows``), else the tile's ``64 * wg``. The wgmma
+    still reads 64 rows from a stage: the rows past ``ar`` are the next stages' (or the
+    ring's padding), whose results are never stored."""
+    return ar if wg == 1 and cl == 1 and ar < 64 else 64 * wg
+
+
+def shared_bytes(wg: int, bn: int, stages: int, vec: int = 1, ar: int = 64) -> int:
     """The dynamic shared memory of a ``64 * wg x bn`` tile ring of ``stages`` (8-bit
-    operands, 128 values of K a stage), its barriers, the two turn barriers and the consumer
-    warps' epilogue buffers of 16-bit values (``vec`` 2; else a stub)."""
+    operands, 128 values of K a stage; A stages of ``a_stage_rows`` rows for ``ar`` A
+    rows copied, padded to a last 64-row operand), its barriers, the two turn barriers and
+    the consumer warps' epilogue buffers of 16-bit values (``vec`` 2; else a stub)."""
+    sr = a_stage_rows(wg, 1, ar)
     ebuf = wg * 4 * 16 * (bn + 8) * 2 if vec == 2 else 32  # (a stub: 8 values)
-    return stages * ((64 * wg + bn) * BK * 2 + 16) + 16 + ebuf
+    a_bytes = (stages * sr + 64 * wg - sr) * BK * 2
+    return a_bytes + stages * (bn * BK * 2 + 16) + 16 + ebuf
 
 
-def stages_for(wg: int, bn: int, most: int = 12, vec: int = 1) -> int:
-    """The ring stages that fit in shared memory (at most ``most``) beside the rest
-    (``shared_bytes``)."""
-    per = shared_bytes(wg, bn, 1, vec) - shared_bytes(wg, bn, 0, vec)
-    return max(2, min(most, (SHARED_LIMIT - shared_bytes(wg, bn, 0, vec)) // per))
+def stages_for(wg: int, bn: int, most: int = 12, vec: int = 1, ar: int = 64,
+               limit: int = SHARED_LIMIT) -> int:  # fmt: skip
+    """The ring stages that fit in ``limit`` bytes of shared memory (at most ``most``)
+    beside the rest (``shared_bytes``; ``ar``: the A rows a copy brings)."""
+    per = shared_bytes(wg, bn, 1, vec, ar) - shared_bytes(wg, bn, 0, vec, ar)
+    return max(2, min(most, (limit - shared_bytes(wg, bn, 0, vec, ar)) // per))
 
 
 def promotion(wg: int, bn: int) -> int:
@@ -817,43 +883,52 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     """Run ``matmul_fp8_wgmma`` on a persistent grid of at most ``sms`` blocks. ``a_units``
     and ``bt_units``: A [m, k] and B^T [n, k] viewed as f16 [rows, k / 2] (for the tensor
     maps); the other arrays as ``_fp8._mm_fp8`` takes them; ``flags``: its ROW_A, COL_B and
-    BIAS; ``plan``: (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT]]), default ``config``'s;
-    SPLIT > 1 (one block a cluster): the tiles of the last partial wave split that many
-    ways along K (``split_from``), their raw sums in a workspace made like ``like`` (an
-    ``_arrays.Operand``), added by ``sum_parts``."""
-    from kaio_ops.linear import _placeholder
+    BIAS; ``plan``: (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT[, OCC[, FUSE]]]]), default
+    ``config``'s; SPLIT > 1 (one block a cluster): the tiles of the last partial wave split
+    that many ways along K (``split_from``), their raw sums in a workspace made like
+    ``like`` (an ``_arrays.Operand``), added by ``sum_parts``. OCC (one block a cluster;
+    default 1): a persistent grid of up to OCC blocks a multiprocessor (with a ring of
+    STAGES small enough that OCC blocks' shared memory fits one: more blocks streaming the
+    weights at decode sizes). FUSE (with SPLIT > 1): the parts summed in the kernel, by
+    each warp's last arrival (``last_part``; counters from ``linear._counters``), not by
+    ``sum_parts``."""
+    from kaio_ops.linear import _counters, _placeholder
 
     wg, bn, stages, promote_mode, vec, *rest = plan or config(m, n, k, sms)
-    cl, split = (*rest, *(1, 1)[len(rest) :])[:2]
-    if split > 1 and cl > 1:
-        raise ValueError(f"matmul_fp8: plan {plan}: a K split needs CL = 1 (one block a tile)")
+    cl, split, occ, fuse = (*rest, *(1, 1, 1, 0)[len(rest) :])[:4]
+    if (split > 1 or occ > 1) and cl > 1:
+        raise ValueError(
+            f"matmul_fp8: plan {plan}: a K split or OCC > 1 needs CL = 1 (one block a tile)"
+        )
     rows = 64 * wg
     ar = a_rows(m, wg, cl)
     ta = kaio.tensor_map_2d(a_units, (ar, BK), SW)
     tb = kaio.tensor_map_2d(bt_units, (bn // cl, BK), SW)
     constexprs = dict(
         WG=wg, BN=bn, STAGES=stages, PROMOTE=promote_mode, GROUP=GROUP_ROWS, **flags, DT=dt,
-        FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=min(split, 2), AR=ar,
+        FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=min(split, 2) + (split > 1 and fuse), AR=ar,
     )  # fmt: skip
     if vec == 2 and dt.itemsize != 2:
         vec = 1  # (the shared buffers hold 16-bit outputs)
         constexprs["VEC"] = 1
-    threads, shared = wg * 128 + 128, shared_bytes(wg, bn, stages, vec)
+    threads, shared = wg * 128 + 128, shared_bytes(wg, bn, stages, vec, ar)
     tiles = -(-m // (rows * cl)) * -(-n // bn)
-    full = split_from(tiles, sms, split)
+    full = split_from(tiles, sms * occ, split)
     units = full + (tiles - full) * split
     if cl == 1:
-        grid = min(sms, units)
+        grid = min(sms * occ, units)
     else:
         grid = 2 * min(tiles, _clusters(threads, shared, constexprs))
     if full < tiles:
         ws = _arrays.output(like, ((tiles - full) * split * rows, bn), f32)
     else:
         ws = _placeholder(like, f32, 2)
+    fused = full < tiles and constexprs["SPLIT"] == 3
+    cnt = _counters(like, (tiles - full) * 4 * wg) if fused else _placeholder(like, i32, 1)
     matmul_fp8_wgmma[grid, threads, stream, shared](
-        ta, tb, out, ws, sa, sb, bias, m, n, k // 2, full, split, **constexprs
+        ta, tb, out, ws, cnt, sa, sb, bias, m, n, k // 2, full, split, **constexprs
     )
-    if full < tiles:
+    if full < tiles and not fused:
         pairs = (tiles - full) * rows * bn // 2
         sum_parts[-(-pairs // SUM_THREADS), SUM_THREADS, stream](
             ws, out, sa, sb, bias, m, n, full, split, ROWS=rows, BN=bn, GROUP=GROUP_ROWS,
@@ -901,5 +976,9 @@ def specializations():
                 "GROUP": GROUP_ROWS, "ROW_A": 0, "COL_B": 1, "BIAS": 1, "DT": bf16,
                 "FP8": e4m3, "VEC": 2, "CL": 1, "SPLIT": 1, "AR": 128}  # fmt: skip
     yield matmul_fp8_wgmma, shared_c  # (C through shared memory)
+    yield (
+        matmul_fp8_wgmma,
+        {**shared_c, "WG": 1, "BN": 32, "STAGES": 20, "PROMOTE": 2, "VEC": 1, "SPLIT": 3, "AR": 8},
+    )  # (the K split summed in kernel)
     yield sum_parts, {"ROWS": 64, "BN": 64, "GROUP": GROUP_ROWS, "ROW_A": 1, "COL_B": 0,
                       "BIAS": 1, "DT": bf16}  # fmt: skip

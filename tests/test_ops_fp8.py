@@ -248,6 +248,10 @@ def test_matmul_hopper_kernel_sim(monkeypatch):
         ((2, 128, 3, 6, 1), 130, 144, 640, "row", "f16"),  # two full sums, one in flight
         ((1, 112, 3, 2, 1), 5, 240, 384, "col", "f32"),  # a decode width (8 A rows copied)
         ((1, 32, 4, 40, 1), 9, 96, 768, "col", "f32"),  # every 4 (6 slices: a short interval)
+        ((1, 16, 9, 2, 1, 1, 1, 2), 3, 96, 1152, "both", "bf16"),  # 2 blocks an SM, deep ring
+        ((1, 32, 5, 2, 1, 1, 2, 2), 12, 64, 768, "row", "f16"),  # 2 blocks an SM, K split
+        ((1, 32, 5, 2, 1, 1, 2, 1, 1), 12, 96, 768, "col", "bf16"),  # split summed in kernel
+        ((1, 16, 4, 2, 1, 1, 3, 2, 1), 20, 96, 1152, "both", "f32"),  # the same, 3 parts
     ],
 )
 def test_hopper_plans_sim(plan, m, n, k, scales, out, monkeypatch):
@@ -523,13 +527,30 @@ def test_hopper_shared_epilogue_gpu_vs_scaled_mm(wg, bn, split, monkeypatch):
     _forced_plan_vs_scaled_mm(torch, plan, monkeypatch)
 
 
-def _forced_plan_vs_scaled_mm(torch, plan, monkeypatch):
-    """matmul_fp8 forced onto ``plan``, M = 1000, K = 8192, N = 1008, per-row and
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "plan, m",
+    [((1, 32, 32, 2, 1), 1), ((1, 16, 26, 2, 1, 1, 1, 2), 16), ((1, 32, 17, 2, 1, 1, 2, 2), 13),
+     ((1, 64, 7, 2, 1, 1, 1, 2), 64), ((1, 48, 27, 2, 1), 5), ((1, 32, 17, 2, 1, 1, 2, 2, 1), 16),
+     ((1, 64, 7, 2, 1, 1, 3, 2, 1), 40)],
+)  # fmt: skip
+def test_decode_plans_gpu_vs_scaled_mm(plan, m, monkeypatch):
+    """Decode tiles (one warpgroup, A stages of only the rows copied) with deep rings, two
+    blocks a multiprocessor (OCC) and a K split (its parts summed by ``sum_parts`` or in the
+    kernel), forced, against torch._scaled_mm."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernel needs sm_90")
+    _forced_plan_vs_scaled_mm(torch, plan, monkeypatch, m)
+
+
+def _forced_plan_vs_scaled_mm(torch, plan, monkeypatch, m=1000):
+    """matmul_fp8 forced onto ``plan``, M = ``m`` (1000), K = 8192, N = 1008, per-row and
     per-column scales and bias, against torch._scaled_mm (its A padded to 1008 rows)."""
     from kaio_ops import _fp8_hopper as H
 
     monkeypatch.setattr(H, "config", lambda *args: plan)
-    m, k, n = 1000, 8192, 1008
+    k, n = 8192, 1008
     x = torch.randn(m, k, device="cuda")
     w = torch.randn(n, k, device="cuda")
     a, sa = kaio_ops.quantize_fp8(x, per="row")
