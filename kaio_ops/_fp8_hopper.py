@@ -85,6 +85,7 @@ import kaio
 from kaio import bool_, e4m3, e5m2, f16, f32, i32, u32, u64
 from kaio_ops import _arrays
 from kaio_ops._fp8 import FP8_TYPES, store_scaled
+from kaio_ops._gemm_hopper import store_shared
 from kaio_ops._matmul_hopper import (
     BK,
     GROUP_ROWS,
@@ -455,8 +456,8 @@ def epilogue_fp8(
     row of a / column of b (ROW_A, COL_B) loaded before any store; then 4 adjacent columns
     a store (``VEC`` 1), a pair (0), or (2, 16-bit ``DT``) the warp's 16 rows through its
     shared buffer ``ebuf[warp]``, each row then copied out by one lane's bulk copy
-    (asynchronous: the warp goes on to its next tile; the copies read the buffer before the
-    next epilogue writes it). N is a multiple of 16."""
+    (``_gemm_hopper.store_shared``: each lane waits until its copy has read the buffer).
+    N is a multiple of 16."""
     lane = i32(lt % 32)
     row = row0 + 16 * i32(lt // 32) + lane // 4
     s_a = kaio.local(f32, (2,))
@@ -477,23 +478,8 @@ def epilogue_fp8(
                 acc[j, h, e] = acc[j, h, e] * (s_a[h] * s_b)
                 if BIAS:
                     acc[j, h, e] += add
-    if VEC == 2:  # through shared memory, a bulk copy a row
-        w = i32(wg) * 4 + i32(lt // 32)
-        if lane < 16:
-            kaio.bulk_wait_read(0)  # the last tile's copies have read the buffer
-        kaio.sync_warp()
-        two = kaio.local(DT, (2,))
-        for h in kaio.static_range(2):
-            for j in kaio.static_range(BN // 8):
-                two[0] = DT(acc[j, h, 0])
-                two[1] = DT(acc[j, h, 1])
-                kaio.store_vector(ebuf, (w, lane // 4 + 8 * h, 8 * j + 2 * (lane % 4)), two)
-        kaio.fence_proxy_async()
-        kaio.sync_warp()
-        r = row0 + 16 * i32(lt // 32) + lane
-        if lane < 16 and r < m:
-            kaio.bulk_store(out, (r, col0), ebuf, (w, lane, 0), kaio.min(BN, n - col0) * 2)
-            kaio.bulk_commit()
+    if VEC == 2:  # through shared memory, a bulk copy a row, as the f16 kernel's
+        store_shared(acc, out, ebuf, row0, col0, m, n, wg, lt, BN, DT)
     elif VEC:  # 4 adjacent columns a store (lanes trade pairs), as the f16 kernel's
         store_rows(acc, out, out, out, row0, col0, m, n, n, 0, 1.0, 1.0, 1.0, lt, BN, DT)
     else:
