@@ -37,7 +37,7 @@ _DTYPE_NAMES = {
     "float": f32,
 }
 # "silu_gate" keeps two accumulator sets: the large tiles' registers would spill
-GATE_CONFIG = {"128x256": "64x128", "128x128": "64x128"}
+GATE_CONFIG = {"128x256": "64x128", "128x128": "64x128", "16x128s8": "16x64s8"}
 # skinny tiles of the mma.sync kernel besides matmul.CONFIGS, with deeper cp.async rings
 # (more of B in flight at small M, where the product streams B): a Plan may name them
 SKINNY_CONFIGS = {
@@ -114,7 +114,8 @@ def plan(m: int, n: int, k: int, sms: int, gate: bool = False) -> Plan:
 
 
 def _capped(chosen: Plan, gate: bool) -> Plan:
-    """``chosen`` with its tile capped at 64x128 for "silu_gate" (two accumulator sets)."""
+    """``chosen`` with its tile capped for "silu_gate" (two accumulator sets and two B rings:
+    64x128, or 16x64 for the deep skinny ring, whose 16x128 form would need 272 KB)."""
     if gate and chosen.config in GATE_CONFIG:
         return Plan(GATE_CONFIG[chosen.config], chosen.split)
     return chosen

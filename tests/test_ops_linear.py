@@ -667,7 +667,7 @@ def test_gpu_linear_batched_f32_out():
         (1, 4096, 4096, "matmul", Plan("16x128", 4)),  # one row: summed in the kernel
         (13, 4096, 4096, "matmul", Plan("16x64s8", 1)),  # the deep skinny tile (sm_90 route)
         (30, 2000, 4104, "gelu", Plan("16x64s8", 3)),  # N and K tails: gemm_reduce
-        (9, 1024, 8192, "silu_gate", Plan("16x128s8", 4)),
+        (9, 1024, 8192, "gelu", Plan("16x128s8", 4)),
         (20, 4096, 4096, "silu", Plan("16x64s8", 1)),  # W [N, K] on the deep skinny tile
     ],
 )
@@ -735,3 +735,15 @@ def forced_runs(torch, m, n, k, activation, chosen, dt=None, times=3):
     else:
         ref = x.double() @ wt.double()
     return runs, ref
+
+
+def test_gate_caps_tiles_whose_two_rings_would_not_fit():
+    """ "silu_gate" reads two weights: a measured plan's tile is capped to one whose two B
+    rings fit in shared memory (the deep 16x128 ring would need 272 KB)."""
+    linear = importlib.import_module("kaio_ops.linear")
+    assert linear._capped(Plan("16x128s8", 4), True) == Plan("16x64s8", 4)
+    assert linear._capped(Plan("128x256", 2), True) == Plan("64x128", 2)
+    assert linear._capped(Plan("16x128s8", 4), False) == Plan("16x128s8", 4)
+    for config, capped in linear.GATE_CONFIG.items():
+        wide, narrow = linear.mma_config(config), linear.mma_config(capped)
+        assert narrow.bn * narrow.bm <= wide.bn * wide.bm
