@@ -189,14 +189,23 @@ def test_slicing_views_share_memory():
 
 
 def test_ten_thousand_allocations_do_not_leak():
+    """10 000 arrays of 1 MiB, each dropped at once, leave the device's free memory where it
+    was. The free memory is the whole device's, which other processes (parallel test workers)
+    change meanwhile: three tries, one of which must stay within 64 MiB; a leak of even 1%
+    of the arrays (100 MiB) fails every try."""
     dev = kaio.device()
-    kaio.synchronize()
-    free_before, _ = dev.mem_info()
-    for _ in range(10_000):
-        kaio.empty((1 << 18,), f32)  # 1 MiB, dropped at once
-    kaio.synchronize()
-    free_after, _ = dev.mem_info()
-    assert free_before - free_after < 64 << 20
+    growth = []
+    for _ in range(3):
+        kaio.synchronize()
+        free_before, _ = dev.mem_info()
+        for _ in range(10_000):
+            kaio.empty((1 << 18,), f32)  # 1 MiB, dropped at once
+        kaio.synchronize()
+        free_after, _ = dev.mem_info()
+        growth.append(free_before - free_after)
+        if growth[-1] < 64 << 20:
+            break
+    assert min(growth) < 64 << 20, f"free memory fell by {[g >> 20 for g in growth]} MiB"
 
 
 # ----------------------------------------------------------------------------- launches
