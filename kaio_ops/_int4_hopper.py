@@ -187,6 +187,7 @@ def finish(a, ws, split: int, out_type):
 # activations its B operand from shared memory (module docstring of ``int4_swap``).
 SWAP_MAGIC = 0x54806408  # low half: 1024 + (lo nibble ^ 8); high half: 64 + (hi nibble ^ 8)
 SWAP_MASK = 0x00F0000F  # the low nibble of byte 0 and the high nibble of byte 2
+LOP_AND_XOR = (0xF0 & 0xCC) ^ 0xAA  # lop3's table of (a & b) ^ c
 
 
 @kaio.gpu_func
@@ -195,8 +196,10 @@ def nibble_pair(word: u32, sel: u32, scale: f16x2) -> u32:
     every byte) as the f16 pair ``scale * q`` (low nibble in the low half): the low nibble
     lands in the mantissa of 1024 (ulp 1), the high one four bits up in that of 64 (ulp
     1/16), each biased by 8 (the sign bit flipped); one subtraction makes q exact, one
-    multiplication rounds ``scale * q`` once."""
-    biased = kaio.bitcast((kaio.prmt(word, word, sel) & SWAP_MASK) ^ SWAP_MAGIC, f16x2)
+    multiplication rounds ``scale * q`` once. The mask and the bias in one ``lop3`` (as two
+    instructions, ``and`` then ``xor``, ptxas keeps both: an immediate each)."""
+    byte = kaio.prmt(word, word, sel)
+    biased = kaio.bitcast(kaio.lop3(byte, u32(SWAP_MASK), u32(SWAP_MAGIC), LOP_AND_XOR), f16x2)
     return kaio.bitcast((biased - kaio.bitcast(u32(SWAP_MAGIC), f16x2)) * scale, u32)
 
 

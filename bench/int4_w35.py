@@ -1,0 +1,173 @@
+"""W4A16 past 16 rows, a short GPU round's tool: cuBLAS f16 against ``matmul_int4`` as routed
+and explicit ``int4_swap`` configurations at a few (N x K, M) points, kernel time from CUDA
+graphs of ``REPS`` calls with the int4 words rotated over enough copies to cover 200 MB (as
+``bench/int4_wgmma.py --swap``), every result checked against the f32 product.
+
+Usage: ``python bench/int4_w35.py time --points 4096x4096@1024/4096,... [--configs
+"2,256,0,0,0,1,2,2;..."] [--raw] [--group G] [--out FILE]`` (configs as ``launch_swap``'s
+(WG, BM, STAGES, split, CL, MC, FENCE, BUFS)); ``--raw``: the words go to wgmma undecoded (no
+dequantization: the pipeline's own limit, results not checked); ``--group G``: tile rows a
+raster group (``_matmul_kernels.GROUP_M``). ``prof --points P --configs C``: one call of each
+inside an NVTX range "prof" (for ``ncu --nvtx --nvtx-include prof/``).
+"""
+
+# ruff: noqa: B023  (the timed lambdas run before the loop moves on)
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import kaio  # noqa: E402
+import kaio_ops  # noqa: E402
+from bench.int4_wgmma import graph_time, operand  # noqa: E402
+from bench.quantized import int4_bytes, int4_inputs  # noqa: E402
+from kaio_ops import _int4_hopper  # noqa: E402
+
+L2_BYTES = 200 << 20
+
+
+def raw_dequant() -> None:
+    """Replace the nibble decode by the raw word (``nibble_pair``): timing only."""
+
+    @kaio.gpu_func
+    def raw_pair(word: kaio.u32, sel: kaio.u32, scale: kaio.f16x2) -> kaio.u32:
+        """The word itself."""
+        return word
+
+    _int4_hopper.nibble_pair = raw_pair
+
+
+def points(text: str) -> list:
+    """``NxK@m1/m2,...`` as [(n, k, [m, ...])]."""
+    out = []
+    for item in text.split(","):
+        shape, _, ms = item.partition("@")
+        n, k = map(int, shape.split("x"))
+        out.append((n, k, [int(m) for m in ms.split("/")]))
+    return out
+
+
+def configs(text: str, m: int) -> list:
+    """``a,b,...;M=c,d,...`` as tuples of ints: every entry without ``M=``, and those with
+    it at M = ``m``."""
+    out = []
+    for c in text.split(";"):
+        only, _, c = c.rpartition("=")
+        if c and (not only or int(only) == m):
+            out.append(tuple(int(x) for x in c.split(",")))
+    return out
+
+
+def prewarm(args, pts: list) -> None:
+    """Every ``int4_swap`` build the points will launch, compiled by ``args.prewarm``
+    processes at once (kaio's disk cache and the driver's JIT cache keep them)."""
+    import concurrent.futures
+    import multiprocessing
+
+    from bench.int4_wgmma import _warm
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    todo = {}
+    for n, k, ms in pts:
+        for m in ms:
+            cfgs = configs(args.configs, m)
+            if m < _int4_hopper.DEQUANT_M and not args.no_route:
+                cfgs.append(_int4_hopper.swap_plan(m))
+            for c in cfgs:
+                consts = _int4_hopper.swap_launch_plan(m, n, k, c, sms, kaio.f16)[3]
+                consts["OUT"] = "f16"
+                todo[str(sorted(consts.items()))] = consts
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(args.prewarm, mp_context=ctx) as pool:
+        for e in pool.map(_warm, todo.values()):
+            if e:
+                print("prewarm:", e, flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=("time", "prof"))
+    p.add_argument("--points", required=True)
+    p.add_argument("--configs", default="")
+    p.add_argument("--raw", action="store_true")
+    p.add_argument("--no-route", action="store_true")
+    p.add_argument("--kmm", action="store_true", help="also kaio_ops.matmul on the f16 weight")
+    p.add_argument("--group", type=int, default=0)
+    p.add_argument("--out", default="")
+    p.add_argument("--prewarm", type=int, default=0, help="compile in N processes first")
+    p.add_argument("--tag", default="")
+    args = p.parse_args()
+    if args.raw:
+        raw_dequant()
+    if args.group:
+        from kaio_ops import _matmul_kernels
+
+        _matmul_kernels.GROUP_M = args.group
+    t0 = time.time()
+    if args.prewarm and not args.raw and not args.group:
+        prewarm(args, points(args.points))
+        print(json.dumps({"prewarm_s": round(time.time() - t0, 1)}), flush=True)
+    sink = open(args.out, "a") if args.out else None  # noqa: SIM115
+    f16 = torch.float16
+    for n, k, ms in points(args.points):
+        sets = 1 if args.mode == "prof" else max(2, min(24, -(-L2_BYTES // int4_bytes(n, k))))
+        weights = [int4_inputs(1, n, k)[1:] for _ in range(sets)]
+        for m in ms:
+            a = torch.randn(m, k, device="cuda", dtype=f16)
+            cfgs = configs(args.configs, m)
+            ops = [[operand(x, "x") for x in (a, w[0], w[1])] for w in weights]
+            ref = a.float() @ weights[0][2].float()
+            fns = {"cublas": lambda i: torch.matmul(a, weights[i][2])}
+            if not args.no_route:
+                fns["route"] = lambda i: kaio_ops.matmul_int4(a, *weights[i][:2], out_dtype=f16)
+            if args.kmm:
+                fns["kaio f16"] = lambda i: kaio_ops.matmul(a, weights[i][2], out_dtype=f16)
+            for c in cfgs:
+                fns[",".join(map(str, c))] = lambda i, c=c: _int4_hopper.launch_swap(
+                    *ops[i], kaio.f16, c
+                )
+            if args.mode == "prof":
+                for fn in fns.values():
+                    fn(0)
+                torch.cuda.synchronize()
+                torch.cuda.nvtx.range_push("prof")
+                for fn in fns.values():
+                    fn(0)
+                torch.cuda.synchronize()
+                torch.cuda.nvtx.range_pop()
+                continue
+            rec = {"n": n, "k": k, "m": m, "tag": args.tag, "us": {}, "err": {}, "res": {}}
+            sms = torch.cuda.get_device_properties(0).multi_processor_count
+            for c in cfgs + ([_int4_hopper.swap_plan(m)] if m < _int4_hopper.DEQUANT_M else []):
+                try:
+                    consts = _int4_hopper.swap_launch_plan(m, n, k, c, sms, kaio.f16)[3]
+                    res = _int4_hopper.int4_swap.resources(**consts)
+                    rec["res"][",".join(map(str, c))] = str(res)
+                except Exception as e:  # noqa: BLE001
+                    rec["res"][",".join(map(str, c))] = f"{type(e).__name__}: {str(e)[:200]}"
+            for key, fn in fns.items():
+                try:
+                    got = fn(0).float()
+                    rec["err"][key] = float(((got - ref).norm() / ref.norm()).item())
+                    rec["us"][key] = graph_time(fn, sets)
+                except Exception as e:  # noqa: BLE001
+                    rec["us"][key] = f"{type(e).__name__}: {str(e)[:300]}"
+            rec["t"] = round(time.time() - t0, 1)
+            line = json.dumps(rec)
+            print(line, flush=True)
+            if sink:
+                sink.write(line + "\n")
+                sink.flush()
+        weights = None
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
