@@ -91,7 +91,36 @@ def prewarm(args, pts: list) -> None:
                 print("prewarm:", e, flush=True)
 
 
+def table(path: str) -> None:
+    """The records of ``path`` (``time`` mode's ``--out``) as Markdown: cuBLAS f16 against
+    each timed kernel (x cuBLAS), then the geometric mean of the route over shapes by M."""
+    import math
+
+    recs = [json.loads(line) for line in open(path)]  # noqa: SIM115
+    keys = list(dict.fromkeys(k for r in recs for k in r["us"] if k != "cublas"))
+    print("| N x K | M | cuBLAS f16 µs | " + " | ".join(f"{k} µs (x cuBLAS)" for k in keys) + " |")
+    print("|---|---|---|" + "---|" * len(keys))
+    by_m: dict = {}
+    for r in recs:
+        base = r["us"].get("cublas")
+        cells = []
+        for k in keys:
+            t = r["us"].get(k)
+            ok = isinstance(t, float) and isinstance(base, float)
+            cells.append(f"{t:.1f} ({base / t:.2f}x)" if ok else str(t or "")[:40])
+            if ok and k == "route":
+                by_m.setdefault(r["m"], []).append(base / t)
+        shown = f"{base:.1f}" if isinstance(base, float) else str(base)
+        print(f"| {r['n']}x{r['k']} | {r['m']} | {shown} | " + " | ".join(cells) + " |")
+    for m, xs in sorted(by_m.items()):
+        geo = math.exp(sum(map(math.log, xs)) / len(xs))
+        print(f"M {m}: route {geo:.3f}x cuBLAS (geomean of {len(xs)}; {min(xs):.2f}-{max(xs):.2f})")
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["table"]:
+        table(sys.argv[2])
+        return
     p = argparse.ArgumentParser()
     p.add_argument("mode", choices=("time", "prof"))
     p.add_argument("--points", required=True)
