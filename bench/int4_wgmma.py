@@ -10,7 +10,7 @@ dequantize-once path (the f16 weight made by ``kaio_ops._prefill``, then ``kaio_
 to re-derive ``_int4_hopper.SWAP_PLANS``. ``--table FILE`` writes the Markdown tables.
 ``--variants-only``: no routed pass, every variant of a point in one pass beside cuBLAS timed
 at that point; ``--variants-json FILE`` replaces ``swap_variants``' lists (M as text, or
-"*", to a list of ``(WG, BM, CL, split, STAGES, MC, FENCE[, BUFS])`` or ``["decode",
+"*", to a list of ``(WG, BM, CL, split, STAGES, MC, WSTAGES[, BUFS])`` or ``["decode",
 WARPS]``); ``--trace`` prints each step as it starts and ``--watchdog S`` dumps every
 thread's stack and exits after S seconds (a kernel that hangs shows where).
 
@@ -249,11 +249,11 @@ VARIANTS: dict = {}  # --variants-json: M (as text, or "*") -> the variants to t
 
 
 def swap_variants(m: int) -> list:
-    """(WG, BM, CL, split, STAGES, MC, FENCE[, BUFS]) tile configurations of
+    """(WG, BM, CL, split, STAGES, MC, WSTAGES[, BUFS]) tile configurations of
     ``_int4_hopper.int4_swap`` to time at M = ``m`` besides the plan's (``matmul_int4``)
     (CL: a K split summed in a cluster, else by a second launch; split 0: ``swap_split``'s;
-    STAGES 0: as many as fit; MC: pairs of tiles sharing a's rows by multicast; FENCE: the
-    proxy fence in every slice (1) or odd slices (2); BUFS: fragment buffers, 2 if left
+    STAGES 0: as many as fit; MC: pairs of tiles sharing a's rows by multicast; WSTAGES: the
+    words' ring stages (0: as many as fit); BUFS: fragment buffers, 2 if left
     out). ``--variants-json`` replaces the lists below."""
     if VARIANTS:
         return [tuple(v) for v in VARIANTS.get(str(m), VARIANTS.get("*", []))]
@@ -261,31 +261,31 @@ def swap_variants(m: int) -> list:
         return []
     bm = min(256, -(-m // 8) * 8)
     if m <= 64:
-        return [(4, bm, 0, 0, 0, 0, 2), (2, bm, 0, 0, 0, 0, 2)]
+        return [(4, bm, 0, 0, 0, 0, 0), (2, bm, 0, 0, 0, 0, 0)]
     if m <= 128:
-        return [(2, 128, 0, 0, 0, 0, 2), (2, 128, 1, 0, 0, 0, 2)]
+        return [(2, 128, 0, 0, 0, 0, 0), (2, 128, 1, 0, 0, 0, 0)]
     if m <= 256:
-        return [(2, 256, 0, 0, 0, 1, 2), (2, 128, 1, 0, 0, 0, 2), (2, 128, 0, 0, 0, 0, 2)]
+        return [(2, 256, 0, 0, 0, 1, 0), (2, 128, 1, 0, 0, 0, 0), (2, 128, 0, 0, 0, 0, 0)]
     if m <= 512:
-        return [(2, 256, 1, 0, 0, 0, 2), (2, 256, 0, 0, 0, 1, 2)]
-    return [(2, 256, 0, 0, 0, 1, 2), (2, 192, 0, 0, 0, 1, 2)]
+        return [(2, 256, 1, 0, 0, 0, 0), (2, 256, 0, 0, 0, 1, 0)]
+    return [(2, 256, 0, 0, 0, 1, 0), (2, 192, 0, 0, 0, 1, 0)]
 
 
 def variant_key(
-    wg: int, bm: int, cl: int, sp: int, stages: int, mc: int = 0, fence=1, bufs=2
+    wg: int, bm: int, cl: int, sp: int, stages: int, mc: int = 0, wstages=0, bufs=2
 ) -> str:
-    """A ``swap_variants`` entry as text: ``WG,BM,CL[,split S][,stages S][,mc],fF[,bB]``."""
+    """A ``swap_variants`` entry as text: ``WG,BM,CL[,split S][,stages S][,mc][,wW][,bB]``."""
     return (
         f"{wg},{bm},{cl}" + (f",split {sp}" if sp else "") + (f",stages {stages}" * bool(stages))
-        + ",mc" * mc + f",f{fence}" + (f",b{bufs}" if bufs != 2 else "")
+        + ",mc" * mc + (f",w{wstages}" if wstages else "") + (f",b{bufs}" if bufs != 2 else "")
     )  # fmt: skip
 
 
 def as_config(v: tuple) -> tuple:
     """A ``swap_variants`` entry as ``launch_swap``'s config (WG, BM, STAGES, split, CL, MC,
-    FENCE, BUFS)."""
-    wg, bm, cl, sp, st, mc, fence, *bufs = v
-    return (wg, bm, st, sp, cl, mc, fence, bufs[0] if bufs else 2)
+    WSTAGES, BUFS)."""
+    wg, bm, cl, sp, st, mc, wstages, *bufs = v
+    return (wg, bm, st, sp, cl, mc, wstages, bufs[0] if bufs else 2)
 
 
 def _warm(consts: dict) -> str:

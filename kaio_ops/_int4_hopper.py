@@ -104,23 +104,24 @@ PREFILL_M = 1 << 62
 # against 1.04x); 65-128 rows a cluster pair when the split is 2 (8192x8192 1.30x against
 # 1.23x); clusters of 4 or 8 stay slower than the workspace (4096x4096 M=256: 0.45x
 # against 0.70x); 3 fragment buffers (BUFS 3) within 1-3% of 2 either way (28672x4096
-# M=2048 0.91x against 0.87x, 8192x8192 0.91x against 0.94x): 2 everywhere.
+# M=2048 0.91x against 0.87x, 8192x8192 0.91x against 0.94x): 2 everywhere. Past 512 rows
+# no multicast pairs (int4w35 round A, H100, one ring then: 4096x4096 M=1024 0.98x against
+# 0.93x, 8192x8192 M=2048 0.97x against 0.95x).
 SWAP_PLANS = (
     (64, 4, 0, 0, 0, 2),
     (128, 2, 0, 1, 0, 2),
     (256, 2, 0, 1, 0, 2),
     (512, 2, 256, 1, 0, 2),
-    (1 << 62, 2, 256, 0, 1, 2),
+    (1 << 62, 2, 256, 0, 0, 2),
 )
-SWAP_FENCE = 2  # the proxy fence in odd slices only (``swap_slice``)
 
 
 def swap_plan(m: int) -> tuple:
-    """``int4_swap``'s (WG, BM, STAGES, split, CL, MC, FENCE, BUFS) for M = ``m``
-    (``SWAP_PLANS``; as many stages as fit, ``swap_split``'s split)."""
+    """``int4_swap``'s (WG, BM, STAGES, split, CL, MC, WSTAGES, BUFS) for M = ``m``
+    (``SWAP_PLANS``; as many stages of both rings as fit, ``swap_split``'s split)."""
     _, wg, bm, cl, mc, bufs = next(row for row in SWAP_PLANS if m <= row[0])
     step = 16 if mc else 8
-    return wg, bm or min(256, -(-m // step) * step), 0, 0, cl, mc, SWAP_FENCE, bufs
+    return wg, bm or min(256, -(-m // step) * step), 0, 0, cl, mc, 0, bufs
 
 
 def takes(a, b, s) -> bool:
@@ -207,25 +208,24 @@ def nibble_pair(word: u32, sel: u32, scale: f16x2) -> u32:
 def swap_slice(
     sw: u32[:, :, :], sc: u32[:, :], sx: f16[:, :, :], bars: u64[:, :], acc: f32[:, :, :],
     af: u32[:, :, :], at: i32[:], kt: i32, nl: u32, sel: u32, lt: u32, BUF: kaio.constexpr,
-    STAGES: kaio.constexpr, MC: kaio.constexpr, FENCE: kaio.constexpr, BUFS: kaio.constexpr,
+    STAGES: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr, BUFS: kaio.constexpr,
 ):  # fmt: skip
-    """One 64-deep K slice of a consumer warpgroup: wait for ring stage ``at[0]``, make the
-    A fragments of its 4 steps (buffer ``BUF`` of the ``BUFS`` of ``af``) from the words of
-    columns ``nl`` and ``nl + 1`` (this lane's rows g and g + 8), issue the 4 wgmmas on the
-    activations' tile, wait until at most ``BUFS - 1`` slices' wgmmas are in flight (this
-    one's among them) and free the stage of the slice ``BUFS - 1`` before (``at[2]``, with 3
-    buffers ``at[3]``), whose wgmmas are then done. ``FENCE``: the proxy fence after the
-    shared reads in every slice (1), or in odd slices only (2, two buffers: it covers the
-    reads of the slice before, whose stage is freed after it; no measurable difference on
-    an H100, nor without any fence)."""
-    s = at[0]
-    kaio.mbarrier_wait(bars, (0, s), u32(at[1]))
+    """One 64-deep K slice of a consumer warpgroup: wait for the slice's words (stage
+    ``at[4]`` of the words' ring, phase ``at[5]``), make the A fragments of its 4 steps
+    (buffer ``BUF`` of the ``BUFS`` of ``af``) from the words of columns ``nl`` and ``nl +
+    1`` (this lane's rows g and g + 8) and free that stage (each warp once its reads are
+    done), then wait for the activations' tile (stage ``at[0]`` of their ring, phase
+    ``at[1]``), issue the 4 wgmmas, wait until at most ``BUFS - 1`` slices' wgmmas are in
+    flight (this one's among them) and free the activations' stage of the slice ``BUFS - 1``
+    before (``at[2]``, with 3 buffers ``at[3]``), whose wgmmas are then done. The words go
+    ahead of the activations in a ring of their own (``WSTAGES``), so the fragments are made
+    while the activations are still on their way."""
+    w = at[4]
+    kaio.mbarrier_wait(bars, (3, w), u32(at[5]))
     words = kaio.local(u32, (WORD_ROWS, 2))  # words[kw, h]: column nl + h, K 8 kw .. 8 kw + 7
     for kw in kaio.static_range(WORD_ROWS):
-        kaio.load_vector(words[kw], sw, (s, kw, nl))
-    pair = sc[s, nl // 2]
-    if FENCE != 2 or BUF == 1:  # the reads before the stage's next TMA copy
-        kaio.fence_proxy_async()  # (FENCE 2: an odd slice's covers the even one's before it)
+        kaio.load_vector(words[kw], sw, (w, kw, nl))
+    pair = sc[w, nl // 2]
     scale = kaio.local(u32, 2)
     scale[0] = kaio.prmt(pair, pair, LOW_TWICE)
     scale[1] = kaio.prmt(pair, pair, HIGH_TWICE)
@@ -234,6 +234,16 @@ def swap_slice(
             af[BUF, kk, r] = nibble_pair(
                 words[2 * kk + r // 2, r % 2], sel, kaio.bitcast(scale[r % 2], f16x2)
             )
+    kaio.fence_proxy_async()  # the words' reads before the stage's next TMA copy
+    kaio.sync_warp()
+    if lt % 32 == 0:  # every warp of every consumer warpgroup: the stage is free
+        kaio.mbarrier_arrive(bars, (4, w))
+    at[4] += 1
+    if at[4] == WSTAGES:
+        at[4] = 0
+        at[5] ^= 1
+    s = at[0]
+    kaio.mbarrier_wait(bars, (0, s), u32(at[1]))
     kaio.wgmma_fence()
     for kk in kaio.static_range(BK // 16):
         db = kaio.smem_descriptor(sx, (s, 0, kk * 16), SW, 16, 1024)
@@ -293,28 +303,32 @@ def int4_swap(
     tx: kaio.tensormap, tw: kaio.tensormap, ts: kaio.tensormap, c: OUT[:, :], ws: f32[:, :],
     M: u32, N: u32, K: u32, k_slice: u32, WG: kaio.constexpr, BM: kaio.constexpr,
     STAGES: kaio.constexpr, SPLIT: kaio.constexpr, CL: kaio.constexpr, REGS: kaio.constexpr,
-    OUT: kaio.constexpr, MC: kaio.constexpr, FENCE: kaio.constexpr, BUFS: kaio.constexpr,
+    OUT: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr, BUFS: kaio.constexpr,
 ):  # fmt: skip
-    """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block computes
-    ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG`` consumer warpgroups and
-    a producer warpgroup, whose thread 0 copies each 64-deep K slice by TMA into a ``STAGES``-deep
-    ring: a's ``BM x 64`` rows (128-byte swizzled, wgmma's B operand, K-major), the words ``8 x 64
-    WG`` and the scale row. Consumer warpgroup wg owns W's columns ``64 wg .. 64 wg + 63`` of the
-    tile as the 64 rows of its ``m64n{BM}k16`` wgmmas, row 16 w + g + 8 h (warp w, lane 4 g + t)
-    being column ``16 w + 2 g + h``: a lane reads its two columns' 8 words of the slice in 8-byte
-    loads and makes its A fragments in registers (``nibble_pair``: byte t of a word is k 2t, 2t + 1,
-    exactly the fragment's pairs), ``BUFS`` (2 or 3) slices' fragments in turn so that a slice is
-    dequantized while the wgmmas of the ``BUFS - 1`` before it run. No f16 copy of the weight, in
-    memory or in shared memory. With a K split (``grid.z``) the raw f32 partial tiles go to ``ws``
-    and ``finish`` sums them (``SPLIT`` 2 for any split, 1 for none: one specialization for every
-    split); with ``CL`` the K split is a cluster of ``SPLIT`` blocks along x, one tile each, summed
-    through distributed shared memory (``cluster_sum``). ``tx``: a [M, K] in boxes (BM, 64); ``tw``:
-    the words [K / 8, N] in boxes (8, 64 WG); ``ts``: the scales [K / 128, N] in boxes (1, 64 WG).
-    ``REGS``: the registers a consumer thread takes (``setmaxnreg``; 0: none). ``MC`` (K split along
-    z only): a cluster of two blocks takes two tiles side by side (the same rows of a, columns ``2
-    p`` and ``2 p + 1`` of W's tiles, one a block), each block's producer copying half of a's rows
-    by TMA multicast into both blocks (``tx`` in boxes (BM / 2, 64)): a's rows cross from L2 once
-    for the pair."""
+    """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block
+    computes ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG`` consumer
+    warpgroups and a producer warpgroup, two of whose threads copy each 64-deep K slice by TMA:
+    thread 0 a's ``BM x 64`` rows (128-byte swizzled, wgmma's B operand, K-major) into a
+    ``STAGES``-deep ring, thread 32 the words ``8 x 64 WG`` and the scale row into a ring of
+    their own, ``WSTAGES`` deep, freed as soon as the words are read: they run ahead, and a
+    slice's fragments are made before its activations land (with one ring for both, the
+    consumers waited for the activations, then dequantized). Consumer warpgroup wg owns W's
+    columns ``64 wg .. 64 wg + 63`` of the tile as the 64 rows of its ``m64n{BM}k16`` wgmmas,
+    row 16 w + g + 8 h (warp w, lane 4 g + t) being column ``16 w + 2 g + h``: a lane reads its
+    two columns' 8 words of the slice in 8-byte loads and makes its A fragments in registers
+    (``nibble_pair``: byte t of a word is k 2t, 2t + 1, exactly the fragment's pairs), ``BUFS``
+    (2 or 3) slices' fragments in turn so that a slice is dequantized while the wgmmas of the
+    ``BUFS - 1`` before it run. No f16 copy of the weight, in memory or in shared memory. With a
+    K split (``grid.z``) the raw f32 partial tiles go to ``ws`` and ``finish`` sums them
+    (``SPLIT`` 2 for any split, 1 for none: one specialization for every split); with ``CL`` the
+    K split is a cluster of ``SPLIT`` blocks along x, one tile each, summed through distributed
+    shared memory (``cluster_sum``). ``tx``: a [M, K] in boxes (BM, 64); ``tw``: the words [K /
+    8, N] in boxes (8, 64 WG); ``ts``: the scales [K / 128, N] in boxes (1, 64 WG). ``REGS``:
+    the registers a consumer thread takes (``setmaxnreg``; 0: none). ``MC`` (K split along z
+    only): a cluster of two blocks takes two tiles side by side (the same rows of a, columns ``2
+    p`` and ``2 p + 1`` of W's tiles, one a block), each block's producer copying half of a's
+    rows by TMA multicast into both blocks (``tx`` in boxes (BM / 2, 64)): a's rows cross from
+    L2 once for the pair."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL:
         kaio.cluster_dims(SPLIT)
@@ -324,12 +338,14 @@ def int4_swap(
     X_BYTES = BM * BK * 2
     W_BYTES = WORD_ROWS * BNW * 4
     S_BYTES = BNW * 2
+    RING = STAGES if STAGES > WSTAGES else WSTAGES
     sx = kaio.shared_dynamic(f16, (STAGES, BM, BK), 0)
-    sw = kaio.shared_dynamic(u32, (STAGES, WORD_ROWS, BNW), STAGES * X_BYTES)
-    ss = kaio.shared_dynamic(f16, (STAGES, BNW), STAGES * (X_BYTES + W_BYTES))
-    sc = kaio.shared_dynamic(u32, (STAGES, BNW // 2), STAGES * (X_BYTES + W_BYTES))  # ss pairs
-    # rows: 0 "full" (TMA), 1 "free" (the slice's wgmmas done), 2 (CL): every wgmma done
-    bars = kaio.shared_dynamic(u64, (3, STAGES), STAGES * (X_BYTES + W_BYTES + S_BYTES))
+    sw = kaio.shared_dynamic(u32, (WSTAGES, WORD_ROWS, BNW), STAGES * X_BYTES)
+    ss = kaio.shared_dynamic(f16, (WSTAGES, BNW), STAGES * X_BYTES + WSTAGES * W_BYTES)
+    sc = kaio.shared_dynamic(u32, (WSTAGES, BNW // 2), STAGES * X_BYTES + WSTAGES * W_BYTES)
+    # rows: 0 a's "full" (TMA), 1 a's "free" (the slice's wgmmas done), 2 (CL): every wgmma
+    # done; 3 the words' "full", 4 their "free" (read by every consumer warp)
+    bars = kaio.shared_dynamic(u64, (5, RING), STAGES * X_BYTES + WSTAGES * (W_BYTES + S_BYTES))
     part = kaio.shared_dynamic(f32, (BM, BNW), 0)  # CL: the partial tile, over the idle ring
     pairs = kaio.shared_dynamic(u64, (BM, BNW // 2), 0)  # part's column pairs
     t = kaio.thread_idx_x()
@@ -357,6 +373,9 @@ def int4_swap(
         for i in kaio.static_range(STAGES):
             kaio.mbarrier_init(bars, (0, i), 1)
             kaio.mbarrier_init(bars, (1, i), WG * (1 + MC))
+        for i in kaio.static_range(WSTAGES):
+            kaio.mbarrier_init(bars, (3, i), 1)
+            kaio.mbarrier_init(bars, (4, i), WG * 4)
         kaio.mbarrier_init(bars, (2, 0), WG * 128)
         kaio.fence_proxy_async()
     kaio.sync_threads()
@@ -369,9 +388,10 @@ def int4_swap(
         lane = lt % 32
         nl = 64 * wg + 16 * (lt // 32) + 2 * (lane // 4)  # this lane's columns nl, nl + 1
         af = kaio.local(u32, (BUFS, BK // 16, 4))  # BUFS slices' A fragments
-        # (ring stage, its phase, the stages of the slice before and of the one before that)
-        at = kaio.local(i32, 4)
-        for i in kaio.static_range(4):
+        # (a's ring stage, its phase, the stages of the slice before and of the one before
+        # that, the words' ring stage, its phase)
+        at = kaio.local(i32, 6)
+        for i in kaio.static_range(6):
             at[i] = 0
         sel = (lane % 4) * 0x1111
         for i in range(my_tiles):
@@ -382,17 +402,15 @@ def int4_swap(
             for kt in range(0, k_tiles - (BUFS - 1), BUFS):
                 for b in kaio.static_range(BUFS):
                     swap_slice(sw, sc, sx, bars, acc, af, at, kt + b, nl, sel, lt, b, STAGES,
-                               MC, FENCE, BUFS)  # fmt: skip
+                               MC, WSTAGES, BUFS)  # fmt: skip
             rest = k_tiles % BUFS
             if rest:
                 kaio.wgmma_wait(0)
                 for b in kaio.static_range(BUFS - 1):
                     if b < rest:
                         swap_slice(sw, sc, sx, bars, acc, af, at, k_tiles - rest + b, nl, sel,
-                                   lt, b, STAGES, MC, FENCE, BUFS)  # fmt: skip
+                                   lt, b, STAGES, MC, WSTAGES, BUFS)  # fmt: skip
             kaio.wgmma_wait(0)
-            if FENCE == 2 and (rest or BUFS == 3):  # the last slices' reads
-                kaio.fence_proxy_async()
             if lt == 0:  # the tile's last slices, not freed in the loop
                 if BUFS == 3 and k_tiles > 1:
                     free_stage(bars, at[3], MC)
@@ -409,12 +427,16 @@ def int4_swap(
                     pair[0] = acc[j, 0, e]
                     pair[1] = acc[j, 1, e]
                     kaio.store_vector(part, (8 * j + 2 * (lane % 4) + e, nl), pair)
-    else:  # the producer warpgroup's first thread: the TMA copies, slice after slice
+    else:  # the producer warpgroup's threads 0 (a's rows) and 32 (the words): TMA copies
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
-        if lt == 0:
-            produce_swapped(sx, sw, ss, bars, tx, tw, ts, my_tiles * k_tiles, k_tiles, k_begin,
-                            first, step, grid_m, grid_n, mine, BM, WG, STAGES, MC)  # fmt: skip
+        if lt < 32:  # (two branches: the simulator runs either while the other waits)
+            if lt == 0:
+                produce_rows(sx, bars, tx, my_tiles * k_tiles, k_tiles, k_begin, first, step,
+                             grid_m, grid_n, mine, BM, STAGES, MC)  # fmt: skip
+        elif lt == 32:
+            produce_words(sw, ss, bars, tw, ts, my_tiles * k_tiles, k_tiles, k_begin, first,
+                          step, grid_m, grid_n, mine, WG, WSTAGES, MC)  # fmt: skip
         if CL:  # the cluster barriers below wait for the threads that have not exited
             return
     if CL:  # one tile a cluster: sum its K slices through distributed shared memory, in the
@@ -429,35 +451,49 @@ def int4_swap(
 
 
 @kaio.gpu_func
-def produce_swapped(
-    sx: f16[:, :, :], sw: u32[:, :, :], ss: f16[:, :], bars: u64[:, :], tx: kaio.tensormap,
-    tw: kaio.tensormap, ts: kaio.tensormap, total: i32, k_tiles: i32, k_begin: u32, first: u32,
-    step: u32, grid_m: u32, grid_n: u32, mine: u32, BM: kaio.constexpr, WG: kaio.constexpr,
-    STAGES: kaio.constexpr, MC: kaio.constexpr,
+def produce_rows(
+    sx: f16[:, :, :], bars: u64[:, :], tx: kaio.tensormap, total: i32, k_tiles: i32,
+    k_begin: u32, first: u32, step: u32, grid_m: u32, grid_n: u32, mine: u32,
+    BM: kaio.constexpr, STAGES: kaio.constexpr, MC: kaio.constexpr,
 ):  # fmt: skip
-    """``int4_swap``'s copies: the block's ``total`` slices (``k_tiles`` a tile) into the
-    ring, each stage once the consumers freed the slice it held before (with ``MC``, the
-    consumers of both blocks of the pair: ``grid_n`` counts pairs of tiles, ``mine`` is
-    this block's, and its half of a's rows goes to both blocks)."""
-    BNW = 64 * WG
-    X_BYTES = BM * BK * 2
-    W_BYTES = WORD_ROWS * BNW * 4
+    """``int4_swap``'s copies of a's rows: the block's ``total`` slices (``k_tiles`` a tile)
+    into their ring, each stage once the consumers freed the slice it held before (with
+    ``MC``, the consumers of both blocks of the pair: ``grid_n`` counts pairs of tiles,
+    ``mine`` is this block's, and its half of a's rows goes to both blocks)."""
     for j in range(total):
         s = j % STAGES
         if j >= STAGES:
             kaio.mbarrier_wait(bars, (1, s), u32((j // STAGES - 1) & 1))
         origin = tile_origin(first + u32(j // k_tiles) * step, grid_m, grid_n)
         k0 = i32(k_begin) + j % k_tiles * BK
-        n0 = i32((tile_col(origin) * (1 + MC) + mine) * BNW)
-        kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32(X_BYTES + W_BYTES + BNW * 2))
+        kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32(BM * BK * 2))
         if MC:  # half the rows, into both blocks (the other half comes from the other block)
             half = i32(mine * (BM // 2))
             row = i32(tile_row(origin) * BM) + half
             kaio.tma_load_2d_multicast(sx, (s, half, 0), tx, row, k0, bars, (0, s), 3)
         else:
             kaio.tma_load_2d(sx, (s, 0, 0), tx, i32(tile_row(origin) * BM), k0, bars, (0, s))
-        kaio.tma_load_2d(sw, (s, 0, 0), tw, k0 // 8, n0, bars, (0, s))
-        kaio.tma_load_2d(ss, (s, 0), ts, k0 // 128, n0, bars, (0, s))
+
+
+@kaio.gpu_func
+def produce_words(
+    sw: u32[:, :, :], ss: f16[:, :], bars: u64[:, :], tw: kaio.tensormap, ts: kaio.tensormap,
+    total: i32, k_tiles: i32, k_begin: u32, first: u32, step: u32, grid_m: u32, grid_n: u32,
+    mine: u32, WG: kaio.constexpr, WSTAGES: kaio.constexpr, MC: kaio.constexpr,
+):  # fmt: skip
+    """``int4_swap``'s copies of the words and scales: the block's ``total`` slices into
+    their ring, each stage once every consumer warp has read the slice it held before."""
+    BNW = 64 * WG
+    for j in range(total):
+        s = j % WSTAGES
+        if j >= WSTAGES:
+            kaio.mbarrier_wait(bars, (4, s), u32((j // WSTAGES - 1) & 1))
+        origin = tile_origin(first + u32(j // k_tiles) * step, grid_m, grid_n)
+        k0 = i32(k_begin) + j % k_tiles * BK
+        n0 = i32((tile_col(origin) * (1 + MC) + mine) * BNW)
+        kaio.mbarrier_arrive_expect_tx(bars, (3, s), u32(WORD_ROWS * BNW * 4 + BNW * 2))
+        kaio.tma_load_2d(sw, (s, 0, 0), tw, k0 // 8, n0, bars, (3, s))
+        kaio.tma_load_2d(ss, (s, 0), ts, k0 // 128, n0, bars, (3, s))
 
 
 def swap_registers(wg: int) -> int:
@@ -475,27 +511,43 @@ def swap_registers(wg: int) -> int:
     return min(240, (launch * threads - 128 * PRODUCER_REGS) // (128 * wg) // 8 * 8)
 
 
-def swap_shared_bytes(wg: int, bm: int, stages: int, cl: int = 0) -> int:
-    """The dynamic shared memory of ``int4_swap``: the ring and its barriers. With ``cl``
-    the f32 partial tile that a cluster's K split keeps over the ring must not reach the
-    barriers (a producer may still be reading one)."""
-    ring = stages * (swap_stage_bytes(wg, bm) - 24)
-    if cl and bm * 64 * wg * 4 > ring:
+def swap_shared_bytes(wg: int, bm: int, stages: int, cl: int = 0, wstages: int = 0) -> int:
+    """The dynamic shared memory of ``int4_swap``: a's ring (``stages``), the words' ring
+    (``wstages``; 0: ``swap_word_stages``') and their barriers. With ``cl`` the f32 partial
+    tile that a cluster's K split keeps over the rings must not reach the barriers (a
+    producer may still be reading one)."""
+    wstages = wstages or swap_word_stages(wg, bm, stages)
+    rings = stages * bm * BK * 2 + wstages * word_stage_bytes(wg)
+    if cl and bm * 64 * wg * 4 > rings:
         raise ValueError(
-            f"int4_swap: the {bm} x {64 * wg} f32 partial tile does not fit in the {stages}-stage "
-            "ring: use more stages"
+            f"int4_swap: the {bm} x {64 * wg} f32 partial tile does not fit in the rings of "
+            f"{stages} and {wstages} stages: use more stages"
         )
-    return stages * swap_stage_bytes(wg, bm)
+    return rings + 5 * 8 * max(stages, wstages)
 
 
-def swap_stage_bytes(wg: int, bm: int) -> int:
-    """One stage of ``int4_swap``'s ring: a's rows, the words, the scale row, 3 barriers."""
-    return bm * BK * 2 + WORD_ROWS * 64 * wg * 4 + 64 * wg * 2 + 24
+def word_stage_bytes(wg: int) -> int:
+    """One stage of ``int4_swap``'s words' ring: the words of a slice and its scale row."""
+    return WORD_ROWS * 64 * wg * 4 + 64 * wg * 2
 
 
 def swap_stages(wg: int, bm: int) -> int:
-    """The ring stages of ``int4_swap`` that fit in shared memory, at most 8."""
-    return max(2, min(8, SHARED_LIMIT // swap_stage_bytes(wg, bm)))
+    """The stages of a's ring in ``int4_swap``: as many as fit beside a words' stage each,
+    at most 8."""
+    return max(2, min(8, SHARED_LIMIT // (bm * BK * 2 + word_stage_bytes(wg) + 40)))
+
+
+def swap_word_stages(wg: int, bm: int, stages: int) -> int:
+    """The stages of the words' ring beside ``stages`` of a's: what the shared memory left
+    holds, at most ``MAX_WORD_STAGES``, at least 1."""
+    left = SHARED_LIMIT - stages * bm * BK * 2
+    for w in range(MAX_WORD_STAGES, 1, -1):
+        if w * word_stage_bytes(wg) + 40 * max(stages, w) <= left:
+            return w
+    return 1
+
+
+MAX_WORD_STAGES = 16
 
 
 def swap_split(tiles: int, k: int, sms: int) -> int:
@@ -515,11 +567,12 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
 
     wg, bm, stages, split, *more = config
     mc = int(len(more) > 1 and bool(more[1]))
-    fence = more[2] if len(more) > 2 else 1
+    wstages = more[2] if len(more) > 2 else 0
     bufs = more[3] if len(more) > 3 else 2
     if bufs not in (2, 3):
         raise ValueError(f"int4_swap: BUFS (fragment buffers) must be 2 or 3, got {bufs}")
     stages = stages or swap_stages(wg, bm)
+    wstages = wstages or swap_word_stages(wg, bm, stages)
     if stages < bufs:  # a slice's stage is freed BUFS - 1 slices later
         raise ValueError(f"int4_swap: {bufs} fragment buffers need {bufs} stages, got {stages}")
     tiles = math.ceil(m / bm) * math.ceil(n / (64 * wg))
@@ -536,19 +589,19 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
         cl = 0
     consts = {"WG": wg, "BM": bm, "STAGES": stages, "SPLIT": split if cl else min(split, 2),
               "CL": cl, "REGS": swap_registers(wg), "OUT": out_type, "MC": mc,
-              "FENCE": fence, "BUFS": bufs}  # fmt: skip
+              "WSTAGES": wstages, "BUFS": bufs}  # fmt: skip
     return split, k_slice, tiles, consts
 
 
 def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
-    """``a @ W`` rounded to ``out_type`` by ``int4_swap`` (operands as ``launch``) with ``config`` =
-    (WG, BM, STAGES, split[, CL[, MC[, FENCE[, BUFS]]]]; 0: as many stages as fit, ``swap_split``'s
-    split): a persistent grid of at most ``sms`` blocks along x, the K split along z summed by
-    ``finish``, or with ``CL`` (and a split of 2 to 8; CL 1 and a split past 2 that ``swap_split``
-    chose: the workspace) over a cluster of that many blocks along x, one tile a cluster, summed in
-    distributed shared memory (no second launch); with ``MC`` clusters of two blocks sharing a's
-    rows by TMA multicast (at most ``sms`` blocks along x, two a pair of tiles; a K split along z
-    only)."""
+    """``a @ W`` rounded to ``out_type`` by ``int4_swap`` (operands as ``launch``) with ``config``
+    = (WG, BM, STAGES, split[, CL[, MC[, WSTAGES[, BUFS]]]]; 0: as many stages as fit,
+    ``swap_split``'s split): a persistent grid of at most ``sms`` blocks along x, the K split
+    along z summed by ``finish``, or with ``CL`` (and a split of 2 to 8; CL 1 and a split past 2
+    that ``swap_split`` chose: the workspace) over a cluster of that many blocks along x, one
+    tile a cluster, summed in distributed shared memory (no second launch); with ``MC`` clusters
+    of two blocks sharing a's rows by TMA multicast (at most ``sms`` blocks along x, two a pair
+    of tiles; a K split along z only)."""
     from kaio_ops import _arrays
     from kaio_ops.linear import _placeholder
 
@@ -571,7 +624,7 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     grid = (tiles * split, 1, 1) if cl else (min(tiles, sms), 1, split)  # a cluster: one tile
     if mc:
         grid = (2 * min(tiles, sms // 2), 1, split)
-    shared = swap_shared_bytes(wg, bm, consts["STAGES"], cl)
+    shared = swap_shared_bytes(wg, bm, consts["STAGES"], cl, consts["WSTAGES"])
     int4_swap[grid, 128 * wg + 128, _arrays.stream_of(a), shared](
         *maps, target, ws, m, n, k, k_slice, **consts
     )
@@ -596,8 +649,9 @@ def swap_specializations() -> list:
         (2, 256, 1, 0, f16, 1, 3),
         (2, 128, 2, 1, f32, 0, 3),
     ):
-        consts = {"WG": wg, "BM": bm, "STAGES": swap_stages(wg, bm), "SPLIT": split, "CL": cl,
-                  "REGS": swap_registers(wg), "OUT": ot, "MC": mc, "FENCE": 1 + mc,
-                  "BUFS": bufs}  # fmt: skip
+        stages = swap_stages(wg, bm)
+        consts = {"WG": wg, "BM": bm, "STAGES": stages, "SPLIT": split, "CL": cl,
+                  "REGS": swap_registers(wg), "OUT": ot, "MC": mc,
+                  "WSTAGES": swap_word_stages(wg, bm, stages), "BUFS": bufs}  # fmt: skip
         out.append((int4_swap, consts))
     return out

@@ -211,12 +211,13 @@ def test_int4_multi_tile_fallback_in_simulator():
 # edge), both consumer counts, the ring wrapping (STAGES 2), an odd number of slices (the
 # last one alone), a K split summed by gemm_reduce, int32 words, every out_dtype, the
 # persistent loop (6 tiles on 2 blocks), K splits summed in a cluster, and pairs of tiles
-# whose blocks multicast a's rows to each other (MC: the last pair half past N); FENCE 2
-# (the proxy fence in odd slices only, and after an odd last slice).
+# whose blocks multicast a's rows to each other (MC: the last pair half past N); words'
+# rings (WSTAGES, config[6]) of 1 and 2 stages, wrapping many times (the default fills the
+# shared memory left).
 SWAP_CASES = [
     (40, 64, 256, None, (1, 40, 2, 1), None),
     (20, 136, 384, "float16", (2, 24, 3, 1), None),
-    (17, 72, 640, "bfloat16", (1, 32, 2, 2, 0, 0, 2), None),  # 5 slices each, FENCE 2
+    (17, 72, 640, "bfloat16", (1, 32, 2, 2, 0, 0, 2), None),  # 5 slices each, WSTAGES 2
     (50, 192, 256, None, (1, 16, 3, 1), 2),
     (20, 136, 512, "float16", (2, 24, 2, 4, 1), None),  # K split over a cluster
     (9, 64, 768, None, (4, 16, 2, 3, 1), None),  # a split of 3: rows 0, 3, 6... a block
@@ -224,7 +225,7 @@ SWAP_CASES = [
     (70, 136, 384, "bfloat16", (1, 32, 2, 1, 0, 1, 2), 2),  # 6 pairs on a cluster, odd grid_n
     (40, 200, 512, "float16", (1, 48, 2, 2, 0, 1), None),  # pairs and a K split along z
     # three fragment buffers (BUFS 3): 10 slices (one after the groups of 3) on 3 stages, the
-    # persistent loop; 8 slices (two after) with multicast pairs and FENCE 2
+    # persistent loop (WSTAGES 1); 8 slices (two after) with multicast pairs and WSTAGES 2
     (20, 136, 640, "float16", (2, 24, 3, 1, 0, 0, 1, 3), 1),
     (40, 200, 512, None, (1, 48, 4, 1, 0, 1, 2, 3), None),
     # a cluster sum of two trips a thread (SUM_UNROLL pairs each), the last rows past M
@@ -372,7 +373,7 @@ def test_int4_swap_plans_fit():
                 m, n, k, _int4_hopper.swap_plan(m), 132, f16
             )
             cfg = (consts["WG"], consts["BM"], consts["STAGES"], consts["CL"], consts["MC"])
-            shared = _int4_hopper.swap_shared_bytes(*cfg[:3], consts["CL"])
+            shared = _int4_hopper.swap_shared_bytes(*cfg[:3], consts["CL"], consts["WSTAGES"])
             assert shared <= _int4_hopper.SHARED_LIMIT and split <= (8 if consts["CL"] else 64)
             seen[(*cfg, consts["SPLIT"])] = consts
     for consts in seen.values():
@@ -403,7 +404,7 @@ def test_int4_swap_registers_can_be_granted():
     for wg, bm in ((2, 256), (3, 128), (4, 64)):
         consts = {"WG": wg, "BM": bm, "STAGES": _int4_hopper.swap_stages(wg, bm), "SPLIT": 2,
                   "CL": 0, "REGS": _int4_hopper.swap_registers(wg), "OUT": f16, "MC": 0,
-                  "FENCE": 2, "BUFS": 2}  # fmt: skip
+                  "WSTAGES": 4, "BUFS": 2}  # fmt: skip
         report = assemble(_int4_hopper.int4_swap.ptx(arch="sm_90", **consts), "sm_90a")
         assert " 0 bytes spill stores" in report, (consts, report)
         _assert_registers_balance(report, consts)
