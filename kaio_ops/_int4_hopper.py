@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 
 import kaio
-from kaio import bf16, f16, f16x2, f32, i32, u32, u64
+from kaio import bf16, bool_, f16, f16x2, f32, i32, u32, u64
 from kaio_ops._attention_hopper import PRODUCER_REGS
 from kaio_ops._int4_decode import HIGH_TWICE, LOW_TWICE
 from kaio_ops._matmul_kernels import tile_col, tile_origin, tile_row
@@ -205,43 +205,59 @@ def nibble_pair(word: u32, sel: u32, scale: f16x2) -> u32:
 
 
 @kaio.gpu_func
-def swap_slice(
-    sw: u32[:, :, :], sc: u32[:, :], sx: f16[:, :, :], bars: u64[:, :], acc: f32[:, :, :],
-    af: u32[:, :, :], at: i32[:], kt: i32, nl: u32, sel: u32, lt: u32, BUF: kaio.constexpr,
-    STAGES: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr, BUFS: kaio.constexpr,
+def load_words(
+    sw: u32[:, :, :], sc: u32[:, :], bars: u64[:, :], wr: u32[:, :], at: i32[:], nl: u32,
+    WSTAGES: kaio.constexpr,
 ):  # fmt: skip
-    """One 64-deep K slice of a consumer warpgroup: wait for the slice's words (stage
-    ``at[4]`` of the words' ring, phase ``at[5]``), make the A fragments of its 4 steps
-    (buffer ``BUF`` of the ``BUFS`` of ``af``) from the words of columns ``nl`` and ``nl +
-    1`` (this lane's rows g and g + 8) and free that stage (each warp once its reads are
-    done), then wait for the activations' tile (stage ``at[0]`` of their ring, phase
-    ``at[1]``), issue the 4 wgmmas, wait until at most ``BUFS - 1`` slices' wgmmas are in
-    flight (this one's among them) and free the activations' stage of the slice ``BUFS - 1``
-    before (``at[2]``, with 3 buffers ``at[3]``), whose wgmmas are then done. The words go
-    ahead of the activations in a ring of their own (``WSTAGES``), so the fragments are made
-    while the activations are still on their way."""
+    """Wait for the next slice's words (stage ``at[4]`` of the words' ring, phase ``at[5]``)
+    and read this lane's into ``wr``: ``wr[kw, h]`` the word of column ``nl + h``, K ``8 kw``
+    .. ``8 kw + 7``, ``wr[WORD_ROWS, 0]`` the scales of columns ``nl``, ``nl + 1``; the stage
+    goes to ``at[6]`` (freed once the words are used: ``swap_slice``)."""
     w = at[4]
     kaio.mbarrier_wait(bars, (3, w), u32(at[5]))
-    words = kaio.local(u32, (WORD_ROWS, 2))  # words[kw, h]: column nl + h, K 8 kw .. 8 kw + 7
     for kw in kaio.static_range(WORD_ROWS):
-        kaio.load_vector(words[kw], sw, (w, kw, nl))
-    pair = sc[w, nl // 2]
+        kaio.load_vector(wr[kw], sw, (w, kw, nl))
+    wr[WORD_ROWS, 0] = sc[w, nl // 2]
+    at[6] = w
+    at[4] += 1
+    if at[4] == WSTAGES:
+        at[4] = 0
+        at[5] ^= 1
+
+
+@kaio.gpu_func
+def swap_slice(
+    sw: u32[:, :, :], sc: u32[:, :], sx: f16[:, :, :], bars: u64[:, :], acc: f32[:, :, :],
+    af: u32[:, :, :], wr: u32[:, :], at: i32[:], kt: i32, nl: u32, sel: u32, lt: u32,
+    more: bool_, BUF: kaio.constexpr, STAGES: kaio.constexpr, MC: kaio.constexpr,
+    WSTAGES: kaio.constexpr, BUFS: kaio.constexpr, EARLY: kaio.constexpr,
+):  # fmt: skip
+    """One 64-deep K slice of a consumer warpgroup: its words (``load_words``; with
+    ``EARLY`` read during the slice before) made into the A fragments of its 4 steps (buffer
+    ``BUF`` of the ``BUFS`` of ``af``; this lane's rows g and g + 8 are W's columns ``nl``
+    and ``nl + 1``) and their stage freed (each warp once its reads are done), then the wait
+    for the activations' tile (stage ``at[0]`` of their ring, phase ``at[1]``), the 4 wgmmas,
+    (``EARLY`` and ``more``: another slice follows) the next slice's words read, the wait
+    until at most ``BUFS - 1`` slices' wgmmas are in flight (this one's among them) and the
+    activations' stage of the slice ``BUFS - 1`` before freed (``at[2]``, with 3 buffers
+    ``at[3]``), whose wgmmas are then done. The words go ahead of the activations in a ring
+    of their own (``WSTAGES``), so the fragments are made while the activations are still on
+    their way."""
+    if not EARLY:
+        load_words(sw, sc, bars, wr, at, nl, WSTAGES)
+    pair = wr[WORD_ROWS, 0]
     scale = kaio.local(u32, 2)
     scale[0] = kaio.prmt(pair, pair, LOW_TWICE)
     scale[1] = kaio.prmt(pair, pair, HIGH_TWICE)
     for kk in kaio.static_range(BK // 16):
         for r in kaio.static_range(4):  # (row g, k 2t), (g + 8, 2t), (g, 2t + 8), (g + 8, 2t + 8)
             af[BUF, kk, r] = nibble_pair(
-                words[2 * kk + r // 2, r % 2], sel, kaio.bitcast(scale[r % 2], f16x2)
+                wr[2 * kk + r // 2, r % 2], sel, kaio.bitcast(scale[r % 2], f16x2)
             )
     kaio.fence_proxy_async()  # the words' reads before the stage's next TMA copy
     kaio.sync_warp()
     if lt % 32 == 0:  # every warp of every consumer warpgroup: the stage is free
-        kaio.mbarrier_arrive(bars, (4, w))
-    at[4] += 1
-    if at[4] == WSTAGES:
-        at[4] = 0
-        at[5] ^= 1
+        kaio.mbarrier_arrive(bars, (4, at[6]))
     s = at[0]
     kaio.mbarrier_wait(bars, (0, s), u32(at[1]))
     kaio.wgmma_fence()
@@ -249,6 +265,8 @@ def swap_slice(
         db = kaio.smem_descriptor(sx, (s, 0, kk * 16), SW, 16, 1024)
         kaio.wgmma_f16(acc, af[BUF, kk], db, kt + kk > 0)
     kaio.wgmma_commit()
+    if EARLY and more:
+        load_words(sw, sc, bars, wr, at, nl, WSTAGES)
     kaio.wgmma_wait(BUFS - 1)
     if kt >= BUFS - 1 and lt == 0:  # that slice's wgmmas are done: free its stage
         free_stage(bars, at[BUFS], MC)
@@ -304,6 +322,7 @@ def int4_swap(
     M: u32, N: u32, K: u32, k_slice: u32, WG: kaio.constexpr, BM: kaio.constexpr,
     STAGES: kaio.constexpr, SPLIT: kaio.constexpr, CL: kaio.constexpr, REGS: kaio.constexpr,
     OUT: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr, BUFS: kaio.constexpr,
+    EARLY: kaio.constexpr,
 ):  # fmt: skip
     """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block
     computes ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG`` consumer
@@ -389,27 +408,34 @@ def int4_swap(
         nl = 64 * wg + 16 * (lt // 32) + 2 * (lane // 4)  # this lane's columns nl, nl + 1
         af = kaio.local(u32, (BUFS, BK // 16, 4))  # BUFS slices' A fragments
         # (a's ring stage, its phase, the stages of the slice before and of the one before
-        # that, the words' ring stage, its phase)
-        at = kaio.local(i32, 6)
-        for i in kaio.static_range(6):
+        # that, the words' ring stage to read next, its phase, the stage read last)
+        at = kaio.local(i32, 7)
+        for i in kaio.static_range(7):
             at[i] = 0
         sel = (lane % 4) * 0x1111
+        wr = kaio.local(u32, (WORD_ROWS + 1, 2))  # a slice's words and scales (load_words)
+        if EARLY and my_tiles > 0:  # the first slice's words; then each slice reads the next's
+            load_words(sw, sc, bars, wr, at, nl, WSTAGES)
         for i in range(my_tiles):
             origin = tile_origin(first + u32(i) * step, grid_m, grid_n)
+            last = i == my_tiles - 1
             # slices in groups of BUFS, the fragment buffers in turn; the last k_tiles %
             # BUFS slices after every wgmma is done (ptxas serializes all wgmmas if any
             # path could redefine the registers of one in flight)
             for kt in range(0, k_tiles - (BUFS - 1), BUFS):
                 for b in kaio.static_range(BUFS):
-                    swap_slice(sw, sc, sx, bars, acc, af, at, kt + b, nl, sel, lt, b, STAGES,
-                               MC, WSTAGES, BUFS)  # fmt: skip
+                    more = not (last and kt + b == k_tiles - 1)
+                    swap_slice(sw, sc, sx, bars, acc, af, wr, at, kt + b, nl, sel, lt, more, b,
+                               STAGES, MC, WSTAGES, BUFS, EARLY)  # fmt: skip
             rest = k_tiles % BUFS
             if rest:
                 kaio.wgmma_wait(0)
                 for b in kaio.static_range(BUFS - 1):
                     if b < rest:
-                        swap_slice(sw, sc, sx, bars, acc, af, at, k_tiles - rest + b, nl, sel,
-                                   lt, b, STAGES, MC, WSTAGES, BUFS)  # fmt: skip
+                        kt = k_tiles - rest + b
+                        more = not (last and kt == k_tiles - 1)
+                        swap_slice(sw, sc, sx, bars, acc, af, wr, at, kt, nl, sel, lt, more, b,
+                                   STAGES, MC, WSTAGES, BUFS, EARLY)  # fmt: skip
             kaio.wgmma_wait(0)
             if lt == 0:  # the tile's last slices, not freed in the loop
                 if BUFS == 3 and k_tiles > 1:
@@ -569,6 +595,7 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     mc = int(len(more) > 1 and bool(more[1]))
     wstages = more[2] if len(more) > 2 else 0
     bufs = more[3] if len(more) > 3 else 2
+    early = int(bool(more[4])) if len(more) > 4 else 0
     if bufs not in (2, 3):
         raise ValueError(f"int4_swap: BUFS (fragment buffers) must be 2 or 3, got {bufs}")
     stages = stages or swap_stages(wg, bm)
@@ -589,7 +616,7 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
         cl = 0
     consts = {"WG": wg, "BM": bm, "STAGES": stages, "SPLIT": split if cl else min(split, 2),
               "CL": cl, "REGS": swap_registers(wg), "OUT": out_type, "MC": mc,
-              "WSTAGES": wstages, "BUFS": bufs}  # fmt: skip
+              "WSTAGES": wstages, "BUFS": bufs, "EARLY": early}  # fmt: skip
     return split, k_slice, tiles, consts
 
 
@@ -635,23 +662,25 @@ def swap_specializations() -> list:
     """(kernel, constexprs) of ``int4_swap``'s variants to check with ptxas (sm_90a): every
     consumer count, the widest and narrowest activation tiles, a K split through the
     workspace and through a cluster, every output type, pairs of tiles sharing a's rows by
-    multicast, three fragment buffers."""
+    multicast, three fragment buffers, the next slice's words read early."""
     out = []
-    for wg, bm, split, cl, ot, mc, bufs in (
-        (1, 8, 2, 1, f32, 0, 2),
-        (2, 256, 1, 0, f16, 0, 2),
-        (2, 64, 4, 1, bf16, 0, 2),
-        (3, 128, 2, 0, f32, 0, 2),
-        (4, 16, 8, 1, f16, 0, 2),
-        (4, 64, 2, 0, f32, 0, 2),
-        (2, 256, 1, 0, f16, 1, 2),
-        (3, 128, 1, 0, bf16, 1, 2),
-        (2, 256, 1, 0, f16, 1, 3),
-        (2, 128, 2, 1, f32, 0, 3),
+    for wg, bm, split, cl, ot, mc, bufs, early in (
+        (1, 8, 2, 1, f32, 0, 2, 0),
+        (2, 256, 1, 0, f16, 0, 2, 0),
+        (2, 256, 1, 0, f16, 0, 2, 1),
+        (2, 64, 4, 1, bf16, 0, 2, 1),
+        (3, 128, 2, 0, f32, 0, 2, 0),
+        (4, 16, 8, 1, f16, 0, 2, 0),
+        (4, 64, 2, 0, f32, 0, 2, 1),
+        (2, 256, 1, 0, f16, 1, 2, 0),
+        (3, 128, 1, 0, bf16, 1, 2, 0),
+        (2, 256, 1, 0, f16, 1, 3, 1),
+        (2, 128, 2, 1, f32, 0, 3, 0),
     ):
         stages = swap_stages(wg, bm)
         consts = {"WG": wg, "BM": bm, "STAGES": stages, "SPLIT": split, "CL": cl,
                   "REGS": swap_registers(wg), "OUT": ot, "MC": mc,
-                  "WSTAGES": swap_word_stages(wg, bm, stages), "BUFS": bufs}  # fmt: skip
+                  "WSTAGES": swap_word_stages(wg, bm, stages), "BUFS": bufs,
+                  "EARLY": early}  # fmt: skip
         out.append((int4_swap, consts))
     return out

@@ -230,6 +230,13 @@ SWAP_CASES = [
     (40, 200, 512, None, (1, 48, 4, 1, 0, 1, 2, 3), None),
     # a cluster sum of two trips a thread (SUM_UNROLL pairs each), the last rows past M
     (60, 64, 256, "bfloat16", (1, 64, 2, 2, 1), None),
+    # EARLY (config[8]): each slice reads the next one's words, across tiles of the persistent
+    # loop (the last slice of the last tile reads none); with 3 buffers and a 1-stage words'
+    # ring; multicast pairs; a cluster's K split
+    (50, 192, 256, None, (1, 16, 3, 1, 0, 0, 2, 2, 1), 2),
+    (20, 136, 640, "float16", (2, 24, 3, 1, 0, 0, 1, 3, 1), 1),
+    (40, 200, 512, None, (1, 48, 4, 1, 0, 1, 2, 3, 1), None),
+    (20, 136, 512, "float16", (2, 24, 2, 4, 1, 0, 0, 2, 1), None),
 ]
 
 
@@ -353,7 +360,7 @@ def test_int4_swap_assembles_for_sm_90a():
         report = assemble(ptx, "sm_90a")
         assert " 0 bytes spill stores" in report and "C751" not in report, (constexprs, report)
     if importlib.util.find_spec("llvmlite"):  # the LLVM lowering: a cluster variant
-        kernel, constexprs = _int4_hopper.swap_specializations()[4]
+        kernel, constexprs = _int4_hopper.swap_specializations()[5]
         assemble(kernel.ptx(arch="sm_90", backend="llvm", **constexprs), "sm_90a")
 
 
@@ -404,7 +411,7 @@ def test_int4_swap_registers_can_be_granted():
     for wg, bm in ((2, 256), (3, 128), (4, 64)):
         consts = {"WG": wg, "BM": bm, "STAGES": _int4_hopper.swap_stages(wg, bm), "SPLIT": 2,
                   "CL": 0, "REGS": _int4_hopper.swap_registers(wg), "OUT": f16, "MC": 0,
-                  "WSTAGES": 4, "BUFS": 2}  # fmt: skip
+                  "WSTAGES": 4, "BUFS": 2, "EARLY": 1}  # fmt: skip
         report = assemble(_int4_hopper.int4_swap.ptx(arch="sm_90", **consts), "sm_90a")
         assert " 0 bytes spill stores" in report, (consts, report)
         _assert_registers_balance(report, consts)
