@@ -68,27 +68,17 @@ def configs(text: str, m: int) -> list:
 def prewarm(args, pts: list) -> None:
     """Every ``int4_swap`` build the points will launch, compiled by ``args.prewarm``
     processes at once (kaio's disk cache and the driver's JIT cache keep them)."""
-    import concurrent.futures
-    import multiprocessing
+    from bench.int4_wgmma import compile_swaps
 
-    from bench.int4_wgmma import _warm
-
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    todo = {}
+    todo = []
     for n, k, ms in pts:
         for m in ms:
             cfgs = configs(args.configs, m)
             if m < _int4_hopper.DEQUANT_M and not args.no_route:
                 cfgs.append(_int4_hopper.swap_plan(m))
-            for c in cfgs:
-                consts = _int4_hopper.swap_launch_plan(m, n, k, c, sms, kaio.f16)[3]
-                consts["OUT"] = "f16"
-                todo[str(sorted(consts.items()))] = consts
-    ctx = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(args.prewarm, mp_context=ctx) as pool:
-        for e in pool.map(_warm, todo.values()):
-            if e:
-                print("prewarm:", e, flush=True)
+            todo += [(m, n, k, c) for c in cfgs]
+    for e in compile_swaps(todo, args.prewarm):
+        print("prewarm:", e, flush=True)
 
 
 def table(path: str) -> None:

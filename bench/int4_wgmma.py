@@ -308,11 +308,7 @@ def prewarm(log, shapes, workers: int, variants: bool = True) -> None:
     """Every ``int4_swap`` specialization that ``swap_sweep`` and ``matmul_int4`` will launch,
     compiled into the disk cache by ``workers`` processes at once (a new process then loads
     each cubin without compiling)."""
-    import concurrent.futures
-    import multiprocessing
-
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    todo = {}
+    points = []
     for n, k, ms in shapes:
         for m in ms:
             configs = (
@@ -320,15 +316,27 @@ def prewarm(log, shapes, workers: int, variants: bool = True) -> None:
             )
             if m > _int4_hopper.DECODE_M:
                 configs.append(_int4_hopper.swap_plan(m))
-            for cfg in configs:
-                consts = _int4_hopper.swap_launch_plan(m, n, k, cfg, sms, kaio.f16)[3]
-                consts["OUT"] = "f16"
-                todo[str(sorted(consts.items()))] = consts
-    ctx = multiprocessing.get_context("spawn")
+            points += [(m, n, k, cfg) for cfg in configs]
     t = time.time()
+    errors = compile_swaps(points, workers)
+    log({"prewarm": len(points), "seconds": round(time.time() - t, 1), "errors": errors[:5]})
+
+
+def compile_swaps(points: list, workers: int) -> list:
+    """Compile ``int4_swap`` (f16 out) for every ``(m, n, k, config)`` of ``points`` in
+    ``workers`` processes at once; the errors, as text."""
+    import concurrent.futures
+    import multiprocessing
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    todo = {}
+    for m, n, k, cfg in points:
+        consts = _int4_hopper.swap_launch_plan(m, n, k, cfg, sms, kaio.f16)[3]
+        consts["OUT"] = "f16"
+        todo[str(sorted(consts.items()))] = consts
+    ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-        errors = [e for e in pool.map(_warm, todo.values()) if e]
-    log({"prewarm": len(todo), "seconds": round(time.time() - t, 1), "errors": errors[:5]})
+        return [e for e in pool.map(_warm, todo.values()) if e]
 
 
 def swap_sweep(log, shapes, budget: float, variants: bool = False, multicast=False) -> list:

@@ -477,6 +477,16 @@ def int4_swap(
 
 
 @kaio.gpu_func
+def free_slot(bars: u64[:, :], j: i32, FREE: kaio.constexpr, STAGES: kaio.constexpr) -> i32:
+    """The stage of copy ``j`` in a ``STAGES``-deep ring, once its "free" barrier (row
+    ``FREE`` of ``bars``) says the consumers are done with copy ``j - STAGES``."""
+    s = j % STAGES
+    if j >= STAGES:
+        kaio.mbarrier_wait(bars, (FREE, s), u32((j // STAGES - 1) & 1))
+    return s
+
+
+@kaio.gpu_func
 def produce_rows(
     sx: f16[:, :, :], bars: u64[:, :], tx: kaio.tensormap, total: i32, k_tiles: i32,
     k_begin: u32, first: u32, step: u32, grid_m: u32, grid_n: u32, mine: u32,
@@ -487,9 +497,7 @@ def produce_rows(
     ``MC``, the consumers of both blocks of the pair: ``grid_n`` counts pairs of tiles,
     ``mine`` is this block's, and its half of a's rows goes to both blocks)."""
     for j in range(total):
-        s = j % STAGES
-        if j >= STAGES:
-            kaio.mbarrier_wait(bars, (1, s), u32((j // STAGES - 1) & 1))
+        s = free_slot(bars, j, 1, STAGES)
         origin = tile_origin(first + u32(j // k_tiles) * step, grid_m, grid_n)
         k0 = i32(k_begin) + j % k_tiles * BK
         kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32(BM * BK * 2))
@@ -511,9 +519,7 @@ def produce_words(
     their ring, each stage once every consumer warp has read the slice it held before."""
     BNW = 64 * WG
     for j in range(total):
-        s = j % WSTAGES
-        if j >= WSTAGES:
-            kaio.mbarrier_wait(bars, (4, s), u32((j // WSTAGES - 1) & 1))
+        s = free_slot(bars, j, 4, WSTAGES)
         origin = tile_origin(first + u32(j // k_tiles) * step, grid_m, grid_n)
         k0 = i32(k_begin) + j % k_tiles * BK
         n0 = i32((tile_col(origin) * (1 + MC) + mine) * BNW)
