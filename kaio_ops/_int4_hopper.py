@@ -458,11 +458,11 @@ def int4_swap(
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         if lt < 32:  # (two branches: the simulator runs either while the other waits)
             if lt == 0:
-                produce_rows(sx, bars, tx, my_tiles * k_tiles, k_tiles, k_begin, first, step,
-                             grid_m, grid_n, mine, BM, STAGES, MC)  # fmt: skip
+                produce_rows(sx, bars, tx, my_tiles, k_tiles, k_begin, first, step, grid_m,
+                             grid_n, mine, BM, STAGES, MC)  # fmt: skip
         elif lt == 32:
-            produce_words(sw, ss, bars, tw, ts, my_tiles * k_tiles, k_tiles, k_begin, first,
-                          step, grid_m, grid_n, mine, WG, WSTAGES, MC)  # fmt: skip
+            produce_words(sw, ss, bars, tw, ts, my_tiles, k_tiles, k_begin, first, step,
+                          grid_m, grid_n, mine, WG, WSTAGES, MC)  # fmt: skip
         if CL:  # the cluster barriers below wait for the threads that have not exited
             return
     if CL:  # one tile a cluster: sum its K slices through distributed shared memory, in the
@@ -477,55 +477,75 @@ def int4_swap(
 
 
 @kaio.gpu_func
-def free_slot(bars: u64[:, :], j: i32, FREE: kaio.constexpr, STAGES: kaio.constexpr) -> i32:
-    """The stage of copy ``j`` in a ``STAGES``-deep ring, once its "free" barrier (row
-    ``FREE`` of ``bars``) says the consumers are done with copy ``j - STAGES``."""
-    s = j % STAGES
+def next_free(bars: u64[:, :], ring: i32[:], j: i32, FREE: kaio.constexpr,
+              STAGES: kaio.constexpr) -> i32:  # fmt: skip
+    """The stage of copy ``j`` in a ``STAGES``-deep ring whose next stage and phase are
+    ``ring[0]``, ``ring[1]`` (advanced here), once its "free" barrier (row ``FREE`` of
+    ``bars``) says the consumers are done with copy ``j - STAGES``: no division a copy (a
+    producer thread's index arithmetic is on the pipeline's critical path)."""
+    s = ring[0]
     if j >= STAGES:
-        kaio.mbarrier_wait(bars, (FREE, s), u32((j // STAGES - 1) & 1))
+        kaio.mbarrier_wait(bars, (FREE, s), u32(ring[1] ^ 1))
+    ring[0] += 1
+    if ring[0] == STAGES:
+        ring[0] = 0
+        ring[1] ^= 1
     return s
 
 
 @kaio.gpu_func
 def produce_rows(
-    sx: f16[:, :, :], bars: u64[:, :], tx: kaio.tensormap, total: i32, k_tiles: i32,
+    sx: f16[:, :, :], bars: u64[:, :], tx: kaio.tensormap, tiles: i32, k_tiles: i32,
     k_begin: u32, first: u32, step: u32, grid_m: u32, grid_n: u32, mine: u32,
     BM: kaio.constexpr, STAGES: kaio.constexpr, MC: kaio.constexpr,
 ):  # fmt: skip
-    """``int4_swap``'s copies of a's rows: the block's ``total`` slices (``k_tiles`` a tile)
+    """``int4_swap``'s copies of a's rows: the block's ``tiles`` tiles of ``k_tiles`` slices
     into their ring, each stage once the consumers freed the slice it held before (with
     ``MC``, the consumers of both blocks of the pair: ``grid_n`` counts pairs of tiles,
     ``mine`` is this block's, and its half of a's rows goes to both blocks)."""
-    for j in range(total):
-        s = free_slot(bars, j, 1, STAGES)
-        origin = tile_origin(first + u32(j // k_tiles) * step, grid_m, grid_n)
-        k0 = i32(k_begin) + j % k_tiles * BK
-        kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32(BM * BK * 2))
-        if MC:  # half the rows, into both blocks (the other half comes from the other block)
-            half = i32(mine * (BM // 2))
-            row = i32(tile_row(origin) * BM) + half
-            kaio.tma_load_2d_multicast(sx, (s, half, 0), tx, row, k0, bars, (0, s), 3)
-        else:
-            kaio.tma_load_2d(sx, (s, 0, 0), tx, i32(tile_row(origin) * BM), k0, bars, (0, s))
+    ring = kaio.local(i32, 2)
+    ring[0] = 0
+    ring[1] = 0
+    j = i32(0)
+    for i in range(tiles):
+        origin = tile_origin(first + u32(i) * step, grid_m, grid_n)
+        half = i32(mine * (BM // 2))
+        row = i32(tile_row(origin) * BM) + half * MC
+        for kt in range(k_tiles):
+            s = next_free(bars, ring, j, 1, STAGES)
+            k0 = i32(k_begin) + kt * BK
+            kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32(BM * BK * 2))
+            if MC:  # half the rows, into both blocks (the other half comes from the other)
+                kaio.tma_load_2d_multicast(sx, (s, half, 0), tx, row, k0, bars, (0, s), 3)
+            else:
+                kaio.tma_load_2d(sx, (s, 0, 0), tx, row, k0, bars, (0, s))
+            j += 1
 
 
 @kaio.gpu_func
 def produce_words(
     sw: u32[:, :, :], ss: f16[:, :], bars: u64[:, :], tw: kaio.tensormap, ts: kaio.tensormap,
-    total: i32, k_tiles: i32, k_begin: u32, first: u32, step: u32, grid_m: u32, grid_n: u32,
+    tiles: i32, k_tiles: i32, k_begin: u32, first: u32, step: u32, grid_m: u32, grid_n: u32,
     mine: u32, WG: kaio.constexpr, WSTAGES: kaio.constexpr, MC: kaio.constexpr,
 ):  # fmt: skip
-    """``int4_swap``'s copies of the words and scales: the block's ``total`` slices into
-    their ring, each stage once every consumer warp has read the slice it held before."""
+    """``int4_swap``'s copies of the words and scales: the block's ``tiles`` tiles of
+    ``k_tiles`` slices into their ring, each stage once every consumer warp has read the
+    slice it held before."""
     BNW = 64 * WG
-    for j in range(total):
-        s = free_slot(bars, j, 4, WSTAGES)
-        origin = tile_origin(first + u32(j // k_tiles) * step, grid_m, grid_n)
-        k0 = i32(k_begin) + j % k_tiles * BK
+    ring = kaio.local(i32, 2)
+    ring[0] = 0
+    ring[1] = 0
+    j = i32(0)
+    for i in range(tiles):
+        origin = tile_origin(first + u32(i) * step, grid_m, grid_n)
         n0 = i32((tile_col(origin) * (1 + MC) + mine) * BNW)
-        kaio.mbarrier_arrive_expect_tx(bars, (3, s), u32(WORD_ROWS * BNW * 4 + BNW * 2))
-        kaio.tma_load_2d(sw, (s, 0, 0), tw, k0 // 8, n0, bars, (3, s))
-        kaio.tma_load_2d(ss, (s, 0), ts, k0 // 128, n0, bars, (3, s))
+        for kt in range(k_tiles):
+            s = next_free(bars, ring, j, 4, WSTAGES)
+            k0 = i32(k_begin) + kt * BK
+            kaio.mbarrier_arrive_expect_tx(bars, (3, s), u32(WORD_ROWS * BNW * 4 + BNW * 2))
+            kaio.tma_load_2d(sw, (s, 0, 0), tw, k0 // 8, n0, bars, (3, s))
+            kaio.tma_load_2d(ss, (s, 0), ts, k0 // 128, n0, bars, (3, s))
+            j += 1
 
 
 def swap_registers(wg: int) -> int:
