@@ -10,7 +10,7 @@ shared memory, so no thread ever stores the f16 weights; see its docstring. At s
 (memory-bound) the grid is filled by splitting K over ``grid.z`` (raw f32 partial tiles
 summed in a fixed order by ``kaio_ops._gemm.gemm_reduce``: ``finish``), or (``CL``) over a
 cluster of ``SPLIT`` blocks along x, one tile a cluster, whose partial tiles are summed in
-rank order through distributed shared memory (``cluster_sum``; the ring, idle by then, holds
+rank order through distributed shared memory (``cluster_sum``; the rings, idle by then, hold
 them): no workspace and no second launch. Needs N % 8 == 0 (TMA rows of the words and the
 scales a multiple of 16 bytes), K % 128 == 0, and 16-byte aligned operands (``fits``).
 
@@ -27,7 +27,7 @@ import math
 
 import kaio
 from kaio import bf16, bool_, f16, f16x2, f32, i32, u32, u64
-from kaio_ops._attention_hopper import PRODUCER_REGS
+from kaio_ops._attention_hopper import PRODUCER_REGS, advance
 from kaio_ops._int4_decode import HIGH_TWICE, LOW_TWICE
 from kaio_ops._matmul_kernels import tile_col, tile_origin, tile_row
 
@@ -206,29 +206,27 @@ def nibble_pair(word: u32, sel: u32, scale: f16x2) -> u32:
 
 @kaio.gpu_func
 def load_words(
-    sw: u32[:, :, :], sc: u32[:, :], bars: u64[:, :], wr: u32[:, :], at: i32[:], nl: u32,
-    WSTAGES: kaio.constexpr,
+    sw: u32[:, :, :], sc: u32[:, :], bars: u64[:, :], wr: u32[:, :], wpos: i32[:],
+    at: i32[:], nl: u32, WSTAGES: kaio.constexpr,
 ):  # fmt: skip
-    """Wait for the next slice's words (stage ``at[4]`` of the words' ring, phase ``at[5]``)
-    and read this lane's into ``wr``: ``wr[kw, h]`` the word of column ``nl + h``, K ``8 kw``
-    .. ``8 kw + 7``, ``wr[WORD_ROWS, 0]`` the scales of columns ``nl``, ``nl + 1``; the stage
-    goes to ``at[6]`` (freed once the words are used: ``swap_slice``)."""
-    w = at[4]
-    kaio.mbarrier_wait(bars, (3, w), u32(at[5]))
+    """Wait for the next slice's words (stage ``wpos[0]`` of the words' ring, phase
+    ``wpos[1]``) and read this lane's into ``wr``: ``wr[kw, h]`` the word of column ``nl +
+    h``, K ``8 kw`` .. ``8 kw + 7``, ``wr[WORD_ROWS, 0]`` the scales of columns ``nl``, ``nl +
+    1``; the stage goes to ``at[4]`` (freed once the words are used: ``swap_slice``)."""
+    w = wpos[0]
+    kaio.mbarrier_wait(bars, (3, w), u32(wpos[1]))
     for kw in kaio.static_range(WORD_ROWS):
         kaio.load_vector(wr[kw], sw, (w, kw, nl))
     wr[WORD_ROWS, 0] = sc[w, nl // 2]
-    at[6] = w
-    at[4] += 1
-    if at[4] == WSTAGES:
-        at[4] = 0
-        at[5] ^= 1
+    at[4] = w
+    advance(wpos, WSTAGES)
 
 
 @kaio.gpu_func
 def swap_slice(
     sw: u32[:, :, :], sc: u32[:, :], sx: f16[:, :, :], bars: u64[:, :], acc: f32[:, :, :],
-    af: u32[:, :, :], wr: u32[:, :], at: i32[:], kt: i32, nl: u32, sel: u32, lt: u32,
+    af: u32[:, :, :], wr: u32[:, :], wpos: i32[:], at: i32[:], kt: i32, nl: u32, sel: u32,
+    lt: u32,
     more: bool_, BUF: kaio.constexpr, STAGES: kaio.constexpr, MC: kaio.constexpr,
     WSTAGES: kaio.constexpr, BUFS: kaio.constexpr, EARLY: kaio.constexpr,
 ):  # fmt: skip
@@ -244,7 +242,7 @@ def swap_slice(
     of their own (``WSTAGES``), so the fragments are made while the activations are still on
     their way."""
     if not EARLY:
-        load_words(sw, sc, bars, wr, at, nl, WSTAGES)
+        load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES)
     pair = wr[WORD_ROWS, 0]
     scale = kaio.local(u32, 2)
     scale[0] = kaio.prmt(pair, pair, LOW_TWICE)
@@ -257,7 +255,7 @@ def swap_slice(
     kaio.fence_proxy_async()  # the words' reads before the stage's next TMA copy
     kaio.sync_warp()
     if lt % 32 == 0:  # every warp of every consumer warpgroup: the stage is free
-        kaio.mbarrier_arrive(bars, (4, at[6]))
+        kaio.mbarrier_arrive(bars, (4, at[4]))
     s = at[0]
     kaio.mbarrier_wait(bars, (0, s), u32(at[1]))
     kaio.wgmma_fence()
@@ -266,17 +264,14 @@ def swap_slice(
         kaio.wgmma_f16(acc, af[BUF, kk], db, kt + kk > 0)
     kaio.wgmma_commit()
     if EARLY and more:
-        load_words(sw, sc, bars, wr, at, nl, WSTAGES)
+        load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES)
     kaio.wgmma_wait(BUFS - 1)
     if kt >= BUFS - 1 and lt == 0:  # that slice's wgmmas are done: free its stage
         free_stage(bars, at[BUFS], MC)
     if BUFS == 3:
         at[3] = at[2]
     at[2] = s
-    at[0] += 1
-    if at[0] == STAGES:
-        at[0] = 0
-        at[1] ^= 1
+    advance(at, STAGES)
 
 
 @kaio.gpu_func
@@ -408,14 +403,17 @@ def int4_swap(
         nl = 64 * wg + 16 * (lt // 32) + 2 * (lane // 4)  # this lane's columns nl, nl + 1
         af = kaio.local(u32, (BUFS, BK // 16, 4))  # BUFS slices' A fragments
         # (a's ring stage, its phase, the stages of the slice before and of the one before
-        # that, the words' ring stage to read next, its phase, the stage read last)
-        at = kaio.local(i32, 7)
-        for i in kaio.static_range(7):
+        # that, the words' stage read last); wpos: the words' stage to read next, its phase
+        at = kaio.local(i32, 5)
+        wpos = kaio.local(i32, 2)
+        for i in kaio.static_range(5):
             at[i] = 0
+        wpos[0] = 0
+        wpos[1] = 0
         sel = (lane % 4) * 0x1111
         wr = kaio.local(u32, (WORD_ROWS + 1, 2))  # a slice's words and scales (load_words)
         if EARLY and my_tiles > 0:  # the first slice's words; then each slice reads the next's
-            load_words(sw, sc, bars, wr, at, nl, WSTAGES)
+            load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES)
         for i in range(my_tiles):
             origin = tile_origin(first + u32(i) * step, grid_m, grid_n)
             last = i == my_tiles - 1
@@ -425,8 +423,8 @@ def int4_swap(
             for kt in range(0, k_tiles - (BUFS - 1), BUFS):
                 for b in kaio.static_range(BUFS):
                     more = not (last and kt + b == k_tiles - 1)
-                    swap_slice(sw, sc, sx, bars, acc, af, wr, at, kt + b, nl, sel, lt, more, b,
-                               STAGES, MC, WSTAGES, BUFS, EARLY)  # fmt: skip
+                    swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt + b, nl, sel, lt,
+                               more, b, STAGES, MC, WSTAGES, BUFS, EARLY)  # fmt: skip
             rest = k_tiles % BUFS
             if rest:
                 kaio.wgmma_wait(0)
@@ -434,8 +432,8 @@ def int4_swap(
                     if b < rest:
                         kt = k_tiles - rest + b
                         more = not (last and kt == k_tiles - 1)
-                        swap_slice(sw, sc, sx, bars, acc, af, wr, at, kt, nl, sel, lt, more, b,
-                                   STAGES, MC, WSTAGES, BUFS, EARLY)  # fmt: skip
+                        swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt, nl, sel, lt,
+                                   more, b, STAGES, MC, WSTAGES, BUFS, EARLY)  # fmt: skip
             kaio.wgmma_wait(0)
             if lt == 0:  # the tile's last slices, not freed in the loop
                 if BUFS == 3 and k_tiles > 1:
@@ -458,11 +456,11 @@ def int4_swap(
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         if lt < 32:  # (two branches: the simulator runs either while the other waits)
             if lt == 0:
-                produce_rows(sx, bars, tx, my_tiles, k_tiles, k_begin, first, step, grid_m,
-                             grid_n, mine, BM, STAGES, MC)  # fmt: skip
+                produce(sx, sw, ss, bars, tx, tw, ts, my_tiles, k_tiles, k_begin, first, step,
+                        grid_m, grid_n, mine, BM, WG, STAGES, MC, 0)  # fmt: skip
         elif lt == 32:
-            produce_words(sw, ss, bars, tw, ts, my_tiles, k_tiles, k_begin, first, step,
-                          grid_m, grid_n, mine, WG, WSTAGES, MC)  # fmt: skip
+            produce(sx, sw, ss, bars, tx, tw, ts, my_tiles, k_tiles, k_begin, first, step,
+                    grid_m, grid_n, mine, BM, WG, WSTAGES, MC, 1)  # fmt: skip
         if CL:  # the cluster barriers below wait for the threads that have not exited
             return
     if CL:  # one tile a cluster: sum its K slices through distributed shared memory, in the
@@ -486,23 +484,23 @@ def next_free(bars: u64[:, :], ring: i32[:], j: i32, FREE: kaio.constexpr,
     s = ring[0]
     if j >= STAGES:
         kaio.mbarrier_wait(bars, (FREE, s), u32(ring[1] ^ 1))
-    ring[0] += 1
-    if ring[0] == STAGES:
-        ring[0] = 0
-        ring[1] ^= 1
+    advance(ring, STAGES)
     return s
 
 
 @kaio.gpu_func
-def produce_rows(
-    sx: f16[:, :, :], bars: u64[:, :], tx: kaio.tensormap, tiles: i32, k_tiles: i32,
-    k_begin: u32, first: u32, step: u32, grid_m: u32, grid_n: u32, mine: u32,
-    BM: kaio.constexpr, STAGES: kaio.constexpr, MC: kaio.constexpr,
+def produce(
+    sx: f16[:, :, :], sw: u32[:, :, :], ss: f16[:, :], bars: u64[:, :], tx: kaio.tensormap,
+    tw: kaio.tensormap, ts: kaio.tensormap, tiles: i32, k_tiles: i32, k_begin: u32,
+    first: u32, step: u32, grid_m: u32, grid_n: u32, mine: u32, BM: kaio.constexpr,
+    WG: kaio.constexpr, STAGES: kaio.constexpr, MC: kaio.constexpr, WORDS: kaio.constexpr,
 ):  # fmt: skip
-    """``int4_swap``'s copies of a's rows: the block's ``tiles`` tiles of ``k_tiles`` slices
-    into their ring, each stage once the consumers freed the slice it held before (with
-    ``MC``, the consumers of both blocks of the pair: ``grid_n`` counts pairs of tiles,
-    ``mine`` is this block's, and its half of a's rows goes to both blocks)."""
+    """``int4_swap``'s copies, the block's ``tiles`` tiles of ``k_tiles`` slices each into a
+    ``STAGES``-deep ring, each stage once the consumers freed the slice it held before: a's
+    rows (with ``MC``, freed by the consumers of both blocks of the pair: ``grid_n`` counts
+    pairs of tiles, ``mine`` is this block's, and its half of a's rows goes to both blocks),
+    or (``WORDS``) the words and scales, freed by every consumer warp once read."""
+    BNW = 64 * WG
     ring = kaio.local(i32, 2)
     ring[0] = 0
     ring[1] = 0
@@ -511,40 +509,20 @@ def produce_rows(
         origin = tile_origin(first + u32(i) * step, grid_m, grid_n)
         half = i32(mine * (BM // 2))
         row = i32(tile_row(origin) * BM) + half * MC
-        for kt in range(k_tiles):
-            s = next_free(bars, ring, j, 1, STAGES)
-            k0 = i32(k_begin) + kt * BK
-            kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32(BM * BK * 2))
-            if MC:  # half the rows, into both blocks (the other half comes from the other)
-                kaio.tma_load_2d_multicast(sx, (s, half, 0), tx, row, k0, bars, (0, s), 3)
-            else:
-                kaio.tma_load_2d(sx, (s, 0, 0), tx, row, k0, bars, (0, s))
-            j += 1
-
-
-@kaio.gpu_func
-def produce_words(
-    sw: u32[:, :, :], ss: f16[:, :], bars: u64[:, :], tw: kaio.tensormap, ts: kaio.tensormap,
-    tiles: i32, k_tiles: i32, k_begin: u32, first: u32, step: u32, grid_m: u32, grid_n: u32,
-    mine: u32, WG: kaio.constexpr, WSTAGES: kaio.constexpr, MC: kaio.constexpr,
-):  # fmt: skip
-    """``int4_swap``'s copies of the words and scales: the block's ``tiles`` tiles of
-    ``k_tiles`` slices into their ring, each stage once every consumer warp has read the
-    slice it held before."""
-    BNW = 64 * WG
-    ring = kaio.local(i32, 2)
-    ring[0] = 0
-    ring[1] = 0
-    j = i32(0)
-    for i in range(tiles):
-        origin = tile_origin(first + u32(i) * step, grid_m, grid_n)
         n0 = i32((tile_col(origin) * (1 + MC) + mine) * BNW)
         for kt in range(k_tiles):
-            s = next_free(bars, ring, j, 4, WSTAGES)
+            s = next_free(bars, ring, j, 1 + 3 * WORDS, STAGES)
             k0 = i32(k_begin) + kt * BK
-            kaio.mbarrier_arrive_expect_tx(bars, (3, s), u32(WORD_ROWS * BNW * 4 + BNW * 2))
-            kaio.tma_load_2d(sw, (s, 0, 0), tw, k0 // 8, n0, bars, (3, s))
-            kaio.tma_load_2d(ss, (s, 0), ts, k0 // 128, n0, bars, (3, s))
+            if WORDS:
+                kaio.mbarrier_arrive_expect_tx(bars, (3, s), u32(WORD_ROWS * BNW * 4 + BNW * 2))
+                kaio.tma_load_2d(sw, (s, 0, 0), tw, k0 // 8, n0, bars, (3, s))
+                kaio.tma_load_2d(ss, (s, 0), ts, k0 // 128, n0, bars, (3, s))
+            else:
+                kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32(BM * BK * 2))
+                if MC:  # half the rows, into both blocks (the other half from the other)
+                    kaio.tma_load_2d_multicast(sx, (s, half, 0), tx, row, k0, bars, (0, s), 3)
+                else:
+                    kaio.tma_load_2d(sx, (s, 0, 0), tx, row, k0, bars, (0, s))
             j += 1
 
 
