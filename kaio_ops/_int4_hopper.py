@@ -97,31 +97,42 @@ PREFILL_M = 1 << 62
 # int4_swap's tiles by M (the first row whose bound M does not pass): (WG, BM; 0: M rounded
 # up to 8, or 16 with MC; CL: a K split summed in a cluster (1: of 2 blocks, a split past 2
 # through the workspace; 2: of up to 8 blocks), else by gemm_reduce; MC: pairs of tiles
-# sharing a's rows by multicast; BUFS: slices' A fragments in registers). Measured on an
+# sharing a's rows by multicast; BUFS: slices' A fragments in registers; EARLY: each slice
+# reads the next one's words into registers, ``swap_slice``). Measured on an
 # H100 under the whole-program JIT (bench/int4_wgmma.py --swap --variants-only, round C of
 # 2026-11-26, x cuBLAS f16 at the same point): 129-256 rows one M-row tile with a cluster
 # pair split, 8192x8192 1.00x against the 16-row multicast pairs' 0.86x (28672x4096 1.10x
 # against 1.04x); 65-128 rows a cluster pair when the split is 2 (8192x8192 1.30x against
 # 1.23x); clusters of 4 or 8 stay slower than the workspace (4096x4096 M=256: 0.45x
 # against 0.70x); 3 fragment buffers (BUFS 3) within 1-3% of 2 either way (28672x4096
-# M=2048 0.91x against 0.87x, 8192x8192 0.91x against 0.94x): 2 everywhere. Past 512 rows
-# no multicast pairs (int4w35 round A, H100, one ring then: 4096x4096 M=1024 0.98x against
-# 0.93x, 8192x8192 M=2048 0.97x against 0.95x).
+# M=2048 0.91x against 0.87x, 8192x8192 0.91x against 0.94x): 2 everywhere. With the words'
+# ring and the division-free producers (int4w35 round C, H100, x cuBLAS f16): past 512 rows
+# 256 x 128 tiles without multicast pairs (4096x4096 M=1024 1.01x against 0.99x, but
+# 8192x8192 M=2048 1.00x against 1.02x, 28672x4096 M=1024 1.03x against 1.04x), EARLY
+# within 0.5% either way; 129-256 rows 128-row tiles where the 256-row ones would need a K
+# split past 2 (``swap_plan``; 4096x4096 M=256: 0.90x in cluster pairs against 0.80x with a
+# split of 4 in the workspace); up to 128 and at 257-512 EARLY off (4096x4096 M=128 0.97x
+# against 0.94x).
 SWAP_PLANS = (
-    (64, 4, 0, 0, 0, 2),
-    (128, 2, 0, 1, 0, 2),
-    (256, 2, 0, 1, 0, 2),
-    (512, 2, 256, 1, 0, 2),
-    (1 << 62, 2, 256, 0, 0, 2),
+    (64, 4, 0, 0, 0, 2, 0),
+    (128, 2, 0, 1, 0, 2, 0),
+    (256, 2, 0, 1, 0, 2, 1),
+    (512, 2, 256, 1, 0, 2, 0),
+    (1 << 62, 2, 256, 0, 0, 2, 1),
 )
 
 
-def swap_plan(m: int) -> tuple:
-    """``int4_swap``'s (WG, BM, STAGES, split, CL, MC, WSTAGES, BUFS) for M = ``m``
-    (``SWAP_PLANS``; as many stages of both rings as fit, ``swap_split``'s split)."""
-    _, wg, bm, cl, mc, bufs = next(row for row in SWAP_PLANS if m <= row[0])
+def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
+    """``int4_swap``'s (WG, BM, STAGES, split, CL, MC, WSTAGES, BUFS, EARLY) for M = ``m``
+    (``SWAP_PLANS``; as many stages of both rings as fit, ``swap_split``'s split); given the
+    product's ``n``, ``k`` and the GPU's ``sms``, 129-256 rows take 128-row tiles where tiles
+    of all the rows would need a K split past 2."""
+    _, wg, bm, cl, mc, bufs, early = next(row for row in SWAP_PLANS if m <= row[0])
     step = 16 if mc else 8
-    return wg, bm or min(256, -(-m // step) * step), 0, 0, cl, mc, 0, bufs
+    bm = bm or min(256, -(-m // step) * step)
+    if n and 128 < m <= 256 and swap_split(math.ceil(n / (64 * wg)), k, sms) > 2:
+        bm = 128
+    return wg, bm, 0, 0, cl, mc, 0, bufs, early
 
 
 def takes(a, b, s) -> bool:
@@ -141,8 +152,10 @@ def takes(a, b, s) -> bool:
 # Measured on an H100 (bench/int4_wgmma.py --swap --variants, two runs): at M = 4096 and 8192
 # 0.86-0.95x cuBLAS f16 against int4_swap's 0.78-0.89x; at 2048 the two equal (0.85x). Under
 # the whole-program JIT (round C): at 2048 int4_swap 0.91-0.94x against 0.83-0.86x; at 4096
-# 0.94x against 0.90x on 4096x4096 but 0.85-0.88x against 0.90x on 8192x8192: kept.
-DEQUANT_M = 4096
+# 0.94x against 0.90x on 4096x4096 but 0.85-0.88x against 0.90x on 8192x8192. With the
+# words' ring and the division-free producers (int4w35 round C): 4096x4096 M=4096 1.00x
+# against 0.92x, M=8192 0.92x both: never (every M past DECODE_M runs int4_swap).
+DEQUANT_M = 1 << 62
 
 
 def run(a, b, s, out_type):
@@ -150,7 +163,11 @@ def run(a, b, s, out_type):
     ``int4_swap`` with ``swap_plan``'s tiles, or from ``DEQUANT_M`` rows ``dequantized``."""
     if a.shape[0] >= DEQUANT_M:
         return dequantized(a, b, s, out_type)
-    return launch_swap(a, b, s, out_type, swap_plan(a.shape[0]))
+    from kaio_ops import _arrays
+
+    (m, k), n = a.shape, b.shape[1]
+    sms = _arrays.multiprocessors(a)
+    return launch_swap(a, b, s, out_type, swap_plan(m, n, k, sms), sms)
 
 
 def dequantized(a, b, s, out_type):

@@ -148,9 +148,9 @@ def matmul_int4(a, b_packed, scales, *, out_dtype=None):
     (q the signed nibble ``k % 8`` of word ``b_packed[k // 8, n]``, low nibble first;
     ``b_packed`` u32 or int32 [K/8, N], ``scales`` f16 [K/128, N], K % 128 == 0): f32 sums,
     rounded once to ``out_dtype`` (f32 by default; f16 or bf16). On sm_90 past 16 rows the
-    wgmma kernel of ``kaio_ops._int4_hopper`` (from ``DEQUANT_M`` rows the weight made f16
-    once, then ``kaio_ops.matmul``); up to 64 rows (16 on sm_90) the decode kernel
-    (``kaio_ops._int4_decode``)."""
+    wgmma kernel of ``kaio_ops._int4_hopper`` (from ``DEQUANT_M`` rows, a measured option now
+    off, the weight made f16 once, then ``kaio_ops.matmul``); up to 64 rows (16 on sm_90) the
+    decode kernel (``kaio_ops._int4_decode``)."""
     inputs = _arrays.Inputs("matmul_int4")
     out = out_type("matmul_int4", out_dtype, f32)
     a = _activations(inputs, a, "a", GROUP)

@@ -377,7 +377,7 @@ def test_int4_swap_plans_fit():
     for n, k in shapes:
         for m in (17, 32, 64, 100, 128, 200, 256, 512, 1024, 2048, 8192):
             split, _, _, consts = _int4_hopper.swap_launch_plan(
-                m, n, k, _int4_hopper.swap_plan(m), 132, f16
+                m, n, k, _int4_hopper.swap_plan(m, n, k, 132), 132, f16
             )
             cfg = (consts["WG"], consts["BM"], consts["STAGES"], consts["CL"], consts["MC"])
             shared = _int4_hopper.swap_shared_bytes(*cfg[:3], consts["CL"], consts["WSTAGES"])
@@ -922,9 +922,8 @@ def test_gpu_int4_multi_tile(m, monkeypatch):
 )  # fmt: skip
 def test_gpu_int4_wgmma(m, n, k, out_dtype):
     """M > 16 on sm_90 (the wgmma kernel: 4 consumer warpgroups, a workspace K split,
-    multicast pairs with and without a split, a cluster pair's K split at 65-128, 129-256
-    and 257-512 rows; from DEQUANT_M the f16 weight and kaio_ops.matmul;
-    elsewhere the other paths): every element against
+    a cluster pair's K split at 65-128, 129-256 (128-row tiles) and 257-512 rows, 256-row
+    tiles past 512 rows, every M up to 4096; elsewhere the other paths): every element against
     float64 products within the f32 sums' slack plus the output's rounding, and the same
     bits on a second call (a race would move them)."""
     import torch
