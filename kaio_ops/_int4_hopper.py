@@ -111,7 +111,8 @@ PREFILL_M = 1 << 62
 # 8192x8192 M=2048 1.00x against 1.02x, 28672x4096 M=1024 1.03x against 1.04x), EARLY
 # within 0.5% either way; 129-256 rows 128-row tiles where the 256-row ones would need a K
 # split past 2 (``swap_plan``; 4096x4096 M=256: 0.90x in cluster pairs against 0.80x with a
-# split of 4 in the workspace); up to 128 and at 257-512 EARLY off (4096x4096 M=128 0.97x
+# split of 4 in the workspace), 257-512 rows where they would need any (M=512: 0.86x against
+# a cluster pair's 0.83x); up to 128 and at 257-512 EARLY off (4096x4096 M=128 0.97x
 # against 0.94x).
 SWAP_PLANS = (
     (64, 4, 0, 0, 0, 2, 0),
@@ -125,12 +126,13 @@ SWAP_PLANS = (
 def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
     """``int4_swap``'s (WG, BM, STAGES, split, CL, MC, WSTAGES, BUFS, EARLY) for M = ``m``
     (``SWAP_PLANS``; as many stages of both rings as fit, ``swap_split``'s split); given the
-    product's ``n``, ``k`` and the GPU's ``sms``, 129-256 rows take 128-row tiles where tiles
-    of all the rows would need a K split past 2."""
+    product's ``n``, ``k`` and the GPU's ``sms``, 129-512 rows take 128-row tiles where the
+    wider ones would need a K split (past 2 at 129-256 rows)."""
     _, wg, bm, cl, mc, bufs, early = next(row for row in SWAP_PLANS if m <= row[0])
     step = 16 if mc else 8
     bm = bm or min(256, -(-m // step) * step)
-    if n and 128 < m <= 256 and swap_split(math.ceil(n / (64 * wg)), k, sms) > 2:
+    tiles = math.ceil(m / bm) * math.ceil(n / (64 * wg))
+    if n and 128 < m <= 512 and swap_split(tiles, k, sms) > (2 if m <= 256 else 1):
         bm = 128
     return wg, bm, 0, 0, cl, mc, 0, bufs, early
 
