@@ -70,12 +70,13 @@ def prewarm(args, pts: list) -> None:
     processes at once (kaio's disk cache and the driver's JIT cache keep them)."""
     from bench.int4_wgmma import compile_swaps
 
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     todo = []
     for n, k, ms in pts:
         for m in ms:
             cfgs = configs(args.configs, m)
             if m < _int4_hopper.DEQUANT_M and not args.no_route:
-                cfgs.append(_int4_hopper.swap_plan(m))
+                cfgs.append(_int4_hopper.swap_plan(m, n, k, sms))
             todo += [(m, n, k, c) for c in cfgs]
     for e in compile_swaps(todo, args.prewarm):
         print("prewarm:", e, flush=True)
@@ -164,7 +165,8 @@ def main() -> None:
                 continue
             rec = {"n": n, "k": k, "m": m, "tag": args.tag, "us": {}, "err": {}, "res": {}}
             sms = torch.cuda.get_device_properties(0).multi_processor_count
-            for c in cfgs + ([_int4_hopper.swap_plan(m)] if m < _int4_hopper.DEQUANT_M else []):
+            routed = _int4_hopper.swap_plan(m, n, k, sms)
+            for c in cfgs + ([routed] if m < _int4_hopper.DEQUANT_M else []):
                 try:
                     consts = _int4_hopper.swap_launch_plan(m, n, k, c, sms, kaio.f16)[3]
                     res = _int4_hopper.int4_swap.resources(**consts)

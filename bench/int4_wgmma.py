@@ -210,7 +210,7 @@ def measure(log, m: int, n: int, k: int, sets: list) -> dict:
     )
     sms = _arrays.multiprocessors(operand(a, "a"))
     rec = {"m": m, "n": n, "k": k, "cublas_us": t_cublas, "kaio_us": t_kaio, "kaio_f16_us": t_f16,
-           "plan": list(_int4_hopper.swap_plan(m)), "sms": sms}  # fmt: skip
+           "plan": list(_int4_hopper.swap_plan(m, n, k, sms)), "sms": sms}  # fmt: skip
     ops = [[operand(x, "x") for x in (a, s[0], s[1])] for s in sets]
     if m <= _int4_decode.MAX_M:
         rec["decode_us"] = graph_time(lambda i: _int4_decode.matmul(*ops[i]), SETS)
@@ -315,7 +315,8 @@ def prewarm(log, shapes, workers: int, variants: bool = True) -> None:
                 [as_config(v) for v in swap_variants(m) if v[0] != "decode"] if variants else []
             )
             if m > _int4_hopper.DECODE_M:
-                configs.append(_int4_hopper.swap_plan(m))
+                sms = torch.cuda.get_device_properties(0).multi_processor_count
+                configs.append(_int4_hopper.swap_plan(m, n, k, sms))
             points += [(m, n, k, cfg) for cfg in configs]
     t = time.time()
     errors = compile_swaps(points, workers)
@@ -370,7 +371,7 @@ def swap_sweep(log, shapes, budget: float, variants: bool = False, multicast=Fal
             if not variants:
                 trace("cublas")
                 rec["cublas_us"] = graph_time(lambda i: torch.matmul(a, weights[i][2]), sets)
-                trace("check", _int4_hopper.swap_plan(m))
+                trace("check", m, n, k)
                 try:
                     got = kaio_ops.matmul_int4(a, weights[0][0], weights[0][1], out_dtype=f16)
                     rec["kaio_err"] = ((got.float() - ref).norm() / ref.norm()).item()
