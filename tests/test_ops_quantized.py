@@ -237,6 +237,9 @@ SWAP_CASES = [
     (20, 136, 640, "float16", (2, 24, 3, 1, 0, 0, 1, 3, 1), 1),
     (40, 200, 512, None, (1, 48, 4, 1, 0, 1, 2, 3, 1), None),
     (20, 136, 512, "float16", (2, 24, 2, 4, 1, 0, 0, 2, 1), None),
+    # EARLY in a cluster pair with 3 slices each (the last alone, after every wgmma), M and N
+    # edges, 3-stage rings
+    (33, 136, 384, "bfloat16", (2, 40, 3, 2, 1, 0, 3, 2, 1), None),
 ]
 
 
