@@ -31,6 +31,11 @@ from bench.quantized import int4_bytes, int4_inputs  # noqa: E402
 from kaio_ops import _int4_hopper  # noqa: E402
 
 L2_BYTES = 200 << 20
+# (M, N, K, output type) of test_gpu_int4_wgmma and test_gpu_int4 past 16 rows (--warm-tests)
+TEST_POINTS = ((17, 4096, 4096, "f32"), (200, 4104, 4096, "f32"), (1000, 1024, 14336, "f16"),
+               (300, 4096, 4096, "f32"), (2048, 8192, 4096, "f16"), (4096, 4096, 4096, "bf16"),
+               (100, 8192, 4096, "f32"), (256, 8192, 2048, "f16"),
+               (4096, 4096, 4096, "f32"))  # fmt: skip
 
 
 def raw_dequant() -> None:
@@ -78,6 +83,9 @@ def prewarm(args, pts: list) -> None:
             if m < _int4_hopper.DEQUANT_M and not args.no_route:
                 cfgs.append(_int4_hopper.swap_plan(m, n, k, sms))
             todo += [(m, n, k, c) for c in cfgs]
+    if args.warm_tests:  # tests/test_ops_quantized.py::test_gpu_int4_wgmma's routed builds
+        for m, n, k, out in TEST_POINTS:
+            todo.append((m, n, k, _int4_hopper.swap_plan(m, n, k, sms), out))
     for e in compile_swaps(todo, args.prewarm):
         print("prewarm:", e, flush=True)
 
@@ -122,6 +130,7 @@ def main() -> None:
     p.add_argument("--group", type=int, default=0)
     p.add_argument("--out", default="")
     p.add_argument("--prewarm", type=int, default=0, help="compile in N processes first")
+    p.add_argument("--warm-tests", action="store_true", help="--prewarm: the GPU tests' too")
     p.add_argument("--tag", default="")
     args = p.parse_args()
     if args.raw:

@@ -324,16 +324,17 @@ def prewarm(log, shapes, workers: int, variants: bool = True) -> None:
 
 
 def compile_swaps(points: list, workers: int) -> list:
-    """Compile ``int4_swap`` (f16 out) for every ``(m, n, k, config)`` of ``points`` in
-    ``workers`` processes at once; the errors, as text."""
+    """Compile ``int4_swap`` for every ``(m, n, k, config[, out])`` of ``points`` (``out``
+    the output type's name, f16 if left out) in ``workers`` processes at once; the errors,
+    as text."""
     import concurrent.futures
     import multiprocessing
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     todo = {}
-    for m, n, k, cfg in points:
+    for m, n, k, cfg, *out in points:
         consts = _int4_hopper.swap_launch_plan(m, n, k, cfg, sms, kaio.f16)[3]
-        consts["OUT"] = "f16"
+        consts["OUT"] = out[0] if out else "f16"
         todo[str(sorted(consts.items()))] = consts
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
