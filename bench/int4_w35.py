@@ -1,14 +1,18 @@
-"""W4A16 past 16 rows, a short GPU round's tool: cuBLAS f16 against ``matmul_int4`` as routed
-and explicit ``int4_swap`` configurations at a few (N x K, M) points, kernel time from CUDA
-graphs of ``REPS`` calls with the int4 words rotated over enough copies to cover 200 MB (as
+"""W4A16 past 16 rows in a short GPU round: cuBLAS f16 against ``matmul_int4`` as routed and
+explicit ``int4_swap`` configurations at a few (N x K, M) points, kernel time from CUDA graphs
+of ``REPS`` calls with the int4 words rotated over enough copies to cover 200 MB (as
 ``bench/int4_wgmma.py --swap``), every result checked against the f32 product.
 
 Usage: ``python bench/int4_w35.py time --points 4096x4096@1024/4096,... [--configs
-"2,256,0,0,0,1,2,2;..."] [--raw] [--group G] [--out FILE]`` (configs as ``launch_swap``'s
-(WG, BM, STAGES, split, CL, MC, FENCE, BUFS)); ``--raw``: the words go to wgmma undecoded (no
-dequantization: the pipeline's own limit, results not checked); ``--group G``: tile rows a
-raster group (``_matmul_kernels.GROUP_M``). ``prof --points P --configs C``: one call of each
-inside an NVTX range "prof" (for ``ncu --nvtx --nvtx-include prof/``).
+"2,256,0,0,0,0,0,2,1;512=2,128,0,1,0,0,0,2,1"] [--prewarm N [--warm-tests]] [--raw] [--group
+G] [--kmm] [--no-route] [--out FILE]``: configs as ``launch_swap``'s (WG, BM, STAGES, split,
+CL, MC, WSTAGES, BUFS, EARLY), ``M=`` before one for that M only; ``--prewarm N``: compile
+every build first in N processes (``--warm-tests``: the int4 GPU tests' too); ``--raw``: the
+words go to wgmma undecoded (no dequantization: the pipeline's own limit, results not
+checked); ``--group G``: tile rows a raster group (``_matmul_kernels.GROUP_M``); ``--kmm``:
+also ``kaio_ops.matmul`` on the f16 weight. ``prof --points P --configs C``: one call of each
+inside an NVTX range "prof" (for ``ncu --nvtx --nvtx-include prof/``). ``table FILE``: the
+records of ``--out`` as a Markdown table and the geometric mean by M.
 """
 
 # ruff: noqa: B023  (the timed lambdas run before the loop moves on)
