@@ -1,0 +1,193 @@
+"""The Hopper (sm_90a) forward of ``kaio_ops.flash_attention_varlen``: the dense Hopper
+kernel's producer and consumers (``kaio_ops._attention_hopper``: TMA, an mbarrier ring,
+warp specialization, ``wgmma``) over a packed batch of variable-length sequences.
+
+The packed q [total_q, H, D] and k, v [total_k, Hkv, D] are seen by the tensor maps as
+2-D arrays [total, H * D] (Hkv * D): a head of a sequence is the box of rows from the
+sequence's start (``cu_seqlens``, read on the GPU: no synchronization with the host) and
+columns from h * D. Block (x, y, z) owns the query tile x (counted from the last: the
+heaviest causal tiles start first) of ``64 * WG`` rows, head y, sequence z; a tile past its
+sequence's end returns at once (the grid covers the longest sequence, ``max_seqlen_q``).
+Rows past the sequence's end are those of the next sequence (or TMA's zeros past the
+array): keys there are masked and their V rows zeroed (``_attention_hopper.zero_tail``),
+as the dense kernel does past a head's keys; queries there are computed but never stored
+(each consumer thread stores its own rows, below the sequence's length, so a tile never
+writes into the next sequence).
+
+Causal attention is aligned bottom-right, as FlashAttention's varlen (and the mma.sync
+``_attention_varlen``): query i of a sequence of sq queries and sk keys sees keys
+j <= i + sk - sq. The consumers see query rows shifted by sk - sq (the dense kernel's mask,
+key <= row, is then this one), and the stores are shifted back (``consume``'s ``o_at``,
+``l_at``). A tile whose rows see no key (sk = 0, or every row before the first key) writes
+zeros and a logsumexp of -inf without touching the pipeline, as does a row of a tile that
+sees no key.
+"""
+
+# ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
+from __future__ import annotations
+
+import math
+
+import kaio
+from kaio import f32, i32, u64
+from kaio_ops import _attention_hopper as hopper
+from kaio_ops._attention_hopper import PRODUCER_REGS, SW, consume, produce, store_rows, zero_tail
+from kaio_ops._attention_hopper_common import kv_head_and_tiles, thread_roles
+from kaio_ops._attention_tc import start_rows
+from kaio_ops._attention_varlen import sequence
+
+
+@kaio.gpu_kernel(fastmath=True)  # ex2.approx.ftz: one instruction an exponential
+def varlen_fwd_wgmma(
+    tq: kaio.tensormap,
+    tk: kaio.tensormap,
+    tv: kaio.tensormap,
+    out: DT[:],
+    lse: f32[:],
+    cu_q: i32[:],
+    cu_k: i32[:],
+    total_q: i32,
+    heads: i32,
+    group: i32,
+    scale_log2: f32,
+    causal: i32,
+    D: kaio.constexpr,
+    BN: kaio.constexpr,
+    WG: kaio.constexpr,
+    STAGES: kaio.constexpr,
+    PIPE: kaio.constexpr,
+    REGS: kaio.constexpr,
+    DT: kaio.constexpr,
+):
+    """out and lse of the ``64 * WG`` query rows of block x (counted from the last) of head
+    block y of sequence block z: ``tq`` q as [total_q, heads * D] in boxes of (64 * WG, 64),
+    ``tk``, ``tv``: k, v as [total_k, heads / group * D] in boxes of (BN, 64); ``out``
+    [total_q * heads * D] and ``lse`` [heads * total_q] flat; ``cu_q``, ``cu_k``: the
+    sequences' offsets; ``scale_log2``: the scale times log2(e) (module docstring)."""
+    BM = 64 * WG
+    C = D // 64  # 64-column blocks of a row
+    KV_BYTES = BN * D * 2
+    t, wg, lt = thread_roles(WG)
+    h = i32(kaio.block_idx_y())
+    start_q, sq, start_k, sk = sequence(cu_q, cu_k, kaio.block_idx_z())
+    q0 = i32(kaio.grid_dim_x() - 1 - kaio.block_idx_x()) * BM
+    if q0 >= i32(sq):
+        return
+    shift = i32(0)  # the bottom-right causal mask: rows seen as i + sk - sq
+    if causal != 0:
+        shift = i32(sk) - i32(sq)
+    kvh, n_tiles = kv_head_and_tiles(h, q0 + shift, heads, group, i32(sk), causal, BM, BN)
+    o_stride = heads * D  # a token's row of out
+    o_at = (i32(start_q) * heads + h) * D - shift * o_stride
+    l_at = h * total_q + i32(start_q) - shift
+    if n_tiles <= 0:  # no row of the tile sees a key: zeros, and -inf
+        if wg < WG:
+            lane = lt % 32
+            row0 = q0 + shift + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)
+            m = kaio.local(f32, 2)
+            l = kaio.local(f32, 2)
+            o = kaio.local(f32, (D // 8, 4))
+            start_rows(m, l, o, D)
+            store_rows(out, lse, o, m, l, o_at, o_stride, l_at, row0, i32(sq) + shift, lane,
+                       D, DT)  # fmt: skip
+        return
+    q_s = kaio.shared_dynamic(DT, (C, BM, 64), 0)
+    k_s = kaio.shared_dynamic(DT, (STAGES, C, BN, 64), BM * D * 2)
+    v_s = kaio.shared_dynamic(DT, (STAGES, C, BN, 64), BM * D * 2 + STAGES * KV_BYTES)
+    # the dense kernel's barriers (``_attention_hopper.attention_fwd_wgmma``)
+    bars = kaio.shared_dynamic(u64, (4, STAGES), BM * D * 2 + 2 * STAGES * KV_BYTES)
+    turn = kaio.shared_dynamic(u64, (6,), BM * D * 2 + 2 * STAGES * KV_BYTES + 32 * STAGES)
+    if t == 0:
+        for s in kaio.static_range(STAGES):
+            for r in kaio.static_range(2):
+                kaio.mbarrier_init(bars, (r, s), 1)
+                kaio.mbarrier_init(bars, (2 + r, s), WG)
+        kaio.mbarrier_init(turn, 0, 4)  # an arrival from each warp of the other warpgroup
+        kaio.mbarrier_init(turn, 1, 4)
+        kaio.mbarrier_init(turn, 2, 1)
+        kaio.mbarrier_init(turn, 3, 32)  # the tail's zeros: each lane of the producer warp
+        kaio.mbarrier_init(turn, 4, WG)
+        kaio.fence_proxy_async()
+    kaio.sync_threads()
+    if wg < WG:  # the consumers
+        if REGS:
+            kaio.setmaxnreg_inc(REGS)
+        pos = kaio.local(i32, 5)
+        for e in kaio.static_range(5):
+            pos[e] = 0
+        if (PIPE == 2 or PIPE == 4) and wg == 0:  # ping-pong: a loop in each branch
+            consume(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, o_at, o_stride, l_at,
+                    q0 + shift, n_tiles, i32(sq) + shift, i32(sk), causal, scale_log2, pos,
+                    D, BN, STAGES, PIPE, DT)  # fmt: skip
+        else:
+            consume(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, o_at, o_stride, l_at,
+                    q0 + shift, n_tiles, i32(sq) + shift, i32(sk), causal, scale_log2, pos,
+                    D, BN, STAGES, PIPE, DT)  # fmt: skip
+    else:  # the producer warpgroup: its first thread loads
+        if REGS:
+            kaio.setmaxnreg_dec(PRODUCER_REGS)
+        if lt == 0:
+            produce(q_s, k_s, v_s, bars, turn, tq, tk, tv, i32(start_q) + q0, i32(start_k),
+                    h * D, kvh * D, n_tiles, 0, 0, D, BN, WG, STAGES, DT)  # fmt: skip
+        if lt < 32 and n_tiles * BN > i32(sk):  # the last key tile reaches past the keys
+            kaio.sync_warp()  # (after the copies were issued: _attention_hopper)
+            zero_tail(v_s, bars, turn, n_tiles - 1, n_tiles - 1, i32(sk), lt, D, BN, STAGES,
+                      DT)  # fmt: skip
+
+
+def config(d: int, causal: bool = False) -> dict:
+    """The constexprs of ``varlen_fwd_wgmma`` for head dim ``d``: the dense kernel's
+    (``_attention_hopper.config``) less its persistent schedule (a block a tile here)."""
+    cfg = dict(hopper.config(d, causal))
+    cfg.pop("PERSIST")
+    return cfg
+
+
+def eligible(d: int) -> bool:
+    """Whether the kernel takes head dim ``d``: the dense kernel's (64, 128, 256)."""
+    return hopper.eligible(d)
+
+
+def launch(qa, ka, va, cqa, cka, dims: tuple, causal: bool, scale: float,
+           cfg: dict | None = None):  # fmt: skip
+    """Run ``varlen_fwd_wgmma`` on checked operands (``_arrays.Operand``s q [total_q, H, D],
+    k, v [total_k, Hkv, D] of one 16-bit type, total_k > 0, D 64, 128 or 256, and the int32
+    offsets [B + 1]); ``dims``: ``attention_varlen._check``'s (B, H, group, total_q, D,
+    max_q, max_k); ``cfg``: the constexprs (default ``config(d, causal)``). Returns (out
+    [total_q, H, D] of q's type, lse [H, total_q] f32)."""
+    from kaio_ops import _arrays
+
+    batch, heads, group, total_q, d, max_q, _ = dims
+    cfg = dict(cfg or config(d, causal))
+    if cfg["PIPE"] in (2, 4) and cfg["WG"] != 2:
+        raise ValueError(
+            f"varlen_fwd_wgmma: ping-pong (PIPE {cfg['PIPE']}) takes turns between two "
+            f"consumer warpgroups, got WG = {cfg['WG']}: use PIPE 0, 1 or 3 for other counts"
+        )
+    bm = 64 * cfg["WG"]
+    out = _arrays.output(qa, qa.shape)
+    lse = _arrays.output(qa, (heads, total_q), f32)
+    if max_q == 0:
+        return out, lse
+    total_k, hkv = ka.shape[0], ka.shape[1]
+    tq = kaio.tensor_map_2d(qa.arg(total_q, heads * d), (bm, 64), SW)
+    tk = kaio.tensor_map_2d(ka.arg(total_k, hkv * d), (cfg["BN"], 64), SW)
+    tv = kaio.tensor_map_2d(va.arg(total_k, hkv * d), (cfg["BN"], 64), SW)
+    smem = hopper.shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"])
+    grid = (-(-max_q // bm), heads, batch)
+    varlen_fwd_wgmma[grid, 128 * cfg["WG"] + 128, _arrays.stream_of(qa), smem](
+        tq, tk, tv, _arrays.output_arg(qa, out, (qa.size,)),
+        _arrays.output_arg(qa, lse, (heads * total_q,), f32), cqa.arg(), cka.arg(), total_q,
+        heads, group, math.log2(math.e) * scale, int(causal), D=d, DT=qa.dtype, **cfg,
+    )  # fmt: skip
+    return out, lse
+
+
+def specializations():
+    """(kernel, constexprs) of the specializations the ops launch (for PTX checks)."""
+    from kaio import bf16, f16
+
+    for dt in (f16, bf16):
+        for d in (64, 128, 256):
+            for cfg in dict.fromkeys(tuple(config(d, c).items()) for c in (False, True)):
+                yield varlen_fwd_wgmma, {"D": d, "DT": dt, **dict(cfg)}  # each once
