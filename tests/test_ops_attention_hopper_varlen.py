@@ -9,13 +9,14 @@ against float64 torch and against the mma.sync varlen kernel."""
 from __future__ import annotations
 
 import math
+import re
 
 import ml_dtypes
 import numpy as np
 import pytest
 
 import kaio
-from kaio.ptx.ptxas import find_ptxas
+from kaio.ptx.ptxas import assemble, find_ptxas
 from kaio_ops import _arrays, attention_varlen
 from kaio_ops import _attention_hopper as hopper
 from kaio_ops import _attention_hopper_varlen as hv
@@ -129,6 +130,13 @@ def test_specializations_assemble_for_sm_90a(index):
     kernel, constexprs = list(hv.specializations())[index]
     ptx = kernel.ptx(arch="sm_90", **constexprs)
     assert ".target sm_90a" in ptx
+    if constexprs["DT"] != kaio.f16:  # bf16's kernels: the same code but the wgmma type
+        return
+    report = assemble(ptx, "sm_90a")
+    spills = re.search(r"(\d+) bytes spill stores", report)
+    assert spills and spills[1] == "0", (constexprs, report)
+    # no wgmma serialized by ptxas (C7508, C7510, C7518: the dense kernel's test)
+    assert "C7518" not in report and "C7508" not in report and "C7510" not in report, report
 
 
 # --------------------------------------------------------------------------- GPU
