@@ -418,6 +418,29 @@ def work_tile(
     return w
 
 
+@kaio.gpu_func
+def init_barriers(bars: u64[:, :], turn: u64[:], t: u32, WG: kaio.constexpr,
+                  STAGES: kaio.constexpr):  # fmt: skip
+    """The block's barriers (``attention_fwd_wgmma``'s ``bars`` and ``turn``) initialized by
+    its first thread, then the block synchronized: each stage's K and V "full" barriers
+    (one arrival: the producer's, with the copies' bytes) and "free" ones (an arrival from
+    each consumer warpgroup), the ping-pong turns (an arrival from each warp of the other
+    warpgroup), Q landed (one), the tail's zeros (each lane of the producer warp), Q read
+    (each consumer warpgroup)."""
+    if t == 0:
+        for s in kaio.static_range(STAGES):
+            for r in kaio.static_range(2):
+                kaio.mbarrier_init(bars, (r, s), 1)
+                kaio.mbarrier_init(bars, (2 + r, s), WG)
+        kaio.mbarrier_init(turn, 0, 4)
+        kaio.mbarrier_init(turn, 1, 4)
+        kaio.mbarrier_init(turn, 2, 1)
+        kaio.mbarrier_init(turn, 3, 32)
+        kaio.mbarrier_init(turn, 4, WG)
+        kaio.fence_proxy_async()
+    kaio.sync_threads()
+
+
 @kaio.gpu_kernel(fastmath=True)  # ex2.approx.ftz: one instruction an exponential
 def attention_fwd_wgmma(
     tq: kaio.tensormap,
@@ -475,18 +498,7 @@ def attention_fwd_wgmma(
         rounds = (end + step - 1) // step
     if PERSIST == 3:  # pairs first, first + grid, ...
         rounds = 2 * ((end // 2 - first + step - 1) // step)
-    if t == 0:
-        for s in kaio.static_range(STAGES):
-            for r in kaio.static_range(2):
-                kaio.mbarrier_init(bars, (r, s), 1)
-                kaio.mbarrier_init(bars, (2 + r, s), WG)
-        kaio.mbarrier_init(turn, 0, 4)  # an arrival from each warp of the other warpgroup
-        kaio.mbarrier_init(turn, 1, 4)
-        kaio.mbarrier_init(turn, 2, 1)
-        kaio.mbarrier_init(turn, 3, 32)  # the tail's zeros: each lane of the producer warp
-        kaio.mbarrier_init(turn, 4, WG)
-        kaio.fence_proxy_async()
-    kaio.sync_threads()
+    init_barriers(bars, turn, t, WG, STAGES)
     if wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)

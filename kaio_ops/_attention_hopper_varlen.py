@@ -31,7 +31,15 @@ import math
 import kaio
 from kaio import f32, i32, u64
 from kaio_ops import _attention_hopper as hopper
-from kaio_ops._attention_hopper import PRODUCER_REGS, SW, consume, produce, store_rows, zero_tail
+from kaio_ops._attention_hopper import (
+    PRODUCER_REGS,
+    SW,
+    consume,
+    init_barriers,
+    produce,
+    store_rows,
+    zero_tail,
+)
 from kaio_ops._attention_hopper_common import kv_head_and_tiles, thread_roles
 from kaio_ops._attention_tc import start_rows
 from kaio_ops._attention_varlen import sequence
@@ -97,18 +105,7 @@ def varlen_fwd_wgmma(
     # the dense kernel's barriers (``_attention_hopper.attention_fwd_wgmma``)
     bars = kaio.shared_dynamic(u64, (4, STAGES), BM * D * 2 + 2 * STAGES * KV_BYTES)
     turn = kaio.shared_dynamic(u64, (6,), BM * D * 2 + 2 * STAGES * KV_BYTES + 32 * STAGES)
-    if t == 0:
-        for s in kaio.static_range(STAGES):
-            for r in kaio.static_range(2):
-                kaio.mbarrier_init(bars, (r, s), 1)
-                kaio.mbarrier_init(bars, (2 + r, s), WG)
-        kaio.mbarrier_init(turn, 0, 4)  # an arrival from each warp of the other warpgroup
-        kaio.mbarrier_init(turn, 1, 4)
-        kaio.mbarrier_init(turn, 2, 1)
-        kaio.mbarrier_init(turn, 3, 32)  # the tail's zeros: each lane of the producer warp
-        kaio.mbarrier_init(turn, 4, WG)
-        kaio.fence_proxy_async()
-    kaio.sync_threads()
+    init_barriers(bars, turn, t, WG, STAGES)
     if wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
@@ -184,10 +181,11 @@ def launch(qa, ka, va, cqa, cka, dims: tuple, causal: bool, scale: float,
 
 
 def specializations():
-    """(kernel, constexprs) of the specializations the ops launch (for PTX checks)."""
-    from kaio import bf16, f16
-
-    for dt in (f16, bf16):
-        for d in (64, 128, 256):
-            for cfg in dict.fromkeys(tuple(config(d, c).items()) for c in (False, True)):
-                yield varlen_fwd_wgmma, {"D": d, "DT": dt, **dict(cfg)}  # each once
+    """(kernel, constexprs) of the specializations the op launches (for PTX checks): the
+    dense kernel's, less their schedules, each once."""
+    seen = {}
+    for _, constexprs in hopper.specializations():
+        cfg = {k: v for k, v in constexprs.items() if k != "PERSIST"}
+        seen.setdefault(tuple(cfg.items()), cfg)
+    for cfg in seen.values():
+        yield varlen_fwd_wgmma, cfg
