@@ -163,7 +163,8 @@ def softmax_tile(
     tile needs it, then one online-softmax step of both row halves (row0 + 8h); the factors
     of the earlier accumulators go to alpha."""
     k0 = j * BN
-    if k0 + BN > sk or (causal != 0 and k0 + BN > row0 - lane // 4 + 1):
+    # (the warp's first row as i32: a varlen row shifted by sk - sq may be negative)
+    if k0 + BN > sk or (causal != 0 and k0 + BN > row0 - i32(lane // 4) + 1):
         for h in kaio.static_range(2):
             row = row0 + 8 * h
             for n in kaio.static_range(BN // 8):

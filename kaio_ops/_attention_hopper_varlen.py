@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 
 import kaio
-from kaio import f32, i32, u64
+from kaio import f32, i32, u32, u64
 from kaio_ops import _attention_hopper as hopper
 from kaio_ops._attention_hopper import (
     PRODUCER_REGS,
@@ -43,6 +43,39 @@ from kaio_ops._attention_hopper import (
 from kaio_ops._attention_hopper_common import kv_head_and_tiles, thread_roles
 from kaio_ops._attention_tc import start_rows
 from kaio_ops._attention_varlen import sequence
+
+
+@kaio.gpu_func
+def varlen_tile(
+    w: i32, n_qt: i32, cu_q: i32[:], cu_k: i32[:], heads: i32, group: i32, causal: i32,
+    BM: kaio.constexpr, BN: kaio.constexpr,
+) -> tuple[i32, i32, i32, i32, i32, i32, i32, i32]:  # fmt: skip
+    """Work tile ``w`` = x + n_qt (h + heads b): query tile x (counted from the last: the
+    heaviest causal tiles first) of head h of sequence b, as ``(h, q0, sq, sk, start_q,
+    start_k, shift, n_tiles)``: its first row q0 (at or past sq: no tile), the sequence's
+    lengths and starts, the causal shift sk - sq (0 without the mask) and the number of
+    ``BN``-key tiles its rows see (at most 0: none)."""
+    h = w // n_qt % heads
+    start_q, sq, start_k, sk = sequence(cu_q, cu_k, u32(w // n_qt // heads))
+    q0 = (n_qt - 1 - w % n_qt) * BM
+    shift = i32(0)  # the bottom-right causal mask: rows seen as i + sk - sq
+    if causal != 0:
+        shift = i32(sk) - i32(sq)
+    _, n_tiles = kv_head_and_tiles(h, q0 + shift, heads, group, i32(sk), causal, BM, BN)
+    return h, q0, i32(sq), i32(sk), i32(start_q), i32(start_k), shift, n_tiles
+
+
+@kaio.gpu_func
+def store_empty(
+    out: DT[:], lse: f32[:], o_at: i32, o_stride: i32, l_at: i32, row0: i32, sq: i32,
+    lane: u32, D: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """Zeros and a logsumexp of -inf for this lane's rows of a tile that sees no key."""
+    m = kaio.local(f32, 2)
+    l = kaio.local(f32, 2)
+    o = kaio.local(f32, (D // 8, 4))
+    start_rows(m, l, o, D)
+    store_rows(out, lse, o, m, l, o_at, o_stride, l_at, row0, sq, lane, D, DT)
 
 
 @kaio.gpu_kernel(fastmath=True)  # ex2.approx.ftz: one instruction an exponential
@@ -59,46 +92,39 @@ def varlen_fwd_wgmma(
     group: i32,
     scale_log2: f32,
     causal: i32,
+    n_qt: i32,
+    n_work: i32,
     D: kaio.constexpr,
     BN: kaio.constexpr,
     WG: kaio.constexpr,
     STAGES: kaio.constexpr,
     PIPE: kaio.constexpr,
     REGS: kaio.constexpr,
+    PERSIST: kaio.constexpr,
     DT: kaio.constexpr,
 ):
-    """out and lse of the ``64 * WG`` query rows of block x (counted from the last) of head
-    block y of sequence block z: ``tq`` q as [total_q, heads * D] in boxes of (64 * WG, 64),
-    ``tk``, ``tv``: k, v as [total_k, heads / group * D] in boxes of (BN, 64); ``out``
-    [total_q * heads * D] and ``lse`` [heads * total_q] flat; ``cu_q``, ``cu_k``: the
-    sequences' offsets; ``scale_log2``: the scale times log2(e) (module docstring)."""
+    """out and lse of the work tiles (``varlen_tile``) of ``64 * WG`` query rows: block
+    (x, y, z)'s, query tile x of head y of sequence z, or with ``PERSIST`` block x's tiles
+    x, x + grid x, ... of the ``n_work`` = ``n_qt`` H B (the ring, the Q buffer and their
+    phases carried from tile to tile as in the dense kernel's persistent blocks). ``tq``: q
+    as [total_q, heads * D] in boxes of (64 * WG, 64), ``tk``, ``tv``: k, v as [total_k,
+    heads / group * D] in boxes of (BN, 64); ``out`` [total_q * heads * D] and ``lse``
+    [heads * total_q] flat; ``cu_q``, ``cu_k``: the sequences' offsets; ``scale_log2``: the
+    scale times log2(e) (module docstring)."""
     BM = 64 * WG
     C = D // 64  # 64-column blocks of a row
     KV_BYTES = BN * D * 2
     t, wg, lt = thread_roles(WG)
-    h = i32(kaio.block_idx_y())
-    start_q, sq, start_k, sk = sequence(cu_q, cu_k, kaio.block_idx_z())
-    q0 = i32(kaio.grid_dim_x() - 1 - kaio.block_idx_x()) * BM
-    if q0 >= i32(sq):
-        return
-    shift = i32(0)  # the bottom-right causal mask: rows seen as i + sk - sq
-    if causal != 0:
-        shift = i32(sk) - i32(sq)
-    kvh, n_tiles = kv_head_and_tiles(h, q0 + shift, heads, group, i32(sk), causal, BM, BN)
-    o_stride = heads * D  # a token's row of out
-    o_at = (i32(start_q) * heads + h) * D - shift * o_stride
-    l_at = h * total_q + i32(start_q) - shift
-    if n_tiles <= 0:  # no row of the tile sees a key: zeros, and -inf
-        if wg < WG:
-            lane = lt % 32
-            row0 = q0 + shift + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)
-            m = kaio.local(f32, 2)
-            l = kaio.local(f32, 2)
-            o = kaio.local(f32, (D // 8, 4))
-            start_rows(m, l, o, D)
-            store_rows(out, lse, o, m, l, o_at, o_stride, l_at, row0, i32(sq) + shift, lane,
-                       D, DT)  # fmt: skip
-        return
+    first = i32(kaio.block_idx_x())
+    step = i32(kaio.grid_dim_x())
+    if PERSIST == 0:  # a tile a block: one whose rows are past its sequence returns at once
+        first += n_qt * i32(kaio.block_idx_y() + heads * kaio.block_idx_z())
+        step = n_work
+        _, q0, sq, _, _, _, _, _ = varlen_tile(first, n_qt, cu_q, cu_k, heads, group, causal,
+                                               BM, BN)  # fmt: skip
+        if q0 >= sq:
+            return
+    rounds = (n_work - first + step - 1) // step  # the block's tiles
     q_s = kaio.shared_dynamic(DT, (C, BM, 64), 0)
     k_s = kaio.shared_dynamic(DT, (STAGES, C, BN, 64), BM * D * 2)
     v_s = kaio.shared_dynamic(DT, (STAGES, C, BN, 64), BM * D * 2 + STAGES * KV_BYTES)
@@ -109,35 +135,53 @@ def varlen_fwd_wgmma(
     if wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
+        lane = lt % 32
         pos = kaio.local(i32, 5)
         for e in kaio.static_range(5):
             pos[e] = 0
-        if (PIPE == 2 or PIPE == 4) and wg == 0:  # ping-pong: a loop in each branch
-            consume(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, o_at, o_stride, l_at,
-                    q0 + shift, n_tiles, i32(sq) + shift, i32(sk), causal, scale_log2, pos,
-                    D, BN, STAGES, PIPE, DT)  # fmt: skip
-        else:
-            consume(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, o_at, o_stride, l_at,
-                    q0 + shift, n_tiles, i32(sq) + shift, i32(sk), causal, scale_log2, pos,
-                    D, BN, STAGES, PIPE, DT)  # fmt: skip
+        for k in range(rounds):
+            w = first + k * step
+            h, q0, sq, sk, start_q, _, shift, n_tiles = varlen_tile(
+                w, n_qt, cu_q, cu_k, heads, group, causal, BM, BN
+            )
+            if q0 < sq:
+                o_stride = heads * D  # a token's row of out; rows shifted back by shift
+                o_at = (start_q * heads + h) * D - shift * o_stride
+                l_at = h * total_q + start_q - shift
+                if n_tiles <= 0:  # no row of the tile sees a key: zeros, and -inf
+                    row0 = q0 + shift + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)
+                    store_empty(out, lse, o_at, o_stride, l_at, row0, sq + shift, lane, D, DT)
+                else:
+                    consume(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, o_at, o_stride, l_at,
+                            q0 + shift, n_tiles, sq + shift, sk, causal, scale_log2, pos, D,
+                            BN, STAGES, PIPE, DT)  # fmt: skip
     else:  # the producer warpgroup: its first thread loads
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
-        if lt == 0:
-            produce(q_s, k_s, v_s, bars, turn, tq, tk, tv, i32(start_q) + q0, i32(start_k),
-                    h * D, kvh * D, n_tiles, 0, 0, D, BN, WG, STAGES, DT)  # fmt: skip
-        if lt < 32 and n_tiles * BN > i32(sk):  # the last key tile reaches past the keys
-            kaio.sync_warp()  # (after the copies were issued: _attention_hopper)
-            zero_tail(v_s, bars, turn, n_tiles - 1, n_tiles - 1, i32(sk), lt, D, BN, STAGES,
-                      DT)  # fmt: skip
+        cnt = i32(0)  # key tiles loaded
+        it = i32(0)  # work tiles loaded
+        for k in range(rounds):
+            w = first + k * step
+            h, q0, sq, sk, start_q, start_k, _, n_tiles = varlen_tile(
+                w, n_qt, cu_q, cu_k, heads, group, causal, BM, BN
+            )
+            if q0 < sq and n_tiles > 0:
+                if lt == 0:
+                    produce(q_s, k_s, v_s, bars, turn, tq, tk, tv, start_q + q0, start_k,
+                            h * D, h // group * D, n_tiles, it, cnt, D, BN, WG, STAGES,
+                            DT)  # fmt: skip
+                cnt += n_tiles
+                it += 1
+                if lt < 32 and n_tiles * BN > sk:  # the last key tile reaches past the keys
+                    kaio.sync_warp()  # (after the copies were issued: _attention_hopper)
+                    zero_tail(v_s, bars, turn, n_tiles - 1, cnt - 1, sk, lt, D, BN, STAGES,
+                              DT)  # fmt: skip
 
 
 def config(d: int, causal: bool = False) -> dict:
     """The constexprs of ``varlen_fwd_wgmma`` for head dim ``d``: the dense kernel's
-    (``_attention_hopper.config``) less its persistent schedule (a block a tile here)."""
-    cfg = dict(hopper.config(d, causal))
-    cfg.pop("PERSIST")
-    return cfg
+    (``_attention_hopper.config``) with a block a tile (``PERSIST`` 0)."""
+    return {**hopper.config(d, causal), "PERSIST": 0}
 
 
 def eligible(d: int) -> bool:
@@ -146,20 +190,21 @@ def eligible(d: int) -> bool:
 
 
 def launch(qa, ka, va, cqa, cka, dims: tuple, causal: bool, scale: float,
-           cfg: dict | None = None):  # fmt: skip
+           cfg: dict | None = None, ctas: int | None = None):  # fmt: skip
     """Run ``varlen_fwd_wgmma`` on checked operands (``_arrays.Operand``s q [total_q, H, D],
     k, v [total_k, Hkv, D] of one 16-bit type, total_k > 0, D 64, 128 or 256, and the int32
     offsets [B + 1]); ``dims``: ``attention_varlen._check``'s (B, H, group, total_q, D,
-    max_q, max_k); ``cfg``: the constexprs (default ``config(d, causal)``). Returns (out
+    max_q, max_k); ``cfg``: the constexprs (default ``config(d, causal)``); ``ctas``: the
+    blocks of a persistent launch (default: one a multiprocessor). Returns (out
     [total_q, H, D] of q's type, lse [H, total_q] f32)."""
     from kaio_ops import _arrays
 
     batch, heads, group, total_q, d, max_q, _ = dims
     cfg = dict(cfg or config(d, causal))
-    if cfg["PIPE"] in (2, 4) and cfg["WG"] != 2:
+    if cfg["PIPE"] in (2, 4):
         raise ValueError(
-            f"varlen_fwd_wgmma: ping-pong (PIPE {cfg['PIPE']}) takes turns between two "
-            f"consumer warpgroups, got WG = {cfg['WG']}: use PIPE 0, 1 or 3 for other counts"
+            f"varlen_fwd_wgmma: no ping-pong between warpgroups (PIPE {cfg['PIPE']}, measured "
+            f"slower in the dense kernel): use PIPE 0, 1 or 3"
         )
     bm = 64 * cfg["WG"]
     out = _arrays.output(qa, qa.shape)
@@ -171,11 +216,15 @@ def launch(qa, ka, va, cqa, cka, dims: tuple, causal: bool, scale: float,
     tk = kaio.tensor_map_2d(ka.arg(total_k, hkv * d), (cfg["BN"], 64), SW)
     tv = kaio.tensor_map_2d(va.arg(total_k, hkv * d), (cfg["BN"], 64), SW)
     smem = hopper.shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"])
-    grid = (-(-max_q // bm), heads, batch)
+    n_qt = -(-max_q // bm)
+    grid = (n_qt, heads, batch)
+    if cfg["PERSIST"]:
+        grid = (min(n_qt * heads * batch, ctas or _arrays.multiprocessors(qa)), 1, 1)
     varlen_fwd_wgmma[grid, 128 * cfg["WG"] + 128, _arrays.stream_of(qa), smem](
         tq, tk, tv, _arrays.output_arg(qa, out, (qa.size,)),
         _arrays.output_arg(qa, lse, (heads * total_q,), f32), cqa.arg(), cka.arg(), total_q,
-        heads, group, math.log2(math.e) * scale, int(causal), D=d, DT=qa.dtype, **cfg,
+        heads, group, math.log2(math.e) * scale, int(causal), n_qt, n_qt * heads * batch,
+        D=d, DT=qa.dtype, **cfg,
     )  # fmt: skip
     return out, lse
 
@@ -185,7 +234,7 @@ def specializations():
     dense kernel's, less their schedules, each once."""
     seen = {}
     for _, constexprs in hopper.specializations():
-        cfg = {k: v for k, v in constexprs.items() if k != "PERSIST"}
+        cfg = {**constexprs, "PERSIST": 0}
         seen.setdefault(tuple(cfg.items()), cfg)
     for cfg in seen.values():
         yield varlen_fwd_wgmma, cfg

@@ -40,7 +40,7 @@ def small(d: int, causal: bool, **over) -> dict:
     return {**hv.config(d, causal), **two, "BN": 64, "STAGES": 2, **over}
 
 
-def run_sim(lens_q, lens_k, h, hkv, d, dtype, causal, cfg, scale=None, max_q=None):
+def run_sim(lens_q, lens_k, h, hkv, d, dtype, causal, cfg, scale=None, max_q=None, ctas=None):
     """(out, lse) of ``_attention_hopper_varlen.launch`` in the simulator and the float64
     reference's (out, lse), on random packed inputs; inf in every packed row of k and v past
     the last sequence's keys would be read by nobody, so inf goes into a spare last sequence
@@ -52,7 +52,7 @@ def run_sim(lens_q, lens_k, h, hkv, d, dtype, causal, cfg, scale=None, max_q=Non
             "test", q, k, v, cu_q, cu_k, max_q or max(lens_q), max(lens_k), scale
         )
         (qa, ka, va, cqa, cka), dims, sc = args
-        out, lse = hv.launch(qa, ka, va, cqa, cka, dims, causal, sc, cfg)
+        out, lse = hv.launch(qa, ka, va, cqa, cka, dims, causal, sc, cfg, ctas)
     ref_out, ref_lse, *_ = reference(q, k, v, do, cu_q, cu_k, causal, scale)
     return out, lse, ref_out, ref_lse
 
@@ -65,12 +65,15 @@ def run_sim(lens_q, lens_k, h, hkv, d, dtype, causal, cfg, scale=None, max_q=Non
         # sq != sk causal (bottom-right): more keys (a prefix), fewer keys (rows that see
         # none, a whole tile that sees none), no keys; bf16, FlashAttention-3's order
         ([9, 3, 1, 0, 130, 5], [4, 20, 1, 6, 0, 3], 2, 2, 64, BF16, True, {"PIPE": 3}),
+        # sq > sk causal over two key tiles: the first rows see no key in the first tile
+        # either (negative shifted rows: the mask's test of the warp's first row signed)
+        ([70, 9], [66, 200], 1, 1, 64, np.float16, True, {"PIPE": 1}),
         # D = 128, not causal, sq != sk, several key tiles (more than the stages)
         ([5, 0, 40], [200, 4, 70], 2, 1, 128, np.float16, False, {"PIPE": 1}),
         # D = 256, causal, keys in a partial last tile, the plain order
         ([3, 18], [21, 70], 1, 1, 256, BF16, True, {"PIPE": 0}),
-        # the ping-pong schedule, three stages
-        ([100, 1, 70], None, 2, 2, 64, np.float16, False, {"PIPE": 4, "STAGES": 3}),
+        # three stages, three consumer warpgroups (D = 64's default: 192-row tiles)
+        ([100, 1, 270], None, 2, 2, 64, np.float16, False, {"STAGES": 3, "WG": 3, "REGS": 160}),
     ],
 )
 def test_hopper_varlen_forward_in_simulator(lens_q, lens_k, h, hkv, d, dtype, causal, over):
@@ -80,6 +83,26 @@ def test_hopper_varlen_forward_in_simulator(lens_q, lens_k, h, hkv, d, dtype, ca
     )
     assert out.dtype == dtype and out.shape == ref_out.shape
     assert rel(out, ref_out) < (1e-3 if dtype == np.float16 else 1e-2)
+    check_lse(lse, ref_lse)
+
+
+@pytest.mark.parametrize(
+    "lens_q, lens_k, causal, over, ctas",
+    [
+        # two blocks over every tile: tiles past a sequence's end skipped, a tile that sees
+        # no key (zeros, the pipeline untouched), partial last key tiles (the zeros' barrier
+        # in several phases), the ring's stage counted over the tiles
+        ([130, 0, 1, 9, 70], [4, 3, 70, 200, 66], True, {"PIPE": 1}, 2),
+        # one block for all, the plain order, three stages
+        ([70, 1, 100], [100, 1, 64], False, {"PIPE": 0, "STAGES": 3}, 1),
+    ],
+)
+def test_hopper_varlen_persistent_in_simulator(lens_q, lens_k, causal, over, ctas):
+    cfg = small(64, causal, PERSIST=1, **over)
+    out, lse, ref_out, ref_lse = run_sim(
+        lens_q, lens_k, 2, 1, 64, np.float16, causal, cfg, ctas=ctas
+    )
+    assert rel(out, ref_out) < 1e-3
     check_lse(lse, ref_lse)
 
 
