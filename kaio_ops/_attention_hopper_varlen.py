@@ -189,6 +189,23 @@ def eligible(d: int) -> bool:
     return hopper.eligible(d)
 
 
+# The shortest mean sequence length (queries and keys, tokens) from which the kernel beat
+# the mma.sync varlen kernel, by head dim and mask: measured on an H100 (2026-11-26, lengths
+# uniform in [max / 8, max], H16; µs Hopper / mma.sync): D 64 causal mean 303 154 / 104,
+# 604 177 / 157, 1240 233 / 269; not causal 303 171 / 152, 604 223 / 246; D 128 causal 150
+# 197 / 150, 271 184 / 165, 682 267 / 326; not causal 150 213 / 189, 271 219 / 241 (at
+# D 256 the mma.sync kernel is 2.5x slower at mean 3336; D 128's thresholds kept). Short
+# sequences leave the 128-row (192 at D 64) query tiles and the causal diagonal's tiles
+# mostly empty; the mma.sync kernel's tiles are 64 rows.
+MIN_MEAN = {(64, False): 448, (64, True): 896, (128, False): 200, (128, True): 448}
+
+
+def worthwhile(mean_q: float, mean_k: float, d: int, causal: bool) -> bool:
+    """Whether the kernel measured faster than the mma.sync varlen kernel for sequences of
+    ``mean_q`` queries and ``mean_k`` keys on average (``MIN_MEAN``), head dim ``d``."""
+    return eligible(d) and min(mean_q, mean_k) >= MIN_MEAN[(min(d, 128), bool(causal))]
+
+
 def launch(qa, ka, va, cqa, cka, dims: tuple, causal: bool, scale: float,
            cfg: dict | None = None, ctas: int | None = None):  # fmt: skip
     """Run ``varlen_fwd_wgmma`` on checked operands (``_arrays.Operand``s q [total_q, H, D],

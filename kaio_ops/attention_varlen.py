@@ -103,18 +103,24 @@ def _check(
     return (qa, ka, va, cqa, cka), dims, scale
 
 
-def hopper_takes(qa, dims: tuple) -> bool:
+def hopper_takes(qa, ka, dims: tuple, causal: bool) -> bool:
     """Whether the forward runs ``kaio_ops._attention_hopper_varlen`` (TMA, wgmma) rather
     than the mma.sync kernel: an sm_90 GPU (never under the simulator, whose tests launch
     the kernel directly; ``KAIO_HOPPER_ATTENTION=0`` opts out, as for ``flash_attention``),
-    a head dim it takes (64, 128, 256) and keys to read (a tensor map needs rows)."""
+    a head dim it takes (64, 128, 256), keys to read (a tensor map needs rows) and sequences
+    long enough on average that it measured faster (``_attention_hopper_varlen.worthwhile``;
+    the mean lengths are the packed totals over B, known without reading the offsets)."""
     if os.environ.get("KAIO_HOPPER_ATTENTION") == "0" or simulating():
         return False
     dev = _arrays.gpu(qa)
     if dev is None or dev.arch != "sm_90":
         return False
-    _, _, _, _, d, max_q, max_k = dims
-    return hopper_varlen.eligible(d) and max_q > 0 and max_k > 0
+    batch, _, _, total_q, d, max_q, max_k = dims
+    return (
+        max_q > 0
+        and max_k > 0
+        and hopper_varlen.worthwhile(total_q / batch, ka.shape[0] / batch, d, causal)
+    )
 
 
 def _forward(
@@ -123,7 +129,7 @@ def _forward(
     (qa, ka, va, cqa, cka), dims, scale = _check(
         op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale
     )
-    if hopper_takes(qa, dims):
+    if hopper_takes(qa, ka, dims, bool(causal)):
         return hopper_varlen.launch(qa, ka, va, cqa, cka, dims, bool(causal), scale)
     return _forward_mma(qa, ka, va, cqa, cka, dims, bool(causal), scale)
 

@@ -144,7 +144,14 @@ def test_dispatch_to_the_hopper_varlen():
     cu = np.array([0, 8], np.int32)
     with kaio.simulate():
         (qa, *_), dims, _ = attention_varlen._check("test", q, q, q, cu, cu, 8, 8, None)
-        assert not attention_varlen.hopper_takes(qa, dims)
+        assert not attention_varlen.hopper_takes(qa, qa, dims, False)
+    # long enough on average (the packed totals over B): measured faster
+    assert hv.worthwhile(1792, 1792, 128, True) and hv.worthwhile(569, 569, 64, False)
+    assert hv.worthwhile(300, 300, 128, False) and hv.worthwhile(3336, 3336, 256, True)
+    assert not hv.worthwhile(271, 271, 128, True)  # short, causal: the mma.sync kernel
+    assert not hv.worthwhile(604, 604, 64, True) and not hv.worthwhile(150, 150, 128, False)
+    assert not hv.worthwhile(2000, 100, 128, False)  # few keys a sequence
+    assert not hv.worthwhile(2000, 2000, 96, False)
 
 
 @pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
@@ -225,8 +232,8 @@ def test_gpu_flash_attention_varlen_takes_the_hopper_kernel():
         pytest.skip("needs an sm_90 GPU")
     lens = HOPPER_LENGTHS
     q, k, v, _, cu, _ = _gpu_case(lens, lens, 8, 2, 128, "float16", 3)
-    (qa, *_), dims, _ = attention_varlen._check("test", q, k, v, cu, cu, 4000, 4000, None)
-    assert attention_varlen.hopper_takes(qa, dims)
+    (qa, ka, *_), dims, _ = attention_varlen._check("test", q, k, v, cu, cu, 4000, 4000, None)
+    assert attention_varlen.hopper_takes(qa, ka, dims, True)
     out = kaio_ops.flash_attention_varlen(q, k, v, cu, cu, 4000, 4000, True)
     (qa, ka, va, cqa, cka), dims, sc = attention_varlen._check(
         "test", q, k, v, cu, cu, 4000, 4000, None
