@@ -8,6 +8,10 @@ sequence's start (``cu_seqlens``, read on the GPU: no synchronization with the h
 columns from h * D. Block (x, y, z) owns the query tile x (counted from the last: the
 heaviest causal tiles start first) of ``64 * WG`` rows, head y, sequence z; a tile past its
 sequence's end returns at once (the grid covers the longest sequence, ``max_seqlen_q``).
+With ``PERSIST`` 1 a block a multiprocessor walks the same work tiles (``varlen_tile``),
+the ring carried from tile to tile as in the dense kernel's persistent blocks (measured
+slower on an H100: not the default). ``flash_attention_varlen`` takes this kernel where the
+mean lengths reach ``MIN_MEAN`` (``worthwhile``), the mma.sync one below.
 Rows past the sequence's end are those of the next sequence (or TMA's zeros past the
 array): keys there are masked and their V rows zeroed (``_attention_hopper.zero_tail``),
 as the dense kernel does past a head's keys; queries there are computed but never stored
