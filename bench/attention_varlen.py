@@ -4,7 +4,10 @@ every sequence to the longest, in one run.
 A batch of B sequences whose lengths are drawn uniformly from [max / 8, max] (a fixed seed),
 packed [total, H, D]. Implementations, each timed with CUDA events (bench/harness.py):
 
-- ``kaio varlen``: ``kaio_ops.flash_attention_varlen`` on the packed tensors;
+- ``kaio varlen``: ``kaio_ops.flash_attention_varlen`` on the packed tensors (on sm_90 the
+  Hopper kernel where it measured faster, ``attention_varlen.hopper_takes``), and its two
+  kernels launched directly: ``kaio varlen Hopper`` (``kaio_ops._attention_hopper_varlen``:
+  TMA, wgmma; sm_90 only) and ``kaio varlen mma.sync`` (what other GPUs run);
 - ``kaio padded``: ``kaio_ops.flash_attention`` on [B, H, max, D] (zeros past each end; on
   sm_90 it takes the Hopper kernel where that measured faster), and ``kaio padded
   mma.sync``: the same kernel as varlen's, padded;
@@ -18,9 +21,11 @@ packed layout are not counted: the comparison favours padding). TFLOP/s counts t
 work, 4 * H * sum(sq * sk) * D (causal: sum(sq * (sq + 1) / 2)), for every implementation.
 The backward compares ``flash_attention_varlen_bwd`` with ``flash_attention_bwd`` padded and
 torch SDPA flash's backward padded. Correctness first: the varlen outputs against float32
-attention per sequence.
+attention per sequence (SDPA's memory-efficient backend, f32 throughout, else its math one).
 
-Usage: ``python bench/attention_varlen.py --out results.json [--quick]``.
+Usage: ``python bench/attention_varlen.py --out results.json [--quick] [--cases 0,2]
+[--no-bwd]`` (``--cases``: the forward cases of ``CASES`` by index; ``--no-bwd``: no
+backward cases).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import kaio_ops  # noqa: E402
 from bench.harness import Harness  # noqa: E402
+from kaio_ops import _attention_hopper_varlen, attention_varlen  # noqa: E402
 from kaio_ops.attention import _arrays, tc_forward  # noqa: E402
 
 try:  # torch >= 2.9
@@ -77,13 +83,14 @@ def pad(x: torch.Tensor, lens: list[int]) -> torch.Tensor:
 
 
 def reference(q, k, v, lens, causal):
-    """Packed float32 attention, sequence by sequence (SDPA's math backend)."""
+    """Packed float32 attention, sequence by sequence (SDPA's memory-efficient backend in
+    f32, or its math one)."""
     group = q.shape[1] // k.shape[1]
     outs, start = [], 0
     for n in lens:
         qs, ks, vs = (x[start : start + n].transpose(0, 1).float() for x in (q, k, v))
         ks, vs = (x.repeat_interleave(group, 0) for x in (ks, vs))
-        with sdpa_kernel(SDPBackend.MATH):
+        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
             outs.append(sdpa(qs, ks, vs, is_causal=causal).transpose(0, 1))
         start += n
     return torch.cat(outs)
@@ -97,6 +104,20 @@ def mma_sync_padded(q, k, v, causal):
     dims = (b * h, h, h // k.shape[1], s, k.shape[2], d, d)
     dp = 64 if d <= 64 else 128 if d <= 128 else 256
     return tc_forward(qa, ka, va, qa.dtype, q.shape, dims, causal, d**-0.5, dp)[0]
+
+
+def mma_sync_varlen(q, k, v, cu, top, causal):
+    """flash_attention_varlen's mma.sync kernel (what GPUs other than sm_90 run)."""
+    args = attention_varlen._check("bench", q, k, v, cu, cu, top, top, None)
+    return attention_varlen._forward_mma(*args[0], args[1], causal, args[2])[0]
+
+
+def hopper_varlen(q, k, v, cu, top, causal):
+    """flash_attention_varlen's Hopper kernel (sm_90), whatever the dispatch would pick."""
+    (qa, ka, va, cqa, cka), dims, scale = attention_varlen._check(
+        "bench", q, k, v, cu, cu, top, top, None
+    )
+    return _attention_hopper_varlen.launch(qa, ka, va, cqa, cka, dims, causal, scale)[0]
 
 
 def useful_flops(lens, h, d, causal) -> float:
@@ -120,12 +141,17 @@ def forward_case(hb: Harness, b, top, h, hkv, d, dt, causal, seed):
 
     impls = {
         "kaio varlen": kaio_varlen,
+        "kaio varlen mma.sync": lambda q, k, v, cu, *_: mma_sync_varlen(q, k, v, cu, top, causal),
         "kaio padded": lambda q, k, v, cu, qp, kp, vp: kaio_ops.flash_attention(
             qp, kp, vp, causal=causal
         ),
         "kaio padded mma.sync": lambda q, k, v, cu, qp, kp, vp: mma_sync_padded(qp, kp, vp, causal),
         "torch SDPA padded": lambda q, k, v, cu, qp, kp, vp: _sdpa_flash(qp, kp, vp, causal),
     }
+    if torch.cuda.get_device_capability() == (9, 0):
+        impls["kaio varlen Hopper"] = lambda q, k, v, cu, *_: hopper_varlen(
+            q, k, v, cu, top, causal
+        )
     if varlen_attn is not None and h == hkv:
         impls["torch varlen"] = lambda q, k, v, cu, *_: torch_varlen(q, k, v, cu, top, causal)
     name = {torch.float16: "f16", torch.bfloat16: "bf16"}[dt]
@@ -192,18 +218,32 @@ def backward_case(hb: Harness, b, top, h, d, dt, causal, seed):
     )
 
 
+# forward cases (B, max length, H, Hkv, D, dtype)
+CASES = [
+    (8, 4096, 16, 16, 128, torch.float16),
+    (16, 2048, 32, 8, 128, torch.bfloat16),
+    (32, 1024, 16, 16, 64, torch.float16),
+    (4, 8192, 16, 16, 128, torch.float16),
+    (8, 4096, 16, 16, 256, torch.float16),
+    (64, 512, 16, 16, 128, torch.float16),
+]
+
+
 def main() -> None:
     quick = "--quick" in sys.argv
     hb = Harness.from_args("attention varlen", reps=20 if quick else 30)
-    f16, bf16 = torch.float16, torch.bfloat16
-    cases = [(8, 4096, 16, 16, 128, f16), (16, 2048, 32, 8, 128, bf16), (32, 1024, 16, 16, 64, f16)]
-    if not quick:
-        cases.append((4, 8192, 16, 16, 128, f16))
-    for i, (b, top, h, hkv, d, dt) in enumerate(cases):
+    cases = CASES if not quick else CASES[:3]
+    if "--cases" in sys.argv:
+        picked = sys.argv[sys.argv.index("--cases") + 1].split(",")
+        cases = [CASES[int(i)] for i in picked]
+    for b, top, h, hkv, d, dt in cases:
         for causal in (False, True):
-            forward_case(hb, b, top, h, hkv, d, dt, causal, seed=i)
-    for causal in (False, True):
-        backward_case(hb, 8, 4096, 16, 128, f16, causal, seed=7)
+            forward_case(
+                hb, b, top, h, hkv, d, dt, causal, seed=CASES.index((b, top, h, hkv, d, dt))
+            )
+    if "--no-bwd" not in sys.argv:
+        for causal in (False, True):
+            backward_case(hb, 8, 4096, 16, 128, torch.float16, causal, seed=7)
     hb.finish()
     print(hb.table())
 

@@ -163,7 +163,8 @@ def softmax_tile(
     tile needs it, then one online-softmax step of both row halves (row0 + 8h); the factors
     of the earlier accumulators go to alpha."""
     k0 = j * BN
-    if k0 + BN > sk or (causal != 0 and k0 + BN > row0 - lane // 4 + 1):
+    # (the warp's first row as i32: a varlen row shifted by sk - sq may be negative)
+    if k0 + BN > sk or (causal != 0 and k0 + BN > row0 - i32(lane // 4) + 1):
         for h in kaio.static_range(2):
             row = row0 + 8 * h
             for n in kaio.static_range(BN // 8):
@@ -187,42 +188,43 @@ def rescale_rows(o: f32[:, :], alpha: f32[:], D: kaio.constexpr):
 
 @kaio.gpu_func
 def store_rows(
-    out: DT[:], lse: f32[:], o: f32[:, :], m: f32[:], l: f32[:], bh: i32, row0: i32, sq: i32,
-    lane: u32, D: kaio.constexpr, DT: kaio.constexpr,
+    out: DT[:], lse: f32[:], o: f32[:, :], m: f32[:], l: f32[:], o_at: i32, o_stride: i32,
+    l_at: i32, row0: i32, sq: i32, lane: u32, D: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
-    """out[bh, row] = o / the row's sum and lse[bh, row] for this lane's rows row0 + 8h."""
+    """out[o_at + row * o_stride:][:D] = o / the row's sum and lse[l_at + row] for this lane's
+    rows row = row0 + 8h below sq (the dense layout: o_at = bh * sq * D, o_stride = D,
+    l_at = bh * sq; the packed varlen one: ``_attention_hopper_varlen``)."""
     for h in kaio.static_range(2):
         total = l[h] + kaio.shfl_xor(l[h], 1)
         total += kaio.shfl_xor(total, 2)
         row = row0 + 8 * h
         if row < sq:
             inv = kaio.select(total > 0.0, 1.0 / total, 0.0)
-            store_pairs(out, (bh * sq + row) * D, o, h, inv, lane, D, DT)
+            store_pairs(out, o_at + row * o_stride, o, h, inv, lane, D, DT)
             if lane % 4 == 0:
-                lse[bh * sq + row] = kaio.select(
-                    total > 0.0, (m[h] + kaio.log2(total)) * LN2, NEG_INF
-                )
+                lse[l_at + row] = kaio.select(total > 0.0, (m[h] + kaio.log2(total)) * LN2, NEG_INF)
 
 
 @kaio.gpu_func
 def produce(
     q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
     tq: kaio.tensormap, tk: kaio.tensormap, tv: kaio.tensormap, q_row: i32, kv_row: i32,
-    n_tiles: i32, it: i32, cnt: i32, D: kaio.constexpr, BN: kaio.constexpr, WG: kaio.constexpr,
-    STAGES: kaio.constexpr, DT: kaio.constexpr,
+    q_col: i32, kv_col: i32, n_tiles: i32, it: i32, cnt: i32, D: kaio.constexpr,
+    BN: kaio.constexpr, WG: kaio.constexpr, STAGES: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """The producer's copies for the block's tile ``it`` (0 for the first): the Q tile
-    (``64 * WG`` rows from ``q_row``) once the consumers are done with the previous one's,
-    then K and V of each key tile (from ``kv_row``), each on its own "full" barrier, STAGES
-    tiles ahead: a stage is refilled once the consumers have freed it (K and V apart).
-    ``cnt``: the key tiles the ring has taken so far (for their stage and parity)."""
+    (``64 * WG`` rows from ``q_row``, D columns from ``q_col``) once the consumers are done
+    with the previous one's, then K and V of each key tile (from ``kv_row``, ``kv_col``),
+    each on its own "full" barrier, STAGES tiles ahead: a stage is refilled once the
+    consumers have freed it (K and V apart). ``cnt``: the key tiles the ring has taken so
+    far (for their stage and parity)."""
     C = D // 64
     KV_BYTES = BN * D * 2
     if it > 0:
         kaio.mbarrier_wait(turn, 4, u32(it - 1) & 1)
     kaio.mbarrier_arrive_expect_tx(turn, 2, u32(64 * WG * D * 2))
     for c in kaio.static_range(C):
-        kaio.tma_load_2d(q_s, (c, 0, 0), tq, q_row, c * 64, turn, 2)
+        kaio.tma_load_2d(q_s, (c, 0, 0), tq, q_row, q_col + c * 64, turn, 2)
     for j in range(n_tiles):
         n = cnt + j
         st = n % STAGES
@@ -231,12 +233,14 @@ def produce(
             kaio.mbarrier_wait(bars, (2, st), ph ^ 1)
         kaio.mbarrier_arrive_expect_tx(bars, (0, st), u32(KV_BYTES))
         for c in kaio.static_range(C):
-            kaio.tma_load_2d(k_s, (st, c, 0, 0), tk, kv_row + j * BN, c * 64, bars, (0, st))
+            kaio.tma_load_2d(k_s, (st, c, 0, 0), tk, kv_row + j * BN, kv_col + c * 64, bars,
+                             (0, st))  # fmt: skip
         if n >= STAGES:
             kaio.mbarrier_wait(bars, (3, st), ph ^ 1)
         kaio.mbarrier_arrive_expect_tx(bars, (1, st), u32(KV_BYTES))
         for c in kaio.static_range(C):
-            kaio.tma_load_2d(v_s, (st, c, 0, 0), tv, kv_row + j * BN, c * 64, bars, (1, st))
+            kaio.tma_load_2d(v_s, (st, c, 0, 0), tv, kv_row + j * BN, kv_col + c * 64, bars,
+                             (1, st))  # fmt: skip
 
 
 @kaio.gpu_func
@@ -274,12 +278,14 @@ def advance(pos: i32[:], STAGES: kaio.constexpr):
 @kaio.gpu_func
 def consume(
     q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
-    out: DT[:], lse: f32[:], wg: u32, lt: u32, bh: i32, q0: i32, n_tiles: i32, sq: i32,
-    sk: i32, causal: i32, scale_log2: f32, pos: i32[:], D: kaio.constexpr, BN: kaio.constexpr,
-    STAGES: kaio.constexpr, PIPE: kaio.constexpr, DT: kaio.constexpr,
+    out: DT[:], lse: f32[:], wg: u32, lt: u32, o_at: i32, o_stride: i32, l_at: i32, q0: i32,
+    n_tiles: i32, sq: i32, sk: i32, causal: i32, scale_log2: f32, pos: i32[:], D: kaio.constexpr,
+    BN: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 query rows of one tile (thread ``lt`` of it) over the
-    key tiles (module docstring), then its rows of ``out`` and ``lse``. ``pos``: the ring's
+    key tiles (module docstring), then its rows of ``out`` and ``lse`` (``store_rows``:
+    ``o_at``, ``o_stride``, ``l_at`` place them; ``q0`` and ``sq`` may be shifted alike, as
+    the varlen kernel's bottom-right causal mask shifts them). ``pos``: the ring's
     stage and parity, the ping-pong turns taken, the tiles done and those of them whose last
     key tile was partial, carried from the block's earlier tiles. ``turn[0]``, ``turn[1]``:
     the ping-pong barriers of warpgroups 0 and 1 (PIPE 2, 4), ``turn[2]``: the Q tile
@@ -361,7 +367,7 @@ def consume(
     pos[3] += 1
     if n_tiles * BN > sk:
         pos[4] += 1
-    store_rows(out, lse, o, m, l, bh, row0, sq, lane, D, DT)
+    store_rows(out, lse, o, m, l, o_at, o_stride, l_at, row0, sq, lane, D, DT)
 
 
 @kaio.gpu_func
@@ -411,6 +417,29 @@ def work_tile(
             r = n_qt - 1 - i
         w = kaio.select(w % 2 == 1 and r == i, -1, w // 2 // half * n_qt + r)
     return w
+
+
+@kaio.gpu_func
+def init_barriers(bars: u64[:, :], turn: u64[:], t: u32, WG: kaio.constexpr,
+                  STAGES: kaio.constexpr):  # fmt: skip
+    """The block's barriers (``attention_fwd_wgmma``'s ``bars`` and ``turn``) initialized by
+    its first thread, then the block synchronized: each stage's K and V "full" barriers
+    (one arrival: the producer's, with the copies' bytes) and "free" ones (an arrival from
+    each consumer warpgroup), the ping-pong turns (an arrival from each warp of the other
+    warpgroup), Q landed (one), the tail's zeros (each lane of the producer warp), Q read
+    (each consumer warpgroup)."""
+    if t == 0:
+        for s in kaio.static_range(STAGES):
+            for r in kaio.static_range(2):
+                kaio.mbarrier_init(bars, (r, s), 1)
+                kaio.mbarrier_init(bars, (2 + r, s), WG)
+        kaio.mbarrier_init(turn, 0, 4)
+        kaio.mbarrier_init(turn, 1, 4)
+        kaio.mbarrier_init(turn, 2, 1)
+        kaio.mbarrier_init(turn, 3, 32)
+        kaio.mbarrier_init(turn, 4, WG)
+        kaio.fence_proxy_async()
+    kaio.sync_threads()
 
 
 @kaio.gpu_kernel(fastmath=True)  # ex2.approx.ftz: one instruction an exponential
@@ -470,18 +499,7 @@ def attention_fwd_wgmma(
         rounds = (end + step - 1) // step
     if PERSIST == 3:  # pairs first, first + grid, ...
         rounds = 2 * ((end // 2 - first + step - 1) // step)
-    if t == 0:
-        for s in kaio.static_range(STAGES):
-            for r in kaio.static_range(2):
-                kaio.mbarrier_init(bars, (r, s), 1)
-                kaio.mbarrier_init(bars, (2 + r, s), WG)
-        kaio.mbarrier_init(turn, 0, 4)  # an arrival from each warp of the other warpgroup
-        kaio.mbarrier_init(turn, 1, 4)
-        kaio.mbarrier_init(turn, 2, 1)
-        kaio.mbarrier_init(turn, 3, 32)  # the tail's zeros: each lane of the producer warp
-        kaio.mbarrier_init(turn, 4, WG)
-        kaio.fence_proxy_async()
-    kaio.sync_threads()
+    init_barriers(bars, turn, t, WG, STAGES)
     if wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
@@ -494,11 +512,13 @@ def attention_fwd_wgmma(
                 bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sk, causal,
                                                BM, BN)  # fmt: skip
                 if (PIPE == 2 or PIPE == 4) and wg == 0:  # ping-pong: a loop in each branch
-                    consume(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh, q0, n_tiles, sq,
-                            sk, causal, scale_log2, pos, D, BN, STAGES, PIPE, DT)  # fmt: skip
+                    consume(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
+                            q0, n_tiles, sq, sk, causal, scale_log2, pos, D, BN, STAGES, PIPE,
+                            DT)  # fmt: skip
                 else:
-                    consume(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh, q0, n_tiles, sq,
-                            sk, causal, scale_log2, pos, D, BN, STAGES, PIPE, DT)  # fmt: skip
+                    consume(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
+                            q0, n_tiles, sq, sk, causal, scale_log2, pos, D, BN, STAGES, PIPE,
+                            DT)  # fmt: skip
     else:  # the producer warpgroup: its first thread loads
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -510,7 +530,7 @@ def attention_fwd_wgmma(
                 bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sk, causal,
                                                BM, BN)  # fmt: skip
                 if lt == 0:
-                    produce(q_s, k_s, v_s, bars, turn, tq, tk, tv, bh * sq + q0, kvh * sk,
+                    produce(q_s, k_s, v_s, bars, turn, tq, tk, tv, bh * sq + q0, kvh * sk, 0, 0,
                             n_tiles, it, cnt, D, BN, WG, STAGES, DT)  # fmt: skip
                 cnt += n_tiles
                 it += 1

@@ -17,11 +17,14 @@ with sq queries and sk keys sees keys j <= i + sk - sq (for sq == sk: j <= i, th
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
+from kaio.sim import active as simulating
 from kaio.types import bf16, f16, f32, i32
 from kaio_ops import _arrays
+from kaio_ops import _attention_hopper_varlen as hopper_varlen
 from kaio_ops import _attention_tc as tc
 from kaio_ops import _attention_varlen as kernels
 from kaio_ops._plan import planned
@@ -100,12 +103,40 @@ def _check(
     return (qa, ka, va, cqa, cka), dims, scale
 
 
+def hopper_takes(qa, ka, dims: tuple, causal: bool) -> bool:
+    """Whether the forward runs ``kaio_ops._attention_hopper_varlen`` (TMA, wgmma) rather
+    than the mma.sync kernel: an sm_90 GPU (never under the simulator, whose tests launch
+    the kernel directly; ``KAIO_HOPPER_ATTENTION=0`` opts out, as for ``flash_attention``),
+    a head dim it takes (64, 128, 256), keys to read (a tensor map needs rows) and sequences
+    long enough on average that it measured faster (``_attention_hopper_varlen.worthwhile``;
+    the mean lengths are the packed totals over B, known without reading the offsets)."""
+    if os.environ.get("KAIO_HOPPER_ATTENTION") == "0" or simulating():
+        return False
+    dev = _arrays.gpu(qa)
+    if dev is None or dev.arch != "sm_90":
+        return False
+    batch, _, _, total_q, d, max_q, max_k = dims
+    return (
+        max_q > 0
+        and max_k > 0
+        and hopper_varlen.worthwhile(total_q / batch, ka.shape[0] / batch, d, causal)
+    )
+
+
 def _forward(
     op: str, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale
 ):
     (qa, ka, va, cqa, cka), dims, scale = _check(
         op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale
     )
+    if hopper_takes(qa, ka, dims, bool(causal)):
+        return hopper_varlen.launch(qa, ka, va, cqa, cka, dims, bool(causal), scale)
+    return _forward_mma(qa, ka, va, cqa, cka, dims, bool(causal), scale)
+
+
+def _forward_mma(qa, ka, va, cqa, cka, dims: tuple, causal: bool, scale: float):
+    """The mma.sync varlen forward (``_attention_varlen.varlen_fwd``) on checked operands:
+    (out, lse)."""
     batch, heads, group, total_q, d, max_q, _ = dims
     out = _arrays.output(qa, qa.shape)
     lse = _arrays.output(qa, (heads, total_q), f32)
