@@ -401,22 +401,29 @@ def epilogues(h: Harness, ms: list[int], budget: Budget | None = None) -> None:
 
 
 def report(paths: list[str], plot_dir: str | None = None) -> str:
-    """Markdown tables of the sweep JSONs at ``paths`` (later files replace earlier ones'
-    cases): per op, peer time / kaio time by shape (rows) and M (columns) for cuBLAS and
-    Triton, with the geometric mean and range; heat maps (bench/plots.py) into ``plot_dir``."""
+    """Markdown tables of the sweep JSONs at ``paths`` (a case in a later file replaces
+    every record of that case in earlier ones, so that no ratio mixes two runs): per op,
+    peer time / kaio time by shape (rows) and M (columns) for cuBLAS and Triton, with the
+    geometric mean and range; heat maps (bench/plots.py) into ``plot_dir``."""
     import json
 
     from bench import perfdata, plots
 
-    ops: dict[str, perfdata.Op] = {}
+    found: dict[tuple[str, str], list] = {}  # (op, case) -> its records, the last file's
     gpus = set()
     for path in paths:
         with open(path) as fh:
             raw = json.load(fh)
         gpus.add(raw.get("meta", {}).get("gpu", "?"))
+        mine: dict[tuple[str, str], list] = {}
         for d in raw.get("results", []):
             rec = perfdata.Record.from_dict(d)
-            ops.setdefault(rec.op, perfdata.Op("gemm-sweep", rec.op)).add(rec)
+            mine.setdefault((rec.op, rec.case), []).append(rec)
+        found.update(mine)  # a case of a later file replaces all of the case's records
+    ops: dict[str, perfdata.Op] = {}
+    for (op, _), records in found.items():
+        for rec in records:
+            ops.setdefault(op, perfdata.Op("gemm-sweep", op)).add(rec)
     lines = [f"GPU: {', '.join(sorted(gpus))}"]
     for op in ops.values():
         for peer in ("cuBLAS", "Triton", "torch"):

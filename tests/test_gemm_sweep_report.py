@@ -111,3 +111,27 @@ def test_alt_plan_is_the_routes_variant(monkeypatch):
     assert alt(512) == linear_mod.Persistent(160, 8, 1)  # persistent_width(512, 10240)
     assert alt(1024) == linear_mod.Persistent(224, 8, 1)
     assert alt(128) is None and alt(16) is None and alt(32) is None
+
+
+def test_report_takes_each_case_from_one_run(tmp_path):
+    """A chunk run later replaces the whole case: Triton's time from an earlier run is not
+    divided by kaio's from a later one."""
+    first = _run(
+        tmp_path,
+        [
+            ("gemm sweep f16", "M=1 4096x4096", "kaio", 2.0),
+            ("gemm sweep f16", "M=1 4096x4096", "cuBLAS", 2.0),
+            ("gemm sweep f16", "M=1 4096x4096", "Triton", 2.0),
+        ],
+    )
+    (tmp_path / "first.json").write_text(open(first).read())
+    later = _run(
+        tmp_path,
+        [
+            ("gemm sweep f16", "M=1 4096x4096", "kaio", 1.0),
+            ("gemm sweep f16", "M=1 4096x4096", "cuBLAS", 1.5),
+        ],
+    )
+    text = gemm_sweep.report([str(tmp_path / "first.json"), later])
+    assert "cuBLAS time / kaio time over 1 cases: geometric mean 1.500x" in text
+    assert "Triton time" not in text
