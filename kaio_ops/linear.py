@@ -79,7 +79,7 @@ def out_type(op: str, out_dtype, default: ScalarType) -> ScalarType:
 
 class Persistent(NamedTuple):
     """A ``gemm`` choice: ``_matmul_hopper``'s persistent kernel (sm_90, B [K, N], no
-    epilogue) with ``128 x bn`` tiles (``bn`` a multiple of 16 up to 256) taken ``group``
+    epilogue) with ``128 x bn`` tiles (``bn`` a multiple of 16 up to 320) taken ``group``
     tile rows at a time, where the string ``"persistent"`` takes the width of
     ``persistent_width`` and groups of ``_matmul_hopper.GROUP_ROWS``; ``pair`` 1: blocks in
     clusters of two sharing the B slice (``_matmul_hopper.launch``)."""
