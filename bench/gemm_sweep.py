@@ -532,7 +532,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="the ~1 minute subset")
     p.add_argument("--ms", help="comma-separated M values (default 1..8192, powers of 2)")
-    p.add_argument("--models", help="comma-separated: 8b, 70b (default both)")
+    p.add_argument("--models", help="comma-separated: 8b, 70b (default both), or none")
     p.add_argument("--dtypes", help="comma-separated: f16, bf16 (default both)")
     p.add_argument("--mma", action="store_true", help="also time the mma.sync kernel")
     p.add_argument(
@@ -565,6 +565,8 @@ def main(argv: list[str] | None = None) -> None:
     models = (
         args.models.split(",") if args.models else (QUICK["models"] if quick else ["8b", "70b"])
     )
+    if models == ["none"]:  # only the squares and the epilogues
+        models = []
     dtypes = (
         args.dtypes.split(",") if args.dtypes else (QUICK["dtypes"] if quick else ["f16", "bf16"])
     )

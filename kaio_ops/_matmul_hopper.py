@@ -2,7 +2,8 @@
 with TMA loads, an mbarrier pipeline and ``wgmma``, written in the DSL, generic over its input
 and output element types (dtype constexprs ``IN`` and ``OUT``). The f16-output variant
 (``OUT=f16``) writes C's columns to up to three f16 outputs, each times its own scale
-(the quantized QKV projections, ``kaio_ops._prefill``).
+(the quantized QKV projections, ``kaio_ops._prefill``: constexpr ``OUTS`` 3); with ``OUTS`` 1
+the epilogue writes one output unscaled, choosing nothing per column.
 
 The grid is persistent: at most one block a multiprocessor, block ``b`` of ``G`` computing
 tiles ``b``, ``b + G``, ... of C in the grouped order (``grouped``: down columns of
@@ -322,6 +323,7 @@ def matmul_wgmma(
     GROUP: kaio.constexpr,
     OUT: kaio.constexpr,
     PAIR: kaio.constexpr,
+    OUTS: kaio.constexpr,
 ):
     kaio.launch_bounds(THREADS + WIDE_EXTRA * (BN // (WGMMA_MAX_N + 1)), 1)  # threads_for(BN)
     if PAIR:
@@ -381,10 +383,18 @@ def matmul_wgmma(
             # the epilogue: this warpgroup's 64 rows (in a pair, of block rank's half)
             row0, col0 = tile_origin(tile0 + i * step, tiles_m, tiles_n, BN, GROUP, ROWS)
             row0 = row0 + rank * BM + 64 * i32(wg)
-            store_rows(acc, c0, c1, c2, row0, col0, m, n, n0, n1, s0, s1, s2, lt, BN=BN1, OUT=OUT)
-            if BN > WGMMA_MAX_N:
-                store_rows(acc2, c0, c1, c2, row0, col0 + WGMMA_MAX_N, m, n, n0, n1, s0, s1, s2,
-                           lt, BN=BN2, OUT=OUT)  # fmt: skip
+            if OUTS == 1:  # one output, unscaled: no output or scale chosen per column
+                store_rows(acc, c0, c0, c0, row0, col0, m, n, n, 0, 1.0, 1.0, 1.0, lt, BN=BN1,
+                           OUT=OUT)  # fmt: skip
+                if BN > WGMMA_MAX_N:
+                    store_rows(acc2, c0, c0, c0, row0, col0 + WGMMA_MAX_N, m, n, n, 0, 1.0, 1.0,
+                               1.0, lt, BN=BN2, OUT=OUT)  # fmt: skip
+            else:
+                store_rows(acc, c0, c1, c2, row0, col0, m, n, n0, n1, s0, s1, s2, lt, BN=BN1,
+                           OUT=OUT)  # fmt: skip
+                if BN > WGMMA_MAX_N:
+                    store_rows(acc2, c0, c1, c2, row0, col0 + WGMMA_MAX_N, m, n, n0, n1, s0, s1,
+                               s2, lt, BN=BN2, OUT=OUT)  # fmt: skip
     elif BN > WGMMA_MAX_N:  # the producer's warpgroup (384 threads): its first thread
         kaio.setmaxnreg_dec(PRODUCER_REGS)
         if t == CONSUMERS:
@@ -449,7 +459,8 @@ def launch(
     tb = kaio.tensor_map_2d(b.obj, (BK, 64), SW)
     out = f32 if f16_outs is None else out_type
     consts = {"BN": bn, "STAGES": stages, "IN": kaio.bf16 if bf16 else f16, "GROUP": group}
-    consts |= {"OUT": out, "PAIR": pair}
+    outs_used = 1 if f16_outs is None or len(f16_outs) == 1 and not scales else 3
+    consts |= {"OUT": out, "PAIR": pair, "OUTS": outs_used}
     shared = shared_bytes(bn, stages)
     grid = min(sms, -(-m // BM) * -(-n // bn))
     if pair:  # whole clusters, as many as the GPU runs at once
@@ -505,9 +516,9 @@ def specializations() -> list:
         for out in (f32, f16, kaio.bf16)
     ]
     for spec in specs:
-        spec[1]["PAIR"] = 0
+        spec[1] |= {"PAIR": 0, "OUTS": 1 if spec[1]["BN"] == 256 else 3}
     for bn, in_, pair in ((160, f16, 0), (192, kaio.bf16, 1), (224, f16, 0), (128, f16, 1),
                           (320, f16, 1), (320, kaio.bf16, 0)):  # fmt: skip
         consts = {"BN": bn, "STAGES": stages_for(bn), "IN": in_, "GROUP": GROUP_ROWS}
-        specs.append((matmul_wgmma, {**consts, "OUT": in_, "PAIR": pair}))  # widths, pairs
+        specs.append((matmul_wgmma, {**consts, "OUT": in_, "PAIR": pair, "OUTS": 1}))
     return specs
