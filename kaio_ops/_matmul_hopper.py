@@ -516,7 +516,7 @@ def specializations() -> list:
         for out in (f32, f16, kaio.bf16)
     ]
     for spec in specs:
-        spec[1] |= {"PAIR": 0, "OUTS": 1 if spec[1]["BN"] == 256 else 3}
+        spec[1].update(PAIR=0, OUTS=1 if spec[1]["BN"] == 256 else 3)
     for bn, in_, pair in ((160, f16, 0), (192, kaio.bf16, 1), (224, f16, 0), (128, f16, 1),
                           (320, f16, 1), (320, kaio.bf16, 0)):  # fmt: skip
         consts = {"BN": bn, "STAGES": stages_for(bn), "IN": in_, "GROUP": GROUP_ROWS}
