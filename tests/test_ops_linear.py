@@ -524,6 +524,15 @@ def test_measured_table_is_well_formed():
                 assert choice.split >= 1
             elif type(choice).__name__ == "Plan":  # a _gemv.Plan
                 assert choice.split >= 1 and layout != "gate"
+            elif isinstance(choice, Persistent):  # the persistent kernel (plain matmul)
+                from kaio_ops import _matmul_hopper
+
+                assert layout == "kn" and choice.pair in (0, 1) and choice.group >= 1
+                assert choice.bn % 16 == 0 and 128 <= choice.bn <= _matmul_hopper.MAX_BN
+                stages = _matmul_hopper.stages_for(choice.bn)
+                assert stages >= 3 and _matmul_hopper.shared_bytes(choice.bn, stages) <= (
+                    hopper.SHARED_LIMIT
+                )
             elif isinstance(choice, streamk.Plan):
                 gate = layout == "gate"
                 assert streamk.shared_bytes(choice.wg, choice.bn, choice.stages, gate) <= (
