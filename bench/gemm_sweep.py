@@ -13,7 +13,8 @@ Usage: ``python bench/gemm_sweep.py --out results.json [--quick]``. ``--quick`` 
 1024³ and 2048³ ("gemm square") run in both. ``--ms``, ``--models`` and ``--dtypes`` pick
 any other subset; ``--mma`` also times kaio's mma.sync kernel (on sm_90 the op runs the
 Hopper one); ``--sk`` also times stream-K plans (``kaio_ops._gemm_streamk``) where the
-tiles do not fill the GPU in whole waves (the measurements behind ``linear.MEASURED``).
+tiles do not fill the GPU in whole waves (the measurements behind ``linear.MEASURED``);
+``--alt`` also times the routed plan's variant (``alt_plan``: wide stores, pairs of blocks).
 
 The Triton peer is the tutorial matmul of bench/matmul.py (f16/bf16 out), tuned here per
 shape over a few standard configurations (each timed a few calls with CUDA events, the best
@@ -21,7 +22,9 @@ kept): Triton's own autotuner benchmarks for ~0.1 s a configuration and shape, w
 whole sweep cannot afford.
 
 ``--report A.json B.json --plots DIR`` prints the ratio tables of finished runs (later
-files replace earlier ones' cases) and draws the heat maps from them.
+files replace earlier ones' cases) and draws the heat maps from them, one against cuBLAS
+and one against Triton where it ran. A sweep run in chunks (``--models``, ``--ms``,
+``--dtypes``, each with its own ``--out``) is put back together this way.
 
 Time: the full sweep is 224 cases plus the squares; ``--budget S`` stops starting cases after
 S seconds (the JSON and table keep what ran), and a run cut in parts (``--models 8b
@@ -174,6 +177,27 @@ def route_name(a, b) -> str:
     return str(chosen)
 
 
+def alt_plan(a, b, sms: int):
+    """The routed plan's variant that ``--alt`` times beside it (None where it has none):
+    for the Hopper kernel unsplit, the same plan with 4 adjacent columns a store
+    (``Plan.vec`` 1); for the persistent kernel from 256 rows, the same width in clusters of
+    two sharing the B slice (``linear.Persistent`` pair 1)."""
+    from kaio_ops import _arrays, _gemm_hopper
+    from kaio_ops.linear import Persistent, persistent_width, route
+
+    inputs = _arrays.Inputs("matmul")
+    x, y = inputs.array(a, "a", ndim=2), inputs.array(b, "b", ndim=2)
+    (m, k), n = x.shape, y.shape[1]
+    chosen = route(x, y, (m, n, k), False, True, False)
+    if isinstance(chosen, _gemm_hopper.Plan) and chosen.split == 1 and not chosen.vec:
+        return chosen._replace(vec=1)
+    if chosen == "persistent" and m >= 256:
+        chosen = Persistent(persistent_width(m, n, sms))
+    if isinstance(chosen, Persistent) and not chosen.pair and m >= 256:
+        return chosen._replace(pair=1)
+    return None
+
+
 def kaio_plan(chosen):
     """kaio_ops.matmul's launch with a forced plan (``linear.gemm``'s ``chosen``)."""
 
@@ -250,11 +274,13 @@ def sweep(
     op: str = OP,
     budget: Budget | None = None,
     sk: bool = False,
+    alt: bool = False,
 ) -> None:
     """One harness case per (dtype, model shape, M) (``models``: names of ``SHAPES``, or
     "square": M = N = K for each M of ``ms``); ``mma``: also the mma.sync kernel;
     ``use_triton``: also Triton (tuned per shape); ``sk``: also stream-K plans
-    (``streamk_plans``); ``budget``: stops starting cases when spent (or warm mode)."""
+    (``streamk_plans``); ``alt``: also the routed plan's variant (``alt_plan``);
+    ``budget``: stops starting cases when spent (or warm mode)."""
     budget = budget or Budget(None)
     sms = h.meta.get("sms", 132)
     for name in dtypes:
@@ -276,6 +302,14 @@ def sweep(
                         impls["kaio mma.sync"] = kaio_mma_sync
                     if use_triton and triton is not None:
                         impls["Triton"] = triton_matmul
+                    if alt:
+                        found = alt_plan(
+                            torch.empty(m, k, device="cuda", dtype=dt),
+                            torch.empty(k, n, device="cuda", dtype=dt),
+                            sms,
+                        )
+                        if found is not None:
+                            impls["kaio alt"] = kaio_plan(found)
                     if sk:
                         for p in streamk_plans(m, n, sms):
                             impls[streamk_name(p)] = kaio_plan(p)
@@ -367,22 +401,29 @@ def epilogues(h: Harness, ms: list[int], budget: Budget | None = None) -> None:
 
 
 def report(paths: list[str], plot_dir: str | None = None) -> str:
-    """Markdown tables of the sweep JSONs at ``paths`` (later files replace earlier ones'
-    cases): per op, peer time / kaio time by shape (rows) and M (columns) for cuBLAS and
-    Triton, with the geometric mean and range; heat maps (bench/plots.py) into ``plot_dir``."""
+    """Markdown tables of the sweep JSONs at ``paths`` (a case in a later file replaces
+    every record of that case in earlier ones, so that no ratio mixes two runs): per op,
+    peer time / kaio time by shape (rows) and M (columns) for cuBLAS and Triton, with the
+    geometric mean and range; heat maps (bench/plots.py) into ``plot_dir``."""
     import json
 
     from bench import perfdata, plots
 
-    ops: dict[str, perfdata.Op] = {}
+    found: dict[tuple[str, str], list] = {}  # (op, case) -> its records, the last file's
     gpus = set()
     for path in paths:
         with open(path) as fh:
             raw = json.load(fh)
         gpus.add(raw.get("meta", {}).get("gpu", "?"))
+        mine: dict[tuple[str, str], list] = {}
         for d in raw.get("results", []):
             rec = perfdata.Record.from_dict(d)
-            ops.setdefault(rec.op, perfdata.Op("gemm-sweep", rec.op)).add(rec)
+            mine.setdefault((rec.op, rec.case), []).append(rec)
+        found.update(mine)  # a case of a later file replaces all of the case's records
+    ops: dict[str, perfdata.Op] = {}
+    for (op, _), records in found.items():
+        for rec in records:
+            ops.setdefault(op, perfdata.Op("gemm-sweep", op)).add(rec)
     lines = [f"GPU: {', '.join(sorted(gpus))}"]
     for op in ops.values():
         for peer in ("cuBLAS", "Triton", "torch"):
@@ -410,9 +451,13 @@ def report(paths: list[str], plot_dir: str | None = None) -> str:
                 lines.append(f"| {shape} | " + " | ".join(row) + " |")
         if plot_dir and op.name.startswith(plots.SWEEP_OP):
             os.makedirs(plot_dir, exist_ok=True)
-            path = os.path.join(plot_dir, f"{perfdata.slug(op.name)}-heatmap.png")
-            plots._sweep_heatmap(plots._pyplot(), op, path)
-            lines.append(f"\n(heat map: {path})")
+            for peer in ("cuBLAS", "Triton"):  # a heat map a peer that ran
+                if not any(op.get(case, peer) for case in op.cases):
+                    continue
+                tail = "" if peer == "cuBLAS" else f"-{peer.lower()}"
+                path = os.path.join(plot_dir, f"{perfdata.slug(op.name)}{tail}-heatmap.png")
+                plots._sweep_heatmap(plots._pyplot(), op, path, peer)
+                lines.append(f"\n(heat map against {peer}: {path})")
     return "\n".join(lines)
 
 
@@ -487,7 +532,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="the ~1 minute subset")
     p.add_argument("--ms", help="comma-separated M values (default 1..8192, powers of 2)")
-    p.add_argument("--models", help="comma-separated: 8b, 70b (default both)")
+    p.add_argument("--models", help="comma-separated: 8b, 70b (default both), or none")
     p.add_argument("--dtypes", help="comma-separated: f16, bf16 (default both)")
     p.add_argument("--mma", action="store_true", help="also time the mma.sync kernel")
     p.add_argument(
@@ -499,6 +544,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-epilogues", action="store_true", help="skip the fused linear cases")
     p.add_argument("--no-squares", action="store_true", help="skip the squares 1024³, 2048³")
     p.add_argument("--sk", action="store_true", help="also time stream-K plans")
+    p.add_argument("--alt", action="store_true", help="also the routed plan's variant")
     p.add_argument("--budget", type=float, help="seconds to start cases in (default: no limit)")
     p.add_argument("--warm", help="R/J: compile shard R of J of the cases' kernels, time nothing")
     p.add_argument("--routes", help="a bench/gemm_plans.py JSON: its wins go into the table")
@@ -519,15 +565,18 @@ def main(argv: list[str] | None = None) -> None:
     models = (
         args.models.split(",") if args.models else (QUICK["models"] if quick else ["8b", "70b"])
     )
+    if models == ["none"]:  # only the squares and the epilogues
+        models = []
     dtypes = (
         args.dtypes.split(",") if args.dtypes else (QUICK["dtypes"] if quick else ["f16", "bf16"])
     )
     use_triton = not quick if args.triton is None else args.triton
     if not args.no_squares:
-        sweep(h, SQUARES, ["square"], dtypes, args.mma, use_triton, "gemm square", budget, args.sk)
+        sweep(h, SQUARES, ["square"], dtypes, args.mma, use_triton, "gemm square", budget, args.sk,
+              args.alt)  # fmt: skip
     if not args.no_epilogues:
         epilogues(h, [16, 4096] if quick else [1, 16, 256, 4096], budget)
-    sweep(h, ms, models, dtypes, args.mma, use_triton, OP, budget, args.sk)
+    sweep(h, ms, models, dtypes, args.mma, use_triton, OP, budget, args.sk, args.alt)
     if warm is not None:
         if use_triton and triton is not None:
             warm_triton(dtypes, *warm)

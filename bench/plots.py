@@ -141,16 +141,16 @@ def _launch_plot(plt, rows: dict[str, dict], path: Path) -> None:
 SWEEP_OP = "gemm sweep"  # bench/gemm_sweep.py's ops: one heat map each
 
 
-def _sweep_heatmap(plt, op: Op, path: Path) -> None:
-    """bench/gemm_sweep.py's op: cuBLAS time / kaio time (> 1: kaio faster) by M (columns)
-    and (N, K) shape (rows), the ratio written in each cell; blank where a case is missing or
-    failed."""
+def _sweep_heatmap(plt, op: Op, path: Path, peer_name: str = "cuBLAS") -> None:
+    """bench/gemm_sweep.py's op: ``peer_name`` time (cuBLAS, or Triton) / kaio time (> 1:
+    kaio faster) by M (columns) and (N, K) shape (rows), the ratio written in each cell;
+    blank where a case is missing or failed."""
     from bench.gemm_sweep import parse_label
 
     cells = {}
     for case in op.cases:
         at = parse_label(case)
-        kaio, peer = op.get(case, "kaio"), op.get(case, "cuBLAS")
+        kaio, peer = op.get(case, "kaio"), op.get(case, peer_name)
         if at and kaio and peer and kaio.timed and peer.timed:
             cells[at] = peer.ms / kaio.ms
     ms = sorted({m for m, _ in cells})
@@ -166,8 +166,8 @@ def _sweep_heatmap(plt, op: Op, path: Path) -> None:
         for j, v in enumerate(row):
             if not math.isnan(v):
                 ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6)
-    fig.colorbar(image, ax=ax, label="cuBLAS time / kaio time")
-    ax.set_title(f"{op.name}: kaio_ops.matmul vs cuBLAS", fontsize=9)
+    fig.colorbar(image, ax=ax, label=f"{peer_name} time / kaio time")
+    ax.set_title(f"{op.name}: kaio_ops.matmul vs {peer_name}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -2,13 +2,15 @@
 with TMA loads, an mbarrier pipeline and ``wgmma``, written in the DSL, generic over its input
 and output element types (dtype constexprs ``IN`` and ``OUT``). The f16-output variant
 (``OUT=f16``) writes C's columns to up to three f16 outputs, each times its own scale
-(the quantized QKV projections, ``kaio_ops._prefill``).
+(the quantized QKV projections, ``kaio_ops._prefill``: constexpr ``OUTS`` 3); with ``OUTS`` 1
+the epilogue writes one output unscaled, choosing nothing per column.
 
 The grid is persistent: at most one block a multiprocessor, block ``b`` of ``G`` computing
 tiles ``b``, ``b + G``, ... of C in the grouped order (``grouped``: down columns of
 ``GROUP`` tile rows, so the tiles in flight at once share their A and B slices in L2). A block
 computes a ``128 x BN`` tile with two consumer warpgroups, each multiplying its 64 rows of A by
-the whole B slice with ``wgmma.m64n{BN}k16`` and keeping one group of wgmmas in flight, and a
+the whole B slice with ``wgmma.m64n{BN}k16`` (past 256 columns, up to ``MAX_BN``, two wgmmas
+a K step: ``m64n256k16`` and one for the rest) and keeping one group of wgmmas in flight, and a
 producer warp (the ninth; one thread of it works) that issues the TMA copies of each 64-deep
 K slice of A and B into a ``STAGES``-deep ring of 128-byte-swizzled shared tiles, up to
 ``STAGES`` slices ahead, across tile boundaries: the next tile's first slices load during
@@ -41,6 +43,15 @@ THREADS = CONSUMERS + 32  # and a producer warp
 A_STAGE_BYTES = BM * BK * 2
 SW = 128  # swizzle bytes: one 128-byte row per 64 elements
 GROUP_ROWS = 8  # tile rows a group of the tile order spans (``grouped``)
+WGMMA_MAX_N = 256  # the widest wgmma: a wider tile (up to MAX_BN) takes two a K step
+MAX_BN = 320
+# a tile wider than 256 columns holds 160 accumulators a consumer thread, more than the 168
+# registers of 9 warps (3 on one of the 4 schedulers: 64K / 4 / 3 / 32) leave room for: its
+# block is 384 threads, the producer's whole warpgroup keeping PRODUCER_REGS a thread
+# (setmaxnreg) and the consumers taking CONSUMER_REGS (128 x 40 + 256 x 232 <= 64K)
+WIDE_EXTRA = 96
+PRODUCER_REGS = 40
+CONSUMER_REGS = 232
 
 
 @kaio.gpu_func
@@ -132,6 +143,30 @@ def produce(
             kaio.tma_load_2d(sb, (s, j, 0, 0), tb, k0, col0 + j * 64, bars, (0, s))
         elif rank == j % 2:
             kaio.tma_load_2d_multicast(sb, (s, j, 0, 0), tb, k0, col0 + j * 64, bars, (0, s), 3)
+
+
+@kaio.gpu_func
+def produce_all(
+    sa: IN[:, :, :], sb: IN[:, :, :, :], bars: u64[:, :], ta: kaio.tensormap,
+    tb: kaio.tensormap, tile0: i32, step: i32, tiles_m: i32, tiles_n: i32, k_tiles: i32,
+    slices: i32, rank: i32, BN: kaio.constexpr, STAGES: kaio.constexpr, IN: kaio.constexpr,
+    GROUP: kaio.constexpr, ROWS: kaio.constexpr, PAIR: kaio.constexpr,
+):  # fmt: skip
+    """The producer thread's loop: each K slice of each of the block's ``slices / k_tiles``
+    tiles (from ``tile0``, every ``step``), ``STAGES`` ahead of the consumers at most."""
+    s = i32(0)  # the stage and phase parity of a slice (``next_stage``)
+    ph = u32(0)
+    kt = i32(0)  # the producer's position: K slice kt of tile number tile, at row0, col0
+    tile = tile0
+    row0, col0 = tile_origin(tile, tiles_m, tiles_n, BN, GROUP, ROWS)
+    for g in range(slices):
+        if g >= STAGES:  # stage s held slice g - STAGES: wait until both freed it
+            kaio.mbarrier_wait(bars, (1, s), ph ^ 1)
+        produce(sa, sb, bars, ta, tb, s, kt, row0, col0, rank, BN=BN, IN=IN, PAIR=PAIR)
+        kt, tile, row0, col0 = next_position(
+            kt, tile, row0, col0, k_tiles, step, tiles_m, tiles_n, BN, GROUP, ROWS
+        )
+        s, ph = next_stage(s, ph, STAGES)
 
 
 @kaio.gpu_func
@@ -267,7 +302,7 @@ def retire_slice(
     return s, s2, ph2
 
 
-@kaio.gpu_kernel(block_size=THREADS)
+@kaio.gpu_kernel
 def matmul_wgmma(
     ta: kaio.tensormap,
     tb: kaio.tensormap,
@@ -288,8 +323,9 @@ def matmul_wgmma(
     GROUP: kaio.constexpr,
     OUT: kaio.constexpr,
     PAIR: kaio.constexpr,
+    OUTS: kaio.constexpr,
 ):
-    kaio.launch_bounds(THREADS, 1)
+    kaio.launch_bounds(THREADS + WIDE_EXTRA * (BN // (WGMMA_MAX_N + 1)), 1)  # threads_for(BN)
     if PAIR:
         kaio.cluster_dims(2)
     sa = kaio.shared_dynamic(IN, (STAGES, BM, BK), 0)
@@ -311,10 +347,18 @@ def matmul_wgmma(
     init_ring(bars, t, STAGES, 2 * (2 if PAIR else 1))  # "free": each consumer warpgroup's
     if PAIR:
         kaio.cluster_sync()  # the other block's barriers are ready before any copy
-    acc = kaio.local(f32, (BN // 8, 2, 2))
+    # a tile wider than one wgmma (N <= 256): its first 256 columns in acc, the rest in
+    # acc2 (from the fifth 64-column block of B; unused below 257 columns)
+    WIDE = BN // (WGMMA_MAX_N + 1)  # noqa: N806  (compile-time ints: 1 past 256 columns)
+    BN1 = BN - (BN - WGMMA_MAX_N) * WIDE  # noqa: N806  (min(BN, 256))
+    BN2 = (BN - WGMMA_MAX_N) * WIDE + 8 * (1 - WIDE)  # noqa: N806  (the rest, else 8)
+    acc = kaio.local(f32, (BN1 // 8, 2, 2))
+    acc2 = kaio.local(f32, (BN2 // 8, 2, 2))
     s = i32(0)  # the stage and phase parity of a slice (``next_stage``)
     ph = u32(0)
     if wg < 2:  # the consumers
+        if BN > WGMMA_MAX_N:  # registers for acc2: the producer's warpgroup gives them
+            kaio.setmaxnreg_inc(CONSUMER_REGS)
         ps = i32(0)  # the stage of the slice before
         for i in range(my_tiles):
             for kt in range(k_tiles):
@@ -327,25 +371,39 @@ def matmul_wgmma(
                         kaio.wgmma_bf16(acc, da, db, kt + kk > 0, False, True)
                     else:
                         kaio.wgmma_f16(acc, da, db, kt + kk > 0, False, True)
+                    if BN > WGMMA_MAX_N:  # the columns past 256: B's blocks 4 on
+                        db2 = kaio.smem_descriptor(sb, (s, 4, kk * 16, 0), SW, BK * SW, 1024)
+                        if IN == kaio.bf16:
+                            kaio.wgmma_bf16(acc2, da, db2, kt + kk > 0, False, True)
+                        else:
+                            kaio.wgmma_f16(acc2, da, db2, kt + kk > 0, False, True)
                 ps, s, ph = retire_slice(bars, kt, lt, s, ph, ps, STAGES, PAIR)
             kaio.wgmma_wait(0)
             free_stage(bars, ps, lt, PAIR)  # the tile's last stage, before the epilogue
             # the epilogue: this warpgroup's 64 rows (in a pair, of block rank's half)
             row0, col0 = tile_origin(tile0 + i * step, tiles_m, tiles_n, BN, GROUP, ROWS)
             row0 = row0 + rank * BM + 64 * i32(wg)
-            store_rows(acc, c0, c1, c2, row0, col0, m, n, n0, n1, s0, s1, s2, lt, BN=BN, OUT=OUT)
-    elif t == CONSUMERS:  # the producer: each K slice of each tile, STAGES ahead at most
-        kt = i32(0)  # the producer's position: K slice kt of tile number tile, at row0, col0
-        tile = tile0
-        row0, col0 = tile_origin(tile, tiles_m, tiles_n, BN, GROUP, ROWS)
-        for g in range(slices):
-            if g >= STAGES:  # stage s held slice g - STAGES: wait until both freed it
-                kaio.mbarrier_wait(bars, (1, s), ph ^ 1)
-            produce(sa, sb, bars, ta, tb, s, kt, row0, col0, rank, BN=BN, IN=IN, PAIR=PAIR)
-            kt, tile, row0, col0 = next_position(
-                kt, tile, row0, col0, k_tiles, step, tiles_m, tiles_n, BN, GROUP, ROWS
-            )
-            s, ph = next_stage(s, ph, STAGES)
+            if OUTS == 1:  # one output, unscaled: no output or scale chosen per column
+                store_rows(acc, c0, c0, c0, row0, col0, m, n, n, 0, 1.0, 1.0, 1.0, lt, BN=BN1,
+                           OUT=OUT)  # fmt: skip
+                if BN > WGMMA_MAX_N:
+                    store_rows(acc2, c0, c0, c0, row0, col0 + WGMMA_MAX_N, m, n, n, 0, 1.0, 1.0,
+                               1.0, lt, BN=BN2, OUT=OUT)  # fmt: skip
+            else:
+                store_rows(acc, c0, c1, c2, row0, col0, m, n, n0, n1, s0, s1, s2, lt, BN=BN1,
+                           OUT=OUT)  # fmt: skip
+                if BN > WGMMA_MAX_N:
+                    store_rows(acc2, c0, c1, c2, row0, col0 + WGMMA_MAX_N, m, n, n0, n1, s0, s1,
+                               s2, lt, BN=BN2, OUT=OUT)  # fmt: skip
+    elif BN > WGMMA_MAX_N:  # the producer's warpgroup (384 threads): its first thread
+        kaio.setmaxnreg_dec(PRODUCER_REGS)
+        if t == CONSUMERS:
+            produce_all(sa, sb, bars, ta, tb, tile0, step, tiles_m, tiles_n, k_tiles, slices,
+                        rank, BN=BN, STAGES=STAGES, IN=IN, GROUP=GROUP, ROWS=ROWS,
+                        PAIR=PAIR)  # fmt: skip
+    elif t == CONSUMERS:
+        produce_all(sa, sb, bars, ta, tb, tile0, step, tiles_m, tiles_n, k_tiles, slices, rank,
+                    BN=BN, STAGES=STAGES, IN=IN, GROUP=GROUP, ROWS=ROWS, PAIR=PAIR)  # fmt: skip
     if PAIR:
         kaio.cluster_sync()  # no block leaves while the other may still write to it
 
@@ -375,15 +433,20 @@ def launch(
     or with ``f16_outs`` (one to three arrays [M, N_i] of ``out_type``, f16 or bf16, the N_i
     summing to N) the columns of C go to them in turn, each times its float in ``scales``
     (default 1) and rounded to ``out_type``; returns ``f16_outs``. ``bn``: the tile width
-    (a multiple of 16 up to 256; 160, 192 and 224 fill the waves of some LLM shapes:
-    ``linear.persistent_width``) instead of that rule. ``pair`` 1: blocks in clusters of two
+    (a multiple of 16 up to ``MAX_BN``; 160, 192 and 224 fill the waves of some LLM shapes:
+    ``linear.persistent_width``; past 256, two wgmmas a K step in a block of 384 threads)
+    instead of that rule. ``pair`` 1: blocks in clusters of two
     that take pairs of tiles one above the other and load the B slice once for both (TMA
     multicast), as many clusters as run at once."""
     from kaio_ops import _arrays
 
     if bn is None:
         bn = 256 if -(-m // BM) * -(-n // 256) >= sms else 128
+    if bn % 16 or not 16 <= bn <= MAX_BN:
+        raise ValueError(f"matmul: the persistent kernel's tile width must be a multiple of 16 "
+                         f"up to {MAX_BN}, got {bn}")  # fmt: skip
     stages = stages_for(bn)
+    threads = threads_for(bn)
     if f16_outs is None:
         outs = _arrays.output(a, (m, n), f32)
         targets, widths = [outs] * 3, [n, 0]
@@ -396,12 +459,13 @@ def launch(
     tb = kaio.tensor_map_2d(b.obj, (BK, 64), SW)
     out = f32 if f16_outs is None else out_type
     consts = {"BN": bn, "STAGES": stages, "IN": kaio.bf16 if bf16 else f16, "GROUP": group}
-    consts |= {"OUT": out, "PAIR": pair}
+    outs_used = 1 if f16_outs is None or len(f16_outs) == 1 and not scales else 3
+    consts |= {"OUT": out, "PAIR": pair, "OUTS": outs_used}
     shared = shared_bytes(bn, stages)
     grid = min(sms, -(-m // BM) * -(-n // bn))
     if pair:  # whole clusters, as many as the GPU runs at once
         grid = 2 * min(-(-m // (2 * BM)) * -(-n // bn), clusters(_arrays.gpu(a), shared, consts))
-    matmul_wgmma[grid, THREADS, _arrays.stream_of(a), shared](
+    matmul_wgmma[grid, threads, _arrays.stream_of(a), shared](
         ta, tb, *targets, m, n, *widths, k, *factors, **consts
     )
     return outs
@@ -415,10 +479,17 @@ def clusters(dev, shared: int, consts: dict) -> int:
     ``dev`` (None, the simulator: one), asked of the driver once."""
     key = (dev and dev.ordinal, shared, str(sorted(consts.items(), key=str)))
     if key not in _CLUSTERS:
-        found = 1 if dev is None else matmul_wgmma.max_active_clusters(THREADS, shared, device=dev,
+        threads = threads_for(consts["BN"])
+        found = 1 if dev is None else matmul_wgmma.max_active_clusters(threads, shared, device=dev,
                                                                       **consts)  # fmt: skip
         _CLUSTERS[key] = max(1, found)
     return _CLUSTERS[key]
+
+
+def threads_for(bn: int) -> int:
+    """The block size of ``matmul_wgmma`` at tile width ``bn``: two consumer warpgroups and
+    a producer warp, or past 256 columns a whole producer warpgroup (``WIDE_EXTRA``)."""
+    return THREADS + (WIDE_EXTRA if bn > WGMMA_MAX_N else 0)
 
 
 def shared_bytes(bn: int, stages: int) -> int:
@@ -445,8 +516,9 @@ def specializations() -> list:
         for out in (f32, f16, kaio.bf16)
     ]
     for spec in specs:
-        spec[1]["PAIR"] = 0
-    for bn, in_, pair in ((160, f16, 0), (192, kaio.bf16, 1), (224, f16, 0), (128, f16, 1)):
+        spec[1].update(PAIR=0, OUTS=1 if spec[1]["BN"] == 256 else 3)
+    for bn, in_, pair in ((160, f16, 0), (192, kaio.bf16, 1), (224, f16, 0), (128, f16, 1),
+                          (320, f16, 1), (320, kaio.bf16, 0)):  # fmt: skip
         consts = {"BN": bn, "STAGES": stages_for(bn), "IN": in_, "GROUP": GROUP_ROWS}
-        specs.append((matmul_wgmma, {**consts, "OUT": in_, "PAIR": pair}))  # widths, pairs
+        specs.append((matmul_wgmma, {**consts, "OUT": in_, "PAIR": pair, "OUTS": 1}))
     return specs

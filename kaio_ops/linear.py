@@ -79,7 +79,7 @@ def out_type(op: str, out_dtype, default: ScalarType) -> ScalarType:
 
 class Persistent(NamedTuple):
     """A ``gemm`` choice: ``_matmul_hopper``'s persistent kernel (sm_90, B [K, N], no
-    epilogue) with ``128 x bn`` tiles (``bn`` a multiple of 16 up to 256) taken ``group``
+    epilogue) with ``128 x bn`` tiles (``bn`` a multiple of 16 up to 320) taken ``group``
     tile rows at a time, where the string ``"persistent"`` takes the width of
     ``persistent_width`` and groups of ``_matmul_hopper.GROUP_ROWS``; ``pair`` 1: blocks in
     clusters of two sharing the B slice (``_matmul_hopper.launch``)."""
@@ -373,39 +373,49 @@ def _counters(like: _arrays.Operand, tiles: int):
 # pass (--set d33 --epi33, H100): the squares on the Hopper kernel with 4 adjacent columns a
 # store (Plan.vec 1; 1024^3 0.997x cuBLAS against 0.901x with pairs of columns, 2048^3 on
 # 128 x 256 tiles 0.969x against the persistent kernel's 0.944x), and B [N, K] ("nk") up to
-# M = 32 on the unsplit deep 16 x 64 tiles (0.96-1.06x against 0.67-1.00x).
+# M = 32 on the unsplit deep 16 x 64 tiles (0.96-1.06x against 0.67-1.00x). Issue 33's fifth
+# pass (H100; bench/gemm_sweep.py --alt, and cuBLAS's own kernels by name: 128 x 320 tiles,
+# clusters of two along M, at M = 512-4096 of 10240 and 28672 columns and 57344): every
+# unsplit Hopper plan of B [K, N] with 4-column stores (vec 1: 1-7% faster at each of 13
+# Llama-3-8B cases), and the persistent kernel's 128 x 320 tiles (one wave of 128 tiles at M =
+# 512 of 10240 columns: 1.006x cuBLAS against 0.87-0.94x for 128 x 160; M = 1024 of 10240
+# 1.011x, of 57344 0.994x against 0.915x; in pairs sharing B at M = 2048 of 57344 0.999x against
+# 0.971x, M = 2048-4096 of 28672 x 4096 0.950-0.981x against 0.931-0.957x), pairs of 128 x 256
+# at M = 8192 of 8192 x 28672 (1.052x against 1.017x).
 _P = _gemm_hopper.Plan
 _S = _gemm_streamk.Plan
 _D = Plan("16x64s8", 1)  # the deep skinny tile, unsplit (SKINNY_CONFIGS)
 MEASURED: dict[tuple, list] = {
     (1024, 1024, "kn"): [(1024, _P(2, 64, 8, 1, False, 0, 1))],
     (2048, 2048, "kn"): [(2048, _P(2, 256, 4, 1, False, 0, 1))],
-    (4096, 4096, "kn"): [(32, _D), (128, _P(1, 64, 12, 1, False)),
-                         (256, _P(2, 64, 9, 1, False)), (2048, "persistent")],
+    (4096, 4096, "kn"): [(32, _D), (128, _P(1, 64, 12, 1, False, 0, 1)),
+                         (256, _P(2, 64, 9, 1, False, 0, 1)), (2048, "persistent")],
     (4096, 4096, "nk"): [(32, _D), (128, _P(1, 64, 6, 1, False))],
-    (4096, 14336, "kn"): [(32, _D), (128, _P(1, 64, 12, 1, False)), (256, _P(1, 128, 9, 1, False)),
-                          (512, "persistent"), (1024, _P(2, 256, 4, 1, False)),
-                          (2048, "persistent")],
+    (4096, 14336, "kn"): [(32, _D), (128, _P(1, 64, 12, 1, False, 0, 1)),
+                          (256, _P(1, 128, 9, 1, False, 0, 1)), (512, "persistent"),
+                          (1024, _P(2, 256, 4, 1, False, 0, 1)), (2048, "persistent")],
     (4096, 14336, "nk"): [(32, _D), (64, _P(2, 64, 6, 2, False)),
                           (128, _P(1, 64, 6, 2, False)), (256, _P(2, 64, 6, 1, False)),
                           (4096, _P(2, 256, 4, 1, False))],
-    (6144, 4096, "kn"): [(32, _D), (128, _P(1, 64, 6, 1, False)), (2048, "persistent")],
+    (6144, 4096, "kn"): [(32, _D), (128, _P(1, 64, 6, 1, False, 0, 1)), (2048, "persistent")],
     (6144, 4096, "nk"): [(16, _D), (32, Plan("16x128s8", 1))],
     (8192, 8192, "kn"): [(16, _D), (32, Plan("16x128s8", 1)),
-                         (64, _P(1, 64, 6, 1, False)), (128, _P(2, 64, 6, 1, False)),
+                         (64, _P(1, 64, 6, 1, False, 0, 1)), (128, _P(2, 64, 6, 1, False, 0, 1)),
                          (1024, "persistent")],
-    (8192, 28672, "kn"): [(1, "mma.sync"), (16, _D), (128, _P(1, 128, 6, 1, False)),
-                          (1024, "persistent")],
-    (10240, 8192, "kn"): [(16, Plan("16x128", 1)), (64, _P(1, 128, 6, 1, False)),
-                          (128, _P(2, 128, 6, 1, False)), (1024, "persistent")],
+    (8192, 28672, "kn"): [(1, "mma.sync"), (16, _D), (128, _P(1, 128, 6, 1, False, 0, 1)),
+                          (4096, "persistent"), (8192, Persistent(256, 8, 1))],
+    (10240, 8192, "kn"): [(16, Plan("16x128", 1)), (64, _P(1, 128, 6, 1, False, 0, 1)),
+                          (128, _P(2, 128, 6, 1, False, 0, 1)), (256, "persistent"),
+                          (1024, Persistent(320))],
     (14336, 4096, "gate"): [(1, "gemv"), (16, "mma.sync"), (4096, _P(2, 128, 4, 1, False))],
     (28672, 4096, "nk"): [(16, _D)],
-    (28672, 4096, "kn"): [(16, "mma.sync"), (64, _P(1, 256, 5, 1, False)),
-                          (128, _P(2, 256, 4, 1, False)), (2048, "persistent")],
+    (28672, 4096, "kn"): [(16, "mma.sync"), (64, _P(1, 256, 5, 1, False, 0, 1)),
+                          (128, _P(2, 256, 4, 1, False, 0, 1)), (1024, "persistent"),
+                          (4096, Persistent(320, 8, 1))],
     (57344, 8192, "kn"): [(1, "gemv"), (8, Plan("16x128", 4)), (16, "mma.sync"),
-                          (64, _P(1, 128, 9, 1, False)),
-                          (128, _P(2, 128, 6, 1, False)), (512, "persistent"),
-                          (1024, _P(2, 256, 4, 1, False))],
+                          (64, _P(1, 128, 9, 1, False, 0, 1)),
+                          (128, _P(2, 128, 6, 1, False, 0, 1)), (512, "persistent"),
+                          (1024, Persistent(320)), (2048, Persistent(320, 8, 1))],
 }  # fmt: skip
 SKINNY_M = 16  # rows up to which the mma.sync kernel (16-row tiles, K split) wins on sm_90
 

@@ -544,10 +544,14 @@ def hopper_runs(rng) -> list[tuple]:
             TensorMapOf(y.view(np.float16), (_matmul_hopper.BK, 64), 128),
         ]
         shared = _matmul_hopper.shared_bytes(consts["BN"], consts["STAGES"])
-        subscript = launch_config(2, _matmul_hopper.THREADS, shared)  # 2 tiles per block
+        threads = _matmul_hopper.threads_for(consts["BN"])
+        subscript = launch_config(2, threads, shared)  # 2 tiles per block
         out = consts["OUT"].np_dtype
         outs = [np.full((m, w), np.nan, out) for w in (*widths, n - sum(widths))]
         shape = [m, n, *widths, k, 0.5, 2.0, -1.0]
+        if consts["OUTS"] == 1:  # one output, unscaled
+            outs = [np.full((m, n), np.nan, out)] * 3
+            shape = [m, n, n, 0, k, 1.0, 1.0, 1.0]
         runs.append((kernel, subscript, [*maps, *outs, *shape], consts))
     return runs
 

@@ -335,6 +335,8 @@ def test_hopper_tile_widths_and_pairs_in_simulator(m, n, k, act, dtype, chosen):
         # 4 adjacent columns a store (lanes trading pairs): tails in M and N, both layouts
         (70, 200, 136, False, np.float16, kaio.f16, hopper.Plan(2, 64, 2, 1, False, 0, 1)),
         (33, 72, 200, True, BF16, kaio.f32, hopper.Plan(1, 128, 3, 1, False, 0, 1)),
+        (40, 264, 136, False, BF16, kaio.bf16, hopper.Plan(1, 256, 2, 1, False, 0, 1)),  # routed
+        (65, 72, 200, False, np.float16, kaio.f16, hopper.Plan(1, 64, 3, 1, False, 0, 1)),
         # through shared memory, a bulk copy a row: a partial last column tile and rows
         (70, 200, 136, False, np.float16, kaio.f16, hopper.Plan(2, 64, 2, 1, False, 0, 2)),
         (33, 72, 200, True, BF16, kaio.bf16, hopper.Plan(1, 128, 2, 1, False, 0, 2)),
@@ -410,6 +412,8 @@ def test_gemv_nk_in_simulator(m, n, k, act, dtype, out_dtype):
         (BF16, np.float32, "persistent"),
         (np.float16, np.float16, Persistent(160)),  # 2.5 blocks of 64 columns: the last whole
         (BF16, BF16, Persistent(128, 8, 1)),  # pairs sharing B, an odd count of tile rows
+        (np.float16, np.float16, Persistent(320, 8, 1)),  # two wgmmas a K step, 384 threads
+        (BF16, np.float32, Persistent(320)),
     ],
 )
 def test_persistent_kernel_in_simulator(dtype, out, chosen):
@@ -417,6 +421,8 @@ def test_persistent_kernel_in_simulator(dtype, out, chosen):
     in pairs): 2 x 2 tiles with tails in M, N and K."""
     rng = np.random.default_rng(5)
     m, n, k = 130 if chosen == "persistent" else 300, 136 if chosen == "persistent" else 200, 200
+    if chosen in (Persistent(320, 8, 1), Persistent(320)):  # a tile of 256 + 64 columns and
+        n = 344  # one of 24: both wgmmas' columns cut at N
     a, b = rand(rng, (m, k), dtype), rand(rng, (k, n), dtype, 0.3)
     with kaio.simulate():
         ot = kaio.types.from_numpy_dtype(np.dtype(out))
@@ -518,6 +524,15 @@ def test_measured_table_is_well_formed():
                 assert choice.split >= 1
             elif type(choice).__name__ == "Plan":  # a _gemv.Plan
                 assert choice.split >= 1 and layout != "gate"
+            elif isinstance(choice, Persistent):  # the persistent kernel (plain matmul)
+                from kaio_ops import _matmul_hopper
+
+                assert layout == "kn" and choice.pair in (0, 1) and choice.group >= 1
+                assert choice.bn % 16 == 0 and 128 <= choice.bn <= _matmul_hopper.MAX_BN
+                stages = _matmul_hopper.stages_for(choice.bn)
+                assert stages >= 3 and _matmul_hopper.shared_bytes(choice.bn, stages) <= (
+                    hopper.SHARED_LIMIT
+                )
             elif isinstance(choice, streamk.Plan):
                 gate = layout == "gate"
                 assert streamk.shared_bytes(choice.wg, choice.bn, choice.stages, gate) <= (
@@ -695,6 +710,10 @@ def test_gpu_split_sums_deterministic(m, n, k, activation, chosen, monkeypatch):
         (256, 10240, 1024, "matmul", Persistent(160)),  # the persistent kernel's widths
         (520, 6144, 1032, "matmul", Persistent(224, 4)),
         (1000, 2048, 2048, "matmul", Persistent(256, 8, 1)),  # pairs sharing B
+        (512, 10240, 1024, "matmul", Persistent(320, 8, 1)),  # 256 + 64 columns, 384 threads
+        (700, 1000, 1032, "matmul", Persistent(320)),  # tails in M, N (a 40-column tile), K
+        (64, 6144, 4096, "matmul", hopper.Plan(1, 64, 12, 1, False, 0, 1)),  # routes, wide
+        (128, 28672, 1024, "matmul", hopper.Plan(2, 256, 4, 1, False, 0, 1)),  # stores
         (1000, 1000, 1024, "matmul", hopper.Plan(2, 64, 8, 1, False, 0, 1)),  # wide stores
         (1000, 1000, 1024, "matmul", hopper.Plan(2, 64, 6, 1, False, 0, 2)),  # through shared
     ],
