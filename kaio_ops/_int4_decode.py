@@ -126,13 +126,18 @@ def weight_pair(word: u32, j: kaio.constexpr, scale: f16x2) -> u32:
 def decode_columns(
     x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :], partial: f32[:, :, :],
     M: u32, N: u32, block: u32, WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr,
+    SPLIT: kaio.constexpr,
 ):  # fmt: skip
     """out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W = scales * the
     nibbles of w, see the module docstring), rounded to DT (the output's element type), for
     the ``ROWS`` 8-row slabs of x (``_rows``: 1 when M <= 8, rows g + 8 of A are zero; else
     2 per m16 tile). Each warp's groups go through two register buffers: the next group's
     loads are in flight while the current one is multiplied; ``partial`` [WARPS, 16, 32]
-    (shared) adds the warps' tiles in a fixed order, one m16 tile at a time."""
+    (shared) adds the warps' tiles in a fixed order, one m16 tile at a time. With ``SPLIT``
+    > 1 (one m16 tile, sm_90) the K groups are spread over the ``SPLIT`` blocks of a cluster
+    (warp ``w`` of rank ``r`` takes groups ``r WARPS + w``, then every ``SPLIT WARPS``-th):
+    each block adds its warps' tiles, then the blocks add theirs through distributed shared
+    memory, rank ``r`` storing the rows ``r`` modulo ``SPLIT``, in a fixed order too."""
     tid = kaio.thread_idx_x()
     warp = tid // 32
     lane = tid % 32
@@ -149,16 +154,24 @@ def decode_columns(
     words = kaio.local(u32, (2, LOADS, 4))
     xr = kaio.local(u32, (2, LOADS, 2, 4))
     sc = kaio.local(u32, (2, 2))
-    if warp < groups:
-        load_group(words, xr, sc, 0, w, x, scales, warp, col, g, t, M, ROWS)
-    for group in range(warp, groups, 2 * WARPS):
-        if group + WARPS < groups:
-            load_group(words, xr, sc, 1, w, x, scales, group + WARPS, col, g, t, M, ROWS)
+    rank = u32(0)
+    if SPLIT > 1:
+        rank = kaio.cluster_rank()
+    first = rank * WARPS + warp
+    step = SPLIT * WARPS  # the warps over the cluster's blocks
+    if first < groups:
+        load_group(words, xr, sc, 0, w, x, scales, first, col, g, t, M, ROWS)
+    for group in range(first, groups, 2 * step):
+        if group + step < groups:
+            load_group(words, xr, sc, 1, w, x, scales, group + step, col, g, t, M, ROWS)
         multiply_group(acc, words, xr, sc, 0, x, group, g, t, M, ROWS)
-        if group + WARPS < groups:
-            if group + 2 * WARPS < groups:
-                load_group(words, xr, sc, 0, w, x, scales, group + 2 * WARPS, col, g, t, M, ROWS)
-            multiply_group(acc, words, xr, sc, 1, x, group + WARPS, g, t, M, ROWS)
+        if group + step < groups:
+            if group + 2 * step < groups:
+                load_group(words, xr, sc, 0, w, x, scales, group + 2 * step, col, g, t, M, ROWS)
+            multiply_group(acc, words, xr, sc, 1, x, group + step, g, t, M, ROWS)
+    if SPLIT > 1:
+        split_sum(acc, partial, out, M, N, block, rank, tid, warp, g, t, WARPS, SPLIT, DT)
+        return
     for m in kaio.static_range((ROWS + 1) // 2):
         if m > 0:
             kaio.sync_threads()  # the previous tile's partial sums are all read
@@ -177,19 +190,55 @@ def decode_columns(
                 out[16 * m + r, c] = DT(total)
 
 
+@kaio.gpu_func
+def split_sum(
+    acc: f32[:, :, :], partial: f32[:, :, :], out: DT[:, :], M: u32, N: u32, block: u32,
+    rank: u32, tid: u32, warp: u32, g: u32, t: u32, WARPS: kaio.constexpr,
+    SPLIT: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """The sum of a cluster's K split (one m16 tile): each block adds its warps' tiles into
+    ``partial[0]``, then rank ``r`` adds the blocks' ``partial[0]`` rows ``r`` modulo
+    ``SPLIT`` in rank order (distributed shared memory) and stores them."""
+    for i in kaio.static_range(4):
+        for e in kaio.static_range(4):
+            partial[warp, g + 8 * (e // 2), 4 * (2 * t + e % 2) + i] = acc[0, i, e]
+    kaio.sync_threads()
+    for k in kaio.static_range(16 * COLS // (WARPS * 32)):
+        o = tid + k * WARPS * 32
+        total = partial[0, o // COLS, o % COLS]
+        for s in kaio.static_range(1, WARPS):
+            total += partial[s, o // COLS, o % COLS]
+        partial[0, o // COLS, o % COLS] = total  # only this thread reads element o
+    kaio.cluster_sync()
+    for k in kaio.static_range(16 * COLS // (WARPS * 32)):
+        o = tid + k * WARPS * 32
+        r = o // COLS
+        c = block * COLS + o % COLS
+        if r % SPLIT == rank and r < M and c < N:
+            total = kaio.cluster_load(partial, (0, r, o % COLS), 0)
+            for q in kaio.static_range(1, SPLIT):
+                total += kaio.cluster_load(partial, (0, r, o % COLS), q)
+            out[r, c] = DT(total)
+    kaio.cluster_sync()  # no block leaves while another may still read its shared memory
+
+
 @kaio.gpu_kernel
 def int4_decode(
     x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :],
     M: u32, N: u32,
-    WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr,
+    WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr, SPLIT: kaio.constexpr,
 ):  # fmt: skip
-    """``out = x @ W`` (``decode_columns``), a block per 32 columns."""
+    """``out = x @ W`` (``decode_columns``), a block (a cluster of ``SPLIT``) per 32
+    columns."""
+    if SPLIT > 1:
+        kaio.cluster_dims(SPLIT)
     if ROWS > 2:
         kaio.launch_bounds(WARPS * 32, 1)  # one block an SM: else ptxas may spill to fit 128
     else:
         kaio.launch_bounds(WARPS * 32)
     partial = kaio.shared(f32, (WARPS, 16, COLS))
-    decode_columns(x, w, scales, out, partial, M, N, kaio.block_idx_x(), WARPS, ROWS, DT)
+    block = kaio.block_idx_x() // SPLIT
+    decode_columns(x, w, scales, out, partial, M, N, block, WARPS, ROWS, DT, SPLIT)
 
 
 @kaio.gpu_kernel
@@ -197,10 +246,12 @@ def int4_decode_qkv(
     x: f16[:, :], wq: u32[:, :], wk: u32[:, :], wv: u32[:, :], sq: f16[:, :], sk: f16[:, :],
     sv: f16[:, :], q: DT[:, :], k: DT[:, :], v: DT[:, :],
     M: u32, NQ: u32, NK: u32,
-    WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr,
+    WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr, SPLIT: kaio.constexpr,
 ):  # fmt: skip
-    """``q, k, v = x @ Wq, x @ Wk, x @ Wv`` in one launch: the blocks of q's columns, then
-    k's, then v's (each block exactly a block of ``int4_decode``)."""
+    """``q, k, v = x @ Wq, x @ Wk, x @ Wv`` in one launch: the blocks (clusters of
+    ``SPLIT``) of q's columns, then k's, then v's (each exactly one of ``int4_decode``)."""
+    if SPLIT > 1:
+        kaio.cluster_dims(SPLIT)
     if ROWS > 2:
         kaio.launch_bounds(WARPS * 32, 1)  # one block an SM: else ptxas may spill to fit 128
     else:
@@ -208,13 +259,14 @@ def int4_decode_qkv(
     partial = kaio.shared(f32, (WARPS, 16, COLS))
     bq = (NQ + COLS - 1) // COLS
     bk = (NK + COLS - 1) // COLS
-    block = kaio.block_idx_x()
+    block = kaio.block_idx_x() // SPLIT
     if block < bq:
-        decode_columns(x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT)
+        decode_columns(x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT, SPLIT)
     elif block < bq + bk:
-        decode_columns(x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT)
+        decode_columns(x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT, SPLIT)
     else:
-        decode_columns(x, wv, sv, v, partial, M, u32(v.shape[1]), block - bq - bk, WARPS, ROWS, DT)
+        nv = u32(v.shape[1])
+        decode_columns(x, wv, sv, v, partial, M, nv, block - bq - bk, WARPS, ROWS, DT, SPLIT)
 
 
 WARPS = 8  # measured best on an H200 at K = N = 4096, M = 1 and 16 (against 4 and 16)
@@ -235,9 +287,10 @@ def _words(w: _arrays.Operand):
     return w.arg(dtype=u32)
 
 
-def _config(x: _arrays.Operand, columns: int, warps: int = WARPS) -> tuple:
-    """The launch configuration for ``columns`` output columns in all, ``warps`` a block."""
-    return (-(-columns // COLS), warps * 32, _arrays.stream_of(x), 0)
+def _config(x: _arrays.Operand, columns: int, warps: int = WARPS, split: int = 1) -> tuple:
+    """The launch configuration for ``columns`` output columns in all, ``warps`` a block,
+    ``split`` blocks (a cluster) per 32 columns."""
+    return (-(-columns // COLS) * split, warps * 32, _arrays.stream_of(x), 0)
 
 
 def _rows(m: int) -> int:
@@ -251,15 +304,15 @@ ALL_ROWS = tuple(sorted({_rows(m) for m in range(1, MAX_M + 1)}))  # (1, 2, 4, 6
 
 def matmul(
     x: _arrays.Operand, words: _arrays.Operand, scales: _arrays.Operand, dtype=f32,
-    warps: int = WARPS,
+    warps: int = WARPS, split: int = 1,
 ):  # fmt: skip
     """``x @ W`` in ``dtype`` (f32, f16 or bf16) [M, N] (see ``fits``): one launch, a block
-    of ``warps`` warps per 32 columns."""
+    of ``warps`` warps (a cluster of ``split`` blocks, M <= 16 on sm_90) per 32 columns."""
     m, n = x.shape[0], words.shape[1]
     out = _arrays.output(x, (m, n), dtype)
-    int4_decode[_config(x, n, warps)](
+    int4_decode[_config(x, n, warps, split)](
         x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), dtype), m, n,
-        WARPS=warps, ROWS=_rows(m), DT=dtype,
+        WARPS=warps, ROWS=_rows(m), DT=dtype, SPLIT=split,
     )  # fmt: skip
     return out
 
@@ -274,7 +327,7 @@ def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
     int4_decode_qkv[_config(x, blocks * COLS)](
         x.arg(), *(_words(w) for w, _ in weights), *(s.arg() for _, s in weights),
         *(_arrays.output_arg(x, o, (m, n)) for o, n in zip(outs, widths, strict=True)), m,
-        widths[0], widths[1], WARPS=WARPS, ROWS=_rows(m), DT=f16,
+        widths[0], widths[1], WARPS=WARPS, ROWS=_rows(m), DT=f16, SPLIT=1,
     )  # fmt: skip
     return tuple(outs)
 
@@ -283,7 +336,7 @@ def specializations() -> list:
     """(kernel, constexprs) of every specialization ``matmul`` (f32 out: matmul_int4) and
     ``qkv`` (f16 out: qkv_project_int4) launch."""
     return [
-        (kernel, {"WARPS": WARPS, "ROWS": rows, "DT": dt})
+        (kernel, {"WARPS": WARPS, "ROWS": rows, "DT": dt, "SPLIT": 1})
         for kernel, dt in ((int4_decode, f32), (int4_decode_qkv, f16))
         for rows in ALL_ROWS
     ]

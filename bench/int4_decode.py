@@ -1,0 +1,176 @@
+"""The W4A16 decode kernel (``kaio_ops._int4_decode``, M <= 16) against cuBLAS f16 and the
+weight-read floor: kernel time from CUDA graphs (``bench/int4_wgmma.graph_time``), the int4
+words rotated over enough copies to cover 200 MB (cuBLAS's f16 weights in the same sets),
+f16 out for both, every result checked against the f32 product of the dequantized weights.
+
+Per (N x K, M): cuBLAS f16, ``matmul_int4`` as routed, and each ``--variants`` entry, a
+``_int4_decode.matmul`` configuration ``WARPS:SPLIT`` (warps a block, blocks of a cluster
+splitting K); the floor (``bench/floors.read_words``: every word read once, nothing else)
+once per shape. ``--qkv`` also times ``qkv_project_int4`` (the fused launch) on Llama-3
+QKV widths against the three ``matmul_int4`` calls. ``--once`` runs each kernel a few times
+eagerly and times nothing (for a profiler).
+
+Usage: ``python bench/int4_decode.py [--shapes 8192x8192,...] [--ms 1,16]
+[--variants 8:1,8:2] [--out DIR] [--budget S] [--once]``. Writes ``DIR/int4_decode.jsonl``
+and prints a table: µs, x cuBLAS, and % of the floor (floor time / time).
+"""
+
+# ruff: noqa: B023  (the timed lambdas run before the loop moves on)
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import kaio  # noqa: E402
+import kaio_ops  # noqa: E402
+from bench.int4_wgmma import L2_BYTES, graph_time, operand  # noqa: E402
+from bench.quantized import int4_bytes, int4_inputs, read_only  # noqa: E402
+from kaio_ops import _int4_decode  # noqa: E402
+
+SHAPES = "8192x8192,10240x8192,57344x8192,8192x28672,4096x4096,6144x4096,28672x4096,4096x14336"
+T0 = time.time()
+
+
+def parse_variants(text: str) -> list:
+    """``WARPS:SPLIT`` entries, comma-separated, as (warps, split) pairs."""
+    return [tuple(int(v) for v in item.split(":")) for item in text.split(",") if item]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default=".")
+    p.add_argument("--shapes", default=SHAPES)
+    p.add_argument("--ms", default="1,16")
+    p.add_argument("--variants", default="")
+    p.add_argument("--budget", type=float, default=40.0)
+    p.add_argument("--once", action="store_true", help="run each kernel eagerly, no timing")
+    p.add_argument("--no-routed", action="store_true", help="skip matmul_int4 as routed")
+    p.add_argument("--prewarm", type=int, default=0, help="compile first in N processes")
+    args = p.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    variants = parse_variants(args.variants)
+    ms = [int(m) for m in args.ms.split(",")]
+    sink = open(os.path.join(args.out, "int4_decode.jsonl"), "w")  # noqa: SIM115
+
+    def log(rec):
+        rec["t"] = round(time.time() - T0, 1)
+        print(json.dumps(rec), flush=True)
+        sink.write(json.dumps(rec) + "\n")
+        sink.flush()
+
+    log({"gpu": torch.cuda.get_device_name(), "sms": torch.cuda.get_device_properties(0)
+         .multi_processor_count})  # fmt: skip
+    if args.prewarm:
+        prewarm(log, variants, ms, args.prewarm)
+    rows = []
+    for shape in args.shapes.split(","):
+        n, k = map(int, shape.split("x"))
+        if time.time() - T0 > args.budget:
+            log({"skipped": [n, k]})
+            continue
+        sets = 2 if args.once else max(2, min(24, -(-L2_BYTES // int4_bytes(n, k))))
+        weights = [int4_inputs(1, n, k)[1:] for _ in range(sets)]
+        floor = [read_only(w[0]) for w in weights]
+        floor_us = None
+        for m in ms:
+            if time.time() - T0 > args.budget:
+                log({"skipped": [m, n, k]})
+                continue
+            rows.append(point(log, args, m, n, k, weights, floor, variants))
+            if floor_us is None and not args.once:
+                floor_us = graph_time(lambda i: floor[i](None, weights[i][0], None, None), sets)
+            rows[-1]["floor_us"] = floor_us
+    if not args.once:
+        summary(rows, variants, torch.cuda.get_device_name())
+
+
+def _warm(consts: dict) -> str:
+    """Compile one ``int4_decode`` specialization into the disk cache (a worker process)."""
+    try:
+        _int4_decode.int4_decode.resources(**{**consts, "DT": kaio.f16})
+        return ""
+    except Exception as e:  # noqa: BLE001
+        return f"{consts}: {type(e).__name__}: {str(e)[:200]}"
+
+
+def prewarm(log, variants: list, ms: list, workers: int) -> None:
+    """Every variant's specializations (and the routed one's) compiled in ``workers``
+    processes at once: a new launch then loads each from the disk cache."""
+    import concurrent.futures
+    import multiprocessing
+
+    todo = [
+        {"WARPS": w, "ROWS": _int4_decode._rows(m), "SPLIT": s}
+        for w, s in [*variants, (_int4_decode.WARPS, 1)]
+        for m in ms
+    ]
+    todo = [dict(t) for t in {tuple(sorted(c.items())) for c in todo}]
+    t = time.time()
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+        errors = [e for e in pool.map(_warm, todo) if e]
+    log({"prewarm": len(todo), "seconds": round(time.time() - t, 1), "errors": errors[:5]})
+
+
+def point(log, args, m, n, k, weights, floor, variants) -> dict:
+    """cuBLAS, the routed op and each variant at one (M, N, K): µs and relative errors."""
+    sets = len(weights)
+    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    ref = a.float() @ weights[0][2].float()
+    ops = [[operand(x, "x") for x in (a, s[0], s[1])] for s in weights]
+    f16 = torch.float16
+    calls = {"cublas": lambda i: torch.matmul(a, weights[i][2])}
+    if not args.no_routed:
+        calls["routed"] = lambda i: kaio_ops.matmul_int4(a, *weights[i][:2], out_dtype=f16)
+    for warps, split in variants:
+        calls[f"{warps}:{split}"] = lambda i, w=warps, s=split: _int4_decode.matmul(
+            *ops[i], kaio.f16, w, s
+        )
+    rec = {"m": m, "n": n, "k": k, "sets": sets, "us": {}, "err": {}}
+    for name, call in calls.items():
+        try:
+            got = call(0)
+            if name != "cublas":
+                got = torch.as_tensor(got) if not isinstance(got, torch.Tensor) else got
+                rec["err"][name] = ((got.float() - ref).norm() / ref.norm()).item()
+            if args.once:
+                torch.cuda.synchronize()
+            else:
+                rec["us"][name] = graph_time(call, sets)
+        except Exception as e:  # noqa: BLE001
+            rec["err"][name] = f"{type(e).__name__}: {str(e)[:300]}"
+    if args.once:
+        floor[0](None, weights[0][0], None, None)
+        torch.cuda.synchronize()
+    log(rec)
+    return rec
+
+
+def summary(rows: list, variants: list, gpu: str) -> None:
+    """The table: per point, each implementation's µs, x cuBLAS and % of the floor."""
+    names = ["routed"] + [f"{w}:{s}" for w, s in variants]
+    print(f"\n{gpu}: µs (x cuBLAS f16, % of the weight-read floor)")
+    print(f"{'N x K':>12} {'M':>3} {'cuBLAS':>7} {'floor':>6} " + " ".join(
+        f"{n:>20}" for n in names))  # fmt: skip
+    for r in rows:
+        cb, fl = r["us"].get("cublas"), r.get("floor_us")
+        cells = []
+        for name in names:
+            t = r["us"].get(name)
+            if t is None or cb is None or fl is None:
+                cells.append(f"{'-':>20}")
+                continue
+            cells.append(f"{t:7.1f} ({cb / t:4.2f}x {100 * fl / t:3.0f}%)")
+        print(f"{r['n']:>5}x{r['k']:<6} {r['m']:>3} {cb or 0:7.1f} {fl or 0:6.1f} "
+              + " ".join(cells))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
