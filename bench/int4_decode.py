@@ -4,11 +4,10 @@ words rotated over enough copies to cover 200 MB (cuBLAS's f16 weights in the sa
 f16 out for both, every result checked against the f32 product of the dequantized weights.
 
 Per (N x K, M): cuBLAS f16, ``matmul_int4`` as routed, and each ``--variants`` entry, a
-``_int4_decode.matmul`` configuration ``WARPS:SPLIT`` (warps a block, blocks of a cluster
-splitting K); the floor (``bench/floors.read_words``: every word read once, nothing else)
-once per shape. ``--qkv`` also times ``qkv_project_int4`` (the fused launch) on Llama-3
-QKV widths against the three ``matmul_int4`` calls. ``--once`` runs each kernel a few times
-eagerly and times nothing (for a profiler).
+``_int4_decode.matmul`` configuration ``WARPS:SPLIT[:STAGES]`` (warps a block, blocks of a
+cluster splitting K, the words' shared ring in groups a warp); the floor
+(``bench/floors.read_words``: every word read once, nothing else) once per shape.
+``--once`` runs each kernel once eagerly and times nothing (for a profiler).
 
 Usage: ``python bench/int4_decode.py [--shapes 8192x8192,...] [--ms 1,16]
 [--variants 8:1,8:2] [--out DIR] [--budget S] [--once]``. Writes ``DIR/int4_decode.jsonl``
@@ -39,8 +38,8 @@ T0 = time.time()
 
 
 def parse_variants(text: str) -> list:
-    """``WARPS:SPLIT`` entries, comma-separated, as (warps, split) pairs."""
-    return [tuple(int(v) for v in item.split(":")) for item in text.split(",") if item]
+    """``WARPS:SPLIT[:STAGES]`` entries, comma-separated, as (warps, split, stages)."""
+    return [tuple(int(v) for v in f"{item}:0".split(":")[:3]) for item in text.split(",") if item]
 
 
 def main() -> None:
@@ -91,6 +90,11 @@ def main() -> None:
         summary(rows, variants, torch.cuda.get_device_name())
 
 
+def key(variant: tuple) -> str:
+    """A variant as text: ``WARPS:SPLIT:STAGES``."""
+    return ":".join(map(str, variant))
+
+
 def _warm(consts: dict) -> str:
     """Compile one ``int4_decode`` specialization into the disk cache (a worker process)."""
     try:
@@ -107,8 +111,8 @@ def prewarm(log, variants: list, ms: list, workers: int) -> None:
     import multiprocessing
 
     todo = [
-        {"WARPS": w, "ROWS": _int4_decode._rows(m), "SPLIT": s}
-        for w, s in [*variants, (_int4_decode.WARPS, 1)]
+        {"WARPS": w, "ROWS": _int4_decode._rows(m), "SPLIT": s, "STAGES": st}
+        for w, s, st in [*variants, (_int4_decode.WARPS, 1, 0)]
         for m in ms
     ]
     todo = [dict(t) for t in {tuple(sorted(c.items())) for c in todo}]
@@ -129,10 +133,8 @@ def point(log, args, m, n, k, weights, floor, variants) -> dict:
     calls = {"cublas": lambda i: torch.matmul(a, weights[i][2])}
     if not args.no_routed:
         calls["routed"] = lambda i: kaio_ops.matmul_int4(a, *weights[i][:2], out_dtype=f16)
-    for warps, split in variants:
-        calls[f"{warps}:{split}"] = lambda i, w=warps, s=split: _int4_decode.matmul(
-            *ops[i], kaio.f16, w, s
-        )
+    for v in variants:
+        calls[key(v)] = lambda i, v=v: _int4_decode.matmul(*ops[i], kaio.f16, *v)
     rec = {"m": m, "n": n, "k": k, "sets": sets, "us": {}, "err": {}}
     for name, call in calls.items():
         try:
@@ -155,7 +157,7 @@ def point(log, args, m, n, k, weights, floor, variants) -> dict:
 
 def summary(rows: list, variants: list, gpu: str) -> None:
     """The table: per point, each implementation's µs, x cuBLAS and % of the floor."""
-    names = ["routed"] + [f"{w}:{s}" for w, s in variants]
+    names = ["routed"] + [key(v) for v in variants]
     print(f"\n{gpu}: µs (x cuBLAS f16, % of the weight-read floor)")
     print(f"{'N x K':>12} {'M':>3} {'cuBLAS':>7} {'floor':>6} " + " ".join(
         f"{n:>20}" for n in names))  # fmt: skip

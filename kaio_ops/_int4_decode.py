@@ -57,10 +57,11 @@ HIGH_TWICE = 0x3232  # the high 16 bits of a in both halves
 def load_group(
     words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :], BUF: kaio.constexpr, w: u32[:, :],
     x: f16[:, :], scales: f16[:, :], group: u32, col: u32, g: u32, t: u32, M: u32,
-    ROWS: kaio.constexpr,
+    ROWS: kaio.constexpr, WORDS: kaio.constexpr,
 ):  # fmt: skip
     """Buffer BUF = scale group ``group``'s operands of this lane: its 4 columns' scales (sc),
-    the words of packed rows ``16 group + 4 u + t`` (words[u]) and, when ``ROWS`` <= 2 (one
+    the words of packed rows ``16 group + 4 u + t`` (words[u]; unless ``WORDS`` is false:
+    they come through the shared ring, ``copy_words``) and, when ``ROWS`` <= 2 (one
     m16 tile), the 8 halves of x those words multiply, rows g and g + 8 (xr[u, r]; rows past
     M read row M - 1 instead: their products land in rows that are never stored). Past one
     tile the x fragments are loaded where they are used (``multiply_group``): buffering them
@@ -68,10 +69,52 @@ def load_group(
     kaio.load_vector(sc[BUF], scales, (group, col))
     for u in kaio.static_range(LOADS):
         row = group * ROWS_PER_GROUP + 4 * u + t
-        kaio.load_vector(words[BUF, u], w, (row, col))
+        if WORDS:
+            kaio.load_vector(words[BUF, u], w, (row, col))
         if ROWS <= 2:
             for r in kaio.static_range(ROWS):
                 kaio.load_vector(xr[BUF, u, r], x, (kaio.min(g + 8 * r, M - 1), 8 * row))
+
+
+@kaio.gpu_func
+def copy_words(
+    ring: u32[:, :, :, :, :], warp: u32, slot: u32, lane: u32, w: u32[:, :], group: u32,
+    col: u32, t: u32,
+):  # fmt: skip
+    """Start the copies of this lane's words of scale group ``group`` (``load_group``'s) into
+    slot ``slot`` of its warp's shared ring, one ``cp.async`` group: only this lane reads
+    them back (``advance``), so no barrier is needed."""
+    for u in kaio.static_range(LOADS):
+        row = group * ROWS_PER_GROUP + 4 * u + t
+        kaio.cp_async(ring, (warp, slot, u, lane, 0), w, (row, col), 16)
+
+
+@kaio.gpu_func
+def advance(
+    acc: f32[:, :, :], words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :],
+    ring: u32[:, :, :, :, :], BUF: kaio.constexpr, w: u32[:, :], x: f16[:, :],
+    scales: f16[:, :], i: u32, first: u32, step: u32, groups: u32, col: u32, g: u32, t: u32,
+    lane: u32, warp: u32, M: u32, ROWS: kaio.constexpr, STAGES: kaio.constexpr,
+):  # fmt: skip
+    """The warp's ``i``-th scale group (``first + i step``), in buffer BUF: the next group's
+    loads started into the other buffer, then this one multiplied. With ``STAGES`` > 0 the
+    words run ``STAGES - 1`` groups ahead through the warp's shared ring (``copy_words``,
+    one commit an iteration, empty past the last group) and are read back just before the
+    product; x and the scales stay one group ahead in registers."""
+    group = first + i * step
+    if STAGES > 0:
+        ahead = group + (STAGES - 1) * step
+        if ahead < groups:
+            copy_words(ring, warp, (i + STAGES - 1) % STAGES, lane, w, ahead, col, t)
+        kaio.cp_async_commit()
+    if group + step < groups:
+        load_group(words, xr, sc, 1 - BUF, w, x, scales, group + step, col, g, t, M, ROWS,
+                   STAGES == 0)  # fmt: skip
+    if STAGES > 0:
+        kaio.cp_async_wait(STAGES - 1)
+        for u in kaio.static_range(LOADS):
+            kaio.load_vector(words[BUF, u], ring, (warp, i % STAGES, u, lane, 0))
+    multiply_group(acc, words, xr, sc, BUF, x, group, g, t, M, ROWS)
 
 
 @kaio.gpu_func
@@ -125,8 +168,8 @@ def weight_pair(word: u32, j: kaio.constexpr, scale: f16x2) -> u32:
 @kaio.gpu_func
 def decode_columns(
     x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :], partial: f32[:, :, :],
-    M: u32, N: u32, block: u32, WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr,
-    SPLIT: kaio.constexpr,
+    ring: u32[:, :, :, :, :], M: u32, N: u32, block: u32, WARPS: kaio.constexpr,
+    ROWS: kaio.constexpr, DT: kaio.constexpr, SPLIT: kaio.constexpr, STAGES: kaio.constexpr,
 ):  # fmt: skip
     """out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W = scales * the
     nibbles of w, see the module docstring), rounded to DT (the output's element type), for
@@ -137,7 +180,9 @@ def decode_columns(
     > 1 (one m16 tile, sm_90) the K groups are spread over the ``SPLIT`` blocks of a cluster
     (warp ``w`` of rank ``r`` takes groups ``r WARPS + w``, then every ``SPLIT WARPS``-th):
     each block adds its warps' tiles, then the blocks add theirs through distributed shared
-    memory, rank ``r`` storing the rows ``r`` modulo ``SPLIT``, in a fixed order too."""
+    memory, rank ``r`` storing the rows ``r`` modulo ``SPLIT``, in a fixed order too. With
+    ``STAGES`` > 0 (one m16 tile) the words go through ``ring`` [WARPS, STAGES, 4, 32, 4]
+    (shared), ``STAGES - 1`` groups ahead (``advance``)."""
     tid = kaio.thread_idx_x()
     warp = tid // 32
     lane = tid % 32
@@ -159,16 +204,20 @@ def decode_columns(
         rank = kaio.cluster_rank()
     first = rank * WARPS + warp
     step = SPLIT * WARPS  # the warps over the cluster's blocks
+    if STAGES > 0:
+        for s in kaio.static_range(STAGES - 1):
+            if first + s * step < groups:
+                copy_words(ring, warp, s, lane, w, first + s * step, col, t)
+            kaio.cp_async_commit()
     if first < groups:
-        load_group(words, xr, sc, 0, w, x, scales, first, col, g, t, M, ROWS)
-    for group in range(first, groups, 2 * step):
-        if group + step < groups:
-            load_group(words, xr, sc, 1, w, x, scales, group + step, col, g, t, M, ROWS)
-        multiply_group(acc, words, xr, sc, 0, x, group, g, t, M, ROWS)
-        if group + step < groups:
-            if group + 2 * step < groups:
-                load_group(words, xr, sc, 0, w, x, scales, group + 2 * step, col, g, t, M, ROWS)
-            multiply_group(acc, words, xr, sc, 1, x, group + step, g, t, M, ROWS)
+        load_group(words, xr, sc, 0, w, x, scales, first, col, g, t, M, ROWS, STAGES == 0)
+    mine = kaio.select(first < groups, (groups - first + step - 1) // step, 0)
+    for n in range(0, mine, 2):
+        advance(acc, words, xr, sc, ring, 0, w, x, scales, n, first, step, groups, col, g, t,
+                lane, warp, M, ROWS, STAGES)  # fmt: skip
+        if n + 1 < mine:
+            advance(acc, words, xr, sc, ring, 1, w, x, scales, n + 1, first, step, groups, col,
+                    g, t, lane, warp, M, ROWS, STAGES)  # fmt: skip
     if SPLIT > 1:
         split_sum(acc, partial, out, M, N, block, rank, tid, warp, g, t, WARPS, SPLIT, DT)
         return
@@ -227,9 +276,10 @@ def int4_decode(
     x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :],
     M: u32, N: u32,
     WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr, SPLIT: kaio.constexpr,
+    STAGES: kaio.constexpr,
 ):  # fmt: skip
     """``out = x @ W`` (``decode_columns``), a block (a cluster of ``SPLIT``) per 32
-    columns."""
+    columns; with ``STAGES`` > 0, ``ring_bytes`` of dynamic shared memory."""
     if SPLIT > 1:
         kaio.cluster_dims(SPLIT)
     if ROWS > 2:
@@ -237,8 +287,12 @@ def int4_decode(
     else:
         kaio.launch_bounds(WARPS * 32)
     partial = kaio.shared(f32, (WARPS, 16, COLS))
+    if STAGES > 0:
+        ring = kaio.shared_dynamic(u32, (WARPS, STAGES, LOADS, 32, 4))
+    else:
+        ring = kaio.shared(u32, (1, 1, 1, 1, 4))  # not read: the words stay in registers
     block = kaio.block_idx_x() // SPLIT
-    decode_columns(x, w, scales, out, partial, M, N, block, WARPS, ROWS, DT, SPLIT)
+    decode_columns(x, w, scales, out, partial, ring, M, N, block, WARPS, ROWS, DT, SPLIT, STAGES)
 
 
 @kaio.gpu_kernel
@@ -247,6 +301,7 @@ def int4_decode_qkv(
     sv: f16[:, :], q: DT[:, :], k: DT[:, :], v: DT[:, :],
     M: u32, NQ: u32, NK: u32,
     WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr, SPLIT: kaio.constexpr,
+    STAGES: kaio.constexpr,
 ):  # fmt: skip
     """``q, k, v = x @ Wq, x @ Wk, x @ Wv`` in one launch: the blocks (clusters of
     ``SPLIT``) of q's columns, then k's, then v's (each exactly one of ``int4_decode``)."""
@@ -257,16 +312,24 @@ def int4_decode_qkv(
     else:
         kaio.launch_bounds(WARPS * 32)
     partial = kaio.shared(f32, (WARPS, 16, COLS))
+    if STAGES > 0:
+        ring = kaio.shared_dynamic(u32, (WARPS, STAGES, LOADS, 32, 4))
+    else:
+        ring = kaio.shared(u32, (1, 1, 1, 1, 4))  # not read: the words stay in registers
     bq = (NQ + COLS - 1) // COLS
     bk = (NK + COLS - 1) // COLS
     block = kaio.block_idx_x() // SPLIT
     if block < bq:
-        decode_columns(x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT, SPLIT)
+        decode_columns(x, wq, sq, q, partial, ring, M, NQ, block, WARPS, ROWS, DT, SPLIT, STAGES)
     elif block < bq + bk:
-        decode_columns(x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT, SPLIT)
+        decode_columns(
+            x, wk, sk, k, partial, ring, M, NK, block - bq, WARPS, ROWS, DT, SPLIT, STAGES
+        )
     else:
         nv = u32(v.shape[1])
-        decode_columns(x, wv, sv, v, partial, M, nv, block - bq - bk, WARPS, ROWS, DT, SPLIT)
+        decode_columns(
+            x, wv, sv, v, partial, ring, M, nv, block - bq - bk, WARPS, ROWS, DT, SPLIT, STAGES
+        )
 
 
 WARPS = 8  # measured best on an H200 at K = N = 4096, M = 1 and 16 (against 4 and 16)
@@ -287,10 +350,19 @@ def _words(w: _arrays.Operand):
     return w.arg(dtype=u32)
 
 
-def _config(x: _arrays.Operand, columns: int, warps: int = WARPS, split: int = 1) -> tuple:
+def ring_bytes(warps: int, stages: int) -> int:
+    """The dynamic shared memory of a block of ``warps`` warps whose words go through a ring
+    of ``stages`` scale groups (0: none)."""
+    return warps * stages * LOADS * 32 * 16
+
+
+def _config(
+    x: _arrays.Operand, columns: int, warps: int = WARPS, split: int = 1, stages: int = 0
+) -> tuple:
     """The launch configuration for ``columns`` output columns in all, ``warps`` a block,
-    ``split`` blocks (a cluster) per 32 columns."""
-    return (-(-columns // COLS) * split, warps * 32, _arrays.stream_of(x), 0)
+    ``split`` blocks (a cluster) per 32 columns, a ring of ``stages`` groups a warp."""
+    blocks = -(-columns // COLS) * split
+    return (blocks, warps * 32, _arrays.stream_of(x), ring_bytes(warps, stages))
 
 
 def _rows(m: int) -> int:
@@ -304,15 +376,16 @@ ALL_ROWS = tuple(sorted({_rows(m) for m in range(1, MAX_M + 1)}))  # (1, 2, 4, 6
 
 def matmul(
     x: _arrays.Operand, words: _arrays.Operand, scales: _arrays.Operand, dtype=f32,
-    warps: int = WARPS, split: int = 1,
+    warps: int = WARPS, split: int = 1, stages: int = 0,
 ):  # fmt: skip
     """``x @ W`` in ``dtype`` (f32, f16 or bf16) [M, N] (see ``fits``): one launch, a block
-    of ``warps`` warps (a cluster of ``split`` blocks, M <= 16 on sm_90) per 32 columns."""
+    of ``warps`` warps (a cluster of ``split`` blocks, M <= 16 on sm_90) per 32 columns, the
+    words through a shared ring of ``stages`` groups a warp (M <= 16; 0: registers)."""
     m, n = x.shape[0], words.shape[1]
     out = _arrays.output(x, (m, n), dtype)
-    int4_decode[_config(x, n, warps, split)](
+    int4_decode[_config(x, n, warps, split, stages)](
         x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), dtype), m, n,
-        WARPS=warps, ROWS=_rows(m), DT=dtype, SPLIT=split,
+        WARPS=warps, ROWS=_rows(m), DT=dtype, SPLIT=split, STAGES=stages,
     )  # fmt: skip
     return out
 
@@ -327,7 +400,7 @@ def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
     int4_decode_qkv[_config(x, blocks * COLS)](
         x.arg(), *(_words(w) for w, _ in weights), *(s.arg() for _, s in weights),
         *(_arrays.output_arg(x, o, (m, n)) for o, n in zip(outs, widths, strict=True)), m,
-        widths[0], widths[1], WARPS=WARPS, ROWS=_rows(m), DT=f16, SPLIT=1,
+        widths[0], widths[1], WARPS=WARPS, ROWS=_rows(m), DT=f16, SPLIT=1, STAGES=0,
     )  # fmt: skip
     return tuple(outs)
 
@@ -336,7 +409,7 @@ def specializations() -> list:
     """(kernel, constexprs) of every specialization ``matmul`` (f32 out: matmul_int4) and
     ``qkv`` (f16 out: qkv_project_int4) launch."""
     return [
-        (kernel, {"WARPS": WARPS, "ROWS": rows, "DT": dt, "SPLIT": 1})
+        (kernel, {"WARPS": WARPS, "ROWS": rows, "DT": dt, "SPLIT": 1, "STAGES": 0})
         for kernel, dt in ((int4_decode, f32), (int4_decode_qkv, f16))
         for rows in ALL_ROWS
     ]
