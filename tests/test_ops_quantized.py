@@ -155,6 +155,35 @@ def test_int4_decode_long_k_in_simulator(m):
     np.testing.assert_allclose(c, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
 
 
+# (M, N, K, WARPS, SPLIT, STAGES): the decode kernel's variants at M <= 16: a K split over a
+# cluster (SPLIT, the sum in distributed shared memory), the words through a shared ring of
+# STAGES groups a warp; N past a 32-column block, odd group counts (warps and ranks with
+# unequal shares, a ring wrapped several times, fewer groups than warps or stages)
+DECODE_VARIANTS = [
+    (1, 36, 128 * 9, 2, 2, 0),
+    (16, 40, 128 * 7, 2, 4, 0),
+    (9, 100, 128 * 5, 4, 2, 3),
+    (5, 68, 128 * 13, 2, 1, 4),
+    (16, 8, 128 * 11, 1, 1, 6),
+    (3, 4, 128 * 2, 4, 1, 4),
+]
+
+
+@pytest.mark.parametrize("m, n, k, warps, split, stages", DECODE_VARIANTS)
+def test_int4_decode_variants_in_simulator(m, n, k, warps, split, stages, poisoned):
+    """Every element against float64 products with the dequantized weights, f32 and f16 out
+    (outputs start as NaN: an element never stored fails)."""
+    a, packed, scales, w = int4_case(m, n, k)
+    ref = a.astype(np.float64) @ w.astype(np.float64)
+    with kaio.simulate():
+        ops = _sim_operands(a, packed, scales)
+        c32 = _int4_decode.matmul(*ops, f32, warps, split, stages)
+        c16 = _int4_decode.matmul(*ops, f16, warps, split, stages)
+    np.testing.assert_allclose(c32, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    assert c16.dtype == np.float16
+    np.testing.assert_allclose(c16, ref, rtol=2.0**-10, atol=1e-5 * np.abs(ref).max())
+
+
 # 16 < M <= 64: the decode kernel with ceil(M / 16) m16 tiles per block (ROWS 4, 6, 8), the
 # last tile's rows past M reading clamped addresses; a K long enough for both register
 # buffers (each loads x for its own scale group); N % 4 != 0 takes the tiled kernel.
