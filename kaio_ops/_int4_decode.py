@@ -15,7 +15,8 @@ the tensor cores' rate, so the kernel is built around the weight stream:
   its B registers must hold column ``g`` of an n8 tile, rows ``2 t + 8 r`` and ``+ 1``. So
   column ``4 g + i`` of the block goes to n8 tile ``i``, column ``g``; and logical rows
   ``2 t + 8 r``, ``+ 1`` of k-step ``h`` are nibbles ``j = 2 h + r`` and ``j + 4`` of the
-  word: the pair ``(w >> 4 j) & 0x000F000F`` picks in one step. The A fragment takes the
+  word: one ``lop3`` of ``w`` (or ``w >> 8``) with ``0x000F000F`` or ``0x00F000F0`` picks
+  the pair (``weight_pair``). The A fragment takes the
   same permutation: elements ``j`` and ``j + 4`` of the lane's own 8 values of x (one 16-byte
   load per row), paired by ``prmt``.
 - Past 16 rows a block holds ceil(M / 16) m16 tiles (``ROWS``, the 8-row slabs of x: 1, 2,
@@ -26,8 +27,9 @@ the tensor cores' rate, so the kernel is built around the weight stream:
   What grows with M is x's traffic from L2: each of the N / 32 blocks reads all of x
   (2 M K bytes, M / 8 times the words' bytes), about 8x the weights at M = 64.
 - Nibble to f16 by the magic number: ``pair ^ 0x64086408`` is ``1024 + 8 + q`` in each half,
-  exact; minus 1032 gives ``q``, times the group's scale gives ``f16(scale * q)`` rounded
-  once, the weight of the op's contract.
+  exact; minus 1032 gives ``q`` (a pair at bit 4: ``^ 0x64806480``, then one exact fma),
+  times the group's scale gives ``f16(scale * q)`` rounded once, the weight of the op's
+  contract.
 
 Needs N % 4 == 0 and K % 128 == 0, x 16-byte aligned, the words 16-byte and the scales
 8-byte aligned (``matmul_int4`` checks and otherwise takes the tiled kernel).
@@ -43,10 +45,15 @@ from kaio_ops import _arrays
 COLS = 32  # output columns per block: 8 lane groups x 4 adjacent columns
 ROWS_PER_GROUP = 16  # packed word rows per scale group (128 values)
 LOADS = ROWS_PER_GROUP // 4  # 16-byte loads per lane and group
-PAIR_MASK = 0x000F000F  # nibbles j and j + 4 of a word shifted right by 4 j
+PAIR_MASK = 0x000F000F  # nibbles 0 and 4 of a word (2 and 6 of the word shifted right by 8)
+HIGH_PAIR_MASK = 0x00F000F0  # nibbles 1 and 5 (3 and 7 of the word shifted right by 8)
 # XORed into a masked pair: the exponent of f16 1024 in each half, and the nibble's sign bit
 # flipped (q + 8); read as an f16 pair, the same bits are 1032 = 1024 + 8, subtracted after.
 MAGIC = 0x64086408
+HIGH_MAGIC = 0x64806480  # the same for a nibble at bit 4: 1024 + 16 (q + 8) in each half
+SIXTEENTH = 0x2C002C00  # f16 1 / 16 in both halves
+HIGH_BIAS = 0xD480D480  # f16 -72 = -(1024 / 16 + 8) in both halves
+AND_XOR = (0xF0 & 0xCC) ^ 0xAA  # the lop3 table of (a & b) ^ c
 LOW_HALVES = 0x5410  # prmt selectors: the low 16 bits of a, then of b
 HIGH_HALVES = 0x7632  # the high 16 bits of a, then of b
 LOW_TWICE = 0x1010  # the low 16 bits of a in both halves
@@ -160,9 +167,21 @@ def multiply_group(
 
 @kaio.gpu_func
 def weight_pair(word: u32, j: kaio.constexpr, scale: f16x2) -> u32:
-    """Nibbles ``j`` and ``j + 4`` of ``word`` as the f16 pair ``scale * q``."""
-    biased = kaio.bitcast(((word >> (4 * j)) & PAIR_MASK) ^ MAGIC, f16x2)
-    return kaio.bitcast((biased - kaio.bitcast(u32(MAGIC), f16x2)) * scale, u32)
+    """Nibbles ``j`` and ``j + 4`` of ``word`` as the f16 pair ``scale * q``: nibbles 0 and 4
+    (and 2 and 6 of ``word >> 8``) land at bit 0 of each half, as ``1024 + (q ^ 8)``; nibbles
+    1 and 5 (3 and 7) at bit 4, as ``1024 + 16 (q ^ 8)``, brought to ``q`` by one exact fma.
+    One ``lop3`` picks a pair and sets its exponent; ``q`` is exact, times the scale rounded
+    once (the shift by 8 is shared by the two pairs above it)."""
+    src = word >> (8 * (j // 2))
+    if j % 2 == 0:
+        biased = kaio.bitcast(kaio.lop3(src, PAIR_MASK, MAGIC, AND_XOR), f16x2)
+        q = biased - kaio.bitcast(u32(MAGIC), f16x2)
+    else:
+        biased = kaio.bitcast(kaio.lop3(src, HIGH_PAIR_MASK, HIGH_MAGIC, AND_XOR), f16x2)
+        q = kaio.fma(
+            biased, kaio.bitcast(u32(SIXTEENTH), f16x2), kaio.bitcast(u32(HIGH_BIAS), f16x2)
+        )
+    return kaio.bitcast(q * scale, u32)
 
 
 @kaio.gpu_func
