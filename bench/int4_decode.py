@@ -4,8 +4,8 @@ words rotated over enough copies to cover 200 MB (cuBLAS's f16 weights in the sa
 f16 out for both, every result checked against the f32 product of the dequantized weights.
 
 Per (N x K, M): cuBLAS f16, ``matmul_int4`` as routed, and each ``--variants`` entry, a
-``_int4_decode.matmul`` configuration ``WARPS:SPLIT[:STAGES]`` (warps a block, blocks of a
-cluster splitting K, the words' shared ring in groups a warp); the floor
+``_int4_decode.matmul`` plan ``WARPS:SPLIT[:STAGES[:WIDE]]`` (warps a block, blocks of a
+cluster splitting K, the words' shared ring in groups a warp, 32-column sets a block); the floor
 (``bench/floors.read_words``: every word read once, nothing else) once per shape.
 ``--once`` runs each kernel once eagerly and times nothing (for a profiler).
 
@@ -38,8 +38,13 @@ T0 = time.time()
 
 
 def parse_variants(text: str) -> list:
-    """``WARPS:SPLIT[:STAGES]`` entries, comma-separated, as (warps, split, stages)."""
-    return [tuple(int(v) for v in f"{item}:0".split(":")[:3]) for item in text.split(",") if item]
+    """``WARPS:SPLIT[:STAGES[:WIDE]]`` entries, comma-separated, as ``_int4_decode`` plans
+    (warps, split, stages, wide)."""
+    plans = []
+    for item in filter(None, text.split(",")):
+        v = [int(x) for x in item.split(":")]
+        plans.append((*v, 0, 1)[:4] if len(v) == 2 else (*v, 1)[:4])
+    return plans
 
 
 def main() -> None:
@@ -91,7 +96,7 @@ def main() -> None:
 
 
 def key(variant: tuple) -> str:
-    """A variant as text: ``WARPS:SPLIT:STAGES``."""
+    """A variant as text: ``WARPS:SPLIT:STAGES:WIDE``."""
     return ":".join(map(str, variant))
 
 
@@ -111,9 +116,9 @@ def prewarm(log, variants: list, ms: list, workers: int) -> None:
     import multiprocessing
 
     todo = [
-        {"WARPS": w, "ROWS": _int4_decode._rows(m), "SPLIT": s, "STAGES": st}
-        for w, s, st in [*variants, (_int4_decode.WARPS, 1, 0)]
+        {"WARPS": w, "ROWS": _int4_decode._rows(m), "SPLIT": s, "STAGES": st, "WIDE": wd}
         for m in ms
+        for w, s, st, wd in [*variants, _int4_decode.plan_for(m)]
     ]
     todo = [dict(t) for t in {tuple(sorted(c.items())) for c in todo}]
     t = time.time()
@@ -134,7 +139,7 @@ def point(log, args, m, n, k, weights, floor, variants) -> dict:
     if not args.no_routed:
         calls["routed"] = lambda i: kaio_ops.matmul_int4(a, *weights[i][:2], out_dtype=f16)
     for v in variants:
-        calls[key(v)] = lambda i, v=v: _int4_decode.matmul(*ops[i], kaio.f16, *v)
+        calls[key(v)] = lambda i, v=v: _int4_decode.matmul(*ops[i], kaio.f16, v)
     rec = {"m": m, "n": n, "k": k, "sets": sets, "us": {}, "err": {}}
     for name, call in calls.items():
         try:

@@ -189,6 +189,7 @@ def decode_columns(
     x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :], partial: f32[:, :, :],
     ring: u32[:, :, :, :, :], M: u32, N: u32, block: u32, WARPS: kaio.constexpr,
     ROWS: kaio.constexpr, DT: kaio.constexpr, SPLIT: kaio.constexpr, STAGES: kaio.constexpr,
+    WIDE: kaio.constexpr,
 ):  # fmt: skip
     """out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W = scales * the
     nibbles of w, see the module docstring), rounded to DT (the output's element type), for
@@ -201,14 +202,18 @@ def decode_columns(
     each block adds its warps' tiles, then the blocks add theirs through distributed shared
     memory, rank ``r`` storing the rows ``r`` modulo ``SPLIT``, in a fixed order too. With
     ``STAGES`` > 0 (one m16 tile) the words go through ``ring`` [WARPS, STAGES, 4, 32, 4]
-    (shared), ``STAGES - 1`` groups ahead (``advance``)."""
+    (shared), ``STAGES - 1`` groups ahead (``advance``). With ``WIDE`` > 1 the block owns
+    ``32 WIDE`` columns (``block`` counts such blocks): warp ``w`` takes column set
+    ``w % WIDE`` and splits K with the other ``WARPS / WIDE`` warps of that set, so that
+    ``WIDE`` warps read the same x at about the same time (one L2 read, the rest from L1)."""
     tid = kaio.thread_idx_x()
     warp = tid // 32
     lane = tid % 32
     g = lane // 4
     t = lane % 4
     # Columns past N read column 0 instead: their products are never stored.
-    col = kaio.select(block * COLS + 4 * g < N, block * COLS + 4 * g, 0)
+    col = (block * WIDE + warp % WIDE) * COLS + 4 * g
+    col = kaio.select(col < N, col, 0)
     groups = u32(scales.shape[0])
     acc = kaio.local(f32, ((ROWS + 1) // 2, 4, 4))
     for m in kaio.static_range((ROWS + 1) // 2):
@@ -221,8 +226,8 @@ def decode_columns(
     rank = u32(0)
     if SPLIT > 1:
         rank = kaio.cluster_rank()
-    first = rank * WARPS + warp
-    step = SPLIT * WARPS  # the warps over the cluster's blocks
+    first = rank * (WARPS // WIDE) + warp // WIDE
+    step = SPLIT * (WARPS // WIDE)  # the warps of a column set over the cluster's blocks
     if STAGES > 0:
         for s in kaio.static_range(STAGES - 1):
             if first + s * step < groups:
@@ -237,9 +242,6 @@ def decode_columns(
         if n + 1 < mine:
             advance(acc, words, xr, sc, ring, 1, w, x, scales, n + 1, first, step, groups, col,
                     g, t, lane, warp, M, ROWS, STAGES)  # fmt: skip
-    if SPLIT > 1:
-        split_sum(acc, partial, out, M, N, block, rank, tid, warp, g, t, WARPS, SPLIT, DT)
-        return
     for m in kaio.static_range((ROWS + 1) // 2):
         if m > 0:
             kaio.sync_threads()  # the previous tile's partial sums are all read
@@ -247,45 +249,41 @@ def decode_columns(
             for e in kaio.static_range(4):
                 partial[warp, g + 8 * (e // 2), 4 * (2 * t + e % 2) + i] = acc[m, i, e]
         kaio.sync_threads()
-        for k in kaio.static_range(16 * COLS // (WARPS * 32)):
+        # element o of the block's tile: row o // (32 WIDE), column set and column below
+        for k in kaio.static_range(16 * COLS * WIDE // (WARPS * 32)):
             o = tid + k * WARPS * 32
-            r = o // COLS
-            c = block * COLS + o % COLS
-            total = partial[0, r, o % COLS]
-            for s in kaio.static_range(1, WARPS):
-                total += partial[s, r, o % COLS]
-            if 16 * m + r < M and c < N:
+            r = o // (COLS * WIDE)
+            cs = o % (COLS * WIDE) // COLS
+            total = partial[cs, r, o % COLS]
+            for s in kaio.static_range(1, WARPS // WIDE):
+                total += partial[s * WIDE + cs, r, o % COLS]
+            c = block * COLS * WIDE + o % (COLS * WIDE)
+            if SPLIT > 1:
+                partial[cs, r, o % COLS] = total  # only this thread reads element o
+            elif 16 * m + r < M and c < N:
                 out[16 * m + r, c] = DT(total)
+    if SPLIT > 1:
+        split_sum(partial, out, M, N, block, rank, tid, WARPS, SPLIT, DT, WIDE)
 
 
 @kaio.gpu_func
 def split_sum(
-    acc: f32[:, :, :], partial: f32[:, :, :], out: DT[:, :], M: u32, N: u32, block: u32,
-    rank: u32, tid: u32, warp: u32, g: u32, t: u32, WARPS: kaio.constexpr,
-    SPLIT: kaio.constexpr, DT: kaio.constexpr,
+    partial: f32[:, :, :], out: DT[:, :], M: u32, N: u32, block: u32, rank: u32, tid: u32,
+    WARPS: kaio.constexpr, SPLIT: kaio.constexpr, DT: kaio.constexpr, WIDE: kaio.constexpr,
 ):  # fmt: skip
-    """The sum of a cluster's K split (one m16 tile): each block adds its warps' tiles into
-    ``partial[0]``, then rank ``r`` adds the blocks' ``partial[0]`` rows ``r`` modulo
+    """The sum of a cluster's K split (one m16 tile) once each block has added its warps'
+    tiles into ``partial[:WIDE]``: rank ``r`` adds the blocks' sums of rows ``r`` modulo
     ``SPLIT`` in rank order (distributed shared memory) and stores them."""
-    for i in kaio.static_range(4):
-        for e in kaio.static_range(4):
-            partial[warp, g + 8 * (e // 2), 4 * (2 * t + e % 2) + i] = acc[0, i, e]
-    kaio.sync_threads()
-    for k in kaio.static_range(16 * COLS // (WARPS * 32)):
-        o = tid + k * WARPS * 32
-        total = partial[0, o // COLS, o % COLS]
-        for s in kaio.static_range(1, WARPS):
-            total += partial[s, o // COLS, o % COLS]
-        partial[0, o // COLS, o % COLS] = total  # only this thread reads element o
     kaio.cluster_sync()
-    for k in kaio.static_range(16 * COLS // (WARPS * 32)):
+    for k in kaio.static_range(16 * COLS * WIDE // (WARPS * 32)):
         o = tid + k * WARPS * 32
-        r = o // COLS
-        c = block * COLS + o % COLS
+        r = o // (COLS * WIDE)
+        cs = o % (COLS * WIDE) // COLS
+        c = block * COLS * WIDE + o % (COLS * WIDE)
         if r % SPLIT == rank and r < M and c < N:
-            total = kaio.cluster_load(partial, (0, r, o % COLS), 0)
+            total = kaio.cluster_load(partial, (cs, r, o % COLS), 0)
             for q in kaio.static_range(1, SPLIT):
-                total += kaio.cluster_load(partial, (0, r, o % COLS), q)
+                total += kaio.cluster_load(partial, (cs, r, o % COLS), q)
             out[r, c] = DT(total)
     kaio.cluster_sync()  # no block leaves while another may still read its shared memory
 
@@ -295,7 +293,7 @@ def int4_decode(
     x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :],
     M: u32, N: u32,
     WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr, SPLIT: kaio.constexpr,
-    STAGES: kaio.constexpr,
+    STAGES: kaio.constexpr, WIDE: kaio.constexpr,
 ):  # fmt: skip
     """``out = x @ W`` (``decode_columns``), a block (a cluster of ``SPLIT``) per 32
     columns; with ``STAGES`` > 0, ``ring_bytes`` of dynamic shared memory."""
@@ -311,7 +309,9 @@ def int4_decode(
     else:
         ring = kaio.shared(u32, (1, 1, 1, 1, 4))  # not read: the words stay in registers
     block = kaio.block_idx_x() // SPLIT
-    decode_columns(x, w, scales, out, partial, ring, M, N, block, WARPS, ROWS, DT, SPLIT, STAGES)
+    decode_columns(
+        x, w, scales, out, partial, ring, M, N, block, WARPS, ROWS, DT, SPLIT, STAGES, WIDE
+    )
 
 
 @kaio.gpu_kernel
@@ -320,7 +320,7 @@ def int4_decode_qkv(
     sv: f16[:, :], q: DT[:, :], k: DT[:, :], v: DT[:, :],
     M: u32, NQ: u32, NK: u32,
     WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr, SPLIT: kaio.constexpr,
-    STAGES: kaio.constexpr,
+    STAGES: kaio.constexpr, WIDE: kaio.constexpr,
 ):  # fmt: skip
     """``q, k, v = x @ Wq, x @ Wk, x @ Wv`` in one launch: the blocks (clusters of
     ``SPLIT``) of q's columns, then k's, then v's (each exactly one of ``int4_decode``)."""
@@ -335,20 +335,21 @@ def int4_decode_qkv(
         ring = kaio.shared_dynamic(u32, (WARPS, STAGES, LOADS, 32, 4))
     else:
         ring = kaio.shared(u32, (1, 1, 1, 1, 4))  # not read: the words stay in registers
-    bq = (NQ + COLS - 1) // COLS
-    bk = (NK + COLS - 1) // COLS
+    bq = (NQ + COLS * WIDE - 1) // (COLS * WIDE)
+    bk = (NK + COLS * WIDE - 1) // (COLS * WIDE)
     block = kaio.block_idx_x() // SPLIT
     if block < bq:
-        decode_columns(x, wq, sq, q, partial, ring, M, NQ, block, WARPS, ROWS, DT, SPLIT, STAGES)
+        decode_columns(
+            x, wq, sq, q, partial, ring, M, NQ, block, WARPS, ROWS, DT, SPLIT, STAGES, WIDE
+        )
     elif block < bq + bk:
         decode_columns(
-            x, wk, sk, k, partial, ring, M, NK, block - bq, WARPS, ROWS, DT, SPLIT, STAGES
+            x, wk, sk, k, partial, ring, M, NK, block - bq, WARPS, ROWS, DT, SPLIT, STAGES, WIDE
         )
     else:
         nv = u32(v.shape[1])
-        decode_columns(
-            x, wv, sv, v, partial, ring, M, nv, block - bq - bk, WARPS, ROWS, DT, SPLIT, STAGES
-        )
+        b = block - bq - bk
+        decode_columns(x, wv, sv, v, partial, ring, M, nv, b, WARPS, ROWS, DT, SPLIT, STAGES, WIDE)
 
 
 WARPS = 8  # measured best on an H200 at K = N = 4096, M = 1 and 16 (against 4 and 16)
@@ -375,13 +376,26 @@ def ring_bytes(warps: int, stages: int) -> int:
     return warps * stages * LOADS * 32 * 16
 
 
-def _config(
-    x: _arrays.Operand, columns: int, warps: int = WARPS, split: int = 1, stages: int = 0
-) -> tuple:
-    """The launch configuration for ``columns`` output columns in all, ``warps`` a block,
-    ``split`` blocks (a cluster) per 32 columns, a ring of ``stages`` groups a warp."""
-    blocks = -(-columns // COLS) * split
-    return (blocks, warps * 32, _arrays.stream_of(x), ring_bytes(warps, stages))
+def plan_for(m: int) -> tuple:
+    """(WARPS, SPLIT, STAGES, WIDE) of the decode kernel at M = ``m``."""
+    return (WARPS, 1, 0, 1)
+
+
+def _launch(x: _arrays.Operand, widths: list, plan: tuple) -> tuple:
+    """The launch configuration and constexprs of ``plan`` (``plan_for``'s tuple) over
+    output column counts ``widths`` (one block, or cluster of SPLIT, per 32 WIDE columns of
+    each)."""
+    warps, split, stages, wide = plan
+    blocks = sum(-(-n // (COLS * wide)) for n in widths) * split
+    config = (blocks, warps * 32, _arrays.stream_of(x), ring_bytes(warps, stages))
+    m = x.shape[0]
+    return config, {
+        "WARPS": warps,
+        "ROWS": _rows(m),
+        "SPLIT": split,
+        "STAGES": stages,
+        "WIDE": wide,
+    }
 
 
 def _rows(m: int) -> int:
@@ -395,31 +409,34 @@ ALL_ROWS = tuple(sorted({_rows(m) for m in range(1, MAX_M + 1)}))  # (1, 2, 4, 6
 
 def matmul(
     x: _arrays.Operand, words: _arrays.Operand, scales: _arrays.Operand, dtype=f32,
-    warps: int = WARPS, split: int = 1, stages: int = 0,
+    plan: tuple | None = None,
 ):  # fmt: skip
-    """``x @ W`` in ``dtype`` (f32, f16 or bf16) [M, N] (see ``fits``): one launch, a block
-    of ``warps`` warps (a cluster of ``split`` blocks, M <= 16 on sm_90) per 32 columns, the
-    words through a shared ring of ``stages`` groups a warp (M <= 16; 0: registers)."""
+    """``x @ W`` in ``dtype`` (f32, f16 or bf16) [M, N] (see ``fits``): one launch of
+    ``plan`` (``plan_for``'s by default): a block of WARPS warps (a cluster of SPLIT blocks
+    on sm_90, M <= 16) per 32 WIDE columns, the words through a shared ring of STAGES groups
+    a warp (M <= 16; 0: registers)."""
     m, n = x.shape[0], words.shape[1]
     out = _arrays.output(x, (m, n), dtype)
-    int4_decode[_config(x, n, warps, split, stages)](
+    config, consts = _launch(x, [n], plan or plan_for(m))
+    int4_decode[config](
         x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), dtype), m, n,
-        WARPS=warps, ROWS=_rows(m), DT=dtype, SPLIT=split, STAGES=stages,
+        DT=dtype, **consts,
     )  # fmt: skip
     return out
 
 
 def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
     """``(q, k, v)``, each ``f16(x @ W)`` for the three ``(words, scales)`` pairs of
-    ``weights`` (see ``fits``): one launch, the blocks of q's columns, then k's, then v's."""
+    ``weights`` (see ``fits``): one launch of ``plan_for``'s plan (``matmul``'s: the same
+    sums in the same order), the blocks of q's columns, then k's, then v's."""
     m = x.shape[0]
     widths = [w.shape[1] for w, _ in weights]
     outs = [_arrays.output(x, (m, n), f16) for n in widths]
-    blocks = sum(-(-n // COLS) for n in widths)
-    int4_decode_qkv[_config(x, blocks * COLS)](
+    config, consts = _launch(x, widths, plan_for(m))
+    int4_decode_qkv[config](
         x.arg(), *(_words(w) for w, _ in weights), *(s.arg() for _, s in weights),
         *(_arrays.output_arg(x, o, (m, n)) for o, n in zip(outs, widths, strict=True)), m,
-        widths[0], widths[1], WARPS=WARPS, ROWS=_rows(m), DT=f16, SPLIT=1, STAGES=0,
+        widths[0], widths[1], DT=f16, **consts,
     )  # fmt: skip
     return tuple(outs)
 
@@ -427,8 +444,9 @@ def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
 def specializations() -> list:
     """(kernel, constexprs) of every specialization ``matmul`` (f32 out: matmul_int4) and
     ``qkv`` (f16 out: qkv_project_int4) launch."""
+    plans = {(_rows(m), plan_for(m)) for m in range(1, MAX_M + 1)}
     return [
-        (kernel, {"WARPS": WARPS, "ROWS": rows, "DT": dt, "SPLIT": 1, "STAGES": 0})
+        (kernel, {"WARPS": w, "ROWS": rows, "DT": dt, "SPLIT": sp, "STAGES": st, "WIDE": wd})
         for kernel, dt in ((int4_decode, f32), (int4_decode_qkv, f16))
-        for rows in ALL_ROWS
+        for rows, (w, sp, st, wd) in sorted(plans)
     ]

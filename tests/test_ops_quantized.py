@@ -155,30 +155,33 @@ def test_int4_decode_long_k_in_simulator(m):
     np.testing.assert_allclose(c, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
 
 
-# (M, N, K, WARPS, SPLIT, STAGES): the decode kernel's variants at M <= 16: a K split over a
-# cluster (SPLIT, the sum in distributed shared memory), the words through a shared ring of
-# STAGES groups a warp; N past a 32-column block, odd group counts (warps and ranks with
-# unequal shares, a ring wrapped several times, fewer groups than warps or stages)
+# (M, N, K, (WARPS, SPLIT, STAGES, WIDE)): the decode kernel's plans at M <= 16: a K split
+# over a cluster (SPLIT, the sum in distributed shared memory), the words through a shared
+# ring of STAGES groups a warp, WIDE 32-column sets a block; N past a block, odd group counts
+# (warps and ranks with unequal shares, a ring wrapped several times, fewer groups than
+# warps or stages)
 DECODE_VARIANTS = [
-    (1, 36, 128 * 9, 2, 2, 0),
-    (16, 40, 128 * 7, 2, 4, 0),
-    (9, 100, 128 * 5, 4, 2, 3),
-    (5, 68, 128 * 13, 2, 1, 4),
-    (16, 8, 128 * 11, 1, 1, 6),
-    (3, 4, 128 * 2, 4, 1, 4),
+    (1, 36, 128 * 9, (2, 2, 0, 1)),
+    (16, 40, 128 * 7, (2, 4, 0, 1)),
+    (9, 100, 128 * 5, (4, 2, 3, 2)),
+    (5, 68, 128 * 13, (2, 1, 4, 1)),
+    (16, 8, 128 * 11, (1, 1, 6, 1)),
+    (3, 4, 128 * 2, (4, 1, 4, 1)),
+    (12, 100, 128 * 7, (4, 1, 0, 4)),
+    (1, 72, 128 * 5, (8, 2, 2, 4)),
 ]
 
 
-@pytest.mark.parametrize("m, n, k, warps, split, stages", DECODE_VARIANTS)
-def test_int4_decode_variants_in_simulator(m, n, k, warps, split, stages, poisoned):
+@pytest.mark.parametrize("m, n, k, plan", DECODE_VARIANTS)
+def test_int4_decode_variants_in_simulator(m, n, k, plan, poisoned):
     """Every element against float64 products with the dequantized weights, f32 and f16 out
     (outputs start as NaN: an element never stored fails)."""
     a, packed, scales, w = int4_case(m, n, k)
     ref = a.astype(np.float64) @ w.astype(np.float64)
     with kaio.simulate():
         ops = _sim_operands(a, packed, scales)
-        c32 = _int4_decode.matmul(*ops, f32, warps, split, stages)
-        c16 = _int4_decode.matmul(*ops, f16, warps, split, stages)
+        c32 = _int4_decode.matmul(*ops, f32, plan)
+        c16 = _int4_decode.matmul(*ops, f16, plan)
     np.testing.assert_allclose(c32, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
     assert c16.dtype == np.float16
     np.testing.assert_allclose(c16, ref, rtol=2.0**-10, atol=1e-5 * np.abs(ref).max())
