@@ -4,8 +4,9 @@ words rotated over enough copies to cover 200 MB (cuBLAS's f16 weights in the sa
 f16 out for both, every result checked against the f32 product of the dequantized weights.
 
 Per (N x K, M): cuBLAS f16, ``matmul_int4`` as routed, and each ``--variants`` entry, a
-``_int4_decode.matmul`` plan ``WARPS:SPLIT[:STAGES[:WIDE]]`` (warps a block, blocks of a
-cluster splitting K, the words' shared ring in groups a warp, 32-column sets a block); the floor
+``_int4_decode.matmul`` plan ``WARPS:SPLIT[:BUFS[:WIDE[:XNOW]]]`` (warps a block, blocks of a
+cluster splitting K, register buffers of scale groups a warp, 32-column sets a block, x
+loaded at use); the floor
 (``bench/floors.read_words``: every word read once, nothing else) once per shape.
 ``--once`` runs each kernel once eagerly and times nothing (for a profiler).
 
@@ -38,12 +39,13 @@ T0 = time.time()
 
 
 def parse_variants(text: str) -> list:
-    """``WARPS:SPLIT[:STAGES[:WIDE]]`` entries, comma-separated, as ``_int4_decode`` plans
-    (warps, split, stages, wide)."""
+    """``WARPS:SPLIT[:BUFS[:WIDE[:XNOW]]]`` entries, comma-separated, as ``_int4_decode``
+    plans (bufs 2, wide 1, xnow 0 when left out)."""
+    default = (0, 0, 2, 1, 0)
     plans = []
     for item in filter(None, text.split(",")):
         v = [int(x) for x in item.split(":")]
-        plans.append((*v, 0, 1)[:4] if len(v) == 2 else (*v, 1)[:4])
+        plans.append((*v, *default[len(v) :]))
     return plans
 
 
@@ -96,7 +98,7 @@ def main() -> None:
 
 
 def key(variant: tuple) -> str:
-    """A variant as text: ``WARPS:SPLIT:STAGES:WIDE``."""
+    """A variant as text: ``WARPS:SPLIT:BUFS:WIDE:XNOW``."""
     return ":".join(map(str, variant))
 
 
@@ -116,9 +118,9 @@ def prewarm(log, variants: list, ms: list, workers: int) -> None:
     import multiprocessing
 
     todo = [
-        {"WARPS": w, "ROWS": _int4_decode._rows(m), "SPLIT": s, "STAGES": st, "WIDE": wd}
+        {"WARPS": w, "ROWS": _int4_decode._rows(m), "SPLIT": s, "BUFS": b, "WIDE": wd, "XNOW": xn}
         for m in ms
-        for w, s, st, wd in [*variants, _int4_decode.plan_for(m)]
+        for w, s, b, wd, xn in [*variants, _int4_decode.plan_for(m)]
     ]
     todo = [dict(t) for t in {tuple(sorted(c.items())) for c in todo}]
     t = time.time()

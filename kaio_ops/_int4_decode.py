@@ -64,77 +64,61 @@ HIGH_TWICE = 0x3232  # the high 16 bits of a in both halves
 def load_group(
     words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :], BUF: kaio.constexpr, w: u32[:, :],
     x: f16[:, :], scales: f16[:, :], group: u32, col: u32, g: u32, t: u32, M: u32,
-    ROWS: kaio.constexpr, WORDS: kaio.constexpr,
+    ROWS: kaio.constexpr, XNOW: kaio.constexpr,
 ):  # fmt: skip
     """Buffer BUF = scale group ``group``'s operands of this lane: its 4 columns' scales (sc),
-    the words of packed rows ``16 group + 4 u + t`` (words[u]; unless ``WORDS`` is false:
-    they come through the shared ring, ``copy_words``) and, when ``ROWS`` <= 2 (one
-    m16 tile), the 8 halves of x those words multiply, rows g and g + 8 (xr[u, r]; rows past
-    M read row M - 1 instead: their products land in rows that are never stored). Past one
-    tile the x fragments are loaded where they are used (``multiply_group``): buffering them
-    all would take 32 registers per 8 rows."""
+    the words of packed rows ``16 group + 4 u + t`` (words[u]) and, unless ``XNOW`` (x
+    loaded when the group is multiplied, ``multiply_group``: always past one m16 tile, as
+    buffering x would take 32 registers per 8 rows), the 8 halves of x those words
+    multiply, rows g and g + 8 (xr[u, r]; rows past M read row M - 1 instead: their products
+    land in rows that are never stored)."""
     kaio.load_vector(sc[BUF], scales, (group, col))
     for u in kaio.static_range(LOADS):
         row = group * ROWS_PER_GROUP + 4 * u + t
-        if WORDS:
-            kaio.load_vector(words[BUF, u], w, (row, col))
-        if ROWS <= 2:
+        kaio.load_vector(words[BUF, u], w, (row, col))
+        if not XNOW:
             for r in kaio.static_range(ROWS):
                 kaio.load_vector(xr[BUF, u, r], x, (kaio.min(g + 8 * r, M - 1), 8 * row))
 
 
 @kaio.gpu_func
-def copy_words(
-    ring: u32[:, :, :, :, :], warp: u32, slot: u32, lane: u32, w: u32[:, :], group: u32,
-    col: u32, t: u32,
-):  # fmt: skip
-    """Start the copies of this lane's words of scale group ``group`` (``load_group``'s) into
-    slot ``slot`` of its warp's shared ring, one ``cp.async`` group: only this lane reads
-    them back (``advance``), so no barrier is needed."""
-    for u in kaio.static_range(LOADS):
-        row = group * ROWS_PER_GROUP + 4 * u + t
-        kaio.cp_async(ring, (warp, slot, u, lane, 0), w, (row, col), 16)
-
-
-@kaio.gpu_func
 def advance(
     acc: f32[:, :, :], words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :],
-    ring: u32[:, :, :, :, :], BUF: kaio.constexpr, w: u32[:, :], x: f16[:, :],
-    scales: f16[:, :], i: u32, first: u32, step: u32, groups: u32, col: u32, g: u32, t: u32,
-    lane: u32, warp: u32, M: u32, ROWS: kaio.constexpr, STAGES: kaio.constexpr,
+    BUF: kaio.constexpr, w: u32[:, :], x: f16[:, :], scales: f16[:, :], i: u32, first: u32,
+    step: u32, groups: u32, col: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
+    BUFS: kaio.constexpr, XNOW: kaio.constexpr,
 ):  # fmt: skip
-    """The warp's ``i``-th scale group (``first + i step``), in buffer BUF: the next group's
-    loads started into the other buffer, then this one multiplied. With ``STAGES`` > 0 the
-    words run ``STAGES - 1`` groups ahead through the warp's shared ring (``copy_words``,
-    one commit an iteration, empty past the last group) and are read back just before the
-    product; x and the scales stay one group ahead in registers."""
+    """The warp's ``i``-th scale group (``first + i step``), in buffer BUF of ``BUFS``: the
+    loads of the group ``BUFS - 1`` ahead started into the buffer the previous group used,
+    then this one multiplied (``BUFS - 1`` groups' loads in flight meanwhile)."""
     group = first + i * step
-    if STAGES > 0:
-        ahead = group + (STAGES - 1) * step
-        if ahead < groups:
-            copy_words(ring, warp, (i + STAGES - 1) % STAGES, lane, w, ahead, col, t)
-        kaio.cp_async_commit()
-    if group + step < groups:
-        load_group(words, xr, sc, 1 - BUF, w, x, scales, group + step, col, g, t, M, ROWS,
-                   STAGES == 0)  # fmt: skip
-    if STAGES > 0:
-        kaio.cp_async_wait(STAGES - 1)
-        for u in kaio.static_range(LOADS):
-            kaio.load_vector(words[BUF, u], ring, (warp, i % STAGES, u, lane, 0))
-    multiply_group(acc, words, xr, sc, BUF, x, group, g, t, M, ROWS)
+    ahead = group + (BUFS - 1) * step
+    if ahead < groups:
+        load_group(words, xr, sc, (BUF + BUFS - 1) % BUFS, w, x, scales, ahead, col, g, t, M,
+                   ROWS, XNOW)  # fmt: skip
+    multiply_group(acc, words, xr, sc, BUF, x, group, g, t, M, ROWS, XNOW)
 
 
 @kaio.gpu_func
 def multiply_group(
     acc: f32[:, :, :], words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :],
     BUF: kaio.constexpr, x: f16[:, :], group: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
+    XNOW: kaio.constexpr,
 ):  # fmt: skip
     """acc[m] += the products of buffer BUF (scale group ``group``) for each m16 tile m of
     the ``ROWS`` 8-row slabs: 2 k-steps of 16 for each of the 4 loads, for each of the lane's
-    4 columns (n8 tiles). Each weight fragment is dequantized once and feeds every tile."""
+    4 columns (n8 tiles). Each weight fragment is dequantized once and feeds every tile. With
+    ``XNOW`` x is loaded here: one m16 tile's all at the start (its latency under the
+    dequantization), more tiles' where each is used."""
     a = kaio.local(u32, (2, 4))
     b = kaio.local(u32, (4, 2, 2))
     xt = kaio.local(u32, (2, 4))
+    xg = kaio.local(u32, (LOADS, 2, 4))
+    if XNOW and ROWS <= 2:
+        for u in kaio.static_range(LOADS):
+            k8 = group * ROWS_PER_GROUP + 4 * u + t
+            for r in kaio.static_range(ROWS):
+                kaio.load_vector(xg[u, r], x, (kaio.min(g + 8 * r, M - 1), 8 * k8))
     for u in kaio.static_range(LOADS):
         for i in kaio.static_range(4):
             twice = LOW_TWICE if i % 2 == 0 else HIGH_TWICE
@@ -156,6 +140,8 @@ def multiply_group(
                         a[h, ra] = 0
                     elif ROWS > 2:
                         a[h, ra] = kaio.prmt(xt[ra % 2, j // 2], xt[ra % 2, j // 2 + 2], sel)
+                    elif XNOW:
+                        a[h, ra] = kaio.prmt(xg[u, ra % 2, j // 2], xg[u, ra % 2, j // 2 + 2], sel)
                     else:
                         a[h, ra] = kaio.prmt(
                             xr[BUF, u, ra % 2, j // 2], xr[BUF, u, ra % 2, j // 2 + 2], sel
@@ -187,25 +173,27 @@ def weight_pair(word: u32, j: kaio.constexpr, scale: f16x2) -> u32:
 @kaio.gpu_func
 def decode_columns(
     x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :], partial: f32[:, :, :],
-    ring: u32[:, :, :, :, :], M: u32, N: u32, block: u32, WARPS: kaio.constexpr,
-    ROWS: kaio.constexpr, DT: kaio.constexpr, SPLIT: kaio.constexpr, STAGES: kaio.constexpr,
-    WIDE: kaio.constexpr,
+    M: u32, N: u32, block: u32, WARPS: kaio.constexpr, ROWS: kaio.constexpr,
+    DT: kaio.constexpr, SPLIT: kaio.constexpr, BUFS: kaio.constexpr, WIDE: kaio.constexpr,
+    XNOW: kaio.constexpr,
 ):  # fmt: skip
     """out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W = scales * the
     nibbles of w, see the module docstring), rounded to DT (the output's element type), for
     the ``ROWS`` 8-row slabs of x (``_rows``: 1 when M <= 8, rows g + 8 of A are zero; else
-    2 per m16 tile). Each warp's groups go through two register buffers: the next group's
-    loads are in flight while the current one is multiplied; ``partial`` [WARPS, 16, 32]
-    (shared) adds the warps' tiles in a fixed order, one m16 tile at a time. With ``SPLIT``
-    > 1 (one m16 tile, sm_90) the K groups are spread over the ``SPLIT`` blocks of a cluster
-    (warp ``w`` of rank ``r`` takes groups ``r WARPS + w``, then every ``SPLIT WARPS``-th):
-    each block adds its warps' tiles, then the blocks add theirs through distributed shared
-    memory, rank ``r`` storing the rows ``r`` modulo ``SPLIT``, in a fixed order too. With
-    ``STAGES`` > 0 (one m16 tile) the words go through ``ring`` [WARPS, STAGES, 4, 32, 4]
-    (shared), ``STAGES - 1`` groups ahead (``advance``). With ``WIDE`` > 1 the block owns
-    ``32 WIDE`` columns (``block`` counts such blocks): warp ``w`` takes column set
-    ``w % WIDE`` and splits K with the other ``WARPS / WIDE`` warps of that set, so that
-    ``WIDE`` warps read the same x at about the same time (one L2 read, the rest from L1)."""
+    2 per m16 tile). Each warp's groups go through ``BUFS`` register buffers: the next
+    ``BUFS - 1`` groups' loads are in flight while the current one is multiplied;
+    ``partial`` [WARPS, 16, 32] (shared) adds the warps' tiles in a fixed order, one m16
+    tile at a time. ``XNOW``: x is not buffered but loaded as each group is multiplied
+    (fewer registers).
+
+    With ``WIDE`` > 1 the block owns ``32 WIDE`` columns (``block`` counts such blocks):
+    warp ``w`` takes column set ``w % WIDE`` and splits K with the other ``WARPS / WIDE``
+    warps of that set, so that ``WIDE`` warps read the same x at about the same time (one L2
+    read, the rest from L1). With ``SPLIT`` > 1 (one m16 tile, sm_90) the K groups are
+    spread over the ``SPLIT`` blocks of a cluster too (the ``WARPS / WIDE`` warps of rank
+    ``r`` come after those of ranks below): each block adds its warps' tiles, then the blocks
+    add theirs through distributed shared memory, rank ``r`` storing the rows ``r`` modulo
+    ``SPLIT``, in a fixed order too."""
     tid = kaio.thread_idx_x()
     warp = tid // 32
     lane = tid % 32
@@ -220,28 +208,38 @@ def decode_columns(
         for i in kaio.static_range(4):
             for e in kaio.static_range(4):
                 acc[m, i, e] = 0.0
-    words = kaio.local(u32, (2, LOADS, 4))
-    xr = kaio.local(u32, (2, LOADS, 2, 4))
-    sc = kaio.local(u32, (2, 2))
+    words = kaio.local(u32, (BUFS, LOADS, 4))
+    xr = kaio.local(u32, (BUFS, LOADS, 2, 4))
+    sc = kaio.local(u32, (BUFS, 2))
     rank = u32(0)
     if SPLIT > 1:
         rank = kaio.cluster_rank()
     first = rank * (WARPS // WIDE) + warp // WIDE
     step = SPLIT * (WARPS // WIDE)  # the warps of a column set over the cluster's blocks
-    if STAGES > 0:
-        for s in kaio.static_range(STAGES - 1):
-            if first + s * step < groups:
-                copy_words(ring, warp, s, lane, w, first + s * step, col, t)
-            kaio.cp_async_commit()
-    if first < groups:
-        load_group(words, xr, sc, 0, w, x, scales, first, col, g, t, M, ROWS, STAGES == 0)
+    for b in kaio.static_range(BUFS - 1):
+        if first + b * step < groups:
+            load_group(
+                words,
+                xr,
+                sc,
+                b,
+                w,
+                x,
+                scales,
+                first + b * step,
+                col,
+                g,
+                t,
+                M,
+                ROWS,
+                XNOW + ROWS // 3 > 0,
+            )
     mine = kaio.select(first < groups, (groups - first + step - 1) // step, 0)
-    for n in range(0, mine, 2):
-        advance(acc, words, xr, sc, ring, 0, w, x, scales, n, first, step, groups, col, g, t,
-                lane, warp, M, ROWS, STAGES)  # fmt: skip
-        if n + 1 < mine:
-            advance(acc, words, xr, sc, ring, 1, w, x, scales, n + 1, first, step, groups, col,
-                    g, t, lane, warp, M, ROWS, STAGES)  # fmt: skip
+    for n in range(0, mine, BUFS):
+        for b in kaio.static_range(BUFS):
+            if n + b < mine:
+                advance(acc, words, xr, sc, b, w, x, scales, n + b, first, step, groups, col, g,
+                        t, M, ROWS, BUFS, XNOW + ROWS // 3 > 0)  # fmt: skip
     for m in kaio.static_range((ROWS + 1) // 2):
         if m > 0:
             kaio.sync_threads()  # the previous tile's partial sums are all read
@@ -293,10 +291,10 @@ def int4_decode(
     x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :],
     M: u32, N: u32,
     WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr, SPLIT: kaio.constexpr,
-    STAGES: kaio.constexpr, WIDE: kaio.constexpr,
+    BUFS: kaio.constexpr, WIDE: kaio.constexpr, XNOW: kaio.constexpr,
 ):  # fmt: skip
     """``out = x @ W`` (``decode_columns``), a block (a cluster of ``SPLIT``) per 32
-    columns; with ``STAGES`` > 0, ``ring_bytes`` of dynamic shared memory."""
+    columns."""
     if SPLIT > 1:
         kaio.cluster_dims(SPLIT)
     if ROWS > 2:
@@ -304,13 +302,9 @@ def int4_decode(
     else:
         kaio.launch_bounds(WARPS * 32)
     partial = kaio.shared(f32, (WARPS, 16, COLS))
-    if STAGES > 0:
-        ring = kaio.shared_dynamic(u32, (WARPS, STAGES, LOADS, 32, 4))
-    else:
-        ring = kaio.shared(u32, (1, 1, 1, 1, 4))  # not read: the words stay in registers
     block = kaio.block_idx_x() // SPLIT
     decode_columns(
-        x, w, scales, out, partial, ring, M, N, block, WARPS, ROWS, DT, SPLIT, STAGES, WIDE
+        x, w, scales, out, partial, M, N, block, WARPS, ROWS, DT, SPLIT, BUFS, WIDE, XNOW
     )
 
 
@@ -320,7 +314,7 @@ def int4_decode_qkv(
     sv: f16[:, :], q: DT[:, :], k: DT[:, :], v: DT[:, :],
     M: u32, NQ: u32, NK: u32,
     WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr, SPLIT: kaio.constexpr,
-    STAGES: kaio.constexpr, WIDE: kaio.constexpr,
+    BUFS: kaio.constexpr, WIDE: kaio.constexpr, XNOW: kaio.constexpr,
 ):  # fmt: skip
     """``q, k, v = x @ Wq, x @ Wk, x @ Wv`` in one launch: the blocks (clusters of
     ``SPLIT``) of q's columns, then k's, then v's (each exactly one of ``int4_decode``)."""
@@ -331,25 +325,21 @@ def int4_decode_qkv(
     else:
         kaio.launch_bounds(WARPS * 32)
     partial = kaio.shared(f32, (WARPS, 16, COLS))
-    if STAGES > 0:
-        ring = kaio.shared_dynamic(u32, (WARPS, STAGES, LOADS, 32, 4))
-    else:
-        ring = kaio.shared(u32, (1, 1, 1, 1, 4))  # not read: the words stay in registers
     bq = (NQ + COLS * WIDE - 1) // (COLS * WIDE)
     bk = (NK + COLS * WIDE - 1) // (COLS * WIDE)
     block = kaio.block_idx_x() // SPLIT
     if block < bq:
         decode_columns(
-            x, wq, sq, q, partial, ring, M, NQ, block, WARPS, ROWS, DT, SPLIT, STAGES, WIDE
+            x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT, SPLIT, BUFS, WIDE, XNOW
         )
     elif block < bq + bk:
         decode_columns(
-            x, wk, sk, k, partial, ring, M, NK, block - bq, WARPS, ROWS, DT, SPLIT, STAGES, WIDE
+            x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT, SPLIT, BUFS, WIDE, XNOW
         )
     else:
         nv = u32(v.shape[1])
         b = block - bq - bk
-        decode_columns(x, wv, sv, v, partial, ring, M, nv, b, WARPS, ROWS, DT, SPLIT, STAGES, WIDE)
+        decode_columns(x, wv, sv, v, partial, M, nv, b, WARPS, ROWS, DT, SPLIT, BUFS, WIDE, XNOW)
 
 
 WARPS = 8  # measured best on an H200 at K = N = 4096, M = 1 and 16 (against 4 and 16)
@@ -370,32 +360,20 @@ def _words(w: _arrays.Operand):
     return w.arg(dtype=u32)
 
 
-def ring_bytes(warps: int, stages: int) -> int:
-    """The dynamic shared memory of a block of ``warps`` warps whose words go through a ring
-    of ``stages`` scale groups (0: none)."""
-    return warps * stages * LOADS * 32 * 16
-
-
 def plan_for(m: int) -> tuple:
-    """(WARPS, SPLIT, STAGES, WIDE) of the decode kernel at M = ``m``."""
-    return (WARPS, 1, 0, 1)
+    """(WARPS, SPLIT, BUFS, WIDE, XNOW) of the decode kernel at M = ``m``."""
+    return (WARPS, 1, 2, 1, 0)
 
 
 def _launch(x: _arrays.Operand, widths: list, plan: tuple) -> tuple:
     """The launch configuration and constexprs of ``plan`` (``plan_for``'s tuple) over
     output column counts ``widths`` (one block, or cluster of SPLIT, per 32 WIDE columns of
     each)."""
-    warps, split, stages, wide = plan
+    warps, split, bufs, wide, xnow = plan
     blocks = sum(-(-n // (COLS * wide)) for n in widths) * split
-    config = (blocks, warps * 32, _arrays.stream_of(x), ring_bytes(warps, stages))
-    m = x.shape[0]
-    return config, {
-        "WARPS": warps,
-        "ROWS": _rows(m),
-        "SPLIT": split,
-        "STAGES": stages,
-        "WIDE": wide,
-    }
+    consts = {"WARPS": warps, "ROWS": _rows(x.shape[0]), "SPLIT": split, "BUFS": bufs}
+    config = (blocks, warps * 32, _arrays.stream_of(x), 0)
+    return config, {**consts, "WIDE": wide, "XNOW": xnow}
 
 
 def _rows(m: int) -> int:
@@ -413,8 +391,8 @@ def matmul(
 ):  # fmt: skip
     """``x @ W`` in ``dtype`` (f32, f16 or bf16) [M, N] (see ``fits``): one launch of
     ``plan`` (``plan_for``'s by default): a block of WARPS warps (a cluster of SPLIT blocks
-    on sm_90, M <= 16) per 32 WIDE columns, the words through a shared ring of STAGES groups
-    a warp (M <= 16; 0: registers)."""
+    on sm_90, M <= 16) per 32 WIDE columns, BUFS groups' loads in registers a warp (x's
+    too unless XNOW)."""
     m, n = x.shape[0], words.shape[1]
     out = _arrays.output(x, (m, n), dtype)
     config, consts = _launch(x, [n], plan or plan_for(m))
@@ -446,7 +424,10 @@ def specializations() -> list:
     ``qkv`` (f16 out: qkv_project_int4) launch."""
     plans = {(_rows(m), plan_for(m)) for m in range(1, MAX_M + 1)}
     return [
-        (kernel, {"WARPS": w, "ROWS": rows, "DT": dt, "SPLIT": sp, "STAGES": st, "WIDE": wd})
+        (
+            kernel,
+            {"WARPS": w, "ROWS": rows, "DT": dt, "SPLIT": sp, "BUFS": bu, "WIDE": wd, "XNOW": xn},
+        )  # fmt: skip
         for kernel, dt in ((int4_decode, f32), (int4_decode_qkv, f16))
-        for rows, (w, sp, st, wd) in sorted(plans)
+        for rows, (w, sp, bu, wd, xn) in sorted(plans)
     ]

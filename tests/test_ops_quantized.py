@@ -155,20 +155,20 @@ def test_int4_decode_long_k_in_simulator(m):
     np.testing.assert_allclose(c, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
 
 
-# (M, N, K, (WARPS, SPLIT, STAGES, WIDE)): the decode kernel's plans at M <= 16: a K split
-# over a cluster (SPLIT, the sum in distributed shared memory), the words through a shared
-# ring of STAGES groups a warp, WIDE 32-column sets a block; N past a block, odd group counts
-# (warps and ranks with unequal shares, a ring wrapped several times, fewer groups than
-# warps or stages)
+# (M, N, K, (WARPS, SPLIT, BUFS, WIDE, XNOW)): the decode kernel's plans at M <= 16: a K
+# split over a cluster (SPLIT, the sum in distributed shared memory), BUFS register buffers
+# of groups a warp, WIDE 32-column sets a block, x loaded at use (XNOW); N past a block, odd
+# group counts (warps and ranks with unequal shares, buffers wrapped several times, fewer
+# groups than warps or buffers)
 DECODE_VARIANTS = [
-    (1, 36, 128 * 9, (2, 2, 0, 1)),
-    (16, 40, 128 * 7, (2, 4, 0, 1)),
-    (9, 100, 128 * 5, (4, 2, 3, 2)),
-    (5, 68, 128 * 13, (2, 1, 4, 1)),
-    (16, 8, 128 * 11, (1, 1, 6, 1)),
-    (3, 4, 128 * 2, (4, 1, 4, 1)),
-    (12, 100, 128 * 7, (4, 1, 0, 4)),
-    (1, 72, 128 * 5, (8, 2, 2, 4)),
+    (1, 36, 128 * 9, (2, 2, 2, 1, 0)),
+    (16, 40, 128 * 7, (2, 4, 2, 1, 1)),
+    (9, 100, 128 * 5, (4, 2, 3, 2, 0)),
+    (5, 68, 128 * 13, (2, 1, 4, 1, 1)),
+    (16, 8, 128 * 11, (1, 1, 3, 1, 0)),
+    (3, 4, 128 * 2, (4, 1, 4, 1, 0)),
+    (12, 100, 128 * 7, (4, 1, 2, 4, 1)),
+    (1, 72, 128 * 5, (8, 2, 3, 4, 1)),
 ]
 
 
