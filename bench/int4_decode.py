@@ -179,6 +179,16 @@ def summary(rows: list, variants: list, gpu: str) -> None:
             cells.append(f"{t:7.1f} ({cb / t:4.2f}x {100 * fl / t:3.0f}%)")
         print(f"{r['n']:>5}x{r['k']:<6} {r['m']:>3} {cb or 0:7.1f} {fl or 0:6.1f} "
               + " ".join(cells))  # fmt: skip
+    print("\nbest per point: plan, µs, x cuBLAS, % floor (routed: the same)")
+    for r in rows:
+        timed = {k: v for k, v in r["us"].items() if k != "cublas"}
+        if not timed or "cublas" not in r["us"] or not r.get("floor_us"):
+            continue
+        best = min(timed, key=timed.get)
+        t, cb, fl = timed[best], r["us"]["cublas"], r["floor_us"]
+        rt = timed.get("routed", float("nan"))
+        print(f"{r['n']:>5}x{r['k']:<6} {r['m']:>3} {best:>12} {t:7.1f} {cb / t:5.2f}x "
+              f"{100 * fl / t:4.0f}%  (routed {cb / rt:5.2f}x {100 * fl / rt:4.0f}%)")  # fmt: skip
 
 
 if __name__ == "__main__":
