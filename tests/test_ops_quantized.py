@@ -979,6 +979,35 @@ def _torch_int4_weights(k: int, n: int, seed: int):
     return packed, scales, (scales.float().repeat_interleave(128, 0) * q).half()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 7, 9, 16])
+def test_gpu_int4_decode_plans(m):
+    """The decode kernel's plans at real sizes (N past a 32-column block, K an odd number of
+    groups; the K split over a cluster on sm_90 only): every element against float64
+    products with the dequantized weights within what the tensor cores' f32 sums may be off,
+    and each plan the same bits on a second call."""
+    import torch
+
+    k, n = 4096 + 3 * 128, 4104
+    x = torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(m)).half()
+    packed, scales, w = _torch_int4_weights(k, n, m)
+    x64, w64 = x.double(), w.double()
+    exact = x64 @ w64
+    slack = k * 2.0**-24 * (x64.abs() @ w64.abs())
+    inputs = _arrays.Inputs("test")
+    ops = [
+        inputs.array(t, f"x{i}", dtypes=(f16, u32, kaio.i32))
+        for i, t in enumerate((x, packed, scales))
+    ]
+    plans = [_int4_decode.plan_for(m), (8, 1, 3, 1, 1), (4, 1, 2, 4, 1), (8, 1, 2, 2, 0)]
+    if kaio.device().arch == "sm_90":
+        plans.append((8, 2, 3, 1, 1))
+    for plan in plans:
+        out = _int4_decode.matmul(*ops, f32, plan)
+        assert out.shape == (m, n) and bool(((out.double() - exact).abs() <= slack).all()), plan
+        assert torch.equal(out, _int4_decode.matmul(*ops, f32, plan)), plan
+
+
 def _gpu_check(fused, separate, x, weights, scales, same_plan: bool):
     """On the GPU, with float64 products from torch: each fused output against the exact
     product as check_f16_product does, allowing the tensor cores' f32 sums 1 ulp per
