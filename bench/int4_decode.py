@@ -59,6 +59,9 @@ def main() -> None:
     p.add_argument("--once", action="store_true", help="run each kernel eagerly, no timing")
     p.add_argument("--no-routed", action="store_true", help="skip matmul_int4 as routed")
     p.add_argument("--prewarm", type=int, default=0, help="compile first in N processes")
+    p.add_argument(
+        "--baseline", default="", help="WARPS list: kaio_ops._int4_decode_v0 (another version)"
+    )
     args = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     variants = parse_variants(args.variants)
@@ -142,6 +145,12 @@ def point(log, args, m, n, k, weights, floor, variants) -> dict:
         calls["routed"] = lambda i: kaio_ops.matmul_int4(a, *weights[i][:2], out_dtype=f16)
     for v in variants:
         calls[key(v)] = lambda i, v=v: _int4_decode.matmul(*ops[i], kaio.f16, v)
+    if args.baseline:  # an earlier version of the module, copied in as _int4_decode_v0
+        import importlib
+
+        v0 = importlib.import_module("kaio_ops._int4_decode_v0")
+        for w in map(int, args.baseline.split(",")):
+            calls[f"v0 {w}"] = lambda i, w=w: v0.matmul(*ops[i], kaio.f16, w)
     rec = {"m": m, "n": n, "k": k, "sets": sets, "us": {}, "err": {}}
     for name, call in calls.items():
         try:
@@ -164,7 +173,7 @@ def point(log, args, m, n, k, weights, floor, variants) -> dict:
 
 def summary(rows: list, variants: list, gpu: str) -> None:
     """The table: per point, each implementation's µs, x cuBLAS and % of the floor."""
-    names = ["routed"] + [key(v) for v in variants]
+    names = list(dict.fromkeys(k for r in rows for k in r["us"] if k != "cublas"))
     print(f"\n{gpu}: µs (x cuBLAS f16, % of the weight-read floor)")
     print(f"{'N x K':>12} {'M':>3} {'cuBLAS':>7} {'floor':>6} " + " ".join(
         f"{n:>20}" for n in names))  # fmt: skip

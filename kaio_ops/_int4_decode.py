@@ -360,9 +360,20 @@ def _words(w: _arrays.Operand):
     return w.arg(dtype=u32)
 
 
-def plan_for(m: int) -> tuple:
-    """(WARPS, SPLIT, BUFS, WIDE, XNOW) of the decode kernel at M = ``m``."""
-    return (WARPS, 1, 2, 1, 0)
+def plan_for(m: int, tiles: int = 0, sms: int = 132) -> tuple:
+    """(WARPS, SPLIT, BUFS, WIDE, XNOW) of the decode kernel at M = ``m`` over ``tiles``
+    32-column blocks on a GPU of ``sms`` multiprocessors (0 tiles: the default plan). An SM
+    holds about 16 warps of this kernel at M <= 8 (116 registers) and 12 at M = 9-16 (150:
+    three blocks of 4 warps, one of 8): blocks of 16 warps when the tiles are about one per
+    SM, 8 up to two, past that 4 (finer blocks even out the SMs' shares). Measured on an H100
+    (bench/int4_decode.py, docs/performance.md)."""
+    if m > 16 or not tiles:
+        return (WARPS, 1, 2, 1, 0)
+    if tiles * 10 <= sms * 11:
+        return (16 if m <= 8 else 8, 1, 2, 1, 0)
+    if m <= 8 and tiles * 10 <= sms * 22:
+        return (8, 1, 2, 1, 0)
+    return (4, 1, 2, 1, 0)
 
 
 def _launch(x: _arrays.Operand, widths: list, plan: tuple) -> tuple:
@@ -395,7 +406,7 @@ def matmul(
     too unless XNOW)."""
     m, n = x.shape[0], words.shape[1]
     out = _arrays.output(x, (m, n), dtype)
-    config, consts = _launch(x, [n], plan or plan_for(m))
+    config, consts = _launch(x, [n], plan or plan_for(m, -(-n // COLS), _arrays.multiprocessors(x)))
     int4_decode[config](
         x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), dtype), m, n,
         DT=dtype, **consts,
@@ -410,7 +421,8 @@ def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
     m = x.shape[0]
     widths = [w.shape[1] for w, _ in weights]
     outs = [_arrays.output(x, (m, n), f16) for n in widths]
-    config, consts = _launch(x, widths, plan_for(m))
+    tiles = sum(-(-n // COLS) for n in widths)
+    config, consts = _launch(x, widths, plan_for(m, tiles, _arrays.multiprocessors(x)))
     int4_decode_qkv[config](
         x.arg(), *(_words(w) for w, _ in weights), *(s.arg() for _, s in weights),
         *(_arrays.output_arg(x, o, (m, n)) for o, n in zip(outs, widths, strict=True)), m,
@@ -422,7 +434,7 @@ def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
 def specializations() -> list:
     """(kernel, constexprs) of every specialization ``matmul`` (f32 out: matmul_int4) and
     ``qkv`` (f16 out: qkv_project_int4) launch."""
-    plans = {(_rows(m), plan_for(m)) for m in range(1, MAX_M + 1)}
+    plans = {(_rows(m), plan_for(m, t)) for m in range(1, MAX_M + 1) for t in (128, 256, 1024)}
     return [
         (
             kernel,

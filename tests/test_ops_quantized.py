@@ -1051,8 +1051,9 @@ def test_gpu_qkv_int8(m):
 @pytest.mark.parametrize("m", [16, 64, 512])
 def test_gpu_qkv_int4(m):
     """K = N = 4096: against float64 products with the dequantized weights on the GPU, and
-    against three matmul_int4 calls: the same bits at M <= 64 (both run the decode kernel's
-    code), within f16 rounding at M = 512 (their own tiled plans)."""
+    against three matmul_int4 calls: the same bits at M <= 64 where both run decode kernel
+    plans that sum in the same order, else within f16 rounding (at M = 512 their own tiled
+    plans)."""
     import torch
 
     k = n = 4096
@@ -1060,7 +1061,12 @@ def test_gpu_qkv_int4(m):
     weights = [_torch_int4_weights(k, n, seed) for seed in range(3)]
     fused = kaio_ops.qkv_project_int4(x, *(w[0] for w in weights), *(w[1] for w in weights))
     separate = [kaio_ops.matmul_int4(x, p, s) for p, s, _ in weights]
-    _gpu_check(fused, separate, x, [w[2] for w in weights], [1.0] * 3, m <= _int4_decode.MAX_M)
+    # the decode kernel's plan follows the columns (3 x 4096 fused, 4096 apart): the same
+    # bits where both plans split K over as many warps
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    fused_plan, one_plan = (_int4_decode.plan_for(m, t, sms) for t in (3 * n // 32, n // 32))
+    same = m <= _int4_decode.MAX_M and fused_plan[0] // fused_plan[3] == one_plan[0] // one_plan[3]
+    _gpu_check(fused, separate, x, [w[2] for w in weights], [1.0] * 3, same)
 
 
 @pytest.mark.gpu
