@@ -62,31 +62,36 @@ HIGH_TWICE = 0x3232  # the high 16 bits of a in both halves
 
 @kaio.gpu_func
 def load_group(
-    words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :], BUF: kaio.constexpr, w: u32[:, :],
-    x: f16[:, :], scales: f16[:, :], group: u32, col: u32, g: u32, t: u32, M: u32,
-    ROWS: kaio.constexpr, XNOW: kaio.constexpr,
+    words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :], xs: u32[:, :, :, :, :, :],
+    BUF: kaio.constexpr, w: u32[:, :], x: f16[:, :], scales: f16[:, :], group: u32, col: u32,
+    g: u32, t: u32, M: u32, ROWS: kaio.constexpr, XNOW: kaio.constexpr,
 ):  # fmt: skip
     """Buffer BUF = scale group ``group``'s operands of this lane: its 4 columns' scales (sc),
-    the words of packed rows ``16 group + 4 u + t`` (words[u]) and, unless ``XNOW`` (x
+    the words of packed rows ``16 group + 4 u + t`` (words[u]) and, unless ``XNOW`` is 1 (x
     loaded when the group is multiplied, ``multiply_group``: always past one m16 tile, as
     buffering x would take 32 registers per 8 rows), the 8 halves of x those words
-    multiply, rows g and g + 8 (xr[u, r]; rows past M read row M - 1 instead: their products
-    land in rows that are never stored)."""
+    multiply (XNOW 2: copied by ``cp.async`` into the lane's slot of ``xs``, not
+    registers), rows g and g + 8 (xr[u, r]; rows past M read row M - 1 instead: their
+    products land in rows that are never stored)."""
     kaio.load_vector(sc[BUF], scales, (group, col))
     for u in kaio.static_range(LOADS):
         row = group * ROWS_PER_GROUP + 4 * u + t
         kaio.load_vector(words[BUF, u], w, (row, col))
-        if not XNOW:
-            for r in kaio.static_range(ROWS):
+        for r in kaio.static_range(ROWS):
+            if XNOW == 0:
                 kaio.load_vector(xr[BUF, u, r], x, (kaio.min(g + 8 * r, M - 1), 8 * row))
+            elif XNOW == 2:  # into this lane's own slot of the warp's shared buffer
+                lane = g * 4 + t
+                xi = (kaio.min(g + 8 * r, M - 1), 8 * row)
+                kaio.cp_async(xs, (kaio.thread_idx_x() // 32, BUF, u, r, lane, 0), x, xi, 16)
 
 
 @kaio.gpu_func
 def advance(
     acc: f32[:, :, :], words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :],
-    BUF: kaio.constexpr, w: u32[:, :], x: f16[:, :], scales: f16[:, :], i: u32, first: u32,
-    step: u32, groups: u32, col: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
-    BUFS: kaio.constexpr, XNOW: kaio.constexpr,
+    xs: u32[:, :, :, :, :, :], BUF: kaio.constexpr, w: u32[:, :], x: f16[:, :],
+    scales: f16[:, :], i: u32, first: u32, step: u32, groups: u32, col: u32, g: u32, t: u32,
+    M: u32, ROWS: kaio.constexpr, BUFS: kaio.constexpr, XNOW: kaio.constexpr,
 ):  # fmt: skip
     """The warp's ``i``-th scale group (``first + i step``), in buffer BUF of ``BUFS``: the
     loads of the group ``BUFS - 1`` ahead started into the buffer the previous group used,
@@ -94,16 +99,19 @@ def advance(
     group = first + i * step
     ahead = group + (BUFS - 1) * step
     if ahead < groups:
-        load_group(words, xr, sc, (BUF + BUFS - 1) % BUFS, w, x, scales, ahead, col, g, t, M,
-                   ROWS, XNOW)  # fmt: skip
-    multiply_group(acc, words, xr, sc, BUF, x, group, g, t, M, ROWS, XNOW)
+        load_group(words, xr, sc, xs, (BUF + BUFS - 1) % BUFS, w, x, scales, ahead, col, g, t,
+                   M, ROWS, XNOW)  # fmt: skip
+    if XNOW == 2:
+        kaio.cp_async_commit()  # one group an iteration, empty past the last
+        kaio.cp_async_wait(BUFS - 1)
+    multiply_group(acc, words, xr, sc, xs, BUF, x, group, g, t, M, ROWS, XNOW)
 
 
 @kaio.gpu_func
 def multiply_group(
     acc: f32[:, :, :], words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :],
-    BUF: kaio.constexpr, x: f16[:, :], group: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
-    XNOW: kaio.constexpr,
+    xs: u32[:, :, :, :, :, :], BUF: kaio.constexpr, x: f16[:, :], group: u32, g: u32, t: u32,
+    M: u32, ROWS: kaio.constexpr, XNOW: kaio.constexpr,
 ):  # fmt: skip
     """acc[m] += the products of buffer BUF (scale group ``group``) for each m16 tile m of
     the ``ROWS`` 8-row slabs: 2 k-steps of 16 for each of the 4 loads, for each of the lane's
@@ -114,11 +122,16 @@ def multiply_group(
     b = kaio.local(u32, (4, 2, 2))
     xt = kaio.local(u32, (2, 4))
     xg = kaio.local(u32, (LOADS, 2, 4))
-    if XNOW and ROWS <= 2:
+    if XNOW > 0 and ROWS <= 2:
         for u in kaio.static_range(LOADS):
             k8 = group * ROWS_PER_GROUP + 4 * u + t
             for r in kaio.static_range(ROWS):
-                kaio.load_vector(xg[u, r], x, (kaio.min(g + 8 * r, M - 1), 8 * k8))
+                if XNOW == 2:
+                    kaio.load_vector(
+                        xg[u, r], xs, (kaio.thread_idx_x() // 32, BUF, u, r, 4 * g + t, 0)
+                    )
+                else:
+                    kaio.load_vector(xg[u, r], x, (kaio.min(g + 8 * r, M - 1), 8 * k8))
     for u in kaio.static_range(LOADS):
         for i in kaio.static_range(4):
             twice = LOW_TWICE if i % 2 == 0 else HIGH_TWICE
@@ -140,7 +153,7 @@ def multiply_group(
                         a[h, ra] = 0
                     elif ROWS > 2:
                         a[h, ra] = kaio.prmt(xt[ra % 2, j // 2], xt[ra % 2, j // 2 + 2], sel)
-                    elif XNOW:
+                    elif XNOW > 0:
                         a[h, ra] = kaio.prmt(xg[u, ra % 2, j // 2], xg[u, ra % 2, j // 2 + 2], sel)
                     else:
                         a[h, ra] = kaio.prmt(
@@ -175,7 +188,7 @@ def decode_columns(
     x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :], partial: f32[:, :, :],
     M: u32, N: u32, block: u32, WARPS: kaio.constexpr, ROWS: kaio.constexpr,
     DT: kaio.constexpr, SPLIT: kaio.constexpr, BUFS: kaio.constexpr, WIDE: kaio.constexpr,
-    XNOW: kaio.constexpr,
+    XNOW: kaio.constexpr, xs: u32[:, :, :, :, :, :],
 ):  # fmt: skip
     """out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W = scales * the
     nibbles of w, see the module docstring), rounded to DT (the output's element type), for
@@ -216,30 +229,19 @@ def decode_columns(
         rank = kaio.cluster_rank()
     first = rank * (WARPS // WIDE) + warp // WIDE
     step = SPLIT * (WARPS // WIDE)  # the warps of a column set over the cluster's blocks
+    xnow = (ROWS > 2) + XNOW * (ROWS < 3)  # past one m16 tile x is loaded at use
     for b in kaio.static_range(BUFS - 1):
         if first + b * step < groups:
-            load_group(
-                words,
-                xr,
-                sc,
-                b,
-                w,
-                x,
-                scales,
-                first + b * step,
-                col,
-                g,
-                t,
-                M,
-                ROWS,
-                XNOW + ROWS // 3 > 0,
-            )
+            load_group(words, xr, sc, xs, b, w, x, scales, first + b * step, col, g, t, M, ROWS,
+                       xnow)  # fmt: skip
+        if XNOW == 2:
+            kaio.cp_async_commit()
     mine = kaio.select(first < groups, (groups - first + step - 1) // step, 0)
     for n in range(0, mine, BUFS):
         for b in kaio.static_range(BUFS):
             if n + b < mine:
-                advance(acc, words, xr, sc, b, w, x, scales, n + b, first, step, groups, col, g,
-                        t, M, ROWS, BUFS, XNOW + ROWS // 3 > 0)  # fmt: skip
+                advance(acc, words, xr, sc, xs, b, w, x, scales, n + b, first, step, groups, col,
+                        g, t, M, ROWS, BUFS, xnow)  # fmt: skip
     for m in kaio.static_range((ROWS + 1) // 2):
         if m > 0:
             kaio.sync_threads()  # the previous tile's partial sums are all read
@@ -302,9 +304,13 @@ def int4_decode(
     else:
         kaio.launch_bounds(WARPS * 32)
     partial = kaio.shared(f32, (WARPS, 16, COLS))
+    if XNOW == 2:  # x through shared memory: a slot a lane, buffer and load
+        xs = kaio.shared(u32, (WARPS, BUFS, LOADS, 2, 32, 4))
+    else:
+        xs = kaio.shared(u32, (1, 1, 1, 1, 1, 4))  # not used
     block = kaio.block_idx_x() // SPLIT
     decode_columns(
-        x, w, scales, out, partial, M, N, block, WARPS, ROWS, DT, SPLIT, BUFS, WIDE, XNOW
+        x, w, scales, out, partial, M, N, block, WARPS, ROWS, DT, SPLIT, BUFS, WIDE, XNOW, xs
     )
 
 
@@ -325,21 +331,27 @@ def int4_decode_qkv(
     else:
         kaio.launch_bounds(WARPS * 32)
     partial = kaio.shared(f32, (WARPS, 16, COLS))
+    if XNOW == 2:
+        xs = kaio.shared(u32, (WARPS, BUFS, LOADS, 2, 32, 4))
+    else:
+        xs = kaio.shared(u32, (1, 1, 1, 1, 1, 4))  # not used
     bq = (NQ + COLS * WIDE - 1) // (COLS * WIDE)
     bk = (NK + COLS * WIDE - 1) // (COLS * WIDE)
     block = kaio.block_idx_x() // SPLIT
     if block < bq:
         decode_columns(
-            x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT, SPLIT, BUFS, WIDE, XNOW
+            x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT, SPLIT, BUFS, WIDE, XNOW, xs
         )
     elif block < bq + bk:
         decode_columns(
-            x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT, SPLIT, BUFS, WIDE, XNOW
+            x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT, SPLIT, BUFS, WIDE, XNOW, xs
         )
     else:
         nv = u32(v.shape[1])
         b = block - bq - bk
-        decode_columns(x, wv, sv, v, partial, M, nv, b, WARPS, ROWS, DT, SPLIT, BUFS, WIDE, XNOW)
+        decode_columns(
+            x, wv, sv, v, partial, M, nv, b, WARPS, ROWS, DT, SPLIT, BUFS, WIDE, XNOW, xs
+        )
 
 
 WARPS = 8  # measured best on an H200 at K = N = 4096, M = 1 and 16 (against 4 and 16)
