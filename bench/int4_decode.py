@@ -3,16 +3,15 @@ weight-read floor: kernel time from CUDA graphs (``bench/int4_wgmma.graph_time``
 words rotated over enough copies to cover 200 MB (cuBLAS's f16 weights in the same sets),
 f16 out for both, every result checked against the f32 product of the dequantized weights.
 
-Per (N x K, M): cuBLAS f16, ``matmul_int4`` as routed, and each ``--variants`` entry, a
-``_int4_decode.matmul`` plan ``WARPS:SPLIT[:BUFS[:WIDE[:XNOW]]]`` (warps a block, blocks of a
-cluster splitting K, register buffers of scale groups a warp, 32-column sets a block, x
-loaded at use); the floor
-(``bench/floors.read_words``: every word read once, nothing else) once per shape.
+Per (N x K, M): cuBLAS f16, ``matmul_int4`` as routed (``_int4_decode.warps_for``'s warps),
+the decode kernel with each ``--warps`` count a block, and with ``--baseline W,...`` another
+version of the module copied in as ``kaio_ops/_int4_decode_v0.py`` (an A/B in one run); the
+floor (``bench/floors.read_words``: every word read once, nothing else) once per shape.
 ``--once`` runs each kernel once eagerly and times nothing (for a profiler).
 
-Usage: ``python bench/int4_decode.py [--shapes 8192x8192,...] [--ms 1,16]
-[--variants 8:1,8:2] [--out DIR] [--budget S] [--once]``. Writes ``DIR/int4_decode.jsonl``
-and prints a table: µs, x cuBLAS, and % of the floor (floor time / time).
+Usage: ``python bench/int4_decode.py [--shapes 8192x8192,...] [--ms 1,16] [--warps 4,8]
+[--out DIR] [--budget S] [--prewarm N] [--once]``. Writes ``DIR/int4_decode.jsonl`` and
+prints a table: µs, x cuBLAS, and % of the floor (floor time / time).
 """
 
 # ruff: noqa: B023  (the timed lambdas run before the loop moves on)
@@ -20,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -38,23 +38,12 @@ SHAPES = "8192x8192,10240x8192,57344x8192,8192x28672,4096x4096,6144x4096,28672x4
 T0 = time.time()
 
 
-def parse_variants(text: str) -> list:
-    """``WARPS:SPLIT[:BUFS[:WIDE[:XNOW]]]`` entries, comma-separated, as ``_int4_decode``
-    plans (bufs 2, wide 1, xnow 0 when left out)."""
-    default = (0, 0, 2, 1, 0)
-    plans = []
-    for item in filter(None, text.split(",")):
-        v = [int(x) for x in item.split(":")]
-        plans.append((*v, *default[len(v) :]))
-    return plans
-
-
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=".")
     p.add_argument("--shapes", default=SHAPES)
     p.add_argument("--ms", default="1,16")
-    p.add_argument("--variants", default="")
+    p.add_argument("--warps", default="4,8", help="the decode kernel with these warps a block")
     p.add_argument("--budget", type=float, default=40.0)
     p.add_argument("--once", action="store_true", help="run each kernel eagerly, no timing")
     p.add_argument("--no-routed", action="store_true", help="skip matmul_int4 as routed")
@@ -64,7 +53,7 @@ def main() -> None:
     )
     args = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
-    variants = parse_variants(args.variants)
+    variants = [int(w) for w in args.warps.split(",") if w]
     ms = [int(m) for m in args.ms.split(",")]
     sink = open(os.path.join(args.out, "int4_decode.jsonl"), "w")  # noqa: SIM115
 
@@ -97,12 +86,7 @@ def main() -> None:
                 floor_us = graph_time(lambda i: floor[i](None, weights[i][0], None, None), sets)
             rows[-1]["floor_us"] = floor_us
     if not args.once:
-        summary(rows, variants, torch.cuda.get_device_name())
-
-
-def key(variant: tuple) -> str:
-    """A variant as text: ``WARPS:SPLIT:BUFS:WIDE:XNOW``."""
-    return ":".join(map(str, variant))
+        summary(rows, torch.cuda.get_device_name())
 
 
 def _warm(consts: dict) -> str:
@@ -115,21 +99,18 @@ def _warm(consts: dict) -> str:
 
 
 def prewarm(log, variants: list, ms: list, workers: int) -> None:
-    """Every variant's specializations (and the routed one's) compiled in ``workers``
-    processes at once: a new launch then loads each from the disk cache."""
+    """Every specialization timed (``variants``' warps and the routed ones at each M)
+    compiled in ``workers`` processes at once: a launch then loads each from the disk
+    cache."""
     import concurrent.futures
     import multiprocessing
 
-    todo = [
-        {"WARPS": w, "ROWS": _int4_decode._rows(m), "SPLIT": s, "BUFS": b, "WIDE": wd, "XNOW": xn}
-        for m in ms
-        for w, s, b, wd, xn in [*variants, _int4_decode.plan_for(m)]
-    ]
-    todo = [dict(t) for t in {tuple(sorted(c.items())) for c in todo}]
+    todo = {(w, _int4_decode._rows(m)) for m in ms for w in (4, 8, *variants)}
     t = time.time()
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-        errors = [e for e in pool.map(_warm, todo) if e]
+        jobs = [{"WARPS": w, "ROWS": r} for w, r in sorted(todo)]
+        errors = [e for e in pool.map(_warm, jobs) if e]
     log({"prewarm": len(todo), "seconds": round(time.time() - t, 1), "errors": errors[:5]})
 
 
@@ -143,15 +124,19 @@ def point(log, args, m, n, k, weights, floor, variants) -> dict:
     calls = {"cublas": lambda i: torch.matmul(a, weights[i][2])}
     if not args.no_routed:
         calls["routed"] = lambda i: kaio_ops.matmul_int4(a, *weights[i][:2], out_dtype=f16)
-    for v in variants:
-        calls[key(v)] = lambda i, v=v: _int4_decode.matmul(*ops[i], kaio.f16, v)
+    for w in variants:
+        calls[f"{w} warps"] = lambda i, w=w: _int4_decode.matmul(*ops[i], kaio.f16, w)
     if args.baseline:  # an earlier version of the module, copied in as _int4_decode_v0
         import importlib
 
         v0 = importlib.import_module("kaio_ops._int4_decode_v0")
         for w in map(int, args.baseline.split(",")):
             calls[f"v0 {w}"] = lambda i, w=w: v0.matmul(*ops[i], kaio.f16, w)
-    rec = {"m": m, "n": n, "k": k, "sets": sets, "us": {}, "err": {}}
+    tiles = -(-n // _int4_decode.COLS)
+    warps = _int4_decode.warps_for(
+        m, tiles, torch.cuda.get_device_properties(0).multi_processor_count
+    )
+    rec = {"m": m, "n": n, "k": k, "sets": sets, "routed_warps": warps, "us": {}, "err": {}}
     for name, call in calls.items():
         try:
             got = call(0)
@@ -171,7 +156,7 @@ def point(log, args, m, n, k, weights, floor, variants) -> dict:
     return rec
 
 
-def summary(rows: list, variants: list, gpu: str) -> None:
+def summary(rows: list, gpu: str) -> None:
     """The table: per point, each implementation's µs, x cuBLAS and % of the floor."""
     names = list(dict.fromkeys(k for r in rows for k in r["us"] if k != "cublas"))
     print(f"\n{gpu}: µs (x cuBLAS f16, % of the weight-read floor)")
@@ -197,7 +182,18 @@ def summary(rows: list, variants: list, gpu: str) -> None:
         t, cb, fl = timed[best], r["us"]["cublas"], r["floor_us"]
         rt = timed.get("routed", float("nan"))
         print(f"{r['n']:>5}x{r['k']:<6} {r['m']:>3} {best:>12} {t:7.1f} {cb / t:5.2f}x "
-              f"{100 * fl / t:4.0f}%  (routed {cb / rt:5.2f}x {100 * fl / rt:4.0f}%)")  # fmt: skip
+              f"{100 * fl / t:4.0f}%  (routed, {r['routed_warps']} warps: {cb / rt:5.2f}x "
+              f"{100 * fl / rt:4.0f}%)")  # fmt: skip
+    print("\nrouted by M: geometric mean (min) x cuBLAS and % of the floor")
+    for m in sorted({r["m"] for r in rows}):
+        got = [r for r in rows if r["m"] == m and "routed" in r["us"] and r.get("floor_us")]
+        if got:
+            x = [r["us"]["cublas"] / r["us"]["routed"] for r in got]
+            f = [r["floor_us"] / r["us"]["routed"] for r in got]
+            geo = [math.exp(sum(map(math.log, v)) / len(v)) for v in (x, f)]
+            print(
+                f"M = {m}: {geo[0]:.2f}x ({min(x):.2f}x), {100 * geo[1]:.0f}% ({100 * min(f):.0f}%)"
+            )
 
 
 if __name__ == "__main__":

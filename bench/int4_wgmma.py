@@ -413,7 +413,7 @@ def swap_sweep(log, shapes, budget: float, variants: bool = False, multicast=Fal
                 elif v[0] == "decode":
 
                     def fn(i, w=v[1]):
-                        return _int4_decode.matmul(*ops[i], kaio.f16, (w, 1, 2, 1, 0))
+                        return _int4_decode.matmul(*ops[i], kaio.f16, warps=w)
 
                 else:
                     config = as_config(v)

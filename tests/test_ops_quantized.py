@@ -155,38 +155,45 @@ def test_int4_decode_long_k_in_simulator(m):
     np.testing.assert_allclose(c, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
 
 
-# (M, N, K, (WARPS, SPLIT, BUFS, WIDE, XNOW)): the decode kernel's plans at M <= 16: a K
-# split over a cluster (SPLIT, the sum in distributed shared memory), BUFS register buffers
-# of groups a warp, WIDE 32-column sets a block, x loaded at use (XNOW); N past a block, odd
-# group counts (warps and ranks with unequal shares, buffers wrapped several times, fewer
-# groups than warps or buffers)
-DECODE_VARIANTS = [
-    (1, 36, 128 * 9, (2, 2, 2, 1, 0)),
-    (16, 40, 128 * 7, (2, 4, 2, 1, 1)),
-    (9, 100, 128 * 5, (4, 2, 3, 2, 0)),
-    (5, 68, 128 * 13, (2, 1, 4, 1, 1)),
-    (16, 8, 128 * 11, (1, 1, 3, 1, 0)),
-    (3, 4, 128 * 2, (4, 1, 4, 1, 0)),
-    (12, 100, 128 * 7, (4, 1, 2, 4, 1)),
-    (1, 72, 128 * 5, (8, 2, 3, 4, 1)),
-    (16, 36, 128 * 5, (4, 1, 2, 1, 2)),
-    (7, 100, 128 * 9, (2, 1, 2, 2, 2)),
+# (M, N, K, WARPS): the decode kernel's blocks of 4 and 8 warps at M <= 16 (warps_for's
+# two choices); N past a 32-column block, group counts that leave the warps unequal shares,
+# one round of the two register buffers partial, fewer groups than warps
+DECODE_PLANS = [
+    (1, 36, 128 * 9, 4),
+    (16, 40, 128 * 7, 4),
+    (9, 100, 128 * 13, 4),
+    (5, 68, 128 * 3, 4),
+    (16, 8, 128 * 19, 8),
+    (3, 4, 128 * 2, 8),
+    (12, 100, 128 * 5, 4),
 ]
 
 
-@pytest.mark.parametrize("m, n, k, plan", DECODE_VARIANTS)
-def test_int4_decode_variants_in_simulator(m, n, k, plan, poisoned):
+@pytest.mark.parametrize("m, n, k, warps", DECODE_PLANS)
+def test_int4_decode_warps_in_simulator(m, n, k, warps, poisoned):
     """Every element against float64 products with the dequantized weights, f32 and f16 out
     (outputs start as NaN: an element never stored fails)."""
     a, packed, scales, w = int4_case(m, n, k)
     ref = a.astype(np.float64) @ w.astype(np.float64)
     with kaio.simulate():
         ops = _sim_operands(a, packed, scales)
-        c32 = _int4_decode.matmul(*ops, f32, plan)
-        c16 = _int4_decode.matmul(*ops, f16, plan)
+        c32 = _int4_decode.matmul(*ops, f32, warps)
+        c16 = _int4_decode.matmul(*ops, f16, warps)
     np.testing.assert_allclose(c32, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
     assert c16.dtype == np.float16
     np.testing.assert_allclose(c16, ref, rtol=2.0**-10, atol=1e-5 * np.abs(ref).max())
+
+
+def test_int4_decode_warps_route():
+    """warps_for: blocks of 8 while the tiles leave an SM few blocks, else 4 (the H100
+    measurements of docs/performance.md), the default past 16 rows; and each choice is a
+    listed specialization (ptxas checks those)."""
+    route = _int4_decode.warps_for
+    assert [route(1, n // 32, 132) for n in (4096, 8192, 10240, 14336, 57344)] == [8, 8, 8, 4, 4]
+    assert [route(16, n // 32, 132) for n in (4096, 6144, 8192, 57344)] == [8, 4, 4, 4]
+    assert route(32, 4096, 132) == _int4_decode.WARPS
+    listed = {(c["ROWS"], c["WARPS"]) for _, c in _int4_decode.specializations()}
+    assert {(1, 4), (1, 8), (2, 4), (2, 8), (4, 8)} <= listed
 
 
 # 16 < M <= 64: the decode kernel with ceil(M / 16) m16 tiles per block (ROWS 4, 6, 8), the
@@ -983,11 +990,11 @@ def _torch_int4_weights(k: int, n: int, seed: int):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 7, 9, 16])
-def test_gpu_int4_decode_plans(m):
-    """The decode kernel's plans at real sizes (N past a 32-column block, K an odd number of
-    groups; the K split over a cluster on sm_90 only): every element against float64
-    products with the dequantized weights within what the tensor cores' f32 sums may be off,
-    and each plan the same bits on a second call."""
+def test_gpu_int4_decode_warps(m):
+    """The decode kernel's blocks of 4 and 8 warps at real sizes (N past a 32-column block,
+    K an odd number of groups): every element against float64 products with the dequantized
+    weights within what the tensor cores' f32 sums may be off, and the same bits on a
+    second call."""
     import torch
 
     k, n = 4096 + 3 * 128, 4104
@@ -1001,13 +1008,10 @@ def test_gpu_int4_decode_plans(m):
         inputs.array(t, f"x{i}", dtypes=(f16, u32, kaio.i32))
         for i, t in enumerate((x, packed, scales))
     ]
-    plans = [_int4_decode.plan_for(m), (8, 1, 3, 1, 1), (4, 1, 2, 4, 1), (8, 1, 2, 2, 0)]
-    if kaio.device().arch == "sm_90":
-        plans.append((8, 2, 3, 1, 1))
-    for plan in plans:
-        out = _int4_decode.matmul(*ops, f32, plan)
-        assert out.shape == (m, n) and bool(((out.double() - exact).abs() <= slack).all()), plan
-        assert torch.equal(out, _int4_decode.matmul(*ops, f32, plan)), plan
+    for warps in (4, 8):
+        out = _int4_decode.matmul(*ops, f32, warps)
+        assert out.shape == (m, n) and bool(((out.double() - exact).abs() <= slack).all()), warps
+        assert torch.equal(out, _int4_decode.matmul(*ops, f32, warps)), warps
 
 
 def _gpu_check(fused, separate, x, weights, scales, same_plan: bool):
@@ -1053,8 +1057,8 @@ def test_gpu_qkv_int8(m):
 @pytest.mark.parametrize("m", [16, 64, 512])
 def test_gpu_qkv_int4(m):
     """K = N = 4096: against float64 products with the dequantized weights on the GPU, and
-    against three matmul_int4 calls: the same bits at M <= 64 where both run decode kernel
-    plans that sum in the same order, else within f16 rounding (at M = 512 their own tiled
+    against three matmul_int4 calls: the same bits at M <= 64 where both run the decode
+    kernel with as many warps a block, else within f16 rounding (at M = 512 their own tiled
     plans)."""
     import torch
 
@@ -1063,11 +1067,11 @@ def test_gpu_qkv_int4(m):
     weights = [_torch_int4_weights(k, n, seed) for seed in range(3)]
     fused = kaio_ops.qkv_project_int4(x, *(w[0] for w in weights), *(w[1] for w in weights))
     separate = [kaio_ops.matmul_int4(x, p, s) for p, s, _ in weights]
-    # the decode kernel's plan follows the columns (3 x 4096 fused, 4096 apart): the same
-    # bits where both plans split K over as many warps
+    # the decode kernel's warps follow the columns (3 x 4096 fused, 4096 apart): the same
+    # bits where both split K over as many warps
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    fused_plan, one_plan = (_int4_decode.plan_for(m, t, sms) for t in (3 * n // 32, n // 32))
-    same = m <= _int4_decode.MAX_M and fused_plan[0] // fused_plan[3] == one_plan[0] // one_plan[3]
+    fused_w, one_w = (_int4_decode.warps_for(m, t, sms) for t in (3 * n // 32, n // 32))
+    same = m <= _int4_decode.MAX_M and fused_w == one_w
     _gpu_check(fused, separate, x, [w[2] for w in weights], [1.0] * 3, same)
 
 
