@@ -217,7 +217,7 @@ def int4_decode_qkv(
         decode_columns(x, wv, sv, v, partial, M, u32(v.shape[1]), block - bq - bk, WARPS, ROWS, DT)
 
 
-WARPS = 8  # measured best on an H200 at K = N = 4096, M = 1 and 16 (against 4 and 16)
+WARPS = 8  # the default (and past 16 rows); warps_for picks 4 or 8 at M <= 16
 MAX_M = 64  # up to 4 m16 tiles per block; past this _prefill or the tiled kernel
 
 
@@ -240,6 +240,21 @@ def _config(x: _arrays.Operand, columns: int, warps: int = WARPS) -> tuple:
     return (-(-columns // COLS), warps * 32, _arrays.stream_of(x), 0)
 
 
+def warps_for(m: int, tiles: int, sms: int) -> int:
+    """Warps a block at M = ``m`` over ``tiles`` 32-column blocks on ``sms``
+    multiprocessors: an SM holds 16 warps of this kernel at M <= 8 (115 registers: two
+    blocks of 8, four of 4) but 12 at M = 9-16 (150 registers: one block of 8, three of
+    4). Blocks of 8 while the tiles leave an SM few blocks (at M <= 8 up to 2.5 a
+    multiprocessor, N up to 10240 on 132 SMs; at M = 9-16 up to 1.1, N = 4096); past that
+    blocks of 4, which also even out the SMs' shares. Measured on an H100
+    (bench/int4_decode.py; docs/performance.md, "W4A16 decode")."""
+    if m > 16:
+        return WARPS
+    if tiles * 10 <= sms * (25 if m <= 8 else 11):
+        return 8
+    return 4
+
+
 def _rows(m: int) -> int:
     """ROWS, the 8-row slabs of x, for M rows: A's rows g + 8 hold data only past 8; past
     16, two per m16 tile."""
@@ -251,11 +266,12 @@ ALL_ROWS = tuple(sorted({_rows(m) for m in range(1, MAX_M + 1)}))  # (1, 2, 4, 6
 
 def matmul(
     x: _arrays.Operand, words: _arrays.Operand, scales: _arrays.Operand, dtype=f32,
-    warps: int = WARPS,
+    warps: int = 0,
 ):  # fmt: skip
     """``x @ W`` in ``dtype`` (f32, f16 or bf16) [M, N] (see ``fits``): one launch, a block
-    of ``warps`` warps per 32 columns."""
+    of ``warps`` warps (0: ``warps_for``'s) per 32 columns."""
     m, n = x.shape[0], words.shape[1]
+    warps = warps or warps_for(m, -(-n // COLS), _arrays.multiprocessors(x))
     out = _arrays.output(x, (m, n), dtype)
     int4_decode[_config(x, n, warps)](
         x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), dtype), m, n,
@@ -266,15 +282,17 @@ def matmul(
 
 def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
     """``(q, k, v)``, each ``f16(x @ W)`` for the three ``(words, scales)`` pairs of
-    ``weights`` (see ``fits``): one launch, the blocks of q's columns, then k's, then v's."""
+    ``weights`` (see ``fits``): one launch, the blocks of q's columns, then k's, then v's,
+    ``warps_for`` the three widths' blocks."""
     m = x.shape[0]
     widths = [w.shape[1] for w, _ in weights]
     outs = [_arrays.output(x, (m, n), f16) for n in widths]
     blocks = sum(-(-n // COLS) for n in widths)
-    int4_decode_qkv[_config(x, blocks * COLS)](
+    warps = warps_for(m, blocks, _arrays.multiprocessors(x))
+    int4_decode_qkv[_config(x, blocks * COLS, warps)](
         x.arg(), *(_words(w) for w, _ in weights), *(s.arg() for _, s in weights),
         *(_arrays.output_arg(x, o, (m, n)) for o, n in zip(outs, widths, strict=True)), m,
-        widths[0], widths[1], WARPS=WARPS, ROWS=_rows(m), DT=f16,
+        widths[0], widths[1], WARPS=warps, ROWS=_rows(m), DT=f16,
     )  # fmt: skip
     return tuple(outs)
 
@@ -283,7 +301,8 @@ def specializations() -> list:
     """(kernel, constexprs) of every specialization ``matmul`` (f32 out: matmul_int4) and
     ``qkv`` (f16 out: qkv_project_int4) launch."""
     return [
-        (kernel, {"WARPS": WARPS, "ROWS": rows, "DT": dt})
+        (kernel, {"WARPS": warps, "ROWS": rows, "DT": dt})
         for kernel, dt in ((int4_decode, f32), (int4_decode_qkv, f16))
         for rows in ALL_ROWS
+        for warps in ((4, 8) if rows <= 2 else (WARPS,))
     ]

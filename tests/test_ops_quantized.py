@@ -155,6 +155,48 @@ def test_int4_decode_long_k_in_simulator(m):
     np.testing.assert_allclose(c, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
 
 
+# (M, N, K, WARPS): the decode kernel's blocks of 4 and 8 warps at M <= 16 (warps_for's
+# two choices); N past a 32-column block, group counts that leave the warps unequal shares,
+# one round of the two register buffers partial, fewer groups than warps
+DECODE_PLANS = [
+    (1, 36, 128 * 9, 4),
+    (16, 40, 128 * 7, 4),
+    (9, 100, 128 * 13, 4),
+    (5, 68, 128 * 3, 4),
+    (16, 8, 128 * 19, 8),
+    (3, 4, 128 * 2, 8),
+    (12, 100, 128 * 5, 4),
+]
+
+
+@pytest.mark.parametrize("m, n, k, warps", DECODE_PLANS)
+def test_int4_decode_warps_in_simulator(m, n, k, warps, poisoned):
+    """Every element against float64 products with the dequantized weights, f32 and f16 out
+    (outputs start as NaN: an element never stored fails). Its own generator: the shared
+    RNG's later draws stay as the other tests expect."""
+    a, packed, scales, w = int4_case(m, n, k, np.random.default_rng(m * 1000 + n))
+    ref = a.astype(np.float64) @ w.astype(np.float64)
+    with kaio.simulate():
+        ops = _sim_operands(a, packed, scales)
+        c32 = _int4_decode.matmul(*ops, f32, warps)
+        c16 = _int4_decode.matmul(*ops, f16, warps)
+    np.testing.assert_allclose(c32, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    assert c16.dtype == np.float16
+    np.testing.assert_allclose(c16, ref, rtol=2.0**-10, atol=1e-5 * np.abs(ref).max())
+
+
+def test_int4_decode_warps_route():
+    """warps_for: blocks of 8 while the tiles leave an SM few blocks, else 4 (the H100
+    measurements of docs/performance.md), the default past 16 rows; and each choice is a
+    listed specialization (ptxas checks those)."""
+    route = _int4_decode.warps_for
+    assert [route(1, n // 32, 132) for n in (4096, 8192, 10240, 14336, 57344)] == [8, 8, 8, 4, 4]
+    assert [route(16, n // 32, 132) for n in (4096, 6144, 8192, 57344)] == [8, 4, 4, 4]
+    assert route(32, 4096, 132) == _int4_decode.WARPS
+    listed = {(c["ROWS"], c["WARPS"]) for _, c in _int4_decode.specializations()}
+    assert {(1, 4), (1, 8), (2, 4), (2, 8), (4, 8)} <= listed
+
+
 # 16 < M <= 64: the decode kernel with ceil(M / 16) m16 tiles per block (ROWS 4, 6, 8), the
 # last tile's rows past M reading clamped addresses; a K long enough for both register
 # buffers (each loads x for its own scale group); N % 4 != 0 takes the tiled kernel.
@@ -957,6 +999,32 @@ def _torch_int4_weights(k: int, n: int, seed: int):
     return packed, scales, (scales.float().repeat_interleave(128, 0) * q).half()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 7, 9, 16])
+def test_gpu_int4_decode_warps(m):
+    """The decode kernel's blocks of 4 and 8 warps at real sizes (N past a 32-column block,
+    K an odd number of groups): every element against float64 products with the dequantized
+    weights within what the tensor cores' f32 sums may be off, and the same bits on a
+    second call."""
+    import torch
+
+    k, n = 4096 + 3 * 128, 4104
+    x = torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(m)).half()
+    packed, scales, w = _torch_int4_weights(k, n, m)
+    x64, w64 = x.double(), w.double()
+    exact = x64 @ w64
+    slack = k * 2.0**-24 * (x64.abs() @ w64.abs())
+    inputs = _arrays.Inputs("test")
+    ops = [
+        inputs.array(t, f"x{i}", dtypes=(f16, u32, kaio.i32))
+        for i, t in enumerate((x, packed, scales))
+    ]
+    for warps in (4, 8):
+        out = _int4_decode.matmul(*ops, f32, warps)
+        assert out.shape == (m, n) and bool(((out.double() - exact).abs() <= slack).all()), warps
+        assert torch.equal(out, _int4_decode.matmul(*ops, f32, warps)), warps
+
+
 def _gpu_check(fused, separate, x, weights, scales, same_plan: bool):
     """On the GPU, with float64 products from torch: each fused output against the exact
     product as check_f16_product does, allowing the tensor cores' f32 sums 1 ulp per
@@ -1000,8 +1068,9 @@ def test_gpu_qkv_int8(m):
 @pytest.mark.parametrize("m", [16, 64, 512])
 def test_gpu_qkv_int4(m):
     """K = N = 4096: against float64 products with the dequantized weights on the GPU, and
-    against three matmul_int4 calls: the same bits at M <= 64 (both run the decode kernel's
-    code), within f16 rounding at M = 512 (their own tiled plans)."""
+    against three matmul_int4 calls: the same bits at M <= 64 where both run the decode
+    kernel with as many warps a block, else within f16 rounding (at M = 512 their own tiled
+    plans)."""
     import torch
 
     k = n = 4096
@@ -1009,7 +1078,12 @@ def test_gpu_qkv_int4(m):
     weights = [_torch_int4_weights(k, n, seed) for seed in range(3)]
     fused = kaio_ops.qkv_project_int4(x, *(w[0] for w in weights), *(w[1] for w in weights))
     separate = [kaio_ops.matmul_int4(x, p, s) for p, s, _ in weights]
-    _gpu_check(fused, separate, x, [w[2] for w in weights], [1.0] * 3, m <= _int4_decode.MAX_M)
+    # the decode kernel's warps follow the columns (3 x 4096 fused, 4096 apart): the same
+    # bits where both split K over as many warps
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    fused_w, one_w = (_int4_decode.warps_for(m, t, sms) for t in (3 * n // 32, n // 32))
+    same = m <= _int4_decode.MAX_M and fused_w == one_w
+    _gpu_check(fused, separate, x, [w[2] for w in weights], [1.0] * 3, same)
 
 
 @pytest.mark.gpu
