@@ -334,6 +334,37 @@ def decode_plans(m, n, k, sms=132):
     return out
 
 
+def swap_width(m):
+    """The columns of a swapped tile (``SWAP``) for ``m`` rows of a: m rounded up to 8."""
+    return max(8, -(-m // 8) * 8)
+
+
+def swap_plans(m, n, k, sms=132):
+    """The swapped plans (C^T = B^T A^T: 64 or 128 weight rows a tile, a's rows its
+    ``swap_width`` columns) "swap" times beside the routed plan: one consumer warpgroup with
+    the deepest ring, K split in two (summed in the kernel), two blocks a multiprocessor,
+    both; two consumer warpgroups, unsplit and split."""
+    bn = swap_width(m)
+    s1 = H.stages_for(1, bn, 32)
+    s2 = H.stages_for(2, bn, 32)
+    o2 = occ_stages(bn, 64, 2)
+    pr1, pr2 = H.promotion(1, bn), H.promotion(2, bn)
+    return [
+        (1, bn, s1, pr1, 1, 1, 1, 1, 0, 1),
+        (1, bn, s1, pr1, 1, 1, 2, 1, 1, 1),
+        (1, bn, o2, pr1, 1, 1, 1, 2, 0, 1),
+        (1, bn, o2, pr1, 1, 1, 2, 2, 1, 1),
+        (2, bn, s2, pr2, 1, 1, 1, 1, 0, 1),
+        (2, bn, s2, pr2, 1, 1, 2, 1, 1, 1),
+    ]
+
+
+def group_plans(m, n, k, sms=132, groups=(2, 4, 16)):
+    """The routed plan with the tile order grouped ``groups`` tile rows at a time (the
+    routed one: ``_matmul_hopper.GROUP_ROWS``)."""
+    return [(*H.config(m, n, k, sms), 1, 0, 0, g) for g in groups]
+
+
 def copy_bandwidth(nbytes=2**30):
     """Bytes a second that a device-to-device copy moves (read + written), the median of 5."""
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
@@ -371,7 +402,7 @@ def run_case(m, n, k, rowwise, plans, log, label="", floor_us=None):
     rec["pick_plan"] = list(H.config(m, n, k, sms))
     fns = {"cublas": scaled_mm}
     for plan in [None, *plans]:
-        if plan is not None and list((*plan, 1, 1)[:7]) == rec["pick_plan"]:
+        if plan is not None and len(plan) <= 7 and list((*plan, 1, 1)[:7]) == rec["pick_plan"]:
             continue  # timed as "pick"
         name = "pick" if plan is None else "/".join(map(str, plan))
         _plan.clear()
@@ -435,7 +466,7 @@ def diagnose() -> None:
         wg, bn, st, pr, vec, *rest = plan
         c = dict(WG=wg, BN=bn, STAGES=st, PROMOTE=pr, GROUP=H.GROUP_ROWS, ROW_A=0, COL_B=0,
                  BIAS=0, DT=bf16, FP8=e4m3, VEC=vec, CL=rest[0] if rest else 1,
-                 SPLIT=1, AR=64 * wg)  # fmt: skip
+                 SPLIT=1, AR=64 * wg, SWAP=0)  # fmt: skip
         try:
             print(plan, H.matmul_fp8_wgmma.resources(**c), flush=True)
             if pr in (2, 5) and ptxas:  # the local ptxas' view of the same PTX
@@ -532,6 +563,11 @@ def warm(cases, ms, models, processes: int = 14) -> None:
                 plans.update(final_plans(m, n, k))
             plans.add(H.config(m, n, k, 132))
     jobs = [(p, False) for p in sorted(plans)]
+    if "swap" in cases:
+        for m in ms:
+            for n, k in [s for mo in models for s in SHAPES[mo]]:
+                jobs += [(p, False) for p in swap_plans(m, n, k)]
+                jobs.append((H.config(m, n, k, 132), False, min(H.a_rows(m, 1, 1), 64)))
     if "decgrid" in cases:
         for m in {min(H.a_rows(m, 1, 1), 64) for m in ms if m <= 64}:
             for n, k in DECODE_SHAPES:
@@ -540,6 +576,9 @@ def warm(cases, ms, models, processes: int = 14) -> None:
         jobs += [(p, True) for p in INTERVAL[:5]]
     if "final" in cases:
         jobs += [(H.config(4096, 4096, 4096, 132), r) for r in (False, True)]
+    if "group" in cases:
+        jobs += [(p, False) for s in (4096, 8192) for p in [H.config(s, s, s, 132),
+                                                            *group_plans(s, s, s)]]  # fmt: skip
     jobs = sorted(set(jobs))
     chunks = [jobs[i::processes] for i in range(processes)]
     with mp.get_context("spawn").Pool(processes) as pool:
@@ -601,6 +640,9 @@ def main() -> None:
                     recs.append(rec)
                 except Exception:  # noqa: BLE001
                     traceback.print_exc()
+    if "group" in cases:  # the routed tile with other groupings of the tile order
+        for size in (4096, 8192):
+            recs.append(run_case(size, size, size, False, group_plans(size, size, size), log))
     if "final" in cases:  # the op as routed (config's plans) against cuBLAS
         recs.append(run_case(4096, 4096, 4096, False, [], log))
         recs.append(run_case(8192, 8192, 8192, False, [], log))
@@ -618,6 +660,18 @@ def main() -> None:
     if "cluster" in cases:
         recs.append(run_case(4096, 4096, 4096, False, CLUSTER, log, "4096^3 clusters"))
         recs.append(run_case(8192, 8192, 8192, False, CLUSTER, log, "8192^3 clusters"))
+    if "swap" in cases:  # the swapped decode plans at the sweep's shapes
+        for m in ms:
+            for model in models:
+                for n, k in SHAPES[model]:
+                    if time.time() - t0 > args.budget:
+                        print(f"budget: skipped M={m} {n}x{k}", flush=True)
+                        continue
+                    try:
+                        recs.append(run_case(m, n, k, False, swap_plans(m, n, k), log,
+                                             f"M={m} {n}x{k}"))  # fmt: skip
+                    except Exception:  # noqa: BLE001
+                        traceback.print_exc()
     if any(c in cases for c in ("sweep", "sweepnew", "sweepwide", "sweepfinal")):
         for m in ms:
             for model in models:

@@ -448,7 +448,7 @@ def epilogue_fp8(
     acc: f32[:, :, :], out: DT[:, :], ebuf: DT[:, :, :], sa: f32[:], sb: f32[:],
     bias: DT[:], row0: i32, col0: i32, m: i32, n: i32, wg: u32, lt: u32, BN: kaio.constexpr,
     ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
-    VEC: kaio.constexpr,
+    VEC: kaio.constexpr, SWAP: kaio.constexpr,
 ):  # fmt: skip
     """Store a warpgroup's 64 rows from ``row0`` and BN columns from ``col0`` (thread ``lt``
     holds ``acc``, the m16n8 C fragment of each n8 tile of its warp's 16 rows): first every
@@ -457,7 +457,55 @@ def epilogue_fp8(
     a store (``VEC`` 1), a pair (0), or (2, 16-bit ``DT``) the warp's 16 rows through its
     shared buffer ``ebuf[warp]``, each row then copied out by one lane's bulk copy
     (``_gemm_hopper.store_shared``: each lane waits until its copy has read the buffer).
-    N is a multiple of 16."""
+    N is a multiple of 16. ``SWAP``: the tile is of C^T (``store_transposed``)."""
+    if SWAP:
+        store_transposed(acc, out, sa, sb, bias, row0, col0, m, n, lt, BN, ROW_A, COL_B, BIAS,
+                         DT)  # fmt: skip
+    else:
+        epilogue_rows(acc, out, ebuf, sa, sb, bias, row0, col0, m, n, wg, lt, BN, ROW_A, COL_B,
+                      BIAS, DT, VEC)  # fmt: skip
+
+
+@kaio.gpu_func
+def store_transposed(
+    acc: f32[:, :, :], out: DT[:, :], sa: f32[:], sb: f32[:], bias: DT[:], row0: i32,
+    col0: i32, nt: i32, mt: i32, lt: u32, BN: kaio.constexpr, ROW_A: kaio.constexpr,
+    COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """``epilogue_fp8`` of a swapped tile (``SWAP``): ``acc`` holds the warpgroup's 64 rows
+    of C^T from ``row0`` (columns of C, < ``nt`` = N) and BN columns from ``col0`` (rows of
+    C, < ``mt`` = M). Lanes ``l`` and ``l ^ 4`` (C^T rows r and r ^ 1) trade values, so that
+    each holds two adjacent columns of one row of C: an even row lane C's row c, columns r,
+    r + 1; its partner row c + 1, columns r - 1, r; each pair stored by ``_fp8.store_scaled``
+    (the same arithmetic, one rounding). N is a multiple of 16."""
+    lane = i32(lt % 32)
+    row = row0 + 16 * i32(lt // 32) + lane // 4
+    even = (lane // 4) % 2 == 0
+    for j in kaio.static_range(BN // 8):
+        col = col0 + 8 * j + 2 * (lane % 4)
+        for h in kaio.static_range(2):
+            give = acc[j, h, 0]
+            if even:
+                give = acc[j, h, 1]
+            got = kaio.shfl_xor(give, 4)
+            r = row + 8 * h
+            if even:
+                if col < mt and r < nt:
+                    store_scaled(out, u32(col), u32(r), acc[j, h, 0], got, sa, sb, bias, ROW_A,
+                                 COL_B, BIAS, DT)  # fmt: skip
+            elif col + 1 < mt and r - 1 < nt:
+                store_scaled(out, u32(col + 1), u32(r - 1), got, acc[j, h, 1], sa, sb, bias,
+                             ROW_A, COL_B, BIAS, DT)  # fmt: skip
+
+
+@kaio.gpu_func
+def epilogue_rows(
+    acc: f32[:, :, :], out: DT[:, :], ebuf: DT[:, :, :], sa: f32[:], sb: f32[:],
+    bias: DT[:], row0: i32, col0: i32, m: i32, n: i32, wg: u32, lt: u32, BN: kaio.constexpr,
+    ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
+    VEC: kaio.constexpr,
+):  # fmt: skip
+    """``epilogue_fp8`` of a tile of C (its docstring)."""
     lane = i32(lt % 32)
     row = row0 + 16 * i32(lt // 32) + lane // 4
     s_a = kaio.local(f32, (2,))
@@ -543,7 +591,7 @@ def consume_tiles(
     ROWS: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, PROMOTE: kaio.constexpr,
     GROUP: kaio.constexpr, ROW_A: kaio.constexpr, COL_B: kaio.constexpr,
     BIAS: kaio.constexpr, DT: kaio.constexpr, FP8: kaio.constexpr, VEC: kaio.constexpr,
-    CL: kaio.constexpr, SPLIT: kaio.constexpr,
+    CL: kaio.constexpr, SPLIT: kaio.constexpr, SWAP: kaio.constexpr,
 ):  # fmt: skip
     """A consumer warpgroup's tiles: each one's sums (``consume``), then its epilogue; with
     ``SPLIT``, its units (``unit_of``: whole tiles below ``full``, then parts of the split
@@ -578,13 +626,13 @@ def consume_tiles(
             at = slot * ROWS + 64 * i32(wg) + 16 * w + i32(lt % 32) // 4
             if last_part(acc, ws, cnt, cw, at, slot % parts, parts, i32(lt % 32), ROWS, BN):
                 epilogue_fp8(acc, out, ebuf, sa, sb, bias, row0, here[3], m, n, wg, lt, BN,
-                             ROW_A, COL_B, BIAS, DT, VEC)  # fmt: skip
+                             ROW_A, COL_B, BIAS, DT, VEC, SWAP)  # fmt: skip
         elif slot >= 0:  # a part of a split tile (SPLIT): its raw sums, BN columns a row
             store_rows(acc, ws, ws, ws, slot * ROWS + 64 * i32(wg), 0, (slot + 1) * ROWS, BN,
                        BN, 0, 1.0, 1.0, 1.0, lt, BN, f32)  # fmt: skip
         else:
             epilogue_fp8(acc, out, ebuf, sa, sb, bias, row0, here[3], m, n, wg, lt, BN, ROW_A,
-                         COL_B, BIAS, DT, VEC)  # fmt: skip
+                         COL_B, BIAS, DT, VEC, SWAP)  # fmt: skip
     if VEC == 2:
         if lt % 32 < 16:
             kaio.bulk_wait(0)  # (the buffer stays until its copies are done)
@@ -598,7 +646,7 @@ def matmul_fp8_wgmma(
     STAGES: kaio.constexpr, PROMOTE: kaio.constexpr, GROUP: kaio.constexpr,
     ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
     FP8: kaio.constexpr, VEC: kaio.constexpr, CL: kaio.constexpr, SPLIT: kaio.constexpr,
-    AR: kaio.constexpr,
+    AR: kaio.constexpr, SWAP: kaio.constexpr,
 ):  # fmt: skip
     """out = (A @ B) * sa * sb (+ bias): A [m, K] through ``ta`` and B^T [n, K] through
     ``tb``, both as 16-bit units [rows, k2 = K / 2]; ``64 * WG x BN`` tiles; with ``CL = 2``
@@ -607,7 +655,9 @@ def matmul_fp8_wgmma(
     ``SPLIT`` (one block a cluster): the tiles from ``full`` on split in ``parts`` along K,
     their raw sums in ``ws`` [(tiles - full) * parts * 64 WG, BN] (``unit_of``), added by
     ``sum_parts``, or with ``SPLIT`` 3 by each warp's last arrival (``last_part``, counting
-    in ``cnt``)."""
+    in ``cnt``). ``SWAP``: the roles swapped (``swap_plan``): ``ta`` maps B^T [n, K] and
+    ``tb`` A [m, K], the kernel's ``m`` is N and ``n`` is M, its tiles are of C^T, stored
+    transposed (``store_transposed``)."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL == 2:
         kaio.cluster_dims(2)
@@ -666,12 +716,12 @@ def matmul_fp8_wgmma(
             consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ebuf, ws, cnt, sa,
                           sb, bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
                           rank, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
-                          BIAS, DT, FP8, VEC, CL, SPLIT)  # fmt: skip
+                          BIAS, DT, FP8, VEC, CL, SPLIT, SWAP)  # fmt: skip
         else:
             consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ebuf, ws, cnt, sa,
                           sb, bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
                           rank, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
-                          BIAS, DT, FP8, VEC, CL, SPLIT)  # fmt: skip
+                          BIAS, DT, FP8, VEC, CL, SPLIT, SWAP)  # fmt: skip
     else:  # the producer warpgroup: its first thread issues the copies
         if WG > 1:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -869,7 +919,8 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     """Run ``matmul_fp8_wgmma`` on a persistent grid of at most ``sms`` blocks. ``a_units``
     and ``bt_units``: A [m, k] and B^T [n, k] viewed as f16 [rows, k / 2] (for the tensor
     maps); the other arrays as ``_fp8._mm_fp8`` takes them; ``flags``: its ROW_A, COL_B and
-    BIAS; ``plan``: (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT[, OCC[, FUSE]]]]), default
+    BIAS; ``plan``: (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT[, OCC[, FUSE[, SWAP[,
+    GROUP]]]]]]), default
     ``config``'s; SPLIT > 1 (one block a cluster): the tiles of the last partial wave split
     that many ways along K (``split_from``), their raw sums in a workspace made like
     ``like`` (an ``_arrays.Operand``), added by ``sum_parts``. OCC (one block a cluster;
@@ -877,22 +928,28 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     STAGES small enough that OCC blocks' shared memory fits one: more blocks streaming the
     weights at decode sizes). FUSE (with SPLIT > 1): the parts summed in the kernel, by
     each warp's last arrival (``last_part``; counters from ``linear._counters``), not by
-    ``sum_parts``."""
+    ``sum_parts``. SWAP: C^T = B^T A^T (``swap_plan``): ``64 * WG``-row tiles of the
+    weights, BN of a's rows a tile; its K split always summed in the kernel. GROUP: the
+    tile rows a group of the tile order spans (``_matmul_hopper.grouped``; ``GROUP_ROWS``)."""
     from kaio_ops.linear import _counters, _placeholder
 
     wg, bn, stages, promote_mode, vec, *rest = plan or config(m, n, k, sms)
-    cl, split, occ, fuse = (*rest, *(1, 1, 1, 0)[len(rest) :])[:4]
+    cl, split, occ, fuse, swap, group = (*rest, *(1, 1, 1, 0, 0, GROUP_ROWS)[len(rest) :])[:6]
     if (split > 1 or occ > 1) and cl > 1:
         raise ValueError(
             f"matmul_fp8: plan {plan}: a K split or OCC > 1 needs CL = 1 (one block a tile)"
         )
+    if swap:  # C^T = B^T A^T: the weights are the 64-row operand, the rows of a the columns
+        a_units, bt_units, m, n = bt_units, a_units, n, m
+        fuse, vec = 1, 1  # (sum_parts and the shared epilogue store tiles of C, not C^T)
     rows = 64 * wg
     ar = a_rows(m, wg, cl)
     ta = kaio.tensor_map_2d(a_units, (ar, BK), SW)
     tb = kaio.tensor_map_2d(bt_units, (bn // cl, BK), SW)
     constexprs = dict(
-        WG=wg, BN=bn, STAGES=stages, PROMOTE=promote_mode, GROUP=GROUP_ROWS, **flags, DT=dt,
+        WG=wg, BN=bn, STAGES=stages, PROMOTE=promote_mode, GROUP=group, **flags, DT=dt,
         FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=min(split, 2) + (split > 1 and fuse), AR=ar,
+        SWAP=int(bool(swap)),
     )  # fmt: skip
     if vec == 2 and dt.itemsize != 2:
         vec = 1  # (the shared buffers hold 16-bit outputs)
@@ -917,7 +974,7 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     if full < tiles and not fused:
         pairs = (tiles - full) * rows * bn // 2
         sum_parts[-(-pairs // SUM_THREADS), SUM_THREADS, stream](
-            ws, out, sa, sb, bias, m, n, full, split, ROWS=rows, BN=bn, GROUP=GROUP_ROWS,
+            ws, out, sa, sb, bias, m, n, full, split, ROWS=rows, BN=bn, GROUP=group,
             **flags, DT=dt,
         )  # fmt: skip
 
@@ -957,10 +1014,10 @@ def specializations():
                                  "FP8": FP8_TYPES[name], "VEC": vec, "CL": cl,
                                  "SPLIT": 2 if wg == 1 and bn == 64 else 1,
                                  "AR": {128: 16, 32: 8}.get(bn, 64) if wg == 1
-                                 else 64 * wg}  # fmt: skip
+                                 else 64 * wg, "SWAP": 0}  # fmt: skip
     shared_c = {"WG": 2, "BN": 208, "STAGES": stages_for(2, 208, vec=2), "PROMOTE": 1,
                 "GROUP": GROUP_ROWS, "ROW_A": 0, "COL_B": 1, "BIAS": 1, "DT": bf16,
-                "FP8": e4m3, "VEC": 2, "CL": 1, "SPLIT": 1, "AR": 128}  # fmt: skip
+                "FP8": e4m3, "VEC": 2, "CL": 1, "SPLIT": 1, "AR": 128, "SWAP": 0}  # fmt: skip
     yield matmul_fp8_wgmma, shared_c  # (C through shared memory)
     yield (
         matmul_fp8_wgmma,
