@@ -1023,5 +1023,10 @@ def specializations():
         matmul_fp8_wgmma,
         {**shared_c, "WG": 1, "BN": 32, "STAGES": 20, "PROMOTE": 2, "VEC": 1, "SPLIT": 3, "AR": 8},
     )  # (the K split summed in kernel)
+    yield (
+        matmul_fp8_wgmma,
+        {**shared_c, "WG": 1, "BN": 8, "STAGES": 25, "PROMOTE": 2, "VEC": 1, "SPLIT": 3,
+         "AR": 64, "SWAP": 1, "FP8": e5m2, "DT": f16},
+    )  # (swapped: C^T = B^T A^T, stored transposed)  # fmt: skip
     yield sum_parts, {"ROWS": 64, "BN": 64, "GROUP": GROUP_ROWS, "ROW_A": 1, "COL_B": 0,
                       "BIAS": 1, "DT": bf16}  # fmt: skip
