@@ -358,11 +358,13 @@ def test_config_plans_fit(sms):
               (8192, 8192), (57344, 8192), (8192, 28672)]  # fmt: skip
     for m in [1 << i for i in range(14)] + [3, 100, 1000]:
         for n, k in shapes:
-            wg, bn, stages, promote, vec, cl, split = H.config(m, n, k, sms)
-            assert H.shared_bytes(wg, bn, stages) <= H.SHARED_LIMIT
+            wg, bn, stages, promote, vec, cl, split, *rest = H.config(m, n, k, sms)
+            occ, _, swap = (*rest, 1, 0, 0)[:3]
+            assert occ * (H.shared_bytes(wg, bn, stages) + 1024) <= H.SHARED_LIMIT + 1024
             assert promote == H.promotion(wg, bn)
             assert (wg, bn, cl) in H.RATES or (wg == 1 and bn <= 128 and m <= 64)
             assert split == 1 or (cl == 1 and k // 128 >= 2 * split)
+            assert not swap or (m <= H.SWAP_M and bn == max(8, -(-m // 8) * 8) and wg == 1)
     assert {(wg, bn) for wg, bn, _ in H.RATES} <= set(H.PLANS)  # each in the PTX checks
     if sms == 132:
         assert min(H.config(s, s, s, sms)[1] for s in (4096, 8192)) >= 192
