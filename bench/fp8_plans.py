@@ -127,9 +127,13 @@ def one_batch(fn, sets, batch, host_ms):
     return e0.elapsed_time(e1) / batch
 
 
-def time_all(fns: dict, sets, rounds=5) -> dict:
+ROUNDS = [5]  # time_all's rounds (--rounds)
+
+
+def time_all(fns: dict, sets, rounds=None) -> dict:
     """Median ms per call of each of ``fns``, in ``rounds`` rounds that take them in turn
     (a clock that drops as the GPU heats falls on all alike)."""
+    rounds = rounds or ROUNDS[0]
     setup = {name: prepare(fn, sets) for name, fn in fns.items()}
     times = {name: [] for name in fns}
     for _ in range(rounds):
@@ -396,7 +400,7 @@ def decode_alternatives(m, n, k, sms=132):
     and, at M > ``SWAP_M``, with its own; the routed plan with the scales loaded at each
     epilogue (``nopre``)."""
     plans = [unswapped(m, n, k, sms)]
-    swap = H.swap_config(m, n, sms)
+    swap = H.swap_config(m, n, k, sms)
     if swap:
         plans += [(*swap[:2], st, *swap[3:]) for st in (6, 8)] + [swap]
     pick = H.config(m, n, k, sms)
@@ -604,8 +608,10 @@ def warm(cases, ms, models, processes: int = 14) -> None:
                 plans.update(plans_for(m, n, new))
             if "sweepfinal" in cases:
                 plans.update(final_plans(m, n, k))
-            plans.add(H.config(m, n, k, 132))
     jobs = [(p, False) for p in sorted(plans)]
+    for m in ms:  # the routed plans, at their own rows (a decode tile's A rows copied)
+        rows = 1 if m == 1 else min(H.a_rows(m, 1, 1), 256)  # (one row: gemv_fp8)
+        jobs += [(H.config(m, n, k, 132), False, rows) for n, k in shapes]
     if "swap" in cases:
         for m in ms:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
@@ -647,7 +653,9 @@ def main() -> None:
     p.add_argument("--cases", default="big,rowwise,sweep,cluster")
     p.add_argument("--ms", default="1,8192,16,4096,64,1024,256,2048,128,512,2,4,8,32")
     p.add_argument("--models", default="8b,70b")
+    p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args()
+    ROUNDS[0] = args.rounds
     t0 = time.time()
     use_ptxas()
     log = open(os.path.join(args.out, "fp8_plans.jsonl"), "a")  # noqa: SIM115

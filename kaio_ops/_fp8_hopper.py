@@ -877,24 +877,35 @@ def estimate(m: int, n: int, k: int, sms: int, wg: int, bn: int, cl: int) -> tup
     return best
 
 
-SWAP_M = 16  # a's rows up to which the swapped tiles run (swap_config; one row: _fp8_decode)
+SWAP_M = 32  # a's rows up to which the swapped tiles run (swap_config; one row: _fp8_decode)
 SWAP_OCC = 2  # swapped blocks a multiprocessor
 
 
-def swap_config(m: int, n: int, sms: int, stages: int = 0) -> tuple | None:
+def swap_stages(n: int, k: int, sms: int) -> int:
+    """The ring stages of a swapped tile (``swap_config``), as measured on an H100 (bench
+    /fp8_plans.py --cases decode, docs/performance.md): 12 for long K (past 8192: 4096 x
+    14336 ran 5% slower on 8), 6 where the tiles outnumber the slots at K = 4096 (28672 x
+    4096: 2-3% faster than 8), else 8 (6144 x 4096: 3% faster than 12)."""
+    if k > 8192:
+        return 12
+    return 6 if -(-n // 64) > SWAP_OCC * sms and k <= 4096 else 8
+
+
+def swap_config(m: int, n: int, k: int, sms: int) -> tuple | None:
     """The swapped decode plan (``SWAP``, C^T = B^T A^T, as cuBLAS's 64 x 8 tiles): tiles of
     64 weight rows by a's ``m`` rows rounded up to 8, one consumer warpgroup, two slice sums
-    in turn, up to ``SWAP_OCC`` blocks a multiprocessor, each with ``stages`` ring stages
-    (0: as many as fit half of one). None where the ``n / 64`` tiles would leave some
-    multiprocessors with one block and others with two (more tiles than multiprocessors
-    but fewer than the slots): the unswapped tiles are faster there. Measured on an H100
-    (bench/fp8_plans.py --cases swap; docs/performance.md)."""
+    in turn, up to ``SWAP_OCC`` blocks a multiprocessor, ``swap_stages`` ring stages (at
+    most what fits ``1 / SWAP_OCC`` of one). None where the ``n / 64`` tiles would leave
+    some multiprocessors with one block and others with two (more tiles than
+    multiprocessors but fewer than the slots: 10240 columns): the unswapped tiles were
+    faster there. Measured on an H100 (bench/fp8_plans.py --cases swap and decode;
+    docs/performance.md)."""
     tiles = -(-n // 64)
     if sms < tiles <= SWAP_OCC * sms:
         return None
     bn = max(8, -(-m // 8) * 8)
-    limit = (SHARED_LIMIT + 1024) // SWAP_OCC - 1024
-    stages = stages or stages_for(1, bn, 32, limit=limit)
+    most = stages_for(1, bn, 32, limit=(SHARED_LIMIT + 1024) // SWAP_OCC - 1024)
+    stages = min(most, swap_stages(n, k, sms))
     return 1, bn, stages, promotion(1, bn), 1, 1, 1, SWAP_OCC, 0, 1
 
 
@@ -912,7 +923,7 @@ def config(m: int, n: int, k: int, sms: int) -> tuple:
     def waves(rows: int, bn: int) -> int:
         return -(-(-(-m // rows) * -(-n // bn)) // sms)
 
-    swapped = swap_config(m, n, sms) if m <= SWAP_M else None
+    swapped = swap_config(m, n, k, sms) if m <= SWAP_M else None
     if swapped:
         return swapped
     if m <= 64:

@@ -623,6 +623,26 @@ def test_swapped_plans_gpu_vs_scaled_mm(plan, m, monkeypatch):
     assert torch.equal(got, want)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, n, k", [(2, 6144, 4096), (8, 28672, 4096), (16, 4096, 14336),
+                                     (32, 8192, 8192), (16, 10240, 8192)])  # fmt: skip
+def test_routed_decode_gpu_bit_identical(m, n, k):
+    """The routed decode plans (swapped tiles up to ``SWAP_M`` rows where ``swap_config``
+    takes them; 10240 columns unswapped) give torch._scaled_mm's bf16 outputs bit for bit
+    (per-tensor scales, no bias; torch's A padded to 16 rows)."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernel needs sm_90")
+    torch.manual_seed(m + n)
+    a, sa = kaio_ops.quantize_fp8(torch.randn(m, k, device="cuda"))
+    wq, sw = kaio_ops.quantize_fp8(torch.randn(n, k, device="cuda") * 0.02)
+    got = kaio_ops.matmul_fp8(a, wq.t(), sa, sw)
+    ap = torch.zeros(-(-m // 16) * 16, k, device="cuda").to(a.dtype)
+    ap[:m] = a
+    want = torch._scaled_mm(ap, wq.t(), sa, sw, out_dtype=torch.bfloat16)[:m]
+    assert torch.equal(got, want)
+
+
 def _forced_plan_vs_scaled_mm(torch, plan, monkeypatch, m=1000):
     """matmul_fp8 forced onto ``plan``, M = ``m`` (1000), K = 8192, N = 1008, per-row and
     per-column scales and bias, against torch._scaled_mm (its A padded to 1008 rows)."""
