@@ -183,21 +183,6 @@ def with_plan(plan, out_dtype=None):
     return forced
 
 
-def without_preload(plan):
-    """matmul_fp8 forced onto ``plan`` with the per-tensor scales loaded at each epilogue
-    (``_fp8_hopper.PRELOAD`` off: the control of the preload)."""
-    forced = with_plan(plan)
-
-    def run(a, b, sa, sb):
-        H.PRELOAD = False
-        try:
-            return forced(a, b, sa, sb)
-        finally:
-            H.PRELOAD = True
-
-    return run
-
-
 BIG = [  # (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT]])
     (2, 128, 7, 4, 1),
     (2, 128, 7, 1, 1),
@@ -395,17 +380,16 @@ def unswapped(m, n, k, sms=132):
 
 
 def decode_alternatives(m, n, k, sms=132):
-    """(plans, named functions) "decode" times beside the routed plan at M <= 64: the
-    unswapped plan, the swapped one (two blocks a multiprocessor) with 6 and 8 stages
-    and, at M > ``SWAP_M``, with its own; the routed plan with the scales loaded at each
-    epilogue (``nopre``)."""
+    """The plans "decode" times beside the routed plan at M <= 64: the unswapped plan, the
+    swapped one (two blocks a multiprocessor) with 6, 8 and 12 stages (at most what fits)
+    and with ``swap_stages``'."""
     plans = [unswapped(m, n, k, sms)]
     swap = H.swap_config(m, n, k, sms)
     if swap:
-        plans += [(*swap[:2], st, *swap[3:]) for st in (6, 8)] + [swap]
+        most = occ_stages(swap[1], 64, 2)
+        plans += [(*swap[:2], min(st, most), *swap[3:]) for st in (6, 8, 12)] + [swap]
     pick = H.config(m, n, k, sms)
-    extra = {} if m <= 1 else {"nopre": without_preload(pick)}
-    return [p for p in plans if p != pick], extra
+    return sorted({p for p in plans if p != pick})
 
 
 def copy_bandwidth(nbytes=2**30):
@@ -436,7 +420,13 @@ def final_plans(m, n, k, sms=132):
     return [(wg, bn, H.stages_for(wg, bn, vec=2), pr, 2, cl, sp)]
 
 
-def run_case(m, n, k, rowwise, plans, log, label="", floor_us=None, extra=None):
+def full_plan(plan) -> tuple:
+    """``plan`` with its defaults spelled out: (WG, BN, STAGES, PROMOTE, VEC, CL, SPLIT, OCC,
+    FUSE, SWAP, GROUP)."""
+    return (*plan, *(1, 1, 1, 0, 0, H.GROUP_ROWS)[len(plan) - 5 :])
+
+
+def run_case(m, n, k, rowwise, plans, log, label="", floor_us=None):
     nbytes = m * k + k * n + 2 * m * n
     sets = operands(m, n, k, rowwise, max(1, min(8, math.ceil(3 * L2 / nbytes))))
     ref = scaled_mm(*sets[0]).float()
@@ -444,14 +434,12 @@ def run_case(m, n, k, rowwise, plans, log, label="", floor_us=None, extra=None):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rec["pick_plan"] = list(H.config(m, n, k, sms))
     fns = {"cublas": scaled_mm}
-    named = [(None, None)] + [(p, None) for p in plans] + list((extra or {}).items())
-    for plan, fn in named:
-        if fn is None and plan is not None and len(plan) <= 7:
-            if list((*plan, 1, 1)[:7]) == rec["pick_plan"]:
-                continue  # timed as "pick"
-        name = plan if fn is not None else "pick" if plan is None else "/".join(map(str, plan))
+    for plan in [None, *plans]:
+        if plan is not None and full_plan(plan) == full_plan(rec["pick_plan"]):
+            continue  # timed as "pick"
+        name = "pick" if plan is None else "/".join(map(str, plan))
         _plan.clear()
-        fn = fn or with_plan(plan)
+        fn = with_plan(plan)
         try:
             got = fn(*sets[0]).float()
             err = ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()
@@ -465,7 +453,7 @@ def run_case(m, n, k, rowwise, plans, log, label="", floor_us=None, extra=None):
     best = None
     for name, t in ms.items():
         rec[name].update(us=t * 1e3, x=rec["cublas_us"] / (t * 1e3))
-        plan = None if name == "pick" or "/" not in name else tuple(map(int, name.split("/")))
+        plan = None if name == "pick" else tuple(int(x) for x in name.split("/"))
         if rec[name]["err"] < 1e-2 and plan not in NOT_SHIPPED:
             if best is None or t * 1e3 < rec[best]["us"]:
                 best = name
@@ -511,7 +499,7 @@ def diagnose() -> None:
         wg, bn, st, pr, vec, *rest = plan
         c = dict(WG=wg, BN=bn, STAGES=st, PROMOTE=pr, GROUP=H.GROUP_ROWS, ROW_A=0, COL_B=0,
                  BIAS=0, DT=bf16, FP8=e4m3, VEC=vec, CL=rest[0] if rest else 1,
-                 SPLIT=1, AR=64 * wg, SWAP=0, PRE=1)  # fmt: skip
+                 SPLIT=1, AR=64 * wg, SWAP=0)  # fmt: skip
         try:
             print(plan, H.matmul_fp8_wgmma.resources(**c), flush=True)
             if pr in (2, 5) and ptxas:  # the local ptxas' view of the same PTX
@@ -569,13 +557,11 @@ def accuracy(log, k=8192, size=1024) -> None:
 
 def _warm(jobs):
     """Compile (into kaio's disk cache) the specializations of ``jobs``: (plan, rowwise[,
-    m[, preload]]: the rows, which set a decode tile's A rows copied; preload False: the
-    plan ``without_preload``)."""
+    m]: the rows, which set a decode tile's A rows copied)."""
     use_ptxas()
-    for plan, rowwise, *rest in jobs:
-        rows, pre = (*rest, 256, True)[:2]
-        (a, b, sa, sb) = operands(rows, 256, 256, rowwise, 1)[0]
-        (with_plan if pre else without_preload)(plan)(a, b, sa, sb)
+    for plan, rowwise, *rows in jobs:
+        (a, b, sa, sb) = operands(*rows or [256], 256, 256, rowwise, 1)[0]
+        with_plan(plan)(a, b, sa, sb)
     torch.cuda.synchronize()
 
 
@@ -625,17 +611,12 @@ def warm(cases, ms, models, processes: int = 14) -> None:
         jobs += [(p, True) for p in INTERVAL[:5]]
     if "final" in cases:
         jobs += [(H.config(4096, 4096, 4096, 132), r) for r in (False, True)]
-    if "pre" in cases:
-        jobs += [(p, False) for s in (4096, 8192) for p in [H.config(s, s, s, 132),
-                                                            *group_plans(s, s, s)]]  # fmt: skip
-        jobs += [(H.config(s, s, s, 132), False, 256, False) for s in (4096, 8192)]
     if "decode" in cases:
         for m in [m for m in ms if m <= 64]:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
                 rows = min(H.a_rows(m, 1, 1), 64)
                 pick = H.config(m, n, k, 132)
-                jobs += [(p, False, rows) for p in [pick, *decode_alternatives(m, n, k)[0]]]
-                jobs += [(pick, False, rows, False)] if m > 1 else []
+                jobs += [(p, False, rows) for p in [pick, *decode_alternatives(m, n, k)]]
     if "group" in cases:
         jobs += [(p, False) for s in (4096, 8192) for p in [H.config(s, s, s, 132),
                                                             *group_plans(s, s, s)]]  # fmt: skip
@@ -702,11 +683,6 @@ def main() -> None:
                     recs.append(rec)
                 except Exception:  # noqa: BLE001
                     traceback.print_exc()
-    if "pre" in cases:  # the routed plan with and without the preloaded scales, groupings
-        for size in (4096, 8192):
-            pick = H.config(size, size, size, 132)
-            recs.append(run_case(size, size, size, False, group_plans(size, size, size), log,
-                                 extra={"nopre": without_preload(pick)}))  # fmt: skip
     if "decode" in cases:  # the routed decode plans against the old route, stages, preload
         for m in [m for m in ms if m <= 64]:
             for model in models:
@@ -715,9 +691,8 @@ def main() -> None:
                         print(f"budget: skipped M={m} {n}x{k}", flush=True)
                         continue
                     try:
-                        plans, extra = decode_alternatives(m, n, k)
-                        recs.append(run_case(m, n, k, False, plans, log, f"M={m} {n}x{k}",
-                                             extra=extra))  # fmt: skip
+                        plans = decode_alternatives(m, n, k)
+                        recs.append(run_case(m, n, k, False, plans, log, f"M={m} {n}x{k}"))
                     except Exception:  # noqa: BLE001
                         traceback.print_exc()
     if "group" in cases:  # the routed tile with other groupings of the tile order

@@ -24,7 +24,13 @@ TMA multicast). ``SPLIT``: the tiles of the last, partial wave of the persistent
 of them when there are fewer tiles than multiprocessors) split along K into ``parts``
 (``unit_of``, ``split_parts``), their raw f32 sums in a workspace that ``sum_parts`` adds in
 order and scales, or (``SPLIT`` 3) that the last warp to arrive of each tile's warps adds
-in the same order before its epilogue (``last_part``: no second launch).
+in the same order before its epilogue (``last_part``: no second launch). ``SWAP``: the roles
+swapped, C^T = B^T A^T (cuBLAS's decode layout, its ``64x8`` tiles): the weights B^T are the
+64-row operand and a's few rows the wgmma's N = 8 to 32 columns, so that no wgmma reads rows
+that are not there; the same kernel (both operands K-major), the tensor maps and M, N
+exchanged by ``launch``, the tiles of C^T stored transposed (``store_transposed``: lanes
+trading values so that each stores two adjacent columns of C). ``swap_config`` routes them
+up to ``SWAP_M`` rows.
 
 Accumulation is promoted, as CUTLASS's default FP8 GEMMs and ``torch._scaled_mm`` (without
 ``use_fast_accum``) do: Hopper's fp8 wgmma keeps its running sum with fewer bits than f32
@@ -100,7 +106,6 @@ from kaio_ops._matmul_hopper import (
 __all__ = ["config", "launch", "specializations"]
 
 SHARED_LIMIT = 227 * 1024
-PRELOAD = True  # the per-tensor scales loaded before the first tile (``PRE``; False: old way)
 SUM_THREADS = 256
 PRODUCER_REGS = 24  # registers a producer thread keeps (setmaxnreg), with 2 or 3 consumers
 CONSUMER_REGS = (0, 0, 240, 160)  # and a consumer thread takes: (64K - 128 * 24) / (128 WG)
@@ -597,19 +602,18 @@ def consume_tiles(
     ROWS: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, PROMOTE: kaio.constexpr,
     GROUP: kaio.constexpr, ROW_A: kaio.constexpr, COL_B: kaio.constexpr,
     BIAS: kaio.constexpr, DT: kaio.constexpr, FP8: kaio.constexpr, VEC: kaio.constexpr,
-    CL: kaio.constexpr, SPLIT: kaio.constexpr, SWAP: kaio.constexpr, PRE: kaio.constexpr,
+    CL: kaio.constexpr, SPLIT: kaio.constexpr, SWAP: kaio.constexpr,
 ):  # fmt: skip
     """A consumer warpgroup's tiles: each one's sums (``consume``), then its epilogue; with
     ``SPLIT``, its units (``unit_of``: whole tiles below ``full``, then parts of the split
     tiles, whose raw sums go to rows ``slot * ROWS ..`` of ``ws`` for ``sum_parts``; with
-    ``SPLIT`` 3, each warp's last arrival of a tile sums them: ``last_part``). ``PRE``: the
-    per-tensor scales loaded once, before the first tile (their latency hidden behind the
-    first stage's), else at each epilogue."""
+    ``SPLIT`` 3, each warp's last arrival of a tile sums them: ``last_part``). The
+    per-tensor scales are loaded once, before the first tile (loading them at each epilogue
+    instead measured the same on an H100: docs/performance.md)."""
     here = kaio.local(i32, (4,))
     pre = kaio.local(f32, (2,))  # sa[0], sb[0]
-    if PRE:
-        pre[0] = sa[0]
-        pre[1] = sb[0]
+    pre[0] = sa[0]
+    pre[1] = sb[0]
     for i in range(my_tiles):
         u = tile0 + i * step
         count = k_tiles
@@ -632,9 +636,6 @@ def consume_tiles(
                     PROMOTE, FP8, f32, CL)  # fmt: skip
         place(here, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
         row0 = here[2] + rank * ROWS + 64 * i32(wg)
-        if not PRE:
-            pre[0] = sa[0]
-            pre[1] = sb[0]
         if slot >= 0 and SPLIT == 3:  # fused: the warp's last arrival sums and stores
             w = i32(lt // 32)
             cw = (slot // parts) * (4 * ROWS // 64) + i32(wg) * 4 + w  # the warp's counter
@@ -661,7 +662,7 @@ def matmul_fp8_wgmma(
     STAGES: kaio.constexpr, PROMOTE: kaio.constexpr, GROUP: kaio.constexpr,
     ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
     FP8: kaio.constexpr, VEC: kaio.constexpr, CL: kaio.constexpr, SPLIT: kaio.constexpr,
-    AR: kaio.constexpr, SWAP: kaio.constexpr, PRE: kaio.constexpr,
+    AR: kaio.constexpr, SWAP: kaio.constexpr,
 ):  # fmt: skip
     """out = (A @ B) * sa * sb (+ bias): A [m, K] through ``ta`` and B^T [n, K] through
     ``tb``, both as 16-bit units [rows, k2 = K / 2]; ``64 * WG x BN`` tiles; with ``CL = 2``
@@ -672,8 +673,7 @@ def matmul_fp8_wgmma(
     ``sum_parts``, or with ``SPLIT`` 3 by each warp's last arrival (``last_part``, counting
     in ``cnt``). ``SWAP``: the roles swapped (``swap_plan``): ``ta`` maps B^T [n, K] and
     ``tb`` A [m, K], the kernel's ``m`` is N and ``n`` is M, its tiles are of C^T, stored
-    transposed (``store_transposed``). ``PRE``: the per-tensor scales loaded before the
-    first tile (``consume_tiles``)."""
+    transposed (``store_transposed``)."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL == 2:
         kaio.cluster_dims(2)
@@ -732,12 +732,12 @@ def matmul_fp8_wgmma(
             consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ebuf, ws, cnt, sa,
                           sb, bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
                           rank, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
-                          BIAS, DT, FP8, VEC, CL, SPLIT, SWAP, PRE)  # fmt: skip
+                          BIAS, DT, FP8, VEC, CL, SPLIT, SWAP)  # fmt: skip
         else:
             consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ebuf, ws, cnt, sa,
                           sb, bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
                           rank, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
-                          BIAS, DT, FP8, VEC, CL, SPLIT, SWAP, PRE)  # fmt: skip
+                          BIAS, DT, FP8, VEC, CL, SPLIT, SWAP)  # fmt: skip
     else:  # the producer warpgroup: its first thread issues the copies
         if WG > 1:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -1002,7 +1002,7 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     constexprs = dict(
         WG=wg, BN=bn, STAGES=stages, PROMOTE=promote_mode, GROUP=group, **flags, DT=dt,
         FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=min(split, 2) + (split > 1 and fuse), AR=ar,
-        SWAP=int(bool(swap)), PRE=int(PRELOAD),
+        SWAP=int(bool(swap)),
     )  # fmt: skip
     if vec == 2 and dt.itemsize != 2:
         vec = 1  # (the shared buffers hold 16-bit outputs)
@@ -1067,11 +1067,10 @@ def specializations():
                                  "FP8": FP8_TYPES[name], "VEC": vec, "CL": cl,
                                  "SPLIT": 2 if wg == 1 and bn == 64 else 1,
                                  "AR": {128: 16, 32: 8}.get(bn, 64) if wg == 1
-                                 else 64 * wg, "SWAP": 0, "PRE": i % 2}  # fmt: skip
+                                 else 64 * wg, "SWAP": 0}  # fmt: skip
     shared_c = {"WG": 2, "BN": 208, "STAGES": stages_for(2, 208, vec=2), "PROMOTE": 1,
                 "GROUP": GROUP_ROWS, "ROW_A": 0, "COL_B": 1, "BIAS": 1, "DT": bf16,
-                "FP8": e4m3, "VEC": 2, "CL": 1, "SPLIT": 1, "AR": 128, "SWAP": 0,
-                "PRE": 1}  # fmt: skip
+                "FP8": e4m3, "VEC": 2, "CL": 1, "SPLIT": 1, "AR": 128, "SWAP": 0}  # fmt: skip
     yield matmul_fp8_wgmma, shared_c  # (C through shared memory)
     yield (
         matmul_fp8_wgmma,
