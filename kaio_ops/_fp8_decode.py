@@ -10,7 +10,7 @@ adjacent columns from ``n = NC (8 x + w)`` of C (``COLS_PER_WARP``, even); its l
 in flight before their sums, convert each value exactly to f32 (``f32(fp8)``; A's once for
 the ``NC`` columns) and add the products in f32; the lanes' sums are then added with
 shuffles (a fixed order), and lane ``m`` stores row ``m`` of the columns, a pair at a
-time, through ``_fp8.store_scaled_by``, the epilogue of the other fp8 kernels (the scales per
+time, through ``_fp8.store_scaled``, the epilogue of the other fp8 kernels (the scales per
 tensor, per row of a or per column of b, the bias, one rounding).
 
 Requirements (``fits``): M at most ``MAX_M``; the op's own (K and N multiples of 16,
@@ -23,7 +23,7 @@ import math
 
 import kaio
 from kaio import f32, u8, u32
-from kaio_ops._fp8 import store_scaled_by
+from kaio_ops._fp8 import store_scaled
 
 __all__ = ["MAX_M", "fits", "gemv_fp8", "launch", "specializations"]
 
@@ -52,8 +52,6 @@ def gemv_fp8(
         for c in kaio.static_range(NC):
             acc[c, m] = 0.0
     if n < N:
-        s_a = sa[0]  # the per-tensor scales, loaded before the sums (their latency hidden)
-        s_b0 = sb[0]
         kw = K // 4  # words a row
         vw = kaio.local(u32, (NC * U, 4))  # piece i of column c at NC i + c
         va = kaio.local(u32, 4)
@@ -83,10 +81,8 @@ def gemv_fp8(
                     acc[c, m] += kaio.shfl_xor(acc[c, m], 16 >> width)
             if lane == m:
                 for c in kaio.static_range(0, NC, 2):  # pairs of columns
-                    if ROW_A:
-                        s_a = sa[m]
-                    store_scaled_by(out, u32(m), n + c, acc[c, m], acc[c + 1, m], s_a, s_b0,
-                                    sb, bias, COL_B, BIAS, DT)  # fmt: skip
+                    store_scaled(out, u32(m), n + c, acc[c, m], acc[c + 1, m], sa, sb, bias,
+                                 ROW_A, COL_B, BIAS, DT)  # fmt: skip
 
 
 def fits(m: int) -> bool:
