@@ -392,6 +392,16 @@ def decode_alternatives(m, n, k, sms=132):
     return sorted({p for p in plans if p != pick})
 
 
+def mid_plans(m, n, k, sms=132):
+    """The plans "mid" times beside the routed one at 128 and 256 rows, where the weights
+    still cost most: 64 x 64 and 64 x 32 tiles two blocks a multiprocessor, 128 x 32."""
+    return [
+        (1, 64, occ_stages(64, 64, 2), 2, 1, 1, 1, 2),
+        (1, 32, occ_stages(32, 64, 2), 2, 1, 1, 1, 2),
+        (2, 32, H.stages_for(2, 32), H.promotion(2, 32), 1),
+    ]
+
+
 def copy_bandwidth(nbytes=2**30):
     """Bytes a second that a device-to-device copy moves (read + written), the median of 5."""
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
@@ -611,6 +621,10 @@ def warm(cases, ms, models, processes: int = 14) -> None:
         jobs += [(p, True) for p in INTERVAL[:5]]
     if "final" in cases:
         jobs += [(H.config(4096, 4096, 4096, 132), r) for r in (False, True)]
+    if "mid" in cases:
+        for m in [m for m in ms if 64 < m <= 256]:
+            for n, k in [s for mo in models for s in SHAPES[mo]]:
+                jobs += [(p, False, m) for p in [H.config(m, n, k, 132), *mid_plans(m, n, k)]]
     if "decode" in cases:
         for m in [m for m in ms if m <= 64]:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
@@ -693,6 +707,18 @@ def main() -> None:
                     try:
                         plans = decode_alternatives(m, n, k)
                         recs.append(run_case(m, n, k, False, plans, log, f"M={m} {n}x{k}"))
+                    except Exception:  # noqa: BLE001
+                        traceback.print_exc()
+    if "mid" in cases:  # small tiles at 128 and 256 rows
+        for m in [m for m in ms if 64 < m <= 256]:
+            for model in models:
+                for n, k in SHAPES[model]:
+                    if time.time() - t0 > args.budget:
+                        print(f"budget: skipped M={m} {n}x{k}", flush=True)
+                        continue
+                    try:
+                        recs.append(run_case(m, n, k, False, mid_plans(m, n, k), log,
+                                             f"M={m} {n}x{k}"))  # fmt: skip
                     except Exception:  # noqa: BLE001
                         traceback.print_exc()
     if "group" in cases:  # the routed tile with other groupings of the tile order
