@@ -621,6 +621,7 @@ def warm(cases, ms, models, processes: int = 14) -> None:
         jobs += [(p, True) for p in INTERVAL[:5]]
     if "final" in cases:
         jobs += [(H.config(4096, 4096, 4096, 132), r) for r in (False, True)]
+        jobs.append((H.config(8192, 8192, 8192, 132), False))
     if "mid" in cases:
         for m in [m for m in ms if 64 < m <= 256]:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
