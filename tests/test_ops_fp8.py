@@ -314,6 +314,11 @@ def test_swapped_plans_sim(plan, m, n, k, scales, out, name, monkeypatch):
         launch(*args[:12], 2, args[13], plan, like=like)
 
     monkeypatch.setattr(_fp8_hopper, "launch", forced)
+    maps = []  # the rows of the arrays the tensor maps cover: the weights' first when swapped
+    tensor_map_2d = kaio.tensor_map_2d
+    monkeypatch.setattr(
+        kaio, "tensor_map_2d", lambda arr, *r: maps.append(arr.shape[0]) or tensor_map_2d(arr, *r)
+    )
     a, w = _fp8_operands(m, k, n, name, seed=m + n)
     rng = np.random.default_rng(k)
     sa = rng.uniform(0.5, 2, (m, 1) if scales in ("row", "both") else (1,)).astype(np.float32)
@@ -322,7 +327,7 @@ def test_swapped_plans_sim(plan, m, n, k, scales, out, name, monkeypatch):
     bias = (rng.standard_normal(n) * 10).astype(np_out)
     with kaio.simulate():
         got = kaio_ops.matmul_fp8(a, w.T, sa, sb, out_dtype=out, bias=bias)
-    assert calls == [1]
+    assert calls == [1] and maps == [n, m]
     ref = matmul_reference(a, w.T, sa, sb, bias)
     eps = {"bf16": 2.0**-8, "f16": 2.0**-11, "f32": 2.0**-20}[out]
     mag = matmul_reference(np.abs(a.astype(np.float64)), np.abs(w.T.astype(np.float64)), sa, sb)
