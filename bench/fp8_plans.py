@@ -127,9 +127,13 @@ def one_batch(fn, sets, batch, host_ms):
     return e0.elapsed_time(e1) / batch
 
 
-def time_all(fns: dict, sets, rounds=5) -> dict:
+ROUNDS = [5]  # time_all's rounds (--rounds)
+
+
+def time_all(fns: dict, sets, rounds=None) -> dict:
     """Median ms per call of each of ``fns``, in ``rounds`` rounds that take them in turn
     (a clock that drops as the GPU heats falls on all alike)."""
+    rounds = rounds or ROUNDS[0]
     setup = {name: prepare(fn, sets) for name, fn in fns.items()}
     times = {name: [] for name in fns}
     for _ in range(rounds):
@@ -334,6 +338,70 @@ def decode_plans(m, n, k, sms=132):
     return out
 
 
+def swap_width(m):
+    """The columns of a swapped tile (``SWAP``) for ``m`` rows of a: m rounded up to 8."""
+    return max(8, -(-m // 8) * 8)
+
+
+def swap_plans(m, n, k, sms=132):
+    """The swapped plans (C^T = B^T A^T: 64 or 128 weight rows a tile, a's rows its
+    ``swap_width`` columns) "swap" times beside the routed plan: one consumer warpgroup with
+    the deepest ring, K split in two (summed in the kernel), two blocks a multiprocessor,
+    both; two consumer warpgroups, unsplit and split."""
+    bn = swap_width(m)
+    s1 = H.stages_for(1, bn, 32)
+    s2 = H.stages_for(2, bn, 32)
+    o2 = occ_stages(bn, 64, 2)
+    pr1, pr2 = H.promotion(1, bn), H.promotion(2, bn)
+    return [
+        (1, bn, s1, pr1, 1, 1, 1, 1, 0, 1),
+        (1, bn, s1, pr1, 1, 1, 2, 1, 1, 1),
+        (1, bn, o2, pr1, 1, 1, 1, 2, 0, 1),
+        (1, bn, o2, pr1, 1, 1, 2, 2, 1, 1),
+        (2, bn, s2, pr2, 1, 1, 1, 1, 0, 1),
+        (2, bn, s2, pr2, 1, 1, 2, 1, 1, 1),
+    ]
+
+
+def group_plans(m, n, k, sms=132, groups=(2, 4, 16)):
+    """The routed plan with the tile order grouped ``groups`` tile rows at a time (the
+    routed one: ``_matmul_hopper.GROUP_ROWS``)."""
+    return [(*H.config(m, n, k, sms), 1, 0, 0, g) for g in groups]
+
+
+def unswapped(m, n, k, sms=132):
+    """The plan ``config`` picks with no swapped tiles (``_fp8_hopper.SWAP_M`` 0)."""
+    keep = H.SWAP_M
+    H.SWAP_M = 0
+    try:
+        return H.config(m, n, k, sms)
+    finally:
+        H.SWAP_M = keep
+
+
+def decode_alternatives(m, n, k, sms=132):
+    """The plans "decode" times beside the routed plan at M <= 64: the unswapped plan, the
+    swapped one (two blocks a multiprocessor) with 6, 8 and 12 stages (at most what fits)
+    and with ``swap_stages``'."""
+    plans = [unswapped(m, n, k, sms)]
+    swap = H.swap_config(m, n, k, sms)
+    if swap:
+        most = occ_stages(swap[1], 64, 2)
+        plans += [(*swap[:2], min(st, most), *swap[3:]) for st in (6, 8, 12)] + [swap]
+    pick = H.config(m, n, k, sms)
+    return sorted({p for p in plans if p != pick})
+
+
+def mid_plans(m, n, k, sms=132):
+    """The plans "mid" times beside the routed one at 128 and 256 rows, where the weights
+    still cost most: 64 x 64 and 64 x 32 tiles two blocks a multiprocessor, 128 x 32."""
+    return [
+        (1, 64, occ_stages(64, 64, 2), 2, 1, 1, 1, 2),
+        (1, 32, occ_stages(32, 64, 2), 2, 1, 1, 1, 2),
+        (2, 32, H.stages_for(2, 32), H.promotion(2, 32), 1),
+    ]
+
+
 def copy_bandwidth(nbytes=2**30):
     """Bytes a second that a device-to-device copy moves (read + written), the median of 5."""
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
@@ -362,6 +430,12 @@ def final_plans(m, n, k, sms=132):
     return [(wg, bn, H.stages_for(wg, bn, vec=2), pr, 2, cl, sp)]
 
 
+def full_plan(plan) -> tuple:
+    """``plan`` with its defaults spelled out: (WG, BN, STAGES, PROMOTE, VEC, CL, SPLIT, OCC,
+    FUSE, SWAP, GROUP)."""
+    return (*plan, *(1, 1, 1, 0, 0, H.GROUP_ROWS)[len(plan) - 5 :])
+
+
 def run_case(m, n, k, rowwise, plans, log, label="", floor_us=None):
     nbytes = m * k + k * n + 2 * m * n
     sets = operands(m, n, k, rowwise, max(1, min(8, math.ceil(3 * L2 / nbytes))))
@@ -371,7 +445,7 @@ def run_case(m, n, k, rowwise, plans, log, label="", floor_us=None):
     rec["pick_plan"] = list(H.config(m, n, k, sms))
     fns = {"cublas": scaled_mm}
     for plan in [None, *plans]:
-        if plan is not None and list((*plan, 1, 1)[:7]) == rec["pick_plan"]:
+        if plan is not None and full_plan(plan) == full_plan(rec["pick_plan"]):
             continue  # timed as "pick"
         name = "pick" if plan is None else "/".join(map(str, plan))
         _plan.clear()
@@ -435,7 +509,7 @@ def diagnose() -> None:
         wg, bn, st, pr, vec, *rest = plan
         c = dict(WG=wg, BN=bn, STAGES=st, PROMOTE=pr, GROUP=H.GROUP_ROWS, ROW_A=0, COL_B=0,
                  BIAS=0, DT=bf16, FP8=e4m3, VEC=vec, CL=rest[0] if rest else 1,
-                 SPLIT=1, AR=64 * wg)  # fmt: skip
+                 SPLIT=1, AR=64 * wg, SWAP=0)  # fmt: skip
         try:
             print(plan, H.matmul_fp8_wgmma.resources(**c), flush=True)
             if pr in (2, 5) and ptxas:  # the local ptxas' view of the same PTX
@@ -530,8 +604,15 @@ def warm(cases, ms, models, processes: int = 14) -> None:
                 plans.update(plans_for(m, n, new))
             if "sweepfinal" in cases:
                 plans.update(final_plans(m, n, k))
-            plans.add(H.config(m, n, k, 132))
     jobs = [(p, False) for p in sorted(plans)]
+    for m in ms:  # the routed plans, at their own rows (a decode tile's A rows copied)
+        rows = 1 if m == 1 else min(H.a_rows(m, 1, 1), 256)  # (one row: gemv_fp8)
+        jobs += [(H.config(m, n, k, 132), False, rows) for n, k in shapes]
+    if "swap" in cases:
+        for m in ms:
+            for n, k in [s for mo in models for s in SHAPES[mo]]:
+                jobs += [(p, False) for p in swap_plans(m, n, k)]
+                jobs.append((H.config(m, n, k, 132), False, min(H.a_rows(m, 1, 1), 64)))
     if "decgrid" in cases:
         for m in {min(H.a_rows(m, 1, 1), 64) for m in ms if m <= 64}:
             for n, k in DECODE_SHAPES:
@@ -540,6 +621,20 @@ def warm(cases, ms, models, processes: int = 14) -> None:
         jobs += [(p, True) for p in INTERVAL[:5]]
     if "final" in cases:
         jobs += [(H.config(4096, 4096, 4096, 132), r) for r in (False, True)]
+        jobs.append((H.config(8192, 8192, 8192, 132), False))
+    if "mid" in cases:
+        for m in [m for m in ms if 64 < m <= 256]:
+            for n, k in [s for mo in models for s in SHAPES[mo]]:
+                jobs += [(p, False, m) for p in [H.config(m, n, k, 132), *mid_plans(m, n, k)]]
+    if "decode" in cases:
+        for m in [m for m in ms if m <= 64]:
+            for n, k in [s for mo in models for s in SHAPES[mo]]:
+                rows = min(H.a_rows(m, 1, 1), 64)
+                pick = H.config(m, n, k, 132)
+                jobs += [(p, False, rows) for p in [pick, *decode_alternatives(m, n, k)]]
+    if "group" in cases:
+        jobs += [(p, False) for s in (4096, 8192) for p in [H.config(s, s, s, 132),
+                                                            *group_plans(s, s, s)]]  # fmt: skip
     jobs = sorted(set(jobs))
     chunks = [jobs[i::processes] for i in range(processes)]
     with mp.get_context("spawn").Pool(processes) as pool:
@@ -554,7 +649,9 @@ def main() -> None:
     p.add_argument("--cases", default="big,rowwise,sweep,cluster")
     p.add_argument("--ms", default="1,8192,16,4096,64,1024,256,2048,128,512,2,4,8,32")
     p.add_argument("--models", default="8b,70b")
+    p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args()
+    ROUNDS[0] = args.rounds
     t0 = time.time()
     use_ptxas()
     log = open(os.path.join(args.out, "fp8_plans.jsonl"), "a")  # noqa: SIM115
@@ -601,6 +698,33 @@ def main() -> None:
                     recs.append(rec)
                 except Exception:  # noqa: BLE001
                     traceback.print_exc()
+    if "decode" in cases:  # the routed decode plans against the old route, stages, preload
+        for m in [m for m in ms if m <= 64]:
+            for model in models:
+                for n, k in SHAPES[model]:
+                    if time.time() - t0 > args.budget:
+                        print(f"budget: skipped M={m} {n}x{k}", flush=True)
+                        continue
+                    try:
+                        plans = decode_alternatives(m, n, k)
+                        recs.append(run_case(m, n, k, False, plans, log, f"M={m} {n}x{k}"))
+                    except Exception:  # noqa: BLE001
+                        traceback.print_exc()
+    if "mid" in cases:  # small tiles at 128 and 256 rows
+        for m in [m for m in ms if 64 < m <= 256]:
+            for model in models:
+                for n, k in SHAPES[model]:
+                    if time.time() - t0 > args.budget:
+                        print(f"budget: skipped M={m} {n}x{k}", flush=True)
+                        continue
+                    try:
+                        recs.append(run_case(m, n, k, False, mid_plans(m, n, k), log,
+                                             f"M={m} {n}x{k}"))  # fmt: skip
+                    except Exception:  # noqa: BLE001
+                        traceback.print_exc()
+    if "group" in cases:  # the routed tile with other groupings of the tile order
+        for size in (4096, 8192):
+            recs.append(run_case(size, size, size, False, group_plans(size, size, size), log))
     if "final" in cases:  # the op as routed (config's plans) against cuBLAS
         recs.append(run_case(4096, 4096, 4096, False, [], log))
         recs.append(run_case(8192, 8192, 8192, False, [], log))
@@ -618,6 +742,18 @@ def main() -> None:
     if "cluster" in cases:
         recs.append(run_case(4096, 4096, 4096, False, CLUSTER, log, "4096^3 clusters"))
         recs.append(run_case(8192, 8192, 8192, False, CLUSTER, log, "8192^3 clusters"))
+    if "swap" in cases:  # the swapped decode plans at the sweep's shapes
+        for m in ms:
+            for model in models:
+                for n, k in SHAPES[model]:
+                    if time.time() - t0 > args.budget:
+                        print(f"budget: skipped M={m} {n}x{k}", flush=True)
+                        continue
+                    try:
+                        recs.append(run_case(m, n, k, False, swap_plans(m, n, k), log,
+                                             f"M={m} {n}x{k}"))  # fmt: skip
+                    except Exception:  # noqa: BLE001
+                        traceback.print_exc()
     if any(c in cases for c in ("sweep", "sweepnew", "sweepwide", "sweepfinal")):
         for m in ms:
             for model in models:

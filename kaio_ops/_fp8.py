@@ -163,12 +163,22 @@ def store_scaled(
     s_a = sa[0]
     if ROW_A:
         s_a = sa[row]
+    store_scaled_by(out, row, col, v0, v1, s_a, sb[0], sb, bias, COL_B, BIAS, DT)
+
+
+@kaio.gpu_func
+def store_scaled_by(
+    out: DT[:, :], row: u32, col: u32, v0: f32, v1: f32, s_a: f32, s_b0: f32, sb: f32[:],
+    bias: DT[:], COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """``store_scaled`` with row ``row``'s scale ``s_a`` given, and b's per-tensor scale
+    ``s_b0`` (loaded once by the caller; ``sb[col]`` instead with COL_B)."""
     vals = kaio.local(f32, (2,))
     vals[0] = v0
     vals[1] = v1
     pair = kaio.local(DT, (2,))
     for e in kaio.static_range(2):
-        s_b = sb[0]
+        s_b = s_b0
         if COL_B:
             s_b = sb[col + e]
         v = vals[e] * (s_a * s_b)

@@ -24,7 +24,13 @@ TMA multicast). ``SPLIT``: the tiles of the last, partial wave of the persistent
 of them when there are fewer tiles than multiprocessors) split along K into ``parts``
 (``unit_of``, ``split_parts``), their raw f32 sums in a workspace that ``sum_parts`` adds in
 order and scales, or (``SPLIT`` 3) that the last warp to arrive of each tile's warps adds
-in the same order before its epilogue (``last_part``: no second launch).
+in the same order before its epilogue (``last_part``: no second launch). ``SWAP``: the roles
+swapped, C^T = B^T A^T (cuBLAS's decode layout, its ``64x8`` tiles): the weights B^T are the
+64-row operand and a's few rows the wgmma's N = 8 to 32 columns, so that no wgmma reads rows
+that are not there; the same kernel (both operands K-major), the tensor maps and M, N
+exchanged by ``launch``, the tiles of C^T stored transposed (``store_transposed``: lanes
+trading values so that each stores two adjacent columns of C). ``swap_config`` routes them
+up to ``SWAP_M`` rows.
 
 Accumulation is promoted, as CUTLASS's default FP8 GEMMs and ``torch._scaled_mm`` (without
 ``use_fast_accum``) do: Hopper's fp8 wgmma keeps its running sum with fewer bits than f32
@@ -84,7 +90,7 @@ from __future__ import annotations
 import kaio
 from kaio import bool_, e4m3, e5m2, f16, f32, i32, u32, u64
 from kaio_ops import _arrays
-from kaio_ops._fp8 import FP8_TYPES, store_scaled
+from kaio_ops._fp8 import FP8_TYPES, store_scaled, store_scaled_by
 from kaio_ops._gemm_hopper import store_shared
 from kaio_ops._matmul_hopper import (
     BK,
@@ -446,9 +452,9 @@ def consume_pair(
 @kaio.gpu_func
 def epilogue_fp8(
     acc: f32[:, :, :], out: DT[:, :], ebuf: DT[:, :, :], sa: f32[:], sb: f32[:],
-    bias: DT[:], row0: i32, col0: i32, m: i32, n: i32, wg: u32, lt: u32, BN: kaio.constexpr,
-    ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
-    VEC: kaio.constexpr,
+    pre: f32[:], bias: DT[:], row0: i32, col0: i32, m: i32, n: i32, wg: u32, lt: u32,
+    BN: kaio.constexpr, ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr,
+    DT: kaio.constexpr, VEC: kaio.constexpr, SWAP: kaio.constexpr,
 ):  # fmt: skip
     """Store a warpgroup's 64 rows from ``row0`` and BN columns from ``col0`` (thread ``lt``
     holds ``acc``, the m16n8 C fragment of each n8 tile of its warp's 16 rows): first every
@@ -457,18 +463,71 @@ def epilogue_fp8(
     a store (``VEC`` 1), a pair (0), or (2, 16-bit ``DT``) the warp's 16 rows through its
     shared buffer ``ebuf[warp]``, each row then copied out by one lane's bulk copy
     (``_gemm_hopper.store_shared``: each lane waits until its copy has read the buffer).
-    N is a multiple of 16."""
+    N is a multiple of 16. ``SWAP``: the tile is of C^T (``store_transposed``). ``pre``: the
+    per-tensor scales ``sa[0]``, ``sb[0]``, loaded by the caller (``load_scales``)."""
+    if SWAP:
+        store_transposed(acc, out, sa, sb, pre, bias, row0, col0, m, n, lt, BN, ROW_A, COL_B,
+                         BIAS, DT)  # fmt: skip
+    else:
+        epilogue_rows(acc, out, ebuf, sa, sb, pre, bias, row0, col0, m, n, wg, lt, BN, ROW_A,
+                      COL_B, BIAS, DT, VEC)  # fmt: skip
+
+
+@kaio.gpu_func
+def store_transposed(
+    acc: f32[:, :, :], out: DT[:, :], sa: f32[:], sb: f32[:], pre: f32[:], bias: DT[:],
+    row0: i32, col0: i32, nt: i32, mt: i32, lt: u32, BN: kaio.constexpr, ROW_A: kaio.constexpr,
+    COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """``epilogue_fp8`` of a swapped tile (``SWAP``): ``acc`` holds the warpgroup's 64 rows
+    of C^T from ``row0`` (columns of C, < ``nt`` = N) and BN columns from ``col0`` (rows of
+    C, < ``mt`` = M). Lanes ``l`` and ``l ^ 4`` (C^T rows r and r ^ 1) trade values, so that
+    each holds two adjacent columns of one row of C: an even row lane C's row c, columns r,
+    r + 1; its partner row c + 1, columns r - 1, r; each pair stored by ``_fp8.store_scaled``
+    (the same arithmetic, one rounding). N is a multiple of 16."""
+    lane = i32(lt % 32)
+    row = row0 + 16 * i32(lt // 32) + lane // 4
+    even = (lane // 4) % 2 == 0
+    for j in kaio.static_range(BN // 8):
+        col = col0 + 8 * j + 2 * (lane % 4)
+        for h in kaio.static_range(2):
+            give = acc[j, h, 0]
+            if even:
+                give = acc[j, h, 1]
+            got = kaio.shfl_xor(give, 4)
+            r = row + 8 * h
+            c = col + 1 - i32(even)  # the row of C this lane stores
+            s_a = pre[0]
+            if ROW_A:
+                s_a = sa[kaio.min(c, mt - 1)]
+            if even:
+                if c < mt and r < nt:
+                    store_scaled_by(out, u32(c), u32(r), acc[j, h, 0], got, s_a, pre[1], sb,
+                                    bias, COL_B, BIAS, DT)  # fmt: skip
+            elif c < mt and r - 1 < nt:
+                store_scaled_by(out, u32(c), u32(r - 1), got, acc[j, h, 1], s_a, pre[1], sb,
+                                bias, COL_B, BIAS, DT)  # fmt: skip
+
+
+@kaio.gpu_func
+def epilogue_rows(
+    acc: f32[:, :, :], out: DT[:, :], ebuf: DT[:, :, :], sa: f32[:], sb: f32[:],
+    pre: f32[:], bias: DT[:], row0: i32, col0: i32, m: i32, n: i32, wg: u32, lt: u32,
+    BN: kaio.constexpr, ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr,
+    DT: kaio.constexpr, VEC: kaio.constexpr,
+):  # fmt: skip
+    """``epilogue_fp8`` of a tile of C (its docstring)."""
     lane = i32(lt % 32)
     row = row0 + 16 * i32(lt // 32) + lane // 4
     s_a = kaio.local(f32, (2,))
     for h in kaio.static_range(2):
-        s_a[h] = sa[0]
+        s_a[h] = pre[0]
         if ROW_A:
             s_a[h] = sa[kaio.min(row + 8 * h, m - 1)]
     for j in kaio.static_range(BN // 8):
         col = kaio.min(col0 + 8 * j + 2 * (lane % 4), n - 2)
         for e in kaio.static_range(2):
-            s_b = sb[0]
+            s_b = pre[1]
             if COL_B:
                 s_b = sb[col + e]
             add = f32(0.0)
@@ -543,13 +602,16 @@ def consume_tiles(
     ROWS: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, PROMOTE: kaio.constexpr,
     GROUP: kaio.constexpr, ROW_A: kaio.constexpr, COL_B: kaio.constexpr,
     BIAS: kaio.constexpr, DT: kaio.constexpr, FP8: kaio.constexpr, VEC: kaio.constexpr,
-    CL: kaio.constexpr, SPLIT: kaio.constexpr,
+    CL: kaio.constexpr, SPLIT: kaio.constexpr, SWAP: kaio.constexpr,
 ):  # fmt: skip
     """A consumer warpgroup's tiles: each one's sums (``consume``), then its epilogue; with
     ``SPLIT``, its units (``unit_of``: whole tiles below ``full``, then parts of the split
     tiles, whose raw sums go to rows ``slot * ROWS ..`` of ``ws`` for ``sum_parts``; with
-    ``SPLIT`` 3, each warp's last arrival of a tile sums them: ``last_part``)."""
+    ``SPLIT`` 3, each warp's last arrival of a tile sums them: ``last_part``). The
+    per-tensor scales are loaded at each epilogue (loading them once before the first tile
+    instead ran 0.3% slower on an H100: docs/performance.md)."""
     here = kaio.local(i32, (4,))
+    pre = kaio.local(f32, (2,))  # sa[0], sb[0]
     for i in range(my_tiles):
         u = tile0 + i * step
         count = k_tiles
@@ -572,19 +634,21 @@ def consume_tiles(
                     PROMOTE, FP8, f32, CL)  # fmt: skip
         place(here, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
         row0 = here[2] + rank * ROWS + 64 * i32(wg)
+        pre[0] = sa[0]
+        pre[1] = sb[0]
         if slot >= 0 and SPLIT == 3:  # fused: the warp's last arrival sums and stores
             w = i32(lt // 32)
             cw = (slot // parts) * (4 * ROWS // 64) + i32(wg) * 4 + w  # the warp's counter
             at = slot * ROWS + 64 * i32(wg) + 16 * w + i32(lt % 32) // 4
             if last_part(acc, ws, cnt, cw, at, slot % parts, parts, i32(lt % 32), ROWS, BN):
-                epilogue_fp8(acc, out, ebuf, sa, sb, bias, row0, here[3], m, n, wg, lt, BN,
-                             ROW_A, COL_B, BIAS, DT, VEC)  # fmt: skip
+                epilogue_fp8(acc, out, ebuf, sa, sb, pre, bias, row0, here[3], m, n, wg, lt, BN,
+                             ROW_A, COL_B, BIAS, DT, VEC, SWAP)  # fmt: skip
         elif slot >= 0:  # a part of a split tile (SPLIT): its raw sums, BN columns a row
             store_rows(acc, ws, ws, ws, slot * ROWS + 64 * i32(wg), 0, (slot + 1) * ROWS, BN,
                        BN, 0, 1.0, 1.0, 1.0, lt, BN, f32)  # fmt: skip
         else:
-            epilogue_fp8(acc, out, ebuf, sa, sb, bias, row0, here[3], m, n, wg, lt, BN, ROW_A,
-                         COL_B, BIAS, DT, VEC)  # fmt: skip
+            epilogue_fp8(acc, out, ebuf, sa, sb, pre, bias, row0, here[3], m, n, wg, lt, BN,
+                         ROW_A, COL_B, BIAS, DT, VEC, SWAP)  # fmt: skip
     if VEC == 2:
         if lt % 32 < 16:
             kaio.bulk_wait(0)  # (the buffer stays until its copies are done)
@@ -598,7 +662,7 @@ def matmul_fp8_wgmma(
     STAGES: kaio.constexpr, PROMOTE: kaio.constexpr, GROUP: kaio.constexpr,
     ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
     FP8: kaio.constexpr, VEC: kaio.constexpr, CL: kaio.constexpr, SPLIT: kaio.constexpr,
-    AR: kaio.constexpr,
+    AR: kaio.constexpr, SWAP: kaio.constexpr,
 ):  # fmt: skip
     """out = (A @ B) * sa * sb (+ bias): A [m, K] through ``ta`` and B^T [n, K] through
     ``tb``, both as 16-bit units [rows, k2 = K / 2]; ``64 * WG x BN`` tiles; with ``CL = 2``
@@ -607,7 +671,9 @@ def matmul_fp8_wgmma(
     ``SPLIT`` (one block a cluster): the tiles from ``full`` on split in ``parts`` along K,
     their raw sums in ``ws`` [(tiles - full) * parts * 64 WG, BN] (``unit_of``), added by
     ``sum_parts``, or with ``SPLIT`` 3 by each warp's last arrival (``last_part``, counting
-    in ``cnt``)."""
+    in ``cnt``). ``SWAP``: the roles swapped (``swap_plan``): ``ta`` maps B^T [n, K] and
+    ``tb`` A [m, K], the kernel's ``m`` is N and ``n`` is M, its tiles are of C^T, stored
+    transposed (``store_transposed``)."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL == 2:
         kaio.cluster_dims(2)
@@ -666,12 +732,12 @@ def matmul_fp8_wgmma(
             consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ebuf, ws, cnt, sa,
                           sb, bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
                           rank, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
-                          BIAS, DT, FP8, VEC, CL, SPLIT)  # fmt: skip
+                          BIAS, DT, FP8, VEC, CL, SPLIT, SWAP)  # fmt: skip
         else:
             consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ebuf, ws, cnt, sa,
                           sb, bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
                           rank, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
-                          BIAS, DT, FP8, VEC, CL, SPLIT)  # fmt: skip
+                          BIAS, DT, FP8, VEC, CL, SPLIT, SWAP)  # fmt: skip
     else:  # the producer warpgroup: its first thread issues the copies
         if WG > 1:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -811,18 +877,55 @@ def estimate(m: int, n: int, k: int, sms: int, wg: int, bn: int, cl: int) -> tup
     return best
 
 
+SWAP_M = 32  # a's rows up to which the swapped tiles run (swap_config; one row: _fp8_decode)
+SWAP_OCC = 2  # swapped blocks a multiprocessor
+
+
+def swap_stages(n: int, k: int, sms: int) -> int:
+    """The ring stages of a swapped tile (``swap_config``), as measured on an H100 (bench
+    /fp8_plans.py --cases decode, docs/performance.md): 12 for long K (past 8192: 4096 x
+    14336 ran 5% slower on 8), 6 where the tiles outnumber the slots at K = 4096 (28672 x
+    4096: 2-3% faster than 8), else 8 (6144 x 4096: 3% faster than 12)."""
+    if k > 8192:
+        return 12
+    return 6 if -(-n // 64) > SWAP_OCC * sms and k <= 4096 else 8
+
+
+def swap_config(m: int, n: int, k: int, sms: int) -> tuple | None:
+    """The swapped decode plan (``SWAP``, C^T = B^T A^T, as cuBLAS's 64 x 8 tiles): tiles of
+    64 weight rows by a's ``m`` rows rounded up to 8, one consumer warpgroup, two slice sums
+    in turn, up to ``SWAP_OCC`` blocks a multiprocessor, ``swap_stages`` ring stages (at
+    most what fits ``1 / SWAP_OCC`` of one). None where the ``n / 64`` tiles would leave
+    some multiprocessors with one block and others with two (more tiles than
+    multiprocessors but fewer than the slots: 10240 columns): the unswapped tiles were
+    faster there. Measured on an H100 (bench/fp8_plans.py --cases swap and decode;
+    docs/performance.md)."""
+    tiles = -(-n // 64)
+    if sms < tiles <= SWAP_OCC * sms:
+        return None
+    bn = max(8, -(-m // 8) * 8)
+    most = stages_for(1, bn, 32, limit=(SHARED_LIMIT + 1024) // SWAP_OCC - 1024)
+    stages = min(most, swap_stages(n, k, sms))
+    return 1, bn, stages, promotion(1, bn), 1, 1, 1, SWAP_OCC, 0, 1
+
+
 def config(m: int, n: int, k: int, sms: int) -> tuple:
-    """(WG, BN, STAGES, PROMOTE, VEC, CL, SPLIT) for an ``m x n`` output on ``sms``
-    multiprocessors. Up to 64 rows the weights' bytes are the cost: 64-row tiles of 16 to 128
-    columns (two slice sums in turn), the width that fills the waves of tiles best (each tile
-    costs about 64 columns more than its width: 32 columns for N = 4096, 48 for 6144, 112
-    for 28672). Past that, the tile of ``RATES`` whose ``estimate`` is least: its speed
-    times how well its tiles fill the waves, the last wave's tiles split along K where that
-    shortens it. Measured on an H100 (bench/fp8_plans.py; docs/performance.md)."""
+    """(WG, BN, STAGES, PROMOTE, VEC, CL, SPLIT[, OCC, FUSE, SWAP]) for an ``m x n`` output
+    on ``sms`` multiprocessors. Up to ``SWAP_M`` rows the swapped tiles (``swap_config``)
+    where they fit the multiprocessors. Up to 64 rows the weights' bytes are the cost:
+    64-row tiles of 16 to 128 columns (two slice sums in turn), the width that fills the
+    waves of tiles best (each tile costs about 64 columns more than its width: 32 columns
+    for N = 4096, 48 for 6144, 112 for 28672). Past that, the tile of ``RATES`` whose
+    ``estimate`` is least: its speed times how well its tiles fill the waves, the last
+    wave's tiles split along K where that shortens it. Measured on an H100
+    (bench/fp8_plans.py; docs/performance.md)."""
 
     def waves(rows: int, bn: int) -> int:
         return -(-(-(-m // rows) * -(-n // bn)) // sms)
 
+    swapped = swap_config(m, n, k, sms) if m <= SWAP_M else None
+    if swapped:
+        return swapped
     if m <= 64:
         bn = min(range(16, 129, 16), key=lambda b: (waves(64, b) * (b + 64), -b))
         return plan(1, bn)
@@ -869,7 +972,8 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     """Run ``matmul_fp8_wgmma`` on a persistent grid of at most ``sms`` blocks. ``a_units``
     and ``bt_units``: A [m, k] and B^T [n, k] viewed as f16 [rows, k / 2] (for the tensor
     maps); the other arrays as ``_fp8._mm_fp8`` takes them; ``flags``: its ROW_A, COL_B and
-    BIAS; ``plan``: (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT[, OCC[, FUSE]]]]), default
+    BIAS; ``plan``: (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT[, OCC[, FUSE[, SWAP[,
+    GROUP]]]]]]), default
     ``config``'s; SPLIT > 1 (one block a cluster): the tiles of the last partial wave split
     that many ways along K (``split_from``), their raw sums in a workspace made like
     ``like`` (an ``_arrays.Operand``), added by ``sum_parts``. OCC (one block a cluster;
@@ -877,22 +981,28 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     STAGES small enough that OCC blocks' shared memory fits one: more blocks streaming the
     weights at decode sizes). FUSE (with SPLIT > 1): the parts summed in the kernel, by
     each warp's last arrival (``last_part``; counters from ``linear._counters``), not by
-    ``sum_parts``."""
+    ``sum_parts``. SWAP: C^T = B^T A^T (``swap_plan``): ``64 * WG``-row tiles of the
+    weights, BN of a's rows a tile; its K split always summed in the kernel. GROUP: the
+    tile rows a group of the tile order spans (``_matmul_hopper.grouped``; ``GROUP_ROWS``)."""
     from kaio_ops.linear import _counters, _placeholder
 
     wg, bn, stages, promote_mode, vec, *rest = plan or config(m, n, k, sms)
-    cl, split, occ, fuse = (*rest, *(1, 1, 1, 0)[len(rest) :])[:4]
+    cl, split, occ, fuse, swap, group = (*rest, *(1, 1, 1, 0, 0, GROUP_ROWS)[len(rest) :])[:6]
     if (split > 1 or occ > 1) and cl > 1:
         raise ValueError(
             f"matmul_fp8: plan {plan}: a K split or OCC > 1 needs CL = 1 (one block a tile)"
         )
+    if swap:  # C^T = B^T A^T: the weights are the 64-row operand, the rows of a the columns
+        a_units, bt_units, m, n = bt_units, a_units, n, m
+        fuse, vec = 1, 1  # (sum_parts and the shared epilogue store tiles of C, not C^T)
     rows = 64 * wg
     ar = a_rows(m, wg, cl)
     ta = kaio.tensor_map_2d(a_units, (ar, BK), SW)
     tb = kaio.tensor_map_2d(bt_units, (bn // cl, BK), SW)
     constexprs = dict(
-        WG=wg, BN=bn, STAGES=stages, PROMOTE=promote_mode, GROUP=GROUP_ROWS, **flags, DT=dt,
+        WG=wg, BN=bn, STAGES=stages, PROMOTE=promote_mode, GROUP=group, **flags, DT=dt,
         FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=min(split, 2) + (split > 1 and fuse), AR=ar,
+        SWAP=int(bool(swap)),
     )  # fmt: skip
     if vec == 2 and dt.itemsize != 2:
         vec = 1  # (the shared buffers hold 16-bit outputs)
@@ -917,7 +1027,7 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     if full < tiles and not fused:
         pairs = (tiles - full) * rows * bn // 2
         sum_parts[-(-pairs // SUM_THREADS), SUM_THREADS, stream](
-            ws, out, sa, sb, bias, m, n, full, split, ROWS=rows, BN=bn, GROUP=GROUP_ROWS,
+            ws, out, sa, sb, bias, m, n, full, split, ROWS=rows, BN=bn, GROUP=group,
             **flags, DT=dt,
         )  # fmt: skip
 
@@ -957,14 +1067,19 @@ def specializations():
                                  "FP8": FP8_TYPES[name], "VEC": vec, "CL": cl,
                                  "SPLIT": 2 if wg == 1 and bn == 64 else 1,
                                  "AR": {128: 16, 32: 8}.get(bn, 64) if wg == 1
-                                 else 64 * wg}  # fmt: skip
+                                 else 64 * wg, "SWAP": 0}  # fmt: skip
     shared_c = {"WG": 2, "BN": 208, "STAGES": stages_for(2, 208, vec=2), "PROMOTE": 1,
                 "GROUP": GROUP_ROWS, "ROW_A": 0, "COL_B": 1, "BIAS": 1, "DT": bf16,
-                "FP8": e4m3, "VEC": 2, "CL": 1, "SPLIT": 1, "AR": 128}  # fmt: skip
+                "FP8": e4m3, "VEC": 2, "CL": 1, "SPLIT": 1, "AR": 128, "SWAP": 0}  # fmt: skip
     yield matmul_fp8_wgmma, shared_c  # (C through shared memory)
     yield (
         matmul_fp8_wgmma,
         {**shared_c, "WG": 1, "BN": 32, "STAGES": 20, "PROMOTE": 2, "VEC": 1, "SPLIT": 3, "AR": 8},
     )  # (the K split summed in kernel)
+    yield (
+        matmul_fp8_wgmma,
+        {**shared_c, "WG": 1, "BN": 8, "STAGES": 25, "PROMOTE": 2, "VEC": 1, "SPLIT": 3,
+         "AR": 64, "SWAP": 1, "FP8": e5m2, "DT": f16},
+    )  # (swapped: C^T = B^T A^T, stored transposed)  # fmt: skip
     yield sum_parts, {"ROWS": 64, "BN": 64, "GROUP": GROUP_ROWS, "ROW_A": 1, "COL_B": 0,
                       "BIAS": 1, "DT": bf16}  # fmt: skip

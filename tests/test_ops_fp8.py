@@ -285,6 +285,56 @@ def test_hopper_plans_sim(plan, m, n, k, scales, out, monkeypatch):
     assert np.abs(ref).max() > 100
 
 
+@pytest.mark.parametrize(
+    "plan, m, n, k, scales, out, name",
+    [
+        ((1, 8, 4, 2, 1, 1, 1, 1, 0, 1), 1, 112, 384, "tensor", "bf16", "e4m3"),  # M = 1
+        ((1, 8, 4, 2, 1, 1, 1, 1, 0, 1), 13, 208, 512, "row", "f32", "e5m2"),  # 2 column tiles
+        ((1, 16, 5, 2, 1, 1, 2, 2, 0, 1), 16, 96, 768, "col", "f16", "e4m3"),  # K split, OCC 2
+        ((2, 8, 4, 2, 1, 1, 1, 1, 0, 1), 3, 272, 384, "both", "bf16", "e5m2"),  # 128-row tiles
+        ((1, 32, 3, 2, 1, 1, 3, 1, 1, 1), 30, 144, 640, "both", "bf16", "e4m3"),  # 3 parts
+        ((2, 16, 3, 1, 1, 1, 2, 1, 0, 1), 9, 128, 512, "row", "f16", "e4m3"),  # split, 2 WG
+    ],
+)
+def test_swapped_plans_sim(plan, m, n, k, scales, out, name, monkeypatch):
+    """The swapped tiles (``SWAP``: C^T = B^T A^T, the weights as the wgmma's 64-row operand,
+    a's rows its columns, stored transposed by ``store_transposed``) on the simulator against
+    float64: M = 1 and partial column tiles of a's rows, N tails (partial 64-row weight
+    tiles), K splits summed in the kernel, per-tensor, per-row and per-column scales, bias,
+    e4m3 and e5m2, every output type."""
+    from kaio_ops import _fp8_hopper, fp8
+
+    monkeypatch.setattr(fp8, "HOPPER_IN_SIMULATOR", True)
+    monkeypatch.setattr(_fp8_decode, "MAX_M", 0)  # (M = 1 on the wgmma kernel)
+    calls = []
+    launch = _fp8_hopper.launch
+
+    def forced(*args, like=None):
+        calls.append(1)
+        launch(*args[:12], 2, args[13], plan, like=like)
+
+    monkeypatch.setattr(_fp8_hopper, "launch", forced)
+    maps = []  # the rows of the arrays the tensor maps cover: the weights' first when swapped
+    tensor_map_2d = kaio.tensor_map_2d
+    monkeypatch.setattr(
+        kaio, "tensor_map_2d", lambda arr, *r: maps.append(arr.shape[0]) or tensor_map_2d(arr, *r)
+    )
+    a, w = _fp8_operands(m, k, n, name, seed=m + n)
+    rng = np.random.default_rng(k)
+    sa = rng.uniform(0.5, 2, (m, 1) if scales in ("row", "both") else (1,)).astype(np.float32)
+    sb = rng.uniform(0.5, 2, (1, n) if scales in ("col", "both") else (1,)).astype(np.float32)
+    np_out = {"bf16": ml_dtypes.bfloat16, "f16": np.float16, "f32": np.float32}[out]
+    bias = (rng.standard_normal(n) * 10).astype(np_out)
+    with kaio.simulate():
+        got = kaio_ops.matmul_fp8(a, w.T, sa, sb, out_dtype=out, bias=bias)
+    assert calls == [1] and maps == [n, m]
+    ref = matmul_reference(a, w.T, sa, sb, bias)
+    eps = {"bf16": 2.0**-8, "f16": 2.0**-11, "f32": 2.0**-20}[out]
+    mag = matmul_reference(np.abs(a.astype(np.float64)), np.abs(w.T.astype(np.float64)), sa, sb)
+    assert np.all(np.abs(got.astype(np.float64) - ref) <= np.abs(ref) * eps + 1e-6 * mag + 1e-3)
+    assert np.abs(ref).max() > 100
+
+
 def test_split_of_the_last_wave():
     """The K split splits only the last partial wave's tiles, into the parts that make it
     shortest: 4096^3 in 128 x 192 tiles is 704 tiles on 132 multiprocessors, 5 whole waves
@@ -313,11 +363,13 @@ def test_config_plans_fit(sms):
               (8192, 8192), (57344, 8192), (8192, 28672)]  # fmt: skip
     for m in [1 << i for i in range(14)] + [3, 100, 1000]:
         for n, k in shapes:
-            wg, bn, stages, promote, vec, cl, split = H.config(m, n, k, sms)
-            assert H.shared_bytes(wg, bn, stages) <= H.SHARED_LIMIT
+            wg, bn, stages, promote, vec, cl, split, *rest = H.config(m, n, k, sms)
+            occ, _, swap = (*rest, 1, 0, 0)[:3]
+            assert occ * (H.shared_bytes(wg, bn, stages) + 1024) <= H.SHARED_LIMIT + 1024
             assert promote == H.promotion(wg, bn)
             assert (wg, bn, cl) in H.RATES or (wg == 1 and bn <= 128 and m <= 64)
             assert split == 1 or (cl == 1 and k // 128 >= 2 * split)
+            assert not swap or (m <= H.SWAP_M and bn == max(8, -(-m // 8) * 8) and wg == 1)
     assert {(wg, bn) for wg, bn, _ in H.RATES} <= set(H.PLANS)  # each in the PTX checks
     if sms == 132:
         assert min(H.config(s, s, s, sms)[1] for s in (4096, 8192)) >= 192
@@ -542,6 +594,58 @@ def test_decode_plans_gpu_vs_scaled_mm(plan, m, monkeypatch):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernel needs sm_90")
     _forced_plan_vs_scaled_mm(torch, plan, monkeypatch, m)
+
+
+SWAPPED_GPU_PLANS = [
+    ((1, 8, 25, 2, 1, 1, 1, 1, 0, 1), 1),
+    ((1, 8, 25, 2, 1, 1, 2, 1, 1, 1), 5),
+    ((1, 16, 11, 2, 1, 1, 2, 2, 1, 1), 13),
+    ((1, 32, 18, 2, 1, 1, 1, 1, 0, 1), 32),
+    ((2, 16, 12, 2, 1, 1, 1, 1, 0, 1), 16),
+    ((2, 64, 9, 2, 1, 1, 2, 1, 1, 1), 64),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("plan, m", SWAPPED_GPU_PLANS)
+def test_swapped_plans_gpu_vs_scaled_mm(plan, m, monkeypatch):
+    """The swapped tiles (``SWAP``), forced, against torch._scaled_mm: per-row and
+    per-column scales and bias within the bias's second rounding (N = 1008: a partial
+    64-row weight tile), and bit for bit with per-tensor scales, no bias, bf16 out."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernel needs sm_90")
+    monkeypatch.setattr(_fp8_decode, "MAX_M", 0)  # (M = 1 on the wgmma kernel)
+    _forced_plan_vs_scaled_mm(torch, plan, monkeypatch, m)
+    torch.manual_seed(m)
+    k, n = 4096, 4096
+    a, sa = kaio_ops.quantize_fp8(torch.randn(m, k, device="cuda"))
+    wq, sw = kaio_ops.quantize_fp8(torch.randn(n, k, device="cuda"))
+    got = kaio_ops.matmul_fp8(a, wq.t(), sa, sw)
+    ap = torch.zeros(-(-m // 16) * 16, k, device="cuda").to(a.dtype)
+    ap[:m] = a
+    want = torch._scaled_mm(ap, wq.t(), sa, sw, out_dtype=torch.bfloat16)[:m]
+    assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, n, k", [(2, 6144, 4096), (8, 28672, 4096), (16, 4096, 14336),
+                                     (32, 8192, 8192), (16, 10240, 8192)])  # fmt: skip
+def test_routed_decode_gpu_bit_identical(m, n, k):
+    """The routed decode plans (swapped tiles up to ``SWAP_M`` rows where ``swap_config``
+    takes them; 10240 columns unswapped) give torch._scaled_mm's bf16 outputs bit for bit
+    (per-tensor scales, no bias; torch's A padded to 16 rows)."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernel needs sm_90")
+    torch.manual_seed(m + n)
+    a, sa = kaio_ops.quantize_fp8(torch.randn(m, k, device="cuda"))
+    wq, sw = kaio_ops.quantize_fp8(torch.randn(n, k, device="cuda") * 0.02)
+    got = kaio_ops.matmul_fp8(a, wq.t(), sa, sw)
+    ap = torch.zeros(-(-m // 16) * 16, k, device="cuda").to(a.dtype)
+    ap[:m] = a
+    want = torch._scaled_mm(ap, wq.t(), sa, sw, out_dtype=torch.bfloat16)[:m]
+    assert torch.equal(got, want)
 
 
 def _forced_plan_vs_scaled_mm(torch, plan, monkeypatch, m=1000):
