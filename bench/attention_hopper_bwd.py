@@ -94,6 +94,8 @@ def runner(kind: str, d: int, over: dict):
             hb.FUSED = dict.fromkeys(hb.FUSED, True)
         if "only" in over:
             hb.launch = functools.partial(launch, only=over["only"])
+        elif "side" in over:  # the pair's dQ kernel on a second stream (or not)
+            hb.launch = functools.partial(launch, side=over["side"])
         try:
             return raw(do, q, k, v, o, lse, causal, None, fixed)
         finally:

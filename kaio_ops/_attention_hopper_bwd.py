@@ -858,7 +858,7 @@ def worthwhile(bh: int, sq: int, sk: int, d: int, sms: int) -> bool:
 
 def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
            cfg: dict | None = None, only: str | None = None, deterministic: bool = False,
-           fused: bool | None = None):  # fmt: skip
+           fused: bool | None = None, side: bool | None = None):  # fmt: skip
     """Run the kernels on checked operands (``_arrays.Operand``s q, do [B, H, Sq, D], k, v
     [B, Hkv, Sk, D], lse [B, H, Sq] f32) and ``delta`` (flat f32 [B * H * Sq], rowsum(dO *
     O)); ``dims``: (B * H, H, group, sq, sk, d, d); ``cfg``: the constexprs (default
@@ -867,7 +867,9 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     (``cfg["fused"]``) that computes dK, dV and adds dQ in f32 with atomics (then rounded by
     ``dq_convert``): the order of those additions varies from run to run, so dQ's last bits
     may. ``only``: "dkdv" or "dq" launches that kernel of the pair alone (to time it: the
-    other's outputs are left unwritten). Returns (dq, dk, dv) of q's type and shapes."""
+    other's outputs are left unwritten). ``side`` (default ``SIDE``; torch arrays): the
+    pair's dQ kernel runs on a second stream beside the dK/dV kernel (``side_stream``), so
+    that each fills the other's last wave. Returns (dq, dk, dv) of q's type and shapes."""
     import math
 
     from kaio_ops import _arrays
@@ -908,28 +910,75 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     if fused:
         dq_zero[grid, 256, stream, 0](dq_acc, qa.size)
     nbuf = 3 if c1.get("LATE") == 2 else 2
-    smem = shared_bytes(d, bk, c1["BM"], c1["STAGES"], c1["STAGES"] * c1["BM"], c1.get("DQ", 0),
-                        nbuf)  # fmt: skip
-    if only != "dq":
-        attention_bwd_dkdv_wgmma[(-(-sk // bk), bh // group), 128 * c1["WG"] + 128, stream, smem](
+    smem1 = shared_bytes(d, bk, c1["BM"], c1["STAGES"], c1["STAGES"] * c1["BM"],
+                         c1.get("DQ", 0), nbuf)  # fmt: skip
+
+    def dkdv_kernel():
+        grid = (-(-sk // bk), bh // group)
+        attention_bwd_dkdv_wgmma[grid, 128 * c1["WG"] + 128, stream, smem1](
             tmap(ka, rows_kv, bk), tmap(va, rows_kv, bk), tmap(qa, rows_q, c1["BM"]),
             tmap(da, rows_q, c1["BM"]), *stats_maps(c1["BM"]), la.arg(rows_q), delta,
             _arrays.output_arg(da, dk, (ka.size,)), _arrays.output_arg(da, dv, (ka.size,)),
             dq_acc, *args, D=d, DT=qa.dtype, **c1,
         )  # fmt: skip
+
+    side = (SIDE if side is None else side) and only is None and not fused
+    if not side and only != "dq":
+        dkdv_kernel()
     if fused:
         dq_out = _arrays.output_arg(da, dq, (qa.size,))
         dq_convert[grid, 256, stream, 0](dq_out, dq_acc, qa.size, scale, DT=qa.dtype)
         return dq, dk, dv
     bq = 64 * c2["WG"]
     smem = shared_bytes(d, bq, c2["BN"], c2["STAGES"], bq)
-    if only != "dkdv":
-        attention_bwd_dq_wgmma[(-(-sq // bq), bh), 128 * c2["WG"] + 128, stream, smem](
+    if only == "dkdv":
+        return dq, dk, dv
+    with side_stream(qa, side) as dq_stream:  # (there the dQ kernel first)
+        attention_bwd_dq_wgmma[(-(-sq // bq), bh), 128 * c2["WG"] + 128, dq_stream, smem](
             tmap(qa, rows_q, bq), tmap(da, rows_q, bq), tmap(ka, rows_kv, c2["BN"]),
             tmap(va, rows_kv, c2["BN"]), *stats_maps(bq),
             _arrays.output_arg(da, dq, (qa.size,)), *args, D=d, DT=qa.dtype, **c2,
         )  # fmt: skip
+        if side:
+            dkdv_kernel()
     return dq, dk, dv
+
+
+# Whether the pair's dQ kernel runs on a second stream beside the dK/dV kernel (``launch``).
+SIDE = False
+_SIDE_STREAMS: dict = {}
+
+
+class side_stream:
+    """``with side_stream(like, on) as s``: ``s`` is the stream to launch on. Where ``on`` and
+    ``like`` is a torch array on a GPU, a second stream of its device (one per device, kept),
+    made to wait for the current stream's work before the block and waited for by it after
+    (so that the caller's later work, and the allocator's reuse of the block's arrays, come
+    after it); else the current stream (``_arrays.stream_of``)."""
+
+    def __init__(self, like, on: bool):
+        from kaio_ops import _arrays
+
+        self.like, self.on = like, bool(on) and like.kind == "torch"
+        self.stream = None if self.on else _arrays.stream_of(like)
+
+    def __enter__(self):
+        if not self.on:
+            return self.stream
+        import torch
+
+        dev = self.like.obj.device
+        self.main = torch.cuda.current_stream(dev)
+        self.side = _SIDE_STREAMS.get(dev)
+        if self.side is None:
+            self.side = _SIDE_STREAMS[dev] = torch.cuda.Stream(dev)
+        self.side.wait_stream(self.main)
+        return self.side.cuda_stream
+
+    def __exit__(self, *exc):
+        if self.on:
+            self.main.wait_stream(self.side)
+        return False
 
 
 def specializations():
