@@ -347,6 +347,41 @@ def consume_dkdv(
             kaio.wgmma_wait(0)
             hand_dq(dq_s, bars, dq_acc, dqa, pat0, pq, sq, c0, lane, lt, total > 1, wph, FULL,
                     D, NQ, DQ)  # fmt: skip
+    elif PIPE >= 2:  # as 1, with dS^T (and P^T: 2) through shared memory, not registers
+        if total > 0:
+            kaio.mbarrier_wait(bars, (0, 0), 0)
+            kaio.wgmma_fence()
+            issue_front(s, dp, k_s, v_s, q_s, do_s, af, bf, 0, wg, D, AREG, DT)
+            kaio.wgmma_wait(0)
+            grads_t(s, dp, stats, 0, lse, delta, at0, key0, t * BM, sq, kend, causal,
+                    scale_log2, lane, BM, TSTATS)  # fmt: skip
+            pb = i32(0)  # tile i - 1's ds_s buffers: 4 - PIPE of them from pb (double-buffered)
+            wph = hand_pt(ds_s, pb, p, s, dp, bars, STAGES + i32(wg), wph, kr, lane, lt, BM,
+                          PIPE, DT)  # fmt: skip
+            ps = i32(0)  # the stage of tile i - 1 (two stages at least: launch)
+            st = 1
+            t, at0 = next_tile(t, at0, first, n_tiles, sq)
+            for _i in range(1, total):
+                kaio.mbarrier_wait(bars, (0, st), ph)
+                kaio.wgmma_fence()
+                issue_front(s, dp, k_s, v_s, q_s, do_s, af, bf, st, wg, D, AREG, DT)
+                issue_back_pt(dka, dva, p, ds_s, pb, wg, q_s, do_s, ps, BM, PIPE, DT)  # i - 1's
+                kaio.wgmma_wait(2)  # S^T, dP^T done (tile i - 1's dV, dK may still run)
+                grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, kend, causal,
+                        scale_log2, lane, BM, TSTATS)  # fmt: skip
+                kaio.wgmma_wait(0)  # tile i - 1's dV, dK done: its stage and ds_s are free
+                release(bars, ps, lt)
+                pb = 4 - PIPE - pb  # the other buffers: tile i - 1's may still be read by
+                # another warp's products (each warp waited only for its own)
+                wph = hand_pt(ds_s, pb, p, s, dp, bars, STAGES + i32(wg), wph, kr, lane, lt, BM,
+                              PIPE, DT)  # fmt: skip
+                t, at0 = next_tile(t, at0, first, n_tiles, sq)
+                ps = st
+                st, ph = next_stage(st, ph, STAGES)
+            kaio.wgmma_fence()
+            issue_back_pt(dka, dva, p, ds_s, pb, wg, q_s, do_s, ps, BM, PIPE, DT)
+            kaio.wgmma_wait(0)
+            release(bars, ps, lt)
     elif total > 0:
         kaio.mbarrier_wait(bars, (0, 0), 0)
         kaio.wgmma_fence()
@@ -392,6 +427,59 @@ def issue_back_dkdv(
     group; P^T and dS^T from registers)."""
     issue_pv(dva, p, do_s, st, BM, DT)
     issue_pv(dka, ds, q_s, st, BM, DT)
+
+
+@kaio.gpu_func
+def issue_back_pt(
+    dka: f32[:, :], dva: f32[:, :], p: u32[:, :], pt_s: DT[:, :, :], pb: i32, wg: u32,
+    q_s: DT[:, :, :, :], do_s: DT[:, :, :, :], st: i32, BM: kaio.constexpr,
+    PIPE: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """``issue_back_dkdv`` with dS^T from shared memory (``pt_s[pb + 3 - PIPE]``, this
+    warpgroup's 64 rows) and P^T from ``pt_s[pb]`` (``PIPE`` 2) or the registers ``p`` (3)."""
+    if PIPE == 2:
+        issue_pt(dva, pt_s, pb, wg, do_s, st, BM, DT)
+    else:
+        issue_pv(dva, p, do_s, st, BM, DT)
+    issue_pt(dka, pt_s, pb + 3 - PIPE, wg, q_s, st, BM, DT)
+
+
+@kaio.gpu_func
+def issue_pt(
+    acc: f32[:, :], pt_s: DT[:, :, :], b: i32, wg: u32, x_s: DT[:, :, :, :], st: i32,
+    BM: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """Issue acc += A X and commit: A this warpgroup's 64 rows of ``pt_s[b]`` (K-major: 64
+    queries a row, 128-byte swizzled, as ``store_ds`` writes them), X the BM rows of ring
+    stage st (N-major)."""
+    for kk in kaio.static_range(BM // 16):
+        da = kaio.smem_descriptor(pt_s, (b, 64 * i32(wg), kk * 16), SW, 16, 1024)
+        dx = kaio.smem_descriptor(x_s, (st, 0, kk * 16, 0), SW, BM * SW, 1024)
+        if DT == kaio.bf16:
+            kaio.wgmma_bf16(acc, da, dx, True, False, True)
+        else:
+            kaio.wgmma_f16(acc, da, dx, True, False, True)
+    kaio.wgmma_commit()
+
+
+@kaio.gpu_func
+def hand_pt(
+    pt_s: DT[:, :, :], pb: i32, p: u32[:, :], s: f32[:, :], dp: f32[:, :], bars: u64[:, :],
+    bar: i32, wph: u32, kr: i32, lane: u32, lt: u32, BM: kaio.constexpr, PIPE: kaio.constexpr,
+    DT: kaio.constexpr,
+) -> u32:  # fmt: skip
+    """A tile's P^T (``s``) and dS^T (``dp``) to the next products' operands: dS^T (and, for
+    ``PIPE`` 2, P^T) stored to ``pt_s[pb ..]`` (rows ``kr``, ``kr`` + 8), fenced for the
+    tensor cores, and once every warp of the warpgroup has (``bars[1, bar]``, parity
+    ``wph``), on; P^T packed into ``p`` for PIPE 3. Returns the next parity."""
+    if PIPE == 2:
+        store_ds(pt_s, pb, s, kr, lane, BM, DT)
+    else:
+        pack_p(p, s, BM, DT)
+    store_ds(pt_s, pb + 3 - PIPE, dp, kr, lane, BM, DT)
+    release(bars, bar, lt)
+    kaio.mbarrier_wait(bars, (1, bar), wph)
+    return wph ^ 1
 
 
 @kaio.gpu_func
@@ -673,16 +761,18 @@ def attention_bwd_dkdv_wgmma(
     RING_BYTES = STAGES * BM * D * 2
     DS = 2 * ONCE_BYTES + 2 * RING_BYTES
     NBUF = 3 if LATE == 2 else 2
-    DQS = DS + (NBUF * BK * 64 * 2 if DQ else 0)
+    PT = 0 if DQ or PIPE < 2 else 8 - 2 * PIPE  # PIPE 2, 3: P^T and dS^T, resp. dS^T, twice
+    DQS = DS + (NBUF * BK * 64 * 2 if DQ else PT * BK * 64 * 2)
     STATS = DQS + (BM * (D + 4) * 4 if DQ >= 3 else 0)
     BARS = STATS + 2 * STAGES * BM * 4
-    NB = STAGES + (NBUF * WG if DQ else 0) + (2 if DQ >= 3 else 0)
+    NB = STAGES + (NBUF * WG if DQ else (WG if PT else 0)) + (2 if DQ >= 3 else 0)
     k_s = kaio.shared_dynamic(DT, (C, BK, 64), 0)
     v_s = kaio.shared_dynamic(DT, (C, BK, 64), ONCE_BYTES)
     q_s = kaio.shared_dynamic(DT, (STAGES, C, BM, 64), 2 * ONCE_BYTES)
     do_s = kaio.shared_dynamic(DT, (STAGES, C, BM, 64), 2 * ONCE_BYTES + RING_BYTES)
     # (without DQ, resp. DQ 3, these two are unused: a row at the stats)
-    ds_s = kaio.shared_dynamic(DT, (NBUF if DQ else 1, BK if DQ else 1, 64), DS)
+    ds_s = kaio.shared_dynamic(DT, (NBUF if DQ else (PT if PT else 1), BK if DQ or PT else 1, 64),
+                               DS)  # fmt: skip
     dq_s = kaio.shared_dynamic(f32, (BM if DQ >= 3 else 1, D + 4), DQS)  # rows padded
     stats = kaio.shared_dynamic(f32, (2, STAGES, BM), STATS)
     bars = kaio.shared_dynamic(u64, (2, NB), BARS)
@@ -696,8 +786,8 @@ def attention_bwd_dkdv_wgmma(
     if causal != 0:
         first = k0 // BM  # queries before k0 see none of these keys
     n_tiles = (sq + BM - 1) // BM
-    if t == 0:
-        init_barriers(bars, turn, WG, STAGES, DQ, NBUF)
+    if t == 0:  # (PT: a barrier a warpgroup, ``hand_pt``: as DQ 1's with one buffer)
+        init_barriers(bars, turn, WG, STAGES, DQ if DQ else (1 if PT else 0), NBUF if DQ else 1)
     kaio.sync_threads()
     if wg < WG:  # the consumers
         if REGS:
@@ -773,6 +863,17 @@ def shared_bytes(
     ds = nbuf * once * 64 * 2 + 8 * nbuf * once // 32 if dq else 0  # buffers, barriers
     ds += ring * (d + 4) * 4 + 32 if dq >= 3 else 0  # dq_s, its barriers
     return 2 * once * d * 2 + 2 * stages * ring * d * 2 + 2 * stat_rows * 4 + 16 * stages + 16 + ds
+
+
+def _ds_buffers(c: dict) -> tuple[int, int]:
+    """(dq, nbuf) of ``shared_bytes`` for the dK/dV kernel's constexprs ``c``: its dQ mode
+    and dS^T buffers (``PIPE`` 2, 3 without dQ: P^T and dS^T, resp. dS^T, double-buffered,
+    each as a dS^T buffer)."""
+    if c.get("DQ"):
+        return c["DQ"], 3 if c.get("LATE") == 2 else 2
+    if c["PIPE"] >= 2:
+        return 1, 8 - 2 * c["PIPE"]
+    return 0, 2
 
 
 def _stages(d: int, once: int, ring: int, ring_stats: bool, dq: int = 0, nbuf: int = 2) -> int:
@@ -885,7 +986,7 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     c1, c2 = (cfg["fused"] if fused else cfg["dkdv"]), cfg["dq"]
     for c in (c1, c2):
         if c["PIPE"] and c["STAGES"] < 2:
-            raise ValueError(f"_attention_hopper_bwd.launch: PIPE 1 needs 2 stages or more: {c}")
+            raise ValueError(f"_attention_hopper_bwd.launch: PIPE 1-3 needs 2 stages or more: {c}")
     if c1.get("DQ") and (c1["PIPE"] or c1["BM"] != 64):
         raise ValueError(f"_attention_hopper_bwd.launch: DQ needs PIPE 0 and BM 64: {c1}")
     stream = _arrays.stream_of(qa)
@@ -909,9 +1010,8 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     grid = -(-qa.size // 1024)
     if fused:
         dq_zero[grid, 256, stream, 0](dq_acc, qa.size)
-    nbuf = 3 if c1.get("LATE") == 2 else 2
     smem1 = shared_bytes(d, bk, c1["BM"], c1["STAGES"], c1["STAGES"] * c1["BM"],
-                         c1.get("DQ", 0), nbuf)  # fmt: skip
+                         *_ds_buffers(c1))  # fmt: skip
 
     def dkdv_kernel():
         grid = (-(-sk // bk), bh // group)

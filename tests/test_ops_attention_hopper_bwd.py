@@ -39,7 +39,7 @@ def small(wg: int, pipe: int, areg: int = 0, dq: int = 0, late: int = 0) -> dict
     base = {"WG": wg, "STAGES": 2, "PIPE": pipe, "AREG": areg, "REGS": 0 if wg == 1 else 240}
     dkdv = {"BM": 64, "TSTATS": 1 - areg, **base, "DQ": 0, "LATE": 0}
     fused = {**dkdv, "PIPE": 0, "DQ": dq, "LATE": late}
-    return {"dkdv": dkdv, "dq": {"BN": 64, **base}, "fused": fused}
+    return {"dkdv": dkdv, "dq": {"BN": 64, **base, "PIPE": min(pipe, 1)}, "fused": fused}
 
 
 def run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, fused=False):
@@ -77,6 +77,11 @@ def run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, fused=False):
         (1, 1, 1, 100, 384, 128, np.float16, True, 2, 0, 0),
         # D = 128, bf16, more tiles than stages, Sq > Sk with a partial key tile
         (1, 1, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 1, 1),
+        # dK/dV with P^T and dS^T (PIPE 2), resp. dS^T (3), through shared memory:
+        # grouped-query, partial query tiles, causal, Sq < Sk; D 128 bf16, a partial key tile
+        (1, 2, 1, 152, 256, 64, np.float16, True, 2, 2, 0),
+        (1, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 3, 0),
+        (1, 1, 1, 100, 384, 128, np.float16, True, 2, 2, 0),
     ],
 )
 def test_hopper_backward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, wg, pipe, areg):
