@@ -548,6 +548,18 @@ def store_dq(dq_s: f32[:, :], dqa: f32[:, :], q: i32, c0: i32, lane: u32, NQ: ka
 
 
 @kaio.gpu_func
+def store_dq_frags(dq_s: f32[:, :], dqa: f32[:, :], c0: i32, lt: u32, NQ: kaio.constexpr):
+    """dq_s[(c0 / 8 + n) 128 + lt] = dqa[n] (DQ 5: the tile in fragment order, four floats
+    of thread ``lt`` an n8 tile, the warpgroup's columns from c0; consecutive threads'
+    16-byte stores are consecutive: no bank conflicts). ``dq_tile_order`` is its inverse."""
+    for n in kaio.static_range(NQ // 8):
+        v = kaio.local(f32, 4)
+        for e in kaio.static_range(4):
+            v[e] = dqa[n, e]
+        kaio.store_vector(dq_s, ((c0 // 8 + n) * 128 + i32(lt), 0), v)
+
+
+@kaio.gpu_func
 def hand_dq(
     dq_s: f32[:, :], bars: u64[:, :], dq_acc: f32[:], dqa: f32[:, :], at0: i32, q: i32,
     sq: i32, c0: i32, lane: u32, lt: u32, after: bool_, wph: u32, FULL: kaio.constexpr,
@@ -561,7 +573,10 @@ def hand_dq(
         if after:
             kaio.mbarrier_wait(bars, (1, FULL + 1), wph)
             wph ^= 1
-        store_dq(dq_s, dqa, q % 64, c0, lane, NQ)
+        if DQ == 5:
+            store_dq_frags(dq_s, dqa, c0, lt, NQ)
+        else:
+            store_dq(dq_s, dqa, q % 64, c0, lane, NQ)
         release(bars, FULL, lt)
     else:
         add_dq(dq_acc, dqa, at0, q, sq, c0, lane, D, NQ)
@@ -579,7 +594,9 @@ def write_dq(
     (``bars[1, FULL]``), add its rows below sq to ``dq_acc``, then free dq_s (``bars[1,
     FULL + 1]``). DQ 3: atomics, a warp a row at a time (128 contiguous bytes an
     instruction); DQ 4: warp 1's lanes each a row's ``bulk_reduce_add`` (two rows), warps 2
-    and 3 only pass the barriers."""
+    and 3 only pass the barriers; DQ 5: warp 1's first lane the whole tile's, to the tile's
+    ``BM`` D contiguous floats of ``dq_acc`` (tile t of head h at (h n_tiles + t) BM D; the
+    order within: ``store_dq_frags``)."""
     lane = i32(lt % 32)
     t = first
     at0 = first_head * sq
@@ -593,6 +610,12 @@ def write_dq(
                 at = (at0 + q0 + r) * D + lane
                 for c in kaio.static_range(D // 32):
                     kaio.atomic_add(dq_acc, at + 32 * c, dq_s[r, lane + 32 * c])
+        elif DQ == 5:  # the tile in one bulk reduction (rows past sq: zeros to padding)
+            if lt == 32:
+                tile = (at0 // sq * n_tiles + t) * BM * D
+                kaio.bulk_reduce_add(dq_acc, tile, dq_s, (0, 0), BM * D * 4)
+                kaio.bulk_commit()
+                kaio.bulk_wait_read(0)
         elif lt < 64:
             for h in kaio.static_range(BM // 32):
                 r = lane + 32 * h
@@ -604,7 +627,7 @@ def write_dq(
         if lane == 0:
             kaio.mbarrier_arrive(bars, (1, FULL + 1))
         t, at0 = next_tile(t, at0, first, n_tiles, sq)
-    if DQ == 4:
+    if DQ >= 4:
         kaio.bulk_wait(0)
 
 
@@ -773,7 +796,8 @@ def attention_bwd_dkdv_wgmma(
     # (without DQ, resp. DQ 3, these two are unused: a row at the stats)
     ds_s = kaio.shared_dynamic(DT, (NBUF if DQ else (PT if PT else 1), BK if DQ or PT else 1, 64),
                                DS)  # fmt: skip
-    dq_s = kaio.shared_dynamic(f32, (BM if DQ >= 3 else 1, D + 4), DQS)  # rows padded
+    DQ_ROWS = BM * D // 4 if DQ == 5 else (BM if DQ >= 3 else 1)  # DQ 5: fragment order
+    dq_s = kaio.shared_dynamic(f32, (DQ_ROWS, 4 if DQ == 5 else D + 4), DQS)  # rows padded
     stats = kaio.shared_dynamic(f32, (2, STAGES, BM), STATS)
     bars = kaio.shared_dynamic(u64, (2, NB), BARS)
     turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * NB)
@@ -910,6 +934,34 @@ def dq_convert(dq: DT[:], acc: f32[:], n: i32, scale: f32, DT: kaio.constexpr):
         kaio.store_vector(dq, i, y)
 
 
+@kaio.gpu_kernel(block_size=256)
+def dq_convert_tiles(dq: DT[:], acc: f32[:], rows: i32, sq: i32, scale: f32, D: kaio.constexpr,
+                     DT: kaio.constexpr):  # fmt: skip
+    """dq[row, c .. c + 3] = acc * scale rounded to DT, four columns a thread, for the ``rows``
+    rows (heads of sq rows) of dq [rows, D]; acc in DQ 5's order (``store_dq_frags``): each
+    head's 64-row tiles of 64 D floats, element (r, c) of a tile at ((c / 8) 128 + 32 (r /
+    16) + 4 (r % 8) + c % 8 / 2) 4 + 2 (r % 16 / 8) + c % 2 (the fragment of thread 32 (r /
+    16) + 4 (r % 8) + c % 8 / 2 of the warpgroup that had column c)."""
+    i = i32(kaio.block_idx_x() * 256 + kaio.thread_idx_x()) * 4
+    row = i // D
+    if row < rows:
+        col = i % D
+        r = row % sq
+        at = (row // sq * ((sq + 63) // 64) + r // 64) * 64 * D  # the tile's first float
+        r = r % 64
+        at += (col // 8 * 128 + r // 16 * 32 + r % 8 * 4 + col % 8 // 2) * 4 + r % 16 // 8 * 2
+        x = kaio.local(f32, 4)
+        pair = kaio.local(f32, 2)
+        for j in kaio.static_range(2):  # columns col + 2j, + 1: the next thread's pair
+            kaio.load_vector(pair, acc, at + 4 * j)
+            for e in kaio.static_range(2):
+                x[2 * j + e] = pair[e]
+        y = kaio.local(DT, 4)
+        for e in kaio.static_range(4):
+            y[e] = DT(x[e] * scale)
+        kaio.store_vector(dq, i, y)
+
+
 # Whether the fused kernel is flash_attention_bwd's default for head dim d (else the pair).
 # Measured on an H100 (round B, f16 B4 H16 S4096, TFLOP/s at 2.5x forward FLOPs): D 128
 # fused 357-360 (bulk reductions or writer atomics) against the pair's 416; D 64 273 against
@@ -1006,10 +1058,12 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
 
     args = (sq, sk, heads, group, math.log2(math.e) * scale, scale, int(causal))
     bk = 64 * c1["WG"]
-    dq_acc = _arrays.output(da, (qa.size,), f32) if fused else delta  # (unused: DQ 0)
-    grid = -(-qa.size // 1024)
+    tiles = fused and c1.get("DQ") == 5  # dq_acc in whole 64-row tiles (``store_dq_frags``)
+    acc_size = bh * -(-sq // 64) * 64 * d if tiles else qa.size
+    dq_acc = _arrays.output(da, (acc_size,), f32) if fused else delta  # (unused: DQ 0)
+    grid = -(-acc_size // 1024)
     if fused:
-        dq_zero[grid, 256, stream, 0](dq_acc, qa.size)
+        dq_zero[grid, 256, stream, 0](dq_acc, acc_size)
     smem1 = shared_bytes(d, bk, c1["BM"], c1["STAGES"], c1["STAGES"] * c1["BM"],
                          *_ds_buffers(c1))  # fmt: skip
 
@@ -1027,7 +1081,12 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         dkdv_kernel()
     if fused:
         dq_out = _arrays.output_arg(da, dq, (qa.size,))
-        dq_convert[grid, 256, stream, 0](dq_out, dq_acc, qa.size, scale, DT=qa.dtype)
+        grid = -(-qa.size // 1024)
+        if tiles:
+            dq_convert_tiles[grid, 256, stream, 0](dq_out, dq_acc, bh * sq, sq, scale, D=d,
+                                                   DT=qa.dtype)  # fmt: skip
+        else:
+            dq_convert[grid, 256, stream, 0](dq_out, dq_acc, qa.size, scale, DT=qa.dtype)
         return dq, dk, dv
     bq = 64 * c2["WG"]
     smem = shared_bytes(d, bq, c2["BN"], c2["STAGES"], bq)

@@ -118,6 +118,10 @@ def check_grads(grads, refs, dtype) -> None:
         (1, 2, 1, 152, 256, 64, np.float16, True, 2, 4, 0),  # bulk reductions
         (1, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 3, 0),
         (2, 1, 1, 100, 384, 128, np.float16, True, 2, 4, 0),
+        # each tile's dQ in one bulk reduction to a tile-ordered buffer (DQ 5): partial query
+        # tiles, grouped-query, causal; D 128 bf16 with a partial key tile, two batches
+        (1, 2, 1, 152, 256, 64, np.float16, True, 2, 5, 0),
+        (2, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 5, 0),
         # each tile's dQ product behind the next tile's dV, dK (three dS^T buffers), or
         # with the next tile's S^T, dP^T, with and without the writer warps
         (1, 2, 1, 152, 256, 64, np.float16, True, 2, 2, 2),
