@@ -448,3 +448,5 @@ def shipped():
     yield hopper_bwd.dq_zero, {}  # the fused Hopper backward's dQ (f32 sums: SIMT kernels)
     for dtype in (f16, bf16):
         yield hopper_bwd.dq_convert, {"DT": dtype}
+        for d in (64, 128):  # its dQ in whole tiles (DQ 5)
+            yield hopper_bwd.dq_convert_tiles, {"D": d, "DT": dtype}

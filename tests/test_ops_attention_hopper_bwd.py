@@ -82,6 +82,9 @@ def run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, fused=False):
         (1, 2, 1, 152, 256, 64, np.float16, True, 2, 2, 0),
         (1, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 3, 0),
         (1, 1, 1, 100, 384, 128, np.float16, True, 2, 2, 0),
+        # three consumer warpgroups (192 keys, resp. query rows, a block): partial tiles,
+        # grouped-query, causal
+        (1, 2, 1, 200, 256, 64, np.float16, True, 3, 0, 0),
     ],
 )
 def test_hopper_backward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, wg, pipe, areg):
