@@ -216,6 +216,61 @@ def test_gpu_flash_attention_bwd_takes_the_hopper_kernels(b, h, hkv, sq, sk, d, 
     assert all(torch.equal(x, y) for x, y in zip(again, grads, strict=True))
 
 
+VARIANTS = {  # name: (overrides of config(d), launch's keywords)
+    "pair, dQ beside": ({}, {"side": True, "deterministic": True}),
+    "dK/dV PIPE 2": ({"dkdv": {"PIPE": 2, "STAGES": 2}}, {"deterministic": True}),
+    "dK/dV PIPE 3": ({"dkdv": {"PIPE": 3, "STAGES": 2}}, {"deterministic": True}),
+    "dQ 3 warpgroups": (
+        {"dq": {"WG": 3, "REGS": 160, "STAGES": 3, "PIPE": 0}},
+        {"deterministic": True},
+    ),
+    "fused DQ 5": ({"fused": {"DQ": 5}}, {"fused": True}),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif("not _hopper_gpu()", reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("name", list(VARIANTS))
+@pytest.mark.parametrize("d, causal", [(128, True), (64, False)])
+def test_gpu_backward_variants(name, d, causal):
+    """Each variant that ``config`` or ``launch`` can select against float64 autograd
+    (grouped-query heads, Sq < Sk, a partial query tile) and, where deterministic, the same
+    bits on a second run."""
+    import torch
+
+    from tests.test_ops_attention import _rel_t, _sdpa64
+
+    b, h, hkv, sq, sk = 1, 4, 2, 1000, 1280
+    gen = torch.Generator(device="cuda").manual_seed(d)
+    q, do = (torch.randn((b, h, sq, d), device="cuda", dtype=torch.float16, generator=gen)
+             for _ in "qo")  # fmt: skip
+    k, v = (torch.randn((b, hkv, sk, d), device="cuda", dtype=torch.float16, generator=gen)
+            for _ in "kv")  # fmt: skip
+    o, lse = kaio_ops.flash_attention_with_stats(q, k, v, causal=causal)
+    leaves = [x.double().requires_grad_() for x in (q, k, v)]
+    _sdpa64(*leaves, causal, group=h // hkv).backward(do.double())
+    over, keywords = VARIANTS[name]
+    base = hopper_bwd.config(d)
+    cfg = {key: {**base[key], **over.get(key, {})} for key in base}
+    inputs = _arrays.Inputs("test")
+    (qa, ka, va), dims, scale = attention._check_flash("test", q, k, v, None, inputs)
+    da = inputs.array(do, "do", ndim=4)
+    la = inputs.array(lse, "lse", ndim=3, dtypes=(f32,))
+    delta = (o.float() * do.float()).sum(-1).reshape(-1)
+
+    def run():
+        grads = hopper_bwd.launch(qa, ka, va, da, la, delta, dims, causal, scale, cfg,
+                                  **keywords)  # fmt: skip
+        torch.cuda.synchronize()
+        return grads
+
+    grads = run()
+    for g, leaf in zip(grads, leaves, strict=True):
+        assert _rel_t(g, leaf.grad) < 5e-3, (name, _rel_t(g, leaf.grad))
+    if keywords.get("deterministic"):
+        assert all(torch.equal(x, y) for x, y in zip(run(), grads, strict=True))
+
+
 def test_launch_refuses_what_the_kernels_do_not_take():
     """lse and delta are copied by TMA from query row bh * Sq on: Sq must be a multiple of 4;
     and only D 64 and 128 have kernels."""
