@@ -302,7 +302,11 @@ def bench(out_path, check_log=None, quick=False, spec=None):
                 if kind == "new" and ok is not None and (checked, dtype, d) not in ok:
                     continue
                 run = runner(kind, d, over)
-                ms = time_calls(lambda run=run, a=(do, q, k, v, o, lse, causal): run(*a))
+                try:
+                    ms = time_calls(lambda run=run, a=(do, q, k, v, o, lse, causal): run(*a))
+                except Exception as e:  # noqa: BLE001  (one variant's failure: the others run)
+                    print(f"FAILED {lab} {dtype} D{d}: {type(e).__name__}: {e}", flush=True)
+                    continue
                 res[lab] = flops / ms / 1e9
                 times[lab] = ms
             leaves = [x.detach().requires_grad_() for x in (q, k, v)]
