@@ -14,8 +14,10 @@ the others' results):
   SDPA's flash backward (``torch.autograd.grad`` of its output).
 - ``tiny``: the default kernels on a few small cases (for compute-sanitizer).
 - ``one``: one call of the default kernels at S 4096 (for Nsight Compute).
+- ``table``: the public op as shipped against SDPA flash over dtypes, head dims, masks and
+  sequence lengths (docs/performance.md's table).
 
-Usage: ``python bench/attention_hopper_bwd.py {warm,check,time,tiny} [--out FILE.json]``.
+Usage: ``python bench/attention_hopper_bwd.py {warm,check,time,tiny,one,table} [--out FILE.json]``.
 """
 
 from __future__ import annotations
@@ -147,6 +149,25 @@ def warm_one(i: int, spec_path=None) -> str:
         hop.launch(qa, ka, va, dims, False, scale)
     torch.cuda.synchronize()
     return f"{label} {dtype} D{d}: {time.time() - t0:.1f}s"
+
+
+def warm_table_one(i: int) -> str:
+    """Compile what ``table``'s case i (of its dtypes x head dims x masks) launches: the
+    public forward and backward once at B2 H16 S1024 (whose dispatch matches the table's)."""
+    import time
+
+    import torch
+
+    import kaio_ops
+
+    t0 = time.time()
+    dtype, d, causal = [(t, d, c) for t in ("float16", "bfloat16") for d in (64, 128, 256)
+                        for c in (False, True)][i]  # fmt: skip
+    q, k, v, do = tensors(2, 16, 16, 1024, 1024, d, dtype)
+    o, lse = forward(q, k, v, causal)
+    kaio_ops.flash_attention_bwd(do, q, k, v, o, lse, causal)
+    torch.cuda.synchronize()
+    return f"table {dtype} D{d} causal={causal}: {time.time() - t0:.1f}s"
 
 
 def reference(q, k, v, do, causal):
@@ -336,26 +357,72 @@ def bench(out_path, check_log=None, quick=False, spec=None):
               f"kaio/mma.sync {ratio_old:.2f})")  # fmt: skip
 
 
+def table(out_path, dims=(64, 128, 256)) -> None:
+    """``flash_attention_bwd`` as shipped (the public op: its dispatch, its defaults) against
+    SDPA's flash backward, f16 and bf16, head dims ``dims``, causal and not, H16 at S 1024
+    (B16), 4096 (B4) and 16384 (B1): TFLOP/s (2.5x the forward's FLOPs, halved when causal)
+    and ms, with CUDA events."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    import kaio_ops
+
+    rows = []
+    name = torch.cuda.get_device_name()
+    for s, b in ((4096, 4), (16384, 1), (1024, 16)):
+        for d in dims:
+            for dtype in ("float16", "bfloat16"):
+                q, k, v, do = tensors(b, 16, 16, s, s, d, dtype)
+                for causal in (False, True):
+                    flops = 2.5 * 4 * b * 16 * s * s * d / (2 if causal else 1)
+                    o, lse = forward(q, k, v, causal)
+                    ms = time_calls(
+                        lambda a=(do, q, k, v, o, lse, causal): kaio_ops.flash_attention_bwd(*a)
+                    )
+                    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+                    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                        out = sdpa(*leaves, is_causal=causal)
+                    ref = time_calls(
+                        lambda out=out, leaves=leaves, do=do: torch.autograd.grad(
+                            out, leaves, do, retain_graph=True
+                        )
+                    )
+                    del out, leaves
+                    row = dict(gpu=name, dtype=dtype, d=d, b=b, s=s, causal=causal,
+                               kaio_ms=ms, sdpa_ms=ref, kaio=flops / ms / 1e9,
+                               sdpa=flops / ref / 1e9, ratio=ref / ms)  # fmt: skip
+                    emit(rows, row)
+    save(rows, out_path)
+
+
 def _json_lines(path):
     return [line for line in open(path) if line.startswith("{") and '"dtype"' in line]
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("step", choices=("warm", "check", "time", "tiny", "one"))
+    p.add_argument("step", choices=("warm", "check", "time", "tiny", "one", "table"))
     p.add_argument("--out")
     p.add_argument("--jobs", type=int, default=8)
     p.add_argument("--quick", action="store_true", help="time: the first three cases only")
     p.add_argument("--check-log", help="time: only the variants this check output reached")
-    p.add_argument("--spec", help="warm, time: the cases of this JSON file (load_spec)")
+    p.add_argument(
+        "--spec",
+        help="warm, time: the cases of this JSON file (load_spec); "
+        "warm --spec table: what the table step launches",
+    )
     args = p.parse_args()
     if args.step == "warm":
         import multiprocessing as mp
 
         ctx = mp.get_context("spawn")
         with ProcessPoolExecutor(max_workers=args.jobs, mp_context=ctx) as pool:
-            n = len(variants(load_spec(args.spec)))
-            futures = [pool.submit(warm_one, i, args.spec) for i in range(n)]
+            if args.spec == "table":  # what the table step launches
+                futures = [pool.submit(warm_table_one, i) for i in range(12)]
+            else:
+                n = len(variants(load_spec(args.spec)))
+                futures = [pool.submit(warm_one, i, args.spec) for i in range(n)]
             for f in futures:
                 try:
                     print(f.result(timeout=120), flush=True)
@@ -367,6 +434,8 @@ def main() -> None:
         tiny()
     elif args.step == "one":
         one()
+    elif args.step == "table":
+        table(args.out)
     else:
         bench(args.out, args.check_log, args.quick, load_spec(args.spec))
 
