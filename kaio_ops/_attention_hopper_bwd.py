@@ -36,6 +36,8 @@ compute dQ = dS K for their half of the columns (``issue_dq``) and add it to an 
 through ``dq_s`` and the producer warpgroup's other warps (``write_dq``: atomics a row at a
 time, or ``kaio.bulk_reduce_add``); keys past sk are masked there (their dS would reach
 dQ).
+``DQ`` 5 stores each tile's dQ in fragment order (``store_dq_frags``) and adds it with one
+bulk reduction to a buffer of whole 64-row tiles (``dq_convert_tiles`` reorders it).
 ``delta`` = rowsum(dO * O) comes from ``_attention_tc.row_dot`` (the host).
 
 Shared tiles (128-byte swizzle, 64-column blocks): the tiles loaded once ``[D / 64, 64 * WG,
@@ -243,12 +245,15 @@ def consume_dkdv(
     tiles of the group's heads (module docstring), then stored. ``PIPE``: 0 each tile's
     products issued and waited for in turn; 1 tile i's S^T and dP^T issued together with
     tile i - 1's dV and dK, so that tile i's P^T and dS^T are computed while those run (the
-    forward's intra-warpgroup overlap). ``DQ`` (PIPE 0 only): 0 no dQ; else each tile's dS^T
+    forward's intra-warpgroup overlap); 2, 3 the same with P^T and dS^T (2), resp. dS^T (3),
+    handed to dV and dK through shared memory (``ds_s``, double-buffered: ``hand_pt``), not
+    registers. ``DQ`` (PIPE 0 only): 0 no dQ; else each tile's dS^T
     also goes to shared memory (``ds_s``, double-buffered) and dQ += dS K is added to the
     f32 ``dq_acc`` with atomics, over this warpgroup's 64 keys and every column (1) or over
     the block's keys and this warpgroup's D / WG columns (2: a barrier across the
     warpgroups, half the atomics), or as 2 but stored to ``dq_s`` for the producer
-    warpgroup's other warps to add (3: atomics, 4: bulk reductions; ``write_dq``);
+    warpgroup's other warps to add (3: atomics, 4: bulk reductions of a row, 5: of the
+    whole tile, in fragment order, to a tile-ordered buffer; ``write_dq``);
     ``LATE``: a tile's dQ product issued a tile late, 1: with the next tile's S^T
     and dP^T (run while that tile's P^T and dS^T are computed), 2: behind the next tile's dV
     and dK (three dS^T buffers: the warpgroups may drift a tile apart); 0: at once."""
