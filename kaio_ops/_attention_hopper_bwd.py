@@ -246,7 +246,7 @@ def consume_dkdv(
     products issued and waited for in turn; 1 tile i's S^T and dP^T issued together with
     tile i - 1's dV and dK, so that tile i's P^T and dS^T are computed while those run (the
     forward's intra-warpgroup overlap); 2, 3 the same with P^T and dS^T (2), resp. dS^T (3),
-    handed to dV and dK through shared memory (``ds_s``, double-buffered: ``hand_pt``), not
+    handed to dV and dK through shared memory (``ds_s``, double-buffered: ``hand_off``), not
     registers. ``DQ`` (PIPE 0 only): 0 no dQ; else each tile's dS^T
     also goes to shared memory (``ds_s``, double-buffered) and dQ += dS K is added to the
     f32 ``dq_acc`` with atomics, over this warpgroup's 64 keys and every column (1) or over
@@ -352,50 +352,16 @@ def consume_dkdv(
             kaio.wgmma_wait(0)
             hand_dq(dq_s, bars, dq_acc, dqa, pat0, pq, sq, c0, lane, lt, total > 1, wph, FULL,
                     D, NQ, DQ)  # fmt: skip
-    elif PIPE >= 2:  # as 1, with dS^T (and P^T: 2) through shared memory, not registers
-        if total > 0:
-            kaio.mbarrier_wait(bars, (0, 0), 0)
-            kaio.wgmma_fence()
-            issue_front(s, dp, k_s, v_s, q_s, do_s, af, bf, 0, wg, D, AREG, DT)
-            kaio.wgmma_wait(0)
-            grads_t(s, dp, stats, 0, lse, delta, at0, key0, t * BM, sq, kend, causal,
-                    scale_log2, lane, BM, TSTATS)  # fmt: skip
-            pb = i32(0)  # tile i - 1's ds_s buffers: 4 - PIPE of them from pb (double-buffered)
-            wph = hand_pt(ds_s, pb, p, s, dp, bars, STAGES + i32(wg), wph, kr, lane, lt, BM,
-                          PIPE, DT)  # fmt: skip
-            ps = i32(0)  # the stage of tile i - 1 (two stages at least: launch)
-            st = 1
-            t, at0 = next_tile(t, at0, first, n_tiles, sq)
-            for _i in range(1, total):
-                kaio.mbarrier_wait(bars, (0, st), ph)
-                kaio.wgmma_fence()
-                issue_front(s, dp, k_s, v_s, q_s, do_s, af, bf, st, wg, D, AREG, DT)
-                issue_back_pt(dka, dva, p, ds_s, pb, wg, q_s, do_s, ps, BM, PIPE, DT)  # i - 1's
-                kaio.wgmma_wait(2)  # S^T, dP^T done (tile i - 1's dV, dK may still run)
-                grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, kend, causal,
-                        scale_log2, lane, BM, TSTATS)  # fmt: skip
-                kaio.wgmma_wait(0)  # tile i - 1's dV, dK done: its stage and ds_s are free
-                release(bars, ps, lt)
-                pb = 4 - PIPE - pb  # the other buffers: tile i - 1's may still be read by
-                # another warp's products (each warp waited only for its own)
-                wph = hand_pt(ds_s, pb, p, s, dp, bars, STAGES + i32(wg), wph, kr, lane, lt, BM,
-                              PIPE, DT)  # fmt: skip
-                t, at0 = next_tile(t, at0, first, n_tiles, sq)
-                ps = st
-                st, ph = next_stage(st, ph, STAGES)
-            kaio.wgmma_fence()
-            issue_back_pt(dka, dva, p, ds_s, pb, wg, q_s, do_s, ps, BM, PIPE, DT)
-            kaio.wgmma_wait(0)
-            release(bars, ps, lt)
-    elif total > 0:
+    elif total > 0:  # PIPE 1-3
         kaio.mbarrier_wait(bars, (0, 0), 0)
         kaio.wgmma_fence()
         issue_front(s, dp, k_s, v_s, q_s, do_s, af, bf, 0, wg, D, AREG, DT)
         kaio.wgmma_wait(0)
         grads_t(s, dp, stats, 0, lse, delta, at0, key0, t * BM, sq, kend, causal, scale_log2, lane,
                 BM, TSTATS)  # fmt: skip
-        pack_p(p, s, BM, DT)
-        pack_p(ds, dp, BM, DT)
+        pb = i32(0)  # PIPE 2, 3: tile i - 1's ds_s buffers (4 - PIPE of them from pb)
+        wph = hand_off(ds_s, pb, p, ds, s, dp, bars, STAGES + i32(wg), wph, kr, lane, lt, BM,
+                       PIPE, DT)  # fmt: skip
         ps = i32(0)  # the stage of tile i - 1 (two stages at least: launch)
         st = 1
         t, at0 = next_tile(t, at0, first, n_tiles, sq)
@@ -403,19 +369,21 @@ def consume_dkdv(
             kaio.mbarrier_wait(bars, (0, st), ph)
             kaio.wgmma_fence()
             issue_front(s, dp, k_s, v_s, q_s, do_s, af, bf, st, wg, D, AREG, DT)
-            issue_back_dkdv(dka, dva, p, ds, q_s, do_s, ps, BM, DT)  # tile i - 1's
+            issue_back(dka, dva, p, ds, ds_s, pb, wg, q_s, do_s, ps, BM, PIPE, DT)  # tile i - 1's
             kaio.wgmma_wait(2)  # S^T, dP^T done (tile i - 1's dV, dK may still run)
             grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, kend, causal, scale_log2,
                     lane, BM, TSTATS)  # fmt: skip
-            kaio.wgmma_wait(0)  # tile i - 1's dV, dK done: p, ds and its stage are free
+            kaio.wgmma_wait(0)  # tile i - 1's dV, dK done: p, ds (ds_s) and its stage are free
             release(bars, ps, lt)
-            pack_p(p, s, BM, DT)
-            pack_p(ds, dp, BM, DT)
+            if PIPE >= 2:  # the other buffers: tile i - 1's may still be read by another
+                pb = 4 - PIPE - pb  # warp's products (each warp waited only for its own)
+            wph = hand_off(ds_s, pb, p, ds, s, dp, bars, STAGES + i32(wg), wph, kr, lane, lt, BM,
+                           PIPE, DT)  # fmt: skip
             t, at0 = next_tile(t, at0, first, n_tiles, sq)
             ps = st
             st, ph = next_stage(st, ph, STAGES)
         kaio.wgmma_fence()
-        issue_back_dkdv(dka, dva, p, ds, q_s, do_s, ps, BM, DT)
+        issue_back(dka, dva, p, ds, ds_s, pb, wg, q_s, do_s, ps, BM, PIPE, DT)
         kaio.wgmma_wait(0)
         release(bars, ps, lt)
     at = kvh * sk * D
@@ -435,18 +403,22 @@ def issue_back_dkdv(
 
 
 @kaio.gpu_func
-def issue_back_pt(
-    dka: f32[:, :], dva: f32[:, :], p: u32[:, :], pt_s: DT[:, :, :], pb: i32, wg: u32,
-    q_s: DT[:, :, :, :], do_s: DT[:, :, :, :], st: i32, BM: kaio.constexpr,
+def issue_back(
+    dka: f32[:, :], dva: f32[:, :], p: u32[:, :], ds: u32[:, :], pt_s: DT[:, :, :], pb: i32,
+    wg: u32, q_s: DT[:, :, :, :], do_s: DT[:, :, :, :], st: i32, BM: kaio.constexpr,
     PIPE: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
-    """``issue_back_dkdv`` with dS^T from shared memory (``pt_s[pb + 3 - PIPE]``, this
-    warpgroup's 64 rows) and P^T from ``pt_s[pb]`` (``PIPE`` 2) or the registers ``p`` (3)."""
-    if PIPE == 2:
-        issue_pt(dva, pt_s, pb, wg, do_s, st, BM, DT)
+    """``issue_back_dkdv`` (``PIPE`` 1: P^T and dS^T from the registers ``p``, ``ds``), or
+    with dS^T from shared memory (``pt_s[pb + 3 - PIPE]``, this warpgroup's 64 rows) and
+    P^T from ``pt_s[pb]`` (2) or the registers (3)."""
+    if PIPE == 1:
+        issue_back_dkdv(dka, dva, p, ds, q_s, do_s, st, BM, DT)
     else:
-        issue_pv(dva, p, do_s, st, BM, DT)
-    issue_pt(dka, pt_s, pb + 3 - PIPE, wg, q_s, st, BM, DT)
+        if PIPE == 2:
+            issue_pt(dva, pt_s, pb, wg, do_s, st, BM, DT)
+        else:
+            issue_pv(dva, p, do_s, st, BM, DT)
+        issue_pt(dka, pt_s, pb + 3 - PIPE, wg, q_s, st, BM, DT)
 
 
 @kaio.gpu_func
@@ -468,15 +440,20 @@ def issue_pt(
 
 
 @kaio.gpu_func
-def hand_pt(
-    pt_s: DT[:, :, :], pb: i32, p: u32[:, :], s: f32[:, :], dp: f32[:, :], bars: u64[:, :],
-    bar: i32, wph: u32, kr: i32, lane: u32, lt: u32, BM: kaio.constexpr, PIPE: kaio.constexpr,
-    DT: kaio.constexpr,
+def hand_off(
+    pt_s: DT[:, :, :], pb: i32, p: u32[:, :], ds: u32[:, :], s: f32[:, :], dp: f32[:, :],
+    bars: u64[:, :], bar: i32, wph: u32, kr: i32, lane: u32, lt: u32, BM: kaio.constexpr,
+    PIPE: kaio.constexpr, DT: kaio.constexpr,
 ) -> u32:  # fmt: skip
-    """A tile's P^T (``s``) and dS^T (``dp``) to the next products' operands: dS^T (and, for
-    ``PIPE`` 2, P^T) stored to ``pt_s[pb ..]`` (rows ``kr``, ``kr`` + 8), fenced for the
-    tensor cores, and once every warp of the warpgroup has (``bars[1, bar]``, parity
-    ``wph``), on; P^T packed into ``p`` for PIPE 3. Returns the next parity."""
+    """A tile's P^T (``s``) and dS^T (``dp``) to the next products' operands: packed into
+    ``p``, ``ds`` (``PIPE`` 1); or dS^T (and, for PIPE 2, P^T) stored to ``pt_s[pb ..]``
+    (rows ``kr``, ``kr`` + 8), fenced for the tensor cores, and once every warp of the
+    warpgroup has (``bars[1, bar]``, parity ``wph``), on, P^T packed into ``p`` for PIPE 3.
+    Returns the next parity."""
+    if PIPE == 1:
+        pack_p(p, s, BM, DT)
+        pack_p(ds, dp, BM, DT)
+        return wph
     if PIPE == 2:
         store_ds(pt_s, pb, s, kr, lane, BM, DT)
     else:
@@ -815,7 +792,7 @@ def attention_bwd_dkdv_wgmma(
     if causal != 0:
         first = k0 // BM  # queries before k0 see none of these keys
     n_tiles = (sq + BM - 1) // BM
-    if t == 0:  # (PT: a barrier a warpgroup, ``hand_pt``: as DQ 1's with one buffer)
+    if t == 0:  # (PT: a barrier a warpgroup, ``hand_off``: as DQ 1's with one buffer)
         init_barriers(bars, turn, WG, STAGES, DQ if DQ else (1 if PT else 0), NBUF if DQ else 1)
     kaio.sync_threads()
     if wg < WG:  # the consumers
