@@ -958,20 +958,21 @@ def config(d: int) -> dict:
     "fused": (dkdv's, with DQ)}``. The pair (the default, ``FUSED``): two consumer
     warpgroups (128 keys, resp. 128 query rows, a block), query tiles of 64 for dK/dV, key
     tiles of 64 for dQ, as many ring stages as fit (at most 4), lse and delta by TMA, and
-    the schedule measured fastest on an H100 under the whole-program JIT (docs/hopper.md):
-    dQ's products overlapped (``PIPE`` 1), dK/dV's too at D 64 (324 against 304 TFLOP/s; at
-    D 128 its PIPE 1 spills, 326 against 424). The fused kernel: dQ's columns split between
-    the warpgroups and added by bulk reductions from shared memory (``DQ`` 4), at once."""
+    the schedule measured fastest on an H100 under the whole-program JIT (docs/hopper.md,
+    docs/performance.md): dQ's products overlapped (``PIPE`` 1); dK/dV's too, at D 64 with
+    P^T and dS^T in registers (``PIPE`` 1: 324 against 304 TFLOP/s), at D 128 (where PIPE
+    1 spills) with dS^T through shared memory (``PIPE`` 3: the dK/dV kernel alone 657
+    against 610 on the pair's FLOP scale, 568 against 536 causal). The fused kernel: dQ's
+    columns split between the warpgroups, each tile's added by one bulk reduction from
+    shared memory (``DQ`` 5: 462 against ``DQ`` 4's 343 at D 128), at once."""
     wg = 2
     common = {"WG": wg, "AREG": 0, "REGS": consumer_registers(wg)}
     bm, bn = 64, 64
-    dkdv = {"BM": bm, "STAGES": _stages(d, 64 * wg, bm, True), "PIPE": 0, "TSTATS": 1}
-    dkdv.update(DQ=0, LATE=0)
+    dkdv = {"BM": bm, "PIPE": 1 if d == 64 else 3, "TSTATS": 1, "DQ": 0, "LATE": 0}
+    dkdv["STAGES"] = _stages(d, 64 * wg, bm, True, *_ds_buffers(dkdv))
     dq = {"BN": bn, "STAGES": _stages(d, 64 * wg, bn, False), "PIPE": 1}
-    if d == 64:  # under the whole-program JIT (no spills): 324 against 304 TFLOP/s
-        dkdv["PIPE"] = 1
-    fused = {**dkdv, "PIPE": 0, "DQ": 4, "LATE": 0}
-    fused["STAGES"] = _stages(d, 64 * wg, bm, True, fused["DQ"])
+    fused = {**dkdv, "PIPE": 0, "DQ": 5, "LATE": 0}
+    fused["STAGES"] = _stages(d, 64 * wg, bm, True, *_ds_buffers(fused))
     return {"dkdv": {**dkdv, **common}, "dq": {**dq, **common}, "fused": {**fused, **common}}
 
 
