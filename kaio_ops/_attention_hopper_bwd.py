@@ -947,8 +947,9 @@ def dq_convert_tiles(dq: DT[:], acc: f32[:], rows: i32, sq: i32, scale: f32, D: 
 # Whether the fused kernel is flash_attention_bwd's default for head dim d (else the pair).
 # Measured on an H100 (round B, f16 B4 H16 S4096, TFLOP/s at 2.5x forward FLOPs): D 128
 # fused 357-360 (bulk reductions or writer atomics) against the pair's 416; D 64 273 against
-# 311. The fused kernel's two warpgroups meet at every tile (dQ needs both halves of dS), so
-# their softmax phases coincide and the tensor cores idle; the pair's run free.
+# 311. With DQ 5 (issue 36, round C) it ran faster than the pair (462 against 403-414 at
+# D 128, 315 against 305 at D 64), but its dQ's additions come in a varying order: not
+# deterministic, so the deterministic pair stays the default.
 FUSED = {64: False, 128: False}
 
 
