@@ -14,8 +14,10 @@ the others' results):
   SDPA's flash backward (``torch.autograd.grad`` of its output).
 - ``tiny``: the default kernels on a few small cases (for compute-sanitizer).
 - ``one``: one call of the default kernels at S 4096 (for Nsight Compute).
+- ``table``: the public op as shipped against SDPA flash over dtypes, head dims, masks and
+  sequence lengths (docs/performance.md's table).
 
-Usage: ``python bench/attention_hopper_bwd.py {warm,check,time,tiny} [--out FILE.json]``.
+Usage: ``python bench/attention_hopper_bwd.py {warm,check,time,tiny,one,table} [--out FILE.json]``.
 """
 
 from __future__ import annotations
@@ -94,6 +96,8 @@ def runner(kind: str, d: int, over: dict):
             hb.FUSED = dict.fromkeys(hb.FUSED, True)
         if "only" in over:
             hb.launch = functools.partial(launch, only=over["only"])
+        elif "side" in over:  # the pair's dQ kernel on a second stream (or not)
+            hb.launch = functools.partial(launch, side=over["side"])
         try:
             return raw(do, q, k, v, o, lse, causal, None, fixed)
         finally:
@@ -145,6 +149,25 @@ def warm_one(i: int, spec_path=None) -> str:
         hop.launch(qa, ka, va, dims, False, scale)
     torch.cuda.synchronize()
     return f"{label} {dtype} D{d}: {time.time() - t0:.1f}s"
+
+
+def warm_table_one(i: int) -> str:
+    """Compile what ``table``'s case i (of its dtypes x head dims x masks) launches: the
+    public forward and backward once at B2 H16 S1024 (whose dispatch matches the table's)."""
+    import time
+
+    import torch
+
+    import kaio_ops
+
+    t0 = time.time()
+    dtype, d, causal = [(t, d, c) for t in ("float16", "bfloat16") for d in (64, 128, 256)
+                        for c in (False, True)][i]  # fmt: skip
+    q, k, v, do = tensors(2, 16, 16, 1024, 1024, d, dtype)
+    o, lse = forward(q, k, v, causal)
+    kaio_ops.flash_attention_bwd(do, q, k, v, o, lse, causal)
+    torch.cuda.synchronize()
+    return f"table {dtype} D{d} causal={causal}: {time.time() - t0:.1f}s"
 
 
 def reference(q, k, v, do, causal):
@@ -218,16 +241,20 @@ def check(out_path, spec=None):
 def tiny() -> None:
     """The pair (the default) and the fused kernel once per case at small sizes (f16, D 128
     and 64, causal and not, partial tiles, grouped-query heads), checked: for
-    compute-sanitizer (``TINY=pair``: the pair alone)."""
+    compute-sanitizer (``TINY=pair``: the pair alone; ``TINY=one``: the pair at D 128,
+    causal)."""
     import torch
 
     cases = [("float16", 128, NEW["pair"]), ("float16", 64, NEW["pair"]), ("float16", 128, {}),
              ("float16", 64, {})]  # fmt: skip
     if os.environ.get("TINY") == "pair":  # the shipped kernels alone (a shorter sanitizer run)
         cases = cases[:2]
+    masks = (False, True)
+    if os.environ.get("TINY") == "one":  # the shipped kernels at D 128, causal: the shortest
+        cases, masks = cases[:1], (True,)
     for dtype, d, over in cases:
         run = runner("new", d, over)
-        for causal in (False, True):
+        for causal in masks:
             q, k, v, do = tensors(1, 4, 2, 200, 300, d, dtype)
             o, lse = forward(q, k, v, causal)
             grads = run(do, q, k, v, o, lse, causal)
@@ -240,12 +267,13 @@ def tiny() -> None:
 
 
 def one() -> None:
-    """One call of the default kernels, f16 B1 H16 S4096 D128 (for Nsight Compute)."""
+    """One call of the default kernels, f16 B1 H16 S4096 D128 (for Nsight Compute; ``ONE``:
+    the name of another variant of ``NEW``)."""
     import torch
 
     q, k, v, do = tensors(1, 16, 16, 4096, 4096, 128, "float16")
     o, lse = forward(q, k, v, False)
-    runner("new", 128, {})(do, q, k, v, o, lse, False)
+    runner("new", 128, NEW[os.environ.get("ONE", "wgmma")])(do, q, k, v, o, lse, False)
     torch.cuda.synchronize()
 
 
@@ -299,7 +327,11 @@ def bench(out_path, check_log=None, quick=False, spec=None):
                 if kind == "new" and ok is not None and (checked, dtype, d) not in ok:
                     continue
                 run = runner(kind, d, over)
-                ms = time_calls(lambda run=run, a=(do, q, k, v, o, lse, causal): run(*a))
+                try:
+                    ms = time_calls(lambda run=run, a=(do, q, k, v, o, lse, causal): run(*a))
+                except Exception as e:  # noqa: BLE001  (one variant's failure: the others run)
+                    print(f"FAILED {lab} {dtype} D{d}: {type(e).__name__}: {e}", flush=True)
+                    continue
                 res[lab] = flops / ms / 1e9
                 times[lab] = ms
             leaves = [x.detach().requires_grad_() for x in (q, k, v)]
@@ -329,26 +361,74 @@ def bench(out_path, check_log=None, quick=False, spec=None):
               f"kaio/mma.sync {ratio_old:.2f})")  # fmt: skip
 
 
+def table(out_path, dims=(64, 128, 256)) -> None:
+    """``flash_attention_bwd`` as shipped (the public op: its dispatch, its defaults) against
+    SDPA's flash backward, f16 and bf16, head dims ``dims``, causal and not, H16 at S 1024
+    (B16), 4096 (B4) and 16384 (B1): TFLOP/s (2.5x the forward's FLOPs, halved when causal)
+    and ms, with CUDA events (the median of 3 rounds of 3 calls)."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    import kaio_ops
+
+    rows = []
+    name = torch.cuda.get_device_name()
+    for s, b in ((4096, 4), (1024, 16), (16384, 1)):
+        for d in dims:
+            for dtype in ("float16", "bfloat16"):
+                q, k, v, do = tensors(b, 16, 16, s, s, d, dtype)
+                for causal in (False, True):
+                    flops = 2.5 * 4 * b * 16 * s * s * d / (2 if causal else 1)
+                    o, lse = forward(q, k, v, causal)
+                    ms = time_calls(
+                        lambda a=(do, q, k, v, o, lse, causal): kaio_ops.flash_attention_bwd(*a),
+                        reps=3,
+                    )
+                    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+                    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                        out = sdpa(*leaves, is_causal=causal)
+                    ref = time_calls(
+                        lambda out=out, leaves=leaves, do=do: torch.autograd.grad(
+                            out, leaves, do, retain_graph=True
+                        ),
+                        reps=3,
+                    )
+                    del out, leaves
+                    row = dict(gpu=name, dtype=dtype, d=d, b=b, s=s, causal=causal,
+                               kaio_ms=ms, sdpa_ms=ref, kaio=flops / ms / 1e9,
+                               sdpa=flops / ref / 1e9, ratio=ref / ms)  # fmt: skip
+                    emit(rows, row)
+    save(rows, out_path)
+
+
 def _json_lines(path):
     return [line for line in open(path) if line.startswith("{") and '"dtype"' in line]
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("step", choices=("warm", "check", "time", "tiny", "one"))
+    p.add_argument("step", choices=("warm", "check", "time", "tiny", "one", "table"))
     p.add_argument("--out")
     p.add_argument("--jobs", type=int, default=8)
     p.add_argument("--quick", action="store_true", help="time: the first three cases only")
     p.add_argument("--check-log", help="time: only the variants this check output reached")
-    p.add_argument("--spec", help="warm, time: the cases of this JSON file (load_spec)")
+    p.add_argument(
+        "--spec",
+        help="warm, time: the cases of this JSON file (load_spec); "
+        "warm --spec table: what the table step launches",
+    )
     args = p.parse_args()
     if args.step == "warm":
         import multiprocessing as mp
 
         ctx = mp.get_context("spawn")
         with ProcessPoolExecutor(max_workers=args.jobs, mp_context=ctx) as pool:
-            n = len(variants(load_spec(args.spec)))
-            futures = [pool.submit(warm_one, i, args.spec) for i in range(n)]
+            if args.spec == "table":  # what the table step launches
+                futures = [pool.submit(warm_table_one, i) for i in range(12)]
+            else:
+                n = len(variants(load_spec(args.spec)))
+                futures = [pool.submit(warm_one, i, args.spec) for i in range(n)]
             for f in futures:
                 try:
                     print(f.result(timeout=120), flush=True)
@@ -360,6 +440,8 @@ def main() -> None:
         tiny()
     elif args.step == "one":
         one()
+    elif args.step == "table":
+        table(args.out)
     else:
         bench(args.out, args.check_log, args.quick, load_spec(args.spec))
 

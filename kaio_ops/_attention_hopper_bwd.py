@@ -36,6 +36,8 @@ compute dQ = dS K for their half of the columns (``issue_dq``) and add it to an 
 through ``dq_s`` and the producer warpgroup's other warps (``write_dq``: atomics a row at a
 time, or ``kaio.bulk_reduce_add``); keys past sk are masked there (their dS would reach
 dQ).
+``DQ`` 5 stores each tile's dQ in fragment order (``store_dq_frags``) and adds it with one
+bulk reduction to a buffer of whole 64-row tiles (``dq_convert_tiles`` reorders it).
 ``delta`` = rowsum(dO * O) comes from ``_attention_tc.row_dot`` (the host).
 
 Shared tiles (128-byte swizzle, 64-column blocks): the tiles loaded once ``[D / 64, 64 * WG,
@@ -243,12 +245,15 @@ def consume_dkdv(
     tiles of the group's heads (module docstring), then stored. ``PIPE``: 0 each tile's
     products issued and waited for in turn; 1 tile i's S^T and dP^T issued together with
     tile i - 1's dV and dK, so that tile i's P^T and dS^T are computed while those run (the
-    forward's intra-warpgroup overlap). ``DQ`` (PIPE 0 only): 0 no dQ; else each tile's dS^T
+    forward's intra-warpgroup overlap); 2, 3 the same with P^T and dS^T (2), resp. dS^T (3),
+    handed to dV and dK through shared memory (``ds_s``, double-buffered: ``hand_off``), not
+    registers. ``DQ`` (PIPE 0 only): 0 no dQ; else each tile's dS^T
     also goes to shared memory (``ds_s``, double-buffered) and dQ += dS K is added to the
     f32 ``dq_acc`` with atomics, over this warpgroup's 64 keys and every column (1) or over
     the block's keys and this warpgroup's D / WG columns (2: a barrier across the
     warpgroups, half the atomics), or as 2 but stored to ``dq_s`` for the producer
-    warpgroup's other warps to add (3: atomics, 4: bulk reductions; ``write_dq``);
+    warpgroup's other warps to add (3: atomics, 4: bulk reductions of a row, 5: of the
+    whole tile, in fragment order, to a tile-ordered buffer; ``write_dq``);
     ``LATE``: a tile's dQ product issued a tile late, 1: with the next tile's S^T
     and dP^T (run while that tile's P^T and dS^T are computed), 2: behind the next tile's dV
     and dK (three dS^T buffers: the warpgroups may drift a tile apart); 0: at once."""
@@ -347,15 +352,16 @@ def consume_dkdv(
             kaio.wgmma_wait(0)
             hand_dq(dq_s, bars, dq_acc, dqa, pat0, pq, sq, c0, lane, lt, total > 1, wph, FULL,
                     D, NQ, DQ)  # fmt: skip
-    elif total > 0:
+    elif total > 0:  # PIPE 1-3
         kaio.mbarrier_wait(bars, (0, 0), 0)
         kaio.wgmma_fence()
         issue_front(s, dp, k_s, v_s, q_s, do_s, af, bf, 0, wg, D, AREG, DT)
         kaio.wgmma_wait(0)
         grads_t(s, dp, stats, 0, lse, delta, at0, key0, t * BM, sq, kend, causal, scale_log2, lane,
                 BM, TSTATS)  # fmt: skip
-        pack_p(p, s, BM, DT)
-        pack_p(ds, dp, BM, DT)
+        pb = i32(0)  # PIPE 2, 3: tile i - 1's ds_s buffers (4 - PIPE of them from pb)
+        wph = hand_off(ds_s, pb, p, ds, s, dp, bars, STAGES + i32(wg), wph, kr, lane, lt, BM,
+                       PIPE, DT)  # fmt: skip
         ps = i32(0)  # the stage of tile i - 1 (two stages at least: launch)
         st = 1
         t, at0 = next_tile(t, at0, first, n_tiles, sq)
@@ -363,19 +369,21 @@ def consume_dkdv(
             kaio.mbarrier_wait(bars, (0, st), ph)
             kaio.wgmma_fence()
             issue_front(s, dp, k_s, v_s, q_s, do_s, af, bf, st, wg, D, AREG, DT)
-            issue_back_dkdv(dka, dva, p, ds, q_s, do_s, ps, BM, DT)  # tile i - 1's
+            issue_back(dka, dva, p, ds, ds_s, pb, wg, q_s, do_s, ps, BM, PIPE, DT)  # tile i - 1's
             kaio.wgmma_wait(2)  # S^T, dP^T done (tile i - 1's dV, dK may still run)
             grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, kend, causal, scale_log2,
                     lane, BM, TSTATS)  # fmt: skip
-            kaio.wgmma_wait(0)  # tile i - 1's dV, dK done: p, ds and its stage are free
+            kaio.wgmma_wait(0)  # tile i - 1's dV, dK done: p, ds (ds_s) and its stage are free
             release(bars, ps, lt)
-            pack_p(p, s, BM, DT)
-            pack_p(ds, dp, BM, DT)
+            if PIPE >= 2:  # the other buffers: tile i - 1's may still be read by another
+                pb = 4 - PIPE - pb  # warp's products (each warp waited only for its own)
+            wph = hand_off(ds_s, pb, p, ds, s, dp, bars, STAGES + i32(wg), wph, kr, lane, lt, BM,
+                           PIPE, DT)  # fmt: skip
             t, at0 = next_tile(t, at0, first, n_tiles, sq)
             ps = st
             st, ph = next_stage(st, ph, STAGES)
         kaio.wgmma_fence()
-        issue_back_dkdv(dka, dva, p, ds, q_s, do_s, ps, BM, DT)
+        issue_back(dka, dva, p, ds, ds_s, pb, wg, q_s, do_s, ps, BM, PIPE, DT)
         kaio.wgmma_wait(0)
         release(bars, ps, lt)
     at = kvh * sk * D
@@ -392,6 +400,68 @@ def issue_back_dkdv(
     group; P^T and dS^T from registers)."""
     issue_pv(dva, p, do_s, st, BM, DT)
     issue_pv(dka, ds, q_s, st, BM, DT)
+
+
+@kaio.gpu_func
+def issue_back(
+    dka: f32[:, :], dva: f32[:, :], p: u32[:, :], ds: u32[:, :], pt_s: DT[:, :, :], pb: i32,
+    wg: u32, q_s: DT[:, :, :, :], do_s: DT[:, :, :, :], st: i32, BM: kaio.constexpr,
+    PIPE: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """``issue_back_dkdv`` (``PIPE`` 1: P^T and dS^T from the registers ``p``, ``ds``), or
+    with dS^T from shared memory (``pt_s[pb + 3 - PIPE]``, this warpgroup's 64 rows) and
+    P^T from ``pt_s[pb]`` (2) or the registers (3)."""
+    if PIPE == 1:
+        issue_back_dkdv(dka, dva, p, ds, q_s, do_s, st, BM, DT)
+    else:
+        if PIPE == 2:
+            issue_pt(dva, pt_s, pb, wg, do_s, st, BM, DT)
+        else:
+            issue_pv(dva, p, do_s, st, BM, DT)
+        issue_pt(dka, pt_s, pb + 3 - PIPE, wg, q_s, st, BM, DT)
+
+
+@kaio.gpu_func
+def issue_pt(
+    acc: f32[:, :], pt_s: DT[:, :, :], b: i32, wg: u32, x_s: DT[:, :, :, :], st: i32,
+    BM: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """Issue acc += A X and commit: A this warpgroup's 64 rows of ``pt_s[b]`` (K-major: 64
+    queries a row, 128-byte swizzled, as ``store_ds`` writes them), X the BM rows of ring
+    stage st (N-major)."""
+    for kk in kaio.static_range(BM // 16):
+        da = kaio.smem_descriptor(pt_s, (b, 64 * i32(wg), kk * 16), SW, 16, 1024)
+        dx = kaio.smem_descriptor(x_s, (st, 0, kk * 16, 0), SW, BM * SW, 1024)
+        if DT == kaio.bf16:
+            kaio.wgmma_bf16(acc, da, dx, True, False, True)
+        else:
+            kaio.wgmma_f16(acc, da, dx, True, False, True)
+    kaio.wgmma_commit()
+
+
+@kaio.gpu_func
+def hand_off(
+    pt_s: DT[:, :, :], pb: i32, p: u32[:, :], ds: u32[:, :], s: f32[:, :], dp: f32[:, :],
+    bars: u64[:, :], bar: i32, wph: u32, kr: i32, lane: u32, lt: u32, BM: kaio.constexpr,
+    PIPE: kaio.constexpr, DT: kaio.constexpr,
+) -> u32:  # fmt: skip
+    """A tile's P^T (``s``) and dS^T (``dp``) to the next products' operands: packed into
+    ``p``, ``ds`` (``PIPE`` 1); or dS^T (and, for PIPE 2, P^T) stored to ``pt_s[pb ..]``
+    (rows ``kr``, ``kr`` + 8), fenced for the tensor cores, and once every warp of the
+    warpgroup has (``bars[1, bar]``, parity ``wph``), on, P^T packed into ``p`` for PIPE 3.
+    Returns the next parity."""
+    if PIPE == 1:
+        pack_p(p, s, BM, DT)
+        pack_p(ds, dp, BM, DT)
+        return wph
+    if PIPE == 2:
+        store_ds(pt_s, pb, s, kr, lane, BM, DT)
+    else:
+        pack_p(p, s, BM, DT)
+    store_ds(pt_s, pb + 3 - PIPE, dp, kr, lane, BM, DT)
+    release(bars, bar, lt)
+    kaio.mbarrier_wait(bars, (1, bar), wph)
+    return wph ^ 1
 
 
 @kaio.gpu_func
@@ -460,6 +530,18 @@ def store_dq(dq_s: f32[:, :], dqa: f32[:, :], q: i32, c0: i32, lane: u32, NQ: ka
 
 
 @kaio.gpu_func
+def store_dq_frags(dq_s: f32[:, :], dqa: f32[:, :], c0: i32, lt: u32, NQ: kaio.constexpr):
+    """dq_s[(c0 / 8 + n) 128 + lt] = dqa[n] (DQ 5: the tile in fragment order, four floats
+    of thread ``lt`` an n8 tile, the warpgroup's columns from c0; consecutive threads'
+    16-byte stores are consecutive: no bank conflicts). ``dq_tile_order`` is its inverse."""
+    for n in kaio.static_range(NQ // 8):
+        v = kaio.local(f32, 4)
+        for e in kaio.static_range(4):
+            v[e] = dqa[n, e]
+        kaio.store_vector(dq_s, ((c0 // 8 + n) * 128 + i32(lt), 0), v)
+
+
+@kaio.gpu_func
 def hand_dq(
     dq_s: f32[:, :], bars: u64[:, :], dq_acc: f32[:], dqa: f32[:, :], at0: i32, q: i32,
     sq: i32, c0: i32, lane: u32, lt: u32, after: bool_, wph: u32, FULL: kaio.constexpr,
@@ -473,7 +555,10 @@ def hand_dq(
         if after:
             kaio.mbarrier_wait(bars, (1, FULL + 1), wph)
             wph ^= 1
-        store_dq(dq_s, dqa, q % 64, c0, lane, NQ)
+        if DQ == 5:
+            store_dq_frags(dq_s, dqa, c0, lt, NQ)
+        else:
+            store_dq(dq_s, dqa, q % 64, c0, lane, NQ)
         release(bars, FULL, lt)
     else:
         add_dq(dq_acc, dqa, at0, q, sq, c0, lane, D, NQ)
@@ -491,7 +576,9 @@ def write_dq(
     (``bars[1, FULL]``), add its rows below sq to ``dq_acc``, then free dq_s (``bars[1,
     FULL + 1]``). DQ 3: atomics, a warp a row at a time (128 contiguous bytes an
     instruction); DQ 4: warp 1's lanes each a row's ``bulk_reduce_add`` (two rows), warps 2
-    and 3 only pass the barriers."""
+    and 3 only pass the barriers; DQ 5: warp 1's first lane the whole tile's, to the tile's
+    ``BM`` D contiguous floats of ``dq_acc`` (tile t of head h at (h n_tiles + t) BM D; the
+    order within: ``store_dq_frags``)."""
     lane = i32(lt % 32)
     t = first
     at0 = first_head * sq
@@ -505,6 +592,12 @@ def write_dq(
                 at = (at0 + q0 + r) * D + lane
                 for c in kaio.static_range(D // 32):
                     kaio.atomic_add(dq_acc, at + 32 * c, dq_s[r, lane + 32 * c])
+        elif DQ == 5:  # the tile in one bulk reduction (rows past sq: zeros to padding)
+            if lt == 32:
+                tile = (at0 // sq * n_tiles + t) * BM * D
+                kaio.bulk_reduce_add(dq_acc, tile, dq_s, (0, 0), BM * D * 4)
+                kaio.bulk_commit()
+                kaio.bulk_wait_read(0)
         elif lt < 64:
             for h in kaio.static_range(BM // 32):
                 r = lane + 32 * h
@@ -516,7 +609,7 @@ def write_dq(
         if lane == 0:
             kaio.mbarrier_arrive(bars, (1, FULL + 1))
         t, at0 = next_tile(t, at0, first, n_tiles, sq)
-    if DQ == 4:
+    if DQ >= 4:
         kaio.bulk_wait(0)
 
 
@@ -673,17 +766,20 @@ def attention_bwd_dkdv_wgmma(
     RING_BYTES = STAGES * BM * D * 2
     DS = 2 * ONCE_BYTES + 2 * RING_BYTES
     NBUF = 3 if LATE == 2 else 2
-    DQS = DS + (NBUF * BK * 64 * 2 if DQ else 0)
+    PT = 0 if DQ or PIPE < 2 else 8 - 2 * PIPE  # PIPE 2, 3: P^T and dS^T, resp. dS^T, twice
+    DQS = DS + (NBUF * BK * 64 * 2 if DQ else PT * BK * 64 * 2)
     STATS = DQS + (BM * (D + 4) * 4 if DQ >= 3 else 0)
     BARS = STATS + 2 * STAGES * BM * 4
-    NB = STAGES + (NBUF * WG if DQ else 0) + (2 if DQ >= 3 else 0)
+    NB = STAGES + (NBUF * WG if DQ else (WG if PT else 0)) + (2 if DQ >= 3 else 0)
     k_s = kaio.shared_dynamic(DT, (C, BK, 64), 0)
     v_s = kaio.shared_dynamic(DT, (C, BK, 64), ONCE_BYTES)
     q_s = kaio.shared_dynamic(DT, (STAGES, C, BM, 64), 2 * ONCE_BYTES)
     do_s = kaio.shared_dynamic(DT, (STAGES, C, BM, 64), 2 * ONCE_BYTES + RING_BYTES)
     # (without DQ, resp. DQ 3, these two are unused: a row at the stats)
-    ds_s = kaio.shared_dynamic(DT, (NBUF if DQ else 1, BK if DQ else 1, 64), DS)
-    dq_s = kaio.shared_dynamic(f32, (BM if DQ >= 3 else 1, D + 4), DQS)  # rows padded
+    ds_s = kaio.shared_dynamic(DT, (NBUF if DQ else (PT if PT else 1), BK if DQ or PT else 1, 64),
+                               DS)  # fmt: skip
+    DQ_ROWS = BM * D // 4 if DQ == 5 else (BM if DQ >= 3 else 1)  # DQ 5: fragment order
+    dq_s = kaio.shared_dynamic(f32, (DQ_ROWS, 4 if DQ == 5 else D + 4), DQS)  # rows padded
     stats = kaio.shared_dynamic(f32, (2, STAGES, BM), STATS)
     bars = kaio.shared_dynamic(u64, (2, NB), BARS)
     turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * NB)
@@ -696,8 +792,8 @@ def attention_bwd_dkdv_wgmma(
     if causal != 0:
         first = k0 // BM  # queries before k0 see none of these keys
     n_tiles = (sq + BM - 1) // BM
-    if t == 0:
-        init_barriers(bars, turn, WG, STAGES, DQ, NBUF)
+    if t == 0:  # (PT: a barrier a warpgroup, ``hand_off``: as DQ 1's with one buffer)
+        init_barriers(bars, turn, WG, STAGES, DQ if DQ else (1 if PT else 0), NBUF if DQ else 1)
     kaio.sync_threads()
     if wg < WG:  # the consumers
         if REGS:
@@ -775,6 +871,17 @@ def shared_bytes(
     return 2 * once * d * 2 + 2 * stages * ring * d * 2 + 2 * stat_rows * 4 + 16 * stages + 16 + ds
 
 
+def _ds_buffers(c: dict) -> tuple[int, int]:
+    """(dq, nbuf) of ``shared_bytes`` for the dK/dV kernel's constexprs ``c``: its dQ mode
+    and dS^T buffers (``PIPE`` 2, 3 without dQ: P^T and dS^T, resp. dS^T, double-buffered,
+    each as a dS^T buffer)."""
+    if c.get("DQ"):
+        return c["DQ"], 3 if c.get("LATE") == 2 else 2
+    if c["PIPE"] >= 2:
+        return 1, 8 - 2 * c["PIPE"]
+    return 0, 2
+
+
 def _stages(d: int, once: int, ring: int, ring_stats: bool, dq: int = 0, nbuf: int = 2) -> int:
     """The most ring stages (at most 4) whose ``shared_bytes`` fit."""
 
@@ -809,11 +916,40 @@ def dq_convert(dq: DT[:], acc: f32[:], n: i32, scale: f32, DT: kaio.constexpr):
         kaio.store_vector(dq, i, y)
 
 
+@kaio.gpu_kernel(block_size=256)
+def dq_convert_tiles(dq: DT[:], acc: f32[:], rows: i32, sq: i32, scale: f32, D: kaio.constexpr,
+                     DT: kaio.constexpr):  # fmt: skip
+    """dq[row, c .. c + 3] = acc * scale rounded to DT, four columns a thread, for the ``rows``
+    rows (heads of sq rows) of dq [rows, D]; acc in DQ 5's order (``store_dq_frags``): each
+    head's 64-row tiles of 64 D floats, element (r, c) of a tile at ((c / 8) 128 + 32 (r /
+    16) + 4 (r % 8) + c % 8 / 2) 4 + 2 (r % 16 / 8) + c % 2 (the fragment of thread 32 (r /
+    16) + 4 (r % 8) + c % 8 / 2 of the warpgroup that had column c)."""
+    i = i32(kaio.block_idx_x() * 256 + kaio.thread_idx_x()) * 4
+    row = i // D
+    if row < rows:
+        col = i % D
+        r = row % sq
+        at = (row // sq * ((sq + 63) // 64) + r // 64) * 64 * D  # the tile's first float
+        r = r % 64
+        at += (col // 8 * 128 + r // 16 * 32 + r % 8 * 4 + col % 8 // 2) * 4 + r % 16 // 8 * 2
+        x = kaio.local(f32, 4)
+        pair = kaio.local(f32, 2)
+        for j in kaio.static_range(2):  # columns col + 2j, + 1: the next thread's pair
+            kaio.load_vector(pair, acc, at + 4 * j)
+            for e in kaio.static_range(2):
+                x[2 * j + e] = pair[e]
+        y = kaio.local(DT, 4)
+        for e in kaio.static_range(4):
+            y[e] = DT(x[e] * scale)
+        kaio.store_vector(dq, i, y)
+
+
 # Whether the fused kernel is flash_attention_bwd's default for head dim d (else the pair).
 # Measured on an H100 (round B, f16 B4 H16 S4096, TFLOP/s at 2.5x forward FLOPs): D 128
 # fused 357-360 (bulk reductions or writer atomics) against the pair's 416; D 64 273 against
-# 311. The fused kernel's two warpgroups meet at every tile (dQ needs both halves of dS), so
-# their softmax phases coincide and the tensor cores idle; the pair's run free.
+# 311. With DQ 5 (issue 36, round C) it ran faster than the pair (462 against 403-414 at
+# D 128, 315 against 305 at D 64), but its dQ's additions come in a varying order: not
+# deterministic, so the deterministic pair stays the default.
 FUSED = {64: False, 128: False}
 
 
@@ -823,20 +959,21 @@ def config(d: int) -> dict:
     "fused": (dkdv's, with DQ)}``. The pair (the default, ``FUSED``): two consumer
     warpgroups (128 keys, resp. 128 query rows, a block), query tiles of 64 for dK/dV, key
     tiles of 64 for dQ, as many ring stages as fit (at most 4), lse and delta by TMA, and
-    the schedule measured fastest on an H100 under the whole-program JIT (docs/hopper.md):
-    dQ's products overlapped (``PIPE`` 1), dK/dV's too at D 64 (324 against 304 TFLOP/s; at
-    D 128 its PIPE 1 spills, 326 against 424). The fused kernel: dQ's columns split between
-    the warpgroups and added by bulk reductions from shared memory (``DQ`` 4), at once."""
+    the schedule measured fastest on an H100 under the whole-program JIT (docs/hopper.md,
+    docs/performance.md): dQ's products overlapped (``PIPE`` 1); dK/dV's too, at D 64 with
+    P^T and dS^T in registers (``PIPE`` 1: 324 against 304 TFLOP/s), at D 128 (where PIPE
+    1 spills) with dS^T through shared memory (``PIPE`` 3: the dK/dV kernel alone 657
+    against 610 on the pair's FLOP scale, 568 against 536 causal). The fused kernel: dQ's
+    columns split between the warpgroups, each tile's added by one bulk reduction from
+    shared memory (``DQ`` 5: 462 against ``DQ`` 4's 343 at D 128), at once."""
     wg = 2
     common = {"WG": wg, "AREG": 0, "REGS": consumer_registers(wg)}
     bm, bn = 64, 64
-    dkdv = {"BM": bm, "STAGES": _stages(d, 64 * wg, bm, True), "PIPE": 0, "TSTATS": 1}
-    dkdv.update(DQ=0, LATE=0)
+    dkdv = {"BM": bm, "PIPE": 1 if d == 64 else 3, "TSTATS": 1, "DQ": 0, "LATE": 0}
+    dkdv["STAGES"] = _stages(d, 64 * wg, bm, True, *_ds_buffers(dkdv))
     dq = {"BN": bn, "STAGES": _stages(d, 64 * wg, bn, False), "PIPE": 1}
-    if d == 64:  # under the whole-program JIT (no spills): 324 against 304 TFLOP/s
-        dkdv["PIPE"] = 1
-    fused = {**dkdv, "PIPE": 0, "DQ": 4, "LATE": 0}
-    fused["STAGES"] = _stages(d, 64 * wg, bm, True, fused["DQ"])
+    fused = {**dkdv, "PIPE": 0, "DQ": 5, "LATE": 0}
+    fused["STAGES"] = _stages(d, 64 * wg, bm, True, *_ds_buffers(fused))
     return {"dkdv": {**dkdv, **common}, "dq": {**dq, **common}, "fused": {**fused, **common}}
 
 
@@ -858,7 +995,7 @@ def worthwhile(bh: int, sq: int, sk: int, d: int, sms: int) -> bool:
 
 def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
            cfg: dict | None = None, only: str | None = None, deterministic: bool = False,
-           fused: bool | None = None):  # fmt: skip
+           fused: bool | None = None, side: bool | None = None):  # fmt: skip
     """Run the kernels on checked operands (``_arrays.Operand``s q, do [B, H, Sq, D], k, v
     [B, Hkv, Sk, D], lse [B, H, Sq] f32) and ``delta`` (flat f32 [B * H * Sq], rowsum(dO *
     O)); ``dims``: (B * H, H, group, sq, sk, d, d); ``cfg``: the constexprs (default
@@ -867,7 +1004,9 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     (``cfg["fused"]``) that computes dK, dV and adds dQ in f32 with atomics (then rounded by
     ``dq_convert``): the order of those additions varies from run to run, so dQ's last bits
     may. ``only``: "dkdv" or "dq" launches that kernel of the pair alone (to time it: the
-    other's outputs are left unwritten). Returns (dq, dk, dv) of q's type and shapes."""
+    other's outputs are left unwritten). ``side`` (default ``SIDE``; torch arrays): the
+    pair's dQ kernel runs on a second stream beside the dK/dV kernel (``side_stream``), so
+    that each fills the other's last wave. Returns (dq, dk, dv) of q's type and shapes."""
     import math
 
     from kaio_ops import _arrays
@@ -883,7 +1022,7 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     c1, c2 = (cfg["fused"] if fused else cfg["dkdv"]), cfg["dq"]
     for c in (c1, c2):
         if c["PIPE"] and c["STAGES"] < 2:
-            raise ValueError(f"_attention_hopper_bwd.launch: PIPE 1 needs 2 stages or more: {c}")
+            raise ValueError(f"_attention_hopper_bwd.launch: PIPE 1-3 needs 2 stages or more: {c}")
     if c1.get("DQ") and (c1["PIPE"] or c1["BM"] != 64):
         raise ValueError(f"_attention_hopper_bwd.launch: DQ needs PIPE 0 and BM 64: {c1}")
     stream = _arrays.stream_of(qa)
@@ -903,33 +1042,86 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
 
     args = (sq, sk, heads, group, math.log2(math.e) * scale, scale, int(causal))
     bk = 64 * c1["WG"]
-    dq_acc = _arrays.output(da, (qa.size,), f32) if fused else delta  # (unused: DQ 0)
-    grid = -(-qa.size // 1024)
+    tiles = fused and c1.get("DQ") == 5  # dq_acc in whole 64-row tiles (``store_dq_frags``)
+    acc_size = bh * -(-sq // 64) * 64 * d if tiles else qa.size
+    dq_acc = _arrays.output(da, (acc_size,), f32) if fused else delta  # (unused: DQ 0)
+    grid = -(-acc_size // 1024)
     if fused:
-        dq_zero[grid, 256, stream, 0](dq_acc, qa.size)
-    nbuf = 3 if c1.get("LATE") == 2 else 2
-    smem = shared_bytes(d, bk, c1["BM"], c1["STAGES"], c1["STAGES"] * c1["BM"], c1.get("DQ", 0),
-                        nbuf)  # fmt: skip
-    if only != "dq":
-        attention_bwd_dkdv_wgmma[(-(-sk // bk), bh // group), 128 * c1["WG"] + 128, stream, smem](
+        dq_zero[grid, 256, stream, 0](dq_acc, acc_size)
+    smem1 = shared_bytes(d, bk, c1["BM"], c1["STAGES"], c1["STAGES"] * c1["BM"],
+                         *_ds_buffers(c1))  # fmt: skip
+
+    def dkdv_kernel():
+        grid = (-(-sk // bk), bh // group)
+        attention_bwd_dkdv_wgmma[grid, 128 * c1["WG"] + 128, stream, smem1](
             tmap(ka, rows_kv, bk), tmap(va, rows_kv, bk), tmap(qa, rows_q, c1["BM"]),
             tmap(da, rows_q, c1["BM"]), *stats_maps(c1["BM"]), la.arg(rows_q), delta,
             _arrays.output_arg(da, dk, (ka.size,)), _arrays.output_arg(da, dv, (ka.size,)),
             dq_acc, *args, D=d, DT=qa.dtype, **c1,
         )  # fmt: skip
+
+    side = (SIDE if side is None else side) and only is None and not fused
+    if not side and only != "dq":
+        dkdv_kernel()
     if fused:
         dq_out = _arrays.output_arg(da, dq, (qa.size,))
-        dq_convert[grid, 256, stream, 0](dq_out, dq_acc, qa.size, scale, DT=qa.dtype)
+        grid = -(-qa.size // 1024)
+        if tiles:
+            dq_convert_tiles[grid, 256, stream, 0](dq_out, dq_acc, bh * sq, sq, scale, D=d,
+                                                   DT=qa.dtype)  # fmt: skip
+        else:
+            dq_convert[grid, 256, stream, 0](dq_out, dq_acc, qa.size, scale, DT=qa.dtype)
         return dq, dk, dv
     bq = 64 * c2["WG"]
     smem = shared_bytes(d, bq, c2["BN"], c2["STAGES"], bq)
-    if only != "dkdv":
-        attention_bwd_dq_wgmma[(-(-sq // bq), bh), 128 * c2["WG"] + 128, stream, smem](
+    if only == "dkdv":
+        return dq, dk, dv
+    with side_stream(qa, side) as dq_stream:  # (there the dQ kernel first)
+        attention_bwd_dq_wgmma[(-(-sq // bq), bh), 128 * c2["WG"] + 128, dq_stream, smem](
             tmap(qa, rows_q, bq), tmap(da, rows_q, bq), tmap(ka, rows_kv, c2["BN"]),
             tmap(va, rows_kv, c2["BN"]), *stats_maps(bq),
             _arrays.output_arg(da, dq, (qa.size,)), *args, D=d, DT=qa.dtype, **c2,
         )  # fmt: skip
+        if side:
+            dkdv_kernel()
     return dq, dk, dv
+
+
+# Whether the pair's dQ kernel runs on a second stream beside the dK/dV kernel (``launch``).
+SIDE = False
+_SIDE_STREAMS: dict = {}
+
+
+class side_stream:
+    """``with side_stream(like, on) as s``: ``s`` is the stream to launch on. Where ``on`` and
+    ``like`` is a torch array on a GPU, a second stream of its device (one per device, kept),
+    made to wait for the current stream's work before the block and waited for by it after
+    (so that the caller's later work, and the allocator's reuse of the block's arrays, come
+    after it); else the current stream (``_arrays.stream_of``)."""
+
+    def __init__(self, like, on: bool):
+        from kaio_ops import _arrays
+
+        self.like, self.on = like, bool(on) and like.kind == "torch"
+        self.stream = None if self.on else _arrays.stream_of(like)
+
+    def __enter__(self):
+        if not self.on:
+            return self.stream
+        import torch
+
+        dev = self.like.obj.device
+        self.main = torch.cuda.current_stream(dev)
+        self.side = _SIDE_STREAMS.get(dev)
+        if self.side is None:
+            self.side = _SIDE_STREAMS[dev] = torch.cuda.Stream(dev)
+        self.side.wait_stream(self.main)
+        return self.side.cuda_stream
+
+    def __exit__(self, *exc):
+        if self.on:
+            self.main.wait_stream(self.side)
+        return False
 
 
 def specializations():

@@ -378,8 +378,9 @@ def flash_attention_bwd(
     from two kernels (for D > 128, dK and dV from one launch each), without atomics:
     deterministic. On sm_90 for D 64 and 128 (``hopper_takes``) ``kaio_ops._attention_hopper_bwd``
     runs instead: its pair of wgmma kernels, or where ``_attention_hopper_bwd.FUSED`` says so
-    (nowhere today: it measured slower) one kernel for dK, dV and dQ that adds dQ in f32 with
-    atomics, so dQ's last bits may differ between runs; ``deterministic=True`` (or
+    (nowhere by default: faster, but not deterministic) one kernel for dK, dV and dQ that
+    adds dQ in f32 with atomics, so dQ's last bits may differ between runs;
+    ``deterministic=True`` (or
     ``KAIO_ATTENTION_DETERMINISTIC=1``) always takes the pair, the same bits every run."""
     op = "flash_attention_bwd"
     inputs = _arrays.Inputs(op)
@@ -448,3 +449,5 @@ def shipped():
     yield hopper_bwd.dq_zero, {}  # the fused Hopper backward's dQ (f32 sums: SIMT kernels)
     for dtype in (f16, bf16):
         yield hopper_bwd.dq_convert, {"DT": dtype}
+        for d in (64, 128):  # its dQ in whole tiles (DQ 5)
+            yield hopper_bwd.dq_convert_tiles, {"D": d, "DT": dtype}

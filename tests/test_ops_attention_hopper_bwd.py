@@ -39,7 +39,7 @@ def small(wg: int, pipe: int, areg: int = 0, dq: int = 0, late: int = 0) -> dict
     base = {"WG": wg, "STAGES": 2, "PIPE": pipe, "AREG": areg, "REGS": 0 if wg == 1 else 240}
     dkdv = {"BM": 64, "TSTATS": 1 - areg, **base, "DQ": 0, "LATE": 0}
     fused = {**dkdv, "PIPE": 0, "DQ": dq, "LATE": late}
-    return {"dkdv": dkdv, "dq": {"BN": 64, **base}, "fused": fused}
+    return {"dkdv": dkdv, "dq": {"BN": 64, **base, "PIPE": min(pipe, 1)}, "fused": fused}
 
 
 def run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, fused=False):
@@ -77,6 +77,14 @@ def run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, fused=False):
         (1, 1, 1, 100, 384, 128, np.float16, True, 2, 0, 0),
         # D = 128, bf16, more tiles than stages, Sq > Sk with a partial key tile
         (1, 1, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 1, 1),
+        # dK/dV with P^T and dS^T (PIPE 2), resp. dS^T (3), through shared memory:
+        # grouped-query, partial query tiles, causal, Sq < Sk; D 128 bf16, a partial key tile
+        (1, 2, 1, 152, 256, 64, np.float16, True, 2, 2, 0),
+        (1, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 3, 0),
+        (1, 1, 1, 100, 384, 128, np.float16, True, 2, 2, 0),
+        # three consumer warpgroups (192 keys, resp. query rows, a block): partial tiles,
+        # grouped-query, causal
+        (1, 2, 1, 200, 256, 64, np.float16, True, 3, 0, 0),
     ],
 )
 def test_hopper_backward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, wg, pipe, areg):
@@ -113,6 +121,10 @@ def check_grads(grads, refs, dtype) -> None:
         (1, 2, 1, 152, 256, 64, np.float16, True, 2, 4, 0),  # bulk reductions
         (1, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 3, 0),
         (2, 1, 1, 100, 384, 128, np.float16, True, 2, 4, 0),
+        # each tile's dQ in one bulk reduction to a tile-ordered buffer (DQ 5): partial query
+        # tiles, grouped-query, causal; D 128 bf16 with a partial key tile, two batches
+        (1, 2, 1, 152, 256, 64, np.float16, True, 2, 5, 0),
+        (2, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 5, 0),
         # each tile's dQ product behind the next tile's dV, dK (three dS^T buffers), or
         # with the next tile's S^T, dP^T, with and without the writer warps
         (1, 2, 1, 152, 256, 64, np.float16, True, 2, 2, 2),
@@ -202,6 +214,67 @@ def test_gpu_flash_attention_bwd_takes_the_hopper_kernels(b, h, hkv, sq, sk, d, 
             assert g.dtype == dt and _rel_t(g, leaf.grad) < tol
     again = kaio_ops.flash_attention_bwd(do, q, k, v, o, lse, causal, None, True)
     assert all(torch.equal(x, y) for x, y in zip(again, grads, strict=True))
+
+
+def _dq3(d: int) -> dict:
+    """The dQ kernel with three consumer warpgroups (192 query rows a block)."""
+    return {"WG": 3, "REGS": 160, "STAGES": 3 if d == 128 else 4, "PIPE": 0 if d == 128 else 1}
+
+
+VARIANTS = {  # name: (overrides of config(d) for head dim d, launch's keywords)
+    "pair, dQ beside": (lambda d: {}, {"side": True, "deterministic": True}),
+    "dK/dV PIPE 2": (
+        lambda d: {"dkdv": {"PIPE": 2, "STAGES": 3 if d == 128 else 4}},
+        {"deterministic": True},
+    ),
+    "dK/dV PIPE 3": (lambda d: {"dkdv": {"PIPE": 3, "STAGES": 4}}, {"deterministic": True}),
+    "dQ 3 warpgroups": (lambda d: {"dq": _dq3(d)}, {"deterministic": True}),
+    "fused DQ 5": (lambda d: {"fused": {"DQ": 5}}, {"fused": True}),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif("not _hopper_gpu()", reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("name", list(VARIANTS))
+@pytest.mark.parametrize("d, causal", [(128, True), (64, False)])
+def test_gpu_backward_variants(name, d, causal):
+    """Each variant that ``config`` or ``launch`` can select against float64 autograd
+    (grouped-query heads, Sq < Sk, a partial query tile) and, where deterministic, the same
+    bits on a second run."""
+    import torch
+
+    from tests.test_ops_attention import _rel_t, _sdpa64
+
+    b, h, hkv, sq, sk = 1, 4, 2, 1000, 1280
+    gen = torch.Generator(device="cuda").manual_seed(d)
+    q, do = (torch.randn((b, h, sq, d), device="cuda", dtype=torch.float16, generator=gen)
+             for _ in "qo")  # fmt: skip
+    k, v = (torch.randn((b, hkv, sk, d), device="cuda", dtype=torch.float16, generator=gen)
+            for _ in "kv")  # fmt: skip
+    o, lse = kaio_ops.flash_attention_with_stats(q, k, v, causal=causal)
+    leaves = [x.double().requires_grad_() for x in (q, k, v)]
+    _sdpa64(*leaves, causal, group=h // hkv).backward(do.double())
+    over, keywords = VARIANTS[name]
+    over = over(d)
+    base = hopper_bwd.config(d)
+    cfg = {key: {**base[key], **over.get(key, {})} for key in base}
+    inputs = _arrays.Inputs("test")
+    (qa, ka, va), dims, scale = attention._check_flash("test", q, k, v, None, inputs)
+    da = inputs.array(do, "do", ndim=4)
+    la = inputs.array(lse, "lse", ndim=3, dtypes=(f32,))
+    delta = (o.float() * do.float()).sum(-1).reshape(-1)
+
+    def run():
+        grads = hopper_bwd.launch(qa, ka, va, da, la, delta, dims, causal, scale, cfg,
+                                  **keywords)  # fmt: skip
+        torch.cuda.synchronize()
+        return grads
+
+    grads = run()
+    for g, leaf in zip(grads, leaves, strict=True):
+        assert _rel_t(g, leaf.grad) < 5e-3, (name, _rel_t(g, leaf.grad))
+    if keywords.get("deterministic"):
+        assert all(torch.equal(x, y) for x, y in zip(run(), grads, strict=True))
 
 
 def test_launch_refuses_what_the_kernels_do_not_take():
