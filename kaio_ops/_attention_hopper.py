@@ -77,10 +77,11 @@ def consumer_registers(wg: int) -> int:
 
 
 @kaio.gpu_func
-def s_step(s: f32[:, :], q_s: DT[:, :, :], k_s: DT[:, :, :, :], st: i32, wg: u32,
+def s_step(s: f32[:, :], q_s: DT[:, :, :], k_s: DT[:, :, :, :], st: i32, wg: u32, qc: i32,
            kk: kaio.constexpr, DT: kaio.constexpr):  # fmt: skip
-    """s (+)= k-step kk of Q (this warpgroup's 64 rows) @ K^T (stage st)."""
-    dq = kaio.smem_descriptor(q_s, (kk // 4, 64 * wg, kk % 4 * 16), SW, 16, 1024)
+    """s (+)= k-step kk of Q (this warpgroup's 64 rows of the Q buffer whose first 64-column
+    block is ``qc``) @ K^T (stage st)."""
+    dq = kaio.smem_descriptor(q_s, (qc + kk // 4, 64 * wg, kk % 4 * 16), SW, 16, 1024)
     dk = kaio.smem_descriptor(k_s, (st, kk // 4, 0, kk % 4 * 16), SW, 16, 1024)
     if DT == kaio.bf16:
         kaio.wgmma_bf16(s, dq, dk, kk > 0)
@@ -89,11 +90,13 @@ def s_step(s: f32[:, :], q_s: DT[:, :, :], k_s: DT[:, :, :, :], st: i32, wg: u32
 
 
 @kaio.gpu_func
-def issue_s(s: f32[:, :], q_s: DT[:, :, :], k_s: DT[:, :, :, :], st: i32, wg: u32,
+def issue_s(s: f32[:, :], q_s: DT[:, :, :], k_s: DT[:, :, :, :], st: i32, wg: u32, qc: i32,
             D: kaio.constexpr, DT: kaio.constexpr):  # fmt: skip
-    """Issue S = Q K^T of the key tile in stage ``st`` (D / 16 wgmmas) and commit them."""
+    """Issue S = Q K^T of the key tile in stage ``st`` (D / 16 wgmmas; Q from the buffer whose
+    first 64-column block is ``qc``: 0, or D / 64 for the second of ``QB`` 2) and commit
+    them."""
     for kk in kaio.static_range(D // 16):
-        s_step(s, q_s, k_s, st, wg, kk, DT)
+        s_step(s, q_s, k_s, st, wg, qc, kk, DT)
     kaio.wgmma_commit()
 
 
@@ -118,7 +121,7 @@ def s_tile(s: f32[:, :], q_s: DT[:, :, :], k_s: DT[:, :, :, :], bars: u64[:, :],
     waited for; then the stage's K is free."""
     kaio.mbarrier_wait(bars, (0, st), ph)
     kaio.wgmma_fence()
-    issue_s(s, q_s, k_s, st, wg, D, DT)
+    issue_s(s, q_s, k_s, st, wg, 0, D, DT)
     kaio.wgmma_wait(0)
     if lt == 0:
         kaio.mbarrier_arrive(bars, (2, st))
@@ -205,24 +208,35 @@ def store_rows(
 
 
 @kaio.gpu_func
+def q_buffer(it: i32, QB: kaio.constexpr) -> tuple[i32, i32, i32]:
+    """``(b, landed, read)`` of the block's tile ``it``: its Q buffer ``it % QB`` and that
+    buffer's ``turn`` barriers, the Q tile landed (2, or 5 for the second) and read by every
+    consumer warpgroup (4, or 6)."""
+    b = it % QB
+    return b, 2 + 3 * b, 4 + 2 * b
+
+
+@kaio.gpu_func
 def produce(
     q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
     tq: kaio.tensormap, tk: kaio.tensormap, tv: kaio.tensormap, q_row: i32, kv_row: i32,
     n_tiles: i32, it: i32, cnt: i32, D: kaio.constexpr, BN: kaio.constexpr, WG: kaio.constexpr,
-    STAGES: kaio.constexpr, DT: kaio.constexpr,
+    STAGES: kaio.constexpr, DT: kaio.constexpr, QB: kaio.constexpr = 1,
 ):  # fmt: skip
     """The producer's copies for the block's tile ``it`` (0 for the first): the Q tile
-    (``64 * WG`` rows from ``q_row``) once the consumers are done with the previous one's,
+    (``64 * WG`` rows from ``q_row``) into Q buffer ``it % QB`` (``q_buffer``) once the
+    consumers are done with that buffer's previous tile,
     then K and V of each key tile (from ``kv_row``), each on its own "full" barrier, STAGES
     tiles ahead: a stage is refilled once the consumers have freed it (K and V apart).
     ``cnt``: the key tiles the ring has taken so far (for their stage and parity)."""
     C = D // 64
     KV_BYTES = BN * D * 2
-    if it > 0:
-        kaio.mbarrier_wait(turn, 4, u32(it - 1) & 1)
-    kaio.mbarrier_arrive_expect_tx(turn, 2, u32(64 * WG * D * 2))
+    b, landed, read = q_buffer(it, QB)
+    if it >= QB:
+        kaio.mbarrier_wait(turn, read, u32(it // QB - 1) & 1)
+    kaio.mbarrier_arrive_expect_tx(turn, landed, u32(64 * WG * D * 2))
     for c in kaio.static_range(C):
-        kaio.tma_load_2d(q_s, (c, 0, 0), tq, q_row, c * 64, turn, 2)
+        kaio.tma_load_2d(q_s, (b * C + c, 0, 0), tq, q_row, c * 64, turn, landed)
     for j in range(n_tiles):
         n = cnt + j
         st = n % STAGES
@@ -330,7 +344,7 @@ def consume(
                 else:
                     kaio.mbarrier_wait(turn, 1, u32(g - 1) & 1)
             kaio.wgmma_fence()
-            issue_s(s, q_s, k_s, st, wg, D, DT)
+            issue_s(s, q_s, k_s, st, wg, 0, D, DT)
             if PIPE >= 3:
                 rescale_rows(o, alpha, D)
             kaio.mbarrier_wait(bars, (1, ps), pph)
@@ -362,6 +376,119 @@ def consume(
     if n_tiles * BN > sk:
         pos[4] += 1
     store_rows(out, lse, o, m, l, bh, row0, sq, lane, D, DT)
+
+
+@kaio.gpu_func
+def consume_stream(
+    q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
+    out: DT[:], lse: f32[:], wg: u32, lt: u32, first: i32, step: i32, end: i32, rounds: i32,
+    n_qt: i32, bhs: i32, hs: i32, heads: i32, group: i32, sq: i32, sk: i32, causal: i32,
+    scale_log2: f32, D: kaio.constexpr, BN: kaio.constexpr, WG: kaio.constexpr,
+    STAGES: kaio.constexpr, PIPE: kaio.constexpr, PERSIST: kaio.constexpr,
+    QB: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """``XT`` 1: consumer warpgroup ``wg``'s rows of every work tile of the block (thread
+    ``lt`` of it) as one stream of key-tile steps in PIPE 1's or 3's order, the last
+    O += P V of a tile issued with the first S = Q K^T of the next: that step's softmax (on
+    fresh row maxima and sums) runs while the P V does, then the finished tile's rows are
+    stored and O is zeroed. Only the block's first step (S, softmax, P) and its last P V
+    stand alone. The Q tiles come from ``QB`` buffers (``q_buffer``: with two, the producer
+    loads the next tile's Q while this one's is read)."""
+    BM = 64 * WG
+    C = D // 64
+    lane = lt % 32
+    m = kaio.local(f32, 2)
+    l = kaio.local(f32, 2)
+    mo = kaio.local(f32, 2)  # the finished tile's row maxima and sums, for its store
+    lo = kaio.local(f32, 2)
+    alpha = kaio.local(f32, 2)
+    o = kaio.local(f32, (D // 8, 4))
+    start_rows(m, l, o, D)
+    s = kaio.local(f32, (BN // 8, 4))
+    p = kaio.local(u32, (BN // 16, 4))
+    pos = kaio.local(i32, 2)  # the ring's stage and parity (``advance``)
+    pos[0] = 0
+    pos[1] = 0
+    ps = i32(0)  # the stage and parity of the step whose P V is pending, and whether its
+    pph = u32(0)  # key tile is a partial last one (``zero_tail``)
+    ptail = i32(0)
+    tails = i32(0)  # the partial last key tiles whose P V has been issued
+    it = i32(0)  # the work tiles started
+    prev_bh = i32(0)  # the finished tile's (batch, head) and this thread's first row of it
+    prev_row0 = i32(0)
+    for k in range(rounds):
+        w = work_tile(k, first, step, end, n_qt, PERSIST)
+        if w >= 0:
+            bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sk, causal, BM, BN)
+            row0 = q0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)
+            b, landed, read = q_buffer(it, QB)
+            kaio.mbarrier_wait(turn, landed, u32(it // QB) & 1)  # this tile's Q landed
+            j0 = i32(0)
+            if it == 0:  # the block's first step: nothing pending
+                st = pos[0]
+                kaio.mbarrier_wait(bars, (0, st), u32(pos[1]))
+                kaio.wgmma_fence()
+                issue_s(s, q_s, k_s, st, wg, b * C, D, DT)
+                kaio.wgmma_wait(0)
+                if lt == 0:
+                    kaio.mbarrier_arrive(bars, (2, st))
+                    if n_tiles == 1:
+                        kaio.mbarrier_arrive(turn, read)
+                softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN)
+                pack_p(p, s, BN, DT)
+                ps = st
+                pph = u32(pos[1])
+                ptail = kaio.select(n_tiles == 1 and BN > sk, 1, 0)
+                advance(pos, STAGES)
+                j0 = 1
+            for j in range(j0, n_tiles):
+                st = pos[0]
+                ph = u32(pos[1])
+                kaio.mbarrier_wait(bars, (0, st), ph)
+                kaio.wgmma_fence()
+                issue_s(s, q_s, k_s, st, wg, b * C, D, DT)
+                if PIPE >= 3:
+                    rescale_rows(o, alpha, D)
+                kaio.mbarrier_wait(bars, (1, ps), pph)
+                if ptail != 0:  # the pending key tile's rows past the keys are zeros
+                    kaio.mbarrier_wait(turn, 3, u32(tails) & 1)
+                kaio.wgmma_fence()
+                issue_pv(o, p, v_s, ps, BN, DT)
+                kaio.wgmma_wait(1)  # S done
+                if lt == 0:
+                    kaio.mbarrier_arrive(bars, (2, st))
+                    if j == n_tiles - 1:  # this tile's last S: its Q buffer is free
+                        kaio.mbarrier_arrive(turn, read)
+                if j == 0:  # a new tile: its own row maxima and sums
+                    for h in kaio.static_range(2):
+                        mo[h] = m[h]
+                        lo[h] = l[h]
+                        m[h] = NEG_INF
+                        l[h] = 0.0
+                if sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
+                    softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN)
+                kaio.wgmma_wait(0)  # the pending P V done
+                if lt == 0:
+                    kaio.mbarrier_arrive(bars, (3, ps))
+                tails += ptail
+                if j == 0:  # the finished tile's rows, then O from zero
+                    store_rows(out, lse, o, mo, lo, prev_bh, prev_row0, sq, lane, D, DT)
+                    start_rows(mo, lo, o, D)
+                if PIPE < 3:
+                    rescale_rows(o, alpha, D)
+                pack_p(p, s, BN, DT)
+                ps = st
+                pph = ph
+                ptail = kaio.select(j == n_tiles - 1 and n_tiles * BN > sk, 1, 0)
+                advance(pos, STAGES)
+            prev_bh = bh
+            prev_row0 = row0
+            it += 1
+    if it > 0:  # the last tile's last P V and its rows
+        if PIPE >= 3:
+            rescale_rows(o, alpha, D)
+        pv_tile(o, p, v_s, bars, turn, ps, pph, ptail != 0, tails, lt, BN, DT)
+        store_rows(out, lse, o, m, l, prev_bh, prev_row0, sq, lane, D, DT)
 
 
 @kaio.gpu_func
@@ -436,6 +563,8 @@ def attention_fwd_wgmma(
     REGS: kaio.constexpr,
     PERSIST: kaio.constexpr,
     DT: kaio.constexpr,
+    XT: kaio.constexpr,
+    QB: kaio.constexpr,
 ):
     """out[bh, row] = softmax(q[bh, row] k[kv]^T * scale) v[kv] and lse[bh, row] for the
     work tiles of ``64 * WG`` query rows of one (batch, head) ``bh`` (``tile_of``; ``bhs``:
@@ -447,14 +576,16 @@ def attention_fwd_wgmma(
     BM = 64 * WG
     C = D // 64  # 64-column blocks of a row
     KV_BYTES = BN * D * 2
-    q_s = kaio.shared_dynamic(DT, (C, BM, 64), 0)
-    k_s = kaio.shared_dynamic(DT, (STAGES, C, BN, 64), BM * D * 2)
-    v_s = kaio.shared_dynamic(DT, (STAGES, C, BN, 64), BM * D * 2 + STAGES * KV_BYTES)
+    Q_BYTES = QB * BM * D * 2
+    q_s = kaio.shared_dynamic(DT, (QB * C, BM, 64), 0)
+    k_s = kaio.shared_dynamic(DT, (STAGES, C, BN, 64), Q_BYTES)
+    v_s = kaio.shared_dynamic(DT, (STAGES, C, BN, 64), Q_BYTES + STAGES * KV_BYTES)
     # bars[0, s]: K of stage s landed, [1, s]: V landed, [2, s]: K free, [3, s]: V free;
     # turn[0], turn[1]: warpgroup 0's, 1's turn on the tensor cores (PIPE 2, 4), turn[2]: Q
-    # landed, turn[3]: the partial tile's zeros stored, turn[4]: Q read by both warpgroups
-    bars = kaio.shared_dynamic(u64, (4, STAGES), BM * D * 2 + 2 * STAGES * KV_BYTES)
-    turn = kaio.shared_dynamic(u64, (6,), BM * D * 2 + 2 * STAGES * KV_BYTES + 32 * STAGES)
+    # landed, turn[3]: the partial tile's zeros stored, turn[4]: Q read by every consumer
+    # warpgroup; turn[5], turn[6]: the second Q buffer's landed and read (QB 2)
+    bars = kaio.shared_dynamic(u64, (4, STAGES), Q_BYTES + 2 * STAGES * KV_BYTES)
+    turn = kaio.shared_dynamic(u64, (8,), Q_BYTES + 2 * STAGES * KV_BYTES + 32 * STAGES)
     t, wg, lt = thread_roles(WG)
     n_qt = (sq + BM - 1) // BM
     first = i32(kaio.block_idx_x())  # PERSIST: tiles first, first + grid, ...
@@ -480,9 +611,17 @@ def attention_fwd_wgmma(
         kaio.mbarrier_init(turn, 2, 1)
         kaio.mbarrier_init(turn, 3, 32)  # the tail's zeros: each lane of the producer warp
         kaio.mbarrier_init(turn, 4, WG)
+        kaio.mbarrier_init(turn, 5, 1)
+        kaio.mbarrier_init(turn, 6, WG)
         kaio.fence_proxy_async()
     kaio.sync_threads()
-    if wg < WG:  # the consumers
+    if wg < WG and XT:  # the consumers, the block's tiles as one stream
+        if REGS:
+            kaio.setmaxnreg_inc(REGS)
+        consume_stream(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, first, step, end, rounds,
+                       n_qt, bhs, hs, heads, group, sq, sk, causal, scale_log2, D, BN, WG,
+                       STAGES, PIPE, PERSIST, QB, DT)  # fmt: skip
+    elif wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
         pos = kaio.local(i32, 5)
@@ -511,7 +650,7 @@ def attention_fwd_wgmma(
                                                BM, BN)  # fmt: skip
                 if lt == 0:
                     produce(q_s, k_s, v_s, bars, turn, tq, tk, tv, bh * sq + q0, kvh * sk,
-                            n_tiles, it, cnt, D, BN, WG, STAGES, DT)  # fmt: skip
+                            n_tiles, it, cnt, D, BN, WG, STAGES, DT, QB)  # fmt: skip
                 cnt += n_tiles
                 it += 1
                 if lt < 32 and n_tiles * BN > sk:  # the last key tile reaches past the keys:
@@ -524,9 +663,10 @@ def attention_fwd_wgmma(
                               DT)  # fmt: skip
 
 
-def shared_bytes(d: int, bn: int, wg: int, stages: int) -> int:
-    """The dynamic shared memory of ``attention_fwd_wgmma``: Q, the K/V ring, its barriers."""
-    return 64 * wg * d * 2 + 2 * stages * bn * d * 2 + 32 * stages + 48
+def shared_bytes(d: int, bn: int, wg: int, stages: int, qb: int = 1) -> int:
+    """The dynamic shared memory of ``attention_fwd_wgmma``: ``qb`` Q buffers, the K/V ring,
+    its barriers."""
+    return qb * 64 * wg * d * 2 + 2 * stages * bn * d * 2 + 32 * stages + 64
 
 
 def config(d: int, causal: bool = False) -> dict:
@@ -552,6 +692,39 @@ def config(d: int, causal: bool = False) -> dict:
         "BN": bn, "WG": wg, "STAGES": stages, "PIPE": pipe, "REGS": consumer_registers(wg),
         "PERSIST": persist,
     }  # fmt: skip
+
+
+STREAM_OFF = {"XT": 0, "QB": 1}  # the schedule of a tile at a time, one Q buffer
+
+
+def stream_config(d: int, causal: bool = False) -> dict:
+    """The constexprs beyond ``config``'s that ``launch`` adds where its configuration has
+    none: ``XT`` (1: a block's tiles as one stream of key-tile steps, ``consume_stream``)
+    and ``QB`` (its Q buffers, 2 where they fit in shared memory beside the ring)."""
+    return {}
+
+
+def check_stream(cfg: dict, d: int) -> None:
+    """A ValueError where ``cfg``'s ``XT`` and ``QB`` do not go together with its schedule
+    and the shared memory."""
+    xt, qb = cfg.get("XT", 0), cfg.get("QB", 1)
+    if xt and cfg["PIPE"] not in (1, 3):
+        raise ValueError(
+            f"attention_fwd_wgmma: one stream of a block's tiles (XT 1) takes PIPE 1's or 3's "
+            f"order, got PIPE {cfg['PIPE']}: use PIPE 1 or 3, or XT 0"
+        )
+    if qb not in (1, 2) or (qb == 2 and not xt):
+        raise ValueError(
+            f"attention_fwd_wgmma: QB {qb} Q buffers: 1, or 2 with XT 1 (the stream's "
+            f"consumers read the second; got XT {xt})"
+        )
+    need = shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"], qb)
+    if need > SHARED_LIMIT:
+        raise ValueError(
+            f"attention_fwd_wgmma: {qb} Q buffers and {cfg['STAGES']} stages of {cfg['BN']} "
+            f"keys at D = {d} take {need} bytes of shared memory, more than {SHARED_LIMIT}: "
+            f"use QB 1 or fewer stages"
+        )
 
 
 def eligible(d: int) -> bool:
@@ -581,7 +754,8 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     from kaio_ops import _arrays
 
     bh, heads, group, sq, sk, d, _ = dims
-    cfg = dict(cfg or config(d, causal))
+    cfg = {**STREAM_OFF, **stream_config(d, causal), **(cfg or config(d, causal))}
+    check_stream(cfg, d)
     # sections of heads (tile_of): one head's tiles after another's (PERSIST 2: every head's
     # heaviest tiles first; PERSIST 3 takes pairs of a head's tiles, head after head)
     hs = cfg.pop("SECTION", 0) or (bh if cfg.get("PERSIST") == 2 else 1)
@@ -603,7 +777,7 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     tv = kaio.tensor_map_2d(va.arg(rows_kv, d), (cfg["BN"], 64), SW)
     out_flat = _arrays.output_arg(qa, out, (bh * sq * d,))
     lse_flat = _arrays.output_arg(qa, lse, (bh * sq,), f32)
-    smem = shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"])
+    smem = shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"], cfg.get("QB", 1))
     n_qt = -(-sq // bm)
     if cfg["PERSIST"]:
         work = bh * (-(-n_qt // 2) if cfg["PERSIST"] == 3 else n_qt)  # pairs of tiles, or tiles
@@ -623,5 +797,6 @@ def specializations():
 
     for dt in (f16, bf16):
         for d in (64, 128, 256):
-            for cfg in dict.fromkeys(tuple(config(d, c).items()) for c in (False, True)):
+            routed = ({**config(d, c), **STREAM_OFF, **stream_config(d, c)} for c in (False, True))
+            for cfg in dict.fromkeys(tuple(r.items()) for r in routed):
                 yield attention_fwd_wgmma, {"D": d, "DT": dt, **dict(cfg)}  # each once
