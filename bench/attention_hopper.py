@@ -128,7 +128,7 @@ def warm_one(i: int, specs: str | None = None) -> str:
         import kaio
         from kaio_ops import _attention_hopper as hop
 
-        cfg = {**hop.config(d), **hop.STREAM_OFF, **hop.stream_config(d), **over}
+        cfg = {**hop.config(d), **hop.EXTRAS_OFF, **hop.extras(d), **over}
         cfg.pop("SECTION", None)  # launch's, not the kernel's
         dt = kaio.f16 if dtype == "float16" else kaio.bf16
         r = hop.attention_fwd_wgmma.resources(D=d, DT=dt, **cfg)

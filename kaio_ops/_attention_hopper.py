@@ -160,11 +160,11 @@ def pack_p(p: u32[:, :], s: f32[:, :], BN: kaio.constexpr, DT: kaio.constexpr):
 @kaio.gpu_func
 def softmax_tile(
     s: f32[:, :], m: f32[:], l: f32[:], alpha: f32[:], j: i32, row0: i32, sk: i32,
-    causal: i32, scale_log2: f32, lane: u32, BN: kaio.constexpr,
+    causal: i32, scale_log2: f32, lane: u32, BN: kaio.constexpr, EMU: kaio.constexpr = 0,
 ):  # fmt: skip
     """Mask key tile j's scores (keys at or past sk, and past the row when causal) where the
     tile needs it, then one online-softmax step of both row halves (row0 + 8h); the factors
-    of the earlier accumulators go to alpha."""
+    of the earlier accumulators go to alpha (``EMU``: ``_attention_tc.softmax_step``'s)."""
     k0 = j * BN
     if k0 + BN > sk or (causal != 0 and k0 + BN > row0 - lane // 4 + 1):
         for h in kaio.static_range(2):
@@ -175,7 +175,7 @@ def softmax_tile(
                     ok = key < sk and (causal == 0 or key <= row)
                     s[n, 2 * h + e] = kaio.select(ok, s[n, 2 * h + e], NEG_INF)
     for h in kaio.static_range(2):
-        alpha[h] = softmax_step(s, m, l, h, scale_log2, BN // 8)
+        alpha[h] = softmax_step(s, m, l, h, scale_log2, BN // 8, EMU)
 
 
 @kaio.gpu_func
@@ -385,7 +385,7 @@ def consume_stream(
     n_qt: i32, bhs: i32, hs: i32, heads: i32, group: i32, sq: i32, sk: i32, causal: i32,
     scale_log2: f32, D: kaio.constexpr, BN: kaio.constexpr, WG: kaio.constexpr,
     STAGES: kaio.constexpr, PIPE: kaio.constexpr, PERSIST: kaio.constexpr,
-    QB: kaio.constexpr, DT: kaio.constexpr,
+    QB: kaio.constexpr, EMU: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """``XT`` 1: consumer warpgroup ``wg``'s rows of every work tile of the block (thread
     ``lt`` of it) as one stream of key-tile steps in PIPE 1's or 3's order, the last
@@ -434,7 +434,7 @@ def consume_stream(
                     kaio.mbarrier_arrive(bars, (2, st))
                     if n_tiles == 1:
                         kaio.mbarrier_arrive(turn, read)
-                softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN)
+                softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, EMU)
                 pack_p(p, s, BN, DT)
                 ps = st
                 pph = u32(pos[1])
@@ -466,7 +466,7 @@ def consume_stream(
                         m[h] = NEG_INF
                         l[h] = 0.0
                 if sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
-                    softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN)
+                    softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, EMU)
                 kaio.wgmma_wait(0)  # the pending P V done
                 if lt == 0:
                     kaio.mbarrier_arrive(bars, (3, ps))
@@ -565,6 +565,7 @@ def attention_fwd_wgmma(
     DT: kaio.constexpr,
     XT: kaio.constexpr,
     QB: kaio.constexpr,
+    EMU: kaio.constexpr,
 ):
     """out[bh, row] = softmax(q[bh, row] k[kv]^T * scale) v[kv] and lse[bh, row] for the
     work tiles of ``64 * WG`` query rows of one (batch, head) ``bh`` (``tile_of``; ``bhs``:
@@ -620,7 +621,7 @@ def attention_fwd_wgmma(
             kaio.setmaxnreg_inc(REGS)
         consume_stream(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, first, step, end, rounds,
                        n_qt, bhs, hs, heads, group, sq, sk, causal, scale_log2, D, BN, WG,
-                       STAGES, PIPE, PERSIST, QB, DT)  # fmt: skip
+                       STAGES, PIPE, PERSIST, QB, EMU, DT)  # fmt: skip
     elif wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
@@ -694,13 +695,15 @@ def config(d: int, causal: bool = False) -> dict:
     }  # fmt: skip
 
 
-STREAM_OFF = {"XT": 0, "QB": 1}  # the schedule of a tile at a time, one Q buffer
+EXTRAS_OFF = {"XT": 0, "QB": 1, "EMU": 0}  # a tile at a time, one Q buffer, ex2 only
 
 
-def stream_config(d: int, causal: bool = False) -> dict:
+def extras(d: int, causal: bool = False) -> dict:
     """The constexprs beyond ``config``'s that ``launch`` adds where its configuration has
-    none: ``XT`` (1: a block's tiles as one stream of key-tile steps, ``consume_stream``)
-    and ``QB`` (its Q buffers, 2 where they fit in shared memory beside the ring)."""
+    none (``EXTRAS_OFF`` under them): ``XT`` (1: a block's tiles as one stream of key-tile
+    steps, ``consume_stream``), ``QB`` (its Q buffers, 2 where they fit in shared memory
+    beside the ring) and ``EMU`` (with XT 1: the exponentials of that many of every 8
+    n-tiles of scores on the FMA units, ``_attention_tc.exp2_poly``)."""
     return {}
 
 
@@ -708,6 +711,11 @@ def check_stream(cfg: dict, d: int) -> None:
     """A ValueError where ``cfg``'s ``XT`` and ``QB`` do not go together with its schedule
     and the shared memory."""
     xt, qb = cfg.get("XT", 0), cfg.get("QB", 1)
+    if cfg.get("EMU", 0) and not xt:
+        raise ValueError(
+            f"attention_fwd_wgmma: exponentials on the FMA units (EMU {cfg['EMU']}) are "
+            f"taken by one stream of a block's tiles only: use XT 1 with them, or EMU 0"
+        )
     if xt and cfg["PIPE"] not in (1, 3):
         raise ValueError(
             f"attention_fwd_wgmma: one stream of a block's tiles (XT 1) takes PIPE 1's or 3's "
@@ -754,7 +762,7 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     from kaio_ops import _arrays
 
     bh, heads, group, sq, sk, d, _ = dims
-    cfg = {**STREAM_OFF, **stream_config(d, causal), **(cfg or config(d, causal))}
+    cfg = {**EXTRAS_OFF, **extras(d, causal), **(cfg or config(d, causal))}
     check_stream(cfg, d)
     # sections of heads (tile_of): one head's tiles after another's (PERSIST 2: every head's
     # heaviest tiles first; PERSIST 3 takes pairs of a head's tiles, head after head)
@@ -797,6 +805,6 @@ def specializations():
 
     for dt in (f16, bf16):
         for d in (64, 128, 256):
-            routed = ({**config(d, c), **STREAM_OFF, **stream_config(d, c)} for c in (False, True))
+            routed = ({**config(d, c), **EXTRAS_OFF, **extras(d, c)} for c in (False, True))
             for cfg in dict.fromkeys(tuple(r.items()) for r in routed):
                 yield attention_fwd_wgmma, {"D": d, "DT": dt, **dict(cfg)}  # each once
