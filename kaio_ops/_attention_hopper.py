@@ -421,6 +421,9 @@ def consume_stream(
         if w >= 0:
             bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sk, causal, BM, BN)
             row0 = q0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)
+            n_mine = n_tiles  # the key tiles this warpgroup's rows see (causal: fewer)
+            if causal != 0:
+                n_mine = kaio.min(n_tiles, (q0 + 64 * i32(wg) + 64 + BN - 1) // BN)
             b, landed, read = q_buffer(it, QB)
             kaio.mbarrier_wait(turn, landed, u32(it // QB) & 1)  # this tile's Q landed
             j0 = i32(0)
@@ -432,7 +435,7 @@ def consume_stream(
                 kaio.wgmma_wait(0)
                 if lt == 0:
                     kaio.mbarrier_arrive(bars, (2, st))
-                    if n_tiles == 1:
+                    if n_mine == 1:
                         kaio.mbarrier_arrive(turn, read)
                 softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, EMU)
                 pack_p(p, s, BN, DT)
@@ -441,7 +444,7 @@ def consume_stream(
                 ptail = kaio.select(n_tiles == 1 and BN > sk, 1, 0)
                 advance(pos, STAGES)
                 j0 = 1
-            for j in range(j0, n_tiles):
+            for j in range(j0, n_mine):
                 st = pos[0]
                 ph = u32(pos[1])
                 kaio.mbarrier_wait(bars, (0, st), ph)
@@ -457,7 +460,7 @@ def consume_stream(
                 kaio.wgmma_wait(1)  # S done
                 if lt == 0:
                     kaio.mbarrier_arrive(bars, (2, st))
-                    if j == n_tiles - 1:  # this tile's last S: its Q buffer is free
+                    if j == n_mine - 1:  # this tile's last S: its Q buffer is free
                         kaio.mbarrier_arrive(turn, read)
                 if j == 0:  # a new tile: its own row maxima and sums
                     for h in kaio.static_range(2):
@@ -480,6 +483,17 @@ def consume_stream(
                 ps = st
                 pph = ph
                 ptail = kaio.select(j == n_tiles - 1 and n_tiles * BN > sk, 1, 0)
+                advance(pos, STAGES)
+            for j in range(n_mine, n_tiles):  # key tiles past this warpgroup's diagonal:
+                st = pos[0]  # each freed once it has landed (then the free barrier's phase
+                ph = u32(pos[1])  # is this use's, the producer having seen the last)
+                kaio.mbarrier_wait(bars, (0, st), ph)
+                if lt == 0:
+                    kaio.mbarrier_arrive(bars, (2, st))
+                kaio.mbarrier_wait(bars, (1, st), ph)
+                if lt == 0:
+                    kaio.mbarrier_arrive(bars, (3, st))
+                tails += kaio.select(j == n_tiles - 1 and n_tiles * BN > sk, 1, 0)
                 advance(pos, STAGES)
             prev_bh = bh
             prev_row0 = row0
