@@ -224,21 +224,25 @@ def tiny() -> None:
             ref, _ = reference(q, k, v, causal)
             err = (out.double() - ref).norm().item() / ref.norm().item()
             print(f"tiny {dtype} D{d} causal={causal}: rel {err:.1e}", flush=True)
-    for causal, persist, sk, pipe in (  # 8 tiles (or 4 pairs) on 3 blocks
-        (False, 1, 256, 0),
-        (True, 1, 256, 0),
-        (True, 2, 256, 0),
-        (False, 1, 300, 4),  # a partial last key tile in every work tile
-        (True, 3, 256, 4),  # pairs of query tiles
-        (True, 3, 300, 1),
+    for causal, persist, sk, pipe, xt in (  # 8 tiles (or 4 pairs) on 3 blocks
+        (False, 1, 256, 0, {}),
+        (True, 1, 256, 0, {}),
+        (True, 2, 256, 0, {}),
+        (False, 1, 300, 4, {}),  # a partial last key tile in every work tile
+        (True, 3, 256, 4, {}),  # pairs of query tiles
+        (True, 3, 300, 1, {}),
+        # one stream of steps a block, two Q buffers, exponentials on the FMA units; 64-key
+        # tiles with the mask: warpgroup 0 skips the last key tile of each query tile
+        (False, 1, 300, 3, {"XT": 1, "QB": 2, "EMU": 2}),
+        (True, 3, 300, 1, {"XT": 1, "QB": 2, "BN": 64}),
     ):
         q, k, v = tensors(1, 4, 2, 256, sk, 128, "float16")
         (qa, ka, va), dims, scale = attention._check_flash("tiny", q, k, v, None)
-        cfg = {**hop.config(128), "PERSIST": persist, "PIPE": pipe, "STAGES": 2}
+        cfg = {**hop.config(128), "PERSIST": persist, "PIPE": pipe, "STAGES": 2, **xt}
         out, _ = hop.launch(qa, ka, va, dims, causal, scale, cfg, ctas=3)
         ref, _ = reference(q, k, v, causal)
         err = (out.double() - ref).norm().item() / ref.norm().item()
-        print(f"tiny persistent {persist} PIPE {pipe} D128 sk {sk} causal={causal}: rel "
+        print(f"tiny persistent {persist} PIPE {pipe} {xt} D128 sk {sk} causal={causal}: rel "
               f"{err:.1e}", flush=True)  # fmt: skip
 
 

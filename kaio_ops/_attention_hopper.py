@@ -414,6 +414,8 @@ def consume_stream(
     ptail = i32(0)
     tails = i32(0)  # the partial last key tiles whose P V has been issued
     it = i32(0)  # the work tiles started
+    pending = i32(0)  # whether a P V is pending (the stream's first step, and one after a
+    # flush, stand alone)
     prev_bh = i32(0)  # the finished tile's (batch, head) and this thread's first row of it
     prev_row0 = i32(0)
     for k in range(rounds):
@@ -421,88 +423,110 @@ def consume_stream(
         if w >= 0:
             bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sk, causal, BM, BN)
             row0 = q0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)
-            n_mine = n_tiles  # the key tiles this warpgroup's rows see (causal: fewer)
-            if causal != 0:
+            n_mine = n_tiles  # the key tiles this warpgroup's rows see (causal: fewer; one
+            if causal != 0:  # where the rows are all past sq: none of them is stored)
                 n_mine = kaio.min(n_tiles, (q0 + 64 * i32(wg) + 64 + BN - 1) // BN)
+            if q0 + 64 * i32(wg) >= sq:
+                n_mine = 1
             b, landed, read = q_buffer(it, QB)
             kaio.mbarrier_wait(turn, landed, u32(it // QB) & 1)  # this tile's Q landed
-            j0 = i32(0)
-            if it == 0:  # the block's first step: nothing pending
-                st = pos[0]
-                kaio.mbarrier_wait(bars, (0, st), u32(pos[1]))
-                kaio.wgmma_fence()
-                issue_s(s, q_s, k_s, st, wg, b * C, D, DT)
-                kaio.wgmma_wait(0)
-                if lt == 0:
-                    kaio.mbarrier_arrive(bars, (2, st))
-                    if n_mine == 1:
-                        kaio.mbarrier_arrive(turn, read)
-                softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, EMU)
-                pack_p(p, s, BN, DT)
-                ps = st
-                pph = u32(pos[1])
-                ptail = kaio.select(n_tiles == 1 and BN > sk, 1, 0)
-                advance(pos, STAGES)
-                j0 = 1
-            for j in range(j0, n_mine):
-                st = pos[0]
-                ph = u32(pos[1])
-                kaio.mbarrier_wait(bars, (0, st), ph)
-                kaio.wgmma_fence()
-                issue_s(s, q_s, k_s, st, wg, b * C, D, DT)
-                if PIPE >= 3:
-                    rescale_rows(o, alpha, D)
-                kaio.mbarrier_wait(bars, (1, ps), pph)
-                if ptail != 0:  # the pending key tile's rows past the keys are zeros
-                    kaio.mbarrier_wait(turn, 3, u32(tails) & 1)
-                kaio.wgmma_fence()
-                issue_pv(o, p, v_s, ps, BN, DT)
-                kaio.wgmma_wait(1)  # S done
-                if lt == 0:
-                    kaio.mbarrier_arrive(bars, (2, st))
-                    if j == n_mine - 1:  # this tile's last S: its Q buffer is free
-                        kaio.mbarrier_arrive(turn, read)
-                if j == 0:  # a new tile: its own row maxima and sums
-                    for h in kaio.static_range(2):
-                        mo[h] = m[h]
-                        lo[h] = l[h]
-                        m[h] = NEG_INF
-                        l[h] = 0.0
-                if sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
-                    softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, EMU)
-                kaio.wgmma_wait(0)  # the pending P V done
-                if lt == 0:
-                    kaio.mbarrier_arrive(bars, (3, ps))
-                tails += ptail
-                if j == 0:  # the finished tile's rows, then O from zero
-                    store_rows(out, lse, o, mo, lo, prev_bh, prev_row0, sq, lane, D, DT)
-                    start_rows(mo, lo, o, D)
-                if PIPE < 3:
-                    rescale_rows(o, alpha, D)
-                pack_p(p, s, BN, DT)
-                ps = st
-                pph = ph
-                ptail = kaio.select(j == n_tiles - 1 and n_tiles * BN > sk, 1, 0)
-                advance(pos, STAGES)
-            for j in range(n_mine, n_tiles):  # key tiles past this warpgroup's diagonal:
-                st = pos[0]  # each freed once it has landed (then the free barrier's phase
-                ph = u32(pos[1])  # is this use's, the producer having seen the last)
-                kaio.mbarrier_wait(bars, (0, st), ph)
-                if lt == 0:
-                    kaio.mbarrier_arrive(bars, (2, st))
-                kaio.mbarrier_wait(bars, (1, st), ph)
-                if lt == 0:
-                    kaio.mbarrier_arrive(bars, (3, st))
-                tails += kaio.select(j == n_tiles - 1 and n_tiles * BN > sk, 1, 0)
+            for j in range(n_tiles):  # (one loop for every kind of step, j the same in every
+                st = pos[0]  # warpgroup: the simulator runs the warps in lockstep, and one
+                ph = u32(pos[1])  # warpgroup's step waits for another's earlier ones)
+                if j == 0 and pending == 0:  # the block's first step, or the first after a
+                    # flush: nothing pending (S, softmax, P)
+                    kaio.mbarrier_wait(bars, (0, st), ph)
+                    kaio.wgmma_fence()
+                    issue_s(s, q_s, k_s, st, wg, b * C, D, DT)
+                    kaio.wgmma_wait(0)
+                    if lt == 0:
+                        kaio.mbarrier_arrive(bars, (2, st))
+                        if n_mine == 1:
+                            kaio.mbarrier_arrive(turn, read)
+                    softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, EMU)
+                    pack_p(p, s, BN, DT)
+                    ps = st
+                    pph = ph
+                    ptail = kaio.select(n_tiles == 1 and BN > sk, 1, 0)
+                    pending = 1
+                elif j < n_mine:
+                    kaio.mbarrier_wait(bars, (0, st), ph)
+                    kaio.wgmma_fence()
+                    issue_s(s, q_s, k_s, st, wg, b * C, D, DT)
+                    if PIPE >= 3:
+                        rescale_rows(o, alpha, D)
+                    kaio.mbarrier_wait(bars, (1, ps), pph)
+                    if ptail != 0:  # the pending key tile's rows past the keys are zeros
+                        kaio.mbarrier_wait(turn, 3, u32(tails) & 1)
+                    kaio.wgmma_fence()
+                    issue_pv(o, p, v_s, ps, BN, DT)
+                    kaio.wgmma_wait(1)  # S done
+                    if lt == 0:
+                        kaio.mbarrier_arrive(bars, (2, st))
+                        if j == n_mine - 1:  # this tile's last S: its Q buffer is free
+                            kaio.mbarrier_arrive(turn, read)
+                    if j == 0:  # a new tile: its own row maxima and sums
+                        for h in kaio.static_range(2):
+                            mo[h] = m[h]
+                            lo[h] = l[h]
+                            m[h] = NEG_INF
+                            l[h] = 0.0
+                    # always true: a block of its own, which ptxas does not hoist the wait into
+                    if sk > 0:
+                        softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN,
+                                     EMU)  # fmt: skip
+                    kaio.wgmma_wait(0)  # the pending P V done
+                    if lt == 0:
+                        kaio.mbarrier_arrive(bars, (3, ps))
+                    tails += ptail
+                    if j == 0:  # the finished tile's rows, then O from zero
+                        store_rows(out, lse, o, mo, lo, prev_bh, prev_row0, sq, lane, D, DT)
+                        start_rows(mo, lo, o, D)
+                    if PIPE < 3:
+                        rescale_rows(o, alpha, D)
+                    pack_p(p, s, BN, DT)
+                    ps = st
+                    pph = ph
+                    ptail = kaio.select(j == n_tiles - 1 and n_tiles * BN > sk, 1, 0)
+                else:  # a key tile past this warpgroup's diagonal, or its rows past sq
+                    if j == n_mine and n_tiles - n_mine >= STAGES:  # the skips would wait for
+                        # the stage of the pending P V to be refilled: that P V first, and
+                        # the tile's rows
+                        finish_tile(out, lse, o, p, m, l, alpha, v_s, bars, turn, ps, pph,
+                                    ptail, tails, bh, row0, sq, lt, D, BN, PIPE, DT)  # fmt: skip
+                        tails += ptail
+                        pending = 0
+                    kaio.mbarrier_wait(bars, (0, st), ph)  # freed once landed (then the
+                    if lt == 0:  # free barrier's phase is this use's: the producer saw the
+                        kaio.mbarrier_arrive(bars, (2, st))  # last one complete)
+                    kaio.mbarrier_wait(bars, (1, st), ph)
+                    if lt == 0:
+                        kaio.mbarrier_arrive(bars, (3, st))
+                    tails += kaio.select(j == n_tiles - 1 and n_tiles * BN > sk, 1, 0)
                 advance(pos, STAGES)
             prev_bh = bh
             prev_row0 = row0
             it += 1
-    if it > 0:  # the last tile's last P V and its rows
-        if PIPE >= 3:
-            rescale_rows(o, alpha, D)
-        pv_tile(o, p, v_s, bars, turn, ps, pph, ptail != 0, tails, lt, BN, DT)
-        store_rows(out, lse, o, m, l, prev_bh, prev_row0, sq, lane, D, DT)
+    if pending != 0:  # the last tile's last P V and its rows
+        finish_tile(out, lse, o, p, m, l, alpha, v_s, bars, turn, ps, pph, ptail, tails,
+                    prev_bh, prev_row0, sq, lt, D, BN, PIPE, DT)  # fmt: skip
+
+
+@kaio.gpu_func
+def finish_tile(
+    out: DT[:], lse: f32[:], o: f32[:, :], p: u32[:, :], m: f32[:], l: f32[:], alpha: f32[:],
+    v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:], ps: i32, pph: u32, ptail: i32,
+    tails: i32, bh: i32, row0: i32, sq: i32, lt: u32, D: kaio.constexpr, BN: kaio.constexpr,
+    PIPE: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """A tile's pending last O += P V (stage ``ps``, parity ``pph``; ``ptail``: its key tile
+    is a partial last one, ``tails`` such tiles before it), waited for, its rows stored
+    (``store_rows``), then O and the row maxima and sums from the start."""
+    if PIPE >= 3:
+        rescale_rows(o, alpha, D)
+    pv_tile(o, p, v_s, bars, turn, ps, pph, ptail != 0, tails, lt, BN, DT)
+    store_rows(out, lse, o, m, l, bh, row0, sq, lt % 32, D, DT)
+    start_rows(m, l, o, D)
 
 
 @kaio.gpu_func

@@ -79,6 +79,9 @@ def test_hopper_forward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, over):
     np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=1e-4)
 
 
+THREE = {"WG": 3, "REGS": hopper.consumer_registers(3)}  # three consumer warpgroups
+
+
 @pytest.mark.parametrize(
     "b, h, hkv, sq, sk, d, dtype, causal, over, ctas",
     [
@@ -128,6 +131,11 @@ def test_hopper_forward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, over):
         ),  # fmt: skip
         # causal, Sq > Sk, partial key tiles, one Q buffer, a block for each pair
         (2, 2, 1, 256, 200, 128, np.float16, True, {"PIPE": 3, "PERSIST": 3, "XT": 1}, 0),
+        # three warpgroups (192 rows) of 64-key tiles, one block, causal: warpgroups 0 and 1
+        # skip two and one key tiles of each query tile (two: its last P V and rows first)
+        (1, 2, 1, 384, 384, 64, np.float16, True, {**THREE, "PIPE": 1, "XT": 1, "QB": 2}, 1),
+        # and without the mask, the second query tile's warpgroups 1 and 2 past Sq (one step)
+        (1, 2, 2, 200, 256, 64, np.float16, False, {**THREE, "PIPE": 3, "XT": 1, "QB": 2}, 1),
     ],
 )
 def test_persistent_blocks_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, over, ctas):
