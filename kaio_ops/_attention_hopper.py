@@ -160,22 +160,25 @@ def pack_p(p: u32[:, :], s: f32[:, :], BN: kaio.constexpr, DT: kaio.constexpr):
 @kaio.gpu_func
 def softmax_tile(
     s: f32[:, :], m: f32[:], l: f32[:], alpha: f32[:], j: i32, row0: i32, sk: i32,
-    causal: i32, scale_log2: f32, lane: u32, BN: kaio.constexpr, EMU: kaio.constexpr = 0,
+    causal: i32, scale_log2: f32, lane: u32, BN: kaio.constexpr, SUMS: kaio.constexpr = 1,
 ):  # fmt: skip
     """Mask key tile j's scores (keys at or past sk, and past the row when causal) where the
     tile needs it, then one online-softmax step of both row halves (row0 + 8h); the factors
-    of the earlier accumulators go to alpha (``EMU``: ``_attention_tc.softmax_step``'s)."""
+    of the earlier accumulators go to alpha (``SUMS``: ``_attention_tc.softmax_step``'s).
+    The mask compares each score's column in the tile, a constant, with the row's bound
+    (one comparison a score)."""
     k0 = j * BN
     if k0 + BN > sk or (causal != 0 and k0 + BN > row0 - lane // 4 + 1):
         for h in kaio.static_range(2):
-            row = row0 + 8 * h
+            bound = sk  # the keys below it are seen: below sk, and up to the row when causal
+            if causal != 0:
+                bound = kaio.min(sk, row0 + 8 * h + 1)
+            bound -= k0 + i32(lane % 4) * 2  # as a column of this lane's first pair
             for n in kaio.static_range(BN // 8):
                 for e in kaio.static_range(2):
-                    key = k0 + n * 8 + i32(lane % 4) * 2 + e
-                    ok = key < sk and (causal == 0 or key <= row)
-                    s[n, 2 * h + e] = kaio.select(ok, s[n, 2 * h + e], NEG_INF)
+                    s[n, 2 * h + e] = kaio.select(n * 8 + e < bound, s[n, 2 * h + e], NEG_INF)
     for h in kaio.static_range(2):
-        alpha[h] = softmax_step(s, m, l, h, scale_log2, BN // 8, EMU)
+        alpha[h] = softmax_step(s, m, l, h, scale_log2, BN // 8, SUMS)
 
 
 @kaio.gpu_func
@@ -385,7 +388,7 @@ def consume_stream(
     n_qt: i32, bhs: i32, hs: i32, heads: i32, group: i32, sq: i32, sk: i32, causal: i32,
     scale_log2: f32, D: kaio.constexpr, BN: kaio.constexpr, WG: kaio.constexpr,
     STAGES: kaio.constexpr, PIPE: kaio.constexpr, PERSIST: kaio.constexpr,
-    QB: kaio.constexpr, EMU: kaio.constexpr, DT: kaio.constexpr,
+    QB: kaio.constexpr, ONES: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """``XT`` 1: consumer warpgroup ``wg``'s rows of every work tile of the block (thread
     ``lt`` of it) as one stream of key-tile steps in PIPE 1's or 3's order, the last
@@ -402,8 +405,9 @@ def consume_stream(
     mo = kaio.local(f32, 2)  # the finished tile's row maxima and sums, for its store
     lo = kaio.local(f32, 2)
     alpha = kaio.local(f32, 2)
-    o = kaio.local(f32, (D // 8, 4))
-    start_rows(m, l, o, D)
+    DO = D + 8 * ONES  # O's columns (ONES: and 8 of the row sums)
+    o = kaio.local(f32, (DO // 8, 4))
+    start_rows(m, l, o, DO)
     s = kaio.local(f32, (BN // 8, 4))
     p = kaio.local(u32, (BN // 16, 4))
     pos = kaio.local(i32, 2)  # the ring's stage and parity (``advance``)
@@ -443,7 +447,9 @@ def consume_stream(
                         kaio.mbarrier_arrive(bars, (2, st))
                         if n_mine == 1:
                             kaio.mbarrier_arrive(turn, read)
-                    softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, EMU)
+                    softmax_tile(
+                        s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, 1 - ONES
+                    )
                     pack_p(p, s, BN, DT)
                     ps = st
                     pph = ph
@@ -454,7 +460,7 @@ def consume_stream(
                     kaio.wgmma_fence()
                     issue_s(s, q_s, k_s, st, wg, b * C, D, DT)
                     if PIPE >= 3:
-                        rescale_rows(o, alpha, D)
+                        rescale_rows(o, alpha, DO)
                     kaio.mbarrier_wait(bars, (1, ps), pph)
                     if ptail != 0:  # the pending key tile's rows past the keys are zeros
                         kaio.mbarrier_wait(turn, 3, u32(tails) & 1)
@@ -474,16 +480,18 @@ def consume_stream(
                     # always true: a block of its own, which ptxas does not hoist the wait into
                     if sk > 0:
                         softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN,
-                                     EMU)  # fmt: skip
+                                     1 - ONES)  # fmt: skip
                     kaio.wgmma_wait(0)  # the pending P V done
                     if lt == 0:
                         kaio.mbarrier_arrive(bars, (3, ps))
                     tails += ptail
                     if j == 0:  # the finished tile's rows, then O from zero
+                        if ONES:
+                            ones_sums(lo, o, D)
                         store_rows(out, lse, o, mo, lo, prev_bh, prev_row0, sq, lane, D, DT)
-                        start_rows(mo, lo, o, D)
+                        start_rows(mo, lo, o, DO)
                     if PIPE < 3:
-                        rescale_rows(o, alpha, D)
+                        rescale_rows(o, alpha, DO)
                     pack_p(p, s, BN, DT)
                     ps = st
                     pph = ph
@@ -493,7 +501,8 @@ def consume_stream(
                         # the stage of the pending P V to be refilled: that P V first, and
                         # the tile's rows
                         finish_tile(out, lse, o, p, m, l, alpha, v_s, bars, turn, ps, pph,
-                                    ptail, tails, bh, row0, sq, lt, D, BN, PIPE, DT)  # fmt: skip
+                                    ptail, tails, bh, row0, sq, lt, D, BN, PIPE, ONES,
+                                    DT)  # fmt: skip
                         tails += ptail
                         pending = 0
                     kaio.mbarrier_wait(bars, (0, st), ph)  # freed once landed (then the
@@ -509,7 +518,7 @@ def consume_stream(
             it += 1
     if pending != 0:  # the last tile's last P V and its rows
         finish_tile(out, lse, o, p, m, l, alpha, v_s, bars, turn, ps, pph, ptail, tails,
-                    prev_bh, prev_row0, sq, lt, D, BN, PIPE, DT)  # fmt: skip
+                    prev_bh, prev_row0, sq, lt, D, BN, PIPE, ONES, DT)  # fmt: skip
 
 
 @kaio.gpu_func
@@ -517,16 +526,29 @@ def finish_tile(
     out: DT[:], lse: f32[:], o: f32[:, :], p: u32[:, :], m: f32[:], l: f32[:], alpha: f32[:],
     v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:], ps: i32, pph: u32, ptail: i32,
     tails: i32, bh: i32, row0: i32, sq: i32, lt: u32, D: kaio.constexpr, BN: kaio.constexpr,
-    PIPE: kaio.constexpr, DT: kaio.constexpr,
+    PIPE: kaio.constexpr, ONES: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """A tile's pending last O += P V (stage ``ps``, parity ``pph``; ``ptail``: its key tile
     is a partial last one, ``tails`` such tiles before it), waited for, its rows stored
-    (``store_rows``), then O and the row maxima and sums from the start."""
+    (``store_rows``; ``ONES``: the row sums from O's last 8 columns), then O and the row
+    maxima and sums from the start."""
+    DO = D + 8 * ONES
     if PIPE >= 3:
-        rescale_rows(o, alpha, D)
+        rescale_rows(o, alpha, DO)
     pv_tile(o, p, v_s, bars, turn, ps, pph, ptail != 0, tails, lt, BN, DT)
+    if ONES:
+        ones_sums(l, o, D)
     store_rows(out, lse, o, m, l, bh, row0, sq, lt % 32, D, DT)
-    start_rows(m, l, o, D)
+    start_rows(m, l, o, DO)
+
+
+@kaio.gpu_func
+def ones_sums(l: f32[:], o: f32[:, :], D: kaio.constexpr):
+    """``l[h]``: a quarter of row half h's sum of probabilities, from O's column block of
+    ones (``ONES``: each of the row's 4 lanes holds the whole sum, and ``store_rows`` adds
+    the 4 lanes' parts)."""
+    for h in kaio.static_range(2):
+        l[h] = o[D // 8, 2 * h] * 0.25
 
 
 @kaio.gpu_func
@@ -603,7 +625,7 @@ def attention_fwd_wgmma(
     DT: kaio.constexpr,
     XT: kaio.constexpr,
     QB: kaio.constexpr,
-    EMU: kaio.constexpr,
+    ONES: kaio.constexpr,
 ):
     """out[bh, row] = softmax(q[bh, row] k[kv]^T * scale) v[kv] and lse[bh, row] for the
     work tiles of ``64 * WG`` query rows of one (batch, head) ``bh`` (``tile_of``; ``bhs``:
@@ -616,15 +638,16 @@ def attention_fwd_wgmma(
     C = D // 64  # 64-column blocks of a row
     KV_BYTES = BN * D * 2
     Q_BYTES = QB * BM * D * 2
+    V_BYTES = BN * (D + 64 * ONES) * 2  # a V stage (ONES: and a column block of ones)
     q_s = kaio.shared_dynamic(DT, (QB * C, BM, 64), 0)
     k_s = kaio.shared_dynamic(DT, (STAGES, C, BN, 64), Q_BYTES)
-    v_s = kaio.shared_dynamic(DT, (STAGES, C, BN, 64), Q_BYTES + STAGES * KV_BYTES)
+    v_s = kaio.shared_dynamic(DT, (STAGES, C + ONES, BN, 64), Q_BYTES + STAGES * KV_BYTES)
     # bars[0, s]: K of stage s landed, [1, s]: V landed, [2, s]: K free, [3, s]: V free;
     # turn[0], turn[1]: warpgroup 0's, 1's turn on the tensor cores (PIPE 2, 4), turn[2]: Q
     # landed, turn[3]: the partial tile's zeros stored, turn[4]: Q read by every consumer
     # warpgroup; turn[5], turn[6]: the second Q buffer's landed and read (QB 2)
-    bars = kaio.shared_dynamic(u64, (4, STAGES), Q_BYTES + 2 * STAGES * KV_BYTES)
-    turn = kaio.shared_dynamic(u64, (8,), Q_BYTES + 2 * STAGES * KV_BYTES + 32 * STAGES)
+    bars = kaio.shared_dynamic(u64, (4, STAGES), Q_BYTES + STAGES * (KV_BYTES + V_BYTES))
+    turn = kaio.shared_dynamic(u64, (8,), Q_BYTES + STAGES * (KV_BYTES + V_BYTES) + 32 * STAGES)
     t, wg, lt = thread_roles(WG)
     n_qt = (sq + BM - 1) // BM
     first = i32(kaio.block_idx_x())  # PERSIST: tiles first, first + grid, ...
@@ -653,13 +676,21 @@ def attention_fwd_wgmma(
         kaio.mbarrier_init(turn, 5, 1)
         kaio.mbarrier_init(turn, 6, WG)
         kaio.fence_proxy_async()
+    if ONES:  # each V stage's column block of ones (the copies never write it)
+        one = kaio.local(DT, 8)
+        for e in kaio.static_range(8):
+            one[e] = DT(1.0)
+        for st in kaio.static_range(STAGES):
+            for r in range(i32(t) // 8, BN, (WG + 1) * 16):
+                kaio.store_vector(v_s, (st, C, r, i32(t % 8) * 8), one)
+        kaio.fence_proxy_async()  # for the tensor cores
     kaio.sync_threads()
     if wg < WG and XT:  # the consumers, the block's tiles as one stream
         if REGS:
             kaio.setmaxnreg_inc(REGS)
         consume_stream(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, first, step, end, rounds,
                        n_qt, bhs, hs, heads, group, sq, sk, causal, scale_log2, D, BN, WG,
-                       STAGES, PIPE, PERSIST, QB, EMU, DT)  # fmt: skip
+                       STAGES, PIPE, PERSIST, QB, ONES, DT)  # fmt: skip
     elif wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
@@ -702,10 +733,10 @@ def attention_fwd_wgmma(
                               DT)  # fmt: skip
 
 
-def shared_bytes(d: int, bn: int, wg: int, stages: int, qb: int = 1) -> int:
-    """The dynamic shared memory of ``attention_fwd_wgmma``: ``qb`` Q buffers, the K/V ring,
-    its barriers."""
-    return qb * 64 * wg * d * 2 + 2 * stages * bn * d * 2 + 32 * stages + 64
+def shared_bytes(d: int, bn: int, wg: int, stages: int, qb: int = 1, ones: int = 0) -> int:
+    """The dynamic shared memory of ``attention_fwd_wgmma``: ``qb`` Q buffers, the K/V ring
+    (``ones``: a column block of ones beside each V stage), its barriers."""
+    return qb * 64 * wg * d * 2 + stages * bn * (2 * d + 64 * ones) * 2 + 32 * stages + 64
 
 
 def config(d: int, causal: bool = False) -> dict:
@@ -733,15 +764,15 @@ def config(d: int, causal: bool = False) -> dict:
     }  # fmt: skip
 
 
-EXTRAS_OFF = {"XT": 0, "QB": 1, "EMU": 0}  # a tile at a time, one Q buffer, ex2 only
+EXTRAS_OFF = {"XT": 0, "QB": 1, "ONES": 0}  # a tile at a time, one Q buffer, sums by FADD
 
 
 def extras(d: int, causal: bool = False) -> dict:
     """The constexprs beyond ``config``'s that ``launch`` adds where its configuration has
     none (``EXTRAS_OFF`` under them): ``XT`` (1: a block's tiles as one stream of key-tile
     steps, ``consume_stream``), ``QB`` (its Q buffers, 2 where they fit in shared memory
-    beside the ring) and ``EMU`` (with XT 1: the exponentials of that many of every 8
-    n-tiles of scores on the FMA units, ``_attention_tc.exp2_poly``)."""
+    beside the ring) and ``ONES`` (with XT 1: the row sums of the probabilities on the
+    tensor cores, as 8 more columns of O from a block of ones beside each V stage)."""
     return {}
 
 
@@ -749,10 +780,10 @@ def check_stream(cfg: dict, d: int) -> None:
     """A ValueError where ``cfg``'s ``XT`` and ``QB`` do not go together with its schedule
     and the shared memory."""
     xt, qb = cfg.get("XT", 0), cfg.get("QB", 1)
-    if cfg.get("EMU", 0) and not xt:
+    if cfg.get("ONES", 0) and not xt:
         raise ValueError(
-            f"attention_fwd_wgmma: exponentials on the FMA units (EMU {cfg['EMU']}) are "
-            f"taken by one stream of a block's tiles only: use XT 1 with them, or EMU 0"
+            "attention_fwd_wgmma: the row sums on the tensor cores (ONES 1) are taken by one "
+            "stream of a block's tiles only: use XT 1 with them, or ONES 0"
         )
     if xt and cfg["PIPE"] not in (1, 3):
         raise ValueError(
@@ -764,7 +795,7 @@ def check_stream(cfg: dict, d: int) -> None:
             f"attention_fwd_wgmma: QB {qb} Q buffers: 1, or 2 with XT 1 (the stream's "
             f"consumers read the second; got XT {xt})"
         )
-    need = shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"], qb)
+    need = shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"], qb, cfg.get("ONES", 0))
     if need > SHARED_LIMIT:
         raise ValueError(
             f"attention_fwd_wgmma: {qb} Q buffers and {cfg['STAGES']} stages of {cfg['BN']} "
@@ -823,7 +854,7 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     tv = kaio.tensor_map_2d(va.arg(rows_kv, d), (cfg["BN"], 64), SW)
     out_flat = _arrays.output_arg(qa, out, (bh * sq * d,))
     lse_flat = _arrays.output_arg(qa, lse, (bh * sq,), f32)
-    smem = shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"], cfg.get("QB", 1))
+    smem = shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"], cfg.get("QB", 1), cfg["ONES"])
     n_qt = -(-sq // bm)
     if cfg["PERSIST"]:
         work = bh * (-(-n_qt // 2) if cfg["PERSIST"] == 3 else n_qt)  # pairs of tiles, or tiles

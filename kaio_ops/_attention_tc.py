@@ -44,7 +44,7 @@ apart, causal aligned bottom-right).
 from __future__ import annotations
 
 import kaio
-from kaio import f16, f32, i32, u32
+from kaio import f16, f32, u32
 from kaio_ops._common import warp_sum
 
 NEG_INF = float("-inf")
@@ -274,15 +274,14 @@ def softmax_step(
     h: kaio.constexpr,
     scale_log2: f32,
     NB: kaio.constexpr,
-    EMU: kaio.constexpr = 0,
+    SUMS: kaio.constexpr = 1,
 ) -> f32:  # fmt: skip
     """One online-softmax step of this lane's row half h (row g + 8h of the warp's 16) over
     the scores s of NB n-tiles (masked ones -inf): the running max m[h] (base 2, scaled) and
     sum l[h] (this lane's part) updated and s replaced by the probabilities; returns the
     factor by which the row's earlier accumulators must be rescaled. A row's values sit in
-    the 4 lanes of its lane group. ``EMU``: the exponentials of that many of every 8 n-tiles
-    by a polynomial on the FMA units (``exp2_poly``), the others by ``ex2`` on the
-    multi-function unit, which alone has a sixteenth of the FMA units' rate."""
+    the 4 lanes of its lane group. ``SUMS`` 0: l is left alone (the caller sums the
+    probabilities elsewhere, e.g. on the tensor cores)."""
     top = NEG_INF
     for n in kaio.static_range(NB):
         for e in kaio.static_range(2):
@@ -296,29 +295,13 @@ def softmax_step(
     total = 0.0
     for n in kaio.static_range(NB):
         for e in kaio.static_range(2):
-            x = kaio.fma(s[n, 2 * h + e], scale_log2, -base)
-            if n % 8 < EMU:
-                p = exp2_poly(x)
-            else:
-                p = kaio.exp2(x)
+            p = kaio.exp2(kaio.fma(s[n, 2 * h + e], scale_log2, -base))
             s[n, 2 * h + e] = p
-            total += p
-    l[h] = l[h] * alpha + total
+            if SUMS:
+                total += p
+    if SUMS:
+        l[h] = l[h] * alpha + total
     return alpha
-
-
-@kaio.gpu_func
-def exp2_poly(x: f32) -> f32:
-    """2^x for x <= 0 (-inf too) on the FMA units: x = j + f with j an integer (rounded by
-    adding 1.5 * 2^23, which leaves j in the sum's low mantissa bits) and f in [-1/2, 1/2],
-    2^f by a cubic (relative error 1.1e-4, below a 16-bit probability's rounding), j added
-    to its exponent; 0 below 2^-125."""
-    y = kaio.max(x, -125.0)
-    t = y + 12582912.0
-    f = y - (t - 12582912.0)
-    p = kaio.fma(kaio.fma(kaio.fma(0.05500765, f, 0.24220794), f, 0.69328273), f, 1.0)
-    r = kaio.bitcast(kaio.bitcast(p, i32) + (kaio.bitcast(t, i32) << 23), f32)
-    return kaio.select(x < -125.0, 0.0, r)
 
 
 @kaio.gpu_func
