@@ -60,6 +60,7 @@ import kaio
 from kaio import bool_, f32, i32, u32, u64
 from kaio_ops._attention_hopper_common import kv_head_and_tiles, store_pairs, thread_roles
 from kaio_ops._attention_tc import LN2, NEG_INF, rescale, softmax_step, start_rows
+from kaio_ops._matmul_hopper import next_stage
 
 SW = 128  # swizzle bytes: one 128-byte row per 64 elements
 SHARED_LIMIT = 227 * 1024
@@ -410,9 +411,8 @@ def consume_stream(
     start_rows(m, l, o, DO)
     s = kaio.local(f32, (BN // 8, 4))
     p = kaio.local(u32, (BN // 16, 4))
-    pos = kaio.local(i32, 2)  # the ring's stage and parity (``advance``)
-    pos[0] = 0
-    pos[1] = 0
+    st = i32(0)  # the ring's stage of the next key tile and its phase parity
+    ph = u32(0)
     ps = i32(0)  # the stage and parity of the step whose P V is pending, and whether its
     pph = u32(0)  # key tile is a partial last one (``zero_tail``)
     ptail = i32(0)
@@ -434,9 +434,9 @@ def consume_stream(
                 n_mine = 1
             b, landed, read = q_buffer(it, QB)
             kaio.mbarrier_wait(turn, landed, u32(it // QB) & 1)  # this tile's Q landed
-            for j in range(n_tiles):  # (one loop for every kind of step, j the same in every
-                st = pos[0]  # warpgroup: the simulator runs the warps in lockstep, and one
-                ph = u32(pos[1])  # warpgroup's step waits for another's earlier ones)
+            # one loop for every kind of step, j the same in every warpgroup: the simulator
+            # runs the warps in lockstep, and one warpgroup's step waits for another's earlier
+            for j in range(n_tiles):
                 if j == 0 and pending == 0:  # the block's first step, or the first after a
                     # flush: nothing pending (S, softmax, P)
                     kaio.mbarrier_wait(bars, (0, st), ph)
@@ -512,7 +512,7 @@ def consume_stream(
                     if lt == 0:
                         kaio.mbarrier_arrive(bars, (3, st))
                     tails += kaio.select(j == n_tiles - 1 and n_tiles * BN > sk, 1, 0)
-                advance(pos, STAGES)
+                st, ph = next_stage(st, ph, STAGES)
             prev_bh = bh
             prev_row0 = row0
             it += 1
