@@ -42,6 +42,16 @@ warpgroups have issued their last S = Q K^T of a tile, ``turn[4]``) carry from o
 the next, so that the producer loads the next tile's keys while the consumers finish a
 tile (and ``turn[3]``, the partial last key tiles' zeros, counts its phases over them).
 
+``XT`` 1 (``consume_stream``) runs a persistent block's tiles as one stream of key-tile
+steps: the first S = Q K^T of a tile is issued with the last O += P V of the one before, its
+softmax (on fresh row maxima and sums) runs under that P V, then the finished tile's rows
+are stored; a warpgroup whose rows end before the tile's last key tiles (the causal
+diagonal with 192-row tiles and 128-key tiles) or lie past sq frees those key tiles as they
+land instead of computing them. ``QB`` 2 gives it two Q buffers (the next tile's Q loads
+while this one's is read); ``ONES`` 1 has the tensor cores sum each row's probabilities,
+as 8 more columns of O from a column block of ones beside each V stage (one FADD a score
+fewer; the sums are of the probabilities as rounded for P V).
+
 Shared tiles (128-byte swizzle, 64-column blocks, docs/hopper.md): Q ``[D / 64, BM, 64]``,
 K and V stages ``[STAGES, D / 64, BN, 64]``. The tensor maps see Q as ``[B * H * Sq, D]`` and
 K, V as ``[B * Hkv * Sk, D]``: a Q tile past the head's last row reads the next head's rows
@@ -295,6 +305,7 @@ def consume(
     out: DT[:], lse: f32[:], wg: u32, lt: u32, bh: i32, q0: i32, n_tiles: i32, sq: i32,
     sk: i32, causal: i32, scale_log2: f32, pos: i32[:], D: kaio.constexpr, BN: kaio.constexpr,
     STAGES: kaio.constexpr, PIPE: kaio.constexpr, DT: kaio.constexpr,
+    ONES: kaio.constexpr = 0,
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 query rows of one tile (thread ``lt`` of it) over the
     key tiles (module docstring), then its rows of ``out`` and ``lse``. ``pos``: the ring's
@@ -302,14 +313,16 @@ def consume(
     key tile was partial, carried from the block's earlier tiles. ``turn[0]``, ``turn[1]``:
     the ping-pong barriers of warpgroups 0 and 1 (PIPE 2, 4), ``turn[2]``: the Q tile
     landed, ``turn[3]``: the partial tile's zeros stored, ``turn[4]``: the Q tile read (by
-    both)."""
+    both). ``ONES`` 1: the row sums come from O's 8 more columns (``ones_sums``), the V
+    stages having a column block of ones."""
     lane = lt % 32
     row0 = q0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)
     m = kaio.local(f32, 2)
     l = kaio.local(f32, 2)
     alpha = kaio.local(f32, 2)
-    o = kaio.local(f32, (D // 8, 4))
-    start_rows(m, l, o, D)
+    DO = D + 8 * ONES  # O's columns (ONES: and 8 of the row sums, ``ones_sums``)
+    o = kaio.local(f32, (DO // 8, 4))
+    start_rows(m, l, o, DO)
     s = kaio.local(f32, (BN // 8, 4))
     p = kaio.local(u32, (BN // 16, 4))
     kaio.mbarrier_wait(turn, 2, u32(pos[3]) & 1)  # this tile's Q landed
@@ -318,8 +331,8 @@ def consume(
             st = pos[0]
             ph = u32(pos[1])
             s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT)
-            softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN)
-            rescale_rows(o, alpha, D)
+            softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, 1 - ONES)
+            rescale_rows(o, alpha, DO)
             pack_p(p, s, BN, DT)
             pv_tile(o, p, v_s, bars, turn, st, ph, (j + 1) * BN > sk, pos[4], lt, BN, DT)
             advance(pos, STAGES)
@@ -331,7 +344,7 @@ def consume(
         # order) rescale O by tile j - 1's factors while S_j runs, PIPE 1, 2 once P V is done;
         # PIPE 2, 4: the warpgroups take turns to issue their products (ping-pong)
         s_tile(s, q_s, k_s, bars, pos[0], u32(pos[1]), wg, lt, D, DT)
-        softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN)
+        softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, 1 - ONES)
         pack_p(p, s, BN, DT)
         ps = pos[0]  # the stage and parity of tile j - 1
         pph = u32(pos[1])
@@ -350,7 +363,7 @@ def consume(
             kaio.wgmma_fence()
             issue_s(s, q_s, k_s, st, wg, 0, D, DT)
             if PIPE >= 3:
-                rescale_rows(o, alpha, D)
+                rescale_rows(o, alpha, DO)
             kaio.mbarrier_wait(bars, (1, ps), pph)
             kaio.wgmma_fence()
             issue_pv(o, p, v_s, ps, BN, DT)
@@ -360,12 +373,12 @@ def consume(
             if lt == 0:
                 kaio.mbarrier_arrive(bars, (2, st))
             if sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
-                softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN)
+                softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, 1 - ONES)
             kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done
             if lt == 0:
                 kaio.mbarrier_arrive(bars, (3, ps))
             if PIPE < 3:
-                rescale_rows(o, alpha, D)
+                rescale_rows(o, alpha, DO)
             pack_p(p, s, BN, DT)
             ps = st
             pph = ph
@@ -374,11 +387,13 @@ def consume(
         if lt == 0:  # every S = Q K^T of the tile is done: Q's buffer is free
             kaio.mbarrier_arrive(turn, 4)
         if PIPE >= 3:
-            rescale_rows(o, alpha, D)
+            rescale_rows(o, alpha, DO)
         pv_tile(o, p, v_s, bars, turn, ps, pph, n_tiles * BN > sk, pos[4], lt, BN, DT)
     pos[3] += 1
     if n_tiles * BN > sk:
         pos[4] += 1
+    if ONES:
+        ones_sums(l, o, D)
     store_rows(out, lse, o, m, l, bh, row0, sq, lane, D, DT)
 
 
@@ -704,10 +719,12 @@ def attention_fwd_wgmma(
                                                BM, BN)  # fmt: skip
                 if (PIPE == 2 or PIPE == 4) and wg == 0:  # ping-pong: a loop in each branch
                     consume(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh, q0, n_tiles, sq,
-                            sk, causal, scale_log2, pos, D, BN, STAGES, PIPE, DT)  # fmt: skip
+                            sk, causal, scale_log2, pos, D, BN, STAGES, PIPE, DT,
+                            ONES)  # fmt: skip
                 else:
                     consume(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh, q0, n_tiles, sq,
-                            sk, causal, scale_log2, pos, D, BN, STAGES, PIPE, DT)  # fmt: skip
+                            sk, causal, scale_log2, pos, D, BN, STAGES, PIPE, DT,
+                            ONES)  # fmt: skip
     else:  # the producer warpgroup: its first thread loads
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -771,8 +788,8 @@ def extras(d: int, causal: bool = False) -> dict:
     """The constexprs beyond ``config``'s that ``launch`` adds where its configuration has
     none (``EXTRAS_OFF`` under them): ``XT`` (1: a block's tiles as one stream of key-tile
     steps, ``consume_stream``), ``QB`` (its Q buffers, 2 where they fit in shared memory
-    beside the ring) and ``ONES`` (with XT 1: the row sums of the probabilities on the
-    tensor cores, as 8 more columns of O from a block of ones beside each V stage)."""
+    beside the ring) and ``ONES`` (1: the row sums of the probabilities on the tensor
+    cores, as 8 more columns of O from a block of ones beside each V stage; D <= 248)."""
     return {}
 
 
@@ -780,10 +797,10 @@ def check_stream(cfg: dict, d: int) -> None:
     """A ValueError where ``cfg``'s ``XT`` and ``QB`` do not go together with its schedule
     and the shared memory."""
     xt, qb = cfg.get("XT", 0), cfg.get("QB", 1)
-    if cfg.get("ONES", 0) and not xt:
+    if cfg.get("ONES", 0) and d + 8 > 256:
         raise ValueError(
-            "attention_fwd_wgmma: the row sums on the tensor cores (ONES 1) are taken by one "
-            "stream of a block's tiles only: use XT 1 with them, or ONES 0"
+            f"attention_fwd_wgmma: the row sums on the tensor cores (ONES 1) widen P V to "
+            f"{d + 8} columns, past wgmma's 256, at D = {d}: use ONES 0 there"
         )
     if xt and cfg["PIPE"] not in (1, 3):
         raise ValueError(
