@@ -145,6 +145,32 @@ def test_persistent_blocks_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, ove
     np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize(
+    "b, h, hkv, sq, sk, d, dtype, causal, over, ctas",
+    [
+        # pairs of query tiles, causal, the overlapped order
+        (1, 2, 1, 256, 256, 64, np.float16, True, {"PIPE": 1, "PERSIST": 3}, 2),
+        # FlashAttention-3's order, persistent blocks, a partial last key tile, bf16
+        (1, 2, 1, 130, 200, 128, ml_dtypes.bfloat16, False, {"PIPE": 3, "PERSIST": 1}, 1),
+        # three warpgroups, the plain order, a block a tile, causal
+        (1, 2, 1, 200, 384, 64, np.float16, True, {**THREE, "PIPE": 0, "PERSIST": 0}, 0),
+        # ping-pong, grouped-query heads
+        (1, 2, 2, 130, 300, 128, np.float16, False, {"PIPE": 4, "PERSIST": 1}, 1),
+        # one stream of steps a block
+        (1, 2, 1, 384, 384, 64, np.float16, True, {**THREE, "PIPE": 1, "XT": 1, "QB": 2}, 1),
+    ],
+)
+def test_row_sums_on_the_tensor_cores_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, over,
+                                                    ctas):  # fmt: skip
+    """ONES: the row sums from 8 more columns of O (P times a block of ones beside each V
+    stage). They sum the probabilities as rounded for P V, so the logsumexp moves by up to
+    that rounding (a few 1e-4 in f16 at these lengths), and the output stays as close."""
+    cfg = small(d, **{"PERSIST": 1, **over, "ONES": 1})
+    out, lse, ref, ref_lse = run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, ctas=ctas or None)
+    assert rel(out, ref) < (1e-3 if dtype == np.float16 else 1e-2)
+    np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=5e-4 if dtype == np.float16 else 3e-3)
+
+
 @pytest.mark.parametrize("persist, xt", [(0, 0), (1, 0), (1, 1)])
 def test_keys_past_sk_are_left_out_in_simulator(persist, xt):
     """The last key tile reaches past sk into the next head's keys, whose V rows hold inf:
@@ -173,6 +199,7 @@ def test_keys_past_sk_are_left_out_in_simulator(persist, xt):
         ({"XT": 1, "PIPE": 4}, "PIPE 1's or 3's order"),
         ({"XT": 0, "QB": 2}, "2 with XT 1"),
         ({"XT": 1, "QB": 2, "D": 256}, "more than"),
+        ({"ONES": 1, "D": 256}, "past wgmma's 256"),
     ],
 )
 def test_stream_configurations_are_checked(over, match):
