@@ -45,9 +45,10 @@ def run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, scale=None, ctas=None):
 
 def small(d: int, **over) -> dict:
     """A small configuration of the kernel for head dim d (two consumer warpgroups):
-    64-key tiles, two stages."""
+    64-key tiles, two stages, the row sums by FADD (``ONES`` 0, which ``launch`` would
+    route: test_row_sums_on_the_tensor_cores_in_simulator takes it)."""
     two = {"WG": 2, "REGS": hopper.consumer_registers(2)}
-    return {**hopper.config(d, causal=True), **two, "BN": 64, "STAGES": 2, **over}
+    return {**hopper.config(d, causal=True), **two, "BN": 64, "STAGES": 2, "ONES": 0, **over}
 
 
 @pytest.mark.parametrize(
@@ -158,6 +159,9 @@ def test_persistent_blocks_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, ove
         (1, 2, 2, 130, 300, 128, np.float16, False, {"PIPE": 4, "PERSIST": 1}, 1),
         # one stream of steps a block
         (1, 2, 1, 384, 384, 64, np.float16, True, {**THREE, "PIPE": 1, "XT": 1, "QB": 2}, 1),
+        # D = 64's route without the mask (three warpgroups, FlashAttention-3's order,
+        # persistent blocks), a query tail, grouped-query heads
+        (1, 4, 2, 200, 256, 64, ml_dtypes.bfloat16, False, {**THREE, "PIPE": 3}, 2),
     ],
 )
 def test_row_sums_on_the_tensor_cores_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, over,
