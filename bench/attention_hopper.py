@@ -128,9 +128,9 @@ def warm_one(i: int, specs: str | None = None) -> str:
         import kaio
         from kaio_ops import _attention_hopper as hop
 
-        cfg = {**hop.config(d), **hop.EXTRAS_OFF, **hop.extras(d), **over}
-        cfg.pop("SECTION", None)  # launch's, not the kernel's
         dt = kaio.f16 if dtype == "float16" else kaio.bf16
+        cfg = {**hop.config(d), **hop.EXTRAS_OFF, **hop.extras(d, False, dt), **over}
+        cfg.pop("SECTION", None)  # launch's, not the kernel's
         r = hop.attention_fwd_wgmma.resources(D=d, DT=dt, **cfg)
         res = f" (registers {r.registers}, local bytes {r.local_bytes})"
     return f"{label} {dtype} D{d}: {time.time() - t0:.1f}s{res}"
@@ -468,6 +468,7 @@ def main() -> None:
     p.add_argument("--variant", default="wgmma", help="one: the variant (a NEW label)")
     p.add_argument("--d", type=int, default=128, help="one: the head dim")
     p.add_argument("--causal", action="store_true", help="one: causal")
+    p.add_argument("--cases", help="tiny: the TINY cases to run, i,j,... (default all)")
     p.add_argument("--out")
     p.add_argument("--jobs", type=int, default=8)
     p.add_argument("--check-log", help="time: only the variants this check output passed")
@@ -485,7 +486,7 @@ def main() -> None:
     elif args.step == "check":
         check(args.out)
     elif args.step == "tiny":
-        tiny()
+        tiny([int(i) for i in args.cases.split(",")] if args.cases else None)
     elif args.step == "tiny-warm":
         tiny_warm(args.jobs)
     elif args.step == "one":

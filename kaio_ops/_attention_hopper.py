@@ -784,16 +784,18 @@ def config(d: int, causal: bool = False) -> dict:
 EXTRAS_OFF = {"XT": 0, "QB": 1, "ONES": 0}  # a tile at a time, one Q buffer, sums by FADD
 
 
-def extras(d: int, causal: bool = False) -> dict:
+def extras(d: int, causal: bool = False, dt=None) -> dict:
     """The constexprs beyond ``config``'s that ``launch`` adds where its configuration has
     none (``EXTRAS_OFF`` under them): ``XT`` (1: a block's tiles as one stream of key-tile
     steps, ``consume_stream``), ``QB`` (its Q buffers, 2 where they fit in shared memory
     beside the ring) and ``ONES`` (1: the row sums of the probabilities on the tensor
-    cores, as 8 more columns of O from a block of ones beside each V stage; D <= 248).
-    Measured on an H100 (docs/hopper.md, "Row sums on the tensor cores"): ONES at D 64 and
-    128, f16 and bf16, both masks (up to 5% faster, within 2% where it was behind); XT and
-    QB 2 measured 1-8% slower, so not routed."""
-    return {"ONES": 1} if d <= 128 else {}
+    cores, as 8 more columns of O from a block of ones beside each V stage; D <= 248), for
+    element type ``dt`` (a kaio type; None: f16). Measured on an H100 (docs/hopper.md, "Row
+    sums on the tensor cores"): ONES at D 64 and 128 for f16 (up to 5% faster, within 2%
+    where it was behind); not for bf16, whose rounded probabilities moved the logsumexp of
+    causal rows with few keys by up to 1.5e-3 (the GPU test's bound is 1e-3); XT and QB 2
+    measured 1-8% slower, so not routed."""
+    return {"ONES": 1} if d <= 128 and dt in (None, kaio.f16) else {}
 
 
 def check_stream(cfg: dict, d: int) -> None:
@@ -851,7 +853,7 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     from kaio_ops import _arrays
 
     bh, heads, group, sq, sk, d, _ = dims
-    cfg = {**EXTRAS_OFF, **extras(d, causal), **(cfg or config(d, causal))}
+    cfg = {**EXTRAS_OFF, **extras(d, causal, qa.dtype), **(cfg or config(d, causal))}
     check_stream(cfg, d)
     # sections of heads (tile_of): one head's tiles after another's (PERSIST 2: every head's
     # heaviest tiles first; PERSIST 3 takes pairs of a head's tiles, head after head)
@@ -894,6 +896,6 @@ def specializations():
 
     for dt in (f16, bf16):
         for d in (64, 128, 256):
-            routed = ({**config(d, c), **EXTRAS_OFF, **extras(d, c)} for c in (False, True))
+            routed = ({**config(d, c), **EXTRAS_OFF, **extras(d, c, dt)} for c in (False, True))
             for cfg in dict.fromkeys(tuple(r.items()) for r in routed):
                 yield attention_fwd_wgmma, {"D": d, "DT": dt, **dict(cfg)}  # each once
