@@ -648,7 +648,8 @@ def attention_fwd_wgmma(
     ``PERSIST`` tiles x, x + grid x, ... (module docstring). ``tq``: q as [B * H * sq, D]
     in boxes of (64 * WG, 64); ``tk``, ``tv``: k, v as [B * Hkv * sk, D] in boxes of (BN, 64);
     ``out`` [B * H * sq * D] and ``lse`` [B * H * sq] flat; ``scale_log2``: the scale times
-    log2(e)."""
+    log2(e). ``XT``, ``QB``, ``ONES``: the one-stream schedule, its Q buffers and the row
+    sums on the tensor cores (module docstring; ``extras``)."""
     BM = 64 * WG
     C = D // 64  # 64-column blocks of a row
     KV_BYTES = BN * D * 2
