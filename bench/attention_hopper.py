@@ -16,7 +16,7 @@ others' results:
   compiled N processes at a time, checked against float64 on two small cases, then timed
   beside SDPA flash in interleaved rounds, causal and not.
 - ``tiny``: the default kernel on a few small cases, and persistent variants (for
-  compute-sanitizer).
+  compute-sanitizer; ``tiny-warm --jobs N`` compiles them first, N processes at a time).
 - ``one --variant LABEL [--d D] [--causal]``: one variant three times at B4 H16 S4096 (for a
   profiler).
 
@@ -128,9 +128,9 @@ def warm_one(i: int, specs: str | None = None) -> str:
         import kaio
         from kaio_ops import _attention_hopper as hop
 
-        cfg = {**hop.config(d), **over}
-        cfg.pop("SECTION", None)  # launch's, not the kernel's
         dt = kaio.f16 if dtype == "float16" else kaio.bf16
+        cfg = {**hop.config(d), **hop.EXTRAS_OFF, **hop.extras(d, False, dt), **over}
+        cfg.pop("SECTION", None)  # launch's, not the kernel's
         r = hop.attention_fwd_wgmma.resources(D=d, DT=dt, **cfg)
         res = f" (registers {r.registers}, local bytes {r.local_bytes})"
     return f"{label} {dtype} D{d}: {time.time() - t0:.1f}s{res}"
@@ -209,37 +209,56 @@ def check(out_path):
     save(rows, out_path)
 
 
-def tiny() -> None:
-    """The default kernel once per case at small sizes (f16, D 128 and 64, causal and
-    not, a partial last key tile, grouped-query heads; then persistent blocks of several
-    tiles each), checked: for compute-sanitizer."""
+TINY = [  # (d, causal, sk, config over the routed one, persistent blocks or None)
+    (128, False, 300, {}, None),  # the routed kernels, a partial last key tile, GQA
+    (128, True, 300, {}, None),
+    (64, False, 300, {}, None),
+    (64, True, 300, {}, None),
+    # 8 tiles (or 4 pairs) of D128 on 3 persistent blocks
+    (128, False, 256, {"PERSIST": 1, "PIPE": 0}, 3),
+    (128, True, 256, {"PERSIST": 2, "PIPE": 0}, 3),
+    (128, False, 300, {"PERSIST": 1, "PIPE": 4}, 3),  # a partial last key tile in every tile
+    (128, True, 256, {"PERSIST": 3, "PIPE": 4}, 3),  # pairs of query tiles
+    (128, True, 300, {"PERSIST": 3, "PIPE": 1, "ONES": 0}, 3),  # the row sums by FADD
+    # one stream of steps a block, two Q buffers; 64-key tiles with the mask: warpgroup 0
+    # skips the last key tile of each query tile
+    (128, False, 300, {"PERSIST": 1, "PIPE": 3, "XT": 1, "QB": 2, "ONES": 1}, 3),
+    (128, True, 300, {"PERSIST": 3, "PIPE": 1, "XT": 1, "QB": 2, "BN": 64}, 3),
+]
+
+
+def tiny(cases=None) -> None:
+    """The routed kernels once per case at small sizes (f16, D 128 and 64, causal and not,
+    a partial last key tile, grouped-query heads; then variants on persistent blocks of
+    several tiles each), checked: for compute-sanitizer (``TINY``; ``cases``: their
+    indices, default all)."""
     from kaio_ops import _attention_hopper as hop
     from kaio_ops import attention
 
-    for dtype, d in (("float16", 128), ("float16", 64)):
-        run = runner("new", d, {})
-        for causal in (False, True):
-            q, k, v = tensors(1, 4, 2, 200, 300, d, dtype)
-            out, _ = run(q, k, v, causal)
-            ref, _ = reference(q, k, v, causal)
-            err = (out.double() - ref).norm().item() / ref.norm().item()
-            print(f"tiny {dtype} D{d} causal={causal}: rel {err:.1e}", flush=True)
-    for causal, persist, sk, pipe in (  # 8 tiles (or 4 pairs) on 3 blocks
-        (False, 1, 256, 0),
-        (True, 1, 256, 0),
-        (True, 2, 256, 0),
-        (False, 1, 300, 4),  # a partial last key tile in every work tile
-        (True, 3, 256, 4),  # pairs of query tiles
-        (True, 3, 300, 1),
-    ):
-        q, k, v = tensors(1, 4, 2, 256, sk, 128, "float16")
+    for i in range(len(TINY)) if cases is None else cases:
+        d, causal, sk, over, ctas = TINY[i]
+        q, k, v = tensors(1, 4, 2, 200 if ctas is None else 256, sk, d, "float16")
         (qa, ka, va), dims, scale = attention._check_flash("tiny", q, k, v, None)
-        cfg = {**hop.config(128), "PERSIST": persist, "PIPE": pipe, "STAGES": 2}
-        out, _ = hop.launch(qa, ka, va, dims, causal, scale, cfg, ctas=3)
+        cfg = {**hop.config(d, causal), **({"STAGES": 2} if over else {}), **over}
+        out, _ = hop.launch(qa, ka, va, dims, causal, scale, cfg, ctas=ctas)
         ref, _ = reference(q, k, v, causal)
         err = (out.double() - ref).norm().item() / ref.norm().item()
-        print(f"tiny persistent {persist} PIPE {pipe} D128 sk {sk} causal={causal}: rel "
-              f"{err:.1e}", flush=True)  # fmt: skip
+        print(f"tiny {i}: D{d} sk {sk} causal={causal} {over} blocks {ctas}: rel {err:.1e}",
+              flush=True)  # fmt: skip
+
+
+def tiny_warm(jobs: int) -> None:
+    """Compile ``TINY``'s kernels, ``jobs`` processes at a time (each runs its case once; the
+    cubins land in the disk cache), so that a run under compute-sanitizer only loads them."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        for f in [pool.submit(tiny, [i]) for i in range(len(TINY))]:
+            try:
+                f.result(timeout=120)
+            except Exception as e:  # noqa: BLE001  (report each case's failure)
+                print(f"FAILED: {type(e).__name__}: {e}", flush=True)
 
 
 def one(label: str, d: int, causal: bool) -> None:
@@ -442,13 +461,14 @@ def grid(specs: str, shapes: str, causals: tuple, out_path, rounds: int = 5) -> 
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("step", choices=("warm", "check", "time", "tiny", "one", "grid"))
+    p.add_argument("step", choices=("warm", "check", "time", "tiny", "tiny-warm", "one", "grid"))
     p.add_argument("--specs", help="warm, grid: the variants, D/dtype/K=V,K=V;... (parse_specs)")
     p.add_argument("--shapes", default="4,16,16,4096", help="grid: B,H,HKV,S;...")
     p.add_argument("--causal-grid", default="both", choices=("both", "no", "yes"))
     p.add_argument("--variant", default="wgmma", help="one: the variant (a NEW label)")
     p.add_argument("--d", type=int, default=128, help="one: the head dim")
     p.add_argument("--causal", action="store_true", help="one: causal")
+    p.add_argument("--cases", help="tiny: the TINY cases to run, i,j,... (default all)")
     p.add_argument("--out")
     p.add_argument("--jobs", type=int, default=8)
     p.add_argument("--check-log", help="time: only the variants this check output passed")
@@ -466,7 +486,9 @@ def main() -> None:
     elif args.step == "check":
         check(args.out)
     elif args.step == "tiny":
-        tiny()
+        tiny([int(i) for i in args.cases.split(",")] if args.cases else None)
+    elif args.step == "tiny-warm":
+        tiny_warm(args.jobs)
     elif args.step == "one":
         one(args.variant, args.d, args.causal)
     else:

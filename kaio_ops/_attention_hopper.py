@@ -42,6 +42,16 @@ warpgroups have issued their last S = Q K^T of a tile, ``turn[4]``) carry from o
 the next, so that the producer loads the next tile's keys while the consumers finish a
 tile (and ``turn[3]``, the partial last key tiles' zeros, counts its phases over them).
 
+``XT`` 1 (``consume_stream``) runs a persistent block's tiles as one stream of key-tile
+steps: the first S = Q K^T of a tile is issued with the last O += P V of the one before, its
+softmax (on fresh row maxima and sums) runs under that P V, then the finished tile's rows
+are stored; a warpgroup whose rows end before the tile's last key tiles (the causal
+diagonal with 192-row tiles and 128-key tiles) or lie past sq frees those key tiles as they
+land instead of computing them. ``QB`` 2 gives it two Q buffers (the next tile's Q loads
+while this one's is read); ``ONES`` 1 has the tensor cores sum each row's probabilities,
+as 8 more columns of O from a column block of ones beside each V stage (one FADD a score
+fewer; the sums are of the probabilities as rounded for P V).
+
 Shared tiles (128-byte swizzle, 64-column blocks, docs/hopper.md): Q ``[D / 64, BM, 64]``,
 K and V stages ``[STAGES, D / 64, BN, 64]``. The tensor maps see Q as ``[B * H * Sq, D]`` and
 K, V as ``[B * Hkv * Sk, D]``: a Q tile past the head's last row reads the next head's rows
@@ -60,6 +70,7 @@ import kaio
 from kaio import bool_, f32, i32, u32, u64
 from kaio_ops._attention_hopper_common import kv_head_and_tiles, store_pairs, thread_roles
 from kaio_ops._attention_tc import LN2, NEG_INF, rescale, softmax_step, start_rows
+from kaio_ops._matmul_hopper import next_stage
 
 SW = 128  # swizzle bytes: one 128-byte row per 64 elements
 SHARED_LIMIT = 227 * 1024
@@ -77,10 +88,11 @@ def consumer_registers(wg: int) -> int:
 
 
 @kaio.gpu_func
-def s_step(s: f32[:, :], q_s: DT[:, :, :], k_s: DT[:, :, :, :], st: i32, wg: u32,
+def s_step(s: f32[:, :], q_s: DT[:, :, :], k_s: DT[:, :, :, :], st: i32, wg: u32, qc: i32,
            kk: kaio.constexpr, DT: kaio.constexpr):  # fmt: skip
-    """s (+)= k-step kk of Q (this warpgroup's 64 rows) @ K^T (stage st)."""
-    dq = kaio.smem_descriptor(q_s, (kk // 4, 64 * wg, kk % 4 * 16), SW, 16, 1024)
+    """s (+)= k-step kk of Q (this warpgroup's 64 rows of the Q buffer whose first 64-column
+    block is ``qc``) @ K^T (stage st)."""
+    dq = kaio.smem_descriptor(q_s, (qc + kk // 4, 64 * wg, kk % 4 * 16), SW, 16, 1024)
     dk = kaio.smem_descriptor(k_s, (st, kk // 4, 0, kk % 4 * 16), SW, 16, 1024)
     if DT == kaio.bf16:
         kaio.wgmma_bf16(s, dq, dk, kk > 0)
@@ -89,11 +101,13 @@ def s_step(s: f32[:, :], q_s: DT[:, :, :], k_s: DT[:, :, :, :], st: i32, wg: u32
 
 
 @kaio.gpu_func
-def issue_s(s: f32[:, :], q_s: DT[:, :, :], k_s: DT[:, :, :, :], st: i32, wg: u32,
+def issue_s(s: f32[:, :], q_s: DT[:, :, :], k_s: DT[:, :, :, :], st: i32, wg: u32, qc: i32,
             D: kaio.constexpr, DT: kaio.constexpr):  # fmt: skip
-    """Issue S = Q K^T of the key tile in stage ``st`` (D / 16 wgmmas) and commit them."""
+    """Issue S = Q K^T of the key tile in stage ``st`` (D / 16 wgmmas; Q from the buffer whose
+    first 64-column block is ``qc``: 0, or D / 64 for the second of ``QB`` 2) and commit
+    them."""
     for kk in kaio.static_range(D // 16):
-        s_step(s, q_s, k_s, st, wg, kk, DT)
+        s_step(s, q_s, k_s, st, wg, qc, kk, DT)
     kaio.wgmma_commit()
 
 
@@ -118,7 +132,7 @@ def s_tile(s: f32[:, :], q_s: DT[:, :, :], k_s: DT[:, :, :, :], bars: u64[:, :],
     waited for; then the stage's K is free."""
     kaio.mbarrier_wait(bars, (0, st), ph)
     kaio.wgmma_fence()
-    issue_s(s, q_s, k_s, st, wg, D, DT)
+    issue_s(s, q_s, k_s, st, wg, 0, D, DT)
     kaio.wgmma_wait(0)
     if lt == 0:
         kaio.mbarrier_arrive(bars, (2, st))
@@ -157,23 +171,26 @@ def pack_p(p: u32[:, :], s: f32[:, :], BN: kaio.constexpr, DT: kaio.constexpr):
 @kaio.gpu_func
 def softmax_tile(
     s: f32[:, :], m: f32[:], l: f32[:], alpha: f32[:], j: i32, row0: i32, sk: i32,
-    causal: i32, scale_log2: f32, lane: u32, BN: kaio.constexpr,
+    causal: i32, scale_log2: f32, lane: u32, BN: kaio.constexpr, SUMS: kaio.constexpr = 1,
 ):  # fmt: skip
     """Mask key tile j's scores (keys at or past sk, and past the row when causal) where the
     tile needs it, then one online-softmax step of both row halves (row0 + 8h); the factors
-    of the earlier accumulators go to alpha."""
+    of the earlier accumulators go to alpha (``SUMS``: ``_attention_tc.softmax_step``'s).
+    The mask compares each score's column in the tile, a constant, with the row's bound
+    (one comparison a score)."""
     k0 = j * BN
     # (the warp's first row as i32: a varlen row shifted by sk - sq may be negative)
     if k0 + BN > sk or (causal != 0 and k0 + BN > row0 - i32(lane // 4) + 1):
         for h in kaio.static_range(2):
-            row = row0 + 8 * h
+            bound = sk  # the keys below it are seen: below sk, and up to the row when causal
+            if causal != 0:
+                bound = kaio.min(sk, row0 + 8 * h + 1)
+            bound -= k0 + i32(lane % 4) * 2  # as a column of this lane's first pair
             for n in kaio.static_range(BN // 8):
                 for e in kaio.static_range(2):
-                    key = k0 + n * 8 + i32(lane % 4) * 2 + e
-                    ok = key < sk and (causal == 0 or key <= row)
-                    s[n, 2 * h + e] = kaio.select(ok, s[n, 2 * h + e], NEG_INF)
+                    s[n, 2 * h + e] = kaio.select(n * 8 + e < bound, s[n, 2 * h + e], NEG_INF)
     for h in kaio.static_range(2):
-        alpha[h] = softmax_step(s, m, l, h, scale_log2, BN // 8)
+        alpha[h] = softmax_step(s, m, l, h, scale_log2, BN // 8, SUMS)
 
 
 @kaio.gpu_func
@@ -206,25 +223,36 @@ def store_rows(
 
 
 @kaio.gpu_func
+def q_buffer(it: i32, QB: kaio.constexpr) -> tuple[i32, i32, i32]:
+    """``(b, landed, read)`` of the block's tile ``it``: its Q buffer ``it % QB`` and that
+    buffer's ``turn`` barriers, the Q tile landed (2, or 5 for the second) and read by every
+    consumer warpgroup (4, or 6)."""
+    b = it % QB
+    return b, 2 + 3 * b, 4 + 2 * b
+
+
+@kaio.gpu_func
 def produce(
     q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
     tq: kaio.tensormap, tk: kaio.tensormap, tv: kaio.tensormap, q_row: i32, kv_row: i32,
     q_col: i32, kv_col: i32, n_tiles: i32, it: i32, cnt: i32, D: kaio.constexpr,
     BN: kaio.constexpr, WG: kaio.constexpr, STAGES: kaio.constexpr, DT: kaio.constexpr,
+    QB: kaio.constexpr = 1,
 ):  # fmt: skip
     """The producer's copies for the block's tile ``it`` (0 for the first): the Q tile
-    (``64 * WG`` rows from ``q_row``, D columns from ``q_col``) once the consumers are done
-    with the previous one's, then K and V of each key tile (from ``kv_row``, ``kv_col``),
-    each on its own "full" barrier, STAGES tiles ahead: a stage is refilled once the
-    consumers have freed it (K and V apart). ``cnt``: the key tiles the ring has taken so
-    far (for their stage and parity)."""
+    (``64 * WG`` rows from ``q_row``, D columns from ``q_col``) into Q buffer ``it % QB``
+    (``q_buffer``) once the consumers are done with that buffer's previous tile, then K and
+    V of each key tile (from ``kv_row``, ``kv_col``), each on its own "full" barrier, STAGES
+    tiles ahead: a stage is refilled once the consumers have freed it (K and V apart).
+    ``cnt``: the key tiles the ring has taken so far (for their stage and parity)."""
     C = D // 64
     KV_BYTES = BN * D * 2
-    if it > 0:
-        kaio.mbarrier_wait(turn, 4, u32(it - 1) & 1)
-    kaio.mbarrier_arrive_expect_tx(turn, 2, u32(64 * WG * D * 2))
+    b, landed, read = q_buffer(it, QB)
+    if it >= QB:
+        kaio.mbarrier_wait(turn, read, u32(it // QB - 1) & 1)
+    kaio.mbarrier_arrive_expect_tx(turn, landed, u32(64 * WG * D * 2))
     for c in kaio.static_range(C):
-        kaio.tma_load_2d(q_s, (c, 0, 0), tq, q_row, q_col + c * 64, turn, 2)
+        kaio.tma_load_2d(q_s, (b * C + c, 0, 0), tq, q_row, q_col + c * 64, turn, landed)
     for j in range(n_tiles):
         n = cnt + j
         st = n % STAGES
@@ -281,6 +309,7 @@ def consume(
     out: DT[:], lse: f32[:], wg: u32, lt: u32, o_at: i32, o_stride: i32, l_at: i32, q0: i32,
     n_tiles: i32, sq: i32, sk: i32, causal: i32, scale_log2: f32, pos: i32[:], D: kaio.constexpr,
     BN: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr, DT: kaio.constexpr,
+    ONES: kaio.constexpr = 0,
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 query rows of one tile (thread ``lt`` of it) over the
     key tiles (module docstring), then its rows of ``out`` and ``lse`` (``store_rows``:
@@ -290,14 +319,16 @@ def consume(
     key tile was partial, carried from the block's earlier tiles. ``turn[0]``, ``turn[1]``:
     the ping-pong barriers of warpgroups 0 and 1 (PIPE 2, 4), ``turn[2]``: the Q tile
     landed, ``turn[3]``: the partial tile's zeros stored, ``turn[4]``: the Q tile read (by
-    both)."""
+    both). ``ONES`` 1: the row sums come from O's 8 more columns (``ones_sums``), the V
+    stages having a column block of ones."""
     lane = lt % 32
     row0 = q0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)
     m = kaio.local(f32, 2)
     l = kaio.local(f32, 2)
     alpha = kaio.local(f32, 2)
-    o = kaio.local(f32, (D // 8, 4))
-    start_rows(m, l, o, D)
+    DO = D + 8 * ONES  # O's columns (ONES: and 8 of the row sums, ``ones_sums``)
+    o = kaio.local(f32, (DO // 8, 4))
+    start_rows(m, l, o, DO)
     s = kaio.local(f32, (BN // 8, 4))
     p = kaio.local(u32, (BN // 16, 4))
     kaio.mbarrier_wait(turn, 2, u32(pos[3]) & 1)  # this tile's Q landed
@@ -306,8 +337,8 @@ def consume(
             st = pos[0]
             ph = u32(pos[1])
             s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT)
-            softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN)
-            rescale_rows(o, alpha, D)
+            softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, 1 - ONES)
+            rescale_rows(o, alpha, DO)
             pack_p(p, s, BN, DT)
             pv_tile(o, p, v_s, bars, turn, st, ph, (j + 1) * BN > sk, pos[4], lt, BN, DT)
             advance(pos, STAGES)
@@ -319,7 +350,7 @@ def consume(
         # order) rescale O by tile j - 1's factors while S_j runs, PIPE 1, 2 once P V is done;
         # PIPE 2, 4: the warpgroups take turns to issue their products (ping-pong)
         s_tile(s, q_s, k_s, bars, pos[0], u32(pos[1]), wg, lt, D, DT)
-        softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN)
+        softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, 1 - ONES)
         pack_p(p, s, BN, DT)
         ps = pos[0]  # the stage and parity of tile j - 1
         pph = u32(pos[1])
@@ -336,9 +367,9 @@ def consume(
                 else:
                     kaio.mbarrier_wait(turn, 1, u32(g - 1) & 1)
             kaio.wgmma_fence()
-            issue_s(s, q_s, k_s, st, wg, D, DT)
+            issue_s(s, q_s, k_s, st, wg, 0, D, DT)
             if PIPE >= 3:
-                rescale_rows(o, alpha, D)
+                rescale_rows(o, alpha, DO)
             kaio.mbarrier_wait(bars, (1, ps), pph)
             kaio.wgmma_fence()
             issue_pv(o, p, v_s, ps, BN, DT)
@@ -348,12 +379,12 @@ def consume(
             if lt == 0:
                 kaio.mbarrier_arrive(bars, (2, st))
             if sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
-                softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN)
+                softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, 1 - ONES)
             kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done
             if lt == 0:
                 kaio.mbarrier_arrive(bars, (3, ps))
             if PIPE < 3:
-                rescale_rows(o, alpha, D)
+                rescale_rows(o, alpha, DO)
             pack_p(p, s, BN, DT)
             ps = st
             pph = ph
@@ -362,12 +393,184 @@ def consume(
         if lt == 0:  # every S = Q K^T of the tile is done: Q's buffer is free
             kaio.mbarrier_arrive(turn, 4)
         if PIPE >= 3:
-            rescale_rows(o, alpha, D)
+            rescale_rows(o, alpha, DO)
         pv_tile(o, p, v_s, bars, turn, ps, pph, n_tiles * BN > sk, pos[4], lt, BN, DT)
     pos[3] += 1
     if n_tiles * BN > sk:
         pos[4] += 1
+    if ONES:
+        ones_sums(l, o, D)
     store_rows(out, lse, o, m, l, o_at, o_stride, l_at, row0, sq, lane, D, DT)
+
+
+@kaio.gpu_func
+def consume_stream(
+    q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
+    out: DT[:], lse: f32[:], wg: u32, lt: u32, first: i32, step: i32, end: i32, rounds: i32,
+    n_qt: i32, bhs: i32, hs: i32, heads: i32, group: i32, sq: i32, sk: i32, causal: i32,
+    scale_log2: f32, D: kaio.constexpr, BN: kaio.constexpr, WG: kaio.constexpr,
+    STAGES: kaio.constexpr, PIPE: kaio.constexpr, PERSIST: kaio.constexpr,
+    QB: kaio.constexpr, ONES: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """``XT`` 1: consumer warpgroup ``wg``'s rows of every work tile of the block (thread
+    ``lt`` of it) as one stream of key-tile steps in PIPE 1's or 3's order, the last
+    O += P V of a tile issued with the first S = Q K^T of the next: that step's softmax (on
+    fresh row maxima and sums) runs while the P V does, then the finished tile's rows are
+    stored and O is zeroed. Only the block's first step (S, softmax, P) and its last P V
+    stand alone. The Q tiles come from ``QB`` buffers (``q_buffer``: with two, the producer
+    loads the next tile's Q while this one's is read)."""
+    BM = 64 * WG
+    C = D // 64
+    lane = lt % 32
+    m = kaio.local(f32, 2)
+    l = kaio.local(f32, 2)
+    mo = kaio.local(f32, 2)  # the finished tile's row maxima and sums, for its store
+    lo = kaio.local(f32, 2)
+    alpha = kaio.local(f32, 2)
+    DO = D + 8 * ONES  # O's columns (ONES: and 8 of the row sums)
+    o = kaio.local(f32, (DO // 8, 4))
+    start_rows(m, l, o, DO)
+    s = kaio.local(f32, (BN // 8, 4))
+    p = kaio.local(u32, (BN // 16, 4))
+    st = i32(0)  # the ring's stage of the next key tile and its phase parity
+    ph = u32(0)
+    ps = i32(0)  # the stage and parity of the step whose P V is pending, and whether its
+    pph = u32(0)  # key tile is a partial last one (``zero_tail``)
+    ptail = i32(0)
+    tails = i32(0)  # the partial last key tiles whose P V has been issued
+    it = i32(0)  # the work tiles started
+    pending = i32(0)  # whether a P V is pending (the stream's first step, and one after a
+    # flush, stand alone)
+    prev_bh = i32(0)  # the finished tile's (batch, head) and this thread's first row of it
+    prev_row0 = i32(0)
+    for k in range(rounds):
+        w = work_tile(k, first, step, end, n_qt, PERSIST)
+        if w >= 0:
+            bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sk, causal, BM, BN)
+            row0 = q0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)
+            n_mine = n_tiles  # the key tiles this warpgroup's rows see (causal: fewer; one
+            if causal != 0:  # where the rows are all past sq: none of them is stored)
+                n_mine = kaio.min(n_tiles, (q0 + 64 * i32(wg) + 64 + BN - 1) // BN)
+            if q0 + 64 * i32(wg) >= sq:
+                n_mine = 1
+            b, landed, read = q_buffer(it, QB)
+            kaio.mbarrier_wait(turn, landed, u32(it // QB) & 1)  # this tile's Q landed
+            # one loop for every kind of step, j the same in every warpgroup: the simulator
+            # runs the warps in lockstep, and one warpgroup's step waits for another's earlier
+            for j in range(n_tiles):
+                if j == 0 and pending == 0:  # the block's first step, or the first after a
+                    # flush: nothing pending (S, softmax, P)
+                    kaio.mbarrier_wait(bars, (0, st), ph)
+                    kaio.wgmma_fence()
+                    issue_s(s, q_s, k_s, st, wg, b * C, D, DT)
+                    kaio.wgmma_wait(0)
+                    if lt == 0:
+                        kaio.mbarrier_arrive(bars, (2, st))
+                        if n_mine == 1:
+                            kaio.mbarrier_arrive(turn, read)
+                    softmax_tile(
+                        s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, 1 - ONES
+                    )
+                    pack_p(p, s, BN, DT)
+                    ps = st
+                    pph = ph
+                    ptail = kaio.select(n_tiles == 1 and BN > sk, 1, 0)
+                    pending = 1
+                elif j < n_mine:
+                    kaio.mbarrier_wait(bars, (0, st), ph)
+                    kaio.wgmma_fence()
+                    issue_s(s, q_s, k_s, st, wg, b * C, D, DT)
+                    if PIPE >= 3:
+                        rescale_rows(o, alpha, DO)
+                    kaio.mbarrier_wait(bars, (1, ps), pph)
+                    if ptail != 0:  # the pending key tile's rows past the keys are zeros
+                        kaio.mbarrier_wait(turn, 3, u32(tails) & 1)
+                    kaio.wgmma_fence()
+                    issue_pv(o, p, v_s, ps, BN, DT)
+                    kaio.wgmma_wait(1)  # S done
+                    if lt == 0:
+                        kaio.mbarrier_arrive(bars, (2, st))
+                        if j == n_mine - 1:  # this tile's last S: its Q buffer is free
+                            kaio.mbarrier_arrive(turn, read)
+                    if j == 0:  # a new tile: its own row maxima and sums
+                        for h in kaio.static_range(2):
+                            mo[h] = m[h]
+                            lo[h] = l[h]
+                            m[h] = NEG_INF
+                            l[h] = 0.0
+                    # always true: a block of its own, which ptxas does not hoist the wait into
+                    if sk > 0:
+                        softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN,
+                                     1 - ONES)  # fmt: skip
+                    kaio.wgmma_wait(0)  # the pending P V done
+                    if lt == 0:
+                        kaio.mbarrier_arrive(bars, (3, ps))
+                    tails += ptail
+                    if j == 0:  # the finished tile's rows, then O from zero
+                        if ONES:
+                            ones_sums(lo, o, D)
+                        store_rows(out, lse, o, mo, lo, prev_bh * sq * D, D, prev_bh * sq,
+                                   prev_row0, sq, lane, D, DT)  # fmt: skip
+                        start_rows(mo, lo, o, DO)
+                    if PIPE < 3:
+                        rescale_rows(o, alpha, DO)
+                    pack_p(p, s, BN, DT)
+                    ps = st
+                    pph = ph
+                    ptail = kaio.select(j == n_tiles - 1 and n_tiles * BN > sk, 1, 0)
+                else:  # a key tile past this warpgroup's diagonal, or its rows past sq
+                    if j == n_mine and n_tiles - n_mine >= STAGES:  # the skips would wait for
+                        # the stage of the pending P V to be refilled: that P V first, and
+                        # the tile's rows
+                        finish_tile(out, lse, o, p, m, l, alpha, v_s, bars, turn, ps, pph,
+                                    ptail, tails, bh, row0, sq, lt, D, BN, PIPE, ONES,
+                                    DT)  # fmt: skip
+                        tails += ptail
+                        pending = 0
+                    kaio.mbarrier_wait(bars, (0, st), ph)  # freed once landed (then the
+                    if lt == 0:  # free barrier's phase is this use's: the producer saw the
+                        kaio.mbarrier_arrive(bars, (2, st))  # last one complete)
+                    kaio.mbarrier_wait(bars, (1, st), ph)
+                    if lt == 0:
+                        kaio.mbarrier_arrive(bars, (3, st))
+                    tails += kaio.select(j == n_tiles - 1 and n_tiles * BN > sk, 1, 0)
+                st, ph = next_stage(st, ph, STAGES)
+            prev_bh = bh
+            prev_row0 = row0
+            it += 1
+    if pending != 0:  # the last tile's last P V and its rows
+        finish_tile(out, lse, o, p, m, l, alpha, v_s, bars, turn, ps, pph, ptail, tails,
+                    prev_bh, prev_row0, sq, lt, D, BN, PIPE, ONES, DT)  # fmt: skip
+
+
+@kaio.gpu_func
+def finish_tile(
+    out: DT[:], lse: f32[:], o: f32[:, :], p: u32[:, :], m: f32[:], l: f32[:], alpha: f32[:],
+    v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:], ps: i32, pph: u32, ptail: i32,
+    tails: i32, bh: i32, row0: i32, sq: i32, lt: u32, D: kaio.constexpr, BN: kaio.constexpr,
+    PIPE: kaio.constexpr, ONES: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """A tile's pending last O += P V (stage ``ps``, parity ``pph``; ``ptail``: its key tile
+    is a partial last one, ``tails`` such tiles before it), waited for, its rows stored
+    (``store_rows``; ``ONES``: the row sums from O's last 8 columns), then O and the row
+    maxima and sums from the start."""
+    DO = D + 8 * ONES
+    if PIPE >= 3:
+        rescale_rows(o, alpha, DO)
+    pv_tile(o, p, v_s, bars, turn, ps, pph, ptail != 0, tails, lt, BN, DT)
+    if ONES:
+        ones_sums(l, o, D)
+    store_rows(out, lse, o, m, l, bh * sq * D, D, bh * sq, row0, sq, lt % 32, D, DT)
+    start_rows(m, l, o, DO)
+
+
+@kaio.gpu_func
+def ones_sums(l: f32[:], o: f32[:, :], D: kaio.constexpr):
+    """``l[h]``: a quarter of row half h's sum of probabilities, from O's column block of
+    ones (``ONES``: each of the row's 4 lanes holds the whole sum, and ``store_rows`` adds
+    the 4 lanes' parts)."""
+    for h in kaio.static_range(2):
+        l[h] = o[D // 8, 2 * h] * 0.25
 
 
 @kaio.gpu_func
@@ -427,7 +630,7 @@ def init_barriers(bars: u64[:, :], turn: u64[:], t: u32, WG: kaio.constexpr,
     (one arrival: the producer's, with the copies' bytes) and "free" ones (an arrival from
     each consumer warpgroup), the ping-pong turns (an arrival from each warp of the other
     warpgroup), Q landed (one), the tail's zeros (each lane of the producer warp), Q read
-    (each consumer warpgroup)."""
+    (each consumer warpgroup), and the same two of the second Q buffer (``q_buffer``)."""
     if t == 0:
         for s in kaio.static_range(STAGES):
             for r in kaio.static_range(2):
@@ -438,6 +641,8 @@ def init_barriers(bars: u64[:, :], turn: u64[:], t: u32, WG: kaio.constexpr,
         kaio.mbarrier_init(turn, 2, 1)
         kaio.mbarrier_init(turn, 3, 32)
         kaio.mbarrier_init(turn, 4, WG)
+        kaio.mbarrier_init(turn, 5, 1)  # the second Q buffer's (``QB`` 2) landed and read
+        kaio.mbarrier_init(turn, 6, WG)
         kaio.fence_proxy_async()
     kaio.sync_threads()
 
@@ -465,6 +670,9 @@ def attention_fwd_wgmma(
     REGS: kaio.constexpr,
     PERSIST: kaio.constexpr,
     DT: kaio.constexpr,
+    XT: kaio.constexpr,
+    QB: kaio.constexpr,
+    ONES: kaio.constexpr,
 ):
     """out[bh, row] = softmax(q[bh, row] k[kv]^T * scale) v[kv] and lse[bh, row] for the
     work tiles of ``64 * WG`` query rows of one (batch, head) ``bh`` (``tile_of``; ``bhs``:
@@ -472,18 +680,22 @@ def attention_fwd_wgmma(
     ``PERSIST`` tiles x, x + grid x, ... (module docstring). ``tq``: q as [B * H * sq, D]
     in boxes of (64 * WG, 64); ``tk``, ``tv``: k, v as [B * Hkv * sk, D] in boxes of (BN, 64);
     ``out`` [B * H * sq * D] and ``lse`` [B * H * sq] flat; ``scale_log2``: the scale times
-    log2(e)."""
+    log2(e). ``XT``, ``QB``, ``ONES``: the one-stream schedule, its Q buffers and the row
+    sums on the tensor cores (module docstring; ``extras``)."""
     BM = 64 * WG
     C = D // 64  # 64-column blocks of a row
     KV_BYTES = BN * D * 2
-    q_s = kaio.shared_dynamic(DT, (C, BM, 64), 0)
-    k_s = kaio.shared_dynamic(DT, (STAGES, C, BN, 64), BM * D * 2)
-    v_s = kaio.shared_dynamic(DT, (STAGES, C, BN, 64), BM * D * 2 + STAGES * KV_BYTES)
+    Q_BYTES = QB * BM * D * 2
+    V_BYTES = BN * (D + 64 * ONES) * 2  # a V stage (ONES: and a column block of ones)
+    q_s = kaio.shared_dynamic(DT, (QB * C, BM, 64), 0)
+    k_s = kaio.shared_dynamic(DT, (STAGES, C, BN, 64), Q_BYTES)
+    v_s = kaio.shared_dynamic(DT, (STAGES, C + ONES, BN, 64), Q_BYTES + STAGES * KV_BYTES)
     # bars[0, s]: K of stage s landed, [1, s]: V landed, [2, s]: K free, [3, s]: V free;
     # turn[0], turn[1]: warpgroup 0's, 1's turn on the tensor cores (PIPE 2, 4), turn[2]: Q
-    # landed, turn[3]: the partial tile's zeros stored, turn[4]: Q read by both warpgroups
-    bars = kaio.shared_dynamic(u64, (4, STAGES), BM * D * 2 + 2 * STAGES * KV_BYTES)
-    turn = kaio.shared_dynamic(u64, (6,), BM * D * 2 + 2 * STAGES * KV_BYTES + 32 * STAGES)
+    # landed, turn[3]: the partial tile's zeros stored, turn[4]: Q read by every consumer
+    # warpgroup; turn[5], turn[6]: the second Q buffer's landed and read (QB 2)
+    bars = kaio.shared_dynamic(u64, (4, STAGES), Q_BYTES + STAGES * (KV_BYTES + V_BYTES))
+    turn = kaio.shared_dynamic(u64, (8,), Q_BYTES + STAGES * (KV_BYTES + V_BYTES) + 32 * STAGES)
     t, wg, lt = thread_roles(WG)
     n_qt = (sq + BM - 1) // BM
     first = i32(kaio.block_idx_x())  # PERSIST: tiles first, first + grid, ...
@@ -500,7 +712,22 @@ def attention_fwd_wgmma(
     if PERSIST == 3:  # pairs first, first + grid, ...
         rounds = 2 * ((end // 2 - first + step - 1) // step)
     init_barriers(bars, turn, t, WG, STAGES)
-    if wg < WG:  # the consumers
+    if ONES:  # each V stage's column block of ones (the copies never write it)
+        one = kaio.local(DT, 8)
+        for e in kaio.static_range(8):
+            one[e] = DT(1.0)
+        for st in kaio.static_range(STAGES):
+            for r in range(i32(t) // 8, BN, (WG + 1) * 16):
+                kaio.store_vector(v_s, (st, C, r, i32(t % 8) * 8), one)
+        kaio.fence_proxy_async()  # for the tensor cores
+        kaio.sync_threads()
+    if wg < WG and XT:  # the consumers, the block's tiles as one stream
+        if REGS:
+            kaio.setmaxnreg_inc(REGS)
+        consume_stream(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, first, step, end, rounds,
+                       n_qt, bhs, hs, heads, group, sq, sk, causal, scale_log2, D, BN, WG,
+                       STAGES, PIPE, PERSIST, QB, ONES, DT)  # fmt: skip
+    elif wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
         pos = kaio.local(i32, 5)
@@ -514,11 +741,11 @@ def attention_fwd_wgmma(
                 if (PIPE == 2 or PIPE == 4) and wg == 0:  # ping-pong: a loop in each branch
                     consume(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
                             q0, n_tiles, sq, sk, causal, scale_log2, pos, D, BN, STAGES, PIPE,
-                            DT)  # fmt: skip
+                            DT, ONES)  # fmt: skip
                 else:
                     consume(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
                             q0, n_tiles, sq, sk, causal, scale_log2, pos, D, BN, STAGES, PIPE,
-                            DT)  # fmt: skip
+                            DT, ONES)  # fmt: skip
     else:  # the producer warpgroup: its first thread loads
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -531,7 +758,7 @@ def attention_fwd_wgmma(
                                                BM, BN)  # fmt: skip
                 if lt == 0:
                     produce(q_s, k_s, v_s, bars, turn, tq, tk, tv, bh * sq + q0, kvh * sk, 0, 0,
-                            n_tiles, it, cnt, D, BN, WG, STAGES, DT)  # fmt: skip
+                            n_tiles, it, cnt, D, BN, WG, STAGES, DT, QB)  # fmt: skip
                 cnt += n_tiles
                 it += 1
                 if lt < 32 and n_tiles * BN > sk:  # the last key tile reaches past the keys:
@@ -544,9 +771,10 @@ def attention_fwd_wgmma(
                               DT)  # fmt: skip
 
 
-def shared_bytes(d: int, bn: int, wg: int, stages: int) -> int:
-    """The dynamic shared memory of ``attention_fwd_wgmma``: Q, the K/V ring, its barriers."""
-    return 64 * wg * d * 2 + 2 * stages * bn * d * 2 + 32 * stages + 48
+def shared_bytes(d: int, bn: int, wg: int, stages: int, qb: int = 1, ones: int = 0) -> int:
+    """The dynamic shared memory of ``attention_fwd_wgmma``: ``qb`` Q buffers, the K/V ring
+    (``ones``: a column block of ones beside each V stage), its barriers."""
+    return qb * 64 * wg * d * 2 + stages * bn * (2 * d + 64 * ones) * 2 + 32 * stages + 64
 
 
 def config(d: int, causal: bool = False) -> dict:
@@ -572,6 +800,51 @@ def config(d: int, causal: bool = False) -> dict:
         "BN": bn, "WG": wg, "STAGES": stages, "PIPE": pipe, "REGS": consumer_registers(wg),
         "PERSIST": persist,
     }  # fmt: skip
+
+
+EXTRAS_OFF = {"XT": 0, "QB": 1, "ONES": 0}  # a tile at a time, one Q buffer, sums by FADD
+
+
+def extras(d: int, causal: bool = False, dt=None) -> dict:
+    """The constexprs beyond ``config``'s that ``launch`` adds where its configuration has
+    none (``EXTRAS_OFF`` under them): ``XT`` (1: a block's tiles as one stream of key-tile
+    steps, ``consume_stream``), ``QB`` (its Q buffers, 2 where they fit in shared memory
+    beside the ring) and ``ONES`` (1: the row sums of the probabilities on the tensor
+    cores, as 8 more columns of O from a block of ones beside each V stage; D <= 248), for
+    element type ``dt`` (a kaio type; None: f16). Measured on an H100 (docs/hopper.md, "Row
+    sums on the tensor cores"): ONES at D 64 and 128 for f16 (up to 5% faster, within 2%
+    where it was behind); not for bf16, whose rounded probabilities moved the logsumexp of
+    causal rows with few keys by up to 1.5e-3 (the GPU test's bound is 1e-3); XT and QB 2
+    measured 1-8% slower, so not routed."""
+    return {"ONES": 1} if d <= 128 and dt in (None, kaio.f16) else {}
+
+
+def check_stream(cfg: dict, d: int) -> None:
+    """A ValueError where ``cfg``'s ``XT`` and ``QB`` do not go together with its schedule
+    and the shared memory."""
+    xt, qb = cfg.get("XT", 0), cfg.get("QB", 1)
+    if cfg.get("ONES", 0) and d + 8 > 256:
+        raise ValueError(
+            f"attention_fwd_wgmma: the row sums on the tensor cores (ONES 1) widen P V to "
+            f"{d + 8} columns, past wgmma's 256, at D = {d}: use ONES 0 there"
+        )
+    if xt and cfg["PIPE"] not in (1, 3):
+        raise ValueError(
+            f"attention_fwd_wgmma: one stream of a block's tiles (XT 1) takes PIPE 1's or 3's "
+            f"order, got PIPE {cfg['PIPE']}: use PIPE 1 or 3, or XT 0"
+        )
+    if qb not in (1, 2) or (qb == 2 and not xt):
+        raise ValueError(
+            f"attention_fwd_wgmma: QB {qb} Q buffers: 1, or 2 with XT 1 (the stream's "
+            f"consumers read the second; got XT {xt})"
+        )
+    need = shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"], qb, cfg.get("ONES", 0))
+    if need > SHARED_LIMIT:
+        raise ValueError(
+            f"attention_fwd_wgmma: {qb} Q buffers and {cfg['STAGES']} stages of {cfg['BN']} "
+            f"keys at D = {d} take {need} bytes of shared memory, more than {SHARED_LIMIT}: "
+            f"use QB 1 or fewer stages"
+        )
 
 
 def eligible(d: int) -> bool:
@@ -601,7 +874,8 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     from kaio_ops import _arrays
 
     bh, heads, group, sq, sk, d, _ = dims
-    cfg = dict(cfg or config(d, causal))
+    cfg = {**EXTRAS_OFF, **extras(d, causal, qa.dtype), **(cfg or config(d, causal))}
+    check_stream(cfg, d)
     # sections of heads (tile_of): one head's tiles after another's (PERSIST 2: every head's
     # heaviest tiles first; PERSIST 3 takes pairs of a head's tiles, head after head)
     hs = cfg.pop("SECTION", 0) or (bh if cfg.get("PERSIST") == 2 else 1)
@@ -623,7 +897,7 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     tv = kaio.tensor_map_2d(va.arg(rows_kv, d), (cfg["BN"], 64), SW)
     out_flat = _arrays.output_arg(qa, out, (bh * sq * d,))
     lse_flat = _arrays.output_arg(qa, lse, (bh * sq,), f32)
-    smem = shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"])
+    smem = shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"], cfg.get("QB", 1), cfg["ONES"])
     n_qt = -(-sq // bm)
     if cfg["PERSIST"]:
         work = bh * (-(-n_qt // 2) if cfg["PERSIST"] == 3 else n_qt)  # pairs of tiles, or tiles
@@ -643,5 +917,6 @@ def specializations():
 
     for dt in (f16, bf16):
         for d in (64, 128, 256):
-            for cfg in dict.fromkeys(tuple(config(d, c).items()) for c in (False, True)):
+            routed = ({**config(d, c), **EXTRAS_OFF, **extras(d, c, dt)} for c in (False, True))
+            for cfg in dict.fromkeys(tuple(r.items()) for r in routed):
                 yield attention_fwd_wgmma, {"D": d, "DT": dt, **dict(cfg)}  # each once

@@ -134,7 +134,7 @@ def varlen_fwd_wgmma(
     v_s = kaio.shared_dynamic(DT, (STAGES, C, BN, 64), BM * D * 2 + STAGES * KV_BYTES)
     # the dense kernel's barriers (``_attention_hopper.attention_fwd_wgmma``)
     bars = kaio.shared_dynamic(u64, (4, STAGES), BM * D * 2 + 2 * STAGES * KV_BYTES)
-    turn = kaio.shared_dynamic(u64, (6,), BM * D * 2 + 2 * STAGES * KV_BYTES + 32 * STAGES)
+    turn = kaio.shared_dynamic(u64, (8,), BM * D * 2 + 2 * STAGES * KV_BYTES + 32 * STAGES)
     init_barriers(bars, turn, t, WG, STAGES)
     if wg < WG:  # the consumers
         if REGS:
@@ -252,10 +252,12 @@ def launch(qa, ka, va, cqa, cka, dims: tuple, causal: bool, scale: float,
 
 def specializations():
     """(kernel, constexprs) of the specializations the op launches (for PTX checks): the
-    dense kernel's, less their schedules, each once."""
+    dense kernel's, less their schedules and the dense-only options (``EXTRAS_OFF``'s), each
+    once."""
     seen = {}
     for _, constexprs in hopper.specializations():
-        cfg = {**constexprs, "PERSIST": 0}
+        cfg = {k: v for k, v in constexprs.items() if k not in hopper.EXTRAS_OFF}
+        cfg["PERSIST"] = 0
         seen.setdefault(tuple(cfg.items()), cfg)
     for cfg in seen.values():
         yield varlen_fwd_wgmma, cfg

@@ -274,12 +274,14 @@ def softmax_step(
     h: kaio.constexpr,
     scale_log2: f32,
     NB: kaio.constexpr,
+    SUMS: kaio.constexpr = 1,
 ) -> f32:  # fmt: skip
     """One online-softmax step of this lane's row half h (row g + 8h of the warp's 16) over
     the scores s of NB n-tiles (masked ones -inf): the running max m[h] (base 2, scaled) and
     sum l[h] (this lane's part) updated and s replaced by the probabilities; returns the
     factor by which the row's earlier accumulators must be rescaled. A row's values sit in
-    the 4 lanes of its lane group."""
+    the 4 lanes of its lane group. ``SUMS`` 0: l is left alone (the caller sums the
+    probabilities elsewhere, e.g. on the tensor cores)."""
     top = NEG_INF
     for n in kaio.static_range(NB):
         for e in kaio.static_range(2):
@@ -295,8 +297,10 @@ def softmax_step(
         for e in kaio.static_range(2):
             p = kaio.exp2(kaio.fma(s[n, 2 * h + e], scale_log2, -base))
             s[n, 2 * h + e] = p
-            total += p
-    l[h] = l[h] * alpha + total
+            if SUMS:
+                total += p
+    if SUMS:
+        l[h] = l[h] * alpha + total
     return alpha
 
 

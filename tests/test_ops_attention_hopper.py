@@ -45,9 +45,10 @@ def run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, scale=None, ctas=None):
 
 def small(d: int, **over) -> dict:
     """A small configuration of the kernel for head dim d (two consumer warpgroups):
-    64-key tiles, two stages."""
+    64-key tiles, two stages, the row sums by FADD (``ONES`` 0, which ``launch`` would
+    route: test_row_sums_on_the_tensor_cores_in_simulator takes it)."""
     two = {"WG": 2, "REGS": hopper.consumer_registers(2)}
-    return {**hopper.config(d, causal=True), **two, "BN": 64, "STAGES": 2, **over}
+    return {**hopper.config(d, causal=True), **two, "BN": 64, "STAGES": 2, "ONES": 0, **over}
 
 
 @pytest.mark.parametrize(
@@ -79,6 +80,9 @@ def test_hopper_forward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, over):
     np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=1e-4)
 
 
+THREE = {"WG": 3, "REGS": hopper.consumer_registers(3)}  # three consumer warpgroups
+
+
 @pytest.mark.parametrize(
     "b, h, hkv, sq, sk, d, dtype, causal, over, ctas",
     [
@@ -98,6 +102,41 @@ def test_hopper_forward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, over):
         # middle one alone), two blocks; and a block for each pair
         (1, 2, 1, 320, 320, 64, np.float16, True, {"PIPE": 4, "PERSIST": 3}, 2),
         (1, 2, 2, 256, 200, 64, ml_dtypes.bfloat16, False, {"PIPE": 0, "PERSIST": 3}, 0),
+        # one stream of key-tile steps a block (XT), the next tile's first S = Q K^T issued
+        # with the last P V: pairs with two Q buffers, causal (tiles of 5, 1 and 3 key tiles)
+        (
+            1,
+            2,
+            1,
+            320,
+            320,
+            64,
+            np.float16,
+            True,
+            {"PIPE": 1, "PERSIST": 3, "XT": 1, "QB": 2},
+            2,
+        ),  # fmt: skip
+        # FlashAttention-3's order, one block for eight tiles of grouped-query heads, Sq !=
+        # Sk, each tile's last key tile partial (the zeros' barrier over eight phases)
+        (
+            1,
+            4,
+            2,
+            100,
+            200,
+            64,
+            ml_dtypes.bfloat16,
+            False,
+            {"PIPE": 3, "PERSIST": 1, "XT": 1, "QB": 2},
+            1,
+        ),  # fmt: skip
+        # causal, Sq > Sk, partial key tiles, one Q buffer, a block for each pair
+        (2, 2, 1, 256, 200, 128, np.float16, True, {"PIPE": 3, "PERSIST": 3, "XT": 1}, 0),
+        # three warpgroups (192 rows) of 64-key tiles, one block, causal: warpgroups 0 and 1
+        # skip two and one key tiles of each query tile (two: its last P V and rows first)
+        (1, 2, 1, 384, 384, 64, np.float16, True, {**THREE, "PIPE": 1, "XT": 1, "QB": 2}, 1),
+        # and without the mask, the second query tile's warpgroups 1 and 2 past Sq (one step)
+        (1, 2, 2, 200, 256, 64, np.float16, False, {**THREE, "PIPE": 3, "XT": 1, "QB": 2}, 1),
     ],
 )
 def test_persistent_blocks_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, over, ctas):
@@ -107,8 +146,37 @@ def test_persistent_blocks_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, ove
     np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=1e-4)
 
 
-@pytest.mark.parametrize("persist", [0, 1])
-def test_keys_past_sk_are_left_out_in_simulator(persist):
+@pytest.mark.parametrize(
+    "b, h, hkv, sq, sk, d, dtype, causal, over, ctas",
+    [
+        # pairs of query tiles, causal, the overlapped order
+        (1, 2, 1, 256, 256, 64, np.float16, True, {"PIPE": 1, "PERSIST": 3}, 2),
+        # FlashAttention-3's order, persistent blocks, a partial last key tile, bf16
+        (1, 2, 1, 130, 200, 128, ml_dtypes.bfloat16, False, {"PIPE": 3, "PERSIST": 1}, 1),
+        # three warpgroups, the plain order, a block a tile, causal
+        (1, 2, 1, 200, 384, 64, np.float16, True, {**THREE, "PIPE": 0, "PERSIST": 0}, 0),
+        # ping-pong, grouped-query heads
+        (1, 2, 2, 130, 300, 128, np.float16, False, {"PIPE": 4, "PERSIST": 1}, 1),
+        # one stream of steps a block
+        (1, 2, 1, 384, 384, 64, np.float16, True, {**THREE, "PIPE": 1, "XT": 1, "QB": 2}, 1),
+        # D = 64's route without the mask (three warpgroups, FlashAttention-3's order,
+        # persistent blocks), a query tail, grouped-query heads
+        (1, 4, 2, 200, 256, 64, ml_dtypes.bfloat16, False, {**THREE, "PIPE": 3}, 2),
+    ],
+)
+def test_row_sums_on_the_tensor_cores_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, over,
+                                                    ctas):  # fmt: skip
+    """ONES: the row sums from 8 more columns of O (P times a block of ones beside each V
+    stage). They sum the probabilities as rounded for P V, so the logsumexp moves by up to
+    that rounding (a few 1e-4 in f16 at these lengths), and the output stays as close."""
+    cfg = small(d, **{"PERSIST": 1, **over, "ONES": 1})
+    out, lse, ref, ref_lse = run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, ctas=ctas or None)
+    assert rel(out, ref) < (1e-3 if dtype == np.float16 else 1e-2)
+    np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=5e-4 if dtype == np.float16 else 3e-3)
+
+
+@pytest.mark.parametrize("persist, xt", [(0, 0), (1, 0), (1, 1)])
+def test_keys_past_sk_are_left_out_in_simulator(persist, xt):
     """The last key tile reaches past sk into the next head's keys, whose V rows hold inf:
     those keys are masked and their V rows zeroed before P V (no NaN); a scale other than
     1/sqrt(D) is applied. Persistent: one block takes both heads, each with a partial last
@@ -119,12 +187,29 @@ def test_keys_past_sk_are_left_out_in_simulator(persist):
     k, v = (rng.standard_normal((1, 2, 100, 64)).astype(np.float16) for _ in range(2))
     v[0, 1, :28] = np.inf  # the rows head 0's last 64-key tile reads past its 100 keys
     cfg = small(64, PERSIST=persist, PIPE=4 if persist else 0, STAGES=3)
+    if xt:  # one stream of steps over both heads' tiles, two Q buffers
+        cfg.update(PIPE=1, XT=1, QB=2)
     with kaio.simulate():
         (qa, ka, va), dims, scale = attention._check_flash("test", q, k, v, 0.2)
         out, lse = hopper.launch(qa, ka, va, dims, False, scale, cfg, ctas=1)
     ref, ref_lse, _ = reference(q[:, :1], k[:, :1], v[:, :1], False, 0.2)
     assert rel(out[:, :1], ref) < 1e-3
     np.testing.assert_allclose(lse[:, :1], ref_lse, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "over, match",
+    [
+        ({"XT": 1, "PIPE": 4}, "PIPE 1's or 3's order"),
+        ({"XT": 0, "QB": 2}, "2 with XT 1"),
+        ({"XT": 1, "QB": 2, "D": 256}, "more than"),
+        ({"ONES": 1, "D": 256}, "past wgmma's 256"),
+    ],
+)
+def test_stream_configurations_are_checked(over, match):
+    d = over.pop("D", 128)
+    with pytest.raises(ValueError, match=match):
+        hopper.check_stream({**hopper.config(d), **over}, d)
 
 
 def test_dispatch_needs_a_whole_64_column_head_dim_and_a_gpu():
