@@ -77,6 +77,11 @@ ORIG_TILES = getattr(decode, "CLUSTER_TILES", 8)
 ORIG_PAGED_TILES = getattr(decode, "PAGED_CLUSTER_TILES", 8)
 ORIG_WINDOW = getattr(decode, "PAGE_WINDOW", False)
 ORIG_SPREAD = getattr(decode, "SPREAD", 0)
+ORIG_PAGES = getattr(decode, "WHOLE_PAGES", False)
+ORIG_MIN_BATCH = getattr(decode, "PAGE_MIN_BATCH", 0)
+ORIG_PAGE_FNS = {
+    n: getattr(decode, n) for n in ("page_splits", "page_stages") if hasattr(decode, n)
+}
 T0 = time.time()
 if os.environ.get("PROBE_BN"):  # key tiles of this many keys (run with its own KAIO_CACHE_DIR)
     dk.BN = int(os.environ["PROBE_BN"])
@@ -100,6 +105,10 @@ def restore():
     decode.PAGE_WINDOW = ORIG_WINDOW
     decode.SPECULATE = ORIG_SPEC
     decode.SPREAD = ORIG_SPREAD
+    decode.WHOLE_PAGES = ORIG_PAGES
+    decode.PAGE_MIN_BATCH = ORIG_MIN_BATCH
+    for n, f in ORIG_PAGE_FNS.items():
+        setattr(decode, n, f)
 
 
 PENDING: list = []  # (label, fn, sets) to time in the next profiler session
@@ -203,23 +212,40 @@ def run_kaio(lens, contiguous=False, **cfg):
     return f
 
 
-def check(sets, lens):
-    restore()
+def check(sets, lens, **cfg):
+    force(**cfg)
     q, k, v, kc, vc, table = sets[0]
     out = decode._decode("probe", q, kc, vc, lens, table, None)[0]
     n = int(lens[0])
     ref = sdpa(q.float(), k[:, :, :n].float(), v[:, :, :n].float(), enable_gqa=True)
     err = ((out.float() - ref).norm() / ref.norm()).item()
+    restore()
     return err
 
 
 def force(
-    splits=None, stages=None, unfused=False, cluster=None, window=None, spec=None, spread=None
+    splits=None,
+    stages=None,
+    unfused=False,
+    cluster=None,
+    window=None,
+    spec=None,
+    spread=None,
+    pages=None,
+    page_splits=None,
+    page_stages=None,
 ):
     """Module defaults but for what is named (cluster: None = the module's choice; window:
     the paged block-table window on or off; spread: the cluster merge's least shared
     memory a block, SPREAD)."""
     restore()
+    if pages is not None:  # whole-page blocks (decode_pages) on or off
+        decode.WHOLE_PAGES = pages
+        decode.PAGE_MIN_BATCH = 1
+    if page_splits is not None:
+        decode.page_splits = lambda *a, s=page_splits: s
+    if page_stages is not None:
+        decode.page_stages = lambda *a, s=page_stages: s
     if spread is not None:
         decode.SPREAD = spread
     if window is not None:
@@ -326,6 +352,109 @@ def head_stream(
             kaio.cluster_wait()
     kaio.cp_async_wait_all()
     out[bkv * 128 + tid] = acc
+
+
+@kaio.gpu_kernel
+def page_stream(
+    k: f16[:],
+    v: f16[:],
+    table: i32[:],
+    out: f32[:],
+    length: u32,
+    max_pages: u32,
+    per: u32,
+    pages: u32,
+    NT: kaio.constexpr,
+    STAGES: kaio.constexpr,
+    HKV: kaio.constexpr,
+):
+    """Floor of a grid of (key split, sequence) blocks that read whole pages of 16 keys
+    (all HKV heads: 32 KB each of K and V at Hkv 8, D 128) through ``load_pages``, STAGES
+    in flight, no arithmetic; split x of sequence y takes keys x * per .. + per (per a
+    multiple of 16). The page of the block after next is loaded a stage ahead."""
+    kaio.launch_bounds(NT, 1)
+    tid = kaio.thread_idx_x()
+    b = kaio.block_idx_y()
+    lo = kaio.min(kaio.block_idx_x() * per, length)
+    n = (kaio.min(lo + per, length) - lo) // 16
+    rows = 2 * HKV * 16
+    kv_s = kaio.shared_dynamic(f16, (STAGES * rows, 128), 0)
+    nxt = u32(table[b * max_pages + kaio.min(lo // 16, max_pages - 1)])
+    for j in kaio.static_range(STAGES - 1):
+        if j < n:
+            pg = nxt
+            nxt = u32(table[b * max_pages + kaio.min((lo + 16 * j + 16) // 16, max_pages - 1)])
+            dk.load_pages(
+                kv_s, j * rows, k, v, lo + 16 * j, length, pg, 4, pages, tid, NT, HKV, 128, f16
+            )
+        kaio.cp_async_commit()
+    acc = 0.0
+    for t in range(n):
+        if t + STAGES - 1 < n:
+            key0 = lo + (t + STAGES - 1) * 16
+            pg = nxt
+            nxt = u32(table[b * max_pages + kaio.min(key0 // 16 + 1, max_pages - 1)])
+            dk.load_pages(
+                kv_s, (t + STAGES - 1) % STAGES * rows, k, v, key0, length, pg, 4, pages, tid,
+                NT, HKV, 128, f16,
+            )  # fmt: skip
+        kaio.cp_async_commit()
+        kaio.cp_async_wait(STAGES - 1)
+        kaio.sync_threads()
+        acc += f32(kv_s[t % STAGES * rows + tid % rows, tid // rows])
+        kaio.sync_threads()
+    kaio.cp_async_wait_all()
+    out[(b * kaio.grid_dim_x() + kaio.block_idx_x()) * NT + tid] = acc
+
+
+def page_floor_jobs(b, length, label, sets, variants):
+    """page_stream floors for (splits, NT, STAGES) of ``variants`` and head_stream's (kaio's
+    per-head grid) in both layouts, 4 stages."""
+    floor_jobs(b, length, label, sets, ((False, 4, 1), (True, 4, 1)))
+    for splits, nt, st in variants:
+        per = -(-length // (16 * splits)) * 16
+        o = torch.empty(b * splits * nt, device="cuda")
+
+        def floor(q, k, v, kc, vc, table, splits=splits, nt=nt, st=st, o=o, per=per):
+            page_stream[(splits, b), nt, None, st * 2 * HKV * 16 * 128 * 2](
+                kc.view(-1), vc.view(-1), table.view(-1), o, length, length // 16, per,
+                kc.shape[0], NT=nt, STAGES=st, HKV=HKV,
+            )  # fmt: skip
+
+        show(
+            f"{label} floor whole pages splits={splits} NT={nt} st={st}",
+            kernel_times(floor, sets),
+        )
+
+
+def round_p(budget: float):
+    """Whole-page reading (page_stream: a block a (split, sequence), all K/V heads, whole
+    pages) against kaio's per-head grid (head_stream) in both layouts and SDPA on the
+    contiguous cache: the copy floors of the paged layout (kernel times)."""
+    cases = (
+        (16, 4096, ((8, 256, 3), (8, 256, 2), (8, 512, 3))),
+        (64, 4096, ((2, 256, 3), (4, 256, 2))),
+        (16, 1024, ((8, 256, 3),)),
+        (64, 1024, ((2, 256, 3),)),
+        (1, 32768, ((128, 256, 3), (64, 256, 3))),
+    )
+    for b, length, (variants,), sets, lens, label in shapes(cases, budget):
+        show(f"{label} kaio contiguous", kernel_times(run_kaio_contig(lens), sets))
+        show(f"{label} kaio paged per-head", kernel_times(run_kaio(lens, pages=False), sets))
+        print(f"{label} whole pages rel err {check(sets, lens, pages=True):.1e}", flush=True)
+        show(f"{label} kaio paged whole pages", kernel_times(run_kaio(lens, pages=True), sets))
+        show(
+            f"{label} kaio paged whole pages st2",
+            kernel_times(run_kaio(lens, pages=True, page_stages=2), sets),
+        )
+        sp0 = decode.page_splits(b, length // 16, 132)
+        for sp in (sp0 // 2, sp0 + sp0 // 4):
+            if sp >= 1 and sp != sp0:
+                show(
+                    f"{label} kaio paged whole pages splits={sp}",
+                    kernel_times(run_kaio(lens, pages=True, page_splits=sp), sets),
+                )
+        page_floor_jobs(b, length, label, sets, variants)
 
 
 def round_w(budget: float):
@@ -882,6 +1011,7 @@ def round_s(budget: float):
 
 
 ROUNDS = {  # argument: (round, its default time budget in seconds)
+    "p": (round_p, 30),
     "x": (round_x, 25),
     "w": (round_w, 25),
     "s": (round_s, 20),

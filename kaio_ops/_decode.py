@@ -217,6 +217,46 @@ def load_stage(
         kaio.cp_async(dst, (row0 + BN + r, swizzled), v, index, 16, nbytes)
 
 
+@kaio.gpu_func
+def load_pages(
+    dst: DT[:, :],
+    row0: u32,
+    k: DT[:],
+    v: DT[:],
+    key0: u32,
+    kv_len: u32,
+    page: u32,
+    shift: u32,
+    pages: u32,
+    tid: u32,
+    NT: kaio.constexpr,
+    HKV: kaio.constexpr,
+    DP: kaio.constexpr,
+    DT: kaio.constexpr,
+):
+    """Keys key0 .. key0 + 15 (key0 a multiple of 16) of every K/V head from ``page`` of a
+    paged cache [pages, 1 << shift, HKV, DP] (16 * HKV * DP contiguous elements, read whole
+    by NT threads, 16 bytes each: coalesced), K into rows row0 + 16 h + t of dst (head h,
+    key key0 + t: a head's keys adjacent, swizzled, for ldmatrix) and V into the HKV * 16
+    rows after; zeros past kv_len. One cp.async group (committed by the caller); a page
+    outside the pool counts as the last one."""
+    PIECES = DP // 8
+    CH = 16 * HKV * PIECES  # 16-byte chunks of each of K and V
+    base = ((kaio.min(page, pages - 1) << shift) + (key0 & ((u32(1) << shift) - 1))) * HKV * DP
+    for i in kaio.static_range((CH + NT - 1) // NT):
+        c = tid + i * NT
+        if CH % NT == 0 or c < CH:
+            t = c // (HKV * PIECES)
+            r = c // PIECES % HKV * 16 + t
+            col = c % PIECES * 8
+            inside = key0 + t < kv_len
+            index = kaio.select(inside, base + c * 8, 0)
+            nbytes = kaio.select(inside, 16, 0)
+            swizzled = kaio.swizzle(dst, r, col)
+            kaio.cp_async(dst, (row0 + r, swizzled), k, index, 16, nbytes)
+            kaio.cp_async(dst, (row0 + HKV * 16 + r, swizzled), v, index, 16, nbytes)
+
+
 @kaio.gpu_kernel
 def decode_fwd(
     q: DT[:],
@@ -472,8 +512,180 @@ def decode_fwd(
             w_s = kaio.shared_dynamic(f32, (MAX_SPLITS, ROWS), 0)  # over kv_s, now free
             merge_chunk(
                 part, part_lse, out, lse, w_s, q_row0 + row0, kaio.min(ROWS, nrows - row0),
-                total_rows, splits, tid, DP, ROWS, DT,
+                total_rows, splits, tid, DP, ROWS, DT, THREADS,
             )  # fmt: skip
+
+
+@kaio.gpu_kernel
+def decode_pages(
+    q: DT[:],
+    k: DT[:],
+    v: DT[:],
+    block_table: i32[:],
+    seq_lens: i32[:],
+    out: DT[:],
+    lse: f32[:],
+    part: f32[:],
+    part_lse: f32[:],
+    counters: u32[:],
+    heads: u32,
+    group: u32,
+    sq: u32,
+    max_pages: u32,
+    shift: u32,
+    pages: u32,
+    total_rows: u32,
+    scale_log2: f32,
+    HKV: kaio.constexpr,
+    DP: kaio.constexpr,
+    STAGES: kaio.constexpr,
+    DIRECT: kaio.constexpr,
+    DT: kaio.constexpr,
+):
+    """``decode_fwd`` over a paged cache for a block that owns a (key split ``block x``,
+    sequence ``block y``) and all HKV K/V heads of it: it reads whole 16-key runs of pages
+    (``load_pages``: every head's rows, contiguous in a page), not one head's rows of each.
+    Warp h is K/V head h, the ``group * sq`` (<= 16) query rows of its group the M rows of
+    its m16n8k16 tiles, over 16 keys a stage (STAGES in flight). The split's 16-key tiles
+    follow the length (read on the GPU), evenly. ``DIRECT`` (one split): out / lse; else
+    part / part_lse, merged by the last block of the sequence to finish (``counters[b]``,
+    reset to 0 by it) in split order (deterministic)."""
+    NT = 32 * HKV
+    KV_ROWS = 2 * HKV * 16  # a stage: K rows of every head, then V rows
+    kaio.launch_bounds(NT, 1)
+    tid = kaio.thread_idx_x()
+    lane = kaio.lane_id()
+    warp = tid // 32
+    g = lane // 4
+    split = kaio.block_idx_x()
+    splits = kaio.grid_dim_x()
+    b = kaio.block_idx_y()
+    nrows = group * sq
+    kv_s = kaio.shared_dynamic(DT, (STAGES * KV_ROWS, DP), 0)
+    # Q of every head (head h's rows at 16 h) over the last stage, which the prologue leaves
+    q_row = (STAGES - 1) * KV_ROWS
+    PIECES = DP // 8
+    for i in kaio.static_range(HKV * 16 * PIECES // NT):
+        c = tid + i * NT
+        r = c // PIECES
+        col = c % PIECES * 8
+        inside = r % 16 < nrows
+        at = ((b * heads + r // 16 * group) * sq + r % 16) * DP + col
+        swizzled = kaio.swizzle(kv_s, r, col)
+        kaio.cp_async(
+            kv_s, (q_row + r, swizzled), q, kaio.select(inside, at, 0), 16,
+            kaio.select(inside, 16, 0),
+        )  # fmt: skip
+    kaio.cp_async_commit()
+    kv_len = u32(kaio.min(kaio.max(seq_lens[b], 0), i32(max_pages << shift)))
+    n_total = (kv_len + 15) // 16
+    per = (n_total + splits - 1) // splits
+    t0 = kaio.min(split * per, n_total)
+    t1 = kaio.min(t0 + per, n_total)
+    row_b = b * max_pages
+    pre = kaio.local(u32, STAGES)
+    for j in kaio.static_range(STAGES):  # the pages of the first tiles, loads in flight at once
+        pre[j] = u32(block_table[row_b + kaio.min((t0 + j) * 16 >> shift, max_pages - 1)])
+    for j in kaio.static_range(STAGES - 1):
+        if t0 + j < t1:
+            load_pages(
+                kv_s, j * KV_ROWS, k, v, (t0 + j) * 16, kv_len, pre[j], shift, pages, tid, NT,
+                HKV, DP, DT,
+            )  # fmt: skip
+        kaio.cp_async_commit()
+    nxt = pre[STAGES - 1]
+    kaio.cp_async_wait(STAGES - 1)  # Q has landed
+    kaio.sync_threads()
+    acol = kaio.local(u32, 4)
+    bcol = kaio.local(u32, 4)
+    qf = kaio.local(u32, (DP // 16, 4))
+    m = kaio.local(f32, 2)
+    l = kaio.local(f32, 2)
+    o = kaio.local(f32, (DP // 8, 4))
+    frag_columns(acol, bcol, kv_s, lane, DT)
+    load_a(qf, kv_s, q_row + warp * 16, acol, lane, 0, DP, DT)
+    start_rows(m, l, o, DP)
+    kaio.sync_threads()  # every warp has its Q: the last stage is free
+    limit = kaio.local(i32, 2)  # keys < limit are visible to the row (causal)
+    for h in kaio.static_range(2):
+        limit[h] = i32(kv_len) - i32(sq) + i32((g + 8 * h) % sq) + 1
+    s = kaio.local(f32, (2, 4))
+    for t in range(t0, t1):
+        stage = (t - t0) % STAGES * KV_ROWS
+        if t + STAGES - 1 < t1:  # into the stage tile t - 1 used
+            key0 = (t + STAGES - 1) * 16
+            load_pages(
+                kv_s, (t - t0 + STAGES - 1) % STAGES * KV_ROWS, k, v, key0, kv_len, nxt, shift,
+                pages, tid, NT, HKV, DP, DT,
+            )  # fmt: skip
+            nxt = u32(block_table[row_b + kaio.min((key0 + 16) >> shift, max_pages - 1)])
+        kaio.cp_async_commit()
+        kaio.cp_async_wait(STAGES - 1)  # tile t has landed
+        kaio.sync_threads()
+        krow = stage + warp * 16
+        dot_rows_at(s, qf, kv_s, krow, bcol, lane, 2, 0, DP, DT)  # S = Q K^T
+        masked = i32((t + 1) * 16) + i32(sq) > i32(kv_len) + 1
+        for h in kaio.static_range(2):
+            if masked:
+                for n in kaio.static_range(2):
+                    for e in kaio.static_range(2):
+                        key = t * 16 + n * 8 + lane % 4 * 2 + e
+                        ok = i32(key) < limit[h]
+                        s[n, 2 * h + e] = kaio.select(ok, s[n, 2 * h + e], NEG_INF)
+            online_softmax(s, m, l, o, h, scale_log2, 2, DP)
+        acc_rows_at(o, s, kv_s, krow + HKV * 16, acol, lane, 2, DP, DT)  # O += P V
+        kaio.sync_threads()  # this stage is free
+    kaio.cp_async_wait_all()
+    q_row0 = (b * heads + warp * group) * sq  # this warp's first query row
+    for h in kaio.static_range(2):
+        total = l[h] + kaio.shfl_xor(l[h], 1)
+        total += kaio.shfl_xor(total, 2)
+        inv = kaio.select(total > 0.0, 1.0 / total, 0.0)
+        best = kaio.select(total > 0.0, m[h] + kaio.log2(total), NEG_INF)
+        rr = g + 8 * h
+        if rr < nrows:
+            at = q_row0 + rr
+            if DIRECT:
+                store_rows(out, at * DP, o, h, inv, lane, DP, DT)
+                if lane % 4 == 0:
+                    lse[at] = best * LN2
+            else:
+                store_rows(part, (split * total_rows + at) * DP, o, h, inv, lane, DP, f32)
+                if lane % 4 == 0:
+                    part_lse[(split * total_rows + at) * LSE_STRIDE] = best
+    if not DIRECT:
+        # the last block of this sequence merges its splits (fence, then count: the partial
+        # results of every block counted are visible to the one that counts last)
+        kaio.threadfence()
+        kaio.sync_threads()
+        flag = kaio.shared(f32, 1)
+        if tid == 0:
+            last = kaio.atomic_add(counters, b, u32(1)) == splits - 1
+            if last:
+                counters[b] = u32(0)  # ready for the next call (or graph replay)
+            flag[0] = kaio.select(last, 1.0, 0.0)
+        kaio.sync_threads()
+        if flag[0] == 1.0:
+            kaio.threadfence()
+            w_s = kaio.shared_dynamic(f32, (MAX_SPLITS, HKV * 16), 0)  # over kv_s, now free
+            merge_chunk(
+                part, part_lse, out, lse, w_s, b * heads * sq, heads * sq, total_rows, splits,
+                tid, DP, HKV * 16, DT, NT,
+            )  # fmt: skip
+
+
+@kaio.gpu_func
+def store_rows(
+    dst: OT[:], at: u32, o: f32[:, :], h: kaio.constexpr, factor: f32, lane: u32,
+    DP: kaio.constexpr, OT: kaio.constexpr,
+):  # fmt: skip
+    """dst[at + col] = o * factor for this lane's columns of accumulator row half h (row
+    g + 8h of the warp's 16), two at a time."""
+    for n in kaio.static_range(DP // 8):
+        pair = kaio.local(OT, 2)
+        for e in kaio.static_range(2):
+            pair[e] = OT(o[n, 2 * h + e] * factor)
+        kaio.store_vector(dst, at + n * 8 + lane % 4 * 2, pair)
 
 
 @kaio.gpu_func
@@ -491,8 +703,9 @@ def merge_chunk(
     DP: kaio.constexpr,
     ROWS: kaio.constexpr,
     DT: kaio.constexpr,
+    NT: kaio.constexpr,
 ):
-    """out / lse of query rows first .. first + nreal (one row chunk, a block of THREADS):
+    """out / lse of query rows first .. first + nreal (a row chunk, a block of NT threads):
     the splits' partial outputs ``part`` weighted by their share of each row's softmax
     (base-2 logsumexps ``part_lse``), summed in split order (deterministic); lse = the
     natural logsumexp (zeros and -inf for a row that saw no key). Three phases, each a
@@ -511,15 +724,15 @@ def merge_chunk(
         at = ((j * rows + first + tid // (DP // 4)) * DP) + tid % (DP // 4) * 4
         kaio.load_vector(pre[j], part, kaio.select(ok, at, 0))
     n = splits * nreal
-    for i0 in range(tid, n, THREADS * 4):
+    for i0 in range(tid, n, NT * 4):
         for j in kaio.static_range(4):
-            i = i0 + j * THREADS
+            i = i0 + j * NT
             ok = i < n
             x = part_lse[kaio.select(ok, (i // nreal * rows + first + i % nreal) * LSE_STRIDE, 0)]
             if ok:
                 w_s[i // nreal, i % nreal] = x
     kaio.sync_threads()
-    for r in range(warp, nreal, WARPS):
+    for r in range(warp, nreal, NT // 32):
         xs = kaio.local(f32, MAX_SPLITS // 32)
         top = NEG_INF
         for j in kaio.static_range(MAX_SPLITS // 32):
@@ -548,7 +761,7 @@ def merge_chunk(
     buf = kaio.local(f32, (UNROLL, 4))
     acc = kaio.local(f32, 4)
     res = kaio.local(DT, 4)
-    for it in range(tid, nreal * (DP // 4), THREADS):
+    for it in range(tid, nreal * (DP // 4), NT):
         r = it // (DP // 4)
         c = it % (DP // 4) * 4
         for e in kaio.static_range(4):
@@ -647,7 +860,7 @@ def decode_merge(
     w_s = kaio.shared_dynamic(f32, (MAX_SPLITS, ROWS), 0)
     merge_chunk(
         part, part_lse, out, lse, w_s, (b * heads + kvh * group) * sq + row0,
-        kaio.min(ROWS, group * sq - row0), rows, splits, kaio.thread_idx_x(), DP, ROWS, DT,
+        kaio.min(ROWS, group * sq - row0), rows, splits, kaio.thread_idx_x(), DP, ROWS, DT, THREADS,
     )  # fmt: skip
 
 

@@ -52,8 +52,15 @@ PAGED_CLUSTER_TILES = 16  # the same over a paged cache (measured: ``plan_grid``
 PAGE_WINDOW = True  # paged: pages from a window of the block table across a warp's lanes
 SPECULATE = True  # one split: the first K/V copies before the length is read (SPEC)
 
+# paged: a block a (key split, sequence) over all K/V heads, reading whole pages
+# (``decode_pages``), for the K/V head counts PAGE_HEADS, from PAGE_MIN_BATCH sequences on
+WHOLE_PAGES = True
+PAGE_HEADS = (4, 8)
+PAGE_MIN_BATCH = 8
+
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
 MERGE = dk.decode_merge
+PAGES = dk.decode_pages
 APPEND = dk.kv_append
 
 
@@ -181,6 +188,40 @@ def speculates(paged: bool) -> int:
     and 32k keys 26.2 / 26.4, 92.8 / 92.9 and 706.7 / 707.6 us, B = 64 at 1k 93.7 / 94.4;
     contiguous it was no faster (25.9 / 25.4 us at B = 16, 1k keys)."""
     return int(SPECULATE and PAGE_WINDOW and paged)
+
+
+def page_shared(hkv: int, dp: int, stages: int) -> int:
+    """Dynamic shared memory of ``decode_pages``: STAGES stages of 16 keys of every K/V
+    head, K and V (Q and the merge's weights reuse them)."""
+    return stages * 2 * hkv * 16 * dp * 2
+
+
+def page_stages(like, hkv: int, dp: int) -> int:
+    """``decode_pages``' stages: 3 where a block's shared memory holds them (H100, H200: 192
+    KB at Hkv 8, D 128), else 2 (A100's 163 KB; the simulator plans as for an H100)."""
+    dev = _arrays.gpu(like)
+    limit = 227 * 1024 if dev is None else dev.max_shared_per_block_optin
+    return 3 if page_shared(hkv, dp, 3) <= limit else 2
+
+
+def page_splits(batch: int, tiles: int, sms: int) -> int:
+    """``decode_pages``' key splits of each sequence (``tiles`` 16-key tiles of capacity):
+    a block a multiprocessor over the batch, at most MAX_SPLITS, at least 4 tiles a split."""
+    return max(1, min(MAX_SPLITS, sms // batch, tiles // 4))
+
+
+def uses_pages(cache, batch: int, group: int, sq: int, d: int) -> bool:
+    """Whether a decode call runs ``decode_pages`` (WHOLE_PAGES): a paged cache of
+    PAGE_HEADS K/V heads, D up to 128 (Q in registers), a group's query rows in one M-tile,
+    from PAGE_MIN_BATCH sequences on (arrays of numpy or torch: the merge's counters)."""
+    return (
+        WHOLE_PAGES
+        and cache.paged
+        and cache.kv_heads in PAGE_HEADS
+        and d <= 128
+        and group * sq <= 16
+        and batch >= PAGE_MIN_BATCH
+    )
 
 
 class _Cache:
@@ -344,6 +385,8 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     _host_check(inputs, lens, cache, DECODE.debug)
 
     group = heads // cache.kv_heads
+    if uses_pages(cache, batch, group, sq, d) and qa.kind in ("numpy", "torch"):
+        return _decode_pages(qa, cache, lens, batch, heads, group, sq, d, scale)
     mt = row_tiles(group * sq)
     chunks = -(-group * sq // (16 * mt))
     blocks = batch * cache.kv_heads * chunks
@@ -380,6 +423,37 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
             part, part_lse, out_flat, lse_flat, heads, group, sq, cache.kv_heads, chunks, rows,
             splits, DP=d, MT=mt, DT=qa.dtype,
         )  # fmt: skip
+    return out, lse
+
+
+def _decode_pages(qa, cache, lens, batch, heads, group, sq, d, scale) -> tuple:
+    """``decode_pages`` over the paged ``cache``: (out, lse)."""
+    hkv = cache.kv_heads
+    tiles = -(-cache.capacity // 16)
+    splits = page_splits(batch, tiles, _arrays.multiprocessors(qa))
+    stages = page_stages(qa, hkv, d)
+    rows = batch * heads * sq
+    out = _arrays.output(qa, qa.shape)
+    lse = _arrays.output(qa, (batch, heads, sq), f32)
+    out_flat = _arrays.output_arg(qa, out, (qa.size,))
+    lse_flat = _arrays.output_arg(qa, lse, (rows,), f32)
+    stream = _arrays.stream_of(qa)
+    direct = splits == 1
+    if direct:
+        part, part_lse = lse_flat, lse_flat  # not written
+        counters = np.zeros(1, np.uint32) if qa.kind == "numpy" else qa.arg(1, dtype=u32)
+    else:
+        part = _arrays.output(qa, (splits * rows * d,), f32)
+        part_lse = _arrays.output(qa, (splits * rows * dk.LSE_STRIDE,), f32)
+        counters = _counters(qa, stream, batch)
+    flat = [a.arg(a.size) for a in (qa, cache.k, cache.v)]
+    shared = max(page_shared(hkv, d, stages), dk.MAX_SPLITS * hkv * 16 * 4)
+    PAGES[(splits, batch), 32 * hkv, stream, shared](
+        *flat, cache.table_arg(qa), lens.arg(batch), out_flat, lse_flat, part, part_lse,
+        counters, heads, group, sq, cache.max_pages, cache.shift, max(cache.pages, 1), rows,
+        math.log2(math.e) * float(scale),
+        HKV=hkv, DP=d, STAGES=stages, DIRECT=direct, DT=qa.dtype,
+    )  # fmt: skip
     return out, lse
 
 
