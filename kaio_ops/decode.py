@@ -540,6 +540,12 @@ def shipped():
         for dp in DIMS:
             for mt in (1, 2, 4):
                 yield MERGE, {"DP": dp, "MT": mt, "DT": dtype}
+        for hkv in PAGE_HEADS:  # whole-page blocks: D up to 128, 2 stages (A100) or 3
+            for dp in (64, 128):
+                for stages in (2, 3):
+                    for direct in (False, True):
+                        flags = {"HKV": hkv, "DP": dp, "STAGES": stages, "DIRECT": direct}
+                        yield PAGES, {**flags, "DT": dtype}
         for paged in (False, True):
             for vec in (1, 8):
                 yield APPEND, {"PAGED": paged, "VEC": vec, "DT": dtype}

@@ -239,6 +239,85 @@ def test_one_split_copies_before_the_length_in_simulator(monkeypatch, page_size)
     assert np.abs(out.astype(np.float64) - ref).max() < 4e-3
 
 
+@pytest.mark.parametrize(
+    "lens, h, hkv, sq, d, dtype, page_size, splits",
+    [
+        ((0, 1, 16, 33), 8, 8, 1, 64, BF16, 16, 1),  # ratio 1; 0, 1, a page boundary; direct
+        ((37, 128), 32, 4, 2, 64, np.float16, 32, 3),  # ratio 8, Sq 2: 16 rows a warp
+        ((2, 95, 48), 16, 4, 4, 64, np.float16, 16, 2),  # ratio 4, Sq 4 over a length of 2
+        ((17, 64, 250), 8, 8, 16, 64, BF16, 16, 5),  # ratio 1, Sq 16; splits past a length
+        ((31, 70), 32, 8, 1, 128, np.float16, 64, 2),  # the suite's heads, D 128, pages of 64
+    ],
+)
+def test_whole_page_blocks_in_simulator(monkeypatch, lens, h, hkv, sq, d, dtype, page_size, splits):
+    # decode_pages (a block a key split and sequence over all K/V heads, reading whole
+    # pages), forced at any batch; rows past each length hold NaN (an unwritten cache),
+    # which must not reach the output; the merge's counters are back to 0 afterwards
+    counters = np.zeros(64, np.uint32)
+    monkeypatch.setattr(decode, "_counters", lambda *_: counters)
+    monkeypatch.setattr(decode, "PAGE_MIN_BATCH", 1)
+    monkeypatch.setattr(decode, "page_splits", lambda *_: splits)
+    monkeypatch.setattr(decode, "PAGES", spy := _Spy(decode.PAGES))
+    rng = np.random.default_rng(sum(lens) + h + sq)
+    b = len(lens)
+    capacity = -(-max(lens) // page_size) * page_size
+    q = rng.standard_normal((b, h, sq, d)).astype(dtype)
+    k_cache, v_cache, table = make_cache(rng, b, hkv, d, capacity, dtype, page_size)
+    for cache in (k_cache, v_cache):
+        for i, n in enumerate(lens):
+            for pos in range(n, capacity):
+                cache[table[i, pos // page_size], pos % page_size] = np.nan
+    seq_lens = np.array(lens, np.int32)
+    with kaio.simulate():
+        out, lse = kaio_ops.flash_attention_decode_with_stats(q, k_cache, v_cache, seq_lens, table)
+        again = kaio_ops.flash_attention_decode(q, k_cache, v_cache, seq_lens, table)
+    assert spy.calls == 2 and not counters.any()
+    assert np.array_equal(out, again)
+    ref, ref_lse = reference(q, k_cache, v_cache, lens, table)
+    out = out.astype(np.float64)
+    assert np.isfinite(out).all()
+    assert np.abs(out - ref).max() < (4e-3 if dtype == np.float16 else 3e-2)
+    assert np.array_equal(np.isinf(lse), np.isinf(ref_lse))
+    seen = np.isfinite(ref_lse)
+    assert np.abs(lse[seen] - ref_lse[seen]).max() < 1e-4
+    assert (out[~seen] == 0).all()
+
+
+class _Spy:
+    """A kernel stand-in that counts its launches and passes them on."""
+
+    def __init__(self, kernel):
+        self.kernel, self.calls = kernel, 0
+
+    def __getitem__(self, config):
+        self.calls += 1
+        return self.kernel[config]
+
+
+def test_whole_page_blocks_route_and_plan():
+    # the suite's paged caches from batch 8 (Hkv 8, D 128, one new token) take decode_pages,
+    # a block a multiprocessor over the batch; contiguous caches, batch 1, D 256 and groups
+    # of more than 16 query rows do not
+    with kaio.simulate():
+        inputs = decode._arrays.Inputs("test")
+        cache = decode._Cache(inputs, PAGES_8, PAGES_8, TABLE_16, 16, 128, kaio.f16)
+        assert decode.uses_pages(cache, 16, 4, 1, 128)
+        assert not decode.uses_pages(cache, 1, 4, 1, 128)
+        assert not decode.uses_pages(cache, 16, 4, 5, 128)  # 20 rows
+        contiguous = decode._Cache(inputs, KC_8, KC_8, None, 16, 128, kaio.f16)
+        assert not decode.uses_pages(contiguous, 16, 4, 1, 128)
+    assert decode.page_splits(16, 4096 // 16, 132) == 8
+    assert decode.page_splits(64, 4096 // 16, 132) == 2
+    assert decode.page_splits(256, 4096 // 16, 132) == 1
+    assert decode.page_splits(16, 8, 132) == 2  # at least 4 tiles a split
+    assert decode.page_shared(8, 128, 3) == 192 * 1024
+
+
+PAGES_8 = np.zeros((16, 16, 8, 128), np.float16)
+TABLE_16 = np.zeros((16, 1), np.int32)
+KC_8 = np.zeros((16, 8, 16, 128), np.float16)
+
+
 def test_bad_block_table_stays_inside_the_cache_in_simulator(monkeypatch):
     # what the GPU only sees (the table's values; a graph replayed after the table was
     # freed and its memory reused): pages outside the pool are read as the last page and
@@ -453,6 +532,8 @@ def assembled() -> list:
         (decode.DECODE, fwd(128, 1, True, "cluster", deep=True, cl=16)),
         (decode.DECODE, fwd(256, 4, False, "cluster", deep=True, cl=2, dt=kaio.bf16)),
         (decode.MERGE, {"DP": 256, "MT": 4, "DT": kaio.bf16}),
+        (decode.PAGES, {"HKV": 8, "DP": 128, "STAGES": 3, "DIRECT": False, "DT": kaio.f16}),
+        (decode.PAGES, {"HKV": 4, "DP": 64, "STAGES": 2, "DIRECT": True, "DT": kaio.bf16}),
         (decode.APPEND, {"PAGED": True, "VEC": 8, "DT": kaio.f16}),
         (decode.APPEND, {"PAGED": False, "VEC": 1, "DT": kaio.bf16}),
     ]
