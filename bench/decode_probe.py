@@ -881,6 +881,29 @@ def warm_few():
     return out
 
 
+def warm_p():
+    """What round p launches: decode_pages at 2 and 3 stages, the per-head defaults of the
+    suite's shapes (paged and contiguous), the floors."""
+    out = [(probe_mark, {})]
+    for st in (3, 2):
+        for direct in (False, True):
+            c = {"HKV": 8, "DP": 128, "STAGES": st, "DIRECT": direct, "DT": f16}
+            out.append((decode.PAGES, c))
+    c = {"DP": 128, "MT": 1, "DT": f16, "CL": 1}
+    out.append((decode.DECODE, {**c, "PAGED": False, "STAGES": 2, "DIRECT": True,
+                                "FUSED": False, "PW": 0, "SPEC": 0}))  # fmt: skip
+    out.append((decode.DECODE, {**c, "PAGED": True, "STAGES": 4, "DIRECT": True,
+                                "FUSED": False, "PW": 1, "SPEC": 1}))  # fmt: skip
+    out.append((decode.DECODE, {**c, "PAGED": True, "STAGES": 4, "DIRECT": False,
+                                "FUSED": True, "PW": 1, "SPEC": 0}))  # fmt: skip
+    out.append((decode.DECODE, {**c, "PAGED": False, "STAGES": 4, "DIRECT": False,
+                                "FUSED": False, "PW": 0, "SPEC": 0, "CL": 8}))  # fmt: skip
+    out += [(head_stream, {"PAGED": p, "STAGES": 4, "DP": 128, "LOCK": 1}) for p in (False, True)]
+    out += [(page_stream, {"NT": nt, "STAGES": st, "HKV": 8}) for nt, st in
+            ((256, 3), (256, 2), (512, 3))]  # fmt: skip
+    return out
+
+
 WARM_LIST = warm_list
 
 
@@ -1020,7 +1043,7 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "bn": (round_bn, 25),
     "c": (round_c, 25),
 }
-WARMS = {"warm": warm_list, "warm_few": warm_few, "warm_c": warm_c}
+WARMS = {"warm": warm_list, "warm_few": warm_few, "warm_c": warm_c, "warm_p": warm_p}
 
 if __name__ == "__main__":
     arg = sys.argv[1] if len(sys.argv) > 1 else ""
