@@ -447,13 +447,6 @@ def round_p(budget: float):
             f"{label} kaio paged whole pages st2",
             kernel_times(run_kaio(lens, pages=True, page_stages=2), sets),
         )
-        sp0 = decode.page_splits(b, length // 16, 132)
-        for sp in (sp0 // 2, sp0 + sp0 // 4):
-            if sp >= 1 and sp != sp0:
-                show(
-                    f"{label} kaio paged whole pages splits={sp}",
-                    kernel_times(run_kaio(lens, pages=True, page_splits=sp), sets),
-                )
         page_floor_jobs(b, length, label, sets, variants)
 
 
