@@ -79,6 +79,7 @@ ORIG_WINDOW = getattr(decode, "PAGE_WINDOW", False)
 ORIG_SPREAD = getattr(decode, "SPREAD", 0)
 ORIG_PAGES = getattr(decode, "WHOLE_PAGES", False)
 ORIG_MIN_BATCH = getattr(decode, "PAGE_MIN_BATCH", 0)
+ORIG_PAGE_SPEC = getattr(decode, "PAGE_SPEC", False)
 ORIG_PAGE_FNS = {
     n: getattr(decode, n) for n in ("page_splits", "page_stages") if hasattr(decode, n)
 }
@@ -107,6 +108,7 @@ def restore():
     decode.SPREAD = ORIG_SPREAD
     decode.WHOLE_PAGES = ORIG_PAGES
     decode.PAGE_MIN_BATCH = ORIG_MIN_BATCH
+    decode.PAGE_SPEC = ORIG_PAGE_SPEC
     for n, f in ORIG_PAGE_FNS.items():
         setattr(decode, n, f)
 
@@ -234,6 +236,7 @@ def force(
     pages=None,
     page_splits=None,
     page_stages=None,
+    page_spec=None,
 ):
     """Module defaults but for what is named (cluster: None = the module's choice; window:
     the paged block-table window on or off; spread: the cluster merge's least shared
@@ -246,6 +249,8 @@ def force(
         decode.page_splits = lambda *a, s=page_splits: s
     if page_stages is not None:
         decode.page_stages = lambda *a, s=page_stages: s
+    if page_spec is not None:
+        decode.PAGE_SPEC = page_spec
     if spread is not None:
         decode.SPREAD = spread
     if window is not None:
@@ -446,6 +451,10 @@ def round_p(budget: float):
         show(
             f"{label} kaio paged whole pages st2",
             kernel_times(run_kaio(lens, pages=True, page_stages=2), sets),
+        )
+        show(
+            f"{label} kaio paged whole pages spec off",
+            kernel_times(run_kaio(lens, pages=True, page_spec=False), sets),
         )
         page_floor_jobs(b, length, label, sets, variants)
 
@@ -878,9 +887,9 @@ def warm_p():
     """What round p launches: decode_pages at 2 and 3 stages, the per-head defaults of the
     suite's shapes (paged and contiguous), the floors."""
     out = [(probe_mark, {})]
-    for st in (3, 2):
+    for st, spec in ((3, 1), (2, 1), (3, 0)):
         for direct in (False, True):
-            c = {"HKV": 8, "DP": 128, "STAGES": st, "DIRECT": direct, "DT": f16}
+            c = {"HKV": 8, "DP": 128, "STAGES": st, "DIRECT": direct, "DT": f16, "SPEC": spec}
             out.append((decode.PAGES, c))
     c = {"DP": 128, "MT": 1, "DT": f16, "CL": 1}
     out.append((decode.DECODE, {**c, "PAGED": False, "STAGES": 2, "DIRECT": True,

@@ -541,13 +541,17 @@ def decode_pages(
     STAGES: kaio.constexpr,
     DIRECT: kaio.constexpr,
     DT: kaio.constexpr,
+    SPEC: kaio.constexpr,
 ):
     """``decode_fwd`` over a paged cache for a block that owns a (key split ``block x``,
     sequence ``block y``) and all HKV K/V heads of it: it reads whole 16-key runs of pages
     (``load_pages``: every head's rows, contiguous in a page), not one head's rows of each.
     Warp h is K/V head h, the ``group * sq`` (<= 16) query rows of its group the M rows of
     its m16n8k16 tiles, over 16 keys a stage (STAGES in flight). The split's 16-key tiles
-    follow the length (read on the GPU), evenly. ``DIRECT`` (one split): out / lse; else
+    follow the length (read on the GPU), evenly; with ``SPEC`` the capacity's (a block past
+    the length does nothing), so that its first pages and copies are in flight before the
+    length is read (V's rows past the length zeroed in shared memory once it is known; K's
+    scores there are masked). ``DIRECT`` (one split): out / lse; else
     part / part_lse, merged by the last block of the sequence to finish (``counters[b]``,
     reset to 0 by it) in split order (deterministic)."""
     NT = 32 * HKV
@@ -577,22 +581,36 @@ def decode_pages(
             kaio.select(inside, 16, 0),
         )  # fmt: skip
     kaio.cp_async_commit()
-    kv_len = u32(kaio.min(kaio.max(seq_lens[b], 0), i32(max_pages << shift)))
-    n_total = (kv_len + 15) // 16
-    per = (n_total + splits - 1) // splits
-    t0 = kaio.min(split * per, n_total)
-    t1 = kaio.min(t0 + per, n_total)
+    capacity = max_pages << shift
     row_b = b * max_pages
     pre = kaio.local(u32, STAGES)
-    for j in kaio.static_range(STAGES):  # the pages of the first tiles, loads in flight at once
-        pre[j] = u32(block_table[row_b + kaio.min((t0 + j) * 16 >> shift, max_pages - 1)])
-    for j in kaio.static_range(STAGES - 1):
-        if t0 + j < t1:
-            load_pages(
-                kv_s, j * KV_ROWS, k, v, (t0 + j) * 16, kv_len, pre[j], shift, pages, tid, NT,
-                HKV, DP, DT,
-            )  # fmt: skip
-        kaio.cp_async_commit()
+    if SPEC:  # the capacity's tiles split evenly: the first copies need no length
+        per = (capacity // 16 + splits - 1) // splits
+        t0 = kaio.min(split * per, capacity // 16)
+        first_pages(pre, t0, row_b, block_table, max_pages, shift, STAGES)
+        for j in kaio.static_range(STAGES - 1):
+            if t0 + j < kaio.min(t0 + per, capacity // 16):
+                load_pages(
+                    kv_s, j * KV_ROWS, k, v, (t0 + j) * 16, capacity, pre[j], shift, pages, tid,
+                    NT, HKV, DP, DT,
+                )  # fmt: skip
+            kaio.cp_async_commit()
+        kv_len = u32(kaio.min(kaio.max(seq_lens[b], 0), i32(capacity)))
+        t1 = kaio.min(t0 + per, (kv_len + 15) // 16)  # under t0 past the length: no tile
+    else:  # the length's tiles split evenly
+        kv_len = u32(kaio.min(kaio.max(seq_lens[b], 0), i32(capacity)))
+        n_total = (kv_len + 15) // 16
+        per = (n_total + splits - 1) // splits
+        t0 = kaio.min(split * per, n_total)
+        t1 = kaio.min(t0 + per, n_total)
+        first_pages(pre, t0, row_b, block_table, max_pages, shift, STAGES)
+        for j in kaio.static_range(STAGES - 1):
+            if t0 + j < t1:
+                load_pages(
+                    kv_s, j * KV_ROWS, k, v, (t0 + j) * 16, kv_len, pre[j], shift, pages, tid,
+                    NT, HKV, DP, DT,
+                )  # fmt: skip
+            kaio.cp_async_commit()
     nxt = pre[STAGES - 1]
     kaio.cp_async_wait(STAGES - 1)  # Q has landed
     kaio.sync_threads()
@@ -622,6 +640,12 @@ def decode_pages(
         kaio.cp_async_commit()
         kaio.cp_async_wait(STAGES - 1)  # tile t has landed
         kaio.sync_threads()
+        if SPEC:
+            if t < t0 + STAGES - 1 and (t + 1) * 16 > kv_len:  # copied before the length
+                for idx in range(tid, HKV * 16 * DP, NT):  # V's rows past it: zeros
+                    if t * 16 + idx // DP % 16 >= kv_len:
+                        kv_s[stage + HKV * 16 + idx // DP, idx % DP] = DT(0.0)
+                kaio.sync_threads()
         krow = stage + warp * 16
         dot_rows_at(s, qf, kv_s, krow, bcol, lane, 2, 0, DP, DT)  # S = Q K^T
         masked = i32((t + 1) * 16) + i32(sq) > i32(kv_len) + 1
@@ -672,6 +696,22 @@ def decode_pages(
                 part, part_lse, out, lse, w_s, b * heads * sq, heads * sq, total_rows, splits,
                 tid, DP, HKV * 16, DT, NT,
             )  # fmt: skip
+
+
+@kaio.gpu_func
+def first_pages(
+    pre: u32[:],
+    t0: u32,
+    row_b: u32,
+    block_table: i32[:],
+    max_pages: u32,
+    shift: u32,
+    STAGES: kaio.constexpr,
+):
+    """pre[j]: the block-table entry (row_b is the sequence's row) of the page of 16-key
+    tile t0 + j, j < STAGES (the last entry past the table): loads in flight at once."""
+    for j in kaio.static_range(STAGES):
+        pre[j] = u32(block_table[row_b + kaio.min((t0 + j) * 16 >> shift, max_pages - 1)])
 
 
 @kaio.gpu_func

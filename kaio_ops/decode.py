@@ -57,6 +57,7 @@ SPECULATE = True  # one split: the first K/V copies before the length is read (S
 WHOLE_PAGES = True
 PAGE_HEADS = (4, 8)
 PAGE_MIN_BATCH = 8
+PAGE_SPEC = True  # decode_pages splits the capacity: its first copies need no length
 
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
 MERGE = dk.decode_merge
@@ -452,7 +453,7 @@ def _decode_pages(qa, cache, lens, batch, heads, group, sq, d, scale) -> tuple:
         *flat, cache.table_arg(qa), lens.arg(batch), out_flat, lse_flat, part, part_lse,
         counters, heads, group, sq, cache.max_pages, cache.shift, max(cache.pages, 1), rows,
         math.log2(math.e) * float(scale),
-        HKV=hkv, DP=d, STAGES=stages, DIRECT=direct, DT=qa.dtype,
+        HKV=hkv, DP=d, STAGES=stages, DIRECT=direct, DT=qa.dtype, SPEC=int(PAGE_SPEC),
     )  # fmt: skip
     return out, lse
 
@@ -545,7 +546,7 @@ def shipped():
                 for stages in (2, 3):
                     for direct in (False, True):
                         flags = {"HKV": hkv, "DP": dp, "STAGES": stages, "DIRECT": direct}
-                        yield PAGES, {**flags, "DT": dtype}
+                        yield PAGES, {**flags, "DT": dtype, "SPEC": int(PAGE_SPEC)}
         for paged in (False, True):
             for vec in (1, 8):
                 yield APPEND, {"PAGED": paged, "VEC": vec, "DT": dtype}

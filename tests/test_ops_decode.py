@@ -240,22 +240,28 @@ def test_one_split_copies_before_the_length_in_simulator(monkeypatch, page_size)
 
 
 @pytest.mark.parametrize(
-    "lens, h, hkv, sq, d, dtype, page_size, splits",
+    "lens, h, hkv, sq, d, dtype, page_size, splits, spec",
     [
-        ((0, 1, 16, 33), 8, 8, 1, 64, BF16, 16, 1),  # ratio 1; 0, 1, a page boundary; direct
-        ((37, 128), 32, 4, 2, 64, np.float16, 32, 3),  # ratio 8, Sq 2: 16 rows a warp
-        ((2, 95, 48), 16, 4, 4, 64, np.float16, 16, 2),  # ratio 4, Sq 4 over a length of 2
-        ((17, 64, 250), 8, 8, 16, 64, BF16, 16, 5),  # ratio 1, Sq 16; splits past a length
-        ((31, 70), 32, 8, 1, 128, np.float16, 64, 2),  # the suite's heads, D 128, pages of 64
+        ((0, 1, 16, 33), 8, 8, 1, 64, BF16, 16, 1, 1),  # ratio 1; 0, 1, a page boundary
+        ((0, 1, 16, 33), 8, 8, 1, 64, BF16, 16, 1, 0),  # the same, splits of the length
+        ((37, 128), 32, 4, 2, 64, np.float16, 32, 3, 0),  # ratio 8, Sq 2: 16 rows a warp
+        ((2, 95, 48), 16, 4, 4, 64, np.float16, 16, 2, 1),  # ratio 4, Sq 4 over a length of 2
+        ((17, 64, 250), 8, 8, 16, 64, BF16, 16, 5, 1),  # ratio 1, Sq 16; splits past a length
+        ((17, 64, 250), 8, 8, 16, 64, BF16, 16, 5, 0),
+        ((31, 70), 32, 8, 1, 128, np.float16, 64, 2, 1),  # the suite's heads, D 128, pages of 64
     ],
 )
-def test_whole_page_blocks_in_simulator(monkeypatch, lens, h, hkv, sq, d, dtype, page_size, splits):
+def test_whole_page_blocks_in_simulator(
+    monkeypatch, lens, h, hkv, sq, d, dtype, page_size, splits, spec
+):
     # decode_pages (a block a key split and sequence over all K/V heads, reading whole
-    # pages), forced at any batch; rows past each length hold NaN (an unwritten cache),
-    # which must not reach the output; the merge's counters are back to 0 afterwards
+    # pages), forced at any batch, splitting the capacity (spec: the first copies before
+    # the length is read) or the length; rows past each length hold NaN (an unwritten
+    # cache), which must not reach the output; the merge's counters are back to 0 after
     counters = np.zeros(64, np.uint32)
     monkeypatch.setattr(decode, "_counters", lambda *_: counters)
     monkeypatch.setattr(decode, "PAGE_MIN_BATCH", 1)
+    monkeypatch.setattr(decode, "PAGE_SPEC", bool(spec))
     monkeypatch.setattr(decode, "page_splits", lambda *_: splits)
     monkeypatch.setattr(decode, "PAGES", spy := _Spy(decode.PAGES))
     rng = np.random.default_rng(sum(lens) + h + sq)
@@ -532,11 +538,14 @@ def assembled() -> list:
         (decode.DECODE, fwd(128, 1, True, "cluster", deep=True, cl=16)),
         (decode.DECODE, fwd(256, 4, False, "cluster", deep=True, cl=2, dt=kaio.bf16)),
         (decode.MERGE, {"DP": 256, "MT": 4, "DT": kaio.bf16}),
-        (decode.PAGES, {"HKV": 8, "DP": 128, "STAGES": 3, "DIRECT": False, "DT": kaio.f16}),
-        (decode.PAGES, {"HKV": 4, "DP": 64, "STAGES": 2, "DIRECT": True, "DT": kaio.bf16}),
+        (decode.PAGES, {**PAGE_FLAGS, "HKV": 8, "DP": 128, "STAGES": 3, "DIRECT": False}),
+        (decode.PAGES, {**PAGE_FLAGS, "HKV": 4, "DP": 64, "STAGES": 2, "DT": kaio.bf16}),
         (decode.APPEND, {"PAGED": True, "VEC": 8, "DT": kaio.f16}),
         (decode.APPEND, {"PAGED": False, "VEC": 1, "DT": kaio.bf16}),
     ]
+
+
+PAGE_FLAGS = {"DIRECT": True, "DT": kaio.f16, "SPEC": int(decode.PAGE_SPEC)}
 
 
 def _assemble(index: int) -> None:
