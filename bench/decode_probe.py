@@ -432,6 +432,28 @@ def page_floor_jobs(b, length, label, sets, variants):
         )
 
 
+def pages_no_merge(lens, splits, stages=3, spec=1):
+    """A job's call: decode_pages with every split writing the output itself (DIRECT over
+    several splits: wrong values, each split's own; timing only), so the time without the
+    merge's tail."""
+
+    def f(q, k, v, kc, vc, table):
+        b, h, sq, d = q.shape
+        out = torch.empty_like(q)
+        lse = torch.empty(b * h * sq, device="cuda")
+        raw = torch.zeros(b, device="cuda", dtype=torch.int32)
+        counters = decode._arrays.arg(raw, "torch", (b,), u32, torch.cuda.current_device())
+        decode.PAGES[(splits, b), 32 * HKV, None, decode.page_shared(HKV, d, stages)](
+            q.view(-1), kc.view(-1), vc.view(-1), table.view(-1), lens, out.view(-1), lse,
+            lse, lse, counters, h, h // HKV, sq, table.shape[1], 4, kc.shape[0], b * h * sq,
+            1.4426950408889634 / d**0.5, HKV=HKV, DP=d, STAGES=stages, DIRECT=True, DT=f16,
+            SPEC=spec,
+        )  # fmt: skip
+        return out
+
+    return f
+
+
 def round_p(budget: float):
     """Whole-page reading (page_stream: a block a (split, sequence), all K/V heads, whole
     pages) against kaio's per-head grid (head_stream) in both layouts and SDPA on the
@@ -455,6 +477,11 @@ def round_p(budget: float):
         show(
             f"{label} kaio paged whole pages spec off",
             kernel_times(run_kaio(lens, pages=True, page_spec=False), sets),
+        )
+        sp = decode.page_splits(b, length // 16, 132)
+        show(
+            f"{label} whole pages splits={sp} NO MERGE (timing only)",
+            kernel_times(pages_no_merge(lens, sp), sets),
         )
         page_floor_jobs(b, length, label, sets, variants)
 
