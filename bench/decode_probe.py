@@ -483,6 +483,11 @@ def round_p(budget: float):
             f"{label} whole pages splits={sp} NO MERGE (timing only)",
             kernel_times(pages_no_merge(lens, sp), sets),
         )
+        if sp > 1:  # half the blocks (B = 64: one split, no merge)
+            show(
+                f"{label} kaio paged whole pages splits={sp // 2}",
+                kernel_times(run_kaio(lens, pages=True, page_splits=sp // 2), sets),
+            )
         page_floor_jobs(b, length, label, sets, variants)
 
 
