@@ -657,6 +657,11 @@ def test_gpu_decode_against_sdpa(b, h, hkv, sq, d, capacity, lens, page_size, dt
     [
         ([100, 2000, 4096, 2], ([5, 3000, 17, 4096], [2, 64, 4095, 1000])),
         ([3000], ([5], [4096])),  # batch 1: the cluster merge on sm_90
+        # batch 8, paged: whole-page blocks (decode_pages) and their merge
+        (
+            [100, 2000, 4096, 2, 16, 17, 4095, 1],
+            ([5, 3000, 17, 4096, 3, 33, 4096, 2], [4096] * 8),
+        ),
     ],
 )
 def test_gpu_decode_step_in_a_cuda_graph(page_size, first, replays):
