@@ -55,6 +55,8 @@ BN = 64  # keys per tile
 LSE_STRIDE = 32
 UNROLL = 8  # splits a merge step loads at once (16 bytes each)
 PREFETCH = 16  # splits of a thread's first merge item loaded before the weights are known
+PAGE_PF = 8  # decode_pages' merge: splits of a thread's first PAGE_PI items loaded at once
+PAGE_PI = 4
 MAX_SPLITS = 64  # the most key splits (the merge holds a weight per split and row)
 
 
@@ -512,7 +514,7 @@ def decode_fwd(
             w_s = kaio.shared_dynamic(f32, (MAX_SPLITS, ROWS), 0)  # over kv_s, now free
             merge_chunk(
                 part, part_lse, out, lse, w_s, q_row0 + row0, kaio.min(ROWS, nrows - row0),
-                total_rows, splits, tid, DP, ROWS, DT, THREADS,
+                total_rows, splits, tid, DP, ROWS, DT, THREADS, PREFETCH, 1,
             )  # fmt: skip
 
 
@@ -694,7 +696,7 @@ def decode_pages(
             w_s = kaio.shared_dynamic(f32, (MAX_SPLITS, HKV * 16), 0)  # over kv_s, now free
             merge_chunk(
                 part, part_lse, out, lse, w_s, b * heads * sq, heads * sq, total_rows, splits,
-                tid, DP, HKV * 16, DT, NT,
+                tid, DP, HKV * 16, DT, NT, PAGE_PF, PAGE_PI,
             )  # fmt: skip
 
 
@@ -744,6 +746,8 @@ def merge_chunk(
     ROWS: kaio.constexpr,
     DT: kaio.constexpr,
     NT: kaio.constexpr,
+    PF: kaio.constexpr,
+    PI: kaio.constexpr,
 ):
     """out / lse of query rows first .. first + nreal (a row chunk, a block of NT threads):
     the splits' partial outputs ``part`` weighted by their share of each row's softmax
@@ -752,17 +756,20 @@ def merge_chunk(
     handful of memory round trips whatever the split count: the logsumexps into ``w_s``
     [MAX_SPLITS, ROWS] (shared, independent loads), one warp a row turns them into
     normalized weights (lanes over the splits, shuffle reductions), then each thread sums
-    4 adjacent columns of one row, UNROLL 16-byte loads in flight. A thread's first 4
-    columns of its first PREFETCH splits are loaded before the logsumexps, in flight with
-    them: up to 16 splits of a row chunk of up to 16 rows take one round trip, not two."""
+    4 adjacent columns of one row, UNROLL 16-byte loads in flight. A thread's first PI
+    items (4 columns of a row: items tid, tid + NT, ...) of the first PF splits are loaded
+    before the logsumexps, in flight with them: up to PF splits of up to PI * NT / (DP / 4)
+    rows take one round trip, not two or more."""
     warp = tid // 32
     lane = kaio.lane_id()
-    pre = kaio.local(f32, (PREFETCH, 4))
-    mine = tid < nreal * (DP // 4)  # this thread has a first item (row, 4 columns)
-    for j in kaio.static_range(PREFETCH):
-        ok = j < splits and mine
-        at = ((j * rows + first + tid // (DP // 4)) * DP) + tid % (DP // 4) * 4
-        kaio.load_vector(pre[j], part, kaio.select(ok, at, 0))
+    pre = kaio.local(f32, (PI * PF, 4))
+    for ii in kaio.static_range(PI):
+        item = tid + ii * NT
+        mine = item < nreal * (DP // 4)  # this thread has an item ii (row, 4 columns)
+        for j in kaio.static_range(PF):
+            ok = j < splits and mine
+            at = ((j * rows + first + item // (DP // 4)) * DP) + item % (DP // 4) * 4
+            kaio.load_vector(pre[ii * PF + j], part, kaio.select(ok, at, 0))
     n = splits * nreal
     for i0 in range(tid, n, NT * 4):
         for j in kaio.static_range(4):
@@ -807,13 +814,14 @@ def merge_chunk(
         for e in kaio.static_range(4):
             acc[e] = 0.0
         start = u32(0)
-        if it == tid:  # the splits prefetched
-            for j in kaio.static_range(PREFETCH):
-                ok = j < splits
-                w = w_s[kaio.select(ok, j, 0), r]
-                for e in kaio.static_range(4):
-                    acc[e] += kaio.select(ok, w * pre[j, e], 0.0)
-            start = PREFETCH
+        for ii in kaio.static_range(PI):
+            if it == tid + ii * NT:  # the splits prefetched
+                for j in kaio.static_range(PF):
+                    ok = j < splits
+                    w = w_s[kaio.select(ok, j, 0), r]
+                    for e in kaio.static_range(4):
+                        acc[e] += kaio.select(ok, w * pre[ii * PF + j, e], 0.0)
+                start = PF
         for sp0 in range(start, splits, UNROLL):
             for j in kaio.static_range(UNROLL):
                 ok = sp0 + j < splits
@@ -900,7 +908,8 @@ def decode_merge(
     w_s = kaio.shared_dynamic(f32, (MAX_SPLITS, ROWS), 0)
     merge_chunk(
         part, part_lse, out, lse, w_s, (b * heads + kvh * group) * sq + row0,
-        kaio.min(ROWS, group * sq - row0), rows, splits, kaio.thread_idx_x(), DP, ROWS, DT, THREADS,
+        kaio.min(ROWS, group * sq - row0), rows, splits, kaio.thread_idx_x(), DP, ROWS, DT,
+        THREADS, PREFETCH, 1,
     )  # fmt: skip
 
 

@@ -247,7 +247,7 @@ def test_one_split_copies_before_the_length_in_simulator(monkeypatch, page_size)
         ((37, 128), 32, 4, 2, 64, np.float16, 32, 3, 0),  # ratio 8, Sq 2: 16 rows a warp
         ((2, 95, 48), 16, 4, 4, 64, np.float16, 16, 2, 1),  # ratio 4, Sq 4 over a length of 2
         ((17, 64, 250), 8, 8, 16, 64, BF16, 16, 5, 1),  # ratio 1, Sq 16; splits past a length
-        ((17, 64, 250), 8, 8, 16, 64, BF16, 16, 5, 0),
+        ((17, 64, 250), 8, 8, 16, 64, BF16, 16, 10, 0),  # more splits than the merge prefetches
         ((31, 70), 32, 8, 1, 128, np.float16, 64, 2, 1),  # the suite's heads, D 128, pages of 64
     ],
 )
