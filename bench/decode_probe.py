@@ -218,8 +218,8 @@ def check(sets, lens, **cfg):
     force(**cfg)
     q, k, v, kc, vc, table = sets[0]
     out = decode._decode("probe", q, kc, vc, lens, table, None)[0]
-    n = int(lens[0])
-    ref = sdpa(q.float(), k[:, :, :n].float(), v[:, :, :n].float(), enable_gqa=True)
+    mask = torch.arange(k.shape[2], device="cuda")[None] < lens[:, None]
+    ref = sdpa(q.float(), k.float(), v.float(), attn_mask=mask[:, None, None], enable_gqa=True)
     err = ((out.float() - ref).norm() / ref.norm()).item()
     restore()
     return err
@@ -489,6 +489,40 @@ def round_p(budget: float):
                 kernel_times(run_kaio(lens, pages=True, page_splits=sp // 2), sets),
             )
         page_floor_jobs(b, length, label, sets, variants)
+
+
+def round_q(budget: float):
+    """The uniform paged suite shapes: kaio's default (whole pages from B = 8), the per-head
+    kernel, the contiguous cache and SDPA on it, each default called twice (the same bits),
+    plus ragged lengths (L/4 .. L, SDPA with a key mask) at B = 16 (kernel times)."""
+    cases = ((16, 4096), (16, 1024), (64, 4096), (64, 1024), (16, 32768), (1, 32768))
+    for b, length, _, sets, lens, label in shapes(cases, budget):
+        q, k, v, kc, vc, table = sets[0]
+        one = decode._decode("probe", q, kc, vc, lens, table, None)
+        two = decode._decode("probe", q, kc, vc, lens, table, None)
+        same = all(torch.equal(x, y) for x, y in zip(one, two, strict=True))
+        print(f"{label} paged deterministic (two calls, same bits): {same}", flush=True)
+        show(f"{label} kaio contiguous", kernel_times(run_kaio_contig(lens), sets))
+        show(f"{label} kaio paged per-head", kernel_times(run_kaio(lens, pages=False), sets))
+        show(f"{label} kaio paged default", kernel_times(run_kaio(lens), sets))
+        if b == 16 and length <= 4096:
+            gen = torch.Generator(device="cuda").manual_seed(b * length)
+            rl = torch.randint(length // 4, length + 1, (b,), device="cuda", generator=gen)
+            rl = rl.to(torch.int32)
+            mask = torch.arange(length, device="cuda")[None] < rl[:, None]
+            mask = mask[:, None, None, :]
+            print(f"{label} ragged whole pages rel err {check(sets, rl):.1e}", flush=True)
+            show(f"{label} ragged kaio paged default", kernel_times(run_kaio(rl), sets))
+            show(
+                f"{label} ragged kaio paged per-head",
+                kernel_times(run_kaio(rl, pages=False), sets),
+            )
+            show(
+                f"{label} ragged SDPA default (key mask)",
+                kernel_times(
+                    lambda q, k, v, *_, m=mask: sdpa(q, k, v, attn_mask=m, enable_gqa=True), sets
+                ),
+            )
 
 
 def round_w(budget: float):
@@ -1069,6 +1103,7 @@ def round_s(budget: float):
 
 ROUNDS = {  # argument: (round, its default time budget in seconds)
     "p": (round_p, 30),
+    "q": (round_q, 30),
     "x": (round_x, 25),
     "w": (round_w, 25),
     "s": (round_s, 20),
