@@ -555,7 +555,9 @@ def decode_pages(
     length is read (V's rows past the length zeroed in shared memory once it is known; K's
     scores there are masked). ``DIRECT`` (one split): out / lse; else
     part / part_lse, merged by the last block of the sequence to finish (``counters[b]``,
-    reset to 0 by it) in split order (deterministic)."""
+    reset to 0 by it) in split order (deterministic). The pages of the first STAGES - 1 tiles
+    are loaded at once, the later ones come from a window of the block table held across
+    each warp's lanes (``window_page``)."""
     NT = 32 * HKV
     KV_ROWS = 2 * HKV * 16  # a stage: K rows of every head, then V rows
     kaio.launch_bounds(NT, 1)
@@ -585,11 +587,13 @@ def decode_pages(
     kaio.cp_async_commit()
     capacity = max_pages << shift
     row_b = b * max_pages
-    pre = kaio.local(u32, STAGES)
+    pre = kaio.local(u32, STAGES - 1)  # the pages of the first tiles
+    win = kaio.local(u32, 3)  # the block table from the next tile's page on (window_start)
     if SPEC:  # the capacity's tiles split evenly: the first copies need no length
         per = (capacity // 16 + splits - 1) // splits
         t0 = kaio.min(split * per, capacity // 16)
         first_pages(pre, t0, row_b, block_table, max_pages, shift, STAGES)
+        window_start(win, (t0 + STAGES - 1) * 16, b, block_table, max_pages, shift, lane)
         for j in kaio.static_range(STAGES - 1):
             if t0 + j < kaio.min(t0 + per, capacity // 16):
                 load_pages(
@@ -606,6 +610,7 @@ def decode_pages(
         t0 = kaio.min(split * per, n_total)
         t1 = kaio.min(t0 + per, n_total)
         first_pages(pre, t0, row_b, block_table, max_pages, shift, STAGES)
+        window_start(win, (t0 + STAGES - 1) * 16, b, block_table, max_pages, shift, lane)
         for j in kaio.static_range(STAGES - 1):
             if t0 + j < t1:
                 load_pages(
@@ -613,7 +618,6 @@ def decode_pages(
                     NT, HKV, DP, DT,
                 )  # fmt: skip
             kaio.cp_async_commit()
-    nxt = pre[STAGES - 1]
     kaio.cp_async_wait(STAGES - 1)  # Q has landed
     kaio.sync_threads()
     acol = kaio.local(u32, 4)
@@ -634,11 +638,11 @@ def decode_pages(
         stage = (t - t0) % STAGES * KV_ROWS
         if t + STAGES - 1 < t1:  # into the stage tile t - 1 used
             key0 = (t + STAGES - 1) * 16
+            page = window_page(win, key0, b, block_table, max_pages, shift, lane)
             load_pages(
-                kv_s, (t - t0 + STAGES - 1) % STAGES * KV_ROWS, k, v, key0, kv_len, nxt, shift,
+                kv_s, (t - t0 + STAGES - 1) % STAGES * KV_ROWS, k, v, key0, kv_len, page, shift,
                 pages, tid, NT, HKV, DP, DT,
             )  # fmt: skip
-            nxt = u32(block_table[row_b + kaio.min((key0 + 16) >> shift, max_pages - 1)])
         kaio.cp_async_commit()
         kaio.cp_async_wait(STAGES - 1)  # tile t has landed
         kaio.sync_threads()
@@ -701,6 +705,22 @@ def decode_pages(
 
 
 @kaio.gpu_func
+def window_page(
+    win: u32[:], key0: u32, b: u32, block_table: i32[:], max_pages: u32, shift: u32, lane: u32
+) -> u32:
+    """The block-table entry of the page of key ``key0`` from the warp's window ``win``
+    (``window_start``; keys come in order, a page at most per call): once the page passes
+    the window's lower 32 entries the window moves on by 32, loading the entries 32 pages
+    ahead of their first use, so the copies never wait for a table load. Every lane of the
+    warp takes part (key0 is uniform over the block)."""
+    if key0 >> shift >= win[0] + 32:
+        win[0] += 32
+        win[1] = win[2]
+        win[2] = table_at(block_table, b, win[0] + 32 + lane, max_pages)
+    return kaio.shfl_idx(win[1], (key0 >> shift) - win[0])
+
+
+@kaio.gpu_func
 def first_pages(
     pre: u32[:],
     t0: u32,
@@ -711,8 +731,8 @@ def first_pages(
     STAGES: kaio.constexpr,
 ):
     """pre[j]: the block-table entry (row_b is the sequence's row) of the page of 16-key
-    tile t0 + j, j < STAGES (the last entry past the table): loads in flight at once."""
-    for j in kaio.static_range(STAGES):
+    tile t0 + j, j < STAGES - 1 (the last entry past the table): loads in flight at once."""
+    for j in kaio.static_range(STAGES - 1):
         pre[j] = u32(block_table[row_b + kaio.min((t0 + j) * 16 >> shift, max_pages - 1)])
 
 
