@@ -544,6 +544,7 @@ def decode_pages(
     DIRECT: kaio.constexpr,
     DT: kaio.constexpr,
     SPEC: kaio.constexpr,
+    FUSED: kaio.constexpr,
 ):
     """``decode_fwd`` over a paged cache for a block that owns a (key split ``block x``,
     sequence ``block y``) and all HKV K/V heads of it: it reads whole 16-key runs of pages
@@ -554,8 +555,9 @@ def decode_pages(
     the length does nothing), so that its first pages and copies are in flight before the
     length is read (V's rows past the length zeroed in shared memory once it is known; K's
     scores there are masked). ``DIRECT`` (one split): out / lse; else
-    part / part_lse, merged by the last block of the sequence to finish (``counters[b]``,
-    reset to 0 by it) in split order (deterministic). The pages of the first STAGES - 1 tiles
+    part / part_lse, merged by the last block of the sequence to finish (``FUSED``:
+    ``counters[b]``, reset to 0 by it) or by ``decode_merge`` (a block a K/V group), in split
+    order (deterministic). The pages of the first STAGES - 1 tiles
     are loaded at once, the later ones come from a window of the block table held across
     each warp's lanes (``window_page``)."""
     NT = 32 * HKV
@@ -683,7 +685,7 @@ def decode_pages(
                 store_rows(part, (split * total_rows + at) * DP, o, h, inv, lane, DP, f32)
                 if lane % 4 == 0:
                     part_lse[(split * total_rows + at) * LSE_STRIDE] = best
-    if not DIRECT:
+    if FUSED and not DIRECT:
         # the last block of this sequence merges its splits (fence, then count: the partial
         # results of every block counted are visible to the one that counts last)
         kaio.threadfence()

@@ -58,6 +58,7 @@ WHOLE_PAGES = True
 PAGE_HEADS = (4, 8)
 PAGE_MIN_BATCH = 8
 PAGE_SPEC = True  # decode_pages splits the capacity: its first copies need no length
+PAGE_FUSED = False  # decode_pages' splits merged by its last block (else by decode_merge)
 
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
 MERGE = dk.decode_merge
@@ -214,7 +215,7 @@ def page_splits(batch: int, tiles: int, sms: int) -> int:
 def uses_pages(cache, batch: int, group: int, sq: int, d: int) -> bool:
     """Whether a decode call runs ``decode_pages`` (WHOLE_PAGES): a paged cache of
     PAGE_HEADS K/V heads, D up to 128 (Q in registers), a group's query rows in one M-tile,
-    from PAGE_MIN_BATCH sequences on (arrays of numpy or torch: the merge's counters)."""
+    from PAGE_MIN_BATCH sequences on."""
     return (
         WHOLE_PAGES
         and cache.paged
@@ -386,7 +387,7 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     _host_check(inputs, lens, cache, DECODE.debug)
 
     group = heads // cache.kv_heads
-    if uses_pages(cache, batch, group, sq, d) and qa.kind in ("numpy", "torch"):
+    if uses_pages(cache, batch, group, sq, d):
         return _decode_pages(qa, cache, lens, batch, heads, group, sq, d, scale)
     mt = row_tiles(group * sq)
     chunks = -(-group * sq // (16 * mt))
@@ -440,13 +441,16 @@ def _decode_pages(qa, cache, lens, batch, heads, group, sq, d, scale) -> tuple:
     lse_flat = _arrays.output_arg(qa, lse, (rows,), f32)
     stream = _arrays.stream_of(qa)
     direct = splits == 1
+    fused = PAGE_FUSED and not direct and qa.kind in ("numpy", "torch")  # counters at hand
     if direct:
         part, part_lse = lse_flat, lse_flat  # not written
-        counters = np.zeros(1, np.uint32) if qa.kind == "numpy" else qa.arg(1, dtype=u32)
     else:
         part = _arrays.output(qa, (splits * rows * d,), f32)
         part_lse = _arrays.output(qa, (splits * rows * dk.LSE_STRIDE,), f32)
+    if fused:
         counters = _counters(qa, stream, batch)
+    else:  # a stand-in, never read
+        counters = np.zeros(1, np.uint32) if qa.kind == "numpy" else qa.arg(1, dtype=u32)
     flat = [a.arg(a.size) for a in (qa, cache.k, cache.v)]
     shared = max(page_shared(hkv, d, stages), dk.MAX_SPLITS * hkv * 16 * 4)
     PAGES[(splits, batch), 32 * hkv, stream, shared](
@@ -454,7 +458,13 @@ def _decode_pages(qa, cache, lens, batch, heads, group, sq, d, scale) -> tuple:
         counters, heads, group, sq, cache.max_pages, cache.shift, max(cache.pages, 1), rows,
         math.log2(math.e) * float(scale),
         HKV=hkv, DP=d, STAGES=stages, DIRECT=direct, DT=qa.dtype, SPEC=int(PAGE_SPEC),
+        FUSED=fused,
     )  # fmt: skip
+    if not (direct or fused):  # a block a K/V group (one M-tile: group * Sq <= 16 rows)
+        MERGE[batch * hkv, dk.THREADS, stream, merge_shared(1)](
+            part, part_lse, out_flat, lse_flat, heads, group, sq, hkv, 1, rows, splits,
+            DP=d, MT=1, DT=qa.dtype,
+        )  # fmt: skip
     return out, lse
 
 
@@ -546,7 +556,8 @@ def shipped():
                 for stages in (2, 3):
                     for direct in (False, True):
                         flags = {"HKV": hkv, "DP": dp, "STAGES": stages, "DIRECT": direct}
-                        yield PAGES, {**flags, "DT": dtype, "SPEC": int(PAGE_SPEC)}
+                        fused = PAGE_FUSED and not direct
+                        yield PAGES, {**flags, "DT": dtype, "SPEC": int(PAGE_SPEC), "FUSED": fused}
         for paged in (False, True):
             for vec in (1, 8):
                 yield APPEND, {"PAGED": paged, "VEC": vec, "DT": dtype}

@@ -262,6 +262,8 @@ def test_whole_page_blocks_in_simulator(
     monkeypatch.setattr(decode, "_counters", lambda *_: counters)
     monkeypatch.setattr(decode, "PAGE_MIN_BATCH", 1)
     monkeypatch.setattr(decode, "PAGE_SPEC", bool(spec))
+    # an odd split count merged by the last block (FUSED), an even one by decode_merge
+    monkeypatch.setattr(decode, "PAGE_FUSED", bool(splits % 2))
     monkeypatch.setattr(decode, "page_splits", lambda *_: splits)
     monkeypatch.setattr(decode, "PAGES", spy := _Spy(decode.PAGES))
     rng = np.random.default_rng(sum(lens) + h + sq)
@@ -545,7 +547,7 @@ def assembled() -> list:
     ]
 
 
-PAGE_FLAGS = {"DIRECT": True, "DT": kaio.f16, "SPEC": int(decode.PAGE_SPEC)}
+PAGE_FLAGS = {"DIRECT": True, "DT": kaio.f16, "SPEC": int(decode.PAGE_SPEC), "FUSED": False}
 
 
 def _assemble(index: int) -> None:
