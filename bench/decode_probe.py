@@ -80,6 +80,7 @@ ORIG_SPREAD = getattr(decode, "SPREAD", 0)
 ORIG_PAGES = getattr(decode, "WHOLE_PAGES", False)
 ORIG_MIN_BATCH = getattr(decode, "PAGE_MIN_BATCH", 0)
 ORIG_PAGE_SPEC = getattr(decode, "PAGE_SPEC", False)
+ORIG_PAGE_FUSED = getattr(decode, "PAGE_FUSED", False)
 ORIG_PAGE_FNS = {
     n: getattr(decode, n) for n in ("page_splits", "page_stages") if hasattr(decode, n)
 }
@@ -109,6 +110,7 @@ def restore():
     decode.WHOLE_PAGES = ORIG_PAGES
     decode.PAGE_MIN_BATCH = ORIG_MIN_BATCH
     decode.PAGE_SPEC = ORIG_PAGE_SPEC
+    decode.PAGE_FUSED = ORIG_PAGE_FUSED
     for n, f in ORIG_PAGE_FNS.items():
         setattr(decode, n, f)
 
@@ -237,6 +239,7 @@ def force(
     page_splits=None,
     page_stages=None,
     page_spec=None,
+    page_fused=None,
 ):
     """Module defaults but for what is named (cluster: None = the module's choice; window:
     the paged block-table window on or off; spread: the cluster merge's least shared
@@ -251,6 +254,8 @@ def force(
         decode.page_stages = lambda *a, s=page_stages: s
     if page_spec is not None:
         decode.PAGE_SPEC = page_spec
+    if page_fused is not None:
+        decode.PAGE_FUSED = page_fused
     if spread is not None:
         decode.SPREAD = spread
     if window is not None:
@@ -302,6 +307,7 @@ def head_stream(
     STAGES: kaio.constexpr,
     DP: kaio.constexpr,
     LOCK: kaio.constexpr,
+    TOUCH: kaio.constexpr,
 ):
     """Floor of kaio's grid and copies: block (b, kvh) brings the K and V tiles of its
     sequence and head into shared memory as decode_fwd does (``load_stage``'s cp.async,
@@ -310,7 +316,10 @@ def head_stream(
     whose rows are adjacent in a page (512 bytes a token). LOCK > 1: the blocks of LOCK
     K/V heads of a sequence are one cluster, kept within a tile of each other (a cluster
     barrier a tile, arrive after the copies, wait before the next ones), so that they read
-    each page together."""
+    each page together. TOUCH > 0 (paged): lane 0 of warp w also copies 16 bytes of K and
+    of V from page w of the tile TOUCH tiles past the newest copied (its table entry
+    loaded a tile earlier), so that its address translation is warm before its rows are
+    read."""
     if LOCK > 1:
         kaio.cluster_dims(LOCK)
     tid = kaio.thread_idx_x()
@@ -333,6 +342,10 @@ def head_stream(
         )  # fmt: skip
         kaio.cp_async_commit()
     acc = 0.0
+    touch = kaio.shared(f16, (8, 8))
+    warp = tid // 32
+    ahead = ((STAGES - 1 + TOUCH) * dk.BN >> 4) + warp  # the page (of 16 keys) touched at t
+    tp = u32(table[b * max_pages + kaio.min(ahead, max_pages - 1)])
     for t in range(n):
         if LOCK > 1:
             if t > 0:
@@ -345,6 +358,13 @@ def head_stream(
                 kv_s, (t + STAGES - 1) % STAGES * 2 * dk.BN, k, v, key0, length, b, kvh, pg, 0,
                 length, kv_heads, 4, pages, tid, DP, PAGED, f16,
             )  # fmt: skip
+            if TOUCH > 0:
+                if lane == 0:
+                    at = dk.paged_row(tp, 0, kvh, kv_heads, 4, pages, DP)
+                    kaio.cp_async(touch, (warp, 0), k, at, 16, 16)
+                    kaio.cp_async(touch, (4 + warp, 0), v, at, 16, 16)
+                    nxt = kaio.min(ahead + (t + 1) * (dk.BN >> 4), max_pages - 1)
+                    tp = u32(table[b * max_pages + nxt])
         kaio.cp_async_commit()
         if LOCK > 1:
             kaio.cluster_arrive()
@@ -447,7 +467,7 @@ def pages_no_merge(lens, splits, stages=3, spec=1):
             q.view(-1), kc.view(-1), vc.view(-1), table.view(-1), lens, out.view(-1), lse,
             lse, lse, counters, h, h // HKV, sq, table.shape[1], 4, kc.shape[0], b * h * sq,
             1.4426950408889634 / d**0.5, HKV=HKV, DP=d, STAGES=stages, DIRECT=True, DT=f16,
-            SPEC=spec,
+            SPEC=spec, FUSED=False,
         )  # fmt: skip
         return out
 
@@ -529,6 +549,64 @@ def round_q(budget: float):
             )
 
 
+def sequential_pages(k, v):
+    """(block_table, k_pages, v_pages): the contiguous caches in 16-token pages in order
+    (sequence b's pages b * L / 16 ..), the paged layout without the shuffle."""
+    b, hkv, length, d = k.shape
+    per = length // 16
+    table = torch.arange(b * per, device="cuda", dtype=torch.int32).reshape(b, per)
+    caches = [
+        x.reshape(b, hkv, per, 16, d).permute(0, 2, 3, 1, 4).reshape(-1, 16, hkv, d).contiguous()
+        for x in (k, v)
+    ]
+    return (table, *caches)
+
+
+def round_r(budget: float):
+    """decode_pages merged by decode_merge (the default), by its last block, and without a
+    merge; the per-head kernel; SDPA; the copy floors over shuffled pages, pages in order
+    and with the next pages' translations touched ahead (kernel times)."""
+    cases = ((16, 4096), (64, 4096), (16, 1024), (64, 1024), (1, 32768))
+    for b, length, _, sets, lens, label in shapes(cases, budget):
+        show(f"{label} kaio contiguous", kernel_times(run_kaio_contig(lens), sets))
+        show(f"{label} kaio paged per-head", kernel_times(run_kaio(lens, pages=False), sets))
+        print(f"{label} whole pages rel err {check(sets, lens, pages=True):.1e}", flush=True)
+        show(f"{label} whole pages (merge kernel)", kernel_times(run_kaio(lens, pages=True), sets))
+        sp = decode.page_splits(b, length // 16, 132)
+        if b > 1:
+            show(
+                f"{label} whole pages fused merge",
+                kernel_times(run_kaio(lens, pages=True, page_fused=True), sets),
+            )
+        show(
+            f"{label} whole pages splits={sp} NO MERGE (timing only)",
+            kernel_times(pages_no_merge(lens, sp), sets),
+        )
+        if b == 1:
+            continue
+        q, k, v, *_ = sets[0]
+        seq = [(q, k, v, *sequential_pages(k, v))]
+        seq = [(q, k, v, kc, vc, table) for q, k, v, table, kc, vc in seq]
+        show(
+            f"{label} kaio paged per-head, pages in order",
+            kernel_times(run_kaio(lens, pages=False), seq),
+        )
+        o = torch.empty(b * HKV * 128, device="cuda")
+        for paged, touch, on in ((False, 0, sets), (True, 0, sets), (True, 0, seq), (True, 2, sets),
+                                 (True, 4, sets)):  # fmt: skip
+
+            def floor(q, k, v, kc, vc, table, paged=paged, touch=touch, b=b, o=o, n=length):
+                src = (x.view(-1) for x in ((kc, vc) if paged else (k, v)))
+                head_stream[b * HKV, 128, None, 2 * 4 * 64 * 128 * 2](
+                    *src, table.view(-1), o, HKV, n, n // 16, kc.shape[0],
+                    PAGED=paged, STAGES=4, DP=128, LOCK=1, TOUCH=touch,
+                )  # fmt: skip
+
+            tag = "pages in order" if on is seq else f"touch={touch}"
+            show(f"{label} floor per-head paged={paged} {tag}", kernel_times(floor, on))
+        del seq
+
+
 def round_w(budget: float):
     """The paged layout against the contiguous one at the shapes where it trailed SDPA:
     kaio with the block-table window and without, the floors of kaio's grid (head_stream)
@@ -574,7 +652,7 @@ def round_w(budget: float):
                     hk = HKV * 128 // dp
                     head_stream[b * hk, 128, None, 2 * st * 64 * dp * 2](
                         *src, table.view(-1), o, hk, n, n // 16, kc.shape[0], PAGED=paged,
-                        STAGES=st, DP=dp, LOCK=0,
+                        STAGES=st, DP=dp, LOCK=0, TOUCH=0,
                     )  # fmt: skip
 
                 show(
@@ -657,7 +735,7 @@ def floor_jobs(b, length, label, sets, variants):
             src = (x.view(-1) for x in ((kc, vc) if paged else (k, v)))
             head_stream[b * HKV, 128, None, 2 * st * 64 * 128 * 2](
                 *src, table.view(-1), o, HKV, length, length // 16, kc.shape[0], PAGED=paged,
-                STAGES=st, DP=128, LOCK=lock,
+                STAGES=st, DP=128, LOCK=lock, TOUCH=0,
             )  # fmt: skip
 
         show(f"{label} floor copies paged={paged} st={st} lock={lock}", kernel_times(floor, sets))
@@ -915,7 +993,7 @@ def warm_list():
     out = list(decode.shipped())
     out += [(probe_mark, {})] + [(stream, {"U": u}) for u in (8, 16)]
     out += [
-        (head_stream, {"PAGED": p, "STAGES": st, "DP": dp, "LOCK": 0})
+        (head_stream, {"PAGED": p, "STAGES": st, "DP": dp, "LOCK": 0, "TOUCH": 0})
         for p in (False, True)
         for st, dp in ((3, 128), (4, 128), (3, 256))
     ]
@@ -940,7 +1018,7 @@ def warm_few():
     """D 128 f16 decode_fwd for one M-tile: both layouts, 2 to 6 stages, one split, the
     fused merge and clusters of 8 and 16 (what the suite and rounds a and h launch)."""
     out = [(probe_mark, {})]
-    out += [(head_stream, {"PAGED": p, "STAGES": 4, "DP": 128, "LOCK": lk}) for p, lk in
+    out += [(head_stream, {"PAGED": p, "STAGES": 4, "DP": 128, "LOCK": lk, "TOUCH": 0}) for p, lk in
             ((False, 1), (True, 1), (True, 8))]  # fmt: skip
     for paged in (False, True):
         for st in (2, 3, 4, 5, 6):
@@ -957,10 +1035,10 @@ def warm_p():
     """What round p launches: decode_pages at 2 and 3 stages, the per-head defaults of the
     suite's shapes (paged and contiguous), the floors."""
     out = [(probe_mark, {})]
-    for st, spec in ((3, 1), (2, 1), (3, 0)):
-        for direct in (False, True):
-            c = {"HKV": 8, "DP": 128, "STAGES": st, "DIRECT": direct, "DT": f16, "SPEC": spec}
-            out.append((decode.PAGES, c))
+    for direct, fused in ((False, False), (False, True), (True, False)):
+        c = {"HKV": 8, "DP": 128, "STAGES": 3, "DIRECT": direct, "DT": f16, "SPEC": 1}
+        out.append((decode.PAGES, {**c, "FUSED": fused}))
+    out.append((decode.MERGE, {"DP": 128, "MT": 1, "DT": f16}))
     c = {"DP": 128, "MT": 1, "DT": f16, "CL": 1}
     out.append((decode.DECODE, {**c, "PAGED": False, "STAGES": 2, "DIRECT": True,
                                 "FUSED": False, "PW": 0, "SPEC": 0}))  # fmt: skip
@@ -970,7 +1048,10 @@ def warm_p():
                                 "FUSED": True, "PW": 1, "SPEC": 0}))  # fmt: skip
     out.append((decode.DECODE, {**c, "PAGED": False, "STAGES": 4, "DIRECT": False,
                                 "FUSED": False, "PW": 0, "SPEC": 0, "CL": 8}))  # fmt: skip
-    out += [(head_stream, {"PAGED": p, "STAGES": 4, "DP": 128, "LOCK": 1}) for p in (False, True)]
+    out += [
+        (head_stream, {"PAGED": p, "STAGES": 4, "DP": 128, "LOCK": 1, "TOUCH": t})
+        for p, t in ((False, 0), (True, 0), (True, 2), (True, 4))
+    ]
     out += [(page_stream, {"NT": nt, "STAGES": st, "HKV": 8}) for nt, st in
             ((256, 3), (256, 2), (512, 3))]  # fmt: skip
     return out
@@ -1108,6 +1189,7 @@ def round_s(budget: float):
 ROUNDS = {  # argument: (round, its default time budget in seconds)
     "p": (round_p, 30),
     "q": (round_q, 30),
+    "r": (round_r, 30),
     "x": (round_x, 25),
     "w": (round_w, 25),
     "s": (round_s, 20),
