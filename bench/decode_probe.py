@@ -5,7 +5,8 @@ floors (a DSL kernel that only streams the same bytes; torch reductions and copi
 torch SDPA, all in one profiler session per group, calls rotating over input sets of more
 than the L2 cache.
 
-    python3 bench/decode_probe.py [warm | b | ncu | s | w | x | a | h | bn | c [SECONDS]]
+    python3 bench/decode_probe.py [warm | b | ncu | s | w | x | a | h | bn | c | p | q | r [SECONDS]]
+    python3 bench/decode_probe.py warm_p [SECONDS]  # the kernels of p and r
     python3 bench/decode_probe.py warm_few | warm_c [SECONDS]  # the kernels of a, h / c
     PROBE_BASE=1 PYTHONPATH=/other/checkout python3 bench/decode_probe.py base_b
     PROBE_L2HINT=256 KAIO_CACHE_DIR=/tmp/other python3 bench/decode_probe.py h
@@ -26,7 +27,12 @@ large shapes, for a run with PROBE_L2HINT (every 16-byte cp.async with that L2 p
 size, the PTX edited before the JIT) beside one without; ``bn`` key tiles of PROBE_BN keys;
 ``c`` each shape's default called twice (the same bits) and B = 1 at 32k keys through
 clusters of 16 at two blocks a multiprocessor. head_stream's LOCK (the floor with a
-sequence's K/V heads a cluster in lockstep) is what rounds of 2026-11-26 measured.
+sequence's K/V heads a cluster in lockstep) is what rounds of 2026-11-26 measured. ``p``
+and ``r`` time ``decode_pages`` (a block a key split and sequence over all K/V heads, whole
+pages; ``decode.WHOLE_PAGES``) against the per-head kernel and SDPA, with the copy floors of
+whole-page reading (``page_stream``), of pages in order (``sequential_pages``) and with the
+translations of pages ahead touched (``head_stream``'s TOUCH); ``q`` the paged suite shapes
+with ragged lengths and determinism.
 """
 
 from __future__ import annotations
@@ -80,7 +86,6 @@ ORIG_SPREAD = getattr(decode, "SPREAD", 0)
 ORIG_PAGES = getattr(decode, "WHOLE_PAGES", False)
 ORIG_MIN_BATCH = getattr(decode, "PAGE_MIN_BATCH", 0)
 ORIG_PAGE_SPEC = getattr(decode, "PAGE_SPEC", False)
-ORIG_PAGE_FUSED = getattr(decode, "PAGE_FUSED", False)
 ORIG_PAGE_FNS = {
     n: getattr(decode, n) for n in ("page_splits", "page_stages") if hasattr(decode, n)
 }
@@ -110,7 +115,6 @@ def restore():
     decode.WHOLE_PAGES = ORIG_PAGES
     decode.PAGE_MIN_BATCH = ORIG_MIN_BATCH
     decode.PAGE_SPEC = ORIG_PAGE_SPEC
-    decode.PAGE_FUSED = ORIG_PAGE_FUSED
     for n, f in ORIG_PAGE_FNS.items():
         setattr(decode, n, f)
 
@@ -239,7 +243,6 @@ def force(
     page_splits=None,
     page_stages=None,
     page_spec=None,
-    page_fused=None,
 ):
     """Module defaults but for what is named (cluster: None = the module's choice; window:
     the paged block-table window on or off; spread: the cluster merge's least shared
@@ -254,8 +257,6 @@ def force(
         decode.page_stages = lambda *a, s=page_stages: s
     if page_spec is not None:
         decode.PAGE_SPEC = page_spec
-    if page_fused is not None:
-        decode.PAGE_FUSED = page_fused
     if spread is not None:
         decode.SPREAD = spread
     if window is not None:
@@ -461,13 +462,11 @@ def pages_no_merge(lens, splits, stages=3, spec=1):
         b, h, sq, d = q.shape
         out = torch.empty_like(q)
         lse = torch.empty(b * h * sq, device="cuda")
-        raw = torch.zeros(b, device="cuda", dtype=torch.int32)
-        counters = decode._arrays.arg(raw, "torch", (b,), u32, torch.cuda.current_device())
         decode.PAGES[(splits, b), 32 * HKV, None, decode.page_shared(HKV, d, stages)](
             q.view(-1), kc.view(-1), vc.view(-1), table.view(-1), lens, out.view(-1), lse,
-            lse, lse, counters, h, h // HKV, sq, table.shape[1], 4, kc.shape[0], b * h * sq,
+            lse, lse, h, h // HKV, sq, table.shape[1], 4, kc.shape[0], b * h * sq,
             1.4426950408889634 / d**0.5, HKV=HKV, DP=d, STAGES=stages, DIRECT=True, DT=f16,
-            SPEC=spec, FUSED=False,
+            SPEC=spec,
         )  # fmt: skip
         return out
 
@@ -573,11 +572,6 @@ def round_r(budget: float):
         print(f"{label} whole pages rel err {check(sets, lens, pages=True):.1e}", flush=True)
         show(f"{label} whole pages (merge kernel)", kernel_times(run_kaio(lens, pages=True), sets))
         sp = decode.page_splits(b, length // 16, 132)
-        if b > 1:
-            show(
-                f"{label} whole pages fused merge",
-                kernel_times(run_kaio(lens, pages=True, page_fused=True), sets),
-            )
         show(
             f"{label} whole pages splits={sp} NO MERGE (timing only)",
             kernel_times(pages_no_merge(lens, sp), sets),
@@ -1035,9 +1029,9 @@ def warm_p():
     """What round p launches: decode_pages at 2 and 3 stages, the per-head defaults of the
     suite's shapes (paged and contiguous), the floors."""
     out = [(probe_mark, {})]
-    for direct, fused in ((False, False), (False, True), (True, False)):
+    for direct in (False, True):
         c = {"HKV": 8, "DP": 128, "STAGES": 3, "DIRECT": direct, "DT": f16, "SPEC": 1}
-        out.append((decode.PAGES, {**c, "FUSED": fused}))
+        out.append((decode.PAGES, c))
     out.append((decode.MERGE, {"DP": 128, "MT": 1, "DT": f16}))
     c = {"DP": 128, "MT": 1, "DT": f16, "CL": 1}
     out.append((decode.DECODE, {**c, "PAGED": False, "STAGES": 2, "DIRECT": True,

@@ -55,8 +55,6 @@ BN = 64  # keys per tile
 LSE_STRIDE = 32
 UNROLL = 8  # splits a merge step loads at once (16 bytes each)
 PREFETCH = 16  # splits of a thread's first merge item loaded before the weights are known
-PAGE_PF = 8  # decode_pages' merge: splits of a thread's first PAGE_PI items loaded at once
-PAGE_PI = 4
 MAX_SPLITS = 64  # the most key splits (the merge holds a weight per split and row)
 
 
@@ -514,7 +512,7 @@ def decode_fwd(
             w_s = kaio.shared_dynamic(f32, (MAX_SPLITS, ROWS), 0)  # over kv_s, now free
             merge_chunk(
                 part, part_lse, out, lse, w_s, q_row0 + row0, kaio.min(ROWS, nrows - row0),
-                total_rows, splits, tid, DP, ROWS, DT, THREADS, PREFETCH, 1,
+                total_rows, splits, tid, DP, ROWS, DT,
             )  # fmt: skip
 
 
@@ -529,7 +527,6 @@ def decode_pages(
     lse: f32[:],
     part: f32[:],
     part_lse: f32[:],
-    counters: u32[:],
     heads: u32,
     group: u32,
     sq: u32,
@@ -544,7 +541,6 @@ def decode_pages(
     DIRECT: kaio.constexpr,
     DT: kaio.constexpr,
     SPEC: kaio.constexpr,
-    FUSED: kaio.constexpr,
 ):
     """``decode_fwd`` over a paged cache for a block that owns a (key split ``block x``,
     sequence ``block y``) and all HKV K/V heads of it: it reads whole 16-key runs of pages
@@ -554,12 +550,12 @@ def decode_pages(
     follow the length (read on the GPU), evenly; with ``SPEC`` the capacity's (a block past
     the length does nothing), so that its first pages and copies are in flight before the
     length is read (V's rows past the length zeroed in shared memory once it is known; K's
-    scores there are masked). ``DIRECT`` (one split): out / lse; else
-    part / part_lse, merged by the last block of the sequence to finish (``FUSED``:
-    ``counters[b]``, reset to 0 by it) or by ``decode_merge`` (a block a K/V group), in split
-    order (deterministic). The pages of the first STAGES - 1 tiles
-    are loaded at once, the later ones come from a window of the block table held across
-    each warp's lanes (``window_page``)."""
+    scores there are masked). ``DIRECT`` (one split): out / lse; else part / part_lse,
+    merged by ``decode_merge`` (a block a K/V group) in split order (deterministic). The
+    pages of the first STAGES - 1 tiles are loaded at once, the later ones come from a
+    window of the block table held across each warp's lanes (``window_page``). Not routed
+    by default (``decode.WHOLE_PAGES``): measured no faster than ``decode_fwd``, see
+    docs/performance.md, "Decode attention over pages, fourth pass"."""
     NT = 32 * HKV
     KV_ROWS = 2 * HKV * 16  # a stage: K rows of every head, then V rows
     kaio.launch_bounds(NT, 1)
@@ -685,25 +681,6 @@ def decode_pages(
                 store_rows(part, (split * total_rows + at) * DP, o, h, inv, lane, DP, f32)
                 if lane % 4 == 0:
                     part_lse[(split * total_rows + at) * LSE_STRIDE] = best
-    if FUSED and not DIRECT:
-        # the last block of this sequence merges its splits (fence, then count: the partial
-        # results of every block counted are visible to the one that counts last)
-        kaio.threadfence()
-        kaio.sync_threads()
-        flag = kaio.shared(f32, 1)
-        if tid == 0:
-            last = kaio.atomic_add(counters, b, u32(1)) == splits - 1
-            if last:
-                counters[b] = u32(0)  # ready for the next call (or graph replay)
-            flag[0] = kaio.select(last, 1.0, 0.0)
-        kaio.sync_threads()
-        if flag[0] == 1.0:
-            kaio.threadfence()
-            w_s = kaio.shared_dynamic(f32, (MAX_SPLITS, HKV * 16), 0)  # over kv_s, now free
-            merge_chunk(
-                part, part_lse, out, lse, w_s, b * heads * sq, heads * sq, total_rows, splits,
-                tid, DP, HKV * 16, DT, NT, PAGE_PF, PAGE_PI,
-            )  # fmt: skip
 
 
 @kaio.gpu_func
@@ -767,41 +744,35 @@ def merge_chunk(
     DP: kaio.constexpr,
     ROWS: kaio.constexpr,
     DT: kaio.constexpr,
-    NT: kaio.constexpr,
-    PF: kaio.constexpr,
-    PI: kaio.constexpr,
 ):
-    """out / lse of query rows first .. first + nreal (a row chunk, a block of NT threads):
+    """out / lse of query rows first .. first + nreal (one row chunk, a block of THREADS):
     the splits' partial outputs ``part`` weighted by their share of each row's softmax
     (base-2 logsumexps ``part_lse``), summed in split order (deterministic); lse = the
     natural logsumexp (zeros and -inf for a row that saw no key). Three phases, each a
     handful of memory round trips whatever the split count: the logsumexps into ``w_s``
     [MAX_SPLITS, ROWS] (shared, independent loads), one warp a row turns them into
     normalized weights (lanes over the splits, shuffle reductions), then each thread sums
-    4 adjacent columns of one row, UNROLL 16-byte loads in flight. A thread's first PI
-    items (4 columns of a row: items tid, tid + NT, ...) of the first PF splits are loaded
-    before the logsumexps, in flight with them: up to PF splits of up to PI * NT / (DP / 4)
-    rows take one round trip, not two or more."""
+    4 adjacent columns of one row, UNROLL 16-byte loads in flight. A thread's first 4
+    columns of its first PREFETCH splits are loaded before the logsumexps, in flight with
+    them: up to 16 splits of a row chunk of up to 16 rows take one round trip, not two."""
     warp = tid // 32
     lane = kaio.lane_id()
-    pre = kaio.local(f32, (PI * PF, 4))
-    for ii in kaio.static_range(PI):
-        item = tid + ii * NT
-        mine = item < nreal * (DP // 4)  # this thread has an item ii (row, 4 columns)
-        for j in kaio.static_range(PF):
-            ok = j < splits and mine
-            at = ((j * rows + first + item // (DP // 4)) * DP) + item % (DP // 4) * 4
-            kaio.load_vector(pre[ii * PF + j], part, kaio.select(ok, at, 0))
+    pre = kaio.local(f32, (PREFETCH, 4))
+    mine = tid < nreal * (DP // 4)  # this thread has a first item (row, 4 columns)
+    for j in kaio.static_range(PREFETCH):
+        ok = j < splits and mine
+        at = ((j * rows + first + tid // (DP // 4)) * DP) + tid % (DP // 4) * 4
+        kaio.load_vector(pre[j], part, kaio.select(ok, at, 0))
     n = splits * nreal
-    for i0 in range(tid, n, NT * 4):
+    for i0 in range(tid, n, THREADS * 4):
         for j in kaio.static_range(4):
-            i = i0 + j * NT
+            i = i0 + j * THREADS
             ok = i < n
             x = part_lse[kaio.select(ok, (i // nreal * rows + first + i % nreal) * LSE_STRIDE, 0)]
             if ok:
                 w_s[i // nreal, i % nreal] = x
     kaio.sync_threads()
-    for r in range(warp, nreal, NT // 32):
+    for r in range(warp, nreal, WARPS):
         xs = kaio.local(f32, MAX_SPLITS // 32)
         top = NEG_INF
         for j in kaio.static_range(MAX_SPLITS // 32):
@@ -830,20 +801,19 @@ def merge_chunk(
     buf = kaio.local(f32, (UNROLL, 4))
     acc = kaio.local(f32, 4)
     res = kaio.local(DT, 4)
-    for it in range(tid, nreal * (DP // 4), NT):
+    for it in range(tid, nreal * (DP // 4), THREADS):
         r = it // (DP // 4)
         c = it % (DP // 4) * 4
         for e in kaio.static_range(4):
             acc[e] = 0.0
         start = u32(0)
-        for ii in kaio.static_range(PI):
-            if it == tid + ii * NT:  # the splits prefetched
-                for j in kaio.static_range(PF):
-                    ok = j < splits
-                    w = w_s[kaio.select(ok, j, 0), r]
-                    for e in kaio.static_range(4):
-                        acc[e] += kaio.select(ok, w * pre[ii * PF + j, e], 0.0)
-                start = PF
+        if it == tid:  # the splits prefetched
+            for j in kaio.static_range(PREFETCH):
+                ok = j < splits
+                w = w_s[kaio.select(ok, j, 0), r]
+                for e in kaio.static_range(4):
+                    acc[e] += kaio.select(ok, w * pre[j, e], 0.0)
+            start = PREFETCH
         for sp0 in range(start, splits, UNROLL):
             for j in kaio.static_range(UNROLL):
                 ok = sp0 + j < splits
@@ -931,7 +901,6 @@ def decode_merge(
     merge_chunk(
         part, part_lse, out, lse, w_s, (b * heads + kvh * group) * sq + row0,
         kaio.min(ROWS, group * sq - row0), rows, splits, kaio.thread_idx_x(), DP, ROWS, DT,
-        THREADS, PREFETCH, 1,
     )  # fmt: skip
 
 

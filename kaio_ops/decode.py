@@ -53,12 +53,14 @@ PAGE_WINDOW = True  # paged: pages from a window of the block table across a war
 SPECULATE = True  # one split: the first K/V copies before the length is read (SPEC)
 
 # paged: a block a (key split, sequence) over all K/V heads, reading whole pages
-# (``decode_pages``), for the K/V head counts PAGE_HEADS, from PAGE_MIN_BATCH sequences on
-WHOLE_PAGES = True
+# (``decode_pages``), for the K/V head counts PAGE_HEADS, from PAGE_MIN_BATCH sequences on.
+# Off: on an H100 it was no faster than the per-head kernel at any suite shape (the
+# shuffled pages' cost is in the copy floor whichever way a page is read; the splits'
+# merge adds 3 us), docs/performance.md, "Decode attention over pages, fourth pass"
+WHOLE_PAGES = False
 PAGE_HEADS = (4, 8)
 PAGE_MIN_BATCH = 8
 PAGE_SPEC = True  # decode_pages splits the capacity: its first copies need no length
-PAGE_FUSED = False  # decode_pages' splits merged by its last block (else by decode_merge)
 
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
 MERGE = dk.decode_merge
@@ -359,6 +361,24 @@ def _to_host(obj, kind: str) -> np.ndarray:
     return obj.numpy()
 
 
+def _outputs(qa, splits: int) -> tuple:
+    """(out, lse, out_flat, lse_flat, part, part_lse) of a decode call on q ``qa``
+    [B, H, Sq, D]: the outputs and their flat kernel arguments, and the splits' partial
+    outputs and base-2 logsumexps (f32 [splits, B * H * Sq, D] and [.., LSE_STRIDE]; with
+    one split, stand-ins never written)."""
+    batch, heads, sq, d = qa.shape
+    rows = batch * heads * sq
+    out = _arrays.output(qa, qa.shape)
+    lse = _arrays.output(qa, (batch, heads, sq), f32)
+    out_flat = _arrays.output_arg(qa, out, (qa.size,))
+    lse_flat = _arrays.output_arg(qa, lse, (rows,), f32)
+    if splits == 1:
+        return out, lse, out_flat, lse_flat, lse_flat, lse_flat
+    part = _arrays.output(qa, (splits * rows * d,), f32)
+    part_lse = _arrays.output(qa, (splits * rows * dk.LSE_STRIDE,), f32)
+    return out, lse, out_flat, lse_flat, part, part_lse
+
+
 def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     inputs = _arrays.Inputs(op)
     qa = inputs.array(q, "q", ndim=4, dtypes=(f16, bf16), form="[B, H, Sq, D]")
@@ -395,18 +415,11 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     tiles = -(-cache.capacity // dk.BN)
     splits, stages, cl, shared = plan_grid(qa, DECODE, blocks, tiles, d, mt, cache.paged)
     rows = batch * heads * sq
-    out = _arrays.output(qa, qa.shape)
-    lse = _arrays.output(qa, (batch, heads, sq), f32)
-    out_flat = _arrays.output_arg(qa, out, (qa.size,))
-    lse_flat = _arrays.output_arg(qa, lse, (rows,), f32)
     stream = _arrays.stream_of(qa)
     direct = splits == 1
+    out, lse, out_flat, lse_flat, part, part_lse = _outputs(qa, 1 if cl > 1 else splits)
     counters = None
-    if direct or cl > 1:
-        part, part_lse = lse_flat, lse_flat  # not written
-    else:
-        part = _arrays.output(qa, (splits * rows * d,), f32)
-        part_lse = _arrays.output(qa, (splits * rows * dk.LSE_STRIDE,), f32)
+    if not (direct or cl > 1):
         counters = _counters(qa, stream, blocks)
     fused = counters is not None
     flat = [a.arg(a.size) for a in (qa, cache.k, cache.v)]
@@ -435,32 +448,17 @@ def _decode_pages(qa, cache, lens, batch, heads, group, sq, d, scale) -> tuple:
     splits = page_splits(batch, tiles, _arrays.multiprocessors(qa))
     stages = page_stages(qa, hkv, d)
     rows = batch * heads * sq
-    out = _arrays.output(qa, qa.shape)
-    lse = _arrays.output(qa, (batch, heads, sq), f32)
-    out_flat = _arrays.output_arg(qa, out, (qa.size,))
-    lse_flat = _arrays.output_arg(qa, lse, (rows,), f32)
     stream = _arrays.stream_of(qa)
     direct = splits == 1
-    fused = PAGE_FUSED and not direct and qa.kind in ("numpy", "torch")  # counters at hand
-    if direct:
-        part, part_lse = lse_flat, lse_flat  # not written
-    else:
-        part = _arrays.output(qa, (splits * rows * d,), f32)
-        part_lse = _arrays.output(qa, (splits * rows * dk.LSE_STRIDE,), f32)
-    if fused:
-        counters = _counters(qa, stream, batch)
-    else:  # a stand-in, never read
-        counters = np.zeros(1, np.uint32) if qa.kind == "numpy" else qa.arg(1, dtype=u32)
+    out, lse, out_flat, lse_flat, part, part_lse = _outputs(qa, splits)
     flat = [a.arg(a.size) for a in (qa, cache.k, cache.v)]
-    shared = max(page_shared(hkv, d, stages), dk.MAX_SPLITS * hkv * 16 * 4)
-    PAGES[(splits, batch), 32 * hkv, stream, shared](
+    PAGES[(splits, batch), 32 * hkv, stream, page_shared(hkv, d, stages)](
         *flat, cache.table_arg(qa), lens.arg(batch), out_flat, lse_flat, part, part_lse,
-        counters, heads, group, sq, cache.max_pages, cache.shift, max(cache.pages, 1), rows,
+        heads, group, sq, cache.max_pages, cache.shift, max(cache.pages, 1), rows,
         math.log2(math.e) * float(scale),
         HKV=hkv, DP=d, STAGES=stages, DIRECT=direct, DT=qa.dtype, SPEC=int(PAGE_SPEC),
-        FUSED=fused,
     )  # fmt: skip
-    if not (direct or fused):  # a block a K/V group (one M-tile: group * Sq <= 16 rows)
+    if not direct:  # a block a K/V group (one M-tile: group * Sq <= 16 rows)
         MERGE[batch * hkv, dk.THREADS, stream, merge_shared(1)](
             part, part_lse, out_flat, lse_flat, heads, group, sq, hkv, 1, rows, splits,
             DP=d, MT=1, DT=qa.dtype,
@@ -551,13 +549,12 @@ def shipped():
         for dp in DIMS:
             for mt in (1, 2, 4):
                 yield MERGE, {"DP": dp, "MT": mt, "DT": dtype}
-        for hkv in PAGE_HEADS:  # whole-page blocks: D up to 128, 2 stages (A100) or 3
+        for hkv in PAGE_HEADS if WHOLE_PAGES else ():  # whole-page blocks, D up to 128
             for dp in (64, 128):
-                for stages in (2, 3):
+                for stages in (2, 3):  # A100 / H100, H200
                     for direct in (False, True):
                         flags = {"HKV": hkv, "DP": dp, "STAGES": stages, "DIRECT": direct}
-                        fused = PAGE_FUSED and not direct
-                        yield PAGES, {**flags, "DT": dtype, "SPEC": int(PAGE_SPEC), "FUSED": fused}
+                        yield PAGES, {**flags, "DT": dtype, "SPEC": int(PAGE_SPEC)}
         for paged in (False, True):
             for vec in (1, 8):
                 yield APPEND, {"PAGED": paged, "VEC": vec, "DT": dtype}

@@ -255,15 +255,13 @@ def test_whole_page_blocks_in_simulator(
     monkeypatch, lens, h, hkv, sq, d, dtype, page_size, splits, spec
 ):
     # decode_pages (a block a key split and sequence over all K/V heads, reading whole
-    # pages), forced at any batch, splitting the capacity (spec: the first copies before
-    # the length is read) or the length; rows past each length hold NaN (an unwritten
-    # cache), which must not reach the output; the merge's counters are back to 0 after
-    counters = np.zeros(64, np.uint32)
-    monkeypatch.setattr(decode, "_counters", lambda *_: counters)
+    # pages; not routed by default), forced at any batch, splitting the capacity (spec: the
+    # first copies before the length is read) or the length, several splits merged by
+    # decode_merge; rows past each length hold NaN (an unwritten cache), which must not
+    # reach the output
     monkeypatch.setattr(decode, "PAGE_MIN_BATCH", 1)
     monkeypatch.setattr(decode, "PAGE_SPEC", bool(spec))
-    # an odd split count merged by the last block (FUSED), an even one by decode_merge
-    monkeypatch.setattr(decode, "PAGE_FUSED", bool(splits % 2))
+    monkeypatch.setattr(decode, "WHOLE_PAGES", True)
     monkeypatch.setattr(decode, "page_splits", lambda *_: splits)
     monkeypatch.setattr(decode, "PAGES", spy := _Spy(decode.PAGES))
     rng = np.random.default_rng(sum(lens) + h + sq)
@@ -279,7 +277,7 @@ def test_whole_page_blocks_in_simulator(
     with kaio.simulate():
         out, lse = kaio_ops.flash_attention_decode_with_stats(q, k_cache, v_cache, seq_lens, table)
         again = kaio_ops.flash_attention_decode(q, k_cache, v_cache, seq_lens, table)
-    assert spy.calls == 2 and not counters.any()
+    assert spy.calls == 2
     assert np.array_equal(out, again)
     ref, ref_lse = reference(q, k_cache, v_cache, lens, table)
     out = out.astype(np.float64)
@@ -302,10 +300,12 @@ class _Spy:
         return self.kernel[config]
 
 
-def test_whole_page_blocks_route_and_plan():
-    # the suite's paged caches from batch 8 (Hkv 8, D 128, one new token) take decode_pages,
-    # a block a multiprocessor over the batch; contiguous caches, batch 1, D 256 and groups
-    # of more than 16 query rows do not
+def test_whole_page_blocks_route_and_plan(monkeypatch):
+    # off by default (measured no faster); switched on, the suite's paged caches from batch
+    # 8 (Hkv 8, D 128, one new token) take decode_pages, a block a multiprocessor over the
+    # batch; contiguous caches, batch 1 and groups of more than 16 query rows do not
+    assert not decode.WHOLE_PAGES
+    monkeypatch.setattr(decode, "WHOLE_PAGES", True)
     with kaio.simulate():
         inputs = decode._arrays.Inputs("test")
         cache = decode._Cache(inputs, PAGES_8, PAGES_8, TABLE_16, 16, 128, kaio.f16)
@@ -540,14 +540,9 @@ def assembled() -> list:
         (decode.DECODE, fwd(128, 1, True, "cluster", deep=True, cl=16)),
         (decode.DECODE, fwd(256, 4, False, "cluster", deep=True, cl=2, dt=kaio.bf16)),
         (decode.MERGE, {"DP": 256, "MT": 4, "DT": kaio.bf16}),
-        (decode.PAGES, {**PAGE_FLAGS, "HKV": 8, "DP": 128, "STAGES": 3, "DIRECT": False}),
-        (decode.PAGES, {**PAGE_FLAGS, "HKV": 4, "DP": 64, "STAGES": 2, "DT": kaio.bf16}),
         (decode.APPEND, {"PAGED": True, "VEC": 8, "DT": kaio.f16}),
         (decode.APPEND, {"PAGED": False, "VEC": 1, "DT": kaio.bf16}),
     ]
-
-
-PAGE_FLAGS = {"DIRECT": True, "DT": kaio.f16, "SPEC": int(decode.PAGE_SPEC), "FUSED": False}
 
 
 def _assemble(index: int) -> None:
@@ -557,6 +552,24 @@ def _assemble(index: int) -> None:
         if arch == "sm_90":  # H100/H200: every kernel fits its registers
             spills = re.search(r"(\d+) bytes spill stores", report)
             assert spills and spills[1] == "0", (kernel.pyfunc.__name__, constexprs, report)
+
+
+@pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
+@pytest.mark.parametrize(
+    "constexprs",
+    [
+        {"HKV": 8, "DP": 128, "STAGES": 3, "DIRECT": False, "DT": kaio.f16, "SPEC": 1},
+        {"HKV": 4, "DP": 64, "STAGES": 2, "DIRECT": True, "DT": kaio.bf16, "SPEC": 0},
+    ],
+)
+def test_whole_page_blocks_assemble(constexprs):
+    # decode_pages (off by default, so not among decode.shipped()) for sm_80 and sm_90,
+    # without spills on sm_90
+    for arch in ("sm_80", "sm_90"):
+        report = assemble(decode.PAGES.ptx(arch=arch, **constexprs), arch)
+        if arch == "sm_90":
+            spills = re.search(r"(\d+) bytes spill stores", report)
+            assert spills and spills[1] == "0", report
 
 
 @pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
@@ -659,11 +672,6 @@ def test_gpu_decode_against_sdpa(b, h, hkv, sq, d, capacity, lens, page_size, dt
     [
         ([100, 2000, 4096, 2], ([5, 3000, 17, 4096], [2, 64, 4095, 1000])),
         ([3000], ([5], [4096])),  # batch 1: the cluster merge on sm_90
-        # batch 8, paged: whole-page blocks (decode_pages) and their merge
-        (
-            [100, 2000, 4096, 2, 16, 17, 4095, 1],
-            ([5, 3000, 17, 4096, 3, 33, 4096, 2], [4096] * 8),
-        ),
     ],
 )
 def test_gpu_decode_step_in_a_cuda_graph(page_size, first, replays):
