@@ -5,7 +5,7 @@ floors (a DSL kernel that only streams the same bytes; torch reductions and copi
 torch SDPA, all in one profiler session per group, calls rotating over input sets of more
 than the L2 cache.
 
-    python3 bench/decode_probe.py [warm | b | ncu | s | w | x | a | h | bn | c | p | q | r [SECONDS]]
+    python3 bench/decode_probe.py [warm | b | ncu | s | w | x | a | h | bn | c | p | q | r [SEC]]
     python3 bench/decode_probe.py warm_p [SECONDS]  # the kernels of p and r
     python3 bench/decode_probe.py warm_few | warm_c [SECONDS]  # the kernels of a, h / c
     PROBE_BASE=1 PYTHONPATH=/other/checkout python3 bench/decode_probe.py base_b
