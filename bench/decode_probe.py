@@ -412,7 +412,7 @@ def page_stream(
         if j < n:
             pg = dk.window_page(win, lo + 16 * j, b, table, max_pages, 4, kaio.lane_id())
             dk.load_pages(
-                kv_s, j * rows, k, v, lo + 16 * j, length, pg, 4, pages, tid, NT, HKV, 128, f16
+                kv_s, j * rows, k, v, pg, lo + 16 * j, length, 4, pages, tid, NT, HKV, 128, f16
             )
         kaio.cp_async_commit()
     acc = 0.0
@@ -421,7 +421,7 @@ def page_stream(
             key0 = lo + (t + STAGES - 1) * 16
             pg = dk.window_page(win, key0, b, table, max_pages, 4, kaio.lane_id())
             dk.load_pages(
-                kv_s, (t + STAGES - 1) % STAGES * rows, k, v, key0, length, pg, 4, pages, tid,
+                kv_s, (t + STAGES - 1) % STAGES * rows, k, v, pg, key0, length, 4, pages, tid,
                 NT, HKV, 128, f16,
             )  # fmt: skip
         kaio.cp_async_commit()
@@ -463,7 +463,7 @@ def pages_no_merge(lens, splits, stages=3, spec=1):
         out = torch.empty_like(q)
         lse = torch.empty(b * h * sq, device="cuda")
         decode.PAGES[(splits, b), 32 * HKV, None, decode.page_shared(HKV, d, stages)](
-            q.view(-1), kc.view(-1), vc.view(-1), table.view(-1), lens, out.view(-1), lse,
+            q.view(-1), kc.view(-1), vc.view(-1), lens, table.view(-1), out.view(-1), lse,
             lse, lse, h, h // HKV, sq, table.shape[1], 4, kc.shape[0], b * h * sq,
             1.4426950408889634 / d**0.5, HKV=HKV, DP=d, STAGES=stages, DIRECT=True, DT=f16,
             SPEC=spec,

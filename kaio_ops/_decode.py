@@ -33,7 +33,7 @@ whose entries each warp holds 64 at a time across its lanes (``window_pages``).
 from __future__ import annotations
 
 import kaio
-from kaio import f32, i32, u32
+from kaio import bool_, f32, i32, u32
 from kaio_ops._attention_tc import (
     acc_rows_at,
     dot_rows_at,
@@ -223,9 +223,9 @@ def load_pages(
     row0: u32,
     k: DT[:],
     v: DT[:],
+    page: u32,
     key0: u32,
     kv_len: u32,
-    page: u32,
     shift: u32,
     pages: u32,
     tid: u32,
@@ -424,14 +424,7 @@ def decode_fwd(
         dot_rows_at(s, qf, kv_s, krow, bcol, lane, KW // 8, 0, DP, DT)  # S = Q K^T
         # the last tiles hold keys past the end or past a new token's position
         masked = i32((t + 1) * BN) + i32(sq) > i32(kv_len) + 1
-        for h in kaio.static_range(2):
-            if masked:
-                for n in kaio.static_range(KW // 8):
-                    for e in kaio.static_range(2):
-                        key = t * BN + kpart * KW + n * 8 + lane % 4 * 2 + e
-                        ok = i32(key) < limit[h]
-                        s[n, 2 * h + e] = kaio.select(ok, s[n, 2 * h + e], NEG_INF)
-            online_softmax(s, m, l, o, h, scale_log2, KW // 8, DP)
+        masked_softmax(s, m, l, o, masked, t * BN + kpart * KW, limit, lane, scale_log2, KW, DP)
         acc_rows_at(o, s, kv_s, krow + BN, acol, lane, KW // 8, DP, DT)  # O += P V
         kaio.sync_threads()  # this stage is free
 
@@ -521,8 +514,8 @@ def decode_pages(
     q: DT[:],
     k: DT[:],
     v: DT[:],
-    block_table: i32[:],
     seq_lens: i32[:],
+    block_table: i32[:],
     out: DT[:],
     lse: f32[:],
     part: f32[:],
@@ -595,7 +588,7 @@ def decode_pages(
         for j in kaio.static_range(STAGES - 1):
             if t0 + j < kaio.min(t0 + per, capacity // 16):
                 load_pages(
-                    kv_s, j * KV_ROWS, k, v, (t0 + j) * 16, capacity, pre[j], shift, pages, tid,
+                    kv_s, j * KV_ROWS, k, v, pre[j], (t0 + j) * 16, capacity, shift, pages, tid,
                     NT, HKV, DP, DT,
                 )  # fmt: skip
             kaio.cp_async_commit()
@@ -612,21 +605,21 @@ def decode_pages(
         for j in kaio.static_range(STAGES - 1):
             if t0 + j < t1:
                 load_pages(
-                    kv_s, j * KV_ROWS, k, v, (t0 + j) * 16, kv_len, pre[j], shift, pages, tid,
+                    kv_s, j * KV_ROWS, k, v, pre[j], (t0 + j) * 16, kv_len, shift, pages, tid,
                     NT, HKV, DP, DT,
                 )  # fmt: skip
             kaio.cp_async_commit()
     kaio.cp_async_wait(STAGES - 1)  # Q has landed
     kaio.sync_threads()
-    acol = kaio.local(u32, 4)
-    bcol = kaio.local(u32, 4)
-    qf = kaio.local(u32, (DP // 16, 4))
-    m = kaio.local(f32, 2)
+    m = kaio.local(f32, 2)  # the warp's rows' online softmax: max, sum, output
     l = kaio.local(f32, 2)
     o = kaio.local(f32, (DP // 8, 4))
-    frag_columns(acol, bcol, kv_s, lane, DT)
-    load_a(qf, kv_s, q_row + warp * 16, acol, lane, 0, DP, DT)
     start_rows(m, l, o, DP)
+    acol = kaio.local(u32, 4)
+    bcol = kaio.local(u32, 4)
+    frag_columns(acol, bcol, kv_s, lane, DT)
+    qf = kaio.local(u32, (DP // 16, 4))
+    load_a(qf, kv_s, q_row + warp * 16, acol, lane, 0, DP, DT)
     kaio.sync_threads()  # every warp has its Q: the last stage is free
     limit = kaio.local(i32, 2)  # keys < limit are visible to the row (causal)
     for h in kaio.static_range(2):
@@ -638,7 +631,7 @@ def decode_pages(
             key0 = (t + STAGES - 1) * 16
             page = window_page(win, key0, b, block_table, max_pages, shift, lane)
             load_pages(
-                kv_s, (t - t0 + STAGES - 1) % STAGES * KV_ROWS, k, v, key0, kv_len, page, shift,
+                kv_s, (t - t0 + STAGES - 1) % STAGES * KV_ROWS, k, v, page, key0, kv_len, shift,
                 pages, tid, NT, HKV, DP, DT,
             )  # fmt: skip
         kaio.cp_async_commit()
@@ -653,14 +646,7 @@ def decode_pages(
         krow = stage + warp * 16
         dot_rows_at(s, qf, kv_s, krow, bcol, lane, 2, 0, DP, DT)  # S = Q K^T
         masked = i32((t + 1) * 16) + i32(sq) > i32(kv_len) + 1
-        for h in kaio.static_range(2):
-            if masked:
-                for n in kaio.static_range(2):
-                    for e in kaio.static_range(2):
-                        key = t * 16 + n * 8 + lane % 4 * 2 + e
-                        ok = i32(key) < limit[h]
-                        s[n, 2 * h + e] = kaio.select(ok, s[n, 2 * h + e], NEG_INF)
-            online_softmax(s, m, l, o, h, scale_log2, 2, DP)
+        masked_softmax(s, m, l, o, masked, t * 16, limit, lane, scale_log2, 16, DP)
         acc_rows_at(o, s, kv_s, krow + HKV * 16, acol, lane, 2, DP, DT)  # O += P V
         kaio.sync_threads()  # this stage is free
     kaio.cp_async_wait_all()
@@ -681,6 +667,32 @@ def decode_pages(
                 store_rows(part, (split * total_rows + at) * DP, o, h, inv, lane, DP, f32)
                 if lane % 4 == 0:
                     part_lse[(split * total_rows + at) * LSE_STRIDE] = best
+
+
+@kaio.gpu_func
+def masked_softmax(
+    s: f32[:, :],
+    m: f32[:],
+    l: f32[:],
+    o: f32[:, :],
+    masked: bool_,
+    key0: u32,
+    limit: i32[:],
+    lane: u32,
+    scale_log2: f32,
+    KW: kaio.constexpr,
+    DP: kaio.constexpr,
+):
+    """The online softmax step of a warp's scores s over its KW keys key0 .. key0 + KW
+    (``online_softmax``, both row halves), where ``masked`` (a tile past the length or a new
+    token's position) the keys at or past each row half's ``limit`` first set to -inf."""
+    for h in kaio.static_range(2):
+        if masked:
+            for n in kaio.static_range(KW // 8):
+                for e in kaio.static_range(2):
+                    ok = i32(key0 + n * 8 + lane % 4 * 2 + e) < limit[h]
+                    s[n, 2 * h + e] = kaio.select(ok, s[n, 2 * h + e], NEG_INF)
+        online_softmax(s, m, l, o, h, scale_log2, KW // 8, DP)
 
 
 @kaio.gpu_func

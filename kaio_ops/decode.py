@@ -453,7 +453,7 @@ def _decode_pages(qa, cache, lens, batch, heads, group, sq, d, scale) -> tuple:
     out, lse, out_flat, lse_flat, part, part_lse = _outputs(qa, splits)
     flat = [a.arg(a.size) for a in (qa, cache.k, cache.v)]
     PAGES[(splits, batch), 32 * hkv, stream, page_shared(hkv, d, stages)](
-        *flat, cache.table_arg(qa), lens.arg(batch), out_flat, lse_flat, part, part_lse,
+        *flat, lens.arg(batch), cache.table_arg(qa), out_flat, lse_flat, part, part_lse,
         heads, group, sq, cache.max_pages, cache.shift, max(cache.pages, 1), rows,
         math.log2(math.e) * float(scale),
         HKV=hkv, DP=d, STAGES=stages, DIRECT=direct, DT=qa.dtype, SPEC=int(PAGE_SPEC),
