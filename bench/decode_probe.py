@@ -534,7 +534,7 @@ def round_q(budget: float):
             rl = rl.to(torch.int32)
             mask = torch.arange(length, device="cuda")[None] < rl[:, None]
             mask = mask[:, None, None, :]
-            print(f"{label} ragged whole pages rel err {check(sets, rl):.1e}", flush=True)
+            print(f"{label} ragged default rel err {check(sets, rl):.1e}", flush=True)
             show(f"{label} ragged kaio paged default", kernel_times(run_kaio(rl), sets))
             show(
                 f"{label} ragged kaio paged per-head",
