@@ -5,7 +5,8 @@ floors (a DSL kernel that only streams the same bytes; torch reductions and copi
 torch SDPA, all in one profiler session per group, calls rotating over input sets of more
 than the L2 cache.
 
-    python3 bench/decode_probe.py [warm | b | ncu | s | w | x | a | h | bn | c [SECONDS]]
+    python3 bench/decode_probe.py [warm | b | ncu | s | w | x | a | h | bn | c | p | q | r [SEC]]
+    python3 bench/decode_probe.py warm_p [SECONDS]  # the kernels of p and r
     python3 bench/decode_probe.py warm_few | warm_c [SECONDS]  # the kernels of a, h / c
     PROBE_BASE=1 PYTHONPATH=/other/checkout python3 bench/decode_probe.py base_b
     PROBE_L2HINT=256 KAIO_CACHE_DIR=/tmp/other python3 bench/decode_probe.py h
@@ -26,7 +27,12 @@ large shapes, for a run with PROBE_L2HINT (every 16-byte cp.async with that L2 p
 size, the PTX edited before the JIT) beside one without; ``bn`` key tiles of PROBE_BN keys;
 ``c`` each shape's default called twice (the same bits) and B = 1 at 32k keys through
 clusters of 16 at two blocks a multiprocessor. head_stream's LOCK (the floor with a
-sequence's K/V heads a cluster in lockstep) is what rounds of 2026-11-26 measured.
+sequence's K/V heads a cluster in lockstep) is what rounds of 2026-11-26 measured. ``p``
+and ``r`` time ``decode_pages`` (a block a key split and sequence over all K/V heads, whole
+pages; ``decode.WHOLE_PAGES``) against the per-head kernel and SDPA, with the copy floors of
+whole-page reading (``page_stream``), of pages in order (``sequential_pages``) and with the
+translations of pages ahead touched (``head_stream``'s TOUCH); ``q`` the paged suite shapes
+with ragged lengths and determinism.
 """
 
 from __future__ import annotations
@@ -77,6 +83,12 @@ ORIG_TILES = getattr(decode, "CLUSTER_TILES", 8)
 ORIG_PAGED_TILES = getattr(decode, "PAGED_CLUSTER_TILES", 8)
 ORIG_WINDOW = getattr(decode, "PAGE_WINDOW", False)
 ORIG_SPREAD = getattr(decode, "SPREAD", 0)
+ORIG_PAGES = getattr(decode, "WHOLE_PAGES", False)
+ORIG_MIN_BATCH = getattr(decode, "PAGE_MIN_BATCH", 0)
+ORIG_PAGE_SPEC = getattr(decode, "PAGE_SPEC", False)
+ORIG_PAGE_FNS = {
+    n: getattr(decode, n) for n in ("page_splits", "page_stages") if hasattr(decode, n)
+}
 T0 = time.time()
 if os.environ.get("PROBE_BN"):  # key tiles of this many keys (run with its own KAIO_CACHE_DIR)
     dk.BN = int(os.environ["PROBE_BN"])
@@ -100,6 +112,11 @@ def restore():
     decode.PAGE_WINDOW = ORIG_WINDOW
     decode.SPECULATE = ORIG_SPEC
     decode.SPREAD = ORIG_SPREAD
+    decode.WHOLE_PAGES = ORIG_PAGES
+    decode.PAGE_MIN_BATCH = ORIG_MIN_BATCH
+    decode.PAGE_SPEC = ORIG_PAGE_SPEC
+    for n, f in ORIG_PAGE_FNS.items():
+        setattr(decode, n, f)
 
 
 PENDING: list = []  # (label, fn, sets) to time in the next profiler session
@@ -203,23 +220,43 @@ def run_kaio(lens, contiguous=False, **cfg):
     return f
 
 
-def check(sets, lens):
-    restore()
+def check(sets, lens, **cfg):
+    force(**cfg)
     q, k, v, kc, vc, table = sets[0]
     out = decode._decode("probe", q, kc, vc, lens, table, None)[0]
-    n = int(lens[0])
-    ref = sdpa(q.float(), k[:, :, :n].float(), v[:, :, :n].float(), enable_gqa=True)
+    mask = torch.arange(k.shape[2], device="cuda")[None] < lens[:, None]
+    ref = sdpa(q.float(), k.float(), v.float(), attn_mask=mask[:, None, None], enable_gqa=True)
     err = ((out.float() - ref).norm() / ref.norm()).item()
+    restore()
     return err
 
 
 def force(
-    splits=None, stages=None, unfused=False, cluster=None, window=None, spec=None, spread=None
+    splits=None,
+    stages=None,
+    unfused=False,
+    cluster=None,
+    window=None,
+    spec=None,
+    spread=None,
+    pages=None,
+    page_splits=None,
+    page_stages=None,
+    page_spec=None,
 ):
     """Module defaults but for what is named (cluster: None = the module's choice; window:
     the paged block-table window on or off; spread: the cluster merge's least shared
     memory a block, SPREAD)."""
     restore()
+    if pages is not None:  # whole-page blocks (decode_pages) on or off
+        decode.WHOLE_PAGES = pages
+        decode.PAGE_MIN_BATCH = 1
+    if page_splits is not None:
+        decode.page_splits = lambda *a, s=page_splits: s
+    if page_stages is not None:
+        decode.page_stages = lambda *a, s=page_stages: s
+    if page_spec is not None:
+        decode.PAGE_SPEC = page_spec
     if spread is not None:
         decode.SPREAD = spread
     if window is not None:
@@ -271,6 +308,7 @@ def head_stream(
     STAGES: kaio.constexpr,
     DP: kaio.constexpr,
     LOCK: kaio.constexpr,
+    TOUCH: kaio.constexpr,
 ):
     """Floor of kaio's grid and copies: block (b, kvh) brings the K and V tiles of its
     sequence and head into shared memory as decode_fwd does (``load_stage``'s cp.async,
@@ -279,7 +317,10 @@ def head_stream(
     whose rows are adjacent in a page (512 bytes a token). LOCK > 1: the blocks of LOCK
     K/V heads of a sequence are one cluster, kept within a tile of each other (a cluster
     barrier a tile, arrive after the copies, wait before the next ones), so that they read
-    each page together."""
+    each page together. TOUCH > 0 (paged): lane 0 of warp w also copies 16 bytes of K and
+    of V from page w of the tile TOUCH tiles past the newest copied (its table entry
+    loaded a tile earlier), so that its address translation is warm before its rows are
+    read."""
     if LOCK > 1:
         kaio.cluster_dims(LOCK)
     tid = kaio.thread_idx_x()
@@ -302,6 +343,10 @@ def head_stream(
         )  # fmt: skip
         kaio.cp_async_commit()
     acc = 0.0
+    touch = kaio.shared(f16, (8, 8))
+    warp = tid // 32
+    ahead = ((STAGES - 1 + TOUCH) * dk.BN >> 4) + warp  # the page (of 16 keys) touched at t
+    tp = u32(table[b * max_pages + kaio.min(ahead, max_pages - 1)])
     for t in range(n):
         if LOCK > 1:
             if t > 0:
@@ -314,6 +359,13 @@ def head_stream(
                 kv_s, (t + STAGES - 1) % STAGES * 2 * dk.BN, k, v, key0, length, b, kvh, pg, 0,
                 length, kv_heads, 4, pages, tid, DP, PAGED, f16,
             )  # fmt: skip
+            if TOUCH > 0:
+                if lane == 0:
+                    at = dk.paged_row(tp, 0, kvh, kv_heads, 4, pages, DP)
+                    kaio.cp_async(touch, (warp, 0), k, at, 16, 16)
+                    kaio.cp_async(touch, (4 + warp, 0), v, at, 16, 16)
+                    nxt = kaio.min(ahead + (t + 1) * (dk.BN >> 4), max_pages - 1)
+                    tp = u32(table[b * max_pages + nxt])
         kaio.cp_async_commit()
         if LOCK > 1:
             kaio.cluster_arrive()
@@ -326,6 +378,227 @@ def head_stream(
             kaio.cluster_wait()
     kaio.cp_async_wait_all()
     out[bkv * 128 + tid] = acc
+
+
+@kaio.gpu_kernel
+def page_stream(
+    k: f16[:],
+    v: f16[:],
+    table: i32[:],
+    out: f32[:],
+    length: u32,
+    max_pages: u32,
+    per: u32,
+    pages: u32,
+    NT: kaio.constexpr,
+    STAGES: kaio.constexpr,
+    HKV: kaio.constexpr,
+):
+    """Floor of a grid of (key split, sequence) blocks that read whole pages of 16 keys
+    (all HKV heads: 32 KB each of K and V at Hkv 8, D 128) through ``load_pages``, STAGES
+    in flight, no arithmetic; split x of sequence y takes keys x * per .. + per (per a
+    multiple of 16). The pages come from a window of the block table across each warp's
+    lanes (``window_page``), as decode_pages' do."""
+    kaio.launch_bounds(NT, 1)
+    tid = kaio.thread_idx_x()
+    b = kaio.block_idx_y()
+    lo = kaio.min(kaio.block_idx_x() * per, length)
+    n = (kaio.min(lo + per, length) - lo) // 16
+    rows = 2 * HKV * 16
+    kv_s = kaio.shared_dynamic(f16, (STAGES * rows, 128), 0)
+    win = kaio.local(u32, 3)
+    dk.window_start(win, lo, b, table, max_pages, 4, kaio.lane_id())
+    for j in kaio.static_range(STAGES - 1):
+        if j < n:
+            pg = dk.window_page(win, lo + 16 * j, b, table, max_pages, 4, kaio.lane_id())
+            dk.load_pages(
+                kv_s, j * rows, k, v, pg, lo + 16 * j, length, 4, pages, tid, NT, HKV, 128, f16
+            )
+        kaio.cp_async_commit()
+    acc = 0.0
+    for t in range(n):
+        if t + STAGES - 1 < n:
+            key0 = lo + (t + STAGES - 1) * 16
+            pg = dk.window_page(win, key0, b, table, max_pages, 4, kaio.lane_id())
+            dk.load_pages(
+                kv_s, (t + STAGES - 1) % STAGES * rows, k, v, pg, key0, length, 4, pages, tid,
+                NT, HKV, 128, f16,
+            )  # fmt: skip
+        kaio.cp_async_commit()
+        kaio.cp_async_wait(STAGES - 1)
+        kaio.sync_threads()
+        acc += f32(kv_s[t % STAGES * rows + tid % rows, tid // rows])
+        kaio.sync_threads()
+    kaio.cp_async_wait_all()
+    out[(b * kaio.grid_dim_x() + kaio.block_idx_x()) * NT + tid] = acc
+
+
+def page_floor_jobs(b, length, label, sets, variants):
+    """page_stream floors for (splits, NT, STAGES) of ``variants`` and head_stream's (kaio's
+    per-head grid) in both layouts, 4 stages."""
+    floor_jobs(b, length, label, sets, ((False, 4, 1), (True, 4, 1)))
+    for splits, nt, st in variants:
+        per = -(-length // (16 * splits)) * 16
+        o = torch.empty(b * splits * nt, device="cuda")
+
+        def floor(q, k, v, kc, vc, table, splits=splits, nt=nt, st=st, o=o, per=per):
+            page_stream[(splits, b), nt, None, st * 2 * HKV * 16 * 128 * 2](
+                kc.view(-1), vc.view(-1), table.view(-1), o, length, length // 16, per,
+                kc.shape[0], NT=nt, STAGES=st, HKV=HKV,
+            )  # fmt: skip
+
+        show(
+            f"{label} floor whole pages splits={splits} NT={nt} st={st}",
+            kernel_times(floor, sets),
+        )
+
+
+def pages_no_merge(lens, splits, stages=3, spec=1):
+    """A job's call: decode_pages with every split writing the output itself (DIRECT over
+    several splits: wrong values, each split's own; timing only), so the time without the
+    merge's tail."""
+
+    def f(q, k, v, kc, vc, table):
+        b, h, sq, d = q.shape
+        out = torch.empty_like(q)
+        lse = torch.empty(b * h * sq, device="cuda")
+        decode.PAGES[(splits, b), 32 * HKV, None, decode.page_shared(HKV, d, stages)](
+            q.view(-1), kc.view(-1), vc.view(-1), lens, table.view(-1), out.view(-1), lse,
+            lse, lse, h, h // HKV, sq, table.shape[1], 4, kc.shape[0], b * h * sq,
+            1.4426950408889634 / d**0.5, HKV=HKV, DP=d, STAGES=stages, DIRECT=True, DT=f16,
+            SPEC=spec,
+        )  # fmt: skip
+        return out
+
+    return f
+
+
+def round_p(budget: float):
+    """Whole-page reading (page_stream: a block a (split, sequence), all K/V heads, whole
+    pages) against kaio's per-head grid (head_stream) in both layouts and SDPA on the
+    contiguous cache: the copy floors of the paged layout (kernel times)."""
+    cases = (
+        (16, 4096, ((8, 256, 3), (8, 256, 2))),
+        (64, 4096, ((2, 256, 3), (4, 256, 2))),
+        (16, 1024, ((8, 256, 3),)),
+        (64, 1024, ((2, 256, 3),)),
+        (16, 32768, ((8, 256, 3),)),
+        (1, 32768, ((128, 256, 3), (64, 256, 3))),
+    )
+    for b, length, (variants,), sets, lens, label in shapes(cases, budget):
+        show(f"{label} kaio contiguous", kernel_times(run_kaio_contig(lens), sets))
+        show(f"{label} kaio paged per-head", kernel_times(run_kaio(lens, pages=False), sets))
+        if b == 1:  # the whole-page kernel's merge of 64 splits is one block's: floors only
+            page_floor_jobs(b, length, label, sets, variants)
+            continue
+        print(f"{label} whole pages rel err {check(sets, lens, pages=True):.1e}", flush=True)
+        show(f"{label} kaio paged whole pages", kernel_times(run_kaio(lens, pages=True), sets))
+        show(
+            f"{label} kaio paged whole pages st2",
+            kernel_times(run_kaio(lens, pages=True, page_stages=2), sets),
+        )
+        show(
+            f"{label} kaio paged whole pages spec off",
+            kernel_times(run_kaio(lens, pages=True, page_spec=False), sets),
+        )
+        sp = decode.page_splits(b, length // 16, 132)
+        show(
+            f"{label} whole pages splits={sp} NO MERGE (timing only)",
+            kernel_times(pages_no_merge(lens, sp), sets),
+        )
+        if sp > 1:  # half the blocks (B = 64: one split, no merge)
+            show(
+                f"{label} kaio paged whole pages splits={sp // 2}",
+                kernel_times(run_kaio(lens, pages=True, page_splits=sp // 2), sets),
+            )
+        page_floor_jobs(b, length, label, sets, variants)
+
+
+def round_q(budget: float):
+    """The uniform paged suite shapes: kaio's default (whole pages from B = 8), the per-head
+    kernel, the contiguous cache and SDPA on it, each default called twice (the same bits),
+    plus ragged lengths (L/4 .. L, SDPA with a key mask) at B = 16 (kernel times)."""
+    cases = ((16, 4096), (16, 1024), (64, 4096), (64, 1024), (16, 32768), (1, 32768))
+    for b, length, _, sets, lens, label in shapes(cases, budget):
+        q, k, v, kc, vc, table = sets[0]
+        one = decode._decode("probe", q, kc, vc, lens, table, None)
+        two = decode._decode("probe", q, kc, vc, lens, table, None)
+        same = all(torch.equal(x, y) for x, y in zip(one, two, strict=True))
+        print(f"{label} paged deterministic (two calls, same bits): {same}", flush=True)
+        show(f"{label} kaio contiguous", kernel_times(run_kaio_contig(lens), sets))
+        show(f"{label} kaio paged per-head", kernel_times(run_kaio(lens, pages=False), sets))
+        show(f"{label} kaio paged default", kernel_times(run_kaio(lens), sets))
+        if b == 16 and length <= 4096:
+            gen = torch.Generator(device="cuda").manual_seed(b * length)
+            rl = torch.randint(length // 4, length + 1, (b,), device="cuda", generator=gen)
+            rl = rl.to(torch.int32)
+            mask = torch.arange(length, device="cuda")[None] < rl[:, None]
+            mask = mask[:, None, None, :]
+            print(f"{label} ragged default rel err {check(sets, rl):.1e}", flush=True)
+            show(f"{label} ragged kaio paged default", kernel_times(run_kaio(rl), sets))
+            show(
+                f"{label} ragged kaio paged per-head",
+                kernel_times(run_kaio(rl, pages=False), sets),
+            )
+            show(
+                f"{label} ragged SDPA default (key mask)",
+                kernel_times(
+                    lambda q, k, v, *_, m=mask: sdpa(q, k, v, attn_mask=m, enable_gqa=True), sets
+                ),
+            )
+
+
+def sequential_pages(k, v):
+    """(block_table, k_pages, v_pages): the contiguous caches in 16-token pages in order
+    (sequence b's pages b * L / 16 ..), the paged layout without the shuffle."""
+    b, hkv, length, d = k.shape
+    per = length // 16
+    table = torch.arange(b * per, device="cuda", dtype=torch.int32).reshape(b, per)
+    caches = [
+        x.reshape(b, hkv, per, 16, d).permute(0, 2, 3, 1, 4).reshape(-1, 16, hkv, d).contiguous()
+        for x in (k, v)
+    ]
+    return (table, *caches)
+
+
+def round_r(budget: float):
+    """decode_pages merged by decode_merge (the default), by its last block, and without a
+    merge; the per-head kernel; SDPA; the copy floors over shuffled pages, pages in order
+    and with the next pages' translations touched ahead (kernel times)."""
+    cases = ((16, 4096), (64, 4096), (16, 1024), (64, 1024), (1, 32768))
+    for b, length, _, sets, lens, label in shapes(cases, budget):
+        show(f"{label} kaio contiguous", kernel_times(run_kaio_contig(lens), sets))
+        show(f"{label} kaio paged per-head", kernel_times(run_kaio(lens, pages=False), sets))
+        print(f"{label} whole pages rel err {check(sets, lens, pages=True):.1e}", flush=True)
+        show(f"{label} whole pages (merge kernel)", kernel_times(run_kaio(lens, pages=True), sets))
+        sp = decode.page_splits(b, length // 16, 132)
+        show(
+            f"{label} whole pages splits={sp} NO MERGE (timing only)",
+            kernel_times(pages_no_merge(lens, sp), sets),
+        )
+        if b == 1:
+            continue
+        q, k, v, *_ = sets[0]
+        seq = [(q, k, v, *sequential_pages(k, v))]
+        seq = [(q, k, v, kc, vc, table) for q, k, v, table, kc, vc in seq]
+        show(
+            f"{label} kaio paged per-head, pages in order",
+            kernel_times(run_kaio(lens, pages=False), seq),
+        )
+        o = torch.empty(b * HKV * 128, device="cuda")
+        for paged, touch, on in ((False, 0, sets), (True, 0, sets), (True, 0, seq), (True, 2, sets),
+                                 (True, 4, sets)):  # fmt: skip
+
+            def floor(q, k, v, kc, vc, table, paged=paged, touch=touch, b=b, o=o, n=length):
+                src = (x.view(-1) for x in ((kc, vc) if paged else (k, v)))
+                head_stream[b * HKV, 128, None, 2 * 4 * 64 * 128 * 2](
+                    *src, table.view(-1), o, HKV, n, n // 16, kc.shape[0],
+                    PAGED=paged, STAGES=4, DP=128, LOCK=1, TOUCH=touch,
+                )  # fmt: skip
+
+            tag = "pages in order" if on is seq else f"touch={touch}"
+            show(f"{label} floor per-head paged={paged} {tag}", kernel_times(floor, on))
+        del seq
 
 
 def round_w(budget: float):
@@ -373,7 +646,7 @@ def round_w(budget: float):
                     hk = HKV * 128 // dp
                     head_stream[b * hk, 128, None, 2 * st * 64 * dp * 2](
                         *src, table.view(-1), o, hk, n, n // 16, kc.shape[0], PAGED=paged,
-                        STAGES=st, DP=dp, LOCK=0,
+                        STAGES=st, DP=dp, LOCK=0, TOUCH=0,
                     )  # fmt: skip
 
                 show(
@@ -456,7 +729,7 @@ def floor_jobs(b, length, label, sets, variants):
             src = (x.view(-1) for x in ((kc, vc) if paged else (k, v)))
             head_stream[b * HKV, 128, None, 2 * st * 64 * 128 * 2](
                 *src, table.view(-1), o, HKV, length, length // 16, kc.shape[0], PAGED=paged,
-                STAGES=st, DP=128, LOCK=lock,
+                STAGES=st, DP=128, LOCK=lock, TOUCH=0,
             )  # fmt: skip
 
         show(f"{label} floor copies paged={paged} st={st} lock={lock}", kernel_times(floor, sets))
@@ -714,7 +987,7 @@ def warm_list():
     out = list(decode.shipped())
     out += [(probe_mark, {})] + [(stream, {"U": u}) for u in (8, 16)]
     out += [
-        (head_stream, {"PAGED": p, "STAGES": st, "DP": dp, "LOCK": 0})
+        (head_stream, {"PAGED": p, "STAGES": st, "DP": dp, "LOCK": 0, "TOUCH": 0})
         for p in (False, True)
         for st, dp in ((3, 128), (4, 128), (3, 256))
     ]
@@ -739,7 +1012,7 @@ def warm_few():
     """D 128 f16 decode_fwd for one M-tile: both layouts, 2 to 6 stages, one split, the
     fused merge and clusters of 8 and 16 (what the suite and rounds a and h launch)."""
     out = [(probe_mark, {})]
-    out += [(head_stream, {"PAGED": p, "STAGES": 4, "DP": 128, "LOCK": lk}) for p, lk in
+    out += [(head_stream, {"PAGED": p, "STAGES": 4, "DP": 128, "LOCK": lk, "TOUCH": 0}) for p, lk in
             ((False, 1), (True, 1), (True, 8))]  # fmt: skip
     for paged in (False, True):
         for st in (2, 3, 4, 5, 6):
@@ -749,6 +1022,32 @@ def warm_few():
                 spec = decode.speculates(paged) if direct else 0
                 c |= {"DIRECT": direct, "FUSED": fused, "PW": int(paged), "SPEC": spec}
                 out.append((decode.DECODE, c))
+    return out
+
+
+def warm_p():
+    """What round p launches: decode_pages at 2 and 3 stages, the per-head defaults of the
+    suite's shapes (paged and contiguous), the floors."""
+    out = [(probe_mark, {})]
+    for direct in (False, True):
+        c = {"HKV": 8, "DP": 128, "STAGES": 3, "DIRECT": direct, "DT": f16, "SPEC": 1}
+        out.append((decode.PAGES, c))
+    out.append((decode.MERGE, {"DP": 128, "MT": 1, "DT": f16}))
+    c = {"DP": 128, "MT": 1, "DT": f16, "CL": 1}
+    out.append((decode.DECODE, {**c, "PAGED": False, "STAGES": 2, "DIRECT": True,
+                                "FUSED": False, "PW": 0, "SPEC": 0}))  # fmt: skip
+    out.append((decode.DECODE, {**c, "PAGED": True, "STAGES": 4, "DIRECT": True,
+                                "FUSED": False, "PW": 1, "SPEC": 1}))  # fmt: skip
+    out.append((decode.DECODE, {**c, "PAGED": True, "STAGES": 4, "DIRECT": False,
+                                "FUSED": True, "PW": 1, "SPEC": 0}))  # fmt: skip
+    out.append((decode.DECODE, {**c, "PAGED": False, "STAGES": 4, "DIRECT": False,
+                                "FUSED": False, "PW": 0, "SPEC": 0, "CL": 8}))  # fmt: skip
+    out += [
+        (head_stream, {"PAGED": p, "STAGES": 4, "DP": 128, "LOCK": 1, "TOUCH": t})
+        for p, t in ((False, 0), (True, 0), (True, 2), (True, 4))
+    ]
+    out += [(page_stream, {"NT": nt, "STAGES": st, "HKV": 8}) for nt, st in
+            ((256, 3), (256, 2), (512, 3))]  # fmt: skip
     return out
 
 
@@ -882,6 +1181,9 @@ def round_s(budget: float):
 
 
 ROUNDS = {  # argument: (round, its default time budget in seconds)
+    "p": (round_p, 30),
+    "q": (round_q, 30),
+    "r": (round_r, 30),
     "x": (round_x, 25),
     "w": (round_w, 25),
     "s": (round_s, 20),
@@ -890,12 +1192,18 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "bn": (round_bn, 25),
     "c": (round_c, 25),
 }
-WARMS = {"warm": warm_list, "warm_few": warm_few, "warm_c": warm_c}
+WARMS = {"warm": warm_list, "warm_few": warm_few, "warm_c": warm_c, "warm_p": warm_p}
 
 if __name__ == "__main__":
     arg = sys.argv[1] if len(sys.argv) > 1 else ""
     seconds = float(sys.argv[2]) if len(sys.argv) > 2 else None
-    if arg == "ncu":
+    if arg == "ncu_pages":  # for ncu --kernel-name regex:decode_pages
+        sets = make_sets(16, 4096, paged=True)
+        lens = torch.full((16,), 4096, device="cuda", dtype=torch.int32)
+        for i in range(3):
+            run_kaio(lens)(*sets[i % len(sets)])
+        torch.cuda.synchronize()
+    elif arg == "ncu":
         sets = make_sets(1, 4096)
         lens = torch.full((1,), 4096, device="cuda", dtype=torch.int32)
         for i in range(3):

@@ -33,7 +33,7 @@ whose entries each warp holds 64 at a time across its lanes (``window_pages``).
 from __future__ import annotations
 
 import kaio
-from kaio import f32, i32, u32
+from kaio import bool_, f32, i32, u32
 from kaio_ops._attention_tc import (
     acc_rows_at,
     dot_rows_at,
@@ -217,6 +217,46 @@ def load_stage(
         kaio.cp_async(dst, (row0 + BN + r, swizzled), v, index, 16, nbytes)
 
 
+@kaio.gpu_func
+def load_pages(
+    dst: DT[:, :],
+    row0: u32,
+    k: DT[:],
+    v: DT[:],
+    page: u32,
+    key0: u32,
+    kv_len: u32,
+    shift: u32,
+    pages: u32,
+    tid: u32,
+    NT: kaio.constexpr,
+    HKV: kaio.constexpr,
+    DP: kaio.constexpr,
+    DT: kaio.constexpr,
+):
+    """Keys key0 .. key0 + 15 (key0 a multiple of 16) of every K/V head from ``page`` of a
+    paged cache [pages, 1 << shift, HKV, DP] (16 * HKV * DP contiguous elements, read whole
+    by NT threads, 16 bytes each: coalesced), K into rows row0 + 16 h + t of dst (head h,
+    key key0 + t: a head's keys adjacent, swizzled, for ldmatrix) and V into the HKV * 16
+    rows after; zeros past kv_len. One cp.async group (committed by the caller); a page
+    outside the pool counts as the last one."""
+    PIECES = DP // 8
+    CH = 16 * HKV * PIECES  # 16-byte chunks of each of K and V
+    base = ((kaio.min(page, pages - 1) << shift) + (key0 & ((u32(1) << shift) - 1))) * HKV * DP
+    for i in kaio.static_range((CH + NT - 1) // NT):
+        c = tid + i * NT
+        if CH % NT == 0 or c < CH:
+            t = c // (HKV * PIECES)
+            r = c // PIECES % HKV * 16 + t
+            col = c % PIECES * 8
+            inside = key0 + t < kv_len
+            index = kaio.select(inside, base + c * 8, 0)
+            nbytes = kaio.select(inside, 16, 0)
+            swizzled = kaio.swizzle(dst, r, col)
+            kaio.cp_async(dst, (row0 + r, swizzled), k, index, 16, nbytes)
+            kaio.cp_async(dst, (row0 + HKV * 16 + r, swizzled), v, index, 16, nbytes)
+
+
 @kaio.gpu_kernel
 def decode_fwd(
     q: DT[:],
@@ -384,14 +424,7 @@ def decode_fwd(
         dot_rows_at(s, qf, kv_s, krow, bcol, lane, KW // 8, 0, DP, DT)  # S = Q K^T
         # the last tiles hold keys past the end or past a new token's position
         masked = i32((t + 1) * BN) + i32(sq) > i32(kv_len) + 1
-        for h in kaio.static_range(2):
-            if masked:
-                for n in kaio.static_range(KW // 8):
-                    for e in kaio.static_range(2):
-                        key = t * BN + kpart * KW + n * 8 + lane % 4 * 2 + e
-                        ok = i32(key) < limit[h]
-                        s[n, 2 * h + e] = kaio.select(ok, s[n, 2 * h + e], NEG_INF)
-            online_softmax(s, m, l, o, h, scale_log2, KW // 8, DP)
+        masked_softmax(s, m, l, o, masked, t * BN + kpart * KW, limit, lane, scale_log2, KW, DP)
         acc_rows_at(o, s, kv_s, krow + BN, acol, lane, KW // 8, DP, DT)  # O += P V
         kaio.sync_threads()  # this stage is free
 
@@ -474,6 +507,238 @@ def decode_fwd(
                 part, part_lse, out, lse, w_s, q_row0 + row0, kaio.min(ROWS, nrows - row0),
                 total_rows, splits, tid, DP, ROWS, DT,
             )  # fmt: skip
+
+
+@kaio.gpu_kernel
+def decode_pages(
+    q: DT[:],
+    k: DT[:],
+    v: DT[:],
+    seq_lens: i32[:],
+    block_table: i32[:],
+    out: DT[:],
+    lse: f32[:],
+    part: f32[:],
+    part_lse: f32[:],
+    heads: u32,
+    group: u32,
+    sq: u32,
+    max_pages: u32,
+    shift: u32,
+    pages: u32,
+    total_rows: u32,
+    scale_log2: f32,
+    HKV: kaio.constexpr,
+    DP: kaio.constexpr,
+    STAGES: kaio.constexpr,
+    DIRECT: kaio.constexpr,
+    DT: kaio.constexpr,
+    SPEC: kaio.constexpr,
+):
+    """``decode_fwd`` over a paged cache for a block that owns a (key split ``block x``,
+    sequence ``block y``) and all HKV K/V heads of it: it reads whole 16-key runs of pages
+    (``load_pages``: every head's rows, contiguous in a page), not one head's rows of each.
+    Warp h is K/V head h, the ``group * sq`` (<= 16) query rows of its group the M rows of
+    its m16n8k16 tiles, over 16 keys a stage (STAGES in flight). The split's 16-key tiles
+    follow the length (read on the GPU), evenly; with ``SPEC`` the capacity's (a block past
+    the length does nothing), so that its first pages and copies are in flight before the
+    length is read (V's rows past the length zeroed in shared memory once it is known; K's
+    scores there are masked). ``DIRECT`` (one split): out / lse; else part / part_lse,
+    merged by ``decode_merge`` (a block a K/V group) in split order (deterministic). The
+    pages of the first STAGES - 1 tiles are loaded at once, the later ones come from a
+    window of the block table held across each warp's lanes (``window_page``). Not routed
+    by default (``decode.WHOLE_PAGES``): measured no faster than ``decode_fwd``, see
+    docs/performance.md, "Decode attention over pages, fourth pass"."""
+    NT = 32 * HKV
+    KV_ROWS = 2 * HKV * 16  # a stage: K rows of every head, then V rows
+    kaio.launch_bounds(NT, 1)
+    tid = kaio.thread_idx_x()
+    lane = kaio.lane_id()
+    warp = tid // 32
+    g = lane // 4
+    split = kaio.block_idx_x()
+    splits = kaio.grid_dim_x()
+    b = kaio.block_idx_y()
+    nrows = group * sq
+    kv_s = kaio.shared_dynamic(DT, (STAGES * KV_ROWS, DP), 0)
+    # Q of every head (head h's rows at 16 h) over the last stage, which the prologue leaves
+    q_row = (STAGES - 1) * KV_ROWS
+    PIECES = DP // 8
+    for i in kaio.static_range(HKV * 16 * PIECES // NT):
+        c = tid + i * NT
+        r = c // PIECES
+        col = c % PIECES * 8
+        inside = r % 16 < nrows
+        at = ((b * heads + r // 16 * group) * sq + r % 16) * DP + col
+        swizzled = kaio.swizzle(kv_s, r, col)
+        kaio.cp_async(
+            kv_s, (q_row + r, swizzled), q, kaio.select(inside, at, 0), 16,
+            kaio.select(inside, 16, 0),
+        )  # fmt: skip
+    kaio.cp_async_commit()
+    capacity = max_pages << shift
+    row_b = b * max_pages
+    pre = kaio.local(u32, STAGES - 1)  # the pages of the first tiles
+    win = kaio.local(u32, 3)  # the block table from the next tile's page on (window_start)
+    if SPEC:  # the capacity's tiles split evenly: the first copies need no length
+        per = (capacity // 16 + splits - 1) // splits
+        t0 = kaio.min(split * per, capacity // 16)
+        first_pages(pre, t0, row_b, block_table, max_pages, shift, STAGES)
+        window_start(win, (t0 + STAGES - 1) * 16, b, block_table, max_pages, shift, lane)
+        for j in kaio.static_range(STAGES - 1):
+            if t0 + j < kaio.min(t0 + per, capacity // 16):
+                load_pages(
+                    kv_s, j * KV_ROWS, k, v, pre[j], (t0 + j) * 16, capacity, shift, pages, tid,
+                    NT, HKV, DP, DT,
+                )  # fmt: skip
+            kaio.cp_async_commit()
+        kv_len = u32(kaio.min(kaio.max(seq_lens[b], 0), i32(capacity)))
+        t1 = kaio.min(t0 + per, (kv_len + 15) // 16)  # under t0 past the length: no tile
+    else:  # the length's tiles split evenly
+        kv_len = u32(kaio.min(kaio.max(seq_lens[b], 0), i32(capacity)))
+        n_total = (kv_len + 15) // 16
+        per = (n_total + splits - 1) // splits
+        t0 = kaio.min(split * per, n_total)
+        t1 = kaio.min(t0 + per, n_total)
+        first_pages(pre, t0, row_b, block_table, max_pages, shift, STAGES)
+        window_start(win, (t0 + STAGES - 1) * 16, b, block_table, max_pages, shift, lane)
+        for j in kaio.static_range(STAGES - 1):
+            if t0 + j < t1:
+                load_pages(
+                    kv_s, j * KV_ROWS, k, v, pre[j], (t0 + j) * 16, kv_len, shift, pages, tid,
+                    NT, HKV, DP, DT,
+                )  # fmt: skip
+            kaio.cp_async_commit()
+    kaio.cp_async_wait(STAGES - 1)  # Q has landed
+    kaio.sync_threads()
+    m = kaio.local(f32, 2)  # the warp's rows' online softmax: max, sum, output
+    l = kaio.local(f32, 2)
+    o = kaio.local(f32, (DP // 8, 4))
+    start_rows(m, l, o, DP)
+    acol = kaio.local(u32, 4)
+    bcol = kaio.local(u32, 4)
+    frag_columns(acol, bcol, kv_s, lane, DT)
+    qf = kaio.local(u32, (DP // 16, 4))
+    load_a(qf, kv_s, q_row + warp * 16, acol, lane, 0, DP, DT)
+    kaio.sync_threads()  # every warp has its Q: the last stage is free
+    limit = kaio.local(i32, 2)  # keys < limit are visible to the row (causal)
+    for h in kaio.static_range(2):
+        limit[h] = i32(kv_len) - i32(sq) + i32((g + 8 * h) % sq) + 1
+    s = kaio.local(f32, (2, 4))
+    for t in range(t0, t1):
+        stage = (t - t0) % STAGES * KV_ROWS
+        if t + STAGES - 1 < t1:  # into the stage tile t - 1 used
+            key0 = (t + STAGES - 1) * 16
+            page = window_page(win, key0, b, block_table, max_pages, shift, lane)
+            load_pages(
+                kv_s, (t - t0 + STAGES - 1) % STAGES * KV_ROWS, k, v, page, key0, kv_len, shift,
+                pages, tid, NT, HKV, DP, DT,
+            )  # fmt: skip
+        kaio.cp_async_commit()
+        kaio.cp_async_wait(STAGES - 1)  # tile t has landed
+        kaio.sync_threads()
+        if SPEC:
+            if t < t0 + STAGES - 1 and (t + 1) * 16 > kv_len:  # copied before the length
+                for idx in range(tid, HKV * 16 * DP, NT):  # V's rows past it: zeros
+                    if t * 16 + idx // DP % 16 >= kv_len:
+                        kv_s[stage + HKV * 16 + idx // DP, idx % DP] = DT(0.0)
+                kaio.sync_threads()
+        krow = stage + warp * 16
+        dot_rows_at(s, qf, kv_s, krow, bcol, lane, 2, 0, DP, DT)  # S = Q K^T
+        masked = i32((t + 1) * 16) + i32(sq) > i32(kv_len) + 1
+        masked_softmax(s, m, l, o, masked, t * 16, limit, lane, scale_log2, 16, DP)
+        acc_rows_at(o, s, kv_s, krow + HKV * 16, acol, lane, 2, DP, DT)  # O += P V
+        kaio.sync_threads()  # this stage is free
+    kaio.cp_async_wait_all()
+    q_row0 = (b * heads + warp * group) * sq  # this warp's first query row
+    for h in kaio.static_range(2):
+        total = l[h] + kaio.shfl_xor(l[h], 1)
+        total += kaio.shfl_xor(total, 2)
+        inv = kaio.select(total > 0.0, 1.0 / total, 0.0)
+        best = kaio.select(total > 0.0, m[h] + kaio.log2(total), NEG_INF)
+        rr = g + 8 * h
+        if rr < nrows:
+            at = q_row0 + rr
+            if DIRECT:
+                store_rows(out, at * DP, o, h, inv, lane, DP, DT)
+                if lane % 4 == 0:
+                    lse[at] = best * LN2
+            else:
+                store_rows(part, (split * total_rows + at) * DP, o, h, inv, lane, DP, f32)
+                if lane % 4 == 0:
+                    part_lse[(split * total_rows + at) * LSE_STRIDE] = best
+
+
+@kaio.gpu_func
+def masked_softmax(
+    s: f32[:, :],
+    m: f32[:],
+    l: f32[:],
+    o: f32[:, :],
+    masked: bool_,
+    key0: u32,
+    limit: i32[:],
+    lane: u32,
+    scale_log2: f32,
+    KW: kaio.constexpr,
+    DP: kaio.constexpr,
+):
+    """The online softmax step of a warp's scores s over its KW keys key0 .. key0 + KW
+    (``online_softmax``, both row halves), where ``masked`` (a tile past the length or a new
+    token's position) the keys at or past each row half's ``limit`` first set to -inf."""
+    for h in kaio.static_range(2):
+        if masked:
+            for n in kaio.static_range(KW // 8):
+                for e in kaio.static_range(2):
+                    ok = i32(key0 + n * 8 + lane % 4 * 2 + e) < limit[h]
+                    s[n, 2 * h + e] = kaio.select(ok, s[n, 2 * h + e], NEG_INF)
+        online_softmax(s, m, l, o, h, scale_log2, KW // 8, DP)
+
+
+@kaio.gpu_func
+def window_page(
+    win: u32[:], key0: u32, b: u32, block_table: i32[:], max_pages: u32, shift: u32, lane: u32
+) -> u32:
+    """The block-table entry of the page of key ``key0`` from the warp's window ``win``
+    (``window_start``; keys come in order, a page at most per call): once the page passes
+    the window's lower 32 entries the window moves on by 32, loading the entries 32 pages
+    ahead of their first use, so the copies never wait for a table load. Every lane of the
+    warp takes part (key0 is uniform over the block)."""
+    if key0 >> shift >= win[0] + 32:
+        win[0] += 32
+        win[1] = win[2]
+        win[2] = table_at(block_table, b, win[0] + 32 + lane, max_pages)
+    return kaio.shfl_idx(win[1], (key0 >> shift) - win[0])
+
+
+@kaio.gpu_func
+def first_pages(
+    pre: u32[:],
+    t0: u32,
+    row_b: u32,
+    block_table: i32[:],
+    max_pages: u32,
+    shift: u32,
+    STAGES: kaio.constexpr,
+):
+    """pre[j]: the block-table entry (row_b is the sequence's row) of the page of 16-key
+    tile t0 + j, j < STAGES - 1 (the last entry past the table): loads in flight at once."""
+    for j in kaio.static_range(STAGES - 1):
+        pre[j] = u32(block_table[row_b + kaio.min((t0 + j) * 16 >> shift, max_pages - 1)])
+
+
+@kaio.gpu_func
+def store_rows(
+    dst: OT[:], at: u32, o: f32[:, :], h: kaio.constexpr, factor: f32, lane: u32,
+    DP: kaio.constexpr, OT: kaio.constexpr,
+):  # fmt: skip
+    """dst[at + col] = o * factor for this lane's columns of accumulator row half h (row
+    g + 8h of the warp's 16), two at a time."""
+    for n in kaio.static_range(DP // 8):
+        pair = kaio.local(OT, 2)
+        for e in kaio.static_range(2):
+            pair[e] = OT(o[n, 2 * h + e] * factor)
+        kaio.store_vector(dst, at + n * 8 + lane % 4 * 2, pair)
 
 
 @kaio.gpu_func

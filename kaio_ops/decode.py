@@ -52,8 +52,19 @@ PAGED_CLUSTER_TILES = 16  # the same over a paged cache (measured: ``plan_grid``
 PAGE_WINDOW = True  # paged: pages from a window of the block table across a warp's lanes
 SPECULATE = True  # one split: the first K/V copies before the length is read (SPEC)
 
+# paged: a block a (key split, sequence) over all K/V heads, reading whole pages
+# (``decode_pages``), for the K/V head counts PAGE_HEADS, from PAGE_MIN_BATCH sequences on.
+# Off: on an H100 it was no faster than the per-head kernel at any suite shape (the
+# shuffled pages' cost is in the copy floor whichever way a page is read; the splits'
+# merge adds 3 us), docs/performance.md, "Decode attention over pages, fourth pass"
+WHOLE_PAGES = False
+PAGE_HEADS = (4, 8)
+PAGE_MIN_BATCH = 8
+PAGE_SPEC = True  # decode_pages splits the capacity: its first copies need no length
+
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
 MERGE = dk.decode_merge
+PAGES = dk.decode_pages
 APPEND = dk.kv_append
 
 
@@ -181,6 +192,40 @@ def speculates(paged: bool) -> int:
     and 32k keys 26.2 / 26.4, 92.8 / 92.9 and 706.7 / 707.6 us, B = 64 at 1k 93.7 / 94.4;
     contiguous it was no faster (25.9 / 25.4 us at B = 16, 1k keys)."""
     return int(SPECULATE and PAGE_WINDOW and paged)
+
+
+def page_shared(hkv: int, dp: int, stages: int) -> int:
+    """Dynamic shared memory of ``decode_pages``: STAGES stages of 16 keys of every K/V
+    head, K and V (Q and the merge's weights reuse them)."""
+    return stages * 2 * hkv * 16 * dp * 2
+
+
+def page_stages(like, hkv: int, dp: int) -> int:
+    """``decode_pages``' stages: 3 where a block's shared memory holds them (H100, H200: 192
+    KB at Hkv 8, D 128), else 2 (A100's 163 KB; the simulator plans as for an H100)."""
+    dev = _arrays.gpu(like)
+    limit = 227 * 1024 if dev is None else dev.max_shared_per_block_optin
+    return 3 if page_shared(hkv, dp, 3) <= limit else 2
+
+
+def page_splits(batch: int, tiles: int, sms: int) -> int:
+    """``decode_pages``' key splits of each sequence (``tiles`` 16-key tiles of capacity):
+    a block a multiprocessor over the batch, at most MAX_SPLITS, at least 4 tiles a split."""
+    return max(1, min(MAX_SPLITS, sms // batch, tiles // 4))
+
+
+def uses_pages(cache, batch: int, group: int, sq: int, d: int) -> bool:
+    """Whether a decode call runs ``decode_pages`` (WHOLE_PAGES): a paged cache of
+    PAGE_HEADS K/V heads, D up to 128 (Q in registers), a group's query rows in one M-tile,
+    from PAGE_MIN_BATCH sequences on."""
+    return (
+        WHOLE_PAGES
+        and cache.paged
+        and cache.kv_heads in PAGE_HEADS
+        and d <= 128
+        and group * sq <= 16
+        and batch >= PAGE_MIN_BATCH
+    )
 
 
 class _Cache:
@@ -316,6 +361,24 @@ def _to_host(obj, kind: str) -> np.ndarray:
     return obj.numpy()
 
 
+def _outputs(qa, splits: int) -> tuple:
+    """(out, lse, out_flat, lse_flat, part, part_lse) of a decode call on q ``qa``
+    [B, H, Sq, D]: the outputs and their flat kernel arguments, and the splits' partial
+    outputs and base-2 logsumexps (f32 [splits, B * H * Sq, D] and [.., LSE_STRIDE]; with
+    one split, stand-ins never written)."""
+    batch, heads, sq, d = qa.shape
+    rows = batch * heads * sq
+    out = _arrays.output(qa, qa.shape)
+    lse = _arrays.output(qa, (batch, heads, sq), f32)
+    out_flat = _arrays.output_arg(qa, out, (qa.size,))
+    lse_flat = _arrays.output_arg(qa, lse, (rows,), f32)
+    if splits == 1:
+        return out, lse, out_flat, lse_flat, lse_flat, lse_flat
+    part = _arrays.output(qa, (splits * rows * d,), f32)
+    part_lse = _arrays.output(qa, (splits * rows * dk.LSE_STRIDE,), f32)
+    return out, lse, out_flat, lse_flat, part, part_lse
+
+
 def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     inputs = _arrays.Inputs(op)
     qa = inputs.array(q, "q", ndim=4, dtypes=(f16, bf16), form="[B, H, Sq, D]")
@@ -344,24 +407,19 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     _host_check(inputs, lens, cache, DECODE.debug)
 
     group = heads // cache.kv_heads
+    if uses_pages(cache, batch, group, sq, d):
+        return _decode_pages(qa, cache, lens, batch, heads, group, sq, d, scale)
     mt = row_tiles(group * sq)
     chunks = -(-group * sq // (16 * mt))
     blocks = batch * cache.kv_heads * chunks
     tiles = -(-cache.capacity // dk.BN)
     splits, stages, cl, shared = plan_grid(qa, DECODE, blocks, tiles, d, mt, cache.paged)
     rows = batch * heads * sq
-    out = _arrays.output(qa, qa.shape)
-    lse = _arrays.output(qa, (batch, heads, sq), f32)
-    out_flat = _arrays.output_arg(qa, out, (qa.size,))
-    lse_flat = _arrays.output_arg(qa, lse, (rows,), f32)
     stream = _arrays.stream_of(qa)
     direct = splits == 1
+    out, lse, out_flat, lse_flat, part, part_lse = _outputs(qa, 1 if cl > 1 else splits)
     counters = None
-    if direct or cl > 1:
-        part, part_lse = lse_flat, lse_flat  # not written
-    else:
-        part = _arrays.output(qa, (splits * rows * d,), f32)
-        part_lse = _arrays.output(qa, (splits * rows * dk.LSE_STRIDE,), f32)
+    if not (direct or cl > 1):
         counters = _counters(qa, stream, blocks)
     fused = counters is not None
     flat = [a.arg(a.size) for a in (qa, cache.k, cache.v)]
@@ -379,6 +437,31 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
         MERGE[blocks, dk.THREADS, stream, merge_shared(mt)](
             part, part_lse, out_flat, lse_flat, heads, group, sq, cache.kv_heads, chunks, rows,
             splits, DP=d, MT=mt, DT=qa.dtype,
+        )  # fmt: skip
+    return out, lse
+
+
+def _decode_pages(qa, cache, lens, batch, heads, group, sq, d, scale) -> tuple:
+    """``decode_pages`` over the paged ``cache``: (out, lse)."""
+    hkv = cache.kv_heads
+    tiles = -(-cache.capacity // 16)
+    splits = page_splits(batch, tiles, _arrays.multiprocessors(qa))
+    stages = page_stages(qa, hkv, d)
+    rows = batch * heads * sq
+    stream = _arrays.stream_of(qa)
+    direct = splits == 1
+    out, lse, out_flat, lse_flat, part, part_lse = _outputs(qa, splits)
+    flat = [a.arg(a.size) for a in (qa, cache.k, cache.v)]
+    PAGES[(splits, batch), 32 * hkv, stream, page_shared(hkv, d, stages)](
+        *flat, lens.arg(batch), cache.table_arg(qa), out_flat, lse_flat, part, part_lse,
+        heads, group, sq, cache.max_pages, cache.shift, max(cache.pages, 1), rows,
+        math.log2(math.e) * float(scale),
+        HKV=hkv, DP=d, STAGES=stages, DIRECT=direct, DT=qa.dtype, SPEC=int(PAGE_SPEC),
+    )  # fmt: skip
+    if not direct:  # a block a K/V group (one M-tile: group * Sq <= 16 rows)
+        MERGE[batch * hkv, dk.THREADS, stream, merge_shared(1)](
+            part, part_lse, out_flat, lse_flat, heads, group, sq, hkv, 1, rows, splits,
+            DP=d, MT=1, DT=qa.dtype,
         )  # fmt: skip
     return out, lse
 
@@ -466,6 +549,12 @@ def shipped():
         for dp in DIMS:
             for mt in (1, 2, 4):
                 yield MERGE, {"DP": dp, "MT": mt, "DT": dtype}
+        for hkv in PAGE_HEADS if WHOLE_PAGES else ():  # whole-page blocks, D up to 128
+            for dp in (64, 128):
+                for stages in (2, 3):  # A100 / H100, H200
+                    for direct in (False, True):
+                        flags = {"HKV": hkv, "DP": dp, "STAGES": stages, "DIRECT": direct}
+                        yield PAGES, {**flags, "DT": dtype, "SPEC": int(PAGE_SPEC)}
         for paged in (False, True):
             for vec in (1, 8):
                 yield APPEND, {"PAGED": paged, "VEC": vec, "DT": dtype}

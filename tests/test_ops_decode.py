@@ -239,6 +239,93 @@ def test_one_split_copies_before_the_length_in_simulator(monkeypatch, page_size)
     assert np.abs(out.astype(np.float64) - ref).max() < 4e-3
 
 
+@pytest.mark.parametrize(
+    "lens, h, hkv, sq, d, dtype, page_size, splits, spec",
+    [
+        ((0, 1, 16, 33), 8, 8, 1, 64, BF16, 16, 1, 1),  # ratio 1; 0, 1, a page boundary
+        ((0, 1, 16, 33), 8, 8, 1, 64, BF16, 16, 1, 0),  # the same, splits of the length
+        ((37, 128), 32, 4, 2, 64, np.float16, 32, 3, 0),  # ratio 8, Sq 2: 16 rows a warp
+        ((2, 95, 48), 16, 4, 4, 64, np.float16, 16, 2, 1),  # ratio 4, Sq 4 over a length of 2
+        ((17, 64, 250), 8, 8, 16, 64, BF16, 16, 5, 1),  # ratio 1, Sq 16; splits past a length
+        ((17, 64, 250), 8, 8, 16, 64, BF16, 16, 10, 0),  # more splits than the merge prefetches
+        ((31, 70), 32, 8, 1, 128, np.float16, 64, 2, 1),  # the suite's heads, D 128, pages of 64
+    ],
+)
+def test_whole_page_blocks_in_simulator(
+    monkeypatch, lens, h, hkv, sq, d, dtype, page_size, splits, spec
+):
+    # decode_pages (a block a key split and sequence over all K/V heads, reading whole
+    # pages; not routed by default), forced at any batch, splitting the capacity (spec: the
+    # first copies before the length is read) or the length, several splits merged by
+    # decode_merge; rows past each length hold NaN (an unwritten cache), which must not
+    # reach the output
+    monkeypatch.setattr(decode, "PAGE_MIN_BATCH", 1)
+    monkeypatch.setattr(decode, "PAGE_SPEC", bool(spec))
+    monkeypatch.setattr(decode, "WHOLE_PAGES", True)
+    monkeypatch.setattr(decode, "page_splits", lambda *_: splits)
+    monkeypatch.setattr(decode, "PAGES", spy := _Spy(decode.PAGES))
+    rng = np.random.default_rng(sum(lens) + h + sq)
+    b = len(lens)
+    capacity = -(-max(lens) // page_size) * page_size
+    q = rng.standard_normal((b, h, sq, d)).astype(dtype)
+    k_cache, v_cache, table = make_cache(rng, b, hkv, d, capacity, dtype, page_size)
+    for cache in (k_cache, v_cache):
+        for i, n in enumerate(lens):
+            for pos in range(n, capacity):
+                cache[table[i, pos // page_size], pos % page_size] = np.nan
+    seq_lens = np.array(lens, np.int32)
+    with kaio.simulate():
+        out, lse = kaio_ops.flash_attention_decode_with_stats(q, k_cache, v_cache, seq_lens, table)
+        again = kaio_ops.flash_attention_decode(q, k_cache, v_cache, seq_lens, table)
+    assert spy.calls == 2
+    assert np.array_equal(out, again)
+    ref, ref_lse = reference(q, k_cache, v_cache, lens, table)
+    out = out.astype(np.float64)
+    assert np.isfinite(out).all()
+    assert np.abs(out - ref).max() < (4e-3 if dtype == np.float16 else 3e-2)
+    assert np.array_equal(np.isinf(lse), np.isinf(ref_lse))
+    seen = np.isfinite(ref_lse)
+    assert np.abs(lse[seen] - ref_lse[seen]).max() < 1e-4
+    assert (out[~seen] == 0).all()
+
+
+class _Spy:
+    """A kernel stand-in that counts its launches and passes them on."""
+
+    def __init__(self, kernel):
+        self.kernel, self.calls = kernel, 0
+
+    def __getitem__(self, config):
+        self.calls += 1
+        return self.kernel[config]
+
+
+def test_whole_page_blocks_route_and_plan(monkeypatch):
+    # off by default (measured no faster); switched on, the suite's paged caches from batch
+    # 8 (Hkv 8, D 128, one new token) take decode_pages, a block a multiprocessor over the
+    # batch; contiguous caches, batch 1 and groups of more than 16 query rows do not
+    assert not decode.WHOLE_PAGES
+    monkeypatch.setattr(decode, "WHOLE_PAGES", True)
+    with kaio.simulate():
+        inputs = decode._arrays.Inputs("test")
+        cache = decode._Cache(inputs, PAGES_8, PAGES_8, TABLE_16, 16, 128, kaio.f16)
+        assert decode.uses_pages(cache, 16, 4, 1, 128)
+        assert not decode.uses_pages(cache, 1, 4, 1, 128)
+        assert not decode.uses_pages(cache, 16, 4, 5, 128)  # 20 rows
+        contiguous = decode._Cache(inputs, KC_8, KC_8, None, 16, 128, kaio.f16)
+        assert not decode.uses_pages(contiguous, 16, 4, 1, 128)
+    assert decode.page_splits(16, 4096 // 16, 132) == 8
+    assert decode.page_splits(64, 4096 // 16, 132) == 2
+    assert decode.page_splits(256, 4096 // 16, 132) == 1
+    assert decode.page_splits(16, 8, 132) == 2  # at least 4 tiles a split
+    assert decode.page_shared(8, 128, 3) == 192 * 1024
+
+
+PAGES_8 = np.zeros((16, 16, 8, 128), np.float16)
+TABLE_16 = np.zeros((16, 1), np.int32)
+KC_8 = np.zeros((16, 8, 16, 128), np.float16)
+
+
 def test_bad_block_table_stays_inside_the_cache_in_simulator(monkeypatch):
     # what the GPU only sees (the table's values; a graph replayed after the table was
     # freed and its memory reused): pages outside the pool are read as the last page and
@@ -465,6 +552,24 @@ def _assemble(index: int) -> None:
         if arch == "sm_90":  # H100/H200: every kernel fits its registers
             spills = re.search(r"(\d+) bytes spill stores", report)
             assert spills and spills[1] == "0", (kernel.pyfunc.__name__, constexprs, report)
+
+
+@pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
+@pytest.mark.parametrize(
+    "constexprs",
+    [
+        {"HKV": 8, "DP": 128, "STAGES": 3, "DIRECT": False, "DT": kaio.f16, "SPEC": 1},
+        {"HKV": 4, "DP": 64, "STAGES": 2, "DIRECT": True, "DT": kaio.bf16, "SPEC": 0},
+    ],
+)
+def test_whole_page_blocks_assemble(constexprs):
+    # decode_pages (off by default, so not among decode.shipped()) for sm_80 and sm_90,
+    # without spills on sm_90
+    for arch in ("sm_80", "sm_90"):
+        report = assemble(decode.PAGES.ptx(arch=arch, **constexprs), arch)
+        if arch == "sm_90":
+            spills = re.search(r"(\d+) bytes spill stores", report)
+            assert spills and spills[1] == "0", report
 
 
 @pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
