@@ -84,29 +84,12 @@ def store_empty(
 
 @kaio.gpu_kernel(fastmath=True)  # ex2.approx.ftz: one instruction an exponential
 def varlen_fwd_wgmma(
-    tq: kaio.tensormap,
-    tk: kaio.tensormap,
-    tv: kaio.tensormap,
-    out: DT[:],
-    lse: f32[:],
-    cu_q: i32[:],
-    cu_k: i32[:],
-    total_q: i32,
-    heads: i32,
-    group: i32,
-    scale_log2: f32,
-    causal: i32,
-    n_qt: i32,
-    n_work: i32,
-    D: kaio.constexpr,
-    BN: kaio.constexpr,
-    WG: kaio.constexpr,
-    STAGES: kaio.constexpr,
-    PIPE: kaio.constexpr,
-    REGS: kaio.constexpr,
-    PERSIST: kaio.constexpr,
-    DT: kaio.constexpr,
-):
+    tq: kaio.tensormap, tk: kaio.tensormap, tv: kaio.tensormap, out: DT[:], lse: f32[:],
+    cu_q: i32[:], cu_k: i32[:], total_q: i32, heads: i32, group: i32, scale_log2: f32,
+    causal: i32, n_qt: i32, n_work: i32, D: kaio.constexpr, BN: kaio.constexpr,
+    WG: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr, REGS: kaio.constexpr,
+    PERSIST: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
     """out and lse of the work tiles (``varlen_tile``) of ``64 * WG`` query rows: block
     (x, y, z)'s, query tile x of head y of sequence z, or with ``PERSIST`` block x's tiles
     x, x + grid x, ... of the ``n_work`` = ``n_qt`` H B (the ring, the Q buffer and their

@@ -329,13 +329,20 @@ def hopper_takes(qa, dims: tuple, module=hopper) -> bool:
     ``flash_attention_bwd``): an sm_90 GPU (never under the simulator, whose tests launch the
     kernels directly; ``KAIO_HOPPER_ATTENTION=0`` opts out), a head dim the kernel takes
     (``module.eligible``) and a case where it measured faster (``module.worthwhile``)."""
-    if os.environ.get("KAIO_HOPPER_ATTENTION") == "0" or simulating():
-        return False
-    dev = _arrays.gpu(qa)
-    if dev is None or dev.arch != "sm_90":
+    if not hopper_gpu(qa):
         return False
     bh, _, _, sq, sk, d, _ = dims
     return module.eligible(d) and module.worthwhile(bh, sq, sk, d, _arrays.multiprocessors(qa))
+
+
+def hopper_gpu(qa) -> bool:
+    """Whether ``qa`` lives on an sm_90 GPU whose Hopper attention kernels may run: never
+    under the simulator (its tests launch those kernels directly), and not with
+    ``KAIO_HOPPER_ATTENTION=0`` (the opt-out)."""
+    if os.environ.get("KAIO_HOPPER_ATTENTION") == "0" or simulating():
+        return False
+    dev = _arrays.gpu(qa)
+    return dev is not None and dev.arch == "sm_90"
 
 
 def _flash(op: str, q, k, v, causal, scale):

@@ -17,11 +17,9 @@ with sq queries and sk keys sees keys j <= i + sk - sq (for sq == sk: j <= i, th
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 
-from kaio.sim import active as simulating
 from kaio.types import bf16, f16, f32, i32
 from kaio_ops import _arrays
 from kaio_ops import _attention_hopper_varlen as hopper_varlen
@@ -34,6 +32,7 @@ from kaio_ops.attention import (
     bwd_tile,
     check_heads,
     dkdv_passes,
+    hopper_gpu,
     tc_config,
     tc_shared_bytes,
 )
@@ -110,10 +109,7 @@ def hopper_takes(qa, ka, dims: tuple, causal: bool) -> bool:
     a head dim it takes (64, 128, 256), keys to read (a tensor map needs rows) and sequences
     long enough on average that it measured faster (``_attention_hopper_varlen.worthwhile``;
     the mean lengths are the packed totals over B, known without reading the offsets)."""
-    if os.environ.get("KAIO_HOPPER_ATTENTION") == "0" or simulating():
-        return False
-    dev = _arrays.gpu(qa)
-    if dev is None or dev.arch != "sm_90":
+    if not hopper_gpu(qa):
         return False
     batch, _, _, total_q, d, max_q, max_k = dims
     return (
