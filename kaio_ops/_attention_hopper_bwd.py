@@ -199,8 +199,8 @@ def issue_front(
         issue_s_regs(s, af, x_s, st, D, DT)
         issue_s_regs(dp, bf, y_s, st, D, DT)
     else:
-        issue_s(s, a_s, x_s, st, wg, D, DT)
-        issue_s(dp, b_s, y_s, st, wg, D, DT)
+        issue_s(s, a_s, x_s, st, wg, 0, D, DT)
+        issue_s(dp, b_s, y_s, st, wg, 0, D, DT)
 
 
 @kaio.gpu_func

@@ -549,8 +549,8 @@ def hopper_runs(rng) -> list[tuple]:
         out = consts["OUT"].np_dtype
         outs = [np.full((m, w), np.nan, out) for w in (*widths, n - sum(widths))]
         shape = [m, n, *widths, k, 0.5, 2.0, -1.0]
-        if consts["OUTS"] == 1:  # one output, unscaled
-            outs = [np.full((m, n), np.nan, out)] * 3
+        if consts["OUTS"] == 1:  # one output, unscaled; the other two are never written
+            outs = [np.full((m, n), np.nan, out), np.zeros((1, 1), out), np.zeros((1, 1), out)]
             shape = [m, n, n, 0, k, 1.0, 1.0, 1.0]
         runs.append((kernel, subscript, [*maps, *outs, *shape], consts))
     return runs
