@@ -61,6 +61,8 @@ class FakeGPU:
         monkeypatch.setattr(linear_module, "_hopper", lambda a: False)  # tensor maps
         monkeypatch.setattr(linear_module, "_pipelined", lambda a: True)  # sm_90
         monkeypatch.setattr(kaio_ops.decode, "_hopper", lambda a: False)  # clusters
+        varlen = importlib.import_module("kaio_ops.attention_varlen")
+        monkeypatch.setattr(varlen, "hopper_takes", lambda *a: False)  # tensor maps
         monkeypatch.setattr(kaio_ops.tune, "lookup", lambda *a, **k: None)
         monkeypatch.setattr(kaio_ops._long_rows, "available", lambda a: False)
         _plan.clear()
