@@ -656,6 +656,23 @@ def main() -> None:
     use_ptxas()
     log = open(os.path.join(args.out, "fp8_plans.jsonl"), "a")  # noqa: SIM115
     recs = []
+
+    def over_shapes(rows: list, plans_of) -> None:
+        """Time each M of ``rows`` at every shape of ``models`` (``run_case`` with
+        ``plans_of(m, n, k)``) while the budget lasts; a failing case is printed and the run
+        goes on."""
+        for m in rows:
+            for model in models:
+                for n, k in SHAPES[model]:
+                    if time.time() - t0 > args.budget:
+                        print(f"budget: skipped M={m} {n}x{k}", flush=True)
+                        continue
+                    try:
+                        recs.append(run_case(m, n, k, False, plans_of(m, n, k), log,
+                                             f"M={m} {n}x{k}"))  # fmt: skip
+                    except Exception:  # noqa: BLE001
+                        traceback.print_exc()
+
     cases = args.cases.split(",")
     ms = [int(x) for x in args.ms.split(",") if x]
     models = args.models.split(",")
@@ -699,29 +716,9 @@ def main() -> None:
                 except Exception:  # noqa: BLE001
                     traceback.print_exc()
     if "decode" in cases:  # the routed decode plans against the old route, stages, preload
-        for m in [m for m in ms if m <= 64]:
-            for model in models:
-                for n, k in SHAPES[model]:
-                    if time.time() - t0 > args.budget:
-                        print(f"budget: skipped M={m} {n}x{k}", flush=True)
-                        continue
-                    try:
-                        plans = decode_alternatives(m, n, k)
-                        recs.append(run_case(m, n, k, False, plans, log, f"M={m} {n}x{k}"))
-                    except Exception:  # noqa: BLE001
-                        traceback.print_exc()
+        over_shapes([m for m in ms if m <= 64], decode_alternatives)
     if "mid" in cases:  # small tiles at 128 and 256 rows
-        for m in [m for m in ms if 64 < m <= 256]:
-            for model in models:
-                for n, k in SHAPES[model]:
-                    if time.time() - t0 > args.budget:
-                        print(f"budget: skipped M={m} {n}x{k}", flush=True)
-                        continue
-                    try:
-                        recs.append(run_case(m, n, k, False, mid_plans(m, n, k), log,
-                                             f"M={m} {n}x{k}"))  # fmt: skip
-                    except Exception:  # noqa: BLE001
-                        traceback.print_exc()
+        over_shapes([m for m in ms if 64 < m <= 256], mid_plans)
     if "group" in cases:  # the routed tile with other groupings of the tile order
         for size in (4096, 8192):
             recs.append(run_case(size, size, size, False, group_plans(size, size, size), log))
@@ -743,31 +740,17 @@ def main() -> None:
         recs.append(run_case(4096, 4096, 4096, False, CLUSTER, log, "4096^3 clusters"))
         recs.append(run_case(8192, 8192, 8192, False, CLUSTER, log, "8192^3 clusters"))
     if "swap" in cases:  # the swapped decode plans at the sweep's shapes
-        for m in ms:
-            for model in models:
-                for n, k in SHAPES[model]:
-                    if time.time() - t0 > args.budget:
-                        print(f"budget: skipped M={m} {n}x{k}", flush=True)
-                        continue
-                    try:
-                        recs.append(run_case(m, n, k, False, swap_plans(m, n, k), log,
-                                             f"M={m} {n}x{k}"))  # fmt: skip
-                    except Exception:  # noqa: BLE001
-                        traceback.print_exc()
+        over_shapes(ms, swap_plans)
     if any(c in cases for c in ("sweep", "sweepnew", "sweepwide", "sweepfinal")):
-        for m in ms:
-            for model in models:
-                for n, k in SHAPES[model]:
-                    if time.time() - t0 > args.budget:
-                        print(f"budget: skipped M={m} {n}x{k}", flush=True)
-                        continue
-                    try:
-                        plans = [] if "pick" in cases else plans_for(m, n, "sweepnew" in cases)
-                        plans = with_splits(SWEEP_WIDE, m, n, k) if "sweepwide" in cases else plans
-                        plans = final_plans(m, n, k) if "sweepfinal" in cases else plans
-                        recs.append(run_case(m, n, k, False, plans, log, f"M={m} {n}x{k}"))
-                    except Exception:  # noqa: BLE001
-                        traceback.print_exc()
+
+        def sweep_plans(m: int, n: int, k: int) -> list:
+            if "sweepfinal" in cases:
+                return final_plans(m, n, k)
+            if "sweepwide" in cases:
+                return with_splits(SWEEP_WIDE, m, n, k)
+            return [] if "pick" in cases else plans_for(m, n, "sweepnew" in cases)
+
+        over_shapes(ms, sweep_plans)
     xs = [r["pick"]["x"] for r in recs if isinstance(r.get("pick"), dict) and "x" in r["pick"]]
     bx = [r[r["best"]]["x"] for r in recs if r.get("best")]
     for m in sorted({r["m"] for r in recs}):
