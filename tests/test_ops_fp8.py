@@ -258,17 +258,10 @@ def test_hopper_plans_sim(plan, m, n, k, scales, out, monkeypatch):
     """Every tile shape and accumulation mode of the sm_90 kernel on the simulator, two
     persistent blocks (several tiles each, the ring running across tiles), against float64:
     per-tensor, per-row and per-column scales, bias, the output types, M and N edges."""
-    from kaio_ops import _fp8_hopper, fp8
+    from kaio_ops import fp8
 
     monkeypatch.setattr(fp8, "HOPPER_IN_SIMULATOR", True)
-    calls = []
-    launch = _fp8_hopper.launch
-
-    def forced(*args, like=None):
-        calls.append(1)
-        launch(*args[:12], 2, args[13], plan, like=like)
-
-    monkeypatch.setattr(_fp8_hopper, "launch", forced)
+    calls = _force_plan(monkeypatch, plan)
     a, w = _fp8_operands(m, k, n, "e4m3", seed=m + n)
     rng = np.random.default_rng(k)
     sa = rng.uniform(0.5, 2, (m, 1) if scales in ("row", "both") else (1,)).astype(np.float32)
@@ -283,6 +276,22 @@ def test_hopper_plans_sim(plan, m, n, k, scales, out, monkeypatch):
     mag = matmul_reference(np.abs(a.astype(np.float64)), np.abs(w.T.astype(np.float64)), sa, sb)
     assert np.all(np.abs(got.astype(np.float64) - ref) <= np.abs(ref) * eps + 1e-6 * mag + 1e-3)
     assert np.abs(ref).max() > 100
+
+
+def _force_plan(monkeypatch, plan) -> list:
+    """Make ``_fp8_hopper.launch`` run ``plan`` on two persistent blocks; the list it
+    returns gets a 1 per launch."""
+    from kaio_ops import _fp8_hopper
+
+    calls = []
+    launch = _fp8_hopper.launch
+
+    def forced(*args, like=None):
+        calls.append(1)
+        launch(*args[:12], 2, args[13], plan, like=like)
+
+    monkeypatch.setattr(_fp8_hopper, "launch", forced)
+    return calls
 
 
 @pytest.mark.parametrize(
@@ -302,18 +311,11 @@ def test_swapped_plans_sim(plan, m, n, k, scales, out, name, monkeypatch):
     float64: M = 1 and partial column tiles of a's rows, N tails (partial 64-row weight
     tiles), K splits summed in the kernel, per-tensor, per-row and per-column scales, bias,
     e4m3 and e5m2, every output type."""
-    from kaio_ops import _fp8_hopper, fp8
+    from kaio_ops import fp8
 
     monkeypatch.setattr(fp8, "HOPPER_IN_SIMULATOR", True)
     monkeypatch.setattr(_fp8_decode, "MAX_M", 0)  # (M = 1 on the wgmma kernel)
-    calls = []
-    launch = _fp8_hopper.launch
-
-    def forced(*args, like=None):
-        calls.append(1)
-        launch(*args[:12], 2, args[13], plan, like=like)
-
-    monkeypatch.setattr(_fp8_hopper, "launch", forced)
+    calls = _force_plan(monkeypatch, plan)
     maps = []  # the rows of the arrays the tensor maps cover: the weights' first when swapped
     tensor_map_2d = kaio.tensor_map_2d
     monkeypatch.setattr(
