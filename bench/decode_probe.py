@@ -601,6 +601,108 @@ def round_r(budget: float):
         del seq
 
 
+def layout_caches(k, v, table):
+    """(block_table, k_pages, v_pages): the contiguous caches [B, Hkv, L, D] in 16-token
+    pages at the pool slots of ``table`` [B, L / 16] (distinct entries)."""
+    b, hkv, length, d = k.shape
+    caches = []
+    for x in (k, v):
+        pages = torch.empty(table.numel(), 16, hkv, d, device=x.device, dtype=x.dtype)
+        pages[table.long().flatten()] = (
+            x.reshape(b, hkv, length // 16, 16, d).permute(0, 2, 3, 1, 4).reshape(-1, 16, hkv, d)
+        )
+        caches.append(pages)
+    return (table, *caches)
+
+
+def page_orders(b, length, group=64):
+    """Block tables [B, L / 16] of one pool of B * L / 16 pages of 16 keys: "shuffled" (a
+    random permutation, the suite's), "sorted" (the same pages, each sequence's ascending:
+    every sequence sweeps the pool upwards), "2MB-local" (pages in order but shuffled
+    within aligned groups of ``group`` pages: 2 MB at 32 KB a page), "2MB-chunks" (groups
+    of ``group`` pages in order inside, the groups shuffled) and "in order"."""
+    per = length // 16
+    n = b * per
+    gen = torch.Generator(device="cuda").manual_seed(n)
+    perm = torch.randperm(n, device="cuda", generator=gen).to(torch.int32)
+    ordered = torch.arange(n, device="cuda", dtype=torch.int32)
+    g = min(group, n)
+    local = ordered.reshape(-1, g)
+    local = torch.gather(local, 1, torch.argsort(torch.rand(local.shape, device="cuda"), 1))
+    chunks = ordered.reshape(-1, g)[torch.randperm(n // g, device="cuda")]
+    return {
+        "shuffled": perm.reshape(b, per),
+        "sorted": perm.reshape(b, per).sort(dim=1).values,
+        "2MB-local": local.reshape(b, per).contiguous(),
+        "2MB-chunks": chunks.reshape(b, per).contiguous(),
+        "in order": ordered.reshape(b, per),
+    }
+
+
+def round_t(budget: float):
+    """Where the paged layout's cost comes from: kaio's paged kernel and its copy floor
+    (head_stream, kaio's grid and copies) over the same pool with the pages in different
+    orders (``page_orders``: shuffled, each sequence's table ascending, shuffled only within
+    2 MB, 2 MB chunks shuffled, in order), beside the contiguous cache and SDPA on it; plus
+    B = 16 at 256 keys (the fixed cost: kernel time at a small length) (kernel times)."""
+    print(torch.cuda.get_device_name(), flush=True)
+    for b, length in ((16, 4096), (64, 1024), (16, 1024), (16, 256)):
+        if time.time() - T0 > budget:
+            print("(time budget: stopping)", flush=True)
+            break
+        torch.cuda.empty_cache()
+        q = torch.randn(b, H, 1, D, device="cuda", dtype=torch.half)
+        k, v = (torch.randn(b, HKV, length, D, device="cuda", dtype=torch.half) for _ in "kv")
+        lens = torch.full((b,), length, device="cuda", dtype=torch.int32)
+        label = f"B{b} L{length}"
+        orders = page_orders(b, length) if length >= 1024 else {"shuffled": None}
+        sets = {}
+        for name, table in orders.items():
+            if table is None:
+                t, kc, vc = paged_caches(k, v, 16)
+            else:
+                t, kc, vc = layout_caches(k, v, table)
+            sets[name] = [(q, k, v, kc, vc, t)]
+        one = sets["shuffled"]
+        print(f"{label} paged rel err {check(one, lens):.1e}", flush=True)
+        show(
+            f"{label} SDPA default",
+            kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), one),
+        )
+        show(f"{label} kaio contiguous", kernel_times(run_kaio_contig(lens), one))
+        o = torch.empty(b * HKV * 128, device="cuda")
+
+        def floor(q, k, v, kc, vc, table, paged=True, b=b, o=o, n=length):
+            src = (x.view(-1) for x in ((kc, vc) if paged else (k, v)))
+            head_stream[b * HKV, 128, None, 2 * 4 * 64 * 128 * 2](
+                *src, table.view(-1), o, HKV, n, n // 16, kc.shape[0],
+                PAGED=paged, STAGES=4, DP=128, LOCK=1, TOUCH=0,
+            )  # fmt: skip
+
+        show(f"{label} floor contiguous", kernel_times(lambda *a: floor(*a, paged=False), one))
+        for name, st in sets.items():
+            if name != "shuffled":
+                print(f"{label} {name} rel err {check(st, lens):.1e}", flush=True)
+            show(f"{label} kaio paged, {name}", kernel_times(run_kaio(lens), st))
+            show(f"{label} floor paged, {name}", kernel_times(floor, st))
+        flush()
+        del sets, one, k, v
+
+
+def warm_t():
+    """What round t launches: the per-head defaults of its shapes, the floors."""
+    out = [(probe_mark, {})]
+    out += [(head_stream, {"PAGED": p, "STAGES": 4, "DP": 128, "LOCK": 1, "TOUCH": 0})
+            for p in (False, True)]  # fmt: skip
+    c = {"DP": 128, "MT": 1, "DT": f16, "CL": 1, "DIRECT": True, "FUSED": False}
+    for paged in (False, True):
+        for st in (2, 3, 4):
+            spec = decode.speculates(paged)
+            out.append((decode.DECODE, {**c, "PAGED": paged, "STAGES": st, "PW": int(paged),
+                                        "SPEC": spec}))  # fmt: skip
+    return out
+
+
 def round_w(budget: float):
     """The paged layout against the contiguous one at the shapes where it trailed SDPA:
     kaio with the block-table window and without, the floors of kaio's grid (head_stream)
@@ -1182,6 +1284,7 @@ def round_s(budget: float):
 
 ROUNDS = {  # argument: (round, its default time budget in seconds)
     "p": (round_p, 30),
+    "t": (round_t, 30),
     "q": (round_q, 30),
     "r": (round_r, 30),
     "x": (round_x, 25),
@@ -1192,7 +1295,13 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "bn": (round_bn, 25),
     "c": (round_c, 25),
 }
-WARMS = {"warm": warm_list, "warm_few": warm_few, "warm_c": warm_c, "warm_p": warm_p}
+WARMS = {
+    "warm": warm_list,
+    "warm_few": warm_few,
+    "warm_c": warm_c,
+    "warm_p": warm_p,
+    "warm_t": warm_t,
+}
 
 if __name__ == "__main__":
     arg = sys.argv[1] if len(sys.argv) > 1 else ""
