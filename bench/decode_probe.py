@@ -618,7 +618,8 @@ def layout_caches(k, v, table):
 def page_orders(b, length, group=64):
     """Block tables [B, L / 16] of one pool of B * L / 16 pages of 16 keys: "shuffled" (a
     random permutation, the suite's), "sorted" (the same pages, each sequence's ascending:
-    every sequence sweeps the pool upwards), "2MB-local" (pages in order but shuffled
+    every sequence sweeps the pool upwards), "sorted by 32" (ascending within each 32
+    entries: what a warp's window of the table could sort), "2MB-local" (pages in order but shuffled
     within aligned groups of ``group`` pages: 2 MB at 32 KB a page), "2MB-chunks" (groups
     of ``group`` pages in order inside, the groups shuffled) and "in order"."""
     per = length // 16
@@ -633,6 +634,7 @@ def page_orders(b, length, group=64):
     return {
         "shuffled": perm.reshape(b, per),
         "sorted": perm.reshape(b, per).sort(dim=1).values,
+        "sorted by 32": perm.reshape(-1, 32).sort(dim=1).values.reshape(b, per),
         "2MB-local": local.reshape(b, per).contiguous(),
         "2MB-chunks": chunks.reshape(b, per).contiguous(),
         "in order": ordered.reshape(b, per),
