@@ -86,6 +86,7 @@ ORIG_SPREAD = getattr(decode, "SPREAD", 0)
 ORIG_PAGES = getattr(decode, "WHOLE_PAGES", False)
 ORIG_MIN_BATCH = getattr(decode, "PAGE_MIN_BATCH", 0)
 ORIG_PAGE_SPEC = getattr(decode, "PAGE_SPEC", False)
+ORIG_SORT = getattr(decode, "PAGE_SORT", False)
 ORIG_PAGE_FNS = {
     n: getattr(decode, n) for n in ("page_splits", "page_stages") if hasattr(decode, n)
 }
@@ -115,6 +116,7 @@ def restore():
     decode.WHOLE_PAGES = ORIG_PAGES
     decode.PAGE_MIN_BATCH = ORIG_MIN_BATCH
     decode.PAGE_SPEC = ORIG_PAGE_SPEC
+    decode.PAGE_SORT = ORIG_SORT
     for n, f in ORIG_PAGE_FNS.items():
         setattr(decode, n, f)
 
@@ -243,11 +245,14 @@ def force(
     page_splits=None,
     page_stages=None,
     page_spec=None,
+    sort=None,
 ):
     """Module defaults but for what is named (cluster: None = the module's choice; window:
     the paged block-table window on or off; spread: the cluster merge's least shared
     memory a block, SPREAD)."""
     restore()
+    if sort is not None:  # decode_fwd's SORT (PAGE_SORT)
+        decode.PAGE_SORT = sort
     if pages is not None:  # whole-page blocks (decode_pages) on or off
         decode.WHOLE_PAGES = pages
         decode.PAGE_MIN_BATCH = 1
@@ -686,6 +691,11 @@ def round_t(budget: float):
             if name != "shuffled":
                 print(f"{label} {name} rel err {check(st, lens):.1e}", flush=True)
             show(f"{label} kaio paged, {name}", kernel_times(run_kaio(lens), st))
+            if name == "shuffled":
+                print(f"{label} SORT rel err {check(st, lens, sort=True):.1e}", flush=True)
+                show(
+                    f"{label} kaio paged SORT, {name}", kernel_times(run_kaio(lens, sort=True), st)
+                )
             show(f"{label} floor paged, {name}", kernel_times(floor, st))
         flush()
         del sets, one, k, v
@@ -700,8 +710,9 @@ def warm_t():
     for paged in (False, True):
         for st in (2, 3, 4):
             spec = decode.speculates(paged)
-            out.append((decode.DECODE, {**c, "PAGED": paged, "STAGES": st, "PW": int(paged),
-                                        "SPEC": spec}))  # fmt: skip
+            for sort in (0, 1) if paged else (0,):
+                out.append((decode.DECODE, {**c, "PAGED": paged, "STAGES": st, "PW": int(paged),
+                                            "SPEC": spec, "SORT": sort}))  # fmt: skip
     return out
 
 
@@ -1160,6 +1171,8 @@ WARM_LIST = warm_list
 
 def warm_one(i):
     kernel, c = WARM_LIST()[i]
+    if kernel is decode.DECODE and hasattr(decode, "sorts"):  # SORT: off unless named
+        c = {"SORT": 0, **c}
     try:
         kernel.resources(**c)  # compiled, loaded, its cubin in the disk cache
     except Exception as e:  # noqa: BLE001

@@ -132,6 +132,46 @@ def window_start(
 
 
 @kaio.gpu_func
+def window_move(
+    win: u32[:], key0: u32, b: u32, block_table: i32[:], max_pages: u32, shift: u32, lane: u32
+) -> bool_:
+    """Moves the window ``win`` (``window_start``) on by 32 entries once the page of key
+    ``key0`` passes its lower 32 (its upper half becomes the lower, the next 32 entries
+    load into the upper): whether it moved. Every lane of the warp takes part."""
+    moved = key0 >> shift >= win[0] + 32
+    if moved:
+        win[0] += 32
+        win[1] = win[2]
+        win[2] = table_at(block_table, b, win[0] + 32 + lane, max_pages)
+    return moved
+
+
+@kaio.gpu_func
+def sort_window(win: u32[:], lo: u32, hi: u32, shift: u32, pages: u32, lane: u32):
+    """Sorts the window's lower 32 entries (``win[1]`` across the lanes: pages win[0] ..
+    win[0] + 31 of the sequence) ascending in place, those whose keys lie wholly in lo ..
+    hi only; the others keep their lanes (those below lo and from hi on, each a prefix and
+    a suffix of the lanes). Every lane of the warp takes part (a bitonic network of
+    ``shfl_xor``, 15 steps); the warps of a block, holding the same window, sort it the
+    same way. The keys of lo .. hi must need no mask (each visible to every query row of
+    the block) and none of their pages be copied yet: the block then visits them in
+    pool order, so that blocks reading different sequences of one shuffled pool sweep it
+    together (their pages' address translations shared; ``SORT``)."""
+    p = win[0] + lane
+    page = kaio.min(win[1], pages - 1)  # the page read (pages past the pool: the last one)
+    free = (p << shift) >= lo and ((p + 1) << shift) <= hi
+    fixed = kaio.select((p << shift) < lo, lane, u32(0xFFFFFFC0) + lane)
+    key = kaio.select(free, page + 32, fixed)
+    for k in kaio.static_range(5):
+        for i in kaio.static_range(k + 1):
+            j = (2 << k) >> (i + 1)
+            other = kaio.shfl_xor(key, j)
+            low = ((lane & j) == 0) == ((lane & (2 << k)) == 0)
+            key = kaio.select(low, kaio.min(key, other), kaio.max(key, other))
+    win[1] = kaio.select(key < 32 or key >= u32(0xFFFFFFC0), win[1], key - 32)
+
+
+@kaio.gpu_func
 def window_pages(
     pg: u32[:, :],
     win: u32[:],
@@ -152,10 +192,7 @@ def window_pages(
     Rows of one 16-key block share a page (pages hold 16 or more, tiles start on multiples
     of BN), so a page is shuffled once per 16 rows. Every lane of the warp takes part (the
     callers' conditions are uniform over the block)."""
-    if key0 >> shift >= win[0] + 32:
-        win[0] += 32
-        win[1] = win[2]
-        win[2] = table_at(block_table, b, win[0] + 32 + lane, max_pages)
+    window_move(win, key0, b, block_table, max_pages, shift, lane)
     STEP = THREADS // (DP // 8)
     DUP = 16 // STEP if STEP < 16 else 1  # rows i .. i + DUP - 1 of a thread share a page
     # only a tile reaching the upper half reads it (uniform over the block): the tiles
@@ -290,6 +327,7 @@ def decode_fwd(
     DT: kaio.constexpr,
     PW: kaio.constexpr,
     SPEC: kaio.constexpr,
+    SORT: kaio.constexpr,
 ):
     """Attention of the 16 * MT query rows (row chunk) of one K/V group over the key tiles
     of split ``block x``: out / lse (``DIRECT``, one split) or part / part_lse (row-major
@@ -304,7 +342,9 @@ def decode_fwd(
     split, ``DIRECT``; a paged cache with ``PW``): tiles 0 .. STAGES - 2 are copied before
     the length is read (every block starts at key 0), their V rows past the length zeroed
     in shared memory once it is known (K's scores there are masked), so the first copies
-    wait for no load of the length."""
+    wait for no load of the length. ``SORT`` (paged, ``PW``): the pages of the key tiles
+    that need no mask and are not copied yet are visited in pool order, 32 table entries
+    at a time (``sort_window``)."""
     if CL > 1:
         kaio.cluster_dims(CL)
     KSPLIT = WARPS // MT  # warps sharing one M-tile, each on KW keys of a tile
@@ -355,9 +395,15 @@ def decode_fwd(
     per = (n_total + splits - 1) // splits
     t0 = kaio.min(split * per, n_total)
     t1 = kaio.min(t0 + per, n_total)
+    # keys below hi need no mask: SORT may visit their pages in any order
+    hi = kaio.min(t1, u32(kaio.max(i32(kv_len) + 1 - i32(sq), 0)) // BN) * BN
+    if PAGED and PW and SORT and SPEC:  # tiles 0 .. STAGES - 2 are copied already
+        sort_window(win, (STAGES - 1) * BN, hi, shift, pages, lane)
     if PAGED and not SPEC:
         if PW:
             window_start(win, t0 * BN, b, block_table, max_pages, shift, lane)
+            if SORT:
+                sort_window(win, t0 * BN, hi, shift, pages, lane)
         else:
             for j in kaio.static_range(STAGES):
                 page_ids(pg, j, (t0 + j) * BN, kv_len, b, block_table, max_pages, shift, tid, DP)
@@ -394,6 +440,10 @@ def decode_fwd(
     for t in range(t0, t1):
         stage = (t - t0) % STAGES * 2 * BN
         if t + STAGES - 1 < t1:  # into the stage tile t - 1 used
+            if PAGED and PW and SORT:
+                key0 = (t + STAGES - 1) * BN
+                if window_move(win, key0, b, block_table, max_pages, shift, lane):
+                    sort_window(win, key0, hi, shift, pages, lane)
             if PAGED and PW:
                 window_pages(
                     pg, win, (t + STAGES - 1) * BN, b, block_table, max_pages, shift, tid,
@@ -704,10 +754,7 @@ def window_page(
     the window's lower 32 entries the window moves on by 32, loading the entries 32 pages
     ahead of their first use, so the copies never wait for a table load. Every lane of the
     warp takes part (key0 is uniform over the block)."""
-    if key0 >> shift >= win[0] + 32:
-        win[0] += 32
-        win[1] = win[2]
-        win[2] = table_at(block_table, b, win[0] + 32 + lane, max_pages)
+    window_move(win, key0, b, block_table, max_pages, shift, lane)
     return kaio.shfl_idx(win[1], (key0 >> shift) - win[0])
 
 

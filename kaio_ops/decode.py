@@ -51,6 +51,9 @@ CLUSTER_TILES = 64  # the most key tiles a split of the cluster merge takes (mea
 PAGED_CLUSTER_TILES = 16  # the same over a paged cache (measured: ``plan_grid``)
 PAGE_WINDOW = True  # paged: pages from a window of the block table across a warp's lanes
 SPECULATE = True  # one split: the first K/V copies before the length is read (SPEC)
+# paged: the pages of the unmasked key tiles visited in pool order, 32 table entries at a
+# time (``decode_fwd``'s SORT, ``_decode.sort_window``)
+PAGE_SORT = False
 
 # paged: a block a (key split, sequence) over all K/V heads, reading whole pages
 # (``decode_pages``), for the K/V head counts PAGE_HEADS, from PAGE_MIN_BATCH sequences on.
@@ -173,7 +176,7 @@ def plan_grid(like, kernel, blocks: int, tiles: int, dp: int, mt: int, paged: bo
         consts = {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": stages, "CL": cl, "DT": like.dtype}
         if dev is None or not CLUSTER_CHECK:
             return cl, stages, cl, shared
-        consts |= {"PW": int(PAGE_WINDOW and paged), "SPEC": 0}
+        consts |= {"PW": int(PAGE_WINDOW and paged), "SPEC": 0, "SORT": sorts(paged)}
         key = (like.device, tuple(sorted(consts.items())), shared)
         have = _RESIDENT.get(key)
         if have is None:
@@ -192,6 +195,12 @@ def speculates(paged: bool) -> int:
     and 32k keys 26.2 / 26.4, 92.8 / 92.9 and 706.7 / 707.6 us, B = 64 at 1k 93.7 / 94.4;
     contiguous it was no faster (25.9 / 25.4 us at B = 16, 1k keys)."""
     return int(SPECULATE and PAGE_WINDOW and paged)
+
+
+def sorts(paged: bool) -> int:
+    """``decode_fwd``'s SORT: PAGE_SORT over a paged cache read through the block-table
+    window (PAGE_WINDOW)."""
+    return int(PAGE_SORT and PAGE_WINDOW and paged)
 
 
 def page_shared(hkv: int, dp: int, stages: int) -> int:
@@ -431,7 +440,7 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
         math.log2(math.e) * float(scale),
         DP=d, MT=mt, PAGED=cache.paged, STAGES=stages, DIRECT=direct, FUSED=fused, CL=cl,
         DT=qa.dtype, PW=int(PAGE_WINDOW and cache.paged),
-        SPEC=speculates(cache.paged) if direct else 0,
+        SPEC=speculates(cache.paged) if direct else 0, SORT=sorts(cache.paged),
     )  # fmt: skip
     if not (direct or fused or cl > 1):
         MERGE[blocks, dk.THREADS, stream, merge_shared(mt)](
@@ -536,6 +545,7 @@ def shipped():
                 for paged in (False, True):
                     base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dtype}
                     base["PW"] = int(PAGE_WINDOW and paged)
+                    base["SORT"] = sorts(paged)
                     for direct, fused in ((True, False), (False, False), (False, True)):
                         flags = {**base, "DIRECT": direct, "FUSED": fused, "CL": 1}
                         flags["SPEC"] = speculates(paged) if direct else 0

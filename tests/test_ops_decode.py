@@ -19,6 +19,7 @@ import pytest
 import kaio
 import kaio_ops
 from kaio.ptx.ptxas import assemble, find_ptxas
+from kaio_ops import _decode as dk
 from kaio_ops import _plan, decode
 from tests.poison import poison_allocations
 
@@ -194,17 +195,23 @@ def test_append_then_decode_in_simulator(page_size, dtype):
     assert np.abs(out.astype(np.float64) - ref).max() < (4e-3 if dtype == np.float16 else 3e-2)
 
 
-@pytest.mark.parametrize("splits, window", [(1, True), (2, True), (2, False)])
-def test_paged_window_moves_over_many_pages_in_simulator(monkeypatch, splits, window):
+@pytest.mark.parametrize(
+    "splits, window, sort, sq",
+    [(1, True, False, 1), (2, True, False, 1), (2, False, False, 1), (1, True, True, 3),
+     (2, True, True, 1)],
+)  # fmt: skip
+def test_paged_window_moves_over_many_pages_in_simulator(monkeypatch, splits, window, sort, sq):
     # the block table read through a window of 64 entries held across a warp's lanes: one
     # split over 69 pages of 16 keys moves it twice (at pages 32 and 64), a second split
     # starts mid-table; a length ending on the window's boundary (512 keys = 32 pages);
-    # without the window (PAGE_WINDOW off), a load per row a tile ahead
+    # without the window (PAGE_WINDOW off), a load per row a tile ahead; with PAGE_SORT the
+    # unmasked pages in pool order (3 new tokens: the last tiles masked, in table order)
     monkeypatch.setattr(decode, "splits_for", lambda *_: splits)
     monkeypatch.setattr(decode, "PAGE_WINDOW", window)
+    monkeypatch.setattr(decode, "PAGE_SORT", sort)
     monkeypatch.setattr(decode, "CLUSTER_MERGE", False)
     rng = np.random.default_rng(9 + splits)
-    q = rng.standard_normal((2, 2, 1, 64)).astype(np.float16)
+    q = rng.standard_normal((2, 2, sq, 64)).astype(np.float16)
     k_cache, v_cache, table = make_cache(rng, 2, 1, 64, 1100, np.float16, 16)
     lens = np.array([1090, 512], np.int32)
     with kaio.simulate():
@@ -213,13 +220,45 @@ def test_paged_window_moves_over_many_pages_in_simulator(monkeypatch, splits, wi
     assert np.abs(out.astype(np.float64) - ref).max() < 4e-3
 
 
-@pytest.mark.parametrize("page_size", [None, 16])
-def test_one_split_copies_before_the_length_in_simulator(monkeypatch, page_size):
+@kaio.gpu_kernel(block_size=32)
+def sort_window_probe(
+    table: kaio.i32[:], out: kaio.u32[:], first: kaio.u32, lo: kaio.u32, hi: kaio.u32
+):
+    """``_decode.sort_window`` over the 32 entries of ``table`` from ``first`` (pages of 16
+    keys, a pool of 200): the window's lower half after the sort, one entry a lane."""
+    lane = kaio.lane_id()
+    win = kaio.local(kaio.u32, 3)
+    win[0] = first
+    win[1] = kaio.u32(table[first + lane])
+    dk.sort_window(win, lo, hi, 4, 200, lane)
+    out[lane] = win[1]
+
+
+@pytest.mark.parametrize("first, lo, hi", [(0, 0, 1 << 20), (32, 48 * 16, 60 * 16 + 5), (8, 0, 0)])
+def test_sort_window_in_simulator(first, lo, hi):
+    # the entries whose 16 keys lie wholly in lo .. hi ascending, the others where they were
+    table = np.random.default_rng(first).permutation(400)[:64].astype(np.int32)
+    table[first + 3] = 300  # past the pool: sorted as the last page, 199, which it reads
+    out = np.zeros(32, np.uint32)
+    with kaio.simulate():
+        sort_window_probe[1, 32](table, out, first, lo, hi)
+    want = np.minimum(table[first : first + 32], 199).astype(np.uint32)
+    pages = np.arange(first, first + 32)
+    free = (pages * 16 >= lo) & ((pages + 1) * 16 <= hi)
+    want[free] = np.sort(want[free])
+    want[~free] = table[first : first + 32][~free]
+    assert np.array_equal(out, want)
+
+
+@pytest.mark.parametrize("page_size, sort", [(None, False), (16, False), (16, True)])
+def test_one_split_copies_before_the_length_in_simulator(monkeypatch, page_size, sort):
     # one split, the first three tiles copied before the length is read (SPEC: shipped for
     # paged caches, forced here for both); rows past each length hold NaN (an unwritten
-    # cache), which must not reach the output
+    # cache), which must not reach the output; PAGE_SORT: the pages after those three
+    # sorted (their last tile masked, left in table order)
     monkeypatch.setattr(decode, "splits_for", lambda *_: 1)
     monkeypatch.setattr(decode, "speculates", lambda paged: 1)
+    monkeypatch.setattr(decode, "PAGE_SORT", sort)
     rng = np.random.default_rng(12)
     lens = [0, 1, 63, 64, 65, 130, 250]
     b, hkv, d = len(lens), 1, 64
@@ -527,7 +566,7 @@ def assembled() -> list:
         pw = int(decode.PAGE_WINDOW and paged)
         base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dt, "STAGES": stages, "PW": pw}
         spec = decode.speculates(paged) if merge == "direct" else 0
-        return {**base, "SPEC": spec, **flags}
+        return {**base, "SPEC": spec, "SORT": decode.sorts(paged), **flags}
 
     return [
         (decode.DECODE, fwd(64, 4, True, "fused")),
