@@ -716,6 +716,84 @@ def warm_t():
     return out
 
 
+def round_u(budget: float):
+    """decode_fwd's SORT (each split's unmasked pages in pool order, ``sort_pages``) on the
+    suite's shuffled pool against the table's order, the pages sorted on the host (each
+    sequence's table ascending) and SDPA on the contiguous cache, with the copy floors
+    (head_stream) shuffled and host-sorted; ragged lengths at B = 16, 4k keys (kernel
+    times)."""
+    print(torch.cuda.get_device_name(), flush=True)
+    cases = ((16, 4096), (64, 1024), (1, 32768), (16, 1024), (16, 256), (64, 4096), (16, 32768))
+    for b, length in cases:
+        if time.time() - T0 > budget:
+            print("(time budget: stopping)", flush=True)
+            break
+        torch.cuda.empty_cache()
+        q = torch.randn(b, H, 1, D, device="cuda", dtype=torch.half)
+        k, v = (torch.randn(b, HKV, length, D, device="cuda", dtype=torch.half) for _ in "kv")
+        lens = torch.full((b,), length, device="cuda", dtype=torch.int32)
+        label = f"B{b} L{length}"
+        table, kc, vc = paged_caches(k, v, 16)
+        one = [(q, k, v, kc, vc, table)]
+        print(f"{label} paged rel err {check(one, lens):.1e}", flush=True)
+        print(f"{label} SORT rel err {check(one, lens, sort=True):.1e}", flush=True)
+        show(
+            f"{label} SDPA default",
+            kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), one),
+        )
+        show(f"{label} kaio contiguous", kernel_times(run_kaio_contig(lens), one))
+        show(f"{label} kaio paged", kernel_times(run_kaio(lens), one))
+        show(f"{label} kaio paged SORT", kernel_times(run_kaio(lens, sort=True), one))
+        big = b * length > 16 * 4096
+        o = torch.empty(b * HKV * 128, device="cuda")
+
+        def floor(q, k, v, kc, vc, table, b=b, o=o, n=length):
+            head_stream[b * HKV, 128, None, 2 * 4 * 64 * 128 * 2](
+                kc.view(-1), vc.view(-1), table.view(-1), o, HKV, n, n // 16, kc.shape[0],
+                PAGED=True, STAGES=4, DP=128, LOCK=1, TOUCH=0,
+            )  # fmt: skip
+
+        if b > 1:
+            show(f"{label} floor paged", kernel_times(floor, one))
+        if not big and b > 1:
+            srt = table.sort(dim=1).values
+            st = [(q, k, v, *layout_caches(k, v, srt)[1:], srt)]
+            st = [(q, k, v, kc2, vc2, srt) for q, k, v, kc2, vc2, srt in st]
+            show(f"{label} kaio paged, host-sorted", kernel_times(run_kaio(lens), st))
+            show(f"{label} floor paged, host-sorted", kernel_times(floor, st))
+        if b == 16 and length == 4096:
+            gen = torch.Generator(device="cuda").manual_seed(b * length)
+            rl = torch.randint(length // 4, length + 1, (b,), device="cuda", generator=gen)
+            rl = rl.to(torch.int32)
+            mask = (torch.arange(length, device="cuda")[None] < rl[:, None])[:, None, None]
+            print(f"{label} ragged SORT rel err {check(one, rl, sort=True):.1e}", flush=True)
+            show(f"{label} ragged kaio paged", kernel_times(run_kaio(rl), one))
+            show(f"{label} ragged kaio paged SORT", kernel_times(run_kaio(rl, sort=True), one))
+            show(
+                f"{label} ragged SDPA (key mask)",
+                kernel_times(
+                    lambda q, k, v, *_, m=mask: sdpa(q, k, v, attn_mask=m, enable_gqa=True), one
+                ),
+            )
+        flush()
+        del one, k, v, kc, vc
+
+
+def warm_u():
+    """What round u launches: decode.shipped() at D 128 f16, one M-tile, and the paged
+    ones with SORT; the floor."""
+    out = [(probe_mark, {})]
+    out += [(head_stream, {"PAGED": True, "STAGES": 4, "DP": 128, "LOCK": 1, "TOUCH": 0})]
+    for k, c in decode.shipped():
+        if k is decode.DECODE and c["DP"] == 128 and c["MT"] == 1 and c["DT"] == f16:
+            out.append((k, c))
+            if c["PAGED"] and c["CL"] == 1:
+                out.append((k, {**c, "SORT": 1}))
+        elif k is decode.MERGE and c["DP"] == 128 and c["MT"] == 1 and c["DT"] == f16:
+            out.append((k, c))
+    return out
+
+
 def round_w(budget: float):
     """The paged layout against the contiguous one at the shapes where it trailed SDPA:
     kaio with the block-table window and without, the floors of kaio's grid (head_stream)
@@ -1300,6 +1378,7 @@ def round_s(budget: float):
 ROUNDS = {  # argument: (round, its default time budget in seconds)
     "p": (round_p, 30),
     "t": (round_t, 30),
+    "u": (round_u, 30),
     "q": (round_q, 30),
     "r": (round_r, 30),
     "x": (round_x, 25),

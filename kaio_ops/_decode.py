@@ -56,6 +56,7 @@ LSE_STRIDE = 32
 UNROLL = 8  # splits a merge step loads at once (16 bytes each)
 PREFETCH = 16  # splits of a thread's first merge item loaded before the weights are known
 MAX_SPLITS = 64  # the most key splits (the merge holds a weight per split and row)
+SORT_PAGES = 256  # SORT: block-table entries sorted at a time (a chunk, its slots 8 bits)
 
 
 @kaio.gpu_func
@@ -147,28 +148,73 @@ def window_move(
 
 
 @kaio.gpu_func
-def sort_window(win: u32[:], lo: u32, hi: u32, shift: u32, pages: u32, lane: u32):
-    """Sorts the window's lower 32 entries (``win[1]`` across the lanes: pages win[0] ..
-    win[0] + 31 of the sequence) ascending in place, those whose keys lie wholly in lo ..
-    hi only; the others keep their lanes (those below lo and from hi on, each a prefix and
-    a suffix of the lanes). Every lane of the warp takes part (a bitonic network of
-    ``shfl_xor``, 15 steps); the warps of a block, holding the same window, sort it the
-    same way. The keys of lo .. hi must need no mask (each visible to every query row of
-    the block) and none of their pages be copied yet: the block then visits them in
-    pool order, so that blocks reading different sequences of one shuffled pool sweep it
-    together (their pages' address translations shared; ``SORT``)."""
-    p = win[0] + lane
-    page = kaio.min(win[1], pages - 1)  # the page read (pages past the pool: the last one)
-    free = (p << shift) >= lo and ((p + 1) << shift) <= hi
-    fixed = kaio.select((p << shift) < lo, lane, u32(0xFFFFFFC0) + lane)
-    key = kaio.select(free, page + 32, fixed)
-    for k in kaio.static_range(5):
-        for i in kaio.static_range(k + 1):
-            j = (2 << k) >> (i + 1)
-            other = kaio.shfl_xor(key, j)
-            low = ((lane & j) == 0) == ((lane & (2 << k)) == 0)
-            key = kaio.select(low, kaio.min(key, other), kaio.max(key, other))
-    win[1] = kaio.select(key < 32 or key >= u32(0xFFFFFFC0), win[1], key - 32)
+def sort_pages(
+    key_s: u32[:],
+    ord_s: u32[:],
+    p0: u32,
+    lo: u32,
+    hi: u32,
+    b: u32,
+    block_table: i32[:],
+    max_pages: u32,
+    shift: u32,
+    pages: u32,
+    tid: u32,
+):
+    """ord_s[i]: the page of slot i of a chunk, the SORT_PAGES block-table entries of
+    sequence b from page p0 on: those whose keys lie wholly in lo .. hi in pool order, the
+    others in their own slots (those below lo and from hi on: a prefix and a suffix of the
+    chunk; all of them in a pool of 2^24 - 2 pages or more). Every thread of the block
+    takes part: each loads SORT_PAGES / THREADS entries, writes a key that orders them to
+    key_s (a fixed slot's key below or above every page's) and counts the keys below its
+    own (its rank). The keys of lo .. hi must need no mask (each visible to every query
+    row of the block) and none of their pages be copied yet (``SORT``)."""
+    PER = SORT_PAGES // THREADS
+    key = kaio.local(u32, PER)
+    page = kaio.local(u32, PER)
+    rank = kaio.local(u32, PER)
+    for i in kaio.static_range(PER):
+        slot = tid + i * THREADS
+        p = p0 + slot
+        page[i] = table_at(block_table, b, p, max_pages)
+        free = (p << shift) >= lo and ((p + 1) << shift) <= hi and pages < u32(0xFFFFFE)
+        fixed = kaio.select((p << shift) < lo, slot, u32(0xFFFFFF00) | slot)
+        # (the page read, + 1) and the slot: no two keys are equal, even in a bad table
+        key[i] = kaio.select(free, (kaio.min(page[i], pages - 1) + 1) << 8 | slot, fixed)
+        key_s[slot] = key[i]
+        rank[i] = 0
+    kaio.sync_threads()
+    four = kaio.local(u32, 4)
+    for j in range(0, SORT_PAGES, 4):
+        kaio.load_vector(four, key_s, j)
+        for e in kaio.static_range(4):
+            for i in kaio.static_range(PER):
+                rank[i] += kaio.select(four[e] < key[i], u32(1), u32(0))
+    for i in kaio.static_range(PER):
+        ord_s[rank[i]] = page[i]
+    kaio.sync_threads()
+
+
+@kaio.gpu_func
+def sorted_pages(
+    pg: u32[:, :],
+    ord_s: u32[:],
+    key0: u32,
+    p0: u32,
+    shift: u32,
+    tid: u32,
+    DP: kaio.constexpr,
+):
+    """pg[0, i]: the page of the i-th row this thread copies of the tile of keys key0 ..
+    key0 + BN (``load_stage``'s rows), from the sorted chunk ``ord_s`` of the pages from p0
+    on (``sort_pages``; the tile inside it)."""
+    STEP = THREADS // (DP // 8)
+    DUP = 16 // STEP if STEP < 16 else 1  # rows i .. i + DUP - 1 of a thread share a page
+    for i in kaio.static_range(BN // STEP):
+        if i % DUP == 0:
+            pg[0, i] = ord_s[((key0 + tid // (DP // 8) + i * STEP) >> shift) - p0]
+        else:
+            pg[0, i] = pg[0, i - i % DUP]
 
 
 @kaio.gpu_func
@@ -343,8 +389,9 @@ def decode_fwd(
     the length is read (every block starts at key 0), their V rows past the length zeroed
     in shared memory once it is known (K's scores there are masked), so the first copies
     wait for no load of the length. ``SORT`` (paged, ``PW``): the pages of the key tiles
-    that need no mask and are not copied yet are visited in pool order, 32 table entries
-    at a time (``sort_window``)."""
+    from t0 + STAGES - 1 on that need no mask are visited in pool order, SORT_PAGES table
+    entries at a time (``sort_pages``: the blocks reading a shuffled pool then sweep it
+    together, as over pages in order)."""
     if CL > 1:
         kaio.cluster_dims(CL)
     KSPLIT = WARPS // MT  # warps sharing one M-tile, each on KW keys of a tile
@@ -395,15 +442,9 @@ def decode_fwd(
     per = (n_total + splits - 1) // splits
     t0 = kaio.min(split * per, n_total)
     t1 = kaio.min(t0 + per, n_total)
-    # keys below hi need no mask: SORT may visit their pages in any order
-    hi = kaio.min(t1, u32(kaio.max(i32(kv_len) + 1 - i32(sq), 0)) // BN) * BN
-    if PAGED and PW and SORT and SPEC:  # tiles 0 .. STAGES - 2 are copied already
-        sort_window(win, (STAGES - 1) * BN, hi, shift, pages, lane)
     if PAGED and not SPEC:
         if PW:
             window_start(win, t0 * BN, b, block_table, max_pages, shift, lane)
-            if SORT:
-                sort_window(win, t0 * BN, hi, shift, pages, lane)
         else:
             for j in kaio.static_range(STAGES):
                 page_ids(pg, j, (t0 + j) * BN, kv_len, b, block_table, max_pages, shift, tid, DP)
@@ -419,6 +460,19 @@ def decode_fwd(
                     0 if PW else j, capacity, kv_heads, shift, pages, tid, DP, PAGED, DT,
                 )  # fmt: skip
             kaio.cp_async_commit()
+    # SORT: the split's pages in chunks of SORT_PAGES table entries from its first, those of
+    # the tiles from t0 + STAGES - 1 on that need no mask (keys below hi) in pool order
+    hi = kaio.min(t1, u32(kaio.max(i32(kv_len) + 1 - i32(sq), 0)) // BN) * BN
+    SN = SORT_PAGES * SORT + 1 - SORT  # (one entry at byte 0 without SORT: not used)
+    sort_off = ((2 * STAGES * BN + ROWS) * DP * 2 + 2 * WARPS * 16 * 4) * SORT
+    key_s = kaio.shared_dynamic(u32, (SN,), sort_off)
+    ord_s = kaio.shared_dynamic(u32, (SN,), sort_off + SN * 4 * SORT)
+    chunk0 = t0 * BN >> shift
+    if PAGED and SORT:
+        sort_pages(
+            key_s, ord_s, chunk0, (t0 + STAGES - 1) * BN, hi, b, block_table, max_pages, shift,
+            pages, tid,
+        )  # fmt: skip
     kaio.cp_async_wait(STAGES - 1)  # Q has landed
     kaio.sync_threads()
 
@@ -440,11 +494,16 @@ def decode_fwd(
     for t in range(t0, t1):
         stage = (t - t0) % STAGES * 2 * BN
         if t + STAGES - 1 < t1:  # into the stage tile t - 1 used
-            if PAGED and PW and SORT:
+            if PAGED and SORT:
                 key0 = (t + STAGES - 1) * BN
-                if window_move(win, key0, b, block_table, max_pages, shift, lane):
-                    sort_window(win, key0, hi, shift, pages, lane)
-            if PAGED and PW:
+                if (key0 >> shift) - chunk0 >= SORT_PAGES:  # the next chunk (uniform)
+                    chunk0 += SORT_PAGES
+                    sort_pages(
+                        key_s, ord_s, chunk0, key0, hi, b, block_table, max_pages, shift,
+                        pages, tid,
+                    )  # fmt: skip
+                sorted_pages(pg, ord_s, key0, chunk0, shift, tid, DP)
+            elif PAGED and PW:
                 window_pages(
                     pg, win, (t + STAGES - 1) * BN, b, block_table, max_pages, shift, tid,
                     lane, DP,

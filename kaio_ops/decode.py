@@ -51,8 +51,8 @@ CLUSTER_TILES = 64  # the most key tiles a split of the cluster merge takes (mea
 PAGED_CLUSTER_TILES = 16  # the same over a paged cache (measured: ``plan_grid``)
 PAGE_WINDOW = True  # paged: pages from a window of the block table across a warp's lanes
 SPECULATE = True  # one split: the first K/V copies before the length is read (SPEC)
-# paged: the pages of the unmasked key tiles visited in pool order, 32 table entries at a
-# time (``decode_fwd``'s SORT, ``_decode.sort_window``)
+# paged: the pages of the unmasked key tiles visited in pool order, SORT_PAGES table entries
+# at a time (``decode_fwd``'s SORT, ``_decode.sort_pages``)
 PAGE_SORT = False
 
 # paged: a block a (key split, sequence) over all K/V heads, reading whole pages
@@ -103,10 +103,12 @@ def one_split_stages(dp: int, mt: int, paged: bool) -> int:
     return 2 if not paged else deep_stages(dp, mt)
 
 
-def shared_bytes(dp: int, mt: int, stages: int = 2) -> int:
+def shared_bytes(dp: int, mt: int, stages: int = 2, paged: bool = False) -> int:
     """Dynamic shared memory of ``decode_fwd``: the K/V stages, the Q rows, the warps'
-    maxima and sums (the warps' partial outputs reuse the K/V stages)."""
-    return (2 * stages * dk.BN + 16 * mt) * dp * 2 + 2 * dk.WARPS * 16 * 4
+    maxima and sums (the warps' partial outputs reuse the K/V stages), and over a paged
+    cache with SORT (``sorts``) a chunk of block-table entries, its keys and its order."""
+    sort = 2 * dk.SORT_PAGES * 4 if sorts(paged) else 0
+    return (2 * stages * dk.BN + 16 * mt) * dp * 2 + 2 * dk.WARPS * 16 * 4 + sort
 
 
 def merge_shared(mt: int) -> int:
@@ -164,12 +166,12 @@ def plan_grid(like, kernel, blocks: int, tiles: int, dp: int, mt: int, paged: bo
     stages = deep_stages(dp, mt) if blocks * splits <= sms else stages_for(dp, mt)
     if splits == 1 and blocks <= sms:
         stages = one_split_stages(dp, mt, paged)
-    plain = (splits, stages, 1, shared_bytes(dp, mt, stages))
+    plain = (splits, stages, 1, shared_bytes(dp, mt, stages, paged))
     if not CLUSTER_MERGE or splits == 1 or blocks * splits > sms or not _hopper(like):
         return plain
     dev = _arrays.gpu(like)
     stages = deep_stages(dp, mt)
-    shared = max(shared_bytes(dp, mt, stages), SPREAD)
+    shared = max(shared_bytes(dp, mt, stages, paged), SPREAD)
     for cl in sorted((c for c in CLUSTERS if c <= splits), reverse=True):
         if -(-tiles // cl) > (PAGED_CLUSTER_TILES if paged else CLUSTER_TILES):
             break  # long splits: the merge's cost matters little, the spread over the SMs more

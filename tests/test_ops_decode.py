@@ -195,23 +195,17 @@ def test_append_then_decode_in_simulator(page_size, dtype):
     assert np.abs(out.astype(np.float64) - ref).max() < (4e-3 if dtype == np.float16 else 3e-2)
 
 
-@pytest.mark.parametrize(
-    "splits, window, sort, sq",
-    [(1, True, False, 1), (2, True, False, 1), (2, False, False, 1), (1, True, True, 3),
-     (2, True, True, 1)],
-)  # fmt: skip
-def test_paged_window_moves_over_many_pages_in_simulator(monkeypatch, splits, window, sort, sq):
+@pytest.mark.parametrize("splits, window", [(1, True), (2, True), (2, False)])
+def test_paged_window_moves_over_many_pages_in_simulator(monkeypatch, splits, window):
     # the block table read through a window of 64 entries held across a warp's lanes: one
     # split over 69 pages of 16 keys moves it twice (at pages 32 and 64), a second split
     # starts mid-table; a length ending on the window's boundary (512 keys = 32 pages);
-    # without the window (PAGE_WINDOW off), a load per row a tile ahead; with PAGE_SORT the
-    # unmasked pages in pool order (3 new tokens: the last tiles masked, in table order)
+    # without the window (PAGE_WINDOW off), a load per row a tile ahead
     monkeypatch.setattr(decode, "splits_for", lambda *_: splits)
     monkeypatch.setattr(decode, "PAGE_WINDOW", window)
-    monkeypatch.setattr(decode, "PAGE_SORT", sort)
     monkeypatch.setattr(decode, "CLUSTER_MERGE", False)
     rng = np.random.default_rng(9 + splits)
-    q = rng.standard_normal((2, 2, sq, 64)).astype(np.float16)
+    q = rng.standard_normal((2, 2, 1, 64)).astype(np.float16)
     k_cache, v_cache, table = make_cache(rng, 2, 1, 64, 1100, np.float16, 16)
     lens = np.array([1090, 512], np.int32)
     with kaio.simulate():
@@ -220,34 +214,54 @@ def test_paged_window_moves_over_many_pages_in_simulator(monkeypatch, splits, wi
     assert np.abs(out.astype(np.float64) - ref).max() < 4e-3
 
 
-@kaio.gpu_kernel(block_size=32)
-def sort_window_probe(
-    table: kaio.i32[:], out: kaio.u32[:], first: kaio.u32, lo: kaio.u32, hi: kaio.u32
+@kaio.gpu_kernel(block_size=128)
+def sort_pages_probe(
+    table: kaio.i32[:], out: kaio.u32[:], p0: kaio.u32, lo: kaio.u32, hi: kaio.u32
 ):
-    """``_decode.sort_window`` over the 32 entries of ``table`` from ``first`` (pages of 16
-    keys, a pool of 200): the window's lower half after the sort, one entry a lane."""
-    lane = kaio.lane_id()
-    win = kaio.local(kaio.u32, 3)
-    win[0] = first
-    win[1] = kaio.u32(table[first + lane])
-    dk.sort_window(win, lo, hi, 4, 200, lane)
-    out[lane] = win[1]
+    """``_decode.sort_pages`` over the 256 entries of ``table`` (300 entries, pages of 16
+    keys, a pool of 900) from page p0 on: the chunk's pages in slot order."""
+    tid = kaio.thread_idx_x()
+    key_s = kaio.shared(kaio.u32, (dk.SORT_PAGES,))
+    ord_s = kaio.shared(kaio.u32, (dk.SORT_PAGES,))
+    dk.sort_pages(key_s, ord_s, p0, lo, hi, 0, table, 300, 4, 900, tid)
+    for i in kaio.static_range(2):
+        out[tid + 128 * i] = ord_s[tid + 128 * i]
 
 
-@pytest.mark.parametrize("first, lo, hi", [(0, 0, 1 << 20), (32, 48 * 16, 60 * 16 + 5), (8, 0, 0)])
-def test_sort_window_in_simulator(first, lo, hi):
-    # the entries whose 16 keys lie wholly in lo .. hi ascending, the others where they were
-    table = np.random.default_rng(first).permutation(400)[:64].astype(np.int32)
-    table[first + 3] = 300  # past the pool: sorted as the last page, 199, which it reads
-    out = np.zeros(32, np.uint32)
+@pytest.mark.parametrize("p0, lo, hi", [(0, 0, 1 << 20), (60, 70 * 16, 250 * 16 + 5), (8, 0, 0)])
+def test_sort_pages_in_simulator(p0, lo, hi):
+    # the entries whose 16 keys lie wholly in lo .. hi in pool order, the others in their
+    # slots; entries past the pool (sorted as the last page, which they read), a repeated
+    # entry and the table's end (its last entry) do not break the order
+    table = np.random.default_rng(p0).permutation(1000)[:300].astype(np.int32)
+    table[p0 + 3], table[p0 + 200] = 950, table[p0 + 100]
+    out = np.zeros(256, np.uint32)
     with kaio.simulate():
-        sort_window_probe[1, 32](table, out, first, lo, hi)
-    want = np.minimum(table[first : first + 32], 199).astype(np.uint32)
-    pages = np.arange(first, first + 32)
+        sort_pages_probe[1, 128](table, out, p0, lo, hi)
+    pages = np.arange(p0, p0 + 256)
+    got = table[np.minimum(pages, 299)].astype(np.uint32)
     free = (pages * 16 >= lo) & ((pages + 1) * 16 <= hi)
-    want[free] = np.sort(want[free])
-    want[~free] = table[first : first + 32][~free]
+    order = np.argsort(np.minimum(got[free], 899), kind="stable")
+    want = got.copy()
+    want[free] = got[free][order]
     assert np.array_equal(out, want)
+
+
+@pytest.mark.parametrize("splits, lens, sq", [(1, [4290], 2), (2, [4290, 100], 1)])
+def test_sorted_pages_in_simulator(monkeypatch, splits, lens, sq):
+    # PAGE_SORT: the unmasked pages after the first copies in pool order, 256 table entries
+    # at a time: one split over 269 pages sorts a second chunk, its last tile masked for 2
+    # new tokens; two splits, the second's chunk from its own first page
+    monkeypatch.setattr(decode, "splits_for", lambda *_: splits)
+    monkeypatch.setattr(decode, "PAGE_SORT", True)
+    monkeypatch.setattr(decode, "CLUSTER_MERGE", False)
+    rng = np.random.default_rng(sq + splits)
+    q = rng.standard_normal((len(lens), 2, sq, 64)).astype(np.float16)
+    k_cache, v_cache, table = make_cache(rng, len(lens), 1, 64, 4300, np.float16, 16)
+    with kaio.simulate():
+        out = kaio_ops.flash_attention_decode(q, k_cache, v_cache, np.array(lens, np.int32), table)
+    ref = reference(q, k_cache, v_cache, lens, table)[0]
+    assert np.abs(out.astype(np.float64) - ref).max() < 4e-3
 
 
 @pytest.mark.parametrize("page_size, sort", [(None, False), (16, False), (16, True)])
