@@ -87,6 +87,7 @@ ORIG_PAGES = getattr(decode, "WHOLE_PAGES", False)
 ORIG_MIN_BATCH = getattr(decode, "PAGE_MIN_BATCH", 0)
 ORIG_PAGE_SPEC = getattr(decode, "PAGE_SPEC", False)
 ORIG_SORT = getattr(decode, "PAGE_SORT", False)
+ORIG_SPECULATES = getattr(decode, "speculates", None)
 ORIG_PAGE_FNS = {
     n: getattr(decode, n) for n in ("page_splits", "page_stages") if hasattr(decode, n)
 }
@@ -119,6 +120,8 @@ def restore():
     decode.PAGE_SORT = ORIG_SORT
     for n, f in ORIG_PAGE_FNS.items():
         setattr(decode, n, f)
+    if ORIG_SPECULATES is not None:
+        decode.speculates = ORIG_SPECULATES
 
 
 PENDING: list = []  # (label, fn, sets) to time in the next profiler session
@@ -246,6 +249,7 @@ def force(
     page_stages=None,
     page_spec=None,
     sort=None,
+    spec_all=None,
 ):
     """Module defaults but for what is named (cluster: None = the module's choice; window:
     the paged block-table window on or off; spread: the cluster merge's least shared
@@ -253,6 +257,8 @@ def force(
     restore()
     if sort is not None:  # decode_fwd's SORT (PAGE_SORT)
         decode.PAGE_SORT = sort
+    if spec_all is not None:  # SPEC for one split over either layout
+        decode.speculates = lambda paged, s=spec_all: int(s)
     if pages is not None:  # whole-page blocks (decode_pages) on or off
         decode.WHOLE_PAGES = pages
         decode.PAGE_MIN_BATCH = 1
@@ -755,6 +761,21 @@ def round_u(budget: float):
 
         if b > 1:
             show(f"{label} floor paged", kernel_times(floor, one))
+        if (b, length) in ((16, 256), (16, 4096), (64, 1024)):
+            for st in (2, 4):
+                show(
+                    f"{label} kaio contiguous SPEC stages={st}",
+                    kernel_times(run_kaio_contig(lens, spec_all=True, stages=st), one),
+                )
+        if big and b > 1:  # the floor in each sequence's ascending order, and by 256 entries
+            for name, srt in (
+                ("host-sorted", table.sort(dim=1).values),
+                ("host-sorted by 256", table.reshape(-1, 256).sort(dim=1).values.reshape(b, -1)),
+            ):
+                st = [(q, k, v, *layout_caches(k, v, srt)[1:], srt)]
+                show(f"{label} floor paged, {name}", kernel_times(floor, st))
+                flush()
+                del st
         if not big and b > 1:
             srt = table.sort(dim=1).values
             st = [(q, k, v, *layout_caches(k, v, srt)[1:], srt)]
@@ -791,6 +812,8 @@ def warm_u():
                 out.append((k, {**c, "SORT": 1}))
         elif k is decode.MERGE and c["DP"] == 128 and c["MT"] == 1 and c["DT"] == f16:
             out.append((k, c))
+    c = {"DP": 128, "MT": 1, "DT": f16, "CL": 1, "DIRECT": True, "FUSED": False, "PAGED": False}
+    out += [(decode.DECODE, {**c, "STAGES": st, "PW": 0, "SPEC": 1, "SORT": 0}) for st in (2, 4)]
     return out
 
 

@@ -148,35 +148,39 @@ def window_move(
 
 
 @kaio.gpu_func
+def chunk_entries(page: u32[:], p0: u32, b: u32, block_table: i32[:], max_pages: u32, tid: u32):
+    """page[i]: block-table entry p0 + tid + i * THREADS of sequence b (``sort_pages``' chunk
+    of SORT_PAGES entries from p0, this thread's; past the table its last entry)."""
+    for i in kaio.static_range(SORT_PAGES // THREADS):
+        page[i] = table_at(block_table, b, p0 + tid + i * THREADS, max_pages)
+
+
+@kaio.gpu_func
 def sort_pages(
     key_s: u32[:],
     ord_s: u32[:],
+    page: u32[:],
     p0: u32,
     lo: u32,
     hi: u32,
-    b: u32,
-    block_table: i32[:],
-    max_pages: u32,
     shift: u32,
     pages: u32,
     tid: u32,
 ):
-    """ord_s[i]: the page of slot i of a chunk, the SORT_PAGES block-table entries of
-    sequence b from page p0 on: those whose keys lie wholly in lo .. hi in pool order, the
-    others in their own slots (those below lo and from hi on: a prefix and a suffix of the
-    chunk; all of them in a pool of 2^24 - 2 pages or more). Every thread of the block
-    takes part: each loads SORT_PAGES / THREADS entries, writes a key that orders them to
-    key_s (a fixed slot's key below or above every page's) and counts the keys below its
-    own (its rank). The keys of lo .. hi must need no mask (each visible to every query
-    row of the block) and none of their pages be copied yet (``SORT``)."""
+    """ord_s[i]: the page of slot i of a chunk, the SORT_PAGES block-table entries of a
+    sequence from page p0 on (``chunk_entries``, in ``page``): those whose keys lie wholly
+    in lo .. hi in pool order, the others in their own slots (those below lo and from hi
+    on: a prefix and a suffix of the chunk; all of them in a pool of 2^24 - 2 pages or
+    more). Every thread of the block takes part: each writes the keys of its entries to
+    key_s (a fixed slot's key below or above every page's, no two equal) and counts the
+    keys below each (its rank). The keys of lo .. hi must need no mask (each visible to
+    every query row of the block) and none of their pages be copied yet (``SORT``)."""
     PER = SORT_PAGES // THREADS
     key = kaio.local(u32, PER)
-    page = kaio.local(u32, PER)
     rank = kaio.local(u32, PER)
     for i in kaio.static_range(PER):
         slot = tid + i * THREADS
         p = p0 + slot
-        page[i] = table_at(block_table, b, p, max_pages)
         free = (p << shift) >= lo and ((p + 1) << shift) <= hi and pages < u32(0xFFFFFE)
         fixed = kaio.select((p << shift) < lo, slot, u32(0xFFFFFF00) | slot)
         # (the page read, + 1) and the slot: no two keys are equal, even in a bad table
@@ -185,8 +189,8 @@ def sort_pages(
         rank[i] = 0
     kaio.sync_threads()
     four = kaio.local(u32, 4)
-    for j in range(0, SORT_PAGES, 4):
-        kaio.load_vector(four, key_s, j)
+    for j in kaio.static_range(SORT_PAGES // 4):
+        kaio.load_vector(four, key_s, 4 * j)
         for e in kaio.static_range(4):
             for i in kaio.static_range(PER):
                 rank[i] += kaio.select(four[e] < key[i], u32(1), u32(0))
@@ -425,9 +429,12 @@ def decode_fwd(
     # a paged cache's pages of tiles t0 .. t0 + STAGES - 1 (loads all in flight at once)
     pg = kaio.local(u32, (STAGES, BN // (THREADS // (DP // 8))))
     win = kaio.local(u32, 3)
+    entries = kaio.local(u32, SORT_PAGES // THREADS)  # SORT: this thread's of a chunk
     if SPEC:  # one split: tiles 0 .. STAGES - 2 whatever the length, read meanwhile
         if PAGED:
             window_start(win, 0, b, block_table, max_pages, shift, lane)
+            if SORT:  # the first chunk's entries, in flight with the length
+                chunk_entries(entries, 0, b, block_table, max_pages, tid)
         for j in kaio.static_range(STAGES - 1):
             if j * BN < capacity:
                 if PAGED:
@@ -445,6 +452,8 @@ def decode_fwd(
     if PAGED and not SPEC:
         if PW:
             window_start(win, t0 * BN, b, block_table, max_pages, shift, lane)
+        if SORT:
+            chunk_entries(entries, t0 * BN >> shift, b, block_table, max_pages, tid)
         else:
             for j in kaio.static_range(STAGES):
                 page_ids(pg, j, (t0 + j) * BN, kv_len, b, block_table, max_pages, shift, tid, DP)
@@ -469,10 +478,7 @@ def decode_fwd(
     ord_s = kaio.shared_dynamic(u32, (SN,), sort_off + SN * 4 * SORT)
     chunk0 = t0 * BN >> shift
     if PAGED and SORT:
-        sort_pages(
-            key_s, ord_s, chunk0, (t0 + STAGES - 1) * BN, hi, b, block_table, max_pages, shift,
-            pages, tid,
-        )  # fmt: skip
+        sort_pages(key_s, ord_s, entries, chunk0, (t0 + STAGES - 1) * BN, hi, shift, pages, tid)
     kaio.cp_async_wait(STAGES - 1)  # Q has landed
     kaio.sync_threads()
 
@@ -498,10 +504,8 @@ def decode_fwd(
                 key0 = (t + STAGES - 1) * BN
                 if (key0 >> shift) - chunk0 >= SORT_PAGES:  # the next chunk (uniform)
                     chunk0 += SORT_PAGES
-                    sort_pages(
-                        key_s, ord_s, chunk0, key0, hi, b, block_table, max_pages, shift,
-                        pages, tid,
-                    )  # fmt: skip
+                    chunk_entries(entries, chunk0, b, block_table, max_pages, tid)
+                    sort_pages(key_s, ord_s, entries, chunk0, key0, hi, shift, pages, tid)
                 sorted_pages(pg, ord_s, key0, chunk0, shift, tid, DP)
             elif PAGED and PW:
                 window_pages(

@@ -218,12 +218,15 @@ def test_paged_window_moves_over_many_pages_in_simulator(monkeypatch, splits, wi
 def sort_pages_probe(
     table: kaio.i32[:], out: kaio.u32[:], p0: kaio.u32, lo: kaio.u32, hi: kaio.u32
 ):
-    """``_decode.sort_pages`` over the 256 entries of ``table`` (300 entries, pages of 16
-    keys, a pool of 900) from page p0 on: the chunk's pages in slot order."""
+    """``_decode.sort_pages`` (``chunk_entries``) over the 256 entries of ``table`` (300
+    entries, pages of 16 keys, a pool of 900) from page p0 on: the chunk's pages in slot
+    order."""
     tid = kaio.thread_idx_x()
     key_s = kaio.shared(kaio.u32, (dk.SORT_PAGES,))
     ord_s = kaio.shared(kaio.u32, (dk.SORT_PAGES,))
-    dk.sort_pages(key_s, ord_s, p0, lo, hi, 0, table, 300, 4, 900, tid)
+    entries = kaio.local(kaio.u32, 2)
+    dk.chunk_entries(entries, p0, 0, table, 300, tid)
+    dk.sort_pages(key_s, ord_s, entries, p0, lo, hi, 4, 900, tid)
     for i in kaio.static_range(2):
         out[tid + 128 * i] = ord_s[tid + 128 * i]
 
