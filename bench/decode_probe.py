@@ -6,7 +6,9 @@ torch SDPA, all in one profiler session per group, calls rotating over input set
 than the L2 cache.
 
     python3 bench/decode_probe.py [warm | b | ncu | s | w | x | a | h | bn | c | p | q | r [SEC]]
+    python3 bench/decode_probe.py t | v [SECONDS]  # page orders (dec34)
     python3 bench/decode_probe.py warm_p [SECONDS]  # the kernels of p and r
+    python3 bench/decode_probe.py warm_t | warm_v [SECONDS]  # the kernels of t / v
     python3 bench/decode_probe.py warm_few | warm_c [SECONDS]  # the kernels of a, h / c
     PROBE_BASE=1 PYTHONPATH=/other/checkout python3 bench/decode_probe.py base_b
     PROBE_L2HINT=256 KAIO_CACHE_DIR=/tmp/other python3 bench/decode_probe.py h
@@ -32,7 +34,10 @@ and ``r`` time ``decode_pages`` (a block a key split and sequence over all K/V h
 pages; ``decode.WHOLE_PAGES``) against the per-head kernel and SDPA, with the copy floors of
 whole-page reading (``page_stream``), of pages in order (``sequential_pages``) and with the
 translations of pages ahead touched (``head_stream``'s TOUCH); ``q`` the paged suite shapes
-with ragged lengths and determinism.
+with ragged lengths and determinism. ``t`` and ``v`` (dec34) read one pool with its
+pages in several orders (``page_orders``: shuffled, each sequence's table ascending, sorted
+within 32 entries, shuffled within 2 MB, 2 MB chunks shuffled, in order): kaio's paged
+kernel and its copy floor on each, beside SDPA and the contiguous cache.
 """
 
 from __future__ import annotations
@@ -86,8 +91,6 @@ ORIG_SPREAD = getattr(decode, "SPREAD", 0)
 ORIG_PAGES = getattr(decode, "WHOLE_PAGES", False)
 ORIG_MIN_BATCH = getattr(decode, "PAGE_MIN_BATCH", 0)
 ORIG_PAGE_SPEC = getattr(decode, "PAGE_SPEC", False)
-ORIG_SORT = getattr(decode, "PAGE_SORT", False)
-ORIG_SPECULATES = getattr(decode, "speculates", None)
 ORIG_PAGE_FNS = {
     n: getattr(decode, n) for n in ("page_splits", "page_stages") if hasattr(decode, n)
 }
@@ -117,11 +120,8 @@ def restore():
     decode.WHOLE_PAGES = ORIG_PAGES
     decode.PAGE_MIN_BATCH = ORIG_MIN_BATCH
     decode.PAGE_SPEC = ORIG_PAGE_SPEC
-    decode.PAGE_SORT = ORIG_SORT
     for n, f in ORIG_PAGE_FNS.items():
         setattr(decode, n, f)
-    if ORIG_SPECULATES is not None:
-        decode.speculates = ORIG_SPECULATES
 
 
 PENDING: list = []  # (label, fn, sets) to time in the next profiler session
@@ -248,17 +248,11 @@ def force(
     page_splits=None,
     page_stages=None,
     page_spec=None,
-    sort=None,
-    spec_all=None,
 ):
     """Module defaults but for what is named (cluster: None = the module's choice; window:
     the paged block-table window on or off; spread: the cluster merge's least shared
     memory a block, SPREAD)."""
     restore()
-    if sort is not None:  # decode_fwd's SORT (PAGE_SORT)
-        decode.PAGE_SORT = sort
-    if spec_all is not None:  # SPEC for one split over either layout
-        decode.speculates = lambda paged, s=spec_all: int(s)
     if pages is not None:  # whole-page blocks (decode_pages) on or off
         decode.WHOLE_PAGES = pages
         decode.PAGE_MIN_BATCH = 1
@@ -697,11 +691,6 @@ def round_t(budget: float):
             if name != "shuffled":
                 print(f"{label} {name} rel err {check(st, lens):.1e}", flush=True)
             show(f"{label} kaio paged, {name}", kernel_times(run_kaio(lens), st))
-            if name == "shuffled":
-                print(f"{label} SORT rel err {check(st, lens, sort=True):.1e}", flush=True)
-                show(
-                    f"{label} kaio paged SORT, {name}", kernel_times(run_kaio(lens, sort=True), st)
-                )
             show(f"{label} floor paged, {name}", kernel_times(floor, st))
         flush()
         del sets, one, k, v
@@ -716,21 +705,19 @@ def warm_t():
     for paged in (False, True):
         for st in (2, 3, 4):
             spec = decode.speculates(paged)
-            for sort in (0, 1) if paged else (0,):
-                out.append((decode.DECODE, {**c, "PAGED": paged, "STAGES": st, "PW": int(paged),
-                                            "SPEC": spec, "SORT": sort}))  # fmt: skip
+            out.append((decode.DECODE, {**c, "PAGED": paged, "STAGES": st, "PW": int(paged),
+                                        "SPEC": spec}))  # fmt: skip
     return out
 
 
-def round_u(budget: float):
-    """decode_fwd's SORT (each split's unmasked pages in pool order, ``sort_pages``) on the
-    suite's shuffled pool against the table's order, the pages sorted on the host (each
-    sequence's table ascending) and SDPA on the contiguous cache, with the copy floors
-    (head_stream) shuffled and host-sorted; ragged lengths at B = 16, 4k keys (kernel
-    times)."""
+def round_v(budget: float):
+    """The paged layout's floors against SDPA: kaio's per-head grid and copies (head_stream)
+    over the suite's shuffled pool, the same pool read in each sequence's ascending order
+    (host-sorted tables: the best order a kernel could choose) and pages in order, the
+    contiguous cache; kaio's kernel on each; SDPA on the contiguous cache timed first and
+    last (kernel times)."""
     print(torch.cuda.get_device_name(), flush=True)
-    cases = ((16, 4096), (64, 1024), (1, 32768), (16, 1024), (16, 256), (64, 4096), (16, 32768))
-    for b, length in cases:
+    for b, length in ((16, 32768), (16, 4096), (64, 1024), (16, 1024), (64, 4096)):
         if time.time() - T0 > budget:
             print("(time budget: stopping)", flush=True)
             break
@@ -740,80 +727,43 @@ def round_u(budget: float):
         lens = torch.full((b,), length, device="cuda", dtype=torch.int32)
         label = f"B{b} L{length}"
         table, kc, vc = paged_caches(k, v, 16)
-        one = [(q, k, v, kc, vc, table)]
+        orders = {"shuffled": [(q, k, v, kc, vc, table)]}
+        ordered = torch.arange(table.numel(), device="cuda", dtype=torch.int32)
+        for name, t in (("host-sorted", table.sort(dim=1).values), ("in order", ordered)):
+            t = t.reshape(table.shape).contiguous()
+            orders[name] = [(q, k, v, *layout_caches(k, v, t)[1:], t)]
+        one = orders["shuffled"]
         print(f"{label} paged rel err {check(one, lens):.1e}", flush=True)
-        print(f"{label} SORT rel err {check(one, lens, sort=True):.1e}", flush=True)
-        show(
-            f"{label} SDPA default",
-            kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), one),
-        )
+        sdpa_job = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), one)
+        show(f"{label} SDPA default", sdpa_job)
         show(f"{label} kaio contiguous", kernel_times(run_kaio_contig(lens), one))
-        show(f"{label} kaio paged", kernel_times(run_kaio(lens), one))
-        show(f"{label} kaio paged SORT", kernel_times(run_kaio(lens, sort=True), one))
-        big = b * length > 16 * 4096
         o = torch.empty(b * HKV * 128, device="cuda")
 
-        def floor(q, k, v, kc, vc, table, b=b, o=o, n=length):
+        def floor(q, k, v, kc, vc, table, paged=True, b=b, o=o, n=length):
+            src = (x.view(-1) for x in ((kc, vc) if paged else (k, v)))
             head_stream[b * HKV, 128, None, 2 * 4 * 64 * 128 * 2](
-                kc.view(-1), vc.view(-1), table.view(-1), o, HKV, n, n // 16, kc.shape[0],
-                PAGED=True, STAGES=4, DP=128, LOCK=1, TOUCH=0,
+                *src, table.view(-1), o, HKV, n, n // 16, kc.shape[0],
+                PAGED=paged, STAGES=4, DP=128, LOCK=1, TOUCH=0,
             )  # fmt: skip
 
-        if b > 1:
-            show(f"{label} floor paged", kernel_times(floor, one))
-        if (b, length) in ((16, 256), (16, 4096), (64, 1024)):
-            for st in (2, 4):
-                show(
-                    f"{label} kaio contiguous SPEC stages={st}",
-                    kernel_times(run_kaio_contig(lens, spec_all=True, stages=st), one),
-                )
-        if big and b > 1:  # the floor in each sequence's ascending order, and by 256 entries
-            for name, srt in (
-                ("host-sorted", table.sort(dim=1).values),
-                ("host-sorted by 256", table.reshape(-1, 256).sort(dim=1).values.reshape(b, -1)),
-            ):
-                st = [(q, k, v, *layout_caches(k, v, srt)[1:], srt)]
-                show(f"{label} floor paged, {name}", kernel_times(floor, st))
-                flush()
-                del st
-        if not big and b > 1:
-            srt = table.sort(dim=1).values
-            st = [(q, k, v, *layout_caches(k, v, srt)[1:], srt)]
-            st = [(q, k, v, kc2, vc2, srt) for q, k, v, kc2, vc2, srt in st]
-            show(f"{label} kaio paged, host-sorted", kernel_times(run_kaio(lens), st))
-            show(f"{label} floor paged, host-sorted", kernel_times(floor, st))
-        if b == 16 and length == 4096:
-            gen = torch.Generator(device="cuda").manual_seed(b * length)
-            rl = torch.randint(length // 4, length + 1, (b,), device="cuda", generator=gen)
-            rl = rl.to(torch.int32)
-            mask = (torch.arange(length, device="cuda")[None] < rl[:, None])[:, None, None]
-            print(f"{label} ragged SORT rel err {check(one, rl, sort=True):.1e}", flush=True)
-            show(f"{label} ragged kaio paged", kernel_times(run_kaio(rl), one))
-            show(f"{label} ragged kaio paged SORT", kernel_times(run_kaio(rl, sort=True), one))
-            show(
-                f"{label} ragged SDPA (key mask)",
-                kernel_times(
-                    lambda q, k, v, *_, m=mask: sdpa(q, k, v, attn_mask=m, enable_gqa=True), one
-                ),
-            )
+        show(f"{label} floor contiguous", kernel_times(lambda *a: floor(*a, paged=False), one))
+        for name, st in orders.items():
+            show(f"{label} kaio paged, {name}", kernel_times(run_kaio(lens), st))
+            show(f"{label} floor paged, {name}", kernel_times(floor, st))
+        show(f"{label} SDPA default (again)", sdpa_job)
         flush()
-        del one, k, v, kc, vc
+        del orders, one, k, v, kc, vc
 
 
-def warm_u():
-    """What round u launches: decode.shipped() at D 128 f16, one M-tile, and the paged
-    ones with SORT; the floor."""
+def warm_v():
+    """What round v launches: the per-head defaults of its shapes (one split), the floors."""
     out = [(probe_mark, {})]
-    out += [(head_stream, {"PAGED": True, "STAGES": 4, "DP": 128, "LOCK": 1, "TOUCH": 0})]
+    out += [(head_stream, {"PAGED": p, "STAGES": 4, "DP": 128, "LOCK": 1, "TOUCH": 0})
+            for p in (False, True)]  # fmt: skip
     for k, c in decode.shipped():
         if k is decode.DECODE and c["DP"] == 128 and c["MT"] == 1 and c["DT"] == f16:
-            out.append((k, c))
-            if c["PAGED"] and c["CL"] == 1:
-                out.append((k, {**c, "SORT": 1}))
-        elif k is decode.MERGE and c["DP"] == 128 and c["MT"] == 1 and c["DT"] == f16:
-            out.append((k, c))
-    c = {"DP": 128, "MT": 1, "DT": f16, "CL": 1, "DIRECT": True, "FUSED": False, "PAGED": False}
-    out += [(decode.DECODE, {**c, "STAGES": st, "PW": 0, "SPEC": 1, "SORT": 0}) for st in (2, 4)]
+            if c["DIRECT"]:
+                out.append((k, c))
     return out
 
 
@@ -1272,8 +1222,6 @@ WARM_LIST = warm_list
 
 def warm_one(i):
     kernel, c = WARM_LIST()[i]
-    if kernel is decode.DECODE and hasattr(decode, "sorts"):  # SORT: off unless named
-        c = {"SORT": 0, **c}
     try:
         kernel.resources(**c)  # compiled, loaded, its cubin in the disk cache
     except Exception as e:  # noqa: BLE001
@@ -1401,7 +1349,7 @@ def round_s(budget: float):
 ROUNDS = {  # argument: (round, its default time budget in seconds)
     "p": (round_p, 30),
     "t": (round_t, 30),
-    "u": (round_u, 30),
+    "v": (round_v, 30),
     "q": (round_q, 30),
     "r": (round_r, 30),
     "x": (round_x, 25),
@@ -1418,6 +1366,7 @@ WARMS = {
     "warm_c": warm_c,
     "warm_p": warm_p,
     "warm_t": warm_t,
+    "warm_v": warm_v,
 }
 
 if __name__ == "__main__":

@@ -56,7 +56,6 @@ LSE_STRIDE = 32
 UNROLL = 8  # splits a merge step loads at once (16 bytes each)
 PREFETCH = 16  # splits of a thread's first merge item loaded before the weights are known
 MAX_SPLITS = 64  # the most key splits (the merge holds a weight per split and row)
-SORT_PAGES = 256  # SORT: block-table entries sorted at a time (a chunk, its slots 8 bits)
 
 
 @kaio.gpu_func
@@ -133,95 +132,6 @@ def window_start(
 
 
 @kaio.gpu_func
-def window_move(
-    win: u32[:], key0: u32, b: u32, block_table: i32[:], max_pages: u32, shift: u32, lane: u32
-) -> bool_:
-    """Moves the window ``win`` (``window_start``) on by 32 entries once the page of key
-    ``key0`` passes its lower 32 (its upper half becomes the lower, the next 32 entries
-    load into the upper): whether it moved. Every lane of the warp takes part."""
-    moved = key0 >> shift >= win[0] + 32
-    if moved:
-        win[0] += 32
-        win[1] = win[2]
-        win[2] = table_at(block_table, b, win[0] + 32 + lane, max_pages)
-    return moved
-
-
-@kaio.gpu_func
-def chunk_entries(page: u32[:], p0: u32, b: u32, block_table: i32[:], max_pages: u32, tid: u32):
-    """page[i]: block-table entry p0 + tid + i * THREADS of sequence b (``sort_pages``' chunk
-    of SORT_PAGES entries from p0, this thread's; past the table its last entry)."""
-    for i in kaio.static_range(SORT_PAGES // THREADS):
-        page[i] = table_at(block_table, b, p0 + tid + i * THREADS, max_pages)
-
-
-@kaio.gpu_func
-def sort_pages(
-    key_s: u32[:],
-    ord_s: u32[:],
-    page: u32[:],
-    p0: u32,
-    lo: u32,
-    hi: u32,
-    shift: u32,
-    pages: u32,
-    tid: u32,
-):
-    """ord_s[i]: the page of slot i of a chunk, the SORT_PAGES block-table entries of a
-    sequence from page p0 on (``chunk_entries``, in ``page``): those whose keys lie wholly
-    in lo .. hi in pool order, the others in their own slots (those below lo and from hi
-    on: a prefix and a suffix of the chunk; all of them in a pool of 2^24 - 2 pages or
-    more). Every thread of the block takes part: each writes the keys of its entries to
-    key_s (a fixed slot's key below or above every page's, no two equal) and counts the
-    keys below each (its rank). The keys of lo .. hi must need no mask (each visible to
-    every query row of the block) and none of their pages be copied yet (``SORT``)."""
-    PER = SORT_PAGES // THREADS
-    key = kaio.local(u32, PER)
-    rank = kaio.local(u32, PER)
-    for i in kaio.static_range(PER):
-        slot = tid + i * THREADS
-        p = p0 + slot
-        free = (p << shift) >= lo and ((p + 1) << shift) <= hi and pages < u32(0xFFFFFE)
-        fixed = kaio.select((p << shift) < lo, slot, u32(0xFFFFFF00) | slot)
-        # (the page read, + 1) and the slot: no two keys are equal, even in a bad table
-        key[i] = kaio.select(free, (kaio.min(page[i], pages - 1) + 1) << 8 | slot, fixed)
-        key_s[slot] = key[i]
-        rank[i] = 0
-    kaio.sync_threads()
-    four = kaio.local(u32, 4)
-    for j in kaio.static_range(SORT_PAGES // 4):
-        kaio.load_vector(four, key_s, 4 * j)
-        for e in kaio.static_range(4):
-            for i in kaio.static_range(PER):
-                rank[i] += kaio.select(four[e] < key[i], u32(1), u32(0))
-    for i in kaio.static_range(PER):
-        ord_s[rank[i]] = page[i]
-    kaio.sync_threads()
-
-
-@kaio.gpu_func
-def sorted_pages(
-    pg: u32[:, :],
-    ord_s: u32[:],
-    key0: u32,
-    p0: u32,
-    shift: u32,
-    tid: u32,
-    DP: kaio.constexpr,
-):
-    """pg[0, i]: the page of the i-th row this thread copies of the tile of keys key0 ..
-    key0 + BN (``load_stage``'s rows), from the sorted chunk ``ord_s`` of the pages from p0
-    on (``sort_pages``; the tile inside it)."""
-    STEP = THREADS // (DP // 8)
-    DUP = 16 // STEP if STEP < 16 else 1  # rows i .. i + DUP - 1 of a thread share a page
-    for i in kaio.static_range(BN // STEP):
-        if i % DUP == 0:
-            pg[0, i] = ord_s[((key0 + tid // (DP // 8) + i * STEP) >> shift) - p0]
-        else:
-            pg[0, i] = pg[0, i - i % DUP]
-
-
-@kaio.gpu_func
 def window_pages(
     pg: u32[:, :],
     win: u32[:],
@@ -242,7 +152,10 @@ def window_pages(
     Rows of one 16-key block share a page (pages hold 16 or more, tiles start on multiples
     of BN), so a page is shuffled once per 16 rows. Every lane of the warp takes part (the
     callers' conditions are uniform over the block)."""
-    window_move(win, key0, b, block_table, max_pages, shift, lane)
+    if key0 >> shift >= win[0] + 32:
+        win[0] += 32
+        win[1] = win[2]
+        win[2] = table_at(block_table, b, win[0] + 32 + lane, max_pages)
     STEP = THREADS // (DP // 8)
     DUP = 16 // STEP if STEP < 16 else 1  # rows i .. i + DUP - 1 of a thread share a page
     # only a tile reaching the upper half reads it (uniform over the block): the tiles
@@ -377,7 +290,6 @@ def decode_fwd(
     DT: kaio.constexpr,
     PW: kaio.constexpr,
     SPEC: kaio.constexpr,
-    SORT: kaio.constexpr,
 ):
     """Attention of the 16 * MT query rows (row chunk) of one K/V group over the key tiles
     of split ``block x``: out / lse (``DIRECT``, one split) or part / part_lse (row-major
@@ -392,10 +304,7 @@ def decode_fwd(
     split, ``DIRECT``; a paged cache with ``PW``): tiles 0 .. STAGES - 2 are copied before
     the length is read (every block starts at key 0), their V rows past the length zeroed
     in shared memory once it is known (K's scores there are masked), so the first copies
-    wait for no load of the length. ``SORT`` (paged, ``PW``): the pages of the key tiles
-    from t0 + STAGES - 1 on that need no mask are visited in pool order, SORT_PAGES table
-    entries at a time (``sort_pages``: the blocks reading a shuffled pool then sweep it
-    together, as over pages in order)."""
+    wait for no load of the length."""
     if CL > 1:
         kaio.cluster_dims(CL)
     KSPLIT = WARPS // MT  # warps sharing one M-tile, each on KW keys of a tile
@@ -429,12 +338,9 @@ def decode_fwd(
     # a paged cache's pages of tiles t0 .. t0 + STAGES - 1 (loads all in flight at once)
     pg = kaio.local(u32, (STAGES, BN // (THREADS // (DP // 8))))
     win = kaio.local(u32, 3)
-    entries = kaio.local(u32, SORT_PAGES // THREADS)  # SORT: this thread's of a chunk
     if SPEC:  # one split: tiles 0 .. STAGES - 2 whatever the length, read meanwhile
         if PAGED:
             window_start(win, 0, b, block_table, max_pages, shift, lane)
-            if SORT:  # the first chunk's entries, in flight with the length
-                chunk_entries(entries, 0, b, block_table, max_pages, tid)
         for j in kaio.static_range(STAGES - 1):
             if j * BN < capacity:
                 if PAGED:
@@ -452,8 +358,6 @@ def decode_fwd(
     if PAGED and not SPEC:
         if PW:
             window_start(win, t0 * BN, b, block_table, max_pages, shift, lane)
-        if SORT:
-            chunk_entries(entries, t0 * BN >> shift, b, block_table, max_pages, tid)
         else:
             for j in kaio.static_range(STAGES):
                 page_ids(pg, j, (t0 + j) * BN, kv_len, b, block_table, max_pages, shift, tid, DP)
@@ -469,16 +373,6 @@ def decode_fwd(
                     0 if PW else j, capacity, kv_heads, shift, pages, tid, DP, PAGED, DT,
                 )  # fmt: skip
             kaio.cp_async_commit()
-    # SORT: the split's pages in chunks of SORT_PAGES table entries from its first, those of
-    # the tiles from t0 + STAGES - 1 on that need no mask (keys below hi) in pool order
-    hi = kaio.min(t1, u32(kaio.max(i32(kv_len) + 1 - i32(sq), 0)) // BN) * BN
-    SN = SORT_PAGES * SORT + 1 - SORT  # (one entry at byte 0 without SORT: not used)
-    sort_off = ((2 * STAGES * BN + ROWS) * DP * 2 + 2 * WARPS * 16 * 4) * SORT
-    key_s = kaio.shared_dynamic(u32, (SN,), sort_off)
-    ord_s = kaio.shared_dynamic(u32, (SN,), sort_off + SN * 4 * SORT)
-    chunk0 = t0 * BN >> shift
-    if PAGED and SORT:
-        sort_pages(key_s, ord_s, entries, chunk0, (t0 + STAGES - 1) * BN, hi, shift, pages, tid)
     kaio.cp_async_wait(STAGES - 1)  # Q has landed
     kaio.sync_threads()
 
@@ -500,14 +394,7 @@ def decode_fwd(
     for t in range(t0, t1):
         stage = (t - t0) % STAGES * 2 * BN
         if t + STAGES - 1 < t1:  # into the stage tile t - 1 used
-            if PAGED and SORT:
-                key0 = (t + STAGES - 1) * BN
-                if (key0 >> shift) - chunk0 >= SORT_PAGES:  # the next chunk (uniform)
-                    chunk0 += SORT_PAGES
-                    chunk_entries(entries, chunk0, b, block_table, max_pages, tid)
-                    sort_pages(key_s, ord_s, entries, chunk0, key0, hi, shift, pages, tid)
-                sorted_pages(pg, ord_s, key0, chunk0, shift, tid, DP)
-            elif PAGED and PW:
+            if PAGED and PW:
                 window_pages(
                     pg, win, (t + STAGES - 1) * BN, b, block_table, max_pages, shift, tid,
                     lane, DP,
@@ -817,7 +704,10 @@ def window_page(
     the window's lower 32 entries the window moves on by 32, loading the entries 32 pages
     ahead of their first use, so the copies never wait for a table load. Every lane of the
     warp takes part (key0 is uniform over the block)."""
-    window_move(win, key0, b, block_table, max_pages, shift, lane)
+    if key0 >> shift >= win[0] + 32:
+        win[0] += 32
+        win[1] = win[2]
+        win[2] = table_at(block_table, b, win[0] + 32 + lane, max_pages)
     return kaio.shfl_idx(win[1], (key0 >> shift) - win[0])
 
 

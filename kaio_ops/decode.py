@@ -51,9 +51,6 @@ CLUSTER_TILES = 64  # the most key tiles a split of the cluster merge takes (mea
 PAGED_CLUSTER_TILES = 16  # the same over a paged cache (measured: ``plan_grid``)
 PAGE_WINDOW = True  # paged: pages from a window of the block table across a warp's lanes
 SPECULATE = True  # one split: the first K/V copies before the length is read (SPEC)
-# paged: the pages of the unmasked key tiles visited in pool order, SORT_PAGES table entries
-# at a time (``decode_fwd``'s SORT, ``_decode.sort_pages``)
-PAGE_SORT = False
 
 # paged: a block a (key split, sequence) over all K/V heads, reading whole pages
 # (``decode_pages``), for the K/V head counts PAGE_HEADS, from PAGE_MIN_BATCH sequences on.
@@ -103,12 +100,10 @@ def one_split_stages(dp: int, mt: int, paged: bool) -> int:
     return 2 if not paged else deep_stages(dp, mt)
 
 
-def shared_bytes(dp: int, mt: int, stages: int = 2, paged: bool = False) -> int:
+def shared_bytes(dp: int, mt: int, stages: int = 2) -> int:
     """Dynamic shared memory of ``decode_fwd``: the K/V stages, the Q rows, the warps'
-    maxima and sums (the warps' partial outputs reuse the K/V stages), and over a paged
-    cache with SORT (``sorts``) a chunk of block-table entries, its keys and its order."""
-    sort = 2 * dk.SORT_PAGES * 4 if sorts(paged) else 0
-    return (2 * stages * dk.BN + 16 * mt) * dp * 2 + 2 * dk.WARPS * 16 * 4 + sort
+    maxima and sums (the warps' partial outputs reuse the K/V stages)."""
+    return (2 * stages * dk.BN + 16 * mt) * dp * 2 + 2 * dk.WARPS * 16 * 4
 
 
 def merge_shared(mt: int) -> int:
@@ -166,19 +161,19 @@ def plan_grid(like, kernel, blocks: int, tiles: int, dp: int, mt: int, paged: bo
     stages = deep_stages(dp, mt) if blocks * splits <= sms else stages_for(dp, mt)
     if splits == 1 and blocks <= sms:
         stages = one_split_stages(dp, mt, paged)
-    plain = (splits, stages, 1, shared_bytes(dp, mt, stages, paged))
+    plain = (splits, stages, 1, shared_bytes(dp, mt, stages))
     if not CLUSTER_MERGE or splits == 1 or blocks * splits > sms or not _hopper(like):
         return plain
     dev = _arrays.gpu(like)
     stages = deep_stages(dp, mt)
-    shared = max(shared_bytes(dp, mt, stages, paged), SPREAD)
+    shared = max(shared_bytes(dp, mt, stages), SPREAD)
     for cl in sorted((c for c in CLUSTERS if c <= splits), reverse=True):
         if -(-tiles // cl) > (PAGED_CLUSTER_TILES if paged else CLUSTER_TILES):
             break  # long splits: the merge's cost matters little, the spread over the SMs more
         consts = {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": stages, "CL": cl, "DT": like.dtype}
         if dev is None or not CLUSTER_CHECK:
             return cl, stages, cl, shared
-        consts |= {"PW": int(PAGE_WINDOW and paged), "SPEC": 0, "SORT": sorts(paged)}
+        consts |= {"PW": int(PAGE_WINDOW and paged), "SPEC": 0}
         key = (like.device, tuple(sorted(consts.items())), shared)
         have = _RESIDENT.get(key)
         if have is None:
@@ -197,12 +192,6 @@ def speculates(paged: bool) -> int:
     and 32k keys 26.2 / 26.4, 92.8 / 92.9 and 706.7 / 707.6 us, B = 64 at 1k 93.7 / 94.4;
     contiguous it was no faster (25.9 / 25.4 us at B = 16, 1k keys)."""
     return int(SPECULATE and PAGE_WINDOW and paged)
-
-
-def sorts(paged: bool) -> int:
-    """``decode_fwd``'s SORT: PAGE_SORT over a paged cache read through the block-table
-    window (PAGE_WINDOW)."""
-    return int(PAGE_SORT and PAGE_WINDOW and paged)
 
 
 def page_shared(hkv: int, dp: int, stages: int) -> int:
@@ -442,7 +431,7 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
         math.log2(math.e) * float(scale),
         DP=d, MT=mt, PAGED=cache.paged, STAGES=stages, DIRECT=direct, FUSED=fused, CL=cl,
         DT=qa.dtype, PW=int(PAGE_WINDOW and cache.paged),
-        SPEC=speculates(cache.paged) if direct else 0, SORT=sorts(cache.paged),
+        SPEC=speculates(cache.paged) if direct else 0,
     )  # fmt: skip
     if not (direct or fused or cl > 1):
         MERGE[blocks, dk.THREADS, stream, merge_shared(mt)](
@@ -547,7 +536,6 @@ def shipped():
                 for paged in (False, True):
                     base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dtype}
                     base["PW"] = int(PAGE_WINDOW and paged)
-                    base["SORT"] = sorts(paged)
                     for direct, fused in ((True, False), (False, False), (False, True)):
                         flags = {**base, "DIRECT": direct, "FUSED": fused, "CL": 1}
                         flags["SPEC"] = speculates(paged) if direct else 0

@@ -19,7 +19,6 @@ import pytest
 import kaio
 import kaio_ops
 from kaio.ptx.ptxas import assemble, find_ptxas
-from kaio_ops import _decode as dk
 from kaio_ops import _plan, decode
 from tests.poison import poison_allocations
 
@@ -214,68 +213,13 @@ def test_paged_window_moves_over_many_pages_in_simulator(monkeypatch, splits, wi
     assert np.abs(out.astype(np.float64) - ref).max() < 4e-3
 
 
-@kaio.gpu_kernel(block_size=128)
-def sort_pages_probe(
-    table: kaio.i32[:], out: kaio.u32[:], p0: kaio.u32, lo: kaio.u32, hi: kaio.u32
-):
-    """``_decode.sort_pages`` (``chunk_entries``) over the 256 entries of ``table`` (300
-    entries, pages of 16 keys, a pool of 900) from page p0 on: the chunk's pages in slot
-    order."""
-    tid = kaio.thread_idx_x()
-    key_s = kaio.shared(kaio.u32, (dk.SORT_PAGES,))
-    ord_s = kaio.shared(kaio.u32, (dk.SORT_PAGES,))
-    entries = kaio.local(kaio.u32, 2)
-    dk.chunk_entries(entries, p0, 0, table, 300, tid)
-    dk.sort_pages(key_s, ord_s, entries, p0, lo, hi, 4, 900, tid)
-    for i in kaio.static_range(2):
-        out[tid + 128 * i] = ord_s[tid + 128 * i]
-
-
-@pytest.mark.parametrize("p0, lo, hi", [(0, 0, 1 << 20), (60, 70 * 16, 250 * 16 + 5), (8, 0, 0)])
-def test_sort_pages_in_simulator(p0, lo, hi):
-    # the entries whose 16 keys lie wholly in lo .. hi in pool order, the others in their
-    # slots; entries past the pool (sorted as the last page, which they read), a repeated
-    # entry and the table's end (its last entry) do not break the order
-    table = np.random.default_rng(p0).permutation(1000)[:300].astype(np.int32)
-    table[p0 + 3], table[p0 + 200] = 950, table[p0 + 100]
-    out = np.zeros(256, np.uint32)
-    with kaio.simulate():
-        sort_pages_probe[1, 128](table, out, p0, lo, hi)
-    pages = np.arange(p0, p0 + 256)
-    got = table[np.minimum(pages, 299)].astype(np.uint32)
-    free = (pages * 16 >= lo) & ((pages + 1) * 16 <= hi)
-    order = np.argsort(np.minimum(got[free], 899), kind="stable")
-    want = got.copy()
-    want[free] = got[free][order]
-    assert np.array_equal(out, want)
-
-
-@pytest.mark.parametrize("splits, lens, sq", [(1, [4290], 2), (2, [4290, 100], 1)])
-def test_sorted_pages_in_simulator(monkeypatch, splits, lens, sq):
-    # PAGE_SORT: the unmasked pages after the first copies in pool order, 256 table entries
-    # at a time: one split over 269 pages sorts a second chunk, its last tile masked for 2
-    # new tokens; two splits, the second's chunk from its own first page
-    monkeypatch.setattr(decode, "splits_for", lambda *_: splits)
-    monkeypatch.setattr(decode, "PAGE_SORT", True)
-    monkeypatch.setattr(decode, "CLUSTER_MERGE", False)
-    rng = np.random.default_rng(sq + splits)
-    q = rng.standard_normal((len(lens), 2, sq, 64)).astype(np.float16)
-    k_cache, v_cache, table = make_cache(rng, len(lens), 1, 64, 4300, np.float16, 16)
-    with kaio.simulate():
-        out = kaio_ops.flash_attention_decode(q, k_cache, v_cache, np.array(lens, np.int32), table)
-    ref = reference(q, k_cache, v_cache, lens, table)[0]
-    assert np.abs(out.astype(np.float64) - ref).max() < 4e-3
-
-
-@pytest.mark.parametrize("page_size, sort", [(None, False), (16, False), (16, True)])
-def test_one_split_copies_before_the_length_in_simulator(monkeypatch, page_size, sort):
+@pytest.mark.parametrize("page_size", [None, 16])
+def test_one_split_copies_before_the_length_in_simulator(monkeypatch, page_size):
     # one split, the first three tiles copied before the length is read (SPEC: shipped for
     # paged caches, forced here for both); rows past each length hold NaN (an unwritten
-    # cache), which must not reach the output; PAGE_SORT: the pages after those three
-    # sorted (their last tile masked, left in table order)
+    # cache), which must not reach the output
     monkeypatch.setattr(decode, "splits_for", lambda *_: 1)
     monkeypatch.setattr(decode, "speculates", lambda paged: 1)
-    monkeypatch.setattr(decode, "PAGE_SORT", sort)
     rng = np.random.default_rng(12)
     lens = [0, 1, 63, 64, 65, 130, 250]
     b, hkv, d = len(lens), 1, 64
@@ -583,7 +527,7 @@ def assembled() -> list:
         pw = int(decode.PAGE_WINDOW and paged)
         base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dt, "STAGES": stages, "PW": pw}
         spec = decode.speculates(paged) if merge == "direct" else 0
-        return {**base, "SPEC": spec, "SORT": decode.sorts(paged), **flags}
+        return {**base, "SPEC": spec, **flags}
 
     return [
         (decode.DECODE, fwd(64, 4, True, "fused")),
