@@ -646,14 +646,17 @@ def page_orders(b, length, group=64):
     }
 
 
-def round_t(budget: float):
-    """Where the paged layout's cost comes from: kaio's paged kernel and its copy floor
-    (head_stream, kaio's grid and copies) over the same pool with the pages in different
-    orders (``page_orders``: shuffled, each sequence's table ascending, shuffled only within
-    2 MB, 2 MB chunks shuffled, in order), beside the contiguous cache and SDPA on it; plus
-    B = 16 at 256 keys (the fixed cost: kernel time at a small length) (kernel times)."""
+def orders_round(budget: float, cases, orders, again: bool):
+    """For each (b, length) of ``cases``: SDPA, kaio on the contiguous cache and its floor
+    (head_stream: kaio's per-head grid and copies, 4 stages), then kaio's paged kernel and
+    the paged floor over each layout of ``orders(k, v)`` ({name: (table, k_pages,
+    v_pages)}, "shuffled" first), each checked against SDPA; ``again``: SDPA once more at
+    the end of the shape's session (kernel times). PROBE_CASES="16x1024,..." runs only
+    those shapes."""
     print(torch.cuda.get_device_name(), flush=True)
-    for b, length in ((16, 4096), (64, 1024), (16, 1024), (16, 256)):
+    if os.environ.get("PROBE_CASES"):  # only these, e.g. "16x1024,64x4096"
+        cases = [tuple(int(n) for n in c.split("x")) for c in os.environ["PROBE_CASES"].split(",")]
+    for b, length in cases:
         if time.time() - T0 > budget:
             print("(time budget: stopping)", flush=True)
             break
@@ -662,20 +665,10 @@ def round_t(budget: float):
         k, v = (torch.randn(b, HKV, length, D, device="cuda", dtype=torch.half) for _ in "kv")
         lens = torch.full((b,), length, device="cuda", dtype=torch.int32)
         label = f"B{b} L{length}"
-        orders = page_orders(b, length) if length >= 1024 else {"shuffled": None}
-        sets = {}
-        for name, table in orders.items():
-            if table is None:
-                t, kc, vc = paged_caches(k, v, 16)
-            else:
-                t, kc, vc = layout_caches(k, v, table)
-            sets[name] = [(q, k, v, kc, vc, t)]
+        sets = {name: [(q, k, v, kc, vc, t)] for name, (t, kc, vc) in orders(k, v).items()}
         one = sets["shuffled"]
-        print(f"{label} paged rel err {check(one, lens):.1e}", flush=True)
-        show(
-            f"{label} SDPA default",
-            kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), one),
-        )
+        sdpa_job = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), one)
+        show(f"{label} SDPA default", sdpa_job)
         show(f"{label} kaio contiguous", kernel_times(run_kaio_contig(lens), one))
         o = torch.empty(b * HKV * 128, device="cuda")
 
@@ -688,12 +681,29 @@ def round_t(budget: float):
 
         show(f"{label} floor contiguous", kernel_times(lambda *a: floor(*a, paged=False), one))
         for name, st in sets.items():
-            if name != "shuffled":
-                print(f"{label} {name} rel err {check(st, lens):.1e}", flush=True)
+            print(f"{label} {name} rel err {check(st, lens):.1e}", flush=True)
             show(f"{label} kaio paged, {name}", kernel_times(run_kaio(lens), st))
             show(f"{label} floor paged, {name}", kernel_times(floor, st))
+        if again:
+            show(f"{label} SDPA default (again)", sdpa_job)
         flush()
         del sets, one, k, v
+
+
+def round_t(budget: float):
+    """Where the paged layout's cost comes from: kaio's paged kernel and its copy floor
+    (head_stream, kaio's grid and copies) over the same pool with the pages in different
+    orders (``page_orders``: shuffled, each sequence's table ascending, shuffled only within
+    2 MB, 2 MB chunks shuffled, in order), beside the contiguous cache and SDPA on it; plus
+    B = 16 at 256 keys (the fixed cost: kernel time at a small length) (kernel times)."""
+
+    def orders(k, v):
+        b, _, length, _ = k.shape
+        if length < 1024:
+            return {"shuffled": paged_caches(k, v, 16)}
+        return {name: layout_caches(k, v, t) for name, t in page_orders(b, length).items()}
+
+    orders_round(budget, ((16, 4096), (64, 1024), (16, 1024), (16, 256)), orders, False)
 
 
 def warm_t():
@@ -716,43 +726,17 @@ def round_v(budget: float):
     (host-sorted tables: the best order a kernel could choose) and pages in order, the
     contiguous cache; kaio's kernel on each; SDPA on the contiguous cache timed first and
     last (kernel times)."""
-    print(torch.cuda.get_device_name(), flush=True)
-    for b, length in ((16, 32768), (16, 4096), (64, 1024), (16, 1024), (64, 4096)):
-        if time.time() - T0 > budget:
-            print("(time budget: stopping)", flush=True)
-            break
-        torch.cuda.empty_cache()
-        q = torch.randn(b, H, 1, D, device="cuda", dtype=torch.half)
-        k, v = (torch.randn(b, HKV, length, D, device="cuda", dtype=torch.half) for _ in "kv")
-        lens = torch.full((b,), length, device="cuda", dtype=torch.int32)
-        label = f"B{b} L{length}"
+
+    def orders(k, v):
         table, kc, vc = paged_caches(k, v, 16)
-        orders = {"shuffled": [(q, k, v, kc, vc, table)]}
         ordered = torch.arange(table.numel(), device="cuda", dtype=torch.int32)
+        out = {"shuffled": (table, kc, vc)}
         for name, t in (("host-sorted", table.sort(dim=1).values), ("in order", ordered)):
-            t = t.reshape(table.shape).contiguous()
-            orders[name] = [(q, k, v, *layout_caches(k, v, t)[1:], t)]
-        one = orders["shuffled"]
-        print(f"{label} paged rel err {check(one, lens):.1e}", flush=True)
-        sdpa_job = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), one)
-        show(f"{label} SDPA default", sdpa_job)
-        show(f"{label} kaio contiguous", kernel_times(run_kaio_contig(lens), one))
-        o = torch.empty(b * HKV * 128, device="cuda")
+            out[name] = layout_caches(k, v, t.reshape(table.shape).contiguous())
+        return out
 
-        def floor(q, k, v, kc, vc, table, paged=True, b=b, o=o, n=length):
-            src = (x.view(-1) for x in ((kc, vc) if paged else (k, v)))
-            head_stream[b * HKV, 128, None, 2 * 4 * 64 * 128 * 2](
-                *src, table.view(-1), o, HKV, n, n // 16, kc.shape[0],
-                PAGED=paged, STAGES=4, DP=128, LOCK=1, TOUCH=0,
-            )  # fmt: skip
-
-        show(f"{label} floor contiguous", kernel_times(lambda *a: floor(*a, paged=False), one))
-        for name, st in orders.items():
-            show(f"{label} kaio paged, {name}", kernel_times(run_kaio(lens), st))
-            show(f"{label} floor paged, {name}", kernel_times(floor, st))
-        show(f"{label} SDPA default (again)", sdpa_job)
-        flush()
-        del orders, one, k, v, kc, vc
+    cases = ((16, 32768), (16, 4096), (64, 1024), (16, 1024), (64, 4096))
+    orders_round(budget, cases, orders, True)
 
 
 def warm_v():
