@@ -6,7 +6,9 @@ torch SDPA, all in one profiler session per group, calls rotating over input set
 than the L2 cache.
 
     python3 bench/decode_probe.py [warm | b | ncu | s | w | x | a | h | bn | c | p | q | r [SEC]]
+    python3 bench/decode_probe.py t | v [SECONDS]  # page orders (dec34)
     python3 bench/decode_probe.py warm_p [SECONDS]  # the kernels of p and r
+    python3 bench/decode_probe.py warm_t | warm_v [SECONDS]  # the kernels of t / v
     python3 bench/decode_probe.py warm_few | warm_c [SECONDS]  # the kernels of a, h / c
     PROBE_BASE=1 PYTHONPATH=/other/checkout python3 bench/decode_probe.py base_b
     PROBE_L2HINT=256 KAIO_CACHE_DIR=/tmp/other python3 bench/decode_probe.py h
@@ -32,7 +34,10 @@ and ``r`` time ``decode_pages`` (a block a key split and sequence over all K/V h
 pages; ``decode.WHOLE_PAGES``) against the per-head kernel and SDPA, with the copy floors of
 whole-page reading (``page_stream``), of pages in order (``sequential_pages``) and with the
 translations of pages ahead touched (``head_stream``'s TOUCH); ``q`` the paged suite shapes
-with ragged lengths and determinism.
+with ragged lengths and determinism. ``t`` and ``v`` (dec34) read one pool with its
+pages in several orders (``page_orders``: shuffled, each sequence's table ascending, sorted
+within 32 entries, shuffled within 2 MB, 2 MB chunks shuffled, in order): kaio's paged
+kernel and its copy floor on each, beside SDPA and the contiguous cache.
 """
 
 from __future__ import annotations
@@ -599,6 +604,151 @@ def round_r(budget: float):
             tag = "pages in order" if on is seq else f"touch={touch}"
             show(f"{label} floor per-head paged={paged} {tag}", kernel_times(floor, on))
         del seq
+
+
+def layout_caches(k, v, table):
+    """(block_table, k_pages, v_pages): the contiguous caches [B, Hkv, L, D] in 16-token
+    pages at the pool slots of ``table`` [B, L / 16] (distinct entries)."""
+    b, hkv, length, d = k.shape
+    caches = []
+    for x in (k, v):
+        pages = torch.empty(table.numel(), 16, hkv, d, device=x.device, dtype=x.dtype)
+        pages[table.long().flatten()] = (
+            x.reshape(b, hkv, length // 16, 16, d).permute(0, 2, 3, 1, 4).reshape(-1, 16, hkv, d)
+        )
+        caches.append(pages)
+    return (table, *caches)
+
+
+def page_orders(b, length, group=64):
+    """Block tables [B, L / 16] of one pool of B * L / 16 pages of 16 keys: "shuffled" (a
+    random permutation, the suite's), "sorted" (the same pages, each sequence's ascending:
+    every sequence sweeps the pool upwards), "sorted by 32" (ascending within each 32
+    entries: what a warp's window of the table could sort), "2MB-local" (pages in order but shuffled
+    within aligned groups of ``group`` pages: 2 MB at 32 KB a page), "2MB-chunks" (groups
+    of ``group`` pages in order inside, the groups shuffled) and "in order"."""
+    per = length // 16
+    n = b * per
+    gen = torch.Generator(device="cuda").manual_seed(n)
+    perm = torch.randperm(n, device="cuda", generator=gen).to(torch.int32)
+    ordered = torch.arange(n, device="cuda", dtype=torch.int32)
+    g = min(group, n)
+    local = ordered.reshape(-1, g)
+    local = torch.gather(local, 1, torch.argsort(torch.rand(local.shape, device="cuda"), 1))
+    chunks = ordered.reshape(-1, g)[torch.randperm(n // g, device="cuda")]
+    return {
+        "shuffled": perm.reshape(b, per),
+        "sorted": perm.reshape(b, per).sort(dim=1).values,
+        "sorted by 32": perm.reshape(-1, 32).sort(dim=1).values.reshape(b, per),
+        "2MB-local": local.reshape(b, per).contiguous(),
+        "2MB-chunks": chunks.reshape(b, per).contiguous(),
+        "in order": ordered.reshape(b, per),
+    }
+
+
+def orders_round(budget: float, cases, orders, again: bool):
+    """For each (b, length) of ``cases``: SDPA, kaio on the contiguous cache and its floor
+    (head_stream: kaio's per-head grid and copies, 4 stages), then kaio's paged kernel and
+    the paged floor over each layout of ``orders(k, v)`` ({name: (table, k_pages,
+    v_pages)}, "shuffled" first), each checked against SDPA; ``again``: SDPA once more at
+    the end of the shape's session (kernel times). PROBE_CASES="16x1024,..." runs only
+    those shapes."""
+    print(torch.cuda.get_device_name(), flush=True)
+    if os.environ.get("PROBE_CASES"):  # only these, e.g. "16x1024,64x4096"
+        cases = [tuple(int(n) for n in c.split("x")) for c in os.environ["PROBE_CASES"].split(",")]
+    for b, length in cases:
+        if time.time() - T0 > budget:
+            print("(time budget: stopping)", flush=True)
+            break
+        torch.cuda.empty_cache()
+        q = torch.randn(b, H, 1, D, device="cuda", dtype=torch.half)
+        k, v = (torch.randn(b, HKV, length, D, device="cuda", dtype=torch.half) for _ in "kv")
+        lens = torch.full((b,), length, device="cuda", dtype=torch.int32)
+        label = f"B{b} L{length}"
+        sets = {name: [(q, k, v, kc, vc, t)] for name, (t, kc, vc) in orders(k, v).items()}
+        one = sets["shuffled"]
+        sdpa_job = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), one)
+        show(f"{label} SDPA default", sdpa_job)
+        show(f"{label} kaio contiguous", kernel_times(run_kaio_contig(lens), one))
+        o = torch.empty(b * HKV * 128, device="cuda")
+
+        def floor(q, k, v, kc, vc, table, paged=True, b=b, o=o, n=length):
+            src = (x.view(-1) for x in ((kc, vc) if paged else (k, v)))
+            head_stream[b * HKV, 128, None, 2 * 4 * 64 * 128 * 2](
+                *src, table.view(-1), o, HKV, n, n // 16, kc.shape[0],
+                PAGED=paged, STAGES=4, DP=128, LOCK=1, TOUCH=0,
+            )  # fmt: skip
+
+        show(f"{label} floor contiguous", kernel_times(lambda *a: floor(*a, paged=False), one))
+        for name, st in sets.items():
+            print(f"{label} {name} rel err {check(st, lens):.1e}", flush=True)
+            show(f"{label} kaio paged, {name}", kernel_times(run_kaio(lens), st))
+            show(f"{label} floor paged, {name}", kernel_times(floor, st))
+        if again:
+            show(f"{label} SDPA default (again)", sdpa_job)
+        flush()
+        del sets, one, k, v
+
+
+def round_t(budget: float):
+    """Where the paged layout's cost comes from: kaio's paged kernel and its copy floor
+    (head_stream, kaio's grid and copies) over the same pool with the pages in different
+    orders (``page_orders``: shuffled, each sequence's table ascending, shuffled only within
+    2 MB, 2 MB chunks shuffled, in order), beside the contiguous cache and SDPA on it; plus
+    B = 16 at 256 keys (the fixed cost: kernel time at a small length) (kernel times)."""
+
+    def orders(k, v):
+        b, _, length, _ = k.shape
+        if length < 1024:
+            return {"shuffled": paged_caches(k, v, 16)}
+        return {name: layout_caches(k, v, t) for name, t in page_orders(b, length).items()}
+
+    orders_round(budget, ((16, 4096), (64, 1024), (16, 1024), (16, 256)), orders, False)
+
+
+def warm_t():
+    """What round t launches: the per-head defaults of its shapes, the floors."""
+    out = [(probe_mark, {})]
+    out += [(head_stream, {"PAGED": p, "STAGES": 4, "DP": 128, "LOCK": 1, "TOUCH": 0})
+            for p in (False, True)]  # fmt: skip
+    c = {"DP": 128, "MT": 1, "DT": f16, "CL": 1, "DIRECT": True, "FUSED": False}
+    for paged in (False, True):
+        for st in (2, 3, 4):
+            spec = decode.speculates(paged)
+            out.append((decode.DECODE, {**c, "PAGED": paged, "STAGES": st, "PW": int(paged),
+                                        "SPEC": spec}))  # fmt: skip
+    return out
+
+
+def round_v(budget: float):
+    """The paged layout's floors against SDPA: kaio's per-head grid and copies (head_stream)
+    over the suite's shuffled pool, the same pool read in each sequence's ascending order
+    (host-sorted tables: the best order a kernel could choose) and pages in order, the
+    contiguous cache; kaio's kernel on each; SDPA on the contiguous cache timed first and
+    last (kernel times)."""
+
+    def orders(k, v):
+        table, kc, vc = paged_caches(k, v, 16)
+        ordered = torch.arange(table.numel(), device="cuda", dtype=torch.int32)
+        out = {"shuffled": (table, kc, vc)}
+        for name, t in (("host-sorted", table.sort(dim=1).values), ("in order", ordered)):
+            out[name] = layout_caches(k, v, t.reshape(table.shape).contiguous())
+        return out
+
+    cases = ((16, 32768), (16, 4096), (64, 1024), (16, 1024), (64, 4096))
+    orders_round(budget, cases, orders, True)
+
+
+def warm_v():
+    """What round v launches: the per-head defaults of its shapes (one split), the floors."""
+    out = [(probe_mark, {})]
+    out += [(head_stream, {"PAGED": p, "STAGES": 4, "DP": 128, "LOCK": 1, "TOUCH": 0})
+            for p in (False, True)]  # fmt: skip
+    for k, c in decode.shipped():
+        if k is decode.DECODE and c["DP"] == 128 and c["MT"] == 1 and c["DT"] == f16:
+            if c["DIRECT"]:
+                out.append((k, c))
+    return out
 
 
 def round_w(budget: float):
@@ -1182,6 +1332,8 @@ def round_s(budget: float):
 
 ROUNDS = {  # argument: (round, its default time budget in seconds)
     "p": (round_p, 30),
+    "t": (round_t, 30),
+    "v": (round_v, 30),
     "q": (round_q, 30),
     "r": (round_r, 30),
     "x": (round_x, 25),
@@ -1192,7 +1344,14 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "bn": (round_bn, 25),
     "c": (round_c, 25),
 }
-WARMS = {"warm": warm_list, "warm_few": warm_few, "warm_c": warm_c, "warm_p": warm_p}
+WARMS = {
+    "warm": warm_list,
+    "warm_few": warm_few,
+    "warm_c": warm_c,
+    "warm_p": warm_p,
+    "warm_t": warm_t,
+    "warm_v": warm_v,
+}
 
 if __name__ == "__main__":
     arg = sys.argv[1] if len(sys.argv) > 1 else ""
