@@ -29,7 +29,8 @@ import kaio
 from kaio import bf16, bool_, f16, f16x2, f32, i32, u32, u64
 from kaio_ops._attention_hopper import PRODUCER_REGS, advance
 from kaio_ops._int4_decode import HIGH_TWICE, LOW_TWICE
-from kaio_ops._matmul_kernels import tile_col, tile_origin, tile_row
+from kaio_ops._matmul_hopper import grouped
+from kaio_ops._matmul_kernels import GROUP_M, tile_col, tile_row
 
 BK = 64  # K values a slice (one 128-byte swizzled row of f16 per tile row)
 WORD_ROWS = BK // 8  # packed word rows a slice
@@ -336,7 +337,7 @@ def int4_swap(
     M: u32, N: u32, K: u32, k_slice: u32, WG: kaio.constexpr, BM: kaio.constexpr,
     STAGES: kaio.constexpr, SPLIT: kaio.constexpr, CL: kaio.constexpr, REGS: kaio.constexpr,
     OUT: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr, BUFS: kaio.constexpr,
-    EARLY: kaio.constexpr,
+    EARLY: kaio.constexpr, GROUP: kaio.constexpr,
 ):  # fmt: skip
     """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block
     computes ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG`` consumer
@@ -361,7 +362,7 @@ def int4_swap(
     only): a cluster of two blocks takes two tiles side by side (the same rows of a, columns ``2
     p`` and ``2 p + 1`` of W's tiles, one a block), each block's producer copying half of a's
     rows by TMA multicast into both blocks (``tx`` in boxes (BM / 2, 64)): a's rows cross from
-    L2 once for the pair."""
+    L2 once for the pair. ``GROUP``: the tile order's rows a group (``swap_origin``)."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL:
         kaio.cluster_dims(SPLIT)
@@ -434,7 +435,7 @@ def int4_swap(
         if EARLY and my_tiles > 0:  # the first slice's words; then each slice reads the next's
             load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES)
         for i in range(my_tiles):
-            origin = tile_origin(first + u32(i) * step, grid_m, grid_n)
+            origin = swap_origin(first + u32(i) * step, grid_m, grid_n, GROUP)
             last = i == my_tiles - 1
             # slices in groups of BUFS, the fragment buffers in turn; the last k_tiles %
             # BUFS slices after every wgmma is done (ptxas serializes all wgmmas if any
@@ -476,21 +477,29 @@ def int4_swap(
         if lt < 32:  # (two branches: the simulator runs either while the other waits)
             if lt == 0:
                 produce(sx, sw, ss, bars, tx, tw, ts, my_tiles, k_tiles, k_begin, first, step,
-                        grid_m, grid_n, mine, BM, WG, STAGES, MC, 0)  # fmt: skip
+                        grid_m, grid_n, mine, BM, WG, STAGES, MC, 0, GROUP)  # fmt: skip
         elif lt == 32:
             produce(sx, sw, ss, bars, tx, tw, ts, my_tiles, k_tiles, k_begin, first, step,
-                    grid_m, grid_n, mine, BM, WG, WSTAGES, MC, 1)  # fmt: skip
+                    grid_m, grid_n, mine, BM, WG, WSTAGES, MC, 1, GROUP)  # fmt: skip
         if CL:  # the cluster barriers below wait for the threads that have not exited
             return
     if CL:  # one tile a cluster: sum its K slices through distributed shared memory, in the
         # consumers only (the producer has exited: ptxas compiles this with their registers)
         kaio.cluster_sync()
-        origin = tile_origin(first, grid_m, grid_n)
+        origin = swap_origin(first, grid_m, grid_n, GROUP)
         cluster_sum(pairs, c, tile_row(origin) * BM, tile_col(origin) * BNW, t, M, N, BM, BNW,
                     WG * 128, SPLIT, OUT)  # fmt: skip
         kaio.cluster_sync()  # no block leaves while another reads its part
     if MC:  # no block leaves while the other may still copy into it or free its stages
         kaio.cluster_sync()
+
+
+@kaio.gpu_func
+def swap_origin(pid: u32, grid_m: u32, grid_n: u32, GROUP: kaio.constexpr) -> u64:
+    """``_matmul_kernels.tile_origin`` (tile ``pid``'s row and column, packed) with
+    ``GROUP`` tile rows a group (``_matmul_hopper.grouped``'s order) instead of ``GROUP_M``."""
+    idx = u32(grouped(i32(pid), i32(grid_m), i32(grid_n), GROUP))
+    return u64(idx // grid_n) << 32 | u64(idx % grid_n)
 
 
 @kaio.gpu_func
@@ -513,6 +522,7 @@ def produce(
     tw: kaio.tensormap, ts: kaio.tensormap, tiles: i32, k_tiles: i32, k_begin: u32,
     first: u32, step: u32, grid_m: u32, grid_n: u32, mine: u32, BM: kaio.constexpr,
     WG: kaio.constexpr, STAGES: kaio.constexpr, MC: kaio.constexpr, WORDS: kaio.constexpr,
+    GROUP: kaio.constexpr,
 ):  # fmt: skip
     """``int4_swap``'s copies, the block's ``tiles`` tiles of ``k_tiles`` slices each into a
     ``STAGES``-deep ring, each stage once the consumers freed the slice it held before: a's
@@ -525,7 +535,7 @@ def produce(
     ring[1] = 0
     j = i32(0)
     for i in range(tiles):
-        origin = tile_origin(first + u32(i) * step, grid_m, grid_n)
+        origin = swap_origin(first + u32(i) * step, grid_m, grid_n, GROUP)
         half = i32(mine * (BM // 2))
         row = i32(tile_row(origin) * BM) + half * MC
         n0 = i32((tile_col(origin) * (1 + MC) + mine) * BNW)
@@ -619,6 +629,7 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     wstages = more[2] if len(more) > 2 else 0
     bufs = more[3] if len(more) > 3 else 2
     early = int(bool(more[4])) if len(more) > 4 else 0
+    group = (more[5] if len(more) > 5 else 0) or GROUP_M
     if bufs not in (2, 3):
         raise ValueError(f"int4_swap: BUFS (fragment buffers) must be 2 or 3, got {bufs}")
     stages = stages or swap_stages(wg, bm)
@@ -639,13 +650,14 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
         cl = 0
     consts = {"WG": wg, "BM": bm, "STAGES": stages, "SPLIT": split if cl else min(split, 2),
               "CL": cl, "REGS": swap_registers(wg), "OUT": out_type, "MC": mc,
-              "WSTAGES": wstages, "BUFS": bufs, "EARLY": early}  # fmt: skip
+              "WSTAGES": wstages, "BUFS": bufs, "EARLY": early, "GROUP": group}  # fmt: skip
     return split, k_slice, tiles, consts
 
 
 def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     """``a @ W`` rounded to ``out_type`` by ``int4_swap`` (operands as ``launch``) with ``config``
-    = (WG, BM, STAGES, split[, CL[, MC[, WSTAGES[, BUFS]]]]; 0: as many stages as fit,
+    = (WG, BM, STAGES, split[, CL[, MC[, WSTAGES[, BUFS[, EARLY[, GROUP]]]]]]; 0: as many
+    stages as fit, ``GROUP_M`` tile rows a group,
     ``swap_split``'s split): a persistent grid of at most ``sms`` blocks along x, the K split
     along z summed by ``finish``, or with ``CL`` (and a split of 2 to 8; CL 1 and a split past 2
     that ``swap_split`` chose: the workspace) over a cluster of that many blocks along x, one
@@ -704,6 +716,6 @@ def swap_specializations() -> list:
         consts = {"WG": wg, "BM": bm, "STAGES": stages, "SPLIT": split, "CL": cl,
                   "REGS": swap_registers(wg), "OUT": ot, "MC": mc,
                   "WSTAGES": swap_word_stages(wg, bm, stages), "BUFS": bufs,
-                  "EARLY": early}  # fmt: skip
+                  "EARLY": early, "GROUP": GROUP_M}  # fmt: skip
         out.append((int4_swap, consts))
     return out
