@@ -4,14 +4,14 @@ of ``REPS`` calls with the int4 words rotated over enough copies to cover 200 MB
 ``bench/int4_wgmma.py --swap``), every result checked against the f32 product.
 
 Usage: ``python bench/int4_w35.py time --points 4096x4096@1024/4096,... [--configs
-"2,256,0,0,0,0,0,2,1;512=2,128,0,1,0,0,0,2,1"] [--prewarm N [--warm-tests]] [--raw] [--group
-G] [--kmm] [--no-route] [--out FILE]``: configs as ``launch_swap``'s (WG, BM, STAGES, split,
-CL, MC, WSTAGES, BUFS, EARLY), ``M=`` before one for that M only; ``--prewarm N``: compile
-every build first in N processes (``--warm-tests``: the int4 GPU tests' too); ``--raw``: the
-words go to wgmma undecoded (no dequantization: the pipeline's own limit, results not
-checked); ``--group G``: tile rows a raster group (``_matmul_kernels.GROUP_M``); ``--kmm``:
-also ``kaio_ops.matmul`` on the f16 weight. ``prof --points P --configs C``: one call of each
-inside an NVTX range "prof" (for ``ncu --nvtx --nvtx-include prof/``). ``table FILE``: the
+"2,256,0,0,0,0,0,2,1;512=2,128,0,1,0,0,0,2,1"] [--prewarm N [--warm-tests]] [--raw] [--kmm]
+[--no-route] [--out FILE]``: configs as ``launch_swap``'s (WG, BM, STAGES, split, CL, MC,
+WSTAGES, BUFS, EARLY, GROUP), ``M=`` before one for that M only, ``NxK@M=`` for that point
+only; ``--prewarm N``: compile every build first in N processes (``--warm-tests``: the int4
+GPU tests' too); ``--raw``: the words go to wgmma undecoded (no dequantization: the
+pipeline's own limit, results not checked); ``--kmm``: also ``kaio_ops.matmul`` on the f16
+weight. ``prof --points P --configs C``: one call of each inside an NVTX range "prof" (for
+``ncu --nvtx --nvtx-include prof/``). ``table FILE``: the
 records of ``--out`` as a Markdown table and the geometric mean by M.
 """
 
@@ -63,13 +63,13 @@ def points(text: str) -> list:
     return out
 
 
-def configs(text: str, m: int) -> list:
-    """``a,b,...;M=c,d,...`` as tuples of ints: every entry without ``M=``, and those with
-    it at M = ``m``."""
+def configs(text: str, m: int, n: int = 0, k: int = 0) -> list:
+    """``a,b,...;M=c,d,...;NxK@M=e,f,...`` as tuples of ints: every entry without ``=``,
+    those with ``M=`` at M = ``m``, those with ``NxK@M=`` at that point only."""
     out = []
     for c in text.split(";"):
         only, _, c = c.rpartition("=")
-        if c and (not only or int(only) == m):
+        if c and only in ("", str(m), f"{n}x{k}@{m}"):
             out.append(tuple(int(x) for x in c.split(",")))
     return out
 
@@ -83,7 +83,7 @@ def prewarm(args, pts: list) -> None:
     todo = []
     for n, k, ms in pts:
         for m in ms:
-            cfgs = configs(args.configs, m)
+            cfgs = configs(args.configs, m, n, k)
             if m < _int4_hopper.DEQUANT_M and not args.no_route:
                 cfgs.append(_int4_hopper.swap_plan(m, n, k, sms))
             todo += [(m, n, k, c) for c in cfgs]
@@ -131,7 +131,6 @@ def main() -> None:
     p.add_argument("--raw", action="store_true")
     p.add_argument("--no-route", action="store_true")
     p.add_argument("--kmm", action="store_true", help="also kaio_ops.matmul on the f16 weight")
-    p.add_argument("--group", type=int, default=0)
     p.add_argument("--out", default="")
     p.add_argument("--prewarm", type=int, default=0, help="compile in N processes first")
     p.add_argument("--warm-tests", action="store_true", help="--prewarm: the GPU tests' too")
@@ -139,12 +138,8 @@ def main() -> None:
     args = p.parse_args()
     if args.raw:
         raw_dequant()
-    if args.group:
-        from kaio_ops import _matmul_kernels
-
-        _matmul_kernels.GROUP_M = args.group
     t0 = time.time()
-    if args.prewarm and not args.raw and not args.group:
+    if args.prewarm and not args.raw:
         prewarm(args, points(args.points))
         print(json.dumps({"prewarm_s": round(time.time() - t0, 1)}), flush=True)
     sink = open(args.out, "a") if args.out else None  # noqa: SIM115
@@ -154,7 +149,7 @@ def main() -> None:
         weights = [int4_inputs(1, n, k)[1:] for _ in range(sets)]
         for m in ms:
             a = torch.randn(m, k, device="cuda", dtype=f16)
-            cfgs = configs(args.configs, m)
+            cfgs = configs(args.configs, m, n, k)
             ops = [[operand(x, "x") for x in (a, w[0], w[1])] for w in weights]
             ref = a.float() @ weights[0][2].float()
             fns = {"cublas": lambda i: torch.matmul(a, weights[i][2])}
