@@ -255,7 +255,7 @@ def test_int4_multi_tile_fallback_in_simulator():
 # persistent loop (6 tiles on 2 blocks), K splits summed in a cluster, and pairs of tiles
 # whose blocks multicast a's rows to each other (MC: the last pair half past N); words'
 # rings (WSTAGES, config[6]) of 1 and 2 stages, wrapping many times (the default fills the
-# shared memory left).
+# shared memory left); tile orders of GROUP (config[9]) rows that leave a shorter last group.
 SWAP_CASES = [
     (40, 64, 256, None, (1, 40, 2, 1), None),
     (20, 136, 384, "float16", (2, 24, 3, 1), None),
@@ -264,7 +264,8 @@ SWAP_CASES = [
     (20, 136, 512, "float16", (2, 24, 2, 4, 1), None),  # K split over a cluster
     (9, 64, 768, None, (4, 16, 2, 3, 1), None),  # a split of 3: rows 0, 3, 6... a block
     (40, 200, 256, None, (1, 48, 2, 1, 0, 1, 2), None),  # pairs of tiles sharing a by multicast
-    (70, 136, 384, "bfloat16", (1, 32, 2, 1, 0, 1, 2), 2),  # 6 pairs on a cluster, odd grid_n
+    # 6 pairs on a cluster, odd grid_n, the tile order in groups of 2 rows (GROUP, config[9])
+    (70, 136, 384, "bfloat16", (1, 32, 2, 1, 0, 1, 2, 2, 0, 2), 2),
     (40, 200, 512, "float16", (1, 48, 2, 2, 0, 1), None),  # pairs and a K split along z
     # three fragment buffers (BUFS 3): 10 slices (one after the groups of 3) on 3 stages, the
     # persistent loop (WSTAGES 1); 8 slices (two after) with multicast pairs and WSTAGES 2
@@ -275,7 +276,7 @@ SWAP_CASES = [
     # EARLY (config[8]): each slice reads the next one's words, across tiles of the persistent
     # loop (the last slice of the last tile reads none); with 3 buffers and a 1-stage words'
     # ring; multicast pairs; a cluster's K split
-    (50, 192, 256, None, (1, 16, 3, 1, 0, 0, 2, 2, 1), 2),
+    (50, 192, 256, None, (1, 16, 3, 1, 0, 0, 2, 2, 1, 3), 2),  # GROUP 3 of 4 tile rows
     (20, 136, 640, "float16", (2, 24, 3, 1, 0, 0, 1, 3, 1), 1),
     (40, 200, 512, None, (1, 48, 4, 1, 0, 1, 2, 3, 1), None),
     (20, 136, 512, "float16", (2, 24, 2, 4, 1, 0, 0, 2, 1), None),
