@@ -45,7 +45,7 @@ SUM_UNROLL = 4  # cluster_sum: column pairs a thread sums at once, every block's
 def cluster_sum(
     pairs: u64[:, :], c: OUT[:, :], m0: u32, n0: u32, t: u32, M: u32, N: u32,
     BM: kaio.constexpr, BN: kaio.constexpr, THREADS: kaio.constexpr, SPLIT: kaio.constexpr,
-    OUT: kaio.constexpr,
+    OUT: kaio.constexpr, MC: kaio.constexpr,
 ):  # fmt: skip
     """The K split of a cluster, once every block's partial ``BM x BN`` f32 tile (at (m0,
     n0) of c) is in its shared memory, read here as ``pairs`` [BM, BN / 2] (two adjacent
@@ -54,8 +54,11 @@ def cluster_sum(
     run to run) and stores them, thread ``t`` of the block's ``THREADS`` (the consumer
     warpgroups) taking every ``THREADS``-th pair, ``SUM_UNROLL`` pairs at a time with the
     words of all the blocks in flight (distributed shared memory is read at its latency,
-    not its bandwidth). N is even: a pair is in c or out of it whole."""
-    rank = kaio.cluster_rank()
+    not its bandwidth). N is even: a pair is in c or out of it whole. With ``MC`` the cluster
+    is ``SPLIT`` multicast pairs (rank ``2 r + p``: K slice r, tile p of the pair), and the
+    blocks of this block's tile p are summed."""
+    rank = kaio.cluster_rank() // (1 + MC)
+    mine = kaio.cluster_rank() % (1 + MC)
     PAIRS = BN // 2
     TOTAL = (BM + SPLIT - 1) // SPLIT * PAIRS
     for i0 in range(t, TOTAL, THREADS * SUM_UNROLL):
@@ -64,7 +67,9 @@ def cluster_sum(
             i = i0 + u * THREADS
             if i < TOTAL and i // PAIRS * SPLIT + rank < BM:
                 for q in kaio.static_range(SPLIT):
-                    raw[u, q] = kaio.cluster_load(pairs, (i // PAIRS * SPLIT + rank, i % PAIRS), q)
+                    raw[u, q] = kaio.cluster_load(
+                        pairs, (i // PAIRS * SPLIT + rank, i % PAIRS), q * (1 + MC) + mine
+                    )
         for u in kaio.static_range(SUM_UNROLL):
             i = i0 + u * THREADS
             r = i // PAIRS * SPLIT + rank
@@ -298,10 +303,12 @@ def swap_slice(
 def free_stage(bars: u64[:, :], s: i32, MC: kaio.constexpr):
     """A consumer warpgroup's arrival on ring stage ``s``'s "free" barrier: this block's, or
     with ``MC`` both blocks' of the pair (each block's producer multicasts half of the
-    activations into both, so a stage is free once both blocks' consumers are done)."""
+    activations into both, so a stage is free once both blocks' consumers are done; the pair
+    is ranks 2 p, 2 p + 1 of the cluster)."""
     if MC:
-        kaio.mbarrier_arrive_cluster(bars, (1, s), 0)
-        kaio.mbarrier_arrive_cluster(bars, (1, s), 1)
+        pair = kaio.cluster_rank() // 2 * 2
+        kaio.mbarrier_arrive_cluster(bars, (1, s), pair)
+        kaio.mbarrier_arrive_cluster(bars, (1, s), pair + 1)
     else:
         kaio.mbarrier_arrive(bars, (1, s))
 
@@ -358,15 +365,18 @@ def int4_swap(
     K split is a cluster of ``SPLIT`` blocks along x, one tile each, summed through distributed
     shared memory (``cluster_sum``). ``tx``: a [M, K] in boxes (BM, 64); ``tw``: the words [K /
     8, N] in boxes (8, 64 WG); ``ts``: the scales [K / 128, N] in boxes (1, 64 WG). ``REGS``:
-    the registers a consumer thread takes (``setmaxnreg``; 0: none). ``MC`` (K split along z
-    only): a cluster of two blocks takes two tiles side by side (the same rows of a, columns ``2
+    the registers a consumer thread takes (``setmaxnreg``; 0: none). ``MC``: a cluster of two
+    blocks takes two tiles side by side (the same rows of a, columns ``2
     p`` and ``2 p + 1`` of W's tiles, one a block), each block's producer copying half of a's
     rows by TMA multicast into both blocks (``tx`` in boxes (BM / 2, 64)): a's rows cross from
-    L2 once for the pair. ``GROUP``: the tile order's rows a group (``swap_origin``)."""
+    L2 once for the pair; with ``CL`` too the cluster is ``SPLIT`` such pairs (rank ``2 r +
+    p``: K slice r, tile p), each pair's blocks multicasting to each other, and the blocks of
+    a tile summed by ``cluster_sum``. ``GROUP``: the tile order's rows a group
+    (``swap_origin``)."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL:
-        kaio.cluster_dims(SPLIT)
-    if MC:
+        kaio.cluster_dims(SPLIT * (1 + MC))
+    if MC and not CL:
         kaio.cluster_dims(2)
     BNW = 64 * WG
     X_BYTES = BM * BK * 2
@@ -390,16 +400,17 @@ def int4_swap(
     first = kaio.block_idx_x()
     step = kaio.grid_dim_x()
     k_begin = kaio.block_idx_z() * k_slice
-    if CL:  # a cluster per tile, its blocks the K slices
-        first = first // SPLIT
-        step = step // SPLIT
-        k_begin = kaio.cluster_rank() * k_slice
+    if CL:  # a cluster per tile (MC: per pair of tiles), its blocks (pairs) the K slices
+        first = first // (SPLIT * (1 + MC))
+        step = step // (SPLIT * (1 + MC))
+        k_begin = kaio.cluster_rank() // (1 + MC) * k_slice
     mine = u32(0)  # MC: this block's tile of the pair
     if MC:  # a cluster per pair of tiles: the schedule's columns are pairs
-        first = first // 2
-        step = step // 2
+        if not CL:
+            first = first // 2
+            step = step // 2
         grid_n = (grid_n + 1) // 2
-        mine = kaio.cluster_rank()
+        mine = kaio.cluster_rank() % 2
     my_tiles = i32((grid_m * grid_n - first + step - 1) // step)
     k_end = kaio.min(k_begin + k_slice, K)
     k_tiles = i32((k_end - k_begin + BK - 1) // BK)
@@ -487,8 +498,9 @@ def int4_swap(
         # consumers only (the producer has exited: ptxas compiles this with their registers)
         kaio.cluster_sync()
         origin = swap_origin(first, grid_m, grid_n, GROUP)
-        cluster_sum(pairs, c, tile_row(origin) * BM, tile_col(origin) * BNW, t, M, N, BM, BNW,
-                    WG * 128, SPLIT, OUT)  # fmt: skip
+        n0 = (tile_col(origin) * (1 + MC) + mine) * BNW
+        cluster_sum(pairs, c, tile_row(origin) * BM, n0, t, M, N, BM, BNW, WG * 128, SPLIT, OUT,
+                    MC)  # fmt: skip
         kaio.cluster_sync()  # no block leaves while another reads its part
     if MC:  # no block leaves while the other may still copy into it or free its stages
         kaio.cluster_sync()
@@ -530,6 +542,7 @@ def produce(
     pairs of tiles, ``mine`` is this block's, and its half of a's rows goes to both blocks),
     or (``WORDS``) the words and scales, freed by every consumer warp once read."""
     BNW = 64 * WG
+    peers = u32(3) << (kaio.cluster_rank() // 2 * 2)  # MC: the pair's blocks (a K slice's)
     ring = kaio.local(i32, 2)
     ring[0] = 0
     ring[1] = 0
@@ -549,7 +562,7 @@ def produce(
             else:
                 kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32(BM * BK * 2))
                 if MC:  # half the rows, into both blocks (the other half from the other)
-                    kaio.tma_load_2d_multicast(sx, (s, half, 0), tx, row, k0, bars, (0, s), 3)
+                    kaio.tma_load_2d_multicast(sx, (s, half, 0), tx, row, k0, bars, (0, s), peers)
                 else:
                     kaio.tma_load_2d(sx, (s, 0, 0), tx, row, k0, bars, (0, s))
             j += 1
@@ -637,7 +650,7 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     if stages < bufs:  # a slice's stage is freed BUFS - 1 slices later
         raise ValueError(f"int4_swap: {bufs} fragment buffers need {bufs} stages, got {stages}")
     tiles = math.ceil(m / bm) * math.ceil(n / (64 * wg))
-    if mc:  # pairs of tiles (a K split through the workspace only)
+    if mc:  # pairs of tiles (a K split along z, or with CL a cluster of pairs)
         if bm % 16:
             raise ValueError(f"int4_swap: a multicast pair needs BM % 16 == 0, got {bm}")
         pairs = math.ceil(m / bm) * math.ceil(math.ceil(n / (64 * wg)) / 2)
@@ -645,7 +658,7 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
         tiles = pairs
     else:
         split, k_slice = k_slices(k, split or swap_split(tiles, k, sms), BK)
-    cl = int(bool(more and more[0]) and 1 < split <= 8 and not mc)
+    cl = int(bool(more and more[0]) and 1 < split <= 8 // (1 + mc))
     if cl and split > 2 and not config[3] and more[0] != 2:  # CL 1: the workspace past 2
         cl = 0
     consts = {"WG": wg, "BM": bm, "STAGES": stages, "SPLIT": split if cl else min(split, 2),
@@ -663,7 +676,8 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     that ``swap_split`` chose: the workspace) over a cluster of that many blocks along x, one
     tile a cluster, summed in distributed shared memory (no second launch); with ``MC`` clusters
     of two blocks sharing a's rows by TMA multicast (at most ``sms`` blocks along x, two a pair
-    of tiles; a K split along z only)."""
+    of tiles; a K split along z, or with ``CL`` a cluster of ``split`` pairs, one pair of
+    tiles a cluster)."""
     from kaio_ops import _arrays
     from kaio_ops.linear import _placeholder
 
@@ -683,8 +697,8 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
         kaio.tensor_map_2d(b.obj, (WORD_ROWS, 64 * wg), 0),
         kaio.tensor_map_2d(s.obj, (1, 64 * wg), 0),
     )
-    grid = (tiles * split, 1, 1) if cl else (min(tiles, sms), 1, split)  # a cluster: one tile
-    if mc:
+    grid = (tiles * split * (1 + mc), 1, 1) if cl else (min(tiles, sms), 1, split)  # one tile
+    if mc and not cl:
         grid = (2 * min(tiles, sms // 2), 1, split)
     shared = swap_shared_bytes(wg, bm, consts["STAGES"], cl, consts["WSTAGES"])
     int4_swap[grid, 128 * wg + 128, _arrays.stream_of(a), shared](

@@ -267,6 +267,8 @@ SWAP_CASES = [
     # 6 pairs on a cluster, odd grid_n, the tile order in groups of 2 rows (GROUP, config[9])
     (70, 136, 384, "bfloat16", (1, 32, 2, 1, 0, 1, 2, 2, 0, 2), 2),
     (40, 200, 512, "float16", (1, 48, 2, 2, 0, 1), None),  # pairs and a K split along z
+    # pairs and a K split of 2 in a cluster of 4 (two pairs), the last pair half past N
+    (70, 136, 384, None, (1, 32, 3, 2, 1, 1, 2, 2, 1), None),
     # three fragment buffers (BUFS 3): 10 slices (one after the groups of 3) on 3 stages, the
     # persistent loop (WSTAGES 1); 8 slices (two after) with multicast pairs and WSTAGES 2
     (20, 136, 640, "float16", (2, 24, 3, 1, 0, 0, 1, 3), 1),
