@@ -711,7 +711,8 @@ def swap_specializations() -> list:
     """(kernel, constexprs) of ``int4_swap``'s variants to check with ptxas (sm_90a): every
     consumer count, the widest and narrowest activation tiles, a K split through the
     workspace and through a cluster, every output type, pairs of tiles sharing a's rows by
-    multicast, three fragment buffers, the next slice's words read early."""
+    multicast (also in a cluster with a K split), three fragment buffers, the next slice's
+    words read early."""
     out = []
     for wg, bm, split, cl, ot, mc, bufs, early in (
         (1, 8, 2, 1, f32, 0, 2, 0),
@@ -725,6 +726,7 @@ def swap_specializations() -> list:
         (3, 128, 1, 0, bf16, 1, 2, 0),
         (2, 256, 1, 0, f16, 1, 3, 1),
         (2, 128, 2, 1, f32, 0, 3, 0),
+        (2, 128, 2, 1, f16, 1, 2, 1),
     ):
         stages = swap_stages(wg, bm)
         consts = {"WG": wg, "BM": bm, "STAGES": stages, "SPLIT": split, "CL": cl,
