@@ -5,13 +5,14 @@ of ``REPS`` calls with the int4 words rotated over enough copies to cover 200 MB
 
 Usage: ``python bench/int4_w35.py time --points 4096x4096@1024/4096,... [--configs
 "2,256,0,0,0,0,0,2,1;512=2,128,0,1,0,0,0,2,1"] [--prewarm N [--warm-tests]] [--raw] [--kmm]
-[--no-route] [--out FILE]``: configs as ``launch_swap``'s (WG, BM, STAGES, split, CL, MC,
-WSTAGES, BUFS, EARLY, GROUP), ``M=`` before one for that M only, ``NxK@M=`` for that point
-only; ``--prewarm N``: compile every build first in N processes (``--warm-tests``: the int4
-GPU tests' too); ``--raw``: the words go to wgmma undecoded (no dequantization: the
-pipeline's own limit, results not checked); ``--kmm``: also ``kaio_ops.matmul`` on the f16
-weight. ``prof --points P --configs C``: one call of each inside an NVTX range "prof" (for
-``ncu --nvtx --nvtx-include prof/``). ``table FILE``: the
+[--no-route] [--repeat R] [--out FILE]``: configs as ``launch_swap``'s (WG, BM, STAGES,
+split, CL, MC, WSTAGES, BUFS, EARLY, GROUP), ``M=`` before one for that M only, ``NxK@M=``
+for that point only; ``--prewarm N``: compile every build first in N processes
+(``--warm-tests``: the int4 GPU tests' too); ``--raw``: the words go to wgmma undecoded (no
+dequantization: the pipeline's own limit, results not checked); ``--kmm``: also
+``kaio_ops.matmul`` on the f16 weight; ``--repeat R``: R passes over the kernels of a point,
+each timed once a pass, the median kept. ``prof --points P --configs C``: one call of each
+inside an NVTX range "prof" (for ``ncu --nvtx --nvtx-include prof/``). ``table FILE``: the
 records of ``--out`` as a Markdown table and the geometric mean by M.
 """
 
@@ -135,6 +136,7 @@ def main() -> None:
     p.add_argument("--prewarm", type=int, default=0, help="compile in N processes first")
     p.add_argument("--warm-tests", action="store_true", help="--prewarm: the GPU tests' too")
     p.add_argument("--tag", default="")
+    p.add_argument("--repeat", type=int, default=1, help="timed passes over the kernels, median")
     args = p.parse_args()
     if args.raw:
         raw_dequant()
@@ -181,13 +183,21 @@ def main() -> None:
                     rec["res"][",".join(map(str, c))] = str(res)
                 except Exception as e:  # noqa: BLE001
                     rec["res"][",".join(map(str, c))] = f"{type(e).__name__}: {str(e)[:200]}"
-            for key, fn in fns.items():
+            for key, fn in list(fns.items()):
                 try:
                     got = fn(0).float()
                     rec["err"][key] = float(((got - ref).norm() / ref.norm()).item())
-                    rec["us"][key] = graph_time(fn, sets)
                 except Exception as e:  # noqa: BLE001
                     rec["us"][key] = f"{type(e).__name__}: {str(e)[:300]}"
+                    del fns[key]
+            runs: dict = {key: [] for key in fns}
+            for _ in range(args.repeat):  # interleaved: every kernel once a pass
+                for key, fn in fns.items():
+                    runs[key].append(graph_time(fn, sets))
+            for key, ts in runs.items():
+                rec["us"][key] = sorted(ts)[len(ts) // 2]
+                if args.repeat > 1:
+                    rec.setdefault("all", {})[key] = [round(t, 2) for t in ts]
             rec["t"] = round(time.time() - t0, 1)
             line = json.dumps(rec)
             print(line, flush=True)
