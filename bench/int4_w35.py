@@ -95,9 +95,21 @@ def prewarm(args, pts: list) -> None:
         print("prewarm:", e, flush=True)
 
 
+def paired(rec: dict, key: str) -> float:
+    """``key``'s speed against cuBLAS at one record: with ``--repeat``, the median over the
+    passes of cuBLAS's time over ``key``'s in the same pass (neighbours in time share the
+    GPU's clocks), else the ratio of the two times."""
+    runs = rec.get("all", {})
+    if key in runs and "cublas" in runs:
+        xs = sorted(c / t for c, t in zip(runs["cublas"], runs[key], strict=True))
+        return xs[len(xs) // 2]
+    return rec["us"]["cublas"] / rec["us"][key]
+
+
 def table(path: str) -> None:
     """The records of ``path`` (``time`` mode's ``--out``) as Markdown: cuBLAS f16 against
-    each timed kernel (x cuBLAS), then the geometric mean of the route over shapes by M."""
+    each timed kernel (median µs, x cuBLAS: ``paired``), then the geometric mean of the
+    route over shapes by M."""
     import math
 
     recs = [json.loads(line) for line in open(path)]  # noqa: SIM115
@@ -111,9 +123,10 @@ def table(path: str) -> None:
         for k in keys:
             t = r["us"].get(k)
             ok = isinstance(t, float) and isinstance(base, float)
-            cells.append(f"{t:.1f} ({base / t:.2f}x)" if ok else str(t or "")[:40])
+            x = paired(r, k) if ok else 0.0
+            cells.append(f"{t:.1f} ({x:.2f}x)" if ok else str(t or "")[:40])
             if ok and k == "route":
-                by_m.setdefault(r["m"], []).append(base / t)
+                by_m.setdefault(r["m"], []).append(x)
         shown = f"{base:.1f}" if isinstance(base, float) else str(base)
         print(f"| {r['n']}x{r['k']} | {r['m']} | {shown} | " + " | ".join(cells) + " |")
     for m, xs in sorted(by_m.items()):
