@@ -119,7 +119,13 @@ PREFILL_M = 1 << 62
 # split past 2 (``swap_plan``; 4096x4096 M=256: 0.90x in cluster pairs against 0.80x with a
 # split of 4 in the workspace), 257-512 rows where they would need any (M=512: 0.86x against
 # a cluster pair's 0.83x); up to 128 and at 257-512 EARLY off (4096x4096 M=128 0.97x
-# against 0.94x).
+# against 0.94x). Then (int4w35, this session's round C, the median of 4 interleaved
+# passes) one consumer warpgroup with 256-row tiles (256 x 64: half the dequantization a
+# multiply-add of the 128-row tiles, twice a's reads) where it needs no split past 2:
+# 4096x4096 M=512 0.94x against the 128-row tiles' 0.87x (26.8 against 29.3 µs), M=256
+# (cluster pairs) 1.00x against 0.97x; multicast pairs at 257-512 rows lost (M=512 0.88x,
+# 0.82x in round A), as did clusters of 4 (a multicast pair and a K split of 2: 0.43x at
+# M=256, half the clusters waiting for a second wave) and of 8 (0.52x at M=128).
 SWAP_PLANS = (
     (64, 4, 0, 0, 0, 2, 0),
     (128, 2, 0, 1, 0, 2, 0),
@@ -129,18 +135,39 @@ SWAP_PLANS = (
 )
 
 
+# Past 512 rows on products at least this wide (N): multicast pairs and tile-order groups of
+# WIDE_GROUP rows (int4w35, H100, rounds A-C of this session, x cuBLAS f16, the median of
+# interleaved passes): 57344x8192 M=1024 1.06x / 1.06x against the route's 1.00x / 1.04x,
+# M=2048 1.04x / 1.03x against 0.99x / 1.00x, M=4096 1.01x / 1.05x against 0.98x / 1.05x (a
+# group of 8 rows of a spans 32 MB there while the 235 MB of words stream past it); at
+# 28672x4096 and 8192x8192 within the passes' spread of the route (0.95-1.04x either way),
+# at 4096x4096 M=8192 0.90x against 0.95x: those keep 256 x 128 tiles in groups of 8.
+WIDE_N = 32768
+WIDE_GROUP = 4
+
+
 def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
-    """``int4_swap``'s (WG, BM, STAGES, split, CL, MC, WSTAGES, BUFS, EARLY) for M = ``m``
-    (``SWAP_PLANS``; as many stages of both rings as fit, ``swap_split``'s split); given the
-    product's ``n``, ``k`` and the GPU's ``sms``, 129-512 rows take 128-row tiles where the
-    wider ones would need a K split (past 2 at 129-256 rows)."""
+    """``int4_swap``'s (WG, BM, STAGES, split, CL, MC, WSTAGES, BUFS, EARLY, GROUP) for M =
+    ``m`` (``SWAP_PLANS``; as many stages of both rings as fit, ``swap_split``'s split, the
+    tile order in groups of ``GROUP_M`` rows); given the product's ``n``, ``k`` and the GPU's
+    ``sms``: at 129-512 rows, where the 64 WG-column tiles would need a K split (past 2 at
+    129-256 rows), 64-column tiles (one consumer warpgroup, the next slice's words read
+    early) if those need none (past 2), else 128-row tiles; past 512 rows at N >=
+    ``WIDE_N``, multicast pairs in groups of ``WIDE_GROUP`` rows."""
     _, wg, bm, cl, mc, bufs, early = next(row for row in SWAP_PLANS if m <= row[0])
     step = 16 if mc else 8
     bm = bm or min(256, -(-m // step) * step)
     tiles = math.ceil(m / bm) * math.ceil(n / (64 * wg))
-    if n and 128 < m <= 512 and swap_split(tiles, k, sms) > (2 if m <= 256 else 1):
-        bm = 128
-    return wg, bm, 0, 0, cl, mc, 0, bufs, early
+    most = 2 if m <= 256 else 1  # the K split that 129-512 rows take
+    group = 0
+    if n and 128 < m <= 512 and swap_split(tiles, k, sms) > most:
+        if swap_split(math.ceil(m / bm) * math.ceil(n / 64), k, sms) <= most:
+            wg, early = 1, 1
+        else:
+            bm = 128
+    if m > 512 and n >= WIDE_N:
+        mc, group = 1, WIDE_GROUP
+    return wg, bm, 0, 0, cl, mc, 0, bufs, early, group
 
 
 def takes(a, b, s) -> bool:

@@ -320,6 +320,28 @@ def test_int4_swap_rejects_bad_buffers():
     assert _int4_hopper.swap_launch_plan(64, 128, 256, (1, 64, 3, 1, 0, 0, 2, 3), 132, f16)
 
 
+def test_int4_swap_plan_bands():
+    """swap_plan's shape rules on 132 multiprocessors: at 129-512 rows 256 x 64 tiles (one
+    consumer warpgroup) where 256 x 128 ones would need a K split and they need none (past 2
+    at 129-256 rows: a cluster pair), 128-row tiles where both would; past 512 rows
+    multicast pairs in groups of WIDE_GROUP rows from WIDE_N columns only."""
+    from kaio_ops import _int4_hopper
+
+    def plan(m, n, k):
+        config = _int4_hopper.swap_plan(m, n, k, 132)
+        split, _, _, consts = _int4_hopper.swap_launch_plan(m, n, k, config, 132, f16)
+        return consts["WG"], consts["BM"], split, consts["CL"], consts["MC"], consts["GROUP"]
+
+    g, wide = _int4_hopper.GROUP_M, _int4_hopper.WIDE_GROUP
+    assert plan(512, 4096, 4096) == (1, 256, 1, 0, 0, g)  # 128 tiles of 256 x 64
+    assert plan(256, 4096, 4096) == (1, 256, 2, 1, 0, g)  # 64 of them, a cluster pair each
+    assert plan(512, 8192, 8192) == (2, 256, 1, 0, 0, g)  # 128 tiles of 256 x 128
+    assert plan(256, 1024, 4096) == (2, 128, 8, 0, 0, g)  # 16 of 256 x 64: 128-row tiles
+    assert plan(1024, 57344, 8192) == (2, 256, 1, 0, 1, wide)
+    assert plan(1024, _int4_hopper.WIDE_N - 8, 8192)[4:] == (0, g)
+    assert plan(512, 57344, 8192)[4:] == (0, g)
+
+
 def test_int4_wgmma_dispatch(monkeypatch):
     """On sm_90 (here: the simulator with IN_SIMULATOR) M > DECODE_M takes the wgmma kernel
     (``run``) and M <= DECODE_M the decode kernel; N % 8 != 0 is not the wgmma kernel's
