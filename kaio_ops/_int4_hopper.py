@@ -123,7 +123,10 @@ PREFILL_M = 1 << 62
 # passes) one consumer warpgroup with 256-row tiles (256 x 64: half the dequantization a
 # multiply-add of the 128-row tiles, twice a's reads) where it needs no split past 2:
 # 4096x4096 M=512 0.94x against the 128-row tiles' 0.87x (26.8 against 29.3 µs), M=256
-# (cluster pairs) 1.00x against 0.97x; multicast pairs at 257-512 rows lost (M=512 0.88x,
+# (cluster pairs) 1.00x against 0.97x (round D: 0.94x against 0.86x, 0.92x against 0.89x;
+# 4096x14336 0.95x against 0.86x, 1.20x against 1.12x); at M=128 64-column tiles in cluster
+# pairs, EARLY off, 1.09x against 1.00x (the workspace's split of 4), EARLY on 1.05x;
+# multicast pairs at 257-512 rows lost (M=512 0.88x,
 # 0.82x in round A), as did clusters of 4 (a multicast pair and a K split of 2: 0.43x at
 # M=256, half the clusters waiting for a second wave) and of 8 (0.52x at M=128).
 SWAP_PLANS = (
@@ -150,20 +153,20 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
     """``int4_swap``'s (WG, BM, STAGES, split, CL, MC, WSTAGES, BUFS, EARLY, GROUP) for M =
     ``m`` (``SWAP_PLANS``; as many stages of both rings as fit, ``swap_split``'s split, the
     tile order in groups of ``GROUP_M`` rows); given the product's ``n``, ``k`` and the GPU's
-    ``sms``: at 129-512 rows, where the 64 WG-column tiles would need a K split (past 2 at
-    129-256 rows), 64-column tiles (one consumer warpgroup, the next slice's words read
-    early) if those need none (past 2), else 128-row tiles; past 512 rows at N >=
-    ``WIDE_N``, multicast pairs in groups of ``WIDE_GROUP`` rows."""
+    ``sms``: at 65-512 rows, where the 64 WG-column tiles would need a K split (past 2 up
+    to 256 rows), 64-column tiles (one consumer warpgroup; past 128 rows the next slice's
+    words read early) if those need none (past 2), else (past 128 rows) 128-row tiles; past
+    512 rows at N >= ``WIDE_N``, multicast pairs in groups of ``WIDE_GROUP`` rows."""
     _, wg, bm, cl, mc, bufs, early = next(row for row in SWAP_PLANS if m <= row[0])
     step = 16 if mc else 8
     bm = bm or min(256, -(-m // step) * step)
     tiles = math.ceil(m / bm) * math.ceil(n / (64 * wg))
-    most = 2 if m <= 256 else 1  # the K split that 129-512 rows take
+    most = 2 if m <= 256 else 1  # the K split that 65-512 rows take
     group = 0
-    if n and 128 < m <= 512 and swap_split(tiles, k, sms) > most:
+    if n and 64 < m <= 512 and swap_split(tiles, k, sms) > most:
         if swap_split(math.ceil(m / bm) * math.ceil(n / 64), k, sms) <= most:
-            wg, early = 1, 1
-        else:
+            wg, early = 1, int(early or m > 128)
+        elif m > 128:
             bm = 128
     if m > 512 and n >= WIDE_N:
         mc, group = 1, WIDE_GROUP

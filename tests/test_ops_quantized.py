@@ -321,10 +321,10 @@ def test_int4_swap_rejects_bad_buffers():
 
 
 def test_int4_swap_plan_bands():
-    """swap_plan's shape rules on 132 multiprocessors: at 129-512 rows 256 x 64 tiles (one
-    consumer warpgroup) where 256 x 128 ones would need a K split and they need none (past 2
-    at 129-256 rows: a cluster pair), 128-row tiles where both would; past 512 rows
-    multicast pairs in groups of WIDE_GROUP rows from WIDE_N columns only."""
+    """swap_plan's shape rules on 132 multiprocessors: at 65-512 rows 64-column tiles (one
+    consumer warpgroup) where 128-column ones would need a K split and they need none (past
+    2 up to 256 rows: a cluster pair), past 128 rows 128-row tiles where both would; past
+    512 rows multicast pairs in groups of WIDE_GROUP rows from WIDE_N columns only."""
     from kaio_ops import _int4_hopper
 
     def plan(m, n, k):
@@ -337,6 +337,8 @@ def test_int4_swap_plan_bands():
     assert plan(256, 4096, 4096) == (1, 256, 2, 1, 0, g)  # 64 of them, a cluster pair each
     assert plan(512, 8192, 8192) == (2, 256, 1, 0, 0, g)  # 128 tiles of 256 x 128
     assert plan(256, 1024, 4096) == (2, 128, 8, 0, 0, g)  # 16 of 256 x 64: 128-row tiles
+    assert plan(128, 4096, 4096) == (1, 128, 2, 1, 0, g)  # 64 tiles of 128 x 64
+    assert plan(128, 8192, 8192) == (2, 128, 2, 1, 0, g)  # 64 tiles of 128 x 128
     assert plan(1024, 57344, 8192) == (2, 256, 1, 0, 1, wide)
     assert plan(1024, _int4_hopper.WIDE_N - 8, 8192)[4:] == (0, g)
     assert plan(512, 57344, 8192)[4:] == (0, g)
@@ -988,11 +990,13 @@ def test_gpu_int4_multi_tile(m, monkeypatch):
     "m, n, k, out_dtype",
     [(17, 4096, 4096, None), (200, 4104, 4096, None), (1000, 1024, 14336, "float16"),
      (300, 4096, 4096, None), (2048, 8192, 4096, "float16"), (4096, 4096, 4096, "bfloat16"),
-     (100, 8192, 4096, None), (256, 8192, 2048, "float16"), (600, 32768, 1024, "float16")],
+     (100, 8192, 4096, None), (256, 8192, 2048, "float16"), (600, 32768, 1024, "float16"),
+     (120, 4096, 2048, "float16")],
 )  # fmt: skip
 def test_gpu_int4_wgmma(m, n, k, out_dtype):
     """M > 16 on sm_90 (the wgmma kernel: 4 consumer warpgroups, a workspace K split,
-    a cluster pair's K split at 65-128, 129-256 (256 x 64 tiles at 200 rows) and 257-512
+    a cluster pair's K split at 65-128 (120 x 64 tiles at 120 rows), 129-256 (256 x 64
+    tiles at 200 rows) and 257-512
     rows (256 x 64 tiles at 300), 256-row tiles past 512 rows (multicast pairs in groups of
     4 rows at N = 32768), every M up to 4096; elsewhere the other paths): every element against
     float64 products within the f32 sums' slack plus the output's rounding, and the same
