@@ -4,13 +4,14 @@ of ``REPS`` calls with the int4 words rotated over enough copies to cover 200 MB
 ``bench/int4_wgmma.py --swap``), every result checked against the f32 product.
 
 Usage: ``python bench/int4_w35.py time --points 4096x4096@1024/4096,... [--configs
-"2,256,0,0,0,0,0,2,1;512=2,128,0,1,0,0,0,2,1"] [--prewarm N [--warm-tests]] [--raw] [--group
-G] [--kmm] [--no-route] [--out FILE]``: configs as ``launch_swap``'s (WG, BM, STAGES, split,
-CL, MC, WSTAGES, BUFS, EARLY), ``M=`` before one for that M only; ``--prewarm N``: compile
-every build first in N processes (``--warm-tests``: the int4 GPU tests' too); ``--raw``: the
-words go to wgmma undecoded (no dequantization: the pipeline's own limit, results not
-checked); ``--group G``: tile rows a raster group (``_matmul_kernels.GROUP_M``); ``--kmm``:
-also ``kaio_ops.matmul`` on the f16 weight. ``prof --points P --configs C``: one call of each
+"2,256,0,0,0,0,0,2,1;512=2,128,0,1,0,0,0,2,1"] [--prewarm N [--warm-tests]] [--raw] [--kmm]
+[--no-route] [--repeat R] [--out FILE]``: configs as ``launch_swap``'s (WG, BM, STAGES,
+split, CL, MC, WSTAGES, BUFS, EARLY, GROUP), ``M=`` before one for that M only, ``NxK@M=``
+for that point only; ``--prewarm N``: compile every build first in N processes
+(``--warm-tests``: the int4 GPU tests' too); ``--raw``: the words go to wgmma undecoded (no
+dequantization: the pipeline's own limit, results not checked); ``--kmm``: also
+``kaio_ops.matmul`` on the f16 weight; ``--repeat R``: R passes over the kernels of a point,
+each timed once a pass, the median kept. ``prof --points P --configs C``: one call of each
 inside an NVTX range "prof" (for ``ncu --nvtx --nvtx-include prof/``). ``table FILE``: the
 records of ``--out`` as a Markdown table and the geometric mean by M.
 """
@@ -39,7 +40,8 @@ L2_BYTES = 200 << 20
 TEST_POINTS = ((17, 4096, 4096, "f32"), (200, 4104, 4096, "f32"), (1000, 1024, 14336, "f16"),
                (300, 4096, 4096, "f32"), (2048, 8192, 4096, "f16"), (4096, 4096, 4096, "bf16"),
                (100, 8192, 4096, "f32"), (256, 8192, 2048, "f16"),
-               (4096, 4096, 4096, "f32"))  # fmt: skip
+               (4096, 4096, 4096, "f32"), (600, 32768, 1024, "f16"),
+               (120, 4096, 2048, "f16"))  # fmt: skip
 
 
 def raw_dequant() -> None:
@@ -63,13 +65,13 @@ def points(text: str) -> list:
     return out
 
 
-def configs(text: str, m: int) -> list:
-    """``a,b,...;M=c,d,...`` as tuples of ints: every entry without ``M=``, and those with
-    it at M = ``m``."""
+def configs(text: str, m: int, n: int = 0, k: int = 0) -> list:
+    """``a,b,...;M=c,d,...;NxK@M=e,f,...`` as tuples of ints: every entry without ``=``,
+    those with ``M=`` at M = ``m``, those with ``NxK@M=`` at that point only."""
     out = []
     for c in text.split(";"):
         only, _, c = c.rpartition("=")
-        if c and (not only or int(only) == m):
+        if c and only in ("", str(m), f"{n}x{k}@{m}"):
             out.append(tuple(int(x) for x in c.split(",")))
     return out
 
@@ -83,7 +85,7 @@ def prewarm(args, pts: list) -> None:
     todo = []
     for n, k, ms in pts:
         for m in ms:
-            cfgs = configs(args.configs, m)
+            cfgs = configs(args.configs, m, n, k)
             if m < _int4_hopper.DEQUANT_M and not args.no_route:
                 cfgs.append(_int4_hopper.swap_plan(m, n, k, sms))
             todo += [(m, n, k, c) for c in cfgs]
@@ -94,9 +96,21 @@ def prewarm(args, pts: list) -> None:
         print("prewarm:", e, flush=True)
 
 
+def paired(rec: dict, key: str) -> float:
+    """``key``'s speed against cuBLAS at one record: with ``--repeat``, the median over the
+    passes of cuBLAS's time over ``key``'s in the same pass (neighbours in time share the
+    GPU's clocks), else the ratio of the two times."""
+    runs = rec.get("all", {})
+    if key in runs and "cublas" in runs:
+        xs = sorted(c / t for c, t in zip(runs["cublas"], runs[key], strict=True))
+        return xs[len(xs) // 2]
+    return rec["us"]["cublas"] / rec["us"][key]
+
+
 def table(path: str) -> None:
     """The records of ``path`` (``time`` mode's ``--out``) as Markdown: cuBLAS f16 against
-    each timed kernel (x cuBLAS), then the geometric mean of the route over shapes by M."""
+    each timed kernel (median µs, x cuBLAS: ``paired``), then the geometric mean of the
+    route over shapes by M."""
     import math
 
     recs = [json.loads(line) for line in open(path)]  # noqa: SIM115
@@ -110,9 +124,10 @@ def table(path: str) -> None:
         for k in keys:
             t = r["us"].get(k)
             ok = isinstance(t, float) and isinstance(base, float)
-            cells.append(f"{t:.1f} ({base / t:.2f}x)" if ok else str(t or "")[:40])
+            x = paired(r, k) if ok else 0.0
+            cells.append(f"{t:.1f} ({x:.2f}x)" if ok else str(t or "")[:40])
             if ok and k == "route":
-                by_m.setdefault(r["m"], []).append(base / t)
+                by_m.setdefault(r["m"], []).append(x)
         shown = f"{base:.1f}" if isinstance(base, float) else str(base)
         print(f"| {r['n']}x{r['k']} | {r['m']} | {shown} | " + " | ".join(cells) + " |")
     for m, xs in sorted(by_m.items()):
@@ -131,20 +146,16 @@ def main() -> None:
     p.add_argument("--raw", action="store_true")
     p.add_argument("--no-route", action="store_true")
     p.add_argument("--kmm", action="store_true", help="also kaio_ops.matmul on the f16 weight")
-    p.add_argument("--group", type=int, default=0)
     p.add_argument("--out", default="")
     p.add_argument("--prewarm", type=int, default=0, help="compile in N processes first")
     p.add_argument("--warm-tests", action="store_true", help="--prewarm: the GPU tests' too")
     p.add_argument("--tag", default="")
+    p.add_argument("--repeat", type=int, default=1, help="timed passes over the kernels, median")
     args = p.parse_args()
     if args.raw:
         raw_dequant()
-    if args.group:
-        from kaio_ops import _matmul_kernels
-
-        _matmul_kernels.GROUP_M = args.group
     t0 = time.time()
-    if args.prewarm and not args.raw and not args.group:
+    if args.prewarm and not args.raw:
         prewarm(args, points(args.points))
         print(json.dumps({"prewarm_s": round(time.time() - t0, 1)}), flush=True)
     sink = open(args.out, "a") if args.out else None  # noqa: SIM115
@@ -154,7 +165,7 @@ def main() -> None:
         weights = [int4_inputs(1, n, k)[1:] for _ in range(sets)]
         for m in ms:
             a = torch.randn(m, k, device="cuda", dtype=f16)
-            cfgs = configs(args.configs, m)
+            cfgs = configs(args.configs, m, n, k)
             ops = [[operand(x, "x") for x in (a, w[0], w[1])] for w in weights]
             ref = a.float() @ weights[0][2].float()
             fns = {"cublas": lambda i: torch.matmul(a, weights[i][2])}
@@ -186,13 +197,21 @@ def main() -> None:
                     rec["res"][",".join(map(str, c))] = str(res)
                 except Exception as e:  # noqa: BLE001
                     rec["res"][",".join(map(str, c))] = f"{type(e).__name__}: {str(e)[:200]}"
-            for key, fn in fns.items():
+            for key, fn in list(fns.items()):
                 try:
                     got = fn(0).float()
                     rec["err"][key] = float(((got - ref).norm() / ref.norm()).item())
-                    rec["us"][key] = graph_time(fn, sets)
                 except Exception as e:  # noqa: BLE001
                     rec["us"][key] = f"{type(e).__name__}: {str(e)[:300]}"
+                    del fns[key]
+            runs: dict = {key: [] for key in fns}
+            for _ in range(args.repeat):  # interleaved: every kernel once a pass
+                for key, fn in fns.items():
+                    runs[key].append(graph_time(fn, sets))
+            for key, ts in runs.items():
+                rec["us"][key] = sorted(ts)[len(ts) // 2]
+                if args.repeat > 1:
+                    rec.setdefault("all", {})[key] = [round(t, 2) for t in ts]
             rec["t"] = round(time.time() - t0, 1)
             line = json.dumps(rec)
             print(line, flush=True)

@@ -29,7 +29,8 @@ import kaio
 from kaio import bf16, bool_, f16, f16x2, f32, i32, u32, u64
 from kaio_ops._attention_hopper import PRODUCER_REGS, advance
 from kaio_ops._int4_decode import HIGH_TWICE, LOW_TWICE
-from kaio_ops._matmul_kernels import tile_col, tile_origin, tile_row
+from kaio_ops._matmul_hopper import grouped
+from kaio_ops._matmul_kernels import GROUP_M, tile_col, tile_row
 
 BK = 64  # K values a slice (one 128-byte swizzled row of f16 per tile row)
 WORD_ROWS = BK // 8  # packed word rows a slice
@@ -44,7 +45,7 @@ SUM_UNROLL = 4  # cluster_sum: column pairs a thread sums at once, every block's
 def cluster_sum(
     pairs: u64[:, :], c: OUT[:, :], m0: u32, n0: u32, t: u32, M: u32, N: u32,
     BM: kaio.constexpr, BN: kaio.constexpr, THREADS: kaio.constexpr, SPLIT: kaio.constexpr,
-    OUT: kaio.constexpr,
+    OUT: kaio.constexpr, MC: kaio.constexpr,
 ):  # fmt: skip
     """The K split of a cluster, once every block's partial ``BM x BN`` f32 tile (at (m0,
     n0) of c) is in its shared memory, read here as ``pairs`` [BM, BN / 2] (two adjacent
@@ -53,8 +54,11 @@ def cluster_sum(
     run to run) and stores them, thread ``t`` of the block's ``THREADS`` (the consumer
     warpgroups) taking every ``THREADS``-th pair, ``SUM_UNROLL`` pairs at a time with the
     words of all the blocks in flight (distributed shared memory is read at its latency,
-    not its bandwidth). N is even: a pair is in c or out of it whole."""
-    rank = kaio.cluster_rank()
+    not its bandwidth). N is even: a pair is in c or out of it whole. With ``MC`` the cluster
+    is ``SPLIT`` multicast pairs (rank ``2 r + p``: K slice r, tile p of the pair), and the
+    blocks of this block's tile p are summed."""
+    rank = kaio.cluster_rank() // (1 + MC)
+    mine = kaio.cluster_rank() % (1 + MC)
     PAIRS = BN // 2
     TOTAL = (BM + SPLIT - 1) // SPLIT * PAIRS
     for i0 in range(t, TOTAL, THREADS * SUM_UNROLL):
@@ -63,7 +67,9 @@ def cluster_sum(
             i = i0 + u * THREADS
             if i < TOTAL and i // PAIRS * SPLIT + rank < BM:
                 for q in kaio.static_range(SPLIT):
-                    raw[u, q] = kaio.cluster_load(pairs, (i // PAIRS * SPLIT + rank, i % PAIRS), q)
+                    raw[u, q] = kaio.cluster_load(
+                        pairs, (i // PAIRS * SPLIT + rank, i % PAIRS), q * (1 + MC) + mine
+                    )
         for u in kaio.static_range(SUM_UNROLL):
             i = i0 + u * THREADS
             r = i // PAIRS * SPLIT + rank
@@ -113,7 +119,16 @@ PREFILL_M = 1 << 62
 # split past 2 (``swap_plan``; 4096x4096 M=256: 0.90x in cluster pairs against 0.80x with a
 # split of 4 in the workspace), 257-512 rows where they would need any (M=512: 0.86x against
 # a cluster pair's 0.83x); up to 128 and at 257-512 EARLY off (4096x4096 M=128 0.97x
-# against 0.94x).
+# against 0.94x). Then (int4w35, this session's round C, the median of 4 interleaved
+# passes) one consumer warpgroup with 256-row tiles (256 x 64: half the dequantization a
+# multiply-add of the 128-row tiles, twice a's reads) where it needs no split past 2:
+# 4096x4096 M=512 0.94x against the 128-row tiles' 0.87x (26.8 against 29.3 µs), M=256
+# (cluster pairs) 1.00x against 0.97x (round D: 0.94x against 0.86x, 0.92x against 0.89x;
+# 4096x14336 0.95x against 0.86x, 1.20x against 1.12x); at M=128 64-column tiles in cluster
+# pairs, EARLY off, 1.09x against 1.00x (the workspace's split of 4), EARLY on 1.05x;
+# multicast pairs at 257-512 rows lost (M=512 0.88x,
+# 0.82x in round A), as did clusters of 4 (a multicast pair and a K split of 2: 0.43x at
+# M=256, half the clusters waiting for a second wave) and of 8 (0.52x at M=128).
 SWAP_PLANS = (
     (64, 4, 0, 0, 0, 2, 0),
     (128, 2, 0, 1, 0, 2, 0),
@@ -123,18 +138,39 @@ SWAP_PLANS = (
 )
 
 
+# Past 512 rows on products at least this wide (N): multicast pairs and tile-order groups of
+# WIDE_GROUP rows (int4w35, H100, rounds A-C of this session, x cuBLAS f16, the median of
+# interleaved passes): 57344x8192 M=1024 1.06x / 1.06x against the route's 1.00x / 1.04x,
+# M=2048 1.04x / 1.03x against 0.99x / 1.00x, M=4096 1.01x / 1.05x against 0.98x / 1.05x (a
+# group of 8 rows of a spans 32 MB there while the 235 MB of words stream past it); at
+# 28672x4096 and 8192x8192 within the passes' spread of the route (0.95-1.04x either way),
+# at 4096x4096 M=8192 0.90x against 0.95x: those keep 256 x 128 tiles in groups of 8.
+WIDE_N = 32768
+WIDE_GROUP = 4
+
+
 def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
-    """``int4_swap``'s (WG, BM, STAGES, split, CL, MC, WSTAGES, BUFS, EARLY) for M = ``m``
-    (``SWAP_PLANS``; as many stages of both rings as fit, ``swap_split``'s split); given the
-    product's ``n``, ``k`` and the GPU's ``sms``, 129-512 rows take 128-row tiles where the
-    wider ones would need a K split (past 2 at 129-256 rows)."""
+    """``int4_swap``'s (WG, BM, STAGES, split, CL, MC, WSTAGES, BUFS, EARLY, GROUP) for M =
+    ``m`` (``SWAP_PLANS``; as many stages of both rings as fit, ``swap_split``'s split, the
+    tile order in groups of ``GROUP_M`` rows); given the product's ``n``, ``k`` and the GPU's
+    ``sms``: at 65-512 rows, where the 64 WG-column tiles would need a K split (past 2 up
+    to 256 rows), 64-column tiles (one consumer warpgroup; past 128 rows the next slice's
+    words read early) if those need none (past 2), else (past 128 rows) 128-row tiles; past
+    512 rows at N >= ``WIDE_N``, multicast pairs in groups of ``WIDE_GROUP`` rows."""
     _, wg, bm, cl, mc, bufs, early = next(row for row in SWAP_PLANS if m <= row[0])
     step = 16 if mc else 8
     bm = bm or min(256, -(-m // step) * step)
     tiles = math.ceil(m / bm) * math.ceil(n / (64 * wg))
-    if n and 128 < m <= 512 and swap_split(tiles, k, sms) > (2 if m <= 256 else 1):
-        bm = 128
-    return wg, bm, 0, 0, cl, mc, 0, bufs, early
+    most = 2 if m <= 256 else 1  # the K split that 65-512 rows take
+    group = 0
+    if n and 64 < m <= 512 and swap_split(tiles, k, sms) > most:
+        if swap_split(math.ceil(m / bm) * math.ceil(n / 64), k, sms) <= most:
+            wg, early = 1, int(early or m > 128)
+        elif m > 128:
+            bm = 128
+    if m > 512 and n >= WIDE_N:
+        mc, group = 1, WIDE_GROUP
+    return wg, bm, 0, 0, cl, mc, 0, bufs, early, group
 
 
 def takes(a, b, s) -> bool:
@@ -297,10 +333,12 @@ def swap_slice(
 def free_stage(bars: u64[:, :], s: i32, MC: kaio.constexpr):
     """A consumer warpgroup's arrival on ring stage ``s``'s "free" barrier: this block's, or
     with ``MC`` both blocks' of the pair (each block's producer multicasts half of the
-    activations into both, so a stage is free once both blocks' consumers are done)."""
+    activations into both, so a stage is free once both blocks' consumers are done; the pair
+    is ranks 2 p, 2 p + 1 of the cluster)."""
     if MC:
-        kaio.mbarrier_arrive_cluster(bars, (1, s), 0)
-        kaio.mbarrier_arrive_cluster(bars, (1, s), 1)
+        pair = kaio.cluster_rank() // 2 * 2
+        kaio.mbarrier_arrive_cluster(bars, (1, s), pair)
+        kaio.mbarrier_arrive_cluster(bars, (1, s), pair + 1)
     else:
         kaio.mbarrier_arrive(bars, (1, s))
 
@@ -336,7 +374,7 @@ def int4_swap(
     M: u32, N: u32, K: u32, k_slice: u32, WG: kaio.constexpr, BM: kaio.constexpr,
     STAGES: kaio.constexpr, SPLIT: kaio.constexpr, CL: kaio.constexpr, REGS: kaio.constexpr,
     OUT: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr, BUFS: kaio.constexpr,
-    EARLY: kaio.constexpr,
+    EARLY: kaio.constexpr, GROUP: kaio.constexpr,
 ):  # fmt: skip
     """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block
     computes ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG`` consumer
@@ -357,15 +395,18 @@ def int4_swap(
     K split is a cluster of ``SPLIT`` blocks along x, one tile each, summed through distributed
     shared memory (``cluster_sum``). ``tx``: a [M, K] in boxes (BM, 64); ``tw``: the words [K /
     8, N] in boxes (8, 64 WG); ``ts``: the scales [K / 128, N] in boxes (1, 64 WG). ``REGS``:
-    the registers a consumer thread takes (``setmaxnreg``; 0: none). ``MC`` (K split along z
-    only): a cluster of two blocks takes two tiles side by side (the same rows of a, columns ``2
+    the registers a consumer thread takes (``setmaxnreg``; 0: none). ``MC``: a cluster of two
+    blocks takes two tiles side by side (the same rows of a, columns ``2
     p`` and ``2 p + 1`` of W's tiles, one a block), each block's producer copying half of a's
     rows by TMA multicast into both blocks (``tx`` in boxes (BM / 2, 64)): a's rows cross from
-    L2 once for the pair."""
+    L2 once for the pair; with ``CL`` too the cluster is ``SPLIT`` such pairs (rank ``2 r +
+    p``: K slice r, tile p), each pair's blocks multicasting to each other, and the blocks of
+    a tile summed by ``cluster_sum``. ``GROUP``: the tile order's rows a group
+    (``swap_origin``)."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL:
-        kaio.cluster_dims(SPLIT)
-    if MC:
+        kaio.cluster_dims(SPLIT * (1 + MC))
+    if MC and not CL:
         kaio.cluster_dims(2)
     BNW = 64 * WG
     X_BYTES = BM * BK * 2
@@ -389,16 +430,17 @@ def int4_swap(
     first = kaio.block_idx_x()
     step = kaio.grid_dim_x()
     k_begin = kaio.block_idx_z() * k_slice
-    if CL:  # a cluster per tile, its blocks the K slices
-        first = first // SPLIT
-        step = step // SPLIT
-        k_begin = kaio.cluster_rank() * k_slice
+    if CL:  # a cluster per tile (MC: per pair of tiles), its blocks (pairs) the K slices
+        first = first // (SPLIT * (1 + MC))
+        step = step // (SPLIT * (1 + MC))
+        k_begin = kaio.cluster_rank() // (1 + MC) * k_slice
     mine = u32(0)  # MC: this block's tile of the pair
     if MC:  # a cluster per pair of tiles: the schedule's columns are pairs
-        first = first // 2
-        step = step // 2
+        if not CL:
+            first = first // 2
+            step = step // 2
         grid_n = (grid_n + 1) // 2
-        mine = kaio.cluster_rank()
+        mine = kaio.cluster_rank() % 2
     my_tiles = i32((grid_m * grid_n - first + step - 1) // step)
     k_end = kaio.min(k_begin + k_slice, K)
     k_tiles = i32((k_end - k_begin + BK - 1) // BK)
@@ -434,7 +476,7 @@ def int4_swap(
         if EARLY and my_tiles > 0:  # the first slice's words; then each slice reads the next's
             load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES)
         for i in range(my_tiles):
-            origin = tile_origin(first + u32(i) * step, grid_m, grid_n)
+            origin = swap_origin(first + u32(i) * step, grid_m, grid_n, GROUP)
             last = i == my_tiles - 1
             # slices in groups of BUFS, the fragment buffers in turn; the last k_tiles %
             # BUFS slices after every wgmma is done (ptxas serializes all wgmmas if any
@@ -476,21 +518,30 @@ def int4_swap(
         if lt < 32:  # (two branches: the simulator runs either while the other waits)
             if lt == 0:
                 produce(sx, sw, ss, bars, tx, tw, ts, my_tiles, k_tiles, k_begin, first, step,
-                        grid_m, grid_n, mine, BM, WG, STAGES, MC, 0)  # fmt: skip
+                        grid_m, grid_n, mine, BM, WG, STAGES, MC, 0, GROUP)  # fmt: skip
         elif lt == 32:
             produce(sx, sw, ss, bars, tx, tw, ts, my_tiles, k_tiles, k_begin, first, step,
-                    grid_m, grid_n, mine, BM, WG, WSTAGES, MC, 1)  # fmt: skip
+                    grid_m, grid_n, mine, BM, WG, WSTAGES, MC, 1, GROUP)  # fmt: skip
         if CL:  # the cluster barriers below wait for the threads that have not exited
             return
     if CL:  # one tile a cluster: sum its K slices through distributed shared memory, in the
         # consumers only (the producer has exited: ptxas compiles this with their registers)
         kaio.cluster_sync()
-        origin = tile_origin(first, grid_m, grid_n)
-        cluster_sum(pairs, c, tile_row(origin) * BM, tile_col(origin) * BNW, t, M, N, BM, BNW,
-                    WG * 128, SPLIT, OUT)  # fmt: skip
+        origin = swap_origin(first, grid_m, grid_n, GROUP)
+        n0 = (tile_col(origin) * (1 + MC) + mine) * BNW
+        cluster_sum(pairs, c, tile_row(origin) * BM, n0, t, M, N, BM, BNW, WG * 128, SPLIT, OUT,
+                    MC)  # fmt: skip
         kaio.cluster_sync()  # no block leaves while another reads its part
     if MC:  # no block leaves while the other may still copy into it or free its stages
         kaio.cluster_sync()
+
+
+@kaio.gpu_func
+def swap_origin(pid: u32, grid_m: u32, grid_n: u32, GROUP: kaio.constexpr) -> u64:
+    """``_matmul_kernels.tile_origin`` (tile ``pid``'s row and column, packed) with
+    ``GROUP`` tile rows a group (``_matmul_hopper.grouped``'s order) instead of ``GROUP_M``."""
+    idx = u32(grouped(i32(pid), i32(grid_m), i32(grid_n), GROUP))
+    return u64(idx // grid_n) << 32 | u64(idx % grid_n)
 
 
 @kaio.gpu_func
@@ -513,6 +564,7 @@ def produce(
     tw: kaio.tensormap, ts: kaio.tensormap, tiles: i32, k_tiles: i32, k_begin: u32,
     first: u32, step: u32, grid_m: u32, grid_n: u32, mine: u32, BM: kaio.constexpr,
     WG: kaio.constexpr, STAGES: kaio.constexpr, MC: kaio.constexpr, WORDS: kaio.constexpr,
+    GROUP: kaio.constexpr,
 ):  # fmt: skip
     """``int4_swap``'s copies, the block's ``tiles`` tiles of ``k_tiles`` slices each into a
     ``STAGES``-deep ring, each stage once the consumers freed the slice it held before: a's
@@ -520,12 +572,13 @@ def produce(
     pairs of tiles, ``mine`` is this block's, and its half of a's rows goes to both blocks),
     or (``WORDS``) the words and scales, freed by every consumer warp once read."""
     BNW = 64 * WG
+    peers = u32(3) << (kaio.cluster_rank() // 2 * 2)  # MC: the pair's blocks (a K slice's)
     ring = kaio.local(i32, 2)
     ring[0] = 0
     ring[1] = 0
     j = i32(0)
     for i in range(tiles):
-        origin = tile_origin(first + u32(i) * step, grid_m, grid_n)
+        origin = swap_origin(first + u32(i) * step, grid_m, grid_n, GROUP)
         half = i32(mine * (BM // 2))
         row = i32(tile_row(origin) * BM) + half * MC
         n0 = i32((tile_col(origin) * (1 + MC) + mine) * BNW)
@@ -539,7 +592,7 @@ def produce(
             else:
                 kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32(BM * BK * 2))
                 if MC:  # half the rows, into both blocks (the other half from the other)
-                    kaio.tma_load_2d_multicast(sx, (s, half, 0), tx, row, k0, bars, (0, s), 3)
+                    kaio.tma_load_2d_multicast(sx, (s, half, 0), tx, row, k0, bars, (0, s), peers)
                 else:
                     kaio.tma_load_2d(sx, (s, 0, 0), tx, row, k0, bars, (0, s))
             j += 1
@@ -619,6 +672,7 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     wstages = more[2] if len(more) > 2 else 0
     bufs = more[3] if len(more) > 3 else 2
     early = int(bool(more[4])) if len(more) > 4 else 0
+    group = (more[5] if len(more) > 5 else 0) or GROUP_M
     if bufs not in (2, 3):
         raise ValueError(f"int4_swap: BUFS (fragment buffers) must be 2 or 3, got {bufs}")
     stages = stages or swap_stages(wg, bm)
@@ -626,7 +680,7 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     if stages < bufs:  # a slice's stage is freed BUFS - 1 slices later
         raise ValueError(f"int4_swap: {bufs} fragment buffers need {bufs} stages, got {stages}")
     tiles = math.ceil(m / bm) * math.ceil(n / (64 * wg))
-    if mc:  # pairs of tiles (a K split through the workspace only)
+    if mc:  # pairs of tiles (a K split along z, or with CL a cluster of pairs)
         if bm % 16:
             raise ValueError(f"int4_swap: a multicast pair needs BM % 16 == 0, got {bm}")
         pairs = math.ceil(m / bm) * math.ceil(math.ceil(n / (64 * wg)) / 2)
@@ -634,24 +688,26 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
         tiles = pairs
     else:
         split, k_slice = k_slices(k, split or swap_split(tiles, k, sms), BK)
-    cl = int(bool(more and more[0]) and 1 < split <= 8 and not mc)
+    cl = int(bool(more and more[0]) and 1 < split <= 8 // (1 + mc))
     if cl and split > 2 and not config[3] and more[0] != 2:  # CL 1: the workspace past 2
         cl = 0
     consts = {"WG": wg, "BM": bm, "STAGES": stages, "SPLIT": split if cl else min(split, 2),
               "CL": cl, "REGS": swap_registers(wg), "OUT": out_type, "MC": mc,
-              "WSTAGES": wstages, "BUFS": bufs, "EARLY": early}  # fmt: skip
+              "WSTAGES": wstages, "BUFS": bufs, "EARLY": early, "GROUP": group}  # fmt: skip
     return split, k_slice, tiles, consts
 
 
 def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     """``a @ W`` rounded to ``out_type`` by ``int4_swap`` (operands as ``launch``) with ``config``
-    = (WG, BM, STAGES, split[, CL[, MC[, WSTAGES[, BUFS]]]]; 0: as many stages as fit,
+    = (WG, BM, STAGES, split[, CL[, MC[, WSTAGES[, BUFS[, EARLY[, GROUP]]]]]]; 0: as many
+    stages as fit, ``GROUP_M`` tile rows a group,
     ``swap_split``'s split): a persistent grid of at most ``sms`` blocks along x, the K split
     along z summed by ``finish``, or with ``CL`` (and a split of 2 to 8; CL 1 and a split past 2
     that ``swap_split`` chose: the workspace) over a cluster of that many blocks along x, one
     tile a cluster, summed in distributed shared memory (no second launch); with ``MC`` clusters
     of two blocks sharing a's rows by TMA multicast (at most ``sms`` blocks along x, two a pair
-    of tiles; a K split along z only)."""
+    of tiles; a K split along z, or with ``CL`` a cluster of ``split`` pairs, one pair of
+    tiles a cluster)."""
     from kaio_ops import _arrays
     from kaio_ops.linear import _placeholder
 
@@ -671,8 +727,8 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
         kaio.tensor_map_2d(b.obj, (WORD_ROWS, 64 * wg), 0),
         kaio.tensor_map_2d(s.obj, (1, 64 * wg), 0),
     )
-    grid = (tiles * split, 1, 1) if cl else (min(tiles, sms), 1, split)  # a cluster: one tile
-    if mc:
+    grid = (tiles * split * (1 + mc), 1, 1) if cl else (min(tiles, sms), 1, split)  # one tile
+    if mc and not cl:
         grid = (2 * min(tiles, sms // 2), 1, split)
     shared = swap_shared_bytes(wg, bm, consts["STAGES"], cl, consts["WSTAGES"])
     int4_swap[grid, 128 * wg + 128, _arrays.stream_of(a), shared](
@@ -685,7 +741,8 @@ def swap_specializations() -> list:
     """(kernel, constexprs) of ``int4_swap``'s variants to check with ptxas (sm_90a): every
     consumer count, the widest and narrowest activation tiles, a K split through the
     workspace and through a cluster, every output type, pairs of tiles sharing a's rows by
-    multicast, three fragment buffers, the next slice's words read early."""
+    multicast (also in a cluster with a K split), three fragment buffers, the next slice's
+    words read early."""
     out = []
     for wg, bm, split, cl, ot, mc, bufs, early in (
         (1, 8, 2, 1, f32, 0, 2, 0),
@@ -699,11 +756,12 @@ def swap_specializations() -> list:
         (3, 128, 1, 0, bf16, 1, 2, 0),
         (2, 256, 1, 0, f16, 1, 3, 1),
         (2, 128, 2, 1, f32, 0, 3, 0),
+        (2, 128, 2, 1, f16, 1, 2, 1),
     ):
         stages = swap_stages(wg, bm)
         consts = {"WG": wg, "BM": bm, "STAGES": stages, "SPLIT": split, "CL": cl,
                   "REGS": swap_registers(wg), "OUT": ot, "MC": mc,
                   "WSTAGES": swap_word_stages(wg, bm, stages), "BUFS": bufs,
-                  "EARLY": early}  # fmt: skip
+                  "EARLY": early, "GROUP": GROUP_M}  # fmt: skip
         out.append((int4_swap, consts))
     return out

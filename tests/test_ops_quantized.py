@@ -255,7 +255,7 @@ def test_int4_multi_tile_fallback_in_simulator():
 # persistent loop (6 tiles on 2 blocks), K splits summed in a cluster, and pairs of tiles
 # whose blocks multicast a's rows to each other (MC: the last pair half past N); words'
 # rings (WSTAGES, config[6]) of 1 and 2 stages, wrapping many times (the default fills the
-# shared memory left).
+# shared memory left); tile orders of GROUP (config[9]) rows that leave a shorter last group.
 SWAP_CASES = [
     (40, 64, 256, None, (1, 40, 2, 1), None),
     (20, 136, 384, "float16", (2, 24, 3, 1), None),
@@ -264,8 +264,11 @@ SWAP_CASES = [
     (20, 136, 512, "float16", (2, 24, 2, 4, 1), None),  # K split over a cluster
     (9, 64, 768, None, (4, 16, 2, 3, 1), None),  # a split of 3: rows 0, 3, 6... a block
     (40, 200, 256, None, (1, 48, 2, 1, 0, 1, 2), None),  # pairs of tiles sharing a by multicast
-    (70, 136, 384, "bfloat16", (1, 32, 2, 1, 0, 1, 2), 2),  # 6 pairs on a cluster, odd grid_n
+    # 6 pairs on a cluster, odd grid_n, the tile order in groups of 2 rows (GROUP, config[9])
+    (70, 136, 384, "bfloat16", (1, 32, 2, 1, 0, 1, 2, 2, 0, 2), 2),
     (40, 200, 512, "float16", (1, 48, 2, 2, 0, 1), None),  # pairs and a K split along z
+    # pairs and a K split of 2 in a cluster of 4 (two pairs), the last pair half past N
+    (70, 136, 384, None, (1, 32, 3, 2, 1, 1, 2, 2, 1), None),
     # three fragment buffers (BUFS 3): 10 slices (one after the groups of 3) on 3 stages, the
     # persistent loop (WSTAGES 1); 8 slices (two after) with multicast pairs and WSTAGES 2
     (20, 136, 640, "float16", (2, 24, 3, 1, 0, 0, 1, 3), 1),
@@ -275,7 +278,7 @@ SWAP_CASES = [
     # EARLY (config[8]): each slice reads the next one's words, across tiles of the persistent
     # loop (the last slice of the last tile reads none); with 3 buffers and a 1-stage words'
     # ring; multicast pairs; a cluster's K split
-    (50, 192, 256, None, (1, 16, 3, 1, 0, 0, 2, 2, 1), 2),
+    (50, 192, 256, None, (1, 16, 3, 1, 0, 0, 2, 2, 1, 3), 2),  # GROUP 3 of 4 tile rows
     (20, 136, 640, "float16", (2, 24, 3, 1, 0, 0, 1, 3, 1), 1),
     (40, 200, 512, None, (1, 48, 4, 1, 0, 1, 2, 3, 1), None),
     (20, 136, 512, "float16", (2, 24, 2, 4, 1, 0, 0, 2, 1), None),
@@ -315,6 +318,30 @@ def test_int4_swap_rejects_bad_buffers():
     with pytest.raises(ValueError, match="need 3 stages, got 2"):
         _int4_hopper.swap_launch_plan(64, 128, 256, (1, 64, 2, 1, 0, 0, 2, 3), 132, f16)
     assert _int4_hopper.swap_launch_plan(64, 128, 256, (1, 64, 3, 1, 0, 0, 2, 3), 132, f16)
+
+
+def test_int4_swap_plan_bands():
+    """swap_plan's shape rules on 132 multiprocessors: at 65-512 rows 64-column tiles (one
+    consumer warpgroup) where 128-column ones would need a K split and they need none (past
+    2 up to 256 rows: a cluster pair), past 128 rows 128-row tiles where both would; past
+    512 rows multicast pairs in groups of WIDE_GROUP rows from WIDE_N columns only."""
+    from kaio_ops import _int4_hopper
+
+    def plan(m, n, k):
+        config = _int4_hopper.swap_plan(m, n, k, 132)
+        split, _, _, consts = _int4_hopper.swap_launch_plan(m, n, k, config, 132, f16)
+        return consts["WG"], consts["BM"], split, consts["CL"], consts["MC"], consts["GROUP"]
+
+    g, wide = _int4_hopper.GROUP_M, _int4_hopper.WIDE_GROUP
+    assert plan(512, 4096, 4096) == (1, 256, 1, 0, 0, g)  # 128 tiles of 256 x 64
+    assert plan(256, 4096, 4096) == (1, 256, 2, 1, 0, g)  # 64 of them, a cluster pair each
+    assert plan(512, 8192, 8192) == (2, 256, 1, 0, 0, g)  # 128 tiles of 256 x 128
+    assert plan(256, 1024, 4096) == (2, 128, 8, 0, 0, g)  # 16 of 256 x 64: 128-row tiles
+    assert plan(128, 4096, 4096) == (1, 128, 2, 1, 0, g)  # 64 tiles of 128 x 64
+    assert plan(128, 8192, 8192) == (2, 128, 2, 1, 0, g)  # 64 tiles of 128 x 128
+    assert plan(1024, 57344, 8192) == (2, 256, 1, 0, 1, wide)
+    assert plan(1024, _int4_hopper.WIDE_N - 8, 8192)[4:] == (0, g)
+    assert plan(512, 57344, 8192)[4:] == (0, g)
 
 
 def test_int4_wgmma_dispatch(monkeypatch):
@@ -456,7 +483,7 @@ def test_int4_swap_registers_can_be_granted():
     for wg, bm in ((2, 256), (3, 128), (4, 64)):
         consts = {"WG": wg, "BM": bm, "STAGES": _int4_hopper.swap_stages(wg, bm), "SPLIT": 2,
                   "CL": 0, "REGS": _int4_hopper.swap_registers(wg), "OUT": f16, "MC": 0,
-                  "WSTAGES": 4, "BUFS": 2, "EARLY": 1}  # fmt: skip
+                  "WSTAGES": 4, "BUFS": 2, "EARLY": 1, "GROUP": _int4_hopper.GROUP_M}  # fmt: skip
         report = assemble(_int4_hopper.int4_swap.ptx(arch="sm_90", **consts), "sm_90a")
         assert " 0 bytes spill stores" in report, (consts, report)
         _assert_registers_balance(report, consts)
@@ -963,12 +990,15 @@ def test_gpu_int4_multi_tile(m, monkeypatch):
     "m, n, k, out_dtype",
     [(17, 4096, 4096, None), (200, 4104, 4096, None), (1000, 1024, 14336, "float16"),
      (300, 4096, 4096, None), (2048, 8192, 4096, "float16"), (4096, 4096, 4096, "bfloat16"),
-     (100, 8192, 4096, None), (256, 8192, 2048, "float16")],
+     (100, 8192, 4096, None), (256, 8192, 2048, "float16"), (600, 32768, 1024, "float16"),
+     (120, 4096, 2048, "float16")],
 )  # fmt: skip
 def test_gpu_int4_wgmma(m, n, k, out_dtype):
     """M > 16 on sm_90 (the wgmma kernel: 4 consumer warpgroups, a workspace K split,
-    a cluster pair's K split at 65-128, 129-256 (128-row tiles) and 257-512 rows, 256-row
-    tiles past 512 rows, every M up to 4096; elsewhere the other paths): every element against
+    a cluster pair's K split at 65-128 (120 x 64 tiles at 120 rows), 129-256 (256 x 64
+    tiles at 200 rows) and 257-512
+    rows (256 x 64 tiles at 300), 256-row tiles past 512 rows (multicast pairs in groups of
+    4 rows at N = 32768), every M up to 4096; elsewhere the other paths): every element against
     float64 products within the f32 sums' slack plus the output's rounding, and the same
     bits on a second call (a race would move them)."""
     import torch
