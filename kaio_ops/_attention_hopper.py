@@ -172,15 +172,19 @@ def pack_p(p: u32[:, :], s: f32[:, :], BN: kaio.constexpr, DT: kaio.constexpr):
 def softmax_tile(
     s: f32[:, :], m: f32[:], l: f32[:], alpha: f32[:], j: i32, row0: i32, sk: i32,
     causal: i32, scale_log2: f32, lane: u32, BN: kaio.constexpr, SUMS: kaio.constexpr = 1,
+    LSE: kaio.constexpr = 0, DT: kaio.constexpr = kaio.f16,
 ):  # fmt: skip
     """Mask key tile j's scores (keys at or past sk, and past the row when causal) where the
     tile needs it, then one online-softmax step of both row halves (row0 + 8h); the factors
     of the earlier accumulators go to alpha (``SUMS``: ``_attention_tc.softmax_step``'s).
     The mask compares each score's column in the tile, a constant, with the row's bound
-    (one comparison a score)."""
+    (one comparison a score). ``LSE`` 1 (with ``SUMS`` 0, the sums on the tensor cores of
+    the probabilities as rounded to DT): l keeps what that rounding took from the sums of
+    the masked tiles (``rounding``), rescaled like them, for ``ones_sums`` to add back."""
     k0 = j * BN
     # (the warp's first row as i32: a varlen row shifted by sk - sq may be negative)
-    if k0 + BN > sk or (causal != 0 and k0 + BN > row0 - i32(lane // 4) + 1):
+    masked = k0 + BN > sk or (causal != 0 and k0 + BN > row0 - i32(lane // 4) + 1)
+    if masked:
         for h in kaio.static_range(2):
             bound = sk  # the keys below it are seen: below sk, and up to the row when causal
             if causal != 0:
@@ -191,6 +195,24 @@ def softmax_tile(
                     s[n, 2 * h + e] = kaio.select(n * 8 + e < bound, s[n, 2 * h + e], NEG_INF)
     for h in kaio.static_range(2):
         alpha[h] = softmax_step(s, m, l, h, scale_log2, BN // 8, SUMS)
+    if LSE == 1 and SUMS == 0:
+        for h in kaio.static_range(2):
+            l[h] = l[h] * alpha[h]
+        if masked:  # a row with few keys sees them all here: its sum to the last bit
+            for h in kaio.static_range(2):
+                l[h] += rounding(s, h, BN, DT)
+
+
+@kaio.gpu_func
+def rounding(s: f32[:, :], h: kaio.constexpr, BN: kaio.constexpr, DT: kaio.constexpr) -> f32:
+    """What rounding row half h's probabilities s to DT (P's type) takes from this lane's
+    part of their sum: sum(p - DT(p))."""
+    total = 0.0
+    for n in kaio.static_range(BN // 8):
+        for e in kaio.static_range(2):
+            p = s[n, 2 * h + e]
+            total += p - f32(DT(p))
+    return total
 
 
 @kaio.gpu_func
@@ -309,7 +331,7 @@ def consume(
     out: DT[:], lse: f32[:], wg: u32, lt: u32, o_at: i32, o_stride: i32, l_at: i32, q0: i32,
     n_tiles: i32, sq: i32, sk: i32, causal: i32, scale_log2: f32, pos: i32[:], D: kaio.constexpr,
     BN: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr, DT: kaio.constexpr,
-    ONES: kaio.constexpr = 0,
+    ONES: kaio.constexpr = 0, LSE: kaio.constexpr = 0,
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 query rows of one tile (thread ``lt`` of it) over the
     key tiles (module docstring), then its rows of ``out`` and ``lse`` (``store_rows``:
@@ -320,7 +342,8 @@ def consume(
     the ping-pong barriers of warpgroups 0 and 1 (PIPE 2, 4), ``turn[2]``: the Q tile
     landed, ``turn[3]``: the partial tile's zeros stored, ``turn[4]``: the Q tile read (by
     both). ``ONES`` 1: the row sums come from O's 8 more columns (``ones_sums``), the V
-    stages having a column block of ones."""
+    stages having a column block of ones; ``LSE`` 1 with it: the masked tiles' rounding of
+    the probabilities added back to the sums (``softmax_tile``)."""
     lane = lt % 32
     row0 = q0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)
     m = kaio.local(f32, 2)
@@ -337,7 +360,9 @@ def consume(
             st = pos[0]
             ph = u32(pos[1])
             s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT)
-            softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, 1 - ONES)
+            softmax_tile(
+                s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, 1 - ONES, LSE, DT
+            )
             rescale_rows(o, alpha, DO)
             pack_p(p, s, BN, DT)
             pv_tile(o, p, v_s, bars, turn, st, ph, (j + 1) * BN > sk, pos[4], lt, BN, DT)
@@ -350,7 +375,7 @@ def consume(
         # order) rescale O by tile j - 1's factors while S_j runs, PIPE 1, 2 once P V is done;
         # PIPE 2, 4: the warpgroups take turns to issue their products (ping-pong)
         s_tile(s, q_s, k_s, bars, pos[0], u32(pos[1]), wg, lt, D, DT)
-        softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, 1 - ONES)
+        softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, 1 - ONES, LSE, DT)
         pack_p(p, s, BN, DT)
         ps = pos[0]  # the stage and parity of tile j - 1
         pph = u32(pos[1])
@@ -379,7 +404,9 @@ def consume(
             if lt == 0:
                 kaio.mbarrier_arrive(bars, (2, st))
             if sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
-                softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, 1 - ONES)
+                softmax_tile(
+                    s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, 1 - ONES, LSE, DT
+                )
             kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done
             if lt == 0:
                 kaio.mbarrier_arrive(bars, (3, ps))
@@ -410,7 +437,7 @@ def consume_stream(
     n_qt: i32, bhs: i32, hs: i32, heads: i32, group: i32, sq: i32, sk: i32, causal: i32,
     scale_log2: f32, D: kaio.constexpr, BN: kaio.constexpr, WG: kaio.constexpr,
     STAGES: kaio.constexpr, PIPE: kaio.constexpr, PERSIST: kaio.constexpr,
-    QB: kaio.constexpr, ONES: kaio.constexpr, DT: kaio.constexpr,
+    QB: kaio.constexpr, ONES: kaio.constexpr, DT: kaio.constexpr, LSE: kaio.constexpr = 0,
 ):  # fmt: skip
     """``XT`` 1: consumer warpgroup ``wg``'s rows of every work tile of the block (thread
     ``lt`` of it) as one stream of key-tile steps in PIPE 1's or 3's order, the last
@@ -469,7 +496,7 @@ def consume_stream(
                         if n_mine == 1:
                             kaio.mbarrier_arrive(turn, read)
                     softmax_tile(
-                        s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, 1 - ONES
+                        s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, 1 - ONES, LSE, DT
                     )
                     pack_p(p, s, BN, DT)
                     ps = st
@@ -501,7 +528,7 @@ def consume_stream(
                     # always true: a block of its own, which ptxas does not hoist the wait into
                     if sk > 0:
                         softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN,
-                                     1 - ONES)  # fmt: skip
+                                     1 - ONES, LSE, DT)  # fmt: skip
                     kaio.wgmma_wait(0)  # the pending P V done
                     if lt == 0:
                         kaio.mbarrier_arrive(bars, (3, ps))
@@ -566,11 +593,12 @@ def finish_tile(
 
 @kaio.gpu_func
 def ones_sums(l: f32[:], o: f32[:, :], D: kaio.constexpr):
-    """``l[h]``: a quarter of row half h's sum of probabilities, from O's column block of
-    ones (``ONES``: each of the row's 4 lanes holds the whole sum, and ``store_rows`` adds
-    the 4 lanes' parts)."""
+    """``l[h]`` plus a quarter of row half h's sum of probabilities, from O's column block
+    of ones (``ONES``: each of the row's 4 lanes holds the whole sum, and ``store_rows`` adds
+    the 4 lanes' parts; l: zero, or with ``LSE`` this lane's part of what rounding took from
+    the sums, ``softmax_tile``)."""
     for h in kaio.static_range(2):
-        l[h] = o[D // 8, 2 * h] * 0.25
+        l[h] += o[D // 8, 2 * h] * 0.25
 
 
 @kaio.gpu_func
@@ -673,6 +701,7 @@ def attention_fwd_wgmma(
     XT: kaio.constexpr,
     QB: kaio.constexpr,
     ONES: kaio.constexpr,
+    LSE: kaio.constexpr,
 ):
     """out[bh, row] = softmax(q[bh, row] k[kv]^T * scale) v[kv] and lse[bh, row] for the
     work tiles of ``64 * WG`` query rows of one (batch, head) ``bh`` (``tile_of``; ``bhs``:
@@ -726,7 +755,7 @@ def attention_fwd_wgmma(
             kaio.setmaxnreg_inc(REGS)
         consume_stream(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, first, step, end, rounds,
                        n_qt, bhs, hs, heads, group, sq, sk, causal, scale_log2, D, BN, WG,
-                       STAGES, PIPE, PERSIST, QB, ONES, DT)  # fmt: skip
+                       STAGES, PIPE, PERSIST, QB, ONES, DT, LSE)  # fmt: skip
     elif wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
@@ -741,11 +770,11 @@ def attention_fwd_wgmma(
                 if (PIPE == 2 or PIPE == 4) and wg == 0:  # ping-pong: a loop in each branch
                     consume(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
                             q0, n_tiles, sq, sk, causal, scale_log2, pos, D, BN, STAGES, PIPE,
-                            DT, ONES)  # fmt: skip
+                            DT, ONES, LSE)  # fmt: skip
                 else:
                     consume(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
                             q0, n_tiles, sq, sk, causal, scale_log2, pos, D, BN, STAGES, PIPE,
-                            DT, ONES)  # fmt: skip
+                            DT, ONES, LSE)  # fmt: skip
     else:  # the producer warpgroup: its first thread loads
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -802,7 +831,8 @@ def config(d: int, causal: bool = False) -> dict:
     }  # fmt: skip
 
 
-EXTRAS_OFF = {"XT": 0, "QB": 1, "ONES": 0}  # a tile at a time, one Q buffer, sums by FADD
+# a tile at a time, one Q buffer, sums by FADD (LSE: the rounding added back, with ONES)
+EXTRAS_OFF = {"XT": 0, "QB": 1, "ONES": 0, "LSE": 0}
 
 
 def extras(d: int, causal: bool = False, dt=None) -> dict:
@@ -827,6 +857,12 @@ def check_stream(cfg: dict, d: int) -> None:
         raise ValueError(
             f"attention_fwd_wgmma: the row sums on the tensor cores (ONES 1) widen P V to "
             f"{d + 8} columns, past wgmma's 256, at D = {d}: use ONES 0 there"
+        )
+    if cfg.get("LSE", 0) and not cfg.get("ONES", 0):
+        raise ValueError(
+            "attention_fwd_wgmma: LSE 1 adds the rounding of the probabilities back to the "
+            "row sums on the tensor cores, but ONES is 0 (the sums by FADD need no "
+            "correction): use LSE 0, or ONES 1"
         )
     if xt and cfg["PIPE"] not in (1, 3):
         raise ValueError(
