@@ -127,12 +127,14 @@ def issue_pv(o: f32[:, :], p: u32[:, :], v_s: DT[:, :, :, :], st: i32, BN: kaio.
 
 @kaio.gpu_func
 def s_tile(s: f32[:, :], q_s: DT[:, :, :], k_s: DT[:, :, :, :], bars: u64[:, :], st: i32,
-           ph: u32, wg: u32, lt: u32, D: kaio.constexpr, DT: kaio.constexpr):  # fmt: skip
+           ph: u32, wg: u32, lt: u32, D: kaio.constexpr, DT: kaio.constexpr,
+           qc: i32 = 0):  # fmt: skip
     """S = Q K^T of the key tile in stage ``st`` once it has landed (phase parity ``ph``),
-    waited for; then the stage's K is free."""
+    waited for; then the stage's K is free (``qc``: the Q buffer's first 64-column block,
+    ``issue_s``)."""
     kaio.mbarrier_wait(bars, (0, st), ph)
     kaio.wgmma_fence()
-    issue_s(s, q_s, k_s, st, wg, 0, D, DT)
+    issue_s(s, q_s, k_s, st, wg, qc, D, DT)
     kaio.wgmma_wait(0)
     if lt == 0:
         kaio.mbarrier_arrive(bars, (2, st))
@@ -333,17 +335,43 @@ def consume(
     BN: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr, DT: kaio.constexpr,
     ONES: kaio.constexpr = 0, LSE: kaio.constexpr = 0,
 ):  # fmt: skip
+    """``consume_tile`` with its carried state in ``pos`` (the ring's stage and parity, the
+    ping-pong steps, the tiles done, the partial ones among them), for callers that keep it
+    in an array (the varlen forward, ``_attention_hopper_varlen``)."""
+    st, ph, g, done, tails = consume_tile(
+        q_s, k_s, v_s, bars, turn, out, lse, wg, lt, o_at, o_stride, l_at, q0, n_tiles, sq, sk,
+        causal, scale_log2, pos[0], u32(pos[1]), pos[2], pos[3], pos[4], D, BN, STAGES, PIPE,
+        DT, ONES, LSE,
+    )  # fmt: skip
+    pos[0] = st
+    pos[1] = i32(ph)
+    pos[2] = g
+    pos[3] = done
+    pos[4] = tails
+
+
+@kaio.gpu_func
+def consume_tile(
+    q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
+    out: DT[:], lse: f32[:], wg: u32, lt: u32, o_at: i32, o_stride: i32, l_at: i32, q0: i32,
+    n_tiles: i32, sq: i32, sk: i32, causal: i32, scale_log2: f32, st: i32, ph: u32, g: i32,
+    done: i32, tails: i32, D: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr,
+    PIPE: kaio.constexpr, DT: kaio.constexpr, ONES: kaio.constexpr = 0,
+    LSE: kaio.constexpr = 0, QB: kaio.constexpr = 1,
+) -> tuple[i32, u32, i32, i32, i32]:  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 query rows of one tile (thread ``lt`` of it) over the
     key tiles (module docstring), then its rows of ``out`` and ``lse`` (``store_rows``:
     ``o_at``, ``o_stride``, ``l_at`` place them; ``q0`` and ``sq`` may be shifted alike, as
-    the varlen kernel's bottom-right causal mask shifts them). ``pos``: the ring's
-    stage and parity, the ping-pong turns taken, the tiles done and those of them whose last
-    key tile was partial, carried from the block's earlier tiles. ``turn[0]``, ``turn[1]``:
-    the ping-pong barriers of warpgroups 0 and 1 (PIPE 2, 4), ``turn[2]``: the Q tile
-    landed, ``turn[3]``: the partial tile's zeros stored, ``turn[4]``: the Q tile read (by
-    both). ``ONES`` 1: the row sums come from O's 8 more columns (``ones_sums``), the V
-    stages having a column block of ones; ``LSE`` 1 with it: the masked tiles' rounding of
-    the probabilities added back to the sums (``softmax_tile``)."""
+    the varlen kernel's bottom-right causal mask shifts them). The state carried from the
+    block's earlier tiles, returned as it stands after this one: ``(st, ph)`` the ring's
+    stage and phase parity, ``g`` the ping-pong steps taken, ``done`` the tiles done (whose
+    count picks the Q buffer, ``q_buffer``, of ``QB``), ``tails`` those of them whose last
+    key tile was partial. ``turn[0]``, ``turn[1]``: the ping-pong barriers of warpgroups 0
+    and 1 (PIPE 2, 4), ``turn[2]`` (``turn[5]``): the Q tile landed, ``turn[3]``: the
+    partial tile's zeros stored, ``turn[4]`` (``turn[6]``): the Q tile read (by every
+    consumer warpgroup). ``ONES`` 1: the row sums come from O's 8 more columns
+    (``ones_sums``), the V stages having a column block of ones; ``LSE`` 1 with it: the
+    masked tiles' rounding of the probabilities added back to the sums (``softmax_tile``)."""
     lane = lt % 32
     row0 = q0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)
     m = kaio.local(f32, 2)
@@ -354,45 +382,43 @@ def consume(
     start_rows(m, l, o, DO)
     s = kaio.local(f32, (BN // 8, 4))
     p = kaio.local(u32, (BN // 16, 4))
-    kaio.mbarrier_wait(turn, 2, u32(pos[3]) & 1)  # this tile's Q landed
+    b, landed, read = q_buffer(done, QB)
+    qc = b * (D // 64)  # the Q buffer's first 64-column block
+    kaio.mbarrier_wait(turn, landed, u32(done // QB) & 1)  # this tile's Q landed
     if PIPE == 0:
         for j in range(n_tiles):
-            st = pos[0]
-            ph = u32(pos[1])
-            s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT)
+            s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT, qc)
             softmax_tile(
                 s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, 1 - ONES, LSE, DT
             )
             rescale_rows(o, alpha, DO)
             pack_p(p, s, BN, DT)
-            pv_tile(o, p, v_s, bars, turn, st, ph, (j + 1) * BN > sk, pos[4], lt, BN, DT)
-            advance(pos, STAGES)
+            pv_tile(o, p, v_s, bars, turn, st, ph, (j + 1) * BN > sk, tails, lt, BN, DT)
+            st, ph = next_stage(st, ph, STAGES)
         if lt == 0:
-            kaio.mbarrier_arrive(turn, 4)
+            kaio.mbarrier_arrive(turn, read)
     else:
         # tile 0: S, softmax, P; then each tile j issues S_j with P_{j-1} V_{j-1}, and the
         # softmax of tile j runs while P V is on the tensor cores. PIPE 3, 4 (FlashAttention-3's
         # order) rescale O by tile j - 1's factors while S_j runs, PIPE 1, 2 once P V is done;
         # PIPE 2, 4: the warpgroups take turns to issue their products (ping-pong)
-        s_tile(s, q_s, k_s, bars, pos[0], u32(pos[1]), wg, lt, D, DT)
+        s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT, qc)
         softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, 1 - ONES, LSE, DT)
         pack_p(p, s, BN, DT)
-        ps = pos[0]  # the stage and parity of tile j - 1
-        pph = u32(pos[1])
-        advance(pos, STAGES)
+        ps = st  # the stage and parity of tile j - 1
+        pph = ph
+        st, ph = next_stage(st, ph, STAGES)
         for j in range(1, n_tiles):
-            st = pos[0]
-            ph = u32(pos[1])
             kaio.mbarrier_wait(bars, (0, st), ph)
             if PIPE == 2 or PIPE == 4:  # wait for this warpgroup's turn on the tensor cores
-                g = pos[2] + j  # the block's g-th overlapped step
+                gj = g + j  # the block's gj-th overlapped step
                 if wg == 0:
-                    if g > 1:
-                        kaio.mbarrier_wait(turn, 0, u32(g - 2) & 1)
+                    if gj > 1:
+                        kaio.mbarrier_wait(turn, 0, u32(gj - 2) & 1)
                 else:
-                    kaio.mbarrier_wait(turn, 1, u32(g - 1) & 1)
+                    kaio.mbarrier_wait(turn, 1, u32(gj - 1) & 1)
             kaio.wgmma_fence()
-            issue_s(s, q_s, k_s, st, wg, 0, D, DT)
+            issue_s(s, q_s, k_s, st, wg, qc, D, DT)
             if PIPE >= 3:
                 rescale_rows(o, alpha, DO)
             kaio.mbarrier_wait(bars, (1, ps), pph)
@@ -404,9 +430,8 @@ def consume(
             if lt == 0:
                 kaio.mbarrier_arrive(bars, (2, st))
             if sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
-                softmax_tile(
-                    s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, 1 - ONES, LSE, DT
-                )
+                softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN,
+                             1 - ONES, LSE, DT)  # fmt: skip
             kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done
             if lt == 0:
                 kaio.mbarrier_arrive(bars, (3, ps))
@@ -415,19 +440,19 @@ def consume(
             pack_p(p, s, BN, DT)
             ps = st
             pph = ph
-            advance(pos, STAGES)
-        pos[2] += n_tiles - 1
+            st, ph = next_stage(st, ph, STAGES)
+        g += n_tiles - 1
         if lt == 0:  # every S = Q K^T of the tile is done: Q's buffer is free
-            kaio.mbarrier_arrive(turn, 4)
+            kaio.mbarrier_arrive(turn, read)
         if PIPE >= 3:
             rescale_rows(o, alpha, DO)
-        pv_tile(o, p, v_s, bars, turn, ps, pph, n_tiles * BN > sk, pos[4], lt, BN, DT)
-    pos[3] += 1
+        pv_tile(o, p, v_s, bars, turn, ps, pph, n_tiles * BN > sk, tails, lt, BN, DT)
     if n_tiles * BN > sk:
-        pos[4] += 1
+        tails += 1
     if ONES:
         ones_sums(l, o, D)
     store_rows(out, lse, o, m, l, o_at, o_stride, l_at, row0, sq, lane, D, DT)
+    return st, ph, g, done + 1, tails
 
 
 @kaio.gpu_func
@@ -759,22 +784,28 @@ def attention_fwd_wgmma(
     elif wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
-        pos = kaio.local(i32, 5)
-        for e in kaio.static_range(5):
-            pos[e] = 0
+        st = i32(0)  # the ring's stage and parity, the ping-pong steps, the tiles done and
+        ph = u32(0)  # those of them with a partial last key tile (``consume_tile``)
+        g = i32(0)
+        done = i32(0)
+        tails = i32(0)
         for k in range(rounds):
             w = work_tile(k, first, step, end, n_qt, PERSIST)
             if w >= 0:
                 bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sk, causal,
                                                BM, BN)  # fmt: skip
                 if (PIPE == 2 or PIPE == 4) and wg == 0:  # ping-pong: a loop in each branch
-                    consume(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
-                            q0, n_tiles, sq, sk, causal, scale_log2, pos, D, BN, STAGES, PIPE,
-                            DT, ONES, LSE)  # fmt: skip
+                    st, ph, g, done, tails = consume_tile(
+                        q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
+                        q0, n_tiles, sq, sk, causal, scale_log2, st, ph, g, done, tails, D, BN,
+                        STAGES, PIPE, DT, ONES, LSE, QB,
+                    )  # fmt: skip
                 else:
-                    consume(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
-                            q0, n_tiles, sq, sk, causal, scale_log2, pos, D, BN, STAGES, PIPE,
-                            DT, ONES, LSE)  # fmt: skip
+                    st, ph, g, done, tails = consume_tile(
+                        q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
+                        q0, n_tiles, sq, sk, causal, scale_log2, st, ph, g, done, tails, D, BN,
+                        STAGES, PIPE, DT, ONES, LSE, QB,
+                    )  # fmt: skip
     else:  # the producer warpgroup: its first thread loads
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -869,10 +900,10 @@ def check_stream(cfg: dict, d: int) -> None:
             f"attention_fwd_wgmma: one stream of a block's tiles (XT 1) takes PIPE 1's or 3's "
             f"order, got PIPE {cfg['PIPE']}: use PIPE 1 or 3, or XT 0"
         )
-    if qb not in (1, 2) or (qb == 2 and not xt):
+    if qb not in (1, 2):
         raise ValueError(
-            f"attention_fwd_wgmma: QB {qb} Q buffers: 1, or 2 with XT 1 (the stream's "
-            f"consumers read the second; got XT {xt})"
+            f"attention_fwd_wgmma: QB {qb} Q buffers: the kernel has barriers for 1 or 2 "
+            f"(``q_buffer``): use QB 1 or 2"
         )
     need = shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"], qb, cfg.get("ONES", 0))
     if need > SHARED_LIMIT:

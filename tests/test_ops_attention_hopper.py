@@ -201,7 +201,7 @@ def test_keys_past_sk_are_left_out_in_simulator(persist, xt):
     "over, match",
     [
         ({"XT": 1, "PIPE": 4}, "PIPE 1's or 3's order"),
-        ({"XT": 0, "QB": 2}, "2 with XT 1"),
+        ({"XT": 0, "QB": 3}, "barriers for 1 or 2"),
         ({"XT": 1, "QB": 2, "D": 256}, "more than"),
         ({"ONES": 1, "D": 256}, "past wgmma's 256"),
     ],
