@@ -158,6 +158,19 @@ def pv_tile(o: f32[:, :], p: u32[:, :], v_s: DT[:, :, :, :], bars: u64[:, :], tu
 
 
 @kaio.gpu_func
+def skip_tile(bars: u64[:, :], st: i32, ph: u32, lt: u32):
+    """A key tile (stage ``st``, parity ``ph``) that none of the warpgroup's rows sees: its K
+    and V freed once landed (then the free barriers' phase is this use's: the producer saw
+    the last one complete)."""
+    kaio.mbarrier_wait(bars, (0, st), ph)
+    if lt == 0:
+        kaio.mbarrier_arrive(bars, (2, st))
+    kaio.mbarrier_wait(bars, (1, st), ph)
+    if lt == 0:
+        kaio.mbarrier_arrive(bars, (3, st))
+
+
+@kaio.gpu_func
 def pack_p(p: u32[:, :], s: f32[:, :], BN: kaio.constexpr, DT: kaio.constexpr):
     """P's A fragments: k-step kk is n8 tiles 2kk, 2kk + 1 of s rounded to DT pairs."""
     for kk in kaio.static_range(BN // 16):
@@ -385,15 +398,23 @@ def consume_tile(
     b, landed, read = q_buffer(done, QB)
     qc = b * (D // 64)  # the Q buffer's first 64-column block
     kaio.mbarrier_wait(turn, landed, u32(done // QB) & 1)  # this tile's Q landed
+    n_mine = n_tiles  # the key tiles this warpgroup's rows see; those past them (causal:
+    if PIPE != 2 and PIPE != 4:  # past the diagonal; rows all past sq: all but one) are freed
+        if causal != 0:  # as they land (``skip_tile``); ping-pong takes turns at every step
+            n_mine = kaio.max(1, kaio.min(n_tiles, (q0 + 64 * i32(wg) + 64 + BN - 1) // BN))
+        if q0 + 64 * i32(wg) >= sq:
+            n_mine = 1
     if PIPE == 0:
         for j in range(n_tiles):
-            s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT, qc)
-            softmax_tile(
-                s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, 1 - ONES, LSE, DT
-            )
-            rescale_rows(o, alpha, DO)
-            pack_p(p, s, BN, DT)
-            pv_tile(o, p, v_s, bars, turn, st, ph, (j + 1) * BN > sk, tails, lt, BN, DT)
+            if j < n_mine:
+                s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT, qc)
+                softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN,
+                             1 - ONES, LSE, DT)  # fmt: skip
+                rescale_rows(o, alpha, DO)
+                pack_p(p, s, BN, DT)
+                pv_tile(o, p, v_s, bars, turn, st, ph, (j + 1) * BN > sk, tails, lt, BN, DT)
+            else:
+                skip_tile(bars, st, ph, lt)
             st, ph = next_stage(st, ph, STAGES)
         if lt == 0:
             kaio.mbarrier_arrive(turn, read)
@@ -409,44 +430,52 @@ def consume_tile(
         pph = ph
         st, ph = next_stage(st, ph, STAGES)
         for j in range(1, n_tiles):
-            kaio.mbarrier_wait(bars, (0, st), ph)
-            if PIPE == 2 or PIPE == 4:  # wait for this warpgroup's turn on the tensor cores
-                gj = g + j  # the block's gj-th overlapped step
-                if wg == 0:
-                    if gj > 1:
-                        kaio.mbarrier_wait(turn, 0, u32(gj - 2) & 1)
-                else:
-                    kaio.mbarrier_wait(turn, 1, u32(gj - 1) & 1)
-            kaio.wgmma_fence()
-            issue_s(s, q_s, k_s, st, wg, qc, D, DT)
-            if PIPE >= 3:
-                rescale_rows(o, alpha, DO)
-            kaio.mbarrier_wait(bars, (1, ps), pph)
-            kaio.wgmma_fence()
-            issue_pv(o, p, v_s, ps, BN, DT)
-            if (PIPE == 2 or PIPE == 4) and lt % 32 == 0:  # the other warpgroup's turn
-                kaio.mbarrier_arrive(turn, 1 - wg)
-            kaio.wgmma_wait(1)  # S_j done
-            if lt == 0:
-                kaio.mbarrier_arrive(bars, (2, st))
-            if sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
-                softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN,
-                             1 - ONES, LSE, DT)  # fmt: skip
-            kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done
-            if lt == 0:
-                kaio.mbarrier_arrive(bars, (3, ps))
-            if PIPE < 3:
-                rescale_rows(o, alpha, DO)
-            pack_p(p, s, BN, DT)
-            ps = st
-            pph = ph
+            if j < n_mine:
+                kaio.mbarrier_wait(bars, (0, st), ph)
+                if PIPE == 2 or PIPE == 4:  # wait for this warpgroup's turn on the tensor cores
+                    gj = g + j  # the block's gj-th overlapped step
+                    if wg == 0:
+                        if gj > 1:
+                            kaio.mbarrier_wait(turn, 0, u32(gj - 2) & 1)
+                    else:
+                        kaio.mbarrier_wait(turn, 1, u32(gj - 1) & 1)
+                kaio.wgmma_fence()
+                issue_s(s, q_s, k_s, st, wg, qc, D, DT)
+                if PIPE >= 3:
+                    rescale_rows(o, alpha, DO)
+                kaio.mbarrier_wait(bars, (1, ps), pph)
+                kaio.wgmma_fence()
+                issue_pv(o, p, v_s, ps, BN, DT)
+                if (PIPE == 2 or PIPE == 4) and lt % 32 == 0:  # the other warpgroup's turn
+                    kaio.mbarrier_arrive(turn, 1 - wg)
+                kaio.wgmma_wait(1)  # S_j done
+                if lt == 0:
+                    kaio.mbarrier_arrive(bars, (2, st))
+                if sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
+                    softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN,
+                                 1 - ONES, LSE, DT)  # fmt: skip
+                kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done
+                if lt == 0:
+                    kaio.mbarrier_arrive(bars, (3, ps))
+                if PIPE < 3:
+                    rescale_rows(o, alpha, DO)
+                pack_p(p, s, BN, DT)
+                ps = st
+                pph = ph
+            else:  # a key tile past this warpgroup's rows
+                if j == n_mine:  # the pending P V first: its stage may be the next refilled
+                    if PIPE >= 3:
+                        rescale_rows(o, alpha, DO)
+                    pv_tile(o, p, v_s, bars, turn, ps, pph, False, tails, lt, BN, DT)
+                skip_tile(bars, st, ph, lt)
             st, ph = next_stage(st, ph, STAGES)
         g += n_tiles - 1
         if lt == 0:  # every S = Q K^T of the tile is done: Q's buffer is free
             kaio.mbarrier_arrive(turn, read)
-        if PIPE >= 3:
-            rescale_rows(o, alpha, DO)
-        pv_tile(o, p, v_s, bars, turn, ps, pph, n_tiles * BN > sk, tails, lt, BN, DT)
+        if n_mine == n_tiles:  # the last P V
+            if PIPE >= 3:
+                rescale_rows(o, alpha, DO)
+            pv_tile(o, p, v_s, bars, turn, ps, pph, n_tiles * BN > sk, tails, lt, BN, DT)
     if n_tiles * BN > sk:
         tails += 1
     if ONES:
@@ -579,12 +608,7 @@ def consume_stream(
                                     DT)  # fmt: skip
                         tails += ptail
                         pending = 0
-                    kaio.mbarrier_wait(bars, (0, st), ph)  # freed once landed (then the
-                    if lt == 0:  # free barrier's phase is this use's: the producer saw the
-                        kaio.mbarrier_arrive(bars, (2, st))  # last one complete)
-                    kaio.mbarrier_wait(bars, (1, st), ph)
-                    if lt == 0:
-                        kaio.mbarrier_arrive(bars, (3, st))
+                    skip_tile(bars, st, ph, lt)
                     tails += kaio.select(j == n_tiles - 1 and n_tiles * BN > sk, 1, 0)
                 st, ph = next_stage(st, ph, STAGES)
             prev_bh = bh
