@@ -276,20 +276,16 @@ def produce(
     BN: kaio.constexpr, WG: kaio.constexpr, STAGES: kaio.constexpr, DT: kaio.constexpr,
     QB: kaio.constexpr = 1,
 ):  # fmt: skip
-    """The producer's copies for the block's tile ``it`` (0 for the first): the Q tile
-    (``64 * WG`` rows from ``q_row``, D columns from ``q_col``) into Q buffer ``it % QB``
-    (``q_buffer``) once the consumers are done with that buffer's previous tile, then K and
-    V of each key tile (from ``kv_row``, ``kv_col``), each on its own "full" barrier, STAGES
-    tiles ahead: a stage is refilled once the consumers have freed it (K and V apart).
+    """The producer's copies for the block's tile ``it`` (0 for the first): K and V of each
+    key tile (from ``kv_row``, ``kv_col``), each on its own "full" barrier, STAGES tiles
+    ahead: a stage is refilled once the consumers have freed it (K and V apart); after the
+    first K, the Q tile (``64 * WG`` rows from ``q_row``, D columns from ``q_col``) into Q
+    buffer ``it % QB`` (``q_buffer``) once the consumers are done with that buffer's
+    previous tile (so that the first K loads meanwhile).
     ``cnt``: the key tiles the ring has taken so far (for their stage and parity)."""
     C = D // 64
     KV_BYTES = BN * D * 2
     b, landed, read = q_buffer(it, QB)
-    if it >= QB:
-        kaio.mbarrier_wait(turn, read, u32(it // QB - 1) & 1)
-    kaio.mbarrier_arrive_expect_tx(turn, landed, u32(64 * WG * D * 2))
-    for c in kaio.static_range(C):
-        kaio.tma_load_2d(q_s, (b * C + c, 0, 0), tq, q_row, q_col + c * 64, turn, landed)
     for j in range(n_tiles):
         n = cnt + j
         st = n % STAGES
@@ -300,6 +296,12 @@ def produce(
         for c in kaio.static_range(C):
             kaio.tma_load_2d(k_s, (st, c, 0, 0), tk, kv_row + j * BN, kv_col + c * 64, bars,
                              (0, st))  # fmt: skip
+        if j == 0:  # the Q tile, after the first K (which need not wait for Q's buffer)
+            if it >= QB:
+                kaio.mbarrier_wait(turn, read, u32(it // QB - 1) & 1)
+            kaio.mbarrier_arrive_expect_tx(turn, landed, u32(64 * WG * D * 2))
+            for c in kaio.static_range(C):
+                kaio.tma_load_2d(q_s, (b * C + c, 0, 0), tq, q_row, q_col + c * 64, turn, landed)
         if n >= STAGES:
             kaio.mbarrier_wait(bars, (3, st), ph ^ 1)
         kaio.mbarrier_arrive_expect_tx(bars, (1, st), u32(KV_BYTES))
@@ -408,6 +410,8 @@ def consume_tile(
         for j in range(n_tiles):
             if j < n_mine:
                 s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT, qc)
+                if lt == 0 and j == n_mine - 1:  # the warpgroup's last S: Q's buffer is free
+                    kaio.mbarrier_arrive(turn, read)
                 softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN,
                              1 - ONES, LSE, DT)  # fmt: skip
                 rescale_rows(o, alpha, DO)
@@ -416,14 +420,14 @@ def consume_tile(
             else:
                 skip_tile(bars, st, ph, lt)
             st, ph = next_stage(st, ph, STAGES)
-        if lt == 0:
-            kaio.mbarrier_arrive(turn, read)
     else:
         # tile 0: S, softmax, P; then each tile j issues S_j with P_{j-1} V_{j-1}, and the
         # softmax of tile j runs while P V is on the tensor cores. PIPE 3, 4 (FlashAttention-3's
         # order) rescale O by tile j - 1's factors while S_j runs, PIPE 1, 2 once P V is done;
         # PIPE 2, 4: the warpgroups take turns to issue their products (ping-pong)
         s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT, qc)
+        if lt == 0 and n_mine == 1:  # the warpgroup's last S: Q's buffer is free
+            kaio.mbarrier_arrive(turn, read)
         softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, 1 - ONES, LSE, DT)
         pack_p(p, s, BN, DT)
         ps = st  # the stage and parity of tile j - 1
@@ -451,6 +455,8 @@ def consume_tile(
                 kaio.wgmma_wait(1)  # S_j done
                 if lt == 0:
                     kaio.mbarrier_arrive(bars, (2, st))
+                    if j == n_mine - 1:  # the warpgroup's last S: Q's buffer is free
+                        kaio.mbarrier_arrive(turn, read)
                 if sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
                     softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN,
                                  1 - ONES, LSE, DT)  # fmt: skip
@@ -470,8 +476,6 @@ def consume_tile(
                 skip_tile(bars, st, ph, lt)
             st, ph = next_stage(st, ph, STAGES)
         g += n_tiles - 1
-        if lt == 0:  # every S = Q K^T of the tile is done: Q's buffer is free
-            kaio.mbarrier_arrive(turn, read)
         if n_mine == n_tiles:  # the last P V
             if PIPE >= 3:
                 rescale_rows(o, alpha, DO)
