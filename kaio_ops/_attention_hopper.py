@@ -37,20 +37,24 @@ multiprocessor, each looping over the work tiles first, first + grid, ... (2: th
 tiles going back and forth over the blocks, for the causal mask's unequal tiles; 3: pairs
 of a head's query tiles, the heaviest with the lightest, ``work_tile``); without it, block
 (x, y) takes tile y * grid x + x (the hardware starts the blocks in that order as others
-finish); the K/V ring's stage and parity, the ping-pong turns and the Q buffer (refilled once both
-warpgroups have issued their last S = Q K^T of a tile, ``turn[4]``) carry from one tile to
-the next, so that the producer loads the next tile's keys while the consumers finish a
-tile (and ``turn[3]``, the partial last key tiles' zeros, counts its phases over them).
+finish); the K/V ring's stage and parity, the ping-pong turns and the Q buffer (refilled
+once every consumer warpgroup's last S = Q K^T of a tile is done, ``turn[4]``) carry from
+one tile to the next (``consume_tile``'s state), so that the producer loads the next
+tile's keys while the consumers finish a tile (its first K before it waits for the Q
+buffer; and ``turn[3]``, the partial last key tiles' zeros, counts its phases over them).
 
 ``XT`` 1 (``consume_stream``) runs a persistent block's tiles as one stream of key-tile
 steps: the first S = Q K^T of a tile is issued with the last O += P V of the one before, its
 softmax (on fresh row maxima and sums) runs under that P V, then the finished tile's rows
 are stored; a warpgroup whose rows end before the tile's last key tiles (the causal
 diagonal with 192-row tiles and 128-key tiles) or lie past sq frees those key tiles as they
-land instead of computing them. ``QB`` 2 gives it two Q buffers (the next tile's Q loads
-while this one's is read); ``ONES`` 1 has the tensor cores sum each row's probabilities,
-as 8 more columns of O from a column block of ones beside each V stage (one FADD a score
-fewer; the sums are of the probabilities as rounded for P V).
+land instead of computing them (the tile-at-a-time consumers too, ``skip_tile``). ``QB`` 2
+gives either schedule two Q buffers (the next tile's Q loads while this one's is read);
+``ONES`` 1 has the tensor cores sum each row's probabilities, as 8 more columns of O from a
+column block of ones beside each V stage (one FADD a score fewer; the sums are of the
+probabilities as rounded for P V), and ``LSE`` 1 with it adds back what that rounding took
+on the masked tiles, where a causal row with few keys sees all of them (its logsumexp then
+as exact as with the FADD sums; ``softmax_tile``).
 
 Shared tiles (128-byte swizzle, 64-column blocks, docs/hopper.md): Q ``[D / 64, BM, 64]``,
 K and V stages ``[STAGES, D / 64, BN, 64]``. The tensor maps see Q as ``[B * H * Sq, D]`` and
