@@ -198,8 +198,9 @@ def softmax_tile(
     of the earlier accumulators go to alpha (``SUMS``: ``_attention_tc.softmax_step``'s).
     The mask compares each score's column in the tile, a constant, with the row's bound
     (one comparison a score). ``LSE`` 1 (with ``SUMS`` 0, the sums on the tensor cores of
-    the probabilities as rounded to DT): l keeps what that rounding took from the sums of
-    the masked tiles (``rounding``), rescaled like them, for ``ones_sums`` to add back."""
+    the probabilities as rounded to DT): l[h] keeps what that rounding took from the sums of
+    the masked tiles (``rounding``), as a multiple of 2^-l[2 + h] (the max it was last
+    rescaled to: nothing to do on the other tiles), for ``ones_sums`` to add back."""
     k0 = j * BN
     # (the warp's first row as i32: a varlen row shifted by sk - sq may be negative)
     masked = k0 + BN > sk or (causal != 0 and k0 + BN > row0 - i32(lane // 4) + 1)
@@ -215,11 +216,20 @@ def softmax_tile(
     for h in kaio.static_range(2):
         alpha[h] = softmax_step(s, m, l, h, scale_log2, BN // 8, SUMS)
     if LSE == 1 and SUMS == 0:
-        for h in kaio.static_range(2):
-            l[h] = l[h] * alpha[h]
         if masked:  # a row with few keys sees them all here: its sum to the last bit
             for h in kaio.static_range(2):
-                l[h] += rounding(s, h, BN, DT)
+                base = kaio.select(m[h] == NEG_INF, 0.0, m[h])  # (softmax_step's)
+                l[h] = l[h] * kaio.exp2(l[2 + h] - base) + rounding(s, h, BN, DT)
+                l[2 + h] = base
+
+
+@kaio.gpu_func
+def start_sums(l: f32[:], LSE: kaio.constexpr):
+    """``softmax_tile``'s sums at the start of a tile (with ``LSE``: none of the rounding yet,
+    l[2 + h] = -inf; l[h] is ``start_rows``')."""
+    if LSE:
+        for h in kaio.static_range(2):
+            l[2 + h] = NEG_INF
 
 
 @kaio.gpu_func
@@ -394,11 +404,12 @@ def consume_tile(
     lane = lt % 32
     row0 = q0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)
     m = kaio.local(f32, 2)
-    l = kaio.local(f32, 2)
+    l = kaio.local(f32, 4)  # (2, 3: LSE's, ``softmax_tile``)
     alpha = kaio.local(f32, 2)
     DO = D + 8 * ONES  # O's columns (ONES: and 8 of the row sums, ``ones_sums``)
     o = kaio.local(f32, (DO // 8, 4))
     start_rows(m, l, o, DO)
+    start_sums(l, LSE)
     s = kaio.local(f32, (BN // 8, 4))
     p = kaio.local(u32, (BN // 16, 4))
     b, landed, read = q_buffer(done, QB)
@@ -487,7 +498,7 @@ def consume_tile(
     if n_tiles * BN > sk:
         tails += 1
     if ONES:
-        ones_sums(l, o, D)
+        ones_sums(l, o, D, m, LSE)
     store_rows(out, lse, o, m, l, o_at, o_stride, l_at, row0, sq, lane, D, DT)
     return st, ph, g, done + 1, tails
 
@@ -512,13 +523,14 @@ def consume_stream(
     C = D // 64
     lane = lt % 32
     m = kaio.local(f32, 2)
-    l = kaio.local(f32, 2)
+    l = kaio.local(f32, 4)  # (2, 3: LSE's, ``softmax_tile``)
     mo = kaio.local(f32, 2)  # the finished tile's row maxima and sums, for its store
-    lo = kaio.local(f32, 2)
+    lo = kaio.local(f32, 4)
     alpha = kaio.local(f32, 2)
     DO = D + 8 * ONES  # O's columns (ONES: and 8 of the row sums)
     o = kaio.local(f32, (DO // 8, 4))
     start_rows(m, l, o, DO)
+    start_sums(l, LSE)
     s = kaio.local(f32, (BN // 8, 4))
     p = kaio.local(u32, (BN // 16, 4))
     st = i32(0)  # the ring's stage of the next key tile and its phase parity
@@ -587,6 +599,9 @@ def consume_stream(
                             lo[h] = l[h]
                             m[h] = NEG_INF
                             l[h] = 0.0
+                            if LSE:
+                                lo[2 + h] = l[2 + h]
+                                l[2 + h] = NEG_INF
                     # always true: a block of its own, which ptxas does not hoist the wait into
                     if sk > 0:
                         softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN,
@@ -597,7 +612,7 @@ def consume_stream(
                     tails += ptail
                     if j == 0:  # the finished tile's rows, then O from zero
                         if ONES:
-                            ones_sums(lo, o, D)
+                            ones_sums(lo, o, D, mo, LSE)
                         store_rows(out, lse, o, mo, lo, prev_bh * sq * D, D, prev_bh * sq,
                                    prev_row0, sq, lane, D, DT)  # fmt: skip
                         start_rows(mo, lo, o, DO)
@@ -613,7 +628,7 @@ def consume_stream(
                         # the tile's rows
                         finish_tile(out, lse, o, p, m, l, alpha, v_s, bars, turn, ps, pph,
                                     ptail, tails, bh, row0, sq, lt, D, BN, PIPE, ONES,
-                                    DT)  # fmt: skip
+                                    DT, LSE)  # fmt: skip
                         tails += ptail
                         pending = 0
                     skip_tile(bars, st, ph, lt)
@@ -624,7 +639,7 @@ def consume_stream(
             it += 1
     if pending != 0:  # the last tile's last P V and its rows
         finish_tile(out, lse, o, p, m, l, alpha, v_s, bars, turn, ps, pph, ptail, tails,
-                    prev_bh, prev_row0, sq, lt, D, BN, PIPE, ONES, DT)  # fmt: skip
+                    prev_bh, prev_row0, sq, lt, D, BN, PIPE, ONES, DT, LSE)  # fmt: skip
 
 
 @kaio.gpu_func
@@ -632,30 +647,35 @@ def finish_tile(
     out: DT[:], lse: f32[:], o: f32[:, :], p: u32[:, :], m: f32[:], l: f32[:], alpha: f32[:],
     v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:], ps: i32, pph: u32, ptail: i32,
     tails: i32, bh: i32, row0: i32, sq: i32, lt: u32, D: kaio.constexpr, BN: kaio.constexpr,
-    PIPE: kaio.constexpr, ONES: kaio.constexpr, DT: kaio.constexpr,
+    PIPE: kaio.constexpr, ONES: kaio.constexpr, DT: kaio.constexpr, LSE: kaio.constexpr = 0,
 ):  # fmt: skip
     """A tile's pending last O += P V (stage ``ps``, parity ``pph``; ``ptail``: its key tile
     is a partial last one, ``tails`` such tiles before it), waited for, its rows stored
-    (``store_rows``; ``ONES``: the row sums from O's last 8 columns), then O and the row
-    maxima and sums from the start."""
+    (``store_rows``; ``ONES``: the row sums from O's last 8 columns, ``LSE``: and the
+    rounding added back), then O and the row maxima and sums from the start."""
     DO = D + 8 * ONES
     if PIPE >= 3:
         rescale_rows(o, alpha, DO)
     pv_tile(o, p, v_s, bars, turn, ps, pph, ptail != 0, tails, lt, BN, DT)
     if ONES:
-        ones_sums(l, o, D)
+        ones_sums(l, o, D, m, LSE)
     store_rows(out, lse, o, m, l, bh * sq * D, D, bh * sq, row0, sq, lt % 32, D, DT)
     start_rows(m, l, o, DO)
+    start_sums(l, LSE)
 
 
 @kaio.gpu_func
-def ones_sums(l: f32[:], o: f32[:, :], D: kaio.constexpr):
-    """``l[h]`` plus a quarter of row half h's sum of probabilities, from O's column block
-    of ones (``ONES``: each of the row's 4 lanes holds the whole sum, and ``store_rows`` adds
-    the 4 lanes' parts; l: zero, or with ``LSE`` this lane's part of what rounding took from
-    the sums, ``softmax_tile``)."""
+def ones_sums(l: f32[:], o: f32[:, :], D: kaio.constexpr, m: f32[:], LSE: kaio.constexpr = 0):
+    """``l[h]``: a quarter of row half h's sum of probabilities, from O's column block of
+    ones (``ONES``: each of the row's 4 lanes holds the whole sum, and ``store_rows`` adds
+    the 4 lanes' parts), plus with ``LSE`` this lane's part of what rounding took from the
+    masked tiles' sums (``softmax_tile``), rescaled to the row max ``m[h]``."""
     for h in kaio.static_range(2):
-        l[h] += o[D // 8, 2 * h] * 0.25
+        total = o[D // 8, 2 * h] * 0.25
+        if LSE:
+            base = kaio.select(m[h] == NEG_INF, 0.0, m[h])
+            total += l[h] * kaio.exp2(l[2 + h] - base)
+        l[h] = total
 
 
 @kaio.gpu_func

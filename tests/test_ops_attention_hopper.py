@@ -163,6 +163,8 @@ def test_persistent_blocks_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, ove
         (1, 2, 2, 130, 300, 128, np.float16, False, {"PIPE": 4, "PERSIST": 1}, 1),
         # one stream of steps a block
         (1, 2, 1, 384, 384, 64, np.float16, True, {**THREE, "PIPE": 1, "XT": 1, "QB": 2}, 1),
+        # and the rounding added back (LSE), carried from one tile to the next, bf16
+        (1, 2, 1, 256, 256, 64, ml_dtypes.bfloat16, True, {"PIPE": 3, "XT": 1, "LSE": 1}, 1),
         # D = 64's route without the mask (three warpgroups, FlashAttention-3's order,
         # persistent blocks), a query tail, grouped-query heads
         (1, 4, 2, 200, 256, 64, ml_dtypes.bfloat16, False, {**THREE, "PIPE": 3}, 2),
