@@ -40,8 +40,8 @@ of a head's query tiles, the heaviest with the lightest, ``work_tile``); without
 finish); the K/V ring's stage and parity, the ping-pong turns and the Q buffer (refilled
 once every consumer warpgroup's last S = Q K^T of a tile is done, ``turn[4]``) carry from
 one tile to the next (``consume_tile``'s state), so that the producer loads the next
-tile's keys while the consumers finish a tile (its first K before it waits for the Q
-buffer; and ``turn[3]``, the partial last key tiles' zeros, counts its phases over them).
+tile's keys while the consumers finish a tile (and ``turn[3]``, the partial last key tiles'
+zeros, counts its phases over them).
 
 ``XT`` 1 (``consume_stream``) runs a persistent block's tiles as one stream of key-tile
 steps: the first S = Q K^T of a tile is issued with the last O += P V of the one before, its
@@ -290,16 +290,20 @@ def produce(
     BN: kaio.constexpr, WG: kaio.constexpr, STAGES: kaio.constexpr, DT: kaio.constexpr,
     QB: kaio.constexpr = 1,
 ):  # fmt: skip
-    """The producer's copies for the block's tile ``it`` (0 for the first): K and V of each
-    key tile (from ``kv_row``, ``kv_col``), each on its own "full" barrier, STAGES tiles
-    ahead: a stage is refilled once the consumers have freed it (K and V apart); after the
-    first K, the Q tile (``64 * WG`` rows from ``q_row``, D columns from ``q_col``) into Q
-    buffer ``it % QB`` (``q_buffer``) once the consumers are done with that buffer's
-    previous tile (so that the first K loads meanwhile).
+    """The producer's copies for the block's tile ``it`` (0 for the first): the Q tile
+    (``64 * WG`` rows from ``q_row``, D columns from ``q_col``) into Q buffer ``it % QB``
+    (``q_buffer``) once the consumers are done with that buffer's previous tile, then K and
+    V of each key tile (from ``kv_row``, ``kv_col``), each on its own "full" barrier, STAGES
+    tiles ahead: a stage is refilled once the consumers have freed it (K and V apart).
     ``cnt``: the key tiles the ring has taken so far (for their stage and parity)."""
     C = D // 64
     KV_BYTES = BN * D * 2
     b, landed, read = q_buffer(it, QB)
+    if it >= QB:
+        kaio.mbarrier_wait(turn, read, u32(it // QB - 1) & 1)
+    kaio.mbarrier_arrive_expect_tx(turn, landed, u32(64 * WG * D * 2))
+    for c in kaio.static_range(C):
+        kaio.tma_load_2d(q_s, (b * C + c, 0, 0), tq, q_row, q_col + c * 64, turn, landed)
     for j in range(n_tiles):
         n = cnt + j
         st = n % STAGES
@@ -310,12 +314,6 @@ def produce(
         for c in kaio.static_range(C):
             kaio.tma_load_2d(k_s, (st, c, 0, 0), tk, kv_row + j * BN, kv_col + c * 64, bars,
                              (0, st))  # fmt: skip
-        if j == 0:  # the Q tile, after the first K (which need not wait for Q's buffer)
-            if it >= QB:
-                kaio.mbarrier_wait(turn, read, u32(it // QB - 1) & 1)
-            kaio.mbarrier_arrive_expect_tx(turn, landed, u32(64 * WG * D * 2))
-            for c in kaio.static_range(C):
-                kaio.tma_load_2d(q_s, (b * C + c, 0, 0), tq, q_row, q_col + c * 64, turn, landed)
         if n >= STAGES:
             kaio.mbarrier_wait(bars, (3, st), ph ^ 1)
         kaio.mbarrier_arrive_expect_tx(bars, (1, st), u32(KV_BYTES))
@@ -386,7 +384,7 @@ def consume_tile(
     n_tiles: i32, sq: i32, sk: i32, causal: i32, scale_log2: f32, st: i32, ph: u32, g: i32,
     done: i32, tails: i32, D: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr,
     PIPE: kaio.constexpr, DT: kaio.constexpr, ONES: kaio.constexpr = 0,
-    LSE: kaio.constexpr = 0, QB: kaio.constexpr = 1,
+    LSE: kaio.constexpr = 0, QB: kaio.constexpr = 1, SKIP: kaio.constexpr = 0,
 ) -> tuple[i32, u32, i32, i32, i32]:  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 query rows of one tile (thread ``lt`` of it) over the
     key tiles (module docstring), then its rows of ``out`` and ``lse`` (``store_rows``:
@@ -400,7 +398,9 @@ def consume_tile(
     partial tile's zeros stored, ``turn[4]`` (``turn[6]``): the Q tile read (by every
     consumer warpgroup). ``ONES`` 1: the row sums come from O's 8 more columns
     (``ones_sums``), the V stages having a column block of ones; ``LSE`` 1 with it: the
-    masked tiles' rounding of the probabilities added back to the sums (``softmax_tile``)."""
+    masked tiles' rounding of the probabilities added back to the sums (``softmax_tile``).
+    ``SKIP`` 1: the key tiles past the warpgroup's rows are only freed (``skip_tile``; for
+    tiles of more rows than keys: the branch cost up to 4% at D 128, where it never skips)."""
     lane = lt % 32
     row0 = q0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)
     m = kaio.local(f32, 2)
@@ -415,18 +415,18 @@ def consume_tile(
     b, landed, read = q_buffer(done, QB)
     qc = b * (D // 64)  # the Q buffer's first 64-column block
     kaio.mbarrier_wait(turn, landed, u32(done // QB) & 1)  # this tile's Q landed
-    n_mine = n_tiles  # the key tiles this warpgroup's rows see; those past them (causal:
-    if PIPE != 2 and PIPE != 4:  # past the diagonal; rows all past sq: all but one) are freed
-        if causal != 0:  # as they land (``skip_tile``); ping-pong takes turns at every step
+    n_mine = n_tiles  # the key tiles this warpgroup's rows see; with SKIP those past them
+    # (causal: past the diagonal; rows all past sq: all but one) are freed as they land
+    # (``skip_tile``); ping-pong takes turns at every step
+    if SKIP == 1 and PIPE != 2 and PIPE != 4:
+        if causal != 0:
             n_mine = kaio.max(1, kaio.min(n_tiles, (q0 + 64 * i32(wg) + 64 + BN - 1) // BN))
         if q0 + 64 * i32(wg) >= sq:
             n_mine = 1
     if PIPE == 0:
         for j in range(n_tiles):
-            if j < n_mine:
+            if SKIP == 0 or j < n_mine:
                 s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT, qc)
-                if lt == 0 and j == n_mine - 1:  # the warpgroup's last S: Q's buffer is free
-                    kaio.mbarrier_arrive(turn, read)
                 softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN,
                              1 - ONES, LSE, DT)  # fmt: skip
                 rescale_rows(o, alpha, DO)
@@ -435,21 +435,21 @@ def consume_tile(
             else:
                 skip_tile(bars, st, ph, lt)
             st, ph = next_stage(st, ph, STAGES)
+        if lt == 0:
+            kaio.mbarrier_arrive(turn, read)
     else:
         # tile 0: S, softmax, P; then each tile j issues S_j with P_{j-1} V_{j-1}, and the
         # softmax of tile j runs while P V is on the tensor cores. PIPE 3, 4 (FlashAttention-3's
         # order) rescale O by tile j - 1's factors while S_j runs, PIPE 1, 2 once P V is done;
         # PIPE 2, 4: the warpgroups take turns to issue their products (ping-pong)
         s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT, qc)
-        if lt == 0 and n_mine == 1:  # the warpgroup's last S: Q's buffer is free
-            kaio.mbarrier_arrive(turn, read)
         softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, 1 - ONES, LSE, DT)
         pack_p(p, s, BN, DT)
         ps = st  # the stage and parity of tile j - 1
         pph = ph
         st, ph = next_stage(st, ph, STAGES)
         for j in range(1, n_tiles):
-            if j < n_mine:
+            if SKIP == 0 or j < n_mine:
                 kaio.mbarrier_wait(bars, (0, st), ph)
                 if PIPE == 2 or PIPE == 4:  # wait for this warpgroup's turn on the tensor cores
                     gj = g + j  # the block's gj-th overlapped step
@@ -470,8 +470,6 @@ def consume_tile(
                 kaio.wgmma_wait(1)  # S_j done
                 if lt == 0:
                     kaio.mbarrier_arrive(bars, (2, st))
-                    if j == n_mine - 1:  # the warpgroup's last S: Q's buffer is free
-                        kaio.mbarrier_arrive(turn, read)
                 if sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
                     softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN,
                                  1 - ONES, LSE, DT)  # fmt: skip
@@ -491,7 +489,9 @@ def consume_tile(
                 skip_tile(bars, st, ph, lt)
             st, ph = next_stage(st, ph, STAGES)
         g += n_tiles - 1
-        if n_mine == n_tiles:  # the last P V
+        if lt == 0:  # every S = Q K^T of the tile is done: Q's buffer is free
+            kaio.mbarrier_arrive(turn, read)
+        if SKIP == 0 or n_mine == n_tiles:  # the last P V
             if PIPE >= 3:
                 rescale_rows(o, alpha, DO)
             pv_tile(o, p, v_s, bars, turn, ps, pph, n_tiles * BN > sk, tails, lt, BN, DT)
@@ -850,13 +850,13 @@ def attention_fwd_wgmma(
                     st, ph, g, done, tails = consume_tile(
                         q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
                         q0, n_tiles, sq, sk, causal, scale_log2, st, ph, g, done, tails, D, BN,
-                        STAGES, PIPE, DT, ONES, LSE, QB,
+                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN,
                     )  # fmt: skip
                 else:
                     st, ph, g, done, tails = consume_tile(
                         q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
                         q0, n_tiles, sq, sk, causal, scale_log2, st, ph, g, done, tails, D, BN,
-                        STAGES, PIPE, DT, ONES, LSE, QB,
+                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN,
                     )  # fmt: skip
     else:  # the producer warpgroup: its first thread loads
         if REGS:
