@@ -927,8 +927,11 @@ def extras(d: int, causal: bool = False, dt=None) -> dict:
     element type ``dt`` (a kaio type; None: f16). Measured on an H100 (docs/hopper.md, "Row
     sums on the tensor cores"): ONES at D 64 and 128 for f16 (up to 5% faster, within 2%
     where it was behind); not for bf16, whose rounded probabilities moved the logsumexp of
-    causal rows with few keys by up to 1.5e-3 (the GPU test's bound is 1e-3); XT and QB 2
-    measured 1-8% slower, so not routed."""
+    causal rows with few keys by up to 1.5e-3 (the GPU test's bound is 1e-3); with ``LSE``
+    (the masked tiles' rounding added back) 5.8e-4, but bf16 ONES + LSE ran no faster than
+    the FADD sums (-3% to +2%, docs/performance.md "the consumer's state as a tuple"), and
+    f16 LSE no faster than ONES alone, so neither is routed; XT and QB 2 measured 1-8%
+    slower at S 16384, so not routed."""
     return {"ONES": 1} if d <= 128 and dt in (None, kaio.f16) else {}
 
 
