@@ -364,7 +364,8 @@ def consume(
 ):  # fmt: skip
     """``consume_tile`` with its carried state in ``pos`` (the ring's stage and parity, the
     ping-pong steps, the tiles done, the partial ones among them), for callers that keep it
-    in an array (the varlen forward, ``_attention_hopper_varlen``)."""
+    in an array (the varlen forward, ``_attention_hopper_varlen``; without the skips,
+    ``SKIP`` 0, as measured there)."""
     st, ph, g, done, tails = consume_tile(
         q_s, k_s, v_s, bars, turn, out, lse, wg, lt, o_at, o_stride, l_at, q0, n_tiles, sq, sk,
         causal, scale_log2, pos[0], u32(pos[1]), pos[2], pos[3], pos[4], D, BN, STAGES, PIPE,
