@@ -37,20 +37,24 @@ multiprocessor, each looping over the work tiles first, first + grid, ... (2: th
 tiles going back and forth over the blocks, for the causal mask's unequal tiles; 3: pairs
 of a head's query tiles, the heaviest with the lightest, ``work_tile``); without it, block
 (x, y) takes tile y * grid x + x (the hardware starts the blocks in that order as others
-finish); the K/V ring's stage and parity, the ping-pong turns and the Q buffer (refilled once both
-warpgroups have issued their last S = Q K^T of a tile, ``turn[4]``) carry from one tile to
-the next, so that the producer loads the next tile's keys while the consumers finish a
-tile (and ``turn[3]``, the partial last key tiles' zeros, counts its phases over them).
+finish); the K/V ring's stage and parity, the ping-pong turns and the Q buffer (refilled
+once every consumer warpgroup's last S = Q K^T of a tile is done, ``turn[4]``) carry from
+one tile to the next (``consume_tile``'s state), so that the producer loads the next
+tile's keys while the consumers finish a tile (and ``turn[3]``, the partial last key tiles'
+zeros, counts its phases over them).
 
 ``XT`` 1 (``consume_stream``) runs a persistent block's tiles as one stream of key-tile
 steps: the first S = Q K^T of a tile is issued with the last O += P V of the one before, its
 softmax (on fresh row maxima and sums) runs under that P V, then the finished tile's rows
 are stored; a warpgroup whose rows end before the tile's last key tiles (the causal
 diagonal with 192-row tiles and 128-key tiles) or lie past sq frees those key tiles as they
-land instead of computing them. ``QB`` 2 gives it two Q buffers (the next tile's Q loads
-while this one's is read); ``ONES`` 1 has the tensor cores sum each row's probabilities,
-as 8 more columns of O from a column block of ones beside each V stage (one FADD a score
-fewer; the sums are of the probabilities as rounded for P V).
+land instead of computing them (the tile-at-a-time consumers too, ``skip_tile``). ``QB`` 2
+gives either schedule two Q buffers (the next tile's Q loads while this one's is read);
+``ONES`` 1 has the tensor cores sum each row's probabilities, as 8 more columns of O from a
+column block of ones beside each V stage (one FADD a score fewer; the sums are of the
+probabilities as rounded for P V), and ``LSE`` 1 with it adds back what that rounding took
+on the masked tiles, where a causal row with few keys sees all of them (its logsumexp then
+as exact as with the FADD sums; ``softmax_tile``).
 
 Shared tiles (128-byte swizzle, 64-column blocks, docs/hopper.md): Q ``[D / 64, BM, 64]``,
 K and V stages ``[STAGES, D / 64, BN, 64]``. The tensor maps see Q as ``[B * H * Sq, D]`` and
@@ -127,12 +131,14 @@ def issue_pv(o: f32[:, :], p: u32[:, :], v_s: DT[:, :, :, :], st: i32, BN: kaio.
 
 @kaio.gpu_func
 def s_tile(s: f32[:, :], q_s: DT[:, :, :], k_s: DT[:, :, :, :], bars: u64[:, :], st: i32,
-           ph: u32, wg: u32, lt: u32, D: kaio.constexpr, DT: kaio.constexpr):  # fmt: skip
+           ph: u32, wg: u32, lt: u32, D: kaio.constexpr, DT: kaio.constexpr,
+           qc: i32 = 0):  # fmt: skip
     """S = Q K^T of the key tile in stage ``st`` once it has landed (phase parity ``ph``),
-    waited for; then the stage's K is free."""
+    waited for; then the stage's K is free (``qc``: the Q buffer's first 64-column block,
+    ``issue_s``)."""
     kaio.mbarrier_wait(bars, (0, st), ph)
     kaio.wgmma_fence()
-    issue_s(s, q_s, k_s, st, wg, 0, D, DT)
+    issue_s(s, q_s, k_s, st, wg, qc, D, DT)
     kaio.wgmma_wait(0)
     if lt == 0:
         kaio.mbarrier_arrive(bars, (2, st))
@@ -156,6 +162,19 @@ def pv_tile(o: f32[:, :], p: u32[:, :], v_s: DT[:, :, :, :], bars: u64[:, :], tu
 
 
 @kaio.gpu_func
+def skip_tile(bars: u64[:, :], st: i32, ph: u32, lt: u32):
+    """A key tile (stage ``st``, parity ``ph``) that none of the warpgroup's rows sees: its K
+    and V freed once landed (then the free barriers' phase is this use's: the producer saw
+    the last one complete)."""
+    kaio.mbarrier_wait(bars, (0, st), ph)
+    if lt == 0:
+        kaio.mbarrier_arrive(bars, (2, st))
+    kaio.mbarrier_wait(bars, (1, st), ph)
+    if lt == 0:
+        kaio.mbarrier_arrive(bars, (3, st))
+
+
+@kaio.gpu_func
 def pack_p(p: u32[:, :], s: f32[:, :], BN: kaio.constexpr, DT: kaio.constexpr):
     """P's A fragments: k-step kk is n8 tiles 2kk, 2kk + 1 of s rounded to DT pairs."""
     for kk in kaio.static_range(BN // 16):
@@ -172,15 +191,20 @@ def pack_p(p: u32[:, :], s: f32[:, :], BN: kaio.constexpr, DT: kaio.constexpr):
 def softmax_tile(
     s: f32[:, :], m: f32[:], l: f32[:], alpha: f32[:], j: i32, row0: i32, sk: i32,
     causal: i32, scale_log2: f32, lane: u32, BN: kaio.constexpr, SUMS: kaio.constexpr = 1,
+    LSE: kaio.constexpr = 0, DT: kaio.constexpr = kaio.f16,
 ):  # fmt: skip
     """Mask key tile j's scores (keys at or past sk, and past the row when causal) where the
     tile needs it, then one online-softmax step of both row halves (row0 + 8h); the factors
     of the earlier accumulators go to alpha (``SUMS``: ``_attention_tc.softmax_step``'s).
     The mask compares each score's column in the tile, a constant, with the row's bound
-    (one comparison a score)."""
+    (one comparison a score). ``LSE`` 1 (with ``SUMS`` 0, the sums on the tensor cores of
+    the probabilities as rounded to DT): l[h] keeps what that rounding took from the sums of
+    the masked tiles (``rounding``), as a multiple of 2^-l[2 + h] (the max it was last
+    rescaled to: nothing to do on the other tiles), for ``ones_sums`` to add back."""
     k0 = j * BN
     # (the warp's first row as i32: a varlen row shifted by sk - sq may be negative)
-    if k0 + BN > sk or (causal != 0 and k0 + BN > row0 - i32(lane // 4) + 1):
+    masked = k0 + BN > sk or (causal != 0 and k0 + BN > row0 - i32(lane // 4) + 1)
+    if masked:
         for h in kaio.static_range(2):
             bound = sk  # the keys below it are seen: below sk, and up to the row when causal
             if causal != 0:
@@ -191,6 +215,33 @@ def softmax_tile(
                     s[n, 2 * h + e] = kaio.select(n * 8 + e < bound, s[n, 2 * h + e], NEG_INF)
     for h in kaio.static_range(2):
         alpha[h] = softmax_step(s, m, l, h, scale_log2, BN // 8, SUMS)
+    if LSE == 1 and SUMS == 0:
+        if masked:  # a row with few keys sees them all here: its sum to the last bit
+            for h in kaio.static_range(2):
+                base = kaio.select(m[h] == NEG_INF, 0.0, m[h])  # (softmax_step's)
+                l[h] = l[h] * kaio.exp2(l[2 + h] - base) + rounding(s, h, BN, DT)
+                l[2 + h] = base
+
+
+@kaio.gpu_func
+def start_sums(l: f32[:], LSE: kaio.constexpr):
+    """``softmax_tile``'s sums at the start of a tile (with ``LSE``: none of the rounding yet,
+    l[2 + h] = -inf; l[h] is ``start_rows``')."""
+    if LSE:
+        for h in kaio.static_range(2):
+            l[2 + h] = NEG_INF
+
+
+@kaio.gpu_func
+def rounding(s: f32[:, :], h: kaio.constexpr, BN: kaio.constexpr, DT: kaio.constexpr) -> f32:
+    """What rounding row half h's probabilities s to DT (P's type) takes from this lane's
+    part of their sum: sum(p - DT(p))."""
+    total = 0.0
+    for n in kaio.static_range(BN // 8):
+        for e in kaio.static_range(2):
+            p = s[n, 2 * h + e]
+            total += p - f32(DT(p))
+    return total
 
 
 @kaio.gpu_func
@@ -309,98 +360,148 @@ def consume(
     out: DT[:], lse: f32[:], wg: u32, lt: u32, o_at: i32, o_stride: i32, l_at: i32, q0: i32,
     n_tiles: i32, sq: i32, sk: i32, causal: i32, scale_log2: f32, pos: i32[:], D: kaio.constexpr,
     BN: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr, DT: kaio.constexpr,
-    ONES: kaio.constexpr = 0,
+    ONES: kaio.constexpr = 0, LSE: kaio.constexpr = 0,
 ):  # fmt: skip
+    """``consume_tile`` with its carried state in ``pos`` (the ring's stage and parity, the
+    ping-pong steps, the tiles done, the partial ones among them), for callers that keep it
+    in an array (the varlen forward, ``_attention_hopper_varlen``; without the skips,
+    ``SKIP`` 0, as measured there)."""
+    st, ph, g, done, tails = consume_tile(
+        q_s, k_s, v_s, bars, turn, out, lse, wg, lt, o_at, o_stride, l_at, q0, n_tiles, sq, sk,
+        causal, scale_log2, pos[0], u32(pos[1]), pos[2], pos[3], pos[4], D, BN, STAGES, PIPE,
+        DT, ONES, LSE,
+    )  # fmt: skip
+    pos[0] = st
+    pos[1] = i32(ph)
+    pos[2] = g
+    pos[3] = done
+    pos[4] = tails
+
+
+@kaio.gpu_func
+def consume_tile(
+    q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
+    out: DT[:], lse: f32[:], wg: u32, lt: u32, o_at: i32, o_stride: i32, l_at: i32, q0: i32,
+    n_tiles: i32, sq: i32, sk: i32, causal: i32, scale_log2: f32, st: i32, ph: u32, g: i32,
+    done: i32, tails: i32, D: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr,
+    PIPE: kaio.constexpr, DT: kaio.constexpr, ONES: kaio.constexpr = 0,
+    LSE: kaio.constexpr = 0, QB: kaio.constexpr = 1, SKIP: kaio.constexpr = 0,
+) -> tuple[i32, u32, i32, i32, i32]:  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 query rows of one tile (thread ``lt`` of it) over the
     key tiles (module docstring), then its rows of ``out`` and ``lse`` (``store_rows``:
     ``o_at``, ``o_stride``, ``l_at`` place them; ``q0`` and ``sq`` may be shifted alike, as
-    the varlen kernel's bottom-right causal mask shifts them). ``pos``: the ring's
-    stage and parity, the ping-pong turns taken, the tiles done and those of them whose last
-    key tile was partial, carried from the block's earlier tiles. ``turn[0]``, ``turn[1]``:
-    the ping-pong barriers of warpgroups 0 and 1 (PIPE 2, 4), ``turn[2]``: the Q tile
-    landed, ``turn[3]``: the partial tile's zeros stored, ``turn[4]``: the Q tile read (by
-    both). ``ONES`` 1: the row sums come from O's 8 more columns (``ones_sums``), the V
-    stages having a column block of ones."""
+    the varlen kernel's bottom-right causal mask shifts them). The state carried from the
+    block's earlier tiles, returned as it stands after this one: ``(st, ph)`` the ring's
+    stage and phase parity, ``g`` the ping-pong steps taken, ``done`` the tiles done (whose
+    count picks the Q buffer, ``q_buffer``, of ``QB``), ``tails`` those of them whose last
+    key tile was partial. ``turn[0]``, ``turn[1]``: the ping-pong barriers of warpgroups 0
+    and 1 (PIPE 2, 4), ``turn[2]`` (``turn[5]``): the Q tile landed, ``turn[3]``: the
+    partial tile's zeros stored, ``turn[4]`` (``turn[6]``): the Q tile read (by every
+    consumer warpgroup). ``ONES`` 1: the row sums come from O's 8 more columns
+    (``ones_sums``), the V stages having a column block of ones; ``LSE`` 1 with it: the
+    masked tiles' rounding of the probabilities added back to the sums (``softmax_tile``).
+    ``SKIP`` 1: the key tiles past the warpgroup's rows are only freed (``skip_tile``; for
+    tiles of more rows than keys: the branch cost up to 4% at D 128, where it never skips)."""
     lane = lt % 32
     row0 = q0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)
     m = kaio.local(f32, 2)
-    l = kaio.local(f32, 2)
+    l = kaio.local(f32, 4)  # (2, 3: LSE's, ``softmax_tile``)
     alpha = kaio.local(f32, 2)
     DO = D + 8 * ONES  # O's columns (ONES: and 8 of the row sums, ``ones_sums``)
     o = kaio.local(f32, (DO // 8, 4))
     start_rows(m, l, o, DO)
+    start_sums(l, LSE)
     s = kaio.local(f32, (BN // 8, 4))
     p = kaio.local(u32, (BN // 16, 4))
-    kaio.mbarrier_wait(turn, 2, u32(pos[3]) & 1)  # this tile's Q landed
+    b, landed, read = q_buffer(done, QB)
+    qc = b * (D // 64)  # the Q buffer's first 64-column block
+    kaio.mbarrier_wait(turn, landed, u32(done // QB) & 1)  # this tile's Q landed
+    n_mine = n_tiles  # the key tiles this warpgroup's rows see; with SKIP those past them
+    # (causal: past the diagonal; rows all past sq: all but one) are freed as they land
+    # (``skip_tile``); ping-pong takes turns at every step
+    if SKIP == 1 and PIPE != 2 and PIPE != 4:
+        if causal != 0:
+            n_mine = kaio.max(1, kaio.min(n_tiles, (q0 + 64 * i32(wg) + 64 + BN - 1) // BN))
+        if q0 + 64 * i32(wg) >= sq:
+            n_mine = 1
     if PIPE == 0:
         for j in range(n_tiles):
-            st = pos[0]
-            ph = u32(pos[1])
-            s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT)
-            softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, 1 - ONES)
-            rescale_rows(o, alpha, DO)
-            pack_p(p, s, BN, DT)
-            pv_tile(o, p, v_s, bars, turn, st, ph, (j + 1) * BN > sk, pos[4], lt, BN, DT)
-            advance(pos, STAGES)
+            if SKIP == 0 or j < n_mine:
+                s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT, qc)
+                softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN,
+                             1 - ONES, LSE, DT)  # fmt: skip
+                rescale_rows(o, alpha, DO)
+                pack_p(p, s, BN, DT)
+                pv_tile(o, p, v_s, bars, turn, st, ph, (j + 1) * BN > sk, tails, lt, BN, DT)
+            else:
+                skip_tile(bars, st, ph, lt)
+            st, ph = next_stage(st, ph, STAGES)
         if lt == 0:
-            kaio.mbarrier_arrive(turn, 4)
+            kaio.mbarrier_arrive(turn, read)
     else:
         # tile 0: S, softmax, P; then each tile j issues S_j with P_{j-1} V_{j-1}, and the
         # softmax of tile j runs while P V is on the tensor cores. PIPE 3, 4 (FlashAttention-3's
         # order) rescale O by tile j - 1's factors while S_j runs, PIPE 1, 2 once P V is done;
         # PIPE 2, 4: the warpgroups take turns to issue their products (ping-pong)
-        s_tile(s, q_s, k_s, bars, pos[0], u32(pos[1]), wg, lt, D, DT)
-        softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, 1 - ONES)
+        s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT, qc)
+        softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, 1 - ONES, LSE, DT)
         pack_p(p, s, BN, DT)
-        ps = pos[0]  # the stage and parity of tile j - 1
-        pph = u32(pos[1])
-        advance(pos, STAGES)
+        ps = st  # the stage and parity of tile j - 1
+        pph = ph
+        st, ph = next_stage(st, ph, STAGES)
         for j in range(1, n_tiles):
-            st = pos[0]
-            ph = u32(pos[1])
-            kaio.mbarrier_wait(bars, (0, st), ph)
-            if PIPE == 2 or PIPE == 4:  # wait for this warpgroup's turn on the tensor cores
-                g = pos[2] + j  # the block's g-th overlapped step
-                if wg == 0:
-                    if g > 1:
-                        kaio.mbarrier_wait(turn, 0, u32(g - 2) & 1)
-                else:
-                    kaio.mbarrier_wait(turn, 1, u32(g - 1) & 1)
-            kaio.wgmma_fence()
-            issue_s(s, q_s, k_s, st, wg, 0, D, DT)
+            if SKIP == 0 or j < n_mine:
+                kaio.mbarrier_wait(bars, (0, st), ph)
+                if PIPE == 2 or PIPE == 4:  # wait for this warpgroup's turn on the tensor cores
+                    gj = g + j  # the block's gj-th overlapped step
+                    if wg == 0:
+                        if gj > 1:
+                            kaio.mbarrier_wait(turn, 0, u32(gj - 2) & 1)
+                    else:
+                        kaio.mbarrier_wait(turn, 1, u32(gj - 1) & 1)
+                kaio.wgmma_fence()
+                issue_s(s, q_s, k_s, st, wg, qc, D, DT)
+                if PIPE >= 3:
+                    rescale_rows(o, alpha, DO)
+                kaio.mbarrier_wait(bars, (1, ps), pph)
+                kaio.wgmma_fence()
+                issue_pv(o, p, v_s, ps, BN, DT)
+                if (PIPE == 2 or PIPE == 4) and lt % 32 == 0:  # the other warpgroup's turn
+                    kaio.mbarrier_arrive(turn, 1 - wg)
+                kaio.wgmma_wait(1)  # S_j done
+                if lt == 0:
+                    kaio.mbarrier_arrive(bars, (2, st))
+                if sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
+                    softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN,
+                                 1 - ONES, LSE, DT)  # fmt: skip
+                kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done
+                if lt == 0:
+                    kaio.mbarrier_arrive(bars, (3, ps))
+                if PIPE < 3:
+                    rescale_rows(o, alpha, DO)
+                pack_p(p, s, BN, DT)
+                ps = st
+                pph = ph
+            else:  # a key tile past this warpgroup's rows
+                if j == n_mine:  # the pending P V first: its stage may be the next refilled
+                    if PIPE >= 3:
+                        rescale_rows(o, alpha, DO)
+                    pv_tile(o, p, v_s, bars, turn, ps, pph, False, tails, lt, BN, DT)
+                skip_tile(bars, st, ph, lt)
+            st, ph = next_stage(st, ph, STAGES)
+        g += n_tiles - 1
+        if lt == 0:  # every S = Q K^T of the tile is done: Q's buffer is free
+            kaio.mbarrier_arrive(turn, read)
+        if SKIP == 0 or n_mine == n_tiles:  # the last P V
             if PIPE >= 3:
                 rescale_rows(o, alpha, DO)
-            kaio.mbarrier_wait(bars, (1, ps), pph)
-            kaio.wgmma_fence()
-            issue_pv(o, p, v_s, ps, BN, DT)
-            if (PIPE == 2 or PIPE == 4) and lt % 32 == 0:  # the other warpgroup's turn
-                kaio.mbarrier_arrive(turn, 1 - wg)
-            kaio.wgmma_wait(1)  # S_j done
-            if lt == 0:
-                kaio.mbarrier_arrive(bars, (2, st))
-            if sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
-                softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, 1 - ONES)
-            kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done
-            if lt == 0:
-                kaio.mbarrier_arrive(bars, (3, ps))
-            if PIPE < 3:
-                rescale_rows(o, alpha, DO)
-            pack_p(p, s, BN, DT)
-            ps = st
-            pph = ph
-            advance(pos, STAGES)
-        pos[2] += n_tiles - 1
-        if lt == 0:  # every S = Q K^T of the tile is done: Q's buffer is free
-            kaio.mbarrier_arrive(turn, 4)
-        if PIPE >= 3:
-            rescale_rows(o, alpha, DO)
-        pv_tile(o, p, v_s, bars, turn, ps, pph, n_tiles * BN > sk, pos[4], lt, BN, DT)
-    pos[3] += 1
+            pv_tile(o, p, v_s, bars, turn, ps, pph, n_tiles * BN > sk, tails, lt, BN, DT)
     if n_tiles * BN > sk:
-        pos[4] += 1
+        tails += 1
     if ONES:
-        ones_sums(l, o, D)
+        ones_sums(l, o, D, m, LSE)
     store_rows(out, lse, o, m, l, o_at, o_stride, l_at, row0, sq, lane, D, DT)
+    return st, ph, g, done + 1, tails
 
 
 @kaio.gpu_func
@@ -410,7 +511,7 @@ def consume_stream(
     n_qt: i32, bhs: i32, hs: i32, heads: i32, group: i32, sq: i32, sk: i32, causal: i32,
     scale_log2: f32, D: kaio.constexpr, BN: kaio.constexpr, WG: kaio.constexpr,
     STAGES: kaio.constexpr, PIPE: kaio.constexpr, PERSIST: kaio.constexpr,
-    QB: kaio.constexpr, ONES: kaio.constexpr, DT: kaio.constexpr,
+    QB: kaio.constexpr, ONES: kaio.constexpr, DT: kaio.constexpr, LSE: kaio.constexpr = 0,
 ):  # fmt: skip
     """``XT`` 1: consumer warpgroup ``wg``'s rows of every work tile of the block (thread
     ``lt`` of it) as one stream of key-tile steps in PIPE 1's or 3's order, the last
@@ -423,13 +524,14 @@ def consume_stream(
     C = D // 64
     lane = lt % 32
     m = kaio.local(f32, 2)
-    l = kaio.local(f32, 2)
+    l = kaio.local(f32, 4)  # (2, 3: LSE's, ``softmax_tile``)
     mo = kaio.local(f32, 2)  # the finished tile's row maxima and sums, for its store
-    lo = kaio.local(f32, 2)
+    lo = kaio.local(f32, 4)
     alpha = kaio.local(f32, 2)
     DO = D + 8 * ONES  # O's columns (ONES: and 8 of the row sums)
     o = kaio.local(f32, (DO // 8, 4))
     start_rows(m, l, o, DO)
+    start_sums(l, LSE)
     s = kaio.local(f32, (BN // 8, 4))
     p = kaio.local(u32, (BN // 16, 4))
     st = i32(0)  # the ring's stage of the next key tile and its phase parity
@@ -469,7 +571,7 @@ def consume_stream(
                         if n_mine == 1:
                             kaio.mbarrier_arrive(turn, read)
                     softmax_tile(
-                        s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, 1 - ONES
+                        s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, 1 - ONES, LSE, DT
                     )
                     pack_p(p, s, BN, DT)
                     ps = st
@@ -498,17 +600,20 @@ def consume_stream(
                             lo[h] = l[h]
                             m[h] = NEG_INF
                             l[h] = 0.0
+                            if LSE:
+                                lo[2 + h] = l[2 + h]
+                                l[2 + h] = NEG_INF
                     # always true: a block of its own, which ptxas does not hoist the wait into
                     if sk > 0:
                         softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN,
-                                     1 - ONES)  # fmt: skip
+                                     1 - ONES, LSE, DT)  # fmt: skip
                     kaio.wgmma_wait(0)  # the pending P V done
                     if lt == 0:
                         kaio.mbarrier_arrive(bars, (3, ps))
                     tails += ptail
                     if j == 0:  # the finished tile's rows, then O from zero
                         if ONES:
-                            ones_sums(lo, o, D)
+                            ones_sums(lo, o, D, mo, LSE)
                         store_rows(out, lse, o, mo, lo, prev_bh * sq * D, D, prev_bh * sq,
                                    prev_row0, sq, lane, D, DT)  # fmt: skip
                         start_rows(mo, lo, o, DO)
@@ -524,15 +629,10 @@ def consume_stream(
                         # the tile's rows
                         finish_tile(out, lse, o, p, m, l, alpha, v_s, bars, turn, ps, pph,
                                     ptail, tails, bh, row0, sq, lt, D, BN, PIPE, ONES,
-                                    DT)  # fmt: skip
+                                    DT, LSE)  # fmt: skip
                         tails += ptail
                         pending = 0
-                    kaio.mbarrier_wait(bars, (0, st), ph)  # freed once landed (then the
-                    if lt == 0:  # free barrier's phase is this use's: the producer saw the
-                        kaio.mbarrier_arrive(bars, (2, st))  # last one complete)
-                    kaio.mbarrier_wait(bars, (1, st), ph)
-                    if lt == 0:
-                        kaio.mbarrier_arrive(bars, (3, st))
+                    skip_tile(bars, st, ph, lt)
                     tails += kaio.select(j == n_tiles - 1 and n_tiles * BN > sk, 1, 0)
                 st, ph = next_stage(st, ph, STAGES)
             prev_bh = bh
@@ -540,7 +640,7 @@ def consume_stream(
             it += 1
     if pending != 0:  # the last tile's last P V and its rows
         finish_tile(out, lse, o, p, m, l, alpha, v_s, bars, turn, ps, pph, ptail, tails,
-                    prev_bh, prev_row0, sq, lt, D, BN, PIPE, ONES, DT)  # fmt: skip
+                    prev_bh, prev_row0, sq, lt, D, BN, PIPE, ONES, DT, LSE)  # fmt: skip
 
 
 @kaio.gpu_func
@@ -548,29 +648,35 @@ def finish_tile(
     out: DT[:], lse: f32[:], o: f32[:, :], p: u32[:, :], m: f32[:], l: f32[:], alpha: f32[:],
     v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:], ps: i32, pph: u32, ptail: i32,
     tails: i32, bh: i32, row0: i32, sq: i32, lt: u32, D: kaio.constexpr, BN: kaio.constexpr,
-    PIPE: kaio.constexpr, ONES: kaio.constexpr, DT: kaio.constexpr,
+    PIPE: kaio.constexpr, ONES: kaio.constexpr, DT: kaio.constexpr, LSE: kaio.constexpr = 0,
 ):  # fmt: skip
     """A tile's pending last O += P V (stage ``ps``, parity ``pph``; ``ptail``: its key tile
     is a partial last one, ``tails`` such tiles before it), waited for, its rows stored
-    (``store_rows``; ``ONES``: the row sums from O's last 8 columns), then O and the row
-    maxima and sums from the start."""
+    (``store_rows``; ``ONES``: the row sums from O's last 8 columns, ``LSE``: and the
+    rounding added back), then O and the row maxima and sums from the start."""
     DO = D + 8 * ONES
     if PIPE >= 3:
         rescale_rows(o, alpha, DO)
     pv_tile(o, p, v_s, bars, turn, ps, pph, ptail != 0, tails, lt, BN, DT)
     if ONES:
-        ones_sums(l, o, D)
+        ones_sums(l, o, D, m, LSE)
     store_rows(out, lse, o, m, l, bh * sq * D, D, bh * sq, row0, sq, lt % 32, D, DT)
     start_rows(m, l, o, DO)
+    start_sums(l, LSE)
 
 
 @kaio.gpu_func
-def ones_sums(l: f32[:], o: f32[:, :], D: kaio.constexpr):
+def ones_sums(l: f32[:], o: f32[:, :], D: kaio.constexpr, m: f32[:], LSE: kaio.constexpr = 0):
     """``l[h]``: a quarter of row half h's sum of probabilities, from O's column block of
     ones (``ONES``: each of the row's 4 lanes holds the whole sum, and ``store_rows`` adds
-    the 4 lanes' parts)."""
+    the 4 lanes' parts), plus with ``LSE`` this lane's part of what rounding took from the
+    masked tiles' sums (``softmax_tile``), rescaled to the row max ``m[h]``."""
     for h in kaio.static_range(2):
-        l[h] = o[D // 8, 2 * h] * 0.25
+        total = o[D // 8, 2 * h] * 0.25
+        if LSE:
+            base = kaio.select(m[h] == NEG_INF, 0.0, m[h])
+            total += l[h] * kaio.exp2(l[2 + h] - base)
+        l[h] = total
 
 
 @kaio.gpu_func
@@ -673,6 +779,7 @@ def attention_fwd_wgmma(
     XT: kaio.constexpr,
     QB: kaio.constexpr,
     ONES: kaio.constexpr,
+    LSE: kaio.constexpr,
 ):
     """out[bh, row] = softmax(q[bh, row] k[kv]^T * scale) v[kv] and lse[bh, row] for the
     work tiles of ``64 * WG`` query rows of one (batch, head) ``bh`` (``tile_of``; ``bhs``:
@@ -726,26 +833,32 @@ def attention_fwd_wgmma(
             kaio.setmaxnreg_inc(REGS)
         consume_stream(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, first, step, end, rounds,
                        n_qt, bhs, hs, heads, group, sq, sk, causal, scale_log2, D, BN, WG,
-                       STAGES, PIPE, PERSIST, QB, ONES, DT)  # fmt: skip
+                       STAGES, PIPE, PERSIST, QB, ONES, DT, LSE)  # fmt: skip
     elif wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
-        pos = kaio.local(i32, 5)
-        for e in kaio.static_range(5):
-            pos[e] = 0
+        st = i32(0)  # the ring's stage and parity, the ping-pong steps, the tiles done and
+        ph = u32(0)  # those of them with a partial last key tile (``consume_tile``)
+        g = i32(0)
+        done = i32(0)
+        tails = i32(0)
         for k in range(rounds):
             w = work_tile(k, first, step, end, n_qt, PERSIST)
             if w >= 0:
                 bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sk, causal,
                                                BM, BN)  # fmt: skip
                 if (PIPE == 2 or PIPE == 4) and wg == 0:  # ping-pong: a loop in each branch
-                    consume(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
-                            q0, n_tiles, sq, sk, causal, scale_log2, pos, D, BN, STAGES, PIPE,
-                            DT, ONES)  # fmt: skip
+                    st, ph, g, done, tails = consume_tile(
+                        q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
+                        q0, n_tiles, sq, sk, causal, scale_log2, st, ph, g, done, tails, D, BN,
+                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN,
+                    )  # fmt: skip
                 else:
-                    consume(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
-                            q0, n_tiles, sq, sk, causal, scale_log2, pos, D, BN, STAGES, PIPE,
-                            DT, ONES)  # fmt: skip
+                    st, ph, g, done, tails = consume_tile(
+                        q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
+                        q0, n_tiles, sq, sk, causal, scale_log2, st, ph, g, done, tails, D, BN,
+                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN,
+                    )  # fmt: skip
     else:  # the producer warpgroup: its first thread loads
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -802,7 +915,8 @@ def config(d: int, causal: bool = False) -> dict:
     }  # fmt: skip
 
 
-EXTRAS_OFF = {"XT": 0, "QB": 1, "ONES": 0}  # a tile at a time, one Q buffer, sums by FADD
+# a tile at a time, one Q buffer, sums by FADD (LSE: the rounding added back, with ONES)
+EXTRAS_OFF = {"XT": 0, "QB": 1, "ONES": 0, "LSE": 0}
 
 
 def extras(d: int, causal: bool = False, dt=None) -> dict:
@@ -814,8 +928,11 @@ def extras(d: int, causal: bool = False, dt=None) -> dict:
     element type ``dt`` (a kaio type; None: f16). Measured on an H100 (docs/hopper.md, "Row
     sums on the tensor cores"): ONES at D 64 and 128 for f16 (up to 5% faster, within 2%
     where it was behind); not for bf16, whose rounded probabilities moved the logsumexp of
-    causal rows with few keys by up to 1.5e-3 (the GPU test's bound is 1e-3); XT and QB 2
-    measured 1-8% slower, so not routed."""
+    causal rows with few keys by up to 1.5e-3 (the GPU test's bound is 1e-3); with ``LSE``
+    (the masked tiles' rounding added back) 5.8e-4, but bf16 ONES + LSE ran no faster than
+    the FADD sums (-3% to +2%, docs/performance.md "the consumer's state as a tuple"), and
+    f16 LSE no faster than ONES alone, so neither is routed; XT and QB 2 measured 1-8%
+    slower at S 16384, so not routed."""
     return {"ONES": 1} if d <= 128 and dt in (None, kaio.f16) else {}
 
 
@@ -828,15 +945,21 @@ def check_stream(cfg: dict, d: int) -> None:
             f"attention_fwd_wgmma: the row sums on the tensor cores (ONES 1) widen P V to "
             f"{d + 8} columns, past wgmma's 256, at D = {d}: use ONES 0 there"
         )
+    if cfg.get("LSE", 0) and not cfg.get("ONES", 0):
+        raise ValueError(
+            "attention_fwd_wgmma: LSE 1 adds the rounding of the probabilities back to the "
+            "row sums on the tensor cores, but ONES is 0 (the sums by FADD need no "
+            "correction): use LSE 0, or ONES 1"
+        )
     if xt and cfg["PIPE"] not in (1, 3):
         raise ValueError(
             f"attention_fwd_wgmma: one stream of a block's tiles (XT 1) takes PIPE 1's or 3's "
             f"order, got PIPE {cfg['PIPE']}: use PIPE 1 or 3, or XT 0"
         )
-    if qb not in (1, 2) or (qb == 2 and not xt):
+    if qb not in (1, 2):
         raise ValueError(
-            f"attention_fwd_wgmma: QB {qb} Q buffers: 1, or 2 with XT 1 (the stream's "
-            f"consumers read the second; got XT {xt})"
+            f"attention_fwd_wgmma: QB {qb} Q buffers: the kernel has barriers for 1 or 2 "
+            f"(``q_buffer``): use QB 1 or 2"
         )
     need = shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"], qb, cfg.get("ONES", 0))
     if need > SHARED_LIMIT:
