@@ -1,0 +1,236 @@
+"""The deterministic fused Hopper (sm_90a) flash-attention backward: one kernel computes dK,
+dV and dQ (FlashAttention-3's backward, ``kaio_ops._attention_hopper_bwd``'s ``DQ`` 5
+schedule, whose consumer and producer warps it runs), and adds each query tile's dQ
+contribution to an f32 buffer in a FIXED order, so that dQ has the same bits every run
+(FlashAttention-3's deterministic mode).
+
+A block owns ``64 * WG`` keys (key block ``x``) of one K/V head and walks the query tiles of
+its group's heads; for each tile its consumers store the tile's dQ share (64 x D f32, in
+fragment order) to shared memory and the dQ writer (the producer warpgroup's second warp)
+adds it to the tile's 64 D floats of ``dq_acc`` with one ``bulk_reduce_add``. The writer
+first waits (``kaio.wait_eq``, acquire loads) until the tile's semaphore (``sem``: an i32
+per (head, query tile), zeroed before the kernel) equals this block's rank among the tile's
+contributors, waits for its reduction to complete (``bulk_wait``), then releases the next
+one (``threadfence`` and ``atomic_add(sem, tile, 1)``). The ranks:
+
+- not causal: every key block adds to every query tile, in increasing key-block order
+  (rank ``x``); block x is launched as ``block_idx_x`` x, so a block only waits for blocks
+  of lower linear index (dispatched before it: no deadlock), and the blocks of a K/V head
+  are consecutive (dispatched together: short waits, a wave-front once per wave);
+- causal: key block x adds to the query tiles from ``x * BK // BM`` on, in DECREASING
+  key-block order (rank ``x_max(t) - x``, ``x_max(t)`` the last key block that tile t sees),
+  and block x is launched as ``block_idx_x`` ``nkb - 1 - x``: block x reaches each tile two
+  tiles after block x + 1 (its first tile is two tiles further on), so they seldom wait
+  (increasing order would make block x wait for block 0 to reach its first tile).
+
+The simulator runs a kernel with ``wait_eq`` one block at a time in linear order: every
+wait is met at once there, and an order that needs a later block is reported.
+"""
+
+# ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
+from __future__ import annotations
+
+import kaio
+from kaio import f32, i32, u32, u64
+from kaio_ops._attention_hopper import PRODUCER_REGS
+from kaio_ops._attention_hopper_bwd import (
+    SW,
+    _ds_buffers,
+    config,
+    consume_dkdv,
+    dq_convert_tiles,
+    init_barriers,
+    produce,
+    shared_bytes,
+)
+from kaio_ops._attention_hopper_common import next_tile, thread_roles
+
+# Whether ``flash_attention_bwd`` takes this kernel (else the deterministic pair) for head
+# dim d, where ``_attention_hopper_bwd.launch`` is not told otherwise.
+ORDERED = {64: False, 128: False}
+
+
+@kaio.gpu_func
+def write_dq_ordered(
+    dq_s: f32[:, :], bars: u64[:, :], dq_acc: f32[:], sem: i32[:], lt: u32, first_head: i32,
+    group: i32, first: i32, n_tiles: i32, sq: i32, x: i32, nkb: i32, causal: i32,
+    FULL: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr, BK: kaio.constexpr,
+):  # fmt: skip
+    """The dQ writers, the producer warpgroup's warps 1 to 3 (thread ``lt`` of it): for each
+    tile of the consumers' walk, once they stored its dQ in dq_s (``bars[1, FULL]``), warp
+    1's first lane waits for this key block's turn on the tile's semaphore, adds the tile
+    with one bulk reduction to its ``BM`` D floats of ``dq_acc`` (tile t of head h at (h
+    n_tiles + t) BM D, rows past sq: zeros to padding), waits for the addition to complete
+    and passes the turn on; then dq_s is free (``bars[1, FULL + 1]``: an arrival a warp)."""
+    lane = i32(lt % 32)
+    t = first
+    at0 = first_head * sq
+    ph = u32(0)
+    for _i in range(group * kaio.max(n_tiles - first, 0)):
+        kaio.mbarrier_wait(bars, (1, FULL), ph)
+        ph ^= 1
+        if lt == 32:
+            tile = at0 // sq * n_tiles + t
+            rank = x
+            if causal != 0:  # decreasing key blocks, from the last that sees the tile
+                rank = kaio.min(nkb - 1, ((t + 1) * BM - 1) // BK) - x
+            kaio.wait_eq(sem, tile, rank)
+            kaio.bulk_reduce_add(dq_acc, tile * BM * D, dq_s, (0, 0), BM * D * 4)
+            kaio.bulk_commit()
+            kaio.bulk_wait(0)  # the sums made, not only dq_s read: then the next block's turn
+            kaio.threadfence()
+            kaio.atomic_add(sem, tile, 1)
+        kaio.sync_warp()
+        if lane == 0:
+            kaio.mbarrier_arrive(bars, (1, FULL + 1))
+        t, at0 = next_tile(t, at0, first, n_tiles, sq)
+
+
+@kaio.gpu_kernel(fastmath=True)  # ex2.approx.ftz: one instruction an exponential
+def attention_bwd_fused_ordered(
+    tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
+    tl: kaio.tensormap, td: kaio.tensormap, lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:],
+    dq_acc: f32[:], sem: i32[:], sq: i32, sk: i32, heads: i32, group: i32, scale_log2: f32,
+    scale: f32, causal: i32, D: kaio.constexpr, BM: kaio.constexpr, WG: kaio.constexpr,
+    STAGES: kaio.constexpr, PIPE: kaio.constexpr, AREG: kaio.constexpr, TSTATS: kaio.constexpr,
+    REGS: kaio.constexpr, DT: kaio.constexpr, DQ: kaio.constexpr, LATE: kaio.constexpr,
+):  # fmt: skip
+    """dk, dv of the ``64 * WG`` keys of key block x (``block_idx_x``, reversed where causal:
+    module docstring) and K/V head block y, summed over its group's query heads, and their
+    share of dQ / scale added to ``dq_acc`` (f32, whole 64-row tiles in fragment order,
+    zeros before) in the fixed order of the semaphores ``sem`` (i32 [B * H * n_tiles],
+    zeros before). The arguments as ``_attention_hopper_bwd.attention_bwd_dkdv_wgmma``'s
+    (its ``DQ`` 5 constexprs: PIPE 0, BM 64)."""
+    BK = 64 * WG
+    C = D // 64
+    ONCE_BYTES = BK * D * 2
+    RING_BYTES = STAGES * BM * D * 2
+    DS = 2 * ONCE_BYTES + 2 * RING_BYTES
+    NBUF = 3 if LATE == 2 else 2
+    DQS = DS + NBUF * BK * 64 * 2
+    STATS = DQS + BM * (D + 4) * 4
+    BARS = STATS + 2 * STAGES * BM * 4
+    NB = STAGES + NBUF * WG + 2
+    k_s = kaio.shared_dynamic(DT, (C, BK, 64), 0)
+    v_s = kaio.shared_dynamic(DT, (C, BK, 64), ONCE_BYTES)
+    q_s = kaio.shared_dynamic(DT, (STAGES, C, BM, 64), 2 * ONCE_BYTES)
+    do_s = kaio.shared_dynamic(DT, (STAGES, C, BM, 64), 2 * ONCE_BYTES + RING_BYTES)
+    ds_s = kaio.shared_dynamic(DT, (NBUF, BK, 64), DS)
+    dq_s = kaio.shared_dynamic(f32, (BM * D // 4, 4), DQS)  # fragment order (store_dq_frags)
+    stats = kaio.shared_dynamic(f32, (2, STAGES, BM), STATS)
+    bars = kaio.shared_dynamic(u64, (2, NB), BARS)
+    turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * NB)
+    t, wg, lt = thread_roles(WG)
+    kvh = i32(kaio.block_idx_y())
+    kv_heads = heads // group
+    first_head = kvh // kv_heads * heads + kvh % kv_heads * group
+    nkb = (sk + BK - 1) // BK
+    x = i32(kaio.block_idx_x())
+    if causal != 0:
+        x = nkb - 1 - x  # the last key blocks first: they add to each tile before the rest
+    k0 = x * BK
+    first = i32(0)
+    if causal != 0:
+        first = k0 // BM  # queries before k0 see none of these keys
+    n_tiles = (sq + BM - 1) // BM
+    if t == 0:
+        init_barriers(bars, turn, WG, STAGES, DQ, NBUF)
+    kaio.sync_threads()
+    if wg < WG:  # the consumers
+        if REGS:
+            kaio.setmaxnreg_inc(REGS)
+        consume_dkdv(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
+                     dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk, causal,
+                     scale_log2, scale, D, BM, WG, STAGES, PIPE, AREG, TSTATS, DQ, LATE,
+                     DT)  # fmt: skip
+    else:  # the producer warpgroup: its first thread loads, warps 1 to 3 add dQ
+        if REGS:
+            kaio.setmaxnreg_dec(PRODUCER_REGS)
+        if lt == 0:
+            produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl, td,
+                    kvh * sk + k0, first_head * sq, sq, group, first, n_tiles, D, BK, BM,
+                    STAGES, TSTATS, DT)  # fmt: skip
+        elif lt >= 32:
+            write_dq_ordered(dq_s, bars, dq_acc, sem, lt, first_head, group, first, n_tiles,
+                             sq, x, nkb, causal, STAGES + NBUF * WG, D, BM, BK)  # fmt: skip
+
+
+@kaio.gpu_kernel(block_size=256)
+def zero_acc_sem(acc: f32[:], n: i32, sem: i32[:], m: i32):
+    """acc[0 .. n) = 0, four a thread (n a multiple of 4), and sem[0 .. m) = 0 (m <= n / 4):
+    the fused kernel's dQ sums and semaphores, in one launch."""
+    j = i32(kaio.block_idx_x() * 256 + kaio.thread_idx_x())
+    i = j * 4
+    if i < n:
+        z = kaio.local(f32, 4)
+        for e in kaio.static_range(4):
+            z[e] = 0.0
+        kaio.store_vector(acc, i, z)
+    if j < m:
+        sem[j] = 0
+
+
+def takes(d: int, deterministic: bool, only: str | None) -> bool:
+    """Whether ``_attention_hopper_bwd.launch`` runs this kernel for head dim ``d`` by
+    default (``ORDERED``): it is deterministic, so also where ``deterministic``."""
+    return only is None and ORDERED.get(d, False)
+
+
+def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
+           cfg: dict | None = None):  # fmt: skip
+    """Run the deterministic fused backward on checked operands (as
+    ``_attention_hopper_bwd.launch``: q, do [B, H, Sq, D], k, v [B, Hkv, Sk, D], lse [B, H,
+    Sq] f32, ``delta`` flat f32 [B * H * Sq]; ``dims``: (B * H, H, group, sq, sk, d, d);
+    ``cfg``: its ``config(d)["fused"]`` constexprs by default): zero the dQ sums and the
+    semaphores, the kernel, then dQ rounded to q's type. Returns (dq, dk, dv)."""
+    import math
+
+    from kaio_ops import _arrays
+
+    bh, heads, group, sq, sk, d, _ = dims
+    c = dict(cfg or config(d)["fused"])
+    if c.get("DQ") != 5 or c["PIPE"] or c["BM"] != 64:
+        raise ValueError(
+            f"_attention_hopper_bwd_fused.launch: needs the DQ 5 schedule (PIPE 0, BM 64), got "
+            f"{c}; pass _attention_hopper_bwd.config(d)['fused']"
+        )
+    stream = _arrays.stream_of(qa)
+    dq = _arrays.output(da, qa.shape)
+    dk, dv = (_arrays.output(da, ka.shape) for _ in range(2))
+    rows_q, rows_kv = bh * sq, ka.size // d
+    n_tiles = -(-sq // 64)
+    acc_size = bh * n_tiles * 64 * d
+    dq_acc = _arrays.output(da, (acc_size,), f32)
+    sem = _arrays.output(da, (bh * n_tiles,), i32)
+    zero_acc_sem[-(-acc_size // 1024), 256, stream, 0](dq_acc, acc_size, sem, bh * n_tiles)
+
+    def tmap(a, rows, box):
+        return kaio.tensor_map_2d(_arrays.view(a.obj, a.kind, (rows, d)), (box, 64), SW)
+
+    stats = [
+        kaio.tensor_map_2d(_arrays.view(x, la.kind, (1, rows_q)), (1, c["BM"]), 0)
+        for x in (la.obj, delta)
+    ]
+    bk = 64 * c["WG"]
+    smem = shared_bytes(d, bk, c["BM"], c["STAGES"], c["STAGES"] * c["BM"], *_ds_buffers(c))
+    attention_bwd_fused_ordered[(-(-sk // bk), bh // group), 128 * c["WG"] + 128, stream, smem](
+        tmap(ka, rows_kv, bk), tmap(va, rows_kv, bk), tmap(qa, rows_q, c["BM"]),
+        tmap(da, rows_q, c["BM"]), *stats, la.arg(rows_q), delta,
+        _arrays.output_arg(da, dk, (ka.size,)), _arrays.output_arg(da, dv, (ka.size,)),
+        dq_acc, sem, sq, sk, heads, group, math.log2(math.e) * scale, scale, int(causal),
+        D=d, DT=qa.dtype, **c,
+    )  # fmt: skip
+    dq_convert_tiles[-(-qa.size // 1024), 256, stream, 0](
+        _arrays.output_arg(da, dq, (qa.size,)), dq_acc, bh * sq, sq, scale, D=d, DT=qa.dtype
+    )
+    return dq, dk, dv
+
+
+def specializations():
+    """(kernel, constexprs) of the specializations ``launch`` runs (for PTX checks)."""
+    from kaio import bf16, f16
+
+    for dt in (f16, bf16):
+        for d in (64, 128):
+            yield attention_bwd_fused_ordered, {"D": d, "DT": dt, **config(d)["fused"]}
+    yield zero_acc_sem, {}
