@@ -1,0 +1,138 @@
+"""The deterministic fused Hopper flash-attention backward
+(``kaio_ops._attention_hopper_bwd_fused``: one kernel for dK, dV and dQ, each query tile's dQ
+added in a fixed key-block order through semaphores, ``kaio.wait_eq``) in the simulator
+against NumPy float64 gradients at small sizes (causal and not, grouped-query heads, partial
+tiles of queries and keys, both head dims and types; the simulator runs its blocks one at a
+time, so a wait for a later block is reported), ``kaio.wait_eq``'s checks, the kernels' PTX
+through ptxas for sm_90a, and on an sm_90 GPU against float64 autograd with the same bits
+on every run."""
+
+from __future__ import annotations
+
+import re
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import kaio
+import kaio_ops
+from kaio import f32, i32
+from kaio.ptx.ptxas import assemble, find_ptxas
+from kaio_ops import _arrays, attention
+from kaio_ops import _attention_hopper_bwd as hopper_bwd
+from kaio_ops import _attention_hopper_bwd_fused as fused
+from tests.poison import poison_allocations
+from tests.test_ops_attention_hopper_bwd import check_grads, run_sim, small
+
+
+@pytest.fixture(autouse=True)
+def poisoned_outputs(monkeypatch):
+    """Every array an op allocates (the dQ sums and the semaphores too) starts poisoned."""
+    poison_allocations(monkeypatch)
+
+
+@pytest.mark.parametrize(
+    "b, h, hkv, sq, sk, d, dtype, causal",
+    [
+        # grouped-query, partial query tiles, Sq < Sk, causal (decreasing key-block order)
+        (1, 2, 1, 152, 256, 64, np.float16, True),
+        # D 128, bf16, two batches, grouped-query, Sq > Sk with a partial key tile
+        (2, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False),
+    ],
+)
+def test_ordered_backward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, monkeypatch):
+    """dQ, dK, dV against float64 through ``_attention_hopper_bwd.launch(ordered=True)``
+    (the simulator runs the blocks in linear order: each wait is met by the blocks before)."""
+    launch = hopper_bwd.launch
+    monkeypatch.setattr(hopper_bwd, "launch", lambda *a, **k: launch(*a, **k, ordered=True))
+    cfg = small(2, 0, 0, 5, 0)
+    check_grads(*run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg), dtype)
+
+
+@kaio.gpu_kernel(block_size=32)
+def _take_turns(sem: i32[:], out: f32[:], first: i32):
+    """Block b waits for sem[0] == b + first, then out[b] = its turn's number."""
+    b = i32(kaio.block_idx_x())
+    if kaio.thread_idx_x() == 0:
+        kaio.wait_eq(sem, 0, b + first)
+        out[b] = f32(kaio.atomic_add(sem, 0, 1))
+
+
+def test_wait_eq_in_the_simulator_runs_blocks_in_order_and_reports_an_unmet_wait():
+    sem, out = np.zeros(1, np.int32), np.full(5, np.nan, np.float32)
+    _take_turns.sim[5](sem, out, 0)
+    assert sem[0] == 5 and (out == np.arange(5)).all()
+    sem[0] = 0  # block 0 waits for 1: only a later block could store it
+    with pytest.raises(kaio.SimulationError, match="wait_eq.*holds 0"):
+        _take_turns.sim[5](sem, out, 1)
+
+
+def test_wait_eq_refuses_shared_and_float_arrays():
+    @kaio.gpu_kernel(block_size=32)
+    def shared_wait(out: i32[:]):
+        s = kaio.shared(i32, (1,))
+        kaio.wait_eq(s, 0, 1)
+
+    @kaio.gpu_kernel(block_size=32)
+    def float_wait(x: f32[:]):
+        kaio.wait_eq(x, 0, 1.0)
+
+    with pytest.raises(kaio.CompileError, match="global array"):
+        shared_wait.ptx(arch="sm_90")
+    with pytest.raises(kaio.CompileError, match="i32 or u32"):
+        float_wait.ptx(arch="sm_90")
+
+
+@pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
+@pytest.mark.parametrize("index", range(len(list(fused.specializations()))))
+def test_specializations_assemble_for_sm_90a(index):
+    """No spills, no serialized wgmma; the SIMT zeroing kernel for sm_80 too."""
+    kernel, constexprs = list(fused.specializations())[index]
+    ptx = kernel.ptx(arch="sm_90", **constexprs)
+    hopper = ".target sm_90a" in ptx
+    report = assemble(ptx, "sm_90a" if hopper else "sm_90")
+    spills = re.search(r"(\d+) bytes spill stores", report)
+    assert spills and spills[1] == "0", (constexprs, report)
+    assert "C7518" not in report and "C7508" not in report and "C7510" not in report, report
+    if not hopper:
+        assemble(kernel.ptx(arch="sm_80", **constexprs), "sm_80")
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+def _hopper_gpu() -> bool:
+    return kaio.gpu_available() and kaio.device().arch == "sm_90"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif("not _hopper_gpu()", reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("d, causal, hkv", [(128, True, 2), (128, False, 4), (64, True, 4)])
+def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv):
+    """Against float64 autograd (grouped-query heads, Sq < Sk, a partial query tile) and
+    the same bits on three runs, at a size with many key blocks a query tile."""
+    import torch
+
+    from tests.test_ops_attention import _rel_t, _sdpa64
+
+    b, h, sq, sk = 2, 4, 1000, 2048
+    gen = torch.Generator(device="cuda").manual_seed(d + hkv)
+    q, do = (torch.randn((b, h, sq, d), device="cuda", dtype=torch.float16, generator=gen)
+             for _ in "qo")  # fmt: skip
+    k, v = (torch.randn((b, hkv, sk, d), device="cuda", dtype=torch.float16, generator=gen)
+            for _ in "kv")  # fmt: skip
+    o, lse = kaio_ops.flash_attention_with_stats(q, k, v, causal=causal)
+    leaves = [x.double().requires_grad_() for x in (q, k, v)]
+    _sdpa64(*leaves, causal, group=h // hkv).backward(do.double())
+    inputs = _arrays.Inputs("test")
+    (qa, ka, va), dims, scale = attention._check_flash("test", q, k, v, None, inputs)
+    da = inputs.array(do, "do", ndim=4)
+    la = inputs.array(lse, "lse", ndim=3, dtypes=(f32,))
+    delta = (o.float() * do.float()).sum(-1).reshape(-1)
+    runs = [hopper_bwd.launch(qa, ka, va, da, la, delta, dims, causal, scale, ordered=True)
+            for _ in range(3)]  # fmt: skip
+    for g, leaf in zip(runs[0], leaves, strict=True):
+        assert _rel_t(g, leaf.grad) < 5e-3, _rel_t(g, leaf.grad)
+    for again in runs[1:]:
+        assert all(torch.equal(x, y) for x, y in zip(runs[0], again, strict=True))
