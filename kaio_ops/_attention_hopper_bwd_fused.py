@@ -55,13 +55,16 @@ def write_dq_ordered(
     dq_s: f32[:, :], bars: u64[:, :], dq_acc: f32[:], sem: i32[:], lt: u32, first_head: i32,
     group: i32, first: i32, n_tiles: i32, sq: i32, x: i32, nkb: i32, causal: i32,
     FULL: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr, BK: kaio.constexpr,
+    EARLY: kaio.constexpr,
 ):  # fmt: skip
     """The dQ writers, the producer warpgroup's warps 1 to 3 (thread ``lt`` of it): for each
     tile of the consumers' walk, once they stored its dQ in dq_s (``bars[1, FULL]``), warp
     1's first lane waits for this key block's turn on the tile's semaphore, adds the tile
     with one bulk reduction to its ``BM`` D floats of ``dq_acc`` (tile t of head h at (h
     n_tiles + t) BM D, rows past sq: zeros to padding), waits for the addition to complete
-    and passes the turn on; then dq_s is free (``bars[1, FULL + 1]``: an arrival a warp)."""
+    and passes the turn on; then dq_s is free (``bars[1, FULL + 1]``: an arrival a warp).
+    ``EARLY``: dq_s is free once the reduction has read it, before it completes (the
+    consumers wait less; the turn passes as late)."""
     lane = i32(lt % 32)
     t = first
     at0 = first_head * sq
@@ -77,13 +80,25 @@ def write_dq_ordered(
             kaio.wait_eq(sem, tile, rank)
             kaio.bulk_reduce_add(dq_acc, tile * BM * D, dq_s, (0, 0), BM * D * 4)
             kaio.bulk_commit()
-            kaio.bulk_wait(0)  # the sums made, not only dq_s read: then the next block's turn
-            kaio.threadfence()
-            kaio.atomic_add(sem, tile, 1)
+            if EARLY:
+                kaio.bulk_wait_read(0)
+            else:
+                pass_turn(sem, tile)
         kaio.sync_warp()
         if lane == 0:
             kaio.mbarrier_arrive(bars, (1, FULL + 1))
+        if EARLY and lt == 32:
+            pass_turn(sem, at0 // sq * n_tiles + t)
         t, at0 = next_tile(t, at0, first, n_tiles, sq)
+
+
+@kaio.gpu_func
+def pass_turn(sem: i32[:], tile: i32):
+    """Once this thread's bulk reductions are done (the sums made, not only their source
+    read), the next key block's turn on the tile: a fence, then the semaphore's increment."""
+    kaio.bulk_wait(0)
+    kaio.threadfence()
+    kaio.atomic_add(sem, tile, 1)
 
 
 @kaio.gpu_kernel(fastmath=True)  # ex2.approx.ftz: one instruction an exponential
@@ -94,13 +109,14 @@ def attention_bwd_fused_ordered(
     scale: f32, causal: i32, D: kaio.constexpr, BM: kaio.constexpr, WG: kaio.constexpr,
     STAGES: kaio.constexpr, PIPE: kaio.constexpr, AREG: kaio.constexpr, TSTATS: kaio.constexpr,
     REGS: kaio.constexpr, DT: kaio.constexpr, DQ: kaio.constexpr, LATE: kaio.constexpr,
+    EARLY: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the ``64 * WG`` keys of key block x (``block_idx_x``, reversed where causal:
     module docstring) and K/V head block y, summed over its group's query heads, and their
     share of dQ / scale added to ``dq_acc`` (f32, whole 64-row tiles in fragment order,
     zeros before) in the fixed order of the semaphores ``sem`` (i32 [B * H * n_tiles],
     zeros before). The arguments as ``_attention_hopper_bwd.attention_bwd_dkdv_wgmma``'s
-    (its ``DQ`` 5 constexprs: PIPE 0, BM 64)."""
+    (its ``DQ`` 5 constexprs: PIPE 0, BM 64); ``EARLY``: ``write_dq_ordered``'s."""
     BK = 64 * WG
     C = D // 64
     ONCE_BYTES = BK * D * 2
@@ -152,7 +168,8 @@ def attention_bwd_fused_ordered(
                     STAGES, TSTATS, DT)  # fmt: skip
         elif lt >= 32:
             write_dq_ordered(dq_s, bars, dq_acc, sem, lt, first_head, group, first, n_tiles,
-                             sq, x, nkb, causal, STAGES + NBUF * WG, D, BM, BK)  # fmt: skip
+                             sq, x, nkb, causal, STAGES + NBUF * WG, D, BM, BK,
+                             EARLY)  # fmt: skip
 
 
 @kaio.gpu_kernel(block_size=256)
@@ -170,10 +187,10 @@ def zero_acc_sem(acc: f32[:], n: i32, sem: i32[:], m: i32):
         sem[j] = 0
 
 
-def takes(d: int, deterministic: bool, only: str | None) -> bool:
-    """Whether ``_attention_hopper_bwd.launch`` runs this kernel for head dim ``d`` by
-    default (``ORDERED``): it is deterministic, so also where ``deterministic``."""
-    return only is None and ORDERED.get(d, False)
+def ordered_config(d: int) -> dict:
+    """The kernel's constexprs for head dim ``d``: ``_attention_hopper_bwd.config(d)``'s
+    fused ones (``DQ`` 5) and ``EARLY`` 1."""
+    return {**config(d)["fused"], "EARLY": 1}
 
 
 def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
@@ -181,14 +198,14 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     """Run the deterministic fused backward on checked operands (as
     ``_attention_hopper_bwd.launch``: q, do [B, H, Sq, D], k, v [B, Hkv, Sk, D], lse [B, H,
     Sq] f32, ``delta`` flat f32 [B * H * Sq]; ``dims``: (B * H, H, group, sq, sk, d, d);
-    ``cfg``: its ``config(d)["fused"]`` constexprs by default): zero the dQ sums and the
+    ``cfg``: ``ordered_config(d)`` by default; without ``EARLY``, 1): zero the dQ sums and the
     semaphores, the kernel, then dQ rounded to q's type. Returns (dq, dk, dv)."""
     import math
 
     from kaio_ops import _arrays
 
     bh, heads, group, sq, sk, d, _ = dims
-    c = dict(cfg or config(d)["fused"])
+    c = {"EARLY": 1, **(cfg or ordered_config(d))}
     if c.get("DQ") != 5 or c["PIPE"] or c["BM"] != 64:
         raise ValueError(
             f"_attention_hopper_bwd_fused.launch: needs the DQ 5 schedule (PIPE 0, BM 64), got "
@@ -232,5 +249,5 @@ def specializations():
 
     for dt in (f16, bf16):
         for d in (64, 128):
-            yield attention_bwd_fused_ordered, {"D": d, "DT": dt, **config(d)["fused"]}
+            yield attention_bwd_fused_ordered, {"D": d, "DT": dt, **ordered_config(d)}
     yield zero_acc_sem, {}
