@@ -63,21 +63,30 @@ def write_dq_ordered(
     with one bulk reduction to its ``BM`` D floats of ``dq_acc`` (tile t of head h at (h
     n_tiles + t) BM D, rows past sq: zeros to padding), waits for the addition to complete
     and passes the turn on; then dq_s is free (``bars[1, FULL + 1]``: an arrival a warp).
-    ``EARLY``: dq_s is free once the reduction has read it, before it completes (the
-    consumers wait less; the turn passes as late)."""
+    ``EARLY``: 0 as above; 1 dq_s is free once the reduction has read it, before it
+    completes (the turn passes as late); 2 as 1, and the turn on each tile is awaited (and
+    the last tile's passed on) before the consumers have its dQ, so that once they have
+    only the reduction's read of dq_s stands between them and the next tile's."""
     lane = i32(lt % 32)
     t = first
     at0 = first_head * sq
     ph = u32(0)
-    for _i in range(group * kaio.max(n_tiles - first, 0)):
+    last = i32(0)  # the last tile (EARLY 2: its turn passed on at the next)
+    total = group * kaio.max(n_tiles - first, 0)
+    for _i in range(total):
+        tile = at0 // sq * n_tiles + t
+        rank = x
+        if causal != 0:  # decreasing key blocks, from the last that sees the tile
+            rank = kaio.min(nkb - 1, ((t + 1) * BM - 1) // BK) - x
+        if EARLY == 2 and lt == 32:  # while the consumers compute the tile's dQ
+            if _i > 0:
+                pass_turn(sem, last)
+            kaio.wait_eq(sem, tile, rank)
         kaio.mbarrier_wait(bars, (1, FULL), ph)
         ph ^= 1
         if lt == 32:
-            tile = at0 // sq * n_tiles + t
-            rank = x
-            if causal != 0:  # decreasing key blocks, from the last that sees the tile
-                rank = kaio.min(nkb - 1, ((t + 1) * BM - 1) // BK) - x
-            kaio.wait_eq(sem, tile, rank)
+            if EARLY < 2:
+                kaio.wait_eq(sem, tile, rank)
             kaio.bulk_reduce_add(dq_acc, tile * BM * D, dq_s, (0, 0), BM * D * 4)
             kaio.bulk_commit()
             if EARLY:
@@ -87,9 +96,12 @@ def write_dq_ordered(
         kaio.sync_warp()
         if lane == 0:
             kaio.mbarrier_arrive(bars, (1, FULL + 1))
-        if EARLY and lt == 32:
-            pass_turn(sem, at0 // sq * n_tiles + t)
+        if EARLY == 1 and lt == 32:
+            pass_turn(sem, tile)
+        last = tile
         t, at0 = next_tile(t, at0, first, n_tiles, sq)
+    if EARLY == 2 and lt == 32 and total > 0:
+        pass_turn(sem, last)
 
 
 @kaio.gpu_func
@@ -189,8 +201,8 @@ def zero_acc_sem(acc: f32[:], n: i32, sem: i32[:], m: i32):
 
 def ordered_config(d: int) -> dict:
     """The kernel's constexprs for head dim ``d``: ``_attention_hopper_bwd.config(d)``'s
-    fused ones (``DQ`` 5) and ``EARLY`` 1."""
-    return {**config(d)["fused"], "EARLY": 1}
+    fused ones (``DQ`` 5) and ``EARLY`` 2."""
+    return {**config(d)["fused"], "EARLY": 2}
 
 
 def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
@@ -198,14 +210,14 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     """Run the deterministic fused backward on checked operands (as
     ``_attention_hopper_bwd.launch``: q, do [B, H, Sq, D], k, v [B, Hkv, Sk, D], lse [B, H,
     Sq] f32, ``delta`` flat f32 [B * H * Sq]; ``dims``: (B * H, H, group, sq, sk, d, d);
-    ``cfg``: ``ordered_config(d)`` by default; without ``EARLY``, 1): zero the dQ sums and the
+    ``cfg``: ``ordered_config(d)`` by default; without ``EARLY``, 2): zero the dQ sums and the
     semaphores, the kernel, then dQ rounded to q's type. Returns (dq, dk, dv)."""
     import math
 
     from kaio_ops import _arrays
 
     bh, heads, group, sq, sk, d, _ = dims
-    c = {"EARLY": 1, **(cfg or ordered_config(d))}
+    c = {"EARLY": 2, **(cfg or ordered_config(d))}
     if c.get("DQ") != 5 or c["PIPE"] or c["BM"] != 64:
         raise ValueError(
             f"_attention_hopper_bwd_fused.launch: needs the DQ 5 schedule (PIPE 0, BM 64), got "
