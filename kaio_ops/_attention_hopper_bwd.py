@@ -996,7 +996,7 @@ def worthwhile(bh: int, sq: int, sk: int, d: int, sms: int) -> bool:
 def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
            cfg: dict | None = None, only: str | None = None, deterministic: bool = False,
            fused: bool | None = None, side: bool | None = None,
-           ordered: bool | None = None):  # fmt: skip
+           ordered: bool | dict | None = None):  # fmt: skip
     """Run the kernels on checked operands (``_arrays.Operand``s q, do [B, H, Sq, D], k, v
     [B, Hkv, Sk, D], lse [B, H, Sq] f32) and ``delta`` (flat f32 [B * H * Sq], rowsum(dO *
     O)); ``dims``: (B * H, H, group, sq, sk, d, d); ``cfg``: the constexprs (default
@@ -1010,7 +1010,8 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     that each fills the other's last wave. ``ordered`` (default
     ``_attention_hopper_bwd_fused.ORDERED[d]`` where ``fused`` is not given): the
     deterministic fused kernel (``kaio_ops._attention_hopper_bwd_fused``: dQ added in a fixed
-    order), deterministic too. Returns (dq, dk, dv) of q's type and shapes."""
+    order), deterministic too (a dict: with these overrides of its ``ordered_config``).
+    Returns (dq, dk, dv) of q's type and shapes."""
     import math
 
     from kaio_ops import _arrays
@@ -1025,7 +1026,8 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     cfg = cfg or config(d)
     take = fused is None and fused_ordered.ORDERED[d] if ordered is None else ordered
     if only is None and take:
-        return fused_ordered.launch(qa, ka, va, da, la, delta, dims, causal, scale, cfg["fused"])
+        over = ordered if isinstance(ordered, dict) else None
+        return fused_ordered.launch(qa, ka, va, da, la, delta, dims, causal, scale, over)
     fused = not deterministic and only is None and (FUSED[d] if fused is None else fused)
     c1, c2 = (cfg["fused"] if fused else cfg["dkdv"]), cfg["dq"]
     for c in (c1, c2):

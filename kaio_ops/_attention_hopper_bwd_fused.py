@@ -36,14 +36,25 @@ from kaio_ops._attention_hopper import PRODUCER_REGS
 from kaio_ops._attention_hopper_bwd import (
     SW,
     _ds_buffers,
+    _stages,
     config,
     consume_dkdv,
     dq_convert_tiles,
+    grads_t,
+    hand_dq,
     init_barriers,
+    issue_dq,
+    issue_front,
+    issue_pt,
     produce,
+    release,
     shared_bytes,
+    store_ds,
+    store_tile,
+    zero_acc,
 )
 from kaio_ops._attention_hopper_common import next_tile, thread_roles
+from kaio_ops._matmul_hopper import next_stage
 
 # Whether ``flash_attention_bwd`` takes this kernel (else the deterministic pair) for head
 # dim d, where ``_attention_hopper_bwd.launch`` is not told otherwise.
@@ -113,6 +124,122 @@ def pass_turn(sem: i32[:], tile: i32):
     kaio.atomic_add(sem, tile, 1)
 
 
+@kaio.gpu_func
+def consume_late(
+    k_s: DT[:, :, :], v_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :],
+    stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], lse: f32[:], delta: f32[:],
+    dk: DT[:], dv: DT[:], pt_s: DT[:, :, :], dq_s: f32[:, :], dq_acc: f32[:], wg: u32, lt: u32,
+    kvh: i32, first_head: i32, group: i32, first: i32, n_tiles: i32, k0: i32, sq: i32,
+    sk: i32, causal: i32, scale_log2: f32, scale: f32, D: kaio.constexpr, BM: kaio.constexpr,
+    WG: kaio.constexpr, STAGES: kaio.constexpr, TSTATS: kaio.constexpr, SCHED: kaio.constexpr,
+    DT: kaio.constexpr,
+):  # fmt: skip
+    """Consumer warpgroup ``wg``'s 64 keys (thread ``lt`` of it) with ``SCHED`` 1 or 2: tile i's
+    S^T and dP^T issued first, then tile i - 1's dV += P^T dO, dK += dS^T Q and dQ = dS K, all
+    three from shared memory (``pt_s``: dS^T in buffers 0 and 1, P^T in 2 and 3, by tile
+    parity; both warpgroups' rows there, ``bars[1, STAGES + b]``), so that tile i's P^T and
+    dS^T are computed while they run; then tile i - 1's stage released, its dQ handed to the
+    writer (``hand_dq``: DQ 5) and tile i's P^T and dS^T stored. ``SCHED`` 2: tile i - 1's
+    dQ product only then (issued and handed on after tile i's P^T and dS^T are stored: at D
+    128 its accumulators beside them and dK's and dV's spilled). Then dK, dV stored."""
+    lane = lt % 32
+    key0 = k0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)  # rows key0, key0 + 8
+    dka = kaio.local(f32, (D // 8, 4))
+    dva = kaio.local(f32, (D // 8, 4))
+    zero_acc(dka, D)
+    zero_acc(dva, D)
+    s = kaio.local(f32, (BM // 8, 4))
+    dp = kaio.local(f32, (BM // 8, 4))
+    NQ = D // WG  # dQ's columns in this warpgroup, from c0
+    dqa = kaio.local(f32, (NQ // 8, 4))
+    af = kaio.local(u32, (D // 16, 4))  # (unused: issue_front's AREG 0)
+    kr = 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)  # key0 - k0: pt_s's rows
+    c0 = i32(wg) * NQ
+    FULL = STAGES + 2 * WG  # dq_s's barriers (init_barriers with DQ 5, NBUF 2)
+    total = group * kaio.max(n_tiles - first, 0)
+    kaio.mbarrier_wait(turn, 0, 0)  # K and V landed
+    t = first
+    at0 = first_head * sq
+    wph = u32(0)
+    if total > 0:
+        kaio.mbarrier_wait(bars, (0, 0), 0)
+        kaio.wgmma_fence()
+        issue_front(s, dp, k_s, v_s, q_s, do_s, af, af, 0, wg, D, 0, DT)
+        kaio.wgmma_wait(0)
+        grads_t(s, dp, stats, 0, lse, delta, at0, key0, t * BM, sq, sk, causal, scale_log2, lane,
+                BM, TSTATS)  # fmt: skip
+        hand_pt(pt_s, 0, s, dp, bars, STAGES, kr, lane, lt, BM, DT)
+        pb = i32(0)  # tile i - 1's buffers and their barrier's parity
+        hph = u32(0)
+        ps = i32(0)  # tile i - 1's stage
+        st, ph = next_stage(0, u32(0), STAGES)
+        t, at0 = next_tile(t, at0, first, n_tiles, sq)
+        for _i in range(1, total):
+            kaio.mbarrier_wait(bars, (0, st), ph)
+            kaio.wgmma_fence()
+            issue_front(s, dp, k_s, v_s, q_s, do_s, af, af, st, wg, D, 0, DT)
+            kaio.mbarrier_wait(bars, (1, STAGES + pb), hph)  # tile i - 1's from every warp
+            issue_back_late(dka, dva, dqa, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG,
+                            SCHED, DT)  # fmt: skip
+            kaio.wgmma_wait(3 if SCHED == 1 else 2)  # S^T, dP^T done
+            grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, sk, causal, scale_log2,
+                    lane, BM, TSTATS)  # fmt: skip
+            kaio.wgmma_wait(0)  # tile i - 1's products done: its stage (and dQ)
+            release(bars, ps, lt)
+            if SCHED == 1:
+                wph = hand_dq(dq_s, bars, dq_acc, dqa, 0, 0, sq, c0, lane, lt, _i > 1, wph, FULL,
+                              D, NQ, 5)  # fmt: skip
+            qb = pb  # tile i - 1's buffers
+            pb, hph = next_stage(pb, hph, 2)  # (its last readers: tile i - 2's products, done)
+            hand_pt(pt_s, pb, s, dp, bars, STAGES, kr, lane, lt, BM, DT)
+            if SCHED == 2:  # tile i - 1's dQ now: s, dp are stored (dqa and they never coexist)
+                kaio.wgmma_fence()
+                issue_dq(dqa, pt_s, qb, k_s, wg, D, NQ, WG, 5, DT)
+                kaio.wgmma_wait(0)
+                wph = hand_dq(dq_s, bars, dq_acc, dqa, 0, 0, sq, c0, lane, lt, _i > 1, wph, FULL,
+                              D, NQ, 5)  # fmt: skip
+            ps = st
+            st, ph = next_stage(st, ph, STAGES)
+            t, at0 = next_tile(t, at0, first, n_tiles, sq)
+        kaio.mbarrier_wait(bars, (1, STAGES + pb), hph)
+        kaio.wgmma_fence()
+        issue_back_late(dka, dva, dqa, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG, 1, DT)
+        kaio.wgmma_wait(0)
+        release(bars, ps, lt)
+        hand_dq(dq_s, bars, dq_acc, dqa, 0, 0, sq, c0, lane, lt, total > 1, wph, FULL, D, NQ, 5)
+    at = kvh * sk * D
+    store_tile(dk, dka, at, key0, sk, scale, lane, D, DT)
+    store_tile(dv, dva, at, key0, sk, 1.0, lane, D, DT)
+
+
+@kaio.gpu_func
+def issue_back_late(
+    dka: f32[:, :], dva: f32[:, :], dqa: f32[:, :], pt_s: DT[:, :, :], b: i32,
+    k_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :], st: i32, wg: u32,
+    D: kaio.constexpr, BM: kaio.constexpr, NQ: kaio.constexpr, WG: kaio.constexpr,
+    SCHED: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """Issue a tile's dV += P^T dO, dK += dS^T Q (this warpgroup's rows of ``pt_s[2 + b]``,
+    ``pt_s[b]``; dO, Q in stage st) and (``SCHED`` 1) dQ = dS K (every row of ``pt_s[b]``,
+    this warpgroup's NQ columns of K), each its own group."""
+    issue_pt(dva, pt_s, 2 + b, wg, do_s, st, BM, DT)
+    issue_pt(dka, pt_s, b, wg, q_s, st, BM, DT)
+    if SCHED == 1:
+        issue_dq(dqa, pt_s, b, k_s, wg, D, NQ, WG, 5, DT)
+
+
+@kaio.gpu_func
+def hand_pt(
+    pt_s: DT[:, :, :], b: i32, s: f32[:, :], dp: f32[:, :], bars: u64[:, :], base: i32,
+    kr: i32, lane: u32, lt: u32, BM: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """A tile's P^T (``s``) and dS^T (``dp``) to ``pt_s[2 + b]`` and ``pt_s[b]`` (rows kr,
+    kr + 8), fenced for the tensor cores, then this warp's arrival on ``bars[1, base + b]``."""
+    store_ds(pt_s, 2 + b, s, kr, lane, BM, DT)
+    store_ds(pt_s, b, dp, kr, lane, BM, DT)
+    release(bars, base + b, lt)
+
+
 @kaio.gpu_kernel(fastmath=True)  # ex2.approx.ftz: one instruction an exponential
 def attention_bwd_fused_ordered(
     tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
@@ -121,21 +248,24 @@ def attention_bwd_fused_ordered(
     scale: f32, causal: i32, D: kaio.constexpr, BM: kaio.constexpr, WG: kaio.constexpr,
     STAGES: kaio.constexpr, PIPE: kaio.constexpr, AREG: kaio.constexpr, TSTATS: kaio.constexpr,
     REGS: kaio.constexpr, DT: kaio.constexpr, DQ: kaio.constexpr, LATE: kaio.constexpr,
-    EARLY: kaio.constexpr,
+    EARLY: kaio.constexpr, SCHED: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the ``64 * WG`` keys of key block x (``block_idx_x``, reversed where causal:
     module docstring) and K/V head block y, summed over its group's query heads, and their
     share of dQ / scale added to ``dq_acc`` (f32, whole 64-row tiles in fragment order,
     zeros before) in the fixed order of the semaphores ``sem`` (i32 [B * H * n_tiles],
     zeros before). The arguments as ``_attention_hopper_bwd.attention_bwd_dkdv_wgmma``'s
-    (its ``DQ`` 5 constexprs: PIPE 0, BM 64); ``EARLY``: ``write_dq_ordered``'s."""
+    (its ``DQ`` 5 constexprs: PIPE 0, BM 64); ``EARLY``: ``write_dq_ordered``'s;
+    ``SCHED`` 0: the consumers of ``_attention_hopper_bwd`` (``consume_dkdv``, with LATE),
+    1, 2: ``consume_late`` (four P^T and dS^T buffers)."""
     BK = 64 * WG
     C = D // 64
     ONCE_BYTES = BK * D * 2
     RING_BYTES = STAGES * BM * D * 2
     DS = 2 * ONCE_BYTES + 2 * RING_BYTES
     NBUF = 3 if LATE == 2 else 2
-    DQS = DS + NBUF * BK * 64 * 2
+    NPT = 4 if SCHED else NBUF  # the P^T and dS^T buffers (SCHED 0: dS^T)
+    DQS = DS + NPT * BK * 64 * 2
     STATS = DQS + BM * (D + 4) * 4
     BARS = STATS + 2 * STAGES * BM * 4
     NB = STAGES + NBUF * WG + 2
@@ -143,7 +273,7 @@ def attention_bwd_fused_ordered(
     v_s = kaio.shared_dynamic(DT, (C, BK, 64), ONCE_BYTES)
     q_s = kaio.shared_dynamic(DT, (STAGES, C, BM, 64), 2 * ONCE_BYTES)
     do_s = kaio.shared_dynamic(DT, (STAGES, C, BM, 64), 2 * ONCE_BYTES + RING_BYTES)
-    ds_s = kaio.shared_dynamic(DT, (NBUF, BK, 64), DS)
+    ds_s = kaio.shared_dynamic(DT, (NPT, BK, 64), DS)
     dq_s = kaio.shared_dynamic(f32, (BM * D // 4, 4), DQS)  # fragment order (store_dq_frags)
     stats = kaio.shared_dynamic(f32, (2, STAGES, BM), STATS)
     bars = kaio.shared_dynamic(u64, (2, NB), BARS)
@@ -167,10 +297,16 @@ def attention_bwd_fused_ordered(
     if wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
-        consume_dkdv(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
-                     dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk, causal,
-                     scale_log2, scale, D, BM, WG, STAGES, PIPE, AREG, TSTATS, DQ, LATE,
-                     DT)  # fmt: skip
+        if SCHED:
+            consume_late(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
+                         dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk,
+                         causal, scale_log2, scale, D, BM, WG, STAGES, TSTATS, SCHED,
+                         DT)  # fmt: skip
+        else:
+            consume_dkdv(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
+                         dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk,
+                         causal, scale_log2, scale, D, BM, WG, STAGES, PIPE, AREG, TSTATS, DQ,
+                         LATE, DT)  # fmt: skip
     else:  # the producer warpgroup: its first thread loads, warps 1 to 3 add dQ
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -199,10 +335,28 @@ def zero_acc_sem(acc: f32[:], n: i32, sem: i32[:], m: i32):
         sem[j] = 0
 
 
-def ordered_config(d: int) -> dict:
+# The consumers' schedule by head dim (``consume_late``; at D 128 SCHED 1 spilled 280 bytes).
+SCHED = {64: 1, 128: 2}
+
+
+def ordered_config(d: int, sched: int | None = None) -> dict:
     """The kernel's constexprs for head dim ``d``: ``_attention_hopper_bwd.config(d)``'s
-    fused ones (``DQ`` 5) and ``EARLY`` 2."""
-    return {**config(d)["fused"], "EARLY": 2}
+    fused ones (``DQ`` 5), ``EARLY`` 2, ``SCHED`` ``sched`` (default ``SCHED[d]``) and as
+    many ring stages as fit (at most 4)."""
+    c = {**config(d)["fused"], "EARLY": 2, "SCHED": SCHED[d] if sched is None else sched}
+    c["STAGES"] = _stages(d, 64 * c["WG"], c["BM"], True, 5, _buffers(c))
+    return c
+
+
+def _buffers(c: dict) -> int:
+    """The P^T and dS^T buffers of 64 queries (``shared_bytes``'s ``nbuf``)."""
+    return 4 if c.get("SCHED") else _ds_buffers(c)[1]
+
+
+def smem_bytes(d: int, c: dict) -> int:
+    """The kernel's dynamic shared memory for head dim ``d`` and constexprs ``c``."""
+    return shared_bytes(d, 64 * c["WG"], c["BM"], c["STAGES"], c["STAGES"] * c["BM"], 5,
+                        _buffers(c))  # fmt: skip
 
 
 def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
@@ -210,19 +364,21 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     """Run the deterministic fused backward on checked operands (as
     ``_attention_hopper_bwd.launch``: q, do [B, H, Sq, D], k, v [B, Hkv, Sk, D], lse [B, H,
     Sq] f32, ``delta`` flat f32 [B * H * Sq]; ``dims``: (B * H, H, group, sq, sk, d, d);
-    ``cfg``: ``ordered_config(d)`` by default; without ``EARLY``, 2): zero the dQ sums and the
+    ``cfg``: overrides of ``ordered_config(d)``'s constexprs): zero the dQ sums and the
     semaphores, the kernel, then dQ rounded to q's type. Returns (dq, dk, dv)."""
     import math
 
     from kaio_ops import _arrays
 
     bh, heads, group, sq, sk, d, _ = dims
-    c = {"EARLY": 2, **(cfg or ordered_config(d))}
-    if c.get("DQ") != 5 or c["PIPE"] or c["BM"] != 64:
+    c = {**ordered_config(d), **(cfg or {})}
+    if c.get("DQ") != 5 or c["PIPE"] or c["BM"] != 64 or (c["SCHED"] and c["LATE"]):
         raise ValueError(
-            f"_attention_hopper_bwd_fused.launch: needs the DQ 5 schedule (PIPE 0, BM 64), got "
-            f"{c}; pass _attention_hopper_bwd.config(d)['fused']"
+            f"_attention_hopper_bwd_fused.launch: needs the DQ 5 schedule (PIPE 0, BM 64; "
+            f"SCHED 1 without LATE), got {c}; pass ordered_config(d)"
         )
+    if c["SCHED"] and c["STAGES"] < 2:
+        raise ValueError(f"_attention_hopper_bwd_fused.launch: SCHED 1 needs 2 stages: {c}")
     stream = _arrays.stream_of(qa)
     dq = _arrays.output(da, qa.shape)
     dk, dv = (_arrays.output(da, ka.shape) for _ in range(2))
@@ -241,7 +397,7 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         for x in (la.obj, delta)
     ]
     bk = 64 * c["WG"]
-    smem = shared_bytes(d, bk, c["BM"], c["STAGES"], c["STAGES"] * c["BM"], *_ds_buffers(c))
+    smem = smem_bytes(d, c)
     attention_bwd_fused_ordered[(-(-sk // bk), bh // group), 128 * c["WG"] + 128, stream, smem](
         tmap(ka, rows_kv, bk), tmap(va, rows_kv, bk), tmap(qa, rows_q, c["BM"]),
         tmap(da, rows_q, c["BM"]), *stats, la.arg(rows_q), delta,

@@ -33,19 +33,25 @@ def poisoned_outputs(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "b, h, hkv, sq, sk, d, dtype, causal",
+    "b, h, hkv, sq, sk, d, dtype, causal, sched",
     [
-        # grouped-query, partial query tiles, Sq < Sk, causal (decreasing key-block order)
-        (1, 2, 1, 152, 256, 64, np.float16, True),
-        # D 128, bf16, two batches, grouped-query, Sq > Sk with a partial key tile
-        (2, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False),
+        # grouped-query, partial query tiles, Sq < Sk, causal (decreasing key-block order);
+        # each tile's dQ product with the next tile's S^T and dP^T
+        (1, 2, 1, 152, 256, 64, np.float16, True, 1),
+        # D 128, bf16, two batches, grouped-query, Sq > Sk with a partial key tile; each
+        # tile's dQ product after the next tile's P^T and dS^T
+        (2, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2),
+        # D 128, a query tail, keys past the last query (causal); the pair's dK/dV consumers
+        (1, 1, 1, 100, 384, 128, np.float16, True, 0),
     ],
 )
-def test_ordered_backward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, monkeypatch):
-    """dQ, dK, dV against float64 through ``_attention_hopper_bwd.launch(ordered=True)``
-    (the simulator runs the blocks in linear order: each wait is met by the blocks before)."""
+def test_ordered_backward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, sched, monkeypatch):
+    """dQ, dK, dV against float64 through ``_attention_hopper_bwd.launch(ordered=...)``
+    with two ring stages (the simulator runs the blocks in linear order: each wait is met by
+    the blocks before)."""
     launch = hopper_bwd.launch
-    monkeypatch.setattr(hopper_bwd, "launch", lambda *a, **k: launch(*a, **k, ordered=True))
+    over = {"SCHED": sched, "STAGES": 2}
+    monkeypatch.setattr(hopper_bwd, "launch", lambda *a, **k: launch(*a, **k, ordered=over))
     cfg = small(2, 0, 0, 5, 0)
     check_grads(*run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg), dtype)
 
