@@ -31,7 +31,7 @@ wait is met at once there, and an order that needs a later block is reported.
 from __future__ import annotations
 
 import kaio
-from kaio import f32, i32, u32, u64
+from kaio import bool_, f32, i32, u32, u64
 from kaio_ops._attention_hopper import PRODUCER_REGS
 from kaio_ops._attention_hopper_bwd import (
     SW,
@@ -49,6 +49,7 @@ from kaio_ops._attention_hopper_bwd import (
     produce,
     release,
     shared_bytes,
+    store_dq_frags,
     store_ds,
     store_tile,
     zero_acc,
@@ -132,7 +133,7 @@ def consume_late(
     kvh: i32, first_head: i32, group: i32, first: i32, n_tiles: i32, k0: i32, sq: i32,
     sk: i32, causal: i32, scale_log2: f32, scale: f32, D: kaio.constexpr, BM: kaio.constexpr,
     WG: kaio.constexpr, STAGES: kaio.constexpr, TSTATS: kaio.constexpr, SCHED: kaio.constexpr,
-    DT: kaio.constexpr,
+    TWO: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 keys (thread ``lt`` of it) with ``SCHED`` 1 or 2: tile i's
     S^T and dP^T issued first, then tile i - 1's dV += P^T dO, dK += dS^T Q and dQ = dS K, all
@@ -141,7 +142,8 @@ def consume_late(
     dS^T are computed while they run; then tile i - 1's stage released, its dQ handed to the
     writer (``hand_dq``: DQ 5) and tile i's P^T and dS^T stored. ``SCHED`` 2: tile i - 1's
     dQ product only then (issued and handed on after tile i's P^T and dS^T are stored: at D
-    128 its accumulators beside them and dK's and dV's spilled). Then dK, dV stored."""
+    128 its accumulators beside them and dK's and dV's spilled). ``TWO``: dQ handed to two
+    writers by tile parity (``give_dq``). Then dK, dV stored."""
     lane = lt % 32
     key0 = k0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)  # rows key0, key0 + 8
     dka = kaio.local(f32, (D // 8, 4))
@@ -161,6 +163,7 @@ def consume_late(
     t = first
     at0 = first_head * sq
     wph = u32(0)
+    fb = i32(0)  # TWO: the parity of the tile whose dQ is handed on next
     if total > 0:
         kaio.mbarrier_wait(bars, (0, 0), 0)
         kaio.wgmma_fence()
@@ -187,8 +190,9 @@ def consume_late(
             kaio.wgmma_wait(0)  # tile i - 1's products done: its stage (and dQ)
             release(bars, ps, lt)
             if SCHED == 1:
-                wph = hand_dq(dq_s, bars, dq_acc, dqa, 0, 0, sq, c0, lane, lt, _i > 1, wph, FULL,
-                              D, NQ, 5)  # fmt: skip
+                wph = give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, _i > 1, wph, fb, FULL,
+                              D, NQ, TWO)  # fmt: skip
+                fb ^= 1
             qb = pb  # tile i - 1's buffers
             pb, hph = next_stage(pb, hph, 2)  # (its last readers: tile i - 2's products, done)
             hand_pt(pt_s, pb, s, dp, bars, STAGES, kr, lane, lt, BM, DT)
@@ -196,8 +200,9 @@ def consume_late(
                 kaio.wgmma_fence()
                 issue_dq(dqa, pt_s, qb, k_s, wg, D, NQ, WG, 5, DT)
                 kaio.wgmma_wait(0)
-                wph = hand_dq(dq_s, bars, dq_acc, dqa, 0, 0, sq, c0, lane, lt, _i > 1, wph, FULL,
-                              D, NQ, 5)  # fmt: skip
+                wph = give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, _i > 1, wph, fb, FULL,
+                              D, NQ, TWO)  # fmt: skip
+                fb ^= 1
             ps = st
             st, ph = next_stage(st, ph, STAGES)
             t, at0 = next_tile(t, at0, first, n_tiles, sq)
@@ -206,10 +211,70 @@ def consume_late(
         issue_back_late(dka, dva, dqa, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG, 1, DT)
         kaio.wgmma_wait(0)
         release(bars, ps, lt)
-        hand_dq(dq_s, bars, dq_acc, dqa, 0, 0, sq, c0, lane, lt, total > 1, wph, FULL, D, NQ, 5)
+        give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, total > 1, wph, fb, FULL, D, NQ, TWO)
     at = kvh * sk * D
     store_tile(dk, dka, at, key0, sk, scale, lane, D, DT)
     store_tile(dv, dva, at, key0, sk, 1.0, lane, D, DT)
+
+
+@kaio.gpu_func
+def give_dq(
+    dq_s: f32[:, :], bars: u64[:, :], dq_acc: f32[:], dqa: f32[:, :], sq: i32, c0: i32,
+    lane: u32, lt: u32, after: bool_, wph: u32, fb: i32, FULL: kaio.constexpr,
+    D: kaio.constexpr, NQ: kaio.constexpr, TWO: kaio.constexpr,
+) -> u32:  # fmt: skip
+    """A tile's dQ to dq_s for the writer (``hand_dq`` with DQ 5), or with ``TWO`` for the
+    writer of tiles of parity ``fb``: once dq_s is free (``bars[1, FULL + 1]``, ``after`` a
+    first tile; parity ``wph``), stored in fragment order, then this warp's arrival on
+    ``bars[1, FULL - 2 + fb]`` (the dS^T barriers of buffers 2, 3, unused by
+    ``consume_late``). Returns the next parity."""
+    if TWO:
+        if after:
+            kaio.mbarrier_wait(bars, (1, FULL + 1), wph)
+            wph ^= 1
+        store_dq_frags(dq_s, dqa, c0, lt, NQ)
+        release(bars, FULL - 2 + fb, lt)
+        return wph
+    return hand_dq(dq_s, bars, dq_acc, dqa, 0, 0, sq, c0, lane, lt, after, wph, FULL, D, NQ, 5)
+
+
+@kaio.gpu_func
+def write_dq_two(
+    dq_s: f32[:, :], bars: u64[:, :], dq_acc: f32[:], sem: i32[:], w: i32, first_head: i32,
+    group: i32, first: i32, n_tiles: i32, sq: i32, x: i32, nkb: i32, causal: i32,
+    FULL: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr, BK: kaio.constexpr,
+):  # fmt: skip
+    """``EARLY`` 3: writer ``w`` (0, 1: the first lanes of the producer warpgroup's warps 1
+    and 2) of the tiles of parity w of the consumers' walk (``give_dq``'s ``TWO``): for each,
+    the last one's turn passed on (its reduction complete), the turn on this one awaited,
+    then once its dQ is in dq_s (``bars[1, FULL - 2 + w]``) one bulk reduction, its reads
+    waited for, and dq_s freed (three arrivals on ``bars[1, FULL + 1]``, whose count is the
+    three writer warps'). Each tile's addition then takes one writer half the tiles' time."""
+    t = first
+    at0 = first_head * sq
+    ph = u32(0)
+    last = i32(0)
+    total = group * kaio.max(n_tiles - first, 0)
+    for _i in range(total):
+        if _i % 2 == w:
+            tile = at0 // sq * n_tiles + t
+            rank = x
+            if causal != 0:
+                rank = kaio.min(nkb - 1, ((t + 1) * BM - 1) // BK) - x
+            if _i >= 2:
+                pass_turn(sem, last)
+            kaio.wait_eq(sem, tile, rank)
+            kaio.mbarrier_wait(bars, (1, FULL - 2 + w), ph)
+            ph ^= 1
+            kaio.bulk_reduce_add(dq_acc, tile * BM * D, dq_s, (0, 0), BM * D * 4)
+            kaio.bulk_commit()
+            kaio.bulk_wait_read(0)
+            for _a in kaio.static_range(3):
+                kaio.mbarrier_arrive(bars, (1, FULL + 1))
+            last = tile
+        t, at0 = next_tile(t, at0, first, n_tiles, sq)
+    if total > w:
+        pass_turn(sem, last)
 
 
 @kaio.gpu_func
@@ -301,7 +366,7 @@ def attention_bwd_fused_ordered(
             consume_late(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
                          dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk,
                          causal, scale_log2, scale, D, BM, WG, STAGES, TSTATS, SCHED,
-                         DT)  # fmt: skip
+                         EARLY == 3, DT)  # fmt: skip
         else:
             consume_dkdv(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
                          dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk,
@@ -314,6 +379,11 @@ def attention_bwd_fused_ordered(
             produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl, td,
                     kvh * sk + k0, first_head * sq, sq, group, first, n_tiles, D, BK, BM,
                     STAGES, TSTATS, DT)  # fmt: skip
+        elif EARLY == 3:
+            if lt == 32 or lt == 64:
+                write_dq_two(dq_s, bars, dq_acc, sem, i32(lt // 32) - 1, first_head, group,
+                             first, n_tiles, sq, x, nkb, causal, STAGES + NBUF * WG, D, BM,
+                             BK)  # fmt: skip
         elif lt >= 32:
             write_dq_ordered(dq_s, bars, dq_acc, sem, lt, first_head, group, first, n_tiles,
                              sq, x, nkb, causal, STAGES + NBUF * WG, D, BM, BK,
@@ -377,6 +447,8 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
             f"_attention_hopper_bwd_fused.launch: needs the DQ 5 schedule (PIPE 0, BM 64; "
             f"SCHED 1 without LATE), got {c}; pass ordered_config(d)"
         )
+    if c["EARLY"] == 3 and not c["SCHED"]:
+        raise ValueError(f"_attention_hopper_bwd_fused.launch: EARLY 3 needs SCHED 1 or 2: {c}")
     if c["SCHED"] and c["STAGES"] < 2:
         raise ValueError(f"_attention_hopper_bwd_fused.launch: SCHED 1 needs 2 stages: {c}")
     stream = _arrays.stream_of(qa)
