@@ -112,6 +112,29 @@ def _hopper_gpu() -> bool:
     return kaio.gpu_available() and kaio.device().arch == "sm_90"
 
 
+def _gpu_operands(b, h, hkv, sq, sk, d, causal, seed):
+    """Random f16 q, k, v, do on the GPU, the forward's o and lse, and ``launch``'s checked
+    operands: (q, k, v, do, run) with ``run(**keywords)`` the backward's (dq, dk, dv)."""
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, do = (torch.randn((b, h, sq, d), device="cuda", dtype=torch.float16, generator=gen)
+             for _ in "qo")  # fmt: skip
+    k, v = (torch.randn((b, hkv, sk, d), device="cuda", dtype=torch.float16, generator=gen)
+            for _ in "kv")  # fmt: skip
+    o, lse = kaio_ops.flash_attention_with_stats(q, k, v, causal=causal)
+    inputs = _arrays.Inputs("test")
+    (qa, ka, va), dims, scale = attention._check_flash("test", q, k, v, None, inputs)
+    da = inputs.array(do, "do", ndim=4)
+    la = inputs.array(lse, "lse", ndim=3, dtypes=(f32,))
+    delta = (o.float() * do.float()).sum(-1).reshape(-1)
+
+    def run(**keywords):
+        return hopper_bwd.launch(qa, ka, va, da, la, delta, dims, causal, scale, **keywords)
+
+    return q, k, v, do, run
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif("not _hopper_gpu()", reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("d, causal, hkv", [(128, True, 2), (128, False, 4), (64, True, 4)])
@@ -122,22 +145,11 @@ def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv):
 
     from tests.test_ops_attention import _rel_t, _sdpa64
 
-    b, h, sq, sk = 2, 4, 1000, 2048
-    gen = torch.Generator(device="cuda").manual_seed(d + hkv)
-    q, do = (torch.randn((b, h, sq, d), device="cuda", dtype=torch.float16, generator=gen)
-             for _ in "qo")  # fmt: skip
-    k, v = (torch.randn((b, hkv, sk, d), device="cuda", dtype=torch.float16, generator=gen)
-            for _ in "kv")  # fmt: skip
-    o, lse = kaio_ops.flash_attention_with_stats(q, k, v, causal=causal)
+    h = 4
+    q, k, v, do, run = _gpu_operands(2, h, hkv, 1000, 2048, d, causal, d + hkv)
     leaves = [x.double().requires_grad_() for x in (q, k, v)]
     _sdpa64(*leaves, causal, group=h // hkv).backward(do.double())
-    inputs = _arrays.Inputs("test")
-    (qa, ka, va), dims, scale = attention._check_flash("test", q, k, v, None, inputs)
-    da = inputs.array(do, "do", ndim=4)
-    la = inputs.array(lse, "lse", ndim=3, dtypes=(f32,))
-    delta = (o.float() * do.float()).sum(-1).reshape(-1)
-    runs = [hopper_bwd.launch(qa, ka, va, da, la, delta, dims, causal, scale, ordered=True)
-            for _ in range(3)]  # fmt: skip
+    runs = [run(ordered=True) for _ in range(3)]
     for g, leaf in zip(runs[0], leaves, strict=True):
         assert _rel_t(g, leaf.grad) < 5e-3, _rel_t(g, leaf.grad)
     for again in runs[1:]:
@@ -153,25 +165,12 @@ def test_gpu_ordered_backward_replays_in_a_cuda_graph(causal):
     the last call's counts would wait forever or add out of order)."""
     import torch
 
-    b, h, s, d = 1, 4, 1024, 128
-    gen = torch.Generator(device="cuda").manual_seed(5)
-    q, k, v, do = (torch.randn((b, h, s, d), device="cuda", dtype=torch.float16, generator=gen)
-                   for _ in "qkvo")  # fmt: skip
-    o, lse = kaio_ops.flash_attention_with_stats(q, k, v, causal=causal)
-    inputs = _arrays.Inputs("test")
-    (qa, ka, va), dims, scale = attention._check_flash("test", q, k, v, None, inputs)
-    da = inputs.array(do, "do", ndim=4)
-    la = inputs.array(lse, "lse", ndim=3, dtypes=(f32,))
-    delta = (o.float() * do.float()).sum(-1).reshape(-1)
-
-    def run():
-        return hopper_bwd.launch(qa, ka, va, da, la, delta, dims, causal, scale, ordered=True)
-
-    eager = run()
+    *_, run = _gpu_operands(1, 4, 4, 1024, 1024, 128, causal, 5)
+    eager = run(ordered=True)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = run()
+        captured = run(ordered=True)
     for _ in range(2):
         for g in captured:
             g.fill_(float("nan"))
