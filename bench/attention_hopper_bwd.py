@@ -406,11 +406,12 @@ def bench(out_path, check_log=None, quick=False, spec=None):
               f"kaio/mma.sync {ratio_old:.2f})")  # fmt: skip
 
 
-def table(out_path, dims=(64, 128, 256)) -> None:
+def table(out_path, dims=(64, 128, 256), seqs=(4096, 1024, 16384)) -> None:
     """``flash_attention_bwd`` as shipped (the public op: its dispatch, its defaults) against
     SDPA's flash backward, f16 and bf16, head dims ``dims``, causal and not, H16 at S 1024
     (B16), 4096 (B4) and 16384 (B1): TFLOP/s (2.5x the forward's FLOPs, halved when causal)
-    and ms, with CUDA events (the median of 3 rounds of 3 calls)."""
+    and ms, with CUDA events (the median of 3 rounds of 3 calls); ``seqs``: the sequence
+    lengths of those three to run."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
@@ -419,7 +420,7 @@ def table(out_path, dims=(64, 128, 256)) -> None:
 
     rows = []
     name = torch.cuda.get_device_name()
-    for s, b in ((4096, 4), (1024, 16), (16384, 1)):
+    for s, b in [(s, b) for s, b in ((4096, 4), (1024, 16), (16384, 1)) if s in seqs]:
         for d in dims:
             for dtype in ("float16", "bfloat16"):
                 q, k, v, do = tensors(b, 16, 16, s, s, d, dtype)
@@ -458,6 +459,8 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=8)
     p.add_argument("--quick", action="store_true", help="time: the first three cases only")
     p.add_argument("--check-log", help="time: only the variants this check output reached")
+    p.add_argument("--dims", default="64,128,256", help="table: the head dims (comma-separated)")
+    p.add_argument("--seqs", default="4096,1024,16384", help="table: the sequence lengths")
     p.add_argument(
         "--spec",
         help="warm, time: the cases of this JSON file (load_spec); "
@@ -488,7 +491,8 @@ def main() -> None:
     elif args.step == "one":
         one()
     elif args.step == "table":
-        table(args.out)
+        seqs = [int(x) for x in args.seqs.split(",")]
+        table(args.out, tuple(int(x) for x in args.dims.split(",")), seqs)
     else:
         bench(args.out, args.check_log, args.quick, load_spec(args.spec))
 
