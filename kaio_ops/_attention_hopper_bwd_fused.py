@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import kaio
 from kaio import bool_, f32, i32, u32, u64
-from kaio_ops._attention_hopper import PRODUCER_REGS
+from kaio_ops._attention_hopper import PRODUCER_REGS, issue_pv, pack_p
 from kaio_ops._attention_hopper_bwd import (
     SW,
     _ds_buffers,
@@ -143,7 +143,9 @@ def consume_late(
     writer (``hand_dq``: DQ 5) and tile i's P^T and dS^T stored. ``SCHED`` 2: tile i - 1's
     dQ product only then (issued and handed on after tile i's P^T and dS^T are stored: at D
     128 its accumulators beside them and dK's and dV's spilled). ``TWO``: dQ handed to two
-    writers by tile parity (``give_dq``). Then dK, dV stored."""
+    writers by tile parity (``give_dq``). ``SCHED`` 4: as 2 with P^T in registers (``p``, as
+    the pair's ``PIPE`` 3: two buffers of shared memory instead of four, so that three ring
+    stages fit at D 128). Then dK, dV stored."""
     lane = lt % 32
     key0 = k0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)  # rows key0, key0 + 8
     dka = kaio.local(f32, (D // 8, 4))
@@ -155,6 +157,7 @@ def consume_late(
     NQ = D // WG  # dQ's columns in this warpgroup, from c0
     dqa = kaio.local(f32, (NQ // 8, 4))
     af = kaio.local(u32, (D // 16, 4))  # (unused: issue_front's AREG 0)
+    p = kaio.local(u32, (BM // 16, 4))  # SCHED 4: P^T's A fragments
     kr = 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)  # key0 - k0: pt_s's rows
     c0 = i32(wg) * NQ
     FULL = STAGES + 2 * WG  # dq_s's barriers (init_barriers with DQ 5, NBUF 2)
@@ -171,7 +174,7 @@ def consume_late(
         kaio.wgmma_wait(0)
         grads_t(s, dp, stats, 0, lse, delta, at0, key0, t * BM, sq, sk, causal, scale_log2, lane,
                 BM, TSTATS)  # fmt: skip
-        hand_pt(pt_s, 0, s, dp, bars, STAGES, kr, lane, lt, BM, DT)
+        hand_pt(pt_s, 0, p, s, dp, bars, STAGES, kr, lane, lt, BM, SCHED, DT)
         pb = i32(0)  # tile i - 1's buffers and their barrier's parity
         hph = u32(0)
         ps = i32(0)  # tile i - 1's stage
@@ -182,9 +185,10 @@ def consume_late(
             kaio.wgmma_fence()
             issue_front(s, dp, k_s, v_s, q_s, do_s, af, af, st, wg, D, 0, DT)
             kaio.mbarrier_wait(bars, (1, STAGES + pb), hph)  # tile i - 1's from every warp
-            issue_back_late(dka, dva, dqa, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG,
+            issue_back_late(dka, dva, dqa, p, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG,
                             SCHED, DT)  # fmt: skip
-            kaio.wgmma_wait(3 if SCHED == 1 else 2)  # S^T, dP^T done
+            kaio.wgmma_wait(3 if SCHED == 1 else 2)  # S^T, dP^T done (SCHED 4: with dV's
+            # A, p, in flight: p is packed again only after the wait for all)
             grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, sk, causal, scale_log2,
                     lane, BM, TSTATS)  # fmt: skip
             kaio.wgmma_wait(0)  # tile i - 1's products done: its stage (and dQ)
@@ -195,8 +199,8 @@ def consume_late(
                 fb ^= 1
             qb = pb  # tile i - 1's buffers
             pb, hph = next_stage(pb, hph, 2)  # (its last readers: tile i - 2's products, done)
-            hand_pt(pt_s, pb, s, dp, bars, STAGES, kr, lane, lt, BM, DT)
-            if SCHED == 2:  # tile i - 1's dQ now: s, dp are stored (dqa and they never coexist)
+            hand_pt(pt_s, pb, p, s, dp, bars, STAGES, kr, lane, lt, BM, SCHED, DT)
+            if SCHED >= 2:  # tile i - 1's dQ now: s, dp are stored (dqa and they never coexist)
                 kaio.wgmma_fence()
                 issue_dq(dqa, pt_s, qb, k_s, wg, D, NQ, WG, 5, DT)
                 kaio.wgmma_wait(0)
@@ -208,7 +212,11 @@ def consume_late(
             t, at0 = next_tile(t, at0, first, n_tiles, sq)
         kaio.mbarrier_wait(bars, (1, STAGES + pb), hph)
         kaio.wgmma_fence()
-        issue_back_late(dka, dva, dqa, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG, 1, DT)
+        last = 4 if SCHED == 4 else 1  # (4: P^T in p, dQ after; else from pt_s, with dQ)
+        issue_back_late(dka, dva, dqa, p, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG,
+                        last, DT)  # fmt: skip
+        if SCHED == 4:
+            issue_dq(dqa, pt_s, pb, k_s, wg, D, NQ, WG, 5, DT)
         kaio.wgmma_wait(0)
         release(bars, ps, lt)
         give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, total > 1, wph, fb, FULL, D, NQ, TWO)
@@ -279,15 +287,19 @@ def write_dq_two(
 
 @kaio.gpu_func
 def issue_back_late(
-    dka: f32[:, :], dva: f32[:, :], dqa: f32[:, :], pt_s: DT[:, :, :], b: i32,
+    dka: f32[:, :], dva: f32[:, :], dqa: f32[:, :], p: u32[:, :], pt_s: DT[:, :, :], b: i32,
     k_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :], st: i32, wg: u32,
     D: kaio.constexpr, BM: kaio.constexpr, NQ: kaio.constexpr, WG: kaio.constexpr,
     SCHED: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
-    """Issue a tile's dV += P^T dO, dK += dS^T Q (this warpgroup's rows of ``pt_s[2 + b]``,
-    ``pt_s[b]``; dO, Q in stage st) and (``SCHED`` 1) dQ = dS K (every row of ``pt_s[b]``,
-    this warpgroup's NQ columns of K), each its own group."""
-    issue_pt(dva, pt_s, 2 + b, wg, do_s, st, BM, DT)
+    """Issue a tile's dV += P^T dO (P^T: this warpgroup's rows of ``pt_s[2 + b]``; ``SCHED``
+    4: the registers ``p``), dK += dS^T Q (``pt_s[b]``; dO, Q in stage st) and (``SCHED``
+    1) dQ = dS K (every row of ``pt_s[b]``, this warpgroup's NQ columns of K), each its own
+    group."""
+    if SCHED == 4:
+        issue_pv(dva, p, do_s, st, BM, DT)
+    else:
+        issue_pt(dva, pt_s, 2 + b, wg, do_s, st, BM, DT)
     issue_pt(dka, pt_s, b, wg, q_s, st, BM, DT)
     if SCHED == 1:
         issue_dq(dqa, pt_s, b, k_s, wg, D, NQ, WG, 5, DT)
@@ -295,12 +307,17 @@ def issue_back_late(
 
 @kaio.gpu_func
 def hand_pt(
-    pt_s: DT[:, :, :], b: i32, s: f32[:, :], dp: f32[:, :], bars: u64[:, :], base: i32,
-    kr: i32, lane: u32, lt: u32, BM: kaio.constexpr, DT: kaio.constexpr,
+    pt_s: DT[:, :, :], b: i32, p: u32[:, :], s: f32[:, :], dp: f32[:, :], bars: u64[:, :],
+    base: i32, kr: i32, lane: u32, lt: u32, BM: kaio.constexpr, SCHED: kaio.constexpr,
+    DT: kaio.constexpr,
 ):  # fmt: skip
-    """A tile's P^T (``s``) and dS^T (``dp``) to ``pt_s[2 + b]`` and ``pt_s[b]`` (rows kr,
-    kr + 8), fenced for the tensor cores, then this warp's arrival on ``bars[1, base + b]``."""
-    store_ds(pt_s, 2 + b, s, kr, lane, BM, DT)
+    """A tile's P^T (``s``) and dS^T (``dp``) to ``pt_s[2 + b]`` (``SCHED`` 4: packed into
+    the registers ``p``) and ``pt_s[b]`` (rows kr, kr + 8), fenced for the tensor cores, then
+    this warp's arrival on ``bars[1, base + b]``."""
+    if SCHED == 4:
+        pack_p(p, s, BM, DT)
+    else:
+        store_ds(pt_s, 2 + b, s, kr, lane, BM, DT)
     store_ds(pt_s, b, dp, kr, lane, BM, DT)
     release(bars, base + b, lt)
 
@@ -322,14 +339,14 @@ def attention_bwd_fused_ordered(
     zeros before). The arguments as ``_attention_hopper_bwd.attention_bwd_dkdv_wgmma``'s
     (its ``DQ`` 5 constexprs: PIPE 0, BM 64); ``EARLY``: ``write_dq_ordered``'s;
     ``SCHED`` 0: the consumers of ``_attention_hopper_bwd`` (``consume_dkdv``, with LATE),
-    1, 2: ``consume_late`` (four P^T and dS^T buffers)."""
+    1, 2, 4: ``consume_late`` (four P^T and dS^T buffers; 4: two, dS^T)."""
     BK = 64 * WG
     C = D // 64
     ONCE_BYTES = BK * D * 2
     RING_BYTES = STAGES * BM * D * 2
     DS = 2 * ONCE_BYTES + 2 * RING_BYTES
     NBUF = 3 if LATE == 2 else 2
-    NPT = 4 if SCHED else NBUF  # the P^T and dS^T buffers (SCHED 0: dS^T)
+    NPT = 4 if SCHED and SCHED < 4 else NBUF  # the P^T and dS^T buffers (SCHED 0, 4: dS^T)
     DQS = DS + NPT * BK * 64 * 2
     STATS = DQS + BM * (D + 4) * 4
     BARS = STATS + 2 * STAGES * BM * 4
@@ -420,7 +437,7 @@ def ordered_config(d: int, sched: int | None = None) -> dict:
 
 def _buffers(c: dict) -> int:
     """The P^T and dS^T buffers of 64 queries (``shared_bytes``'s ``nbuf``)."""
-    return 4 if c.get("SCHED") else _ds_buffers(c)[1]
+    return 4 if c.get("SCHED") in (1, 2) else _ds_buffers(c)[1]
 
 
 def smem_bytes(d: int, c: dict) -> int:
@@ -441,7 +458,7 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     from kaio_ops import _arrays
 
     bh, heads, group, sq, sk, d, _ = dims
-    c = {**ordered_config(d), **(cfg or {})}
+    c = {**ordered_config(d, (cfg or {}).get("SCHED")), **(cfg or {})}
     if c.get("DQ") != 5 or c["PIPE"] or c["BM"] != 64 or (c["SCHED"] and c["LATE"]):
         raise ValueError(
             f"_attention_hopper_bwd_fused.launch: needs the DQ 5 schedule (PIPE 0, BM 64; "

@@ -33,24 +33,29 @@ def poisoned_outputs(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "b, h, hkv, sq, sk, d, dtype, causal, sched",
+    "b, h, hkv, sq, sk, d, dtype, causal, sched, early",
     [
         # grouped-query, partial query tiles, Sq < Sk, causal (decreasing key-block order);
         # each tile's dQ product with the next tile's S^T and dP^T
-        (1, 2, 1, 152, 256, 64, np.float16, True, 1),
+        (1, 2, 1, 152, 256, 64, np.float16, True, 1, 2),
         # D 128, bf16, two batches, grouped-query, Sq > Sk with a partial key tile; each
         # tile's dQ product after the next tile's P^T and dS^T
-        (2, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2),
+        (2, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 2),
         # D 128, a query tail, keys past the last query (causal); the pair's dK/dV consumers
-        (1, 1, 1, 100, 384, 128, np.float16, True, 0),
+        # and one dQ writer that passes each turn on before dq_s is free
+        (1, 1, 1, 100, 384, 128, np.float16, True, 0, 0),
+        # P^T in registers, two dQ writers; Sq > Sk, causal, grouped-query
+        (1, 2, 1, 256, 128, 64, np.float16, True, 4, 3),
     ],
 )
-def test_ordered_backward_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, sched, monkeypatch):
+def test_ordered_backward_in_simulator(
+    b, h, hkv, sq, sk, d, dtype, causal, sched, early, monkeypatch
+):  # fmt: skip
     """dQ, dK, dV against float64 through ``_attention_hopper_bwd.launch(ordered=...)``
     with two ring stages (the simulator runs the blocks in linear order: each wait is met by
     the blocks before)."""
     launch = hopper_bwd.launch
-    over = {"SCHED": sched, "STAGES": 2}
+    over = {"SCHED": sched, "EARLY": early, "STAGES": 2}
     monkeypatch.setattr(hopper_bwd, "launch", lambda *a, **k: launch(*a, **k, ordered=over))
     cfg = small(2, 0, 0, 5, 0)
     check_grads(*run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg), dtype)
