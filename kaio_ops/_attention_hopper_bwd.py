@@ -1008,7 +1008,7 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     other's outputs are left unwritten). ``side`` (default ``SIDE``; torch arrays): the
     pair's dQ kernel runs on a second stream beside the dK/dV kernel (``side_stream``), so
     that each fills the other's last wave. ``ordered`` (default
-    ``_attention_hopper_bwd_fused.ORDERED[d]`` where ``fused`` is not given): the
+    ``_attention_hopper_bwd_fused.takes(d, causal)`` where ``fused`` is not given): the
     deterministic fused kernel (``kaio_ops._attention_hopper_bwd_fused``: dQ added in a fixed
     order), deterministic too (a dict: with these overrides of its ``ordered_config``).
     Returns (dq, dk, dv) of q's type and shapes."""
@@ -1024,7 +1024,7 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
             f"lse and delta) and D 64 or 128, got Sq = {sq}, D = {d}; use the mma.sync kernels"
         )
     cfg = cfg or config(d)
-    take = fused is None and fused_ordered.ORDERED[d] if ordered is None else ordered
+    take = fused is None and fused_ordered.takes(d, causal) if ordered is None else ordered
     if only is None and take:
         over = ordered if isinstance(ordered, dict) else None
         return fused_ordered.launch(qa, ka, va, da, la, delta, dims, causal, scale, over)

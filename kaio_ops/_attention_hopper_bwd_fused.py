@@ -58,8 +58,14 @@ from kaio_ops._attention_hopper_common import next_tile, thread_roles
 from kaio_ops._matmul_hopper import next_stage
 
 # Whether ``flash_attention_bwd`` takes this kernel (else the deterministic pair) for head
-# dim d, where ``_attention_hopper_bwd.launch`` is not told otherwise.
-ORDERED = {64: False, 128: False}
+# dim d and the mask (not causal, causal), where ``_attention_hopper_bwd.launch`` is not
+# told otherwise (``takes``).
+ORDERED = {64: (False, False), 128: (False, False)}
+
+
+def takes(d: int, causal: bool) -> bool:
+    """Whether ``_attention_hopper_bwd.launch`` runs this kernel by default (``ORDERED``)."""
+    return ORDERED.get(d, (False, False))[bool(causal)]
 
 
 @kaio.gpu_func

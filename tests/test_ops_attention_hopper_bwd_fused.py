@@ -61,6 +61,28 @@ def test_ordered_backward_in_simulator(
     check_grads(*run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg), dtype)
 
 
+def test_launch_dispatches_by_head_dim_and_mask(monkeypatch):
+    """``_attention_hopper_bwd.launch`` runs the ordered kernel where ``takes`` says so
+    (``ORDERED`` by head dim and mask) or ``ordered`` asks, never with ``fused`` or ``only``
+    given."""
+    monkeypatch.setattr(fused, "ORDERED", {64: (False, True), 128: (True, True)})
+    assert fused.takes(128, False) and fused.takes(64, True) and not fused.takes(64, False)
+    assert not fused.takes(256, True)
+    monkeypatch.setattr(fused, "launch", lambda *a: ("ordered", a[-1]))
+    q = np.zeros((1, 1, 128, 64), np.float16)
+    with kaio.simulate():
+        inputs = _arrays.Inputs("test")
+        (qa, ka, va), dims, scale = attention._check_flash("test", q, q, q, None, inputs)
+        la = inputs.array(np.zeros((1, 1, 128), np.float32), "lse", ndim=3, dtypes=(f32,))
+        args = (qa, ka, va, qa, la, np.zeros(128, np.float32), dims)
+        assert hopper_bwd.launch(*args, True, scale) == ("ordered", None)
+        assert hopper_bwd.launch(*args, True, scale, deterministic=True)[0] == "ordered"
+        over = {"SCHED": 4}
+        assert hopper_bwd.launch(*args, False, scale, ordered=over) == ("ordered", over)
+        with pytest.raises(KeyError):  # not taken: the pair's configuration is read
+            hopper_bwd.launch(*args, False, scale, cfg={"bad": 1})
+
+
 @kaio.gpu_kernel(block_size=32)
 def _take_turns(sem: i32[:], out: f32[:], first: i32):
     """Block b waits for sem[0] == b + first, then out[b] = its turn's number."""
