@@ -60,7 +60,7 @@ from kaio_ops._matmul_hopper import next_stage
 # Whether ``flash_attention_bwd`` takes this kernel (else the deterministic pair) for head
 # dim d and the mask (not causal, causal), where ``_attention_hopper_bwd.launch`` is not
 # told otherwise (``takes``).
-ORDERED = {64: (False, False), 128: (False, False)}
+ORDERED = {64: (True, True), 128: (True, True)}
 
 
 def takes(d: int, causal: bool) -> bool:
@@ -428,16 +428,20 @@ def zero_acc_sem(acc: f32[:], n: i32, sem: i32[:], m: i32):
         sem[j] = 0
 
 
-# The consumers' schedule by head dim (``consume_late``; at D 128 SCHED 1 spilled 280 bytes).
-SCHED = {64: 1, 128: 2}
+# The consumers' schedule (``consume_late``) by head dim and mask (not causal, causal):
+# measured on an H100 (f16 B4 H16 S4096, TFLOP/s at 2.5x the forward's FLOPs), SCHED 4 /
+# 2 / 0: D 128 454 / 418 / 392, causal 400 / 422 / 371; D 64 (4 / 2 / 1) 318 / 303 / 285,
+# causal 316 / 302 / 271. (At D 128 SCHED 1 spills 280 bytes.)
+SCHED = {64: (4, 4), 128: (4, 2)}
 
 
-def ordered_config(d: int, sched: int | None = None) -> dict:
+def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> dict:
     """The kernel's constexprs for head dim ``d``: ``_attention_hopper_bwd.config(d)``'s
-    fused ones (``DQ`` 5), ``SCHED`` ``sched`` (default ``SCHED[d]``), ``EARLY`` 3 (2 with
-    ``SCHED`` 0; H100, f16 B4 H16 S4096: 3 against 2 at D 128 411 / 410, causal 403 / 385; at
-    D 64 293 / 271, causal 278 / 268) and as many ring stages as fit (at most 4)."""
-    sched = SCHED[d] if sched is None else sched
+    fused ones (``DQ`` 5), ``SCHED`` ``sched`` (default ``SCHED[d][causal]``), ``EARLY`` 3
+    (2 with ``SCHED`` 0; H100, f16 B4 H16 S4096, ``SCHED`` 2 at D 128, 1 at D 64: 3 against 2
+    411 / 410, causal 403 / 385; at D 64 293 / 271, causal 278 / 268) and as many ring stages
+    as fit (at most 4)."""
+    sched = SCHED[d][bool(causal)] if sched is None else sched
     c = {**config(d)["fused"], "EARLY": 3 if sched else 2, "SCHED": sched}
     c["STAGES"] = _stages(d, 64 * c["WG"], c["BM"], True, 5, _buffers(c))
     return c
@@ -466,7 +470,7 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     from kaio_ops import _arrays
 
     bh, heads, group, sq, sk, d, _ = dims
-    c = {**ordered_config(d, (cfg or {}).get("SCHED")), **(cfg or {})}  # (its EARLY too)
+    c = {**ordered_config(d, (cfg or {}).get("SCHED"), causal), **(cfg or {})}  # (EARLY too)
     if c.get("DQ") != 5 or c["PIPE"] or c["BM"] != 64 or (c["SCHED"] and c["LATE"]):
         raise ValueError(
             f"_attention_hopper_bwd_fused.launch: needs the DQ 5 schedule (PIPE 0, BM 64; "
@@ -514,5 +518,6 @@ def specializations():
 
     for dt in (f16, bf16):
         for d in (64, 128):
-            yield attention_bwd_fused_ordered, {"D": d, "DT": dt, **ordered_config(d)}
+            for sched in sorted(set(SCHED[d])):  # the schedules taken (by mask)
+                yield attention_bwd_fused_ordered, {"D": d, "DT": dt, **ordered_config(d, sched)}
     yield zero_acc_sem, {}
