@@ -1008,7 +1008,8 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     other's outputs are left unwritten). ``side`` (default ``SIDE``; torch arrays): the
     pair's dQ kernel runs on a second stream beside the dK/dV kernel (``side_stream``), so
     that each fills the other's last wave. ``ordered`` (default
-    ``_attention_hopper_bwd_fused.takes(d, causal)`` where ``fused`` is not given): the
+    ``_attention_hopper_bwd_fused.takes(d, causal)`` where none of ``cfg``, ``fused``,
+    ``side`` is given): the
     deterministic fused kernel (``kaio_ops._attention_hopper_bwd_fused``: dQ added in a fixed
     order), deterministic too (a dict: with these overrides of its ``ordered_config``).
     Returns (dq, dk, dv) of q's type and shapes."""
@@ -1023,8 +1024,9 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
             f"_attention_hopper_bwd.launch: needs Sq a multiple of 4 (16-byte TMA copies of "
             f"lse and delta) and D 64 or 128, got Sq = {sq}, D = {d}; use the mma.sync kernels"
         )
+    asked = fused is not None or side is not None or cfg is not None  # the pair's, the fused
+    take = not asked and fused_ordered.takes(d, causal) if ordered is None else ordered
     cfg = cfg or config(d)
-    take = fused is None and fused_ordered.takes(d, causal) if ordered is None else ordered
     if only is None and take:
         over = ordered if isinstance(ordered, dict) else None
         return fused_ordered.launch(qa, ka, va, da, la, delta, dims, causal, scale, over)

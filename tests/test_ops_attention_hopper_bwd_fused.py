@@ -63,8 +63,8 @@ def test_ordered_backward_in_simulator(
 
 def test_launch_dispatches_by_head_dim_and_mask(monkeypatch):
     """``_attention_hopper_bwd.launch`` runs the ordered kernel where ``takes`` says so
-    (``ORDERED`` by head dim and mask) or ``ordered`` asks, never with ``fused`` or ``only``
-    given."""
+    (``ORDERED`` by head dim and mask) and the caller asks for nothing of the other kernels'
+    (``cfg``, ``fused``, ``side``), or where ``ordered`` asks."""
     monkeypatch.setattr(fused, "ORDERED", {64: (False, True), 128: (True, True)})
     assert fused.takes(128, False) and fused.takes(64, True) and not fused.takes(64, False)
     assert not fused.takes(256, True)
@@ -79,8 +79,9 @@ def test_launch_dispatches_by_head_dim_and_mask(monkeypatch):
         assert hopper_bwd.launch(*args, True, scale, deterministic=True)[0] == "ordered"
         over = {"SCHED": 4}
         assert hopper_bwd.launch(*args, False, scale, ordered=over) == ("ordered", over)
-        with pytest.raises(KeyError):  # not taken: the pair's configuration is read
-            hopper_bwd.launch(*args, False, scale, cfg={"bad": 1})
+        for causal, keywords in ((False, {}), (True, {"side": False}), (True, {"fused": False})):
+            with pytest.raises(KeyError):  # not taken: the pair's configuration is read
+                hopper_bwd.launch(*args, causal, scale, cfg={"bad": 1}, **keywords)
 
 
 @kaio.gpu_kernel(block_size=32)
