@@ -27,7 +27,6 @@ The simulator runs a kernel with ``wait_eq`` one block at a time in linear order
 wait is met at once there, and an order that needs a later block is reported.
 """
 
-# ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
 from __future__ import annotations
 
 import kaio
@@ -56,6 +55,8 @@ from kaio_ops._attention_hopper_bwd import (
 )
 from kaio_ops._attention_hopper_common import next_tile, thread_roles
 from kaio_ops._matmul_hopper import next_stage
+
+# ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
 
 # Whether ``flash_attention_bwd`` takes this kernel (else the deterministic pair) for head
 # dim d and the mask (not causal, causal), where ``_attention_hopper_bwd.launch`` is not
@@ -152,19 +153,19 @@ def consume_late(
     writers by tile parity (``give_dq``). ``SCHED`` 4: as 2 with P^T in registers (``p``, as
     the pair's ``PIPE`` 3: two buffers of shared memory instead of four, so that three ring
     stages fit at D 128). Then dK, dV stored."""
-    lane = lt % 32
-    key0 = k0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)  # rows key0, key0 + 8
+    NQ = D // WG  # dQ's columns in this warpgroup, from c0
+    s = kaio.local(f32, (BM // 8, 4))  # S^T, then P^T
+    dp = kaio.local(f32, (BM // 8, 4))  # dP^T, then dS^T
+    dqa = kaio.local(f32, (NQ // 8, 4))
+    p = kaio.local(u32, (BM // 16, 4))  # SCHED 4: P^T's A fragments
+    af = kaio.local(u32, (D // 16, 4))  # (unused: issue_front's AREG 0)
     dka = kaio.local(f32, (D // 8, 4))
     dva = kaio.local(f32, (D // 8, 4))
     zero_acc(dka, D)
     zero_acc(dva, D)
-    s = kaio.local(f32, (BM // 8, 4))
-    dp = kaio.local(f32, (BM // 8, 4))
-    NQ = D // WG  # dQ's columns in this warpgroup, from c0
-    dqa = kaio.local(f32, (NQ // 8, 4))
-    af = kaio.local(u32, (D // 16, 4))  # (unused: issue_front's AREG 0)
-    p = kaio.local(u32, (BM // 16, 4))  # SCHED 4: P^T's A fragments
-    kr = 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)  # key0 - k0: pt_s's rows
+    lane = lt % 32
+    kr = 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)  # pt_s's rows kr, kr + 8
+    key0 = k0 + kr  # the rows' keys
     c0 = i32(wg) * NQ
     FULL = STAGES + 2 * WG  # dq_s's barriers (init_barriers with DQ 5, NBUF 2)
     total = group * kaio.max(n_tiles - first, 0)
@@ -226,9 +227,8 @@ def consume_late(
         kaio.wgmma_wait(0)
         release(bars, ps, lt)
         give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, total > 1, wph, fb, FULL, D, NQ, TWO)
-    at = kvh * sk * D
-    store_tile(dk, dka, at, key0, sk, scale, lane, D, DT)
-    store_tile(dv, dva, at, key0, sk, 1.0, lane, D, DT)
+    store_tile(dk, dka, kvh * sk * D, key0, sk, scale, lane, D, DT)
+    store_tile(dv, dva, kvh * sk * D, key0, sk, 1.0, lane, D, DT)
 
 
 @kaio.gpu_func
@@ -346,35 +346,31 @@ def attention_bwd_fused_ordered(
     (its ``DQ`` 5 constexprs: PIPE 0, BM 64); ``EARLY``: ``write_dq_ordered``'s;
     ``SCHED`` 0: the consumers of ``_attention_hopper_bwd`` (``consume_dkdv``, with LATE),
     1, 2, 4: ``consume_late`` (four P^T and dS^T buffers; 4: two, dS^T)."""
-    BK = 64 * WG
-    C = D // 64
-    ONCE_BYTES = BK * D * 2
-    RING_BYTES = STAGES * BM * D * 2
-    DS = 2 * ONCE_BYTES + 2 * RING_BYTES
-    NBUF = 3 if LATE == 2 else 2
+    NBUF = 3 if LATE == 2 else 2  # the dS^T buffers of SCHED 0 (and their barriers)
     NPT = 4 if SCHED and SCHED < 4 else NBUF  # the P^T and dS^T buffers (SCHED 0, 4: dS^T)
-    DQS = DS + NPT * BK * 64 * 2
-    STATS = DQS + BM * (D + 4) * 4
-    BARS = STATS + 2 * STAGES * BM * 4
+    BK = 64 * WG
+    TILE = BK * 64 * 2  # one K or V column block, resp. P^T or dS^T buffer (64 queries)
+    RING = 2 * STAGES * BM * D * 2  # Q and dO: the ring
     NB = STAGES + NBUF * WG + 2
-    k_s = kaio.shared_dynamic(DT, (C, BK, 64), 0)
-    v_s = kaio.shared_dynamic(DT, (C, BK, 64), ONCE_BYTES)
-    q_s = kaio.shared_dynamic(DT, (STAGES, C, BM, 64), 2 * ONCE_BYTES)
-    do_s = kaio.shared_dynamic(DT, (STAGES, C, BM, 64), 2 * ONCE_BYTES + RING_BYTES)
-    ds_s = kaio.shared_dynamic(DT, (NPT, BK, 64), DS)
+    k_s = kaio.shared_dynamic(DT, (D // 64, BK, 64), 0)
+    v_s = kaio.shared_dynamic(DT, (D // 64, BK, 64), D // 64 * TILE)
+    q_s = kaio.shared_dynamic(DT, (STAGES, D // 64, BM, 64), D // 32 * TILE)
+    do_s = kaio.shared_dynamic(DT, (STAGES, D // 64, BM, 64), D // 32 * TILE + RING // 2)
+    ds_s = kaio.shared_dynamic(DT, (NPT, BK, 64), D // 32 * TILE + RING)
+    DQS = D // 32 * TILE + RING + NPT * TILE
     dq_s = kaio.shared_dynamic(f32, (BM * D // 4, 4), DQS)  # fragment order (store_dq_frags)
-    stats = kaio.shared_dynamic(f32, (2, STAGES, BM), STATS)
+    stats = kaio.shared_dynamic(f32, (2, STAGES, BM), DQS + BM * (D + 4) * 4)
+    BARS = DQS + BM * (D + 4) * 4 + 2 * STAGES * BM * 4
     bars = kaio.shared_dynamic(u64, (2, NB), BARS)
     turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * NB)
-    t, wg, lt = thread_roles(WG)
-    kvh = i32(kaio.block_idx_y())
-    kv_heads = heads // group
-    first_head = kvh // kv_heads * heads + kvh % kv_heads * group
     nkb = (sk + BK - 1) // BK
     x = i32(kaio.block_idx_x())
     if causal != 0:
         x = nkb - 1 - x  # the last key blocks first: they add to each tile before the rest
     k0 = x * BK
+    t, wg, lt = thread_roles(WG)
+    kvh = i32(kaio.block_idx_y())
+    first_head = kvh // (heads // group) * heads + kvh % (heads // group) * group
     first = i32(0)
     if causal != 0:
         first = k0 // BM  # queries before k0 see none of these keys
@@ -398,16 +394,14 @@ def attention_bwd_fused_ordered(
     else:  # the producer warpgroup: its first thread loads, warps 1 to 3 add dQ
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
-        if lt == 0:
+        if EARLY == 3 and (lt == 32 or lt == 64):
+            write_dq_two(dq_s, bars, dq_acc, sem, i32(lt // 32) - 1, first_head, group, first,
+                         n_tiles, sq, x, nkb, causal, STAGES + NBUF * WG, D, BM, BK)  # fmt: skip
+        elif lt == 0:
             produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl, td,
                     kvh * sk + k0, first_head * sq, sq, group, first, n_tiles, D, BK, BM,
                     STAGES, TSTATS, DT)  # fmt: skip
-        elif EARLY == 3:
-            if lt == 32 or lt == 64:
-                write_dq_two(dq_s, bars, dq_acc, sem, i32(lt // 32) - 1, first_head, group,
-                             first, n_tiles, sq, x, nkb, causal, STAGES + NBUF * WG, D, BM,
-                             BK)  # fmt: skip
-        elif lt >= 32:
+        elif lt >= 32 and EARLY < 3:
             write_dq_ordered(dq_s, bars, dq_acc, sem, lt, first_head, group, first, n_tiles,
                              sq, x, nkb, causal, STAGES + NBUF * WG, D, BM, BK,
                              EARLY)  # fmt: skip

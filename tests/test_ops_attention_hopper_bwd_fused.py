@@ -147,10 +147,8 @@ def _gpu_operands(b, h, hkv, sq, sk, d, causal, seed):
     import torch
 
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    q, do = (torch.randn((b, h, sq, d), device="cuda", dtype=torch.float16, generator=gen)
-             for _ in "qo")  # fmt: skip
-    k, v = (torch.randn((b, hkv, sk, d), device="cuda", dtype=torch.float16, generator=gen)
-            for _ in "kv")  # fmt: skip
+    shapes = [(b, heads, rows, d) for heads, rows in ((h, sq), (hkv, sk), (hkv, sk), (h, sq))]
+    q, k, v, do = [torch.randn(x, generator=gen, device="cuda").half() for x in shapes]
     o, lse = kaio_ops.flash_attention_with_stats(q, k, v, causal=causal)
     inputs = _arrays.Inputs("test")
     (qa, ka, va), dims, scale = attention._check_flash("test", q, k, v, None, inputs)
