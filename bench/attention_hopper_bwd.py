@@ -14,10 +14,13 @@ the others' results):
   SDPA's flash backward (``torch.autograd.grad`` of its output).
 - ``tiny``: the default kernels on a few small cases (for compute-sanitizer).
 - ``one``: one call of the default kernels at S 4096 (for Nsight Compute).
+- ``repeat``: each variant several times at a real size: how many distinct bit patterns
+  (the ordered fused kernel and the pair: one).
 - ``table``: the public op as shipped against SDPA flash over dtypes, head dims, masks and
   sequence lengths (docs/performance.md's table).
 
-Usage: ``python bench/attention_hopper_bwd.py {warm,check,time,tiny,one,table} [--out FILE.json]``.
+Usage: ``python bench/attention_hopper_bwd.py {warm,check,time,tiny,one,table,repeat}
+[--out FILE.json]``.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ NEW = {  # name: overrides of _attention_hopper_bwd.config's constexprs, per ker
     "fused writers": {"fused": {"DQ": 3}},  # by atomics from dq_s (the writer warps)
     "dkdv only": {"only": "dkdv"},  # one kernel alone (its FLOPs: 4/7 of the pair's, 2/3 dQ's)
     "dq only": {"only": "dq"},
+    "ordered": {"ordered": True},  # the deterministic fused kernel (_attention_hopper_bwd_fused)
 }
 D64 = {
     "fused atomics late": {"fused": {"DQ": 2, "STAGES": 4, "LATE": 1}},
@@ -98,6 +102,8 @@ def runner(kind: str, d: int, over: dict):
             hb.launch = functools.partial(launch, only=over["only"])
         elif "side" in over:  # the pair's dQ kernel on a second stream (or not)
             hb.launch = functools.partial(launch, side=over["side"])
+        elif not over.get("shipped"):  # the ordered fused kernel only where named
+            hb.launch = functools.partial(launch, ordered=over.get("ordered", False))
         try:
             return raw(do, q, k, v, o, lse, causal, None, fixed)
         finally:
@@ -205,7 +211,7 @@ def check(out_path, spec=None):
         if "only" in over:  # the other kernel's outputs are left unwritten
             continue
         for b, h, hkv, sq, sk in shapes:
-            if label not in ("wgmma", "shipped") and sq != 1024:
+            if label not in ("wgmma", "shipped", "ordered") and sq != 1024:
                 continue
             for causal in (False, True):
                 key = (dtype, d, b, h, hkv, sq, sk, causal)
@@ -242,7 +248,7 @@ def tiny() -> None:
     """The pair (the default) and the fused kernel once per case at small sizes (f16, D 128
     and 64, causal and not, partial tiles, grouped-query heads), checked: for
     compute-sanitizer (``TINY=pair``: the pair alone; ``TINY=one``: the pair at D 128,
-    causal)."""
+    causal; ``TINY=ordered``: the deterministic fused kernel at D 128, not causal)."""
     import torch
 
     cases = [("float16", 128, NEW["pair"]), ("float16", 64, NEW["pair"]), ("float16", 128, {}),
@@ -250,6 +256,8 @@ def tiny() -> None:
     if os.environ.get("TINY") == "pair":  # the shipped kernels alone (a shorter sanitizer run)
         cases = cases[:2]
     masks = (False, True)
+    if os.environ.get("TINY") == "ordered":  # the deterministic fused kernel, D 128 (SCHED 4)
+        cases, masks = [("float16", 128, NEW["ordered"])], (False,)
     if os.environ.get("TINY") == "one":  # the shipped kernels at D 128, causal: the shortest
         cases, masks = cases[:1], (True,)
     for dtype, d, over in cases:
@@ -264,6 +272,43 @@ def tiny() -> None:
                 for g, r in zip(grads, ref, strict=True)
             ]
             print(f"tiny {dtype} D{d} {over} causal={causal}: rel {errs}", flush=True)
+
+
+def repeat(out_path, spec=None) -> None:
+    """Determinism at real sizes: each variant of ``spec`` (default: the ordered fused kernel,
+    the pair and the unordered fused kernel, f16 D 128) ``runs`` times on its cases' inputs
+    (B, H, Hkv, S, both masks; ``RUNS``, default 5), the number of distinct bit patterns of
+    dq, dk and dv (1: deterministic) and dq's largest difference from the first run."""
+    import torch
+
+    runs = int(os.environ.get("RUNS", "5"))
+    spec = spec or [{"dtype": "float16", "d": 128, "b": 4, "h": 16, "hkv": 16, "s": 4096,
+                     "variants": {"ordered": NEW["ordered"], "pair": NEW["pair"],
+                                  "wgmma": {}}}]  # fmt: skip
+    by = {(lab, dt, d): (kind, over) for lab, dt, d, kind, over in variants(spec)}
+    rows = []
+    for c in spec:
+        q, k, v, do = tensors(c["b"], c["h"], c["hkv"], c["s"], c["s"], c["d"], c["dtype"])
+        for causal in c.get("causal", [False, True]):
+            o, lse = forward(q, k, v, causal)
+            for lab in c["variants"]:
+                kind, over = by[(lab, c["dtype"], c["d"])]
+                run = runner(kind, c["d"], over)
+                first = [g.clone() for g in run(do, q, k, v, o, lse, causal)]
+                distinct = [1, 1, 1]
+                seen = [[x] for x in first]
+                diff = 0.0
+                for _ in range(runs - 1):
+                    grads = run(do, q, k, v, o, lse, causal)
+                    for j, g in enumerate(grads):
+                        if not any(torch.equal(g, x) for x in seen[j]):
+                            seen[j].append(g.clone())
+                            distinct[j] += 1
+                    diff = max(diff, (grads[0].float() - first[0].float()).abs().max().item())
+                emit(rows, dict(variant=lab, dtype=c["dtype"], d=c["d"], b=c["b"], h=c["h"],
+                                hkv=c["hkv"], s=c["s"], causal=causal, runs=runs,
+                                distinct_dq_dk_dv=distinct, dq_max_diff=diff))  # fmt: skip
+    save(rows, out_path)
 
 
 def one() -> None:
@@ -361,11 +406,12 @@ def bench(out_path, check_log=None, quick=False, spec=None):
               f"kaio/mma.sync {ratio_old:.2f})")  # fmt: skip
 
 
-def table(out_path, dims=(64, 128, 256)) -> None:
+def table(out_path, dims=(64, 128, 256), seqs=(4096, 1024, 16384)) -> None:
     """``flash_attention_bwd`` as shipped (the public op: its dispatch, its defaults) against
     SDPA's flash backward, f16 and bf16, head dims ``dims``, causal and not, H16 at S 1024
     (B16), 4096 (B4) and 16384 (B1): TFLOP/s (2.5x the forward's FLOPs, halved when causal)
-    and ms, with CUDA events (the median of 3 rounds of 3 calls)."""
+    and ms, with CUDA events (the median of 3 rounds of 3 calls); ``seqs``: the sequence
+    lengths of those three to run."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
@@ -374,7 +420,7 @@ def table(out_path, dims=(64, 128, 256)) -> None:
 
     rows = []
     name = torch.cuda.get_device_name()
-    for s, b in ((4096, 4), (1024, 16), (16384, 1)):
+    for s, b in [(s, b) for s, b in ((4096, 4), (1024, 16), (16384, 1)) if s in seqs]:
         for d in dims:
             for dtype in ("float16", "bfloat16"):
                 q, k, v, do = tensors(b, 16, 16, s, s, d, dtype)
@@ -408,11 +454,13 @@ def _json_lines(path):
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("step", choices=("warm", "check", "time", "tiny", "one", "table"))
+    p.add_argument("step", choices=("warm", "check", "time", "tiny", "one", "table", "repeat"))
     p.add_argument("--out")
     p.add_argument("--jobs", type=int, default=8)
     p.add_argument("--quick", action="store_true", help="time: the first three cases only")
     p.add_argument("--check-log", help="time: only the variants this check output reached")
+    p.add_argument("--dims", default="64,128,256", help="table: the head dims (comma-separated)")
+    p.add_argument("--seqs", default="4096,1024,16384", help="table: the sequence lengths")
     p.add_argument(
         "--spec",
         help="warm, time: the cases of this JSON file (load_spec); "
@@ -438,10 +486,13 @@ def main() -> None:
         check(args.out, load_spec(args.spec))
     elif args.step == "tiny":
         tiny()
+    elif args.step == "repeat":
+        repeat(args.out, load_spec(args.spec))
     elif args.step == "one":
         one()
     elif args.step == "table":
-        table(args.out)
+        seqs = [int(x) for x in args.seqs.split(",")]
+        table(args.out, tuple(int(x) for x in args.dims.split(",")), seqs)
     else:
         bench(args.out, args.check_log, args.quick, load_spec(args.spec))
 

@@ -357,6 +357,34 @@ for _kind in ("add", "max", "min", "exch", "cas"):
     )
 
 
+def _lower_wait_eq(ctx, args, node):
+    if len(args) != 3:
+        ctx.error("kaio.wait_eq() takes (arr, idx, value)", node)
+    arr = ctx.array_arg(args[0], node, "wait_eq")
+    if arr.space != "global":
+        where = f"not a {arr.space} one"
+        ctx.error(f"kaio.wait_eq() waits on a global array (a kernel argument), {where}", node)
+    if arr.dtype.name not in ("i32", "u32"):
+        ctx.error(f"kaio.wait_eq() waits on an i32 or u32 array, not {arr.dtype}", node)
+    idx = ctx.indices(arr, args[1], node)
+    value = ctx.convert(ctx.value(args[2], node, arr.dtype), arr.dtype)
+    ctx.b.emit("wait_eq", None, (arr, *idx, value))
+    return None
+
+
+_define(
+    "wait_eq",
+    "wait_eq(arr, idx, value): spin until the global i32/u32 arr[idx] equals value, reading "
+    "it with acquire loads (ld.acquire.gpu): what the thread that stored the value wrote "
+    "before its release (threadfence() then a store or atomic) is then visible. For blocks "
+    "that take turns (a semaphore another block increments); the waited-for block must be "
+    "running or done (one of lower linear index: blocks start in that order). The simulator "
+    "runs a kernel that calls it one block at a time, in linear order, and reports a wait "
+    "that the blocks before it did not satisfy.",
+    _lower_wait_eq,
+)
+
+
 # ---------------------------------------------------------------- math
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453

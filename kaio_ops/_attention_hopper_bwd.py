@@ -995,7 +995,8 @@ def worthwhile(bh: int, sq: int, sk: int, d: int, sms: int) -> bool:
 
 def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
            cfg: dict | None = None, only: str | None = None, deterministic: bool = False,
-           fused: bool | None = None, side: bool | None = None):  # fmt: skip
+           fused: bool | None = None, side: bool | None = None,
+           ordered: bool | dict | None = None):  # fmt: skip
     """Run the kernels on checked operands (``_arrays.Operand``s q, do [B, H, Sq, D], k, v
     [B, Hkv, Sk, D], lse [B, H, Sq] f32) and ``delta`` (flat f32 [B * H * Sq], rowsum(dO *
     O)); ``dims``: (B * H, H, group, sq, sk, d, d); ``cfg``: the constexprs (default
@@ -1006,10 +1007,16 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     may. ``only``: "dkdv" or "dq" launches that kernel of the pair alone (to time it: the
     other's outputs are left unwritten). ``side`` (default ``SIDE``; torch arrays): the
     pair's dQ kernel runs on a second stream beside the dK/dV kernel (``side_stream``), so
-    that each fills the other's last wave. Returns (dq, dk, dv) of q's type and shapes."""
+    that each fills the other's last wave. ``ordered`` (default
+    ``_attention_hopper_bwd_fused.takes(d, causal)`` where none of ``cfg``, ``fused``,
+    ``side`` is given): the
+    deterministic fused kernel (``kaio_ops._attention_hopper_bwd_fused``: dQ added in a fixed
+    order), deterministic too (a dict: with these overrides of its ``ordered_config``).
+    Returns (dq, dk, dv) of q's type and shapes."""
     import math
 
     from kaio_ops import _arrays
+    from kaio_ops import _attention_hopper_bwd_fused as fused_ordered
 
     bh, heads, group, sq, sk, d, _ = dims
     if sq % 4 or not eligible(d):
@@ -1017,7 +1024,12 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
             f"_attention_hopper_bwd.launch: needs Sq a multiple of 4 (16-byte TMA copies of "
             f"lse and delta) and D 64 or 128, got Sq = {sq}, D = {d}; use the mma.sync kernels"
         )
+    asked = fused is not None or side is not None or cfg is not None  # the pair's, the fused
+    take = not asked and fused_ordered.takes(d, causal) if ordered is None else ordered
     cfg = cfg or config(d)
+    if only is None and take:
+        over = ordered if isinstance(ordered, dict) else None
+        return fused_ordered.launch(qa, ka, va, da, la, delta, dims, causal, scale, over)
     fused = not deterministic and only is None and (FUSED[d] if fused is None else fused)
     c1, c2 = (cfg["fused"] if fused else cfg["dkdv"]), cfg["dq"]
     for c in (c1, c2):

@@ -383,12 +383,13 @@ def flash_attention_bwd(
     and ``scale``. D a multiple of 8 up to 256. dK and dV of a K/V head sum over the query
     heads of its group. P is recomputed a tile at a time (no S x S matrix), dQ and dK/dV come
     from two kernels (for D > 128, dK and dV from one launch each), without atomics:
-    deterministic. On sm_90 for D 64 and 128 (``hopper_takes``) ``kaio_ops._attention_hopper_bwd``
-    runs instead: its pair of wgmma kernels, or where ``_attention_hopper_bwd.FUSED`` says so
-    (nowhere by default: faster, but not deterministic) one kernel for dK, dV and dQ that
-    adds dQ in f32 with atomics, so dQ's last bits may differ between runs;
-    ``deterministic=True`` (or
-    ``KAIO_ATTENTION_DETERMINISTIC=1``) always takes the pair, the same bits every run."""
+    deterministic. On sm_90 for D 64 and 128 (``hopper_takes``) the wgmma kernels run
+    instead: by default (``_attention_hopper_bwd_fused.ORDERED``) one kernel for dK, dV and
+    dQ whose key blocks add each query tile's dQ in f32 in a fixed order (semaphores): the
+    same bits every run; else ``kaio_ops._attention_hopper_bwd``'s deterministic pair, or
+    where ``_attention_hopper_bwd.FUSED`` says so (nowhere by default) its fused kernel whose
+    dQ additions come in a varying order. ``deterministic=True`` (or
+    ``KAIO_ATTENTION_DETERMINISTIC=1``) never takes that one: the same bits every run."""
     op = "flash_attention_bwd"
     inputs = _arrays.Inputs(op)
     da = inputs.array(do, "do", ndim=4, dtypes=(f16, bf16), form="[B, H, S, D]")

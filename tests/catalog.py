@@ -751,6 +751,33 @@ def _ref_atomics(args):
 case(_make_atomics, _ref_atomics)(atomics)
 
 
+@kaio.gpu_kernel(block_size=64)
+def turns(x: f32[:], sem: i32[:], out: f32[:]):
+    """Blocks take turns in linear order (``wait_eq`` on a semaphore, released with a fence
+    and an atomic): out[0] = out[0] / 2 + x[block], an order-dependent result."""
+    b = i32(kaio.block_idx_x())
+    if kaio.thread_idx_x() == 0:
+        kaio.wait_eq(sem, 0, b)
+        out[0] = out[0] * 0.5 + x[b]
+        kaio.threadfence()
+        kaio.atomic_add(sem, 0, 1)
+
+
+def _make_turns(rng):
+    x = rng.standard_normal(8).astype(np.float32)
+    return [x, np.zeros(1, np.int32), np.zeros(1, np.float32)], 8, 64, 0
+
+
+def _ref_turns(args):
+    acc = np.float32(0)
+    for v in args[0]:
+        acc = np.float32(acc * np.float32(0.5) + v)
+    return {1: np.array([8], np.int32), 2: np.array([acc], np.float32)}
+
+
+case(_make_turns, _ref_turns)(turns)
+
+
 # ---------------------------------------------------------------------------- math and conversions
 @kaio.gpu_kernel(block_size=64)
 def math_builtins(x: f32[:], out: f32[:, :]):

@@ -135,6 +135,23 @@ def lower_atomic(g, ins: Instr, combine) -> None:
         g.set(ins.dst, old)
 
 
+@LOWERING.register("wait_eq")
+def lower_wait_eq(g, ins: Instr) -> None:
+    """``wait_eq``: a loop of ``ld.acquire.gpu.global`` (inline PTX) until the element equals
+    the value."""
+    arr = ins.args[0]
+    ptr = address(g, arr, ins.args[1 : 1 + arr.ndim])
+    want = g.value(ins.args[-1])
+    loop = g.func.append_basic_block("wait_eq")
+    done = g.func.append_basic_block("wait_eq_done")
+    g.b.branch(loop)
+    g.b.position_at_end(loop)
+    text = f"ld.acquire.gpu.global.b{arr.dtype.bits} $0, [$1];"
+    seen = g.asm(text, "=r,l,~{memory}", I32, [ptr], ("nounwind",), effects=True)
+    g.b.cbranch(g.b.icmp_unsigned("==", seen, want), done, loop)
+    g.b.position_at_end(done)
+
+
 def _class(t: ScalarType) -> str:
     return "float" if t.is_float else "int"
 

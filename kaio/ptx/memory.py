@@ -164,6 +164,20 @@ def lower_access(e, ins: Instr) -> None:
         e.line(template.format(v=v, x=x, byte=byte, **fields))
 
 
+@LOWERING.register("wait_eq")
+def lower_wait_eq(e, ins: Instr) -> None:
+    """``wait_eq``: a loop of ``ld.acquire.gpu.global`` until the element equals the value."""
+    arr = ins.args[0]
+    t = arr.dtype
+    addr = address(e, arr, ins.args[1 : 1 + arr.ndim])
+    seen, again = e.tmp(t), e.tmp_pred()
+    loop = e.new_label("wait_eq")
+    e.place(loop)
+    e.line(f"ld.acquire.gpu.global.{bty(t)} {seen}, {addr}")
+    e.line(f"setp.ne.{bty(t)} {again}, {seen}, {e.o(ins.args[-1])}")
+    e.line(f"@{again} bra {loop}")
+
+
 def lower_atomic(e, ins: Instr, combine) -> None:
     """``old = array[idx]; array[idx] = f(old, value...)``, returning ``old``. ``combine`` is
     ``lowering.binary``: it computes ``f`` inside compare-and-swap loops."""

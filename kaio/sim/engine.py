@@ -15,7 +15,8 @@ Waits: an ``If`` whose two branches both have lanes runs the then branch, then t
 branch, unless one reaches a wait (``mbarrier_wait``) that nothing run so far satisfies: then
 the other branch runs until it ends or waits, and they take turns (role-split loops, such as
 a producer warp's and the consumers'). Execution steps are generators for this; a wait that
-no branch can satisfy reaches ``Machine.run`` and is reported as a deadlock.
+no branch can satisfy reaches ``Machine.run`` and is reported as a deadlock. A kernel that
+waits on other blocks (``wait_eq``) runs one block (cluster) a batch, in linear order.
 """
 
 from __future__ import annotations
@@ -79,6 +80,8 @@ def simulate(
             f"launched with {grid[0]} blocks along x: use a multiple of {cluster}"
         )
     per_batch = max(1, min(nblocks, batch_lanes // tpb)) // cluster * cluster or cluster
+    if any(isinstance(s, Instr) and s.op == "wait_eq" for s in nodes.walk(fn.body)):
+        per_batch = cluster  # blocks that take turns: one (cluster) at a time, in order
     with np.errstate(all="ignore"):
         for start in range(0, nblocks, per_batch):
             nb = min(per_batch, nblocks - start)

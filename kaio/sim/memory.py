@@ -201,6 +201,28 @@ def _accumulator(t: ScalarType, kind: str):
     }[kind]
 
 
+def wait_eq(m, ins: Instr, vals: list):
+    """``wait_eq``: the element must already hold the value. A kernel that waits on other
+    blocks runs one block at a time in linear order (``engine.simulate``), so a wait is met
+    only by what the blocks before it (and its own threads) stored; a wait they did not
+    satisfy would spin forever on the GPU too, or wait for a later block: reported."""
+    st = m.storage(ins.args[0])
+    nd = len(st.shape)
+    lanes, ix, _ = locate(m, ins, st, vals[:nd], "wait_eq")
+    want = np.asarray(m.pick(vals[nd], lanes))
+    seen = st.data[ix]
+    bad = np.flatnonzero(seen != want)
+    if len(bad):
+        lane = int(lanes[bad[0]]) if lanes is not None else int(bad[0])
+        raise SimulationError(
+            f"{m.where(ins)}: kaio.wait_eq() by {m.describe(lane)} waits for "
+            f"{ins.args[0].name}[...] == {want[bad[0]]}, but it holds {seen[bad[0]]} after the "
+            "blocks of lower linear index ran (the simulator runs such a kernel one block at a "
+            "time, in that order): the wait would never end, or waits for a block that starts "
+            f"later (order the blocks' turns by their linear index){m.source(ins)}"
+        )
+
+
 def atomic(m, ins: Instr, vals: list):
     """``old = array[index]; array[index] = f(old, operands...)``, applied lane by lane in
     lane order (block-major, then thread order): the results are deterministic."""

@@ -160,6 +160,7 @@ SEMANTICS |= {
     "load": memory.load,
     "store": memory.store,
     "atomic": memory.atomic,
+    "wait_eq": memory.wait_eq,
     "shfl": threads.shfl,
     "vote_any": threads.vote_any,
     "vote_all": threads.vote_all,

@@ -1,0 +1,517 @@
+"""The deterministic fused Hopper (sm_90a) flash-attention backward: one kernel computes dK,
+dV and dQ (FlashAttention-3's backward, ``kaio_ops._attention_hopper_bwd``'s ``DQ`` 5
+schedule, whose consumer and producer warps it runs), and adds each query tile's dQ
+contribution to an f32 buffer in a FIXED order, so that dQ has the same bits every run
+(FlashAttention-3's deterministic mode).
+
+A block owns ``64 * WG`` keys (key block ``x``) of one K/V head and walks the query tiles of
+its group's heads; for each tile its consumers store the tile's dQ share (64 x D f32, in
+fragment order) to shared memory and the dQ writer (the producer warpgroup's second warp)
+adds it to the tile's 64 D floats of ``dq_acc`` with one ``bulk_reduce_add``. The writer
+first waits (``kaio.wait_eq``, acquire loads) until the tile's semaphore (``sem``: an i32
+per (head, query tile), zeroed before the kernel) equals this block's rank among the tile's
+contributors, waits for its reduction to complete (``bulk_wait``), then releases the next
+one (``threadfence`` and ``atomic_add(sem, tile, 1)``). The ranks:
+
+- not causal: every key block adds to every query tile, in increasing key-block order
+  (rank ``x``); block x is launched as ``block_idx_x`` x, so a block only waits for blocks
+  of lower linear index (dispatched before it: no deadlock), and the blocks of a K/V head
+  are consecutive (dispatched together: short waits, a wave-front once per wave);
+- causal: key block x adds to the query tiles from ``x * BK // BM`` on, in DECREASING
+  key-block order (rank ``x_max(t) - x``, ``x_max(t)`` the last key block that tile t sees),
+  and block x is launched as ``block_idx_x`` ``nkb - 1 - x``: block x reaches each tile two
+  tiles after block x + 1 (its first tile is two tiles further on), so they seldom wait
+  (increasing order would make block x wait for block 0 to reach its first tile).
+
+The simulator runs a kernel with ``wait_eq`` one block at a time in linear order: every
+wait is met at once there, and an order that needs a later block is reported.
+"""
+
+from __future__ import annotations
+
+import kaio
+from kaio import bool_, f32, i32, u32, u64
+from kaio_ops._attention_hopper import PRODUCER_REGS, issue_pv, pack_p
+from kaio_ops._attention_hopper_bwd import (
+    SW,
+    _ds_buffers,
+    _stages,
+    config,
+    consume_dkdv,
+    dq_convert_tiles,
+    grads_t,
+    hand_dq,
+    init_barriers,
+    issue_dq,
+    issue_front,
+    issue_pt,
+    produce,
+    release,
+    shared_bytes,
+    store_dq_frags,
+    store_ds,
+    store_tile,
+    zero_acc,
+)
+from kaio_ops._attention_hopper_common import next_tile, thread_roles
+from kaio_ops._matmul_hopper import next_stage
+
+# ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
+
+# Whether ``flash_attention_bwd`` takes this kernel (else the deterministic pair) for head
+# dim d and the mask (not causal, causal), where ``_attention_hopper_bwd.launch`` is not
+# told otherwise (``takes``).
+ORDERED = {64: (True, True), 128: (True, True)}
+
+
+def takes(d: int, causal: bool) -> bool:
+    """Whether ``_attention_hopper_bwd.launch`` runs this kernel by default (``ORDERED``)."""
+    return ORDERED.get(d, (False, False))[bool(causal)]
+
+
+@kaio.gpu_func
+def write_dq_ordered(
+    dq_s: f32[:, :], bars: u64[:, :], dq_acc: f32[:], sem: i32[:], lt: u32, first_head: i32,
+    group: i32, first: i32, n_tiles: i32, sq: i32, x: i32, nkb: i32, causal: i32,
+    FULL: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr, BK: kaio.constexpr,
+    EARLY: kaio.constexpr,
+):  # fmt: skip
+    """The dQ writers, the producer warpgroup's warps 1 to 3 (thread ``lt`` of it): for each
+    tile of the consumers' walk, once they stored its dQ in dq_s (``bars[1, FULL]``), warp
+    1's first lane waits for this key block's turn on the tile's semaphore, adds the tile
+    with one bulk reduction to its ``BM`` D floats of ``dq_acc`` (tile t of head h at (h
+    n_tiles + t) BM D, rows past sq: zeros to padding), waits for the addition to complete
+    and passes the turn on; then dq_s is free (``bars[1, FULL + 1]``: an arrival a warp).
+    ``EARLY``: 0 as above; 1 dq_s is free once the reduction has read it, before it
+    completes (the turn passes as late); 2 as 1, and the turn on each tile is awaited (and
+    the last tile's passed on) before the consumers have its dQ, so that once they have
+    only the reduction's read of dq_s stands between them and the next tile's."""
+    lane = i32(lt % 32)
+    t = first
+    at0 = first_head * sq
+    ph = u32(0)
+    last = i32(0)  # the last tile (EARLY 2: its turn passed on at the next)
+    total = group * kaio.max(n_tiles - first, 0)
+    for _i in range(total):
+        tile = at0 // sq * n_tiles + t
+        rank = x
+        if causal != 0:  # decreasing key blocks, from the last that sees the tile
+            rank = kaio.min(nkb - 1, ((t + 1) * BM - 1) // BK) - x
+        if EARLY == 2 and lt == 32:  # while the consumers compute the tile's dQ
+            if _i > 0:
+                pass_turn(sem, last)
+            kaio.wait_eq(sem, tile, rank)
+        kaio.mbarrier_wait(bars, (1, FULL), ph)
+        ph ^= 1
+        if lt == 32:
+            if EARLY < 2:
+                kaio.wait_eq(sem, tile, rank)
+            kaio.bulk_reduce_add(dq_acc, tile * BM * D, dq_s, (0, 0), BM * D * 4)
+            kaio.bulk_commit()
+            if EARLY:
+                kaio.bulk_wait_read(0)
+            else:
+                pass_turn(sem, tile)
+        kaio.sync_warp()
+        if lane == 0:
+            kaio.mbarrier_arrive(bars, (1, FULL + 1))
+        if EARLY == 1 and lt == 32:
+            pass_turn(sem, tile)
+        last = tile
+        t, at0 = next_tile(t, at0, first, n_tiles, sq)
+    if EARLY == 2 and lt == 32 and total > 0:
+        pass_turn(sem, last)
+
+
+@kaio.gpu_func
+def pass_turn(sem: i32[:], tile: i32):
+    """Once this thread's bulk reductions are done (the sums made, not only their source
+    read), the next key block's turn on the tile: a fence, then the semaphore's increment."""
+    kaio.bulk_wait(0)
+    kaio.threadfence()
+    kaio.atomic_add(sem, tile, 1)
+
+
+@kaio.gpu_func
+def consume_late(
+    k_s: DT[:, :, :], v_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :],
+    stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], lse: f32[:], delta: f32[:],
+    dk: DT[:], dv: DT[:], pt_s: DT[:, :, :], dq_s: f32[:, :], dq_acc: f32[:], wg: u32, lt: u32,
+    kvh: i32, first_head: i32, group: i32, first: i32, n_tiles: i32, k0: i32, sq: i32,
+    sk: i32, causal: i32, scale_log2: f32, scale: f32, D: kaio.constexpr, BM: kaio.constexpr,
+    WG: kaio.constexpr, STAGES: kaio.constexpr, TSTATS: kaio.constexpr, SCHED: kaio.constexpr,
+    TWO: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """Consumer warpgroup ``wg``'s 64 keys (thread ``lt`` of it) with ``SCHED`` 1 or 2: tile i's
+    S^T and dP^T issued first, then tile i - 1's dV += P^T dO, dK += dS^T Q and dQ = dS K, all
+    three from shared memory (``pt_s``: dS^T in buffers 0 and 1, P^T in 2 and 3, by tile
+    parity; both warpgroups' rows there, ``bars[1, STAGES + b]``), so that tile i's P^T and
+    dS^T are computed while they run; then tile i - 1's stage released, its dQ handed to the
+    writer (``hand_dq``: DQ 5) and tile i's P^T and dS^T stored. ``SCHED`` 2: tile i - 1's
+    dQ product only then (issued and handed on after tile i's P^T and dS^T are stored: at D
+    128 its accumulators beside them and dK's and dV's spilled). ``TWO``: dQ handed to two
+    writers by tile parity (``give_dq``). ``SCHED`` 4: as 2 with P^T in registers (``p``, as
+    the pair's ``PIPE`` 3: two buffers of shared memory instead of four, so that three ring
+    stages fit at D 128). Then dK, dV stored."""
+    NQ = D // WG  # dQ's columns in this warpgroup, from c0
+    s = kaio.local(f32, (BM // 8, 4))  # S^T, then P^T
+    dp = kaio.local(f32, (BM // 8, 4))  # dP^T, then dS^T
+    dqa = kaio.local(f32, (NQ // 8, 4))
+    p = kaio.local(u32, (BM // 16, 4))  # SCHED 4: P^T's A fragments
+    af = kaio.local(u32, (D // 16, 4))  # (unused: issue_front's AREG 0)
+    dka = kaio.local(f32, (D // 8, 4))
+    dva = kaio.local(f32, (D // 8, 4))
+    zero_acc(dka, D)
+    zero_acc(dva, D)
+    lane = lt % 32
+    kr = 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)  # pt_s's rows kr, kr + 8
+    key0 = k0 + kr  # the rows' keys
+    c0 = i32(wg) * NQ
+    FULL = STAGES + 2 * WG  # dq_s's barriers (init_barriers with DQ 5, NBUF 2)
+    total = group * kaio.max(n_tiles - first, 0)
+    kaio.mbarrier_wait(turn, 0, 0)  # K and V landed
+    t = first
+    at0 = first_head * sq
+    wph = u32(0)
+    fb = i32(0)  # TWO: the parity of the tile whose dQ is handed on next
+    if total > 0:
+        kaio.mbarrier_wait(bars, (0, 0), 0)
+        kaio.wgmma_fence()
+        issue_front(s, dp, k_s, v_s, q_s, do_s, af, af, 0, wg, D, 0, DT)
+        kaio.wgmma_wait(0)
+        grads_t(s, dp, stats, 0, lse, delta, at0, key0, t * BM, sq, sk, causal, scale_log2, lane,
+                BM, TSTATS)  # fmt: skip
+        hand_pt(pt_s, 0, p, s, dp, bars, STAGES, kr, lane, lt, BM, SCHED, DT)
+        pb = i32(0)  # tile i - 1's buffers and their barrier's parity
+        hph = u32(0)
+        ps = i32(0)  # tile i - 1's stage
+        st, ph = next_stage(0, u32(0), STAGES)
+        t, at0 = next_tile(t, at0, first, n_tiles, sq)
+        for _i in range(1, total):
+            kaio.mbarrier_wait(bars, (0, st), ph)
+            kaio.wgmma_fence()
+            issue_front(s, dp, k_s, v_s, q_s, do_s, af, af, st, wg, D, 0, DT)
+            kaio.mbarrier_wait(bars, (1, STAGES + pb), hph)  # tile i - 1's from every warp
+            issue_back_late(dka, dva, dqa, p, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG,
+                            SCHED, DT)  # fmt: skip
+            kaio.wgmma_wait(3 if SCHED == 1 else 2)  # S^T, dP^T done (SCHED 4: with dV's
+            # A, p, in flight: p is packed again only after the wait for all)
+            grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, sk, causal, scale_log2,
+                    lane, BM, TSTATS)  # fmt: skip
+            kaio.wgmma_wait(0)  # tile i - 1's products done: its stage (and dQ)
+            release(bars, ps, lt)
+            if SCHED == 1:
+                wph = give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, _i > 1, wph, fb, FULL,
+                              D, NQ, TWO)  # fmt: skip
+                fb ^= 1
+            qb = pb  # tile i - 1's buffers
+            pb, hph = next_stage(pb, hph, 2)  # (its last readers: tile i - 2's products, done)
+            hand_pt(pt_s, pb, p, s, dp, bars, STAGES, kr, lane, lt, BM, SCHED, DT)
+            if SCHED >= 2:  # tile i - 1's dQ now: s, dp are stored (dqa and they never coexist)
+                kaio.wgmma_fence()
+                issue_dq(dqa, pt_s, qb, k_s, wg, D, NQ, WG, 5, DT)
+                kaio.wgmma_wait(0)
+                wph = give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, _i > 1, wph, fb, FULL,
+                              D, NQ, TWO)  # fmt: skip
+                fb ^= 1
+            ps = st
+            st, ph = next_stage(st, ph, STAGES)
+            t, at0 = next_tile(t, at0, first, n_tiles, sq)
+        kaio.mbarrier_wait(bars, (1, STAGES + pb), hph)
+        kaio.wgmma_fence()
+        last = 4 if SCHED == 4 else 1  # (4: P^T in p, dQ after; else from pt_s, with dQ)
+        issue_back_late(dka, dva, dqa, p, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG,
+                        last, DT)  # fmt: skip
+        if SCHED == 4:
+            issue_dq(dqa, pt_s, pb, k_s, wg, D, NQ, WG, 5, DT)
+        kaio.wgmma_wait(0)
+        release(bars, ps, lt)
+        give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, total > 1, wph, fb, FULL, D, NQ, TWO)
+    store_tile(dk, dka, kvh * sk * D, key0, sk, scale, lane, D, DT)
+    store_tile(dv, dva, kvh * sk * D, key0, sk, 1.0, lane, D, DT)
+
+
+@kaio.gpu_func
+def give_dq(
+    dq_s: f32[:, :], bars: u64[:, :], dq_acc: f32[:], dqa: f32[:, :], sq: i32, c0: i32,
+    lane: u32, lt: u32, after: bool_, wph: u32, fb: i32, FULL: kaio.constexpr,
+    D: kaio.constexpr, NQ: kaio.constexpr, TWO: kaio.constexpr,
+) -> u32:  # fmt: skip
+    """A tile's dQ to dq_s for the writer (``hand_dq`` with DQ 5), or with ``TWO`` for the
+    writer of tiles of parity ``fb``: once dq_s is free (``bars[1, FULL + 1]``, ``after`` a
+    first tile; parity ``wph``), stored in fragment order, then this warp's arrival on
+    ``bars[1, FULL - 2 + fb]`` (the dS^T barriers of buffers 2, 3, unused by
+    ``consume_late``). Returns the next parity."""
+    if TWO:
+        if after:
+            kaio.mbarrier_wait(bars, (1, FULL + 1), wph)
+            wph ^= 1
+        store_dq_frags(dq_s, dqa, c0, lt, NQ)
+        release(bars, FULL - 2 + fb, lt)
+        return wph
+    return hand_dq(dq_s, bars, dq_acc, dqa, 0, 0, sq, c0, lane, lt, after, wph, FULL, D, NQ, 5)
+
+
+@kaio.gpu_func
+def write_dq_two(
+    dq_s: f32[:, :], bars: u64[:, :], dq_acc: f32[:], sem: i32[:], w: i32, first_head: i32,
+    group: i32, first: i32, n_tiles: i32, sq: i32, x: i32, nkb: i32, causal: i32,
+    FULL: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr, BK: kaio.constexpr,
+):  # fmt: skip
+    """``EARLY`` 3: writer ``w`` (0, 1: the first lanes of the producer warpgroup's warps 1
+    and 2) of the tiles of parity w of the consumers' walk (``give_dq``'s ``TWO``): for each,
+    the last one's turn passed on (its reduction complete), the turn on this one awaited,
+    then once its dQ is in dq_s (``bars[1, FULL - 2 + w]``) one bulk reduction, its reads
+    waited for, and dq_s freed (three arrivals on ``bars[1, FULL + 1]``, whose count is the
+    three writer warps'). Each tile's addition then takes one writer half the tiles' time."""
+    t = first
+    at0 = first_head * sq
+    ph = u32(0)
+    last = i32(0)
+    total = group * kaio.max(n_tiles - first, 0)
+    for _i in range(total):
+        if _i % 2 == w:
+            tile = at0 // sq * n_tiles + t
+            rank = x
+            if causal != 0:
+                rank = kaio.min(nkb - 1, ((t + 1) * BM - 1) // BK) - x
+            if _i >= 2:
+                pass_turn(sem, last)
+            kaio.wait_eq(sem, tile, rank)
+            kaio.mbarrier_wait(bars, (1, FULL - 2 + w), ph)
+            ph ^= 1
+            kaio.bulk_reduce_add(dq_acc, tile * BM * D, dq_s, (0, 0), BM * D * 4)
+            kaio.bulk_commit()
+            kaio.bulk_wait_read(0)
+            for _a in kaio.static_range(3):
+                kaio.mbarrier_arrive(bars, (1, FULL + 1))
+            last = tile
+        t, at0 = next_tile(t, at0, first, n_tiles, sq)
+    if total > w:
+        pass_turn(sem, last)
+
+
+@kaio.gpu_func
+def issue_back_late(
+    dka: f32[:, :], dva: f32[:, :], dqa: f32[:, :], p: u32[:, :], pt_s: DT[:, :, :], b: i32,
+    k_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :], st: i32, wg: u32,
+    D: kaio.constexpr, BM: kaio.constexpr, NQ: kaio.constexpr, WG: kaio.constexpr,
+    SCHED: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """Issue a tile's dV += P^T dO (P^T: this warpgroup's rows of ``pt_s[2 + b]``; ``SCHED``
+    4: the registers ``p``), dK += dS^T Q (``pt_s[b]``; dO, Q in stage st) and (``SCHED``
+    1) dQ = dS K (every row of ``pt_s[b]``, this warpgroup's NQ columns of K), each its own
+    group."""
+    if SCHED == 4:
+        issue_pv(dva, p, do_s, st, BM, DT)
+    else:
+        issue_pt(dva, pt_s, 2 + b, wg, do_s, st, BM, DT)
+    issue_pt(dka, pt_s, b, wg, q_s, st, BM, DT)
+    if SCHED == 1:
+        issue_dq(dqa, pt_s, b, k_s, wg, D, NQ, WG, 5, DT)
+
+
+@kaio.gpu_func
+def hand_pt(
+    pt_s: DT[:, :, :], b: i32, p: u32[:, :], s: f32[:, :], dp: f32[:, :], bars: u64[:, :],
+    base: i32, kr: i32, lane: u32, lt: u32, BM: kaio.constexpr, SCHED: kaio.constexpr,
+    DT: kaio.constexpr,
+):  # fmt: skip
+    """A tile's P^T (``s``) and dS^T (``dp``) to ``pt_s[2 + b]`` (``SCHED`` 4: packed into
+    the registers ``p``) and ``pt_s[b]`` (rows kr, kr + 8), fenced for the tensor cores, then
+    this warp's arrival on ``bars[1, base + b]``."""
+    if SCHED == 4:
+        pack_p(p, s, BM, DT)
+    else:
+        store_ds(pt_s, 2 + b, s, kr, lane, BM, DT)
+    store_ds(pt_s, b, dp, kr, lane, BM, DT)
+    release(bars, base + b, lt)
+
+
+@kaio.gpu_kernel(fastmath=True)  # ex2.approx.ftz: one instruction an exponential
+def attention_bwd_fused_ordered(
+    tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
+    tl: kaio.tensormap, td: kaio.tensormap, lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:],
+    dq_acc: f32[:], sem: i32[:], sq: i32, sk: i32, heads: i32, group: i32, scale_log2: f32,
+    scale: f32, causal: i32, D: kaio.constexpr, BM: kaio.constexpr, WG: kaio.constexpr,
+    STAGES: kaio.constexpr, PIPE: kaio.constexpr, AREG: kaio.constexpr, TSTATS: kaio.constexpr,
+    REGS: kaio.constexpr, DT: kaio.constexpr, DQ: kaio.constexpr, LATE: kaio.constexpr,
+    EARLY: kaio.constexpr, SCHED: kaio.constexpr,
+):  # fmt: skip
+    """dk, dv of the ``64 * WG`` keys of key block x (``block_idx_x``, reversed where causal:
+    module docstring) and K/V head block y, summed over its group's query heads, and their
+    share of dQ / scale added to ``dq_acc`` (f32, whole 64-row tiles in fragment order,
+    zeros before) in the fixed order of the semaphores ``sem`` (i32 [B * H * n_tiles],
+    zeros before). The arguments as ``_attention_hopper_bwd.attention_bwd_dkdv_wgmma``'s
+    (its ``DQ`` 5 constexprs: PIPE 0, BM 64); ``EARLY``: ``write_dq_ordered``'s;
+    ``SCHED`` 0: the consumers of ``_attention_hopper_bwd`` (``consume_dkdv``, with LATE),
+    1, 2, 4: ``consume_late`` (four P^T and dS^T buffers; 4: two, dS^T)."""
+    NBUF = 3 if LATE == 2 else 2  # the dS^T buffers of SCHED 0 (and their barriers)
+    NPT = 4 if SCHED and SCHED < 4 else NBUF  # the P^T and dS^T buffers (SCHED 0, 4: dS^T)
+    BK = 64 * WG
+    TILE = BK * 64 * 2  # one K or V column block, resp. P^T or dS^T buffer (64 queries)
+    RING = 2 * STAGES * BM * D * 2  # Q and dO: the ring
+    NB = STAGES + NBUF * WG + 2
+    k_s = kaio.shared_dynamic(DT, (D // 64, BK, 64), 0)
+    v_s = kaio.shared_dynamic(DT, (D // 64, BK, 64), D // 64 * TILE)
+    q_s = kaio.shared_dynamic(DT, (STAGES, D // 64, BM, 64), D // 32 * TILE)
+    do_s = kaio.shared_dynamic(DT, (STAGES, D // 64, BM, 64), D // 32 * TILE + RING // 2)
+    ds_s = kaio.shared_dynamic(DT, (NPT, BK, 64), D // 32 * TILE + RING)
+    DQS = D // 32 * TILE + RING + NPT * TILE
+    dq_s = kaio.shared_dynamic(f32, (BM * D // 4, 4), DQS)  # fragment order (store_dq_frags)
+    stats = kaio.shared_dynamic(f32, (2, STAGES, BM), DQS + BM * (D + 4) * 4)
+    BARS = DQS + BM * (D + 4) * 4 + 2 * STAGES * BM * 4
+    bars = kaio.shared_dynamic(u64, (2, NB), BARS)
+    turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * NB)
+    nkb = (sk + BK - 1) // BK
+    x = i32(kaio.block_idx_x())
+    if causal != 0:
+        x = nkb - 1 - x  # the last key blocks first: they add to each tile before the rest
+    k0 = x * BK
+    t, wg, lt = thread_roles(WG)
+    kvh = i32(kaio.block_idx_y())
+    first_head = kvh // (heads // group) * heads + kvh % (heads // group) * group
+    first = i32(0)
+    if causal != 0:
+        first = k0 // BM  # queries before k0 see none of these keys
+    n_tiles = (sq + BM - 1) // BM
+    if t == 0:
+        init_barriers(bars, turn, WG, STAGES, DQ, NBUF)
+    kaio.sync_threads()
+    if wg < WG:  # the consumers
+        if REGS:
+            kaio.setmaxnreg_inc(REGS)
+        if SCHED:
+            consume_late(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
+                         dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk,
+                         causal, scale_log2, scale, D, BM, WG, STAGES, TSTATS, SCHED,
+                         EARLY == 3, DT)  # fmt: skip
+        else:
+            consume_dkdv(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
+                         dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk,
+                         causal, scale_log2, scale, D, BM, WG, STAGES, PIPE, AREG, TSTATS, DQ,
+                         LATE, DT)  # fmt: skip
+    else:  # the producer warpgroup: its first thread loads, warps 1 to 3 add dQ
+        if REGS:
+            kaio.setmaxnreg_dec(PRODUCER_REGS)
+        if EARLY == 3 and (lt == 32 or lt == 64):
+            write_dq_two(dq_s, bars, dq_acc, sem, i32(lt // 32) - 1, first_head, group, first,
+                         n_tiles, sq, x, nkb, causal, STAGES + NBUF * WG, D, BM, BK)  # fmt: skip
+        elif lt == 0:
+            produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl, td,
+                    kvh * sk + k0, first_head * sq, sq, group, first, n_tiles, D, BK, BM,
+                    STAGES, TSTATS, DT)  # fmt: skip
+        elif lt >= 32 and EARLY < 3:
+            write_dq_ordered(dq_s, bars, dq_acc, sem, lt, first_head, group, first, n_tiles,
+                             sq, x, nkb, causal, STAGES + NBUF * WG, D, BM, BK,
+                             EARLY)  # fmt: skip
+
+
+@kaio.gpu_kernel(block_size=256)
+def zero_acc_sem(acc: f32[:], n: i32, sem: i32[:], m: i32):
+    """acc[0 .. n) = 0, four a thread (n a multiple of 4), and sem[0 .. m) = 0 (m <= n / 4):
+    the fused kernel's dQ sums and semaphores, in one launch."""
+    j = i32(kaio.block_idx_x() * 256 + kaio.thread_idx_x())
+    i = j * 4
+    if i < n:
+        z = kaio.local(f32, 4)
+        for e in kaio.static_range(4):
+            z[e] = 0.0
+        kaio.store_vector(acc, i, z)
+    if j < m:
+        sem[j] = 0
+
+
+# The consumers' schedule (``consume_late``) by head dim and mask (not causal, causal):
+# measured on an H100 (f16 B4 H16 S4096, TFLOP/s at 2.5x the forward's FLOPs), SCHED 4 /
+# 2 / 0: D 128 454 / 418 / 392, causal 400 / 422 / 371; D 64 (4 / 2 / 1) 318 / 303 / 285,
+# causal 316 / 302 / 271. (At D 128 SCHED 1 spills 280 bytes.)
+SCHED = {64: (4, 4), 128: (4, 2)}
+
+
+def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> dict:
+    """The kernel's constexprs for head dim ``d``: ``_attention_hopper_bwd.config(d)``'s
+    fused ones (``DQ`` 5), ``SCHED`` ``sched`` (default ``SCHED[d][causal]``), ``EARLY`` 3
+    (2 with ``SCHED`` 0; H100, f16 B4 H16 S4096, ``SCHED`` 2 at D 128, 1 at D 64: 3 against 2
+    411 / 410, causal 403 / 385; at D 64 293 / 271, causal 278 / 268) and as many ring stages
+    as fit (at most 4)."""
+    sched = SCHED[d][bool(causal)] if sched is None else sched
+    c = {**config(d)["fused"], "EARLY": 3 if sched else 2, "SCHED": sched}
+    c["STAGES"] = _stages(d, 64 * c["WG"], c["BM"], True, 5, _buffers(c))
+    return c
+
+
+def _buffers(c: dict) -> int:
+    """The P^T and dS^T buffers of 64 queries (``shared_bytes``'s ``nbuf``)."""
+    return 4 if c.get("SCHED") in (1, 2) else _ds_buffers(c)[1]
+
+
+def smem_bytes(d: int, c: dict) -> int:
+    """The kernel's dynamic shared memory for head dim ``d`` and constexprs ``c``."""
+    return shared_bytes(d, 64 * c["WG"], c["BM"], c["STAGES"], c["STAGES"] * c["BM"], 5,
+                        _buffers(c))  # fmt: skip
+
+
+def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
+           cfg: dict | None = None):  # fmt: skip
+    """Run the deterministic fused backward on checked operands (as
+    ``_attention_hopper_bwd.launch``: q, do [B, H, Sq, D], k, v [B, Hkv, Sk, D], lse [B, H,
+    Sq] f32, ``delta`` flat f32 [B * H * Sq]; ``dims``: (B * H, H, group, sq, sk, d, d);
+    ``cfg``: overrides of ``ordered_config(d)``'s constexprs): zero the dQ sums and the
+    semaphores, the kernel, then dQ rounded to q's type. Returns (dq, dk, dv)."""
+    import math
+
+    from kaio_ops import _arrays
+
+    bh, heads, group, sq, sk, d, _ = dims
+    c = {**ordered_config(d, (cfg or {}).get("SCHED"), causal), **(cfg or {})}  # (EARLY too)
+    if c.get("DQ") != 5 or c["PIPE"] or c["BM"] != 64 or (c["SCHED"] and c["LATE"]):
+        raise ValueError(
+            f"_attention_hopper_bwd_fused.launch: needs the DQ 5 schedule (PIPE 0, BM 64; "
+            f"SCHED 1 without LATE), got {c}; pass ordered_config(d)"
+        )
+    if c["EARLY"] == 3 and not c["SCHED"]:
+        raise ValueError(f"_attention_hopper_bwd_fused.launch: EARLY 3 needs SCHED 1 or 2: {c}")
+    if c["SCHED"] and c["STAGES"] < 2:
+        raise ValueError(f"_attention_hopper_bwd_fused.launch: SCHED 1 needs 2 stages: {c}")
+    stream = _arrays.stream_of(qa)
+    dq = _arrays.output(da, qa.shape)
+    dk, dv = (_arrays.output(da, ka.shape) for _ in range(2))
+    rows_q, rows_kv = bh * sq, ka.size // d
+    n_tiles = -(-sq // 64)
+    acc_size = bh * n_tiles * 64 * d
+    dq_acc = _arrays.output(da, (acc_size,), f32)
+    sem = _arrays.output(da, (bh * n_tiles,), i32)
+    zero_acc_sem[-(-acc_size // 1024), 256, stream, 0](dq_acc, acc_size, sem, bh * n_tiles)
+
+    def tmap(a, rows, box):
+        return kaio.tensor_map_2d(_arrays.view(a.obj, a.kind, (rows, d)), (box, 64), SW)
+
+    stats = [
+        kaio.tensor_map_2d(_arrays.view(x, la.kind, (1, rows_q)), (1, c["BM"]), 0)
+        for x in (la.obj, delta)
+    ]
+    bk = 64 * c["WG"]
+    smem = smem_bytes(d, c)
+    attention_bwd_fused_ordered[(-(-sk // bk), bh // group), 128 * c["WG"] + 128, stream, smem](
+        tmap(ka, rows_kv, bk), tmap(va, rows_kv, bk), tmap(qa, rows_q, c["BM"]),
+        tmap(da, rows_q, c["BM"]), *stats, la.arg(rows_q), delta,
+        _arrays.output_arg(da, dk, (ka.size,)), _arrays.output_arg(da, dv, (ka.size,)),
+        dq_acc, sem, sq, sk, heads, group, math.log2(math.e) * scale, scale, int(causal),
+        D=d, DT=qa.dtype, **c,
+    )  # fmt: skip
+    dq_convert_tiles[-(-qa.size // 1024), 256, stream, 0](
+        _arrays.output_arg(da, dq, (qa.size,)), dq_acc, bh * sq, sq, scale, D=d, DT=qa.dtype
+    )
+    return dq, dk, dv
+
+
+def specializations():
+    """(kernel, constexprs) of the specializations ``launch`` runs (for PTX checks)."""
+    from kaio import bf16, f16
+
+    for dt in (f16, bf16):
+        for d in (64, 128):
+            for sched in sorted(set(SCHED[d])):  # the schedules taken (by mask)
+                yield attention_bwd_fused_ordered, {"D": d, "DT": dt, **ordered_config(d, sched)}
+    yield zero_acc_sem, {}

@@ -1,0 +1,206 @@
+"""The deterministic fused Hopper flash-attention backward
+(``kaio_ops._attention_hopper_bwd_fused``: one kernel for dK, dV and dQ, each query tile's dQ
+added in a fixed key-block order through semaphores, ``kaio.wait_eq``) in the simulator
+against NumPy float64 gradients at small sizes (causal and not, grouped-query heads, partial
+tiles of queries and keys, both head dims and types; the simulator runs its blocks one at a
+time, so a wait for a later block is reported), ``kaio.wait_eq``'s checks, the kernels' PTX
+through ptxas for sm_90a, and on an sm_90 GPU against float64 autograd with the same bits
+on every run."""
+
+from __future__ import annotations
+
+import re
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import kaio
+import kaio_ops
+from kaio import f32, i32
+from kaio.ptx.ptxas import assemble, find_ptxas
+from kaio_ops import _arrays, attention
+from kaio_ops import _attention_hopper_bwd as hopper_bwd
+from kaio_ops import _attention_hopper_bwd_fused as fused
+from tests.poison import poison_allocations
+from tests.test_ops_attention_hopper_bwd import check_grads, run_sim, small
+
+
+@pytest.fixture(autouse=True)
+def poisoned_outputs(monkeypatch):
+    """Every array an op allocates (the dQ sums and the semaphores too) starts poisoned."""
+    poison_allocations(monkeypatch)
+
+
+@pytest.mark.parametrize(
+    "b, h, hkv, sq, sk, d, dtype, causal, sched, early",
+    [
+        # grouped-query, partial query tiles, Sq < Sk, causal (decreasing key-block order);
+        # each tile's dQ product with the next tile's S^T and dP^T
+        (1, 2, 1, 152, 256, 64, np.float16, True, 1, 2),
+        # D 128, bf16, two batches, grouped-query, Sq > Sk with a partial key tile; each
+        # tile's dQ product after the next tile's P^T and dS^T
+        (2, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 2),
+        # P^T in registers, two dQ writers; Sq > Sk, causal, grouped-query
+        (1, 2, 1, 256, 128, 64, np.float16, True, 4, 3),
+    ],
+)
+def test_ordered_backward_in_simulator(
+    b, h, hkv, sq, sk, d, dtype, causal, sched, early, monkeypatch
+):  # fmt: skip
+    """dQ, dK, dV against float64 through ``_attention_hopper_bwd.launch(ordered=...)``
+    with two ring stages (the simulator runs the blocks in linear order: each wait is met by
+    the blocks before)."""
+    launch = hopper_bwd.launch
+    over = {"SCHED": sched, "EARLY": early, "STAGES": 2}
+    monkeypatch.setattr(hopper_bwd, "launch", lambda *a, **k: launch(*a, **k, ordered=over))
+    cfg = small(2, 0, 0, 5, 0)
+    check_grads(*run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg), dtype)
+
+
+def test_launch_dispatches_by_head_dim_and_mask(monkeypatch):
+    """``_attention_hopper_bwd.launch`` runs the ordered kernel where ``takes`` says so
+    (``ORDERED`` by head dim and mask) and the caller asks for nothing of the other kernels'
+    (``cfg``, ``fused``, ``side``), or where ``ordered`` asks."""
+    monkeypatch.setattr(fused, "ORDERED", {64: (False, True), 128: (True, True)})
+    assert fused.takes(128, False) and fused.takes(64, True) and not fused.takes(64, False)
+    assert not fused.takes(256, True)
+    monkeypatch.setattr(fused, "launch", lambda *a: ("ordered", a[-1]))
+    q = np.zeros((1, 1, 128, 64), np.float16)
+    with kaio.simulate():
+        inputs = _arrays.Inputs("test")
+        (qa, ka, va), dims, scale = attention._check_flash("test", q, q, q, None, inputs)
+        la = inputs.array(np.zeros((1, 1, 128), np.float32), "lse", ndim=3, dtypes=(f32,))
+        args = (qa, ka, va, qa, la, np.zeros(128, np.float32), dims)
+        assert hopper_bwd.launch(*args, True, scale) == ("ordered", None)
+        assert hopper_bwd.launch(*args, True, scale, deterministic=True)[0] == "ordered"
+        over = {"SCHED": 4}
+        assert hopper_bwd.launch(*args, False, scale, ordered=over) == ("ordered", over)
+        for causal, keywords in ((False, {}), (True, {"side": False}), (True, {"fused": False})):
+            with pytest.raises(KeyError):  # not taken: the pair's configuration is read
+                hopper_bwd.launch(*args, causal, scale, cfg={"bad": 1}, **keywords)
+
+
+@kaio.gpu_kernel(block_size=32)
+def _take_turns(sem: i32[:], out: f32[:], first: i32):
+    """Block b waits for sem[0] == b + first, then out[b] = its turn's number."""
+    b = i32(kaio.block_idx_x())
+    if kaio.thread_idx_x() == 0:
+        kaio.wait_eq(sem, 0, b + first)
+        out[b] = f32(kaio.atomic_add(sem, 0, 1))
+
+
+def test_wait_eq_in_the_simulator_runs_blocks_in_order_and_reports_an_unmet_wait():
+    sem, out = np.zeros(1, np.int32), np.full(5, np.nan, np.float32)
+    _take_turns.sim[5](sem, out, 0)
+    assert sem[0] == 5 and (out == np.arange(5)).all()
+    sem[0] = 0  # block 0 waits for 1: only a later block could store it
+    with pytest.raises(kaio.SimulationError, match="wait_eq.*holds 0"):
+        _take_turns.sim[5](sem, out, 1)
+
+
+def test_wait_eq_refuses_shared_and_float_arrays():
+    @kaio.gpu_kernel(block_size=32)
+    def shared_wait(out: i32[:]):
+        s = kaio.shared(i32, (1,))
+        kaio.wait_eq(s, 0, 1)
+
+    @kaio.gpu_kernel(block_size=32)
+    def float_wait(x: f32[:]):
+        kaio.wait_eq(x, 0, 1.0)
+
+    with pytest.raises(kaio.CompileError, match="global array"):
+        shared_wait.ptx(arch="sm_90")
+    with pytest.raises(kaio.CompileError, match="i32 or u32"):
+        float_wait.ptx(arch="sm_90")
+
+
+SHIPPED = [(k, c) for k, c in fused.specializations() if c.get("DT") != kaio.bf16]
+
+
+@pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
+@pytest.mark.parametrize("index", range(len(SHIPPED)))
+def test_specializations_assemble_for_sm_90a(index):
+    """No spills, no serialized wgmma (f16: bf16 differs in the wgmma's type only); the SIMT
+    zeroing kernel for sm_80 too."""
+    kernel, constexprs = SHIPPED[index]
+    ptx = kernel.ptx(arch="sm_90", **constexprs)
+    hopper = ".target sm_90a" in ptx
+    report = assemble(ptx, "sm_90a" if hopper else "sm_90")
+    spills = re.search(r"(\d+) bytes spill stores", report)
+    assert spills and spills[1] == "0", (constexprs, report)
+    assert "C7518" not in report and "C7508" not in report and "C7510" not in report, report
+    if not hopper:
+        assemble(kernel.ptx(arch="sm_80", **constexprs), "sm_80")
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+def _hopper_gpu() -> bool:
+    return kaio.gpu_available() and kaio.device().arch == "sm_90"
+
+
+def _gpu_operands(b, h, hkv, sq, sk, d, causal, seed):
+    """Random f16 q, k, v, do on the GPU, the forward's o and lse, and ``launch``'s checked
+    operands: (q, k, v, do, run) with ``run(**keywords)`` the backward's (dq, dk, dv)."""
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    shapes = [(b, heads, rows, d) for heads, rows in ((h, sq), (hkv, sk), (hkv, sk), (h, sq))]
+    q, k, v, do = [torch.randn(x, generator=gen, device="cuda").half() for x in shapes]
+    o, lse = kaio_ops.flash_attention_with_stats(q, k, v, causal=causal)
+    inputs = _arrays.Inputs("test")
+    (qa, ka, va), dims, scale = attention._check_flash("test", q, k, v, None, inputs)
+    da = inputs.array(do, "do", ndim=4)
+    la = inputs.array(lse, "lse", ndim=3, dtypes=(f32,))
+    delta = (o.float() * do.float()).sum(-1).reshape(-1)
+
+    def run(**keywords):
+        return hopper_bwd.launch(qa, ka, va, da, la, delta, dims, causal, scale, **keywords)
+
+    return q, k, v, do, run
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif("not _hopper_gpu()", reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("d, causal, hkv", [(128, True, 2), (128, False, 4), (64, True, 4)])
+def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv):
+    """Against float64 autograd (grouped-query heads, Sq < Sk, a partial query tile) and
+    the same bits on three runs, at a size with many key blocks a query tile."""
+    import torch
+
+    from tests.test_ops_attention import _rel_t, _sdpa64
+
+    h = 4
+    q, k, v, do, run = _gpu_operands(2, h, hkv, 1000, 2048, d, causal, d + hkv)
+    leaves = [x.double().requires_grad_() for x in (q, k, v)]
+    _sdpa64(*leaves, causal, group=h // hkv).backward(do.double())
+    runs = [run(ordered=True) for _ in range(3)]
+    for g, leaf in zip(runs[0], leaves, strict=True):
+        assert _rel_t(g, leaf.grad) < 5e-3, _rel_t(g, leaf.grad)
+    for again in runs[1:]:
+        assert all(torch.equal(x, y) for x, y in zip(runs[0], again, strict=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif("not _hopper_gpu()", reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_ordered_backward_replays_in_a_cuda_graph(causal):
+    """Captured in a CUDA graph, replayed twice: the semaphores are zeroed inside the
+    captured work, so each replay equals the eager call bit for bit (a replay that found
+    the last call's counts would wait forever or add out of order)."""
+    import torch
+
+    *_, run = _gpu_operands(1, 4, 4, 1024, 1024, 128, causal, 5)
+    eager = run(ordered=True)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = run(ordered=True)
+    for _ in range(2):
+        for g in captured:
+            g.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert all(torch.equal(x, y) for x, y in zip(eager, captured, strict=True))
