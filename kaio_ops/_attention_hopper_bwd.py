@@ -83,6 +83,8 @@ def produce(
     td: kaio.tensormap, once_row: i32, ring_row: i32, head_stride: i32, heads_n: i32,
     first: i32, n_tiles: i32, D: kaio.constexpr, ONCE: kaio.constexpr, R: kaio.constexpr,
     STAGES: kaio.constexpr, STATS: kaio.constexpr, DT: kaio.constexpr,
+    COLS: kaio.constexpr = 0, once_col: i32 = 0, ring_col: i32 = 0, stat_at: i32 = 0,
+    stat_stride: i32 = 0,
 ):  # fmt: skip
     """The producer's copies: ``ONCE`` rows of ``ta``, ``tb`` from ``once_row`` into a_s,
     b_s (once, on ``turn[0]``), then for each head j < heads_n and tile t in first ..
@@ -90,49 +92,72 @@ def produce(
     into the ring's next stage (on its "landed" barrier), once the consumers freed it. The
     rows' lse and delta (``tl``, ``td``: [1, rows] f32) go to ``stats[0 and 1, stage]``
     with each ring tile where ``STATS`` is 1, to ``stats[0 and 1, 0]`` with the tiles loaded
-    once where it is 2 (0: not at all)."""
+    once where it is 2 (0: not at all). ``COLS`` 1 (the varlen kernels: heads side by side
+    in the columns of [tokens, heads * D]): the tiles loaded once are the D columns from
+    ``once_col``, head j's ring tiles those from ``ring_col + j * D``, and the stats of a
+    row r of head j are at ``r + stat_at + j * stat_stride`` (0: columns from 0, stats at
+    the rows)."""
     C = D // 64
     STATS_ONCE = 2 * ONCE * 4 if STATS == 2 else 0
     kaio.mbarrier_arrive_expect_tx(turn, 0, u32(2 * ONCE * D * 2 + STATS_ONCE))
     for c in kaio.static_range(C):
-        kaio.tma_load_2d(a_s, (c, 0, 0), ta, once_row, c * 64, turn, 0)
-        kaio.tma_load_2d(b_s, (c, 0, 0), tb, once_row, c * 64, turn, 0)
+        kaio.tma_load_2d(a_s, (c, 0, 0), ta, once_row, once_col + c * 64, turn, 0)
+        kaio.tma_load_2d(b_s, (c, 0, 0), tb, once_row, once_col + c * 64, turn, 0)
     if STATS == 2:
-        kaio.tma_load_2d(stats, (0, 0, 0), tl, 0, once_row, turn, 0)
-        kaio.tma_load_2d(stats, (1, 0, 0), td, 0, once_row, turn, 0)
+        kaio.tma_load_2d(stats, (0, 0, 0), tl, 0, once_row + stat_at, turn, 0)
+        kaio.tma_load_2d(stats, (1, 0, 0), td, 0, once_row + stat_at, turn, 0)
     STATS_RING = 2 * R * 4 if STATS == 1 else 0
     st = i32(0)
     ph = u32(0)
     t = first  # the tile of head row0 / head_stride: a counter, not divisions
     row0 = ring_row
+    col = i32(ring_col)  # COLS: head j's first column, its stats' offset
+    sat = i32(stat_at)
     for i in range(heads_n * kaio.max(n_tiles - first, 0)):
         row = row0 + t * R
+        at = sat
+        c0 = col
         t += 1  # written out: ``next_tile`` here changed the dK/dV kernel's SASS
         if t == n_tiles:
             t = first
             row0 += head_stride
+            if COLS:
+                col += D
+                sat += stat_stride
         if i >= STAGES:  # stage st held tile i - STAGES: wait until it is free
             kaio.mbarrier_wait(bars, (1, st), ph ^ 1)
         kaio.mbarrier_arrive_expect_tx(bars, (0, st), u32(2 * R * D * 2 + STATS_RING))
         for c in kaio.static_range(C):
-            kaio.tma_load_2d(x_s, (st, c, 0, 0), tx, row, c * 64, bars, (0, st))
-            kaio.tma_load_2d(y_s, (st, c, 0, 0), ty, row, c * 64, bars, (0, st))
+            if COLS:
+                kaio.tma_load_2d(x_s, (st, c, 0, 0), tx, row, c0 + c * 64, bars, (0, st))
+                kaio.tma_load_2d(y_s, (st, c, 0, 0), ty, row, c0 + c * 64, bars, (0, st))
+            else:
+                kaio.tma_load_2d(x_s, (st, c, 0, 0), tx, row, c * 64, bars, (0, st))
+                kaio.tma_load_2d(y_s, (st, c, 0, 0), ty, row, c * 64, bars, (0, st))
         if STATS == 1:
-            kaio.tma_load_2d(stats, (0, st, 0), tl, 0, row, bars, (0, st))
-            kaio.tma_load_2d(stats, (1, st, 0), td, 0, row, bars, (0, st))
+            if COLS:
+                kaio.tma_load_2d(stats, (0, st, 0), tl, 0, row + at, bars, (0, st))
+                kaio.tma_load_2d(stats, (1, st, 0), td, 0, row + at, bars, (0, st))
+            else:
+                kaio.tma_load_2d(stats, (0, st, 0), tl, 0, row, bars, (0, st))
+                kaio.tma_load_2d(stats, (1, st, 0), td, 0, row, bars, (0, st))
         st, ph = next_stage(st, ph, STAGES)
 
 
 @kaio.gpu_func
 def store_tile(
     out: DT[:], acc: f32[:, :], at0: i32, row: i32, rows: i32, factor: f32, lane: u32,
-    D: kaio.constexpr, DT: kaio.constexpr,
+    D: kaio.constexpr, DT: kaio.constexpr, COLS: kaio.constexpr = 0, stride: i32 = 0,
 ):  # fmt: skip
     """out[at0 + (row + 8h) * D + col] = acc * factor for this lane's two row halves h whose
-    row is below ``rows`` (its columns 8n + 2 (lane % 4) + e, pairs stored together)."""
+    row is below ``rows`` (its columns 8n + 2 (lane % 4) + e, pairs stored together); rows
+    ``stride`` apart where ``COLS`` (heads side by side: ``produce``)."""
     for h in kaio.static_range(2):
         if row + 8 * h < rows:
-            store_pairs(out, at0 + (row + 8 * h) * D, acc, h, factor, lane, D, DT)
+            if COLS:
+                store_pairs(out, at0 + (row + 8 * h) * stride, acc, h, factor, lane, D, DT)
+            else:
+                store_pairs(out, at0 + (row + 8 * h) * D, acc, h, factor, lane, D, DT)
 
 
 @kaio.gpu_func
@@ -240,9 +265,12 @@ def consume_dkdv(
     causal: i32, scale_log2: f32, scale: f32, D: kaio.constexpr, BM: kaio.constexpr,
     WG: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr, AREG: kaio.constexpr,
     TSTATS: kaio.constexpr, DQ: kaio.constexpr, LATE: kaio.constexpr, DT: kaio.constexpr,
+    COLS: kaio.constexpr = 0, shift: i32 = 0, out_at: i32 = 0, out_stride: i32 = 0,
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 keys (thread ``lt`` of it): dK and dV over the query
-    tiles of the group's heads (module docstring), then stored. ``PIPE``: 0 each tile's
+    tiles of the group's heads (module docstring), then stored (where ``COLS``: at
+    ``out_at``, rows ``out_stride`` apart, the queries seen shifted by ``shift``: the
+    varlen kernels' bottom-right causal mask; TSTATS 1 and DQ 0 only). ``PIPE``: 0 each tile's
     products issued and waited for in turn; 1 tile i's S^T and dP^T issued together with
     tile i - 1's dV and dK, so that tile i's P^T and dS^T are computed while those run (the
     forward's intra-warpgroup overlap); 2, 3 the same with P^T and dS^T (2), resp. dS^T (3),
@@ -304,8 +332,8 @@ def consume_dkdv(
                 kaio.wgmma_wait(1)
             else:
                 kaio.wgmma_wait(0)
-            grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, kend, causal, scale_log2,
-                    lane, BM, TSTATS)  # fmt: skip
+            grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM + shift, sq + shift, kend,
+                    causal, scale_log2, lane, BM, TSTATS)  # fmt: skip
             pack_p(p, s, BM, DT)
             pack_p(ds, dp, BM, DT)
             if DQ and LATE == 1 and _i > 0:
@@ -357,8 +385,8 @@ def consume_dkdv(
         kaio.wgmma_fence()
         issue_front(s, dp, k_s, v_s, q_s, do_s, af, bf, 0, wg, D, AREG, DT)
         kaio.wgmma_wait(0)
-        grads_t(s, dp, stats, 0, lse, delta, at0, key0, t * BM, sq, kend, causal, scale_log2, lane,
-                BM, TSTATS)  # fmt: skip
+        grads_t(s, dp, stats, 0, lse, delta, at0, key0, t * BM + shift, sq + shift, kend, causal,
+                scale_log2, lane, BM, TSTATS)  # fmt: skip
         pb = i32(0)  # PIPE 2, 3: tile i - 1's ds_s buffers (4 - PIPE of them from pb)
         wph = hand_off(ds_s, pb, p, ds, s, dp, bars, STAGES + i32(wg), wph, kr, lane, lt, BM,
                        PIPE, DT)  # fmt: skip
@@ -371,8 +399,8 @@ def consume_dkdv(
             issue_front(s, dp, k_s, v_s, q_s, do_s, af, bf, st, wg, D, AREG, DT)
             issue_back(dka, dva, p, ds, ds_s, pb, wg, q_s, do_s, ps, BM, PIPE, DT)  # tile i - 1's
             kaio.wgmma_wait(2)  # S^T, dP^T done (tile i - 1's dV, dK may still run)
-            grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, kend, causal, scale_log2,
-                    lane, BM, TSTATS)  # fmt: skip
+            grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM + shift, sq + shift, kend,
+                    causal, scale_log2, lane, BM, TSTATS)  # fmt: skip
             kaio.wgmma_wait(0)  # tile i - 1's dV, dK done: p, ds (ds_s) and its stage are free
             release(bars, ps, lt)
             if PIPE >= 2:  # the other buffers: tile i - 1's may still be read by another
@@ -386,9 +414,13 @@ def consume_dkdv(
         issue_back(dka, dva, p, ds, ds_s, pb, wg, q_s, do_s, ps, BM, PIPE, DT)
         kaio.wgmma_wait(0)
         release(bars, ps, lt)
-    at = kvh * sk * D
-    store_tile(dk, dka, at, key0, sk, scale, lane, D, DT)
-    store_tile(dv, dva, at, key0, sk, 1.0, lane, D, DT)
+    if COLS:
+        store_tile(dk, dka, out_at, key0, sk, scale, lane, D, DT, 1, out_stride)
+        store_tile(dv, dva, out_at, key0, sk, 1.0, lane, D, DT, 1, out_stride)
+    else:
+        at = kvh * sk * D
+        store_tile(dk, dka, at, key0, sk, scale, lane, D, DT)
+        store_tile(dv, dva, at, key0, sk, 1.0, lane, D, DT)
 
 
 @kaio.gpu_func
@@ -638,11 +670,13 @@ def consume_dq(
     stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], dq: DT[:], wg: u32, lt: u32, bh: i32,
     q0: i32, n_tiles: i32, sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32,
     D: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr,
-    AREG: kaio.constexpr, DT: kaio.constexpr,
+    AREG: kaio.constexpr, DT: kaio.constexpr, COLS: kaio.constexpr = 0, out_at: i32 = 0,
+    out_stride: i32 = 0,
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 query rows (thread ``lt`` of it): dQ over the key tiles
-    (module docstring; at least one), then stored; ``PIPE`` as ``consume_dkdv``'s. The
-    rows' lse and delta are ``stats[0 and 1, 0]``."""
+    (module docstring; at least one), then stored (where ``COLS``: at ``out_at``, rows
+    ``out_stride`` apart); ``PIPE`` as ``consume_dkdv``'s. The rows' lse and delta are
+    ``stats[0 and 1, 0]``."""
     lane = lt % 32
     local = 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)  # rows q0 + local (+ 8)
     row0 = q0 + local
@@ -709,7 +743,10 @@ def consume_dq(
         issue_pv(dqa, ds, k_s, ps, BN, DT)
         kaio.wgmma_wait(0)
         release(bars, ps, lt)
-    store_tile(dq, dqa, bh * sq * D, row0, sq, scale, lane, D, DT)
+    if COLS:
+        store_tile(dq, dqa, out_at, row0, sq, scale, lane, D, DT, 1, out_stride)
+    else:
+        store_tile(dq, dqa, bh * sq * D, row0, sq, scale, lane, D, DT)
 
 
 @kaio.gpu_func
@@ -760,6 +797,28 @@ def attention_bwd_dkdv_wgmma(
     D] in boxes of (64 * WG, 64); ``tq``, ``tdo``: q, do as [B * H * sq, D] in boxes of (BM,
     64); ``tl``, ``td``: lse, delta as [1, B * H * sq] f32 in boxes of (1, BM); dk, dv
     [B * Hkv * sk * D] flat; ``scale_log2``: the scale times log2(e)."""
+    dkdv_block(tk, tv, tq, tdo, tl, td, lse, delta, dk, dv, dq_acc, sq, sk, heads, group,
+               scale_log2, scale, causal, D, BM, WG, STAGES, PIPE, AREG, TSTATS, REGS, DT, DQ,
+               LATE)  # fmt: skip
+
+
+@kaio.gpu_func
+def dkdv_block(
+    tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
+    tl: kaio.tensormap, td: kaio.tensormap, lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:],
+    dq_acc: f32[:], sq: i32, sk: i32, heads: i32, group: i32, scale_log2: f32, scale: f32,
+    causal: i32, D: kaio.constexpr, BM: kaio.constexpr, WG: kaio.constexpr,
+    STAGES: kaio.constexpr, PIPE: kaio.constexpr, AREG: kaio.constexpr, TSTATS: kaio.constexpr,
+    REGS: kaio.constexpr, DT: kaio.constexpr, DQ: kaio.constexpr, LATE: kaio.constexpr,
+    COLS: kaio.constexpr = 0, start_q: i32 = 0, start_k: i32 = 0, stat_stride: i32 = 0,
+    shift: i32 = 0, stat_off: i32 = 0,
+):  # fmt: skip
+    """The body of ``attention_bwd_dkdv_wgmma`` (its parameters), and with ``COLS`` 1 that of
+    the varlen kernel (``_attention_hopper_varlen_bwd``): sequence ``block z`` of packed
+    [tokens, heads * D] arrays (``produce``'s ``COLS``) whose queries and keys start at
+    ``start_q``, ``start_k`` (sq and sk its lengths), lse and delta [heads, stat_stride]
+    (query row r's at r + ``stat_off``), the queries seen shifted by ``shift`` (the
+    bottom-right causal mask)."""
     BK = 64 * WG
     C = D // 64
     ONCE_BYTES = BK * D * 2
@@ -790,7 +849,10 @@ def attention_bwd_dkdv_wgmma(
     k0 = i32(kaio.block_idx_x()) * BK  # causal: the first key tiles see the most queries
     first = i32(0)
     if causal != 0:
-        first = k0 // BM  # queries before k0 see none of these keys
+        if COLS:  # queries before k0 - shift see none of these keys
+            first = kaio.max(k0 - shift, 0) // BM
+        else:
+            first = k0 // BM  # queries before k0 see none of these keys
     n_tiles = (sq + BM - 1) // BM
     if t == 0:  # (PT: a barrier a warpgroup, ``hand_off``: as DQ 1's with one buffer)
         init_barriers(bars, turn, WG, STAGES, DQ if DQ else (1 if PT else 0), NBUF if DQ else 1)
@@ -800,15 +862,21 @@ def attention_bwd_dkdv_wgmma(
             kaio.setmaxnreg_inc(REGS)
         consume_dkdv(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
                      dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk, causal,
-                     scale_log2, scale, D, BM, WG, STAGES, PIPE, AREG, TSTATS, DQ, LATE,
-                     DT)  # fmt: skip
+                     scale_log2, scale, D, BM, WG, STAGES, PIPE, AREG, TSTATS, DQ, LATE, DT,
+                     COLS, shift, (start_k * kv_heads + kvh) * D, kv_heads * D)  # fmt: skip
     else:  # the producer warpgroup: its first thread loads
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         if lt == 0:
-            produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl, td,
-                    kvh * sk + k0, first_head * sq, sq, group, first, n_tiles, D, BK, BM,
-                    STAGES, TSTATS, DT)  # fmt: skip
+            if COLS:  # heads side by side: the query heads' columns and stats
+                produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl, td,
+                        start_k + k0, start_q, 0, group, first, n_tiles, D, BK, BM, STAGES,
+                        TSTATS, DT, 1, kvh * D, first_head * D,
+                        first_head * stat_stride + stat_off, stat_stride)  # fmt: skip
+            else:
+                produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl, td,
+                        kvh * sk + k0, first_head * sq, sq, group, first, n_tiles, D, BK, BM,
+                        STAGES, TSTATS, DT)  # fmt: skip
         elif lt >= 32:  # warps 1 to 3: the dQ writers (DQ 3; DQ 4: warp 1's lanes add)
             if DQ >= 3:
                 write_dq(dq_s, bars, dq_acc, lt, first_head, group, first, n_tiles, sq,
@@ -828,6 +896,26 @@ def attention_bwd_dq_wgmma(
     [B * H * sq, D] in boxes of (64 * WG, 64); ``tk``, ``tv``: k, v as [B * Hkv * sk, D] in
     boxes of (BN, 64); ``tl``, ``td``: lse, delta as [1, B * H * sq] f32 in boxes of
     (1, 64 * WG); dq [B * H * sq * D] flat."""
+    dq_block(tq, tdo, tk, tv, tl, td, dq, sq, sk, heads, group, scale_log2, scale, causal, D,
+             BN, WG, STAGES, PIPE, AREG, REGS, DT)  # fmt: skip
+
+
+@kaio.gpu_func
+def dq_block(
+    tq: kaio.tensormap, tdo: kaio.tensormap, tk: kaio.tensormap, tv: kaio.tensormap,
+    tl: kaio.tensormap, td: kaio.tensormap, dq: DT[:],
+    sq: i32, sk: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
+    D: kaio.constexpr, BN: kaio.constexpr, WG: kaio.constexpr, STAGES: kaio.constexpr,
+    PIPE: kaio.constexpr, AREG: kaio.constexpr, REGS: kaio.constexpr, DT: kaio.constexpr,
+    COLS: kaio.constexpr = 0, q0_at: i32 = 0, n_at: i32 = 0, start_q: i32 = 0,
+    start_k: i32 = 0, stat_stride: i32 = 0, shift: i32 = 0, stat_off: i32 = 0,
+):  # fmt: skip
+    """The body of ``attention_bwd_dq_wgmma`` (its parameters), and with ``COLS`` 1 that of the
+    varlen kernel (``_attention_hopper_varlen_bwd``): head block y's query rows from
+    ``q0_at`` (at least one key tile to see: ``n_at``) of a sequence of packed
+    [tokens, heads * D] arrays (``produce``'s ``COLS``) whose queries and keys start at
+    ``start_q``, ``start_k``, lse and delta [heads, stat_stride] (row r's at r +
+    ``stat_off``), the rows seen shifted by ``shift`` (the bottom-right causal mask)."""
     BQ = 64 * WG
     C = D // 64
     ONCE_BYTES = BQ * D * 2
@@ -842,22 +930,39 @@ def attention_bwd_dq_wgmma(
     bars = kaio.shared_dynamic(u64, (2, STAGES), BARS)
     turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * STAGES)
     t, wg, lt = thread_roles(WG)
-    bh, kvh, q0, n_tiles = query_block(heads, group, sk, causal, BQ, BN)
+    if COLS:
+        bh = i32(kaio.block_idx_y())
+        kvh = bh // group
+        q0 = q0_at
+        n_tiles = n_at
+    else:
+        bh, kvh, q0, n_tiles = query_block(heads, group, sk, causal, BQ, BN)
     if t == 0:
         init_barriers(bars, turn, WG, STAGES, 0, 2)
     kaio.sync_threads()
     if wg < WG:
         if REGS:
             kaio.setmaxnreg_inc(REGS)
-        consume_dq(q_s, do_s, k_s, v_s, stats, bars, turn, dq, wg, lt, bh, q0, n_tiles, sq,
-                   sk, causal, scale_log2, scale, D, BN, STAGES, PIPE, AREG, DT)  # fmt: skip
+        if COLS:  # rows seen shifted by shift, stored shifted back
+            consume_dq(q_s, do_s, k_s, v_s, stats, bars, turn, dq, wg, lt, bh, q0 + shift,
+                       n_tiles, sq + shift, sk, causal, scale_log2, scale, D, BN, STAGES, PIPE,
+                       AREG, DT, 1, ((start_q - shift) * heads + bh) * D,
+                       heads * D)  # fmt: skip
+        else:
+            consume_dq(q_s, do_s, k_s, v_s, stats, bars, turn, dq, wg, lt, bh, q0, n_tiles, sq,
+                       sk, causal, scale_log2, scale, D, BN, STAGES, PIPE, AREG, DT)  # fmt: skip
     else:
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         if lt == 0:
-            produce(q_s, do_s, k_s, v_s, stats, bars, turn, tq, tdo, tk, tv, tl, td,
-                    bh * sq + q0, kvh * sk, 0, 1, 0, n_tiles, D, BQ, BN, STAGES, 2,
-                    DT)  # fmt: skip
+            if COLS:
+                produce(q_s, do_s, k_s, v_s, stats, bars, turn, tq, tdo, tk, tv, tl, td,
+                        start_q + q0, start_k, 0, 1, 0, n_tiles, D, BQ, BN, STAGES, 2, DT, 1,
+                        bh * D, kvh * D, bh * stat_stride + stat_off, 0)  # fmt: skip
+            else:
+                produce(q_s, do_s, k_s, v_s, stats, bars, turn, tq, tdo, tk, tv, tl, td,
+                        bh * sq + q0, kvh * sk, 0, 1, 0, n_tiles, D, BQ, BN, STAGES, 2,
+                        DT)  # fmt: skip
 
 
 def shared_bytes(

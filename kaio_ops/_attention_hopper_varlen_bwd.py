@@ -1,0 +1,269 @@
+"""The Hopper (sm_90a) backward of ``kaio_ops.flash_attention_varlen``: the dense Hopper
+backward's deterministic pair of kernels (``kaio_ops._attention_hopper_bwd``: a dK/dV kernel
+and a dQ kernel on TMA, an mbarrier ring, warp specialization and ``wgmma``; no atomics)
+over a packed batch of variable-length sequences.
+
+The packed q, do [total_q, H, D] and k, v [total_k, Hkv, D] are seen by the tensor maps as
+2-D arrays [total, H * D] (Hkv * D), as in the varlen forward
+(``_attention_hopper_varlen``): a head of a sequence is the box of rows from the sequence's
+start (``cu_seqlens``, read on the GPU: no synchronization with the host) and columns from
+h * D. The dense kernels' bodies (``dkdv_block``, ``dq_block`` with ``COLS`` 1) take the
+row and column bases; the dK/dV block (x, y, z) owns the keys x of K/V head y of sequence
+z, the dQ block the query tile x (counted from the last: the heaviest causal tiles first)
+of head y of sequence z. A block whose tile lies past its sequence's end returns at once
+(the grid covers the longest sequence, ``max_seqlen``).
+
+The row logsumexps and delta = rowsum(dO * O) come to shared memory with the tiles (TMA)
+from f32 [H, Tp] copies (``varlen_stats``) in which each sequence starts on a multiple of 4
+(``stats_start``: cu_q[b] + 3 b rounded up; a TMA copy's first column must be 16 bytes
+into a row), zeros in the gaps and past the last sequence. Rows past a sequence's end are those
+of the next sequence (or TMA's zeros past the array): their probabilities and dS are masked
+to zero, and their gradients never stored (each thread stores its own rows, below the
+sequence's length), as the dense kernels do past a head's rows.
+
+Causal attention is aligned bottom-right, as the varlen forward: query i of a sequence of
+sq queries and sk keys sees keys j <= i + sk - sq. Both kernels see the query rows shifted
+by sk - sq (the dense kernels' mask, key <= row, is then this one) and store them shifted
+back. A dQ tile whose rows see no key (sk = 0, or every row before the first key) writes
+zeros without touching the pipeline; a key tile that no query sees gets zeros from the
+dK/dV kernel's empty loop.
+"""
+
+# ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
+from __future__ import annotations
+
+import math
+
+import kaio
+from kaio import f32, i32, u32
+from kaio_ops import _attention_hopper_bwd as dense
+from kaio_ops._attention_hopper import SW
+from kaio_ops._attention_hopper_bwd import dkdv_block, dq_block
+from kaio_ops._attention_hopper_common import kv_head_and_tiles
+from kaio_ops._attention_varlen import sequence
+from kaio_ops._common import warp_sum
+
+
+@kaio.gpu_func
+def stats_start(cu_q: i32[:], b: u32) -> i32:
+    """Where sequence b's lse and delta start in a head's row of the stats copies:
+    cu_q[b] + 3 b rounded up to 4 (``varlen_stats``)."""
+    return (i32(cu_q[b]) + 3 * i32(b) + 3) // 4 * 4
+
+
+@kaio.gpu_kernel(block_size=256)
+def varlen_stats(
+    o: DT[:], do: DT[:], lse: f32[:], lse_p: f32[:], delta_p: f32[:], cu_q: i32[:],
+    heads: i32, total_q: i32, tp: i32, d: i32, DT: kaio.constexpr,
+):  # fmt: skip
+    """The TMA copies' lse and delta: for sequence b = block z, head h = block y and its
+    slots i (block x, a warp each) from ``stats_start(b)`` to ``stats_start(b + 1)``
+    (``tp`` for the last sequence), lse_p[h, slot] = lse[h, t] and delta_p[h, slot] =
+    sum(o[t, h] * do[t, h]) in f32 for its tokens t = cu_q[b] + i, zeros past its end
+    (lse_p, delta_p: f32 [heads, tp]; o, do [total_q, heads, d]; lse [heads, total_q])."""
+    b = kaio.block_idx_z()
+    h = i32(kaio.block_idx_y())
+    i = i32(kaio.block_idx_x() * 8 + kaio.warp_id())
+    p0 = stats_start(cu_q, b)
+    p1 = tp
+    if b + 1 < kaio.grid_dim_z():
+        p1 = stats_start(cu_q, b + 1)
+    if p0 + i < p1:
+        t = i32(cu_q[b]) + i
+        acc = 0.0
+        x = 0.0
+        if t < i32(cu_q[b + 1]):
+            row = t * heads + h
+            for col in range(i32(kaio.lane_id()), d, 32):
+                acc += f32(o[row * d + col]) * f32(do[row * d + col])
+            acc = warp_sum(acc)
+            x = lse[h * total_q + t]
+        if kaio.lane_id() == 0:
+            delta_p[h * tp + p0 + i] = acc
+            lse_p[h * tp + p0 + i] = x
+
+
+@kaio.gpu_func
+def zero_rows(
+    out: DT[:], at0: i32, stride: i32, q0: i32, sq: i32, THREADS: kaio.constexpr,
+    BQ: kaio.constexpr, D: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """out[at0 + r * stride + c] = 0 for the rows q0 <= r < min(q0 + BQ, sq) and the D
+    columns c, 8 a thread at a time over the block's ``THREADS`` threads."""
+    z = kaio.local(DT, 8)
+    for e in kaio.static_range(8):
+        z[e] = DT(0.0)
+    for i in range(i32(kaio.thread_idx_x()), BQ * D // 8, THREADS):
+        r = q0 + i // (D // 8)
+        if r < sq:
+            kaio.store_vector(out, at0 + r * stride + i % (D // 8) * 8, z)
+
+
+@kaio.gpu_kernel(fastmath=True)  # ex2.approx.ftz: one instruction an exponential
+def varlen_bwd_dkdv_wgmma(
+    tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
+    tl: kaio.tensormap, td: kaio.tensormap, stats: f32[:], dk: DT[:], dv: DT[:],
+    cu_q: i32[:], cu_k: i32[:], tp: i32, heads: i32, group: i32, scale_log2: f32, scale: f32,
+    causal: i32, D: kaio.constexpr, BM: kaio.constexpr, WG: kaio.constexpr,
+    STAGES: kaio.constexpr, PIPE: kaio.constexpr, AREG: kaio.constexpr, TSTATS: kaio.constexpr,
+    REGS: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """dk, dv of the ``64 * WG`` keys of block x of K/V head y of sequence z, summed over the
+    query heads of its group (``_attention_hopper_bwd.attention_bwd_dkdv_wgmma``'s work, no
+    dQ). ``tk``, ``tv``: k, v as [total_k, Hkv * D] in boxes of (64 * WG, 64); ``tq``,
+    ``tdo``: q, do as [total_q, H * D] in boxes of (BM, 64); ``tl``, ``td``: lse, delta as
+    [1, H * tp] f32 in boxes of (1, BM) (``varlen_stats``); ``stats``: any f32 array (the
+    dense kernel's global lse, delta and dQ buffer, unused here); dk, dv [total_k * Hkv * D]
+    flat; ``cu_q``, ``cu_k``: the sequences' offsets (module docstring)."""
+    start_q, sq, start_k, sk = sequence(cu_q, cu_k, kaio.block_idx_z())
+    if i32(kaio.block_idx_x()) * 64 * WG >= i32(sk):
+        return
+    shift = i32(0)  # the bottom-right causal mask: queries seen as i + sk - sq
+    if causal != 0:
+        shift = i32(sk) - i32(sq)
+    stat_off = stats_start(cu_q, kaio.block_idx_z()) - i32(start_q)
+    dkdv_block(tk, tv, tq, tdo, tl, td, stats, stats, dk, dv, stats, i32(sq), i32(sk), heads,
+               group, scale_log2, scale, causal, D, BM, WG, STAGES, PIPE, AREG, TSTATS, REGS, DT,
+               0, 0, 1, i32(start_q), i32(start_k), tp, shift, stat_off)  # fmt: skip
+
+
+@kaio.gpu_kernel(fastmath=True)
+def varlen_bwd_dq_wgmma(
+    tq: kaio.tensormap, tdo: kaio.tensormap, tk: kaio.tensormap, tv: kaio.tensormap,
+    tl: kaio.tensormap, td: kaio.tensormap, dq: DT[:], cu_q: i32[:], cu_k: i32[:], tp: i32,
+    heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32, D: kaio.constexpr,
+    BN: kaio.constexpr, WG: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr,
+    AREG: kaio.constexpr, REGS: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """dq of the ``64 * WG`` query rows of block x (counted from the last) of head y of
+    sequence z (``_attention_hopper_bwd.attention_bwd_dq_wgmma``'s work). ``tq``, ``tdo``:
+    q, do as [total_q, H * D] in boxes of (64 * WG, 64); ``tk``, ``tv``: k, v as [total_k,
+    Hkv * D] in boxes of (BN, 64); ``tl``, ``td``: lse, delta as [1, H * tp] f32 in boxes
+    of (1, 64 * WG); dq [total_q * H * D] flat."""
+    BQ = 64 * WG
+    h = i32(kaio.block_idx_y())
+    start_q, sq, start_k, sk = sequence(cu_q, cu_k, kaio.block_idx_z())
+    q0 = i32(kaio.grid_dim_x() - 1 - kaio.block_idx_x()) * BQ
+    if q0 >= i32(sq):
+        return
+    shift = i32(0)
+    if causal != 0:
+        shift = i32(sk) - i32(sq)
+    _, n_tiles = kv_head_and_tiles(h, q0 + shift, heads, group, i32(sk), causal, BQ, BN)
+    if n_tiles <= 0:  # no row sees a key: zeros
+        zero_rows(dq, (i32(start_q) * heads + h) * D, heads * D, q0, i32(sq), 128 * WG + 128,
+                  BQ, D, DT)  # fmt: skip
+        return
+    stat_off = stats_start(cu_q, kaio.block_idx_z()) - i32(start_q)
+    dq_block(tq, tdo, tk, tv, tl, td, dq, i32(sq), i32(sk), heads, group, scale_log2, scale,
+             causal, D, BN, WG, STAGES, PIPE, AREG, REGS, DT, 1, q0, n_tiles, i32(start_q),
+             i32(start_k), tp, shift, stat_off)  # fmt: skip
+
+
+def config(d: int) -> dict:
+    """The constexprs of the two kernels for head dim ``d`` (64 or 128): the dense pair's
+    (``_attention_hopper_bwd.config``: ``{"dkdv": ..., "dq": ...}``), which read lse and
+    delta by TMA (``TSTATS`` 1) and add no dQ (``DQ`` 0), less those two."""
+    cfg = dense.config(d)
+    dkdv = {k: v for k, v in cfg["dkdv"].items() if k not in ("DQ", "LATE")}
+    return {"dkdv": dkdv, "dq": dict(cfg["dq"])}
+
+
+def eligible(d: int) -> bool:
+    """Whether the kernels take head dim ``d``: the dense pair's (64 and 128)."""
+    return dense.eligible(d)
+
+
+# The shortest mean sequence length (queries and keys, tokens) from which the kernels beat
+# the mma.sync varlen backward, by head dim and mask (not measured yet: the dense pair's
+# 1024 from which ``_attention_hopper_bwd.worthwhile`` takes it).
+MIN_MEAN = {(64, False): 1024, (64, True): 1024, (128, False): 1024, (128, True): 1024}
+
+
+def worthwhile(mean_q: float, mean_k: float, d: int, causal: bool) -> bool:
+    """Whether the kernels measured faster than the mma.sync varlen backward for sequences
+    of ``mean_q`` queries and ``mean_k`` keys on average (``MIN_MEAN``), head dim ``d``."""
+    return eligible(d) and min(mean_q, mean_k) >= MIN_MEAN[(d, bool(causal))]
+
+
+def launch(qa, ka, va, da, la, cqa, cka, oa, dims: tuple, causal: bool, scale: float,
+           cfg: dict | None = None, only: str | None = None):  # fmt: skip
+    """Run ``varlen_stats`` and the two kernels on checked operands (``_arrays.Operand``s q,
+    do, o [total_q, H, D], k, v [total_k, Hkv, D] of one 16-bit type, total_q and total_k
+    > 0, D 64 or 128, lse f32 [H, total_q], the int32 offsets [B + 1]); ``dims``:
+    ``attention_varlen._check``'s (B, H, group, total_q, D, max_q, max_k); ``cfg``: the
+    constexprs (default ``config(d)``); ``only``: "dkdv" or "dq" launches that kernel alone
+    (to time it). Returns (dq, dk, dv) of q's, resp. k's, type and shape."""
+    from kaio_ops import _arrays
+
+    batch, heads, group, total_q, d, max_q, max_k = dims
+    total_k, hkv = ka.shape[0], ka.shape[1]
+    if not eligible(d) or total_q == 0 or total_k == 0:
+        raise ValueError(
+            f"_attention_hopper_varlen_bwd.launch: needs D 64 or 128 and tokens of both q and "
+            f"k (tensor maps), got D = {d}, total_q = {total_q}, total_k = {total_k}; use "
+            f"the mma.sync kernels (attention_varlen.backward_mma)"
+        )
+    cfg = cfg or config(d)
+    c1, c2 = cfg["dkdv"], cfg["dq"]
+    for c in (c1, c2):
+        if c["PIPE"] and c["STAGES"] < 2:
+            raise ValueError(
+                f"_attention_hopper_varlen_bwd.launch: PIPE 1-3 needs 2 stages or more: {c}"
+            )
+    if not c1["TSTATS"]:
+        raise ValueError(
+            f"_attention_hopper_varlen_bwd.launch: the dK/dV kernel reads lse and delta by "
+            f"TMA only (TSTATS 1): {c1}"
+        )
+    stream = _arrays.stream_of(qa)
+    dq = _arrays.output(da, qa.shape)
+    dk, dv = (_arrays.output(da, ka.shape) for _ in range(2))
+    tp = (total_q + 3 * batch + 3) // 4 * 4  # stats_start(B)
+    lse_p, delta_p = (_arrays.output(da, (heads * tp,), f32) for _ in range(2))
+    varlen_stats[(-(-(max_q + 6) // 8), heads, batch), 256, stream, 0](
+        oa.arg(oa.size), da.arg(da.size), la.arg(la.size), lse_p, delta_p, cqa.arg(), heads,
+        total_q, tp, d, DT=qa.dtype,
+    )  # fmt: skip
+
+    def stats_maps(box):  # lse and delta as [1, H * tp] f32
+        flat = [_arrays.view(x, da.kind, (1, heads * tp)) for x in (lse_p, delta_p)]
+        return [kaio.tensor_map_2d(x, (1, box), 0) for x in flat]
+
+    def tmap(a, rows, h, box):
+        return kaio.tensor_map_2d(a.arg(rows, h * d), (box, 64), SW)
+
+    args = (cqa.arg(), cka.arg(), tp, heads, group, math.log2(math.e) * scale, scale,
+            int(causal))  # fmt: skip
+    bk = 64 * c1["WG"]
+    if only != "dq":
+        smem = dense.shared_bytes(d, bk, c1["BM"], c1["STAGES"], c1["STAGES"] * c1["BM"],
+                                  *dense._ds_buffers(c1))  # fmt: skip
+        varlen_bwd_dkdv_wgmma[(-(-max_k // bk), hkv, batch), 128 * c1["WG"] + 128, stream, smem](
+            tmap(ka, total_k, hkv, bk), tmap(va, total_k, hkv, bk),
+            tmap(qa, total_q, heads, c1["BM"]), tmap(da, total_q, heads, c1["BM"]),
+            *stats_maps(c1["BM"]), lse_p, _arrays.output_arg(da, dk, (ka.size,)),
+            _arrays.output_arg(da, dv, (ka.size,)), *args, D=d, DT=qa.dtype, **c1,
+        )  # fmt: skip
+    if only != "dkdv":
+        bq = 64 * c2["WG"]
+        smem = dense.shared_bytes(d, bq, c2["BN"], c2["STAGES"], bq)
+        varlen_bwd_dq_wgmma[(-(-max_q // bq), heads, batch), 128 * c2["WG"] + 128, stream, smem](
+            tmap(qa, total_q, heads, bq), tmap(da, total_q, heads, bq),
+            tmap(ka, total_k, hkv, c2["BN"]), tmap(va, total_k, hkv, c2["BN"]),
+            *stats_maps(bq), _arrays.output_arg(da, dq, (qa.size,)), *args, D=d,
+            DT=qa.dtype, **c2,
+        )  # fmt: skip
+    return dq, dk, dv
+
+
+def specializations():
+    """(kernel, constexprs) of the specializations ``flash_attention_varlen_bwd`` launches
+    (for PTX checks)."""
+    from kaio import bf16, f16
+
+    for dt in (f16, bf16):
+        for d in (64, 128):
+            cfg = config(d)
+            yield varlen_bwd_dkdv_wgmma, {"D": d, "DT": dt, **cfg["dkdv"]}
+            yield varlen_bwd_dq_wgmma, {"D": d, "DT": dt, **cfg["dq"]}
