@@ -103,20 +103,21 @@ def _check(
     return (qa, ka, va, cqa, cka), dims, scale
 
 
-def hopper_takes(qa, ka, dims: tuple, causal: bool) -> bool:
+def hopper_takes(qa, ka, dims: tuple, causal: bool, kernels=hopper_varlen) -> bool:
     """Whether the forward runs ``kaio_ops._attention_hopper_varlen`` (TMA, wgmma) rather
     than the mma.sync kernel: an sm_90 GPU (never under the simulator, whose tests launch
     the kernel directly; ``KAIO_HOPPER_ATTENTION=0`` opts out, as for ``flash_attention``),
     a head dim it takes (64, 128, 256), keys to read (a tensor map needs rows) and sequences
     long enough on average that it measured faster (``_attention_hopper_varlen.worthwhile``;
-    the mean lengths are the packed totals over B, known without reading the offsets)."""
+    the mean lengths are the packed totals over B, known without reading the offsets).
+    ``kernels``: the module whose ``worthwhile`` decides (the backward's: ``hopper_bwd_takes``)."""
     if not hopper_gpu(qa):
         return False
     batch, _, _, total_q, d, max_q, max_k = dims
     return (
         max_q > 0
         and max_k > 0
-        and hopper_varlen.worthwhile(total_q / batch, ka.shape[0] / batch, d, causal)
+        and kernels.worthwhile(total_q / batch, ka.shape[0] / batch, d, causal)
     )
 
 
@@ -228,14 +229,7 @@ def hopper_bwd_takes(qa, ka, dims: tuple, causal: bool) -> bool:
     than the mma.sync kernels: as ``hopper_takes`` for the forward, head dims 64 and 128
     (256 keeps mma.sync, as the dense backward) and mean lengths from which it measured
     faster (``_attention_hopper_varlen_bwd.worthwhile``)."""
-    if not hopper_gpu(qa):
-        return False
-    batch, _, _, total_q, d, max_q, max_k = dims
-    return (
-        max_q > 0
-        and max_k > 0
-        and hopper_varlen_bwd.worthwhile(total_q / batch, ka.shape[0] / batch, d, causal)
-    )
+    return hopper_takes(qa, ka, dims, causal, hopper_varlen_bwd)
 
 
 def backward_mma(
