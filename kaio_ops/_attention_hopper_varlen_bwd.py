@@ -187,13 +187,15 @@ def worthwhile(mean_q: float, mean_k: float, d: int, causal: bool) -> bool:
 
 
 def launch(qa, ka, va, da, la, cqa, cka, oa, dims: tuple, causal: bool, scale: float,
-           cfg: dict | None = None, only: str | None = None):  # fmt: skip
+           cfg: dict | None = None, only: str | None = None, side: bool = False):  # fmt: skip
     """Run ``varlen_stats`` and the two kernels on checked operands (``_arrays.Operand``s q,
     do, o [total_q, H, D], k, v [total_k, Hkv, D] of one 16-bit type, total_q and total_k
     > 0, D 64 or 128, lse f32 [H, total_q], the int32 offsets [B + 1]); ``dims``:
     ``attention_varlen._check``'s (B, H, group, total_q, D, max_q, max_k); ``cfg``: the
     constexprs (default ``config(d)``); ``only``: "dkdv" or "dq" launches that kernel alone
-    (to time it). Returns (dq, dk, dv) of q's, resp. k's, type and shape."""
+    (to time it); ``side`` (torch arrays): the dQ kernel on a second stream beside the dK/dV
+    kernel (``_attention_hopper_bwd.side_stream``). Returns (dq, dk, dv) of q's, resp. k's,
+    type and shape."""
     from kaio_ops import _arrays
 
     batch, heads, group, total_q, d, max_q, max_k = dims
@@ -236,7 +238,8 @@ def launch(qa, ka, va, da, la, cqa, cka, oa, dims: tuple, causal: bool, scale: f
     args = (cqa.arg(), cka.arg(), tp, heads, group, math.log2(math.e) * scale, scale,
             int(causal))  # fmt: skip
     bk = 64 * c1["WG"]
-    if only != "dq":
+
+    def dkdv_kernel():
         smem = dense.shared_bytes(d, bk, c1["BM"], c1["STAGES"], c1["STAGES"] * c1["BM"],
                                   *dense._ds_buffers(c1))  # fmt: skip
         varlen_bwd_dkdv_wgmma[(-(-max_k // bk), hkv, batch), 128 * c1["WG"] + 128, stream, smem](
@@ -245,15 +248,24 @@ def launch(qa, ka, va, da, la, cqa, cka, oa, dims: tuple, causal: bool, scale: f
             *stats_maps(c1["BM"]), lse_p, _arrays.output_arg(da, dk, (ka.size,)),
             _arrays.output_arg(da, dv, (ka.size,)), *args, D=d, DT=qa.dtype, **c1,
         )  # fmt: skip
-    if only != "dkdv":
-        bq = 64 * c2["WG"]
-        smem = dense.shared_bytes(d, bq, c2["BN"], c2["STAGES"], bq)
-        varlen_bwd_dq_wgmma[(-(-max_q // bq), heads, batch), 128 * c2["WG"] + 128, stream, smem](
+
+    side = side and only is None
+    if only != "dq" and not side:
+        dkdv_kernel()
+    if only == "dkdv":
+        return dq, dk, dv
+    bq = 64 * c2["WG"]
+    smem = dense.shared_bytes(d, bq, c2["BN"], c2["STAGES"], bq)
+    with dense.side_stream(qa, side) as dq_stream:  # (there the dQ kernel first)
+        varlen_bwd_dq_wgmma[(-(-max_q // bq), heads, batch), 128 * c2["WG"] + 128, dq_stream,
+                            smem](
             tmap(qa, total_q, heads, bq), tmap(da, total_q, heads, bq),
             tmap(ka, total_k, hkv, c2["BN"]), tmap(va, total_k, hkv, c2["BN"]),
             *stats_maps(bq), _arrays.output_arg(da, dq, (qa.size,)), *args, D=d,
             DT=qa.dtype, **c2,
         )  # fmt: skip
+        if side:
+            dkdv_kernel()
     return dq, dk, dv
 
 

@@ -163,3 +163,27 @@ def test_gpu_hopper_varlen_backward_against_float64_and_mma_sync(
         assert _rel_t(g, m.double()) < tol, name
     again = attention_varlen.backward_hopper(do, q, k, v, o, lse, *args)
     assert all(torch.equal(x, y) for x, y in zip(grads, again, strict=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_varlen_autograd_takes_the_hopper_backward(causal):
+    """torch.ops.kaio.flash_attention_varlen through autograd on sm_90 with long sequences:
+    the dispatch takes the Hopper backward, whose gradients match float64 torch."""
+    import torch
+
+    import kaio_ops.torch  # noqa: F401  (registers torch.ops.kaio)
+    from tests.test_ops_attention_varlen import _gpu_batch, _rel_t, _torch_reference
+
+    if not _sm90():
+        pytest.skip("needs an sm_90 GPU")
+    lens = [4000, 1, 2500, 0, 3000, 2222]
+    q, k, v, do, cu, _ = _gpu_batch(lens, lens, 8, 2, 128, torch.float16, 17)
+    (qa, ka, *_), dims, _ = attention_varlen._check("test", q, k, v, cu, cu, 4000, 4000, None)
+    assert attention_varlen.hopper_bwd_takes(qa, ka, dims, causal)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    out = torch.ops.kaio.flash_attention_varlen(*leaves, cu, cu, 4000, 4000, causal)
+    out.backward(do)
+    _, *ref = _torch_reference(q, k, v, lens, lens, causal, grads_of=do)
+    for name, leaf, r in zip("qkv", leaves, ref, strict=True):
+        assert _rel_t(leaf.grad, r) < 5e-3, name
