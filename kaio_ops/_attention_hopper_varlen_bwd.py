@@ -175,9 +175,13 @@ def eligible(d: int) -> bool:
 
 
 # The shortest mean sequence length (queries and keys, tokens) from which the kernels beat
-# the mma.sync varlen backward, by head dim and mask (not measured yet: the dense pair's
-# 1024 from which ``_attention_hopper_bwd.worthwhile`` takes it).
-MIN_MEAN = {(64, False): 1024, (64, True): 1024, (128, False): 1024, (128, True): 1024}
+# the mma.sync varlen backward, by head dim and mask: measured on an H100 (2026-11-26, round
+# B; lengths uniform in [max / 8, max], f16 H16; µs Hopper / mma.sync, the stats copies
+# included): D 128 mean 149 622 / 768, causal 573 / 593; mean 304 750 / 1116, causal
+# 619 / 750; mean 608 1035 / 1854, causal 765 / 1116. D 64 mean 149 408 / 466, causal
+# 376 / 358 (slower); mean 304 484 / 652, causal 400 / 435; mean 608 685 / 1061, causal
+# 493 / 628. Below the shortest measured mean (149) the mma.sync kernels are kept.
+MIN_MEAN = {(64, False): 128, (64, True): 224, (128, False): 128, (128, True): 128}
 
 
 def worthwhile(mean_q: float, mean_k: float, d: int, causal: bool) -> bool:

@@ -104,6 +104,9 @@ def test_dispatch_to_the_hopper_varlen_backward():
         (qa, *_), dims, _ = attention_varlen._check("test", q, q, q, cu, cu, 8, 8, None)
         assert not attention_varlen.hopper_bwd_takes(qa, qa, dims, False)
     assert hvb.worthwhile(4000, 4000, 128, True) and hvb.worthwhile(4000, 4000, 64, False)
+    assert hvb.worthwhile(149, 149, 128, True) and hvb.worthwhile(149, 149, 64, False)
+    assert hvb.worthwhile(304, 304, 64, True)
+    assert not hvb.worthwhile(149, 149, 64, True)  # short, causal, D 64: the mma.sync ones
     assert not hvb.worthwhile(4000, 4000, 256, False)
     assert not hvb.worthwhile(4000, 10, 128, False)  # few keys a sequence
 
