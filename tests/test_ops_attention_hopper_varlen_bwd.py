@@ -16,7 +16,7 @@ import kaio
 from kaio.ptx.ptxas import find_ptxas
 from kaio_ops import _attention_hopper_varlen_bwd as hvb
 from kaio_ops import attention_varlen
-from tests.harness import assemble_wgmma
+from tests.harness import assemble_wgmma, assemble_without_spills
 from tests.poison import poison_allocations
 from tests.test_ops_attention_varlen import batch, reference, rel
 
@@ -119,6 +119,18 @@ def test_specializations_assemble_for_sm_90a(index):
         assemble_wgmma(kernel, constexprs)
     else:
         assert ".target sm_90a" in kernel.ptx(arch="sm_90", **constexprs)
+
+
+def test_other_targets_are_compile_errors():
+    for kernel, constexprs in list(hvb.specializations())[:2]:
+        with pytest.raises(kaio.CompileError, match="needs sm_90"):
+            kernel.ptx(arch="sm_80", **constexprs)
+
+
+@pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
+def test_stats_copies_assemble():
+    """The lse and delta copies (plain SIMT) assemble for sm_80 and sm_90, no spills."""
+    assemble_without_spills(hvb.varlen_stats, {"DT": kaio.f16})
 
 
 # --------------------------------------------------------------------------- GPU
