@@ -56,12 +56,12 @@ def run_sim(lens_q, lens_k, h, hkv, d, dtype, causal, cfg, scale=None):
     "lens_q, lens_k, h, hkv, d, dtype, causal",
     [
         # an empty and a length-1 sequence, a query tail, 2 query heads a K/V head, causal
-        ([70, 0, 1, 33], None, 2, 1, 64, np.float16, True),
+        ([66, 0, 1, 9], None, 2, 1, 64, np.float16, True),
         # sq != sk causal (bottom-right): more keys, fewer keys (rows that see none, a whole
         # dQ tile that sees none), no keys, no queries; bf16
-        ([9, 3, 1, 0, 150, 5], [4, 20, 1, 6, 0, 3], 2, 2, 64, BF16, True),
-        # D = 128, not causal, sq != sk, several key tiles (more than the stages), GQA
-        ([5, 0, 140], [200, 4, 70], 2, 1, 128, np.float16, False),
+        ([9, 3, 1, 0, 150, 5], [4, 20, 1, 6, 0, 3], 1, 1, 64, BF16, True),
+        # D = 128, not causal, sq != sk, several key tiles (more than the stages)
+        ([5, 0, 70], [140, 4, 70], 1, 1, 128, np.float16, False),
     ],
 )
 def test_hopper_varlen_backward_in_simulator(lens_q, lens_k, h, hkv, d, dtype, causal):
@@ -112,17 +112,16 @@ def test_dispatch_to_the_hopper_varlen_backward():
 
 
 @pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
-@pytest.mark.parametrize("index", range(len(list(hvb.specializations()))))
+@pytest.mark.parametrize("index", range(2))
 def test_specializations_assemble_for_sm_90a(index):
-    kernel, constexprs = list(hvb.specializations())[index]
-    if constexprs["DT"] == kaio.f16:  # bf16's kernels: the same code but the wgmma type
-        assemble_wgmma(kernel, constexprs)
-    else:
-        assert ".target sm_90a" in kernel.ptx(arch="sm_90", **constexprs)
+    """The f16 D 128 pair (the most registers; bf16's kernels are the same code but the
+    wgmma type, D 64's the dense pair's body at D 64, assembled by its tests)."""
+    picked = [(k, c) for k, c in hvb.specializations() if c["DT"] == kaio.f16 and c["D"] == 128]
+    assemble_wgmma(*picked[index])
 
 
 def test_other_targets_are_compile_errors():
-    for kernel, constexprs in list(hvb.specializations())[:2]:
+    for kernel, constexprs in list(hvb.specializations())[:1]:
         with pytest.raises(kaio.CompileError, match="needs sm_90"):
             kernel.ptx(arch="sm_80", **constexprs)
 
