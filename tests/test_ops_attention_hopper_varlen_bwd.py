@@ -201,3 +201,25 @@ def test_gpu_varlen_autograd_takes_the_hopper_backward(causal):
     _, *ref = _torch_reference(q, k, v, lens, lens, causal, grads_of=do)
     for name, leaf, r in zip("qkv", leaves, ref, strict=True):
         assert _rel_t(leaf.grad, r) < 5e-3, name
+
+
+@pytest.mark.gpu
+def test_gpu_hopper_varlen_backward_tiny():
+    """A tiny case for compute-sanitizer (``-k tiny``): D 64 causal, two query heads a K/V
+    head, sq != sk, an empty and a length-1 sequence, a sequence with no keys; against
+    float64 torch."""
+    import torch
+
+    import kaio_ops
+    from tests.test_ops_attention_varlen import _gpu_batch, _rel_t, _torch_reference
+
+    if not _sm90():
+        pytest.skip("needs an sm_90 GPU")
+    lens_q, lens_k = [70, 0, 1, 133, 5], [66, 4, 1, 140, 0]
+    q, k, v, do, cu_q, cu_k = _gpu_batch(lens_q, lens_k, 2, 1, 64, torch.float16, 3)
+    args = (cu_q, cu_k, max(lens_q), max(lens_k), True)
+    o, lse = kaio_ops.flash_attention_varlen_with_stats(q, k, v, *args)
+    grads = attention_varlen.backward_hopper(do, q, k, v, o, lse, *args)
+    _, *ref = _torch_reference(q, k, v, lens_q, lens_k, True, grads_of=do)
+    for name, g, r in zip("qkv", grads, ref, strict=True):
+        assert _rel_t(g, r) < 5e-3, name
