@@ -41,7 +41,7 @@ from kaio_ops._attention_hopper import SW
 from kaio_ops._attention_hopper_bwd import dkdv_block, dq_block
 from kaio_ops._attention_hopper_common import kv_head_and_tiles
 from kaio_ops._attention_varlen import sequence
-from kaio_ops._common import warp_sum
+from kaio_ops._common import lanes_sum
 
 
 @kaio.gpu_func
@@ -54,33 +54,41 @@ def stats_start(cu_q: i32[:], b: u32) -> i32:
 @kaio.gpu_kernel(block_size=256)
 def varlen_stats(
     o: DT[:], do: DT[:], lse: f32[:], lse_p: f32[:], delta_p: f32[:], cu_q: i32[:],
-    heads: i32, total_q: i32, tp: i32, d: i32, DT: kaio.constexpr,
+    heads: i32, total_q: i32, tp: i32, D: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """The TMA copies' lse and delta: for sequence b = block z, head h = block y and its
-    slots i (block x, a warp each) from ``stats_start(b)`` to ``stats_start(b + 1)``
-    (``tp`` for the last sequence), lse_p[h, slot] = lse[h, t] and delta_p[h, slot] =
-    sum(o[t, h] * do[t, h]) in f32 for its tokens t = cu_q[b] + i, zeros past its end
-    (lse_p, delta_p: f32 [heads, tp]; o, do [total_q, heads, d]; lse [heads, total_q])."""
+    slots i from ``stats_start(b)`` to ``stats_start(b + 1)`` (``tp`` for the last
+    sequence), lse_p[h, slot] = lse[h, t] and delta_p[h, slot] = sum(o[t, h] * do[t, h])
+    in f32 for its tokens t = cu_q[b] + i, zeros past its end (lse_p, delta_p: f32 [heads,
+    tp]; o, do [total_q, heads, D]; lse [heads, total_q]). Each group of D / 8 lanes takes
+    a slot (8 columns a lane, 16-byte loads): 256 / D slots a warp, 2048 / D a block x."""
+    G = D // 8  # lanes a slot
     b = kaio.block_idx_z()
     h = i32(kaio.block_idx_y())
-    i = i32(kaio.block_idx_x() * 8 + kaio.warp_id())
+    lane = i32(kaio.lane_id())
+    i = i32(kaio.block_idx_x() * 8 + kaio.warp_id()) * (32 // G) + lane // G
     p0 = stats_start(cu_q, b)
     p1 = tp
     if b + 1 < kaio.grid_dim_z():
         p1 = stats_start(cu_q, b + 1)
-    if p0 + i < p1:
-        t = i32(cu_q[b]) + i
-        acc = 0.0
-        x = 0.0
-        if t < i32(cu_q[b + 1]):
-            row = t * heads + h
-            for col in range(i32(kaio.lane_id()), d, 32):
-                acc += f32(o[row * d + col]) * f32(do[row * d + col])
-            acc = warp_sum(acc)
-            x = lse[h * total_q + t]
-        if kaio.lane_id() == 0:
-            delta_p[h * tp + p0 + i] = acc
-            lse_p[h * tp + p0 + i] = x
+    t = i32(cu_q[b]) + i
+    real = p0 + i < p1 and t < i32(cu_q[b + 1])
+    acc = 0.0
+    if real:
+        x = kaio.local(DT, 8)
+        y = kaio.local(DT, 8)
+        at = (t * heads + h) * D + lane % G * 8
+        kaio.load_vector(x, o, at)
+        kaio.load_vector(y, do, at)
+        for e in kaio.static_range(8):
+            acc += f32(x[e]) * f32(y[e])
+    acc = lanes_sum(acc, G)  # every lane: the shuffles
+    if lane % G == 0 and p0 + i < p1:
+        lv = 0.0
+        if real:
+            lv = lse[h * total_q + t]
+        delta_p[h * tp + p0 + i] = acc
+        lse_p[h * tp + p0 + i] = lv
 
 
 @kaio.gpu_func
@@ -227,9 +235,10 @@ def launch(qa, ka, va, da, la, cqa, cka, oa, dims: tuple, causal: bool, scale: f
     dk, dv = (_arrays.output(da, ka.shape) for _ in range(2))
     tp = (total_q + 3 * batch + 3) // 4 * 4  # stats_start(B)
     lse_p, delta_p = (_arrays.output(da, (heads * tp,), f32) for _ in range(2))
-    varlen_stats[(-(-(max_q + 6) // 8), heads, batch), 256, stream, 0](
+    slots = 2048 // d  # a block x's
+    varlen_stats[(-(-(max_q + 6) // slots), heads, batch), 256, stream, 0](
         oa.arg(oa.size), da.arg(da.size), la.arg(la.size), lse_p, delta_p, cqa.arg(), heads,
-        total_q, tp, d, DT=qa.dtype,
+        total_q, tp, D=d, DT=qa.dtype,
     )  # fmt: skip
 
     def stats_maps(box):  # lse and delta as [1, H * tp] f32

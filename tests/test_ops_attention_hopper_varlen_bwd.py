@@ -129,7 +129,8 @@ def test_other_targets_are_compile_errors():
 @pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
 def test_stats_copies_assemble():
     """The lse and delta copies (plain SIMT) assemble for sm_80 and sm_90, no spills."""
-    assemble_without_spills(hvb.varlen_stats, {"DT": kaio.f16})
+    for d in (64, 128):
+        assemble_without_spills(hvb.varlen_stats, {"D": d, "DT": kaio.f16})
 
 
 # --------------------------------------------------------------------------- GPU
