@@ -23,7 +23,8 @@ The backward cases (``BWD_CASES``) compare ``flash_attention_varlen_bwd`` (as di
 on sm_90 the Hopper kernels where they measured faster, ``attention_varlen.hopper_bwd_takes``)
 and its two paths launched directly (``kaio varlen Hopper``,
 ``kaio_ops._attention_hopper_varlen_bwd``, sm_90 and D 64 or 128 only; ``kaio varlen
-mma.sync``) with ``flash_attention_bwd`` padded and torch SDPA flash's backward padded. Correctness first: the varlen outputs against float32
+mma.sync``) with ``flash_attention_bwd`` padded and torch SDPA flash's backward padded.
+Correctness first: the varlen outputs against float32
 attention per sequence (SDPA's memory-efficient backend, f32 throughout, else its math one).
 
 Usage: ``python bench/attention_varlen.py --out results.json [--quick] [--cases 0,2]
