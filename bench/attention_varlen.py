@@ -29,7 +29,8 @@ attention per sequence (SDPA's memory-efficient backend, f32 throughout, else it
 
 Usage: ``python bench/attention_varlen.py --out results.json [--quick] [--cases 0,2]
 [--no-bwd] [--no-fwd] [--bwd-cases 0,1]`` (``--cases``: the forward cases of ``CASES`` by
-index; ``--bwd-cases``: the backward cases of ``BWD_CASES``; ``--no-bwd``, ``--no-fwd``: no
+index; ``--bwd-cases``: the backward cases of ``BWD_CASES`` (default the first three);
+``--no-bwd``, ``--no-fwd``: no
 backward, resp. forward, cases).
 """
 
@@ -281,7 +282,7 @@ def main() -> None:
             forward_case(
                 hb, b, top, h, hkv, d, dt, causal, seed=CASES.index((b, top, h, hkv, d, dt))
             )
-    bwd_cases = BWD_CASES if not quick else BWD_CASES[:2]
+    bwd_cases = BWD_CASES[:3] if not quick else BWD_CASES[:2]  # the others: --bwd-cases
     if "--bwd-cases" in sys.argv:
         picked = sys.argv[sys.argv.index("--bwd-cases") + 1].split(",")
         bwd_cases = [BWD_CASES[int(i)] for i in picked]
