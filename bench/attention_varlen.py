@@ -24,14 +24,13 @@ on sm_90 the Hopper kernels where they measured faster, ``attention_varlen.hoppe
 and its two paths launched directly (``kaio varlen Hopper``,
 ``kaio_ops._attention_hopper_varlen_bwd``, sm_90 and D 64 or 128 only; ``kaio varlen
 mma.sync``) with ``flash_attention_bwd`` padded and torch SDPA flash's backward padded.
-Correctness first: the varlen outputs against float32
-attention per sequence (SDPA's memory-efficient backend, f32 throughout, else its math one).
+Correctness first: the varlen outputs against float32 attention per sequence (SDPA's
+memory-efficient backend, f32 throughout, else its math one).
 
 Usage: ``python bench/attention_varlen.py --out results.json [--quick] [--cases 0,2]
 [--no-bwd] [--no-fwd] [--bwd-cases 0,1]`` (``--cases``: the forward cases of ``CASES`` by
 index; ``--bwd-cases``: the backward cases of ``BWD_CASES`` (default the first three);
-``--no-bwd``, ``--no-fwd``: no
-backward, resp. forward, cases).
+``--no-bwd``, ``--no-fwd``: no backward, resp. forward, cases).
 """
 
 from __future__ import annotations
