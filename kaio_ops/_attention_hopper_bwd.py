@@ -49,6 +49,12 @@ maps see the arrays as ``[rows, D]``: a tile reaching past a head's rows reads t
 head's (or TMA's zeros past the array); those rows are masked (zero probabilities and dS)
 and their outputs not stored, which needs the inputs finite there, as they are for any
 finite input.
+
+The kernels' bodies are device functions, ``dkdv_block`` and ``dq_block``, which with
+``COLS`` 1 are also the varlen kernels' (``_attention_hopper_varlen_bwd``): packed arrays
+seen as [tokens, heads * D] (a head's rows from its sequence's start, its columns from
+h * D: ``produce``'s ``COLS``), rows stored by a base and a stride (``store_tile``), query
+rows shifted for the bottom-right causal mask.
 """
 
 # ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
