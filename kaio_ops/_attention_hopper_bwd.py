@@ -50,11 +50,11 @@ head's (or TMA's zeros past the array); those rows are masked (zero probabilitie
 and their outputs not stored, which needs the inputs finite there, as they are for any
 finite input.
 
-The kernels' bodies are device functions, ``dkdv_block`` and ``dq_block``, which with
-``COLS`` 1 are also the varlen kernels' (``_attention_hopper_varlen_bwd``): packed arrays
-seen as [tokens, heads * D] (a head's rows from its sequence's start, its columns from
-h * D: ``produce``'s ``COLS``), rows stored by a base and a stride (``store_tile``), query
-rows shifted for the bottom-right causal mask.
+With ``COLS`` 1 both kernels are the varlen backward's (``_attention_hopper_varlen_bwd``):
+a block z a sequence of packed arrays seen as [tokens, heads * D] (a head's rows from its
+sequence's start, read from ``cu_seqlens`` on the GPU, its columns from h * D:
+``produce``'s ``COLS``), rows stored by a base and a stride (``store_tile``), query rows
+shifted for the bottom-right causal mask.
 """
 
 # ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
@@ -72,6 +72,7 @@ from kaio_ops._attention_hopper import (
     pack_p,
 )
 from kaio_ops._attention_hopper_common import (
+    kv_head_and_tiles,
     next_tile,
     query_block,
     store_pairs,
@@ -787,14 +788,65 @@ def init_barriers(bars: u64[:, :], turn: u64[:], WG: kaio.constexpr, STAGES: kai
     kaio.fence_proxy_async()
 
 
+@kaio.gpu_func
+def stats_start(cu_q: i32[:], b: u32) -> i32:
+    """Where sequence b's lse and delta start in a head's row of the varlen stats copies
+    (``_attention_hopper_varlen_bwd.varlen_stats``): cu_q[b] + 3 b rounded up to 4, so that
+    a TMA copy from there starts 16 bytes into a row."""
+    return (i32(cu_q[b]) + 3 * i32(b) + 3) // 4 * 4
+
+
+@kaio.gpu_func
+def varlen_block(
+    cu_q: i32[:], cu_k: i32[:], seq_q: i32, seq_k: i32, causal: i32, COLS: kaio.constexpr
+) -> tuple[i32, i32, i32, i32, i32, i32]:  # fmt: skip
+    """``(start_q, start_k, shift, stat_off, sq, sk)`` of block z's sequence where ``COLS``
+    (the varlen kernels): where its queries and keys start, the causal shift sk - sq (0
+    without the mask), its stats' offset from its query rows (``stats_start`` - start_q) and
+    its lengths; else zeros and the dense lengths ``seq_q``, ``seq_k``."""
+    start_q = i32(0)
+    start_k = i32(0)
+    shift = i32(0)
+    stat_off = i32(0)
+    sq = seq_q
+    sk = seq_k
+    if COLS:
+        b = kaio.block_idx_z()
+        start_q = i32(cu_q[b])
+        start_k = i32(cu_k[b])
+        sq = i32(cu_q[b + 1]) - start_q
+        sk = i32(cu_k[b + 1]) - start_k
+        if causal != 0:
+            shift = sk - sq
+        stat_off = stats_start(cu_q, b) - start_q
+    return start_q, start_k, shift, stat_off, sq, sk
+
+
+@kaio.gpu_func
+def zero_rows(
+    out: DT[:], at0: i32, stride: i32, q0: i32, sq: i32, THREADS: kaio.constexpr,
+    BQ: kaio.constexpr, D: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """out[at0 + r * stride + c] = 0 for the rows q0 <= r < min(q0 + BQ, sq) and the D
+    columns c, 8 a thread at a time over the block's ``THREADS`` threads."""
+    z = kaio.local(DT, 8)
+    for e in kaio.static_range(8):
+        z[e] = DT(0.0)
+    for i in range(i32(kaio.thread_idx_x()), BQ * D // 8, THREADS):
+        r = q0 + i // (D // 8)
+        if r < sq:
+            kaio.store_vector(out, at0 + r * stride + i % (D // 8) * 8, z)
+
+
 @kaio.gpu_kernel(fastmath=True)  # ex2.approx.ftz: one instruction an exponential
 def attention_bwd_dkdv_wgmma(
     tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
     tl: kaio.tensormap, td: kaio.tensormap, lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:],
-    dq_acc: f32[:], sq: i32, sk: i32, heads: i32, group: i32, scale_log2: f32, scale: f32,
+    dq_acc: f32[:], seq_q: i32, seq_k: i32, heads: i32, group: i32, scale_log2: f32, scale: f32,
     causal: i32, D: kaio.constexpr, BM: kaio.constexpr, WG: kaio.constexpr,
     STAGES: kaio.constexpr, PIPE: kaio.constexpr, AREG: kaio.constexpr, TSTATS: kaio.constexpr,
     REGS: kaio.constexpr, DT: kaio.constexpr, DQ: kaio.constexpr, LATE: kaio.constexpr,
+    cu_q: i32[:], cu_k: i32[:], tp: i32, COLS: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the ``64 * WG`` keys of block x and K/V head ``kvh`` = block y, summed over
     the query heads of its group (module docstring); where ``DQ`` (1 or 2, PIPE 0, BM 64),
@@ -802,29 +854,12 @@ def attention_bwd_dkdv_wgmma(
     with atomics (``consume_dkdv``; ``LATE`` there). ``tk``, ``tv``: k, v as [B * Hkv * sk,
     D] in boxes of (64 * WG, 64); ``tq``, ``tdo``: q, do as [B * H * sq, D] in boxes of (BM,
     64); ``tl``, ``td``: lse, delta as [1, B * H * sq] f32 in boxes of (1, BM); dk, dv
-    [B * Hkv * sk * D] flat; ``scale_log2``: the scale times log2(e)."""
-    dkdv_block(tk, tv, tq, tdo, tl, td, lse, delta, dk, dv, dq_acc, sq, sk, heads, group,
-               scale_log2, scale, causal, D, BM, WG, STAGES, PIPE, AREG, TSTATS, REGS, DT, DQ,
-               LATE)  # fmt: skip
-
-
-@kaio.gpu_func
-def dkdv_block(
-    tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
-    tl: kaio.tensormap, td: kaio.tensormap, lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:],
-    dq_acc: f32[:], sq: i32, sk: i32, heads: i32, group: i32, scale_log2: f32, scale: f32,
-    causal: i32, D: kaio.constexpr, BM: kaio.constexpr, WG: kaio.constexpr,
-    STAGES: kaio.constexpr, PIPE: kaio.constexpr, AREG: kaio.constexpr, TSTATS: kaio.constexpr,
-    REGS: kaio.constexpr, DT: kaio.constexpr, DQ: kaio.constexpr, LATE: kaio.constexpr,
-    COLS: kaio.constexpr = 0, start_q: i32 = 0, start_k: i32 = 0, stat_stride: i32 = 0,
-    shift: i32 = 0, stat_off: i32 = 0,
-):  # fmt: skip
-    """The body of ``attention_bwd_dkdv_wgmma`` (its parameters), and with ``COLS`` 1 that of
-    the varlen kernel (``_attention_hopper_varlen_bwd``): sequence ``block z`` of packed
-    [tokens, heads * D] arrays (``produce``'s ``COLS``) whose queries and keys start at
-    ``start_q``, ``start_k`` (sq and sk its lengths), lse and delta [heads, stat_stride]
-    (query row r's at r + ``stat_off``), the queries seen shifted by ``shift`` (the
-    bottom-right causal mask)."""
+    [B * Hkv * sk * D] flat; ``scale_log2``: the scale times log2(e). ``COLS`` 1: the varlen
+    kernel (``_attention_hopper_varlen_bwd``, TSTATS 1, DQ 0): K/V head y of sequence z of
+    packed [tokens, heads * D] arrays (``produce``'s ``COLS``; sq and sk are read from the
+    offsets ``cu_q``, ``cu_k``), lse and delta [heads, tp] (``stats_start``), the queries
+    seen shifted by sk - sq (the bottom-right causal mask); ``COLS`` 0: cu_q, cu_k and tp
+    unused."""
     BK = 64 * WG
     C = D // 64
     ONCE_BYTES = BK * D * 2
@@ -853,6 +888,10 @@ def dkdv_block(
     kv_heads = heads // group
     first_head = kvh // kv_heads * heads + kvh % kv_heads * group
     k0 = i32(kaio.block_idx_x()) * BK  # causal: the first key tiles see the most queries
+    start_q, start_k, shift, stat_off, sq, sk = varlen_block(cu_q, cu_k, seq_q, seq_k, causal,
+                                                             COLS)  # fmt: skip
+    if COLS and k0 >= sk:  # keys past the sequence's end: nothing to do
+        return
     first = i32(0)
     if causal != 0:
         if COLS:  # queries before k0 - shift see none of these keys
@@ -878,7 +917,7 @@ def dkdv_block(
                 produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl, td,
                         start_k + k0, start_q, 0, group, first, n_tiles, D, BK, BM, STAGES,
                         TSTATS, DT, 1, kvh * D, first_head * D,
-                        first_head * stat_stride + stat_off, stat_stride)  # fmt: skip
+                        first_head * tp + stat_off, tp)  # fmt: skip
             else:
                 produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl, td,
                         kvh * sk + k0, first_head * sq, sq, group, first, n_tiles, D, BK, BM,
@@ -893,35 +932,18 @@ def dkdv_block(
 def attention_bwd_dq_wgmma(
     tq: kaio.tensormap, tdo: kaio.tensormap, tk: kaio.tensormap, tv: kaio.tensormap,
     tl: kaio.tensormap, td: kaio.tensormap, dq: DT[:],
-    sq: i32, sk: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
+    seq_q: i32, seq_k: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
     D: kaio.constexpr, BN: kaio.constexpr, WG: kaio.constexpr, STAGES: kaio.constexpr,
     PIPE: kaio.constexpr, AREG: kaio.constexpr, REGS: kaio.constexpr, DT: kaio.constexpr,
+    cu_q: i32[:], cu_k: i32[:], tp: i32, COLS: kaio.constexpr,
 ):  # fmt: skip
     """dq of the ``64 * WG`` query rows of block x (the heaviest causal tiles first) of
     (batch, head) ``bh`` = block y (module docstring). ``tq``, ``tdo``: q, do as
     [B * H * sq, D] in boxes of (64 * WG, 64); ``tk``, ``tv``: k, v as [B * Hkv * sk, D] in
     boxes of (BN, 64); ``tl``, ``td``: lse, delta as [1, B * H * sq] f32 in boxes of
-    (1, 64 * WG); dq [B * H * sq * D] flat."""
-    dq_block(tq, tdo, tk, tv, tl, td, dq, sq, sk, heads, group, scale_log2, scale, causal, D,
-             BN, WG, STAGES, PIPE, AREG, REGS, DT)  # fmt: skip
-
-
-@kaio.gpu_func
-def dq_block(
-    tq: kaio.tensormap, tdo: kaio.tensormap, tk: kaio.tensormap, tv: kaio.tensormap,
-    tl: kaio.tensormap, td: kaio.tensormap, dq: DT[:],
-    sq: i32, sk: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
-    D: kaio.constexpr, BN: kaio.constexpr, WG: kaio.constexpr, STAGES: kaio.constexpr,
-    PIPE: kaio.constexpr, AREG: kaio.constexpr, REGS: kaio.constexpr, DT: kaio.constexpr,
-    COLS: kaio.constexpr = 0, q0_at: i32 = 0, n_at: i32 = 0, start_q: i32 = 0,
-    start_k: i32 = 0, stat_stride: i32 = 0, shift: i32 = 0, stat_off: i32 = 0,
-):  # fmt: skip
-    """The body of ``attention_bwd_dq_wgmma`` (its parameters), and with ``COLS`` 1 that of the
-    varlen kernel (``_attention_hopper_varlen_bwd``): head block y's query rows from
-    ``q0_at`` (at least one key tile to see: ``n_at``) of a sequence of packed
-    [tokens, heads * D] arrays (``produce``'s ``COLS``) whose queries and keys start at
-    ``start_q``, ``start_k``, lse and delta [heads, stat_stride] (row r's at r +
-    ``stat_off``), the rows seen shifted by ``shift`` (the bottom-right causal mask)."""
+    (1, 64 * WG); dq [B * H * sq * D] flat. ``COLS`` 1: the varlen kernel (as
+    ``attention_bwd_dkdv_wgmma``'s): head y's query tile x (counted from the last) of
+    sequence z; a tile whose rows see no key stores zeros (``zero_rows``)."""
     BQ = 64 * WG
     C = D // 64
     ONCE_BYTES = BQ * D * 2
@@ -936,11 +958,18 @@ def dq_block(
     bars = kaio.shared_dynamic(u64, (2, STAGES), BARS)
     turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * STAGES)
     t, wg, lt = thread_roles(WG)
+    start_q, start_k, shift, stat_off, sq, sk = varlen_block(cu_q, cu_k, seq_q, seq_k, causal,
+                                                             COLS)  # fmt: skip
     if COLS:
         bh = i32(kaio.block_idx_y())
-        kvh = bh // group
-        q0 = q0_at
-        n_tiles = n_at
+        q0 = i32(kaio.grid_dim_x() - 1 - kaio.block_idx_x()) * BQ
+        if q0 >= sq:  # past the sequence's end
+            return
+        kvh, n_tiles = kv_head_and_tiles(bh, q0 + shift, heads, group, sk, causal, BQ, BN)
+        if n_tiles <= 0:  # no row sees a key: zeros
+            zero_rows(dq, (start_q * heads + bh) * D, heads * D, q0, sq, 128 * WG + 128, BQ, D,
+                      DT)  # fmt: skip
+            return
     else:
         bh, kvh, q0, n_tiles = query_block(heads, group, sk, causal, BQ, BN)
     if t == 0:
@@ -964,7 +993,7 @@ def dq_block(
             if COLS:
                 produce(q_s, do_s, k_s, v_s, stats, bars, turn, tq, tdo, tk, tv, tl, td,
                         start_q + q0, start_k, 0, 1, 0, n_tiles, D, BQ, BN, STAGES, 2, DT, 1,
-                        bh * D, kvh * D, bh * stat_stride + stat_off, 0)  # fmt: skip
+                        bh * D, kvh * D, bh * tp + stat_off, 0)  # fmt: skip
             else:
                 produce(q_s, do_s, k_s, v_s, stats, bars, turn, tq, tdo, tk, tv, tl, td,
                         bh * sq + q0, kvh * sk, 0, 1, 0, n_tiles, D, BQ, BN, STAGES, 2,
@@ -1152,6 +1181,8 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         return [kaio.tensor_map_2d(x, (1, box), 0) for x in flat]
 
     args = (sq, sk, heads, group, math.log2(math.e) * scale, scale, int(causal))
+    none = _arrays.output(da, (1,), i32)
+    dense = {"cu_q": none, "cu_k": none, "tp": 0}  # unused with COLS 0
     bk = 64 * c1["WG"]
     tiles = fused and c1.get("DQ") == 5  # dq_acc in whole 64-row tiles (``store_dq_frags``)
     acc_size = bh * -(-sq // 64) * 64 * d if tiles else qa.size
@@ -1168,7 +1199,7 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
             tmap(ka, rows_kv, bk), tmap(va, rows_kv, bk), tmap(qa, rows_q, c1["BM"]),
             tmap(da, rows_q, c1["BM"]), *stats_maps(c1["BM"]), la.arg(rows_q), delta,
             _arrays.output_arg(da, dk, (ka.size,)), _arrays.output_arg(da, dv, (ka.size,)),
-            dq_acc, *args, D=d, DT=qa.dtype, **c1,
+            dq_acc, *args, **dense, D=d, DT=qa.dtype, COLS=0, **c1,
         )  # fmt: skip
 
     side = (SIDE if side is None else side) and only is None and not fused
@@ -1191,7 +1222,8 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         attention_bwd_dq_wgmma[(-(-sq // bq), bh), 128 * c2["WG"] + 128, dq_stream, smem](
             tmap(qa, rows_q, bq), tmap(da, rows_q, bq), tmap(ka, rows_kv, c2["BN"]),
             tmap(va, rows_kv, c2["BN"]), *stats_maps(bq),
-            _arrays.output_arg(da, dq, (qa.size,)), *args, D=d, DT=qa.dtype, **c2,
+            _arrays.output_arg(da, dq, (qa.size,)), *args, **dense, D=d, DT=qa.dtype, COLS=0,
+            **c2,
         )  # fmt: skip
         if side:
             dkdv_kernel()
@@ -1242,6 +1274,6 @@ def specializations():
     for dt in (f16, bf16):
         for d in (64, 128):
             cfg = config(d)
-            yield attention_bwd_dkdv_wgmma, {"D": d, "DT": dt, **cfg["dkdv"]}
-            yield attention_bwd_dq_wgmma, {"D": d, "DT": dt, **cfg["dq"]}
-            yield attention_bwd_dkdv_wgmma, {"D": d, "DT": dt, **cfg["fused"]}
+            yield attention_bwd_dkdv_wgmma, {"D": d, "DT": dt, "COLS": 0, **cfg["dkdv"]}
+            yield attention_bwd_dq_wgmma, {"D": d, "DT": dt, "COLS": 0, **cfg["dq"]}
+            yield attention_bwd_dkdv_wgmma, {"D": d, "DT": dt, "COLS": 0, **cfg["fused"]}

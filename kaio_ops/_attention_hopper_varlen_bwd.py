@@ -7,17 +7,18 @@ The packed q, do [total_q, H, D] and k, v [total_k, Hkv, D] are seen by the tens
 2-D arrays [total, H * D] (Hkv * D), as in the varlen forward
 (``_attention_hopper_varlen``): a head of a sequence is the box of rows from the sequence's
 start (``cu_seqlens``, read on the GPU: no synchronization with the host) and columns from
-h * D. The dense kernels' bodies (``dkdv_block``, ``dq_block`` with ``COLS`` 1) take the
-row and column bases; the dK/dV block (x, y, z) owns the keys x of K/V head y of sequence
-z, the dQ block the query tile x (counted from the last: the heaviest causal tiles first)
-of head y of sequence z. A block whose tile lies past its sequence's end returns at once
-(the grid covers the longest sequence, ``max_seqlen``).
+h * D. The kernels are the dense ones with ``COLS`` 1 (``attention_bwd_dkdv_wgmma``,
+``attention_bwd_dq_wgmma``), which then take these row and column bases: the dK/dV block
+(x, y, z) owns the keys x of K/V head y of sequence z, the dQ block the query tile x
+(counted from the last: the heaviest causal tiles first) of head y of sequence z. A block
+whose tile lies past its sequence's end returns at once (the grid covers the longest
+sequence, ``max_seqlen``).
 
 The row logsumexps and delta = rowsum(dO * O) come to shared memory with the tiles (TMA)
 from f32 [H, Tp] copies (``varlen_stats``) in which each sequence starts on a multiple of 4
 (``stats_start``: cu_q[b] + 3 b rounded up; a TMA copy's first column must be 16 bytes
-into a row), zeros in the gaps and past the last sequence. Rows past a sequence's end are those
-of the next sequence (or TMA's zeros past the array): their probabilities and dS are masked
+into a row), zeros in the gaps and past the last sequence. Rows past a sequence's end are
+those of the next sequence (or TMA's zeros past the array): their probabilities and dS are masked
 to zero, and their gradients never stored (each thread stores its own rows, below the
 sequence's length), as the dense kernels do past a head's rows.
 
@@ -35,20 +36,11 @@ from __future__ import annotations
 import math
 
 import kaio
-from kaio import f32, i32, u32
+from kaio import f32, i32
 from kaio_ops import _attention_hopper_bwd as dense
 from kaio_ops._attention_hopper import SW
-from kaio_ops._attention_hopper_bwd import dkdv_block, dq_block
-from kaio_ops._attention_hopper_common import kv_head_and_tiles
-from kaio_ops._attention_varlen import sequence
+from kaio_ops._attention_hopper_bwd import stats_start
 from kaio_ops._common import lanes_sum
-
-
-@kaio.gpu_func
-def stats_start(cu_q: i32[:], b: u32) -> i32:
-    """Where sequence b's lse and delta start in a head's row of the stats copies:
-    cu_q[b] + 3 b rounded up to 4 (``varlen_stats``)."""
-    return (i32(cu_q[b]) + 3 * i32(b) + 3) // 4 * 4
 
 
 @kaio.gpu_kernel(block_size=256)
@@ -91,90 +83,12 @@ def varlen_stats(
         lse_p[h * tp + p0 + i] = lv
 
 
-@kaio.gpu_func
-def zero_rows(
-    out: DT[:], at0: i32, stride: i32, q0: i32, sq: i32, THREADS: kaio.constexpr,
-    BQ: kaio.constexpr, D: kaio.constexpr, DT: kaio.constexpr,
-):  # fmt: skip
-    """out[at0 + r * stride + c] = 0 for the rows q0 <= r < min(q0 + BQ, sq) and the D
-    columns c, 8 a thread at a time over the block's ``THREADS`` threads."""
-    z = kaio.local(DT, 8)
-    for e in kaio.static_range(8):
-        z[e] = DT(0.0)
-    for i in range(i32(kaio.thread_idx_x()), BQ * D // 8, THREADS):
-        r = q0 + i // (D // 8)
-        if r < sq:
-            kaio.store_vector(out, at0 + r * stride + i % (D // 8) * 8, z)
-
-
-@kaio.gpu_kernel(fastmath=True)  # ex2.approx.ftz: one instruction an exponential
-def varlen_bwd_dkdv_wgmma(
-    tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
-    tl: kaio.tensormap, td: kaio.tensormap, stats: f32[:], dk: DT[:], dv: DT[:],
-    cu_q: i32[:], cu_k: i32[:], tp: i32, heads: i32, group: i32, scale_log2: f32, scale: f32,
-    causal: i32, D: kaio.constexpr, BM: kaio.constexpr, WG: kaio.constexpr,
-    STAGES: kaio.constexpr, PIPE: kaio.constexpr, AREG: kaio.constexpr, TSTATS: kaio.constexpr,
-    REGS: kaio.constexpr, DT: kaio.constexpr,
-):  # fmt: skip
-    """dk, dv of the ``64 * WG`` keys of block x of K/V head y of sequence z, summed over the
-    query heads of its group (``_attention_hopper_bwd.attention_bwd_dkdv_wgmma``'s work, no
-    dQ). ``tk``, ``tv``: k, v as [total_k, Hkv * D] in boxes of (64 * WG, 64); ``tq``,
-    ``tdo``: q, do as [total_q, H * D] in boxes of (BM, 64); ``tl``, ``td``: lse, delta as
-    [1, H * tp] f32 in boxes of (1, BM) (``varlen_stats``); ``stats``: any f32 array (the
-    dense kernel's global lse, delta and dQ buffer, unused here); dk, dv [total_k * Hkv * D]
-    flat; ``cu_q``, ``cu_k``: the sequences' offsets (module docstring)."""
-    start_q, sq, start_k, sk = sequence(cu_q, cu_k, kaio.block_idx_z())
-    if i32(kaio.block_idx_x()) * 64 * WG >= i32(sk):
-        return
-    shift = i32(0)  # the bottom-right causal mask: queries seen as i + sk - sq
-    if causal != 0:
-        shift = i32(sk) - i32(sq)
-    stat_off = stats_start(cu_q, kaio.block_idx_z()) - i32(start_q)
-    dkdv_block(tk, tv, tq, tdo, tl, td, stats, stats, dk, dv, stats, i32(sq), i32(sk), heads,
-               group, scale_log2, scale, causal, D, BM, WG, STAGES, PIPE, AREG, TSTATS, REGS, DT,
-               0, 0, 1, i32(start_q), i32(start_k), tp, shift, stat_off)  # fmt: skip
-
-
-@kaio.gpu_kernel(fastmath=True)
-def varlen_bwd_dq_wgmma(
-    tq: kaio.tensormap, tdo: kaio.tensormap, tk: kaio.tensormap, tv: kaio.tensormap,
-    tl: kaio.tensormap, td: kaio.tensormap, dq: DT[:], cu_q: i32[:], cu_k: i32[:], tp: i32,
-    heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32, D: kaio.constexpr,
-    BN: kaio.constexpr, WG: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr,
-    AREG: kaio.constexpr, REGS: kaio.constexpr, DT: kaio.constexpr,
-):  # fmt: skip
-    """dq of the ``64 * WG`` query rows of block x (counted from the last) of head y of
-    sequence z (``_attention_hopper_bwd.attention_bwd_dq_wgmma``'s work). ``tq``, ``tdo``:
-    q, do as [total_q, H * D] in boxes of (64 * WG, 64); ``tk``, ``tv``: k, v as [total_k,
-    Hkv * D] in boxes of (BN, 64); ``tl``, ``td``: lse, delta as [1, H * tp] f32 in boxes
-    of (1, 64 * WG); dq [total_q * H * D] flat."""
-    BQ = 64 * WG
-    h = i32(kaio.block_idx_y())
-    start_q, sq, start_k, sk = sequence(cu_q, cu_k, kaio.block_idx_z())
-    q0 = i32(kaio.grid_dim_x() - 1 - kaio.block_idx_x()) * BQ
-    if q0 >= i32(sq):
-        return
-    shift = i32(0)
-    if causal != 0:
-        shift = i32(sk) - i32(sq)
-    _, n_tiles = kv_head_and_tiles(h, q0 + shift, heads, group, i32(sk), causal, BQ, BN)
-    if n_tiles <= 0:  # no row sees a key: zeros
-        zero_rows(dq, (i32(start_q) * heads + h) * D, heads * D, q0, i32(sq), 128 * WG + 128,
-                  BQ, D, DT)  # fmt: skip
-        return
-    stat_off = stats_start(cu_q, kaio.block_idx_z()) - i32(start_q)
-    dq_block(tq, tdo, tk, tv, tl, td, dq, i32(sq), i32(sk), heads, group, scale_log2, scale,
-             causal, D, BN, WG, STAGES, PIPE, AREG, REGS, DT, 1, q0, n_tiles, i32(start_q),
-             i32(start_k), tp, shift, stat_off)  # fmt: skip
-
-
 def config(d: int) -> dict:
     """The constexprs of the two kernels for head dim ``d`` (64 or 128): the dense pair's
-    (``_attention_hopper_bwd.config``: ``{"dkdv": ..., "dq": ...}``), which read lse and
-    delta by TMA (``TSTATS`` 1) and add no dQ (``DQ`` 0), less those two."""
+    (``_attention_hopper_bwd.config``: ``{"dkdv": ..., "dq": ...}``, lse and delta by TMA,
+    no dQ in the dK/dV kernel) with ``COLS`` 1."""
     cfg = dense.config(d)
-    dkdv = {k: v for k, v in cfg["dkdv"].items() if k not in ("DQ", "LATE")}
-    return {"dkdv": dkdv, "dq": dict(cfg["dq"])}
+    return {"dkdv": {**cfg["dkdv"], "COLS": 1}, "dq": {**cfg["dq"], "COLS": 1}}
 
 
 def eligible(d: int) -> bool:
@@ -225,10 +139,10 @@ def launch(qa, ka, va, da, la, cqa, cka, oa, dims: tuple, causal: bool, scale: f
             raise ValueError(
                 f"_attention_hopper_varlen_bwd.launch: PIPE 1-3 needs 2 stages or more: {c}"
             )
-    if not c1["TSTATS"]:
+    if not c1["TSTATS"] or c1["DQ"] or not c1["COLS"] or not c2["COLS"]:
         raise ValueError(
-            f"_attention_hopper_varlen_bwd.launch: the dK/dV kernel reads lse and delta by "
-            f"TMA only (TSTATS 1): {c1}"
+            f"_attention_hopper_varlen_bwd.launch: the varlen kernels read lse and delta by "
+            f"TMA (TSTATS 1), add no dQ in the dK/dV kernel (DQ 0) and take COLS 1: {cfg}"
         )
     stream = _arrays.stream_of(qa)
     dq = _arrays.output(da, qa.shape)
@@ -248,18 +162,20 @@ def launch(qa, ka, va, da, la, cqa, cka, oa, dims: tuple, causal: bool, scale: f
     def tmap(a, rows, h, box):
         return kaio.tensor_map_2d(a.arg(rows, h * d), (box, 64), SW)
 
-    args = (cqa.arg(), cka.arg(), tp, heads, group, math.log2(math.e) * scale, scale,
-            int(causal))  # fmt: skip
+    args = (0, 0, heads, group, math.log2(math.e) * scale, scale, int(causal))  # sq, sk: cu
+    varlen = {"cu_q": cqa.arg(), "cu_k": cka.arg(), "tp": tp}
     bk = 64 * c1["WG"]
 
     def dkdv_kernel():
         smem = dense.shared_bytes(d, bk, c1["BM"], c1["STAGES"], c1["STAGES"] * c1["BM"],
                                   *dense._ds_buffers(c1))  # fmt: skip
-        varlen_bwd_dkdv_wgmma[(-(-max_k // bk), hkv, batch), 128 * c1["WG"] + 128, stream, smem](
+        grid = (-(-max_k // bk), hkv, batch)
+        dense.attention_bwd_dkdv_wgmma[grid, 128 * c1["WG"] + 128, stream, smem](
             tmap(ka, total_k, hkv, bk), tmap(va, total_k, hkv, bk),
             tmap(qa, total_q, heads, c1["BM"]), tmap(da, total_q, heads, c1["BM"]),
-            *stats_maps(c1["BM"]), lse_p, _arrays.output_arg(da, dk, (ka.size,)),
-            _arrays.output_arg(da, dv, (ka.size,)), *args, D=d, DT=qa.dtype, **c1,
+            *stats_maps(c1["BM"]), lse_p, delta_p, _arrays.output_arg(da, dk, (ka.size,)),
+            _arrays.output_arg(da, dv, (ka.size,)), lse_p, *args, **varlen, D=d, DT=qa.dtype,
+            **c1,
         )  # fmt: skip
 
     side = side and only is None
@@ -270,11 +186,11 @@ def launch(qa, ka, va, da, la, cqa, cka, oa, dims: tuple, causal: bool, scale: f
     bq = 64 * c2["WG"]
     smem = dense.shared_bytes(d, bq, c2["BN"], c2["STAGES"], bq)
     with dense.side_stream(qa, side) as dq_stream:  # (there the dQ kernel first)
-        varlen_bwd_dq_wgmma[(-(-max_q // bq), heads, batch), 128 * c2["WG"] + 128, dq_stream,
-                            smem](
+        grid = (-(-max_q // bq), heads, batch)
+        dense.attention_bwd_dq_wgmma[grid, 128 * c2["WG"] + 128, dq_stream, smem](
             tmap(qa, total_q, heads, bq), tmap(da, total_q, heads, bq),
             tmap(ka, total_k, hkv, c2["BN"]), tmap(va, total_k, hkv, c2["BN"]),
-            *stats_maps(bq), _arrays.output_arg(da, dq, (qa.size,)), *args, D=d,
+            *stats_maps(bq), _arrays.output_arg(da, dq, (qa.size,)), *args, **varlen, D=d,
             DT=qa.dtype, **c2,
         )  # fmt: skip
         if side:
@@ -290,5 +206,5 @@ def specializations():
     for dt in (f16, bf16):
         for d in (64, 128):
             cfg = config(d)
-            yield varlen_bwd_dkdv_wgmma, {"D": d, "DT": dt, **cfg["dkdv"]}
-            yield varlen_bwd_dq_wgmma, {"D": d, "DT": dt, **cfg["dq"]}
+            yield dense.attention_bwd_dkdv_wgmma, {"D": d, "DT": dt, **cfg["dkdv"]}
+            yield dense.attention_bwd_dq_wgmma, {"D": d, "DT": dt, **cfg["dq"]}
