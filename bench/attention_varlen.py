@@ -19,13 +19,18 @@ packed [total, H, D]. Implementations, each timed with CUDA events (bench/harnes
 The padded implementations are timed on tensors already padded (the copies to and from the
 packed layout are not counted: the comparison favours padding). TFLOP/s counts the useful
 work, 4 * H * sum(sq * sk) * D (causal: sum(sq * (sq + 1) / 2)), for every implementation.
-The backward compares ``flash_attention_varlen_bwd`` with ``flash_attention_bwd`` padded and
-torch SDPA flash's backward padded. Correctness first: the varlen outputs against float32
-attention per sequence (SDPA's memory-efficient backend, f32 throughout, else its math one).
+The backward cases (``BWD_CASES``) compare ``flash_attention_varlen_bwd`` (as dispatched:
+on sm_90 the Hopper kernels where they measured faster, ``attention_varlen.hopper_bwd_takes``)
+and its two paths launched directly (``kaio varlen Hopper``,
+``kaio_ops._attention_hopper_varlen_bwd``, sm_90 and D 64 or 128 only; ``kaio varlen
+mma.sync``) with ``flash_attention_bwd`` padded and torch SDPA flash's backward padded.
+Correctness first: the varlen outputs against float32 attention per sequence (SDPA's
+memory-efficient backend, f32 throughout, else its math one).
 
 Usage: ``python bench/attention_varlen.py --out results.json [--quick] [--cases 0,2]
-[--no-bwd]`` (``--cases``: the forward cases of ``CASES`` by index; ``--no-bwd``: no
-backward cases).
+[--no-bwd] [--no-fwd] [--bwd-cases 0,1]`` (``--cases``: the forward cases of ``CASES`` by
+index; ``--bwd-cases``: the backward cases of ``BWD_CASES`` (default the first three);
+``--no-bwd``, ``--no-fwd``: no backward, resp. forward, cases).
 """
 
 from __future__ import annotations
@@ -174,12 +179,23 @@ def _sdpa_flash(q, k, v, causal):
         return sdpa(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
 
 
-def backward_case(hb: Harness, b, top, h, d, dt, causal, seed):
+def mma_sync_varlen_bwd(do, q, k, v, o, lse, cu, top, causal):
+    """flash_attention_varlen_bwd's mma.sync kernels (what GPUs other than sm_90 run)."""
+    return attention_varlen.backward_mma(do, q, k, v, o, lse, cu, cu, top, top, causal, None)
+
+
+def hopper_varlen_bwd(do, q, k, v, o, lse, cu, top, causal):
+    """flash_attention_varlen_bwd's Hopper kernels (sm_90), whatever the dispatch would pick."""
+    return attention_varlen.backward_hopper(do, q, k, v, o, lse, cu, cu, top, top, causal, None)
+
+
+def backward_case(hb: Harness, b, top, h, hkv, d, dt, causal, seed):
     lens = lengths(b, top, seed)
     total = sum(lens)
 
     def make():
-        q, k, v, do = (torch.randn(total, h, d, device="cuda", dtype=dt) for _ in range(4))
+        q, do = (torch.randn(total, h, d, device="cuda", dtype=dt) for _ in range(2))
+        k, v = (torch.randn(total, hkv, d, device="cuda", dtype=dt) for _ in range(2))
         cu = offsets(lens)
         o, lse = kaio_ops.flash_attention_varlen_with_stats(q, k, v, cu, cu, top, top, causal)
         qp, kp, vp, dop = (pad(x, lens) for x in (q, k, v, do))
@@ -203,12 +219,24 @@ def backward_case(hb: Harness, b, top, h, d, dt, causal, seed):
         reference(*leaves, lens, causal).backward(do.float())
         return tuple(x.grad for x in leaves)
 
+    impls = {
+        "kaio varlen": kaio_varlen,
+        "kaio varlen mma.sync": lambda q, k, v, do, cu, o, lse, *_: mma_sync_varlen_bwd(
+            do, q, k, v, o, lse, cu, top, causal
+        ),
+        "kaio padded": kaio_padded,
+        "torch SDPA padded": sdpa_padded,
+    }
+    if torch.cuda.get_device_capability() == (9, 0) and d in (64, 128):
+        impls["kaio varlen Hopper"] = lambda q, k, v, do, cu, o, lse, *_: hopper_varlen_bwd(
+            do, q, k, v, o, lse, cu, top, causal
+        )
     name = {torch.float16: "f16", torch.bfloat16: "bf16"}[dt]
     return hb.case(
         f"flash_attention_varlen_bwd {name}" + " causal" * causal,
-        f"B{b} H{h} S<={top} D{d} (mean {total // b})",
+        f"B{b} H{h}/{hkv} S<={top} D{d} (mean {total // b})",
         make,
-        {"kaio varlen": kaio_varlen, "kaio padded": kaio_padded, "torch SDPA padded": sdpa_padded},
+        impls,
         reference=ref,
         tol=5e-3 if dt == torch.float16 else 3e-2,
         flops=2.5 * useful_flops(lens, h, d, causal),
@@ -228,6 +256,16 @@ CASES = [
     (64, 512, 16, 16, 128, torch.float16),
 ]
 
+# backward cases (B, max length, H, Hkv, D, dtype); the first one's seed (7) as before
+BWD_CASES = [
+    (8, 4096, 16, 16, 128, torch.float16),
+    (32, 1024, 16, 16, 64, torch.float16),
+    (16, 2048, 32, 8, 128, torch.bfloat16),
+    (64, 512, 16, 16, 128, torch.float16),
+    (4, 8192, 16, 16, 128, torch.float16),
+    (16, 2048, 16, 16, 64, torch.bfloat16),
+]
+
 
 def main() -> None:
     quick = "--quick" in sys.argv
@@ -236,14 +274,22 @@ def main() -> None:
     if "--cases" in sys.argv:
         picked = sys.argv[sys.argv.index("--cases") + 1].split(",")
         cases = [CASES[int(i)] for i in picked]
+    if "--no-fwd" in sys.argv:
+        cases = []
     for b, top, h, hkv, d, dt in cases:
         for causal in (False, True):
             forward_case(
                 hb, b, top, h, hkv, d, dt, causal, seed=CASES.index((b, top, h, hkv, d, dt))
             )
+    bwd_cases = BWD_CASES[:3] if not quick else BWD_CASES[:2]  # the others: --bwd-cases
+    if "--bwd-cases" in sys.argv:
+        picked = sys.argv[sys.argv.index("--bwd-cases") + 1].split(",")
+        bwd_cases = [BWD_CASES[int(i)] for i in picked]
     if "--no-bwd" not in sys.argv:
-        for causal in (False, True):
-            backward_case(hb, 8, 4096, 16, 128, torch.float16, causal, seed=7)
+        for c in bwd_cases:
+            b, top, h, hkv, d, dt = c
+            for causal in (False, True):
+                backward_case(hb, b, top, h, hkv, d, dt, causal, seed=7 + BWD_CASES.index(c))
     hb.finish()
     print(hb.table())
 

@@ -88,7 +88,7 @@ SUITES: tuple[Suite, ...] = (
     Suite("memory", "memory_ops.py", "Memory-bound ops", (), ("--dtypes", "f16"), (120, 45)),
     Suite("attention", "attention.py", "Attention", (), ("--only", "flash_attention"), (90, 45)),
     # not in a quick run of all suites (its budget is spent); alone: --quick
-    Suite("varlen", "attention_varlen.py", "Variable-length attention", (), None, (90, 0)),
+    Suite("varlen", "attention_varlen.py", "Variable-length attention", (), None, (120, 0)),
     # not in a quick run of all suites (its budget is spent); alone: bench/decode.py --quick
     Suite("decode", "decode.py", "Decode attention", (), None, (300, 0)),
     Suite("quantized", "quantized.py", "Quantized matmul", (), ("--quick",), (110, 40)),

@@ -49,6 +49,12 @@ maps see the arrays as ``[rows, D]``: a tile reaching past a head's rows reads t
 head's (or TMA's zeros past the array); those rows are masked (zero probabilities and dS)
 and their outputs not stored, which needs the inputs finite there, as they are for any
 finite input.
+
+With ``COLS`` 1 both kernels are the varlen backward's (``_attention_hopper_varlen_bwd``):
+a block z a sequence of packed arrays seen as [tokens, heads * D] (a head's rows from its
+sequence's start, read from ``cu_seqlens`` on the GPU, its columns from h * D:
+``produce``'s ``COLS``), rows stored by a base and a stride (``store_tile``), query rows
+shifted for the bottom-right causal mask.
 """
 
 # ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
@@ -66,6 +72,7 @@ from kaio_ops._attention_hopper import (
     pack_p,
 )
 from kaio_ops._attention_hopper_common import (
+    kv_head_and_tiles,
     next_tile,
     query_block,
     store_pairs,
@@ -83,6 +90,8 @@ def produce(
     td: kaio.tensormap, once_row: i32, ring_row: i32, head_stride: i32, heads_n: i32,
     first: i32, n_tiles: i32, D: kaio.constexpr, ONCE: kaio.constexpr, R: kaio.constexpr,
     STAGES: kaio.constexpr, STATS: kaio.constexpr, DT: kaio.constexpr,
+    COLS: kaio.constexpr = 0, once_col: i32 = 0, ring_col: i32 = 0, stat_at: i32 = 0,
+    stat_stride: i32 = 0,
 ):  # fmt: skip
     """The producer's copies: ``ONCE`` rows of ``ta``, ``tb`` from ``once_row`` into a_s,
     b_s (once, on ``turn[0]``), then for each head j < heads_n and tile t in first ..
@@ -90,49 +99,72 @@ def produce(
     into the ring's next stage (on its "landed" barrier), once the consumers freed it. The
     rows' lse and delta (``tl``, ``td``: [1, rows] f32) go to ``stats[0 and 1, stage]``
     with each ring tile where ``STATS`` is 1, to ``stats[0 and 1, 0]`` with the tiles loaded
-    once where it is 2 (0: not at all)."""
+    once where it is 2 (0: not at all). ``COLS`` 1 (the varlen kernels: heads side by side
+    in the columns of [tokens, heads * D]): the tiles loaded once are the D columns from
+    ``once_col``, head j's ring tiles those from ``ring_col + j * D``, and the stats of a
+    row r of head j are at ``r + stat_at + j * stat_stride`` (0: columns from 0, stats at
+    the rows)."""
     C = D // 64
     STATS_ONCE = 2 * ONCE * 4 if STATS == 2 else 0
     kaio.mbarrier_arrive_expect_tx(turn, 0, u32(2 * ONCE * D * 2 + STATS_ONCE))
     for c in kaio.static_range(C):
-        kaio.tma_load_2d(a_s, (c, 0, 0), ta, once_row, c * 64, turn, 0)
-        kaio.tma_load_2d(b_s, (c, 0, 0), tb, once_row, c * 64, turn, 0)
+        kaio.tma_load_2d(a_s, (c, 0, 0), ta, once_row, once_col + c * 64, turn, 0)
+        kaio.tma_load_2d(b_s, (c, 0, 0), tb, once_row, once_col + c * 64, turn, 0)
     if STATS == 2:
-        kaio.tma_load_2d(stats, (0, 0, 0), tl, 0, once_row, turn, 0)
-        kaio.tma_load_2d(stats, (1, 0, 0), td, 0, once_row, turn, 0)
+        kaio.tma_load_2d(stats, (0, 0, 0), tl, 0, once_row + stat_at, turn, 0)
+        kaio.tma_load_2d(stats, (1, 0, 0), td, 0, once_row + stat_at, turn, 0)
     STATS_RING = 2 * R * 4 if STATS == 1 else 0
     st = i32(0)
     ph = u32(0)
     t = first  # the tile of head row0 / head_stride: a counter, not divisions
     row0 = ring_row
+    col = i32(ring_col)  # COLS: head j's first column, its stats' offset
+    sat = i32(stat_at)
     for i in range(heads_n * kaio.max(n_tiles - first, 0)):
         row = row0 + t * R
+        at = sat
+        c0 = col
         t += 1  # written out: ``next_tile`` here changed the dK/dV kernel's SASS
         if t == n_tiles:
             t = first
             row0 += head_stride
+            if COLS:
+                col += D
+                sat += stat_stride
         if i >= STAGES:  # stage st held tile i - STAGES: wait until it is free
             kaio.mbarrier_wait(bars, (1, st), ph ^ 1)
         kaio.mbarrier_arrive_expect_tx(bars, (0, st), u32(2 * R * D * 2 + STATS_RING))
         for c in kaio.static_range(C):
-            kaio.tma_load_2d(x_s, (st, c, 0, 0), tx, row, c * 64, bars, (0, st))
-            kaio.tma_load_2d(y_s, (st, c, 0, 0), ty, row, c * 64, bars, (0, st))
+            if COLS:
+                kaio.tma_load_2d(x_s, (st, c, 0, 0), tx, row, c0 + c * 64, bars, (0, st))
+                kaio.tma_load_2d(y_s, (st, c, 0, 0), ty, row, c0 + c * 64, bars, (0, st))
+            else:
+                kaio.tma_load_2d(x_s, (st, c, 0, 0), tx, row, c * 64, bars, (0, st))
+                kaio.tma_load_2d(y_s, (st, c, 0, 0), ty, row, c * 64, bars, (0, st))
         if STATS == 1:
-            kaio.tma_load_2d(stats, (0, st, 0), tl, 0, row, bars, (0, st))
-            kaio.tma_load_2d(stats, (1, st, 0), td, 0, row, bars, (0, st))
+            if COLS:
+                kaio.tma_load_2d(stats, (0, st, 0), tl, 0, row + at, bars, (0, st))
+                kaio.tma_load_2d(stats, (1, st, 0), td, 0, row + at, bars, (0, st))
+            else:
+                kaio.tma_load_2d(stats, (0, st, 0), tl, 0, row, bars, (0, st))
+                kaio.tma_load_2d(stats, (1, st, 0), td, 0, row, bars, (0, st))
         st, ph = next_stage(st, ph, STAGES)
 
 
 @kaio.gpu_func
 def store_tile(
     out: DT[:], acc: f32[:, :], at0: i32, row: i32, rows: i32, factor: f32, lane: u32,
-    D: kaio.constexpr, DT: kaio.constexpr,
+    D: kaio.constexpr, DT: kaio.constexpr, COLS: kaio.constexpr = 0, stride: i32 = 0,
 ):  # fmt: skip
     """out[at0 + (row + 8h) * D + col] = acc * factor for this lane's two row halves h whose
-    row is below ``rows`` (its columns 8n + 2 (lane % 4) + e, pairs stored together)."""
+    row is below ``rows`` (its columns 8n + 2 (lane % 4) + e, pairs stored together); rows
+    ``stride`` apart where ``COLS`` (heads side by side: ``produce``)."""
     for h in kaio.static_range(2):
         if row + 8 * h < rows:
-            store_pairs(out, at0 + (row + 8 * h) * D, acc, h, factor, lane, D, DT)
+            if COLS:
+                store_pairs(out, at0 + (row + 8 * h) * stride, acc, h, factor, lane, D, DT)
+            else:
+                store_pairs(out, at0 + (row + 8 * h) * D, acc, h, factor, lane, D, DT)
 
 
 @kaio.gpu_func
@@ -240,9 +272,12 @@ def consume_dkdv(
     causal: i32, scale_log2: f32, scale: f32, D: kaio.constexpr, BM: kaio.constexpr,
     WG: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr, AREG: kaio.constexpr,
     TSTATS: kaio.constexpr, DQ: kaio.constexpr, LATE: kaio.constexpr, DT: kaio.constexpr,
+    COLS: kaio.constexpr = 0, shift: i32 = 0, out_at: i32 = 0, out_stride: i32 = 0,
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 keys (thread ``lt`` of it): dK and dV over the query
-    tiles of the group's heads (module docstring), then stored. ``PIPE``: 0 each tile's
+    tiles of the group's heads (module docstring), then stored (where ``COLS``: at
+    ``out_at``, rows ``out_stride`` apart, the queries seen shifted by ``shift``: the
+    varlen kernels' bottom-right causal mask; TSTATS 1 and DQ 0 only). ``PIPE``: 0 each tile's
     products issued and waited for in turn; 1 tile i's S^T and dP^T issued together with
     tile i - 1's dV and dK, so that tile i's P^T and dS^T are computed while those run (the
     forward's intra-warpgroup overlap); 2, 3 the same with P^T and dS^T (2), resp. dS^T (3),
@@ -304,8 +339,8 @@ def consume_dkdv(
                 kaio.wgmma_wait(1)
             else:
                 kaio.wgmma_wait(0)
-            grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, kend, causal, scale_log2,
-                    lane, BM, TSTATS)  # fmt: skip
+            grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM + shift, sq + shift, kend,
+                    causal, scale_log2, lane, BM, TSTATS)  # fmt: skip
             pack_p(p, s, BM, DT)
             pack_p(ds, dp, BM, DT)
             if DQ and LATE == 1 and _i > 0:
@@ -357,8 +392,8 @@ def consume_dkdv(
         kaio.wgmma_fence()
         issue_front(s, dp, k_s, v_s, q_s, do_s, af, bf, 0, wg, D, AREG, DT)
         kaio.wgmma_wait(0)
-        grads_t(s, dp, stats, 0, lse, delta, at0, key0, t * BM, sq, kend, causal, scale_log2, lane,
-                BM, TSTATS)  # fmt: skip
+        grads_t(s, dp, stats, 0, lse, delta, at0, key0, t * BM + shift, sq + shift, kend, causal,
+                scale_log2, lane, BM, TSTATS)  # fmt: skip
         pb = i32(0)  # PIPE 2, 3: tile i - 1's ds_s buffers (4 - PIPE of them from pb)
         wph = hand_off(ds_s, pb, p, ds, s, dp, bars, STAGES + i32(wg), wph, kr, lane, lt, BM,
                        PIPE, DT)  # fmt: skip
@@ -371,8 +406,8 @@ def consume_dkdv(
             issue_front(s, dp, k_s, v_s, q_s, do_s, af, bf, st, wg, D, AREG, DT)
             issue_back(dka, dva, p, ds, ds_s, pb, wg, q_s, do_s, ps, BM, PIPE, DT)  # tile i - 1's
             kaio.wgmma_wait(2)  # S^T, dP^T done (tile i - 1's dV, dK may still run)
-            grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, kend, causal, scale_log2,
-                    lane, BM, TSTATS)  # fmt: skip
+            grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM + shift, sq + shift, kend,
+                    causal, scale_log2, lane, BM, TSTATS)  # fmt: skip
             kaio.wgmma_wait(0)  # tile i - 1's dV, dK done: p, ds (ds_s) and its stage are free
             release(bars, ps, lt)
             if PIPE >= 2:  # the other buffers: tile i - 1's may still be read by another
@@ -386,9 +421,13 @@ def consume_dkdv(
         issue_back(dka, dva, p, ds, ds_s, pb, wg, q_s, do_s, ps, BM, PIPE, DT)
         kaio.wgmma_wait(0)
         release(bars, ps, lt)
-    at = kvh * sk * D
-    store_tile(dk, dka, at, key0, sk, scale, lane, D, DT)
-    store_tile(dv, dva, at, key0, sk, 1.0, lane, D, DT)
+    if COLS:
+        store_tile(dk, dka, out_at, key0, sk, scale, lane, D, DT, 1, out_stride)
+        store_tile(dv, dva, out_at, key0, sk, 1.0, lane, D, DT, 1, out_stride)
+    else:
+        at = kvh * sk * D
+        store_tile(dk, dka, at, key0, sk, scale, lane, D, DT)
+        store_tile(dv, dva, at, key0, sk, 1.0, lane, D, DT)
 
 
 @kaio.gpu_func
@@ -638,11 +677,13 @@ def consume_dq(
     stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], dq: DT[:], wg: u32, lt: u32, bh: i32,
     q0: i32, n_tiles: i32, sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32,
     D: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr,
-    AREG: kaio.constexpr, DT: kaio.constexpr,
+    AREG: kaio.constexpr, DT: kaio.constexpr, COLS: kaio.constexpr = 0, out_at: i32 = 0,
+    out_stride: i32 = 0,
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 query rows (thread ``lt`` of it): dQ over the key tiles
-    (module docstring; at least one), then stored; ``PIPE`` as ``consume_dkdv``'s. The
-    rows' lse and delta are ``stats[0 and 1, 0]``."""
+    (module docstring; at least one), then stored (where ``COLS``: at ``out_at``, rows
+    ``out_stride`` apart); ``PIPE`` as ``consume_dkdv``'s. The rows' lse and delta are
+    ``stats[0 and 1, 0]``."""
     lane = lt % 32
     local = 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)  # rows q0 + local (+ 8)
     row0 = q0 + local
@@ -709,7 +750,10 @@ def consume_dq(
         issue_pv(dqa, ds, k_s, ps, BN, DT)
         kaio.wgmma_wait(0)
         release(bars, ps, lt)
-    store_tile(dq, dqa, bh * sq * D, row0, sq, scale, lane, D, DT)
+    if COLS:
+        store_tile(dq, dqa, out_at, row0, sq, scale, lane, D, DT, 1, out_stride)
+    else:
+        store_tile(dq, dqa, bh * sq * D, row0, sq, scale, lane, D, DT)
 
 
 @kaio.gpu_func
@@ -744,14 +788,65 @@ def init_barriers(bars: u64[:, :], turn: u64[:], WG: kaio.constexpr, STAGES: kai
     kaio.fence_proxy_async()
 
 
+@kaio.gpu_func
+def stats_start(cu_q: i32[:], b: u32) -> i32:
+    """Where sequence b's lse and delta start in a head's row of the varlen stats copies
+    (``_attention_hopper_varlen_bwd.varlen_stats``): cu_q[b] + 3 b rounded up to 4, so that
+    a TMA copy from there starts 16 bytes into a row."""
+    return (i32(cu_q[b]) + 3 * i32(b) + 3) // 4 * 4
+
+
+@kaio.gpu_func
+def varlen_block(
+    cu_q: i32[:], cu_k: i32[:], seq_q: i32, seq_k: i32, causal: i32, COLS: kaio.constexpr
+) -> tuple[i32, i32, i32, i32, i32, i32]:  # fmt: skip
+    """``(start_q, start_k, shift, stat_off, sq, sk)`` of block z's sequence where ``COLS``
+    (the varlen kernels): where its queries and keys start, the causal shift sk - sq (0
+    without the mask), its stats' offset from its query rows (``stats_start`` - start_q) and
+    its lengths; else zeros and the dense lengths ``seq_q``, ``seq_k``."""
+    start_q = i32(0)
+    start_k = i32(0)
+    shift = i32(0)
+    stat_off = i32(0)
+    sq = seq_q
+    sk = seq_k
+    if COLS:
+        b = kaio.block_idx_z()
+        start_q = i32(cu_q[b])
+        start_k = i32(cu_k[b])
+        sq = i32(cu_q[b + 1]) - start_q
+        sk = i32(cu_k[b + 1]) - start_k
+        if causal != 0:
+            shift = sk - sq
+        stat_off = stats_start(cu_q, b) - start_q
+    return start_q, start_k, shift, stat_off, sq, sk
+
+
+@kaio.gpu_func
+def zero_rows(
+    out: DT[:], at0: i32, stride: i32, q0: i32, sq: i32, THREADS: kaio.constexpr,
+    BQ: kaio.constexpr, D: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """out[at0 + r * stride + c] = 0 for the rows q0 <= r < min(q0 + BQ, sq) and the D
+    columns c, 8 a thread at a time over the block's ``THREADS`` threads."""
+    z = kaio.local(DT, 8)
+    for e in kaio.static_range(8):
+        z[e] = DT(0.0)
+    for i in range(i32(kaio.thread_idx_x()), BQ * D // 8, THREADS):
+        r = q0 + i // (D // 8)
+        if r < sq:
+            kaio.store_vector(out, at0 + r * stride + i % (D // 8) * 8, z)
+
+
 @kaio.gpu_kernel(fastmath=True)  # ex2.approx.ftz: one instruction an exponential
 def attention_bwd_dkdv_wgmma(
     tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
     tl: kaio.tensormap, td: kaio.tensormap, lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:],
-    dq_acc: f32[:], sq: i32, sk: i32, heads: i32, group: i32, scale_log2: f32, scale: f32,
+    dq_acc: f32[:], seq_q: i32, seq_k: i32, heads: i32, group: i32, scale_log2: f32, scale: f32,
     causal: i32, D: kaio.constexpr, BM: kaio.constexpr, WG: kaio.constexpr,
     STAGES: kaio.constexpr, PIPE: kaio.constexpr, AREG: kaio.constexpr, TSTATS: kaio.constexpr,
     REGS: kaio.constexpr, DT: kaio.constexpr, DQ: kaio.constexpr, LATE: kaio.constexpr,
+    cu_q: i32[:], cu_k: i32[:], tp: i32, COLS: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the ``64 * WG`` keys of block x and K/V head ``kvh`` = block y, summed over
     the query heads of its group (module docstring); where ``DQ`` (1 or 2, PIPE 0, BM 64),
@@ -759,7 +854,12 @@ def attention_bwd_dkdv_wgmma(
     with atomics (``consume_dkdv``; ``LATE`` there). ``tk``, ``tv``: k, v as [B * Hkv * sk,
     D] in boxes of (64 * WG, 64); ``tq``, ``tdo``: q, do as [B * H * sq, D] in boxes of (BM,
     64); ``tl``, ``td``: lse, delta as [1, B * H * sq] f32 in boxes of (1, BM); dk, dv
-    [B * Hkv * sk * D] flat; ``scale_log2``: the scale times log2(e)."""
+    [B * Hkv * sk * D] flat; ``scale_log2``: the scale times log2(e). ``COLS`` 1: the varlen
+    kernel (``_attention_hopper_varlen_bwd``, TSTATS 1, DQ 0): K/V head y of sequence z of
+    packed [tokens, heads * D] arrays (``produce``'s ``COLS``; sq and sk are read from the
+    offsets ``cu_q``, ``cu_k``), lse and delta [heads, tp] (``stats_start``), the queries
+    seen shifted by sk - sq (the bottom-right causal mask); ``COLS`` 0: cu_q, cu_k and tp
+    unused."""
     BK = 64 * WG
     C = D // 64
     ONCE_BYTES = BK * D * 2
@@ -788,9 +888,16 @@ def attention_bwd_dkdv_wgmma(
     kv_heads = heads // group
     first_head = kvh // kv_heads * heads + kvh % kv_heads * group
     k0 = i32(kaio.block_idx_x()) * BK  # causal: the first key tiles see the most queries
+    start_q, start_k, shift, stat_off, sq, sk = varlen_block(cu_q, cu_k, seq_q, seq_k, causal,
+                                                             COLS)  # fmt: skip
+    if COLS and k0 >= sk:  # keys past the sequence's end: nothing to do
+        return
     first = i32(0)
     if causal != 0:
-        first = k0 // BM  # queries before k0 see none of these keys
+        if COLS:  # queries before k0 - shift see none of these keys
+            first = kaio.max(k0 - shift, 0) // BM
+        else:
+            first = k0 // BM  # queries before k0 see none of these keys
     n_tiles = (sq + BM - 1) // BM
     if t == 0:  # (PT: a barrier a warpgroup, ``hand_off``: as DQ 1's with one buffer)
         init_barriers(bars, turn, WG, STAGES, DQ if DQ else (1 if PT else 0), NBUF if DQ else 1)
@@ -800,15 +907,21 @@ def attention_bwd_dkdv_wgmma(
             kaio.setmaxnreg_inc(REGS)
         consume_dkdv(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
                      dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk, causal,
-                     scale_log2, scale, D, BM, WG, STAGES, PIPE, AREG, TSTATS, DQ, LATE,
-                     DT)  # fmt: skip
+                     scale_log2, scale, D, BM, WG, STAGES, PIPE, AREG, TSTATS, DQ, LATE, DT,
+                     COLS, shift, (start_k * kv_heads + kvh) * D, kv_heads * D)  # fmt: skip
     else:  # the producer warpgroup: its first thread loads
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         if lt == 0:
-            produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl, td,
-                    kvh * sk + k0, first_head * sq, sq, group, first, n_tiles, D, BK, BM,
-                    STAGES, TSTATS, DT)  # fmt: skip
+            if COLS:  # heads side by side: the query heads' columns and stats
+                produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl, td,
+                        start_k + k0, start_q, 0, group, first, n_tiles, D, BK, BM, STAGES,
+                        TSTATS, DT, 1, kvh * D, first_head * D,
+                        first_head * tp + stat_off, tp)  # fmt: skip
+            else:
+                produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl, td,
+                        kvh * sk + k0, first_head * sq, sq, group, first, n_tiles, D, BK, BM,
+                        STAGES, TSTATS, DT)  # fmt: skip
         elif lt >= 32:  # warps 1 to 3: the dQ writers (DQ 3; DQ 4: warp 1's lanes add)
             if DQ >= 3:
                 write_dq(dq_s, bars, dq_acc, lt, first_head, group, first, n_tiles, sq,
@@ -819,15 +932,18 @@ def attention_bwd_dkdv_wgmma(
 def attention_bwd_dq_wgmma(
     tq: kaio.tensormap, tdo: kaio.tensormap, tk: kaio.tensormap, tv: kaio.tensormap,
     tl: kaio.tensormap, td: kaio.tensormap, dq: DT[:],
-    sq: i32, sk: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
+    seq_q: i32, seq_k: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
     D: kaio.constexpr, BN: kaio.constexpr, WG: kaio.constexpr, STAGES: kaio.constexpr,
     PIPE: kaio.constexpr, AREG: kaio.constexpr, REGS: kaio.constexpr, DT: kaio.constexpr,
+    cu_q: i32[:], cu_k: i32[:], tp: i32, COLS: kaio.constexpr,
 ):  # fmt: skip
     """dq of the ``64 * WG`` query rows of block x (the heaviest causal tiles first) of
     (batch, head) ``bh`` = block y (module docstring). ``tq``, ``tdo``: q, do as
     [B * H * sq, D] in boxes of (64 * WG, 64); ``tk``, ``tv``: k, v as [B * Hkv * sk, D] in
     boxes of (BN, 64); ``tl``, ``td``: lse, delta as [1, B * H * sq] f32 in boxes of
-    (1, 64 * WG); dq [B * H * sq * D] flat."""
+    (1, 64 * WG); dq [B * H * sq * D] flat. ``COLS`` 1: the varlen kernel (as
+    ``attention_bwd_dkdv_wgmma``'s): head y's query tile x (counted from the last) of
+    sequence z; a tile whose rows see no key stores zeros (``zero_rows``)."""
     BQ = 64 * WG
     C = D // 64
     ONCE_BYTES = BQ * D * 2
@@ -842,22 +958,46 @@ def attention_bwd_dq_wgmma(
     bars = kaio.shared_dynamic(u64, (2, STAGES), BARS)
     turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * STAGES)
     t, wg, lt = thread_roles(WG)
-    bh, kvh, q0, n_tiles = query_block(heads, group, sk, causal, BQ, BN)
+    start_q, start_k, shift, stat_off, sq, sk = varlen_block(cu_q, cu_k, seq_q, seq_k, causal,
+                                                             COLS)  # fmt: skip
+    if COLS:
+        bh = i32(kaio.block_idx_y())
+        q0 = i32(kaio.grid_dim_x() - 1 - kaio.block_idx_x()) * BQ
+        if q0 >= sq:  # past the sequence's end
+            return
+        kvh, n_tiles = kv_head_and_tiles(bh, q0 + shift, heads, group, sk, causal, BQ, BN)
+        if n_tiles <= 0:  # no row sees a key: zeros
+            zero_rows(dq, (start_q * heads + bh) * D, heads * D, q0, sq, 128 * WG + 128, BQ, D,
+                      DT)  # fmt: skip
+            return
+    else:
+        bh, kvh, q0, n_tiles = query_block(heads, group, sk, causal, BQ, BN)
     if t == 0:
         init_barriers(bars, turn, WG, STAGES, 0, 2)
     kaio.sync_threads()
     if wg < WG:
         if REGS:
             kaio.setmaxnreg_inc(REGS)
-        consume_dq(q_s, do_s, k_s, v_s, stats, bars, turn, dq, wg, lt, bh, q0, n_tiles, sq,
-                   sk, causal, scale_log2, scale, D, BN, STAGES, PIPE, AREG, DT)  # fmt: skip
+        if COLS:  # rows seen shifted by shift, stored shifted back
+            consume_dq(q_s, do_s, k_s, v_s, stats, bars, turn, dq, wg, lt, bh, q0 + shift,
+                       n_tiles, sq + shift, sk, causal, scale_log2, scale, D, BN, STAGES, PIPE,
+                       AREG, DT, 1, ((start_q - shift) * heads + bh) * D,
+                       heads * D)  # fmt: skip
+        else:
+            consume_dq(q_s, do_s, k_s, v_s, stats, bars, turn, dq, wg, lt, bh, q0, n_tiles, sq,
+                       sk, causal, scale_log2, scale, D, BN, STAGES, PIPE, AREG, DT)  # fmt: skip
     else:
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         if lt == 0:
-            produce(q_s, do_s, k_s, v_s, stats, bars, turn, tq, tdo, tk, tv, tl, td,
-                    bh * sq + q0, kvh * sk, 0, 1, 0, n_tiles, D, BQ, BN, STAGES, 2,
-                    DT)  # fmt: skip
+            if COLS:
+                produce(q_s, do_s, k_s, v_s, stats, bars, turn, tq, tdo, tk, tv, tl, td,
+                        start_q + q0, start_k, 0, 1, 0, n_tiles, D, BQ, BN, STAGES, 2, DT, 1,
+                        bh * D, kvh * D, bh * tp + stat_off, 0)  # fmt: skip
+            else:
+                produce(q_s, do_s, k_s, v_s, stats, bars, turn, tq, tdo, tk, tv, tl, td,
+                        bh * sq + q0, kvh * sk, 0, 1, 0, n_tiles, D, BQ, BN, STAGES, 2,
+                        DT)  # fmt: skip
 
 
 def shared_bytes(
@@ -1053,6 +1193,8 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         return [kaio.tensor_map_2d(x, (1, box), 0) for x in flat]
 
     args = (sq, sk, heads, group, math.log2(math.e) * scale, scale, int(causal))
+    none = _arrays.output(da, (1,), i32)
+    dense = {"cu_q": none, "cu_k": none, "tp": 0}  # unused with COLS 0
     bk = 64 * c1["WG"]
     tiles = fused and c1.get("DQ") == 5  # dq_acc in whole 64-row tiles (``store_dq_frags``)
     acc_size = bh * -(-sq // 64) * 64 * d if tiles else qa.size
@@ -1069,7 +1211,7 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
             tmap(ka, rows_kv, bk), tmap(va, rows_kv, bk), tmap(qa, rows_q, c1["BM"]),
             tmap(da, rows_q, c1["BM"]), *stats_maps(c1["BM"]), la.arg(rows_q), delta,
             _arrays.output_arg(da, dk, (ka.size,)), _arrays.output_arg(da, dv, (ka.size,)),
-            dq_acc, *args, D=d, DT=qa.dtype, **c1,
+            dq_acc, *args, **dense, D=d, DT=qa.dtype, COLS=0, **c1,
         )  # fmt: skip
 
     side = (SIDE if side is None else side) and only is None and not fused
@@ -1092,7 +1234,8 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         attention_bwd_dq_wgmma[(-(-sq // bq), bh), 128 * c2["WG"] + 128, dq_stream, smem](
             tmap(qa, rows_q, bq), tmap(da, rows_q, bq), tmap(ka, rows_kv, c2["BN"]),
             tmap(va, rows_kv, c2["BN"]), *stats_maps(bq),
-            _arrays.output_arg(da, dq, (qa.size,)), *args, D=d, DT=qa.dtype, **c2,
+            _arrays.output_arg(da, dq, (qa.size,)), *args, **dense, D=d, DT=qa.dtype, COLS=0,
+            **c2,
         )  # fmt: skip
         if side:
             dkdv_kernel()
@@ -1143,6 +1286,6 @@ def specializations():
     for dt in (f16, bf16):
         for d in (64, 128):
             cfg = config(d)
-            yield attention_bwd_dkdv_wgmma, {"D": d, "DT": dt, **cfg["dkdv"]}
-            yield attention_bwd_dq_wgmma, {"D": d, "DT": dt, **cfg["dq"]}
-            yield attention_bwd_dkdv_wgmma, {"D": d, "DT": dt, **cfg["fused"]}
+            yield attention_bwd_dkdv_wgmma, {"D": d, "DT": dt, "COLS": 0, **cfg["dkdv"]}
+            yield attention_bwd_dq_wgmma, {"D": d, "DT": dt, "COLS": 0, **cfg["dq"]}
+            yield attention_bwd_dkdv_wgmma, {"D": d, "DT": dt, "COLS": 0, **cfg["fused"]}

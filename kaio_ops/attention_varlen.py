@@ -23,6 +23,7 @@ import numpy as np
 from kaio.types import bf16, f16, f32, i32
 from kaio_ops import _arrays
 from kaio_ops import _attention_hopper_varlen as hopper_varlen
+from kaio_ops import _attention_hopper_varlen_bwd as hopper_varlen_bwd
 from kaio_ops import _attention_tc as tc
 from kaio_ops import _attention_varlen as kernels
 from kaio_ops._plan import planned
@@ -102,20 +103,21 @@ def _check(
     return (qa, ka, va, cqa, cka), dims, scale
 
 
-def hopper_takes(qa, ka, dims: tuple, causal: bool) -> bool:
+def hopper_takes(qa, ka, dims: tuple, causal: bool, kernels=hopper_varlen) -> bool:
     """Whether the forward runs ``kaio_ops._attention_hopper_varlen`` (TMA, wgmma) rather
     than the mma.sync kernel: an sm_90 GPU (never under the simulator, whose tests launch
     the kernel directly; ``KAIO_HOPPER_ATTENTION=0`` opts out, as for ``flash_attention``),
     a head dim it takes (64, 128, 256), keys to read (a tensor map needs rows) and sequences
     long enough on average that it measured faster (``_attention_hopper_varlen.worthwhile``;
-    the mean lengths are the packed totals over B, known without reading the offsets)."""
+    the mean lengths are the packed totals over B, known without reading the offsets).
+    ``kernels``: the module whose ``worthwhile`` decides (the backward's: ``hopper_bwd_takes``)."""
     if not hopper_gpu(qa):
         return False
     batch, _, _, total_q, d, max_q, max_k = dims
     return (
         max_q > 0
         and max_k > 0
-        and hopper_varlen.worthwhile(total_q / batch, ka.shape[0] / batch, d, causal)
+        and kernels.worthwhile(total_q / batch, ka.shape[0] / batch, d, causal)
     )
 
 
@@ -183,6 +185,26 @@ def flash_attention_varlen_with_stats(
     return _forward("flash_attention_varlen_with_stats", *args)
 
 
+def _check_bwd(op: str, do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+               max_seqlen_k, scale):  # fmt: skip
+    """``_check`` and the backward's own operands: returns (qa, ka, va, da, la, cqa, cka),
+    ``_check``'s dims, the scale and the output ``oa``."""
+    inputs = _arrays.Inputs(op)
+    (qa, ka, va, cqa, cka), dims, scale = _check(
+        op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, inputs
+    )
+    da = inputs.array(do, "do", ndim=3, shape=qa.shape, form="[total_q, H, D] like q")
+    oa = inputs.array(o, "o", ndim=3, shape=qa.shape, form="[total_q, H, D] like q")
+    heads, total_q = dims[1], dims[3]
+    la = inputs.array(
+        lse, "lse", ndim=2, shape=(heads, total_q), dtypes=(f32,), form="[H, total_q]"
+    )
+    for a in (da, oa):
+        if not a.aligned(16):
+            raise inputs.error(a.name, "must start on a 16-byte boundary (16-byte copies)")
+    return (qa, ka, va, da, la, cqa, cka), dims, scale, oa
+
+
 @planned("do", "q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k")
 def flash_attention_varlen_bwd(
     do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
@@ -193,21 +215,49 @@ def flash_attention_varlen_bwd(
     ``o`` [total_q, H, D], the inputs and ``lse`` [H, total_q] (f32) of
     ``flash_attention_varlen_with_stats``, with the same offsets, ``causal`` and ``scale``.
     dK and dV of a K/V head sum over the query heads of its group; no atomics (deterministic).
-    Tokens past cu_seqlens[B] get no gradient written."""
-    op = "flash_attention_varlen_bwd"
-    inputs = _arrays.Inputs(op)
-    (qa, ka, va, cqa, cka), dims, scale = _check(
-        op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, inputs
-    )
-    da = inputs.array(do, "do", ndim=3, shape=qa.shape, form="[total_q, H, D] like q")
-    oa = inputs.array(o, "o", ndim=3, shape=qa.shape, form="[total_q, H, D] like q")
+    Tokens past cu_seqlens[B] get no gradient written. On sm_90 the Hopper kernels
+    (``_attention_hopper_varlen_bwd``) where they measured faster (``hopper_bwd_takes``)."""
+    args = (do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    arrays, dims, scale, oa = _check_bwd("flash_attention_varlen_bwd", *args, scale)
+    if hopper_bwd_takes(arrays[0], arrays[1], dims, bool(causal)):
+        return hopper_varlen_bwd.launch(*arrays, oa, dims, bool(causal), scale)
+    return _backward_mma(*arrays, oa, dims, bool(causal), scale)
+
+
+def hopper_bwd_takes(qa, ka, dims: tuple, causal: bool) -> bool:
+    """Whether the backward runs ``kaio_ops._attention_hopper_varlen_bwd`` (TMA, wgmma) rather
+    than the mma.sync kernels: as ``hopper_takes`` for the forward, head dims 64 and 128
+    (256 keeps mma.sync, as the dense backward) and mean lengths from which it measured
+    faster (``_attention_hopper_varlen_bwd.worthwhile``)."""
+    return hopper_takes(qa, ka, dims, causal, hopper_varlen_bwd)
+
+
+def backward_mma(
+    do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+    causal: bool = False, scale: float | None = None,
+):  # fmt: skip
+    """``flash_attention_varlen_bwd`` on the mma.sync kernels whatever the GPU (what GPUs
+    other than sm_90 run; for benchmarks and tests)."""
+    args = (do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    arrays, dims, scale, oa = _check_bwd("flash_attention_varlen_bwd", *args, scale)
+    return _backward_mma(*arrays, oa, dims, bool(causal), scale)
+
+
+def backward_hopper(
+    do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+    causal: bool = False, scale: float | None = None,
+):  # fmt: skip
+    """``flash_attention_varlen_bwd`` on the Hopper kernels (sm_90, D 64 or 128) whatever the
+    lengths (for benchmarks and tests)."""
+    args = (do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    arrays, dims, scale, oa = _check_bwd("flash_attention_varlen_bwd", *args, scale)
+    return hopper_varlen_bwd.launch(*arrays, oa, dims, bool(causal), scale)
+
+
+def _backward_mma(qa, ka, va, da, la, cqa, cka, oa, dims: tuple, causal: bool, scale: float):
+    """The mma.sync varlen backward (``_attention_varlen.varlen_bwd_dq``, ``varlen_bwd_dkdv``)
+    on checked operands: (dq, dk, dv)."""
     batch, heads, group, total_q, d, max_q, max_k = dims
-    la = inputs.array(
-        lse, "lse", ndim=2, shape=(heads, total_q), dtypes=(f32,), form="[H, total_q]"
-    )
-    for a in (da, oa):
-        if not a.aligned(16):
-            raise inputs.error(a.name, "must start on a 16-byte boundary (16-byte copies)")
     dq = _arrays.output(da, qa.shape)
     dk, dv = (_arrays.output(da, ka.shape) for _ in range(2))
     if max_q == 0 and max_k == 0:

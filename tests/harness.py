@@ -9,6 +9,18 @@ import numpy as np
 from kaio.ptx.ptxas import assemble
 
 
+def assemble_wgmma(kernel, constexprs: dict) -> None:
+    """ptxas assembles an sm_90a kernel (wgmma, TMA): its PTX targets sm_90a, no spill stores,
+    and no wgmma serialized by ptxas (warnings C7508, C7510, C7518: the products then wait
+    for each other)."""
+    ptx = kernel.ptx(arch="sm_90", **constexprs)
+    assert ".target sm_90a" in ptx
+    report = assemble(ptx, "sm_90a")
+    spills = re.search(r"(\d+) bytes spill stores", report)
+    assert spills and spills[1] == "0", (constexprs, report)
+    assert "C7518" not in report and "C7508" not in report and "C7510" not in report, report
+
+
 def launch_config(grid, block, shared_bytes):
     """The subscript for kernel[...] / kernel.sim[...] (block None: the decorator's)."""
     return (grid, block, None, shared_bytes)
