@@ -44,6 +44,9 @@ def main() -> None:
     p.add_argument("--shapes", default=SHAPES)
     p.add_argument("--ms", default="1,16")
     p.add_argument("--warps", default="4,8", help="the decode kernel with these warps a block")
+    p.add_argument(
+        "--prefetch", default="", help="each --warps variant also with these PREFETCH rounds"
+    )
     p.add_argument("--budget", type=float, default=40.0)
     p.add_argument("--once", action="store_true", help="run each kernel eagerly, no timing")
     p.add_argument("--no-routed", action="store_true", help="skip matmul_int4 as routed")
@@ -53,7 +56,8 @@ def main() -> None:
     )
     args = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
-    variants = [int(w) for w in args.warps.split(",") if w]
+    prefetch = [int(d) for d in args.prefetch.split(",") if d] or [_int4_decode.PREFETCH]
+    variants = [(int(w), d) for w in args.warps.split(",") if w for d in prefetch]
     ms = [int(m) for m in args.ms.split(",")]
     sink = open(os.path.join(args.out, "int4_decode.jsonl"), "w")  # noqa: SIM115
 
@@ -91,6 +95,7 @@ def main() -> None:
 
 def _warm(consts: dict) -> str:
     """Compile one ``int4_decode`` specialization into the disk cache (a worker process)."""
+    consts.setdefault("PREFETCH", _int4_decode.PREFETCH)
     try:
         _int4_decode.int4_decode.resources(**{**consts, "DT": kaio.f16})
         return ""
@@ -99,17 +104,18 @@ def _warm(consts: dict) -> str:
 
 
 def prewarm(log, variants: list, ms: list, workers: int) -> None:
-    """Every specialization timed (``variants``' warps and the routed ones at each M)
-    compiled in ``workers`` processes at once: a launch then loads each from the disk
-    cache."""
+    """Every specialization timed (``variants``' (warps, prefetch) and the routed ones at
+    each M) compiled in ``workers`` processes at once: a launch then loads each from the
+    disk cache."""
     import concurrent.futures
     import multiprocessing
 
-    todo = {(w, _int4_decode._rows(m)) for m in ms for w in (4, 8, *variants)}
+    routed = [(w, _int4_decode.PREFETCH) for w in (4, 8)]
+    todo = {(w, d, _int4_decode._rows(m)) for m in ms for w, d in (*routed, *variants)}
     t = time.time()
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-        jobs = [{"WARPS": w, "ROWS": r} for w, r in sorted(todo)]
+        jobs = [{"WARPS": w, "PREFETCH": d, "ROWS": r} for w, d, r in sorted(todo)]
         errors = [e for e in pool.map(_warm, jobs) if e]
     log({"prewarm": len(todo), "seconds": round(time.time() - t, 1), "errors": errors[:5]})
 
@@ -124,8 +130,8 @@ def point(log, args, m, n, k, weights, floor, variants) -> dict:
     calls = {"cublas": lambda i: torch.matmul(a, weights[i][2])}
     if not args.no_routed:
         calls["routed"] = lambda i: kaio_ops.matmul_int4(a, *weights[i][:2], out_dtype=f16)
-    for w in variants:
-        calls[f"{w} warps"] = lambda i, w=w: _int4_decode.matmul(*ops[i], kaio.f16, w)
+    for w, d in variants:
+        calls[f"{w}w p{d}"] = lambda i, w=w, d=d: _int4_decode.matmul(*ops[i], kaio.f16, w, d)
     if args.baseline:  # an earlier version of the module, copied in as _int4_decode_v0
         import importlib
 

@@ -641,6 +641,20 @@ _define(
 )
 
 
+def _prefetch_l2(ctx, args, node):
+    arr = _memory_array(ctx, args[0], node, "prefetch_l2", ("global",))
+    ctx.b.emit("prefetch_l2", None, (arr, *ctx.indices(arr, args[1], node)))
+
+
+_define(
+    "prefetch_l2",
+    "prefetch_l2(arr, index): ask for the cache line holding global arr[index...] to be "
+    "brought into L2 (prefetch.global.L2), no register written: a later load of it waits on "
+    "L2, not DRAM. A hint: no effect on any value; the index must be in bounds.",
+    _prefetch_l2,
+)
+
+
 def _word_frag(ctx, v, node, name: str, sizes: tuple, what: str):
     """A fragment of 32-bit registers (u32, i32, packed pairs; f32 where allowed)."""
     frag = ctx.fragment(v, node, f"kaio.{name}()")

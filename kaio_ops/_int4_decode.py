@@ -116,6 +116,16 @@ def multiply_group(
 
 
 @kaio.gpu_func
+def prefetch_group(w: u32[:, :], group: u32, block: u32, lane: u32, N: u32):
+    """Ask L2 for scale group ``group``'s words of this block (16 packed rows of 128 bytes):
+    lane ``l`` names the 32-byte sectors ``l % 4`` of rows ``l // 4`` and ``l // 4 + 8``, so
+    no register waits on them and the loads that follow find them in L2."""
+    c = block * COLS + 8 * (lane % 4)
+    for p in kaio.static_range(2):
+        kaio.prefetch_l2(w, (group * ROWS_PER_GROUP + 8 * p + lane // 4, kaio.select(c < N, c, 0)))
+
+
+@kaio.gpu_func
 def weight_pair(word: u32, j: kaio.constexpr, scale: f16x2) -> u32:
     """Nibbles ``j`` and ``j + 4`` of ``word`` as the f16 pair ``scale * q``."""
     biased = kaio.bitcast(((word >> (4 * j)) & PAIR_MASK) ^ MAGIC, f16x2)
@@ -126,13 +136,16 @@ def weight_pair(word: u32, j: kaio.constexpr, scale: f16x2) -> u32:
 def decode_columns(
     x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :], partial: f32[:, :, :],
     M: u32, N: u32, block: u32, WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr,
+    PREFETCH: kaio.constexpr,
 ):  # fmt: skip
     """out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W = scales * the
     nibbles of w, see the module docstring), rounded to DT (the output's element type), for
     the ``ROWS`` 8-row slabs of x (``_rows``: 1 when M <= 8, rows g + 8 of A are zero; else
     2 per m16 tile). Each warp's groups go through two register buffers: the next group's
     loads are in flight while the current one is multiplied; ``partial`` [WARPS, 16, 32]
-    (shared) adds the warps' tiles in a fixed order, one m16 tile at a time."""
+    (shared) adds the warps' tiles in a fixed order, one m16 tile at a time. ``PREFETCH``
+    > 0: each warp asks L2 for its groups that many rounds of two groups past the two in
+    its registers (``prefetch_group``)."""
     tid = kaio.thread_idx_x()
     warp = tid // 32
     lane = tid % 32
@@ -151,7 +164,14 @@ def decode_columns(
     sc = kaio.local(u32, (2, 2))
     if warp < groups:
         load_group(words, xr, sc, 0, w, x, scales, warp, col, g, t, M, ROWS)
+    for d in kaio.static_range(2, 2 * PREFETCH + 2):
+        if warp + d * WARPS < groups:
+            prefetch_group(w, warp + d * WARPS, block, lane, N)
     for group in range(warp, groups, 2 * WARPS):
+        if PREFETCH > 0:
+            for d in kaio.static_range(2 * PREFETCH + 2, 2 * PREFETCH + 4):
+                if group + d * WARPS < groups:
+                    prefetch_group(w, group + d * WARPS, block, lane, N)
         if group + WARPS < groups:
             load_group(words, xr, sc, 1, w, x, scales, group + WARPS, col, g, t, M, ROWS)
         multiply_group(acc, words, xr, sc, 0, x, group, g, t, M, ROWS)
@@ -181,7 +201,7 @@ def decode_columns(
 def int4_decode(
     x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :],
     M: u32, N: u32,
-    WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr,
+    WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr, PREFETCH: kaio.constexpr,
 ):  # fmt: skip
     """``out = x @ W`` (``decode_columns``), a block per 32 columns."""
     if ROWS > 2:
@@ -189,7 +209,7 @@ def int4_decode(
     else:
         kaio.launch_bounds(WARPS * 32)
     partial = kaio.shared(f32, (WARPS, 16, COLS))
-    decode_columns(x, w, scales, out, partial, M, N, kaio.block_idx_x(), WARPS, ROWS, DT)
+    decode_columns(x, w, scales, out, partial, M, N, kaio.block_idx_x(), WARPS, ROWS, DT, PREFETCH)
 
 
 @kaio.gpu_kernel
@@ -197,7 +217,7 @@ def int4_decode_qkv(
     x: f16[:, :], wq: u32[:, :], wk: u32[:, :], wv: u32[:, :], sq: f16[:, :], sk: f16[:, :],
     sv: f16[:, :], q: DT[:, :], k: DT[:, :], v: DT[:, :],
     M: u32, NQ: u32, NK: u32,
-    WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr,
+    WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr, PREFETCH: kaio.constexpr,
 ):  # fmt: skip
     """``q, k, v = x @ Wq, x @ Wk, x @ Wv`` in one launch: the blocks of q's columns, then
     k's, then v's (each block exactly a block of ``int4_decode``)."""
@@ -210,15 +230,17 @@ def int4_decode_qkv(
     bk = (NK + COLS - 1) // COLS
     block = kaio.block_idx_x()
     if block < bq:
-        decode_columns(x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT)
+        decode_columns(x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT, PREFETCH)
     elif block < bq + bk:
-        decode_columns(x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT)
+        decode_columns(x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT, PREFETCH)
     else:
-        decode_columns(x, wv, sv, v, partial, M, u32(v.shape[1]), block - bq - bk, WARPS, ROWS, DT)
+        nv = u32(v.shape[1])
+        decode_columns(x, wv, sv, v, partial, M, nv, block - bq - bk, WARPS, ROWS, DT, PREFETCH)
 
 
 WARPS = 8  # the default (and past 16 rows); warps_for picks 4 or 8 at M <= 16
 MAX_M = 64  # up to 4 m16 tiles per block; past this _prefill or the tiled kernel
+PREFETCH = 0  # rounds of two groups a warp asks L2 for ahead of its registers (0: none)
 
 
 def fits(x: _arrays.Operand, *weights: tuple) -> bool:
@@ -266,7 +288,7 @@ ALL_ROWS = tuple(sorted({_rows(m) for m in range(1, MAX_M + 1)}))  # (1, 2, 4, 6
 
 def matmul(
     x: _arrays.Operand, words: _arrays.Operand, scales: _arrays.Operand, dtype=f32,
-    warps: int = 0,
+    warps: int = 0, prefetch: int = -1,
 ):  # fmt: skip
     """``x @ W`` in ``dtype`` (f32, f16 or bf16) [M, N] (see ``fits``): one launch, a block
     of ``warps`` warps (0: ``warps_for``'s) per 32 columns."""
@@ -275,7 +297,7 @@ def matmul(
     out = _arrays.output(x, (m, n), dtype)
     int4_decode[_config(x, n, warps)](
         x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), dtype), m, n,
-        WARPS=warps, ROWS=_rows(m), DT=dtype,
+        WARPS=warps, ROWS=_rows(m), DT=dtype, PREFETCH=PREFETCH if prefetch < 0 else prefetch,
     )  # fmt: skip
     return out
 
@@ -292,7 +314,7 @@ def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
     int4_decode_qkv[_config(x, blocks * COLS, warps)](
         x.arg(), *(_words(w) for w, _ in weights), *(s.arg() for _, s in weights),
         *(_arrays.output_arg(x, o, (m, n)) for o, n in zip(outs, widths, strict=True)), m,
-        widths[0], widths[1], WARPS=warps, ROWS=_rows(m), DT=f16,
+        widths[0], widths[1], WARPS=warps, ROWS=_rows(m), DT=f16, PREFETCH=PREFETCH,
     )  # fmt: skip
     return tuple(outs)
 
@@ -301,7 +323,7 @@ def specializations() -> list:
     """(kernel, constexprs) of every specialization ``matmul`` (f32 out: matmul_int4) and
     ``qkv`` (f16 out: qkv_project_int4) launch."""
     return [
-        (kernel, {"WARPS": warps, "ROWS": rows, "DT": dt})
+        (kernel, {"WARPS": warps, "ROWS": rows, "DT": dt, "PREFETCH": PREFETCH})
         for kernel, dt in ((int4_decode, f32), (int4_decode_qkv, f16))
         for rows in ALL_ROWS
         for warps in ((4, 8) if rows <= 2 else (WARPS,))

@@ -94,6 +94,14 @@ def lower_st_vec(g, ins: Instr) -> None:
     g.b.store(vec, g.pointer_to(address(g, arr, idxs), vec.type), align=size)
 
 
+@LOWERING.register("prefetch_l2")
+def lower_prefetch_l2(g, ins: Instr) -> None:
+    """``prefetch.global.L2 [addr]`` (inline PTX)."""
+    arr, *idxs = ins.args
+    ptr = g.b.ptrtoint(address(g, arr, idxs), I64)
+    g.asm("prefetch.global.L2 [$0];", "l,~{memory}", VOID, [ptr], EFFECTS, effects=True)
+
+
 def members(g, result, n: int) -> list:
     """The ``n`` values an inline-asm call returns (one value, or a struct of ``n``)."""
     return [result] if n == 1 else [g.b.extract_value(result, k) for k in range(n)]

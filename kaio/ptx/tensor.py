@@ -79,6 +79,13 @@ def lower_st_vec(e, ins: Instr) -> None:
     e.line(f"st.{SPACE[arr.space]}{_vec_suffix(len(words))}.b{w} {addr}, {_vector(words)}")
 
 
+@LOWERING.register("prefetch_l2")
+def lower_prefetch_l2(e, ins: Instr) -> None:
+    """``prefetch.global.L2 [addr]``."""
+    arr, *idxs = ins.args
+    e.line(f"prefetch.global.L2 {address(e, arr, idxs)}")
+
+
 @LOWERING.register("ldmatrix")
 def lower_ldmatrix(e, ins: Instr) -> None:
     """``ldmatrix.sync.aligned.m8n8.x{n}[.trans].shared.b16``."""
