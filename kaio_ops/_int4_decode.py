@@ -47,6 +47,10 @@ PAIR_MASK = 0x000F000F  # nibbles j and j + 4 of a word shifted right by 4 j
 # XORed into a masked pair: the exponent of f16 1024 in each half, and the nibble's sign bit
 # flipped (q + 8); read as an f16 pair, the same bits are 1032 = 1024 + 8, subtracted after.
 MAGIC = 0x64086408
+MAGIC_HIGH = 0x64806480  # the same for a nibble at bit 4: 1024 + 16 (q + 8)
+SIXTEENTH = 0x2C002C00  # f16 1/16 in both halves
+MINUS_72 = 0xD480D480  # f16 -72 = -(64 + 8) in both halves
+LUT_AND_XOR = (0xF0 & 0xCC) ^ 0xAA  # lop3's (a & b) ^ c
 LOW_HALVES = 0x5410  # prmt selectors: the low 16 bits of a, then of b
 HIGH_HALVES = 0x7632  # the high 16 bits of a, then of b
 LOW_TWICE = 0x1010  # the low 16 bits of a in both halves
@@ -78,6 +82,7 @@ def load_group(
 def multiply_group(
     acc: f32[:, :, :], words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :],
     BUF: kaio.constexpr, x: f16[:, :], group: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
+    DEQ: kaio.constexpr,
 ):  # fmt: skip
     """acc[m] += the products of buffer BUF (scale group ``group``) for each m16 tile m of
     the ``ROWS`` 8-row slabs: 2 k-steps of 16 for each of the 4 loads, for each of the lane's
@@ -89,9 +94,12 @@ def multiply_group(
         for i in kaio.static_range(4):
             twice = LOW_TWICE if i % 2 == 0 else HIGH_TWICE
             scale = kaio.bitcast(kaio.prmt(sc[BUF, i // 2], sc[BUF, i // 2], twice), f16x2)
-            for h in kaio.static_range(2):
-                b[i, h, 0] = weight_pair(words[BUF, u, i], 2 * h, scale)
-                b[i, h, 1] = weight_pair(words[BUF, u, i], 2 * h + 1, scale)
+            if DEQ == 1:
+                word_pairs(b, i, words[BUF, u, i], scale)
+            else:
+                for h in kaio.static_range(2):
+                    b[i, h, 0] = weight_pair(words[BUF, u, i], 2 * h, scale)
+                    b[i, h, 1] = weight_pair(words[BUF, u, i], 2 * h + 1, scale)
         for m in kaio.static_range((ROWS + 1) // 2):
             if ROWS > 2:
                 k8 = group * ROWS_PER_GROUP + 4 * u + t
@@ -126,6 +134,23 @@ def prefetch_group(w: u32[:, :], group: u32, block: u32, lane: u32, N: u32):
 
 
 @kaio.gpu_func
+def word_pairs(b: u32[:, :, :], i: kaio.constexpr, word: u32, scale: f16x2):
+    """b[i, h, r] = nibbles ``j`` and ``j + 4`` (``j = 2 h + r``) of ``word`` as the f16 pair
+    ``scale * q``, the bits of ``weight_pair`` in fewer instructions: one shift a word, one
+    ``lop3`` a pair (mask and magic number), the pairs at bit 4 read as ``1024 + 16 (q + 8)``
+    and brought to ``q`` by one exact fma (times 1/16, minus 72)."""
+    for h in kaio.static_range(2):
+        src = word if h == 0 else word >> 8
+        low = kaio.bitcast(kaio.lop3(src, u32(PAIR_MASK), u32(MAGIC), LUT_AND_XOR), f16x2)
+        b[i, h, 0] = kaio.bitcast((low - kaio.bitcast(u32(MAGIC), f16x2)) * scale, u32)
+        high = kaio.bitcast(
+            kaio.lop3(src, u32(PAIR_MASK << 4), u32(MAGIC_HIGH), LUT_AND_XOR), f16x2
+        )
+        q = kaio.fma(high, kaio.bitcast(u32(SIXTEENTH), f16x2), kaio.bitcast(u32(MINUS_72), f16x2))
+        b[i, h, 1] = kaio.bitcast(q * scale, u32)
+
+
+@kaio.gpu_func
 def weight_pair(word: u32, j: kaio.constexpr, scale: f16x2) -> u32:
     """Nibbles ``j`` and ``j + 4`` of ``word`` as the f16 pair ``scale * q``."""
     biased = kaio.bitcast(((word >> (4 * j)) & PAIR_MASK) ^ MAGIC, f16x2)
@@ -136,7 +161,7 @@ def weight_pair(word: u32, j: kaio.constexpr, scale: f16x2) -> u32:
 def decode_columns(
     x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :], partial: f32[:, :, :],
     M: u32, N: u32, block: u32, WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr,
-    PREFETCH: kaio.constexpr,
+    PREFETCH: kaio.constexpr, DEQ: kaio.constexpr,
 ):  # fmt: skip
     """out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W = scales * the
     nibbles of w, see the module docstring), rounded to DT (the output's element type), for
@@ -174,11 +199,11 @@ def decode_columns(
                     prefetch_group(w, group + d * WARPS, block, lane, N)
         if group + WARPS < groups:
             load_group(words, xr, sc, 1, w, x, scales, group + WARPS, col, g, t, M, ROWS)
-        multiply_group(acc, words, xr, sc, 0, x, group, g, t, M, ROWS)
+        multiply_group(acc, words, xr, sc, 0, x, group, g, t, M, ROWS, DEQ)
         if group + WARPS < groups:
             if group + 2 * WARPS < groups:
                 load_group(words, xr, sc, 0, w, x, scales, group + 2 * WARPS, col, g, t, M, ROWS)
-            multiply_group(acc, words, xr, sc, 1, x, group + WARPS, g, t, M, ROWS)
+            multiply_group(acc, words, xr, sc, 1, x, group + WARPS, g, t, M, ROWS, DEQ)
     for m in kaio.static_range((ROWS + 1) // 2):
         if m > 0:
             kaio.sync_threads()  # the previous tile's partial sums are all read
@@ -202,6 +227,7 @@ def int4_decode(
     x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :],
     M: u32, N: u32,
     WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr, PREFETCH: kaio.constexpr,
+    DEQ: kaio.constexpr,
 ):  # fmt: skip
     """``out = x @ W`` (``decode_columns``), a block per 32 columns."""
     if ROWS > 2:
@@ -209,7 +235,9 @@ def int4_decode(
     else:
         kaio.launch_bounds(WARPS * 32)
     partial = kaio.shared(f32, (WARPS, 16, COLS))
-    decode_columns(x, w, scales, out, partial, M, N, kaio.block_idx_x(), WARPS, ROWS, DT, PREFETCH)
+    decode_columns(
+        x, w, scales, out, partial, M, N, kaio.block_idx_x(), WARPS, ROWS, DT, PREFETCH, DEQ
+    )
 
 
 @kaio.gpu_kernel
@@ -218,6 +246,7 @@ def int4_decode_qkv(
     sv: f16[:, :], q: DT[:, :], k: DT[:, :], v: DT[:, :],
     M: u32, NQ: u32, NK: u32,
     WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr, PREFETCH: kaio.constexpr,
+    DEQ: kaio.constexpr,
 ):  # fmt: skip
     """``q, k, v = x @ Wq, x @ Wk, x @ Wv`` in one launch: the blocks of q's columns, then
     k's, then v's (each block exactly a block of ``int4_decode``)."""
@@ -230,16 +259,19 @@ def int4_decode_qkv(
     bk = (NK + COLS - 1) // COLS
     block = kaio.block_idx_x()
     if block < bq:
-        decode_columns(x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT, PREFETCH)
+        decode_columns(x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT, PREFETCH, DEQ)
     elif block < bq + bk:
-        decode_columns(x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT, PREFETCH)
+        decode_columns(x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT, PREFETCH, DEQ)
     else:
         nv = u32(v.shape[1])
-        decode_columns(x, wv, sv, v, partial, M, nv, block - bq - bk, WARPS, ROWS, DT, PREFETCH)
+        decode_columns(
+            x, wv, sv, v, partial, M, nv, block - bq - bk, WARPS, ROWS, DT, PREFETCH, DEQ
+        )
 
 
 WARPS = 8  # the default (and past 16 rows); warps_for picks 4 or 8 at M <= 16
 MAX_M = 64  # up to 4 m16 tiles per block; past this _prefill or the tiled kernel
+DEQ = 0  # 0: weight_pair, 1: word_pairs (the same bits)
 PREFETCH = 0  # rounds of two groups a warp asks L2 for ahead of its registers (0: none)
 
 
@@ -288,7 +320,7 @@ ALL_ROWS = tuple(sorted({_rows(m) for m in range(1, MAX_M + 1)}))  # (1, 2, 4, 6
 
 def matmul(
     x: _arrays.Operand, words: _arrays.Operand, scales: _arrays.Operand, dtype=f32,
-    warps: int = 0, prefetch: int = -1,
+    warps: int = 0, prefetch: int = -1, deq: int = -1,
 ):  # fmt: skip
     """``x @ W`` in ``dtype`` (f32, f16 or bf16) [M, N] (see ``fits``): one launch, a block
     of ``warps`` warps (0: ``warps_for``'s) per 32 columns."""
@@ -298,6 +330,7 @@ def matmul(
     int4_decode[_config(x, n, warps)](
         x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), dtype), m, n,
         WARPS=warps, ROWS=_rows(m), DT=dtype, PREFETCH=PREFETCH if prefetch < 0 else prefetch,
+        DEQ=DEQ if deq < 0 else deq,
     )  # fmt: skip
     return out
 
@@ -314,7 +347,7 @@ def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
     int4_decode_qkv[_config(x, blocks * COLS, warps)](
         x.arg(), *(_words(w) for w, _ in weights), *(s.arg() for _, s in weights),
         *(_arrays.output_arg(x, o, (m, n)) for o, n in zip(outs, widths, strict=True)), m,
-        widths[0], widths[1], WARPS=warps, ROWS=_rows(m), DT=f16, PREFETCH=PREFETCH,
+        widths[0], widths[1], WARPS=warps, ROWS=_rows(m), DT=f16, PREFETCH=PREFETCH, DEQ=DEQ,
     )  # fmt: skip
     return tuple(outs)
 
@@ -323,7 +356,7 @@ def specializations() -> list:
     """(kernel, constexprs) of every specialization ``matmul`` (f32 out: matmul_int4) and
     ``qkv`` (f16 out: qkv_project_int4) launch."""
     return [
-        (kernel, {"WARPS": warps, "ROWS": rows, "DT": dt, "PREFETCH": PREFETCH})
+        (kernel, {"WARPS": warps, "ROWS": rows, "DT": dt, "PREFETCH": PREFETCH, "DEQ": DEQ})
         for kernel, dt in ((int4_decode, f32), (int4_decode_qkv, f16))
         for rows in ALL_ROWS
         for warps in ((4, 8) if rows <= 2 else (WARPS,))
