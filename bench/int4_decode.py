@@ -10,9 +10,10 @@ floor (``bench/floors.read_words``: every word read once, nothing else) once per
 ``--once`` runs each kernel once eagerly and times nothing (for a profiler).
 
 Usage: ``python bench/int4_decode.py [--shapes 8192x8192,...] [--ms 1,16] [--warps 4,8]
-[--variants W/P/D,...] [--out DIR] [--budget S] [--prewarm N] [--once]``: W warps a block,
-P ``PREFETCH`` and D ``DEQ`` of ``_int4_decode``. Writes ``DIR/int4_decode.jsonl`` and
-prints a table: µs, x cuBLAS, and % of the floor (floor time / time).
+[--variants W/P/D/B,...] [--out DIR] [--budget S] [--prewarm N] [--once]``: W warps a
+block, P, D and B the ``PREFETCH``, ``DEQ`` and ``MINB`` of ``_int4_decode``. Writes
+``DIR/int4_decode.jsonl`` and prints a table: µs, x cuBLAS, and % of the floor (floor time
+/ time).
 """
 
 # ruff: noqa: B023  (the timed lambdas run before the loop moves on)
@@ -46,7 +47,7 @@ def main() -> None:
     p.add_argument("--ms", default="1,16")
     p.add_argument("--warps", default="4,8", help="the decode kernel with these warps a block")
     p.add_argument(
-        "--variants", default="", help="W/P/D,...: warps, PREFETCH and DEQ (after --warps')"
+        "--variants", default="", help="W/P/D/B,...: warps, PREFETCH, DEQ, MINB (after --warps')"
     )
     p.add_argument("--budget", type=float, default=40.0)
     p.add_argument("--once", action="store_true", help="run each kernel eagerly, no timing")
@@ -57,7 +58,7 @@ def main() -> None:
     )
     args = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
-    here = (_int4_decode.PREFETCH, _int4_decode.DEQ)
+    here = tuple(_int4_decode.TUNED.values())
     variants = [(int(w), *here) for w in args.warps.split(",") if w]
     variants += [tuple(map(int, v.split("/"))) for v in args.variants.split(",") if v]
     ms = [int(m) for m in args.ms.split(",")]
@@ -97,8 +98,7 @@ def main() -> None:
 
 def _warm(consts: dict) -> str:
     """Compile one ``int4_decode`` specialization into the disk cache (a worker process)."""
-    consts.setdefault("PREFETCH", _int4_decode.PREFETCH)
-    consts.setdefault("DEQ", _int4_decode.DEQ)
+    consts = {**_int4_decode.TUNED, **consts}
     try:
         _int4_decode.int4_decode.resources(**{**consts, "DT": kaio.f16})
         return ""
@@ -107,18 +107,19 @@ def _warm(consts: dict) -> str:
 
 
 def prewarm(log, variants: list, ms: list, workers: int) -> None:
-    """Every specialization timed (``variants``' (warps, prefetch, deq), the routed ones at
+    """Every specialization timed (``variants``' (warps, *tuned), the routed ones at
     each M) compiled in ``workers`` processes at once: a launch then loads each from the
     disk cache."""
     import concurrent.futures
     import multiprocessing
 
-    routed = [(w, _int4_decode.PREFETCH, _int4_decode.DEQ) for w in (4, 8)]
+    routed = [(w, *_int4_decode.TUNED.values()) for w in (4, 8)]
     todo = {(*v, _int4_decode._rows(m)) for m in ms for v in (*routed, *variants)}
     t = time.time()
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-        jobs = [{"WARPS": w, "PREFETCH": p, "DEQ": d, "ROWS": r} for w, p, d, r in sorted(todo)]
+        names = ("WARPS", *_int4_decode.TUNED, "ROWS")
+        jobs = [dict(zip(names, v, strict=True)) for v in sorted(todo)]
         errors = [e for e in pool.map(_warm, jobs) if e]
     log({"prewarm": len(todo), "seconds": round(time.time() - t, 1), "errors": errors[:5]})
 
@@ -133,8 +134,10 @@ def point(log, args, m, n, k, weights, floor, variants) -> dict:
     calls = {"cublas": lambda i: torch.matmul(a, weights[i][2])}
     if not args.no_routed:
         calls["routed"] = lambda i: kaio_ops.matmul_int4(a, *weights[i][:2], out_dtype=f16)
-    for w, p, d in variants:
-        calls[f"{w}w p{p} d{d}"] = lambda i, v=(w, p, d): _int4_decode.matmul(*ops[i], kaio.f16, *v)
+    for w, *tuned in variants:
+        tune = dict(zip(_int4_decode.TUNED, tuned, strict=True))
+        name = f"{w}w " + "".join(f"{k[0].lower()}{v}" for k, v in tune.items())
+        calls[name] = lambda i, w=w, t=tune: _int4_decode.matmul(*ops[i], kaio.f16, w, t)
     if args.baseline:  # an earlier version of the module, copied in as _int4_decode_v0
         import importlib
 

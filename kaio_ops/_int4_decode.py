@@ -227,10 +227,12 @@ def int4_decode(
     x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :],
     M: u32, N: u32,
     WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr, PREFETCH: kaio.constexpr,
-    DEQ: kaio.constexpr,
+    DEQ: kaio.constexpr, MINB: kaio.constexpr,
 ):  # fmt: skip
     """``out = x @ W`` (``decode_columns``), a block per 32 columns."""
-    if ROWS > 2:
+    if MINB > 0:
+        kaio.launch_bounds(WARPS * 32, MINB)
+    elif ROWS > 2:
         kaio.launch_bounds(WARPS * 32, 1)  # one block an SM: else ptxas may spill to fit 128
     else:
         kaio.launch_bounds(WARPS * 32)
@@ -246,11 +248,13 @@ def int4_decode_qkv(
     sv: f16[:, :], q: DT[:, :], k: DT[:, :], v: DT[:, :],
     M: u32, NQ: u32, NK: u32,
     WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr, PREFETCH: kaio.constexpr,
-    DEQ: kaio.constexpr,
+    DEQ: kaio.constexpr, MINB: kaio.constexpr,
 ):  # fmt: skip
     """``q, k, v = x @ Wq, x @ Wk, x @ Wv`` in one launch: the blocks of q's columns, then
     k's, then v's (each block exactly a block of ``int4_decode``)."""
-    if ROWS > 2:
+    if MINB > 0:
+        kaio.launch_bounds(WARPS * 32, MINB)
+    elif ROWS > 2:
         kaio.launch_bounds(WARPS * 32, 1)  # one block an SM: else ptxas may spill to fit 128
     else:
         kaio.launch_bounds(WARPS * 32)
@@ -273,6 +277,8 @@ WARPS = 8  # the default (and past 16 rows); warps_for picks 4 or 8 at M <= 16
 MAX_M = 64  # up to 4 m16 tiles per block; past this _prefill or the tiled kernel
 DEQ = 0  # 0: weight_pair, 1: word_pairs (the same bits)
 PREFETCH = 0  # rounds of two groups a warp asks L2 for ahead of its registers (0: none)
+MINB = 0  # blocks an SM for launch_bounds (0: ptxas's choice, 1 past 16 rows)
+TUNED = {"PREFETCH": PREFETCH, "DEQ": DEQ, "MINB": MINB}  # the constexprs matmul's tune overrides
 
 
 def fits(x: _arrays.Operand, *weights: tuple) -> bool:
@@ -320,17 +326,17 @@ ALL_ROWS = tuple(sorted({_rows(m) for m in range(1, MAX_M + 1)}))  # (1, 2, 4, 6
 
 def matmul(
     x: _arrays.Operand, words: _arrays.Operand, scales: _arrays.Operand, dtype=f32,
-    warps: int = 0, prefetch: int = -1, deq: int = -1,
+    warps: int = 0, tune: dict | None = None,
 ):  # fmt: skip
     """``x @ W`` in ``dtype`` (f32, f16 or bf16) [M, N] (see ``fits``): one launch, a block
-    of ``warps`` warps (0: ``warps_for``'s) per 32 columns."""
+    of ``warps`` warps (0: ``warps_for``'s) per 32 columns; ``tune`` overrides constexprs of
+    ``TUNED`` (for benchmarks)."""
     m, n = x.shape[0], words.shape[1]
     warps = warps or warps_for(m, -(-n // COLS), _arrays.multiprocessors(x))
     out = _arrays.output(x, (m, n), dtype)
     int4_decode[_config(x, n, warps)](
         x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), dtype), m, n,
-        WARPS=warps, ROWS=_rows(m), DT=dtype, PREFETCH=PREFETCH if prefetch < 0 else prefetch,
-        DEQ=DEQ if deq < 0 else deq,
+        WARPS=warps, ROWS=_rows(m), DT=dtype, **{**TUNED, **(tune or {})},
     )  # fmt: skip
     return out
 
@@ -347,7 +353,7 @@ def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
     int4_decode_qkv[_config(x, blocks * COLS, warps)](
         x.arg(), *(_words(w) for w, _ in weights), *(s.arg() for _, s in weights),
         *(_arrays.output_arg(x, o, (m, n)) for o, n in zip(outs, widths, strict=True)), m,
-        widths[0], widths[1], WARPS=warps, ROWS=_rows(m), DT=f16, PREFETCH=PREFETCH, DEQ=DEQ,
+        widths[0], widths[1], WARPS=warps, ROWS=_rows(m), DT=f16, **TUNED,
     )  # fmt: skip
     return tuple(outs)
 
@@ -356,7 +362,7 @@ def specializations() -> list:
     """(kernel, constexprs) of every specialization ``matmul`` (f32 out: matmul_int4) and
     ``qkv`` (f16 out: qkv_project_int4) launch."""
     return [
-        (kernel, {"WARPS": warps, "ROWS": rows, "DT": dt, "PREFETCH": PREFETCH, "DEQ": DEQ})
+        (kernel, {"WARPS": warps, "ROWS": rows, "DT": dt, **TUNED})
         for kernel, dt in ((int4_decode, f32), (int4_decode_qkv, f16))
         for rows in ALL_ROWS
         for warps in ((4, 8) if rows <= 2 else (WARPS,))
