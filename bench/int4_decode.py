@@ -10,8 +10,8 @@ floor (``bench/floors.read_words``: every word read once, nothing else) once per
 ``--once`` runs each kernel once eagerly and times nothing (for a profiler).
 
 Usage: ``python bench/int4_decode.py [--shapes 8192x8192,...] [--ms 1,16] [--warps 4,8]
-[--variants W/P/D/B,...] [--out DIR] [--budget S] [--prewarm N] [--once]``: W warps a
-block, P, D and B the ``PREFETCH``, ``DEQ`` and ``MINB`` of ``_int4_decode``. Writes
+[--variants W/P/D/B/S,...] [--out DIR] [--budget S] [--prewarm N] [--once]``: W warps a
+block, P, D, B and S the ``PREFETCH``, ``DEQ``, ``MINB`` and ``SPLIT`` of ``_int4_decode``. Writes
 ``DIR/int4_decode.jsonl`` and prints a table: µs, x cuBLAS, and % of the floor (floor time
 / time).
 """
@@ -38,6 +38,7 @@ from kaio_ops import _int4_decode  # noqa: E402
 
 SHAPES = "8192x8192,10240x8192,57344x8192,8192x28672,4096x4096,6144x4096,28672x4096,4096x14336"
 T0 = time.time()
+KNOBS = {**_int4_decode.TUNED, "SPLIT": _int4_decode.SPLIT}  # --variants' fields past W
 
 
 def main() -> None:
@@ -47,7 +48,9 @@ def main() -> None:
     p.add_argument("--ms", default="1,16")
     p.add_argument("--warps", default="4,8", help="the decode kernel with these warps a block")
     p.add_argument(
-        "--variants", default="", help="W/P/D/B,...: warps, PREFETCH, DEQ, MINB (after --warps')"
+        "--variants",
+        default="",
+        help="W/P/D/B/S,...: warps, PREFETCH, DEQ, MINB, SPLIT (after --warps')",
     )
     p.add_argument("--budget", type=float, default=40.0)
     p.add_argument("--once", action="store_true", help="run each kernel eagerly, no timing")
@@ -58,7 +61,7 @@ def main() -> None:
     )
     args = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
-    here = tuple(_int4_decode.TUNED.values())
+    here = tuple(KNOBS.values())
     variants = [(int(w), *here) for w in args.warps.split(",") if w]
     variants += [tuple(map(int, v.split("/"))) for v in args.variants.split(",") if v]
     ms = [int(m) for m in args.ms.split(",")]
@@ -98,7 +101,7 @@ def main() -> None:
 
 def _warm(consts: dict) -> str:
     """Compile one ``int4_decode`` specialization into the disk cache (a worker process)."""
-    consts = {**_int4_decode.TUNED, **consts}
+    consts = {**KNOBS, **consts}
     try:
         _int4_decode.int4_decode.resources(**{**consts, "DT": kaio.f16})
         return ""
@@ -113,12 +116,12 @@ def prewarm(log, variants: list, ms: list, workers: int) -> None:
     import concurrent.futures
     import multiprocessing
 
-    routed = [(w, *_int4_decode.TUNED.values()) for w in (4, 8)]
+    routed = [(w, *KNOBS.values()) for w in (4, 8)]
     todo = {(*v, _int4_decode._rows(m)) for m in ms for v in (*routed, *variants)}
     t = time.time()
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-        names = ("WARPS", *_int4_decode.TUNED, "ROWS")
+        names = ("WARPS", *KNOBS, "ROWS")
         jobs = [dict(zip(names, v, strict=True)) for v in sorted(todo)]
         errors = [e for e in pool.map(_warm, jobs) if e]
     log({"prewarm": len(todo), "seconds": round(time.time() - t, 1), "errors": errors[:5]})
@@ -135,7 +138,7 @@ def point(log, args, m, n, k, weights, floor, variants) -> dict:
     if not args.no_routed:
         calls["routed"] = lambda i: kaio_ops.matmul_int4(a, *weights[i][:2], out_dtype=f16)
     for w, *tuned in variants:
-        tune = dict(zip(_int4_decode.TUNED, tuned, strict=True))
+        tune = dict(zip(KNOBS, tuned, strict=True))
         name = f"{w}w " + "".join(f"{k[0].lower()}{v}" for k, v in tune.items())
         calls[name] = lambda i, w=w, t=tune: _int4_decode.matmul(*ops[i], kaio.f16, w, t)
     if args.baseline:  # an earlier version of the module, copied in as _int4_decode_v0

@@ -37,7 +37,7 @@ Needs N % 4 == 0 and K % 128 == 0, x 16-byte aligned, the words 16-byte and the 
 from __future__ import annotations
 
 import kaio
-from kaio import f16, f16x2, f32, u32
+from kaio import f16, f16x2, f32, i32, u32
 from kaio_ops import _arrays
 
 COLS = 32  # output columns per block: 8 lane groups x 4 adjacent columns
@@ -161,7 +161,8 @@ def weight_pair(word: u32, j: kaio.constexpr, scale: f16x2) -> u32:
 def decode_columns(
     x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :], partial: f32[:, :, :],
     M: u32, N: u32, block: u32, WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr,
-    PREFETCH: kaio.constexpr, DEQ: kaio.constexpr,
+    PREFETCH: kaio.constexpr, DEQ: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], part: u32,
+    SPLIT: kaio.constexpr,
 ):  # fmt: skip
     """out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W = scales * the
     nibbles of w, see the module docstring), rounded to DT (the output's element type), for
@@ -170,7 +171,10 @@ def decode_columns(
     loads are in flight while the current one is multiplied; ``partial`` [WARPS, 16, 32]
     (shared) adds the warps' tiles in a fixed order, one m16 tile at a time. ``PREFETCH``
     > 0: each warp asks L2 for its groups that many rounds of two groups past the two in
-    its registers (``prefetch_group``)."""
+    its registers (``prefetch_group``). ``SPLIT`` > 1 (M <= 16): this block takes part
+    ``part`` of SPLIT equal runs of K's groups and leaves its sums in ``ws[part, block]``;
+    the last of the SPLIT blocks to finish (``counters[block]``, back to 0 after) adds the
+    parts in order into ``out``."""
     tid = kaio.thread_idx_x()
     warp = tid // 32
     lane = tid % 32
@@ -179,6 +183,10 @@ def decode_columns(
     # Columns past N read column 0 instead: their products are never stored.
     col = kaio.select(block * COLS + 4 * g < N, block * COLS + 4 * g, 0)
     groups = u32(scales.shape[0])
+    first = warp
+    if SPLIT > 1:
+        first = part * groups // SPLIT + warp
+        groups = (part + 1) * groups // SPLIT
     acc = kaio.local(f32, ((ROWS + 1) // 2, 4, 4))
     for m in kaio.static_range((ROWS + 1) // 2):
         for i in kaio.static_range(4):
@@ -187,12 +195,12 @@ def decode_columns(
     words = kaio.local(u32, (2, LOADS, 4))
     xr = kaio.local(u32, (2, LOADS, 2, 4))
     sc = kaio.local(u32, (2, 2))
-    if warp < groups:
-        load_group(words, xr, sc, 0, w, x, scales, warp, col, g, t, M, ROWS)
+    if first < groups:
+        load_group(words, xr, sc, 0, w, x, scales, first, col, g, t, M, ROWS)
     for d in kaio.static_range(2, 2 * PREFETCH + 2):
-        if warp + d * WARPS < groups:
-            prefetch_group(w, warp + d * WARPS, block, lane, N)
-    for group in range(warp, groups, 2 * WARPS):
+        if first + d * WARPS < groups:
+            prefetch_group(w, first + d * WARPS, block, lane, N)
+    for group in range(first, groups, 2 * WARPS):
         if PREFETCH > 0:
             for d in kaio.static_range(2 * PREFETCH + 2, 2 * PREFETCH + 4):
                 if group + d * WARPS < groups:
@@ -218,8 +226,33 @@ def decode_columns(
             total = partial[0, r, o % COLS]
             for s in kaio.static_range(1, WARPS):
                 total += partial[s, r, o % COLS]
-            if 16 * m + r < M and c < N:
+            if SPLIT > 1:
+                if r < M:
+                    ws[part, block, o] = total
+            elif 16 * m + r < M and c < N:
                 out[16 * m + r, c] = DT(total)
+    if SPLIT > 1:
+        # the last block of this column block adds the parts (fence, then count: the parts
+        # of every block counted are visible to the one that counts last)
+        kaio.threadfence()
+        kaio.sync_threads()
+        if tid == 0:
+            last = kaio.atomic_add(counters, block, i32(1)) == SPLIT - 1
+            if last:
+                counters[block] = i32(0)  # ready for the next call (or graph replay)
+            partial[0, 0, 0] = kaio.select(last, 1.0, 0.0)
+        kaio.sync_threads()
+        if partial[0, 0, 0] == 1.0:
+            kaio.threadfence()
+            for k in kaio.static_range(16 * COLS // (WARPS * 32)):
+                o = tid + k * WARPS * 32
+                r = o // COLS
+                c = block * COLS + o % COLS
+                if r < M and c < N:
+                    total = ws[0, block, o]
+                    for s in kaio.static_range(1, SPLIT):
+                        total += ws[s, block, o]
+                    out[r, c] = DT(total)
 
 
 @kaio.gpu_kernel
@@ -227,9 +260,11 @@ def int4_decode(
     x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :],
     M: u32, N: u32,
     WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr, PREFETCH: kaio.constexpr,
-    DEQ: kaio.constexpr, MINB: kaio.constexpr,
+    DEQ: kaio.constexpr, MINB: kaio.constexpr, ws: f32[:, :, :], counters: i32[:],
+    SPLIT: kaio.constexpr,
 ):  # fmt: skip
-    """``out = x @ W`` (``decode_columns``), a block per 32 columns."""
+    """``out = x @ W`` (``decode_columns``), SPLIT blocks per 32 columns (block ``b``: part
+    ``b % SPLIT`` of column block ``b // SPLIT``)."""
     if MINB > 0:
         kaio.launch_bounds(WARPS * 32, MINB)
     elif ROWS > 2:
@@ -237,9 +272,11 @@ def int4_decode(
     else:
         kaio.launch_bounds(WARPS * 32)
     partial = kaio.shared(f32, (WARPS, 16, COLS))
+    b = kaio.block_idx_x()
     decode_columns(
-        x, w, scales, out, partial, M, N, kaio.block_idx_x(), WARPS, ROWS, DT, PREFETCH, DEQ
-    )
+        x, w, scales, out, partial, M, N, b // SPLIT, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
+        counters, b % SPLIT, SPLIT,
+    )  # fmt: skip
 
 
 @kaio.gpu_kernel
@@ -248,7 +285,7 @@ def int4_decode_qkv(
     sv: f16[:, :], q: DT[:, :], k: DT[:, :], v: DT[:, :],
     M: u32, NQ: u32, NK: u32,
     WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr, PREFETCH: kaio.constexpr,
-    DEQ: kaio.constexpr, MINB: kaio.constexpr,
+    DEQ: kaio.constexpr, MINB: kaio.constexpr, ws: f32[:, :, :], counters: i32[:],
 ):  # fmt: skip
     """``q, k, v = x @ Wq, x @ Wk, x @ Wv`` in one launch: the blocks of q's columns, then
     k's, then v's (each block exactly a block of ``int4_decode``)."""
@@ -263,14 +300,21 @@ def int4_decode_qkv(
     bk = (NK + COLS - 1) // COLS
     block = kaio.block_idx_x()
     if block < bq:
-        decode_columns(x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT, PREFETCH, DEQ)
+        decode_columns(
+            x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
+            0, 1,
+        )  # fmt: skip
     elif block < bq + bk:
-        decode_columns(x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT, PREFETCH, DEQ)
+        decode_columns(
+            x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
+            counters, 0, 1,
+        )  # fmt: skip
     else:
         nv = u32(v.shape[1])
         decode_columns(
-            x, wv, sv, v, partial, M, nv, block - bq - bk, WARPS, ROWS, DT, PREFETCH, DEQ
-        )
+            x, wv, sv, v, partial, M, nv, block - bq - bk, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
+            counters, 0, 1,
+        )  # fmt: skip
 
 
 WARPS = 8  # the default (and past 16 rows); warps_for picks 4 or 8 at M <= 16
@@ -278,6 +322,7 @@ MAX_M = 64  # up to 4 m16 tiles per block; past this _prefill or the tiled kerne
 DEQ = 0  # 0: weight_pair, 1: word_pairs (the same bits)
 PREFETCH = 0  # rounds of two groups a warp asks L2 for ahead of its registers (0: none)
 MINB = 0  # blocks an SM for launch_bounds (0: ptxas's choice, 1 past 16 rows)
+SPLIT = 1  # blocks a column block (K split) at M <= 16
 TUNED = {"PREFETCH": PREFETCH, "DEQ": DEQ, "MINB": MINB}  # the constexprs matmul's tune overrides
 
 
@@ -295,9 +340,22 @@ def _words(w: _arrays.Operand):
     return w.arg(dtype=u32)
 
 
-def _config(x: _arrays.Operand, columns: int, warps: int = WARPS) -> tuple:
-    """The launch configuration for ``columns`` output columns in all, ``warps`` a block."""
-    return (-(-columns // COLS), warps * 32, _arrays.stream_of(x), 0)
+def _config(x: _arrays.Operand, columns: int, warps: int = WARPS, split: int = 1) -> tuple:
+    """The launch configuration for ``columns`` output columns in all, ``warps`` a block,
+    ``split`` blocks per 32 columns."""
+    return (-(-columns // COLS) * split, warps * 32, _arrays.stream_of(x), 0)
+
+
+def _split_arrays(x: _arrays.Operand, tiles: int, split: int) -> dict:
+    """The kernels' ``ws`` and ``counters`` for a K split over ``split`` blocks of ``tiles``
+    column blocks: the parts' f32 sums [split, tiles, 16 * 32] and the zeroed arrival counts
+    (placeholders when ``split`` is 1)."""
+    from kaio_ops.linear import _counters, _placeholder
+
+    if split == 1:
+        return {"ws": _placeholder(x, f32, 3), "counters": _placeholder(x, i32, 1)}
+    ws = _arrays.output(x, (split, tiles, 16 * COLS), f32)
+    return {"ws": ws, "counters": _counters(x, tiles)}
 
 
 def warps_for(m: int, tiles: int, sms: int) -> int:
@@ -332,11 +390,17 @@ def matmul(
     of ``warps`` warps (0: ``warps_for``'s) per 32 columns; ``tune`` overrides constexprs of
     ``TUNED`` (for benchmarks)."""
     m, n = x.shape[0], words.shape[1]
-    warps = warps or warps_for(m, -(-n // COLS), _arrays.multiprocessors(x))
+    tiles = -(-n // COLS)
+    warps = warps or warps_for(m, tiles, _arrays.multiprocessors(x))
+    tuned = {**TUNED, **(tune or {})}
+    split = tuned.pop("SPLIT", SPLIT)
+    if m > 16:
+        split = 1  # a part's sums in ws are one m16 tile
     out = _arrays.output(x, (m, n), dtype)
-    int4_decode[_config(x, n, warps)](
+    int4_decode[_config(x, n, warps, split)](
         x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), dtype), m, n,
-        WARPS=warps, ROWS=_rows(m), DT=dtype, **{**TUNED, **(tune or {})},
+        WARPS=warps, ROWS=_rows(m), DT=dtype, **tuned, **_split_arrays(x, tiles, split),
+        SPLIT=split,
     )  # fmt: skip
     return out
 
@@ -354,6 +418,7 @@ def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
         x.arg(), *(_words(w) for w, _ in weights), *(s.arg() for _, s in weights),
         *(_arrays.output_arg(x, o, (m, n)) for o, n in zip(outs, widths, strict=True)), m,
         widths[0], widths[1], WARPS=warps, ROWS=_rows(m), DT=f16, **TUNED,
+        **_split_arrays(x, 0, 1),
     )  # fmt: skip
     return tuple(outs)
 
@@ -362,8 +427,8 @@ def specializations() -> list:
     """(kernel, constexprs) of every specialization ``matmul`` (f32 out: matmul_int4) and
     ``qkv`` (f16 out: qkv_project_int4) launch."""
     return [
-        (kernel, {"WARPS": warps, "ROWS": rows, "DT": dt, **TUNED})
-        for kernel, dt in ((int4_decode, f32), (int4_decode_qkv, f16))
+        (kernel, {"WARPS": warps, "ROWS": rows, "DT": dt, **TUNED, **split})
+        for kernel, dt, split in ((int4_decode, f32, {"SPLIT": SPLIT}), (int4_decode_qkv, f16, {}))
         for rows in ALL_ROWS
         for warps in ((4, 8) if rows <= 2 else (WARPS,))
     ]
