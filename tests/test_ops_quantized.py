@@ -185,6 +185,31 @@ def test_int4_decode_warps_in_simulator(m, n, k, warps, poisoned):
     np.testing.assert_allclose(c16, ref, rtol=2.0**-10, atol=1e-5 * np.abs(ref).max())
 
 
+# (M, N, K, WARPS, tune): the decode kernel's knobs past their defaults. L2 prefetches up to
+# the last group and none past it (the simulator checks each address), the lop3 dequantization,
+# K splits whose parts hold unequal group counts (fewer groups than warps in one), the last
+# part adding them in order; each twice: the arrival counters are back to zero.
+TUNED_PLANS = [
+    (1, 36, 128 * 9, 4, {"PREFETCH": 1, "DEQ": 1}),
+    (16, 40, 128 * 7, 4, {"PREFETCH": 2, "SPLIT": 3}),
+    (5, 68, 128 * 5, 8, {"SPLIT": 2, "DEQ": 1}),
+]
+
+
+@pytest.mark.parametrize("m, n, k, warps, tune", TUNED_PLANS)
+def test_int4_decode_tuned_in_simulator(m, n, k, warps, tune, poisoned):
+    """Every element against float64 products with the dequantized weights; the same bits
+    on a second call."""
+    a, packed, scales, w = int4_case(m, n, k, np.random.default_rng(m * 1000 + n))
+    ref = a.astype(np.float64) @ w.astype(np.float64)
+    with kaio.simulate():
+        ops = _sim_operands(a, packed, scales)
+        c = _int4_decode.matmul(*ops, f32, warps, tune)
+        again = _int4_decode.matmul(*ops, f32, warps, tune)
+    np.testing.assert_allclose(c, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    np.testing.assert_array_equal(c, again)
+
+
 def test_int4_decode_warps_route():
     """warps_for: blocks of 8 while the tiles leave an SM few blocks, else 4 (the H100
     measurements of docs/performance.md), the default past 16 rows; and each choice is a

@@ -463,6 +463,35 @@ def test_misaligned_vector_access_is_reported_by_the_simulator():
         vec_f32.sim[1](src[1:257], np.zeros(256, np.float32))
 
 
+def test_prefetch_l2_checks_bounds_and_changes_no_value():
+    """kaio.prefetch_l2 is a hint (prefetch.global.L2 in both backends): the simulator only
+    checks that the element exists, and refuses shared arrays at compile time."""
+
+    @kaio.gpu_kernel(block_size=32)
+    def ahead(x: f32[:, :], out: f32[:], D: kaio.constexpr):
+        i = kaio.thread_idx_x()
+        kaio.prefetch_l2(x, (i // 8 + D, i % 8))
+        out[i] = x[i // 8, i % 8] * 2.0
+
+    x = RNG.standard_normal((6, 8)).astype(np.float32)
+    out = np.full(32, np.nan, np.float32)
+    ahead.sim[1](x, out, D=2)
+    np.testing.assert_array_equal(out, x[:4].ravel() * 2)
+    with pytest.raises(kaio.SimulationError, match="L2 prefetch"):
+        ahead.sim[1](x, out, D=3)
+    for backend in ("ptx", "llvm"):
+        assert "prefetch.global.L2" in ahead.ptx(arch="sm_80", backend=backend, D=0)
+
+    @kaio.gpu_kernel(block_size=32)
+    def bad(x: f32[:]):
+        tile = kaio.shared(f32, 32)
+        kaio.prefetch_l2(tile, kaio.lane_id())
+        x[0] = tile[0]
+
+    with pytest.raises(kaio.CompileError, match="needs a global array"):
+        bad.ptx()
+
+
 # --------------------------------------------------------------------------- PTX
 
 PTX_CASES = [
