@@ -61,7 +61,7 @@ HIGH_TWICE = 0x3232  # the high 16 bits of a in both halves
 def load_group(
     words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :], BUF: kaio.constexpr, w: u32[:, :],
     x: f16[:, :], scales: f16[:, :], group: u32, col: u32, g: u32, t: u32, M: u32,
-    ROWS: kaio.constexpr,
+    ROWS: kaio.constexpr, L2F: kaio.constexpr,
 ):  # fmt: skip
     """Buffer BUF = scale group ``group``'s operands of this lane: its 4 columns' scales (sc),
     the words of packed rows ``16 group + 4 u + t`` (words[u]) and, when ``ROWS`` <= 2 (one
@@ -72,7 +72,7 @@ def load_group(
     kaio.load_vector(sc[BUF], scales, (group, col))
     for u in kaio.static_range(LOADS):
         row = group * ROWS_PER_GROUP + 4 * u + t
-        kaio.load_vector(words[BUF, u], w, (row, col))
+        kaio.load_vector(words[BUF, u], w, (row, col), L2F)
         if ROWS <= 2:
             for r in kaio.static_range(ROWS):
                 kaio.load_vector(xr[BUF, u, r], x, (kaio.min(g + 8 * r, M - 1), 8 * row))
@@ -124,13 +124,21 @@ def multiply_group(
 
 
 @kaio.gpu_func
-def prefetch_group(w: u32[:, :], group: u32, block: u32, lane: u32, N: u32):
+def prefetch_group(w: u32[:, :], group: u32, block: u32, lane: u32, N: u32, PMODE: kaio.constexpr):
     """Ask L2 for scale group ``group``'s words of this block (16 packed rows of 128 bytes):
     lane ``l`` names the 32-byte sectors ``l % 4`` of rows ``l // 4`` and ``l // 4 + 8``, so
     no register waits on them and the loads that follow find them in L2."""
-    c = block * COLS + 8 * (lane % 4)
-    for p in kaio.static_range(2):
-        kaio.prefetch_l2(w, (group * ROWS_PER_GROUP + 8 * p + lane // 4, kaio.select(c < N, c, 0)))
+    if PMODE == 0:
+        c = block * COLS + 8 * (lane % 4)
+        for p in kaio.static_range(2):
+            row = group * ROWS_PER_GROUP + 8 * p + lane // 4
+            kaio.prefetch_l2(w, (row, kaio.select(c < N, c, 0)))
+    elif lane < ROWS_PER_GROUP:
+        c = block * COLS
+        if PMODE == 1:
+            kaio.prefetch_l2(w, (group * ROWS_PER_GROUP + lane, c))
+        elif c + COLS <= N:
+            kaio.prefetch_l2(w, (group * ROWS_PER_GROUP + lane, c), 4 * COLS)
 
 
 @kaio.gpu_func
@@ -162,7 +170,7 @@ def decode_columns(
     x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :], partial: f32[:, :, :],
     M: u32, N: u32, block: u32, WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr,
     PREFETCH: kaio.constexpr, DEQ: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], part: u32,
-    SPLIT: kaio.constexpr,
+    SPLIT: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
 ):  # fmt: skip
     """out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W = scales * the
     nibbles of w, see the module docstring), rounded to DT (the output's element type), for
@@ -196,21 +204,23 @@ def decode_columns(
     xr = kaio.local(u32, (2, LOADS, 2, 4))
     sc = kaio.local(u32, (2, 2))
     if first < groups:
-        load_group(words, xr, sc, 0, w, x, scales, first, col, g, t, M, ROWS)
+        load_group(words, xr, sc, 0, w, x, scales, first, col, g, t, M, ROWS, L2F)
     for d in kaio.static_range(2, 2 * PREFETCH + 2):
         if first + d * WARPS < groups:
-            prefetch_group(w, first + d * WARPS, block, lane, N)
+            prefetch_group(w, first + d * WARPS, block, lane, N, PMODE)
     for group in range(first, groups, 2 * WARPS):
         if PREFETCH > 0:
             for d in kaio.static_range(2 * PREFETCH + 2, 2 * PREFETCH + 4):
                 if group + d * WARPS < groups:
-                    prefetch_group(w, group + d * WARPS, block, lane, N)
+                    prefetch_group(w, group + d * WARPS, block, lane, N, PMODE)
         if group + WARPS < groups:
-            load_group(words, xr, sc, 1, w, x, scales, group + WARPS, col, g, t, M, ROWS)
+            load_group(words, xr, sc, 1, w, x, scales, group + WARPS, col, g, t, M, ROWS, L2F)
         multiply_group(acc, words, xr, sc, 0, x, group, g, t, M, ROWS, DEQ)
         if group + WARPS < groups:
             if group + 2 * WARPS < groups:
-                load_group(words, xr, sc, 0, w, x, scales, group + 2 * WARPS, col, g, t, M, ROWS)
+                load_group(
+                    words, xr, sc, 0, w, x, scales, group + 2 * WARPS, col, g, t, M, ROWS, L2F
+                )
             multiply_group(acc, words, xr, sc, 1, x, group + WARPS, g, t, M, ROWS, DEQ)
     for m in kaio.static_range((ROWS + 1) // 2):
         if m > 0:
@@ -260,8 +270,8 @@ def int4_decode(
     x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :],
     M: u32, N: u32,
     WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr, PREFETCH: kaio.constexpr,
-    DEQ: kaio.constexpr, MINB: kaio.constexpr, ws: f32[:, :, :], counters: i32[:],
-    SPLIT: kaio.constexpr,
+    DEQ: kaio.constexpr, MINB: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
+    ws: f32[:, :, :], counters: i32[:], SPLIT: kaio.constexpr,
 ):  # fmt: skip
     """``out = x @ W`` (``decode_columns``), SPLIT blocks per 32 columns (block ``b``: part
     ``b % SPLIT`` of column block ``b // SPLIT``)."""
@@ -275,7 +285,7 @@ def int4_decode(
     b = kaio.block_idx_x()
     decode_columns(
         x, w, scales, out, partial, M, N, b // SPLIT, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-        counters, b % SPLIT, SPLIT,
+        counters, b % SPLIT, SPLIT, PMODE, L2F,
     )  # fmt: skip
 
 
@@ -285,7 +295,8 @@ def int4_decode_qkv(
     sv: f16[:, :], q: DT[:, :], k: DT[:, :], v: DT[:, :],
     M: u32, NQ: u32, NK: u32,
     WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr, PREFETCH: kaio.constexpr,
-    DEQ: kaio.constexpr, MINB: kaio.constexpr, ws: f32[:, :, :], counters: i32[:],
+    DEQ: kaio.constexpr, MINB: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
+    ws: f32[:, :, :], counters: i32[:],
 ):  # fmt: skip
     """``q, k, v = x @ Wq, x @ Wk, x @ Wv`` in one launch: the blocks of q's columns, then
     k's, then v's (each block exactly a block of ``int4_decode``)."""
@@ -302,18 +313,18 @@ def int4_decode_qkv(
     if block < bq:
         decode_columns(
             x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
-            0, 1,
+            0, 1, PMODE, L2F,
         )  # fmt: skip
     elif block < bq + bk:
         decode_columns(
             x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1,
+            counters, 0, 1, PMODE, L2F,
         )  # fmt: skip
     else:
         nv = u32(v.shape[1])
         decode_columns(
             x, wv, sv, v, partial, M, nv, block - bq - bk, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1,
+            counters, 0, 1, PMODE, L2F,
         )  # fmt: skip
 
 
@@ -323,7 +334,15 @@ DEQ = 0  # 0: weight_pair, 1: word_pairs (the same bits)
 PREFETCH = 0  # rounds of two groups a warp asks L2 for ahead of its registers (0: none)
 MINB = 0  # blocks an SM for launch_bounds (0: ptxas's choice, 1 past 16 rows)
 SPLIT = 1  # blocks a column block (K split) at M <= 16
-TUNED = {"PREFETCH": PREFETCH, "DEQ": DEQ, "MINB": MINB}  # the constexprs matmul's tune overrides
+PMODE = 0  # the prefetch's form: 0 a lane's 32-byte sectors, 1 a line a row, 2 bulk (sm_90)
+L2F = 0  # the words' loads: bytes L2 fetches on a miss (0: its own choice, 64/128/256)
+TUNED = {
+    "PREFETCH": PREFETCH,
+    "DEQ": DEQ,
+    "MINB": MINB,
+    "PMODE": PMODE,
+    "L2F": L2F,
+}  # the constexprs matmul's tune overrides
 
 
 def fits(x: _arrays.Operand, *weights: tuple) -> bool:
