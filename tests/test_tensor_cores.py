@@ -492,6 +492,31 @@ def test_prefetch_l2_checks_bounds_and_changes_no_value():
         bad.ptx()
 
 
+def test_l2_fetch_size_and_bulk_prefetch():
+    """load_vector's l2 (ld.global.L2::256B, sm_80+) loads the same values; prefetch_l2 with
+    a size is cp.async.bulk.prefetch.L2 (sm_90+), its whole span checked for bounds."""
+
+    @kaio.gpu_kernel(block_size=32)
+    def hinted(x: f32[:, :], out: f32[:, :], NB: kaio.constexpr):
+        i = kaio.thread_idx_x()
+        kaio.prefetch_l2(x, (i // 4, 4 * (i % 4)), NB)
+        r = kaio.local(f32, 4)
+        kaio.load_vector(r, x, (i // 4, 4 * (i % 4)), 256)
+        kaio.store_vector(out, (i // 4, 4 * (i % 4)), r)
+
+    x = RNG.standard_normal((8, 16)).astype(np.float32)
+    out = np.full((8, 16), np.nan, np.float32)
+    hinted.sim[1](x, out, NB=16)
+    np.testing.assert_array_equal(out, x)
+    with pytest.raises(kaio.SimulationError, match="L2 prefetch"):
+        hinted.sim[1](x, out, NB=32)  # lanes 4 i + 3 ask for 4 floats past their row
+    for backend in ("ptx", "llvm"):
+        text = hinted.ptx(arch="sm_90", backend=backend, NB=16)
+        assert "ld.global.L2::256B.v4" in text and "cp.async.bulk.prefetch.L2.global" in text
+    with pytest.raises(kaio.CompileError, match="needs sm_90"):
+        hinted.ptx(arch="sm_80", NB=16)
+
+
 # --------------------------------------------------------------------------- PTX
 
 PTX_CASES = [
