@@ -96,6 +96,10 @@ def multiply_group(
             scale = kaio.bitcast(kaio.prmt(sc[BUF, i // 2], sc[BUF, i // 2], twice), f16x2)
             if DEQ == 1:
                 word_pairs(b, i, words[BUF, u, i], scale)
+            elif DEQ == 2:  # ablation (wrong results): the raw words, no dequantization
+                for h in kaio.static_range(2):
+                    b[i, h, 0] = words[BUF, u, i] ^ (sc[BUF, 0] << h)
+                    b[i, h, 1] = words[BUF, u, i] >> (4 * h + 4)
             else:
                 for h in kaio.static_range(2):
                     b[i, h, 0] = weight_pair(words[BUF, u, i], 2 * h, scale)
@@ -120,7 +124,16 @@ def multiply_group(
                         )
             for i in kaio.static_range(4):
                 for h in kaio.static_range(2):
-                    kaio.mma_f16(acc[m, i], a[h], b[i, h], acc[m, i])
+                    if DEQ == 4:  # ablation (wrong results): no mma, one add keeps the inputs
+                        mix = a[h, 0] ^ a[h, 1] ^ b[i, h, 0] ^ b[i, h, 1]
+                        acc[m, i, h] += kaio.bitcast(mix & 0x3FFFFFFF, f32)
+                    elif DEQ == 3:  # ablation (wrong results): half the mma, same dequantization
+                        if h == 0:
+                            b[i, 0, 0] = b[i, 0, 0] ^ b[i, 1, 0]
+                            b[i, 0, 1] = b[i, 0, 1] ^ b[i, 1, 1]
+                            kaio.mma_f16(acc[m, i], a[h], b[i, h], acc[m, i])
+                    else:
+                        kaio.mma_f16(acc[m, i], a[h], b[i, h], acc[m, i])
 
 
 @kaio.gpu_func
@@ -330,7 +343,7 @@ def int4_decode_qkv(
 
 WARPS = 8  # the default (and past 16 rows); warps_for picks 4 or 8 at M <= 16
 MAX_M = 64  # up to 4 m16 tiles per block; past this _prefill or the tiled kernel
-DEQ = 0  # 0: weight_pair, 1: word_pairs (the same bits)
+DEQ = 0  # 0: weight_pair, 1: word_pairs (the same bits); 2-4 ablations (wrong results)
 PREFETCH = 0  # rounds of two groups a warp asks L2 for ahead of its registers (0: none)
 MINB = 0  # blocks an SM for launch_bounds (0: ptxas's choice, 1 past 16 rows)
 SPLIT = 1  # blocks a column block (K split) at M <= 16
