@@ -82,7 +82,7 @@ def load_group(
 def multiply_group(
     acc: f32[:, :, :], words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :],
     BUF: kaio.constexpr, x: f16[:, :], group: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
-    DEQ: kaio.constexpr,
+    DEQ: kaio.constexpr, SWAP: kaio.constexpr,
 ):  # fmt: skip
     """acc[m] += the products of buffer BUF (scale group ``group``) for each m16 tile m of
     the ``ROWS`` 8-row slabs: 2 k-steps of 16 for each of the 4 loads, for each of the lane's
@@ -90,6 +90,9 @@ def multiply_group(
     a = kaio.local(u32, (2, 4))
     b = kaio.local(u32, (4, 2, 2))
     xt = kaio.local(u32, (2, 4))
+    if SWAP == 1:
+        multiply_swapped(acc, words, xr, sc, BUF)
+        return
     for u in kaio.static_range(LOADS):
         for i in kaio.static_range(4):
             twice = LOW_TWICE if i % 2 == 0 else HIGH_TWICE
@@ -134,6 +137,34 @@ def multiply_group(
                             kaio.mma_f16(acc[m, i], a[h], b[i, h], acc[m, i])
                     else:
                         kaio.mma_f16(acc[m, i], a[h], b[i, h], acc[m, i])
+
+
+@kaio.gpu_func
+def multiply_swapped(
+    acc: f32[:, :, :], words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :],
+    BUF: kaio.constexpr,
+):  # fmt: skip
+    """``multiply_group`` at M <= 8 with the roles swapped: the weights are the A operand
+    (m16: the lane's columns ``4 g + 2 p`` and ``+ 1`` as rows g and g + 8 of tile p), x the
+    B operand (n8: x's rows), so one m16n8k16 takes 256 weights, not 128: half the mma.
+    The k order is the unswapped one (pairs j and j + 4 of each word); acc[0, p, e] is x row
+    ``2 t + e % 2``, column ``4 g + 2 p + e // 2`` of the block."""
+    aw = kaio.local(u32, (2, 2, 4))
+    bx = kaio.local(u32, (2, 2))
+    for u in kaio.static_range(LOADS):
+        for i in kaio.static_range(4):
+            twice = LOW_TWICE if i % 2 == 0 else HIGH_TWICE
+            scale = kaio.bitcast(kaio.prmt(sc[BUF, i // 2], sc[BUF, i // 2], twice), f16x2)
+            for h in kaio.static_range(2):
+                for r in kaio.static_range(2):
+                    aw[i // 2, h, 2 * r + i % 2] = weight_pair(words[BUF, u, i], 2 * h + r, scale)
+        for h in kaio.static_range(2):
+            for r in kaio.static_range(2):
+                sel = LOW_HALVES if r == 0 else HIGH_HALVES
+                bx[h, r] = kaio.prmt(xr[BUF, u, 0, h], xr[BUF, u, 0, h + 2], sel)
+        for p in kaio.static_range(2):
+            for h in kaio.static_range(2):
+                kaio.mma_f16(acc[0, p], aw[p, h], bx[h], acc[0, p])
 
 
 @kaio.gpu_func
@@ -183,7 +214,7 @@ def decode_columns(
     x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :], partial: f32[:, :, :],
     M: u32, N: u32, block: u32, WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr,
     PREFETCH: kaio.constexpr, DEQ: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], part: u32,
-    SPLIT: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
+    SPLIT: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr, SWAP: kaio.constexpr,
 ):  # fmt: skip
     """out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W = scales * the
     nibbles of w, see the module docstring), rounded to DT (the output's element type), for
@@ -228,19 +259,24 @@ def decode_columns(
                     prefetch_group(w, group + d * WARPS, block, lane, N, PMODE)
         if group + WARPS < groups:
             load_group(words, xr, sc, 1, w, x, scales, group + WARPS, col, g, t, M, ROWS, L2F)
-        multiply_group(acc, words, xr, sc, 0, x, group, g, t, M, ROWS, DEQ)
+        multiply_group(acc, words, xr, sc, 0, x, group, g, t, M, ROWS, DEQ, SWAP)
         if group + WARPS < groups:
             if group + 2 * WARPS < groups:
                 load_group(
                     words, xr, sc, 0, w, x, scales, group + 2 * WARPS, col, g, t, M, ROWS, L2F
                 )
-            multiply_group(acc, words, xr, sc, 1, x, group + WARPS, g, t, M, ROWS, DEQ)
+            multiply_group(acc, words, xr, sc, 1, x, group + WARPS, g, t, M, ROWS, DEQ, SWAP)
     for m in kaio.static_range((ROWS + 1) // 2):
         if m > 0:
             kaio.sync_threads()  # the previous tile's partial sums are all read
-        for i in kaio.static_range(4):
-            for e in kaio.static_range(4):
-                partial[warp, g + 8 * (e // 2), 4 * (2 * t + e % 2) + i] = acc[m, i, e]
+        if SWAP == 1:
+            for p in kaio.static_range(2):
+                for e in kaio.static_range(4):
+                    partial[warp, 2 * t + e % 2, 4 * g + 2 * p + e // 2] = acc[0, p, e]
+        else:
+            for i in kaio.static_range(4):
+                for e in kaio.static_range(4):
+                    partial[warp, g + 8 * (e // 2), 4 * (2 * t + e % 2) + i] = acc[m, i, e]
         kaio.sync_threads()
         for k in kaio.static_range(16 * COLS // (WARPS * 32)):
             o = tid + k * WARPS * 32
@@ -284,7 +320,7 @@ def int4_decode(
     M: u32, N: u32,
     WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr, PREFETCH: kaio.constexpr,
     DEQ: kaio.constexpr, MINB: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
-    ws: f32[:, :, :], counters: i32[:], SPLIT: kaio.constexpr,
+    SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], SPLIT: kaio.constexpr,
 ):  # fmt: skip
     """``out = x @ W`` (``decode_columns``), SPLIT blocks per 32 columns (block ``b``: part
     ``b % SPLIT`` of column block ``b // SPLIT``)."""
@@ -298,7 +334,7 @@ def int4_decode(
     b = kaio.block_idx_x()
     decode_columns(
         x, w, scales, out, partial, M, N, b // SPLIT, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-        counters, b % SPLIT, SPLIT, PMODE, L2F,
+        counters, b % SPLIT, SPLIT, PMODE, L2F, SWAP,
     )  # fmt: skip
 
 
@@ -309,7 +345,7 @@ def int4_decode_qkv(
     M: u32, NQ: u32, NK: u32,
     WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr, PREFETCH: kaio.constexpr,
     DEQ: kaio.constexpr, MINB: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
-    ws: f32[:, :, :], counters: i32[:],
+    SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:],
 ):  # fmt: skip
     """``q, k, v = x @ Wq, x @ Wk, x @ Wv`` in one launch: the blocks of q's columns, then
     k's, then v's (each block exactly a block of ``int4_decode``)."""
@@ -326,18 +362,18 @@ def int4_decode_qkv(
     if block < bq:
         decode_columns(
             x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
-            0, 1, PMODE, L2F,
+            0, 1, PMODE, L2F, SWAP,
         )  # fmt: skip
     elif block < bq + bk:
         decode_columns(
             x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, PMODE, L2F,
+            counters, 0, 1, PMODE, L2F, SWAP,
         )  # fmt: skip
     else:
         nv = u32(v.shape[1])
         decode_columns(
             x, wv, sv, v, partial, M, nv, block - bq - bk, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, PMODE, L2F,
+            counters, 0, 1, PMODE, L2F, SWAP,
         )  # fmt: skip
 
 
@@ -348,6 +384,7 @@ PREFETCH = 0  # rounds of two groups a warp asks L2 for ahead of its registers (
 MINB = 0  # blocks an SM for launch_bounds (0: ptxas's choice, 1 past 16 rows)
 SPLIT = 1  # blocks a column block (K split) at M <= 16
 PMODE = 0  # the prefetch's form: 0 a lane's 32-byte sectors, 1 a line a row, 2 bulk (sm_90)
+SWAP = 0  # 1 at M <= 8: the weights as mma's A operand (multiply_swapped)
 L2F = 0  # the words' loads: bytes L2 fetches on a miss (0: its own choice, 64/128/256)
 TUNED = {
     "PREFETCH": PREFETCH,
@@ -355,6 +392,7 @@ TUNED = {
     "MINB": MINB,
     "PMODE": PMODE,
     "L2F": L2F,
+    "SWAP": SWAP,
 }  # the constexprs matmul's tune overrides
 
 
@@ -376,6 +414,14 @@ def _config(x: _arrays.Operand, columns: int, warps: int = WARPS, split: int = 1
     """The launch configuration for ``columns`` output columns in all, ``warps`` a block,
     ``split`` blocks per 32 columns."""
     return (-(-columns // COLS) * split, warps * 32, _arrays.stream_of(x), 0)
+
+
+def _tuned(m: int, tune: dict | None = None) -> dict:
+    """``TUNED`` with ``tune``'s overrides, for M = ``m`` (SWAP only at M <= 8)."""
+    tuned = {**TUNED, **(tune or {})}
+    if _rows(m) != 1:
+        tuned["SWAP"] = 0
+    return tuned
 
 
 def _split_arrays(x: _arrays.Operand, tiles: int, split: int) -> dict:
@@ -424,7 +470,7 @@ def matmul(
     m, n = x.shape[0], words.shape[1]
     tiles = -(-n // COLS)
     warps = warps or warps_for(m, tiles, _arrays.multiprocessors(x))
-    tuned = {**TUNED, **(tune or {})}
+    tuned = _tuned(m, tune)
     split = tuned.pop("SPLIT", SPLIT)
     if m > 16:
         split = 1  # a part's sums in ws are one m16 tile
@@ -449,7 +495,7 @@ def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
     int4_decode_qkv[_config(x, blocks * COLS, warps)](
         x.arg(), *(_words(w) for w, _ in weights), *(s.arg() for _, s in weights),
         *(_arrays.output_arg(x, o, (m, n)) for o, n in zip(outs, widths, strict=True)), m,
-        widths[0], widths[1], WARPS=warps, ROWS=_rows(m), DT=f16, **TUNED,
+        widths[0], widths[1], WARPS=warps, ROWS=_rows(m), DT=f16, **_tuned(m),
         **_split_arrays(x, 0, 1),
     )  # fmt: skip
     return tuple(outs)
