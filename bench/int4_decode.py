@@ -12,9 +12,8 @@ floor (``bench/floors.read_words``: every word read once, nothing else) once per
 Usage: ``python bench/int4_decode.py [--shapes 8192x8192,...] [--ms 1,16] [--warps 4,8]
 [--variants W/P/D/B/M/L/X/S,...] [--out DIR] [--budget S] [--prewarm N] [--once]``: W
 warps a block, then ``KNOBS`` (``_int4_decode``'s PREFETCH, DEQ, MINB, PMODE, L2F, SWAP,
-SPLIT). Writes
-``DIR/int4_decode.jsonl`` and prints a table: µs, x cuBLAS, and % of the floor (floor time
-/ time).
+SPLIT). Writes ``DIR/int4_decode.jsonl`` and prints a table: µs, x cuBLAS, and % of the
+floor (floor time / time).
 """
 
 # ruff: noqa: B023  (the timed lambdas run before the loop moves on)
