@@ -188,11 +188,14 @@ def test_int4_decode_warps_in_simulator(m, n, k, warps, poisoned):
 # (M, N, K, WARPS, tune): the decode kernel's knobs past their defaults. L2 prefetches up to
 # the last group and none past it (the simulator checks each address), the lop3 dequantization,
 # K splits whose parts hold unequal group counts (fewer groups than warps in one), the last
-# part adding them in order; each twice: the arrival counters are back to zero.
+# part adding them in order, the swapped mma (weights as A) at M <= 8; each twice: the
+# arrival counters are back to zero.
 TUNED_PLANS = [
     (1, 36, 128 * 9, 4, {"PREFETCH": 1, "DEQ": 1}),
-    (16, 40, 128 * 7, 4, {"PREFETCH": 2, "SPLIT": 3}),
+    (16, 40, 128 * 7, 4, {"PREFETCH": 2, "SPLIT": 3, "SWAP": 1}),  # no swap past 8 rows
     (5, 68, 128 * 5, 8, {"SPLIT": 2, "DEQ": 1}),
+    (8, 40, 128 * 3, 8, {"SWAP": 1}),
+    (3, 36, 128 * 5, 4, {"SWAP": 1, "SPLIT": 2, "PREFETCH": 1}),
 ]
 
 
