@@ -91,7 +91,7 @@ def multiply_group(
     b = kaio.local(u32, (4, 2, 2))
     xt = kaio.local(u32, (2, 4))
     if SWAP == 1:
-        multiply_swapped(acc, words, xr, sc, BUF)
+        multiply_swapped(acc, words, xr, sc, BUF, DEQ)
         return
     for u in kaio.static_range(LOADS):
         for i in kaio.static_range(4):
@@ -142,7 +142,7 @@ def multiply_group(
 @kaio.gpu_func
 def multiply_swapped(
     acc: f32[:, :, :], words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :],
-    BUF: kaio.constexpr,
+    BUF: kaio.constexpr, DEQ: kaio.constexpr,
 ):  # fmt: skip
     """``multiply_group`` at M <= 8 with the roles swapped: the weights are the A operand
     (m16: the lane's columns ``4 g + 2 p`` and ``+ 1`` as rows g and g + 8 of tile p), x the
@@ -151,13 +151,21 @@ def multiply_swapped(
     ``2 t + e % 2``, column ``4 g + 2 p + e // 2`` of the block."""
     aw = kaio.local(u32, (2, 2, 4))
     bx = kaio.local(u32, (2, 2))
+    b = kaio.local(u32, (4, 2, 2))
     for u in kaio.static_range(LOADS):
         for i in kaio.static_range(4):
             twice = LOW_TWICE if i % 2 == 0 else HIGH_TWICE
             scale = kaio.bitcast(kaio.prmt(sc[BUF, i // 2], sc[BUF, i // 2], twice), f16x2)
+            if DEQ == 1:
+                word_pairs(b, i, words[BUF, u, i], scale)
             for h in kaio.static_range(2):
                 for r in kaio.static_range(2):
-                    aw[i // 2, h, 2 * r + i % 2] = weight_pair(words[BUF, u, i], 2 * h + r, scale)
+                    if DEQ == 1:
+                        aw[i // 2, h, 2 * r + i % 2] = b[i, h, r]
+                    else:
+                        aw[i // 2, h, 2 * r + i % 2] = weight_pair(
+                            words[BUF, u, i], 2 * h + r, scale
+                        )
         for h in kaio.static_range(2):
             for r in kaio.static_range(2):
                 sel = LOW_HALVES if r == 0 else HIGH_HALVES
@@ -384,7 +392,7 @@ PREFETCH = 0  # rounds of two groups a warp asks L2 for ahead of its registers (
 MINB = 0  # blocks an SM for launch_bounds (0: ptxas's choice, 1 past 16 rows)
 SPLIT = 1  # blocks a column block (K split) at M <= 16
 PMODE = 0  # the prefetch's form: 0 a lane's 32-byte sectors, 1 a line a row, 2 bulk (sm_90)
-SWAP = 0  # 1 at M <= 8: the weights as mma's A operand (multiply_swapped)
+SWAP = 1  # 1 at M <= 8: the weights as mma's A operand (multiply_swapped)
 L2F = 0  # the words' loads: bytes L2 fetches on a miss (0: its own choice, 64/128/256)
 TUNED = {
     "PREFETCH": PREFETCH,
@@ -417,7 +425,7 @@ def _config(x: _arrays.Operand, columns: int, warps: int = WARPS, split: int = 1
 
 
 def _tuned(m: int, tune: dict | None = None) -> dict:
-    """``TUNED`` with ``tune``'s overrides, for M = ``m`` (SWAP only at M <= 8)."""
+    """``TUNED`` with ``tune``'s overrides, for M = ``m`` (SWAP only at M <= 8, ROWS 1)."""
     tuned = {**TUNED, **(tune or {})}
     if _rows(m) != 1:
         tuned["SWAP"] = 0
@@ -438,14 +446,19 @@ def _split_arrays(x: _arrays.Operand, tiles: int, split: int) -> dict:
 
 def warps_for(m: int, tiles: int, sms: int) -> int:
     """Warps a block at M = ``m`` over ``tiles`` 32-column blocks on ``sms``
-    multiprocessors: an SM holds 16 warps of this kernel at M <= 8 (115 registers: two
-    blocks of 8, four of 4) but 12 at M = 9-16 (150 registers: one block of 8, three of
-    4). Blocks of 8 while the tiles leave an SM few blocks (at M <= 8 up to 2.5 a
-    multiprocessor, N up to 10240 on 132 SMs; at M = 9-16 up to 1.1, N = 4096); past that
-    blocks of 4, which also even out the SMs' shares. Measured on an H100
-    (bench/int4_decode.py; docs/performance.md, "W4A16 decode")."""
+    multiprocessors: an SM holds 16 warps of this kernel at M <= 8 (112-115 registers: two
+    blocks of 8, four of 4) but 12 at M = 9-16 (146 registers: one block of 8, three of 4).
+    At M <= 8 (the swapped mma, ``SWAP``): blocks of 8 while the tiles fit the SMs' two
+    blocks each (N <= 8448 on 132 SMs) and again past ten tiles an SM (N > 42240, whole
+    waves of 8-warp blocks), blocks of 4 between (N = 10240 and 28672: 2.4 and 6.8 tiles an
+    SM, where blocks of 8 leave a short last wave). At M = 9-16: blocks of 8 while the
+    tiles leave an SM up to 1.1 (N = 4096), past that 4, which also even out the SMs'
+    shares. Measured on an H100 (bench/int4_decode.py; docs/performance.md, "W4A16
+    decode")."""
     if m > 16:
         return WARPS
+    if m <= 8 and SWAP:
+        return 8 if tiles <= 2 * sms or tiles > 10 * sms else 4
     if tiles * 10 <= sms * (25 if m <= 8 else 11):
         return 8
     return 4
@@ -505,7 +518,16 @@ def specializations() -> list:
     """(kernel, constexprs) of every specialization ``matmul`` (f32 out: matmul_int4) and
     ``qkv`` (f16 out: qkv_project_int4) launch."""
     return [
-        (kernel, {"WARPS": warps, "ROWS": rows, "DT": dt, **TUNED, **split})
+        (
+            kernel,
+            {
+                "WARPS": warps,
+                "ROWS": rows,
+                "DT": dt,
+                **_tuned(8 * rows if rows > 1 else 1),
+                **split,
+            },
+        )
         for kernel, dt, split in ((int4_decode, f32, {"SPLIT": SPLIT}), (int4_decode_qkv, f16, {}))
         for rows in ALL_ROWS
         for warps in ((4, 8) if rows <= 2 else (WARPS,))
