@@ -18,6 +18,12 @@ the tensor cores' rate, so the kernel is built around the weight stream:
   word: the pair ``(w >> 4 j) & 0x000F000F`` picks in one step. The A fragment takes the
   same permutation: elements ``j`` and ``j + 4`` of the lane's own 8 values of x (one 16-byte
   load per row), paired by ``prmt``.
+- At M <= 8 (``SWAP``, ``multiply_swapped``) the roles turn: the weights are the A operand
+  (m16: the lane's columns ``4 g + 2 p`` and ``+ 1`` as rows g and g + 8 of tile p, the same
+  dequantized pairs), x the B operand (n8: x's rows, the same ``prmt`` pairs), so one
+  m16n8k16 takes 256 weights instead of 128 and no A rows are zero: half the ``mma``
+  instructions. The warps of a small grid (8192 x 8192 fills the SMs with 16 warps each)
+  are busy issuing, so fewer instructions a weight is time saved (docs/performance.md).
 - Past 16 rows a block holds ceil(M / 16) m16 tiles (``ROWS``, the 8-row slabs of x: 1, 2,
   then 4, 6, 8): each weight fragment is dequantized once and feeds one ``mma`` per tile, so
   the weights are read once per call whatever M. x's fragments of those tiles are loaded
@@ -28,6 +34,11 @@ the tensor cores' rate, so the kernel is built around the weight stream:
 - Nibble to f16 by the magic number: ``pair ^ 0x64086408`` is ``1024 + 8 + q`` in each half,
   exact; minus 1032 gives ``q``, times the group's scale gives ``f16(scale * q)`` rounded
   once, the weight of the op's contract.
+
+The other knobs of ``TUNED`` (an L2 prefetch of later groups, the words' L2 fetch size, a
+lop3 dequantization with the same bits, launch bounds, a K split over blocks; DEQ 2-4 are
+ablations with wrong results) were measured slower or equal and stay off; the benchmark
+sets them (``bench/int4_decode.py --variants``).
 
 Needs N % 4 == 0 and K % 128 == 0, x 16-byte aligned, the words 16-byte and the scales
 8-byte aligned (``matmul_int4`` checks and otherwise takes the tiled kernel).
