@@ -116,8 +116,8 @@ def multiply_group(
                     b[i, h, 1] = words[BUF, u, i] >> (4 * h + 4)
             else:
                 for h in kaio.static_range(2):
-                    b[i, h, 0] = weight_pair(words[BUF, u, i], 2 * h, scale)
-                    b[i, h, 1] = weight_pair(words[BUF, u, i], 2 * h + 1, scale)
+                    b[i, h, 0] = weight_pair(words[BUF, u, i], 2 * h, scale, DEQ)
+                    b[i, h, 1] = weight_pair(words[BUF, u, i], 2 * h + 1, scale, DEQ)
         for m in kaio.static_range((ROWS + 1) // 2):
             if ROWS > 2:
                 k8 = group * ROWS_PER_GROUP + 4 * u + t
@@ -175,7 +175,7 @@ def multiply_swapped(
                         aw[i // 2, h, 2 * r + i % 2] = b[i, h, r]
                     else:
                         aw[i // 2, h, 2 * r + i % 2] = weight_pair(
-                            words[BUF, u, i], 2 * h + r, scale
+                            words[BUF, u, i], 2 * h + r, scale, DEQ
                         )
         for h in kaio.static_range(2):
             for r in kaio.static_range(2):
@@ -222,9 +222,14 @@ def word_pairs(b: u32[:, :, :], i: kaio.constexpr, word: u32, scale: f16x2):
 
 
 @kaio.gpu_func
-def weight_pair(word: u32, j: kaio.constexpr, scale: f16x2) -> u32:
-    """Nibbles ``j`` and ``j + 4`` of ``word`` as the f16 pair ``scale * q``."""
-    biased = kaio.bitcast(((word >> (4 * j)) & PAIR_MASK) ^ MAGIC, f16x2)
+def weight_pair(word: u32, j: kaio.constexpr, scale: f16x2, DEQ: kaio.constexpr) -> u32:
+    """Nibbles ``j`` and ``j + 4`` of ``word`` as the f16 pair ``scale * q`` (DEQ 5: the mask
+    and the magic number in one ``lop3``, the same bits)."""
+    if DEQ == 5:
+        fused = kaio.lop3(word >> (4 * j), u32(PAIR_MASK), u32(MAGIC), LUT_AND_XOR)
+        biased = kaio.bitcast(fused, f16x2)
+    else:
+        biased = kaio.bitcast(((word >> (4 * j)) & PAIR_MASK) ^ MAGIC, f16x2)
     return kaio.bitcast((biased - kaio.bitcast(u32(MAGIC), f16x2)) * scale, u32)
 
 
@@ -398,7 +403,7 @@ def int4_decode_qkv(
 
 WARPS = 8  # the default (and past 16 rows); warps_for picks 4 or 8 at M <= 16
 MAX_M = 64  # up to 4 m16 tiles per block; past this _prefill or the tiled kernel
-DEQ = 0  # 0: weight_pair, 1: word_pairs (the same bits); 2-4 ablations (wrong results)
+DEQ = 0  # 0: weight_pair, 1: word_pairs, 5: weight_pair's lop3 (the same bits); 2-4 ablations
 PREFETCH = 0  # rounds of two groups a warp asks L2 for ahead of its registers (0: none)
 MINB = 0  # blocks an SM for launch_bounds (0: ptxas's choice, 1 past 16 rows)
 SPLIT = 1  # blocks a column block (K split) at M <= 16
