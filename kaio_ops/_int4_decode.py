@@ -33,12 +33,14 @@ the tensor cores' rate, so the kernel is built around the weight stream:
   (2 M K bytes, M / 8 times the words' bytes), about 8x the weights at M = 64.
 - Nibble to f16 by the magic number: ``pair ^ 0x64086408`` is ``1024 + 8 + q`` in each half,
   exact; minus 1032 gives ``q``, times the group's scale gives ``f16(scale * q)`` rounded
-  once, the weight of the op's contract.
+  once, the weight of the op's contract. The mask and the xor are one ``lop3`` (``DEQ`` 5:
+  a shift, a lop3, a subtraction and a product a pair of weights, 4 instructions, not 5).
 
 The other knobs of ``TUNED`` (an L2 prefetch of later groups, the words' L2 fetch size, a
-lop3 dequantization with the same bits, launch bounds, a K split over blocks; DEQ 2-4 are
-ablations with wrong results) were measured slower or equal and stay off; the benchmark
-sets them (``bench/int4_decode.py --variants``).
+dequantization by one lop3 a pair and an exact fma for the pairs at bit 4 (DEQ 1, the same
+bits), launch bounds, a K split over blocks; DEQ 2-4 are ablations with wrong results) were
+measured slower or equal and stay off; the benchmark sets them (``bench/int4_decode.py
+--variants``).
 
 Needs N % 4 == 0 and K % 128 == 0, x 16-byte aligned, the words 16-byte and the scales
 8-byte aligned (``matmul_int4`` checks and otherwise takes the tiled kernel).
@@ -403,7 +405,7 @@ def int4_decode_qkv(
 
 WARPS = 8  # the default (and past 16 rows); warps_for picks 4 or 8 at M <= 16
 MAX_M = 64  # up to 4 m16 tiles per block; past this _prefill or the tiled kernel
-DEQ = 0  # 0: weight_pair, 1: word_pairs, 5: weight_pair's lop3 (the same bits); 2-4 ablations
+DEQ = 5  # 0: weight_pair, 1: word_pairs, 5: weight_pair's lop3 (the same bits); 2-4 ablations
 PREFETCH = 0  # rounds of two groups a warp asks L2 for ahead of its registers (0: none)
 MINB = 0  # blocks an SM for launch_bounds (0: ptxas's choice, 1 past 16 rows)
 SPLIT = 1  # blocks a column block (K split) at M <= 16
