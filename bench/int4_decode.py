@@ -94,6 +94,7 @@ def main() -> None:
             rows.append(point(log, args, m, n, k, weights, floor, variants))
             if floor_us is None and not args.once:
                 floor_us = graph_time(lambda i: floor[i](None, weights[i][0], None, None), sets)
+                log({"n": n, "k": k, "floor_us": floor_us})
             rows[-1]["floor_us"] = floor_us
     if not args.once:
         summary(rows, torch.cuda.get_device_name())
