@@ -92,6 +92,29 @@ def load_group(
 
 
 @kaio.gpu_func
+def dequantize_load(
+    b: u32[:, :, :], words: u32[:, :, :], sc: u32[:, :], BUF: kaio.constexpr,
+    u: kaio.constexpr, DEQ: kaio.constexpr,
+):  # fmt: skip
+    """b[i, h, r] = the f16 pair ``scale * q`` of nibbles ``j = 2 h + r`` and ``j + 4`` of
+    load ``u``'s word of column i (buffer BUF), by ``DEQ``'s form (2: an ablation, the raw
+    words)."""
+    for i in kaio.static_range(4):
+        twice = LOW_TWICE if i % 2 == 0 else HIGH_TWICE
+        scale = kaio.bitcast(kaio.prmt(sc[BUF, i // 2], sc[BUF, i // 2], twice), f16x2)
+        if DEQ == 1:
+            word_pairs(b, i, words[BUF, u, i], scale)
+        elif DEQ == 2:  # ablation (wrong results): the raw words, no dequantization
+            for h in kaio.static_range(2):
+                b[i, h, 0] = words[BUF, u, i] ^ (sc[BUF, 0] << h)
+                b[i, h, 1] = words[BUF, u, i] >> (4 * h + 4)
+        else:
+            for h in kaio.static_range(2):
+                for r in kaio.static_range(2):
+                    b[i, h, r] = weight_pair(words[BUF, u, i], 2 * h + r, scale, DEQ)
+
+
+@kaio.gpu_func
 def multiply_group(
     acc: f32[:, :, :], words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :],
     BUF: kaio.constexpr, x: f16[:, :], group: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
@@ -107,19 +130,7 @@ def multiply_group(
         multiply_swapped(acc, words, xr, sc, BUF, DEQ)
         return
     for u in kaio.static_range(LOADS):
-        for i in kaio.static_range(4):
-            twice = LOW_TWICE if i % 2 == 0 else HIGH_TWICE
-            scale = kaio.bitcast(kaio.prmt(sc[BUF, i // 2], sc[BUF, i // 2], twice), f16x2)
-            if DEQ == 1:
-                word_pairs(b, i, words[BUF, u, i], scale)
-            elif DEQ == 2:  # ablation (wrong results): the raw words, no dequantization
-                for h in kaio.static_range(2):
-                    b[i, h, 0] = words[BUF, u, i] ^ (sc[BUF, 0] << h)
-                    b[i, h, 1] = words[BUF, u, i] >> (4 * h + 4)
-            else:
-                for h in kaio.static_range(2):
-                    b[i, h, 0] = weight_pair(words[BUF, u, i], 2 * h, scale, DEQ)
-                    b[i, h, 1] = weight_pair(words[BUF, u, i], 2 * h + 1, scale, DEQ)
+        dequantize_load(b, words, sc, BUF, u, DEQ)
         for m in kaio.static_range((ROWS + 1) // 2):
             if ROWS > 2:
                 k8 = group * ROWS_PER_GROUP + 4 * u + t
@@ -166,19 +177,11 @@ def multiply_swapped(
     bx = kaio.local(u32, (2, 2))
     b = kaio.local(u32, (4, 2, 2))
     for u in kaio.static_range(LOADS):
+        dequantize_load(b, words, sc, BUF, u, DEQ)
         for i in kaio.static_range(4):
-            twice = LOW_TWICE if i % 2 == 0 else HIGH_TWICE
-            scale = kaio.bitcast(kaio.prmt(sc[BUF, i // 2], sc[BUF, i // 2], twice), f16x2)
-            if DEQ == 1:
-                word_pairs(b, i, words[BUF, u, i], scale)
             for h in kaio.static_range(2):
                 for r in kaio.static_range(2):
-                    if DEQ == 1:
-                        aw[i // 2, h, 2 * r + i % 2] = b[i, h, r]
-                    else:
-                        aw[i // 2, h, 2 * r + i % 2] = weight_pair(
-                            words[BUF, u, i], 2 * h + r, scale, DEQ
-                        )
+                    aw[i // 2, h, 2 * r + i % 2] = b[i, h, r]
         for h in kaio.static_range(2):
             for r in kaio.static_range(2):
                 sel = LOW_HALVES if r == 0 else HIGH_HALVES
