@@ -185,17 +185,17 @@ def test_int4_decode_warps_in_simulator(m, n, k, warps, poisoned):
     np.testing.assert_allclose(c16, ref, rtol=2.0**-10, atol=1e-5 * np.abs(ref).max())
 
 
-# (M, N, K, WARPS, tune): the decode kernel's knobs past their defaults. L2 prefetches up to
-# the last group and none past it (the simulator checks each address), the lop3 dequantization,
-# K splits whose parts hold unequal group counts (fewer groups than warps in one), the last
-# part adding them in order, the swapped mma (weights as A) at M <= 8; each twice: the
-# arrival counters are back to zero.
+# (M, N, K, WARPS, tune): the decode kernel's knobs away from their defaults. L2 prefetches (by
+# sector, line and bulk) up to the last group and none past it (the simulator checks each
+# address), the other dequantizations (DEQ 0 and 1: the same bits), main's unswapped mma at
+# M <= 8 and no swap past 8 rows, K splits whose parts hold unequal group counts (fewer groups
+# than warps in one), the last part adding them in order; each twice: the arrival counters
+# are back to zero.
 TUNED_PLANS = [
-    (1, 36, 128 * 9, 4, {"PREFETCH": 1, "DEQ": 1}),
-    (16, 40, 128 * 7, 4, {"PREFETCH": 2, "SPLIT": 3, "SWAP": 1}),  # no swap past 8 rows
-    (5, 68, 128 * 5, 8, {"SPLIT": 2, "DEQ": 1}),
-    (8, 40, 128 * 3, 8, {"SWAP": 1}),
-    (3, 36, 128 * 5, 4, {"SWAP": 1, "SPLIT": 2, "PREFETCH": 1}),
+    (1, 36, 128 * 9, 4, {"PREFETCH": 1, "DEQ": 1, "SWAP": 0}),
+    (16, 40, 128 * 7, 4, {"PREFETCH": 2, "PMODE": 2, "SPLIT": 3, "SWAP": 1}),
+    (5, 68, 128 * 5, 8, {"SPLIT": 2, "DEQ": 0, "L2F": 256}),
+    (3, 36, 128 * 5, 4, {"SPLIT": 2, "PREFETCH": 1, "PMODE": 1, "DEQ": 1}),
 ]
 
 
