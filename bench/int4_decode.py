@@ -10,8 +10,10 @@ floor (``bench/floors.read_words``: every word read once, nothing else) once per
 ``--once`` runs each kernel once eagerly and times nothing (for a profiler).
 
 Usage: ``python bench/int4_decode.py [--shapes 8192x8192,...] [--ms 1,16] [--warps 4,8]
-[--out DIR] [--budget S] [--prewarm N] [--once]``. Writes ``DIR/int4_decode.jsonl`` and
-prints a table: µs, x cuBLAS, and % of the floor (floor time / time).
+[--variants W/P/D/B/M/L/X/S,...] [--out DIR] [--budget S] [--prewarm N] [--once]``: W
+warps a block, then ``KNOBS`` (``_int4_decode``'s PREFETCH, DEQ, MINB, PMODE, L2F, SWAP,
+SPLIT). Writes ``DIR/int4_decode.jsonl`` and prints a table: µs, x cuBLAS, and % of the
+floor (floor time / time).
 """
 
 # ruff: noqa: B023  (the timed lambdas run before the loop moves on)
@@ -36,6 +38,7 @@ from kaio_ops import _int4_decode  # noqa: E402
 
 SHAPES = "8192x8192,10240x8192,57344x8192,8192x28672,4096x4096,6144x4096,28672x4096,4096x14336"
 T0 = time.time()
+KNOBS = {**_int4_decode.TUNED, "SPLIT": _int4_decode.SPLIT}  # --variants' fields past W
 
 
 def main() -> None:
@@ -44,6 +47,11 @@ def main() -> None:
     p.add_argument("--shapes", default=SHAPES)
     p.add_argument("--ms", default="1,16")
     p.add_argument("--warps", default="4,8", help="the decode kernel with these warps a block")
+    p.add_argument(
+        "--variants",
+        default="",
+        help="W/P/D/B/M/L/X/S,...: warps and KNOBS' values (after --warps')",
+    )
     p.add_argument("--budget", type=float, default=40.0)
     p.add_argument("--once", action="store_true", help="run each kernel eagerly, no timing")
     p.add_argument("--no-routed", action="store_true", help="skip matmul_int4 as routed")
@@ -53,7 +61,9 @@ def main() -> None:
     )
     args = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
-    variants = [int(w) for w in args.warps.split(",") if w]
+    here = tuple(KNOBS.values())
+    variants = [(int(w), *here) for w in args.warps.split(",") if w]
+    variants += [tuple(map(int, v.split("/"))) for v in args.variants.split(",") if v]
     ms = [int(m) for m in args.ms.split(",")]
     sink = open(os.path.join(args.out, "int4_decode.jsonl"), "w")  # noqa: SIM115
 
@@ -84,6 +94,7 @@ def main() -> None:
             rows.append(point(log, args, m, n, k, weights, floor, variants))
             if floor_us is None and not args.once:
                 floor_us = graph_time(lambda i: floor[i](None, weights[i][0], None, None), sets)
+                log({"n": n, "k": k, "floor_us": floor_us})
             rows[-1]["floor_us"] = floor_us
     if not args.once:
         summary(rows, torch.cuda.get_device_name())
@@ -91,6 +102,7 @@ def main() -> None:
 
 def _warm(consts: dict) -> str:
     """Compile one ``int4_decode`` specialization into the disk cache (a worker process)."""
+    consts = {**KNOBS, **consts}
     try:
         _int4_decode.int4_decode.resources(**{**consts, "DT": kaio.f16})
         return ""
@@ -99,17 +111,19 @@ def _warm(consts: dict) -> str:
 
 
 def prewarm(log, variants: list, ms: list, workers: int) -> None:
-    """Every specialization timed (``variants``' warps and the routed ones at each M)
-    compiled in ``workers`` processes at once: a launch then loads each from the disk
-    cache."""
+    """Every specialization timed (``variants``' (warps, *tuned), the routed ones at
+    each M) compiled in ``workers`` processes at once: a launch then loads each from the
+    disk cache."""
     import concurrent.futures
     import multiprocessing
 
-    todo = {(w, _int4_decode._rows(m)) for m in ms for w in (4, 8, *variants)}
+    routed = [(w, *KNOBS.values()) for w in (4, 8)]
+    todo = {(*v, _int4_decode._rows(m)) for m in ms for v in (*routed, *variants)}
     t = time.time()
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-        jobs = [{"WARPS": w, "ROWS": r} for w, r in sorted(todo)]
+        names = ("WARPS", *KNOBS, "ROWS")
+        jobs = [dict(zip(names, v, strict=True)) for v in sorted(todo)]
         errors = [e for e in pool.map(_warm, jobs) if e]
     log({"prewarm": len(todo), "seconds": round(time.time() - t, 1), "errors": errors[:5]})
 
@@ -124,8 +138,10 @@ def point(log, args, m, n, k, weights, floor, variants) -> dict:
     calls = {"cublas": lambda i: torch.matmul(a, weights[i][2])}
     if not args.no_routed:
         calls["routed"] = lambda i: kaio_ops.matmul_int4(a, *weights[i][:2], out_dtype=f16)
-    for w in variants:
-        calls[f"{w} warps"] = lambda i, w=w: _int4_decode.matmul(*ops[i], kaio.f16, w)
+    for w, *tuned in variants:
+        tune = dict(zip(KNOBS, tuned, strict=True))
+        name = f"{w}w " + "".join(f"{k[0].lower()}{v}" for k, v in tune.items())
+        calls[name] = lambda i, w=w, t=tune: _int4_decode.matmul(*ops[i], kaio.f16, w, t)
     if args.baseline:  # an earlier version of the module, copied in as _int4_decode_v0
         import importlib
 

@@ -643,10 +643,20 @@ def _vector_frag(ctx, v, arr, node, name: str):
     return frag
 
 
+_L2_SIZES = (0, 64, 128, 256)  # load_vector's l2: the bytes L2 fetches on a miss (0: its own)
+
+
 def _load_vector(ctx, args, node):
     arr = _memory_array(ctx, args[1], node, "load_vector", ("global", "shared", "shared_dyn"))
     frag = _vector_frag(ctx, args[0], arr, node, "load_vector")
-    ctx.b.emit("ld_vec", None, (frag, arr, *ctx.indices(arr, args[2], node)))
+    l2 = ctx.const_value(args[3], node, "kaio.load_vector()'s l2") if len(args) > 3 else 0
+    if l2 not in _L2_SIZES or isinstance(l2, bool) or (l2 and arr.space != "global"):
+        ctx.error(
+            f"kaio.load_vector(): l2 is 0, 64, 128 or 256 (a global array's L2 fetch size), "
+            f"got {l2!r} for a {arr.space} array",
+            node,
+        )
+    ctx.b.emit("ld_vec", None, (frag, arr, *ctx.indices(arr, args[2], node)), l2=l2)
 
 
 def _store_vector(ctx, args, node):
@@ -657,8 +667,10 @@ def _store_vector(ctx, args, node):
 
 _define(
     "load_vector",
-    "load_vector(regs, arr, index): regs[:] = the bytes at arr[index...] in ONE 4/8/16-byte "
-    "access (ld.v4.b32...); the address must be aligned to the size.",
+    "load_vector(regs, arr, index[, l2]): regs[:] = the bytes at arr[index...] in ONE "
+    "4/8/16-byte access (ld.v4.b32...); the address must be aligned to the size. l2 (64, "
+    "128 or 256; global arrays, sm_80+): on an L2 miss, L2 fetches that many bytes around "
+    "the address (ld.L2::256B), a hint.",
     _load_vector,
 )
 _define(
@@ -666,6 +678,27 @@ _define(
     "store_vector(arr, index, regs): write regs to arr[index...] in ONE 4/8/16-byte access; "
     "the address must be aligned to the size.",
     _store_vector,
+)
+
+
+def _prefetch_l2(ctx, args, node):
+    arr = _memory_array(ctx, args[0], node, "prefetch_l2", ("global",))
+    nbytes = ctx.const_value(args[2], node, "kaio.prefetch_l2()'s size") if len(args) > 2 else 0
+    if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0 or nbytes % 16:
+        ctx.error(
+            f"kaio.prefetch_l2(): nbytes is a compile-time multiple of 16, got {nbytes!r}", node
+        )
+    ctx.b.emit("prefetch_l2", None, (arr, *ctx.indices(arr, args[1], node)), bulk=nbytes)
+
+
+_define(
+    "prefetch_l2",
+    "prefetch_l2(arr, index[, nbytes]): ask for the cache line holding global arr[index...] "
+    "to be brought into L2 (prefetch.global.L2), no register written: a later load of it "
+    "waits on L2, not DRAM; with nbytes (a multiple of 16, 16-byte aligned), those bytes "
+    "from there on (cp.async.bulk.prefetch.L2, sm_90+). A hint: no effect on any value; "
+    "the bytes must be in bounds.",
+    _prefetch_l2,
 )
 
 

@@ -18,6 +18,12 @@ the tensor cores' rate, so the kernel is built around the weight stream:
   word: the pair ``(w >> 4 j) & 0x000F000F`` picks in one step. The A fragment takes the
   same permutation: elements ``j`` and ``j + 4`` of the lane's own 8 values of x (one 16-byte
   load per row), paired by ``prmt``.
+- At M <= 8 (``SWAP``, ``multiply_swapped``) the roles turn: the weights are the A operand
+  (m16: the lane's columns ``4 g + 2 p`` and ``+ 1`` as rows g and g + 8 of tile p, the same
+  dequantized pairs), x the B operand (n8: x's rows, the same ``prmt`` pairs), so one
+  m16n8k16 takes 256 weights instead of 128 and no A rows are zero: half the ``mma``
+  instructions. The warps of a small grid (8192 x 8192 fills the SMs with 16 warps each)
+  are busy issuing, so fewer instructions a weight is time saved (docs/performance.md).
 - Past 16 rows a block holds ceil(M / 16) m16 tiles (``ROWS``, the 8-row slabs of x: 1, 2,
   then 4, 6, 8): each weight fragment is dequantized once and feeds one ``mma`` per tile, so
   the weights are read once per call whatever M. x's fragments of those tiles are loaded
@@ -27,7 +33,14 @@ the tensor cores' rate, so the kernel is built around the weight stream:
   (2 M K bytes, M / 8 times the words' bytes), about 8x the weights at M = 64.
 - Nibble to f16 by the magic number: ``pair ^ 0x64086408`` is ``1024 + 8 + q`` in each half,
   exact; minus 1032 gives ``q``, times the group's scale gives ``f16(scale * q)`` rounded
-  once, the weight of the op's contract.
+  once, the weight of the op's contract. The mask and the xor are one ``lop3`` (``DEQ`` 5:
+  a shift, a lop3, a subtraction and a product a pair of weights, 4 instructions, not 5).
+
+The other knobs of ``TUNED`` (an L2 prefetch of later groups, the words' L2 fetch size, a
+dequantization by one lop3 a pair and an exact fma for the pairs at bit 4 (DEQ 1, the same
+bits), launch bounds, a K split over blocks; DEQ 2-4 are ablations with wrong results) were
+measured slower or equal and stay off; the benchmark sets them (``bench/int4_decode.py
+--variants``).
 
 Needs N % 4 == 0 and K % 128 == 0, x 16-byte aligned, the words 16-byte and the scales
 8-byte aligned (``matmul_int4`` checks and otherwise takes the tiled kernel).
@@ -37,7 +50,7 @@ Needs N % 4 == 0 and K % 128 == 0, x 16-byte aligned, the words 16-byte and the 
 from __future__ import annotations
 
 import kaio
-from kaio import f16, f16x2, f32, u32
+from kaio import f16, f16x2, f32, i32, u32
 from kaio_ops import _arrays
 
 COLS = 32  # output columns per block: 8 lane groups x 4 adjacent columns
@@ -47,6 +60,10 @@ PAIR_MASK = 0x000F000F  # nibbles j and j + 4 of a word shifted right by 4 j
 # XORed into a masked pair: the exponent of f16 1024 in each half, and the nibble's sign bit
 # flipped (q + 8); read as an f16 pair, the same bits are 1032 = 1024 + 8, subtracted after.
 MAGIC = 0x64086408
+MAGIC_HIGH = 0x64806480  # the same for a nibble at bit 4: 1024 + 16 (q + 8)
+SIXTEENTH = 0x2C002C00  # f16 1/16 in both halves
+MINUS_72 = 0xD480D480  # f16 -72 = -(64 + 8) in both halves
+LUT_AND_XOR = (0xF0 & 0xCC) ^ 0xAA  # lop3's (a & b) ^ c
 LOW_HALVES = 0x5410  # prmt selectors: the low 16 bits of a, then of b
 HIGH_HALVES = 0x7632  # the high 16 bits of a, then of b
 LOW_TWICE = 0x1010  # the low 16 bits of a in both halves
@@ -57,7 +74,7 @@ HIGH_TWICE = 0x3232  # the high 16 bits of a in both halves
 def load_group(
     words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :], BUF: kaio.constexpr, w: u32[:, :],
     x: f16[:, :], scales: f16[:, :], group: u32, col: u32, g: u32, t: u32, M: u32,
-    ROWS: kaio.constexpr,
+    ROWS: kaio.constexpr, L2F: kaio.constexpr,
 ):  # fmt: skip
     """Buffer BUF = scale group ``group``'s operands of this lane: its 4 columns' scales (sc),
     the words of packed rows ``16 group + 4 u + t`` (words[u]) and, when ``ROWS`` <= 2 (one
@@ -68,16 +85,40 @@ def load_group(
     kaio.load_vector(sc[BUF], scales, (group, col))
     for u in kaio.static_range(LOADS):
         row = group * ROWS_PER_GROUP + 4 * u + t
-        kaio.load_vector(words[BUF, u], w, (row, col))
+        kaio.load_vector(words[BUF, u], w, (row, col), L2F)
         if ROWS <= 2:
             for r in kaio.static_range(ROWS):
                 kaio.load_vector(xr[BUF, u, r], x, (kaio.min(g + 8 * r, M - 1), 8 * row))
 
 
 @kaio.gpu_func
+def dequantize_load(
+    b: u32[:, :, :], words: u32[:, :, :], sc: u32[:, :], BUF: kaio.constexpr,
+    u: kaio.constexpr, DEQ: kaio.constexpr,
+):  # fmt: skip
+    """b[i, h, r] = the f16 pair ``scale * q`` of nibbles ``j = 2 h + r`` and ``j + 4`` of
+    load ``u``'s word of column i (buffer BUF), by ``DEQ``'s form (2: an ablation, the raw
+    words)."""
+    for i in kaio.static_range(4):
+        twice = LOW_TWICE if i % 2 == 0 else HIGH_TWICE
+        scale = kaio.bitcast(kaio.prmt(sc[BUF, i // 2], sc[BUF, i // 2], twice), f16x2)
+        if DEQ == 1:
+            word_pairs(b, i, words[BUF, u, i], scale)
+        elif DEQ == 2:  # ablation (wrong results): the raw words, no dequantization
+            for h in kaio.static_range(2):
+                b[i, h, 0] = words[BUF, u, i] ^ (sc[BUF, 0] << h)
+                b[i, h, 1] = words[BUF, u, i] >> (4 * h + 4)
+        else:
+            for h in kaio.static_range(2):
+                for r in kaio.static_range(2):
+                    b[i, h, r] = weight_pair(words[BUF, u, i], 2 * h + r, scale, DEQ)
+
+
+@kaio.gpu_func
 def multiply_group(
     acc: f32[:, :, :], words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :],
     BUF: kaio.constexpr, x: f16[:, :], group: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
+    DEQ: kaio.constexpr, SWAP: kaio.constexpr,
 ):  # fmt: skip
     """acc[m] += the products of buffer BUF (scale group ``group``) for each m16 tile m of
     the ``ROWS`` 8-row slabs: 2 k-steps of 16 for each of the 4 loads, for each of the lane's
@@ -85,13 +126,11 @@ def multiply_group(
     a = kaio.local(u32, (2, 4))
     b = kaio.local(u32, (4, 2, 2))
     xt = kaio.local(u32, (2, 4))
+    if SWAP == 1:
+        multiply_swapped(acc, words, xr, sc, BUF, DEQ)
+        return
     for u in kaio.static_range(LOADS):
-        for i in kaio.static_range(4):
-            twice = LOW_TWICE if i % 2 == 0 else HIGH_TWICE
-            scale = kaio.bitcast(kaio.prmt(sc[BUF, i // 2], sc[BUF, i // 2], twice), f16x2)
-            for h in kaio.static_range(2):
-                b[i, h, 0] = weight_pair(words[BUF, u, i], 2 * h, scale)
-                b[i, h, 1] = weight_pair(words[BUF, u, i], 2 * h + 1, scale)
+        dequantize_load(b, words, sc, BUF, u, DEQ)
         for m in kaio.static_range((ROWS + 1) // 2):
             if ROWS > 2:
                 k8 = group * ROWS_PER_GROUP + 4 * u + t
@@ -112,13 +151,90 @@ def multiply_group(
                         )
             for i in kaio.static_range(4):
                 for h in kaio.static_range(2):
-                    kaio.mma_f16(acc[m, i], a[h], b[i, h], acc[m, i])
+                    if DEQ == 4:  # ablation (wrong results): no mma, one add keeps the inputs
+                        mix = a[h, 0] ^ a[h, 1] ^ b[i, h, 0] ^ b[i, h, 1]
+                        acc[m, i, h] += kaio.bitcast(mix & 0x3FFFFFFF, f32)
+                    elif DEQ == 3:  # ablation (wrong results): half the mma, same dequantization
+                        if h == 0:
+                            b[i, 0, 0] = b[i, 0, 0] ^ b[i, 1, 0]
+                            b[i, 0, 1] = b[i, 0, 1] ^ b[i, 1, 1]
+                            kaio.mma_f16(acc[m, i], a[h], b[i, h], acc[m, i])
+                    else:
+                        kaio.mma_f16(acc[m, i], a[h], b[i, h], acc[m, i])
 
 
 @kaio.gpu_func
-def weight_pair(word: u32, j: kaio.constexpr, scale: f16x2) -> u32:
-    """Nibbles ``j`` and ``j + 4`` of ``word`` as the f16 pair ``scale * q``."""
-    biased = kaio.bitcast(((word >> (4 * j)) & PAIR_MASK) ^ MAGIC, f16x2)
+def multiply_swapped(
+    acc: f32[:, :, :], words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :],
+    BUF: kaio.constexpr, DEQ: kaio.constexpr,
+):  # fmt: skip
+    """``multiply_group`` at M <= 8 with the roles swapped: the weights are the A operand
+    (m16: the lane's columns ``4 g + 2 p`` and ``+ 1`` as rows g and g + 8 of tile p), x the
+    B operand (n8: x's rows), so one m16n8k16 takes 256 weights, not 128: half the mma.
+    The k order is the unswapped one (pairs j and j + 4 of each word); acc[0, p, e] is x row
+    ``2 t + e % 2``, column ``4 g + 2 p + e // 2`` of the block."""
+    aw = kaio.local(u32, (2, 2, 4))
+    bx = kaio.local(u32, (2, 2))
+    b = kaio.local(u32, (4, 2, 2))
+    for u in kaio.static_range(LOADS):
+        dequantize_load(b, words, sc, BUF, u, DEQ)
+        for i in kaio.static_range(4):
+            for h in kaio.static_range(2):
+                for r in kaio.static_range(2):
+                    aw[i // 2, h, 2 * r + i % 2] = b[i, h, r]
+        for h in kaio.static_range(2):
+            for r in kaio.static_range(2):
+                sel = LOW_HALVES if r == 0 else HIGH_HALVES
+                bx[h, r] = kaio.prmt(xr[BUF, u, 0, h], xr[BUF, u, 0, h + 2], sel)
+        for p in kaio.static_range(2):
+            for h in kaio.static_range(2):
+                kaio.mma_f16(acc[0, p], aw[p, h], bx[h], acc[0, p])
+
+
+@kaio.gpu_func
+def prefetch_group(w: u32[:, :], group: u32, block: u32, lane: u32, N: u32, PMODE: kaio.constexpr):
+    """Ask L2 for scale group ``group``'s words of this block (16 packed rows of 128 bytes):
+    lane ``l`` names the 32-byte sectors ``l % 4`` of rows ``l // 4`` and ``l // 4 + 8``, so
+    no register waits on them and the loads that follow find them in L2."""
+    if PMODE == 0:
+        c = block * COLS + 8 * (lane % 4)
+        for p in kaio.static_range(2):
+            row = group * ROWS_PER_GROUP + 8 * p + lane // 4
+            kaio.prefetch_l2(w, (row, kaio.select(c < N, c, 0)))
+    elif lane < ROWS_PER_GROUP:
+        c = block * COLS
+        if PMODE == 1:
+            kaio.prefetch_l2(w, (group * ROWS_PER_GROUP + lane, c))
+        elif c + COLS <= N:
+            kaio.prefetch_l2(w, (group * ROWS_PER_GROUP + lane, c), 4 * COLS)
+
+
+@kaio.gpu_func
+def word_pairs(b: u32[:, :, :], i: kaio.constexpr, word: u32, scale: f16x2):
+    """b[i, h, r] = nibbles ``j`` and ``j + 4`` (``j = 2 h + r``) of ``word`` as the f16 pair
+    ``scale * q``, the bits of ``weight_pair`` in fewer instructions: one shift a word, one
+    ``lop3`` a pair (mask and magic number), the pairs at bit 4 read as ``1024 + 16 (q + 8)``
+    and brought to ``q`` by one exact fma (times 1/16, minus 72)."""
+    for h in kaio.static_range(2):
+        src = word if h == 0 else word >> 8
+        low = kaio.bitcast(kaio.lop3(src, u32(PAIR_MASK), u32(MAGIC), LUT_AND_XOR), f16x2)
+        b[i, h, 0] = kaio.bitcast((low - kaio.bitcast(u32(MAGIC), f16x2)) * scale, u32)
+        high = kaio.bitcast(
+            kaio.lop3(src, u32(PAIR_MASK << 4), u32(MAGIC_HIGH), LUT_AND_XOR), f16x2
+        )
+        q = kaio.fma(high, kaio.bitcast(u32(SIXTEENTH), f16x2), kaio.bitcast(u32(MINUS_72), f16x2))
+        b[i, h, 1] = kaio.bitcast(q * scale, u32)
+
+
+@kaio.gpu_func
+def weight_pair(word: u32, j: kaio.constexpr, scale: f16x2, DEQ: kaio.constexpr) -> u32:
+    """Nibbles ``j`` and ``j + 4`` of ``word`` as the f16 pair ``scale * q`` (DEQ 5: the mask
+    and the magic number in one ``lop3``, the same bits)."""
+    if DEQ == 5:
+        fused = kaio.lop3(word >> (4 * j), u32(PAIR_MASK), u32(MAGIC), LUT_AND_XOR)
+        biased = kaio.bitcast(fused, f16x2)
+    else:
+        biased = kaio.bitcast(((word >> (4 * j)) & PAIR_MASK) ^ MAGIC, f16x2)
     return kaio.bitcast((biased - kaio.bitcast(u32(MAGIC), f16x2)) * scale, u32)
 
 
@@ -126,13 +242,20 @@ def weight_pair(word: u32, j: kaio.constexpr, scale: f16x2) -> u32:
 def decode_columns(
     x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :], partial: f32[:, :, :],
     M: u32, N: u32, block: u32, WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr,
+    PREFETCH: kaio.constexpr, DEQ: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], part: u32,
+    SPLIT: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr, SWAP: kaio.constexpr,
 ):  # fmt: skip
     """out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W = scales * the
     nibbles of w, see the module docstring), rounded to DT (the output's element type), for
     the ``ROWS`` 8-row slabs of x (``_rows``: 1 when M <= 8, rows g + 8 of A are zero; else
     2 per m16 tile). Each warp's groups go through two register buffers: the next group's
     loads are in flight while the current one is multiplied; ``partial`` [WARPS, 16, 32]
-    (shared) adds the warps' tiles in a fixed order, one m16 tile at a time."""
+    (shared) adds the warps' tiles in a fixed order, one m16 tile at a time. ``PREFETCH``
+    > 0: each warp asks L2 for its groups that many rounds of two groups past the two in
+    its registers (``prefetch_group``). ``SPLIT`` > 1 (M <= 16): this block takes part
+    ``part`` of SPLIT equal runs of K's groups and leaves its sums in ``ws[part, block]``;
+    the last of the SPLIT blocks to finish (``counters[block]``, back to 0 after) adds the
+    parts in order into ``out``."""
     tid = kaio.thread_idx_x()
     warp = tid // 32
     lane = tid % 32
@@ -141,6 +264,10 @@ def decode_columns(
     # Columns past N read column 0 instead: their products are never stored.
     col = kaio.select(block * COLS + 4 * g < N, block * COLS + 4 * g, 0)
     groups = u32(scales.shape[0])
+    first = warp
+    if SPLIT > 1:
+        first = part * groups // SPLIT + warp
+        groups = (part + 1) * groups // SPLIT
     acc = kaio.local(f32, ((ROWS + 1) // 2, 4, 4))
     for m in kaio.static_range((ROWS + 1) // 2):
         for i in kaio.static_range(4):
@@ -149,22 +276,36 @@ def decode_columns(
     words = kaio.local(u32, (2, LOADS, 4))
     xr = kaio.local(u32, (2, LOADS, 2, 4))
     sc = kaio.local(u32, (2, 2))
-    if warp < groups:
-        load_group(words, xr, sc, 0, w, x, scales, warp, col, g, t, M, ROWS)
-    for group in range(warp, groups, 2 * WARPS):
+    if first < groups:
+        load_group(words, xr, sc, 0, w, x, scales, first, col, g, t, M, ROWS, L2F)
+    for d in kaio.static_range(2, 2 * PREFETCH + 2):
+        if first + d * WARPS < groups:
+            prefetch_group(w, first + d * WARPS, block, lane, N, PMODE)
+    for group in range(first, groups, 2 * WARPS):
+        if PREFETCH > 0:
+            for d in kaio.static_range(2 * PREFETCH + 2, 2 * PREFETCH + 4):
+                if group + d * WARPS < groups:
+                    prefetch_group(w, group + d * WARPS, block, lane, N, PMODE)
         if group + WARPS < groups:
-            load_group(words, xr, sc, 1, w, x, scales, group + WARPS, col, g, t, M, ROWS)
-        multiply_group(acc, words, xr, sc, 0, x, group, g, t, M, ROWS)
+            load_group(words, xr, sc, 1, w, x, scales, group + WARPS, col, g, t, M, ROWS, L2F)
+        multiply_group(acc, words, xr, sc, 0, x, group, g, t, M, ROWS, DEQ, SWAP)
         if group + WARPS < groups:
             if group + 2 * WARPS < groups:
-                load_group(words, xr, sc, 0, w, x, scales, group + 2 * WARPS, col, g, t, M, ROWS)
-            multiply_group(acc, words, xr, sc, 1, x, group + WARPS, g, t, M, ROWS)
+                load_group(
+                    words, xr, sc, 0, w, x, scales, group + 2 * WARPS, col, g, t, M, ROWS, L2F
+                )
+            multiply_group(acc, words, xr, sc, 1, x, group + WARPS, g, t, M, ROWS, DEQ, SWAP)
     for m in kaio.static_range((ROWS + 1) // 2):
         if m > 0:
             kaio.sync_threads()  # the previous tile's partial sums are all read
-        for i in kaio.static_range(4):
-            for e in kaio.static_range(4):
-                partial[warp, g + 8 * (e // 2), 4 * (2 * t + e % 2) + i] = acc[m, i, e]
+        if SWAP == 1:
+            for p in kaio.static_range(2):
+                for e in kaio.static_range(4):
+                    partial[warp, 2 * t + e % 2, 4 * g + 2 * p + e // 2] = acc[0, p, e]
+        else:
+            for i in kaio.static_range(4):
+                for e in kaio.static_range(4):
+                    partial[warp, g + 8 * (e // 2), 4 * (2 * t + e % 2) + i] = acc[m, i, e]
         kaio.sync_threads()
         for k in kaio.static_range(16 * COLS // (WARPS * 32)):
             o = tid + k * WARPS * 32
@@ -173,23 +314,57 @@ def decode_columns(
             total = partial[0, r, o % COLS]
             for s in kaio.static_range(1, WARPS):
                 total += partial[s, r, o % COLS]
-            if 16 * m + r < M and c < N:
+            if SPLIT > 1:
+                if r < M:
+                    ws[part, block, o] = total
+            elif 16 * m + r < M and c < N:
                 out[16 * m + r, c] = DT(total)
+    if SPLIT > 1:
+        # the last block of this column block adds the parts (fence, then count: the parts
+        # of every block counted are visible to the one that counts last)
+        kaio.threadfence()
+        kaio.sync_threads()
+        if tid == 0:
+            last = kaio.atomic_add(counters, block, i32(1)) == SPLIT - 1
+            if last:
+                counters[block] = i32(0)  # ready for the next call (or graph replay)
+            partial[0, 0, 0] = kaio.select(last, 1.0, 0.0)
+        kaio.sync_threads()
+        if partial[0, 0, 0] == 1.0:
+            kaio.threadfence()
+            for k in kaio.static_range(16 * COLS // (WARPS * 32)):
+                o = tid + k * WARPS * 32
+                r = o // COLS
+                c = block * COLS + o % COLS
+                if r < M and c < N:
+                    total = ws[0, block, o]
+                    for s in kaio.static_range(1, SPLIT):
+                        total += ws[s, block, o]
+                    out[r, c] = DT(total)
 
 
 @kaio.gpu_kernel
 def int4_decode(
     x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :],
     M: u32, N: u32,
-    WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr,
+    WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr, PREFETCH: kaio.constexpr,
+    DEQ: kaio.constexpr, MINB: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
+    SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], SPLIT: kaio.constexpr,
 ):  # fmt: skip
-    """``out = x @ W`` (``decode_columns``), a block per 32 columns."""
-    if ROWS > 2:
+    """``out = x @ W`` (``decode_columns``), SPLIT blocks per 32 columns (block ``b``: part
+    ``b % SPLIT`` of column block ``b // SPLIT``)."""
+    if MINB > 0:
+        kaio.launch_bounds(WARPS * 32, MINB)
+    elif ROWS > 2:
         kaio.launch_bounds(WARPS * 32, 1)  # one block an SM: else ptxas may spill to fit 128
     else:
         kaio.launch_bounds(WARPS * 32)
     partial = kaio.shared(f32, (WARPS, 16, COLS))
-    decode_columns(x, w, scales, out, partial, M, N, kaio.block_idx_x(), WARPS, ROWS, DT)
+    b = kaio.block_idx_x()
+    decode_columns(
+        x, w, scales, out, partial, M, N, b // SPLIT, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
+        counters, b % SPLIT, SPLIT, PMODE, L2F, SWAP,
+    )  # fmt: skip
 
 
 @kaio.gpu_kernel
@@ -197,11 +372,15 @@ def int4_decode_qkv(
     x: f16[:, :], wq: u32[:, :], wk: u32[:, :], wv: u32[:, :], sq: f16[:, :], sk: f16[:, :],
     sv: f16[:, :], q: DT[:, :], k: DT[:, :], v: DT[:, :],
     M: u32, NQ: u32, NK: u32,
-    WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr,
+    WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr, PREFETCH: kaio.constexpr,
+    DEQ: kaio.constexpr, MINB: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
+    SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:],
 ):  # fmt: skip
     """``q, k, v = x @ Wq, x @ Wk, x @ Wv`` in one launch: the blocks of q's columns, then
     k's, then v's (each block exactly a block of ``int4_decode``)."""
-    if ROWS > 2:
+    if MINB > 0:
+        kaio.launch_bounds(WARPS * 32, MINB)
+    elif ROWS > 2:
         kaio.launch_bounds(WARPS * 32, 1)  # one block an SM: else ptxas may spill to fit 128
     else:
         kaio.launch_bounds(WARPS * 32)
@@ -210,15 +389,40 @@ def int4_decode_qkv(
     bk = (NK + COLS - 1) // COLS
     block = kaio.block_idx_x()
     if block < bq:
-        decode_columns(x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT)
+        decode_columns(
+            x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
+            0, 1, PMODE, L2F, SWAP,
+        )  # fmt: skip
     elif block < bq + bk:
-        decode_columns(x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT)
+        decode_columns(
+            x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
+            counters, 0, 1, PMODE, L2F, SWAP,
+        )  # fmt: skip
     else:
-        decode_columns(x, wv, sv, v, partial, M, u32(v.shape[1]), block - bq - bk, WARPS, ROWS, DT)
+        nv = u32(v.shape[1])
+        decode_columns(
+            x, wv, sv, v, partial, M, nv, block - bq - bk, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
+            counters, 0, 1, PMODE, L2F, SWAP,
+        )  # fmt: skip
 
 
 WARPS = 8  # the default (and past 16 rows); warps_for picks 4 or 8 at M <= 16
 MAX_M = 64  # up to 4 m16 tiles per block; past this _prefill or the tiled kernel
+DEQ = 5  # 0: weight_pair, 1: word_pairs, 5: weight_pair's lop3 (the same bits); 2-4 ablations
+PREFETCH = 0  # rounds of two groups a warp asks L2 for ahead of its registers (0: none)
+MINB = 0  # blocks an SM for launch_bounds (0: ptxas's choice, 1 past 16 rows)
+SPLIT = 1  # blocks a column block (K split) at M <= 16
+PMODE = 0  # the prefetch's form: 0 a lane's 32-byte sectors, 1 a line a row, 2 bulk (sm_90)
+SWAP = 1  # 1 at M <= 8: the weights as mma's A operand (multiply_swapped)
+L2F = 0  # the words' loads: bytes L2 fetches on a miss (0: its own choice, 64/128/256)
+TUNED = {
+    "PREFETCH": PREFETCH,
+    "DEQ": DEQ,
+    "MINB": MINB,
+    "PMODE": PMODE,
+    "L2F": L2F,
+    "SWAP": SWAP,
+}  # the constexprs matmul's tune overrides
 
 
 def fits(x: _arrays.Operand, *weights: tuple) -> bool:
@@ -235,21 +439,47 @@ def _words(w: _arrays.Operand):
     return w.arg(dtype=u32)
 
 
-def _config(x: _arrays.Operand, columns: int, warps: int = WARPS) -> tuple:
-    """The launch configuration for ``columns`` output columns in all, ``warps`` a block."""
-    return (-(-columns // COLS), warps * 32, _arrays.stream_of(x), 0)
+def _config(x: _arrays.Operand, columns: int, warps: int = WARPS, split: int = 1) -> tuple:
+    """The launch configuration for ``columns`` output columns in all, ``warps`` a block,
+    ``split`` blocks per 32 columns."""
+    return (-(-columns // COLS) * split, warps * 32, _arrays.stream_of(x), 0)
+
+
+def _tuned(m: int, tune: dict | None = None) -> dict:
+    """``TUNED`` with ``tune``'s overrides, for M = ``m`` (SWAP only at M <= 8, ROWS 1)."""
+    tuned = {**TUNED, **(tune or {})}
+    if _rows(m) != 1:
+        tuned["SWAP"] = 0
+    return tuned
+
+
+def _split_arrays(x: _arrays.Operand, tiles: int, split: int) -> dict:
+    """The kernels' ``ws`` and ``counters`` for a K split over ``split`` blocks of ``tiles``
+    column blocks: the parts' f32 sums [split, tiles, 16 * 32] and the zeroed arrival counts
+    (placeholders when ``split`` is 1)."""
+    from kaio_ops.linear import _counters, _placeholder
+
+    if split == 1:
+        return {"ws": _placeholder(x, f32, 3), "counters": _placeholder(x, i32, 1)}
+    ws = _arrays.output(x, (split, tiles, 16 * COLS), f32)
+    return {"ws": ws, "counters": _counters(x, tiles)}
 
 
 def warps_for(m: int, tiles: int, sms: int) -> int:
     """Warps a block at M = ``m`` over ``tiles`` 32-column blocks on ``sms``
-    multiprocessors: an SM holds 16 warps of this kernel at M <= 8 (115 registers: two
-    blocks of 8, four of 4) but 12 at M = 9-16 (150 registers: one block of 8, three of
-    4). Blocks of 8 while the tiles leave an SM few blocks (at M <= 8 up to 2.5 a
-    multiprocessor, N up to 10240 on 132 SMs; at M = 9-16 up to 1.1, N = 4096); past that
-    blocks of 4, which also even out the SMs' shares. Measured on an H100
-    (bench/int4_decode.py; docs/performance.md, "W4A16 decode")."""
+    multiprocessors: an SM holds 16 warps of this kernel at M <= 8 (112-115 registers: two
+    blocks of 8, four of 4) but 12 at M = 9-16 (146 registers: one block of 8, three of 4).
+    At M <= 8 (the swapped mma, ``SWAP``): blocks of 8 while the tiles fit the SMs' two
+    blocks each (N <= 8448 on 132 SMs) and again past ten tiles an SM (N > 42240, whole
+    waves of 8-warp blocks), blocks of 4 between (N = 10240 and 28672: 2.4 and 6.8 tiles an
+    SM, where blocks of 8 leave a short last wave). At M = 9-16: blocks of 8 while the
+    tiles leave an SM up to 1.1 (N = 4096), past that 4, which also even out the SMs'
+    shares. Measured on an H100 (bench/int4_decode.py; docs/performance.md, "W4A16
+    decode")."""
     if m > 16:
         return WARPS
+    if m <= 8 and SWAP:
+        return 8 if tiles <= 2 * sms or tiles > 10 * sms else 4
     if tiles * 10 <= sms * (25 if m <= 8 else 11):
         return 8
     return 4
@@ -266,16 +496,23 @@ ALL_ROWS = tuple(sorted({_rows(m) for m in range(1, MAX_M + 1)}))  # (1, 2, 4, 6
 
 def matmul(
     x: _arrays.Operand, words: _arrays.Operand, scales: _arrays.Operand, dtype=f32,
-    warps: int = 0,
+    warps: int = 0, tune: dict | None = None,
 ):  # fmt: skip
     """``x @ W`` in ``dtype`` (f32, f16 or bf16) [M, N] (see ``fits``): one launch, a block
-    of ``warps`` warps (0: ``warps_for``'s) per 32 columns."""
+    of ``warps`` warps (0: ``warps_for``'s) per 32 columns; ``tune`` overrides constexprs of
+    ``TUNED`` (for benchmarks)."""
     m, n = x.shape[0], words.shape[1]
-    warps = warps or warps_for(m, -(-n // COLS), _arrays.multiprocessors(x))
+    tiles = -(-n // COLS)
+    warps = warps or warps_for(m, tiles, _arrays.multiprocessors(x))
+    tuned = _tuned(m, tune)
+    split = tuned.pop("SPLIT", SPLIT)
+    if m > 16:
+        split = 1  # a part's sums in ws are one m16 tile
     out = _arrays.output(x, (m, n), dtype)
-    int4_decode[_config(x, n, warps)](
+    int4_decode[_config(x, n, warps, split)](
         x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), dtype), m, n,
-        WARPS=warps, ROWS=_rows(m), DT=dtype,
+        WARPS=warps, ROWS=_rows(m), DT=dtype, **tuned, **_split_arrays(x, tiles, split),
+        SPLIT=split,
     )  # fmt: skip
     return out
 
@@ -292,7 +529,8 @@ def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
     int4_decode_qkv[_config(x, blocks * COLS, warps)](
         x.arg(), *(_words(w) for w, _ in weights), *(s.arg() for _, s in weights),
         *(_arrays.output_arg(x, o, (m, n)) for o, n in zip(outs, widths, strict=True)), m,
-        widths[0], widths[1], WARPS=warps, ROWS=_rows(m), DT=f16,
+        widths[0], widths[1], WARPS=warps, ROWS=_rows(m), DT=f16, **_tuned(m),
+        **_split_arrays(x, 0, 1),
     )  # fmt: skip
     return tuple(outs)
 
@@ -301,8 +539,17 @@ def specializations() -> list:
     """(kernel, constexprs) of every specialization ``matmul`` (f32 out: matmul_int4) and
     ``qkv`` (f16 out: qkv_project_int4) launch."""
     return [
-        (kernel, {"WARPS": warps, "ROWS": rows, "DT": dt})
-        for kernel, dt in ((int4_decode, f32), (int4_decode_qkv, f16))
+        (
+            kernel,
+            {
+                "WARPS": warps,
+                "ROWS": rows,
+                "DT": dt,
+                **_tuned(8 * rows if rows > 1 else 1),
+                **split,
+            },
+        )
+        for kernel, dt, split in ((int4_decode, f32, {"SPLIT": SPLIT}), (int4_decode_qkv, f16, {}))
         for rows in ALL_ROWS
         for warps in ((4, 8) if rows <= 2 else (WARPS,))
     ]

@@ -970,9 +970,11 @@ case(_make_silu_fast, _ref_silu, rtol=2e-6, atol=1e-7)(silu_gate_fastmath)
 
 @kaio.gpu_kernel(block_size=64)
 def bit_reverse(a: u32[:], b: i64[:], out_a: u32[:], out_b: i64[:]):
-    """kaio.brev on 32- and 64-bit integers (brev.b32, brev.b64)."""
+    """kaio.brev on 32- and 64-bit integers (brev.b32, brev.b64); each thread first asks L2
+    for its element of b (kaio.prefetch_l2: a hint, values unchanged)."""
     i = kaio.thread_idx_x() + kaio.block_idx_x() * 64
     if i < a.shape[0]:
+        kaio.prefetch_l2(b, i)
         out_a[i] = kaio.brev(a[i])
         out_b[i] = kaio.brev(b[i]) ^ kaio.brev(i64(i))
 

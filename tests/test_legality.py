@@ -38,6 +38,10 @@ def _instr(op: str, key: str) -> Instr:
         attrs = {"read": key == "read"}
     elif op == "bulk_store":
         attrs = {"reduce": key} if key else {}
+    elif op == "ld_vec":
+        attrs = {"l2": 256 if key else 0}
+    elif op == "prefetch_l2":
+        attrs = {"bulk": 128 if key else 0}
     elif op == "sreg":
         attrs = {"name": "cluster_ctarank"}
     elif op == "mbarrier_arrive":

@@ -185,12 +185,43 @@ def test_int4_decode_warps_in_simulator(m, n, k, warps, poisoned):
     np.testing.assert_allclose(c16, ref, rtol=2.0**-10, atol=1e-5 * np.abs(ref).max())
 
 
+# (M, N, K, WARPS, tune): the decode kernel's knobs away from their defaults. L2 prefetches (by
+# sector, line and bulk) up to the last group and none past it (the simulator checks each
+# address), the other dequantizations (DEQ 0 and 1: the same bits), main's unswapped mma at
+# M <= 8 and no swap past 8 rows, K splits whose parts hold unequal group counts (fewer groups
+# than warps in one), the last part adding them in order; each twice: the arrival counters
+# are back to zero.
+TUNED_PLANS = [
+    (1, 36, 128 * 9, 4, {"PREFETCH": 1, "DEQ": 1, "SWAP": 0}),
+    (16, 40, 128 * 7, 4, {"PREFETCH": 2, "PMODE": 2, "SPLIT": 3, "SWAP": 1}),
+    (5, 68, 128 * 5, 8, {"SPLIT": 2, "DEQ": 0, "L2F": 256}),
+    (3, 36, 128 * 5, 4, {"SPLIT": 2, "PREFETCH": 1, "PMODE": 1, "DEQ": 1}),
+]
+
+
+@pytest.mark.parametrize("m, n, k, warps, tune", TUNED_PLANS)
+def test_int4_decode_tuned_in_simulator(m, n, k, warps, tune, poisoned):
+    """Every element against float64 products with the dequantized weights; the same bits
+    on a second call."""
+    a, packed, scales, w = int4_case(m, n, k, np.random.default_rng(m * 1000 + n))
+    ref = a.astype(np.float64) @ w.astype(np.float64)
+    with kaio.simulate():
+        ops = _sim_operands(a, packed, scales)
+        c = _int4_decode.matmul(*ops, f32, warps, tune)
+        again = _int4_decode.matmul(*ops, f32, warps, tune)
+    np.testing.assert_allclose(c, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    np.testing.assert_array_equal(c, again)
+
+
 def test_int4_decode_warps_route():
-    """warps_for: blocks of 8 while the tiles leave an SM few blocks, else 4 (the H100
-    measurements of docs/performance.md), the default past 16 rows; and each choice is a
-    listed specialization (ptxas checks those)."""
+    """warps_for: at M <= 8 (the swapped mma) blocks of 8 while the tiles fit two a SM and
+    past ten a SM, else 4; at M = 9-16 blocks of 8 while the tiles leave an SM few blocks,
+    else 4 (the H100 measurements of docs/performance.md), the default past 16 rows; and
+    each choice is a listed specialization (ptxas checks those)."""
     route = _int4_decode.warps_for
-    assert [route(1, n // 32, 132) for n in (4096, 8192, 10240, 14336, 57344)] == [8, 8, 8, 4, 4]
+    ns = (4096, 8192, 8448, 8480, 10240, 28672, 42240, 42272, 57344)
+    assert [route(1, n // 32, 132) for n in ns] == [8, 8, 8, 4, 4, 4, 4, 8, 8]
+    assert [route(8, n // 32, 132) for n in (6144, 10240, 57344)] == [8, 4, 8]
     assert [route(16, n // 32, 132) for n in (4096, 6144, 8192, 57344)] == [8, 4, 4, 4]
     assert route(32, 4096, 132) == _int4_decode.WARPS
     listed = {(c["ROWS"], c["WARPS"]) for _, c in _int4_decode.specializations()}
@@ -1030,7 +1061,7 @@ def _torch_int4_weights(k: int, n: int, seed: int):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 7, 9, 16])
+@pytest.mark.parametrize("m", [1, 3, 7, 9, 16])
 def test_gpu_int4_decode_warps(m):
     """The decode kernel's blocks of 4 and 8 warps at real sizes (N past a 32-column block,
     K an odd number of groups): every element against float64 products with the dequantized
@@ -1095,7 +1126,7 @@ def test_gpu_qkv_int8(m):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [16, 64, 512])
+@pytest.mark.parametrize("m", [1, 16, 64, 512])
 def test_gpu_qkv_int4(m):
     """K = N = 4096: against float64 products with the dequantized weights on the GPU, and
     against three matmul_int4 calls: the same bits at M <= 64 where both run the decode

@@ -463,6 +463,60 @@ def test_misaligned_vector_access_is_reported_by_the_simulator():
         vec_f32.sim[1](src[1:257], np.zeros(256, np.float32))
 
 
+def test_prefetch_l2_checks_bounds_and_changes_no_value():
+    """kaio.prefetch_l2 is a hint (prefetch.global.L2 in both backends): the simulator only
+    checks that the element exists, and refuses shared arrays at compile time."""
+
+    @kaio.gpu_kernel(block_size=32)
+    def ahead(x: f32[:, :], out: f32[:], D: kaio.constexpr):
+        i = kaio.thread_idx_x()
+        kaio.prefetch_l2(x, (i // 8 + D, i % 8))
+        out[i] = x[i // 8, i % 8] * 2.0
+
+    x = RNG.standard_normal((6, 8)).astype(np.float32)
+    out = np.full(32, np.nan, np.float32)
+    ahead.sim[1](x, out, D=2)
+    np.testing.assert_array_equal(out, x[:4].ravel() * 2)
+    with pytest.raises(kaio.SimulationError, match="L2 prefetch"):
+        ahead.sim[1](x, out, D=3)
+    for backend in ("ptx", "llvm"):
+        assert "prefetch.global.L2" in ahead.ptx(arch="sm_80", backend=backend, D=0)
+
+    @kaio.gpu_kernel(block_size=32)
+    def bad(x: f32[:]):
+        tile = kaio.shared(f32, 32)
+        kaio.prefetch_l2(tile, kaio.lane_id())
+        x[0] = tile[0]
+
+    with pytest.raises(kaio.CompileError, match="needs a global array"):
+        bad.ptx()
+
+
+def test_l2_fetch_size_and_bulk_prefetch():
+    """load_vector's l2 (ld.global.L2::256B, sm_80+) loads the same values; prefetch_l2 with
+    a size is cp.async.bulk.prefetch.L2 (sm_90+), its whole span checked for bounds."""
+
+    @kaio.gpu_kernel(block_size=32)
+    def hinted(x: f32[:, :], out: f32[:, :], NB: kaio.constexpr):
+        i = kaio.thread_idx_x()
+        kaio.prefetch_l2(x, (i // 4, 4 * (i % 4)), NB)
+        r = kaio.local(f32, 4)
+        kaio.load_vector(r, x, (i // 4, 4 * (i % 4)), 256)
+        kaio.store_vector(out, (i // 4, 4 * (i % 4)), r)
+
+    x = RNG.standard_normal((8, 16)).astype(np.float32)
+    out = np.full((8, 16), np.nan, np.float32)
+    hinted.sim[1](x, out, NB=16)
+    np.testing.assert_array_equal(out, x)
+    with pytest.raises(kaio.SimulationError, match="L2 prefetch"):
+        hinted.sim[1](x, out, NB=32)  # lanes 4 i + 3 ask for 4 floats past their row
+    for backend in ("ptx", "llvm"):
+        text = hinted.ptx(arch="sm_90", backend=backend, NB=16)
+        assert "ld.global.L2::256B.v4" in text and "cp.async.bulk.prefetch.L2.global" in text
+    with pytest.raises(kaio.CompileError, match="needs sm_90"):
+        hinted.ptx(arch="sm_80", NB=16)
+
+
 # --------------------------------------------------------------------------- PTX
 
 PTX_CASES = [

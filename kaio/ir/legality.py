@@ -77,6 +77,8 @@ FEATURES: dict[str, Feature] = {
     "mbarrier_tx": Feature(90, (8, 0), "mbarrier expect_tx"),
     "tma": Feature(90, (8, 0), "cp.async.bulk.tensor and tensor-map parameters"),
     "bulk_copy": Feature(90, (8, 0), "cp.async.bulk (shared to global) and its bulk groups"),
+    "l2_fetch_size": Feature(80, (7, 4), "ld.global.L2::{64,128,256}B"),
+    "bulk_prefetch": Feature(90, (8, 0), "cp.async.bulk.prefetch.L2"),
     "fence_proxy_async": Feature(90, (8, 0), "fence.proxy.async"),
     "cluster": Feature(
         90, (7, 8), "thread-block clusters: .reqnctapercluster, barrier.cluster, mapa"
@@ -197,6 +199,8 @@ _ONE_FEATURE = (
     ("tma_load", "", "tma", "tma_load_2d"),
     ("mbarrier_arrive_cluster", "", "cluster", ""),
     ("bulk_store", "", "bulk_copy", ""),
+    ("ld_vec", "l2", "l2_fetch_size", "load_vector"),
+    ("prefetch_l2", "bulk", "bulk_prefetch", ""),
     ("bulk_store", "add", "bulk_copy", "bulk_reduce_add"),
     ("bulk_commit", "", "bulk_copy", ""),
     ("bulk_wait", "", "bulk_copy", ""),
@@ -288,6 +292,10 @@ def key(ins: Instr) -> str:
         return attrs["kind"]
     if op == "ldmatrix":
         return "trans" if attrs["trans"] else ""
+    if op == "ld_vec":
+        return "l2" if attrs.get("l2") else ""
+    if op == "prefetch_l2":
+        return "bulk" if attrs.get("bulk") else ""
     if op == "bulk_wait":
         return "read" if attrs["read"] else ""
     if op == "bulk_store":

@@ -72,6 +72,7 @@ SIGNATURES: dict[str, tuple[str, str]] = {
     "ballot": ("bool_", "u32"),
     "ld_vec": ("F A idx", "none"),
     "st_vec": ("A idx F", "none"),
+    "prefetch_l2": ("A idx", "none"),
     "ldmatrix": ("F A idx", "none"),
     "mma": ("F F F F", "none"),
     "cp_async": ("A idx A idx u32", "none"),
@@ -191,6 +192,7 @@ OPS: dict[str, OpInfo] = {
     "to_tf32": OpInfo("unary", "f32", True, "round to tf32 (10-bit mantissa), nearest, ties away"),
     "ld_vec": OpInfo("special", "any", False, "(frag, array, *idx): one 4/8/16-byte vector load"),
     "st_vec": OpInfo("special", "any", False, "(array, *idx, frag): one 4/8/16-byte store"),
+    "prefetch_l2": OpInfo("special", "none", False, "(array, *idx): prefetch a line into L2"),
     "ldmatrix": OpInfo(
         "special", "any", False, "(frag, shared array, *idx): ldmatrix x1/x2/x4 {trans}"
     ),

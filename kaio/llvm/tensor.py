@@ -73,11 +73,39 @@ def lower_ld_vec(g, ins: Instr) -> None:
     builtin = "kaio.load_vector()"
     frag_registers(g, frag, builtin)  # check before computing the address
     size = frag.size * frag.array.dtype.itemsize
+    if ins.attrs.get("l2"):
+        _ld_vec_l2(g, ins, frag, size)
+        return
     vec = g.b.load(address(g, arr, idxs), typ=_vector_type(frag), align=size)
     if frag.size == 1:
         write(g, frag, builtin, [vec])
         return
     write(g, frag, builtin, [g.b.extract_element(vec, int_const(I32, k)) for k in range(frag.size)])
+
+
+def _ld_vec_l2(g, ins: Instr, frag: Frag, size: int) -> None:
+    """A global vector load with an L2 fetch size (inline PTX: LLVM has no such load)."""
+    arr, idxs = ins.args[1], ins.args[2:]
+    n, bits = size // 4, 32  # 4, 8 or 16 bytes: 1, 2 or 4 words
+    ty = ir.IntType(bits)
+    dst = ", ".join(f"${k}" for k in range(n))
+    vec = f"{{{dst}}}" if n > 1 else dst
+    suffix = f".v{n}" if n > 1 else ""
+    text = f"ld.global.L2::{ins.attrs['l2']}B{suffix}.b{bits} {vec}, [${n}];"
+    ret = ty if n == 1 else ir.LiteralStructType([ty] * n)
+    ptr = g.b.ptrtoint(address(g, arr, idxs), I64)
+    out = g.asm(text, ",".join(["=r"] * n + ["l", "~{memory}"]), ret, [ptr], EFFECTS, effects=True)
+    words = members(g, out, n)
+    raw = words[0] if n == 1 else ir.Constant(ir.VectorType(ty, n), ir.Undefined)
+    if n > 1:
+        for k, v in enumerate(words):
+            raw = g.b.insert_element(raw, v, int_const(I32, k))
+    vec = g.b.bitcast(raw, _vector_type(frag))
+    if frag.size == 1:
+        write(g, frag, "kaio.load_vector()", [vec])
+        return
+    elems = [g.b.extract_element(vec, int_const(I32, k)) for k in range(frag.size)]
+    write(g, frag, "kaio.load_vector()", elems)
 
 
 @LOWERING.register("st_vec")
@@ -92,6 +120,16 @@ def lower_st_vec(g, ins: Instr) -> None:
             vec = g.b.insert_element(vec, v, int_const(I32, k))
     size = frag.size * frag.array.dtype.itemsize
     g.b.store(vec, g.pointer_to(address(g, arr, idxs), vec.type), align=size)
+
+
+@LOWERING.register("prefetch_l2")
+def lower_prefetch_l2(g, ins: Instr) -> None:
+    """``prefetch.global.L2 [addr]`` or ``cp.async.bulk.prefetch.L2.global`` (inline PTX)."""
+    arr, *idxs = ins.args
+    ptr = g.b.ptrtoint(address(g, arr, idxs), I64)
+    bulk = ins.attrs.get("bulk")
+    text = f"cp.async.bulk.prefetch.L2.global [$0], {bulk};" if bulk else "prefetch.global.L2 [$0];"
+    g.asm(text, "l,~{memory}", VOID, [ptr], EFFECTS, effects=True)
 
 
 def members(g, result, n: int) -> list:

@@ -66,7 +66,8 @@ def lower_ld_vec(e, ins: Instr) -> None:
     frag, arr, *idxs = ins.args
     words, w = _words(e, frag, "kaio.load_vector()", load=True)
     addr = address(e, arr, idxs)
-    e.line(f"ld.{SPACE[arr.space]}{_vec_suffix(len(words))}.b{w} {_vector(words)}, {addr}")
+    l2 = f".L2::{ins.attrs['l2']}B" if ins.attrs.get("l2") else ""
+    e.line(f"ld.{SPACE[arr.space]}{l2}{_vec_suffix(len(words))}.b{w} {_vector(words)}, {addr}")
     _unpack(e, frag, words)
 
 
@@ -77,6 +78,16 @@ def lower_st_vec(e, ins: Instr) -> None:
     words, w = _words(e, frag, "kaio.store_vector()", load=False)
     addr = address(e, arr, idxs)
     e.line(f"st.{SPACE[arr.space]}{_vec_suffix(len(words))}.b{w} {addr}, {_vector(words)}")
+
+
+@LOWERING.register("prefetch_l2")
+def lower_prefetch_l2(e, ins: Instr) -> None:
+    """``prefetch.global.L2 [addr]``, or ``cp.async.bulk.prefetch.L2.global [addr], n``."""
+    arr, *idxs = ins.args
+    if ins.attrs.get("bulk"):
+        e.line(f"cp.async.bulk.prefetch.L2.global {address(e, arr, idxs)}, {ins.attrs['bulk']}")
+    else:
+        e.line(f"prefetch.global.L2 {address(e, arr, idxs)}")
 
 
 @LOWERING.register("ldmatrix")

@@ -173,6 +173,7 @@ SEMANTICS |= {
     "threadfence": threads.threadfence,
     "ld_vec": tensor.ld_vec,
     "st_vec": tensor.st_vec,
+    "prefetch_l2": tensor.prefetch_l2,
     "ldmatrix": tensor.ldmatrix,
     "mma": tensor.mma,
     "cp_async": tensor.cp_async,

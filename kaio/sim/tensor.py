@@ -133,6 +133,12 @@ def st_vec(m, ins: Instr, vals: list):
     st.data[index] = raw.view(st.data.dtype).reshape(index[-1].shape)
 
 
+def prefetch_l2(m, ins: Instr, vals: list):
+    """A hint with no effect on values: only the bounds of ``array[idx...]`` are checked."""
+    arr = ins.args[0]
+    _span(m, ins, arr, vals, ins.attrs.get("bulk") or m.storage(arr).data.itemsize, "L2 prefetch")
+
+
 # --------------------------------------------------------------------------- warp-wide
 
 
