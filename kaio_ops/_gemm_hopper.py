@@ -32,13 +32,15 @@ from typing import NamedTuple
 
 import kaio
 from kaio import bool_, f16, f32, i32, u32, u64
-from kaio_ops._gemm import last_arrival, store_pair, sum_tile
+from kaio_ops._common import store_cols
+from kaio_ops._gemm import activate, last_arrival, store_pair, sum_tile
 from kaio_ops._matmul_hopper import init_ring, next_stage, retire_slice, store_rows
 from kaio_ops._matmul_kernels import tile_col, tile_origin, tile_row
 
 BK = 64
 SW = 128  # swizzle bytes: one 128-byte row per 64 elements
 SHARED_LIMIT = 227 * 1024
+EPI_CHUNK = 8  # n8 tiles of C whose bias and residual ``store_fused`` loads before storing
 
 
 @kaio.gpu_func
@@ -178,6 +180,61 @@ def store_shared(
         kaio.bulk_wait_read(0)
 
 
+@kaio.gpu_func
+def store_fused(
+    acc: f32[:, :, :], acc_u: f32[:, :, :], c: OUT[:, :], bias: DT[:], res: RT[:, :],
+    row0: u32, col0: u32, M: u32, N: u32, lt: u32,
+    BN: kaio.constexpr, CH: kaio.constexpr, BIAS: kaio.constexpr, ACT: kaio.constexpr,
+    RES: kaio.constexpr, DT: kaio.constexpr, OUT: kaio.constexpr, RT: kaio.constexpr,
+):  # fmt: skip
+    """The epilogue of a warpgroup's 64 rows of C from ``row0``, BN columns from ``col0``
+    (``acc``: the m16n8 C fragment of each n8 tile; ``acc_u`` the up sums of "silu_gate"),
+    ``CH`` n8 tiles at a time: first every bias and residual element of the chunk is loaded
+    (indices clamped inside C, so no load waits on a branch or a store), then the chunk is
+    computed (``_gemm.activate``) and stored by pairs of columns. ``store_pair`` loads each
+    pair's operands after the previous pair's store, one memory latency a pair."""
+    GATE = ACT == "silu_gate"
+    lane = lt % 32
+    row = row0 + 16 * (lt // 32) + lane // 4
+    even = N % 2 == 0
+    bv = kaio.local(f32, (CH, 2, 2))  # [tile, column, gate / up]
+    rv = kaio.local(f32, (CH, 2, 2))  # [tile, row half, column]
+    rp = kaio.local(RT, 2)
+    pair = kaio.local(OUT, 2)
+    NT = BN // 8
+    for jc in kaio.static_range((NT + CH - 1) // CH):
+        for jj in kaio.static_range(CH if (jc + 1) * CH <= NT else NT - jc * CH):
+            col = col0 + 8 * (jc * CH + jj) + 2 * (lane % 4)
+            for p in kaio.static_range(2):
+                cp = kaio.min(col + p, N - 1)
+                if BIAS:
+                    bv[jj, p, 0] = f32(bias[cp])
+                    if GATE:
+                        bv[jj, p, 1] = f32(bias[N + cp])
+            if RES:
+                for h in kaio.static_range(2):
+                    r = kaio.min(row + 8 * h, M - 1)
+                    if even:  # one aligned load of the pair (a column at 0 when outside C)
+                        kaio.load_vector(rp, res, (r, kaio.select(col < N, col, u32(0))))
+                        rv[jj, h, 0] = f32(rp[0])
+                        rv[jj, h, 1] = f32(rp[1])
+                    else:
+                        rv[jj, h, 0] = f32(res[r, kaio.min(col, N - 1)])
+                        rv[jj, h, 1] = f32(res[r, kaio.min(col + 1, N - 1)])
+        for jj in kaio.static_range(CH if (jc + 1) * CH <= NT else NT - jc * CH):
+            j = jc * CH + jj
+            col = col0 + 8 * j + 2 * (lane % 4)
+            for h in kaio.static_range(2):
+                for p in kaio.static_range(2):
+                    u = f32(0.0)
+                    if GATE:
+                        u = acc_u[j, h, p]
+                    pair[p] = OUT(activate(acc[j, h, p], u, bv[jj, p, 0], bv[jj, p, 1],
+                                           rv[jj, h, p], BIAS, ACT, RES))  # fmt: skip
+                if row + 8 * h < M:
+                    store_cols(c, row + 8 * h, col, pair, N, even, 2, OUT)
+
+
 @kaio.gpu_kernel
 def gemm_wgmma(
     ta: kaio.tensormap, tb: kaio.tensormap, c: OUT[:, :], ws: f32[:, :], bias: DT[:],
@@ -186,7 +243,7 @@ def gemm_wgmma(
     WG: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, BT: kaio.constexpr,
     SPLIT: kaio.constexpr, FIXUP: kaio.constexpr, BIAS: kaio.constexpr, ACT: kaio.constexpr,
     RES: kaio.constexpr, PAIR: kaio.constexpr, DT: kaio.constexpr, OUT: kaio.constexpr,
-    RT: kaio.constexpr, VEC: kaio.constexpr,
+    RT: kaio.constexpr, VEC: kaio.constexpr, CH: kaio.constexpr,
 ):  # fmt: skip
     """C = epilogue(A @ B) (module docstring): block x computes C tile x, or with a K split
     block (x, z) the raw partial tile of K slice z into ``ws``. ``ta``: A [M, K] in boxes of
@@ -196,7 +253,8 @@ def gemm_wgmma(
     ``VEC`` (a plain product, no K split, N a multiple of 8; ``vec_ok``): 0, a pair of
     columns a store (``_gemm.store_pair``); 1, 4 adjacent columns a store, lanes trading
     pairs (``_matmul_hopper.store_rows``); 2, each warp's 16 rows through its own shared
-    buffer, then a bulk copy a row (``store_shared``)."""
+    buffer, then a bulk copy a row (``store_shared``); 3 (no K split, any epilogue): the
+    epilogue's loads ``CH`` n8 tiles at a time before their stores (``store_fused``)."""
     kaio.launch_bounds(WG * 128 + 32, 1)
     if PAIR:
         kaio.cluster_dims(2)
@@ -249,6 +307,9 @@ def gemm_wgmma(
         if VEC == 2:
             store_shared(acc, c, ebuf, i32(m0 + 64 * wg), i32(n0), i32(M), i32(N), wg, lt, BN,
                          OUT)  # fmt: skip
+        if VEC == 3:
+            store_fused(acc, acc_u, c, bias, res, m0 + 64 * wg, n0, M, N, lt, BN, CH, BIAS, ACT,
+                        RES, DT, OUT, RT)  # fmt: skip
         for j in kaio.static_range(BN // 8 if VEC == 0 else 0):
             col = n0 + 8 * j + 2 * (lane % 4)
             for h in kaio.static_range(2):
@@ -290,10 +351,12 @@ def shared_bytes(wg: int, bn: int, stages: int, gate: bool, vec: int = 0, size: 
     return ring + (4 * wg * 16 * (bn + 8) * size if vec == 2 else 0)
 
 
-def vec_ok(n: int, split: int, plain: bool) -> bool:
-    """Whether ``gemm_wgmma`` may store C with ``VEC`` 1 or 2 (whole 16-byte rows of 8
-    columns): a plain product (no bias, activation or residual), no K split, N a multiple
-    of 8."""
+def vec_ok(n: int, split: int, plain: bool, vec: int = 1) -> bool:
+    """Whether ``gemm_wgmma`` may store C with ``VEC`` ``vec``: 1 or 2 (whole 16-byte rows
+    of 8 columns), a plain product (no bias, activation or residual), no K split, N a
+    multiple of 8; 3 (the fused epilogue's loads first, ``store_fused``), no K split."""
+    if vec == 3:
+        return split == 1
     return plain and split == 1 and n % 8 == 0
 
 
@@ -397,10 +460,13 @@ def specializations() -> list:
         (bf16, f32, 2, 256, 1, "none", 1, 0, 1),
         (f16, f16, 2, 64, 0, "none", 1, 0, 2),
         (bf16, f32, 1, 128, 1, "none", 1, 0, 2),
+        (f16, f16, 2, 256, 1, "gelu", 1, 0, 3),  # the fused epilogue's loads first
+        (bf16, f32, 2, 128, 1, "silu_gate", 1, 0, 3),
     ):
         stages = stages_for(wg, bn, act == "silu_gate", None, vec, ot.itemsize)
         consts = {"WG": wg, "BN": bn, "STAGES": stages, "BT": bt, "SPLIT": min(split, 2)}
         consts["FIXUP"] = int(split > 2)
-        epi = {"BIAS": int(not vec), "ACT": act, "RES": int(not vec), "PAIR": pair, "VEC": vec}
+        epi = {"BIAS": int(vec in (0, 3)), "ACT": act, "RES": int(vec in (0, 3)), "PAIR": pair}
+        epi |= {"VEC": vec, "CH": EPI_CHUNK}
         out.append((gemm_wgmma, {**consts, **epi, "DT": dt, "OUT": ot, "RT": ot}))
     return out

@@ -196,7 +196,7 @@ def gemm(
         wg, bn, stages, split, fixup, pair, vec = chosen
         split, k_slice = k_slices(k, split, _gemm_hopper.BK)
         fixup = fixup and split > 1 and _gemm_hopper.fixup_ok(n)
-        if not _gemm_hopper.vec_ok(n, split, plain):
+        if not _gemm_hopper.vec_ok(n, split, plain, vec):
             vec = 0
     else:
         chosen = chosen or tuned_plan(a, m, n, k, gate)
@@ -222,7 +222,7 @@ def gemm(
         _gemm_hopper.gemm_wgmma[(tiles, 1, split), 128 * wg + 32, stream, shared](
             *maps, *args[:4], counters, *args[4:], WG=wg, BN=bn, STAGES=stages,
             BT=int(transposed), SPLIT=min(split, 2), FIXUP=int(fixup), PAIR=pair, **epilogue,
-            VEC=vec, **types,
+            VEC=vec, CH=_gemm_hopper.EPI_CHUNK, **types,
         )  # fmt: skip
     else:
         pipelined = _pipelined(a)

@@ -358,6 +358,33 @@ def test_hopper_vector_epilogues_in_simulator(m, n, k, transposed, dtype, out, c
 
 
 @pytest.mark.parametrize(
+    "m, n, k, act, dtype, out, chosen",
+    [
+        # the fused epilogue's loads first (VEC 3): tails in M and N, chunks of 8 n8 tiles
+        # and a last partial chunk (96 and 48 columns), an odd N (element loads), every output type
+        (70, 200, 136, "gelu", np.float16, kaio.f16, hopper.Plan(2, 64, 2, 1, False, 0, 3)),
+        (33, 75, 72, "silu_gate", BF16, kaio.f32, hopper.Plan(1, 64, 2, 1, False, 0, 3)),
+        (20, 104, 64, "gelu_tanh", BF16, kaio.bf16, hopper.Plan(1, 96, 2, 1, False, 0, 3)),
+        (65, 40, 64, "silu", np.float16, kaio.f32, hopper.Plan(2, 48, 2, 1, False, 0, 3)),
+    ],
+)
+def test_hopper_fused_epilogue_in_simulator(m, n, k, act, dtype, out, chosen):
+    """The Hopper kernel's fused epilogue with its loads ahead of the stores (``VEC`` 3,
+    ``store_fused``): bias, activation and residual against float64."""
+    rng = np.random.default_rng(m + n + k)
+    rows = 2 * n if act == "silu_gate" else n
+    x = rand(rng, (m, k), dtype)
+    w = rand(rng, (rows, k), dtype, 0.3)
+    b = rand(rng, (rows,), dtype)
+    types = {kaio.f16: np.float16, kaio.bf16: BF16, kaio.f32: np.float32}
+    res = rand(rng, (m, n), types[out])
+    with kaio.simulate():
+        got = gemm("linear", _operand(x), _operand(w, "w"), (m, n), (m, n, k), out, True,
+                   _operand(b, "bias"), _operand(res, "residual"), act, chosen=chosen)  # fmt: skip
+    check(got, *reference(x, w, b, res, act), types[out])
+
+
+@pytest.mark.parametrize(
     "m, n, k, dtype",
     [
         (1, 264, 200, np.float16),  # a partial column block, K in 3 slices (tail 8 rows)
@@ -716,6 +743,8 @@ def test_gpu_split_sums_deterministic(m, n, k, activation, chosen, monkeypatch):
         (128, 28672, 1024, "matmul", hopper.Plan(2, 256, 4, 1, False, 0, 1)),  # stores
         (1000, 1000, 1024, "matmul", hopper.Plan(2, 64, 8, 1, False, 0, 1)),  # wide stores
         (1000, 1000, 1024, "matmul", hopper.Plan(2, 64, 6, 1, False, 0, 2)),  # through shared
+        (300, 1000, 1032, "gelu", hopper.Plan(2, 256, 4, 1, False, 0, 3)),  # fused epilogue,
+        (333, 1000, 2048, "silu_gate", hopper.Plan(2, 128, 4, 1, False, 0, 3)),  # loads first
     ],
 )
 def test_gpu_hopper_tiles_against_torch(m, n, k, activation, chosen):
