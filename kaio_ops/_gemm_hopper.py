@@ -235,6 +235,20 @@ def store_fused(
                     store_cols(c, row + 8 * h, col, pair, N, even, 2, OUT)
 
 
+@kaio.gpu_func
+def prefetch_rows(
+    res: RT[:, :], m0: u32, n0: u32, M: u32, N: u32, BM: kaio.constexpr, BN: kaio.constexpr,
+    RT: kaio.constexpr,
+):  # fmt: skip
+    """One thread asks for the residual rows of the tile at (``m0``, ``n0``) to be brought
+    into L2 (``bulk_prefetch_l2``, a row at a time), where rows are 16-byte aligned."""
+    if N % (16 // RT.itemsize) == 0 and n0 < N:
+        nbytes = kaio.min(u32(BN), N - n0) * RT.itemsize
+        for r in range(BM):
+            if m0 + r < M:
+                kaio.bulk_prefetch_l2(res, (m0 + r, n0), nbytes)
+
+
 @kaio.gpu_kernel
 def gemm_wgmma(
     ta: kaio.tensormap, tb: kaio.tensormap, c: OUT[:, :], ws: f32[:, :], bias: DT[:],
@@ -254,7 +268,9 @@ def gemm_wgmma(
     columns a store (``_gemm.store_pair``); 1, 4 adjacent columns a store, lanes trading
     pairs (``_matmul_hopper.store_rows``); 2, each warp's 16 rows through its own shared
     buffer, then a bulk copy a row (``store_shared``); 3 (no K split, any epilogue): the
-    epilogue's loads ``CH`` n8 tiles at a time before their stores (``store_fused``)."""
+    epilogue's loads ``CH`` n8 tiles at a time before their stores (``store_fused``); 4: as
+    3, the producer having asked for the tile's residual rows in L2 after its last K slice
+    (``prefetch_rows``)."""
     kaio.launch_bounds(WG * 128 + 32, 1)
     if PAIR:
         kaio.cluster_dims(2)
@@ -307,7 +323,7 @@ def gemm_wgmma(
         if VEC == 2:
             store_shared(acc, c, ebuf, i32(m0 + 64 * wg), i32(n0), i32(M), i32(N), wg, lt, BN,
                          OUT)  # fmt: skip
-        if VEC == 3:
+        if VEC == 3 or VEC == 4:
             store_fused(acc, acc_u, c, bias, res, m0 + 64 * wg, n0, M, N, lt, BN, CH, BIAS, ACT,
                         RES, DT, OUT, RT)  # fmt: skip
         for j in kaio.static_range(BN // 8 if VEC == 0 else 0):
@@ -329,6 +345,8 @@ def gemm_wgmma(
             load_slice(ring, bars, ta, tb, s, i32(m0), i32(n0), k0, N, rank, WG, BN, BT, ACT,
                        PAIR, DT)  # fmt: skip
             s, ph = next_stage(s, ph, STAGES)
+        if VEC == 4 and RES:  # the epilogue's residual rows into L2 while the last slices run
+            prefetch_rows(res, m0, n0, M, N, BM, BN, RT)
     if FIXUP:  # the last of the tile's grid.z blocks to finish sums the slices, in order
         if last_arrival(counters, kaio.block_idx_x(), kaio.grid_dim_z(), arrived, t):
             sum_tile(c, ws, bias, res, m0, n0, M, N, kaio.grid_dim_z(), t, WG * 128 + 32, BM,
@@ -354,8 +372,9 @@ def shared_bytes(wg: int, bn: int, stages: int, gate: bool, vec: int = 0, size: 
 def vec_ok(n: int, split: int, plain: bool, vec: int = 1) -> bool:
     """Whether ``gemm_wgmma`` may store C with ``VEC`` ``vec``: 1 or 2 (whole 16-byte rows
     of 8 columns), a plain product (no bias, activation or residual), no K split, N a
-    multiple of 8; 3 (the fused epilogue's loads first, ``store_fused``), no K split."""
-    if vec == 3:
+    multiple of 8; 3 and 4 (the fused epilogue's loads first, ``store_fused``), no K
+    split."""
+    if vec in (3, 4):
         return split == 1
     return plain and split == 1 and n % 8 == 0
 
@@ -461,12 +480,13 @@ def specializations() -> list:
         (f16, f16, 2, 64, 0, "none", 1, 0, 2),
         (bf16, f32, 1, 128, 1, "none", 1, 0, 2),
         (f16, f16, 2, 256, 1, "gelu", 1, 0, 3),  # the fused epilogue's loads first
-        (bf16, f32, 2, 128, 1, "silu_gate", 1, 0, 3),
+        (bf16, f32, 2, 128, 1, "silu_gate", 1, 0, 4),  # and the residual prefetched
     ):
         stages = stages_for(wg, bn, act == "silu_gate", None, vec, ot.itemsize)
         consts = {"WG": wg, "BN": bn, "STAGES": stages, "BT": bt, "SPLIT": min(split, 2)}
         consts["FIXUP"] = int(split > 2)
-        epi = {"BIAS": int(vec in (0, 3)), "ACT": act, "RES": int(vec in (0, 3)), "PAIR": pair}
+        epi = {"BIAS": int(vec in (0, 3, 4)), "ACT": act, "RES": int(vec in (0, 3, 4))}
+        epi["PAIR"] = pair
         epi |= {"VEC": vec, "CH": EPI_CHUNK}
         out.append((gemm_wgmma, {**consts, **epi, "DT": dt, "OUT": ot, "RT": ot}))
     return out

@@ -144,6 +144,15 @@ def bulk_add_rows(src: f32[:, :], out: f32[:, :]):
     kaio.bulk_wait(0)
 
 
+@kaio.gpu_kernel(block_size=64)
+def prefetched_copy(src: f32[:, :], out: f32[:, :]):
+    """Thread t asks for row t of src in L2 (a hint), then copies it to out."""
+    t = kaio.thread_idx_x()
+    kaio.bulk_prefetch_l2(src, (t, 0), 32 * 4)
+    for c in range(32):
+        out[t, c] = src[t, c]
+
+
 @kaio.gpu_kernel(block_size=32)
 def bulk_misaligned(out: f32[:, :], nbytes: u32):
     rows = kaio.shared(f32, (4, 8))
@@ -822,6 +831,19 @@ def bulk_typed(out: DT[:], DT: kaio.constexpr, RT: kaio.constexpr, REDUCE: kaio.
         kaio.bulk_store(out, 0, rows, 0, 16)
 
 
+def test_bulk_prefetch_is_a_hint():
+    """``bulk_prefetch_l2`` changes no value (the simulator runs it as nothing), lowers to
+    cp.async.bulk.prefetch.L2 by both backends, and needs sm_90."""
+    src = RNG.standard_normal((64, 32)).astype(np.float32)
+    out = np.full((64, 32), np.nan, np.float32)
+    prefetched_copy.sim[1](src, out)
+    np.testing.assert_array_equal(out, src)
+    assert "cp.async.bulk.prefetch.L2.global [" in prefetched_copy.ptx(arch="sm_90")
+    assert "cp.async.bulk.prefetch.L2.global [" in prefetched_copy.ptx(arch="sm_90", backend="llvm")
+    with pytest.raises(kaio.CompileError, match=r"bulk_prefetch_l2\(\) needs sm_90"):
+        prefetched_copy.ptx(arch="sm_80")
+
+
 def test_bulk_store_misuse_is_reported():
     with pytest.raises(kaio.SimulationError, match="multiples of 16"):
         bulk_misaligned.sim[1](np.zeros((4, 8), np.float32), 16)  # element 1: 4 bytes in
@@ -948,6 +970,7 @@ def test_ptx_assembles_for_sm_90a():
         barrier_phases.ptx(arch="sm_90"),
         bulk_rows.ptx(arch="sm_90"),
         bulk_add_rows.ptx(arch="sm_90"),
+        prefetched_copy.ptx(arch="sm_90"),
         descriptor_bits.ptx(arch="sm_90"),
         regs_and_fences.ptx(arch="sm_90"),
         wgmma_stored.ptx(arch="sm_90", FENCE=True, SYNC=True),

@@ -365,7 +365,7 @@ def test_hopper_vector_epilogues_in_simulator(m, n, k, transposed, dtype, out, c
         (70, 200, 136, "gelu", np.float16, kaio.f16, hopper.Plan(2, 64, 2, 1, False, 0, 3)),
         (33, 75, 72, "silu_gate", BF16, kaio.f32, hopper.Plan(1, 64, 2, 1, False, 0, 3)),
         (20, 104, 64, "gelu_tanh", BF16, kaio.bf16, hopper.Plan(1, 96, 2, 1, False, 0, 3)),
-        (65, 40, 64, "silu", np.float16, kaio.f32, hopper.Plan(2, 48, 2, 1, False, 0, 3)),
+        (65, 40, 64, "silu", np.float16, kaio.f32, hopper.Plan(2, 48, 2, 1, False, 0, 4)),
     ],
 )
 def test_hopper_fused_epilogue_in_simulator(m, n, k, act, dtype, out, chosen):
@@ -744,7 +744,7 @@ def test_gpu_split_sums_deterministic(m, n, k, activation, chosen, monkeypatch):
         (1000, 1000, 1024, "matmul", hopper.Plan(2, 64, 8, 1, False, 0, 1)),  # wide stores
         (1000, 1000, 1024, "matmul", hopper.Plan(2, 64, 6, 1, False, 0, 2)),  # through shared
         (300, 1000, 1032, "gelu", hopper.Plan(2, 256, 4, 1, False, 0, 3)),  # fused epilogue,
-        (333, 1000, 2048, "silu_gate", hopper.Plan(2, 128, 4, 1, False, 0, 3)),  # loads first
+        (333, 1000, 2048, "silu_gate", hopper.Plan(2, 128, 4, 1, False, 0, 4)),  # loads first
     ],
 )
 def test_gpu_hopper_tiles_against_torch(m, n, k, activation, chosen):

@@ -198,6 +198,7 @@ _ONE_FEATURE = (
     ("mbarrier_arrive_cluster", "", "cluster", ""),
     ("bulk_store", "", "bulk_copy", ""),
     ("bulk_store", "add", "bulk_copy", "bulk_reduce_add"),
+    ("bulk_prefetch", "", "bulk_copy", "bulk_prefetch_l2"),
     ("bulk_commit", "", "bulk_copy", ""),
     ("bulk_wait", "", "bulk_copy", ""),
     ("bulk_wait", "read", "bulk_copy", "bulk_wait_read"),
