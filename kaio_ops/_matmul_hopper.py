@@ -302,6 +302,65 @@ def retire_slice(
     return s, s2, ph2
 
 
+@kaio.gpu_func
+def consume(
+    acc: f32[:, :, :], acc2: f32[:, :, :], sa: IN[:, :, :], sb: IN[:, :, :, :],
+    bars: u64[:, :], go: u64[:], c0: OUT[:, :], c1: OUT[:, :], c2: OUT[:, :], wg: u32, lt: u32,
+    tile0: i32, step: i32, tiles_m: i32, tiles_n: i32, my_tiles: i32, k_tiles: i32, rank: i32,
+    m: i32, n: i32, n0: i32, n1: i32, s0: f32, s1: f32, s2: f32,
+    BN: kaio.constexpr, STAGES: kaio.constexpr, IN: kaio.constexpr, GROUP: kaio.constexpr,
+    OUT: kaio.constexpr, PAIR: kaio.constexpr, OUTS: kaio.constexpr, SKEW: kaio.constexpr,
+    ROWS: kaio.constexpr,
+):  # fmt: skip
+    """A consumer warpgroup's loop (``matmul_wgmma``): each of its block's tiles, K slice by
+    K slice from the ring (waited for, multiplied into ``acc``, and past 256 columns
+    ``acc2``, then freed), then its 64 rows of the tile stored (``store_rows``). With a
+    ``SKEW``, warpgroup 0 arrives on ``go`` once it has issued its first SKEW slices."""
+    WIDE = BN // (WGMMA_MAX_N + 1)  # noqa: N806  (compile-time ints: 1 past 256 columns)
+    BN1 = BN - (BN - WGMMA_MAX_N) * WIDE  # noqa: N806  (min(BN, 256))
+    BN2 = (BN - WGMMA_MAX_N) * WIDE + 8 * (1 - WIDE)  # noqa: N806  (the rest, else 8)
+    s = i32(0)  # the stage and phase parity of a slice (``next_stage``)
+    ph = u32(0)
+    ps = i32(0)  # the stage of the slice before
+    for i in range(my_tiles):
+        for kt in range(k_tiles):
+            kaio.mbarrier_wait(bars, (0, s), ph)
+            kaio.wgmma_fence()
+            for kk in kaio.static_range(BK // 16):
+                da = kaio.smem_descriptor(sa, (s, 64 * wg, kk * 16), SW, 16, 1024)
+                db = kaio.smem_descriptor(sb, (s, 0, kk * 16, 0), SW, BK * SW, 1024)
+                if IN == kaio.bf16:
+                    kaio.wgmma_bf16(acc, da, db, kt + kk > 0, False, True)
+                else:
+                    kaio.wgmma_f16(acc, da, db, kt + kk > 0, False, True)
+                if BN > WGMMA_MAX_N:  # the columns past 256: B's blocks 4 on
+                    db2 = kaio.smem_descriptor(sb, (s, 4, kk * 16, 0), SW, BK * SW, 1024)
+                    if IN == kaio.bf16:
+                        kaio.wgmma_bf16(acc2, da, db2, kt + kk > 0, False, True)
+                    else:
+                        kaio.wgmma_f16(acc2, da, db2, kt + kk > 0, False, True)
+            ps, s, ph = retire_slice(bars, kt, lt, s, ph, ps, STAGES, PAIR)
+            if SKEW and wg == 0 and lt == 0 and i == 0 and kt == kaio.min(SKEW, k_tiles) - 1:
+                kaio.mbarrier_arrive(go, 0)
+        kaio.wgmma_wait(0)
+        free_stage(bars, ps, lt, PAIR)  # the tile's last stage, before the epilogue
+        # the epilogue: this warpgroup's 64 rows (in a pair, of block rank's half)
+        row0, col0 = tile_origin(tile0 + i * step, tiles_m, tiles_n, BN, GROUP, ROWS)
+        row0 = row0 + rank * BM + 64 * i32(wg)
+        if OUTS == 1:  # one output, unscaled: no output or scale chosen per column
+            store_rows(acc, c0, c0, c0, row0, col0, m, n, n, 0, 1.0, 1.0, 1.0, lt, BN=BN1,
+                       OUT=OUT)  # fmt: skip
+            if BN > WGMMA_MAX_N:
+                store_rows(acc2, c0, c0, c0, row0, col0 + WGMMA_MAX_N, m, n, n, 0, 1.0, 1.0,
+                           1.0, lt, BN=BN2, OUT=OUT)  # fmt: skip
+        else:
+            store_rows(acc, c0, c1, c2, row0, col0, m, n, n0, n1, s0, s1, s2, lt, BN=BN1,
+                       OUT=OUT)  # fmt: skip
+            if BN > WGMMA_MAX_N:
+                store_rows(acc2, c0, c1, c2, row0, col0 + WGMMA_MAX_N, m, n, n0, n1, s0, s1,
+                           s2, lt, BN=BN2, OUT=OUT)  # fmt: skip
+
+
 @kaio.gpu_kernel
 def matmul_wgmma(
     ta: kaio.tensormap,
@@ -324,7 +383,12 @@ def matmul_wgmma(
     OUT: kaio.constexpr,
     PAIR: kaio.constexpr,
     OUTS: kaio.constexpr,
+    SKEW: kaio.constexpr,
 ):
+    """C = A @ B on the persistent schedule (module docstring). ``SKEW`` > 0: the second
+    consumer warpgroup starts once the first has issued its first ``SKEW`` K slices (at most
+    ``STAGES``), and stays that far behind: one warpgroup's epilogue then runs while the
+    other still multiplies, the tensor cores kept busy."""
     kaio.launch_bounds(THREADS + WIDE_EXTRA * (BN // (WGMMA_MAX_N + 1)), 1)  # threads_for(BN)
     if PAIR:
         kaio.cluster_dims(2)
@@ -332,7 +396,11 @@ def matmul_wgmma(
     NBLK = (BN + 63) // 64  # B's 64-column blocks a stage (``produce``)
     sb = kaio.shared_dynamic(IN, (STAGES, NBLK, BK, 64), STAGES * A_STAGE_BYTES)
     bars = kaio.shared_dynamic(u64, (2, STAGES), STAGES * (A_STAGE_BYTES + BK * NBLK * 128))
+    GO = STAGES * (A_STAGE_BYTES + BK * NBLK * 128 + 16) if SKEW else 0  # unused: a stub
+    go = kaio.shared_dynamic(u64, (1,), GO)  # the first warpgroup's SKEW slices are issued
     t = kaio.thread_idx_x()
+    if SKEW and t == 0:
+        kaio.mbarrier_init(go, 0, 1)
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it (CUTLASS does the same)
     lt = t % 128
     ROWS = BM * (2 if PAIR else 1)  # a tile of the schedule: a pair's two tiles for PAIR
@@ -354,47 +422,20 @@ def matmul_wgmma(
     BN2 = (BN - WGMMA_MAX_N) * WIDE + 8 * (1 - WIDE)  # noqa: N806  (the rest, else 8)
     acc = kaio.local(f32, (BN1 // 8, 2, 2))
     acc2 = kaio.local(f32, (BN2 // 8, 2, 2))
-    s = i32(0)  # the stage and phase parity of a slice (``next_stage``)
-    ph = u32(0)
-    if wg < 2:  # the consumers
+    if wg < 2 and (SKEW == 0 or wg == 0):  # the consumers (with a SKEW, the first)
         if BN > WGMMA_MAX_N:  # registers for acc2: the producer's warpgroup gives them
             kaio.setmaxnreg_inc(CONSUMER_REGS)
-        ps = i32(0)  # the stage of the slice before
-        for i in range(my_tiles):
-            for kt in range(k_tiles):
-                kaio.mbarrier_wait(bars, (0, s), ph)
-                kaio.wgmma_fence()
-                for kk in kaio.static_range(BK // 16):
-                    da = kaio.smem_descriptor(sa, (s, 64 * wg, kk * 16), SW, 16, 1024)
-                    db = kaio.smem_descriptor(sb, (s, 0, kk * 16, 0), SW, BK * SW, 1024)
-                    if IN == kaio.bf16:
-                        kaio.wgmma_bf16(acc, da, db, kt + kk > 0, False, True)
-                    else:
-                        kaio.wgmma_f16(acc, da, db, kt + kk > 0, False, True)
-                    if BN > WGMMA_MAX_N:  # the columns past 256: B's blocks 4 on
-                        db2 = kaio.smem_descriptor(sb, (s, 4, kk * 16, 0), SW, BK * SW, 1024)
-                        if IN == kaio.bf16:
-                            kaio.wgmma_bf16(acc2, da, db2, kt + kk > 0, False, True)
-                        else:
-                            kaio.wgmma_f16(acc2, da, db2, kt + kk > 0, False, True)
-                ps, s, ph = retire_slice(bars, kt, lt, s, ph, ps, STAGES, PAIR)
-            kaio.wgmma_wait(0)
-            free_stage(bars, ps, lt, PAIR)  # the tile's last stage, before the epilogue
-            # the epilogue: this warpgroup's 64 rows (in a pair, of block rank's half)
-            row0, col0 = tile_origin(tile0 + i * step, tiles_m, tiles_n, BN, GROUP, ROWS)
-            row0 = row0 + rank * BM + 64 * i32(wg)
-            if OUTS == 1:  # one output, unscaled: no output or scale chosen per column
-                store_rows(acc, c0, c0, c0, row0, col0, m, n, n, 0, 1.0, 1.0, 1.0, lt, BN=BN1,
-                           OUT=OUT)  # fmt: skip
-                if BN > WGMMA_MAX_N:
-                    store_rows(acc2, c0, c0, c0, row0, col0 + WGMMA_MAX_N, m, n, n, 0, 1.0, 1.0,
-                               1.0, lt, BN=BN2, OUT=OUT)  # fmt: skip
-            else:
-                store_rows(acc, c0, c1, c2, row0, col0, m, n, n0, n1, s0, s1, s2, lt, BN=BN1,
-                           OUT=OUT)  # fmt: skip
-                if BN > WGMMA_MAX_N:
-                    store_rows(acc2, c0, c1, c2, row0, col0 + WGMMA_MAX_N, m, n, n0, n1, s0, s1,
-                               s2, lt, BN=BN2, OUT=OUT)  # fmt: skip
+        consume(acc, acc2, sa, sb, bars, go, c0, c1, c2, wg, lt, tile0, step, tiles_m, tiles_n,
+                my_tiles, k_tiles, rank, m, n, n0, n1, s0, s1, s2, BN, STAGES, IN, GROUP, OUT,
+                PAIR, OUTS, SKEW, ROWS)  # fmt: skip
+    elif SKEW and wg == 1:  # the second consumer warpgroup, SKEW slices behind the first
+        if BN > WGMMA_MAX_N:
+            kaio.setmaxnreg_inc(CONSUMER_REGS)
+        if my_tiles > 0:
+            kaio.mbarrier_wait(go, 0, 0)
+        consume(acc, acc2, sa, sb, bars, go, c0, c1, c2, wg, lt, tile0, step, tiles_m, tiles_n,
+                my_tiles, k_tiles, rank, m, n, n0, n1, s0, s1, s2, BN, STAGES, IN, GROUP, OUT,
+                PAIR, OUTS, SKEW, ROWS)  # fmt: skip
     elif BN > WGMMA_MAX_N:  # the producer's warpgroup (384 threads): its first thread
         kaio.setmaxnreg_dec(PRODUCER_REGS)
         if t == CONSUMERS:
@@ -425,7 +466,7 @@ def worthwhile(m: int, n: int, sms: int) -> bool:
 def launch(
     a, b, m: int, n: int, k: int, sms: int, bf16: bool, f16_outs: list | None = None,
     scales: list | None = None, group: int = GROUP_ROWS, out_type=f16, bn: int | None = None,
-    pair: int = 0,
+    pair: int = 0, skew: int = 0,
 ):  # fmt: skip
     """``a @ b`` with ``matmul_wgmma`` on a persistent grid of at most ``sms`` blocks: 128 x
     256 tiles when they give every one of ``sms`` multiprocessors a block, else 128 x 128;
@@ -437,7 +478,9 @@ def launch(
     ``linear.persistent_width``; past 256, two wgmmas a K step in a block of 384 threads)
     instead of that rule. ``pair`` 1: blocks in clusters of two
     that take pairs of tiles one above the other and load the B slice once for both (TMA
-    multicast), as many clusters as run at once."""
+    multicast), as many clusters as run at once. ``skew``: the second consumer warpgroup
+    that many K slices behind the first (``matmul_wgmma``'s ``SKEW``, at most the ring's
+    stages)."""
     from kaio_ops import _arrays
 
     if bn is None:
@@ -446,6 +489,9 @@ def launch(
         raise ValueError(f"matmul: the persistent kernel's tile width must be a multiple of 16 "
                          f"up to {MAX_BN}, got {bn}")  # fmt: skip
     stages = stages_for(bn)
+    if not 0 <= skew <= stages:
+        raise ValueError(f"matmul: the persistent kernel's skew must be 0 to {stages} K slices "
+                         f"(its ring's stages at width {bn}), got {skew}")  # fmt: skip
     threads = threads_for(bn)
     if f16_outs is None:
         outs = _arrays.output(a, (m, n), f32)
@@ -460,8 +506,8 @@ def launch(
     out = f32 if f16_outs is None else out_type
     consts = {"BN": bn, "STAGES": stages, "IN": kaio.bf16 if bf16 else f16, "GROUP": group}
     outs_used = 1 if f16_outs is None or len(f16_outs) == 1 and not scales else 3
-    consts |= {"OUT": out, "PAIR": pair, "OUTS": outs_used}
-    shared = shared_bytes(bn, stages)
+    consts |= {"OUT": out, "PAIR": pair, "OUTS": outs_used, "SKEW": skew}
+    shared = shared_bytes(bn, stages, skew)
     grid = min(sms, -(-m // BM) * -(-n // bn))
     if pair:  # whole clusters, as many as the GPU runs at once
         grid = 2 * min(-(-m // (2 * BM)) * -(-n // bn), clusters(_arrays.gpu(a), shared, consts))
@@ -492,10 +538,10 @@ def threads_for(bn: int) -> int:
     return THREADS + (WIDE_EXTRA if bn > WGMMA_MAX_N else 0)
 
 
-def shared_bytes(bn: int, stages: int) -> int:
+def shared_bytes(bn: int, stages: int, skew: int = 0) -> int:
     """The dynamic shared memory of ``matmul_wgmma``: the tile ring (B in whole 64-column
-    blocks) and its 2 x STAGES barriers."""
-    return stages * (A_STAGE_BYTES + BK * -(-bn // 64) * 128 + 16)
+    blocks) and its 2 x STAGES barriers (and with a ``skew``, its barrier)."""
+    return stages * (A_STAGE_BYTES + BK * -(-bn // 64) * 128 + 16) + (16 if skew else 0)
 
 
 def stages_for(bn: int) -> int:
@@ -516,9 +562,12 @@ def specializations() -> list:
         for out in (f32, f16, kaio.bf16)
     ]
     for spec in specs:
-        spec[1].update(PAIR=0, OUTS=1 if spec[1]["BN"] == 256 else 3)
+        spec[1].update(PAIR=0, OUTS=1 if spec[1]["BN"] == 256 else 3, SKEW=0)
     for bn, in_, pair in ((160, f16, 0), (192, kaio.bf16, 1), (224, f16, 0), (128, f16, 1),
                           (320, f16, 1), (320, kaio.bf16, 0)):  # fmt: skip
         consts = {"BN": bn, "STAGES": stages_for(bn), "IN": in_, "GROUP": GROUP_ROWS}
-        specs.append((matmul_wgmma, {**consts, "OUT": in_, "PAIR": pair, "OUTS": 1}))
+        specs.append((matmul_wgmma, {**consts, "OUT": in_, "PAIR": pair, "OUTS": 1, "SKEW": 0}))
+    for bn, pair, skew in ((256, 0, 2), (320, 1, 3)):  # the second warpgroup behind
+        consts = {"BN": bn, "STAGES": stages_for(bn), "IN": f16, "GROUP": GROUP_ROWS}
+        specs.append((matmul_wgmma, {**consts, "OUT": f16, "PAIR": pair, "OUTS": 1, "SKEW": skew}))
     return specs

@@ -82,11 +82,13 @@ class Persistent(NamedTuple):
     epilogue) with ``128 x bn`` tiles (``bn`` a multiple of 16 up to 320) taken ``group``
     tile rows at a time, where the string ``"persistent"`` takes the width of
     ``persistent_width`` and groups of ``_matmul_hopper.GROUP_ROWS``; ``pair`` 1: blocks in
-    clusters of two sharing the B slice (``_matmul_hopper.launch``)."""
+    clusters of two sharing the B slice; ``skew``: the second consumer warpgroup that many K
+    slices behind the first (``_matmul_hopper.launch``)."""
 
     bn: int
     group: int = _matmul_hopper.GROUP_ROWS
     pair: int = 0
+    skew: int = 0
 
 
 _PLACEHOLDERS: dict = {}
@@ -178,13 +180,13 @@ def gemm(
     if chosen == "persistent" or isinstance(chosen, Persistent):  # B [K, N], no epilogue
         if not isinstance(chosen, Persistent):
             chosen = Persistent(persistent_width(m, n, sms))
-        bn, group, pair = chosen
+        bn, group, pair, skew = chosen
         if out == f32:
             return _matmul_hopper.launch(a, b, m, n, k, sms, dtype == bf16, group=group, bn=bn,
-                                         pair=pair)  # fmt: skip
+                                         pair=pair, skew=skew)  # fmt: skip
         c = _arrays.output(a, out_shape, out)
         _matmul_hopper.launch(a, b, m, n, k, sms, dtype == bf16, [c], group=group, out_type=out,
-                              bn=bn, pair=pair)  # fmt: skip
+                              bn=bn, pair=pair, skew=skew)  # fmt: skip
         return c
     if isinstance(chosen, _gemm_streamk.Plan) or chosen == "streamk":
         return _streamk(op, a, b, out_shape, mnk, out, transposed, bias, residual, activation,

@@ -774,7 +774,7 @@ def test_hopper_matmul_in_the_simulator(bf16, blocks, group, stages):
     shared = _matmul_hopper.shared_bytes(bn, stages)
     _matmul_hopper.matmul_wgmma.sim[blocks, _matmul_hopper.THREADS, 0, shared](
         ta, tb, c, c, c, m, n, n, 0, k, 1.0, 1.0, 1.0, bn, stages, (f16, kaio.bf16)[bf16],
-        group, f32, 0, 1 + 2 * bf16,  # one output (f16 inputs), or the general epilogue
+        group, f32, 0, 1 + 2 * bf16, 0,  # one output (f16 inputs), or the general epilogue
     )  # fmt: skip
     ref = a.astype(np.float64) @ b.astype(np.float64)
     np.testing.assert_allclose(c, ref, rtol=0, atol=1e-4)
@@ -791,7 +791,7 @@ def test_hopper_matmul_into_three_f16_outputs_in_the_simulator():
     tb = kaio.tensor_map_2d(b, (64, 64), 128)
     shared = _matmul_hopper.shared_bytes(128, 3)
     _matmul_hopper.matmul_wgmma.sim[2, _matmul_hopper.THREADS, 0, shared](
-        ta, tb, *outs, m, n, *widths[:2], k, *scales, 128, 3, f16, 8, f16, 0, 3
+        ta, tb, *outs, m, n, *widths[:2], k, *scales, 128, 3, f16, 8, f16, 0, 3, 0
     )
     ref = a.astype(np.float64) @ b.astype(np.float64)
     parts = np.split(ref, np.cumsum(widths)[:2], axis=1)

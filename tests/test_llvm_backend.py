@@ -543,7 +543,7 @@ def hopper_runs(rng) -> list[tuple]:
             TensorMapOf(x.view(np.float16), (_matmul_hopper.BM, _matmul_hopper.BK), 128),
             TensorMapOf(y.view(np.float16), (_matmul_hopper.BK, 64), 128),
         ]
-        shared = _matmul_hopper.shared_bytes(consts["BN"], consts["STAGES"])
+        shared = _matmul_hopper.shared_bytes(consts["BN"], consts["STAGES"], consts["SKEW"])
         threads = _matmul_hopper.threads_for(consts["BN"])
         subscript = launch_config(2, threads, shared)  # 2 tiles per block
         out = consts["OUT"].np_dtype

@@ -441,6 +441,8 @@ def test_gemv_nk_in_simulator(m, n, k, act, dtype, out_dtype):
         (BF16, BF16, Persistent(128, 8, 1)),  # pairs sharing B, an odd count of tile rows
         (np.float16, np.float16, Persistent(320, 8, 1)),  # two wgmmas a K step, 384 threads
         (BF16, np.float32, Persistent(320)),
+        (np.float16, np.float16, Persistent(128, 8, 0, 2)),  # the second warpgroup 2 slices behind
+        (BF16, BF16, Persistent(320, 8, 1, 4)),  # a skew of a whole ring (4 stages), pairs
     ],
 )
 def test_persistent_kernel_in_simulator(dtype, out, chosen):
