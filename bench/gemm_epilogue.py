@@ -52,12 +52,15 @@ def reference(x, w, b, r, act):
 
 
 def forced(variant: str):
-    """``linear`` on the routed Hopper plan with the epilogue of ``variant`` ("v0": pairs of
-    columns, "v3cC": ``store_fused`` with chunks of C n8 tiles)."""
+    """``linear`` on the routed Hopper plan with the epilogue of ``variant``: "vV" (``Plan.vec``
+    V: 0 pairs of columns, 3 ``store_fused``, 4 and the residual prefetched), then "cC"
+    (chunks of C n8 tiles, ``_gemm_hopper.EPI_CHUNK``) and "sS" (``Plan.skew`` S)."""
+    import re
+
     from kaio_ops import _arrays, _gemm_hopper
     from kaio_ops.linear import gemm, route
 
-    vec, _, chunk = variant[1:].partition("c")
+    vec, chunk, skew = re.fullmatch(r"v(\d)(?:c(\d+))?(?:s(\d))?", variant).groups()
 
     def run(x, w, b, r, act):
         inputs = _arrays.Inputs("linear")
@@ -68,7 +71,7 @@ def forced(variant: str):
         chosen = route(xo, wo, (m, n, k), True, False, act == "silu_gate")
         if not isinstance(chosen, _gemm_hopper.Plan):
             raise RuntimeError(f"not a Hopper plan: {chosen}")
-        chosen = chosen._replace(vec=int(vec))
+        chosen = chosen._replace(vec=int(vec), skew=int(skew or 0))
         saved = _gemm_hopper.EPI_CHUNK
         _gemm_hopper.EPI_CHUNK = int(chunk or saved)
         try:

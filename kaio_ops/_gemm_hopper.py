@@ -34,7 +34,7 @@ import kaio
 from kaio import bool_, f16, f32, i32, u32, u64
 from kaio_ops._common import store_cols
 from kaio_ops._gemm import activate, last_arrival, store_pair, sum_tile
-from kaio_ops._matmul_hopper import init_ring, next_stage, retire_slice, store_rows
+from kaio_ops._matmul_hopper import free_stage, init_ring, next_stage, retire_slice, store_rows
 from kaio_ops._matmul_kernels import tile_col, tile_origin, tile_row
 
 BK = 64
@@ -134,11 +134,12 @@ def mma_slice(
 @kaio.gpu_func
 def mma_run(
     acc: f32[:, :, :], acc_u: f32[:, :, :], ring: DT[:, :, :], bars: u64[:, :], kb: i32,
-    ke: i32, s: i32, ph: u32, ps: i32, wg: u32, lt: u32,
+    ke: i32, s: i32, ph: u32, ps: i32, wg: u32, lt: u32, fresh: bool_,
     STAGES: kaio.constexpr, WG: kaio.constexpr, BN: kaio.constexpr, BT: kaio.constexpr,
     ACT: kaio.constexpr, PAIR: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
-    """A consumer warpgroup's sum of K slices ``kb`` to ``ke`` (> ``kb``) of one tile: each
+    """A consumer warpgroup's sum of K slices ``kb`` to ``ke`` (> ``kb``) of one tile (from
+    zero if ``fresh``, else onto ``acc``): each
     waited for at ring position ``s``, ``ph``, multiplied (``mma_slice``) and retired (its
     stage before freed, ``retire_slice``; ``ps``: the stage of the slice before), then all
     its wgmmas waited for. Returns the ring position after it and the stage of its last
@@ -147,7 +148,7 @@ def mma_run(
     for kt in range(kb, ke):
         kaio.mbarrier_wait(bars, (0, s), ph)
         kaio.wgmma_fence()
-        mma_slice(acc, acc_u, ring, s, wg, kt == kb, WG, BN, BT, ACT, DT)
+        mma_slice(acc, acc_u, ring, s, wg, kt == kb and fresh, WG, BN, BT, ACT, DT)
         ps, s, ph = retire_slice(bars, kt - kb, lt, s, ph, ps, STAGES, PAIR)
     kaio.wgmma_wait(0)
     return s, ph, ps
@@ -236,6 +237,41 @@ def store_fused(
 
 
 @kaio.gpu_func
+def finish(
+    acc: f32[:, :, :], acc_u: f32[:, :, :], c: OUT[:, :], ws: f32[:, :], bias: DT[:],
+    res: RT[:, :], ebuf: OUT[:, :, :], m0: u32, n0: u32, M: u32, N: u32, wg: u32, lt: u32,
+    BN: kaio.constexpr, CH: kaio.constexpr, SPLIT: kaio.constexpr, BIAS: kaio.constexpr,
+    ACT: kaio.constexpr, RES: kaio.constexpr, DT: kaio.constexpr, OUT: kaio.constexpr,
+    RT: kaio.constexpr, VEC: kaio.constexpr,
+):  # fmt: skip
+    """Consumer warpgroup ``wg``'s epilogue of its 64 rows of the tile at (``m0``, ``n0``)
+    (``gemm_wgmma``'s ``VEC``)."""
+    # lane (g, t) of warp w holds rows 16w + g (+ 8) and columns 8j + 2t, + 1
+    GATE = ACT == "silu_gate"
+    lane = lt % 32
+    if VEC == 1:
+        store_rows(acc, c, c, c, i32(m0 + 64 * wg), i32(n0), i32(M), i32(N), i32(N), 0,
+                   f32(1.0), f32(1.0), f32(1.0), lt, BN, OUT)  # fmt: skip
+    if VEC == 2:
+        store_shared(acc, c, ebuf, i32(m0 + 64 * wg), i32(n0), i32(M), i32(N), wg, lt, BN,
+                     OUT)  # fmt: skip
+    if VEC == 3 or VEC == 4:
+        store_fused(acc, acc_u, c, bias, res, m0 + 64 * wg, n0, M, N, lt, BN, CH, BIAS, ACT,
+                    RES, DT, OUT, RT)  # fmt: skip
+    for j in kaio.static_range(BN // 8 if VEC == 0 else 0):
+        col = n0 + 8 * j + 2 * (lane % 4)
+        for h in kaio.static_range(2):
+            row = m0 + 64 * wg + 16 * (lt // 32) + lane // 4 + 8 * h
+            u0 = f32(0.0)
+            u1 = f32(0.0)
+            if GATE:
+                u0 = acc_u[j, h, 0]
+                u1 = acc_u[j, h, 1]
+            store_pair(c, ws, bias, res, acc[j, h, 0], acc[j, h, 1], u0, u1, row, col, M, N,
+                       SPLIT, BIAS, ACT, RES, DT, OUT, RT)  # fmt: skip
+
+
+@kaio.gpu_func
 def prefetch_rows(
     res: RT[:, :], m0: u32, n0: u32, M: u32, N: u32, BM: kaio.constexpr, BN: kaio.constexpr,
     RT: kaio.constexpr,
@@ -257,7 +293,7 @@ def gemm_wgmma(
     WG: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, BT: kaio.constexpr,
     SPLIT: kaio.constexpr, FIXUP: kaio.constexpr, BIAS: kaio.constexpr, ACT: kaio.constexpr,
     RES: kaio.constexpr, PAIR: kaio.constexpr, DT: kaio.constexpr, OUT: kaio.constexpr,
-    RT: kaio.constexpr, VEC: kaio.constexpr, CH: kaio.constexpr,
+    RT: kaio.constexpr, VEC: kaio.constexpr, CH: kaio.constexpr, SKEW: kaio.constexpr,
 ):  # fmt: skip
     """C = epilogue(A @ B) (module docstring): block x computes C tile x, or with a K split
     block (x, z) the raw partial tile of K slice z into ``ws``. ``ta``: A [M, K] in boxes of
@@ -270,7 +306,9 @@ def gemm_wgmma(
     buffer, then a bulk copy a row (``store_shared``); 3 (no K split, any epilogue): the
     epilogue's loads ``CH`` n8 tiles at a time before their stores (``store_fused``); 4: as
     3, the producer having asked for the tile's residual rows in L2 after its last K slice
-    (``prefetch_rows``)."""
+    (``prefetch_rows``). ``SKEW`` (two warpgroups, no K split): the second consumer
+    warpgroup starts once the first has multiplied its first SKEW K slices (at most
+    ``STAGES``), so that the first's epilogue runs while the second still multiplies."""
     kaio.launch_bounds(WG * 128 + 32, 1)
     if PAIR:
         kaio.cluster_dims(2)
@@ -282,7 +320,12 @@ def gemm_wgmma(
     arrived = kaio.shared_dynamic(u32, (4,), STAGES * (ROWS * BK * 2 + 16))
     EB = STAGES * (ROWS * BK * 2 + 16) + 16 if VEC == 2 else 0  # unused: a stub over the ring
     ebuf = kaio.shared_dynamic(OUT, (4 * WG if VEC == 2 else 1, 16, BN + 8), EB)
+    GO = STAGES * (ROWS * BK * 2 + 16) + 16 + (4 * WG * 16 * (BN + 8) * OUT.itemsize if VEC == 2
+                                                else 0) if SKEW else 0  # fmt: skip
+    go = kaio.shared_dynamic(u64, (1,), GO)  # the first warpgroup's SKEW slices are done
     t = kaio.thread_idx_x()
+    if SKEW and t == 0:
+        kaio.mbarrier_init(go, 0, 1)
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
     lt = t % 128
     x = kaio.block_idx_x()
@@ -312,31 +355,28 @@ def gemm_wgmma(
     acc = kaio.local(f32, (BN // 8, 2, 2))
     acc_u = kaio.local(f32, (BN // 8 if GATE else 1, 2, 2))
     s, ph = i32(0), u32(0)  # the ring position: stage, phase parity
-    if wg < WG:  # the consumers
-        mma_run(acc, acc_u, ring, bars, 0, k_tiles, s, ph, 0, wg, lt, STAGES, WG, BN, BT, ACT,
-                PAIR, DT)  # fmt: skip
-        # lane (g, t) of warp w holds rows 16w + g (+ 8) and columns 8j + 2t, + 1
-        lane = lt % 32
-        if VEC == 1:
-            store_rows(acc, c, c, c, i32(m0 + 64 * wg), i32(n0), i32(M), i32(N), i32(N), 0,
-                       f32(1.0), f32(1.0), f32(1.0), lt, BN, OUT)  # fmt: skip
-        if VEC == 2:
-            store_shared(acc, c, ebuf, i32(m0 + 64 * wg), i32(n0), i32(M), i32(N), wg, lt, BN,
-                         OUT)  # fmt: skip
-        if VEC == 3 or VEC == 4:
-            store_fused(acc, acc_u, c, bias, res, m0 + 64 * wg, n0, M, N, lt, BN, CH, BIAS, ACT,
-                        RES, DT, OUT, RT)  # fmt: skip
-        for j in kaio.static_range(BN // 8 if VEC == 0 else 0):
-            col = n0 + 8 * j + 2 * (lane % 4)
-            for h in kaio.static_range(2):
-                row = m0 + 64 * wg + 16 * (lt // 32) + lane // 4 + 8 * h
-                u0 = f32(0.0)
-                u1 = f32(0.0)
-                if GATE:
-                    u0 = acc_u[j, h, 0]
-                    u1 = acc_u[j, h, 1]
-                store_pair(c, ws, bias, res, acc[j, h, 0], acc[j, h, 1], u0, u1, row, col, M, N,
-                           SPLIT, BIAS, ACT, RES, DT, OUT, RT)  # fmt: skip
+    if wg < WG and (SKEW == 0 or wg == 0):  # the consumers (with a SKEW, the first)
+        if SKEW:  # its first SKEW slices, then the second warpgroup may start
+            first = kaio.min(i32(SKEW), k_tiles)
+            s, ph, ps = mma_run(acc, acc_u, ring, bars, 0, first, s, ph, 0, wg, lt, True, STAGES,
+                                WG, BN, BT, ACT, PAIR, DT)  # fmt: skip
+            free_stage(bars, ps, lt, PAIR)
+            if lt == 0:
+                kaio.mbarrier_arrive(go, 0)
+            if first < k_tiles:
+                mma_run(acc, acc_u, ring, bars, first, k_tiles, s, ph, 0, wg, lt, False, STAGES,
+                        WG, BN, BT, ACT, PAIR, DT)  # fmt: skip
+        else:
+            mma_run(acc, acc_u, ring, bars, 0, k_tiles, s, ph, 0, wg, lt, True, STAGES, WG, BN,
+                    BT, ACT, PAIR, DT)  # fmt: skip
+        finish(acc, acc_u, c, ws, bias, res, ebuf, m0, n0, M, N, wg, lt, BN, CH, SPLIT, BIAS, ACT,
+               RES, DT, OUT, RT, VEC)  # fmt: skip
+    elif SKEW and wg == 1:  # the second consumer warpgroup, SKEW slices behind the first
+        kaio.mbarrier_wait(go, 0, 0)
+        mma_run(acc, acc_u, ring, bars, 0, k_tiles, s, ph, 0, wg, lt, True, STAGES, WG, BN, BT,
+                ACT, PAIR, DT)  # fmt: skip
+        finish(acc, acc_u, c, ws, bias, res, ebuf, m0, n0, M, N, wg, lt, BN, CH, SPLIT, BIAS, ACT,
+               RES, DT, OUT, RT, VEC)  # fmt: skip
     elif t == WG * 128:  # the producer: each K slice, STAGES ahead at most
         for g in range(k_tiles):
             if g >= STAGES:  # stage s held slice g - STAGES: wait until the consumers freed it
@@ -361,12 +401,14 @@ def eligible(a, b, n: int, k: int, transposed: bool) -> bool:
     return k % 8 == 0 and (transposed or n % 8 == 0) and a.aligned(16) and b.aligned(16)
 
 
-def shared_bytes(wg: int, bn: int, stages: int, gate: bool, vec: int = 0, size: int = 2) -> int:
+def shared_bytes(
+    wg: int, bn: int, stages: int, gate: bool, vec: int = 0, size: int = 2, skew: int = 0
+) -> int:
     """The dynamic shared memory of ``gemm_wgmma``: the tile ring, its barriers and the
-    K-split fixup's arrival count, and for ``vec`` 2 the warps' epilogue buffers (of
-    ``size``-byte outputs)."""
+    K-split fixup's arrival count, for ``vec`` 2 the warps' epilogue buffers (of
+    ``size``-byte outputs), and with a ``skew`` its barrier."""
     ring = stages * ((64 * wg + (2 if gate else 1) * -(-bn // 64) * 64) * BK * 2 + 16) + 16
-    return ring + (4 * wg * 16 * (bn + 8) * size if vec == 2 else 0)
+    return ring + (4 * wg * 16 * (bn + 8) * size if vec == 2 else 0) + (16 if skew else 0)
 
 
 def vec_ok(n: int, split: int, plain: bool, vec: int = 1) -> bool:
@@ -385,7 +427,9 @@ class Plan(NamedTuple):
     is the fixup in the kernel (the last block of a tile to finish sums the slices in
     order: ``fixup``) or the separate ``_gemm.gemm_reduce`` kernel; ``pair``: 0, or blocks in
     clusters of two that share B (1) or A (2) (``gemm_wgmma``); ``vec``: its epilogue's
-    stores (``gemm_wgmma``'s ``VEC``, where ``vec_ok``; else 0)."""
+    stores (``gemm_wgmma``'s ``VEC``, where ``vec_ok``; else 0); ``skew``: the second
+    consumer warpgroup that many K slices behind the first (``gemm_wgmma``'s ``SKEW``, where
+    ``skew_ok``; else 0)."""
 
     wg: int
     bn: int
@@ -394,6 +438,13 @@ class Plan(NamedTuple):
     fixup: bool
     pair: int = 0
     vec: int = 0
+    skew: int = 0
+
+
+def skew_ok(wg: int, split: int, stages: int, skew: int) -> bool:
+    """Whether ``gemm_wgmma`` may run its second consumer warpgroup ``skew`` K slices behind
+    the first: two warpgroups, no K split, at most the ring's stages."""
+    return wg == 2 and split == 1 and 0 < skew <= stages
 
 
 def fixup_ok(n: int) -> bool:
@@ -487,6 +538,6 @@ def specializations() -> list:
         consts["FIXUP"] = int(split > 2)
         epi = {"BIAS": int(vec in (0, 3, 4)), "ACT": act, "RES": int(vec in (0, 3, 4))}
         epi["PAIR"] = pair
-        epi |= {"VEC": vec, "CH": EPI_CHUNK}
+        epi |= {"VEC": vec, "CH": EPI_CHUNK, "SKEW": 2 if vec == 4 and wg == 2 else 0}
         out.append((gemm_wgmma, {**consts, **epi, "DT": dt, "OUT": ot, "RT": ot}))
     return out
