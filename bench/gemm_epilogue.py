@@ -54,13 +54,13 @@ def reference(x, w, b, r, act):
 def forced(variant: str):
     """``linear`` on the routed Hopper plan with the epilogue of ``variant``: "vV" (``Plan.vec``
     V: 0 pairs of columns, 3 ``store_fused``, 4 and the residual prefetched), then "cC"
-    (chunks of C n8 tiles, ``_gemm_hopper.EPI_CHUNK``) and "sS" (``Plan.skew`` S)."""
+    (chunks of C n8 tiles, ``_gemm_hopper.EPI_CHUNK``)."""
     import re
 
     from kaio_ops import _arrays, _gemm_hopper
     from kaio_ops.linear import gemm, route
 
-    vec, chunk, skew = re.fullmatch(r"v(\d)(?:c(\d+))?(?:s(\d))?", variant).groups()
+    vec, chunk = re.fullmatch(r"v(\d)(?:c(\d+))?", variant).groups()
 
     def run(x, w, b, r, act):
         inputs = _arrays.Inputs("linear")
@@ -71,14 +71,15 @@ def forced(variant: str):
         chosen = route(xo, wo, (m, n, k), True, False, act == "silu_gate")
         if not isinstance(chosen, _gemm_hopper.Plan):
             raise RuntimeError(f"not a Hopper plan: {chosen}")
-        chosen = chosen._replace(vec=int(vec), skew=int(skew or 0))
-        saved = _gemm_hopper.EPI_CHUNK
-        _gemm_hopper.EPI_CHUNK = int(chunk or saved)
+        chosen = chosen._replace(vec=int(vec))
+        saved = _gemm_hopper.EPI_CHUNK, _gemm_hopper.FUSED_VEC
+        _gemm_hopper.EPI_CHUNK = int(chunk or saved[0])
+        _gemm_hopper.FUSED_VEC = int(vec)  # "v0": the pair-by-pair epilogue
         try:
             return gemm("linear", xo, wo, (m, n), (m, n, k), xo.dtype, True, bo, ro, act,
                         chosen=chosen)  # fmt: skip
         finally:
-            _gemm_hopper.EPI_CHUNK = saved
+            _gemm_hopper.EPI_CHUNK, _gemm_hopper.FUSED_VEC = saved
 
     return run
 

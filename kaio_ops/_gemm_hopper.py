@@ -34,13 +34,21 @@ import kaio
 from kaio import bool_, f16, f32, i32, u32, u64
 from kaio_ops._common import store_cols
 from kaio_ops._gemm import activate, last_arrival, store_pair, sum_tile
-from kaio_ops._matmul_hopper import free_stage, init_ring, next_stage, retire_slice, store_rows
+from kaio_ops._matmul_hopper import init_ring, next_stage, retire_slice, store_rows
 from kaio_ops._matmul_kernels import tile_col, tile_origin, tile_row
 
 BK = 64
 SW = 128  # swizzle bytes: one 128-byte row per 64 elements
 SHARED_LIMIT = 227 * 1024
-EPI_CHUNK = 8  # n8 tiles of C whose bias and residual ``store_fused`` loads before storing
+# the fused epilogue (bias, activation, residual) of an unsplit tile: ``store_fused`` (VEC
+# 3), loading EPI_CHUNK n8 tiles of bias and residual before their stores. Measured on an
+# H100 (bench/gemm_epilogue.py, M = 4096, 128 x 256 tiles): gelu + bias + residual at 4096 x
+# 14336 694.7 µs against 740.7 pair by pair (VEC 0; 8 tiles a chunk: 712.1, its registers
+# spilled), silu_gate at 14336 x 4096 1584 against 1723 µs; with the residual prefetched
+# into L2 by the producer (VEC 4), 654.6 and 1437 µs, against 658.8 and 1487 (VEC 3), 695
+# and 1613 (VEC 0) in the next round
+FUSED_VEC = 4
+EPI_CHUNK = 4
 
 
 @kaio.gpu_func
@@ -134,12 +142,11 @@ def mma_slice(
 @kaio.gpu_func
 def mma_run(
     acc: f32[:, :, :], acc_u: f32[:, :, :], ring: DT[:, :, :], bars: u64[:, :], kb: i32,
-    ke: i32, s: i32, ph: u32, ps: i32, wg: u32, lt: u32, fresh: bool_,
+    ke: i32, s: i32, ph: u32, ps: i32, wg: u32, lt: u32,
     STAGES: kaio.constexpr, WG: kaio.constexpr, BN: kaio.constexpr, BT: kaio.constexpr,
     ACT: kaio.constexpr, PAIR: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
-    """A consumer warpgroup's sum of K slices ``kb`` to ``ke`` (> ``kb``) of one tile (from
-    zero if ``fresh``, else onto ``acc``): each
+    """A consumer warpgroup's sum of K slices ``kb`` to ``ke`` (> ``kb``) of one tile: each
     waited for at ring position ``s``, ``ph``, multiplied (``mma_slice``) and retired (its
     stage before freed, ``retire_slice``; ``ps``: the stage of the slice before), then all
     its wgmmas waited for. Returns the ring position after it and the stage of its last
@@ -148,7 +155,7 @@ def mma_run(
     for kt in range(kb, ke):
         kaio.mbarrier_wait(bars, (0, s), ph)
         kaio.wgmma_fence()
-        mma_slice(acc, acc_u, ring, s, wg, kt == kb and fresh, WG, BN, BT, ACT, DT)
+        mma_slice(acc, acc_u, ring, s, wg, kt == kb, WG, BN, BT, ACT, DT)
         ps, s, ph = retire_slice(bars, kt - kb, lt, s, ph, ps, STAGES, PAIR)
     kaio.wgmma_wait(0)
     return s, ph, ps
@@ -293,7 +300,7 @@ def gemm_wgmma(
     WG: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, BT: kaio.constexpr,
     SPLIT: kaio.constexpr, FIXUP: kaio.constexpr, BIAS: kaio.constexpr, ACT: kaio.constexpr,
     RES: kaio.constexpr, PAIR: kaio.constexpr, DT: kaio.constexpr, OUT: kaio.constexpr,
-    RT: kaio.constexpr, VEC: kaio.constexpr, CH: kaio.constexpr, SKEW: kaio.constexpr,
+    RT: kaio.constexpr, VEC: kaio.constexpr, CH: kaio.constexpr,
 ):  # fmt: skip
     """C = epilogue(A @ B) (module docstring): block x computes C tile x, or with a K split
     block (x, z) the raw partial tile of K slice z into ``ws``. ``ta``: A [M, K] in boxes of
@@ -306,9 +313,7 @@ def gemm_wgmma(
     buffer, then a bulk copy a row (``store_shared``); 3 (no K split, any epilogue): the
     epilogue's loads ``CH`` n8 tiles at a time before their stores (``store_fused``); 4: as
     3, the producer having asked for the tile's residual rows in L2 after its last K slice
-    (``prefetch_rows``). ``SKEW`` (two warpgroups, no K split): the second consumer
-    warpgroup starts once the first has multiplied its first SKEW K slices (at most
-    ``STAGES``), so that the first's epilogue runs while the second still multiplies."""
+    (``prefetch_rows``)."""
     kaio.launch_bounds(WG * 128 + 32, 1)
     if PAIR:
         kaio.cluster_dims(2)
@@ -320,12 +325,7 @@ def gemm_wgmma(
     arrived = kaio.shared_dynamic(u32, (4,), STAGES * (ROWS * BK * 2 + 16))
     EB = STAGES * (ROWS * BK * 2 + 16) + 16 if VEC == 2 else 0  # unused: a stub over the ring
     ebuf = kaio.shared_dynamic(OUT, (4 * WG if VEC == 2 else 1, 16, BN + 8), EB)
-    GO = STAGES * (ROWS * BK * 2 + 16) + 16 + (4 * WG * 16 * (BN + 8) * OUT.itemsize if VEC == 2
-                                                else 0) if SKEW else 0  # fmt: skip
-    go = kaio.shared_dynamic(u64, (1,), GO)  # the first warpgroup's SKEW slices are done
     t = kaio.thread_idx_x()
-    if SKEW and t == 0:
-        kaio.mbarrier_init(go, 0, 1)
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
     lt = t % 128
     x = kaio.block_idx_x()
@@ -355,26 +355,9 @@ def gemm_wgmma(
     acc = kaio.local(f32, (BN // 8, 2, 2))
     acc_u = kaio.local(f32, (BN // 8 if GATE else 1, 2, 2))
     s, ph = i32(0), u32(0)  # the ring position: stage, phase parity
-    if wg < WG and (SKEW == 0 or wg == 0):  # the consumers (with a SKEW, the first)
-        if SKEW:  # its first SKEW slices, then the second warpgroup may start
-            first = kaio.min(i32(SKEW), k_tiles)
-            s, ph, ps = mma_run(acc, acc_u, ring, bars, 0, first, s, ph, 0, wg, lt, True, STAGES,
-                                WG, BN, BT, ACT, PAIR, DT)  # fmt: skip
-            free_stage(bars, ps, lt, PAIR)
-            if lt == 0:
-                kaio.mbarrier_arrive(go, 0)
-            if first < k_tiles:
-                mma_run(acc, acc_u, ring, bars, first, k_tiles, s, ph, 0, wg, lt, False, STAGES,
-                        WG, BN, BT, ACT, PAIR, DT)  # fmt: skip
-        else:
-            mma_run(acc, acc_u, ring, bars, 0, k_tiles, s, ph, 0, wg, lt, True, STAGES, WG, BN,
-                    BT, ACT, PAIR, DT)  # fmt: skip
-        finish(acc, acc_u, c, ws, bias, res, ebuf, m0, n0, M, N, wg, lt, BN, CH, SPLIT, BIAS, ACT,
-               RES, DT, OUT, RT, VEC)  # fmt: skip
-    elif SKEW and wg == 1:  # the second consumer warpgroup, SKEW slices behind the first
-        kaio.mbarrier_wait(go, 0, 0)
-        mma_run(acc, acc_u, ring, bars, 0, k_tiles, s, ph, 0, wg, lt, True, STAGES, WG, BN, BT,
-                ACT, PAIR, DT)  # fmt: skip
+    if wg < WG:  # the consumers
+        mma_run(acc, acc_u, ring, bars, 0, k_tiles, s, ph, 0, wg, lt, STAGES, WG, BN, BT, ACT,
+                PAIR, DT)  # fmt: skip
         finish(acc, acc_u, c, ws, bias, res, ebuf, m0, n0, M, N, wg, lt, BN, CH, SPLIT, BIAS, ACT,
                RES, DT, OUT, RT, VEC)  # fmt: skip
     elif t == WG * 128:  # the producer: each K slice, STAGES ahead at most
@@ -401,14 +384,12 @@ def eligible(a, b, n: int, k: int, transposed: bool) -> bool:
     return k % 8 == 0 and (transposed or n % 8 == 0) and a.aligned(16) and b.aligned(16)
 
 
-def shared_bytes(
-    wg: int, bn: int, stages: int, gate: bool, vec: int = 0, size: int = 2, skew: int = 0
-) -> int:
+def shared_bytes(wg: int, bn: int, stages: int, gate: bool, vec: int = 0, size: int = 2) -> int:
     """The dynamic shared memory of ``gemm_wgmma``: the tile ring, its barriers and the
-    K-split fixup's arrival count, for ``vec`` 2 the warps' epilogue buffers (of
-    ``size``-byte outputs), and with a ``skew`` its barrier."""
+    K-split fixup's arrival count, and for ``vec`` 2 the warps' epilogue buffers (of
+    ``size``-byte outputs)."""
     ring = stages * ((64 * wg + (2 if gate else 1) * -(-bn // 64) * 64) * BK * 2 + 16) + 16
-    return ring + (4 * wg * 16 * (bn + 8) * size if vec == 2 else 0) + (16 if skew else 0)
+    return ring + (4 * wg * 16 * (bn + 8) * size if vec == 2 else 0)
 
 
 def vec_ok(n: int, split: int, plain: bool, vec: int = 1) -> bool:
@@ -427,9 +408,7 @@ class Plan(NamedTuple):
     is the fixup in the kernel (the last block of a tile to finish sums the slices in
     order: ``fixup``) or the separate ``_gemm.gemm_reduce`` kernel; ``pair``: 0, or blocks in
     clusters of two that share B (1) or A (2) (``gemm_wgmma``); ``vec``: its epilogue's
-    stores (``gemm_wgmma``'s ``VEC``, where ``vec_ok``; else 0); ``skew``: the second
-    consumer warpgroup that many K slices behind the first (``gemm_wgmma``'s ``SKEW``, where
-    ``skew_ok``; else 0)."""
+    stores (``gemm_wgmma``'s ``VEC``, where ``vec_ok``; else 0)."""
 
     wg: int
     bn: int
@@ -438,13 +417,6 @@ class Plan(NamedTuple):
     fixup: bool
     pair: int = 0
     vec: int = 0
-    skew: int = 0
-
-
-def skew_ok(wg: int, split: int, stages: int, skew: int) -> bool:
-    """Whether ``gemm_wgmma`` may run its second consumer warpgroup ``skew`` K slices behind
-    the first: two warpgroups, no K split, at most the ring's stages."""
-    return wg == 2 and split == 1 and 0 < skew <= stages
 
 
 def fixup_ok(n: int) -> bool:
@@ -538,6 +510,6 @@ def specializations() -> list:
         consts["FIXUP"] = int(split > 2)
         epi = {"BIAS": int(vec in (0, 3, 4)), "ACT": act, "RES": int(vec in (0, 3, 4))}
         epi["PAIR"] = pair
-        epi |= {"VEC": vec, "CH": EPI_CHUNK, "SKEW": 2 if vec == 4 and wg == 2 else 0}
+        epi |= {"VEC": vec, "CH": EPI_CHUNK}
         out.append((gemm_wgmma, {**consts, **epi, "DT": dt, "OUT": ot, "RT": ot}))
     return out

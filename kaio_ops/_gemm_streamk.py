@@ -192,8 +192,8 @@ def gemm_streamk(
         warp = i32(lt // 32)
         for sg in range(segments):
             tile, kb, ke = segment(sg, b, g, dp, dp_tiles, first, k_tiles, sk_end)
-            s, ph, ps = mma_run(acc, acc_u, ring, bars, kb, ke, s, ph, ps, wg, lt, True, STAGES,
-                                WG, BN, BT, ACT, 0, DT)  # fmt: skip
+            s, ph, ps = mma_run(acc, acc_u, ring, bars, kb, ke, s, ph, ps, wg, lt, STAGES, WG, BN,
+                                BT, ACT, 0, DT)  # fmt: skip
             if lt == 0:  # the segment's last stage, before its epilogue
                 kaio.mbarrier_arrive(bars, (1, ps))
             idx = grouped(tile, tiles_m, tiles_n, GROUP)

@@ -195,13 +195,13 @@ def gemm(
     if hopper:
         if not isinstance(chosen, _gemm_hopper.Plan):
             chosen = _gemm_hopper.plan(m, n, k, sms, gate)
-        wg, bn, stages, split, fixup, pair, vec, skew = chosen
+        wg, bn, stages, split, fixup, pair, vec = chosen
         split, k_slice = k_slices(k, split, _gemm_hopper.BK)
         fixup = fixup and split > 1 and _gemm_hopper.fixup_ok(n)
+        if vec == 0 and not plain and split == 1:  # the fused epilogue's loads first
+            vec = _gemm_hopper.FUSED_VEC
         if not _gemm_hopper.vec_ok(n, split, plain, vec):
             vec = 0
-        if not _gemm_hopper.skew_ok(wg, split, stages, skew):
-            skew = 0
     else:
         chosen = chosen or tuned_plan(a, m, n, k, gate)
         cfg = mma_config(chosen.config)
@@ -221,12 +221,12 @@ def gemm(
     if hopper:
         tiles = _gemm_hopper.grid_tiles(m, n, wg, bn, pair)
         maps = _gemm_hopper.tensor_maps(a, b, m, k, wg, transposed, 64 if pair == 2 else 0)
-        shared = _gemm_hopper.shared_bytes(wg, bn, stages, gate, vec, out.itemsize, skew)
+        shared = _gemm_hopper.shared_bytes(wg, bn, stages, gate, vec, out.itemsize)
         counters = _counters(a, tiles) if fixup else _placeholder(a, i32, 1)
         _gemm_hopper.gemm_wgmma[(tiles, 1, split), 128 * wg + 32, stream, shared](
             *maps, *args[:4], counters, *args[4:], WG=wg, BN=bn, STAGES=stages,
             BT=int(transposed), SPLIT=min(split, 2), FIXUP=int(fixup), PAIR=pair, **epilogue,
-            VEC=vec, CH=_gemm_hopper.EPI_CHUNK, SKEW=skew, **types,
+            VEC=vec, CH=_gemm_hopper.EPI_CHUNK, **types,
         )  # fmt: skip
     else:
         pipelined = _pipelined(a)

@@ -362,20 +362,17 @@ def test_hopper_vector_epilogues_in_simulator(m, n, k, transposed, dtype, out, c
     [
         # the fused epilogue's loads first (VEC 3): tails in M and N, chunks of 8 n8 tiles
         # and a last partial chunk (96 and 48 columns), an odd N (element loads), every output type
-        (70, 200, 136, "gelu", np.float16, kaio.f16, hopper.Plan(2, 64, 2, 1, False, 0, 3, 2)),
+        (70, 200, 136, "gelu", np.float16, kaio.f16, hopper.Plan(2, 64, 2, 1, False, 0, 3)),
         (33, 75, 72, "silu_gate", BF16, kaio.f32, hopper.Plan(1, 64, 2, 1, False, 0, 3)),
         (20, 104, 64, "gelu_tanh", BF16, kaio.bf16, hopper.Plan(1, 96, 2, 1, False, 0, 3)),
         (65, 40, 64, "silu", np.float16, kaio.f32, hopper.Plan(2, 48, 2, 1, False, 0, 4)),
-        # the second warpgroup 2 slices behind the first (SKEW), the pair-by-pair epilogue;
-        # and a skew of the whole ring, more than the K slices (3)
-        (130, 72, 136, "gelu_tanh", BF16, kaio.bf16, hopper.Plan(2, 64, 3, 1, False, 0, 0, 2)),
-        (70, 72, 136, "silu_gate", np.float16, kaio.f16, hopper.Plan(2, 64, 4, 1, False, 0, 3, 4)),
+        (130, 72, 136, "gelu_tanh", BF16, kaio.bf16, hopper.Plan(2, 64, 3, 1, False, 0, 4)),
     ],
 )
 def test_hopper_fused_epilogue_in_simulator(m, n, k, act, dtype, out, chosen):
     """The Hopper kernel's fused epilogue with its loads ahead of the stores (``VEC`` 3,
-    ``store_fused``; 4, the residual prefetched) and its skewed warpgroups (``SKEW``): bias,
-    activation and residual against float64."""
+    ``store_fused``; 4, the residual prefetched): bias, activation and residual against
+    float64."""
     rng = np.random.default_rng(m + n + k)
     rows = 2 * n if act == "silu_gate" else n
     x = rand(rng, (m, k), dtype)
