@@ -54,12 +54,27 @@ def reference(x, w, b, r, act):
 def forced(variant: str):
     """``linear`` on the routed Hopper plan with the epilogue of ``variant``: "vV" (``Plan.vec``
     V: 0 pairs of columns, 3 ``store_fused``, 4 and the residual prefetched), then "cC"
-    (chunks of C n8 tiles, ``_gemm_hopper.EPI_CHUNK``)."""
+    (chunks of C n8 tiles, ``_gemm_hopper.EPI_CHUNK``); or "PW" (then "p": in pairs sharing
+    B): the persistent kernel with 128 x W tiles (``linear.Persistent``)."""
     import re
 
     from kaio_ops import _arrays, _gemm_hopper
-    from kaio_ops.linear import gemm, route
+    from kaio_ops.linear import Persistent, gemm, route
 
+    if variant.startswith("P"):
+        width, pair = re.fullmatch(r"P(\d+)(p?)", variant).groups()
+        plan = Persistent(int(width), pair=int(bool(pair)))
+
+        def run_persistent(x, w, b, r, act):
+            inputs = _arrays.Inputs("linear")
+            xo, wo = inputs.array(x, "x", ndim=2), inputs.array(w, "w", ndim=2)
+            bo = None if b is None else inputs.array(b, "bias", ndim=1)
+            ro = None if r is None else inputs.array(r, "residual", ndim=2)
+            (m, k), n = x.shape, w.shape[0]
+            return gemm("linear", xo, wo, (m, n), (m, n, k), xo.dtype, True, bo, ro, act,
+                        chosen=plan)  # fmt: skip
+
+        return run_persistent
     vec, chunk = re.fullmatch(r"v(\d)(?:c(\d+))?", variant).groups()
 
     def run(x, w, b, r, act):
@@ -95,6 +110,8 @@ def impls(variants: list[str], parts: bool) -> dict:
     if parts:
         out["F.linear+bias"] = lambda x, w, b, r, act: F.linear(x, w, b)
         out["kaio plain"] = lambda x, w, b, r, act: kaio_ops.linear(x, w)
+        plain_p = forced("P256")  # the persistent kernel, no epilogue
+        out["kaio plain P256"] = lambda x, w, b, r, act: plain_p(x, w, None, None, "none")
         out["kaio act"] = lambda x, w, b, r, act: kaio_ops.linear(
             x, w, activation="silu" if act == "silu_gate" else act
         )
@@ -113,7 +130,7 @@ def main() -> None:
     acts = args.acts.split(",")
     variants = [v for v in args.variants.split(",") if v]
     fns = impls(variants, args.parts)
-    timing_only = ("F.linear+bias", "kaio plain", "kaio act")
+    timing_only = ("F.linear+bias", "kaio plain", "kaio plain P256", "kaio act")
     cases = [(m, act) for act in acts for m in ms]
     if args.warm:
         shard, shards = (int(v) for v in args.warm.split("/"))

@@ -32,9 +32,15 @@ from typing import NamedTuple
 
 import kaio
 from kaio import bool_, f16, f32, i32, u32, u64
-from kaio_ops._common import store_cols
-from kaio_ops._gemm import activate, last_arrival, store_pair, sum_tile
-from kaio_ops._matmul_hopper import init_ring, next_stage, retire_slice, store_rows
+from kaio_ops._gemm import last_arrival, store_pair, sum_tile
+from kaio_ops._matmul_hopper import (
+    init_ring,
+    next_stage,
+    prefetch_rows,
+    retire_slice,
+    store_fused,
+    store_rows,
+)
 from kaio_ops._matmul_kernels import tile_col, tile_origin, tile_row
 
 BK = 64
@@ -189,61 +195,6 @@ def store_shared(
 
 
 @kaio.gpu_func
-def store_fused(
-    acc: f32[:, :, :], acc_u: f32[:, :, :], c: OUT[:, :], bias: DT[:], res: RT[:, :],
-    row0: u32, col0: u32, M: u32, N: u32, lt: u32,
-    BN: kaio.constexpr, CH: kaio.constexpr, BIAS: kaio.constexpr, ACT: kaio.constexpr,
-    RES: kaio.constexpr, DT: kaio.constexpr, OUT: kaio.constexpr, RT: kaio.constexpr,
-):  # fmt: skip
-    """The epilogue of a warpgroup's 64 rows of C from ``row0``, BN columns from ``col0``
-    (``acc``: the m16n8 C fragment of each n8 tile; ``acc_u`` the up sums of "silu_gate"),
-    ``CH`` n8 tiles at a time: first every bias and residual element of the chunk is loaded
-    (indices clamped inside C, so no load waits on a branch or a store), then the chunk is
-    computed (``_gemm.activate``) and stored by pairs of columns. ``store_pair`` loads each
-    pair's operands after the previous pair's store, one memory latency a pair."""
-    GATE = ACT == "silu_gate"
-    lane = lt % 32
-    row = row0 + 16 * (lt // 32) + lane // 4
-    even = N % 2 == 0
-    bv = kaio.local(f32, (CH, 2, 2))  # [tile, column, gate / up]
-    rv = kaio.local(f32, (CH, 2, 2))  # [tile, row half, column]
-    rp = kaio.local(RT, 2)
-    pair = kaio.local(OUT, 2)
-    NT = BN // 8
-    for jc in kaio.static_range((NT + CH - 1) // CH):
-        for jj in kaio.static_range(CH if (jc + 1) * CH <= NT else NT - jc * CH):
-            col = col0 + 8 * (jc * CH + jj) + 2 * (lane % 4)
-            for p in kaio.static_range(2):
-                cp = kaio.min(col + p, N - 1)
-                if BIAS:
-                    bv[jj, p, 0] = f32(bias[cp])
-                    if GATE:
-                        bv[jj, p, 1] = f32(bias[N + cp])
-            if RES:
-                for h in kaio.static_range(2):
-                    r = kaio.min(row + 8 * h, M - 1)
-                    if even:  # one aligned load of the pair (a column at 0 when outside C)
-                        kaio.load_vector(rp, res, (r, kaio.select(col < N, col, u32(0))))
-                        rv[jj, h, 0] = f32(rp[0])
-                        rv[jj, h, 1] = f32(rp[1])
-                    else:
-                        rv[jj, h, 0] = f32(res[r, kaio.min(col, N - 1)])
-                        rv[jj, h, 1] = f32(res[r, kaio.min(col + 1, N - 1)])
-        for jj in kaio.static_range(CH if (jc + 1) * CH <= NT else NT - jc * CH):
-            j = jc * CH + jj
-            col = col0 + 8 * j + 2 * (lane % 4)
-            for h in kaio.static_range(2):
-                for p in kaio.static_range(2):
-                    u = f32(0.0)
-                    if GATE:
-                        u = acc_u[j, h, p]
-                    pair[p] = OUT(activate(acc[j, h, p], u, bv[jj, p, 0], bv[jj, p, 1],
-                                           rv[jj, h, p], BIAS, ACT, RES))  # fmt: skip
-                if row + 8 * h < M:
-                    store_cols(c, row + 8 * h, col, pair, N, even, 2, OUT)
-
-
-@kaio.gpu_func
 def finish(
     acc: f32[:, :, :], acc_u: f32[:, :, :], c: OUT[:, :], ws: f32[:, :], bias: DT[:],
     res: RT[:, :], ebuf: OUT[:, :, :], m0: u32, n0: u32, M: u32, N: u32, wg: u32, lt: u32,
@@ -276,20 +227,6 @@ def finish(
                 u1 = acc_u[j, h, 1]
             store_pair(c, ws, bias, res, acc[j, h, 0], acc[j, h, 1], u0, u1, row, col, M, N,
                        SPLIT, BIAS, ACT, RES, DT, OUT, RT)  # fmt: skip
-
-
-@kaio.gpu_func
-def prefetch_rows(
-    res: RT[:, :], m0: u32, n0: u32, M: u32, N: u32, BM: kaio.constexpr, BN: kaio.constexpr,
-    RT: kaio.constexpr,
-):  # fmt: skip
-    """One thread asks for the residual rows of the tile at (``m0``, ``n0``) to be brought
-    into L2 (``bulk_prefetch_l2``, a row at a time), where rows are 16-byte aligned."""
-    if N % (16 // RT.itemsize) == 0 and n0 < N:
-        nbytes = kaio.min(u32(BN), N - n0) * RT.itemsize
-        for r in range(BM):
-            if m0 + r < M:
-                kaio.bulk_prefetch_l2(res, (m0 + r, n0), nbytes)
 
 
 @kaio.gpu_kernel

@@ -78,12 +78,13 @@ def out_type(op: str, out_dtype, default: ScalarType) -> ScalarType:
 
 
 class Persistent(NamedTuple):
-    """A ``gemm`` choice: ``_matmul_hopper``'s persistent kernel (sm_90, B [K, N], no
-    epilogue) with ``128 x bn`` tiles (``bn`` a multiple of 16 up to 320) taken ``group``
-    tile rows at a time, where the string ``"persistent"`` takes the width of
-    ``persistent_width`` and groups of ``_matmul_hopper.GROUP_ROWS``; ``pair`` 1: blocks in
-    clusters of two sharing the B slice; ``skew``: the second consumer warpgroup that many K
-    slices behind the first (``_matmul_hopper.launch``)."""
+    """A ``gemm`` choice: ``_matmul_hopper``'s persistent kernel (sm_90; B [K, N], or [N, K]
+    with N a multiple of 8; every epilogue but "silu_gate") with ``128 x bn`` tiles (``bn``
+    a multiple of 16 up to 320) taken ``group`` tile rows at a time, where the string
+    ``"persistent"`` takes the width of ``persistent_width`` and groups of
+    ``_matmul_hopper.GROUP_ROWS``; ``pair`` 1: blocks in clusters of two sharing the B
+    slice; ``skew``: the second consumer warpgroup that many K slices behind the first
+    (``_matmul_hopper.launch``)."""
 
     bn: int
     group: int = _matmul_hopper.GROUP_ROWS
@@ -177,16 +178,23 @@ def gemm(
         return c
     if isinstance(chosen, _gemv.Plan):
         return _skinny(a, b, out_shape, mnk, out, chosen.split)
-    if chosen == "persistent" or isinstance(chosen, Persistent):  # B [K, N], no epilogue
+    if (chosen == "persistent" or isinstance(chosen, Persistent)) and (
+        gate or transposed and n % 8
+    ):  # the persistent kernel stores 4 columns at a time and keeps one accumulator set
+        chosen = "hopper"
+    if chosen == "persistent" or isinstance(chosen, Persistent):
         if not isinstance(chosen, Persistent):
             chosen = Persistent(persistent_width(m, n, sms))
         bn, group, pair, skew = chosen
-        if out == f32:
+        if out == f32 and plain and not transposed:
             return _matmul_hopper.launch(a, b, m, n, k, sms, dtype == bf16, group=group, bn=bn,
                                          pair=pair, skew=skew)  # fmt: skip
         c = _arrays.output(a, out_shape, out)
-        _matmul_hopper.launch(a, b, m, n, k, sms, dtype == bf16, [c], group=group, out_type=out,
-                              bn=bn, pair=pair, skew=skew)  # fmt: skip
+        c2 = c if len(out_shape) == 2 else _arrays.view(c, a.kind, (m, n))
+        _matmul_hopper.launch(a, b, m, n, k, sms, dtype == bf16, [c2], group=group, out_type=out,
+                              bn=bn, pair=pair, skew=skew, bt=transposed, bias=bias,
+                              residual=residual, act=activation,
+                              chunk=_gemm_hopper.EPI_CHUNK)  # fmt: skip
         return c
     if isinstance(chosen, _gemm_streamk.Plan) or chosen == "streamk":
         return _streamk(op, a, b, out_shape, mnk, out, transposed, bias, residual, activation,
@@ -462,6 +470,7 @@ def route(a, b, mnk: tuple, transposed: bool, plain: bool, gate: bool):
     m, n, k = mnk
     hopper = hopper_takes(a, b, n, k, transposed)
     persistent = plain and not transposed and hopper and a.dtype == b.dtype
+    measured_persistent = hopper and a.dtype == b.dtype and not gate  # any epilogue, B [N, K]
     if hopper:
         layout = ("gate" if gate else "nk") if transposed else "kn"
         for most, choice in MEASURED.get((n, k, layout), ()):
@@ -469,7 +478,9 @@ def route(a, b, mnk: tuple, transposed: bool, plain: bool, gate: bool):
                 if choice == "gemv" or isinstance(choice, _gemv.Plan):
                     if _gemv.takes(a, b, mnk, transposed, plain):
                         return choice
-                if (choice == "persistent" or isinstance(choice, Persistent)) and persistent:
+                if (choice == "persistent" or isinstance(choice, Persistent)) and (
+                    measured_persistent
+                ):
                     return choice
                 if isinstance(choice, _gemm_hopper.Plan | _gemm_streamk.Plan):
                     return choice

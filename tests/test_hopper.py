@@ -773,8 +773,9 @@ def test_hopper_matmul_in_the_simulator(bf16, blocks, group, stages):
     tb = kaio.tensor_map_2d(b, (64, 64), 128)
     shared = _matmul_hopper.shared_bytes(bn, stages)
     _matmul_hopper.matmul_wgmma.sim[blocks, _matmul_hopper.THREADS, 0, shared](
-        ta, tb, c, c, c, m, n, n, 0, k, 1.0, 1.0, 1.0, bn, stages, (f16, kaio.bf16)[bf16],
-        group, f32, 0, 1 + 2 * bf16, 0,  # one output (f16 inputs), or the general epilogue
+        ta, tb, c, c, c, a[0], c, m, n, n, 0, k, 1.0, 1.0, 1.0, bn, stages,
+        (f16, kaio.bf16)[bf16], group, f32, 0, 1 + 2 * bf16,  # one output (f16 inputs), or
+        0, 0, 0, "none", 0, f32, 4,  # the general epilogue; no bias, activation or residual
     )  # fmt: skip
     ref = a.astype(np.float64) @ b.astype(np.float64)
     np.testing.assert_allclose(c, ref, rtol=0, atol=1e-4)
@@ -791,8 +792,9 @@ def test_hopper_matmul_into_three_f16_outputs_in_the_simulator():
     tb = kaio.tensor_map_2d(b, (64, 64), 128)
     shared = _matmul_hopper.shared_bytes(128, 3)
     _matmul_hopper.matmul_wgmma.sim[2, _matmul_hopper.THREADS, 0, shared](
-        ta, tb, *outs, m, n, *widths[:2], k, *scales, 128, 3, f16, 8, f16, 0, 3, 0
-    )
+        ta, tb, *outs, a[0], outs[0], m, n, *widths[:2], k, *scales, 128, 3, f16, 8, f16, 0, 3,
+        0, 0, 0, "none", 0, f16, 4,
+    )  # fmt: skip
     ref = a.astype(np.float64) @ b.astype(np.float64)
     parts = np.split(ref, np.cumsum(widths)[:2], axis=1)
     for got, want in zip(outs, [p * f for p, f in zip(parts, scales, strict=True)], strict=True):

@@ -462,6 +462,31 @@ def test_persistent_kernel_in_simulator(dtype, out, chosen):
     check(got, *reference(a, b.T.copy()), out)
 
 
+@pytest.mark.parametrize(
+    "act, dtype, out, chosen",
+    [
+        ("gelu", np.float16, np.float16, Persistent(128)),  # B [N, K], the fused epilogue
+        ("silu", BF16, np.float32, Persistent(320, 8, 1)),  # 256 + 64 columns, pairs
+        (None, np.float16, BF16, Persistent(160)),  # no epilogue: stores of 4 columns
+    ],
+)
+def test_persistent_linear_in_simulator(act, dtype, out, chosen):
+    """``linear`` on the persistent kernel: B [N, K], bias, activation and residual (the
+    fused epilogue, the residual rows prefetched), x with a batch dimension; 2 x 2 tiles
+    (or pairs) with tails in M, N and K."""
+    rng = np.random.default_rng(6)
+    m, n, k = 300, 344 if chosen.bn == 320 else 200, 136
+    x, w = rand(rng, (2, m // 2, k), dtype), rand(rng, (n, k), dtype, 0.3)
+    b = rand(rng, (n,), dtype) if act else None
+    res = rand(rng, (2, m // 2, n), out) if act else None
+    ot = kaio.types.from_numpy_dtype(np.dtype(out))
+    with kaio.simulate():
+        got = gemm("linear", _operand(x), _operand(w, "w"), (2, m // 2, n), (m, n, k), ot, True,
+                   _operand(b, "bias") if act else None, _operand(res, "residual") if act else None,
+                   act or "none", chosen=chosen)  # fmt: skip
+    check(got, *reference(x, w, b, res, act), out)
+
+
 def test_plans():
     assert plan(1, 4096, 4096, 132).split > 1  # decode: K split
     assert plan(4096, 4096, 4096, 132).split == 1
