@@ -774,6 +774,8 @@ def test_gpu_split_sums_deterministic(m, n, k, activation, chosen, monkeypatch):
         (1000, 1000, 1024, "matmul", hopper.Plan(2, 64, 6, 1, False, 0, 2)),  # through shared
         (300, 1000, 1032, "gelu", hopper.Plan(2, 256, 4, 1, False, 0, 3)),  # fused epilogue,
         (333, 1000, 2048, "silu_gate", hopper.Plan(2, 128, 4, 1, False, 0, 4)),  # loads first
+        (600, 1000, 1032, "gelu", Persistent(256)),  # the persistent kernel: B [N, K], the
+        (1000, 2048, 2048, "silu", Persistent(320, 8, 1)),  # fused epilogue
     ],
 )
 def test_gpu_hopper_tiles_against_torch(m, n, k, activation, chosen):
