@@ -32,11 +32,16 @@ from bench.harness import Harness  # noqa: E402
 
 SHAPES = {"gelu": (4096, 14336), "gelu_tanh": (4096, 14336), "silu": (4096, 14336),
           "silu_gate": (14336, 4096)}  # fmt: skip
+# "plain": ``linear`` without an epilogue at the Llama-3-8B shapes, against F.linear
+PLAIN = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
 F = torch.nn.functional
 
 
 def torch_ops(x, w, b, r, act):
-    """The separate torch ops: F.linear with the bias, the activation, + residual."""
+    """The separate torch ops: F.linear with the bias, the activation, + residual ("plain":
+    F.linear alone)."""
+    if act == "plain":
+        return F.linear(x, w)
     z = F.linear(x, w, b)
     if act == "silu_gate":
         g, u = z.chunk(2, -1)
@@ -49,6 +54,14 @@ def torch_ops(x, w, b, r, act):
 def reference(x, w, b, r, act):
     """torch_ops in f32."""
     return torch_ops(x.float(), w.float(), b.float(), r.float(), act)
+
+
+def plain(fn):
+    """``fn`` (an implementation of a case) without bias and residual for the "plain"
+    cases."""
+    return lambda x, w, b, r, act: (
+        fn(x, w, None, None, "none") if act == "plain" else fn(x, w, b, r, act)
+    )
 
 
 def forced(variant: str):
@@ -80,10 +93,11 @@ def forced(variant: str):
     def run(x, w, b, r, act):
         inputs = _arrays.Inputs("linear")
         xo, wo = inputs.array(x, "x", ndim=2), inputs.array(w, "w", ndim=2)
-        bo, ro = inputs.array(b, "bias", ndim=1), inputs.array(r, "residual", ndim=2)
-        m, k = x.shape
-        n = r.shape[1]
-        chosen = route(xo, wo, (m, n, k), True, False, act == "silu_gate")
+        bo = None if b is None else inputs.array(b, "bias", ndim=1)
+        ro = None if r is None else inputs.array(r, "residual", ndim=2)
+        (m, k), n = x.shape, w.shape[0] // (2 if act == "silu_gate" else 1)
+        chosen = route(xo, wo, (m, n, k), True, bo is None and ro is None and act == "none",
+                       act == "silu_gate")  # fmt: skip
         if not isinstance(chosen, _gemm_hopper.Plan):
             raise RuntimeError(f"not a Hopper plan: {chosen}")
         chosen = chosen._replace(vec=int(vec))
@@ -103,10 +117,12 @@ def impls(variants: list[str], parts: bool) -> dict:
     """name -> fn(x, w, b, r, act) of a case; and the timing-only names."""
     out = {
         "torch": torch_ops,
-        "kaio": lambda x, w, b, r, act: kaio_ops.linear(x, w, b, residual=r, activation=act),
-    }
+        "kaio": plain(lambda x, w, b, r, act: kaio_ops.linear(x, w, b, residual=r,
+                                                              activation=None if act == "none"
+                                                              else act)),
+    }  # fmt: skip
     for v in variants:
-        out[f"kaio {v}"] = forced(v)
+        out[f"kaio {v}"] = plain(forced(v))
     if parts:
         out["F.linear+bias"] = lambda x, w, b, r, act: F.linear(x, w, b)
         out["kaio plain"] = lambda x, w, b, r, act: kaio_ops.linear(x, w)
@@ -131,12 +147,12 @@ def main() -> None:
     variants = [v for v in args.variants.split(",") if v]
     fns = impls(variants, args.parts)
     timing_only = ("F.linear+bias", "kaio plain", "kaio plain P256", "kaio act")
-    cases = [(m, act) for act in acts for m in ms]
+    cases = [(m, act, *SHAPES[act]) for act in acts if act != "plain" for m in ms]
+    cases += [(m, "plain", n, k) for n, k in PLAIN for m in ms if "plain" in acts]
     if args.warm:
         shard, shards = (int(v) for v in args.warm.split("/"))
-        jobs = [(m, act, name) for m, act in cases for name in fns if "kaio" in name]
-        for m, act, name in jobs[shard::shards]:
-            n, k = SHAPES[act]
+        jobs = [(*case, name) for case in cases for name in fns if "kaio" in name]
+        for m, act, n, k, name in jobs[shard::shards]:
             rows = 2 * n if act == "silu_gate" else n
             dev = {"device": "cuda", "dtype": torch.float16}
             x, w = torch.zeros(m, k, **dev), torch.zeros(rows, k, **dev)
@@ -148,8 +164,7 @@ def main() -> None:
         torch.cuda.synchronize()
         return
     h = Harness.from_args("linear epilogues")
-    for m, act in cases:
-        n, k = SHAPES[act]
+    for m, act, n, k in cases:
         rows = 2 * n if act == "silu_gate" else n
 
         def make(m=m, n=n, k=k, rows=rows, act=act):
@@ -160,7 +175,7 @@ def main() -> None:
             return x, w, b, r, act
 
         h.case(
-            f"linear {act} + bias + residual",
+            "linear" if act == "plain" else f"linear {act} + bias + residual",
             f"M={m} {n}x{k}",
             make,
             fns,
