@@ -21,7 +21,9 @@ then the up rows of the block's columns, two accumulator sets); B [K, N] is ``BN
 column blocks of ``64 x 64`` N-major rows (LBO 8192, SBO 1024, ``trans_b``). ``BN`` is a
 multiple of 16 (160 and 224 fill the waves of some LLM shapes): B is loaded in whole 64-row
 blocks, the wgmmas read the first ``BN``. The K tail and the M and N edges read zeros from
-TMA; the epilogue stores only the elements inside C (``_gemm.store_pair``).
+TMA; the epilogue stores only the elements inside C (``_gemm.store_pair``; with a bias,
+activation or residual on an unsplit tile ``_matmul_hopper.store_fused``, which loads a chunk's
+operands before its stores, the residual rows prefetched into L2: ``FUSED_VEC``).
 """
 
 # ruff: noqa: F821  (DT, OUT and RT in annotations are dtype constexpr parameters)
