@@ -427,9 +427,32 @@ MEASURED: dict[tuple, list] = {
     (57344, 8192, "kn"): [(1, "gemv"), (8, Plan("16x128", 4)), (16, "mma.sync"),
                           (64, _P(1, 128, 9, 1, False, 0, 1)),
                           (128, _P(2, 128, 6, 1, False, 0, 1)), (512, "persistent"),
-                          (1024, Persistent(320)), (2048, Persistent(320, 8, 1))],
+                          (1024, Persistent(320)), (2048, Persistent(320, 8, 1)),
+                          (8192, Persistent(256, 8, 0, 2))],
 }  # fmt: skip
+# issue 33's sixth pass (H100, bench/gemm_sweep.py --skew 2, two rounds): the persistent
+# kernel's second consumer warpgroup 2 K slices behind the first at M = 4096-8192 of 57344 x
+# 8192 (5639 against 5924 µs and 11562 against 11787 in one round, 11105 against 11719 at
+# M = 8192 in the other; elsewhere it lost 0-10%). Plain ``linear`` (B [N, K]) from
+# PERSISTENT_NK_M rows on the persistent kernel with B [N, K] (bench/gemm_epilogue.py --acts
+# plain): 128 x 256 tiles against the Hopper kernel's routed plans at M = 1024-4096 of the
+# Llama-3-8B shapes, faster at all 12 (M = 1024 of 6144 x 4096 91.5 against 100.6 µs, M =
+# 4096 of 4096 x 14336 640.4 against 660.1), and where the B [K, N] table names 320-column
+# tiles, those (M = 2048-4096 of 28672 x 4096 in pairs: 1364.6 against 1547.3 µs at 4096).
+PERSISTENT_NK_M = 1024
 SKINNY_M = 16  # rows up to which the mma.sync kernel (16-row tiles, K split) wins on sm_90
+
+
+def nk_persistent(m: int, n: int, k: int) -> Persistent:
+    """The persistent plan of a plain ``linear`` (B [N, K]) of ``m`` rows (from
+    ``PERSISTENT_NK_M``): the B [K, N] table's plan where it names 320-column tiles, else
+    128 x 256 tiles."""
+    for most, choice in MEASURED.get((n, k, "kn"), ()):
+        if m <= most:
+            if isinstance(choice, Persistent) and choice.bn > 256:
+                return choice
+            break
+    return Persistent(256)
 
 
 def skinny_plan(a, m: int, n: int, k: int, gate: bool, transposed: bool) -> Plan:
@@ -461,8 +484,10 @@ def skinny_plan(a, m: int, n: int, k: int, gate: bool, transposed: bool) -> Plan
 
 
 def route(a, b, mnk: tuple, transposed: bool, plain: bool, gate: bool):
-    """The kernel of a call (a ``gemm`` ``chosen``): on sm_90 the measured choice of the
-    shape (``MEASURED``) where it can run, else a skinny kernel where ``_gemv.preferred``;
+    """The kernel of a call (a ``gemm`` ``chosen``): on sm_90 for plain ``linear`` from
+    ``PERSISTENT_NK_M`` rows the persistent kernel (``nk_persistent``), else the measured
+    choice of the shape (``MEASURED``) where it can run, else a skinny kernel where
+    ``_gemv.preferred``;
     then on sm_90 (measured there): the mma.sync kernel up to ``SKINNY_M`` rows
     (``skinny_plan``), the persistent kernel for plain ``matmul`` from 128 rows when its
     128 x 128 tiles fill the GPU, else the Hopper kernel with ``_gemm_hopper.plan``;
@@ -471,6 +496,8 @@ def route(a, b, mnk: tuple, transposed: bool, plain: bool, gate: bool):
     hopper = hopper_takes(a, b, n, k, transposed)
     persistent = plain and not transposed and hopper and a.dtype == b.dtype
     measured_persistent = hopper and a.dtype == b.dtype and not gate  # any epilogue, B [N, K]
+    if plain and transposed and measured_persistent and m >= PERSISTENT_NK_M and n % 8 == 0:
+        return nk_persistent(m, n, k)
     if hopper:
         layout = ("gate" if gate else "nk") if transposed else "kn"
         for most, choice in MEASURED.get((n, k, layout), ()):

@@ -516,6 +516,27 @@ def test_skinny_plans_of_unlisted_shapes(monkeypatch):
     assert nk == {2048: Plan("16x128", 8), 4096: Plan("16x64s8"), 28672: Plan("16x64s8")}
 
 
+def test_plain_linear_routes_to_the_persistent_kernel(monkeypatch):
+    """On sm_90, plain ``linear`` (B [N, K]) from ``PERSISTENT_NK_M`` rows runs the
+    persistent kernel: 320-column tiles where the B [K, N] table names them, else 256; with
+    an epilogue, fewer rows or N not a multiple of 8 it keeps the table's Hopper plans."""
+    linear_mod = importlib.import_module("kaio_ops.linear")
+    monkeypatch.setattr(linear_mod, "hopper_takes", lambda *args: True)
+    monkeypatch.setattr(kaio_ops._arrays, "multiprocessors", lambda like: 132)
+    with kaio.simulate():
+        a = _operand(np.zeros((4, 64), np.float16))
+
+        def route(m, n, k, plain=True):
+            return linear_mod.route(a, a, (m, n, k), True, plain, False)
+
+        assert route(4096, 28672, 4096) == Persistent(320, 8, 1)
+        assert route(1024, 6144, 4096) == Persistent(256)
+        assert route(8192, 4096, 14336) == Persistent(256)
+        assert route(4096, 4096, 14336, plain=False) == hopper.Plan(2, 256, 4, 1, False)
+        assert route(1000, 4096, 14336) == hopper.Plan(2, 256, 4, 1, False)
+        assert not isinstance(route(4096, 4100, 4096), Persistent)
+
+
 def test_persistent_width_fills_the_waves():
     """The persistent kernel's tile width per shape (132 SMs), as the H100 measured it
     (bench/gemm_plans.py --set w33): 192 at M = 512 of N = 6144 (one wave of 128 tiles, 0.97x
@@ -776,6 +797,7 @@ def test_gpu_split_sums_deterministic(m, n, k, activation, chosen, monkeypatch):
         (333, 1000, 2048, "silu_gate", hopper.Plan(2, 128, 4, 1, False, 0, 4)),  # loads first
         (600, 1000, 1032, "gelu", Persistent(256)),  # the persistent kernel: B [N, K], the
         (1000, 2048, 2048, "silu", Persistent(320, 8, 1)),  # fused epilogue
+        (1000, 2048, 2048, "matmul", Persistent(256, 8, 0, 2)),  # the second warpgroup behind
     ],
 )
 def test_gpu_hopper_tiles_against_torch(m, n, k, activation, chosen):
