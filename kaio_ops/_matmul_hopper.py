@@ -34,7 +34,7 @@ trade a pair of columns with one shuffle).
 from __future__ import annotations
 
 import kaio
-from kaio import f16, f32, i32, u32, u64
+from kaio import bool_, f16, f32, i32, u32, u64
 from kaio_ops._common import store_cols
 from kaio_ops._gemm import activate
 
@@ -382,6 +382,23 @@ def retire_slice(
 
 
 @kaio.gpu_func
+def mma_blocks(
+    acc: f32[:, :, :], da: u64, sb: IN[:, :, :, :], s: i32, k: i32, accumulate: bool_,
+    J: kaio.constexpr, BT: kaio.constexpr, IN: kaio.constexpr,
+):  # fmt: skip
+    """acc (+)= A (descriptor ``da``) times B's k16 step at ``k`` of stage ``s`` from its
+    64-column block ``J`` on: B [K, N] N-major blocks (LBO between them), or [N, K] (``BT``)
+    K-major rows."""
+    db = kaio.smem_descriptor(sb, (s, J, k, 0), SW, BK * SW, 1024)
+    if BT:
+        db = kaio.smem_descriptor(sb, (s, J, 0, k), SW, 16, 1024)
+    if IN == kaio.bf16:
+        kaio.wgmma_bf16(acc, da, db, accumulate, False, not BT)
+    else:
+        kaio.wgmma_f16(acc, da, db, accumulate, False, not BT)
+
+
+@kaio.gpu_func
 def consume(
     acc: f32[:, :, :], acc2: f32[:, :, :], sa: IN[:, :, :], sb: IN[:, :, :, :],
     bars: u64[:, :], go: u64[:], c0: OUT[:, :], c1: OUT[:, :], c2: OUT[:, :], bias: IN[:],
@@ -410,22 +427,9 @@ def consume(
             kaio.wgmma_fence()
             for kk in kaio.static_range(BK // 16):
                 da = kaio.smem_descriptor(sa, (s, 64 * wg, kk * 16), SW, 16, 1024)
-                # B [K, N]: N-major 64-column blocks (LBO between them); [N, K]: K-major rows
-                db = kaio.smem_descriptor(sb, (s, 0, kk * 16, 0), SW, BK * SW, 1024)
-                if BT:
-                    db = kaio.smem_descriptor(sb, (s, 0, 0, kk * 16), SW, 16, 1024)
-                if IN == kaio.bf16:
-                    kaio.wgmma_bf16(acc, da, db, kt + kk > 0, False, not BT)
-                else:
-                    kaio.wgmma_f16(acc, da, db, kt + kk > 0, False, not BT)
+                mma_blocks(acc, da, sb, s, kk * 16, kt + kk > 0, 0, BT, IN)
                 if BN > WGMMA_MAX_N:  # the columns past 256: B's blocks 4 on
-                    db2 = kaio.smem_descriptor(sb, (s, 4, kk * 16, 0), SW, BK * SW, 1024)
-                    if BT:
-                        db2 = kaio.smem_descriptor(sb, (s, 4, 0, kk * 16), SW, 16, 1024)
-                    if IN == kaio.bf16:
-                        kaio.wgmma_bf16(acc2, da, db2, kt + kk > 0, False, not BT)
-                    else:
-                        kaio.wgmma_f16(acc2, da, db2, kt + kk > 0, False, not BT)
+                    mma_blocks(acc2, da, sb, s, kk * 16, kt + kk > 0, 4, BT, IN)
             ps, s, ph = retire_slice(bars, kt, lt, s, ph, ps, STAGES, PAIR)
             if SKEW and wg == 0 and lt == 0 and i == 0 and kt == kaio.min(SKEW, k_tiles) - 1:
                 kaio.mbarrier_arrive(go, 0)
