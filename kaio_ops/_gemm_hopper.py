@@ -429,7 +429,7 @@ def specializations() -> list:
     out = []
     for dt, ot, wg, bn, bt, act, split, pair, vec in (
         (f16, f16, 1, 64, 1, "none", 4, 0, 0),
-        (f16, f16, 2, 256, 1, "gelu", 1, 0, 0),
+        (f16, f16, 2, 256, 1, "gelu", 1, 0, 4),  # the fused epilogue's loads first (routed)
         (bf16, bf16, 2, 128, 1, "silu_gate", 1, 0, 0),
         (bf16, f16, 1, 128, 1, "silu_gate", 2, 0, 0),
         (f16, f32, 2, 128, 0, "none", 1, 0, 0),
@@ -441,8 +441,6 @@ def specializations() -> list:
         (bf16, f32, 2, 256, 1, "none", 1, 0, 1),
         (f16, f16, 2, 64, 0, "none", 1, 0, 2),
         (bf16, f32, 1, 128, 1, "none", 1, 0, 2),
-        (f16, f16, 2, 256, 1, "gelu", 1, 0, 3),  # the fused epilogue's loads first
-        (bf16, f32, 2, 128, 1, "silu_gate", 1, 0, 4),  # and the residual prefetched
     ):
         stages = stages_for(wg, bn, act == "silu_gate", None, vec, ot.itemsize)
         consts = {"WG": wg, "BN": bn, "STAGES": stages, "BT": bt, "SPLIT": min(split, 2)}

@@ -704,13 +704,10 @@ def specializations() -> list:
         consts = {"BN": bn, "STAGES": stages_for(bn), "IN": in_, "GROUP": GROUP_ROWS}
         specs.append((matmul_wgmma, {**consts, "OUT": in_, "PAIR": pair, "OUTS": 1, **plain,
                                      "RT": in_}))  # fmt: skip
-    for bn, pair, skew, bt, act, rt in (
-        (256, 0, 2, 0, "none", f16),  # the second warpgroup behind
-        (320, 1, 3, 0, "none", f16),
-        (256, 0, 0, 1, "none", f16),  # B [N, K]
-        (256, 0, 0, 1, "gelu", f16),  # the fused epilogue: bias, activation, residual
-        (320, 1, 0, 1, "silu", f32),
-    ):
+    # B [N, K] and the fused epilogue (bias, activation, residual) in one specialization
+    # (each costs seconds of CI through both backends; the skew, whose second consumer
+    # branch doubles the code, is checked by the simulator and GPU tests)
+    for bn, pair, skew, bt, act, rt in ((320, 1, 0, 1, "silu", f32),):
         consts = {"BN": bn, "STAGES": stages_for(bn), "IN": f16, "GROUP": GROUP_ROWS, "OUT": f16}
         epi = {"BIAS": int(act != "none"), "ACT": act, "RES": int(act != "none"), "RT": rt}
         specs.append((matmul_wgmma, {**consts, "PAIR": pair, "OUTS": 1, "SKEW": skew, "BT": bt,
