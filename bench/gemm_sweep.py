@@ -198,6 +198,24 @@ def alt_plan(a, b, sms: int):
     return None
 
 
+def skew_plan(a, b, sms: int, skew: int):
+    """The routed persistent plan with its second consumer warpgroup ``skew`` K slices
+    behind the first (``linear.Persistent.skew``, at most the ring's stages), or None
+    where the route is not the persistent kernel."""
+    from kaio_ops import _arrays, _matmul_hopper
+    from kaio_ops.linear import Persistent, persistent_width, route
+
+    inputs = _arrays.Inputs("matmul")
+    x, y = inputs.array(a, "a", ndim=2), inputs.array(b, "b", ndim=2)
+    (m, k), n = x.shape, y.shape[1]
+    chosen = route(x, y, (m, n, k), False, True, False)
+    if chosen == "persistent":
+        chosen = Persistent(persistent_width(m, n, sms))
+    if not isinstance(chosen, Persistent):
+        return None
+    return chosen._replace(skew=min(skew, _matmul_hopper.stages_for(chosen.bn)))
+
+
 def kaio_plan(chosen):
     """kaio_ops.matmul's launch with a forced plan (``linear.gemm``'s ``chosen``)."""
 
@@ -275,12 +293,15 @@ def sweep(
     budget: Budget | None = None,
     sk: bool = False,
     alt: bool = False,
+    skews: tuple = (),
+    shapes: tuple = (),
 ) -> None:
     """One harness case per (dtype, model shape, M) (``models``: names of ``SHAPES``, or
     "square": M = N = K for each M of ``ms``); ``mma``: also the mma.sync kernel;
     ``use_triton``: also Triton (tuned per shape); ``sk``: also stream-K plans
-    (``streamk_plans``); ``alt``: also the routed plan's variant (``alt_plan``);
-    ``budget``: stops starting cases when spent (or warm mode)."""
+    (``streamk_plans``); ``alt``: also the routed plan's variant (``alt_plan``); ``skews``:
+    also the routed persistent plan with each skew (``skew_plan``); ``shapes``: only these
+    "NxK" shapes (default all); ``budget``: stops starting cases when spent (or warm mode)."""
     budget = budget or Budget(None)
     sms = h.meta.get("sms", 132)
     for name in dtypes:
@@ -288,6 +309,8 @@ def sweep(
         tol = 3e-3 if dt == torch.float16 else 2e-2
         for model in models:
             for n, k in SHAPES.get(model, [(0, 0)]):
+                if shapes and f"{n}x{k}" not in shapes:
+                    continue
                 for m in ms:
                     if model == "square":
                         n = k = m
@@ -310,6 +333,15 @@ def sweep(
                         )
                         if found is not None:
                             impls["kaio alt"] = kaio_plan(found)
+                    for s in skews:
+                        found = skew_plan(
+                            torch.empty(m, k, device="cuda", dtype=dt),
+                            torch.empty(k, n, device="cuda", dtype=dt),
+                            sms,
+                            s,
+                        )
+                        if found is not None:
+                            impls[f"kaio skew{s}"] = kaio_plan(found)
                     if sk:
                         for p in streamk_plans(m, n, sms):
                             impls[streamk_name(p)] = kaio_plan(p)
@@ -545,6 +577,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-squares", action="store_true", help="skip the squares 1024³, 2048³")
     p.add_argument("--sk", action="store_true", help="also time stream-K plans")
     p.add_argument("--alt", action="store_true", help="also the routed plan's variant")
+    p.add_argument("--skew", help="comma-separated K slices: also the persistent plan so skewed")
+    p.add_argument("--shapes", help="comma-separated NxK: only these shapes of the models")
     p.add_argument("--budget", type=float, help="seconds to start cases in (default: no limit)")
     p.add_argument("--warm", help="R/J: compile shard R of J of the cases' kernels, time nothing")
     p.add_argument("--routes", help="a bench/gemm_plans.py JSON: its wins go into the table")
@@ -576,7 +610,10 @@ def main(argv: list[str] | None = None) -> None:
               args.alt)  # fmt: skip
     if not args.no_epilogues:
         epilogues(h, [16, 4096] if quick else [1, 16, 256, 4096], budget)
-    sweep(h, ms, models, dtypes, args.mma, use_triton, OP, budget, args.sk, args.alt)
+    skews = tuple(int(v) for v in args.skew.split(",")) if args.skew else ()
+    shapes = tuple(args.shapes.split(",")) if args.shapes else ()
+    sweep(h, ms, models, dtypes, args.mma, use_triton, OP, budget, args.sk, args.alt, skews,
+          shapes)  # fmt: skip
     if warm is not None:
         if use_triton and triton is not None:
             warm_triton(dtypes, *warm)

@@ -57,13 +57,32 @@ def epilogue(
     """The epilogue of output (row, col) from its f32 sum ``g`` (and for "silu_gate" the up
     sum ``u``): + bias (elements of type BD), activation, + residual (of type RD), all in
     f32."""
+    b = f32(0.0)
+    bu = f32(0.0)
+    r = f32(0.0)
+    if BIAS:
+        b = f32(bias[col])
+        if ACT == "silu_gate":
+            bu = f32(bias[N + col])
+    if RES:
+        r = f32(res[row, col])
+    return activate(g, u, b, bu, r, BIAS, ACT, RES)
+
+
+@kaio.gpu_func
+def activate(
+    g: f32, u: f32, b: f32, bu: f32, r: f32,
+    BIAS: kaio.constexpr, ACT: kaio.constexpr, RES: kaio.constexpr,
+) -> f32:  # fmt: skip
+    """``epilogue``'s arithmetic on loaded values: ``g`` (+ bias ``b``), the activation
+    (for "silu_gate" of the up sum ``u`` + its bias ``bu``), + residual ``r``, in f32."""
     v = g
     if BIAS:
-        v += f32(bias[col])
+        v += b
     if ACT == "silu_gate":
         up = u
         if BIAS:
-            up += f32(bias[N + col])
+            up += bu
         v = apply("silu_gate", v, up)
     elif ACT == "silu":
         v = apply("silu_gate", v, 1.0)
@@ -72,7 +91,7 @@ def epilogue(
     elif ACT == "gelu_tanh":
         v = apply("gelu_tanh", v, 0.0)
     if RES:
-        v += f32(res[row, col])
+        v += r
     return v
 
 

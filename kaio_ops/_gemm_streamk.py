@@ -152,29 +152,12 @@ def fixup(
 
 @kaio.gpu_kernel
 def gemm_streamk(
-    ta: kaio.tensormap,
-    tb: kaio.tensormap,
-    c: OUT[:, :],
-    ws: f32[:, :],
-    bias: DT[:],
-    res: RT[:, :],
-    counters: i32[:],
-    M: u32,
-    N: u32,
-    K: u32,
-    dp_tiles: i32,
-    wcols: i32,
-    WG: kaio.constexpr,
-    BN: kaio.constexpr,
-    STAGES: kaio.constexpr,
-    BT: kaio.constexpr,
-    BIAS: kaio.constexpr,
-    ACT: kaio.constexpr,
-    RES: kaio.constexpr,
-    DT: kaio.constexpr,
-    OUT: kaio.constexpr,
-    RT: kaio.constexpr,
-):
+    ta: kaio.tensormap, tb: kaio.tensormap, c: OUT[:, :], ws: f32[:, :], bias: DT[:],
+    res: RT[:, :], counters: i32[:], M: u32, N: u32, K: u32, dp_tiles: i32, wcols: i32,
+    WG: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, BT: kaio.constexpr,
+    BIAS: kaio.constexpr, ACT: kaio.constexpr, RES: kaio.constexpr, DT: kaio.constexpr,
+    OUT: kaio.constexpr, RT: kaio.constexpr,
+):  # fmt: skip
     """C = epilogue(A @ B) on the stream-K schedule (module docstring). ``ta``: A [M, K] in
     boxes of (64 * WG, 64); ``tb``: B [N, K] (BT 1; [2N, K] for "silu_gate") or [K, N] (BT
     0) in boxes of (64, 64); ``ws``: the partial sums, f32 [slots * MP, wcols] (gate: 2 *

@@ -78,15 +78,18 @@ def out_type(op: str, out_dtype, default: ScalarType) -> ScalarType:
 
 
 class Persistent(NamedTuple):
-    """A ``gemm`` choice: ``_matmul_hopper``'s persistent kernel (sm_90, B [K, N], no
-    epilogue) with ``128 x bn`` tiles (``bn`` a multiple of 16 up to 320) taken ``group``
-    tile rows at a time, where the string ``"persistent"`` takes the width of
-    ``persistent_width`` and groups of ``_matmul_hopper.GROUP_ROWS``; ``pair`` 1: blocks in
-    clusters of two sharing the B slice (``_matmul_hopper.launch``)."""
+    """A ``gemm`` choice: ``_matmul_hopper``'s persistent kernel (sm_90; B [K, N], or [N, K]
+    with N a multiple of 8; every epilogue but "silu_gate") with ``128 x bn`` tiles (``bn``
+    a multiple of 16 up to 320) taken ``group`` tile rows at a time, where the string
+    ``"persistent"`` takes the width of ``persistent_width`` and groups of
+    ``_matmul_hopper.GROUP_ROWS``; ``pair`` 1: blocks in clusters of two sharing the B
+    slice; ``skew``: the second consumer warpgroup that many K slices behind the first
+    (``_matmul_hopper.launch``)."""
 
     bn: int
     group: int = _matmul_hopper.GROUP_ROWS
     pair: int = 0
+    skew: int = 0
 
 
 _PLACEHOLDERS: dict = {}
@@ -175,16 +178,23 @@ def gemm(
         return c
     if isinstance(chosen, _gemv.Plan):
         return _skinny(a, b, out_shape, mnk, out, chosen.split)
-    if chosen == "persistent" or isinstance(chosen, Persistent):  # B [K, N], no epilogue
+    if (chosen == "persistent" or isinstance(chosen, Persistent)) and (
+        gate or transposed and n % 8
+    ):  # the persistent kernel stores 4 columns at a time and keeps one accumulator set
+        chosen = "hopper"
+    if chosen == "persistent" or isinstance(chosen, Persistent):
         if not isinstance(chosen, Persistent):
             chosen = Persistent(persistent_width(m, n, sms))
-        bn, group, pair = chosen
-        if out == f32:
+        bn, group, pair, skew = chosen
+        if out == f32 and plain and not transposed:
             return _matmul_hopper.launch(a, b, m, n, k, sms, dtype == bf16, group=group, bn=bn,
-                                         pair=pair)  # fmt: skip
+                                         pair=pair, skew=skew)  # fmt: skip
         c = _arrays.output(a, out_shape, out)
-        _matmul_hopper.launch(a, b, m, n, k, sms, dtype == bf16, [c], group=group, out_type=out,
-                              bn=bn, pair=pair)  # fmt: skip
+        c2 = c if len(out_shape) == 2 else _arrays.view(c, a.kind, (m, n))
+        _matmul_hopper.launch(a, b, m, n, k, sms, dtype == bf16, [c2], group=group, out_type=out,
+                              bn=bn, pair=pair, skew=skew, bt=transposed, bias=bias,
+                              residual=residual, act=activation,
+                              chunk=_gemm_hopper.EPI_CHUNK)  # fmt: skip
         return c
     if isinstance(chosen, _gemm_streamk.Plan) or chosen == "streamk":
         return _streamk(op, a, b, out_shape, mnk, out, transposed, bias, residual, activation,
@@ -196,7 +206,9 @@ def gemm(
         wg, bn, stages, split, fixup, pair, vec = chosen
         split, k_slice = k_slices(k, split, _gemm_hopper.BK)
         fixup = fixup and split > 1 and _gemm_hopper.fixup_ok(n)
-        if not _gemm_hopper.vec_ok(n, split, plain):
+        if vec == 0 and not plain and split == 1:  # the fused epilogue's loads first
+            vec = _gemm_hopper.FUSED_VEC
+        if not _gemm_hopper.vec_ok(n, split, plain, vec):
             vec = 0
     else:
         chosen = chosen or tuned_plan(a, m, n, k, gate)
@@ -222,7 +234,7 @@ def gemm(
         _gemm_hopper.gemm_wgmma[(tiles, 1, split), 128 * wg + 32, stream, shared](
             *maps, *args[:4], counters, *args[4:], WG=wg, BN=bn, STAGES=stages,
             BT=int(transposed), SPLIT=min(split, 2), FIXUP=int(fixup), PAIR=pair, **epilogue,
-            VEC=vec, **types,
+            VEC=vec, CH=_gemm_hopper.EPI_CHUNK, **types,
         )  # fmt: skip
     else:
         pipelined = _pipelined(a)
@@ -415,9 +427,32 @@ MEASURED: dict[tuple, list] = {
     (57344, 8192, "kn"): [(1, "gemv"), (8, Plan("16x128", 4)), (16, "mma.sync"),
                           (64, _P(1, 128, 9, 1, False, 0, 1)),
                           (128, _P(2, 128, 6, 1, False, 0, 1)), (512, "persistent"),
-                          (1024, Persistent(320)), (2048, Persistent(320, 8, 1))],
+                          (1024, Persistent(320)), (2048, Persistent(320, 8, 1)),
+                          (8192, Persistent(256, 8, 0, 2))],
 }  # fmt: skip
+# issue 33's sixth pass (H100, bench/gemm_sweep.py --skew 2, two rounds): the persistent
+# kernel's second consumer warpgroup 2 K slices behind the first at M = 4096-8192 of 57344 x
+# 8192 (5639 against 5924 µs and 11562 against 11787 in one round, 11105 against 11719 at
+# M = 8192 in the other; elsewhere it lost 0-10%). Plain ``linear`` (B [N, K]) from
+# PERSISTENT_NK_M rows on the persistent kernel with B [N, K] (bench/gemm_epilogue.py --acts
+# plain): 128 x 256 tiles against the Hopper kernel's routed plans at M = 1024-4096 of the
+# Llama-3-8B shapes, faster at all 12 (M = 1024 of 6144 x 4096 91.5 against 100.6 µs, M =
+# 4096 of 4096 x 14336 640.4 against 660.1), and where the B [K, N] table names 320-column
+# tiles, those (M = 2048-4096 of 28672 x 4096 in pairs: 1364.6 against 1547.3 µs at 4096).
+PERSISTENT_NK_M = 1024
 SKINNY_M = 16  # rows up to which the mma.sync kernel (16-row tiles, K split) wins on sm_90
+
+
+def nk_persistent(m: int, n: int, k: int) -> Persistent:
+    """The persistent plan of a plain ``linear`` (B [N, K]) of ``m`` rows (from
+    ``PERSISTENT_NK_M``): the B [K, N] table's plan where it names 320-column tiles, else
+    128 x 256 tiles."""
+    for most, choice in MEASURED.get((n, k, "kn"), ()):
+        if m <= most:
+            if isinstance(choice, Persistent) and choice.bn > 256:
+                return choice
+            break
+    return Persistent(256)
 
 
 def skinny_plan(a, m: int, n: int, k: int, gate: bool, transposed: bool) -> Plan:
@@ -449,8 +484,10 @@ def skinny_plan(a, m: int, n: int, k: int, gate: bool, transposed: bool) -> Plan
 
 
 def route(a, b, mnk: tuple, transposed: bool, plain: bool, gate: bool):
-    """The kernel of a call (a ``gemm`` ``chosen``): on sm_90 the measured choice of the
-    shape (``MEASURED``) where it can run, else a skinny kernel where ``_gemv.preferred``;
+    """The kernel of a call (a ``gemm`` ``chosen``): on sm_90 for plain ``linear`` from
+    ``PERSISTENT_NK_M`` rows the persistent kernel (``nk_persistent``), else the measured
+    choice of the shape (``MEASURED``) where it can run, else a skinny kernel where
+    ``_gemv.preferred``;
     then on sm_90 (measured there): the mma.sync kernel up to ``SKINNY_M`` rows
     (``skinny_plan``), the persistent kernel for plain ``matmul`` from 128 rows when its
     128 x 128 tiles fill the GPU, else the Hopper kernel with ``_gemm_hopper.plan``;
@@ -458,6 +495,9 @@ def route(a, b, mnk: tuple, transposed: bool, plain: bool, gate: bool):
     m, n, k = mnk
     hopper = hopper_takes(a, b, n, k, transposed)
     persistent = plain and not transposed and hopper and a.dtype == b.dtype
+    measured_persistent = hopper and a.dtype == b.dtype and not gate  # any epilogue, B [N, K]
+    if plain and transposed and measured_persistent and m >= PERSISTENT_NK_M and n % 8 == 0:
+        return nk_persistent(m, n, k)
     if hopper:
         layout = ("gate" if gate else "nk") if transposed else "kn"
         for most, choice in MEASURED.get((n, k, layout), ()):
@@ -465,7 +505,9 @@ def route(a, b, mnk: tuple, transposed: bool, plain: bool, gate: bool):
                 if choice == "gemv" or isinstance(choice, _gemv.Plan):
                     if _gemv.takes(a, b, mnk, transposed, plain):
                         return choice
-                if (choice == "persistent" or isinstance(choice, Persistent)) and persistent:
+                if (choice == "persistent" or isinstance(choice, Persistent)) and (
+                    measured_persistent
+                ):
                     return choice
                 if isinstance(choice, _gemm_hopper.Plan | _gemm_streamk.Plan):
                     return choice

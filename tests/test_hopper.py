@@ -144,6 +144,15 @@ def bulk_add_rows(src: f32[:, :], out: f32[:, :]):
     kaio.bulk_wait(0)
 
 
+@kaio.gpu_kernel(block_size=64)
+def prefetched_copy(src: f32[:, :], out: f32[:, :]):
+    """Thread t asks for row t of src in L2 (a hint), then copies it to out."""
+    t = kaio.thread_idx_x()
+    kaio.bulk_prefetch_l2(src, (t, 0), 32 * 4)
+    for c in range(32):
+        out[t, c] = src[t, c]
+
+
 @kaio.gpu_kernel(block_size=32)
 def bulk_misaligned(out: f32[:, :], nbytes: u32):
     rows = kaio.shared(f32, (4, 8))
@@ -764,8 +773,9 @@ def test_hopper_matmul_in_the_simulator(bf16, blocks, group, stages):
     tb = kaio.tensor_map_2d(b, (64, 64), 128)
     shared = _matmul_hopper.shared_bytes(bn, stages)
     _matmul_hopper.matmul_wgmma.sim[blocks, _matmul_hopper.THREADS, 0, shared](
-        ta, tb, c, c, c, m, n, n, 0, k, 1.0, 1.0, 1.0, bn, stages, (f16, kaio.bf16)[bf16],
-        group, f32, 0, 1 + 2 * bf16,  # one output (f16 inputs), or the general epilogue
+        ta, tb, c, c, c, a[0], c, m, n, n, 0, k, 1.0, 1.0, 1.0, bn, stages,
+        (f16, kaio.bf16)[bf16], group, f32, 0, 1 + 2 * bf16,  # one output (f16 inputs), or
+        0, 0, 0, "none", 0, f32, 4,  # the general epilogue; no bias, activation or residual
     )  # fmt: skip
     ref = a.astype(np.float64) @ b.astype(np.float64)
     np.testing.assert_allclose(c, ref, rtol=0, atol=1e-4)
@@ -782,8 +792,9 @@ def test_hopper_matmul_into_three_f16_outputs_in_the_simulator():
     tb = kaio.tensor_map_2d(b, (64, 64), 128)
     shared = _matmul_hopper.shared_bytes(128, 3)
     _matmul_hopper.matmul_wgmma.sim[2, _matmul_hopper.THREADS, 0, shared](
-        ta, tb, *outs, m, n, *widths[:2], k, *scales, 128, 3, f16, 8, f16, 0, 3
-    )
+        ta, tb, *outs, a[0], outs[0], m, n, *widths[:2], k, *scales, 128, 3, f16, 8, f16, 0, 3,
+        0, 0, 0, "none", 0, f16, 4,
+    )  # fmt: skip
     ref = a.astype(np.float64) @ b.astype(np.float64)
     parts = np.split(ref, np.cumsum(widths)[:2], axis=1)
     for got, want in zip(outs, [p * f for p, f in zip(parts, scales, strict=True)], strict=True):
@@ -820,6 +831,19 @@ def bulk_typed(out: DT[:], DT: kaio.constexpr, RT: kaio.constexpr, REDUCE: kaio.
         kaio.bulk_reduce_add(out, 0, rows, 0, 16)
     else:
         kaio.bulk_store(out, 0, rows, 0, 16)
+
+
+def test_bulk_prefetch_is_a_hint():
+    """``bulk_prefetch_l2`` changes no value (the simulator runs it as nothing), lowers to
+    cp.async.bulk.prefetch.L2 by both backends, and needs sm_90."""
+    src = RNG.standard_normal((64, 32)).astype(np.float32)
+    out = np.full((64, 32), np.nan, np.float32)
+    prefetched_copy.sim[1](src, out)
+    np.testing.assert_array_equal(out, src)
+    assert "cp.async.bulk.prefetch.L2.global [" in prefetched_copy.ptx(arch="sm_90")
+    assert "cp.async.bulk.prefetch.L2.global [" in prefetched_copy.ptx(arch="sm_90", backend="llvm")
+    with pytest.raises(kaio.CompileError, match=r"bulk_prefetch_l2\(\) needs sm_90"):
+        prefetched_copy.ptx(arch="sm_80")
 
 
 def test_bulk_store_misuse_is_reported():
@@ -948,6 +972,7 @@ def test_ptx_assembles_for_sm_90a():
         barrier_phases.ptx(arch="sm_90"),
         bulk_rows.ptx(arch="sm_90"),
         bulk_add_rows.ptx(arch="sm_90"),
+        prefetched_copy.ptx(arch="sm_90"),
         descriptor_bits.ptx(arch="sm_90"),
         regs_and_fences.ptx(arch="sm_90"),
         wgmma_stored.ptx(arch="sm_90", FENCE=True, SYNC=True),

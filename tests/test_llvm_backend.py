@@ -538,13 +538,17 @@ def hopper_runs(rng) -> list[tuple]:
     widths = (40, 24)  # C's columns over three outputs (40, 24, 72), each with its own scale
     for kernel, consts in _matmul_hopper.specializations():
         dt = consts["IN"].np_dtype
-        x, y = rng.standard_normal((m, k)).astype(dt), rng.standard_normal((k, n)).astype(dt)
+        x = rng.standard_normal((m, k)).astype(dt)
+        y = rng.standard_normal((n, k) if consts["BT"] else (k, n)).astype(dt)  # B [N, K]
         maps = [
             TensorMapOf(x.view(np.float16), (_matmul_hopper.BM, _matmul_hopper.BK), 128),
-            TensorMapOf(y.view(np.float16), (_matmul_hopper.BK, 64), 128),
-        ]
-        shared = _matmul_hopper.shared_bytes(consts["BN"], consts["STAGES"])
-        threads = _matmul_hopper.threads_for(consts["BN"])
+            TensorMapOf(y.view(np.float16), (64, 64) if consts["BT"] else (_matmul_hopper.BK, 64),
+                        128),
+        ]  # fmt: skip
+        bias = rng.standard_normal(n).astype(dt)
+        res = rng.standard_normal((m, n)).astype(consts["RT"].np_dtype)
+        shared = _matmul_hopper.shared_bytes(consts["BN"], consts["STAGES"], consts["SKEW"])
+        threads = _matmul_hopper.threads_for(consts["BN"], _matmul_hopper.fused(consts))
         subscript = launch_config(2, threads, shared)  # 2 tiles per block
         out = consts["OUT"].np_dtype
         outs = [np.full((m, w), np.nan, out) for w in (*widths, n - sum(widths))]
@@ -552,7 +556,7 @@ def hopper_runs(rng) -> list[tuple]:
         if consts["OUTS"] == 1:  # one output, unscaled; the other two are never written
             outs = [np.full((m, n), np.nan, out), np.zeros((1, 1), out), np.zeros((1, 1), out)]
             shape = [m, n, n, 0, k, 1.0, 1.0, 1.0]
-        runs.append((kernel, subscript, [*maps, *outs, *shape], consts))
+        runs.append((kernel, subscript, [*maps, *outs, bias, res, *shape], consts))
     return runs
 
 

@@ -358,6 +358,35 @@ def test_hopper_vector_epilogues_in_simulator(m, n, k, transposed, dtype, out, c
 
 
 @pytest.mark.parametrize(
+    "m, n, k, act, dtype, out, chosen",
+    [
+        # the fused epilogue's loads first (VEC 3): tails in M and N, chunks of 8 n8 tiles
+        # and a last partial chunk (96 and 48 columns), an odd N (element loads), every output type
+        (70, 200, 136, "gelu", np.float16, kaio.f16, hopper.Plan(2, 64, 2, 1, False, 0, 3)),
+        (33, 75, 72, "silu_gate", BF16, kaio.f32, hopper.Plan(1, 64, 2, 1, False, 0, 3)),
+        (20, 104, 64, "gelu_tanh", BF16, kaio.bf16, hopper.Plan(1, 96, 2, 1, False, 0, 3)),
+        (65, 40, 64, "silu", np.float16, kaio.f32, hopper.Plan(2, 48, 2, 1, False, 0, 4)),
+        (130, 72, 136, "gelu_tanh", BF16, kaio.bf16, hopper.Plan(2, 64, 3, 1, False, 0, 4)),
+    ],
+)
+def test_hopper_fused_epilogue_in_simulator(m, n, k, act, dtype, out, chosen):
+    """The Hopper kernel's fused epilogue with its loads ahead of the stores (``VEC`` 3,
+    ``store_fused``; 4, the residual prefetched): bias, activation and residual against
+    float64."""
+    rng = np.random.default_rng(m + n + k)
+    rows = 2 * n if act == "silu_gate" else n
+    x = rand(rng, (m, k), dtype)
+    w = rand(rng, (rows, k), dtype, 0.3)
+    b = rand(rng, (rows,), dtype)
+    types = {kaio.f16: np.float16, kaio.bf16: BF16, kaio.f32: np.float32}
+    res = rand(rng, (m, n), types[out])
+    with kaio.simulate():
+        got = gemm("linear", _operand(x), _operand(w, "w"), (m, n), (m, n, k), out, True,
+                   _operand(b, "bias"), _operand(res, "residual"), act, chosen=chosen)  # fmt: skip
+    check(got, *reference(x, w, b, res, act), types[out])
+
+
+@pytest.mark.parametrize(
     "m, n, k, dtype",
     [
         (1, 264, 200, np.float16),  # a partial column block, K in 3 slices (tail 8 rows)
@@ -414,6 +443,8 @@ def test_gemv_nk_in_simulator(m, n, k, act, dtype, out_dtype):
         (BF16, BF16, Persistent(128, 8, 1)),  # pairs sharing B, an odd count of tile rows
         (np.float16, np.float16, Persistent(320, 8, 1)),  # two wgmmas a K step, 384 threads
         (BF16, np.float32, Persistent(320)),
+        (np.float16, np.float16, Persistent(128, 8, 0, 2)),  # the second warpgroup 2 slices behind
+        (BF16, BF16, Persistent(320, 8, 1, 4)),  # a skew of a whole ring (4 stages), pairs
     ],
 )
 def test_persistent_kernel_in_simulator(dtype, out, chosen):
@@ -429,6 +460,31 @@ def test_persistent_kernel_in_simulator(dtype, out, chosen):
         got = gemm("matmul", _operand(a), _operand(b, "b"), (m, n), (m, n, k), ot, False,
                    chosen=chosen)  # fmt: skip
     check(got, *reference(a, b.T.copy()), out)
+
+
+@pytest.mark.parametrize(
+    "act, dtype, out, chosen",
+    [
+        ("gelu", np.float16, np.float16, Persistent(128)),  # B [N, K], the fused epilogue
+        ("silu", BF16, np.float32, Persistent(320, 8, 1)),  # 256 + 64 columns, pairs
+        (None, np.float16, BF16, Persistent(160)),  # no epilogue: stores of 4 columns
+    ],
+)
+def test_persistent_linear_in_simulator(act, dtype, out, chosen):
+    """``linear`` on the persistent kernel: B [N, K], bias, activation and residual (the
+    fused epilogue, the residual rows prefetched), x with a batch dimension; 2 x 2 tiles
+    (or pairs) with tails in M, N and K."""
+    rng = np.random.default_rng(6)
+    m, n, k = 300, 344 if chosen.bn == 320 else 200, 136
+    x, w = rand(rng, (2, m // 2, k), dtype), rand(rng, (n, k), dtype, 0.3)
+    b = rand(rng, (n,), dtype) if act else None
+    res = rand(rng, (2, m // 2, n), out) if act else None
+    ot = kaio.types.from_numpy_dtype(np.dtype(out))
+    with kaio.simulate():
+        got = gemm("linear", _operand(x), _operand(w, "w"), (2, m // 2, n), (m, n, k), ot, True,
+                   _operand(b, "bias") if act else None, _operand(res, "residual") if act else None,
+                   act or "none", chosen=chosen)  # fmt: skip
+    check(got, *reference(x, w, b, res, act), out)
 
 
 def test_plans():
@@ -458,6 +514,27 @@ def test_skinny_plans_of_unlisted_shapes(monkeypatch):
     assert got == {2048: Plan("16x128", 8), 4096: Plan("16x64s8"), 8192: Plan("16x64s8"),
                    10240: Plan("16x128"), 20000: Plan("16x128")}  # fmt: skip
     assert nk == {2048: Plan("16x128", 8), 4096: Plan("16x64s8"), 28672: Plan("16x64s8")}
+
+
+def test_plain_linear_routes_to_the_persistent_kernel(monkeypatch):
+    """On sm_90, plain ``linear`` (B [N, K]) from ``PERSISTENT_NK_M`` rows runs the
+    persistent kernel: 320-column tiles where the B [K, N] table names them, else 256; with
+    an epilogue, fewer rows or N not a multiple of 8 it keeps the table's Hopper plans."""
+    linear_mod = importlib.import_module("kaio_ops.linear")
+    monkeypatch.setattr(linear_mod, "hopper_takes", lambda *args: True)
+    monkeypatch.setattr(kaio_ops._arrays, "multiprocessors", lambda like: 132)
+    with kaio.simulate():
+        a = _operand(np.zeros((4, 64), np.float16))
+
+        def route(m, n, k, plain=True):
+            return linear_mod.route(a, a, (m, n, k), True, plain, False)
+
+        assert route(4096, 28672, 4096) == Persistent(320, 8, 1)
+        assert route(1024, 6144, 4096) == Persistent(256)
+        assert route(8192, 4096, 14336) == Persistent(256)
+        assert route(4096, 4096, 14336, plain=False) == hopper.Plan(2, 256, 4, 1, False)
+        assert route(1000, 4096, 14336) == hopper.Plan(2, 256, 4, 1, False)
+        assert not isinstance(route(4096, 4100, 4096), Persistent)
 
 
 def test_persistent_width_fills_the_waves():
@@ -716,6 +793,11 @@ def test_gpu_split_sums_deterministic(m, n, k, activation, chosen, monkeypatch):
         (128, 28672, 1024, "matmul", hopper.Plan(2, 256, 4, 1, False, 0, 1)),  # stores
         (1000, 1000, 1024, "matmul", hopper.Plan(2, 64, 8, 1, False, 0, 1)),  # wide stores
         (1000, 1000, 1024, "matmul", hopper.Plan(2, 64, 6, 1, False, 0, 2)),  # through shared
+        (300, 1000, 1032, "gelu", hopper.Plan(2, 256, 4, 1, False, 0, 3)),  # fused epilogue,
+        (333, 1000, 2048, "silu_gate", hopper.Plan(2, 128, 4, 1, False, 0, 4)),  # loads first
+        (600, 1000, 1032, "gelu", Persistent(256)),  # the persistent kernel: B [N, K], the
+        (1000, 2048, 2048, "silu", Persistent(320, 8, 1)),  # fused epilogue
+        (1000, 2048, 2048, "matmul", Persistent(256, 8, 0, 2)),  # the second warpgroup behind
     ],
 )
 def test_gpu_hopper_tiles_against_torch(m, n, k, activation, chosen):

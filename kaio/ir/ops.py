@@ -83,6 +83,7 @@ SIGNATURES: dict[str, tuple[str, str]] = {
     "tma_load": ("A idx u64 I I A idx", "none"),
     "tma_load_multicast": ("A idx u64 I I A idx u32", "none"),
     "bulk_store": ("A idx A idx u32", "none"),
+    "bulk_prefetch": ("A idx u32", "none"),
     "dsmem_load": ("A idx u32", "elem"),
     **dict.fromkeys(
         (
@@ -272,6 +273,9 @@ OPS: dict[str, OpInfo] = {
         False,
         "(global, *idx, shared, *idx, nbytes u32): async bulk copy of nbytes from shared to "
         "global memory, in this thread's open bulk group",
+    ),
+    "bulk_prefetch": OpInfo(
+        "special", "none", False, "(global, *idx, nbytes u32): prefetch nbytes into L2 (a hint)"
     ),
     "bulk_commit": OpInfo("special", "none", False, "close this thread's bulk-copy group"),
     "bulk_wait": OpInfo(

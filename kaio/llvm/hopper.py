@@ -293,6 +293,15 @@ def lower_bulk_store(g, ins: Instr) -> None:
     _statement(g, text, ["l", "r", "r"], [*args, g.value(nbytes)], collective=False)
 
 
+@LOWERING.register("bulk_prefetch")
+def lower_bulk_prefetch(g, ins: Instr) -> None:
+    """``cp.async.bulk.prefetch.L2.global [addr], n``."""
+    arr, n = ins.args[0], ins.args[-1]
+    at = g.b.ptrtoint(address(g, arr, ins.args[1:-1]), I64)
+    _statement(g, "cp.async.bulk.prefetch.L2.global [$0], $1;", ["l", "r"], [at, g.value(n)],
+               collective=False)  # fmt: skip
+
+
 @LOWERING.register("bulk_wait")
 def lower_bulk_wait(g, ins: Instr) -> None:
     """``cp.async.bulk.wait_group[.read] n``."""

@@ -243,6 +243,13 @@ def lower_bulk_store(e, ins: Instr) -> None:
     e.line(f"{bulk_store_instruction(ins)} {d}, {s}, {e.o(nbytes)}")
 
 
+@LOWERING.register("bulk_prefetch")
+def lower_bulk_prefetch(e, ins: Instr) -> None:
+    """``cp.async.bulk.prefetch.L2.global [addr], n``."""
+    arr, n = ins.args[0], ins.args[-1]
+    e.line(f"cp.async.bulk.prefetch.L2.global {address(e, arr, ins.args[1:-1])}, {e.o(n)}")
+
+
 @LOWERING.register("bulk_wait")
 def lower_bulk_wait(e, ins: Instr) -> None:
     """``cp.async.bulk.wait_group[.read] n``."""

@@ -698,6 +698,7 @@ SEMANTICS = {
     "mbarrier_arrive_cluster": mbarrier_arrive_cluster,
     "fence_proxy_async": fence_proxy_async,
     "bulk_store": bulk_store,
+    "bulk_prefetch": no_op,
     "bulk_commit": no_op,
     "bulk_wait": no_op,
     "setmaxnreg": no_op,
