@@ -430,6 +430,20 @@ def final_plans(m, n, k, sms=132):
     return [(wg, bn, H.stages_for(wg, bn, vec=2), pr, 2, cl, sp)]
 
 
+CARRY_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (4096, 6144, 4096), (4096, 28672, 4096),
+                (2048, 4096, 14336), (8192, 4096, 4096), (2048, 8192, 8192),
+                (4096, 57344, 8192)]  # fmt: skip
+
+
+def carry_plans(m, n, k, sms=132):
+    """The routed plan with the next tile's first slice carried over the epilogue
+    (``PROMOTE`` 7) where it promotes every slice (1), and 128 x 256 tiles carried."""
+    wg, bn, st, pr, *rest = H.config(m, n, k, sms)
+    out = [(wg, bn, st, 7, *rest)] if pr == 1 else []
+    others = [(2, 256, 4, 3, 1), (2, 224, 5, 7, 1), (2, 208, 5, 7, 1), (2, 192, 5, 7, 1)]
+    return out + [p for p in others if full_plan(p) not in map(full_plan, out)]
+
+
 def full_plan(plan) -> tuple:
     """``plan`` with its defaults spelled out: (WG, BN, STAGES, PROMOTE, VEC, CL, SPLIT, OCC,
     FUSE, SWAP, GROUP)."""
@@ -632,6 +646,9 @@ def warm(cases, ms, models, processes: int = 14) -> None:
                 rows = min(H.a_rows(m, 1, 1), 64)
                 pick = H.config(m, n, k, 132)
                 jobs += [(p, False, rows) for p in [pick, *decode_alternatives(m, n, k)]]
+    if "carry" in cases:
+        for m, n, k in CARRY_SHAPES:
+            jobs += [(p, False) for p in [H.config(m, n, k, 132), *carry_plans(m, n, k)]]
     if "group" in cases:
         jobs += [(p, False) for s in (4096, 8192) for p in [H.config(s, s, s, 132),
                                                             *group_plans(s, s, s)]]  # fmt: skip
@@ -722,6 +739,12 @@ def main() -> None:
     if "group" in cases:  # the routed tile with other groupings of the tile order
         for size in (4096, 8192):
             recs.append(run_case(size, size, size, False, group_plans(size, size, size), log))
+    if "carry" in cases:  # the next tile's first slice issued before the epilogue
+        for m, n, k in CARRY_SHAPES:
+            if time.time() - t0 > args.budget:
+                print(f"budget: skipped {m}x{n}x{k}", flush=True)
+                continue
+            recs.append(run_case(m, n, k, False, carry_plans(m, n, k), log))
     if "final" in cases:  # the op as routed (config's plans) against cuBLAS
         recs.append(run_case(4096, 4096, 4096, False, [], log))
         recs.append(run_case(8192, 8192, 8192, False, [], log))

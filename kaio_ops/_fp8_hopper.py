@@ -307,10 +307,20 @@ def consume(
     slices so far) advanced past them; ``PROMOTE`` as the module docstring says (``part``:
     the slice sums, ``part0`` and ``part1`` for 2; ``turn``: the two warpgroups' turns for
     4)."""
-    if PROMOTE > 0:
+    kb = i32(0)
+    if PROMOTE == 7:
+        if ring[4] == 1:  # the first slice was issued before the tile before's epilogue
+            kaio.wgmma_wait(0)  # (carry_slice)
+            free_stage(bars, ring[3], lt, CL)
+            promote(acc, part0, 0, BN // 8)  # (acc zeroed after that epilogue)
+            kb = 1
+            ring[4] = 0
+        else:
+            zero(acc, BN)
+    elif PROMOTE > 0:
         zero(acc, BN)
     ps = i32(0)  # the stage of the slice before
-    for kt in range(k_tiles):
+    for kt in range(kb, k_tiles):
         s = ring[0]
         kaio.mbarrier_wait(bars, (0, s), u32(ring[1]))
         if PROMOTE == 4:  # warpgroup 1 issues after 0, 0 after 1 (the slice before)
@@ -333,7 +343,7 @@ def consume(
                 kaio.wgmma_wait(0)
                 promote(acc, part0, half * BN // 16, BN // 16)
             free_stage(bars, s, lt, CL)
-        elif PROMOTE == 1:
+        elif PROMOTE == 1 or PROMOTE == 7:
             kaio.wgmma_fence()
             wgmma_slice(part0, sa, sb, s, wg, True, 0, KIND, ACC)
             kaio.wgmma_commit()
@@ -514,9 +524,10 @@ def epilogue_rows(
     acc: f32[:, :, :], out: DT[:, :], ebuf: DT[:, :, :], sa: f32[:], sb: f32[:],
     pre: f32[:], bias: DT[:], row0: i32, col0: i32, m: i32, n: i32, wg: u32, lt: u32,
     BN: kaio.constexpr, ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr,
-    DT: kaio.constexpr, VEC: kaio.constexpr,
+    DT: kaio.constexpr, VEC: kaio.constexpr, CHECK: kaio.constexpr = 1,
 ):  # fmt: skip
-    """``epilogue_fp8`` of a tile of C (its docstring)."""
+    """``epilogue_fp8`` of a tile of C (its docstring). ``CHECK`` 0 (``VEC`` 1): the 64 x BN
+    block is inside C, stored without a branch (``carry_slice``'s wgmmas stay in flight)."""
     lane = i32(lt % 32)
     row = row0 + 16 * i32(lt // 32) + lane // 4
     s_a = kaio.local(f32, (2,))
@@ -540,7 +551,7 @@ def epilogue_rows(
     if VEC == 2:  # through shared memory, a bulk copy a row, as the f16 kernel's
         store_shared(acc, out, ebuf, row0, col0, m, n, wg, lt, BN, DT)
     elif VEC:  # 4 adjacent columns a store (lanes trade pairs), as the f16 kernel's
-        store_rows(acc, out, out, out, row0, col0, m, n, n, 0, 1.0, 1.0, 1.0, lt, BN, DT)
+        store_rows(acc, out, out, out, row0, col0, m, n, n, 0, 1.0, 1.0, 1.0, lt, BN, DT, CHECK)
     else:
         for h in kaio.static_range(2):
             if row + 8 * h < m:
@@ -636,7 +647,15 @@ def consume_tiles(
         row0 = here[2] + rank * ROWS + 64 * i32(wg)
         pre[0] = sa[0]
         pre[1] = sb[0]
-        if slot >= 0 and SPLIT == 3:  # fused: the warp's last arrival sums and stores
+        carry = PROMOTE == 7 and VEC == 1 and SPLIT == 1 and SWAP + ROW_A + COL_B + BIAS == 0
+        if carry and i + 1 < my_tiles and row0 + 64 <= m and here[3] + BN <= n:
+            # the next tile's first slice multiplied during this epilogue (no branch in it:
+            # ptxas would wait for the wgmmas there)
+            carry_slice(part0, sa_s, sb_s, bars, ring, wg, STAGES, FP8)
+            epilogue_rows(acc, out, ebuf, sa, sb, pre, bias, row0, here[3], m, n, wg, lt, BN,
+                          ROW_A, COL_B, BIAS, DT, VEC, 0)  # fmt: skip
+            zero(acc, BN)  # (the carried slice is added to it)
+        elif slot >= 0 and SPLIT == 3:  # fused: the warp's last arrival sums and stores
             w = i32(lt // 32)
             cw = (slot // parts) * (4 * ROWS // 64) + i32(wg) * 4 + w  # the warp's counter
             at = slot * ROWS + 64 * i32(wg) + 16 * w + i32(lt % 32) // 4
@@ -652,6 +671,25 @@ def consume_tiles(
     if VEC == 2:
         if lt % 32 < 16:
             kaio.bulk_wait(0)  # (the buffer stays until its copies are done)
+
+
+@kaio.gpu_func
+def carry_slice(
+    part: f32[:, :, :], sa: f16[:, :, :], sb: f16[:, :, :], bars: u64[:, :], ring: i32[:],
+    wg: u32, STAGES: kaio.constexpr, KIND: kaio.constexpr,
+):  # fmt: skip
+    """``PROMOTE`` 7: the first K slice of the warpgroup's next tile issued into ``part``
+    before the epilogue of the tile before, which then runs while the tensor cores multiply;
+    ``consume`` waits for it, frees its stage (``ring[3]``) and adds it to the zeroed
+    ``acc`` (``ring[4]``: a slice is carried)."""
+    s = ring[0]
+    kaio.mbarrier_wait(bars, (0, s), u32(ring[1]))
+    kaio.wgmma_fence()
+    wgmma_slice(part, sa, sb, s, wg, True, 0, KIND, f32)
+    kaio.wgmma_commit()
+    ring[3] = s
+    ring[4] = 1
+    advance(ring, STAGES)
 
 
 @kaio.gpu_kernel
@@ -721,10 +759,9 @@ def matmul_fp8_wgmma(
     part0 = kaio.local(f32, (BN // (8 + 8 * halves), 2, 2))
     wide1 = (BN // 8 - 1) * ((PROMOTE == 2) + (PROMOTE == 6)) + (BN // 16 - 1) * (PROMOTE == 5)
     part1 = kaio.local(f32, (1 + wide1, 2, 2))
-    ring = kaio.local(i32, (3,))  # stage, phase parity, slices so far
-    ring[0] = 0
-    ring[1] = 0
-    ring[2] = 0
+    ring = kaio.local(i32, (5,))  # stage, phase parity, slices so far, carried stage, carried
+    for r in kaio.static_range(5):
+        ring[r] = 0
     if wg < WG:  # the consumers
         if WG > 1:  # the registers the producer warpgroup gave up
             kaio.setmaxnreg_inc(CONSUMER_REGS[WG])
@@ -1081,5 +1118,9 @@ def specializations():
         {**shared_c, "WG": 1, "BN": 8, "STAGES": 25, "PROMOTE": 2, "VEC": 1, "SPLIT": 3,
          "AR": 64, "SWAP": 1, "FP8": e5m2, "DT": f16},
     )  # (swapped: C^T = B^T A^T, stored transposed)  # fmt: skip
+    yield (
+        matmul_fp8_wgmma,
+        {**shared_c, "VEC": 1, "PROMOTE": 7, "COL_B": 0, "BIAS": 0, "STAGES": stages_for(2, 208)},
+    )  # (the next tile's first slice carried over the epilogue)
     yield sum_parts, {"ROWS": 64, "BN": 64, "GROUP": GROUP_ROWS, "ROW_A": 1, "COL_B": 0,
                       "BIAS": 1, "DT": bf16}  # fmt: skip

@@ -252,6 +252,7 @@ def test_matmul_hopper_kernel_sim(monkeypatch):
         ((1, 32, 5, 2, 1, 1, 2, 2), 12, 64, 768, "row", "f16"),  # 2 blocks an SM, K split
         ((1, 32, 5, 2, 1, 1, 2, 1, 1), 12, 96, 768, "col", "bf16"),  # split summed in kernel
         ((1, 16, 4, 2, 1, 1, 3, 2, 1), 20, 96, 1152, "both", "f32"),  # the same, 3 parts
+        ((2, 48, 3, 7, 1, 1, 3), 100, 96, 384, "both", "bf16"),  # mode 7 split: as 1
     ],
 )
 def test_hopper_plans_sim(plan, m, n, k, scales, out, monkeypatch):
@@ -273,6 +274,33 @@ def test_hopper_plans_sim(plan, m, n, k, scales, out, monkeypatch):
     assert calls == [1]
     ref = matmul_reference(a, w.T, sa, sb, bias)
     eps = {"bf16": 2.0**-8, "f16": 2.0**-11, "f32": 2.0**-20}[out]
+    mag = matmul_reference(np.abs(a.astype(np.float64)), np.abs(w.T.astype(np.float64)), sa, sb)
+    assert np.all(np.abs(got.astype(np.float64) - ref) <= np.abs(ref) * eps + 1e-6 * mag + 1e-3)
+    assert np.abs(ref).max() > 100
+
+
+@pytest.mark.parametrize(
+    "plan, m, n, k, out",
+    [
+        ((2, 64, 3, 7, 1), 300, 208, 640, "bf16"),  # inside tiles carried, edge tiles not
+        ((2, 64, 2, 7, 1), 256, 192, 128, "f32"),  # one slice a tile: every slice carried
+    ],
+)
+def test_carried_slice_sim(plan, m, n, k, out, monkeypatch):
+    """``PROMOTE`` 7 (per-tensor scales, no bias: the next tile's first slice multiplied
+    during the epilogue, ``carry_slice``) on the simulator, two persistent blocks of several
+    tiles each, against float64."""
+    from kaio_ops import fp8
+
+    monkeypatch.setattr(fp8, "HOPPER_IN_SIMULATOR", True)
+    calls = _force_plan(monkeypatch, plan)
+    a, w = _fp8_operands(m, k, n, "e4m3", seed=k)
+    sa, sb = np.float32([0.75]), np.float32([1.5])
+    with kaio.simulate():
+        got = kaio_ops.matmul_fp8(a, w.T, sa, sb, out_dtype=out)
+    assert calls == [1]
+    ref = matmul_reference(a, w.T, sa, sb)
+    eps = {"bf16": 2.0**-8, "f32": 2.0**-20}[out]
     mag = matmul_reference(np.abs(a.astype(np.float64)), np.abs(w.T.astype(np.float64)), sa, sb)
     assert np.all(np.abs(got.astype(np.float64) - ref) <= np.abs(ref) * eps + 1e-6 * mag + 1e-3)
     assert np.abs(ref).max() > 100
