@@ -91,29 +91,6 @@ def next_position(kt: i32, tile: i32, row0: i32, col0: i32, k_tiles: i32, step: 
 
 
 @kaio.gpu_func
-def place(at: i32[:], tiles_m: i32, tiles_n: i32, BN: kaio.constexpr, GROUP: kaio.constexpr,
-          ROWS: kaio.constexpr):  # fmt: skip
-    """``tile_origin`` on a position array ``at`` (K slice, tile number, first row, first
-    column): sets ``at[2], at[3]`` for tile ``at[1]``. The form ``_fp8_hopper`` and
-    ``_int8_hopper`` still use."""
-    row0, col0 = tile_origin(at[1], tiles_m, tiles_n, BN, GROUP, ROWS)
-    at[2] = row0
-    at[3] = col0
-
-
-@kaio.gpu_func
-def next_slice(at: i32[:], k_tiles: i32, step: i32, tiles_m: i32, tiles_n: i32,
-               BN: kaio.constexpr, GROUP: kaio.constexpr, ROWS: kaio.constexpr):  # fmt: skip
-    """``next_position`` on a position array ``at`` (as ``place``)."""
-    kt, tile, row0, col0 = next_position(at[0], at[1], at[2], at[3], k_tiles, step, tiles_m,
-                                         tiles_n, BN, GROUP, ROWS)  # fmt: skip
-    at[0] = kt
-    at[1] = tile
-    at[2] = row0
-    at[3] = col0
-
-
-@kaio.gpu_func
 def produce(
     sa: IN[:, :, :],
     sb: IN[:, :, :, :],
