@@ -444,6 +444,19 @@ def carry_plans(m, n, k, sms=132):
     return out + [p for p in others if full_plan(p) not in map(full_plan, out)]
 
 
+def split_plans(m, n, k, sms=132):
+    """The plans "midsplit" times beside the routed one at 128 and 256 rows: 128 x 128 and
+    128 x 256 tiles with the K split of their last partial wave (every tile when fewer than
+    the multiprocessors) summed in the kernel (``FUSE``: no second launch), 2 to 4 parts."""
+    out = []
+    for wg, bn in ((2, 128), (2, 192), (2, 256)):
+        tiles = -(-m // 128) * -(-n // bn)
+        for parts in (2, 4):
+            if H.split_from(tiles, sms, parts) < tiles:
+                out.append((*H.plan(wg, bn)[:5], 1, parts, 1, 1))
+    return out
+
+
 def full_plan(plan) -> tuple:
     """``plan`` with its defaults spelled out: (WG, BN, STAGES, PROMOTE, VEC, CL, SPLIT, OCC,
     FUSE, SWAP, GROUP)."""
@@ -646,6 +659,10 @@ def warm(cases, ms, models, processes: int = 14) -> None:
                 rows = min(H.a_rows(m, 1, 1), 64)
                 pick = H.config(m, n, k, 132)
                 jobs += [(p, False, rows) for p in [pick, *decode_alternatives(m, n, k)]]
+    if "midsplit" in cases:
+        for m in [m for m in ms if 64 < m <= 256]:
+            for n, k in [s for mo in models for s in SHAPES[mo]]:
+                jobs += [(p, False, m) for p in [H.config(m, n, k, 132), *split_plans(m, n, k)]]
     if "carry" in cases:
         for m, n, k in CARRY_SHAPES:
             jobs += [(p, False) for p in [H.config(m, n, k, 132), *carry_plans(m, n, k)]]
@@ -736,6 +753,8 @@ def main() -> None:
         over_shapes([m for m in ms if m <= 64], decode_alternatives)
     if "mid" in cases:  # small tiles at 128 and 256 rows
         over_shapes([m for m in ms if 64 < m <= 256], mid_plans)
+    if "midsplit" in cases:  # wide tiles split along K, summed in the kernel
+        over_shapes([m for m in ms if 64 < m <= 256], split_plans)
     if "group" in cases:  # the routed tile with other groupings of the tile order
         for size in (4096, 8192):
             recs.append(run_case(size, size, size, False, group_plans(size, size, size), log))

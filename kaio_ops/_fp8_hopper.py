@@ -58,6 +58,15 @@ wgmmas) starts a fresh wgmma sum ``part`` that is then added to the f32 ``acc`` 
   at 128 columns; slow on an H100 (0.66x of mode 1's speed: 64-column wgmmas read A twice
   as often from shared memory).
 - 6 (``consume_pair``): mode 2's numerics and schedule in ``consume_pair``'s loop.
+- 7 ("carried"): as 1, and the first slice of the warpgroup's next tile issued before the
+  epilogue of this one (``carry_slice``: its stage waited for, its wgmmas into ``part``,
+  not waited for), so that the tensor cores multiply while the epilogue scales and stores
+  the tile; ``consume`` then waits for it and adds it to ``acc``, zeroed after the
+  epilogue: the same sums in the same order as 1. ptxas waits for the wgmmas at the first
+  branch they are in flight across, so a slice is carried only over an epilogue without
+  one: a whole 64-row block inside C (``store_rows`` with ``CHECK`` 0), per-tensor scales,
+  no bias (the per-column scales and bias spill the two accumulators' registers), one
+  block a tile, ``VEC`` 1; elsewhere 7 is 1.
 - 10 * E + S (``consume_every``): one sum over E slices (one group in flight within the
   interval), waited for and added at the interval's end: fewer waits, at the cost of E
   times longer wgmma sums (the error: docs/performance.md); S = 1 staggers the warpgroups'
