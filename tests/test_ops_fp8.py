@@ -678,6 +678,30 @@ def test_routed_decode_gpu_bit_identical(m, n, k):
     assert torch.equal(got, want)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("plan", [(2, 208, 5, 7, 1), (2, 192, 5, 7, 1)])
+def test_carried_slice_gpu_bit_identical(plan, monkeypatch):
+    """``PROMOTE`` 7 (the next tile's first slice multiplied during the epilogue) forced, 2000
+    x 4144 x 4096 (several tiles a block; partial last tile row and column, stored with the
+    bounds checked and no slice carried) gives torch._scaled_mm's bf16 outputs bit for bit
+    (per-tensor scales, no bias: the case that carries)."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernel needs sm_90")
+    from kaio_ops import _fp8_hopper as H
+    from kaio_ops import _plan
+
+    monkeypatch.setattr(H, "config", lambda *args: plan)
+    _plan.clear()  # (a call plan keeps the tile it was made with)
+    m, n, k = 2000, 4144, 4096
+    torch.manual_seed(n)
+    a, sa = kaio_ops.quantize_fp8(torch.randn(m, k, device="cuda"))
+    wq, sw = kaio_ops.quantize_fp8(torch.randn(n, k, device="cuda") * 0.02)
+    got = kaio_ops.matmul_fp8(a, wq.t(), sa, sw)
+    want = torch._scaled_mm(a, wq.t(), sa, sw, out_dtype=torch.bfloat16)
+    assert torch.equal(got, want)
+
+
 def _forced_plan_vs_scaled_mm(torch, plan, monkeypatch, m=1000):
     """matmul_fp8 forced onto ``plan``, M = ``m`` (1000), K = 8192, N = 1008, per-row and
     per-column scales and bias, against torch._scaled_mm (its A padded to 1008 rows)."""
