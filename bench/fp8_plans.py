@@ -10,7 +10,9 @@ Usage: ``python bench/fp8_plans.py --out DIR [--budget SECONDS] [--cases warm,bi
 14 processes at once (with ``only``: nothing else); ``final`` the routed plan at 4096^3,
 8192^3 and 4096^3 with per-row scales; ``wide``, ``depth``, ``epi``, ``big``, ``regs``,
 ``interval``, ``cluster``, ``rowwise``, ``acc``, ``diag``: the plan lists of their rounds at
-the squares; ``sweep``, ``sweepnew``, ``sweepwide``, ``sweepfinal``: the M sweep over the
+the squares; ``carry`` (``carrysq``: the squares only) the routed tiles with the next tile's
+first slice carried over the epilogue; ``midsplit`` wide tiles split along K at 128 and 256
+rows; ``sweep``, ``sweepnew``, ``sweepwide``, ``sweepfinal``: the M sweep over the
 Llama-3-8B/-70B shapes with ``plans_for``'s, ``SWEEP_WIDE``'s (``with_splits``) or
 ``final_plans``' alternatives (``pick``: none from ``plans_for``); ``decgrid`` the decode
 plans of ``decode_plans`` at ``DECODE_SHAPES`` (the ``--ms`` up to 64) with the weight-read
@@ -663,8 +665,8 @@ def warm(cases, ms, models, processes: int = 14) -> None:
         for m in [m for m in ms if 64 < m <= 256]:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
                 jobs += [(p, False, m) for p in [H.config(m, n, k, 132), *split_plans(m, n, k)]]
-    if "carry" in cases:
-        for m, n, k in CARRY_SHAPES:
+    if "carry" in cases or "carrysq" in cases:
+        for m, n, k in CARRY_SHAPES[: 2 if "carrysq" in cases else None]:
             jobs += [(p, False) for p in [H.config(m, n, k, 132), *carry_plans(m, n, k)]]
     if "group" in cases:
         jobs += [(p, False) for s in (4096, 8192) for p in [H.config(s, s, s, 132),
@@ -758,12 +760,14 @@ def main() -> None:
     if "group" in cases:  # the routed tile with other groupings of the tile order
         for size in (4096, 8192):
             recs.append(run_case(size, size, size, False, group_plans(size, size, size), log))
-    if "carry" in cases:  # the next tile's first slice issued before the epilogue
-        for m, n, k in CARRY_SHAPES:
+    if "carry" in cases or "carrysq" in cases:  # the next tile's first slice over the epilogue
+        squares = "carrysq" in cases  # (4096^3 and 8192^3, the routed tile carried only)
+        for m, n, k in CARRY_SHAPES[: 2 if squares else None]:
             if time.time() - t0 > args.budget:
                 print(f"budget: skipped {m}x{n}x{k}", flush=True)
                 continue
-            recs.append(run_case(m, n, k, False, carry_plans(m, n, k), log))
+            plans = carry_plans(m, n, k)[: 1 if squares else None]
+            recs.append(run_case(m, n, k, False, plans, log))
     if "final" in cases:  # the op as routed (config's plans) against cuBLAS
         recs.append(run_case(4096, 4096, 4096, False, [], log))
         recs.append(run_case(8192, 8192, 8192, False, [], log))
