@@ -10,7 +10,9 @@ Usage: ``python bench/fp8_plans.py --out DIR [--budget SECONDS] [--cases warm,bi
 14 processes at once (with ``only``: nothing else); ``final`` the routed plan at 4096^3,
 8192^3 and 4096^3 with per-row scales; ``wide``, ``depth``, ``epi``, ``big``, ``regs``,
 ``interval``, ``cluster``, ``rowwise``, ``acc``, ``diag``: the plan lists of their rounds at
-the squares; ``sweep``, ``sweepnew``, ``sweepwide``, ``sweepfinal``: the M sweep over the
+the squares; ``carry`` (``carrysq``: the squares only) the routed tiles with the next tile's
+first slice carried over the epilogue; ``midsplit`` wide tiles split along K at 128 and 256
+rows; ``sweep``, ``sweepnew``, ``sweepwide``, ``sweepfinal``: the M sweep over the
 Llama-3-8B/-70B shapes with ``plans_for``'s, ``SWEEP_WIDE``'s (``with_splits``) or
 ``final_plans``' alternatives (``pick``: none from ``plans_for``); ``decgrid`` the decode
 plans of ``decode_plans`` at ``DECODE_SHAPES`` (the ``--ms`` up to 64) with the weight-read
@@ -430,6 +432,33 @@ def final_plans(m, n, k, sms=132):
     return [(wg, bn, H.stages_for(wg, bn, vec=2), pr, 2, cl, sp)]
 
 
+CARRY_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (4096, 6144, 4096), (4096, 28672, 4096),
+                (2048, 4096, 14336), (8192, 4096, 4096), (2048, 8192, 8192),
+                (4096, 57344, 8192)]  # fmt: skip
+
+
+def carry_plans(m, n, k, sms=132):
+    """The routed plan with the next tile's first slice carried over the epilogue
+    (``PROMOTE`` 7) where it promotes every slice (1), and 128 x 256 tiles carried."""
+    wg, bn, st, pr, *rest = H.config(m, n, k, sms)
+    out = [(wg, bn, st, 7, *rest)] if pr == 1 else []
+    others = [(2, 256, 4, 3, 1), (2, 224, 5, 7, 1), (2, 208, 5, 7, 1), (2, 192, 5, 7, 1)]
+    return out + [p for p in others if full_plan(p) not in map(full_plan, out)]
+
+
+def split_plans(m, n, k, sms=132):
+    """The plans "midsplit" times beside the routed one at 128 and 256 rows: 128 x 128 and
+    128 x 256 tiles with the K split of their last partial wave (every tile when fewer than
+    the multiprocessors) summed in the kernel (``FUSE``: no second launch), 2 to 4 parts."""
+    out = []
+    for wg, bn in ((2, 128), (2, 192), (2, 256)):
+        tiles = -(-m // 128) * -(-n // bn)
+        for parts in (2, 4):
+            if H.split_from(tiles, sms, parts) < tiles:
+                out.append((*H.plan(wg, bn)[:5], 1, parts, 1, 1))
+    return out
+
+
 def full_plan(plan) -> tuple:
     """``plan`` with its defaults spelled out: (WG, BN, STAGES, PROMOTE, VEC, CL, SPLIT, OCC,
     FUSE, SWAP, GROUP)."""
@@ -632,6 +661,13 @@ def warm(cases, ms, models, processes: int = 14) -> None:
                 rows = min(H.a_rows(m, 1, 1), 64)
                 pick = H.config(m, n, k, 132)
                 jobs += [(p, False, rows) for p in [pick, *decode_alternatives(m, n, k)]]
+    if "midsplit" in cases:
+        for m in [m for m in ms if 64 < m <= 256]:
+            for n, k in [s for mo in models for s in SHAPES[mo]]:
+                jobs += [(p, False, m) for p in [H.config(m, n, k, 132), *split_plans(m, n, k)]]
+    if "carry" in cases or "carrysq" in cases:
+        for m, n, k in CARRY_SHAPES[: 2 if "carrysq" in cases else None]:
+            jobs += [(p, False) for p in [H.config(m, n, k, 132), *carry_plans(m, n, k)]]
     if "group" in cases:
         jobs += [(p, False) for s in (4096, 8192) for p in [H.config(s, s, s, 132),
                                                             *group_plans(s, s, s)]]  # fmt: skip
@@ -719,9 +755,19 @@ def main() -> None:
         over_shapes([m for m in ms if m <= 64], decode_alternatives)
     if "mid" in cases:  # small tiles at 128 and 256 rows
         over_shapes([m for m in ms if 64 < m <= 256], mid_plans)
+    if "midsplit" in cases:  # wide tiles split along K, summed in the kernel
+        over_shapes([m for m in ms if 64 < m <= 256], split_plans)
     if "group" in cases:  # the routed tile with other groupings of the tile order
         for size in (4096, 8192):
             recs.append(run_case(size, size, size, False, group_plans(size, size, size), log))
+    if "carry" in cases or "carrysq" in cases:  # the next tile's first slice over the epilogue
+        squares = "carrysq" in cases  # (4096^3 and 8192^3, the routed tile carried only)
+        for m, n, k in CARRY_SHAPES[: 2 if squares else None]:
+            if time.time() - t0 > args.budget:
+                print(f"budget: skipped {m}x{n}x{k}", flush=True)
+                continue
+            plans = carry_plans(m, n, k)[: 1 if squares else None]
+            recs.append(run_case(m, n, k, False, plans, log))
     if "final" in cases:  # the op as routed (config's plans) against cuBLAS
         recs.append(run_case(4096, 4096, 4096, False, [], log))
         recs.append(run_case(8192, 8192, 8192, False, [], log))

@@ -58,6 +58,15 @@ wgmmas) starts a fresh wgmma sum ``part`` that is then added to the f32 ``acc`` 
   at 128 columns; slow on an H100 (0.66x of mode 1's speed: 64-column wgmmas read A twice
   as often from shared memory).
 - 6 (``consume_pair``): mode 2's numerics and schedule in ``consume_pair``'s loop.
+- 7 ("carried"): as 1, and the first slice of the warpgroup's next tile issued before the
+  epilogue of this one (``carry_slice``: its stage waited for, its wgmmas into ``part``,
+  not waited for), so that the tensor cores multiply while the epilogue scales and stores
+  the tile; ``consume`` then waits for it and adds it to ``acc``, zeroed after the
+  epilogue: the same sums in the same order as 1. ptxas waits for the wgmmas at the first
+  branch they are in flight across, so a slice is carried only over an epilogue without
+  one: a whole 64-row block inside C (``store_rows`` with ``CHECK`` 0), per-tensor scales,
+  no bias (the per-column scales and bias spill the two accumulators' registers), one
+  block a tile, ``VEC`` 1; elsewhere 7 is 1.
 - 10 * E + S (``consume_every``): one sum over E slices (one group in flight within the
   interval), waited for and added at the interval's end: fewer waits, at the cost of E
   times longer wgmma sums (the error: docs/performance.md); S = 1 staggers the warpgroups'
@@ -97,9 +106,10 @@ from kaio_ops._matmul_hopper import (
     GROUP_ROWS,
     SW,
     init_ring,
-    next_slice,
-    place,
+    next_position,
+    next_stage,
     store_rows,
+    tile_origin,
     tile_schedule,
 )
 
@@ -112,40 +122,27 @@ CONSUMER_REGS = (0, 0, 240, 160)  # and a consumer thread takes: (64K - 128 * 24
 
 
 @kaio.gpu_func
-def produce_fp8(
-    sa: f16[:, :, :], sb: f16[:, :, :], bars: u64[:, :], ta: kaio.tensormap, tb: kaio.tensormap,
-    at: i32[:], s: i32, k_tiles: i32, step: i32, tiles_m: i32, tiles_n: i32,
-    BN: kaio.constexpr, GROUP: kaio.constexpr, ROWS: kaio.constexpr, CL: kaio.constexpr,
-    AR: kaio.constexpr,
-):  # fmt: skip
-    """The TMA copies of the producer's next K slice (``AR`` A rows, ``BN`` B^T rows) into
-    stage ``s``, then the producer's position ``at`` stepped (as ``_matmul_hopper.produce``).
-    In a cluster of two (``CL``), ``at`` is the pair's position (``2 * ROWS`` rows a tile):
-    block r copies its own A rows and half r of the B slice, multicast into both blocks."""
-    load_slice(sa, sb, bars, ta, tb, at, s, BN, ROWS, CL, AR)
-    next_slice(at, k_tiles, step, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
-
-
-@kaio.gpu_func
 def load_slice(
     sa: f16[:, :, :], sb: f16[:, :, :], bars: u64[:, :], ta: kaio.tensormap, tb: kaio.tensormap,
-    at: i32[:], s: i32, BN: kaio.constexpr, ROWS: kaio.constexpr, CL: kaio.constexpr,
-    AR: kaio.constexpr,
+    kt: i32, row0: i32, col0: i32, s: i32, BN: kaio.constexpr, ROWS: kaio.constexpr,
+    CL: kaio.constexpr, AR: kaio.constexpr,
 ):  # fmt: skip
-    """The TMA copies of K slice ``at[0]`` of the tile at rows ``at[2]``, columns ``at[3]``
-    into stage ``s`` (``produce_fp8``). ``AR``: the A rows a copy brings (``ROWS``, or
-    fewer for a decode tile of fewer rows: the stage's other rows keep what they held, and
-    the results of those rows are never stored)."""
-    k0 = at[0] * BK
+    """The TMA copies of K slice ``kt`` of the tile at rows ``row0``, columns ``col0`` into
+    stage ``s`` (``AR`` A rows, ``BN`` B^T rows). ``AR``: the A rows a copy brings (``ROWS``,
+    or fewer for a decode tile of fewer rows: the stage's other rows keep what they held,
+    and the results of those rows are never stored). In a cluster of two (``CL``), the
+    position is the pair's (``2 * ROWS`` rows a tile): block r copies its own A rows and
+    half r of the B slice, multicast into both blocks."""
+    k0 = kt * BK
     kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32((AR + BN) * BK * 2))
     if CL == 1:
-        kaio.tma_load_2d(sa, (s, 0, 0), ta, at[2], k0, bars, (0, s))
-        kaio.tma_load_2d(sb, (s, 0, 0), tb, at[3], k0, bars, (0, s))
+        kaio.tma_load_2d(sa, (s, 0, 0), ta, row0, k0, bars, (0, s))
+        kaio.tma_load_2d(sb, (s, 0, 0), tb, col0, k0, bars, (0, s))
     else:
         r = i32(kaio.cluster_rank())
-        kaio.tma_load_2d(sa, (s, 0, 0), ta, at[2] + r * ROWS, k0, bars, (0, s))
+        kaio.tma_load_2d(sa, (s, 0, 0), ta, row0 + r * ROWS, k0, bars, (0, s))
         half = r * (BN // 2)
-        kaio.tma_load_2d_multicast(sb, (s, half, 0), tb, at[3] + half, k0, bars, (0, s), 3)
+        kaio.tma_load_2d_multicast(sb, (s, half, 0), tb, col0 + half, k0, bars, (0, s), 3)
 
 
 @kaio.gpu_func
@@ -156,42 +153,41 @@ def produce_all(
     ROWS: kaio.constexpr, CL: kaio.constexpr, SPLIT: kaio.constexpr, AR: kaio.constexpr,
 ):  # fmt: skip
     """The producer's loop: every K slice of the block's tiles (from tile ``tile0``, ``step``
-    apart; ``count`` slices) through ``produce_fp8``, each stage reused once the consumers
-    freed it (8-bit operands, A and B^T K-major: also ``kaio_ops._int8_hopper``'s). With
-    ``SPLIT`` (the tiles from ``full`` on split in ``parts`` along K), ``count`` units
-    instead (``unit_of``), from ``tile0``, ``step`` apart."""
-    at = kaio.local(i32, (4,))
-    at[0] = 0
-    at[1] = tile0
-    place(at, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
-    ring = kaio.local(i32, (3,))  # stage, phase parity, slices so far
-    ring[0] = 0
-    ring[1] = 0
-    ring[2] = 0
+    apart; ``count`` slices; ``_matmul_hopper.next_position``) through ``load_slice``, each
+    stage reused once the consumers freed it (8-bit operands, A and B^T K-major: also
+    ``kaio_ops._int8_hopper``'s). With ``SPLIT`` (the tiles from ``full`` on split in
+    ``parts`` along K), ``count`` units instead (``unit_of``), from ``tile0``, ``step``
+    apart."""
+    s = i32(0)  # the ring position: stage, phase parity
+    ph = u32(0)
     if SPLIT == 1:
-        for _g in range(count):
-            wait_free(bars, ring, STAGES)
-            produce_fp8(sa, sb, bars, ta, tb, at, ring[0], k_tiles, step, tiles_m, tiles_n, BN,
-                        GROUP, ROWS, CL, AR)  # fmt: skip
-            advance(ring, STAGES)
+        kt = i32(0)
+        tile = tile0
+        row0, col0 = tile_origin(tile0, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
+        for g in range(count):
+            wait_free(bars, s, ph, g, STAGES)
+            load_slice(sa, sb, bars, ta, tb, kt, row0, col0, s, BN, ROWS, CL, AR)
+            kt, tile, row0, col0 = next_position(kt, tile, row0, col0, k_tiles, step, tiles_m,
+                                                 tiles_n, BN, GROUP, ROWS * CL)  # fmt: skip
+            s, ph = next_stage(s, ph, STAGES)
     else:
+        g = i32(0)  # slices so far
         for i in range(count):
             tile, kb, ke, _slot = unit_of(tile0 + i * step, k_tiles, full, parts)
-            at[1] = tile
-            place(at, tiles_m, tiles_n, BN, GROUP, ROWS)
+            row0, col0 = tile_origin(tile, tiles_m, tiles_n, BN, GROUP, ROWS)
             for kt in range(kb, ke):
-                wait_free(bars, ring, STAGES)
-                at[0] = kt
-                load_slice(sa, sb, bars, ta, tb, at, ring[0], BN, ROWS, 1, AR)
-                advance(ring, STAGES)
+                wait_free(bars, s, ph, g, STAGES)
+                load_slice(sa, sb, bars, ta, tb, kt, row0, col0, s, BN, ROWS, 1, AR)
+                s, ph = next_stage(s, ph, STAGES)
+                g += 1
 
 
 @kaio.gpu_func
-def wait_free(bars: u64[:, :], ring: i32[:], STAGES: kaio.constexpr):
-    """The producer waits until the consumers freed stage ``ring[0]`` (from the ring's
-    second round: ``ring[2]`` counts the slices)."""
-    if ring[2] >= STAGES:
-        kaio.mbarrier_wait(bars, (1, ring[0]), u32(ring[1] ^ 1))
+def wait_free(bars: u64[:, :], s: i32, ph: u32, g: i32, STAGES: kaio.constexpr):
+    """The producer waits until the consumers freed stage ``s`` (phase parity ``ph``) for
+    its ``g``-th slice (from the ring's second round on)."""
+    if g >= STAGES:
+        kaio.mbarrier_wait(bars, (1, s), ph ^ 1)
 
 
 @kaio.gpu_func
@@ -273,17 +269,6 @@ def promote_either(
 
 
 @kaio.gpu_func
-def advance(ring: i32[:], STAGES: kaio.constexpr):
-    """Step the ring position ``ring`` (stage, phase parity, slices so far) to the next
-    slice."""
-    ring[2] += 1
-    ring[0] += 1
-    if ring[0] == STAGES:
-        ring[0] = 0
-        ring[1] ^= 1
-
-
-@kaio.gpu_func
 def free_stage(bars: u64[:, :], s: i32, lt: u32, CL: kaio.constexpr):
     """Lane 0 of the warpgroup tells the producer that stage ``s`` may be refilled (in a
     cluster of two, both blocks' producers: each writes half of the B slice into both)."""
@@ -298,23 +283,33 @@ def free_stage(bars: u64[:, :], s: i32, lt: u32, CL: kaio.constexpr):
 @kaio.gpu_func
 def consume(
     acc: ACC[:, :, :], part0: ACC[:, :, :], part1: ACC[:, :, :], sa: f16[:, :, :],
-    sb: f16[:, :, :], bars: u64[:, :], turn: u64[:], ring: i32[:], k_tiles: i32, wg: u32,
-    lt: u32, BN: kaio.constexpr, STAGES: kaio.constexpr, PROMOTE: kaio.constexpr,
-    KIND: kaio.constexpr, ACC: kaio.constexpr, CL: kaio.constexpr,
+    sb: f16[:, :, :], bars: u64[:, :], turn: u64[:], st: i32, ph: u32, g: i32, k_tiles: i32,
+    wg: u32, lt: u32, BN: kaio.constexpr, STAGES: kaio.constexpr, PROMOTE: kaio.constexpr,
+    KIND: kaio.constexpr, ACC: kaio.constexpr, CL: kaio.constexpr, cs: i32 = 0,
+    carried: bool_ = False,
 ):  # fmt: skip
     """Warpgroup ``wg``'s sums of one tile over its ``k_tiles`` K slices into ``acc``, each
-    slice's stage waited for (full barrier) and freed once read, ``ring`` (stage, parity,
-    slices so far) advanced past them; ``PROMOTE`` as the module docstring says (``part``:
-    the slice sums, ``part0`` and ``part1`` for 2; ``turn``: the two warpgroups' turns for
-    4)."""
-    if PROMOTE > 0:
+    slice's stage waited for (full barrier) and freed once read; the ring position (stage
+    ``st``, phase parity ``ph``, slices so far ``g``) after them returned; ``PROMOTE`` as the
+    module docstring says (``part``: the slice sums, ``part0`` and ``part1`` for 2;
+    ``turn``: the two warpgroups' turns for 4; for 7, ``carried``: the first slice is in
+    ``part0`` already, from stage ``cs``: ``carry_slice``)."""
+    kb = i32(0)
+    if PROMOTE == 7:
+        if carried:  # the first slice was issued before the tile before's epilogue
+            kaio.wgmma_wait(0)
+            free_stage(bars, cs, lt, CL)
+            promote(acc, part0, 0, BN // 8)  # (acc zeroed after that epilogue)
+            kb = 1
+        else:
+            zero(acc, BN)
+    elif PROMOTE > 0:
         zero(acc, BN)
     ps = i32(0)  # the stage of the slice before
-    for kt in range(k_tiles):
-        s = ring[0]
-        kaio.mbarrier_wait(bars, (0, s), u32(ring[1]))
+    for kt in range(kb, k_tiles):
+        s = st
+        kaio.mbarrier_wait(bars, (0, s), ph)
         if PROMOTE == 4:  # warpgroup 1 issues after 0, 0 after 1 (the slice before)
-            g = ring[2]
             if wg == 1 or g > 0:
                 kaio.mbarrier_wait(turn, wg, u32((g + i32(wg) + 1) & 1))
             kaio.wgmma_fence()
@@ -333,7 +328,7 @@ def consume(
                 kaio.wgmma_wait(0)
                 promote(acc, part0, half * BN // 16, BN // 16)
             free_stage(bars, s, lt, CL)
-        elif PROMOTE == 1:
+        elif PROMOTE == 1 or PROMOTE == 7:
             kaio.wgmma_fence()
             wgmma_slice(part0, sa, sb, s, wg, True, 0, KIND, ACC)
             kaio.wgmma_commit()
@@ -355,39 +350,41 @@ def consume(
                 if PROMOTE == 2:  # the slice before's sum
                     promote_either(acc, part0, part1, kt % 2 == 1, BN // 8)
         ps = s
-        advance(ring, STAGES)
+        st, ph = next_stage(st, ph, STAGES)
+        g += 1
     if PROMOTE == 0 or PROMOTE == 2:
         kaio.wgmma_wait(0)
         free_stage(bars, ps, lt, CL)
         if PROMOTE == 2:  # the last slice's sum
             promote_either(acc, part0, part1, k_tiles % 2 == 1, BN // 8)
+    return st, ph, g
 
 
 @kaio.gpu_func
 def consume_every(
     acc: ACC[:, :, :], part: ACC[:, :, :], sa: f16[:, :, :], sb: f16[:, :, :],
-    bars: u64[:, :], ring: i32[:], k_tiles: i32, wg: u32, lt: u32, BN: kaio.constexpr,
-    STAGES: kaio.constexpr, EVERY: kaio.constexpr, STAGGER: kaio.constexpr,
-    KIND: kaio.constexpr, ACC: kaio.constexpr, CL: kaio.constexpr,
+    bars: u64[:, :], st: i32, ph: u32, g: i32, k_tiles: i32, wg: u32, lt: u32,
+    BN: kaio.constexpr, STAGES: kaio.constexpr, EVERY: kaio.constexpr,
+    STAGGER: kaio.constexpr, KIND: kaio.constexpr, ACC: kaio.constexpr, CL: kaio.constexpr,
 ):  # fmt: skip
     """``consume`` with ``PROMOTE >= 10`` (module docstring): one wgmma sum ``part`` over
     ``EVERY`` K slices (a group of wgmmas a slice, one kept in flight: the slice before's
     stage freed once the next group is issued), waited for and added to the zeroed ``acc``
     at the last slice of each interval (and of the tile). ``STAGGER``: warpgroup 1's
     intervals start half an interval later than warpgroup 0's, so that the two do not wait
-    for their sums at the same time."""
+    for their sums at the same time. Returns the ring position as ``consume``."""
     pend = i32(0)  # whether the stage of the slice before (ps) is still to be freed
     ps = i32(0)
     for kt in range(k_tiles):
-        s = ring[0]
-        kaio.mbarrier_wait(bars, (0, s), u32(ring[1]))
-        g = kt
+        s = st
+        kaio.mbarrier_wait(bars, (0, s), ph)
+        q = kt  # the slice's place in the intervals
         if STAGGER:
-            g = kt + i32(wg) * (EVERY // 2)
+            q = kt + i32(wg) * (EVERY // 2)
         kaio.wgmma_fence()
-        wgmma_slice(part, sa, sb, s, wg, kt == 0 or g % EVERY == 0, 0, KIND, ACC)
+        wgmma_slice(part, sa, sb, s, wg, kt == 0 or q % EVERY == 0, 0, KIND, ACC)
         kaio.wgmma_commit()
-        if g % EVERY == EVERY - 1 or kt == k_tiles - 1:  # the interval's sum is complete
+        if q % EVERY == EVERY - 1 or kt == k_tiles - 1:  # the interval's sum is complete
             kaio.wgmma_wait(0)
             if pend:
                 free_stage(bars, ps, lt, CL)
@@ -400,28 +397,31 @@ def consume_every(
                 free_stage(bars, ps, lt, CL)
             pend = i32(1)
         ps = s
-        advance(ring, STAGES)
+        st, ph = next_stage(st, ph, STAGES)
+        g += 1
     kaio.wgmma_wait(0)  # (the last slice waited already: for ptxas, which cannot tell)
+    return st, ph, g
 
 
 @kaio.gpu_func
 def consume_pair(
     acc: ACC[:, :, :], p0: ACC[:, :, :], p1: ACC[:, :, :], sa: f16[:, :, :],
-    sb: f16[:, :, :], bars: u64[:, :], ring: i32[:], k_tiles: i32, wg: u32, lt: u32,
-    BN: kaio.constexpr, STAGES: kaio.constexpr, HALF: kaio.constexpr, KIND: kaio.constexpr,
-    ACC: kaio.constexpr, CL: kaio.constexpr,
+    sb: f16[:, :, :], bars: u64[:, :], st: i32, ph: u32, g: i32, k_tiles: i32, wg: u32,
+    lt: u32, BN: kaio.constexpr, STAGES: kaio.constexpr, HALF: kaio.constexpr,
+    KIND: kaio.constexpr, ACC: kaio.constexpr, CL: kaio.constexpr,
 ):  # fmt: skip
     """``consume`` with two sums in turn and one group of wgmmas kept in flight, each sum
     added to ``acc`` while the other's group runs (promoted every slice, as ``PROMOTE = 1``,
     without waiting for the last group). ``HALF`` (``PROMOTE = 5``, module docstring): each
     K slice multiplied as two halves of the columns, ``p0`` the first, ``p1`` the second;
-    else (``PROMOTE = 6``, as 2) the slices in turn into the full-width ``p0`` and ``p1``."""
+    else (``PROMOTE = 6``, as 2) the slices in turn into the full-width ``p0`` and ``p1``.
+    Returns the ring position as ``consume``."""
     ps = i32(0)  # the stage of the slice before
     s = i32(0)
     for h in range((1 + HALF) * k_tiles):  # half h % 2 of slice h // 2, or slice h
         if h % 2 == 0 or not HALF:
-            s = ring[0]
-            kaio.mbarrier_wait(bars, (0, s), u32(ring[1]))
+            s = st
+            kaio.mbarrier_wait(bars, (0, s), ph)
         kaio.wgmma_fence()
         if h % 2 == 0:
             wgmma_slice(p0, sa, sb, s, wg, True, 0, KIND, ACC)
@@ -439,7 +439,8 @@ def consume_pair(
             promote(acc, p0, 0, BN // (8 + 8 * HALF))
         if h % 2 == 1 or not HALF:  # the slice issued
             ps = s
-            advance(ring, STAGES)
+            st, ph = next_stage(st, ph, STAGES)
+            g += 1
     kaio.wgmma_wait(0)
     if k_tiles > 0:
         free_stage(bars, ps, lt, CL)
@@ -447,12 +448,13 @@ def consume_pair(
             promote(acc, p1, HALF * BN // 16, BN // (8 + 8 * HALF))
         else:
             promote(acc, p0, 0, BN // 8)
+    return st, ph, g
 
 
 @kaio.gpu_func
 def epilogue_fp8(
-    acc: f32[:, :, :], out: DT[:, :], ebuf: DT[:, :, :], sa: f32[:], sb: f32[:],
-    pre: f32[:], bias: DT[:], row0: i32, col0: i32, m: i32, n: i32, wg: u32, lt: u32,
+    acc: f32[:, :, :], out: DT[:, :], ebuf: DT[:, :, :], sa: f32[:], sb: f32[:], pa: f32,
+    pb: f32, bias: DT[:], row0: i32, col0: i32, m: i32, n: i32, wg: u32, lt: u32,
     BN: kaio.constexpr, ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr,
     DT: kaio.constexpr, VEC: kaio.constexpr, SWAP: kaio.constexpr,
 ):  # fmt: skip
@@ -463,19 +465,19 @@ def epilogue_fp8(
     a store (``VEC`` 1), a pair (0), or (2, 16-bit ``DT``) the warp's 16 rows through its
     shared buffer ``ebuf[warp]``, each row then copied out by one lane's bulk copy
     (``_gemm_hopper.store_shared``: each lane waits until its copy has read the buffer).
-    N is a multiple of 16. ``SWAP``: the tile is of C^T (``store_transposed``). ``pre``: the
-    per-tensor scales ``sa[0]``, ``sb[0]``, loaded by the caller (``load_scales``)."""
+    N is a multiple of 16. ``SWAP``: the tile is of C^T (``store_transposed``). ``pa``, ``pb``:
+    the per-tensor scales ``sa[0]``, ``sb[0]``, loaded by the caller."""
     if SWAP:
-        store_transposed(acc, out, sa, sb, pre, bias, row0, col0, m, n, lt, BN, ROW_A, COL_B,
+        store_transposed(acc, out, sa, sb, pa, pb, bias, row0, col0, m, n, lt, BN, ROW_A, COL_B,
                          BIAS, DT)  # fmt: skip
     else:
-        epilogue_rows(acc, out, ebuf, sa, sb, pre, bias, row0, col0, m, n, wg, lt, BN, ROW_A,
+        epilogue_rows(acc, out, ebuf, sa, sb, pa, pb, bias, row0, col0, m, n, wg, lt, BN, ROW_A,
                       COL_B, BIAS, DT, VEC)  # fmt: skip
 
 
 @kaio.gpu_func
 def store_transposed(
-    acc: f32[:, :, :], out: DT[:, :], sa: f32[:], sb: f32[:], pre: f32[:], bias: DT[:],
+    acc: f32[:, :, :], out: DT[:, :], sa: f32[:], sb: f32[:], pa: f32, pb: f32, bias: DT[:],
     row0: i32, col0: i32, nt: i32, mt: i32, lt: u32, BN: kaio.constexpr, ROW_A: kaio.constexpr,
     COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
@@ -497,37 +499,38 @@ def store_transposed(
             got = kaio.shfl_xor(give, 4)
             r = row + 8 * h
             c = col + 1 - i32(even)  # the row of C this lane stores
-            s_a = pre[0]
+            s_a = pa
             if ROW_A:
                 s_a = sa[kaio.min(c, mt - 1)]
             if even:
                 if c < mt and r < nt:
-                    store_scaled_by(out, u32(c), u32(r), acc[j, h, 0], got, s_a, pre[1], sb,
+                    store_scaled_by(out, u32(c), u32(r), acc[j, h, 0], got, s_a, pb, sb,
                                     bias, COL_B, BIAS, DT)  # fmt: skip
             elif c < mt and r - 1 < nt:
-                store_scaled_by(out, u32(c), u32(r - 1), got, acc[j, h, 1], s_a, pre[1], sb,
+                store_scaled_by(out, u32(c), u32(r - 1), got, acc[j, h, 1], s_a, pb, sb,
                                 bias, COL_B, BIAS, DT)  # fmt: skip
 
 
 @kaio.gpu_func
 def epilogue_rows(
-    acc: f32[:, :, :], out: DT[:, :], ebuf: DT[:, :, :], sa: f32[:], sb: f32[:],
-    pre: f32[:], bias: DT[:], row0: i32, col0: i32, m: i32, n: i32, wg: u32, lt: u32,
+    acc: f32[:, :, :], out: DT[:, :], ebuf: DT[:, :, :], sa: f32[:], sb: f32[:], pa: f32,
+    pb: f32, bias: DT[:], row0: i32, col0: i32, m: i32, n: i32, wg: u32, lt: u32,
     BN: kaio.constexpr, ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr,
-    DT: kaio.constexpr, VEC: kaio.constexpr,
+    DT: kaio.constexpr, VEC: kaio.constexpr, CHECK: kaio.constexpr = 1,
 ):  # fmt: skip
-    """``epilogue_fp8`` of a tile of C (its docstring)."""
+    """``epilogue_fp8`` of a tile of C (its docstring). ``CHECK`` 0 (``VEC`` 1): the 64 x BN
+    block is inside C, stored without a branch (``carry_slice``'s wgmmas stay in flight)."""
     lane = i32(lt % 32)
     row = row0 + 16 * i32(lt // 32) + lane // 4
     s_a = kaio.local(f32, (2,))
     for h in kaio.static_range(2):
-        s_a[h] = pre[0]
+        s_a[h] = pa
         if ROW_A:
             s_a[h] = sa[kaio.min(row + 8 * h, m - 1)]
     for j in kaio.static_range(BN // 8):
         col = kaio.min(col0 + 8 * j + 2 * (lane % 4), n - 2)
         for e in kaio.static_range(2):
-            s_b = pre[1]
+            s_b = pb
             if COL_B:
                 s_b = sb[col + e]
             add = f32(0.0)
@@ -540,7 +543,7 @@ def epilogue_rows(
     if VEC == 2:  # through shared memory, a bulk copy a row, as the f16 kernel's
         store_shared(acc, out, ebuf, row0, col0, m, n, wg, lt, BN, DT)
     elif VEC:  # 4 adjacent columns a store (lanes trade pairs), as the f16 kernel's
-        store_rows(acc, out, out, out, row0, col0, m, n, n, 0, 1.0, 1.0, 1.0, lt, BN, DT)
+        store_rows(acc, out, out, out, row0, col0, m, n, n, 0, 1.0, 1.0, 1.0, lt, BN, DT, CHECK)
     else:
         for h in kaio.static_range(2):
             if row + 8 * h < m:
@@ -594,7 +597,7 @@ def last_part(
 @kaio.gpu_func
 def consume_tiles(
     acc: f32[:, :, :], part0: f32[:, :, :], part1: f32[:, :, :], sa_s: f16[:, :, :],
-    sb_s: f16[:, :, :], bars: u64[:, :], turn: u64[:], ring: i32[:], out: DT[:, :],
+    sb_s: f16[:, :, :], bars: u64[:, :], turn: u64[:], out: DT[:, :],
     ebuf: DT[:, :, :], ws: f32[:, :], cnt: i32[:], sa: f32[:], sb: f32[:], bias: DT[:],
     tile0: i32, step: i32, my_tiles: i32,
     k_tiles: i32, tiles_m: i32, tiles_n: i32, full: i32, parts: i32, rank: i32, m: i32, n: i32,
@@ -610,48 +613,79 @@ def consume_tiles(
     ``SPLIT`` 3, each warp's last arrival of a tile sums them: ``last_part``). The
     per-tensor scales are loaded at each epilogue (loading them once before the first tile
     instead ran 0.3% slower on an H100: docs/performance.md)."""
-    here = kaio.local(i32, (4,))
-    pre = kaio.local(f32, (2,))  # sa[0], sb[0]
+    st = i32(0)  # the ring position: stage, phase parity, slices so far
+    ph = u32(0)
+    g = i32(0)
+    cs = i32(0)  # PROMOTE 7: the stage of the carried slice, whether one is
+    carried = False
     for i in range(my_tiles):
         u = tile0 + i * step
         count = k_tiles
         slot = i32(-1)
-        here[1] = u
+        tile = u
         if SPLIT > 1:
             tile, kb, ke, slot = unit_of(u, k_tiles, full, parts)
             count = ke - kb
-            here[1] = tile
         if PROMOTE == 5 or PROMOTE == 6:  # two sums in turn, one group in flight
             zero(acc, BN)
-            consume_pair(acc, part0, part1, sa_s, sb_s, bars, ring, count, wg, lt, BN, STAGES,
-                         PROMOTE == 5, FP8, f32, CL)  # fmt: skip
+            st, ph, g = consume_pair(acc, part0, part1, sa_s, sb_s, bars, st, ph, g, count, wg,
+                                     lt, BN, STAGES, PROMOTE == 5, FP8, f32, CL)  # fmt: skip
         elif PROMOTE >= 10:  # promoted every PROMOTE // 10 slices
             zero(acc, BN)
-            consume_every(acc, part0, sa_s, sb_s, bars, ring, count, wg, lt, BN, STAGES,
-                          PROMOTE // 10, PROMOTE % 10, FP8, f32, CL)  # fmt: skip
+            st, ph, g = consume_every(acc, part0, sa_s, sb_s, bars, st, ph, g, count, wg, lt,
+                                      BN, STAGES, PROMOTE // 10, PROMOTE % 10, FP8, f32,
+                                      CL)  # fmt: skip
         else:
-            consume(acc, part0, part1, sa_s, sb_s, bars, turn, ring, count, wg, lt, BN, STAGES,
-                    PROMOTE, FP8, f32, CL)  # fmt: skip
-        place(here, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
-        row0 = here[2] + rank * ROWS + 64 * i32(wg)
-        pre[0] = sa[0]
-        pre[1] = sb[0]
-        if slot >= 0 and SPLIT == 3:  # fused: the warp's last arrival sums and stores
+            st, ph, g = consume(acc, part0, part1, sa_s, sb_s, bars, turn, st, ph, g, count, wg,
+                                lt, BN, STAGES, PROMOTE, FP8, f32, CL, cs, carried)  # fmt: skip
+            carried = False
+        tr, col0 = tile_origin(tile, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
+        row0 = tr + rank * ROWS + 64 * i32(wg)
+        pa = sa[0]
+        pb = sb[0]
+        carry = PROMOTE == 7 and VEC == 1 and SPLIT == 1 and SWAP + ROW_A + COL_B + BIAS == 0
+        if carry and i + 1 < my_tiles and row0 + 64 <= m and col0 + BN <= n:
+            # the next tile's first slice multiplied during this epilogue (no branch in it:
+            # ptxas would wait for the wgmmas there)
+            cs = st
+            st, ph = carry_slice(part0, sa_s, sb_s, bars, st, ph, wg, STAGES, FP8)
+            g += 1
+            carried = True
+            epilogue_rows(acc, out, ebuf, sa, sb, pa, pb, bias, row0, col0, m, n, wg, lt, BN,
+                          ROW_A, COL_B, BIAS, DT, VEC, 0)  # fmt: skip
+            zero(acc, BN)  # (the carried slice is added to it)
+        elif slot >= 0 and SPLIT == 3:  # fused: the warp's last arrival sums and stores
             w = i32(lt // 32)
             cw = (slot // parts) * (4 * ROWS // 64) + i32(wg) * 4 + w  # the warp's counter
             at = slot * ROWS + 64 * i32(wg) + 16 * w + i32(lt % 32) // 4
             if last_part(acc, ws, cnt, cw, at, slot % parts, parts, i32(lt % 32), ROWS, BN):
-                epilogue_fp8(acc, out, ebuf, sa, sb, pre, bias, row0, here[3], m, n, wg, lt, BN,
+                epilogue_fp8(acc, out, ebuf, sa, sb, pa, pb, bias, row0, col0, m, n, wg, lt, BN,
                              ROW_A, COL_B, BIAS, DT, VEC, SWAP)  # fmt: skip
         elif slot >= 0:  # a part of a split tile (SPLIT): its raw sums, BN columns a row
             store_rows(acc, ws, ws, ws, slot * ROWS + 64 * i32(wg), 0, (slot + 1) * ROWS, BN,
                        BN, 0, 1.0, 1.0, 1.0, lt, BN, f32)  # fmt: skip
         else:
-            epilogue_fp8(acc, out, ebuf, sa, sb, pre, bias, row0, here[3], m, n, wg, lt, BN,
+            epilogue_fp8(acc, out, ebuf, sa, sb, pa, pb, bias, row0, col0, m, n, wg, lt, BN,
                          ROW_A, COL_B, BIAS, DT, VEC, SWAP)  # fmt: skip
     if VEC == 2:
         if lt % 32 < 16:
             kaio.bulk_wait(0)  # (the buffer stays until its copies are done)
+
+
+@kaio.gpu_func
+def carry_slice(
+    part: f32[:, :, :], sa: f16[:, :, :], sb: f16[:, :, :], bars: u64[:, :], st: i32, ph: u32,
+    wg: u32, STAGES: kaio.constexpr, KIND: kaio.constexpr,
+):  # fmt: skip
+    """``PROMOTE`` 7: the first K slice of the warpgroup's next tile (stage ``st`` of parity
+    ``ph``) issued into ``part`` before the epilogue of the tile before, which then runs
+    while the tensor cores multiply; ``consume`` waits for it, frees its stage and adds it
+    to the zeroed ``acc``. Returns the ring's next (stage, parity)."""
+    kaio.mbarrier_wait(bars, (0, st), ph)
+    kaio.wgmma_fence()
+    wgmma_slice(part, sa, sb, st, wg, True, 0, KIND, f32)
+    kaio.wgmma_commit()
+    return next_stage(st, ph, STAGES)
 
 
 @kaio.gpu_kernel
@@ -721,20 +755,16 @@ def matmul_fp8_wgmma(
     part0 = kaio.local(f32, (BN // (8 + 8 * halves), 2, 2))
     wide1 = (BN // 8 - 1) * ((PROMOTE == 2) + (PROMOTE == 6)) + (BN // 16 - 1) * (PROMOTE == 5)
     part1 = kaio.local(f32, (1 + wide1, 2, 2))
-    ring = kaio.local(i32, (3,))  # stage, phase parity, slices so far
-    ring[0] = 0
-    ring[1] = 0
-    ring[2] = 0
     if wg < WG:  # the consumers
         if WG > 1:  # the registers the producer warpgroup gave up
             kaio.setmaxnreg_inc(CONSUMER_REGS[WG])
         if PROMOTE == 4 and wg == 0:  # turns: a loop in each branch (the simulator's turns)
-            consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ebuf, ws, cnt, sa,
+            consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, out, ebuf, ws, cnt, sa,
                           sb, bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
                           rank, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
                           BIAS, DT, FP8, VEC, CL, SPLIT, SWAP)  # fmt: skip
         else:
-            consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, ring, out, ebuf, ws, cnt, sa,
+            consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, out, ebuf, ws, cnt, sa,
                           sb, bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
                           rank, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
                           BIAS, DT, FP8, VEC, CL, SPLIT, SWAP)  # fmt: skip
@@ -765,12 +795,10 @@ def sum_parts(
     tiles_n = (n + BN - 1) // BN
     j = idx // per  # the split tile
     if j < tiles_m * tiles_n - full:
-        at = kaio.local(i32, (4,))
-        at[1] = full + j
-        place(at, tiles_m, tiles_n, BN, GROUP, ROWS)
+        row0, col0 = tile_origin(full + j, tiles_m, tiles_n, BN, GROUP, ROWS)
         r = (idx % per) // (BN // 2)
         c = 2 * (idx % (BN // 2))
-        if at[2] + r < m and at[3] + c < n:
+        if row0 + r < m and col0 + c < n:
             v = kaio.local(f32, (2,))
             kaio.load_vector(v, ws, (j * parts * ROWS + r, c))
             for p in range(1, parts):
@@ -778,7 +806,7 @@ def sum_parts(
                 kaio.load_vector(w, ws, ((j * parts + p) * ROWS + r, c))
                 v[0] += w[0]
                 v[1] += w[1]
-            store_scaled(out, u32(at[2] + r), u32(at[3] + c), v[0], v[1], sa, sb, bias, ROW_A,
+            store_scaled(out, u32(row0 + r), u32(col0 + c), v[0], v[1], sa, sb, bias, ROW_A,
                          COL_B, BIAS, DT)  # fmt: skip
 
 
@@ -1081,5 +1109,9 @@ def specializations():
         {**shared_c, "WG": 1, "BN": 8, "STAGES": 25, "PROMOTE": 2, "VEC": 1, "SPLIT": 3,
          "AR": 64, "SWAP": 1, "FP8": e5m2, "DT": f16},
     )  # (swapped: C^T = B^T A^T, stored transposed)  # fmt: skip
+    yield (
+        matmul_fp8_wgmma,
+        {**shared_c, "VEC": 1, "PROMOTE": 7, "COL_B": 0, "BIAS": 0, "STAGES": stages_for(2, 208)},
+    )  # (the next tile's first slice carried over the epilogue)
     yield sum_parts, {"ROWS": 64, "BN": 64, "GROUP": GROUP_ROWS, "ROW_A": 1, "COL_B": 0,
                       "BIAS": 1, "DT": bf16}  # fmt: skip

@@ -28,8 +28,8 @@ from kaio_ops._matmul_hopper import (
     SW,
     THREADS,
     init_ring,
-    place,
     shared_bytes,
+    tile_origin,
     tile_schedule,
 )
 
@@ -46,16 +46,14 @@ def store_int8(
     """Store ``f32(acc) * alpha`` for warpgroup ``wg``'s 64 rows of tile number ``tile``
     (thread ``lt`` holds the m16n8 C fragment of each n8 tile of its warp's 16 rows): a
     pair of adjacent columns a store when N is even."""
-    here = kaio.local(i32, (4,))
-    here[1] = tile
-    place(here, tiles_m, tiles_n, BN, GROUP, BM)
+    tr, col0 = tile_origin(tile, tiles_m, tiles_n, BN, GROUP, BM)
     lane = i32(lt % 32)
-    row0 = here[2] + 64 * i32(wg) + 16 * i32(lt // 32) + lane // 4
+    row0 = tr + 64 * i32(wg) + 16 * i32(lt // 32) + lane // 4
     for h in kaio.static_range(2):
         row = row0 + 8 * h
         if row < m:
             for j in kaio.static_range(BN // 8):
-                col = here[3] + 8 * j + 2 * (lane % 4)
+                col = col0 + 8 * j + 2 * (lane % 4)
                 pair = kaio.local(f32, 2)
                 pair[0] = f32(acc[j, h, 0]) * alpha
                 pair[1] = f32(acc[j, h, 1]) * alpha
@@ -86,14 +84,13 @@ def matmul_int8_wgmma(
     acc = kaio.local(i32, (BN // 8, 2, 2))
     unused = kaio.local(i32, (1, 2, 2))  # consume's slice sums: none (exact s32 sums)
     no_turns = kaio.shared_dynamic(u64, (2,), 0)  # nor turns (never read)
-    ring = kaio.local(i32, (3,))  # stage, phase parity, slices so far
-    ring[0] = 0
-    ring[1] = 0
-    ring[2] = 0
+    st = i32(0)  # the ring position: stage, phase parity, slices so far
+    ph = u32(0)
+    g = i32(0)
     if wg < 2:  # the consumers
         for i in range(my_tiles):
-            consume(acc, unused, unused, sa_s, sb_s, bars, no_turns, ring, k_tiles, wg, lt, BN,
-                    STAGES, 0, i8, i32, 1)  # fmt: skip
+            st, ph, g = consume(acc, unused, unused, sa_s, sb_s, bars, no_turns, st, ph, g,
+                                k_tiles, wg, lt, BN, STAGES, 0, i8, i32, 1)  # fmt: skip
             store_int8(acc, out, alpha, tile0 + i * step, tiles_m, tiles_n, m, n, wg, lt, BN,
                        GROUP)  # fmt: skip
     elif t == CONSUMERS:  # the producer

@@ -93,29 +93,6 @@ def next_position(kt: i32, tile: i32, row0: i32, col0: i32, k_tiles: i32, step: 
 
 
 @kaio.gpu_func
-def place(at: i32[:], tiles_m: i32, tiles_n: i32, BN: kaio.constexpr, GROUP: kaio.constexpr,
-          ROWS: kaio.constexpr):  # fmt: skip
-    """``tile_origin`` on a position array ``at`` (K slice, tile number, first row, first
-    column): sets ``at[2], at[3]`` for tile ``at[1]``. The form ``_fp8_hopper`` and
-    ``_int8_hopper`` still use."""
-    row0, col0 = tile_origin(at[1], tiles_m, tiles_n, BN, GROUP, ROWS)
-    at[2] = row0
-    at[3] = col0
-
-
-@kaio.gpu_func
-def next_slice(at: i32[:], k_tiles: i32, step: i32, tiles_m: i32, tiles_n: i32,
-               BN: kaio.constexpr, GROUP: kaio.constexpr, ROWS: kaio.constexpr):  # fmt: skip
-    """``next_position`` on a position array ``at`` (as ``place``)."""
-    kt, tile, row0, col0 = next_position(at[0], at[1], at[2], at[3], k_tiles, step, tiles_m,
-                                         tiles_n, BN, GROUP, ROWS)  # fmt: skip
-    at[0] = kt
-    at[1] = tile
-    at[2] = row0
-    at[3] = col0
-
-
-@kaio.gpu_func
 def produce(
     sa: IN[:, :, :],
     sb: IN[:, :, :, :],
@@ -188,11 +165,14 @@ def scale_of(col: i32, n0: i32, n1: i32, s0: f32, s1: f32, s2: f32) -> f32:
 @kaio.gpu_func
 def store_c(
     c0: OUT[:, :], c1: OUT[:, :], c2: OUT[:, :], row: i32, col: i32, m: i32, n: i32, n0: i32,
-    n1: i32, out: u32[:], OUT: kaio.constexpr,
+    n1: i32, out: u32[:], OUT: kaio.constexpr, CHECK: kaio.constexpr = 1,
 ):  # fmt: skip
     """Store ``out`` (4 columns) at column ``col`` of C (columns [0, n0) in c0, then n1 in
-    c1, the rest in c2), if inside C."""
-    if row < m and col < n:
+    c1, the rest in c2), if inside C. ``CHECK`` 0: the caller knows the store is inside C
+    and in c0 (no branch: a warpgroup's wgmmas may stay in flight across it)."""
+    if not CHECK:
+        kaio.store_vector(c0, (row, col), out)
+    elif row < m and col < n:
         if col < n0:
             kaio.store_vector(c0, (row, col), out)
         elif col < n0 + n1:
@@ -205,13 +185,14 @@ def store_c(
 def store_rows(
     acc: f32[:, :, :], c0: OUT[:, :], c1: OUT[:, :], c2: OUT[:, :], row0: i32, col0: i32,
     m: i32, n: i32, n0: i32, n1: i32, s0: f32, s1: f32, s2: f32, lt: u32, BN: kaio.constexpr,
-    OUT: kaio.constexpr,
+    OUT: kaio.constexpr, CHECK: kaio.constexpr = 1,
 ):  # fmt: skip
     """Store a warpgroup's 64 rows of C from row ``row0``, BN columns from ``col0`` (thread
     ``lt`` of it holds ``acc``, the m16n8 C fragment of each n8 tile of its warp's 16 rows)
     through ``store_c``, each column times its output's scale. Lanes t and t ^ 1 trade
     pairs, so that each stores 4 adjacent columns (16 bytes of f32, 8 of f16): even lanes
-    columns 2t..2t+3 of the first 8 of a 16, odd lanes 2t-2..2t+1 of the next 8."""
+    columns 2t..2t+3 of the first 8 of a 16, odd lanes 2t-2..2t+1 of the next 8.
+    ``CHECK`` 0: the 64 x BN block is inside C and c0 (``store_c``)."""
     SIZE = OUT.itemsize  # noqa: N806  (a compile-time int, as the constexprs)
     lane = i32(lt % 32)
     row = row0 + 16 * i32(lt // 32) + lane // 4
@@ -239,7 +220,7 @@ def store_rows(
                 out[w] = kaio.select(odd, got, mine[0, w])
                 out[SIZE // 2 + w] = kaio.select(odd, mine[1, w], got)
             put = col + kaio.select(odd, 6, 0)
-            store_c(c0, c1, c2, row + 8 * h, put, m, n, n0, n1, out, OUT)
+            store_c(c0, c1, c2, row + 8 * h, put, m, n, n0, n1, out, OUT, CHECK)
 
 
 @kaio.gpu_func

@@ -252,6 +252,7 @@ def test_matmul_hopper_kernel_sim(monkeypatch):
         ((1, 32, 5, 2, 1, 1, 2, 2), 12, 64, 768, "row", "f16"),  # 2 blocks an SM, K split
         ((1, 32, 5, 2, 1, 1, 2, 1, 1), 12, 96, 768, "col", "bf16"),  # split summed in kernel
         ((1, 16, 4, 2, 1, 1, 3, 2, 1), 20, 96, 1152, "both", "f32"),  # the same, 3 parts
+        ((2, 48, 3, 7, 1, 1, 3), 100, 96, 384, "both", "bf16"),  # mode 7 split: as 1
     ],
 )
 def test_hopper_plans_sim(plan, m, n, k, scales, out, monkeypatch):
@@ -273,6 +274,33 @@ def test_hopper_plans_sim(plan, m, n, k, scales, out, monkeypatch):
     assert calls == [1]
     ref = matmul_reference(a, w.T, sa, sb, bias)
     eps = {"bf16": 2.0**-8, "f16": 2.0**-11, "f32": 2.0**-20}[out]
+    mag = matmul_reference(np.abs(a.astype(np.float64)), np.abs(w.T.astype(np.float64)), sa, sb)
+    assert np.all(np.abs(got.astype(np.float64) - ref) <= np.abs(ref) * eps + 1e-6 * mag + 1e-3)
+    assert np.abs(ref).max() > 100
+
+
+@pytest.mark.parametrize(
+    "plan, m, n, k, out",
+    [
+        ((2, 64, 3, 7, 1), 200, 144, 384, "bf16"),  # inside tiles carried, edge tiles not
+        ((2, 32, 2, 7, 1), 256, 96, 128, "f32"),  # one slice a tile: every slice carried
+    ],
+)
+def test_carried_slice_sim(plan, m, n, k, out, monkeypatch):
+    """``PROMOTE`` 7 (per-tensor scales, no bias: the next tile's first slice multiplied
+    during the epilogue, ``carry_slice``) on the simulator, two persistent blocks of several
+    tiles each, against float64."""
+    from kaio_ops import fp8
+
+    monkeypatch.setattr(fp8, "HOPPER_IN_SIMULATOR", True)
+    calls = _force_plan(monkeypatch, plan)
+    a, w = _fp8_operands(m, k, n, "e4m3", seed=k)
+    sa, sb = np.float32([0.75]), np.float32([1.5])
+    with kaio.simulate():
+        got = kaio_ops.matmul_fp8(a, w.T, sa, sb, out_dtype=out)
+    assert calls == [1]
+    ref = matmul_reference(a, w.T, sa, sb)
+    eps = {"bf16": 2.0**-8, "f32": 2.0**-20}[out]
     mag = matmul_reference(np.abs(a.astype(np.float64)), np.abs(w.T.astype(np.float64)), sa, sb)
     assert np.all(np.abs(got.astype(np.float64) - ref) <= np.abs(ref) * eps + 1e-6 * mag + 1e-3)
     assert np.abs(ref).max() > 100
@@ -647,6 +675,30 @@ def test_routed_decode_gpu_bit_identical(m, n, k):
     ap = torch.zeros(-(-m // 16) * 16, k, device="cuda").to(a.dtype)
     ap[:m] = a
     want = torch._scaled_mm(ap, wq.t(), sa, sw, out_dtype=torch.bfloat16)[:m]
+    assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("plan", [(2, 208, 5, 7, 1), (2, 192, 5, 7, 1)])
+def test_carried_slice_gpu_bit_identical(plan, monkeypatch):
+    """``PROMOTE`` 7 (the next tile's first slice multiplied during the epilogue) forced, 2000
+    x 4144 x 4096 (several tiles a block; partial last tile row and column, stored with the
+    bounds checked and no slice carried) gives torch._scaled_mm's bf16 outputs bit for bit
+    (per-tensor scales, no bias: the case that carries)."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernel needs sm_90")
+    from kaio_ops import _fp8_hopper as H
+    from kaio_ops import _plan
+
+    monkeypatch.setattr(H, "config", lambda *args: plan)
+    _plan.clear()  # (a call plan keeps the tile it was made with)
+    m, n, k = 2000, 4144, 4096
+    torch.manual_seed(n)
+    a, sa = kaio_ops.quantize_fp8(torch.randn(m, k, device="cuda"))
+    wq, sw = kaio_ops.quantize_fp8(torch.randn(n, k, device="cuda") * 0.02)
+    got = kaio_ops.matmul_fp8(a, wq.t(), sa, sw)
+    want = torch._scaled_mm(a, wq.t(), sa, sw, out_dtype=torch.bfloat16)
     assert torch.equal(got, want)
 
 
