@@ -81,6 +81,16 @@ SHARED_LIMIT = 227 * 1024
 PRODUCER_REGS = 24  # registers a thread of the producer warpgroup keeps (setmaxnreg)
 
 
+@kaio.gpu_func
+def producer_start(REGS: kaio.constexpr) -> tuple[i32, i32]:
+    """The producer warpgroup's start: its registers handed to the consumers
+    (``setmaxnreg.dec`` to PRODUCER_REGS, when ``REGS``), and its counters of key tiles and
+    work tiles loaded, both 0."""
+    if REGS:
+        kaio.setmaxnreg_dec(PRODUCER_REGS)
+    return i32(0), i32(0)
+
+
 def consumer_registers(wg: int) -> int:
     """``REGS``: the registers a consumer thread takes (setmaxnreg) once the producer
     warpgroup has given up its own: the 64K of the multiprocessor less the producer's, over
@@ -860,10 +870,7 @@ def attention_fwd_wgmma(
                         STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN,
                     )  # fmt: skip
     else:  # the producer warpgroup: its first thread loads
-        if REGS:
-            kaio.setmaxnreg_dec(PRODUCER_REGS)
-        cnt = i32(0)  # key tiles loaded
-        it = i32(0)  # work tiles loaded
+        cnt, it = producer_start(REGS)
         for k in range(rounds):
             w = work_tile(k, first, step, end, n_qt, PERSIST)
             if w >= 0:

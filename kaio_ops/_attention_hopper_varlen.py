@@ -36,11 +36,11 @@ import kaio
 from kaio import f32, i32, u32, u64
 from kaio_ops import _attention_hopper as hopper
 from kaio_ops._attention_hopper import (
-    PRODUCER_REGS,
     SW,
     consume,
     init_barriers,
     produce,
+    producer_start,
     store_rows,
     zero_tail,
 )
@@ -143,10 +143,7 @@ def varlen_fwd_wgmma(
                             q0 + shift, n_tiles, sq + shift, sk, causal, scale_log2, pos, D,
                             BN, STAGES, PIPE, DT)  # fmt: skip
     else:  # the producer warpgroup: its first thread loads
-        if REGS:
-            kaio.setmaxnreg_dec(PRODUCER_REGS)
-        cnt = i32(0)  # key tiles loaded
-        it = i32(0)  # work tiles loaded
+        cnt, it = producer_start(REGS)
         for k in range(rounds):
             w = first + k * step
             h, q0, sq, sk, start_q, start_k, _, n_tiles = varlen_tile(

@@ -343,6 +343,19 @@ def decode_columns(
                     out[r, c] = DT(total)
 
 
+@kaio.gpu_func
+def decode_bounds(WARPS: kaio.constexpr, ROWS: kaio.constexpr, MINB: kaio.constexpr):
+    """The decode kernels' launch bounds: blocks of ``WARPS`` warps, ``MINB`` blocks a
+    multiprocessor when given, else one block an SM past 2 rows a warp (ptxas may spill to
+    fit 128 registers otherwise)."""
+    if MINB > 0:
+        kaio.launch_bounds(WARPS * 32, MINB)
+    elif ROWS > 2:
+        kaio.launch_bounds(WARPS * 32, 1)
+    else:
+        kaio.launch_bounds(WARPS * 32)
+
+
 @kaio.gpu_kernel
 def int4_decode(
     x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :],
@@ -353,12 +366,7 @@ def int4_decode(
 ):  # fmt: skip
     """``out = x @ W`` (``decode_columns``), SPLIT blocks per 32 columns (block ``b``: part
     ``b % SPLIT`` of column block ``b // SPLIT``)."""
-    if MINB > 0:
-        kaio.launch_bounds(WARPS * 32, MINB)
-    elif ROWS > 2:
-        kaio.launch_bounds(WARPS * 32, 1)  # one block an SM: else ptxas may spill to fit 128
-    else:
-        kaio.launch_bounds(WARPS * 32)
+    decode_bounds(WARPS, ROWS, MINB)
     partial = kaio.shared(f32, (WARPS, 16, COLS))
     b = kaio.block_idx_x()
     decode_columns(
@@ -378,12 +386,7 @@ def int4_decode_qkv(
 ):  # fmt: skip
     """``q, k, v = x @ Wq, x @ Wk, x @ Wv`` in one launch: the blocks of q's columns, then
     k's, then v's (each block exactly a block of ``int4_decode``)."""
-    if MINB > 0:
-        kaio.launch_bounds(WARPS * 32, MINB)
-    elif ROWS > 2:
-        kaio.launch_bounds(WARPS * 32, 1)  # one block an SM: else ptxas may spill to fit 128
-    else:
-        kaio.launch_bounds(WARPS * 32)
+    decode_bounds(WARPS, ROWS, MINB)
     partial = kaio.shared(f32, (WARPS, 16, COLS))
     bq = (NQ + COLS - 1) // COLS
     bk = (NK + COLS - 1) // COLS

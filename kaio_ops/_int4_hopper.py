@@ -744,7 +744,7 @@ def swap_specializations() -> list:
     multicast (also in a cluster with a K split), three fragment buffers, the next slice's
     words read early."""
     out = []
-    for wg, bm, split, cl, ot, mc, bufs, early in (
+    plain = (  # without multicast
         (1, 8, 2, 1, f32, 0, 2, 0),
         (2, 256, 1, 0, f16, 0, 2, 0),
         (2, 256, 1, 0, f16, 0, 2, 1),
@@ -752,12 +752,15 @@ def swap_specializations() -> list:
         (3, 128, 2, 0, f32, 0, 2, 0),
         (4, 16, 8, 1, f16, 0, 2, 0),
         (4, 64, 2, 0, f32, 0, 2, 1),
+        (2, 128, 2, 1, f32, 0, 3, 0),
+    )
+    multicast = (  # pairs of tiles sharing a's rows
         (2, 256, 1, 0, f16, 1, 2, 0),
         (3, 128, 1, 0, bf16, 1, 2, 0),
         (2, 256, 1, 0, f16, 1, 3, 1),
-        (2, 128, 2, 1, f32, 0, 3, 0),
         (2, 128, 2, 1, f16, 1, 2, 1),
-    ):
+    )
+    for wg, bm, split, cl, ot, mc, bufs, early in plain + multicast:
         stages = swap_stages(wg, bm)
         consts = {"WG": wg, "BM": bm, "STAGES": stages, "SPLIT": split, "CL": cl,
                   "REGS": swap_registers(wg), "OUT": ot, "MC": mc,
