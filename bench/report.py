@@ -729,8 +729,9 @@ def section_not_measured(run: Run, unchecked: list[targets.Target]) -> str:
 
 # ---------------------------------------------------------------------------- the page
 def collect_plots(run_dir: Path, run: Run, plot_dir: Path) -> tuple[set[str], str]:
-    """Put the run's plots in ``plot_dir`` (emptied of PNGs first): from DIR/plots.tar, else
-    drawn here with matplotlib. Returns (file names, a sentence for the page)."""
+    """Put the run's plots in ``plot_dir`` (emptied of PNGs first; the hand-written notes'
+    figures in its ``notes/`` folder stay): from DIR/plots.tar, else drawn here with
+    matplotlib. Returns (file names, a sentence for the page)."""
     plot_dir.mkdir(parents=True, exist_ok=True)
     for old in plot_dir.glob("*.png"):
         old.unlink()
