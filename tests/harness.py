@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import numpy as np
 
 from kaio.ptx.ptxas import assemble
+
+
+def covering(specs: list) -> list[int]:
+    """The indices of a subset of ``specs`` ((kernel, constexprs) pairs) that still has each
+    kernel with every value of each of its constexprs at least once (the first case that
+    brings a new (kernel, name, value) is kept): what CI assembles of an op's long list of
+    specializations. ``KAIO_TEST_EVERY_SPECIALIZATION=1`` keeps them all."""
+    if os.environ.get("KAIO_TEST_EVERY_SPECIALIZATION") == "1":
+        return list(range(len(specs)))
+    seen: set = set()
+    kept = []
+    for i, (kernel, constexprs) in enumerate(specs):
+        name = getattr(kernel, "__name__", repr(kernel))
+        brings = {(name, None, None)}
+        brings |= {(name, k, type(v).__name__, repr(v)) for k, v in constexprs.items()}
+        if brings - seen:
+            kept.append(i)
+            seen |= brings
+    return kept
 
 
 def assemble_wgmma(kernel, constexprs: dict) -> None:

@@ -19,6 +19,7 @@ import kaio
 import kaio_ops
 from kaio.ptx.ptxas import assemble, find_ptxas
 from kaio_ops.matmul import CONFIGS, Plan, heuristic, run, specializations
+from tests.harness import covering
 from tests.launches import launched
 
 OPS = {
@@ -147,7 +148,8 @@ def test_heuristic_plans_are_valid():
 @pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_every_specialization_assembles(arch):
-    texts = [kernel.ptx(arch=arch, **constexprs) for kernel, constexprs in specializations()]
+    specs = specializations()
+    texts = [specs[i][0].ptx(arch=arch, **specs[i][1]) for i in covering(specs)]
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         list(pool.map(lambda ptx: assemble(ptx, arch), texts))  # ptxas runs in parallel
 

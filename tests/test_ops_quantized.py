@@ -21,6 +21,7 @@ from kaio_ops import _arrays, _int4_decode, _int8_decode, _prefill
 from kaio_ops._matmul_kernels import qkv_kernel
 from kaio_ops.matmul import CONFIGS, Plan, heuristic, k_slices
 from kaio_ops.quantized import FALLBACK, _qkv_plan, project_int8, qkv_constexprs, specializations
+from tests.harness import covering
 from tests.launches import launched
 from tests.poison import poison_allocations
 
@@ -722,13 +723,14 @@ def _assemble(job: tuple) -> None:
 
 @pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
 def test_every_specialization_assembles():
-    """Every specialization through ptxas for sm_80 and sm_90, except that those of the
-    fused QKV kernel (three tiles' code each: seconds of Python and ptxas) take the two in
-    turn (each arch still gets both quantizations and both kinds of copies). Emitting PTX
-    is Python: processes, not threads, run the jobs in parallel."""
+    """The specializations (a covering subset, ``tests.harness.covering``) through ptxas for
+    sm_80 and sm_90, except that those of the fused QKV kernel (three tiles' code each:
+    seconds of Python and ptxas) take the two in turn. Emitting PTX is Python: processes,
+    not threads, run the jobs in parallel."""
     specs = specializations()
-    fused = [i for i, (kernel, _) in enumerate(specs) if kernel is qkv_kernel]
-    jobs = [(i, ARCHS) for i in range(len(specs)) if i not in fused]
+    kept = covering(specs)
+    fused = [i for i in kept if specs[i][0] is qkv_kernel]
+    jobs = [(i, ARCHS) for i in kept if i not in fused]
     jobs += [(i, (ARCHS[n % 2],)) for n, i in enumerate(fused)]
     with ProcessPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         list(pool.map(_assemble, jobs))
