@@ -8,7 +8,6 @@ dispatch to it against torch SDPA in float64."""
 from __future__ import annotations
 
 import math
-import re
 
 import ml_dtypes
 import numpy as np
@@ -16,9 +15,10 @@ import pytest
 
 import kaio
 import kaio_ops
-from kaio.ptx.ptxas import assemble, find_ptxas
+from kaio.ptx.ptxas import find_ptxas
 from kaio_ops import _arrays, attention
 from kaio_ops import _attention_hopper as hopper
+from tests.harness import assemble_wgmma
 from tests.poison import poison_allocations
 from tests.test_ops_attention import reference, rel
 
@@ -250,13 +250,7 @@ def test_dispatch_needs_a_whole_64_column_head_dim_and_a_gpu():
 @pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
 @pytest.mark.parametrize("index", range(len(list(hopper.specializations()))))
 def test_specializations_assemble_for_sm_90a(index):
-    kernel, constexprs = list(hopper.specializations())[index]
-    ptx = kernel.ptx(arch="sm_90", **constexprs)
-    assert ".target sm_90a" in ptx
-    report = assemble(ptx, "sm_90a")
-    spills = re.search(r"(\d+) bytes spill stores", report)
-    assert spills and spills[1] == "0", (constexprs, report)
-    assert "C7518" not in report and "C7508" not in report and "C7510" not in report, report
+    assemble_wgmma(*list(hopper.specializations())[index])
 
 
 def test_other_targets_are_compile_errors():

@@ -8,18 +8,17 @@ PTX through ptxas for sm_90a (no spills, no serialized wgmma), and on an sm_90 G
 
 from __future__ import annotations
 
-import re
-
 import ml_dtypes
 import numpy as np
 import pytest
 
 import kaio
 import kaio_ops
-from kaio.ptx.ptxas import assemble, find_ptxas
+from kaio.ptx.ptxas import find_ptxas
 from kaio.types import f32
 from kaio_ops import _arrays, attention
 from kaio_ops import _attention_hopper_bwd as hopper_bwd
+from tests.harness import assemble_wgmma
 from tests.poison import poison_allocations
 from tests.test_ops_attention import reference, reference_grads, rel
 
@@ -164,13 +163,7 @@ def test_dispatch_needs_whole_tiles_and_a_gpu():
 @pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
 @pytest.mark.parametrize("index", range(len(list(hopper_bwd.specializations()))))
 def test_specializations_assemble_for_sm_90a(index):
-    kernel, constexprs = list(hopper_bwd.specializations())[index]
-    ptx = kernel.ptx(arch="sm_90", **constexprs)
-    assert ".target sm_90a" in ptx
-    report = assemble(ptx, "sm_90a")
-    spills = re.search(r"(\d+) bytes spill stores", report)
-    assert spills and spills[1] == "0", (constexprs, report)
-    assert "C7518" not in report and "C7508" not in report and "C7510" not in report, report
+    assemble_wgmma(*list(hopper_bwd.specializations())[index])
 
 
 def test_other_targets_are_compile_errors():
