@@ -683,6 +683,13 @@ _define(
 
 def _prefetch_l2(ctx, args, node):
     arr = _memory_array(ctx, args[0], node, "prefetch_l2", ("global",))
+    if len(args) > 2 and isinstance(args[2], Var):  # a size known at run time
+        size = ctx.value(args[2], node, T.u32)
+        if not size.type.is_int or size.type.bits > 32:
+            ctx.error(f"kaio.prefetch_l2(): nbytes is a 32-bit integer, got {size.type}", node)
+        size = ctx.convert(size, T.u32)
+        ctx.b.emit("bulk_prefetch", None, (arr, *ctx.indices(arr, args[1], node), size))
+        return
     nbytes = ctx.const_value(args[2], node, "kaio.prefetch_l2()'s size") if len(args) > 2 else 0
     if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0 or nbytes % 16:
         ctx.error(
@@ -695,8 +702,9 @@ _define(
     "prefetch_l2",
     "prefetch_l2(arr, index[, nbytes]): ask for the cache line holding global arr[index...] "
     "to be brought into L2 (prefetch.global.L2), no register written: a later load of it "
-    "waits on L2, not DRAM; with nbytes (a multiple of 16, 16-byte aligned), those bytes "
-    "from there on (cp.async.bulk.prefetch.L2, sm_90+). A hint: no effect on any value; "
+    "waits on L2, not DRAM; with nbytes (a multiple of 16, 16-byte aligned; known at "
+    "compile time or only at run time), those bytes from there on "
+    "(cp.async.bulk.prefetch.L2, sm_90+). A hint: no effect on any value; "
     "the bytes must be in bounds.",
     _prefetch_l2,
 )

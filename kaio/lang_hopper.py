@@ -468,20 +468,6 @@ _define(
 )
 
 
-def _bulk_prefetch(ctx, args, node):
-    arr = _memory_array(ctx, args[0], node, "bulk_prefetch_l2", ("global",))
-    nbytes = _u32(ctx, args[2], node, "the byte count of kaio.bulk_prefetch_l2()")
-    ctx.b.emit("bulk_prefetch", None, (arr, *ctx.indices(arr, args[1], node), nbytes))
-
-
-_define(
-    "bulk_prefetch_l2",
-    "bulk_prefetch_l2(arr, index, nbytes): one thread asks for the nbytes (a multiple of 16) "
-    "of global arr from arr[index...] (16-byte aligned) to be brought into L2, and goes on "
-    "(cp.async.bulk.prefetch.L2.global): a hint, nothing waits for it; later loads of those "
-    "bytes find them in L2. sm_90.",
-    _bulk_prefetch,
-)
 _define(
     "fence_proxy_async",
     "fence_proxy_async(): order this thread's ordinary shared-memory accesses with the "

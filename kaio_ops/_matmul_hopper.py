@@ -284,12 +284,13 @@ def prefetch_rows(
     RT: kaio.constexpr,
 ):  # fmt: skip
     """One thread asks for the residual rows of the tile at (``m0``, ``n0``) to be brought
-    into L2 (``bulk_prefetch_l2``, a row at a time), where rows are 16-byte aligned."""
+    into L2 (``prefetch_l2`` of a run-time size, a row at a time), where rows are 16-byte
+    aligned."""
     if N % (16 // RT.itemsize) == 0 and n0 < N:
         nbytes = kaio.min(u32(BN), N - n0) * RT.itemsize
         for r in range(BM):
             if m0 + r < M:
-                kaio.bulk_prefetch_l2(res, (m0 + r, n0), nbytes)
+                kaio.prefetch_l2(res, (m0 + r, n0), nbytes)
 
 
 @kaio.gpu_func

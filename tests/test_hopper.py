@@ -146,9 +146,10 @@ def bulk_add_rows(src: f32[:, :], out: f32[:, :]):
 
 @kaio.gpu_kernel(block_size=64)
 def prefetched_copy(src: f32[:, :], out: f32[:, :]):
-    """Thread t asks for row t of src in L2 (a hint), then copies it to out."""
+    """Thread t asks for row t of src in L2 (a hint, its size known at run time), then copies
+    it to out."""
     t = kaio.thread_idx_x()
-    kaio.bulk_prefetch_l2(src, (t, 0), 32 * 4)
+    kaio.prefetch_l2(src, (t, 0), u32(src.shape[1]) * 4)
     for c in range(32):
         out[t, c] = src[t, c]
 
@@ -834,15 +835,15 @@ def bulk_typed(out: DT[:], DT: kaio.constexpr, RT: kaio.constexpr, REDUCE: kaio.
 
 
 def test_bulk_prefetch_is_a_hint():
-    """``bulk_prefetch_l2`` changes no value (the simulator runs it as nothing), lowers to
-    cp.async.bulk.prefetch.L2 by both backends, and needs sm_90."""
+    """``prefetch_l2`` of a run-time size changes no value (the simulator runs it as
+    nothing), lowers to cp.async.bulk.prefetch.L2 by both backends, and needs sm_90."""
     src = RNG.standard_normal((64, 32)).astype(np.float32)
     out = np.full((64, 32), np.nan, np.float32)
     prefetched_copy.sim[1](src, out)
     np.testing.assert_array_equal(out, src)
     assert "cp.async.bulk.prefetch.L2.global [" in prefetched_copy.ptx(arch="sm_90")
     assert "cp.async.bulk.prefetch.L2.global [" in prefetched_copy.ptx(arch="sm_90", backend="llvm")
-    with pytest.raises(kaio.CompileError, match=r"bulk_prefetch_l2\(\) needs sm_90"):
+    with pytest.raises(kaio.CompileError, match=r"prefetch_l2\(\) needs sm_90"):
         prefetched_copy.ptx(arch="sm_80")
 
 

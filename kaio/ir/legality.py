@@ -202,7 +202,7 @@ _ONE_FEATURE = (
     ("ld_vec", "l2", "l2_fetch_size", "load_vector"),
     ("prefetch_l2", "bulk", "bulk_prefetch", ""),
     ("bulk_store", "add", "bulk_copy", "bulk_reduce_add"),
-    ("bulk_prefetch", "", "bulk_copy", "bulk_prefetch_l2"),
+    ("bulk_prefetch", "", "bulk_copy", "prefetch_l2"),
     ("bulk_commit", "", "bulk_copy", ""),
     ("bulk_wait", "", "bulk_copy", ""),
     ("bulk_wait", "read", "bulk_copy", "bulk_wait_read"),
