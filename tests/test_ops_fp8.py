@@ -650,9 +650,15 @@ def test_swapped_plans_gpu_vs_scaled_mm(plan, m, monkeypatch):
     monkeypatch.setattr(_fp8_decode, "MAX_M", 0)  # (M = 1 on the wgmma kernel)
     _forced_plan_vs_scaled_mm(torch, plan, monkeypatch, m)
     torch.manual_seed(m)
-    k, n = 4096, 4096
+    _same_bits_as_scaled_mm(torch, m, 4096, 4096)
+
+
+def _same_bits_as_scaled_mm(torch, m: int, n: int, k: int, w_scale: float = 1.0) -> None:
+    """``matmul_fp8`` of random e4m3 a [m, k] and weights [n, k] (times ``w_scale`` before
+    quantizing), per-tensor scales, no bias, equals torch._scaled_mm's bf16 bit for bit
+    (torch's a padded to 16 rows)."""
     a, sa = kaio_ops.quantize_fp8(torch.randn(m, k, device="cuda"))
-    wq, sw = kaio_ops.quantize_fp8(torch.randn(n, k, device="cuda"))
+    wq, sw = kaio_ops.quantize_fp8(torch.randn(n, k, device="cuda") * w_scale)
     got = kaio_ops.matmul_fp8(a, wq.t(), sa, sw)
     ap = torch.zeros(-(-m // 16) * 16, k, device="cuda").to(a.dtype)
     ap[:m] = a
@@ -671,13 +677,7 @@ def test_routed_decode_gpu_bit_identical(m, n, k):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernel needs sm_90")
     torch.manual_seed(m + n)
-    a, sa = kaio_ops.quantize_fp8(torch.randn(m, k, device="cuda"))
-    wq, sw = kaio_ops.quantize_fp8(torch.randn(n, k, device="cuda") * 0.02)
-    got = kaio_ops.matmul_fp8(a, wq.t(), sa, sw)
-    ap = torch.zeros(-(-m // 16) * 16, k, device="cuda").to(a.dtype)
-    ap[:m] = a
-    want = torch._scaled_mm(ap, wq.t(), sa, sw, out_dtype=torch.bfloat16)[:m]
-    assert torch.equal(got, want)
+    _same_bits_as_scaled_mm(torch, m, n, k, 0.02)
 
 
 @pytest.mark.gpu
