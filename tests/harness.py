@@ -11,22 +11,26 @@ from kaio.ptx.ptxas import assemble
 
 
 def covering(specs: list) -> list[int]:
-    """The indices of a subset of ``specs`` ((kernel, constexprs) pairs) that still has each
-    kernel with every value of each of its constexprs at least once (the first case that
-    brings a new (kernel, name, value) is kept): what CI assembles of an op's long list of
-    specializations. ``KAIO_TEST_EVERY_SPECIALIZATION=1`` keeps them all."""
+    """The indices, in order, of a small subset of ``specs`` ((kernel, constexprs) pairs) that
+    still has each kernel with every value of each of its constexprs at least once (greedy set
+    cover: the case bringing the most new (kernel, name, value) triples first): what CI
+    assembles of an op's long list of specializations. ``KAIO_TEST_EVERY_SPECIALIZATION=1``
+    keeps them all."""
     if os.environ.get("KAIO_TEST_EVERY_SPECIALIZATION") == "1":
         return list(range(len(specs)))
-    seen: set = set()
-    kept = []
-    for i, (kernel, constexprs) in enumerate(specs):
+    brings = []
+    for kernel, constexprs in specs:
         name = getattr(kernel, "__name__", repr(kernel))
-        brings = {(name, None, None)}
-        brings |= {(name, k, type(v).__name__, repr(v)) for k, v in constexprs.items()}
-        if brings - seen:
-            kept.append(i)
-            seen |= brings
-    return kept
+        triples = {(name, None, None)}
+        triples |= {(name, k, type(v).__name__, repr(v)) for k, v in constexprs.items()}
+        brings.append(triples)
+    missing = set().union(*brings)
+    kept: list[int] = []
+    while missing:
+        best = max(range(len(specs)), key=lambda i: (len(brings[i] & missing), -i))
+        kept.append(best)
+        missing -= brings[best]
+    return sorted(kept)
 
 
 def assemble_wgmma(kernel, constexprs: dict) -> None:

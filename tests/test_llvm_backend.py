@@ -185,31 +185,34 @@ def _size(consts: dict) -> int:
 
 def kaio_ops_sample() -> list:
     """(arch, module, kernel, constexprs): the smallest specialization of each kaio_ops kernel
-    family (module, kernel, element type), the families taking sm_80 and sm_90 in turn. LLVM
-    and ptxas take seconds for a big tile: bench/backends.py compiles and assembles them all."""
-    from bench.backends import kaio_ops_specializations, label
+    (over its element types), the kernels taking sm_80 and sm_90 in turn. LLVM and ptxas take
+    seconds for a big tile: bench/backends.py compiles and assembles them all."""
+    from bench.backends import kaio_ops_specializations
 
-    families: dict = {}
+    kernels: dict = {}
     for module, kernel, consts in kaio_ops_specializations():
-        dtype = {k: v for k, v in consts.items() if k == "DT"}  # a family per element type
-        families.setdefault((module, label(kernel, dtype)), []).append((module, kernel, consts))
+        kernels.setdefault((module, kernel.__name__), []).append((module, kernel, consts))
     return [
         (ARCHS[i % 2], *min(specs, key=lambda s: _size(s[2])))
-        for i, specs in enumerate(families.values())
+        for i, specs in enumerate(kernels.values())
     ]
 
 
 @needs_llvm
 @needs_ptxas
 def test_kaio_ops_compile_through_both_backends():
+    """Each kaio_ops kernel through LLVM's NVPTX assembles, with the entry and the launch
+    parameters of kaio's own emitter (whose PTX the op tests assemble)."""
     sample = kaio_ops_sample()
     assert {m for _, m, _, _ in sample} >= {"elementwise", "rows", "rotary", "matmul"}
-    texts = []
-    for arch, _, kernel, consts in sample:
-        texts += [(kernel.ptx(arch=arch, backend=b, **consts), arch) for b in BACKENDS]
+    pairs = [
+        [kernel.ptx(arch=arch, backend=b, **consts) for b in BACKENDS]
+        for arch, _, kernel, consts in sample
+    ]
     with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
-        list(pool.map(lambda item: assemble(*item), texts))
-    for (ptx, _), (llvm, _) in zip(texts[::2], texts[1::2], strict=True):
+        llvm_texts = [(llvm, arch) for (_, llvm), (arch, *_) in zip(pairs, sample, strict=True)]
+        list(pool.map(lambda item: assemble(*item), llvm_texts))
+    for ptx, llvm in pairs:
         assert entry(llvm) == entry(ptx)
         assert launch_parameters(llvm) == launch_parameters(ptx)
 

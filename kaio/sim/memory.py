@@ -116,31 +116,44 @@ def _shaped_view(m, a: Array, dyn_bytes: np.ndarray) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- addressing
-def locate(m, ins: Instr, st: Storage, idx_vals: list, what: str, lanes=None):
+def locate(m, ins: Instr, st: Storage, idx_vals: list, what: str, lanes=None, key=True):
     """Bounds-check the indices of ``lanes`` (None: the active lanes); return (lanes, NumPy
     index tuple, flat key).
 
     The returned ``lanes`` is None when every lane is active. The flat key identifies the
-    element across the batch (block included), for the race detector and for atomics.
+    element across the batch (block included), for the race detector and for atomics; with
+    ``key=False`` it is not computed (None).
     """
     if lanes is None:
         lanes = m.active_lanes()
-    idx = [m.pick(v, lanes).astype(np.int64, copy=False) for v in idx_vals]
-    bad = np.zeros(m.n if lanes is None else len(lanes), bool)
-    for i, size in zip(idx, st.shape, strict=True):
-        bad |= (i < 0) | (i >= size)
-    if bad.any():
+    count = m.n if lanes is None else len(lanes)
+    idx = []
+    inside = True
+    for v, n in zip(idx_vals, st.shape, strict=True):
+        v = np.asarray(v)
+        if v.ndim == 0:  # a uniform index: checked once
+            inside &= 0 <= int(v) < n
+            idx.append(np.full(count, v.astype(np.int64), np.int64))
+        else:
+            i = (v if lanes is None else v[lanes]).astype(np.int64, copy=False)
+            # one pass: a negative index reads as a huge unsigned one
+            inside &= not len(i) or int(i.view(np.uint64).max()) < n
+            idx.append(i)
+    if not inside:
+        bad = np.logical_or.reduce([(i < 0) | (i >= n) for i, n in zip(idx, st.shape, strict=True)])
         k = int(np.argmax(bad))
         lane = k if lanes is None else int(lanes[k])
         out_of_bounds(m, ins, st, [m.pick(v, None)[lane] for v in idx_vals], lane, what)
-    flat = np.zeros(len(bad), np.int64)
-    for i, size in zip(idx, st.shape, strict=True):
-        flat = flat * size + i
+    flat = None
+    if key:
+        flat = idx[0] if idx else np.zeros(count, np.int64)
+        for i, size in zip(idx[1:], st.shape[1:], strict=True):
+            flat = flat * size + i
     if st.scope == "grid":
         return lanes, tuple(idx), flat
     lead = m.lane_block if st.scope == "block" else m.lane_index
     lead = lead if lanes is None else lead[lanes]
-    return lanes, (lead, *idx), lead * st.size + flat
+    return lanes, (lead, *idx), None if flat is None else lead * st.size + flat
 
 
 def out_of_bounds(m, ins, st: Storage, index: list, lane: int, what: str):
@@ -156,7 +169,7 @@ def out_of_bounds(m, ins, st: Storage, index: list, lane: int, what: str):
 def load(m, ins: Instr, vals: list):
     """``dst = array[index...]``."""
     st = m.storage(ins.args[0])
-    lanes, ix, key = locate(m, ins, st, vals, "load")
+    lanes, ix, key = locate(m, ins, st, vals, "load", key=st.tracker is not None)
     if st.tracker is not None:
         st.tracker.access(m, ins, key, lanes, write=False)
     return m.scatter(st.data[ix], lanes)
@@ -165,7 +178,7 @@ def load(m, ins: Instr, vals: list):
 def store(m, ins: Instr, vals: list):
     """``array[index...] = value``."""
     st = m.storage(ins.args[0])
-    lanes, ix, key = locate(m, ins, st, vals[:-1], "store")
+    lanes, ix, key = locate(m, ins, st, vals[:-1], "store", key=st.tracker is not None)
     if st.tracker is not None:
         st.tracker.access(m, ins, key, lanes, write=True)
     st.data[ix] = m.pick(vals[-1], lanes)
@@ -208,7 +221,7 @@ def wait_eq(m, ins: Instr, vals: list):
     satisfy would spin forever on the GPU too, or wait for a later block: reported."""
     st = m.storage(ins.args[0])
     nd = len(st.shape)
-    lanes, ix, _ = locate(m, ins, st, vals[:nd], "wait_eq")
+    lanes, ix, _ = locate(m, ins, st, vals[:nd], "wait_eq", key=False)
     want = np.asarray(m.pick(vals[nd], lanes))
     seen = st.data[ix]
     bad = np.flatnonzero(seen != want)
