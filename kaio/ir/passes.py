@@ -252,56 +252,81 @@ def fold(fn: Function) -> bool:
 _TERMINATORS = (nodes.Break, nodes.Continue, nodes.Return)
 
 
-def _size(stmts: list) -> int:
-    return len(list(walk(stmts)))
-
-
 def eliminate_dead_code(fn: Function) -> bool:
     """Remove unused pure instructions, decided branches, empty Ifs, unreachable statements
-    and Regions nothing breaks out of. Returns True if anything changed."""
-    start = size = _size(fn.body)
+    and Regions nothing breaks out of. Returns True if anything changed.
+
+    Each sweep goes backwards, so that an instruction it removes no longer counts as a read
+    of its operands when their definitions, earlier in the block, are reached: a chain of
+    dead temporaries goes in one sweep."""
+    changed = False
     while True:
         used = uses(fn.body)
         targets = {s.target for s in walk(fn.body) if isinstance(s, nodes.Break)}
-        fn.body = _clean_block(fn.body, used, targets)
-        new_size = _size(fn.body)
-        if new_size == size:
-            return new_size != start
-        size = new_size
+        sweep = _Sweep(used, targets)
+        fn.body = sweep.block(fn.body)
+        if not sweep.changed:
+            return changed
+        changed = True
 
 
-def _clean_block(stmts: list, used: Counter, targets: set) -> list:
-    out: list = []
-    for s in stmts:
-        for block in child_blocks(s):
-            block[:] = _clean_block(block, used, targets)
-        replacement = _clean_stmt(s, used, targets)
-        out.extend(replacement)
-        if out and isinstance(out[-1], _TERMINATORS):
-            break
-    return out
+def _reachable(stmts: list) -> list:
+    """``stmts`` up to and including the first Break, Continue or Return."""
+    for i, s in enumerate(stmts):
+        if isinstance(s, _TERMINATORS):
+            return stmts[: i + 1]
+    return stmts
 
 
-def _clean_stmt(s, used: Counter, targets: set) -> list:
-    if isinstance(s, Instr):
-        if s.dst is not None and OPS[s.op].pure and not used[s.dst]:
-            return []
-        if s.op == "mov" and s.args[0] is s.dst:
-            return []
+class _Sweep:
+    """One backward dead-code sweep, with the read counts it keeps up to date."""
+
+    def __init__(self, used: Counter, targets: set):
+        self.used, self.targets, self.changed = used, targets, False
+
+    def block(self, stmts: list) -> list:
+        """The block cleaned, its nested blocks first, from its last statement up."""
+        reachable = _reachable(stmts)
+        self.changed |= len(reachable) != len(stmts)
+        out: list = []
+        for s in reversed(reachable):
+            for block in child_blocks(s):
+                block[:] = self.block(block)
+            kept = self.stmt(s)
+            self.changed |= len(kept) != 1 or kept[0] is not s
+            out.extend(reversed(kept))
+        out.reverse()
+        return _reachable(out)  # an inlined branch may end in a Break
+
+    def _forget_reads(self, operands) -> None:
+        for a in operands:
+            if a.__class__ is Var:
+                self.used[a] -= 1
+
+    def stmt(self, s) -> list:
+        """What replaces ``s``: nothing, itself, or the statements of its decided branch or
+        of a Region nothing breaks out of."""
+        if isinstance(s, Instr):
+            dead = s.dst is not None and OPS[s.op].pure and not self.used[s.dst]
+            if dead or (s.op == "mov" and s.args[0] is s.dst):
+                self._forget_reads(s.args)
+                return []
+            return [s]
+        if isinstance(s, nodes.If):
+            if isinstance(s.cond, Const):
+                return s.then if s.cond.value else s.orelse
+            if not s.then and not s.orelse:
+                self._forget_reads((s.cond,))
+                return []
+            return [s]
+        if isinstance(s, nodes.Region):
+            if s.body and isinstance(s.body[-1], nodes.Break) and s.body[-1].target == s.id:
+                s.body.pop()
+                self.changed = True
+            if s.id not in self.targets:
+                return s.body
+            return [s]
         return [s]
-    if isinstance(s, nodes.If):
-        if isinstance(s.cond, Const):
-            return s.then if s.cond.value else s.orelse
-        if not s.then and not s.orelse:
-            return []
-        return [s]
-    if isinstance(s, nodes.Region):
-        if s.body and isinstance(s.body[-1], nodes.Break) and s.body[-1].target == s.id:
-            s.body.pop()
-        if s.id not in targets:
-            return s.body
-        return [s]
-    return [s]
 
 
 # ---------------------------------------------------------------- facts along a block
@@ -322,8 +347,8 @@ class _Facts:
         """Know ``value`` about ``key`` while none of the Vars among ``deps`` changes."""
         self.facts[key] = value
         for v in deps:
-            if isinstance(v, Var):
-                self.deps.setdefault(v, set()).add(key)
+            if isinstance(v, Var):  # a new set: copies share the sets (``copy``)
+                self.deps[v] = self.deps.get(v, frozenset()) | {key}
 
     def forget(self, assigned) -> None:
         """Drop the facts that depend on a variable of ``assigned`` (a fact added again
@@ -333,8 +358,9 @@ class _Facts:
                 self.facts.pop(key, None)
 
     def copy(self) -> _Facts:
-        """An independent copy, for a nested block."""
-        return _Facts(dict(self.facts), {v: set(keys) for v, keys in self.deps.items()})
+        """An independent copy, for a nested block (the sets of keys are never changed in
+        place, so the copies share them)."""
+        return _Facts(dict(self.facts), dict(self.deps))
 
 
 def assignments(stmts: list, table: dict | None = None) -> dict:
