@@ -26,6 +26,7 @@ __all__ = ["FLOATS", "Inputs", "Operand", "arg", "output", "output_arg", "stream
 
 FLOATS = (f32, f16, bf16)
 MAX_ELEMENTS = 2**31 - 1  # kernels index with 32-bit integers
+MAX_ELEMENTS_UNSIGNED = 2**32 - 1  # for operands a kernel indexes with unsigned ones only
 
 
 def _alternatives(names: list) -> str:
@@ -206,13 +207,15 @@ class Inputs:
         shape: tuple | None = None,
         dtypes: tuple | None = None,
         form: str = "",
+        max_elements: int = MAX_ELEMENTS,
     ) -> Operand:
         """Check ``obj`` and return it as an ``Operand``.
 
         ``ndim``: the allowed ranks; ``shape``: the exact shape wanted, where known;
         ``dtypes``: the allowed element types (default: f32, f16, bf16 for the first input,
         the first input's dtype for the others); ``form``: the expected shape as errors
-        write it (e.g. "[..., N]").
+        write it (e.g. "[..., N]"); ``max_elements``: the most elements the op's kernels can
+        index (``MAX_ELEMENTS_UNSIGNED`` where they index this operand with u32 only).
         """
         a, contiguous = self._describe(obj, name)
         if dtypes is None:
@@ -231,8 +234,8 @@ class Inputs:
             raise self.error(name, f"must have shape {tuple(shape)}, got {a.shape}")
         if not contiguous:
             raise self.error(name, "must be contiguous (row-major); pass a contiguous copy of it")
-        if a.size > MAX_ELEMENTS:
-            raise self.error(name, f"has {a.size} elements; ops take at most {MAX_ELEMENTS}")
+        if a.size > max_elements:
+            raise self.error(name, f"has {a.size} elements; this op takes at most {max_elements}")
         if self.first is None:
             self.first = a
         elif a.device != self.first.device:

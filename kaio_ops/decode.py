@@ -234,9 +234,19 @@ class _Cache:
     def __init__(self, inputs, k_cache, v_cache, block_table, batch: int, d: int, dtype):
         self.paged = block_table is not None
         form = "[num_pages, page_size, Hkv, D]" if self.paged else "[B, Hkv, Smax, D]"
-        self.k = inputs.array(k_cache, "k_cache", ndim=4, dtypes=(dtype,), form=form)
+        # the kernels address the caches with u32 arithmetic only: up to 2**32 - 1 elements
+        big = _arrays.MAX_ELEMENTS_UNSIGNED
+        self.k = inputs.array(
+            k_cache, "k_cache", ndim=4, dtypes=(dtype,), form=form, max_elements=big
+        )
         self.v = inputs.array(
-            v_cache, "v_cache", ndim=4, shape=self.k.shape, dtypes=(dtype,), form=form
+            v_cache,
+            "v_cache",
+            ndim=4,
+            shape=self.k.shape,
+            dtypes=(dtype,),
+            form=form,
+            max_elements=big,
         )
         shape = self.k.shape
         if shape[-1] != d:

@@ -666,6 +666,41 @@ def test_gpu_decode_against_sdpa(b, h, hkv, sq, d, capacity, lens, page_size, dt
 
 
 @pytest.mark.gpu
+def test_gpu_cache_past_two_to_the_31_elements():
+    """Caches of 3 * 2**30 elements each (the kernels address them with u32 arithmetic, so up
+    to 2**32 - 1 are taken): the second sequence's rows lie past element 2**31; decode reads
+    them and the append writes them. A cache of 2**32 elements is refused before launch."""
+    import torch
+
+    if torch.cuda.mem_get_info()[0] < 24 * 2**30:
+        pytest.skip("needs 24 GB of free GPU memory")
+    b, h, hkv, sq, d, capacity, lens = 2, 16, 8, 2, 128, 3 * 2**19, [300, 1000]
+    gen = torch.Generator(device="cuda").manual_seed(31)
+    k_cache, v_cache = (
+        torch.empty((b, hkv, capacity, d), device="cuda", dtype=torch.float16) for _ in "kv"
+    )
+    for cache in (k_cache, v_cache):
+        cache[:, :, : max(lens)].normal_(generator=gen)
+    assert k_cache.numel() > 2**31
+    q = torch.randn((b, h, sq, d), device="cuda", dtype=torch.float16, generator=gen)
+    k_new, v_new = (
+        torch.randn((b, hkv, sq, d), device="cuda", dtype=q.dtype, generator=gen) for _ in "kv"
+    )
+    seq_lens = torch.tensor(lens, device="cuda", dtype=torch.int32)
+    kaio_ops.kv_cache_append(k_cache, v_cache, k_new, v_new, seq_lens)
+    for cache, new in ((k_cache, k_new), (v_cache, v_new)):
+        for i, n in enumerate(lens):
+            assert torch.equal(cache[i, :, n - sq : n], new[i])
+    out = kaio_ops.flash_attention_decode(q, k_cache, v_cache, seq_lens)
+    err = (out.double() - _sdpa_reference(q, k_cache, v_cache, lens, None)).abs().max().item()
+    assert err < 5e-3, err
+    del k_cache, v_cache
+    huge = torch.empty((1, hkv, 2**22, d), device="cuda", dtype=torch.float16)  # 2**32 elements
+    with pytest.raises(ValueError, match="k_cache.*4294967296 elements.*at most 4294967295"):
+        kaio_ops.flash_attention_decode(q[:1], huge, huge, seq_lens[:1])
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("page_size", [None, 16])
 @pytest.mark.parametrize(
     "first, replays",
