@@ -55,11 +55,16 @@ def tables(d: str) -> dict:
         out["lg2_pos"] = band(d, "lg2_1")
         out["lg2_neg"] = band(d, "lg2_0p5") ^ np.uint32(0x80000000)  # -(-1 + L(m))
     if os.path.exists(os.path.join(d, "sc_sin_0.json")):
+        # sin and cos of one x per 2^-25 turn in [0, 1/2): the first quadrant is all reachable
+        n = 1 << 23
         sin = np.concatenate([_raw(d, f"sc_sin_{i}")[1] for i in range(4)])
-        _, found = _raw(d, "sc_found")
-        # unreachable steps (no f32 x rounds to them) keep the reference's value
-        ref = mufu.round_ref("sincos", mufu.reference("sincos"))
-        out["sincos"] = np.where(found.astype(bool), sin, ref).astype(np.uint32)
+        cos = np.concatenate([_raw(d, f"sc_cos_{i}")[1] for i in range(4)])
+        found = _raw(d, "sc_found")[1].astype(bool)
+        assert found[:n].all()
+        both = found[n:]  # the second quadrant: sin is the first's cos, cos minus its sin
+        assert (sin[n:][both] == cos[:n][both]).all()
+        assert (cos[n:][both] == sin[:n][both] ^ np.uint32(0x80000000)).all()
+        out["sincos"] = np.concatenate([sin[:n], cos[:n]])
     return out
 
 

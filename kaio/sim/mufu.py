@@ -204,29 +204,41 @@ def _log2_series(m: np.ndarray) -> np.ndarray:
     return 2.0 * s * _horner([1.0 / (2 * n + 1) for n in range(18, -1, -1)], s * s) / math.log(2)
 
 
-_STEP = np.arange(N23, dtype=F64) * 2.0**-23  # the 2^23 steps of a mantissa or fraction
-_TWO_PI = 2 * math.pi
+_HI = np.arange(1 << 11, dtype=F64) * 2.0**-11  # a step i = hi 2^12 + lo: hi 2^-11 ...
+_LO = np.arange(1 << 12, dtype=F64) * 2.0**-23  # ... plus lo 2^-23
+_LN2 = math.log(2)
+
+
+def _outer(fn, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """fn(a[hi], b[lo]) for every step hi 2^12 + lo, in step order."""
+    return fn(a[:, None], b[None, :]).reshape(-1)
 
 
 def reference(name: str) -> np.ndarray:
-    """The float64 values (from IEEE-exact NumPy arithmetic only, so the same everywhere)
-    that table ``name`` is stored relative to, before rounding to f32."""
-    m = 1.0 + _STEP
-    if name == "rcp":  # 1/m, m in [1, 2)
-        return 1.0 / m
-    if name == "rsqrt":  # 1/sqrt(x), x in [1, 4): the exponent's parity, then the mantissa
-        return 1.0 / np.sqrt(np.concatenate([m, 2.0 * m]))
-    if name == "ex2_pos":  # 2^f, f in [0, 1)
-        return _exp_series(_STEP * math.log(2))
-    if name == "ex2_neg":  # 2^-f
-        return _exp_series(-_STEP * math.log(2))
-    if name == "lg2_pos":  # log2(m): MUFU.LG2 for x in [1, 2), rounded to zero
-        return _log2_series(m)
-    if name == "lg2_neg":  # 1 - log2(m): minus MUFU.LG2 for x = m/2
-        return 1.0 - _log2_series(m)
-    if name == "sincos":  # sin of the first quadrant, then cos of it: steps of 2^-25 turns
-        theta = _STEP * (_TWO_PI / 4)
-        return np.concatenate([_sin_series(theta), _cos_series(theta)])
+    """The float64 values that table ``name`` is stored relative to, before rounding to f32:
+    from IEEE-exact NumPy arithmetic only (+ - * / sqrt, in a fixed order), so the same on
+    every machine; from series on 2^11 + 2^12 points combined by addition theorems, which
+    is fast."""
+    if name in ("rcp", "rsqrt"):
+        m = np.arange(N23, dtype=F64) * 2.0**-23 + 1.0
+        if name == "rcp":  # 1/m, m in [1, 2)
+            return 1.0 / m
+        return 1.0 / np.sqrt(np.concatenate([m, 2.0 * m]))  # x in [1, 4): parity, mantissa
+    if name.startswith("ex2"):  # 2^f or 2^-f, f in [0, 1): 2^(hi + lo) = 2^hi 2^lo
+        sign = 1.0 if name == "ex2_pos" else -1.0
+        return _outer(np.multiply, _exp_series(sign * _LN2 * _HI), _exp_series(sign * _LN2 * _LO))
+    if name.startswith("lg2"):  # log2(m) = log2(m_hi) + log2(1 + lo/m_hi), m = m_hi + lo
+        m_hi = 1.0 + _HI
+        s = _outer(lambda a, b: b / (2.0 * a + b), m_hi, _LO)  # atanh(s) = ln(1 + lo/m_hi)/2
+        tail = 2.0 * s * _horner([1.0 / 7, 1.0 / 5, 1.0 / 3, 1.0], s * s) / _LN2
+        lg = _outer(np.add, _log2_series(m_hi), np.zeros_like(_LO)) + tail
+        return lg if name == "lg2_pos" else 1.0 - lg  # L(m) for x = m; 1 - L(m) for x = m/2
+    if name == "sincos":  # sin, then cos, of the first quadrant in steps of 2^-25 turns
+        a, b = _HI * (math.pi / 2), _LO * (math.pi / 2)
+        sa, ca, sb, cb = _sin_series(a), _cos_series(a), _sin_series(b), _cos_series(b)
+        sin = _outer(np.multiply, sa, cb) + _outer(np.multiply, ca, sb)
+        cos = _outer(np.multiply, ca, cb) - _outer(np.multiply, sa, sb)
+        return np.concatenate([sin, cos])
     raise KeyError(name)
 
 
@@ -369,15 +381,31 @@ def mufu_lg2(x) -> np.ndarray:
     )
 
 
-def _turns_f64(fn):
-    """The float64 model (no table yet): fn(2 pi r) rounded once, subnormals flushed."""
+def _sincos(r, quarter: int) -> np.ndarray:
+    """``MUFU.SIN`` (quarter 0) and ``MUFU.COS`` (quarter 1) of r turns: |r| truncated to 25
+    fraction bits (the integer part dropped), a quadrant and 23 bits u; sin(2 pi u 2^-25) or
+    cos(2 pi u 2^-25) from the table, negated in the lower half turn, and for sin the sign
+    of r; both tables measured."""
+    r = _f32(r)
+    s, e, m = _fields(r)
+    mag = np.where(e == 0, 0.0, np.abs(r).astype(F64))
+    with np.errstate(invalid="ignore"):
+        q = np.trunc(np.fmod(np.where(e == 255, 0.0, mag), 1.0) * 2.0**25).astype(np.int64)
+    quad, u = ((q >> 23) + quarter) & 3, q & (N23 - 1)
+    t = table("sincos")[np.where(quad & 1, N23 + u, u)]
+    negate = (quad >= 2) ^ ((s != 0) & (quarter == 0))
+    out = np.where(negate, t ^ 0x80000000, t)
+    return _finish(out, r, [(e == 255, NAN)])
 
-    def run(r):
-        r = ftz(r)
-        with np.errstate(all="ignore"):
-            return ftz(fn(r.astype(F64) * _TWO_PI).astype(F32))
 
-    return run
+def mufu_sin(r) -> np.ndarray:
+    """``MUFU.SIN``: sin(2 pi r)."""
+    return _sincos(r, 0)
+
+
+def mufu_cos(r) -> np.ndarray:
+    """``MUFU.COS``: cos(2 pi r)."""
+    return _sincos(r, 1)
 
 
 MUFU.update(
@@ -385,6 +413,6 @@ MUFU.update(
     rsqrt=mufu_rsqrt,
     ex2=mufu_ex2,
     lg2=mufu_lg2,
-    sin=_turns_f64(np.sin),
-    cos=_turns_f64(np.cos),
+    sin=mufu_sin,
+    cos=mufu_cos,
 )
