@@ -207,7 +207,9 @@ def main() -> None:
 
         pending.append(pool.submit(work))
 
-    if os.environ.get("MUFU_ROUND") == "B":
+    if os.environ.get("MUFU_ROUND") == "C":
+        round_c(run_array, save)
+    elif os.environ.get("MUFU_ROUND") == "B":
         round_b(band, run_array, save)
     else:
         round_a(band, run_array, save)
@@ -263,6 +265,69 @@ def round_b(band, run_array, save) -> None:
     for k in range(-14, 4):
         band("tanh.approx.f32", 2.0**k, 2.0 ** (k + 1), f"tanh_{k}")
     band("tanh.approx.f32", -1.0, -2.0, "tanh_m1")
+
+
+def round_c(run_array, save) -> None:
+    """Every instruction against kaio.sim.mufu over 2^24 inputs spread over all 2^32 bit
+    patterns (each 256-block once, at a hashed offset) and random division pairs."""
+    sys.path.insert(0, os.getcwd())
+    from kaio.sim import mufu
+
+    k = np.arange(1 << 24, dtype=np.uint64)
+    xs = ((k << np.uint64(8)) | ((k * np.uint64(2654435761)) >> np.uint64(24)) & np.uint64(255))
+    xs = xs.astype(np.uint32)
+    models = {
+        "ex2.approx.ftz.f32": mufu.ex2,
+        "ex2.approx.f32": lambda v: mufu.ex2(v, False),
+        "lg2.approx.ftz.f32": mufu.lg2,
+        "lg2.approx.f32": lambda v: mufu.lg2(v, False),
+        "rsqrt.approx.ftz.f32": mufu.rsqrt,
+        "rsqrt.approx.f32": lambda v: mufu.rsqrt(v, False),
+        "rcp.approx.ftz.f32": mufu.rcp,
+        "rcp.approx.f32": lambda v: mufu.rcp(v, False),
+        "sin.approx.ftz.f32": mufu.sin,
+        "sin.approx.f32": mufu.sin,
+        "cos.approx.ftz.f32": mufu.cos,
+        "cos.approx.f32": mufu.cos,
+    }
+    for name in ("rcp", "rsqrt", "ex2_pos", "ex2_neg", "lg2_pos", "lg2_neg", "sincos"):
+        mufu.table(name)
+    print("tables", f"{time.time() - T0:.1f}s", flush=True)
+    pool = ThreadPoolExecutor(16)
+    chunk = 1 << 20
+
+    def model_bits(fn, *args):
+        def part(i):
+            with np.errstate(all="ignore"):
+                r = fn(*(a[i : i + chunk].view(np.float32) for a in args)).view(np.uint32)
+            return np.where(np.isnan(r.view(np.float32)), np.uint32(0x7FFFFFFF), r)
+
+        return np.concatenate(list(pool.map(part, range(0, len(args[0]), chunk))))
+
+    summary = []
+    for op, fn in models.items():
+        if time.time() - T0 > float(os.environ.get("MUFU_BUDGET", "30")):
+            summary.append((op, "skipped (time)"))
+            continue
+        hw = run_array(op, xs)
+        bad = np.nonzero(model_bits(fn, xs) != hw)[0]
+        summary.append((op, f"{len(bad)} of {len(xs)}"))
+        for i in bad[:4]:
+            print(f"  {op} x={xs[i]:#010x} gpu {hw[i]:#010x}", flush=True)
+        save("sweep_bad_" + op.replace(".", "_"), xs[bad[:10000]], kind="bad")
+    rng = np.random.default_rng(33)
+    a = rng.integers(0, 2**32, 1 << 23, dtype=np.uint64).astype(np.uint32)
+    b = rng.integers(0, 2**32, 1 << 23, dtype=np.uint64).astype(np.uint32)
+    b[: 1 << 22] = (rng.choice([-1, 1], 1 << 22) * 2.0 ** rng.uniform(-130, 128, 1 << 22)).astype(
+        np.float32).view(np.uint32)
+    hw = run_array("div.full.ftz.f32", a, b)
+    bad = np.nonzero(model_bits(mufu.div_full_ftz, a, b) != hw)[0]
+    summary.append(("div.full.ftz.f32", f"{len(bad)} of {len(a)}"))
+    for i in bad[:4]:
+        print(f"  div a={a[i]:#010x} b={b[i]:#010x} gpu {hw[i]:#010x}", flush=True)
+    print(f"{'instruction':22} mismatches")
+    for op, s in summary:
+        print(f"{op:22} {s}")
 
 
 def round_a(band, run_array, save) -> None:

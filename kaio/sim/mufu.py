@@ -85,34 +85,25 @@ def _below(x: np.ndarray, limit) -> np.ndarray:
     return np.abs(x) < limit
 
 
-def ex2(x, ftz_: bool = True) -> np.ndarray:
-    """``ex2.approx(.ftz).f32``."""
-    x = _f32(x)
-    if ftz_:
-        return MUFU["ex2"](x)
-    small = x < F32(-126)
-    y = MUFU["ex2"](np.where(small, fmul(x, 0.5), x))
-    return np.where(small, fmul(y, y), y).astype(F32)
+def _scaled_input(op: str, small, scale_in: float, fix):
+    """A non-``.ftz`` form: where ``small(x)``, ``MUFU.op(x * scale_in)`` corrected by
+    ``fix(y)``; elsewhere ``MUFU.op(x)``; the ``.ftz`` form is ``MUFU.op`` alone."""
+
+    def run(x, ftz_: bool = True) -> np.ndarray:
+        x = _f32(x)
+        if ftz_:
+            return MUFU[op](x)
+        where = small(x)
+        y = MUFU[op](np.where(where, fmul(x, scale_in), x))
+        return np.where(where, fix(y), y).astype(F32)
+
+    run.__doc__ = f"``{op}.approx(.ftz).f32`` (``ftz_=False``: the form without ``.ftz``)."
+    return run
 
 
-def lg2(x, ftz_: bool = True) -> np.ndarray:
-    """``lg2.approx(.ftz).f32``."""
-    x = _f32(x)
-    if ftz_:
-        return MUFU["lg2"](x)
-    small = _below(x, TINY)
-    y = MUFU["lg2"](np.where(small, fmul(x, 2.0**24), x))
-    return np.where(small, fadd(y, -24.0), y).astype(F32)
-
-
-def rsqrt(x, ftz_: bool = True) -> np.ndarray:
-    """``rsqrt.approx(.ftz).f32``."""
-    x = _f32(x)
-    if ftz_:
-        return MUFU["rsqrt"](x)
-    small = _below(x, TINY)
-    y = MUFU["rsqrt"](np.where(small, fmul(x, 2.0**24), x))
-    return np.where(small, fmul(y, 4096.0), y).astype(F32)
+ex2 = _scaled_input("ex2", lambda x: x < F32(-126), 0.5, lambda y: fmul(y, y))
+lg2 = _scaled_input("lg2", lambda x: _below(x, TINY), 2.0**24, lambda y: fadd(y, -24.0))
+rsqrt = _scaled_input("rsqrt", lambda x: _below(x, TINY), 2.0**24, lambda y: fmul(y, 4096.0))
 
 
 def rcp(x, ftz_: bool = True) -> np.ndarray:
@@ -270,9 +261,11 @@ def encode(name: str, hw: np.ndarray) -> dict:
 
 def decode(name: str, arrays) -> np.ndarray:
     """The table's f32 bits from ``encode``'s arrays; its CRC-32 checked."""
-    codes = _unpack(arrays["codes"], np.int8).astype(np.int64)
+    codes = _unpack(arrays["codes"], np.int8).astype(np.int32)
     codes[codes == ESCAPE] = np.cumsum(_unpack(arrays["wide"], np.int64))
-    bits = unordered(ordered(round_ref(name, reference(name))) + codes)
+    ref = round_ref(name, reference(name)).view(np.int32)
+    keys = np.where(ref < 0, -(ref & 0x7FFFFFFF), ref) + codes  # ``ordered`` in int32
+    bits = np.where(keys < 0, -keys | np.int32(-(2**31)), keys).view(np.uint32)
     if zlib.crc32(bits.tobytes()) != int(arrays["crc"]):
         raise RuntimeError(
             f"kaio.sim.mufu: table {name} did not rebuild bit for bit from "
@@ -287,14 +280,14 @@ _lock = threading.Lock()
 
 
 def table(name: str) -> np.ndarray:
-    """Table ``name`` as int64 f32 bits, built on first use (a fraction of a second)."""
+    """Table ``name`` as f32 bits (uint32), built on first use (a fraction of a second)."""
     t = _tables.get(name)
     if t is None:
         with _lock:
             t = _tables.get(name)
             if t is None:
                 with np.load(os.path.join(DATA, f"mufu_{name}.npz")) as f:
-                    t = _tables[name] = decode(name, f).astype(np.int64)
+                    t = _tables[name] = decode(name, f)
     return t
 
 
@@ -365,8 +358,8 @@ def mufu_lg2(x) -> np.ndarray:
     s, e, m = _fields(x)
     e = e - 127
     with np.errstate(all="ignore"):
-        pos = e.astype(F64) + table("lg2_pos")[m].astype(np.uint32).view(F32)
-        neg = -((-e - 1).astype(F64) + table("lg2_neg")[m].astype(np.uint32).view(F32))
+        pos = e.astype(F64) + table("lg2_pos")[m].view(F32)
+        neg = -((-e - 1).astype(F64) + table("lg2_neg")[m].view(F32))
         v = np.where(e >= 0, pos, neg)
     out = round_to_zero(v).view(np.uint32).astype(np.int64)
     inf = e == 128
