@@ -1,6 +1,10 @@
 """Dump the GPU's approximate f32 math (ex2/lg2/rsqrt/rcp/sin/cos/tanh.approx, div.full) on
 structured and random inputs, through raw PTX and the driver (no kaio), for the simulator's
-bit-exact models (kaio/sim/mufu.py). Run on a GPU box: ``python3 tools/mufu_probe.py OUTDIR``."""
+bit-exact models (kaio/sim/mufu.py). Run on a GPU box (numpy, torch):
+``MUFU_ROUND=A PYTHONPATH=. python3 tools/mufu_probe.py OUTDIR`` (A: the bands that
+tools/mufu_tables.py turns into rcp/rsqrt/ex2/lg2 tables; B: sin/cos on one x per 2^-25 turn,
+tanh bands; C: every instruction against kaio.sim.mufu over 2^24 inputs spread over all bit
+patterns). Each round takes 10 to 30 s on an H100."""
 
 from __future__ import annotations
 
@@ -73,16 +77,19 @@ BINARY = ["div.full.ftz.f32", "div.full.f32", "mul.ftz.f32", "mul.rz.ftz.f32"]
 
 
 def fbits(v: float) -> int:
+    """The f32 bits of v."""
     return int(np.array(v, np.float32).view(np.uint32))
 
 
 def ordered(bits: np.ndarray) -> np.ndarray:
+    """f32 bits as int64 keys ordered like the values."""
     b = bits.astype(np.int64)
     mag = b & 0x7FFFFFFF
     return np.where(b >> 31 != 0, -mag, mag)
 
 
 def main() -> None:
+    """Run one round's experiments (``MUFU_ROUND``: A, B or C) and write them to argv[1]."""
     out_dir = sys.argv[1]
     os.makedirs(out_dir, exist_ok=True)
     if os.environ.get("MUFU_FAKE"):
@@ -115,17 +122,34 @@ def main() -> None:
         return funcs[key]
 
     def launch(fn, n, args, types):
-        vals = [t(a) for a, t in zip(args, types)]
-        ptrs = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in vals])
+        vals = [t(a) for a, t in zip(args, types, strict=True)]
+        ptrs = (ctypes.c_void_p * len(vals))(
+            *[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in vals]
+        )
         g = ctypes.c_uint
-        err = cuda.cuLaunchKernel(fn, g((n + 255) // 256), g(1), g(1), g(256), g(1), g(1), g(0),
-                                  ctypes.c_void_p(0), ptrs, ctypes.c_void_p(0))
+        err = cuda.cuLaunchKernel(
+            fn,
+            g((n + 255) // 256),
+            g(1),
+            g(1),
+            g(256),
+            g(1),
+            g(1),
+            g(0),
+            ctypes.c_void_p(0),
+            ptrs,
+            ctypes.c_void_p(0),
+        )
         assert err == 0, err
 
     def run_range(op: str, base: int, n: int) -> np.ndarray:
         out = torch.empty(n, dtype=torch.int32, device="cuda")
-        launch(kernel(op, "range"), n, (out.data_ptr(), base, n),
-               (ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint32))
+        launch(
+            kernel(op, "range"),
+            n,
+            (out.data_ptr(), base, n),
+            (ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint32),
+        )
         return out.cpu().numpy().view(np.uint32)
 
     def run_array(op: str, a: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
@@ -134,17 +158,32 @@ def main() -> None:
         tb = torch.from_numpy((a if b is None else b).view(np.int32)).cuda()
         out = torch.empty(n, dtype=torch.int32, device="cuda")
         kind = "unary" if b is None else "binary"
-        launch(kernel(op, kind), n, (out.data_ptr(), ta.data_ptr(), tb.data_ptr(), n),
-               (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32))
+        launch(
+            kernel(op, kind),
+            n,
+            (out.data_ptr(), ta.data_ptr(), tb.data_ptr(), n),
+            (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32),
+        )
         return out.cpu().numpy().view(np.uint32)
 
     if os.environ.get("MUFU_FAKE"):  # a dry run without a GPU: float64 math for the GPU
 
         def fake(op, x):
-            f = {"ex2": np.exp2, "lg2": np.log2, "rsqrt": lambda v: 1 / np.sqrt(v),
-                 "rcp": lambda v: 1 / v, "sin": np.sin, "cos": np.cos, "tanh": np.tanh}
+            f = {
+                "ex2": np.exp2,
+                "lg2": np.log2,
+                "rsqrt": lambda v: 1 / np.sqrt(v),
+                "rcp": lambda v: 1 / v,
+                "sin": np.sin,
+                "cos": np.cos,
+                "tanh": np.tanh,
+            }
             with np.errstate(all="ignore"):
-                return f[op.split(".")[0]](x.view(np.float32).astype(np.float64)).astype(np.float32).view(np.uint32)
+                return (
+                    f[op.split(".")[0]](x.view(np.float32).astype(np.float64))
+                    .astype(np.float32)
+                    .view(np.uint32)
+                )
 
         def run_range(op, base, n):  # noqa: F811
             return fake(op, (np.arange(n, dtype=np.uint64) + base).astype(np.uint32))
@@ -201,9 +240,26 @@ def main() -> None:
                 if int(np.abs(dd).max()) < int(max(-lo_d, hi_d)):
                     d, diff = dd, True
             m = int(np.abs(d).max())
-            dt = np.int8 if m < 128 else np.int16 if m < 32768 else np.int32 if m < 2**31 else np.int64
-            return write(tag, d.astype(dt), op=op, base=base, min=lo_d, max=hi_d, diff=diff,
-                         crc=zlib.crc32(hw.tobytes()), kind="band")
+            dt = (
+                np.int8
+                if m < 128
+                else np.int16
+                if m < 32768
+                else np.int32
+                if m < 2**31
+                else np.int64
+            )
+            return write(
+                tag,
+                d.astype(dt),
+                op=op,
+                base=base,
+                min=lo_d,
+                max=hi_d,
+                diff=diff,
+                crc=zlib.crc32(hw.tobytes()),
+                kind="band",
+            )
 
         pending.append(pool.submit(work))
 
@@ -222,8 +278,10 @@ def main() -> None:
     total = sum(i["bytes"] for i in meta["files"].values())
     print(f"{'file':24} {'dtype':6} {'min':>8} {'max':>8} {'bytes':>9}")
     for name, info in meta["files"].items():
-        print(f"{name:24} {info['dtype']:6} {info.get('min', ''):>8} {info.get('max', ''):>8} "
-              f"{info['bytes']:>9}")
+        print(
+            f"{name:24} {info['dtype']:6} {info.get('min', ''):>8} {info.get('max', ''):>8} "
+            f"{info['bytes']:>9}"
+        )
     print(f"total {total} bytes, {meta['seconds']:.1f}s on {dev}")
 
 
@@ -274,7 +332,7 @@ def round_c(run_array, save) -> None:
     from kaio.sim import mufu
 
     k = np.arange(1 << 24, dtype=np.uint64)
-    xs = ((k << np.uint64(8)) | ((k * np.uint64(2654435761)) >> np.uint64(24)) & np.uint64(255))
+    xs = (k << np.uint64(8)) | ((k * np.uint64(2654435761)) >> np.uint64(24)) & np.uint64(255)
     xs = xs.astype(np.uint32)
     models = {
         "ex2.approx.ftz.f32": mufu.ex2,
@@ -318,8 +376,11 @@ def round_c(run_array, save) -> None:
     rng = np.random.default_rng(33)
     a = rng.integers(0, 2**32, 1 << 23, dtype=np.uint64).astype(np.uint32)
     b = rng.integers(0, 2**32, 1 << 23, dtype=np.uint64).astype(np.uint32)
-    b[: 1 << 22] = (rng.choice([-1, 1], 1 << 22) * 2.0 ** rng.uniform(-130, 128, 1 << 22)).astype(
-        np.float32).view(np.uint32)
+    b[: 1 << 22] = (
+        (rng.choice([-1, 1], 1 << 22) * 2.0 ** rng.uniform(-130, 128, 1 << 22))
+        .astype(np.float32)
+        .view(np.uint32)
+    )
     hw = run_array("div.full.ftz.f32", a, b)
     bad = np.nonzero(model_bits(mufu.div_full_ftz, a, b) != hw)[0]
     summary.append(("div.full.ftz.f32", f"{len(bad)} of {len(a)}"))
@@ -331,6 +392,7 @@ def round_c(run_array, save) -> None:
 
 
 def round_a(band, run_array, save) -> None:
+    """Bands of every MUFU operation's reduced domain, random inputs, division pairs."""
     # Structured bands (pure MUFU for the .ftz forms; sin/cos include FMUL.RZ by 1/(2 pi)).
     band("rcp.approx.ftz.f32", 1.0, 2.0, "rcp_1_2")
     band("rsqrt.approx.ftz.f32", 1.0, 4.0, "rsqrt_1_4")
@@ -338,11 +400,27 @@ def round_a(band, run_array, save) -> None:
     for lo, tag in [(0.5, "0p5"), (1.0, "1"), (2.0, "2"), (2.0**60, "2p60")]:
         band("lg2.approx.ftz.f32", lo, 2 * lo, f"lg2_{tag}")
     band("lg2.approx.ftz.f32", 2.0**-60, 2.0**-59, "lg2_2m60")
-    for lo, tag in [(1.0, "1"), (0.5, "0p5"), (0.25, "0p25"), (2.0, "2"), (2.0**-20, "2m20"),
-                    (64.0, "64"), (-1.0, "m1"), (-0.5, "m0p5"), (-2.0, "m2"), (-64.0, "m64")]:
+    for lo, tag in [
+        (1.0, "1"),
+        (0.5, "0p5"),
+        (0.25, "0p25"),
+        (2.0, "2"),
+        (2.0**-20, "2m20"),
+        (64.0, "64"),
+        (-1.0, "m1"),
+        (-0.5, "m0p5"),
+        (-2.0, "m2"),
+        (-64.0, "m64"),
+    ]:
         band("ex2.approx.ftz.f32", lo, 2 * lo, f"ex2_{tag}")
-    for lo, tag in [(1.0, "1"), (2.0, "2"), (4.0, "4"), (0.5, "0p5"), (2.0**-10, "2m10"),
-                    (1024.0, "1024")]:
+    for lo, tag in [
+        (1.0, "1"),
+        (2.0, "2"),
+        (4.0, "4"),
+        (0.5, "0p5"),
+        (2.0**-10, "2m10"),
+        (1024.0, "1024"),
+    ]:
         band("sin.approx.ftz.f32", lo, 2 * lo, f"sin_{tag}")
         if tag in ("1", "0p5", "1024"):
             band("cos.approx.ftz.f32", lo, 2 * lo, f"cos_{tag}")
@@ -350,11 +428,34 @@ def round_a(band, run_array, save) -> None:
 
     # Random bit patterns plus specials for every instruction (raw output bits).
     rng = np.random.default_rng(32)
-    specials = [0, 0x80000000, 1, 0x80000001, 0x007FFFFF, 0x807FFFFF, 0x00800000, 0x80800000,
-                0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000, 0x7F7FFFFF, 0xFF7FFFFF,
-                0x3F800000, 0xBF800000, 0x40000000, 0x42FE0000, 0xC2FC0000, 0xC3000000]
-    xs = np.concatenate([np.array(specials, np.uint32),
-                         rng.integers(0, 2**32, 2**18 - len(specials), dtype=np.uint64).astype(np.uint32)])
+    specials = [
+        0,
+        0x80000000,
+        1,
+        0x80000001,
+        0x007FFFFF,
+        0x807FFFFF,
+        0x00800000,
+        0x80800000,
+        0x7F800000,
+        0xFF800000,
+        0x7FC00000,
+        0xFFC00000,
+        0x7F7FFFFF,
+        0xFF7FFFFF,
+        0x3F800000,
+        0xBF800000,
+        0x40000000,
+        0x42FE0000,
+        0xC2FC0000,
+        0xC3000000,
+    ]
+    xs = np.concatenate(
+        [
+            np.array(specials, np.uint32),
+            rng.integers(0, 2**32, 2**18 - len(specials), dtype=np.uint64).astype(np.uint32),
+        ]
+    )
     save("rand_in", xs, kind="input")
     for op in UNARY:
         save("rand_" + op.replace(".", "_"), run_array(op, xs), op=op, kind="rand")
@@ -372,8 +473,12 @@ def round_a(band, run_array, save) -> None:
     save("div_a", a.view(np.uint32), kind="input")
     save("div_b", b.view(np.uint32), kind="input")
     for op in BINARY:
-        save("div_" + op.replace(".", "_"), run_array(op, a.view(np.uint32), b.view(np.uint32)),
-             op=op, kind="binary")
+        save(
+            "div_" + op.replace(".", "_"),
+            run_array(op, a.view(np.uint32), b.view(np.uint32)),
+            op=op,
+            kind="binary",
+        )
     save("div_rcp", run_array("rcp.approx.ftz.f32", b.view(np.uint32)), kind="rcp_of_b")
 
 
