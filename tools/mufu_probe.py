@@ -332,8 +332,9 @@ def round_c(run_array, save) -> None:
     from kaio.sim import mufu
 
     k = np.arange(1 << 24, dtype=np.uint64)
-    xs = (k << np.uint64(8)) | ((k * np.uint64(2654435761)) >> np.uint64(24)) & np.uint64(255)
-    xs = xs.astype(np.uint32)
+    salt = np.uint64(int(os.environ.get("MUFU_SALT", "0")))  # another offset in each block
+    low = (((k + salt) * np.uint64(2654435761)) >> np.uint64(24)) & np.uint64(255)
+    xs = ((k << np.uint64(8)) | low).astype(np.uint32)
     models = {
         "ex2.approx.ftz.f32": mufu.ex2,
         "ex2.approx.f32": lambda v: mufu.ex2(v, False),
