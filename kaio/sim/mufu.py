@@ -168,8 +168,8 @@ def unordered(keys: np.ndarray) -> np.ndarray:
 
 
 def _horner(coefs, t: np.ndarray) -> np.ndarray:
-    acc = np.zeros_like(t)
-    for c in coefs:
+    acc = np.full_like(t, coefs[0])
+    for c in coefs[1:]:
         acc = acc * t + c
     return acc
 
@@ -222,7 +222,7 @@ def reference(name: str) -> np.ndarray:
         m_hi = 1.0 + _HI
         s = _outer(lambda a, b: b / (2.0 * a + b), m_hi, _LO)  # atanh(s) = ln(1 + lo/m_hi)/2
         tail = 2.0 * s * _horner([1.0 / 7, 1.0 / 5, 1.0 / 3, 1.0], s * s) / _LN2
-        lg = _outer(np.add, _log2_series(m_hi), np.zeros_like(_LO)) + tail
+        lg = (_log2_series(m_hi)[:, None] + tail.reshape(len(_HI), len(_LO))).reshape(-1)
         return lg if name == "lg2_pos" else 1.0 - lg  # L(m) for x = m; 1 - L(m) for x = m/2
     if name == "sincos":  # sin, then cos, of the first quadrant in steps of 2^-25 turns
         a, b = _HI * (math.pi / 2), _LO * (math.pi / 2)
@@ -264,8 +264,12 @@ def decode(name: str, arrays) -> np.ndarray:
     codes = _unpack(arrays["codes"], np.int8).astype(np.int32)
     codes[codes == ESCAPE] = np.cumsum(_unpack(arrays["wide"], np.int64))
     ref = round_ref(name, reference(name)).view(np.int32)
-    keys = np.where(ref < 0, -(ref & 0x7FFFFFFF), ref) + codes  # ``ordered`` in int32
-    bits = np.where(keys < 0, -keys | np.int32(-(2**31)), keys).view(np.uint32)
+    if ref.min() >= 0:  # every table so far: non-negative values, whose keys are their bits
+        ref += codes
+        bits = ref.view(np.uint32)
+    else:
+        keys = np.where(ref < 0, -(ref & 0x7FFFFFFF), ref) + codes  # ``ordered`` in int32
+        bits = np.where(keys < 0, -keys | np.int32(-(2**31)), keys).view(np.uint32)
     if zlib.crc32(bits.tobytes()) != int(arrays["crc"]):
         raise RuntimeError(
             f"kaio.sim.mufu: table {name} did not rebuild bit for bit from "
