@@ -14,7 +14,7 @@ rcp.approx.ftz.f32     MUFU.RCP
 rcp.approx.f32         s = 2^24 if |x| < 2^-126, 0.25 if |x| > 2^126, else 1: s * MUFU.RCP(x * s)
 sin/cos.approx(.ftz)   MUFU.SIN/COS(FMUL.RZ(x, 0.15915494)): the argument in turns, rounded to zero
 div.full.ftz.f32       |b| > 2^126: a, b scaled by 0.25 (FMUL.FTZ); FMUL.FTZ(MUFU.RCP(b), a)
-tanh.approx.f32        MUFU.TANH
+tanh.approx.f32        MUFU.TANH: not modelled (kaio.sim.arith rounds float64 tanh instead)
 =====================  =======================================================================
 
 ``MUFU`` reads a subnormal input as zero of its sign and flushes a subnormal result to zero.
@@ -135,12 +135,7 @@ def div_full_ftz(a, b) -> np.ndarray:
     return fmul_ftz(MUFU["rcp"](b), a)
 
 
-MUFU = {}
-
-
-def tanh(x) -> np.ndarray:
-    """``tanh.approx.f32``."""
-    return MUFU["tanh"](_f32(x))
+MUFU = {}  # the MUFU operations by name (below, after their tables)
 
 
 # ---------------------------------------------------------------------------------------------
