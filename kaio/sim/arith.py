@@ -2,9 +2,9 @@
 ``kaio.ir.ops``: integers wrap at their width, f16/bf16 arithmetic is computed in f32 and
 rounded once, ``fma`` and every conversion round exactly once (``kaio.numerics``).
 
-The approximate math ops (``exp2 log2 rsqrt rcp_approx sin cos tanh``) are computed in float64
-and rounded to f32: the correctly rounded value, which lies within the hardware instructions'
-documented error bounds but is not bit-identical to them.
+The approximate math ops are the GPU's bit for bit (``kaio.sim.mufu``), except ``tanh``
+(``approx``): computed in float64 and rounded to f32, the correctly rounded value, which lies
+within ``tanh.approx.f32``'s documented error bound but is not bit-identical to it.
 """
 
 from __future__ import annotations
@@ -128,28 +128,6 @@ def approx(fn):
         return fn(np.asarray(a).astype(F64)).astype(F32)
 
     return run
-
-
-def flush_subnormals(a: np.ndarray) -> np.ndarray:
-    """f32 values with subnormals replaced by zero of the same sign (PTX's ``.ftz``)."""
-    return np.where(np.abs(a) < np.finfo(F32).tiny, np.copysign(F32.type(0), a), a).astype(F32)
-
-
-def approx_ftz(fn):
-    """``approx`` with ``.ftz``: subnormal inputs read as zero, subnormal results are zero."""
-
-    def run(t: ScalarType, a):
-        return flush_subnormals(fn(flush_subnormals(np.asarray(a, F32)).astype(F64)).astype(F32))
-
-    return run
-
-
-def div_ftz(t: ScalarType, a, b):
-    """f32 ``div.full.ftz``: the model is subnormal operands read as zero, the quotient
-    correctly rounded, a subnormal quotient flushed to zero; the hardware is within 2 ulp of
-    it (docs/dsl-reference.md, "Fast math")."""
-    q = np.divide(flush_subnormals(np.asarray(a, F32)), flush_subnormals(np.asarray(b, F32)))
-    return flush_subnormals(q)
 
 
 def cvt(src: ScalarType, dst: ScalarType, a):

@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from kaio.sim import hopper, memory, packed, tensor, threads
+from kaio.sim import hopper, memory, mufu, packed, tensor, threads
 from kaio.sim.arith import (
     abs_,
     add,
     approx,
-    approx_ftz,
     bitcast,
     compare,
     cvt,
     div,
-    div_ftz,
     fma,
     integer,
     max_,
@@ -113,19 +111,20 @@ _BY_DST = {
     "trunc": plain(np.trunc),
     "rint": plain(np.rint),
     "fma": fma,
-    "exp2": approx(np.exp2),
-    "log2": approx(np.log2),
-    "rsqrt": approx(lambda x: 1.0 / np.sqrt(x)),
-    "rcp_approx": approx(lambda x: 1.0 / x),
-    "exp2_ftz": approx_ftz(np.exp2),
-    "rcp_ftz": approx_ftz(lambda x: 1.0 / x),
-    "log2_ftz": approx_ftz(np.log2),
-    "rsqrt_ftz": approx_ftz(lambda x: 1.0 / np.sqrt(x)),
-    "sin_ftz": approx_ftz(np.sin),
-    "cos_ftz": approx_ftz(np.cos),
-    "div_ftz": div_ftz,
-    "sin": approx(np.sin),
-    "cos": approx(np.cos),
+    # the GPU's approximate math, bit for bit (kaio.sim.mufu; measured on an H100)
+    "exp2": plain(lambda x: mufu.ex2(x, ftz_=False)),
+    "log2": plain(lambda x: mufu.lg2(x, ftz_=False)),
+    "rsqrt": plain(lambda x: mufu.rsqrt(x, ftz_=False)),
+    "rcp_approx": plain(lambda x: mufu.rcp(x, ftz_=False)),
+    "exp2_ftz": plain(mufu.ex2),
+    "rcp_ftz": plain(mufu.rcp),
+    "log2_ftz": plain(mufu.lg2),
+    "rsqrt_ftz": plain(mufu.rsqrt),
+    "sin_ftz": plain(mufu.sin),
+    "cos_ftz": plain(mufu.cos),
+    "div_ftz": plain(mufu.div_full_ftz),
+    "sin": plain(mufu.sin),
+    "cos": plain(mufu.cos),
     "tanh": approx(np.tanh),
     "to_tf32": tensor.to_tf32,
 }
