@@ -4,7 +4,6 @@ control flow, warps, atomics, and the errors it reports."""
 from __future__ import annotations
 
 import math
-import struct
 import threading
 from fractions import Fraction
 
@@ -371,15 +370,11 @@ def test_cvt_narrowing_does_not_double_round():
 
 
 def _bits_of(x, t) -> int:
-    """The bit pattern of one value, from struct (bf16: the top half of its f32 pattern)."""
-    if t is bf16:
-        return struct.unpack("<I", struct.pack("<f", float(x)))[0] >> 16
-    code = {"f16": "e", "f32": "f", "f64": "d"}.get(t.name)
-    if code is None:
-        return int(x) & ((1 << t.bits) - 1)
-    return struct.unpack(
-        f"<{ {16: 'H', 32: 'I', 64: 'Q'}[t.bits] }", struct.pack(f"<{code}", float(x))
-    )[0]
+    """The bit pattern of one value (floats read as unsigned integers of their width: a
+    signalling NaN keeps its bits, which a round trip through a Python float would quiet)."""
+    if t.is_float:
+        return int(np.asarray(x, t.np_dtype).view(f"u{t.itemsize}"))
+    return int(x) & ((1 << t.bits) - 1)
 
 
 @pytest.mark.parametrize(
