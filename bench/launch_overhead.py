@@ -360,6 +360,37 @@ def kaio_rows(bench: Bench, x, y, out, kind: str) -> None:
     later[GRID, 256](x, y, out, N)
     direct = later[GRID, 256]  # taken after a launch: the bound launcher's own function
     bench.row(f"kaio launch taken after a first launch, {kind}", lambda: direct(x, y, out, N))
+    if kind == "DeviceArray":
+        reuse_rows(bench, x, y, out)
+
+
+def reuse_rows(bench: Bench, x, y, out) -> None:
+    """The parameter buffer of the last launch reused (``launcher.REUSE_PACKED``) against
+    packed on every launch, and two argument sets taking turns (every launch repacks)."""
+    from kaio.runtime import launcher
+
+    saved = launcher.REUSE_PACKED
+    try:
+        for reuse in (False, True):
+            launcher.REUSE_PACKED = reuse
+            word = "reused" if reuse else "packed each launch"
+            kernel = new_add()
+            kernel[GRID, 256](x, y, out, N)
+            direct = kernel[GRID, 256]
+            bench.row(
+                f"kaio launch, DeviceArray, parameters {word}", lambda d=direct: d(x, y, out, N)
+            )
+            turns = new_add()
+            turns[GRID, 256](x, y, out, N)
+            pair = turns[GRID, 256]
+
+            def alternate(d=pair):
+                d(x, y, out, N)
+                d(y, x, out, N)
+
+            bench.row(f"kaio 2 launches, arguments taking turns, {word}", alternate)
+    finally:
+        launcher.REUSE_PACKED = saved
 
 
 def main_rows(bench: Bench, results: dict) -> None:
