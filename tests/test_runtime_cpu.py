@@ -886,6 +886,7 @@ def test_a_launch_with_the_last_arguments_reuses_their_packed_buffer(fake_driver
     assert launch((x, other, -0.0, 5)) and struct.pack("=f", -0.0) in calls[-1][5]
     assert launch((x, other, 0.0, 5)) and struct.pack("=f", -0.0) not in calls[-1][5]
     n = len(packs)
+    assert not launch((x, Tensor(0x3000, (8,), (1,)), 0.0, 5))  # another kind of array
     assert not launch((x, other, 0.0, -1))  # u32 cannot hold -1: nothing launched...
     assert launch((x, other, 0.0, 5)) and len(packs) == n + 2  # ...and the buffer repacked
     assert launched() == (0x1000, 8, 0x3000, 8, 0.0, 5)

@@ -328,13 +328,15 @@ def reusable(abi: list, args: tuple, record) -> bool:
 def reuse_keys(abi: list, constexprs: list) -> list[tuple[str, str]]:
     """For a ``reusable`` launcher: per value a parameter buffer remembers, the test that
     the argument is the one remembered (``{key}`` standing for it) and what the buffer
-    remembers once packed: an array's ``ArgInfo``, by identity (after its type); an integer
+    remembers once packed: an array's ``ArgInfo``, by identity (it fixes the address, shape
+    and strides: any object holding that very ``ArgInfo`` packs the same bytes; an object
+    without ``_info`` is a miss, ``reuse_lines``); an integer
     parameter's value (an ``int`` equal to it packs the same bytes); any other scalar (a
     float: 0.0 and -0.0 are equal, their bits are not) and a constexpr by identity."""
     keys = []
     for k, kind in abi:
         if kind in ("C", "A"):
-            keys.append((f"type(a{k}) is T{k} and (i{k} := a{k}._info) is {{key}}", f"i{k}"))
+            keys.append((f"a{k}._info is {{key}}", f"i{k}"))
         elif kind in _INT_KINDS:
             keys.append(
                 (f"((r{k} := {{key}}) is a{k} or type(a{k}) is int and a{k} == r{k})", f"a{k}")
@@ -357,7 +359,11 @@ def reuse_lines(keys: list, conditions: list[str], entries: list[str]) -> list[s
         "    slot = take()",
         "except IndexError:",
         "    slot = new_slot()",
-        f"if not ({same}):",
+        "try:",
+        f"    same = {same}",
+        "except AttributeError:  # an array of another kind",
+        "    same = False",
+        "if not same:",
     ]
     for condition in conditions:
         lines += [f"    if {condition}:", "        give(slot)", "        MISMATCH"]
