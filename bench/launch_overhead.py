@@ -339,6 +339,121 @@ def raw_rows(bench: Bench, x, y, out) -> None:
     plan_row(bench, x, y, out)
 
 
+def step_rows(bench: Bench, x, y, out) -> None:
+    """The bare launch built up one Python step at a time from the raw ctypes call, each
+    row the previous one plus one step, so that each step's cost is the difference of two
+    rows; and the ctypes call made other ways (``argtypes`` set, ``c_void_p`` objects)."""
+    from kaio.runtime.launcher import parameter_slot, pointer_argument, raw_launch_kernel
+
+    loaded, buf, params, config = prepared_add(x, y, out)
+    launch_ex = raw_launch_kernel()  # kaio's: PYFUNCTYPE, no argtypes
+    cfg, func = ctypes.byref(config), pointer_argument(loaded.handle)
+    par = ctypes.byref(params)
+    bench.keep += [buf, params, config]
+    bench.row(
+        "step 0: raw ctypes call, byref arguments made once",
+        lambda: launch_ex(cfg, func, par, None),
+    )
+    from kaio.runtime.driver import libcuda
+
+    typed = ctypes.PYFUNCTYPE(ctypes.c_int)(("cuLaunchKernelEx", libcuda()))
+    typed.argtypes = [ctypes.c_void_p] * 4
+    addresses = (ctypes.addressof(config), loaded.handle, ctypes.addressof(params))
+    bench.row(
+        "ctypes: argtypes c_void_p x4, int arguments",
+        lambda: typed(addresses[0], addresses[1], addresses[2], None),
+    )
+    untyped = ctypes.PYFUNCTYPE(ctypes.c_int)(("cuLaunchKernelEx", libcuda()))
+    vp = ctypes.c_void_p
+    bench.row(
+        "ctypes: no argtypes, c_void_p objects made per call",
+        lambda: untyped(vp(addresses[0]), vp(addresses[1]), vp(addresses[2]), None),
+    )
+    held = (vp(addresses[0]), vp(addresses[1]), vp(addresses[2]))
+    bench.row(
+        "ctypes: no argtypes, c_void_p objects made once",
+        lambda: untyped(held[0], held[1], held[2], None),
+    )
+
+    # the steps, as generated launchers write them
+    from kaio.runtime.launcher import merge_entries, param_format
+
+    fmt, size = param_format(loaded.params)
+    pack = struct.Struct(merge_entries(fmt, {0: 2, 2: 2, 4: 2})).pack_into
+    slot = parameter_slot(size, [0, 8, 16, 24, 32, 40, 48])
+    free = [slot]
+    take, give = free.pop, free.append
+    T, S = type(x), x._info.sig
+    last = [None]
+
+    def s1(a0, a1, a2, a3):
+        buf, params = slot = take()
+        rc = launch_ex(cfg, func, params, None)
+        give(slot)
+        return rc
+
+    def s2(a0, a1, a2, a3):
+        buf, params = slot = take()
+        pack(buf, 0, a0._info.abi_c, a1._info.abi_c, a2._info.abi_c, a3)
+        rc = launch_ex(cfg, func, params, None)
+        give(slot)
+        return rc
+
+    def s3(a0, a1, a2, a3):
+        if type(a0) is not T or (i0 := a0._info).sig is not S:
+            return False
+        if type(a1) is not T or (i1 := a1._info).sig is not S:
+            return False
+        if type(a2) is not T or (i2 := a2._info).sig is not S:
+            return False
+        buf, params = slot = take()
+        pack(buf, 0, i0.abi_c, i1.abi_c, i2.abi_c, a3)
+        rc = launch_ex(cfg, func, params, None)
+        give(slot)
+        return rc
+
+    def s4(a0, a1, a2, a3):
+        if type(a0) is not T or (i0 := a0._info).sig is not S:
+            return False
+        if type(a1) is not T or (i1 := a1._info).sig is not S:
+            return False
+        if type(a2) is not T or (i2 := a2._info).sig is not S:
+            return False
+        buf, params = slot = take()
+        pack(buf, 0, i0.abi_c, i1.abi_c, i2.abi_c, a3)
+        rc = launch_ex(cfg, func, params, None)
+        give(slot)
+        if rc:
+            raise RuntimeError(rc)
+        last[0] = "add"
+        return True
+
+    def s5(*args, **kwargs):
+        if kwargs:
+            return False
+        a0, a1, a2, a3 = args
+        if type(a0) is not T or (i0 := a0._info).sig is not S:
+            return False
+        if type(a1) is not T or (i1 := a1._info).sig is not S:
+            return False
+        if type(a2) is not T or (i2 := a2._info).sig is not S:
+            return False
+        buf, params = slot = take()
+        pack(buf, 0, i0.abi_c, i1.abi_c, i2.abi_c, a3)
+        rc = launch_ex(cfg, func, params, None)
+        give(slot)
+        if rc:
+            raise RuntimeError(rc)
+        last[0] = "add"
+        return True
+
+    bench.row("step 1: + a parameter buffer off a free list", lambda: s1(x, y, out, N))
+    bench.row("step 2: + pack_into (3 ArgInfo byte runs and n)", lambda: s2(x, y, out, N))
+    bench.row("step 3: + the signature checks of 3 DeviceArrays", lambda: s3(x, y, out, N))
+    bench.row("step 4: + the error test and the last-launch note", lambda: s4(x, y, out, N))
+    bench.row("step 5: + (*args, **kwargs) instead of parameters", lambda: s5(x, y, out, N))
+
+
 def plan_row(bench: Bench, x, y, out) -> None:
     """kaio's call-plan replay of ``add``: the three addresses packed with the prepared
     parameters, one ``cuLaunchKernelEx``."""
@@ -425,6 +540,17 @@ def main_rows(bench: Bench, results: dict) -> None:
         triton_row(bench, tx, ty)
     results["rows"] = bench.run()
     if not all(check() for check in checks):
+        raise AssertionError("a launched kernel computed a wrong result")
+
+
+def main_steps(bench: Bench, results: dict) -> None:
+    """The step rows (``step_rows``) beside kaio's own launches of the same arguments."""
+    x = kaio.to_device(np.ones(N, np.float32))
+    y, out = kaio.to_device(np.full(N, 2, np.float32)), kaio.empty((N,), f32)
+    step_rows(bench, x, y, out)
+    kaio_rows(bench, x, y, out, "DeviceArray")
+    results["rows"] = bench.run()
+    if not np.array_equal(out.numpy(), np.full(N, 3, np.float32)):
         raise AssertionError("a launched kernel computed a wrong result")
 
 
@@ -706,7 +832,10 @@ def main() -> None:
         "--ops", nargs="*", default=[], help="only these kaio_ops (names; default: all)"
     )
     parser.add_argument(
-        "--rows", choices=("all", "launch", "ops"), default="all", help="which rows to measure"
+        "--rows",
+        choices=("all", "launch", "ops", "steps"),
+        default="all",
+        help="which rows to measure (steps: the bare launch built up one step at a time)",
     )
     parser.add_argument(
         "--no-empty-like",
@@ -737,7 +866,8 @@ def main() -> None:
     print(f"  {'':<52} {'host':>8} {'free':>8}")
     bench, results, errors = Bench(), {}, {}
     groups = [lambda: main_rows(bench, results), lambda: op_rows(results)]
-    groups = {"all": groups, "launch": groups[:1], "ops": groups[1:]}[args.rows]
+    steps = [lambda: main_steps(bench, results)]
+    groups = {"all": groups, "launch": groups[:1], "ops": groups[1:], "steps": steps}[args.rows]
     if not args.skip_cold:
         groups.append(lambda: cold_rows(results))
     for group in groups:
