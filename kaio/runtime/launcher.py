@@ -284,7 +284,8 @@ def array_code(k: int, arg, info: ArgInfo, layout: str, env: dict) -> tuple[str,
         strided = layout == "A"
         return (
             f"type({a}) is not T{k} or {a}.dtype is not D{k} or {a}.get_device() != DEV or "
-            f"len(s{k} := {a}.shape) != {ndim} or {'' if strided else 'not '}{a}.is_contiguous()",
+            f"len(s{k} := {a}.{TORCH_SHAPE}) != {ndim} or "
+            f"{'' if strided else 'not '}{a}.is_contiguous()",
             f"{a}.data_ptr(){dims}" + (f", *{a}.stride()" if strided else ""),
             False,
         )
@@ -307,6 +308,8 @@ def array_code(k: int, arg, info: ArgInfo, layout: str, env: dict) -> tuple[str,
 # A launch whose arguments are the ones its parameter buffer was last packed for launches from
 # that buffer as it is (``reuse_lines``); KAIO_REUSE_PACKED=0 turns it off
 REUSE_PACKED = os.environ.get("KAIO_REUSE_PACKED", "1") != "0"
+# how a launcher reads a torch tensor's shape ("shape" or "size()", the same torch.Size)
+TORCH_SHAPE = "shape"
 _INT_KINDS = frozenset(("i8", "u8", "i16", "u16", "i32", "u32", "i64", "u64"))
 
 
