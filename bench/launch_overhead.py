@@ -477,17 +477,6 @@ def kaio_rows(bench: Bench, x, y, out, kind: str) -> None:
     bench.row(f"kaio launch taken after a first launch, {kind}", lambda: direct(x, y, out, N))
     if kind == "DeviceArray":
         reuse_rows(bench, x, y, out)
-    if kind == "torch":
-        from kaio.runtime import launcher
-
-        saved, launcher.TORCH_SHAPE = launcher.TORCH_SHAPE, "size()"
-        try:
-            sized = new_add()
-            sized[GRID, 256](x, y, out, N)
-            by_size = sized[GRID, 256]
-        finally:
-            launcher.TORCH_SHAPE = saved
-        bench.row("kaio launch, torch, shape read as x.size()", lambda: by_size(x, y, out, N))
 
 
 def reuse_rows(bench: Bench, x, y, out) -> None:

@@ -284,7 +284,7 @@ def array_code(k: int, arg, info: ArgInfo, layout: str, env: dict) -> tuple[str,
         strided = layout == "A"
         return (
             f"type({a}) is not T{k} or {a}.dtype is not D{k} or {a}.get_device() != DEV or "
-            f"len(s{k} := {a}.{TORCH_SHAPE}) != {ndim} or "
+            f"len(s{k} := {a}.shape) != {ndim} or "
             f"{'' if strided else 'not '}{a}.is_contiguous()",
             f"{a}.data_ptr(){dims}" + (f", *{a}.stride()" if strided else ""),
             False,
@@ -308,8 +308,6 @@ def array_code(k: int, arg, info: ArgInfo, layout: str, env: dict) -> tuple[str,
 # A launch whose arguments are the ones its parameter buffer was last packed for launches from
 # that buffer as it is (``reuse_lines``); KAIO_REUSE_PACKED=0 turns it off
 REUSE_PACKED = os.environ.get("KAIO_REUSE_PACKED", "1") != "0"
-# how a launcher reads a torch tensor's shape ("shape" or "size()", the same torch.Size)
-TORCH_SHAPE = "shape"
 _INT_KINDS = frozenset(("i8", "u8", "i16", "u16", "i32", "u32", "i64", "u64"))
 
 
@@ -350,18 +348,19 @@ def reuse_keys(abi: list, constexprs: list) -> list[tuple[str, str]]:
 
 
 def reuse_lines(keys: list, conditions: list[str], entries: list[str]) -> list[str]:
-    """The lines of a ``reusable`` launch from taking its parameter buffer (``slot``) to
-    ``params``: when every argument is the one the buffer remembers (``keys``, its
-    ``slot[2:]``), nothing else; otherwise the signature's ``conditions`` (MISMATCH, the
-    buffer given back), the packing of ``entries`` (a failure forgets what the buffer held)
-    and what the buffer now holds remembered. A buffer is written and read only by the
-    thread that took it off the free list."""
-    same = " and ".join(test.format(key=f"slot[{2 + j}]") for j, (test, _) in enumerate(keys))
+    """The lines of a ``reusable`` launch from taking its parameter buffer (``slot``: the
+    bytes, the ``kernelParams`` argument, and ``k``, what the bytes were packed for) to
+    ``params``: when every argument is the one the buffer remembers (``keys``), nothing else;
+    otherwise the signature's ``conditions`` (MISMATCH, the buffer given back), the packing
+    of ``entries`` (a failure forgets what the buffer held: ``FORGOTTEN``) and what the
+    buffer now holds remembered. A buffer is written and read only by the thread that took
+    it off the free list."""
+    same = " and ".join(test.format(key=f"k[{j}]") for j, (test, _) in enumerate(keys))
     lines = [
         "try:",
-        "    slot = take()",
+        "    buf, params, k = slot = take()",
         "except IndexError:",
-        "    slot = new_slot()",
+        "    buf, params, k = slot = new_slot()",
         "try:",
         f"    same = {same}",
         "except AttributeError:  # an array of another kind",
@@ -372,13 +371,12 @@ def reuse_lines(keys: list, conditions: list[str], entries: list[str]) -> list[s
         lines += [f"    if {condition}:", "        give(slot)", "        MISMATCH"]
     return lines + [
         "    try:",
-        f"        pack(slot[0], 0, {', '.join(entries)})",
+        f"        pack(buf, 0, {', '.join(entries)})",
         "    except PACK_ERRORS:",
-        "        slot[2] = None",
+        "        slot[2] = FORGOTTEN",
         "        give(slot)",
         "        MISMATCH",
-        f"    slot[2:] = {''.join(stored + ', ' for _, stored in keys)}",
-        "params = slot[1]",
+        f"    slot[2] = ({''.join(stored + ', ' for _, stored in keys)})",
     ]
 
 
@@ -593,13 +591,15 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
     # Free parameter buffers: a launch pops one (list.pop is atomic), packs and launches from
     # it, and puts it back, so threads launching this signature at once never share a buffer.
     # Only such a collision allocates another. With ``reused``, a buffer also holds the
-    # arguments it was last packed for (slot[2:]), and a launch with the same ones skips
+    # arguments it was last packed for (slot[2]), and a launch with the same ones skips
     # the checks and the packing.
     keys = reuse_keys(abi, constexprs) if REUSE_PACKED and reusable(abi, args, record) else []
     reused = bool(keys)
 
+    env["FORGOTTEN"] = (MISSING,) * len(keys)  # what a new buffer was packed for: nothing
+
     def new_slot():
-        return [*parameter_slot(size, offsets), *[None] * len(keys)]
+        return [*parameter_slot(size, offsets), *([env["FORGOTTEN"]] if keys else [])]
 
     env["free"] = [new_slot()]
     env["take"], env["give"] = env["free"].pop, env["free"].append  # bound once
