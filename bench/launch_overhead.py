@@ -688,6 +688,17 @@ def _as_tensors(out):
     return out if isinstance(out, tuple) else (out,)
 
 
+def _launches_a_call(op) -> int | None:
+    """The kernel launches a planned call of ``op`` makes (its plans' largest), None when
+    the op has no plan."""
+    from kaio_ops._plan import plans_of
+
+    plans = getattr(op, "_plans", None)
+    counts = [len(r.plan.steps) for r in (plans_of(op) if plans is not None else {}).values()
+              if r is not None and getattr(r, "plan", None) is not None]  # fmt: skip
+    return max(counts) if counts else None
+
+
 def _check_pair(torch, label: str, op, args: tuple, torch_call) -> None:
     """Raise unless ``op(*args)`` (twice: the second call replays its plan) matches torch's
     result to 1e-2 (relative norm)."""
@@ -719,6 +730,7 @@ def op_rows(results: dict) -> None:
     bench.row("torch.ops.kaio_bench.empty (dispatcher floor)", lambda: empty(probe))
     bench.row("torch.ops.kaio_bench.empty_kaio (floor, kaio's way)", lambda: empty_kaio(probe))
     failed = results["op_errors"] = {}
+    launches = {}  # label -> kernel launches a planned call makes
     for label, op, args, spelled, torch_call in list(pairs):
         dispatched = getattr(torch.ops.kaio, op.__name__)
         try:
@@ -728,6 +740,7 @@ def op_rows(results: dict) -> None:
             print(f"  {label}: failed: {failed[label]}", flush=True)
             pairs.remove((label, op, args, spelled, torch_call))
             continue
+        launches[label] = _launches_a_call(op)
         bench.row(f"kaio_ops.{label}", lambda op=op, args=args: op(*args))
         bench.row(f"torch.ops.kaio.{label}", lambda f=dispatched, args=args: f(*args))
         twin = empty_twin(lib, op.__name__, op(*args))
@@ -752,19 +765,20 @@ def op_rows(results: dict) -> None:
             "torch_ops_schema_floor_us": rows[f"kaio_ops.{label}"]["host_us"]
             + rows[f"torch.ops.kaio_bench.{label} (empty)"]["host_us"],
             "torch_us": rows[f"torch {spelled} [{label}]"]["host_us"],
+            "launches": launches[label],
         }
         for label, _, _, spelled, _ in pairs
     ]
     print(
         f"  {'op':<44} {'kaio_ops':>8} {'torch':>8} {'ratio':>6} {'t.ops':>8} {'floor':>8} "
-        f"{'schema':>8} {'f.torch':>8}"
+        f"{'schema':>8} {'f.torch':>8} {'launches':>8}"
     )
     for r in results["ops"]:
         print(
             f"  {r['op']:<44} {r['kaio_us']:8.2f} {r['torch_us']:8.2f} "
             f"{r['torch_us'] / r['kaio_us']:6.2f} {r['torch_ops_kaio_us']:8.2f} "
             f"{r['torch_ops_floor_kaio_us']:8.2f} {r['torch_ops_schema_floor_us']:8.2f} "
-            f"{r['torch_ops_floor_us']:8.2f}"
+            f"{r['torch_ops_floor_us']:8.2f} {r['launches'] or '-':>8}"
         )
     del lib
 
