@@ -382,76 +382,40 @@ def step_rows(bench: Bench, x, y, out) -> None:
     pack = struct.Struct(merge_entries(fmt, {0: 2, 2: 2, 4: 2})).pack_into
     slot = parameter_slot(size, [0, 8, 16, 24, 32, 40, 48])
     free = [slot]
-    take, give = free.pop, free.append
-    T, S = type(x), x._info.sig
-    last = [None]
+    env = {"take": free.pop, "give": free.append, "pack": pack, "launch_ex": launch_ex}
+    env.update(cfg=cfg, func=func, T=type(x), S=x._info.sig, last=[None])
+    # each step's lines, added to the previous steps' (as a generated launcher writes them)
+    checks = [
+        f"if type(a{k}) is not T or (i{k} := a{k}._info).sig is not S:\n    return False"
+        for k in range(3)
+    ]
+    launch = ["rc = launch_ex(cfg, func, params, None)", "give(slot)"]
+    packing = "pack(buf, 0, i0.abi_c, i1.abi_c, i2.abi_c, a3)"
+    steps = [
+        ("a parameter buffer off a free list", [], ["buf, params = slot = take()"], []),
+        ("pack_into (3 ArgInfo byte runs and n)", [], [packing], []),
+        ("the signature checks of 3 DeviceArrays", checks, [], []),
+        ("the error test and the last-launch note", [], [], ["if rc:", "    raise RuntimeError(rc)",
+                                                           "last[0] = 'add'"]),
+    ]  # fmt: skip
+    before, middle, after = [], [], []
+    for i, (label, check, pre, post) in enumerate(steps, 1):
+        before, middle, after = before + check, middle + pre, after + post
+        packs = len(middle) > 1  # the arrays' ArgInfos read here when no check read them
+        infos = ["i0, i1, i2 = a0._info, a1._info, a2._info"] if packs and not before else []
+        body = before + infos + middle + launch + after
+        fn = _generated("def step(a0, a1, a2, a3):", body, env)
+        bench.row(f"step {i}: + {label}", lambda fn=fn: fn(x, y, out, N))
+    unpack = ["if kwargs:", "    return False", "a0, a1, a2, a3 = args"]
+    fn = _generated("def step(*args, **kwargs):", unpack + body, env)
+    bench.row("step 5: + (*args, **kwargs) instead of parameters", lambda: fn(x, y, out, N))
 
-    def s1(a0, a1, a2, a3):
-        buf, params = slot = take()
-        rc = launch_ex(cfg, func, params, None)
-        give(slot)
-        return rc
 
-    def s2(a0, a1, a2, a3):
-        buf, params = slot = take()
-        pack(buf, 0, a0._info.abi_c, a1._info.abi_c, a2._info.abi_c, a3)
-        rc = launch_ex(cfg, func, params, None)
-        give(slot)
-        return rc
-
-    def s3(a0, a1, a2, a3):
-        if type(a0) is not T or (i0 := a0._info).sig is not S:
-            return False
-        if type(a1) is not T or (i1 := a1._info).sig is not S:
-            return False
-        if type(a2) is not T or (i2 := a2._info).sig is not S:
-            return False
-        buf, params = slot = take()
-        pack(buf, 0, i0.abi_c, i1.abi_c, i2.abi_c, a3)
-        rc = launch_ex(cfg, func, params, None)
-        give(slot)
-        return rc
-
-    def s4(a0, a1, a2, a3):
-        if type(a0) is not T or (i0 := a0._info).sig is not S:
-            return False
-        if type(a1) is not T or (i1 := a1._info).sig is not S:
-            return False
-        if type(a2) is not T or (i2 := a2._info).sig is not S:
-            return False
-        buf, params = slot = take()
-        pack(buf, 0, i0.abi_c, i1.abi_c, i2.abi_c, a3)
-        rc = launch_ex(cfg, func, params, None)
-        give(slot)
-        if rc:
-            raise RuntimeError(rc)
-        last[0] = "add"
-        return True
-
-    def s5(*args, **kwargs):
-        if kwargs:
-            return False
-        a0, a1, a2, a3 = args
-        if type(a0) is not T or (i0 := a0._info).sig is not S:
-            return False
-        if type(a1) is not T or (i1 := a1._info).sig is not S:
-            return False
-        if type(a2) is not T or (i2 := a2._info).sig is not S:
-            return False
-        buf, params = slot = take()
-        pack(buf, 0, i0.abi_c, i1.abi_c, i2.abi_c, a3)
-        rc = launch_ex(cfg, func, params, None)
-        give(slot)
-        if rc:
-            raise RuntimeError(rc)
-        last[0] = "add"
-        return True
-
-    bench.row("step 1: + a parameter buffer off a free list", lambda: s1(x, y, out, N))
-    bench.row("step 2: + pack_into (3 ArgInfo byte runs and n)", lambda: s2(x, y, out, N))
-    bench.row("step 3: + the signature checks of 3 DeviceArrays", lambda: s3(x, y, out, N))
-    bench.row("step 4: + the error test and the last-launch note", lambda: s4(x, y, out, N))
-    bench.row("step 5: + (*args, **kwargs) instead of parameters", lambda: s5(x, y, out, N))
+def _generated(header: str, body: list[str], env: dict):
+    """The function ``header`` with ``body`` (lines, unindented) defined in ``env``."""
+    source = header + "\n" + "".join(f"    {line}\n" for line in "\n".join(body).split("\n"))
+    exec(compile(source, "<step>", "exec"), env)
+    return env["step"]
 
 
 def plan_row(bench: Bench, x, y, out) -> None:
