@@ -852,34 +852,39 @@ def scale(x: f32[:], out: f32[:], a: f32, n: u32):
         out[i] = x[i] * a
 
 
-def test_a_launch_with_the_last_arguments_reuses_their_packed_buffer(fake_driver):
+def test_a_launch_with_the_last_arguments_reuses_their_packed_buffer(fake_driver, monkeypatch):
     """DeviceArray arguments: a launch with the arguments its parameter buffer was last
     packed for (arrays by identity, an int parameter by value, a float by identity) skips
     the packing; a new array, a new scalar value, a failed packing or another binding
-    (stream) always launches what it was given."""
+    (stream) always launches what it was given; arguments taking turns find their buffers."""
     from kaio.runtime import launcher as launcher_mod
 
     calls, loaded = fake_driver
     dev = loaded.device
     x, out = fake_device_array(dev, 0x1000, (8,), (4,)), fake_device_array(dev, 0x2000, (8,), (4,))
+    other = fake_device_array(dev, 0x3000, (8,), (4,))
     args = (x, out, 2.0, 8)
-    bind = build(scale, scale.specialize({}, ("C", "C")), loaded, args)
     packs = []
-    pack = bind.__globals__["pack"]
-    bind.__globals__["pack"] = lambda buf, offset, *values: (
-        packs.append(values),
-        pack(buf, 0, *values),
-    )
-    launch = bind(GRID, BLOCK, 0, 0x77)
+
+    def launcher(buffers: int):
+        monkeypatch.setattr(launcher_mod, "REUSED_BUFFERS", buffers)
+        bind = build(scale, scale.specialize({}, ("C", "C")), loaded, args)
+        pack = bind.__globals__["pack"]
+        bind.__globals__["pack"] = lambda buf, at, *values: (
+            packs.append(values),
+            pack(buf, at, *values),
+        )
+        return bind
 
     def launched() -> tuple:
         return struct.unpack("=QqQqfI", calls[-1][5][:40])
 
+    bind = launcher(1)
+    launch = bind(GRID, BLOCK, 0, 0x77)
     assert launch(args) and len(packs) == 1
     assert launch(args) and launch((x, out, 2.0, int("8"))) and len(packs) == 1
     assert launched() == (0x1000, 8, 0x2000, 8, 2.0, 8)
-    other = fake_device_array(dev, 0x3000, (8,), (4,))  # a new array
-    assert launch((x, other, 2.0, 8)) and len(packs) == 2
+    assert launch((x, other, 2.0, 8)) and len(packs) == 2  # a new array
     assert launched() == (0x1000, 8, 0x3000, 8, 2.0, 8)
     assert launch((x, other, 2.0, 5)) and launched()[-1] == 5  # a new int value
     assert launch((x, other, 3.0, 5)) and launched()[-2] == 3.0  # a new float
@@ -895,22 +900,26 @@ def test_a_launch_with_the_last_arguments_reuses_their_packed_buffer(fake_driver
     # a buffer is only written by the launch that took it off the free list: one held
     # elsewhere (another thread's launch) leaves this one a new buffer
     free = bind.__globals__["free"]
-    held = free.pop()
+    held = free.popleft()
     assert launch(args) and launched() == (0x1000, 8, 0x2000, 8, 2.0, 8)
-    free.remove(free[-1])
+    free.clear()
     free.append(held)
     assert launch((x, other, 0.0, 5)) and launched() == (0x1000, 8, 0x3000, 8, 0.0, 5)
     assert len(calls) == 12
+    # two buffers taken in turn: arguments taking turns each find the buffer packed for them
+    launch = launcher(2)(GRID, BLOCK, 0, 0)
+    n = len(packs)
+    for _ in range(3):
+        assert launch(args) and launched() == (0x1000, 8, 0x2000, 8, 2.0, 8)
+        assert launch((x, other, 2.0, 8)) and launched() == (0x1000, 8, 0x3000, 8, 2.0, 8)
+    assert len(packs) == n + 2
     # torch tensors are never taken as the last ones (their address and shape can change
     # under the same object): their launcher reads them on every launch
     t = Tensor(0x4000, (8,), (1,))
     torch_launch = build(scale, scale.specialize({}, ("C", "C")), loaded, (t, t, 2.0, 8))
-    assert "_info" not in torch_launch.source and "slot[2]" not in torch_launch.source
-    saved, launcher_mod.REUSE_PACKED = launcher_mod.REUSE_PACKED, False
-    try:  # KAIO_REUSE_PACKED=0: the same launcher packs every launch
-        assert "slot[2]" not in build(scale, scale.specialize({}, ("C", "C")), loaded, args).source
-    finally:
-        launcher_mod.REUSE_PACKED = saved
+    assert "_info" not in torch_launch.source and "same" not in torch_launch.source
+    monkeypatch.setattr(launcher_mod, "REUSE_PACKED", False)  # KAIO_REUSE_PACKED=0
+    assert "same" not in build(scale, scale.specialize({}, ("C", "C")), loaded, args).source
 
 
 def test_direct_launch_hands_other_calls_to_its_fallback(fake_driver):

@@ -51,7 +51,9 @@ also remembers the arguments it was last packed for (each array's ``ArgInfo``, w
 address, shape and strides, by identity; an integer parameter by value; a float, a constexpr by
 identity), and a launch whose arguments are those skips the checks and the packing: the
 launch is the free list's pop, those comparisons, the driver call and the push
-(``reuse_lines``; ``KAIO_REUSE_PACKED=0`` turns it off). Torch tensors are read on every
+(``reuse_lines``; ``KAIO_REUSE_PACKED=0`` turns it off). Such a launcher has two buffers,
+taken in turn, so that launches whose arguments take turns (x -> y, then y -> x) each find
+the buffer packed for theirs. Torch tensors are read on every
 launch: the same tensor object can point elsewhere or change shape (``x.data = y``,
 ``set_``, ``resize_``, in-place view ops, its storage's ``resize_``; ``.data =`` and the
 storage's resize leave ``_version`` alone), and a remembered tensor would keep its memory.
@@ -67,6 +69,7 @@ thread failed a bounds check (``kaio.runtime.debug``).
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import os
 import re
@@ -308,6 +311,7 @@ def array_code(k: int, arg, info: ArgInfo, layout: str, env: dict) -> tuple[str,
 # A launch whose arguments are the ones its parameter buffer was last packed for launches from
 # that buffer as it is (``reuse_lines``); KAIO_REUSE_PACKED=0 turns it off
 REUSE_PACKED = os.environ.get("KAIO_REUSE_PACKED", "1") != "0"
+REUSED_BUFFERS = 2  # the parameter buffers a launcher that reuses them takes in turn
 _INT_KINDS = frozenset(("i8", "u8", "i16", "u16", "i32", "u32", "i64", "u64"))
 
 
@@ -592,7 +596,9 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
     # it, and puts it back, so threads launching this signature at once never share a buffer.
     # Only such a collision allocates another. With ``reused``, a buffer also holds the
     # arguments it was last packed for (slot[2]), and a launch with the same ones skips
-    # the checks and the packing.
+    # the checks and the packing; there are REUSED_BUFFERS of them, taken in turn (a deque:
+    # popleft and append are atomic too), so that launches whose arguments take turns
+    # (x -> y, then y -> x) each find the buffer packed for theirs.
     keys = reuse_keys(abi, constexprs) if REUSE_PACKED and reusable(abi, args, record) else []
     reused = bool(keys)
 
@@ -601,8 +607,12 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
     def new_slot():
         return [*parameter_slot(size, offsets), *([env["FORGOTTEN"]] if keys else [])]
 
-    env["free"] = [new_slot()]
-    env["take"], env["give"] = env["free"].pop, env["free"].append  # bound once
+    if reused:
+        free = env["free"] = collections.deque(new_slot() for _ in range(REUSED_BUFFERS))
+        env["take"], env["give"] = free.popleft, free.append  # bound once
+    else:
+        free = env["free"] = [new_slot()]
+        env["take"], env["give"] = free.pop, free.append
     env["new_slot"] = new_slot
     call = "launch_kernel(CONFIG, FUNC, params, None)"
     elsewhere = "elsewhere(CONFIG, FUNC, params)"
