@@ -345,12 +345,14 @@ def test_launches_with_the_last_arguments_and_new_ones():
     torch = pytest.importorskip("torch")
     side = torch.cuda.Stream()
     capture = add[n // 256, 256, side]
-    capture(x, y, out, n)  # the launcher's buffer holds these arguments...
+    for _ in range(2):  # the launcher's buffers (two, taken in turn) hold these arguments...
+        capture(x, y, out, n)
     side.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=side):
         capture(x, y, out, n)  # ...reused while capturing
-    capture(y, y, other, n)  # repacked after: the graph keeps what it captured
+    for _ in range(2):  # both repacked after: the graph keeps what it captured
+        capture(y, y, other, n)
     out.copy_from_host(np.full(n, np.nan, np.float32))
     graph.replay()
     torch.cuda.synchronize()
