@@ -467,7 +467,10 @@ def reuse_rows(bench: Bench, x, y, out) -> None:
                 d(x, y, out, N)
                 d(y, x, out, N)
 
-            bench.row(f"kaio 2 launches, arguments taking turns, {word}", alternate)
+            bench.row(
+                f"2 kaio launches (one row: not one launch), arguments taking turns, {word}",
+                alternate,
+            )
     finally:
         launcher.REUSE_PACKED = saved
 
