@@ -468,7 +468,7 @@ def reuse_rows(bench: Bench, x, y, out) -> None:
                 d(y, x, out, N)
 
             bench.row(
-                f"2 kaio launches (one row: not one launch), arguments taking turns, {word}",
+                f"two kaio launches, arguments taking turns, {word}",
                 alternate,
             )
     finally:
