@@ -53,10 +53,10 @@ identity), and a launch whose arguments are those skips the checks and the packi
 launch is the free list's pop, those comparisons, the driver call and the push
 (``reuse_lines``; ``KAIO_REUSE_PACKED=0`` turns it off). Such a launcher has two buffers,
 taken in turn, so that launches whose arguments take turns (x -> y, then y -> x) each find
-the buffer packed for theirs. Torch tensors are read on every
-launch: the same tensor object can point elsewhere or change shape (``x.data = y``,
-``set_``, ``resize_``, in-place view ops, its storage's ``resize_``; ``.data =`` and the
-storage's resize leave ``_version`` alone), and a remembered tensor would keep its memory.
+the buffer packed for theirs. Torch tensors are read on every launch: the same tensor
+object can point elsewhere or change shape (``x.data = y``, ``set_``, ``resize_``, in-place
+view ops, its storage's ``resize_``; ``.data =`` and the storage's resize leave ``_version``
+alone), and a remembered tensor would keep its memory.
 The bound ``launch`` also has ``make_direct(fallback)``: the same launch as a function of the
 arguments themselves (``direct(a0, a1, ...)``, what ``kernel[config]`` hands out once a
 launcher is bound: one parameter per kernel parameter, so no tuple is made and unpacked per
@@ -287,8 +287,7 @@ def array_code(k: int, arg, info: ArgInfo, layout: str, env: dict) -> tuple[str,
         strided = layout == "A"
         return (
             f"type({a}) is not T{k} or {a}.dtype is not D{k} or {a}.get_device() != DEV or "
-            f"len(s{k} := {a}.shape) != {ndim} or "
-            f"{'' if strided else 'not '}{a}.is_contiguous()",
+            f"len(s{k} := {a}.shape) != {ndim} or {'' if strided else 'not '}{a}.is_contiguous()",
             f"{a}.data_ptr(){dims}" + (f", *{a}.stride()" if strided else ""),
             False,
         )
@@ -335,9 +334,9 @@ def reuse_keys(abi: list, constexprs: list) -> list[tuple[str, str]]:
     the argument is the one remembered (``{key}`` standing for it) and what the buffer
     remembers once packed: an array's ``ArgInfo``, by identity (it fixes the address, shape
     and strides: any object holding that very ``ArgInfo`` packs the same bytes; an object
-    without ``_info`` is a miss, ``reuse_lines``); an integer
-    parameter's value (an ``int`` equal to it packs the same bytes); any other scalar (a
-    float: 0.0 and -0.0 are equal, their bits are not) and a constexpr by identity."""
+    without ``_info`` is a miss, ``reuse_lines``); an integer parameter's value (an ``int``
+    equal to it packs the same bytes); any other scalar (a float: 0.0 and -0.0 are equal,
+    their bits are not) and a constexpr by identity."""
     keys = []
     for k, kind in abi:
         if kind in ("C", "A"):
