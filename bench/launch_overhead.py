@@ -339,6 +339,85 @@ def raw_rows(bench: Bench, x, y, out) -> None:
     plan_row(bench, x, y, out)
 
 
+def step_rows(bench: Bench, x, y, out) -> None:
+    """The bare launch built up one Python step at a time from the raw ctypes call, each
+    row the previous one plus one step, so that each step's cost is the difference of two
+    rows; and the ctypes call made other ways (``argtypes`` set, ``c_void_p`` objects)."""
+    from kaio.runtime.launcher import parameter_slot, pointer_argument, raw_launch_kernel
+
+    loaded, buf, params, config = prepared_add(x, y, out)
+    launch_ex = raw_launch_kernel()  # kaio's: PYFUNCTYPE, no argtypes
+    cfg, func = ctypes.byref(config), pointer_argument(loaded.handle)
+    par = ctypes.byref(params)
+    bench.keep += [buf, params, config]
+    bench.row(
+        "step 0: raw ctypes call, byref arguments made once",
+        lambda: launch_ex(cfg, func, par, None),
+    )
+    from kaio.runtime.driver import libcuda
+
+    typed = ctypes.PYFUNCTYPE(ctypes.c_int)(("cuLaunchKernelEx", libcuda()))
+    typed.argtypes = [ctypes.c_void_p] * 4
+    addresses = (ctypes.addressof(config), loaded.handle, ctypes.addressof(params))
+    bench.row(
+        "ctypes: argtypes c_void_p x4, int arguments",
+        lambda: typed(addresses[0], addresses[1], addresses[2], None),
+    )
+    untyped = ctypes.PYFUNCTYPE(ctypes.c_int)(("cuLaunchKernelEx", libcuda()))
+    vp = ctypes.c_void_p
+    bench.row(
+        "ctypes: no argtypes, c_void_p objects made per call",
+        lambda: untyped(vp(addresses[0]), vp(addresses[1]), vp(addresses[2]), None),
+    )
+    held = (vp(addresses[0]), vp(addresses[1]), vp(addresses[2]))
+    bench.row(
+        "ctypes: no argtypes, c_void_p objects made once",
+        lambda: untyped(held[0], held[1], held[2], None),
+    )
+
+    # the steps, as generated launchers write them
+    from kaio.runtime.launcher import merge_entries, param_format
+
+    fmt, size = param_format(loaded.params)
+    pack = struct.Struct(merge_entries(fmt, {0: 2, 2: 2, 4: 2})).pack_into
+    slot = parameter_slot(size, [0, 8, 16, 24, 32, 40, 48])
+    free = [slot]
+    env = {"take": free.pop, "give": free.append, "pack": pack, "launch_ex": launch_ex}
+    env.update(cfg=cfg, func=func, T=type(x), S=x._info.sig, last=[None])
+    # each step's lines, added to the previous steps' (as a generated launcher writes them)
+    checks = [
+        f"if type(a{k}) is not T or (i{k} := a{k}._info).sig is not S:\n    return False"
+        for k in range(3)
+    ]
+    launch = ["rc = launch_ex(cfg, func, params, None)", "give(slot)"]
+    packing = "pack(buf, 0, i0.abi_c, i1.abi_c, i2.abi_c, a3)"
+    steps = [
+        ("a parameter buffer off a free list", [], ["buf, params = slot = take()"], []),
+        ("pack_into (3 ArgInfo byte runs and n)", [], [packing], []),
+        ("the signature checks of 3 DeviceArrays", checks, [], []),
+        ("the error test and the last-launch note", [], [], ["if rc:", "    raise RuntimeError(rc)",
+                                                           "last[0] = 'add'"]),
+    ]  # fmt: skip
+    before, middle, after = [], [], []
+    for i, (label, check, pre, post) in enumerate(steps, 1):
+        before, middle, after = before + check, middle + pre, after + post
+        packs = len(middle) > 1  # the arrays' ArgInfos read here when no check read them
+        infos = ["i0, i1, i2 = a0._info, a1._info, a2._info"] if packs and not before else []
+        body = before + infos + middle + launch + after
+        fn = _generated("def step(a0, a1, a2, a3):", body, env)
+        bench.row(f"step {i}: + {label}", lambda fn=fn: fn(x, y, out, N))
+    unpack = ["if kwargs:", "    return False", "a0, a1, a2, a3 = args"]
+    fn = _generated("def step(*args, **kwargs):", unpack + body, env)
+    bench.row("step 5: + (*args, **kwargs) instead of parameters", lambda: fn(x, y, out, N))
+
+
+def _generated(header: str, body: list[str], env: dict):
+    """The function ``header`` with ``body`` (lines, unindented) defined in ``env``."""
+    source = header + "\n" + "".join(f"    {line}\n" for line in "\n".join(body).split("\n"))
+    exec(compile(source, "<step>", "exec"), env)
+    return env["step"]
+
+
 def plan_row(bench: Bench, x, y, out) -> None:
     """kaio's call-plan replay of ``add``: the three addresses packed with the prepared
     parameters, one ``cuLaunchKernelEx``."""
@@ -360,6 +439,40 @@ def kaio_rows(bench: Bench, x, y, out, kind: str) -> None:
     later[GRID, 256](x, y, out, N)
     direct = later[GRID, 256]  # taken after a launch: the bound launcher's own function
     bench.row(f"kaio launch taken after a first launch, {kind}", lambda: direct(x, y, out, N))
+    if kind == "DeviceArray":
+        reuse_rows(bench, x, y, out)
+
+
+def reuse_rows(bench: Bench, x, y, out) -> None:
+    """The parameter buffer of the last launch reused (``launcher.REUSE_PACKED``) against
+    packed on every launch, and two argument sets taking turns (every launch repacks)."""
+    from kaio.runtime import launcher
+
+    saved = launcher.REUSE_PACKED
+    try:
+        for reuse in (False, True):
+            launcher.REUSE_PACKED = reuse
+            word = "reused" if reuse else "packed each launch"
+            kernel = new_add()
+            kernel[GRID, 256](x, y, out, N)
+            direct = kernel[GRID, 256]
+            bench.row(
+                f"kaio launch, DeviceArray, parameters {word}", lambda d=direct: d(x, y, out, N)
+            )
+            turns = new_add()
+            turns[GRID, 256](x, y, out, N)
+            pair = turns[GRID, 256]
+
+            def alternate(d=pair):
+                d(x, y, out, N)
+                d(y, x, out, N)
+
+            bench.row(
+                f"two kaio launches, arguments taking turns, {word}",
+                alternate,
+            )
+    finally:
+        launcher.REUSE_PACKED = saved
 
 
 def main_rows(bench: Bench, results: dict) -> None:
@@ -394,6 +507,17 @@ def main_rows(bench: Bench, results: dict) -> None:
         triton_row(bench, tx, ty)
     results["rows"] = bench.run()
     if not all(check() for check in checks):
+        raise AssertionError("a launched kernel computed a wrong result")
+
+
+def main_steps(bench: Bench, results: dict) -> None:
+    """The step rows (``step_rows``) beside kaio's own launches of the same arguments."""
+    x = kaio.to_device(np.ones(N, np.float32))
+    y, out = kaio.to_device(np.full(N, 2, np.float32)), kaio.empty((N,), f32)
+    step_rows(bench, x, y, out)
+    kaio_rows(bench, x, y, out, "DeviceArray")
+    results["rows"] = bench.run()
+    if not np.array_equal(out.numpy(), np.full(N, 3, np.float32)):
         raise AssertionError("a launched kernel computed a wrong result")
 
 
@@ -531,6 +655,17 @@ def _as_tensors(out):
     return out if isinstance(out, tuple) else (out,)
 
 
+def _launches_a_call(op) -> int | None:
+    """The kernel launches a planned call of ``op`` makes (its plans' largest), None when
+    the op has no plan."""
+    from kaio_ops._plan import plans_of
+
+    plans = getattr(op, "_plans", None)
+    counts = [len(r.plan.steps) for r in (plans_of(op) if plans is not None else {}).values()
+              if r is not None and getattr(r, "plan", None) is not None]  # fmt: skip
+    return max(counts) if counts else None
+
+
 def _check_pair(torch, label: str, op, args: tuple, torch_call) -> None:
     """Raise unless ``op(*args)`` (twice: the second call replays its plan) matches torch's
     result to 1e-2 (relative norm)."""
@@ -562,6 +697,7 @@ def op_rows(results: dict) -> None:
     bench.row("torch.ops.kaio_bench.empty (dispatcher floor)", lambda: empty(probe))
     bench.row("torch.ops.kaio_bench.empty_kaio (floor, kaio's way)", lambda: empty_kaio(probe))
     failed = results["op_errors"] = {}
+    launches = {}  # label -> kernel launches a planned call makes
     for label, op, args, spelled, torch_call in list(pairs):
         dispatched = getattr(torch.ops.kaio, op.__name__)
         try:
@@ -571,6 +707,7 @@ def op_rows(results: dict) -> None:
             print(f"  {label}: failed: {failed[label]}", flush=True)
             pairs.remove((label, op, args, spelled, torch_call))
             continue
+        launches[label] = _launches_a_call(op)
         bench.row(f"kaio_ops.{label}", lambda op=op, args=args: op(*args))
         bench.row(f"torch.ops.kaio.{label}", lambda f=dispatched, args=args: f(*args))
         twin = empty_twin(lib, op.__name__, op(*args))
@@ -595,19 +732,20 @@ def op_rows(results: dict) -> None:
             "torch_ops_schema_floor_us": rows[f"kaio_ops.{label}"]["host_us"]
             + rows[f"torch.ops.kaio_bench.{label} (empty)"]["host_us"],
             "torch_us": rows[f"torch {spelled} [{label}]"]["host_us"],
+            "launches": launches[label],
         }
         for label, _, _, spelled, _ in pairs
     ]
     print(
         f"  {'op':<44} {'kaio_ops':>8} {'torch':>8} {'ratio':>6} {'t.ops':>8} {'floor':>8} "
-        f"{'schema':>8} {'f.torch':>8}"
+        f"{'schema':>8} {'f.torch':>8} {'launches':>8}"
     )
     for r in results["ops"]:
         print(
             f"  {r['op']:<44} {r['kaio_us']:8.2f} {r['torch_us']:8.2f} "
             f"{r['torch_us'] / r['kaio_us']:6.2f} {r['torch_ops_kaio_us']:8.2f} "
             f"{r['torch_ops_floor_kaio_us']:8.2f} {r['torch_ops_schema_floor_us']:8.2f} "
-            f"{r['torch_ops_floor_us']:8.2f}"
+            f"{r['torch_ops_floor_us']:8.2f} {r['launches'] or '-':>8}"
         )
     del lib
 
@@ -675,7 +813,10 @@ def main() -> None:
         "--ops", nargs="*", default=[], help="only these kaio_ops (names; default: all)"
     )
     parser.add_argument(
-        "--rows", choices=("all", "launch", "ops"), default="all", help="which rows to measure"
+        "--rows",
+        choices=("all", "launch", "ops", "steps"),
+        default="all",
+        help="which rows to measure (steps: the bare launch built up one step at a time)",
     )
     parser.add_argument(
         "--no-empty-like",
@@ -706,7 +847,8 @@ def main() -> None:
     print(f"  {'':<52} {'host':>8} {'free':>8}")
     bench, results, errors = Bench(), {}, {}
     groups = [lambda: main_rows(bench, results), lambda: op_rows(results)]
-    groups = {"all": groups, "launch": groups[:1], "ops": groups[1:]}[args.rows]
+    steps = [lambda: main_steps(bench, results)]
+    groups = {"all": groups, "launch": groups[:1], "ops": groups[1:], "steps": steps}[args.rows]
     if not args.skip_cold:
         groups.append(lambda: cold_rows(results))
     for group in groups:

@@ -604,7 +604,7 @@ def build(kernel, spec, loaded, args):
     """A launcher built the way the slow path builds one (infos from ``describe``)."""
     from kaio.runtime.launcher import build_launcher
 
-    infos = {k: describe(a) for k, a in enumerate(args) if not isinstance(a, int)}
+    infos = {k: describe(a) for k, a in enumerate(args) if not isinstance(a, int | float)}
     loaded.params = spec.function.params  # what load() reads from the compiled kernel
     return build_launcher(kernel, spec, loaded, args, infos)
 
@@ -843,3 +843,105 @@ def test_launches_on_gpu_0_know_they_are_home_until_a_thread_moves(fake_driver, 
         assert launch(args) and calls[3][0] == 0xF00 and len(calls) == 4
     finally:
         device_mod.moved[0] = saved or device_mod.moved[0]
+
+
+@kaio.gpu_kernel(block_size=256)
+def scale(x: f32[:], out: f32[:], a: f32, n: u32):
+    i = kaio.thread_idx_x() + kaio.block_idx_x() * kaio.block_dim_x()
+    if i < n:
+        out[i] = x[i] * a
+
+
+def test_a_launch_with_the_last_arguments_reuses_their_packed_buffer(fake_driver, monkeypatch):
+    """DeviceArray arguments: a launch with the arguments its parameter buffer was last
+    packed for (arrays by identity, an int parameter by value, a float by identity) skips
+    the packing; a new array, a new scalar value, a failed packing or another binding
+    (stream) always launches what it was given; arguments taking turns find their buffers."""
+    from kaio.runtime import launcher as launcher_mod
+
+    calls, loaded = fake_driver
+    dev = loaded.device
+    x, out = fake_device_array(dev, 0x1000, (8,), (4,)), fake_device_array(dev, 0x2000, (8,), (4,))
+    other = fake_device_array(dev, 0x3000, (8,), (4,))
+    args = (x, out, 2.0, 8)
+    packs = []
+
+    def launcher(buffers: int):
+        monkeypatch.setattr(launcher_mod, "REUSED_BUFFERS", buffers)
+        bind = build(scale, scale.specialize({}, ("C", "C")), loaded, args)
+        pack = bind.__globals__["pack"]
+        bind.__globals__["pack"] = lambda buf, at, *values: (
+            packs.append(values),
+            pack(buf, at, *values),
+        )
+        return bind
+
+    def launched() -> tuple:
+        return struct.unpack("=QqQqfI", calls[-1][5][:40])
+
+    bind = launcher(1)
+    launch = bind(GRID, BLOCK, 0, 0x77)
+    assert launch(args) and len(packs) == 1
+    assert launch(args) and launch((x, out, 2.0, int("8"))) and len(packs) == 1
+    assert launched() == (0x1000, 8, 0x2000, 8, 2.0, 8)
+    assert launch((x, other, 2.0, 8)) and len(packs) == 2  # a new array
+    assert launched() == (0x1000, 8, 0x3000, 8, 2.0, 8)
+    assert launch((x, other, 2.0, 5)) and launched()[-1] == 5  # a new int value
+    assert launch((x, other, 3.0, 5)) and launched()[-2] == 3.0  # a new float
+    assert launch((x, other, -0.0, 5)) and calls[-1][5][32:36] == struct.pack("=f", -0.0)
+    assert launch((x, other, 0.0, 5)) and calls[-1][5][32:36] == struct.pack("=f", 0.0)
+    n = len(packs)
+    assert not launch((x, Tensor(0x3000, (8,), (1,)), 0.0, 5))  # another kind of array
+    assert not launch((x, other, 0.0, -1))  # u32 cannot hold -1: nothing launched...
+    assert launch((x, other, 0.0, 5)) and len(packs) == n + 2  # ...and the buffer repacked
+    assert launched() == (0x1000, 8, 0x3000, 8, 0.0, 5)
+    elsewhere = bind(GRID, BLOCK, 0, 0x99)  # another stream: the same buffers
+    assert elsewhere((x, other, 0.0, 5)) and calls[-1][4] == 0x99 and launched()[-1] == 5
+    # a buffer is only written by the launch that took it off the free list: one held
+    # elsewhere (another thread's launch) leaves this one a new buffer
+    free = bind.__globals__["free"]
+    held = free.popleft()
+    assert launch(args) and launched() == (0x1000, 8, 0x2000, 8, 2.0, 8)
+    free.clear()
+    free.append(held)
+    assert launch((x, other, 0.0, 5)) and launched() == (0x1000, 8, 0x3000, 8, 0.0, 5)
+    assert len(calls) == 12
+    # two buffers taken in turn: arguments taking turns each find the buffer packed for them
+    launch = launcher(2)(GRID, BLOCK, 0, 0)
+    n = len(packs)
+    for _ in range(3):
+        assert launch(args) and launched() == (0x1000, 8, 0x2000, 8, 2.0, 8)
+        assert launch((x, other, 2.0, 8)) and launched() == (0x1000, 8, 0x3000, 8, 2.0, 8)
+    assert len(packs) == n + 2
+    # torch tensors are never taken as the last ones (their address and shape can change
+    # under the same object): their launcher reads them on every launch
+    t = Tensor(0x4000, (8,), (1,))
+    torch_launch = build(scale, scale.specialize({}, ("C", "C")), loaded, (t, t, 2.0, 8))
+    assert "_info" not in torch_launch.source and "same" not in torch_launch.source
+    monkeypatch.setattr(launcher_mod, "REUSE_PACKED", False)  # KAIO_REUSE_PACKED=0
+    assert "same" not in build(scale, scale.specialize({}, ("C", "C")), loaded, args).source
+
+
+def test_direct_launch_hands_other_calls_to_its_fallback(fake_driver):
+    """``direct`` (what ``kernel[config]`` hands out) takes the arguments as parameters and
+    launches a call of the full signature itself; a missing argument, one too many, or
+    keywords go to the fallback as they were given."""
+    calls, loaded = fake_driver
+    dev = loaded.device
+    x, y, out = (fake_device_array(dev, p, (8,), (4,)) for p in (0x1000, 0x2000, 0x3000))
+    args = (x, y, out, 8)
+    launch = build(add, add.specialize({}, ("C", "C", "C")), loaded, args)(GRID, BLOCK, 0, 0)
+    fallen = []
+    direct = launch.make_direct(lambda *a, **k: fallen.append((a, k)))
+    assert direct(*args) is None and len(calls) == 1 and not fallen
+    direct(x, y, out)
+    direct(x, y, out, 8, 9)
+    direct(x, y, out=out, n=8)
+    direct(x, y, out, 2.5)  # not a u32: the fallback explains
+    assert fallen == [
+        ((x, y, out), {}),
+        ((x, y, out, 8, 9), {}),
+        ((x, y), {"out": out, "n": 8}),
+        ((x, y, out, 2.5), {}),
+    ]
+    assert len(calls) == 1

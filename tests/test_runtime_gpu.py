@@ -319,6 +319,47 @@ def test_torch_zero_copy_both_ways():
         add[1](torch.zeros(4), x, out, 4)
 
 
+def test_launches_with_the_last_arguments_and_new_ones():
+    """A launch with the arguments of the last one reuses its packed parameters; a new
+    scalar value, new arrays, another stream and a CUDA graph captured in between each get
+    what they were given."""
+    n = 4096
+    hx, hy = rng_f32(n, 7), rng_f32(n, 8)
+    x, y = kaio.to_device(hx), kaio.to_device(hy)
+    out, other = kaio.empty((n,), f32), kaio.empty((n,), f32)
+    launch = add[n // 256, 256]
+    for _ in range(3):
+        launch(x, y, out, n)
+    np.testing.assert_array_equal(out.numpy(), hx + hy)
+    out.copy_from_host(np.full(n, np.nan, np.float32))
+    launch(x, y, out, n // 2)  # a new count: half written
+    got = out.numpy()
+    np.testing.assert_array_equal(got[: n // 2], (hx + hy)[: n // 2])
+    assert np.isnan(got[n // 2 :]).all()
+    launch(y, y, other, int(str(n)))  # new arrays; an int equal to n, another object
+    np.testing.assert_array_equal(other.numpy(), 2 * hy)
+    stream = kaio.Stream()
+    add[n // 256, 256, stream](x, x, out, n)  # the same buffers, on another stream
+    stream.synchronize()
+    np.testing.assert_array_equal(out.numpy(), 2 * hx)
+    torch = pytest.importorskip("torch")
+    side = torch.cuda.Stream()
+    capture = add[n // 256, 256, side]
+    for _ in range(2):  # the launcher's buffers (two, taken in turn) hold these arguments...
+        capture(x, y, out, n)
+    side.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        capture(x, y, out, n)  # ...reused while capturing
+    for _ in range(2):  # both repacked after: the graph keeps what it captured
+        capture(y, y, other, n)
+    out.copy_from_host(np.full(n, np.nan, np.float32))
+    graph.replay()
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(out.numpy(), hx + hy)
+    np.testing.assert_array_equal(other.numpy(), 2 * hy)
+
+
 def test_launch_on_torch_stream():
     torch = pytest.importorskip("torch")
     n = 1 << 16

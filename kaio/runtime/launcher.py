@@ -46,10 +46,22 @@ driver call, so threads launching the same signature at once never overwrite eac
 parameters; a thread that finds the list empty makes another buffer. The driver call keeps the
 GIL (a ``PYFUNCTYPE`` prototype). The grid and block are validated against the device and the
 kernel once per binding.
+When every array is a ``DeviceArray`` (and no argument is a tensor map), a parameter buffer
+also remembers the arguments it was last packed for (each array's ``ArgInfo``, which fixes its
+address, shape and strides, by identity; an integer parameter by value; a float, a constexpr by
+identity), and a launch whose arguments are those skips the checks and the packing: the
+launch is the free list's pop, those comparisons, the driver call and the push
+(``reuse_lines``; ``KAIO_REUSE_PACKED=0`` turns it off). Such a launcher has two buffers,
+taken in turn, so that launches whose arguments take turns (x -> y, then y -> x) each find
+the buffer packed for theirs. Torch tensors are read on every launch: the same tensor
+object can point elsewhere or change shape (``x.data = y``, ``set_``, ``resize_``, in-place
+view ops, its storage's ``resize_``; ``.data =`` and the storage's resize leave ``_version``
+alone), and a remembered tensor would keep its memory.
 The bound ``launch`` also has ``make_direct(fallback)``: the same launch as a function of the
-arguments themselves (``direct(*args, **kwargs)``, what ``kernel[config]`` hands out once a
-launcher is bound), which passes keywords, simulated launches, recorded ones and arguments of
-another signature to ``fallback`` (the ``Launch``'s own function).
+arguments themselves (``direct(a0, a1, ...)``, what ``kernel[config]`` hands out once a
+launcher is bound: one parameter per kernel parameter, so no tuple is made and unpacked per
+call), which passes keywords, a missing or an extra argument, simulated launches, recorded
+ones and arguments of another signature to ``fallback`` (the ``Launch``'s own function).
 A kernel compiled in debug mode also passes its error record's address as the last parameter
 and, after each launch, synchronizes the stream and raises ``kaio.OutOfBoundsError`` when a
 thread failed a bounds check (``kaio.runtime.debug``).
@@ -57,7 +69,9 @@ thread failed a bounds check (``kaio.runtime.debug``).
 
 from __future__ import annotations
 
+import collections
 import ctypes
+import os
 import re
 import struct
 from collections.abc import Callable
@@ -293,6 +307,94 @@ def array_code(k: int, arg, info: ArgInfo, layout: str, env: dict) -> tuple[str,
     )
 
 
+# A launch whose arguments are the ones its parameter buffer was last packed for launches from
+# that buffer as it is (``reuse_lines``); KAIO_REUSE_PACKED=0 turns it off
+REUSE_PACKED = os.environ.get("KAIO_REUSE_PACKED", "1") != "0"
+REUSED_BUFFERS = 2  # the parameter buffers a launcher that reuses them takes in turn
+_INT_KINDS = frozenset(("i8", "u8", "i16", "u16", "i32", "u32", "i64", "u64"))
+
+
+def reusable(abi: list, args: tuple, record) -> bool:
+    """Whether a launcher's arguments (``abi``: ``launch_abi``'s entries) can be known to be
+    the last launch's by identity: every array a ``DeviceArray`` (its address, shape and
+    strides never change; its ``ArgInfo``, which holds no memory, stands for it), no tensor
+    map, no debug record. A torch tensor cannot be: the same object can point elsewhere or
+    change shape (``set_``, ``resize_``, ``.data =``, ``t_()``, its storage's ``resize_``),
+    so its accessors are read on every launch; and a key holding it would keep its memory."""
+    if record is not None:
+        return False
+    for k, kind in abi:
+        if kind == "tensormap" or kind in ("C", "A") and type(args[k]) is not DeviceArray:
+            return False
+    return True
+
+
+def reuse_keys(abi: list, constexprs: list) -> list[tuple[str, str]]:
+    """For a ``reusable`` launcher: per value a parameter buffer remembers, the test that
+    the argument is the one remembered (``{key}`` standing for it) and what the buffer
+    remembers once packed: an array's ``ArgInfo``, by identity (it fixes the address, shape
+    and strides: any object holding that very ``ArgInfo`` packs the same bytes; an object
+    without ``_info`` is a miss, ``reuse_lines``); an integer parameter's value (an ``int``
+    equal to it packs the same bytes); any other scalar (a float: 0.0 and -0.0 are equal,
+    their bits are not) and a constexpr by identity."""
+    keys = []
+    for k, kind in abi:
+        if kind in ("C", "A"):
+            keys.append((f"a{k}._info is {{key}}", f"i{k}"))
+        elif kind in _INT_KINDS:
+            keys.append(
+                (f"((r{k} := {{key}}) is a{k} or type(a{k}) is int and a{k} == r{k})", f"a{k}")
+            )
+        else:
+            keys.append((f"a{k} is {{key}}", f"a{k}"))
+    return keys + [(f"a{k} is {{key}}", f"a{k}") for k in constexprs]
+
+
+def reuse_lines(keys: list, conditions: list[str], entries: list[str]) -> list[str]:
+    """The lines of a ``reusable`` launch from taking its parameter buffer (``slot``: the
+    bytes, the ``kernelParams`` argument, and ``k``, what the bytes were packed for) to
+    ``params``: when every argument is the one the buffer remembers (``keys``), nothing else;
+    otherwise the signature's ``conditions`` (MISMATCH, the buffer given back), the packing
+    of ``entries`` (a failure forgets what the buffer held: ``FORGOTTEN``) and what the
+    buffer now holds remembered. A buffer is written and read only by the thread that took
+    it off the free list."""
+    same = " and ".join(test.format(key=f"k[{j}]") for j, (test, _) in enumerate(keys))
+    lines = [
+        "try:",
+        "    buf, params, k = slot = take()",
+        "except IndexError:",
+        "    buf, params, k = slot = new_slot()",
+        "try:",
+        f"    same = {same}",
+        "except AttributeError:  # an array of another kind",
+        "    same = False",
+        "if not same:",
+    ]
+    for condition in conditions:
+        lines += [f"    if {condition}:", "        give(slot)", "        MISMATCH"]
+    return lines + [
+        "    try:",
+        f"        pack(buf, 0, {', '.join(entries)})",
+        "    except PACK_ERRORS:",
+        "        slot[2] = FORGOTTEN",
+        "        give(slot)",
+        "        MISMATCH",
+        f"    slot[2] = ({''.join(stored + ', ' for _, stored in keys)})",
+    ]
+
+
+MISSING = object()  # a parameter of a launcher's ``direct`` function the call did not pass
+
+
+def given(values: tuple, more: tuple) -> tuple:
+    """The positional arguments of a call of ``direct``: ``values`` up to the first
+    ``MISSING``, then ``more``."""
+    for n, value in enumerate(values):
+        if value is MISSING:
+            return values[:n]
+    return values + more
+
+
 class LaunchConfigStruct(ctypes.Structure):
     """The driver's ``CUlaunchConfig``: grid, block, dynamic shared bytes, stream, attributes."""
 
@@ -468,11 +570,13 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         else:
             entries.append(f"bf16_bits(a{k})" if kind == "bf16" else f"a{k}")
         entry += count
+    constexprs = []
     for k, name in enumerate(kernel.param_names):
         if name in kernel.constexpr_names:  # by type and value: 1, 1.0 and True differ
             env[f"C{k}"], env[f"K{k}"] = args[k], constexpr_value_key(args[k])
             env["same_constexpr"] = same_constexpr
             conditions.append(f"a{k} is not C{k} and not same_constexpr(a{k}, K{k})")
+            constexprs.append(k)
     if record is not None:
 
         def debug_check(stream):  # the default stream is the current context's
@@ -489,10 +593,26 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
     env["pack"] = struct.Struct(merge_entries(fmt, runs)).pack_into
     # Free parameter buffers: a launch pops one (list.pop is atomic), packs and launches from
     # it, and puts it back, so threads launching this signature at once never share a buffer.
-    # Only such a collision allocates another.
-    env["free"] = [parameter_slot(size, offsets)]
-    env["take"], env["give"] = env["free"].pop, env["free"].append  # bound once
-    env["new_slot"] = lambda: parameter_slot(size, offsets)
+    # Only such a collision allocates another. With ``reused``, a buffer also holds the
+    # arguments it was last packed for (slot[2]), and a launch with the same ones skips
+    # the checks and the packing; there are REUSED_BUFFERS of them, taken in turn (a deque:
+    # popleft and append are atomic too), so that launches whose arguments take turns
+    # (x -> y, then y -> x) each find the buffer packed for theirs.
+    keys = reuse_keys(abi, constexprs) if REUSE_PACKED and reusable(abi, args, record) else []
+    reused = bool(keys)
+
+    env["FORGOTTEN"] = (MISSING,) * len(keys)  # what a new buffer was packed for: nothing
+
+    def new_slot():
+        return [*parameter_slot(size, offsets), *([env["FORGOTTEN"]] if keys else [])]
+
+    if reused:
+        free = env["free"] = collections.deque(new_slot() for _ in range(REUSED_BUFFERS))
+        env["take"], env["give"] = free.popleft, free.append  # bound once
+    else:
+        free = env["free"] = [new_slot()]
+        env["take"], env["give"] = free.pop, free.append
+    env["new_slot"] = new_slot
     call = "launch_kernel(CONFIG, FUNC, params, None)"
     elsewhere = "elsewhere(CONFIG, FUNC, params)"
     has_arrays = any(kind in ("C", "A") for _, kind in abi)
@@ -514,22 +634,30 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         # current device
         *([] if has_arrays else ["if not home:", "    MISMATCH"]),
     ]
-    for condition in conditions:
-        body += [f"if {condition}:", "    MISMATCH"]
+    if reused:
+        body += reuse_lines(keys, conditions, entries)
+    else:
+        for condition in conditions:
+            body += [f"if {condition}:", "    MISMATCH"]
     body += [
         "if not admitted:",
         "    admit(grid, block, shared)",
         "    admitted = True",
         *(["refuse_capture(stream)"] if record is not None else []),
-        "try:",
-        "    buf, params = slot = take()",
-        "except IndexError:",
-        "    buf, params = slot = new_slot()",
-        "try:",
-        f"    pack(buf, 0, {', '.join(entries)})",
-        "except PACK_ERRORS:",
-        "    give(slot)",
-        "    MISMATCH",
+    ]
+    if not reused:
+        body += [
+            "try:",
+            "    buf, params = slot = take()",
+            "except IndexError:",
+            "    buf, params = slot = new_slot()",
+            "try:",
+            f"    pack(buf, 0, {', '.join(entries)})",
+            "except PACK_ERRORS:",
+            "    give(slot)",
+            "    MISMATCH",
+        ]
+    body += [
         "if home:",
         f"    rc = {call}",
         "    if rc:  # the success path tests rc once",
@@ -548,8 +676,19 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         "DONE",
     ]
 
-    def spelled(indent: str, mismatch: str, done: str) -> list[str]:
-        return [indent + line.replace("MISMATCH", mismatch).replace("DONE", done) for line in body]
+    def spelled(indent: str, mismatch: str, done: str, lines: list = body) -> list[str]:
+        return [indent + line.replace("MISMATCH", mismatch).replace("DONE", done) for line in lines]
+
+    # ``direct`` takes the arguments as parameters (no tuple made and unpacked per call);
+    # one missing (MISSING, the default), more than the kernel has, or keywords go to the
+    # fallback, which binds them by name
+    named = "".join(f"a{i}, " for i in range(len(args)))
+    direct_params = "".join(f"a{i}=MISSING, " for i in range(len(args))) + "*more, **kwargs"
+    last_missing = f" or a{len(args) - 1} is MISSING" if args else ""
+    env["MISSING"], env["given"] = MISSING, given
+
+    def spelled_direct(indent: str, mismatch: str, done: str) -> list[str]:
+        return spelled(indent, mismatch, done, body[len(unpack) :])
 
     from kaio.runtime.launch import recordings
     from kaio.sim.mode import anywhere
@@ -566,11 +705,11 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         *spelled("        ", "return False", "return True"),
         "",
         "    def make_direct(fallback):",
-        "        def direct(*args, **kwargs):",
+        f"        def direct({direct_params}):",
         "            nonlocal admitted",
-        "            if kwargs or SIMULATING[0] or recordings[0]:",
-        "                return fallback(*args, **kwargs)",
-        *spelled("            ", "return fallback(*args)", "return None"),
+        f"            if kwargs or more{last_missing} or SIMULATING[0] or recordings[0]:",
+        f"                return fallback(*given(({named}), more), **kwargs)",
+        *spelled_direct("            ", f"return fallback({named})", "return None"),
         "",
         "        return direct",
         "",
