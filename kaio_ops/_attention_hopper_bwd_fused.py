@@ -257,13 +257,16 @@ def write_dq_two(
     dq_s: f32[:, :], bars: u64[:, :], dq_acc: f32[:], sem: i32[:], w: i32, first_head: i32,
     group: i32, first: i32, n_tiles: i32, sq: i32, x: i32, nkb: i32, causal: i32,
     FULL: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr, BK: kaio.constexpr,
+    ORDER: kaio.constexpr = 1,
 ):  # fmt: skip
     """``EARLY`` 3: writer ``w`` (0, 1: the first lanes of the producer warpgroup's warps 1
     and 2) of the tiles of parity w of the consumers' walk (``give_dq``'s ``TWO``): for each,
     the last one's turn passed on (its reduction complete), the turn on this one awaited,
     then once its dQ is in dq_s (``bars[1, FULL - 2 + w]``) one bulk reduction, its reads
     waited for, and dq_s freed (three arrivals on ``bars[1, FULL + 1]``, whose count is the
-    three writer warps'). Each tile's addition then takes one writer half the tiles' time."""
+    three writer warps'). Each tile's addition then takes one writer half the tiles' time.
+    ``ORDER`` (the kernel's; for timing what the order costs): 1 as above, 0 no semaphore
+    (the additions in any order: not deterministic), -1 no additions either (dQ wrong)."""
     t = first
     at0 = first_head * sq
     ph = u32(0)
@@ -275,20 +278,24 @@ def write_dq_two(
             rank = x
             if causal != 0:
                 rank = kaio.min(nkb - 1, ((t + 1) * BM - 1) // BK) - x
-            if _i >= 2:
-                pass_turn(sem, last)
-            kaio.wait_eq(sem, tile, rank)
+            if ORDER > 0:
+                if _i >= 2:
+                    pass_turn(sem, last)
+                kaio.wait_eq(sem, tile, rank)
             kaio.mbarrier_wait(bars, (1, FULL - 2 + w), ph)
             ph ^= 1
-            kaio.bulk_reduce_add(dq_acc, tile * BM * D, dq_s, (0, 0), BM * D * 4)
-            kaio.bulk_commit()
-            kaio.bulk_wait_read(0)
+            if ORDER >= 0:
+                kaio.bulk_reduce_add(dq_acc, tile * BM * D, dq_s, (0, 0), BM * D * 4)
+                kaio.bulk_commit()
+                kaio.bulk_wait_read(0)
             for _a in kaio.static_range(3):
                 kaio.mbarrier_arrive(bars, (1, FULL + 1))
             last = tile
         t, at0 = next_tile(t, at0, first, n_tiles, sq)
-    if total > w:
+    if ORDER > 0 and total > w:
         pass_turn(sem, last)
+    if ORDER == 0:
+        kaio.bulk_wait(0)
 
 
 @kaio.gpu_func
@@ -336,7 +343,7 @@ def attention_bwd_fused_ordered(
     scale: f32, causal: i32, D: kaio.constexpr, BM: kaio.constexpr, WG: kaio.constexpr,
     STAGES: kaio.constexpr, PIPE: kaio.constexpr, AREG: kaio.constexpr, TSTATS: kaio.constexpr,
     REGS: kaio.constexpr, DT: kaio.constexpr, DQ: kaio.constexpr, LATE: kaio.constexpr,
-    EARLY: kaio.constexpr, SCHED: kaio.constexpr,
+    EARLY: kaio.constexpr, SCHED: kaio.constexpr, ORDER: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the ``64 * WG`` keys of key block x (``block_idx_x``, reversed where causal:
     module docstring) and K/V head block y, summed over its group's query heads, and their
@@ -345,7 +352,8 @@ def attention_bwd_fused_ordered(
     zeros before). The arguments as ``_attention_hopper_bwd.attention_bwd_dkdv_wgmma``'s
     (its ``DQ`` 5 constexprs: PIPE 0, BM 64); ``EARLY``: ``write_dq_ordered``'s;
     ``SCHED`` 0: the consumers of ``_attention_hopper_bwd`` (``consume_dkdv``, with LATE),
-    1, 2, 4: ``consume_late`` (four P^T and dS^T buffers; 4: two, dS^T)."""
+    1, 2, 4: ``consume_late`` (four P^T and dS^T buffers; 4: two, dS^T); ``ORDER``:
+    ``write_dq_two``'s (1: the fixed order)."""
     NBUF = 3 if LATE == 2 else 2  # the dS^T buffers of SCHED 0 (and their barriers)
     NPT = 4 if SCHED and SCHED < 4 else NBUF  # the P^T and dS^T buffers (SCHED 0, 4: dS^T)
     BK = 64 * WG
@@ -396,7 +404,8 @@ def attention_bwd_fused_ordered(
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         if EARLY == 3 and (lt == 32 or lt == 64):
             write_dq_two(dq_s, bars, dq_acc, sem, i32(lt // 32) - 1, first_head, group, first,
-                         n_tiles, sq, x, nkb, causal, STAGES + NBUF * WG, D, BM, BK)  # fmt: skip
+                         n_tiles, sq, x, nkb, causal, STAGES + NBUF * WG, D, BM, BK,
+                         ORDER)  # fmt: skip
         elif lt == 0:
             produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl, td,
                     kvh * sk + k0, first_head * sq, sq, group, first, n_tiles, D, BK, BM,
@@ -433,10 +442,10 @@ def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> di
     """The kernel's constexprs for head dim ``d``: ``_attention_hopper_bwd.config(d)``'s
     fused ones (``DQ`` 5), ``SCHED`` ``sched`` (default ``SCHED[d][causal]``), ``EARLY`` 3
     (2 with ``SCHED`` 0; H100, f16 B4 H16 S4096, ``SCHED`` 2 at D 128, 1 at D 64: 3 against 2
-    411 / 410, causal 403 / 385; at D 64 293 / 271, causal 278 / 268) and as many ring stages
-    as fit (at most 4)."""
+    411 / 410, causal 403 / 385; at D 64 293 / 271, causal 278 / 268), ``ORDER`` 1 (dQ added
+    in the fixed order) and as many ring stages as fit (at most 4)."""
     sched = SCHED[d][bool(causal)] if sched is None else sched
-    c = {**config(d)["fused"], "EARLY": 3 if sched else 2, "SCHED": sched}
+    c = {**config(d)["fused"], "EARLY": 3 if sched else 2, "SCHED": sched, "ORDER": 1}
     c["STAGES"] = _stages(d, 64 * c["WG"], c["BM"], True, 5, _buffers(c))
     return c
 
