@@ -153,7 +153,8 @@ def consume_late(
     writers by tile parity (``give_dq``). ``SCHED`` 4: as 2 with P^T in registers (``p``, as
     the pair's ``PIPE`` 3: two buffers of shared memory instead of four, so that three ring
     stages fit at D 128). Then dK, dV stored."""
-    NQ = D // WG  # dQ's columns in this warpgroup, from c0
+    NQ = D // WG if BM == 64 else D  # dQ's columns in this warpgroup (BM 128: its rows)
+    DQM = 5 if BM == 64 else 6  # issue_dq's: the columns, resp. the rows, split
     s = kaio.local(f32, (BM // 8, 4))  # S^T, then P^T
     dp = kaio.local(f32, (BM // 8, 4))  # dP^T, then dS^T
     dqa = kaio.local(f32, (NQ // 8, 4))
@@ -166,7 +167,7 @@ def consume_late(
     lane = lt % 32
     kr = 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)  # pt_s's rows kr, kr + 8
     key0 = k0 + kr  # the rows' keys
-    c0 = i32(wg) * NQ
+    c0 = i32(wg) * NQ  # (BM 128: dq_s's fragments of the warpgroup's 64 rows from c0 / 8)
     FULL = STAGES + 2 * WG  # dq_s's barriers (init_barriers with DQ 5, NBUF 2)
     total = group * kaio.max(n_tiles - first, 0)
     kaio.mbarrier_wait(turn, 0, 0)  # K and V landed
@@ -209,7 +210,7 @@ def consume_late(
             hand_pt(pt_s, pb, p, s, dp, bars, STAGES, kr, lane, lt, BM, SCHED, DT)
             if SCHED >= 2:  # tile i - 1's dQ now: s, dp are stored (dqa and they never coexist)
                 kaio.wgmma_fence()
-                issue_dq(dqa, pt_s, qb, k_s, wg, D, NQ, WG, 5, DT)
+                issue_dq(dqa, pt_s, qb, k_s, wg, D, NQ, WG, DQM, DT)
                 kaio.wgmma_wait(0)
                 wph = give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, _i > 1, wph, fb, FULL,
                               D, NQ, TWO)  # fmt: skip
@@ -223,10 +224,99 @@ def consume_late(
         issue_back_late(dka, dva, dqa, p, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG,
                         last, DT)  # fmt: skip
         if SCHED == 4:
-            issue_dq(dqa, pt_s, pb, k_s, wg, D, NQ, WG, 5, DT)
+            issue_dq(dqa, pt_s, pb, k_s, wg, D, NQ, WG, DQM, DT)
         kaio.wgmma_wait(0)
         release(bars, ps, lt)
         give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, total > 1, wph, fb, FULL, D, NQ, TWO)
+    store_tile(dk, dka, kvh * sk * D, key0, sk, scale, lane, D, DT)
+    store_tile(dv, dva, kvh * sk * D, key0, sk, 1.0, lane, D, DT)
+
+
+@kaio.gpu_func
+def consume_wide(
+    k_s: DT[:, :, :], v_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :],
+    stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], lse: f32[:], delta: f32[:],
+    dk: DT[:], dv: DT[:], pt_s: DT[:, :, :], dq_s: f32[:, :], dq_acc: f32[:], wg: u32, lt: u32,
+    kvh: i32, first_head: i32, group: i32, first: i32, n_tiles: i32, k0: i32, sq: i32,
+    sk: i32, causal: i32, scale_log2: f32, scale: f32, D: kaio.constexpr, BM: kaio.constexpr,
+    WG: kaio.constexpr, STAGES: kaio.constexpr, TSTATS: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """Consumer warpgroup ``wg``'s 64 keys with ``SCHED`` 5 (FlashAttention-3's order: one
+    tile's products in flight at a time in a warpgroup, the other warpgroup's beside them):
+    tile i's S^T and dP^T issued and waited for, P^T and dS^T computed, dS^T stored to
+    ``pt_s`` (two buffers by tile parity: the other warpgroup's last reads of a buffer, its
+    dQ two tiles back, were waited for before its arrival on the tile before, which this
+    warpgroup waited for), then tile i's dV += P^T dO (P^T from the registers ``p``), tile
+    i - 1's dK += dS^T Q and dQ = dS K (dS^T from ``pt_s``, once every warp stored it)
+    issued together and waited for, the stage of tile i - 1 released and its dQ handed to
+    the two writers (``give_dq``, ``TWO``). ``BM`` 128: each warpgroup's dQ is its 64
+    queries of the tile, all D columns (``issue_dq``'s ``DQ`` 6). Then dK, dV stored."""
+    NQ = D // WG if BM == 64 else D
+    DQM = 5 if BM == 64 else 6
+    s = kaio.local(f32, (BM // 8, 4))  # S^T, then P^T
+    dp = kaio.local(f32, (BM // 8, 4))  # dP^T, then dS^T
+    dqa = kaio.local(f32, (NQ // 8, 4))
+    p = kaio.local(u32, (BM // 16, 4))  # P^T's A fragments
+    af = kaio.local(u32, (D // 16, 4))  # (unused: issue_front's AREG 0)
+    dka = kaio.local(f32, (D // 8, 4))
+    dva = kaio.local(f32, (D // 8, 4))
+    zero_acc(dka, D)
+    zero_acc(dva, D)
+    lane = lt % 32
+    kr = 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)  # pt_s's rows kr, kr + 8
+    key0 = k0 + kr
+    c0 = i32(wg) * NQ
+    FULL = STAGES + 2 * WG
+    total = group * kaio.max(n_tiles - first, 0)
+    kaio.mbarrier_wait(turn, 0, 0)  # K and V landed
+    t = first
+    at0 = first_head * sq
+    wph = u32(0)
+    fb = i32(0)  # the parity of the tile whose dQ is handed on next
+    pb = i32(0)  # tile i's dS^T buffer and its barrier's parity
+    hph = u32(0)
+    qb = i32(0)  # tile i - 1's
+    qph = u32(0)
+    st = i32(0)  # tile i's stage, tile i - 1's
+    ph = u32(0)
+    ps = i32(0)
+    for _i in range(total):
+        kaio.mbarrier_wait(bars, (0, st), ph)
+        kaio.wgmma_fence()
+        issue_front(s, dp, k_s, v_s, q_s, do_s, af, af, st, wg, D, 0, DT)
+        kaio.wgmma_wait(0)
+        if _i > 0:
+            kaio.mbarrier_wait(bars, (1, STAGES + qb), qph)  # tile i - 1's dS^T, every warp
+        grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, sk, causal, scale_log2,
+                lane, BM, TSTATS)  # fmt: skip
+        pack_p(p, s, BM, DT)
+        store_ds(pt_s, pb, dp, kr, lane, BM, DT)
+        release(bars, STAGES + pb, lt)
+        kaio.wgmma_fence()
+        issue_pv(dva, p, do_s, st, BM, DT)
+        if _i > 0:
+            issue_pt(dka, pt_s, qb, wg, q_s, ps, BM, DT)
+            issue_dq(dqa, pt_s, qb, k_s, wg, D, NQ, WG, DQM, DT)
+        kaio.wgmma_wait(0)
+        if _i > 0:
+            release(bars, ps, lt)  # tile i - 1's stage: its dK done
+            wph = give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, _i > 1, wph, fb, FULL, D,
+                          NQ, 1)  # fmt: skip
+            fb ^= 1
+        qb = pb
+        qph = hph
+        pb, hph = next_stage(pb, hph, 2)
+        ps = st
+        st, ph = next_stage(st, ph, STAGES)
+        t, at0 = next_tile(t, at0, first, n_tiles, sq)
+    if total > 0:  # the last tile's dK and dQ
+        kaio.mbarrier_wait(bars, (1, STAGES + qb), qph)
+        kaio.wgmma_fence()
+        issue_pt(dka, pt_s, qb, wg, q_s, ps, BM, DT)
+        issue_dq(dqa, pt_s, qb, k_s, wg, D, NQ, WG, DQM, DT)
+        kaio.wgmma_wait(0)
+        release(bars, ps, lt)
+        give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, total > 1, wph, fb, FULL, D, NQ, 1)
     store_tile(dk, dka, kvh * sk * D, key0, sk, scale, lane, D, DT)
     store_tile(dv, dva, kvh * sk * D, key0, sk, 1.0, lane, D, DT)
 
@@ -284,8 +374,14 @@ def write_dq_two(
                 kaio.wait_eq(sem, tile, rank)
             kaio.mbarrier_wait(bars, (1, FULL - 2 + w), ph)
             ph ^= 1
-            if ORDER >= 0:
+            if ORDER >= 0 and BM == 64:
                 kaio.bulk_reduce_add(dq_acc, tile * BM * D, dq_s, (0, 0), BM * D * 4)
+            elif ORDER >= 0:  # two 64-row tiles of dq_acc (the second only where it is)
+                n64 = (sq + 63) // 64
+                at = (at0 // sq * n64 + t * (BM // 64)) * 64 * D
+                size = kaio.min(BM, n64 * 64 - t * BM) * D * 4
+                kaio.bulk_reduce_add(dq_acc, at, dq_s, (0, 0), size)
+            if ORDER >= 0:
                 kaio.bulk_commit()
                 kaio.bulk_wait_read(0)
             for _a in kaio.static_range(3):
@@ -350,12 +446,14 @@ def attention_bwd_fused_ordered(
     share of dQ / scale added to ``dq_acc`` (f32, whole 64-row tiles in fragment order,
     zeros before) in the fixed order of the semaphores ``sem`` (i32 [B * H * n_tiles],
     zeros before). The arguments as ``_attention_hopper_bwd.attention_bwd_dkdv_wgmma``'s
-    (its ``DQ`` 5 constexprs: PIPE 0, BM 64); ``EARLY``: ``write_dq_ordered``'s;
+    (its ``DQ`` 5 constexprs: PIPE 0, BM 64, or 128: ``consume_late``'s); ``EARLY``:
+    ``write_dq_ordered``'s;
     ``SCHED`` 0: the consumers of ``_attention_hopper_bwd`` (``consume_dkdv``, with LATE),
-    1, 2, 4: ``consume_late`` (four P^T and dS^T buffers; 4: two, dS^T); ``ORDER``:
+    1, 2, 4: ``consume_late`` (four P^T and dS^T buffers; 4: two, dS^T), 5: ``consume_wide``
+    (two, dS^T); ``ORDER``:
     ``write_dq_two``'s (1: the fixed order)."""
     NBUF = 3 if LATE == 2 else 2  # the dS^T buffers of SCHED 0 (and their barriers)
-    NPT = 4 if SCHED and SCHED < 4 else NBUF  # the P^T and dS^T buffers (SCHED 0, 4: dS^T)
+    NPT = 4 if SCHED and SCHED < 4 else NBUF  # the P^T and dS^T buffers (SCHED 0, 4, 5: dS^T)
     BK = 64 * WG
     TILE = BK * 64 * 2  # one K or V column block, resp. P^T or dS^T buffer (64 queries)
     RING = 2 * STAGES * BM * D * 2  # Q and dO: the ring
@@ -364,8 +462,9 @@ def attention_bwd_fused_ordered(
     v_s = kaio.shared_dynamic(DT, (D // 64, BK, 64), D // 64 * TILE)
     q_s = kaio.shared_dynamic(DT, (STAGES, D // 64, BM, 64), D // 32 * TILE)
     do_s = kaio.shared_dynamic(DT, (STAGES, D // 64, BM, 64), D // 32 * TILE + RING // 2)
-    ds_s = kaio.shared_dynamic(DT, (NPT, BK, 64), D // 32 * TILE + RING)
-    DQS = D // 32 * TILE + RING + NPT * TILE
+    HB = BM // 64  # the buffers of 64 queries a P^T or dS^T tile takes
+    ds_s = kaio.shared_dynamic(DT, (NPT * HB, BK, 64), D // 32 * TILE + RING)
+    DQS = D // 32 * TILE + RING + NPT * HB * TILE
     dq_s = kaio.shared_dynamic(f32, (BM * D // 4, 4), DQS)  # fragment order (store_dq_frags)
     stats = kaio.shared_dynamic(f32, (2, STAGES, BM), DQS + BM * (D + 4) * 4)
     BARS = DQS + BM * (D + 4) * 4 + 2 * STAGES * BM * 4
@@ -389,7 +488,11 @@ def attention_bwd_fused_ordered(
     if wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
-        if SCHED:
+        if SCHED == 5:
+            consume_wide(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
+                         dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk,
+                         causal, scale_log2, scale, D, BM, WG, STAGES, TSTATS, DT)  # fmt: skip
+        elif SCHED:
             consume_late(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
                          dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk,
                          causal, scale_log2, scale, D, BM, WG, STAGES, TSTATS, SCHED,
@@ -438,21 +541,26 @@ def zero_acc_sem(acc: f32[:], n: i32, sem: i32[:], m: i32):
 SCHED = {64: (4, 4), 128: (4, 2)}
 
 
-def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> dict:
+def ordered_config(
+    d: int, sched: int | None = None, causal: bool = False, bm: int | None = None
+) -> dict:
     """The kernel's constexprs for head dim ``d``: ``_attention_hopper_bwd.config(d)``'s
     fused ones (``DQ`` 5), ``SCHED`` ``sched`` (default ``SCHED[d][causal]``), ``EARLY`` 3
     (2 with ``SCHED`` 0; H100, f16 B4 H16 S4096, ``SCHED`` 2 at D 128, 1 at D 64: 3 against 2
     411 / 410, causal 403 / 385; at D 64 293 / 271, causal 278 / 268), ``ORDER`` 1 (dQ added
-    in the fixed order) and as many ring stages as fit (at most 4)."""
+    in the fixed order), query tiles of ``bm`` rows (default 64; 128: D 64 with ``SCHED`` 5
+    only) and as many ring stages as fit (at most 4)."""
     sched = SCHED[d][bool(causal)] if sched is None else sched
     c = {**config(d)["fused"], "EARLY": 3 if sched else 2, "SCHED": sched, "ORDER": 1}
+    c["BM"] = bm or c["BM"]
     c["STAGES"] = _stages(d, 64 * c["WG"], c["BM"], True, 5, _buffers(c))
     return c
 
 
 def _buffers(c: dict) -> int:
-    """The P^T and dS^T buffers of 64 queries (``shared_bytes``'s ``nbuf``)."""
-    return 4 if c.get("SCHED") in (1, 2) else _ds_buffers(c)[1]
+    """The P^T and dS^T buffers of 64 queries (``shared_bytes``'s ``nbuf``): two or four a
+    query tile's (``BM`` 128: twice as many)."""
+    return (4 if c.get("SCHED") in (1, 2) else _ds_buffers(c)[1]) * (c["BM"] // 64)
 
 
 def smem_bytes(d: int, c: dict) -> int:
@@ -473,22 +581,27 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     from kaio_ops import _arrays
 
     bh, heads, group, sq, sk, d, _ = dims
-    c = {**ordered_config(d, (cfg or {}).get("SCHED"), causal), **(cfg or {})}  # (EARLY too)
-    if c.get("DQ") != 5 or c["PIPE"] or c["BM"] != 64 or (c["SCHED"] and c["LATE"]):
+    cfg = cfg or {}
+    c = {**ordered_config(d, cfg.get("SCHED"), causal, cfg.get("BM")), **cfg}  # (EARLY too)
+    wide = c["BM"] == 128 and d == 64 and c["SCHED"] == 5 and c["EARLY"] == 3
+    if c.get("DQ") != 5 or c["PIPE"] or (c["BM"] != 64 and not wide) or (c["SCHED"] and c["LATE"]):
         raise ValueError(
-            f"_attention_hopper_bwd_fused.launch: needs the DQ 5 schedule (PIPE 0, BM 64; "
-            f"SCHED 1 without LATE), got {c}; pass ordered_config(d)"
+            f"_attention_hopper_bwd_fused.launch: needs the DQ 5 schedule (PIPE 0, BM 64, or 128 "
+            f"at D 64 with SCHED 5 and EARLY 3; SCHED 1 without LATE), got {c}; pass "
+            f"ordered_config(d)"
         )
-    if c["EARLY"] == 3 and not c["SCHED"]:
-        raise ValueError(f"_attention_hopper_bwd_fused.launch: EARLY 3 needs SCHED 1 or 2: {c}")
+    if c["EARLY"] != 3 and c["SCHED"] == 5 or c["EARLY"] == 3 and not c["SCHED"]:
+        raise ValueError(
+            f"_attention_hopper_bwd_fused.launch: EARLY 3 needs SCHED 1 to 5, SCHED 5 EARLY 3: {c}"
+        )
     if c["SCHED"] and c["STAGES"] < 2:
         raise ValueError(f"_attention_hopper_bwd_fused.launch: SCHED 1 needs 2 stages: {c}")
     stream = _arrays.stream_of(qa)
     dq = _arrays.output(da, qa.shape)
     dk, dv = (_arrays.output(da, ka.shape) for _ in range(2))
     rows_q, rows_kv = bh * sq, ka.size // d
-    n_tiles = -(-sq // 64)
-    acc_size = bh * n_tiles * 64 * d
+    n_tiles = -(-sq // c["BM"])  # the semaphores' (dq_acc: whole tiles of 64 rows)
+    acc_size = bh * -(-sq // 64) * 64 * d
     dq_acc = _arrays.output(da, (acc_size,), f32)
     sem = _arrays.output(da, (bh * n_tiles,), i32)
     zero_acc_sem[-(-acc_size // 1024), 256, stream, 0](dq_acc, acc_size, sem, bh * n_tiles)
