@@ -151,7 +151,10 @@ def consume_late(
     128 its accumulators beside them and dK's and dV's spilled). ``TWO``: dQ handed to two
     writers by tile parity (``give_dq``). ``SCHED`` 4: as 2 with P^T in registers (``p``, as
     the pair's ``PIPE`` 3: two buffers of shared memory instead of four, so that three ring
-    stages fit at D 128). ``DQB``: ``give_dq``'s. Then dK, dV stored."""
+    stages fit at D 128). ``SCHED`` 2, 4: a tile's P^T / dS^T is stored once both
+    warpgroups' dQ of the tile two back (the buffer's last readers) completed
+    (``free_buffer``: the other warpgroup's may run after its arrival on the tile before).
+    ``DQB``: ``give_dq``'s. Then dK, dV stored."""
     NQ = D // WG if BM == 64 else D  # dQ's columns in this warpgroup (BM 128: its rows)
     DQM = 5 if BM == 64 else 6  # issue_dq's: the columns, resp. the rows, split
     s = kaio.local(f32, (BM // 8, 4))  # S^T, then P^T
@@ -205,12 +208,15 @@ def consume_late(
                               D, NQ, TWO, DQB, _i > 2, BM)  # fmt: skip
                 fb ^= 1
             qb = pb  # tile i - 1's buffers
-            pb, hph = next_stage(pb, hph, 2)  # (its last readers: tile i - 2's products, done)
+            pb, hph = next_stage(pb, hph, 2)  # (their last readers: tile i - 2's products)
+            if SCHED >= 2 and _i > 1:  # (the other warpgroup's dQ of tile i - 2 among them)
+                kaio.mbarrier_wait(bars, (0, STAGES + pb), hph ^ 1)
             hand_pt(pt_s, pb, p, s, dp, bars, STAGES, kr, lane, lt, BM, SCHED, DT)
             if SCHED >= 2:  # tile i - 1's dQ now: s, dp are stored (dqa and they never coexist)
                 kaio.wgmma_fence()
                 issue_dq(dqa, pt_s, qb, k_s, wg, D, NQ, WG, DQM, DT)
                 kaio.wgmma_wait(0)
+                free_buffer(bars, STAGES + qb, lt)
                 wph = give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, _i > 1, wph, fb, FULL,
                               D, NQ, TWO, DQB, _i > 2, BM)  # fmt: skip
                 fb ^= 1
@@ -245,13 +251,13 @@ def consume_wide(
     """Consumer warpgroup ``wg``'s 64 keys with ``SCHED`` 5 (FlashAttention-3's order: one
     tile's products in flight at a time in a warpgroup, the other warpgroup's beside them):
     tile i's S^T and dP^T issued and waited for, P^T and dS^T computed, dS^T stored to
-    ``pt_s`` (two buffers by tile parity: the other warpgroup's last reads of a buffer, its
-    dQ two tiles back, were waited for before its arrival on the tile before, which this
-    warpgroup waited for), then tile i's dV += P^T dO (P^T from the registers ``p``), tile
-    i - 1's dK += dS^T Q and dQ = dS K (dS^T from ``pt_s``, once every warp stored it)
-    issued together and waited for, the stage of tile i - 1 released and its dQ handed to
-    the two writers (``give_dq``, ``TWO``). ``BM`` 128: each warpgroup's dQ is its 64
-    queries of the tile, all D columns (``issue_dq``'s ``DQ`` 6). Then dK, dV stored."""
+    ``pt_s`` (two buffers by tile parity, once both warpgroups' dQ of the tile two back,
+    its last readers, completed: ``free_buffer``), then tile i's dV += P^T dO (P^T from
+    the registers ``p``), tile i - 1's dK += dS^T Q and dQ = dS K (dS^T from ``pt_s``,
+    once every warp stored it) issued together and waited for, the stage of tile i - 1
+    released and its dQ handed to the two writers (``give_dq``, ``TWO``). ``BM`` 128: each
+    warpgroup's dQ is its 64 queries of the tile, all D columns (``issue_dq``'s ``DQ``
+    6). Then dK, dV stored."""
     NQ = D // WG if BM == 64 else D
     DQM = 5 if BM == 64 else 6
     s = kaio.local(f32, (BM // 8, 4))  # S^T, then P^T
@@ -291,6 +297,8 @@ def consume_wide(
         grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, sk, causal, scale_log2,
                 lane, BM, TSTATS)  # fmt: skip
         pack_p(p, s, BM, DT)
+        if _i > 1:  # the other warpgroup's dQ of tile i - 2 (buffer pb) done
+            kaio.mbarrier_wait(bars, (0, STAGES + pb), hph ^ 1)
         store_ds(pt_s, pb, dp, kr, lane, BM, DT)
         release(bars, STAGES + pb, lt)
         kaio.wgmma_fence()
@@ -300,6 +308,7 @@ def consume_wide(
             issue_dq(dqa, pt_s, qb, k_s, wg, D, NQ, WG, DQM, DT)
         kaio.wgmma_wait(0)
         if _i > 0:
+            free_buffer(bars, STAGES + qb, lt)
             release(bars, ps, lt)  # tile i - 1's stage: its dK done
             wph = give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, _i > 1, wph, fb, FULL, D,
                           NQ, 1, DQB, _i > 2, BM)  # fmt: skip
@@ -321,6 +330,16 @@ def consume_wide(
                 DQB, total > 2, BM)  # fmt: skip
     store_tile(dk, dka, kvh * sk * D, key0, sk, scale, lane, D, DT)
     store_tile(dv, dva, kvh * sk * D, key0, sk, 1.0, lane, D, DT)
+
+
+@kaio.gpu_func
+def free_buffer(bars: u64[:, :], b: i32, lt: u32):
+    """This warp's dQ product of the P^T / dS^T buffer whose barriers are ``bars[., b]`` is
+    done (waited for): its arrival on ``bars[0, b]``, which the consumer warps wait on before
+    they store the tile two further on there (the other warpgroup's dQ reads every row)."""
+    kaio.sync_warp()
+    if lt % 32 == 0:
+        kaio.mbarrier_arrive(bars, (0, b))
 
 
 @kaio.gpu_func
@@ -505,7 +524,10 @@ def attention_bwd_fused_ordered(
         init_barriers(bars, turn, WG, STAGES, DQ, NBUF)
         if DQB == 2:  # writer 1's "dq_s free" (the one-buffer "full" is unused with TWO)
             kaio.mbarrier_init(bars, (1, STAGES + NBUF * WG), 3)
-            kaio.fence_proxy_async()
+        if SCHED >= 2:  # the dS^T buffers' "free" (free_buffer)
+            for b in kaio.static_range(2):
+                kaio.mbarrier_init(bars, (0, STAGES + b), 4 * WG)
+        kaio.fence_proxy_async()
     kaio.sync_threads()
     if wg < WG:  # the consumers
         if REGS:
