@@ -254,7 +254,9 @@ def tiny() -> None:
     """The pair (the default) and the fused kernel once per case at small sizes (f16, D 128
     and 64, causal and not, partial tiles, grouped-query heads), checked: for
     compute-sanitizer (``TINY=pair``: the pair alone; ``TINY=one``: the pair at D 128,
-    causal; ``TINY=ordered``: the deterministic fused kernel at D 128, not causal)."""
+    causal; ``TINY=ordered``: the deterministic fused kernel at D 128, not causal, or with
+    ``TINY_OVER`` (JSON: its ``ordered_config`` overrides), ``TINY_D`` and ``TINY_CAUSAL``
+    (0, 1 or 0,1))."""
     import torch
 
     cases = [("float16", 128, NEW["pair"]), ("float16", 64, NEW["pair"]), ("float16", 128, {}),
@@ -263,7 +265,10 @@ def tiny() -> None:
         cases = cases[:2]
     masks = (False, True)
     if os.environ.get("TINY") == "ordered":  # the deterministic fused kernel, D 128 (SCHED 4)
-        cases, masks = [("float16", 128, NEW["ordered"])], (False,)
+        over = json.loads(os.environ.get("TINY_OVER", "null")) or True  # (its overrides)
+        d = int(os.environ.get("TINY_D", "128"))
+        cases = [("float16", d, {"ordered": over})]
+        masks = [bool(int(x)) for x in os.environ.get("TINY_CAUSAL", "0").split(",")]
     if os.environ.get("TINY") == "one":  # the shipped kernels at D 128, causal: the shortest
         cases, masks = cases[:1], (True,)
     for dtype, d, over in cases:

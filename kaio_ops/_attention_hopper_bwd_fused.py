@@ -139,7 +139,7 @@ def consume_late(
     kvh: i32, first_head: i32, group: i32, first: i32, n_tiles: i32, k0: i32, sq: i32,
     sk: i32, causal: i32, scale_log2: f32, scale: f32, D: kaio.constexpr, BM: kaio.constexpr,
     WG: kaio.constexpr, STAGES: kaio.constexpr, TSTATS: kaio.constexpr, SCHED: kaio.constexpr,
-    TWO: kaio.constexpr, DT: kaio.constexpr, DQB: kaio.constexpr,
+    TWO: kaio.constexpr, DT: kaio.constexpr, NW: kaio.constexpr,
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 keys (thread ``lt`` of it) with ``SCHED`` 1 or 2: tile i's
     S^T and dP^T issued first, then tile i - 1's dV += P^T dO, dK += dS^T Q and dQ = dS K, all
@@ -154,7 +154,7 @@ def consume_late(
     stages fit at D 128). ``SCHED`` 2, 4: a tile's P^T / dS^T is stored once both
     warpgroups' dQ of the tile two back (the buffer's last readers) completed
     (``free_buffer``: the other warpgroup's may run after its arrival on the tile before).
-    ``DQB``: ``give_dq``'s. Then dK, dV stored."""
+    ``NW``: the writers (``TWO``), whose tiles come in turn. Then dK, dV stored."""
     NQ = D // WG if BM == 64 else D  # dQ's columns in this warpgroup (BM 128: its rows)
     DQM = 5 if BM == 64 else 6  # issue_dq's: the columns, resp. the rows, split
     s = kaio.local(f32, (BM // 8, 4))  # S^T, then P^T
@@ -205,8 +205,8 @@ def consume_late(
             release(bars, ps, lt)
             if SCHED == 1:
                 wph = give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, _i > 1, wph, fb, FULL,
-                              D, NQ, TWO, DQB, _i > 2, BM)  # fmt: skip
-                fb ^= 1
+                              D, NQ, TWO)  # fmt: skip
+                fb = next_writer(fb, NW)
             qb = pb  # tile i - 1's buffers
             pb, hph = next_stage(pb, hph, 2)  # (their last readers: tile i - 2's products)
             if SCHED >= 2 and _i > 1:  # (the other warpgroup's dQ of tile i - 2 among them)
@@ -218,8 +218,8 @@ def consume_late(
                 kaio.wgmma_wait(0)
                 free_buffer(bars, STAGES + qb, lt)
                 wph = give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, _i > 1, wph, fb, FULL,
-                              D, NQ, TWO, DQB, _i > 2, BM)  # fmt: skip
-                fb ^= 1
+                              D, NQ, TWO)  # fmt: skip
+                fb = next_writer(fb, NW)
             ps = st
             st, ph = next_stage(st, ph, STAGES)
             t, at0 = next_tile(t, at0, first, n_tiles, sq)
@@ -232,8 +232,7 @@ def consume_late(
             issue_dq(dqa, pt_s, pb, k_s, wg, D, NQ, WG, DQM, DT)
         kaio.wgmma_wait(0)
         release(bars, ps, lt)
-        give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, total > 1, wph, fb, FULL, D, NQ, TWO,
-                DQB, total > 2, BM)  # fmt: skip
+        give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, total > 1, wph, fb, FULL, D, NQ, TWO)
     store_tile(dk, dka, kvh * sk * D, key0, sk, scale, lane, D, DT)
     store_tile(dv, dva, kvh * sk * D, key0, sk, 1.0, lane, D, DT)
 
@@ -246,7 +245,7 @@ def consume_wide(
     kvh: i32, first_head: i32, group: i32, first: i32, n_tiles: i32, k0: i32, sq: i32,
     sk: i32, causal: i32, scale_log2: f32, scale: f32, D: kaio.constexpr, BM: kaio.constexpr,
     WG: kaio.constexpr, STAGES: kaio.constexpr, TSTATS: kaio.constexpr, DT: kaio.constexpr,
-    DQB: kaio.constexpr,
+    NW: kaio.constexpr,
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 keys with ``SCHED`` 5 (FlashAttention-3's order: one
     tile's products in flight at a time in a warpgroup, the other warpgroup's beside them):
@@ -257,7 +256,7 @@ def consume_wide(
     once every warp stored it) issued together and waited for, the stage of tile i - 1
     released and its dQ handed to the two writers (``give_dq``, ``TWO``). ``BM`` 128: each
     warpgroup's dQ is its 64 queries of the tile, all D columns (``issue_dq``'s ``DQ``
-    6). Then dK, dV stored."""
+    6). ``NW``: the writers, whose tiles come in turn. Then dK, dV stored."""
     NQ = D // WG if BM == 64 else D
     DQM = 5 if BM == 64 else 6
     s = kaio.local(f32, (BM // 8, 4))  # S^T, then P^T
@@ -311,8 +310,8 @@ def consume_wide(
             free_buffer(bars, STAGES + qb, lt)
             release(bars, ps, lt)  # tile i - 1's stage: its dK done
             wph = give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, _i > 1, wph, fb, FULL, D,
-                          NQ, 1, DQB, _i > 2, BM)  # fmt: skip
-            fb ^= 1
+                          NQ, 1)  # fmt: skip
+            fb = next_writer(fb, NW)
         qb = pb
         qph = hph
         pb, hph = next_stage(pb, hph, 2)
@@ -326,10 +325,17 @@ def consume_wide(
         issue_dq(dqa, pt_s, qb, k_s, wg, D, NQ, WG, DQM, DT)
         kaio.wgmma_wait(0)
         release(bars, ps, lt)
-        give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, total > 1, wph, fb, FULL, D, NQ, 1,
-                DQB, total > 2, BM)  # fmt: skip
+        give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, total > 1, wph, fb, FULL, D, NQ, 1)
     store_tile(dk, dka, kvh * sk * D, key0, sk, scale, lane, D, DT)
     store_tile(dv, dva, kvh * sk * D, key0, sk, 1.0, lane, D, DT)
+
+
+@kaio.gpu_func
+def next_writer(fb: i32, NW: kaio.constexpr) -> i32:
+    """The writer of the next tile after writer ``fb``'s (``NW`` of them, in turn)."""
+    if NW == 2:
+        return fb ^ 1
+    return (fb + 1) % NW
 
 
 @kaio.gpu_func
@@ -346,24 +352,14 @@ def free_buffer(bars: u64[:, :], b: i32, lt: u32):
 def give_dq(
     dq_s: f32[:, :], bars: u64[:, :], dq_acc: f32[:], dqa: f32[:, :], sq: i32, c0: i32,
     lane: u32, lt: u32, after: bool_, wph: u32, fb: i32, FULL: kaio.constexpr,
-    D: kaio.constexpr, NQ: kaio.constexpr, TWO: kaio.constexpr, DQB: kaio.constexpr = 1,
-    again: bool_ = False, BM: kaio.constexpr = 64,
+    D: kaio.constexpr, NQ: kaio.constexpr, TWO: kaio.constexpr,
 ) -> u32:  # fmt: skip
     """A tile's dQ to dq_s for the writer (``hand_dq`` with DQ 5), or with ``TWO`` for the
     writer of tiles of parity ``fb``: once dq_s is free (``bars[1, FULL + 1]``, ``after`` a
     first tile; parity ``wph``), stored in fragment order, then this warp's arrival on
     ``bars[1, FULL - 2 + fb]`` (the dS^T barriers of buffers 2, 3, unused by
-    ``consume_late``). Returns the next parity. ``DQB`` 2 (with ``TWO``): writer fb's own
-    dq_s buffer (``BM`` rows from c0 + fb BM D / 64 in ``store_dq_frags``' units), free once
-    ``bars[1, FULL + 1 - fb]`` completes (``again``: the buffer had a tile before; bit fb of
-    ``wph`` its parity)."""
-    if TWO and DQB == 2:
-        if again:
-            kaio.mbarrier_wait(bars, (1, FULL + 1 - fb), (wph >> u32(fb)) & 1)
-            wph ^= u32(1) << u32(fb)
-        store_dq_frags(dq_s, dqa, c0 + fb * (BM * D // 64), lt, NQ)
-        release(bars, FULL - 2 + fb, lt)
-        return wph
+    ``consume_late``, and for a third writer ``bars[1, FULL]``, unused with ``TWO``).
+    Returns the next parity."""
     if TWO:
         if after:
             kaio.mbarrier_wait(bars, (1, FULL + 1), wph)
@@ -379,7 +375,7 @@ def write_dq_two(
     dq_s: f32[:, :], bars: u64[:, :], dq_acc: f32[:], sem: i32[:], w: i32, first_head: i32,
     group: i32, first: i32, n_tiles: i32, sq: i32, x: i32, nkb: i32, causal: i32,
     FULL: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr, BK: kaio.constexpr,
-    ORDER: kaio.constexpr = 1, DQB: kaio.constexpr = 1,
+    ORDER: kaio.constexpr = 1, NW: kaio.constexpr = 2,
 ):  # fmt: skip
     """``EARLY`` 3: writer ``w`` (0, 1: the first lanes of the producer warpgroup's warps 1
     and 2) of the tiles of parity w of the consumers' walk (``give_dq``'s ``TWO``): for each,
@@ -389,39 +385,37 @@ def write_dq_two(
     three writer warps'). Each tile's addition then takes one writer half the tiles' time.
     ``ORDER`` (the kernel's; for timing what the order costs): 1 as above, 0 no semaphore
     (the additions in any order: not deterministic), -1 no additions either (dQ wrong).
-    ``DQB`` 2: writer w's own dq_s buffer (rows w BM D / 4 ..), freed on ``bars[1, FULL + 1
-    - w]`` (three arrivals too)."""
-    src = w * (BM * D // 4) if DQB == 2 else 0
-    free = FULL + 1 - w if DQB == 2 else FULL + 1
+    ``NW``: the writers (warps 1 .. NW), tile i writer i % NW's (``NW`` 3: each writer's
+    wait for its last reduction to complete and pass the turn on spread over three tiles)."""
     t = first
     at0 = first_head * sq
     ph = u32(0)
     last = i32(0)
     total = group * kaio.max(n_tiles - first, 0)
     for _i in range(total):
-        if _i % 2 == w:
+        if _i % NW == w:
             tile = at0 // sq * n_tiles + t
             rank = x
             if causal != 0:
                 rank = kaio.min(nkb - 1, ((t + 1) * BM - 1) // BK) - x
             if ORDER > 0:
-                if _i >= 2:
+                if _i >= NW:
                     pass_turn(sem, last)
                 kaio.wait_eq(sem, tile, rank)
             kaio.mbarrier_wait(bars, (1, FULL - 2 + w), ph)
             ph ^= 1
             if ORDER >= 0 and BM == 64:
-                kaio.bulk_reduce_add(dq_acc, tile * BM * D, dq_s, (src, 0), BM * D * 4)
+                kaio.bulk_reduce_add(dq_acc, tile * BM * D, dq_s, (0, 0), BM * D * 4)
             elif ORDER >= 0:  # two 64-row tiles of dq_acc (the second only where it is)
                 n64 = (sq + 63) // 64
                 at = (at0 // sq * n64 + t * (BM // 64)) * 64 * D
                 size = kaio.min(BM, n64 * 64 - t * BM) * D * 4
-                kaio.bulk_reduce_add(dq_acc, at, dq_s, (src, 0), size)
+                kaio.bulk_reduce_add(dq_acc, at, dq_s, (0, 0), size)
             if ORDER >= 0:
                 kaio.bulk_commit()
                 kaio.bulk_wait_read(0)
             for _a in kaio.static_range(3):
-                kaio.mbarrier_arrive(bars, (1, free))
+                kaio.mbarrier_arrive(bars, (1, FULL + 1))
             last = tile
         t, at0 = next_tile(t, at0, first, n_tiles, sq)
     if ORDER > 0 and total > w:
@@ -475,7 +469,7 @@ def attention_bwd_fused_ordered(
     scale: f32, causal: i32, D: kaio.constexpr, BM: kaio.constexpr, WG: kaio.constexpr,
     STAGES: kaio.constexpr, PIPE: kaio.constexpr, AREG: kaio.constexpr, TSTATS: kaio.constexpr,
     REGS: kaio.constexpr, DT: kaio.constexpr, DQ: kaio.constexpr, LATE: kaio.constexpr,
-    EARLY: kaio.constexpr, SCHED: kaio.constexpr, ORDER: kaio.constexpr, DQB: kaio.constexpr,
+    EARLY: kaio.constexpr, SCHED: kaio.constexpr, ORDER: kaio.constexpr, NW: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the ``64 * WG`` keys of key block x (``block_idx_x``, reversed where causal:
     module docstring) and K/V head block y, summed over its group's query heads, and their
@@ -487,8 +481,7 @@ def attention_bwd_fused_ordered(
     ``SCHED`` 0: the consumers of ``_attention_hopper_bwd`` (``consume_dkdv``, with LATE),
     1, 2, 4: ``consume_late`` (four P^T and dS^T buffers; 4: two, dS^T), 5: ``consume_wide``
     (two, dS^T); ``ORDER``:
-    ``write_dq_two``'s (1: the fixed order); ``DQB``: dq_s's buffers (2: one a writer, with
-    ``EARLY`` 3)."""
+    ``write_dq_two``'s (1: the fixed order); ``NW``: its writers (2 or 3, with ``EARLY`` 3)."""
     NBUF = 3 if LATE == 2 else 2  # the dS^T buffers of SCHED 0 (and their barriers)
     NPT = 4 if SCHED and SCHED < 4 else NBUF  # the P^T and dS^T buffers (SCHED 0, 4, 5: dS^T)
     BK = 64 * WG
@@ -502,10 +495,9 @@ def attention_bwd_fused_ordered(
     HB = BM // 64  # the buffers of 64 queries a P^T or dS^T tile takes
     ds_s = kaio.shared_dynamic(DT, (NPT * HB, BK, 64), D // 32 * TILE + RING)
     DQS = D // 32 * TILE + RING + NPT * HB * TILE
-    dq_s = kaio.shared_dynamic(f32, (DQB * BM * D // 4, 4), DQS)  # fragment order
-    STATS = DQS + BM * (D + 4) * 4 + (DQB - 1) * BM * D * 4
-    stats = kaio.shared_dynamic(f32, (2, STAGES, BM), STATS)
-    BARS = STATS + 2 * STAGES * BM * 4
+    dq_s = kaio.shared_dynamic(f32, (BM * D // 4, 4), DQS)  # fragment order (store_dq_frags)
+    stats = kaio.shared_dynamic(f32, (2, STAGES, BM), DQS + BM * (D + 4) * 4)
+    BARS = DQS + BM * (D + 4) * 4 + 2 * STAGES * BM * 4
     bars = kaio.shared_dynamic(u64, (2, NB), BARS)
     turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * NB)
     nkb = (sk + BK - 1) // BK
@@ -522,8 +514,6 @@ def attention_bwd_fused_ordered(
     n_tiles = (sq + BM - 1) // BM
     if t == 0:
         init_barriers(bars, turn, WG, STAGES, DQ, NBUF)
-        if DQB == 2:  # writer 1's "dq_s free" (the one-buffer "full" is unused with TWO)
-            kaio.mbarrier_init(bars, (1, STAGES + NBUF * WG), 3)
         if SCHED >= 2:  # the dS^T buffers' "free" (free_buffer)
             for b in kaio.static_range(2):
                 kaio.mbarrier_init(bars, (0, STAGES + b), 4 * WG)
@@ -536,12 +526,12 @@ def attention_bwd_fused_ordered(
             consume_wide(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
                          dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk,
                          causal, scale_log2, scale, D, BM, WG, STAGES, TSTATS, DT,
-                         DQB)  # fmt: skip
+                         NW)  # fmt: skip
         elif SCHED:
             consume_late(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
                          dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk,
                          causal, scale_log2, scale, D, BM, WG, STAGES, TSTATS, SCHED,
-                         EARLY == 3, DT, DQB)  # fmt: skip
+                         EARLY == 3, DT, NW)  # fmt: skip
         else:
             consume_dkdv(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
                          dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk,
@@ -550,10 +540,10 @@ def attention_bwd_fused_ordered(
     else:  # the producer warpgroup: its first thread loads, warps 1 to 3 add dQ
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
-        if EARLY == 3 and (lt == 32 or lt == 64):
+        if EARLY == 3 and lt % 32 == 0 and lt >= 32 and lt <= 32 * NW:
             write_dq_two(dq_s, bars, dq_acc, sem, i32(lt // 32) - 1, first_head, group, first,
                          n_tiles, sq, x, nkb, causal, STAGES + NBUF * WG, D, BM, BK, ORDER,
-                         DQB)  # fmt: skip
+                         NW)  # fmt: skip
         elif lt == 0:
             produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl, td,
                     kvh * sk + k0, first_head * sq, sq, group, first, n_tiles, D, BK, BM,
@@ -587,19 +577,17 @@ SCHED = {64: (4, 4), 128: (4, 2)}
 
 
 def ordered_config(
-    d: int, sched: int | None = None, causal: bool = False, bm: int | None = None, dqb: int = 1
+    d: int, sched: int | None = None, causal: bool = False, bm: int | None = None
 ) -> dict:
     """The kernel's constexprs for head dim ``d``: ``_attention_hopper_bwd.config(d)``'s
     fused ones (``DQ`` 5), ``SCHED`` ``sched`` (default ``SCHED[d][causal]``), ``EARLY`` 3
     (2 with ``SCHED`` 0; H100, f16 B4 H16 S4096, ``SCHED`` 2 at D 128, 1 at D 64: 3 against 2
     411 / 410, causal 403 / 385; at D 64 293 / 271, causal 278 / 268), ``ORDER`` 1 (dQ added
     in the fixed order), query tiles of ``bm`` rows (default 64; 128: D 64 with ``SCHED`` 5
-    only), ``dqb`` dq_s buffers (``DQB``: 1, or 2 with ``EARLY`` 3) and as many ring stages
-    as fit (at most 4)."""
+    only) and as many ring stages as fit (at most 4)."""
     sched = SCHED[d][bool(causal)] if sched is None else sched
-    c = {**config(d)["fused"], "EARLY": 3 if sched else 2, "SCHED": sched, "ORDER": 1}
+    c = {**config(d)["fused"], "EARLY": 3 if sched else 2, "SCHED": sched, "ORDER": 1, "NW": 2}
     c["BM"] = bm or c["BM"]
-    c["DQB"] = dqb
     fit = [n for n in range(1, 5) if smem_bytes(d, {**c, "STAGES": n}) <= SHARED_LIMIT]
     c["STAGES"] = max(fit, default=1)
     return c
@@ -613,9 +601,8 @@ def _buffers(c: dict) -> int:
 
 def smem_bytes(d: int, c: dict) -> int:
     """The kernel's dynamic shared memory for head dim ``d`` and constexprs ``c``."""
-    one = shared_bytes(d, 64 * c["WG"], c["BM"], c["STAGES"], c["STAGES"] * c["BM"], 5,
-                       _buffers(c))  # fmt: skip
-    return one + (c.get("DQB", 1) - 1) * c["BM"] * d * 4
+    return shared_bytes(d, 64 * c["WG"], c["BM"], c["STAGES"], c["STAGES"] * c["BM"], 5,
+                        _buffers(c))  # fmt: skip
 
 
 def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
@@ -631,7 +618,7 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
 
     bh, heads, group, sq, sk, d, _ = dims
     cfg = cfg or {}
-    c = {**ordered_config(d, cfg.get("SCHED"), causal, cfg.get("BM"), cfg.get("DQB", 1)), **cfg}
+    c = {**ordered_config(d, cfg.get("SCHED"), causal, cfg.get("BM")), **cfg}  # (EARLY too)
     wide = c["BM"] == 128 and d == 64 and c["SCHED"] == 5 and c["EARLY"] == 3
     if c.get("DQ") != 5 or c["PIPE"] or (c["BM"] != 64 and not wide) or (c["SCHED"] and c["LATE"]):
         raise ValueError(
@@ -643,8 +630,8 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         raise ValueError(
             f"_attention_hopper_bwd_fused.launch: EARLY 3 needs SCHED 1 to 5, SCHED 5 EARLY 3: {c}"
         )
-    if c.get("DQB", 1) != 1 and (c["DQB"] != 2 or c["EARLY"] != 3):
-        raise ValueError(f"_attention_hopper_bwd_fused.launch: DQB 2 needs EARLY 3: {c}")
+    if c["NW"] not in (2, 3) or c["NW"] == 3 and c["EARLY"] != 3:
+        raise ValueError(f"_attention_hopper_bwd_fused.launch: NW 2, or 3 with EARLY 3: {c}")
     if c["SCHED"] and c["STAGES"] < 2:
         raise ValueError(f"_attention_hopper_bwd_fused.launch: SCHED 1 needs 2 stages: {c}")
     stream = _arrays.stream_of(qa)
