@@ -331,6 +331,14 @@ def consume_wide(
 
 
 @kaio.gpu_func
+def full_bar(fb: i32, FULL: kaio.constexpr) -> i32:
+    """The "dQ in dq_s" barrier (``bars[1, .]``) of writer ``fb``: the dS^T barriers of
+    buffers 2, 3 (unused by ``consume_late`` and ``consume_wide``), the one-writer "full"
+    (unused with ``TWO``), then those past the "dq_s free" one (writers 3 to 5)."""
+    return FULL - 2 + fb + i32(fb >= 3)
+
+
+@kaio.gpu_func
 def next_writer(fb: i32, NW: kaio.constexpr) -> i32:
     """The writer of the next tile after writer ``fb``'s (``NW`` of them, in turn)."""
     if NW == 2:
@@ -357,15 +365,14 @@ def give_dq(
     """A tile's dQ to dq_s for the writer (``hand_dq`` with DQ 5), or with ``TWO`` for the
     writer of tiles of parity ``fb``: once dq_s is free (``bars[1, FULL + 1]``, ``after`` a
     first tile; parity ``wph``), stored in fragment order, then this warp's arrival on
-    ``bars[1, FULL - 2 + fb]`` (the dS^T barriers of buffers 2, 3, unused by
-    ``consume_late``, and for a third writer ``bars[1, FULL]``, unused with ``TWO``).
+    ``bars[1, full_bar(fb)]``.
     Returns the next parity."""
     if TWO:
         if after:
             kaio.mbarrier_wait(bars, (1, FULL + 1), wph)
             wph ^= 1
         store_dq_frags(dq_s, dqa, c0, lt, NQ)
-        release(bars, FULL - 2 + fb, lt)
+        release(bars, full_bar(fb, FULL), lt)
         return wph
     return hand_dq(dq_s, bars, dq_acc, dqa, 0, 0, sq, c0, lane, lt, after, wph, FULL, D, NQ, 5)
 
@@ -380,13 +387,14 @@ def write_dq_two(
     """``EARLY`` 3: writer ``w`` (0, 1: the first lanes of the producer warpgroup's warps 1
     and 2) of the tiles of parity w of the consumers' walk (``give_dq``'s ``TWO``): for each,
     the last one's turn passed on (its reduction complete), the turn on this one awaited,
-    then once its dQ is in dq_s (``bars[1, FULL - 2 + w]``) one bulk reduction, its reads
+    then once its dQ is in dq_s (``bars[1, full_bar(w)]``) one bulk reduction, its reads
     waited for, and dq_s freed (three arrivals on ``bars[1, FULL + 1]``, whose count is the
     three writer warps'). Each tile's addition then takes one writer half the tiles' time.
     ``ORDER`` (the kernel's; for timing what the order costs): 1 as above, 0 no semaphore
     (the additions in any order: not deterministic), -1 no additions either (dQ wrong).
-    ``NW``: the writers (warps 1 .. NW), tile i writer i % NW's (``NW`` 3: each writer's
-    wait for its last reduction to complete and pass the turn on spread over three tiles)."""
+    ``NW``: the writers (the first lanes of warps 1 .. 3, then lane 16 of them), tile i
+    writer i % NW's (``NW`` 3: each writer's wait for its last reduction to complete and
+    pass the turn on spread over three tiles)."""
     t = first
     at0 = first_head * sq
     ph = u32(0)
@@ -402,7 +410,7 @@ def write_dq_two(
                 if _i >= NW:
                     pass_turn(sem, last)
                 kaio.wait_eq(sem, tile, rank)
-            kaio.mbarrier_wait(bars, (1, FULL - 2 + w), ph)
+            kaio.mbarrier_wait(bars, (1, full_bar(w, FULL)), ph)
             ph ^= 1
             if ORDER >= 0 and BM == 64:
                 kaio.bulk_reduce_add(dq_acc, tile * BM * D, dq_s, (0, 0), BM * D * 4)
@@ -481,13 +489,13 @@ def attention_bwd_fused_ordered(
     ``SCHED`` 0: the consumers of ``_attention_hopper_bwd`` (``consume_dkdv``, with LATE),
     1, 2, 4: ``consume_late`` (four P^T and dS^T buffers; 4: two, dS^T), 5: ``consume_wide``
     (two, dS^T); ``ORDER``:
-    ``write_dq_two``'s (1: the fixed order); ``NW``: its writers (2 or 3, with ``EARLY`` 3)."""
+    ``write_dq_two``'s (1: the fixed order); ``NW``: its writers (2 to 6, with ``EARLY`` 3)."""
     NBUF = 3 if LATE == 2 else 2  # the dS^T buffers of SCHED 0 (and their barriers)
     NPT = 4 if SCHED and SCHED < 4 else NBUF  # the P^T and dS^T buffers (SCHED 0, 4, 5: dS^T)
     BK = 64 * WG
     TILE = BK * 64 * 2  # one K or V column block, resp. P^T or dS^T buffer (64 queries)
     RING = 2 * STAGES * BM * D * 2  # Q and dO: the ring
-    NB = STAGES + NBUF * WG + 2
+    NB = STAGES + NBUF * WG + 2 + (NW - 3 if NW > 3 else 0)  # (writers 3 .. NW - 1's "full")
     k_s = kaio.shared_dynamic(DT, (D // 64, BK, 64), 0)
     v_s = kaio.shared_dynamic(DT, (D // 64, BK, 64), D // 64 * TILE)
     q_s = kaio.shared_dynamic(DT, (STAGES, D // 64, BM, 64), D // 32 * TILE)
@@ -514,6 +522,8 @@ def attention_bwd_fused_ordered(
     n_tiles = (sq + BM - 1) // BM
     if t == 0:
         init_barriers(bars, turn, WG, STAGES, DQ, NBUF)
+        for j in kaio.static_range(NW - 3 if NW > 3 else 0):  # writers 3 .. NW - 1's "full"
+            kaio.mbarrier_init(bars, (1, STAGES + NBUF * WG + 2 + j), 4 * WG)
         if SCHED >= 2:  # the dS^T buffers' "free" (free_buffer)
             for b in kaio.static_range(2):
                 kaio.mbarrier_init(bars, (0, STAGES + b), 4 * WG)
@@ -540,8 +550,9 @@ def attention_bwd_fused_ordered(
     else:  # the producer warpgroup: its first thread loads, warps 1 to 3 add dQ
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
-        if EARLY == 3 and lt % 32 == 0 and lt >= 32 and lt <= 32 * NW:
-            write_dq_two(dq_s, bars, dq_acc, sem, i32(lt // 32) - 1, first_head, group, first,
+        w = i32(lt // 32) - 1 + 3 * i32(lt % 32 // 16)  # (writers 3-5: lane 16 of warps 1-3)
+        if EARLY == 3 and lt % 16 == 0 and lt >= 32 and w < NW:
+            write_dq_two(dq_s, bars, dq_acc, sem, w, first_head, group, first,
                          n_tiles, sq, x, nkb, causal, STAGES + NBUF * WG, D, BM, BK, ORDER,
                          NW)  # fmt: skip
         elif lt == 0:
@@ -601,8 +612,9 @@ def _buffers(c: dict) -> int:
 
 def smem_bytes(d: int, c: dict) -> int:
     """The kernel's dynamic shared memory for head dim ``d`` and constexprs ``c``."""
-    return shared_bytes(d, 64 * c["WG"], c["BM"], c["STAGES"], c["STAGES"] * c["BM"], 5,
-                        _buffers(c))  # fmt: skip
+    more = 32 * max(c.get("NW", 2) - 3, 0)  # (writers 3 .. NW - 1's barriers)
+    return more + shared_bytes(d, 64 * c["WG"], c["BM"], c["STAGES"], c["STAGES"] * c["BM"], 5,
+                               _buffers(c))  # fmt: skip
 
 
 def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
@@ -630,8 +642,8 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         raise ValueError(
             f"_attention_hopper_bwd_fused.launch: EARLY 3 needs SCHED 1 to 5, SCHED 5 EARLY 3: {c}"
         )
-    if c["NW"] not in (2, 3) or c["NW"] == 3 and c["EARLY"] != 3:
-        raise ValueError(f"_attention_hopper_bwd_fused.launch: NW 2, or 3 with EARLY 3: {c}")
+    if c["NW"] not in range(2, 7) or c["NW"] > 2 and c["EARLY"] != 3:
+        raise ValueError(f"_attention_hopper_bwd_fused.launch: NW 2, or 3 to 6 with EARLY 3: {c}")
     if c["SCHED"] and c["STAGES"] < 2:
         raise ValueError(f"_attention_hopper_bwd_fused.launch: SCHED 1 needs 2 stages: {c}")
     stream = _arrays.stream_of(qa)
