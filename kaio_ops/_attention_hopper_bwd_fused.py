@@ -331,6 +331,21 @@ def consume_wide(
 
 
 @kaio.gpu_func
+def interleaved(bx: i32, by: i32, nkb: i32, HG: kaio.constexpr) -> tuple[i32, i32]:
+    """(key block, K/V head) of block (bx, by) of a (nkb, heads) grid whose launch order
+    (linear: bx fastest) takes groups of ``HG`` heads' key blocks in turn: key block 0 of
+    each head of the group, then key block 1, ... Consecutive key blocks of a head then
+    start ``HG`` blocks apart (a block still waits only for lower linear indices: key block
+    x - 1 of its head comes before it), and the blocks running at once still cover few
+    heads (their Q, dO and dQ sums in L2)."""
+    lin = by * nkb + bx
+    g = lin // (HG * nkb)
+    hk = kaio.min(HG, i32(kaio.grid_dim_y()) - g * HG)  # (the last group: the heads left)
+    r = lin - g * HG * nkb
+    return r // hk, g * HG + r % hk
+
+
+@kaio.gpu_func
 def full_bar(fb: i32, FULL: kaio.constexpr) -> i32:
     """The "dQ in dq_s" barrier (``bars[1, .]``) of writer ``fb``: the dS^T barriers of
     buffers 2, 3 (unused by ``consume_late`` and ``consume_wide``), the one-writer "full"
@@ -478,6 +493,7 @@ def attention_bwd_fused_ordered(
     STAGES: kaio.constexpr, PIPE: kaio.constexpr, AREG: kaio.constexpr, TSTATS: kaio.constexpr,
     REGS: kaio.constexpr, DT: kaio.constexpr, DQ: kaio.constexpr, LATE: kaio.constexpr,
     EARLY: kaio.constexpr, SCHED: kaio.constexpr, ORDER: kaio.constexpr, NW: kaio.constexpr,
+    HG: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the ``64 * WG`` keys of key block x (``block_idx_x``, reversed where causal:
     module docstring) and K/V head block y, summed over its group's query heads, and their
@@ -489,7 +505,8 @@ def attention_bwd_fused_ordered(
     ``SCHED`` 0: the consumers of ``_attention_hopper_bwd`` (``consume_dkdv``, with LATE),
     1, 2, 4: ``consume_late`` (four P^T and dS^T buffers; 4: two, dS^T), 5: ``consume_wide``
     (two, dS^T); ``ORDER``:
-    ``write_dq_two``'s (1: the fixed order); ``NW``: its writers (2 to 6, with ``EARLY`` 3)."""
+    ``write_dq_two``'s (1: the fixed order); ``NW``: its writers (2 to 6, with ``EARLY`` 3);
+    ``HG``: ``interleaved``'s (1: block (x, y) is key block x of K/V head y)."""
     NBUF = 3 if LATE == 2 else 2  # the dS^T buffers of SCHED 0 (and their barriers)
     NPT = 4 if SCHED and SCHED < 4 else NBUF  # the P^T and dS^T buffers (SCHED 0, 4, 5: dS^T)
     BK = 64 * WG
@@ -510,11 +527,13 @@ def attention_bwd_fused_ordered(
     turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * NB)
     nkb = (sk + BK - 1) // BK
     x = i32(kaio.block_idx_x())
+    kvh = i32(kaio.block_idx_y())
+    if HG > 1:  # HG K/V heads' key blocks interleaved in the launch order
+        x, kvh = interleaved(x, kvh, nkb, HG)
     if causal != 0:
         x = nkb - 1 - x  # the last key blocks first: they add to each tile before the rest
     k0 = x * BK
     t, wg, lt = thread_roles(WG)
-    kvh = i32(kaio.block_idx_y())
     first_head = kvh // (heads // group) * heads + kvh % (heads // group) * group
     first = i32(0)
     if causal != 0:
@@ -598,6 +617,7 @@ def ordered_config(
     only) and as many ring stages as fit (at most 4)."""
     sched = SCHED[d][bool(causal)] if sched is None else sched
     c = {**config(d)["fused"], "EARLY": 3 if sched else 2, "SCHED": sched, "ORDER": 1, "NW": 2}
+    c["HG"] = 1
     c["BM"] = bm or c["BM"]
     fit = [n for n in range(1, 5) if smem_bytes(d, {**c, "STAGES": n}) <= SHARED_LIMIT]
     c["STAGES"] = max(fit, default=1)
