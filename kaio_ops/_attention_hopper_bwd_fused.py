@@ -139,7 +139,7 @@ def consume_late(
     kvh: i32, first_head: i32, group: i32, first: i32, n_tiles: i32, k0: i32, sq: i32,
     sk: i32, causal: i32, scale_log2: f32, scale: f32, D: kaio.constexpr, BM: kaio.constexpr,
     WG: kaio.constexpr, STAGES: kaio.constexpr, TSTATS: kaio.constexpr, SCHED: kaio.constexpr,
-    TWO: kaio.constexpr, DT: kaio.constexpr, NW: kaio.constexpr,
+    TWO: kaio.constexpr, DT: kaio.constexpr, NW: kaio.constexpr, NDS: kaio.constexpr,
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 keys (thread ``lt`` of it) with ``SCHED`` 1 or 2: tile i's
     S^T and dP^T issued first, then tile i - 1's dV += P^T dO, dK += dS^T Q and dQ = dS K, all
@@ -154,7 +154,10 @@ def consume_late(
     stages fit at D 128). ``SCHED`` 2, 4: a tile's P^T / dS^T is stored once both
     warpgroups' dQ of the tile two back (the buffer's last readers) completed
     (``free_buffer``: the other warpgroup's may run after its arrival on the tile before).
-    ``NW``: the writers (``TWO``), whose tiles come in turn. Then dK, dV stored."""
+    ``NDS`` 3 (``SCHED`` 4): three dS^T buffers in turn instead (their barriers
+    ``bars[0, STAGES + b]``): the other warpgroup's dQ three tiles back completed before its
+    arrival on the tile before, and no "free" wait is needed. ``NW``: the writers
+    (``TWO``), whose tiles come in turn. Then dK, dV stored."""
     NQ = D // WG if BM == 64 else D  # dQ's columns in this warpgroup (BM 128: its rows)
     DQM = 5 if BM == 64 else 6  # issue_dq's: the columns, resp. the rows, split
     s = kaio.local(f32, (BM // 8, 4))  # S^T, then P^T
@@ -171,6 +174,7 @@ def consume_late(
     key0 = k0 + kr  # the rows' keys
     c0 = i32(wg) * NQ  # (BM 128: dq_s's fragments of the warpgroup's 64 rows from c0 / 8)
     FULL = STAGES + 2 * WG  # dq_s's barriers (init_barriers with DQ 5, NBUF 2)
+    ROW = 0 if NDS == 3 else 1  # the dS^T buffers' barriers' row
     total = group * kaio.max(n_tiles - first, 0)
     kaio.mbarrier_wait(turn, 0, 0)  # K and V landed
     t = first
@@ -184,7 +188,7 @@ def consume_late(
         kaio.wgmma_wait(0)
         grads_t(s, dp, stats, 0, lse, delta, at0, key0, t * BM, sq, sk, causal, scale_log2, lane,
                 BM, TSTATS)  # fmt: skip
-        hand_pt(pt_s, 0, p, s, dp, bars, STAGES, kr, lane, lt, BM, SCHED, DT)
+        hand_pt(pt_s, 0, p, s, dp, bars, STAGES, kr, lane, lt, BM, SCHED, DT, ROW)
         pb = i32(0)  # tile i - 1's buffers and their barrier's parity
         hph = u32(0)
         ps = i32(0)  # tile i - 1's stage
@@ -194,7 +198,7 @@ def consume_late(
             kaio.mbarrier_wait(bars, (0, st), ph)
             kaio.wgmma_fence()
             issue_front(s, dp, k_s, v_s, q_s, do_s, af, af, st, wg, D, 0, DT)
-            kaio.mbarrier_wait(bars, (1, STAGES + pb), hph)  # tile i - 1's from every warp
+            kaio.mbarrier_wait(bars, (ROW, STAGES + pb), hph)  # tile i - 1's, every warp
             issue_back_late(dka, dva, dqa, p, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG,
                             SCHED, DT)  # fmt: skip
             kaio.wgmma_wait(3 if SCHED == 1 else 2)  # S^T, dP^T done (SCHED 4: with dV's
@@ -208,22 +212,23 @@ def consume_late(
                               D, NQ, TWO)  # fmt: skip
                 fb = next_writer(fb, NW)
             qb = pb  # tile i - 1's buffers
-            pb, hph = next_stage(pb, hph, 2)  # (their last readers: tile i - 2's products)
-            if SCHED >= 2 and _i > 1:  # (the other warpgroup's dQ of tile i - 2 among them)
+            pb, hph = next_stage(pb, hph, NDS)  # (last read by tile i - NDS's products)
+            if SCHED >= 2 and NDS == 2 and _i > 1:  # (the other warpgroup's dQ among them)
                 kaio.mbarrier_wait(bars, (0, STAGES + pb), hph ^ 1)
-            hand_pt(pt_s, pb, p, s, dp, bars, STAGES, kr, lane, lt, BM, SCHED, DT)
+            hand_pt(pt_s, pb, p, s, dp, bars, STAGES, kr, lane, lt, BM, SCHED, DT, ROW)
             if SCHED >= 2:  # tile i - 1's dQ now: s, dp are stored (dqa and they never coexist)
                 kaio.wgmma_fence()
                 issue_dq(dqa, pt_s, qb, k_s, wg, D, NQ, WG, DQM, DT)
                 kaio.wgmma_wait(0)
-                free_buffer(bars, STAGES + qb, lt)
+                if NDS == 2:
+                    free_buffer(bars, STAGES + qb, lt)
                 wph = give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, _i > 1, wph, fb, FULL,
                               D, NQ, TWO)  # fmt: skip
                 fb = next_writer(fb, NW)
             ps = st
             st, ph = next_stage(st, ph, STAGES)
             t, at0 = next_tile(t, at0, first, n_tiles, sq)
-        kaio.mbarrier_wait(bars, (1, STAGES + pb), hph)
+        kaio.mbarrier_wait(bars, (ROW, STAGES + pb), hph)
         kaio.wgmma_fence()
         last = 4 if SCHED == 4 else 1  # (4: P^T in p, dQ after; else from pt_s, with dQ)
         issue_back_late(dka, dva, dqa, p, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG,
@@ -471,17 +476,23 @@ def issue_back_late(
 def hand_pt(
     pt_s: DT[:, :, :], b: i32, p: u32[:, :], s: f32[:, :], dp: f32[:, :], bars: u64[:, :],
     base: i32, kr: i32, lane: u32, lt: u32, BM: kaio.constexpr, SCHED: kaio.constexpr,
-    DT: kaio.constexpr,
+    DT: kaio.constexpr, ROW: kaio.constexpr = 1,
 ):  # fmt: skip
     """A tile's P^T (``s``) and dS^T (``dp``) to ``pt_s[2 + b]`` (``SCHED`` 4: packed into
     the registers ``p``) and ``pt_s[b]`` (rows kr, kr + 8), fenced for the tensor cores, then
-    this warp's arrival on ``bars[1, base + b]``."""
+    this warp's arrival on ``bars[ROW, base + b]``."""
     if SCHED == 4:
         pack_p(p, s, BM, DT)
     else:
         store_ds(pt_s, 2 + b, s, kr, lane, BM, DT)
     store_ds(pt_s, b, dp, kr, lane, BM, DT)
-    release(bars, base + b, lt)
+    if ROW == 1:
+        release(bars, base + b, lt)
+    else:
+        kaio.fence_proxy_async()
+        kaio.sync_warp()
+        if lt % 32 == 0:
+            kaio.mbarrier_arrive(bars, (ROW, base + b))
 
 
 @kaio.gpu_kernel(fastmath=True)  # ex2.approx.ftz: one instruction an exponential
@@ -493,7 +504,7 @@ def attention_bwd_fused_ordered(
     STAGES: kaio.constexpr, PIPE: kaio.constexpr, AREG: kaio.constexpr, TSTATS: kaio.constexpr,
     REGS: kaio.constexpr, DT: kaio.constexpr, DQ: kaio.constexpr, LATE: kaio.constexpr,
     EARLY: kaio.constexpr, SCHED: kaio.constexpr, ORDER: kaio.constexpr, NW: kaio.constexpr,
-    HG: kaio.constexpr,
+    HG: kaio.constexpr, NDS: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the ``64 * WG`` keys of key block x (``block_idx_x``, reversed where causal:
     module docstring) and K/V head block y, summed over its group's query heads, and their
@@ -506,9 +517,10 @@ def attention_bwd_fused_ordered(
     1, 2, 4: ``consume_late`` (four P^T and dS^T buffers; 4: two, dS^T), 5: ``consume_wide``
     (two, dS^T); ``ORDER``:
     ``write_dq_two``'s (1: the fixed order); ``NW``: its writers (2 to 6, with ``EARLY`` 3);
-    ``HG``: ``interleaved``'s (1: block (x, y) is key block x of K/V head y)."""
+    ``HG``: ``interleaved``'s (1: block (x, y) is key block x of K/V head y); ``NDS``:
+    ``consume_late``'s dS^T buffers (2, or 3 with ``SCHED`` 4)."""
     NBUF = 3 if LATE == 2 else 2  # the dS^T buffers of SCHED 0 (and their barriers)
-    NPT = 4 if SCHED and SCHED < 4 else NBUF  # the P^T and dS^T buffers (SCHED 0, 4, 5: dS^T)
+    NPT = 4 if SCHED and SCHED < 4 else NDS if SCHED else NBUF  # P^T, dS^T (0, 4, 5: dS^T)
     BK = 64 * WG
     TILE = BK * 64 * 2  # one K or V column block, resp. P^T or dS^T buffer (64 queries)
     RING = 2 * STAGES * BM * D * 2  # Q and dO: the ring
@@ -543,8 +555,8 @@ def attention_bwd_fused_ordered(
         init_barriers(bars, turn, WG, STAGES, DQ, NBUF)
         for j in kaio.static_range(NW - 3 if NW > 3 else 0):  # writers 3 .. NW - 1's "full"
             kaio.mbarrier_init(bars, (1, STAGES + NBUF * WG + 2 + j), 4 * WG)
-        if SCHED >= 2:  # the dS^T buffers' "free" (free_buffer)
-            for b in kaio.static_range(2):
+        if SCHED >= 2:  # the dS^T buffers' "free" (free_buffer), resp. NDS 3's "full"
+            for b in kaio.static_range(NDS):
                 kaio.mbarrier_init(bars, (0, STAGES + b), 4 * WG)
         kaio.fence_proxy_async()
     kaio.sync_threads()
@@ -560,7 +572,7 @@ def attention_bwd_fused_ordered(
             consume_late(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
                          dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk,
                          causal, scale_log2, scale, D, BM, WG, STAGES, TSTATS, SCHED,
-                         EARLY == 3, DT, NW)  # fmt: skip
+                         EARLY == 3, DT, NW, NDS)  # fmt: skip
         else:
             consume_dkdv(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
                          dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk,
@@ -618,16 +630,24 @@ def ordered_config(
     sched = SCHED[d][bool(causal)] if sched is None else sched
     c = {**config(d)["fused"], "EARLY": 3 if sched else 2, "SCHED": sched, "ORDER": 1, "NW": 2}
     c["HG"] = 1
+    c["NDS"] = 2
     c["BM"] = bm or c["BM"]
+    return {**c, "STAGES": fit_stages(d, c)}
+
+
+def fit_stages(d: int, c: dict) -> int:
+    """The most ring stages (at most 4) whose ``smem_bytes`` fit, for head dim ``d`` and the
+    other constexprs ``c``."""
     fit = [n for n in range(1, 5) if smem_bytes(d, {**c, "STAGES": n}) <= SHARED_LIMIT]
-    c["STAGES"] = max(fit, default=1)
-    return c
+    return max(fit, default=1)
 
 
 def _buffers(c: dict) -> int:
-    """The P^T and dS^T buffers of 64 queries (``shared_bytes``'s ``nbuf``): two or four a
-    query tile's (``BM`` 128: twice as many)."""
-    return (4 if c.get("SCHED") in (1, 2) else _ds_buffers(c)[1]) * (c["BM"] // 64)
+    """The P^T and dS^T buffers of 64 queries (``shared_bytes``'s ``nbuf``): two to four a
+    query tile's (``NDS``, ``SCHED`` 1, 2: four; ``BM`` 128: twice as many)."""
+    sched = c.get("SCHED")
+    n = 4 if sched in (1, 2) else c.get("NDS", 2) if sched else _ds_buffers(c)[1]
+    return n * (c["BM"] // 64)
 
 
 def smem_bytes(d: int, c: dict) -> int:
@@ -651,6 +671,8 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     bh, heads, group, sq, sk, d, _ = dims
     cfg = cfg or {}
     c = {**ordered_config(d, cfg.get("SCHED"), causal, cfg.get("BM")), **cfg}  # (EARLY too)
+    if "STAGES" not in cfg:  # as many as fit with the overrides
+        c["STAGES"] = fit_stages(d, c)
     wide = c["BM"] == 128 and d == 64 and c["SCHED"] == 5 and c["EARLY"] == 3
     if c.get("DQ") != 5 or c["PIPE"] or (c["BM"] != 64 and not wide) or (c["SCHED"] and c["LATE"]):
         raise ValueError(
@@ -664,6 +686,8 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         )
     if c["NW"] not in range(2, 7) or c["NW"] > 2 and c["EARLY"] != 3:
         raise ValueError(f"_attention_hopper_bwd_fused.launch: NW 2, or 3 to 6 with EARLY 3: {c}")
+    if c["NDS"] not in (2, 3) or c["NDS"] == 3 and c["SCHED"] != 4:
+        raise ValueError(f"_attention_hopper_bwd_fused.launch: NDS 2, or 3 with SCHED 4: {c}")
     if c["SCHED"] and c["STAGES"] < 2:
         raise ValueError(f"_attention_hopper_bwd_fused.launch: SCHED 1 needs 2 stages: {c}")
     stream = _arrays.stream_of(qa)
