@@ -47,6 +47,9 @@ def poisoned_outputs(monkeypatch):
         # 64-row tiles, the last one's second past the rows (Sq 152: its reduction halved);
         # causal, grouped-query, Sq < Sk
         (1, 2, 1, 152, 256, 64, np.float16, True, 5, 3),
+        # three dS^T buffers (NDS 3), three writers, two K/V heads' key blocks interleaved
+        # in the launch order (HG 2; three heads: the last group has one)
+        (3, 1, 1, 128, 256, 64, np.float16, False, 4, 3),
     ],
 )
 def test_ordered_backward_in_simulator(
@@ -54,9 +57,12 @@ def test_ordered_backward_in_simulator(
 ):  # fmt: skip
     """dQ, dK, dV against float64 through ``_attention_hopper_bwd.launch(ordered=...)``
     with two ring stages (the simulator runs the blocks in linear order: each wait is met by
-    the blocks before); SCHED 5 with query tiles of 128."""
+    the blocks before, and a wait for a later block fails); SCHED 5 with query tiles of
+    128."""
     launch = hopper_bwd.launch
     over = {"SCHED": sched, "EARLY": early, "STAGES": 2, **({"BM": 128} if sched == 5 else {})}
+    if b == 3:
+        over.update(NDS=3, NW=3, HG=2)
     monkeypatch.setattr(hopper_bwd, "launch", lambda *a, **k: launch(*a, **k, ordered=over))
     cfg = small(2, 0, 0, 5, 0)
     check_grads(*run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg), dtype)
@@ -168,15 +174,18 @@ def _gpu_operands(b, h, hkv, sq, sk, d, causal, seed):
 
 @pytest.mark.gpu
 @pytest.mark.skipif("not _hopper_gpu()", reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("d, causal, hkv", [(128, True, 2), (128, False, 4), (64, True, 4)])
+@pytest.mark.parametrize(
+    "d, causal, hkv", [(128, True, 2), (128, False, 4), (64, True, 4), (64, False, 3)]
+)
 def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv):
     """Against float64 autograd (grouped-query heads, Sq < Sk, a partial query tile) and
-    the same bits on three runs, at a size with many key blocks a query tile."""
+    the same bits on three runs, at a size with many key blocks a query tile (three K/V
+    heads: six blocks' heads, a partial group of ``HG``)."""
     import torch
 
     from tests.test_ops_attention import _rel_t, _sdpa64
 
-    h = 4
+    h = 6 if hkv == 3 else 4
     q, k, v, do, run = _gpu_operands(2, h, hkv, 1000, 2048, d, causal, d + hkv)
     leaves = [x.double().requires_grad_() for x in (q, k, v)]
     _sdpa64(*leaves, causal, group=h // hkv).backward(do.double())
