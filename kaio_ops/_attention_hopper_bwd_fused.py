@@ -617,6 +617,11 @@ def zero_acc_sem(acc: f32[:], n: i32, sem: i32[:], m: i32):
 # causal 316 / 302 / 271. (At D 128 SCHED 1 spills 280 bytes.)
 SCHED = {64: (4, 4), 128: (4, 2)}
 
+# The launch order's interleaved K/V heads (``HG``, ``interleaved``) by head dim and mask:
+# H100, f16 B4 H16 S4096, HG 4 against 1 (round B, interleaved A/B): D 128 496 against 422,
+# D 64 337 against 285 (without the order, ORDER 0 and HG 1: 481, 347).
+HG = {64: (4, 4), 128: (4, 4)}
+
 
 def ordered_config(
     d: int, sched: int | None = None, causal: bool = False, bm: int | None = None
@@ -625,11 +630,12 @@ def ordered_config(
     fused ones (``DQ`` 5), ``SCHED`` ``sched`` (default ``SCHED[d][causal]``), ``EARLY`` 3
     (2 with ``SCHED`` 0; H100, f16 B4 H16 S4096, ``SCHED`` 2 at D 128, 1 at D 64: 3 against 2
     411 / 410, causal 403 / 385; at D 64 293 / 271, causal 278 / 268), ``ORDER`` 1 (dQ added
-    in the fixed order), query tiles of ``bm`` rows (default 64; 128: D 64 with ``SCHED`` 5
-    only) and as many ring stages as fit (at most 4)."""
+    in the fixed order), two dQ writers (``NW``), ``HG[d][causal]`` heads interleaved in the
+    launch order, two dS^T buffers (``NDS``), query tiles of ``bm`` rows (default 64; 128: D
+    64 with ``SCHED`` 5 only) and as many ring stages as fit (at most 4)."""
     sched = SCHED[d][bool(causal)] if sched is None else sched
     c = {**config(d)["fused"], "EARLY": 3 if sched else 2, "SCHED": sched, "ORDER": 1, "NW": 2}
-    c["HG"] = 1
+    c["HG"] = HG[d][bool(causal)]
     c["NDS"] = 2
     c["BM"] = bm or c["BM"]
     return {**c, "STAGES": fit_stages(d, c)}
@@ -728,6 +734,10 @@ def specializations():
 
     for dt in (f16, bf16):
         for d in (64, 128):
-            for sched in sorted(set(SCHED[d])):  # the schedules taken (by mask)
-                yield attention_bwd_fused_ordered, {"D": d, "DT": dt, **ordered_config(d, sched)}
+            seen = []
+            for causal in (False, True):  # the configurations taken (by mask)
+                c = ordered_config(d, None, causal)
+                if c not in seen:
+                    seen.append(c)
+                    yield attention_bwd_fused_ordered, {"D": d, "DT": dt, **c}
     yield zero_acc_sem, {}
