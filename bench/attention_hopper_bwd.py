@@ -18,8 +18,10 @@ the others' results):
   (the ordered fused kernel and the pair: one).
 - ``table``: the public op as shipped against SDPA flash over dtypes, head dims, masks and
   sequence lengths (docs/performance.md's table).
+- ``ab``: interleaved A/B of variants (another commit's module from a file among them) and
+  SDPA flash, each case's variants timed in turn (``--spec``; default ``AB_SPEC``).
 
-Usage: ``python bench/attention_hopper_bwd.py {warm,check,time,tiny,one,table,repeat}
+Usage: ``python bench/attention_hopper_bwd.py {warm,check,time,tiny,one,table,repeat,ab}
 [--out FILE.json]``.
 """
 
@@ -322,6 +324,18 @@ def repeat(out_path, spec=None) -> None:
     save(rows, out_path)
 
 
+# ``ab``'s cases without ``--spec``: the shipped backward (the ordered fused kernel, its
+# heads interleaved in the launch order) against the same kernel launched key block by key
+# block (``HG`` 1) and SDPA flash, f16 and bf16, D 64 and 128, S 1024 (B16), 4096 (B4) and
+# 16384 (B1), H16, both masks.
+AB_SPEC = [
+    {"dtype": dt, "d": d, "b": b, "h": 16, "hkv": 16, "s": s,
+     "variants": {"shipped": {"shipped": True}, "hg 1": {"ordered": {"HG": 1}}, "sdpa flash": {}}}
+    for s, b in ((4096, 4), (1024, 16), (16384, 1)) for d in (128, 64)
+    for dt in ("float16", "bfloat16")
+]  # fmt: skip
+
+
 def _module_swapped(run, path):
     """``run`` with ``kaio_ops._attention_hopper_bwd_fused`` replaced by the module in file
     ``path`` (another commit's copy, for an A/B of the two in one process)."""
@@ -347,17 +361,18 @@ def _module_swapped(run, path):
 
 
 def ab(out_path, spec) -> None:
-    """Interleaved A/B: each case of ``spec`` (``load_spec``'s; a variant's overrides may name
-    ``"module"``: the ordered kernel's module from that file; ``"sdpa flash"``: SDPA's flash
-    backward) times every variant in turn for ``ROUNDS`` rounds (default 5, the order rotated
-    each round) of ``REPS`` calls (default 4) with CUDA events: TFLOP/s of the median round
-    and of the best."""
+    """Interleaved A/B: each case of ``spec`` (``load_spec``'s, default ``AB_SPEC``; a
+    variant's overrides may name ``"module"``: the ordered kernel's module from that file;
+    ``"sdpa flash"``: SDPA's flash backward) times every variant in turn for ``ROUNDS``
+    rounds (default 5, the order rotated each round) of ``REPS`` calls (default 4) with
+    CUDA events: TFLOP/s of the median round and of the best."""
     import torch
 
     import kaio_ops  # noqa: F401  (the fused module's package, for _module_swapped)
     from bench.attention_hopper import sdpa_flash
 
     rounds, reps = int(os.environ.get("ROUNDS", "5")), int(os.environ.get("REPS", "4"))
+    spec = spec or AB_SPEC
     by = {(lab, dt, d): (kind, over) for lab, dt, d, kind, over in variants(spec)}
     rows = []
     name = torch.cuda.get_device_name()
