@@ -466,11 +466,10 @@ def issue_pt(
     BM: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """Issue acc += A X and commit: A this warpgroup's 64 rows of ``pt_s[b]`` (K-major: 64
-    queries a row, 128-byte swizzled, as ``store_ds`` writes them; BM 128: buffers 2b, 2b +
-    1 its two halves), X the BM rows of ring stage st (N-major)."""
+    queries a row, 128-byte swizzled, as ``store_ds`` writes them), X the BM rows of ring
+    stage st (N-major)."""
     for kk in kaio.static_range(BM // 16):
-        at = (b * (BM // 64) + kk // 4, 64 * i32(wg), kk % 4 * 16)
-        da = kaio.smem_descriptor(pt_s, at, SW, 16, 1024)
+        da = kaio.smem_descriptor(pt_s, (b, 64 * i32(wg), kk * 16), SW, 16, 1024)
         dx = kaio.smem_descriptor(x_s, (st, 0, kk * 16, 0), SW, BM * SW, 1024)
         if DT == kaio.bf16:
             kaio.wgmma_bf16(acc, da, dx, True, False, True)
@@ -509,15 +508,14 @@ def store_ds(ds_s: DT[:, :, :], b: i32, dp: f32[:, :], kr: i32, lane: u32, BM: k
              DT: kaio.constexpr):  # fmt: skip
     """ds_s[b, kr + 8h, query] = this thread's dS^T (``dp``: rows kr, kr + 8 of the block's
     keys, columns its queries 8n + 2 (lane % 4) + e) rounded to DT, in pairs, the rows of
-    ``BM`` = 64 queries 128-byte swizzled: dS, the dQ product's A, M-major (BM 128: queries
-    64j .. to buffer 2b + j)."""
+    ``BM`` = 64 queries 128-byte swizzled: dS, the dQ product's A, M-major."""
     for h in kaio.static_range(2):
         for n in kaio.static_range(BM // 8):
             pair = kaio.local(DT, 2)
             for e in kaio.static_range(2):
                 pair[e] = DT(dp[n, 2 * h + e])
-            col = kaio.swizzle(ds_s, kr + 8 * h, n % 8 * 8 + i32(lane % 4) * 2)
-            kaio.store_vector(ds_s, (b * (BM // 64) + n // 8, kr + 8 * h, col), pair)
+            col = kaio.swizzle(ds_s, kr + 8 * h, n * 8 + i32(lane % 4) * 2)
+            kaio.store_vector(ds_s, (b, kr + 8 * h, col), pair)
 
 
 @kaio.gpu_func
@@ -527,15 +525,12 @@ def issue_dq(
 ):  # fmt: skip
     """Issue dqa = dS K (its first product overwrites) and commit: the 64 queries of ds_s
     buffer b (M-major) times the keys of k_s (N-major), the warpgroup's 64 keys and all D
-    columns (``DQ`` 1) or the block's 64 WG keys and columns wg NQ .. (2 to 5); ``DQ`` 6
-    (tiles of 128 queries): queries 64 wg .. of the tile (buffer 2b + wg), the block's keys,
-    all D columns."""
+    columns (``DQ`` 1) or the block's 64 WG keys and columns wg NQ .. (2)."""
     rows = 64 if DQ == 1 else 64 * WG
     r0 = 64 * i32(wg) if DQ == 1 else 0
-    c0 = 0 if DQ == 1 or DQ == 6 else i32(wg) * NQ
-    buf = b * 2 + i32(wg) if DQ == 6 else b
+    c0 = 0 if DQ == 1 else i32(wg) * NQ
     for kk in kaio.static_range(rows // 16):
-        da = kaio.smem_descriptor(ds_s, (buf, r0 + kk * 16, 0), SW, 64 * WG * SW, 1024)
+        da = kaio.smem_descriptor(ds_s, (b, r0 + kk * 16, 0), SW, 64 * WG * SW, 1024)
         dk = kaio.smem_descriptor(k_s, (c0 // 64, r0 + kk * 16, c0 % 64), SW, 64 * WG * SW,
                                   1024)  # fmt: skip
         if DT == kaio.bf16:

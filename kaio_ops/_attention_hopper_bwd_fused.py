@@ -167,8 +167,7 @@ def consume_late(
     ``bars[0, STAGES + b]``): the other warpgroup's dQ three tiles back completed before its
     arrival on the tile before, and no "free" wait is needed. ``NW``: the writers
     (``TWO``), whose tiles come in turn. Then dK, dV stored."""
-    NQ = D // WG if BM == 64 else D  # dQ's columns in this warpgroup (BM 128: its rows)
-    DQM = 5 if BM == 64 else 6  # issue_dq's: the columns, resp. the rows, split
+    NQ = D // WG  # dQ's columns in this warpgroup, from c0
     s = kaio.local(f32, (BM // 8, 4))  # S^T, then P^T
     dp = kaio.local(f32, (BM // 8, 4))  # dP^T, then dS^T
     dqa = kaio.local(f32, (NQ // 8, 4))
@@ -181,7 +180,7 @@ def consume_late(
     lane = lt % 32
     kr = 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)  # pt_s's rows kr, kr + 8
     key0 = k0 + kr  # the rows' keys
-    c0 = i32(wg) * NQ  # (BM 128: dq_s's fragments of the warpgroup's 64 rows from c0 / 8)
+    c0 = i32(wg) * NQ
     FULL = STAGES + 2 * WG  # dq_s's barriers (init_barriers with DQ 5, NBUF 2)
     ROW = 0 if NDS == 3 else 1  # the dS^T buffers' barriers' row
     total = group * kaio.max(n_tiles - first, 0)
@@ -227,7 +226,7 @@ def consume_late(
             hand_pt(pt_s, pb, p, s, dp, bars, STAGES, kr, lane, lt, BM, SCHED, DT, ROW)
             if SCHED >= 2:  # tile i - 1's dQ now: s, dp are stored (dqa and they never coexist)
                 kaio.wgmma_fence()
-                issue_dq(dqa, pt_s, qb, k_s, wg, D, NQ, WG, DQM, DT)
+                issue_dq(dqa, pt_s, qb, k_s, wg, D, NQ, WG, 5, DT)
                 kaio.wgmma_wait(0)
                 if NDS == 2:
                     free_buffer(bars, STAGES + qb, lt)
@@ -243,103 +242,10 @@ def consume_late(
         issue_back_late(dka, dva, dqa, p, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG,
                         last, DT)  # fmt: skip
         if SCHED == 4:
-            issue_dq(dqa, pt_s, pb, k_s, wg, D, NQ, WG, DQM, DT)
+            issue_dq(dqa, pt_s, pb, k_s, wg, D, NQ, WG, 5, DT)
         kaio.wgmma_wait(0)
         release(bars, ps, lt)
         give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, total > 1, wph, fb, FULL, D, NQ, TWO)
-    store_tile(dk, dka, kvh * sk * D, key0, sk, scale, lane, D, DT)
-    store_tile(dv, dva, kvh * sk * D, key0, sk, 1.0, lane, D, DT)
-
-
-@kaio.gpu_func
-def consume_wide(
-    k_s: DT[:, :, :], v_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :],
-    stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], lse: f32[:], delta: f32[:],
-    dk: DT[:], dv: DT[:], pt_s: DT[:, :, :], dq_s: f32[:, :], dq_acc: f32[:], wg: u32, lt: u32,
-    kvh: i32, first_head: i32, group: i32, first: i32, n_tiles: i32, k0: i32, sq: i32,
-    sk: i32, causal: i32, scale_log2: f32, scale: f32, D: kaio.constexpr, BM: kaio.constexpr,
-    WG: kaio.constexpr, STAGES: kaio.constexpr, TSTATS: kaio.constexpr, DT: kaio.constexpr,
-    NW: kaio.constexpr,
-):  # fmt: skip
-    """Consumer warpgroup ``wg``'s 64 keys with ``SCHED`` 5 (FlashAttention-3's order: one
-    tile's products in flight at a time in a warpgroup, the other warpgroup's beside them):
-    tile i's S^T and dP^T issued and waited for, P^T and dS^T computed, dS^T stored to
-    ``pt_s`` (two buffers by tile parity, once both warpgroups' dQ of the tile two back,
-    its last readers, completed: ``free_buffer``), then tile i's dV += P^T dO (P^T from
-    the registers ``p``), tile i - 1's dK += dS^T Q and dQ = dS K (dS^T from ``pt_s``,
-    once every warp stored it) issued together and waited for, the stage of tile i - 1
-    released and its dQ handed to the two writers (``give_dq``, ``TWO``). ``BM`` 128: each
-    warpgroup's dQ is its 64 queries of the tile, all D columns (``issue_dq``'s ``DQ``
-    6). ``NW``: the writers, whose tiles come in turn. Then dK, dV stored."""
-    NQ = D // WG if BM == 64 else D
-    DQM = 5 if BM == 64 else 6
-    s = kaio.local(f32, (BM // 8, 4))  # S^T, then P^T
-    dp = kaio.local(f32, (BM // 8, 4))  # dP^T, then dS^T
-    dqa = kaio.local(f32, (NQ // 8, 4))
-    p = kaio.local(u32, (BM // 16, 4))  # P^T's A fragments
-    af = kaio.local(u32, (D // 16, 4))  # (unused: issue_front's AREG 0)
-    dka = kaio.local(f32, (D // 8, 4))
-    dva = kaio.local(f32, (D // 8, 4))
-    zero_acc(dka, D)
-    zero_acc(dva, D)
-    lane = lt % 32
-    kr = 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)  # pt_s's rows kr, kr + 8
-    key0 = k0 + kr
-    c0 = i32(wg) * NQ
-    FULL = STAGES + 2 * WG
-    total = group * kaio.max(n_tiles - first, 0)
-    kaio.mbarrier_wait(turn, 0, 0)  # K and V landed
-    t = first
-    at0 = first_head * sq
-    wph = u32(0)
-    fb = i32(0)  # the parity of the tile whose dQ is handed on next
-    pb = i32(0)  # tile i's dS^T buffer and its barrier's parity
-    hph = u32(0)
-    qb = i32(0)  # tile i - 1's
-    qph = u32(0)
-    st = i32(0)  # tile i's stage, tile i - 1's
-    ph = u32(0)
-    ps = i32(0)
-    for _i in range(total):
-        kaio.mbarrier_wait(bars, (0, st), ph)
-        kaio.wgmma_fence()
-        issue_front(s, dp, k_s, v_s, q_s, do_s, af, af, st, wg, D, 0, DT)
-        kaio.wgmma_wait(0)
-        if _i > 0:
-            kaio.mbarrier_wait(bars, (1, STAGES + qb), qph)  # tile i - 1's dS^T, every warp
-        grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, sk, causal, scale_log2,
-                lane, BM, TSTATS)  # fmt: skip
-        pack_p(p, s, BM, DT)
-        if _i > 1:  # the other warpgroup's dQ of tile i - 2 (buffer pb) done
-            kaio.mbarrier_wait(bars, (0, STAGES + pb), hph ^ 1)
-        store_ds(pt_s, pb, dp, kr, lane, BM, DT)
-        release(bars, STAGES + pb, lt)
-        kaio.wgmma_fence()
-        issue_pv(dva, p, do_s, st, BM, DT)
-        if _i > 0:
-            issue_pt(dka, pt_s, qb, wg, q_s, ps, BM, DT)
-            issue_dq(dqa, pt_s, qb, k_s, wg, D, NQ, WG, DQM, DT)
-        kaio.wgmma_wait(0)
-        if _i > 0:
-            free_buffer(bars, STAGES + qb, lt)
-            release(bars, ps, lt)  # tile i - 1's stage: its dK done
-            wph = give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, _i > 1, wph, fb, FULL, D,
-                          NQ, 1)  # fmt: skip
-            fb = next_writer(fb, NW)
-        qb = pb
-        qph = hph
-        pb, hph = next_stage(pb, hph, 2)
-        ps = st
-        st, ph = next_stage(st, ph, STAGES)
-        t, at0 = next_tile(t, at0, first, n_tiles, sq)
-    if total > 0:  # the last tile's dK and dQ
-        kaio.mbarrier_wait(bars, (1, STAGES + qb), qph)
-        kaio.wgmma_fence()
-        issue_pt(dka, pt_s, qb, wg, q_s, ps, BM, DT)
-        issue_dq(dqa, pt_s, qb, k_s, wg, D, NQ, WG, DQM, DT)
-        kaio.wgmma_wait(0)
-        release(bars, ps, lt)
-        give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, total > 1, wph, fb, FULL, D, NQ, 1)
     store_tile(dk, dka, kvh * sk * D, key0, sk, scale, lane, D, DT)
     store_tile(dv, dva, kvh * sk * D, key0, sk, 1.0, lane, D, DT)
 
@@ -362,7 +268,7 @@ def interleaved(bx: i32, by: i32, nkb: i32, hg: i32) -> tuple[i32, i32]:
 @kaio.gpu_func
 def full_bar(fb: i32, FULL: kaio.constexpr) -> i32:
     """The "dQ in dq_s" barrier (``bars[1, .]``) of writer ``fb``: the dS^T barriers of
-    buffers 2, 3 (unused by ``consume_late`` and ``consume_wide``), the one-writer "full"
+    buffers 2, 3 (unused by ``consume_late``), the one-writer "full"
     (unused with ``TWO``), then those past the "dq_s free" one (writers 3 to 5)."""
     return FULL - 2 + fb + i32(fb >= 3)
 
@@ -441,14 +347,8 @@ def write_dq_two(
                 kaio.wait_eq(sem, tile, rank)
             kaio.mbarrier_wait(bars, (1, full_bar(w, FULL)), ph)
             ph ^= 1
-            if ORDER >= 0 and BM == 64:
-                kaio.bulk_reduce_add(dq_acc, tile * BM * D, dq_s, (0, 0), BM * D * 4)
-            elif ORDER >= 0:  # two 64-row tiles of dq_acc (the second only where it is)
-                n64 = (sq + 63) // 64
-                at = (at0 // sq * n64 + t * (BM // 64)) * 64 * D
-                size = kaio.min(BM, n64 * 64 - t * BM) * D * 4
-                kaio.bulk_reduce_add(dq_acc, at, dq_s, (0, 0), size)
             if ORDER >= 0:
+                kaio.bulk_reduce_add(dq_acc, tile * BM * D, dq_s, (0, 0), BM * D * 4)
                 kaio.bulk_commit()
                 kaio.bulk_wait_read(0)
             for _a in kaio.static_range(3):
@@ -523,8 +423,7 @@ def attention_bwd_fused_ordered(
     (its ``DQ`` 5 constexprs: PIPE 0, BM 64, or 128: ``consume_late``'s); ``EARLY``:
     ``write_dq_ordered``'s;
     ``SCHED`` 0: the consumers of ``_attention_hopper_bwd`` (``consume_dkdv``, with LATE),
-    1, 2, 4: ``consume_late`` (four P^T and dS^T buffers; 4: two, dS^T), 5: ``consume_wide``
-    (two, dS^T); ``ORDER``:
+    1, 2, 4: ``consume_late`` (four P^T and dS^T buffers; 4: ``NDS``, dS^T); ``ORDER``:
     ``write_dq_two``'s (1: the fixed order); ``NW``: its writers (2 to 6, with ``EARLY`` 3);
     ``hg``: ``interleaved``'s (1: block (x, y) is key block x of K/V head y); ``NDS``:
     ``consume_late``'s dS^T buffers (2, or 3 with ``SCHED`` 4)."""
@@ -538,9 +437,8 @@ def attention_bwd_fused_ordered(
     v_s = kaio.shared_dynamic(DT, (D // 64, BK, 64), D // 64 * TILE)
     q_s = kaio.shared_dynamic(DT, (STAGES, D // 64, BM, 64), D // 32 * TILE)
     do_s = kaio.shared_dynamic(DT, (STAGES, D // 64, BM, 64), D // 32 * TILE + RING // 2)
-    HB = BM // 64  # the buffers of 64 queries a P^T or dS^T tile takes
-    ds_s = kaio.shared_dynamic(DT, (NPT * HB, BK, 64), D // 32 * TILE + RING)
-    DQS = D // 32 * TILE + RING + NPT * HB * TILE
+    ds_s = kaio.shared_dynamic(DT, (NPT, BK, 64), D // 32 * TILE + RING)
+    DQS = D // 32 * TILE + RING + NPT * TILE
     dq_s = kaio.shared_dynamic(f32, (BM * D // 4, 4), DQS)  # fragment order (store_dq_frags)
     stats = kaio.shared_dynamic(f32, (2, STAGES, BM), DQS + BM * (D + 4) * 4)
     BARS = DQS + BM * (D + 4) * 4 + 2 * STAGES * BM * 4
@@ -571,12 +469,7 @@ def attention_bwd_fused_ordered(
     if wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
-        if SCHED == 5:
-            consume_wide(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
-                         dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk,
-                         causal, scale_log2, scale, D, BM, WG, STAGES, TSTATS, DT,
-                         NW)  # fmt: skip
-        elif SCHED:
+        if SCHED:
             consume_late(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
                          dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk,
                          causal, scale_log2, scale, D, BM, WG, STAGES, TSTATS, SCHED,
@@ -622,31 +515,37 @@ def zero_acc_sem(acc: f32[:], n: i32, sem: i32[:], m: i32):
 # The consumers' schedule (``consume_late``) by head dim and mask (not causal, causal):
 # measured on an H100 (f16 B4 H16 S4096, TFLOP/s at 2.5x the forward's FLOPs), SCHED 4 /
 # 2 / 0: D 128 454 / 418 / 392, causal 400 / 422 / 371; D 64 (4 / 2 / 1) 318 / 303 / 285,
-# causal 316 / 302 / 271. (At D 128 SCHED 1 spills 280 bytes.)
-SCHED = {64: (4, 4), 128: (4, 2)}
+# causal 316 / 302 / 271. (At D 128 SCHED 1 spills 280 bytes.) With the dS^T buffers'
+# "free" wait and HG 4, D 128 causal SCHED 4 against 2: 422 against 408 (H200), 410
+# against 402 (H100, HG 1).
+SCHED = {64: (4, 4), 128: (4, 4)}
 
 # The launch order's interleaved K/V heads (``HG``: the kernel's ``hg``, ``interleaved``) by
-# head dim and mask:
-# H100, f16 B4 H16 S4096, HG 4 against 1 (round B, interleaved A/B): D 128 496 against 422,
-# D 64 337 against 285 (without the order, ORDER 0 and HG 1: 481, 347).
-HG = {64: (4, 4), 128: (4, 4)}
+# head dim and mask, f16 H16, interleaved A/B (docs/performance.md): H100 B4 S4096, HG 4
+# against 1: D 128 496 against 422, D 64 337 against 285 (without the order, ORDER 0 and
+# HG 1: 481, 347); H200, HG 8 / 4 / 2 / 1: D 128 B4 S4096 495 / 497 / 476 / 435, B16
+# S1024 355 / 326 / - / 317, B1 S16384 - / 555 / 508 / 496; D 64 B4 S4096 353 / 334 / - /
+# 303 (causal: HG 4 and 1 alike).
+HG = {64: (8, 8), 128: (4, 4)}
+
+# The dS^T buffers of SCHED 4 (``NDS``) by head dim (D 128: three do not fit beside three
+# ring stages): H200, f16 B4 H16 S4096, D 64 with HG 4, NDS 3 against 2: 360 against 334,
+# causal 295 against 282.
+NDS = {64: 3, 128: 2}
 
 
-def ordered_config(
-    d: int, sched: int | None = None, causal: bool = False, bm: int | None = None
-) -> dict:
+def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> dict:
     """The kernel's constexprs for head dim ``d``: ``_attention_hopper_bwd.config(d)``'s
     fused ones (``DQ`` 5), ``SCHED`` ``sched`` (default ``SCHED[d][causal]``), ``EARLY`` 3
     (2 with ``SCHED`` 0; H100, f16 B4 H16 S4096, ``SCHED`` 2 at D 128, 1 at D 64: 3 against 2
     411 / 410, causal 403 / 385; at D 64 293 / 271, causal 278 / 268), ``ORDER`` 1 (dQ added
     in the fixed order), two dQ writers (``NW``), ``HG[d][causal]`` heads interleaved in the
-    launch order, two dS^T buffers (``NDS``), query tiles of ``bm`` rows (default 64; 128: D
-    64 with ``SCHED`` 5 only) and as many ring stages as fit (at most 4)."""
+    launch order, ``NDS[d]`` dS^T buffers with ``SCHED`` 4 (else 2) and as many ring stages
+    as fit (at most 4)."""
     sched = SCHED[d][bool(causal)] if sched is None else sched
     c = {**config(d)["fused"], "EARLY": 3 if sched else 2, "SCHED": sched, "ORDER": 1, "NW": 2}
     c["HG"] = HG[d][bool(causal)]
-    c["NDS"] = 2
-    c["BM"] = bm or c["BM"]
+    c["NDS"] = NDS[d] if sched == 4 else 2
     return {**c, "STAGES": fit_stages(d, c)}
 
 
@@ -663,11 +562,11 @@ def fit_stages(d: int, c: dict) -> int:
 
 
 def _buffers(c: dict) -> int:
-    """The P^T and dS^T buffers of 64 queries (``shared_bytes``'s ``nbuf``): two to four a
-    query tile's (``NDS``, ``SCHED`` 1, 2: four; ``BM`` 128: twice as many)."""
+    """The P^T and dS^T buffers of 64 queries (``shared_bytes``'s ``nbuf``): ``NDS`` (two or
+    three), four with ``SCHED`` 1, 2."""
     sched = c.get("SCHED")
     n = 4 if sched in (1, 2) else c.get("NDS", 2) if sched else _ds_buffers(c)[1]
-    return n * (c["BM"] // 64)
+    return n
 
 
 def smem_bytes(d: int, c: dict) -> int:
@@ -690,20 +589,16 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
 
     bh, heads, group, sq, sk, d, _ = dims
     cfg = cfg or {}
-    c = {**ordered_config(d, cfg.get("SCHED"), causal, cfg.get("BM")), **cfg}  # (EARLY too)
+    c = {**ordered_config(d, cfg.get("SCHED"), causal), **cfg}  # (EARLY too)
     if "STAGES" not in cfg:  # as many as fit with the overrides
         c["STAGES"] = fit_stages(d, c)
-    wide = c["BM"] == 128 and d == 64 and c["SCHED"] == 5 and c["EARLY"] == 3
-    if c.get("DQ") != 5 or c["PIPE"] or (c["BM"] != 64 and not wide) or (c["SCHED"] and c["LATE"]):
+    if c.get("DQ") != 5 or c["PIPE"] or c["BM"] != 64 or (c["SCHED"] and c["LATE"]):
         raise ValueError(
-            f"_attention_hopper_bwd_fused.launch: needs the DQ 5 schedule (PIPE 0, BM 64, or 128 "
-            f"at D 64 with SCHED 5 and EARLY 3; SCHED 1 without LATE), got {c}; pass "
-            f"ordered_config(d)"
+            f"_attention_hopper_bwd_fused.launch: needs the DQ 5 schedule (PIPE 0, BM 64; "
+            f"SCHED 1 without LATE), got {c}; pass ordered_config(d)"
         )
-    if c["EARLY"] != 3 and c["SCHED"] == 5 or c["EARLY"] == 3 and not c["SCHED"]:
-        raise ValueError(
-            f"_attention_hopper_bwd_fused.launch: EARLY 3 needs SCHED 1 to 5, SCHED 5 EARLY 3: {c}"
-        )
+    if c["EARLY"] == 3 and not c["SCHED"]:
+        raise ValueError(f"_attention_hopper_bwd_fused.launch: EARLY 3 needs SCHED 1 to 4: {c}")
     if c["NW"] not in range(2, 7) or c["NW"] > 2 and c["EARLY"] != 3:
         raise ValueError(f"_attention_hopper_bwd_fused.launch: NW 2, or 3 to 6 with EARLY 3: {c}")
     if c["NDS"] not in (2, 3) or c["NDS"] == 3 and c["SCHED"] != 4:

@@ -43,10 +43,6 @@ def poisoned_outputs(monkeypatch):
         (2, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 2),
         # P^T in registers, two dQ writers; Sq > Sk, causal, grouped-query
         (1, 2, 1, 256, 128, 64, np.float16, True, 4, 3),
-        # one tile's products at a time (SCHED 5), query tiles of 128 rows whose dQ is two
-        # 64-row tiles, the last one's second past the rows (Sq 152: its reduction halved);
-        # causal, grouped-query, Sq < Sk
-        (1, 2, 1, 152, 256, 64, np.float16, True, 5, 3),
         # three dS^T buffers (NDS 3), three writers, two K/V heads' key blocks interleaved
         # in the launch order (HG 2; three heads: the last group has one)
         (3, 1, 1, 128, 256, 64, np.float16, False, 4, 3),
@@ -57,10 +53,9 @@ def test_ordered_backward_in_simulator(
 ):  # fmt: skip
     """dQ, dK, dV against float64 through ``_attention_hopper_bwd.launch(ordered=...)``
     with two ring stages (the simulator runs the blocks in linear order: each wait is met by
-    the blocks before, and a wait for a later block fails); SCHED 5 with query tiles of
-    128."""
+    the blocks before, and a wait for a later block fails)."""
     launch = hopper_bwd.launch
-    over = {"SCHED": sched, "EARLY": early, "STAGES": 2, **({"BM": 128} if sched == 5 else {})}
+    over = {"SCHED": sched, "EARLY": early, "STAGES": 2}
     if b == 3:
         over.update(NDS=3, NW=3, HG=2)
     monkeypatch.setattr(hopper_bwd, "launch", lambda *a, **k: launch(*a, **k, ordered=over))
