@@ -415,20 +415,20 @@ def attention_bwd_fused_ordered(
     EARLY: kaio.constexpr, SCHED: kaio.constexpr, ORDER: kaio.constexpr, NW: kaio.constexpr,
     NDS: kaio.constexpr,
 ):  # fmt: skip
-    """dk, dv of the ``64 * WG`` keys of key block x (``block_idx_x``, reversed where causal:
-    module docstring) and K/V head block y, summed over its group's query heads, and their
-    share of dQ / scale added to ``dq_acc`` (f32, whole 64-row tiles in fragment order,
-    zeros before) in the fixed order of the semaphores ``sem`` (i32 [B * H * n_tiles],
-    zeros before). The arguments as ``_attention_hopper_bwd.attention_bwd_dkdv_wgmma``'s
-    (its ``DQ`` 5 constexprs: PIPE 0, BM 64, or 128: ``consume_late``'s); ``EARLY``:
-    ``write_dq_ordered``'s;
+    """dk, dv of the ``64 * WG`` keys of key block x (``block_idx_x`` through
+    ``interleaved``, reversed where causal: module docstring) and K/V head block y, summed
+    over its group's query heads, and their share of dQ / scale added to ``dq_acc`` (f32,
+    whole 64-row tiles in fragment order, zeros before) in the fixed order of the
+    semaphores ``sem`` (i32 [B * H * n_tiles], zeros before). The arguments as
+    ``_attention_hopper_bwd.attention_bwd_dkdv_wgmma``'s (its ``DQ`` 5 constexprs: PIPE 0,
+    BM 64); ``EARLY``: ``write_dq_ordered``'s;
     ``SCHED`` 0: the consumers of ``_attention_hopper_bwd`` (``consume_dkdv``, with LATE),
     1, 2, 4: ``consume_late`` (four P^T and dS^T buffers; 4: ``NDS``, dS^T); ``ORDER``:
     ``write_dq_two``'s (1: the fixed order); ``NW``: its writers (2 to 6, with ``EARLY`` 3);
     ``hg``: ``interleaved``'s (1: block (x, y) is key block x of K/V head y); ``NDS``:
     ``consume_late``'s dS^T buffers (2, or 3 with ``SCHED`` 4)."""
     NBUF = 3 if LATE == 2 else 2  # the dS^T buffers of SCHED 0 (and their barriers)
-    NPT = 4 if SCHED and SCHED < 4 else NDS if SCHED else NBUF  # P^T, dS^T (0, 4, 5: dS^T)
+    NPT = 4 if SCHED and SCHED < 4 else NDS if SCHED else NBUF  # P^T, dS^T (0, 4: dS^T)
     BK = 64 * WG
     TILE = BK * 64 * 2  # one K or V column block, resp. P^T or dS^T buffer (64 queries)
     RING = 2 * STAGES * BM * D * 2  # Q and dO: the ring
