@@ -257,8 +257,8 @@ def tiny() -> None:
     and 64, causal and not, partial tiles, grouped-query heads), checked: for
     compute-sanitizer (``TINY=pair``: the pair alone; ``TINY=one``: the pair at D 128,
     causal; ``TINY=ordered``: the deterministic fused kernel at D 128, not causal, or with
-    ``TINY_OVER`` (JSON: its ``ordered_config`` overrides), ``TINY_D`` and ``TINY_CAUSAL``
-    (0, 1 or 0,1))."""
+    ``TINY_OVER`` (JSON: its ``ordered_config`` overrides), ``TINY_D`` (64, 128 or 64,128)
+    and ``TINY_CAUSAL`` (0, 1 or 0,1))."""
     import torch
 
     cases = [("float16", 128, NEW["pair"]), ("float16", 64, NEW["pair"]), ("float16", 128, {}),
@@ -268,8 +268,8 @@ def tiny() -> None:
     masks = (False, True)
     if os.environ.get("TINY") == "ordered":  # the deterministic fused kernel, D 128 (SCHED 4)
         over = json.loads(os.environ.get("TINY_OVER", "null")) or True  # (its overrides)
-        d = int(os.environ.get("TINY_D", "128"))
-        cases = [("float16", d, {"ordered": over})]
+        dims = [int(x) for x in os.environ.get("TINY_D", "128").split(",")]
+        cases = [("float16", d, {"ordered": over}) for d in dims]
         masks = [bool(int(x)) for x in os.environ.get("TINY_CAUSAL", "0").split(",")]
     if os.environ.get("TINY") == "one":  # the shipped kernels at D 128, causal: the shortest
         cases, masks = cases[:1], (True,)
