@@ -525,7 +525,8 @@ SCHED = {64: (4, 4), 128: (4, 4)}
 # against 1: D 128 496 against 422, D 64 337 against 285 (without the order, ORDER 0 and
 # HG 1: 481, 347); H200, HG 8 / 4 / 2 / 1: D 128 B4 S4096 495 / 497 / 476 / 435, B16
 # S1024 355 / 326 / - / 317, B1 S16384 - / 555 / 508 / 496; D 64 B4 S4096 353 / 334 / - /
-# 303 (causal: HG 4 and 1 alike).
+# 303 (causal: HG 4 and 1 alike); with NDS 3 at D 64 (H200): HG 8 / 4 364 / 360, causal
+# 313 / 312; D 128 B1 S16384 HG 4 / 8: 553 / 516.
 HG = {64: (8, 8), 128: (4, 4)}
 
 # The dS^T buffers of SCHED 4 (``NDS``) by head dim (D 128: three do not fit beside three
