@@ -18,8 +18,10 @@ the others' results):
   (the ordered fused kernel and the pair: one).
 - ``table``: the public op as shipped against SDPA flash over dtypes, head dims, masks and
   sequence lengths (docs/performance.md's table).
+- ``ab``: interleaved A/B of variants (another commit's module from a file among them) and
+  SDPA flash, each case's variants timed in turn (``--spec``; default ``AB_SPEC``).
 
-Usage: ``python bench/attention_hopper_bwd.py {warm,check,time,tiny,one,table,repeat}
+Usage: ``python bench/attention_hopper_bwd.py {warm,check,time,tiny,one,table,repeat,ab}
 [--out FILE.json]``.
 """
 
@@ -62,6 +64,8 @@ def variants(spec=None):
         seen = {}
         for case in spec:
             for label, over in case["variants"].items():
+                if label == "sdpa flash":  # (ab's peer: no kaio kernel)
+                    continue
                 kind = "old" if label == "mma.sync" else "new"
                 seen[(label, case["dtype"], case["d"])] = (kind, over or {})
         return [(lab, dt, d, kind, over) for (lab, dt, d), (kind, over) in seen.items()]
@@ -145,8 +149,12 @@ def warm_one(i: int, spec_path=None) -> str:
     t0 = time.time()
     label, dtype, d, kind, over = variants(load_spec(spec_path))[i]
     q, k, v, do = tensors(1, 2, 1, 256, 256, d, dtype)
-    o, lse = forward(q, k, v, False)
-    runner(kind, d, over)(do, q, k, v, o, lse, False)
+    run = runner(kind, d, {x: y for x, y in over.items() if x != "module"})
+    if "module" in over:
+        run = _module_swapped(run, over["module"])
+    for causal in (False, True):  # (the ordered kernel's schedule depends on the mask)
+        o, lse = forward(q, k, v, causal)
+        run(do, q, k, v, o, lse, causal)
     if label == "wgmma":  # the Hopper forward the time step runs (S 4096) too
         from kaio_ops import _attention_hopper as hop
         from kaio_ops import attention
@@ -248,7 +256,9 @@ def tiny() -> None:
     """The pair (the default) and the fused kernel once per case at small sizes (f16, D 128
     and 64, causal and not, partial tiles, grouped-query heads), checked: for
     compute-sanitizer (``TINY=pair``: the pair alone; ``TINY=one``: the pair at D 128,
-    causal; ``TINY=ordered``: the deterministic fused kernel at D 128, not causal)."""
+    causal; ``TINY=ordered``: the deterministic fused kernel at D 128, not causal, or with
+    ``TINY_OVER`` (JSON: its ``ordered_config`` overrides), ``TINY_D`` (64, 128 or 64,128)
+    and ``TINY_CAUSAL`` (0, 1 or 0,1))."""
     import torch
 
     cases = [("float16", 128, NEW["pair"]), ("float16", 64, NEW["pair"]), ("float16", 128, {}),
@@ -257,7 +267,10 @@ def tiny() -> None:
         cases = cases[:2]
     masks = (False, True)
     if os.environ.get("TINY") == "ordered":  # the deterministic fused kernel, D 128 (SCHED 4)
-        cases, masks = [("float16", 128, NEW["ordered"])], (False,)
+        over = json.loads(os.environ.get("TINY_OVER", "null")) or True  # (its overrides)
+        dims = [int(x) for x in os.environ.get("TINY_D", "128").split(",")]
+        cases = [("float16", d, {"ordered": over}) for d in dims]
+        masks = [bool(int(x)) for x in os.environ.get("TINY_CAUSAL", "0").split(",")]
     if os.environ.get("TINY") == "one":  # the shipped kernels at D 128, causal: the shortest
         cases, masks = cases[:1], (True,)
     for dtype, d, over in cases:
@@ -309,6 +322,103 @@ def repeat(out_path, spec=None) -> None:
                                 hkv=c["hkv"], s=c["s"], causal=causal, runs=runs,
                                 distinct_dq_dk_dv=distinct, dq_max_diff=diff))  # fmt: skip
     save(rows, out_path)
+
+
+# ``ab``'s cases without ``--spec``: the shipped backward (the ordered fused kernel, its
+# heads interleaved in the launch order) against the same kernel launched key block by key
+# block (``HG`` 1) and SDPA flash, f16 and bf16, D 64 and 128, S 1024 (B16), 4096 (B4) and
+# 16384 (B1), H16, both masks.
+AB_SPEC = [
+    {"dtype": dt, "d": d, "b": b, "h": 16, "hkv": 16, "s": s,
+     "variants": {"shipped": {"shipped": True}, "hg 1": {"ordered": {"HG": 1}}, "sdpa flash": {}}}
+    for s, b in ((4096, 4), (1024, 16), (16384, 1)) for d in (128, 64)
+    for dt in ("float16", "bfloat16")
+]  # fmt: skip
+
+
+def _module_swapped(run, path):
+    """``run`` with ``kaio_ops._attention_hopper_bwd_fused`` replaced by the module in file
+    ``path`` (another commit's copy, for an A/B of the two in one process)."""
+    import importlib
+    import importlib.util
+
+    import kaio_ops
+
+    spec = importlib.util.spec_from_file_location(f"ab_{abs(hash(path))}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    name = "kaio_ops._attention_hopper_bwd_fused"
+
+    def swapped(*a):
+        saved = importlib.import_module(name)
+        sys.modules[name] = kaio_ops._attention_hopper_bwd_fused = mod
+        try:
+            return run(*a)
+        finally:
+            sys.modules[name] = kaio_ops._attention_hopper_bwd_fused = saved
+
+    return swapped
+
+
+def ab(out_path, spec) -> None:
+    """Interleaved A/B: each case of ``spec`` (``load_spec``'s, default ``AB_SPEC``; a
+    variant's overrides may name ``"module"``: the ordered kernel's module from that file;
+    ``"sdpa flash"``: SDPA's flash backward) times every variant in turn for ``ROUNDS``
+    rounds (default 5, the order rotated each round) of ``REPS`` calls (default 4) with
+    CUDA events: TFLOP/s of the median round and of the best."""
+    import torch
+
+    import kaio_ops  # noqa: F401  (the fused module's package, for _module_swapped)
+    from bench.attention_hopper import sdpa_flash
+
+    rounds, reps = int(os.environ.get("ROUNDS", "5")), int(os.environ.get("REPS", "4"))
+    spec = spec or AB_SPEC
+    by = {(lab, dt, d): (kind, over) for lab, dt, d, kind, over in variants(spec)}
+    rows = []
+    name = torch.cuda.get_device_name()
+    for c in spec:
+        b, h, hkv, s, d, dtype = c["b"], c["h"], c["hkv"], c["s"], c["d"], c["dtype"]
+        q, k, v, do = tensors(b, h, hkv, s, s, d, dtype)
+        for causal in c.get("causal", [False, True]):
+            flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
+            o, lse = forward(q, k, v, causal)
+            fns = {}
+            for lab in c["variants"]:
+                if lab == "sdpa flash":
+                    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+                    out = sdpa_flash(*leaves, causal)
+                    fns[lab] = functools.partial(torch.autograd.grad, out, leaves, do,
+                                                 retain_graph=True)  # fmt: skip
+                    continue
+                kind, over = by[(lab, dtype, d)]
+                run = runner(kind, d, {x: y for x, y in over.items() if x != "module"})
+                if "module" in over:
+                    run = _module_swapped(run, over["module"])
+                fns[lab] = functools.partial(run, do, q, k, v, o, lse, causal)
+            times = {lab: [] for lab in fns}
+            for lab, fn in list(fns.items()):
+                try:
+                    fn()
+                except Exception as e:  # noqa: BLE001  (one variant's failure: the others run)
+                    print(f"FAILED {lab} {dtype} D{d}: {type(e).__name__}: {e}", flush=True)
+                    del fns[lab], times[lab]
+            torch.cuda.synchronize()
+            labs = list(fns)
+            for r in range(rounds):
+                for lab in labs[r % len(labs) :] + labs[: r % len(labs)]:
+                    times[lab].append(time_calls(fns[lab], reps=reps, rounds=1))
+            tf = {lab: flops / sorted(t)[len(t) // 2] / 1e9 for lab, t in times.items()}
+            best = {lab: flops / min(t) / 1e9 for lab, t in times.items()}
+            emit(rows, dict(gpu=name, dtype=dtype, d=d, b=b, h=h, hkv=hkv, s=s, causal=causal,
+                            tflops=tf, best=best))  # fmt: skip
+    save(rows, out_path)
+    print(f"\n{name}: backward TFLOP/s, interleaved (median of {rounds} rounds of {reps})")
+    for r in rows:
+        cells = "  ".join(f"{k} {v:.0f}" for k, v in r["tflops"].items())
+        print(
+            f"{r['dtype']:>8} D{r['d']} B{r['b']} S{r['s']}{' causal' if r['causal'] else ''}:"
+            f" {cells}"
+        )
 
 
 def one() -> None:
@@ -454,7 +564,9 @@ def _json_lines(path):
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("step", choices=("warm", "check", "time", "tiny", "one", "table", "repeat"))
+    p.add_argument(
+        "step", choices=("warm", "check", "time", "tiny", "one", "table", "repeat", "ab")
+    )
     p.add_argument("--out")
     p.add_argument("--jobs", type=int, default=8)
     p.add_argument("--quick", action="store_true", help="time: the first three cases only")
@@ -488,6 +600,8 @@ def main() -> None:
         tiny()
     elif args.step == "repeat":
         repeat(args.out, load_spec(args.spec))
+    elif args.step == "ab":
+        ab(args.out, load_spec(args.spec))
     elif args.step == "one":
         one()
     elif args.step == "table":

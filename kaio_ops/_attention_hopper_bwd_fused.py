@@ -23,6 +23,15 @@ one (``threadfence`` and ``atomic_add(sem, tile, 1)``). The ranks:
   tiles after block x + 1 (its first tile is two tiles further on), so they seldom wait
   (increasing order would make block x wait for block 0 to reach its first tile).
 
+The launch order interleaves ``hg`` K/V heads (``HG``, the kernel's argument ``hg``;
+``interleaved``): key block 0 of each head of a group of ``hg``, then key block 1, ... (key
+block x of the order above, reversed where causal), so that a head's consecutive key
+blocks, each a turn behind the last on every tile, start ``hg`` blocks apart instead of
+side by side (with ``hg`` 1 the blocks of a head started together and each waited a turn
+longer than the last: 12-17% of the time without the mask on an H100 at S 4096), while
+the blocks running at once still share few heads' Q, dO and dQ sums in L2. A block still
+waits only for blocks of lower linear index.
+
 The simulator runs a kernel with ``wait_eq`` one block at a time in linear order: every
 wait is met at once there, and an order that needs a later block is reported.
 """
@@ -31,11 +40,10 @@ from __future__ import annotations
 
 import kaio
 from kaio import bool_, f32, i32, u32, u64
-from kaio_ops._attention_hopper import PRODUCER_REGS, issue_pv, pack_p
+from kaio_ops._attention_hopper import PRODUCER_REGS, SHARED_LIMIT, issue_pv, pack_p
 from kaio_ops._attention_hopper_bwd import (
     SW,
     _ds_buffers,
-    _stages,
     config,
     consume_dkdv,
     dq_convert_tiles,
@@ -140,7 +148,7 @@ def consume_late(
     kvh: i32, first_head: i32, group: i32, first: i32, n_tiles: i32, k0: i32, sq: i32,
     sk: i32, causal: i32, scale_log2: f32, scale: f32, D: kaio.constexpr, BM: kaio.constexpr,
     WG: kaio.constexpr, STAGES: kaio.constexpr, TSTATS: kaio.constexpr, SCHED: kaio.constexpr,
-    TWO: kaio.constexpr, DT: kaio.constexpr,
+    TWO: kaio.constexpr, DT: kaio.constexpr, NW: kaio.constexpr, NDS: kaio.constexpr,
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 keys (thread ``lt`` of it) with ``SCHED`` 1 or 2: tile i's
     S^T and dP^T issued first, then tile i - 1's dV += P^T dO, dK += dS^T Q and dQ = dS K, all
@@ -152,7 +160,13 @@ def consume_late(
     128 its accumulators beside them and dK's and dV's spilled). ``TWO``: dQ handed to two
     writers by tile parity (``give_dq``). ``SCHED`` 4: as 2 with P^T in registers (``p``, as
     the pair's ``PIPE`` 3: two buffers of shared memory instead of four, so that three ring
-    stages fit at D 128). Then dK, dV stored."""
+    stages fit at D 128). ``SCHED`` 2, 4: a tile's P^T / dS^T is stored once both
+    warpgroups' dQ of the tile two back (the buffer's last readers) completed
+    (``free_buffer``: the other warpgroup's may run after its arrival on the tile before).
+    ``NDS`` 3 (``SCHED`` 4): three dS^T buffers in turn instead (their barriers
+    ``bars[0, STAGES + b]``): the other warpgroup's dQ three tiles back completed before its
+    arrival on the tile before, and no "free" wait is needed. ``NW``: the writers
+    (``TWO``), whose tiles come in turn. Then dK, dV stored."""
     NQ = D // WG  # dQ's columns in this warpgroup, from c0
     s = kaio.local(f32, (BM // 8, 4))  # S^T, then P^T
     dp = kaio.local(f32, (BM // 8, 4))  # dP^T, then dS^T
@@ -168,6 +182,7 @@ def consume_late(
     key0 = k0 + kr  # the rows' keys
     c0 = i32(wg) * NQ
     FULL = STAGES + 2 * WG  # dq_s's barriers (init_barriers with DQ 5, NBUF 2)
+    ROW = 0 if NDS == 3 else 1  # the dS^T buffers' barriers' row
     total = group * kaio.max(n_tiles - first, 0)
     kaio.mbarrier_wait(turn, 0, 0)  # K and V landed
     t = first
@@ -181,7 +196,7 @@ def consume_late(
         kaio.wgmma_wait(0)
         grads_t(s, dp, stats, 0, lse, delta, at0, key0, t * BM, sq, sk, causal, scale_log2, lane,
                 BM, TSTATS)  # fmt: skip
-        hand_pt(pt_s, 0, p, s, dp, bars, STAGES, kr, lane, lt, BM, SCHED, DT)
+        hand_pt(pt_s, 0, p, s, dp, bars, STAGES, kr, lane, lt, BM, SCHED, DT, ROW)
         pb = i32(0)  # tile i - 1's buffers and their barrier's parity
         hph = u32(0)
         ps = i32(0)  # tile i - 1's stage
@@ -191,7 +206,7 @@ def consume_late(
             kaio.mbarrier_wait(bars, (0, st), ph)
             kaio.wgmma_fence()
             issue_front(s, dp, k_s, v_s, q_s, do_s, af, af, st, wg, D, 0, DT)
-            kaio.mbarrier_wait(bars, (1, STAGES + pb), hph)  # tile i - 1's from every warp
+            kaio.mbarrier_wait(bars, (ROW, STAGES + pb), hph)  # tile i - 1's, every warp
             issue_back_late(dka, dva, dqa, p, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG,
                             SCHED, DT)  # fmt: skip
             kaio.wgmma_wait(3 if SCHED == 1 else 2)  # S^T, dP^T done (SCHED 4: with dV's
@@ -203,21 +218,25 @@ def consume_late(
             if SCHED == 1:
                 wph = give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, _i > 1, wph, fb, FULL,
                               D, NQ, TWO)  # fmt: skip
-                fb ^= 1
+                fb = next_writer(fb, NW)
             qb = pb  # tile i - 1's buffers
-            pb, hph = next_stage(pb, hph, 2)  # (its last readers: tile i - 2's products, done)
-            hand_pt(pt_s, pb, p, s, dp, bars, STAGES, kr, lane, lt, BM, SCHED, DT)
+            pb, hph = next_stage(pb, hph, NDS)  # (last read by tile i - NDS's products)
+            if SCHED >= 2 and NDS == 2 and _i > 1:  # (the other warpgroup's dQ among them)
+                kaio.mbarrier_wait(bars, (0, STAGES + pb), hph ^ 1)
+            hand_pt(pt_s, pb, p, s, dp, bars, STAGES, kr, lane, lt, BM, SCHED, DT, ROW)
             if SCHED >= 2:  # tile i - 1's dQ now: s, dp are stored (dqa and they never coexist)
                 kaio.wgmma_fence()
                 issue_dq(dqa, pt_s, qb, k_s, wg, D, NQ, WG, 5, DT)
                 kaio.wgmma_wait(0)
+                if NDS == 2:
+                    free_buffer(bars, STAGES + qb, lt)
                 wph = give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, _i > 1, wph, fb, FULL,
                               D, NQ, TWO)  # fmt: skip
-                fb ^= 1
+                fb = next_writer(fb, NW)
             ps = st
             st, ph = next_stage(st, ph, STAGES)
             t, at0 = next_tile(t, at0, first, n_tiles, sq)
-        kaio.mbarrier_wait(bars, (1, STAGES + pb), hph)
+        kaio.mbarrier_wait(bars, (ROW, STAGES + pb), hph)
         kaio.wgmma_fence()
         last = 4 if SCHED == 4 else 1  # (4: P^T in p, dQ after; else from pt_s, with dQ)
         issue_back_late(dka, dva, dqa, p, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG,
@@ -232,6 +251,47 @@ def consume_late(
 
 
 @kaio.gpu_func
+def interleaved(bx: i32, by: i32, nkb: i32, hg: i32) -> tuple[i32, i32]:
+    """(key block, K/V head) of block (bx, by) of a (nkb, heads) grid whose launch order
+    (linear: bx fastest) takes groups of ``hg`` heads' key blocks in turn: key block 0 of
+    each head of the group, then key block 1, ... Consecutive key blocks of a head then
+    start ``hg`` blocks apart (a block still waits only for lower linear indices: key block
+    x - 1 of its head comes before it), and the blocks running at once still cover few
+    heads (their Q, dO and dQ sums in L2)."""
+    lin = by * nkb + bx
+    g = lin // (hg * nkb)
+    hk = kaio.min(hg, i32(kaio.grid_dim_y()) - g * hg)  # (the last group: the heads left)
+    r = lin - g * hg * nkb
+    return r // hk, g * hg + r % hk
+
+
+@kaio.gpu_func
+def full_bar(fb: i32, FULL: kaio.constexpr) -> i32:
+    """The "dQ in dq_s" barrier (``bars[1, .]``) of writer ``fb``: the dS^T barriers of
+    buffers 2, 3 (unused by ``consume_late``), the one-writer "full"
+    (unused with ``TWO``), then those past the "dq_s free" one (writers 3 to 5)."""
+    return FULL - 2 + fb + i32(fb >= 3)
+
+
+@kaio.gpu_func
+def next_writer(fb: i32, NW: kaio.constexpr) -> i32:
+    """The writer of the next tile after writer ``fb``'s (``NW`` of them, in turn)."""
+    if NW == 2:
+        return fb ^ 1
+    return (fb + 1) % NW
+
+
+@kaio.gpu_func
+def free_buffer(bars: u64[:, :], b: i32, lt: u32):
+    """This warp's dQ product of the P^T / dS^T buffer whose barriers are ``bars[., b]`` is
+    done (waited for): its arrival on ``bars[0, b]``, which the consumer warps wait on before
+    they store the tile two further on there (the other warpgroup's dQ reads every row)."""
+    kaio.sync_warp()
+    if lt % 32 == 0:
+        kaio.mbarrier_arrive(bars, (0, b))
+
+
+@kaio.gpu_func
 def give_dq(
     dq_s: f32[:, :], bars: u64[:, :], dq_acc: f32[:], dqa: f32[:, :], sq: i32, c0: i32,
     lane: u32, lt: u32, after: bool_, wph: u32, fb: i32, FULL: kaio.constexpr,
@@ -240,14 +300,14 @@ def give_dq(
     """A tile's dQ to dq_s for the writer (``hand_dq`` with DQ 5), or with ``TWO`` for the
     writer of tiles of parity ``fb``: once dq_s is free (``bars[1, FULL + 1]``, ``after`` a
     first tile; parity ``wph``), stored in fragment order, then this warp's arrival on
-    ``bars[1, FULL - 2 + fb]`` (the dS^T barriers of buffers 2, 3, unused by
-    ``consume_late``). Returns the next parity."""
+    ``bars[1, full_bar(fb)]``.
+    Returns the next parity."""
     if TWO:
         if after:
             kaio.mbarrier_wait(bars, (1, FULL + 1), wph)
             wph ^= 1
         store_dq_frags(dq_s, dqa, c0, lt, NQ)
-        release(bars, FULL - 2 + fb, lt)
+        release(bars, full_bar(fb, FULL), lt)
         return wph
     return hand_dq(dq_s, bars, dq_acc, dqa, 0, 0, sq, c0, lane, lt, after, wph, FULL, D, NQ, 5)
 
@@ -257,38 +317,48 @@ def write_dq_two(
     dq_s: f32[:, :], bars: u64[:, :], dq_acc: f32[:], sem: i32[:], w: i32, first_head: i32,
     group: i32, first: i32, n_tiles: i32, sq: i32, x: i32, nkb: i32, causal: i32,
     FULL: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr, BK: kaio.constexpr,
+    ORDER: kaio.constexpr = 1, NW: kaio.constexpr = 2,
 ):  # fmt: skip
     """``EARLY`` 3: writer ``w`` (0, 1: the first lanes of the producer warpgroup's warps 1
     and 2) of the tiles of parity w of the consumers' walk (``give_dq``'s ``TWO``): for each,
     the last one's turn passed on (its reduction complete), the turn on this one awaited,
-    then once its dQ is in dq_s (``bars[1, FULL - 2 + w]``) one bulk reduction, its reads
+    then once its dQ is in dq_s (``bars[1, full_bar(w)]``) one bulk reduction, its reads
     waited for, and dq_s freed (three arrivals on ``bars[1, FULL + 1]``, whose count is the
-    three writer warps'). Each tile's addition then takes one writer half the tiles' time."""
+    three writer warps'). Each tile's addition then takes one writer half the tiles' time.
+    ``ORDER`` (the kernel's; for timing what the order costs): 1 as above, 0 no semaphore
+    (the additions in any order: not deterministic), -1 no additions either (dQ wrong).
+    ``NW``: the writers (the first lanes of warps 1 .. 3, then lane 16 of them), tile i
+    writer i % NW's (``NW`` 3: each writer's wait for its last reduction to complete and
+    pass the turn on spread over three tiles)."""
     t = first
     at0 = first_head * sq
     ph = u32(0)
     last = i32(0)
     total = group * kaio.max(n_tiles - first, 0)
     for _i in range(total):
-        if _i % 2 == w:
+        if _i % NW == w:
             tile = at0 // sq * n_tiles + t
             rank = x
             if causal != 0:
                 rank = kaio.min(nkb - 1, ((t + 1) * BM - 1) // BK) - x
-            if _i >= 2:
-                pass_turn(sem, last)
-            kaio.wait_eq(sem, tile, rank)
-            kaio.mbarrier_wait(bars, (1, FULL - 2 + w), ph)
+            if ORDER > 0:
+                if _i >= NW:
+                    pass_turn(sem, last)
+                kaio.wait_eq(sem, tile, rank)
+            kaio.mbarrier_wait(bars, (1, full_bar(w, FULL)), ph)
             ph ^= 1
-            kaio.bulk_reduce_add(dq_acc, tile * BM * D, dq_s, (0, 0), BM * D * 4)
-            kaio.bulk_commit()
-            kaio.bulk_wait_read(0)
+            if ORDER >= 0:
+                kaio.bulk_reduce_add(dq_acc, tile * BM * D, dq_s, (0, 0), BM * D * 4)
+                kaio.bulk_commit()
+                kaio.bulk_wait_read(0)
             for _a in kaio.static_range(3):
                 kaio.mbarrier_arrive(bars, (1, FULL + 1))
             last = tile
         t, at0 = next_tile(t, at0, first, n_tiles, sq)
-    if total > w:
+    if ORDER > 0 and total > w:
         pass_turn(sem, last)
+    if ORDER == 0:
+        kaio.bulk_wait(0)
 
 
 @kaio.gpu_func
@@ -315,17 +385,23 @@ def issue_back_late(
 def hand_pt(
     pt_s: DT[:, :, :], b: i32, p: u32[:, :], s: f32[:, :], dp: f32[:, :], bars: u64[:, :],
     base: i32, kr: i32, lane: u32, lt: u32, BM: kaio.constexpr, SCHED: kaio.constexpr,
-    DT: kaio.constexpr,
+    DT: kaio.constexpr, ROW: kaio.constexpr = 1,
 ):  # fmt: skip
     """A tile's P^T (``s``) and dS^T (``dp``) to ``pt_s[2 + b]`` (``SCHED`` 4: packed into
     the registers ``p``) and ``pt_s[b]`` (rows kr, kr + 8), fenced for the tensor cores, then
-    this warp's arrival on ``bars[1, base + b]``."""
+    this warp's arrival on ``bars[ROW, base + b]``."""
     if SCHED == 4:
         pack_p(p, s, BM, DT)
     else:
         store_ds(pt_s, 2 + b, s, kr, lane, BM, DT)
     store_ds(pt_s, b, dp, kr, lane, BM, DT)
-    release(bars, base + b, lt)
+    if ROW == 1:
+        release(bars, base + b, lt)
+    else:
+        kaio.fence_proxy_async()
+        kaio.sync_warp()
+        if lt % 32 == 0:
+            kaio.mbarrier_arrive(bars, (ROW, base + b))
 
 
 @kaio.gpu_kernel(fastmath=True)  # ex2.approx.ftz: one instruction an exponential
@@ -333,25 +409,30 @@ def attention_bwd_fused_ordered(
     tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
     tl: kaio.tensormap, td: kaio.tensormap, lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:],
     dq_acc: f32[:], sem: i32[:], sq: i32, sk: i32, heads: i32, group: i32, scale_log2: f32,
-    scale: f32, causal: i32, D: kaio.constexpr, BM: kaio.constexpr, WG: kaio.constexpr,
+    scale: f32, causal: i32, hg: i32, D: kaio.constexpr, BM: kaio.constexpr, WG: kaio.constexpr,
     STAGES: kaio.constexpr, PIPE: kaio.constexpr, AREG: kaio.constexpr, TSTATS: kaio.constexpr,
     REGS: kaio.constexpr, DT: kaio.constexpr, DQ: kaio.constexpr, LATE: kaio.constexpr,
-    EARLY: kaio.constexpr, SCHED: kaio.constexpr,
+    EARLY: kaio.constexpr, SCHED: kaio.constexpr, ORDER: kaio.constexpr, NW: kaio.constexpr,
+    NDS: kaio.constexpr,
 ):  # fmt: skip
-    """dk, dv of the ``64 * WG`` keys of key block x (``block_idx_x``, reversed where causal:
-    module docstring) and K/V head block y, summed over its group's query heads, and their
-    share of dQ / scale added to ``dq_acc`` (f32, whole 64-row tiles in fragment order,
-    zeros before) in the fixed order of the semaphores ``sem`` (i32 [B * H * n_tiles],
-    zeros before). The arguments as ``_attention_hopper_bwd.attention_bwd_dkdv_wgmma``'s
-    (its ``DQ`` 5 constexprs: PIPE 0, BM 64); ``EARLY``: ``write_dq_ordered``'s;
+    """dk, dv of the ``64 * WG`` keys of key block x (``block_idx_x`` through
+    ``interleaved``, reversed where causal: module docstring) and K/V head block y, summed
+    over its group's query heads, and their share of dQ / scale added to ``dq_acc`` (f32,
+    whole 64-row tiles in fragment order, zeros before) in the fixed order of the
+    semaphores ``sem`` (i32 [B * H * n_tiles], zeros before). The arguments as
+    ``_attention_hopper_bwd.attention_bwd_dkdv_wgmma``'s (its ``DQ`` 5 constexprs: PIPE 0,
+    BM 64); ``EARLY``: ``write_dq_ordered``'s;
     ``SCHED`` 0: the consumers of ``_attention_hopper_bwd`` (``consume_dkdv``, with LATE),
-    1, 2, 4: ``consume_late`` (four P^T and dS^T buffers; 4: two, dS^T)."""
+    1, 2, 4: ``consume_late`` (four P^T and dS^T buffers; 4: ``NDS``, dS^T); ``ORDER``:
+    ``write_dq_two``'s (1: the fixed order); ``NW``: its writers (2 to 6, with ``EARLY`` 3);
+    ``hg``: ``interleaved``'s (1: block (x, y) is key block x of K/V head y); ``NDS``:
+    ``consume_late``'s dS^T buffers (2, or 3 with ``SCHED`` 4)."""
     NBUF = 3 if LATE == 2 else 2  # the dS^T buffers of SCHED 0 (and their barriers)
-    NPT = 4 if SCHED and SCHED < 4 else NBUF  # the P^T and dS^T buffers (SCHED 0, 4: dS^T)
+    NPT = 4 if SCHED and SCHED < 4 else NDS if SCHED else NBUF  # P^T, dS^T (0, 4: dS^T)
     BK = 64 * WG
     TILE = BK * 64 * 2  # one K or V column block, resp. P^T or dS^T buffer (64 queries)
     RING = 2 * STAGES * BM * D * 2  # Q and dO: the ring
-    NB = STAGES + NBUF * WG + 2
+    NB = STAGES + NBUF * WG + 2 + (NW - 3 if NW > 3 else 0)  # (writers 3 .. NW - 1's "full")
     k_s = kaio.shared_dynamic(DT, (D // 64, BK, 64), 0)
     v_s = kaio.shared_dynamic(DT, (D // 64, BK, 64), D // 64 * TILE)
     q_s = kaio.shared_dynamic(DT, (STAGES, D // 64, BM, 64), D // 32 * TILE)
@@ -365,11 +446,12 @@ def attention_bwd_fused_ordered(
     turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * NB)
     nkb = (sk + BK - 1) // BK
     x = i32(kaio.block_idx_x())
+    kvh = i32(kaio.block_idx_y())
+    x, kvh = interleaved(x, kvh, nkb, hg)  # hg K/V heads' key blocks in turn
     if causal != 0:
         x = nkb - 1 - x  # the last key blocks first: they add to each tile before the rest
     k0 = x * BK
     t, wg, lt = thread_roles(WG)
-    kvh = i32(kaio.block_idx_y())
     first_head = kvh // (heads // group) * heads + kvh % (heads // group) * group
     first = i32(0)
     if causal != 0:
@@ -377,6 +459,12 @@ def attention_bwd_fused_ordered(
     n_tiles = (sq + BM - 1) // BM
     if t == 0:
         init_barriers(bars, turn, WG, STAGES, DQ, NBUF)
+        for j in kaio.static_range(NW - 3 if NW > 3 else 0):  # writers 3 .. NW - 1's "full"
+            kaio.mbarrier_init(bars, (1, STAGES + NBUF * WG + 2 + j), 4 * WG)
+        if SCHED >= 2:  # the dS^T buffers' "free" (free_buffer), resp. NDS 3's "full"
+            for b in kaio.static_range(NDS):
+                kaio.mbarrier_init(bars, (0, STAGES + b), 4 * WG)
+        kaio.fence_proxy_async()
     kaio.sync_threads()
     if wg < WG:  # the consumers
         if REGS:
@@ -385,7 +473,7 @@ def attention_bwd_fused_ordered(
             consume_late(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
                          dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk,
                          causal, scale_log2, scale, D, BM, WG, STAGES, TSTATS, SCHED,
-                         EARLY == 3, DT)  # fmt: skip
+                         EARLY == 3, DT, NW, NDS)  # fmt: skip
         else:
             consume_dkdv(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
                          dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk,
@@ -394,9 +482,11 @@ def attention_bwd_fused_ordered(
     else:  # the producer warpgroup: its first thread loads, warps 1 to 3 add dQ
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
-        if EARLY == 3 and (lt == 32 or lt == 64):
-            write_dq_two(dq_s, bars, dq_acc, sem, i32(lt // 32) - 1, first_head, group, first,
-                         n_tiles, sq, x, nkb, causal, STAGES + NBUF * WG, D, BM, BK)  # fmt: skip
+        w = i32(lt // 32) - 1 + 3 * i32(lt % 32 // 16)  # (writers 3-5: lane 16 of warps 1-3)
+        if EARLY == 3 and lt % 16 == 0 and lt >= 32 and w < NW:
+            write_dq_two(dq_s, bars, dq_acc, sem, w, first_head, group, first,
+                         n_tiles, sq, x, nkb, causal, STAGES + NBUF * WG, D, BM, BK, ORDER,
+                         NW)  # fmt: skip
         elif lt == 0:
             produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl, td,
                     kvh * sk + k0, first_head * sq, sq, group, first, n_tiles, D, BK, BM,
@@ -425,31 +515,66 @@ def zero_acc_sem(acc: f32[:], n: i32, sem: i32[:], m: i32):
 # The consumers' schedule (``consume_late``) by head dim and mask (not causal, causal):
 # measured on an H100 (f16 B4 H16 S4096, TFLOP/s at 2.5x the forward's FLOPs), SCHED 4 /
 # 2 / 0: D 128 454 / 418 / 392, causal 400 / 422 / 371; D 64 (4 / 2 / 1) 318 / 303 / 285,
-# causal 316 / 302 / 271. (At D 128 SCHED 1 spills 280 bytes.)
-SCHED = {64: (4, 4), 128: (4, 2)}
+# causal 316 / 302 / 271. (At D 128 SCHED 1 spills 280 bytes.) With the dS^T buffers'
+# "free" wait and HG 4, D 128 causal SCHED 4 against 2: 422 against 408 (H200), 410
+# against 402 (H100, HG 1).
+SCHED = {64: (4, 4), 128: (4, 4)}
+
+# The launch order's interleaved K/V heads (``HG``: the kernel's ``hg``, ``interleaved``) by
+# head dim and mask, f16 H16, interleaved A/B (docs/performance.md): H100 B4 S4096, HG 4
+# against 1: D 128 496 against 422, D 64 337 against 285 (without the order, ORDER 0 and
+# HG 1: 481, 347); H200, HG 8 / 4 / 2 / 1: D 128 B4 S4096 495 / 497 / 476 / 435, B16
+# S1024 355 / 326 / - / 317, B1 S16384 - / 555 / 508 / 496; D 64 B4 S4096 353 / 334 / - /
+# 303 (causal: HG 4 and 1 alike); with NDS 3 at D 64 (H200): HG 8 / 4 364 / 360, causal
+# 313 / 312; D 128 B1 S16384 HG 4 / 8: 553 / 516.
+HG = {64: (8, 8), 128: (4, 4)}
+
+# The dS^T buffers of SCHED 4 (``NDS``) by head dim (D 128: three do not fit beside three
+# ring stages): H200, f16 B4 H16 S4096, D 64 with HG 4, NDS 3 against 2: 360 against 334,
+# causal 295 against 282.
+NDS = {64: 3, 128: 2}
 
 
 def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> dict:
     """The kernel's constexprs for head dim ``d``: ``_attention_hopper_bwd.config(d)``'s
     fused ones (``DQ`` 5), ``SCHED`` ``sched`` (default ``SCHED[d][causal]``), ``EARLY`` 3
     (2 with ``SCHED`` 0; H100, f16 B4 H16 S4096, ``SCHED`` 2 at D 128, 1 at D 64: 3 against 2
-    411 / 410, causal 403 / 385; at D 64 293 / 271, causal 278 / 268) and as many ring stages
+    411 / 410, causal 403 / 385; at D 64 293 / 271, causal 278 / 268), ``ORDER`` 1 (dQ added
+    in the fixed order), two dQ writers (``NW``), ``HG[d][causal]`` heads interleaved in the
+    launch order, ``NDS[d]`` dS^T buffers with ``SCHED`` 4 (else 2) and as many ring stages
     as fit (at most 4)."""
     sched = SCHED[d][bool(causal)] if sched is None else sched
-    c = {**config(d)["fused"], "EARLY": 3 if sched else 2, "SCHED": sched}
-    c["STAGES"] = _stages(d, 64 * c["WG"], c["BM"], True, 5, _buffers(c))
-    return c
+    c = {**config(d)["fused"], "EARLY": 3 if sched else 2, "SCHED": sched, "ORDER": 1, "NW": 2}
+    c["HG"] = HG[d][bool(causal)]
+    c["NDS"] = NDS[d] if sched == 4 else 2
+    return {**c, "STAGES": fit_stages(d, c)}
+
+
+def constexprs(c: dict) -> dict:
+    """The kernel's constexprs among ``ordered_config``'s (``HG`` is its argument ``hg``)."""
+    return {k: v for k, v in c.items() if k != "HG"}
+
+
+def fit_stages(d: int, c: dict) -> int:
+    """The most ring stages (at most 4) whose ``smem_bytes`` fit, for head dim ``d`` and the
+    other constexprs ``c``."""
+    fit = [n for n in range(1, 5) if smem_bytes(d, {**c, "STAGES": n}) <= SHARED_LIMIT]
+    return max(fit, default=1)
 
 
 def _buffers(c: dict) -> int:
-    """The P^T and dS^T buffers of 64 queries (``shared_bytes``'s ``nbuf``)."""
-    return 4 if c.get("SCHED") in (1, 2) else _ds_buffers(c)[1]
+    """The P^T and dS^T buffers of 64 queries (``shared_bytes``'s ``nbuf``): ``NDS`` (two or
+    three), four with ``SCHED`` 1, 2."""
+    sched = c.get("SCHED")
+    n = 4 if sched in (1, 2) else c.get("NDS", 2) if sched else _ds_buffers(c)[1]
+    return n
 
 
 def smem_bytes(d: int, c: dict) -> int:
     """The kernel's dynamic shared memory for head dim ``d`` and constexprs ``c``."""
-    return shared_bytes(d, 64 * c["WG"], c["BM"], c["STAGES"], c["STAGES"] * c["BM"], 5,
-                        _buffers(c))  # fmt: skip
+    more = 32 * max(c.get("NW", 2) - 3, 0)  # (writers 3 .. NW - 1's barriers)
+    return more + shared_bytes(d, 64 * c["WG"], c["BM"], c["STAGES"], c["STAGES"] * c["BM"], 5,
+                               _buffers(c))  # fmt: skip
 
 
 def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
@@ -464,22 +589,29 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     from kaio_ops import _arrays
 
     bh, heads, group, sq, sk, d, _ = dims
-    c = {**ordered_config(d, (cfg or {}).get("SCHED"), causal), **(cfg or {})}  # (EARLY too)
+    cfg = cfg or {}
+    c = {**ordered_config(d, cfg.get("SCHED"), causal), **cfg}  # (EARLY too)
+    if "STAGES" not in cfg:  # as many as fit with the overrides
+        c["STAGES"] = fit_stages(d, c)
     if c.get("DQ") != 5 or c["PIPE"] or c["BM"] != 64 or (c["SCHED"] and c["LATE"]):
         raise ValueError(
             f"_attention_hopper_bwd_fused.launch: needs the DQ 5 schedule (PIPE 0, BM 64; "
             f"SCHED 1 without LATE), got {c}; pass ordered_config(d)"
         )
     if c["EARLY"] == 3 and not c["SCHED"]:
-        raise ValueError(f"_attention_hopper_bwd_fused.launch: EARLY 3 needs SCHED 1 or 2: {c}")
+        raise ValueError(f"_attention_hopper_bwd_fused.launch: EARLY 3 needs SCHED 1 to 4: {c}")
+    if c["NW"] not in range(2, 7) or c["NW"] > 2 and c["EARLY"] != 3:
+        raise ValueError(f"_attention_hopper_bwd_fused.launch: NW 2, or 3 to 6 with EARLY 3: {c}")
+    if c["NDS"] not in (2, 3) or c["NDS"] == 3 and c["SCHED"] != 4:
+        raise ValueError(f"_attention_hopper_bwd_fused.launch: NDS 2, or 3 with SCHED 4: {c}")
     if c["SCHED"] and c["STAGES"] < 2:
         raise ValueError(f"_attention_hopper_bwd_fused.launch: SCHED 1 needs 2 stages: {c}")
     stream = _arrays.stream_of(qa)
     dq = _arrays.output(da, qa.shape)
     dk, dv = (_arrays.output(da, ka.shape) for _ in range(2))
     rows_q, rows_kv = bh * sq, ka.size // d
-    n_tiles = -(-sq // 64)
-    acc_size = bh * n_tiles * 64 * d
+    n_tiles = -(-sq // c["BM"])  # the semaphores' (dq_acc: whole tiles of 64 rows)
+    acc_size = bh * -(-sq // 64) * 64 * d
     dq_acc = _arrays.output(da, (acc_size,), f32)
     sem = _arrays.output(da, (bh * n_tiles,), i32)
     zero_acc_sem[-(-acc_size // 1024), 256, stream, 0](dq_acc, acc_size, sem, bh * n_tiles)
@@ -498,7 +630,7 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         tmap(da, rows_q, c["BM"]), *stats, la.arg(rows_q), delta,
         _arrays.output_arg(da, dk, (ka.size,)), _arrays.output_arg(da, dv, (ka.size,)),
         dq_acc, sem, sq, sk, heads, group, math.log2(math.e) * scale, scale, int(causal),
-        D=d, DT=qa.dtype, **c,
+        c["HG"], D=d, DT=qa.dtype, **constexprs(c),
     )  # fmt: skip
     dq_convert_tiles[-(-qa.size // 1024), 256, stream, 0](
         _arrays.output_arg(da, dq, (qa.size,)), dq_acc, bh * sq, sq, scale, D=d, DT=qa.dtype
@@ -512,6 +644,10 @@ def specializations():
 
     for dt in (f16, bf16):
         for d in (64, 128):
-            for sched in sorted(set(SCHED[d])):  # the schedules taken (by mask)
-                yield attention_bwd_fused_ordered, {"D": d, "DT": dt, **ordered_config(d, sched)}
+            seen = []
+            for causal in (False, True):  # the configurations taken (by mask)
+                c = constexprs(ordered_config(d, None, causal))
+                if c not in seen:
+                    seen.append(c)
+                    yield attention_bwd_fused_ordered, {"D": d, "DT": dt, **c}
     yield zero_acc_sem, {}

@@ -43,6 +43,9 @@ def poisoned_outputs(monkeypatch):
         (2, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 2),
         # P^T in registers, two dQ writers; Sq > Sk, causal, grouped-query
         (1, 2, 1, 256, 128, 64, np.float16, True, 4, 3),
+        # three dS^T buffers (NDS 3), three writers, two K/V heads' key blocks interleaved
+        # in the launch order (HG 2; three heads: the last group has one)
+        (3, 1, 1, 128, 256, 64, np.float16, False, 4, 3),
     ],
 )
 def test_ordered_backward_in_simulator(
@@ -50,9 +53,11 @@ def test_ordered_backward_in_simulator(
 ):  # fmt: skip
     """dQ, dK, dV against float64 through ``_attention_hopper_bwd.launch(ordered=...)``
     with two ring stages (the simulator runs the blocks in linear order: each wait is met by
-    the blocks before)."""
+    the blocks before, and a wait for a later block fails)."""
     launch = hopper_bwd.launch
     over = {"SCHED": sched, "EARLY": early, "STAGES": 2}
+    if b == 3:
+        over.update(NDS=3, NW=3, HG=2)
     monkeypatch.setattr(hopper_bwd, "launch", lambda *a, **k: launch(*a, **k, ordered=over))
     cfg = small(2, 0, 0, 5, 0)
     check_grads(*run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg), dtype)
@@ -164,15 +169,18 @@ def _gpu_operands(b, h, hkv, sq, sk, d, causal, seed):
 
 @pytest.mark.gpu
 @pytest.mark.skipif("not _hopper_gpu()", reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("d, causal, hkv", [(128, True, 2), (128, False, 4), (64, True, 4)])
+@pytest.mark.parametrize(
+    "d, causal, hkv", [(128, True, 2), (128, False, 4), (64, True, 4), (64, False, 3)]
+)
 def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv):
     """Against float64 autograd (grouped-query heads, Sq < Sk, a partial query tile) and
-    the same bits on three runs, at a size with many key blocks a query tile."""
+    the same bits on three runs, at a size with many key blocks a query tile (three K/V
+    heads: six blocks' heads, a partial group of ``HG``)."""
     import torch
 
     from tests.test_ops_attention import _rel_t, _sdpa64
 
-    h = 4
+    h = 6 if hkv == 3 else 4
     q, k, v, do, run = _gpu_operands(2, h, hkv, 1000, 2048, d, causal, d + hkv)
     leaves = [x.double().requires_grad_() for x in (q, k, v)]
     _sdpa64(*leaves, causal, group=h // hkv).backward(do.double())
