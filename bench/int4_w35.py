@@ -155,7 +155,9 @@ def main() -> None:
     if args.raw:
         raw_dequant()
     t0 = time.time()
-    if args.prewarm and not args.raw:
+    if args.raw:  # the prewarm's workers build the undecoded kernel too
+        os.environ["INT4_RAW"] = "1"
+    if args.prewarm:
         prewarm(args, points(args.points))
         print(json.dumps({"prewarm_s": round(time.time() - t0, 1)}), flush=True)
     sink = open(args.out, "a") if args.out else None  # noqa: SIM115

@@ -317,6 +317,11 @@ SWAP_CASES = [
     # EARLY in a cluster pair with 3 slices each (the last alone, after every wgmma), M and N
     # edges, 3-stage rings
     (33, 136, 384, "bfloat16", (2, 40, 3, 2, 1, 0, 3, 2, 1), None),
+    # KW (config[10]): two warpgroups take a tile's slices in turn, summed in shared memory:
+    # 12 tiles on 2 blocks (the sum's barriers over many phases), EARLY across tiles, the
+    # rings wrapping; then in a cluster pair's K split
+    (50, 192, 256, "float16", (2, 16, 4, 1, 0, 0, 2, 2, 1, 0, 1), 2),
+    (20, 136, 512, "bfloat16", (2, 24, 4, 2, 1, 0, 2, 2, 1, 0, 1), None),
 ]
 
 
@@ -338,6 +343,24 @@ def test_int4_wgmma_in_simulator(m, n, k, out_dtype, config, sms, poisoned):
     assert c.shape == (m, n) and np.isfinite(c).all()
     assert np.all(np.abs(c - ref) <= 1e-6 * bound + rounding * np.abs(ref))
     assert np.abs(ref).max() > 10  # a real product
+
+
+def test_int4_swap_rejects_bad_k_split():
+    """KW (the warpgroups take a tile's K slices in turn, each every WG-th ring stage)
+    refuses one warpgroup, multicast pairs, rings or slice counts that are no multiple of
+    WG, and fewer than BUFS stages a warpgroup (a deadlock), each saying what to change."""
+    from kaio_ops import _int4_hopper
+
+    for config, k, why in (
+        ((1, 64, 4, 1, 0, 0, 2, 2, 0, 0, 1), 256, "2 or more"),
+        ((2, 64, 4, 1, 0, 1, 2, 2, 0, 0, 1), 256, "multicast"),
+        ((2, 64, 3, 1, 0, 0, 2, 2, 0, 0, 1), 256, "STAGES (3)"),
+        ((2, 64, 4, 1, 0, 0, 3, 2, 0, 0, 1), 256, "WSTAGES (3)"),
+        ((3, 64, 6, 1, 0, 0, 3, 2, 0, 0, 1), 256, "K / 64 (4)"),
+        ((2, 64, 4, 1, 0, 0, 2, 3, 0, 0, 1), 256, "BUFS x WG (6)"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(why)):
+            _int4_hopper.swap_launch_plan(64, 256, k, config, 132, f16)
 
 
 def test_int4_swap_rejects_bad_buffers():
@@ -458,7 +481,8 @@ def test_int4_swap_assembles_for_sm_90a():
     while a wgmma that reads it may be in flight)."""
     from kaio_ops import _int4_hopper
 
-    for kernel, constexprs in _int4_hopper.swap_specializations():
+    specs = _int4_hopper.swap_specializations()
+    for kernel, constexprs in (specs[i] for i in covering(specs)):
         ptx = kernel.ptx(arch="sm_90", **constexprs)
         assert f"wgmma.mma_async.sync.aligned.m64n{constexprs['BM']}k16.f32.f16.f16" in ptx
         report = assemble(ptx, "sm_90a")
@@ -515,7 +539,8 @@ def test_int4_swap_registers_can_be_granted():
     for wg, bm in ((2, 256), (3, 128), (4, 64)):
         consts = {"WG": wg, "BM": bm, "STAGES": _int4_hopper.swap_stages(wg, bm), "SPLIT": 2,
                   "CL": 0, "REGS": _int4_hopper.swap_registers(wg), "OUT": f16, "MC": 0,
-                  "WSTAGES": 4, "BUFS": 2, "EARLY": 1, "GROUP": _int4_hopper.GROUP_M}  # fmt: skip
+                  "WSTAGES": 4, "BUFS": 2, "EARLY": 1, "GROUP": _int4_hopper.GROUP_M,
+                  "KW": 0}  # fmt: skip
         report = assemble(_int4_hopper.int4_swap.ptx(arch="sm_90", **consts), "sm_90a")
         assert " 0 bytes spill stores" in report, (consts, report)
         _assert_registers_balance(report, consts)
