@@ -749,6 +749,21 @@ def swap_split(tiles: int, k: int, sms: int) -> int:
     return max(1, min(sms // tiles, k // (4 * BK), 8))
 
 
+def k_split_problem(wg: int, mc: int, stages: int, wstages: int, k: int, bufs: int) -> str:
+    """What ``int4_swap`` with ``KW`` (each of the ``wg`` warpgroups every WG-th slice and
+    stage of both rings) lacks in this configuration, or ""."""
+    if wg < 2:
+        return "2 or more consumer warpgroups"
+    if mc:
+        return "no multicast pairs"
+    for what, v in (("STAGES", stages), ("WSTAGES", wstages), ("K / 64", k // BK)):
+        if v % wg:
+            return f"{what} ({v}) a multiple of WG ({wg})"
+    if stages < bufs * wg:  # each warpgroup's BUFS slices in flight in its own stages
+        return f"STAGES ({stages}) at least BUFS x WG ({bufs * wg})"
+    return ""
+
+
 def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) -> tuple:
     """(split, k_slice, tiles, constexprs) of ``int4_swap`` for an ``m x n x k`` product
     with ``config`` (``launch_swap``) on ``sms`` multiprocessors (with ``MC``, tiles counts
@@ -768,22 +783,9 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     wstages = wstages or swap_word_stages(wg, bm, stages, kw)
     if stages < bufs:  # a slice's stage is freed BUFS - 1 slices later
         raise ValueError(f"int4_swap: {bufs} fragment buffers need {bufs} stages, got {stages}")
-    if kw:  # each warpgroup every WG-th slice, stage and words' stage
-        problem = (
-            ("2 or more consumer warpgroups" if wg < 2 else "no multicast pairs" if mc else "")
-            or next(
-                (
-                    f"{what} ({v}) a multiple of WG ({wg})"
-                    for what, v in (("STAGES", stages), ("WSTAGES", wstages), ("K / 64", k // BK))
-                    if v % wg
-                ),
-                "",
-            )
-            or (f"STAGES ({stages}) at least BUFS x WG ({bufs * wg})" if stages < bufs * wg else "")
-        )
-        # fmt: skip
-        if problem:
-            raise ValueError(f"int4_swap: KW (warpgroups taking K slices in turn) needs {problem}")
+    problem = kw and k_split_problem(wg, mc, stages, wstages, k, bufs)
+    if problem:
+        raise ValueError(f"int4_swap: KW (warpgroups taking K slices in turn) needs {problem}")
     cols = 1 if kw else wg  # warpgroups side by side along a tile's columns
     tiles = math.ceil(m / bm) * math.ceil(n / (64 * cols))
     step = BK * (wg if kw else 1)  # a K split's slices: whole steps of every warpgroup

@@ -508,7 +508,9 @@ def test_int4_swap_plans_fit():
                 m, n, k, _int4_hopper.swap_plan(m, n, k, 132), 132, f16
             )
             cfg = (consts["WG"], consts["BM"], consts["STAGES"], consts["CL"], consts["MC"])
-            shared = _int4_hopper.swap_shared_bytes(*cfg[:3], consts["CL"], consts["WSTAGES"])
+            shared = _int4_hopper.swap_shared_bytes(
+                *cfg[:3], consts["CL"], consts["WSTAGES"], consts["KW"]
+            )
             assert shared <= _int4_hopper.SHARED_LIMIT and split <= (8 if consts["CL"] else 64)
             seen[(*cfg, consts["SPLIT"])] = consts
     for consts in seen.values():
