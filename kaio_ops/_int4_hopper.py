@@ -448,7 +448,8 @@ def int4_swap(
     # KW: the partial tiles of warpgroups 1 .. WG - 1 after the barriers (else unused, a
     # stub over the rings)
     RED_AT = (BARS_AT + (5 + 2 * KW) * 8 * RING + 15) // 16 * 16 * KW
-    red = kaio.shared_dynamic(f32, ((WG - 1) * KW + 1 - KW, BM // 2 * KW + 1 - KW, 128), RED_AT)
+    RED_WG = (WG - 1) * KW + 1 - KW
+    red = kaio.shared_dynamic(f32, (1 + KW, RED_WG, RED_CHUNK * KW + 1 - KW, 128), RED_AT)
     part = kaio.shared_dynamic(f32, (BM, BNW), 0)  # CL: the partial tile, over the idle ring
     pairs = kaio.shared_dynamic(u64, (BM, BNW // 2), 0)  # part's column pairs
     t = kaio.thread_idx_x()
@@ -482,8 +483,9 @@ def int4_swap(
             kaio.mbarrier_init(bars, (4, i), COLS * 4)
         kaio.mbarrier_init(bars, (2, 0), WG * 128)
         if KW:
-            kaio.mbarrier_init(bars, (5, 0), (WG - 1) * 128)
-            kaio.mbarrier_init(bars, (6, 0), 128)
+            for b in kaio.static_range(2):
+                kaio.mbarrier_init(bars, (5, b), (WG - 1) * 128)
+                kaio.mbarrier_init(bars, (6, b), 128)
         kaio.fence_proxy_async()
     kaio.sync_threads()
     if MC:
@@ -579,32 +581,40 @@ def int4_swap(
         kaio.cluster_sync()
 
 
+RED_CHUNK = 16  # KW: the values of a thread's partial tile that go through ``red`` at a time
+
+
 @kaio.gpu_func
 def reduce_warpgroups(
-    acc: f32[:, :, :], red: f32[:, :, :], bars: u64[:, :], wg: u32, lt: u32, i: i32,
+    acc: f32[:, :, :], red: f32[:, :, :, :], bars: u64[:, :], wg: u32, lt: u32, i: i32,
     BM: kaio.constexpr, WG: kaio.constexpr,
 ):  # fmt: skip
-    """``int4_swap`` with ``KW``, tile ``i`` of the block done: warpgroups 1 .. WG - 1 put
-    their partial tiles in ``red`` (``red[wg - 1, v, lt]``: value v of thread lt, the
-    threads side by side) once warpgroup 0 has read the tile before (barrier row 6) and say
-    so (row 5); warpgroup 0 adds them to its own ``acc`` in warpgroup order, then frees
-    ``red``. Each barrier completes once a tile (phase parity ``i % 2``)."""
+    """``int4_swap`` with ``KW``, tile ``i`` of the block done: warpgroups 1 .. WG - 1 pass
+    their partial tiles to warpgroup 0, which adds them to its ``acc`` in warpgroup order,
+    ``RED_CHUNK`` values a thread at a time through two buffers (``red[b, wg - 1, u, lt]``,
+    the threads side by side): chunk n (counted over the block's tiles) goes through buffer
+    n % 2 once warpgroup 0 has read chunk n - 2 from it (barrier row 6) and is read once
+    written (row 5); each barrier of a buffer completes once every two chunks (parity n // 2
+    % 2). A chunk is written while the one before is added, in 16 KB a warpgroup."""
+    CHUNKS = BM // 2 // RED_CHUNK
     if wg > 0:
-        if i > 0:
-            kaio.mbarrier_wait(bars, (6, 0), u32((i - 1) & 1))
-        for j in kaio.static_range(BM // 8):
-            for h in kaio.static_range(2):
-                for e in kaio.static_range(2):
-                    red[wg - 1, 4 * j + 2 * h + e, lt] = acc[j, h, e]
-        kaio.mbarrier_arrive(bars, (5, 0))
+        for c in kaio.static_range(CHUNKS):
+            n = i * CHUNKS + c
+            if n >= 2:
+                kaio.mbarrier_wait(bars, (6, n % 2), u32((n // 2 - 1) & 1))
+            for u in kaio.static_range(RED_CHUNK):
+                v = RED_CHUNK * c + u  # acc's values in order: acc[v // 4, v // 2 % 2, v % 2]
+                red[n % 2, wg - 1, u, lt] = acc[v // 4, v // 2 % 2, v % 2]
+            kaio.mbarrier_arrive(bars, (5, n % 2))
     else:
-        kaio.mbarrier_wait(bars, (5, 0), u32(i & 1))
-        for q in kaio.static_range(WG - 1):
-            for j in kaio.static_range(BM // 8):
-                for h in kaio.static_range(2):
-                    for e in kaio.static_range(2):
-                        acc[j, h, e] += red[q, 4 * j + 2 * h + e, lt]
-        kaio.mbarrier_arrive(bars, (6, 0))
+        for c in kaio.static_range(CHUNKS):
+            n = i * CHUNKS + c
+            kaio.mbarrier_wait(bars, (5, n % 2), u32((n // 2) & 1))
+            for q in kaio.static_range(WG - 1):
+                for u in kaio.static_range(RED_CHUNK):
+                    v = RED_CHUNK * c + u
+                    acc[v // 4, v // 2 % 2, v % 2] += red[n % 2, q, u, lt]
+            kaio.mbarrier_arrive(bars, (6, n % 2))
 
 
 @kaio.gpu_func
@@ -706,9 +716,9 @@ def swap_shared_bytes(
 
 
 def reduce_bytes(wg: int, bm: int) -> int:
-    """The shared memory of ``int4_swap``'s ``red`` with ``KW``: the f32 partial ``bm x 64``
-    tiles of warpgroups 1 .. ``wg`` - 1."""
-    return (wg - 1) * bm * 64 * 4
+    """The shared memory of ``int4_swap``'s ``red`` with ``KW``: two buffers of
+    ``RED_CHUNK`` f32 values a thread of warpgroups 1 .. ``wg`` - 1 (``reduce_warpgroups``)."""
+    return 2 * (wg - 1) * RED_CHUNK * 128 * 4
 
 
 def word_stage_bytes(wg: int) -> int:
@@ -749,13 +759,15 @@ def swap_split(tiles: int, k: int, sms: int) -> int:
     return max(1, min(sms // tiles, k // (4 * BK), 8))
 
 
-def k_split_problem(wg: int, mc: int, stages: int, wstages: int, k: int, bufs: int) -> str:
+def k_split_problem(wg: int, bm: int, mc: int, stages: int, wstages: int, k: int, bufs: int) -> str:
     """What ``int4_swap`` with ``KW`` (each of the ``wg`` warpgroups every WG-th slice and
     stage of both rings) lacks in this configuration, or ""."""
     if wg < 2:
         return "2 or more consumer warpgroups"
     if mc:
         return "no multicast pairs"
+    if bm % (2 * RED_CHUNK):  # whole chunks of a thread's partial tile (BM / 2 values)
+        return f"BM ({bm}) a multiple of {2 * RED_CHUNK}"
     for what, v in (("STAGES", stages), ("WSTAGES", wstages), ("K / 64", k // BK)):
         if v % wg:
             return f"{what} ({v}) a multiple of WG ({wg})"
@@ -783,7 +795,7 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     wstages = wstages or swap_word_stages(wg, bm, stages, kw)
     if stages < bufs:  # a slice's stage is freed BUFS - 1 slices later
         raise ValueError(f"int4_swap: {bufs} fragment buffers need {bufs} stages, got {stages}")
-    problem = kw and k_split_problem(wg, mc, stages, wstages, k, bufs)
+    problem = kw and k_split_problem(wg, bm, mc, stages, wstages, k, bufs)
     if problem:
         raise ValueError(f"int4_swap: KW (warpgroups taking K slices in turn) needs {problem}")
     cols = 1 if kw else wg  # warpgroups side by side along a tile's columns

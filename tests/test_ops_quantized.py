@@ -317,11 +317,13 @@ SWAP_CASES = [
     # EARLY in a cluster pair with 3 slices each (the last alone, after every wgmma), M and N
     # edges, 3-stage rings
     (33, 136, 384, "bfloat16", (2, 40, 3, 2, 1, 0, 3, 2, 1), None),
-    # KW (config[10]): two warpgroups take a tile's slices in turn, summed in shared memory:
-    # 12 tiles on 2 blocks (the sum's barriers over many phases), EARLY across tiles, the
-    # rings wrapping; then in a cluster pair's K split
-    (50, 192, 256, "float16", (2, 16, 4, 1, 0, 0, 2, 2, 1, 0, 1), 2),
-    (20, 136, 512, "bfloat16", (2, 24, 4, 2, 1, 0, 2, 2, 1, 0, 1), None),
+    # KW (config[10]): the warpgroups take a tile's slices in turn, summed in shared memory
+    # in chunks through two buffers: 6 tiles on 2 blocks, one chunk a tile (the buffers
+    # alternate across tiles), EARLY across tiles, the rings wrapping; a cluster pair's K
+    # split; 3 warpgroups, 3 chunks
+    (50, 192, 256, "float16", (2, 32, 4, 1, 0, 0, 2, 2, 1, 0, 1), 2),
+    (20, 136, 512, "bfloat16", (2, 64, 4, 2, 1, 0, 2, 2, 1, 0, 1), None),
+    (33, 72, 768, None, (3, 96, 6, 1, 0, 0, 3, 2, 1, 0, 1), None),
 ]
 
 
@@ -347,13 +349,15 @@ def test_int4_wgmma_in_simulator(m, n, k, out_dtype, config, sms, poisoned):
 
 def test_int4_swap_rejects_bad_k_split():
     """KW (the warpgroups take a tile's K slices in turn, each every WG-th ring stage)
-    refuses one warpgroup, multicast pairs, rings or slice counts that are no multiple of
-    WG, and fewer than BUFS stages a warpgroup (a deadlock), each saying what to change."""
+    refuses one warpgroup, multicast pairs, tiles not in whole chunks of the sum, rings or
+    slice counts that are no multiple of WG, and fewer than BUFS stages a warpgroup (a
+    deadlock), each saying what to change."""
     from kaio_ops import _int4_hopper
 
     for config, k, why in (
         ((1, 64, 4, 1, 0, 0, 2, 2, 0, 0, 1), 256, "2 or more"),
         ((2, 64, 4, 1, 0, 1, 2, 2, 0, 0, 1), 256, "multicast"),
+        ((2, 48, 4, 1, 0, 0, 2, 2, 0, 0, 1), 256, "BM (48) a multiple of 32"),
         ((2, 64, 3, 1, 0, 0, 2, 2, 0, 0, 1), 256, "STAGES (3)"),
         ((2, 64, 4, 1, 0, 0, 3, 2, 0, 0, 1), 256, "WSTAGES (3)"),
         ((3, 64, 6, 1, 0, 0, 3, 2, 0, 0, 1), 256, "K / 64 (4)"),
