@@ -149,28 +149,37 @@ WIDE_N = 32768
 WIDE_GROUP = 4
 
 
+# At KW_M rows (past 64, up to 512) given the product's shape: KW tiles (two consumer
+# warpgroups sharing BM x 64 tiles, each every other K slice; int4w35 round B of
+# 2026-11-27, H100, x cuBLAS f16, the median of 3 interleaved passes, against the route
+# then): 4096x4096 M=256 1.04x (128-row tiles, 128 of them) against 0.93x, M=128 1.15x
+# (a cluster pair's K split) against 1.09x, M=512 0.97x against 0.95x; 8192x8192 M=256
+# 1.09x against 1.01x, M=128 1.53x against 1.49x; 4096x14336 M=512 1.00x against 0.95x,
+# M=256 1.26x against 1.20x; 57344x8192 M=256 1.10x against 1.00x. EARLY off (M=256:
+# 1.04x against 0.98x with it).
+KW_M = (64, 512)
+
+
 def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
-    """``int4_swap``'s (WG, BM, STAGES, split, CL, MC, WSTAGES, BUFS, EARLY, GROUP) for M =
-    ``m`` (``SWAP_PLANS``; as many stages of both rings as fit, ``swap_split``'s split, the
-    tile order in groups of ``GROUP_M`` rows); given the product's ``n``, ``k`` and the GPU's
-    ``sms``: at 65-512 rows, where the 64 WG-column tiles would need a K split (past 2 up
-    to 256 rows), 64-column tiles (one consumer warpgroup; past 128 rows the next slice's
-    words read early) if those need none (past 2), else (past 128 rows) 128-row tiles; past
-    512 rows at N >= ``WIDE_N``, multicast pairs in groups of ``WIDE_GROUP`` rows."""
+    """``int4_swap``'s (WG, BM, STAGES, split, CL, MC, WSTAGES, BUFS, EARLY, GROUP, KW) for
+    M = ``m`` (``SWAP_PLANS``; as many stages of both rings as fit, ``swap_split``'s split,
+    the tile order in groups of ``GROUP_M`` rows); given the product's ``n``, ``k`` and the
+    GPU's ``sms``: in the ``KW_M`` band, two warpgroups sharing ``BM x 64`` tiles (``KW``),
+    BM the rows rounded up to 32 (at most 256), halved while the tiles fill at most half the
+    multiprocessors and BM is past 64, then a K split (in a cluster pair up to 2); past 512
+    rows at N >= ``WIDE_N``, multicast pairs in groups of ``WIDE_GROUP`` rows."""
     _, wg, bm, cl, mc, bufs, early = next(row for row in SWAP_PLANS if m <= row[0])
     step = 16 if mc else 8
     bm = bm or min(256, -(-m // step) * step)
-    tiles = math.ceil(m / bm) * math.ceil(n / (64 * wg))
-    most = 2 if m <= 256 else 1  # the K split that 65-512 rows take
-    group = 0
-    if n and 64 < m <= 512 and swap_split(tiles, k, sms) > most:
-        if swap_split(math.ceil(m / bm) * math.ceil(n / 64), k, sms) <= most:
-            wg, early = 1, int(early or m > 128)
-        elif m > 128:
-            bm = 128
+    group = kw = 0
+    if n and KW_M[0] < m <= KW_M[1]:
+        wg, cl, early, kw = 2, 1, 0, 1
+        bm = min(256, -(-m // 32) * 32)
+        while bm > 64 and 2 * math.ceil(m / bm) * math.ceil(n / 64) <= sms:
+            bm = -(-bm // 64) * 32  # half, rounded up to 32
     if m > 512 and n >= WIDE_N:
         mc, group = 1, WIDE_GROUP
-    return wg, bm, 0, 0, cl, mc, 0, bufs, early, group
+    return wg, bm, 0, 0, cl, mc, 0, bufs, early, group, kw
 
 
 def takes(a, b, s) -> bool:

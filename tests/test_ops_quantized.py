@@ -380,27 +380,29 @@ def test_int4_swap_rejects_bad_buffers():
 
 
 def test_int4_swap_plan_bands():
-    """swap_plan's shape rules on 132 multiprocessors: at 65-512 rows 64-column tiles (one
-    consumer warpgroup) where 128-column ones would need a K split and they need none (past
-    2 up to 256 rows: a cluster pair), past 128 rows 128-row tiles where both would; past
-    512 rows multicast pairs in groups of WIDE_GROUP rows from WIDE_N columns only."""
+    """swap_plan's shape rules on 132 multiprocessors: past 64 rows up to 512 (``KW_M``) two
+    warpgroups sharing BM x 64 tiles (KW), BM the rows rounded to 32 and halved while the
+    tiles fill at most half the multiprocessors (down to 64), then a K split (a cluster pair
+    for 2); past 512 rows multicast pairs in groups of WIDE_GROUP rows from WIDE_N columns
+    only."""
     from kaio_ops import _int4_hopper
 
     def plan(m, n, k):
         config = _int4_hopper.swap_plan(m, n, k, 132)
         split, _, _, consts = _int4_hopper.swap_launch_plan(m, n, k, config, 132, f16)
-        return consts["WG"], consts["BM"], split, consts["CL"], consts["MC"], consts["GROUP"]
+        keys = ("WG", "BM", "CL", "MC", "GROUP", "KW")
+        return (split, *(consts[key] for key in keys))
 
     g, wide = _int4_hopper.GROUP_M, _int4_hopper.WIDE_GROUP
-    assert plan(512, 4096, 4096) == (1, 256, 1, 0, 0, g)  # 128 tiles of 256 x 64
-    assert plan(256, 4096, 4096) == (1, 256, 2, 1, 0, g)  # 64 of them, a cluster pair each
-    assert plan(512, 8192, 8192) == (2, 256, 1, 0, 0, g)  # 128 tiles of 256 x 128
-    assert plan(256, 1024, 4096) == (2, 128, 8, 0, 0, g)  # 16 of 256 x 64: 128-row tiles
-    assert plan(128, 4096, 4096) == (1, 128, 2, 1, 0, g)  # 64 tiles of 128 x 64
-    assert plan(128, 8192, 8192) == (2, 128, 2, 1, 0, g)  # 64 tiles of 128 x 128
-    assert plan(1024, 57344, 8192) == (2, 256, 1, 0, 1, wide)
-    assert plan(1024, _int4_hopper.WIDE_N - 8, 8192)[4:] == (0, g)
-    assert plan(512, 57344, 8192)[4:] == (0, g)
+    assert plan(64, 4096, 4096) == (8, 4, 64, 0, 0, g, 0)  # 16 tiles of 64 x 256, split 8
+    assert plan(512, 4096, 4096) == (1, 2, 256, 0, 0, g, 1)  # 128 KW tiles of 256 x 64
+    assert plan(256, 4096, 4096) == (1, 2, 128, 0, 0, g, 1)  # 64 of 256 rows: 128-row tiles
+    assert plan(128, 4096, 4096) == (1, 2, 64, 0, 0, g, 1)
+    assert plan(200, 8192, 8192) == (1, 2, 224, 0, 0, g, 1)  # rows rounded to 32: 128 tiles
+    assert plan(256, 1024, 4096) == (2, 2, 64, 1, 0, g, 1)  # 64 tiles: a cluster pair each
+    assert plan(100, 1024, 4096) == (4, 2, 64, 0, 0, g, 1)  # 32 tiles: split 4, workspace
+    assert plan(1024, 57344, 8192) == (1, 2, 256, 0, 1, wide, 0)
+    assert plan(1024, _int4_hopper.WIDE_N - 8, 8192)[4:] == (0, g, 0)
 
 
 def test_int4_wgmma_dispatch(monkeypatch):
