@@ -1057,16 +1057,16 @@ def test_gpu_int4_multi_tile(m, monkeypatch):
     [(17, 4096, 4096, None), (200, 4104, 4096, None), (1000, 1024, 14336, "float16"),
      (300, 4096, 4096, None), (2048, 8192, 4096, "float16"), (4096, 4096, 4096, "bfloat16"),
      (100, 8192, 4096, None), (256, 8192, 2048, "float16"), (600, 32768, 1024, "float16"),
-     (120, 4096, 2048, "float16")],
+     (120, 4096, 2048, "float16"), (200, 1024, 4096, "bfloat16")],
 )  # fmt: skip
 def test_gpu_int4_wgmma(m, n, k, out_dtype):
-    """M > 16 on sm_90 (the wgmma kernel: 4 consumer warpgroups, a workspace K split,
-    a cluster pair's K split at 65-128 (120 x 64 tiles at 120 rows), 129-256 (256 x 64
-    tiles at 200 rows) and 257-512
-    rows (256 x 64 tiles at 300), 256-row tiles past 512 rows (multicast pairs in groups of
-    4 rows at N = 32768), every M up to 4096; elsewhere the other paths): every element against
-    float64 products within the f32 sums' slack plus the output's rounding, and the same
-    bits on a second call (a race would move them)."""
+    """M > 16 on sm_90 (the wgmma kernel: 4 consumer warpgroups and a workspace K split at
+    17 rows; at 65-512 rows two warpgroups sharing BM x 64 tiles, each every other K slice
+    (KW: 64-row tiles at 120 rows, 128 at 100 and 200, 256 at 256 and 300; a cluster
+    pair's K split at 200 rows of N = 1024), 256-row tiles past 512 rows (multicast pairs in
+    groups of 4 rows at N = 32768), every M up to 4096; elsewhere the other paths): every
+    element against float64 products within the f32 sums' slack plus the output's rounding,
+    and the same bits on a second call (a race would move them)."""
     import torch
 
     x = torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(m)).half()
