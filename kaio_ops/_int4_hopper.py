@@ -149,34 +149,66 @@ WIDE_N = 32768
 WIDE_GROUP = 4
 
 
-# At KW_M rows (past 64, up to 512) given the product's shape: KW tiles (two consumer
-# warpgroups sharing BM x 64 tiles, each every other K slice; int4w35 round B of
-# 2026-11-27, H100, x cuBLAS f16, the median of 3 interleaved passes, against the route
-# then): 4096x4096 M=256 1.04x (128-row tiles, 128 of them) against 0.93x, M=128 1.15x
-# (a cluster pair's K split) against 1.09x, M=512 0.97x against 0.95x; 8192x8192 M=256
-# 1.09x against 1.01x, M=128 1.53x against 1.49x; 4096x14336 M=512 1.00x against 0.95x,
-# M=256 1.26x against 1.20x; 57344x8192 M=256 1.10x against 1.00x. EARLY off (M=256:
-# 1.04x against 0.98x with it).
-KW_M = (64, 512)
+# KW tiles (two consumer warpgroups sharing BM x 64 tiles, each every other K slice, EARLY
+# off) at 65-512 rows, by the tiles of before (int4w35 rounds B and C of 2026-11-27, H100,
+# x cuBLAS f16, the median of 3 interleaved passes, KW against the tiles of before):
+# - where one warpgroup had 64-column tiles (N = 4096): always (4096x4096 M=128 in a
+#   cluster pair 1.12x against 1.06x, M=512 0.94-0.97x against 0.93-0.95x; 4096x14336
+#   M=256 1.07x against 1.01x, M=512 1.00x against 0.95x), at K <= KW_HALVE_K with 256-row
+#   tiles that need a K split 128-row tiles without one instead (4096x4096 M=256 0.97-1.04x
+#   against 0.89-0.93x; 4096x14336 M=256 0.94x against the cluster pair's 1.07x, and
+#   64-row tiles lost: 4096x14336 M=128 0.85x against 1.14x);
+# - where 128-column tiles needed a K split (8192x8192 M=256 1.03-1.09x against
+#   0.97-1.01x, M=128 1.13x against 1.12x; 8192x28672 M=256 1.10x against 1.09x), or where
+#   twice the tiles fill the last wave better by KW_WAVE (57344x8192 M=256, 896 tiles
+#   against 448 on 132 SMs: 1.07-1.10x against 0.93-1.00x; M=128 1.85x against 1.75x;
+#   28672x4096 M=512 1.01x against 0.98x); elsewhere the tiles of before (8192x8192 M=512
+#   0.96x with KW against 1.02x, 28672x4096 M=256 0.96x against 1.05x, 57344x8192 M=512
+#   0.93x against 0.95x).
+KW_HALVE_K = 4096
+KW_WAVE = 0.05
+
+
+def wave_fill(tiles: int, sms: int) -> float:
+    """The share of ``sms`` multiprocessors that ``tiles`` tiles of equal work keep busy over
+    their waves (1.0: whole waves)."""
+    return tiles / (math.ceil(tiles / sms) * sms)
 
 
 def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
     """``int4_swap``'s (WG, BM, STAGES, split, CL, MC, WSTAGES, BUFS, EARLY, GROUP, KW) for
     M = ``m`` (``SWAP_PLANS``; as many stages of both rings as fit, ``swap_split``'s split,
     the tile order in groups of ``GROUP_M`` rows); given the product's ``n``, ``k`` and the
-    GPU's ``sms``: in the ``KW_M`` band, two warpgroups sharing ``BM x 64`` tiles (``KW``),
-    BM the rows rounded up to 32 (at most 256), halved while the tiles fill at most half the
-    multiprocessors and BM is past 64, then a K split (in a cluster pair up to 2); past 512
-    rows at N >= ``WIDE_N``, multicast pairs in groups of ``WIDE_GROUP`` rows."""
+    GPU's ``sms``: at 65-512 rows, where the 64 WG-column tiles would need a K split (past 2
+    up to 256 rows), 64-column tiles if those need none (past 2), else (past 128 rows)
+    128-row tiles; then KW tiles where they win (``KW_HALVE_K``: the comment above it);
+    past 512 rows at N >= ``WIDE_N``, multicast pairs in groups of ``WIDE_GROUP`` rows."""
     _, wg, bm, cl, mc, bufs, early = next(row for row in SWAP_PLANS if m <= row[0])
     step = 16 if mc else 8
     bm = bm or min(256, -(-m // step) * step)
+    tiles = math.ceil(m / bm) * math.ceil(n / (64 * wg))
+    most = 2 if m <= 256 else 1  # the K split that 65-512 rows take
     group = kw = 0
-    if n and KW_M[0] < m <= KW_M[1]:
-        wg, cl, early, kw = 2, 1, 0, 1
-        bm = min(256, -(-m // 32) * 32)
-        while bm > 64 and 2 * math.ceil(m / bm) * math.ceil(n / 64) <= sms:
-            bm = -(-bm // 64) * 32  # half, rounded up to 32
+    if n and 64 < m <= 512 and swap_split(tiles, k, sms) > most:
+        if swap_split(math.ceil(m / bm) * math.ceil(n / 64), k, sms) <= most:
+            wg, early = 1, int(early or m > 128)
+        elif m > 128:
+            bm = 128
+    if n and 64 < m <= 512:
+        bm32 = min(256, -(-bm // 32) * 32)  # KW's tiles: whole chunks of its sum
+        narrow = math.ceil(m / bm32) * math.ceil(n / 64)  # KW's tile count
+        if wg == 1:
+            kw = 1
+            if bm32 == 256 and k <= KW_HALVE_K and swap_split(narrow, k, sms) > 1:
+                bm32 = 128
+        elif wg == 2:
+            wide = math.ceil(m / bm) * math.ceil(n / 128)
+            kw = int(
+                swap_split(wide, k, sms) > 1
+                or wave_fill(narrow, sms) >= wave_fill(wide, sms) + KW_WAVE
+            )
+        if kw:
+            wg, bm, early = 2, bm32, 0
     if m > 512 and n >= WIDE_N:
         mc, group = 1, WIDE_GROUP
     return wg, bm, 0, 0, cl, mc, 0, bufs, early, group, kw

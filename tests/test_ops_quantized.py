@@ -380,11 +380,11 @@ def test_int4_swap_rejects_bad_buffers():
 
 
 def test_int4_swap_plan_bands():
-    """swap_plan's shape rules on 132 multiprocessors: past 64 rows up to 512 (``KW_M``) two
-    warpgroups sharing BM x 64 tiles (KW), BM the rows rounded to 32 and halved while the
-    tiles fill at most half the multiprocessors (down to 64), then a K split (a cluster pair
-    for 2); past 512 rows multicast pairs in groups of WIDE_GROUP rows from WIDE_N columns
-    only."""
+    """swap_plan's shape rules on 132 multiprocessors: at 65-512 rows KW tiles (two
+    warpgroups sharing BM x 64 tiles) where one warpgroup's 64-column tiles were the choice
+    (256-row tiles that need a K split halved instead up to K = KW_HALVE_K), where
+    128-column tiles need a K split, or where twice the tiles fill the last wave better;
+    past 512 rows multicast pairs in groups of WIDE_GROUP rows from WIDE_N columns only."""
     from kaio_ops import _int4_hopper
 
     def plan(m, n, k):
@@ -396,11 +396,13 @@ def test_int4_swap_plan_bands():
     g, wide = _int4_hopper.GROUP_M, _int4_hopper.WIDE_GROUP
     assert plan(64, 4096, 4096) == (8, 4, 64, 0, 0, g, 0)  # 16 tiles of 64 x 256, split 8
     assert plan(512, 4096, 4096) == (1, 2, 256, 0, 0, g, 1)  # 128 KW tiles of 256 x 64
-    assert plan(256, 4096, 4096) == (1, 2, 128, 0, 0, g, 1)  # 64 of 256 rows: 128-row tiles
-    assert plan(128, 4096, 4096) == (1, 2, 64, 0, 0, g, 1)
-    assert plan(200, 8192, 8192) == (1, 2, 224, 0, 0, g, 1)  # rows rounded to 32: 128 tiles
-    assert plan(256, 1024, 4096) == (2, 2, 64, 1, 0, g, 1)  # 64 tiles: a cluster pair each
-    assert plan(100, 1024, 4096) == (4, 2, 64, 0, 0, g, 1)  # 32 tiles: split 4, workspace
+    assert plan(256, 4096, 4096) == (1, 2, 128, 0, 0, g, 1)  # 128-row ones, no split
+    assert plan(256, 4096, 14336) == (2, 2, 256, 1, 0, g, 1)  # K past 4096: a cluster pair
+    assert plan(128, 4096, 4096) == (2, 2, 128, 1, 0, g, 1)
+    assert plan(256, 8192, 8192) == (1, 2, 256, 0, 0, g, 1)  # 256 x 128 needed a split
+    assert plan(512, 8192, 8192) == (1, 2, 256, 0, 0, g, 0)  # 128 tiles of 256 x 128
+    assert plan(256, 57344, 8192) == (1, 2, 256, 0, 0, g, 1)  # 896 tiles fill 97% of 7 waves
+    assert plan(256, 28672, 4096) == (1, 2, 256, 0, 0, g, 0)  # 448 no better than 224
     assert plan(1024, 57344, 8192) == (1, 2, 256, 0, 1, wide, 0)
     assert plan(1024, _int4_hopper.WIDE_N - 8, 8192)[4:] == (0, g, 0)
 
@@ -1062,8 +1064,9 @@ def test_gpu_int4_multi_tile(m, monkeypatch):
 def test_gpu_int4_wgmma(m, n, k, out_dtype):
     """M > 16 on sm_90 (the wgmma kernel: 4 consumer warpgroups and a workspace K split at
     17 rows; at 65-512 rows two warpgroups sharing BM x 64 tiles, each every other K slice
-    (KW: 64-row tiles at 120 rows, 128 at 100 and 200, 256 at 256 and 300; a cluster
-    pair's K split at 200 rows of N = 1024), 256-row tiles past 512 rows (multicast pairs in
+    (KW: a cluster pair's K split at 120 and 200 rows; 128-row tiles at 100 rows, 256 at 256
+    and 300; 128-row tiles and a K split of 4 through the workspace at 200 rows of N =
+    1024), 256-row tiles past 512 rows (multicast pairs in
     groups of 4 rows at N = 32768), every M up to 4096; elsewhere the other paths): every
     element against float64 products within the f32 sums' slack plus the output's rounding,
     and the same bits on a second call (a race would move them)."""
