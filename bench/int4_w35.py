@@ -8,8 +8,9 @@ Usage: ``python bench/int4_w35.py time --points 4096x4096@1024/4096,... [--confi
 [--no-route] [--repeat R] [--out FILE]``: configs as ``launch_swap``'s (WG, BM, STAGES,
 split, CL, MC, WSTAGES, BUFS, EARLY, GROUP), ``M=`` before one for that M only, ``NxK@M=``
 for that point only; ``--prewarm N``: compile every build first in N processes
-(``--warm-tests``: the int4 GPU tests' too); ``--raw``: the words go to wgmma undecoded (no
-dequantization: the pipeline's own limit, results not checked); ``--kmm``: also
+(``--warm-tests``: the int4 GPU tests' too; ``--prewarm-only``: then stop); ``--raw``: the
+words go to wgmma undecoded (no dequantization: the pipeline's own limit, results not
+checked); ``--kmm``: also
 ``kaio_ops.matmul`` on the f16 weight; ``--repeat R``: R passes over the kernels of a point,
 each timed once a pass, the median kept. ``prof --points P --configs C``: one call of each
 inside an NVTX range "prof" (for ``ncu --nvtx --nvtx-include prof/``). ``table FILE``: the
@@ -149,6 +150,7 @@ def main() -> None:
     p.add_argument("--out", default="")
     p.add_argument("--prewarm", type=int, default=0, help="compile in N processes first")
     p.add_argument("--warm-tests", action="store_true", help="--prewarm: the GPU tests' too")
+    p.add_argument("--prewarm-only", action="store_true", help="compile, time nothing")
     p.add_argument("--tag", default="")
     p.add_argument("--repeat", type=int, default=1, help="timed passes over the kernels, median")
     args = p.parse_args()
@@ -160,6 +162,8 @@ def main() -> None:
     if args.prewarm:
         prewarm(args, points(args.points))
         print(json.dumps({"prewarm_s": round(time.time() - t0, 1)}), flush=True)
+    if args.prewarm_only:
+        return
     sink = open(args.out, "a") if args.out else None  # noqa: SIM115
     f16 = torch.float16
     for n, k, ms in points(args.points):
