@@ -6,7 +6,7 @@ of ``REPS`` calls with the int4 words rotated over enough copies to cover 200 MB
 Usage: ``python bench/int4_w35.py time --points 4096x4096@1024/4096,... [--configs
 "2,256,0,0,0,0,0,2,1;512=2,128,0,1,0,0,0,2,1"] [--prewarm N [--warm-tests]] [--raw] [--kmm]
 [--no-route] [--repeat R] [--out FILE]``: configs as ``launch_swap``'s (WG, BM, STAGES,
-split, CL, MC, WSTAGES, BUFS, EARLY, GROUP), ``M=`` before one for that M only, ``NxK@M=``
+split, CL, MC, WSTAGES, BUFS, EARLY, GROUP, KW), ``M=`` before one for that M only, ``NxK@M=``
 for that point only; ``--prewarm N``: compile every build first in N processes
 (``--warm-tests``: the int4 GPU tests' too; ``--prewarm-only``: then stop); ``--raw``: the
 words go to wgmma undecoded (no dequantization: the pipeline's own limit, results not
