@@ -11,8 +11,11 @@ shared memory, so no thread ever stores the f16 weights; see its docstring. At s
 summed in a fixed order by ``kaio_ops._gemm.gemm_reduce``: ``finish``), or (``CL``) over a
 cluster of ``SPLIT`` blocks along x, one tile a cluster, whose partial tiles are summed in
 rank order through distributed shared memory (``cluster_sum``; the rings, idle by then, hold
-them): no workspace and no second launch. Needs N % 8 == 0 (TMA rows of the words and the
-scales a multiple of 16 bytes), K % 128 == 0, and 16-byte aligned operands (``fits``).
+them): no workspace and no second launch. With ``KW`` the consumer warpgroups share one
+tile and take its K slices in turn, summed in shared memory by the first of them
+(``reduce_warpgroups``): a K split inside the block, the route at 65-512 rows where it wins
+(``swap_plan``). Needs N % 8 == 0 (TMA rows of the words and the scales a multiple of 16
+bytes), K % 128 == 0, and 16-byte aligned operands (``fits``).
 
 (A first design, ``int4_wgmma``, dequantized the words into swizzled shared memory with a
 dedicated warpgroup and ran wgmma with both operands in shared memory; 0.59-0.63x cuBLAS f16
