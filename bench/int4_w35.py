@@ -6,10 +6,11 @@ of ``REPS`` calls with the int4 words rotated over enough copies to cover 200 MB
 Usage: ``python bench/int4_w35.py time --points 4096x4096@1024/4096,... [--configs
 "2,256,0,0,0,0,0,2,1;512=2,128,0,1,0,0,0,2,1"] [--prewarm N [--warm-tests]] [--raw] [--kmm]
 [--no-route] [--repeat R] [--out FILE]``: configs as ``launch_swap``'s (WG, BM, STAGES,
-split, CL, MC, WSTAGES, BUFS, EARLY, GROUP), ``M=`` before one for that M only, ``NxK@M=``
+split, CL, MC, WSTAGES, BUFS, EARLY, GROUP, KW), ``M=`` before one for that M only, ``NxK@M=``
 for that point only; ``--prewarm N``: compile every build first in N processes
-(``--warm-tests``: the int4 GPU tests' too); ``--raw``: the words go to wgmma undecoded (no
-dequantization: the pipeline's own limit, results not checked); ``--kmm``: also
+(``--warm-tests``: the int4 GPU tests' too; ``--prewarm-only``: then stop); ``--raw``: the
+words go to wgmma undecoded (no dequantization: the pipeline's own limit, results not
+checked); ``--kmm``: also
 ``kaio_ops.matmul`` on the f16 weight; ``--repeat R``: R passes over the kernels of a point,
 each timed once a pass, the median kept. ``prof --points P --configs C``: one call of each
 inside an NVTX range "prof" (for ``ncu --nvtx --nvtx-include prof/``). ``table FILE``: the
@@ -41,7 +42,7 @@ TEST_POINTS = ((17, 4096, 4096, "f32"), (200, 4104, 4096, "f32"), (1000, 1024, 1
                (300, 4096, 4096, "f32"), (2048, 8192, 4096, "f16"), (4096, 4096, 4096, "bf16"),
                (100, 8192, 4096, "f32"), (256, 8192, 2048, "f16"),
                (4096, 4096, 4096, "f32"), (600, 32768, 1024, "f16"),
-               (120, 4096, 2048, "f16"))  # fmt: skip
+               (120, 4096, 2048, "f16"), (200, 1024, 4096, "bf16"))  # fmt: skip
 
 
 def raw_dequant() -> None:
@@ -149,15 +150,20 @@ def main() -> None:
     p.add_argument("--out", default="")
     p.add_argument("--prewarm", type=int, default=0, help="compile in N processes first")
     p.add_argument("--warm-tests", action="store_true", help="--prewarm: the GPU tests' too")
+    p.add_argument("--prewarm-only", action="store_true", help="compile, time nothing")
     p.add_argument("--tag", default="")
     p.add_argument("--repeat", type=int, default=1, help="timed passes over the kernels, median")
     args = p.parse_args()
     if args.raw:
         raw_dequant()
     t0 = time.time()
-    if args.prewarm and not args.raw:
+    if args.raw:  # the prewarm's workers build the undecoded kernel too
+        os.environ["INT4_RAW"] = "1"
+    if args.prewarm:
         prewarm(args, points(args.points))
         print(json.dumps({"prewarm_s": round(time.time() - t0, 1)}), flush=True)
+    if args.prewarm_only:
+        return
     sink = open(args.out, "a") if args.out else None  # noqa: SIM115
     f16 = torch.float16
     for n, k, ms in points(args.points):

@@ -289,7 +289,12 @@ def as_config(v: tuple) -> tuple:
 
 
 def _warm(consts: dict) -> str:
-    """Compile one ``int4_swap`` specialization into the disk cache (a worker process)."""
+    """Compile one ``int4_swap`` specialization into the disk cache (a worker process;
+    ``INT4_RAW`` set: ``bench/int4_w35.py --raw``'s undecoded build)."""
+    if os.environ.get("INT4_RAW"):
+        from bench.int4_w35 import raw_dequant
+
+        raw_dequant()
     try:
         _int4_hopper.int4_swap.resources(**{**consts, "OUT": getattr(kaio, consts["OUT"])})
         return ""

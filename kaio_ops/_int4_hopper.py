@@ -11,8 +11,11 @@ shared memory, so no thread ever stores the f16 weights; see its docstring. At s
 summed in a fixed order by ``kaio_ops._gemm.gemm_reduce``: ``finish``), or (``CL``) over a
 cluster of ``SPLIT`` blocks along x, one tile a cluster, whose partial tiles are summed in
 rank order through distributed shared memory (``cluster_sum``; the rings, idle by then, hold
-them): no workspace and no second launch. Needs N % 8 == 0 (TMA rows of the words and the
-scales a multiple of 16 bytes), K % 128 == 0, and 16-byte aligned operands (``fits``).
+them): no workspace and no second launch. With ``KW`` the consumer warpgroups share one
+tile and take its K slices in turn, summed in shared memory by the first of them
+(``reduce_warpgroups``): a K split inside the block, the route at 65-512 rows where it wins
+(``swap_plan``). Needs N % 8 == 0 (TMA rows of the words and the scales a multiple of 16
+bytes), K % 128 == 0, and 16-byte aligned operands (``fits``).
 
 (A first design, ``int4_wgmma``, dequantized the words into swizzled shared memory with a
 dedicated warpgroup and ran wgmma with both operands in shared memory; 0.59-0.63x cuBLAS f16
@@ -149,28 +152,69 @@ WIDE_N = 32768
 WIDE_GROUP = 4
 
 
+# KW tiles (two consumer warpgroups sharing BM x 64 tiles, each every other K slice, EARLY
+# off) at 65-512 rows, by the tiles of before (int4w35 rounds B and C of 2026-11-27, H100,
+# x cuBLAS f16, the median of 3 interleaved passes, KW against the tiles of before):
+# - where one warpgroup had 64-column tiles (N = 4096): always (4096x4096 M=128 in a
+#   cluster pair 1.12x against 1.06x, M=512 0.94-0.97x against 0.93-0.95x; 4096x14336
+#   M=256 1.07x against 1.01x, M=512 1.00x against 0.95x), at K <= KW_HALVE_K with 256-row
+#   tiles that need a K split 128-row tiles without one instead (4096x4096 M=256 0.97-1.04x
+#   against 0.89-0.93x; 4096x14336 M=256 0.94x against the cluster pair's 1.07x, and
+#   64-row tiles lost: 4096x14336 M=128 0.85x against 1.14x);
+# - where 128-column tiles needed a K split (8192x8192 M=256 1.03-1.09x against
+#   0.97-1.01x, M=128 1.13x against 1.12x; 8192x28672 M=256 1.10x against 1.09x), or where
+#   twice the tiles fill the last wave better by KW_WAVE (57344x8192 M=256, 896 tiles
+#   against 448 on 132 SMs: 1.07-1.10x against 0.93-1.00x; M=128 1.85x against 1.75x;
+#   28672x4096 M=512 1.01x against 0.98x); elsewhere the tiles of before (8192x8192 M=512
+#   0.96x with KW against 1.02x, 28672x4096 M=256 0.96x against 1.05x, 57344x8192 M=512
+#   0.93x against 0.95x).
+KW_HALVE_K = 4096
+KW_WAVE = 0.05
+
+
+def wave_fill(tiles: int, sms: int) -> float:
+    """The share of ``sms`` multiprocessors that ``tiles`` tiles of equal work keep busy over
+    their waves (1.0: whole waves)."""
+    return tiles / (math.ceil(tiles / sms) * sms)
+
+
 def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
-    """``int4_swap``'s (WG, BM, STAGES, split, CL, MC, WSTAGES, BUFS, EARLY, GROUP) for M =
-    ``m`` (``SWAP_PLANS``; as many stages of both rings as fit, ``swap_split``'s split, the
-    tile order in groups of ``GROUP_M`` rows); given the product's ``n``, ``k`` and the GPU's
-    ``sms``: at 65-512 rows, where the 64 WG-column tiles would need a K split (past 2 up
-    to 256 rows), 64-column tiles (one consumer warpgroup; past 128 rows the next slice's
-    words read early) if those need none (past 2), else (past 128 rows) 128-row tiles; past
-    512 rows at N >= ``WIDE_N``, multicast pairs in groups of ``WIDE_GROUP`` rows."""
+    """``int4_swap``'s (WG, BM, STAGES, split, CL, MC, WSTAGES, BUFS, EARLY, GROUP, KW) for
+    M = ``m`` (``SWAP_PLANS``; as many stages of both rings as fit, ``swap_split``'s split,
+    the tile order in groups of ``GROUP_M`` rows); given the product's ``n``, ``k`` and the
+    GPU's ``sms``: at 65-512 rows, where the 64 WG-column tiles would need a K split (past 2
+    up to 256 rows), 64-column tiles if those need none (past 2), else (past 128 rows)
+    128-row tiles; then KW tiles where they win (``KW_HALVE_K``: the comment above it);
+    past 512 rows at N >= ``WIDE_N``, multicast pairs in groups of ``WIDE_GROUP`` rows."""
     _, wg, bm, cl, mc, bufs, early = next(row for row in SWAP_PLANS if m <= row[0])
     step = 16 if mc else 8
     bm = bm or min(256, -(-m // step) * step)
     tiles = math.ceil(m / bm) * math.ceil(n / (64 * wg))
     most = 2 if m <= 256 else 1  # the K split that 65-512 rows take
-    group = 0
+    group = kw = 0
     if n and 64 < m <= 512 and swap_split(tiles, k, sms) > most:
         if swap_split(math.ceil(m / bm) * math.ceil(n / 64), k, sms) <= most:
             wg, early = 1, int(early or m > 128)
         elif m > 128:
             bm = 128
+    if n and 64 < m <= 512:
+        bm32 = min(256, -(-bm // 32) * 32)  # KW's tiles: whole chunks of its sum
+        narrow = math.ceil(m / bm32) * math.ceil(n / 64)  # KW's tile count
+        if wg == 1:
+            kw = 1
+            if bm32 == 256 and k <= KW_HALVE_K and swap_split(narrow, k, sms) > 1:
+                bm32 = 128
+        elif wg == 2:
+            wide = math.ceil(m / bm) * math.ceil(n / 128)
+            kw = int(
+                swap_split(wide, k, sms) > 1
+                or wave_fill(narrow, sms) >= wave_fill(wide, sms) + KW_WAVE
+            )
+        if kw:
+            wg, bm, early = 2, bm32, 0
     if m > 512 and n >= WIDE_N:
         mc, group = 1, WIDE_GROUP
-    return wg, bm, 0, 0, cl, mc, 0, bufs, early, group
+    return wg, bm, 0, 0, cl, mc, 0, bufs, early, group, kw
 
 
 def takes(a, b, s) -> bool:
@@ -262,19 +306,33 @@ def nibble_pair(word: u32, sel: u32, scale: f16x2) -> u32:
 @kaio.gpu_func
 def load_words(
     sw: u32[:, :, :], sc: u32[:, :], bars: u64[:, :], wr: u32[:, :], wpos: i32[:],
-    at: i32[:], nl: u32, WSTAGES: kaio.constexpr,
+    at: i32[:], nl: u32, WSTAGES: kaio.constexpr, KW: kaio.constexpr = 1,
 ):  # fmt: skip
     """Wait for the next slice's words (stage ``wpos[0]`` of the words' ring, phase
     ``wpos[1]``) and read this lane's into ``wr``: ``wr[kw, h]`` the word of column ``nl +
     h``, K ``8 kw`` .. ``8 kw + 7``, ``wr[WORD_ROWS, 0]`` the scales of columns ``nl``, ``nl +
-    1``; the stage goes to ``at[4]`` (freed once the words are used: ``swap_slice``)."""
+    1``; the stage goes to ``at[4]`` (freed once the words are used: ``swap_slice``). ``KW``:
+    the warpgroups that take a tile's slices in turn (each reads every ``KW``-th stage)."""
     w = wpos[0]
     kaio.mbarrier_wait(bars, (3, w), u32(wpos[1]))
     for kw in kaio.static_range(WORD_ROWS):
         kaio.load_vector(wr[kw], sw, (w, kw, nl))
     wr[WORD_ROWS, 0] = sc[w, nl // 2]
     at[4] = w
-    advance(wpos, WSTAGES)
+    advance_by(wpos, WSTAGES, KW)
+
+
+@kaio.gpu_func
+def advance_by(pos: i32[:], STAGES: kaio.constexpr, STEP: kaio.constexpr):
+    """``_attention_hopper.advance`` by ``STEP`` stages (``STAGES % STEP == 0``): a ring of
+    which this warpgroup takes every ``STEP``-th stage."""
+    if STEP == 1:
+        advance(pos, STAGES)
+    else:
+        pos[0] += STEP
+        if pos[0] >= STAGES:
+            pos[0] -= STAGES
+            pos[1] ^= 1
 
 
 @kaio.gpu_func
@@ -283,7 +341,7 @@ def swap_slice(
     af: u32[:, :, :], wr: u32[:, :], wpos: i32[:], at: i32[:], kt: i32, nl: u32, sel: u32,
     lt: u32,
     more: bool_, BUF: kaio.constexpr, STAGES: kaio.constexpr, MC: kaio.constexpr,
-    WSTAGES: kaio.constexpr, BUFS: kaio.constexpr, EARLY: kaio.constexpr,
+    WSTAGES: kaio.constexpr, BUFS: kaio.constexpr, EARLY: kaio.constexpr, KW: kaio.constexpr,
 ):  # fmt: skip
     """One 64-deep K slice of a consumer warpgroup: its words (``load_words``; with
     ``EARLY`` read during the slice before) made into the A fragments of its 4 steps (buffer
@@ -295,9 +353,10 @@ def swap_slice(
     activations' stage of the slice ``BUFS - 1`` before freed (``at[2]``, with 3 buffers
     ``at[3]``), whose wgmmas are then done. The words go ahead of the activations in a ring
     of their own (``WSTAGES``), so the fragments are made while the activations are still on
-    their way."""
+    their way. With ``KW`` warpgroups taking the tile's slices in turn, ``kt`` counts this
+    warpgroup's slices and its stages are every ``KW``-th of both rings."""
     if not EARLY:
-        load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES)
+        load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES, KW)
     pair = wr[WORD_ROWS, 0]
     scale = kaio.local(u32, 2)
     scale[0] = kaio.prmt(pair, pair, LOW_TWICE)
@@ -319,14 +378,14 @@ def swap_slice(
         kaio.wgmma_f16(acc, af[BUF, kk], db, kt + kk > 0)
     kaio.wgmma_commit()
     if EARLY and more:
-        load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES)
+        load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES, KW)
     kaio.wgmma_wait(BUFS - 1)
     if kt >= BUFS - 1 and lt == 0:  # that slice's wgmmas are done: free its stage
         free_stage(bars, at[BUFS], MC)
     if BUFS == 3:
         at[3] = at[2]
     at[2] = s
-    advance(at, STAGES)
+    advance_by(at, STAGES, KW)
 
 
 @kaio.gpu_func
@@ -374,7 +433,7 @@ def int4_swap(
     M: u32, N: u32, K: u32, k_slice: u32, WG: kaio.constexpr, BM: kaio.constexpr,
     STAGES: kaio.constexpr, SPLIT: kaio.constexpr, CL: kaio.constexpr, REGS: kaio.constexpr,
     OUT: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr, BUFS: kaio.constexpr,
-    EARLY: kaio.constexpr, GROUP: kaio.constexpr,
+    EARLY: kaio.constexpr, GROUP: kaio.constexpr, KW: kaio.constexpr,
 ):  # fmt: skip
     """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block
     computes ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG`` consumer
@@ -402,13 +461,21 @@ def int4_swap(
     L2 once for the pair; with ``CL`` too the cluster is ``SPLIT`` such pairs (rank ``2 r +
     p``: K slice r, tile p), each pair's blocks multicasting to each other, and the blocks of
     a tile summed by ``cluster_sum``. ``GROUP``: the tile order's rows a group
-    (``swap_origin``)."""
+    (``swap_origin``). ``KW``: the ``WG`` consumer warpgroups share a ``BM x 64`` tile and
+    take its K slices in turn (slice j to warpgroup j % WG: each uses every WG-th stage of
+    both rings, which needs STAGES, WSTAGES and every block's slice count multiples of WG),
+    their partial tiles summed at the tile's end through shared memory (``red``, after the
+    barriers) by warpgroup 0, which stores the tile: a K split inside the block, two
+    warpgroups' latency on a tile that the grid has too few of to split otherwise (no
+    multicast pairs)."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL:
         kaio.cluster_dims(SPLIT * (1 + MC))
     if MC and not CL:
         kaio.cluster_dims(2)
-    BNW = 64 * WG
+    COLS = WG - (WG - 1) * KW  # the warpgroups side by side along the tile's columns
+    KSTEP = 1 + (WG - 1) * KW  # the warpgroups taking a tile's slices in turn
+    BNW = 64 * COLS
     X_BYTES = BM * BK * 2
     W_BYTES = WORD_ROWS * BNW * 4
     S_BYTES = BNW * 2
@@ -418,8 +485,15 @@ def int4_swap(
     ss = kaio.shared_dynamic(f16, (WSTAGES, BNW), STAGES * X_BYTES + WSTAGES * W_BYTES)
     sc = kaio.shared_dynamic(u32, (WSTAGES, BNW // 2), STAGES * X_BYTES + WSTAGES * W_BYTES)
     # rows: 0 a's "full" (TMA), 1 a's "free" (the slice's wgmmas done), 2 (CL): every wgmma
-    # done; 3 the words' "full", 4 their "free" (read by every consumer warp)
-    bars = kaio.shared_dynamic(u64, (5, RING), STAGES * X_BYTES + WSTAGES * (W_BYTES + S_BYTES))
+    # done; 3 the words' "full", 4 their "free" (read by every consumer warp); KW: 5 the
+    # partial tiles in ``red``, 6 ``red`` read (free)
+    BARS_AT = STAGES * X_BYTES + WSTAGES * (W_BYTES + S_BYTES)
+    bars = kaio.shared_dynamic(u64, (5 + 2 * KW, RING), BARS_AT)
+    # KW: the partial tiles of warpgroups 1 .. WG - 1 after the barriers (else unused, a
+    # stub over the rings)
+    RED_AT = (BARS_AT + (5 + 2 * KW) * 8 * RING + 15) // 16 * 16 * KW
+    RED_WG = (WG - 1) * KW + 1 - KW
+    red = kaio.shared_dynamic(f32, (1 + KW, RED_WG, RED_CHUNK * KW + 1 - KW, 128), RED_AT)
     part = kaio.shared_dynamic(f32, (BM, BNW), 0)  # CL: the partial tile, over the idle ring
     pairs = kaio.shared_dynamic(u64, (BM, BNW // 2), 0)  # part's column pairs
     t = kaio.thread_idx_x()
@@ -447,11 +521,15 @@ def int4_swap(
     if t == 0:
         for i in kaio.static_range(STAGES):
             kaio.mbarrier_init(bars, (0, i), 1)
-            kaio.mbarrier_init(bars, (1, i), WG * (1 + MC))
+            kaio.mbarrier_init(bars, (1, i), COLS * (1 + MC))
         for i in kaio.static_range(WSTAGES):
             kaio.mbarrier_init(bars, (3, i), 1)
-            kaio.mbarrier_init(bars, (4, i), WG * 4)
+            kaio.mbarrier_init(bars, (4, i), COLS * 4)
         kaio.mbarrier_init(bars, (2, 0), WG * 128)
+        if KW:
+            for b in kaio.static_range(2):
+                kaio.mbarrier_init(bars, (5, b), (WG - 1) * 128)
+                kaio.mbarrier_init(bars, (6, b), 128)
         kaio.fence_proxy_async()
     kaio.sync_threads()
     if MC:
@@ -471,57 +549,68 @@ def int4_swap(
             at[i] = 0
         wpos[0] = 0
         wpos[1] = 0
+        ck = k_tiles  # this warpgroup's slices of a tile
+        owner = True  # the warpgroup stores its sums (KW: warpgroup 0 only)
+        if KW:  # slices wg, wg + WG, ... of the tile: stages wg, wg + WG, ... of both rings
+            nl -= 64 * wg  # (every warpgroup the tile's 64 columns)
+            owner = wg == 0
+            at[0] = i32(wg)
+            wpos[0] = i32(wg)
+            ck = k_tiles // WG
         sel = (lane % 4) * 0x1111
         wr = kaio.local(u32, (WORD_ROWS + 1, 2))  # a slice's words and scales (load_words)
         if EARLY and my_tiles > 0:  # the first slice's words; then each slice reads the next's
-            load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES)
+            load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES, KSTEP)
         for i in range(my_tiles):
             origin = swap_origin(first + u32(i) * step, grid_m, grid_n, GROUP)
             last = i == my_tiles - 1
             # slices in groups of BUFS, the fragment buffers in turn; the last k_tiles %
             # BUFS slices after every wgmma is done (ptxas serializes all wgmmas if any
             # path could redefine the registers of one in flight)
-            for kt in range(0, k_tiles - (BUFS - 1), BUFS):
+            for kt in range(0, ck - (BUFS - 1), BUFS):
                 for b in kaio.static_range(BUFS):
-                    more = not (last and kt + b == k_tiles - 1)
+                    more = not (last and kt + b == ck - 1)
                     swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt + b, nl, sel, lt,
-                               more, b, STAGES, MC, WSTAGES, BUFS, EARLY)  # fmt: skip
-            rest = k_tiles % BUFS
+                               more, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP)  # fmt: skip
+            rest = ck % BUFS
             if rest:
                 kaio.wgmma_wait(0)
                 for b in kaio.static_range(BUFS - 1):
                     if b < rest:
-                        kt = k_tiles - rest + b
-                        more = not (last and kt == k_tiles - 1)
+                        kt = ck - rest + b
+                        more = not (last and kt == ck - 1)
                         swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt, nl, sel, lt,
-                                   more, b, STAGES, MC, WSTAGES, BUFS, EARLY)  # fmt: skip
+                                   more, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP)  # fmt: skip
             kaio.wgmma_wait(0)
             if lt == 0:  # the tile's last slices, not freed in the loop
-                if BUFS == 3 and k_tiles > 1:
+                if BUFS == 3 and ck > 1:
                     free_stage(bars, at[3], MC)
                 free_stage(bars, at[2], MC)
-            if not CL:  # (with CL the one tile is summed below: cluster_sum)
+            if KW:  # the warpgroups' partial tiles summed by warpgroup 0, which stores it
+                reduce_warpgroups(acc, red, bars, wg, lt, i, BM, WG)
+            if not CL and owner:  # (with CL the one tile is summed below: cluster_sum)
                 n = (tile_col(origin) * (1 + MC) + mine) * BNW + nl
                 store_swapped(acc, c, ws, tile_row(origin) * BM, n, lane, M, N, BM, SPLIT, OUT)
         if CL:  # the one tile's partial sums, over the ring once every wgmma is done
             kaio.mbarrier_arrive(bars, (2, 0))
             kaio.mbarrier_wait(bars, (2, 0), u32(0))
-            for j in kaio.static_range(BM // 8):  # acc[j, h, e]: row 8 j + 2 t + e, column nl + h
-                for e in kaio.static_range(2):
-                    pair = kaio.local(f32, 2)
-                    pair[0] = acc[j, 0, e]
-                    pair[1] = acc[j, 1, e]
-                    kaio.store_vector(part, (8 * j + 2 * (lane % 4) + e, nl), pair)
+            if owner:  # (KW: warpgroup 0 holds the block's sum)
+                for j in kaio.static_range(BM // 8):  # acc[j, h, e]: row 8j + 2t + e, col nl + h
+                    for e in kaio.static_range(2):
+                        pair = kaio.local(f32, 2)
+                        pair[0] = acc[j, 0, e]
+                        pair[1] = acc[j, 1, e]
+                        kaio.store_vector(part, (8 * j + 2 * (lane % 4) + e, nl), pair)
     else:  # the producer warpgroup's threads 0 (a's rows) and 32 (the words): TMA copies
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         if lt < 32:  # (two branches: the simulator runs either while the other waits)
             if lt == 0:
                 produce(sx, sw, ss, bars, tx, tw, ts, my_tiles, k_tiles, k_begin, first, step,
-                        grid_m, grid_n, mine, BM, WG, STAGES, MC, 0, GROUP)  # fmt: skip
+                        grid_m, grid_n, mine, BM, COLS, STAGES, MC, 0, GROUP)  # fmt: skip
         elif lt == 32:
             produce(sx, sw, ss, bars, tx, tw, ts, my_tiles, k_tiles, k_begin, first, step,
-                    grid_m, grid_n, mine, BM, WG, WSTAGES, MC, 1, GROUP)  # fmt: skip
+                    grid_m, grid_n, mine, BM, COLS, WSTAGES, MC, 1, GROUP)  # fmt: skip
         if CL:  # the cluster barriers below wait for the threads that have not exited
             return
     if CL:  # one tile a cluster: sum its K slices through distributed shared memory, in the
@@ -534,6 +623,42 @@ def int4_swap(
         kaio.cluster_sync()  # no block leaves while another reads its part
     if MC:  # no block leaves while the other may still copy into it or free its stages
         kaio.cluster_sync()
+
+
+RED_CHUNK = 16  # KW: the values of a thread's partial tile that go through ``red`` at a time
+
+
+@kaio.gpu_func
+def reduce_warpgroups(
+    acc: f32[:, :, :], red: f32[:, :, :, :], bars: u64[:, :], wg: u32, lt: u32, i: i32,
+    BM: kaio.constexpr, WG: kaio.constexpr,
+):  # fmt: skip
+    """``int4_swap`` with ``KW``, tile ``i`` of the block done: warpgroups 1 .. WG - 1 pass
+    their partial tiles to warpgroup 0, which adds them to its ``acc`` in warpgroup order,
+    ``RED_CHUNK`` values a thread at a time through two buffers (``red[b, wg - 1, u, lt]``,
+    the threads side by side): chunk n (counted over the block's tiles) goes through buffer
+    n % 2 once warpgroup 0 has read chunk n - 2 from it (barrier row 6) and is read once
+    written (row 5); each barrier of a buffer completes once every two chunks (parity n // 2
+    % 2). A chunk is written while the one before is added, in 16 KB a warpgroup."""
+    CHUNKS = BM // 2 // RED_CHUNK
+    if wg > 0:
+        for c in kaio.static_range(CHUNKS):
+            n = i * CHUNKS + c
+            if n >= 2:
+                kaio.mbarrier_wait(bars, (6, n % 2), u32((n // 2 - 1) & 1))
+            for u in kaio.static_range(RED_CHUNK):
+                v = RED_CHUNK * c + u  # acc's values in order: acc[v // 4, v // 2 % 2, v % 2]
+                red[n % 2, wg - 1, u, lt] = acc[v // 4, v // 2 % 2, v % 2]
+            kaio.mbarrier_arrive(bars, (5, n % 2))
+    else:
+        for c in kaio.static_range(CHUNKS):
+            n = i * CHUNKS + c
+            kaio.mbarrier_wait(bars, (5, n % 2), u32((n // 2) & 1))
+            for q in kaio.static_range(WG - 1):
+                for u in kaio.static_range(RED_CHUNK):
+                    v = RED_CHUNK * c + u
+                    acc[v // 4, v // 2 % 2, v % 2] += red[n % 2, q, u, lt]
+            kaio.mbarrier_arrive(bars, (6, n % 2))
 
 
 @kaio.gpu_func
@@ -613,19 +738,31 @@ def swap_registers(wg: int) -> int:
     return min(240, (launch * threads - 128 * PRODUCER_REGS) // (128 * wg) // 8 * 8)
 
 
-def swap_shared_bytes(wg: int, bm: int, stages: int, cl: int = 0, wstages: int = 0) -> int:
+def swap_shared_bytes(
+    wg: int, bm: int, stages: int, cl: int = 0, wstages: int = 0, kw: int = 0
+) -> int:
     """The dynamic shared memory of ``int4_swap``: a's ring (``stages``), the words' ring
-    (``wstages``; 0: ``swap_word_stages``') and their barriers. With ``cl`` the f32 partial
-    tile that a cluster's K split keeps over the rings must not reach the barriers (a
-    producer may still be reading one)."""
-    wstages = wstages or swap_word_stages(wg, bm, stages)
-    rings = stages * bm * BK * 2 + wstages * word_stage_bytes(wg)
-    if cl and bm * 64 * wg * 4 > rings:
+    (``wstages``; 0: ``swap_word_stages``') and their barriers; with ``kw`` (the ``wg``
+    warpgroups take a tile's slices in turn) two more barriers and the partial tiles that
+    warpgroup 0 sums (``reduce_bytes``). With ``cl`` the f32 partial tile that a cluster's
+    K split keeps over the rings must not reach the barriers (a producer may still be
+    reading one)."""
+    cols = 1 if kw else wg
+    wstages = wstages or swap_word_stages(wg, bm, stages, kw)
+    rings = stages * bm * BK * 2 + wstages * word_stage_bytes(cols)
+    if cl and bm * 64 * cols * 4 > rings:
         raise ValueError(
-            f"int4_swap: the {bm} x {64 * wg} f32 partial tile does not fit in the rings of "
+            f"int4_swap: the {bm} x {64 * cols} f32 partial tile does not fit in the rings of "
             f"{stages} and {wstages} stages: use more stages"
         )
-    return rings + 5 * 8 * max(stages, wstages)
+    total = rings + (5 + 2 * kw) * 8 * max(stages, wstages)
+    return -(-total // 16) * 16 + reduce_bytes(wg, bm) if kw else total
+
+
+def reduce_bytes(wg: int, bm: int) -> int:
+    """The shared memory of ``int4_swap``'s ``red`` with ``KW``: two buffers of
+    ``RED_CHUNK`` f32 values a thread of warpgroups 1 .. ``wg`` - 1 (``reduce_warpgroups``)."""
+    return 2 * (wg - 1) * RED_CHUNK * 128 * 4
 
 
 def word_stage_bytes(wg: int) -> int:
@@ -633,18 +770,23 @@ def word_stage_bytes(wg: int) -> int:
     return WORD_ROWS * 64 * wg * 4 + 64 * wg * 2
 
 
-def swap_stages(wg: int, bm: int) -> int:
+def swap_stages(wg: int, bm: int, kw: int = 0) -> int:
     """The stages of a's ring in ``int4_swap``: as many as fit beside a words' stage each,
-    at most 8."""
-    return max(2, min(8, SHARED_LIMIT // (bm * BK * 2 + word_stage_bytes(wg) + 40)))
+    at most 8; with ``kw`` beside ``reduce_bytes`` too, a multiple of ``wg``."""
+    if not kw:
+        return max(2, min(8, SHARED_LIMIT // (bm * BK * 2 + word_stage_bytes(wg) + 40)))
+    left = SHARED_LIMIT - reduce_bytes(wg, bm) - 16
+    return max(wg, min(8, left // (bm * BK * 2 + word_stage_bytes(1) + 56)) // wg * wg)
 
 
-def swap_word_stages(wg: int, bm: int, stages: int) -> int:
+def swap_word_stages(wg: int, bm: int, stages: int, kw: int = 0) -> int:
     """The stages of the words' ring beside ``stages`` of a's: what the shared memory left
-    holds, at most ``MAX_WORD_STAGES``, at least 1."""
-    left = SHARED_LIMIT - stages * bm * BK * 2
+    holds, at most ``MAX_WORD_STAGES``, at least 1; with ``kw`` (``swap_stages``) a multiple
+    of ``wg``."""
+    left = SHARED_LIMIT - stages * bm * BK * 2 - (reduce_bytes(wg, bm) + 16 if kw else 0)
     for w in range(MAX_WORD_STAGES, 1, -1):
-        if w * word_stage_bytes(wg) + 40 * max(stages, w) <= left:
+        fits = w * word_stage_bytes(1 if kw else wg) + (40 + 16 * kw) * max(stages, w) <= left
+        if fits and not (kw and w % wg):
             return w
     return 1
 
@@ -661,6 +803,23 @@ def swap_split(tiles: int, k: int, sms: int) -> int:
     return max(1, min(sms // tiles, k // (4 * BK), 8))
 
 
+def k_split_problem(wg: int, bm: int, mc: int, stages: int, wstages: int, k: int, bufs: int) -> str:
+    """What ``int4_swap`` with ``KW`` (each of the ``wg`` warpgroups every WG-th slice and
+    stage of both rings) lacks in this configuration, or ""."""
+    if wg < 2:
+        return "2 or more consumer warpgroups"
+    if mc:
+        return "no multicast pairs"
+    if bm % (2 * RED_CHUNK):  # whole chunks of a thread's partial tile (BM / 2 values)
+        return f"BM ({bm}) a multiple of {2 * RED_CHUNK}"
+    for what, v in (("STAGES", stages), ("WSTAGES", wstages), ("K / 64", k // BK)):
+        if v % wg:
+            return f"{what} ({v}) a multiple of WG ({wg})"
+    if stages < bufs * wg:  # each warpgroup's BUFS slices in flight in its own stages
+        return f"STAGES ({stages}) at least BUFS x WG ({bufs * wg})"
+    return ""
+
+
 def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) -> tuple:
     """(split, k_slice, tiles, constexprs) of ``int4_swap`` for an ``m x n x k`` product
     with ``config`` (``launch_swap``) on ``sms`` multiprocessors (with ``MC``, tiles counts
@@ -673,13 +832,19 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     bufs = more[3] if len(more) > 3 else 2
     early = int(bool(more[4])) if len(more) > 4 else 0
     group = (more[5] if len(more) > 5 else 0) or GROUP_M
+    kw = int(bool(more[6])) if len(more) > 6 else 0
     if bufs not in (2, 3):
         raise ValueError(f"int4_swap: BUFS (fragment buffers) must be 2 or 3, got {bufs}")
-    stages = stages or swap_stages(wg, bm)
-    wstages = wstages or swap_word_stages(wg, bm, stages)
+    stages = stages or swap_stages(wg, bm, kw)
+    wstages = wstages or swap_word_stages(wg, bm, stages, kw)
     if stages < bufs:  # a slice's stage is freed BUFS - 1 slices later
         raise ValueError(f"int4_swap: {bufs} fragment buffers need {bufs} stages, got {stages}")
-    tiles = math.ceil(m / bm) * math.ceil(n / (64 * wg))
+    problem = kw and k_split_problem(wg, bm, mc, stages, wstages, k, bufs)
+    if problem:
+        raise ValueError(f"int4_swap: KW (warpgroups taking K slices in turn) needs {problem}")
+    cols = 1 if kw else wg  # warpgroups side by side along a tile's columns
+    tiles = math.ceil(m / bm) * math.ceil(n / (64 * cols))
+    step = BK * (wg if kw else 1)  # a K split's slices: whole steps of every warpgroup
     if mc:  # pairs of tiles (a K split along z, or with CL a cluster of pairs)
         if bm % 16:
             raise ValueError(f"int4_swap: a multicast pair needs BM % 16 == 0, got {bm}")
@@ -687,27 +852,29 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
         split, k_slice = k_slices(k, split or swap_split(2 * pairs, k, sms), BK)
         tiles = pairs
     else:
-        split, k_slice = k_slices(k, split or swap_split(tiles, k, sms), BK)
+        split, k_slice = k_slices(k, split or swap_split(tiles, k, sms), step)
     cl = int(bool(more and more[0]) and 1 < split <= 8 // (1 + mc))
     if cl and split > 2 and not config[3] and more[0] != 2:  # CL 1: the workspace past 2
         cl = 0
     consts = {"WG": wg, "BM": bm, "STAGES": stages, "SPLIT": split if cl else min(split, 2),
               "CL": cl, "REGS": swap_registers(wg), "OUT": out_type, "MC": mc,
-              "WSTAGES": wstages, "BUFS": bufs, "EARLY": early, "GROUP": group}  # fmt: skip
+              "WSTAGES": wstages, "BUFS": bufs, "EARLY": early, "GROUP": group,
+              "KW": kw}  # fmt: skip
     return split, k_slice, tiles, consts
 
 
 def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     """``a @ W`` rounded to ``out_type`` by ``int4_swap`` (operands as ``launch``) with ``config``
-    = (WG, BM, STAGES, split[, CL[, MC[, WSTAGES[, BUFS[, EARLY[, GROUP]]]]]]; 0: as many
-    stages as fit, ``GROUP_M`` tile rows a group,
+    = (WG, BM, STAGES, split[, CL[, MC[, WSTAGES[, BUFS[, EARLY[, GROUP[, KW]]]]]]]; 0: as
+    many stages as fit, ``GROUP_M`` tile rows a group,
     ``swap_split``'s split): a persistent grid of at most ``sms`` blocks along x, the K split
     along z summed by ``finish``, or with ``CL`` (and a split of 2 to 8; CL 1 and a split past 2
     that ``swap_split`` chose: the workspace) over a cluster of that many blocks along x, one
     tile a cluster, summed in distributed shared memory (no second launch); with ``MC`` clusters
     of two blocks sharing a's rows by TMA multicast (at most ``sms`` blocks along x, two a pair
     of tiles; a K split along z, or with ``CL`` a cluster of ``split`` pairs, one pair of
-    tiles a cluster)."""
+    tiles a cluster); with ``KW`` the ``WG`` warpgroups share ``BM x 64`` tiles, taking their
+    K slices in turn."""
     from kaio_ops import _arrays
     from kaio_ops.linear import _placeholder
 
@@ -716,6 +883,8 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     sms = sms or _arrays.multiprocessors(a)
     split, k_slice, tiles, consts = swap_launch_plan(m, n, k, config, sms, out_type)
     wg, bm, cl, mc = consts["WG"], consts["BM"], consts["CL"], consts["MC"]
+    kw = consts["KW"]
+    cols = 1 if kw else wg
     if split > 1 and not cl:
         c = _arrays.output(a, (split * m, n), f32)
         ws, target = c, _placeholder(a, out_type, 2)
@@ -724,13 +893,13 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
         ws, target = _placeholder(a, f32, 2), _arrays.output_arg(a, c, (m, n), out_type)
     maps = (
         kaio.tensor_map_2d(a.obj, (bm // (1 + mc), BK), SW),
-        kaio.tensor_map_2d(b.obj, (WORD_ROWS, 64 * wg), 0),
-        kaio.tensor_map_2d(s.obj, (1, 64 * wg), 0),
+        kaio.tensor_map_2d(b.obj, (WORD_ROWS, 64 * cols), 0),
+        kaio.tensor_map_2d(s.obj, (1, 64 * cols), 0),
     )
     grid = (tiles * split * (1 + mc), 1, 1) if cl else (min(tiles, sms), 1, split)  # one tile
     if mc and not cl:
         grid = (2 * min(tiles, sms // 2), 1, split)
-    shared = swap_shared_bytes(wg, bm, consts["STAGES"], cl, consts["WSTAGES"])
+    shared = swap_shared_bytes(wg, bm, consts["STAGES"], cl, consts["WSTAGES"], kw)
     int4_swap[grid, 128 * wg + 128, _arrays.stream_of(a), shared](
         *maps, target, ws, m, n, k, k_slice, **consts
     )
@@ -742,7 +911,7 @@ def swap_specializations() -> list:
     consumer count, the widest and narrowest activation tiles, a K split through the
     workspace and through a cluster, every output type, pairs of tiles sharing a's rows by
     multicast (also in a cluster with a K split), three fragment buffers, the next slice's
-    words read early."""
+    words read early, warpgroups taking a tile's K slices in turn (``KW``)."""
     out = []
     plain = (  # without multicast
         (1, 8, 2, 1, f32, 0, 2, 0),
@@ -760,11 +929,18 @@ def swap_specializations() -> list:
         (2, 256, 1, 0, f16, 1, 3, 1),
         (2, 128, 2, 1, f16, 1, 2, 1),
     )
-    for wg, bm, split, cl, ot, mc, bufs, early in plain + multicast:
-        stages = swap_stages(wg, bm)
+    split_k = (  # KW: the warpgroups take a tile's K slices in turn (mc: the KW flag here)
+        (2, 256, 1, 0, f16, 1, 2, 1),
+        (2, 256, 2, 1, bf16, 1, 2, 0),
+        (3, 128, 2, 0, f32, 1, 2, 1),
+    )
+    for i, (wg, bm, split, cl, ot, mc, bufs, early) in enumerate(plain + multicast + split_k):
+        kw = int(i >= len(plain + multicast))
+        mc *= 1 - kw
+        stages = swap_stages(wg, bm, kw)
         consts = {"WG": wg, "BM": bm, "STAGES": stages, "SPLIT": split, "CL": cl,
                   "REGS": swap_registers(wg), "OUT": ot, "MC": mc,
-                  "WSTAGES": swap_word_stages(wg, bm, stages), "BUFS": bufs,
-                  "EARLY": early, "GROUP": GROUP_M}  # fmt: skip
+                  "WSTAGES": swap_word_stages(wg, bm, stages, kw), "BUFS": bufs,
+                  "EARLY": early, "GROUP": GROUP_M, "KW": kw}  # fmt: skip
         out.append((int4_swap, consts))
     return out

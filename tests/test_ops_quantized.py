@@ -317,6 +317,13 @@ SWAP_CASES = [
     # EARLY in a cluster pair with 3 slices each (the last alone, after every wgmma), M and N
     # edges, 3-stage rings
     (33, 136, 384, "bfloat16", (2, 40, 3, 2, 1, 0, 3, 2, 1), None),
+    # KW (config[10]): the warpgroups take a tile's slices in turn, summed in shared memory
+    # in chunks through two buffers: 6 tiles on 2 blocks, one chunk a tile (the buffers
+    # alternate across tiles), EARLY across tiles, the rings wrapping; a cluster pair's K
+    # split; 3 warpgroups, 3 chunks
+    (50, 192, 256, "float16", (2, 32, 4, 1, 0, 0, 2, 2, 1, 0, 1), 2),
+    (20, 136, 512, "bfloat16", (2, 64, 4, 2, 1, 0, 2, 2, 1, 0, 1), None),
+    (33, 72, 768, None, (3, 96, 6, 1, 0, 0, 3, 2, 1, 0, 1), None),
 ]
 
 
@@ -340,6 +347,26 @@ def test_int4_wgmma_in_simulator(m, n, k, out_dtype, config, sms, poisoned):
     assert np.abs(ref).max() > 10  # a real product
 
 
+def test_int4_swap_rejects_bad_k_split():
+    """KW (the warpgroups take a tile's K slices in turn, each every WG-th ring stage)
+    refuses one warpgroup, multicast pairs, tiles not in whole chunks of the sum, rings or
+    slice counts that are no multiple of WG, and fewer than BUFS stages a warpgroup (a
+    deadlock), each saying what to change."""
+    from kaio_ops import _int4_hopper
+
+    for config, k, why in (
+        ((1, 64, 4, 1, 0, 0, 2, 2, 0, 0, 1), 256, "2 or more"),
+        ((2, 64, 4, 1, 0, 1, 2, 2, 0, 0, 1), 256, "multicast"),
+        ((2, 48, 4, 1, 0, 0, 2, 2, 0, 0, 1), 256, "BM (48) a multiple of 32"),
+        ((2, 64, 3, 1, 0, 0, 2, 2, 0, 0, 1), 256, "STAGES (3)"),
+        ((2, 64, 4, 1, 0, 0, 3, 2, 0, 0, 1), 256, "WSTAGES (3)"),
+        ((3, 64, 6, 1, 0, 0, 3, 2, 0, 0, 1), 256, "K / 64 (4)"),
+        ((2, 64, 4, 1, 0, 0, 2, 3, 0, 0, 1), 256, "BUFS x WG (6)"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(why)):
+            _int4_hopper.swap_launch_plan(64, 256, k, config, 132, f16)
+
+
 def test_int4_swap_rejects_bad_buffers():
     """int4_swap's BUFS is 2 or 3, and 3 fragment buffers need 3 ring stages (a slice's
     stage is freed two slices later): both refused with what to change."""
@@ -353,27 +380,31 @@ def test_int4_swap_rejects_bad_buffers():
 
 
 def test_int4_swap_plan_bands():
-    """swap_plan's shape rules on 132 multiprocessors: at 65-512 rows 64-column tiles (one
-    consumer warpgroup) where 128-column ones would need a K split and they need none (past
-    2 up to 256 rows: a cluster pair), past 128 rows 128-row tiles where both would; past
-    512 rows multicast pairs in groups of WIDE_GROUP rows from WIDE_N columns only."""
+    """swap_plan's shape rules on 132 multiprocessors: at 65-512 rows KW tiles (two
+    warpgroups sharing BM x 64 tiles) where one warpgroup's 64-column tiles were the choice
+    (256-row tiles that need a K split halved instead up to K = KW_HALVE_K), where
+    128-column tiles need a K split, or where twice the tiles fill the last wave better;
+    past 512 rows multicast pairs in groups of WIDE_GROUP rows from WIDE_N columns only."""
     from kaio_ops import _int4_hopper
 
     def plan(m, n, k):
         config = _int4_hopper.swap_plan(m, n, k, 132)
         split, _, _, consts = _int4_hopper.swap_launch_plan(m, n, k, config, 132, f16)
-        return consts["WG"], consts["BM"], split, consts["CL"], consts["MC"], consts["GROUP"]
+        keys = ("WG", "BM", "CL", "MC", "GROUP", "KW")
+        return (split, *(consts[key] for key in keys))
 
     g, wide = _int4_hopper.GROUP_M, _int4_hopper.WIDE_GROUP
-    assert plan(512, 4096, 4096) == (1, 256, 1, 0, 0, g)  # 128 tiles of 256 x 64
-    assert plan(256, 4096, 4096) == (1, 256, 2, 1, 0, g)  # 64 of them, a cluster pair each
-    assert plan(512, 8192, 8192) == (2, 256, 1, 0, 0, g)  # 128 tiles of 256 x 128
-    assert plan(256, 1024, 4096) == (2, 128, 8, 0, 0, g)  # 16 of 256 x 64: 128-row tiles
-    assert plan(128, 4096, 4096) == (1, 128, 2, 1, 0, g)  # 64 tiles of 128 x 64
-    assert plan(128, 8192, 8192) == (2, 128, 2, 1, 0, g)  # 64 tiles of 128 x 128
-    assert plan(1024, 57344, 8192) == (2, 256, 1, 0, 1, wide)
-    assert plan(1024, _int4_hopper.WIDE_N - 8, 8192)[4:] == (0, g)
-    assert plan(512, 57344, 8192)[4:] == (0, g)
+    assert plan(64, 4096, 4096) == (8, 4, 64, 0, 0, g, 0)  # 16 tiles of 64 x 256, split 8
+    assert plan(512, 4096, 4096) == (1, 2, 256, 0, 0, g, 1)  # 128 KW tiles of 256 x 64
+    assert plan(256, 4096, 4096) == (1, 2, 128, 0, 0, g, 1)  # 128-row ones, no split
+    assert plan(256, 4096, 14336) == (2, 2, 256, 1, 0, g, 1)  # K past 4096: a cluster pair
+    assert plan(128, 4096, 4096) == (2, 2, 128, 1, 0, g, 1)
+    assert plan(256, 8192, 8192) == (1, 2, 256, 0, 0, g, 1)  # 256 x 128 needed a split
+    assert plan(512, 8192, 8192) == (1, 2, 256, 0, 0, g, 0)  # 128 tiles of 256 x 128
+    assert plan(256, 57344, 8192) == (1, 2, 256, 0, 0, g, 1)  # 896 tiles fill 97% of 7 waves
+    assert plan(256, 28672, 4096) == (1, 2, 256, 0, 0, g, 0)  # 448 no better than 224
+    assert plan(1024, 57344, 8192) == (1, 2, 256, 0, 1, wide, 0)
+    assert plan(1024, _int4_hopper.WIDE_N - 8, 8192)[4:] == (0, g, 0)
 
 
 def test_int4_wgmma_dispatch(monkeypatch):
@@ -458,7 +489,8 @@ def test_int4_swap_assembles_for_sm_90a():
     while a wgmma that reads it may be in flight)."""
     from kaio_ops import _int4_hopper
 
-    for kernel, constexprs in _int4_hopper.swap_specializations():
+    specs = _int4_hopper.swap_specializations()
+    for kernel, constexprs in (specs[i] for i in covering(specs)):
         ptx = kernel.ptx(arch="sm_90", **constexprs)
         assert f"wgmma.mma_async.sync.aligned.m64n{constexprs['BM']}k16.f32.f16.f16" in ptx
         report = assemble(ptx, "sm_90a")
@@ -484,7 +516,9 @@ def test_int4_swap_plans_fit():
                 m, n, k, _int4_hopper.swap_plan(m, n, k, 132), 132, f16
             )
             cfg = (consts["WG"], consts["BM"], consts["STAGES"], consts["CL"], consts["MC"])
-            shared = _int4_hopper.swap_shared_bytes(*cfg[:3], consts["CL"], consts["WSTAGES"])
+            shared = _int4_hopper.swap_shared_bytes(
+                *cfg[:3], consts["CL"], consts["WSTAGES"], consts["KW"]
+            )
             assert shared <= _int4_hopper.SHARED_LIMIT and split <= (8 if consts["CL"] else 64)
             seen[(*cfg, consts["SPLIT"])] = consts
     for consts in seen.values():
@@ -515,7 +549,8 @@ def test_int4_swap_registers_can_be_granted():
     for wg, bm in ((2, 256), (3, 128), (4, 64)):
         consts = {"WG": wg, "BM": bm, "STAGES": _int4_hopper.swap_stages(wg, bm), "SPLIT": 2,
                   "CL": 0, "REGS": _int4_hopper.swap_registers(wg), "OUT": f16, "MC": 0,
-                  "WSTAGES": 4, "BUFS": 2, "EARLY": 1, "GROUP": _int4_hopper.GROUP_M}  # fmt: skip
+                  "WSTAGES": 4, "BUFS": 2, "EARLY": 1, "GROUP": _int4_hopper.GROUP_M,
+                  "KW": 0}  # fmt: skip
         report = assemble(_int4_hopper.int4_swap.ptx(arch="sm_90", **consts), "sm_90a")
         assert " 0 bytes spill stores" in report, (consts, report)
         _assert_registers_balance(report, consts)
@@ -1024,16 +1059,17 @@ def test_gpu_int4_multi_tile(m, monkeypatch):
     [(17, 4096, 4096, None), (200, 4104, 4096, None), (1000, 1024, 14336, "float16"),
      (300, 4096, 4096, None), (2048, 8192, 4096, "float16"), (4096, 4096, 4096, "bfloat16"),
      (100, 8192, 4096, None), (256, 8192, 2048, "float16"), (600, 32768, 1024, "float16"),
-     (120, 4096, 2048, "float16")],
+     (120, 4096, 2048, "float16"), (200, 1024, 4096, "bfloat16")],
 )  # fmt: skip
 def test_gpu_int4_wgmma(m, n, k, out_dtype):
-    """M > 16 on sm_90 (the wgmma kernel: 4 consumer warpgroups, a workspace K split,
-    a cluster pair's K split at 65-128 (120 x 64 tiles at 120 rows), 129-256 (256 x 64
-    tiles at 200 rows) and 257-512
-    rows (256 x 64 tiles at 300), 256-row tiles past 512 rows (multicast pairs in groups of
-    4 rows at N = 32768), every M up to 4096; elsewhere the other paths): every element against
-    float64 products within the f32 sums' slack plus the output's rounding, and the same
-    bits on a second call (a race would move them)."""
+    """M > 16 on sm_90 (the wgmma kernel: 4 consumer warpgroups and a workspace K split at
+    17 rows; at 65-512 rows two warpgroups sharing BM x 64 tiles, each every other K slice
+    (KW: a cluster pair's K split at 120 and 200 rows; 128-row tiles at 100 rows, 256 at 256
+    and 300; 128-row tiles and a K split of 4 through the workspace at 200 rows of N =
+    1024), 256-row tiles past 512 rows (multicast pairs in
+    groups of 4 rows at N = 32768), every M up to 4096; elsewhere the other paths): every
+    element against float64 products within the f32 sums' slack plus the output's rounding,
+    and the same bits on a second call (a race would move them)."""
     import torch
 
     x = torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(m)).half()
