@@ -19,7 +19,9 @@ warpgroup w (of 2):
 - dV[:, 128w ..] += P^T dO and dK[:, 128w ..] += dS^T Q: the whole 64-query buffers times
   this warpgroup's 128 columns of dO, Q (m64n128k16, ``issue_pt``).
 
-A consumer thread holds 64 + 64 dK, dV accumulators and 16 + 16 of S^T, dP^T. The buffers
+With ``PIPE`` 1 a tile's S^T and dP^T are issued together with the last tile's dV and dK
+products, so that its P^T and dS^T are computed while those run (0: each tile's products in
+turn). A consumer thread holds 64 + 64 dK, dV accumulators and 16 + 16 of S^T, dP^T. The buffers
 of a tile are rewritten two tiles later, after each warpgroup has passed the next tile's
 barrier, so after both have finished the products that read them. dK, dV (scaled dK) are
 stored from registers; GQA's are summed over the group's heads inside the block, in a fixed
@@ -65,13 +67,47 @@ def issue_st(s: f32[:, :], a_s: DT[:, :, :], x_s: DT[:, :, :, :], st: i32, r0: i
 
 
 @kaio.gpu_func
+def front(s: f32[:, :], dp: f32[:, :], k_s: DT[:, :, :], v_s: DT[:, :, :],
+          q_s: DT[:, :, :, :], do_s: DT[:, :, :, :], st: i32, q1: i32, D: kaio.constexpr,
+          DT: kaio.constexpr):  # fmt: skip
+    """Issue a tile's S^T = K Q^T and dP^T = V dO^T for its queries q1 .. (stage st), each
+    its own group, behind a wgmma fence."""
+    kaio.wgmma_fence()
+    issue_st(s, k_s, q_s, st, q1, D, DT)
+    issue_st(dp, v_s, do_s, st, q1, D, DT)
+
+
+@kaio.gpu_func
+def back(dka: f32[:, :], dva: f32[:, :], pt_s: DT[:, :, :], b: i32, q_s: DT[:, :, :, :],
+         do_s: DT[:, :, :, :], st: i32, cb: i32, BM: kaio.constexpr,
+         DT: kaio.constexpr):  # fmt: skip
+    """Issue a tile's dV += P^T dO and dK += dS^T Q (P^T, dS^T: buffers ``pt_s[2b]``,
+    ``pt_s[2b + 1]``, all 64 keys; dO, Q: stage st, the columns from 64-column block
+    ``cb``), each its own group."""
+    issue_pt(dva, pt_s, 2 * b, u32(0), do_s, st, BM, DT, cb)
+    issue_pt(dka, pt_s, 2 * b + 1, u32(0), q_s, st, BM, DT, cb)
+
+
+@kaio.gpu_func
+def hand_pt(pt_s: DT[:, :, :], b: i32, s: f32[:, :], dp: f32[:, :], bars: u64[:, :], kr: i32,
+            lane: u32, lt: u32, q1: i32, H: kaio.constexpr, STAGES: kaio.constexpr,
+            DT: kaio.constexpr):  # fmt: skip
+    """This warp's P^T (``s``) and dS^T (``dp``) of queries q1 .. q1 + H to buffers
+    ``pt_s[2b]``, ``pt_s[2b + 1]``, fenced for the tensor cores, then its arrival on their
+    barrier ``bars[1, STAGES + b]``."""
+    store_ds(pt_s, 2 * b, s, kr, lane, H, DT, q1)
+    store_ds(pt_s, 2 * b + 1, dp, kr, lane, H, DT, q1)
+    release(bars, STAGES + b, lt)
+
+
+@kaio.gpu_func
 def consume_split(
     k_s: DT[:, :, :], v_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :],
     stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], lse: f32[:], delta: f32[:],
     dk: DT[:], dv: DT[:], pt_s: DT[:, :, :], wg: u32, lt: u32, kvh: i32, first_head: i32,
     group: i32, first: i32, n_tiles: i32, k0: i32, sq: i32, sk: i32, causal: i32,
     scale_log2: f32, scale: f32, D: kaio.constexpr, BM: kaio.constexpr,
-    STAGES: kaio.constexpr, DT: kaio.constexpr,
+    STAGES: kaio.constexpr, PIPE: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """Consumer warpgroup ``wg`` (thread ``lt`` of it): dK and dV of the block's 64 keys in
     its D / 2 columns over the query tiles of the group's heads (module docstring), then
@@ -98,26 +134,58 @@ def consume_split(
     pph = u32(0)
     t = first
     at0 = first_head * sq
-    for _i in range(total):
-        kaio.mbarrier_wait(bars, (0, st), ph)
-        kaio.wgmma_fence()
-        issue_st(s, k_s, q_s, st, q1, D, DT)
-        issue_st(dp, v_s, do_s, st, q1, D, DT)
+    if PIPE == 0:
+        for _i in range(total):
+            kaio.mbarrier_wait(bars, (0, st), ph)
+            front(s, dp, k_s, v_s, q_s, do_s, st, q1, D, DT)
+            kaio.wgmma_wait(0)
+            grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM + q1, sq, 1 << 30, causal,
+                    scale_log2, lane, H, 0)  # fmt: skip
+            hand_pt(pt_s, pb, s, dp, bars, kr, lane, lt, q1, H, STAGES, DT)
+            kaio.mbarrier_wait(bars, (1, STAGES + pb), pph)  # both warpgroups' queries there
+            kaio.wgmma_fence()
+            back(dka, dva, pt_s, pb, q_s, do_s, st, cb, BM, DT)
+            kaio.wgmma_wait(0)
+            release(bars, st, lt)
+            pb, pph = next_stage(pb, pph, 2)
+            t, at0 = next_tile(t, at0, first, n_tiles, sq)
+            st, ph = next_stage(st, ph, STAGES)
+    elif total > 0:  # tile i's S^T, dP^T issued with tile i - 1's dV, dK
+        kaio.mbarrier_wait(bars, (0, 0), 0)
+        front(s, dp, k_s, v_s, q_s, do_s, 0, q1, D, DT)
         kaio.wgmma_wait(0)
-        grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM + q1, sq, 1 << 30, causal,
+        grads_t(s, dp, stats, 0, lse, delta, at0, key0, t * BM + q1, sq, 1 << 30, causal,
                 scale_log2, lane, H, 0)  # fmt: skip
-        store_ds(pt_s, 2 * pb, s, kr, lane, H, DT, q1)
-        store_ds(pt_s, 2 * pb + 1, dp, kr, lane, H, DT, q1)
-        release(bars, STAGES + pb, lt)  # fenced for the tensor cores, this warp's arrival
-        kaio.mbarrier_wait(bars, (1, STAGES + pb), pph)  # both warpgroups' queries there
-        kaio.wgmma_fence()
-        issue_pt(dva, pt_s, 2 * pb, u32(0), do_s, st, BM, DT, cb)
-        issue_pt(dka, pt_s, 2 * pb + 1, u32(0), q_s, st, BM, DT, cb)
-        kaio.wgmma_wait(0)
-        release(bars, st, lt)
-        pb, pph = next_stage(pb, pph, 2)
+        hand_pt(pt_s, 0, s, dp, bars, kr, lane, lt, q1, H, STAGES, DT)
+        ps = i32(0)  # tile i - 1's stage and buffers
+        qb = i32(0)
+        qph = u32(0)
+        pb = 1
+        st, ph = next_stage(0, u32(0), STAGES)
         t, at0 = next_tile(t, at0, first, n_tiles, sq)
-        st, ph = next_stage(st, ph, STAGES)
+        for _i in range(1, total):
+            kaio.mbarrier_wait(bars, (0, st), ph)
+            kaio.mbarrier_wait(bars, (1, STAGES + qb), qph)  # tile i - 1's P^T, dS^T there
+            front(s, dp, k_s, v_s, q_s, do_s, st, q1, D, DT)
+            back(dka, dva, pt_s, qb, q_s, do_s, ps, cb, BM, DT)
+            kaio.wgmma_wait(2)  # S^T, dP^T done
+            grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM + q1, sq, 1 << 30, causal,
+                    scale_log2, lane, H, 0)  # fmt: skip
+            kaio.wgmma_wait(0)  # tile i - 1's dV, dK done: its stage is free, and (once this
+            # warp arrives) its buffers: the other warpgroup's next tile rewrites them
+            release(bars, ps, lt)
+            hand_pt(pt_s, pb, s, dp, bars, kr, lane, lt, q1, H, STAGES, DT)
+            qb = pb
+            qph = pph
+            pb, pph = next_stage(pb, pph, 2)
+            ps = st
+            st, ph = next_stage(st, ph, STAGES)
+            t, at0 = next_tile(t, at0, first, n_tiles, sq)
+        kaio.mbarrier_wait(bars, (1, STAGES + qb), qph)
+        kaio.wgmma_fence()
+        back(dka, dva, pt_s, qb, q_s, do_s, ps, cb, BM, DT)
+        kaio.wgmma_wait(0)
+        release(bars, ps, lt)
     at = kvh * sk * D + NH * i32(wg)  # rows D apart, this warpgroup's columns
     store_tile(dk, dka, at, key0, sk, scale, lane, NH, DT, 1, D)
     store_tile(dv, dva, at, key0, sk, 1.0, lane, NH, DT, 1, D)
@@ -128,7 +196,8 @@ def attention_bwd_dkdv_d256(
     tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
     lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:], sq: i32, sk: i32, heads: i32,
     group: i32, scale_log2: f32, scale: f32, causal: i32, D: kaio.constexpr,
-    BM: kaio.constexpr, STAGES: kaio.constexpr, REGS: kaio.constexpr, DT: kaio.constexpr,
+    BM: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr, REGS: kaio.constexpr,
+    DT: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv [B * Hkv * sk * D] (flat) of the 64 keys of key block x (``block_idx_x``) and
     K/V head y (``block_idx_y``), summed over its group's query heads (module docstring).
@@ -167,7 +236,7 @@ def attention_bwd_dkdv_d256(
             kaio.setmaxnreg_inc(REGS)
         consume_split(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, pt_s, wg, lt,
                       kvh, first_head, group, first, n_tiles, k0, sq, sk, causal, scale_log2,
-                      scale, D, BM, STAGES, DT)  # fmt: skip
+                      scale, D, BM, STAGES, PIPE, DT)  # fmt: skip
     else:
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -191,7 +260,7 @@ def config(d: int = D256) -> dict:
     dO loaded once take 64 KB) and two stages of 64 keys, products overlapped (``PIPE`` 1)."""
     bm = 64
     stages = max(n for n in (1, 2, 3) if shared_bytes(d, bm, n) <= SHARED_LIMIT)
-    dkdv = {"BM": bm, "STAGES": stages, "REGS": consumer_registers(2)}
+    dkdv = {"BM": bm, "STAGES": stages, "PIPE": 1, "REGS": consumer_registers(2)}
     dq = {"BN": 64, "WG": 1, "STAGES": 2, "PIPE": 1, "AREG": 0, "REGS": 0}
     return {"dkdv": dkdv, "dq": dq}
 
@@ -228,8 +297,9 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         )
     base = config(d)
     c1, c2 = ({**base[n], **(cfg or {}).get(n, {})} for n in ("dkdv", "dq"))
-    if c2["PIPE"] and c2["STAGES"] < 2:
-        raise ValueError(f"_attention_hopper_bwd256.launch: PIPE 1 needs 2 stages: {c2}")
+    for c in (c1, c2):
+        if c["PIPE"] and c["STAGES"] < 2:
+            raise ValueError(f"_attention_hopper_bwd256.launch: PIPE 1 needs 2 stages: {c}")
     stream = _arrays.stream_of(qa)
     dq = _arrays.output(da, qa.shape)
     dk, dv = (_arrays.output(da, ka.shape) for _ in range(2))
