@@ -19,13 +19,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.attention_hopper import time_calls  # noqa: E402
 
+SCHEDULES = {"pair": 0, "fused": 1}  # _attention_hopper_bwd256.FUSED forced
 BATCH = {1024: 16, 2048: 8, 4096: 4, 8192: 2, 16384: 1}
 
 
 def variant(name: str):
     """(do, q, k, v, o, lse, causal) -> (dq, dk, dv): ``shipped`` the public op, ``mma.sync``
-    the op with the Hopper kernels off, ``wgmma`` the D 256 wgmma kernels forced."""
+    the op with the Hopper kernels off, ``pair`` and ``fused`` the D 256 wgmma kernels with
+    that schedule (``_attention_hopper_bwd256.FUSED``), else the op unplanned."""
     import kaio_ops
+    from kaio_ops import _attention_hopper_bwd256 as hopper_bwd256
     from kaio_ops import attention
 
     raw = attention.flash_attention_bwd.__wrapped__
@@ -33,6 +36,12 @@ def variant(name: str):
     def run(do, q, k, v, o, lse, causal):
         if name == "shipped":
             return kaio_ops.flash_attention_bwd(do, q, k, v, o, lse, causal)
+        if name in SCHEDULES:
+            saved, hopper_bwd256.FUSED = hopper_bwd256.FUSED, SCHEDULES[name]
+            try:
+                return raw(do, q, k, v, o, lse, causal)
+            finally:
+                hopper_bwd256.FUSED = saved
         os.environ["KAIO_HOPPER_ATTENTION"] = "0" if name == "mma.sync" else "1"
         try:
             return raw(do, q, k, v, o, lse, causal)

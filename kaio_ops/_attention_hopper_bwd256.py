@@ -35,8 +35,11 @@ import kaio
 from kaio import f32, i32, u32, u64
 from kaio_ops._attention_hopper import PRODUCER_REGS, SHARED_LIMIT, SW, consumer_registers
 from kaio_ops._attention_hopper_bwd import (
+    dq_convert_tiles,
     grads_t,
+    hand_dq,
     init_barriers,
+    issue_dq,
     issue_pt,
     produce,
     release,
@@ -44,6 +47,7 @@ from kaio_ops._attention_hopper_bwd import (
     store_tile,
     zero_acc,
 )
+from kaio_ops._attention_hopper_bwd_fused import write_dq_ordered, zero_acc_sem
 from kaio_ops._attention_hopper_common import next_tile, thread_roles
 from kaio_ops._matmul_hopper import next_stage
 
@@ -104,15 +108,18 @@ def hand_pt(pt_s: DT[:, :, :], b: i32, s: f32[:, :], dp: f32[:, :], bars: u64[:,
 def consume_split(
     k_s: DT[:, :, :], v_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :],
     stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], lse: f32[:], delta: f32[:],
-    dk: DT[:], dv: DT[:], pt_s: DT[:, :, :], wg: u32, lt: u32, kvh: i32, first_head: i32,
-    group: i32, first: i32, n_tiles: i32, k0: i32, sq: i32, sk: i32, causal: i32,
-    scale_log2: f32, scale: f32, D: kaio.constexpr, BM: kaio.constexpr,
-    STAGES: kaio.constexpr, PIPE: kaio.constexpr, DT: kaio.constexpr,
+    dk: DT[:], dv: DT[:], pt_s: DT[:, :, :], dq_s: f32[:, :], dq_acc: f32[:], wg: u32,
+    lt: u32, kvh: i32, first_head: i32, group: i32, first: i32, n_tiles: i32, k0: i32,
+    sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32, D: kaio.constexpr,
+    BM: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr, DQ: kaio.constexpr,
+    DT: kaio.constexpr,
 ):  # fmt: skip
     """Consumer warpgroup ``wg`` (thread ``lt`` of it): dK and dV of the block's 64 keys in
     its D / 2 columns over the query tiles of the group's heads (module docstring), then
     stored. ``pt_s[2b]``, ``pt_s[2b + 1]``: P^T and dS^T of buffer b, whose "full" barrier
-    is ``bars[1, STAGES + b]`` (an arrival from each consumer warp)."""
+    is ``bars[1, STAGES + b]`` (an arrival from each consumer warp). ``DQ`` 1 (PIPE 0): each
+    tile's dQ = dS K too, this warpgroup's D / 2 columns over the block's 64 keys, handed to
+    the writer through ``dq_s`` (``hand_dq``, its barriers ``bars[1, STAGES + 2]``, ``+ 3``)."""
     H = BM // 2  # this warpgroup's queries of a tile
     NH = D // 2  # its columns of dK and dV
     lane = lt % 32
@@ -122,10 +129,13 @@ def consume_split(
     dp = kaio.local(f32, (H // 8, 4))  # dP^T, then dS^T
     dka = kaio.local(f32, (NH // 8, 4))
     dva = kaio.local(f32, (NH // 8, 4))
+    dqa = kaio.local(f32, (NH // 8, 4))  # DQ: the tile's dQ, this warpgroup's columns
+    wph = u32(0)  # DQ: the parity of dq_s's "free" barrier
     zero_acc(dka, NH)
     zero_acc(dva, NH)
     q1 = H * i32(wg)  # this warpgroup's first query of a tile
     cb = i32(wg) * (NH // 64)  # its first 64-column block of dO, Q
+    kend = sk if DQ else 1 << 30  # DQ: keys past sk masked (their dS would reach dQ)
     total = group * kaio.max(n_tiles - first, 0)
     kaio.mbarrier_wait(turn, 0, 0)  # K and V landed
     st = i32(0)
@@ -139,14 +149,19 @@ def consume_split(
             kaio.mbarrier_wait(bars, (0, st), ph)
             front(s, dp, k_s, v_s, q_s, do_s, st, q1, D, DT)
             kaio.wgmma_wait(0)
-            grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM + q1, sq, 1 << 30, causal,
+            grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM + q1, sq, kend, causal,
                     scale_log2, lane, H, 0)  # fmt: skip
             hand_pt(pt_s, pb, s, dp, bars, kr, lane, lt, q1, H, STAGES, DT)
             kaio.mbarrier_wait(bars, (1, STAGES + pb), pph)  # both warpgroups' queries there
             kaio.wgmma_fence()
             back(dka, dva, pt_s, pb, q_s, do_s, st, cb, BM, DT)
+            if DQ:
+                issue_dq(dqa, pt_s, 2 * pb + 1, k_s, wg, D, NH, 1, 2, DT)
             kaio.wgmma_wait(0)
             release(bars, st, lt)
+            if DQ:
+                wph = hand_dq(dq_s, bars, dq_acc, dqa, 0, 0, sq, cb * 64, lane, lt, _i > 0, wph,
+                              STAGES + 2, D, NH, 5)  # fmt: skip
             pb, pph = next_stage(pb, pph, 2)
             t, at0 = next_tile(t, at0, first, n_tiles, sq)
             st, ph = next_stage(st, ph, STAGES)
@@ -154,7 +169,7 @@ def consume_split(
         kaio.mbarrier_wait(bars, (0, 0), 0)
         front(s, dp, k_s, v_s, q_s, do_s, 0, q1, D, DT)
         kaio.wgmma_wait(0)
-        grads_t(s, dp, stats, 0, lse, delta, at0, key0, t * BM + q1, sq, 1 << 30, causal,
+        grads_t(s, dp, stats, 0, lse, delta, at0, key0, t * BM + q1, sq, kend, causal,
                 scale_log2, lane, H, 0)  # fmt: skip
         hand_pt(pt_s, 0, s, dp, bars, kr, lane, lt, q1, H, STAGES, DT)
         ps = i32(0)  # tile i - 1's stage and buffers
@@ -169,7 +184,7 @@ def consume_split(
             front(s, dp, k_s, v_s, q_s, do_s, st, q1, D, DT)
             back(dka, dva, pt_s, qb, q_s, do_s, ps, cb, BM, DT)
             kaio.wgmma_wait(2)  # S^T, dP^T done
-            grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM + q1, sq, 1 << 30, causal,
+            grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM + q1, sq, kend, causal,
                     scale_log2, lane, H, 0)  # fmt: skip
             kaio.wgmma_wait(0)  # tile i - 1's dV, dK done: its stage is free, and (once this
             # warp arrives) its buffers: the other warpgroup's next tile rewrites them
@@ -194,10 +209,10 @@ def consume_split(
 @kaio.gpu_kernel(fastmath=True)  # ex2.approx.ftz: one instruction an exponential
 def attention_bwd_dkdv_d256(
     tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
-    lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:], sq: i32, sk: i32, heads: i32,
-    group: i32, scale_log2: f32, scale: f32, causal: i32, D: kaio.constexpr,
-    BM: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr, REGS: kaio.constexpr,
-    DT: kaio.constexpr,
+    lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:], dq_acc: f32[:], sem: i32[:], sq: i32,
+    sk: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
+    D: kaio.constexpr, BM: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr,
+    REGS: kaio.constexpr, DQ: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv [B * Hkv * sk * D] (flat) of the 64 keys of key block x (``block_idx_x``) and
     K/V head y (``block_idx_y``), summed over its group's query heads (module docstring).
@@ -205,7 +220,11 @@ def attention_bwd_dkdv_d256(
     as [B * H * sq, D] in boxes of (BM, 64); lse, delta [B * H * sq] f32 (delta =
     rowsum(dO * O)); ``heads``: H, ``group``: H / Hkv; ``REGS``: the consumers' registers
     (setmaxnreg, 0: none). Rows a tile reads past a head's are masked (``grads_t``) and
-    keys past sk not stored."""
+    keys past sk not stored. ``DQ`` 1: dQ too (FlashAttention-3's one-kernel backward),
+    each tile's share added to ``dq_acc`` (f32, whole 64-row tiles in fragment order, zeros
+    before) in a fixed order (the semaphores ``sem``, zeros before:
+    ``_attention_hopper_bwd_fused.write_dq_ordered``, by the producer warpgroup's warps 1
+    to 3); key blocks then run in decreasing order where causal (its module docstring)."""
     C = D // 64
     TILE = 64 * 64 * 2  # a 64 x 64 block of DT
     RING = STAGES * BM * D * 2  # Q, resp. dO: the ring
@@ -216,11 +235,17 @@ def attention_bwd_dkdv_d256(
     PT = 2 * C * TILE + 2 * RING
     pt_s = kaio.shared_dynamic(DT, (4, 64, 64), PT)
     stats = kaio.shared_dynamic(f32, (2, 1, 2), PT + 4 * TILE)  # (unused: lse, delta loaded)
-    BARS = PT + 4 * TILE + 16
-    bars = kaio.shared_dynamic(u64, (2, STAGES + 2), BARS)
-    turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * (STAGES + 2))
+    DQS = PT + 4 * TILE + 16
+    dq_s = kaio.shared_dynamic(f32, (BM * D // 4 if DQ else 1, 4), DQS)  # fragment order
+    BARS = DQS + (BM * D * 4 if DQ else 16)
+    NB = STAGES + 4  # the ring's, the two buffers', dq_s's (DQ)
+    bars = kaio.shared_dynamic(u64, (2, NB), BARS)
+    turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * NB)
     t, wg, lt = thread_roles(2)
     x = i32(kaio.block_idx_x())
+    nkb = (sk + 63) // 64
+    if DQ and causal != 0:
+        x = nkb - 1 - x  # the last key blocks first: they add to each tile before the rest
     k0 = x * 64
     kvh = i32(kaio.block_idx_y())
     first_head = kvh // (heads // group) * heads + kvh % (heads // group) * group
@@ -229,14 +254,14 @@ def attention_bwd_dkdv_d256(
         first = k0 // BM  # queries before k0 see none of these keys
     n_tiles = (sq + BM - 1) // BM
     if t == 0:
-        init_barriers(bars, turn, 2, STAGES, 2, 1)  # the buffers' barriers: 8 arrivals
+        init_barriers(bars, turn, 2, STAGES, 5 if DQ else 2, 1)  # buffers: 8 arrivals
     kaio.sync_threads()
     if wg < 2:
         if REGS:
             kaio.setmaxnreg_inc(REGS)
-        consume_split(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, pt_s, wg, lt,
-                      kvh, first_head, group, first, n_tiles, k0, sq, sk, causal, scale_log2,
-                      scale, D, BM, STAGES, PIPE, DT)  # fmt: skip
+        consume_split(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, pt_s, dq_s,
+                      dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk, causal,
+                      scale_log2, scale, D, BM, STAGES, PIPE, DQ, DT)  # fmt: skip
     else:
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -244,25 +269,37 @@ def attention_bwd_dkdv_d256(
             produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tq, tdo,
                     kvh * sk + k0, first_head * sq, sq, group, first, n_tiles, D, 64, BM,
                     STAGES, 0, DT)  # fmt: skip
+        elif DQ and lt >= 32:
+            write_dq_ordered(dq_s, bars, dq_acc, sem, lt, first_head, group, first, n_tiles, sq,
+                             x, nkb, causal, STAGES + 2, D, BM, 64, 0)  # fmt: skip
 
 
-def shared_bytes(d: int, bm: int, stages: int) -> int:
+def shared_bytes(d: int, bm: int, stages: int, dq: int = 0) -> int:
     """The dK/dV kernel's dynamic shared memory: K and V (64 rows), the ring's Q and dO
-    (``bm`` rows a stage), four 64 x 64 P^T / dS^T buffers, the (unused) stats, the
-    barriers."""
-    return 2 * 64 * d * 2 + 2 * stages * bm * d * 2 + 4 * 64 * 64 * 2 + 16 + 16 * (stages + 2) + 16
+    (``bm`` rows a stage), four 64 x 64 P^T / dS^T buffers, the (unused) stats, dq_s (``dq``:
+    ``bm`` x d f32; else 16 bytes), the barriers."""
+    ring = 2 * 64 * d * 2 + 2 * stages * bm * d * 2
+    return ring + 4 * 64 * 64 * 2 + 16 + (bm * d * 4 if dq else 16) + 16 * (stages + 4) + 16
 
 
-def config(d: int = D256) -> dict:
-    """The constexprs for head dim ``d`` (256): ``{"dkdv": {BM, STAGES, REGS}, "dq": the pair's
-    dQ kernel's {BN, WG, STAGES, PIPE, AREG, REGS}}``: 64-row query tiles and as many ring
-    stages as fit (2) for dK/dV; for dQ one consumer warpgroup (64 query rows a block: Q and
-    dO loaded once take 64 KB) and two stages of 64 keys, products overlapped (``PIPE`` 1)."""
+def config(d: int = D256, dq: int | None = None) -> dict:
+    """The constexprs for head dim ``d`` (256): ``{"dkdv": {BM, STAGES, PIPE, REGS, DQ}, "dq":
+    the pair's dQ kernel's {BN, WG, STAGES, PIPE, AREG, REGS}}``: 64-row query tiles and as
+    many ring stages as fit (2; with ``DQ`` 1, the dK/dV kernel computing dQ too, 1) for
+    dK/dV, products overlapped where two stages fit (``PIPE`` 1); for dQ (``DQ`` 0) one
+    consumer warpgroup (64 query rows a block: Q and dO loaded once take 64 KB) and two
+    stages of 64 keys, products overlapped (``PIPE`` 1). ``dq``: ``DQ`` (default
+    ``FUSED``)."""
     bm = 64
-    stages = max(n for n in (1, 2, 3) if shared_bytes(d, bm, n) <= SHARED_LIMIT)
-    dkdv = {"BM": bm, "STAGES": stages, "PIPE": 1, "REGS": consumer_registers(2)}
-    dq = {"BN": 64, "WG": 1, "STAGES": 2, "PIPE": 1, "AREG": 0, "REGS": 0}
-    return {"dkdv": dkdv, "dq": dq}
+    dq = FUSED if dq is None else dq
+    stages = max(n for n in (1, 2, 3) if shared_bytes(d, bm, n, dq) <= SHARED_LIMIT)
+    dkdv = {"BM": bm, "STAGES": stages, "PIPE": int(stages > 1), "REGS": consumer_registers(2),
+            "DQ": dq}  # fmt: skip
+    return {"dkdv": dkdv, "dq": {"BN": 64, "WG": 1, "STAGES": 2, "PIPE": 1, "AREG": 0, "REGS": 0}}
+
+
+# flash_attention_bwd's schedule at D 256: the pair (0) or the one kernel (1: ``DQ`` 1).
+FUSED = 0
 
 
 def eligible(d: int) -> bool:
@@ -295,8 +332,10 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
             f"_attention_hopper_bwd256.launch: needs Sq a multiple of 4 (16-byte TMA copies of "
             f"lse and delta) and D 256, got Sq = {sq}, D = {d}; use the mma.sync kernels"
         )
-    base = config(d)
+    base = config(d, (cfg or {}).get("dkdv", {}).get("DQ"))
     c1, c2 = ({**base[n], **(cfg or {}).get(n, {})} for n in ("dkdv", "dq"))
+    if c1["DQ"] and (c1["PIPE"] or only):
+        raise ValueError(f"_attention_hopper_bwd256.launch: DQ 1 needs PIPE 0, both kernels: {c1}")
     for c in (c1, c2):
         if c["PIPE"] and c["STAGES"] < 2:
             raise ValueError(f"_attention_hopper_bwd256.launch: PIPE 1 needs 2 stages: {c}")
@@ -309,15 +348,25 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         return kaio.tensor_map_2d(_arrays.view(a.obj, a.kind, (rows, d)), (box, 64), SW)
 
     args = (sq, sk, heads, group, math.log2(math.e) * scale, scale, int(causal))
+    n_tiles = -(-sq // c1["BM"])
+    acc_size = bh * n_tiles * c1["BM"] * d if c1["DQ"] else 4
+    dq_acc = _arrays.output(da, (acc_size,), f32)  # (DQ 0: unused)
+    sem = _arrays.output(da, (bh * n_tiles,), i32)
+    if c1["DQ"]:
+        zero_acc_sem[-(-acc_size // 1024), 256, stream, 0](dq_acc, acc_size, sem, bh * n_tiles)
     if only != "dq":
-        smem = shared_bytes(d, c1["BM"], c1["STAGES"])
+        smem = shared_bytes(d, c1["BM"], c1["STAGES"], c1["DQ"])
         attention_bwd_dkdv_d256[(-(-sk // 64), bh // group), 384, stream, smem](
             tmap(ka, rows_kv, 64), tmap(va, rows_kv, 64), tmap(qa, rows_q, c1["BM"]),
             tmap(da, rows_q, c1["BM"]), la.arg(rows_q), delta,
             _arrays.output_arg(da, dk, (ka.size,)), _arrays.output_arg(da, dv, (ka.size,)),
-            *args, D=d, DT=qa.dtype, **c1,
+            dq_acc, sem, *args, D=d, DT=qa.dtype, **c1,
         )  # fmt: skip
-    if only == "dkdv":
+    if c1["DQ"]:
+        dq_convert_tiles[-(-qa.size // 1024), 256, stream, 0](
+            _arrays.output_arg(da, dq, (qa.size,)), dq_acc, bh * sq, sq, scale, D=d, DT=qa.dtype
+        )
+    if only == "dkdv" or c1["DQ"]:
         return dq, dk, dv
     bq = 64 * c2["WG"]
     stats = [
@@ -342,4 +391,7 @@ def specializations():
     cfg = config()
     for dt in (f16, bf16):
         yield attention_bwd_dkdv_d256, {"D": D256, "DT": dt, **cfg["dkdv"]}
-        yield attention_bwd_dq_wgmma, {"D": D256, "DT": dt, "COLS": 0, **cfg["dq"]}
+        if FUSED:
+            yield dq_convert_tiles, {"D": D256, "DT": dt}
+        else:
+            yield attention_bwd_dq_wgmma, {"D": D256, "DT": dt, "COLS": 0, **cfg["dq"]}
