@@ -155,10 +155,14 @@ def consume_split(
             kaio.mbarrier_wait(bars, (1, STAGES + pb), pph)  # both warpgroups' queries there
             kaio.wgmma_fence()
             back(dka, dva, pt_s, pb, q_s, do_s, st, cb, BM, DT)
-            if DQ:
+            if DQ:  # dQ = dS K: K and the buffer only, so the stage is free before it ends
                 issue_dq(dqa, pt_s, 2 * pb + 1, k_s, wg, D, NH, 1, 2, DT)
-            kaio.wgmma_wait(0)
-            release(bars, st, lt)
+                kaio.wgmma_wait(1)
+                release(bars, st, lt)
+                kaio.wgmma_wait(0)
+            else:
+                kaio.wgmma_wait(0)
+                release(bars, st, lt)
             if DQ:
                 wph = hand_dq(dq_s, bars, dq_acc, dqa, 0, 0, sq, cb * 64, lane, lt, _i > 0, wph,
                               STAGES + 2, D, NH, 5)  # fmt: skip
