@@ -3,9 +3,10 @@
 with CUDA events. TFLOP/s at 2.5x the forward's 4 B H Sq Sk D (halved when causal).
 
 Usage: ``python bench/attention_bwd256.py [--dtypes float16,bfloat16] [--seqs 1024,4096,16384]
-[--variants shipped,mma.sync,...] [--out FILE.json] [--check]``: H 16 at S 1024 (B 16), 4096
-(B 4), 16384 (B 1); ``--check`` compares each variant's gradients with SDPA's (f32 math on
-the same inputs) first.
+[--variants shipped,mma.sync,pair,fused] [--out FILE.json] [--check]``: H 16 at S 1024 (B
+16), 4096 (B 4), 16384 (B 1); ``--check`` compares each variant's gradients with SDPA's
+first (the largest difference over the largest of SDPA's). ``--tiny pair,fused``: each
+schedule once at small sizes against float64 (for compute-sanitizer).
 """
 
 from __future__ import annotations
@@ -63,6 +64,41 @@ def sdpa_grads(q, k, v, do, causal):
     return lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)
 
 
+def tiny(schedules: str) -> None:
+    """Each schedule (``pair``, ``fused``) once per case at small sizes (f16 and bf16, causal
+    and not, grouped-query heads, partial tiles, Sq != Sk), against float64 autograd: for
+    compute-sanitizer."""
+    import torch
+
+    import kaio_ops
+    from kaio.types import f32
+    from kaio_ops import _arrays, attention
+    from kaio_ops import _attention_hopper_bwd256 as hopper_bwd256
+    from tests.test_ops_attention import _rel_t, _sdpa64
+
+    for dtype in ("float16", "bfloat16"):
+        for causal in (False, True):
+            gen = torch.Generator(device="cuda").manual_seed(1)
+            dt = getattr(torch, dtype)
+            q, do = (torch.randn((1, 4, 200, 256), device="cuda", dtype=dt, generator=gen)
+                     for _ in "qo")  # fmt: skip
+            k, v = (torch.randn((1, 2, 300, 256), device="cuda", dtype=dt, generator=gen)
+                    for _ in "kv")  # fmt: skip
+            o, lse = kaio_ops.flash_attention_with_stats(q, k, v, causal=causal)
+            leaves = [x.double().requires_grad_() for x in (q, k, v)]
+            _sdpa64(*leaves, causal, group=2).backward(do.double())
+            inputs = _arrays.Inputs("tiny")
+            (qa, ka, va), dims, scale = attention._check_flash("tiny", q, k, v, None, inputs)
+            da = inputs.array(do, "do", ndim=4)
+            la = inputs.array(lse, "lse", ndim=3, dtypes=(f32,))
+            delta = (o.float() * do.float()).sum(-1).reshape(-1)
+            for name in schedules.split(","):
+                cfg = {"dkdv": {"DQ": SCHEDULES[name]}}
+                grads = hopper_bwd256.launch(qa, ka, va, da, la, delta, dims, causal, scale, cfg)
+                errs = [_rel_t(g, x.grad) for g, x in zip(grads, leaves, strict=True)]
+                print(f"tiny {dtype} {name} causal={causal}: rel {errs}", flush=True)
+
+
 def main() -> None:
     import torch
 
@@ -77,7 +113,10 @@ def main() -> None:
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--check", action="store_true")
     p.add_argument("--out")
+    p.add_argument("--tiny", help="schedules to run once at small sizes (pair,fused)")
     a = p.parse_args()
+    if a.tiny:
+        return tiny(a.tiny)
     gpu = torch.cuda.get_device_name()
     rows = []
     d, h = a.d, a.heads
