@@ -58,17 +58,19 @@ def check_grads(grads, refs, dtype) -> None:
 
 
 @pytest.mark.parametrize(
-    "b, h, hkv, sq, sk, dtype, causal",
+    "b, h, hkv, sq, sk, causal, dq",
     [
-        # grouped-query (dK, dV summed over two heads), causal, more tiles than ring stages
-        (1, 2, 1, 128, 128, np.float16, True),
-        # partial query and key tiles, Sq < Sk (bf16: the GPU tests; each type compiles
-        # both kernels again, seconds of CI)
-        (1, 1, 1, 100, 136, np.float16, False),
+        # grouped-query (dK, dV summed over two heads), causal, more tiles than ring stages;
+        # the one-kernel schedule: dQ added in a fixed order (decreasing key blocks)
+        (1, 2, 1, 128, 128, True, 1),
+        # the pair: partial query and key tiles, Sq < Sk (bf16: the GPU tests; each type
+        # compiles the kernels again, seconds of CI)
+        (1, 1, 1, 100, 136, False, 0),
     ],
 )
-def test_backward_d256_in_simulator(b, h, hkv, sq, sk, dtype, causal):
-    check_grads(*run_sim(b, h, hkv, sq, sk, dtype, causal), dtype)
+def test_backward_d256_in_simulator(b, h, hkv, sq, sk, causal, dq):
+    grads = run_sim(b, h, hkv, sq, sk, np.float16, causal, {"dkdv": {"DQ": dq}})
+    check_grads(*grads, np.float16)
 
 
 def test_dispatch_takes_d256_on_sm_90_only(monkeypatch):
