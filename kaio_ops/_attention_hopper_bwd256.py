@@ -216,7 +216,7 @@ def attention_bwd_dkdv_d256(
     lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:], dq_acc: f32[:], sem: i32[:], sq: i32,
     sk: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
     D: kaio.constexpr, BM: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr,
-    REGS: kaio.constexpr, DQ: kaio.constexpr, DT: kaio.constexpr,
+    REGS: kaio.constexpr, DQ: kaio.constexpr, DT: kaio.constexpr, EARLY: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv [B * Hkv * sk * D] (flat) of the 64 keys of key block x (``block_idx_x``) and
     K/V head y (``block_idx_y``), summed over its group's query heads (module docstring).
@@ -228,7 +228,8 @@ def attention_bwd_dkdv_d256(
     each tile's share added to ``dq_acc`` (f32, whole 64-row tiles in fragment order, zeros
     before) in a fixed order (the semaphores ``sem``, zeros before:
     ``_attention_hopper_bwd_fused.write_dq_ordered``, by the producer warpgroup's warps 1
-    to 3); key blocks then run in decreasing order where causal (its module docstring)."""
+    to 3, ``EARLY`` its schedule: 1, dq_s free once the reduction has read it); key blocks
+    then run in decreasing order where causal (its module docstring)."""
     C = D // 64
     TILE = 64 * 64 * 2  # a 64 x 64 block of DT
     RING = STAGES * BM * D * 2  # Q, resp. dO: the ring
@@ -275,7 +276,7 @@ def attention_bwd_dkdv_d256(
                     STAGES, 0, DT)  # fmt: skip
         elif DQ and lt >= 32:
             write_dq_ordered(dq_s, bars, dq_acc, sem, lt, first_head, group, first, n_tiles, sq,
-                             x, nkb, causal, STAGES + 2, D, BM, 64, 0)  # fmt: skip
+                             x, nkb, causal, STAGES + 2, D, BM, 64, EARLY)  # fmt: skip
 
 
 def shared_bytes(d: int, bm: int, stages: int, dq: int = 0) -> int:
@@ -287,8 +288,9 @@ def shared_bytes(d: int, bm: int, stages: int, dq: int = 0) -> int:
 
 
 def config(d: int = D256, dq: int | None = None) -> dict:
-    """The constexprs for head dim ``d`` (256): ``{"dkdv": {BM, STAGES, PIPE, REGS, DQ}, "dq":
-    the pair's dQ kernel's {BN, WG, STAGES, PIPE, AREG, REGS}}``: 64-row query tiles and as
+    """The constexprs for head dim ``d`` (256): ``{"dkdv": {BM, STAGES, PIPE, REGS, DQ,
+    EARLY}, "dq": the pair's dQ kernel's {BN, WG, STAGES, PIPE, AREG, REGS}}``: 64-row query
+    tiles and as
     many ring stages as fit (2; with ``DQ`` 1, the dK/dV kernel computing dQ too, 1) for
     dK/dV, products overlapped where two stages fit (``PIPE`` 1); for dQ (``DQ`` 0) one
     consumer warpgroup (64 query rows a block: Q and dO loaded once take 64 KB) and two
@@ -298,7 +300,7 @@ def config(d: int = D256, dq: int | None = None) -> dict:
     dq = FUSED if dq is None else dq
     stages = max(n for n in (1, 2, 3) if shared_bytes(d, bm, n, dq) <= SHARED_LIMIT)
     dkdv = {"BM": bm, "STAGES": stages, "PIPE": int(stages > 1), "REGS": consumer_registers(2),
-            "DQ": dq}  # fmt: skip
+            "DQ": dq, "EARLY": 1}  # fmt: skip
     return {"dkdv": dkdv, "dq": {"BN": 64, "WG": 1, "STAGES": 2, "PIPE": 1, "AREG": 0, "REGS": 0}}
 
 
