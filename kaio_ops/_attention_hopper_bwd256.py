@@ -41,6 +41,7 @@ from kaio_ops._attention_hopper_bwd import (
     init_barriers,
     issue_dq,
     issue_pt,
+    load_frags,
     produce,
     release,
     store_ds,
@@ -55,30 +56,37 @@ D256 = 256
 
 
 @kaio.gpu_func
-def issue_st(s: f32[:, :], a_s: DT[:, :, :], x_s: DT[:, :, :, :], st: i32, r0: i32,
-             D: kaio.constexpr, DT: kaio.constexpr):  # fmt: skip
-    """Issue s = A X^T and commit: A the 64 rows of ``a_s`` [D / 64, 64, 64] (K, resp. V),
-    X the rows r0 .. of ring stage st of ``x_s`` (Q, resp. dO; as many as s has columns),
-    both K-major (D / 16 wgmmas)."""
+def issue_st(s: f32[:, :], a_s: DT[:, :, :], af: u32[:, :], x_s: DT[:, :, :, :], st: i32,
+             r0: i32, D: kaio.constexpr, AREG: kaio.constexpr, DT: kaio.constexpr):  # fmt: skip
+    """Issue s = A X^T and commit: A the 64 rows of ``a_s`` [D / 64, 64, 64] (K, resp. V;
+    ``AREG``: their fragments ``af`` from the registers), X the rows r0 .. of ring stage st
+    of ``x_s`` (Q, resp. dO; as many as s has columns), both K-major (D / 16 wgmmas)."""
     for kk in kaio.static_range(D // 16):
-        da = kaio.smem_descriptor(a_s, (kk // 4, 0, kk % 4 * 16), SW, 16, 1024)
         dx = kaio.smem_descriptor(x_s, (st, kk // 4, r0, kk % 4 * 16), SW, 16, 1024)
-        if DT == kaio.bf16:
-            kaio.wgmma_bf16(s, da, dx, kk > 0)
+        if AREG:
+            if DT == kaio.bf16:
+                kaio.wgmma_bf16(s, af[kk], dx, kk > 0)
+            else:
+                kaio.wgmma_f16(s, af[kk], dx, kk > 0)
         else:
-            kaio.wgmma_f16(s, da, dx, kk > 0)
+            da = kaio.smem_descriptor(a_s, (kk // 4, 0, kk % 4 * 16), SW, 16, 1024)
+            if DT == kaio.bf16:
+                kaio.wgmma_bf16(s, da, dx, kk > 0)
+            else:
+                kaio.wgmma_f16(s, da, dx, kk > 0)
     kaio.wgmma_commit()
 
 
 @kaio.gpu_func
-def front(s: f32[:, :], dp: f32[:, :], k_s: DT[:, :, :], v_s: DT[:, :, :],
+def front(s: f32[:, :], dp: f32[:, :], k_s: DT[:, :, :], v_s: DT[:, :, :], af: u32[:, :],
           q_s: DT[:, :, :, :], do_s: DT[:, :, :, :], st: i32, q1: i32, D: kaio.constexpr,
-          DT: kaio.constexpr):  # fmt: skip
-    """Issue a tile's S^T = K Q^T and dP^T = V dO^T for its queries q1 .. (stage st), each
-    its own group, behind a wgmma fence."""
+          AREG: kaio.constexpr, DT: kaio.constexpr):  # fmt: skip
+    """Issue a tile's S^T = K Q^T (``AREG``: K's fragments ``af`` from the registers) and
+    dP^T = V dO^T for its queries q1 .. (stage st), each its own group, behind a wgmma
+    fence."""
     kaio.wgmma_fence()
-    issue_st(s, k_s, q_s, st, q1, D, DT)
-    issue_st(dp, v_s, do_s, st, q1, D, DT)
+    issue_st(s, k_s, af, q_s, st, q1, D, AREG, DT)
+    issue_st(dp, v_s, af, do_s, st, q1, D, 0, DT)
 
 
 @kaio.gpu_func
@@ -112,7 +120,7 @@ def consume_split(
     lt: u32, kvh: i32, first_head: i32, group: i32, first: i32, n_tiles: i32, k0: i32,
     sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32, D: kaio.constexpr,
     BM: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr, DQ: kaio.constexpr,
-    DT: kaio.constexpr,
+    AREG: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """Consumer warpgroup ``wg`` (thread ``lt`` of it): dK and dV of the block's 64 keys in
     its D / 2 columns over the query tiles of the group's heads (module docstring), then
@@ -138,6 +146,9 @@ def consume_split(
     kend = sk if DQ else 1 << 30  # DQ: keys past sk masked (their dS would reach dQ)
     total = group * kaio.max(n_tiles - first, 0)
     kaio.mbarrier_wait(turn, 0, 0)  # K and V landed
+    af = kaio.local(u32, (D // 16, 4))  # AREG: K's A fragments, this warp's 16 keys
+    if AREG:
+        load_frags(af, k_s, 16 * i32(lt // 32), lane, D, DT)
     st = i32(0)
     ph = u32(0)
     pb = i32(0)  # the P^T and dS^T buffers of this tile, their barrier's parity
@@ -147,7 +158,7 @@ def consume_split(
     if PIPE == 0:
         for _i in range(total):
             kaio.mbarrier_wait(bars, (0, st), ph)
-            front(s, dp, k_s, v_s, q_s, do_s, st, q1, D, DT)
+            front(s, dp, k_s, v_s, af, q_s, do_s, st, q1, D, AREG, DT)
             kaio.wgmma_wait(0)
             grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM + q1, sq, kend, causal,
                     scale_log2, lane, H, 0)  # fmt: skip
@@ -171,7 +182,7 @@ def consume_split(
             st, ph = next_stage(st, ph, STAGES)
     elif total > 0:  # tile i's S^T, dP^T issued with tile i - 1's dV, dK
         kaio.mbarrier_wait(bars, (0, 0), 0)
-        front(s, dp, k_s, v_s, q_s, do_s, 0, q1, D, DT)
+        front(s, dp, k_s, v_s, af, q_s, do_s, 0, q1, D, AREG, DT)
         kaio.wgmma_wait(0)
         grads_t(s, dp, stats, 0, lse, delta, at0, key0, t * BM + q1, sq, kend, causal,
                 scale_log2, lane, H, 0)  # fmt: skip
@@ -185,7 +196,7 @@ def consume_split(
         for _i in range(1, total):
             kaio.mbarrier_wait(bars, (0, st), ph)
             kaio.mbarrier_wait(bars, (1, STAGES + qb), qph)  # tile i - 1's P^T, dS^T there
-            front(s, dp, k_s, v_s, q_s, do_s, st, q1, D, DT)
+            front(s, dp, k_s, v_s, af, q_s, do_s, st, q1, D, AREG, DT)
             back(dka, dva, pt_s, qb, q_s, do_s, ps, cb, BM, DT)
             kaio.wgmma_wait(2)  # S^T, dP^T done
             grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM + q1, sq, kend, causal,
@@ -217,6 +228,7 @@ def attention_bwd_dkdv_d256(
     sk: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
     D: kaio.constexpr, BM: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr,
     REGS: kaio.constexpr, DQ: kaio.constexpr, DT: kaio.constexpr, EARLY: kaio.constexpr,
+    AREG: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv [B * Hkv * sk * D] (flat) of the 64 keys of key block x (``block_idx_x``) and
     K/V head y (``block_idx_y``), summed over its group's query heads (module docstring).
@@ -266,7 +278,7 @@ def attention_bwd_dkdv_d256(
             kaio.setmaxnreg_inc(REGS)
         consume_split(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, pt_s, dq_s,
                       dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk, causal,
-                      scale_log2, scale, D, BM, STAGES, PIPE, DQ, DT)  # fmt: skip
+                      scale_log2, scale, D, BM, STAGES, PIPE, DQ, AREG, DT)  # fmt: skip
     else:
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -300,7 +312,7 @@ def config(d: int = D256, dq: int | None = None) -> dict:
     dq = FUSED if dq is None else dq
     stages = max(n for n in (1, 2, 3) if shared_bytes(d, bm, n, dq) <= SHARED_LIMIT)
     dkdv = {"BM": bm, "STAGES": stages, "PIPE": int(stages > 1), "REGS": consumer_registers(2),
-            "DQ": dq, "EARLY": 1}  # fmt: skip
+            "DQ": dq, "EARLY": 1, "AREG": 0}  # fmt: skip
     return {"dkdv": dkdv, "dq": {"BN": 64, "WG": 1, "STAGES": 2, "PIPE": 1, "AREG": 0, "REGS": 0}}
 
 
