@@ -36,6 +36,7 @@ from kaio import f32, i32, u32, u64
 from kaio_ops._attention_hopper import PRODUCER_REGS, SHARED_LIMIT, SW, consumer_registers
 from kaio_ops._attention_hopper_bwd import (
     dq_convert_tiles,
+    grads,
     grads_t,
     hand_dq,
     init_barriers,
@@ -49,7 +50,8 @@ from kaio_ops._attention_hopper_bwd import (
     zero_acc,
 )
 from kaio_ops._attention_hopper_bwd_fused import write_dq_ordered, zero_acc_sem
-from kaio_ops._attention_hopper_common import next_tile, thread_roles
+from kaio_ops._attention_hopper_common import next_tile, query_block, thread_roles
+from kaio_ops._attention_tc import POS_INF, lse_log2
 from kaio_ops._matmul_hopper import next_stage
 
 D256 = 256
@@ -291,6 +293,128 @@ def attention_bwd_dkdv_d256(
                              x, nkb, causal, STAGES + 2, D, BM, 64, EARLY)  # fmt: skip
 
 
+@kaio.gpu_func
+def consume_dq_split(
+    q_s: DT[:, :, :], do_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :],
+    stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], ds_s: DT[:, :, :], dq: DT[:],
+    wg: u32, lt: u32, bh: i32, q0: i32, n_tiles: i32, sq: i32, sk: i32, causal: i32,
+    scale_log2: f32, scale: f32, D: kaio.constexpr, STAGES: kaio.constexpr,
+    DT: kaio.constexpr,
+):  # fmt: skip
+    """Consumer warpgroup ``wg`` of ``attention_bwd_dq_d256`` (thread ``lt`` of it): dQ of the
+    block's 64 query rows in its D / 2 columns over the key tiles (at least one), then
+    stored. Per key tile of 64: S = Q K^T and dP = dO V^T for its 32 keys 32 wg .. (the
+    dK/dV kernel's ``front`` with the roles swapped), dS = P (dP - delta) (rows' lse and
+    delta: ``stats[0 and 1, 0]``), rounded into columns 32 wg .. of ``ds_s[b]``
+    (double-buffered, barrier ``bars[1, STAGES + b]``), then dQ += dS K over all 64 keys;
+    a tile's S and dP issued with the last tile's dQ product."""
+    H = 32  # this warpgroup's keys of a tile
+    NH = D // 2  # its columns of dQ
+    lane = lt % 32
+    kr = 16 * i32(lt // 32) + i32(lane // 4)  # this thread's rows kr, kr + 8 of the block
+    row0 = q0 + kr
+    k1 = H * i32(wg)
+    cb = i32(wg) * (NH // 64)
+    s = kaio.local(f32, (H // 8, 4))
+    dp = kaio.local(f32, (H // 8, 4))
+    dqa = kaio.local(f32, (NH // 8, 4))
+    af = kaio.local(u32, (D // 16, 4))  # (unused: front's AREG 0)
+    zero_acc(dqa, NH)
+    kaio.mbarrier_wait(turn, 0, 0)  # Q, dO and their rows' stats landed
+    l2 = kaio.local(f32, 2)
+    dl = kaio.local(f32, 2)
+    for h in kaio.static_range(2):
+        inside = row0 + 8 * h < sq
+        l2[h] = kaio.select(inside, lse_log2(stats[0, 0, kr + 8 * h]), POS_INF)
+        dl[h] = kaio.select(inside, stats[1, 0, kr + 8 * h], 0.0)
+    kaio.mbarrier_wait(bars, (0, 0), 0)
+    front(s, dp, q_s, do_s, af, k_s, v_s, 0, k1, D, 0, DT)
+    kaio.wgmma_wait(0)
+    grads(s, dp, l2, dl, k1, row0, sk, causal, scale_log2, lane, H)
+    store_ds(ds_s, 0, dp, kr, lane, H, DT, k1)
+    release(bars, STAGES, lt)
+    ps = i32(0)  # tile j - 1's stage and buffer
+    qb = i32(0)
+    qph = u32(0)
+    pb = i32(1)
+    pph = u32(0)
+    st, ph = next_stage(0, u32(0), STAGES)
+    for j in range(1, n_tiles):
+        kaio.mbarrier_wait(bars, (0, st), ph)
+        kaio.mbarrier_wait(bars, (1, STAGES + qb), qph)  # tile j - 1's dS there
+        front(s, dp, q_s, do_s, af, k_s, v_s, st, k1, D, 0, DT)
+        issue_pt(dqa, ds_s, qb, u32(0), k_s, ps, 64, DT, cb)
+        kaio.wgmma_wait(1)  # S, dP done
+        grads(s, dp, l2, dl, j * 64 + k1, row0, sk, causal, scale_log2, lane, H)
+        kaio.wgmma_wait(0)  # tile j - 1's dQ product done: its stage, (this warp's) buffer
+        release(bars, ps, lt)
+        store_ds(ds_s, pb, dp, kr, lane, H, DT, k1)
+        release(bars, STAGES + pb, lt)
+        qb = pb
+        qph = pph
+        pb, pph = next_stage(pb, pph, 2)
+        ps = st
+        st, ph = next_stage(st, ph, STAGES)
+    kaio.mbarrier_wait(bars, (1, STAGES + qb), qph)
+    kaio.wgmma_fence()
+    issue_pt(dqa, ds_s, qb, u32(0), k_s, ps, 64, DT, cb)
+    kaio.wgmma_wait(0)
+    release(bars, ps, lt)
+    store_tile(dq, dqa, bh * sq * D + NH * i32(wg), row0, sq, scale, lane, NH, DT, 1, D)
+
+
+@kaio.gpu_kernel(fastmath=True)  # ex2.approx.ftz: one instruction an exponential
+def attention_bwd_dq_d256(
+    tq: kaio.tensormap, tdo: kaio.tensormap, tk: kaio.tensormap, tv: kaio.tensormap,
+    tl: kaio.tensormap, td: kaio.tensormap, dq: DT[:], sq: i32, sk: i32, heads: i32,
+    group: i32, scale_log2: f32, scale: f32, causal: i32, D: kaio.constexpr,
+    STAGES: kaio.constexpr, REGS: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """dq [B * H * sq * D] (flat) of the 64 query rows of block x (counted from the last: the
+    heaviest causal tiles first) of (batch, head) block y: the dK/dV kernel's layout with the
+    roles swapped (Q and dO loaded once, K and V through the ring in 64-key tiles, the two
+    consumer warpgroups splitting each tile's keys for S and dP and the head dim for dQ:
+    ``consume_dq_split``). ``tq``, ``tdo``: q, do as [B * H * sq, D], ``tk``, ``tv``: k, v as
+    [B * Hkv * sk, D], boxes of (64, 64); ``tl``, ``td``: lse, delta as [1, B * H * sq] f32
+    in boxes of (1, 64)."""
+    C = D // 64
+    TILE = 64 * 64 * 2
+    RING = STAGES * 64 * D * 2
+    q_s = kaio.shared_dynamic(DT, (C, 64, 64), 0)
+    do_s = kaio.shared_dynamic(DT, (C, 64, 64), C * TILE)
+    k_s = kaio.shared_dynamic(DT, (STAGES, C, 64, 64), 2 * C * TILE)
+    v_s = kaio.shared_dynamic(DT, (STAGES, C, 64, 64), 2 * C * TILE + RING)
+    DS = 2 * C * TILE + 2 * RING
+    ds_s = kaio.shared_dynamic(DT, (2, 64, 64), DS)
+    stats = kaio.shared_dynamic(f32, (2, 1, 64), DS + 2 * TILE)
+    BARS = DS + 2 * TILE + 2 * 64 * 4
+    bars = kaio.shared_dynamic(u64, (2, STAGES + 2), BARS)
+    turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * (STAGES + 2))
+    t, wg, lt = thread_roles(2)
+    bh, kvh, q0, n_tiles = query_block(heads, group, sk, causal, 64, 64)
+    if t == 0:
+        init_barriers(bars, turn, 2, STAGES, 2, 1)  # the dS buffers' barriers: 8 arrivals
+    kaio.sync_threads()
+    if wg < 2:
+        if REGS:
+            kaio.setmaxnreg_inc(REGS)
+        consume_dq_split(q_s, do_s, k_s, v_s, stats, bars, turn, ds_s, dq, wg, lt, bh, q0,
+                         n_tiles, sq, sk, causal, scale_log2, scale, D, STAGES, DT)  # fmt: skip
+    else:
+        if REGS:
+            kaio.setmaxnreg_dec(PRODUCER_REGS)
+        if lt == 0:
+            produce(q_s, do_s, k_s, v_s, stats, bars, turn, tq, tdo, tk, tv, tl, td,
+                    bh * sq + q0, kvh * sk, 0, 1, 0, n_tiles, D, 64, 64, STAGES, 2,
+                    DT)  # fmt: skip
+
+
+def dq_shared_bytes(d: int, stages: int) -> int:
+    """``attention_bwd_dq_d256``'s dynamic shared memory: Q and dO, the ring's K and V, two
+    dS buffers, the rows' lse and delta, the barriers."""
+    return 2 * 64 * d * 2 + 2 * stages * 64 * d * 2 + 2 * 64 * 64 * 2 + 512 + 16 * stages + 48
+
+
 def shared_bytes(d: int, bm: int, stages: int, dq: int = 0) -> int:
     """The dK/dV kernel's dynamic shared memory: K and V (64 rows), the ring's Q and dO
     (``bm`` rows a stage), four 64 x 64 P^T / dS^T buffers, the (unused) stats, dq_s (``dq``:
@@ -387,10 +511,20 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     if only == "dkdv" or c1["DQ"]:
         return dq, dk, dv
     bq = 64 * c2["WG"]
+    if c2.get("SPLIT"):
+        bq = 64
     stats = [
         kaio.tensor_map_2d(_arrays.view(x, la.kind, (1, rows_q)), (1, bq), 0)
         for x in (la.obj, delta)
     ]
+    if c2.get("SPLIT"):  # the head-dim split dQ kernel
+        smem = dq_shared_bytes(d, c2["STAGES"])
+        attention_bwd_dq_d256[(-(-sq // 64), bh), 384, stream, smem](
+            tmap(qa, rows_q, 64), tmap(da, rows_q, 64), tmap(ka, rows_kv, 64),
+            tmap(va, rows_kv, 64), *stats, _arrays.output_arg(da, dq, (qa.size,)), *args,
+            D=d, DT=qa.dtype, STAGES=c2["STAGES"], REGS=consumer_registers(2),
+        )  # fmt: skip
+        return dq, dk, dv
     none = _arrays.output(da, (1,), i32)
     smem = pair.shared_bytes(d, bq, c2["BN"], c2["STAGES"], bq)
     pair.attention_bwd_dq_wgmma[(-(-sq // bq), bh), 128 * c2["WG"] + 128, stream, smem](
