@@ -81,14 +81,14 @@ def issue_st(s: f32[:, :], a_s: DT[:, :, :], af: u32[:, :], x_s: DT[:, :, :, :],
 
 @kaio.gpu_func
 def front(s: f32[:, :], dp: f32[:, :], k_s: DT[:, :, :], v_s: DT[:, :, :], af: u32[:, :],
-          q_s: DT[:, :, :, :], do_s: DT[:, :, :, :], st: i32, q1: i32, D: kaio.constexpr,
-          AREG: kaio.constexpr, DT: kaio.constexpr):  # fmt: skip
-    """Issue a tile's S^T = K Q^T (``AREG``: K's fragments ``af`` from the registers) and
-    dP^T = V dO^T for its queries q1 .. (stage st), each its own group, behind a wgmma
-    fence."""
+          bf: u32[:, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :], st: i32, q1: i32,
+          D: kaio.constexpr, AREG: kaio.constexpr, DT: kaio.constexpr):  # fmt: skip
+    """Issue a tile's S^T = K Q^T and dP^T = V dO^T for its queries q1 .. (stage st), each
+    its own group, behind a wgmma fence (the dQ kernel: S = Q K^T, dP = dO V^T for its keys
+    q1 ..); ``AREG`` 1: K's fragments ``af`` from the registers, 2: V's ``bf`` too."""
     kaio.wgmma_fence()
-    issue_st(s, k_s, af, q_s, st, q1, D, AREG, DT)
-    issue_st(dp, v_s, af, do_s, st, q1, D, 0, DT)
+    issue_st(s, k_s, af, q_s, st, q1, D, AREG >= 1, DT)
+    issue_st(dp, v_s, bf, do_s, st, q1, D, AREG >= 2, DT)
 
 
 @kaio.gpu_func
@@ -160,7 +160,7 @@ def consume_split(
     if PIPE == 0:
         for _i in range(total):
             kaio.mbarrier_wait(bars, (0, st), ph)
-            front(s, dp, k_s, v_s, af, q_s, do_s, st, q1, D, AREG, DT)
+            front(s, dp, k_s, v_s, af, af, q_s, do_s, st, q1, D, AREG, DT)
             kaio.wgmma_wait(0)
             grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM + q1, sq, kend, causal,
                     scale_log2, lane, H, 0)  # fmt: skip
@@ -184,7 +184,7 @@ def consume_split(
             st, ph = next_stage(st, ph, STAGES)
     elif total > 0:  # tile i's S^T, dP^T issued with tile i - 1's dV, dK
         kaio.mbarrier_wait(bars, (0, 0), 0)
-        front(s, dp, k_s, v_s, af, q_s, do_s, 0, q1, D, AREG, DT)
+        front(s, dp, k_s, v_s, af, af, q_s, do_s, 0, q1, D, AREG, DT)
         kaio.wgmma_wait(0)
         grads_t(s, dp, stats, 0, lse, delta, at0, key0, t * BM + q1, sq, kend, causal,
                 scale_log2, lane, H, 0)  # fmt: skip
@@ -198,7 +198,7 @@ def consume_split(
         for _i in range(1, total):
             kaio.mbarrier_wait(bars, (0, st), ph)
             kaio.mbarrier_wait(bars, (1, STAGES + qb), qph)  # tile i - 1's P^T, dS^T there
-            front(s, dp, k_s, v_s, af, q_s, do_s, st, q1, D, AREG, DT)
+            front(s, dp, k_s, v_s, af, af, q_s, do_s, st, q1, D, AREG, DT)
             back(dka, dva, pt_s, qb, q_s, do_s, ps, cb, BM, DT)
             kaio.wgmma_wait(2)  # S^T, dP^T done
             grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM + q1, sq, kend, causal,
@@ -299,7 +299,7 @@ def consume_dq_split(
     stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], ds_s: DT[:, :, :], dq: DT[:],
     wg: u32, lt: u32, bh: i32, q0: i32, n_tiles: i32, sq: i32, sk: i32, causal: i32,
     scale_log2: f32, scale: f32, D: kaio.constexpr, STAGES: kaio.constexpr,
-    DT: kaio.constexpr,
+    AREG: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """Consumer warpgroup ``wg`` of ``attention_bwd_dq_d256`` (thread ``lt`` of it): dQ of the
     block's 64 query rows in its D / 2 columns over the key tiles (at least one), then
@@ -307,7 +307,8 @@ def consume_dq_split(
     dK/dV kernel's ``front`` with the roles swapped), dS = P (dP - delta) (rows' lse and
     delta: ``stats[0 and 1, 0]``), rounded into columns 32 wg .. of ``ds_s[b]``
     (double-buffered, barrier ``bars[1, STAGES + b]``), then dQ += dS K over all 64 keys;
-    a tile's S and dP issued with the last tile's dQ product."""
+    a tile's S and dP issued with the last tile's dQ product. ``AREG`` 1: Q's A fragments in
+    registers (64 a thread: S's reads of shared memory halved), 2: dO's too."""
     H = 32  # this warpgroup's keys of a tile
     NH = D // 2  # its columns of dQ
     lane = lt % 32
@@ -318,9 +319,14 @@ def consume_dq_split(
     s = kaio.local(f32, (H // 8, 4))
     dp = kaio.local(f32, (H // 8, 4))
     dqa = kaio.local(f32, (NH // 8, 4))
-    af = kaio.local(u32, (D // 16, 4))  # (unused: front's AREG 0)
+    af = kaio.local(u32, (D // 16, 4))  # AREG: Q's A fragments, this warp's 16 rows
+    bf = kaio.local(u32, (D // 16, 4))  # AREG 2: dO's
     zero_acc(dqa, NH)
     kaio.mbarrier_wait(turn, 0, 0)  # Q, dO and their rows' stats landed
+    if AREG:
+        load_frags(af, q_s, 16 * i32(lt // 32), lane, D, DT)
+    if AREG >= 2:
+        load_frags(bf, do_s, 16 * i32(lt // 32), lane, D, DT)
     l2 = kaio.local(f32, 2)
     dl = kaio.local(f32, 2)
     for h in kaio.static_range(2):
@@ -328,7 +334,7 @@ def consume_dq_split(
         l2[h] = kaio.select(inside, lse_log2(stats[0, 0, kr + 8 * h]), POS_INF)
         dl[h] = kaio.select(inside, stats[1, 0, kr + 8 * h], 0.0)
     kaio.mbarrier_wait(bars, (0, 0), 0)
-    front(s, dp, q_s, do_s, af, k_s, v_s, 0, k1, D, 0, DT)
+    front(s, dp, q_s, do_s, af, bf, k_s, v_s, 0, k1, D, AREG, DT)
     kaio.wgmma_wait(0)
     grads(s, dp, l2, dl, k1, row0, sk, causal, scale_log2, lane, H)
     store_ds(ds_s, 0, dp, kr, lane, H, DT, k1)
@@ -342,7 +348,7 @@ def consume_dq_split(
     for j in range(1, n_tiles):
         kaio.mbarrier_wait(bars, (0, st), ph)
         kaio.mbarrier_wait(bars, (1, STAGES + qb), qph)  # tile j - 1's dS there
-        front(s, dp, q_s, do_s, af, k_s, v_s, st, k1, D, 0, DT)
+        front(s, dp, q_s, do_s, af, bf, k_s, v_s, st, k1, D, AREG, DT)
         issue_pt(dqa, ds_s, qb, u32(0), k_s, ps, 64, DT, cb)
         kaio.wgmma_wait(1)  # S, dP done
         grads(s, dp, l2, dl, j * 64 + k1, row0, sk, causal, scale_log2, lane, H)
@@ -368,7 +374,7 @@ def attention_bwd_dq_d256(
     tq: kaio.tensormap, tdo: kaio.tensormap, tk: kaio.tensormap, tv: kaio.tensormap,
     tl: kaio.tensormap, td: kaio.tensormap, dq: DT[:], sq: i32, sk: i32, heads: i32,
     group: i32, scale_log2: f32, scale: f32, causal: i32, D: kaio.constexpr,
-    STAGES: kaio.constexpr, REGS: kaio.constexpr, DT: kaio.constexpr,
+    STAGES: kaio.constexpr, REGS: kaio.constexpr, AREG: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """dq [B * H * sq * D] (flat) of the 64 query rows of block x (counted from the last: the
     heaviest causal tiles first) of (batch, head) block y: the dK/dV kernel's layout with the
@@ -399,7 +405,8 @@ def attention_bwd_dq_d256(
         if REGS:
             kaio.setmaxnreg_inc(REGS)
         consume_dq_split(q_s, do_s, k_s, v_s, stats, bars, turn, ds_s, dq, wg, lt, bh, q0,
-                         n_tiles, sq, sk, causal, scale_log2, scale, D, STAGES, DT)  # fmt: skip
+                         n_tiles, sq, sk, causal, scale_log2, scale, D, STAGES, AREG,
+                         DT)  # fmt: skip
     else:
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -522,7 +529,7 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         attention_bwd_dq_d256[(-(-sq // 64), bh), 384, stream, smem](
             tmap(qa, rows_q, 64), tmap(da, rows_q, 64), tmap(ka, rows_kv, 64),
             tmap(va, rows_kv, 64), *stats, _arrays.output_arg(da, dq, (qa.size,)), *args,
-            D=d, DT=qa.dtype, STAGES=c2["STAGES"], REGS=consumer_registers(2),
+            D=d, DT=qa.dtype, STAGES=c2["STAGES"], REGS=consumer_registers(2), AREG=c2["AREG"],
         )  # fmt: skip
         return dq, dk, dv
     none = _arrays.output(da, (1,), i32)
