@@ -432,19 +432,21 @@ def shared_bytes(d: int, bm: int, stages: int, dq: int = 0) -> int:
 
 def config(d: int = D256, dq: int | None = None) -> dict:
     """The constexprs for head dim ``d`` (256): ``{"dkdv": {BM, STAGES, PIPE, REGS, DQ,
-    EARLY}, "dq": the pair's dQ kernel's {BN, WG, STAGES, PIPE, AREG, REGS}}``: 64-row query
-    tiles and as
-    many ring stages as fit (2; with ``DQ`` 1, the dK/dV kernel computing dQ too, 1) for
-    dK/dV, products overlapped where two stages fit (``PIPE`` 1); for dQ (``DQ`` 0) one
-    consumer warpgroup (64 query rows a block: Q and dO loaded once take 64 KB) and two
-    stages of 64 keys, products overlapped (``PIPE`` 1). ``dq``: ``DQ`` (default
-    ``FUSED``)."""
+    EARLY, AREG}, "dq": the pair's dQ kernel's {BN, WG, STAGES, PIPE, AREG, REGS}}``, as
+    measured fastest on an H100 (f16 B4 H16 S4096 and B1 S16384, docs/performance.md):
+    64-row query tiles, as many ring stages as fit (2; with ``DQ`` 1, the dK/dV kernel
+    computing dQ too, 1) and each tile's products in turn (``PIPE`` 0: 476 TFLOP/s of its
+    four products against 423 overlapped) for dK/dV; for dQ (``DQ`` 0) two consumer
+    warpgroups (128 query rows a block), one stage of 64 keys, products in turn (496, and
+    499 at S 16384, against one warpgroup with two stages' 492 and 431). ``dq``: ``DQ``
+    (default ``FUSED``)."""
     bm = 64
     dq = FUSED if dq is None else dq
     stages = max(n for n in (1, 2, 3) if shared_bytes(d, bm, n, dq) <= SHARED_LIMIT)
-    dkdv = {"BM": bm, "STAGES": stages, "PIPE": int(stages > 1), "REGS": consumer_registers(2),
-            "DQ": dq, "EARLY": 1, "AREG": 0}  # fmt: skip
-    return {"dkdv": dkdv, "dq": {"BN": 64, "WG": 1, "STAGES": 2, "PIPE": 1, "AREG": 0, "REGS": 0}}
+    dkdv = {"BM": bm, "STAGES": stages, "PIPE": 0, "REGS": consumer_registers(2), "DQ": dq,
+            "EARLY": 1, "AREG": 0}  # fmt: skip
+    dq_cfg = {"BN": 64, "WG": 2, "STAGES": 1, "PIPE": 0, "AREG": 0, "REGS": consumer_registers(2)}
+    return {"dkdv": dkdv, "dq": dq_cfg}
 
 
 # flash_attention_bwd's schedule at D 256: the pair (0) or the one kernel (1: ``DQ`` 1).
