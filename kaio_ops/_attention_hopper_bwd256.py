@@ -115,6 +115,24 @@ def hand_pt(pt_s: DT[:, :, :], b: i32, s: f32[:, :], dp: f32[:, :], bars: u64[:,
 
 
 @kaio.gpu_func
+def ds_from_p(dp: f32[:, :], pt_s: DT[:, :, :], b: i32, delta: f32[:], at0: i32, q0: i32,
+              sq: i32, kr: i32, lane: u32, BM: kaio.constexpr, DT: kaio.constexpr):  # fmt: skip
+    """dp = dS^T = P^T (dP^T - delta) for this thread's rows kr, kr + 8 (keys) and columns
+    (queries q0 + 8n + 2 (lane % 4) + e, their delta at at0 + query, clamped to sq - 1), P^T
+    read from ``pt_s[b]`` as ``store_ds`` wrote it (masked entries: zeros there)."""
+    for n in kaio.static_range(BM // 8):
+        col0 = n * 8 + i32(lane % 4) * 2
+        dpair = kaio.local(f32, 2)
+        for e in kaio.static_range(2):
+            dpair[e] = delta[at0 + kaio.min(q0 + col0 + e, sq - 1)]
+        for h in kaio.static_range(2):
+            pair = kaio.local(DT, 2)
+            kaio.load_vector(pair, pt_s, (b, kr + 8 * h, kaio.swizzle(pt_s, kr + 8 * h, col0)))
+            for e in kaio.static_range(2):
+                dp[n, 2 * h + e] = f32(pair[e]) * (dp[n, 2 * h + e] - dpair[e])
+
+
+@kaio.gpu_func
 def consume_split(
     k_s: DT[:, :, :], v_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :],
     stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], lse: f32[:], delta: f32[:],
@@ -129,7 +147,11 @@ def consume_split(
     stored. ``pt_s[2b]``, ``pt_s[2b + 1]``: P^T and dS^T of buffer b, whose "full" barrier
     is ``bars[1, STAGES + b]`` (an arrival from each consumer warp). ``DQ`` 1 (PIPE 0): each
     tile's dQ = dS K too, this warpgroup's D / 2 columns over the block's 64 keys, handed to
-    the writer through ``dq_s`` (``hand_dq``, its barriers ``bars[1, STAGES + 2]``, ``+ 3``)."""
+    the writer through ``dq_s`` (``hand_dq``, its barriers ``bars[1, STAGES + 2]``, ``+ 3``).
+    ``PIPE`` 2 (DQ 0): the warpgroups split a tile's front products by role, not by query:
+    warpgroup 0 computes S^T and P^T of all 64 queries (m64n64k16: each warpgroup reads K,
+    resp. V once, not both), stores P^T and arrives on ``bars[1, STAGES + 2 + b]``;
+    warpgroup 1 computes dP^T, then dS^T from the stored (rounded) P^T (``ds_from_p``)."""
     H = BM // 2  # this warpgroup's queries of a tile
     NH = D // 2  # its columns of dK and dV
     lane = lt % 32
@@ -179,6 +201,36 @@ def consume_split(
             if DQ:
                 wph = hand_dq(dq_s, bars, dq_acc, dqa, 0, 0, sq, cb * 64, lane, lt, _i > 0, wph,
                               STAGES + 2, D, NH, 5)  # fmt: skip
+            pb, pph = next_stage(pb, pph, 2)
+            t, at0 = next_tile(t, at0, first, n_tiles, sq)
+            st, ph = next_stage(st, ph, STAGES)
+    elif PIPE == 2:  # roles: warpgroup 0 S^T and P^T, 1 dP^T and dS^T, of the whole tile
+        sw = kaio.local(f32, (BM // 8, 4))  # S^T, then P^T (0); dP^T, then dS^T (1)
+        junk = kaio.local(f32, (BM // 8, 4))  # (grads_t's dS^T: unused by warpgroup 0)
+        zero_acc(junk, BM)
+        for _i in range(total):
+            kaio.mbarrier_wait(bars, (0, st), ph)
+            kaio.wgmma_fence()
+            if wg == 0:
+                issue_st(sw, k_s, af, q_s, st, 0, D, 0, DT)
+            else:
+                issue_st(sw, v_s, af, do_s, st, 0, D, 0, DT)
+            kaio.wgmma_wait(0)
+            if wg == 0:
+                grads_t(sw, junk, stats, st, lse, delta, at0, key0, t * BM, sq, kend, causal,
+                        scale_log2, lane, BM, 0)  # fmt: skip
+                store_ds(pt_s, 2 * pb, sw, kr, lane, BM, DT)
+                release(bars, STAGES + 2 + pb, lt)  # P^T there (warpgroup 0's 4 warps)
+            else:
+                kaio.mbarrier_wait(bars, (1, STAGES + 2 + pb), pph)
+                ds_from_p(sw, pt_s, 2 * pb, delta, at0, t * BM, sq, kr, lane, BM, DT)
+                store_ds(pt_s, 2 * pb + 1, sw, kr, lane, BM, DT)
+            release(bars, STAGES + pb, lt)
+            kaio.mbarrier_wait(bars, (1, STAGES + pb), pph)  # P^T and dS^T there
+            kaio.wgmma_fence()
+            back(dka, dva, pt_s, pb, q_s, do_s, st, cb, BM, DT)
+            kaio.wgmma_wait(0)
+            release(bars, st, lt)
             pb, pph = next_stage(pb, pph, 2)
             t, at0 = next_tile(t, at0, first, n_tiles, sq)
             st, ph = next_stage(st, ph, STAGES)
@@ -274,6 +326,10 @@ def attention_bwd_dkdv_d256(
     n_tiles = (sq + BM - 1) // BM
     if t == 0:
         init_barriers(bars, turn, 2, STAGES, 5 if DQ else 2, 1)  # buffers: 8 arrivals
+        if PIPE == 2:  # P^T stored by warpgroup 0's warps
+            for b in kaio.static_range(2):
+                kaio.mbarrier_init(bars, (1, STAGES + 2 + b), 4)
+            kaio.fence_proxy_async()
     kaio.sync_threads()
     if wg < 2:
         if REGS:
