@@ -115,6 +115,40 @@ def hand_pt(pt_s: DT[:, :, :], b: i32, s: f32[:, :], dp: f32[:, :], bars: u64[:,
 
 
 @kaio.gpu_func
+def role_front(sw: f32[:, :], k_s: DT[:, :, :], v_s: DT[:, :, :], af: u32[:, :],
+               q_s: DT[:, :, :, :], do_s: DT[:, :, :, :], st: i32, wg: u32, D: kaio.constexpr,
+               DT: kaio.constexpr):  # fmt: skip
+    """``PIPE`` 2, 3: issue warpgroup 0's S^T = K Q^T, resp. 1's dP^T = V dO^T, of the whole
+    tile in stage st, behind a wgmma fence."""
+    kaio.wgmma_fence()
+    if wg == 0:
+        issue_st(sw, k_s, af, q_s, st, 0, D, 0, DT)
+    else:
+        issue_st(sw, v_s, af, do_s, st, 0, D, 0, DT)
+
+
+@kaio.gpu_func
+def role_grads(
+    sw: f32[:, :], junk: f32[:, :], stats: f32[:, :, :], pt_s: DT[:, :, :], bars: u64[:, :],
+    st: i32, b: i32, ph: u32, lse: f32[:], delta: f32[:], at0: i32, key0: i32, q0: i32,
+    sq: i32, kend: i32, causal: i32, scale_log2: f32, kr: i32, lane: u32, lt: u32, wg: u32,
+    BM: kaio.constexpr, STAGES: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """``PIPE`` 2, 3: warpgroup 0 makes P^T of the tile (query q0 ..) from ``sw``, stores it
+    to ``pt_s[2b]`` and arrives on ``bars[1, STAGES + 2 + b]``; warpgroup 1 waits for it
+    (parity ``ph``) and makes dS^T from ``sw`` (dP^T) into ``pt_s[2b + 1]``."""
+    if wg == 0:
+        grads_t(sw, junk, stats, st, lse, delta, at0, key0, q0, sq, kend, causal, scale_log2,
+                lane, BM, 0)  # fmt: skip
+        store_ds(pt_s, 2 * b, sw, kr, lane, BM, DT)
+        release(bars, STAGES + 2 + b, lt)
+    else:
+        kaio.mbarrier_wait(bars, (1, STAGES + 2 + b), ph)
+        ds_from_p(sw, pt_s, 2 * b, delta, at0, q0, sq, kr, lane, BM, DT)
+        store_ds(pt_s, 2 * b + 1, sw, kr, lane, BM, DT)
+
+
+@kaio.gpu_func
 def ds_from_p(dp: f32[:, :], pt_s: DT[:, :, :], b: i32, delta: f32[:], at0: i32, q0: i32,
               sq: i32, kr: i32, lane: u32, BM: kaio.constexpr, DT: kaio.constexpr):  # fmt: skip
     """dp = dS^T = P^T (dP^T - delta) for this thread's rows kr, kr + 8 (keys) and columns
@@ -151,7 +185,8 @@ def consume_split(
     ``PIPE`` 2 (DQ 0): the warpgroups split a tile's front products by role, not by query:
     warpgroup 0 computes S^T and P^T of all 64 queries (m64n64k16: each warpgroup reads K,
     resp. V once, not both), stores P^T and arrives on ``bars[1, STAGES + 2 + b]``;
-    warpgroup 1 computes dP^T, then dS^T from the stored (rounded) P^T (``ds_from_p``)."""
+    warpgroup 1 computes dP^T, then dS^T from the stored (rounded) P^T (``ds_from_p``);
+    ``PIPE`` 3: the same, a tile's front product issued before the last tile's dV and dK."""
     H = BM // 2  # this warpgroup's queries of a tile
     NH = D // 2  # its columns of dK and dV
     lane = lt % 32
@@ -210,21 +245,10 @@ def consume_split(
         zero_acc(junk, BM)
         for _i in range(total):
             kaio.mbarrier_wait(bars, (0, st), ph)
-            kaio.wgmma_fence()
-            if wg == 0:
-                issue_st(sw, k_s, af, q_s, st, 0, D, 0, DT)
-            else:
-                issue_st(sw, v_s, af, do_s, st, 0, D, 0, DT)
+            role_front(sw, k_s, v_s, af, q_s, do_s, st, wg, D, DT)
             kaio.wgmma_wait(0)
-            if wg == 0:
-                grads_t(sw, junk, stats, st, lse, delta, at0, key0, t * BM, sq, kend, causal,
-                        scale_log2, lane, BM, 0)  # fmt: skip
-                store_ds(pt_s, 2 * pb, sw, kr, lane, BM, DT)
-                release(bars, STAGES + 2 + pb, lt)  # P^T there (warpgroup 0's 4 warps)
-            else:
-                kaio.mbarrier_wait(bars, (1, STAGES + 2 + pb), pph)
-                ds_from_p(sw, pt_s, 2 * pb, delta, at0, t * BM, sq, kr, lane, BM, DT)
-                store_ds(pt_s, 2 * pb + 1, sw, kr, lane, BM, DT)
+            role_grads(sw, junk, stats, pt_s, bars, st, pb, pph, lse, delta, at0, key0, t * BM,
+                       sq, kend, causal, scale_log2, kr, lane, lt, wg, BM, STAGES, DT)  # fmt: skip
             release(bars, STAGES + pb, lt)
             kaio.mbarrier_wait(bars, (1, STAGES + pb), pph)  # P^T and dS^T there
             kaio.wgmma_fence()
@@ -234,6 +258,44 @@ def consume_split(
             pb, pph = next_stage(pb, pph, 2)
             t, at0 = next_tile(t, at0, first, n_tiles, sq)
             st, ph = next_stage(st, ph, STAGES)
+    elif PIPE == 3 and total > 0:  # roles, a tile's front product before the last one's dV, dK
+        sw = kaio.local(f32, (BM // 8, 4))
+        junk = kaio.local(f32, (BM // 8, 4))
+        zero_acc(junk, BM)
+        kaio.mbarrier_wait(bars, (0, 0), 0)
+        role_front(sw, k_s, v_s, af, q_s, do_s, 0, wg, D, DT)
+        kaio.wgmma_wait(0)
+        role_grads(sw, junk, stats, pt_s, bars, 0, 0, u32(0), lse, delta, at0, key0, t * BM, sq,
+                   kend, causal, scale_log2, kr, lane, lt, wg, BM, STAGES, DT)  # fmt: skip
+        release(bars, STAGES, lt)
+        ps = i32(0)  # tile i - 1's stage and buffers
+        qb = i32(0)
+        qph = u32(0)
+        pb = 1
+        st, ph = next_stage(0, u32(0), STAGES)
+        t, at0 = next_tile(t, at0, first, n_tiles, sq)
+        for _i in range(1, total):
+            kaio.mbarrier_wait(bars, (0, st), ph)
+            role_front(sw, k_s, v_s, af, q_s, do_s, st, wg, D, DT)
+            kaio.mbarrier_wait(bars, (1, STAGES + qb), qph)  # tile i - 1's P^T, dS^T there
+            back(dka, dva, pt_s, qb, q_s, do_s, ps, cb, BM, DT)
+            kaio.wgmma_wait(2)  # this tile's front product done
+            role_grads(sw, junk, stats, pt_s, bars, st, pb, pph, lse, delta, at0, key0, t * BM,
+                       sq, kend, causal, scale_log2, kr, lane, lt, wg, BM, STAGES, DT)  # fmt: skip
+            kaio.wgmma_wait(0)  # tile i - 1's dV, dK done: its stage; once every warp has
+            release(bars, ps, lt)  # arrived on this tile's barrier, its buffers
+            release(bars, STAGES + pb, lt)
+            qb = pb
+            qph = pph
+            pb, pph = next_stage(pb, pph, 2)
+            ps = st
+            st, ph = next_stage(st, ph, STAGES)
+            t, at0 = next_tile(t, at0, first, n_tiles, sq)
+        kaio.mbarrier_wait(bars, (1, STAGES + qb), qph)
+        kaio.wgmma_fence()
+        back(dka, dva, pt_s, qb, q_s, do_s, ps, cb, BM, DT)
+        kaio.wgmma_wait(0)
+        release(bars, ps, lt)
     elif total > 0:  # tile i's S^T, dP^T issued with tile i - 1's dV, dK
         kaio.mbarrier_wait(bars, (0, 0), 0)
         front(s, dp, k_s, v_s, af, af, q_s, do_s, 0, q1, D, AREG, DT)
@@ -326,7 +388,7 @@ def attention_bwd_dkdv_d256(
     n_tiles = (sq + BM - 1) // BM
     if t == 0:
         init_barriers(bars, turn, 2, STAGES, 5 if DQ else 2, 1)  # buffers: 8 arrivals
-        if PIPE == 2:  # P^T stored by warpgroup 0's warps
+        if PIPE >= 2:  # P^T stored by warpgroup 0's warps
             for b in kaio.static_range(2):
                 kaio.mbarrier_init(bars, (1, STAGES + 2 + b), 4)
             kaio.fence_proxy_async()
