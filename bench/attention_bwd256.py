@@ -6,7 +6,8 @@ Usage: ``python bench/attention_bwd256.py [--dtypes float16,bfloat16] [--seqs 10
 [--variants shipped,mma.sync,pair,fused] [--out FILE.json] [--check]``: H 16 at S 1024 (B
 16), 4096 (B 4), 16384 (B 1); ``--check`` compares each variant's gradients with SDPA's
 first (the largest difference over the largest of SDPA's). ``--tiny pair,fused``: each
-schedule once at small sizes against float64 (for compute-sanitizer).
+schedule once at small sizes against float64 (for compute-sanitizer; with ``--dtypes`` and
+``--causal``).
 """
 
 from __future__ import annotations
@@ -64,10 +65,10 @@ def sdpa_grads(q, k, v, do, causal):
     return lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)
 
 
-def tiny(schedules: str) -> None:
-    """Each schedule (``pair``, ``fused``) once per case at small sizes (f16 and bf16, causal
-    and not, grouped-query heads, partial tiles, Sq != Sk), against float64 autograd: for
-    compute-sanitizer."""
+def tiny(schedules: str, dtypes: str = "float16,bfloat16", masks: str = "0,1") -> None:
+    """Each schedule (``pair``, ``fused``) once per case at small sizes (``dtypes``, ``masks``
+    causal or not, grouped-query heads, partial tiles, Sq != Sk), against float64 autograd:
+    for compute-sanitizer."""
     import torch
 
     import kaio_ops
@@ -76,8 +77,8 @@ def tiny(schedules: str) -> None:
     from kaio_ops import _attention_hopper_bwd256 as hopper_bwd256
     from tests.test_ops_attention import _rel_t, _sdpa64
 
-    for dtype in ("float16", "bfloat16"):
-        for causal in (False, True):
+    for dtype in dtypes.split(","):
+        for causal in [bool(int(c)) for c in masks.split(",")]:
             gen = torch.Generator(device="cuda").manual_seed(1)
             dt = getattr(torch, dtype)
             q, do = (torch.randn((1, 4, 200, 256), device="cuda", dtype=dt, generator=gen)
@@ -116,7 +117,7 @@ def main() -> None:
     p.add_argument("--tiny", help="schedules to run once at small sizes (pair,fused)")
     a = p.parse_args()
     if a.tiny:
-        return tiny(a.tiny)
+        return tiny(a.tiny, a.dtypes, a.causal)
     gpu = torch.cuda.get_device_name()
     rows = []
     d, h = a.d, a.heads
