@@ -19,10 +19,10 @@ warpgroup w (of 2):
 - dV[:, 128w ..] += P^T dO and dK[:, 128w ..] += dS^T Q: the whole 64-query buffers times
   this warpgroup's 128 columns of dO, Q (m64n128k16, ``issue_pt``).
 
-With ``PIPE`` 1 a tile's S^T and dP^T are issued together with the last tile's dV and dK
-products, so that its P^T and dS^T are computed while those run (0: each tile's products in
-turn). A consumer thread holds 64 + 64 dK, dV accumulators and 16 + 16 of S^T, dP^T. The buffers
-of a tile are rewritten two tiles later, after each warpgroup has passed the next tile's
+Each tile's products run in turn (issuing a tile's S^T and dP^T beside the last tile's dV
+and dK, or splitting the front products by role, measured slower: docs/hopper.md). A
+consumer thread holds 64 + 64 dK, dV accumulators and 16 + 16 of S^T, dP^T. The buffers of a
+tile are rewritten two tiles later, after each warpgroup has passed the next tile's
 barrier, so after both have finished the products that read them. dK, dV (scaled dK) are
 stored from registers; GQA's are summed over the group's heads inside the block, in a fixed
 order.
@@ -36,13 +36,11 @@ from kaio import f32, i32, u32, u64
 from kaio_ops._attention_hopper import PRODUCER_REGS, SHARED_LIMIT, SW, consumer_registers
 from kaio_ops._attention_hopper_bwd import (
     dq_convert_tiles,
-    grads,
     grads_t,
     hand_dq,
     init_barriers,
     issue_dq,
     issue_pt,
-    load_frags,
     produce,
     release,
     store_ds,
@@ -50,45 +48,37 @@ from kaio_ops._attention_hopper_bwd import (
     zero_acc,
 )
 from kaio_ops._attention_hopper_bwd_fused import write_dq_ordered, zero_acc_sem
-from kaio_ops._attention_hopper_common import next_tile, query_block, thread_roles
-from kaio_ops._attention_tc import POS_INF, lse_log2
+from kaio_ops._attention_hopper_common import next_tile, thread_roles
 from kaio_ops._matmul_hopper import next_stage
 
 D256 = 256
 
 
 @kaio.gpu_func
-def issue_st(s: f32[:, :], a_s: DT[:, :, :], af: u32[:, :], x_s: DT[:, :, :, :], st: i32,
-             r0: i32, D: kaio.constexpr, AREG: kaio.constexpr, DT: kaio.constexpr):  # fmt: skip
-    """Issue s = A X^T and commit: A the 64 rows of ``a_s`` [D / 64, 64, 64] (K, resp. V;
-    ``AREG``: their fragments ``af`` from the registers), X the rows r0 .. of ring stage st
-    of ``x_s`` (Q, resp. dO; as many as s has columns), both K-major (D / 16 wgmmas)."""
+def issue_st(s: f32[:, :], a_s: DT[:, :, :], x_s: DT[:, :, :, :], st: i32, r0: i32,
+             D: kaio.constexpr, DT: kaio.constexpr):  # fmt: skip
+    """Issue s = A X^T and commit: A the 64 rows of ``a_s`` [D / 64, 64, 64] (K, resp. V),
+    X the rows r0 .. of ring stage st of ``x_s`` (Q, resp. dO; as many as s has columns),
+    both K-major (D / 16 wgmmas)."""
     for kk in kaio.static_range(D // 16):
+        da = kaio.smem_descriptor(a_s, (kk // 4, 0, kk % 4 * 16), SW, 16, 1024)
         dx = kaio.smem_descriptor(x_s, (st, kk // 4, r0, kk % 4 * 16), SW, 16, 1024)
-        if AREG:
-            if DT == kaio.bf16:
-                kaio.wgmma_bf16(s, af[kk], dx, kk > 0)
-            else:
-                kaio.wgmma_f16(s, af[kk], dx, kk > 0)
+        if DT == kaio.bf16:
+            kaio.wgmma_bf16(s, da, dx, kk > 0)
         else:
-            da = kaio.smem_descriptor(a_s, (kk // 4, 0, kk % 4 * 16), SW, 16, 1024)
-            if DT == kaio.bf16:
-                kaio.wgmma_bf16(s, da, dx, kk > 0)
-            else:
-                kaio.wgmma_f16(s, da, dx, kk > 0)
+            kaio.wgmma_f16(s, da, dx, kk > 0)
     kaio.wgmma_commit()
 
 
 @kaio.gpu_func
-def front(s: f32[:, :], dp: f32[:, :], k_s: DT[:, :, :], v_s: DT[:, :, :], af: u32[:, :],
-          bf: u32[:, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :], st: i32, q1: i32,
-          D: kaio.constexpr, AREG: kaio.constexpr, DT: kaio.constexpr):  # fmt: skip
+def front(s: f32[:, :], dp: f32[:, :], k_s: DT[:, :, :], v_s: DT[:, :, :],
+          q_s: DT[:, :, :, :], do_s: DT[:, :, :, :], st: i32, q1: i32, D: kaio.constexpr,
+          DT: kaio.constexpr):  # fmt: skip
     """Issue a tile's S^T = K Q^T and dP^T = V dO^T for its queries q1 .. (stage st), each
-    its own group, behind a wgmma fence (the dQ kernel: S = Q K^T, dP = dO V^T for its keys
-    q1 ..); ``AREG`` 1: K's fragments ``af`` from the registers, 2: V's ``bf`` too."""
+    its own group, behind a wgmma fence."""
     kaio.wgmma_fence()
-    issue_st(s, k_s, af, q_s, st, q1, D, AREG >= 1, DT)
-    issue_st(dp, v_s, bf, do_s, st, q1, D, AREG >= 2, DT)
+    issue_st(s, k_s, q_s, st, q1, D, DT)
+    issue_st(dp, v_s, do_s, st, q1, D, DT)
 
 
 @kaio.gpu_func
@@ -115,78 +105,21 @@ def hand_pt(pt_s: DT[:, :, :], b: i32, s: f32[:, :], dp: f32[:, :], bars: u64[:,
 
 
 @kaio.gpu_func
-def role_front(sw: f32[:, :], k_s: DT[:, :, :], v_s: DT[:, :, :], af: u32[:, :],
-               q_s: DT[:, :, :, :], do_s: DT[:, :, :, :], st: i32, wg: u32, D: kaio.constexpr,
-               DT: kaio.constexpr):  # fmt: skip
-    """``PIPE`` 2, 3: issue warpgroup 0's S^T = K Q^T, resp. 1's dP^T = V dO^T, of the whole
-    tile in stage st, behind a wgmma fence."""
-    kaio.wgmma_fence()
-    if wg == 0:
-        issue_st(sw, k_s, af, q_s, st, 0, D, 0, DT)
-    else:
-        issue_st(sw, v_s, af, do_s, st, 0, D, 0, DT)
-
-
-@kaio.gpu_func
-def role_grads(
-    sw: f32[:, :], junk: f32[:, :], stats: f32[:, :, :], pt_s: DT[:, :, :], bars: u64[:, :],
-    st: i32, b: i32, ph: u32, lse: f32[:], delta: f32[:], at0: i32, key0: i32, q0: i32,
-    sq: i32, kend: i32, causal: i32, scale_log2: f32, kr: i32, lane: u32, lt: u32, wg: u32,
-    BM: kaio.constexpr, STAGES: kaio.constexpr, DT: kaio.constexpr,
-):  # fmt: skip
-    """``PIPE`` 2, 3: warpgroup 0 makes P^T of the tile (query q0 ..) from ``sw``, stores it
-    to ``pt_s[2b]`` and arrives on ``bars[1, STAGES + 2 + b]``; warpgroup 1 waits for it
-    (parity ``ph``) and makes dS^T from ``sw`` (dP^T) into ``pt_s[2b + 1]``."""
-    if wg == 0:
-        grads_t(sw, junk, stats, st, lse, delta, at0, key0, q0, sq, kend, causal, scale_log2,
-                lane, BM, 0)  # fmt: skip
-        store_ds(pt_s, 2 * b, sw, kr, lane, BM, DT)
-        release(bars, STAGES + 2 + b, lt)
-    else:
-        kaio.mbarrier_wait(bars, (1, STAGES + 2 + b), ph)
-        ds_from_p(sw, pt_s, 2 * b, delta, at0, q0, sq, kr, lane, BM, DT)
-        store_ds(pt_s, 2 * b + 1, sw, kr, lane, BM, DT)
-
-
-@kaio.gpu_func
-def ds_from_p(dp: f32[:, :], pt_s: DT[:, :, :], b: i32, delta: f32[:], at0: i32, q0: i32,
-              sq: i32, kr: i32, lane: u32, BM: kaio.constexpr, DT: kaio.constexpr):  # fmt: skip
-    """dp = dS^T = P^T (dP^T - delta) for this thread's rows kr, kr + 8 (keys) and columns
-    (queries q0 + 8n + 2 (lane % 4) + e, their delta at at0 + query, clamped to sq - 1), P^T
-    read from ``pt_s[b]`` as ``store_ds`` wrote it (masked entries: zeros there)."""
-    for n in kaio.static_range(BM // 8):
-        col0 = n * 8 + i32(lane % 4) * 2
-        dpair = kaio.local(f32, 2)
-        for e in kaio.static_range(2):
-            dpair[e] = delta[at0 + kaio.min(q0 + col0 + e, sq - 1)]
-        for h in kaio.static_range(2):
-            pair = kaio.local(DT, 2)
-            kaio.load_vector(pair, pt_s, (b, kr + 8 * h, kaio.swizzle(pt_s, kr + 8 * h, col0)))
-            for e in kaio.static_range(2):
-                dp[n, 2 * h + e] = f32(pair[e]) * (dp[n, 2 * h + e] - dpair[e])
-
-
-@kaio.gpu_func
 def consume_split(
     k_s: DT[:, :, :], v_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :],
     stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], lse: f32[:], delta: f32[:],
     dk: DT[:], dv: DT[:], pt_s: DT[:, :, :], dq_s: f32[:, :], dq_acc: f32[:], wg: u32,
     lt: u32, kvh: i32, first_head: i32, group: i32, first: i32, n_tiles: i32, k0: i32,
     sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32, D: kaio.constexpr,
-    BM: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr, DQ: kaio.constexpr,
-    AREG: kaio.constexpr, DT: kaio.constexpr,
+    BM: kaio.constexpr, STAGES: kaio.constexpr, DQ: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """Consumer warpgroup ``wg`` (thread ``lt`` of it): dK and dV of the block's 64 keys in
-    its D / 2 columns over the query tiles of the group's heads (module docstring), then
-    stored. ``pt_s[2b]``, ``pt_s[2b + 1]``: P^T and dS^T of buffer b, whose "full" barrier
-    is ``bars[1, STAGES + b]`` (an arrival from each consumer warp). ``DQ`` 1 (PIPE 0): each
-    tile's dQ = dS K too, this warpgroup's D / 2 columns over the block's 64 keys, handed to
-    the writer through ``dq_s`` (``hand_dq``, its barriers ``bars[1, STAGES + 2]``, ``+ 3``).
-    ``PIPE`` 2 (DQ 0): the warpgroups split a tile's front products by role, not by query:
-    warpgroup 0 computes S^T and P^T of all 64 queries (m64n64k16: each warpgroup reads K,
-    resp. V once, not both), stores P^T and arrives on ``bars[1, STAGES + 2 + b]``;
-    warpgroup 1 computes dP^T, then dS^T from the stored (rounded) P^T (``ds_from_p``);
-    ``PIPE`` 3: the same, a tile's front product issued before the last tile's dV and dK."""
+    its D / 2 columns over the query tiles of the group's heads (module docstring), each
+    tile's products in turn, then stored. ``pt_s[2b]``, ``pt_s[2b + 1]``: P^T and dS^T of
+    buffer b, whose "full" barrier is ``bars[1, STAGES + b]`` (an arrival from each consumer
+    warp). ``DQ`` 1: each tile's dQ = dS K too, this warpgroup's D / 2 columns over the
+    block's 64 keys, handed to the writer through ``dq_s`` (``hand_dq``, its barriers
+    ``bars[1, STAGES + 2]``, ``+ 3``)."""
     H = BM // 2  # this warpgroup's queries of a tile
     NH = D // 2  # its columns of dK and dV
     lane = lt % 32
@@ -205,133 +138,35 @@ def consume_split(
     kend = sk if DQ else 1 << 30  # DQ: keys past sk masked (their dS would reach dQ)
     total = group * kaio.max(n_tiles - first, 0)
     kaio.mbarrier_wait(turn, 0, 0)  # K and V landed
-    af = kaio.local(u32, (D // 16, 4))  # AREG: K's A fragments, this warp's 16 keys
-    if AREG:
-        load_frags(af, k_s, 16 * i32(lt // 32), lane, D, DT)
     st = i32(0)
     ph = u32(0)
     pb = i32(0)  # the P^T and dS^T buffers of this tile, their barrier's parity
     pph = u32(0)
     t = first
     at0 = first_head * sq
-    if PIPE == 0:
-        for _i in range(total):
-            kaio.mbarrier_wait(bars, (0, st), ph)
-            front(s, dp, k_s, v_s, af, af, q_s, do_s, st, q1, D, AREG, DT)
+    for _i in range(total):
+        kaio.mbarrier_wait(bars, (0, st), ph)
+        front(s, dp, k_s, v_s, q_s, do_s, st, q1, D, DT)
+        kaio.wgmma_wait(0)
+        grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM + q1, sq, kend, causal,
+                scale_log2, lane, H, 0)  # fmt: skip
+        hand_pt(pt_s, pb, s, dp, bars, kr, lane, lt, q1, H, STAGES, DT)
+        kaio.mbarrier_wait(bars, (1, STAGES + pb), pph)  # both warpgroups' queries there
+        kaio.wgmma_fence()
+        back(dka, dva, pt_s, pb, q_s, do_s, st, cb, BM, DT)
+        if DQ:  # dQ = dS K: K and the buffer only, so the stage is free before it ends
+            issue_dq(dqa, pt_s, 2 * pb + 1, k_s, wg, D, NH, 1, 2, DT)
+            kaio.wgmma_wait(1)
+            release(bars, st, lt)
             kaio.wgmma_wait(0)
-            grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM + q1, sq, kend, causal,
-                    scale_log2, lane, H, 0)  # fmt: skip
-            hand_pt(pt_s, pb, s, dp, bars, kr, lane, lt, q1, H, STAGES, DT)
-            kaio.mbarrier_wait(bars, (1, STAGES + pb), pph)  # both warpgroups' queries there
-            kaio.wgmma_fence()
-            back(dka, dva, pt_s, pb, q_s, do_s, st, cb, BM, DT)
-            if DQ:  # dQ = dS K: K and the buffer only, so the stage is free before it ends
-                issue_dq(dqa, pt_s, 2 * pb + 1, k_s, wg, D, NH, 1, 2, DT)
-                kaio.wgmma_wait(1)
-                release(bars, st, lt)
-                kaio.wgmma_wait(0)
-            else:
-                kaio.wgmma_wait(0)
-                release(bars, st, lt)
-            if DQ:
-                wph = hand_dq(dq_s, bars, dq_acc, dqa, 0, 0, sq, cb * 64, lane, lt, _i > 0, wph,
-                              STAGES + 2, D, NH, 5)  # fmt: skip
-            pb, pph = next_stage(pb, pph, 2)
-            t, at0 = next_tile(t, at0, first, n_tiles, sq)
-            st, ph = next_stage(st, ph, STAGES)
-    elif PIPE == 2:  # roles: warpgroup 0 S^T and P^T, 1 dP^T and dS^T, of the whole tile
-        sw = kaio.local(f32, (BM // 8, 4))  # S^T, then P^T (0); dP^T, then dS^T (1)
-        junk = kaio.local(f32, (BM // 8, 4))  # (grads_t's dS^T: unused by warpgroup 0)
-        zero_acc(junk, BM)
-        for _i in range(total):
-            kaio.mbarrier_wait(bars, (0, st), ph)
-            role_front(sw, k_s, v_s, af, q_s, do_s, st, wg, D, DT)
-            kaio.wgmma_wait(0)
-            role_grads(sw, junk, stats, pt_s, bars, st, pb, pph, lse, delta, at0, key0, t * BM,
-                       sq, kend, causal, scale_log2, kr, lane, lt, wg, BM, STAGES, DT)  # fmt: skip
-            release(bars, STAGES + pb, lt)
-            kaio.mbarrier_wait(bars, (1, STAGES + pb), pph)  # P^T and dS^T there
-            kaio.wgmma_fence()
-            back(dka, dva, pt_s, pb, q_s, do_s, st, cb, BM, DT)
+            wph = hand_dq(dq_s, bars, dq_acc, dqa, 0, 0, sq, cb * 64, lane, lt, _i > 0, wph,
+                          STAGES + 2, D, NH, 5)  # fmt: skip
+        else:
             kaio.wgmma_wait(0)
             release(bars, st, lt)
-            pb, pph = next_stage(pb, pph, 2)
-            t, at0 = next_tile(t, at0, first, n_tiles, sq)
-            st, ph = next_stage(st, ph, STAGES)
-    elif PIPE == 3 and total > 0:  # roles, a tile's front product before the last one's dV, dK
-        sw = kaio.local(f32, (BM // 8, 4))
-        junk = kaio.local(f32, (BM // 8, 4))
-        zero_acc(junk, BM)
-        kaio.mbarrier_wait(bars, (0, 0), 0)
-        role_front(sw, k_s, v_s, af, q_s, do_s, 0, wg, D, DT)
-        kaio.wgmma_wait(0)
-        role_grads(sw, junk, stats, pt_s, bars, 0, 0, u32(0), lse, delta, at0, key0, t * BM, sq,
-                   kend, causal, scale_log2, kr, lane, lt, wg, BM, STAGES, DT)  # fmt: skip
-        release(bars, STAGES, lt)
-        ps = i32(0)  # tile i - 1's stage and buffers
-        qb = i32(0)
-        qph = u32(0)
-        pb = 1
-        st, ph = next_stage(0, u32(0), STAGES)
+        pb, pph = next_stage(pb, pph, 2)
         t, at0 = next_tile(t, at0, first, n_tiles, sq)
-        for _i in range(1, total):
-            kaio.mbarrier_wait(bars, (0, st), ph)
-            role_front(sw, k_s, v_s, af, q_s, do_s, st, wg, D, DT)
-            kaio.mbarrier_wait(bars, (1, STAGES + qb), qph)  # tile i - 1's P^T, dS^T there
-            back(dka, dva, pt_s, qb, q_s, do_s, ps, cb, BM, DT)
-            kaio.wgmma_wait(2)  # this tile's front product done
-            role_grads(sw, junk, stats, pt_s, bars, st, pb, pph, lse, delta, at0, key0, t * BM,
-                       sq, kend, causal, scale_log2, kr, lane, lt, wg, BM, STAGES, DT)  # fmt: skip
-            kaio.wgmma_wait(0)  # tile i - 1's dV, dK done: its stage; once every warp has
-            release(bars, ps, lt)  # arrived on this tile's barrier, its buffers
-            release(bars, STAGES + pb, lt)
-            qb = pb
-            qph = pph
-            pb, pph = next_stage(pb, pph, 2)
-            ps = st
-            st, ph = next_stage(st, ph, STAGES)
-            t, at0 = next_tile(t, at0, first, n_tiles, sq)
-        kaio.mbarrier_wait(bars, (1, STAGES + qb), qph)
-        kaio.wgmma_fence()
-        back(dka, dva, pt_s, qb, q_s, do_s, ps, cb, BM, DT)
-        kaio.wgmma_wait(0)
-        release(bars, ps, lt)
-    elif total > 0:  # tile i's S^T, dP^T issued with tile i - 1's dV, dK
-        kaio.mbarrier_wait(bars, (0, 0), 0)
-        front(s, dp, k_s, v_s, af, af, q_s, do_s, 0, q1, D, AREG, DT)
-        kaio.wgmma_wait(0)
-        grads_t(s, dp, stats, 0, lse, delta, at0, key0, t * BM + q1, sq, kend, causal,
-                scale_log2, lane, H, 0)  # fmt: skip
-        hand_pt(pt_s, 0, s, dp, bars, kr, lane, lt, q1, H, STAGES, DT)
-        ps = i32(0)  # tile i - 1's stage and buffers
-        qb = i32(0)
-        qph = u32(0)
-        pb = 1
-        st, ph = next_stage(0, u32(0), STAGES)
-        t, at0 = next_tile(t, at0, first, n_tiles, sq)
-        for _i in range(1, total):
-            kaio.mbarrier_wait(bars, (0, st), ph)
-            kaio.mbarrier_wait(bars, (1, STAGES + qb), qph)  # tile i - 1's P^T, dS^T there
-            front(s, dp, k_s, v_s, af, af, q_s, do_s, st, q1, D, AREG, DT)
-            back(dka, dva, pt_s, qb, q_s, do_s, ps, cb, BM, DT)
-            kaio.wgmma_wait(2)  # S^T, dP^T done
-            grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM + q1, sq, kend, causal,
-                    scale_log2, lane, H, 0)  # fmt: skip
-            kaio.wgmma_wait(0)  # tile i - 1's dV, dK done: its stage is free, and (once this
-            # warp arrives) its buffers: the other warpgroup's next tile rewrites them
-            release(bars, ps, lt)
-            hand_pt(pt_s, pb, s, dp, bars, kr, lane, lt, q1, H, STAGES, DT)
-            qb = pb
-            qph = pph
-            pb, pph = next_stage(pb, pph, 2)
-            ps = st
-            st, ph = next_stage(st, ph, STAGES)
-            t, at0 = next_tile(t, at0, first, n_tiles, sq)
-        kaio.mbarrier_wait(bars, (1, STAGES + qb), qph)
-        kaio.wgmma_fence()
-        back(dka, dva, pt_s, qb, q_s, do_s, ps, cb, BM, DT)
-        kaio.wgmma_wait(0)
-        release(bars, ps, lt)
+        st, ph = next_stage(st, ph, STAGES)
     at = kvh * sk * D + NH * i32(wg)  # rows D apart, this warpgroup's columns
     store_tile(dk, dka, at, key0, sk, scale, lane, NH, DT, 1, D)
     store_tile(dv, dva, at, key0, sk, 1.0, lane, NH, DT, 1, D)
@@ -342,9 +177,8 @@ def attention_bwd_dkdv_d256(
     tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
     lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:], dq_acc: f32[:], sem: i32[:], sq: i32,
     sk: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
-    D: kaio.constexpr, BM: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr,
-    REGS: kaio.constexpr, DQ: kaio.constexpr, DT: kaio.constexpr, EARLY: kaio.constexpr,
-    AREG: kaio.constexpr,
+    D: kaio.constexpr, BM: kaio.constexpr, STAGES: kaio.constexpr, REGS: kaio.constexpr,
+    DQ: kaio.constexpr, DT: kaio.constexpr, EARLY: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv [B * Hkv * sk * D] (flat) of the 64 keys of key block x (``block_idx_x``) and
     K/V head y (``block_idx_y``), summed over its group's query heads (module docstring).
@@ -388,17 +222,13 @@ def attention_bwd_dkdv_d256(
     n_tiles = (sq + BM - 1) // BM
     if t == 0:
         init_barriers(bars, turn, 2, STAGES, 5 if DQ else 2, 1)  # buffers: 8 arrivals
-        if PIPE >= 2:  # P^T stored by warpgroup 0's warps
-            for b in kaio.static_range(2):
-                kaio.mbarrier_init(bars, (1, STAGES + 2 + b), 4)
-            kaio.fence_proxy_async()
     kaio.sync_threads()
     if wg < 2:
         if REGS:
             kaio.setmaxnreg_inc(REGS)
         consume_split(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, pt_s, dq_s,
                       dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk, causal,
-                      scale_log2, scale, D, BM, STAGES, PIPE, DQ, AREG, DT)  # fmt: skip
+                      scale_log2, scale, D, BM, STAGES, DQ, DT)  # fmt: skip
     else:
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -411,135 +241,6 @@ def attention_bwd_dkdv_d256(
                              x, nkb, causal, STAGES + 2, D, BM, 64, EARLY)  # fmt: skip
 
 
-@kaio.gpu_func
-def consume_dq_split(
-    q_s: DT[:, :, :], do_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :],
-    stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], ds_s: DT[:, :, :], dq: DT[:],
-    wg: u32, lt: u32, bh: i32, q0: i32, n_tiles: i32, sq: i32, sk: i32, causal: i32,
-    scale_log2: f32, scale: f32, D: kaio.constexpr, STAGES: kaio.constexpr,
-    AREG: kaio.constexpr, DT: kaio.constexpr,
-):  # fmt: skip
-    """Consumer warpgroup ``wg`` of ``attention_bwd_dq_d256`` (thread ``lt`` of it): dQ of the
-    block's 64 query rows in its D / 2 columns over the key tiles (at least one), then
-    stored. Per key tile of 64: S = Q K^T and dP = dO V^T for its 32 keys 32 wg .. (the
-    dK/dV kernel's ``front`` with the roles swapped), dS = P (dP - delta) (rows' lse and
-    delta: ``stats[0 and 1, 0]``), rounded into columns 32 wg .. of ``ds_s[b]``
-    (double-buffered, barrier ``bars[1, STAGES + b]``), then dQ += dS K over all 64 keys;
-    a tile's S and dP issued with the last tile's dQ product. ``AREG`` 1: Q's A fragments in
-    registers (64 a thread: S's reads of shared memory halved), 2: dO's too."""
-    H = 32  # this warpgroup's keys of a tile
-    NH = D // 2  # its columns of dQ
-    lane = lt % 32
-    kr = 16 * i32(lt // 32) + i32(lane // 4)  # this thread's rows kr, kr + 8 of the block
-    row0 = q0 + kr
-    k1 = H * i32(wg)
-    cb = i32(wg) * (NH // 64)
-    s = kaio.local(f32, (H // 8, 4))
-    dp = kaio.local(f32, (H // 8, 4))
-    dqa = kaio.local(f32, (NH // 8, 4))
-    af = kaio.local(u32, (D // 16, 4))  # AREG: Q's A fragments, this warp's 16 rows
-    bf = kaio.local(u32, (D // 16, 4))  # AREG 2: dO's
-    zero_acc(dqa, NH)
-    kaio.mbarrier_wait(turn, 0, 0)  # Q, dO and their rows' stats landed
-    if AREG:
-        load_frags(af, q_s, 16 * i32(lt // 32), lane, D, DT)
-    if AREG >= 2:
-        load_frags(bf, do_s, 16 * i32(lt // 32), lane, D, DT)
-    l2 = kaio.local(f32, 2)
-    dl = kaio.local(f32, 2)
-    for h in kaio.static_range(2):
-        inside = row0 + 8 * h < sq
-        l2[h] = kaio.select(inside, lse_log2(stats[0, 0, kr + 8 * h]), POS_INF)
-        dl[h] = kaio.select(inside, stats[1, 0, kr + 8 * h], 0.0)
-    kaio.mbarrier_wait(bars, (0, 0), 0)
-    front(s, dp, q_s, do_s, af, bf, k_s, v_s, 0, k1, D, AREG, DT)
-    kaio.wgmma_wait(0)
-    grads(s, dp, l2, dl, k1, row0, sk, causal, scale_log2, lane, H)
-    store_ds(ds_s, 0, dp, kr, lane, H, DT, k1)
-    release(bars, STAGES, lt)
-    ps = i32(0)  # tile j - 1's stage and buffer
-    qb = i32(0)
-    qph = u32(0)
-    pb = i32(1)
-    pph = u32(0)
-    st, ph = next_stage(0, u32(0), STAGES)
-    for j in range(1, n_tiles):
-        kaio.mbarrier_wait(bars, (0, st), ph)
-        kaio.mbarrier_wait(bars, (1, STAGES + qb), qph)  # tile j - 1's dS there
-        front(s, dp, q_s, do_s, af, bf, k_s, v_s, st, k1, D, AREG, DT)
-        issue_pt(dqa, ds_s, qb, u32(0), k_s, ps, 64, DT, cb)
-        kaio.wgmma_wait(1)  # S, dP done
-        grads(s, dp, l2, dl, j * 64 + k1, row0, sk, causal, scale_log2, lane, H)
-        kaio.wgmma_wait(0)  # tile j - 1's dQ product done: its stage, (this warp's) buffer
-        release(bars, ps, lt)
-        store_ds(ds_s, pb, dp, kr, lane, H, DT, k1)
-        release(bars, STAGES + pb, lt)
-        qb = pb
-        qph = pph
-        pb, pph = next_stage(pb, pph, 2)
-        ps = st
-        st, ph = next_stage(st, ph, STAGES)
-    kaio.mbarrier_wait(bars, (1, STAGES + qb), qph)
-    kaio.wgmma_fence()
-    issue_pt(dqa, ds_s, qb, u32(0), k_s, ps, 64, DT, cb)
-    kaio.wgmma_wait(0)
-    release(bars, ps, lt)
-    store_tile(dq, dqa, bh * sq * D + NH * i32(wg), row0, sq, scale, lane, NH, DT, 1, D)
-
-
-@kaio.gpu_kernel(fastmath=True)  # ex2.approx.ftz: one instruction an exponential
-def attention_bwd_dq_d256(
-    tq: kaio.tensormap, tdo: kaio.tensormap, tk: kaio.tensormap, tv: kaio.tensormap,
-    tl: kaio.tensormap, td: kaio.tensormap, dq: DT[:], sq: i32, sk: i32, heads: i32,
-    group: i32, scale_log2: f32, scale: f32, causal: i32, D: kaio.constexpr,
-    STAGES: kaio.constexpr, REGS: kaio.constexpr, AREG: kaio.constexpr, DT: kaio.constexpr,
-):  # fmt: skip
-    """dq [B * H * sq * D] (flat) of the 64 query rows of block x (counted from the last: the
-    heaviest causal tiles first) of (batch, head) block y: the dK/dV kernel's layout with the
-    roles swapped (Q and dO loaded once, K and V through the ring in 64-key tiles, the two
-    consumer warpgroups splitting each tile's keys for S and dP and the head dim for dQ:
-    ``consume_dq_split``). ``tq``, ``tdo``: q, do as [B * H * sq, D], ``tk``, ``tv``: k, v as
-    [B * Hkv * sk, D], boxes of (64, 64); ``tl``, ``td``: lse, delta as [1, B * H * sq] f32
-    in boxes of (1, 64)."""
-    C = D // 64
-    TILE = 64 * 64 * 2
-    RING = STAGES * 64 * D * 2
-    q_s = kaio.shared_dynamic(DT, (C, 64, 64), 0)
-    do_s = kaio.shared_dynamic(DT, (C, 64, 64), C * TILE)
-    k_s = kaio.shared_dynamic(DT, (STAGES, C, 64, 64), 2 * C * TILE)
-    v_s = kaio.shared_dynamic(DT, (STAGES, C, 64, 64), 2 * C * TILE + RING)
-    DS = 2 * C * TILE + 2 * RING
-    ds_s = kaio.shared_dynamic(DT, (2, 64, 64), DS)
-    stats = kaio.shared_dynamic(f32, (2, 1, 64), DS + 2 * TILE)
-    BARS = DS + 2 * TILE + 2 * 64 * 4
-    bars = kaio.shared_dynamic(u64, (2, STAGES + 2), BARS)
-    turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * (STAGES + 2))
-    t, wg, lt = thread_roles(2)
-    bh, kvh, q0, n_tiles = query_block(heads, group, sk, causal, 64, 64)
-    if t == 0:
-        init_barriers(bars, turn, 2, STAGES, 2, 1)  # the dS buffers' barriers: 8 arrivals
-    kaio.sync_threads()
-    if wg < 2:
-        if REGS:
-            kaio.setmaxnreg_inc(REGS)
-        consume_dq_split(q_s, do_s, k_s, v_s, stats, bars, turn, ds_s, dq, wg, lt, bh, q0,
-                         n_tiles, sq, sk, causal, scale_log2, scale, D, STAGES, AREG,
-                         DT)  # fmt: skip
-    else:
-        if REGS:
-            kaio.setmaxnreg_dec(PRODUCER_REGS)
-        if lt == 0:
-            produce(q_s, do_s, k_s, v_s, stats, bars, turn, tq, tdo, tk, tv, tl, td,
-                    bh * sq + q0, kvh * sk, 0, 1, 0, n_tiles, D, 64, 64, STAGES, 2,
-                    DT)  # fmt: skip
-
-
-def dq_shared_bytes(d: int, stages: int) -> int:
-    """``attention_bwd_dq_d256``'s dynamic shared memory: Q and dO, the ring's K and V, two
-    dS buffers, the rows' lse and delta, the barriers."""
-    return 2 * 64 * d * 2 + 2 * stages * 64 * d * 2 + 2 * 64 * 64 * 2 + 512 + 16 * stages + 48
-
-
 def shared_bytes(d: int, bm: int, stages: int, dq: int = 0) -> int:
     """The dK/dV kernel's dynamic shared memory: K and V (64 rows), the ring's Q and dO
     (``bm`` rows a stage), four 64 x 64 P^T / dS^T buffers, the (unused) stats, dq_s (``dq``:
@@ -549,20 +250,17 @@ def shared_bytes(d: int, bm: int, stages: int, dq: int = 0) -> int:
 
 
 def config(d: int = D256, dq: int | None = None) -> dict:
-    """The constexprs for head dim ``d`` (256): ``{"dkdv": {BM, STAGES, PIPE, REGS, DQ,
-    EARLY, AREG}, "dq": the pair's dQ kernel's {BN, WG, STAGES, PIPE, AREG, REGS}}``, as
-    measured fastest on an H100 (f16 B4 H16 S4096 and B1 S16384, docs/performance.md):
-    64-row query tiles, as many ring stages as fit (2; with ``DQ`` 1, the dK/dV kernel
-    computing dQ too, 1) and each tile's products in turn (``PIPE`` 0: 476 TFLOP/s of its
-    four products against 423 overlapped) for dK/dV; for dQ (``DQ`` 0) two consumer
-    warpgroups (128 query rows a block), one stage of 64 keys, products in turn (496, and
-    499 at S 16384, against one warpgroup with two stages' 492 and 431). ``dq``: ``DQ``
-    (default ``FUSED``)."""
+    """The constexprs for head dim ``d`` (256): ``{"dkdv": {BM, STAGES, REGS, DQ, EARLY},
+    "dq": the pair's dQ kernel's {BN, WG, STAGES, PIPE, AREG, REGS}}``, as measured fastest
+    on an H100 (f16 B4 H16 S4096 and B1 S16384, docs/hopper.md): 64-row query tiles and as
+    many ring stages as fit (2; with ``DQ`` 1, the dK/dV kernel computing dQ too, 1) for
+    dK/dV; for dQ (``DQ`` 0) two consumer warpgroups (128 query rows a block), one stage of
+    64 keys, products in turn (496 TFLOP/s of its products, and 499 at S 16384, against one
+    warpgroup with two stages' 492 and 431). ``dq``: ``DQ`` (default ``FUSED``)."""
     bm = 64
     dq = FUSED if dq is None else dq
     stages = max(n for n in (1, 2, 3) if shared_bytes(d, bm, n, dq) <= SHARED_LIMIT)
-    dkdv = {"BM": bm, "STAGES": stages, "PIPE": 0, "REGS": consumer_registers(2), "DQ": dq,
-            "EARLY": 1, "AREG": 0}  # fmt: skip
+    dkdv = {"BM": bm, "STAGES": stages, "REGS": consumer_registers(2), "DQ": dq, "EARLY": 1}
     dq_cfg = {"BN": 64, "WG": 2, "STAGES": 1, "PIPE": 0, "AREG": 0, "REGS": consumer_registers(2)}
     return {"dkdv": dkdv, "dq": dq_cfg}
 
@@ -603,11 +301,10 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         )
     base = config(d, (cfg or {}).get("dkdv", {}).get("DQ"))
     c1, c2 = ({**base[n], **(cfg or {}).get(n, {})} for n in ("dkdv", "dq"))
-    if c1["DQ"] and (c1["PIPE"] or only):
-        raise ValueError(f"_attention_hopper_bwd256.launch: DQ 1 needs PIPE 0, both kernels: {c1}")
-    for c in (c1, c2):
-        if c["PIPE"] and c["STAGES"] < 2:
-            raise ValueError(f"_attention_hopper_bwd256.launch: PIPE 1 needs 2 stages: {c}")
+    if c1["DQ"] and only:
+        raise ValueError(f"_attention_hopper_bwd256.launch: DQ 1 is one kernel: only={only!r}")
+    if c2["PIPE"] and c2["STAGES"] < 2:
+        raise ValueError(f"_attention_hopper_bwd256.launch: PIPE 1 needs 2 stages: {c2}")
     stream = _arrays.stream_of(qa)
     dq = _arrays.output(da, qa.shape)
     dk, dv = (_arrays.output(da, ka.shape) for _ in range(2))
@@ -638,20 +335,10 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     if only == "dkdv" or c1["DQ"]:
         return dq, dk, dv
     bq = 64 * c2["WG"]
-    if c2.get("SPLIT"):
-        bq = 64
     stats = [
         kaio.tensor_map_2d(_arrays.view(x, la.kind, (1, rows_q)), (1, bq), 0)
         for x in (la.obj, delta)
     ]
-    if c2.get("SPLIT"):  # the head-dim split dQ kernel
-        smem = dq_shared_bytes(d, c2["STAGES"])
-        attention_bwd_dq_d256[(-(-sq // 64), bh), 384, stream, smem](
-            tmap(qa, rows_q, 64), tmap(da, rows_q, 64), tmap(ka, rows_kv, 64),
-            tmap(va, rows_kv, 64), *stats, _arrays.output_arg(da, dq, (qa.size,)), *args,
-            D=d, DT=qa.dtype, STAGES=c2["STAGES"], REGS=consumer_registers(2), AREG=c2["AREG"],
-        )  # fmt: skip
-        return dq, dk, dv
     none = _arrays.output(da, (1,), i32)
     smem = pair.shared_bytes(d, bq, c2["BN"], c2["STAGES"], bq)
     pair.attention_bwd_dq_wgmma[(-(-sq // bq), bh), 128 * c2["WG"] + 128, stream, smem](

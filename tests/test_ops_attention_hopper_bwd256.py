@@ -139,9 +139,9 @@ def _hopper_gpu() -> bool:
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_gpu_flash_attention_bwd_d256(b, h, hkv, sq, sk, causal, dtype):
-    """``flash_attention_bwd`` at D 256 on sm_90 (these kernels) against float64 autograd
-    and within the same distance of it as torch SDPA's flash backward; the same bits on a
-    second run."""
+    """``flash_attention_bwd`` at D 256 on sm_90 (these kernels) against float64 autograd:
+    within the tolerance of P and dS rounded to the input type, or of twice torch SDPA
+    flash's distance where that runs; the same bits on a second run."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -158,15 +158,18 @@ def test_gpu_flash_attention_bwd_d256(b, h, hkv, sq, sk, causal, dtype):
     leaves = [x.double().requires_grad_() for x in (q, k, v)]
     _sdpa64(*leaves, causal, group=h // hkv).backward(do.double())
     grads = kaio_ops.flash_attention_bwd(do, q, k, v, o, lse, causal)
-    flash = [x.detach().requires_grad_() for x in (q, k, v)]
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-        out = torch.nn.functional.scaled_dot_product_attention(
-            *flash, is_causal=causal, enable_gqa=h != hkv
-        )
-    theirs = torch.autograd.grad(out, flash, do)
     tol = 5e-3 if dtype == "float16" else 3e-2
+    theirs = [None] * 3
+    if not causal or sq == sk:  # (SDPA flash has no kernel for causal with Sq != Sk)
+        flash = [x.detach().requires_grad_() for x in (q, k, v)]
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            out = torch.nn.functional.scaled_dot_product_attention(
+                *flash, is_causal=causal, enable_gqa=h != hkv
+            )
+        theirs = torch.autograd.grad(out, flash, do)
     for g, t, leaf in zip(grads, theirs, leaves, strict=True):
         assert g.dtype == dt and g.shape == leaf.shape
-        assert _rel_t(g, leaf.grad) < max(tol, 2 * _rel_t(t, leaf.grad))
+        near = tol if t is None else max(tol, 2 * _rel_t(t, leaf.grad))
+        assert _rel_t(g, leaf.grad) < near
     again = kaio_ops.flash_attention_bwd(do, q, k, v, o, lse, causal)
     assert all(torch.equal(x, y) for x, y in zip(again, grads, strict=True))
