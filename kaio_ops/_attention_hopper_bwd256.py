@@ -1,9 +1,12 @@
 """The Hopper (sm_90a) flash-attention backward at head dim 256, behind
-``kaio_ops.flash_attention_bwd`` on sm_90 (``takes``): a dK/dV kernel whose two consumer
-warpgroups split the head dim (FlashAttention-3's hdim-256 layout: 64-row key and query
-tiles, the dK and dV accumulators of 64 x 256 split across the warpgroups), and the dQ
-kernel of ``kaio_ops._attention_hopper_bwd`` (``attention_bwd_dq_wgmma``) at D 256. No
-atomics: the same bits every run.
+``kaio_ops.flash_attention_bwd`` on sm_90 (``attention.hopper_takes`` with this module's
+``eligible`` and ``worthwhile``): a dK/dV kernel whose two consumer warpgroups split the head
+dim (FlashAttention-3's hdim-256 layout: 64-row key and query tiles, the dK and dV
+accumulators of 64 x 256 split across the warpgroups), and the dQ kernel of
+``kaio_ops._attention_hopper_bwd`` (``attention_bwd_dq_wgmma``) at D 256. No atomics: the
+same bits every run. ``FUSED`` 1 (off: slower, measured) makes the dK/dV kernel compute dQ
+too (``DQ`` 1), added in a fixed order by ``_attention_hopper_bwd_fused``'s ordered writer:
+deterministic as well.
 
 ``attention_bwd_dkdv_d256``: a block owns 64 keys (key block x) of one K/V head (K and V
 loaded once by TMA) and walks the query tiles of 64 rows of its group's heads (causal: those
