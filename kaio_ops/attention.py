@@ -390,7 +390,9 @@ def flash_attention_bwd(
     same bits every run; else ``kaio_ops._attention_hopper_bwd``'s deterministic pair, or
     where ``_attention_hopper_bwd.FUSED`` says so (nowhere by default) its fused kernel whose
     dQ additions come in a varying order. ``deterministic=True`` (or
-    ``KAIO_ATTENTION_DETERMINISTIC=1``) never takes that one: the same bits every run."""
+    ``KAIO_ATTENTION_DETERMINISTIC=1``) never takes that one: the same bits every run. At
+    D 256 on sm_90 (whole 64-row tiles, S >= 1024) ``kaio_ops._attention_hopper_bwd256``'s
+    wgmma kernels run (no atomics: the same bits every run)."""
     op = "flash_attention_bwd"
     inputs = _arrays.Inputs(op)
     da = inputs.array(do, "do", ndim=4, dtypes=(f16, bf16), form="[B, H, S, D]")
