@@ -463,14 +463,14 @@ def issue_back(
 @kaio.gpu_func
 def issue_pt(
     acc: f32[:, :], pt_s: DT[:, :, :], b: i32, wg: u32, x_s: DT[:, :, :, :], st: i32,
-    BM: kaio.constexpr, DT: kaio.constexpr,
+    BM: kaio.constexpr, DT: kaio.constexpr, cb: i32 = 0,
 ):  # fmt: skip
     """Issue acc += A X and commit: A this warpgroup's 64 rows of ``pt_s[b]`` (K-major: 64
     queries a row, 128-byte swizzled, as ``store_ds`` writes them), X the BM rows of ring
-    stage st (N-major)."""
+    stage st (N-major) from its 64-column block ``cb`` (acc's columns wide)."""
     for kk in kaio.static_range(BM // 16):
         da = kaio.smem_descriptor(pt_s, (b, 64 * i32(wg), kk * 16), SW, 16, 1024)
-        dx = kaio.smem_descriptor(x_s, (st, 0, kk * 16, 0), SW, BM * SW, 1024)
+        dx = kaio.smem_descriptor(x_s, (st, cb, kk * 16, 0), SW, BM * SW, 1024)
         if DT == kaio.bf16:
             kaio.wgmma_bf16(acc, da, dx, True, False, True)
         else:
@@ -505,16 +505,17 @@ def hand_off(
 
 @kaio.gpu_func
 def store_ds(ds_s: DT[:, :, :], b: i32, dp: f32[:, :], kr: i32, lane: u32, BM: kaio.constexpr,
-             DT: kaio.constexpr):  # fmt: skip
+             DT: kaio.constexpr, c0: i32 = 0):  # fmt: skip
     """ds_s[b, kr + 8h, query] = this thread's dS^T (``dp``: rows kr, kr + 8 of the block's
-    keys, columns its queries 8n + 2 (lane % 4) + e) rounded to DT, in pairs, the rows of
-    ``BM`` = 64 queries 128-byte swizzled: dS, the dQ product's A, M-major."""
+    keys, columns its queries c0 + 8n + 2 (lane % 4) + e) rounded to DT, in pairs, the rows
+    of 64 queries 128-byte swizzled: dS, the dQ product's A, M-major (``BM``: the columns
+    in ``dp``, 64, or 32 from ``c0`` 0 or 32 for the head dim 256 kernel's halves)."""
     for h in kaio.static_range(2):
         for n in kaio.static_range(BM // 8):
             pair = kaio.local(DT, 2)
             for e in kaio.static_range(2):
                 pair[e] = DT(dp[n, 2 * h + e])
-            col = kaio.swizzle(ds_s, kr + 8 * h, n * 8 + i32(lane % 4) * 2)
+            col = kaio.swizzle(ds_s, kr + 8 * h, c0 + n * 8 + i32(lane % 4) * 2)
             kaio.store_vector(ds_s, (b, kr + 8 * h, col), pair)
 
 

@@ -24,6 +24,7 @@ from kaio.types import bf16, f16, f32
 from kaio_ops import _arrays
 from kaio_ops import _attention_hopper as hopper
 from kaio_ops import _attention_hopper_bwd as hopper_bwd
+from kaio_ops import _attention_hopper_bwd256 as hopper_bwd256
 from kaio_ops import _attention_simt as simt
 from kaio_ops import _attention_tc as tc
 from kaio_ops._plan import planned
@@ -389,7 +390,9 @@ def flash_attention_bwd(
     same bits every run; else ``kaio_ops._attention_hopper_bwd``'s deterministic pair, or
     where ``_attention_hopper_bwd.FUSED`` says so (nowhere by default) its fused kernel whose
     dQ additions come in a varying order. ``deterministic=True`` (or
-    ``KAIO_ATTENTION_DETERMINISTIC=1``) never takes that one: the same bits every run."""
+    ``KAIO_ATTENTION_DETERMINISTIC=1``) never takes that one: the same bits every run. At
+    D 256 on sm_90 (whole 64-row tiles, S >= 1024) ``kaio_ops._attention_hopper_bwd256``'s
+    wgmma kernels run (no atomics: the same bits every run)."""
     op = "flash_attention_bwd"
     inputs = _arrays.Inputs(op)
     da = inputs.array(do, "do", ndim=4, dtypes=(f16, bf16), form="[B, H, S, D]")
@@ -410,6 +413,8 @@ def flash_attention_bwd(
     tc.row_dot[-(-bh * sq // 8), 256, stream, 0](
         oa.arg(oa.size), flat[3], delta, bh * sq, d, DT=qa.dtype
     )
+    if hopper_takes(qa, dims, hopper_bwd256):  # sm_90, D 256: its wgmma kernels
+        return hopper_bwd256.launch(qa, ka, va, da, la, delta, dims, bool(causal), scale)
     if hopper_takes(qa, dims, hopper_bwd):  # sm_90: the wgmma kernels
         fixed = deterministic or os.environ.get("KAIO_ATTENTION_DETERMINISTIC") == "1"
         return hopper_bwd.launch(

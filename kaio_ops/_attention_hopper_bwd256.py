@@ -1,0 +1,366 @@
+"""The Hopper (sm_90a) flash-attention backward at head dim 256, behind
+``kaio_ops.flash_attention_bwd`` on sm_90 (``attention.hopper_takes`` with this module's
+``eligible`` and ``worthwhile``): a dK/dV kernel whose two consumer warpgroups split the head
+dim (FlashAttention-3's hdim-256 layout: 64-row key and query tiles, the dK and dV
+accumulators of 64 x 256 split across the warpgroups), and the dQ kernel of
+``kaio_ops._attention_hopper_bwd`` (``attention_bwd_dq_wgmma``) at D 256. No atomics: the
+same bits every run. ``FUSED`` 1 (off: slower, measured) makes the dK/dV kernel compute dQ
+too (``DQ`` 1), added in a fixed order by ``_attention_hopper_bwd_fused``'s ordered writer:
+deterministic as well.
+
+``attention_bwd_dkdv_d256``: a block owns 64 keys (key block x) of one K/V head (K and V
+loaded once by TMA) and walks the query tiles of 64 rows of its group's heads (causal: those
+at or past its first key) through an mbarrier ring of Q and dO filled by the producer
+warpgroup's first thread (``_attention_hopper_bwd.produce``). Per query tile, consumer
+warpgroup w (of 2):
+
+- S^T = K Q_w^T and dP^T = V dO_w^T for the block's 64 keys and the tile's 32 queries
+  32w .. 32w + 31 (m64n32k16, K-major operands; ``issue_st``);
+- P^T and dS^T = P^T (dP^T - delta) for those (``_attention_hopper_bwd.grads_t``, lse and
+  delta read from global memory), rounded to DT into columns 32w .. of a shared 64 x 64
+  buffer each (``store_ds``, double-buffered), then a barrier of both warpgroups' warps;
+- dV[:, 128w ..] += P^T dO and dK[:, 128w ..] += dS^T Q: the whole 64-query buffers times
+  this warpgroup's 128 columns of dO, Q (m64n128k16, ``issue_pt``).
+
+Each tile's products run in turn (issuing a tile's S^T and dP^T beside the last tile's dV
+and dK, or splitting the front products by role, measured slower: docs/hopper.md). A
+consumer thread holds 64 + 64 dK, dV accumulators and 16 + 16 of S^T, dP^T. The buffers of a
+tile are rewritten two tiles later, after each warpgroup has passed the next tile's
+barrier, so after both have finished the products that read them. dK, dV (scaled dK) are
+stored from registers; GQA's are summed over the group's heads inside the block, in a fixed
+order.
+"""
+
+# ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
+from __future__ import annotations
+
+import kaio
+from kaio import f32, i32, u32, u64
+from kaio_ops._attention_hopper import PRODUCER_REGS, SHARED_LIMIT, SW, consumer_registers
+from kaio_ops._attention_hopper_bwd import (
+    dq_convert_tiles,
+    grads_t,
+    hand_dq,
+    init_barriers,
+    issue_dq,
+    issue_pt,
+    produce,
+    release,
+    store_ds,
+    store_tile,
+    zero_acc,
+)
+from kaio_ops._attention_hopper_bwd_fused import write_dq_ordered, zero_acc_sem
+from kaio_ops._attention_hopper_common import next_tile, thread_roles
+from kaio_ops._matmul_hopper import next_stage
+
+D256 = 256
+
+
+@kaio.gpu_func
+def issue_st(s: f32[:, :], a_s: DT[:, :, :], x_s: DT[:, :, :, :], st: i32, r0: i32,
+             D: kaio.constexpr, DT: kaio.constexpr):  # fmt: skip
+    """Issue s = A X^T and commit: A the 64 rows of ``a_s`` [D / 64, 64, 64] (K, resp. V),
+    X the rows r0 .. of ring stage st of ``x_s`` (Q, resp. dO; as many as s has columns),
+    both K-major (D / 16 wgmmas)."""
+    for kk in kaio.static_range(D // 16):
+        da = kaio.smem_descriptor(a_s, (kk // 4, 0, kk % 4 * 16), SW, 16, 1024)
+        dx = kaio.smem_descriptor(x_s, (st, kk // 4, r0, kk % 4 * 16), SW, 16, 1024)
+        if DT == kaio.bf16:
+            kaio.wgmma_bf16(s, da, dx, kk > 0)
+        else:
+            kaio.wgmma_f16(s, da, dx, kk > 0)
+    kaio.wgmma_commit()
+
+
+@kaio.gpu_func
+def front(s: f32[:, :], dp: f32[:, :], k_s: DT[:, :, :], v_s: DT[:, :, :],
+          q_s: DT[:, :, :, :], do_s: DT[:, :, :, :], st: i32, q1: i32, D: kaio.constexpr,
+          DT: kaio.constexpr):  # fmt: skip
+    """Issue a tile's S^T = K Q^T and dP^T = V dO^T for its queries q1 .. (stage st), each
+    its own group, behind a wgmma fence."""
+    kaio.wgmma_fence()
+    issue_st(s, k_s, q_s, st, q1, D, DT)
+    issue_st(dp, v_s, do_s, st, q1, D, DT)
+
+
+@kaio.gpu_func
+def back(dka: f32[:, :], dva: f32[:, :], pt_s: DT[:, :, :], b: i32, q_s: DT[:, :, :, :],
+         do_s: DT[:, :, :, :], st: i32, cb: i32, BM: kaio.constexpr,
+         DT: kaio.constexpr):  # fmt: skip
+    """Issue a tile's dV += P^T dO and dK += dS^T Q (P^T, dS^T: buffers ``pt_s[2b]``,
+    ``pt_s[2b + 1]``, all 64 keys; dO, Q: stage st, the columns from 64-column block
+    ``cb``), each its own group."""
+    issue_pt(dva, pt_s, 2 * b, u32(0), do_s, st, BM, DT, cb)
+    issue_pt(dka, pt_s, 2 * b + 1, u32(0), q_s, st, BM, DT, cb)
+
+
+@kaio.gpu_func
+def hand_pt(pt_s: DT[:, :, :], b: i32, s: f32[:, :], dp: f32[:, :], bars: u64[:, :], kr: i32,
+            lane: u32, lt: u32, q1: i32, H: kaio.constexpr, STAGES: kaio.constexpr,
+            DT: kaio.constexpr):  # fmt: skip
+    """This warp's P^T (``s``) and dS^T (``dp``) of queries q1 .. q1 + H to buffers
+    ``pt_s[2b]``, ``pt_s[2b + 1]``, fenced for the tensor cores, then its arrival on their
+    barrier ``bars[1, STAGES + b]``."""
+    store_ds(pt_s, 2 * b, s, kr, lane, H, DT, q1)
+    store_ds(pt_s, 2 * b + 1, dp, kr, lane, H, DT, q1)
+    release(bars, STAGES + b, lt)
+
+
+@kaio.gpu_func
+def consume_split(
+    k_s: DT[:, :, :], v_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :],
+    stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], lse: f32[:], delta: f32[:],
+    dk: DT[:], dv: DT[:], pt_s: DT[:, :, :], dq_s: f32[:, :], dq_acc: f32[:], wg: u32,
+    lt: u32, kvh: i32, first_head: i32, group: i32, first: i32, n_tiles: i32, k0: i32,
+    sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32, D: kaio.constexpr,
+    BM: kaio.constexpr, STAGES: kaio.constexpr, DQ: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """Consumer warpgroup ``wg`` (thread ``lt`` of it): dK and dV of the block's 64 keys in
+    its D / 2 columns over the query tiles of the group's heads (module docstring), each
+    tile's products in turn, then stored. ``pt_s[2b]``, ``pt_s[2b + 1]``: P^T and dS^T of
+    buffer b, whose "full" barrier is ``bars[1, STAGES + b]`` (an arrival from each consumer
+    warp). ``DQ`` 1: each tile's dQ = dS K too, this warpgroup's D / 2 columns over the
+    block's 64 keys, handed to the writer through ``dq_s`` (``hand_dq``, its barriers
+    ``bars[1, STAGES + 2]``, ``+ 3``)."""
+    H = BM // 2  # this warpgroup's queries of a tile
+    NH = D // 2  # its columns of dK and dV
+    lane = lt % 32
+    kr = 16 * i32(lt // 32) + i32(lane // 4)  # this thread's rows kr, kr + 8 of the keys
+    key0 = k0 + kr
+    s = kaio.local(f32, (H // 8, 4))  # S^T, then P^T
+    dp = kaio.local(f32, (H // 8, 4))  # dP^T, then dS^T
+    dka = kaio.local(f32, (NH // 8, 4))
+    dva = kaio.local(f32, (NH // 8, 4))
+    dqa = kaio.local(f32, (NH // 8, 4))  # DQ: the tile's dQ, this warpgroup's columns
+    wph = u32(0)  # DQ: the parity of dq_s's "free" barrier
+    zero_acc(dka, NH)
+    zero_acc(dva, NH)
+    q1 = H * i32(wg)  # this warpgroup's first query of a tile
+    cb = i32(wg) * (NH // 64)  # its first 64-column block of dO, Q
+    kend = sk if DQ else 1 << 30  # DQ: keys past sk masked (their dS would reach dQ)
+    total = group * kaio.max(n_tiles - first, 0)
+    kaio.mbarrier_wait(turn, 0, 0)  # K and V landed
+    st = i32(0)
+    ph = u32(0)
+    pb = i32(0)  # the P^T and dS^T buffers of this tile, their barrier's parity
+    pph = u32(0)
+    t = first
+    at0 = first_head * sq
+    for _i in range(total):
+        kaio.mbarrier_wait(bars, (0, st), ph)
+        front(s, dp, k_s, v_s, q_s, do_s, st, q1, D, DT)
+        kaio.wgmma_wait(0)
+        grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM + q1, sq, kend, causal,
+                scale_log2, lane, H, 0)  # fmt: skip
+        hand_pt(pt_s, pb, s, dp, bars, kr, lane, lt, q1, H, STAGES, DT)
+        kaio.mbarrier_wait(bars, (1, STAGES + pb), pph)  # both warpgroups' queries there
+        kaio.wgmma_fence()
+        back(dka, dva, pt_s, pb, q_s, do_s, st, cb, BM, DT)
+        if DQ:  # dQ = dS K: K and the buffer only, so the stage is free before it ends
+            issue_dq(dqa, pt_s, 2 * pb + 1, k_s, wg, D, NH, 1, 2, DT)
+            kaio.wgmma_wait(1)
+            release(bars, st, lt)
+            kaio.wgmma_wait(0)
+            wph = hand_dq(dq_s, bars, dq_acc, dqa, 0, 0, sq, cb * 64, lane, lt, _i > 0, wph,
+                          STAGES + 2, D, NH, 5)  # fmt: skip
+        else:
+            kaio.wgmma_wait(0)
+            release(bars, st, lt)
+        pb, pph = next_stage(pb, pph, 2)
+        t, at0 = next_tile(t, at0, first, n_tiles, sq)
+        st, ph = next_stage(st, ph, STAGES)
+    at = kvh * sk * D + NH * i32(wg)  # rows D apart, this warpgroup's columns
+    store_tile(dk, dka, at, key0, sk, scale, lane, NH, DT, 1, D)
+    store_tile(dv, dva, at, key0, sk, 1.0, lane, NH, DT, 1, D)
+
+
+@kaio.gpu_kernel(fastmath=True)  # ex2.approx.ftz: one instruction an exponential
+def attention_bwd_dkdv_d256(
+    tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
+    lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:], dq_acc: f32[:], sem: i32[:], sq: i32,
+    sk: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
+    D: kaio.constexpr, BM: kaio.constexpr, STAGES: kaio.constexpr, REGS: kaio.constexpr,
+    DQ: kaio.constexpr, DT: kaio.constexpr, EARLY: kaio.constexpr,
+):  # fmt: skip
+    """dk, dv [B * Hkv * sk * D] (flat) of the 64 keys of key block x (``block_idx_x``) and
+    K/V head y (``block_idx_y``), summed over its group's query heads (module docstring).
+    ``tk``, ``tv``: k, v as [B * Hkv * sk, D] in boxes of (64, 64); ``tq``, ``tdo``: q, do
+    as [B * H * sq, D] in boxes of (BM, 64); lse, delta [B * H * sq] f32 (delta =
+    rowsum(dO * O)); ``heads``: H, ``group``: H / Hkv; ``REGS``: the consumers' registers
+    (setmaxnreg, 0: none). Rows a tile reads past a head's are masked (``grads_t``) and
+    keys past sk not stored. ``DQ`` 1: dQ too (FlashAttention-3's one-kernel backward),
+    each tile's share added to ``dq_acc`` (f32, whole 64-row tiles in fragment order, zeros
+    before) in a fixed order (the semaphores ``sem``, zeros before:
+    ``_attention_hopper_bwd_fused.write_dq_ordered``, by the producer warpgroup's warps 1
+    to 3, ``EARLY`` its schedule: 1, dq_s free once the reduction has read it); key blocks
+    then run in decreasing order where causal (its module docstring)."""
+    C = D // 64
+    TILE = 64 * 64 * 2  # a 64 x 64 block of DT
+    RING = STAGES * BM * D * 2  # Q, resp. dO: the ring
+    k_s = kaio.shared_dynamic(DT, (C, 64, 64), 0)
+    v_s = kaio.shared_dynamic(DT, (C, 64, 64), C * TILE)
+    q_s = kaio.shared_dynamic(DT, (STAGES, C, BM, 64), 2 * C * TILE)
+    do_s = kaio.shared_dynamic(DT, (STAGES, C, BM, 64), 2 * C * TILE + RING)
+    PT = 2 * C * TILE + 2 * RING
+    pt_s = kaio.shared_dynamic(DT, (4, 64, 64), PT)
+    stats = kaio.shared_dynamic(f32, (2, 1, 2), PT + 4 * TILE)  # (unused: lse, delta loaded)
+    DQS = PT + 4 * TILE + 16
+    dq_s = kaio.shared_dynamic(f32, (BM * D // 4 if DQ else 1, 4), DQS)  # fragment order
+    BARS = DQS + (BM * D * 4 if DQ else 16)
+    NB = STAGES + 4  # the ring's, the two buffers', dq_s's (DQ)
+    bars = kaio.shared_dynamic(u64, (2, NB), BARS)
+    turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * NB)
+    t, wg, lt = thread_roles(2)
+    x = i32(kaio.block_idx_x())
+    nkb = (sk + 63) // 64
+    if DQ and causal != 0:
+        x = nkb - 1 - x  # the last key blocks first: they add to each tile before the rest
+    k0 = x * 64
+    kvh = i32(kaio.block_idx_y())
+    first_head = kvh // (heads // group) * heads + kvh % (heads // group) * group
+    first = i32(0)
+    if causal != 0:
+        first = k0 // BM  # queries before k0 see none of these keys
+    n_tiles = (sq + BM - 1) // BM
+    if t == 0:
+        init_barriers(bars, turn, 2, STAGES, 5 if DQ else 2, 1)  # buffers: 8 arrivals
+    kaio.sync_threads()
+    if wg < 2:
+        if REGS:
+            kaio.setmaxnreg_inc(REGS)
+        consume_split(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, pt_s, dq_s,
+                      dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk, causal,
+                      scale_log2, scale, D, BM, STAGES, DQ, DT)  # fmt: skip
+    else:
+        if REGS:
+            kaio.setmaxnreg_dec(PRODUCER_REGS)
+        if lt == 0:
+            produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tq, tdo,
+                    kvh * sk + k0, first_head * sq, sq, group, first, n_tiles, D, 64, BM,
+                    STAGES, 0, DT)  # fmt: skip
+        elif DQ and lt >= 32:
+            write_dq_ordered(dq_s, bars, dq_acc, sem, lt, first_head, group, first, n_tiles, sq,
+                             x, nkb, causal, STAGES + 2, D, BM, 64, EARLY)  # fmt: skip
+
+
+def shared_bytes(d: int, bm: int, stages: int, dq: int = 0) -> int:
+    """The dK/dV kernel's dynamic shared memory: K and V (64 rows), the ring's Q and dO
+    (``bm`` rows a stage), four 64 x 64 P^T / dS^T buffers, the (unused) stats, dq_s (``dq``:
+    ``bm`` x d f32; else 16 bytes), the barriers."""
+    ring = 2 * 64 * d * 2 + 2 * stages * bm * d * 2
+    return ring + 4 * 64 * 64 * 2 + 16 + (bm * d * 4 if dq else 16) + 16 * (stages + 4) + 16
+
+
+def config(d: int = D256, dq: int | None = None) -> dict:
+    """The constexprs for head dim ``d`` (256): ``{"dkdv": {BM, STAGES, REGS, DQ, EARLY},
+    "dq": the pair's dQ kernel's {BN, WG, STAGES, PIPE, AREG, REGS}}``, as measured fastest
+    on an H100 (f16 B4 H16 S4096 and B1 S16384, docs/hopper.md): 64-row query tiles and as
+    many ring stages as fit (2; with ``DQ`` 1, the dK/dV kernel computing dQ too, 1) for
+    dK/dV; for dQ (``DQ`` 0) two consumer warpgroups (128 query rows a block), one stage of
+    64 keys, products in turn (496 TFLOP/s of its products, and 499 at S 16384, against one
+    warpgroup with two stages' 492 and 431). ``dq``: ``DQ`` (default ``FUSED``)."""
+    bm = 64
+    dq = FUSED if dq is None else dq
+    stages = max(n for n in (1, 2, 3) if shared_bytes(d, bm, n, dq) <= SHARED_LIMIT)
+    dkdv = {"BM": bm, "STAGES": stages, "REGS": consumer_registers(2), "DQ": dq, "EARLY": 1}
+    dq_cfg = {"BN": 64, "WG": 2, "STAGES": 1, "PIPE": 0, "AREG": 0, "REGS": consumer_registers(2)}
+    return {"dkdv": dkdv, "dq": dq_cfg}
+
+
+# flash_attention_bwd's schedule at D 256: the pair (0) or the one kernel (1: ``DQ`` 1).
+FUSED = 0
+
+
+def eligible(d: int) -> bool:
+    """Whether these kernels take head dim ``d``: 256 only."""
+    return d == D256
+
+
+def worthwhile(bh: int, sq: int, sk: int, d: int, sms: int) -> bool:
+    """Whether ``flash_attention_bwd`` should take these kernels: head dim 256, whole 64-row
+    tiles of queries and keys and sequences of 1024 and more (as the D 64 / 128 kernels'
+    ``_attention_hopper_bwd.worthwhile``)."""
+    return eligible(d) and sq % 64 == 0 and sk % 64 == 0 and sq >= 1024 and sk >= 1024
+
+
+def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
+           cfg: dict | None = None, only: str | None = None):  # fmt: skip
+    """Run the kernels on checked operands (``_arrays.Operand``s q, do [B, H, Sq, D], k, v
+    [B, Hkv, Sk, D], lse [B, H, Sq] f32) and ``delta`` (flat f32 [B * H * Sq], rowsum(dO *
+    O)); ``dims``: (B * H, H, group, sq, sk, d, d); ``cfg``: overrides of ``config(d)``'s
+    constexprs, per kernel. ``only``: "dkdv" or "dq" launches that kernel alone (to time
+    it). Returns (dq, dk, dv) of q's type and shapes."""
+    import math
+
+    from kaio_ops import _arrays
+    from kaio_ops import _attention_hopper_bwd as pair
+
+    bh, heads, group, sq, sk, d, _ = dims
+    if sq % 4 or not eligible(d):
+        raise ValueError(
+            f"_attention_hopper_bwd256.launch: needs Sq a multiple of 4 (16-byte TMA copies of "
+            f"lse and delta) and D 256, got Sq = {sq}, D = {d}; use the mma.sync kernels"
+        )
+    base = config(d, (cfg or {}).get("dkdv", {}).get("DQ"))
+    c1, c2 = ({**base[n], **(cfg or {}).get(n, {})} for n in ("dkdv", "dq"))
+    if c1["DQ"] and only:
+        raise ValueError(f"_attention_hopper_bwd256.launch: DQ 1 is one kernel: only={only!r}")
+    if c2["PIPE"] and c2["STAGES"] < 2:
+        raise ValueError(f"_attention_hopper_bwd256.launch: PIPE 1 needs 2 stages: {c2}")
+    stream = _arrays.stream_of(qa)
+    dq = _arrays.output(da, qa.shape)
+    dk, dv = (_arrays.output(da, ka.shape) for _ in range(2))
+    rows_q, rows_kv = bh * sq, ka.size // d
+
+    def tmap(a, rows, box):
+        return kaio.tensor_map_2d(_arrays.view(a.obj, a.kind, (rows, d)), (box, 64), SW)
+
+    args = (sq, sk, heads, group, math.log2(math.e) * scale, scale, int(causal))
+    n_tiles = -(-sq // c1["BM"])
+    acc_size = bh * n_tiles * c1["BM"] * d if c1["DQ"] else 4
+    dq_acc = _arrays.output(da, (acc_size,), f32)  # (DQ 0: unused)
+    sem = _arrays.output(da, (bh * n_tiles,), i32)
+    if c1["DQ"]:
+        zero_acc_sem[-(-acc_size // 1024), 256, stream, 0](dq_acc, acc_size, sem, bh * n_tiles)
+    if only != "dq":
+        smem = shared_bytes(d, c1["BM"], c1["STAGES"], c1["DQ"])
+        attention_bwd_dkdv_d256[(-(-sk // 64), bh // group), 384, stream, smem](
+            tmap(ka, rows_kv, 64), tmap(va, rows_kv, 64), tmap(qa, rows_q, c1["BM"]),
+            tmap(da, rows_q, c1["BM"]), la.arg(rows_q), delta,
+            _arrays.output_arg(da, dk, (ka.size,)), _arrays.output_arg(da, dv, (ka.size,)),
+            dq_acc, sem, *args, D=d, DT=qa.dtype, **c1,
+        )  # fmt: skip
+    if c1["DQ"]:
+        dq_convert_tiles[-(-qa.size // 1024), 256, stream, 0](
+            _arrays.output_arg(da, dq, (qa.size,)), dq_acc, bh * sq, sq, scale, D=d, DT=qa.dtype
+        )
+    if only == "dkdv" or c1["DQ"]:
+        return dq, dk, dv
+    bq = 64 * c2["WG"]
+    stats = [
+        kaio.tensor_map_2d(_arrays.view(x, la.kind, (1, rows_q)), (1, bq), 0)
+        for x in (la.obj, delta)
+    ]
+    none = _arrays.output(da, (1,), i32)
+    smem = pair.shared_bytes(d, bq, c2["BN"], c2["STAGES"], bq)
+    pair.attention_bwd_dq_wgmma[(-(-sq // bq), bh), 128 * c2["WG"] + 128, stream, smem](
+        tmap(qa, rows_q, bq), tmap(da, rows_q, bq), tmap(ka, rows_kv, c2["BN"]),
+        tmap(va, rows_kv, c2["BN"]), *stats, _arrays.output_arg(da, dq, (qa.size,)), *args,
+        cu_q=none, cu_k=none, tp=0, D=d, DT=qa.dtype, COLS=0, **c2,
+    )  # fmt: skip
+    return dq, dk, dv
+
+
+def specializations():
+    """(kernel, constexprs) of the specializations ``launch`` runs (for PTX checks)."""
+    from kaio import bf16, f16
+    from kaio_ops._attention_hopper_bwd import attention_bwd_dq_wgmma
+
+    cfg = config()
+    for dt in (f16, bf16):
+        yield attention_bwd_dkdv_d256, {"D": D256, "DT": dt, **cfg["dkdv"]}
+        if FUSED:
+            yield dq_convert_tiles, {"D": D256, "DT": dt}
+        else:
+            yield attention_bwd_dq_wgmma, {"D": D256, "DT": dt, "COLS": 0, **cfg["dq"]}
