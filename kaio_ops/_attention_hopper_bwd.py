@@ -60,6 +60,8 @@ shifted for the bottom-right causal mask.
 # ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
 from __future__ import annotations
 
+import functools
+
 import kaio
 from kaio import bool_, f32, i32, u32, u64
 from kaio_ops._attention_hopper import (
@@ -1134,6 +1136,32 @@ def worthwhile(bh: int, sq: int, sk: int, d: int, sms: int) -> bool:
     return eligible(d) and sq % 128 == 0 and sk % 128 == 0 and sq >= 1024 and sk >= 1024
 
 
+def launch_outputs(qa, ka, da, d: int) -> tuple:
+    """A backward launch's stream, its outputs dQ, dK, dV (q's and k's shapes, dO's type) and
+    the rows of Q and of K as [rows, D] matrices."""
+    from kaio_ops import _arrays
+
+    stream = _arrays.stream_of(qa)
+    dq = _arrays.output(da, qa.shape)
+    dk, dv = (_arrays.output(da, ka.shape) for _ in range(2))
+    return stream, dq, dk, dv, qa.size // d, ka.size // d
+
+
+def row_map(a, rows: int, box: int, d: int):
+    """A TMA map of operand ``a`` as a [rows, d] matrix, boxes of box x 64 elements, swizzled."""
+    from kaio_ops import _arrays
+
+    return kaio.tensor_map_2d(_arrays.view(a.obj, a.kind, (rows, d)), (box, 64), SW)
+
+
+def stats_maps(la, delta, rows: int, box: int) -> list:
+    """TMA maps of lse and delta as [1, rows] f32 (B * H * Sq), boxes of 1 x box."""
+    from kaio_ops import _arrays
+
+    flat = (_arrays.view(x, la.kind, (1, rows)) for x in (la.obj, delta))
+    return [kaio.tensor_map_2d(x, (1, box), 0) for x in flat]
+
+
 def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
            cfg: dict | None = None, only: str | None = None, deterministic: bool = False,
            fused: bool | None = None, side: bool | None = None,
@@ -1178,20 +1206,8 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
             raise ValueError(f"_attention_hopper_bwd.launch: PIPE 1-3 needs 2 stages or more: {c}")
     if c1.get("DQ") and (c1["PIPE"] or c1["BM"] != 64):
         raise ValueError(f"_attention_hopper_bwd.launch: DQ needs PIPE 0 and BM 64: {c1}")
-    stream = _arrays.stream_of(qa)
-    dq = _arrays.output(da, qa.shape)
-    dk, dv = (_arrays.output(da, ka.shape) for _ in range(2))
-    rows_q, rows_kv = bh * sq, ka.size // d
-
-    def tmap(a, rows, box):
-        return kaio.tensor_map_2d(_arrays.view(a.obj, a.kind, (rows, d)), (box, 64), SW)
-
-    def stats_maps(box):  # lse and delta as [1, B * H * sq] f32
-        flat = [
-            _arrays.view(la.obj, la.kind, (1, rows_q)),
-            _arrays.view(delta, la.kind, (1, rows_q)),
-        ]
-        return [kaio.tensor_map_2d(x, (1, box), 0) for x in flat]
+    stream, dq, dk, dv, rows_q, rows_kv = launch_outputs(qa, ka, da, d)
+    tmap = functools.partial(row_map, d=d)
 
     args = (sq, sk, heads, group, math.log2(math.e) * scale, scale, int(causal))
     none = _arrays.output(da, (1,), i32)
@@ -1210,7 +1226,8 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         grid = (-(-sk // bk), bh // group)
         attention_bwd_dkdv_wgmma[grid, 128 * c1["WG"] + 128, stream, smem1](
             tmap(ka, rows_kv, bk), tmap(va, rows_kv, bk), tmap(qa, rows_q, c1["BM"]),
-            tmap(da, rows_q, c1["BM"]), *stats_maps(c1["BM"]), la.arg(rows_q), delta,
+            tmap(da, rows_q, c1["BM"]), *stats_maps(la, delta, rows_q, c1["BM"]),
+            la.arg(rows_q), delta,
             _arrays.output_arg(da, dk, (ka.size,)), _arrays.output_arg(da, dv, (ka.size,)),
             dq_acc, *args, **dense, D=d, DT=qa.dtype, COLS=0, **c1,
         )  # fmt: skip
@@ -1234,7 +1251,7 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     with side_stream(qa, side) as dq_stream:  # (there the dQ kernel first)
         attention_bwd_dq_wgmma[(-(-sq // bq), bh), 128 * c2["WG"] + 128, dq_stream, smem](
             tmap(qa, rows_q, bq), tmap(da, rows_q, bq), tmap(ka, rows_kv, c2["BN"]),
-            tmap(va, rows_kv, c2["BN"]), *stats_maps(bq),
+            tmap(va, rows_kv, c2["BN"]), *stats_maps(la, delta, rows_q, bq),
             _arrays.output_arg(da, dq, (qa.size,)), *args, **dense, D=d, DT=qa.dtype, COLS=0,
             **c2,
         )  # fmt: skip

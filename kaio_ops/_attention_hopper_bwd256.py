@@ -34,6 +34,8 @@ order.
 # ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
 from __future__ import annotations
 
+import functools
+
 import kaio
 from kaio import f32, i32, u32, u64
 from kaio_ops._attention_hopper import PRODUCER_REGS, SHARED_LIMIT, SW, consumer_registers
@@ -51,7 +53,7 @@ from kaio_ops._attention_hopper_bwd import (
     zero_acc,
 )
 from kaio_ops._attention_hopper_bwd_fused import write_dq_ordered, zero_acc_sem
-from kaio_ops._attention_hopper_common import next_tile, thread_roles
+from kaio_ops._attention_hopper_common import key_block_queries, next_tile, thread_roles
 from kaio_ops._matmul_hopper import next_stage
 
 D256 = 256
@@ -218,11 +220,7 @@ def attention_bwd_dkdv_d256(
         x = nkb - 1 - x  # the last key blocks first: they add to each tile before the rest
     k0 = x * 64
     kvh = i32(kaio.block_idx_y())
-    first_head = kvh // (heads // group) * heads + kvh % (heads // group) * group
-    first = i32(0)
-    if causal != 0:
-        first = k0 // BM  # queries before k0 see none of these keys
-    n_tiles = (sq + BM - 1) // BM
+    first_head, first, n_tiles = key_block_queries(kvh, k0, heads, group, sq, causal, BM)
     if t == 0:
         init_barriers(bars, turn, 2, STAGES, 5 if DQ else 2, 1)  # buffers: 8 arrivals
     kaio.sync_threads()
@@ -308,13 +306,8 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         raise ValueError(f"_attention_hopper_bwd256.launch: DQ 1 is one kernel: only={only!r}")
     if c2["PIPE"] and c2["STAGES"] < 2:
         raise ValueError(f"_attention_hopper_bwd256.launch: PIPE 1 needs 2 stages: {c2}")
-    stream = _arrays.stream_of(qa)
-    dq = _arrays.output(da, qa.shape)
-    dk, dv = (_arrays.output(da, ka.shape) for _ in range(2))
-    rows_q, rows_kv = bh * sq, ka.size // d
-
-    def tmap(a, rows, box):
-        return kaio.tensor_map_2d(_arrays.view(a.obj, a.kind, (rows, d)), (box, 64), SW)
+    stream, dq, dk, dv, rows_q, rows_kv = pair.launch_outputs(qa, ka, da, d)
+    tmap = functools.partial(pair.row_map, d=d)
 
     args = (sq, sk, heads, group, math.log2(math.e) * scale, scale, int(causal))
     n_tiles = -(-sq // c1["BM"])
@@ -338,10 +331,7 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     if only == "dkdv" or c1["DQ"]:
         return dq, dk, dv
     bq = 64 * c2["WG"]
-    stats = [
-        kaio.tensor_map_2d(_arrays.view(x, la.kind, (1, rows_q)), (1, bq), 0)
-        for x in (la.obj, delta)
-    ]
+    stats = pair.stats_maps(la, delta, rows_q, bq)
     none = _arrays.output(da, (1,), i32)
     smem = pair.shared_bytes(d, bq, c2["BN"], c2["STAGES"], bq)
     pair.attention_bwd_dq_wgmma[(-(-sq // bq), bh), 128 * c2["WG"] + 128, stream, smem](

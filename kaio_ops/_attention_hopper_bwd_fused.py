@@ -38,11 +38,12 @@ wait is met at once there, and an order that needs a later block is reported.
 
 from __future__ import annotations
 
+import functools
+
 import kaio
 from kaio import bool_, f32, i32, u32, u64
 from kaio_ops._attention_hopper import PRODUCER_REGS, SHARED_LIMIT, issue_pv, pack_p
 from kaio_ops._attention_hopper_bwd import (
-    SW,
     _ds_buffers,
     config,
     consume_dkdv,
@@ -53,15 +54,18 @@ from kaio_ops._attention_hopper_bwd import (
     issue_dq,
     issue_front,
     issue_pt,
+    launch_outputs,
     produce,
     release,
+    row_map,
     shared_bytes,
+    stats_maps,
     store_dq_frags,
     store_ds,
     store_tile,
     zero_acc,
 )
-from kaio_ops._attention_hopper_common import next_tile, thread_roles
+from kaio_ops._attention_hopper_common import key_block_queries, next_tile, thread_roles
 from kaio_ops._matmul_hopper import next_stage
 
 # ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
@@ -452,11 +456,7 @@ def attention_bwd_fused_ordered(
         x = nkb - 1 - x  # the last key blocks first: they add to each tile before the rest
     k0 = x * BK
     t, wg, lt = thread_roles(WG)
-    first_head = kvh // (heads // group) * heads + kvh % (heads // group) * group
-    first = i32(0)
-    if causal != 0:
-        first = k0 // BM  # queries before k0 see none of these keys
-    n_tiles = (sq + BM - 1) // BM
+    first_head, first, n_tiles = key_block_queries(kvh, k0, heads, group, sq, causal, BM)
     if t == 0:
         init_barriers(bars, turn, WG, STAGES, DQ, NBUF)
         for j in kaio.static_range(NW - 3 if NW > 3 else 0):  # writers 3 .. NW - 1's "full"
@@ -606,23 +606,15 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         raise ValueError(f"_attention_hopper_bwd_fused.launch: NDS 2, or 3 with SCHED 4: {c}")
     if c["SCHED"] and c["STAGES"] < 2:
         raise ValueError(f"_attention_hopper_bwd_fused.launch: SCHED 1 needs 2 stages: {c}")
-    stream = _arrays.stream_of(qa)
-    dq = _arrays.output(da, qa.shape)
-    dk, dv = (_arrays.output(da, ka.shape) for _ in range(2))
-    rows_q, rows_kv = bh * sq, ka.size // d
+    stream, dq, dk, dv, rows_q, rows_kv = launch_outputs(qa, ka, da, d)
     n_tiles = -(-sq // c["BM"])  # the semaphores' (dq_acc: whole tiles of 64 rows)
     acc_size = bh * -(-sq // 64) * 64 * d
     dq_acc = _arrays.output(da, (acc_size,), f32)
     sem = _arrays.output(da, (bh * n_tiles,), i32)
     zero_acc_sem[-(-acc_size // 1024), 256, stream, 0](dq_acc, acc_size, sem, bh * n_tiles)
 
-    def tmap(a, rows, box):
-        return kaio.tensor_map_2d(_arrays.view(a.obj, a.kind, (rows, d)), (box, 64), SW)
-
-    stats = [
-        kaio.tensor_map_2d(_arrays.view(x, la.kind, (1, rows_q)), (1, c["BM"]), 0)
-        for x in (la.obj, delta)
-    ]
+    tmap = functools.partial(row_map, d=d)
+    stats = stats_maps(la, delta, rows_q, c["BM"])
     bk = 64 * c["WG"]
     smem = smem_bytes(d, c)
     attention_bwd_fused_ordered[(-(-sk // bk), bh // group), 128 * c["WG"] + 128, stream, smem](

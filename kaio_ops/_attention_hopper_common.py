@@ -54,6 +54,21 @@ def kv_head_and_tiles(
 
 
 @kaio.gpu_func
+def key_block_queries(
+    kvh: i32, k0: i32, heads: i32, group: i32, sq: i32, causal: i32, BM: kaio.constexpr
+) -> tuple[i32, i32, i32]:
+    """``(first_head, first, n_tiles)`` of a backward block that owns the keys from ``k0`` of
+    K/V head ``kvh`` (block y): the first of the ``group`` query heads that read them, the
+    first ``BM``-row query tile that sees them (causal: the queries before k0 see none) and
+    the number of query tiles."""
+    first_head = kvh // (heads // group) * heads + kvh % (heads // group) * group
+    first = i32(0)
+    if causal != 0:
+        first = k0 // BM
+    return first_head, first, (sq + BM - 1) // BM
+
+
+@kaio.gpu_func
 def store_pairs(
     out: DT[:], at0: i32, acc: f32[:, :], h: kaio.constexpr, factor: f32, lane: u32,
     D: kaio.constexpr, DT: kaio.constexpr,
