@@ -540,8 +540,9 @@ def epilogue_rows(
                 acc[j, h, e] = acc[j, h, e] * (s_a[h] * s_b)
                 if BIAS:
                     acc[j, h, e] += add
-    if VEC == 2:  # through shared memory, a bulk copy a row, as the f16 kernel's
-        store_shared(acc, out, ebuf, row0, col0, m, n, wg, lt, BN, DT)
+    if VEC >= 2:  # through shared memory, a bulk copy a row, as the f16 kernel's (3: the
+        # copies waited for at the warp's next epilogue, not this one)
+        store_shared(acc, out, ebuf, row0, col0, m, n, wg, lt, BN, DT, VEC == 3)
     elif VEC:  # 4 adjacent columns a store (lanes trade pairs), as the f16 kernel's
         store_rows(acc, out, out, out, row0, col0, m, n, n, 0, 1.0, 1.0, 1.0, lt, BN, DT, CHECK)
     else:
@@ -667,7 +668,7 @@ def consume_tiles(
         else:
             epilogue_fp8(acc, out, ebuf, sa, sb, pa, pb, bias, row0, col0, m, n, wg, lt, BN,
                          ROW_A, COL_B, BIAS, DT, VEC, SWAP)  # fmt: skip
-    if VEC == 2:
+    if VEC >= 2:
         if lt % 32 < 16:
             kaio.bulk_wait(0)  # (the buffer stays until its copies are done)
 
@@ -720,8 +721,8 @@ def matmul_fp8_wgmma(
     sb_s = kaio.shared_dynamic(f16, (STAGES, BN, BK), A_BYTES)
     bars = kaio.shared_dynamic(u64, (2, STAGES), A_BYTES + STAGES * BK * BN * 2)
     turn = kaio.shared_dynamic(u64, (2,), A_BYTES + STAGES * (BK * BN * 2 + 16))
-    # VEC 2: each consumer warp's 16 rows of C on their way out (rows padded by 16 bytes)
-    on = VEC == 2  # (else a stub of 8 values)
+    # VEC 2, 3: each consumer warp's 16 rows of C on their way out (rows padded by 16 bytes)
+    on = VEC >= 2  # (else a stub of 8 values)
     ebuf = kaio.shared_dynamic(
         DT, (1 + (WG * 4 - 1) * on, 1 + 15 * on, 8 + BN * on),
         A_BYTES + STAGES * (BK * BN * 2 + 16) + 16,
@@ -824,7 +825,7 @@ def shared_bytes(wg: int, bn: int, stages: int, vec: int = 1, ar: int = 64) -> i
     rows copied, padded to a last 64-row operand), its barriers, the two turn barriers and
     the consumer warps' epilogue buffers of 16-bit values (``vec`` 2; else a stub)."""
     sr = a_stage_rows(wg, 1, ar)
-    ebuf = wg * 4 * 16 * (bn + 8) * 2 if vec == 2 else 32  # (a stub: 8 values)
+    ebuf = wg * 4 * 16 * (bn + 8) * 2 if vec >= 2 else 32  # (a stub: 8 values)
     a_bytes = (stages * sr + 64 * wg - sr) * BK * 2
     return a_bytes + stages * (bn * BK * 2 + 16) + 16 + ebuf
 
@@ -1032,7 +1033,7 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
         FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=min(split, 2) + (split > 1 and fuse), AR=ar,
         SWAP=int(bool(swap)),
     )  # fmt: skip
-    if vec == 2 and dt.itemsize != 2:
+    if vec >= 2 and dt.itemsize != 2:
         vec = 1  # (the shared buffers hold 16-bit outputs)
         constexprs["VEC"] = 1
     threads, shared = wg * 128 + 128, shared_bytes(wg, bn, stages, vec, ar)
