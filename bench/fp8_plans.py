@@ -263,6 +263,18 @@ EPIQ = [  # C through shared memory, the bulk copies waited for at the next epil
     (2, 128, 6, 2, 3, 2),
     (2, 208, 4, 1, 3, 2),
 ]
+
+
+def deferred_plans(m, n, k, sms=132):
+    """The routed plan with its epilogue through shared memory, the copies drained during the
+    next tile (``VEC`` 3, the stages that still fit), and 128 x 128 tiles so (two slice sums
+    in turn, 6 stages: cuBLAS's tile at 4096^3), where the routed plan is unswapped."""
+    wg, bn, _, pr, vec, *rest = H.config(m, n, k, sms)
+    if len(rest) > 3 and rest[4]:  # swapped
+        return []
+    return [(wg, bn, H.stages_for(wg, bn, vec=3), pr, 3, *rest[:2]), (2, 128, 6, 2, 3)]
+
+
 EPIQ_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (4096, 4096, 1024), (4096, 4096, 16384),
                (8192, 4096, 14336), (2048, 28672, 4096)]  # fmt: skip
 NOT_SHIPPED = ((2, 256, 4, 0, 1), (1, 64, 12, 0, 1), (2, 128, 7, 0, 1))  # no promotion
@@ -683,6 +695,10 @@ def warm(cases, ms, models, processes: int = 14) -> None:
     if "carry" in cases or "carrysq" in cases:
         for m, n, k in CARRY_SHAPES[: 2 if "carrysq" in cases else None]:
             jobs += [(p, False) for p in [H.config(m, n, k, 132), *carry_plans(m, n, k)]]
+    if "sweepdef" in cases:
+        for m in ms:
+            for n, k in shapes:
+                jobs += [(p, False, min(m, 256)) for p in deferred_plans(m, n, k)]
     if "epiq" in cases:
         jobs += [(p, False) for p in EPIQ]
         jobs += [(H.config(*shape, 132), False) for shape in EPIQ_SHAPES]
@@ -816,6 +832,8 @@ def main() -> None:
         recs.append(run_case(8192, 8192, 8192, False, CLUSTER, log, "8192^3 clusters"))
     if "swap" in cases:  # the swapped decode plans at the sweep's shapes
         over_shapes(ms, swap_plans)
+    if "sweepdef" in cases:  # the routed plans against their epilogue drained later
+        over_shapes(ms, deferred_plans)
     if any(c in cases for c in ("sweep", "sweepnew", "sweepwide", "sweepfinal")):
 
         def sweep_plans(m: int, n: int, k: int) -> list:

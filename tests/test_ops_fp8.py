@@ -599,16 +599,18 @@ def test_hopper_plans_gpu_vs_scaled_mm(wg, bn, split, promote, vec, monkeypatch)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("vec", [2, 3])
 @pytest.mark.parametrize("wg, bn, split", [(2, 208, 1), (2, 192, 3), (2, 256, 1), (1, 64, 1)])
-def test_hopper_shared_epilogue_gpu_vs_scaled_mm(wg, bn, split, monkeypatch):
+def test_hopper_shared_epilogue_gpu_vs_scaled_mm(wg, bn, split, vec, monkeypatch):
     """The epilogue through shared memory (``VEC`` 2: each warp's 16 rows copied out a row by
-    a bulk copy, the last column tile partial) against torch._scaled_mm, as above."""
+    a bulk copy, the last column tile partial; 3: the copies waited for at the warp's next
+    epilogue) against torch._scaled_mm, as above."""
     torch = pytest.importorskip("torch")
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernel needs sm_90")
     from kaio_ops import _fp8_hopper as H
 
-    plan = (wg, bn, H.stages_for(wg, bn, vec=2), H.promotion(wg, bn), 2, 1, split)
+    plan = (wg, bn, H.stages_for(wg, bn, vec=vec), H.promotion(wg, bn), vec, 1, split)
     _forced_plan_vs_scaled_mm(torch, plan, monkeypatch)
 
 
@@ -682,12 +684,16 @@ def test_routed_decode_gpu_bit_identical(m, n, k):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("plan", [(2, 208, 5, 7, 1), (2, 192, 5, 7, 1)])
-def test_carried_slice_gpu_bit_identical(plan, monkeypatch):
-    """``PROMOTE`` 7 (the next tile's first slice multiplied during the epilogue) forced, 2000
-    x 4144 x 4096 (several tiles a block; partial last tile row and column, stored with the
-    bounds checked and no slice carried) gives torch._scaled_mm's bf16 outputs bit for bit
-    (per-tensor scales, no bias: the case that carries)."""
+@pytest.mark.parametrize(
+    "plan", [(2, 208, 5, 7, 1), (2, 192, 5, 7, 1), (2, 208, 4, 1, 3), (2, 128, 6, 2, 3, 2)]
+)
+def test_forced_plans_gpu_bit_identical(plan, monkeypatch):
+    """``PROMOTE`` 7 (the next tile's first slice multiplied during the epilogue) and ``VEC``
+    3 (C through shared memory, the copies drained during the next tile; alone and in
+    clusters of two) forced, 2000 x 4144 x 4096 (several tiles a block; partial last tile
+    row and column, stored with the bounds checked and no slice carried) give
+    torch._scaled_mm's bf16 outputs bit for bit (per-tensor scales, no bias: the case that
+    carries)."""
     torch = pytest.importorskip("torch")
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernel needs sm_90")
