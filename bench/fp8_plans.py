@@ -266,13 +266,16 @@ EPIQ = [  # C through shared memory, the bulk copies waited for at the next epil
 
 
 def deferred_plans(m, n, k, sms=132):
-    """The routed plan with its epilogue through shared memory, the copies drained during the
-    next tile (``VEC`` 3, the stages that still fit), where the routed plan is unswapped
-    (128 x 128 tiles so, cuBLAS's tile at 4096^3, ran at 0.77x to 0.91x: round B)."""
+    """The routed plan with the other epilogue: stored from registers (``VEC`` 1, the stages
+    that fit: main's plan before 2026-11-27) where it goes through shared memory, else
+    through shared memory with the copies drained during the next tile (``VEC`` 3), where the
+    routed plan is unswapped (128 x 128 tiles so, cuBLAS's tile at 4096^3, ran at 0.77x to
+    0.91x: round B)."""
     wg, bn, _, pr, vec, *rest = H.config(m, n, k, sms)
     if len(rest) > 3 and rest[4]:  # swapped
         return []
-    return [(wg, bn, H.stages_for(wg, bn, vec=3), pr, 3, *rest[:2])]
+    other = 1 if vec == 3 else 3
+    return [(wg, bn, H.stages_for(wg, bn, vec=other), pr, other, *rest[:2])]
 
 
 EPIQ_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (4096, 4096, 1024), (4096, 4096, 16384),

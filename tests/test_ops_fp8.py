@@ -397,7 +397,7 @@ def test_config_plans_fit(sms):
         for n, k in shapes:
             wg, bn, stages, promote, vec, cl, split, *rest = H.config(m, n, k, sms)
             occ, _, swap = (*rest, 1, 0, 0)[:3]
-            assert occ * (H.shared_bytes(wg, bn, stages) + 1024) <= H.SHARED_LIMIT + 1024
+            assert occ * (H.shared_bytes(wg, bn, stages, vec) + 1024) <= H.SHARED_LIMIT + 1024
             assert promote == H.promotion(wg, bn)
             assert (wg, bn, cl) in H.RATES or (wg == 1 and bn <= 128 and m <= 64)
             assert split == 1 or (cl == 1 and k // 128 >= 2 * split)
