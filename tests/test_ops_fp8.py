@@ -385,10 +385,11 @@ def test_split_of_the_last_wave():
 @pytest.mark.parametrize("sms", [132, 114, 78])
 def test_config_plans_fit(sms):
     """Every plan ``config`` picks over the M sweep (1..8192) at the Llama-3 shapes fits: its
-    ring in shared memory, a promotion mode its registers hold, a K split only with one
-    block a tile and two slices a part; on an H100's 132 multiprocessors 4096^3 and 8192^3
-    take tiles of 192 columns or more (faster than 128 x 128 tiles there: the H100 rounds'
-    sweep, docs/performance.md)."""
+    ring in shared memory (beside the epilogue's buffers where C goes through shared
+    memory: two consumer warpgroups, 128 to 224 columns), a promotion mode its registers
+    hold, a K split only with one block a tile and two slices a part; on an H100's 132
+    multiprocessors 4096^3 and 8192^3 take tiles of 192 columns or more (faster than 128 x
+    128 tiles there: the H100 rounds' sweep, docs/performance.md)."""
     from kaio_ops import _fp8_hopper as H
 
     shapes = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (10240, 8192),
@@ -399,6 +400,7 @@ def test_config_plans_fit(sms):
             occ, _, swap = (*rest, 1, 0, 0)[:3]
             assert occ * (H.shared_bytes(wg, bn, stages, vec) + 1024) <= H.SHARED_LIMIT + 1024
             assert promote == H.promotion(wg, bn)
+            assert vec == (3 if wg == 2 and 128 <= bn <= 224 else 1)  # C through shared or not
             assert (wg, bn, cl) in H.RATES or (wg == 1 and bn <= 128 and m <= 64)
             assert split == 1 or (cl == 1 and k // 128 >= 2 * split)
             assert not swap or (m <= H.SWAP_M and bn == max(8, -(-m // 8) * 8) and wg == 1)
