@@ -250,6 +250,36 @@ EPI = [  # C through shared memory, a bulk copy a row (VEC 2; a stage fewer) and
     (2, 256, 3, 3, 2),
 ]
 DEPTH = [(2, 128, 7, 1, 1), (2, 192, 5, 1, 1), (2, 256, 4, 3, 1), (2, 192, 5, 1, 1, 2)]
+KSWEEP = [(4096, 4096, k) for k in (1024, 2048, 4096, 8192, 16384)] + [
+    (8192, 8192, k) for k in (2048, 8192)
+]  # ("ksweep": the routed tile's time against K, a line: per slice and per tile)
+EPIQ = [  # C through shared memory, the bulk copies waited for at the next epilogue (VEC 3)
+    (2, 208, 4, 1, 2),
+    (2, 208, 4, 1, 3),
+    (2, 192, 4, 1, 3),
+    (2, 160, 5, 1, 3),
+    (2, 128, 6, 2, 3),
+    (2, 128, 6, 1, 3),
+    (2, 128, 6, 2, 3, 2),
+    (2, 208, 4, 1, 3, 2),
+]
+
+
+def deferred_plans(m, n, k, sms=132):
+    """The routed plan with the other epilogue: stored from registers (``VEC`` 1, the stages
+    that fit: main's plan before 2026-11-27) where it goes through shared memory, else
+    through shared memory with the copies drained during the next tile (``VEC`` 3), where the
+    routed plan is unswapped (128 x 128 tiles so, cuBLAS's tile at 4096^3, ran at 0.77x to
+    0.91x: round B)."""
+    wg, bn, _, pr, vec, *rest = H.config(m, n, k, sms)
+    if len(rest) > 3 and rest[4]:  # swapped
+        return []
+    other = 1 if vec == 3 else 3
+    return [(wg, bn, H.stages_for(wg, bn, vec=other), pr, other, *rest[:2])]
+
+
+EPIQ_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (4096, 4096, 1024), (4096, 4096, 16384),
+               (8192, 4096, 14336), (2048, 28672, 4096)]  # fmt: skip
 NOT_SHIPPED = ((2, 256, 4, 0, 1), (1, 64, 12, 0, 1), (2, 128, 7, 0, 1))  # no promotion
 
 
@@ -668,6 +698,15 @@ def warm(cases, ms, models, processes: int = 14) -> None:
     if "carry" in cases or "carrysq" in cases:
         for m, n, k in CARRY_SHAPES[: 2 if "carrysq" in cases else None]:
             jobs += [(p, False) for p in [H.config(m, n, k, 132), *carry_plans(m, n, k)]]
+    if "sweepdef" in cases:
+        for m in ms:
+            for n, k in shapes:
+                jobs += [(p, False, min(m, 256)) for p in deferred_plans(m, n, k)]
+    if "epiq" in cases:
+        jobs += [(p, False) for p in EPIQ]
+        jobs += [(H.config(*shape, 132), False) for shape in EPIQ_SHAPES]
+    if "ksweep" in cases:
+        jobs += [(H.config(m, n, k, 132), False) for m, n, k in KSWEEP]
     if "group" in cases:
         jobs += [(p, False) for s in (4096, 8192) for p in [H.config(s, s, s, 132),
                                                             *group_plans(s, s, s)]]  # fmt: skip
@@ -775,6 +814,15 @@ def main() -> None:
     if "wide" in cases:
         recs.append(run_case(4096, 4096, 4096, False, WIDE, log))
         recs.append(run_case(8192, 8192, 8192, False, WIDE, log))
+    if "epiq" in cases:  # the epilogue's bulk copies drained during the next tile
+        for m, n, k in EPIQ_SHAPES:
+            if time.time() - t0 > args.budget:
+                print(f"budget: skipped {m}x{n}x{k}", flush=True)
+                continue
+            recs.append(run_case(m, n, k, False, EPIQ, log))
+    if "ksweep" in cases:  # the routed tile over K: the slope per K slice, the fixed cost
+        for m, n, k in KSWEEP:
+            recs.append(run_case(m, n, k, False, [], log))
     if "depth" in cases:  # 4x longer tiles than 4096^3: the fixed cost of a tile shows
         recs.append(run_case(4096, 4096, 16384, False, DEPTH, log))
     if "big" in cases:
@@ -787,6 +835,8 @@ def main() -> None:
         recs.append(run_case(8192, 8192, 8192, False, CLUSTER, log, "8192^3 clusters"))
     if "swap" in cases:  # the swapped decode plans at the sweep's shapes
         over_shapes(ms, swap_plans)
+    if "sweepdef" in cases:  # the routed plans against their epilogue drained later
+        over_shapes(ms, deferred_plans)
     if any(c in cases for c in ("sweep", "sweepnew", "sweepwide", "sweepfinal")):
 
         def sweep_plans(m: int, n: int, k: int) -> list:

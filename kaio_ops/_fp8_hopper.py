@@ -89,7 +89,10 @@ and the TMA copies do not care about the element type: they are written for 16-b
 The epilogue scales the accumulators in registers first (the scales and bias loaded once a
 tile, before any store), then stores 4 adjacent columns a lane (``VEC`` 1, lanes trading
 pairs: ``_matmul_hopper.store_rows``), a pair (0), or (2, 16-bit outputs) each warp's 16
-rows through its shared buffer, copied out a row by a lane's asynchronous bulk copy:
+rows through its shared buffer, copied out a row by a lane's asynchronous bulk copy (3: each
+copy waited for at the warp's next epilogue, not this one, so that the copies drain while
+the next tile's wgmmas run; the routed epilogue of two consumer warpgroups, at a stage less:
+stored by the threads, a wave's C left the tensor cores idle while the copies went out):
 ``acc * (scale_a * scale_b) (+ bias)`` rounded once.
 """
 
@@ -464,7 +467,8 @@ def epilogue_fp8(
     row of a / column of b (ROW_A, COL_B) loaded before any store; then 4 adjacent columns
     a store (``VEC`` 1), a pair (0), or (2, 16-bit ``DT``) the warp's 16 rows through its
     shared buffer ``ebuf[warp]``, each row then copied out by one lane's bulk copy
-    (``_gemm_hopper.store_shared``: each lane waits until its copy has read the buffer).
+    (``_gemm_hopper.store_shared``: each lane waits until its copy has read the buffer; 3:
+    at the warp's next epilogue, the last ones before the block leaves).
     N is a multiple of 16. ``SWAP``: the tile is of C^T (``store_transposed``). ``pa``, ``pb``:
     the per-tensor scales ``sa[0]``, ``sb[0]``, loaded by the caller."""
     if SWAP:
@@ -540,8 +544,9 @@ def epilogue_rows(
                 acc[j, h, e] = acc[j, h, e] * (s_a[h] * s_b)
                 if BIAS:
                     acc[j, h, e] += add
-    if VEC == 2:  # through shared memory, a bulk copy a row, as the f16 kernel's
-        store_shared(acc, out, ebuf, row0, col0, m, n, wg, lt, BN, DT)
+    if VEC >= 2:  # through shared memory, a bulk copy a row, as the f16 kernel's (3: the
+        # copies waited for at the warp's next epilogue, not this one)
+        store_shared(acc, out, ebuf, row0, col0, m, n, wg, lt, BN, DT, VEC == 3)
     elif VEC:  # 4 adjacent columns a store (lanes trade pairs), as the f16 kernel's
         store_rows(acc, out, out, out, row0, col0, m, n, n, 0, 1.0, 1.0, 1.0, lt, BN, DT, CHECK)
     else:
@@ -667,7 +672,7 @@ def consume_tiles(
         else:
             epilogue_fp8(acc, out, ebuf, sa, sb, pa, pb, bias, row0, col0, m, n, wg, lt, BN,
                          ROW_A, COL_B, BIAS, DT, VEC, SWAP)  # fmt: skip
-    if VEC == 2:
+    if VEC >= 2:
         if lt % 32 < 16:
             kaio.bulk_wait(0)  # (the buffer stays until its copies are done)
 
@@ -720,8 +725,8 @@ def matmul_fp8_wgmma(
     sb_s = kaio.shared_dynamic(f16, (STAGES, BN, BK), A_BYTES)
     bars = kaio.shared_dynamic(u64, (2, STAGES), A_BYTES + STAGES * BK * BN * 2)
     turn = kaio.shared_dynamic(u64, (2,), A_BYTES + STAGES * (BK * BN * 2 + 16))
-    # VEC 2: each consumer warp's 16 rows of C on their way out (rows padded by 16 bytes)
-    on = VEC == 2  # (else a stub of 8 values)
+    # VEC 2, 3: each consumer warp's 16 rows of C on their way out (rows padded by 16 bytes)
+    on = VEC >= 2  # (else a stub of 8 values)
     ebuf = kaio.shared_dynamic(
         DT, (1 + (WG * 4 - 1) * on, 1 + 15 * on, 8 + BN * on),
         A_BYTES + STAGES * (BK * BN * 2 + 16) + 16,
@@ -824,7 +829,7 @@ def shared_bytes(wg: int, bn: int, stages: int, vec: int = 1, ar: int = 64) -> i
     rows copied, padded to a last 64-row operand), its barriers, the two turn barriers and
     the consumer warps' epilogue buffers of 16-bit values (``vec`` 2; else a stub)."""
     sr = a_stage_rows(wg, 1, ar)
-    ebuf = wg * 4 * 16 * (bn + 8) * 2 if vec == 2 else 32  # (a stub: 8 values)
+    ebuf = wg * 4 * 16 * (bn + 8) * 2 if vec >= 2 else 32  # (a stub: 8 values)
     a_bytes = (stages * sr + 64 * wg - sr) * BK * 2
     return a_bytes + stages * (bn * BK * 2 + 16) + 16 + ebuf
 
@@ -854,8 +859,13 @@ def promotion(wg: int, bn: int) -> int:
 
 
 def plan(wg: int, bn: int, cl: int = 1, split: int = 1) -> tuple:
-    """The full plan (WG, BN, STAGES, PROMOTE, VEC, CL, SPLIT) of a tile shape."""
-    return wg, bn, stages_for(wg, bn), promotion(wg, bn), 1, cl, split
+    """The full plan (WG, BN, STAGES, PROMOTE, VEC, CL, SPLIT) of a tile shape: two consumer
+    warpgroups and 128 to 224 columns store C through shared memory by bulk copies drained
+    during the next tile (``VEC`` 3, a stage fewer: 2 to 6% faster than ``VEC`` 1 at 4096 and
+    8192 rows on an H100 and an H200; at 256 columns, 3 stages, and 64, slower:
+    docs/performance.md), the others 4 adjacent columns a store."""
+    vec = 3 if wg == 2 and 128 <= bn <= 224 else 1
+    return wg, bn, stages_for(wg, bn, vec=vec), promotion(wg, bn), vec, cl, split
 
 
 # (WG, BN, CL): a tile's work (rows x columns) a unit of time, relative (1: cuBLAS FP8 at
@@ -1032,9 +1042,11 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
         FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=min(split, 2) + (split > 1 and fuse), AR=ar,
         SWAP=int(bool(swap)),
     )  # fmt: skip
-    if vec == 2 and dt.itemsize != 2:
+    if vec >= 2 and dt.itemsize != 2:
         vec = 1  # (the shared buffers hold 16-bit outputs)
         constexprs["VEC"] = 1
+        if plan is None:  # config's: the ring takes the buffers' room
+            stages = constexprs["STAGES"] = stages_for(wg, bn)
     threads, shared = wg * 128 + 128, shared_bytes(wg, bn, stages, vec, ar)
     tiles = -(-m // (rows * cl)) * -(-n // bn)
     full = split_from(tiles, sms * occ, split)
@@ -1090,6 +1102,7 @@ def specializations():
         name, dt = combos[i % len(combos)]
         flags = {"ROW_A": i % 2, "COL_B": (i // 2) % 2, "BIAS": (i + 1) // 3 % 2}
         w, b, stages, promote_mode, vec, cl, _ = plan(wg, bn)
+        vec = vec if dt.itemsize == 2 else 1  # (as launch: 16-bit outputs through shared)
         tile = {"WG": w, "BN": b, "STAGES": stages, "PROMOTE": promote_mode}
         yield matmul_fp8_wgmma, {**tile, "GROUP": GROUP_ROWS, **flags, "DT": dt,
                                  "FP8": FP8_TYPES[name], "VEC": vec, "CL": cl,

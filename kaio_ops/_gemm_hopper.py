@@ -172,15 +172,21 @@ def mma_run(
 @kaio.gpu_func
 def store_shared(
     acc: f32[:, :, :], c: OUT[:, :], ebuf: OUT[:, :, :], row0: i32, col0: i32, m: i32, n: i32,
-    wg: u32, lt: u32, BN: kaio.constexpr, OUT: kaio.constexpr,
+    wg: u32, lt: u32, BN: kaio.constexpr, OUT: kaio.constexpr, DEFER: kaio.constexpr = 0,
 ):  # fmt: skip
     """Store a warpgroup's 64 rows of C from ``row0``, BN columns from ``col0`` (thread
     ``lt`` holds ``acc``, the m16n8 C fragment of each n8 tile of its warp's 16 rows): each
     warp rounds its 16 rows into its buffer ``ebuf[warp]`` (rows of BN + 8, against bank
     conflicts), then lane r < 16 copies row r out by one bulk copy (n a multiple of 8) and
-    waits until the copy has read the buffer (the block may then leave)."""
+    waits until the copy has read the buffer (the block may then leave). ``DEFER``: that
+    wait comes at the start of the warp's next store instead, so that the copies drain while
+    the warp goes on (the caller waits for the last ones before the block leaves)."""
     lane = i32(lt % 32)
     w = i32(wg) * 4 + i32(lt // 32)
+    if DEFER:  # the copies of the warp's store before have read its buffer
+        if lane < 16:
+            kaio.bulk_wait_read(0)
+        kaio.sync_warp()
     two = kaio.local(OUT, (2,))
     for h in kaio.static_range(2):
         for j in kaio.static_range(BN // 8):
@@ -193,7 +199,8 @@ def store_shared(
     if lane < 16 and r < m and col0 < n:
         kaio.bulk_store(c, (r, col0), ebuf, (w, lane, 0), kaio.min(BN, n - col0) * OUT.itemsize)
         kaio.bulk_commit()
-        kaio.bulk_wait_read(0)
+        if not DEFER:
+            kaio.bulk_wait_read(0)
 
 
 @kaio.gpu_func

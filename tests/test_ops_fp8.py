@@ -244,6 +244,7 @@ def test_matmul_hopper_kernel_sim(monkeypatch):
         ((1, 64, 3, 2, 1, 1, 3), 20, 192, 640, "both", "f16"),  # last tile split 3 ways
         ((2, 192, 2, 1, 1, 1, 2), 100, 176, 384, "row", "bf16"),  # 1 tile, 2 blocks: K split
         ((2, 192, 2, 1, 2), 200, 432, 256, "both", "f16"),  # C through shared, bulk copies
+        ((2, 64, 2, 1, 3), 200, 208, 256, "row", "bf16"),  # the same, copies waited for later
         ((2, 128, 3, 21, 1), 130, 144, 640, "row", "bf16"),  # promoted every 2, staggered
         ((2, 128, 3, 5, 1), 70, 144, 384, "both", "f16"),  # halves, one in flight
         ((2, 128, 3, 6, 1), 130, 144, 640, "row", "f16"),  # two full sums, one in flight
@@ -384,10 +385,11 @@ def test_split_of_the_last_wave():
 @pytest.mark.parametrize("sms", [132, 114, 78])
 def test_config_plans_fit(sms):
     """Every plan ``config`` picks over the M sweep (1..8192) at the Llama-3 shapes fits: its
-    ring in shared memory, a promotion mode its registers hold, a K split only with one
-    block a tile and two slices a part; on an H100's 132 multiprocessors 4096^3 and 8192^3
-    take tiles of 192 columns or more (faster than 128 x 128 tiles there: the H100 rounds'
-    sweep, docs/performance.md)."""
+    ring in shared memory (beside the epilogue's buffers where C goes through shared
+    memory: two consumer warpgroups, 128 to 224 columns), a promotion mode its registers
+    hold, a K split only with one block a tile and two slices a part; on an H100's 132
+    multiprocessors 4096^3 and 8192^3 take tiles of 192 columns or more (faster than 128 x
+    128 tiles there: the H100 rounds' sweep, docs/performance.md)."""
     from kaio_ops import _fp8_hopper as H
 
     shapes = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (10240, 8192),
@@ -396,8 +398,9 @@ def test_config_plans_fit(sms):
         for n, k in shapes:
             wg, bn, stages, promote, vec, cl, split, *rest = H.config(m, n, k, sms)
             occ, _, swap = (*rest, 1, 0, 0)[:3]
-            assert occ * (H.shared_bytes(wg, bn, stages) + 1024) <= H.SHARED_LIMIT + 1024
+            assert occ * (H.shared_bytes(wg, bn, stages, vec) + 1024) <= H.SHARED_LIMIT + 1024
             assert promote == H.promotion(wg, bn)
+            assert vec == (3 if wg == 2 and 128 <= bn <= 224 else 1)  # C through shared or not
             assert (wg, bn, cl) in H.RATES or (wg == 1 and bn <= 128 and m <= 64)
             assert split == 1 or (cl == 1 and k // 128 >= 2 * split)
             assert not swap or (m <= H.SWAP_M and bn == max(8, -(-m // 8) * 8) and wg == 1)
@@ -598,16 +601,18 @@ def test_hopper_plans_gpu_vs_scaled_mm(wg, bn, split, promote, vec, monkeypatch)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("vec", [2, 3])
 @pytest.mark.parametrize("wg, bn, split", [(2, 208, 1), (2, 192, 3), (2, 256, 1), (1, 64, 1)])
-def test_hopper_shared_epilogue_gpu_vs_scaled_mm(wg, bn, split, monkeypatch):
+def test_hopper_shared_epilogue_gpu_vs_scaled_mm(wg, bn, split, vec, monkeypatch):
     """The epilogue through shared memory (``VEC`` 2: each warp's 16 rows copied out a row by
-    a bulk copy, the last column tile partial) against torch._scaled_mm, as above."""
+    a bulk copy, the last column tile partial; 3: the copies waited for at the warp's next
+    epilogue) against torch._scaled_mm, as above."""
     torch = pytest.importorskip("torch")
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernel needs sm_90")
     from kaio_ops import _fp8_hopper as H
 
-    plan = (wg, bn, H.stages_for(wg, bn, vec=2), H.promotion(wg, bn), 2, 1, split)
+    plan = (wg, bn, H.stages_for(wg, bn, vec=vec), H.promotion(wg, bn), vec, 1, split)
     _forced_plan_vs_scaled_mm(torch, plan, monkeypatch)
 
 
@@ -681,12 +686,16 @@ def test_routed_decode_gpu_bit_identical(m, n, k):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("plan", [(2, 208, 5, 7, 1), (2, 192, 5, 7, 1)])
-def test_carried_slice_gpu_bit_identical(plan, monkeypatch):
-    """``PROMOTE`` 7 (the next tile's first slice multiplied during the epilogue) forced, 2000
-    x 4144 x 4096 (several tiles a block; partial last tile row and column, stored with the
-    bounds checked and no slice carried) gives torch._scaled_mm's bf16 outputs bit for bit
-    (per-tensor scales, no bias: the case that carries)."""
+@pytest.mark.parametrize(
+    "plan", [(2, 208, 5, 7, 1), (2, 192, 5, 7, 1), (2, 208, 4, 1, 3), (2, 128, 6, 2, 3, 2)]
+)
+def test_forced_plans_gpu_bit_identical(plan, monkeypatch):
+    """``PROMOTE`` 7 (the next tile's first slice multiplied during the epilogue) and ``VEC``
+    3 (C through shared memory, the copies drained during the next tile; alone and in
+    clusters of two) forced, 2000 x 4144 x 4096 (several tiles a block; partial last tile
+    row and column, stored with the bounds checked and no slice carried) give
+    torch._scaled_mm's bf16 outputs bit for bit (per-tensor scales, no bias: the case that
+    carries)."""
     torch = pytest.importorskip("torch")
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernel needs sm_90")
