@@ -118,7 +118,11 @@ def prewarm(log, variants: list, ms: list, workers: int) -> None:
     import multiprocessing
 
     routed = [(w, *KNOBS.values()) for w in (4, 8)]
-    todo = {(*v, _int4_decode._rows(m)) for m in ms for v in (*routed, *variants)}
+    todo = set()
+    for m in ms:  # the constexprs matmul launches at this M (_tuned: no swap past 8 rows...)
+        for w, *tuned in (*routed, *variants):
+            consts = _int4_decode._tuned(m, dict(zip(KNOBS, tuned, strict=True)))
+            todo.add((w, *(consts[k] for k in KNOBS), _int4_decode._rows(m)))
     t = time.time()
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:

@@ -74,21 +74,63 @@ HIGH_TWICE = 0x3232  # the high 16 bits of a in both halves
 def load_group(
     words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :], BUF: kaio.constexpr, w: u32[:, :],
     x: f16[:, :], scales: f16[:, :], group: u32, col: u32, g: u32, t: u32, M: u32,
-    ROWS: kaio.constexpr, L2F: kaio.constexpr,
+    ROWS: kaio.constexpr, L2F: kaio.constexpr, XLEAD: kaio.constexpr,
 ):  # fmt: skip
     """Buffer BUF = scale group ``group``'s operands of this lane: its 4 columns' scales (sc),
     the words of packed rows ``16 group + 4 u + t`` (words[u]) and, when ``ROWS`` <= 2 (one
-    m16 tile), the 8 halves of x those words multiply, rows g and g + 8 (xr[u, r]; rows past
-    M read row M - 1 instead: their products land in rows that are never stored). Past one
-    tile the x fragments are loaded where they are used (``multiply_group``): buffering them
-    all would take 32 registers per 8 rows."""
+    m16 tile) and ``XLEAD`` is 0, the 8 halves of x those words multiply, rows g and g + 8
+    (xr[u, r]; rows past M read row M - 1 instead: their products land in rows that are
+    never stored). Past one tile the x fragments are loaded where they are used
+    (``multiply_group``): buffering them all would take 32 registers per 8 rows; with
+    ``XLEAD`` they are loaded ``XLEAD`` loads ahead (``load_x``)."""
     kaio.load_vector(sc[BUF], scales, (group, col))
     for u in kaio.static_range(LOADS):
         row = group * ROWS_PER_GROUP + 4 * u + t
         kaio.load_vector(words[BUF, u], w, (row, col), L2F)
-        if ROWS <= 2:
+        if ROWS <= 2 and XLEAD == 0:
             for r in kaio.static_range(ROWS):
                 kaio.load_vector(xr[BUF, u, r], x, (kaio.min(g + 8 * r, M - 1), 8 * row))
+
+
+@kaio.gpu_func
+def load_x(
+    xq: u32[:, :, :], SLOT: kaio.constexpr, x: f16[:, :], group: u32, u: kaio.constexpr,
+    g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
+):  # fmt: skip
+    """xq[SLOT, r] = the 8 halves of x that load ``u`` of scale group ``group`` multiplies,
+    rows g and g + 8 (``ROWS`` of them; rows past M read row M - 1)."""
+    k8 = group * ROWS_PER_GROUP + 4 * u + t
+    for r in kaio.static_range(ROWS):
+        kaio.load_vector(xq[SLOT, r], x, (kaio.min(g + 8 * r, M - 1), 8 * k8))
+
+
+@kaio.gpu_func
+def lead_x(
+    xq: u32[:, :, :], x: f16[:, :], base: u32, s: kaio.constexpr, WARPS: kaio.constexpr,
+    last: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr, XLEAD: kaio.constexpr,
+):  # fmt: skip
+    """The x fragments of step ``s`` (load ``s % 4`` of the group ``s // 4`` rounds of
+    ``WARPS`` past ``base``, at most group ``last``: a step past the warp's groups reads one
+    it has) into slot ``s % (XLEAD + 1)`` of the ring xq."""
+    group = kaio.min(base + (s // LOADS) * WARPS, last)
+    load_x(xq, s % (XLEAD + 1), x, group, s % LOADS, g, t, M, ROWS)
+
+
+@kaio.gpu_func
+def step_x(
+    xr: u32[:, :, :, :], BUF: kaio.constexpr, u: kaio.constexpr, xq: u32[:, :, :],
+    x: f16[:, :], base: u32, WARPS: kaio.constexpr, last: u32, g: u32, t: u32, M: u32,
+    ROWS: kaio.constexpr, XLEAD: kaio.constexpr,
+):  # fmt: skip
+    """With ``XLEAD`` > 0: ask for the x fragments of the step ``XLEAD`` loads later
+    (``lead_x``), then take this step's (load ``u`` of buffer BUF) from the ring into
+    xr[BUF, u]."""
+    if XLEAD > 0:
+        s = LOADS * BUF + u
+        lead_x(xq, x, base, s + XLEAD, WARPS, last, g, t, M, ROWS, XLEAD)
+        for r in kaio.static_range(ROWS):
+            for e in kaio.static_range(4):
+                xr[BUF, u, r, e] = xq[s % (XLEAD + 1), r, e]
 
 
 @kaio.gpu_func
@@ -118,18 +160,25 @@ def dequantize_load(
 def multiply_group(
     acc: f32[:, :, :], words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :],
     BUF: kaio.constexpr, x: f16[:, :], group: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
-    DEQ: kaio.constexpr, SWAP: kaio.constexpr,
+    DEQ: kaio.constexpr, SWAP: kaio.constexpr, xq: u32[:, :, :], base: u32,
+    WARPS: kaio.constexpr, last: u32, XLEAD: kaio.constexpr,
 ):  # fmt: skip
     """acc[m] += the products of buffer BUF (scale group ``group``) for each m16 tile m of
     the ``ROWS`` 8-row slabs: 2 k-steps of 16 for each of the 4 loads, for each of the lane's
-    4 columns (n8 tiles). Each weight fragment is dequantized once and feeds every tile."""
+    4 columns (n8 tiles). Each weight fragment is dequantized once and feeds every tile.
+    With ``XLEAD`` (``ROWS`` <= 2), x's fragments come from the ring xq, and each load's
+    step first asks for those of the step ``XLEAD`` later (``lead_x``; ``base`` is the
+    group of buffer 0 this round)."""
     a = kaio.local(u32, (2, 4))
     b = kaio.local(u32, (4, 2, 2))
     xt = kaio.local(u32, (2, 4))
     if SWAP == 1:
-        multiply_swapped(acc, words, xr, sc, BUF, DEQ)
+        multiply_swapped(
+            acc, words, xr, sc, BUF, DEQ, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD
+        )
         return
     for u in kaio.static_range(LOADS):
+        step_x(xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD)
         dequantize_load(b, words, sc, BUF, u, DEQ)
         for m in kaio.static_range((ROWS + 1) // 2):
             if ROWS > 2:
@@ -166,7 +215,9 @@ def multiply_group(
 @kaio.gpu_func
 def multiply_swapped(
     acc: f32[:, :, :], words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :],
-    BUF: kaio.constexpr, DEQ: kaio.constexpr,
+    BUF: kaio.constexpr, DEQ: kaio.constexpr, xq: u32[:, :, :], x: f16[:, :], base: u32,
+    WARPS: kaio.constexpr, last: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
+    XLEAD: kaio.constexpr,
 ):  # fmt: skip
     """``multiply_group`` at M <= 8 with the roles swapped: the weights are the A operand
     (m16: the lane's columns ``4 g + 2 p`` and ``+ 1`` as rows g and g + 8 of tile p), x the
@@ -177,6 +228,7 @@ def multiply_swapped(
     bx = kaio.local(u32, (2, 2))
     b = kaio.local(u32, (4, 2, 2))
     for u in kaio.static_range(LOADS):
+        step_x(xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD)
         dequantize_load(b, words, sc, BUF, u, DEQ)
         for i in kaio.static_range(4):
             for h in kaio.static_range(2):
@@ -244,6 +296,7 @@ def decode_columns(
     M: u32, N: u32, block: u32, WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr,
     PREFETCH: kaio.constexpr, DEQ: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], part: u32,
     SPLIT: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr, SWAP: kaio.constexpr,
+    XLEAD: kaio.constexpr,
 ):  # fmt: skip
     """out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W = scales * the
     nibbles of w, see the module docstring), rounded to DT (the output's element type), for
@@ -275,9 +328,13 @@ def decode_columns(
                 acc[m, i, e] = 0.0
     words = kaio.local(u32, (2, LOADS, 4))
     xr = kaio.local(u32, (2, LOADS, 2, 4))
+    xq = kaio.local(u32, (XLEAD + 1, 2, 4))
     sc = kaio.local(u32, (2, 2))
+    last = kaio.max(groups, 1) - 1
     if first < groups:
-        load_group(words, xr, sc, 0, w, x, scales, first, col, g, t, M, ROWS, L2F)
+        load_group(words, xr, sc, 0, w, x, scales, first, col, g, t, M, ROWS, L2F, XLEAD)
+    for s in kaio.static_range(XLEAD):
+        lead_x(xq, x, first, s, WARPS, last, g, t, M, ROWS, XLEAD)
     for d in kaio.static_range(2, 2 * PREFETCH + 2):
         if first + d * WARPS < groups:
             prefetch_group(w, first + d * WARPS, block, lane, N, PMODE)
@@ -287,14 +344,23 @@ def decode_columns(
                 if group + d * WARPS < groups:
                     prefetch_group(w, group + d * WARPS, block, lane, N, PMODE)
         if group + WARPS < groups:
-            load_group(words, xr, sc, 1, w, x, scales, group + WARPS, col, g, t, M, ROWS, L2F)
-        multiply_group(acc, words, xr, sc, 0, x, group, g, t, M, ROWS, DEQ, SWAP)
+            load_group(
+                words, xr, sc, 1, w, x, scales, group + WARPS, col, g, t, M, ROWS, L2F, XLEAD
+            )
+        multiply_group(
+            acc, words, xr, sc, 0, x, group, g, t, M, ROWS, DEQ, SWAP, xq, group, WARPS, last,
+            XLEAD,
+        )  # fmt: skip
         if group + WARPS < groups:
             if group + 2 * WARPS < groups:
                 load_group(
-                    words, xr, sc, 0, w, x, scales, group + 2 * WARPS, col, g, t, M, ROWS, L2F
-                )
-            multiply_group(acc, words, xr, sc, 1, x, group + WARPS, g, t, M, ROWS, DEQ, SWAP)
+                    words, xr, sc, 0, w, x, scales, group + 2 * WARPS, col, g, t, M, ROWS, L2F,
+                    XLEAD,
+                )  # fmt: skip
+            multiply_group(
+                acc, words, xr, sc, 1, x, group + WARPS, g, t, M, ROWS, DEQ, SWAP, xq, group,
+                WARPS, last, XLEAD,
+            )  # fmt: skip
     for m in kaio.static_range((ROWS + 1) // 2):
         if m > 0:
             kaio.sync_threads()  # the previous tile's partial sums are all read
@@ -363,6 +429,7 @@ def int4_decode(
     WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr, PREFETCH: kaio.constexpr,
     DEQ: kaio.constexpr, MINB: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
     SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], SPLIT: kaio.constexpr,
+    XLEAD: kaio.constexpr,
 ):  # fmt: skip
     """``out = x @ W`` (``decode_columns``), SPLIT blocks per 32 columns (block ``b``: part
     ``b % SPLIT`` of column block ``b // SPLIT``)."""
@@ -371,7 +438,7 @@ def int4_decode(
     b = kaio.block_idx_x()
     decode_columns(
         x, w, scales, out, partial, M, N, b // SPLIT, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-        counters, b % SPLIT, SPLIT, PMODE, L2F, SWAP,
+        counters, b % SPLIT, SPLIT, PMODE, L2F, SWAP, XLEAD,
     )  # fmt: skip
 
 
@@ -382,7 +449,7 @@ def int4_decode_qkv(
     M: u32, NQ: u32, NK: u32,
     WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr, PREFETCH: kaio.constexpr,
     DEQ: kaio.constexpr, MINB: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
-    SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:],
+    SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], XLEAD: kaio.constexpr,
 ):  # fmt: skip
     """``q, k, v = x @ Wq, x @ Wk, x @ Wv`` in one launch: the blocks of q's columns, then
     k's, then v's (each block exactly a block of ``int4_decode``)."""
@@ -394,18 +461,18 @@ def int4_decode_qkv(
     if block < bq:
         decode_columns(
             x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
-            0, 1, PMODE, L2F, SWAP,
+            0, 1, PMODE, L2F, SWAP, XLEAD,
         )  # fmt: skip
     elif block < bq + bk:
         decode_columns(
             x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, PMODE, L2F, SWAP,
+            counters, 0, 1, PMODE, L2F, SWAP, XLEAD,
         )  # fmt: skip
     else:
         nv = u32(v.shape[1])
         decode_columns(
             x, wv, sv, v, partial, M, nv, block - bq - bk, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, PMODE, L2F, SWAP,
+            counters, 0, 1, PMODE, L2F, SWAP, XLEAD,
         )  # fmt: skip
 
 
@@ -418,6 +485,7 @@ SPLIT = 1  # blocks a column block (K split) at M <= 16
 PMODE = 0  # the prefetch's form: 0 a lane's 32-byte sectors, 1 a line a row, 2 bulk (sm_90)
 SWAP = 1  # 1 at M <= 8: the weights as mma's A operand (multiply_swapped)
 L2F = 0  # the words' loads: bytes L2 fetches on a miss (0: its own choice, 64/128/256)
+XLEAD = 0  # ROWS <= 2: x's fragments XLEAD loads ahead in a ring (1, 3 or 7; 0: with the words)
 TUNED = {
     "PREFETCH": PREFETCH,
     "DEQ": DEQ,
@@ -425,6 +493,7 @@ TUNED = {
     "PMODE": PMODE,
     "L2F": L2F,
     "SWAP": SWAP,
+    "XLEAD": XLEAD,
 }  # the constexprs matmul's tune overrides
 
 
@@ -453,6 +522,8 @@ def _tuned(m: int, tune: dict | None = None) -> dict:
     tuned = {**TUNED, **(tune or {})}
     if _rows(m) != 1:
         tuned["SWAP"] = 0
+    if _rows(m) > 2:
+        tuned["XLEAD"] = 0  # past one m16 tile x is loaded where it is used
     return tuned
 
 
