@@ -61,6 +61,10 @@ PAIR_MASK = 0x000F000F  # nibbles j and j + 4 of a word shifted right by 4 j
 # flipped (q + 8); read as an f16 pair, the same bits are 1032 = 1024 + 8, subtracted after.
 MAGIC = 0x64086408
 MAGIC_HIGH = 0x64806480  # the same for a nibble at bit 4: 1024 + 16 (q + 8)
+BYTE_MASK = 0x00F0000F  # DEQ 6: a byte's low nibble in the low half, its high one at bit 20
+# DEQ 6's magic number: f16 1024 (low half) and 64 (high half, whose ulp 1/16 makes the nibble
+# at bit 20 count 1 each), each nibble's sign bit flipped; read as an f16 pair, 1032 and 72
+MAGIC_BYTE = 0x54806408
 SIXTEENTH = 0x2C002C00  # f16 1/16 in both halves
 MINUS_72 = 0xD480D480  # f16 -72 = -(64 + 8) in both halves
 LUT_AND_XOR = (0xF0 & 0xCC) ^ 0xAA  # lop3's (a & b) ^ c
@@ -192,6 +196,10 @@ def multiply_group(
                     sel = LOW_HALVES if j % 2 == 0 else HIGH_HALVES
                     if 2 * m + ra % 2 >= ROWS:
                         a[h, ra] = 0
+                    elif DEQ == 6 and ROWS <= 2:  # the weights' pairs are x's own halves
+                        a[h, ra] = xr[BUF, u, ra % 2, j]
+                    elif DEQ == 6:
+                        a[h, ra] = xt[ra % 2, j]
                     elif ROWS > 2:
                         a[h, ra] = kaio.prmt(xt[ra % 2, j // 2], xt[ra % 2, j // 2 + 2], sel)
                     else:
@@ -219,13 +227,14 @@ def multiply_swapped(
     WARPS: kaio.constexpr, last: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
     XLEAD: kaio.constexpr,
 ):  # fmt: skip
-    """``multiply_group`` at M <= 8 with the roles swapped: the weights are the A operand
-    (m16: the lane's columns ``4 g + 2 p`` and ``+ 1`` as rows g and g + 8 of tile p), x the
-    B operand (n8: x's rows), so one m16n8k16 takes 256 weights, not 128: half the mma.
-    The k order is the unswapped one (pairs j and j + 4 of each word); acc[0, p, e] is x row
-    ``2 t + e % 2``, column ``4 g + 2 p + e // 2`` of the block."""
+    """``multiply_group`` at M <= 16 (``ROWS`` 1 or 2) with the roles swapped: the weights
+    are the A operand (m16: the lane's columns ``4 g + 2 p`` and ``+ 1`` as rows g and g + 8
+    of tile p), x the B operand (n8: x's rows, slab r), so one m16n8k16 takes 256 weights,
+    not 128: half the mma at M <= 8. The k order is the unswapped one (pairs j and j + 4 of
+    each word, or DEQ 6's bytes); acc[0, 2 r + p, e] is x row ``8 r + 2 t + e % 2``, column
+    ``4 g + 2 p + e // 2`` of the block."""
     aw = kaio.local(u32, (2, 2, 4))
-    bx = kaio.local(u32, (2, 2))
+    bx = kaio.local(u32, (2, 2, 2))
     b = kaio.local(u32, (4, 2, 2))
     for u in kaio.static_range(LOADS):
         step_x(xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD)
@@ -234,13 +243,18 @@ def multiply_swapped(
             for h in kaio.static_range(2):
                 for r in kaio.static_range(2):
                     aw[i // 2, h, 2 * r + i % 2] = b[i, h, r]
-        for h in kaio.static_range(2):
-            for r in kaio.static_range(2):
-                sel = LOW_HALVES if r == 0 else HIGH_HALVES
-                bx[h, r] = kaio.prmt(xr[BUF, u, 0, h], xr[BUF, u, 0, h + 2], sel)
-        for p in kaio.static_range(2):
+        for s in kaio.static_range(ROWS):
             for h in kaio.static_range(2):
-                kaio.mma_f16(acc[0, p], aw[p, h], bx[h], acc[0, p])
+                for r in kaio.static_range(2):
+                    sel = LOW_HALVES if r == 0 else HIGH_HALVES
+                    if DEQ == 6:  # the weights' pairs are x's own halves
+                        bx[s, h, r] = xr[BUF, u, s, 2 * h + r]
+                    else:
+                        bx[s, h, r] = kaio.prmt(xr[BUF, u, s, h], xr[BUF, u, s, h + 2], sel)
+        for s in kaio.static_range(ROWS):
+            for p in kaio.static_range(2):
+                for h in kaio.static_range(2):
+                    kaio.mma_f16(acc[0, 2 * s + p], aw[p, h], bx[s, h], acc[0, 2 * s + p])
 
 
 @kaio.gpu_func
@@ -281,7 +295,15 @@ def word_pairs(b: u32[:, :, :], i: kaio.constexpr, word: u32, scale: f16x2):
 @kaio.gpu_func
 def weight_pair(word: u32, j: kaio.constexpr, scale: f16x2, DEQ: kaio.constexpr) -> u32:
     """Nibbles ``j`` and ``j + 4`` of ``word`` as the f16 pair ``scale * q`` (DEQ 5: the mask
-    and the magic number in one ``lop3``, the same bits)."""
+    and the magic number in one ``lop3``, the same bits; DEQ 6: nibbles ``2 j`` and
+    ``2 j + 1``, byte j, the k order of x's own halves: byte j put in both halves by one
+    ``prmt``, then one ``lop3``)."""
+    if DEQ == 6:
+        both = kaio.prmt(word, word, u32(0x1111 * j))
+        fused = kaio.lop3(both, u32(BYTE_MASK), u32(MAGIC_BYTE), LUT_AND_XOR)
+        return kaio.bitcast(
+            (kaio.bitcast(fused, f16x2) - kaio.bitcast(u32(MAGIC_BYTE), f16x2)) * scale, u32
+        )
     if DEQ == 5:
         fused = kaio.lop3(word >> (4 * j), u32(PAIR_MASK), u32(MAGIC), LUT_AND_XOR)
         biased = kaio.bitcast(fused, f16x2)
@@ -365,9 +387,11 @@ def decode_columns(
         if m > 0:
             kaio.sync_threads()  # the previous tile's partial sums are all read
         if SWAP == 1:
-            for p in kaio.static_range(2):
-                for e in kaio.static_range(4):
-                    partial[warp, 2 * t + e % 2, 4 * g + 2 * p + e // 2] = acc[0, p, e]
+            for slab in kaio.static_range(ROWS):
+                for p in kaio.static_range(2):
+                    for e in kaio.static_range(4):
+                        row = 8 * slab + 2 * t + e % 2
+                        partial[warp, row, 4 * g + 2 * p + e // 2] = acc[0, 2 * slab + p, e]
         else:
             for i in kaio.static_range(4):
                 for e in kaio.static_range(4):
@@ -483,7 +507,7 @@ PREFETCH = 0  # rounds of two groups a warp asks L2 for ahead of its registers (
 MINB = 0  # blocks an SM for launch_bounds (0: ptxas's choice, 1 past 16 rows)
 SPLIT = 1  # blocks a column block (K split) at M <= 16
 PMODE = 0  # the prefetch's form: 0 a lane's 32-byte sectors, 1 a line a row, 2 bulk (sm_90)
-SWAP = 1  # 1 at M <= 8: the weights as mma's A operand (multiply_swapped)
+SWAP = 1  # the weights as mma's A operand (multiply_swapped): 1 at M <= 8, 2 at M <= 16
 L2F = 0  # the words' loads: bytes L2 fetches on a miss (0: its own choice, 64/128/256)
 XLEAD = 0  # ROWS <= 2: x's fragments XLEAD loads ahead in a ring (1, 3 or 7; 0: with the words)
 TUNED = {
@@ -520,8 +544,9 @@ def _config(x: _arrays.Operand, columns: int, warps: int = WARPS, split: int = 1
 def _tuned(m: int, tune: dict | None = None) -> dict:
     """``TUNED`` with ``tune``'s overrides, for M = ``m`` (SWAP only at M <= 8, ROWS 1)."""
     tuned = {**TUNED, **(tune or {})}
-    if _rows(m) != 1:
-        tuned["SWAP"] = 0
+    if _rows(m) > tuned["SWAP"]:
+        tuned["SWAP"] = 0  # SWAP 1: at M <= 8, 2: at M <= 16 too; the kernel's SWAP is 0 or 1
+    tuned["SWAP"] = min(tuned["SWAP"], 1)
     if _rows(m) > 2:
         tuned["XLEAD"] = 0  # past one m16 tile x is loaded where it is used
     return tuned
