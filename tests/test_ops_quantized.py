@@ -192,15 +192,18 @@ def test_int4_decode_warps_in_simulator(m, n, k, warps, poisoned):
 # M <= 8 and no swap past 8 rows, K splits whose parts hold unequal group counts (fewer groups
 # than warps in one), the last part adding them in order, x's fragments loads ahead in a ring
 # (XLEAD: past the last group and the last round's partial second buffer, fewer groups than
-# warps); each twice: the arrival counters are back to zero.
+# warps), the swapped mma at M = 9-16 (SWAP 2), a byte's two nibbles a pair (DEQ 6, also past
+# 16 rows); each twice: the arrival counters are back to zero.
 TUNED_PLANS = [
     (1, 36, 128 * 9, 4, {"PREFETCH": 1, "DEQ": 1, "SWAP": 0}),
     (16, 40, 128 * 7, 4, {"PREFETCH": 2, "PMODE": 2, "SPLIT": 3, "SWAP": 1}),
     (5, 68, 128 * 5, 8, {"SPLIT": 2, "DEQ": 0, "L2F": 256}),
     (3, 36, 128 * 5, 4, {"SPLIT": 2, "PREFETCH": 1, "PMODE": 1, "DEQ": 1}),
-    (12, 100, 128 * 13, 4, {"XLEAD": 1}),
-    (7, 36, 128 * 11, 4, {"XLEAD": 3}),
-    (16, 8, 128 * 5, 8, {"XLEAD": 3, "SPLIT": 2}),
+    (12, 100, 128 * 13, 4, {"XLEAD": 1, "SWAP": 0}),
+    (7, 36, 128 * 11, 4, {"XLEAD": 3, "DEQ": 6}),
+    (16, 8, 128 * 5, 8, {"XLEAD": 3, "SPLIT": 2, "SWAP": 2}),
+    (10, 36, 128 * 3, 4, {"XLEAD": 1, "SWAP": 2, "DEQ": 6}),
+    (20, 8, 128 * 2, 8, {"DEQ": 6}),
 ]
 
 
