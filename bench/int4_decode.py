@@ -110,26 +110,32 @@ def _warm(consts: dict) -> str:
         return f"{consts}: {type(e).__name__}: {str(e)[:200]}"
 
 
-def prewarm(log, variants: list, ms: list, workers: int) -> None:
-    """Every specialization timed (``variants``' (warps, *tuned), the routed ones at
-    each M) compiled in ``workers`` processes at once: a launch then loads each from the
-    disk cache."""
-    import concurrent.futures
-    import multiprocessing
-
+def specializations(variants: list, ms: list) -> list[dict]:
+    """The constexprs of every ``int4_decode`` specialization a run times (``variants``'
+    (warps, *tuned) and the routed ones at each M, as ``matmul`` launches them: ``_tuned``),
+    DT aside."""
     routed = [(w, *KNOBS.values()) for w in (4, 8)]
     todo = set()
-    for m in ms:  # the constexprs matmul launches at this M (_tuned: no swap past 8 rows...)
+    for m in ms:
         for w, *tuned in (*routed, *variants):
             consts = _int4_decode._tuned(m, dict(zip(KNOBS, tuned, strict=True)))
             todo.add((w, *(consts[k] for k in KNOBS), _int4_decode._rows(m)))
+    names = ("WARPS", *KNOBS, "ROWS")
+    return [dict(zip(names, v, strict=True)) for v in sorted(todo)]
+
+
+def prewarm(log, variants: list, ms: list, workers: int) -> None:
+    """Every specialization timed (``specializations``) compiled in ``workers`` processes
+    at once: a launch then loads each from the disk cache."""
+    import concurrent.futures
+    import multiprocessing
+
+    jobs = specializations(variants, ms)
     t = time.time()
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-        names = ("WARPS", *KNOBS, "ROWS")
-        jobs = [dict(zip(names, v, strict=True)) for v in sorted(todo)]
         errors = [e for e in pool.map(_warm, jobs) if e]
-    log({"prewarm": len(todo), "seconds": round(time.time() - t, 1), "errors": errors[:5]})
+    log({"prewarm": len(jobs), "seconds": round(time.time() - t, 1), "errors": errors[:5]})
 
 
 def point(log, args, m, n, k, weights, floor, variants) -> dict:

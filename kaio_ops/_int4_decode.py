@@ -313,12 +313,35 @@ def weight_pair(word: u32, j: kaio.constexpr, scale: f16x2, DEQ: kaio.constexpr)
 
 
 @kaio.gpu_func
+def buffer_step(
+    acc: f32[:, :, :], words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :],
+    xq: u32[:, :, :], B: kaio.constexpr, w: u32[:, :], x: f16[:, :], scales: f16[:, :],
+    base: u32, groups: u32, col: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
+    L2F: kaio.constexpr, XLEAD: kaio.constexpr, DEQ: kaio.constexpr, SWAP: kaio.constexpr,
+    WARPS: kaio.constexpr, last: u32, WBUF: kaio.constexpr,
+):  # fmt: skip
+    """Buffer B's turn in a round of ``WBUF`` groups from ``base`` (``WARPS`` apart): first
+    the loads of the group ``WBUF - 1`` later into the buffer the previous turn freed, then
+    buffer B's products."""
+    ahead = base + (B + WBUF - 1) * WARPS
+    if ahead < groups:
+        load_group(
+            words, xr, sc, (B + WBUF - 1) % WBUF, w, x, scales, ahead, col, g, t, M, ROWS, L2F,
+            XLEAD,
+        )  # fmt: skip
+    multiply_group(
+        acc, words, xr, sc, B, x, base + B * WARPS, g, t, M, ROWS, DEQ, SWAP, xq, base, WARPS,
+        last, XLEAD,
+    )  # fmt: skip
+
+
+@kaio.gpu_func
 def decode_columns(
     x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :], partial: f32[:, :, :],
     M: u32, N: u32, block: u32, WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr,
     PREFETCH: kaio.constexpr, DEQ: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], part: u32,
     SPLIT: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr, SWAP: kaio.constexpr,
-    XLEAD: kaio.constexpr,
+    XLEAD: kaio.constexpr, WBUF: kaio.constexpr,
 ):  # fmt: skip
     """out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W = scales * the
     nibbles of w, see the module docstring), rounded to DT (the output's element type), for
@@ -348,41 +371,37 @@ def decode_columns(
         for i in kaio.static_range(4):
             for e in kaio.static_range(4):
                 acc[m, i, e] = 0.0
-    words = kaio.local(u32, (2, LOADS, 4))
-    xr = kaio.local(u32, (2, LOADS, 2, 4))
+    words = kaio.local(u32, (WBUF, LOADS, 4))
+    xr = kaio.local(u32, (WBUF, LOADS, 2, 4))
     xq = kaio.local(u32, (XLEAD + 1, 2, 4))
-    sc = kaio.local(u32, (2, 2))
+    sc = kaio.local(u32, (WBUF, 2))
     last = kaio.max(groups, 1) - 1
-    if first < groups:
-        load_group(words, xr, sc, 0, w, x, scales, first, col, g, t, M, ROWS, L2F, XLEAD)
+    for b in kaio.static_range(WBUF - 1):
+        if first + b * WARPS < groups:
+            load_group(
+                words, xr, sc, b, w, x, scales, first + b * WARPS, col, g, t, M, ROWS, L2F, XLEAD
+            )
     for s in kaio.static_range(XLEAD):
         lead_x(xq, x, first, s, WARPS, last, g, t, M, ROWS, XLEAD)
-    for d in kaio.static_range(2, 2 * PREFETCH + 2):
+    for d in kaio.static_range(WBUF, WBUF * PREFETCH + WBUF):
         if first + d * WARPS < groups:
             prefetch_group(w, first + d * WARPS, block, lane, N, PMODE)
-    for group in range(first, groups, 2 * WARPS):
+    for group in range(first, groups, WBUF * WARPS):
         if PREFETCH > 0:
-            for d in kaio.static_range(2 * PREFETCH + 2, 2 * PREFETCH + 4):
+            for d in kaio.static_range(WBUF * PREFETCH + WBUF, WBUF * PREFETCH + 2 * WBUF):
                 if group + d * WARPS < groups:
                     prefetch_group(w, group + d * WARPS, block, lane, N, PMODE)
-        if group + WARPS < groups:
-            load_group(
-                words, xr, sc, 1, w, x, scales, group + WARPS, col, g, t, M, ROWS, L2F, XLEAD
-            )
-        multiply_group(
-            acc, words, xr, sc, 0, x, group, g, t, M, ROWS, DEQ, SWAP, xq, group, WARPS, last,
-            XLEAD,
-        )  # fmt: skip
-        if group + WARPS < groups:
-            if group + 2 * WARPS < groups:
-                load_group(
-                    words, xr, sc, 0, w, x, scales, group + 2 * WARPS, col, g, t, M, ROWS, L2F,
-                    XLEAD,
+        for b in kaio.static_range(WBUF):
+            if b == 0:  # group < groups in the loop
+                buffer_step(
+                    acc, words, xr, sc, xq, b, w, x, scales, group, groups, col, g, t, M, ROWS,
+                    L2F, XLEAD, DEQ, SWAP, WARPS, last, WBUF,
                 )  # fmt: skip
-            multiply_group(
-                acc, words, xr, sc, 1, x, group + WARPS, g, t, M, ROWS, DEQ, SWAP, xq, group,
-                WARPS, last, XLEAD,
-            )  # fmt: skip
+            elif group + b * WARPS < groups:
+                buffer_step(
+                    acc, words, xr, sc, xq, b, w, x, scales, group, groups, col, g, t, M, ROWS,
+                    L2F, XLEAD, DEQ, SWAP, WARPS, last, WBUF,
+                )  # fmt: skip
     for m in kaio.static_range((ROWS + 1) // 2):
         if m > 0:
             kaio.sync_threads()  # the previous tile's partial sums are all read
@@ -453,7 +472,7 @@ def int4_decode(
     WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr, PREFETCH: kaio.constexpr,
     DEQ: kaio.constexpr, MINB: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
     SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], SPLIT: kaio.constexpr,
-    XLEAD: kaio.constexpr,
+    XLEAD: kaio.constexpr, WBUF: kaio.constexpr,
 ):  # fmt: skip
     """``out = x @ W`` (``decode_columns``), SPLIT blocks per 32 columns (block ``b``: part
     ``b % SPLIT`` of column block ``b // SPLIT``)."""
@@ -462,7 +481,7 @@ def int4_decode(
     b = kaio.block_idx_x()
     decode_columns(
         x, w, scales, out, partial, M, N, b // SPLIT, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-        counters, b % SPLIT, SPLIT, PMODE, L2F, SWAP, XLEAD,
+        counters, b % SPLIT, SPLIT, PMODE, L2F, SWAP, XLEAD, WBUF,
     )  # fmt: skip
 
 
@@ -474,6 +493,7 @@ def int4_decode_qkv(
     WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr, PREFETCH: kaio.constexpr,
     DEQ: kaio.constexpr, MINB: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
     SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], XLEAD: kaio.constexpr,
+    WBUF: kaio.constexpr,
 ):  # fmt: skip
     """``q, k, v = x @ Wq, x @ Wk, x @ Wv`` in one launch: the blocks of q's columns, then
     k's, then v's (each block exactly a block of ``int4_decode``)."""
@@ -485,18 +505,18 @@ def int4_decode_qkv(
     if block < bq:
         decode_columns(
             x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
-            0, 1, PMODE, L2F, SWAP, XLEAD,
+            0, 1, PMODE, L2F, SWAP, XLEAD, WBUF,
         )  # fmt: skip
     elif block < bq + bk:
         decode_columns(
             x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, PMODE, L2F, SWAP, XLEAD,
+            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF,
         )  # fmt: skip
     else:
         nv = u32(v.shape[1])
         decode_columns(
             x, wv, sv, v, partial, M, nv, block - bq - bk, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, PMODE, L2F, SWAP, XLEAD,
+            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF,
         )  # fmt: skip
 
 
@@ -509,7 +529,9 @@ SPLIT = 1  # blocks a column block (K split) at M <= 16
 PMODE = 0  # the prefetch's form: 0 a lane's 32-byte sectors, 1 a line a row, 2 bulk (sm_90)
 SWAP = 1  # the weights as mma's A operand (multiply_swapped): 1 at M <= 8, 2 at M <= 16
 L2F = 0  # the words' loads: bytes L2 fetches on a miss (0: its own choice, 64/128/256)
-XLEAD = 0  # ROWS <= 2: x's fragments XLEAD loads ahead in a ring (1, 3 or 7; 0: with the words)
+XLEAD = 0  # ROWS <= 2: x's fragments XLEAD loads ahead in a ring (0: with the words; XLEAD + 1
+# divides 4 WBUF)
+WBUF = 2  # register buffers of words a warp (groups in flight: WBUF - 1)
 TUNED = {
     "PREFETCH": PREFETCH,
     "DEQ": DEQ,
@@ -518,6 +540,7 @@ TUNED = {
     "L2F": L2F,
     "SWAP": SWAP,
     "XLEAD": XLEAD,
+    "WBUF": WBUF,
 }  # the constexprs matmul's tune overrides
 
 
