@@ -341,9 +341,9 @@ def decode_columns(
     M: u32, N: u32, block: u32, WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr,
     PREFETCH: kaio.constexpr, DEQ: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], part: u32,
     SPLIT: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr, SWAP: kaio.constexpr,
-    XLEAD: kaio.constexpr, WBUF: kaio.constexpr,
+    XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr,
 ):  # fmt: skip
-    """out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W = scales * the
+    """With ``CS`` 1, out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W = scales * the
     nibbles of w, see the module docstring), rounded to DT (the output's element type), for
     the ``ROWS`` 8-row slabs of x (``_rows``: 1 when M <= 8, rows g + 8 of A are zero; else
     2 per m16 tile). Each warp's groups go through two register buffers: the next group's
@@ -353,16 +353,20 @@ def decode_columns(
     its registers (``prefetch_group``). ``SPLIT`` > 1 (M <= 16): this block takes part
     ``part`` of SPLIT equal runs of K's groups and leaves its sums in ``ws[part, block]``;
     the last of the SPLIT blocks to finish (``counters[block]``, back to 0 after) adds the
-    parts in order into ``out``."""
+    parts in order into ``out``. ``CS`` > 1 (SPLIT 1): the block's warps take CS column
+    blocks from ``CS block``, warp w column block ``CS block + w % CS`` and the groups
+    ``w // CS``, ``w // CS + WARPS // CS``, ...: the warps of one such run load the same x
+    at about the same time (L1 hits, not L2 traffic)."""
     tid = kaio.thread_idx_x()
     warp = tid // 32
     lane = tid % 32
     g = lane // 4
     t = lane % 4
     # Columns past N read column 0 instead: their products are never stored.
-    col = kaio.select(block * COLS + 4 * g < N, block * COLS + 4 * g, 0)
+    cb = block * CS + warp % CS
+    col = kaio.select(cb * COLS + 4 * g < N, cb * COLS + 4 * g, 0)
     groups = u32(scales.shape[0])
-    first = warp
+    first = warp // CS
     if SPLIT > 1:
         first = part * groups // SPLIT + warp
         groups = (part + 1) * groups // SPLIT
@@ -376,31 +380,32 @@ def decode_columns(
     xq = kaio.local(u32, (XLEAD + 1, 2, 4))
     sc = kaio.local(u32, (WBUF, 2))
     last = kaio.max(groups, 1) - 1
+    KW = WARPS // CS  # the warps that split K
     for b in kaio.static_range(WBUF - 1):
-        if first + b * WARPS < groups:
+        if first + b * KW < groups:
             load_group(
-                words, xr, sc, b, w, x, scales, first + b * WARPS, col, g, t, M, ROWS, L2F, XLEAD
+                words, xr, sc, b, w, x, scales, first + b * KW, col, g, t, M, ROWS, L2F, XLEAD
             )
     for s in kaio.static_range(XLEAD):
-        lead_x(xq, x, first, s, WARPS, last, g, t, M, ROWS, XLEAD)
+        lead_x(xq, x, first, s, KW, last, g, t, M, ROWS, XLEAD)
     for d in kaio.static_range(WBUF, WBUF * PREFETCH + WBUF):
-        if first + d * WARPS < groups:
-            prefetch_group(w, first + d * WARPS, block, lane, N, PMODE)
-    for group in range(first, groups, WBUF * WARPS):
+        if first + d * KW < groups:
+            prefetch_group(w, first + d * KW, cb, lane, N, PMODE)
+    for group in range(first, groups, WBUF * KW):
         if PREFETCH > 0:
             for d in kaio.static_range(WBUF * PREFETCH + WBUF, WBUF * PREFETCH + 2 * WBUF):
-                if group + d * WARPS < groups:
-                    prefetch_group(w, group + d * WARPS, block, lane, N, PMODE)
+                if group + d * KW < groups:
+                    prefetch_group(w, group + d * KW, cb, lane, N, PMODE)
         for b in kaio.static_range(WBUF):
             if b == 0:  # group < groups in the loop
                 buffer_step(
                     acc, words, xr, sc, xq, b, w, x, scales, group, groups, col, g, t, M, ROWS,
-                    L2F, XLEAD, DEQ, SWAP, WARPS, last, WBUF,
+                    L2F, XLEAD, DEQ, SWAP, KW, last, WBUF,
                 )  # fmt: skip
-            elif group + b * WARPS < groups:
+            elif group + b * KW < groups:
                 buffer_step(
                     acc, words, xr, sc, xq, b, w, x, scales, group, groups, col, g, t, M, ROWS,
-                    L2F, XLEAD, DEQ, SWAP, WARPS, last, WBUF,
+                    L2F, XLEAD, DEQ, SWAP, KW, last, WBUF,
                 )  # fmt: skip
     for m in kaio.static_range((ROWS + 1) // 2):
         if m > 0:
@@ -416,13 +421,17 @@ def decode_columns(
                 for e in kaio.static_range(4):
                     partial[warp, g + 8 * (e // 2), 4 * (2 * t + e % 2) + i] = acc[m, i, e]
         kaio.sync_threads()
-        for k in kaio.static_range(16 * COLS // (WARPS * 32)):
+        for k in kaio.static_range(CS * 16 * COLS // (WARPS * 32)):
             o = tid + k * WARPS * 32
             r = o // COLS
-            c = block * COLS + o % COLS
-            total = partial[0, r, o % COLS]
-            for s in kaio.static_range(1, WARPS):
-                total += partial[s, r, o % COLS]
+            cs = u32(0)
+            if CS > 1:
+                cs = r // 16
+                r = r % 16
+            c = (block * CS + cs) * COLS + o % COLS
+            total = partial[cs, r, o % COLS]
+            for s in kaio.static_range(1, KW):
+                total += partial[s * CS + cs, r, o % COLS]
             if SPLIT > 1:
                 if r < M:
                     ws[part, block, o] = total
@@ -472,16 +481,16 @@ def int4_decode(
     WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr, PREFETCH: kaio.constexpr,
     DEQ: kaio.constexpr, MINB: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
     SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], SPLIT: kaio.constexpr,
-    XLEAD: kaio.constexpr, WBUF: kaio.constexpr,
+    XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr,
 ):  # fmt: skip
     """``out = x @ W`` (``decode_columns``), SPLIT blocks per 32 columns (block ``b``: part
-    ``b % SPLIT`` of column block ``b // SPLIT``)."""
+    ``b % SPLIT`` of column block ``b // SPLIT``), or a block per ``CS`` column blocks."""
     decode_bounds(WARPS, ROWS, MINB)
     partial = kaio.shared(f32, (WARPS, 16, COLS))
     b = kaio.block_idx_x()
     decode_columns(
         x, w, scales, out, partial, M, N, b // SPLIT, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-        counters, b % SPLIT, SPLIT, PMODE, L2F, SWAP, XLEAD, WBUF,
+        counters, b % SPLIT, SPLIT, PMODE, L2F, SWAP, XLEAD, WBUF, CS,
     )  # fmt: skip
 
 
@@ -505,18 +514,18 @@ def int4_decode_qkv(
     if block < bq:
         decode_columns(
             x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
-            0, 1, PMODE, L2F, SWAP, XLEAD, WBUF,
+            0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1,
         )  # fmt: skip
     elif block < bq + bk:
         decode_columns(
             x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF,
+            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1,
         )  # fmt: skip
     else:
         nv = u32(v.shape[1])
         decode_columns(
             x, wv, sv, v, partial, M, nv, block - bq - bk, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF,
+            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1,
         )  # fmt: skip
 
 
@@ -532,6 +541,7 @@ L2F = 0  # the words' loads: bytes L2 fetches on a miss (0: its own choice, 64/1
 XLEAD = 0  # ROWS <= 2: x's fragments XLEAD loads ahead in a ring (0: with the words; XLEAD + 1
 # divides 4 WBUF)
 WBUF = 2  # register buffers of words a warp (groups in flight: WBUF - 1)
+CS = 1  # matmul: 32-column blocks a block (its warps split K CS times less)
 TUNED = {
     "PREFETCH": PREFETCH,
     "DEQ": DEQ,
@@ -541,6 +551,7 @@ TUNED = {
     "SWAP": SWAP,
     "XLEAD": XLEAD,
     "WBUF": WBUF,
+    "CS": CS,
 }  # the constexprs matmul's tune overrides
 
 
@@ -558,10 +569,12 @@ def _words(w: _arrays.Operand):
     return w.arg(dtype=u32)
 
 
-def _config(x: _arrays.Operand, columns: int, warps: int = WARPS, split: int = 1) -> tuple:
+def _config(
+    x: _arrays.Operand, columns: int, warps: int = WARPS, split: int = 1, cs: int = 1
+) -> tuple:
     """The launch configuration for ``columns`` output columns in all, ``warps`` a block,
-    ``split`` blocks per 32 columns."""
-    return (-(-columns // COLS) * split, warps * 32, _arrays.stream_of(x), 0)
+    ``split`` blocks per 32 columns, or ``cs`` 32-column blocks a block."""
+    return (-(-columns // (COLS * cs)) * split, warps * 32, _arrays.stream_of(x), 0)
 
 
 def _tuned(m: int, tune: dict | None = None) -> dict:
@@ -628,10 +641,10 @@ def matmul(
     warps = warps or warps_for(m, tiles, _arrays.multiprocessors(x))
     tuned = _tuned(m, tune)
     split = tuned.pop("SPLIT", SPLIT)
-    if m > 16:
-        split = 1  # a part's sums in ws are one m16 tile
+    if m > 16 or tuned["CS"] > 1:
+        split = 1  # a part's sums in ws are one m16 tile of one column block
     out = _arrays.output(x, (m, n), dtype)
-    int4_decode[_config(x, n, warps, split)](
+    int4_decode[_config(x, n, warps, split, tuned["CS"])](
         x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), dtype), m, n,
         WARPS=warps, ROWS=_rows(m), DT=dtype, **tuned, **_split_arrays(x, tiles, split),
         SPLIT=split,
@@ -648,10 +661,12 @@ def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
     outs = [_arrays.output(x, (m, n), f16) for n in widths]
     blocks = sum(-(-n // COLS) for n in widths)
     warps = warps_for(m, blocks, _arrays.multiprocessors(x))
+    tuned = _tuned(m)
+    tuned.pop("CS")  # a block per 32 columns: q's, k's and v's blocks apart
     int4_decode_qkv[_config(x, blocks * COLS, warps)](
         x.arg(), *(_words(w) for w, _ in weights), *(s.arg() for _, s in weights),
         *(_arrays.output_arg(x, o, (m, n)) for o, n in zip(outs, widths, strict=True)), m,
-        widths[0], widths[1], WARPS=warps, ROWS=_rows(m), DT=f16, **_tuned(m),
+        widths[0], widths[1], WARPS=warps, ROWS=_rows(m), DT=f16, **tuned,
         **_split_arrays(x, 0, 1),
     )  # fmt: skip
     return tuple(outs)
@@ -659,19 +674,15 @@ def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
 
 def specializations() -> list:
     """(kernel, constexprs) of every specialization ``matmul`` (f32 out: matmul_int4) and
-    ``qkv`` (f16 out: qkv_project_int4) launch."""
-    return [
-        (
-            kernel,
-            {
-                "WARPS": warps,
-                "ROWS": rows,
-                "DT": dt,
-                **_tuned(8 * rows if rows > 1 else 1),
-                **split,
-            },
-        )
-        for kernel, dt, split in ((int4_decode, f32, {"SPLIT": SPLIT}), (int4_decode_qkv, f16, {}))
-        for rows in ALL_ROWS
-        for warps in ((4, 8) if rows <= 2 else (WARPS,))
-    ]
+    ``qkv`` (f16 out: qkv_project_int4, no CS) launch."""
+    specs = []
+    for kernel, dt in ((int4_decode, f32), (int4_decode_qkv, f16)):
+        for rows in ALL_ROWS:
+            for warps in (4, 8) if rows <= 2 else (WARPS,):
+                tuned = _tuned(8 * rows if rows > 1 else 1)
+                if kernel is int4_decode:
+                    tuned["SPLIT"] = SPLIT
+                else:
+                    tuned.pop("CS")
+                specs.append((kernel, {"WARPS": warps, "ROWS": rows, "DT": dt, **tuned}))
+    return specs
