@@ -343,8 +343,8 @@ def decode_columns(
     SPLIT: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr, SWAP: kaio.constexpr,
     XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr,
 ):  # fmt: skip
-    """With ``CS`` 1, out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W = scales * the
-    nibbles of w, see the module docstring), rounded to DT (the output's element type), for
+    """With ``CS`` 1, out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W =
+    scales * the nibbles of w, see the module docstring), rounded to DT (the output's type), for
     the ``ROWS`` 8-row slabs of x (``_rows``: 1 when M <= 8, rows g + 8 of A are zero; else
     2 per m16 tile). Each warp's groups go through two register buffers: the next group's
     loads are in flight while the current one is multiplied; ``partial`` [WARPS, 16, 32]
