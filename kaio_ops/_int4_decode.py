@@ -529,7 +529,7 @@ def int4_decode_qkv(
         )  # fmt: skip
 
 
-WARPS = 8  # the default (and past 16 rows); warps_for picks 4 or 8 at M <= 16
+WARPS = 8  # the default (and past 16 rows); plan picks 4, 8 or 16 at M <= 16
 MAX_M = 64  # up to 4 m16 tiles per block; past this _prefill or the tiled kernel
 DEQ = 5  # 0: weight_pair, 1: word_pairs, 5: weight_pair's lop3 (the same bits); 2-4 ablations
 PREFETCH = 0  # rounds of two groups a warp asks L2 for ahead of its registers (0: none)
@@ -600,24 +600,44 @@ def _split_arrays(x: _arrays.Operand, tiles: int, split: int) -> dict:
     return {"ws": ws, "counters": _counters(x, tiles)}
 
 
-def warps_for(m: int, tiles: int, sms: int) -> int:
-    """Warps a block at M = ``m`` over ``tiles`` 32-column blocks on ``sms``
-    multiprocessors: an SM holds 16 warps of this kernel at M <= 8 (112-115 registers: two
-    blocks of 8, four of 4) but 12 at M = 9-16 (146 registers: one block of 8, three of 4).
-    At M <= 8 (the swapped mma, ``SWAP``): blocks of 8 while the tiles fit the SMs' two
-    blocks each (N <= 8448 on 132 SMs) and again past ten tiles an SM (N > 42240, whole
-    waves of 8-warp blocks), blocks of 4 between (N = 10240 and 28672: 2.4 and 6.8 tiles an
-    SM, where blocks of 8 leave a short last wave). At M = 9-16: blocks of 8 while the
-    tiles leave an SM up to 1.1 (N = 4096), past that 4, which also even out the SMs'
-    shares. Measured on an H100 (bench/int4_decode.py; docs/performance.md, "W4A16
-    decode")."""
+SWAPPED_16 = {"SWAP": 2, "DEQ": 6}  # M = 9-16: the swapped mma, a byte's nibbles a pair
+
+
+def plan(m: int, tiles: int, sms: int) -> tuple[int, dict]:
+    """(warps a block, ``TUNED`` overrides) at M = ``m`` over ``tiles`` 32-column blocks on
+    ``sms`` multiprocessors, measured on an H100 (bench/int4_decode.py; docs/performance.md,
+    "W4A16 decode, M <= 16, third pass").
+
+    At M <= 8 (the swapped mma): blocks of 16 warps while every tile has an SM of its own
+    (N <= 4224 on 132 SMs: 16 warps an SM instead of 8, half the groups a warp); blocks
+    of 8 while the tiles fit two 8-warp blocks an SM; past ten tiles an SM (N > 42240)
+    blocks of 4 with DEQ 6 and x's fragments 3 loads ahead (93 registers); blocks of 4
+    between (N = 10240 and 28672: 2.4 and 6.8 tiles an SM, where blocks of 8 leave a short
+    last wave). At M = 9-16 the swapped mma and DEQ 6 (x's halves as they are loaded: no
+    prmt for x, two n8 tiles of x a k-step), blocks of 8, x with the words while every tile
+    has an SM (149 registers), x 3 loads ahead (124 registers: 16 warps an SM) up to two
+    tiles an SM and past ten; between, main's blocks of 4 (no swap) up to four tiles an SM
+    (N = 10240), else blocks of 4 swapped with x 3 loads ahead (N = 28672)."""
     if m > 16:
-        return WARPS
-    if m <= 8 and SWAP:
-        return 8 if tiles <= 2 * sms or tiles > 10 * sms else 4
-    if tiles * 10 <= sms * (25 if m <= 8 else 11):
-        return 8
-    return 4
+        return WARPS, {}
+    if m <= 8:
+        if tiles <= sms:
+            return 16, {}
+        if tiles > 10 * sms:
+            return 4, {"DEQ": 6, "XLEAD": 3}
+        return (8 if tiles <= 2 * sms else 4), {}
+    if tiles <= sms:
+        return 8, dict(SWAPPED_16)
+    if tiles <= 2 * sms or tiles > 10 * sms:
+        return 8, {**SWAPPED_16, "XLEAD": 3}
+    if tiles <= 4 * sms:
+        return 4, {}
+    return 4, {**SWAPPED_16, "XLEAD": 3}
+
+
+def warps_for(m: int, tiles: int, sms: int) -> int:
+    """The warps a block of ``plan``."""
+    return plan(m, tiles, sms)[0]
 
 
 def _rows(m: int) -> int:
@@ -634,11 +654,13 @@ def matmul(
     warps: int = 0, tune: dict | None = None,
 ):  # fmt: skip
     """``x @ W`` in ``dtype`` (f32, f16 or bf16) [M, N] (see ``fits``): one launch, a block
-    of ``warps`` warps (0: ``warps_for``'s) per 32 columns; ``tune`` overrides constexprs of
-    ``TUNED`` (for benchmarks)."""
+    of ``warps`` warps per 32 columns (0: ``plan``'s warps and knobs); ``tune`` overrides
+    constexprs of ``TUNED`` (for benchmarks)."""
     m, n = x.shape[0], words.shape[1]
     tiles = -(-n // COLS)
-    warps = warps or warps_for(m, tiles, _arrays.multiprocessors(x))
+    if not warps:
+        warps, planned = plan(m, tiles, _arrays.multiprocessors(x))
+        tune = {**planned, **(tune or {})}
     tuned = _tuned(m, tune)
     split = tuned.pop("SPLIT", SPLIT)
     if m > 16 or tuned["CS"] > 1:
@@ -655,13 +677,13 @@ def matmul(
 def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
     """``(q, k, v)``, each ``f16(x @ W)`` for the three ``(words, scales)`` pairs of
     ``weights`` (see ``fits``): one launch, the blocks of q's columns, then k's, then v's,
-    ``warps_for`` the three widths' blocks."""
+    ``plan`` over the three widths' blocks."""
     m = x.shape[0]
     widths = [w.shape[1] for w, _ in weights]
     outs = [_arrays.output(x, (m, n), f16) for n in widths]
     blocks = sum(-(-n // COLS) for n in widths)
-    warps = warps_for(m, blocks, _arrays.multiprocessors(x))
-    tuned = _tuned(m)
+    warps, planned = plan(m, blocks, _arrays.multiprocessors(x))
+    tuned = _tuned(m, planned)
     tuned.pop("CS")  # a block per 32 columns: q's, k's and v's blocks apart
     int4_decode_qkv[_config(x, blocks * COLS, warps)](
         x.arg(), *(_words(w) for w, _ in weights), *(s.arg() for _, s in weights),
@@ -672,17 +694,36 @@ def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
     return tuple(outs)
 
 
+PLANS = tuple(
+    sorted(
+        {
+            (m, w, tuple(sorted(t.items())))
+            for m in (1, 16)
+            for tiles in (1, 133, 265, 529, 1321)
+            for w, t in [plan(m, tiles, 132)]
+        }
+    )
+)  # (M, warps, knobs) of each plan (on 132 SMs; other counts move the bounds only)
+
+
 def specializations() -> list:
     """(kernel, constexprs) of every specialization ``matmul`` (f32 out: matmul_int4) and
-    ``qkv`` (f16 out: qkv_project_int4, no CS) launch."""
+    ``qkv`` (f16 out: qkv_project_int4, no CS) launch: each ``plan`` at M = 1 and 16 and
+    blocks of 4 and 8 warps with ``TUNED``'s knobs, one m16 tile; 8 warps past it."""
+    configs = [(m, w, dict(t)) for m, w, t in PLANS]
+    configs += [(m, w, {}) for m in (1, 16) for w in (4, 8)]
+    configs += [(8 * rows, WARPS, {}) for rows in ALL_ROWS if rows > 2]
     specs = []
     for kernel, dt in ((int4_decode, f32), (int4_decode_qkv, f16)):
-        for rows in ALL_ROWS:
-            for warps in (4, 8) if rows <= 2 else (WARPS,):
-                tuned = _tuned(8 * rows if rows > 1 else 1)
-                if kernel is int4_decode:
-                    tuned["SPLIT"] = SPLIT
-                else:
-                    tuned.pop("CS")
-                specs.append((kernel, {"WARPS": warps, "ROWS": rows, "DT": dt, **tuned}))
+        seen = []
+        for m, warps, tune in configs:
+            tuned = _tuned(m, tune)
+            if kernel is int4_decode:
+                tuned["SPLIT"] = SPLIT
+            else:
+                tuned.pop("CS")
+            consts = {"WARPS": warps, "ROWS": _rows(m), "DT": dt, **tuned}
+            if consts not in seen:
+                seen.append(consts)
+                specs.append((kernel, consts))
     return specs
