@@ -24,6 +24,15 @@ the tensor cores' rate, so the kernel is built around the weight stream:
   m16n8k16 takes 256 weights instead of 128 and no A rows are zero: half the ``mma``
   instructions. The warps of a small grid (8192 x 8192 fills the SMs with 16 warps each)
   are busy issuing, so fewer instructions a weight is time saved (docs/performance.md).
+- At M = 9-16 the roles turn too where ``plan`` says (``SWAP`` 2): x's two 8-row slabs are
+  two n8 tiles of B, one ``mma`` each per weight fragment. There the weight pairs are a
+  byte's two nibbles (``DEQ`` 6: the byte put in both halves by one ``prmt``, then the
+  same ``lop3``): k ``2 j``, ``2 j + 1`` of the lane's 8 values, which are the halves of
+  x's registers as loaded, so x needs no ``prmt`` and its B registers are two adjacent
+  registers of one load.
+- x's fragments can be loaded ``XLEAD`` loads ahead into a ring of XLEAD + 1 slots instead
+  of with the words (two whole groups of x in registers): 124 registers instead of 149 at
+  M = 16 (16 warps an SM instead of 12), 93 instead of 110 at M <= 8.
 - Past 16 rows a block holds ceil(M / 16) m16 tiles (``ROWS``, the 8-row slabs of x: 1, 2,
   then 4, 6, 8): each weight fragment is dequantized once and feeds one ``mma`` per tile, so
   the weights are read once per call whatever M. x's fragments of those tiles are loaded
@@ -36,11 +45,13 @@ the tensor cores' rate, so the kernel is built around the weight stream:
   once, the weight of the op's contract. The mask and the xor are one ``lop3`` (``DEQ`` 5:
   a shift, a lop3, a subtraction and a product a pair of weights, 4 instructions, not 5).
 
-The other knobs of ``TUNED`` (an L2 prefetch of later groups, the words' L2 fetch size, a
-dequantization by one lop3 a pair and an exact fma for the pairs at bit 4 (DEQ 1, the same
-bits), launch bounds, a K split over blocks; DEQ 2-4 are ablations with wrong results) were
-measured slower or equal and stay off; the benchmark sets them (``bench/int4_decode.py
---variants``).
+``plan`` picks the warps a block and these knobs by M and the tiles an SM (measured on an
+H100). The other knobs of ``TUNED`` (an L2 prefetch of later groups, the words' L2 fetch
+size, a dequantization by one lop3 a pair and an exact fma for the pairs at bit 4 (DEQ 1,
+the same bits), launch bounds, a K split over blocks, three register buffers of words
+(``WBUF``), blocks of several 32-column blocks whose warps share x through L1 (``CS``);
+DEQ 2-4 are ablations with wrong results) were measured slower or equal and stay off; the
+benchmark sets them (``bench/int4_decode.py --variants``).
 
 Needs N % 4 == 0 and K % 128 == 0, x 16-byte aligned, the words 16-byte and the scales
 8-byte aligned (``matmul_int4`` checks and otherwise takes the tiled kernel).
