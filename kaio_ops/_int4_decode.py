@@ -628,7 +628,8 @@ def plan(m: int, tiles: int, sms: int) -> tuple[int, dict]:
     prmt for x, two n8 tiles of x a k-step), blocks of 8, x with the words while every tile
     has an SM (149 registers), x 3 loads ahead (124 registers: 16 warps an SM) up to two
     tiles an SM and past ten; between, main's blocks of 4 (no swap) up to four tiles an SM
-    (N = 10240), else blocks of 4 swapped with x 3 loads ahead (N = 28672)."""
+    (N = 10240), else blocks of 4 swapped with x 3 loads ahead, each block two column
+    blocks (``CS`` 2, N = 28672; ``qkv`` takes CS 1)."""
     if m > 16:
         return WARPS, {}
     if m <= 8:
@@ -643,7 +644,7 @@ def plan(m: int, tiles: int, sms: int) -> tuple[int, dict]:
         return 8, {**SWAPPED_16, "XLEAD": 3}
     if tiles <= 4 * sms:
         return 4, {}
-    return 4, {**SWAPPED_16, "XLEAD": 3}
+    return 4, {**SWAPPED_16, "XLEAD": 3, "CS": 2}
 
 
 def warps_for(m: int, tiles: int, sms: int) -> int:

@@ -230,7 +230,8 @@ def test_int4_decode_warps_route():
     two a SM, 4 with DEQ 6 and x 3 loads ahead past ten a SM, else 4; at M = 9-16 the
     swapped mma with DEQ 6 in blocks of 8 (x with the words while each tile has an SM, else
     3 loads ahead) up to two tiles a SM and past ten, main's blocks of 4 up to four, then
-    swapped blocks of 4 (the H100 measurements of docs/performance.md); the default past 16
+    swapped blocks of 4 taking two column blocks each (the H100 measurements of
+    docs/performance.md); the default past 16
     rows; and each plan is a listed specialization (ptxas checks those)."""
     plan = _int4_decode.plan
     swapped, lead = {"SWAP": 2, "DEQ": 6}, {"SWAP": 2, "DEQ": 6, "XLEAD": 3}
@@ -241,7 +242,8 @@ def test_int4_decode_warps_route():
     ] * 4 + wide
     assert [plan(8, n // 32, 132)[0] for n in (4096, 6144, 10240, 57344)] == [16, 8, 4, 4]
     got = [plan(16, n // 32, 132) for n in (4096, 6144, 8448, 10240, 16896, 16928, 28672)]
-    assert got == [(8, swapped), (8, lead), (8, lead), (4, {}), (4, {}), (4, lead), (4, lead)]
+    pairs = {**lead, "CS": 2}
+    assert got == [(8, swapped), (8, lead), (8, lead), (4, {}), (4, {}), (4, pairs), (4, pairs)]
     assert plan(16, 57344 // 32, 132) == (8, lead)
     assert plan(32, 4096, 132) == (_int4_decode.WARPS, {})
     assert _int4_decode.warps_for(9, 320, 132) == 4
