@@ -3,7 +3,7 @@ weight-read floor: kernel time from CUDA graphs (``bench/int4_wgmma.graph_time``
 words rotated over enough copies to cover 200 MB (cuBLAS's f16 weights in the same sets),
 f16 out for both, every result checked against the f32 product of the dequantized weights.
 
-Per (N x K, M): cuBLAS f16, ``matmul_int4`` as routed (``_int4_decode.warps_for``'s warps),
+Per (N x K, M): cuBLAS f16, ``matmul_int4`` as routed (``_int4_decode.plan``),
 the decode kernel with each ``--warps`` count a block, and with ``--baseline W,...`` another
 version of the module copied in as ``kaio_ops/_int4_decode_v0.py`` (an A/B in one run); the
 floor (``bench/floors.read_words``: every word read once, nothing else) once per shape.
@@ -110,22 +110,36 @@ def _warm(consts: dict) -> str:
         return f"{consts}: {type(e).__name__}: {str(e)[:200]}"
 
 
+def specializations(variants: list, ms: list) -> list[dict]:
+    """The constexprs of every ``int4_decode`` specialization a run times (``variants``'
+    (warps, *tuned), blocks of 4 and 8 warps and each ``plan`` at each M, as ``matmul``
+    launches them: ``_tuned``), DT aside."""
+    routed = [(w, *KNOBS.values()) for w in (4, 8)]
+    todo = set()
+    for m in ms:
+        for w, *tuned in (*routed, *variants):
+            consts = _int4_decode._tuned(m, dict(zip(KNOBS, tuned, strict=True)))
+            todo.add((w, *(consts[k] for k in KNOBS), _int4_decode._rows(m)))
+        for tiles in (1, 133, 265, 529, 1321):  # each plan's branch on 132 SMs (matmul_int4)
+            w, tune = _int4_decode.plan(m, tiles, 132)
+            consts = _int4_decode._tuned(m, {**tune, "SPLIT": _int4_decode.SPLIT})
+            todo.add((w, *(consts[k] for k in KNOBS), _int4_decode._rows(m)))
+    names = ("WARPS", *KNOBS, "ROWS")
+    return [dict(zip(names, v, strict=True)) for v in sorted(todo)]
+
+
 def prewarm(log, variants: list, ms: list, workers: int) -> None:
-    """Every specialization timed (``variants``' (warps, *tuned), the routed ones at
-    each M) compiled in ``workers`` processes at once: a launch then loads each from the
-    disk cache."""
+    """Every specialization timed (``specializations``) compiled in ``workers`` processes
+    at once: a launch then loads each from the disk cache."""
     import concurrent.futures
     import multiprocessing
 
-    routed = [(w, *KNOBS.values()) for w in (4, 8)]
-    todo = {(*v, _int4_decode._rows(m)) for m in ms for v in (*routed, *variants)}
+    jobs = specializations(variants, ms)
     t = time.time()
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-        names = ("WARPS", *KNOBS, "ROWS")
-        jobs = [dict(zip(names, v, strict=True)) for v in sorted(todo)]
         errors = [e for e in pool.map(_warm, jobs) if e]
-    log({"prewarm": len(todo), "seconds": round(time.time() - t, 1), "errors": errors[:5]})
+    log({"prewarm": len(jobs), "seconds": round(time.time() - t, 1), "errors": errors[:5]})
 
 
 def point(log, args, m, n, k, weights, floor, variants) -> dict:

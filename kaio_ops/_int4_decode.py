@@ -24,6 +24,15 @@ the tensor cores' rate, so the kernel is built around the weight stream:
   m16n8k16 takes 256 weights instead of 128 and no A rows are zero: half the ``mma``
   instructions. The warps of a small grid (8192 x 8192 fills the SMs with 16 warps each)
   are busy issuing, so fewer instructions a weight is time saved (docs/performance.md).
+- At M = 9-16 the roles turn too where ``plan`` says (``SWAP`` 2): x's two 8-row slabs are
+  two n8 tiles of B, one ``mma`` each per weight fragment. There the weight pairs are a
+  byte's two nibbles (``DEQ`` 6: the byte put in both halves by one ``prmt``, then the
+  same ``lop3``): k ``2 j``, ``2 j + 1`` of the lane's 8 values, which are the halves of
+  x's registers as loaded, so x needs no ``prmt`` and its B registers are two adjacent
+  registers of one load.
+- x's fragments can be loaded ``XLEAD`` loads ahead into a ring of XLEAD + 1 slots instead
+  of with the words (two whole groups of x in registers): 124 registers instead of 149 at
+  M = 16 (16 warps an SM instead of 12), 93 instead of 110 at M <= 8.
 - Past 16 rows a block holds ceil(M / 16) m16 tiles (``ROWS``, the 8-row slabs of x: 1, 2,
   then 4, 6, 8): each weight fragment is dequantized once and feeds one ``mma`` per tile, so
   the weights are read once per call whatever M. x's fragments of those tiles are loaded
@@ -36,11 +45,13 @@ the tensor cores' rate, so the kernel is built around the weight stream:
   once, the weight of the op's contract. The mask and the xor are one ``lop3`` (``DEQ`` 5:
   a shift, a lop3, a subtraction and a product a pair of weights, 4 instructions, not 5).
 
-The other knobs of ``TUNED`` (an L2 prefetch of later groups, the words' L2 fetch size, a
-dequantization by one lop3 a pair and an exact fma for the pairs at bit 4 (DEQ 1, the same
-bits), launch bounds, a K split over blocks; DEQ 2-4 are ablations with wrong results) were
-measured slower or equal and stay off; the benchmark sets them (``bench/int4_decode.py
---variants``).
+``plan`` picks the warps a block and these knobs by M and the tiles an SM (measured on an
+H100). The other knobs of ``TUNED`` (an L2 prefetch of later groups, the words' L2 fetch
+size, a dequantization by one lop3 a pair and an exact fma for the pairs at bit 4 (DEQ 1,
+the same bits), launch bounds, a K split over blocks, three register buffers of words
+(``WBUF``), blocks of several 32-column blocks whose warps share x through L1 (``CS``);
+DEQ 2-4 are ablations with wrong results) were measured slower or equal and stay off; the
+benchmark sets them (``bench/int4_decode.py --variants``).
 
 Needs N % 4 == 0 and K % 128 == 0, x 16-byte aligned, the words 16-byte and the scales
 8-byte aligned (``matmul_int4`` checks and otherwise takes the tiled kernel).
@@ -61,6 +72,10 @@ PAIR_MASK = 0x000F000F  # nibbles j and j + 4 of a word shifted right by 4 j
 # flipped (q + 8); read as an f16 pair, the same bits are 1032 = 1024 + 8, subtracted after.
 MAGIC = 0x64086408
 MAGIC_HIGH = 0x64806480  # the same for a nibble at bit 4: 1024 + 16 (q + 8)
+BYTE_MASK = 0x00F0000F  # DEQ 6: a byte's low nibble in the low half, its high one at bit 20
+# DEQ 6's magic number: f16 1024 (low half) and 64 (high half, whose ulp 1/16 makes the nibble
+# at bit 20 count 1 each), each nibble's sign bit flipped; read as an f16 pair, 1032 and 72
+MAGIC_BYTE = 0x54806408
 SIXTEENTH = 0x2C002C00  # f16 1/16 in both halves
 MINUS_72 = 0xD480D480  # f16 -72 = -(64 + 8) in both halves
 LUT_AND_XOR = (0xF0 & 0xCC) ^ 0xAA  # lop3's (a & b) ^ c
@@ -74,21 +89,63 @@ HIGH_TWICE = 0x3232  # the high 16 bits of a in both halves
 def load_group(
     words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :], BUF: kaio.constexpr, w: u32[:, :],
     x: f16[:, :], scales: f16[:, :], group: u32, col: u32, g: u32, t: u32, M: u32,
-    ROWS: kaio.constexpr, L2F: kaio.constexpr,
+    ROWS: kaio.constexpr, L2F: kaio.constexpr, XLEAD: kaio.constexpr,
 ):  # fmt: skip
     """Buffer BUF = scale group ``group``'s operands of this lane: its 4 columns' scales (sc),
     the words of packed rows ``16 group + 4 u + t`` (words[u]) and, when ``ROWS`` <= 2 (one
-    m16 tile), the 8 halves of x those words multiply, rows g and g + 8 (xr[u, r]; rows past
-    M read row M - 1 instead: their products land in rows that are never stored). Past one
-    tile the x fragments are loaded where they are used (``multiply_group``): buffering them
-    all would take 32 registers per 8 rows."""
+    m16 tile) and ``XLEAD`` is 0, the 8 halves of x those words multiply, rows g and g + 8
+    (xr[u, r]; rows past M read row M - 1 instead: their products land in rows that are
+    never stored). Past one tile the x fragments are loaded where they are used
+    (``multiply_group``): buffering them all would take 32 registers per 8 rows; with
+    ``XLEAD`` they are loaded ``XLEAD`` loads ahead (``load_x``)."""
     kaio.load_vector(sc[BUF], scales, (group, col))
     for u in kaio.static_range(LOADS):
         row = group * ROWS_PER_GROUP + 4 * u + t
         kaio.load_vector(words[BUF, u], w, (row, col), L2F)
-        if ROWS <= 2:
+        if ROWS <= 2 and XLEAD == 0:
             for r in kaio.static_range(ROWS):
                 kaio.load_vector(xr[BUF, u, r], x, (kaio.min(g + 8 * r, M - 1), 8 * row))
+
+
+@kaio.gpu_func
+def load_x(
+    xq: u32[:, :, :], SLOT: kaio.constexpr, x: f16[:, :], group: u32, u: kaio.constexpr,
+    g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
+):  # fmt: skip
+    """xq[SLOT, r] = the 8 halves of x that load ``u`` of scale group ``group`` multiplies,
+    rows g and g + 8 (``ROWS`` of them; rows past M read row M - 1)."""
+    k8 = group * ROWS_PER_GROUP + 4 * u + t
+    for r in kaio.static_range(ROWS):
+        kaio.load_vector(xq[SLOT, r], x, (kaio.min(g + 8 * r, M - 1), 8 * k8))
+
+
+@kaio.gpu_func
+def lead_x(
+    xq: u32[:, :, :], x: f16[:, :], base: u32, s: kaio.constexpr, WARPS: kaio.constexpr,
+    last: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr, XLEAD: kaio.constexpr,
+):  # fmt: skip
+    """The x fragments of step ``s`` (load ``s % 4`` of the group ``s // 4`` rounds of
+    ``WARPS`` past ``base``, at most group ``last``: a step past the warp's groups reads one
+    it has) into slot ``s % (XLEAD + 1)`` of the ring xq."""
+    group = kaio.min(base + (s // LOADS) * WARPS, last)
+    load_x(xq, s % (XLEAD + 1), x, group, s % LOADS, g, t, M, ROWS)
+
+
+@kaio.gpu_func
+def step_x(
+    xr: u32[:, :, :, :], BUF: kaio.constexpr, u: kaio.constexpr, xq: u32[:, :, :],
+    x: f16[:, :], base: u32, WARPS: kaio.constexpr, last: u32, g: u32, t: u32, M: u32,
+    ROWS: kaio.constexpr, XLEAD: kaio.constexpr,
+):  # fmt: skip
+    """With ``XLEAD`` > 0: ask for the x fragments of the step ``XLEAD`` loads later
+    (``lead_x``), then take this step's (load ``u`` of buffer BUF) from the ring into
+    xr[BUF, u]."""
+    if XLEAD > 0:
+        s = LOADS * BUF + u
+        lead_x(xq, x, base, s + XLEAD, WARPS, last, g, t, M, ROWS, XLEAD)
+        for r in kaio.static_range(ROWS):
+            for e in kaio.static_range(4):
+                xr[BUF, u, r, e] = xq[s % (XLEAD + 1), r, e]
 
 
 @kaio.gpu_func
@@ -118,18 +175,25 @@ def dequantize_load(
 def multiply_group(
     acc: f32[:, :, :], words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :],
     BUF: kaio.constexpr, x: f16[:, :], group: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
-    DEQ: kaio.constexpr, SWAP: kaio.constexpr,
+    DEQ: kaio.constexpr, SWAP: kaio.constexpr, xq: u32[:, :, :], base: u32,
+    WARPS: kaio.constexpr, last: u32, XLEAD: kaio.constexpr,
 ):  # fmt: skip
     """acc[m] += the products of buffer BUF (scale group ``group``) for each m16 tile m of
     the ``ROWS`` 8-row slabs: 2 k-steps of 16 for each of the 4 loads, for each of the lane's
-    4 columns (n8 tiles). Each weight fragment is dequantized once and feeds every tile."""
+    4 columns (n8 tiles). Each weight fragment is dequantized once and feeds every tile.
+    With ``XLEAD`` (``ROWS`` <= 2), x's fragments come from the ring xq, and each load's
+    step first asks for those of the step ``XLEAD`` later (``lead_x``; ``base`` is the
+    group of buffer 0 this round)."""
     a = kaio.local(u32, (2, 4))
     b = kaio.local(u32, (4, 2, 2))
     xt = kaio.local(u32, (2, 4))
     if SWAP == 1:
-        multiply_swapped(acc, words, xr, sc, BUF, DEQ)
+        multiply_swapped(
+            acc, words, xr, sc, BUF, DEQ, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD
+        )
         return
     for u in kaio.static_range(LOADS):
+        step_x(xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD)
         dequantize_load(b, words, sc, BUF, u, DEQ)
         for m in kaio.static_range((ROWS + 1) // 2):
             if ROWS > 2:
@@ -143,6 +207,10 @@ def multiply_group(
                     sel = LOW_HALVES if j % 2 == 0 else HIGH_HALVES
                     if 2 * m + ra % 2 >= ROWS:
                         a[h, ra] = 0
+                    elif DEQ == 6 and ROWS <= 2:  # the weights' pairs are x's own halves
+                        a[h, ra] = xr[BUF, u, ra % 2, j]
+                    elif DEQ == 6:
+                        a[h, ra] = xt[ra % 2, j]
                     elif ROWS > 2:
                         a[h, ra] = kaio.prmt(xt[ra % 2, j // 2], xt[ra % 2, j // 2 + 2], sel)
                     else:
@@ -166,29 +234,38 @@ def multiply_group(
 @kaio.gpu_func
 def multiply_swapped(
     acc: f32[:, :, :], words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :],
-    BUF: kaio.constexpr, DEQ: kaio.constexpr,
+    BUF: kaio.constexpr, DEQ: kaio.constexpr, xq: u32[:, :, :], x: f16[:, :], base: u32,
+    WARPS: kaio.constexpr, last: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
+    XLEAD: kaio.constexpr,
 ):  # fmt: skip
-    """``multiply_group`` at M <= 8 with the roles swapped: the weights are the A operand
-    (m16: the lane's columns ``4 g + 2 p`` and ``+ 1`` as rows g and g + 8 of tile p), x the
-    B operand (n8: x's rows), so one m16n8k16 takes 256 weights, not 128: half the mma.
-    The k order is the unswapped one (pairs j and j + 4 of each word); acc[0, p, e] is x row
-    ``2 t + e % 2``, column ``4 g + 2 p + e // 2`` of the block."""
+    """``multiply_group`` at M <= 16 (``ROWS`` 1 or 2) with the roles swapped: the weights
+    are the A operand (m16: the lane's columns ``4 g + 2 p`` and ``+ 1`` as rows g and g + 8
+    of tile p), x the B operand (n8: x's rows, slab r), so one m16n8k16 takes 256 weights,
+    not 128: half the mma at M <= 8. The k order is the unswapped one (pairs j and j + 4 of
+    each word, or DEQ 6's bytes); acc[0, 2 r + p, e] is x row ``8 r + 2 t + e % 2``, column
+    ``4 g + 2 p + e // 2`` of the block."""
     aw = kaio.local(u32, (2, 2, 4))
-    bx = kaio.local(u32, (2, 2))
+    bx = kaio.local(u32, (2, 2, 2))
     b = kaio.local(u32, (4, 2, 2))
     for u in kaio.static_range(LOADS):
+        step_x(xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD)
         dequantize_load(b, words, sc, BUF, u, DEQ)
         for i in kaio.static_range(4):
             for h in kaio.static_range(2):
                 for r in kaio.static_range(2):
                     aw[i // 2, h, 2 * r + i % 2] = b[i, h, r]
-        for h in kaio.static_range(2):
-            for r in kaio.static_range(2):
-                sel = LOW_HALVES if r == 0 else HIGH_HALVES
-                bx[h, r] = kaio.prmt(xr[BUF, u, 0, h], xr[BUF, u, 0, h + 2], sel)
-        for p in kaio.static_range(2):
+        for s in kaio.static_range(ROWS):
             for h in kaio.static_range(2):
-                kaio.mma_f16(acc[0, p], aw[p, h], bx[h], acc[0, p])
+                for r in kaio.static_range(2):
+                    sel = LOW_HALVES if r == 0 else HIGH_HALVES
+                    if DEQ == 6:  # the weights' pairs are x's own halves
+                        bx[s, h, r] = xr[BUF, u, s, 2 * h + r]
+                    else:
+                        bx[s, h, r] = kaio.prmt(xr[BUF, u, s, h], xr[BUF, u, s, h + 2], sel)
+        for s in kaio.static_range(ROWS):
+            for p in kaio.static_range(2):
+                for h in kaio.static_range(2):
+                    kaio.mma_f16(acc[0, 2 * s + p], aw[p, h], bx[s, h], acc[0, 2 * s + p])
 
 
 @kaio.gpu_func
@@ -229,7 +306,15 @@ def word_pairs(b: u32[:, :, :], i: kaio.constexpr, word: u32, scale: f16x2):
 @kaio.gpu_func
 def weight_pair(word: u32, j: kaio.constexpr, scale: f16x2, DEQ: kaio.constexpr) -> u32:
     """Nibbles ``j`` and ``j + 4`` of ``word`` as the f16 pair ``scale * q`` (DEQ 5: the mask
-    and the magic number in one ``lop3``, the same bits)."""
+    and the magic number in one ``lop3``, the same bits; DEQ 6: nibbles ``2 j`` and
+    ``2 j + 1``, byte j, the k order of x's own halves: byte j put in both halves by one
+    ``prmt``, then one ``lop3``)."""
+    if DEQ == 6:
+        both = kaio.prmt(word, word, u32(0x1111 * j))
+        fused = kaio.lop3(both, u32(BYTE_MASK), u32(MAGIC_BYTE), LUT_AND_XOR)
+        return kaio.bitcast(
+            (kaio.bitcast(fused, f16x2) - kaio.bitcast(u32(MAGIC_BYTE), f16x2)) * scale, u32
+        )
     if DEQ == 5:
         fused = kaio.lop3(word >> (4 * j), u32(PAIR_MASK), u32(MAGIC), LUT_AND_XOR)
         biased = kaio.bitcast(fused, f16x2)
@@ -239,14 +324,38 @@ def weight_pair(word: u32, j: kaio.constexpr, scale: f16x2, DEQ: kaio.constexpr)
 
 
 @kaio.gpu_func
+def buffer_step(
+    acc: f32[:, :, :], words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :],
+    xq: u32[:, :, :], B: kaio.constexpr, w: u32[:, :], x: f16[:, :], scales: f16[:, :],
+    base: u32, groups: u32, col: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
+    L2F: kaio.constexpr, XLEAD: kaio.constexpr, DEQ: kaio.constexpr, SWAP: kaio.constexpr,
+    WARPS: kaio.constexpr, last: u32, WBUF: kaio.constexpr,
+):  # fmt: skip
+    """Buffer B's turn in a round of ``WBUF`` groups from ``base`` (``WARPS`` apart): first
+    the loads of the group ``WBUF - 1`` later into the buffer the previous turn freed, then
+    buffer B's products."""
+    ahead = base + (B + WBUF - 1) * WARPS
+    if ahead < groups:
+        load_group(
+            words, xr, sc, (B + WBUF - 1) % WBUF, w, x, scales, ahead, col, g, t, M, ROWS, L2F,
+            XLEAD,
+        )  # fmt: skip
+    multiply_group(
+        acc, words, xr, sc, B, x, base + B * WARPS, g, t, M, ROWS, DEQ, SWAP, xq, base, WARPS,
+        last, XLEAD,
+    )  # fmt: skip
+
+
+@kaio.gpu_func
 def decode_columns(
     x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :], partial: f32[:, :, :],
     M: u32, N: u32, block: u32, WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr,
     PREFETCH: kaio.constexpr, DEQ: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], part: u32,
     SPLIT: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr, SWAP: kaio.constexpr,
+    XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr,
 ):  # fmt: skip
-    """out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W = scales * the
-    nibbles of w, see the module docstring), rounded to DT (the output's element type), for
+    """With ``CS`` 1, out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W =
+    scales * the nibbles of w, see the module docstring), rounded to DT (the output's type), for
     the ``ROWS`` 8-row slabs of x (``_rows``: 1 when M <= 8, rows g + 8 of A are zero; else
     2 per m16 tile). Each warp's groups go through two register buffers: the next group's
     loads are in flight while the current one is multiplied; ``partial`` [WARPS, 16, 32]
@@ -255,16 +364,20 @@ def decode_columns(
     its registers (``prefetch_group``). ``SPLIT`` > 1 (M <= 16): this block takes part
     ``part`` of SPLIT equal runs of K's groups and leaves its sums in ``ws[part, block]``;
     the last of the SPLIT blocks to finish (``counters[block]``, back to 0 after) adds the
-    parts in order into ``out``."""
+    parts in order into ``out``. ``CS`` > 1 (SPLIT 1): the block's warps take CS column
+    blocks from ``CS block``, warp w column block ``CS block + w % CS`` and the groups
+    ``w // CS``, ``w // CS + WARPS // CS``, ...: the warps of one such run load the same x
+    at about the same time (L1 hits, not L2 traffic)."""
     tid = kaio.thread_idx_x()
     warp = tid // 32
     lane = tid % 32
     g = lane // 4
     t = lane % 4
     # Columns past N read column 0 instead: their products are never stored.
-    col = kaio.select(block * COLS + 4 * g < N, block * COLS + 4 * g, 0)
+    cb = block * CS + warp % CS
+    col = kaio.select(cb * COLS + 4 * g < N, cb * COLS + 4 * g, 0)
     groups = u32(scales.shape[0])
-    first = warp
+    first = warp // CS
     if SPLIT > 1:
         first = part * groups // SPLIT + warp
         groups = (part + 1) * groups // SPLIT
@@ -273,47 +386,63 @@ def decode_columns(
         for i in kaio.static_range(4):
             for e in kaio.static_range(4):
                 acc[m, i, e] = 0.0
-    words = kaio.local(u32, (2, LOADS, 4))
-    xr = kaio.local(u32, (2, LOADS, 2, 4))
-    sc = kaio.local(u32, (2, 2))
-    if first < groups:
-        load_group(words, xr, sc, 0, w, x, scales, first, col, g, t, M, ROWS, L2F)
-    for d in kaio.static_range(2, 2 * PREFETCH + 2):
-        if first + d * WARPS < groups:
-            prefetch_group(w, first + d * WARPS, block, lane, N, PMODE)
-    for group in range(first, groups, 2 * WARPS):
+    words = kaio.local(u32, (WBUF, LOADS, 4))
+    xr = kaio.local(u32, (WBUF, LOADS, 2, 4))
+    xq = kaio.local(u32, (XLEAD + 1, 2, 4))
+    sc = kaio.local(u32, (WBUF, 2))
+    last = kaio.max(groups, 1) - 1
+    KW = WARPS // CS  # the warps that split K
+    for b in kaio.static_range(WBUF - 1):
+        if first + b * KW < groups:
+            load_group(
+                words, xr, sc, b, w, x, scales, first + b * KW, col, g, t, M, ROWS, L2F, XLEAD
+            )
+    for s in kaio.static_range(XLEAD):
+        lead_x(xq, x, first, s, KW, last, g, t, M, ROWS, XLEAD)
+    for d in kaio.static_range(WBUF, WBUF * PREFETCH + WBUF):
+        if first + d * KW < groups:
+            prefetch_group(w, first + d * KW, cb, lane, N, PMODE)
+    for group in range(first, groups, WBUF * KW):
         if PREFETCH > 0:
-            for d in kaio.static_range(2 * PREFETCH + 2, 2 * PREFETCH + 4):
-                if group + d * WARPS < groups:
-                    prefetch_group(w, group + d * WARPS, block, lane, N, PMODE)
-        if group + WARPS < groups:
-            load_group(words, xr, sc, 1, w, x, scales, group + WARPS, col, g, t, M, ROWS, L2F)
-        multiply_group(acc, words, xr, sc, 0, x, group, g, t, M, ROWS, DEQ, SWAP)
-        if group + WARPS < groups:
-            if group + 2 * WARPS < groups:
-                load_group(
-                    words, xr, sc, 0, w, x, scales, group + 2 * WARPS, col, g, t, M, ROWS, L2F
-                )
-            multiply_group(acc, words, xr, sc, 1, x, group + WARPS, g, t, M, ROWS, DEQ, SWAP)
+            for d in kaio.static_range(WBUF * PREFETCH + WBUF, WBUF * PREFETCH + 2 * WBUF):
+                if group + d * KW < groups:
+                    prefetch_group(w, group + d * KW, cb, lane, N, PMODE)
+        for b in kaio.static_range(WBUF):
+            if b == 0:  # group < groups in the loop
+                buffer_step(
+                    acc, words, xr, sc, xq, b, w, x, scales, group, groups, col, g, t, M, ROWS,
+                    L2F, XLEAD, DEQ, SWAP, KW, last, WBUF,
+                )  # fmt: skip
+            elif group + b * KW < groups:
+                buffer_step(
+                    acc, words, xr, sc, xq, b, w, x, scales, group, groups, col, g, t, M, ROWS,
+                    L2F, XLEAD, DEQ, SWAP, KW, last, WBUF,
+                )  # fmt: skip
     for m in kaio.static_range((ROWS + 1) // 2):
         if m > 0:
             kaio.sync_threads()  # the previous tile's partial sums are all read
         if SWAP == 1:
-            for p in kaio.static_range(2):
-                for e in kaio.static_range(4):
-                    partial[warp, 2 * t + e % 2, 4 * g + 2 * p + e // 2] = acc[0, p, e]
+            for slab in kaio.static_range(ROWS):
+                for p in kaio.static_range(2):
+                    for e in kaio.static_range(4):
+                        row = 8 * slab + 2 * t + e % 2
+                        partial[warp, row, 4 * g + 2 * p + e // 2] = acc[0, 2 * slab + p, e]
         else:
             for i in kaio.static_range(4):
                 for e in kaio.static_range(4):
                     partial[warp, g + 8 * (e // 2), 4 * (2 * t + e % 2) + i] = acc[m, i, e]
         kaio.sync_threads()
-        for k in kaio.static_range(16 * COLS // (WARPS * 32)):
+        for k in kaio.static_range(CS * 16 * COLS // (WARPS * 32)):
             o = tid + k * WARPS * 32
             r = o // COLS
-            c = block * COLS + o % COLS
-            total = partial[0, r, o % COLS]
-            for s in kaio.static_range(1, WARPS):
-                total += partial[s, r, o % COLS]
+            cs = u32(0)
+            if CS > 1:
+                cs = r // 16
+                r = r % 16
+            c = (block * CS + cs) * COLS + o % COLS
+            total = partial[cs, r, o % COLS]
+            for s in kaio.static_range(1, KW):
+                total += partial[s * CS + cs, r, o % COLS]
             if SPLIT > 1:
                 if r < M:
                     ws[part, block, o] = total
@@ -363,15 +492,16 @@ def int4_decode(
     WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr, PREFETCH: kaio.constexpr,
     DEQ: kaio.constexpr, MINB: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
     SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], SPLIT: kaio.constexpr,
+    XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr,
 ):  # fmt: skip
     """``out = x @ W`` (``decode_columns``), SPLIT blocks per 32 columns (block ``b``: part
-    ``b % SPLIT`` of column block ``b // SPLIT``)."""
+    ``b % SPLIT`` of column block ``b // SPLIT``), or a block per ``CS`` column blocks."""
     decode_bounds(WARPS, ROWS, MINB)
     partial = kaio.shared(f32, (WARPS, 16, COLS))
     b = kaio.block_idx_x()
     decode_columns(
         x, w, scales, out, partial, M, N, b // SPLIT, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-        counters, b % SPLIT, SPLIT, PMODE, L2F, SWAP,
+        counters, b % SPLIT, SPLIT, PMODE, L2F, SWAP, XLEAD, WBUF, CS,
     )  # fmt: skip
 
 
@@ -382,7 +512,8 @@ def int4_decode_qkv(
     M: u32, NQ: u32, NK: u32,
     WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr, PREFETCH: kaio.constexpr,
     DEQ: kaio.constexpr, MINB: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
-    SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:],
+    SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], XLEAD: kaio.constexpr,
+    WBUF: kaio.constexpr,
 ):  # fmt: skip
     """``q, k, v = x @ Wq, x @ Wk, x @ Wv`` in one launch: the blocks of q's columns, then
     k's, then v's (each block exactly a block of ``int4_decode``)."""
@@ -394,30 +525,34 @@ def int4_decode_qkv(
     if block < bq:
         decode_columns(
             x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
-            0, 1, PMODE, L2F, SWAP,
+            0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1,
         )  # fmt: skip
     elif block < bq + bk:
         decode_columns(
             x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, PMODE, L2F, SWAP,
+            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1,
         )  # fmt: skip
     else:
         nv = u32(v.shape[1])
         decode_columns(
             x, wv, sv, v, partial, M, nv, block - bq - bk, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, PMODE, L2F, SWAP,
+            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1,
         )  # fmt: skip
 
 
-WARPS = 8  # the default (and past 16 rows); warps_for picks 4 or 8 at M <= 16
+WARPS = 8  # the default (and past 16 rows); plan picks 4, 8 or 16 at M <= 16
 MAX_M = 64  # up to 4 m16 tiles per block; past this _prefill or the tiled kernel
 DEQ = 5  # 0: weight_pair, 1: word_pairs, 5: weight_pair's lop3 (the same bits); 2-4 ablations
 PREFETCH = 0  # rounds of two groups a warp asks L2 for ahead of its registers (0: none)
 MINB = 0  # blocks an SM for launch_bounds (0: ptxas's choice, 1 past 16 rows)
 SPLIT = 1  # blocks a column block (K split) at M <= 16
 PMODE = 0  # the prefetch's form: 0 a lane's 32-byte sectors, 1 a line a row, 2 bulk (sm_90)
-SWAP = 1  # 1 at M <= 8: the weights as mma's A operand (multiply_swapped)
+SWAP = 1  # the weights as mma's A operand (multiply_swapped): 1 at M <= 8, 2 at M <= 16
 L2F = 0  # the words' loads: bytes L2 fetches on a miss (0: its own choice, 64/128/256)
+XLEAD = 0  # ROWS <= 2: x's fragments XLEAD loads ahead in a ring (0: with the words; XLEAD + 1
+# divides 4 WBUF)
+WBUF = 2  # register buffers of words a warp (groups in flight: WBUF - 1)
+CS = 1  # matmul: 32-column blocks a block (its warps split K CS times less)
 TUNED = {
     "PREFETCH": PREFETCH,
     "DEQ": DEQ,
@@ -425,6 +560,9 @@ TUNED = {
     "PMODE": PMODE,
     "L2F": L2F,
     "SWAP": SWAP,
+    "XLEAD": XLEAD,
+    "WBUF": WBUF,
+    "CS": CS,
 }  # the constexprs matmul's tune overrides
 
 
@@ -442,17 +580,22 @@ def _words(w: _arrays.Operand):
     return w.arg(dtype=u32)
 
 
-def _config(x: _arrays.Operand, columns: int, warps: int = WARPS, split: int = 1) -> tuple:
+def _config(
+    x: _arrays.Operand, columns: int, warps: int = WARPS, split: int = 1, cs: int = 1
+) -> tuple:
     """The launch configuration for ``columns`` output columns in all, ``warps`` a block,
-    ``split`` blocks per 32 columns."""
-    return (-(-columns // COLS) * split, warps * 32, _arrays.stream_of(x), 0)
+    ``split`` blocks per 32 columns, or ``cs`` 32-column blocks a block."""
+    return (-(-columns // (COLS * cs)) * split, warps * 32, _arrays.stream_of(x), 0)
 
 
 def _tuned(m: int, tune: dict | None = None) -> dict:
     """``TUNED`` with ``tune``'s overrides, for M = ``m`` (SWAP only at M <= 8, ROWS 1)."""
     tuned = {**TUNED, **(tune or {})}
-    if _rows(m) != 1:
-        tuned["SWAP"] = 0
+    if _rows(m) > tuned["SWAP"]:
+        tuned["SWAP"] = 0  # SWAP 1: at M <= 8, 2: at M <= 16 too; the kernel's SWAP is 0 or 1
+    tuned["SWAP"] = min(tuned["SWAP"], 1)
+    if _rows(m) > 2:
+        tuned["XLEAD"] = 0  # past one m16 tile x is loaded where it is used
     return tuned
 
 
@@ -468,24 +611,45 @@ def _split_arrays(x: _arrays.Operand, tiles: int, split: int) -> dict:
     return {"ws": ws, "counters": _counters(x, tiles)}
 
 
-def warps_for(m: int, tiles: int, sms: int) -> int:
-    """Warps a block at M = ``m`` over ``tiles`` 32-column blocks on ``sms``
-    multiprocessors: an SM holds 16 warps of this kernel at M <= 8 (112-115 registers: two
-    blocks of 8, four of 4) but 12 at M = 9-16 (146 registers: one block of 8, three of 4).
-    At M <= 8 (the swapped mma, ``SWAP``): blocks of 8 while the tiles fit the SMs' two
-    blocks each (N <= 8448 on 132 SMs) and again past ten tiles an SM (N > 42240, whole
-    waves of 8-warp blocks), blocks of 4 between (N = 10240 and 28672: 2.4 and 6.8 tiles an
-    SM, where blocks of 8 leave a short last wave). At M = 9-16: blocks of 8 while the
-    tiles leave an SM up to 1.1 (N = 4096), past that 4, which also even out the SMs'
-    shares. Measured on an H100 (bench/int4_decode.py; docs/performance.md, "W4A16
-    decode")."""
+SWAPPED_16 = {"SWAP": 2, "DEQ": 6}  # M = 9-16: the swapped mma, a byte's nibbles a pair
+
+
+def plan(m: int, tiles: int, sms: int) -> tuple[int, dict]:
+    """(warps a block, ``TUNED`` overrides) at M = ``m`` over ``tiles`` 32-column blocks on
+    ``sms`` multiprocessors, measured on an H100 (bench/int4_decode.py; docs/performance.md,
+    "W4A16 decode, M <= 16, third pass").
+
+    At M <= 8 (the swapped mma): blocks of 16 warps while every tile has an SM of its own
+    (N <= 4224 on 132 SMs: 16 warps an SM instead of 8, half the groups a warp); blocks
+    of 8 while the tiles fit two 8-warp blocks an SM; past ten tiles an SM (N > 42240)
+    blocks of 4 with DEQ 6 and x's fragments 3 loads ahead (93 registers); blocks of 4
+    between (N = 10240 and 28672: 2.4 and 6.8 tiles an SM, where blocks of 8 leave a short
+    last wave). At M = 9-16 the swapped mma and DEQ 6 (x's halves as they are loaded: no
+    prmt for x, two n8 tiles of x a k-step), blocks of 8, x with the words while every tile
+    has an SM (149 registers), x 3 loads ahead (124 registers: 16 warps an SM) up to two
+    tiles an SM and past ten; between, main's blocks of 4 (no swap) up to four tiles an SM
+    (N = 10240), else blocks of 4 swapped with x 3 loads ahead, each block two column
+    blocks (``CS`` 2, N = 28672; ``qkv`` takes CS 1)."""
     if m > 16:
-        return WARPS
-    if m <= 8 and SWAP:
-        return 8 if tiles <= 2 * sms or tiles > 10 * sms else 4
-    if tiles * 10 <= sms * (25 if m <= 8 else 11):
-        return 8
-    return 4
+        return WARPS, {}
+    if m <= 8:
+        if tiles <= sms:
+            return 16, {}
+        if tiles > 10 * sms:
+            return 4, {"DEQ": 6, "XLEAD": 3}
+        return (8 if tiles <= 2 * sms else 4), {}
+    if tiles <= sms:
+        return 8, dict(SWAPPED_16)
+    if tiles <= 2 * sms or tiles > 10 * sms:
+        return 8, {**SWAPPED_16, "XLEAD": 3}
+    if tiles <= 4 * sms:
+        return 4, {}
+    return 4, {**SWAPPED_16, "XLEAD": 3, "CS": 2}
+
+
+def warps_for(m: int, tiles: int, sms: int) -> int:
+    """The warps a block of ``plan``."""
+    return plan(m, tiles, sms)[0]
 
 
 def _rows(m: int) -> int:
@@ -502,17 +666,19 @@ def matmul(
     warps: int = 0, tune: dict | None = None,
 ):  # fmt: skip
     """``x @ W`` in ``dtype`` (f32, f16 or bf16) [M, N] (see ``fits``): one launch, a block
-    of ``warps`` warps (0: ``warps_for``'s) per 32 columns; ``tune`` overrides constexprs of
-    ``TUNED`` (for benchmarks)."""
+    of ``warps`` warps per 32 columns (0: ``plan``'s warps and knobs); ``tune`` overrides
+    constexprs of ``TUNED`` (for benchmarks)."""
     m, n = x.shape[0], words.shape[1]
     tiles = -(-n // COLS)
-    warps = warps or warps_for(m, tiles, _arrays.multiprocessors(x))
+    if not warps:
+        warps, planned = plan(m, tiles, _arrays.multiprocessors(x))
+        tune = {**planned, **(tune or {})}
     tuned = _tuned(m, tune)
     split = tuned.pop("SPLIT", SPLIT)
-    if m > 16:
-        split = 1  # a part's sums in ws are one m16 tile
+    if m > 16 or tuned["CS"] > 1:
+        split = 1  # a part's sums in ws are one m16 tile of one column block
     out = _arrays.output(x, (m, n), dtype)
-    int4_decode[_config(x, n, warps, split)](
+    int4_decode[_config(x, n, warps, split, tuned["CS"])](
         x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), dtype), m, n,
         WARPS=warps, ROWS=_rows(m), DT=dtype, **tuned, **_split_arrays(x, tiles, split),
         SPLIT=split,
@@ -523,36 +689,53 @@ def matmul(
 def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
     """``(q, k, v)``, each ``f16(x @ W)`` for the three ``(words, scales)`` pairs of
     ``weights`` (see ``fits``): one launch, the blocks of q's columns, then k's, then v's,
-    ``warps_for`` the three widths' blocks."""
+    ``plan`` over the three widths' blocks."""
     m = x.shape[0]
     widths = [w.shape[1] for w, _ in weights]
     outs = [_arrays.output(x, (m, n), f16) for n in widths]
     blocks = sum(-(-n // COLS) for n in widths)
-    warps = warps_for(m, blocks, _arrays.multiprocessors(x))
+    warps, planned = plan(m, blocks, _arrays.multiprocessors(x))
+    tuned = _tuned(m, planned)
+    tuned.pop("CS")  # a block per 32 columns: q's, k's and v's blocks apart
     int4_decode_qkv[_config(x, blocks * COLS, warps)](
         x.arg(), *(_words(w) for w, _ in weights), *(s.arg() for _, s in weights),
         *(_arrays.output_arg(x, o, (m, n)) for o, n in zip(outs, widths, strict=True)), m,
-        widths[0], widths[1], WARPS=warps, ROWS=_rows(m), DT=f16, **_tuned(m),
+        widths[0], widths[1], WARPS=warps, ROWS=_rows(m), DT=f16, **tuned,
         **_split_arrays(x, 0, 1),
     )  # fmt: skip
     return tuple(outs)
 
 
+PLANS = tuple(
+    sorted(
+        {
+            (m, w, tuple(sorted(t.items())))
+            for m in (1, 16)
+            for tiles in (1, 133, 265, 529, 1321)
+            for w, t in [plan(m, tiles, 132)]
+        }
+    )
+)  # (M, warps, knobs) of each plan (on 132 SMs; other counts move the bounds only)
+
+
 def specializations() -> list:
     """(kernel, constexprs) of every specialization ``matmul`` (f32 out: matmul_int4) and
-    ``qkv`` (f16 out: qkv_project_int4) launch."""
-    return [
-        (
-            kernel,
-            {
-                "WARPS": warps,
-                "ROWS": rows,
-                "DT": dt,
-                **_tuned(8 * rows if rows > 1 else 1),
-                **split,
-            },
-        )
-        for kernel, dt, split in ((int4_decode, f32, {"SPLIT": SPLIT}), (int4_decode_qkv, f16, {}))
-        for rows in ALL_ROWS
-        for warps in ((4, 8) if rows <= 2 else (WARPS,))
-    ]
+    ``qkv`` (f16 out: qkv_project_int4, no CS) launch: each ``plan`` at M = 1 and 16 and
+    blocks of 4 and 8 warps with ``TUNED``'s knobs, one m16 tile; 8 warps past it."""
+    configs = [(m, w, dict(t)) for m, w, t in PLANS]
+    configs += [(m, w, {}) for m in (1, 16) for w in (4, 8)]
+    configs += [(8 * rows, WARPS, {}) for rows in ALL_ROWS if rows > 2]
+    specs = []
+    for kernel, dt in ((int4_decode, f32), (int4_decode_qkv, f16)):
+        seen = []
+        for m, warps, tune in configs:
+            tuned = _tuned(m, tune)
+            if kernel is int4_decode:
+                tuned["SPLIT"] = SPLIT
+            else:
+                tuned.pop("CS")
+            consts = {"WARPS": warps, "ROWS": _rows(m), "DT": dt, **tuned}
+            if consts not in seen:
+                seen.append(consts)
+                specs.append((kernel, consts))
+    return specs

@@ -156,9 +156,10 @@ def test_int4_decode_long_k_in_simulator(m):
     np.testing.assert_allclose(c, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
 
 
-# (M, N, K, WARPS): the decode kernel's blocks of 4 and 8 warps at M <= 16 (warps_for's
-# two choices); N past a 32-column block, group counts that leave the warps unequal shares,
-# one round of the two register buffers partial, fewer groups than warps
+# (M, N, K, WARPS): the decode kernel's blocks of 4 and 8 warps at M <= 16 (TUNED's
+# knobs; plan's are in the tests below and in matmul_int4's); N past a 32-column block,
+# group counts that leave the warps unequal shares, one round of the two register buffers
+# partial, fewer groups than warps
 DECODE_PLANS = [
     (1, 36, 128 * 9, 4),
     (16, 40, 128 * 7, 4),
@@ -190,13 +191,21 @@ def test_int4_decode_warps_in_simulator(m, n, k, warps, poisoned):
 # sector, line and bulk) up to the last group and none past it (the simulator checks each
 # address), the other dequantizations (DEQ 0 and 1: the same bits), main's unswapped mma at
 # M <= 8 and no swap past 8 rows, K splits whose parts hold unequal group counts (fewer groups
-# than warps in one), the last part adding them in order; each twice: the arrival counters
-# are back to zero.
+# than warps in one), the last part adding them in order, x's fragments loads ahead in a ring
+# (XLEAD: past the last group and the last round's partial second buffer, fewer groups than
+# warps), the swapped mma at M = 9-16 (SWAP 2), a byte's two nibbles a pair (DEQ 6, also past
+# 16 rows), blocks of 2 and 4 column blocks (CS: a partial last block; no K split with it);
+# each twice: the arrival counters are back to zero.
 TUNED_PLANS = [
     (1, 36, 128 * 9, 4, {"PREFETCH": 1, "DEQ": 1, "SWAP": 0}),
     (16, 40, 128 * 7, 4, {"PREFETCH": 2, "PMODE": 2, "SPLIT": 3, "SWAP": 1}),
     (5, 68, 128 * 5, 8, {"SPLIT": 2, "DEQ": 0, "L2F": 256}),
     (3, 36, 128 * 5, 4, {"SPLIT": 2, "PREFETCH": 1, "PMODE": 1, "DEQ": 1}),
+    (7, 36, 128 * 11, 4, {"XLEAD": 3, "DEQ": 6}),
+    (16, 8, 128 * 5, 8, {"XLEAD": 3, "SPLIT": 2, "SWAP": 2}),
+    (20, 8, 128 * 2, 8, {"DEQ": 6}),
+    (12, 100, 128 * 13, 4, {"CS": 2, "SWAP": 2, "DEQ": 6, "XLEAD": 3}),
+    (5, 68, 128 * 7, 8, {"CS": 4, "XLEAD": 1, "SPLIT": 2}),
 ]
 
 
@@ -215,18 +224,32 @@ def test_int4_decode_tuned_in_simulator(m, n, k, warps, tune, poisoned):
 
 
 def test_int4_decode_warps_route():
-    """warps_for: at M <= 8 (the swapped mma) blocks of 8 while the tiles fit two a SM and
-    past ten a SM, else 4; at M = 9-16 blocks of 8 while the tiles leave an SM few blocks,
-    else 4 (the H100 measurements of docs/performance.md), the default past 16 rows; and
-    each choice is a listed specialization (ptxas checks those)."""
-    route = _int4_decode.warps_for
-    ns = (4096, 8192, 8448, 8480, 10240, 28672, 42240, 42272, 57344)
-    assert [route(1, n // 32, 132) for n in ns] == [8, 8, 8, 4, 4, 4, 4, 8, 8]
-    assert [route(8, n // 32, 132) for n in (6144, 10240, 57344)] == [8, 4, 8]
-    assert [route(16, n // 32, 132) for n in (4096, 6144, 8192, 57344)] == [8, 4, 4, 4]
-    assert route(32, 4096, 132) == _int4_decode.WARPS
-    listed = {(c["ROWS"], c["WARPS"]) for _, c in _int4_decode.specializations()}
-    assert {(1, 4), (1, 8), (2, 4), (2, 8), (4, 8)} <= listed
+    """plan: at M <= 8 blocks of 16 warps while each tile has an SM, 8 while the tiles fit
+    two a SM, 4 with DEQ 6 and x 3 loads ahead past ten a SM, else 4; at M = 9-16 the
+    swapped mma with DEQ 6 in blocks of 8 (x with the words while each tile has an SM, else
+    3 loads ahead) up to two tiles a SM and past ten, main's blocks of 4 up to four, then
+    swapped blocks of 4 taking two column blocks each (the H100 measurements of
+    docs/performance.md); the default past 16
+    rows; and each plan is a listed specialization (ptxas checks those)."""
+    plan = _int4_decode.plan
+    swapped, lead = {"SWAP": 2, "DEQ": 6}, {"SWAP": 2, "DEQ": 6, "XLEAD": 3}
+    ns = (4096, 4224, 4256, 8448, 8480, 10240, 28672, 42240, 42272, 57344)
+    wide = [(4, {"DEQ": 6, "XLEAD": 3})] * 2
+    assert [plan(1, n // 32, 132) for n in ns] == [(16, {})] * 2 + [(8, {})] * 2 + [
+        (4, {})
+    ] * 4 + wide
+    assert [plan(8, n // 32, 132)[0] for n in (4096, 6144, 10240, 57344)] == [16, 8, 4, 4]
+    got = [plan(16, n // 32, 132) for n in (4096, 6144, 8448, 10240, 16896, 16928, 28672)]
+    pairs = {**lead, "CS": 2}
+    assert got == [(8, swapped), (8, lead), (8, lead), (4, {}), (4, {}), (4, pairs), (4, pairs)]
+    assert plan(16, 57344 // 32, 132) == (8, lead)
+    assert plan(32, 4096, 132) == (_int4_decode.WARPS, {})
+    assert _int4_decode.warps_for(9, 320, 132) == 4
+    listed = [c for k, c in _int4_decode.specializations() if k is _int4_decode.int4_decode]
+    for m, n in [(1, 4096), (1, 57344), (16, 4096), (16, 8192), (16, 10240), (16, 28672)]:
+        warps, tune = plan(m, n // 32, 132)
+        want = {"WARPS": warps, "ROWS": _int4_decode._rows(m), **_int4_decode._tuned(m, tune)}
+        assert any(want.items() <= c.items() for c in listed), (m, n)
 
 
 # 16 < M <= 64: the decode kernel with ceil(M / 16) m16 tiles per block (ROWS 4, 6, 8), the
@@ -1124,6 +1147,27 @@ def test_gpu_int4_decode_warps(m):
         assert torch.equal(out, _int4_decode.matmul(*ops, f32, warps)), warps
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 8, 16])
+@pytest.mark.parametrize("n", [4096, 6144, 10240, 28672, 45056])
+def test_gpu_int4_decode_plans(m, n):
+    """matmul_int4 at M <= 16 as routed (``_int4_decode.plan``: its warps, swap, x lead,
+    dequantization and column blocks a block by the tiles an SM, each N here another
+    branch on 132 SMs), K an odd number of groups: every element against float64 products
+    with the dequantized weights within the f32 sums' slack, and the same bits twice."""
+    import torch
+
+    k = 9 * 128
+    x = torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(n)).half()
+    packed, scales, w = _torch_int4_weights(k, n, m + n)
+    out = kaio_ops.matmul_int4(x, packed, scales)
+    x64, w64 = x.double(), w.double()
+    exact = x64 @ w64
+    slack = k * 2.0**-24 * (x64.abs() @ w64.abs())
+    assert out.shape == (m, n) and bool(((out.double() - exact).abs() <= slack).all())
+    assert torch.equal(out, kaio_ops.matmul_int4(x, packed, scales))
+
+
 def _gpu_check(fused, separate, x, weights, scales, same_plan: bool):
     """On the GPU, with float64 products from torch: each fused output against the exact
     product as check_f16_product does, allowing the tensor cores' f32 sums 1 ulp per
@@ -1168,7 +1212,7 @@ def test_gpu_qkv_int8(m):
 def test_gpu_qkv_int4(m):
     """K = N = 4096: against float64 products with the dequantized weights on the GPU, and
     against three matmul_int4 calls: the same bits at M <= 64 where both run the decode
-    kernel with as many warps a block, else within f16 rounding (at M = 512 their own tiled
+    kernel with one plan (warps and knobs), else within f16 rounding (at M = 512 their own tiled
     plans)."""
     import torch
 
@@ -1177,11 +1221,11 @@ def test_gpu_qkv_int4(m):
     weights = [_torch_int4_weights(k, n, seed) for seed in range(3)]
     fused = kaio_ops.qkv_project_int4(x, *(w[0] for w in weights), *(w[1] for w in weights))
     separate = [kaio_ops.matmul_int4(x, p, s) for p, s, _ in weights]
-    # the decode kernel's warps follow the columns (3 x 4096 fused, 4096 apart): the same
-    # bits where both split K over as many warps
+    # the decode kernel's plan follows the columns (3 x 4096 fused, 4096 apart): the same
+    # bits where both take one plan (warps, swap, dequantization)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    fused_w, one_w = (_int4_decode.warps_for(m, t, sms) for t in (3 * n // 32, n // 32))
-    same = m <= _int4_decode.MAX_M and fused_w == one_w
+    fused_p, one_p = (_int4_decode.plan(m, t, sms) for t in (3 * n // 32, n // 32))
+    same = m <= _int4_decode.MAX_M and fused_p == one_p
     _gpu_check(fused, separate, x, [w[2] for w in weights], [1.0] * 3, same)
 
 
