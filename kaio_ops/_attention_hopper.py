@@ -185,13 +185,17 @@ def skip_tile(bars: u64[:, :], st: i32, ph: u32, lt: u32):
 
 
 @kaio.gpu_func
-def pack_p(p: u32[:, :], s: f32[:, :], BN: kaio.constexpr, DT: kaio.constexpr):
-    """P's A fragments: k-step kk is n8 tiles 2kk, 2kk + 1 of s rounded to DT pairs."""
+def pack_p(p: u32[:, :], s: f32[:, :], BN: kaio.constexpr, DT: kaio.constexpr,
+           HEXP: kaio.constexpr = 0):  # fmt: skip
+    """P's A fragments: k-step kk is n8 tiles 2kk, 2kk + 1 of s rounded to DT pairs (``HEXP``
+    1: s[n, e] already holds the pair's bits, ``softmax_tile``)."""
     for kk in kaio.static_range(BN // 16):
         for r in kaio.static_range(4):
             n = 2 * kk + r // 2
             e = 2 * (r % 2)
-            if DT == kaio.bf16:
+            if HEXP:
+                p[kk, r] = kaio.bitcast(s[n, e], u32)
+            elif DT == kaio.bf16:
                 p[kk, r] = kaio.bitcast(kaio.bf16x2(s[n, e], s[n, e + 1]), u32)
             else:
                 p[kk, r] = kaio.bitcast(kaio.f16x2(s[n, e], s[n, e + 1]), u32)
@@ -201,7 +205,7 @@ def pack_p(p: u32[:, :], s: f32[:, :], BN: kaio.constexpr, DT: kaio.constexpr):
 def softmax_tile(
     s: f32[:, :], m: f32[:], l: f32[:], alpha: f32[:], j: i32, row0: i32, sk: i32,
     causal: i32, scale_log2: f32, lane: u32, BN: kaio.constexpr, SUMS: kaio.constexpr = 1,
-    LSE: kaio.constexpr = 0, DT: kaio.constexpr = kaio.f16,
+    LSE: kaio.constexpr = 0, DT: kaio.constexpr = kaio.f16, HEXP: kaio.constexpr = 0,
 ):  # fmt: skip
     """Mask key tile j's scores (keys at or past sk, and past the row when causal) where the
     tile needs it, then one online-softmax step of both row halves (row0 + 8h); the factors
@@ -210,7 +214,9 @@ def softmax_tile(
     (one comparison a score). ``LSE`` 1 (with ``SUMS`` 0, the sums on the tensor cores of
     the probabilities as rounded to DT): l[h] keeps what that rounding took from the sums of
     the masked tiles (``rounding``), as a multiple of 2^-l[2 + h] (the max it was last
-    rescaled to: nothing to do on the other tiles), for ``ones_sums`` to add back."""
+    rescaled to: nothing to do on the other tiles), for ``ones_sums`` to add back. ``HEXP``
+    1 (with ``SUMS`` 0): the probabilities as DT pairs from one ``ex2.approx`` each (half the
+    MUFU.EX2s; ``softmax_step``'s ``PAIRS``), their bits in s[n, 2h] for ``pack_p``."""
     k0 = j * BN
     # (the warp's first row as i32: a varlen row shifted by sk - sq may be negative)
     masked = k0 + BN > sk or (causal != 0 and k0 + BN > row0 - i32(lane // 4) + 1)
@@ -224,7 +230,7 @@ def softmax_tile(
                 for e in kaio.static_range(2):
                     s[n, 2 * h + e] = kaio.select(n * 8 + e < bound, s[n, 2 * h + e], NEG_INF)
     for h in kaio.static_range(2):
-        alpha[h] = softmax_step(s, m, l, h, scale_log2, BN // 8, SUMS)
+        alpha[h] = softmax_step(s, m, l, h, scale_log2, BN // 8, SUMS, HEXP, DT)
     if LSE == 1 and SUMS == 0:
         if masked:  # a row with few keys sees them all here: its sum to the last bit
             for h in kaio.static_range(2):
@@ -396,6 +402,7 @@ def consume_tile(
     done: i32, tails: i32, D: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr,
     PIPE: kaio.constexpr, DT: kaio.constexpr, ONES: kaio.constexpr = 0,
     LSE: kaio.constexpr = 0, QB: kaio.constexpr = 1, SKIP: kaio.constexpr = 0,
+    HEXP: kaio.constexpr = 0,
 ) -> tuple[i32, u32, i32, i32, i32]:  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 query rows of one tile (thread ``lt`` of it) over the
     key tiles (module docstring), then its rows of ``out`` and ``lse`` (``store_rows``:
@@ -439,9 +446,9 @@ def consume_tile(
             if SKIP == 0 or j < n_mine:
                 s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT, qc)
                 softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN,
-                             1 - ONES, LSE, DT)  # fmt: skip
+                             1 - ONES, LSE, DT, HEXP)  # fmt: skip
                 rescale_rows(o, alpha, DO)
-                pack_p(p, s, BN, DT)
+                pack_p(p, s, BN, DT, HEXP)
                 pv_tile(o, p, v_s, bars, turn, st, ph, (j + 1) * BN > sk, tails, lt, BN, DT)
             else:
                 skip_tile(bars, st, ph, lt)
@@ -454,8 +461,9 @@ def consume_tile(
         # order) rescale O by tile j - 1's factors while S_j runs, PIPE 1, 2 once P V is done;
         # PIPE 2, 4: the warpgroups take turns to issue their products (ping-pong)
         s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT, qc)
-        softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, 1 - ONES, LSE, DT)
-        pack_p(p, s, BN, DT)
+        softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, 1 - ONES, LSE, DT,
+                     HEXP)  # fmt: skip
+        pack_p(p, s, BN, DT, HEXP)
         ps = st  # the stage and parity of tile j - 1
         pph = ph
         st, ph = next_stage(st, ph, STAGES)
@@ -483,13 +491,13 @@ def consume_tile(
                     kaio.mbarrier_arrive(bars, (2, st))
                 if sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
                     softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN,
-                                 1 - ONES, LSE, DT)  # fmt: skip
+                                 1 - ONES, LSE, DT, HEXP)  # fmt: skip
                 kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done
                 if lt == 0:
                     kaio.mbarrier_arrive(bars, (3, ps))
                 if PIPE < 3:
                     rescale_rows(o, alpha, DO)
-                pack_p(p, s, BN, DT)
+                pack_p(p, s, BN, DT, HEXP)
                 ps = st
                 pph = ph
             else:  # a key tile past this warpgroup's rows
@@ -522,6 +530,7 @@ def consume_stream(
     scale_log2: f32, D: kaio.constexpr, BN: kaio.constexpr, WG: kaio.constexpr,
     STAGES: kaio.constexpr, PIPE: kaio.constexpr, PERSIST: kaio.constexpr,
     QB: kaio.constexpr, ONES: kaio.constexpr, DT: kaio.constexpr, LSE: kaio.constexpr = 0,
+    HEXP: kaio.constexpr = 0,
 ):  # fmt: skip
     """``XT`` 1: consumer warpgroup ``wg``'s rows of every work tile of the block (thread
     ``lt`` of it) as one stream of key-tile steps in PIPE 1's or 3's order, the last
@@ -529,7 +538,7 @@ def consume_stream(
     fresh row maxima and sums) runs while the P V does, then the finished tile's rows are
     stored and O is zeroed. Only the block's first step (S, softmax, P) and its last P V
     stand alone. The Q tiles come from ``QB`` buffers (``q_buffer``: with two, the producer
-    loads the next tile's Q while this one's is read)."""
+    loads the next tile's Q while this one's is read; ``HEXP``: ``consume_tile``'s)."""
     BM = 64 * WG
     C = D // 64
     lane = lt % 32
@@ -580,10 +589,9 @@ def consume_stream(
                         kaio.mbarrier_arrive(bars, (2, st))
                         if n_mine == 1:
                             kaio.mbarrier_arrive(turn, read)
-                    softmax_tile(
-                        s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, 1 - ONES, LSE, DT
-                    )
-                    pack_p(p, s, BN, DT)
+                    softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN,
+                                 1 - ONES, LSE, DT, HEXP)  # fmt: skip
+                    pack_p(p, s, BN, DT, HEXP)
                     ps = st
                     pph = ph
                     ptail = kaio.select(n_tiles == 1 and BN > sk, 1, 0)
@@ -616,7 +624,7 @@ def consume_stream(
                     # always true: a block of its own, which ptxas does not hoist the wait into
                     if sk > 0:
                         softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN,
-                                     1 - ONES, LSE, DT)  # fmt: skip
+                                     1 - ONES, LSE, DT, HEXP)  # fmt: skip
                     kaio.wgmma_wait(0)  # the pending P V done
                     if lt == 0:
                         kaio.mbarrier_arrive(bars, (3, ps))
@@ -629,7 +637,7 @@ def consume_stream(
                         start_rows(mo, lo, o, DO)
                     if PIPE < 3:
                         rescale_rows(o, alpha, DO)
-                    pack_p(p, s, BN, DT)
+                    pack_p(p, s, BN, DT, HEXP)
                     ps = st
                     pph = ph
                     ptail = kaio.select(j == n_tiles - 1 and n_tiles * BN > sk, 1, 0)
@@ -790,6 +798,7 @@ def attention_fwd_wgmma(
     QB: kaio.constexpr,
     ONES: kaio.constexpr,
     LSE: kaio.constexpr,
+    HEXP: kaio.constexpr,
 ):
     """out[bh, row] = softmax(q[bh, row] k[kv]^T * scale) v[kv] and lse[bh, row] for the
     work tiles of ``64 * WG`` query rows of one (batch, head) ``bh`` (``tile_of``; ``bhs``:
@@ -843,7 +852,7 @@ def attention_fwd_wgmma(
             kaio.setmaxnreg_inc(REGS)
         consume_stream(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, first, step, end, rounds,
                        n_qt, bhs, hs, heads, group, sq, sk, causal, scale_log2, D, BN, WG,
-                       STAGES, PIPE, PERSIST, QB, ONES, DT, LSE)  # fmt: skip
+                       STAGES, PIPE, PERSIST, QB, ONES, DT, LSE, HEXP)  # fmt: skip
     elif wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
@@ -861,13 +870,13 @@ def attention_fwd_wgmma(
                     st, ph, g, done, tails = consume_tile(
                         q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
                         q0, n_tiles, sq, sk, causal, scale_log2, st, ph, g, done, tails, D, BN,
-                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN,
+                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP,
                     )  # fmt: skip
                 else:
                     st, ph, g, done, tails = consume_tile(
                         q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
                         q0, n_tiles, sq, sk, causal, scale_log2, st, ph, g, done, tails, D, BN,
-                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN,
+                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP,
                     )  # fmt: skip
     else:  # the producer warpgroup: its first thread loads
         cnt, it = producer_start(REGS)
@@ -923,7 +932,7 @@ def config(d: int, causal: bool = False) -> dict:
 
 
 # a tile at a time, one Q buffer, sums by FADD (LSE: the rounding added back, with ONES)
-EXTRAS_OFF = {"XT": 0, "QB": 1, "ONES": 0, "LSE": 0}
+EXTRAS_OFF = {"XT": 0, "QB": 1, "ONES": 0, "LSE": 0, "HEXP": 0}
 
 
 def extras(d: int, causal: bool = False, dt=None) -> dict:
@@ -957,6 +966,12 @@ def check_stream(cfg: dict, d: int) -> None:
             "attention_fwd_wgmma: LSE 1 adds the rounding of the probabilities back to the "
             "row sums on the tensor cores, but ONES is 0 (the sums by FADD need no "
             "correction): use LSE 0, or ONES 1"
+        )
+    if cfg.get("HEXP", 0) and (not cfg.get("ONES", 0) or cfg.get("LSE", 0)):
+        raise ValueError(
+            "attention_fwd_wgmma: HEXP 1 computes the probabilities as 16-bit pairs, so the "
+            "row sums must come from the tensor cores (ONES 1) and LSE (which sums the f32 "
+            "probabilities' rounding) must be 0: use ONES 1, LSE 0, or HEXP 0"
         )
     if xt and cfg["PIPE"] not in (1, 3):
         raise ValueError(
