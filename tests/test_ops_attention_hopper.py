@@ -168,10 +168,10 @@ def test_persistent_blocks_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, ove
         # D = 64's route without the mask (three warpgroups, FlashAttention-3's order,
         # persistent blocks), a query tail, grouped-query heads
         (1, 4, 2, 200, 256, 64, ml_dtypes.bfloat16, False, {**THREE, "PIPE": 3}, 2),
-        # the exponentials two at a time (HEXP): D 128's route with the mask, a partial last
-        # key tile; bf16 (its .ftz form) without it, grouped-query heads
-        (1, 2, 1, 256, 200, 128, np.float16, True, {"BN": 128, "PERSIST": 3, "HEXP": 1}, 1),
-        (1, 4, 2, 130, 256, 64, ml_dtypes.bfloat16, False, {"PIPE": 3, "HEXP": 1}, 2),
+        # the exponentials two at a time (HEXP): pairs of query tiles with the mask, a partial
+        # last key tile; bf16 (its .ftz form) without it, grouped-query heads
+        (1, 1, 1, 130, 200, 64, np.float16, True, {"PERSIST": 3, "HEXP": 1}, 1),
+        (1, 2, 1, 64, 128, 64, ml_dtypes.bfloat16, False, {"PIPE": 3, "HEXP": 1}, 1),
     ],
 )
 def test_row_sums_on_the_tensor_cores_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, over,
