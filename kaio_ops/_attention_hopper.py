@@ -339,6 +339,58 @@ def produce(
 
 
 @kaio.gpu_func
+def produce_dynamic(
+    q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
+    tile_s: i32[:], sched: i32[:], tq: kaio.tensormap, tk: kaio.tensormap, tv: kaio.tensormap,
+    lane: u32, end: i32, n_qt: i32, bhs: i32, hs: i32, heads: i32, group: i32, sq: i32, sk: i32,
+    causal: i32, D: kaio.constexpr, BN: kaio.constexpr, WG: kaio.constexpr,
+    STAGES: kaio.constexpr, DT: kaio.constexpr, QB: kaio.constexpr,
+):  # fmt: skip
+    """``PERSIST`` 4, the producer warp: work tiles taken one at a time from the counter
+    ``sched[0]`` (``tile_of``'s order, heaviest first in each section of heads: the blocks
+    that finish first take the next, so that the last to start are the lightest), each
+    tile's index written to ``tile_s`` (its Q buffer's slot) for the consumers before its Q
+    copy, then its loads (``produce``) and, for a partial last key tile, ``zero_tail``. Past
+    the last tile: -1 in the slot and an arrival on the Q buffer's "landed" barrier (the
+    consumers stop), then the block counts itself done on ``sched[1]``, and the last block
+    done sets both counters back to 0 for the next launch."""
+    it = i32(0)  # the work tiles taken, and the key tiles loaded
+    cnt = i32(0)
+    w = i32(0)
+    while w >= 0:
+        got = i32(0)
+        if lane == 0:
+            got = kaio.atomic_add(sched, 0, 1)
+        w = kaio.shfl_idx(got, 0)
+        if w >= end:
+            w = -1
+        b, landed, read = q_buffer(it, QB)
+        if lane == 0 and it >= QB:  # the consumers are done with the buffer's slot
+            kaio.mbarrier_wait(turn, read, u32(it // QB - 1) & 1)
+        if w < 0:
+            if lane == 0:
+                tile_s[b] = -1
+                kaio.mbarrier_arrive(turn, landed)  # (release: the consumers see the -1)
+        else:
+            bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sk, causal, 64 * WG,
+                                           BN)  # fmt: skip
+            if lane == 0:
+                tile_s[b] = w  # seen by the consumers once the Q copy's barrier completes
+                produce(q_s, k_s, v_s, bars, turn, tq, tk, tv, bh * sq + q0, kvh * sk, 0, 0,
+                        n_tiles, it, cnt, D, BN, WG, STAGES, DT, QB)  # fmt: skip
+            cnt += n_tiles
+            it += 1
+            if n_tiles * BN > sk:  # (as in the kernel's static loop)
+                kaio.sync_warp()
+                zero_tail(v_s, bars, turn, n_tiles - 1, cnt - 1, sk, lane, D, BN, STAGES, DT)
+    if lane == 0:
+        kaio.threadfence()  # this block's takes before its count
+        if kaio.atomic_add(sched, 1, 1) == i32(kaio.grid_dim_x()) - 1:
+            sched[0] = 0
+            sched[1] = 0
+
+
+@kaio.gpu_func
 def zero_tail(
     v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:], j: i32, n: i32, sk: i32, lane: u32,
     D: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, DT: kaio.constexpr,
@@ -786,6 +838,7 @@ def attention_fwd_wgmma(
     causal: i32,
     bhs: i32,
     hs: i32,
+    sched: i32[:],
     D: kaio.constexpr,
     BN: kaio.constexpr,
     WG: kaio.constexpr,
@@ -807,7 +860,9 @@ def attention_fwd_wgmma(
     in boxes of (64 * WG, 64); ``tk``, ``tv``: k, v as [B * Hkv * sk, D] in boxes of (BN, 64);
     ``out`` [B * H * sq * D] and ``lse`` [B * H * sq] flat; ``scale_log2``: the scale times
     log2(e). ``XT``, ``QB``, ``ONES``: the one-stream schedule, its Q buffers and the row
-    sums on the tensor cores (module docstring; ``extras``)."""
+    sums on the tensor cores (module docstring; ``extras``). ``sched``: two i32 counters, 0
+    at the launch, that ``PERSIST`` 4 takes its tiles from and leaves 0
+    (``produce_dynamic``)."""
     BM = 64 * WG
     C = D // 64  # 64-column blocks of a row
     KV_BYTES = BN * D * 2
@@ -822,6 +877,10 @@ def attention_fwd_wgmma(
     # warpgroup; turn[5], turn[6]: the second Q buffer's landed and read (QB 2)
     bars = kaio.shared_dynamic(u64, (4, STAGES), Q_BYTES + STAGES * (KV_BYTES + V_BYTES))
     turn = kaio.shared_dynamic(u64, (8,), Q_BYTES + STAGES * (KV_BYTES + V_BYTES) + 32 * STAGES)
+    # PERSIST 4: the work tile of each Q buffer (``produce_dynamic``)
+    tile_s = kaio.shared_dynamic(
+        i32, (4,), Q_BYTES + STAGES * (KV_BYTES + V_BYTES) + 32 * STAGES + 64
+    )
     t, wg, lt = thread_roles(WG)
     n_qt = (sq + BM - 1) // BM
     first = i32(kaio.block_idx_x())  # PERSIST: tiles first, first + grid, ...
@@ -853,6 +912,27 @@ def attention_fwd_wgmma(
         consume_stream(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, first, step, end, rounds,
                        n_qt, bhs, hs, heads, group, sq, sk, causal, scale_log2, D, BN, WG,
                        STAGES, PIPE, PERSIST, QB, ONES, DT, LSE, HEXP)  # fmt: skip
+    elif wg < WG and PERSIST == 4:  # the consumers, tiles as the producer takes them
+        if REGS:
+            kaio.setmaxnreg_inc(REGS)
+        st = i32(0)  # (``consume_tile``'s state, as below)
+        ph = u32(0)
+        g = i32(0)
+        done = i32(0)
+        tails = i32(0)
+        w = i32(0)
+        while w >= 0:
+            b, landed, read = q_buffer(done, QB)
+            kaio.mbarrier_wait(turn, landed, u32(done // QB) & 1)
+            w = tile_s[b]  # -1: no more
+            if w >= 0:
+                bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sk, causal,
+                                               BM, BN)  # fmt: skip
+                st, ph, g, done, tails = consume_tile(
+                    q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
+                    q0, n_tiles, sq, sk, causal, scale_log2, st, ph, g, done, tails, D, BN,
+                    STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP,
+                )  # fmt: skip
     elif wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
@@ -878,6 +958,12 @@ def attention_fwd_wgmma(
                         q0, n_tiles, sq, sk, causal, scale_log2, st, ph, g, done, tails, D, BN,
                         STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP,
                     )  # fmt: skip
+    elif PERSIST == 4:  # the producer warpgroup: its first warp takes the tiles
+        cnt, it = producer_start(REGS)
+        if lt < 32:
+            produce_dynamic(q_s, k_s, v_s, bars, turn, tile_s, sched, tq, tk, tv, lt, end, n_qt,
+                            bhs, hs, heads, group, sq, sk, causal, D, BN, WG, STAGES, DT,
+                            QB)  # fmt: skip
     else:  # the producer warpgroup: its first thread loads
         cnt, it = producer_start(REGS)
         for k in range(rounds):
@@ -903,7 +989,7 @@ def attention_fwd_wgmma(
 def shared_bytes(d: int, bn: int, wg: int, stages: int, qb: int = 1, ones: int = 0) -> int:
     """The dynamic shared memory of ``attention_fwd_wgmma``: ``qb`` Q buffers, the K/V ring
     (``ones``: a column block of ones beside each V stage), its barriers."""
-    return qb * 64 * wg * d * 2 + stages * bn * (2 * d + 64 * ones) * 2 + 32 * stages + 64
+    return qb * 64 * wg * d * 2 + stages * bn * (2 * d + 64 * ones) * 2 + 32 * stages + 80
 
 
 def config(d: int, causal: bool = False) -> dict:
@@ -1014,6 +1100,7 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     ``config(d)``); ``ctas``: the blocks of a
     persistent launch (default: one a multiprocessor). Returns (out [B, H, Sq, D] of q's type,
     lse [B, H, Sq] f32)."""
+    import importlib
     import math
 
     from kaio_ops import _arrays
@@ -1023,9 +1110,15 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     check_stream(cfg, d)
     # sections of heads (tile_of): one head's tiles after another's (PERSIST 2: every head's
     # heaviest tiles first; PERSIST 3 takes pairs of a head's tiles, head after head)
-    hs = cfg.pop("SECTION", 0) or (bh if cfg.get("PERSIST") == 2 else 1)
+    section = cfg.pop("SECTION", 0)
+    hs = section or (bh if cfg.get("PERSIST") == 2 else 1)
     if cfg.get("PERSIST") == 3:
         hs = 1
+    if cfg["PIPE"] in (2, 4) and cfg["PERSIST"] == 4:
+        raise ValueError(
+            f"attention_fwd_wgmma: ping-pong (PIPE {cfg['PIPE']}) with tiles taken from a "
+            f"counter (PERSIST 4) is not written: use PIPE 0, 1 or 3, or PERSIST 0 to 3"
+        )
     if cfg["PIPE"] in (2, 4) and cfg["WG"] != 2:
         raise ValueError(
             f"attention_fwd_wgmma: ping-pong (PIPE {cfg['PIPE']}) takes turns between two "
@@ -1047,11 +1140,15 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     if cfg["PERSIST"]:
         work = bh * (-(-n_qt // 2) if cfg["PERSIST"] == 3 else n_qt)  # pairs of tiles, or tiles
         grid = (min(work, ctas or _arrays.multiprocessors(qa)), 1)
+        if cfg["PERSIST"] == 4 and not section:  # sections of at least two tiles a block,
+            # heaviest first in each: the last tiles taken are light ones
+            hs = -(-2 * grid[0] // n_qt)
     else:
         grid = (n_qt, bh)
+    sched = importlib.import_module("kaio_ops.linear")._counters(qa, 2)  # (PERSIST 4's)
     (kernel or attention_fwd_wgmma)[grid, 128 * cfg["WG"] + 128, _arrays.stream_of(qa), smem](
         tq, tk, tv, out_flat, lse_flat, sq, sk, heads, group, math.log2(math.e) * scale,
-        int(causal), bh, min(hs, bh), D=d, DT=qa.dtype, **cfg,
+        int(causal), bh, min(hs, bh), sched, D=d, DT=qa.dtype, **cfg,
     )  # fmt: skip
     return out, lse
 

@@ -7,6 +7,7 @@ dispatch to it against torch SDPA in float64."""
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import ml_dtypes
@@ -183,6 +184,35 @@ def test_row_sums_on_the_tensor_cores_in_simulator(b, h, hkv, sq, sk, d, dtype, 
     out, lse, ref, ref_lse = run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, ctas=ctas or None)
     assert rel(out, ref) < (1e-3 if dtype == np.float16 else 1e-2)
     np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=5e-4 if dtype == np.float16 else 3e-3)
+
+
+@pytest.mark.parametrize(
+    "sq, sk, causal, over, ctas, section",
+    [
+        # the mask, grouped-query heads, partial last key tiles, two Q buffers, three blocks
+        # taking 8 tiles from the counter, heads in sections of two
+        (256, 300, True, {"PIPE": 1, "QB": 2, "ONES": 1}, 3, 2),
+        # one block takes both heads' tiles (the sections as launch picks them)
+        (128, 128, False, {"PIPE": 3}, 1, 0),
+    ],
+)
+def test_tiles_taken_from_a_counter_in_simulator(sq, sk, causal, over, ctas, section):
+    """``PERSIST`` 4: the producers take the work tiles from a counter in global memory and
+    tell their consumers through shared memory; the last block done sets the counters back
+    to 0, so that a second launch, which reuses them, takes every tile again."""
+    counters = importlib.import_module("kaio_ops.linear")._counters
+    cfg = small(64, PERSIST=4, SECTION=section, **over)
+    rng = np.random.default_rng(11)
+    q = rng.standard_normal((1, 4, sq, 64)).astype(np.float16)
+    k, v = (rng.standard_normal((1, 2, sk, 64)).astype(np.float16) for _ in range(2))
+    ref, ref_lse, _ = reference(q, np.repeat(k, 2, 1), np.repeat(v, 2, 1), causal, None)
+    with kaio.simulate():
+        (qa, ka, va), dims, scale = attention._check_flash("test", q, k, v, None)
+        for _ in range(2):
+            out, lse = hopper.launch(qa, ka, va, dims, causal, scale, dict(cfg), ctas=ctas)
+            assert rel(out, ref) < 1e-3
+            np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=5e-4)
+            assert not counters(qa, 2)[:2].any()
 
 
 @pytest.mark.parametrize("lse_fix", [0, 1])
