@@ -35,13 +35,14 @@ started last have the least work; ``launch`` takes sections of one head (a secti
 several measured no faster, and slower at S = 16384). ``PERSIST`` 1: one block a
 multiprocessor, each looping over the work tiles first, first + grid, ... (2: the rounds of
 tiles going back and forth over the blocks, for the causal mask's unequal tiles; 3: pairs
-of a head's query tiles, the heaviest with the lightest, ``work_tile``); without it, block
-(x, y) takes tile y * grid x + x (the hardware starts the blocks in that order as others
-finish); the K/V ring's stage and parity, the ping-pong turns and the Q buffer (refilled
-once every consumer warpgroup's last S = Q K^T of a tile is done, ``turn[4]``) carry from
-one tile to the next (``consume_tile``'s state), so that the producer loads the next
-tile's keys while the consumers finish a tile (and ``turn[3]``, the partial last key tiles'
-zeros, counts its phases over them).
+of a head's query tiles, the heaviest with the lightest, ``work_tile``; 4: each block's
+producer takes the next tile from a counter in global memory, ``produce_dynamic``);
+without it, block (x, y) takes tile y * grid x + x (the hardware starts the blocks in that
+order as others finish); the K/V ring's stage and parity, the ping-pong turns and the Q
+buffer (refilled once every consumer warpgroup's last S = Q K^T of a tile is done,
+``turn[4]``) carry from one tile to the next (``consume_tile``'s state), so that the
+producer loads the next tile's keys while the consumers finish a tile (and ``turn[3]``, the
+partial last key tiles' zeros, counts its phases over them).
 
 ``XT`` 1 (``consume_stream``) runs a persistent block's tiles as one stream of key-tile
 steps: the first S = Q K^T of a tile is issued with the last O += P V of the one before, its
@@ -54,7 +55,9 @@ gives either schedule two Q buffers (the next tile's Q loads while this one's is
 column block of ones beside each V stage (one FADD a score fewer; the sums are of the
 probabilities as rounded for P V), and ``LSE`` 1 with it adds back what that rounding took
 on the masked tiles, where a causal row with few keys sees all of them (its logsumexp then
-as exact as with the FADD sums; ``softmax_tile``).
+as exact as with the FADD sums; ``softmax_tile``). ``HEXP`` 1 with ONES takes the
+exponentials two at a time, as 16-bit pairs (``ex2.approx.f16x2``: one MUFU.EX2 for two
+probabilities, which are then P's A fragments as they stand).
 
 Shared tiles (128-byte swizzle, 64-column blocks, docs/hopper.md): Q ``[D / 64, BM, 64]``,
 K and V stages ``[STAGES, D / 64, BN, 64]``. The tensor maps see Q as ``[B * H * Sq, D]`` and
