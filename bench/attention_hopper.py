@@ -253,6 +253,11 @@ TINY = [  # (d, causal, sk, config over the routed one, persistent blocks or Non
     # a tile at a time with two Q buffers and the rounding added back to the row sums;
     # 64-key tiles with the mask: warpgroup 0 frees the last key tile of each query tile
     (128, True, 300, {"PERSIST": 3, "PIPE": 1, "QB": 2, "ONES": 1, "LSE": 1, "BN": 64}, 3),
+    # tiles taken from a counter (12, 13: with the exponentials two at a time; 13: three
+    # warpgroups of 64 keys, two Q buffers, warpgroups freeing the key tiles past their rows)
+    (128, True, 300, {"PERSIST": 4, "PIPE": 1}, 3),
+    (128, False, 300, {"PERSIST": 4, "PIPE": 3, "HEXP": 1}, 3),
+    (64, True, 300, {"PERSIST": 4, "PIPE": 1, "QB": 2, "HEXP": 1, "BN": 64}, 3),
 ]
 
 
