@@ -258,6 +258,10 @@ TINY = [  # (d, causal, sk, config over the routed one, persistent blocks or Non
     (128, True, 300, {"PERSIST": 4, "PIPE": 1}, 3),
     (128, False, 300, {"PERSIST": 4, "PIPE": 3, "HEXP": 1}, 3),
     (64, True, 300, {"PERSIST": 4, "PIPE": 1, "QB": 2, "HEXP": 1, "BN": 64}, 3),
+    # two Q buffers on pairs of query tiles, D128's 128-key tiles (15: and the exponentials
+    # two at a time, without the mask)
+    (128, True, 300, {"PERSIST": 3, "PIPE": 1, "QB": 2}, 3),
+    (128, False, 300, {"PERSIST": 3, "PIPE": 1, "QB": 2, "HEXP": 1}, 3),
 ]
 
 
