@@ -285,14 +285,15 @@ def tiny(cases=None) -> None:
               flush=True)  # fmt: skip
 
 
-def tiny_warm(jobs: int) -> None:
-    """Compile ``TINY``'s kernels, ``jobs`` processes at a time (each runs its case once; the
-    cubins land in the disk cache), so that a run under compute-sanitizer only loads them."""
+def tiny_warm(jobs: int, cases=None) -> None:
+    """Compile ``TINY``'s kernels (``cases``: those of these indices), ``jobs`` processes at
+    a time (each runs its case once; the cubins land in the disk cache), so that a run under
+    compute-sanitizer only loads them."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        for f in [pool.submit(tiny, [i]) for i in range(len(TINY))]:
+        for f in [pool.submit(tiny, [i]) for i in cases or range(len(TINY))]:
             try:
                 f.result(timeout=120)
             except Exception as e:  # noqa: BLE001  (report each case's failure)
@@ -533,7 +534,7 @@ def main() -> None:
     elif args.step == "tiny":
         tiny([int(i) for i in args.cases.split(",")] if args.cases else None)
     elif args.step == "tiny-warm":
-        tiny_warm(args.jobs)
+        tiny_warm(args.jobs, [int(i) for i in args.cases.split(",")] if args.cases else None)
     elif args.step == "one":
         one(args.variant, args.d, args.causal)
     else:
