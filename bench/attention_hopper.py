@@ -518,6 +518,7 @@ def main() -> None:
     p.add_argument("--out")
     p.add_argument("--jobs", type=int, default=8)
     p.add_argument("--check-log", help="time: only the variants this check output passed")
+    p.add_argument("--rounds", type=int, default=5, help="grid: interleaved rounds of timing")
     p.add_argument("--ptxas", help="build the cubins with this ptxas, not the driver's JIT")
     args = p.parse_args()
     if args.ptxas:  # before kaio compiles anything; cached under their own keys
@@ -528,7 +529,7 @@ def main() -> None:
         if args.jobs:
             warm(args.jobs, args.specs)
         causals = {"both": (False, True), "no": (False,), "yes": (True,)}[args.causal_grid]
-        grid(args.specs, args.shapes, causals, args.out)
+        grid(args.specs, args.shapes, causals, args.out, args.rounds)
     elif args.step == "check":
         check(args.out)
     elif args.step == "tiny":
