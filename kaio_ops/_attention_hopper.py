@@ -1036,9 +1036,15 @@ def extras(d: int, causal: bool = False, dt=None) -> dict:
     causal rows with few keys by up to 1.5e-3 (the GPU test's bound is 1e-3); with ``LSE``
     (the masked tiles' rounding added back) 5.8e-4, but bf16 ONES + LSE ran no faster than
     the FADD sums (-3% to +2%, docs/performance.md "the consumer's state as a tuple"), and
-    f16 LSE no faster than ONES alone, so neither is routed; XT and QB 2 measured 1-8%
-    slower at S 16384, so not routed."""
-    return {"ONES": 1} if d <= 128 and dt in (None, kaio.f16) else {}
+    f16 LSE no faster than ONES alone, so neither is routed; XT measured 1-8% slower at
+    S 16384, so not routed. QB 2 (the next tile's Q and first keys loaded while this tile's
+    are read) for f16 at D 128 with the mask, where the query tiles are short: 1-3% faster
+    at S 4096, 1-9% at S 1024, as fast at S 16384 (docs/performance.md, "exponentials two
+    at a time"); without the mask it lost 4-5% at S 16384, and bf16 ran as fast either way.
+    ``HEXP`` (the exponentials as f16 pairs) measured no faster (-2% to +2%)."""
+    f16 = dt in (None, kaio.f16)
+    two_q = {"QB": 2} if f16 and causal and d == 128 else {}
+    return {"ONES": 1, **two_q} if d <= 128 and f16 else {}
 
 
 def check_stream(cfg: dict, d: int) -> None:

@@ -173,6 +173,9 @@ def test_persistent_blocks_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, ove
         # last key tile; bf16 (its .ftz form) without it, grouped-query heads
         (1, 1, 1, 130, 200, 64, np.float16, True, {"PERSIST": 3, "HEXP": 1}, 1),
         (1, 2, 1, 64, 128, 64, ml_dtypes.bfloat16, False, {"PIPE": 3, "HEXP": 1}, 1),
+        # D128's route with the mask (f16): two Q buffers over a pair of query tiles of
+        # 128-key tiles, a partial last key tile
+        (1, 1, 1, 256, 200, 128, np.float16, True, {"BN": 128, "QB": 2, "PERSIST": 3}, 1),
     ],
 )
 def test_row_sums_on_the_tensor_cores_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, over,
