@@ -115,8 +115,8 @@ def runner(kind: str, d: int, over: dict):
         if kind == "old":
             dp = attention._pow2_dim(d, attention.FLASH_DIMS)
             return attention.tc_forward(qa, ka, va, qa.dtype, qa.shape, dims, causal, scale, dp)
-        cfg = {**hop.config(d, causal), **over}
-        kernel = precise_kernel() if cfg.pop("precise", False) else None
+        cfg = {**hop.config(d, causal), **over} if over else None  # None: as launch routes
+        kernel = precise_kernel() if cfg and cfg.pop("precise", False) else None
         return hop.launch(qa, ka, va, dims, causal, scale, cfg, kernel)
 
     return run

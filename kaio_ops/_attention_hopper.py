@@ -1024,7 +1024,10 @@ def config(d: int, causal: bool = False) -> dict:
 EXTRAS_OFF = {"XT": 0, "QB": 1, "ONES": 0, "LSE": 0, "HEXP": 0}
 
 
-def extras(d: int, causal: bool = False, dt=None) -> dict:
+SHORT_KEYS = 1024  # f16 D128 at most this many keys: tiles from a counter (``extras``)
+
+
+def extras(d: int, causal: bool = False, dt=None, sk: int = 0) -> dict:
     """The constexprs beyond ``config``'s that ``launch`` adds where its configuration has
     none (``EXTRAS_OFF`` under them): ``XT`` (1: a block's tiles as one stream of key-tile
     steps, ``consume_stream``), ``QB`` (its Q buffers, 2 where they fit in shared memory
@@ -1039,12 +1042,18 @@ def extras(d: int, causal: bool = False, dt=None) -> dict:
     f16 LSE no faster than ONES alone, so neither is routed; XT measured 1-8% slower at
     S 16384, so not routed. QB 2 (the next tile's Q and first keys loaded while this tile's
     are read) for f16 at D 128 with the mask, where the query tiles are short: 1-3% faster
-    at S 4096, 1-9% at S 1024, as fast at S 16384 (docs/performance.md, "exponentials two
-    at a time"); without the mask it lost 4-5% at S 16384, and bf16 ran as fast either way.
-    ``HEXP`` (the exponentials as f16 pairs) measured no faster (-2% to +2%)."""
-    f16 = dt in (None, kaio.f16)
-    two_q = {"QB": 2} if f16 and causal and d == 128 else {}
-    return {"ONES": 1, **two_q} if d <= 128 and f16 else {}
+    at S 2048-4096, 1-9% at S 1024, as fast at S 16384 (docs/performance.md, "exponentials
+    two at a time"); without the mask it lost 4-5% at S 16384, and bf16 ran as fast either
+    way. For f16 at D 128 and at most ``SHORT_KEYS`` keys ``sk`` (0: unknown), also
+    ``PERSIST`` 4 (tiles taken from a counter, one head a section) with QB 2, with the mask
+    or not: 3% and 7% faster at S 1024 (2-7% behind at S 4096-16384); ``launch`` lets this
+    PERSIST override ``config``'s when it routes. ``HEXP`` (the exponentials as f16 pairs)
+    measured no faster (-2% to +2%)."""
+    if d > 128 or dt not in (None, kaio.f16):
+        return {}
+    short = d == 128 and 0 < sk <= SHORT_KEYS
+    return {"ONES": 1, **({"QB": 2} if d == 128 and (causal or short) else {}),
+            **({"PERSIST": 4} if short else {})}  # fmt: skip
 
 
 def check_stream(cfg: dict, d: int) -> None:
@@ -1115,12 +1124,12 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     from kaio_ops import _arrays
 
     bh, heads, group, sq, sk, d, _ = dims
-    cfg = {**EXTRAS_OFF, **extras(d, causal, qa.dtype), **(cfg or config(d, causal))}
+    routed = extras(d, causal, qa.dtype, sk)
+    cfg = {**EXTRAS_OFF, **routed, **cfg} if cfg else {**EXTRAS_OFF, **config(d, causal), **routed}
     check_stream(cfg, d)
     # sections of heads (tile_of): one head's tiles after another's (PERSIST 2: every head's
     # heaviest tiles first; PERSIST 3 takes pairs of a head's tiles, head after head)
-    section = cfg.pop("SECTION", 0)
-    hs = section or (bh if cfg.get("PERSIST") == 2 else 1)
+    hs = cfg.pop("SECTION", 0) or (bh if cfg.get("PERSIST") == 2 else 1)
     if cfg.get("PERSIST") == 3:
         hs = 1
     if cfg["PIPE"] in (2, 4) and cfg["PERSIST"] == 4:
@@ -1149,9 +1158,6 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     if cfg["PERSIST"]:
         work = bh * (-(-n_qt // 2) if cfg["PERSIST"] == 3 else n_qt)  # pairs of tiles, or tiles
         grid = (min(work, ctas or _arrays.multiprocessors(qa)), 1)
-        if cfg["PERSIST"] == 4 and not section:  # sections of at least two tiles a block,
-            # heaviest first in each: the last tiles taken are light ones
-            hs = -(-2 * grid[0] // n_qt)
     else:
         grid = (n_qt, bh)
     sched = importlib.import_module("kaio_ops.linear")._counters(qa, 2)  # (PERSIST 4's)
@@ -1168,6 +1174,10 @@ def specializations():
 
     for dt in (f16, bf16):
         for d in (64, 128, 256):
-            routed = ({**config(d, c), **EXTRAS_OFF, **extras(d, c, dt)} for c in (False, True))
+            routed = (
+                {**EXTRAS_OFF, **config(d, c), **extras(d, c, dt, sk)}
+                for c in (False, True)
+                for sk in (0, SHORT_KEYS)  # (``extras``: fewer keys, another route)
+            )
             for cfg in dict.fromkeys(tuple(r.items()) for r in routed):
                 yield attention_fwd_wgmma, {"D": d, "DT": dt, **dict(cfg)}  # each once

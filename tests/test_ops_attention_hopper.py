@@ -190,25 +190,28 @@ def test_row_sums_on_the_tensor_cores_in_simulator(b, h, hkv, sq, sk, d, dtype, 
 
 
 @pytest.mark.parametrize(
-    "sq, sk, causal, over, ctas, section",
+    "d, h, sq, sk, causal, over, ctas, section",
     [
         # the mask, grouped-query heads, partial last key tiles, two Q buffers, three blocks
         # taking 8 tiles from the counter, heads in sections of two
-        (256, 300, True, {"PIPE": 1, "QB": 2, "ONES": 1}, 3, 2),
-        # one block takes both heads' tiles (the sections as launch picks them)
-        (128, 128, False, {"PIPE": 3}, 1, 0),
+        (64, 4, 256, 300, True, {"PIPE": 1, "QB": 2, "ONES": 1}, 3, 2),
+        # one block takes every head's tiles (one head a section, as launch picks)
+        (64, 4, 128, 128, False, {"PIPE": 3}, 1, 0),
+        # f16 D128's route at 1024 keys or fewer (extras), a partial last key tile
+        (128, 2, 256, 200, False, hopper.extras(128, False, kaio.f16, 200), 2, 0),
     ],
 )
-def test_tiles_taken_from_a_counter_in_simulator(sq, sk, causal, over, ctas, section):
+def test_tiles_taken_from_a_counter_in_simulator(d, h, sq, sk, causal, over, ctas, section):
     """``PERSIST`` 4: the producers take the work tiles from a counter in global memory and
     tell their consumers through shared memory; the last block done sets the counters back
     to 0, so that a second launch, which reuses them, takes every tile again."""
     counters = importlib.import_module("kaio_ops.linear")._counters
-    cfg = small(64, PERSIST=4, SECTION=section, **over)
+    cfg = small(d, **{"PERSIST": 4, "SECTION": section, "BN": 128 if d == 128 else 64, **over})
     rng = np.random.default_rng(11)
-    q = rng.standard_normal((1, 4, sq, 64)).astype(np.float16)
-    k, v = (rng.standard_normal((1, 2, sk, 64)).astype(np.float16) for _ in range(2))
-    ref, ref_lse, _ = reference(q, np.repeat(k, 2, 1), np.repeat(v, 2, 1), causal, None)
+    q = rng.standard_normal((1, h, sq, d)).astype(np.float16)
+    k, v = (rng.standard_normal((1, 2, sk, d)).astype(np.float16) for _ in range(2))
+    g = h // 2
+    ref, ref_lse, _ = reference(q, np.repeat(k, g, 1), np.repeat(v, g, 1), causal, None)
     with kaio.simulate():
         (qa, ka, va), dims, scale = attention._check_flash("test", q, k, v, None)
         for _ in range(2):
@@ -269,6 +272,20 @@ def test_stream_configurations_are_checked(over, match):
     d = over.pop("D", 128)
     with pytest.raises(ValueError, match=match):
         hopper.check_stream({**hopper.config(d), **over}, d)
+
+
+def test_routes_by_type_mask_and_keys():
+    """``extras``: the row sums on the tensor cores for f16 at D 64 and 128; two Q buffers
+    for f16 at D 128 with the mask or at most SHORT_KEYS keys, and there also tiles taken
+    from a counter; nothing more for bf16 or D 256."""
+    f16, bf16 = kaio.f16, kaio.bf16
+    short = {"ONES": 1, "QB": 2, "PERSIST": 4}
+    assert hopper.extras(128, False, f16, hopper.SHORT_KEYS) == short
+    assert hopper.extras(128, True, f16, hopper.SHORT_KEYS) == short
+    assert hopper.extras(128, True, f16, 4096) == {"ONES": 1, "QB": 2}
+    assert hopper.extras(128, False, f16, 4096) == {"ONES": 1}
+    assert hopper.extras(64, True, f16, 1024) == {"ONES": 1}
+    assert hopper.extras(128, True, bf16, 1024) == hopper.extras(256, True, f16, 1024) == {}
 
 
 def test_dispatch_needs_a_whole_64_column_head_dim_and_a_gpu():
