@@ -325,7 +325,9 @@ def _hopper_gpu() -> bool:
 @pytest.mark.gpu
 @pytest.mark.skipif("not _hopper_gpu()", reason="needs an sm_90 GPU")
 @pytest.mark.parametrize(
-    "b, h, hkv, sq, sk, d", [(2, 8, 8, 2048, 2048, 128), (2, 8, 2, 2048, 4096, 64)]
+    "b, h, hkv, sq, sk, d",
+    # the third: f16's route at 1024 keys (tiles from a counter, two Q buffers)
+    [(2, 8, 8, 2048, 2048, 128), (2, 8, 2, 2048, 4096, 64), (4, 8, 2, 1024, 1024, 128)],
 )
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
