@@ -435,7 +435,8 @@ _MATH1 = {
     ),
     "exp2": (
         "exp2(x): 2**x, ex2.approx.f32; max rel. error 2^-22 (2 ulp). On an f16x2/bf16x2 pair: "
-        "both halves in one ex2.approx.f16x2 (.ftz.bf16x2, sm_90), max rel. error 2^-9.9.",
+        "both halves in one ex2.approx.f16x2 (max rel. error 2^-9.9) or .ftz.bf16x2 (sm_90, "
+        "within one bf16 ulp).",
         True,
         _one_op("exp2"),
     ),

@@ -1025,9 +1025,10 @@ EXTRAS_OFF = {"XT": 0, "QB": 1, "ONES": 0, "LSE": 0, "HEXP": 0}
 
 
 SHORT_KEYS = 1024  # f16 D128 at most this many keys: tiles from a counter (``extras``)
+MANY_TILES = 8  # query tiles a multiprocessor from which ``extras`` routes QB 2, PERSIST 4
 
 
-def extras(d: int, causal: bool = False, dt=None, sk: int = 0) -> dict:
+def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True) -> dict:
     """The constexprs beyond ``config``'s that ``launch`` adds where its configuration has
     none (``EXTRAS_OFF`` under them): ``XT`` (1: a block's tiles as one stream of key-tile
     steps, ``consume_stream``), ``QB`` (its Q buffers, 2 where they fit in shared memory
@@ -1047,12 +1048,15 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0) -> dict:
     way. For f16 at D 128 and at most ``SHORT_KEYS`` keys ``sk`` (0: unknown), also
     ``PERSIST`` 4 (tiles taken from a counter, one head a section) with QB 2, with the mask
     or not: 3% and 7% faster at S 1024 (2-7% behind at S 4096-16384); ``launch`` lets this
-    PERSIST override ``config``'s when it routes. ``HEXP`` (the exponentials as f16 pairs)
-    measured no faster (-2% to +2%)."""
+    PERSIST override ``config``'s when it routes. Both only where the launch has ``many``
+    (at least MANY_TILES query tiles a multiprocessor: they were measured faster with 15,
+    5-12% slower with 2 and 4, B2 and B4 H16 S1024). ``HEXP`` (the exponentials as f16
+    pairs) measured no faster (-2% to +2%)."""
     if d > 128 or dt not in (None, kaio.f16):
         return {}
-    short = d == 128 and 0 < sk <= SHORT_KEYS
-    return {"ONES": 1, **({"QB": 2} if d == 128 and (causal or short) else {}),
+    more = d == 128 and many
+    short = more and 0 < sk <= SHORT_KEYS
+    return {"ONES": 1, **({"QB": 2} if more and (causal or short) else {}),
             **({"PERSIST": 4} if short else {})}  # fmt: skip
 
 
@@ -1124,7 +1128,8 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     from kaio_ops import _arrays
 
     bh, heads, group, sq, sk, d, _ = dims
-    routed = extras(d, causal, qa.dtype, sk)
+    many = bh * -(-sq // 128) >= MANY_TILES * _arrays.multiprocessors(qa)
+    routed = extras(d, causal, qa.dtype, sk, many)
     cfg = {**EXTRAS_OFF, **routed, **cfg} if cfg else {**EXTRAS_OFF, **config(d, causal), **routed}
     check_stream(cfg, d)
     # sections of heads (tile_of): one head's tiles after another's (PERSIST 2: every head's

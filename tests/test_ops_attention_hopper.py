@@ -277,13 +277,14 @@ def test_stream_configurations_are_checked(over, match):
 def test_routes_by_type_mask_and_keys():
     """``extras``: the row sums on the tensor cores for f16 at D 64 and 128; two Q buffers
     for f16 at D 128 with the mask or at most SHORT_KEYS keys, and there also tiles taken
-    from a counter; nothing more for bf16 or D 256."""
+    from a counter, where the launch has many query tiles; nothing more for bf16 or D 256."""
     f16, bf16 = kaio.f16, kaio.bf16
     short = {"ONES": 1, "QB": 2, "PERSIST": 4}
     assert hopper.extras(128, False, f16, hopper.SHORT_KEYS) == short
     assert hopper.extras(128, True, f16, hopper.SHORT_KEYS) == short
     assert hopper.extras(128, True, f16, 4096) == {"ONES": 1, "QB": 2}
     assert hopper.extras(128, False, f16, 4096) == {"ONES": 1}
+    assert hopper.extras(128, True, f16, 1024, many=False) == {"ONES": 1}
     assert hopper.extras(64, True, f16, 1024) == {"ONES": 1}
     assert hopper.extras(128, True, bf16, 1024) == hopper.extras(256, True, f16, 1024) == {}
 
@@ -326,8 +327,8 @@ def _hopper_gpu() -> bool:
 @pytest.mark.skipif("not _hopper_gpu()", reason="needs an sm_90 GPU")
 @pytest.mark.parametrize(
     "b, h, hkv, sq, sk, d",
-    # the third: f16's route at 1024 keys (tiles from a counter, two Q buffers)
-    [(2, 8, 8, 2048, 2048, 128), (2, 8, 2, 2048, 4096, 64), (4, 8, 2, 1024, 1024, 128)],
+    # the third: f16's route at 1024 keys and 2048 tiles (from a counter, two Q buffers)
+    [(2, 8, 8, 2048, 2048, 128), (2, 8, 2, 2048, 4096, 64), (16, 16, 4, 1024, 1024, 128)],
 )
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

@@ -877,13 +877,15 @@ def test_packed_exp2_assembles(t, arch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("t", PACKED, ids=str)
 def test_gpu_packed_exp2_within_its_bound(t):
-    """ex2.approx of a pair on the GPU: within 2^-9.9 relative of 2**x for normal results
-    (PTX's bound; the simulator rounds the exact value), and 0 for -inf."""
+    """ex2.approx of a pair on the GPU: within 2^-9.9 relative of 2**x for normal f16 results
+    (PTX's bound), one ulp for bf16 (2^-7 relative; measured on an H100: 44% of the results
+    one ulp off the rounded value, which the simulator gives), and 0 for -inf."""
     name = t.element.name
     x = exp2_inputs(name)
     out = kaio.to_device(np.zeros(N, np.uint32))
     packed_exp2[N // BLOCK, BLOCK](kaio.to_device(x), out, T=t)
     got, want = exp2_halves(out.numpy(), name), exp2_reference(x, name)
     normal = want >= 2.0 ** FORMATS[name][1]
-    np.testing.assert_allclose(got[normal], want[normal], rtol=2.0**-9.9, atol=0)
+    bound = 2.0**-9.9 if name == "f16" else 2.0**-7
+    np.testing.assert_allclose(got[normal], want[normal], rtol=bound, atol=0)
     assert np.all(got[np.isinf(x)] == 0)
