@@ -197,7 +197,8 @@ def test_row_sums_on_the_tensor_cores_in_simulator(b, h, hkv, sq, sk, d, dtype, 
         (64, 4, 256, 300, True, {"PIPE": 1, "QB": 2, "ONES": 1}, 3, 2),
         # one block takes every head's tiles (one head a section, as launch picks)
         (64, 4, 128, 128, False, {"PIPE": 3}, 1, 0),
-        # f16 D128's route at 1024 keys or fewer (extras), a partial last key tile
+        # f16 D128's options at 1024 keys or fewer (extras: two Q buffers), a partial last
+        # key tile
         (128, 2, 256, 200, False, hopper.extras(128, False, kaio.f16, 200), 2, 0),
     ],
 )
@@ -274,12 +275,16 @@ def test_stream_configurations_are_checked(over, match):
         hopper.check_stream({**hopper.config(d), **over}, d)
 
 
-def test_routes_by_type_mask_and_keys():
+def test_routes_by_type_mask_and_keys(monkeypatch):
     """``extras``: the row sums on the tensor cores for f16 at D 64 and 128; two Q buffers
-    for f16 at D 128 with the mask or at most SHORT_KEYS keys, and there also tiles taken
-    from a counter, where the launch has many query tiles; nothing more for bf16 or D 256."""
+    for f16 at D 128 with the mask or at most SHORT_KEYS keys, where the launch has many
+    query tiles (and there tiles taken from a counter, with ROUTE_COUNTER); nothing more
+    for bf16 or D 256."""
     f16, bf16 = kaio.f16, kaio.bf16
-    short = {"ONES": 1, "QB": 2, "PERSIST": 4}
+    short = {"ONES": 1, "QB": 2}
+    monkeypatch.setattr(hopper, "ROUTE_COUNTER", True)
+    assert hopper.extras(128, False, f16, hopper.SHORT_KEYS) == {**short, "PERSIST": 4}
+    monkeypatch.setattr(hopper, "ROUTE_COUNTER", False)
     assert hopper.extras(128, False, f16, hopper.SHORT_KEYS) == short
     assert hopper.extras(128, True, f16, hopper.SHORT_KEYS) == short
     assert hopper.extras(128, True, f16, 4096) == {"ONES": 1, "QB": 2}
@@ -327,7 +332,8 @@ def _hopper_gpu() -> bool:
 @pytest.mark.skipif("not _hopper_gpu()", reason="needs an sm_90 GPU")
 @pytest.mark.parametrize(
     "b, h, hkv, sq, sk, d",
-    # the third: f16's route at 1024 keys and 2048 tiles (from a counter, two Q buffers)
+    # the third: f16's route at 1024 keys and 2048 tiles (two Q buffers, with or without
+    # the mask)
     [(2, 8, 8, 2048, 2048, 128), (2, 8, 2, 2048, 4096, 64), (16, 16, 4, 1024, 1024, 128)],
 )
 @pytest.mark.parametrize("causal", [False, True])
