@@ -1059,13 +1059,13 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     are read) for f16 at D 128 with the mask, where the query tiles are short: 1-3% faster
     at S 2048-4096, 1-9% at S 1024, as fast at S 16384 (docs/performance.md, "exponentials
     two at a time"); without the mask it lost 4-5% at S 16384, and bf16 ran as fast either
-    way. For f16 at D 128 and at most ``SHORT_KEYS`` keys ``sk`` (0: unknown), also
-    ``PERSIST`` 4 (tiles taken from a counter, one head a section) with QB 2, with the mask
-    or not: 3% and 7% faster at S 1024 (2-7% behind at S 4096-16384); ``launch`` lets this
-    PERSIST override ``config``'s when it routes. Both only where the launch has ``many``
-    (at least MANY_TILES query tiles a multiprocessor: they were measured faster with 15,
-    5-12% slower with 2 and 4, B2 and B4 H16 S1024). ``HEXP`` (the exponentials as f16
-    pairs) measured no faster (-2% to +2%)."""
+    way. For f16 at D 128 and at most ``SHORT_KEYS`` keys ``sk`` (0: unknown), QB 2 with
+    the mask or not, and with ``ROUTE_COUNTER`` (off: see there) ``PERSIST`` 4 (tiles taken
+    from a counter, one head a section): 3-7% faster at S 1024 (2-7% behind at S
+    4096-16384); ``launch`` lets this PERSIST override ``config``'s when it routes. Both
+    only where the launch has ``many`` (at least MANY_TILES query tiles a multiprocessor:
+    they were measured faster with 15, 5-12% slower with 2 and 4, B2 and B4 H16 S1024).
+    ``HEXP`` (the exponentials as f16 pairs) measured no faster (-2% to +2%)."""
     if d > 128 or dt not in (None, kaio.f16):
         return {}
     more = d == 128 and many
