@@ -82,18 +82,41 @@ def precise_kernel():
     return _PRECISE[0]
 
 
+_BASE = []
+
+
+def base_module():
+    """The module that ``BASE=1`` variants run: a copy of ``_attention_hopper.py`` (another
+    branch's, for an A/B in one process) at the path ``$ATTN_BASE`` names."""
+    if not _BASE:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(
+            "kaio_ops._attention_hopper_base", os.environ["ATTN_BASE"]
+        )
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        _BASE.append(mod)
+    return _BASE[0]
+
+
 def runner(kind: str, d: int, over: dict):
-    """A function (q, k, v, causal) -> (out, lse) for one variant."""
+    """A function (q, k, v, causal) -> (out, lse) for one variant (``BASE`` 1: of
+    ``base_module``'s kernel)."""
     from kaio_ops import _attention_hopper as hop
     from kaio_ops import attention
+
+    over = dict(over)
+    if over.pop("BASE", 0):
+        hop = base_module()
 
     def run(q, k, v, causal):
         (qa, ka, va), dims, scale = attention._check_flash("bench", q, k, v, None)
         if kind == "old":
             dp = attention._pow2_dim(d, attention.FLASH_DIMS)
             return attention.tc_forward(qa, ka, va, qa.dtype, qa.shape, dims, causal, scale, dp)
-        cfg = {**hop.config(d, causal), **over}
-        kernel = precise_kernel() if cfg.pop("precise", False) else None
+        cfg = {**hop.config(d, causal), **over} if over else None  # None: as launch routes
+        kernel = precise_kernel() if cfg and cfg.pop("precise", False) else None
         return hop.launch(qa, ka, va, dims, causal, scale, cfg, kernel)
 
     return run
@@ -128,8 +151,15 @@ def warm_one(i: int, specs: str | None = None) -> str:
         import kaio
         from kaio_ops import _attention_hopper as hop
 
+        over = dict(over)
+        base = over.pop("BASE", 0)
+        if base:
+            hop = base_module()
         dt = kaio.f16 if dtype == "float16" else kaio.bf16
-        cfg = {**hop.config(d), **hop.EXTRAS_OFF, **hop.extras(d, False, dt), **over}
+        # the kernel launched above (without the mask, 512 keys: launch's merge)
+        routed = hop.extras(d, False, dt) if base else hop.extras(d, False, dt, 512)
+        launched = {**hop.config(d), **over} if over else {**hop.config(d), **routed}
+        cfg = {**hop.EXTRAS_OFF, **routed, **launched}
         cfg.pop("SECTION", None)  # launch's, not the kernel's
         r = hop.attention_fwd_wgmma.resources(D=d, DT=dt, **cfg)
         res = f" (registers {r.registers}, local bytes {r.local_bytes})"
@@ -227,6 +257,15 @@ TINY = [  # (d, causal, sk, config over the routed one, persistent blocks or Non
     # a tile at a time with two Q buffers and the rounding added back to the row sums;
     # 64-key tiles with the mask: warpgroup 0 frees the last key tile of each query tile
     (128, True, 300, {"PERSIST": 3, "PIPE": 1, "QB": 2, "ONES": 1, "LSE": 1, "BN": 64}, 3),
+    # tiles taken from a counter (12, 13: with the exponentials two at a time; 13: three
+    # warpgroups of 64 keys, two Q buffers, warpgroups freeing the key tiles past their rows)
+    (128, True, 300, {"PERSIST": 4, "PIPE": 1}, 3),
+    (128, False, 300, {"PERSIST": 4, "PIPE": 3, "HEXP": 1}, 3),
+    (64, True, 300, {"PERSIST": 4, "PIPE": 1, "QB": 2, "HEXP": 1, "BN": 64}, 3),
+    # two Q buffers on pairs of query tiles, D128's 128-key tiles (15: and the exponentials
+    # two at a time, without the mask)
+    (128, True, 300, {"PERSIST": 3, "PIPE": 1, "QB": 2}, 3),
+    (128, False, 300, {"PERSIST": 3, "PIPE": 1, "QB": 2, "HEXP": 1}, 3),
 ]
 
 
@@ -250,14 +289,15 @@ def tiny(cases=None) -> None:
               flush=True)  # fmt: skip
 
 
-def tiny_warm(jobs: int) -> None:
-    """Compile ``TINY``'s kernels, ``jobs`` processes at a time (each runs its case once; the
-    cubins land in the disk cache), so that a run under compute-sanitizer only loads them."""
+def tiny_warm(jobs: int, cases=None) -> None:
+    """Compile ``TINY``'s kernels (``cases``: those of these indices), ``jobs`` processes at
+    a time (each runs its case once; the cubins land in the disk cache), so that a run under
+    compute-sanitizer only loads them."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        for f in [pool.submit(tiny, [i]) for i in range(len(TINY))]:
+        for f in [pool.submit(tiny, [i]) for i in cases or range(len(TINY))]:
             try:
                 f.result(timeout=120)
             except Exception as e:  # noqa: BLE001  (report each case's failure)
@@ -404,8 +444,9 @@ def grid(specs: str, shapes: str, causals: tuple, out_path, rounds: int = 5) -> 
     """Each variant of ``specs`` (``parse_specs``) checked against float64 on two small
     cases (grouped-query heads with several tiles a persistent block, and a partial last key
     tile with a query tail), then, where it passed, timed with SDPA flash on each shape
-    ``B,H,HKV,S;...``: ``rounds`` rounds, each of every contender in turn (so that a drift
-    of the clocks reaches all of them), the median of each."""
+    ``B,H,HKV,S[,SK];...`` (SK: keys, when not S): ``rounds`` rounds, each of every
+    contender in turn (so that a drift of the clocks reaches all of them), the median of
+    each."""
     import torch
 
     vs = parse_specs(specs)
@@ -413,32 +454,36 @@ def grid(specs: str, shapes: str, causals: tuple, out_path, rounds: int = 5) -> 
     rows, refs, ok = [], {}, []
     for label, dtype, d, kind, over in vs:
         run = runner(kind, d, over)
-        worst = 0.0
+        worst = worst_lse = 0.0
         try:
             for b, h, hkv, sq, sk in ((2, 16, 4, 1024, 1024), (1, 4, 2, 300, 500)):
                 for causal in causals:
                     key = (dtype, d, b, h, hkv, sq, sk, causal)
                     if key not in refs:
                         q, k, v = tensors(b, h, hkv, sq, sk, d, dtype, seed=sq + d)
-                        refs[key] = (q, k, v, reference(q, k, v, causal)[0])
-                    q, k, v, ref = refs[key]
-                    out = run(q, k, v, causal)[0]
+                        refs[key] = (q, k, v, *reference(q, k, v, causal))
+                    q, k, v, ref, ref_lse = refs[key]
+                    out, lse = run(q, k, v, causal)
                     err = (torch.linalg.norm(out.double() - ref) / torch.linalg.norm(ref)).item()
                     worst = max(worst, err if math.isfinite(err) else math.inf)
+                    lse_err = (lse.double() - ref_lse).abs().max().item()
+                    worst_lse = max(worst_lse, lse_err if math.isfinite(lse_err) else math.inf)
         except Exception as e:  # noqa: BLE001  (one variant's failure, the others go on)
             print(f"FAILED {label}: {type(e).__name__}: {e}", flush=True)
             continue
         tol = 2e-2 if dtype == "bfloat16" else 3e-3
-        print(f"check {label}: rel {worst:.1e}{'' if worst < tol else '  WRONG'}", flush=True)
+        wrong = "" if worst < tol else "  WRONG"
+        print(f"check {label}: rel {worst:.1e}, lse {worst_lse:.1e}{wrong}", flush=True)
         if worst < tol:
             ok.append((label, dtype, d, kind, over))
 
     for shape in shapes.split(";"):
-        b, h, hkv, s = (int(x) for x in shape.split(","))
+        b, h, hkv, s, *rest = (int(x) for x in shape.split(","))
+        sk = rest[0] if rest else s  # B,H,HKV,S or B,H,HKV,SQ,SK
         for dtype, d in dict.fromkeys((dt, dd) for _, dt, dd, _, _ in ok):
-            q, k, v = tensors(b, h, hkv, s, s, d, dtype)
+            q, k, v = tensors(b, h, hkv, s, sk, d, dtype)
             for causal in causals:
-                flops = 4 * b * h * s * s * d / (2 if causal else 1)
+                flops = 4 * b * h * s * sk * d / (2 if causal else 1)
                 fns = {"sdpa flash": partial(sdpa_flash, q, k, v, causal)}
                 for label, dt, dd, kind, over in ok:
                     if (dt, dd) == (dtype, d):
@@ -448,13 +493,15 @@ def grid(specs: str, shapes: str, causals: tuple, out_path, rounds: int = 5) -> 
                     for lab, fn in fns.items():
                         times[lab].append(time_calls(fn, reps=4, rounds=1))
                 res = {lab: flops / sorted(t)[len(t) // 2] / 1e9 for lab, t in times.items()}
-                emit(rows, case_row(name, (dtype, d, b, h, hkv, s, causal), res))
+                row = case_row(name, (dtype, d, b, h, hkv, s, causal), res)
+                emit(rows, {**row, "sk": sk} if sk != s else row)
     save(rows, out_path)
     print(f"\n{name}: TFLOP/s (CUDA events, median of {rounds} interleaved rounds)")
     for r in rows:
         t = r["tflops"]
         print(
             f"{r['dtype']} D{r['d']} B{r['b']} H{r['h']}/{r['hkv']} S{r['s']}"
+            f"{'/' + str(r['sk']) if 'sk' in r else ''}"
             f"{' causal' if r['causal'] else ''}: sdpa flash {t['sdpa flash']:.0f}"
         )
         for lab, v in sorted(t.items(), key=lambda kv: -kv[1]):
@@ -466,7 +513,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("step", choices=("warm", "check", "time", "tiny", "tiny-warm", "one", "grid"))
     p.add_argument("--specs", help="warm, grid: the variants, D/dtype/K=V,K=V;... (parse_specs)")
-    p.add_argument("--shapes", default="4,16,16,4096", help="grid: B,H,HKV,S;...")
+    p.add_argument("--shapes", default="4,16,16,4096", help="grid: B,H,HKV,S[,SK];...")
     p.add_argument("--causal-grid", default="both", choices=("both", "no", "yes"))
     p.add_argument("--variant", default="wgmma", help="one: the variant (a NEW label)")
     p.add_argument("--d", type=int, default=128, help="one: the head dim")
@@ -475,6 +522,7 @@ def main() -> None:
     p.add_argument("--out")
     p.add_argument("--jobs", type=int, default=8)
     p.add_argument("--check-log", help="time: only the variants this check output passed")
+    p.add_argument("--rounds", type=int, default=5, help="grid: interleaved rounds of timing")
     p.add_argument("--ptxas", help="build the cubins with this ptxas, not the driver's JIT")
     args = p.parse_args()
     if args.ptxas:  # before kaio compiles anything; cached under their own keys
@@ -485,13 +533,13 @@ def main() -> None:
         if args.jobs:
             warm(args.jobs, args.specs)
         causals = {"both": (False, True), "no": (False,), "yes": (True,)}[args.causal_grid]
-        grid(args.specs, args.shapes, causals, args.out)
+        grid(args.specs, args.shapes, causals, args.out, args.rounds)
     elif args.step == "check":
         check(args.out)
     elif args.step == "tiny":
         tiny([int(i) for i in args.cases.split(",")] if args.cases else None)
     elif args.step == "tiny-warm":
-        tiny_warm(args.jobs)
+        tiny_warm(args.jobs, [int(i) for i in args.cases.split(",")] if args.cases else None)
     elif args.step == "one":
         one(args.variant, args.d, args.causal)
     else:

@@ -35,13 +35,14 @@ started last have the least work; ``launch`` takes sections of one head (a secti
 several measured no faster, and slower at S = 16384). ``PERSIST`` 1: one block a
 multiprocessor, each looping over the work tiles first, first + grid, ... (2: the rounds of
 tiles going back and forth over the blocks, for the causal mask's unequal tiles; 3: pairs
-of a head's query tiles, the heaviest with the lightest, ``work_tile``); without it, block
-(x, y) takes tile y * grid x + x (the hardware starts the blocks in that order as others
-finish); the K/V ring's stage and parity, the ping-pong turns and the Q buffer (refilled
-once every consumer warpgroup's last S = Q K^T of a tile is done, ``turn[4]``) carry from
-one tile to the next (``consume_tile``'s state), so that the producer loads the next
-tile's keys while the consumers finish a tile (and ``turn[3]``, the partial last key tiles'
-zeros, counts its phases over them).
+of a head's query tiles, the heaviest with the lightest, ``work_tile``; 4: each block's
+producer takes the next tile from a counter in global memory, ``produce_dynamic``);
+without it, block (x, y) takes tile y * grid x + x (the hardware starts the blocks in that
+order as others finish); the K/V ring's stage and parity, the ping-pong turns and the Q
+buffer (refilled once every consumer warpgroup's last S = Q K^T of a tile is done,
+``turn[4]``) carry from one tile to the next (``consume_tile``'s state), so that the
+producer loads the next tile's keys while the consumers finish a tile (and ``turn[3]``, the
+partial last key tiles' zeros, counts its phases over them).
 
 ``XT`` 1 (``consume_stream``) runs a persistent block's tiles as one stream of key-tile
 steps: the first S = Q K^T of a tile is issued with the last O += P V of the one before, its
@@ -54,7 +55,9 @@ gives either schedule two Q buffers (the next tile's Q loads while this one's is
 column block of ones beside each V stage (one FADD a score fewer; the sums are of the
 probabilities as rounded for P V), and ``LSE`` 1 with it adds back what that rounding took
 on the masked tiles, where a causal row with few keys sees all of them (its logsumexp then
-as exact as with the FADD sums; ``softmax_tile``).
+as exact as with the FADD sums; ``softmax_tile``). ``HEXP`` 1 with ONES takes the
+exponentials two at a time, as 16-bit pairs (``ex2.approx.f16x2``: one MUFU.EX2 for two
+probabilities, which are then P's A fragments as they stand).
 
 Shared tiles (128-byte swizzle, 64-column blocks, docs/hopper.md): Q ``[D / 64, BM, 64]``,
 K and V stages ``[STAGES, D / 64, BN, 64]``. The tensor maps see Q as ``[B * H * Sq, D]`` and
@@ -185,13 +188,17 @@ def skip_tile(bars: u64[:, :], st: i32, ph: u32, lt: u32):
 
 
 @kaio.gpu_func
-def pack_p(p: u32[:, :], s: f32[:, :], BN: kaio.constexpr, DT: kaio.constexpr):
-    """P's A fragments: k-step kk is n8 tiles 2kk, 2kk + 1 of s rounded to DT pairs."""
+def pack_p(p: u32[:, :], s: f32[:, :], BN: kaio.constexpr, DT: kaio.constexpr,
+           HEXP: kaio.constexpr = 0):  # fmt: skip
+    """P's A fragments: k-step kk is n8 tiles 2kk, 2kk + 1 of s rounded to DT pairs (``HEXP``
+    1: s[n, e] already holds the pair's bits, ``softmax_tile``)."""
     for kk in kaio.static_range(BN // 16):
         for r in kaio.static_range(4):
             n = 2 * kk + r // 2
             e = 2 * (r % 2)
-            if DT == kaio.bf16:
+            if HEXP:
+                p[kk, r] = kaio.bitcast(s[n, e], u32)
+            elif DT == kaio.bf16:
                 p[kk, r] = kaio.bitcast(kaio.bf16x2(s[n, e], s[n, e + 1]), u32)
             else:
                 p[kk, r] = kaio.bitcast(kaio.f16x2(s[n, e], s[n, e + 1]), u32)
@@ -201,7 +208,7 @@ def pack_p(p: u32[:, :], s: f32[:, :], BN: kaio.constexpr, DT: kaio.constexpr):
 def softmax_tile(
     s: f32[:, :], m: f32[:], l: f32[:], alpha: f32[:], j: i32, row0: i32, sk: i32,
     causal: i32, scale_log2: f32, lane: u32, BN: kaio.constexpr, SUMS: kaio.constexpr = 1,
-    LSE: kaio.constexpr = 0, DT: kaio.constexpr = kaio.f16,
+    LSE: kaio.constexpr = 0, DT: kaio.constexpr = kaio.f16, HEXP: kaio.constexpr = 0,
 ):  # fmt: skip
     """Mask key tile j's scores (keys at or past sk, and past the row when causal) where the
     tile needs it, then one online-softmax step of both row halves (row0 + 8h); the factors
@@ -210,7 +217,9 @@ def softmax_tile(
     (one comparison a score). ``LSE`` 1 (with ``SUMS`` 0, the sums on the tensor cores of
     the probabilities as rounded to DT): l[h] keeps what that rounding took from the sums of
     the masked tiles (``rounding``), as a multiple of 2^-l[2 + h] (the max it was last
-    rescaled to: nothing to do on the other tiles), for ``ones_sums`` to add back."""
+    rescaled to: nothing to do on the other tiles), for ``ones_sums`` to add back. ``HEXP``
+    1 (with ``SUMS`` 0): the probabilities as DT pairs from one ``ex2.approx`` each (half the
+    MUFU.EX2s; ``softmax_step``'s ``PAIRS``), their bits in s[n, 2h] for ``pack_p``."""
     k0 = j * BN
     # (the warp's first row as i32: a varlen row shifted by sk - sq may be negative)
     masked = k0 + BN > sk or (causal != 0 and k0 + BN > row0 - i32(lane // 4) + 1)
@@ -224,7 +233,7 @@ def softmax_tile(
                 for e in kaio.static_range(2):
                     s[n, 2 * h + e] = kaio.select(n * 8 + e < bound, s[n, 2 * h + e], NEG_INF)
     for h in kaio.static_range(2):
-        alpha[h] = softmax_step(s, m, l, h, scale_log2, BN // 8, SUMS)
+        alpha[h] = softmax_step(s, m, l, h, scale_log2, BN // 8, SUMS, HEXP, DT)
     if LSE == 1 and SUMS == 0:
         if masked:  # a row with few keys sees them all here: its sum to the last bit
             for h in kaio.static_range(2):
@@ -333,6 +342,61 @@ def produce(
 
 
 @kaio.gpu_func
+def produce_dynamic(
+    q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
+    tile_s: i32[:], sched: i32[:], tq: kaio.tensormap, tk: kaio.tensormap, tv: kaio.tensormap,
+    lane: u32, end: i32, n_qt: i32, bhs: i32, hs: i32, heads: i32, group: i32, sq: i32, sk: i32,
+    causal: i32, D: kaio.constexpr, BN: kaio.constexpr, WG: kaio.constexpr,
+    STAGES: kaio.constexpr, DT: kaio.constexpr, QB: kaio.constexpr,
+):  # fmt: skip
+    """``PERSIST`` 4, the producer warp: work tiles taken one at a time from the counter
+    ``sched[0]`` (``tile_of``'s order, heaviest first in each section of heads: the blocks
+    that finish first take the next, so that the last to start are the lightest), each
+    tile's index written to ``tile_s`` (its Q buffer's slot) for the consumers before its Q
+    copy, then its loads (``produce``) and, for a partial last key tile, ``zero_tail``; a
+    slot is written once every consumer warp has read the previous tile's (``turn[7]``).
+    Past the last tile: -1 in the slot and an arrival on the Q buffer's "landed" barrier
+    (the consumers stop), then the block counts itself done on ``sched[1]``, and the last block
+    done sets both counters back to 0 for the next launch."""
+    it = i32(0)  # the work tiles taken, and the key tiles loaded
+    cnt = i32(0)
+    w = i32(0)
+    while w >= 0:
+        got = i32(0)
+        if lane == 0:
+            got = kaio.atomic_add(sched, 0, 1)
+        w = kaio.shfl_idx(got, 0)
+        if w >= end:
+            w = -1
+        b, landed, read = q_buffer(it, QB)
+        if lane == 0 and it >= QB:  # the consumers are done with the buffer
+            kaio.mbarrier_wait(turn, read, u32(it // QB - 1) & 1)
+        if lane == 0 and it >= 1:  # every consumer warp has read the previous tile's slot
+            kaio.mbarrier_wait(turn, 7, u32(it - 1) & 1)
+        if w < 0:
+            if lane == 0:
+                tile_s[b] = -1
+                kaio.mbarrier_arrive(turn, landed)  # (release: the consumers see the -1)
+        else:
+            bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sk, causal, 64 * WG,
+                                           BN)  # fmt: skip
+            if lane == 0:
+                tile_s[b] = w  # seen by the consumers once the Q copy's barrier completes
+                produce(q_s, k_s, v_s, bars, turn, tq, tk, tv, bh * sq + q0, kvh * sk, 0, 0,
+                        n_tiles, it, cnt, D, BN, WG, STAGES, DT, QB)  # fmt: skip
+            cnt += n_tiles
+            it += 1
+            if n_tiles * BN > sk:  # (as in the kernel's static loop)
+                kaio.sync_warp()
+                zero_tail(v_s, bars, turn, n_tiles - 1, cnt - 1, sk, lane, D, BN, STAGES, DT)
+    if lane == 0:
+        kaio.threadfence()  # this block's takes before its count
+        if kaio.atomic_add(sched, 1, 1) == i32(kaio.grid_dim_x()) - 1:
+            sched[0] = 0
+            sched[1] = 0
+
+
+@kaio.gpu_func
 def zero_tail(
     v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:], j: i32, n: i32, sk: i32, lane: u32,
     D: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, DT: kaio.constexpr,
@@ -396,6 +460,7 @@ def consume_tile(
     done: i32, tails: i32, D: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr,
     PIPE: kaio.constexpr, DT: kaio.constexpr, ONES: kaio.constexpr = 0,
     LSE: kaio.constexpr = 0, QB: kaio.constexpr = 1, SKIP: kaio.constexpr = 0,
+    HEXP: kaio.constexpr = 0,
 ) -> tuple[i32, u32, i32, i32, i32]:  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 query rows of one tile (thread ``lt`` of it) over the
     key tiles (module docstring), then its rows of ``out`` and ``lse`` (``store_rows``:
@@ -439,9 +504,9 @@ def consume_tile(
             if SKIP == 0 or j < n_mine:
                 s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT, qc)
                 softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN,
-                             1 - ONES, LSE, DT)  # fmt: skip
+                             1 - ONES, LSE, DT, HEXP)  # fmt: skip
                 rescale_rows(o, alpha, DO)
-                pack_p(p, s, BN, DT)
+                pack_p(p, s, BN, DT, HEXP)
                 pv_tile(o, p, v_s, bars, turn, st, ph, (j + 1) * BN > sk, tails, lt, BN, DT)
             else:
                 skip_tile(bars, st, ph, lt)
@@ -454,8 +519,9 @@ def consume_tile(
         # order) rescale O by tile j - 1's factors while S_j runs, PIPE 1, 2 once P V is done;
         # PIPE 2, 4: the warpgroups take turns to issue their products (ping-pong)
         s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT, qc)
-        softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, 1 - ONES, LSE, DT)
-        pack_p(p, s, BN, DT)
+        softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, 1 - ONES, LSE, DT,
+                     HEXP)  # fmt: skip
+        pack_p(p, s, BN, DT, HEXP)
         ps = st  # the stage and parity of tile j - 1
         pph = ph
         st, ph = next_stage(st, ph, STAGES)
@@ -483,13 +549,13 @@ def consume_tile(
                     kaio.mbarrier_arrive(bars, (2, st))
                 if sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
                     softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN,
-                                 1 - ONES, LSE, DT)  # fmt: skip
+                                 1 - ONES, LSE, DT, HEXP)  # fmt: skip
                 kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done
                 if lt == 0:
                     kaio.mbarrier_arrive(bars, (3, ps))
                 if PIPE < 3:
                     rescale_rows(o, alpha, DO)
-                pack_p(p, s, BN, DT)
+                pack_p(p, s, BN, DT, HEXP)
                 ps = st
                 pph = ph
             else:  # a key tile past this warpgroup's rows
@@ -522,6 +588,7 @@ def consume_stream(
     scale_log2: f32, D: kaio.constexpr, BN: kaio.constexpr, WG: kaio.constexpr,
     STAGES: kaio.constexpr, PIPE: kaio.constexpr, PERSIST: kaio.constexpr,
     QB: kaio.constexpr, ONES: kaio.constexpr, DT: kaio.constexpr, LSE: kaio.constexpr = 0,
+    HEXP: kaio.constexpr = 0,
 ):  # fmt: skip
     """``XT`` 1: consumer warpgroup ``wg``'s rows of every work tile of the block (thread
     ``lt`` of it) as one stream of key-tile steps in PIPE 1's or 3's order, the last
@@ -529,7 +596,7 @@ def consume_stream(
     fresh row maxima and sums) runs while the P V does, then the finished tile's rows are
     stored and O is zeroed. Only the block's first step (S, softmax, P) and its last P V
     stand alone. The Q tiles come from ``QB`` buffers (``q_buffer``: with two, the producer
-    loads the next tile's Q while this one's is read)."""
+    loads the next tile's Q while this one's is read; ``HEXP``: ``consume_tile``'s)."""
     BM = 64 * WG
     C = D // 64
     lane = lt % 32
@@ -580,10 +647,9 @@ def consume_stream(
                         kaio.mbarrier_arrive(bars, (2, st))
                         if n_mine == 1:
                             kaio.mbarrier_arrive(turn, read)
-                    softmax_tile(
-                        s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, 1 - ONES, LSE, DT
-                    )
-                    pack_p(p, s, BN, DT)
+                    softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN,
+                                 1 - ONES, LSE, DT, HEXP)  # fmt: skip
+                    pack_p(p, s, BN, DT, HEXP)
                     ps = st
                     pph = ph
                     ptail = kaio.select(n_tiles == 1 and BN > sk, 1, 0)
@@ -616,7 +682,7 @@ def consume_stream(
                     # always true: a block of its own, which ptxas does not hoist the wait into
                     if sk > 0:
                         softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN,
-                                     1 - ONES, LSE, DT)  # fmt: skip
+                                     1 - ONES, LSE, DT, HEXP)  # fmt: skip
                     kaio.wgmma_wait(0)  # the pending P V done
                     if lt == 0:
                         kaio.mbarrier_arrive(bars, (3, ps))
@@ -629,7 +695,7 @@ def consume_stream(
                         start_rows(mo, lo, o, DO)
                     if PIPE < 3:
                         rescale_rows(o, alpha, DO)
-                    pack_p(p, s, BN, DT)
+                    pack_p(p, s, BN, DT, HEXP)
                     ps = st
                     pph = ph
                     ptail = kaio.select(j == n_tiles - 1 and n_tiles * BN > sk, 1, 0)
@@ -740,13 +806,14 @@ def work_tile(
 
 @kaio.gpu_func
 def init_barriers(bars: u64[:, :], turn: u64[:], t: u32, WG: kaio.constexpr,
-                  STAGES: kaio.constexpr):  # fmt: skip
+                  STAGES: kaio.constexpr, SLOT: kaio.constexpr = 0):  # fmt: skip
     """The block's barriers (``attention_fwd_wgmma``'s ``bars`` and ``turn``) initialized by
     its first thread, then the block synchronized: each stage's K and V "full" barriers
     (one arrival: the producer's, with the copies' bytes) and "free" ones (an arrival from
     each consumer warpgroup), the ping-pong turns (an arrival from each warp of the other
     warpgroup), Q landed (one), the tail's zeros (each lane of the producer warp), Q read
-    (each consumer warpgroup), and the same two of the second Q buffer (``q_buffer``)."""
+    (each consumer warpgroup), and the same two of the second Q buffer (``q_buffer``);
+    ``SLOT`` 1 (PERSIST 4): the tile slot read (an arrival from each consumer warp)."""
     if t == 0:
         for s in kaio.static_range(STAGES):
             for r in kaio.static_range(2):
@@ -759,6 +826,8 @@ def init_barriers(bars: u64[:, :], turn: u64[:], t: u32, WG: kaio.constexpr,
         kaio.mbarrier_init(turn, 4, WG)
         kaio.mbarrier_init(turn, 5, 1)  # the second Q buffer's (``QB`` 2) landed and read
         kaio.mbarrier_init(turn, 6, WG)
+        if SLOT:
+            kaio.mbarrier_init(turn, 7, 4 * WG)
         kaio.fence_proxy_async()
     kaio.sync_threads()
 
@@ -778,6 +847,7 @@ def attention_fwd_wgmma(
     causal: i32,
     bhs: i32,
     hs: i32,
+    sched: i32[:],
     D: kaio.constexpr,
     BN: kaio.constexpr,
     WG: kaio.constexpr,
@@ -790,6 +860,7 @@ def attention_fwd_wgmma(
     QB: kaio.constexpr,
     ONES: kaio.constexpr,
     LSE: kaio.constexpr,
+    HEXP: kaio.constexpr,
 ):
     """out[bh, row] = softmax(q[bh, row] k[kv]^T * scale) v[kv] and lse[bh, row] for the
     work tiles of ``64 * WG`` query rows of one (batch, head) ``bh`` (``tile_of``; ``bhs``:
@@ -798,7 +869,9 @@ def attention_fwd_wgmma(
     in boxes of (64 * WG, 64); ``tk``, ``tv``: k, v as [B * Hkv * sk, D] in boxes of (BN, 64);
     ``out`` [B * H * sq * D] and ``lse`` [B * H * sq] flat; ``scale_log2``: the scale times
     log2(e). ``XT``, ``QB``, ``ONES``: the one-stream schedule, its Q buffers and the row
-    sums on the tensor cores (module docstring; ``extras``)."""
+    sums on the tensor cores (module docstring; ``extras``). ``sched``: two i32 counters, 0
+    at the launch, that ``PERSIST`` 4 takes its tiles from and leaves 0
+    (``produce_dynamic``)."""
     BM = 64 * WG
     C = D // 64  # 64-column blocks of a row
     KV_BYTES = BN * D * 2
@@ -813,6 +886,10 @@ def attention_fwd_wgmma(
     # warpgroup; turn[5], turn[6]: the second Q buffer's landed and read (QB 2)
     bars = kaio.shared_dynamic(u64, (4, STAGES), Q_BYTES + STAGES * (KV_BYTES + V_BYTES))
     turn = kaio.shared_dynamic(u64, (8,), Q_BYTES + STAGES * (KV_BYTES + V_BYTES) + 32 * STAGES)
+    # PERSIST 4: the work tile of each Q buffer (``produce_dynamic``)
+    tile_s = kaio.shared_dynamic(
+        i32, (4,), Q_BYTES + STAGES * (KV_BYTES + V_BYTES) + 32 * STAGES + 64
+    )
     t, wg, lt = thread_roles(WG)
     n_qt = (sq + BM - 1) // BM
     first = i32(kaio.block_idx_x())  # PERSIST: tiles first, first + grid, ...
@@ -828,7 +905,7 @@ def attention_fwd_wgmma(
         rounds = (end + step - 1) // step
     if PERSIST == 3:  # pairs first, first + grid, ...
         rounds = 2 * ((end // 2 - first + step - 1) // step)
-    init_barriers(bars, turn, t, WG, STAGES)
+    init_barriers(bars, turn, t, WG, STAGES, PERSIST == 4)
     if ONES:  # each V stage's column block of ones (the copies never write it)
         one = kaio.local(DT, 8)
         for e in kaio.static_range(8):
@@ -843,7 +920,32 @@ def attention_fwd_wgmma(
             kaio.setmaxnreg_inc(REGS)
         consume_stream(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, first, step, end, rounds,
                        n_qt, bhs, hs, heads, group, sq, sk, causal, scale_log2, D, BN, WG,
-                       STAGES, PIPE, PERSIST, QB, ONES, DT, LSE)  # fmt: skip
+                       STAGES, PIPE, PERSIST, QB, ONES, DT, LSE, HEXP)  # fmt: skip
+    elif wg < WG and PERSIST == 4:  # the consumers, tiles as the producer takes them
+        if REGS:
+            kaio.setmaxnreg_inc(REGS)
+        st = i32(0)  # (``consume_tile``'s state, as below)
+        ph = u32(0)
+        g = i32(0)
+        done = i32(0)
+        tails = i32(0)
+        w = i32(0)
+        while w >= 0:
+            b, landed, read = q_buffer(done, QB)
+            kaio.mbarrier_wait(turn, landed, u32(done // QB) & 1)
+            got = i32(0)  # lane 0 of each warp reads the slot (-1: no more), tells the producer
+            if lt % 32 == 0:
+                got = tile_s[b]
+                kaio.mbarrier_arrive(turn, 7)
+            w = kaio.shfl_idx(got, 0)
+            if w >= 0:
+                bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sk, causal,
+                                               BM, BN)  # fmt: skip
+                st, ph, g, done, tails = consume_tile(
+                    q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
+                    q0, n_tiles, sq, sk, causal, scale_log2, st, ph, g, done, tails, D, BN,
+                    STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP,
+                )  # fmt: skip
     elif wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
@@ -861,14 +963,20 @@ def attention_fwd_wgmma(
                     st, ph, g, done, tails = consume_tile(
                         q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
                         q0, n_tiles, sq, sk, causal, scale_log2, st, ph, g, done, tails, D, BN,
-                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN,
+                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP,
                     )  # fmt: skip
                 else:
                     st, ph, g, done, tails = consume_tile(
                         q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
                         q0, n_tiles, sq, sk, causal, scale_log2, st, ph, g, done, tails, D, BN,
-                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN,
+                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP,
                     )  # fmt: skip
+    elif PERSIST == 4:  # the producer warpgroup: its first warp takes the tiles
+        cnt, it = producer_start(REGS)
+        if lt < 32:
+            produce_dynamic(q_s, k_s, v_s, bars, turn, tile_s, sched, tq, tk, tv, lt, end, n_qt,
+                            bhs, hs, heads, group, sq, sk, causal, D, BN, WG, STAGES, DT,
+                            QB)  # fmt: skip
     else:  # the producer warpgroup: its first thread loads
         cnt, it = producer_start(REGS)
         for k in range(rounds):
@@ -894,7 +1002,7 @@ def attention_fwd_wgmma(
 def shared_bytes(d: int, bn: int, wg: int, stages: int, qb: int = 1, ones: int = 0) -> int:
     """The dynamic shared memory of ``attention_fwd_wgmma``: ``qb`` Q buffers, the K/V ring
     (``ones``: a column block of ones beside each V stage), its barriers."""
-    return qb * 64 * wg * d * 2 + stages * bn * (2 * d + 64 * ones) * 2 + 32 * stages + 64
+    return qb * 64 * wg * d * 2 + stages * bn * (2 * d + 64 * ones) * 2 + 32 * stages + 80
 
 
 def config(d: int, causal: bool = False) -> dict:
@@ -923,10 +1031,18 @@ def config(d: int, causal: bool = False) -> dict:
 
 
 # a tile at a time, one Q buffer, sums by FADD (LSE: the rounding added back, with ONES)
-EXTRAS_OFF = {"XT": 0, "QB": 1, "ONES": 0, "LSE": 0}
+EXTRAS_OFF = {"XT": 0, "QB": 1, "ONES": 0, "LSE": 0, "HEXP": 0}
 
 
-def extras(d: int, causal: bool = False, dt=None) -> dict:
+SHORT_KEYS = 1024  # f16 D128 at most this many keys: tiles from a counter (``extras``)
+MANY_TILES = 8  # query tiles a multiprocessor from which ``extras`` routes QB 2, PERSIST 4
+# PERSIST 4 at SHORT_KEYS keys or fewer: off until compute-sanitizer's racecheck has run on
+# the tile slot's barrier (``produce_dynamic``), added after the last GPU round (the version
+# measured there had racecheck hazards on the slot: docs/performance.md)
+ROUTE_COUNTER = False
+
+
+def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True) -> dict:
     """The constexprs beyond ``config``'s that ``launch`` adds where its configuration has
     none (``EXTRAS_OFF`` under them): ``XT`` (1: a block's tiles as one stream of key-tile
     steps, ``consume_stream``), ``QB`` (its Q buffers, 2 where they fit in shared memory
@@ -938,9 +1054,24 @@ def extras(d: int, causal: bool = False, dt=None) -> dict:
     causal rows with few keys by up to 1.5e-3 (the GPU test's bound is 1e-3); with ``LSE``
     (the masked tiles' rounding added back) 5.8e-4, but bf16 ONES + LSE ran no faster than
     the FADD sums (-3% to +2%, docs/performance.md "the consumer's state as a tuple"), and
-    f16 LSE no faster than ONES alone, so neither is routed; XT and QB 2 measured 1-8%
-    slower at S 16384, so not routed."""
-    return {"ONES": 1} if d <= 128 and dt in (None, kaio.f16) else {}
+    f16 LSE no faster than ONES alone, so neither is routed; XT measured 1-8% slower at
+    S 16384, so not routed. QB 2 (the next tile's Q and first keys loaded while this tile's
+    are read) for f16 at D 128 with the mask, where the query tiles are short: 1-3% faster
+    at S 2048-4096, 1-9% at S 1024, as fast at S 16384 (docs/performance.md, "exponentials
+    two at a time"); without the mask it lost 4-5% at S 16384, and bf16 ran as fast either
+    way. For f16 at D 128 and at most ``SHORT_KEYS`` keys ``sk`` (0: unknown), QB 2 with
+    the mask or not, and with ``ROUTE_COUNTER`` (off: see there) ``PERSIST`` 4 (tiles taken
+    from a counter, one head a section): 3-7% faster at S 1024 (2-7% behind at S
+    4096-16384); ``launch`` lets this PERSIST override ``config``'s when it routes. Both
+    only where the launch has ``many`` (at least MANY_TILES query tiles a multiprocessor:
+    they were measured faster with 15, 5-12% slower with 2 and 4, B2 and B4 H16 S1024).
+    ``HEXP`` (the exponentials as f16 pairs) measured no faster (-2% to +2%)."""
+    if d > 128 or dt not in (None, kaio.f16):
+        return {}
+    more = d == 128 and many
+    short = more and 0 < sk <= SHORT_KEYS
+    return {"ONES": 1, **({"QB": 2} if more and (causal or short) else {}),
+            **({"PERSIST": 4} if short and ROUTE_COUNTER else {})}  # fmt: skip
 
 
 def check_stream(cfg: dict, d: int) -> None:
@@ -957,6 +1088,12 @@ def check_stream(cfg: dict, d: int) -> None:
             "attention_fwd_wgmma: LSE 1 adds the rounding of the probabilities back to the "
             "row sums on the tensor cores, but ONES is 0 (the sums by FADD need no "
             "correction): use LSE 0, or ONES 1"
+        )
+    if cfg.get("HEXP", 0) and (not cfg.get("ONES", 0) or cfg.get("LSE", 0)):
+        raise ValueError(
+            "attention_fwd_wgmma: HEXP 1 computes the probabilities as 16-bit pairs, so the "
+            "row sums must come from the tensor cores (ONES 1) and LSE (which sums the f32 "
+            "probabilities' rounding) must be 0: use ONES 1, LSE 0, or HEXP 0"
         )
     if xt and cfg["PIPE"] not in (1, 3):
         raise ValueError(
@@ -999,18 +1136,26 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     ``config(d)``); ``ctas``: the blocks of a
     persistent launch (default: one a multiprocessor). Returns (out [B, H, Sq, D] of q's type,
     lse [B, H, Sq] f32)."""
+    import importlib
     import math
 
     from kaio_ops import _arrays
 
     bh, heads, group, sq, sk, d, _ = dims
-    cfg = {**EXTRAS_OFF, **extras(d, causal, qa.dtype), **(cfg or config(d, causal))}
+    many = bh * -(-sq // 128) >= MANY_TILES * _arrays.multiprocessors(qa)
+    routed = extras(d, causal, qa.dtype, sk, many)
+    cfg = {**EXTRAS_OFF, **routed, **cfg} if cfg else {**EXTRAS_OFF, **config(d, causal), **routed}
     check_stream(cfg, d)
     # sections of heads (tile_of): one head's tiles after another's (PERSIST 2: every head's
     # heaviest tiles first; PERSIST 3 takes pairs of a head's tiles, head after head)
     hs = cfg.pop("SECTION", 0) or (bh if cfg.get("PERSIST") == 2 else 1)
     if cfg.get("PERSIST") == 3:
         hs = 1
+    if cfg["PIPE"] in (2, 4) and cfg["PERSIST"] == 4:
+        raise ValueError(
+            f"attention_fwd_wgmma: ping-pong (PIPE {cfg['PIPE']}) with tiles taken from a "
+            f"counter (PERSIST 4) is not written: use PIPE 0, 1 or 3, or PERSIST 0 to 3"
+        )
     if cfg["PIPE"] in (2, 4) and cfg["WG"] != 2:
         raise ValueError(
             f"attention_fwd_wgmma: ping-pong (PIPE {cfg['PIPE']}) takes turns between two "
@@ -1034,9 +1179,10 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
         grid = (min(work, ctas or _arrays.multiprocessors(qa)), 1)
     else:
         grid = (n_qt, bh)
+    sched = importlib.import_module("kaio_ops.linear")._counters(qa, 2)  # (PERSIST 4's)
     (kernel or attention_fwd_wgmma)[grid, 128 * cfg["WG"] + 128, _arrays.stream_of(qa), smem](
         tq, tk, tv, out_flat, lse_flat, sq, sk, heads, group, math.log2(math.e) * scale,
-        int(causal), bh, min(hs, bh), D=d, DT=qa.dtype, **cfg,
+        int(causal), bh, min(hs, bh), sched, D=d, DT=qa.dtype, **cfg,
     )  # fmt: skip
     return out, lse
 
@@ -1047,6 +1193,10 @@ def specializations():
 
     for dt in (f16, bf16):
         for d in (64, 128, 256):
-            routed = ({**config(d, c), **EXTRAS_OFF, **extras(d, c, dt)} for c in (False, True))
+            routed = (
+                {**EXTRAS_OFF, **config(d, c), **extras(d, c, dt, sk)}
+                for c in (False, True)
+                for sk in (0, SHORT_KEYS)  # (``extras``: fewer keys, another route)
+            )
             for cfg in dict.fromkeys(tuple(r.items()) for r in routed):
                 yield attention_fwd_wgmma, {"D": d, "DT": dt, **dict(cfg)}  # each once

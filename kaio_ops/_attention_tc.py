@@ -275,13 +275,18 @@ def softmax_step(
     scale_log2: f32,
     NB: kaio.constexpr,
     SUMS: kaio.constexpr = 1,
+    PAIRS: kaio.constexpr = 0,
+    DT: kaio.constexpr = kaio.f16,
 ) -> f32:  # fmt: skip
     """One online-softmax step of this lane's row half h (row g + 8h of the warp's 16) over
     the scores s of NB n-tiles (masked ones -inf): the running max m[h] (base 2, scaled) and
     sum l[h] (this lane's part) updated and s replaced by the probabilities; returns the
     factor by which the row's earlier accumulators must be rescaled. A row's values sit in
     the 4 lanes of its lane group. ``SUMS`` 0: l is left alone (the caller sums the
-    probabilities elsewhere, e.g. on the tensor cores)."""
+    probabilities elsewhere, e.g. on the tensor cores). ``PAIRS`` 1 (with SUMS 0): the
+    exponentials of each pair of columns in one ``ex2.approx`` of a DT pair (f16x2: one
+    MUFU.EX2 for two probabilities, max rel. error 2^-9.9 and the exponent rounded to f16),
+    whose bits go to s[n, 2h] (s[n, 2h + 1] is left as it was)."""
     top = NEG_INF
     for n in kaio.static_range(NB):
         for e in kaio.static_range(2):
@@ -294,11 +299,19 @@ def softmax_step(
     m[h] = m_new
     total = 0.0
     for n in kaio.static_range(NB):
-        for e in kaio.static_range(2):
-            p = kaio.exp2(kaio.fma(s[n, 2 * h + e], scale_log2, -base))
-            s[n, 2 * h + e] = p
-            if SUMS:
-                total += p
+        if PAIRS:
+            x0 = kaio.fma(s[n, 2 * h], scale_log2, -base)
+            x1 = kaio.fma(s[n, 2 * h + 1], scale_log2, -base)
+            if DT == kaio.bf16:
+                s[n, 2 * h] = kaio.bitcast(kaio.exp2(kaio.bf16x2(x0, x1)), f32)
+            else:
+                s[n, 2 * h] = kaio.bitcast(kaio.exp2(kaio.f16x2(x0, x1)), f32)
+        else:
+            for e in kaio.static_range(2):
+                p = kaio.exp2(kaio.fma(s[n, 2 * h + e], scale_log2, -base))
+                s[n, 2 * h + e] = p
+                if SUMS:
+                    total += p
     if SUMS:
         l[h] = l[h] * alpha + total
     return alpha

@@ -7,6 +7,7 @@ dispatch to it against torch SDPA in float64."""
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import ml_dtypes
@@ -168,6 +169,13 @@ def test_persistent_blocks_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, ove
         # D = 64's route without the mask (three warpgroups, FlashAttention-3's order,
         # persistent blocks), a query tail, grouped-query heads
         (1, 4, 2, 200, 256, 64, ml_dtypes.bfloat16, False, {**THREE, "PIPE": 3}, 2),
+        # the exponentials two at a time (HEXP): pairs of query tiles with the mask, a partial
+        # last key tile; bf16 (its .ftz form) without it, grouped-query heads
+        (1, 1, 1, 130, 200, 64, np.float16, True, {"PERSIST": 3, "HEXP": 1}, 1),
+        (1, 2, 1, 64, 128, 64, ml_dtypes.bfloat16, False, {"PIPE": 3, "HEXP": 1}, 1),
+        # D128's route with the mask (f16): two Q buffers over a pair of query tiles of
+        # 128-key tiles, a partial last key tile
+        (1, 1, 1, 256, 200, 128, np.float16, True, {"BN": 128, "QB": 2, "PERSIST": 3}, 1),
     ],
 )
 def test_row_sums_on_the_tensor_cores_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, over,
@@ -179,6 +187,39 @@ def test_row_sums_on_the_tensor_cores_in_simulator(b, h, hkv, sq, sk, d, dtype, 
     out, lse, ref, ref_lse = run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, ctas=ctas or None)
     assert rel(out, ref) < (1e-3 if dtype == np.float16 else 1e-2)
     np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=5e-4 if dtype == np.float16 else 3e-3)
+
+
+@pytest.mark.parametrize(
+    "d, h, sq, sk, causal, over, ctas, section",
+    [
+        # the mask, grouped-query heads, partial last key tiles, two Q buffers, three blocks
+        # taking 8 tiles from the counter, heads in sections of two
+        (64, 4, 256, 300, True, {"PIPE": 1, "QB": 2, "ONES": 1}, 3, 2),
+        # one block takes every head's tiles (one head a section, as launch picks)
+        (64, 4, 128, 128, False, {"PIPE": 3}, 1, 0),
+        # f16 D128's options at 1024 keys or fewer (extras: two Q buffers), a partial last
+        # key tile
+        (128, 2, 256, 200, False, hopper.extras(128, False, kaio.f16, 200), 2, 0),
+    ],
+)
+def test_tiles_taken_from_a_counter_in_simulator(d, h, sq, sk, causal, over, ctas, section):
+    """``PERSIST`` 4: the producers take the work tiles from a counter in global memory and
+    tell their consumers through shared memory; the last block done sets the counters back
+    to 0, so that a second launch, which reuses them, takes every tile again."""
+    counters = importlib.import_module("kaio_ops.linear")._counters
+    cfg = small(d, **{"PERSIST": 4, "SECTION": section, "BN": 128 if d == 128 else 64, **over})
+    rng = np.random.default_rng(11)
+    q = rng.standard_normal((1, h, sq, d)).astype(np.float16)
+    k, v = (rng.standard_normal((1, 2, sk, d)).astype(np.float16) for _ in range(2))
+    g = h // 2
+    ref, ref_lse, _ = reference(q, np.repeat(k, g, 1), np.repeat(v, g, 1), causal, None)
+    with kaio.simulate():
+        (qa, ka, va), dims, scale = attention._check_flash("test", q, k, v, None)
+        for _ in range(2):
+            out, lse = hopper.launch(qa, ka, va, dims, causal, scale, dict(cfg), ctas=ctas)
+            assert rel(out, ref) < 1e-3
+            np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=5e-4)
+            assert not counters(qa, 2)[:2].any()
 
 
 @pytest.mark.parametrize("lse_fix", [0, 1])
@@ -224,12 +265,33 @@ def test_keys_past_sk_are_left_out_in_simulator(persist, xt):
         ({"XT": 0, "QB": 3}, "barriers for 1 or 2"),
         ({"XT": 1, "QB": 2, "D": 256}, "more than"),
         ({"ONES": 1, "D": 256}, "past wgmma's 256"),
+        ({"HEXP": 1, "ONES": 0}, "ONES 1, LSE 0"),
+        ({"HEXP": 1, "ONES": 1, "LSE": 1}, "ONES 1, LSE 0"),
     ],
 )
 def test_stream_configurations_are_checked(over, match):
     d = over.pop("D", 128)
     with pytest.raises(ValueError, match=match):
         hopper.check_stream({**hopper.config(d), **over}, d)
+
+
+def test_routes_by_type_mask_and_keys(monkeypatch):
+    """``extras``: the row sums on the tensor cores for f16 at D 64 and 128; two Q buffers
+    for f16 at D 128 with the mask or at most SHORT_KEYS keys, where the launch has many
+    query tiles (and there tiles taken from a counter, with ROUTE_COUNTER); nothing more
+    for bf16 or D 256."""
+    f16, bf16 = kaio.f16, kaio.bf16
+    short = {"ONES": 1, "QB": 2}
+    monkeypatch.setattr(hopper, "ROUTE_COUNTER", True)
+    assert hopper.extras(128, False, f16, hopper.SHORT_KEYS) == {**short, "PERSIST": 4}
+    monkeypatch.setattr(hopper, "ROUTE_COUNTER", False)
+    assert hopper.extras(128, False, f16, hopper.SHORT_KEYS) == short
+    assert hopper.extras(128, True, f16, hopper.SHORT_KEYS) == short
+    assert hopper.extras(128, True, f16, 4096) == {"ONES": 1, "QB": 2}
+    assert hopper.extras(128, False, f16, 4096) == {"ONES": 1}
+    assert hopper.extras(128, True, f16, 1024, many=False) == {"ONES": 1}
+    assert hopper.extras(64, True, f16, 1024) == {"ONES": 1}
+    assert hopper.extras(128, True, bf16, 1024) == hopper.extras(256, True, f16, 1024) == {}
 
 
 def test_dispatch_needs_a_whole_64_column_head_dim_and_a_gpu():
@@ -269,7 +331,10 @@ def _hopper_gpu() -> bool:
 @pytest.mark.gpu
 @pytest.mark.skipif("not _hopper_gpu()", reason="needs an sm_90 GPU")
 @pytest.mark.parametrize(
-    "b, h, hkv, sq, sk, d", [(2, 8, 8, 2048, 2048, 128), (2, 8, 2, 2048, 4096, 64)]
+    "b, h, hkv, sq, sk, d",
+    # the third: f16's route at 1024 keys and 2048 tiles (two Q buffers, with or without
+    # the mask)
+    [(2, 8, 8, 2048, 2048, 128), (2, 8, 2, 2048, 4096, 64), (16, 16, 4, 1024, 1024, 128)],
 )
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

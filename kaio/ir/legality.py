@@ -66,6 +66,8 @@ FEATURES: dict[str, Feature] = {
     "f16x2_from_f32": Feature(80, (7, 0), "cvt.rn.f16x2.f32"),
     "bf16x2_from_f32": Feature(80, (7, 0), "cvt.rn.bf16x2.f32"),
     "bf16x2_fma": Feature(80, (7, 0), "fma.rn.bf16x2"),
+    "f16x2_ex2": Feature(75, (7, 0), "ex2.approx.f16x2"),
+    "bf16x2_ex2": Feature(90, (7, 8), "ex2.approx.ftz.bf16x2"),
     "bf16_fma": Feature(80, (7, 0), "fma.rn.bf16"),
     "ldmatrix": Feature(75, (6, 5), "ldmatrix"),
     "mma": Feature(80, (7, 0), "mma.sync.aligned m16n8k16/k32/k8 and cvt.rna.tf32.f32"),
@@ -166,6 +168,7 @@ SPELLING = {
     "fma": "kaio.fma",
     "min": "kaio.min",
     "max": "kaio.max",
+    "exp2": "kaio.exp2",
 }
 
 _TO_F32, _FROM_F32 = ("cvt", "bf16->f32"), ("cvt", "f32->bf16")
@@ -174,7 +177,7 @@ _WIDE = ("i32", "u32", "i64", "u64", "f64")  # cvt.bf16 takes these directly on 
 _NARROW = ("f16", "i8", "u8", "i16", "u16")  # always through f32, exactly
 _CAS_B16 = "atom_cas_b16"
 _COMPARES = ("lt", "le", "gt", "ge", "eq", "ne")
-_TYPED = ("add", "sub", "mul", "div", "min", "max", "fma", "tanh")  # keyed by their type
+_TYPED = ("add", "sub", "mul", "div", "min", "max", "fma", "tanh", "exp2")  # keyed by type
 
 
 # (op, key, feature, builtin named in errors when not the op's name): the forms that need one
@@ -233,6 +236,8 @@ def _table() -> dict[tuple[str, str], Need]:
     t["fma", "bf16"] = _needs("bf16_fma", "fma")
     t["fma", "bf16x2"] = _needs("bf16x2_fma", "kaio.fma on bf16x2")
     t["tanh", "f32"] = _needs("tanh", "tanh")
+    for half in ("f16", "bf16"):  # exponentials of both halves at once
+        t["exp2", f"{half}x2"] = _needs(f"{half}x2_ex2", f"kaio.exp2 on {half}x2")
     t["pack", "f32->f16x2"] = _needs("f16x2_from_f32", "kaio.f16x2() from f32", ())
     t["pack", "f32->bf16x2"] = _needs("bf16x2_from_f32", "kaio.bf16x2() from f32")
     # conversions

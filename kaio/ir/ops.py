@@ -346,7 +346,7 @@ SHUFFLE_MODES = ("bfly", "down", "up", "idx")
 ATOMIC_KINDS = ("add", "max", "min", "exch", "cas")
 
 # Ops that also take packed pairs (every operand and the result of one packed type).
-PACKED_OPS = ("add", "sub", "mul", "fma", "min", "max", "neg", "abs")
+PACKED_OPS = ("add", "sub", "mul", "fma", "min", "max", "neg", "abs", "exp2")
 
 # The attrs each special op carries (the verifier checks them).
 REQUIRED_ATTRS = {

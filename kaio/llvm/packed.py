@@ -3,10 +3,10 @@
 A pair is an ``i32`` (element 0 in the low half, PTX's layout). The ops of
 ``kaio.ir.ops.PACKED_OPS`` bitcast it to ``<2 x half>`` / ``<2 x bfloat>`` and use LLVM's
 vector arithmetic (``add.rn.f16x2``, ``fma.rn.bf16x2``... once the NVPTX backend has chosen;
-every form rounds each half once), NVVM's ``fmin``/``fmax`` for pairs, and integer ``xor``/
-``and`` of the sign bits for ``neg``/``abs``. Which ops an arch allows, and the errors for the
-others, are ``kaio.ir.legality``'s, checked before either backend runs, so both accept the
-same kernels.
+every form rounds each half once), NVVM's ``fmin``/``fmax`` for pairs, ``ex2.approx`` of a
+pair as inline PTX, and integer ``xor``/``and`` of the sign bits for ``neg``/``abs``. Which
+ops an arch allows, and the errors for the others, are ``kaio.ir.legality``'s, checked before
+either backend runs, so both accept the same kernels.
 """
 
 from __future__ import annotations
@@ -30,6 +30,14 @@ def _nvvm(which: str):
     return lower
 
 
+def _ex2(g, t, v):
+    """ex2.approx of both halves in one instruction, as inline PTX (``kaio.ptx.packed``'s
+    form: NVVM's pair intrinsics differ between LLVM versions)."""
+    word = g.b.bitcast(v[0], I32)
+    text = ptx.FORMS["exp2"][t.name][0].format(d="$0", a="$1") + ";"
+    return g.b.bitcast(g.asm(text, "=r,r", I32, [word], PURE), v[0].type)
+
+
 def _fma(g, t, v):
     return g.intrinsic("llvm.fma.v2" + ("f16" if t.name == "f16x2" else "bf16"), v[0].type, v)
 
@@ -45,6 +53,7 @@ ARITH = {
     "max": _nvvm("fmax"),
     "neg": ("xor", 0x80008000),
     "abs": ("and", 0x7FFF7FFF),
+    "exp2": _ex2,
 }
 
 

@@ -42,6 +42,10 @@ FORMS: dict[str, dict[str, tuple]] = {
     "max": {"packed": ("max.{t} {d}, {a}, {b}",)},
     "neg": {"packed": ("xor.b32 {d}, {a}, 0x80008000",)},
     "abs": {"packed": ("and.b32 {d}, {a}, 0x7FFF7FFF",)},
+    "exp2": {  # one MUFU.EX2 for both halves (bf16x2: only the .ftz form exists)
+        "f16x2": ("ex2.approx.f16x2 {d}, {a}",),
+        "bf16x2": ("ex2.approx.ftz.bf16x2 {d}, {a}",),
+    },
 }
 
 # pack from two f32: one cvt that rounds each (PTX puts its first source in the high half);

@@ -3,7 +3,8 @@ and ``lop3``.
 
 A pair is a ``uint32`` (element 0 in the low 16 bits). Arithmetic splits it into its two
 halves, applies the scalar f16/bf16 meaning of ``kaio.sim.arith`` to each (computed in f32
-and rounded once; ``fma`` exactly, with one rounding) and joins them again. A NaN half is the
+and rounded once; ``fma`` exactly, with one rounding; ``exp2`` as ``ex2.approx``) and joins
+them again. A NaN half is the
 canonical 0x7FFF, as the GPU's f16/bf16 arithmetic gives; ``neg`` and ``abs`` only flip or
 clear the sign bits. ``semantics()`` gives the entries of ``kaio.sim.semantics.SEMANTICS``.
 """
@@ -64,6 +65,19 @@ def _bits(mask: int, flip: bool):
     return run
 
 
+def _ex2(element: ScalarType, x):
+    """``ex2.approx`` of one half: 2**x computed in float64, rounded once to the half type
+    (the hardware's is within 2^-9.9 relative of it); bf16 (``.ftz``) flushes subnormal
+    inputs and results to zero."""
+    x = np.asarray(x).astype(F64)
+    if element.name == "bf16":
+        tiny = float(np.finfo(np.float32).tiny)  # bf16 has f32's exponent range
+        x = np.where(np.abs(x) < tiny, 0.0, x)
+        y = arith.cvt(f32, element, np.exp2(x).astype(np.float32))
+        return np.where(np.abs(y.astype(np.float32)) < tiny, np.zeros_like(y), y)
+    return arith.cvt(f32, element, np.exp2(x).astype(np.float32))
+
+
 ARITH = {
     "add": _per_half(arith.add),
     "sub": _per_half(arith.sub),
@@ -73,6 +87,7 @@ ARITH = {
     "max": _per_half(arith.max_),
     "neg": _bits(0x80008000, flip=True),
     "abs": _bits(0x7FFF7FFF, flip=False),
+    "exp2": _per_half(_ex2),
 }
 
 
