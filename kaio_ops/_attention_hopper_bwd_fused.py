@@ -526,8 +526,12 @@ SCHED = {64: (4, 4), 128: (4, 4)}
 # HG 1: 481, 347); H200, HG 8 / 4 / 2 / 1: D 128 B4 S4096 495 / 497 / 476 / 435, B16
 # S1024 355 / 326 / - / 317, B1 S16384 - / 555 / 508 / 496; D 64 B4 S4096 353 / 334 / - /
 # 303 (causal: HG 4 and 1 alike); with NDS 3 at D 64 (H200): HG 8 / 4 364 / 360, causal
-# 313 / 312; D 128 B1 S16384 HG 4 / 8: 553 / 516.
-HG = {64: (8, 8), 128: (4, 4)}
+# 313 / 312; D 128 B1 S16384 HG 4 / 8: 553 / 516. Causal, HG 4 (8 at D 64) against 1
+# (H100, the lead's final check, 2026-11-27, f16 / bf16): D 128 B1 S16384 431 / 437 against
+# 477 / 531, B4 S4096 410 / 416 against 421 / 412, B16 S1024 alike; D 64 B1 S16384 338 / 350
+# against 352 / 366, S4096 and S1024 alike: causal blocks finish at different times, so
+# spreading a head's key blocks apart only delays the turns.
+HG = {64: (8, 1), 128: (4, 1)}
 
 # The dS^T buffers of SCHED 4 (``NDS``) by head dim (D 128: three do not fit beside three
 # ring stages): H200, f16 B4 H16 S4096, D 64 with HG 4, NDS 3 against 2: 360 against 334,
