@@ -782,12 +782,13 @@ def _assemble(job: tuple) -> None:
 @pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
 def test_every_specialization_assembles():
     """The specializations (a covering subset, ``tests.harness.covering``) through ptxas for
-    sm_80 and sm_90, except that those of the fused QKV kernel (three tiles' code each:
-    seconds of Python and ptxas) take the two in turn. Emitting PTX is Python: processes,
-    not threads, run the jobs in parallel."""
+    sm_80 and sm_90, except that those of the fused QKV kernel and of the int4 decode kernels
+    (big register tiles: seconds of Python and ptxas each) take the two in turn. Emitting
+    PTX is Python: processes, not threads, run the jobs in parallel."""
     specs = specializations()
     kept = covering(specs)
-    fused = [i for i in kept if specs[i][0] is qkv_kernel]
+    heavy = (qkv_kernel, _int4_decode.int4_decode, _int4_decode.int4_decode_qkv)
+    fused = [i for i in kept if specs[i][0] in heavy]
     jobs = [(i, ARCHS) for i in kept if i not in fused]
     jobs += [(i, (ARCHS[n % 2],)) for n, i in enumerate(fused)]
     with ProcessPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
