@@ -400,11 +400,5 @@ def mufu_cos(r) -> np.ndarray:
     return _sincos(r, 1)
 
 
-MUFU.update(
-    rcp=mufu_rcp,
-    rsqrt=mufu_rsqrt,
-    ex2=mufu_ex2,
-    lg2=mufu_lg2,
-    sin=mufu_sin,
-    cos=mufu_cos,
-)
+MUFU.update(rcp=mufu_rcp, rsqrt=mufu_rsqrt, ex2=mufu_ex2, lg2=mufu_lg2)
+MUFU.update(sin=mufu_sin, cos=mufu_cos)
