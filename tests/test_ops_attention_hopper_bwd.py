@@ -41,10 +41,11 @@ def small(wg: int, pipe: int, areg: int = 0, dq: int = 0, late: int = 0) -> dict
     return {"dkdv": dkdv, "dq": {"BN": 64, **base, "PIPE": min(pipe, 1)}, "fused": fused}
 
 
-def run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, fused=False):
-    """(dq, dk, dv) of ``_attention_hopper_bwd.launch`` in the simulator on random inputs,
-    and the float64 reference gradients. o and lse are the float64 forward's (o rounded to
-    the input type, as the forward returns it)."""
+def simulated_grads(launch, b, h, hkv, sq, sk, d, dtype, causal):
+    """(dq, dk, dv) of ``launch(qa, ka, va, da, la, delta, dims, causal, scale)`` (a Hopper
+    backward's) in the simulator on random inputs, and the float64 reference gradients. o
+    and lse are the float64 forward's (o rounded to the input type, as the forward returns
+    it)."""
     rng = np.random.default_rng(sq * 7 + sk + d)
     q, do = (rng.standard_normal((b, h, sq, d)).astype(dtype) for _ in range(2))
     k, v = (rng.standard_normal((b, hkv, sk, d)).astype(dtype) for _ in range(2))
@@ -57,9 +58,17 @@ def run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, fused=False):
         (qa, ka, va), dims, scale = attention._check_flash("test", q, k, v, None, inputs)
         da = inputs.array(do, "do", ndim=4)
         la = inputs.array(lse, "lse", ndim=3, dtypes=(f32,))
-        grads = hopper_bwd.launch(qa, ka, va, da, la, delta, dims, causal, scale, cfg,
-                                  fused=fused)  # fmt: skip
+        grads = launch(qa, ka, va, da, la, delta, dims, causal, scale)
     return grads, reference_grads(q, k, v, do, causal, g)
+
+
+def run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, fused=False):
+    """``simulated_grads`` of ``_attention_hopper_bwd.launch`` with ``cfg``."""
+
+    def launch(*args):
+        return hopper_bwd.launch(*args, cfg, fused=fused)
+
+    return simulated_grads(launch, b, h, hkv, sq, sk, d, dtype, causal)
 
 
 @pytest.mark.parametrize(

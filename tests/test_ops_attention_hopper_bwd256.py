@@ -19,7 +19,8 @@ from kaio_ops import _arrays, attention
 from kaio_ops import _attention_hopper_bwd256 as bwd256
 from tests.harness import assemble_wgmma
 from tests.poison import poison_allocations
-from tests.test_ops_attention import reference, reference_grads, rel
+from tests.test_ops_attention import rel
+from tests.test_ops_attention_hopper_bwd import simulated_grads
 
 
 @pytest.fixture(autouse=True)
@@ -29,23 +30,12 @@ def poisoned_outputs(monkeypatch):
 
 
 def run_sim(b, h, hkv, sq, sk, dtype, causal, cfg=None):
-    """(dq, dk, dv) of ``_attention_hopper_bwd256.launch`` in the simulator on random inputs,
-    and the float64 reference gradients (o and lse of the float64 forward)."""
-    d = 256
-    rng = np.random.default_rng(sq * 7 + sk)
-    q, do = (rng.standard_normal((b, h, sq, d)).astype(dtype) for _ in range(2))
-    k, v = (rng.standard_normal((b, hkv, sk, d)).astype(dtype) for _ in range(2))
-    g = h // hkv
-    o, lse, _ = reference(q, np.repeat(k, g, 1), np.repeat(v, g, 1), causal)
-    o, lse = o.astype(dtype), lse.astype(np.float32)
-    delta = (o.astype(np.float32) * do.astype(np.float32)).sum(-1).reshape(-1)
-    with kaio.simulate():
-        inputs = _arrays.Inputs("test")
-        (qa, ka, va), dims, scale = attention._check_flash("test", q, k, v, None, inputs)
-        da = inputs.array(do, "do", ndim=4)
-        la = inputs.array(lse, "lse", ndim=3, dtypes=(f32,))
-        grads = bwd256.launch(qa, ka, va, da, la, delta, dims, causal, scale, cfg)
-    return grads, reference_grads(q, k, v, do, causal, g)
+    """``simulated_grads`` of ``_attention_hopper_bwd256.launch`` with ``cfg`` (D 256)."""
+
+    def launch(*args):
+        return bwd256.launch(*args, cfg)
+
+    return simulated_grads(launch, b, h, hkv, sq, sk, 256, dtype, causal)
 
 
 def check_grads(grads, refs, dtype) -> None:
