@@ -93,7 +93,7 @@ SUITES: tuple[Suite, ...] = (
     Suite("decode", "decode.py", "Decode attention", (), None, (300, 0)),
     Suite("quantized", "quantized.py", "Quantized matmul", (), ("--quick",), (110, 40)),
     Suite("fp8", "fp8.py", "FP8 matmul", (), None, (150, 0)),  # quick: bench/fp8.py --quick
-    Suite("launch", "launch_overhead.py", "Launch overhead", (), (), (90, 45)),
+    Suite("launch", "launch_overhead.py", "Launch overhead", (), ("--skip-cold",), (90, 25)),
     Suite("compile", "compile_time.py", "Compile time", (), ("--runs", "3"), (15, 10)),
     Suite("sim", "sim_speed.py", "Simulator speed", (), ("--n", str(1 << 18)), (30, 10)),
     Suite("gguf", "gguf.py", "GGUF quantizers", (), None, (50, 0)),

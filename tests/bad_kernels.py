@@ -119,6 +119,11 @@ def float_index(out: f32[:]):
 
 
 @kaio.gpu_kernel
+def huge_index(out: f32[:, :]):
+    out[0, 10**30] = 1.0  # ERR
+
+
+@kaio.gpu_kernel
 def return_value(out: f32[:]):
     return 1.0  # ERR
 

@@ -27,6 +27,7 @@ CASES = {
     "lambda_expr": "lambda",
     "bad_index_count": "2 dimensions",
     "float_index": "integers",
+    "huge_index": "does not fit in i64",
     "return_value": "cannot return a value",
     "list_literal": "lists are not supported",
     "print_call": "print()",

@@ -10,6 +10,7 @@ import re
 
 import pytest
 
+import kaio
 from kaio.errors import CompileError
 from kaio.ir.nodes import (
     Array,
@@ -524,3 +525,19 @@ def test_line_info(tmp_path):
     assert f'.file 1 "{src}"' in ptx
     assert ".loc 1 2 5" in ptx and ".loc 1 3 5" in ptx
     assert "// kern.py:2  x = a + b" in ptx
+
+
+@kaio.gpu_kernel
+def _far_index(a: i32[:], out: i32[:, :]):
+    i = kaio.thread_idx_x()
+    out[i, 2**63 - 1] = a[i]
+
+
+def test_a_constant_index_far_out_of_bounds_still_assembles():
+    """The immediate of ``out[i, 2**63 - 1]`` (4 * (2**63 - 1) bytes: past 64 bits) wraps as
+    the address arithmetic does, so ptxas takes the PTX (it refused "Constant overflow";
+    found by the frontend fuzzer)."""
+    for arch in ("sm_80", "sm_90"):
+        ptx = _far_index.ptx(arch=arch)
+        assert f"+{(4 * (2**63 - 1)) % 2**64}]" in ptx
+        check(ptx, arch)

@@ -885,6 +885,8 @@ class Lowerer:
                     self.error(
                         "negative indices are not supported in kernels (no wrap-around)", node
                     )
+                if item.value >= 2**63:
+                    self.error(f"the index {item.value} does not fit in i64", node)
                 out.append(Const(item.value, T.i32 if item.value < 2**31 else T.i64))
                 continue
             if isinstance(item, Array):

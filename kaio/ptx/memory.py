@@ -50,6 +50,9 @@ ATOMIC = {
 
 
 def _offset(imm: int) -> str:
+    """The ``+imm`` of an address, wrapped as address arithmetic wraps (a constant index far
+    out of bounds must not make ptxas refuse the PTX: "Constant overflow")."""
+    imm %= 2**64
     return f"+{imm}" if imm else ""
 
 
