@@ -19,8 +19,7 @@ from kaio_ops import _arrays, attention
 from kaio_ops import _attention_hopper_bwd256 as bwd256
 from tests.harness import assemble_wgmma
 from tests.poison import poison_allocations
-from tests.test_ops_attention import rel
-from tests.test_ops_attention_hopper_bwd import simulated_grads
+from tests.test_ops_attention_hopper_bwd import check_grads, simulated_grads
 
 
 @pytest.fixture(autouse=True)
@@ -36,15 +35,6 @@ def run_sim(b, h, hkv, sq, sk, dtype, causal, cfg=None):
         return bwd256.launch(*args, cfg)
 
     return simulated_grads(launch, b, h, hkv, sq, sk, 256, dtype, causal)
-
-
-def check_grads(grads, refs, dtype) -> None:
-    """dq, dk, dv of the input type and shapes within the tolerance of P and dS rounded to
-    the input type."""
-    tol = 1e-3 if dtype == np.float16 else 1e-2
-    for name, g, r in zip(("dq", "dk", "dv"), grads, refs, strict=True):
-        assert g.dtype == dtype and g.shape == r.shape, name
-        assert rel(g, r) < tol, (name, rel(g, r))
 
 
 @pytest.mark.parametrize(
