@@ -33,6 +33,11 @@ def covering(specs: list) -> list[int]:
     return sorted(kept)
 
 
+def covered(specs: list) -> list:
+    """The specializations ``covering`` keeps, in order."""
+    return [specs[i] for i in covering(specs)]
+
+
 def assemble_wgmma(kernel, constexprs: dict) -> None:
     """ptxas assembles an sm_90a kernel (wgmma, TMA): its PTX targets sm_90a, no spill stores,
     and no wgmma serialized by ptxas (warnings C7508, C7510, C7518: the products then wait

@@ -16,6 +16,7 @@ import kaio
 from kaio import f16, f32, i32, u32, u64
 from kaio.ptx.ptxas import assemble, find_ptxas
 from kaio_ops import _matmul_hopper
+from tests.harness import covered
 
 needs_ptxas = pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
 RNG = np.random.default_rng(90)
@@ -986,7 +987,7 @@ def test_ptx_assembles_for_sm_90a():
             wgmma_tile.ptx(arch="sm_90", K=c[0], N=c[1], SW=c[2], B_NMAJOR=c[3], BF16=bf)
             for c, bf in ((WGMMA_CASES[0], 0), (WGMMA_CASES[5], 1), (WGMMA_CASES[8], 0))
         ),
-        *(k.ptx(arch="sm_90", **c) for k, c in _matmul_hopper.specializations()),
+        *(k.ptx(arch="sm_90", **c) for k, c in covered(_matmul_hopper.specializations())),
         wgmma_registers.ptx(arch="sm_90", K=32, N=64, BF16=False),
         wgmma_registers.ptx(arch="sm_90", K=64, N=32, BF16=True),
     ]

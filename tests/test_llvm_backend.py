@@ -12,6 +12,7 @@ does not promise NaN payloads), and matches the references and the simulator.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -33,7 +34,7 @@ from kaio.types import f16, f32, f64, i32, u8, u32, u64
 from kaio_ops import _long_rows, _matmul_hopper
 from tests import exprgen
 from tests.catalog import CASES
-from tests.harness import assert_matches, host_copies, launch_config, with_views
+from tests.harness import assert_matches, covered, host_copies, launch_config, with_views
 from tests.test_clusters import ring
 from tests.test_hopper import (
     TMA_CORNERS,
@@ -150,13 +151,14 @@ HOPPER_CASES = [
         )
     ),
     (wgmma_registers, {"K": 32, "N": 64, "BF16": 1}),
-    *_matmul_hopper.specializations(),
+    *covered(_matmul_hopper.specializations()),
     (ring, {}),
     *_long_rows.shipped(),
 ]
 """(kernel, constexprs): tests/test_hopper.py's kernels (wgmma: N = 128, 32 in bf16 and 256,
-both B layouts, A from registers), every Hopper matmul specialization, tests/test_clusters.py's
-kernel and the cluster softmax (thread-block clusters, distributed shared memory)."""
+both B layouts, A from registers), Hopper matmul specializations that take every option's
+every value (``covered``), tests/test_clusters.py's kernel and the cluster softmax
+(thread-block clusters, distributed shared memory)."""
 
 
 def _case_id(case) -> str:
@@ -183,6 +185,7 @@ def _size(consts: dict) -> int:
     return math.prod(v for v in consts.values() if type(v) is int and v > 0)
 
 
+@functools.cache
 def kaio_ops_sample() -> list:
     """(arch, module, kernel, constexprs): the smallest specialization of each kaio_ops kernel
     (over its element types), the kernels taking sm_80 and sm_90 in turn. LLVM and ptxas take
@@ -198,13 +201,20 @@ def kaio_ops_sample() -> list:
     ]
 
 
+PARTS = 4  # the sample in parts: pytest-xdist spreads them over the cores
+
+
+def test_kaio_ops_sample_takes_every_module():
+    assert {m for _, m, _, _ in kaio_ops_sample()} >= {"elementwise", "rows", "rotary", "matmul"}
+
+
 @needs_llvm
 @needs_ptxas
-def test_kaio_ops_compile_through_both_backends():
+@pytest.mark.parametrize("part", range(PARTS))
+def test_kaio_ops_compile_through_both_backends(part):
     """Each kaio_ops kernel through LLVM's NVPTX assembles, with the entry and the launch
     parameters of kaio's own emitter (whose PTX the op tests assemble)."""
-    sample = kaio_ops_sample()
-    assert {m for _, m, _, _ in sample} >= {"elementwise", "rows", "rotary", "matmul"}
+    sample = kaio_ops_sample()[part::PARTS]
     pairs = [
         [kernel.ptx(arch=arch, backend=b, **consts) for b in BACKENDS]
         for arch, _, kernel, consts in sample
