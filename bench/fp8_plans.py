@@ -64,6 +64,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import kaio_ops  # noqa: E402
 from bench.fp8 import PADS, scaled_mm  # noqa: E402
+from kaio_ops import _fp8_decode as D  # noqa: E402
 from kaio_ops import _fp8_hopper as H  # noqa: E402
 from kaio_ops import _plan  # noqa: E402
 
@@ -166,7 +167,8 @@ REGS = [  # plans that need the setmaxnreg registers (FP8_PLANS_PTXAS=1 --cases 
 
 
 def with_plan(plan, out_dtype=None):
-    """matmul_fp8 forced onto ``plan`` (None: the op's own choice)."""
+    """matmul_fp8 forced onto ``plan`` (None: the op's own choice; a plan also at the rows
+    that ``_fp8_decode`` takes, ``MAX_M`` set to 0 meanwhile)."""
 
     def run(a, b, sa, sb):
         return kaio_ops.matmul_fp8(a, b, sa, sb, out_dtype=out_dtype)
@@ -175,12 +177,13 @@ def with_plan(plan, out_dtype=None):
         return run
 
     def forced(a, b, sa, sb):
-        keep = H.config
+        keep, keep_m = H.config, D.MAX_M
         H.config = lambda *args: tuple(plan)
+        D.MAX_M = 0
         try:
             return run(a, b, sa, sb)
         finally:
-            H.config = keep
+            H.config, D.MAX_M = keep, keep_m
 
     return forced
 
@@ -395,6 +398,47 @@ def swap_plans(m, n, k, sms=132):
     ]
 
 
+BAND_SHAPES = [(4096, 4096), (4096, 14336), (6144, 4096)]  # the slowest decode/mid shapes
+
+
+def band_plans(m, n, k, sms=132):
+    """The plans "bands" times beside the routed one where the H200 sweep lost most (2026-11-27):
+    at one row the swapped plan of two rows (``gemv_fp8`` routed there); to 256 rows the
+    swapped tiles (64 weight rows, a's rows rounded up to 8, two blocks a multiprocessor up to
+    64 of them) with K split 2 and 4 ways (summed in the kernel: 64 tiles at N = 4096 fill half the
+    multiprocessors), and unsplit past ``SWAP_M``."""
+    bn = swap_width(m)
+    if bn > 256:
+        return []
+    occ = 2 if bn <= 64 else 1
+    st, pr = occ_stages(bn, 64, occ), H.promotion(1, bn)
+    out = [(1, bn, st, pr, 1, 1, s, occ, 1, 1) for s in ((1, 2, 4) if m > H.SWAP_M else (2, 4))]
+    out = [p for p in out if full_plan(p) != full_plan(H.config(m, n, k, sms))]
+    return [H.config(2, n, k, sms), *out] if D.fits(m) else out
+
+
+def kernel_names(cases, deadline=math.inf) -> None:
+    """The kernels ``torch._scaled_mm`` and the routed ``matmul_fp8`` launch at ``cases``
+    (m, n, k): torch.profiler's names (cuBLAS's encode its tile and K split), until the
+    ``deadline`` (``time.time()``) passes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for m, n, k in cases:
+        if time.time() > deadline:
+            print(f"names: deadline, skipped M={m} {n}x{k}", flush=True)
+            continue
+        a, b, sa, sb = operands(m, n, k, False, 1)[0]
+        for name, fn in (("cublas", scaled_mm), ("kaio", with_plan(None))):
+            fn(a, b, sa, sb)
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                fn(a, b, sa, sb)
+                torch.cuda.synchronize()
+            ks = [(e.name, e.device_time) for e in prof.events() if e.device_time > 0]
+            print(f"names M={m} {n}x{k} {name}: "
+                  + "; ".join(f"{nm[:110]} {t:.1f}us" for nm, t in ks), flush=True)  # fmt: skip
+
+
 def group_plans(m, n, k, sms=132, groups=(2, 4, 16)):
     """The routed plan with the tile order grouped ``groups`` tile rows at a time (the
     routed one: ``_matmul_hopper.GROUP_ROWS``)."""
@@ -501,7 +545,7 @@ def run_case(m, n, k, rowwise, plans, log, label="", floor_us=None):
     ref = scaled_mm(*sets[0]).float()
     rec = {"case": label or f"{m}x{n}x{k}", "m": m, "n": n, "k": k, "rowwise": rowwise}
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    rec["pick_plan"] = list(H.config(m, n, k, sms))
+    rec["pick_plan"] = "gemv_fp8" if D.fits(m) else list(H.config(m, n, k, sms))
     fns = {"cublas": scaled_mm}
     for plan in [None, *plans]:
         if plan is not None and full_plan(plan) == full_plan(rec["pick_plan"]):
@@ -631,6 +675,8 @@ def _warm(jobs):
     for plan, rowwise, *rows in jobs:
         (a, b, sa, sb) = operands(*rows or [256], 256, 256, rowwise, 1)[0]
         with_plan(plan)(a, b, sa, sb)
+        if rows == [1]:  # (gemv_fp8, which a forced plan bypasses)
+            with_plan(None)(a, b, sa, sb)
     torch.cuda.synchronize()
 
 
@@ -698,6 +744,13 @@ def warm(cases, ms, models, processes: int = 14) -> None:
     if "carry" in cases or "carrysq" in cases:
         for m, n, k in CARRY_SHAPES[: 2 if "carrysq" in cases else None]:
             jobs += [(p, False) for p in [H.config(m, n, k, 132), *carry_plans(m, n, k)]]
+    if "bands" in cases:
+        bshapes = [s for mo in models for s in SHAPES[mo]] if "allshapes" in cases else BAND_SHAPES
+        for m in ms:
+            for n, k in bshapes:
+                rows = 1 if m == 1 else min(H.a_rows(m, 1, 1), 256)
+                jobs.append((H.config(m, n, k, 132), False, rows))
+                jobs += [(p, False, m) for p in band_plans(m, n, k)]
     if "sweepdef" in cases:
         for m in ms:
             for n, k in shapes:
@@ -790,6 +843,23 @@ def main() -> None:
                     recs.append(rec)
                 except Exception:  # noqa: BLE001
                     traceback.print_exc()
+    if "bands" in cases:  # the slowest bands of the sweep at their shapes (band_plans)
+        every = [s for mo in models for s in SHAPES[mo]]
+        for m in ms:
+            for n, k in every if "allshapes" in cases else BAND_SHAPES:
+                if time.time() - t0 > args.budget:
+                    print(f"budget: skipped M={m} {n}x{k}", flush=True)
+                    continue
+                try:
+                    recs.append(run_case(m, n, k, False, band_plans(m, n, k), log,
+                                         f"M={m} {n}x{k}"))  # fmt: skip
+                except Exception:  # noqa: BLE001
+                    traceback.print_exc()
+    if "names" in cases:  # which kernels cuBLAS runs where kaio loses most
+        try:
+            kernel_names([(m, n, k) for m in ms for n, k in BAND_SHAPES], t0 + args.budget + 6)
+        except Exception:  # noqa: BLE001
+            traceback.print_exc()
     if "decode" in cases:  # the routed decode plans against the old route, stages, preload
         over_shapes([m for m in ms if m <= 64], decode_alternatives)
     if "mid" in cases:  # small tiles at 128 and 256 rows
