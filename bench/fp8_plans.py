@@ -406,15 +406,19 @@ def band_plans(m, n, k, sms=132):
     at one row the swapped plan of two rows (``gemv_fp8`` routed there); to 256 rows the
     swapped tiles (64 weight rows, a's rows rounded up to 8, two blocks a multiprocessor up to
     64 of them) with K split 2 and 4 ways (summed in the kernel: 64 tiles at N = 4096 fill half the
-    multiprocessors), and unsplit past ``SWAP_M``."""
+    multiprocessors), and unsplit past ``SWAP_M``; the routed one-warpgroup tiles with 2 and 3
+    groups of wgmmas in flight (``PROMOTE`` 8, 9: the same sums in the same order)."""
     bn = swap_width(m)
     if bn > 256:
         return []
     occ = 2 if bn <= 64 else 1
     st, pr = occ_stages(bn, 64, occ), H.promotion(1, bn)
     out = [(1, bn, st, pr, 1, 1, s, occ, 1, 1) for s in ((1, 2, 4) if m > H.SWAP_M else (2, 4))]
+    pick = H.config(max(m, 2), n, k, sms)
+    if pick[0] == 1 and pick[3] == 2 and bn <= 64:  # more groups in flight (PROMOTE 8, 9)
+        out += [(*pick[:3], deep, *pick[4:]) for deep in (8, 9)]
     out = [p for p in out if full_plan(p) != full_plan(H.config(m, n, k, sms))]
-    return [H.config(2, n, k, sms), *out] if D.fits(m) else out
+    return [pick, *out] if D.fits(m) else out
 
 
 def kernel_names(cases, deadline=math.inf) -> None:

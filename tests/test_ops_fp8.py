@@ -333,6 +333,9 @@ def _force_plan(monkeypatch, plan) -> list:
         ((2, 8, 4, 2, 1, 1, 1, 1, 0, 1), 3, 272, 384, "both", "bf16", "e5m2"),  # 128-row tiles
         ((1, 32, 3, 2, 1, 1, 3, 1, 1, 1), 30, 144, 640, "both", "bf16", "e4m3"),  # 3 parts
         ((2, 16, 3, 1, 1, 1, 2, 1, 0, 1), 9, 128, 512, "row", "f16", "e4m3"),  # split, 2 WG
+        ((1, 8, 4, 8, 1, 1, 1, 1, 0, 1), 5, 112, 640, "both", "bf16", "e4m3"),  # 2 in flight
+        ((1, 16, 5, 9, 1, 1, 2, 2, 1, 1), 12, 64, 1280, "row", "f32", "e5m2"),  # 3, split
+        ((1, 8, 4, 9, 1, 1, 1, 1, 0, 1), 3, 64, 256, "tensor", "f16", "e4m3"),  # 2 slices
     ],
 )
 def test_swapped_plans_sim(plan, m, n, k, scales, out, name, monkeypatch):
