@@ -415,7 +415,7 @@ def band_plans(m, n, k, sms=132):
     st, pr = occ_stages(bn, 64, occ), H.promotion(1, bn)
     out = [(1, bn, st, pr, 1, 1, s, occ, 1, 1) for s in ((1, 2, 4) if m > H.SWAP_M else (2, 4))]
     pick = H.config(max(m, 2), n, k, sms)
-    if pick[0] == 1 and pick[3] == 2 and bn <= 64:  # more groups in flight (PROMOTE 8, 9)
+    if pick[3] == 2 and pick[1] <= 64:  # more groups of wgmmas in flight (PROMOTE 8, 9)
         out += [(*pick[:3], deep, *pick[4:]) for deep in (8, 9)]
     out = [p for p in out if full_plan(p) != full_plan(H.config(m, n, k, sms))]
     return [pick, *out] if D.fits(m) else out
