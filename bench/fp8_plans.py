@@ -168,7 +168,8 @@ REGS = [  # plans that need the setmaxnreg registers (FP8_PLANS_PTXAS=1 --cases 
 
 def with_plan(plan, out_dtype=None):
     """matmul_fp8 forced onto ``plan`` (None: the op's own choice; a plan also at the rows
-    that ``_fp8_decode`` takes, ``MAX_M`` set to 0 meanwhile)."""
+    that ``_fp8_decode`` takes, its limits set to 0 meanwhile; ``GEMV``: ``gemv_fp8`` up to
+    ``MOST_M`` rows)."""
 
     def run(a, b, sa, sb):
         return kaio_ops.matmul_fp8(a, b, sa, sb, out_dtype=out_dtype)
@@ -177,15 +178,21 @@ def with_plan(plan, out_dtype=None):
         return run
 
     def forced(a, b, sa, sb):
-        keep, keep_m = H.config, D.MAX_M
-        H.config = lambda *args: tuple(plan)
-        D.MAX_M = 0
+        keep = H.config, D.MAX_M, D.SM90_MAX_M
+        if plan == GEMV:  # gemv_fp8 at the rows it takes anywhere
+            D.SM90_MAX_M = D.MOST_M
+        else:
+            H.config = lambda *args: tuple(plan)
+            D.MAX_M = D.SM90_MAX_M = 0
         try:
             return run(a, b, sa, sb)
         finally:
-            H.config, D.MAX_M = keep, keep_m
+            H.config, D.MAX_M, D.SM90_MAX_M = keep
 
     return forced
+
+
+GEMV = "gemv"  # the plan name of _fp8_decode's kernel (with_plan)
 
 
 BIG = [  # (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT]])
@@ -402,12 +409,13 @@ BAND_SHAPES = [(4096, 4096), (4096, 14336), (6144, 4096)]  # the slowest decode/
 
 
 def band_plans(m, n, k, sms=132):
-    """The plans "bands" times beside the routed one where the H200 sweep lost most (2026-11-27):
-    at one row the swapped plan of two rows (``gemv_fp8`` routed there); to 256 rows the
-    swapped tiles (64 weight rows, a's rows rounded up to 8, two blocks a multiprocessor up to
-    64 of them) with K split 2 and 4 ways (summed in the kernel: 64 tiles at N = 4096 fill half the
-    multiprocessors), and unsplit past ``SWAP_M``; the routed one-warpgroup tiles with 2 and 3
-    groups of wgmmas in flight (``PROMOTE`` 8, 9: the same sums in the same order)."""
+    """The plans "bands" times beside the routed one where the H200 sweep lost most
+    (2026-11-27): at one row ``gemv_fp8`` (routed there off sm_90); to 256 rows the swapped
+    tiles (64 weight rows, a's rows rounded up to 8, two blocks a multiprocessor up to 64 of
+    them) with K split 2 and 4 ways (summed in the kernel: 64 tiles at N = 4096 fill half
+    the multiprocessors), and unsplit past ``SWAP_M``; the routed tiles of 64 columns or
+    fewer with 2 and 3 groups of wgmmas in flight (``PROMOTE`` 8, 9: the same sums in the
+    same order)."""
     bn = swap_width(m)
     if bn > 256:
         return []
@@ -418,7 +426,7 @@ def band_plans(m, n, k, sms=132):
     if pick[3] == 2 and pick[1] <= 64:  # more groups of wgmmas in flight (PROMOTE 8, 9)
         out += [(*pick[:3], deep, *pick[4:]) for deep in (8, 9)]
     out = [p for p in out if full_plan(p) != full_plan(H.config(m, n, k, sms))]
-    return [pick, *out] if D.fits(m) else out
+    return [pick if D.fits(m, True) else GEMV, *out] if D.fits(m) else out
 
 
 def kernel_names(cases, deadline=math.inf) -> None:
@@ -539,7 +547,9 @@ def split_plans(m, n, k, sms=132):
 
 def full_plan(plan) -> tuple:
     """``plan`` with its defaults spelled out: (WG, BN, STAGES, PROMOTE, VEC, CL, SPLIT, OCC,
-    FUSE, SWAP, GROUP)."""
+    FUSE, SWAP, GROUP); ``GEMV`` as it is."""
+    if plan == GEMV:
+        return (GEMV,)
     return (*plan, *(1, 1, 1, 0, 0, H.GROUP_ROWS)[len(plan) - 5 :])
 
 
@@ -549,12 +559,12 @@ def run_case(m, n, k, rowwise, plans, log, label="", floor_us=None):
     ref = scaled_mm(*sets[0]).float()
     rec = {"case": label or f"{m}x{n}x{k}", "m": m, "n": n, "k": k, "rowwise": rowwise}
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    rec["pick_plan"] = "gemv_fp8" if D.fits(m) else list(H.config(m, n, k, sms))
+    rec["pick_plan"] = GEMV if D.fits(m, True) else list(H.config(m, n, k, sms))
     fns = {"cublas": scaled_mm}
     for plan in [None, *plans]:
         if plan is not None and full_plan(plan) == full_plan(rec["pick_plan"]):
             continue  # timed as "pick"
-        name = "pick" if plan is None else "/".join(map(str, plan))
+        name = "pick" if plan is None else plan if plan == GEMV else "/".join(map(str, plan))
         _plan.clear()
         fn = with_plan(plan)
         try:
@@ -570,7 +580,7 @@ def run_case(m, n, k, rowwise, plans, log, label="", floor_us=None):
     best = None
     for name, t in ms.items():
         rec[name].update(us=t * 1e3, x=rec["cublas_us"] / (t * 1e3))
-        plan = None if name == "pick" else tuple(int(x) for x in name.split("/"))
+        plan = name if name in ("pick", GEMV) else tuple(int(x) for x in name.split("/"))
         if rec[name]["err"] < 1e-2 and plan not in NOT_SHIPPED:
             if best is None or t * 1e3 < rec[best]["us"]:
                 best = name
@@ -680,7 +690,7 @@ def _warm(jobs):
         (a, b, sa, sb) = operands(*rows or [256], 256, 256, rowwise, 1)[0]
         with_plan(plan)(a, b, sa, sb)
         if rows == [1]:  # (gemv_fp8, which a forced plan bypasses)
-            with_plan(None)(a, b, sa, sb)
+            with_plan(GEMV)(a, b, sa, sb)
     torch.cuda.synchronize()
 
 
@@ -754,7 +764,7 @@ def warm(cases, ms, models, processes: int = 14) -> None:
             for n, k in bshapes:
                 rows = 1 if m == 1 else min(H.a_rows(m, 1, 1), 256)
                 jobs.append((H.config(m, n, k, 132), False, rows))
-                jobs += [(p, False, m) for p in band_plans(m, n, k)]
+                jobs += [(p, False, m) for p in band_plans(m, n, k) if p != GEMV]
     if "sweepdef" in cases:
         for m in ms:
             for n, k in shapes:
