@@ -1190,6 +1190,15 @@ def specializations():
     )  # (swapped: C^T = B^T A^T, stored transposed)  # fmt: skip
     yield (
         matmul_fp8_wgmma,
+        {**shared_c, "WG": 1, "BN": 16, "STAGES": 11, "PROMOTE": 9, "VEC": 1, "AR": 64,
+         "SWAP": 1},
+    )  # (swapped, 3 groups of wgmmas in flight)  # fmt: skip
+    yield (
+        matmul_fp8_wgmma,
+        {**shared_c, "BN": 64, "STAGES": 9, "PROMOTE": 8, "VEC": 1, "COL_B": 0, "DT": f16},
+    )  # (two warpgroups, 2 groups in flight each)
+    yield (
+        matmul_fp8_wgmma,
         {**shared_c, "VEC": 1, "PROMOTE": 7, "COL_B": 0, "BIAS": 0, "STAGES": stages_for(2, 208)},
     )  # (the next tile's first slice carried over the epilogue)
     yield sum_parts, {"ROWS": 64, "BN": 64, "GROUP": GROUP_ROWS, "ROW_A": 1, "COL_B": 0,
