@@ -16,7 +16,9 @@ rows; ``sweep``, ``sweepnew``, ``sweepwide``, ``sweepfinal``: the M sweep over t
 Llama-3-8B/-70B shapes with ``plans_for``'s, ``SWEEP_WIDE``'s (``with_splits``) or
 ``final_plans``' alternatives (``pick``: none from ``plans_for``); ``decgrid`` the decode
 plans of ``decode_plans`` at ``DECODE_SHAPES`` (the ``--ms`` up to 64) with the weight-read
-floor (``copy_bandwidth``). Writes
+floor (``copy_bandwidth``); ``bands`` ``band_plans`` at ``BAND_SHAPES`` (``allshapes``: the
+8), ``names`` the kernels cuBLAS and kaio launch there, ``kline`` the decode tile at M = 8,
+N = 4096 over K (2, 3 or 4 slice sums in turn). Writes
 ``DIR/fp8_plans.jsonl`` (one line per case) and prints a table. The sweep stops starting
 cases once ``--budget`` seconds have passed.
 """
@@ -758,6 +760,10 @@ def warm(cases, ms, models, processes: int = 14) -> None:
     if "carry" in cases or "carrysq" in cases:
         for m, n, k in CARRY_SHAPES[: 2 if "carrysq" in cases else None]:
             jobs += [(p, False) for p in [H.config(m, n, k, 132), *carry_plans(m, n, k)]]
+    if "kline" in cases:
+        for k in (256, 1024, 4096, 16384):
+            pick = H.config(8, 4096, k, 132)
+            jobs += [((*pick[:3], deep, *pick[4:]), False, 8) for deep in (2, 8, 9)]
     if "bands" in cases:
         bshapes = [s for mo in models for s in SHAPES[mo]] if "allshapes" in cases else BAND_SHAPES
         for m in ms:
@@ -869,6 +875,11 @@ def main() -> None:
                                          f"M={m} {n}x{k}"))  # fmt: skip
                 except Exception:  # noqa: BLE001
                     traceback.print_exc()
+    if "kline" in cases:  # the decode tile's time against K: a fixed cost and one a slice
+        for k in (256, 1024, 4096, 16384):
+            plans = [(*H.config(8, 4096, k, 132)[:3], deep, *H.config(8, 4096, k, 132)[4:])
+                     for deep in (2, 8, 9)]  # fmt: skip
+            recs.append(run_case(8, 4096, k, False, plans, log, f"kline 8x4096x{k}"))
     if "names" in cases:  # which kernels cuBLAS runs where kaio loses most
         try:
             kernel_names([(m, n, k) for m in ms for n, k in BAND_SHAPES], t0 + args.budget + 6)
