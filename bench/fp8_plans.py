@@ -18,7 +18,8 @@ Llama-3-8B/-70B shapes with ``plans_for``'s, ``SWEEP_WIDE``'s (``with_splits``) 
 plans of ``decode_plans`` at ``DECODE_SHAPES`` (the ``--ms`` up to 64) with the weight-read
 floor (``copy_bandwidth``); ``bands`` ``band_plans`` at ``BAND_SHAPES`` (``allshapes``: the
 8), ``names`` the kernels cuBLAS and kaio launch there, ``kline`` the decode tile at M = 8,
-N = 4096 over K (2, 3 or 4 slice sums in turn). Writes
+N = 4096 over K (2, 3 or 4 slice sums in turn), ``rings`` ``ring_plans`` at ``RING_SHAPES``,
+``one`` one row at the 8 shapes against ``gemv_fp8``. Writes
 ``DIR/fp8_plans.jsonl`` (one line per case) and prints a table. The sweep stops starting
 cases once ``--budget`` seconds have passed.
 """
@@ -431,6 +432,24 @@ def band_plans(m, n, k, sms=132):
     return [pick if D.fits(m, True) else GEMV, *out] if D.fits(m) else out
 
 
+RING_SHAPES = [(4096, 4096), (6144, 4096), (8192, 8192), (4096, 14336)]  # tiles <= the SMs
+
+
+def ring_plans(m, n, k, sms=132):
+    """The plans "rings" times beside the routed one: its tile with one block a
+    multiprocessor (where its 64-row tiles are no more than the multiprocessors: the second
+    block's slot idles anyway) and deeper rings (12, 16 and the most that fit; cuBLAS's
+    64 x 8 decode tile keeps 16 stages)."""
+    wg, bn, st, pr, *rest = H.config(m, n, k, sms)
+    swapped = len(rest) > 5 and rest[5]
+    rows = 64 if swapped else H.a_rows(m, wg, 1)
+    most = occ_stages(bn, rows, 1)
+    deep = sorted({d for d in (12, 16, most) if st < d <= most})
+    if swapped:
+        return [(wg, bn, d, pr, 1, 1, 1, 1, 0, 1) for d in deep]
+    return [(wg, bn, d, pr, *rest) for d in deep] if wg == 1 else []
+
+
 def kernel_names(cases, deadline=math.inf) -> None:
     """The kernels ``torch._scaled_mm`` and the routed ``matmul_fp8`` launch at ``cases``
     (m, n, k): torch.profiler's names (cuBLAS's encode its tile and K split), until the
@@ -760,6 +779,13 @@ def warm(cases, ms, models, processes: int = 14) -> None:
     if "carry" in cases or "carrysq" in cases:
         for m, n, k in CARRY_SHAPES[: 2 if "carrysq" in cases else None]:
             jobs += [(p, False) for p in [H.config(m, n, k, 132), *carry_plans(m, n, k)]]
+    if "one" in cases:
+        jobs += [(H.config(1, n, k, 132), False, 1) for mo in models for n, k in SHAPES[mo]]
+    if "rings" in cases:
+        for m in ms:
+            for n, k in RING_SHAPES:
+                rows = min(H.a_rows(m, 1, 1), 256)
+                jobs += [(p, False, rows) for p in [H.config(m, n, k, 132), *ring_plans(m, n, k)]]
     if "kline" in cases:
         for k in (256, 1024, 4096, 16384):
             pick = H.config(8, 4096, k, 132)
@@ -880,6 +906,18 @@ def main() -> None:
             plans = [(*H.config(8, 4096, k, 132)[:3], deep, *H.config(8, 4096, k, 132)[4:])
                      for deep in (2, 8, 9)]  # fmt: skip
             recs.append(run_case(8, 4096, k, False, plans, log, f"kline 8x4096x{k}"))
+    if "one" in cases:  # one row: the routed plan against gemv_fp8
+        for model in models:
+            for n, k in SHAPES[model]:
+                recs.append(run_case(1, n, k, False, [GEMV], log, f"M=1 {n}x{k}"))
+    if "rings" in cases:  # deeper rings, one block a multiprocessor
+        for m in ms:
+            for n, k in RING_SHAPES:
+                if time.time() - t0 > args.budget:
+                    print(f"budget: skipped M={m} {n}x{k}", flush=True)
+                    continue
+                recs.append(run_case(m, n, k, False, ring_plans(m, n, k), log,
+                                     f"ring M={m} {n}x{k}"))  # fmt: skip
     if "names" in cases:  # which kernels cuBLAS runs where kaio loses most
         try:
             kernel_names([(m, n, k) for m in ms for n, k in BAND_SHAPES], t0 + args.budget + 6)
