@@ -17,9 +17,8 @@ Llama-3-8B/-70B shapes with ``plans_for``'s, ``SWEEP_WIDE``'s (``with_splits``) 
 ``final_plans``' alternatives (``pick``: none from ``plans_for``); ``decgrid`` the decode
 plans of ``decode_plans`` at ``DECODE_SHAPES`` (the ``--ms`` up to 64) with the weight-read
 floor (``copy_bandwidth``); ``bands`` ``band_plans`` at ``BAND_SHAPES`` (``allshapes``: the
-8), ``names`` the kernels cuBLAS and kaio launch there, ``kline`` the decode tile at M = 8,
-N = 4096 over K (2, 3 or 4 slice sums in turn), ``rings`` ``ring_plans`` at ``RING_SHAPES``,
-``one`` one row at the 8 shapes against ``gemv_fp8``. Writes
+8), ``names`` the kernels cuBLAS and kaio launch there, ``rings`` ``ring_plans`` at
+``RING_SHAPES``, ``one`` one row at the 8 shapes against ``gemv_fp8``. Writes
 ``DIR/fp8_plans.jsonl`` (one line per case) and prints a table. The sweep stops starting
 cases once ``--budget`` seconds have passed.
 """
@@ -416,9 +415,7 @@ def band_plans(m, n, k, sms=132):
     (2026-11-27): at one row ``gemv_fp8`` (routed there off sm_90); to 256 rows the swapped
     tiles (64 weight rows, a's rows rounded up to 8, two blocks a multiprocessor up to 64 of
     them) with K split 2 and 4 ways (summed in the kernel: 64 tiles at N = 4096 fill half
-    the multiprocessors), and unsplit past ``SWAP_M``; the routed tiles of 64 columns or
-    fewer with 2 and 3 groups of wgmmas in flight (``PROMOTE`` 8, 9: the same sums in the
-    same order)."""
+    the multiprocessors), and unsplit past ``SWAP_M``."""
     bn = swap_width(m)
     if bn > 256:
         return []
@@ -426,8 +423,6 @@ def band_plans(m, n, k, sms=132):
     st, pr = occ_stages(bn, 64, occ), H.promotion(1, bn)
     out = [(1, bn, st, pr, 1, 1, s, occ, 1, 1) for s in ((1, 2, 4) if m > H.SWAP_M else (2, 4))]
     pick = H.config(max(m, 2), n, k, sms)
-    if pick[3] == 2 and pick[1] <= 64:  # more groups of wgmmas in flight (PROMOTE 8, 9)
-        out += [(*pick[:3], deep, *pick[4:]) for deep in (8, 9)]
     out = [p for p in out if full_plan(p) != full_plan(H.config(m, n, k, sms))]
     return [pick if D.fits(m, True) else GEMV, *out] if D.fits(m) else out
 
@@ -786,10 +781,13 @@ def warm(cases, ms, models, processes: int = 14) -> None:
             for n, k in RING_SHAPES:
                 rows = min(H.a_rows(m, 1, 1), 256)
                 jobs += [(p, False, rows) for p in [H.config(m, n, k, 132), *ring_plans(m, n, k)]]
-    if "kline" in cases:
-        for k in (256, 1024, 4096, 16384):
-            pick = H.config(8, 4096, k, 132)
-            jobs += [((*pick[:3], deep, *pick[4:]), False, 8) for deep in (2, 8, 9)]
+    if "one" in cases:
+        jobs += [(H.config(1, n, k, 132), False, 1) for mo in models for n, k in SHAPES[mo]]
+    if "rings" in cases:
+        for m in ms:
+            for n, k in RING_SHAPES:
+                rows = min(H.a_rows(m, 1, 1), 256)
+                jobs += [(p, False, rows) for p in [H.config(m, n, k, 132), *ring_plans(m, n, k)]]
     if "bands" in cases:
         bshapes = [s for mo in models for s in SHAPES[mo]] if "allshapes" in cases else BAND_SHAPES
         for m in ms:
@@ -901,11 +899,6 @@ def main() -> None:
                                          f"M={m} {n}x{k}"))  # fmt: skip
                 except Exception:  # noqa: BLE001
                     traceback.print_exc()
-    if "kline" in cases:  # the decode tile's time against K: a fixed cost and one a slice
-        for k in (256, 1024, 4096, 16384):
-            plans = [(*H.config(8, 4096, k, 132)[:3], deep, *H.config(8, 4096, k, 132)[4:])
-                     for deep in (2, 8, 9)]  # fmt: skip
-            recs.append(run_case(8, 4096, k, False, plans, log, f"kline 8x4096x{k}"))
     if "one" in cases:  # one row: the routed plan against gemv_fp8
         for model in models:
             for n, k in SHAPES[model]:

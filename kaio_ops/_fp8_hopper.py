@@ -407,65 +407,6 @@ def consume_every(
 
 
 @kaio.gpu_func
-def promote_of(
-    acc: f32[:, :, :], p0: f32[:, :, :], p1: f32[:, :, :], p2: f32[:, :, :],
-    p3: f32[:, :, :], q: i32, NJ: kaio.constexpr,
-):  # fmt: skip
-    """``acc += p{q}`` (``consume_deep``'s sum ``q`` of its ``D``)."""
-    if q == 0:
-        promote(acc, p0, 0, NJ)
-    elif q == 1:
-        promote(acc, p1, 0, NJ)
-    elif q == 2:
-        promote(acc, p2, 0, NJ)
-    else:
-        promote(acc, p3, 0, NJ)
-
-
-@kaio.gpu_func
-def consume_deep(
-    acc: ACC[:, :, :], p0: ACC[:, :, :], p1: ACC[:, :, :], p2: ACC[:, :, :],
-    p3: ACC[:, :, :], sa: f16[:, :, :], sb: f16[:, :, :], bars: u64[:, :], st: i32, ph: u32,
-    g: i32, k_tiles: i32, wg: u32, lt: u32, BN: kaio.constexpr, STAGES: kaio.constexpr,
-    D: kaio.constexpr, KIND: kaio.constexpr, ACC: kaio.constexpr, CL: kaio.constexpr,
-):  # fmt: skip
-    """``consume`` with ``PROMOTE`` 8 (``D`` = 3) and 9 (4): ``D`` slice sums in turn and
-    ``D - 1`` groups of wgmmas in flight, slice ``kt - D + 1``'s sum added to ``acc`` and its
-    stage freed once slice ``kt`` is issued: mode 2's sums in mode 2's order (bit-identical
-    to it), for the narrow decode tiles whose slices are short (a 64 x 8 tile's 4 wgmmas),
-    where each slice's wait for the one before was what a tile took. Returns the ring
-    position as ``consume``."""
-    zero(acc, BN)
-    for kt in range(k_tiles):
-        s = st
-        kaio.mbarrier_wait(bars, (0, s), ph)
-        kaio.wgmma_fence()
-        q = kt % D
-        if q == 0:
-            wgmma_slice(p0, sa, sb, s, wg, True, 0, KIND, ACC)
-        elif q == 1:
-            wgmma_slice(p1, sa, sb, s, wg, True, 0, KIND, ACC)
-        elif q == 2:
-            wgmma_slice(p2, sa, sb, s, wg, True, 0, KIND, ACC)
-        else:
-            wgmma_slice(p3, sa, sb, s, wg, True, 0, KIND, ACC)
-        kaio.wgmma_commit()
-        kaio.wgmma_wait(D - 1)
-        if kt >= D - 1:  # slice kt - D + 1 is done: its stage freed, its sum added
-            free_stage(bars, (s + STAGES - (D - 1)) % STAGES, lt, CL)
-            promote_of(acc, p0, p1, p2, p3, (kt + 1) % D, BN // 8)
-        st, ph = next_stage(st, ph, STAGES)
-        g += 1
-    kaio.wgmma_wait(0)
-    for j in kaio.static_range(D - 1):  # the last D - 1 slices (those there are), in order
-        kt = k_tiles - (D - 1) + j
-        if kt >= 0:
-            free_stage(bars, (st + STAGES - (D - 1) + j) % STAGES, lt, CL)
-            promote_of(acc, p0, p1, p2, p3, kt % D, BN // 8)
-    return st, ph, g
-
-
-@kaio.gpu_func
 def consume_pair(
     acc: ACC[:, :, :], p0: ACC[:, :, :], p1: ACC[:, :, :], sa: f16[:, :, :],
     sb: f16[:, :, :], bars: u64[:, :], st: i32, ph: u32, g: i32, k_tiles: i32, wg: u32,
@@ -694,12 +635,6 @@ def consume_tiles(
             zero(acc, BN)
             st, ph, g = consume_pair(acc, part0, part1, sa_s, sb_s, bars, st, ph, g, count, wg,
                                      lt, BN, STAGES, PROMOTE == 5, FP8, f32, CL)  # fmt: skip
-        elif PROMOTE == 8 or PROMOTE == 9:  # 3 or 4 sums in turn, 2 or 3 groups in flight
-            part2 = kaio.local(f32, (BN // 8, 2, 2))
-            part3 = kaio.local(f32, (BN // 8, 2, 2))  # (not used by 8)
-            st, ph, g = consume_deep(acc, part0, part1, part2, part3, sa_s, sb_s, bars, st, ph,
-                                     g, count, wg, lt, BN, STAGES, PROMOTE - 5, FP8, f32,
-                                     CL)  # fmt: skip
         elif PROMOTE >= 10:  # promoted every PROMOTE // 10 slices
             zero(acc, BN)
             st, ph, g = consume_every(acc, part0, sa_s, sb_s, bars, st, ph, g, count, wg, lt,
@@ -823,8 +758,7 @@ def matmul_fp8_wgmma(
     # 5 (two halves for 5)
     halves = (PROMOTE == 3) + (PROMOTE == 5)
     part0 = kaio.local(f32, (BN // (8 + 8 * halves), 2, 2))
-    full1 = (PROMOTE == 2) + (PROMOTE == 6) + (PROMOTE == 8) + (PROMOTE == 9)
-    wide1 = (BN // 8 - 1) * full1 + (BN // 16 - 1) * (PROMOTE == 5)
+    wide1 = (BN // 8 - 1) * ((PROMOTE == 2) + (PROMOTE == 6)) + (BN // 16 - 1) * (PROMOTE == 5)
     part1 = kaio.local(f32, (1 + wide1, 2, 2))
     if wg < WG:  # the consumers
         if WG > 1:  # the registers the producer warpgroup gave up
@@ -1188,15 +1122,6 @@ def specializations():
         {**shared_c, "WG": 1, "BN": 8, "STAGES": 25, "PROMOTE": 2, "VEC": 1, "SPLIT": 3,
          "AR": 64, "SWAP": 1, "FP8": e5m2, "DT": f16},
     )  # (swapped: C^T = B^T A^T, stored transposed)  # fmt: skip
-    yield (
-        matmul_fp8_wgmma,
-        {**shared_c, "WG": 1, "BN": 16, "STAGES": 11, "PROMOTE": 9, "VEC": 1, "AR": 64,
-         "SWAP": 1},
-    )  # (swapped, 3 groups of wgmmas in flight)  # fmt: skip
-    yield (
-        matmul_fp8_wgmma,
-        {**shared_c, "BN": 64, "STAGES": 9, "PROMOTE": 8, "VEC": 1, "COL_B": 0, "DT": f16},
-    )  # (two warpgroups, 2 groups in flight each)
     yield (
         matmul_fp8_wgmma,
         {**shared_c, "VEC": 1, "PROMOTE": 7, "COL_B": 0, "BIAS": 0, "STAGES": stages_for(2, 208)},
