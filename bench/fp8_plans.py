@@ -18,7 +18,8 @@ Llama-3-8B/-70B shapes with ``plans_for``'s, ``SWEEP_WIDE``'s (``with_splits``) 
 plans of ``decode_plans`` at ``DECODE_SHAPES`` (the ``--ms`` up to 64) with the weight-read
 floor (``copy_bandwidth``); ``bands`` ``band_plans`` at ``BAND_SHAPES`` (``allshapes``: the
 8), ``names`` the kernels cuBLAS and kaio launch there, ``rings`` ``ring_plans`` at
-``RING_SHAPES``, ``one`` one row at the 8 shapes against ``gemv_fp8``. Writes
+``RING_SHAPES``, ``one`` one row at the 8 shapes against ``gemv_fp8``, ``clk`` the 128 x
+208 tile alone and in clusters of two with each epilogue at K = 1024 and 2048. Writes
 ``DIR/fp8_plans.jsonl`` (one line per case) and prints a table. The sweep stops starting
 cases once ``--budget`` seconds have passed.
 """
@@ -445,6 +446,11 @@ def ring_plans(m, n, k, sms=132):
     return [(wg, bn, d, pr, *rest) for d in deep] if wg == 1 else []
 
 
+CLUSTER_K = [(4096, 4096, 1024), (4096, 4096, 2048)]
+CLUSTER_VEC = [(2, 208, 4, 1, 3, 2), (2, 208, 5, 1, 1, 2), (2, 208, 4, 1, 2, 2), (2, 208, 4, 1, 3),
+               (2, 208, 5, 1, 1)]  # fmt: skip
+
+
 def kernel_names(cases, deadline=math.inf) -> None:
     """The kernels ``torch._scaled_mm`` and the routed ``matmul_fp8`` launch at ``cases``
     (m, n, k): torch.profiler's names (cuBLAS's encode its tile and K split), until the
@@ -774,6 +780,8 @@ def warm(cases, ms, models, processes: int = 14) -> None:
     if "carry" in cases or "carrysq" in cases:
         for m, n, k in CARRY_SHAPES[: 2 if "carrysq" in cases else None]:
             jobs += [(p, False) for p in [H.config(m, n, k, 132), *carry_plans(m, n, k)]]
+    if "clk" in cases:
+        jobs += [(p, False) for p in CLUSTER_VEC]
     if "one" in cases:
         jobs += [(H.config(1, n, k, 132), False, 1) for mo in models for n, k in SHAPES[mo]]
     if "rings" in cases:
@@ -899,6 +907,9 @@ def main() -> None:
                                          f"M={m} {n}x{k}"))  # fmt: skip
                 except Exception:  # noqa: BLE001
                     traceback.print_exc()
+    if "clk" in cases:  # clusters of two with each epilogue at short K (VEC 3 ran 0.43x)
+        for m, n, k in CLUSTER_K:
+            recs.append(run_case(m, n, k, False, CLUSTER_VEC, log))
     if "one" in cases:  # one row: the routed plan against gemv_fp8
         for model in models:
             for n, k in SHAPES[model]:
