@@ -789,13 +789,6 @@ def warm(cases, ms, models, processes: int = 14) -> None:
             for n, k in RING_SHAPES:
                 rows = min(H.a_rows(m, 1, 1), 256)
                 jobs += [(p, False, rows) for p in [H.config(m, n, k, 132), *ring_plans(m, n, k)]]
-    if "one" in cases:
-        jobs += [(H.config(1, n, k, 132), False, 1) for mo in models for n, k in SHAPES[mo]]
-    if "rings" in cases:
-        for m in ms:
-            for n, k in RING_SHAPES:
-                rows = min(H.a_rows(m, 1, 1), 256)
-                jobs += [(p, False, rows) for p in [H.config(m, n, k, 132), *ring_plans(m, n, k)]]
     if "bands" in cases:
         bshapes = [s for mo in models for s in SHAPES[mo]] if "allshapes" in cases else BAND_SHAPES
         for m in ms:
@@ -837,21 +830,20 @@ def main() -> None:
     log = open(os.path.join(args.out, "fp8_plans.jsonl"), "a")  # noqa: SIM115
     recs = []
 
-    def over_shapes(rows: list, plans_of) -> None:
-        """Time each M of ``rows`` at every shape of ``models`` (``run_case`` with
-        ``plans_of(m, n, k)``) while the budget lasts; a failing case is printed and the run
-        goes on."""
+    def over_shapes(rows: list, plans_of, shapes=None, tag="") -> None:
+        """Time each M of ``rows`` at every shape of ``models`` (or ``shapes``: (N, K) pairs;
+        ``run_case`` with ``plans_of(m, n, k)``, labelled ``tag`` first) while the budget
+        lasts; a failing case is printed and the run goes on."""
         for m in rows:
-            for model in models:
-                for n, k in SHAPES[model]:
-                    if time.time() - t0 > args.budget:
-                        print(f"budget: skipped M={m} {n}x{k}", flush=True)
-                        continue
-                    try:
-                        recs.append(run_case(m, n, k, False, plans_of(m, n, k), log,
-                                             f"M={m} {n}x{k}"))  # fmt: skip
-                    except Exception:  # noqa: BLE001
-                        traceback.print_exc()
+            for n, k in shapes or [s for mo in models for s in SHAPES[mo]]:
+                if time.time() - t0 > args.budget:
+                    print(f"budget: skipped M={m} {n}x{k}", flush=True)
+                    continue
+                try:
+                    recs.append(run_case(m, n, k, False, plans_of(m, n, k), log,
+                                         f"{tag}M={m} {n}x{k}"))  # fmt: skip
+                except Exception:  # noqa: BLE001
+                    traceback.print_exc()
 
     cases = args.cases.split(",")
     ms = [int(x) for x in args.ms.split(",") if x]
@@ -896,17 +888,7 @@ def main() -> None:
                 except Exception:  # noqa: BLE001
                     traceback.print_exc()
     if "bands" in cases:  # the slowest bands of the sweep at their shapes (band_plans)
-        every = [s for mo in models for s in SHAPES[mo]]
-        for m in ms:
-            for n, k in every if "allshapes" in cases else BAND_SHAPES:
-                if time.time() - t0 > args.budget:
-                    print(f"budget: skipped M={m} {n}x{k}", flush=True)
-                    continue
-                try:
-                    recs.append(run_case(m, n, k, False, band_plans(m, n, k), log,
-                                         f"M={m} {n}x{k}"))  # fmt: skip
-                except Exception:  # noqa: BLE001
-                    traceback.print_exc()
+        over_shapes(ms, band_plans, None if "allshapes" in cases else BAND_SHAPES)
     if "clk" in cases:  # clusters of two with each epilogue at short K (VEC 3 ran 0.43x)
         for m, n, k in CLUSTER_K:
             recs.append(run_case(m, n, k, False, CLUSTER_VEC, log))
@@ -915,13 +897,7 @@ def main() -> None:
             for n, k in SHAPES[model]:
                 recs.append(run_case(1, n, k, False, [GEMV], log, f"M=1 {n}x{k}"))
     if "rings" in cases:  # deeper rings, one block a multiprocessor
-        for m in ms:
-            for n, k in RING_SHAPES:
-                if time.time() - t0 > args.budget:
-                    print(f"budget: skipped M={m} {n}x{k}", flush=True)
-                    continue
-                recs.append(run_case(m, n, k, False, ring_plans(m, n, k), log,
-                                     f"ring M={m} {n}x{k}"))  # fmt: skip
+        over_shapes(ms, ring_plans, RING_SHAPES, "ring ")
     if "names" in cases:  # which kernels cuBLAS runs where kaio loses most
         try:
             kernel_names([(m, n, k) for m in ms for n, k in BAND_SHAPES], t0 + args.budget + 6)
