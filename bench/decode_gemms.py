@@ -9,8 +9,8 @@ For each op at M rows (default 1, 2, 4, 8, 16) of a K x N = 4096 x 4096 weight:
   aiming at 1, 2 or 4 blocks a multiprocessor) against the transposing path
   (``_int8_decode.MAX_M`` 0: B transposed, then the mma.sync kernel);
 - ``matmul_fp8`` (e4m3, b column-major, per-tensor scales, bf16 out): ``_fp8_decode.gemv_fp8``
-  (``MAX_M`` 16) with 2 or 4 columns a warp, and the wgmma kernel (its K split and
-  ``sum_parts``: ``MAX_M`` 0);
+  (``MAX_M`` and ``SM90_MAX_M`` 16) with 2 or 4 columns a warp, and the wgmma kernel (as
+  routed: ``MAX_M`` 0);
 - cuBLAS beside: ``x @ w`` in f16 (``torch._scaled_mm`` for fp8, M padded to 16).
 
 GPU time: CUDA events around 100 calls queued behind a spinner (back to back), median of 5,
@@ -133,7 +133,8 @@ def cases(m: int) -> list:
     ]  # fmt: skip
     fp8_paths = [
         (f"gemv_fp8, {nc} columns a warp",
-         lambda nc=nc: setting((fp8m, "MAX_M", 16), (fp8m, "COLS_PER_WARP", nc)),
+         lambda nc=nc: setting((fp8m, "MAX_M", 16), (fp8m, "SM90_MAX_M", 16),
+                               (fp8m, "COLS_PER_WARP", nc)),
          kaio_ops.matmul_fp8) for nc in (2, 4)
     ] + [("wgmma", lambda: setting((fp8m, "MAX_M", 0)), kaio_ops.matmul_fp8)]  # fmt: skip
     a, b, sa, sb = fp8[0]

@@ -16,7 +16,10 @@ rows; ``sweep``, ``sweepnew``, ``sweepwide``, ``sweepfinal``: the M sweep over t
 Llama-3-8B/-70B shapes with ``plans_for``'s, ``SWEEP_WIDE``'s (``with_splits``) or
 ``final_plans``' alternatives (``pick``: none from ``plans_for``); ``decgrid`` the decode
 plans of ``decode_plans`` at ``DECODE_SHAPES`` (the ``--ms`` up to 64) with the weight-read
-floor (``copy_bandwidth``). Writes
+floor (``copy_bandwidth``); ``bands`` ``band_plans`` at ``BAND_SHAPES`` (``allshapes``: the
+8), ``names`` the kernels cuBLAS and kaio launch there, ``rings`` ``ring_plans`` at
+``RING_SHAPES``, ``one`` one row at the 8 shapes against ``gemv_fp8``, ``clk`` the 128 x
+208 tile alone and in clusters of two with each epilogue at K = 1024 and 2048. Writes
 ``DIR/fp8_plans.jsonl`` (one line per case) and prints a table. The sweep stops starting
 cases once ``--budget`` seconds have passed.
 """
@@ -64,6 +67,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import kaio_ops  # noqa: E402
 from bench.fp8 import PADS, scaled_mm  # noqa: E402
+from kaio_ops import _fp8_decode as D  # noqa: E402
 from kaio_ops import _fp8_hopper as H  # noqa: E402
 from kaio_ops import _plan  # noqa: E402
 
@@ -166,7 +170,9 @@ REGS = [  # plans that need the setmaxnreg registers (FP8_PLANS_PTXAS=1 --cases 
 
 
 def with_plan(plan, out_dtype=None):
-    """matmul_fp8 forced onto ``plan`` (None: the op's own choice)."""
+    """matmul_fp8 forced onto ``plan`` (None: the op's own choice; a plan also at the rows
+    that ``_fp8_decode`` takes, its limits set to 0 meanwhile; ``GEMV``: ``gemv_fp8`` up to
+    ``MOST_M`` rows)."""
 
     def run(a, b, sa, sb):
         return kaio_ops.matmul_fp8(a, b, sa, sb, out_dtype=out_dtype)
@@ -175,14 +181,22 @@ def with_plan(plan, out_dtype=None):
         return run
 
     def forced(a, b, sa, sb):
-        keep = H.config
-        H.config = lambda *args: tuple(plan)
+        keep = H.config, D.MAX_M, D.SM90_MAX_M
+        if plan == GEMV:  # gemv_fp8 at the rows it takes anywhere (unplanned: another
+            D.SM90_MAX_M = D.MOST_M  # H.config, so that no call plan of the op's is used)
+            H.config = lambda *args: keep[0](*args)
+        else:
+            H.config = lambda *args: tuple(plan)
+            D.MAX_M = D.SM90_MAX_M = 0
         try:
             return run(a, b, sa, sb)
         finally:
-            H.config = keep
+            H.config, D.MAX_M, D.SM90_MAX_M = keep
 
     return forced
+
+
+GEMV = "gemv"  # the plan name of _fp8_decode's kernel (with_plan)
 
 
 BIG = [  # (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT]])
@@ -395,6 +409,71 @@ def swap_plans(m, n, k, sms=132):
     ]
 
 
+BAND_SHAPES = [(4096, 4096), (4096, 14336), (6144, 4096)]  # the slowest decode/mid shapes
+
+
+def band_plans(m, n, k, sms=132):
+    """The plans "bands" times beside the routed one where the H200 sweep lost most
+    (2026-11-27): at one row ``gemv_fp8`` (routed there off sm_90); to 256 rows the swapped
+    tiles (64 weight rows, a's rows rounded up to 8, two blocks a multiprocessor up to 64 of
+    them) with K split 2 and 4 ways (summed in the kernel: 64 tiles at N = 4096 fill half
+    the multiprocessors), and unsplit past ``SWAP_M``."""
+    bn = swap_width(m)
+    if bn > 256:
+        return []
+    occ = 2 if bn <= 64 else 1
+    st, pr = occ_stages(bn, 64, occ), H.promotion(1, bn)
+    out = [(1, bn, st, pr, 1, 1, s, occ, 1, 1) for s in ((1, 2, 4) if m > H.SWAP_M else (2, 4))]
+    pick = H.config(max(m, 2), n, k, sms)
+    out = [p for p in out if full_plan(p) != full_plan(H.config(m, n, k, sms))]
+    return [pick if D.fits(m, True) else GEMV, *out] if D.fits(m) else out
+
+
+RING_SHAPES = [(4096, 4096), (6144, 4096), (8192, 8192), (4096, 14336)]  # tiles <= the SMs
+
+
+def ring_plans(m, n, k, sms=132):
+    """The plans "rings" times beside the routed one: its tile with one block a
+    multiprocessor (where its 64-row tiles are no more than the multiprocessors: the second
+    block's slot idles anyway) and deeper rings (12, 16 and the most that fit; cuBLAS's
+    64 x 8 decode tile keeps 16 stages)."""
+    wg, bn, st, pr, *rest = H.config(m, n, k, sms)
+    swapped = len(rest) > 5 and rest[5]
+    rows = 64 if swapped else H.a_rows(m, wg, 1)
+    most = occ_stages(bn, rows, 1)
+    deep = sorted({d for d in (12, 16, most) if st < d <= most})
+    if swapped:
+        return [(wg, bn, d, pr, 1, 1, 1, 1, 0, 1) for d in deep]
+    return [(wg, bn, d, pr, *rest) for d in deep] if wg == 1 else []
+
+
+CLUSTER_K = [(4096, 4096, 1024), (4096, 4096, 2048)]
+CLUSTER_VEC = [(2, 208, 4, 1, 3, 2), (2, 208, 5, 1, 1, 2), (2, 208, 4, 1, 2, 2), (2, 208, 4, 1, 3),
+               (2, 208, 5, 1, 1)]  # fmt: skip
+
+
+def kernel_names(cases, deadline=math.inf) -> None:
+    """The kernels ``torch._scaled_mm`` and the routed ``matmul_fp8`` launch at ``cases``
+    (m, n, k): torch.profiler's names (cuBLAS's encode its tile and K split), until the
+    ``deadline`` (``time.time()``) passes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for m, n, k in cases:
+        if time.time() > deadline:
+            print(f"names: deadline, skipped M={m} {n}x{k}", flush=True)
+            continue
+        a, b, sa, sb = operands(m, n, k, False, 1)[0]
+        for name, fn in (("cublas", scaled_mm), ("kaio", with_plan(None))):
+            fn(a, b, sa, sb)
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                fn(a, b, sa, sb)
+                torch.cuda.synchronize()
+            ks = [(e.name, e.device_time) for e in prof.events() if e.device_time > 0]
+            print(f"names M={m} {n}x{k} {name}: "
+                  + "; ".join(f"{nm[:110]} {t:.1f}us" for nm, t in ks), flush=True)  # fmt: skip
+
+
 def group_plans(m, n, k, sms=132, groups=(2, 4, 16)):
     """The routed plan with the tile order grouped ``groups`` tile rows at a time (the
     routed one: ``_matmul_hopper.GROUP_ROWS``)."""
@@ -491,7 +570,9 @@ def split_plans(m, n, k, sms=132):
 
 def full_plan(plan) -> tuple:
     """``plan`` with its defaults spelled out: (WG, BN, STAGES, PROMOTE, VEC, CL, SPLIT, OCC,
-    FUSE, SWAP, GROUP)."""
+    FUSE, SWAP, GROUP); ``GEMV`` as it is."""
+    if plan == GEMV:
+        return (GEMV,)
     return (*plan, *(1, 1, 1, 0, 0, H.GROUP_ROWS)[len(plan) - 5 :])
 
 
@@ -501,12 +582,12 @@ def run_case(m, n, k, rowwise, plans, log, label="", floor_us=None):
     ref = scaled_mm(*sets[0]).float()
     rec = {"case": label or f"{m}x{n}x{k}", "m": m, "n": n, "k": k, "rowwise": rowwise}
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    rec["pick_plan"] = list(H.config(m, n, k, sms))
+    rec["pick_plan"] = GEMV if D.fits(m, True) else list(H.config(m, n, k, sms))
     fns = {"cublas": scaled_mm}
     for plan in [None, *plans]:
         if plan is not None and full_plan(plan) == full_plan(rec["pick_plan"]):
             continue  # timed as "pick"
-        name = "pick" if plan is None else "/".join(map(str, plan))
+        name = "pick" if plan is None else plan if plan == GEMV else "/".join(map(str, plan))
         _plan.clear()
         fn = with_plan(plan)
         try:
@@ -522,7 +603,7 @@ def run_case(m, n, k, rowwise, plans, log, label="", floor_us=None):
     best = None
     for name, t in ms.items():
         rec[name].update(us=t * 1e3, x=rec["cublas_us"] / (t * 1e3))
-        plan = None if name == "pick" else tuple(int(x) for x in name.split("/"))
+        plan = name if name in ("pick", GEMV) else tuple(int(x) for x in name.split("/"))
         if rec[name]["err"] < 1e-2 and plan not in NOT_SHIPPED:
             if best is None or t * 1e3 < rec[best]["us"]:
                 best = name
@@ -631,6 +712,8 @@ def _warm(jobs):
     for plan, rowwise, *rows in jobs:
         (a, b, sa, sb) = operands(*rows or [256], 256, 256, rowwise, 1)[0]
         with_plan(plan)(a, b, sa, sb)
+        if rows == [1]:  # (gemv_fp8, which a forced plan bypasses)
+            with_plan(GEMV)(a, b, sa, sb)
     torch.cuda.synchronize()
 
 
@@ -698,6 +781,22 @@ def warm(cases, ms, models, processes: int = 14) -> None:
     if "carry" in cases or "carrysq" in cases:
         for m, n, k in CARRY_SHAPES[: 2 if "carrysq" in cases else None]:
             jobs += [(p, False) for p in [H.config(m, n, k, 132), *carry_plans(m, n, k)]]
+    if "clk" in cases:
+        jobs += [(p, False) for p in CLUSTER_VEC]
+    if "one" in cases:
+        jobs += [(H.config(1, n, k, 132), False, 1) for mo in models for n, k in SHAPES[mo]]
+    if "rings" in cases:
+        for m in ms:
+            for n, k in RING_SHAPES:
+                rows = min(H.a_rows(m, 1, 1), 256)
+                jobs += [(p, False, rows) for p in [H.config(m, n, k, 132), *ring_plans(m, n, k)]]
+    if "bands" in cases:
+        bshapes = [s for mo in models for s in SHAPES[mo]] if "allshapes" in cases else BAND_SHAPES
+        for m in ms:
+            for n, k in bshapes:
+                rows = 1 if m == 1 else min(H.a_rows(m, 1, 1), 256)
+                jobs.append((H.config(m, n, k, 132), False, rows))
+                jobs += [(p, False, m) for p in band_plans(m, n, k) if p != GEMV]
     if "sweepdef" in cases:
         for m in ms:
             for n, k in shapes:
@@ -732,21 +831,20 @@ def main() -> None:
     log = open(os.path.join(args.out, "fp8_plans.jsonl"), "a")  # noqa: SIM115
     recs = []
 
-    def over_shapes(rows: list, plans_of) -> None:
-        """Time each M of ``rows`` at every shape of ``models`` (``run_case`` with
-        ``plans_of(m, n, k)``) while the budget lasts; a failing case is printed and the run
-        goes on."""
+    def over_shapes(rows: list, plans_of, shapes=None, tag="") -> None:
+        """Time each M of ``rows`` at every shape of ``models`` (or ``shapes``: (N, K) pairs;
+        ``run_case`` with ``plans_of(m, n, k)``, labelled ``tag`` first) while the budget
+        lasts; a failing case is printed and the run goes on."""
         for m in rows:
-            for model in models:
-                for n, k in SHAPES[model]:
-                    if time.time() - t0 > args.budget:
-                        print(f"budget: skipped M={m} {n}x{k}", flush=True)
-                        continue
-                    try:
-                        recs.append(run_case(m, n, k, False, plans_of(m, n, k), log,
-                                             f"M={m} {n}x{k}"))  # fmt: skip
-                    except Exception:  # noqa: BLE001
-                        traceback.print_exc()
+            for n, k in shapes or [s for mo in models for s in SHAPES[mo]]:
+                if time.time() - t0 > args.budget:
+                    print(f"budget: skipped M={m} {n}x{k}", flush=True)
+                    continue
+                try:
+                    recs.append(run_case(m, n, k, False, plans_of(m, n, k), log,
+                                         f"{tag}M={m} {n}x{k}"))  # fmt: skip
+                except Exception:  # noqa: BLE001
+                    traceback.print_exc()
 
     cases = args.cases.split(",")
     ms = [int(x) for x in args.ms.split(",") if x]
@@ -790,6 +888,22 @@ def main() -> None:
                     recs.append(rec)
                 except Exception:  # noqa: BLE001
                     traceback.print_exc()
+    if "bands" in cases:  # the slowest bands of the sweep at their shapes (band_plans)
+        over_shapes(ms, band_plans, None if "allshapes" in cases else BAND_SHAPES)
+    if "clk" in cases:  # clusters of two with each epilogue at short K (VEC 3 ran 0.43x)
+        for m, n, k in CLUSTER_K:
+            recs.append(run_case(m, n, k, False, CLUSTER_VEC, log))
+    if "one" in cases:  # one row: the routed plan against gemv_fp8
+        for model in models:
+            for n, k in SHAPES[model]:
+                recs.append(run_case(1, n, k, False, [GEMV], log, f"M=1 {n}x{k}"))
+    if "rings" in cases:  # deeper rings, one block a multiprocessor
+        over_shapes(ms, ring_plans, RING_SHAPES, "ring ")
+    if "names" in cases:  # which kernels cuBLAS runs where kaio loses most
+        try:
+            kernel_names([(m, n, k) for m in ms for n, k in BAND_SHAPES], t0 + args.budget + 6)
+        except Exception:  # noqa: BLE001
+            traceback.print_exc()
     if "decode" in cases:  # the routed decode plans against the old route, stages, preload
         over_shapes([m for m in ms if m <= 64], decode_alternatives)
     if "mid" in cases:  # small tiles at 128 and 256 rows

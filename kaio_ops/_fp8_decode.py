@@ -13,7 +13,8 @@ shuffles (a fixed order), and lane ``m`` stores row ``m`` of the columns, a pair
 time, through ``_fp8.store_scaled``, the epilogue of the other fp8 kernels (the scales per
 tensor, per row of a or per column of b, the bias, one rounding).
 
-Requirements (``fits``): M at most ``MAX_M``; the op's own (K and N multiples of 16,
+Requirements (``fits``): M at most ``MAX_M`` (``SM90_MAX_M`` on sm_90, none: the wgmma
+kernel's swapped tiles ran faster there from one row); the op's own (K and N multiples of 16,
 16-byte aligned operands) cover the rest."""
 
 # ruff: noqa: F821  (DT and FP8 in annotations are dtype constexpr parameters)
@@ -25,12 +26,13 @@ import kaio
 from kaio import f32, u8, u32
 from kaio_ops._fp8 import store_scaled
 
-__all__ = ["MAX_M", "fits", "gemv_fp8", "launch", "specializations"]
+__all__ = ["MAX_M", "SM90_MAX_M", "fits", "gemv_fp8", "launch", "specializations"]
 
 THREADS = 256
 WARPS = THREADS // 32
 U = 2  # 16-byte pieces of each B^T row a lane has in flight
-MAX_M = 1  # the rows routed here: at M = 4 the wgmma kernel was faster (H100)
+MAX_M = 1  # the rows routed here off sm_90: at M = 4 the wgmma kernel was faster (H100)
+SM90_MAX_M = 0  # and on sm_90: none (the swapped wgmma tiles: 6-15% faster at one row, H100)
 MOST_M = 4  # the rows the kernel is checked for (tests, bench/decode_gemms.py)
 COLS_PER_WARP = 2  # NC: C columns a warp (even; A's values converted once for all of them)
 
@@ -85,9 +87,10 @@ def gemv_fp8(
                                  ROW_A, COL_B, BIAS, DT)  # fmt: skip
 
 
-def fits(m: int) -> bool:
-    """Whether ``gemv_fp8`` computes a product of ``m`` rows (at most ``MAX_M``)."""
-    return m <= MAX_M
+def fits(m: int, sm90: bool = False) -> bool:
+    """Whether ``gemv_fp8`` computes a product of ``m`` rows: at most ``MAX_M``, or
+    ``SM90_MAX_M`` on an sm_90 (``sm90``: where ``matmul_fp8`` has its wgmma kernel)."""
+    return m <= (SM90_MAX_M if sm90 else MAX_M)
 
 
 def launch(a, bt, out, sa, sb, bias, m: int, n: int, k: int, flags: dict, dt, fp8,

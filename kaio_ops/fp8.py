@@ -197,10 +197,11 @@ def matmul_fp8(a, b, scale_a, scale_b, *, out_dtype=None, bias=None):
             bo.arg(k, n // 4, dtype=u32), bt
         )
     flags = {"ROW_A": int(row_a), "COL_B": int(col_b), "BIAS": int(bias is not None)}
-    if _fp8_decode.fits(m):  # decode: one launch for a column-major b
+    wgmma = _uses_wgmma(a)
+    if _fp8_decode.fits(m, wgmma):  # decode: one launch for a column-major b
         _fp8_decode.launch(a, bt, out_arg, sa, sb, bias_arg, m, n, k, flags, dt, a.dtype, stream)
         return out
-    if _uses_wgmma(a):
+    if wgmma:
         H.launch(
             _units(a.obj, a.kind), _units(bt_obj, a.kind), out_arg, sa, sb, bias_arg,
             m, n, k, a.dtype.name, dt, flags, _arrays.multiprocessors(a), stream, like=a,

@@ -210,6 +210,27 @@ def test_decode_rows_one_launch_sim(m, n, k, name, scales, out, with_bias, monke
     assert np.abs(ref).max() > 100
 
 
+@pytest.mark.parametrize("hopper", [True, False])
+def test_one_row_route_sim(hopper, monkeypatch):
+    """One row of a: on an sm_90 the wgmma kernel's swapped tiles (faster than ``gemv_fp8``
+    there: docs/performance.md), elsewhere ``gemv_fp8``; both against float64."""
+    from kaio_ops import _fp8_hopper, fp8
+    from tests.launches import launched
+
+    monkeypatch.setattr(fp8, "HOPPER_IN_SIMULATOR", hopper)
+    a, w = _fp8_operands(1, 256, 64, "e4m3", seed=7)
+    sa, sb = np.float32([0.75]), np.float32([1.5])
+    kernels = launched(monkeypatch)
+    with kaio.simulate():
+        got = kaio_ops.matmul_fp8(a, w.T, sa, sb)
+    want = _fp8_hopper.matmul_fp8_wgmma if hopper else _fp8_decode.gemv_fp8
+    assert kernels == [want]
+    ref = matmul_reference(a, w.T, sa, sb)
+    got64 = got.astype(np.float64)
+    assert np.all(np.abs(got64 - ref) <= np.abs(ref) * 2.0**-8 + 1e-3)
+    assert np.abs(ref).max() > 100
+
+
 def test_matmul_hopper_kernel_sim(monkeypatch):
     """The sm_90 kernel (TMA, wgmma k32, the persistent grid) on the simulator: e5m2, per-row
     scale_a, bias, f32 out; K = 160 is two k slices, the second partial; M and N partial."""
@@ -673,11 +694,13 @@ def _same_bits_as_scaled_mm(torch, m: int, n: int, k: int, w_scale: float = 1.0)
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m, n, k", [(2, 6144, 4096), (8, 28672, 4096), (16, 4096, 14336),
-                                     (32, 8192, 8192), (16, 10240, 8192)])  # fmt: skip
+                                     (32, 8192, 8192), (16, 10240, 8192), (1, 4096, 4096),
+                                     (1, 8192, 28672), (1, 10240, 8192)])  # fmt: skip
 def test_routed_decode_gpu_bit_identical(m, n, k):
-    """The routed decode plans (swapped tiles up to ``SWAP_M`` rows where ``swap_config``
-    takes them; 10240 columns unswapped) give torch._scaled_mm's bf16 outputs bit for bit
-    (per-tensor scales, no bias; torch's A padded to 16 rows)."""
+    """The routed decode plans (swapped tiles from one row up to ``SWAP_M`` rows where
+    ``swap_config`` takes them; 10240 columns unswapped) give torch._scaled_mm's bf16 outputs
+    bit for bit (per-tensor scales, no bias; torch's A padded to 16 rows; at one row
+    ``gemv_fp8``'s sums, in another order, were not)."""
     torch = pytest.importorskip("torch")
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernel needs sm_90")
