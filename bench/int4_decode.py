@@ -10,10 +10,11 @@ floor (``bench/floors.read_words``: every word read once, nothing else) once per
 ``--once`` runs each kernel once eagerly and times nothing (for a profiler).
 
 Usage: ``python bench/int4_decode.py [--shapes 8192x8192,...] [--ms 1,16] [--warps 4,8]
-[--variants W/P/D/B/M/L/X/S,...] [--out DIR] [--budget S] [--prewarm N] [--once]``: W
-warps a block, then ``KNOBS`` (``_int4_decode``'s PREFETCH, DEQ, MINB, PMODE, L2F, SWAP,
-SPLIT). Writes ``DIR/int4_decode.jsonl`` and prints a table: µs, x cuBLAS, and % of the
-floor (floor time / time).
+[--variants W/P/D/B/M/L/S/X/WB/CS/WC/SP,...] [--out DIR] [--budget S] [--prewarm N]
+[--once]``: W warps a block, then ``KNOBS`` in order (``_int4_decode.TUNED``'s PREFETCH,
+DEQ, MINB, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, then SPLIT). Writes
+``DIR/int4_decode.jsonl`` and prints a table: µs, x cuBLAS, and % of the floor (floor time
+/ time).
 """
 
 # ruff: noqa: B023  (the timed lambdas run before the loop moves on)
@@ -50,7 +51,7 @@ def main() -> None:
     p.add_argument(
         "--variants",
         default="",
-        help="W/P/D/B/M/L/X/S,...: warps and KNOBS' values (after --warps')",
+        help="W/P/D/B/M/L/S/X/WB/CS/WC/SP,...: warps and KNOBS' values (after --warps')",
     )
     p.add_argument("--budget", type=float, default=40.0)
     p.add_argument("--once", action="store_true", help="run each kernel eagerly, no timing")
