@@ -517,18 +517,19 @@ def test_l2_fetch_size_and_bulk_prefetch():
         hinted.ptx(arch="sm_80", NB=16)
 
 
+@kaio.gpu_kernel(block_size=32)
+def cached(x: f32[:, :], out: f32[:, :], C: kaio.constexpr, L2: kaio.constexpr):
+    """out = x, each lane's 16 bytes by one load_vector with cache operator C."""
+    i = kaio.thread_idx_x()
+    r = kaio.local(f32, 4)
+    kaio.load_vector(r, x, (i // 4, 4 * (i % 4)), L2, C)
+    kaio.store_vector(out, (i // 4, 4 * (i % 4)), r)
+
+
 def test_load_vector_cache_operator():
     """load_vector's cache ('cg': L2 only, 'cs': streaming) loads the same values, is
     ld.global.cg / .cs in both backends (before the L2 fetch size), and is refused for a
     shared array or an unknown operator."""
-
-    @kaio.gpu_kernel(block_size=32)
-    def cached(x: f32[:, :], out: f32[:, :], C: kaio.constexpr, L2: kaio.constexpr):
-        i = kaio.thread_idx_x()
-        r = kaio.local(f32, 4)
-        kaio.load_vector(r, x, (i // 4, 4 * (i % 4)), L2, C)
-        kaio.store_vector(out, (i // 4, 4 * (i % 4)), r)
-
     x = RNG.standard_normal((8, 16)).astype(np.float32)
     out = np.full((8, 16), np.nan, np.float32)
     cached.sim[1](x, out, C="cg", L2=0)
@@ -586,6 +587,16 @@ def _both(kernel, grid, args, consts):
     sim = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
     kernel.sim[grid](*sim, **consts)
     return sim, _on_gpu(kernel, grid, args, consts)
+
+
+@pytest.mark.gpu
+def test_gpu_load_vector_cache_operator():
+    """On the GPU, ld.global.cg and .cs (with and without an L2 fetch size) load exactly
+    the values: every element against the input, the output poisoned first."""
+    x = RNG.standard_normal((8, 16)).astype(np.float32)
+    for c, l2 in (("cg", 0), ("cs", 128), ("cg", 256)):
+        out = _on_gpu(cached, 1, [x, np.full((8, 16), np.nan, np.float32)], {"C": c, "L2": l2})
+        np.testing.assert_array_equal(out[1], x, err_msg=c)
 
 
 @pytest.mark.gpu
