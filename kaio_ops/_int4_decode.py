@@ -49,9 +49,10 @@ the tensor cores' rate, so the kernel is built around the weight stream:
 H100). The other knobs of ``TUNED`` (an L2 prefetch of later groups, the words' L2 fetch
 size, a dequantization by one lop3 a pair and an exact fma for the pairs at bit 4 (DEQ 1,
 the same bits), launch bounds, a K split over blocks, three register buffers of words
-(``WBUF``), blocks of several 32-column blocks whose warps share x through L1 (``CS``);
-DEQ 2-4 are ablations with wrong results) were measured slower or equal and stay off; the
-benchmark sets them (``bench/int4_decode.py --variants``).
+(``WBUF``), blocks of several 32-column blocks whose warps share x through L1 (``CS``),
+the words loaded ``.cg`` so that L1 keeps x (``WC``); DEQ 2-4 are ablations with wrong
+results) were measured slower or equal and stay off; the benchmark sets them
+(``bench/int4_decode.py --variants``, ``--plan-tunes``).
 
 Needs N % 4 == 0 and K % 128 == 0, x 16-byte aligned, the words 16-byte and the scales
 8-byte aligned (``matmul_int4`` checks and otherwise takes the tiled kernel).
