@@ -10,10 +10,12 @@ floor (``bench/floors.read_words``: every word read once, nothing else) once per
 ``--once`` runs each kernel once eagerly and times nothing (for a profiler).
 
 Usage: ``python bench/int4_decode.py [--shapes 8192x8192,...] [--ms 1,16] [--warps 4,8]
-[--variants W/P/D/B/M/L/X/S,...] [--out DIR] [--budget S] [--prewarm N] [--once]``: W
-warps a block, then ``KNOBS`` (``_int4_decode``'s PREFETCH, DEQ, MINB, PMODE, L2F, SWAP,
-SPLIT). Writes ``DIR/int4_decode.jsonl`` and prints a table: µs, x cuBLAS, and % of the
-floor (floor time / time).
+[--variants W/P/D/B/M/L/S/X/WB/CS/WC/SP,...] [--out DIR] [--budget S] [--prewarm N]
+[--once]``: W warps a block, then ``KNOBS`` in order (``_int4_decode.TUNED``'s PREFETCH,
+DEQ, MINB, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, then SPLIT). Writes
+``DIR/int4_decode.jsonl`` and prints a table: µs, x cuBLAS, and % of the floor (floor time
+/ time). ``--plan-tunes DEQ=1;WC=1/PREFETCH=1`` adds, per point, ``plan``'s warps and knobs
+with those knobs overridden; ``--baseline 0`` runs the copied module at its own ``plan``.
 """
 
 # ruff: noqa: B023  (the timed lambdas run before the loop moves on)
@@ -50,7 +52,7 @@ def main() -> None:
     p.add_argument(
         "--variants",
         default="",
-        help="W/P/D/B/M/L/X/S,...: warps and KNOBS' values (after --warps')",
+        help="W/P/D/B/M/L/S/X/WB/CS/WC/SP,...: warps and KNOBS' values (after --warps')",
     )
     p.add_argument("--budget", type=float, default=40.0)
     p.add_argument("--once", action="store_true", help="run each kernel eagerly, no timing")
@@ -59,12 +61,18 @@ def main() -> None:
     p.add_argument(
         "--baseline", default="", help="WARPS list: kaio_ops._int4_decode_v0 (another version)"
     )
+    p.add_argument(
+        "--plan-tunes",
+        default="",
+        help="K=V/K=V;...: plan's warps and knobs at each point with these KNOBS overridden",
+    )
     args = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     here = tuple(KNOBS.values())
     variants = [(int(w), *here) for w in args.warps.split(",") if w]
     variants += [tuple(map(int, v.split("/"))) for v in args.variants.split(",") if v]
     ms = [int(m) for m in args.ms.split(",")]
+    args.plan_tunes = plan_tunes(args.plan_tunes)
     sink = open(os.path.join(args.out, "int4_decode.jsonl"), "w")  # noqa: SIM115
 
     def log(rec):
@@ -76,7 +84,7 @@ def main() -> None:
     log({"gpu": torch.cuda.get_device_name(), "sms": torch.cuda.get_device_properties(0)
          .multi_processor_count})  # fmt: skip
     if args.prewarm:
-        prewarm(log, variants, ms, args.prewarm)
+        prewarm(log, variants, ms, args.prewarm, args.plan_tunes)
     rows = []
     for shape in args.shapes.split(","):
         n, k = map(int, shape.split("x"))
@@ -110,10 +118,22 @@ def _warm(consts: dict) -> str:
         return f"{consts}: {type(e).__name__}: {str(e)[:200]}"
 
 
-def specializations(variants: list, ms: list) -> list[dict]:
+def plan_tunes(text: str) -> list[dict]:
+    """``--plan-tunes``' overrides: ``K=V/K=V;...`` as a list of {KNOB: value}."""
+    tunes = []
+    for spec in filter(None, text.split(";")):
+        tune = dict(kv.split("=") for kv in spec.split("/"))
+        unknown = set(tune) - set(KNOBS)
+        if unknown:
+            raise SystemExit(f"--plan-tunes {spec!r}: {sorted(unknown)} are not in {list(KNOBS)}")
+        tunes.append({k: int(v) for k, v in tune.items()})
+    return tunes
+
+
+def specializations(variants: list, ms: list, tunes: list = ()) -> list[dict]:
     """The constexprs of every ``int4_decode`` specialization a run times (``variants``'
-    (warps, *tuned), blocks of 4 and 8 warps and each ``plan`` at each M, as ``matmul``
-    launches them: ``_tuned``), DT aside."""
+    (warps, *tuned), blocks of 4 and 8 warps and each ``plan`` at each M, alone and with
+    each of ``tunes``' overrides, as ``matmul`` launches them: ``_tuned``), DT aside."""
     routed = [(w, *KNOBS.values()) for w in (4, 8)]
     todo = set()
     for m in ms:
@@ -122,19 +142,20 @@ def specializations(variants: list, ms: list) -> list[dict]:
             todo.add((w, *(consts[k] for k in KNOBS), _int4_decode._rows(m)))
         for tiles in (1, 133, 265, 529, 1321):  # each plan's branch on 132 SMs (matmul_int4)
             w, tune = _int4_decode.plan(m, tiles, 132)
-            consts = _int4_decode._tuned(m, {**tune, "SPLIT": _int4_decode.SPLIT})
-            todo.add((w, *(consts[k] for k in KNOBS), _int4_decode._rows(m)))
+            for extra in ({}, *tunes):
+                consts = _int4_decode._tuned(m, {**tune, "SPLIT": _int4_decode.SPLIT, **extra})
+                todo.add((w, *(consts[k] for k in KNOBS), _int4_decode._rows(m)))
     names = ("WARPS", *KNOBS, "ROWS")
     return [dict(zip(names, v, strict=True)) for v in sorted(todo)]
 
 
-def prewarm(log, variants: list, ms: list, workers: int) -> None:
+def prewarm(log, variants: list, ms: list, workers: int, tunes: list = ()) -> None:
     """Every specialization timed (``specializations``) compiled in ``workers`` processes
     at once: a launch then loads each from the disk cache."""
     import concurrent.futures
     import multiprocessing
 
-    jobs = specializations(variants, ms)
+    jobs = specializations(variants, ms, tunes)
     t = time.time()
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
@@ -156,6 +177,13 @@ def point(log, args, m, n, k, weights, floor, variants) -> dict:
         tune = dict(zip(KNOBS, tuned, strict=True))
         name = f"{w}w " + "".join(f"{k[0].lower()}{v}" for k, v in tune.items())
         calls[name] = lambda i, w=w, t=tune: _int4_decode.matmul(*ops[i], kaio.f16, w, t)
+    planned = _int4_decode.plan(
+        m, -(-n // _int4_decode.COLS), torch.cuda.get_device_properties(0).multi_processor_count
+    )
+    for extra in args.plan_tunes:  # plan's warps and knobs, some knobs overridden
+        name = "plan " + "".join(f"{k[0].lower()}{v}" for k, v in extra.items())
+        w, t = planned[0], {**planned[1], **extra}
+        calls[name] = lambda i, w=w, t=t: _int4_decode.matmul(*ops[i], kaio.f16, w, t)
     if args.baseline:  # an earlier version of the module, copied in as _int4_decode_v0
         import importlib
 

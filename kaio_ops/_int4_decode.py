@@ -49,9 +49,10 @@ the tensor cores' rate, so the kernel is built around the weight stream:
 H100). The other knobs of ``TUNED`` (an L2 prefetch of later groups, the words' L2 fetch
 size, a dequantization by one lop3 a pair and an exact fma for the pairs at bit 4 (DEQ 1,
 the same bits), launch bounds, a K split over blocks, three register buffers of words
-(``WBUF``), blocks of several 32-column blocks whose warps share x through L1 (``CS``);
-DEQ 2-4 are ablations with wrong results) were measured slower or equal and stay off; the
-benchmark sets them (``bench/int4_decode.py --variants``).
+(``WBUF``), blocks of several 32-column blocks whose warps share x through L1 (``CS``),
+the words loaded ``.cg`` so that L1 keeps x (``WC``); DEQ 2-4 are ablations with wrong
+results) were measured slower or equal and stay off; the benchmark sets them
+(``bench/int4_decode.py --variants``, ``--plan-tunes``).
 
 Needs N % 4 == 0 and K % 128 == 0, x 16-byte aligned, the words 16-byte and the scales
 8-byte aligned (``matmul_int4`` checks and otherwise takes the tiled kernel).
@@ -89,7 +90,7 @@ HIGH_TWICE = 0x3232  # the high 16 bits of a in both halves
 def load_group(
     words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :], BUF: kaio.constexpr, w: u32[:, :],
     x: f16[:, :], scales: f16[:, :], group: u32, col: u32, g: u32, t: u32, M: u32,
-    ROWS: kaio.constexpr, L2F: kaio.constexpr, XLEAD: kaio.constexpr,
+    ROWS: kaio.constexpr, L2F: kaio.constexpr, XLEAD: kaio.constexpr, WC: kaio.constexpr,
 ):  # fmt: skip
     """Buffer BUF = scale group ``group``'s operands of this lane: its 4 columns' scales (sc),
     the words of packed rows ``16 group + 4 u + t`` (words[u]) and, when ``ROWS`` <= 2 (one
@@ -97,11 +98,18 @@ def load_group(
     (xr[u, r]; rows past M read row M - 1 instead: their products land in rows that are
     never stored). Past one tile the x fragments are loaded where they are used
     (``multiply_group``): buffering them all would take 32 registers per 8 rows; with
-    ``XLEAD`` they are loaded ``XLEAD`` loads ahead (``load_x``)."""
+    ``XLEAD`` they are loaded ``XLEAD`` loads ahead (``load_x``). ``WC`` the words' cache
+    operator: 0 the default, 1 ``.cg`` (L2 only: L1 keeps x, which every block reads), 2
+    ``.cs`` (streaming)."""
     kaio.load_vector(sc[BUF], scales, (group, col))
     for u in kaio.static_range(LOADS):
         row = group * ROWS_PER_GROUP + 4 * u + t
-        kaio.load_vector(words[BUF, u], w, (row, col), L2F)
+        if WC == 1:
+            kaio.load_vector(words[BUF, u], w, (row, col), L2F, "cg")
+        elif WC == 2:
+            kaio.load_vector(words[BUF, u], w, (row, col), L2F, "cs")
+        else:
+            kaio.load_vector(words[BUF, u], w, (row, col), L2F)
         if ROWS <= 2 and XLEAD == 0:
             for r in kaio.static_range(ROWS):
                 kaio.load_vector(xr[BUF, u, r], x, (kaio.min(g + 8 * r, M - 1), 8 * row))
@@ -329,7 +337,7 @@ def buffer_step(
     xq: u32[:, :, :], B: kaio.constexpr, w: u32[:, :], x: f16[:, :], scales: f16[:, :],
     base: u32, groups: u32, col: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
     L2F: kaio.constexpr, XLEAD: kaio.constexpr, DEQ: kaio.constexpr, SWAP: kaio.constexpr,
-    WARPS: kaio.constexpr, last: u32, WBUF: kaio.constexpr,
+    WARPS: kaio.constexpr, last: u32, WBUF: kaio.constexpr, WC: kaio.constexpr,
 ):  # fmt: skip
     """Buffer B's turn in a round of ``WBUF`` groups from ``base`` (``WARPS`` apart): first
     the loads of the group ``WBUF - 1`` later into the buffer the previous turn freed, then
@@ -338,7 +346,7 @@ def buffer_step(
     if ahead < groups:
         load_group(
             words, xr, sc, (B + WBUF - 1) % WBUF, w, x, scales, ahead, col, g, t, M, ROWS, L2F,
-            XLEAD,
+            XLEAD, WC,
         )  # fmt: skip
     multiply_group(
         acc, words, xr, sc, B, x, base + B * WARPS, g, t, M, ROWS, DEQ, SWAP, xq, base, WARPS,
@@ -352,7 +360,7 @@ def decode_columns(
     M: u32, N: u32, block: u32, WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr,
     PREFETCH: kaio.constexpr, DEQ: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], part: u32,
     SPLIT: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr, SWAP: kaio.constexpr,
-    XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr,
+    XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr, WC: kaio.constexpr,
 ):  # fmt: skip
     """With ``CS`` 1, out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W =
     scales * the nibbles of w, see the module docstring), rounded to DT (the output's type), for
@@ -395,8 +403,9 @@ def decode_columns(
     for b in kaio.static_range(WBUF - 1):
         if first + b * KW < groups:
             load_group(
-                words, xr, sc, b, w, x, scales, first + b * KW, col, g, t, M, ROWS, L2F, XLEAD
-            )
+                words, xr, sc, b, w, x, scales, first + b * KW, col, g, t, M, ROWS, L2F, XLEAD,
+                WC,
+            )  # fmt: skip
     for s in kaio.static_range(XLEAD):
         lead_x(xq, x, first, s, KW, last, g, t, M, ROWS, XLEAD)
     for d in kaio.static_range(WBUF, WBUF * PREFETCH + WBUF):
@@ -411,12 +420,12 @@ def decode_columns(
             if b == 0:  # group < groups in the loop
                 buffer_step(
                     acc, words, xr, sc, xq, b, w, x, scales, group, groups, col, g, t, M, ROWS,
-                    L2F, XLEAD, DEQ, SWAP, KW, last, WBUF,
+                    L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC,
                 )  # fmt: skip
             elif group + b * KW < groups:
                 buffer_step(
                     acc, words, xr, sc, xq, b, w, x, scales, group, groups, col, g, t, M, ROWS,
-                    L2F, XLEAD, DEQ, SWAP, KW, last, WBUF,
+                    L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC,
                 )  # fmt: skip
     for m in kaio.static_range((ROWS + 1) // 2):
         if m > 0:
@@ -492,7 +501,7 @@ def int4_decode(
     WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr, PREFETCH: kaio.constexpr,
     DEQ: kaio.constexpr, MINB: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
     SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], SPLIT: kaio.constexpr,
-    XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr,
+    XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr, WC: kaio.constexpr,
 ):  # fmt: skip
     """``out = x @ W`` (``decode_columns``), SPLIT blocks per 32 columns (block ``b``: part
     ``b % SPLIT`` of column block ``b // SPLIT``), or a block per ``CS`` column blocks."""
@@ -501,7 +510,7 @@ def int4_decode(
     b = kaio.block_idx_x()
     decode_columns(
         x, w, scales, out, partial, M, N, b // SPLIT, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-        counters, b % SPLIT, SPLIT, PMODE, L2F, SWAP, XLEAD, WBUF, CS,
+        counters, b % SPLIT, SPLIT, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC,
     )  # fmt: skip
 
 
@@ -513,7 +522,7 @@ def int4_decode_qkv(
     WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr, PREFETCH: kaio.constexpr,
     DEQ: kaio.constexpr, MINB: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
     SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], XLEAD: kaio.constexpr,
-    WBUF: kaio.constexpr,
+    WBUF: kaio.constexpr, WC: kaio.constexpr,
 ):  # fmt: skip
     """``q, k, v = x @ Wq, x @ Wk, x @ Wv`` in one launch: the blocks of q's columns, then
     k's, then v's (each block exactly a block of ``int4_decode``)."""
@@ -525,18 +534,18 @@ def int4_decode_qkv(
     if block < bq:
         decode_columns(
             x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
-            0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1,
+            0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC,
         )  # fmt: skip
     elif block < bq + bk:
         decode_columns(
             x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1,
+            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC,
         )  # fmt: skip
     else:
         nv = u32(v.shape[1])
         decode_columns(
             x, wv, sv, v, partial, M, nv, block - bq - bk, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1,
+            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC,
         )  # fmt: skip
 
 
@@ -553,6 +562,7 @@ XLEAD = 0  # ROWS <= 2: x's fragments XLEAD loads ahead in a ring (0: with the w
 # divides 4 WBUF)
 WBUF = 2  # register buffers of words a warp (groups in flight: WBUF - 1)
 CS = 1  # matmul: 32-column blocks a block (its warps split K CS times less)
+WC = 0  # the words' cache operator: 0 the default, 1 .cg (L2 only, L1 keeps x), 2 .cs
 TUNED = {
     "PREFETCH": PREFETCH,
     "DEQ": DEQ,
@@ -563,6 +573,7 @@ TUNED = {
     "XLEAD": XLEAD,
     "WBUF": WBUF,
     "CS": CS,
+    "WC": WC,
 }  # the constexprs matmul's tune overrides
 
 

@@ -517,6 +517,42 @@ def test_l2_fetch_size_and_bulk_prefetch():
         hinted.ptx(arch="sm_80", NB=16)
 
 
+@kaio.gpu_kernel(block_size=32)
+def cached(x: f32[:, :], out: f32[:, :], C: kaio.constexpr, L2: kaio.constexpr):
+    """out = x, each lane's 16 bytes by one load_vector with cache operator C."""
+    i = kaio.thread_idx_x()
+    r = kaio.local(f32, 4)
+    kaio.load_vector(r, x, (i // 4, 4 * (i % 4)), L2, C)
+    kaio.store_vector(out, (i // 4, 4 * (i % 4)), r)
+
+
+def test_load_vector_cache_operator():
+    """load_vector's cache ('cg': L2 only, 'cs': streaming) loads the same values, is
+    ld.global.cg / .cs in both backends (before the L2 fetch size), and is refused for a
+    shared array or an unknown operator."""
+    x = RNG.standard_normal((8, 16)).astype(np.float32)
+    out = np.full((8, 16), np.nan, np.float32)
+    cached.sim[1](x, out, C="cg", L2=0)
+    np.testing.assert_array_equal(out, x)
+    for backend in ("ptx", "llvm"):
+        assert "ld.global.cg.v4" in cached.ptx(arch="sm_80", backend=backend, C="cg", L2=0)
+        text = cached.ptx(arch="sm_80", backend=backend, C="cs", L2=128)
+        assert "ld.global.cs.L2::128B.v4" in text
+    assemble(cached.ptx(arch="sm_80", C="cs", L2=128), "sm_80")
+    with pytest.raises(kaio.CompileError, match="cache is '', 'ca', 'cg' or 'cs'"):
+        cached.ptx(C="lu", L2=0)
+
+    @kaio.gpu_kernel(block_size=32)
+    def bad(x: f32[:]):
+        tile = kaio.shared(f32, 32)
+        r = kaio.local(f32, 4)
+        kaio.load_vector(r, tile, 0, 0, "cg")
+        x[0] = r[0]
+
+    with pytest.raises(kaio.CompileError, match="for a shared array"):
+        bad.ptx()
+
+
 # --------------------------------------------------------------------------- PTX
 
 PTX_CASES = [
@@ -551,6 +587,16 @@ def _both(kernel, grid, args, consts):
     sim = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
     kernel.sim[grid](*sim, **consts)
     return sim, _on_gpu(kernel, grid, args, consts)
+
+
+@pytest.mark.gpu
+def test_gpu_load_vector_cache_operator():
+    """On the GPU, ld.global.cg and .cs (with and without an L2 fetch size) load exactly
+    the values: every element against the input, the output poisoned first."""
+    x = RNG.standard_normal((8, 16)).astype(np.float32)
+    for c, l2 in (("cg", 0), ("cs", 128), ("cg", 256)):
+        out = _on_gpu(cached, 1, [x, np.full((8, 16), np.nan, np.float32)], {"C": c, "L2": l2})
+        np.testing.assert_array_equal(out[1], x, err_msg=c)
 
 
 @pytest.mark.gpu

@@ -73,7 +73,7 @@ def lower_ld_vec(g, ins: Instr) -> None:
     builtin = "kaio.load_vector()"
     frag_registers(g, frag, builtin)  # check before computing the address
     size = frag.size * frag.array.dtype.itemsize
-    if ins.attrs.get("l2"):
+    if ins.attrs.get("l2") or ins.attrs.get("cache"):
         _ld_vec_l2(g, ins, frag, size)
         return
     vec = g.b.load(address(g, arr, idxs), typ=_vector_type(frag), align=size)
@@ -84,14 +84,17 @@ def lower_ld_vec(g, ins: Instr) -> None:
 
 
 def _ld_vec_l2(g, ins: Instr, frag: Frag, size: int) -> None:
-    """A global vector load with an L2 fetch size (inline PTX: LLVM has no such load)."""
+    """A global vector load with an L2 fetch size or a cache operator (inline PTX: LLVM has
+    no such load)."""
     arr, idxs = ins.args[1], ins.args[2:]
     n, bits = size // 4, 32  # 4, 8 or 16 bytes: 1, 2 or 4 words
     ty = ir.IntType(bits)
     dst = ", ".join(f"${k}" for k in range(n))
     vec = f"{{{dst}}}" if n > 1 else dst
     suffix = f".v{n}" if n > 1 else ""
-    text = f"ld.global.L2::{ins.attrs['l2']}B{suffix}.b{bits} {vec}, [${n}];"
+    cop = f".{ins.attrs['cache']}" if ins.attrs.get("cache") else ""
+    l2 = f".L2::{ins.attrs['l2']}B" if ins.attrs.get("l2") else ""
+    text = f"ld.global{cop}{l2}{suffix}.b{bits} {vec}, [${n}];"
     ret = ty if n == 1 else ir.LiteralStructType([ty] * n)
     ptr = g.b.ptrtoint(address(g, arr, idxs), I64)
     out = g.asm(text, ",".join(["=r"] * n + ["l", "~{memory}"]), ret, [ptr], EFFECTS, effects=True)

@@ -62,12 +62,13 @@ def _vec_suffix(n: int) -> str:
 
 @LOWERING.register("ld_vec")
 def lower_ld_vec(e, ins: Instr) -> None:
-    """``ld.{space}.v{n}.b{w} {regs}, [addr]``."""
+    """``ld.{space}[.cop][.L2::size].v{n}.b{w} {regs}, [addr]``."""
     frag, arr, *idxs = ins.args
     words, w = _words(e, frag, "kaio.load_vector()", load=True)
     addr = address(e, arr, idxs)
     l2 = f".L2::{ins.attrs['l2']}B" if ins.attrs.get("l2") else ""
-    e.line(f"ld.{SPACE[arr.space]}{l2}{_vec_suffix(len(words))}.b{w} {_vector(words)}, {addr}")
+    cop = f".{ins.attrs['cache']}" if ins.attrs.get("cache") else ""
+    e.line(f"ld.{SPACE[arr.space]}{cop}{l2}{_vec_suffix(len(words))}.b{w} {_vector(words)}, {addr}")
     _unpack(e, frag, words)
 
 
