@@ -88,6 +88,7 @@ ORIG_TILES = getattr(decode, "CLUSTER_TILES", 8)
 ORIG_PAGED_TILES = getattr(decode, "PAGED_CLUSTER_TILES", 8)
 ORIG_WINDOW = getattr(decode, "PAGE_WINDOW", False)
 ORIG_SPREAD = getattr(decode, "SPREAD", 0)
+ORIG_CLUSTERS = getattr(decode, "CLUSTERS", (2, 4, 8, 16))
 ORIG_PAGES = getattr(decode, "WHOLE_PAGES", False)
 ORIG_MIN_BATCH = getattr(decode, "PAGE_MIN_BATCH", 0)
 ORIG_PAGE_SPEC = getattr(decode, "PAGE_SPEC", False)
@@ -117,6 +118,7 @@ def restore():
     decode.PAGE_WINDOW = ORIG_WINDOW
     decode.SPECULATE = ORIG_SPEC
     decode.SPREAD = ORIG_SPREAD
+    decode.CLUSTERS = ORIG_CLUSTERS
     decode.WHOLE_PAGES = ORIG_PAGES
     decode.PAGE_MIN_BATCH = ORIG_MIN_BATCH
     decode.PAGE_SPEC = ORIG_PAGE_SPEC
@@ -248,8 +250,10 @@ def force(
     page_splits=None,
     page_stages=None,
     page_spec=None,
+    cl=None,
 ):
-    """Module defaults but for what is named (cluster: None = the module's choice; window:
+    """Module defaults but for what is named (cl: clusters of exactly this size, forced,
+    with cluster=True) (cluster: None = the module's choice; window:
     the paged block-table window on or off; spread: the cluster merge's least shared
     memory a block, SPREAD)."""
     restore()
@@ -273,6 +277,8 @@ def force(
         decode.CLUSTER_CHECK = not cluster  # forced: measured even where clusters would queue
         decode.CLUSTER_TILES = 1 << 30 if cluster else ORIG_TILES
         decode.PAGED_CLUSTER_TILES = 1 << 30 if cluster else ORIG_PAGED_TILES
+    if cl is not None:
+        decode.CLUSTERS = (cl,)
     if splits is not None:
         decode.splits_for = lambda *a, s=splits: s
     if stages is not None:
@@ -1330,6 +1336,81 @@ def round_s(budget: float):
         del sets
 
 
+CL_SIZES = (8, 12, 14, 16)  # round d's cluster sizes (any 2 .. 16: the splits of a head)
+
+
+def cluster_residency():
+    """max_active_clusters of decode_fwd (D 128, one M-tile, SPREAD shared memory: a block
+    a multiprocessor) for round d's sizes, both layouts."""
+    for paged in (False, True):
+        for cl in CL_SIZES:
+            st = decode.deep_stages(128, 1)
+            shared = max(decode.shared_bytes(128, 1, st), decode.SPREAD)
+            try:
+                n = decode.DECODE.max_active_clusters(
+                    dk.THREADS, shared, DP=128, MT=1, PAGED=paged, DIRECT=False, FUSED=False,
+                    STAGES=st, CL=cl, DT=f16, PW=int(paged), SPEC=0,
+                )  # fmt: skip
+            except Exception as e:  # noqa: BLE001
+                n = f"{type(e).__name__}: {e}"[:120]
+            print(f"resident clusters of {cl} (paged={paged}, {shared} B shared): {n}")
+
+
+def round_d(budget: float):
+    """B = 1 (dec34, round A of 2026-11-27): clusters of 8, 12, 14 and 16 splits (a block a
+    multiprocessor: how many SMs the grid covers against the merge's cost), the fused global
+    merge over 12 to 32 splits, its forward alone (the separate merge kernel's split), against
+    SDPA and the default; B16 at 1k keys and paged at 4k over 2 splits (kernel times)."""
+    cluster_residency()
+    cases = (
+        (1, 4096, ("c8", "c12", "c14", "c16", "g16", "g16s3", "g12", "g24s3", "u16")),
+        (1, 32768, ("c8", "c12", "c14", "c16", "g16", "g16s3", "g24s3", "g32s2", "u16")),
+        (1, 1024, ("c8", "c12", "c14", "c16", "g16")),
+        (16, 1024, ("g2s3",)),
+        (16, 4096, ("g2s3",)),
+    )
+    for b, _length, (variants,), sets, lens, label in shapes(cases, budget):
+        show(f"{label} kaio contiguous default", kernel_times(run_kaio_contig(lens), sets))
+        show(f"{label} kaio paged default", kernel_times(run_kaio(lens), sets))
+        for var in variants:
+            cfg = variant(var)
+            show(f"{label} kaio contiguous {var}", kernel_times(run_kaio_contig(lens, **cfg), sets))
+            if b > 1 or var in ("c12", "c14", "c16", "g16", "g24s3"):
+                show(f"{label} kaio paged {var}", kernel_times(run_kaio(lens, **cfg), sets))
+
+
+def variant(name: str) -> dict:
+    """force()'s settings for a round d variant: cN clusters of N (4 stages), gN[sS] N splits
+    through the fused global merge (S stages), uN the same through the merge kernel."""
+    if name[0] == "c":
+        return {"splits": int(name[1:]), "cluster": True, "cl": int(name[1:])}
+    n, _, st = name[1:].partition("s")
+    cfg = {"splits": int(n), "cluster": False, "stages": int(st) if st else None}
+    if name[0] == "u":
+        cfg["unfused"] = True
+    return cfg
+
+
+def warm_d():
+    """What round d launches: decode_fwd at D 128 f16, one M-tile, both layouts: clusters of
+    CL_SIZES at 4 stages, the fused merge at 2, 3 and 4, the separate merge, one split."""
+    out = [(probe_mark, {}), (decode.MERGE, {"DP": 128, "MT": 1, "DT": f16})]
+    for paged in (False, True):
+        c = {"DP": 128, "MT": 1, "PAGED": paged, "DT": f16, "PW": int(paged)}
+        for cl in CL_SIZES:
+            flags = {"DIRECT": False, "FUSED": False, "SPEC": 0, "CL": cl, "STAGES": 4}
+            out.append((decode.DECODE, {**c, **flags}))
+        for st in (2, 3, 4):
+            flags = {"DIRECT": False, "FUSED": True, "SPEC": 0, "CL": 1, "STAGES": st}
+            out.append((decode.DECODE, {**c, **flags}))
+        out.append((decode.DECODE, {**c, "DIRECT": False, "FUSED": False, "SPEC": 0, "CL": 1,
+                                    "STAGES": 4}))  # fmt: skip
+        one = decode.one_split_stages(128, 1, paged)
+        flags = {"DIRECT": True, "FUSED": False, "SPEC": decode.speculates(paged), "CL": 1}
+        out.append((decode.DECODE, {**c, **flags, "STAGES": one}))
+    return out
+
+
 ROUNDS = {  # argument: (round, its default time budget in seconds)
     "p": (round_p, 30),
     "t": (round_t, 30),
@@ -1343,11 +1424,13 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "h": (round_h, 25),
     "bn": (round_bn, 25),
     "c": (round_c, 25),
+    "d": (round_d, 30),
 }
 WARMS = {
     "warm": warm_list,
     "warm_few": warm_few,
     "warm_c": warm_c,
+    "warm_d": warm_d,
     "warm_p": warm_p,
     "warm_t": warm_t,
     "warm_v": warm_v,
