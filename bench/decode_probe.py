@@ -1363,13 +1363,13 @@ def round_d(budget: float):
     SDPA and the default; B16 at 1k keys and paged at 4k over 2 splits (kernel times)."""
     cluster_residency()
     cases = (
-        (1, 4096, ("c8", "c12", "c14", "c16", "g16", "g16s3", "g12", "g24s3", "u16")),
+        (1, 4096, ("c8", "c12", "c14", "c16", "c14s5", "g16", "g16s3", "g12", "g24s3", "u16")),
         (1, 32768, ("c8", "c12", "c14", "c16", "g16", "g16s3", "g24s3", "g32s2", "u16")),
         (1, 1024, ("c8", "c12", "c14", "c16", "g16")),
         (16, 1024, ("g2s3",)),
         (16, 4096, ("g2s3",)),
     )
-    for b, _length, (variants,), sets, lens, label in shapes(cases, budget):
+    for b, length, (variants,), sets, lens, label in shapes(cases, budget):
         show(f"{label} kaio contiguous default", kernel_times(run_kaio_contig(lens), sets))
         show(f"{label} kaio paged default", kernel_times(run_kaio(lens), sets))
         for var in variants:
@@ -1377,15 +1377,26 @@ def round_d(budget: float):
             show(f"{label} kaio contiguous {var}", kernel_times(run_kaio_contig(lens, **cfg), sets))
             if b > 1 or var in ("c12", "c14", "c16", "g16", "g24s3"):
                 show(f"{label} kaio paged {var}", kernel_times(run_kaio(lens, **cfg), sets))
+        if b == 1 and length == 4096:  # the fixed cost: lengths 0 and 64 in the same grids
+            for n in (0, 64):
+                short = torch.full((b,), n, device="cuda", dtype=torch.int32)
+                for var in ("c8", "c14", "g16"):
+                    show(
+                        f"{label} len={n} kaio contiguous {var}",
+                        kernel_times(run_kaio_contig(short, **variant(var)), sets),
+                    )
+            tiny = torch.zeros(1, device="cuda")
+            show("floor empty-ish torch kernel", kernel_times(lambda *_, t=tiny: t.add_(1), sets))
 
 
 def variant(name: str) -> dict:
     """force()'s settings for a round d variant: cN clusters of N (4 stages), gN[sS] N splits
     through the fused global merge (S stages), uN the same through the merge kernel."""
-    if name[0] == "c":
-        return {"splits": int(name[1:]), "cluster": True, "cl": int(name[1:])}
     n, _, st = name[1:].partition("s")
-    cfg = {"splits": int(n), "cluster": False, "stages": int(st) if st else None}
+    stages = int(st) if st else None
+    if name[0] == "c":
+        return {"splits": int(n), "cluster": True, "cl": int(n), "stages": stages}
+    cfg = {"splits": int(n), "cluster": False, "stages": stages}
     if name[0] == "u":
         cfg["unfused"] = True
     return cfg
@@ -1399,6 +1410,9 @@ def warm_d():
         c = {"DP": 128, "MT": 1, "PAGED": paged, "DT": f16, "PW": int(paged)}
         for cl in CL_SIZES:
             flags = {"DIRECT": False, "FUSED": False, "SPEC": 0, "CL": cl, "STAGES": 4}
+            out.append((decode.DECODE, {**c, **flags}))
+        if not paged:
+            flags = {"DIRECT": False, "FUSED": False, "SPEC": 0, "CL": 14, "STAGES": 5}
             out.append((decode.DECODE, {**c, **flags}))
         for st in (2, 3, 4):
             flags = {"DIRECT": False, "FUSED": True, "SPEC": 0, "CL": 1, "STAGES": st}
