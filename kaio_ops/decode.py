@@ -51,6 +51,9 @@ CLUSTER_TILES = 64  # the most key tiles a split of the cluster merge takes (mea
 PAGED_CLUSTER_TILES = 16  # the same over a paged cache (measured: ``plan_grid``)
 PAGE_WINDOW = True  # paged: pages from a window of the block table across a warp's lanes
 SPECULATE = True  # one split: the first K/V copies before the length is read (SPEC)
+# several splits over a contiguous cache: the splits take every splits-th key tile, so a
+# block's first tiles are known, and copied, before the length is read (SPEC)
+SPLIT_SPEC = False
 
 # paged: a block a (key split, sequence) over all K/V heads, reading whole pages
 # (``decode_pages``), for the K/V head counts PAGE_HEADS, from PAGE_MIN_BATCH sequences on.
@@ -173,7 +176,7 @@ def plan_grid(like, kernel, blocks: int, tiles: int, dp: int, mt: int, paged: bo
         consts = {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": stages, "CL": cl, "DT": like.dtype}
         if dev is None or not CLUSTER_CHECK:
             return cl, stages, cl, shared
-        consts |= {"PW": int(PAGE_WINDOW and paged), "SPEC": 0}
+        consts |= {"PW": int(PAGE_WINDOW and paged), "SPEC": speculates(paged, cl)}
         key = (like.device, tuple(sorted(consts.items())), shared)
         have = _RESIDENT.get(key)
         if have is None:
@@ -185,12 +188,17 @@ def plan_grid(like, kernel, blocks: int, tiles: int, dp: int, mt: int, paged: bo
     return plain
 
 
-def speculates(paged: bool) -> int:
-    """``decode_fwd``'s SPEC for a grid of one split (SPECULATE): over a paged cache read
-    through the block-table window (PAGE_WINDOW), the length and the window's load then in
-    flight together. Measured on an H100 (kernel time, paged, on / off): B = 16 at 1k, 4k
-    and 32k keys 26.2 / 26.4, 92.8 / 92.9 and 706.7 / 707.6 us, B = 64 at 1k 93.7 / 94.4;
-    contiguous it was no faster (25.9 / 25.4 us at B = 16, 1k keys)."""
+def speculates(paged: bool, splits: int = 1) -> int:
+    """``decode_fwd``'s SPEC for a grid of ``splits`` key splits. One split (SPECULATE):
+    over a paged cache read through the block-table window (PAGE_WINDOW), the length and
+    the window's load then in flight together. Measured on an H100 (kernel time, paged, on /
+    off): B = 16 at 1k, 4k and 32k keys 26.2 / 26.4, 92.8 / 92.9 and 706.7 / 707.6 us, B =
+    64 at 1k 93.7 / 94.4; contiguous it was no faster (25.9 / 25.4 us at B = 16, 1k keys).
+    Several splits (SPLIT_SPEC): over a contiguous cache only (the window takes tiles in
+    order), split s then takes key tiles s, s + splits, ... (its first ones copied before
+    the length is read)."""
+    if splits > 1:
+        return int(SPLIT_SPEC and not paged)
     return int(SPECULATE and PAGE_WINDOW and paged)
 
 
@@ -441,7 +449,7 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
         math.log2(math.e) * float(scale),
         DP=d, MT=mt, PAGED=cache.paged, STAGES=stages, DIRECT=direct, FUSED=fused, CL=cl,
         DT=qa.dtype, PW=int(PAGE_WINDOW and cache.paged),
-        SPEC=speculates(cache.paged) if direct else 0,
+        SPEC=speculates(cache.paged, splits),
     )  # fmt: skip
     if not (direct or fused or cl > 1):
         MERGE[blocks, dk.THREADS, stream, merge_shared(mt)](
@@ -548,12 +556,13 @@ def shipped():
                     base["PW"] = int(PAGE_WINDOW and paged)
                     for direct, fused in ((True, False), (False, False), (False, True)):
                         flags = {**base, "DIRECT": direct, "FUSED": fused, "CL": 1}
-                        flags["SPEC"] = speculates(paged) if direct else 0
+                        flags["SPEC"] = speculates(paged, 1 if direct else 2)
                         one = one_split_stages(dp, mt, paged)
                         for stages in sorted({stages_for(dp, mt), deep_stages(dp, mt), one}):
                             yield DECODE, {**flags, "STAGES": stages}
                     # merged through a cluster (sm_90), a block a multiprocessor
-                    flags = {**base, "DIRECT": False, "FUSED": False, "SPEC": 0}
+                    flags = {**base, "DIRECT": False, "FUSED": False}
+                    flags["SPEC"] = speculates(paged, 2)
                     for cl in CLUSTERS:
                         yield DECODE, {**flags, "STAGES": deep_stages(dp, mt), "CL": cl}
         for dp in DIMS:
