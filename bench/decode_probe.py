@@ -83,6 +83,7 @@ ORIG = {
     if hasattr(decode, n)
 }
 ORIG_SPEC = getattr(decode, "SPECULATE", False)
+ORIG_SPLIT_SPEC = getattr(decode, "SPLIT_SPEC", False)
 ORIG_CLUSTER = getattr(decode, "CLUSTER_MERGE", False)
 ORIG_TILES = getattr(decode, "CLUSTER_TILES", 8)
 ORIG_PAGED_TILES = getattr(decode, "PAGED_CLUSTER_TILES", 8)
@@ -117,6 +118,7 @@ def restore():
     decode.PAGED_CLUSTER_TILES = ORIG_PAGED_TILES
     decode.PAGE_WINDOW = ORIG_WINDOW
     decode.SPECULATE = ORIG_SPEC
+    decode.SPLIT_SPEC = ORIG_SPLIT_SPEC
     decode.SPREAD = ORIG_SPREAD
     decode.CLUSTERS = ORIG_CLUSTERS
     decode.WHOLE_PAGES = ORIG_PAGES
@@ -251,6 +253,7 @@ def force(
     page_stages=None,
     page_spec=None,
     cl=None,
+    split_spec=None,
 ):
     """Module defaults but for what is named (cl: clusters of exactly this size, forced,
     with cluster=True) (cluster: None = the module's choice; window:
@@ -279,6 +282,8 @@ def force(
         decode.PAGED_CLUSTER_TILES = 1 << 30 if cluster else ORIG_PAGED_TILES
     if cl is not None:
         decode.CLUSTERS = (cl,)
+    if split_spec is not None:
+        decode.SPLIT_SPEC = split_spec
     if splits is not None:
         decode.splits_for = lambda *a, s=splits: s
     if stages is not None:
@@ -1363,13 +1368,39 @@ def round_d(budget: float):
     SDPA and the default; B16 at 1k keys and paged at 4k over 2 splits (kernel times)."""
     cluster_residency()
     cases = (
-        (1, 4096, ("c8", "c12", "c14", "c16", "c14s5", "g16", "g16s3", "g12", "g24s3", "u16")),
+        (
+            1,
+            4096,
+            (
+                "c8",
+                "c12",
+                "c14",
+                "c16",
+                "c14s5",
+                "g16",
+                "g16s3",
+                "g12",
+                "g24s3",
+                "u16",
+                "c8x",
+                "c14x",
+                "c16x",
+                "g16x",
+            ),
+        ),  # fmt: skip
         (1, 32768, ("c8", "c12", "c14", "c16", "g16", "g16s3", "g24s3", "g32s2", "u16")),
-        (1, 1024, ("c8", "c12", "c14", "c16", "g16")),
+        (1, 1024, ("c8", "c12", "c14", "c16", "g16", "c8x", "c14x")),
         (16, 1024, ("g2s3",)),
         (16, 4096, ("g2s3",)),
     )
     for b, length, (variants,), sets, lens, label in shapes(cases, budget):
+        for var in (v for v in variants if v.endswith("x")):  # the new path's error
+            q, k, v, *_ = sets[0]
+            out = run_kaio_contig(lens, **variant(var))(*sets[0])[0]
+            ref = sdpa(q.float(), k.float(), v.float(), enable_gqa=True)
+            err = ((out.float() - ref).norm() / ref.norm()).item()
+            print(f"{label} contiguous {var} rel err {err:.1e}", flush=True)
+            restore()
         show(f"{label} kaio contiguous default", kernel_times(run_kaio_contig(lens), sets))
         show(f"{label} kaio paged default", kernel_times(run_kaio(lens), sets))
         for var in variants:
@@ -1391,12 +1422,16 @@ def round_d(budget: float):
 
 def variant(name: str) -> dict:
     """force()'s settings for a round d variant: cN clusters of N (4 stages), gN[sS] N splits
-    through the fused global merge (S stages), uN the same through the merge kernel."""
+    through the fused global merge (S stages), uN the same through the merge kernel; a
+    trailing "x": SPLIT_SPEC (round-robin tiles, the first copies before the length)."""
+    spec = name.endswith("x")
+    name = name.rstrip("x")
     n, _, st = name[1:].partition("s")
     stages = int(st) if st else None
     if name[0] == "c":
-        return {"splits": int(n), "cluster": True, "cl": int(n), "stages": stages}
-    cfg = {"splits": int(n), "cluster": False, "stages": stages}
+        return {"splits": int(n), "cluster": True, "cl": int(n), "stages": stages,
+                "split_spec": spec}  # fmt: skip
+    cfg = {"splits": int(n), "cluster": False, "stages": stages, "split_spec": spec}
     if name[0] == "u":
         cfg["unfused"] = True
     return cfg
@@ -1413,6 +1448,11 @@ def warm_d():
             out.append((decode.DECODE, {**c, **flags}))
         if not paged:
             flags = {"DIRECT": False, "FUSED": False, "SPEC": 0, "CL": 14, "STAGES": 5}
+            out.append((decode.DECODE, {**c, **flags}))
+            for cl in (8, 14, 16):  # SPLIT_SPEC
+                flags = {"DIRECT": False, "FUSED": False, "SPEC": 1, "CL": cl, "STAGES": 4}
+                out.append((decode.DECODE, {**c, **flags}))
+            flags = {"DIRECT": False, "FUSED": True, "SPEC": 1, "CL": 1, "STAGES": 4}
             out.append((decode.DECODE, {**c, **flags}))
         for st in (2, 3, 4):
             flags = {"DIRECT": False, "FUSED": True, "SPEC": 0, "CL": 1, "STAGES": st}
