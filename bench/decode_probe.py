@@ -114,6 +114,7 @@ def restore():
         setattr(decode, n, f)
     decode.CLUSTER_MERGE = ORIG_CLUSTER
     decode.CLUSTER_CHECK = True
+    decode.CLUSTER_BANDWIDTH = True
     decode.CLUSTER_TILES = ORIG_TILES
     decode.PAGED_CLUSTER_TILES = ORIG_PAGED_TILES
     decode.PAGE_WINDOW = ORIG_WINDOW
@@ -278,6 +279,7 @@ def force(
     if cluster is not None:
         decode.CLUSTER_MERGE = cluster
         decode.CLUSTER_CHECK = not cluster  # forced: measured even where clusters would queue
+        decode.CLUSTER_BANDWIDTH = not cluster
         decode.CLUSTER_TILES = 1 << 30 if cluster else ORIG_TILES
         decode.PAGED_CLUSTER_TILES = 1 << 30 if cluster else ORIG_PAGED_TILES
     if cl is not None:

@@ -410,7 +410,7 @@ def test_split_heuristic_fills_the_gpu():
     assert decode.splits_for(8, 1, 132) == 1  # one tile: one split
 
 
-def test_cluster_merge_takes_short_splits_one_block_a_multiprocessor():
+def test_cluster_merge_takes_short_splits_one_block_a_multiprocessor(monkeypatch):
     # in the simulator every cluster is resident: B = 1 at 4k and 1k keys merge through
     # clusters (16 and 8 splits, four K/V stages, shared memory over half a multiprocessor);
     # splits of more than 64 tiles and grids of more than a block a multiprocessor do not
@@ -431,6 +431,14 @@ def test_cluster_merge_takes_short_splits_one_block_a_multiprocessor():
         assert paged(128, 64)[:3] == (1, 4, 1)
         # paged: splits of up to 16 tiles through a cluster, longer ones the global merge
         assert paged(8, 64)[2] > 1 and paged(8, 512)[:3] == (16, 4, 1)
+    # on a GPU whose memory outruns a cluster's SMs (an H200's 4.9 TB/s; an H100's 3.35 do
+    # not), splits of over 16 tiles take every SM: the global merge
+    for peak, long_cl in ((4.9e12, 1), (3.35e12, 8)):
+        monkeypatch.setattr(decode, "memory_bandwidth", lambda _, p=peak: p)
+        monkeypatch.setattr(decode, "CLUSTERS", (2, 4, 8))
+        with kaio.simulate():
+            assert plan(8, 512)[:3] == ((16, 4, 1) if long_cl == 1 else (8, 4, 8))
+            assert plan(8, 128)[2] == 8 and plan(8, 64)[2] == 8  # 16 and 8 tiles a split
 
 
 # --------------------------------------------------------------------------- input checks
