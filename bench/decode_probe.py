@@ -1422,6 +1422,39 @@ def round_d(budget: float):
             show("floor empty-ish torch kernel", kernel_times(lambda *_, t=tiny: t.add_(1), sets))
 
 
+def round_e(budget: float):
+    """dec34 round B of 2026-11-27: the plan's memory-speed rule (``decode.streams_fast``)
+    on this GPU, B = 1 at 1k to 32k keys and B = 4 at 4k: the default against clusters of
+    8 (main's plan), the global merge over 16 splits, each with SPLIT_SPEC (x), SDPA; the
+    fixed cost (length 0) of one split, clusters of 8 and the global merge."""
+    like = decode._arrays.Inputs("probe").array(torch.zeros(1, 1, device="cuda").half(), "x")
+    peak = decode.memory_bandwidth(like)
+    print(f"memory bandwidth {peak}, 64 blocks stream fast: {decode.streams_fast(like, 64)}")
+    cases = (
+        (1, 32768, ("c8", "g16", "c8x", "g16x")),
+        (1, 4096, ("c8", "c8x", "g16", "g16x")),
+        (1, 16384, ("c8", "g16")),
+        (1, 8192, ("c8", "g16")),
+        (1, 1024, ("c8", "c8x")),
+        (4, 4096, ("c4", "c4x", "g4")),
+    )
+    for b, length, (variants,), sets, lens, label in shapes(cases, budget):
+        show(f"{label} kaio contiguous default", kernel_times(run_kaio_contig(lens), sets))
+        show(f"{label} kaio paged default", kernel_times(run_kaio(lens), sets))
+        for var in variants:
+            cfg = variant(var)
+            show(f"{label} kaio contiguous {var}", kernel_times(run_kaio_contig(lens, **cfg), sets))
+            if var in ("c8", "g16") and length >= 16384:
+                show(f"{label} kaio paged {var}", kernel_times(run_kaio(lens, **cfg), sets))
+        if b == 1 and length == 4096:  # the fixed cost: length 0 in the same grids
+            zero = torch.zeros((b,), device="cuda", dtype=torch.int32)
+            for var in ("c8", "c8x", "g16", "g1"):
+                show(
+                    f"{label} len=0 kaio contiguous {var}",
+                    kernel_times(run_kaio_contig(zero, **variant(var)), sets),
+                )
+
+
 def variant(name: str) -> dict:
     """force()'s settings for a round d variant: cN clusters of N (4 stages), gN[sS] N splits
     through the fused global merge (S stages), uN the same through the merge kernel; a
@@ -1437,6 +1470,25 @@ def variant(name: str) -> dict:
     if name[0] == "u":
         cfg["unfused"] = True
     return cfg
+
+
+def warm_e():
+    """What round e launches (and bench/decode.py's B = 1 defaults): decode_fwd at D 128
+    f16, one M-tile: clusters of 4 and 8 with SPEC on and off, the fused merge at 4 stages
+    on and off, one split, both layouts."""
+    out = [(probe_mark, {})]
+    for paged in (False, True):
+        c = {"DP": 128, "MT": 1, "PAGED": paged, "DT": f16, "PW": int(paged), "STAGES": 4}
+        for spec in (0, 1) if not paged else (0,):
+            for cl in (4, 8):
+                out.append((decode.DECODE, {**c, "DIRECT": False, "FUSED": False, "SPEC": spec,
+                                            "CL": cl}))  # fmt: skip
+            out.append((decode.DECODE, {**c, "DIRECT": False, "FUSED": True, "SPEC": spec,
+                                        "CL": 1}))  # fmt: skip
+        one = decode.one_split_stages(128, 1, paged)
+        flags = {"DIRECT": True, "FUSED": False, "SPEC": decode.speculates(paged), "CL": 1}
+        out.append((decode.DECODE, {**c, **flags, "STAGES": one}))
+    return out
 
 
 def warm_d():
@@ -1481,12 +1533,14 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "bn": (round_bn, 25),
     "c": (round_c, 25),
     "d": (round_d, 30),
+    "e": (round_e, 25),
 }
 WARMS = {
     "warm": warm_list,
     "warm_few": warm_few,
     "warm_c": warm_c,
     "warm_d": warm_d,
+    "warm_e": warm_e,
     "warm_p": warm_p,
     "warm_t": warm_t,
     "warm_v": warm_v,
