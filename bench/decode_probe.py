@@ -1455,6 +1455,33 @@ def round_e(budget: float):
                 )
 
 
+def round_f(budget: float):
+    """dec34 round D of 2026-11-27: each suite shape's default, both layouts, against SDPA
+    (kernel times); run once with PROBE_BASE (main's kaio_ops) and once without, the same
+    GPU one after the other."""
+    tag = "BASE " if os.environ.get("PROBE_BASE") else ""
+    print(f"{tag}kaio_ops from {os.path.dirname(decode.__file__)}", flush=True)
+    cases = ((1, 4096), (1, 32768), (16, 1024), (16, 4096), (64, 1024), (1, 1024))
+    for _b, _length, _, sets, lens, label in shapes(cases, budget):
+        show(f"{tag}{label} kaio contiguous", kernel_times(run_kaio_contig(lens), sets))
+        show(f"{tag}{label} kaio paged", kernel_times(run_kaio(lens), sets))
+
+
+def warm_f():
+    """What round f launches: the defaults of its shapes (D 128 f16, one M-tile)."""
+    out = [(probe_mark, {})]
+    for paged in (False, True):
+        c = {"DP": 128, "MT": 1, "PAGED": paged, "DT": f16, "PW": int(paged)}
+        out.append((decode.DECODE, {**c, "DIRECT": False, "FUSED": False, "SPEC": 0, "CL": 8,
+                                    "STAGES": 4}))  # fmt: skip
+        out.append((decode.DECODE, {**c, "DIRECT": False, "FUSED": True, "SPEC": 0, "CL": 1,
+                                    "STAGES": 4}))  # fmt: skip
+        for st in {decode.one_split_stages(128, 1, paged), decode.stages_for(128, 1)}:
+            flags = {"DIRECT": True, "FUSED": False, "SPEC": decode.speculates(paged), "CL": 1}
+            out.append((decode.DECODE, {**c, **flags, "STAGES": st}))
+    return out
+
+
 def variant(name: str) -> dict:
     """force()'s settings for a round d variant: cN clusters of N (4 stages), gN[sS] N splits
     through the fused global merge (S stages), uN the same through the merge kernel; a
@@ -1534,6 +1561,7 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "c": (round_c, 25),
     "d": (round_d, 30),
     "e": (round_e, 25),
+    "f": (round_f, 25),
 }
 WARMS = {
     "warm": warm_list,
@@ -1541,6 +1569,7 @@ WARMS = {
     "warm_c": warm_c,
     "warm_d": warm_d,
     "warm_e": warm_e,
+    "warm_f": warm_f,
     "warm_p": warm_p,
     "warm_t": warm_t,
     "warm_v": warm_v,
