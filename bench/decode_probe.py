@@ -7,6 +7,8 @@ than the L2 cache.
 
     python3 bench/decode_probe.py [warm | b | ncu | s | w | x | a | h | bn | c | p | q | r [SEC]]
     python3 bench/decode_probe.py t | v [SECONDS]  # page orders (dec34)
+    python3 bench/decode_probe.py warm_d | warm_e | warm_f [SECONDS]; then d | e | f  # dec34
+    PROBE_BASE=1 PYTHONPATH=/main/checkout python3 bench/decode_probe.py f  # main's defaults
     python3 bench/decode_probe.py warm_p [SECONDS]  # the kernels of p and r
     python3 bench/decode_probe.py warm_t | warm_v [SECONDS]  # the kernels of t / v
     python3 bench/decode_probe.py warm_few | warm_c [SECONDS]  # the kernels of a, h / c
@@ -37,7 +39,12 @@ translations of pages ahead touched (``head_stream``'s TOUCH); ``q`` the paged s
 with ragged lengths and determinism. ``t`` and ``v`` (dec34) read one pool with its
 pages in several orders (``page_orders``: shuffled, each sequence's table ascending, sorted
 within 32 entries, shuffled within 2 MB, 2 MB chunks shuffled, in order): kaio's paged
-kernel and its copy floor on each, beside SDPA and the contiguous cache.
+kernel and its copy floor on each, beside SDPA and the contiguous cache. ``d`` (dec34,
+2026-11-27): B = 1 through clusters of 8, 12, 14 and 16 (the driver's residency for each),
+the global merge's split counts, the splits' first copies before the length (SPLIT_SPEC)
+and lengths 0 and 64 in the same grids (the fixed cost); ``e``: the memory-speed rule
+(``decode.streams_fast``) at B = 1 from 1k to 32k keys and B = 4; ``f``: each suite
+shape's default, both layouts, against SDPA (with PROBE_BASE: main's).
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ while tile t is used. The scores and the online softmax are those of
 then merge through shared memory.
 
 Lengths are read on the GPU: ``seq_lens[b]`` (clamped to 0 .. capacity) fixes the key tiles,
-split evenly over the grid's x blocks, so the grid depends only on the capacity and the GPU
+split evenly over the grid's x blocks (in runs; with ``SPEC``, every splits-th tile a
+block), so the grid depends only on the capacity and the GPU
 (a CUDA graph replays for any lengths); blocks past a sequence's end do no K/V work. New
 token i of the ``sq`` sits at position len - sq + i and sees keys up to its own. With one
 split the block writes the output and the logsumexp. With several, the splits of a row
