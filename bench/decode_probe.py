@@ -1465,13 +1465,21 @@ def round_e(budget: float):
 def round_f(budget: float):
     """dec34 round D of 2026-11-27: each suite shape's default, both layouts, against SDPA
     (kernel times); run once with PROBE_BASE (main's kaio_ops) and once without, the same
-    GPU one after the other."""
+    GPU one after the other (without: also B1 L32768 through clusters of 8 and the global
+    merge over 16 splits, the memory-speed rule's two plans)."""
     tag = "BASE " if os.environ.get("PROBE_BASE") else ""
     print(f"{tag}kaio_ops from {os.path.dirname(decode.__file__)}", flush=True)
     cases = ((1, 4096), (1, 32768), (16, 1024), (16, 4096), (64, 1024), (1, 1024))
-    for _b, _length, _, sets, lens, label in shapes(cases, budget):
+    for b, length, _, sets, lens, label in shapes(cases, budget):
         show(f"{tag}{label} kaio contiguous", kernel_times(run_kaio_contig(lens), sets))
         show(f"{tag}{label} kaio paged", kernel_times(run_kaio(lens), sets))
+        if not tag and b == 1 and length == 32768:  # the memory-speed rule's two plans
+            for var in ("c8", "g16"):
+                cfg = variant(var)
+                show(
+                    f"{label} kaio contiguous {var}",
+                    kernel_times(run_kaio_contig(lens, **cfg), sets),
+                )
 
 
 def warm_f():
