@@ -60,7 +60,9 @@ STREAM_SHARE = 0.85
 PAGE_WINDOW = True  # paged: pages from a window of the block table across a warp's lanes
 SPECULATE = True  # one split: the first K/V copies before the length is read (SPEC)
 # several splits over a contiguous cache: the splits take every splits-th key tile, so a
-# block's first tiles are known, and copied, before the length is read (SPEC)
+# block's first tiles are known, and copied, before the length is read (SPEC). Off: on an
+# H100 B1 L4096 took 10.40 us against 10.62 (inside the run-to-run spread) and a length of
+# 0 in a 4k cache 6.82 against 4.67 (the wasted copies); docs/performance.md, sixth pass
 SPLIT_SPEC = False
 
 # paged: a block a (key split, sequence) over all K/V heads, reading whole pages
