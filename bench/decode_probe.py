@@ -7,6 +7,8 @@ than the L2 cache.
 
     python3 bench/decode_probe.py [warm | b | ncu | s | w | x | a | h | bn | c | p | q | r [SEC]]
     python3 bench/decode_probe.py t | v [SECONDS]  # page orders (dec34)
+    python3 bench/decode_probe.py warm_d | warm_e | warm_f [SECONDS]; then d | e | f  # dec34
+    PROBE_BASE=1 PYTHONPATH=/main/checkout python3 bench/decode_probe.py f  # main's defaults
     python3 bench/decode_probe.py warm_p [SECONDS]  # the kernels of p and r
     python3 bench/decode_probe.py warm_t | warm_v [SECONDS]  # the kernels of t / v
     python3 bench/decode_probe.py warm_few | warm_c [SECONDS]  # the kernels of a, h / c
@@ -37,7 +39,12 @@ translations of pages ahead touched (``head_stream``'s TOUCH); ``q`` the paged s
 with ragged lengths and determinism. ``t`` and ``v`` (dec34) read one pool with its
 pages in several orders (``page_orders``: shuffled, each sequence's table ascending, sorted
 within 32 entries, shuffled within 2 MB, 2 MB chunks shuffled, in order): kaio's paged
-kernel and its copy floor on each, beside SDPA and the contiguous cache.
+kernel and its copy floor on each, beside SDPA and the contiguous cache. ``d`` (dec34,
+2026-11-27): B = 1 through clusters of 8, 12, 14 and 16 (the driver's residency for each),
+the global merge's split counts, the splits' first copies before the length (SPLIT_SPEC)
+and lengths 0 and 64 in the same grids (the fixed cost); ``e``: the memory-speed rule
+(``decode.streams_fast``) at B = 1 from 1k to 32k keys and B = 4; ``f``: each suite
+shape's default, both layouts, against SDPA (with PROBE_BASE: main's).
 """
 
 from __future__ import annotations
@@ -83,11 +90,13 @@ ORIG = {
     if hasattr(decode, n)
 }
 ORIG_SPEC = getattr(decode, "SPECULATE", False)
+ORIG_SPLIT_SPEC = getattr(decode, "SPLIT_SPEC", False)
 ORIG_CLUSTER = getattr(decode, "CLUSTER_MERGE", False)
 ORIG_TILES = getattr(decode, "CLUSTER_TILES", 8)
 ORIG_PAGED_TILES = getattr(decode, "PAGED_CLUSTER_TILES", 8)
 ORIG_WINDOW = getattr(decode, "PAGE_WINDOW", False)
 ORIG_SPREAD = getattr(decode, "SPREAD", 0)
+ORIG_CLUSTERS = getattr(decode, "CLUSTERS", (2, 4, 8, 16))
 ORIG_PAGES = getattr(decode, "WHOLE_PAGES", False)
 ORIG_MIN_BATCH = getattr(decode, "PAGE_MIN_BATCH", 0)
 ORIG_PAGE_SPEC = getattr(decode, "PAGE_SPEC", False)
@@ -112,11 +121,14 @@ def restore():
         setattr(decode, n, f)
     decode.CLUSTER_MERGE = ORIG_CLUSTER
     decode.CLUSTER_CHECK = True
+    decode.CLUSTER_BANDWIDTH = True
     decode.CLUSTER_TILES = ORIG_TILES
     decode.PAGED_CLUSTER_TILES = ORIG_PAGED_TILES
     decode.PAGE_WINDOW = ORIG_WINDOW
     decode.SPECULATE = ORIG_SPEC
+    decode.SPLIT_SPEC = ORIG_SPLIT_SPEC
     decode.SPREAD = ORIG_SPREAD
+    decode.CLUSTERS = ORIG_CLUSTERS
     decode.WHOLE_PAGES = ORIG_PAGES
     decode.PAGE_MIN_BATCH = ORIG_MIN_BATCH
     decode.PAGE_SPEC = ORIG_PAGE_SPEC
@@ -248,8 +260,11 @@ def force(
     page_splits=None,
     page_stages=None,
     page_spec=None,
+    cl=None,
+    split_spec=None,
 ):
-    """Module defaults but for what is named (cluster: None = the module's choice; window:
+    """Module defaults but for what is named (cl: clusters of exactly this size, forced,
+    with cluster=True) (cluster: None = the module's choice; window:
     the paged block-table window on or off; spread: the cluster merge's least shared
     memory a block, SPREAD)."""
     restore()
@@ -271,8 +286,13 @@ def force(
     if cluster is not None:
         decode.CLUSTER_MERGE = cluster
         decode.CLUSTER_CHECK = not cluster  # forced: measured even where clusters would queue
+        decode.CLUSTER_BANDWIDTH = not cluster
         decode.CLUSTER_TILES = 1 << 30 if cluster else ORIG_TILES
         decode.PAGED_CLUSTER_TILES = 1 << 30 if cluster else ORIG_PAGED_TILES
+    if cl is not None:
+        decode.CLUSTERS = (cl,)
+    if split_spec is not None:
+        decode.SPLIT_SPEC = split_spec
     if splits is not None:
         decode.splits_for = lambda *a, s=splits: s
     if stages is not None:
@@ -1330,6 +1350,217 @@ def round_s(budget: float):
         del sets
 
 
+CL_SIZES = (8, 12, 14, 16)  # round d's cluster sizes (any 2 .. 16: the splits of a head)
+
+
+def cluster_residency():
+    """max_active_clusters of decode_fwd (D 128, one M-tile, SPREAD shared memory: a block
+    a multiprocessor) for round d's sizes, both layouts."""
+    for paged in (False, True):
+        for cl in CL_SIZES:
+            st = decode.deep_stages(128, 1)
+            shared = max(decode.shared_bytes(128, 1, st), decode.SPREAD)
+            try:
+                n = decode.DECODE.max_active_clusters(
+                    dk.THREADS, shared, DP=128, MT=1, PAGED=paged, DIRECT=False, FUSED=False,
+                    STAGES=st, CL=cl, DT=f16, PW=int(paged), SPEC=0,
+                )  # fmt: skip
+            except Exception as e:  # noqa: BLE001
+                n = f"{type(e).__name__}: {e}"[:120]
+            print(f"resident clusters of {cl} (paged={paged}, {shared} B shared): {n}")
+
+
+def round_d(budget: float):
+    """B = 1 (dec34, round A of 2026-11-27): clusters of 8, 12, 14 and 16 splits (a block a
+    multiprocessor: how many SMs the grid covers against the merge's cost), the fused global
+    merge over 12 to 32 splits, its forward alone (the separate merge kernel's split), against
+    SDPA and the default; B16 at 1k keys and paged at 4k over 2 splits (kernel times)."""
+    cluster_residency()
+    cases = (
+        (
+            1,
+            4096,
+            (
+                "c8",
+                "c12",
+                "c14",
+                "c16",
+                "c14s5",
+                "g16",
+                "g16s3",
+                "g12",
+                "g24s3",
+                "u16",
+                "c8x",
+                "c14x",
+                "c16x",
+                "g16x",
+            ),
+        ),  # fmt: skip
+        (1, 32768, ("c8", "c12", "c14", "c16", "g16", "g16s3", "g24s3", "g32s2", "u16")),
+        (1, 1024, ("c8", "c12", "c14", "c16", "g16", "c8x", "c14x")),
+        (16, 1024, ("g2s3",)),
+        (16, 4096, ("g2s3",)),
+    )
+    for b, length, (variants,), sets, lens, label in shapes(cases, budget):
+        for var in (v for v in variants if v.endswith("x")):  # the new path's error
+            q, k, v, *_ = sets[0]
+            out = run_kaio_contig(lens, **variant(var))(*sets[0])[0]
+            ref = sdpa(q.float(), k.float(), v.float(), enable_gqa=True)
+            err = ((out.float() - ref).norm() / ref.norm()).item()
+            print(f"{label} contiguous {var} rel err {err:.1e}", flush=True)
+            restore()
+        show(f"{label} kaio contiguous default", kernel_times(run_kaio_contig(lens), sets))
+        show(f"{label} kaio paged default", kernel_times(run_kaio(lens), sets))
+        for var in variants:
+            cfg = variant(var)
+            show(f"{label} kaio contiguous {var}", kernel_times(run_kaio_contig(lens, **cfg), sets))
+            if b > 1 or var in ("c12", "c14", "c16", "g16", "g24s3"):
+                show(f"{label} kaio paged {var}", kernel_times(run_kaio(lens, **cfg), sets))
+        if b == 1 and length == 4096:  # the fixed cost: lengths 0 and 64 in the same grids
+            for n in (0, 64):
+                short = torch.full((b,), n, device="cuda", dtype=torch.int32)
+                for var in ("c8", "c14", "g16"):
+                    show(
+                        f"{label} len={n} kaio contiguous {var}",
+                        kernel_times(run_kaio_contig(short, **variant(var)), sets),
+                    )
+            tiny = torch.zeros(1, device="cuda")
+            show("floor empty-ish torch kernel", kernel_times(lambda *_, t=tiny: t.add_(1), sets))
+
+
+def round_e(budget: float):
+    """dec34 round B of 2026-11-27: the plan's memory-speed rule (``decode.streams_fast``)
+    on this GPU, B = 1 at 1k to 32k keys and B = 4 at 4k: the default against clusters of
+    8 (main's plan), the global merge over 16 splits, each with SPLIT_SPEC (x), SDPA; the
+    fixed cost (length 0) of one split, clusters of 8 and the global merge."""
+    like = decode._arrays.Inputs("probe").array(torch.zeros(1, 1, device="cuda").half(), "x")
+    peak = decode.memory_bandwidth(like)
+    print(f"memory bandwidth {peak}, 64 blocks stream fast: {decode.streams_fast(like, 64)}")
+    cases = (
+        (1, 32768, ("c8", "g16", "c8x", "g16x")),
+        (1, 4096, ("c8", "c8x", "g16", "g16x")),
+        (1, 16384, ("c8", "g16")),
+        (1, 8192, ("c8", "g16")),
+        (1, 1024, ("c8", "c8x")),
+        (4, 4096, ("c4", "c4x", "g4")),
+    )
+    for b, length, (variants,), sets, lens, label in shapes(cases, budget):
+        show(f"{label} kaio contiguous default", kernel_times(run_kaio_contig(lens), sets))
+        show(f"{label} kaio paged default", kernel_times(run_kaio(lens), sets))
+        for var in variants:
+            cfg = variant(var)
+            show(f"{label} kaio contiguous {var}", kernel_times(run_kaio_contig(lens, **cfg), sets))
+            if var in ("c8", "g16") and length >= 16384:
+                show(f"{label} kaio paged {var}", kernel_times(run_kaio(lens, **cfg), sets))
+        if b == 1 and length == 4096:  # the fixed cost: length 0 in the same grids
+            zero = torch.zeros((b,), device="cuda", dtype=torch.int32)
+            for var in ("c8", "c8x", "g16", "g1"):
+                show(
+                    f"{label} len=0 kaio contiguous {var}",
+                    kernel_times(run_kaio_contig(zero, **variant(var)), sets),
+                )
+
+
+def round_f(budget: float):
+    """dec34 round D of 2026-11-27: each suite shape's default, both layouts, against SDPA
+    (kernel times); run once with PROBE_BASE (main's kaio_ops) and once without, the same
+    GPU one after the other (without: also B1 L32768 through clusters of 8 and the global
+    merge over 16 splits, the memory-speed rule's two plans)."""
+    tag = "BASE " if os.environ.get("PROBE_BASE") else ""
+    print(f"{tag}kaio_ops from {os.path.dirname(decode.__file__)}", flush=True)
+    cases = ((1, 4096), (1, 32768), (16, 1024), (16, 4096), (64, 1024), (1, 1024))
+    for b, length, _, sets, lens, label in shapes(cases, budget):
+        show(f"{tag}{label} kaio contiguous", kernel_times(run_kaio_contig(lens), sets))
+        show(f"{tag}{label} kaio paged", kernel_times(run_kaio(lens), sets))
+        if not tag and b == 1 and length == 32768:  # the memory-speed rule's two plans
+            for var in ("c8", "g16"):
+                cfg = variant(var)
+                show(
+                    f"{label} kaio contiguous {var}",
+                    kernel_times(run_kaio_contig(lens, **cfg), sets),
+                )
+
+
+def warm_f():
+    """What round f launches: the defaults of its shapes (D 128 f16, one M-tile)."""
+    out = [(probe_mark, {})]
+    for paged in (False, True):
+        c = {"DP": 128, "MT": 1, "PAGED": paged, "DT": f16, "PW": int(paged)}
+        out.append((decode.DECODE, {**c, "DIRECT": False, "FUSED": False, "SPEC": 0, "CL": 8,
+                                    "STAGES": 4}))  # fmt: skip
+        out.append((decode.DECODE, {**c, "DIRECT": False, "FUSED": True, "SPEC": 0, "CL": 1,
+                                    "STAGES": 4}))  # fmt: skip
+        for st in {decode.one_split_stages(128, 1, paged), decode.stages_for(128, 1)}:
+            flags = {"DIRECT": True, "FUSED": False, "SPEC": decode.speculates(paged), "CL": 1}
+            out.append((decode.DECODE, {**c, **flags, "STAGES": st}))
+    return out
+
+
+def variant(name: str) -> dict:
+    """force()'s settings for a round d variant: cN clusters of N (4 stages), gN[sS] N splits
+    through the fused global merge (S stages), uN the same through the merge kernel; a
+    trailing "x": SPLIT_SPEC (round-robin tiles, the first copies before the length)."""
+    spec = name.endswith("x")
+    name = name.rstrip("x")
+    n, _, st = name[1:].partition("s")
+    stages = int(st) if st else None
+    if name[0] == "c":
+        return {"splits": int(n), "cluster": True, "cl": int(n), "stages": stages,
+                "split_spec": spec}  # fmt: skip
+    cfg = {"splits": int(n), "cluster": False, "stages": stages, "split_spec": spec}
+    if name[0] == "u":
+        cfg["unfused"] = True
+    return cfg
+
+
+def warm_e():
+    """What round e launches (and bench/decode.py's B = 1 defaults): decode_fwd at D 128
+    f16, one M-tile: clusters of 4 and 8 with SPEC on and off, the fused merge at 4 stages
+    on and off, one split, both layouts."""
+    out = [(probe_mark, {})]
+    for paged in (False, True):
+        c = {"DP": 128, "MT": 1, "PAGED": paged, "DT": f16, "PW": int(paged), "STAGES": 4}
+        for spec in (0, 1) if not paged else (0,):
+            for cl in (4, 8):
+                out.append((decode.DECODE, {**c, "DIRECT": False, "FUSED": False, "SPEC": spec,
+                                            "CL": cl}))  # fmt: skip
+            out.append((decode.DECODE, {**c, "DIRECT": False, "FUSED": True, "SPEC": spec,
+                                        "CL": 1}))  # fmt: skip
+        one = decode.one_split_stages(128, 1, paged)
+        flags = {"DIRECT": True, "FUSED": False, "SPEC": decode.speculates(paged), "CL": 1}
+        out.append((decode.DECODE, {**c, **flags, "STAGES": one}))
+    return out
+
+
+def warm_d():
+    """What round d launches: decode_fwd at D 128 f16, one M-tile, both layouts: clusters of
+    CL_SIZES at 4 stages, the fused merge at 2, 3 and 4, the separate merge, one split."""
+    out = [(probe_mark, {}), (decode.MERGE, {"DP": 128, "MT": 1, "DT": f16})]
+    for paged in (False, True):
+        c = {"DP": 128, "MT": 1, "PAGED": paged, "DT": f16, "PW": int(paged)}
+        for cl in CL_SIZES:
+            flags = {"DIRECT": False, "FUSED": False, "SPEC": 0, "CL": cl, "STAGES": 4}
+            out.append((decode.DECODE, {**c, **flags}))
+        if not paged:
+            flags = {"DIRECT": False, "FUSED": False, "SPEC": 0, "CL": 14, "STAGES": 5}
+            out.append((decode.DECODE, {**c, **flags}))
+            for cl in (8, 14, 16):  # SPLIT_SPEC
+                flags = {"DIRECT": False, "FUSED": False, "SPEC": 1, "CL": cl, "STAGES": 4}
+                out.append((decode.DECODE, {**c, **flags}))
+            flags = {"DIRECT": False, "FUSED": True, "SPEC": 1, "CL": 1, "STAGES": 4}
+            out.append((decode.DECODE, {**c, **flags}))
+        for st in (2, 3, 4):
+            flags = {"DIRECT": False, "FUSED": True, "SPEC": 0, "CL": 1, "STAGES": st}
+            out.append((decode.DECODE, {**c, **flags}))
+        out.append((decode.DECODE, {**c, "DIRECT": False, "FUSED": False, "SPEC": 0, "CL": 1,
+                                    "STAGES": 4}))  # fmt: skip
+        one = decode.one_split_stages(128, 1, paged)
+        flags = {"DIRECT": True, "FUSED": False, "SPEC": decode.speculates(paged), "CL": 1}
+        out.append((decode.DECODE, {**c, **flags, "STAGES": one}))
+    return out
+
+
 ROUNDS = {  # argument: (round, its default time budget in seconds)
     "p": (round_p, 30),
     "t": (round_t, 30),
@@ -1343,11 +1574,17 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "h": (round_h, 25),
     "bn": (round_bn, 25),
     "c": (round_c, 25),
+    "d": (round_d, 30),
+    "e": (round_e, 25),
+    "f": (round_f, 25),
 }
 WARMS = {
     "warm": warm_list,
     "warm_few": warm_few,
     "warm_c": warm_c,
+    "warm_d": warm_d,
+    "warm_e": warm_e,
+    "warm_f": warm_f,
     "warm_p": warm_p,
     "warm_t": warm_t,
     "warm_v": warm_v,

@@ -14,7 +14,8 @@ while tile t is used. The scores and the online softmax are those of
 then merge through shared memory.
 
 Lengths are read on the GPU: ``seq_lens[b]`` (clamped to 0 .. capacity) fixes the key tiles,
-split evenly over the grid's x blocks, so the grid depends only on the capacity and the GPU
+split evenly over the grid's x blocks (in runs; with ``SPEC``, every splits-th tile a
+block), so the grid depends only on the capacity and the GPU
 (a CUDA graph replays for any lengths); blocks past a sequence's end do no K/V work. New
 token i of the ``sq`` sits at position len - sq + i and sees keys up to its own. With one
 split the block writes the output and the logsumexp. With several, the splits of a row
@@ -301,10 +302,12 @@ def decode_fwd(
     shared memory and ``cluster_merge`` combines them (part, part_lse, counters unused).
     ``PW`` (paged): the pages come from a window of the block table held across each warp's
     lanes (``window_pages``), else from loads one tile ahead (``page_ids``). ``SPEC`` (one
-    split, ``DIRECT``; a paged cache with ``PW``): tiles 0 .. STAGES - 2 are copied before
-    the length is read (every block starts at key 0), their V rows past the length zeroed
-    in shared memory once it is known (K's scores there are masked), so the first copies
-    wait for no load of the length."""
+    split, a paged cache with ``PW``; or several over a contiguous cache): split s takes
+    key tiles s, s + splits, s + 2 splits, ... (with one split, every tile in order), so
+    its first STAGES - 1 are copied before the length is read, their V rows past the length
+    zeroed in shared memory once it is known (K's scores there are masked; a tile wholly
+    past it is never used), and the first copies wait for no load of the length. Without
+    it a split takes a run of the length's tiles."""
     if CL > 1:
         kaio.cluster_dims(CL)
     KSPLIT = WARPS // MT  # warps sharing one M-tile, each on KW keys of a tile
@@ -338,23 +341,30 @@ def decode_fwd(
     # a paged cache's pages of tiles t0 .. t0 + STAGES - 1 (loads all in flight at once)
     pg = kaio.local(u32, (STAGES, BN // (THREADS // (DP // 8))))
     win = kaio.local(u32, 3)
-    if SPEC:  # one split: tiles 0 .. STAGES - 2 whatever the length, read meanwhile
-        if PAGED:
+    if SPEC:  # tiles split, split + splits, ... whatever the length, read meanwhile
+        if PAGED:  # (one split only: the window takes tiles in order)
             window_start(win, 0, b, block_table, max_pages, shift, lane)
         for j in kaio.static_range(STAGES - 1):
-            if j * BN < capacity:
+            key0 = (split + j * splits) * BN
+            if key0 < capacity:
                 if PAGED:
-                    window_pages(pg, win, j * BN, b, block_table, max_pages, shift, tid, lane, DP)
+                    window_pages(pg, win, key0, b, block_table, max_pages, shift, tid, lane, DP)
                 load_stage(
-                    kv_s, j * 2 * BN, k, v, j * BN, capacity, b, kvh, pg, 0, capacity,
+                    kv_s, j * 2 * BN, k, v, key0, capacity, b, kvh, pg, 0, capacity,
                     kv_heads, shift, pages, tid, DP, PAGED, DT,
                 )  # fmt: skip
             kaio.cp_async_commit()
     kv_len = u32(kaio.min(kaio.max(seq_lens[b], 0), i32(capacity)))
     n_total = (kv_len + BN - 1) // BN
-    per = (n_total + splits - 1) // splits
-    t0 = kaio.min(split * per, n_total)
-    t1 = kaio.min(t0 + per, n_total)
+    # the block's tiles: t0 + i * step for i < count (SPEC: every splits-th from its own,
+    # so that its first ones are known before the length; else a run of the length's)
+    step = splits if SPEC else 1
+    t0 = split
+    count = kaio.select(n_total > split, (n_total - split + splits - 1) // splits, 0)
+    if not SPEC:
+        per = (n_total + splits - 1) // splits
+        t0 = kaio.min(split * per, n_total)
+        count = kaio.min(t0 + per, n_total) - t0
     if PAGED and not SPEC:
         if PW:
             window_start(win, t0 * BN, b, block_table, max_pages, shift, lane)
@@ -363,7 +373,7 @@ def decode_fwd(
                 page_ids(pg, j, (t0 + j) * BN, kv_len, b, block_table, max_pages, shift, tid, DP)
     for j in kaio.static_range(STAGES - 1):  # tiles t0 .. t0 + STAGES - 2 in flight
         if not SPEC:
-            if t0 + j < t1:
+            if j < count:
                 if PAGED and PW:
                     window_pages(
                         pg, win, (t0 + j) * BN, b, block_table, max_pages, shift, tid, lane, DP
@@ -391,18 +401,16 @@ def decode_fwd(
         row = row0 + mtile * 16 + g + 8 * h
         limit[h] = i32(kv_len) - i32(sq) + i32(row % sq) + 1
     s = kaio.local(f32, (KW // 8, 4))
-    for t in range(t0, t1):
-        stage = (t - t0) % STAGES * 2 * BN
-        if t + STAGES - 1 < t1:  # into the stage tile t - 1 used
+    for i in range(count):
+        t = t0 + i * step
+        stage = i % STAGES * 2 * BN
+        if i + STAGES - 1 < count:  # into the stage tile i - 1 used
+            key0 = (t + (STAGES - 1) * step) * BN
             if PAGED and PW:
-                window_pages(
-                    pg, win, (t + STAGES - 1) * BN, b, block_table, max_pages, shift, tid,
-                    lane, DP,
-                )  # fmt: skip
+                window_pages(pg, win, key0, b, block_table, max_pages, shift, tid, lane, DP)
             load_stage(
-                kv_s, (t - t0 + STAGES - 1) % STAGES * 2 * BN, k, v, (t + STAGES - 1) * BN,
-                kv_len, b, kvh, pg, 0 if PW else STAGES - 1, capacity, kv_heads, shift, pages,
-                tid, DP, PAGED, DT,
+                kv_s, (i + STAGES - 1) % STAGES * 2 * BN, k, v, key0, kv_len, b, kvh, pg,
+                0 if PW else STAGES - 1, capacity, kv_heads, shift, pages, tid, DP, PAGED, DT,
             )  # fmt: skip
             if PAGED and not PW:  # the next tile's pages, used by the next iteration's copies
                 page_ids(
@@ -413,7 +421,7 @@ def decode_fwd(
         kaio.cp_async_wait(STAGES - 1)  # tile t has landed
         kaio.sync_threads()
         if SPEC:
-            if t < STAGES - 1 and (t + 1) * BN > kv_len:  # copied before the length was known
+            if i < STAGES - 1 and (t + 1) * BN > kv_len:  # copied before the length was known
                 for idx in range(tid, BN * DP, THREADS):  # V's rows past it: zeros
                     if t * BN + idx // DP >= kv_len:
                         kv_s[stage + BN + idx // DP, idx % DP] = DT(0.0)

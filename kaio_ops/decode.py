@@ -49,8 +49,21 @@ CLUSTER_CHECK = True  # only clusters that all run at once (the driver's occupan
 SPREAD = 116 * 1024
 CLUSTER_TILES = 64  # the most key tiles a split of the cluster merge takes (measured)
 PAGED_CLUSTER_TILES = 16  # the same over a paged cache (measured: ``plan_grid``)
+# splits of more than LONG_SPLIT key tiles go through a cluster only where its blocks, one
+# a multiprocessor, each streaming SM_STREAM bytes/s, reach STREAM_SHARE of the memory's
+# peak (``streams_fast``): on an H100 clusters of 8 at B = 1 (64 blocks) do, on an H200
+# (46% more bandwidth, the same SMs) not, and the global merge over all the SMs wins
+CLUSTER_BANDWIDTH = True
+LONG_SPLIT = 16
+SM_STREAM = 48e9  # measured on an H100: B = 1 at 32k keys, clusters of 8 (48.2 us)
+STREAM_SHARE = 0.85
 PAGE_WINDOW = True  # paged: pages from a window of the block table across a warp's lanes
 SPECULATE = True  # one split: the first K/V copies before the length is read (SPEC)
+# several splits over a contiguous cache: the splits take every splits-th key tile, so a
+# block's first tiles are known, and copied, before the length is read (SPEC). Off: on an
+# H100 B1 L4096 took 10.40 us against 10.62 (inside the run-to-run spread) and a length of
+# 0 in a 4k cache 6.82 against 4.67 (the wasted copies); docs/performance.md, sixth pass
+SPLIT_SPEC = False
 
 # paged: a block a (key split, sequence) over all K/V heads, reading whole pages
 # (``decode_pages``), for the K/V head counts PAGE_HEADS, from PAGE_MIN_BATCH sequences on.
@@ -141,6 +154,35 @@ def _hopper(like) -> bool:
     return dev is None or int(dev.arch[3:].rstrip("a")) >= 90
 
 
+_BANDWIDTH: dict = {}  # device ordinal -> peak memory bandwidth, bytes/s (None: unknown)
+
+
+def memory_bandwidth(like) -> float | None:
+    """The peak memory bandwidth (bytes/s: double data rate over the bus) of ``like``'s GPU
+    from the driver's memory clock and bus width; None in the simulator or where the driver
+    does not tell."""
+    dev = _arrays.gpu(like)
+    if dev is None:
+        return None
+    if like.device not in _BANDWIDTH:
+        try:
+            khz = dev.attribute("MEMORY_CLOCK_RATE")
+            bits = dev.attribute("GLOBAL_MEMORY_BUS_WIDTH")
+            _BANDWIDTH[like.device] = 2 * khz * 1e3 * bits / 8 if khz > 0 and bits > 0 else None
+        except Exception:  # noqa: BLE001  (an attribute this driver lacks: no limit)
+            _BANDWIDTH[like.device] = None
+    return _BANDWIDTH[like.device]
+
+
+def streams_fast(like, sms_used: int) -> bool:
+    """Whether ``sms_used`` blocks, one a multiprocessor, stream the cache at the memory's
+    speed (STREAM_SHARE of its peak at SM_STREAM bytes/s each); True where the peak is
+    unknown (the simulator plans as for an H100). H100 (3.35 TB/s): 64 blocks do (3.07
+    TB/s); H200 (4.8 TB/s): they do not."""
+    peak = memory_bandwidth(like)
+    return peak is None or sms_used * SM_STREAM >= STREAM_SHARE * peak
+
+
 def plan_grid(like, kernel, blocks: int, tiles: int, dp: int, mt: int, paged: bool) -> tuple:
     """(splits, STAGES, CL, shared bytes) of ``decode_fwd`` for ``blocks`` (batch x K/V
     heads x row chunks) over a capacity of ``tiles`` key tiles. The splits are
@@ -155,7 +197,13 @@ def plan_grid(like, kernel, blocks: int, tiles: int, dp: int, mt: int, paged: bo
     and 48.1 us against 7.5, 11.6 and 49.8 with the global merge; B = 4 at 4k through
     clusters of 2, 27.5 against 28.0. A paged cache takes splits of at most
     PAGED_CLUSTER_TILES through a cluster (B = 1 at 32k keys: clusters of 8, 64 tiles a
-    split, 56.4 us; 16 splits and the global merge 51.7; 32 splits 53.0)."""
+    split, 56.4 us; 16 splits and the global merge 51.7; 32 splits 53.0). Splits of more
+    than LONG_SPLIT tiles take a cluster only where its blocks stream at the memory's speed
+    (``streams_fast``; CLUSTER_BANDWIDTH): on an H200, B = 1 at 32k keys through clusters of
+    8 (64 SMs) took 48.7 us from event to event (docs/performance.md's suite page; about
+    44 of kernel time, if a graph's launch adds the 4 to 4.4 us measured on an H100), 16
+    splits through the global merge 37.2 of kernel time (``splits_for``); on an H100 the
+    same 48.2 and 49.4 (dec34, 2026-11-27)."""
     sms = _arrays.multiprocessors(like)
     splits = splits_for(blocks, tiles, sms)
     stages = deep_stages(dp, mt) if blocks * splits <= sms else stages_for(dp, mt)
@@ -168,12 +216,15 @@ def plan_grid(like, kernel, blocks: int, tiles: int, dp: int, mt: int, paged: bo
     stages = deep_stages(dp, mt)
     shared = max(shared_bytes(dp, mt, stages), SPREAD)
     for cl in sorted((c for c in CLUSTERS if c <= splits), reverse=True):
-        if -(-tiles // cl) > (PAGED_CLUSTER_TILES if paged else CLUSTER_TILES):
+        per = -(-tiles // cl)
+        if per > (PAGED_CLUSTER_TILES if paged else CLUSTER_TILES):
             break  # long splits: the merge's cost matters little, the spread over the SMs more
+        if CLUSTER_BANDWIDTH and per > LONG_SPLIT and not streams_fast(like, blocks * cl):
+            break  # (fewer splits: fewer SMs still)
         consts = {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": stages, "CL": cl, "DT": like.dtype}
         if dev is None or not CLUSTER_CHECK:
             return cl, stages, cl, shared
-        consts |= {"PW": int(PAGE_WINDOW and paged), "SPEC": 0}
+        consts |= {"PW": int(PAGE_WINDOW and paged), "SPEC": speculates(paged, cl)}
         key = (like.device, tuple(sorted(consts.items())), shared)
         have = _RESIDENT.get(key)
         if have is None:
@@ -185,12 +236,17 @@ def plan_grid(like, kernel, blocks: int, tiles: int, dp: int, mt: int, paged: bo
     return plain
 
 
-def speculates(paged: bool) -> int:
-    """``decode_fwd``'s SPEC for a grid of one split (SPECULATE): over a paged cache read
-    through the block-table window (PAGE_WINDOW), the length and the window's load then in
-    flight together. Measured on an H100 (kernel time, paged, on / off): B = 16 at 1k, 4k
-    and 32k keys 26.2 / 26.4, 92.8 / 92.9 and 706.7 / 707.6 us, B = 64 at 1k 93.7 / 94.4;
-    contiguous it was no faster (25.9 / 25.4 us at B = 16, 1k keys)."""
+def speculates(paged: bool, splits: int = 1) -> int:
+    """``decode_fwd``'s SPEC for a grid of ``splits`` key splits. One split (SPECULATE):
+    over a paged cache read through the block-table window (PAGE_WINDOW), the length and
+    the window's load then in flight together. Measured on an H100 (kernel time, paged, on /
+    off): B = 16 at 1k, 4k and 32k keys 26.2 / 26.4, 92.8 / 92.9 and 706.7 / 707.6 us, B =
+    64 at 1k 93.7 / 94.4; contiguous it was no faster (25.9 / 25.4 us at B = 16, 1k keys).
+    Several splits (SPLIT_SPEC): over a contiguous cache only (the window takes tiles in
+    order), split s then takes key tiles s, s + splits, ... (its first ones copied before
+    the length is read)."""
+    if splits > 1:
+        return int(SPLIT_SPEC and not paged)
     return int(SPECULATE and PAGE_WINDOW and paged)
 
 
@@ -441,7 +497,7 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
         math.log2(math.e) * float(scale),
         DP=d, MT=mt, PAGED=cache.paged, STAGES=stages, DIRECT=direct, FUSED=fused, CL=cl,
         DT=qa.dtype, PW=int(PAGE_WINDOW and cache.paged),
-        SPEC=speculates(cache.paged) if direct else 0,
+        SPEC=speculates(cache.paged, splits),
     )  # fmt: skip
     if not (direct or fused or cl > 1):
         MERGE[blocks, dk.THREADS, stream, merge_shared(mt)](
@@ -548,12 +604,13 @@ def shipped():
                     base["PW"] = int(PAGE_WINDOW and paged)
                     for direct, fused in ((True, False), (False, False), (False, True)):
                         flags = {**base, "DIRECT": direct, "FUSED": fused, "CL": 1}
-                        flags["SPEC"] = speculates(paged) if direct else 0
+                        flags["SPEC"] = speculates(paged, 1 if direct else 2)
                         one = one_split_stages(dp, mt, paged)
                         for stages in sorted({stages_for(dp, mt), deep_stages(dp, mt), one}):
                             yield DECODE, {**flags, "STAGES": stages}
                     # merged through a cluster (sm_90), a block a multiprocessor
-                    flags = {**base, "DIRECT": False, "FUSED": False, "SPEC": 0}
+                    flags = {**base, "DIRECT": False, "FUSED": False}
+                    flags["SPEC"] = speculates(paged, 2)
                     for cl in CLUSTERS:
                         yield DECODE, {**flags, "STAGES": deep_stages(dp, mt), "CL": cl}
         for dp in DIMS:

@@ -219,7 +219,7 @@ def test_one_split_copies_before_the_length_in_simulator(monkeypatch, page_size)
     # paged caches, forced here for both); rows past each length hold NaN (an unwritten
     # cache), which must not reach the output
     monkeypatch.setattr(decode, "splits_for", lambda *_: 1)
-    monkeypatch.setattr(decode, "speculates", lambda paged: 1)
+    monkeypatch.setattr(decode, "speculates", lambda paged, splits=1: 1)
     rng = np.random.default_rng(12)
     lens = [0, 1, 63, 64, 65, 130, 250]
     b, hkv, d = len(lens), 1, 64
@@ -237,6 +237,37 @@ def test_one_split_copies_before_the_length_in_simulator(monkeypatch, page_size)
     ref = reference(q, k_cache, v_cache, lens, table)[0]
     assert np.isfinite(out.astype(np.float64)).all()
     assert np.abs(out.astype(np.float64) - ref).max() < 4e-3
+
+
+@pytest.mark.parametrize("merge", ["fused", "cluster"])
+def test_splits_copy_before_the_length_in_simulator(monkeypatch, merge):
+    # several splits over a contiguous cache, each taking every 5th key tile from its own,
+    # the first ones copied before the length is read (SPLIT_SPEC); rows past each length
+    # hold NaN, which must not reach the output. Lengths: 0, a tile and one (splits with no
+    # tile), a partial last tile, the capacity; Sq 2
+    monkeypatch.setattr(decode, "SPLIT_SPEC", True)
+    monkeypatch.setattr(decode, "CLUSTER_MERGE", merge == "cluster")
+    monkeypatch.setattr(decode, "splits_for", lambda *_: 5)
+    counters = np.zeros(64, np.uint32)
+    monkeypatch.setattr(decode, "_counters", lambda *_: counters)
+    rng = np.random.default_rng(13)
+    lens = [0, 65, 517, 640]
+    b, hkv, d, capacity = len(lens), 1, 64, 640
+    q = rng.standard_normal((b, 4, 2, d)).astype(np.float16)
+    k_cache, v_cache, _ = make_cache(rng, b, hkv, d, capacity, np.float16)
+    for cache in (k_cache, v_cache):
+        for i, n in enumerate(lens):
+            cache[i, :, n:] = np.nan
+    with kaio.simulate():
+        out, lse = kaio_ops.flash_attention_decode_with_stats(
+            q, k_cache, v_cache, np.array(lens, np.int32)
+        )
+    ref, ref_lse = reference(q, k_cache, v_cache, lens)
+    assert np.isfinite(out.astype(np.float64)).all() and not counters.any()
+    assert np.abs(out.astype(np.float64) - ref).max() < 4e-3
+    seen = np.isfinite(ref_lse)
+    assert np.array_equal(seen, np.isfinite(lse))
+    assert np.abs(lse[seen] - ref_lse[seen]).max() < 1e-4
 
 
 @pytest.mark.parametrize(
@@ -379,7 +410,7 @@ def test_split_heuristic_fills_the_gpu():
     assert decode.splits_for(8, 1, 132) == 1  # one tile: one split
 
 
-def test_cluster_merge_takes_short_splits_one_block_a_multiprocessor():
+def test_cluster_merge_takes_short_splits_one_block_a_multiprocessor(monkeypatch):
     # in the simulator every cluster is resident: B = 1 at 4k and 1k keys merge through
     # clusters (16 and 8 splits, four K/V stages, shared memory over half a multiprocessor);
     # splits of more than 64 tiles and grids of more than a block a multiprocessor do not
@@ -400,6 +431,14 @@ def test_cluster_merge_takes_short_splits_one_block_a_multiprocessor():
         assert paged(128, 64)[:3] == (1, 4, 1)
         # paged: splits of up to 16 tiles through a cluster, longer ones the global merge
         assert paged(8, 64)[2] > 1 and paged(8, 512)[:3] == (16, 4, 1)
+    # on a GPU whose memory outruns a cluster's SMs (an H200's 4.9 TB/s; an H100's 3.35 do
+    # not), splits of over 16 tiles take every SM: the global merge
+    for peak, long_cl in ((4.9e12, 1), (3.35e12, 8)):
+        monkeypatch.setattr(decode, "memory_bandwidth", lambda _, p=peak: p)
+        monkeypatch.setattr(decode, "CLUSTERS", (2, 4, 8))
+        with kaio.simulate():
+            assert plan(8, 512)[:3] == ((16, 4, 1) if long_cl == 1 else (8, 4, 8))
+            assert plan(8, 128)[2] == 8 and plan(8, 64)[2] == 8  # 16 and 8 tiles a split
 
 
 # --------------------------------------------------------------------------- input checks
