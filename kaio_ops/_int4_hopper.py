@@ -342,6 +342,7 @@ def swap_slice(
     lt: u32,
     more: bool_, BUF: kaio.constexpr, STAGES: kaio.constexpr, MC: kaio.constexpr,
     WSTAGES: kaio.constexpr, BUFS: kaio.constexpr, EARLY: kaio.constexpr, KW: kaio.constexpr,
+    LATE: kaio.constexpr = 0,
 ):  # fmt: skip
     """One 64-deep K slice of a consumer warpgroup: its words (``load_words``; with
     ``EARLY`` read during the slice before) made into the A fragments of its 4 steps (buffer
@@ -354,7 +355,9 @@ def swap_slice(
     ``at[3]``), whose wgmmas are then done. The words go ahead of the activations in a ring
     of their own (``WSTAGES``), so the fragments are made while the activations are still on
     their way. With ``KW`` warpgroups taking the tile's slices in turn, ``kt`` counts this
-    warpgroup's slices and its stages are every ``KW``-th of both rings."""
+    warpgroup's slices and its stages are every ``KW``-th of both rings. ``LATE``: the
+    words' stage is freed once the wgmmas are issued, off the path from the fragments to
+    the wgmmas (``free_words``)."""
     if not EARLY:
         load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES, KW)
     pair = wr[WORD_ROWS, 0]
@@ -366,10 +369,8 @@ def swap_slice(
             af[BUF, kk, r] = nibble_pair(
                 wr[2 * kk + r // 2, r % 2], sel, kaio.bitcast(scale[r % 2], f16x2)
             )
-    kaio.fence_proxy_async()  # the words' reads before the stage's next TMA copy
-    kaio.sync_warp()
-    if lt % 32 == 0:  # every warp of every consumer warpgroup: the stage is free
-        kaio.mbarrier_arrive(bars, (4, at[4]))
+    if not LATE:
+        free_words(bars, at[4], lt)
     s = at[0]
     kaio.mbarrier_wait(bars, (0, s), u32(at[1]))
     kaio.wgmma_fence()
@@ -377,6 +378,8 @@ def swap_slice(
         db = kaio.smem_descriptor(sx, (s, 0, kk * 16), SW, 16, 1024)
         kaio.wgmma_f16(acc, af[BUF, kk], db, kt + kk > 0)
     kaio.wgmma_commit()
+    if LATE:
+        free_words(bars, at[4], lt)
     if EARLY and more:
         load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES, KW)
     kaio.wgmma_wait(BUFS - 1)
@@ -386,6 +389,17 @@ def swap_slice(
         at[3] = at[2]
     at[2] = s
     advance_by(at, STAGES, KW)
+
+
+@kaio.gpu_func
+def free_words(bars: u64[:, :], w: i32, lt: u32):
+    """A consumer warp's arrival on the words' stage ``w``'s "free" barrier once its lanes
+    have read the words (every warp of every consumer warpgroup arrives), after a proxy
+    fence: the reads ordered before the stage's next TMA copy."""
+    kaio.fence_proxy_async()
+    kaio.sync_warp()
+    if lt % 32 == 0:
+        kaio.mbarrier_arrive(bars, (4, w))
 
 
 @kaio.gpu_func
@@ -433,7 +447,7 @@ def int4_swap(
     M: u32, N: u32, K: u32, k_slice: u32, WG: kaio.constexpr, BM: kaio.constexpr,
     STAGES: kaio.constexpr, SPLIT: kaio.constexpr, CL: kaio.constexpr, REGS: kaio.constexpr,
     OUT: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr, BUFS: kaio.constexpr,
-    EARLY: kaio.constexpr, GROUP: kaio.constexpr, KW: kaio.constexpr,
+    EARLY: kaio.constexpr, GROUP: kaio.constexpr, KW: kaio.constexpr, LATE: kaio.constexpr,
 ):  # fmt: skip
     """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block
     computes ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG`` consumer
@@ -571,7 +585,8 @@ def int4_swap(
                 for b in kaio.static_range(BUFS):
                     more = not (last and kt + b == ck - 1)
                     swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt + b, nl, sel, lt,
-                               more, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP)  # fmt: skip
+                               more, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP,
+                               LATE)  # fmt: skip
             rest = ck % BUFS
             if rest:
                 kaio.wgmma_wait(0)
@@ -580,7 +595,8 @@ def int4_swap(
                         kt = ck - rest + b
                         more = not (last and kt == ck - 1)
                         swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt, nl, sel, lt,
-                                   more, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP)  # fmt: skip
+                                   more, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP,
+                               LATE)  # fmt: skip
             kaio.wgmma_wait(0)
             if lt == 0:  # the tile's last slices, not freed in the loop
                 if BUFS == 3 and ck > 1:
@@ -833,6 +849,7 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     early = int(bool(more[4])) if len(more) > 4 else 0
     group = (more[5] if len(more) > 5 else 0) or GROUP_M
     kw = int(bool(more[6])) if len(more) > 6 else 0
+    late = int(bool(more[7])) if len(more) > 7 else 0
     if bufs not in (2, 3):
         raise ValueError(f"int4_swap: BUFS (fragment buffers) must be 2 or 3, got {bufs}")
     stages = stages or swap_stages(wg, bm, kw)
@@ -859,13 +876,14 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     consts = {"WG": wg, "BM": bm, "STAGES": stages, "SPLIT": split if cl else min(split, 2),
               "CL": cl, "REGS": swap_registers(wg), "OUT": out_type, "MC": mc,
               "WSTAGES": wstages, "BUFS": bufs, "EARLY": early, "GROUP": group,
-              "KW": kw}  # fmt: skip
+              "KW": kw, "LATE": late}  # fmt: skip
     return split, k_slice, tiles, consts
 
 
 def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     """``a @ W`` rounded to ``out_type`` by ``int4_swap`` (operands as ``launch``) with ``config``
-    = (WG, BM, STAGES, split[, CL[, MC[, WSTAGES[, BUFS[, EARLY[, GROUP[, KW]]]]]]]; 0: as
+    = (WG, BM, STAGES, split[, CL[, MC[, WSTAGES[, BUFS[, EARLY[, GROUP[, KW[, LATE]]]]]]]];
+    0: as
     many stages as fit, ``GROUP_M`` tile rows a group,
     ``swap_split``'s split): a persistent grid of at most ``sms`` blocks along x, the K split
     along z summed by ``finish``, or with ``CL`` (and a split of 2 to 8; CL 1 and a split past 2
@@ -874,7 +892,8 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     of two blocks sharing a's rows by TMA multicast (at most ``sms`` blocks along x, two a pair
     of tiles; a K split along z, or with ``CL`` a cluster of ``split`` pairs, one pair of
     tiles a cluster); with ``KW`` the ``WG`` warpgroups share ``BM x 64`` tiles, taking their
-    K slices in turn."""
+    K slices in turn; with ``LATE`` a slice's words' stage is freed after its wgmmas are
+    issued."""
     from kaio_ops import _arrays
     from kaio_ops.linear import _placeholder
 
@@ -911,7 +930,8 @@ def swap_specializations() -> list:
     consumer count, the widest and narrowest activation tiles, a K split through the
     workspace and through a cluster, every output type, pairs of tiles sharing a's rows by
     multicast (also in a cluster with a K split), three fragment buffers, the next slice's
-    words read early, warpgroups taking a tile's K slices in turn (``KW``)."""
+    words read early, warpgroups taking a tile's K slices in turn (``KW``), the words'
+    stage freed after the wgmmas (``LATE``)."""
     out = []
     plain = (  # without multicast
         (1, 8, 2, 1, f32, 0, 2, 0),
@@ -934,13 +954,15 @@ def swap_specializations() -> list:
         (2, 256, 2, 1, bf16, 1, 2, 0),
         (3, 128, 2, 0, f32, 1, 2, 1),
     )
-    for i, (wg, bm, split, cl, ot, mc, bufs, early) in enumerate(plain + multicast + split_k):
+    cases = plain + multicast + split_k
+    for i, (wg, bm, split, cl, ot, mc, bufs, early) in enumerate(cases):
         kw = int(i >= len(plain + multicast))
         mc *= 1 - kw
         stages = swap_stages(wg, bm, kw)
         consts = {"WG": wg, "BM": bm, "STAGES": stages, "SPLIT": split, "CL": cl,
                   "REGS": swap_registers(wg), "OUT": ot, "MC": mc,
                   "WSTAGES": swap_word_stages(wg, bm, stages, kw), "BUFS": bufs,
-                  "EARLY": early, "GROUP": GROUP_M, "KW": kw}  # fmt: skip
+                  "EARLY": early, "GROUP": GROUP_M, "KW": kw,
+                  "LATE": int(i == len(cases) - 1)}  # fmt: skip
         out.append((int4_swap, consts))
     return out
