@@ -171,6 +171,20 @@ WIDE_GROUP = 4
 KW_HALVE_K = 4096
 KW_WAVE = 0.05
 
+# KW tiles at 17-64 rows too (two warpgroups on BM x 64 tiles, BM the rows rounded up to 32,
+# a cluster pair's K split where swap_split asks for 2), where they number at most the SMs
+# and need no split past 2: int4w35 round A of 2026-11-27 (H100, x cuBLAS f16, the median
+# of 3 interleaved passes, against 16-40 tiles of 4 warpgroups side by side and a K split of
+# 3-8 through the workspace): 4096x4096 M=32 1.44x against 1.35x, M=64 1.33x against 1.13x;
+# 8192x8192 M=64 1.82x against 1.68x; 6144x4096 M=64 1.48x against 1.35x; 4096x14336 M=64
+# 1.82x against 1.76x. With more tiles than SMs they lost (10240x8192 M=64, 160 tiles:
+# 1.28x against 1.86x; 57344x8192, 896 tiles: 1.98x against 2.27x), as did 4 warpgroups on
+# the same tiles (1.27x, 1.65x at 4096x4096 and 8192x8192 M=64). Past 512 rows KW tiles of
+# 256 x 64 where they fill the last wave better by KW_WAVE than 256 x 128 ones (round A:
+# 6144x4096 M=1024, 384 tiles against 192 on 132 SMs, 0.96x against 0.83x; 10240x8192
+# M=1024, 640 against 320, 0.96x against 0.83x).
+KW_SMALL_M = 64
+
 
 def wave_fill(tiles: int, sms: int) -> float:
     """The share of ``sms`` multiprocessors that ``tiles`` tiles of equal work keep busy over
@@ -185,8 +199,17 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
     GPU's ``sms``: at 65-512 rows, where the 64 WG-column tiles would need a K split (past 2
     up to 256 rows), 64-column tiles if those need none (past 2), else (past 128 rows)
     128-row tiles; then KW tiles where they win (``KW_HALVE_K``: the comment above it);
-    past 512 rows at N >= ``WIDE_N``, multicast pairs in groups of ``WIDE_GROUP`` rows."""
+    up to ``KW_SMALL_M`` rows KW tiles where they fill the SMs with a K split of at most 2
+    (a cluster pair); past 512 rows at N >= ``WIDE_N``, multicast pairs in groups of
+    ``WIDE_GROUP`` rows, below it KW tiles where the 256 x 128 ones fill the SMs at least
+    once and the KW tiles fill the last wave better by ``KW_WAVE`` (the comment above
+    ``KW_SMALL_M``)."""
     _, wg, bm, cl, mc, bufs, early = next(row for row in SWAP_PLANS if m <= row[0])
+    if n and sms and m <= KW_SMALL_M:
+        bm32 = -(-m // 32) * 32
+        narrow = math.ceil(m / bm32) * math.ceil(n / 64)
+        if narrow <= sms and swap_split(narrow, k, sms) <= 2:
+            return 2, bm32, 0, 0, 1, 0, 0, bufs, 0, 0, 1
     step = 16 if mc else 8
     bm = bm or min(256, -(-m // step) * step)
     tiles = math.ceil(m / bm) * math.ceil(n / (64 * wg))
@@ -212,6 +235,11 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
             )
         if kw:
             wg, bm, early = 2, bm32, 0
+    if n and sms and m > 512 and n < WIDE_N:
+        wide = math.ceil(m / bm) * math.ceil(n / 128)
+        narrow = math.ceil(m / bm) * math.ceil(n / 64)
+        if wide >= sms and wave_fill(narrow, sms) >= wave_fill(wide, sms) + KW_WAVE:
+            wg, early, kw = 2, 0, 1
     if m > 512 and n >= WIDE_N:
         mc, group = 1, WIDE_GROUP
     return wg, bm, 0, 0, cl, mc, 0, bufs, early, group, kw

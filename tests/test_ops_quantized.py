@@ -410,7 +410,10 @@ def test_int4_swap_plan_bands():
     warpgroups sharing BM x 64 tiles) where one warpgroup's 64-column tiles were the choice
     (256-row tiles that need a K split halved instead up to K = KW_HALVE_K), where
     128-column tiles need a K split, or where twice the tiles fill the last wave better;
-    past 512 rows multicast pairs in groups of WIDE_GROUP rows from WIDE_N columns only."""
+    up to 64 rows KW tiles where they are no more than the SMs (a cluster pair's split at
+    most); past 512 rows multicast pairs in groups of WIDE_GROUP rows from WIDE_N columns
+    only, below it KW tiles where they fill the last wave better than a full wave or more
+    of 256 x 128 tiles."""
     from kaio_ops import _int4_hopper
 
     def plan(m, n, k):
@@ -420,7 +423,12 @@ def test_int4_swap_plan_bands():
         return (split, *(consts[key] for key in keys))
 
     g, wide = _int4_hopper.GROUP_M, _int4_hopper.WIDE_GROUP
-    assert plan(64, 4096, 4096) == (8, 4, 64, 0, 0, g, 0)  # 16 tiles of 64 x 256, split 8
+    assert plan(64, 4096, 4096) == (2, 2, 64, 1, 0, g, 1)  # 64 KW tiles, a cluster pair
+    assert plan(17, 8192, 8192) == (1, 2, 32, 0, 0, g, 1)  # 128 KW tiles of 32 x 64
+    assert plan(64, 10240, 8192) == (3, 4, 64, 0, 0, g, 0)  # 160 KW tiles: 64 x 256, split 3
+    assert plan(1024, 6144, 4096) == (1, 2, 256, 0, 0, g, 1)  # 384 KW tiles fill 97%, 192 73%
+    assert plan(1024, 4096, 4096)[6] == 0  # 128 tiles of 256 x 128 fill as well as 256
+    assert plan(1000, 1024, 14336)[6] == 0  # 32 tiles of 256 x 128: a K split, not KW
     assert plan(512, 4096, 4096) == (1, 2, 256, 0, 0, g, 1)  # 128 KW tiles of 256 x 64
     assert plan(256, 4096, 4096) == (1, 2, 128, 0, 0, g, 1)  # 128-row ones, no split
     assert plan(256, 4096, 14336) == (2, 2, 256, 1, 0, g, 1)  # K past 4096: a cluster pair
@@ -1083,14 +1091,17 @@ def test_gpu_int4_multi_tile(m, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "m, n, k, out_dtype",
-    [(17, 4096, 4096, None), (200, 4104, 4096, None), (1000, 1024, 14336, "float16"),
+    [(17, 4096, 4096, None), (40, 10240, 2048, "float16"), (700, 6144, 1024, "bfloat16"),
+     (200, 4104, 4096, None), (1000, 1024, 14336, "float16"),
      (300, 4096, 4096, None), (2048, 8192, 4096, "float16"), (4096, 4096, 4096, "bfloat16"),
      (100, 8192, 4096, None), (256, 8192, 2048, "float16"), (600, 32768, 1024, "float16"),
      (120, 4096, 2048, "float16"), (200, 1024, 4096, "bfloat16")],
 )  # fmt: skip
 def test_gpu_int4_wgmma(m, n, k, out_dtype):
-    """M > 16 on sm_90 (the wgmma kernel: 4 consumer warpgroups and a workspace K split at
-    17 rows; at 65-512 rows two warpgroups sharing BM x 64 tiles, each every other K slice
+    """M > 16 on sm_90 (the wgmma kernel: at 17 rows KW tiles of 32 x 64 in cluster pairs,
+    at 40 rows of N = 10240 4 consumer warpgroups side by side and a workspace K split of 3,
+    at 700 rows of N = 6144 KW tiles of 256 x 64 (they fill the last wave better); at 65-512
+    rows two warpgroups sharing BM x 64 tiles, each every other K slice
     (KW: a cluster pair's K split at 120 and 200 rows; 128-row tiles at 100 rows, 256 at 256
     and 300; 128-row tiles and a K split of 4 through the workspace at 200 rows of N =
     1024), 256-row tiles past 512 rows (multicast pairs in
