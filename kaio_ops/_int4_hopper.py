@@ -172,14 +172,23 @@ KW_HALVE_K = 4096
 KW_WAVE = 0.05
 
 # KW tiles at 17-64 rows too (two warpgroups on BM x 64 tiles, BM the rows rounded up to 32,
-# a cluster pair's K split where swap_split asks for 2), where they number at most the SMs
-# and need no split past 2: int4w35 round A of 2026-11-27 (H100, x cuBLAS f16, the median
-# of 3 interleaved passes, against 16-40 tiles of 4 warpgroups side by side and a K split of
-# 3-8 through the workspace): 4096x4096 M=32 1.44x against 1.35x, M=64 1.33x against 1.13x;
-# 8192x8192 M=64 1.82x against 1.68x; 6144x4096 M=64 1.48x against 1.35x; 4096x14336 M=64
-# 1.82x against 1.76x. With more tiles than SMs they lost (10240x8192 M=64, 160 tiles:
-# 1.28x against 1.86x; 57344x8192, 896 tiles: 1.98x against 2.27x), as did 4 warpgroups on
-# the same tiles (1.27x, 1.65x at 4096x4096 and 8192x8192 M=64). Past 512 rows KW tiles of
+# a cluster pair's K split where swap_split asks for 2), where they number at most the SMs,
+# need no split past 2, and the workspace of the tiles of before (4 warpgroups side by side,
+# a K split of 3-8 summed by a second launch: split M N 4 bytes written and read) is at
+# least a quarter of the words' K N / 2 bytes (32 split M >= K): int4w35 rounds A and B of
+# 2026-11-27 (H100, x cuBLAS f16, the median of 3 interleaved passes, KW against the tiles
+# of before): 4096x4096 (split 8) M=17 1.41x against 1.39x, M=32 1.42-1.44x against
+# 1.33-1.35x, M=48 1.34x against 1.20x, M=64 1.33x against 1.13x; 8192x8192 M=64 (split 4)
+# 1.82x against 1.68x; 6144x4096 (split 5) M=64 1.48x against 1.35x, M=32 1.57x against
+# 1.62x (the one loss); 4096x14336 M=64 (split 8) 1.82x against 1.76x. Where the workspace
+# is smaller they tied or lost (8192x8192 M=32 1.96x against 1.95x, 4096x14336 M=32 1.84x
+# against 1.96x, 8192x28672 M=64 1.97x against 2.30x); with more tiles than SMs they lost
+# (10240x8192 M=64, 160 tiles: 1.28x against 1.86x; 57344x8192, 896 tiles: 1.98x against
+# 2.27x), as did 4 warpgroups on the same tiles (1.27x, 1.65x at 4096x4096 and 8192x8192
+# M=64). K splits of the qkv shapes' partial waves lost everywhere (round B: 6144x4096
+# M=512 in clusters of 4 0.48x against 0.87x, KW tiles in cluster pairs 0.62x; 10240x8192
+# M=256 in clusters of 3 0.66x against 0.88x, a split of 3 through the workspace 0.88x).
+# Past 512 rows KW tiles of
 # 256 x 64 where they fill the last wave better by KW_WAVE than 256 x 128 ones (round A:
 # 6144x4096 M=1024, 384 tiles against 192 on 132 SMs, 0.96x against 0.83x; 10240x8192
 # M=1024, 640 against 320, 0.96x against 0.83x).
@@ -200,19 +209,21 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
     up to 256 rows), 64-column tiles if those need none (past 2), else (past 128 rows)
     128-row tiles; then KW tiles where they win (``KW_HALVE_K``: the comment above it);
     up to ``KW_SMALL_M`` rows KW tiles where they fill the SMs with a K split of at most 2
-    (a cluster pair); past 512 rows at N >= ``WIDE_N``, multicast pairs in groups of
+    (a cluster pair) and the tiles of before would write a workspace of a quarter of the
+    words or more; past 512 rows at N >= ``WIDE_N``, multicast pairs in groups of
     ``WIDE_GROUP`` rows, below it KW tiles where the 256 x 128 ones fill the SMs at least
     once and the KW tiles fill the last wave better by ``KW_WAVE`` (the comment above
     ``KW_SMALL_M``)."""
     _, wg, bm, cl, mc, bufs, early = next(row for row in SWAP_PLANS if m <= row[0])
-    if n and sms and m <= KW_SMALL_M:
-        bm32 = -(-m // 32) * 32
-        narrow = math.ceil(m / bm32) * math.ceil(n / 64)
-        if narrow <= sms and swap_split(narrow, k, sms) <= 2:
-            return 2, bm32, 0, 0, 1, 0, 0, bufs, 0, 0, 1
     step = 16 if mc else 8
     bm = bm or min(256, -(-m // step) * step)
     tiles = math.ceil(m / bm) * math.ceil(n / (64 * wg))
+    if n and sms and m <= KW_SMALL_M:
+        bm32 = -(-m // 32) * 32
+        narrow = math.ceil(m / bm32) * math.ceil(n / 64)
+        split = swap_split(tiles, k, sms)  # the workspace's: split M N 4 bytes
+        if narrow <= sms and swap_split(narrow, k, sms) <= 2 and 32 * split * m >= k > 0:
+            return 2, bm32, 0, 0, 1, 0, 0, bufs, 0, 0, 1
     most = 2 if m <= 256 else 1  # the K split that 65-512 rows take
     group = kw = 0
     if n and 64 < m <= 512 and swap_split(tiles, k, sms) > most:

@@ -411,7 +411,8 @@ def test_int4_swap_plan_bands():
     (256-row tiles that need a K split halved instead up to K = KW_HALVE_K), where
     128-column tiles need a K split, or where twice the tiles fill the last wave better;
     up to 64 rows KW tiles where they are no more than the SMs (a cluster pair's split at
-    most); past 512 rows multicast pairs in groups of WIDE_GROUP rows from WIDE_N columns
+    most) and the tiles of before would write a workspace of a quarter of the words or
+    more; past 512 rows multicast pairs in groups of WIDE_GROUP rows from WIDE_N columns
     only, below it KW tiles where they fill the last wave better than a full wave or more
     of 256 x 128 tiles."""
     from kaio_ops import _int4_hopper
@@ -424,7 +425,8 @@ def test_int4_swap_plan_bands():
 
     g, wide = _int4_hopper.GROUP_M, _int4_hopper.WIDE_GROUP
     assert plan(64, 4096, 4096) == (2, 2, 64, 1, 0, g, 1)  # 64 KW tiles, a cluster pair
-    assert plan(17, 8192, 8192) == (1, 2, 32, 0, 0, g, 1)  # 128 KW tiles of 32 x 64
+    assert plan(64, 8192, 8192) == (1, 2, 64, 0, 0, g, 1)  # 128 KW tiles of 64 x 64
+    assert plan(32, 8192, 8192) == (4, 4, 32, 0, 0, g, 0)  # a workspace of 1/8 the words
     assert plan(64, 10240, 8192) == (3, 4, 64, 0, 0, g, 0)  # 160 KW tiles: 64 x 256, split 3
     assert plan(1024, 6144, 4096) == (1, 2, 256, 0, 0, g, 1)  # 384 KW tiles fill 97%, 192 73%
     assert plan(1024, 4096, 4096)[6] == 0  # 128 tiles of 256 x 128 fill as well as 256
