@@ -194,6 +194,15 @@ KW_WAVE = 0.05
 # M=1024, 640 against 320, 0.96x against 0.83x).
 KW_SMALL_M = 64
 
+# At 65-512 rows, tiles of 128 x 192 (three consumer warpgroups side by side, EARLY off)
+# where they fit in one wave and take less time than the tiles above by the SMs' waves,
+# counting them THREE_GAIN as fast a value as 256 x 128 ones (round C of int4w35,
+# 2026-11-27, H100, x cuBLAS f16: 6144x4096 M=512, 128 tiles against 96 of 256 x 128,
+# 0.92x against 0.87x; 10240x8192 M=256, 108 against 80, 0.93x against 0.83x; where they
+# need two waves they lost: 10240x8192 M=512, 216 against 320 KW tiles, 0.75x against
+# 0.85x; 6144x4096 M=1024, 256 against 384 KW tiles, 0.89x against 0.95x).
+THREE_GAIN = 0.85
+
 
 def wave_fill(tiles: int, sms: int) -> float:
     """The share of ``sms`` multiprocessors that ``tiles`` tiles of equal work keep busy over
@@ -208,6 +217,7 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
     GPU's ``sms``: at 65-512 rows, where the 64 WG-column tiles would need a K split (past 2
     up to 256 rows), 64-column tiles if those need none (past 2), else (past 128 rows)
     128-row tiles; then KW tiles where they win (``KW_HALVE_K``: the comment above it);
+    then 128 x 192 tiles where one wave of them beats the tiles above (``THREE_GAIN``);
     up to ``KW_SMALL_M`` rows KW tiles where they fill the SMs with a K split of at most 2
     (a cluster pair) and the tiles of before would write a workspace of a quarter of the
     words or more; past 512 rows at N >= ``WIDE_N``, multicast pairs in groups of
@@ -246,6 +256,11 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
             )
         if kw:
             wg, bm, early = 2, bm32, 0
+        mine = math.ceil(m / bm) * math.ceil(n / (64 if kw else 64 * wg))
+        three = math.ceil(m / 128) * math.ceil(n / 192)  # 128 x 192 tiles: 3 warpgroups
+        if swap_split(mine, k, sms) == 1 and three <= sms:
+            if 128 * 192 < THREE_GAIN * bm * (64 if kw else 64 * wg) * math.ceil(mine / sms):
+                wg, bm, early, kw = 3, 128, 0, 0
     if n and sms and m > 512 and n < WIDE_N:
         wide = math.ceil(m / bm) * math.ceil(n / 128)
         narrow = math.ceil(m / bm) * math.ceil(n / 64)

@@ -347,6 +347,9 @@ SWAP_CASES = [
     (50, 192, 256, "float16", (2, 32, 4, 1, 0, 0, 2, 2, 1, 0, 1), 2),
     (20, 136, 512, "bfloat16", (2, 64, 4, 2, 1, 0, 2, 2, 1, 0, 1), None),
     (33, 72, 768, None, (3, 96, 6, 1, 0, 0, 3, 2, 1, 0, 1), None),
+    # 3 consumer warpgroups side by side (192-column tiles, the route's 128 x 192 at 65-512
+    # rows): 4 tiles on 2 blocks, the second column of tiles 8 columns wide
+    (40, 200, 256, "float16", (3, 32, 0, 1, 0, 0, 2, 2, 0), 2),
     # LATE (config[11]): the words' stage freed after the wgmmas are issued, with EARLY's
     # reads of the next slice after it, KW, 6 tiles on 2 blocks
     (50, 192, 256, "float16", (2, 32, 4, 1, 0, 0, 2, 2, 1, 0, 1, 1), 2),
@@ -414,7 +417,8 @@ def test_int4_swap_plan_bands():
     most) and the tiles of before would write a workspace of a quarter of the words or
     more; past 512 rows multicast pairs in groups of WIDE_GROUP rows from WIDE_N columns
     only, below it KW tiles where they fill the last wave better than a full wave or more
-    of 256 x 128 tiles."""
+    of 256 x 128 tiles; at 65-512 rows one wave of 128 x 192 tiles where it beats the tiles
+    above by its waves."""
     from kaio_ops import _int4_hopper
 
     def plan(m, n, k):
@@ -430,6 +434,9 @@ def test_int4_swap_plan_bands():
     assert plan(64, 10240, 8192) == (3, 4, 64, 0, 0, g, 0)  # 160 KW tiles: 64 x 256, split 3
     assert plan(1024, 6144, 4096) == (1, 2, 256, 0, 0, g, 1)  # 384 KW tiles fill 97%, 192 73%
     assert plan(1024, 4096, 4096)[6] == 0  # 128 tiles of 256 x 128 fill as well as 256
+    assert plan(512, 6144, 4096) == (1, 3, 128, 0, 0, g, 0)  # 128 of 128 x 192, not 96
+    assert plan(256, 10240, 8192) == (1, 3, 128, 0, 0, g, 0)  # 108, not 80 of 256 x 128
+    assert plan(512, 10240, 8192) == (1, 2, 256, 0, 0, g, 1)  # 216 would take two waves
     assert plan(1000, 1024, 14336)[6] == 0  # 32 tiles of 256 x 128: a K split, not KW
     assert plan(512, 4096, 4096) == (1, 2, 256, 0, 0, g, 1)  # 128 KW tiles of 256 x 64
     assert plan(256, 4096, 4096) == (1, 2, 128, 0, 0, g, 1)  # 128-row ones, no split
@@ -1094,6 +1101,7 @@ def test_gpu_int4_multi_tile(m, monkeypatch):
 @pytest.mark.parametrize(
     "m, n, k, out_dtype",
     [(17, 4096, 4096, None), (40, 10240, 2048, "float16"), (700, 6144, 1024, "bfloat16"),
+     (250, 10240, 1024, "float16"),
      (200, 4104, 4096, None), (1000, 1024, 14336, "float16"),
      (300, 4096, 4096, None), (2048, 8192, 4096, "float16"), (4096, 4096, 4096, "bfloat16"),
      (100, 8192, 4096, None), (256, 8192, 2048, "float16"), (600, 32768, 1024, "float16"),
@@ -1102,7 +1110,9 @@ def test_gpu_int4_multi_tile(m, monkeypatch):
 def test_gpu_int4_wgmma(m, n, k, out_dtype):
     """M > 16 on sm_90 (the wgmma kernel: at 17 rows KW tiles of 32 x 64 in cluster pairs,
     at 40 rows of N = 10240 4 consumer warpgroups side by side and a workspace K split of 3,
-    at 700 rows of N = 6144 KW tiles of 256 x 64 (they fill the last wave better); at 65-512
+    at 700 rows of N = 6144 KW tiles of 256 x 64 (they fill the last wave better), at 250
+    rows of N = 10240 3 consumer warpgroups on 128 x 192 tiles, the last column of tiles
+    partly past N; at 65-512
     rows two warpgroups sharing BM x 64 tiles, each every other K slice
     (KW: a cluster pair's K split at 120 and 200 rows; 128-row tiles at 100 rows, 256 at 256
     and 300; 128-row tiles and a K split of 4 through the workspace at 200 rows of N =
