@@ -8,7 +8,7 @@ import importlib.util
 import itertools
 import os
 import re
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -564,8 +564,11 @@ def test_int4_swap_plans_fit():
             )
             assert shared <= _int4_hopper.SHARED_LIMIT and split <= (8 if consts["CL"] else 64)
             seen[(*cfg, consts["SPLIT"])] = consts
-    for consts in seen.values():
-        report = assemble(_int4_hopper.int4_swap.ptx(arch="sm_90", **consts), "sm_90a")
+    builds = list(seen.values())
+    texts = [_int4_hopper.int4_swap.ptx(arch="sm_90", **consts) for consts in builds]
+    with ThreadPoolExecutor(4) as pool:  # ptxas runs in processes of its own
+        reports = list(pool.map(lambda ptx: assemble(ptx, "sm_90a"), texts))
+    for consts, report in zip(builds, reports, strict=True):
         assert " 0 bytes spill stores" in report and "C751" not in report, (consts, report)
         _assert_registers_balance(report, consts)
 
