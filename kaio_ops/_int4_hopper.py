@@ -171,6 +171,38 @@ WIDE_GROUP = 4
 KW_HALVE_K = 4096
 KW_WAVE = 0.05
 
+# KW tiles at 17-64 rows too (two warpgroups on BM x 64 tiles, BM the rows rounded up to 32,
+# a cluster pair's K split where swap_split asks for 2), where they number at most the SMs,
+# need no split past 2, and the workspace of the tiles of before (4 warpgroups side by side,
+# a K split of 3-8 summed by a second launch: split M N 4 bytes written and read) is at
+# least a quarter of the words' K N / 2 bytes (32 split M >= K): int4w35 rounds A and B of
+# 2026-11-27 (H100, x cuBLAS f16, the median of 3 interleaved passes, KW against the tiles
+# of before): 4096x4096 (split 8) M=17 1.41x against 1.39x, M=32 1.42-1.44x against
+# 1.33-1.35x, M=48 1.34x against 1.20x, M=64 1.33x against 1.13x; 8192x8192 M=64 (split 4)
+# 1.82x against 1.68x; 6144x4096 (split 5) M=64 1.48x against 1.35x, M=32 1.57x against
+# 1.62x (the one loss); 4096x14336 M=64 (split 8) 1.82x against 1.76x. Where the workspace
+# is smaller they tied or lost (8192x8192 M=32 1.96x against 1.95x, 4096x14336 M=32 1.84x
+# against 1.96x, 8192x28672 M=64 1.97x against 2.30x); with more tiles than SMs they lost
+# (10240x8192 M=64, 160 tiles: 1.28x against 1.86x; 57344x8192, 896 tiles: 1.98x against
+# 2.27x), as did 4 warpgroups on the same tiles (1.27x, 1.65x at 4096x4096 and 8192x8192
+# M=64). K splits of the qkv shapes' partial waves lost everywhere (round B: 6144x4096
+# M=512 in clusters of 4 0.48x against 0.87x, KW tiles in cluster pairs 0.62x; 10240x8192
+# M=256 in clusters of 3 0.66x against 0.88x, a split of 3 through the workspace 0.88x).
+# Past 512 rows KW tiles of
+# 256 x 64 where they fill the last wave better by KW_WAVE than 256 x 128 ones (round A:
+# 6144x4096 M=1024, 384 tiles against 192 on 132 SMs, 0.96x against 0.83x; 10240x8192
+# M=1024, 640 against 320, 0.96x against 0.83x).
+KW_SMALL_M = 64
+
+# At 65-512 rows, tiles of 128 x 192 (three consumer warpgroups side by side, EARLY off)
+# where they fit in one wave and take less time than the tiles above by the SMs' waves,
+# counting them THREE_GAIN as fast a value as 256 x 128 ones (round C of int4w35,
+# 2026-11-27, H100, x cuBLAS f16: 6144x4096 M=512, 128 tiles against 96 of 256 x 128,
+# 0.92x against 0.87x; 10240x8192 M=256, 108 against 80, 0.93x against 0.83x; where they
+# need two waves they lost: 10240x8192 M=512, 216 against 320 KW tiles, 0.75x against
+# 0.85x; 6144x4096 M=1024, 256 against 384 KW tiles, 0.89x against 0.95x).
+THREE_GAIN = 0.85
+
 
 def wave_fill(tiles: int, sms: int) -> float:
     """The share of ``sms`` multiprocessors that ``tiles`` tiles of equal work keep busy over
@@ -185,11 +217,23 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
     GPU's ``sms``: at 65-512 rows, where the 64 WG-column tiles would need a K split (past 2
     up to 256 rows), 64-column tiles if those need none (past 2), else (past 128 rows)
     128-row tiles; then KW tiles where they win (``KW_HALVE_K``: the comment above it);
-    past 512 rows at N >= ``WIDE_N``, multicast pairs in groups of ``WIDE_GROUP`` rows."""
+    then 128 x 192 tiles where one wave of them beats the tiles above (``THREE_GAIN``);
+    up to ``KW_SMALL_M`` rows KW tiles where they fill the SMs with a K split of at most 2
+    (a cluster pair) and the tiles of before would write a workspace of a quarter of the
+    words or more; past 512 rows at N >= ``WIDE_N``, multicast pairs in groups of
+    ``WIDE_GROUP`` rows, below it KW tiles where the 256 x 128 ones fill the SMs at least
+    once and the KW tiles fill the last wave better by ``KW_WAVE`` (the comment above
+    ``KW_SMALL_M``)."""
     _, wg, bm, cl, mc, bufs, early = next(row for row in SWAP_PLANS if m <= row[0])
     step = 16 if mc else 8
     bm = bm or min(256, -(-m // step) * step)
     tiles = math.ceil(m / bm) * math.ceil(n / (64 * wg))
+    if n and sms and m <= KW_SMALL_M:
+        bm32 = -(-m // 32) * 32
+        narrow = math.ceil(m / bm32) * math.ceil(n / 64)
+        split = swap_split(tiles, k, sms)  # the workspace's: split M N 4 bytes
+        if narrow <= sms and swap_split(narrow, k, sms) <= 2 and 32 * split * m >= k > 0:
+            return 2, bm32, 0, 0, 1, 0, 0, bufs, 0, 0, 1
     most = 2 if m <= 256 else 1  # the K split that 65-512 rows take
     group = kw = 0
     if n and 64 < m <= 512 and swap_split(tiles, k, sms) > most:
@@ -212,6 +256,16 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
             )
         if kw:
             wg, bm, early = 2, bm32, 0
+        mine = math.ceil(m / bm) * math.ceil(n / (64 if kw else 64 * wg))
+        three = math.ceil(m / 128) * math.ceil(n / 192)  # 128 x 192 tiles: 3 warpgroups
+        if swap_split(mine, k, sms) == 1 and three <= sms:
+            if 128 * 192 < THREE_GAIN * bm * (64 if kw else 64 * wg) * math.ceil(mine / sms):
+                wg, bm, early, kw = 3, 128, 0, 0
+    if n and sms and m > 512 and n < WIDE_N:
+        wide = math.ceil(m / bm) * math.ceil(n / 128)
+        narrow = math.ceil(m / bm) * math.ceil(n / 64)
+        if wide >= sms and wave_fill(narrow, sms) >= wave_fill(wide, sms) + KW_WAVE:
+            wg, early, kw = 2, 0, 1
     if m > 512 and n >= WIDE_N:
         mc, group = 1, WIDE_GROUP
     return wg, bm, 0, 0, cl, mc, 0, bufs, early, group, kw
@@ -342,6 +396,7 @@ def swap_slice(
     lt: u32,
     more: bool_, BUF: kaio.constexpr, STAGES: kaio.constexpr, MC: kaio.constexpr,
     WSTAGES: kaio.constexpr, BUFS: kaio.constexpr, EARLY: kaio.constexpr, KW: kaio.constexpr,
+    LATE: kaio.constexpr = 0,
 ):  # fmt: skip
     """One 64-deep K slice of a consumer warpgroup: its words (``load_words``; with
     ``EARLY`` read during the slice before) made into the A fragments of its 4 steps (buffer
@@ -354,7 +409,9 @@ def swap_slice(
     ``at[3]``), whose wgmmas are then done. The words go ahead of the activations in a ring
     of their own (``WSTAGES``), so the fragments are made while the activations are still on
     their way. With ``KW`` warpgroups taking the tile's slices in turn, ``kt`` counts this
-    warpgroup's slices and its stages are every ``KW``-th of both rings."""
+    warpgroup's slices and its stages are every ``KW``-th of both rings. ``LATE``: the
+    words' stage is freed once the wgmmas are issued, off the path from the fragments to
+    the wgmmas (``free_words``)."""
     if not EARLY:
         load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES, KW)
     pair = wr[WORD_ROWS, 0]
@@ -366,10 +423,8 @@ def swap_slice(
             af[BUF, kk, r] = nibble_pair(
                 wr[2 * kk + r // 2, r % 2], sel, kaio.bitcast(scale[r % 2], f16x2)
             )
-    kaio.fence_proxy_async()  # the words' reads before the stage's next TMA copy
-    kaio.sync_warp()
-    if lt % 32 == 0:  # every warp of every consumer warpgroup: the stage is free
-        kaio.mbarrier_arrive(bars, (4, at[4]))
+    if not LATE:
+        free_words(bars, at[4], lt)
     s = at[0]
     kaio.mbarrier_wait(bars, (0, s), u32(at[1]))
     kaio.wgmma_fence()
@@ -377,6 +432,8 @@ def swap_slice(
         db = kaio.smem_descriptor(sx, (s, 0, kk * 16), SW, 16, 1024)
         kaio.wgmma_f16(acc, af[BUF, kk], db, kt + kk > 0)
     kaio.wgmma_commit()
+    if LATE:
+        free_words(bars, at[4], lt)
     if EARLY and more:
         load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES, KW)
     kaio.wgmma_wait(BUFS - 1)
@@ -386,6 +443,17 @@ def swap_slice(
         at[3] = at[2]
     at[2] = s
     advance_by(at, STAGES, KW)
+
+
+@kaio.gpu_func
+def free_words(bars: u64[:, :], w: i32, lt: u32):
+    """A consumer warp's arrival on the words' stage ``w``'s "free" barrier once its lanes
+    have read the words (every warp of every consumer warpgroup arrives), after a proxy
+    fence: the reads ordered before the stage's next TMA copy."""
+    kaio.fence_proxy_async()
+    kaio.sync_warp()
+    if lt % 32 == 0:
+        kaio.mbarrier_arrive(bars, (4, w))
 
 
 @kaio.gpu_func
@@ -433,7 +501,7 @@ def int4_swap(
     M: u32, N: u32, K: u32, k_slice: u32, WG: kaio.constexpr, BM: kaio.constexpr,
     STAGES: kaio.constexpr, SPLIT: kaio.constexpr, CL: kaio.constexpr, REGS: kaio.constexpr,
     OUT: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr, BUFS: kaio.constexpr,
-    EARLY: kaio.constexpr, GROUP: kaio.constexpr, KW: kaio.constexpr,
+    EARLY: kaio.constexpr, GROUP: kaio.constexpr, KW: kaio.constexpr, LATE: kaio.constexpr,
 ):  # fmt: skip
     """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block
     computes ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG`` consumer
@@ -571,7 +639,8 @@ def int4_swap(
                 for b in kaio.static_range(BUFS):
                     more = not (last and kt + b == ck - 1)
                     swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt + b, nl, sel, lt,
-                               more, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP)  # fmt: skip
+                               more, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP,
+                               LATE)  # fmt: skip
             rest = ck % BUFS
             if rest:
                 kaio.wgmma_wait(0)
@@ -580,7 +649,8 @@ def int4_swap(
                         kt = ck - rest + b
                         more = not (last and kt == ck - 1)
                         swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt, nl, sel, lt,
-                                   more, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP)  # fmt: skip
+                                   more, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP,
+                               LATE)  # fmt: skip
             kaio.wgmma_wait(0)
             if lt == 0:  # the tile's last slices, not freed in the loop
                 if BUFS == 3 and ck > 1:
@@ -833,6 +903,7 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     early = int(bool(more[4])) if len(more) > 4 else 0
     group = (more[5] if len(more) > 5 else 0) or GROUP_M
     kw = int(bool(more[6])) if len(more) > 6 else 0
+    late = int(bool(more[7])) if len(more) > 7 else 0
     if bufs not in (2, 3):
         raise ValueError(f"int4_swap: BUFS (fragment buffers) must be 2 or 3, got {bufs}")
     stages = stages or swap_stages(wg, bm, kw)
@@ -859,13 +930,14 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     consts = {"WG": wg, "BM": bm, "STAGES": stages, "SPLIT": split if cl else min(split, 2),
               "CL": cl, "REGS": swap_registers(wg), "OUT": out_type, "MC": mc,
               "WSTAGES": wstages, "BUFS": bufs, "EARLY": early, "GROUP": group,
-              "KW": kw}  # fmt: skip
+              "KW": kw, "LATE": late}  # fmt: skip
     return split, k_slice, tiles, consts
 
 
 def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     """``a @ W`` rounded to ``out_type`` by ``int4_swap`` (operands as ``launch``) with ``config``
-    = (WG, BM, STAGES, split[, CL[, MC[, WSTAGES[, BUFS[, EARLY[, GROUP[, KW]]]]]]]; 0: as
+    = (WG, BM, STAGES, split[, CL[, MC[, WSTAGES[, BUFS[, EARLY[, GROUP[, KW[, LATE]]]]]]]];
+    0: as
     many stages as fit, ``GROUP_M`` tile rows a group,
     ``swap_split``'s split): a persistent grid of at most ``sms`` blocks along x, the K split
     along z summed by ``finish``, or with ``CL`` (and a split of 2 to 8; CL 1 and a split past 2
@@ -874,7 +946,8 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     of two blocks sharing a's rows by TMA multicast (at most ``sms`` blocks along x, two a pair
     of tiles; a K split along z, or with ``CL`` a cluster of ``split`` pairs, one pair of
     tiles a cluster); with ``KW`` the ``WG`` warpgroups share ``BM x 64`` tiles, taking their
-    K slices in turn."""
+    K slices in turn; with ``LATE`` a slice's words' stage is freed after its wgmmas are
+    issued."""
     from kaio_ops import _arrays
     from kaio_ops.linear import _placeholder
 
@@ -911,7 +984,8 @@ def swap_specializations() -> list:
     consumer count, the widest and narrowest activation tiles, a K split through the
     workspace and through a cluster, every output type, pairs of tiles sharing a's rows by
     multicast (also in a cluster with a K split), three fragment buffers, the next slice's
-    words read early, warpgroups taking a tile's K slices in turn (``KW``)."""
+    words read early, warpgroups taking a tile's K slices in turn (``KW``), the words'
+    stage freed after the wgmmas (``LATE``)."""
     out = []
     plain = (  # without multicast
         (1, 8, 2, 1, f32, 0, 2, 0),
@@ -934,13 +1008,15 @@ def swap_specializations() -> list:
         (2, 256, 2, 1, bf16, 1, 2, 0),
         (3, 128, 2, 0, f32, 1, 2, 1),
     )
-    for i, (wg, bm, split, cl, ot, mc, bufs, early) in enumerate(plain + multicast + split_k):
+    cases = plain + multicast + split_k
+    for i, (wg, bm, split, cl, ot, mc, bufs, early) in enumerate(cases):
         kw = int(i >= len(plain + multicast))
         mc *= 1 - kw
         stages = swap_stages(wg, bm, kw)
         consts = {"WG": wg, "BM": bm, "STAGES": stages, "SPLIT": split, "CL": cl,
                   "REGS": swap_registers(wg), "OUT": ot, "MC": mc,
                   "WSTAGES": swap_word_stages(wg, bm, stages, kw), "BUFS": bufs,
-                  "EARLY": early, "GROUP": GROUP_M, "KW": kw}  # fmt: skip
+                  "EARLY": early, "GROUP": GROUP_M, "KW": kw,
+                  "LATE": int(i == len(cases) - 1)}  # fmt: skip
         out.append((int4_swap, consts))
     return out

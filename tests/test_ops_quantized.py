@@ -8,7 +8,7 @@ import importlib.util
 import itertools
 import os
 import re
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -347,6 +347,12 @@ SWAP_CASES = [
     (50, 192, 256, "float16", (2, 32, 4, 1, 0, 0, 2, 2, 1, 0, 1), 2),
     (20, 136, 512, "bfloat16", (2, 64, 4, 2, 1, 0, 2, 2, 1, 0, 1), None),
     (33, 72, 768, None, (3, 96, 6, 1, 0, 0, 3, 2, 1, 0, 1), None),
+    # 3 consumer warpgroups side by side (192-column tiles, the route's 128 x 192 at 65-512
+    # rows): 4 tiles on 2 blocks, the second column of tiles 8 columns wide
+    (40, 200, 256, "float16", (3, 32, 0, 1, 0, 0, 2, 2, 0), 2),
+    # LATE (config[11]): the words' stage freed after the wgmmas are issued, with EARLY's
+    # reads of the next slice after it, KW, 6 tiles on 2 blocks
+    (50, 192, 256, "float16", (2, 32, 4, 1, 0, 0, 2, 2, 1, 0, 1, 1), 2),
 ]
 
 
@@ -407,7 +413,12 @@ def test_int4_swap_plan_bands():
     warpgroups sharing BM x 64 tiles) where one warpgroup's 64-column tiles were the choice
     (256-row tiles that need a K split halved instead up to K = KW_HALVE_K), where
     128-column tiles need a K split, or where twice the tiles fill the last wave better;
-    past 512 rows multicast pairs in groups of WIDE_GROUP rows from WIDE_N columns only."""
+    up to 64 rows KW tiles where they are no more than the SMs (a cluster pair's split at
+    most) and the tiles of before would write a workspace of a quarter of the words or
+    more; past 512 rows multicast pairs in groups of WIDE_GROUP rows from WIDE_N columns
+    only, below it KW tiles where they fill the last wave better than a full wave or more
+    of 256 x 128 tiles; at 65-512 rows one wave of 128 x 192 tiles where it beats the tiles
+    above by its waves."""
     from kaio_ops import _int4_hopper
 
     def plan(m, n, k):
@@ -417,7 +428,16 @@ def test_int4_swap_plan_bands():
         return (split, *(consts[key] for key in keys))
 
     g, wide = _int4_hopper.GROUP_M, _int4_hopper.WIDE_GROUP
-    assert plan(64, 4096, 4096) == (8, 4, 64, 0, 0, g, 0)  # 16 tiles of 64 x 256, split 8
+    assert plan(64, 4096, 4096) == (2, 2, 64, 1, 0, g, 1)  # 64 KW tiles, a cluster pair
+    assert plan(64, 8192, 8192) == (1, 2, 64, 0, 0, g, 1)  # 128 KW tiles of 64 x 64
+    assert plan(32, 8192, 8192) == (4, 4, 32, 0, 0, g, 0)  # a workspace of 1/8 the words
+    assert plan(64, 10240, 8192) == (3, 4, 64, 0, 0, g, 0)  # 160 KW tiles: 64 x 256, split 3
+    assert plan(1024, 6144, 4096) == (1, 2, 256, 0, 0, g, 1)  # 384 KW tiles fill 97%, 192 73%
+    assert plan(1024, 4096, 4096)[6] == 0  # 128 tiles of 256 x 128 fill as well as 256
+    assert plan(512, 6144, 4096) == (1, 3, 128, 0, 0, g, 0)  # 128 of 128 x 192, not 96
+    assert plan(256, 10240, 8192) == (1, 3, 128, 0, 0, g, 0)  # 108, not 80 of 256 x 128
+    assert plan(512, 10240, 8192) == (1, 2, 256, 0, 0, g, 1)  # 216 would take two waves
+    assert plan(1000, 1024, 14336)[6] == 0  # 32 tiles of 256 x 128: a K split, not KW
     assert plan(512, 4096, 4096) == (1, 2, 256, 0, 0, g, 1)  # 128 KW tiles of 256 x 64
     assert plan(256, 4096, 4096) == (1, 2, 128, 0, 0, g, 1)  # 128-row ones, no split
     assert plan(256, 4096, 14336) == (2, 2, 256, 1, 0, g, 1)  # K past 4096: a cluster pair
@@ -544,8 +564,11 @@ def test_int4_swap_plans_fit():
             )
             assert shared <= _int4_hopper.SHARED_LIMIT and split <= (8 if consts["CL"] else 64)
             seen[(*cfg, consts["SPLIT"])] = consts
-    for consts in seen.values():
-        report = assemble(_int4_hopper.int4_swap.ptx(arch="sm_90", **consts), "sm_90a")
+    builds = list(seen.values())
+    texts = [_int4_hopper.int4_swap.ptx(arch="sm_90", **consts) for consts in builds]
+    with ThreadPoolExecutor(4) as pool:  # ptxas runs in processes of its own
+        reports = list(pool.map(lambda ptx: assemble(ptx, "sm_90a"), texts))
+    for consts, report in zip(builds, reports, strict=True):
         assert " 0 bytes spill stores" in report and "C751" not in report, (consts, report)
         _assert_registers_balance(report, consts)
 
@@ -573,7 +596,7 @@ def test_int4_swap_registers_can_be_granted():
         consts = {"WG": wg, "BM": bm, "STAGES": _int4_hopper.swap_stages(wg, bm), "SPLIT": 2,
                   "CL": 0, "REGS": _int4_hopper.swap_registers(wg), "OUT": f16, "MC": 0,
                   "WSTAGES": 4, "BUFS": 2, "EARLY": 1, "GROUP": _int4_hopper.GROUP_M,
-                  "KW": 0}  # fmt: skip
+                  "KW": 0, "LATE": 0}  # fmt: skip
         report = assemble(_int4_hopper.int4_swap.ptx(arch="sm_90", **consts), "sm_90a")
         assert " 0 bytes spill stores" in report, (consts, report)
         _assert_registers_balance(report, consts)
@@ -1080,14 +1103,20 @@ def test_gpu_int4_multi_tile(m, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "m, n, k, out_dtype",
-    [(17, 4096, 4096, None), (200, 4104, 4096, None), (1000, 1024, 14336, "float16"),
+    [(17, 4096, 4096, None), (40, 10240, 2048, "float16"), (700, 6144, 1024, "bfloat16"),
+     (250, 10240, 1024, "float16"),
+     (200, 4104, 4096, None), (1000, 1024, 14336, "float16"),
      (300, 4096, 4096, None), (2048, 8192, 4096, "float16"), (4096, 4096, 4096, "bfloat16"),
      (100, 8192, 4096, None), (256, 8192, 2048, "float16"), (600, 32768, 1024, "float16"),
      (120, 4096, 2048, "float16"), (200, 1024, 4096, "bfloat16")],
 )  # fmt: skip
 def test_gpu_int4_wgmma(m, n, k, out_dtype):
-    """M > 16 on sm_90 (the wgmma kernel: 4 consumer warpgroups and a workspace K split at
-    17 rows; at 65-512 rows two warpgroups sharing BM x 64 tiles, each every other K slice
+    """M > 16 on sm_90 (the wgmma kernel: at 17 rows KW tiles of 32 x 64 in cluster pairs,
+    at 40 rows of N = 10240 4 consumer warpgroups side by side and a workspace K split of 3,
+    at 700 rows of N = 6144 KW tiles of 256 x 64 (they fill the last wave better), at 250
+    rows of N = 10240 3 consumer warpgroups on 128 x 192 tiles, the last column of tiles
+    partly past N; at 65-512
+    rows two warpgroups sharing BM x 64 tiles, each every other K slice
     (KW: a cluster pair's K split at 120 and 200 rows; 128-row tiles at 100 rows, 256 at 256
     and 300; 128-row tiles and a K split of 4 through the workspace at 200 rows of N =
     1024), 256-row tiles past 512 rows (multicast pairs in
