@@ -29,6 +29,10 @@ tile are rewritten two tiles later, after each warpgroup has passed the next til
 barrier, so after both have finished the products that read them. dK, dV (scaled dK) are
 stored from registers; GQA's are summed over the group's heads inside the block, in a fixed
 order.
+
+With ``COLS`` 1 the dK/dV kernel is the varlen backward's at D 256
+(``_attention_hopper_varlen_bwd``): a block (key block, K/V head, sequence) of packed
+[tokens, heads * D] arrays, as the pair's ``attention_bwd_dkdv_wgmma`` with ``COLS`` 1.
 """
 
 # ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
@@ -50,6 +54,7 @@ from kaio_ops._attention_hopper_bwd import (
     release,
     store_ds,
     store_tile,
+    varlen_block,
     zero_acc,
 )
 from kaio_ops._attention_hopper_bwd_fused import write_dq_ordered, zero_acc_sem
@@ -114,13 +119,17 @@ def consume_split(
     k_s: DT[:, :, :], v_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :],
     stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], lse: f32[:], delta: f32[:],
     dk: DT[:], dv: DT[:], pt_s: DT[:, :, :], dq_s: f32[:, :], dq_acc: f32[:], wg: u32,
-    lt: u32, kvh: i32, first_head: i32, group: i32, first: i32, n_tiles: i32, k0: i32,
-    sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32, D: kaio.constexpr,
-    BM: kaio.constexpr, STAGES: kaio.constexpr, DQ: kaio.constexpr, DT: kaio.constexpr,
+    lt: u32, first_head: i32, group: i32, first: i32, n_tiles: i32, k0: i32,
+    sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32, shift: i32, stat_at: i32,
+    stat_stride: i32, out_at: i32, out_stride: i32, D: kaio.constexpr, BM: kaio.constexpr,
+    STAGES: kaio.constexpr, DQ: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """Consumer warpgroup ``wg`` (thread ``lt`` of it): dK and dV of the block's 64 keys in
     its D / 2 columns over the query tiles of the group's heads (module docstring), each
-    tile's products in turn, then stored. ``pt_s[2b]``, ``pt_s[2b + 1]``: P^T and dS^T of
+    tile's products in turn, then stored (rows ``out_stride`` apart from ``out_at``). The
+    queries are seen shifted by ``shift`` (the varlen kernel's bottom-right causal mask;
+    dense: 0); the lse and delta of the first head's seen query 0 are at ``stat_at``, the
+    next head's ``stat_stride`` further. ``pt_s[2b]``, ``pt_s[2b + 1]``: P^T and dS^T of
     buffer b, whose "full" barrier is ``bars[1, STAGES + b]`` (an arrival from each consumer
     warp). ``DQ`` 1: each tile's dQ = dS K too, this warpgroup's D / 2 columns over the
     block's 64 keys, handed to the writer through ``dq_s`` (``hand_dq``, its barriers
@@ -148,13 +157,13 @@ def consume_split(
     pb = i32(0)  # the P^T and dS^T buffers of this tile, their barrier's parity
     pph = u32(0)
     t = first
-    at0 = first_head * sq
+    at0 = stat_at
     for _i in range(total):
         kaio.mbarrier_wait(bars, (0, st), ph)
         front(s, dp, k_s, v_s, q_s, do_s, st, q1, D, DT)
         kaio.wgmma_wait(0)
-        grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM + q1, sq, kend, causal,
-                scale_log2, lane, H, 0)  # fmt: skip
+        grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM + q1 + shift, sq + shift, kend,
+                causal, scale_log2, lane, H, 0)  # fmt: skip
         hand_pt(pt_s, pb, s, dp, bars, kr, lane, lt, q1, H, STAGES, DT)
         kaio.mbarrier_wait(bars, (1, STAGES + pb), pph)  # both warpgroups' queries there
         kaio.wgmma_fence()
@@ -170,20 +179,21 @@ def consume_split(
             kaio.wgmma_wait(0)
             release(bars, st, lt)
         pb, pph = next_stage(pb, pph, 2)
-        t, at0 = next_tile(t, at0, first, n_tiles, sq)
+        t, at0 = next_tile(t, at0, first, n_tiles, stat_stride)
         st, ph = next_stage(st, ph, STAGES)
-    at = kvh * sk * D + NH * i32(wg)  # rows D apart, this warpgroup's columns
-    store_tile(dk, dka, at, key0, sk, scale, lane, NH, DT, 1, D)
-    store_tile(dv, dva, at, key0, sk, 1.0, lane, NH, DT, 1, D)
+    at = out_at + NH * i32(wg)  # this warpgroup's columns
+    store_tile(dk, dka, at, key0, sk, scale, lane, NH, DT, 1, out_stride)
+    store_tile(dv, dva, at, key0, sk, 1.0, lane, NH, DT, 1, out_stride)
 
 
 @kaio.gpu_kernel(fastmath=True)  # ex2.approx.ftz: one instruction an exponential
 def attention_bwd_dkdv_d256(
     tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
-    lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:], dq_acc: f32[:], sem: i32[:], sq: i32,
-    sk: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
+    lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:], dq_acc: f32[:], sem: i32[:], seq_q: i32,
+    seq_k: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
     D: kaio.constexpr, BM: kaio.constexpr, STAGES: kaio.constexpr, REGS: kaio.constexpr,
     DQ: kaio.constexpr, DT: kaio.constexpr, EARLY: kaio.constexpr,
+    cu_q: i32[:], cu_k: i32[:], tp: i32, COLS: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv [B * Hkv * sk * D] (flat) of the 64 keys of key block x (``block_idx_x``) and
     K/V head y (``block_idx_y``), summed over its group's query heads (module docstring).
@@ -196,7 +206,12 @@ def attention_bwd_dkdv_d256(
     before) in a fixed order (the semaphores ``sem``, zeros before:
     ``_attention_hopper_bwd_fused.write_dq_ordered``, by the producer warpgroup's warps 1
     to 3, ``EARLY`` its schedule: 1, dq_s free once the reduction has read it); key blocks
-    then run in decreasing order where causal (its module docstring)."""
+    then run in decreasing order where causal (its module docstring). ``COLS`` 1 (DQ 0):
+    the varlen kernel (``_attention_hopper_varlen_bwd``), as the pair's
+    (``_attention_hopper_bwd.attention_bwd_dkdv_wgmma``): K/V head y of sequence z = block
+    z of packed [tokens, heads * D] arrays (sq and sk read from the offsets ``cu_q``,
+    ``cu_k``), lse and delta [heads, tp] (``stats_start``), the queries seen shifted by sk -
+    sq (the bottom-right causal mask); ``COLS`` 0: cu_q, cu_k and tp unused."""
     C = D // 64
     TILE = 64 * 64 * 2  # a 64 x 64 block of DT
     RING = STAGES * BM * D * 2  # Q, resp. dO: the ring
@@ -215,12 +230,29 @@ def attention_bwd_dkdv_d256(
     turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * NB)
     t, wg, lt = thread_roles(2)
     x = i32(kaio.block_idx_x())
+    start_q, start_k, shift, stat_off, sq, sk = varlen_block(cu_q, cu_k, seq_q, seq_k, causal,
+                                                             COLS)  # fmt: skip
     nkb = (sk + 63) // 64
     if DQ and causal != 0:
         x = nkb - 1 - x  # the last key blocks first: they add to each tile before the rest
     k0 = x * 64
+    if COLS and k0 >= sk:  # keys past the sequence's end: nothing to do
+        return
     kvh = i32(kaio.block_idx_y())
     first_head, first, n_tiles = key_block_queries(kvh, k0, heads, group, sq, causal, BM)
+    # dense: the stats at the query rows, dK and dV rows D apart; varlen (COLS): heads side
+    # by side, the stats [heads, tp] from stats_start, the queries seen shifted
+    stat_at = first_head * sq
+    stat_stride = sq
+    out_at = kvh * sk * D
+    out_stride = D
+    if COLS:
+        if causal != 0:  # queries before k0 - shift see none of these keys
+            first = kaio.max(k0 - shift, 0) // BM
+        stat_at = first_head * tp + start_q + stat_off - shift
+        stat_stride = tp
+        out_at = (start_k * (heads // group) + kvh) * D
+        out_stride = heads // group * D
     if t == 0:
         init_barriers(bars, turn, 2, STAGES, 5 if DQ else 2, 1)  # buffers: 8 arrivals
     kaio.sync_threads()
@@ -228,15 +260,21 @@ def attention_bwd_dkdv_d256(
         if REGS:
             kaio.setmaxnreg_inc(REGS)
         consume_split(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, pt_s, dq_s,
-                      dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk, causal,
-                      scale_log2, scale, D, BM, STAGES, DQ, DT)  # fmt: skip
+                      dq_acc, wg, lt, first_head, group, first, n_tiles, k0, sq, sk, causal,
+                      scale_log2, scale, shift, stat_at, stat_stride, out_at, out_stride, D, BM,
+                      STAGES, DQ, DT)  # fmt: skip
     else:
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         if lt == 0:
-            produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tq, tdo,
-                    kvh * sk + k0, first_head * sq, sq, group, first, n_tiles, D, 64, BM,
-                    STAGES, 0, DT)  # fmt: skip
+            if COLS:  # heads side by side: the K/V head's and the query heads' columns
+                produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tq, tdo,
+                        start_k + k0, start_q, 0, group, first, n_tiles, D, 64, BM, STAGES, 0,
+                        DT, 1, kvh * D, first_head * D)  # fmt: skip
+            else:
+                produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tq, tdo,
+                        kvh * sk + k0, first_head * sq, sq, group, first, n_tiles, D, 64, BM,
+                        STAGES, 0, DT)  # fmt: skip
         elif DQ and lt >= 32:
             write_dq_ordered(dq_s, bars, dq_acc, sem, lt, first_head, group, first, n_tiles, sq,
                              x, nkb, causal, STAGES + 2, D, BM, 64, EARLY)  # fmt: skip
@@ -261,8 +299,9 @@ def config(d: int = D256, dq: int | None = None) -> dict:
     bm = 64
     dq = FUSED if dq is None else dq
     stages = max(n for n in (1, 2, 3) if shared_bytes(d, bm, n, dq) <= SHARED_LIMIT)
-    dkdv = {"BM": bm, "STAGES": stages, "REGS": consumer_registers(2), "DQ": dq, "EARLY": 1}
-    dq_cfg = {"BN": 64, "WG": 2, "STAGES": 1, "PIPE": 0, "AREG": 0, "REGS": consumer_registers(2)}
+    regs = consumer_registers(2)
+    dkdv = {"BM": bm, "STAGES": stages, "REGS": regs, "DQ": dq, "EARLY": 1, "COLS": 0}
+    dq_cfg = {"BN": 64, "WG": 2, "STAGES": 1, "PIPE": 0, "AREG": 0, "REGS": regs}
     return {"dkdv": dkdv, "dq": dq_cfg}
 
 
@@ -314,6 +353,7 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     acc_size = bh * n_tiles * c1["BM"] * d if c1["DQ"] else 4
     dq_acc = _arrays.output(da, (acc_size,), f32)  # (DQ 0: unused)
     sem = _arrays.output(da, (bh * n_tiles,), i32)
+    none = _arrays.output(da, (1,), i32)  # (the varlen offsets: unused)
     if c1["DQ"]:
         zero_acc_sem[-(-acc_size // 1024), 256, stream, 0](dq_acc, acc_size, sem, bh * n_tiles)
     if only != "dq":
@@ -322,7 +362,7 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
             tmap(ka, rows_kv, 64), tmap(va, rows_kv, 64), tmap(qa, rows_q, c1["BM"]),
             tmap(da, rows_q, c1["BM"]), la.arg(rows_q), delta,
             _arrays.output_arg(da, dk, (ka.size,)), _arrays.output_arg(da, dv, (ka.size,)),
-            dq_acc, sem, *args, D=d, DT=qa.dtype, **c1,
+            dq_acc, sem, *args, cu_q=none, cu_k=none, tp=0, D=d, DT=qa.dtype, **c1,
         )  # fmt: skip
     if c1["DQ"]:
         dq_convert_tiles[-(-qa.size // 1024), 256, stream, 0](
@@ -332,7 +372,6 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         return dq, dk, dv
     bq = 64 * c2["WG"]
     stats = pair.stats_maps(la, delta, rows_q, bq)
-    none = _arrays.output(da, (1,), i32)
     smem = pair.shared_bytes(d, bq, c2["BN"], c2["STAGES"], bq)
     pair.attention_bwd_dq_wgmma[(-(-sq // bq), bh), 128 * c2["WG"] + 128, stream, smem](
         tmap(qa, rows_q, bq), tmap(da, rows_q, bq), tmap(ka, rows_kv, c2["BN"]),
