@@ -7,7 +7,10 @@ Usage: ``python bench/attention_bwd256.py [--dtypes float16,bfloat16] [--seqs 10
 16), 4096 (B 4), 16384 (B 1); ``--check`` compares each variant's gradients with SDPA's
 first (the largest difference over the largest of SDPA's). ``--tiny pair,fused``: each
 schedule once at small sizes against float64 (for compute-sanitizer; with ``--dtypes`` and
-``--causal``).
+``--causal``). ``--varlen 4k,1k [--impls hopper,side,mma.sync,padded,sdpa] [--check]``: the
+varlen backward at D 256 against padding (``varlen_rows``); ``--dq 48:2:0,...``: dQ kernel
+constexprs and the dQ kernel on a second stream (``dq_rows``, at the first of ``--seqs``);
+``--warm``: those once each, untimed (to compile).
 """
 
 from __future__ import annotations
@@ -100,6 +103,151 @@ def tiny(schedules: str, dtypes: str = "float16,bfloat16", masks: str = "0,1") -
                 print(f"tiny {dtype} {name} causal={causal}: rel {errs}", flush=True)
 
 
+# varlen backward cases (B, max length, H, dtype): lengths uniform in [max / 8, max]
+VARLEN = {"4k": (8, 4096, 16, "float16"), "1k": (32, 1024, 16, "float16"),
+          "512": (64, 512, 16, "float16"), "256": (128, 256, 16, "float16"),
+          "4kbf": (8, 4096, 16, "bfloat16")}  # fmt: skip
+
+
+def varlen_impls(lens: list, q, k, v, do, causal: bool, sdpa: bool) -> dict:
+    """``varlen_rows``' implementations (name: a function of no arguments) on the packed
+    q, k, v, do of sequences ``lens`` (and the padded batch's)."""
+    import torch
+
+    import kaio_ops
+    from bench.attention_varlen import offsets, pad
+    from kaio_ops import _attention_hopper_varlen_bwd as hvb
+    from kaio_ops import attention_varlen as av
+
+    top, cu = max(lens), offsets(lens)
+    o, lse = kaio_ops.flash_attention_varlen_with_stats(q, k, v, cu, cu, top, top, causal)
+    args = (do, q, k, v, o, lse, cu, cu, top, top, causal)
+    qp, kp, vp, dop, op = (pad(x, lens) for x in (q, k, v, do, o))
+    lsep = torch.zeros((len(lens), q.shape[1], top), device="cuda", dtype=torch.float32)
+    start = 0
+    for i, n in enumerate(lens):
+        lsep[i, :, :n] = lse[:, start : start + n]
+        start += n
+
+    def side():
+        arrays, dims, scale, oa = av._check_bwd("bench", *args[:-1], None)
+        return hvb.launch(*arrays, oa, dims, causal, scale, side=True)
+
+    fns = {
+        "hopper": lambda: av.backward_hopper(*args),
+        "side": side,
+        "mma.sync": lambda: av.backward_mma(*args),
+        "dispatched": lambda: kaio_ops.flash_attention_varlen_bwd(*args),
+        "padded": lambda: kaio_ops.flash_attention_bwd(dop, qp, kp, vp, op, lsep, causal),
+    }
+    if sdpa:
+        fns["sdpa"] = sdpa_grads(qp, kp, vp, dop, causal)
+    return fns
+
+
+def varlen_rows(cases: str, masks: str, impls: str, check: bool, reps: int = 3,
+                warm: bool = False) -> list:  # fmt: skip
+    """``flash_attention_varlen_bwd`` at D 256 (``hopper``: ``_attention_hopper_varlen_bwd``
+    launched directly, ``side``: the same with the dQ kernel on a second stream,
+    ``mma.sync``: the mma.sync kernels, ``dispatched``: the op) against padding to the
+    longest sequence (``padded``: ``flash_attention_bwd`` on the padded batch, the dense D
+    256 kernels; ``sdpa``: torch SDPA flash's backward, padded), every row a case of
+    ``VARLEN``; TFLOP/s of the useful work (2.5 times the forward's). ``check``: the Hopper
+    kernels' gradients against the mma.sync ones' first (largest difference over the
+    largest). ``warm``: each implementation called once, nothing timed (to compile)."""
+    import torch
+
+    from bench.attention_varlen import lengths, useful_flops
+
+    rows = []
+    d = 256
+    for case in cases.split(","):
+        b, top, h, dtype = VARLEN[case]
+        dt = getattr(torch, dtype)
+        lens = lengths(b, top, 7)
+        total = sum(lens)
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v, do = (torch.randn((total, h, d), device="cuda", dtype=dt, generator=gen)
+                       for _ in range(4))  # fmt: skip
+        for causal in [bool(int(c)) for c in masks.split(",")]:
+            fns = varlen_impls(lens, q, k, v, do, causal, "sdpa" in impls.split(","))
+            flops = 2.5 * useful_flops(lens, h, d, causal)
+            row = dict(case=case, dtype=dtype, b=b, h=h, top=top, mean=total // b, causal=causal)
+            if check:
+                want = fns["mma.sync"]()
+                for name in ("hopper", "side"):
+                    row[f"{name}_err"] = max(
+                        float((g.float() - w.float()).abs().max() / w.float().abs().max())
+                        for g, w in zip(fns[name](), want, strict=True)
+                    )
+            for name in impls.split(","):
+                if warm:
+                    fns[name]()
+                    continue
+                ms = time_calls(fns[name], reps=reps)
+                row[f"{name}_ms"], row[name] = ms, flops / ms / 1e9
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+def dq_row(cfgs: str, q, k, v, do, causal: bool, warm: bool = False) -> dict:
+    """``dq_rows``' row of one mask (``warm``: each configuration called once, nothing
+    timed)."""
+    import kaio_ops
+    from kaio.types import f32
+    from kaio_ops import _arrays, attention
+    from kaio_ops import _attention_hopper_bwd256 as hopper_bwd256
+
+    b, h, seq, d = q.shape
+    o, lse = kaio_ops.flash_attention_with_stats(q, k, v, causal=causal)
+    inputs = _arrays.Inputs("bench")
+    (qa, ka, va), dims, scale = attention._check_flash("bench", q, k, v, None, inputs)
+    da = inputs.array(do, "do", ndim=4)
+    la = inputs.array(lse, "lse", ndim=3, dtypes=(f32,))
+    delta = (o.float() * do.float()).sum(-1).reshape(-1)
+    op = (qa, ka, va, da, la, delta, dims, causal, scale)
+    prod = 2 * b * h * seq * seq * d / (2 if causal else 1)
+    row = dict(dtype=str(q.dtype), s=seq, b=b, causal=causal)
+    want = hopper_bwd256.launch(*op)[0]
+    for name in ["shipped", *cfgs.split(",")]:
+        cfg = None
+        if name != "shipped":
+            bn, st, pipe = (int(x) for x in name.split(":"))
+            cfg = {"dq": {"BN": bn, "STAGES": st, "PIPE": pipe}}
+        got = hopper_bwd256.launch(*op, cfg)[0]
+        row[f"dq {name}_err"] = float((got.float() - want.float()).abs().max())
+        if warm:
+            continue
+        ms = time_calls(lambda cfg=cfg: hopper_bwd256.launch(*op, cfg, "dq"), reps=3)
+        row[f"dq {name}"] = 3 * prod / ms / 1e9
+    for name, side in (("pair", False), ("pair side", True)):
+        if warm:
+            break
+        ms = time_calls(lambda side=side: hopper_bwd256.launch(*op, side=side), reps=3)
+        row[name] = 2.5 * prod / ms / 1e9
+    return row
+
+
+def dq_rows(cfgs: str, seq: int, masks: str, dtype: str = "float16", warm: bool = False) -> list:
+    """The dQ kernel alone (``launch(only="dq")``) with the shipped constexprs and each of
+    ``cfgs`` (``BN:STAGES:PIPE`` items), and the whole pair in one stream and with the dQ
+    kernel on a second (``pair side``); H16 at ``seq`` (``BATCH``); TFLOP/s of the kernel's
+    own products (three for dQ: 2 B H S S D each, halved when causal), of the backward's
+    five for the pair."""
+    import torch
+
+    b = BATCH[seq]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn((b, 16, seq, 256), device="cuda", dtype=getattr(torch, dtype),
+                               generator=gen) for _ in range(4))  # fmt: skip
+    rows = []
+    for causal in [bool(int(c)) for c in masks.split(",")]:
+        rows.append(dq_row(cfgs, q, k, v, do, causal, warm))
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def main() -> None:
     import torch
 
@@ -115,9 +263,25 @@ def main() -> None:
     p.add_argument("--check", action="store_true")
     p.add_argument("--out")
     p.add_argument("--tiny", help="schedules to run once at small sizes (pair,fused)")
+    p.add_argument("--varlen", help="varlen backward cases (VARLEN's keys: 4k,1k,...)")
+    p.add_argument("--impls", default="hopper,side,mma.sync,padded,sdpa",
+                   help="--varlen's implementations")  # fmt: skip
+    p.add_argument("--dq", help="dQ kernel constexprs to time (BN:STAGES:PIPE,...)")
+    p.add_argument("--warm", action="store_true", help="--varlen, --dq: compile, time nothing")
     a = p.parse_args()
     if a.tiny:
         return tiny(a.tiny, a.dtypes, a.causal)
+    if a.varlen or a.dq:
+        rows = []
+        if a.varlen:
+            rows += varlen_rows(a.varlen, a.causal, a.impls, a.check, warm=a.warm)
+        if a.dq:
+            rows += dq_rows(a.dq, int(a.seqs.split(",")[0]), a.causal, a.dtypes.split(",")[0],
+                            a.warm)  # fmt: skip
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump(rows, f, indent=1)
+        return None
     gpu = torch.cuda.get_device_name()
     rows = []
     d, h = a.d, a.heads

@@ -322,12 +322,15 @@ def worthwhile(bh: int, sq: int, sk: int, d: int, sms: int) -> bool:
 
 
 def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
-           cfg: dict | None = None, only: str | None = None):  # fmt: skip
+           cfg: dict | None = None, only: str | None = None,
+           side: bool | None = None):  # fmt: skip
     """Run the kernels on checked operands (``_arrays.Operand``s q, do [B, H, Sq, D], k, v
     [B, Hkv, Sk, D], lse [B, H, Sq] f32) and ``delta`` (flat f32 [B * H * Sq], rowsum(dO *
     O)); ``dims``: (B * H, H, group, sq, sk, d, d); ``cfg``: overrides of ``config(d)``'s
     constexprs, per kernel. ``only``: "dkdv" or "dq" launches that kernel alone (to time
-    it). Returns (dq, dk, dv) of q's type and shapes."""
+    it). ``side`` (default ``SIDE``; torch arrays): the pair's dQ kernel on a second stream
+    beside the dK/dV kernel (``_attention_hopper_bwd.side_stream``). Returns (dq, dk, dv)
+    of q's type and shapes."""
     import math
 
     from kaio_ops import _arrays
@@ -356,7 +359,8 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     none = _arrays.output(da, (1,), i32)  # (the varlen offsets: unused)
     if c1["DQ"]:
         zero_acc_sem[-(-acc_size // 1024), 256, stream, 0](dq_acc, acc_size, sem, bh * n_tiles)
-    if only != "dq":
+
+    def dkdv_kernel():
         smem = shared_bytes(d, c1["BM"], c1["STAGES"], c1["DQ"])
         attention_bwd_dkdv_d256[(-(-sk // 64), bh // group), 384, stream, smem](
             tmap(ka, rows_kv, 64), tmap(va, rows_kv, 64), tmap(qa, rows_q, c1["BM"]),
@@ -364,6 +368,10 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
             _arrays.output_arg(da, dk, (ka.size,)), _arrays.output_arg(da, dv, (ka.size,)),
             dq_acc, sem, *args, cu_q=none, cu_k=none, tp=0, D=d, DT=qa.dtype, **c1,
         )  # fmt: skip
+
+    side = (SIDE if side is None else side) and only is None and not c1["DQ"]
+    if only != "dq" and not side:
+        dkdv_kernel()
     if c1["DQ"]:
         dq_convert_tiles[-(-qa.size // 1024), 256, stream, 0](
             _arrays.output_arg(da, dq, (qa.size,)), dq_acc, bh * sq, sq, scale, D=d, DT=qa.dtype
@@ -373,12 +381,19 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     bq = 64 * c2["WG"]
     stats = pair.stats_maps(la, delta, rows_q, bq)
     smem = pair.shared_bytes(d, bq, c2["BN"], c2["STAGES"], bq)
-    pair.attention_bwd_dq_wgmma[(-(-sq // bq), bh), 128 * c2["WG"] + 128, stream, smem](
-        tmap(qa, rows_q, bq), tmap(da, rows_q, bq), tmap(ka, rows_kv, c2["BN"]),
-        tmap(va, rows_kv, c2["BN"]), *stats, _arrays.output_arg(da, dq, (qa.size,)), *args,
-        cu_q=none, cu_k=none, tp=0, D=d, DT=qa.dtype, COLS=0, **c2,
-    )  # fmt: skip
+    with pair.side_stream(qa, side) as dq_stream:  # (there the dQ kernel first)
+        pair.attention_bwd_dq_wgmma[(-(-sq // bq), bh), 128 * c2["WG"] + 128, dq_stream, smem](
+            tmap(qa, rows_q, bq), tmap(da, rows_q, bq), tmap(ka, rows_kv, c2["BN"]),
+            tmap(va, rows_kv, c2["BN"]), *stats, _arrays.output_arg(da, dq, (qa.size,)), *args,
+            cu_q=none, cu_k=none, tp=0, D=d, DT=qa.dtype, COLS=0, **c2,
+        )  # fmt: skip
+        if side:
+            dkdv_kernel()
     return dq, dk, dv
+
+
+# Whether the dQ kernel runs on a second stream beside the dK/dV kernel (``launch``).
+SIDE = False
 
 
 def specializations():
