@@ -68,15 +68,59 @@ def sdpa_grads(q, k, v, do, causal):
     return lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)
 
 
-def tiny(schedules: str, dtypes: str = "float16,bfloat16", masks: str = "0,1") -> None:
-    """Each schedule (``pair``, ``fused``) once per case at small sizes (``dtypes``, ``masks``
-    causal or not, grouped-query heads, partial tiles, Sq != Sk), against float64 autograd:
-    for compute-sanitizer."""
-    import torch
-
+def operands(q, k, v, do, causal: bool) -> tuple:
+    """``_attention_hopper_bwd256.launch``'s first arguments for q, k, v, do (torch, [B, H,
+    S, D]): the checked operands, delta from the forward's output, the dims, the mask and
+    the scale."""
     import kaio_ops
     from kaio.types import f32
     from kaio_ops import _arrays, attention
+
+    o, lse = kaio_ops.flash_attention_with_stats(q, k, v, causal=causal)
+    inputs = _arrays.Inputs("bench")
+    (qa, ka, va), dims, scale = attention._check_flash("bench", q, k, v, None, inputs)
+    da = inputs.array(do, "do", ndim=4)
+    la = inputs.array(lse, "lse", ndim=3, dtypes=(f32,))
+    delta = (o.float() * do.float()).sum(-1).reshape(-1)
+    return qa, ka, va, da, la, delta, dims, causal, scale
+
+
+def tiny_varlen(dtypes: str, masks: str) -> None:
+    """The varlen backward at D 256 (``_attention_hopper_varlen_bwd``) once per case at small
+    sizes (two query heads a K/V head, sq != sk, an empty and a length-1 sequence, one
+    without keys), against float64 autograd: for compute-sanitizer."""
+    import torch
+
+    import kaio_ops
+    from kaio_ops import attention_varlen as av
+    from tests.test_ops_attention_varlen import _gpu_batch, _rel_t, _torch_reference
+
+    lens_q, lens_k = [70, 0, 1, 133, 5], [66, 4, 1, 140, 0]
+    for dtype in dtypes.split(","):
+        for causal in [bool(int(c)) for c in masks.split(",")]:
+            q, k, v, do, cu_q, cu_k = _gpu_batch(
+                lens_q, lens_k, 2, 1, 256, getattr(torch, dtype), 3
+            )
+            args = (cu_q, cu_k, max(lens_q), max(lens_k), causal)
+            o, lse = kaio_ops.flash_attention_varlen_with_stats(q, k, v, *args)
+            grads = av.backward_hopper(do, q, k, v, o, lse, *args)
+            _, *ref = _torch_reference(q, k, v, lens_q, lens_k, causal, grads_of=do)
+            errs = [_rel_t(g, r) for g, r in zip(grads, ref, strict=True)]
+            print(f"tiny {dtype} varlen causal={causal}: rel {errs}", flush=True)
+
+
+def tiny(schedules: str, dtypes: str = "float16,bfloat16", masks: str = "0,1") -> None:
+    """Each schedule (``pair``, ``fused``; ``varlen``: ``tiny_varlen``) once per case at small
+    sizes (``dtypes``, ``masks`` causal or not, grouped-query heads, partial tiles, Sq !=
+    Sk), against float64 autograd: for compute-sanitizer."""
+    import torch
+
+    if "varlen" in schedules.split(","):
+        tiny_varlen(dtypes, masks)
+        schedules = ",".join(x for x in schedules.split(",") if x != "varlen")
+        if not schedules:
+            return
+
     from kaio_ops import _attention_hopper_bwd256 as hopper_bwd256
     from tests.test_ops_attention import _rel_t, _sdpa64
 
@@ -88,17 +132,12 @@ def tiny(schedules: str, dtypes: str = "float16,bfloat16", masks: str = "0,1") -
                      for _ in "qo")  # fmt: skip
             k, v = (torch.randn((1, 2, 300, 256), device="cuda", dtype=dt, generator=gen)
                     for _ in "kv")  # fmt: skip
-            o, lse = kaio_ops.flash_attention_with_stats(q, k, v, causal=causal)
             leaves = [x.double().requires_grad_() for x in (q, k, v)]
             _sdpa64(*leaves, causal, group=2).backward(do.double())
-            inputs = _arrays.Inputs("tiny")
-            (qa, ka, va), dims, scale = attention._check_flash("tiny", q, k, v, None, inputs)
-            da = inputs.array(do, "do", ndim=4)
-            la = inputs.array(lse, "lse", ndim=3, dtypes=(f32,))
-            delta = (o.float() * do.float()).sum(-1).reshape(-1)
+            op = operands(q, k, v, do, causal)
             for name in schedules.split(","):
                 cfg = {"dkdv": {"DQ": SCHEDULES[name]}}
-                grads = hopper_bwd256.launch(qa, ka, va, da, la, delta, dims, causal, scale, cfg)
+                grads = hopper_bwd256.launch(*op, cfg)
                 errs = [_rel_t(g, x.grad) for g, x in zip(grads, leaves, strict=True)]
                 print(f"tiny {dtype} {name} causal={causal}: rel {errs}", flush=True)
 
@@ -194,19 +233,10 @@ def varlen_rows(cases: str, masks: str, impls: str, check: bool, reps: int = 3,
 def dq_row(cfgs: str, q, k, v, do, causal: bool, warm: bool = False) -> dict:
     """``dq_rows``' row of one mask (``warm``: each configuration called once, nothing
     timed)."""
-    import kaio_ops
-    from kaio.types import f32
-    from kaio_ops import _arrays, attention
     from kaio_ops import _attention_hopper_bwd256 as hopper_bwd256
 
     b, h, seq, d = q.shape
-    o, lse = kaio_ops.flash_attention_with_stats(q, k, v, causal=causal)
-    inputs = _arrays.Inputs("bench")
-    (qa, ka, va), dims, scale = attention._check_flash("bench", q, k, v, None, inputs)
-    da = inputs.array(do, "do", ndim=4)
-    la = inputs.array(lse, "lse", ndim=3, dtypes=(f32,))
-    delta = (o.float() * do.float()).sum(-1).reshape(-1)
-    op = (qa, ka, va, da, la, delta, dims, causal, scale)
+    op = operands(q, k, v, do, causal)
     prod = 2 * b * h * seq * seq * d / (2 if causal else 1)
     row = dict(dtype=str(q.dtype), s=seq, b=b, causal=causal)
     want = hopper_bwd256.launch(*op)[0]
