@@ -242,9 +242,11 @@ def dq_row(cfgs: str, q, k, v, do, causal: bool, warm: bool = False) -> dict:
     want = hopper_bwd256.launch(*op)[0]
     for name in ["shipped", *cfgs.split(",")]:
         cfg = None
-        if name != "shipped":
+        if name == "kv":  # attention_bwd_dq_d256: K and V on barriers of their own
+            cfg = {"dq": {"KV": 1}}
+        elif name != "shipped":
             bn, st, pipe = (int(x) for x in name.split(":"))
-            cfg = {"dq": {"BN": bn, "STAGES": st, "PIPE": pipe}}
+            cfg = {"dq": {"BN": bn, "STAGES": st, "PIPE": pipe, "KV": 0}}
         got = hopper_bwd256.launch(*op, cfg)[0]
         row[f"dq {name}_err"] = float((got.float() - want.float()).abs().max())
         if warm:
@@ -261,10 +263,11 @@ def dq_row(cfgs: str, q, k, v, do, causal: bool, warm: bool = False) -> dict:
 
 def dq_rows(cfgs: str, seq: int, masks: str, dtype: str = "float16", warm: bool = False) -> list:
     """The dQ kernel alone (``launch(only="dq")``) with the shipped constexprs and each of
-    ``cfgs`` (``BN:STAGES:PIPE`` items), and the whole pair in one stream and with the dQ
-    kernel on a second (``pair side``); H16 at ``seq`` (``BATCH``); TFLOP/s of the kernel's
-    own products (three for dQ: 2 B H S S D each, halved when causal), of the backward's
-    five for the pair."""
+    ``cfgs`` (``BN:STAGES:PIPE`` items: the pair's kernel; ``kv``:
+    ``attention_bwd_dq_d256``), and the whole pair in one stream and with the dQ kernel on
+    a second (``pair side``); H16 at ``seq`` (``BATCH``); TFLOP/s of the kernel's own
+    products (three for dQ: 2 B H S S D each, halved when causal), of the backward's five
+    for the pair."""
     import torch
 
     b = BATCH[seq]

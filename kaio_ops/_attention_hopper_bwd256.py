@@ -42,9 +42,18 @@ import functools
 
 import kaio
 from kaio import f32, i32, u32, u64
-from kaio_ops._attention_hopper import PRODUCER_REGS, SHARED_LIMIT, SW, consumer_registers
+from kaio_ops._attention_hopper import (
+    PRODUCER_REGS,
+    SHARED_LIMIT,
+    SW,
+    consumer_registers,
+    issue_pv,
+    issue_s,
+    pack_p,
+)
 from kaio_ops._attention_hopper_bwd import (
     dq_convert_tiles,
+    grads,
     grads_t,
     hand_dq,
     init_barriers,
@@ -56,9 +65,17 @@ from kaio_ops._attention_hopper_bwd import (
     store_tile,
     varlen_block,
     zero_acc,
+    zero_rows,
 )
 from kaio_ops._attention_hopper_bwd_fused import write_dq_ordered, zero_acc_sem
-from kaio_ops._attention_hopper_common import key_block_queries, next_tile, thread_roles
+from kaio_ops._attention_hopper_common import (
+    key_block_queries,
+    kv_head_and_tiles,
+    next_tile,
+    query_block,
+    thread_roles,
+)
+from kaio_ops._attention_tc import POS_INF, lse_log2
 from kaio_ops._matmul_hopper import next_stage
 
 D256 = 256
@@ -280,6 +297,165 @@ def attention_bwd_dkdv_d256(
                              x, nkb, causal, STAGES + 2, D, BM, 64, EARLY)  # fmt: skip
 
 
+@kaio.gpu_func
+def produce_kv(
+    q_s: DT[:, :, :], do_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :],
+    stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], tq: kaio.tensormap,
+    tdo: kaio.tensormap, tk: kaio.tensormap, tv: kaio.tensormap, tl: kaio.tensormap,
+    td: kaio.tensormap, q_row: i32, kv_row: i32, n_tiles: i32, q_col: i32, kv_col: i32,
+    stat_at: i32, D: kaio.constexpr, BQ: kaio.constexpr, BN: kaio.constexpr,
+    DT: kaio.constexpr,
+):  # fmt: skip
+    """The dQ kernel's copies (``attention_bwd_dq_d256``): the ``BQ`` rows of Q and dO from
+    ``q_row`` (columns from ``q_col``) and their lse and delta (from ``q_row + stat_at``)
+    once, on ``turn[0]``; then for each key tile j the ``BN`` rows from ``kv_row + j BN`` of
+    V (into v_s, on ``bars[0, 1]``, once the consumers freed it: ``bars[1, 1]``), then of K
+    (k_s, ``bars[0, 0]``, ``bars[1, 0]``), columns from ``kv_col``."""
+    C = D // 64
+    kaio.mbarrier_arrive_expect_tx(turn, 0, u32(2 * BQ * D * 2 + 2 * BQ * 4))
+    for c in kaio.static_range(C):
+        kaio.tma_load_2d(q_s, (c, 0, 0), tq, q_row, q_col + c * 64, turn, 0)
+        kaio.tma_load_2d(do_s, (c, 0, 0), tdo, q_row, q_col + c * 64, turn, 0)
+    kaio.tma_load_2d(stats, (0, 0, 0), tl, 0, q_row + stat_at, turn, 0)
+    kaio.tma_load_2d(stats, (1, 0, 0), td, 0, q_row + stat_at, turn, 0)
+    ph = u32(0)  # tile j's parity
+    for j in range(n_tiles):
+        row = kv_row + j * BN
+        for x in kaio.static_range(2):  # V (read first), then K
+            if j > 0:  # tile j - 1's copy read: free
+                kaio.mbarrier_wait(bars, (1, 1 - x), ph ^ 1)
+            kaio.mbarrier_arrive_expect_tx(bars, (0, 1 - x), u32(BN * D * 2))
+            for c in kaio.static_range(C):
+                if x == 0:
+                    kaio.tma_load_2d(v_s, (0, c, 0, 0), tv, row, kv_col + c * 64, bars, (0, 1))
+                else:
+                    kaio.tma_load_2d(k_s, (0, c, 0, 0), tk, row, kv_col + c * 64, bars, (0, 0))
+        ph ^= 1
+
+
+@kaio.gpu_func
+def row_stats(l2: f32[:], dl: f32[:], stats: f32[:, :, :], local: i32, row0: i32, sq: i32):
+    """l2[h], dl[h] = the log2-scaled lse and the delta of this thread's rows row0 + 8h (at
+    ``local`` + 8h in ``stats[0 and 1, 0]``); +inf and 0 for rows at or past sq (then
+    masked: zero probabilities)."""
+    for h in kaio.static_range(2):
+        inside = row0 + 8 * h < sq
+        l2[h] = kaio.select(inside, lse_log2(stats[0, 0, local + 8 * h]), POS_INF)
+        dl[h] = kaio.select(inside, stats[1, 0, local + 8 * h], 0.0)
+
+
+@kaio.gpu_func
+def consume_dq_kv(
+    q_s: DT[:, :, :], do_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :],
+    stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], dq: DT[:], wg: u32, lt: u32, q0: i32,
+    n_tiles: i32, sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32, out_at: i32,
+    out_stride: i32, D: kaio.constexpr, BN: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """Consumer warpgroup ``wg``'s 64 query rows (thread ``lt`` of it) of
+    ``attention_bwd_dq_d256``: per key tile dP = dO V^T as soon as V has landed, S = Q K^T
+    once K has, V freed when dP is done (the next V loads while S, dS and dQ run), dS, dQ +=
+    dS K, K freed (the next K loads while the next dP runs); then dQ stored at ``out_at``,
+    rows ``out_stride`` apart."""
+    lane = lt % 32
+    local = 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)  # rows q0 + local (+ 8)
+    row0 = q0 + local
+    dqa = kaio.local(f32, (D // 8, 4))
+    zero_acc(dqa, D)
+    s = kaio.local(f32, (BN // 8, 4))
+    dp = kaio.local(f32, (BN // 8, 4))
+    ds = kaio.local(u32, (BN // 16, 4))
+    kaio.mbarrier_wait(turn, 0, 0)  # Q, dO and their rows' stats landed
+    l2 = kaio.local(f32, 2)
+    dl = kaio.local(f32, 2)
+    row_stats(l2, dl, stats, local, row0, sq)
+    ph = u32(0)
+    for j in range(n_tiles):
+        kaio.mbarrier_wait(bars, (0, 1), ph)  # V landed
+        kaio.wgmma_fence()
+        issue_s(dp, do_s, v_s, 0, wg, 0, D, DT)  # dP = dO V^T
+        kaio.mbarrier_wait(bars, (0, 0), ph)  # K landed
+        issue_s(s, q_s, k_s, 0, wg, 0, D, DT)  # S = Q K^T
+        kaio.wgmma_wait(1)
+        release(bars, 1, lt)  # dP done: V free
+        kaio.wgmma_wait(0)
+        grads(s, dp, l2, dl, j * BN, row0, sk, causal, scale_log2, lane, BN)
+        pack_p(ds, dp, BN, DT)
+        kaio.wgmma_fence()
+        issue_pv(dqa, ds, k_s, 0, BN, DT)  # dQ += dS K
+        kaio.wgmma_wait(0)
+        release(bars, 0, lt)  # K free
+        ph ^= 1
+    store_tile(dq, dqa, out_at, row0, sq, scale, lane, D, DT, 1, out_stride)
+
+
+@kaio.gpu_kernel(fastmath=True)
+def attention_bwd_dq_d256(
+    tq: kaio.tensormap, tdo: kaio.tensormap, tk: kaio.tensormap, tv: kaio.tensormap,
+    tl: kaio.tensormap, td: kaio.tensormap, dq: DT[:], seq_q: i32, seq_k: i32, heads: i32,
+    group: i32, scale_log2: f32, scale: f32, causal: i32, cu_q: i32[:], cu_k: i32[:], tp: i32,
+    D: kaio.constexpr, REGS: kaio.constexpr, DT: kaio.constexpr, COLS: kaio.constexpr,
+):  # fmt: skip
+    """dq of the 128 query rows of block x (the heaviest causal tiles first) of (batch, head)
+    block y, as the pair's ``attention_bwd_dq_wgmma`` with two warpgroups and 64-key tiles
+    (its tensor maps, boxes of 128, resp. 64 rows; ``COLS`` 1 its varlen kernel's block z
+    of packed sequences), but K and V each in a buffer of its own with its own barriers
+    (``produce_kv``, ``consume_dq_kv``): the 192 KB of Q, dO, K and V leave no room for a
+    second stage, and with one stage of both a tile's copies wait for its last product."""
+    BQ = 128
+    BN = 64
+    C = D // 64
+    ONCE = BQ * D * 2
+    KV = BN * D * 2
+    q_s = kaio.shared_dynamic(DT, (C, BQ, 64), 0)
+    do_s = kaio.shared_dynamic(DT, (C, BQ, 64), ONCE)
+    k_s = kaio.shared_dynamic(DT, (1, C, BN, 64), 2 * ONCE)
+    v_s = kaio.shared_dynamic(DT, (1, C, BN, 64), 2 * ONCE + KV)
+    stats = kaio.shared_dynamic(f32, (2, 1, BQ), 2 * ONCE + 2 * KV)
+    BARS = 2 * ONCE + 2 * KV + 2 * BQ * 4
+    bars = kaio.shared_dynamic(u64, (2, 2), BARS)
+    turn = kaio.shared_dynamic(u64, (2,), BARS + 32)
+    t, wg, lt = thread_roles(2)
+    start_q, start_k, shift, stat_off, sq, sk = varlen_block(cu_q, cu_k, seq_q, seq_k, causal,
+                                                             COLS)  # fmt: skip
+    bh, kvh, q0, n_tiles = query_block(heads, group, sk, causal, BQ, BN)  # (COLS: q0 shifted)
+    out_at = bh * sq * D
+    out_stride = D
+    q_row = bh * sq + q0
+    kv_row = kvh * sk
+    q_col = 0
+    kv_col = 0
+    stat_at = 0
+    if COLS:
+        if q0 >= sq:  # past the sequence's end
+            return
+        kvh, n_tiles = kv_head_and_tiles(bh, q0 + shift, heads, group, sk, causal, BQ, BN)
+        if n_tiles <= 0:  # no row sees a key: zeros
+            zero_rows(dq, (start_q * heads + bh) * D, heads * D, q0, sq, 384, BQ, D, DT)
+            return
+        out_at = ((start_q - shift) * heads + bh) * D
+        out_stride = heads * D
+        q_row = start_q + q0
+        kv_row = start_k
+        q_col = bh * D
+        kv_col = kvh * D
+        stat_at = bh * tp + stat_off
+    if t == 0:
+        init_barriers(bars, turn, 2, 2, 0, 2)  # (0, 0), (1, 0): K's; (0, 1), (1, 1): V's
+    kaio.sync_threads()
+    if wg < 2:
+        if REGS:
+            kaio.setmaxnreg_inc(REGS)
+        consume_dq_kv(q_s, do_s, k_s, v_s, stats, bars, turn, dq, wg, lt, q0 + shift, n_tiles,
+                      sq + shift, sk, causal, scale_log2, scale, out_at, out_stride, D, BN,
+                      DT)  # fmt: skip
+    else:
+        if REGS:
+            kaio.setmaxnreg_dec(PRODUCER_REGS)
+        if lt == 0:
+            produce_kv(q_s, do_s, k_s, v_s, stats, bars, turn, tq, tdo, tk, tv, tl, td, q_row,
+                       kv_row, n_tiles, q_col, kv_col, stat_at, D, BQ, BN, DT)  # fmt: skip
+
+
 def shared_bytes(d: int, bm: int, stages: int, dq: int = 0) -> int:
     """The dK/dV kernel's dynamic shared memory: K and V (64 rows), the ring's Q and dO
     (``bm`` rows a stage), four 64 x 64 P^T / dS^T buffers, the (unused) stats, dq_s (``dq``:
@@ -301,8 +477,30 @@ def config(d: int = D256, dq: int | None = None) -> dict:
     stages = max(n for n in (1, 2, 3) if shared_bytes(d, bm, n, dq) <= SHARED_LIMIT)
     regs = consumer_registers(2)
     dkdv = {"BM": bm, "STAGES": stages, "REGS": regs, "DQ": dq, "EARLY": 1, "COLS": 0}
-    dq_cfg = {"BN": 64, "WG": 2, "STAGES": 1, "PIPE": 0, "AREG": 0, "REGS": regs}
+    dq_cfg = {"BN": 64, "WG": 2, "STAGES": 1, "PIPE": 0, "AREG": 0, "REGS": regs, "KV": KV}
     return {"dkdv": dkdv, "dq": dq_cfg}
+
+
+# The dQ kernel at D 256: the pair's (0) or ``attention_bwd_dq_d256`` (1: K and V on
+# barriers of their own).
+KV = 0
+
+
+def dq_kernel(c: dict, d: int, cols: int) -> tuple:
+    """``(kernel, constexprs, threads, shared bytes, query rows, key rows)`` of the dQ
+    kernel of ``config``'s ``c = config(d)["dq"]`` (``KV`` 1: ``attention_bwd_dq_d256``,
+    else the pair's ``attention_bwd_dq_wgmma`` with c's other constexprs), ``COLS``
+    ``cols``."""
+    from kaio_ops import _attention_hopper_bwd as pair
+
+    if c.get("KV"):
+        smem = 2 * 128 * d * 2 + 2 * 64 * d * 2 + 2 * 128 * 4 + 32 + 16
+        return attention_bwd_dq_d256, {"D": d, "REGS": c["REGS"], "COLS": cols}, 384, smem, 128, 64
+    bq = 64 * c["WG"]
+    consts = {k: v for k, v in c.items() if k not in ("KV", "COLS")}
+    smem = pair.shared_bytes(d, bq, c["BN"], c["STAGES"], bq)
+    return (pair.attention_bwd_dq_wgmma, {"D": d, "COLS": cols, **consts}, 128 * c["WG"] + 128,
+            smem, bq, c["BN"])  # fmt: skip
 
 
 # flash_attention_bwd's schedule at D 256: the pair (0) or the one kernel (1: ``DQ`` 1).
@@ -378,14 +576,13 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         )
     if only == "dkdv" or c1["DQ"]:
         return dq, dk, dv
-    bq = 64 * c2["WG"]
+    kernel, consts, threads, smem, bq, bn = dq_kernel(c2, d, 0)
     stats = pair.stats_maps(la, delta, rows_q, bq)
-    smem = pair.shared_bytes(d, bq, c2["BN"], c2["STAGES"], bq)
     with pair.side_stream(qa, side) as dq_stream:  # (there the dQ kernel first)
-        pair.attention_bwd_dq_wgmma[(-(-sq // bq), bh), 128 * c2["WG"] + 128, dq_stream, smem](
-            tmap(qa, rows_q, bq), tmap(da, rows_q, bq), tmap(ka, rows_kv, c2["BN"]),
-            tmap(va, rows_kv, c2["BN"]), *stats, _arrays.output_arg(da, dq, (qa.size,)), *args,
-            cu_q=none, cu_k=none, tp=0, D=d, DT=qa.dtype, COLS=0, **c2,
+        kernel[(-(-sq // bq), bh), threads, dq_stream, smem](
+            tmap(qa, rows_q, bq), tmap(da, rows_q, bq), tmap(ka, rows_kv, bn),
+            tmap(va, rows_kv, bn), *stats, _arrays.output_arg(da, dq, (qa.size,)), *args,
+            cu_q=none, cu_k=none, tp=0, DT=qa.dtype, **consts,
         )  # fmt: skip
         if side:
             dkdv_kernel()
@@ -399,7 +596,6 @@ SIDE = False
 def specializations():
     """(kernel, constexprs) of the specializations ``launch`` runs (for PTX checks)."""
     from kaio import bf16, f16
-    from kaio_ops._attention_hopper_bwd import attention_bwd_dq_wgmma
 
     cfg = config()
     for dt in (f16, bf16):
@@ -407,4 +603,5 @@ def specializations():
         if FUSED:
             yield dq_convert_tiles, {"D": D256, "DT": dt}
         else:
-            yield attention_bwd_dq_wgmma, {"D": D256, "DT": dt, "COLS": 0, **cfg["dq"]}
+            kernel, consts, *_ = dq_kernel(cfg["dq"], D256, 0)
+            yield kernel, {"DT": dt, **consts}

@@ -203,15 +203,13 @@ def launch(qa, ka, va, da, la, cqa, cka, oa, dims: tuple, causal: bool, scale: f
         dkdv_kernel()
     if only == "dkdv":
         return dq, dk, dv
-    bq = 64 * c2["WG"]
-    smem = dense.shared_bytes(d, bq, c2["BN"], c2["STAGES"], bq)
+    kernel, consts, threads, smem, bq, bn = bwd256.dq_kernel(c2, d, 1)
     with dense.side_stream(qa, side) as dq_stream:  # (there the dQ kernel first)
         grid = (-(-max_q // bq), heads, batch)
-        dense.attention_bwd_dq_wgmma[grid, 128 * c2["WG"] + 128, dq_stream, smem](
+        kernel[grid, threads, dq_stream, smem](
             tmap(qa, total_q, heads, bq), tmap(da, total_q, heads, bq),
-            tmap(ka, total_k, hkv, c2["BN"]), tmap(va, total_k, hkv, c2["BN"]),
-            *stats_maps(bq), _arrays.output_arg(da, dq, (qa.size,)), *args, **varlen, D=d,
-            DT=qa.dtype, **c2,
+            tmap(ka, total_k, hkv, bn), tmap(va, total_k, hkv, bn), *stats_maps(bq),
+            _arrays.output_arg(da, dq, (qa.size,)), *args, **varlen, DT=qa.dtype, **consts,
         )  # fmt: skip
         if side:
             dkdv_kernel()
@@ -230,4 +228,5 @@ def specializations():
             if bwd256.eligible(d):
                 dkdv = bwd256.attention_bwd_dkdv_d256
             yield dkdv, {"D": d, "DT": dt, **cfg["dkdv"]}
-            yield dense.attention_bwd_dq_wgmma, {"D": d, "DT": dt, **cfg["dq"]}
+            kernel, consts, *_ = bwd256.dq_kernel(cfg["dq"], d, 1)
+            yield kernel, {"DT": dt, **consts}
