@@ -172,9 +172,15 @@ def varlen_impls(lens: list, q, k, v, do, causal: bool, sdpa: bool) -> dict:
         arrays, dims, scale, oa = av._check_bwd("bench", *args[:-1], None)
         return hvb.launch(*arrays, oa, dims, causal, scale, side=True)
 
+    def kv():  # the dQ kernel attention_bwd_dq_d256
+        arrays, dims, scale, oa = av._check_bwd("bench", *args[:-1], None)
+        cfg = hvb.config(q.shape[-1])
+        return hvb.launch(*arrays, oa, dims, causal, scale, {**cfg, "dq": {**cfg["dq"], "KV": 1}})
+
     fns = {
         "hopper": lambda: av.backward_hopper(*args),
         "side": side,
+        "kv": kv,
         "mma.sync": lambda: av.backward_mma(*args),
         "dispatched": lambda: kaio_ops.flash_attention_varlen_bwd(*args),
         "padded": lambda: kaio_ops.flash_attention_bwd(dop, qp, kp, vp, op, lsep, causal),
@@ -187,7 +193,8 @@ def varlen_impls(lens: list, q, k, v, do, causal: bool, sdpa: bool) -> dict:
 def varlen_rows(cases: str, masks: str, impls: str, check: bool, reps: int = 3,
                 warm: bool = False) -> list:  # fmt: skip
     """``flash_attention_varlen_bwd`` at D 256 (``hopper``: ``_attention_hopper_varlen_bwd``
-    launched directly, ``side``: the same with the dQ kernel on a second stream,
+    launched directly, ``side``: the same with the dQ kernel on a second stream, ``kv``:
+    with the dQ kernel ``attention_bwd_dq_d256``,
     ``mma.sync``: the mma.sync kernels, ``dispatched``: the op) against padding to the
     longest sequence (``padded``: ``flash_attention_bwd`` on the padded batch, the dense D
     256 kernels; ``sdpa``: torch SDPA flash's backward, padded), every row a case of
@@ -214,7 +221,7 @@ def varlen_rows(cases: str, masks: str, impls: str, check: bool, reps: int = 3,
             row = dict(case=case, dtype=dtype, b=b, h=h, top=top, mean=total // b, causal=causal)
             if check:
                 want = fns["mma.sync"]()
-                for name in ("hopper", "side"):
+                for name in ("hopper", "side", "kv"):
                     row[f"{name}_err"] = max(
                         float((g.float() - w.float()).abs().max() / w.float().abs().max())
                         for g, w in zip(fns[name](), want, strict=True)
