@@ -203,6 +203,33 @@ def consume_split(
     store_tile(dv, dva, at, key0, sk, 1.0, lane, NH, DT, 1, out_stride)
 
 
+@kaio.gpu_func
+def key_block(
+    kvh: i32, k0: i32, heads: i32, group: i32, sq: i32, sk: i32, causal: i32, tp: i32,
+    start_q: i32, start_k: i32, shift: i32, stat_off: i32, D: kaio.constexpr,
+    BM: kaio.constexpr, COLS: kaio.constexpr,
+) -> tuple[i32, i32, i32, i32, i32, i32, i32]:  # fmt: skip
+    """``(first_head, first, n_tiles, stat_at, stat_stride, out_at, out_stride)`` of the
+    dK/dV block of the keys from k0 of K/V head ``kvh`` (``key_block_queries``'s three; the
+    lse and delta of the first head's seen query 0 and the next head's offset; where its dK
+    and dV rows start and their stride). Dense: the stats at the query rows, dK and dV rows
+    D apart; varlen (``COLS``, ``varlen_block``'s values): heads side by side, the stats
+    [heads, tp] from ``stats_start``, the queries seen shifted."""
+    first_head, first, n_tiles = key_block_queries(kvh, k0, heads, group, sq, causal, BM)
+    stat_at = first_head * sq
+    stat_stride = sq
+    out_at = kvh * sk * D
+    out_stride = D
+    if COLS:
+        if causal != 0:  # queries before k0 - shift see none of these keys
+            first = kaio.max(k0 - shift, 0) // BM
+        stat_at = first_head * tp + start_q + stat_off - shift
+        stat_stride = tp
+        out_at = (start_k * (heads // group) + kvh) * D
+        out_stride = heads // group * D
+    return first_head, first, n_tiles, stat_at, stat_stride, out_at, out_stride
+
+
 @kaio.gpu_kernel(fastmath=True)  # ex2.approx.ftz: one instruction an exponential
 def attention_bwd_dkdv_d256(
     tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
@@ -256,20 +283,9 @@ def attention_bwd_dkdv_d256(
     if COLS and k0 >= sk:  # keys past the sequence's end: nothing to do
         return
     kvh = i32(kaio.block_idx_y())
-    first_head, first, n_tiles = key_block_queries(kvh, k0, heads, group, sq, causal, BM)
-    # dense: the stats at the query rows, dK and dV rows D apart; varlen (COLS): heads side
-    # by side, the stats [heads, tp] from stats_start, the queries seen shifted
-    stat_at = first_head * sq
-    stat_stride = sq
-    out_at = kvh * sk * D
-    out_stride = D
-    if COLS:
-        if causal != 0:  # queries before k0 - shift see none of these keys
-            first = kaio.max(k0 - shift, 0) // BM
-        stat_at = first_head * tp + start_q + stat_off - shift
-        stat_stride = tp
-        out_at = (start_k * (heads // group) + kvh) * D
-        out_stride = heads // group * D
+    first_head, first, n_tiles, stat_at, stat_stride, out_at, out_stride = key_block(
+        kvh, k0, heads, group, sq, sk, causal, tp, start_q, start_k, shift, stat_off, D, BM, COLS
+    )
     if t == 0:
         init_barriers(bars, turn, 2, STAGES, 5 if DQ else 2, 1)  # buffers: 8 arrivals
     kaio.sync_threads()
@@ -295,6 +311,190 @@ def attention_bwd_dkdv_d256(
         elif DQ and lt >= 32:
             write_dq_ordered(dq_s, bars, dq_acc, sem, lt, first_head, group, first, n_tiles, sq,
                              x, nkb, causal, STAGES + 2, D, BM, 64, EARLY)  # fmt: skip
+
+
+@kaio.gpu_func
+def produce_qdo(
+    k_s: DT[:, :, :], v_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :],
+    bars: u64[:, :], turn: u64[:], tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap,
+    tdo: kaio.tensormap, once_row: i32, once_col: i32, ring_row: i32, ring_col: i32,
+    head_stride: i32, col_stride: i32, heads_n: i32, first: i32, n_tiles: i32,
+    D: kaio.constexpr, BM: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """``attention_bwd_dkdv_d256q``'s copies: the 64 rows of K and V from ``once_row``
+    (columns from ``once_col``) once, on ``turn[0]``; then for each head j < heads_n and
+    query tile t in first .. n_tiles the ``BM`` rows from ``ring_row + j head_stride + t
+    BM`` (columns from ``ring_col + j col_stride``) of dO (into do_s, on ``bars[0, 0]``,
+    once the consumers freed it: ``bars[1, 0]``), then of Q (q_s, ``bars[0, 1]``,
+    ``bars[1, 1]``)."""
+    C = D // 64
+    kaio.mbarrier_arrive_expect_tx(turn, 0, u32(2 * 64 * D * 2))
+    for c in kaio.static_range(C):
+        kaio.tma_load_2d(k_s, (c, 0, 0), tk, once_row, once_col + c * 64, turn, 0)
+        kaio.tma_load_2d(v_s, (c, 0, 0), tv, once_row, once_col + c * 64, turn, 0)
+    ph = u32(0)  # tile i's parity
+    t = first
+    row0 = ring_row
+    col = ring_col
+    for i in range(heads_n * kaio.max(n_tiles - first, 0)):
+        row = row0 + t * BM
+        c0 = col
+        t += 1
+        if t == n_tiles:
+            t = first
+            row0 += head_stride
+            col += col_stride
+        for x in kaio.static_range(2):  # dO (read first), then Q
+            if i > 0:  # tile i - 1's copy read: free
+                kaio.mbarrier_wait(bars, (1, x), ph ^ 1)
+            kaio.mbarrier_arrive_expect_tx(bars, (0, x), u32(BM * D * 2))
+            for c in kaio.static_range(C):
+                if x == 0:
+                    kaio.tma_load_2d(do_s, (0, c, 0, 0), tdo, row, c0 + c * 64, bars, (0, 0))
+                else:
+                    kaio.tma_load_2d(q_s, (0, c, 0, 0), tq, row, c0 + c * 64, bars, (0, 1))
+        ph ^= 1
+
+
+@kaio.gpu_func
+def issue_back(acc: f32[:, :], pt_s: DT[:, :, :], b0: i32, x_s: DT[:, :, :, :], cb: i32,
+               BM: kaio.constexpr, DT: kaio.constexpr):  # fmt: skip
+    """Issue acc += A X and commit: A the block's 64 keys of buffers ``pt_s[b0]``,
+    ``pt_s[b0 + 1]``, .. (64 queries each, K-major, as ``store_ds`` writes them), X the BM
+    rows of ``x_s[0]`` (N-major) from its 64-column block ``cb`` (acc's columns wide)."""
+    for kk in kaio.static_range(BM // 16):
+        da = kaio.smem_descriptor(pt_s, (b0 + kk // 4, 0, kk % 4 * 16), SW, 16, 1024)
+        dx = kaio.smem_descriptor(x_s, (0, cb, kk * 16, 0), SW, BM * SW, 1024)
+        if DT == kaio.bf16:
+            kaio.wgmma_bf16(acc, da, dx, True, False, True)
+        else:
+            kaio.wgmma_f16(acc, da, dx, True, False, True)
+    kaio.wgmma_commit()
+
+
+@kaio.gpu_func
+def consume_q128(
+    k_s: DT[:, :, :], v_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :],
+    stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], lse: f32[:], delta: f32[:], dk: DT[:],
+    dv: DT[:], pt_s: DT[:, :, :], wg: u32, lt: u32, group: i32, first: i32, n_tiles: i32, k0: i32,
+    sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32, shift: i32, stat_at: i32,
+    stat_stride: i32, out_at: i32, out_stride: i32, D: kaio.constexpr, BM: kaio.constexpr,
+    DT: kaio.constexpr,
+):  # fmt: skip
+    """Consumer warpgroup ``wg`` of ``attention_bwd_dkdv_d256q`` (thread ``lt`` of it): per
+    query tile of ``BM`` (128) rows, dP^T = V dO_w^T once dO has landed and S^T = K Q_w^T
+    once Q has, for its queries ``BM / 2`` wg .. (m64n64k16: K and V read half as often per
+    product as with 32 queries); P^T and dS^T to buffers ``pt_s[wg]``, ``pt_s[2 + wg]``
+    (once both warpgroups' last tile's products are done: ``bars[1, 2]``), then, once both
+    warpgroups' are there (``bars[1, 3]``), dV[:, D / 2 wg ..] += P^T dO (dO then freed) and
+    dK[:, D / 2 wg ..] += dS^T Q (Q freed) over the whole tile; then dK, dV stored (rows
+    ``out_stride`` apart from ``out_at``; the queries and stats as ``consume_split``'s)."""
+    H = BM // 2  # this warpgroup's queries of a tile
+    NH = D // 2  # its columns of dK and dV
+    lane = lt % 32
+    kr = 16 * i32(lt // 32) + i32(lane // 4)  # this thread's rows kr, kr + 8 of the keys
+    key0 = k0 + kr
+    s = kaio.local(f32, (H // 8, 4))  # S^T, then P^T
+    dp = kaio.local(f32, (H // 8, 4))  # dP^T, then dS^T
+    dka = kaio.local(f32, (NH // 8, 4))
+    dva = kaio.local(f32, (NH // 8, 4))
+    zero_acc(dka, NH)
+    zero_acc(dva, NH)
+    q1 = H * i32(wg)  # this warpgroup's first query of a tile
+    cb = i32(wg) * (NH // 64)  # its first 64-column block of dO, Q
+    total = group * kaio.max(n_tiles - first, 0)
+    kaio.mbarrier_wait(turn, 0, 0)  # K and V landed
+    ph = u32(0)  # tile i's parity: the copies', the buffers'
+    t = first
+    at0 = stat_at
+    for _i in range(total):
+        kaio.mbarrier_wait(bars, (0, 0), ph)  # dO landed
+        kaio.wgmma_fence()
+        issue_st(dp, v_s, do_s, 0, q1, D, DT)
+        kaio.mbarrier_wait(bars, (0, 1), ph)  # Q landed
+        issue_st(s, k_s, q_s, 0, q1, D, DT)
+        kaio.wgmma_wait(0)
+        grads_t(s, dp, stats, 0, lse, delta, at0, key0, t * BM + q1 + shift, sq + shift, 1 << 30,
+                causal, scale_log2, lane, H, 0)  # fmt: skip
+        if _i > 0:  # the last tile's dV and dK products done in both warpgroups
+            kaio.mbarrier_wait(bars, (1, 2), ph ^ 1)
+        store_ds(pt_s, i32(wg), s, kr, lane, H, DT)
+        store_ds(pt_s, 2 + i32(wg), dp, kr, lane, H, DT)
+        release(bars, 3, lt)
+        kaio.mbarrier_wait(bars, (1, 3), ph)  # both warpgroups' queries there
+        kaio.wgmma_fence()
+        issue_back(dva, pt_s, 0, do_s, cb, BM, DT)
+        issue_back(dka, pt_s, 2, q_s, cb, BM, DT)
+        kaio.wgmma_wait(1)
+        release(bars, 0, lt)  # dV done: dO free
+        kaio.wgmma_wait(0)
+        release(bars, 1, lt)  # dK done: Q free
+        release(bars, 2, lt)  # and the buffers
+        ph ^= 1
+        t, at0 = next_tile(t, at0, first, n_tiles, stat_stride)
+    at = out_at + NH * i32(wg)  # this warpgroup's columns
+    store_tile(dk, dka, at, key0, sk, scale, lane, NH, DT, 1, out_stride)
+    store_tile(dv, dva, at, key0, sk, 1.0, lane, NH, DT, 1, out_stride)
+
+
+@kaio.gpu_kernel(fastmath=True)  # ex2.approx.ftz: one instruction an exponential
+def attention_bwd_dkdv_d256q(
+    tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
+    lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:], seq_q: i32, seq_k: i32, heads: i32,
+    group: i32, scale_log2: f32, scale: f32, causal: i32, cu_q: i32[:], cu_k: i32[:], tp: i32,
+    D: kaio.constexpr, REGS: kaio.constexpr, DT: kaio.constexpr, COLS: kaio.constexpr,
+):  # fmt: skip
+    """dk, dv of the 64 keys of key block x and K/V head y (``COLS`` 1: of sequence z), as
+    ``attention_bwd_dkdv_d256`` (its arguments, DQ 0) but with query tiles of 128 rows
+    (``tq``, ``tdo`` in boxes of (128, 64)), Q and dO each in a buffer of its own with its
+    own barriers (``produce_qdo``, ``consume_q128``): the 224 KB of K, V, Q, dO and the P^T,
+    dS^T buffers leave no room for a second stage; dO is copied while a tile's dK product
+    runs, Q while the next tile's dP^T does."""
+    BM = 128
+    C = D // 64
+    ONCE = 64 * D * 2
+    TILE = BM * D * 2
+    k_s = kaio.shared_dynamic(DT, (C, 64, 64), 0)
+    v_s = kaio.shared_dynamic(DT, (C, 64, 64), ONCE)
+    q_s = kaio.shared_dynamic(DT, (1, C, BM, 64), 2 * ONCE)
+    do_s = kaio.shared_dynamic(DT, (1, C, BM, 64), 2 * ONCE + TILE)
+    PT = 2 * ONCE + 2 * TILE
+    pt_s = kaio.shared_dynamic(DT, (4, 64, 64), PT)  # P^T halves, dS^T halves
+    stats = kaio.shared_dynamic(f32, (2, 1, 2), PT + 4 * 64 * 64 * 2)  # (unused)
+    BARS = PT + 4 * 64 * 64 * 2 + 16
+    bars = kaio.shared_dynamic(u64, (2, 4), BARS)
+    turn = kaio.shared_dynamic(u64, (2,), BARS + 64)
+    t, wg, lt = thread_roles(2)
+    start_q, start_k, shift, stat_off, sq, sk = varlen_block(cu_q, cu_k, seq_q, seq_k, causal,
+                                                             COLS)  # fmt: skip
+    k0 = i32(kaio.block_idx_x()) * 64
+    if COLS and k0 >= sk:  # keys past the sequence's end: nothing to do
+        return
+    kvh = i32(kaio.block_idx_y())
+    first_head, first, n_tiles, stat_at, stat_stride, out_at, out_stride = key_block(
+        kvh, k0, heads, group, sq, sk, causal, tp, start_q, start_k, shift, stat_off, D, BM, COLS
+    )
+    if t == 0:  # (0, 0), (1, 0): dO's; (0, 1), (1, 1): Q's; (1, 2), (1, 3): the buffers'
+        init_barriers(bars, turn, 2, 2, 2, 1)
+    kaio.sync_threads()
+    if wg < 2:
+        if REGS:
+            kaio.setmaxnreg_inc(REGS)
+        consume_q128(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, pt_s, wg, lt,
+                     group, first, n_tiles, k0, sq, sk, causal, scale_log2, scale, shift,
+                     stat_at, stat_stride, out_at, out_stride, D, BM, DT)  # fmt: skip
+    else:
+        if REGS:
+            kaio.setmaxnreg_dec(PRODUCER_REGS)
+        if lt == 0:
+            if COLS:  # heads side by side: the K/V head's and the query heads' columns
+                produce_qdo(k_s, v_s, q_s, do_s, bars, turn, tk, tv, tq, tdo, start_k + k0,
+                            kvh * D, start_q, first_head * D, 0, D, group, first, n_tiles, D,
+                            BM, DT)  # fmt: skip
+            else:
+                produce_qdo(k_s, v_s, q_s, do_s, bars, turn, tk, tv, tq, tdo, kvh * sk + k0, 0,
+                            first_head * sq, 0, sq, 0, group, first, n_tiles, D, BM,
+                            DT)  # fmt: skip
 
 
 @kaio.gpu_func
@@ -476,9 +676,48 @@ def config(d: int = D256, dq: int | None = None) -> dict:
     dq = FUSED if dq is None else dq
     stages = max(n for n in (1, 2, 3) if shared_bytes(d, bm, n, dq) <= SHARED_LIMIT)
     regs = consumer_registers(2)
-    dkdv = {"BM": bm, "STAGES": stages, "REGS": regs, "DQ": dq, "EARLY": 1, "COLS": 0}
+    dkdv = {"BM": bm, "STAGES": stages, "REGS": regs, "DQ": dq, "EARLY": 1, "COLS": 0,
+            "Q128": Q128 if not dq else 0}  # fmt: skip
     dq_cfg = {"BN": 64, "WG": 2, "STAGES": 1, "PIPE": 0, "AREG": 0, "REGS": regs, "KV": KV}
     return {"dkdv": dkdv, "dq": dq_cfg}
+
+
+# The dK/dV kernel at D 256 (without dQ): ``attention_bwd_dkdv_d256`` (0) or
+# ``attention_bwd_dkdv_d256q`` (1: 128-query tiles, Q and dO on barriers of their own).
+Q128 = 0
+
+
+def dkdv_kernel(c: dict, d: int, dt) -> tuple:
+    """(kernel, constexprs) of the dK/dV kernel of ``config(d)["dkdv"]`` ``c`` (``run_dkdv``)
+    for element type ``dt``."""
+    if c.get("Q128"):
+        return attention_bwd_dkdv_d256q, {"D": d, "REGS": c["REGS"], "DT": dt, "COLS": c["COLS"]}
+    return attention_bwd_dkdv_d256, {
+        "D": d,
+        "DT": dt,
+        **{k: v for k, v in c.items() if k != "Q128"},
+    }
+
+
+def run_dkdv(c: dict, d: int, grid: tuple, stream, maps, lse, delta, dk, dv, extra: tuple,
+             args: tuple, offsets: dict, dt) -> None:  # fmt: skip
+    """Launch the dK/dV kernel of ``config(d)["dkdv"]`` ``c`` (``Q128`` 1:
+    ``attention_bwd_dkdv_d256q``, else ``attention_bwd_dkdv_d256`` with ``extra``: its
+    dq_acc and semaphores) on ``grid`` and ``stream``: ``maps(rows)`` the tensor maps of k, v
+    (boxes of 64 rows) and q, do (boxes of ``rows``), the lse and delta, dk and dv, the
+    kernel's scalar ``args``, ``offsets`` (cu_q, cu_k, tp), the element type ``dt``."""
+    if c.get("Q128"):
+        smem = 2 * 64 * d * 2 + 2 * 128 * d * 2 + 4 * 64 * 64 * 2 + 16 + 64 + 16
+        attention_bwd_dkdv_d256q[grid, 384, stream, smem](
+            *maps(128), lse, delta, dk, dv, *args, **offsets, D=d, REGS=c["REGS"], DT=dt,
+            COLS=c["COLS"],
+        )  # fmt: skip
+        return
+    smem = shared_bytes(d, c["BM"], c["STAGES"], c["DQ"])
+    consts = {k: v for k, v in c.items() if k != "Q128"}
+    attention_bwd_dkdv_d256[grid, 384, stream, smem](
+        *maps(c["BM"]), lse, delta, dk, dv, *extra, *args, **offsets, D=d, DT=dt, **consts
+    )
 
 
 # The dQ kernel at D 256: the pair's (0) or ``attention_bwd_dq_d256`` (1: K and V on
@@ -559,13 +798,17 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         zero_acc_sem[-(-acc_size // 1024), 256, stream, 0](dq_acc, acc_size, sem, bh * n_tiles)
 
     def dkdv_kernel():
-        smem = shared_bytes(d, c1["BM"], c1["STAGES"], c1["DQ"])
-        attention_bwd_dkdv_d256[(-(-sk // 64), bh // group), 384, stream, smem](
-            tmap(ka, rows_kv, 64), tmap(va, rows_kv, 64), tmap(qa, rows_q, c1["BM"]),
-            tmap(da, rows_q, c1["BM"]), la.arg(rows_q), delta,
-            _arrays.output_arg(da, dk, (ka.size,)), _arrays.output_arg(da, dv, (ka.size,)),
-            dq_acc, sem, *args, cu_q=none, cu_k=none, tp=0, D=d, DT=qa.dtype, **c1,
-        )  # fmt: skip
+        def maps(rows):
+            return (
+                tmap(ka, rows_kv, 64),
+                tmap(va, rows_kv, 64),
+                *(tmap(x, rows_q, rows) for x in (qa, da)),
+            )
+
+        out = (_arrays.output_arg(da, x, (ka.size,)) for x in (dk, dv))
+        run_dkdv(c1, d, (-(-sk // 64), bh // group), stream, maps, la.arg(rows_q), delta, *out,
+                 (dq_acc, sem), args, {"cu_q": none, "cu_k": none, "tp": 0},
+                 qa.dtype)  # fmt: skip
 
     side = (SIDE if side is None else side) and only is None and not c1["DQ"]
     if only != "dq" and not side:
@@ -599,7 +842,7 @@ def specializations():
 
     cfg = config()
     for dt in (f16, bf16):
-        yield attention_bwd_dkdv_d256, {"D": D256, "DT": dt, **cfg["dkdv"]}
+        yield dkdv_kernel(cfg["dkdv"], D256, dt)
         if FUSED:
             yield dq_convert_tiles, {"D": D256, "DT": dt}
         else:

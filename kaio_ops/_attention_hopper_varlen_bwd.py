@@ -176,16 +176,19 @@ def launch(qa, ka, va, da, la, cqa, cka, oa, dims: tuple, causal: bool, scale: f
     bk = 64 if d256 else 64 * c1["WG"]
 
     def dkdv_kernel():
-        if d256:  # the D 256 kernel: lse and delta from global memory (no dQ: lse_p, cu_q
-            # stand for its dq_acc and semaphores)
-            smem = bwd256.shared_bytes(d, c1["BM"], c1["STAGES"], 0)
-            bwd256.attention_bwd_dkdv_d256[(-(-max_k // bk), hkv, batch), 384, stream, smem](
-                tmap(ka, total_k, hkv, bk), tmap(va, total_k, hkv, bk),
-                tmap(qa, total_q, heads, c1["BM"]), tmap(da, total_q, heads, c1["BM"]), lse_p,
-                delta_p, _arrays.output_arg(da, dk, (ka.size,)),
-                _arrays.output_arg(da, dv, (ka.size,)), lse_p, cqa.arg(), *args, **varlen,
-                D=d, DT=qa.dtype, **c1,
-            )  # fmt: skip
+        if d256:  # the D 256 kernels: lse and delta from global memory (no dQ: lse_p, cu_q
+            # stand for the dq_acc and semaphores of attention_bwd_dkdv_d256)
+
+            def maps(rows):
+                return (
+                    tmap(ka, total_k, hkv, bk),
+                    tmap(va, total_k, hkv, bk),
+                    *(tmap(x, total_q, heads, rows) for x in (qa, da)),
+                )
+
+            out = (_arrays.output_arg(da, x, (ka.size,)) for x in (dk, dv))
+            bwd256.run_dkdv(c1, d, (-(-max_k // bk), hkv, batch), stream, maps, lse_p, delta_p,
+                            *out, (lse_p, cqa.arg()), args, varlen, qa.dtype)  # fmt: skip
             return
         smem = dense.shared_bytes(d, bk, c1["BM"], c1["STAGES"], c1["STAGES"] * c1["BM"],
                                   *dense._ds_buffers(c1))  # fmt: skip
@@ -224,9 +227,9 @@ def specializations():
     for dt in (f16, bf16):
         for d in (64, 128, bwd256.D256):
             cfg = config(d)
-            dkdv = dense.attention_bwd_dkdv_wgmma
             if bwd256.eligible(d):
-                dkdv = bwd256.attention_bwd_dkdv_d256
-            yield dkdv, {"D": d, "DT": dt, **cfg["dkdv"]}
+                yield bwd256.dkdv_kernel(cfg["dkdv"], d, dt)
+            else:
+                yield dense.attention_bwd_dkdv_wgmma, {"D": d, "DT": dt, **cfg["dkdv"]}
             kernel, consts, *_ = bwd256.dq_kernel(cfg["dq"], d, 1)
             yield kernel, {"DT": dt, **consts}
