@@ -8,9 +8,9 @@ Usage: ``python bench/attention_bwd256.py [--dtypes float16,bfloat16] [--seqs 10
 first (the largest difference over the largest of SDPA's). ``--tiny pair,fused``: each
 schedule once at small sizes against float64 (for compute-sanitizer; with ``--dtypes`` and
 ``--causal``). ``--varlen 4k,1k [--impls hopper,side,mma.sync,padded,sdpa] [--check]``: the
-varlen backward at D 256 against padding (``varlen_rows``); ``--dq 48:2:0,...``: dQ kernel
-constexprs and the dQ kernel on a second stream (``dq_rows``, at the first of ``--seqs``);
-``--warm``: those once each, untimed (to compile).
+varlen backward at D 256 against padding (``varlen_rows``); ``--kernels dq,dq:kv,...``: the
+kernels alone and the variants (``kernel_rows``, at the first of ``--seqs`` and
+``--dtypes``); ``--warm``: those once each, untimed (to compile).
 """
 
 from __future__ import annotations
@@ -148,9 +148,10 @@ VARLEN = {"4k": (8, 4096, 16, "float16"), "1k": (32, 1024, 16, "float16"),
           "4kbf": (8, 4096, 16, "bfloat16")}  # fmt: skip
 
 
-def varlen_impls(lens: list, q, k, v, do, causal: bool, sdpa: bool) -> dict:
+def varlen_impls(lens: list, q, k, v, do, causal: bool, sdpa: bool, variants: list) -> dict:
     """``varlen_rows``' implementations (name: a function of no arguments) on the packed
-    q, k, v, do of sequences ``lens`` (and the padded batch's)."""
+    q, k, v, do of sequences ``lens`` (and the padded batch's); ``variants``: the Hopper
+    kernels' with ``kernel_cfg``'s options (``hopper:q128:kv``, ...)."""
     import torch
 
     import kaio_ops
@@ -168,33 +169,31 @@ def varlen_impls(lens: list, q, k, v, do, causal: bool, sdpa: bool) -> dict:
         lsep[i, :, :n] = lse[:, start : start + n]
         start += n
 
-    def side():
-        arrays, dims, scale, oa = av._check_bwd("bench", *args[:-1], None)
-        return hvb.launch(*arrays, oa, dims, causal, scale, side=True)
-
-    def kv():  # the dQ kernel attention_bwd_dq_d256
-        arrays, dims, scale, oa = av._check_bwd("bench", *args[:-1], None)
+    def variant(item):  # "hopper:q128:kv:side": the Hopper kernels with kernel_cfg's options
+        _, over, side = kernel_cfg(item)
         cfg = hvb.config(q.shape[-1])
-        return hvb.launch(*arrays, oa, dims, causal, scale, {**cfg, "dq": {**cfg["dq"], "KV": 1}})
+        cfg = {n: {**c, **over[n]} for n, c in cfg.items()}
+        arrays, dims, scale, oa = av._check_bwd("bench", *args[:-1], None)
+        return lambda: hvb.launch(*arrays, oa, dims, causal, scale, cfg, side=side)
 
     fns = {
         "hopper": lambda: av.backward_hopper(*args),
-        "side": side,
-        "kv": kv,
         "mma.sync": lambda: av.backward_mma(*args),
         "dispatched": lambda: kaio_ops.flash_attention_varlen_bwd(*args),
         "padded": lambda: kaio_ops.flash_attention_bwd(dop, qp, kp, vp, op, lsep, causal),
     }
     if sdpa:
         fns["sdpa"] = sdpa_grads(qp, kp, vp, dop, causal)
+    for item in variants:
+        fns[item] = variant(item)
     return fns
 
 
 def varlen_rows(cases: str, masks: str, impls: str, check: bool, reps: int = 3,
                 warm: bool = False) -> list:  # fmt: skip
     """``flash_attention_varlen_bwd`` at D 256 (``hopper``: ``_attention_hopper_varlen_bwd``
-    launched directly, ``side``: the same with the dQ kernel on a second stream, ``kv``:
-    with the dQ kernel ``attention_bwd_dq_d256``,
+    launched directly, ``hopper:side``, ``hopper:q128:kv``...: the same with
+    ``kernel_cfg``'s options,
     ``mma.sync``: the mma.sync kernels, ``dispatched``: the op) against padding to the
     longest sequence (``padded``: ``flash_attention_bwd`` on the padded batch, the dense D
     256 kernels; ``sdpa``: torch SDPA flash's backward, padded), every row a case of
@@ -216,12 +215,14 @@ def varlen_rows(cases: str, masks: str, impls: str, check: bool, reps: int = 3,
         q, k, v, do = (torch.randn((total, h, d), device="cuda", dtype=dt, generator=gen)
                        for _ in range(4))  # fmt: skip
         for causal in [bool(int(c)) for c in masks.split(",")]:
-            fns = varlen_impls(lens, q, k, v, do, causal, "sdpa" in impls.split(","))
+            names = impls.split(",")
+            fns = varlen_impls(lens, q, k, v, do, causal, "sdpa" in names,
+                               [x for x in names if x.startswith("hopper:")])  # fmt: skip
             flops = 2.5 * useful_flops(lens, h, d, causal)
             row = dict(case=case, dtype=dtype, b=b, h=h, top=top, mean=total // b, causal=causal)
             if check:
                 want = fns["mma.sync"]()
-                for name in ("hopper", "side", "kv"):
+                for name in [x for x in names if x.startswith("hopper")]:
                     row[f"{name}_err"] = max(
                         float((g.float() - w.float()).abs().max() / w.float().abs().max())
                         for g, w in zip(fns[name](), want, strict=True)
@@ -237,44 +238,61 @@ def varlen_rows(cases: str, masks: str, impls: str, check: bool, reps: int = 3,
     return rows
 
 
-def dq_row(cfgs: str, q, k, v, do, causal: bool, warm: bool = False) -> dict:
-    """``dq_rows``' row of one mask (``warm``: each configuration called once, nothing
-    timed)."""
+def kernel_cfg(item: str) -> tuple[str, dict, bool]:
+    """``(part, cfg, side)`` of a ``--kernels`` item: its part (``dq``, ``dkdv`` or ``all``),
+    the ``launch`` overrides of its options (``kv``: the dQ kernel
+    ``attention_bwd_dq_d256``; ``q128``: the dK/dV kernel ``attention_bwd_dkdv_d256q``;
+    ``BN:STAGES:PIPE``: the pair's dQ kernel with those) and whether ``side``."""
+    part, *opts = item.split(":")
+    cfg: dict = {"dq": {}, "dkdv": {}}
+    if opts and opts[0].isdigit():
+        bn, st, pipe = (int(x) for x in opts[:3])
+        cfg["dq"].update(BN=bn, STAGES=st, PIPE=pipe, KV=0)
+        opts = opts[3:]
+    if "kv" in opts:
+        cfg["dq"]["KV"] = 1
+    if "q128" in opts:
+        cfg["dkdv"]["Q128"] = 1
+    return part, cfg, "side" in opts
+
+
+def kernel_row(items: str, q, k, v, do, causal: bool, warm: bool = False) -> dict:
+    """``kernel_rows``' row of one mask (``warm``: each item called once, nothing timed)."""
     from kaio_ops import _attention_hopper_bwd256 as hopper_bwd256
 
     b, h, seq, d = q.shape
     op = operands(q, k, v, do, causal)
     prod = 2 * b * h * seq * seq * d / (2 if causal else 1)
     row = dict(dtype=str(q.dtype), s=seq, b=b, causal=causal)
-    want = hopper_bwd256.launch(*op)[0]
-    for name in ["shipped", *cfgs.split(",")]:
-        cfg = None
-        if name == "kv":  # attention_bwd_dq_d256: K and V on barriers of their own
-            cfg = {"dq": {"KV": 1}}
-        elif name != "shipped":
-            bn, st, pipe = (int(x) for x in name.split(":"))
-            cfg = {"dq": {"BN": bn, "STAGES": st, "PIPE": pipe, "KV": 0}}
-        got = hopper_bwd256.launch(*op, cfg)[0]
-        row[f"dq {name}_err"] = float((got.float() - want.float()).abs().max())
+    want = hopper_bwd256.launch(*op)
+    for item in items.split(","):
+        part, cfg, side = kernel_cfg(item)
+        only = None if part == "all" else part
+        picked = {"dq": [0], "dkdv": [1, 2], "all": [0, 1, 2]}[part]
+        got = hopper_bwd256.launch(*op, cfg, only, side)
+        row[f"{item}_err"] = max(
+            float((got[i].float() - want[i].float()).abs().max() / want[i].float().abs().max())
+            for i in picked
+        )
         if warm:
             continue
-        ms = time_calls(lambda cfg=cfg: hopper_bwd256.launch(*op, cfg, "dq"), reps=3)
-        row[f"dq {name}"] = 3 * prod / ms / 1e9
-    for name, side in (("pair", False), ("pair side", True)):
-        if warm:
-            break
-        ms = time_calls(lambda side=side: hopper_bwd256.launch(*op, side=side), reps=3)
-        row[name] = 2.5 * prod / ms / 1e9
+        ms = time_calls(
+            lambda cfg=cfg, only=only, side=side: hopper_bwd256.launch(*op, cfg, only, side),
+            reps=3,
+        )
+        row[item] = {"dq": 3, "dkdv": 4, "all": 5}[part] * prod / ms / 1e9
     return row
 
 
-def dq_rows(cfgs: str, seq: int, masks: str, dtype: str = "float16", warm: bool = False) -> list:
-    """The dQ kernel alone (``launch(only="dq")``) with the shipped constexprs and each of
-    ``cfgs`` (``BN:STAGES:PIPE`` items: the pair's kernel; ``kv``:
-    ``attention_bwd_dq_d256``), and the whole pair in one stream and with the dQ kernel on
-    a second (``pair side``); H16 at ``seq`` (``BATCH``); TFLOP/s of the kernel's own
-    products (three for dQ: 2 B H S S D each, halved when causal), of the backward's five
-    for the pair."""
+def kernel_rows(
+    items: str, seq: int, masks: str, dtype: str = "float16", warm: bool = False
+) -> list:
+    """The D 256 kernels alone (``launch(only=...)``) or the whole backward, as shipped and
+    with ``kernel_cfg``'s variants (``items``: ``dq``, ``dq:kv``, ``dq:48:2:0``, ``dkdv``,
+    ``dkdv:q128``, ``all``, ``all:q128:kv:side``, ...), H16 at ``seq`` (``BATCH``); TFLOP/s
+    of their own products (three for dQ, four for dK/dV, the backward's five for ``all``:
+    2 B H S S D each, halved when causal); ``_err``: the largest difference from the shipped
+    kernels' outputs over their largest."""
     import torch
 
     b = BATCH[seq]
@@ -283,7 +301,7 @@ def dq_rows(cfgs: str, seq: int, masks: str, dtype: str = "float16", warm: bool 
                                generator=gen) for _ in range(4))  # fmt: skip
     rows = []
     for causal in [bool(int(c)) for c in masks.split(",")]:
-        rows.append(dq_row(cfgs, q, k, v, do, causal, warm))
+        rows.append(kernel_row(items, q, k, v, do, causal, warm))
         print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -304,20 +322,20 @@ def main() -> None:
     p.add_argument("--out")
     p.add_argument("--tiny", help="schedules to run once at small sizes (pair,fused)")
     p.add_argument("--varlen", help="varlen backward cases (VARLEN's keys: 4k,1k,...)")
-    p.add_argument("--impls", default="hopper,side,mma.sync,padded,sdpa",
+    p.add_argument("--impls", default="hopper,hopper:side,mma.sync,padded,sdpa",
                    help="--varlen's implementations")  # fmt: skip
-    p.add_argument("--dq", help="dQ kernel constexprs to time (BN:STAGES:PIPE,...)")
-    p.add_argument("--warm", action="store_true", help="--varlen, --dq: compile, time nothing")
+    p.add_argument("--kernels", help="D 256 kernels to time (dq,dq:kv,dkdv:q128,all,...)")
+    p.add_argument("--warm", action="store_true", help="--varlen, --kernels: compile, no timing")
     a = p.parse_args()
     if a.tiny:
         return tiny(a.tiny, a.dtypes, a.causal)
-    if a.varlen or a.dq:
+    if a.varlen or a.kernels:
         rows = []
         if a.varlen:
             rows += varlen_rows(a.varlen, a.causal, a.impls, a.check, warm=a.warm)
-        if a.dq:
-            rows += dq_rows(a.dq, int(a.seqs.split(",")[0]), a.causal, a.dtypes.split(",")[0],
-                            a.warm)  # fmt: skip
+        if a.kernels:
+            rows += kernel_rows(a.kernels, int(a.seqs.split(",")[0]), a.causal,
+                                a.dtypes.split(",")[0], a.warm)  # fmt: skip
         if a.out:
             with open(a.out, "w") as f:
                 json.dump(rows, f, indent=1)
