@@ -68,6 +68,16 @@ def sdpa_grads(q, k, v, do, causal):
     return lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)
 
 
+FWD = True  # --no-fwd (with --warm): o and lse random, the forward not compiled
+
+
+def fake(q) -> tuple:
+    """A random o like q and lse zeros [*q.shape[:-1]] (only compiling: --no-fwd)."""
+    import torch
+
+    return torch.randn_like(q), torch.zeros(q.shape[:-1], device=q.device)
+
+
 def operands(q, k, v, do, causal: bool) -> tuple:
     """``_attention_hopper_bwd256.launch``'s first arguments for q, k, v, do (torch, [B, H,
     S, D]): the checked operands, delta from the forward's output, the dims, the mask and
@@ -76,7 +86,7 @@ def operands(q, k, v, do, causal: bool) -> tuple:
     from kaio.types import f32
     from kaio_ops import _arrays, attention
 
-    o, lse = kaio_ops.flash_attention_with_stats(q, k, v, causal=causal)
+    o, lse = kaio_ops.flash_attention_with_stats(q, k, v, causal=causal) if FWD else fake(q)
     inputs = _arrays.Inputs("bench")
     (qa, ka, va), dims, scale = attention._check_flash("bench", q, k, v, None, inputs)
     da = inputs.array(do, "do", ndim=4)
@@ -160,7 +170,11 @@ def varlen_impls(lens: list, q, k, v, do, causal: bool, sdpa: bool, variants: li
     from kaio_ops import attention_varlen as av
 
     top, cu = max(lens), offsets(lens)
-    o, lse = kaio_ops.flash_attention_varlen_with_stats(q, k, v, cu, cu, top, top, causal)
+    if FWD:
+        o, lse = kaio_ops.flash_attention_varlen_with_stats(q, k, v, cu, cu, top, top, causal)
+    else:
+        o, lse = fake(q)
+        lse = lse.reshape(q.shape[1], -1)
     args = (do, q, k, v, o, lse, cu, cu, top, top, causal)
     qp, kp, vp, dop, op = (pad(x, lens) for x in (q, k, v, do, o))
     lsep = torch.zeros((len(lens), q.shape[1], top), device="cuda", dtype=torch.float32)
@@ -264,18 +278,18 @@ def kernel_row(items: str, q, k, v, do, causal: bool, warm: bool = False) -> dic
     op = operands(q, k, v, do, causal)
     prod = 2 * b * h * seq * seq * d / (2 if causal else 1)
     row = dict(dtype=str(q.dtype), s=seq, b=b, causal=causal)
-    want = hopper_bwd256.launch(*op)
+    want = None if warm else hopper_bwd256.launch(*op)
     for item in items.split(","):
         part, cfg, side = kernel_cfg(item)
         only = None if part == "all" else part
         picked = {"dq": [0], "dkdv": [1, 2], "all": [0, 1, 2]}[part]
         got = hopper_bwd256.launch(*op, cfg, only, side)
+        if warm:
+            continue
         row[f"{item}_err"] = max(
             float((got[i].float() - want[i].float()).abs().max() / want[i].float().abs().max())
             for i in picked
         )
-        if warm:
-            continue
         ms = time_calls(
             lambda cfg=cfg, only=only, side=side: hopper_bwd256.launch(*op, cfg, only, side),
             reps=3,
@@ -326,9 +340,12 @@ def main() -> None:
                    help="--varlen's implementations")  # fmt: skip
     p.add_argument("--kernels", help="D 256 kernels to time (dq,dq:kv,dkdv:q128,all,...)")
     p.add_argument("--warm", action="store_true", help="--varlen, --kernels: compile, no timing")
+    p.add_argument("--no-fwd", action="store_true", help="--warm: o, lse random (no forward)")
     a = p.parse_args()
     if a.tiny:
         return tiny(a.tiny, a.dtypes, a.causal)
+    global FWD
+    FWD = not (a.no_fwd and a.warm)
     if a.varlen or a.kernels:
         rows = []
         if a.varlen:
