@@ -314,6 +314,29 @@ def attention_bwd_dkdv_d256(
 
 
 @kaio.gpu_func
+def copy_in_turn(
+    a_s: DT[:, :, :, :], b_s: DT[:, :, :, :], ta: kaio.tensormap, tb: kaio.tensormap,
+    bars: u64[:, :], row: i32, col: i32, i: i32, ph: u32, ROWS: kaio.constexpr,
+    PARTS: kaio.constexpr, D: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """Tile i's copies (parity ``ph``): the ``ROWS`` rows from ``row`` (columns from ``col``)
+    of ``ta`` into a_s on ``bars[0, 0]``, once the consumers freed it (``bars[1, 0]``; for
+    i > 0), then of ``tb`` into b_s (``bars[0, 1]``, ``bars[1, 1]``); each in ``PARTS``
+    boxes of ROWS / PARTS rows, part p into ``a_s[p]``, resp. ``b_s[p]``."""
+    R = ROWS // PARTS
+    for x in kaio.static_range(2):
+        if i > 0:  # tile i - 1's copy read: free
+            kaio.mbarrier_wait(bars, (1, x), ph ^ 1)
+        kaio.mbarrier_arrive_expect_tx(bars, (0, x), u32(ROWS * D * 2))
+        for p in kaio.static_range(PARTS):
+            for c in kaio.static_range(D // 64):
+                if x == 0:
+                    kaio.tma_load_2d(a_s, (p, c, 0, 0), ta, row + p * R, col + c * 64, bars, (0, 0))
+                else:
+                    kaio.tma_load_2d(b_s, (p, c, 0, 0), tb, row + p * R, col + c * 64, bars, (0, 1))
+
+
+@kaio.gpu_func
 def produce_qdo(
     k_s: DT[:, :, :], v_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :],
     bars: u64[:, :], turn: u64[:], tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap,
@@ -324,9 +347,8 @@ def produce_qdo(
     """``attention_bwd_dkdv_d256q``'s copies: the 64 rows of K and V from ``once_row``
     (columns from ``once_col``) once, on ``turn[0]``; then for each head j < heads_n and
     query tile t in first .. n_tiles the ``BM`` rows from ``ring_row + j head_stride + t
-    BM`` (columns from ``ring_col + j col_stride``) of dO (into do_s, on ``bars[0, 0]``,
-    once the consumers freed it: ``bars[1, 0]``), then of Q (q_s, ``bars[0, 1]``,
-    ``bars[1, 1]``)."""
+    BM`` (columns from ``ring_col + j col_stride``) of dO, then of Q (``copy_in_turn``, in
+    halves of 64 rows: ``do_s[0]``, ``do_s[1]``)."""
     C = D // 64
     kaio.mbarrier_arrive_expect_tx(turn, 0, u32(2 * 64 * D * 2))
     for c in kaio.static_range(C):
@@ -344,32 +366,8 @@ def produce_qdo(
             t = first
             row0 += head_stride
             col += col_stride
-        for x in kaio.static_range(2):  # dO (read first), then Q
-            if i > 0:  # tile i - 1's copy read: free
-                kaio.mbarrier_wait(bars, (1, x), ph ^ 1)
-            kaio.mbarrier_arrive_expect_tx(bars, (0, x), u32(BM * D * 2))
-            for c in kaio.static_range(C):
-                if x == 0:
-                    kaio.tma_load_2d(do_s, (0, c, 0, 0), tdo, row, c0 + c * 64, bars, (0, 0))
-                else:
-                    kaio.tma_load_2d(q_s, (0, c, 0, 0), tq, row, c0 + c * 64, bars, (0, 1))
+        copy_in_turn(do_s, q_s, tdo, tq, bars, row, c0, i, ph, BM, 2, D, DT)  # dO, then Q
         ph ^= 1
-
-
-@kaio.gpu_func
-def issue_back(acc: f32[:, :], pt_s: DT[:, :, :], b0: i32, x_s: DT[:, :, :, :], cb: i32,
-               BM: kaio.constexpr, DT: kaio.constexpr):  # fmt: skip
-    """Issue acc += A X and commit: A the block's 64 keys of buffers ``pt_s[b0]``,
-    ``pt_s[b0 + 1]``, .. (64 queries each, K-major, as ``store_ds`` writes them), X the BM
-    rows of ``x_s[0]`` (N-major) from its 64-column block ``cb`` (acc's columns wide)."""
-    for kk in kaio.static_range(BM // 16):
-        da = kaio.smem_descriptor(pt_s, (b0 + kk // 4, 0, kk % 4 * 16), SW, 16, 1024)
-        dx = kaio.smem_descriptor(x_s, (0, cb, kk * 16, 0), SW, BM * SW, 1024)
-        if DT == kaio.bf16:
-            kaio.wgmma_bf16(acc, da, dx, True, False, True)
-        else:
-            kaio.wgmma_f16(acc, da, dx, True, False, True)
-    kaio.wgmma_commit()
 
 
 @kaio.gpu_func
@@ -410,9 +408,9 @@ def consume_q128(
     for _i in range(total):
         kaio.mbarrier_wait(bars, (0, 0), ph)  # dO landed
         kaio.wgmma_fence()
-        issue_st(dp, v_s, do_s, 0, q1, D, DT)
+        issue_st(dp, v_s, do_s, i32(wg), 0, D, DT)  # this warpgroup's half of the queries
         kaio.mbarrier_wait(bars, (0, 1), ph)  # Q landed
-        issue_st(s, k_s, q_s, 0, q1, D, DT)
+        issue_st(s, k_s, q_s, i32(wg), 0, D, DT)
         kaio.wgmma_wait(0)
         grads_t(s, dp, stats, 0, lse, delta, at0, key0, t * BM + q1 + shift, sq + shift, 1 << 30,
                 causal, scale_log2, lane, H, 0)  # fmt: skip
@@ -423,9 +421,11 @@ def consume_q128(
         release(bars, 3, lt)
         kaio.mbarrier_wait(bars, (1, 3), ph)  # both warpgroups' queries there
         kaio.wgmma_fence()
-        issue_back(dva, pt_s, 0, do_s, cb, BM, DT)
-        issue_back(dka, pt_s, 2, q_s, cb, BM, DT)
-        kaio.wgmma_wait(1)
+        for h in kaio.static_range(2):  # dV += P^T dO, a half of the queries at a time
+            issue_pt(dva, pt_s, h, u32(0), do_s, h, H, DT, cb)
+        for h in kaio.static_range(2):  # dK += dS^T Q
+            issue_pt(dka, pt_s, 2 + h, u32(0), q_s, h, H, DT, cb)
+        kaio.wgmma_wait(2)
         release(bars, 0, lt)  # dV done: dO free
         kaio.wgmma_wait(0)
         release(bars, 1, lt)  # dK done: Q free
@@ -445,19 +445,19 @@ def attention_bwd_dkdv_d256q(
     D: kaio.constexpr, REGS: kaio.constexpr, DT: kaio.constexpr, COLS: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the 64 keys of key block x and K/V head y (``COLS`` 1: of sequence z), as
-    ``attention_bwd_dkdv_d256`` (its arguments, DQ 0) but with query tiles of 128 rows
-    (``tq``, ``tdo`` in boxes of (128, 64)), Q and dO each in a buffer of its own with its
-    own barriers (``produce_qdo``, ``consume_q128``): the 224 KB of K, V, Q, dO and the P^T,
-    dS^T buffers leave no room for a second stage; dO is copied while a tile's dK product
-    runs, Q while the next tile's dP^T does."""
+    ``attention_bwd_dkdv_d256`` (its arguments, DQ 0) but with query tiles of 128 rows in
+    two halves of 64 (``tq``, ``tdo`` in boxes of (64, 64)), Q and dO each in a buffer of
+    its own with its own barriers (``produce_qdo``, ``consume_q128``): the 224 KB of K, V, Q,
+    dO and the P^T, dS^T buffers leave no room for a second stage; dO is copied while a
+    tile's dK product runs, Q while the next tile's dP^T does."""
     BM = 128
     C = D // 64
     ONCE = 64 * D * 2
     TILE = BM * D * 2
     k_s = kaio.shared_dynamic(DT, (C, 64, 64), 0)
     v_s = kaio.shared_dynamic(DT, (C, 64, 64), ONCE)
-    q_s = kaio.shared_dynamic(DT, (1, C, BM, 64), 2 * ONCE)
-    do_s = kaio.shared_dynamic(DT, (1, C, BM, 64), 2 * ONCE + TILE)
+    q_s = kaio.shared_dynamic(DT, (2, C, BM // 2, 64), 2 * ONCE)  # in halves of 64 rows
+    do_s = kaio.shared_dynamic(DT, (2, C, BM // 2, 64), 2 * ONCE + TILE)
     PT = 2 * ONCE + 2 * TILE
     pt_s = kaio.shared_dynamic(DT, (4, 64, 64), PT)  # P^T halves, dS^T halves
     stats = kaio.shared_dynamic(f32, (2, 1, 2), PT + 4 * 64 * 64 * 2)  # (unused)
@@ -509,8 +509,8 @@ def produce_kv(
     """The dQ kernel's copies (``attention_bwd_dq_d256``): the ``BQ`` rows of Q and dO from
     ``q_row`` (columns from ``q_col``) and their lse and delta (from ``q_row + stat_at``)
     once, on ``turn[0]``; then for each key tile j the ``BN`` rows from ``kv_row + j BN`` of
-    V (into v_s, on ``bars[0, 1]``, once the consumers freed it: ``bars[1, 1]``), then of K
-    (k_s, ``bars[0, 0]``, ``bars[1, 0]``), columns from ``kv_col``."""
+    V, then of K (``copy_in_turn``: V's barriers ``bars[0 and 1, 0]``, K's ``bars[0 and 1,
+    1]``), columns from ``kv_col``."""
     C = D // 64
     kaio.mbarrier_arrive_expect_tx(turn, 0, u32(2 * BQ * D * 2 + 2 * BQ * 4))
     for c in kaio.static_range(C):
@@ -521,15 +521,7 @@ def produce_kv(
     ph = u32(0)  # tile j's parity
     for j in range(n_tiles):
         row = kv_row + j * BN
-        for x in kaio.static_range(2):  # V (read first), then K
-            if j > 0:  # tile j - 1's copy read: free
-                kaio.mbarrier_wait(bars, (1, 1 - x), ph ^ 1)
-            kaio.mbarrier_arrive_expect_tx(bars, (0, 1 - x), u32(BN * D * 2))
-            for c in kaio.static_range(C):
-                if x == 0:
-                    kaio.tma_load_2d(v_s, (0, c, 0, 0), tv, row, kv_col + c * 64, bars, (0, 1))
-                else:
-                    kaio.tma_load_2d(k_s, (0, c, 0, 0), tk, row, kv_col + c * 64, bars, (0, 0))
+        copy_in_turn(v_s, k_s, tv, tk, bars, row, kv_col, j, ph, BN, 1, D, DT)  # V, then K
         ph ^= 1
 
 
@@ -570,20 +562,20 @@ def consume_dq_kv(
     row_stats(l2, dl, stats, local, row0, sq)
     ph = u32(0)
     for j in range(n_tiles):
-        kaio.mbarrier_wait(bars, (0, 1), ph)  # V landed
+        kaio.mbarrier_wait(bars, (0, 0), ph)  # V landed
         kaio.wgmma_fence()
         issue_s(dp, do_s, v_s, 0, wg, 0, D, DT)  # dP = dO V^T
-        kaio.mbarrier_wait(bars, (0, 0), ph)  # K landed
+        kaio.mbarrier_wait(bars, (0, 1), ph)  # K landed
         issue_s(s, q_s, k_s, 0, wg, 0, D, DT)  # S = Q K^T
         kaio.wgmma_wait(1)
-        release(bars, 1, lt)  # dP done: V free
+        release(bars, 0, lt)  # dP done: V free
         kaio.wgmma_wait(0)
         grads(s, dp, l2, dl, j * BN, row0, sk, causal, scale_log2, lane, BN)
         pack_p(ds, dp, BN, DT)
         kaio.wgmma_fence()
         issue_pv(dqa, ds, k_s, 0, BN, DT)  # dQ += dS K
         kaio.wgmma_wait(0)
-        release(bars, 0, lt)  # K free
+        release(bars, 1, lt)  # K free
         ph ^= 1
     store_tile(dq, dqa, out_at, row0, sq, scale, lane, D, DT, 1, out_stride)
 
@@ -640,7 +632,7 @@ def attention_bwd_dq_d256(
         kv_col = kvh * D
         stat_at = bh * tp + stat_off
     if t == 0:
-        init_barriers(bars, turn, 2, 2, 0, 2)  # (0, 0), (1, 0): K's; (0, 1), (1, 1): V's
+        init_barriers(bars, turn, 2, 2, 0, 2)  # (0, 0), (1, 0): V's; (0, 1), (1, 1): K's
     kaio.sync_threads()
     if wg < 2:
         if REGS:
@@ -709,7 +701,7 @@ def run_dkdv(c: dict, d: int, grid: tuple, stream, maps, lse, delta, dk, dv, ext
     if c.get("Q128"):
         smem = 2 * 64 * d * 2 + 2 * 128 * d * 2 + 4 * 64 * 64 * 2 + 16 + 64 + 16
         attention_bwd_dkdv_d256q[grid, 384, stream, smem](
-            *maps(128), lse, delta, dk, dv, *args, **offsets, D=d, REGS=c["REGS"], DT=dt,
+            *maps(64), lse, delta, dk, dv, *args, **offsets, D=d, REGS=c["REGS"], DT=dt,
             COLS=c["COLS"],
         )  # fmt: skip
         return
