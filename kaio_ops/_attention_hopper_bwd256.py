@@ -320,20 +320,21 @@ def copy_in_turn(
     PARTS: kaio.constexpr, D: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """Tile i's copies (parity ``ph``): the ``ROWS`` rows from ``row`` (columns from ``col``)
-    of ``ta`` into a_s on ``bars[0, 0]``, once the consumers freed it (``bars[1, 0]``; for
-    i > 0), then of ``tb`` into b_s (``bars[0, 1]``, ``bars[1, 1]``); each in ``PARTS``
-    boxes of ROWS / PARTS rows, part p into ``a_s[p]``, resp. ``b_s[p]``."""
+    of ``ta``, then of ``tb``, each in ``PARTS`` parts of ROWS / PARTS rows, part p into
+    ``a_s[p]``, resp. ``b_s[p]``, each on a barrier of its own: ``bars[0, j]`` for the j-th
+    (a_s's parts, then b_s's), once the consumers freed it (``bars[1, j]``; for i > 0)."""
     R = ROWS // PARTS
     for x in kaio.static_range(2):
-        if i > 0:  # tile i - 1's copy read: free
-            kaio.mbarrier_wait(bars, (1, x), ph ^ 1)
-        kaio.mbarrier_arrive_expect_tx(bars, (0, x), u32(ROWS * D * 2))
         for p in kaio.static_range(PARTS):
+            j = x * PARTS + p
+            if i > 0:  # tile i - 1's copy read: free
+                kaio.mbarrier_wait(bars, (1, j), ph ^ 1)
+            kaio.mbarrier_arrive_expect_tx(bars, (0, j), u32(R * D * 2))
             for c in kaio.static_range(D // 64):
                 if x == 0:
-                    kaio.tma_load_2d(a_s, (p, c, 0, 0), ta, row + p * R, col + c * 64, bars, (0, 0))
+                    kaio.tma_load_2d(a_s, (p, c, 0, 0), ta, row + p * R, col + c * 64, bars, (0, j))
                 else:
-                    kaio.tma_load_2d(b_s, (p, c, 0, 0), tb, row + p * R, col + c * 64, bars, (0, 1))
+                    kaio.tma_load_2d(b_s, (p, c, 0, 0), tb, row + p * R, col + c * 64, bars, (0, j))
 
 
 @kaio.gpu_func
@@ -380,13 +381,15 @@ def consume_q128(
     DT: kaio.constexpr,
 ):  # fmt: skip
     """Consumer warpgroup ``wg`` of ``attention_bwd_dkdv_d256q`` (thread ``lt`` of it): per
-    query tile of ``BM`` (128) rows, dP^T = V dO_w^T once dO has landed and S^T = K Q_w^T
-    once Q has, for its queries ``BM / 2`` wg .. (m64n64k16: K and V read half as often per
-    product as with 32 queries); P^T and dS^T to buffers ``pt_s[wg]``, ``pt_s[2 + wg]``
-    (once both warpgroups' last tile's products are done: ``bars[1, 2]``), then, once both
-    warpgroups' are there (``bars[1, 3]``), dV[:, D / 2 wg ..] += P^T dO (dO then freed) and
-    dK[:, D / 2 wg ..] += dS^T Q (Q freed) over the whole tile; then dK, dV stored (rows
-    ``out_stride`` apart from ``out_at``; the queries and stats as ``consume_split``'s)."""
+    query tile of ``BM`` (128) rows in two halves of 64, dP^T = V dO_w^T once dO's half wg
+    has landed and S^T = K Q_w^T once Q's has, for its half (m64n64k16: K and V read half as
+    often per product as with 32 queries); P^T and dS^T to buffers ``pt_s[wg]``,
+    ``pt_s[2 + wg]`` (once both warpgroups' last tile's products are done: ``bars[1, 4]``),
+    then, once both warpgroups' are there (``bars[1, 5]``), dV[:, D / 2 wg ..] += P^T dO and
+    dK[:, D / 2 wg ..] += dS^T Q over the whole tile, a half at a time, each half of dO and
+    Q freed (``bars[1, 0 .. 3]``) as soon as the products reading it are done; then dK, dV
+    stored (rows ``out_stride`` apart from ``out_at``; the queries and stats as
+    ``consume_split``'s)."""
     H = BM // 2  # this warpgroup's queries of a tile
     NH = D // 2  # its columns of dK and dV
     lane = lt % 32
@@ -406,30 +409,31 @@ def consume_q128(
     t = first
     at0 = stat_at
     for _i in range(total):
-        kaio.mbarrier_wait(bars, (0, 0), ph)  # dO landed
+        kaio.mbarrier_wait(bars, (0, i32(wg)), ph)  # dO's half of this warpgroup's queries
         kaio.wgmma_fence()
-        issue_st(dp, v_s, do_s, i32(wg), 0, D, DT)  # this warpgroup's half of the queries
-        kaio.mbarrier_wait(bars, (0, 1), ph)  # Q landed
+        issue_st(dp, v_s, do_s, i32(wg), 0, D, DT)
+        kaio.mbarrier_wait(bars, (0, 2 + i32(wg)), ph)  # Q's
         issue_st(s, k_s, q_s, i32(wg), 0, D, DT)
         kaio.wgmma_wait(0)
         grads_t(s, dp, stats, 0, lse, delta, at0, key0, t * BM + q1 + shift, sq + shift, 1 << 30,
                 causal, scale_log2, lane, H, 0)  # fmt: skip
         if _i > 0:  # the last tile's dV and dK products done in both warpgroups
-            kaio.mbarrier_wait(bars, (1, 2), ph ^ 1)
+            kaio.mbarrier_wait(bars, (1, 4), ph ^ 1)
         store_ds(pt_s, i32(wg), s, kr, lane, H, DT)
         store_ds(pt_s, 2 + i32(wg), dp, kr, lane, H, DT)
-        release(bars, 3, lt)
-        kaio.mbarrier_wait(bars, (1, 3), ph)  # both warpgroups' queries there
+        release(bars, 5, lt)
+        kaio.mbarrier_wait(bars, (1, 5), ph)  # both warpgroups' queries there
+        for j in kaio.static_range(4):  # (the other halves landed: the other warpgroup waited)
+            kaio.mbarrier_wait(bars, (0, j), ph)
         kaio.wgmma_fence()
         for h in kaio.static_range(2):  # dV += P^T dO, a half of the queries at a time
             issue_pt(dva, pt_s, h, u32(0), do_s, h, H, DT, cb)
         for h in kaio.static_range(2):  # dK += dS^T Q
             issue_pt(dka, pt_s, 2 + h, u32(0), q_s, h, H, DT, cb)
-        kaio.wgmma_wait(2)
-        release(bars, 0, lt)  # dV done: dO free
-        kaio.wgmma_wait(0)
-        release(bars, 1, lt)  # dK done: Q free
-        release(bars, 2, lt)  # and the buffers
+        for j in kaio.static_range(4):  # dO's halves, then Q's, free as their products end
+            kaio.wgmma_wait(3 - j)
+            release(bars, j, lt)
+        release(bars, 4, lt)  # and the buffers
         ph ^= 1
         t, at0 = next_tile(t, at0, first, n_tiles, stat_stride)
     at = out_at + NH * i32(wg)  # this warpgroup's columns
@@ -446,10 +450,10 @@ def attention_bwd_dkdv_d256q(
 ):  # fmt: skip
     """dk, dv of the 64 keys of key block x and K/V head y (``COLS`` 1: of sequence z), as
     ``attention_bwd_dkdv_d256`` (its arguments, DQ 0) but with query tiles of 128 rows in
-    two halves of 64 (``tq``, ``tdo`` in boxes of (64, 64)), Q and dO each in a buffer of
-    its own with its own barriers (``produce_qdo``, ``consume_q128``): the 224 KB of K, V, Q,
-    dO and the P^T, dS^T buffers leave no room for a second stage; dO is copied while a
-    tile's dK product runs, Q while the next tile's dP^T does."""
+    two halves of 64 (``tq``, ``tdo`` in boxes of (64, 64)), each half of Q and dO with
+    barriers of its own (``produce_qdo``, ``consume_q128``): the 224 KB of K, V, Q, dO and
+    the P^T, dS^T buffers leave no room for a second stage; a half is copied again as soon
+    as the tile's products that read it are done."""
     BM = 128
     C = D // 64
     ONCE = 64 * D * 2
@@ -462,8 +466,8 @@ def attention_bwd_dkdv_d256q(
     pt_s = kaio.shared_dynamic(DT, (4, 64, 64), PT)  # P^T halves, dS^T halves
     stats = kaio.shared_dynamic(f32, (2, 1, 2), PT + 4 * 64 * 64 * 2)  # (unused)
     BARS = PT + 4 * 64 * 64 * 2 + 16
-    bars = kaio.shared_dynamic(u64, (2, 4), BARS)
-    turn = kaio.shared_dynamic(u64, (2,), BARS + 64)
+    bars = kaio.shared_dynamic(u64, (2, 6), BARS)
+    turn = kaio.shared_dynamic(u64, (2,), BARS + 96)
     t, wg, lt = thread_roles(2)
     start_q, start_k, shift, stat_off, sq, sk = varlen_block(cu_q, cu_k, seq_q, seq_k, causal,
                                                              COLS)  # fmt: skip
@@ -474,8 +478,8 @@ def attention_bwd_dkdv_d256q(
     first_head, first, n_tiles, stat_at, stat_stride, out_at, out_stride = key_block(
         kvh, k0, heads, group, sq, sk, causal, tp, start_q, start_k, shift, stat_off, D, BM, COLS
     )
-    if t == 0:  # (0, 0), (1, 0): dO's; (0, 1), (1, 1): Q's; (1, 2), (1, 3): the buffers'
-        init_barriers(bars, turn, 2, 2, 2, 1)
+    if t == 0:  # (0 and 1, 0 .. 3): dO's halves, Q's; (1, 4), (1, 5): the buffers'
+        init_barriers(bars, turn, 2, 4, 2, 1)
     kaio.sync_threads()
     if wg < 2:
         if REGS:
@@ -699,7 +703,7 @@ def run_dkdv(c: dict, d: int, grid: tuple, stream, maps, lse, delta, dk, dv, ext
     (boxes of 64 rows) and q, do (boxes of ``rows``), the lse and delta, dk and dv, the
     kernel's scalar ``args``, ``offsets`` (cu_q, cu_k, tp), the element type ``dt``."""
     if c.get("Q128"):
-        smem = 2 * 64 * d * 2 + 2 * 128 * d * 2 + 4 * 64 * 64 * 2 + 16 + 64 + 16
+        smem = 2 * 64 * d * 2 + 2 * 128 * d * 2 + 4 * 64 * 64 * 2 + 16 + 96 + 16
         attention_bwd_dkdv_d256q[grid, 384, stream, smem](
             *maps(64), lse, delta, dk, dv, *args, **offsets, D=d, REGS=c["REGS"], DT=dt,
             COLS=c["COLS"],
@@ -713,8 +717,9 @@ def run_dkdv(c: dict, d: int, grid: tuple, stream, maps, lse, delta, dk, dv, ext
 
 
 # The dQ kernel at D 256: the pair's (0) or ``attention_bwd_dq_d256`` (1: K and V on
-# barriers of their own).
-KV = 0
+# barriers of their own; measured on an H100, f16 B4 H16 S4096, GPU round A of
+# 2026-11-27: 648 TFLOP/s of its products against 507, causal 569 against 462).
+KV = 1
 
 
 def dq_kernel(c: dict, d: int, cols: int) -> tuple:
