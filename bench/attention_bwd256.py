@@ -337,7 +337,6 @@ def kernel_rows(
 
 
 def main() -> None:
-    import torch
 
     p = argparse.ArgumentParser()
     p.add_argument("--dtypes", default="float16,bfloat16")
@@ -355,24 +354,38 @@ def main() -> None:
     p.add_argument("--kernels", help="D 256 kernels to time (dq,dq:kv,dkdv:q128,all,...)")
     p.add_argument("--warm", action="store_true", help="--varlen, --kernels: compile, no timing")
     p.add_argument("--no-fwd", action="store_true", help="--warm: o, lse random (no forward)")
+    p.add_argument("--table", action="store_true", help="the table too (with --kernels, --varlen)")
     a = p.parse_args()
     if a.tiny:
         return tiny(a.tiny, a.dtypes, a.causal)
     global FWD
     FWD = not (a.no_fwd and a.warm)
-    if a.varlen or a.kernels:
-        rows = []
-        if a.varlen:
-            rows += varlen_rows(a.varlen, a.causal, a.impls, a.check, warm=a.warm)
-        if a.kernels:
-            rows += kernel_rows(a.kernels, int(a.seqs.split(",")[0]), a.causal,
-                                a.dtypes.split(",")[0], a.warm)  # fmt: skip
+    rows: list = []
+
+    def save():
         if a.out:
             with open(a.out, "w") as f:
                 json.dump(rows, f, indent=1)
-        return None
+
+    seq, dtype = int(a.seqs.split(",")[0]), a.dtypes.split(",")[0]
+    if a.kernels:
+        rows += kernel_rows(a.kernels, seq, a.causal, dtype, a.warm)
+        save()
+    if a.table or not (a.kernels or a.varlen):
+        table_rows(a, rows, save)
+    if a.varlen:
+        rows += varlen_rows(a.varlen, a.causal, a.impls, a.check, warm=a.warm)
+        save()
+
+
+def table_rows(a, rows: list, save) -> None:
+    """The table: each of ``a.seqs`` x ``a.dtypes`` x ``a.causal``, torch SDPA flash's
+    backward and ``a.variants`` (``variant``), TFLOP/s and x SDPA; each row added to
+    ``rows`` and saved (``save``) as it comes, the table printed."""
+    import torch
+
     gpu = torch.cuda.get_device_name()
-    rows = []
+    first = len(rows)
     d, h = a.d, a.heads
     for s in [int(x) for x in a.seqs.split(",")]:
         b = BATCH[s]
@@ -403,11 +416,9 @@ def main() -> None:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 del ref
-                if a.out:
-                    with open(a.out, "w") as f:
-                        json.dump(rows, f, indent=1)
+                save()
     print(f"\n{gpu}: head dim {d} backward, TFLOP/s (x SDPA flash)")
-    for r in rows:
+    for r in rows[first:]:
         cells = "  ".join(f"{n} {r[n]:.0f} ({r[n + '/sdpa']:.2f}x)" for n in a.variants.split(","))
         print(f"{r['dtype']:9} S{r['s']:5} {'causal' if r['causal'] else 'full  '}  "
               f"sdpa {r['sdpa']:.0f}  {cells}")  # fmt: skip
