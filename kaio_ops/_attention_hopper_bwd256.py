@@ -2,11 +2,12 @@
 ``kaio_ops.flash_attention_bwd`` on sm_90 (``attention.hopper_takes`` with this module's
 ``eligible`` and ``worthwhile``): a dK/dV kernel whose two consumer warpgroups split the head
 dim (FlashAttention-3's hdim-256 layout: 64-row key and query tiles, the dK and dV
-accumulators of 64 x 256 split across the warpgroups), and the dQ kernel of
-``kaio_ops._attention_hopper_bwd`` (``attention_bwd_dq_wgmma``) at D 256. No atomics: the
-same bits every run. ``FUSED`` 1 (off: slower, measured) makes the dK/dV kernel compute dQ
-too (``DQ`` 1), added in a fixed order by ``_attention_hopper_bwd_fused``'s ordered writer:
-deterministic as well.
+accumulators of 64 x 256 split across the warpgroups), and a dQ kernel,
+``attention_bwd_dq_d256`` (``KV`` 1; 0: the pair's ``attention_bwd_dq_wgmma`` of
+``kaio_ops._attention_hopper_bwd`` at D 256). No atomics: the same bits every run.
+``FUSED`` 1 (off: slower, measured) makes the dK/dV kernel compute dQ too (``DQ`` 1), added
+in a fixed order by ``_attention_hopper_bwd_fused``'s ordered writer: deterministic as
+well.
 
 ``attention_bwd_dkdv_d256``: a block owns 64 keys (key block x) of one K/V head (K and V
 loaded once by TMA) and walks the query tiles of 64 rows of its group's heads (causal: those
@@ -29,6 +30,23 @@ tile are rewritten two tiles later, after each warpgroup has passed the next til
 barrier, so after both have finished the products that read them. dK, dV (scaled dK) are
 stored from registers; GQA's are summed over the group's heads inside the block, in a fixed
 order.
+
+``attention_bwd_dq_d256``: a block owns 128 query rows of a head (Q, dO and their lse and
+delta loaded once: 128 KB), each consumer warpgroup 64 of them, and walks the key tiles of 64
+(causal: up to the diagonal) as the pair's dQ kernel does (S = Q K^T, dP = dO V^T, dS in
+registers, dQ += dS K), but with K and V in buffers of their own, each on its own pair of
+barriers (``produce_kv``, ``consume_dq_kv``): a tile's dP is issued as soon as its V has
+landed, then S once K has; V is free once dP is done (the next V is copied while S, dS and
+dQ run) and K once dQ is (the next K is copied while the next dP runs). The 192 KB of Q,
+dO, K and V leave no room for a second stage of both, and with a single stage of both (the
+pair's kernel) each tile's copies waited for its last product.
+
+``attention_bwd_dkdv_d256q`` (``Q128`` 1): the dK/dV kernel with 128-query tiles in halves
+of 64 (each warpgroup's front products at N 64: K and V read half as often a product as
+with 32 queries), each half of Q and dO on barriers of its own, freed as soon as the
+products that read it are done (``copy_in_turn``; one buffer of each: K, V, Q, dO and the
+P^T, dS^T buffers take 224 KB), the P^T / dS^T buffers single and guarded by a "free"
+barrier of both warpgroups.
 
 With ``COLS`` 1 the dK/dV kernel is the varlen backward's at D 256
 (``_attention_hopper_varlen_bwd``): a block (key block, K/V head, sequence) of packed
