@@ -271,7 +271,8 @@ def varlen_rows(cases: str, masks: str, impls: str, check: bool, reps: int = 3,
 def kernel_cfg(item: str) -> tuple[str, dict, bool]:
     """``(part, cfg, side)`` of a ``--kernels`` item: its part (``dq``, ``dkdv`` or ``all``),
     the ``launch`` overrides of its options (``kv``: the dQ kernel
-    ``attention_bwd_dq_d256``; ``q128``: the dK/dV kernel ``attention_bwd_dkdv_d256q``;
+    ``attention_bwd_dq_d256``, ``pair``: the pair's; ``q128``: the dK/dV kernel
+    ``attention_bwd_dkdv_d256q``, ``bm64``: ``attention_bwd_dkdv_d256``;
     ``BN:STAGES:PIPE``: the pair's dQ kernel with those) and whether ``side``."""
     part, *opts = item.split(":")
     cfg: dict = {"dq": {}, "dkdv": {}}
@@ -279,10 +280,10 @@ def kernel_cfg(item: str) -> tuple[str, dict, bool]:
         bn, st, pipe = (int(x) for x in opts[:3])
         cfg["dq"].update(BN=bn, STAGES=st, PIPE=pipe, KV=0)
         opts = opts[3:]
-    if "kv" in opts:
-        cfg["dq"]["KV"] = 1
-    if "q128" in opts:
-        cfg["dkdv"]["Q128"] = 1
+    if "kv" in opts or "pair" in opts:  # pair: the pair's dQ kernel
+        cfg["dq"]["KV"] = int("kv" in opts)
+    if "q128" in opts or "bm64" in opts:  # bm64: attention_bwd_dkdv_d256
+        cfg["dkdv"]["Q128"] = int("q128" in opts)
     return part, cfg, "side" in opts
 
 

@@ -110,6 +110,10 @@ def eligible(d: int) -> bool:
 # 376 / 358 (slower); mean 304 484 / 652, causal 400 / 435; mean 608 685 / 1061, causal
 # 493 / 628. Below the shortest measured mean (149) the mma.sync kernels are kept.
 MIN_MEAN = {(64, False): 128, (64, True): 224, (128, False): 128, (128, True): 128}
+# D 256 (H100, 2026-11-27, GPU round B, the same lengths, f16 H16, ms Hopper / mma.sync):
+# mean 149 1.17 / 1.58, causal 1.02 / 1.24; mean 304 1.49 / 2.33, causal 1.15 / 1.56; mean
+# 608 2.14 / 3.92, causal 1.50 / 2.35.
+MIN_MEAN.update({(256, False): 128, (256, True): 128})
 
 
 def worthwhile(mean_q: float, mean_k: float, d: int, causal: bool) -> bool:

@@ -114,6 +114,8 @@ def test_dispatch_to_the_hopper_varlen_backward():
     assert hvb.worthwhile(149, 149, 128, True) and hvb.worthwhile(149, 149, 64, False)
     assert hvb.worthwhile(304, 304, 64, True)
     assert not hvb.worthwhile(149, 149, 64, True)  # short, causal, D 64: the mma.sync ones
+    assert hvb.worthwhile(149, 149, 256, True) and hvb.worthwhile(4000, 4000, 256, False)
+    assert not hvb.worthwhile(100, 4000, 256, False)  # shorter than measured
     assert not hvb.worthwhile(4000, 10, 128, False)  # few keys a sequence
 
 
