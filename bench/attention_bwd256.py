@@ -9,7 +9,7 @@ first (the largest difference over the largest of SDPA's). ``--tiny pair,fused``
 schedule once at small sizes against float64 (for compute-sanitizer; with ``--dtypes`` and
 ``--causal``). ``--varlen 4k,1k [--impls hopper,side,mma.sync,padded,sdpa] [--check]``: the
 varlen backward at D 256 against padding (``varlen_rows``); ``--kernels dq,dq:kv,...``: the
-kernels alone and the variants (``kernel_rows``, at the first of ``--seqs`` and
+kernels alone and the variants (``kernel_rows``, at each of ``--seqs``, the first of
 ``--dtypes``); ``--warm``: those once each, untimed (to compile).
 """
 
@@ -368,10 +368,10 @@ def main() -> None:
             with open(a.out, "w") as f:
                 json.dump(rows, f, indent=1)
 
-    seq, dtype = int(a.seqs.split(",")[0]), a.dtypes.split(",")[0]
     if a.kernels:
-        rows += kernel_rows(a.kernels, seq, a.causal, dtype, a.warm)
-        save()
+        for seq in [int(x) for x in a.seqs.split(",")]:
+            rows += kernel_rows(a.kernels, seq, a.causal, a.dtypes.split(",")[0], a.warm)
+            save()
     if a.table or not (a.kernels or a.varlen):
         table_rows(a, rows, save)
     if a.varlen:
