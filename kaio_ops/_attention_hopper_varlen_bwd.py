@@ -12,10 +12,10 @@ h * D. The kernels are the dense ones with ``COLS`` 1 (``attention_bwd_dkdv_wgmm
 (x, y, z) owns the keys x of K/V head y of sequence z, the dQ block the query tile x
 (counted from the last: the heaviest causal tiles first) of head y of sequence z. A block
 whose tile lies past its sequence's end returns at once (the grid covers the longest
-sequence, ``max_seqlen``). At head dim 256 the dK/dV kernel is the dense D 256 backward's
-(``_attention_hopper_bwd256.attention_bwd_dkdv_d256`` with ``COLS`` 1: 64 keys a block,
-its two consumer warpgroups splitting the head dim, lse and delta read from the copies
-below in global memory) and the dQ kernel the pair's with the D 256 backward's constexprs.
+sequence, ``max_seqlen``). At head dim 256 the kernels are the dense D 256 backward's
+(``_attention_hopper_bwd256``: the dK/dV kernel of 64 keys a block whose two consumer
+warpgroups split the head dim, lse and delta read from the copies below in global memory,
+and its dQ kernel), with ``COLS`` 1 as well.
 
 The row logsumexps and delta = rowsum(dO * O) come to shared memory with the tiles (TMA)
 from f32 [H, Tp] copies (``varlen_stats``) in which each sequence starts on a multiple of 4
@@ -91,7 +91,7 @@ def config(d: int) -> dict:
     """The constexprs of the two kernels for head dim ``d`` with ``COLS`` 1: D 64, 128 the
     dense pair's (``_attention_hopper_bwd.config``: ``{"dkdv": ..., "dq": ...}``, lse and
     delta by TMA, no dQ in the dK/dV kernel); D 256 the dense D 256 backward's
-    (``_attention_hopper_bwd256.config``: its dK/dV kernel, the pair's dQ kernel)."""
+    (``_attention_hopper_bwd256.config`` without dQ in the dK/dV kernel)."""
     cfg = bwd256.config(d, 0) if bwd256.eligible(d) else dense.config(d)
     return {"dkdv": {**cfg["dkdv"], "COLS": 1}, "dq": {**cfg["dq"], "COLS": 1}}
 
