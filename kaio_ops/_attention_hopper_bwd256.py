@@ -150,6 +150,18 @@ def hand_pt(pt_s: DT[:, :, :], b: i32, s: f32[:, :], dp: f32[:, :], bars: u64[:,
 
 
 @kaio.gpu_func
+def split_roles(
+    lt: u32, wg: u32, H: kaio.constexpr, NH: kaio.constexpr
+) -> tuple[u32, i32, i32, i32]:
+    """``(lane, kr, q1, cb)`` of thread ``lt`` of consumer warpgroup ``wg`` in the dK/dV
+    kernels (``H`` queries of a tile and ``NH`` columns of dK and dV a warpgroup): its lane,
+    its rows kr, kr + 8 of the block's keys, the warpgroup's first query of a tile and its
+    first 64-column block of dO and Q."""
+    lane = lt % 32
+    return lane, 16 * i32(lt // 32) + i32(lane // 4), H * i32(wg), i32(wg) * (NH // 64)
+
+
+@kaio.gpu_func
 def consume_split(
     k_s: DT[:, :, :], v_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :],
     stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], lse: f32[:], delta: f32[:],
@@ -171,19 +183,16 @@ def consume_split(
     ``bars[1, STAGES + 2]``, ``+ 3``)."""
     H = BM // 2  # this warpgroup's queries of a tile
     NH = D // 2  # its columns of dK and dV
-    lane = lt % 32
-    kr = 16 * i32(lt // 32) + i32(lane // 4)  # this thread's rows kr, kr + 8 of the keys
+    lane, kr, q1, cb = split_roles(lt, wg, H, NH)
     key0 = k0 + kr
     s = kaio.local(f32, (H // 8, 4))  # S^T, then P^T
     dp = kaio.local(f32, (H // 8, 4))  # dP^T, then dS^T
-    dka = kaio.local(f32, (NH // 8, 4))
-    dva = kaio.local(f32, (NH // 8, 4))
     dqa = kaio.local(f32, (NH // 8, 4))  # DQ: the tile's dQ, this warpgroup's columns
     wph = u32(0)  # DQ: the parity of dq_s's "free" barrier
+    dka = kaio.local(f32, (NH // 8, 4))
+    dva = kaio.local(f32, (NH // 8, 4))
     zero_acc(dka, NH)
     zero_acc(dva, NH)
-    q1 = H * i32(wg)  # this warpgroup's first query of a tile
-    cb = i32(wg) * (NH // 64)  # its first 64-column block of dO, Q
     kend = sk if DQ else 1 << 30  # DQ: keys past sk masked (their dS would reach dQ)
     total = group * kaio.max(n_tiles - first, 0)
     kaio.mbarrier_wait(turn, 0, 0)  # K and V landed
@@ -410,17 +419,14 @@ def consume_q128(
     ``consume_split``'s)."""
     H = BM // 2  # this warpgroup's queries of a tile
     NH = D // 2  # its columns of dK and dV
-    lane = lt % 32
-    kr = 16 * i32(lt // 32) + i32(lane // 4)  # this thread's rows kr, kr + 8 of the keys
+    lane, kr, q1, cb = split_roles(lt, wg, H, NH)
     key0 = k0 + kr
-    s = kaio.local(f32, (H // 8, 4))  # S^T, then P^T
-    dp = kaio.local(f32, (H // 8, 4))  # dP^T, then dS^T
     dka = kaio.local(f32, (NH // 8, 4))
     dva = kaio.local(f32, (NH // 8, 4))
     zero_acc(dka, NH)
     zero_acc(dva, NH)
-    q1 = H * i32(wg)  # this warpgroup's first query of a tile
-    cb = i32(wg) * (NH // 64)  # its first 64-column block of dO, Q
+    s = kaio.local(f32, (H // 8, 4))  # S^T, then P^T
+    dp = kaio.local(f32, (H // 8, 4))  # dP^T, then dS^T
     total = group * kaio.max(n_tiles - first, 0)
     kaio.mbarrier_wait(turn, 0, 0)  # K and V landed
     ph = u32(0)  # tile i's parity: the copies', the buffers'
@@ -570,17 +576,17 @@ def consume_dq_kv(
     once K has, V freed when dP is done (the next V loads while S, dS and dQ run), dS, dQ +=
     dS K, K freed (the next K loads while the next dP runs); then dQ stored at ``out_at``,
     rows ``out_stride`` apart."""
-    lane = lt % 32
-    local = 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)  # rows q0 + local (+ 8)
+    lane, local, _, _ = split_roles(lt, wg, 64, 64)
+    local += 64 * i32(wg)  # this thread's rows q0 + local (+ 8)
     row0 = q0 + local
-    dqa = kaio.local(f32, (D // 8, 4))
-    zero_acc(dqa, D)
     s = kaio.local(f32, (BN // 8, 4))
     dp = kaio.local(f32, (BN // 8, 4))
     ds = kaio.local(u32, (BN // 16, 4))
-    kaio.mbarrier_wait(turn, 0, 0)  # Q, dO and their rows' stats landed
+    dqa = kaio.local(f32, (D // 8, 4))
+    zero_acc(dqa, D)
     l2 = kaio.local(f32, 2)
     dl = kaio.local(f32, 2)
+    kaio.mbarrier_wait(turn, 0, 0)  # Q, dO and their rows' stats landed
     row_stats(l2, dl, stats, local, row0, sq)
     ph = u32(0)
     for j in range(n_tiles):
