@@ -7,10 +7,13 @@ Usage: ``python bench/attention_bwd256.py [--dtypes float16,bfloat16] [--seqs 10
 16), 4096 (B 4), 16384 (B 1); ``--check`` compares each variant's gradients with SDPA's
 first (the largest difference over the largest of SDPA's). ``--tiny pair,fused``: each
 schedule once at small sizes against float64 (for compute-sanitizer; with ``--dtypes`` and
-``--causal``). ``--varlen 4k,1k [--impls hopper,side,mma.sync,padded,sdpa] [--check]``: the
-varlen backward at D 256 against padding (``varlen_rows``); ``--kernels dq,dq:kv,...``: the
+``--causal``; ``varlen``: the varlen backward). ``--varlen 4k,1k [--impls
+hopper,hopper:bm64,mma.sync,padded,sdpa,dispatched] [--check]``: the varlen backward at D 256
+against padding (``varlen_rows``); ``--kernels dq,dq:pair,dkdv,dkdv:bm64,all,...``: the
 kernels alone and the variants (``kernel_rows``, at each of ``--seqs``, the first of
-``--dtypes``); ``--warm``: those once each, untimed (to compile).
+``--dtypes``); with either, ``--table`` runs the table too (first the kernels, then the
+table, then varlen); ``--warm``: those once each, untimed (to compile; ``--no-fwd``: o and
+lse random). o and lse come from torch SDPA flash's forward where it has the op.
 """
 
 from __future__ import annotations
