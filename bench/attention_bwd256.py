@@ -7,7 +7,13 @@ Usage: ``python bench/attention_bwd256.py [--dtypes float16,bfloat16] [--seqs 10
 16), 4096 (B 4), 16384 (B 1); ``--check`` compares each variant's gradients with SDPA's
 first (the largest difference over the largest of SDPA's). ``--tiny pair,fused``: each
 schedule once at small sizes against float64 (for compute-sanitizer; with ``--dtypes`` and
-``--causal``).
+``--causal``; ``varlen``: the varlen backward). ``--varlen 4k,1k [--impls
+hopper,hopper:bm64,mma.sync,padded,sdpa,dispatched] [--check]``: the varlen backward at D 256
+against padding (``varlen_rows``); ``--kernels dq,dq:pair,dkdv,dkdv:bm64,all,...``: the
+kernels alone and the variants (``kernel_rows``, at each of ``--seqs``, the first of
+``--dtypes``); with either, ``--table`` runs the table too (first the kernels, then the
+table, then varlen); ``--warm``: those once each, untimed (to compile; ``--no-fwd``: o and
+lse random). o and lse come from torch SDPA flash's forward where it has the op.
 """
 
 from __future__ import annotations
@@ -65,15 +71,85 @@ def sdpa_grads(q, k, v, do, causal):
     return lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)
 
 
-def tiny(schedules: str, dtypes: str = "float16,bfloat16", masks: str = "0,1") -> None:
-    """Each schedule (``pair``, ``fused``) once per case at small sizes (``dtypes``, ``masks``
-    causal or not, grouped-query heads, partial tiles, Sq != Sk), against float64 autograd:
-    for compute-sanitizer."""
+FWD = True  # --no-fwd (with --warm): o and lse random, the forward not compiled
+
+
+def forward(q, k, v, causal: bool) -> tuple:
+    """(o, lse) of the forward for the backward's inputs: torch SDPA flash's output and
+    logsumexp where this torch has the op (no kaio forward to compile: each size and mask
+    is a specialization of its own), else ``kaio_ops.flash_attention_with_stats``'s."""
     import torch
 
     import kaio_ops
+
+    if q.shape[1] == k.shape[1]:
+        try:
+            o, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal)[:2]
+            return o, lse.float().contiguous()
+        except (RuntimeError, AttributeError):
+            pass
+    return kaio_ops.flash_attention_with_stats(q, k, v, causal=causal)
+
+
+def fake(q) -> tuple:
+    """A random o like q and lse zeros [*q.shape[:-1]] (only compiling: --no-fwd)."""
+    import torch
+
+    return torch.randn_like(q), torch.zeros(q.shape[:-1], device=q.device)
+
+
+def operands(q, k, v, do, causal: bool) -> tuple:
+    """``_attention_hopper_bwd256.launch``'s first arguments for q, k, v, do (torch, [B, H,
+    S, D]): the checked operands, delta from the forward's output, the dims, the mask and
+    the scale."""
     from kaio.types import f32
     from kaio_ops import _arrays, attention
+
+    o, lse = forward(q, k, v, causal) if FWD else fake(q)
+    inputs = _arrays.Inputs("bench")
+    (qa, ka, va), dims, scale = attention._check_flash("bench", q, k, v, None, inputs)
+    da = inputs.array(do, "do", ndim=4)
+    la = inputs.array(lse, "lse", ndim=3, dtypes=(f32,))
+    delta = (o.float() * do.float()).sum(-1).reshape(-1)
+    return qa, ka, va, da, la, delta, dims, causal, scale
+
+
+def tiny_varlen(dtypes: str, masks: str) -> None:
+    """The varlen backward at D 256 (``_attention_hopper_varlen_bwd``) once per case at small
+    sizes (two query heads a K/V head, sq != sk, an empty and a length-1 sequence, one
+    without keys), against float64 autograd: for compute-sanitizer."""
+    import torch
+
+    import kaio_ops
+    from kaio_ops import attention_varlen as av
+    from tests.test_ops_attention_varlen import _gpu_batch, _rel_t, _torch_reference
+
+    lens_q, lens_k = [70, 0, 1, 133, 5], [66, 4, 1, 140, 0]
+    for dtype in dtypes.split(","):
+        for causal in [bool(int(c)) for c in masks.split(",")]:
+            q, k, v, do, cu_q, cu_k = _gpu_batch(
+                lens_q, lens_k, 2, 1, 256, getattr(torch, dtype), 3
+            )
+            args = (cu_q, cu_k, max(lens_q), max(lens_k), causal)
+            o, lse = kaio_ops.flash_attention_varlen_with_stats(q, k, v, *args)
+            grads = av.backward_hopper(do, q, k, v, o, lse, *args)
+            _, *ref = _torch_reference(q, k, v, lens_q, lens_k, causal, grads_of=do)
+            errs = [_rel_t(g, r) for g, r in zip(grads, ref, strict=True)]
+            print(f"tiny {dtype} varlen causal={causal}: rel {errs}", flush=True)
+
+
+def tiny(schedules: str, dtypes: str = "float16,bfloat16", masks: str = "0,1") -> None:
+    """Each schedule (``pair``, ``fused``; ``varlen``: ``tiny_varlen``) once per case at small
+    sizes (``dtypes``, ``masks`` causal or not, grouped-query heads, partial tiles, Sq !=
+    Sk), against float64 autograd: for compute-sanitizer."""
+    import torch
+
+    if "varlen" in schedules.split(","):
+        tiny_varlen(dtypes, masks)
+        schedules = ",".join(x for x in schedules.split(",") if x != "varlen")
+        if not schedules:
+            return
+
     from kaio_ops import _attention_hopper_bwd256 as hopper_bwd256
     from tests.test_ops_attention import _rel_t, _sdpa64
 
@@ -85,25 +161,186 @@ def tiny(schedules: str, dtypes: str = "float16,bfloat16", masks: str = "0,1") -
                      for _ in "qo")  # fmt: skip
             k, v = (torch.randn((1, 2, 300, 256), device="cuda", dtype=dt, generator=gen)
                     for _ in "kv")  # fmt: skip
-            o, lse = kaio_ops.flash_attention_with_stats(q, k, v, causal=causal)
             leaves = [x.double().requires_grad_() for x in (q, k, v)]
             _sdpa64(*leaves, causal, group=2).backward(do.double())
-            inputs = _arrays.Inputs("tiny")
-            (qa, ka, va), dims, scale = attention._check_flash("tiny", q, k, v, None, inputs)
-            da = inputs.array(do, "do", ndim=4)
-            la = inputs.array(lse, "lse", ndim=3, dtypes=(f32,))
-            delta = (o.float() * do.float()).sum(-1).reshape(-1)
+            op = operands(q, k, v, do, causal)
             for name in schedules.split(","):
                 cfg = {"dkdv": {"DQ": SCHEDULES[name]}}
-                grads = hopper_bwd256.launch(qa, ka, va, da, la, delta, dims, causal, scale, cfg)
+                grads = hopper_bwd256.launch(*op, cfg)
                 errs = [_rel_t(g, x.grad) for g, x in zip(grads, leaves, strict=True)]
                 print(f"tiny {dtype} {name} causal={causal}: rel {errs}", flush=True)
 
 
-def main() -> None:
+# varlen backward cases (B, max length, H, dtype): lengths uniform in [max / 8, max]
+VARLEN = {"4k": (8, 4096, 16, "float16"), "1k": (32, 1024, 16, "float16"),
+          "512": (64, 512, 16, "float16"), "256": (128, 256, 16, "float16"),
+          "4kbf": (8, 4096, 16, "bfloat16")}  # fmt: skip
+
+
+def varlen_impls(lens: list, q, k, v, do, causal: bool, sdpa: bool, variants: list) -> dict:
+    """``varlen_rows``' implementations (name: a function of no arguments) on the packed
+    q, k, v, do of sequences ``lens`` (and the padded batch's); ``variants``: the Hopper
+    kernels' with ``kernel_cfg``'s options (``hopper:q128:kv``, ...)."""
     import torch
 
     import kaio_ops
+    from bench.attention_varlen import offsets, pad
+    from kaio_ops import _attention_hopper_varlen_bwd as hvb
+    from kaio_ops import attention_varlen as av
+
+    top, cu = max(lens), offsets(lens)
+    if FWD:
+        o, lse = kaio_ops.flash_attention_varlen_with_stats(q, k, v, cu, cu, top, top, causal)
+    else:
+        o, lse = fake(q)
+        lse = lse.reshape(q.shape[1], -1)
+    args = (do, q, k, v, o, lse, cu, cu, top, top, causal)
+    qp, kp, vp, dop, op = (pad(x, lens) for x in (q, k, v, do, o))
+    lsep = torch.zeros((len(lens), q.shape[1], top), device="cuda", dtype=torch.float32)
+    start = 0
+    for i, n in enumerate(lens):
+        lsep[i, :, :n] = lse[:, start : start + n]
+        start += n
+
+    def variant(item):  # "hopper:q128:kv:side": the Hopper kernels with kernel_cfg's options
+        _, over, side = kernel_cfg(item)
+        cfg = hvb.config(q.shape[-1])
+        cfg = {n: {**c, **over[n]} for n, c in cfg.items()}
+        arrays, dims, scale, oa = av._check_bwd("bench", *args[:-1], None)
+        return lambda: hvb.launch(*arrays, oa, dims, causal, scale, cfg, side=side)
+
+    fns = {
+        "hopper": lambda: av.backward_hopper(*args),
+        "mma.sync": lambda: av.backward_mma(*args),
+        "dispatched": lambda: kaio_ops.flash_attention_varlen_bwd(*args),
+        "padded": lambda: kaio_ops.flash_attention_bwd(dop, qp, kp, vp, op, lsep, causal),
+    }
+    if sdpa:
+        fns["sdpa"] = sdpa_grads(qp, kp, vp, dop, causal)
+    for item in variants:
+        fns[item] = variant(item)
+    return fns
+
+
+def varlen_rows(cases: str, masks: str, impls: str, check: bool, reps: int = 3,
+                warm: bool = False) -> list:  # fmt: skip
+    """``flash_attention_varlen_bwd`` at D 256 (``hopper``: ``_attention_hopper_varlen_bwd``
+    launched directly, ``hopper:side``, ``hopper:q128:kv``...: the same with
+    ``kernel_cfg``'s options,
+    ``mma.sync``: the mma.sync kernels, ``dispatched``: the op) against padding to the
+    longest sequence (``padded``: ``flash_attention_bwd`` on the padded batch, the dense D
+    256 kernels; ``sdpa``: torch SDPA flash's backward, padded), every row a case of
+    ``VARLEN``; TFLOP/s of the useful work (2.5 times the forward's). ``check``: the Hopper
+    kernels' gradients against the mma.sync ones' first (largest difference over the
+    largest). ``warm``: each implementation called once, nothing timed (to compile)."""
+    import torch
+
+    from bench.attention_varlen import lengths, useful_flops
+
+    rows = []
+    d = 256
+    for case in cases.split(","):
+        b, top, h, dtype = VARLEN[case]
+        dt = getattr(torch, dtype)
+        lens = lengths(b, top, 7)
+        total = sum(lens)
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v, do = (torch.randn((total, h, d), device="cuda", dtype=dt, generator=gen)
+                       for _ in range(4))  # fmt: skip
+        for causal in [bool(int(c)) for c in masks.split(",")]:
+            names = impls.split(",")
+            fns = varlen_impls(lens, q, k, v, do, causal, "sdpa" in names,
+                               [x for x in names if x.startswith("hopper:")])  # fmt: skip
+            flops = 2.5 * useful_flops(lens, h, d, causal)
+            row = dict(case=case, dtype=dtype, b=b, h=h, top=top, mean=total // b, causal=causal)
+            if check:
+                want = fns["mma.sync"]()
+                for name in [x for x in names if x.startswith("hopper")]:
+                    row[f"{name}_err"] = max(
+                        float((g.float() - w.float()).abs().max() / w.float().abs().max())
+                        for g, w in zip(fns[name](), want, strict=True)
+                    )
+            for name in impls.split(","):
+                if warm:
+                    fns[name]()
+                    continue
+                ms = time_calls(fns[name], reps=reps)
+                row[f"{name}_ms"], row[name] = ms, flops / ms / 1e9
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+def kernel_cfg(item: str) -> tuple[str, dict, bool]:
+    """``(part, cfg, side)`` of a ``--kernels`` item: its part (``dq``, ``dkdv`` or ``all``),
+    the ``launch`` overrides of its options (``kv``: the dQ kernel
+    ``attention_bwd_dq_d256``, ``pair``: the pair's; ``q128``: the dK/dV kernel
+    ``attention_bwd_dkdv_d256q``, ``bm64``: ``attention_bwd_dkdv_d256``;
+    ``BN:STAGES:PIPE``: the pair's dQ kernel with those) and whether ``side``."""
+    part, *opts = item.split(":")
+    cfg: dict = {"dq": {}, "dkdv": {}}
+    if opts and opts[0].isdigit():
+        bn, st, pipe = (int(x) for x in opts[:3])
+        cfg["dq"].update(BN=bn, STAGES=st, PIPE=pipe, KV=0)
+        opts = opts[3:]
+    if "kv" in opts or "pair" in opts:  # pair: the pair's dQ kernel
+        cfg["dq"]["KV"] = int("kv" in opts)
+    if "q128" in opts or "bm64" in opts:  # bm64: attention_bwd_dkdv_d256
+        cfg["dkdv"]["Q128"] = int("q128" in opts)
+    return part, cfg, "side" in opts
+
+
+def kernel_row(items: str, q, k, v, do, causal: bool, warm: bool = False) -> dict:
+    """``kernel_rows``' row of one mask (``warm``: each item called once, nothing timed)."""
+    from kaio_ops import _attention_hopper_bwd256 as hopper_bwd256
+
+    b, h, seq, d = q.shape
+    op = operands(q, k, v, do, causal)
+    prod = 2 * b * h * seq * seq * d / (2 if causal else 1)
+    row = dict(dtype=str(q.dtype), s=seq, b=b, causal=causal)
+    want = None if warm else hopper_bwd256.launch(*op)
+    for item in items.split(","):
+        part, cfg, side = kernel_cfg(item)
+        only = None if part == "all" else part
+        picked = {"dq": [0], "dkdv": [1, 2], "all": [0, 1, 2]}[part]
+        got = hopper_bwd256.launch(*op, cfg, only, side)
+        if warm:
+            continue
+        row[f"{item}_err"] = max(
+            float((got[i].float() - want[i].float()).abs().max() / want[i].float().abs().max())
+            for i in picked
+        )
+        ms = time_calls(
+            lambda cfg=cfg, only=only, side=side: hopper_bwd256.launch(*op, cfg, only, side),
+            reps=3,
+        )
+        row[item] = {"dq": 3, "dkdv": 4, "all": 5}[part] * prod / ms / 1e9
+    return row
+
+
+def kernel_rows(
+    items: str, seq: int, masks: str, dtype: str = "float16", warm: bool = False
+) -> list:
+    """The D 256 kernels alone (``launch(only=...)``) or the whole backward, as shipped and
+    with ``kernel_cfg``'s variants (``items``: ``dq``, ``dq:kv``, ``dq:48:2:0``, ``dkdv``,
+    ``dkdv:q128``, ``all``, ``all:q128:kv:side``, ...), H16 at ``seq`` (``BATCH``); TFLOP/s
+    of their own products (three for dQ, four for dK/dV, the backward's five for ``all``:
+    2 B H S S D each, halved when causal); ``_err``: the largest difference from the shipped
+    kernels' outputs over their largest."""
+    import torch
+
+    b = BATCH[seq]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn((b, 16, seq, 256), device="cuda", dtype=getattr(torch, dtype),
+                               generator=gen) for _ in range(4))  # fmt: skip
+    rows = []
+    for causal in [bool(int(c)) for c in masks.split(",")]:
+        rows.append(kernel_row(items, q, k, v, do, causal, warm))
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def main() -> None:
 
     p = argparse.ArgumentParser()
     p.add_argument("--dtypes", default="float16,bfloat16")
@@ -115,11 +352,44 @@ def main() -> None:
     p.add_argument("--check", action="store_true")
     p.add_argument("--out")
     p.add_argument("--tiny", help="schedules to run once at small sizes (pair,fused)")
+    p.add_argument("--varlen", help="varlen backward cases (VARLEN's keys: 4k,1k,...)")
+    p.add_argument("--impls", default="hopper,hopper:side,mma.sync,padded,sdpa",
+                   help="--varlen's implementations")  # fmt: skip
+    p.add_argument("--kernels", help="D 256 kernels to time (dq,dq:kv,dkdv:q128,all,...)")
+    p.add_argument("--warm", action="store_true", help="--varlen, --kernels: compile, no timing")
+    p.add_argument("--no-fwd", action="store_true", help="--warm: o, lse random (no forward)")
+    p.add_argument("--table", action="store_true", help="the table too (with --kernels, --varlen)")
     a = p.parse_args()
     if a.tiny:
         return tiny(a.tiny, a.dtypes, a.causal)
+    global FWD
+    FWD = not (a.no_fwd and a.warm)
+    rows: list = []
+
+    def save():
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump(rows, f, indent=1)
+
+    if a.kernels:
+        for seq in [int(x) for x in a.seqs.split(",")]:
+            rows += kernel_rows(a.kernels, seq, a.causal, a.dtypes.split(",")[0], a.warm)
+            save()
+    if a.table or not (a.kernels or a.varlen):
+        table_rows(a, rows, save)
+    if a.varlen:
+        rows += varlen_rows(a.varlen, a.causal, a.impls, a.check, warm=a.warm)
+        save()
+
+
+def table_rows(a, rows: list, save) -> None:
+    """The table: each of ``a.seqs`` x ``a.dtypes`` x ``a.causal``, torch SDPA flash's
+    backward and ``a.variants`` (``variant``), TFLOP/s and x SDPA; each row added to
+    ``rows`` and saved (``save``) as it comes, the table printed."""
+    import torch
+
     gpu = torch.cuda.get_device_name()
-    rows = []
+    first = len(rows)
     d, h = a.d, a.heads
     for s in [int(x) for x in a.seqs.split(",")]:
         b = BATCH[s]
@@ -130,7 +400,7 @@ def main() -> None:
                            for _ in range(4))  # fmt: skip
             for causal in [bool(int(c)) for c in a.causal.split(",")]:
                 flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
-                o, lse = kaio_ops.flash_attention_with_stats(q, k, v, causal=causal)
+                o, lse = forward(q, k, v, causal)
                 ref = sdpa_grads(q, k, v, do, causal)
                 ref_ms = time_calls(ref, reps=3)
                 row = dict(gpu=gpu, dtype=dtype, d=d, b=b, h=h, s=s, causal=causal,
@@ -150,11 +420,9 @@ def main() -> None:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 del ref
-                if a.out:
-                    with open(a.out, "w") as f:
-                        json.dump(rows, f, indent=1)
+                save()
     print(f"\n{gpu}: head dim {d} backward, TFLOP/s (x SDPA flash)")
-    for r in rows:
+    for r in rows[first:]:
         cells = "  ".join(f"{n} {r[n]:.0f} ({r[n + '/sdpa']:.2f}x)" for n in a.variants.split(","))
         print(f"{r['dtype']:9} S{r['s']:5} {'causal' if r['causal'] else 'full  '}  "
               f"sdpa {r['sdpa']:.0f}  {cells}")  # fmt: skip

@@ -2,11 +2,12 @@
 ``kaio_ops.flash_attention_bwd`` on sm_90 (``attention.hopper_takes`` with this module's
 ``eligible`` and ``worthwhile``): a dK/dV kernel whose two consumer warpgroups split the head
 dim (FlashAttention-3's hdim-256 layout: 64-row key and query tiles, the dK and dV
-accumulators of 64 x 256 split across the warpgroups), and the dQ kernel of
-``kaio_ops._attention_hopper_bwd`` (``attention_bwd_dq_wgmma``) at D 256. No atomics: the
-same bits every run. ``FUSED`` 1 (off: slower, measured) makes the dK/dV kernel compute dQ
-too (``DQ`` 1), added in a fixed order by ``_attention_hopper_bwd_fused``'s ordered writer:
-deterministic as well.
+accumulators of 64 x 256 split across the warpgroups), and a dQ kernel,
+``attention_bwd_dq_d256`` (``KV`` 1; 0: the pair's ``attention_bwd_dq_wgmma`` of
+``kaio_ops._attention_hopper_bwd`` at D 256). No atomics: the same bits every run.
+``FUSED`` 1 (off: slower, measured) makes the dK/dV kernel compute dQ too (``DQ`` 1), added
+in a fixed order by ``_attention_hopper_bwd_fused``'s ordered writer: deterministic as
+well.
 
 ``attention_bwd_dkdv_d256``: a block owns 64 keys (key block x) of one K/V head (K and V
 loaded once by TMA) and walks the query tiles of 64 rows of its group's heads (causal: those
@@ -29,6 +30,27 @@ tile are rewritten two tiles later, after each warpgroup has passed the next til
 barrier, so after both have finished the products that read them. dK, dV (scaled dK) are
 stored from registers; GQA's are summed over the group's heads inside the block, in a fixed
 order.
+
+``attention_bwd_dq_d256``: a block owns 128 query rows of a head (Q, dO and their lse and
+delta loaded once: 128 KB), each consumer warpgroup 64 of them, and walks the key tiles of 64
+(causal: up to the diagonal) as the pair's dQ kernel does (S = Q K^T, dP = dO V^T, dS in
+registers, dQ += dS K), but with K and V in buffers of their own, each on its own pair of
+barriers (``produce_kv``, ``consume_dq_kv``): a tile's dP is issued as soon as its V has
+landed, then S once K has; V is free once dP is done (the next V is copied while S, dS and
+dQ run) and K once dQ is (the next K is copied while the next dP runs). The 192 KB of Q,
+dO, K and V leave no room for a second stage of both, and with a single stage of both (the
+pair's kernel) each tile's copies waited for its last product.
+
+``attention_bwd_dkdv_d256q`` (``Q128`` 1): the dK/dV kernel with 128-query tiles in halves
+of 64 (each warpgroup's front products at N 64: K and V read half as often a product as
+with 32 queries), each half of Q and dO on barriers of its own, freed as soon as the
+products that read it are done (``copy_in_turn``; one buffer of each: K, V, Q, dO and the
+P^T, dS^T buffers take 224 KB), the P^T / dS^T buffers single and guarded by a "free"
+barrier of both warpgroups.
+
+With ``COLS`` 1 the dK/dV kernel is the varlen backward's at D 256
+(``_attention_hopper_varlen_bwd``): a block (key block, K/V head, sequence) of packed
+[tokens, heads * D] arrays, as the pair's ``attention_bwd_dkdv_wgmma`` with ``COLS`` 1.
 """
 
 # ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
@@ -38,9 +60,18 @@ import functools
 
 import kaio
 from kaio import f32, i32, u32, u64
-from kaio_ops._attention_hopper import PRODUCER_REGS, SHARED_LIMIT, SW, consumer_registers
+from kaio_ops._attention_hopper import (
+    PRODUCER_REGS,
+    SHARED_LIMIT,
+    SW,
+    consumer_registers,
+    issue_pv,
+    issue_s,
+    pack_p,
+)
 from kaio_ops._attention_hopper_bwd import (
     dq_convert_tiles,
+    grads,
     grads_t,
     hand_dq,
     init_barriers,
@@ -50,10 +81,19 @@ from kaio_ops._attention_hopper_bwd import (
     release,
     store_ds,
     store_tile,
+    varlen_block,
     zero_acc,
+    zero_rows,
 )
 from kaio_ops._attention_hopper_bwd_fused import write_dq_ordered, zero_acc_sem
-from kaio_ops._attention_hopper_common import key_block_queries, next_tile, thread_roles
+from kaio_ops._attention_hopper_common import (
+    key_block_queries,
+    kv_head_and_tiles,
+    next_tile,
+    query_block,
+    thread_roles,
+)
+from kaio_ops._attention_tc import POS_INF, lse_log2
 from kaio_ops._matmul_hopper import next_stage
 
 D256 = 256
@@ -110,36 +150,49 @@ def hand_pt(pt_s: DT[:, :, :], b: i32, s: f32[:, :], dp: f32[:, :], bars: u64[:,
 
 
 @kaio.gpu_func
+def split_roles(
+    lt: u32, wg: u32, H: kaio.constexpr, NH: kaio.constexpr
+) -> tuple[u32, i32, i32, i32]:
+    """``(lane, kr, q1, cb)`` of thread ``lt`` of consumer warpgroup ``wg`` in the dK/dV
+    kernels (``H`` queries of a tile and ``NH`` columns of dK and dV a warpgroup): its lane,
+    its rows kr, kr + 8 of the block's keys, the warpgroup's first query of a tile and its
+    first 64-column block of dO and Q."""
+    lane = lt % 32
+    return lane, 16 * i32(lt // 32) + i32(lane // 4), H * i32(wg), i32(wg) * (NH // 64)
+
+
+@kaio.gpu_func
 def consume_split(
     k_s: DT[:, :, :], v_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :],
     stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], lse: f32[:], delta: f32[:],
     dk: DT[:], dv: DT[:], pt_s: DT[:, :, :], dq_s: f32[:, :], dq_acc: f32[:], wg: u32,
-    lt: u32, kvh: i32, first_head: i32, group: i32, first: i32, n_tiles: i32, k0: i32,
-    sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32, D: kaio.constexpr,
-    BM: kaio.constexpr, STAGES: kaio.constexpr, DQ: kaio.constexpr, DT: kaio.constexpr,
+    lt: u32, first_head: i32, group: i32, first: i32, n_tiles: i32, k0: i32,
+    sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32, shift: i32, stat_at: i32,
+    stat_stride: i32, out_at: i32, out_stride: i32, D: kaio.constexpr, BM: kaio.constexpr,
+    STAGES: kaio.constexpr, DQ: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """Consumer warpgroup ``wg`` (thread ``lt`` of it): dK and dV of the block's 64 keys in
     its D / 2 columns over the query tiles of the group's heads (module docstring), each
-    tile's products in turn, then stored. ``pt_s[2b]``, ``pt_s[2b + 1]``: P^T and dS^T of
+    tile's products in turn, then stored (rows ``out_stride`` apart from ``out_at``). The
+    queries are seen shifted by ``shift`` (the varlen kernel's bottom-right causal mask;
+    dense: 0); the lse and delta of the first head's seen query 0 are at ``stat_at``, the
+    next head's ``stat_stride`` further. ``pt_s[2b]``, ``pt_s[2b + 1]``: P^T and dS^T of
     buffer b, whose "full" barrier is ``bars[1, STAGES + b]`` (an arrival from each consumer
     warp). ``DQ`` 1: each tile's dQ = dS K too, this warpgroup's D / 2 columns over the
     block's 64 keys, handed to the writer through ``dq_s`` (``hand_dq``, its barriers
     ``bars[1, STAGES + 2]``, ``+ 3``)."""
     H = BM // 2  # this warpgroup's queries of a tile
     NH = D // 2  # its columns of dK and dV
-    lane = lt % 32
-    kr = 16 * i32(lt // 32) + i32(lane // 4)  # this thread's rows kr, kr + 8 of the keys
+    lane, kr, q1, cb = split_roles(lt, wg, H, NH)
     key0 = k0 + kr
     s = kaio.local(f32, (H // 8, 4))  # S^T, then P^T
     dp = kaio.local(f32, (H // 8, 4))  # dP^T, then dS^T
-    dka = kaio.local(f32, (NH // 8, 4))
-    dva = kaio.local(f32, (NH // 8, 4))
     dqa = kaio.local(f32, (NH // 8, 4))  # DQ: the tile's dQ, this warpgroup's columns
     wph = u32(0)  # DQ: the parity of dq_s's "free" barrier
+    dka = kaio.local(f32, (NH // 8, 4))
+    dva = kaio.local(f32, (NH // 8, 4))
     zero_acc(dka, NH)
     zero_acc(dva, NH)
-    q1 = H * i32(wg)  # this warpgroup's first query of a tile
-    cb = i32(wg) * (NH // 64)  # its first 64-column block of dO, Q
     kend = sk if DQ else 1 << 30  # DQ: keys past sk masked (their dS would reach dQ)
     total = group * kaio.max(n_tiles - first, 0)
     kaio.mbarrier_wait(turn, 0, 0)  # K and V landed
@@ -148,13 +201,13 @@ def consume_split(
     pb = i32(0)  # the P^T and dS^T buffers of this tile, their barrier's parity
     pph = u32(0)
     t = first
-    at0 = first_head * sq
+    at0 = stat_at
     for _i in range(total):
         kaio.mbarrier_wait(bars, (0, st), ph)
         front(s, dp, k_s, v_s, q_s, do_s, st, q1, D, DT)
         kaio.wgmma_wait(0)
-        grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM + q1, sq, kend, causal,
-                scale_log2, lane, H, 0)  # fmt: skip
+        grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM + q1 + shift, sq + shift, kend,
+                causal, scale_log2, lane, H, 0)  # fmt: skip
         hand_pt(pt_s, pb, s, dp, bars, kr, lane, lt, q1, H, STAGES, DT)
         kaio.mbarrier_wait(bars, (1, STAGES + pb), pph)  # both warpgroups' queries there
         kaio.wgmma_fence()
@@ -170,20 +223,48 @@ def consume_split(
             kaio.wgmma_wait(0)
             release(bars, st, lt)
         pb, pph = next_stage(pb, pph, 2)
-        t, at0 = next_tile(t, at0, first, n_tiles, sq)
+        t, at0 = next_tile(t, at0, first, n_tiles, stat_stride)
         st, ph = next_stage(st, ph, STAGES)
-    at = kvh * sk * D + NH * i32(wg)  # rows D apart, this warpgroup's columns
-    store_tile(dk, dka, at, key0, sk, scale, lane, NH, DT, 1, D)
-    store_tile(dv, dva, at, key0, sk, 1.0, lane, NH, DT, 1, D)
+    at = out_at + NH * i32(wg)  # this warpgroup's columns
+    store_tile(dk, dka, at, key0, sk, scale, lane, NH, DT, 1, out_stride)
+    store_tile(dv, dva, at, key0, sk, 1.0, lane, NH, DT, 1, out_stride)
+
+
+@kaio.gpu_func
+def key_block(
+    kvh: i32, k0: i32, heads: i32, group: i32, sq: i32, sk: i32, causal: i32, tp: i32,
+    start_q: i32, start_k: i32, shift: i32, stat_off: i32, D: kaio.constexpr,
+    BM: kaio.constexpr, COLS: kaio.constexpr,
+) -> tuple[i32, i32, i32, i32, i32, i32, i32]:  # fmt: skip
+    """``(first_head, first, n_tiles, stat_at, stat_stride, out_at, out_stride)`` of the
+    dK/dV block of the keys from k0 of K/V head ``kvh`` (``key_block_queries``'s three; the
+    lse and delta of the first head's seen query 0 and the next head's offset; where its dK
+    and dV rows start and their stride). Dense: the stats at the query rows, dK and dV rows
+    D apart; varlen (``COLS``, ``varlen_block``'s values): heads side by side, the stats
+    [heads, tp] from ``stats_start``, the queries seen shifted."""
+    first_head, first, n_tiles = key_block_queries(kvh, k0, heads, group, sq, causal, BM)
+    stat_at = first_head * sq
+    stat_stride = sq
+    out_at = kvh * sk * D
+    out_stride = D
+    if COLS:
+        if causal != 0:  # queries before k0 - shift see none of these keys
+            first = kaio.max(k0 - shift, 0) // BM
+        stat_at = first_head * tp + start_q + stat_off - shift
+        stat_stride = tp
+        out_at = (start_k * (heads // group) + kvh) * D
+        out_stride = heads // group * D
+    return first_head, first, n_tiles, stat_at, stat_stride, out_at, out_stride
 
 
 @kaio.gpu_kernel(fastmath=True)  # ex2.approx.ftz: one instruction an exponential
 def attention_bwd_dkdv_d256(
     tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
-    lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:], dq_acc: f32[:], sem: i32[:], sq: i32,
-    sk: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
+    lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:], dq_acc: f32[:], sem: i32[:], seq_q: i32,
+    seq_k: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
     D: kaio.constexpr, BM: kaio.constexpr, STAGES: kaio.constexpr, REGS: kaio.constexpr,
     DQ: kaio.constexpr, DT: kaio.constexpr, EARLY: kaio.constexpr,
+    cu_q: i32[:], cu_k: i32[:], tp: i32, COLS: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv [B * Hkv * sk * D] (flat) of the 64 keys of key block x (``block_idx_x``) and
     K/V head y (``block_idx_y``), summed over its group's query heads (module docstring).
@@ -196,7 +277,12 @@ def attention_bwd_dkdv_d256(
     before) in a fixed order (the semaphores ``sem``, zeros before:
     ``_attention_hopper_bwd_fused.write_dq_ordered``, by the producer warpgroup's warps 1
     to 3, ``EARLY`` its schedule: 1, dq_s free once the reduction has read it); key blocks
-    then run in decreasing order where causal (its module docstring)."""
+    then run in decreasing order where causal (its module docstring). ``COLS`` 1 (DQ 0):
+    the varlen kernel (``_attention_hopper_varlen_bwd``), as the pair's
+    (``_attention_hopper_bwd.attention_bwd_dkdv_wgmma``): K/V head y of sequence z = block
+    z of packed [tokens, heads * D] arrays (sq and sk read from the offsets ``cu_q``,
+    ``cu_k``), lse and delta [heads, tp] (``stats_start``), the queries seen shifted by sk -
+    sq (the bottom-right causal mask); ``COLS`` 0: cu_q, cu_k and tp unused."""
     C = D // 64
     TILE = 64 * 64 * 2  # a 64 x 64 block of DT
     RING = STAGES * BM * D * 2  # Q, resp. dO: the ring
@@ -215,12 +301,18 @@ def attention_bwd_dkdv_d256(
     turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * NB)
     t, wg, lt = thread_roles(2)
     x = i32(kaio.block_idx_x())
+    start_q, start_k, shift, stat_off, sq, sk = varlen_block(cu_q, cu_k, seq_q, seq_k, causal,
+                                                             COLS)  # fmt: skip
     nkb = (sk + 63) // 64
     if DQ and causal != 0:
         x = nkb - 1 - x  # the last key blocks first: they add to each tile before the rest
     k0 = x * 64
+    if COLS and k0 >= sk:  # keys past the sequence's end: nothing to do
+        return
     kvh = i32(kaio.block_idx_y())
-    first_head, first, n_tiles = key_block_queries(kvh, k0, heads, group, sq, causal, BM)
+    first_head, first, n_tiles, stat_at, stat_stride, out_at, out_stride = key_block(
+        kvh, k0, heads, group, sq, sk, causal, tp, start_q, start_k, shift, stat_off, D, BM, COLS
+    )
     if t == 0:
         init_barriers(bars, turn, 2, STAGES, 5 if DQ else 2, 1)  # buffers: 8 arrivals
     kaio.sync_threads()
@@ -228,18 +320,360 @@ def attention_bwd_dkdv_d256(
         if REGS:
             kaio.setmaxnreg_inc(REGS)
         consume_split(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, pt_s, dq_s,
-                      dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk, causal,
-                      scale_log2, scale, D, BM, STAGES, DQ, DT)  # fmt: skip
+                      dq_acc, wg, lt, first_head, group, first, n_tiles, k0, sq, sk, causal,
+                      scale_log2, scale, shift, stat_at, stat_stride, out_at, out_stride, D, BM,
+                      STAGES, DQ, DT)  # fmt: skip
     else:
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         if lt == 0:
-            produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tq, tdo,
-                    kvh * sk + k0, first_head * sq, sq, group, first, n_tiles, D, 64, BM,
-                    STAGES, 0, DT)  # fmt: skip
+            if COLS:  # heads side by side: the K/V head's and the query heads' columns
+                produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tq, tdo,
+                        start_k + k0, start_q, 0, group, first, n_tiles, D, 64, BM, STAGES, 0,
+                        DT, 1, kvh * D, first_head * D)  # fmt: skip
+            else:
+                produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tq, tdo,
+                        kvh * sk + k0, first_head * sq, sq, group, first, n_tiles, D, 64, BM,
+                        STAGES, 0, DT)  # fmt: skip
         elif DQ and lt >= 32:
             write_dq_ordered(dq_s, bars, dq_acc, sem, lt, first_head, group, first, n_tiles, sq,
                              x, nkb, causal, STAGES + 2, D, BM, 64, EARLY)  # fmt: skip
+
+
+@kaio.gpu_func
+def copy_in_turn(
+    a_s: DT[:, :, :, :], b_s: DT[:, :, :, :], ta: kaio.tensormap, tb: kaio.tensormap,
+    bars: u64[:, :], row: i32, col: i32, i: i32, ph: u32, ROWS: kaio.constexpr,
+    PARTS: kaio.constexpr, D: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """Tile i's copies (parity ``ph``): the ``ROWS`` rows from ``row`` (columns from ``col``)
+    of ``ta``, then of ``tb``, each in ``PARTS`` parts of ROWS / PARTS rows, part p into
+    ``a_s[p]``, resp. ``b_s[p]``, each on a barrier of its own: ``bars[0, j]`` for the j-th
+    (a_s's parts, then b_s's), once the consumers freed it (``bars[1, j]``; for i > 0)."""
+    R = ROWS // PARTS
+    for x in kaio.static_range(2):
+        for p in kaio.static_range(PARTS):
+            j = x * PARTS + p
+            if i > 0:  # tile i - 1's copy read: free
+                kaio.mbarrier_wait(bars, (1, j), ph ^ 1)
+            kaio.mbarrier_arrive_expect_tx(bars, (0, j), u32(R * D * 2))
+            for c in kaio.static_range(D // 64):
+                if x == 0:
+                    kaio.tma_load_2d(a_s, (p, c, 0, 0), ta, row + p * R, col + c * 64, bars, (0, j))
+                else:
+                    kaio.tma_load_2d(b_s, (p, c, 0, 0), tb, row + p * R, col + c * 64, bars, (0, j))
+
+
+@kaio.gpu_func
+def produce_qdo(
+    k_s: DT[:, :, :], v_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :],
+    bars: u64[:, :], turn: u64[:], tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap,
+    tdo: kaio.tensormap, once_row: i32, once_col: i32, ring_row: i32, ring_col: i32,
+    head_stride: i32, col_stride: i32, heads_n: i32, first: i32, n_tiles: i32,
+    D: kaio.constexpr, BM: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """``attention_bwd_dkdv_d256q``'s copies: the 64 rows of K and V from ``once_row``
+    (columns from ``once_col``) once, on ``turn[0]``; then for each head j < heads_n and
+    query tile t in first .. n_tiles the ``BM`` rows from ``ring_row + j head_stride + t
+    BM`` (columns from ``ring_col + j col_stride``) of dO, then of Q (``copy_in_turn``, in
+    halves of 64 rows: ``do_s[0]``, ``do_s[1]``)."""
+    C = D // 64
+    kaio.mbarrier_arrive_expect_tx(turn, 0, u32(2 * 64 * D * 2))
+    for c in kaio.static_range(C):
+        kaio.tma_load_2d(k_s, (c, 0, 0), tk, once_row, once_col + c * 64, turn, 0)
+        kaio.tma_load_2d(v_s, (c, 0, 0), tv, once_row, once_col + c * 64, turn, 0)
+    ph = u32(0)  # tile i's parity
+    t = first
+    row0 = ring_row
+    col = ring_col
+    for i in range(heads_n * kaio.max(n_tiles - first, 0)):
+        row = row0 + t * BM
+        c0 = col
+        t += 1
+        if t == n_tiles:
+            t = first
+            row0 += head_stride
+            col += col_stride
+        copy_in_turn(do_s, q_s, tdo, tq, bars, row, c0, i, ph, BM, 2, D, DT)  # dO, then Q
+        ph ^= 1
+
+
+@kaio.gpu_func
+def consume_q128(
+    k_s: DT[:, :, :], v_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :],
+    stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], lse: f32[:], delta: f32[:], dk: DT[:],
+    dv: DT[:], pt_s: DT[:, :, :], wg: u32, lt: u32, group: i32, first: i32, n_tiles: i32, k0: i32,
+    sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32, shift: i32, stat_at: i32,
+    stat_stride: i32, out_at: i32, out_stride: i32, D: kaio.constexpr, BM: kaio.constexpr,
+    DT: kaio.constexpr,
+):  # fmt: skip
+    """Consumer warpgroup ``wg`` of ``attention_bwd_dkdv_d256q`` (thread ``lt`` of it): per
+    query tile of ``BM`` (128) rows in two halves of 64, dP^T = V dO_w^T once dO's half wg
+    has landed and S^T = K Q_w^T once Q's has, for its half (m64n64k16: K and V read half as
+    often per product as with 32 queries); P^T and dS^T to buffers ``pt_s[wg]``,
+    ``pt_s[2 + wg]`` (once both warpgroups' last tile's products are done: ``bars[1, 4]``),
+    then, once both warpgroups' are there (``bars[1, 5]``), dV[:, D / 2 wg ..] += P^T dO and
+    dK[:, D / 2 wg ..] += dS^T Q over the whole tile, a half at a time, each half of dO and
+    Q freed (``bars[1, 0 .. 3]``) as soon as the products reading it are done; then dK, dV
+    stored (rows ``out_stride`` apart from ``out_at``; the queries and stats as
+    ``consume_split``'s)."""
+    H = BM // 2  # this warpgroup's queries of a tile
+    NH = D // 2  # its columns of dK and dV
+    lane, kr, q1, cb = split_roles(lt, wg, H, NH)
+    key0 = k0 + kr
+    dka = kaio.local(f32, (NH // 8, 4))
+    dva = kaio.local(f32, (NH // 8, 4))
+    zero_acc(dka, NH)
+    zero_acc(dva, NH)
+    s = kaio.local(f32, (H // 8, 4))  # S^T, then P^T
+    dp = kaio.local(f32, (H // 8, 4))  # dP^T, then dS^T
+    total = group * kaio.max(n_tiles - first, 0)
+    kaio.mbarrier_wait(turn, 0, 0)  # K and V landed
+    ph = u32(0)  # tile i's parity: the copies', the buffers'
+    t = first
+    at0 = stat_at
+    for _i in range(total):
+        kaio.mbarrier_wait(bars, (0, i32(wg)), ph)  # dO's half of this warpgroup's queries
+        kaio.wgmma_fence()
+        issue_st(dp, v_s, do_s, i32(wg), 0, D, DT)
+        kaio.mbarrier_wait(bars, (0, 2 + i32(wg)), ph)  # Q's
+        issue_st(s, k_s, q_s, i32(wg), 0, D, DT)
+        kaio.wgmma_wait(0)
+        grads_t(s, dp, stats, 0, lse, delta, at0, key0, t * BM + q1 + shift, sq + shift, 1 << 30,
+                causal, scale_log2, lane, H, 0)  # fmt: skip
+        if _i > 0:  # the last tile's dV and dK products done in both warpgroups
+            kaio.mbarrier_wait(bars, (1, 4), ph ^ 1)
+        store_ds(pt_s, i32(wg), s, kr, lane, H, DT)
+        store_ds(pt_s, 2 + i32(wg), dp, kr, lane, H, DT)
+        release(bars, 5, lt)
+        kaio.mbarrier_wait(bars, (1, 5), ph)  # both warpgroups' queries there
+        for j in kaio.static_range(4):  # (the other halves landed: the other warpgroup waited)
+            kaio.mbarrier_wait(bars, (0, j), ph)
+        kaio.wgmma_fence()
+        for h in kaio.static_range(2):  # dV += P^T dO, a half of the queries at a time
+            issue_pt(dva, pt_s, h, u32(0), do_s, h, H, DT, cb)
+        for h in kaio.static_range(2):  # dK += dS^T Q
+            issue_pt(dka, pt_s, 2 + h, u32(0), q_s, h, H, DT, cb)
+        for j in kaio.static_range(4):  # dO's halves, then Q's, free as their products end
+            kaio.wgmma_wait(3 - j)
+            release(bars, j, lt)
+        release(bars, 4, lt)  # and the buffers
+        ph ^= 1
+        t, at0 = next_tile(t, at0, first, n_tiles, stat_stride)
+    at = out_at + NH * i32(wg)  # this warpgroup's columns
+    store_tile(dk, dka, at, key0, sk, scale, lane, NH, DT, 1, out_stride)
+    store_tile(dv, dva, at, key0, sk, 1.0, lane, NH, DT, 1, out_stride)
+
+
+@kaio.gpu_kernel(fastmath=True)  # ex2.approx.ftz: one instruction an exponential
+def attention_bwd_dkdv_d256q(
+    tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
+    lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:], seq_q: i32, seq_k: i32, heads: i32,
+    group: i32, scale_log2: f32, scale: f32, causal: i32, cu_q: i32[:], cu_k: i32[:], tp: i32,
+    D: kaio.constexpr, REGS: kaio.constexpr, DT: kaio.constexpr, COLS: kaio.constexpr,
+):  # fmt: skip
+    """dk, dv of the 64 keys of key block x and K/V head y (``COLS`` 1: of sequence z), as
+    ``attention_bwd_dkdv_d256`` (its arguments, DQ 0) but with query tiles of 128 rows in
+    two halves of 64 (``tq``, ``tdo`` in boxes of (64, 64)), each half of Q and dO with
+    barriers of its own (``produce_qdo``, ``consume_q128``): the 224 KB of K, V, Q, dO and
+    the P^T, dS^T buffers leave no room for a second stage; a half is copied again as soon
+    as the tile's products that read it are done."""
+    BM = 128
+    C = D // 64
+    ONCE = 64 * D * 2
+    TILE = BM * D * 2
+    k_s = kaio.shared_dynamic(DT, (C, 64, 64), 0)
+    v_s = kaio.shared_dynamic(DT, (C, 64, 64), ONCE)
+    q_s = kaio.shared_dynamic(DT, (2, C, BM // 2, 64), 2 * ONCE)  # in halves of 64 rows
+    do_s = kaio.shared_dynamic(DT, (2, C, BM // 2, 64), 2 * ONCE + TILE)
+    PT = 2 * ONCE + 2 * TILE
+    pt_s = kaio.shared_dynamic(DT, (4, 64, 64), PT)  # P^T halves, dS^T halves
+    stats = kaio.shared_dynamic(f32, (2, 1, 2), PT + 4 * 64 * 64 * 2)  # (unused)
+    BARS = PT + 4 * 64 * 64 * 2 + 16
+    bars = kaio.shared_dynamic(u64, (2, 6), BARS)
+    turn = kaio.shared_dynamic(u64, (2,), BARS + 96)
+    t, wg, lt = thread_roles(2)
+    start_q, start_k, shift, stat_off, sq, sk = varlen_block(cu_q, cu_k, seq_q, seq_k, causal,
+                                                             COLS)  # fmt: skip
+    k0 = i32(kaio.block_idx_x()) * 64
+    if COLS and k0 >= sk:  # keys past the sequence's end: nothing to do
+        return
+    kvh = i32(kaio.block_idx_y())
+    first_head, first, n_tiles, stat_at, stat_stride, out_at, out_stride = key_block(
+        kvh, k0, heads, group, sq, sk, causal, tp, start_q, start_k, shift, stat_off, D, BM, COLS
+    )
+    if t == 0:  # (0 and 1, 0 .. 3): dO's halves, Q's; (1, 4), (1, 5): the buffers'
+        init_barriers(bars, turn, 2, 4, 2, 1)
+    kaio.sync_threads()
+    if wg < 2:
+        if REGS:
+            kaio.setmaxnreg_inc(REGS)
+        consume_q128(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, pt_s, wg, lt,
+                     group, first, n_tiles, k0, sq, sk, causal, scale_log2, scale, shift,
+                     stat_at, stat_stride, out_at, out_stride, D, BM, DT)  # fmt: skip
+    else:
+        if REGS:
+            kaio.setmaxnreg_dec(PRODUCER_REGS)
+        if lt == 0:
+            if COLS:  # heads side by side: the K/V head's and the query heads' columns
+                produce_qdo(k_s, v_s, q_s, do_s, bars, turn, tk, tv, tq, tdo, start_k + k0,
+                            kvh * D, start_q, first_head * D, 0, D, group, first, n_tiles, D,
+                            BM, DT)  # fmt: skip
+            else:
+                produce_qdo(k_s, v_s, q_s, do_s, bars, turn, tk, tv, tq, tdo, kvh * sk + k0, 0,
+                            first_head * sq, 0, sq, 0, group, first, n_tiles, D, BM,
+                            DT)  # fmt: skip
+
+
+@kaio.gpu_func
+def produce_kv(
+    q_s: DT[:, :, :], do_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :],
+    stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], tq: kaio.tensormap,
+    tdo: kaio.tensormap, tk: kaio.tensormap, tv: kaio.tensormap, tl: kaio.tensormap,
+    td: kaio.tensormap, q_row: i32, kv_row: i32, n_tiles: i32, q_col: i32, kv_col: i32,
+    stat_at: i32, D: kaio.constexpr, BQ: kaio.constexpr, BN: kaio.constexpr,
+    DT: kaio.constexpr,
+):  # fmt: skip
+    """The dQ kernel's copies (``attention_bwd_dq_d256``): the ``BQ`` rows of Q and dO from
+    ``q_row`` (columns from ``q_col``) and their lse and delta (from ``q_row + stat_at``)
+    once, on ``turn[0]``; then for each key tile j the ``BN`` rows from ``kv_row + j BN`` of
+    V, then of K (``copy_in_turn``: V's barriers ``bars[0 and 1, 0]``, K's ``bars[0 and 1,
+    1]``), columns from ``kv_col``."""
+    C = D // 64
+    kaio.mbarrier_arrive_expect_tx(turn, 0, u32(2 * BQ * D * 2 + 2 * BQ * 4))
+    for c in kaio.static_range(C):
+        kaio.tma_load_2d(q_s, (c, 0, 0), tq, q_row, q_col + c * 64, turn, 0)
+        kaio.tma_load_2d(do_s, (c, 0, 0), tdo, q_row, q_col + c * 64, turn, 0)
+    kaio.tma_load_2d(stats, (0, 0, 0), tl, 0, q_row + stat_at, turn, 0)
+    kaio.tma_load_2d(stats, (1, 0, 0), td, 0, q_row + stat_at, turn, 0)
+    ph = u32(0)  # tile j's parity
+    for j in range(n_tiles):
+        row = kv_row + j * BN
+        copy_in_turn(v_s, k_s, tv, tk, bars, row, kv_col, j, ph, BN, 1, D, DT)  # V, then K
+        ph ^= 1
+
+
+@kaio.gpu_func
+def row_stats(l2: f32[:], dl: f32[:], stats: f32[:, :, :], local: i32, row0: i32, sq: i32):
+    """l2[h], dl[h] = the log2-scaled lse and the delta of this thread's rows row0 + 8h (at
+    ``local`` + 8h in ``stats[0 and 1, 0]``); +inf and 0 for rows at or past sq (then
+    masked: zero probabilities)."""
+    for h in kaio.static_range(2):
+        inside = row0 + 8 * h < sq
+        l2[h] = kaio.select(inside, lse_log2(stats[0, 0, local + 8 * h]), POS_INF)
+        dl[h] = kaio.select(inside, stats[1, 0, local + 8 * h], 0.0)
+
+
+@kaio.gpu_func
+def consume_dq_kv(
+    q_s: DT[:, :, :], do_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :],
+    stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], dq: DT[:], wg: u32, lt: u32, q0: i32,
+    n_tiles: i32, sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32, out_at: i32,
+    out_stride: i32, D: kaio.constexpr, BN: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """Consumer warpgroup ``wg``'s 64 query rows (thread ``lt`` of it) of
+    ``attention_bwd_dq_d256``: per key tile dP = dO V^T as soon as V has landed, S = Q K^T
+    once K has, V freed when dP is done (the next V loads while S, dS and dQ run), dS, dQ +=
+    dS K, K freed (the next K loads while the next dP runs); then dQ stored at ``out_at``,
+    rows ``out_stride`` apart."""
+    lane, local, _, _ = split_roles(lt, wg, 64, 64)
+    local += 64 * i32(wg)  # this thread's rows q0 + local (+ 8)
+    row0 = q0 + local
+    s = kaio.local(f32, (BN // 8, 4))
+    dp = kaio.local(f32, (BN // 8, 4))
+    ds = kaio.local(u32, (BN // 16, 4))
+    dqa = kaio.local(f32, (D // 8, 4))
+    zero_acc(dqa, D)
+    l2 = kaio.local(f32, 2)
+    dl = kaio.local(f32, 2)
+    kaio.mbarrier_wait(turn, 0, 0)  # Q, dO and their rows' stats landed
+    row_stats(l2, dl, stats, local, row0, sq)
+    ph = u32(0)
+    for j in range(n_tiles):
+        kaio.mbarrier_wait(bars, (0, 0), ph)  # V landed
+        kaio.wgmma_fence()
+        issue_s(dp, do_s, v_s, 0, wg, 0, D, DT)  # dP = dO V^T
+        kaio.mbarrier_wait(bars, (0, 1), ph)  # K landed
+        issue_s(s, q_s, k_s, 0, wg, 0, D, DT)  # S = Q K^T
+        kaio.wgmma_wait(1)
+        release(bars, 0, lt)  # dP done: V free
+        kaio.wgmma_wait(0)
+        grads(s, dp, l2, dl, j * BN, row0, sk, causal, scale_log2, lane, BN)
+        pack_p(ds, dp, BN, DT)
+        kaio.wgmma_fence()
+        issue_pv(dqa, ds, k_s, 0, BN, DT)  # dQ += dS K
+        kaio.wgmma_wait(0)
+        release(bars, 1, lt)  # K free
+        ph ^= 1
+    store_tile(dq, dqa, out_at, row0, sq, scale, lane, D, DT, 1, out_stride)
+
+
+@kaio.gpu_kernel(fastmath=True)
+def attention_bwd_dq_d256(
+    tq: kaio.tensormap, tdo: kaio.tensormap, tk: kaio.tensormap, tv: kaio.tensormap,
+    tl: kaio.tensormap, td: kaio.tensormap, dq: DT[:], seq_q: i32, seq_k: i32, heads: i32,
+    group: i32, scale_log2: f32, scale: f32, causal: i32, cu_q: i32[:], cu_k: i32[:], tp: i32,
+    D: kaio.constexpr, REGS: kaio.constexpr, DT: kaio.constexpr, COLS: kaio.constexpr,
+):  # fmt: skip
+    """dq of the 128 query rows of block x (the heaviest causal tiles first) of (batch, head)
+    block y, as the pair's ``attention_bwd_dq_wgmma`` with two warpgroups and 64-key tiles
+    (its tensor maps, boxes of 128, resp. 64 rows; ``COLS`` 1 its varlen kernel's block z
+    of packed sequences), but K and V each in a buffer of its own with its own barriers
+    (``produce_kv``, ``consume_dq_kv``): the 192 KB of Q, dO, K and V leave no room for a
+    second stage, and with one stage of both a tile's copies wait for its last product."""
+    BQ = 128
+    BN = 64
+    C = D // 64
+    ONCE = BQ * D * 2
+    KV = BN * D * 2
+    q_s = kaio.shared_dynamic(DT, (C, BQ, 64), 0)
+    do_s = kaio.shared_dynamic(DT, (C, BQ, 64), ONCE)
+    k_s = kaio.shared_dynamic(DT, (1, C, BN, 64), 2 * ONCE)
+    v_s = kaio.shared_dynamic(DT, (1, C, BN, 64), 2 * ONCE + KV)
+    stats = kaio.shared_dynamic(f32, (2, 1, BQ), 2 * ONCE + 2 * KV)
+    BARS = 2 * ONCE + 2 * KV + 2 * BQ * 4
+    bars = kaio.shared_dynamic(u64, (2, 2), BARS)
+    turn = kaio.shared_dynamic(u64, (2,), BARS + 32)
+    t, wg, lt = thread_roles(2)
+    start_q, start_k, shift, stat_off, sq, sk = varlen_block(cu_q, cu_k, seq_q, seq_k, causal,
+                                                             COLS)  # fmt: skip
+    bh, kvh, q0, n_tiles = query_block(heads, group, sk, causal, BQ, BN)  # (COLS: q0 shifted)
+    out_at = bh * sq * D
+    out_stride = D
+    q_row = bh * sq + q0
+    kv_row = kvh * sk
+    q_col = 0
+    kv_col = 0
+    stat_at = 0
+    if COLS:
+        if q0 >= sq:  # past the sequence's end
+            return
+        kvh, n_tiles = kv_head_and_tiles(bh, q0 + shift, heads, group, sk, causal, BQ, BN)
+        if n_tiles <= 0:  # no row sees a key: zeros
+            zero_rows(dq, (start_q * heads + bh) * D, heads * D, q0, sq, 384, BQ, D, DT)
+            return
+        out_at = ((start_q - shift) * heads + bh) * D
+        out_stride = heads * D
+        q_row = start_q + q0
+        kv_row = start_k
+        q_col = bh * D
+        kv_col = kvh * D
+        stat_at = bh * tp + stat_off
+    if t == 0:
+        init_barriers(bars, turn, 2, 2, 0, 2)  # (0, 0), (1, 0): V's; (0, 1), (1, 1): K's
+    kaio.sync_threads()
+    if wg < 2:
+        if REGS:
+            kaio.setmaxnreg_inc(REGS)
+        consume_dq_kv(q_s, do_s, k_s, v_s, stats, bars, turn, dq, wg, lt, q0 + shift, n_tiles,
+                      sq + shift, sk, causal, scale_log2, scale, out_at, out_stride, D, BN,
+                      DT)  # fmt: skip
+    else:
+        if REGS:
+            kaio.setmaxnreg_dec(PRODUCER_REGS)
+        if lt == 0:
+            produce_kv(q_s, do_s, k_s, v_s, stats, bars, turn, tq, tdo, tk, tv, tl, td, q_row,
+                       kv_row, n_tiles, q_col, kv_col, stat_at, D, BQ, BN, DT)  # fmt: skip
 
 
 def shared_bytes(d: int, bm: int, stages: int, dq: int = 0) -> int:
@@ -261,9 +695,74 @@ def config(d: int = D256, dq: int | None = None) -> dict:
     bm = 64
     dq = FUSED if dq is None else dq
     stages = max(n for n in (1, 2, 3) if shared_bytes(d, bm, n, dq) <= SHARED_LIMIT)
-    dkdv = {"BM": bm, "STAGES": stages, "REGS": consumer_registers(2), "DQ": dq, "EARLY": 1}
-    dq_cfg = {"BN": 64, "WG": 2, "STAGES": 1, "PIPE": 0, "AREG": 0, "REGS": consumer_registers(2)}
+    regs = consumer_registers(2)
+    dkdv = {"BM": bm, "STAGES": stages, "REGS": regs, "DQ": dq, "EARLY": 1, "COLS": 0,
+            "Q128": Q128 if not dq else 0}  # fmt: skip
+    dq_cfg = {"BN": 64, "WG": 2, "STAGES": 1, "PIPE": 0, "AREG": 0, "REGS": regs, "KV": KV}
     return {"dkdv": dkdv, "dq": dq_cfg}
+
+
+# The dK/dV kernel at D 256 (without dQ): ``attention_bwd_dkdv_d256`` (0) or
+# ``attention_bwd_dkdv_d256q`` (1: 128-query tiles, each half of Q and dO on barriers of its
+# own; measured on an H100, f16 B4 H16 S4096, GPU round B of 2026-11-27: 503 TFLOP/s of its
+# products against 463, causal 467 against 436).
+Q128 = 1
+
+
+def dkdv_kernel(c: dict, d: int, dt) -> tuple:
+    """(kernel, constexprs) of the dK/dV kernel of ``config(d)["dkdv"]`` ``c`` (``run_dkdv``)
+    for element type ``dt``."""
+    if c.get("Q128"):
+        return attention_bwd_dkdv_d256q, {"D": d, "REGS": c["REGS"], "DT": dt, "COLS": c["COLS"]}
+    return attention_bwd_dkdv_d256, {
+        "D": d,
+        "DT": dt,
+        **{k: v for k, v in c.items() if k != "Q128"},
+    }
+
+
+def run_dkdv(c: dict, d: int, grid: tuple, stream, maps, lse, delta, dk, dv, extra: tuple,
+             args: tuple, offsets: dict, dt) -> None:  # fmt: skip
+    """Launch the dK/dV kernel of ``config(d)["dkdv"]`` ``c`` (``Q128`` 1:
+    ``attention_bwd_dkdv_d256q``, else ``attention_bwd_dkdv_d256`` with ``extra``: its
+    dq_acc and semaphores) on ``grid`` and ``stream``: ``maps(rows)`` the tensor maps of k, v
+    (boxes of 64 rows) and q, do (boxes of ``rows``), the lse and delta, dk and dv, the
+    kernel's scalar ``args``, ``offsets`` (cu_q, cu_k, tp), the element type ``dt``."""
+    if c.get("Q128"):
+        smem = 2 * 64 * d * 2 + 2 * 128 * d * 2 + 4 * 64 * 64 * 2 + 16 + 96 + 16
+        attention_bwd_dkdv_d256q[grid, 384, stream, smem](
+            *maps(64), lse, delta, dk, dv, *args, **offsets, D=d, REGS=c["REGS"], DT=dt,
+            COLS=c["COLS"],
+        )  # fmt: skip
+        return
+    smem = shared_bytes(d, c["BM"], c["STAGES"], c["DQ"])
+    consts = {k: v for k, v in c.items() if k != "Q128"}
+    attention_bwd_dkdv_d256[grid, 384, stream, smem](
+        *maps(c["BM"]), lse, delta, dk, dv, *extra, *args, **offsets, D=d, DT=dt, **consts
+    )
+
+
+# The dQ kernel at D 256: the pair's (0) or ``attention_bwd_dq_d256`` (1: K and V on
+# barriers of their own; measured on an H100, f16 B4 H16 S4096, GPU round A of
+# 2026-11-27: 648 TFLOP/s of its products against 507, causal 569 against 462).
+KV = 1
+
+
+def dq_kernel(c: dict, d: int, cols: int) -> tuple:
+    """``(kernel, constexprs, threads, shared bytes, query rows, key rows)`` of the dQ
+    kernel of ``config``'s ``c = config(d)["dq"]`` (``KV`` 1: ``attention_bwd_dq_d256``,
+    else the pair's ``attention_bwd_dq_wgmma`` with c's other constexprs), ``COLS``
+    ``cols``."""
+    from kaio_ops import _attention_hopper_bwd as pair
+
+    if c.get("KV"):
+        smem = 2 * 128 * d * 2 + 2 * 64 * d * 2 + 2 * 128 * 4 + 32 + 16
+        return attention_bwd_dq_d256, {"D": d, "REGS": c["REGS"], "COLS": cols}, 384, smem, 128, 64
+    bq = 64 * c["WG"]
+    consts = {k: v for k, v in c.items() if k not in ("KV", "COLS")}
+    smem = pair.shared_bytes(d, bq, c["BN"], c["STAGES"], bq)
+    return (pair.attention_bwd_dq_wgmma, {"D": d, "COLS": cols, **consts}, 128 * c["WG"] + 128,
+            smem, bq, c["BN"])  # fmt: skip
 
 
 # flash_attention_bwd's schedule at D 256: the pair (0) or the one kernel (1: ``DQ`` 1).
@@ -283,12 +782,15 @@ def worthwhile(bh: int, sq: int, sk: int, d: int, sms: int) -> bool:
 
 
 def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
-           cfg: dict | None = None, only: str | None = None):  # fmt: skip
+           cfg: dict | None = None, only: str | None = None,
+           side: bool | None = None):  # fmt: skip
     """Run the kernels on checked operands (``_arrays.Operand``s q, do [B, H, Sq, D], k, v
     [B, Hkv, Sk, D], lse [B, H, Sq] f32) and ``delta`` (flat f32 [B * H * Sq], rowsum(dO *
     O)); ``dims``: (B * H, H, group, sq, sk, d, d); ``cfg``: overrides of ``config(d)``'s
     constexprs, per kernel. ``only``: "dkdv" or "dq" launches that kernel alone (to time
-    it). Returns (dq, dk, dv) of q's type and shapes."""
+    it). ``side`` (default ``SIDE``; torch arrays): the pair's dQ kernel on a second stream
+    beside the dK/dV kernel (``_attention_hopper_bwd.side_stream``). Returns (dq, dk, dv)
+    of q's type and shapes."""
     import math
 
     from kaio_ops import _arrays
@@ -314,43 +816,58 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     acc_size = bh * n_tiles * c1["BM"] * d if c1["DQ"] else 4
     dq_acc = _arrays.output(da, (acc_size,), f32)  # (DQ 0: unused)
     sem = _arrays.output(da, (bh * n_tiles,), i32)
+    none = _arrays.output(da, (1,), i32)  # (the varlen offsets: unused)
     if c1["DQ"]:
         zero_acc_sem[-(-acc_size // 1024), 256, stream, 0](dq_acc, acc_size, sem, bh * n_tiles)
-    if only != "dq":
-        smem = shared_bytes(d, c1["BM"], c1["STAGES"], c1["DQ"])
-        attention_bwd_dkdv_d256[(-(-sk // 64), bh // group), 384, stream, smem](
-            tmap(ka, rows_kv, 64), tmap(va, rows_kv, 64), tmap(qa, rows_q, c1["BM"]),
-            tmap(da, rows_q, c1["BM"]), la.arg(rows_q), delta,
-            _arrays.output_arg(da, dk, (ka.size,)), _arrays.output_arg(da, dv, (ka.size,)),
-            dq_acc, sem, *args, D=d, DT=qa.dtype, **c1,
-        )  # fmt: skip
+
+    def dkdv_kernel():
+        def maps(rows):
+            return (
+                tmap(ka, rows_kv, 64),
+                tmap(va, rows_kv, 64),
+                *(tmap(x, rows_q, rows) for x in (qa, da)),
+            )
+
+        out = (_arrays.output_arg(da, x, (ka.size,)) for x in (dk, dv))
+        run_dkdv(c1, d, (-(-sk // 64), bh // group), stream, maps, la.arg(rows_q), delta, *out,
+                 (dq_acc, sem), args, {"cu_q": none, "cu_k": none, "tp": 0},
+                 qa.dtype)  # fmt: skip
+
+    side = (SIDE if side is None else side) and only is None and not c1["DQ"]
+    if only != "dq" and not side:
+        dkdv_kernel()
     if c1["DQ"]:
         dq_convert_tiles[-(-qa.size // 1024), 256, stream, 0](
             _arrays.output_arg(da, dq, (qa.size,)), dq_acc, bh * sq, sq, scale, D=d, DT=qa.dtype
         )
     if only == "dkdv" or c1["DQ"]:
         return dq, dk, dv
-    bq = 64 * c2["WG"]
+    kernel, consts, threads, smem, bq, bn = dq_kernel(c2, d, 0)
     stats = pair.stats_maps(la, delta, rows_q, bq)
-    none = _arrays.output(da, (1,), i32)
-    smem = pair.shared_bytes(d, bq, c2["BN"], c2["STAGES"], bq)
-    pair.attention_bwd_dq_wgmma[(-(-sq // bq), bh), 128 * c2["WG"] + 128, stream, smem](
-        tmap(qa, rows_q, bq), tmap(da, rows_q, bq), tmap(ka, rows_kv, c2["BN"]),
-        tmap(va, rows_kv, c2["BN"]), *stats, _arrays.output_arg(da, dq, (qa.size,)), *args,
-        cu_q=none, cu_k=none, tp=0, D=d, DT=qa.dtype, COLS=0, **c2,
-    )  # fmt: skip
+    with pair.side_stream(qa, side) as dq_stream:  # (there the dQ kernel first)
+        kernel[(-(-sq // bq), bh), threads, dq_stream, smem](
+            tmap(qa, rows_q, bq), tmap(da, rows_q, bq), tmap(ka, rows_kv, bn),
+            tmap(va, rows_kv, bn), *stats, _arrays.output_arg(da, dq, (qa.size,)), *args,
+            cu_q=none, cu_k=none, tp=0, DT=qa.dtype, **consts,
+        )  # fmt: skip
+        if side:
+            dkdv_kernel()
     return dq, dk, dv
+
+
+# Whether the dQ kernel runs on a second stream beside the dK/dV kernel (``launch``).
+SIDE = False
 
 
 def specializations():
     """(kernel, constexprs) of the specializations ``launch`` runs (for PTX checks)."""
     from kaio import bf16, f16
-    from kaio_ops._attention_hopper_bwd import attention_bwd_dq_wgmma
 
     cfg = config()
     for dt in (f16, bf16):
-        yield attention_bwd_dkdv_d256, {"D": D256, "DT": dt, **cfg["dkdv"]}
+        yield dkdv_kernel(cfg["dkdv"], D256, dt)
         if FUSED:
             yield dq_convert_tiles, {"D": D256, "DT": dt}
         else:
-            yield attention_bwd_dq_wgmma, {"D": D256, "DT": dt, "COLS": 0, **cfg["dq"]}
+            kernel, consts, *_ = dq_kernel(cfg["dq"], D256, 0)
+            yield kernel, {"DT": dt, **consts}

@@ -12,7 +12,10 @@ h * D. The kernels are the dense ones with ``COLS`` 1 (``attention_bwd_dkdv_wgmm
 (x, y, z) owns the keys x of K/V head y of sequence z, the dQ block the query tile x
 (counted from the last: the heaviest causal tiles first) of head y of sequence z. A block
 whose tile lies past its sequence's end returns at once (the grid covers the longest
-sequence, ``max_seqlen``).
+sequence, ``max_seqlen``). At head dim 256 the kernels are the dense D 256 backward's
+(``_attention_hopper_bwd256``: the dK/dV kernel of 64 keys a block whose two consumer
+warpgroups split the head dim, lse and delta read from the copies below in global memory,
+and its dQ kernel), with ``COLS`` 1 as well.
 
 The row logsumexps and delta = rowsum(dO * O) come to shared memory with the tiles (TMA)
 from f32 [H, Tp] copies (``varlen_stats``) in which each sequence starts on a multiple of 4
@@ -38,6 +41,7 @@ import math
 import kaio
 from kaio import f32, i32
 from kaio_ops import _attention_hopper_bwd as dense
+from kaio_ops import _attention_hopper_bwd256 as bwd256
 from kaio_ops._attention_hopper import SW
 from kaio_ops._attention_hopper_bwd import stats_start
 from kaio_ops._common import lanes_sum
@@ -84,16 +88,18 @@ def varlen_stats(
 
 
 def config(d: int) -> dict:
-    """The constexprs of the two kernels for head dim ``d`` (64 or 128): the dense pair's
-    (``_attention_hopper_bwd.config``: ``{"dkdv": ..., "dq": ...}``, lse and delta by TMA,
-    no dQ in the dK/dV kernel) with ``COLS`` 1."""
-    cfg = dense.config(d)
+    """The constexprs of the two kernels for head dim ``d`` with ``COLS`` 1: D 64, 128 the
+    dense pair's (``_attention_hopper_bwd.config``: ``{"dkdv": ..., "dq": ...}``, lse and
+    delta by TMA, no dQ in the dK/dV kernel); D 256 the dense D 256 backward's
+    (``_attention_hopper_bwd256.config`` without dQ in the dK/dV kernel)."""
+    cfg = bwd256.config(d, 0) if bwd256.eligible(d) else dense.config(d)
     return {"dkdv": {**cfg["dkdv"], "COLS": 1}, "dq": {**cfg["dq"], "COLS": 1}}
 
 
 def eligible(d: int) -> bool:
-    """Whether the kernels take head dim ``d``: the dense pair's (64 and 128)."""
-    return dense.eligible(d)
+    """Whether the kernels take head dim ``d``: the dense pair's (64 and 128) and the dense
+    D 256 backward's (256)."""
+    return dense.eligible(d) or bwd256.eligible(d)
 
 
 # The shortest mean sequence length (queries and keys, tokens) from which the kernels beat
@@ -104,19 +110,24 @@ def eligible(d: int) -> bool:
 # 376 / 358 (slower); mean 304 484 / 652, causal 400 / 435; mean 608 685 / 1061, causal
 # 493 / 628. Below the shortest measured mean (149) the mma.sync kernels are kept.
 MIN_MEAN = {(64, False): 128, (64, True): 224, (128, False): 128, (128, True): 128}
+# D 256 (H100, 2026-11-27, GPU round B, the same lengths, f16 H16, ms Hopper / mma.sync):
+# mean 149 1.17 / 1.58, causal 1.02 / 1.24; mean 304 1.49 / 2.33, causal 1.15 / 1.56; mean
+# 608 2.14 / 3.92, causal 1.50 / 2.35.
+MIN_MEAN.update({(256, False): 128, (256, True): 128})
 
 
 def worthwhile(mean_q: float, mean_k: float, d: int, causal: bool) -> bool:
     """Whether the kernels measured faster than the mma.sync varlen backward for sequences
     of ``mean_q`` queries and ``mean_k`` keys on average (``MIN_MEAN``), head dim ``d``."""
-    return eligible(d) and min(mean_q, mean_k) >= MIN_MEAN[(d, bool(causal))]
+    key = (d, bool(causal))
+    return eligible(d) and key in MIN_MEAN and min(mean_q, mean_k) >= MIN_MEAN[key]
 
 
 def launch(qa, ka, va, da, la, cqa, cka, oa, dims: tuple, causal: bool, scale: float,
            cfg: dict | None = None, only: str | None = None, side: bool = False):  # fmt: skip
     """Run ``varlen_stats`` and the two kernels on checked operands (``_arrays.Operand``s q,
     do, o [total_q, H, D], k, v [total_k, Hkv, D] of one 16-bit type, total_q and total_k
-    > 0, D 64 or 128, lse f32 [H, total_q], the int32 offsets [B + 1]); ``dims``:
+    > 0, D 64, 128 or 256, lse f32 [H, total_q], the int32 offsets [B + 1]); ``dims``:
     ``attention_varlen._check``'s (B, H, group, total_q, D, max_q, max_k); ``cfg``: the
     constexprs (default ``config(d)``); ``only``: "dkdv" or "dq" launches that kernel alone
     (to time it); ``side`` (torch arrays): the dQ kernel on a second stream beside the dK/dV
@@ -128,21 +139,23 @@ def launch(qa, ka, va, da, la, cqa, cka, oa, dims: tuple, causal: bool, scale: f
     total_k, hkv = ka.shape[0], ka.shape[1]
     if not eligible(d) or total_q == 0 or total_k == 0:
         raise ValueError(
-            f"_attention_hopper_varlen_bwd.launch: needs D 64 or 128 and tokens of both q and "
-            f"k (tensor maps), got D = {d}, total_q = {total_q}, total_k = {total_k}; use "
+            f"_attention_hopper_varlen_bwd.launch: needs D 64, 128 or 256 and tokens of both q "
+            f"and k (tensor maps), got D = {d}, total_q = {total_q}, total_k = {total_k}; use "
             f"the mma.sync kernels (attention_varlen.backward_mma)"
         )
     cfg = cfg or config(d)
     c1, c2 = cfg["dkdv"], cfg["dq"]
-    for c in (c1, c2):
+    d256 = bwd256.eligible(d)
+    for c in (c2,) if d256 else (c1, c2):
         if c["PIPE"] and c["STAGES"] < 2:
             raise ValueError(
                 f"_attention_hopper_varlen_bwd.launch: PIPE 1-3 needs 2 stages or more: {c}"
             )
-    if not c1["TSTATS"] or c1["DQ"] or not c1["COLS"] or not c2["COLS"]:
+    if not (d256 or c1["TSTATS"]) or c1["DQ"] or not c1["COLS"] or not c2["COLS"]:
         raise ValueError(
             f"_attention_hopper_varlen_bwd.launch: the varlen kernels read lse and delta by "
-            f"TMA (TSTATS 1), add no dQ in the dK/dV kernel (DQ 0) and take COLS 1: {cfg}"
+            f"TMA (TSTATS 1; D 256: from global memory), add no dQ in the dK/dV kernel (DQ 0) "
+            f"and take COLS 1: {cfg}"
         )
     stream = _arrays.stream_of(qa)
     dq = _arrays.output(da, qa.shape)
@@ -164,9 +177,23 @@ def launch(qa, ka, va, da, la, cqa, cka, oa, dims: tuple, causal: bool, scale: f
 
     args = (0, 0, heads, group, math.log2(math.e) * scale, scale, int(causal))  # sq, sk: cu
     varlen = {"cu_q": cqa.arg(), "cu_k": cka.arg(), "tp": tp}
-    bk = 64 * c1["WG"]
+    bk = 64 if d256 else 64 * c1["WG"]
 
     def dkdv_kernel():
+        if d256:  # the D 256 kernels: lse and delta from global memory (no dQ: lse_p, cu_q
+            # stand for the dq_acc and semaphores of attention_bwd_dkdv_d256)
+
+            def maps(rows):
+                return (
+                    tmap(ka, total_k, hkv, bk),
+                    tmap(va, total_k, hkv, bk),
+                    *(tmap(x, total_q, heads, rows) for x in (qa, da)),
+                )
+
+            out = (_arrays.output_arg(da, x, (ka.size,)) for x in (dk, dv))
+            bwd256.run_dkdv(c1, d, (-(-max_k // bk), hkv, batch), stream, maps, lse_p, delta_p,
+                            *out, (lse_p, cqa.arg()), args, varlen, qa.dtype)  # fmt: skip
+            return
         smem = dense.shared_bytes(d, bk, c1["BM"], c1["STAGES"], c1["STAGES"] * c1["BM"],
                                   *dense._ds_buffers(c1))  # fmt: skip
         grid = (-(-max_k // bk), hkv, batch)
@@ -183,15 +210,13 @@ def launch(qa, ka, va, da, la, cqa, cka, oa, dims: tuple, causal: bool, scale: f
         dkdv_kernel()
     if only == "dkdv":
         return dq, dk, dv
-    bq = 64 * c2["WG"]
-    smem = dense.shared_bytes(d, bq, c2["BN"], c2["STAGES"], bq)
+    kernel, consts, threads, smem, bq, bn = bwd256.dq_kernel(c2, d, 1)
     with dense.side_stream(qa, side) as dq_stream:  # (there the dQ kernel first)
         grid = (-(-max_q // bq), heads, batch)
-        dense.attention_bwd_dq_wgmma[grid, 128 * c2["WG"] + 128, dq_stream, smem](
+        kernel[grid, threads, dq_stream, smem](
             tmap(qa, total_q, heads, bq), tmap(da, total_q, heads, bq),
-            tmap(ka, total_k, hkv, c2["BN"]), tmap(va, total_k, hkv, c2["BN"]),
-            *stats_maps(bq), _arrays.output_arg(da, dq, (qa.size,)), *args, **varlen, D=d,
-            DT=qa.dtype, **c2,
+            tmap(ka, total_k, hkv, bn), tmap(va, total_k, hkv, bn), *stats_maps(bq),
+            _arrays.output_arg(da, dq, (qa.size,)), *args, **varlen, DT=qa.dtype, **consts,
         )  # fmt: skip
         if side:
             dkdv_kernel()
@@ -204,7 +229,11 @@ def specializations():
     from kaio import bf16, f16
 
     for dt in (f16, bf16):
-        for d in (64, 128):
+        for d in (64, 128, bwd256.D256):
             cfg = config(d)
-            yield dense.attention_bwd_dkdv_wgmma, {"D": d, "DT": dt, **cfg["dkdv"]}
-            yield dense.attention_bwd_dq_wgmma, {"D": d, "DT": dt, **cfg["dq"]}
+            if bwd256.eligible(d):
+                yield bwd256.dkdv_kernel(cfg["dkdv"], d, dt)
+            else:
+                yield dense.attention_bwd_dkdv_wgmma, {"D": d, "DT": dt, **cfg["dkdv"]}
+            kernel, consts, *_ = bwd256.dq_kernel(cfg["dq"], d, 1)
+            yield kernel, {"DT": dt, **consts}

@@ -226,9 +226,9 @@ def flash_attention_varlen_bwd(
 
 def hopper_bwd_takes(qa, ka, dims: tuple, causal: bool) -> bool:
     """Whether the backward runs ``kaio_ops._attention_hopper_varlen_bwd`` (TMA, wgmma) rather
-    than the mma.sync kernels: as ``hopper_takes`` for the forward, head dims 64 and 128
-    (256 keeps mma.sync, as the dense backward) and mean lengths from which it measured
-    faster (``_attention_hopper_varlen_bwd.worthwhile``)."""
+    than the mma.sync kernels: as ``hopper_takes`` for the forward, head dims 64, 128 and
+    256 and mean lengths from which it measured faster
+    (``_attention_hopper_varlen_bwd.worthwhile``)."""
     return hopper_takes(qa, ka, dims, causal, hopper_varlen_bwd)
 
 
@@ -247,8 +247,8 @@ def backward_hopper(
     do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
     causal: bool = False, scale: float | None = None,
 ):  # fmt: skip
-    """``flash_attention_varlen_bwd`` on the Hopper kernels (sm_90, D 64 or 128) whatever the
-    lengths (for benchmarks and tests)."""
+    """``flash_attention_varlen_bwd`` on the Hopper kernels (sm_90, D 64, 128 or 256) whatever
+    the lengths (for benchmarks and tests)."""
     args = (do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     arrays, dims, scale, oa = _check_bwd("flash_attention_varlen_bwd", *args, scale)
     return hopper_varlen_bwd.launch(*arrays, oa, dims, bool(causal), scale)

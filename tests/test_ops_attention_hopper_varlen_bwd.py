@@ -31,8 +31,11 @@ def poisoned_outputs(monkeypatch):
 
 def small(d: int, **over) -> dict:
     """The shipped configuration for head dim d with two ring stages (so that the ring
-    wraps at these sizes) and ``over``'s changes to both kernels."""
+    wraps at these sizes; D 256: as shipped, its dK/dV kernel's two, its dQ kernel's one)
+    and ``over``'s changes to both kernels."""
     cfg = hvb.config(d)
+    if d == 256:
+        return {name: {**c, **over} for name, c in cfg.items()}
     return {name: {**c, "STAGES": 2, **over} for name, c in cfg.items()}
 
 
@@ -62,6 +65,10 @@ def run_sim(lens_q, lens_k, h, hkv, d, dtype, causal, cfg, scale=None):
         ([9, 3, 1, 0, 150, 5], [4, 20, 1, 6, 0, 3], 1, 1, 64, BF16, True),
         # D = 128, not causal, sq != sk, several key tiles (more than the stages)
         ([5, 0, 70], [140, 4, 70], 1, 1, 128, np.float16, False),
+        # D = 256 (the dense D 256 backward's dK/dV kernel, the pair's dQ kernel): causal
+        # with fewer and more keys than queries, two query heads a K/V head, an empty and a
+        # length-1 sequence, the ring wrapping
+        ([70, 0, 1, 9], [66, 4, 1, 20], 2, 1, 256, np.float16, True),
     ],
 )
 def test_hopper_varlen_backward_in_simulator(lens_q, lens_k, h, hkv, d, dtype, causal):
@@ -94,10 +101,10 @@ def test_hopper_varlen_backward_keys_of_the_next_sequence_are_left_out_in_simula
 
 
 def test_dispatch_to_the_hopper_varlen_backward():
-    """Head dims 64 and 128 on an sm_90 GPU where the mean lengths measured faster; never in
-    the simulator."""
-    assert hvb.eligible(64) and hvb.eligible(128)
-    assert not hvb.eligible(256) and not hvb.eligible(96)
+    """Head dims 64, 128 and 256 on an sm_90 GPU where the mean lengths measured faster;
+    never in the simulator."""
+    assert hvb.eligible(64) and hvb.eligible(128) and hvb.eligible(256)
+    assert not hvb.eligible(96) and not hvb.eligible(512)
     q = np.zeros((8, 2, 128), np.float16)
     cu = np.array([0, 8], np.int32)
     with kaio.simulate():
@@ -107,16 +114,20 @@ def test_dispatch_to_the_hopper_varlen_backward():
     assert hvb.worthwhile(149, 149, 128, True) and hvb.worthwhile(149, 149, 64, False)
     assert hvb.worthwhile(304, 304, 64, True)
     assert not hvb.worthwhile(149, 149, 64, True)  # short, causal, D 64: the mma.sync ones
-    assert not hvb.worthwhile(4000, 4000, 256, False)
+    assert hvb.worthwhile(149, 149, 256, True) and hvb.worthwhile(4000, 4000, 256, False)
+    assert not hvb.worthwhile(100, 4000, 256, False)  # shorter than measured
     assert not hvb.worthwhile(4000, 10, 128, False)  # few keys a sequence
 
 
 @pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
-@pytest.mark.parametrize("index", range(2))
+@pytest.mark.parametrize("index", range(3))
 def test_specializations_assemble_for_sm_90a(index):
     """The f16 D 128 pair (the most registers; bf16's kernels are the same code but the
-    wgmma type, D 64's the dense pair's body at D 64, assembled by its tests)."""
+    wgmma type, D 64's the dense pair's body at D 64, assembled by its tests) and the D 256
+    dK/dV kernel with COLS 1 (its dQ kernel: the dense D 256 one's body)."""
     picked = [(k, c) for k, c in hvb.specializations() if c["DT"] == kaio.f16 and c["D"] == 128]
+    picked += [(k, c) for k, c in hvb.specializations()
+               if c["DT"] == kaio.f16 and c["D"] == 256][:1]  # fmt: skip
     assemble_wgmma(*picked[index])
 
 
@@ -147,7 +158,7 @@ OTHER = [7, 3, 777, 1000, 0, 2100, 129, 400, 3000]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("h, hkv, d", [(8, 2, 128), (4, 4, 64)])
+@pytest.mark.parametrize("h, hkv, d", [(8, 2, 128), (4, 4, 64), (4, 2, 256)])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("same_lengths", [True, False])
