@@ -95,6 +95,9 @@ EPILOGUES = [
 ]
 
 
+WAVES = False  # also the tile widths that make one or two whole waves (--waves)
+
+
 def candidates(m: int, n: int, k: int, sms: int, gate: bool = False) -> list[_gemm_hopper.Plan]:
     """The plans worth timing for one shape: every tile shape whose grid, times a K split
     of whole 64-deep steps (at least 2 a slice), gives between sms / 2 and 4 * sms blocks
@@ -127,6 +130,17 @@ def candidates(m: int, n: int, k: int, sms: int, gate: bool = False) -> list[_ge
                     out.append(_gemm_hopper.Plan(1, bn, deep, split, split > 1))
                     if bn == 32:
                         out.append(_gemm_hopper.Plan(1, bn, 6, split, split > 1))
+    if WAVES:  # widths (multiples of 16) whose tiles make one or two whole waves, unsplit
+        for wg in (1,) if m <= 64 else (1, 2):
+            rows = math.ceil(m / (64 * wg))
+            for waves in (1, 2):
+                bn = next((w for w in range(32, 257, 16) if rows * math.ceil(n / w) <= waves * sms),
+                          None)  # fmt: skip
+                if bn is None or bn in (64, 128, 256) or gate and bn > 128:
+                    continue
+                for most in (6, 12):
+                    stages = _gemm_hopper.stages_for(wg, bn, gate, most=most)
+                    out.append(_gemm_hopper.Plan(wg, bn, stages, 1, False, 0, int(not gate)))
     if m >= 128 and not gate:  # the other widths, one slice, where they make a wave or more
         for wg in (1, 2) if m <= 512 else (2,):
             for bn in WIDE:
@@ -571,10 +585,12 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="also the mma.sync skinny tile at every K split, both sums (M <= 64)",
     )
+    p.add_argument("--waves", action="store_true", help="also widths that fill whole waves")
+    p.add_argument("--cases", help="M:N:K,... (K < 0: B [N, K]) instead of --set")
     args, rest = p.parse_known_args(argv)
-    global PAIRS, DEEP, OCC, ALL_SPLITS, EPI33
+    global PAIRS, DEEP, OCC, ALL_SPLITS, EPI33, WAVES
     PAIRS, DEEP, OCC, ALL_SPLITS = args.pairs, args.deep, args.occ, args.splits
-    EPI33 = args.epi33
+    EPI33, WAVES = args.epi33, args.waves
     h = Harness.from_args("Hopper GEMM plan search", rest, reps=args.reps)
     start = time.perf_counter()
     sms = h.meta["sms"]
@@ -584,6 +600,8 @@ def main(argv: list[str] | None = None) -> None:
         for name in args.set.split(",")
         for shape in (EPILOGUES if name == "epi" else SETS[name])
     ]
+    if args.cases:
+        shapes = [(*(int(v) for v in c.split(":")), "none") for c in args.cases.split(",")]
     if args.warm:
         warm(shapes, sms, *(int(v) for v in args.warm.split("/")))
         return
