@@ -417,6 +417,29 @@ def deep_plans(m: int, n: int, k: int, gate: bool, route) -> list:
     return list(dict.fromkeys(plans))
 
 
+VEC_ONLY = False  # only the unsplit Hopper plans with wide stores and the persistent kernel (--vec)
+
+
+def vec_plans(m: int, n: int, k: int, sms: int) -> list:
+    """``--vec``'s plans (B [K, N], no epilogue): each unsplit Hopper tile of ``candidates``
+    whose tiles make half a wave to two waves, with 4 adjacent columns a store (``vec`` 1)
+    and rings of 6 stages and of as many as fit, and the persistent kernel at each width of
+    ``linear.WIDTHS`` that makes half a wave or more."""
+    plans: list = []
+    for p in candidates(m, n, k, sms):
+        tiles = _gemm_hopper.grid_tiles(m, n, p.wg, p.bn, 0)
+        if p.split == 1 and sms // 2 <= tiles <= 2 * sms:
+            for most in (6, 12):
+                stages = _gemm_hopper.stages_for(p.wg, p.bn, False, most=most)
+                plans.append(p._replace(stages=stages, fixup=False, vec=1))
+    if m >= 128:
+        plans.append("persistent")
+        for bn in linear_mod.WIDTHS:
+            if math.ceil(m / 128) * math.ceil(n / bn) >= sms // 2:
+                plans.append(linear_mod.Persistent(bn))
+    return list(dict.fromkeys(plans))
+
+
 def plans_of(m: int, n: int, k: int, sms: int, transposed: bool, act: str, route) -> tuple:
     """(the plans timed for one shape, the Hopper kernel's own plan): the op's choice
     ``route`` first, then ``candidates``, the skinny kernels, the mma.sync kernel's plan and
@@ -425,6 +448,8 @@ def plans_of(m: int, n: int, k: int, sms: int, transposed: bool, act: str, route
     default = _gemm_hopper.plan(m, n, k, sms, gate)
     if EPI33:
         return [route, *epi33_plans(m, n, k, transposed)], default
+    if VEC_ONLY and not transposed and act == "none":
+        return [route, *vec_plans(m, n, k, sms)], default
     if DEEP:
         return [route, *deep_plans(m, n, k, gate, route)], default
     if OCC:
@@ -586,11 +611,12 @@ def main(argv: list[str] | None = None) -> None:
         help="also the mma.sync skinny tile at every K split, both sums (M <= 64)",
     )
     p.add_argument("--waves", action="store_true", help="also widths that fill whole waves")
+    p.add_argument("--vec", action="store_true", help="only unsplit wide-store and persistent")
     p.add_argument("--cases", help="M:N:K,... (K < 0: B [N, K]) instead of --set")
     args, rest = p.parse_known_args(argv)
-    global PAIRS, DEEP, OCC, ALL_SPLITS, EPI33, WAVES
+    global PAIRS, DEEP, OCC, ALL_SPLITS, EPI33, WAVES, VEC_ONLY
     PAIRS, DEEP, OCC, ALL_SPLITS = args.pairs, args.deep, args.occ, args.splits
-    EPI33, WAVES = args.epi33, args.waves
+    EPI33, WAVES, VEC_ONLY = args.epi33, args.waves, args.vec
     h = Harness.from_args("Hopper GEMM plan search", rest, reps=args.reps)
     start = time.perf_counter()
     sms = h.meta["sms"]
