@@ -393,7 +393,10 @@ def _counters(like: _arrays.Operand, tiles: int):
 # 512 of 10240 columns: 1.006x cuBLAS against 0.87-0.94x for 128 x 160; M = 1024 of 10240
 # 1.011x, of 57344 0.994x against 0.915x; in pairs sharing B at M = 2048 of 57344 0.999x against
 # 0.971x, M = 2048-4096 of 28672 x 4096 0.950-0.981x against 0.931-0.957x), pairs of 128 x 256
-# at M = 8192 of 8192 x 28672 (1.052x against 1.017x).
+# at M = 8192 of 8192 x 28672 (1.052x against 1.017x). Issue 33's seventh pass (H100,
+# bench/gemm_plans.py --waves / --vec): 64 x 192 tiles with wide stores and a 7-stage ring
+# at M = 129-256 of 6144 x 4096 (4 x 32 = 128 tiles, one wave: 1.056x cuBLAS against the
+# persistent kernel's 0.940x, which made 96 tiles of 128 x 128).
 _P = _gemm_hopper.Plan
 _S = _gemm_streamk.Plan
 _D = Plan("16x64s8", 1)  # the deep skinny tile, unsplit (SKINNY_CONFIGS)
@@ -409,7 +412,8 @@ MEASURED: dict[tuple, list] = {
     (4096, 14336, "nk"): [(32, _D), (64, _P(2, 64, 6, 2, False)),
                           (128, _P(1, 64, 6, 2, False)), (256, _P(2, 64, 6, 1, False)),
                           (4096, _P(2, 256, 4, 1, False))],
-    (6144, 4096, "kn"): [(32, _D), (128, _P(1, 64, 6, 1, False, 0, 1)), (2048, "persistent")],
+    (6144, 4096, "kn"): [(32, _D), (128, _P(1, 64, 6, 1, False, 0, 1)),
+                         (256, _P(1, 192, 7, 1, False, 0, 1)), (2048, "persistent")],
     (6144, 4096, "nk"): [(16, _D), (32, Plan("16x128s8", 1))],
     (8192, 8192, "kn"): [(16, _D), (32, Plan("16x128s8", 1)),
                          (64, _P(1, 64, 6, 1, False, 0, 1)), (128, _P(2, 64, 6, 1, False, 0, 1)),
