@@ -95,6 +95,9 @@ EPILOGUES = [
 ]
 
 
+WAVES = False  # also the tile widths that make one or two whole waves (--waves)
+
+
 def candidates(m: int, n: int, k: int, sms: int, gate: bool = False) -> list[_gemm_hopper.Plan]:
     """The plans worth timing for one shape: every tile shape whose grid, times a K split
     of whole 64-deep steps (at least 2 a slice), gives between sms / 2 and 4 * sms blocks
@@ -127,6 +130,17 @@ def candidates(m: int, n: int, k: int, sms: int, gate: bool = False) -> list[_ge
                     out.append(_gemm_hopper.Plan(1, bn, deep, split, split > 1))
                     if bn == 32:
                         out.append(_gemm_hopper.Plan(1, bn, 6, split, split > 1))
+    if WAVES:  # widths (multiples of 16) whose tiles make one or two whole waves, unsplit
+        for wg in (1,) if m <= 64 else (1, 2):
+            rows = math.ceil(m / (64 * wg))
+            for waves in (1, 2):
+                bn = next((w for w in range(32, 257, 16) if rows * math.ceil(n / w) <= waves * sms),
+                          None)  # fmt: skip
+                if bn is None or bn in (64, 128, 256) or gate and bn > 128:
+                    continue
+                for most in (6, 12):
+                    stages = _gemm_hopper.stages_for(wg, bn, gate, most=most)
+                    out.append(_gemm_hopper.Plan(wg, bn, stages, 1, False, 0, int(not gate)))
     if m >= 128 and not gate:  # the other widths, one slice, where they make a wave or more
         for wg in (1, 2) if m <= 512 else (2,):
             for bn in WIDE:
@@ -403,6 +417,29 @@ def deep_plans(m: int, n: int, k: int, gate: bool, route) -> list:
     return list(dict.fromkeys(plans))
 
 
+VEC_ONLY = False  # only the unsplit Hopper plans with wide stores and the persistent kernel (--vec)
+
+
+def vec_plans(m: int, n: int, k: int, sms: int) -> list:
+    """``--vec``'s plans (B [K, N], no epilogue): each unsplit Hopper tile of ``candidates``
+    whose tiles make half a wave to two waves, with 4 adjacent columns a store (``vec`` 1)
+    and rings of 6 stages and of as many as fit, and the persistent kernel at each width of
+    ``linear.WIDTHS`` that makes half a wave or more."""
+    plans: list = []
+    for p in candidates(m, n, k, sms):
+        tiles = _gemm_hopper.grid_tiles(m, n, p.wg, p.bn, 0)
+        if p.split == 1 and sms // 2 <= tiles <= 2 * sms:
+            for most in (6, 12):
+                stages = _gemm_hopper.stages_for(p.wg, p.bn, False, most=most)
+                plans.append(p._replace(stages=stages, fixup=False, vec=1))
+    if m >= 128:
+        plans.append("persistent")
+        for bn in linear_mod.WIDTHS:
+            if math.ceil(m / 128) * math.ceil(n / bn) >= sms // 2:
+                plans.append(linear_mod.Persistent(bn))
+    return list(dict.fromkeys(plans))
+
+
 def plans_of(m: int, n: int, k: int, sms: int, transposed: bool, act: str, route) -> tuple:
     """(the plans timed for one shape, the Hopper kernel's own plan): the op's choice
     ``route`` first, then ``candidates``, the skinny kernels, the mma.sync kernel's plan and
@@ -411,6 +448,8 @@ def plans_of(m: int, n: int, k: int, sms: int, transposed: bool, act: str, route
     default = _gemm_hopper.plan(m, n, k, sms, gate)
     if EPI33:
         return [route, *epi33_plans(m, n, k, transposed)], default
+    if VEC_ONLY and not transposed and act == "none":
+        return [route, *vec_plans(m, n, k, sms)], default
     if DEEP:
         return [route, *deep_plans(m, n, k, gate, route)], default
     if OCC:
@@ -571,10 +610,13 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="also the mma.sync skinny tile at every K split, both sums (M <= 64)",
     )
+    p.add_argument("--waves", action="store_true", help="also widths that fill whole waves")
+    p.add_argument("--vec", action="store_true", help="only unsplit wide-store and persistent")
+    p.add_argument("--cases", help="M:N:K,... (K < 0: B [N, K]) instead of --set")
     args, rest = p.parse_known_args(argv)
-    global PAIRS, DEEP, OCC, ALL_SPLITS, EPI33
+    global PAIRS, DEEP, OCC, ALL_SPLITS, EPI33, WAVES, VEC_ONLY
     PAIRS, DEEP, OCC, ALL_SPLITS = args.pairs, args.deep, args.occ, args.splits
-    EPI33 = args.epi33
+    EPI33, WAVES, VEC_ONLY = args.epi33, args.waves, args.vec
     h = Harness.from_args("Hopper GEMM plan search", rest, reps=args.reps)
     start = time.perf_counter()
     sms = h.meta["sms"]
@@ -584,6 +626,8 @@ def main(argv: list[str] | None = None) -> None:
         for name in args.set.split(",")
         for shape in (EPILOGUES if name == "epi" else SETS[name])
     ]
+    if args.cases:
+        shapes = [(*(int(v) for v in c.split(":")), "none") for c in args.cases.split(",")]
     if args.warm:
         warm(shapes, sms, *(int(v) for v in args.warm.split("/")))
         return

@@ -393,7 +393,16 @@ def _counters(like: _arrays.Operand, tiles: int):
 # 512 of 10240 columns: 1.006x cuBLAS against 0.87-0.94x for 128 x 160; M = 1024 of 10240
 # 1.011x, of 57344 0.994x against 0.915x; in pairs sharing B at M = 2048 of 57344 0.999x against
 # 0.971x, M = 2048-4096 of 28672 x 4096 0.950-0.981x against 0.931-0.957x), pairs of 128 x 256
-# at M = 8192 of 8192 x 28672 (1.052x against 1.017x).
+# at M = 8192 of 8192 x 28672 (1.052x against 1.017x). Issue 33's seventh pass (H100,
+# bench/gemm_plans.py --waves / --vec): 64 x 192 tiles with wide stores and a 7-stage ring
+# at M = 129-256 of 6144 x 4096 (4 x 32 = 128 tiles, one wave: 1.056x cuBLAS against the
+# persistent kernel's 0.940x, which made 96 tiles of 128 x 128); the Hopper kernel's unsplit
+# 128 x 128 tiles with wide stores where they make one wave or a little more, in place of the
+# persistent kernel's tiles of the same size: M = 129-256 of 8192 x 8192 (0.995x against
+# 0.942-0.952x) and of 8192 x 28672 (0.992x against 0.946-0.955x), M = 257-512 of 4096 x
+# 4096 (0.994x against 0.958-0.972x); 128 x 192 at M = 129-256 of 10240 x 8192 (0.990x
+# against 0.957-0.965x); the persistent kernel's 128 x 256 tiles at M = 65-128 of 57344 x
+# 8192 (1.026x against the Hopper kernel's 128 x 128, 0.968x).
 _P = _gemm_hopper.Plan
 _S = _gemm_streamk.Plan
 _D = Plan("16x64s8", 1)  # the deep skinny tile, unsplit (SKINNY_CONFIGS)
@@ -401,7 +410,8 @@ MEASURED: dict[tuple, list] = {
     (1024, 1024, "kn"): [(1024, _P(2, 64, 8, 1, False, 0, 1))],
     (2048, 2048, "kn"): [(2048, _P(2, 256, 4, 1, False, 0, 1))],
     (4096, 4096, "kn"): [(32, _D), (128, _P(1, 64, 12, 1, False, 0, 1)),
-                         (256, _P(2, 64, 9, 1, False, 0, 1)), (2048, "persistent")],
+                         (256, _P(2, 64, 9, 1, False, 0, 1)), (512, _P(2, 128, 6, 1, False, 0, 1)),
+                         (2048, "persistent")],
     (4096, 4096, "nk"): [(32, _D), (128, _P(1, 64, 6, 1, False))],
     (4096, 14336, "kn"): [(32, _D), (128, _P(1, 64, 12, 1, False, 0, 1)),
                           (256, _P(1, 128, 9, 1, False, 0, 1)), (512, "persistent"),
@@ -409,24 +419,26 @@ MEASURED: dict[tuple, list] = {
     (4096, 14336, "nk"): [(32, _D), (64, _P(2, 64, 6, 2, False)),
                           (128, _P(1, 64, 6, 2, False)), (256, _P(2, 64, 6, 1, False)),
                           (4096, _P(2, 256, 4, 1, False))],
-    (6144, 4096, "kn"): [(32, _D), (128, _P(1, 64, 6, 1, False, 0, 1)), (2048, "persistent")],
+    (6144, 4096, "kn"): [(32, _D), (128, _P(1, 64, 6, 1, False, 0, 1)),
+                         (256, _P(1, 192, 7, 1, False, 0, 1)), (2048, "persistent")],
     (6144, 4096, "nk"): [(16, _D), (32, Plan("16x128s8", 1))],
     (8192, 8192, "kn"): [(16, _D), (32, Plan("16x128s8", 1)),
                          (64, _P(1, 64, 6, 1, False, 0, 1)), (128, _P(2, 64, 6, 1, False, 0, 1)),
-                         (1024, "persistent")],
+                         (256, _P(2, 128, 6, 1, False, 0, 1)), (1024, "persistent")],
     (8192, 28672, "kn"): [(1, "mma.sync"), (16, _D), (128, _P(1, 128, 6, 1, False, 0, 1)),
-                          (4096, "persistent"), (8192, Persistent(256, 8, 1))],
+                          (256, _P(2, 128, 6, 1, False, 0, 1)), (4096, "persistent"),
+                          (8192, Persistent(256, 8, 1))],
     (10240, 8192, "kn"): [(16, Plan("16x128", 1)), (64, _P(1, 128, 6, 1, False, 0, 1)),
-                          (128, _P(2, 128, 6, 1, False, 0, 1)), (256, "persistent"),
-                          (1024, Persistent(320))],
+                          (128, _P(2, 128, 6, 1, False, 0, 1)),
+                          (256, _P(2, 192, 5, 1, False, 0, 1)), (1024, Persistent(320))],
     (14336, 4096, "gate"): [(1, "gemv"), (16, "mma.sync"), (4096, _P(2, 128, 4, 1, False))],
     (28672, 4096, "nk"): [(16, _D)],
     (28672, 4096, "kn"): [(16, "mma.sync"), (64, _P(1, 256, 5, 1, False, 0, 1)),
                           (128, _P(2, 256, 4, 1, False, 0, 1)), (1024, "persistent"),
                           (4096, Persistent(320, 8, 1))],
     (57344, 8192, "kn"): [(1, "gemv"), (8, Plan("16x128", 4)), (16, "mma.sync"),
-                          (64, _P(1, 128, 9, 1, False, 0, 1)),
-                          (128, _P(2, 128, 6, 1, False, 0, 1)), (512, "persistent"),
+                          (64, _P(1, 128, 9, 1, False, 0, 1)), (128, Persistent(256)),
+                          (512, "persistent"),
                           (1024, Persistent(320)), (2048, Persistent(320, 8, 1)),
                           (8192, Persistent(256, 8, 0, 2))],
 }  # fmt: skip

@@ -40,22 +40,25 @@ def _run(x, w, b, res, act, transposed, out, plan):
 
 
 @pytest.mark.parametrize(
-    "m, n, k, act, dtype, out, plan",
+    "m, n, k, act, dtype, out, plan, twice",
     [
         # 2 tiles of 5 K steps over 3 blocks: runs of 3, 3, 4 steps, tails in M, N and K
-        (70, 96, 264, "gelu", BF16, BF16, sk.Plan(2, 64, 2, 3)),
+        (70, 96, 264, "gelu", BF16, BF16, sk.Plan(2, 64, 2, 3), True),
         # B [K, N], 6 tiles on 2 blocks: 4 whole (data parallel), 2 split
-        (40, 136, 136, "none", np.float16, np.float32, sk.Plan(1, 64, 3, 2)),
+        (40, 136, 136, "none", np.float16, np.float32, sk.Plan(1, 64, 3, 2), False),
         # "silu_gate" with f32 residual, M = 1, K split over 4 blocks (some with 1 step)
-        (1, 64, 320, "silu_gate", np.float16, np.float16, sk.Plan(1, 64, 2, 4)),
+        (1, 64, 320, "silu_gate", np.float16, np.float16, sk.Plan(1, 64, 2, 4), True),
         # N = 1 (B [N, K]), M a whole tile, a run inside one tile
-        (64, 1, 520, "silu", BF16, np.float32, sk.Plan(1, 64, 2, 3)),
+        (64, 1, 520, "silu", BF16, np.float32, sk.Plan(1, 64, 2, 3), False),
         # spread 0: 2 tiles data parallel, the third's 3 steps shared by the 2 blocks
-        (40, 136, 136, "gelu_tanh", np.float16, np.float16, sk.Plan(1, 64, 3, 2, 0)),
+        (40, 136, 136, "gelu_tanh", np.float16, np.float16, sk.Plan(1, 64, 3, 2, 0), False),
     ],
 )
-def test_streamk_in_simulator(m, n, k, act, dtype, out, plan):
-    """Right against float64 and the same bits twice (the fixed order of the slot sum)."""
+def test_streamk_in_simulator(m, n, k, act, dtype, out, plan, twice):
+    """Right against float64; ``twice``: the same bits on a second launch, which finds the
+    arrival counters the first left zero (the simulator runs the blocks in one order, so a
+    second launch checks the counters' reset, the same code in every case: two cases, one of
+    each warpgroup count, keep it)."""
     rng = np.random.default_rng(m * 7 + n + k)
     transposed = act != "none"
     rows = 2 * n if act == "silu_gate" else n
@@ -66,8 +69,8 @@ def test_streamk_in_simulator(m, n, k, act, dtype, out, plan):
     sched = sk.schedule(m, n, k, plan, 132)
     assert sched.sk_tiles > 0  # each case has split tiles
     with kaio.simulate():
-        runs = [_run(x, w, b, res, act, transposed, out, plan) for _ in range(2)]
-    assert np.array_equal(runs[0].view(np.uint8), runs[1].view(np.uint8))
+        runs = [_run(x, w, b, res, act, transposed, out, plan) for _ in range(1 + twice)]
+    assert np.array_equal(runs[0].view(np.uint8), runs[-1].view(np.uint8))
     if transposed:
         check(runs[0], *reference(x, w, b, res, act), out)
     else:

@@ -338,6 +338,8 @@ def test_hopper_tile_widths_and_pairs_in_simulator(m, n, k, act, dtype, chosen):
         (33, 72, 200, True, BF16, kaio.f32, hopper.Plan(1, 128, 3, 1, False, 0, 1)),
         (40, 264, 136, False, BF16, kaio.bf16, hopper.Plan(1, 256, 2, 1, False, 0, 1)),  # routed
         (65, 72, 200, False, np.float16, kaio.f16, hopper.Plan(1, 64, 3, 1, False, 0, 1)),
+        # a width not a multiple of 64 (routed: 64 x 192 at M = 129-256 of 6144 x 4096)
+        (40, 200, 136, False, BF16, kaio.bf16, hopper.Plan(1, 192, 2, 1, False, 0, 1)),
         # through shared memory, a bulk copy a row: a partial last column tile and rows
         (70, 200, 136, False, np.float16, kaio.f16, hopper.Plan(2, 64, 2, 1, False, 0, 2)),
         (33, 72, 200, True, BF16, kaio.bf16, hopper.Plan(1, 128, 2, 1, False, 0, 2)),
@@ -795,6 +797,9 @@ def test_gpu_split_sums_deterministic(m, n, k, activation, chosen, monkeypatch):
         (64, 6144, 4096, "matmul", hopper.Plan(1, 64, 12, 1, False, 0, 1)),  # routes, wide
         (128, 28672, 1024, "matmul", hopper.Plan(2, 256, 4, 1, False, 0, 1)),  # stores
         (1000, 1000, 1024, "matmul", hopper.Plan(2, 64, 8, 1, False, 0, 1)),  # wide stores
+        (200, 6144, 4096, "matmul", hopper.Plan(1, 192, 7, 1, False, 0, 1)),  # issue 33's
+        (250, 8192, 2048, "matmul", hopper.Plan(2, 128, 6, 1, False, 0, 1)),  # seventh pass's
+        (256, 10240, 1024, "matmul", hopper.Plan(2, 192, 5, 1, False, 0, 1)),  # routes
         (1000, 1000, 1024, "matmul", hopper.Plan(2, 64, 6, 1, False, 0, 2)),  # through shared
         (300, 1000, 1032, "gelu", hopper.Plan(2, 256, 4, 1, False, 0, 3)),  # fused epilogue,
         (333, 1000, 2048, "silu_gate", hopper.Plan(2, 128, 4, 1, False, 0, 4)),  # loads first
