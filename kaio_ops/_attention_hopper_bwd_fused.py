@@ -213,8 +213,8 @@ def consume_late(
             kaio.mbarrier_wait(bars, (ROW, STAGES + pb), hph)  # tile i - 1's, every warp
             issue_back_late(dka, dva, dqa, p, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG,
                             SCHED, DT)  # fmt: skip
-            kaio.wgmma_wait(3 if SCHED == 1 else 2)  # S^T, dP^T done (SCHED 4: with dV's
-            # A, p, in flight: p is packed again only after the wait for all)
+            kaio.wgmma_wait(3 if SCHED % 5 == 1 else 2)  # S^T, dP^T done (SCHED 4, 6: with
+            # dV's A, p, in flight: p is packed again only after the wait for all)
             grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, sk, causal, scale_log2,
                     lane, BM, TSTATS)  # fmt: skip
             kaio.wgmma_wait(0)  # tile i - 1's products done: its stage (and dQ)
@@ -225,10 +225,14 @@ def consume_late(
                 fb = next_writer(fb, NW)
             qb = pb  # tile i - 1's buffers
             pb, hph = next_stage(pb, hph, NDS)  # (last read by tile i - NDS's products)
-            if SCHED >= 2 and NDS == 2 and _i > 1:  # (the other warpgroup's dQ among them)
-                kaio.mbarrier_wait(bars, (0, STAGES + pb), hph ^ 1)
+            if SCHED >= 2 and SCHED < 6 and NDS == 2 and _i > 1:  # (the other warpgroup's
+                kaio.mbarrier_wait(bars, (0, STAGES + pb), hph ^ 1)  # dQ among them)
             hand_pt(pt_s, pb, p, s, dp, bars, STAGES, kr, lane, lt, BM, SCHED, DT, ROW)
-            if SCHED >= 2:  # tile i - 1's dQ now: s, dp are stored (dqa and they never coexist)
+            if SCHED == 6:  # tile i - 1's dQ (done with dV, dK) once tile i's dS^T is out
+                wph = give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, _i > 1, wph, fb, FULL,
+                              D, NQ, TWO)  # fmt: skip
+                fb = next_writer(fb, NW)
+            elif SCHED >= 2:  # tile i - 1's dQ now: s, dp are stored (dqa and they never coexist)
                 kaio.wgmma_fence()
                 issue_dq(dqa, pt_s, qb, k_s, wg, D, NQ, WG, 5, DT)
                 kaio.wgmma_wait(0)
@@ -242,11 +246,9 @@ def consume_late(
             t, at0 = next_tile(t, at0, first, n_tiles, sq)
         kaio.mbarrier_wait(bars, (ROW, STAGES + pb), hph)
         kaio.wgmma_fence()
-        last = 4 if SCHED == 4 else 1  # (4: P^T in p, dQ after; else from pt_s, with dQ)
+        last = 1 if SCHED < 4 else 6  # (1: P^T from pt_s; 6: from p; both with dQ)
         issue_back_late(dka, dva, dqa, p, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG,
                         last, DT)  # fmt: skip
-        if SCHED == 4:
-            issue_dq(dqa, pt_s, pb, k_s, wg, D, NQ, WG, 5, DT)
         kaio.wgmma_wait(0)
         release(bars, ps, lt)
         give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, total > 1, wph, fb, FULL, D, NQ, TWO)
@@ -376,12 +378,12 @@ def issue_back_late(
     4: the registers ``p``), dK += dS^T Q (``pt_s[b]``; dO, Q in stage st) and (``SCHED``
     1) dQ = dS K (every row of ``pt_s[b]``, this warpgroup's NQ columns of K), each its own
     group."""
-    if SCHED == 4:
+    if SCHED >= 4:
         issue_pv(dva, p, do_s, st, BM, DT)
     else:
         issue_pt(dva, pt_s, 2 + b, wg, do_s, st, BM, DT)
     issue_pt(dka, pt_s, b, wg, q_s, st, BM, DT)
-    if SCHED == 1:
+    if SCHED % 5 == 1:  # (1, 6)
         issue_dq(dqa, pt_s, b, k_s, wg, D, NQ, WG, 5, DT)
 
 
@@ -394,7 +396,7 @@ def hand_pt(
     """A tile's P^T (``s``) and dS^T (``dp``) to ``pt_s[2 + b]`` (``SCHED`` 4: packed into
     the registers ``p``) and ``pt_s[b]`` (rows kr, kr + 8), fenced for the tensor cores, then
     this warp's arrival on ``bars[ROW, base + b]``."""
-    if SCHED == 4:
+    if SCHED >= 4:
         pack_p(p, s, BM, DT)
     else:
         store_ds(pt_s, 2 + b, s, kr, lane, BM, DT)
@@ -550,7 +552,7 @@ def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> di
     sched = SCHED[d][bool(causal)] if sched is None else sched
     c = {**config(d)["fused"], "EARLY": 3 if sched else 2, "SCHED": sched, "ORDER": 1, "NW": 2}
     c["HG"] = HG[d][bool(causal)]
-    c["NDS"] = NDS[d] if sched == 4 else 2
+    c["NDS"] = NDS[d] if sched >= 4 else 2
     return {**c, "STAGES": fit_stages(d, c)}
 
 
@@ -606,8 +608,8 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         raise ValueError(f"_attention_hopper_bwd_fused.launch: EARLY 3 needs SCHED 1 to 4: {c}")
     if c["NW"] not in range(2, 7) or c["NW"] > 2 and c["EARLY"] != 3:
         raise ValueError(f"_attention_hopper_bwd_fused.launch: NW 2, or 3 to 6 with EARLY 3: {c}")
-    if c["NDS"] not in (2, 3) or c["NDS"] == 3 and c["SCHED"] != 4:
-        raise ValueError(f"_attention_hopper_bwd_fused.launch: NDS 2, or 3 with SCHED 4: {c}")
+    if c["NDS"] not in (2, 3) or c["NDS"] == 3 and c["SCHED"] < 4:
+        raise ValueError(f"_attention_hopper_bwd_fused.launch: NDS 2, or 3 with SCHED 4, 6: {c}")
     if c["SCHED"] and c["STAGES"] < 2:
         raise ValueError(f"_attention_hopper_bwd_fused.launch: SCHED 1 needs 2 stages: {c}")
     stream, dq, dk, dv, rows_q, rows_kv = launch_outputs(qa, ka, da, d)

@@ -43,6 +43,9 @@ def poisoned_outputs(monkeypatch):
         (2, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 2),
         # P^T in registers, two dQ writers; Sq > Sk, causal, grouped-query
         (1, 2, 1, 256, 128, 64, np.float16, True, 4, 3),
+        # each tile's dQ product with its dV and dK (SCHED 6: the next tile's S^T and dP^T
+        # meanwhile), three dS^T buffers; causal, grouped-query, Sq > Sk
+        (1, 2, 1, 256, 128, 64, np.float16, True, 6, 3),
         # three dS^T buffers (NDS 3), three writers, two K/V heads' key blocks interleaved
         # in the launch order (HG 2; three heads: the last group has one)
         (3, 1, 1, 128, 256, 64, np.float16, False, 4, 3),
