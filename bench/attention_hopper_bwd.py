@@ -365,7 +365,8 @@ def ab(out_path, spec) -> None:
     variant's overrides may name ``"module"``: the ordered kernel's module from that file;
     ``"sdpa flash"``: SDPA's flash backward) times every variant in turn for ``ROUNDS``
     rounds (default 5, the order rotated each round) of ``REPS`` calls (default 4) with
-    CUDA events: TFLOP/s of the median round and of the best."""
+    CUDA events: TFLOP/s of the median round and of the best, and each variant's dq, dk,
+    dv against the first variant's (largest difference over the first's largest value)."""
     import torch
 
     import kaio_ops  # noqa: F401  (the fused module's package, for _module_swapped)
@@ -396,12 +397,17 @@ def ab(out_path, spec) -> None:
                     run = _module_swapped(run, over["module"])
                 fns[lab] = functools.partial(run, do, q, k, v, o, lse, causal)
             times = {lab: [] for lab in fns}
+            first, diff = None, {}
             for lab, fn in list(fns.items()):
                 try:
-                    fn()
+                    grads = [g.float() for g in fn()]
                 except Exception as e:  # noqa: BLE001  (one variant's failure: the others run)
                     print(f"FAILED {lab} {dtype} D{d}: {type(e).__name__}: {e}", flush=True)
                     del fns[lab], times[lab]
+                    continue
+                first = first or grads  # each variant's dq, dk, dv against the first's
+                diff[lab] = [(g - f).abs().max().item() / f.abs().max().item()
+                             for g, f in zip(grads, first, strict=True)]  # fmt: skip
             torch.cuda.synchronize()
             labs = list(fns)
             for r in range(rounds):
@@ -410,11 +416,12 @@ def ab(out_path, spec) -> None:
             tf = {lab: flops / sorted(t)[len(t) // 2] / 1e9 for lab, t in times.items()}
             best = {lab: flops / min(t) / 1e9 for lab, t in times.items()}
             emit(rows, dict(gpu=name, dtype=dtype, d=d, b=b, h=h, hkv=hkv, s=s, causal=causal,
-                            tflops=tf, best=best))  # fmt: skip
+                            tflops=tf, best=best, diff=diff))  # fmt: skip
     save(rows, out_path)
-    print(f"\n{name}: backward TFLOP/s, interleaved (median of {rounds} rounds of {reps})")
+    print(f"\n{name}: backward TFLOP/s, interleaved (median of {rounds} rounds of {reps}; the"
+          " largest difference from the first variant's gradients)")  # fmt: skip
     for r in rows:
-        cells = "  ".join(f"{k} {v:.0f}" for k, v in r["tflops"].items())
+        cells = "  ".join(f"{k} {v:.0f} ({max(r['diff'][k]):.0e})" for k, v in r["tflops"].items())
         print(
             f"{r['dtype']:>8} D{r['d']} B{r['b']} S{r['s']}{' causal' if r['causal'] else ''}:"
             f" {cells}"
@@ -423,12 +430,17 @@ def ab(out_path, spec) -> None:
 
 def one() -> None:
     """One call of the default kernels, f16 B1 H16 S4096 D128 (for Nsight Compute; ``ONE``:
-    the name of another variant of ``NEW``)."""
+    the name of another variant of ``NEW``; ``ONE_D``: the head dim; ``ONE_OVER``: JSON
+    overrides of the ordered kernel's configuration, with ``ONE`` "ordered")."""
     import torch
 
-    q, k, v, do = tensors(1, 16, 16, 4096, 4096, 128, "float16")
+    d = int(os.environ.get("ONE_D", "128"))
+    over = NEW[os.environ.get("ONE", "wgmma")]
+    if "ONE_OVER" in os.environ:
+        over = {**over, "ordered": json.loads(os.environ["ONE_OVER"])}
+    q, k, v, do = tensors(1, 16, 16, 4096, 4096, d, "float16")
     o, lse = forward(q, k, v, False)
-    runner("new", 128, NEW[os.environ.get("ONE", "wgmma")])(do, q, k, v, o, lse, False)
+    runner("new", d, over)(do, q, k, v, o, lse, False)
     torch.cuda.synchronize()
 
 
