@@ -181,16 +181,38 @@ def zero_acc(acc: f32[:, :], N: kaio.constexpr):
 def grads_t(
     s: f32[:, :], dp: f32[:, :], stats: f32[:, :, :], st: i32, lse: f32[:], delta: f32[:],
     at0: i32, key0: i32, q0: i32, sq: i32, kend: i32, causal: i32, scale_log2: f32, lane: u32,
-    BM: kaio.constexpr, TSTATS: kaio.constexpr,
+    BM: kaio.constexpr, TSTATS: kaio.constexpr, SPLIT: kaio.constexpr = 0,
+    L2: kaio.constexpr = 0,
 ):  # fmt: skip
     """s = P^T, dp = dS^T = P^T (dP^T - delta) of the query tile q0 in ring stage ``st``
     (columns: queries q0 + 8n + 2 (lane % 4) + e, whose lse and delta are ``stats[0 and 1,
     st]`` where ``TSTATS``, else read from ``lse``, ``delta`` at ``at0`` (the head's query
     0); rows: keys key0 + 8h), the queries past sq, (causal) before the key and the keys at
     or past ``kend`` (the fused kernel's sk: its dS reaches dQ) masked to zero probability
-    where the tile needs it."""
+    where the tile needs it. ``SPLIT``: a branch between the masked and the unmasked loop
+    (else every element's mask is computed, and applied where needed: no branch while the
+    caller's products run); ``L2``: the lse values are already ``lse_log2``'s."""
     key_tile = key0 - i32(lane // 4)  # the warp's first key
     masked = q0 + BM > sq or (causal != 0 and q0 < key_tile + 15) or key_tile + 16 > kend
+    if SPLIT:
+        if masked:
+            probs_t(s, dp, stats, st, lse, delta, at0, key0, q0, sq, kend, causal, scale_log2,
+                    lane, True, BM, TSTATS, L2)  # fmt: skip
+        else:
+            probs_t(s, dp, stats, st, lse, delta, at0, key0, q0, sq, kend, causal, scale_log2,
+                    lane, False, BM, TSTATS, L2)  # fmt: skip
+    else:
+        probs_t(s, dp, stats, st, lse, delta, at0, key0, q0, sq, kend, causal, scale_log2,
+                lane, masked, BM, TSTATS, L2)  # fmt: skip
+
+
+@kaio.gpu_func
+def probs_t(
+    s: f32[:, :], dp: f32[:, :], stats: f32[:, :, :], st: i32, lse: f32[:], delta: f32[:],
+    at0: i32, key0: i32, q0: i32, sq: i32, kend: i32, causal: i32, scale_log2: f32, lane: u32,
+    masked: bool_, BM: kaio.constexpr, TSTATS: kaio.constexpr, L2: kaio.constexpr,
+):  # fmt: skip
+    """``grads_t``'s loop over the tile's elements, masked where ``masked``."""
     for n in kaio.static_range(BM // 8):
         pair = kaio.local(f32, 2)
         dpair = kaio.local(f32, 2)
@@ -209,7 +231,7 @@ def grads_t(
                 dpair[e] = delta[at]
         for e in kaio.static_range(2):
             col = col0 + e
-            l2 = lse_log2(pair[e])
+            l2 = pair[e] if L2 else lse_log2(pair[e])
             for h in kaio.static_range(2):
                 x = kaio.exp2(kaio.fma(s[n, 2 * h + e], scale_log2, -l2))
                 if masked:

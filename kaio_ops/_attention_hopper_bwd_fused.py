@@ -66,6 +66,7 @@ from kaio_ops._attention_hopper_bwd import (
     zero_acc,
 )
 from kaio_ops._attention_hopper_common import key_block_queries, next_tile, thread_roles
+from kaio_ops._attention_tc import lse_log2
 from kaio_ops._matmul_hopper import next_stage
 
 # ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
@@ -153,6 +154,7 @@ def consume_late(
     sk: i32, causal: i32, scale_log2: f32, scale: f32, D: kaio.constexpr, BM: kaio.constexpr,
     WG: kaio.constexpr, STAGES: kaio.constexpr, TSTATS: kaio.constexpr, SCHED: kaio.constexpr,
     TWO: kaio.constexpr, DT: kaio.constexpr, NW: kaio.constexpr, NDS: kaio.constexpr,
+    SPLIT: kaio.constexpr = 0, L2: kaio.constexpr = 0,
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 keys (thread ``lt`` of it) with ``SCHED`` 1 or 2: tile i's
     S^T and dP^T issued first, then tile i - 1's dV += P^T dO, dK += dS^T Q and dQ = dS K, all
@@ -199,7 +201,7 @@ def consume_late(
         issue_front(s, dp, k_s, v_s, q_s, do_s, af, af, 0, wg, D, 0, DT)
         kaio.wgmma_wait(0)
         grads_t(s, dp, stats, 0, lse, delta, at0, key0, t * BM, sq, sk, causal, scale_log2, lane,
-                BM, TSTATS)  # fmt: skip
+                BM, TSTATS, SPLIT, L2)  # fmt: skip
         hand_pt(pt_s, 0, p, s, dp, bars, STAGES, kr, lane, lt, BM, SCHED, DT, ROW)
         pb = i32(0)  # tile i - 1's buffers and their barrier's parity
         hph = u32(0)
@@ -216,7 +218,7 @@ def consume_late(
             kaio.wgmma_wait(3 if SCHED % 5 == 1 else 2)  # S^T, dP^T done (SCHED 4, 6: with
             # dV's A, p, in flight: p is packed again only after the wait for all)
             grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, sk, causal, scale_log2,
-                    lane, BM, TSTATS)  # fmt: skip
+                    lane, BM, TSTATS, SPLIT, L2)  # fmt: skip
             kaio.wgmma_wait(0)  # tile i - 1's products done: its stage (and dQ)
             release(bars, ps, lt)
             if SCHED == 1:
@@ -419,7 +421,7 @@ def attention_bwd_fused_ordered(
     STAGES: kaio.constexpr, PIPE: kaio.constexpr, AREG: kaio.constexpr, TSTATS: kaio.constexpr,
     REGS: kaio.constexpr, DT: kaio.constexpr, DQ: kaio.constexpr, LATE: kaio.constexpr,
     EARLY: kaio.constexpr, SCHED: kaio.constexpr, ORDER: kaio.constexpr, NW: kaio.constexpr,
-    NDS: kaio.constexpr,
+    NDS: kaio.constexpr, SPLIT: kaio.constexpr, L2: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the ``64 * WG`` keys of key block x (``block_idx_x`` through
     ``interleaved``, reversed where causal: module docstring) and K/V head block y, summed
@@ -432,7 +434,9 @@ def attention_bwd_fused_ordered(
     1, 2, 4: ``consume_late`` (four P^T and dS^T buffers; 4: ``NDS``, dS^T); ``ORDER``:
     ``write_dq_two``'s (1: the fixed order); ``NW``: its writers (2 to 6, with ``EARLY`` 3);
     ``hg``: ``interleaved``'s (1: block (x, y) is key block x of K/V head y); ``NDS``:
-    ``consume_late``'s dS^T buffers (2, or 3 with ``SCHED`` 4)."""
+    ``consume_late``'s dS^T buffers (2, or 3 with ``SCHED`` 4, 6); ``SPLIT``, ``L2``:
+    ``grads_t``'s (with ``SCHED`` 1 to 6; ``L2`` 1: ``lse`` and its TMA map hold
+    ``lse_log2(lse)``, ``zero_acc_sem_l2``)."""
     NBUF = 3 if LATE == 2 else 2  # the dS^T buffers of SCHED 0 (and their barriers)
     NPT = 4 if SCHED and SCHED < 4 else NDS if SCHED else NBUF  # P^T, dS^T (0, 4: dS^T)
     BK = 64 * WG
@@ -475,7 +479,7 @@ def attention_bwd_fused_ordered(
             consume_late(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
                          dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk,
                          causal, scale_log2, scale, D, BM, WG, STAGES, TSTATS, SCHED,
-                         EARLY == 3, DT, NW, NDS)  # fmt: skip
+                         EARLY == 3, DT, NW, NDS, SPLIT, L2)  # fmt: skip
         else:
             consume_dkdv(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
                          dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk,
@@ -503,7 +507,22 @@ def attention_bwd_fused_ordered(
 def zero_acc_sem(acc: f32[:], n: i32, sem: i32[:], m: i32):
     """acc[0 .. n) = 0, four a thread (n a multiple of 4), and sem[0 .. m) = 0 (m <= n / 4):
     the fused kernel's dQ sums and semaphores, in one launch."""
+    zero_sums(acc, n, sem, m, i32(kaio.block_idx_x() * 256 + kaio.thread_idx_x()))
+
+
+@kaio.gpu_kernel(block_size=256)
+def zero_acc_sem_l2(acc: f32[:], n: i32, sem: i32[:], m: i32, lse: f32[:], l2: f32[:], rows: i32):
+    """``zero_acc_sem``, and l2[0 .. rows) = ``lse_log2(lse)`` (rows <= n / 4): the base-2
+    offsets the kernel's ``L2`` reads (one conversion a query row, not one a key block)."""
     j = i32(kaio.block_idx_x() * 256 + kaio.thread_idx_x())
+    zero_sums(acc, n, sem, m, j)
+    if j < rows:
+        l2[j] = lse_log2(lse[j])
+
+
+@kaio.gpu_func
+def zero_sums(acc: f32[:], n: i32, sem: i32[:], m: i32, j: i32):
+    """Thread j's share of ``zero_acc_sem``: acc[4j .. 4j + 4) and sem[j]."""
     i = j * 4
     if i < n:
         z = kaio.local(f32, 4)
@@ -551,6 +570,7 @@ def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> di
     as fit (at most 4)."""
     sched = SCHED[d][bool(causal)] if sched is None else sched
     c = {**config(d)["fused"], "EARLY": 3 if sched else 2, "SCHED": sched, "ORDER": 1, "NW": 2}
+    c.update(SPLIT=0, L2=0)
     c["HG"] = HG[d][bool(causal)]
     c["NDS"] = NDS[d] if sched >= 4 else 2
     return {**c, "STAGES": fit_stages(d, c)}
@@ -591,6 +611,7 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     ``cfg``: overrides of ``ordered_config(d)``'s constexprs): zero the dQ sums and the
     semaphores, the kernel, then dQ rounded to q's type. Returns (dq, dk, dv)."""
     import math
+    import types
 
     from kaio_ops import _arrays
 
@@ -617,7 +638,15 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     acc_size = bh * -(-sq // 64) * 64 * d
     dq_acc = _arrays.output(da, (acc_size,), f32)
     sem = _arrays.output(da, (bh * n_tiles,), i32)
-    zero_acc_sem[-(-acc_size // 1024), 256, stream, 0](dq_acc, acc_size, sem, bh * n_tiles)
+    grid = -(-acc_size // 1024)
+    if c["L2"]:  # lse_log2(lse) once a query row, for the kernel's stats
+        l2 = _arrays.output(da, (rows_q,), f32)
+        l2_arg = _arrays.output_arg(da, l2, (rows_q,), f32)
+        zero_acc_sem_l2[grid, 256, stream, 0](dq_acc, acc_size, sem, bh * n_tiles, la.arg(rows_q),
+                                              l2_arg, rows_q)  # fmt: skip
+        la = types.SimpleNamespace(obj=l2, kind=da.kind, arg=lambda *_: l2_arg)
+    else:
+        zero_acc_sem[grid, 256, stream, 0](dq_acc, acc_size, sem, bh * n_tiles)
 
     tmap = functools.partial(row_map, d=d)
     stats = stats_maps(la, delta, rows_q, c["BM"])
@@ -649,3 +678,4 @@ def specializations():
                     seen.append(c)
                     yield attention_bwd_fused_ordered, {"D": d, "DT": dt, **c}
     yield zero_acc_sem, {}
+    yield zero_acc_sem_l2, {}
