@@ -121,7 +121,7 @@ def lower_smem_desc(e, ins: Instr) -> None:
                f"{', 4' if base.startswith('%') else ''}")  # fmt: skip
         if not base.startswith("%"):
             e.line(f"shr.u32 {shifted}, {shifted}, 4")
-        e.line(f"add.u32 {lo}, {shifted}, {(int(imm or 0) >> 4) + (lbo << 16)}")
+        e.line(f"add.u32 {lo}, {shifted}, {((int(imm or 0) >> 4) + (lbo << 16)) % 2**32}")
     else:
         addr = _shared_address_register(e, arr, idxs)
         e.line(f"bfe.u32 {lo}, {addr}, 4, 14")
