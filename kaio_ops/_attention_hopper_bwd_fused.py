@@ -171,13 +171,18 @@ def consume_late(
     (``free_buffer``: the other warpgroup's may run after its arrival on the tile before).
     ``NDS`` 3 (``SCHED`` 4): three dS^T buffers in turn instead (their barriers
     ``bars[0, STAGES + b]``): the other warpgroup's dQ three tiles back completed before its
-    arrival on the tile before, and no "free" wait is needed. ``NW``: the writers
-    (``TWO``), whose tiles come in turn. Then dK, dV stored."""
+    arrival on the tile before, and no "free" wait is needed. ``SCHED`` 6 (D 64: dQ's
+    accumulators fit beside the rest): as 4, with tile i - 1's dQ issued with its dV and
+    dK (as 1), so that it runs beside tile i's probabilities, and handed on after tile i's
+    P^T and dS^T (each warpgroup's dQ of a buffer completes before its arrival on the next
+    tile's, which the other waits for before storing again: no "free" wait with two or
+    three buffers). ``NW``: the writers (``TWO``), whose tiles come in turn. ``SPLIT``,
+    ``L2``: ``grads_t``'s. Then dK, dV stored."""
     NQ = D // WG  # dQ's columns in this warpgroup, from c0
     s = kaio.local(f32, (BM // 8, 4))  # S^T, then P^T
     dp = kaio.local(f32, (BM // 8, 4))  # dP^T, then dS^T
     dqa = kaio.local(f32, (NQ // 8, 4))
-    p = kaio.local(u32, (BM // 16, 4))  # SCHED 4: P^T's A fragments
+    p = kaio.local(u32, (BM // 16, 4))  # SCHED 4, 6: P^T's A fragments
     af = kaio.local(u32, (D // 16, 4))  # (unused: issue_front's AREG 0)
     dka = kaio.local(f32, (D // 8, 4))
     dva = kaio.local(f32, (D // 8, 4))
@@ -377,9 +382,9 @@ def issue_back_late(
     SCHED: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """Issue a tile's dV += P^T dO (P^T: this warpgroup's rows of ``pt_s[2 + b]``; ``SCHED``
-    4: the registers ``p``), dK += dS^T Q (``pt_s[b]``; dO, Q in stage st) and (``SCHED``
-    1) dQ = dS K (every row of ``pt_s[b]``, this warpgroup's NQ columns of K), each its own
-    group."""
+    4, 6: the registers ``p``), dK += dS^T Q (``pt_s[b]``; dO, Q in stage st) and (``SCHED``
+    1, 6) dQ = dS K (every row of ``pt_s[b]``, this warpgroup's NQ columns of K), each its
+    own group."""
     if SCHED >= 4:
         issue_pv(dva, p, do_s, st, BM, DT)
     else:
@@ -395,7 +400,7 @@ def hand_pt(
     base: i32, kr: i32, lane: u32, lt: u32, BM: kaio.constexpr, SCHED: kaio.constexpr,
     DT: kaio.constexpr, ROW: kaio.constexpr = 1,
 ):  # fmt: skip
-    """A tile's P^T (``s``) and dS^T (``dp``) to ``pt_s[2 + b]`` (``SCHED`` 4: packed into
+    """A tile's P^T (``s``) and dS^T (``dp``) to ``pt_s[2 + b]`` (``SCHED`` 4, 6: packed into
     the registers ``p``) and ``pt_s[b]`` (rows kr, kr + 8), fenced for the tensor cores, then
     this warp's arrival on ``bars[ROW, base + b]``."""
     if SCHED >= 4:
@@ -431,7 +436,7 @@ def attention_bwd_fused_ordered(
     ``_attention_hopper_bwd.attention_bwd_dkdv_wgmma``'s (its ``DQ`` 5 constexprs: PIPE 0,
     BM 64); ``EARLY``: ``write_dq_ordered``'s;
     ``SCHED`` 0: the consumers of ``_attention_hopper_bwd`` (``consume_dkdv``, with LATE),
-    1, 2, 4: ``consume_late`` (four P^T and dS^T buffers; 4: ``NDS``, dS^T); ``ORDER``:
+    1, 2, 4, 6: ``consume_late`` (four P^T and dS^T buffers; 4, 6: ``NDS``, dS^T); ``ORDER``:
     ``write_dq_two``'s (1: the fixed order); ``NW``: its writers (2 to 6, with ``EARLY`` 3);
     ``hg``: ``interleaved``'s (1: block (x, y) is key block x of K/V head y); ``NDS``:
     ``consume_late``'s dS^T buffers (2, or 3 with ``SCHED`` 4, 6); ``SPLIT``, ``L2``:
