@@ -154,7 +154,7 @@ def consume_late(
     sk: i32, causal: i32, scale_log2: f32, scale: f32, D: kaio.constexpr, BM: kaio.constexpr,
     WG: kaio.constexpr, STAGES: kaio.constexpr, TSTATS: kaio.constexpr, SCHED: kaio.constexpr,
     TWO: kaio.constexpr, DT: kaio.constexpr, NW: kaio.constexpr, NDS: kaio.constexpr,
-    SPLIT: kaio.constexpr = 0, L2: kaio.constexpr = 0,
+    SPLIT: kaio.constexpr = 0, L2: kaio.constexpr = 0, PFIRST: kaio.constexpr = 0,
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 keys (thread ``lt`` of it) with ``SCHED`` 1 or 2: tile i's
     S^T and dP^T issued first, then tile i - 1's dV += P^T dO, dK += dS^T Q and dQ = dS K, all
@@ -177,7 +177,8 @@ def consume_late(
     P^T and dS^T (each warpgroup's dQ of a buffer completes before its arrival on the next
     tile's, which the other waits for before storing again: no "free" wait with two or
     three buffers). ``NW``: the writers (``TWO``), whose tiles come in turn. ``SPLIT``,
-    ``L2``: ``grads_t``'s. Then dK, dV stored."""
+    ``L2``: ``grads_t``'s; ``PFIRST``: P^T computed once S^T is done, dS^T once dP^T is
+    (``grads_t``'s ``WAIT``). Then dK, dV stored."""
     NQ = D // WG  # dQ's columns in this warpgroup, from c0
     s = kaio.local(f32, (BM // 8, 4))  # S^T, then P^T
     dp = kaio.local(f32, (BM // 8, 4))  # dP^T, then dS^T
@@ -220,10 +221,11 @@ def consume_late(
             kaio.mbarrier_wait(bars, (ROW, STAGES + pb), hph)  # tile i - 1's, every warp
             issue_back_late(dka, dva, dqa, p, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG,
                             SCHED, DT)  # fmt: skip
-            kaio.wgmma_wait(3 if SCHED % 5 == 1 else 2)  # S^T, dP^T done (SCHED 4, 6: with
-            # dV's A, p, in flight: p is packed again only after the wait for all)
+            BACK = 3 if SCHED % 5 == 1 else 2  # the back products' groups
+            kaio.wgmma_wait(BACK + PFIRST)  # S^T, dP^T done (SCHED 4, 6: with dV's A, p, in
+            # flight: p is packed again only after the wait for all; PFIRST: S^T only)
             grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, sk, causal, scale_log2,
-                    lane, BM, TSTATS, SPLIT, L2)  # fmt: skip
+                    lane, BM, TSTATS, SPLIT, L2, BACK if PFIRST else -1)  # fmt: skip
             kaio.wgmma_wait(0)  # tile i - 1's products done: its stage (and dQ)
             release(bars, ps, lt)
             if SCHED == 1:
@@ -426,7 +428,7 @@ def attention_bwd_fused_ordered(
     STAGES: kaio.constexpr, PIPE: kaio.constexpr, AREG: kaio.constexpr, TSTATS: kaio.constexpr,
     REGS: kaio.constexpr, DT: kaio.constexpr, DQ: kaio.constexpr, LATE: kaio.constexpr,
     EARLY: kaio.constexpr, SCHED: kaio.constexpr, ORDER: kaio.constexpr, NW: kaio.constexpr,
-    NDS: kaio.constexpr, SPLIT: kaio.constexpr, L2: kaio.constexpr,
+    NDS: kaio.constexpr, SPLIT: kaio.constexpr, L2: kaio.constexpr, PFIRST: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the ``64 * WG`` keys of key block x (``block_idx_x`` through
     ``interleaved``, reversed where causal: module docstring) and K/V head block y, summed
@@ -439,8 +441,8 @@ def attention_bwd_fused_ordered(
     1, 2, 4, 6: ``consume_late`` (four P^T and dS^T buffers; 4, 6: ``NDS``, dS^T); ``ORDER``:
     ``write_dq_two``'s (1: the fixed order); ``NW``: its writers (2 to 6, with ``EARLY`` 3);
     ``hg``: ``interleaved``'s (1: block (x, y) is key block x of K/V head y); ``NDS``:
-    ``consume_late``'s dS^T buffers (2, or 3 with ``SCHED`` 4, 6); ``SPLIT``, ``L2``:
-    ``grads_t``'s (with ``SCHED`` 1 to 6; ``L2`` 1: ``lse`` and its TMA map hold
+    ``consume_late``'s dS^T buffers (2, or 3 with ``SCHED`` 4, 6); ``SPLIT``, ``L2``,
+    ``PFIRST``: ``grads_t``'s (with ``SCHED`` 1 to 6; ``L2`` 1: ``lse`` and its TMA map hold
     ``lse_log2(lse)``, ``zero_acc_sem_l2``)."""
     NBUF = 3 if LATE == 2 else 2  # the dS^T buffers of SCHED 0 (and their barriers)
     NPT = 4 if SCHED and SCHED < 4 else NDS if SCHED else NBUF  # P^T, dS^T (0, 4: dS^T)
@@ -484,7 +486,7 @@ def attention_bwd_fused_ordered(
             consume_late(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
                          dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk,
                          causal, scale_log2, scale, D, BM, WG, STAGES, TSTATS, SCHED,
-                         EARLY == 3, DT, NW, NDS, SPLIT, L2)  # fmt: skip
+                         EARLY == 3, DT, NW, NDS, SPLIT, L2, PFIRST)  # fmt: skip
         else:
             consume_dkdv(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
                          dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk,
@@ -575,7 +577,7 @@ def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> di
     as fit (at most 4)."""
     sched = SCHED[d][bool(causal)] if sched is None else sched
     c = {**config(d)["fused"], "EARLY": 3 if sched else 2, "SCHED": sched, "ORDER": 1, "NW": 2}
-    c.update(SPLIT=0, L2=0)
+    c.update(SPLIT=0, L2=0, PFIRST=0)
     c["HG"] = HG[d][bool(causal)]
     c["NDS"] = NDS[d] if sched >= 4 else 2
     return {**c, "STAGES": fit_stages(d, c)}
