@@ -573,11 +573,14 @@ def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> di
     (2 with ``SCHED`` 0; H100, f16 B4 H16 S4096, ``SCHED`` 2 at D 128, 1 at D 64: 3 against 2
     411 / 410, causal 403 / 385; at D 64 293 / 271, causal 278 / 268), ``ORDER`` 1 (dQ added
     in the fixed order), two dQ writers (``NW``), ``HG[d][causal]`` heads interleaved in the
-    launch order, ``NDS[d]`` dS^T buffers with ``SCHED`` 4 (else 2) and as many ring stages
-    as fit (at most 4)."""
+    launch order, ``NDS[d]`` dS^T buffers with ``SCHED`` 4 (else 2), as many ring stages as
+    fit (at most 4), and with ``SCHED`` 1 to 6 ``SPLIT``, ``L2`` and ``PFIRST`` (H100, f16
+    B4 H16 S4096 D 64, each against the one before, interleaved: SPLIT and L2 375 against
+    372, causal 295 against 294; PFIRST 418 against 375, causal 325 against 295)."""
     sched = SCHED[d][bool(causal)] if sched is None else sched
     c = {**config(d)["fused"], "EARLY": 3 if sched else 2, "SCHED": sched, "ORDER": 1, "NW": 2}
-    c.update(SPLIT=0, L2=0, PFIRST=0)
+    on = int(bool(sched))  # (consume_late's: SCHED 1 to 6)
+    c.update(SPLIT=on, L2=on, PFIRST=on)
     c["HG"] = HG[d][bool(causal)]
     c["NDS"] = NDS[d] if sched >= 4 else 2
     return {**c, "STAGES": fit_stages(d, c)}
@@ -638,6 +641,10 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         raise ValueError(f"_attention_hopper_bwd_fused.launch: NW 2, or 3 to 6 with EARLY 3: {c}")
     if c["NDS"] not in (2, 3) or c["NDS"] == 3 and c["SCHED"] < 4:
         raise ValueError(f"_attention_hopper_bwd_fused.launch: NDS 2, or 3 with SCHED 4, 6: {c}")
+    if not c["SCHED"] and (c["SPLIT"] or c["L2"] or c["PFIRST"]):
+        raise ValueError(
+            f"_attention_hopper_bwd_fused.launch: SPLIT, L2, PFIRST need SCHED 1 to 6: {c}"
+        )
     if c["SCHED"] and c["STAGES"] < 2:
         raise ValueError(f"_attention_hopper_bwd_fused.launch: SCHED 1 needs 2 stages: {c}")
     stream, dq, dk, dv, rows_q, rows_kv = launch_outputs(qa, ka, da, d)

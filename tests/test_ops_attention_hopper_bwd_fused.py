@@ -62,6 +62,8 @@ def test_ordered_backward_in_simulator(
     the blocks before, and a wait for a later block fails)."""
     launch = hopper_bwd.launch
     over = {"SCHED": sched, "EARLY": early, "STAGES": 2}
+    if sched == 1:  # every element's mask computed, lse_log2 in the kernel, P^T with dS^T
+        over.update(SPLIT=0, L2=0, PFIRST=0)
     if sched == 6:
         over.update(SPLIT=1, L2=1, PFIRST=1)
     if b == 3:
