@@ -132,6 +132,19 @@ def forward(q, k, v, causal):
     return kaio_ops.flash_attention_with_stats(q, k, v, causal=causal)
 
 
+def forward_sdpa(q, k, v, causal):
+    """(o, lse) from torch's flash forward (natural-log lse [B, H, Sq] f32, as kaio's): no
+    kaio forward to compile for each shape (its configuration depends on the shape); kaio's
+    where torch's op is missing or refuses (grouped-query heads)."""
+    import torch
+
+    try:
+        out = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal)
+        return out[0], out[1].float().contiguous()
+    except (AttributeError, RuntimeError):
+        return forward(q, k, v, causal)
+
+
 def load_spec(path):
     """``--spec``'s cases: a JSON list of {dtype, d, b, h, hkv, s, causal: [bools], variants:
     {label: overrides ("mma.sync": the old kernels)}}; None without a path."""
@@ -365,8 +378,9 @@ def ab(out_path, spec) -> None:
     variant's overrides may name ``"module"``: the ordered kernel's module from that file;
     ``"sdpa flash"``: SDPA's flash backward) times every variant in turn for ``ROUNDS``
     rounds (default 5, the order rotated each round) of ``REPS`` calls (default 4) with
-    CUDA events: TFLOP/s of the median round and of the best, and each variant's dq, dk,
-    dv against the first variant's (largest difference over the first's largest value)."""
+    CUDA events, on o and lse from torch's flash forward (``forward_sdpa``): TFLOP/s of the
+    median round and of the best, and each variant's dq, dk, dv against the first
+    variant's (largest difference over the first's largest value)."""
     import torch
 
     import kaio_ops  # noqa: F401  (the fused module's package, for _module_swapped)
@@ -382,7 +396,7 @@ def ab(out_path, spec) -> None:
         q, k, v, do = tensors(b, h, hkv, s, s, d, dtype)
         for causal in c.get("causal", [False, True]):
             flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
-            o, lse = forward(q, k, v, causal)
+            o, lse = forward_sdpa(q, k, v, causal)
             fns = {}
             for lab in c["variants"]:
                 if lab == "sdpa flash":
@@ -486,7 +500,7 @@ def bench(out_path, check_log=None, quick=False, spec=None):
         q, k, v, do = tensors(b, h, hkv, s, s, d, dtype)
         for causal in causals:
             flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
-            o, lse = forward(q, k, v, causal)
+            o, lse = forward_sdpa(q, k, v, causal)
             res, times = {}, {}
             for lab in names:
                 kind, over = by[(lab, dtype, d)]
