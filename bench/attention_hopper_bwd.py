@@ -133,11 +133,13 @@ def forward(q, k, v, causal):
 
 
 def forward_sdpa(q, k, v, causal):
-    """(o, lse) from torch's flash forward (natural-log lse [B, H, Sq] f32, as kaio's): no
-    kaio forward to compile for each shape (its configuration depends on the shape); kaio's
-    where torch's op is missing or refuses (grouped-query heads)."""
+    """(o, lse) from torch's flash forward (natural-log lse [B, H, Sq] f32, as kaio's;
+    grouped-query K/V heads repeated): no kaio forward to compile for each shape (its
+    configuration depends on the shape); kaio's where torch's op is missing or refuses."""
     import torch
 
+    if k.shape[1] != q.shape[1]:
+        k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
     try:
         out = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal)
         return out[0], out[1].float().contiguous()
@@ -290,7 +292,7 @@ def tiny() -> None:
         run = runner("new", d, over)
         for causal in masks:
             q, k, v, do = tensors(1, 4, 2, 200, 300, d, dtype)
-            o, lse = forward(q, k, v, causal)
+            o, lse = forward_sdpa(q, k, v, causal)
             grads = run(do, q, k, v, o, lse, causal)
             ref = reference(q, k, v, do, causal)
             errs = [
