@@ -132,6 +132,21 @@ def forward(q, k, v, causal):
     return kaio_ops.flash_attention_with_stats(q, k, v, causal=causal)
 
 
+def forward_sdpa(q, k, v, causal):
+    """(o, lse) from torch's flash forward (natural-log lse [B, H, Sq] f32, as kaio's;
+    grouped-query K/V heads repeated): no kaio forward to compile for each shape (its
+    configuration depends on the shape); kaio's where torch's op is missing or refuses."""
+    import torch
+
+    if k.shape[1] != q.shape[1]:
+        k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
+    try:
+        out = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal)
+        return out[0], out[1].float().contiguous()
+    except (AttributeError, RuntimeError):
+        return forward(q, k, v, causal)
+
+
 def load_spec(path):
     """``--spec``'s cases: a JSON list of {dtype, d, b, h, hkv, s, causal: [bools], variants:
     {label: overrides ("mma.sync": the old kernels)}}; None without a path."""
@@ -148,12 +163,12 @@ def warm_one(i: int, spec_path=None) -> str:
 
     t0 = time.time()
     label, dtype, d, kind, over = variants(load_spec(spec_path))[i]
-    q, k, v, do = tensors(1, 2, 1, 256, 256, d, dtype)
+    q, k, v, do = tensors(1, 2, 2 if spec_path else 1, 256, 256, d, dtype)
     run = runner(kind, d, {x: y for x, y in over.items() if x != "module"})
     if "module" in over:
         run = _module_swapped(run, over["module"])
     for causal in (False, True):  # (the ordered kernel's schedule depends on the mask)
-        o, lse = forward(q, k, v, causal)
+        o, lse = (forward_sdpa if spec_path else forward)(q, k, v, causal)  # (ab's, repeat's)
         run(do, q, k, v, o, lse, causal)
     if label == "wgmma":  # the Hopper forward the time step runs (S 4096) too
         from kaio_ops import _attention_hopper as hop
@@ -184,20 +199,38 @@ def warm_table_one(i: int) -> str:
     return f"table {dtype} D{d} causal={causal}: {time.time() - t0:.1f}s"
 
 
+def _scores64(q64, k64, v64, causal):
+    """The float64 scores (grouped-query K/V heads repeated; causal: key <= query) and V."""
+    import torch
+
+    g = q64.shape[1] // k64.shape[1]
+    k64, v64 = (x.repeat_interleave(g, dim=1) for x in (k64, v64))
+    s = q64 @ k64.transpose(-1, -2) / math.sqrt(q64.shape[-1])
+    if causal:
+        mask = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~mask, -math.inf)
+    return s, v64
+
+
 def reference(q, k, v, do, causal):
     """(dq, dk, dv) in float64 by autograd over the explicit softmax."""
     import torch
 
-    g = q.shape[1] // k.shape[1]
     leaves = [x.double().requires_grad_() for x in (q, k, v)]
-    q64, k64, v64 = leaves
-    k64, v64 = (x.repeat_interleave(g, dim=1) for x in (k64, v64))
-    s = q64 @ k64.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    if causal:
-        mask = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
-        s = s.masked_fill(~mask, -math.inf)
+    s, v64 = _scores64(*leaves, causal)
     (torch.softmax(s, -1) @ v64).backward(do.double())
     return [x.grad for x in leaves]
+
+
+def forward_ref(q, k, v, causal):
+    """(o, lse) in float64 by the explicit softmax (o rounded to q's type, lse f32): small
+    cases, with no forward kernel to compile (``tiny``, under compute-sanitizer)."""
+    import torch
+
+    with torch.no_grad():
+        s, v64 = _scores64(q.double(), k.double(), v.double(), causal)
+        o = (torch.softmax(s, -1) @ v64).to(q.dtype)
+        return o, torch.logsumexp(s, -1).float().contiguous()
 
 
 def check(out_path, spec=None):
@@ -277,7 +310,7 @@ def tiny() -> None:
         run = runner("new", d, over)
         for causal in masks:
             q, k, v, do = tensors(1, 4, 2, 200, 300, d, dtype)
-            o, lse = forward(q, k, v, causal)
+            o, lse = forward_ref(q, k, v, causal)
             grads = run(do, q, k, v, o, lse, causal)
             ref = reference(q, k, v, do, causal)
             errs = [
@@ -303,7 +336,7 @@ def repeat(out_path, spec=None) -> None:
     for c in spec:
         q, k, v, do = tensors(c["b"], c["h"], c["hkv"], c["s"], c["s"], c["d"], c["dtype"])
         for causal in c.get("causal", [False, True]):
-            o, lse = forward(q, k, v, causal)
+            o, lse = forward_sdpa(q, k, v, causal)
             for lab in c["variants"]:
                 kind, over = by[(lab, c["dtype"], c["d"])]
                 run = runner(kind, c["d"], over)
@@ -365,7 +398,9 @@ def ab(out_path, spec) -> None:
     variant's overrides may name ``"module"``: the ordered kernel's module from that file;
     ``"sdpa flash"``: SDPA's flash backward) times every variant in turn for ``ROUNDS``
     rounds (default 5, the order rotated each round) of ``REPS`` calls (default 4) with
-    CUDA events: TFLOP/s of the median round and of the best."""
+    CUDA events, on o and lse from torch's flash forward (``forward_sdpa``): TFLOP/s of the
+    median round and of the best, and each variant's dq, dk, dv against the first
+    variant's (largest difference over the first's largest value)."""
     import torch
 
     import kaio_ops  # noqa: F401  (the fused module's package, for _module_swapped)
@@ -381,7 +416,7 @@ def ab(out_path, spec) -> None:
         q, k, v, do = tensors(b, h, hkv, s, s, d, dtype)
         for causal in c.get("causal", [False, True]):
             flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
-            o, lse = forward(q, k, v, causal)
+            o, lse = forward_sdpa(q, k, v, causal)
             fns = {}
             for lab in c["variants"]:
                 if lab == "sdpa flash":
@@ -396,12 +431,17 @@ def ab(out_path, spec) -> None:
                     run = _module_swapped(run, over["module"])
                 fns[lab] = functools.partial(run, do, q, k, v, o, lse, causal)
             times = {lab: [] for lab in fns}
+            first, diff = None, {}
             for lab, fn in list(fns.items()):
                 try:
-                    fn()
+                    grads = [g.float() for g in fn()]
                 except Exception as e:  # noqa: BLE001  (one variant's failure: the others run)
                     print(f"FAILED {lab} {dtype} D{d}: {type(e).__name__}: {e}", flush=True)
                     del fns[lab], times[lab]
+                    continue
+                first = first or grads  # each variant's dq, dk, dv against the first's
+                diff[lab] = [(g - f).abs().max().item() / f.abs().max().item()
+                             for g, f in zip(grads, first, strict=True)]  # fmt: skip
             torch.cuda.synchronize()
             labs = list(fns)
             for r in range(rounds):
@@ -410,11 +450,12 @@ def ab(out_path, spec) -> None:
             tf = {lab: flops / sorted(t)[len(t) // 2] / 1e9 for lab, t in times.items()}
             best = {lab: flops / min(t) / 1e9 for lab, t in times.items()}
             emit(rows, dict(gpu=name, dtype=dtype, d=d, b=b, h=h, hkv=hkv, s=s, causal=causal,
-                            tflops=tf, best=best))  # fmt: skip
+                            tflops=tf, best=best, diff=diff))  # fmt: skip
     save(rows, out_path)
-    print(f"\n{name}: backward TFLOP/s, interleaved (median of {rounds} rounds of {reps})")
+    print(f"\n{name}: backward TFLOP/s, interleaved (median of {rounds} rounds of {reps}; the"
+          " largest difference from the first variant's gradients)")  # fmt: skip
     for r in rows:
-        cells = "  ".join(f"{k} {v:.0f}" for k, v in r["tflops"].items())
+        cells = "  ".join(f"{k} {v:.0f} ({max(r['diff'][k]):.0e})" for k, v in r["tflops"].items())
         print(
             f"{r['dtype']:>8} D{r['d']} B{r['b']} S{r['s']}{' causal' if r['causal'] else ''}:"
             f" {cells}"
@@ -423,12 +464,17 @@ def ab(out_path, spec) -> None:
 
 def one() -> None:
     """One call of the default kernels, f16 B1 H16 S4096 D128 (for Nsight Compute; ``ONE``:
-    the name of another variant of ``NEW``)."""
+    the name of another variant of ``NEW``; ``ONE_D``: the head dim; ``ONE_OVER``: JSON
+    overrides of the ordered kernel's configuration, with ``ONE`` "ordered")."""
     import torch
 
-    q, k, v, do = tensors(1, 16, 16, 4096, 4096, 128, "float16")
+    d = int(os.environ.get("ONE_D", "128"))
+    over = NEW[os.environ.get("ONE", "wgmma")]
+    if "ONE_OVER" in os.environ:
+        over = {**over, "ordered": json.loads(os.environ["ONE_OVER"])}
+    q, k, v, do = tensors(1, 16, 16, 4096, 4096, d, "float16")
     o, lse = forward(q, k, v, False)
-    runner("new", 128, NEW[os.environ.get("ONE", "wgmma")])(do, q, k, v, o, lse, False)
+    runner("new", d, over)(do, q, k, v, o, lse, False)
     torch.cuda.synchronize()
 
 
@@ -474,7 +520,7 @@ def bench(out_path, check_log=None, quick=False, spec=None):
         q, k, v, do = tensors(b, h, hkv, s, s, d, dtype)
         for causal in causals:
             flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
-            o, lse = forward(q, k, v, causal)
+            o, lse = forward_sdpa(q, k, v, causal)
             res, times = {}, {}
             for lab in names:
                 kind, over = by[(lab, dtype, d)]

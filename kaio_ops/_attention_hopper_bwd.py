@@ -181,42 +181,88 @@ def zero_acc(acc: f32[:, :], N: kaio.constexpr):
 def grads_t(
     s: f32[:, :], dp: f32[:, :], stats: f32[:, :, :], st: i32, lse: f32[:], delta: f32[:],
     at0: i32, key0: i32, q0: i32, sq: i32, kend: i32, causal: i32, scale_log2: f32, lane: u32,
-    BM: kaio.constexpr, TSTATS: kaio.constexpr,
+    BM: kaio.constexpr, TSTATS: kaio.constexpr, SPLIT: kaio.constexpr = 0,
+    L2: kaio.constexpr = 0, WAIT: kaio.constexpr = -1,
 ):  # fmt: skip
     """s = P^T, dp = dS^T = P^T (dP^T - delta) of the query tile q0 in ring stage ``st``
     (columns: queries q0 + 8n + 2 (lane % 4) + e, whose lse and delta are ``stats[0 and 1,
     st]`` where ``TSTATS``, else read from ``lse``, ``delta`` at ``at0`` (the head's query
     0); rows: keys key0 + 8h), the queries past sq, (causal) before the key and the keys at
     or past ``kend`` (the fused kernel's sk: its dS reaches dQ) masked to zero probability
-    where the tile needs it."""
+    where the tile needs it. ``SPLIT``: a branch between the masked and the unmasked loop
+    (else every element's mask is computed, and applied where needed: no branch while the
+    caller's products run); ``L2``: the lse values are already ``lse_log2``'s; ``WAIT`` (0
+    or more): P^T first, then ``wgmma_wait(WAIT)`` (the caller's dP^T product, issued
+    after S^T, done), then dS^T: the exponentials run beside dP^T's product."""
     key_tile = key0 - i32(lane // 4)  # the warp's first key
     masked = q0 + BM > sq or (causal != 0 and q0 < key_tile + 15) or key_tile + 16 > kend
+    if SPLIT:
+        if masked:
+            probs_t(s, dp, stats, st, lse, delta, at0, key0, q0, sq, kend, causal, scale_log2,
+                    lane, True, BM, TSTATS, L2, WAIT)  # fmt: skip
+        else:
+            probs_t(s, dp, stats, st, lse, delta, at0, key0, q0, sq, kend, causal, scale_log2,
+                    lane, False, BM, TSTATS, L2, WAIT)  # fmt: skip
+    else:
+        probs_t(s, dp, stats, st, lse, delta, at0, key0, q0, sq, kend, causal, scale_log2,
+                lane, masked, BM, TSTATS, L2, WAIT)  # fmt: skip
+    if WAIT >= 0:
+        kaio.wgmma_wait(WAIT)
+        for n in kaio.static_range(BM // 8):
+            pair = kaio.local(f32, 2)
+            dpair = kaio.local(f32, 2)
+            stat_pairs(pair, dpair, stats, st, lse, delta, at0, q0, sq, n * 8, lane, TSTATS)
+            for e in kaio.static_range(2):
+                for h in kaio.static_range(2):
+                    dp[n, 2 * h + e] = s[n, 2 * h + e] * (dp[n, 2 * h + e] - dpair[e])
+
+
+@kaio.gpu_func
+def stat_pairs(
+    pair: f32[:], dpair: f32[:], stats: f32[:, :, :], st: i32, lse: f32[:], delta: f32[:],
+    at0: i32, q0: i32, sq: i32, c: i32, lane: u32, TSTATS: kaio.constexpr,
+):  # fmt: skip
+    """``grads_t``'s lse and delta of this thread's two columns c + 2 (lane % 4) + e of the
+    tile: from ``stats`` (``TSTATS``) or ``lse``, ``delta``."""
+    col0 = c + i32(lane % 4) * 2
+    if TSTATS:
+        for e in kaio.static_range(2):
+            pair[e] = stats[0, st, col0 + e]
+            dpair[e] = stats[1, st, col0 + e]
+    elif q0 + col0 + 1 < sq and sq % 2 == 0:  # both inside, 8-byte aligned
+        kaio.load_vector(pair, lse, at0 + q0 + col0)
+        kaio.load_vector(dpair, delta, at0 + q0 + col0)
+    else:
+        for e in kaio.static_range(2):
+            at = at0 + kaio.min(q0 + col0 + e, sq - 1)
+            pair[e] = lse[at]
+            dpair[e] = delta[at]
+
+
+@kaio.gpu_func
+def probs_t(
+    s: f32[:, :], dp: f32[:, :], stats: f32[:, :, :], st: i32, lse: f32[:], delta: f32[:],
+    at0: i32, key0: i32, q0: i32, sq: i32, kend: i32, causal: i32, scale_log2: f32, lane: u32,
+    masked: bool_, BM: kaio.constexpr, TSTATS: kaio.constexpr, L2: kaio.constexpr,
+    WAIT: kaio.constexpr,
+):  # fmt: skip
+    """``grads_t``'s loop over the tile's elements, masked where ``masked`` (``WAIT``: P^T
+    only)."""
     for n in kaio.static_range(BM // 8):
         pair = kaio.local(f32, 2)
         dpair = kaio.local(f32, 2)
-        col0 = n * 8 + i32(lane % 4) * 2
-        if TSTATS:
-            for e in kaio.static_range(2):
-                pair[e] = stats[0, st, col0 + e]
-                dpair[e] = stats[1, st, col0 + e]
-        elif q0 + col0 + 1 < sq and sq % 2 == 0:  # both inside, 8-byte aligned
-            kaio.load_vector(pair, lse, at0 + q0 + col0)
-            kaio.load_vector(dpair, delta, at0 + q0 + col0)
-        else:
-            for e in kaio.static_range(2):
-                at = at0 + kaio.min(q0 + col0 + e, sq - 1)
-                pair[e] = lse[at]
-                dpair[e] = delta[at]
+        stat_pairs(pair, dpair, stats, st, lse, delta, at0, q0, sq, n * 8, lane, TSTATS)
         for e in kaio.static_range(2):
-            col = col0 + e
-            l2 = lse_log2(pair[e])
+            col = n * 8 + i32(lane % 4) * 2 + e
+            l2 = pair[e] if L2 else lse_log2(pair[e])
             for h in kaio.static_range(2):
                 x = kaio.exp2(kaio.fma(s[n, 2 * h + e], scale_log2, -l2))
                 if masked:
                     ok = q0 + col < sq and (causal == 0 or key0 + 8 * h <= q0 + col)
                     x = kaio.select(ok and key0 + 8 * h < kend, x, 0.0)
                 s[n, 2 * h + e] = x
-                dp[n, 2 * h + e] = x * (dp[n, 2 * h + e] - dpair[e])
+                if WAIT < 0:
+                    dp[n, 2 * h + e] = x * (dp[n, 2 * h + e] - dpair[e])
 
 
 @kaio.gpu_func

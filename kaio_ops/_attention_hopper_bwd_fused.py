@@ -66,6 +66,7 @@ from kaio_ops._attention_hopper_bwd import (
     zero_acc,
 )
 from kaio_ops._attention_hopper_common import key_block_queries, next_tile, thread_roles
+from kaio_ops._attention_tc import lse_log2
 from kaio_ops._matmul_hopper import next_stage
 
 # ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
@@ -153,6 +154,7 @@ def consume_late(
     sk: i32, causal: i32, scale_log2: f32, scale: f32, D: kaio.constexpr, BM: kaio.constexpr,
     WG: kaio.constexpr, STAGES: kaio.constexpr, TSTATS: kaio.constexpr, SCHED: kaio.constexpr,
     TWO: kaio.constexpr, DT: kaio.constexpr, NW: kaio.constexpr, NDS: kaio.constexpr,
+    SPLIT: kaio.constexpr = 0, L2: kaio.constexpr = 0, PFIRST: kaio.constexpr = 0,
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 keys (thread ``lt`` of it) with ``SCHED`` 1 or 2: tile i's
     S^T and dP^T issued first, then tile i - 1's dV += P^T dO, dK += dS^T Q and dQ = dS K, all
@@ -169,13 +171,19 @@ def consume_late(
     (``free_buffer``: the other warpgroup's may run after its arrival on the tile before).
     ``NDS`` 3 (``SCHED`` 4): three dS^T buffers in turn instead (their barriers
     ``bars[0, STAGES + b]``): the other warpgroup's dQ three tiles back completed before its
-    arrival on the tile before, and no "free" wait is needed. ``NW``: the writers
-    (``TWO``), whose tiles come in turn. Then dK, dV stored."""
+    arrival on the tile before, and no "free" wait is needed. ``SCHED`` 6 (D 64: dQ's
+    accumulators fit beside the rest): as 4, with tile i - 1's dQ issued with its dV and
+    dK (as 1), so that it runs beside tile i's probabilities, and handed on after tile i's
+    P^T and dS^T (each warpgroup's dQ of a buffer completes before its arrival on the next
+    tile's, which the other waits for before storing again: no "free" wait with two or
+    three buffers). ``NW``: the writers (``TWO``), whose tiles come in turn. ``SPLIT``,
+    ``L2``: ``grads_t``'s; ``PFIRST``: P^T computed once S^T is done, dS^T once dP^T is
+    (``grads_t``'s ``WAIT``). Then dK, dV stored."""
     NQ = D // WG  # dQ's columns in this warpgroup, from c0
     s = kaio.local(f32, (BM // 8, 4))  # S^T, then P^T
     dp = kaio.local(f32, (BM // 8, 4))  # dP^T, then dS^T
     dqa = kaio.local(f32, (NQ // 8, 4))
-    p = kaio.local(u32, (BM // 16, 4))  # SCHED 4: P^T's A fragments
+    p = kaio.local(u32, (BM // 16, 4))  # SCHED 4, 6: P^T's A fragments
     af = kaio.local(u32, (D // 16, 4))  # (unused: issue_front's AREG 0)
     dka = kaio.local(f32, (D // 8, 4))
     dva = kaio.local(f32, (D // 8, 4))
@@ -199,7 +207,7 @@ def consume_late(
         issue_front(s, dp, k_s, v_s, q_s, do_s, af, af, 0, wg, D, 0, DT)
         kaio.wgmma_wait(0)
         grads_t(s, dp, stats, 0, lse, delta, at0, key0, t * BM, sq, sk, causal, scale_log2, lane,
-                BM, TSTATS)  # fmt: skip
+                BM, TSTATS, SPLIT, L2)  # fmt: skip
         hand_pt(pt_s, 0, p, s, dp, bars, STAGES, kr, lane, lt, BM, SCHED, DT, ROW)
         pb = i32(0)  # tile i - 1's buffers and their barrier's parity
         hph = u32(0)
@@ -213,10 +221,11 @@ def consume_late(
             kaio.mbarrier_wait(bars, (ROW, STAGES + pb), hph)  # tile i - 1's, every warp
             issue_back_late(dka, dva, dqa, p, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG,
                             SCHED, DT)  # fmt: skip
-            kaio.wgmma_wait(3 if SCHED == 1 else 2)  # S^T, dP^T done (SCHED 4: with dV's
-            # A, p, in flight: p is packed again only after the wait for all)
+            BACK = 3 if SCHED % 5 == 1 else 2  # the back products' groups
+            kaio.wgmma_wait(BACK + PFIRST)  # S^T, dP^T done (SCHED 4, 6: with dV's A, p, in
+            # flight: p is packed again only after the wait for all; PFIRST: S^T only)
             grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, sk, causal, scale_log2,
-                    lane, BM, TSTATS)  # fmt: skip
+                    lane, BM, TSTATS, SPLIT, L2, BACK if PFIRST else -1)  # fmt: skip
             kaio.wgmma_wait(0)  # tile i - 1's products done: its stage (and dQ)
             release(bars, ps, lt)
             if SCHED == 1:
@@ -225,10 +234,14 @@ def consume_late(
                 fb = next_writer(fb, NW)
             qb = pb  # tile i - 1's buffers
             pb, hph = next_stage(pb, hph, NDS)  # (last read by tile i - NDS's products)
-            if SCHED >= 2 and NDS == 2 and _i > 1:  # (the other warpgroup's dQ among them)
-                kaio.mbarrier_wait(bars, (0, STAGES + pb), hph ^ 1)
+            if SCHED >= 2 and SCHED < 6 and NDS == 2 and _i > 1:  # (the other warpgroup's
+                kaio.mbarrier_wait(bars, (0, STAGES + pb), hph ^ 1)  # dQ among them)
             hand_pt(pt_s, pb, p, s, dp, bars, STAGES, kr, lane, lt, BM, SCHED, DT, ROW)
-            if SCHED >= 2:  # tile i - 1's dQ now: s, dp are stored (dqa and they never coexist)
+            if SCHED == 6:  # tile i - 1's dQ (done with dV, dK) once tile i's dS^T is out
+                wph = give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, _i > 1, wph, fb, FULL,
+                              D, NQ, TWO)  # fmt: skip
+                fb = next_writer(fb, NW)
+            elif SCHED >= 2:  # tile i - 1's dQ now: s, dp are stored (dqa and they never coexist)
                 kaio.wgmma_fence()
                 issue_dq(dqa, pt_s, qb, k_s, wg, D, NQ, WG, 5, DT)
                 kaio.wgmma_wait(0)
@@ -242,11 +255,9 @@ def consume_late(
             t, at0 = next_tile(t, at0, first, n_tiles, sq)
         kaio.mbarrier_wait(bars, (ROW, STAGES + pb), hph)
         kaio.wgmma_fence()
-        last = 4 if SCHED == 4 else 1  # (4: P^T in p, dQ after; else from pt_s, with dQ)
+        last = 1 if SCHED < 4 else 6  # (1: P^T from pt_s; 6: from p; both with dQ)
         issue_back_late(dka, dva, dqa, p, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG,
                         last, DT)  # fmt: skip
-        if SCHED == 4:
-            issue_dq(dqa, pt_s, pb, k_s, wg, D, NQ, WG, 5, DT)
         kaio.wgmma_wait(0)
         release(bars, ps, lt)
         give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, total > 1, wph, fb, FULL, D, NQ, TWO)
@@ -373,15 +384,15 @@ def issue_back_late(
     SCHED: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """Issue a tile's dV += P^T dO (P^T: this warpgroup's rows of ``pt_s[2 + b]``; ``SCHED``
-    4: the registers ``p``), dK += dS^T Q (``pt_s[b]``; dO, Q in stage st) and (``SCHED``
-    1) dQ = dS K (every row of ``pt_s[b]``, this warpgroup's NQ columns of K), each its own
-    group."""
-    if SCHED == 4:
+    4, 6: the registers ``p``), dK += dS^T Q (``pt_s[b]``; dO, Q in stage st) and (``SCHED``
+    1, 6) dQ = dS K (every row of ``pt_s[b]``, this warpgroup's NQ columns of K), each its
+    own group."""
+    if SCHED >= 4:
         issue_pv(dva, p, do_s, st, BM, DT)
     else:
         issue_pt(dva, pt_s, 2 + b, wg, do_s, st, BM, DT)
     issue_pt(dka, pt_s, b, wg, q_s, st, BM, DT)
-    if SCHED == 1:
+    if SCHED % 5 == 1:  # (1, 6)
         issue_dq(dqa, pt_s, b, k_s, wg, D, NQ, WG, 5, DT)
 
 
@@ -391,10 +402,10 @@ def hand_pt(
     base: i32, kr: i32, lane: u32, lt: u32, BM: kaio.constexpr, SCHED: kaio.constexpr,
     DT: kaio.constexpr, ROW: kaio.constexpr = 1,
 ):  # fmt: skip
-    """A tile's P^T (``s``) and dS^T (``dp``) to ``pt_s[2 + b]`` (``SCHED`` 4: packed into
+    """A tile's P^T (``s``) and dS^T (``dp``) to ``pt_s[2 + b]`` (``SCHED`` 4, 6: packed into
     the registers ``p``) and ``pt_s[b]`` (rows kr, kr + 8), fenced for the tensor cores, then
     this warp's arrival on ``bars[ROW, base + b]``."""
-    if SCHED == 4:
+    if SCHED >= 4:
         pack_p(p, s, BM, DT)
     else:
         store_ds(pt_s, 2 + b, s, kr, lane, BM, DT)
@@ -417,7 +428,7 @@ def attention_bwd_fused_ordered(
     STAGES: kaio.constexpr, PIPE: kaio.constexpr, AREG: kaio.constexpr, TSTATS: kaio.constexpr,
     REGS: kaio.constexpr, DT: kaio.constexpr, DQ: kaio.constexpr, LATE: kaio.constexpr,
     EARLY: kaio.constexpr, SCHED: kaio.constexpr, ORDER: kaio.constexpr, NW: kaio.constexpr,
-    NDS: kaio.constexpr,
+    NDS: kaio.constexpr, SPLIT: kaio.constexpr, L2: kaio.constexpr, PFIRST: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the ``64 * WG`` keys of key block x (``block_idx_x`` through
     ``interleaved``, reversed where causal: module docstring) and K/V head block y, summed
@@ -427,10 +438,12 @@ def attention_bwd_fused_ordered(
     ``_attention_hopper_bwd.attention_bwd_dkdv_wgmma``'s (its ``DQ`` 5 constexprs: PIPE 0,
     BM 64); ``EARLY``: ``write_dq_ordered``'s;
     ``SCHED`` 0: the consumers of ``_attention_hopper_bwd`` (``consume_dkdv``, with LATE),
-    1, 2, 4: ``consume_late`` (four P^T and dS^T buffers; 4: ``NDS``, dS^T); ``ORDER``:
+    1, 2, 4, 6: ``consume_late`` (four P^T and dS^T buffers; 4, 6: ``NDS``, dS^T); ``ORDER``:
     ``write_dq_two``'s (1: the fixed order); ``NW``: its writers (2 to 6, with ``EARLY`` 3);
     ``hg``: ``interleaved``'s (1: block (x, y) is key block x of K/V head y); ``NDS``:
-    ``consume_late``'s dS^T buffers (2, or 3 with ``SCHED`` 4)."""
+    ``consume_late``'s dS^T buffers (2, or 3 with ``SCHED`` 4, 6); ``SPLIT``, ``L2``,
+    ``PFIRST``: ``grads_t``'s (with ``SCHED`` 1 to 6; ``L2`` 1: ``lse`` and its TMA map hold
+    ``lse_log2(lse)``, ``zero_acc_sem_l2``)."""
     NBUF = 3 if LATE == 2 else 2  # the dS^T buffers of SCHED 0 (and their barriers)
     NPT = 4 if SCHED and SCHED < 4 else NDS if SCHED else NBUF  # P^T, dS^T (0, 4: dS^T)
     BK = 64 * WG
@@ -473,7 +486,7 @@ def attention_bwd_fused_ordered(
             consume_late(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
                          dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk,
                          causal, scale_log2, scale, D, BM, WG, STAGES, TSTATS, SCHED,
-                         EARLY == 3, DT, NW, NDS)  # fmt: skip
+                         EARLY == 3, DT, NW, NDS, SPLIT, L2, PFIRST)  # fmt: skip
         else:
             consume_dkdv(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
                          dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk,
@@ -501,7 +514,22 @@ def attention_bwd_fused_ordered(
 def zero_acc_sem(acc: f32[:], n: i32, sem: i32[:], m: i32):
     """acc[0 .. n) = 0, four a thread (n a multiple of 4), and sem[0 .. m) = 0 (m <= n / 4):
     the fused kernel's dQ sums and semaphores, in one launch."""
+    zero_sums(acc, n, sem, m, i32(kaio.block_idx_x() * 256 + kaio.thread_idx_x()))
+
+
+@kaio.gpu_kernel(block_size=256)
+def zero_acc_sem_l2(acc: f32[:], n: i32, sem: i32[:], m: i32, lse: f32[:], l2: f32[:], rows: i32):
+    """``zero_acc_sem``, and l2[0 .. rows) = ``lse_log2(lse)`` (rows <= n / 4): the base-2
+    offsets the kernel's ``L2`` reads (one conversion a query row, not one a key block)."""
     j = i32(kaio.block_idx_x() * 256 + kaio.thread_idx_x())
+    zero_sums(acc, n, sem, m, j)
+    if j < rows:
+        l2[j] = lse_log2(lse[j])
+
+
+@kaio.gpu_func
+def zero_sums(acc: f32[:], n: i32, sem: i32[:], m: i32, j: i32):
+    """Thread j's share of ``zero_acc_sem``: acc[4j .. 4j + 4) and sem[j]."""
     i = j * 4
     if i < n:
         z = kaio.local(f32, 4)
@@ -545,12 +573,16 @@ def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> di
     (2 with ``SCHED`` 0; H100, f16 B4 H16 S4096, ``SCHED`` 2 at D 128, 1 at D 64: 3 against 2
     411 / 410, causal 403 / 385; at D 64 293 / 271, causal 278 / 268), ``ORDER`` 1 (dQ added
     in the fixed order), two dQ writers (``NW``), ``HG[d][causal]`` heads interleaved in the
-    launch order, ``NDS[d]`` dS^T buffers with ``SCHED`` 4 (else 2) and as many ring stages
-    as fit (at most 4)."""
+    launch order, ``NDS[d]`` dS^T buffers with ``SCHED`` 4 (else 2), as many ring stages as
+    fit (at most 4), and with ``SCHED`` 1 to 6 ``SPLIT``, ``L2`` and ``PFIRST`` (H100, f16
+    B4 H16 S4096 D 64, each against the one before, interleaved: SPLIT and L2 375 against
+    372, causal 295 against 294; PFIRST 418 against 375, causal 325 against 295)."""
     sched = SCHED[d][bool(causal)] if sched is None else sched
     c = {**config(d)["fused"], "EARLY": 3 if sched else 2, "SCHED": sched, "ORDER": 1, "NW": 2}
+    on = int(bool(sched))  # (consume_late's: SCHED 1 to 6)
+    c.update(SPLIT=on, L2=on, PFIRST=on)
     c["HG"] = HG[d][bool(causal)]
-    c["NDS"] = NDS[d] if sched == 4 else 2
+    c["NDS"] = NDS[d] if sched >= 4 else 2
     return {**c, "STAGES": fit_stages(d, c)}
 
 
@@ -589,6 +621,7 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     ``cfg``: overrides of ``ordered_config(d)``'s constexprs): zero the dQ sums and the
     semaphores, the kernel, then dQ rounded to q's type. Returns (dq, dk, dv)."""
     import math
+    import types
 
     from kaio_ops import _arrays
 
@@ -606,8 +639,12 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         raise ValueError(f"_attention_hopper_bwd_fused.launch: EARLY 3 needs SCHED 1 to 4: {c}")
     if c["NW"] not in range(2, 7) or c["NW"] > 2 and c["EARLY"] != 3:
         raise ValueError(f"_attention_hopper_bwd_fused.launch: NW 2, or 3 to 6 with EARLY 3: {c}")
-    if c["NDS"] not in (2, 3) or c["NDS"] == 3 and c["SCHED"] != 4:
-        raise ValueError(f"_attention_hopper_bwd_fused.launch: NDS 2, or 3 with SCHED 4: {c}")
+    if c["NDS"] not in (2, 3) or c["NDS"] == 3 and c["SCHED"] < 4:
+        raise ValueError(f"_attention_hopper_bwd_fused.launch: NDS 2, or 3 with SCHED 4, 6: {c}")
+    if not c["SCHED"] and (c["SPLIT"] or c["L2"] or c["PFIRST"]):
+        raise ValueError(
+            f"_attention_hopper_bwd_fused.launch: SPLIT, L2, PFIRST need SCHED 1 to 6: {c}"
+        )
     if c["SCHED"] and c["STAGES"] < 2:
         raise ValueError(f"_attention_hopper_bwd_fused.launch: SCHED 1 needs 2 stages: {c}")
     stream, dq, dk, dv, rows_q, rows_kv = launch_outputs(qa, ka, da, d)
@@ -615,7 +652,15 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     acc_size = bh * -(-sq // 64) * 64 * d
     dq_acc = _arrays.output(da, (acc_size,), f32)
     sem = _arrays.output(da, (bh * n_tiles,), i32)
-    zero_acc_sem[-(-acc_size // 1024), 256, stream, 0](dq_acc, acc_size, sem, bh * n_tiles)
+    grid = -(-acc_size // 1024)
+    if c["L2"]:  # lse_log2(lse) once a query row, for the kernel's stats
+        l2 = _arrays.output(da, (rows_q,), f32)
+        l2_arg = _arrays.output_arg(da, l2, (rows_q,), f32)
+        zero_acc_sem_l2[grid, 256, stream, 0](dq_acc, acc_size, sem, bh * n_tiles, la.arg(rows_q),
+                                              l2_arg, rows_q)  # fmt: skip
+        la = types.SimpleNamespace(obj=l2, kind=da.kind, arg=lambda *_: l2_arg)
+    else:
+        zero_acc_sem[grid, 256, stream, 0](dq_acc, acc_size, sem, bh * n_tiles)
 
     tmap = functools.partial(row_map, d=d)
     stats = stats_maps(la, delta, rows_q, c["BM"])
@@ -647,3 +692,4 @@ def specializations():
                     seen.append(c)
                     yield attention_bwd_fused_ordered, {"D": d, "DT": dt, **c}
     yield zero_acc_sem, {}
+    yield zero_acc_sem_l2, {}

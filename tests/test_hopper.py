@@ -698,6 +698,16 @@ def test_descriptor_fields():
     assert int(out[1]) == (16 >> 4) << 16 | (128 >> 4) << 32  # no swizzle: mode 0
 
 
+def test_descriptor_start_is_a_shift_and_an_addition():
+    """The start field as (base >> 4) + offset / 16 (the offset a multiple of 16): no
+    ``bfe`` (whose 14-bit mask kept ptxas from sharing one shift between a tile's
+    descriptors: five uniform instructions a descriptor instead of one), the same fields
+    (``test_descriptor_fields``; on the GPU, the wgmma tests bit for bit)."""
+    ptx = descriptor_bits.ptx(arch="sm_90")
+    assert "bfe.u32" not in ptx and "shr.u32" in ptx
+    assert f"{(64 * 64 + 8 * 64 + 16) * 2 // 16 + (8192 >> 4 << 16)}" in ptx
+
+
 @pytest.mark.parametrize("bf16", [False, True])
 @pytest.mark.parametrize("case", WGMMA_CASES)
 def test_wgmma_layouts(case, bf16):

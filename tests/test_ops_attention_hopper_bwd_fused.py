@@ -43,7 +43,13 @@ def poisoned_outputs(monkeypatch):
         (2, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 2),
         # P^T in registers, two dQ writers; Sq > Sk, causal, grouped-query
         (1, 2, 1, 256, 128, 64, np.float16, True, 4, 3),
-        # three dS^T buffers (NDS 3), three writers, two K/V heads' key blocks interleaved
+        # each tile's dQ product with its dV and dK (SCHED 6: the next tile's S^T and dP^T
+        # meanwhile), three dS^T buffers, the masked and unmasked probabilities in two
+        # branches (SPLIT), lse_log2 once a row (L2), PFIRST; causal, grouped-query, a
+        # partial tile
+        (1, 2, 1, 200, 128, 64, np.float16, True, 6, 3),
+        # three dS^T buffers (NDS 3), three writers, P^T before dP^T's product is awaited
+        # (PFIRST), two K/V heads' key blocks interleaved
         # in the launch order (HG 2; three heads: the last group has one)
         (3, 1, 1, 128, 256, 64, np.float16, False, 4, 3),
     ],
@@ -56,8 +62,12 @@ def test_ordered_backward_in_simulator(
     the blocks before, and a wait for a later block fails)."""
     launch = hopper_bwd.launch
     over = {"SCHED": sched, "EARLY": early, "STAGES": 2}
+    if sched == 1:  # every element's mask computed, lse_log2 in the kernel, P^T with dS^T
+        over.update(SPLIT=0, L2=0, PFIRST=0)
+    if sched == 6:
+        over.update(SPLIT=1, L2=1, PFIRST=1)
     if b == 3:
-        over.update(NDS=3, NW=3, HG=2)
+        over.update(NDS=3, NW=3, HG=2, PFIRST=1)
     monkeypatch.setattr(hopper_bwd, "launch", lambda *a, **k: launch(*a, **k, ordered=over))
     cfg = small(2, 0, 0, 5, 0)
     check_grads(*run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg), dtype)

@@ -109,12 +109,24 @@ def lower_smem_desc(e, ins: Instr) -> None:
     (16-29), stride byte offset >> 4 (32-45), swizzle mode (62-63)."""
     arr, idxs, _ = split_index(ins, 0)
     check_tile(e, arr, "kaio.smem_descriptor()")
-    addr = _shared_address_register(e, arr, idxs)
-    lo, hi = e.tmp(u32), e.tmp(u32)
-    e.line(f"bfe.u32 {lo}, {addr}, 4, 14")
     lbo = ins.attrs["lbo"] >> 4
-    if lbo:
-        e.line(f"or.b32 {lo}, {lo}, {lbo << 16}")
+    lo, hi = e.tmp(u32), e.tmp(u32)
+    base, _, imm = address(e, arr, idxs)[1:-1].partition("+")
+    if int(imm or 0) % 16 == 0:
+        # (base + imm) >> 4 as (base >> 4) + imm / 16: one shift a base, which ptxas shares
+        # between the descriptors of a tile's steps, and an addition each (a shared-window
+        # address is below 2^18: its bits 4-17 are the 14-bit field, no mask needed)
+        shifted = e.tmp(u32)
+        e.line(f"{'shr' if base.startswith('%') else 'mov'}.u32 {shifted}, {base}"
+               f"{', 4' if base.startswith('%') else ''}")  # fmt: skip
+        if not base.startswith("%"):
+            e.line(f"shr.u32 {shifted}, {shifted}, 4")
+        e.line(f"add.u32 {lo}, {shifted}, {((int(imm or 0) >> 4) + (lbo << 16)) % 2**32}")
+    else:
+        addr = _shared_address_register(e, arr, idxs)
+        e.line(f"bfe.u32 {lo}, {addr}, 4, 14")
+        if lbo:
+            e.line(f"or.b32 {lo}, {lo}, {lbo << 16}")
     high = (ins.attrs["sbo"] >> 4) | SWIZZLE_MODE[ins.attrs["swizzle"]] << 30
     e.line(f"mov.u32 {hi}, {high}")
     e.line(f"mov.b64 {e.dst(ins)}, {{{lo}, {hi}}}")
