@@ -12,9 +12,11 @@ others' results:
   median of several rounds of back-to-back calls, every contender in the same process.
 
 - ``grid --specs "D/dtype/K=V,...;..." [--shapes "B,H,HKV,S;..."]``: any configurations
-  (``parse_specs``; ``default`` for the routed one, ``old`` for the mma.sync kernel),
-  compiled N processes at a time, checked against float64 on two small cases, then timed
-  beside SDPA flash in interleaved rounds, causal and not.
+  (``parse_specs``; ``default`` for the routed one, ``old`` for the mma.sync kernel;
+  ``BASE=n`` a copy of the module at ``$ATTN_BASE`` or ``$ATTN_BASE<n>``, ``NOCHECK=1`` a
+  diagnostic timed whatever its check says), compiled N processes at a time, checked
+  against float64 on two small cases, then timed beside SDPA flash in interleaved rounds,
+  causal and not.
 - ``tiny``: the default kernel on a few small cases, and persistent variants (for
   compute-sanitizer; ``tiny-warm --jobs N`` compiles them first, N processes at a time).
 - ``one --variant LABEL [--d D] [--causal]``: one variant three times at B4 H16 S4096 (for a
@@ -82,22 +84,22 @@ def precise_kernel():
     return _PRECISE[0]
 
 
-_BASE = []
+_BASE = {}
 
 
-def base_module():
-    """The module that ``BASE=1`` variants run: a copy of ``_attention_hopper.py`` (another
-    branch's, for an A/B in one process) at the path ``$ATTN_BASE`` names."""
-    if not _BASE:
+def base_module(n: int = 1):
+    """The module that ``BASE=n`` variants run: a copy of ``_attention_hopper.py`` (another
+    branch's, or a patched one, for an A/B in one process) at the path ``$ATTN_BASE`` names
+    (n 1) or ``$ATTN_BASE<n>``."""
+    if n not in _BASE:
         import importlib.util
 
-        spec = importlib.util.spec_from_file_location(
-            "kaio_ops._attention_hopper_base", os.environ["ATTN_BASE"]
-        )
+        path = os.environ["ATTN_BASE" if n == 1 else f"ATTN_BASE{n}"]
+        spec = importlib.util.spec_from_file_location(f"kaio_ops._attention_hopper_base{n}", path)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
-        _BASE.append(mod)
-    return _BASE[0]
+        _BASE[n] = mod
+    return _BASE[n]
 
 
 def runner(kind: str, d: int, over: dict):
@@ -107,8 +109,10 @@ def runner(kind: str, d: int, over: dict):
     from kaio_ops import attention
 
     over = dict(over)
-    if over.pop("BASE", 0):
-        hop = base_module()
+    over.pop("NOCHECK", 0)  # (``grid``'s)
+    base = over.pop("BASE", 0)
+    if base:
+        hop = base_module(base)
 
     def run(q, k, v, causal):
         (qa, ka, va), dims, scale = attention._check_flash("bench", q, k, v, None)
@@ -140,9 +144,10 @@ def warm_one(i: int, specs: str | None = None) -> str:
 
     t0 = time.time()
     label, dtype, d, kind, over = (parse_specs(specs) if specs else variants())[i]
-    q, k, v = tensors(1, 2, 1, 512, 512, d, dtype)
-    for causal in (False, True):  # the default's configuration may depend on the mask
-        runner(kind, d, over)(q, k, v, causal)
+    for sk in (512, 2048) if d == 128 else (512,):  # (``extras`` routes by the keys at D128)
+        q, k, v = tensors(1, 2, 1, 512, sk, d, dtype)
+        for causal in (False, True):  # the default's configuration may depend on the mask
+            runner(kind, d, over)(q, k, v, causal)
     import torch
 
     torch.cuda.synchronize()
@@ -152,9 +157,10 @@ def warm_one(i: int, specs: str | None = None) -> str:
         from kaio_ops import _attention_hopper as hop
 
         over = dict(over)
+        over.pop("NOCHECK", 0)
         base = over.pop("BASE", 0)
         if base:
-            hop = base_module()
+            hop = base_module(base)
         dt = kaio.f16 if dtype == "float16" else kaio.bf16
         # the kernel launched above (without the mask, 512 keys: launch's merge)
         routed = hop.extras(d, False, dt) if base else hop.extras(d, False, dt, 512)
@@ -474,7 +480,7 @@ def grid(specs: str, shapes: str, causals: tuple, out_path, rounds: int = 5) -> 
         tol = 2e-2 if dtype == "bfloat16" else 3e-3
         wrong = "" if worst < tol else "  WRONG"
         print(f"check {label}: rel {worst:.1e}, lse {worst_lse:.1e}{wrong}", flush=True)
-        if worst < tol:
+        if worst < tol or over.get("NOCHECK"):  # (NOCHECK 1: a diagnostic, timed anyway)
             ok.append((label, dtype, d, kind, over))
 
     for shape in shapes.split(";"):

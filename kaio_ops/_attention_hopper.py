@@ -209,6 +209,7 @@ def softmax_tile(
     s: f32[:, :], m: f32[:], l: f32[:], alpha: f32[:], j: i32, row0: i32, sk: i32,
     causal: i32, scale_log2: f32, lane: u32, BN: kaio.constexpr, SUMS: kaio.constexpr = 1,
     LSE: kaio.constexpr = 0, DT: kaio.constexpr = kaio.f16, HEXP: kaio.constexpr = 0,
+    MASK: kaio.constexpr = 1,
 ):  # fmt: skip
     """Mask key tile j's scores (keys at or past sk, and past the row when causal) where the
     tile needs it, then one online-softmax step of both row halves (row0 + 8h); the factors
@@ -222,7 +223,9 @@ def softmax_tile(
     MUFU.EX2s; ``softmax_step``'s ``PAIRS``), their bits in s[n, 2h] for ``pack_p``."""
     k0 = j * BN
     # (the warp's first row as i32: a varlen row shifted by sk - sq may be negative)
-    masked = k0 + BN > sk or (causal != 0 and k0 + BN > row0 - i32(lane // 4) + 1)
+    masked = False  # (MASK 0: a tile that the caller knows none of the warp's rows masks)
+    if MASK:
+        masked = k0 + BN > sk or (causal != 0 and k0 + BN > row0 - i32(lane // 4) + 1)
     if masked:
         for h in kaio.static_range(2):
             bound = sk  # the keys below it are seen: below sk, and up to the row when causal
@@ -429,6 +432,52 @@ def advance(pos: i32[:], STAGES: kaio.constexpr):
 
 
 @kaio.gpu_func
+def overlap_step(
+    s: f32[:, :], o: f32[:, :], p: u32[:, :], m: f32[:], l: f32[:], alpha: f32[:],
+    q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
+    wg: u32, lt: u32, qc: i32, gj: i32, row0: i32, sk: i32, causal: i32, scale_log2: f32,
+    st: i32, ph: u32, ps: i32, pph: u32, j: i32, D: kaio.constexpr, BN: kaio.constexpr,
+    PIPE: kaio.constexpr, DT: kaio.constexpr, ONES: kaio.constexpr, LSE: kaio.constexpr,
+    HEXP: kaio.constexpr, MASK: kaio.constexpr = 1,
+):  # fmt: skip
+    """One overlapped step of ``consume_tile`` (PIPE 1 to 4): S = Q K_j^T (stage ``st``,
+    parity ``ph``) issued with the pending P_{j-1} V_{j-1} (stage ``ps``, parity ``pph``),
+    the softmax of tile j while P V runs, then P of tile j packed (``gj``: the block's
+    overlapped steps so far, for the ping-pong turns of PIPE 2 and 4; ``MASK`` 0: a tile
+    that no row of the warpgroup masks, ``softmax_tile``'s)."""
+    lane = lt % 32
+    DO = D + 8 * ONES
+    kaio.mbarrier_wait(bars, (0, st), ph)
+    if PIPE == 2 or PIPE == 4:  # wait for this warpgroup's turn on the tensor cores
+        if wg == 0:
+            if gj > 1:
+                kaio.mbarrier_wait(turn, 0, u32(gj - 2) & 1)
+        else:
+            kaio.mbarrier_wait(turn, 1, u32(gj - 1) & 1)
+    kaio.wgmma_fence()
+    issue_s(s, q_s, k_s, st, wg, qc, D, DT)
+    if PIPE >= 3:
+        rescale_rows(o, alpha, DO)
+    kaio.mbarrier_wait(bars, (1, ps), pph)
+    kaio.wgmma_fence()
+    issue_pv(o, p, v_s, ps, BN, DT)
+    if (PIPE == 2 or PIPE == 4) and lt % 32 == 0:  # the other warpgroup's turn
+        kaio.mbarrier_arrive(turn, 1 - wg)
+    kaio.wgmma_wait(1)  # S_j done
+    if lt == 0:
+        kaio.mbarrier_arrive(bars, (2, st))
+    if sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
+        softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, 1 - ONES, LSE,
+                     DT, HEXP, MASK)  # fmt: skip
+    kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done
+    if lt == 0:
+        kaio.mbarrier_arrive(bars, (3, ps))
+    if PIPE < 3:
+        rescale_rows(o, alpha, DO)
+    pack_p(p, s, BN, DT, HEXP)
+
+
+@kaio.gpu_func
 def consume(
     q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
     out: DT[:], lse: f32[:], wg: u32, lt: u32, o_at: i32, o_stride: i32, l_at: i32, q0: i32,
@@ -460,7 +509,7 @@ def consume_tile(
     done: i32, tails: i32, D: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr,
     PIPE: kaio.constexpr, DT: kaio.constexpr, ONES: kaio.constexpr = 0,
     LSE: kaio.constexpr = 0, QB: kaio.constexpr = 1, SKIP: kaio.constexpr = 0,
-    HEXP: kaio.constexpr = 0,
+    HEXP: kaio.constexpr = 0, DIAG: kaio.constexpr = 0,
 ) -> tuple[i32, u32, i32, i32, i32]:  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 query rows of one tile (thread ``lt`` of it) over the
     key tiles (module docstring), then its rows of ``out`` and ``lse`` (``store_rows``:
@@ -476,7 +525,9 @@ def consume_tile(
     (``ones_sums``), the V stages having a column block of ones; ``LSE`` 1 with it: the
     masked tiles' rounding of the probabilities added back to the sums (``softmax_tile``).
     ``SKIP`` 1: the key tiles past the warpgroup's rows are only freed (``skip_tile``; for
-    tiles of more rows than keys: the branch cost up to 4% at D 128, where it never skips)."""
+    tiles of more rows than keys: the branch cost up to 4% at D 128, where it never skips).
+    ``DIAG`` 1 (PIPE 1 to 4): the steps over the key tiles that no row of the block masks
+    run in a loop of their own, without the mask's test (``overlap_step``)."""
     lane = lt % 32
     row0 = q0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)
     m = kaio.local(f32, 2)
@@ -525,37 +576,27 @@ def consume_tile(
         ps = st  # the stage and parity of tile j - 1
         pph = ph
         st, ph = next_stage(st, ph, STAGES)
-        for j in range(1, n_tiles):
+        j0 = i32(1)  # the first step of the loop below (DIAG: after the unmasked ones)
+        if DIAG == 1:  # the key tiles that no row of the block masks, in a loop of their own
+            # without the mask's test (the masked ones, on the diagonal, in the next); the
+            # same bounds in every warpgroup (the simulator runs the warps in lockstep), so
+            # that one whose rows lie past sq runs those steps too
+            j0 = kaio.max(1, sk // BN)
+            if causal != 0:
+                j0 = kaio.max(1, kaio.min(j0, (q0 + 1) // BN))
+            n_mine = kaio.max(n_mine, j0)
+            for j in range(1, j0):
+                overlap_step(s, o, p, m, l, alpha, q_s, k_s, v_s, bars, turn, wg, lt, qc,
+                             g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, D,
+                             BN, PIPE, DT, ONES, LSE, HEXP, 0)  # fmt: skip
+                ps = st
+                pph = ph
+                st, ph = next_stage(st, ph, STAGES)
+        for j in range(j0, n_tiles):
             if SKIP == 0 or j < n_mine:
-                kaio.mbarrier_wait(bars, (0, st), ph)
-                if PIPE == 2 or PIPE == 4:  # wait for this warpgroup's turn on the tensor cores
-                    gj = g + j  # the block's gj-th overlapped step
-                    if wg == 0:
-                        if gj > 1:
-                            kaio.mbarrier_wait(turn, 0, u32(gj - 2) & 1)
-                    else:
-                        kaio.mbarrier_wait(turn, 1, u32(gj - 1) & 1)
-                kaio.wgmma_fence()
-                issue_s(s, q_s, k_s, st, wg, qc, D, DT)
-                if PIPE >= 3:
-                    rescale_rows(o, alpha, DO)
-                kaio.mbarrier_wait(bars, (1, ps), pph)
-                kaio.wgmma_fence()
-                issue_pv(o, p, v_s, ps, BN, DT)
-                if (PIPE == 2 or PIPE == 4) and lt % 32 == 0:  # the other warpgroup's turn
-                    kaio.mbarrier_arrive(turn, 1 - wg)
-                kaio.wgmma_wait(1)  # S_j done
-                if lt == 0:
-                    kaio.mbarrier_arrive(bars, (2, st))
-                if sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
-                    softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN,
-                                 1 - ONES, LSE, DT, HEXP)  # fmt: skip
-                kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done
-                if lt == 0:
-                    kaio.mbarrier_arrive(bars, (3, ps))
-                if PIPE < 3:
-                    rescale_rows(o, alpha, DO)
-                pack_p(p, s, BN, DT, HEXP)
+                overlap_step(s, o, p, m, l, alpha, q_s, k_s, v_s, bars, turn, wg, lt, qc,
+                             g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, D,
+                             BN, PIPE, DT, ONES, LSE, HEXP)  # fmt: skip
                 ps = st
                 pph = ph
             else:  # a key tile past this warpgroup's rows
@@ -861,6 +902,7 @@ def attention_fwd_wgmma(
     ONES: kaio.constexpr,
     LSE: kaio.constexpr,
     HEXP: kaio.constexpr,
+    DIAG: kaio.constexpr,
 ):
     """out[bh, row] = softmax(q[bh, row] k[kv]^T * scale) v[kv] and lse[bh, row] for the
     work tiles of ``64 * WG`` query rows of one (batch, head) ``bh`` (``tile_of``; ``bhs``:
@@ -869,7 +911,8 @@ def attention_fwd_wgmma(
     in boxes of (64 * WG, 64); ``tk``, ``tv``: k, v as [B * Hkv * sk, D] in boxes of (BN, 64);
     ``out`` [B * H * sq * D] and ``lse`` [B * H * sq] flat; ``scale_log2``: the scale times
     log2(e). ``XT``, ``QB``, ``ONES``: the one-stream schedule, its Q buffers and the row
-    sums on the tensor cores (module docstring; ``extras``). ``sched``: two i32 counters, 0
+    sums on the tensor cores (module docstring; ``extras``); ``DIAG`` 1: the unmasked key
+    tiles in a loop of their own (``consume_tile``). ``sched``: two i32 counters, 0
     at the launch, that ``PERSIST`` 4 takes its tiles from and leaves 0
     (``produce_dynamic``)."""
     BM = 64 * WG
@@ -944,7 +987,7 @@ def attention_fwd_wgmma(
                 st, ph, g, done, tails = consume_tile(
                     q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
                     q0, n_tiles, sq, sk, causal, scale_log2, st, ph, g, done, tails, D, BN,
-                    STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP,
+                    STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG,
                 )  # fmt: skip
     elif wg < WG:  # the consumers
         if REGS:
@@ -963,13 +1006,13 @@ def attention_fwd_wgmma(
                     st, ph, g, done, tails = consume_tile(
                         q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
                         q0, n_tiles, sq, sk, causal, scale_log2, st, ph, g, done, tails, D, BN,
-                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP,
+                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG,
                     )  # fmt: skip
                 else:
                     st, ph, g, done, tails = consume_tile(
                         q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
                         q0, n_tiles, sq, sk, causal, scale_log2, st, ph, g, done, tails, D, BN,
-                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP,
+                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG,
                     )  # fmt: skip
     elif PERSIST == 4:  # the producer warpgroup: its first warp takes the tiles
         cnt, it = producer_start(REGS)
@@ -1031,7 +1074,7 @@ def config(d: int, causal: bool = False) -> dict:
 
 
 # a tile at a time, one Q buffer, sums by FADD (LSE: the rounding added back, with ONES)
-EXTRAS_OFF = {"XT": 0, "QB": 1, "ONES": 0, "LSE": 0, "HEXP": 0}
+EXTRAS_OFF = {"XT": 0, "QB": 1, "ONES": 0, "LSE": 0, "HEXP": 0, "DIAG": 0}
 
 
 SHORT_KEYS = 1024  # f16 D128 at most this many keys: tiles from a counter (``extras``)

@@ -140,8 +140,10 @@ THREE = {"WG": 3, "REGS": hopper.consumer_registers(3)}  # three consumer warpgr
         (1, 2, 2, 200, 256, 64, np.float16, False, {**THREE, "PIPE": 3, "XT": 1, "QB": 2}, 1),
         # a tile at a time with two Q buffers (the second tile's Q in the second), three
         # warpgroups of 64-key tiles, causal: warpgroups 0 and 1 free the two and one key
-        # tiles past their rows (two: the pending P V first)
-        (1, 1, 1, 384, 384, 64, np.float16, True, {**THREE, "PIPE": 1, "QB": 2}, 1),
+        # tiles past their rows (two: the pending P V first); the second tile's two unmasked
+        # key tiles in a loop of their own (DIAG; one block: blocks simulated together run
+        # in lockstep, and their loops of different lengths would wait on each other)
+        (1, 1, 1, 384, 384, 64, np.float16, True, {**THREE, "PIPE": 1, "QB": 2, "DIAG": 1}, 1),
     ],
 )
 def test_persistent_blocks_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, over, ctas):
