@@ -576,15 +576,18 @@ def consume_tile(
         ps = st  # the stage and parity of tile j - 1
         pph = ph
         st, ph = next_stage(st, ph, STAGES)
-        j0 = i32(1)  # the first step of the loop below (DIAG: after the unmasked ones)
-        if DIAG == 1:  # the key tiles that no row of the block masks, in a loop of their own
-            # without the mask's test (the masked ones, on the diagonal, in the next); the
-            # same bounds in every warpgroup (the simulator runs the warps in lockstep), so
-            # that one whose rows lie past sq runs those steps too
+        j0 = i32(1)  # the first masked key tile (DIAG: the earlier ones are not)
+        if DIAG != 0:  # the key tiles that no row of the block masks run without the mask's
+            # test: in a loop of their own (1), or a branch of the loop (2: one loop, whose
+            # steps the simulator runs in lockstep over the blocks simulated together); the
+            # same in every warpgroup, so that one whose rows lie past sq runs those steps too
             j0 = kaio.max(1, sk // BN)
             if causal != 0:
                 j0 = kaio.max(1, kaio.min(j0, (q0 + 1) // BN))
             n_mine = kaio.max(n_mine, j0)
+        jstart = i32(1)
+        if DIAG == 1:
+            jstart = j0
             for j in range(1, j0):
                 overlap_step(s, o, p, m, l, alpha, q_s, k_s, v_s, bars, turn, wg, lt, qc,
                              g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, D,
@@ -592,8 +595,17 @@ def consume_tile(
                 ps = st
                 pph = ph
                 st, ph = next_stage(st, ph, STAGES)
-        for j in range(j0, n_tiles):
-            if SKIP == 0 or j < n_mine:
+        for j in range(jstart, n_tiles):
+            plain = False  # (DIAG 2: a key tile that no row of the block masks)
+            if DIAG == 2:
+                plain = j < j0
+            if plain:
+                overlap_step(s, o, p, m, l, alpha, q_s, k_s, v_s, bars, turn, wg, lt, qc,
+                             g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, D,
+                             BN, PIPE, DT, ONES, LSE, HEXP, 0)  # fmt: skip
+                ps = st
+                pph = ph
+            elif SKIP == 0 or j < n_mine:
                 overlap_step(s, o, p, m, l, alpha, q_s, k_s, v_s, bars, turn, wg, lt, qc,
                              g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, D,
                              BN, PIPE, DT, ONES, LSE, HEXP)  # fmt: skip

@@ -100,8 +100,9 @@ THREE = {"WG": 3, "REGS": hopper.consumer_registers(3)}  # three consumer warpgr
         (1, 3, 3, 200, 256, 64, np.float16, True, {"PIPE": 4, "PERSIST": 0, "SECTION": 2}, 0),
         (1, 3, 1, 256, 256, 64, np.float16, True, {"PIPE": 0, "PERSIST": 2, "SECTION": 2}, 2),
         # pairs of query tiles, the heaviest with the lightest: three tiles a head (the
-        # middle one alone), two blocks; and a block for each pair
-        (1, 2, 1, 320, 320, 64, np.float16, True, {"PIPE": 4, "PERSIST": 3}, 2),
+        # middle one alone), two blocks (their unmasked key tiles a branch of the loop of
+        # their own, DIAG 2); and a block for each pair
+        (1, 2, 1, 320, 320, 64, np.float16, True, {"PIPE": 4, "PERSIST": 3, "DIAG": 2}, 2),
         (1, 2, 2, 256, 200, 64, ml_dtypes.bfloat16, False, {"PIPE": 0, "PERSIST": 3}, 0),
         # one stream of key-tile steps a block (XT), the next tile's first S = Q K^T issued
         # with the last P V: pairs with two Q buffers, causal (tiles of 5, 1 and 3 key tiles)
