@@ -272,6 +272,13 @@ TINY = [  # (d, causal, sk, config over the routed one, persistent blocks or Non
     # two at a time, without the mask)
     (128, True, 300, {"PERSIST": 3, "PIPE": 1, "QB": 2}, 3),
     (128, False, 300, {"PERSIST": 3, "PIPE": 1, "QB": 2, "HEXP": 1}, 3),
+    # 17, 18: D64's three warpgroups of 128 keys taking tiles from a counter, with the mask
+    # and two Q buffers, and without; 19, 20: the unmasked key tiles apart (DIAG 1, 2) on
+    # D128's causal route
+    (64, True, 300, {"PERSIST": 4, "PIPE": 1, "QB": 2}, 3),
+    (64, False, 300, {"PERSIST": 4, "PIPE": 3}, 3),
+    (128, True, 300, {"PERSIST": 3, "PIPE": 1, "QB": 2, "DIAG": 1}, 3),
+    (128, True, 300, {"PERSIST": 3, "PIPE": 1, "QB": 2, "DIAG": 2}, 3),
 ]
 
 
