@@ -317,10 +317,13 @@ def tiny_warm(jobs: int, cases=None) -> None:
                 print(f"FAILED: {type(e).__name__}: {e}", flush=True)
 
 
-def one(label: str, d: int, causal: bool) -> None:
-    """Variant ``label`` (f16, head dim d, B4 H16 S4096) three times: for a profiler."""
-    run = runner("new" if label != "mma.sync" else "old", d, NEW.get(label, {}))
-    q, k, v = tensors(4, 16, 16, 4096, 4096, d, "float16")
+def one(label: str, d: int, causal: bool, shape: str = "4,16,16,4096") -> None:
+    """Variant ``label`` (a ``NEW`` label, or a ``parse_specs`` config ``K=V,...``; f16,
+    head dim d, ``shape`` B,H,HKV,S) three times: for a profiler."""
+    over = NEW[label] if label in NEW else parse_specs(f"{d}/f16/{label}")[0][4]
+    run = runner("new" if label != "mma.sync" else "old", d, over)
+    b, h, hkv, s = (int(x) for x in shape.split(","))
+    q, k, v = tensors(b, h, hkv, s, s, d, "float16")
     for _ in range(3):
         run(q, k, v, causal)
     import torch
@@ -526,9 +529,11 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("step", choices=("warm", "check", "time", "tiny", "tiny-warm", "one", "grid"))
     p.add_argument("--specs", help="warm, grid: the variants, D/dtype/K=V,K=V;... (parse_specs)")
-    p.add_argument("--shapes", default="4,16,16,4096", help="grid: B,H,HKV,S[,SK];...")
+    p.add_argument(
+        "--shapes", default="4,16,16,4096", help="grid: B,H,HKV,S[,SK];... one: B,H,HKV,S"
+    )
     p.add_argument("--causal-grid", default="both", choices=("both", "no", "yes"))
-    p.add_argument("--variant", default="wgmma", help="one: the variant (a NEW label)")
+    p.add_argument("--variant", default="wgmma", help="one: a NEW label, or K=V,... (or default)")
     p.add_argument("--d", type=int, default=128, help="one: the head dim")
     p.add_argument("--causal", action="store_true", help="one: causal")
     p.add_argument("--cases", help="tiny: the TINY cases to run, i,j,... (default all)")
@@ -554,7 +559,7 @@ def main() -> None:
     elif args.step == "tiny-warm":
         tiny_warm(args.jobs, [int(i) for i in args.cases.split(",")] if args.cases else None)
     elif args.step == "one":
-        one(args.variant, args.d, args.causal)
+        one(args.variant, args.d, args.causal, args.shapes)
     else:
         bench(args.out, args.check_log)
 
