@@ -456,7 +456,81 @@ def warm(jobs: int, specs: str | None = None) -> None:
                 print(f"FAILED: {type(e).__name__}: {e}", flush=True)
 
 
-def grid(specs: str, shapes: str, causals: tuple, out_path, rounds: int = 5) -> None:
+CHECKS = ((2, 16, 4, 1024, 1024), (1, 4, 2, 300, 500))  # grid's small cases: b, h, hkv, sq, sk
+
+
+def module_of(over: dict):
+    """The module a variant's ``over`` runs (``BASE=n``: ``base_module(n)``) and ``over``
+    without the bench's own keys."""
+    from kaio_ops import _attention_hopper as hop
+
+    over = {k: v for k, v in over.items() if k not in ("NOCHECK", "BASE")}
+    return hop, over
+
+
+def launch_cfg(hop, d: int, causal: bool, dt, sk: int, many: bool, over: dict) -> dict:
+    """The constexprs (but D and DT) that ``hop.launch`` gives the kernel for a variant's
+    ``over`` (as ``runner`` passes it), the mask, ``sk`` keys and ``many`` query tiles."""
+    routed = hop.extras(d, causal, dt, sk, many)
+    if over:
+        cfg = {**hop.EXTRAS_OFF, **routed, **hop.config(d, causal), **over}
+    else:
+        cfg = {**hop.EXTRAS_OFF, **hop.config(d, causal), **routed}
+    cfg.pop("SECTION", None)
+    return cfg
+
+
+def compile_spec(base: int, d: int, dtype: str, items: tuple) -> str:
+    """Compile and load one specialization (``base``: of ``base_module(base)``, else the
+    branch's module) into the disk cache; a line with its time and resources."""
+    import time
+
+    import kaio
+    from kaio_ops import _attention_hopper as hop
+
+    if base:
+        hop = base_module(base)
+    t0 = time.time()
+    dt = kaio.f16 if dtype == "float16" else kaio.bf16
+    r = hop.attention_fwd_wgmma.resources(D=d, DT=dt, **dict(items))
+    return (f"base {base} D{d} {dtype} {dict(items)}: {time.time() - t0:.1f}s (registers "
+            f"{r.registers}, local bytes {r.local_bytes})")  # fmt: skip
+
+
+def warm_specs(vs: list, shapes: str, causals: tuple, jobs: int, sms: int) -> None:
+    """Compile every specialization that ``grid`` launches (its checks with ``MANY_TILES``
+    0, each timed shape as routed), one process a specialization, ``jobs`` at a time."""
+    import multiprocessing as mp
+
+    import kaio
+
+    todo = {}
+    for _, dtype, d, kind, over in vs:
+        if kind != "new" or "precise" in over:
+            continue
+        base = over.get("BASE", 0)
+        hop = base_module(base) if base else module_of(over)[0]
+        clean = module_of(over)[1]
+        dt = kaio.f16 if dtype == "float16" else kaio.bf16
+        keys = [(sk, True) for *_, sk in CHECKS]
+        for shape in shapes.split(";"):
+            b, h, _, s, *rest = (int(x) for x in shape.split(","))
+            keys.append((rest[0] if rest else s, b * h * -(-s // 128) >= hop.MANY_TILES * sms))
+        for causal in causals:
+            for sk, many in keys:
+                cfg = launch_cfg(hop, d, causal, dt, sk, many, clean)
+                todo[(base, d, dtype, tuple(sorted(cfg.items())))] = None
+    ctx = mp.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        futures = [pool.submit(compile_spec, *key) for key in todo]
+        for f in futures:
+            try:
+                print(f.result(timeout=120), flush=True)
+            except Exception as e:  # noqa: BLE001  (report each specialization's failure)
+                print(f"FAILED: {type(e).__name__}: {e}", flush=True)
+
+
+def grid(specs: str, shapes: str, causals: tuple, out_path, rounds: int = 5, jobs: int = 0) -> None:
     """Each variant of ``specs`` (``parse_specs``) checked against float64 on two small
     cases (grouped-query heads with several tiles a persistent block, and a partial last key
     tile with a query tail), then, where it passed, timed with SDPA flash on each shape
@@ -467,12 +541,18 @@ def grid(specs: str, shapes: str, causals: tuple, out_path, rounds: int = 5) -> 
 
     vs = parse_specs(specs)
     name = torch.cuda.get_device_name()
+    if jobs:
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        warm_specs(vs, shapes, causals, jobs, sms)
     rows, refs, ok = [], {}, []
     for label, dtype, d, kind, over in vs:
         run = runner(kind, d, over)
         worst = worst_lse = 0.0
+        base = over.get("BASE", 0)
+        hop = base_module(base) if base else module_of(over)[0]
+        many, hop.MANY_TILES = hop.MANY_TILES, 0  # the checks take the routes of the timing
         try:
-            for b, h, hkv, sq, sk in ((2, 16, 4, 1024, 1024), (1, 4, 2, 300, 500)):
+            for b, h, hkv, sq, sk in CHECKS:
                 for causal in causals:
                     key = (dtype, d, b, h, hkv, sq, sk, causal)
                     if key not in refs:
@@ -487,6 +567,8 @@ def grid(specs: str, shapes: str, causals: tuple, out_path, rounds: int = 5) -> 
         except Exception as e:  # noqa: BLE001  (one variant's failure, the others go on)
             print(f"FAILED {label}: {type(e).__name__}: {e}", flush=True)
             continue
+        finally:
+            hop.MANY_TILES = many
         tol = 2e-2 if dtype == "bfloat16" else 3e-3
         wrong = "" if worst < tol else "  WRONG"
         print(f"check {label}: rel {worst:.1e}, lse {worst_lse:.1e}{wrong}", flush=True)
@@ -548,10 +630,8 @@ def main() -> None:
     if args.step == "warm":
         warm(args.jobs, args.specs)
     elif args.step == "grid":
-        if args.jobs:
-            warm(args.jobs, args.specs)
         causals = {"both": (False, True), "no": (False,), "yes": (True,)}[args.causal_grid]
-        grid(args.specs, args.shapes, causals, args.out, args.rounds)
+        grid(args.specs, args.shapes, causals, args.out, args.rounds, args.jobs)
     elif args.step == "check":
         check(args.out)
     elif args.step == "tiny":

@@ -1091,10 +1091,10 @@ EXTRAS_OFF = {"XT": 0, "QB": 1, "ONES": 0, "LSE": 0, "HEXP": 0, "DIAG": 0}
 
 SHORT_KEYS = 1024  # f16 D128 at most this many keys: tiles from a counter (``extras``)
 MANY_TILES = 8  # query tiles a multiprocessor from which ``extras`` routes QB 2, PERSIST 4
-# PERSIST 4 at SHORT_KEYS keys or fewer: off until compute-sanitizer's racecheck has run on
-# the tile slot's barrier (``produce_dynamic``), added after the last GPU round (the version
-# measured there had racecheck hazards on the slot: docs/performance.md)
-ROUTE_COUNTER = False
+# PERSIST 4 at SHORT_KEYS keys or fewer: on since compute-sanitizer's racecheck reported no
+# hazard on the tile slot's barrier (``produce_dynamic``; an earlier version had hazards on
+# the slot: docs/performance.md)
+ROUTE_COUNTER = True
 
 
 def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True) -> dict:
@@ -1115,7 +1115,7 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     at S 2048-4096, 1-9% at S 1024, as fast at S 16384 (docs/performance.md, "exponentials
     two at a time"); without the mask it lost 4-5% at S 16384, and bf16 ran as fast either
     way. For f16 at D 128 and at most ``SHORT_KEYS`` keys ``sk`` (0: unknown), QB 2 with
-    the mask or not, and with ``ROUTE_COUNTER`` (off: see there) ``PERSIST`` 4 (tiles taken
+    the mask or not, and with ``ROUTE_COUNTER`` (on: see there) ``PERSIST`` 4 (tiles taken
     from a counter, one head a section): 3-7% faster at S 1024 (2-7% behind at S
     4096-16384); ``launch`` lets this PERSIST override ``config``'s when it routes. Both
     only where the launch has ``many`` (at least MANY_TILES query tiles a multiprocessor:
