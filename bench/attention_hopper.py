@@ -279,6 +279,8 @@ TINY = [  # (d, causal, sk, config over the routed one, persistent blocks or Non
     (64, False, 300, {"PERSIST": 4, "PIPE": 3}, 3),
     (128, True, 300, {"PERSIST": 3, "PIPE": 1, "QB": 2, "DIAG": 1}, 3),
     (128, True, 300, {"PERSIST": 3, "PIPE": 1, "QB": 2, "DIAG": 2}, 3),
+    # 21: O stored as 16-byte vectors (shuffles in every lane, a query tail), D128's route
+    (128, True, 300, {"PERSIST": 3, "PIPE": 1, "QB": 2, "OV": 1}, 3),
 ]
 
 

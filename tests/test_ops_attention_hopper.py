@@ -159,8 +159,9 @@ def test_persistent_blocks_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, ove
     [
         # pairs of query tiles, causal, the overlapped order
         (1, 2, 1, 256, 256, 64, np.float16, True, {"PIPE": 1, "PERSIST": 3}, 2),
-        # FlashAttention-3's order, persistent blocks, a partial last key tile, bf16
-        (1, 2, 1, 130, 200, 128, ml_dtypes.bfloat16, False, {"PIPE": 3, "PERSIST": 1}, 1),
+        # FlashAttention-3's order, persistent blocks, a partial last key tile, bf16, a
+        # query tail; O stored as 16-byte vectors (OV: the rows past sq left alone)
+        (1, 2, 1, 130, 200, 128, ml_dtypes.bfloat16, False, {"PIPE": 3, "PERSIST": 1, "OV": 1}, 1),
         # three warpgroups, the plain order, a block a tile, causal
         (1, 2, 1, 200, 384, 64, np.float16, True, {**THREE, "PIPE": 0, "PERSIST": 0}, 0),
         # ping-pong, grouped-query heads
@@ -177,8 +178,8 @@ def test_persistent_blocks_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, ove
         (1, 1, 1, 130, 200, 64, np.float16, True, {"PERSIST": 3, "HEXP": 1}, 1),
         (1, 2, 1, 64, 128, 64, ml_dtypes.bfloat16, False, {"PIPE": 3, "HEXP": 1}, 1),
         # D128's route with the mask (f16): two Q buffers over a pair of query tiles of
-        # 128-key tiles, a partial last key tile
-        (1, 1, 1, 256, 200, 128, np.float16, True, {"BN": 128, "QB": 2, "PERSIST": 3}, 1),
+        # 128-key tiles, a partial last key tile; O stored as 16-byte vectors (OV)
+        (1, 1, 1, 256, 200, 128, np.float16, True, {"BN": 128, "QB": 2, "PERSIST": 3, "OV": 1}, 1),
     ],
 )
 def test_row_sums_on_the_tensor_cores_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, over,
@@ -281,8 +282,9 @@ def test_stream_configurations_are_checked(over, match):
 def test_routes_by_type_mask_and_keys(monkeypatch):
     """``extras``: the row sums on the tensor cores for f16 at D 64 and 128; two Q buffers
     for f16 at D 128 with the mask or at most SHORT_KEYS keys, where the launch has many
-    query tiles (and there tiles taken from a counter, with ROUTE_COUNTER); nothing more
-    for bf16 or D 256."""
+    query tiles (and there tiles taken from a counter, with ROUTE_COUNTER); at D 64 with the
+    mask and at most SHORT_KEYS keys, tiles from the counter with two Q buffers; nothing
+    more for bf16 or D 256."""
     f16, bf16 = kaio.f16, kaio.bf16
     short = {"ONES": 1, "QB": 2}
     monkeypatch.setattr(hopper, "ROUTE_COUNTER", True)
@@ -293,7 +295,9 @@ def test_routes_by_type_mask_and_keys(monkeypatch):
     assert hopper.extras(128, True, f16, 4096) == {"ONES": 1, "QB": 2}
     assert hopper.extras(128, False, f16, 4096) == {"ONES": 1}
     assert hopper.extras(128, True, f16, 1024, many=False) == {"ONES": 1}
-    assert hopper.extras(64, True, f16, 1024) == {"ONES": 1}
+    assert hopper.extras(64, False, f16, 1024) == hopper.extras(64, True, f16, 4096) == {"ONES": 1}
+    assert hopper.extras(64, True, f16, 1024) == {"ONES": 1, "PERSIST": 4, "QB": 2}
+    assert hopper.extras(64, True, f16, 1024, many=False) == {"ONES": 1}
     assert hopper.extras(128, True, bf16, 1024) == hopper.extras(256, True, f16, 1024) == {}
 
 
