@@ -340,8 +340,13 @@ def _hopper_gpu() -> bool:
 @pytest.mark.parametrize(
     "b, h, hkv, sq, sk, d",
     # the third: f16's route at 1024 keys and 2048 tiles (two Q buffers, with or without
-    # the mask)
-    [(2, 8, 8, 2048, 2048, 128), (2, 8, 2, 2048, 4096, 64), (16, 16, 4, 1024, 1024, 128)],
+    # the mask); the fourth: D64's there (with the mask: tiles from the counter)
+    [
+        (2, 8, 8, 2048, 2048, 128),
+        (2, 8, 2, 2048, 4096, 64),
+        (16, 16, 4, 1024, 1024, 128),
+        (16, 16, 4, 1024, 1024, 64),
+    ],
 )
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
