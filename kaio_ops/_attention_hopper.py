@@ -1171,14 +1171,21 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     and QB 2 (three warpgroups taking tiles from the counter, heaviest first, where
     ``config`` has a tile a block: 8.6% faster at B16 H16 S1024, as fast at S 4096; fourth
     pass, docs/performance.md).
-    ``HEXP`` (the exponentials as f16 pairs) measured no faster (-2% to +2%)."""
+    ``HEXP`` (the exponentials as f16 pairs) measured no faster (-2% to +2%). ``OV`` 1 (O
+    stored as 16-byte vectors) at D 128 and 256, either type (fourth pass: D128 f16 +2% at
+    S 4096, +4% with the mask, +10% and +13% at S 1024; D256 +5% to +20%; D64 no faster);
+    ``DIAG`` 1 (the unmasked key tiles in a loop of their own) at D 128 with the mask (+1%
+    to +2%)."""
+    every = {"OV": 1} if d in (128, 256) else {}  # (either type)
+    if d == 128 and causal:
+        every["DIAG"] = 1
     if d > 128 or dt not in (None, kaio.f16):
-        return {}
+        return every
     more = d == 128 and many
     short = more and 0 < sk <= SHORT_KEYS
     if d == 64 and causal and many and 0 < sk <= SHORT_KEYS:  # (D64: tiles from the counter)
         return {"ONES": 1, "PERSIST": 4, "QB": 2}
-    return {"ONES": 1, **({"QB": 2} if more and (causal or short) else {}),
+    return {**every, "ONES": 1, **({"QB": 2} if more and (causal or short) else {}),
             **({"PERSIST": 4} if short and ROUTE_COUNTER else {})}  # fmt: skip
 
 
