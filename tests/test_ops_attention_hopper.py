@@ -19,7 +19,7 @@ import kaio_ops
 from kaio.ptx.ptxas import find_ptxas
 from kaio_ops import _arrays, attention
 from kaio_ops import _attention_hopper as hopper
-from tests.harness import assemble_wgmma
+from tests.harness import assemble_wgmma, covering
 from tests.poison import poison_allocations
 from tests.test_ops_attention import reference, rel
 
@@ -320,10 +320,13 @@ def test_dispatch_needs_a_whole_64_column_head_dim_and_a_gpu():
     assert hopper.worthwhile(16, 4096, 4096, 256, 132)  # D = 256 too (whole-program JIT)
 
 
+SPECS = list(hopper.specializations())
+
+
 @pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
-@pytest.mark.parametrize("index", range(len(list(hopper.specializations()))))
+@pytest.mark.parametrize("index", covering(SPECS))  # (every value of each constexpr)
 def test_specializations_assemble_for_sm_90a(index):
-    assemble_wgmma(*list(hopper.specializations())[index])
+    assemble_wgmma(*SPECS[index])
 
 
 def test_other_targets_are_compile_errors():
