@@ -12,9 +12,11 @@ others' results:
   median of several rounds of back-to-back calls, every contender in the same process.
 
 - ``grid --specs "D/dtype/K=V,...;..." [--shapes "B,H,HKV,S;..."]``: any configurations
-  (``parse_specs``; ``default`` for the routed one, ``old`` for the mma.sync kernel),
-  compiled N processes at a time, checked against float64 on two small cases, then timed
-  beside SDPA flash in interleaved rounds, causal and not.
+  (``parse_specs``; ``default`` for the routed one, ``old`` for the mma.sync kernel;
+  ``BASE=n`` a copy of the module at ``$ATTN_BASE`` or ``$ATTN_BASE<n>``, ``NOCHECK=1`` a
+  diagnostic timed whatever its check says), compiled N processes at a time, checked
+  against float64 on two small cases, then timed beside SDPA flash in interleaved rounds,
+  causal and not.
 - ``tiny``: the default kernel on a few small cases, and persistent variants (for
   compute-sanitizer; ``tiny-warm --jobs N`` compiles them first, N processes at a time).
 - ``one --variant LABEL [--d D] [--causal]``: one variant three times at B4 H16 S4096 (for a
@@ -82,22 +84,22 @@ def precise_kernel():
     return _PRECISE[0]
 
 
-_BASE = []
+_BASE = {}
 
 
-def base_module():
-    """The module that ``BASE=1`` variants run: a copy of ``_attention_hopper.py`` (another
-    branch's, for an A/B in one process) at the path ``$ATTN_BASE`` names."""
-    if not _BASE:
+def base_module(n: int = 1):
+    """The module that ``BASE=n`` variants run: a copy of ``_attention_hopper.py`` (another
+    branch's, or a patched one, for an A/B in one process) at the path ``$ATTN_BASE`` names
+    (n 1) or ``$ATTN_BASE<n>``."""
+    if n not in _BASE:
         import importlib.util
 
-        spec = importlib.util.spec_from_file_location(
-            "kaio_ops._attention_hopper_base", os.environ["ATTN_BASE"]
-        )
+        path = os.environ["ATTN_BASE" if n == 1 else f"ATTN_BASE{n}"]
+        spec = importlib.util.spec_from_file_location(f"kaio_ops._attention_hopper_base{n}", path)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
-        _BASE.append(mod)
-    return _BASE[0]
+        _BASE[n] = mod
+    return _BASE[n]
 
 
 def runner(kind: str, d: int, over: dict):
@@ -107,8 +109,10 @@ def runner(kind: str, d: int, over: dict):
     from kaio_ops import attention
 
     over = dict(over)
-    if over.pop("BASE", 0):
-        hop = base_module()
+    over.pop("NOCHECK", 0)  # (``grid``'s)
+    base = over.pop("BASE", 0)
+    if base:
+        hop = base_module(base)
 
     def run(q, k, v, causal):
         (qa, ka, va), dims, scale = attention._check_flash("bench", q, k, v, None)
@@ -140,9 +144,10 @@ def warm_one(i: int, specs: str | None = None) -> str:
 
     t0 = time.time()
     label, dtype, d, kind, over = (parse_specs(specs) if specs else variants())[i]
-    q, k, v = tensors(1, 2, 1, 512, 512, d, dtype)
-    for causal in (False, True):  # the default's configuration may depend on the mask
-        runner(kind, d, over)(q, k, v, causal)
+    for sk in (512, 2048) if d == 128 else (512,):  # (``extras`` routes by the keys at D128)
+        q, k, v = tensors(1, 2, 1, 512, sk, d, dtype)
+        for causal in (False, True):  # the default's configuration may depend on the mask
+            runner(kind, d, over)(q, k, v, causal)
     import torch
 
     torch.cuda.synchronize()
@@ -152,9 +157,10 @@ def warm_one(i: int, specs: str | None = None) -> str:
         from kaio_ops import _attention_hopper as hop
 
         over = dict(over)
+        over.pop("NOCHECK", 0)
         base = over.pop("BASE", 0)
         if base:
-            hop = base_module()
+            hop = base_module(base)
         dt = kaio.f16 if dtype == "float16" else kaio.bf16
         # the kernel launched above (without the mask, 512 keys: launch's merge)
         routed = hop.extras(d, False, dt) if base else hop.extras(d, False, dt, 512)
@@ -266,6 +272,15 @@ TINY = [  # (d, causal, sk, config over the routed one, persistent blocks or Non
     # two at a time, without the mask)
     (128, True, 300, {"PERSIST": 3, "PIPE": 1, "QB": 2}, 3),
     (128, False, 300, {"PERSIST": 3, "PIPE": 1, "QB": 2, "HEXP": 1}, 3),
+    # 17, 18: D64's three warpgroups of 128 keys taking tiles from a counter, with the mask
+    # and two Q buffers, and without; 19, 20: the unmasked key tiles apart (DIAG 1, 2) on
+    # D128's causal route
+    (64, True, 300, {"PERSIST": 4, "PIPE": 1, "QB": 2}, 3),
+    (64, False, 300, {"PERSIST": 4, "PIPE": 3}, 3),
+    (128, True, 300, {"PERSIST": 3, "PIPE": 1, "QB": 2, "DIAG": 1}, 3),
+    (128, True, 300, {"PERSIST": 3, "PIPE": 1, "QB": 2, "DIAG": 2}, 3),
+    # 21: O stored as 16-byte vectors (shuffles in every lane, a query tail), D128's route
+    (128, True, 300, {"PERSIST": 3, "PIPE": 1, "QB": 2, "OV": 1}, 3),
 ]
 
 
@@ -304,10 +319,13 @@ def tiny_warm(jobs: int, cases=None) -> None:
                 print(f"FAILED: {type(e).__name__}: {e}", flush=True)
 
 
-def one(label: str, d: int, causal: bool) -> None:
-    """Variant ``label`` (f16, head dim d, B4 H16 S4096) three times: for a profiler."""
-    run = runner("new" if label != "mma.sync" else "old", d, NEW.get(label, {}))
-    q, k, v = tensors(4, 16, 16, 4096, 4096, d, "float16")
+def one(label: str, d: int, causal: bool, shape: str = "4,16,16,4096") -> None:
+    """Variant ``label`` (a ``NEW`` label, or a ``parse_specs`` config ``K=V,...``; f16,
+    head dim d, ``shape`` B,H,HKV,S) three times: for a profiler."""
+    over = NEW[label] if label in NEW else parse_specs(f"{d}/f16/{label}")[0][4]
+    run = runner("new" if label != "mma.sync" else "old", d, over)
+    b, h, hkv, s = (int(x) for x in shape.split(","))
+    q, k, v = tensors(b, h, hkv, s, s, d, "float16")
     for _ in range(3):
         run(q, k, v, causal)
     import torch
@@ -440,7 +458,81 @@ def warm(jobs: int, specs: str | None = None) -> None:
                 print(f"FAILED: {type(e).__name__}: {e}", flush=True)
 
 
-def grid(specs: str, shapes: str, causals: tuple, out_path, rounds: int = 5) -> None:
+CHECKS = ((2, 16, 4, 1024, 1024), (1, 4, 2, 300, 500))  # grid's small cases: b, h, hkv, sq, sk
+
+
+def module_of(over: dict):
+    """The module a variant's ``over`` runs (``BASE=n``: ``base_module(n)``) and ``over``
+    without the bench's own keys."""
+    from kaio_ops import _attention_hopper as hop
+
+    over = {k: v for k, v in over.items() if k not in ("NOCHECK", "BASE")}
+    return hop, over
+
+
+def launch_cfg(hop, d: int, causal: bool, dt, sk: int, many: bool, over: dict) -> dict:
+    """The constexprs (but D and DT) that ``hop.launch`` gives the kernel for a variant's
+    ``over`` (as ``runner`` passes it), the mask, ``sk`` keys and ``many`` query tiles."""
+    routed = hop.extras(d, causal, dt, sk, many)
+    if over:
+        cfg = {**hop.EXTRAS_OFF, **routed, **hop.config(d, causal), **over}
+    else:
+        cfg = {**hop.EXTRAS_OFF, **hop.config(d, causal), **routed}
+    cfg.pop("SECTION", None)
+    return cfg
+
+
+def compile_spec(base: int, d: int, dtype: str, items: tuple) -> str:
+    """Compile and load one specialization (``base``: of ``base_module(base)``, else the
+    branch's module) into the disk cache; a line with its time and resources."""
+    import time
+
+    import kaio
+    from kaio_ops import _attention_hopper as hop
+
+    if base:
+        hop = base_module(base)
+    t0 = time.time()
+    dt = kaio.f16 if dtype == "float16" else kaio.bf16
+    r = hop.attention_fwd_wgmma.resources(D=d, DT=dt, **dict(items))
+    return (f"base {base} D{d} {dtype} {dict(items)}: {time.time() - t0:.1f}s (registers "
+            f"{r.registers}, local bytes {r.local_bytes})")  # fmt: skip
+
+
+def warm_specs(vs: list, shapes: str, causals: tuple, jobs: int, sms: int) -> None:
+    """Compile every specialization that ``grid`` launches (its checks with ``MANY_TILES``
+    0, each timed shape as routed), one process a specialization, ``jobs`` at a time."""
+    import multiprocessing as mp
+
+    import kaio
+
+    todo = {}
+    for _, dtype, d, kind, over in vs:
+        if kind != "new" or "precise" in over:
+            continue
+        base = over.get("BASE", 0)
+        hop = base_module(base) if base else module_of(over)[0]
+        clean = module_of(over)[1]
+        dt = kaio.f16 if dtype == "float16" else kaio.bf16
+        keys = [(sk, True) for *_, sk in CHECKS]
+        for shape in shapes.split(";"):
+            b, h, _, s, *rest = (int(x) for x in shape.split(","))
+            keys.append((rest[0] if rest else s, b * h * -(-s // 128) >= hop.MANY_TILES * sms))
+        for causal in causals:
+            for sk, many in keys:
+                cfg = launch_cfg(hop, d, causal, dt, sk, many, clean)
+                todo[(base, d, dtype, tuple(sorted(cfg.items())))] = None
+    ctx = mp.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        futures = [pool.submit(compile_spec, *key) for key in todo]
+        for f in futures:
+            try:
+                print(f.result(timeout=120), flush=True)
+            except Exception as e:  # noqa: BLE001  (report each specialization's failure)
+                print(f"FAILED: {type(e).__name__}: {e}", flush=True)
+
+
+def grid(specs: str, shapes: str, causals: tuple, out_path, rounds: int = 5, jobs: int = 0) -> None:
     """Each variant of ``specs`` (``parse_specs``) checked against float64 on two small
     cases (grouped-query heads with several tiles a persistent block, and a partial last key
     tile with a query tail), then, where it passed, timed with SDPA flash on each shape
@@ -451,12 +543,18 @@ def grid(specs: str, shapes: str, causals: tuple, out_path, rounds: int = 5) -> 
 
     vs = parse_specs(specs)
     name = torch.cuda.get_device_name()
+    if jobs:
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        warm_specs(vs, shapes, causals, jobs, sms)
     rows, refs, ok = [], {}, []
     for label, dtype, d, kind, over in vs:
         run = runner(kind, d, over)
         worst = worst_lse = 0.0
+        base = over.get("BASE", 0)
+        hop = base_module(base) if base else module_of(over)[0]
+        many, hop.MANY_TILES = hop.MANY_TILES, 0  # the checks take the routes of the timing
         try:
-            for b, h, hkv, sq, sk in ((2, 16, 4, 1024, 1024), (1, 4, 2, 300, 500)):
+            for b, h, hkv, sq, sk in CHECKS:
                 for causal in causals:
                     key = (dtype, d, b, h, hkv, sq, sk, causal)
                     if key not in refs:
@@ -471,10 +569,12 @@ def grid(specs: str, shapes: str, causals: tuple, out_path, rounds: int = 5) -> 
         except Exception as e:  # noqa: BLE001  (one variant's failure, the others go on)
             print(f"FAILED {label}: {type(e).__name__}: {e}", flush=True)
             continue
+        finally:
+            hop.MANY_TILES = many
         tol = 2e-2 if dtype == "bfloat16" else 3e-3
         wrong = "" if worst < tol else "  WRONG"
         print(f"check {label}: rel {worst:.1e}, lse {worst_lse:.1e}{wrong}", flush=True)
-        if worst < tol:
+        if worst < tol or over.get("NOCHECK"):  # (NOCHECK 1: a diagnostic, timed anyway)
             ok.append((label, dtype, d, kind, over))
 
     for shape in shapes.split(";"):
@@ -513,9 +613,11 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("step", choices=("warm", "check", "time", "tiny", "tiny-warm", "one", "grid"))
     p.add_argument("--specs", help="warm, grid: the variants, D/dtype/K=V,K=V;... (parse_specs)")
-    p.add_argument("--shapes", default="4,16,16,4096", help="grid: B,H,HKV,S[,SK];...")
+    p.add_argument(
+        "--shapes", default="4,16,16,4096", help="grid: B,H,HKV,S[,SK];... one: B,H,HKV,S"
+    )
     p.add_argument("--causal-grid", default="both", choices=("both", "no", "yes"))
-    p.add_argument("--variant", default="wgmma", help="one: the variant (a NEW label)")
+    p.add_argument("--variant", default="wgmma", help="one: a NEW label, or K=V,... (or default)")
     p.add_argument("--d", type=int, default=128, help="one: the head dim")
     p.add_argument("--causal", action="store_true", help="one: causal")
     p.add_argument("--cases", help="tiny: the TINY cases to run, i,j,... (default all)")
@@ -530,10 +632,8 @@ def main() -> None:
     if args.step == "warm":
         warm(args.jobs, args.specs)
     elif args.step == "grid":
-        if args.jobs:
-            warm(args.jobs, args.specs)
         causals = {"both": (False, True), "no": (False,), "yes": (True,)}[args.causal_grid]
-        grid(args.specs, args.shapes, causals, args.out, args.rounds)
+        grid(args.specs, args.shapes, causals, args.out, args.rounds, args.jobs)
     elif args.step == "check":
         check(args.out)
     elif args.step == "tiny":
@@ -541,7 +641,7 @@ def main() -> None:
     elif args.step == "tiny-warm":
         tiny_warm(args.jobs, [int(i) for i in args.cases.split(",")] if args.cases else None)
     elif args.step == "one":
-        one(args.variant, args.d, args.causal)
+        one(args.variant, args.d, args.causal, args.shapes)
     else:
         bench(args.out, args.check_log)
 

@@ -209,6 +209,7 @@ def softmax_tile(
     s: f32[:, :], m: f32[:], l: f32[:], alpha: f32[:], j: i32, row0: i32, sk: i32,
     causal: i32, scale_log2: f32, lane: u32, BN: kaio.constexpr, SUMS: kaio.constexpr = 1,
     LSE: kaio.constexpr = 0, DT: kaio.constexpr = kaio.f16, HEXP: kaio.constexpr = 0,
+    MASK: kaio.constexpr = 1,
 ):  # fmt: skip
     """Mask key tile j's scores (keys at or past sk, and past the row when causal) where the
     tile needs it, then one online-softmax step of both row halves (row0 + 8h); the factors
@@ -222,7 +223,9 @@ def softmax_tile(
     MUFU.EX2s; ``softmax_step``'s ``PAIRS``), their bits in s[n, 2h] for ``pack_p``."""
     k0 = j * BN
     # (the warp's first row as i32: a varlen row shifted by sk - sq may be negative)
-    masked = k0 + BN > sk or (causal != 0 and k0 + BN > row0 - i32(lane // 4) + 1)
+    masked = False  # (MASK 0: a tile that the caller knows none of the warp's rows masks)
+    if MASK:
+        masked = k0 + BN > sk or (causal != 0 and k0 + BN > row0 - i32(lane // 4) + 1)
     if masked:
         for h in kaio.static_range(2):
             bound = sk  # the keys below it are seen: below sk, and up to the row when causal
@@ -274,9 +277,50 @@ def rescale_rows(o: f32[:, :], alpha: f32[:], D: kaio.constexpr):
 
 
 @kaio.gpu_func
+def store_quads(
+    out: DT[:], at0: i32, acc: f32[:, :], h: kaio.constexpr, factor: f32, lane: u32,
+    ok: bool_, D: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """``store_pairs``' stores (accumulator row half h times ``factor``, rounded to DT, at
+    out[at0 + col], where ``ok``; called by every lane of the warp) as 16-byte vectors: for
+    each block of 4 n8 tiles, a 4 x 4 transpose of the lane group's pairs (two rounds of
+    ``shfl_xor``) gives lane q the 8 columns of the block's tile q, one store instead of
+    four (a quarter of the store instructions, each row written 64 bytes at a time)."""
+    q = lane % 4
+    for g in kaio.static_range(D // 32):
+        x = kaio.local(u32, 4)  # lane q's pair of n8 tile 4g + i
+        for i in kaio.static_range(4):
+            a = acc[4 * g + i, 2 * h] * factor
+            b = acc[4 * g + i, 2 * h + 1] * factor
+            if DT == kaio.bf16:
+                x[i] = kaio.bitcast(kaio.bf16x2(a, b), u32)
+            else:
+                x[i] = kaio.bitcast(kaio.f16x2(a, b), u32)
+        for r in kaio.static_range(2):  # swap 2 x 2 blocks with lane q ^ 2, then pairs with q ^ 1
+            bit = (q >> u32(1 - r)) & 1
+            d = 2 >> r
+            for i in kaio.static_range(2):
+                lo = i if r == 0 else 2 * i  # x[lo] and x[lo + d] trade places across lanes
+                got = kaio.shfl_xor(kaio.select(bit != 0, x[lo], x[lo + d]), d)
+                x[lo] = kaio.select(bit != 0, got, x[lo])
+                x[lo + d] = kaio.select(bit != 0, x[lo + d], got)
+        vals = kaio.local(DT, 8)  # lane q: the 8 columns of tile 4g + q, x[j] from lane j
+        for j in kaio.static_range(4):
+            if DT == kaio.bf16:
+                pair = kaio.bitcast(x[j], kaio.bf16x2)
+            else:
+                pair = kaio.bitcast(x[j], kaio.f16x2)
+            vals[2 * j] = kaio.low(pair)
+            vals[2 * j + 1] = kaio.high(pair)
+        if ok:
+            kaio.store_vector(out, at0 + i32(8 * 4 * g) + i32(q) * 8, vals)
+
+
+@kaio.gpu_func
 def store_rows(
     out: DT[:], lse: f32[:], o: f32[:, :], m: f32[:], l: f32[:], o_at: i32, o_stride: i32,
     l_at: i32, row0: i32, sq: i32, lane: u32, D: kaio.constexpr, DT: kaio.constexpr,
+    OV: kaio.constexpr = 0,
 ):  # fmt: skip
     """out[o_at + row * o_stride:][:D] = o / the row's sum and lse[l_at + row] for this lane's
     rows row = row0 + 8h below sq (the dense layout: o_at = bh * sq * D, o_stride = D,
@@ -285,9 +329,13 @@ def store_rows(
         total = l[h] + kaio.shfl_xor(l[h], 1)
         total += kaio.shfl_xor(total, 2)
         row = row0 + 8 * h
+        if OV and D % 32 == 0:  # (the shuffles in every lane; the stores below sq)
+            inv = kaio.select(total > 0.0, 1.0 / total, 0.0)
+            store_quads(out, o_at + row * o_stride, o, h, inv, lane, row < sq, D, DT)
         if row < sq:
             inv = kaio.select(total > 0.0, 1.0 / total, 0.0)
-            store_pairs(out, o_at + row * o_stride, o, h, inv, lane, D, DT)
+            if not OV or D % 32 != 0:
+                store_pairs(out, o_at + row * o_stride, o, h, inv, lane, D, DT)
             if lane % 4 == 0:
                 lse[l_at + row] = kaio.select(total > 0.0, (m[h] + kaio.log2(total)) * LN2, NEG_INF)
 
@@ -429,6 +477,52 @@ def advance(pos: i32[:], STAGES: kaio.constexpr):
 
 
 @kaio.gpu_func
+def overlap_step(
+    s: f32[:, :], o: f32[:, :], p: u32[:, :], m: f32[:], l: f32[:], alpha: f32[:],
+    q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
+    wg: u32, lt: u32, qc: i32, gj: i32, row0: i32, sk: i32, causal: i32, scale_log2: f32,
+    st: i32, ph: u32, ps: i32, pph: u32, j: i32, D: kaio.constexpr, BN: kaio.constexpr,
+    PIPE: kaio.constexpr, DT: kaio.constexpr, ONES: kaio.constexpr, LSE: kaio.constexpr,
+    HEXP: kaio.constexpr, MASK: kaio.constexpr = 1,
+):  # fmt: skip
+    """One overlapped step of ``consume_tile`` (PIPE 1 to 4): S = Q K_j^T (stage ``st``,
+    parity ``ph``) issued with the pending P_{j-1} V_{j-1} (stage ``ps``, parity ``pph``),
+    the softmax of tile j while P V runs, then P of tile j packed (``gj``: the block's
+    overlapped steps so far, for the ping-pong turns of PIPE 2 and 4; ``MASK`` 0: a tile
+    that no row of the warpgroup masks, ``softmax_tile``'s)."""
+    lane = lt % 32
+    DO = D + 8 * ONES
+    kaio.mbarrier_wait(bars, (0, st), ph)
+    if PIPE == 2 or PIPE == 4:  # wait for this warpgroup's turn on the tensor cores
+        if wg == 0:
+            if gj > 1:
+                kaio.mbarrier_wait(turn, 0, u32(gj - 2) & 1)
+        else:
+            kaio.mbarrier_wait(turn, 1, u32(gj - 1) & 1)
+    kaio.wgmma_fence()
+    issue_s(s, q_s, k_s, st, wg, qc, D, DT)
+    if PIPE >= 3:
+        rescale_rows(o, alpha, DO)
+    kaio.mbarrier_wait(bars, (1, ps), pph)
+    kaio.wgmma_fence()
+    issue_pv(o, p, v_s, ps, BN, DT)
+    if (PIPE == 2 or PIPE == 4) and lt % 32 == 0:  # the other warpgroup's turn
+        kaio.mbarrier_arrive(turn, 1 - wg)
+    kaio.wgmma_wait(1)  # S_j done
+    if lt == 0:
+        kaio.mbarrier_arrive(bars, (2, st))
+    if sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
+        softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, 1 - ONES, LSE,
+                     DT, HEXP, MASK)  # fmt: skip
+    kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done
+    if lt == 0:
+        kaio.mbarrier_arrive(bars, (3, ps))
+    if PIPE < 3:
+        rescale_rows(o, alpha, DO)
+    pack_p(p, s, BN, DT, HEXP)
+
+
+@kaio.gpu_func
 def consume(
     q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
     out: DT[:], lse: f32[:], wg: u32, lt: u32, o_at: i32, o_stride: i32, l_at: i32, q0: i32,
@@ -460,7 +554,7 @@ def consume_tile(
     done: i32, tails: i32, D: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr,
     PIPE: kaio.constexpr, DT: kaio.constexpr, ONES: kaio.constexpr = 0,
     LSE: kaio.constexpr = 0, QB: kaio.constexpr = 1, SKIP: kaio.constexpr = 0,
-    HEXP: kaio.constexpr = 0,
+    HEXP: kaio.constexpr = 0, DIAG: kaio.constexpr = 0, OV: kaio.constexpr = 0,
 ) -> tuple[i32, u32, i32, i32, i32]:  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 query rows of one tile (thread ``lt`` of it) over the
     key tiles (module docstring), then its rows of ``out`` and ``lse`` (``store_rows``:
@@ -476,7 +570,10 @@ def consume_tile(
     (``ones_sums``), the V stages having a column block of ones; ``LSE`` 1 with it: the
     masked tiles' rounding of the probabilities added back to the sums (``softmax_tile``).
     ``SKIP`` 1: the key tiles past the warpgroup's rows are only freed (``skip_tile``; for
-    tiles of more rows than keys: the branch cost up to 4% at D 128, where it never skips)."""
+    tiles of more rows than keys: the branch cost up to 4% at D 128, where it never skips).
+    ``DIAG`` 1 (PIPE 1 to 4): the steps over the key tiles that no row of the block masks
+    run in a loop of their own, without the mask's test (``overlap_step``). ``OV`` 1: the
+    rows of O stored as 16-byte vectors (``store_quads``)."""
     lane = lt % 32
     row0 = q0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)
     m = kaio.local(f32, 2)
@@ -525,37 +622,39 @@ def consume_tile(
         ps = st  # the stage and parity of tile j - 1
         pph = ph
         st, ph = next_stage(st, ph, STAGES)
-        for j in range(1, n_tiles):
-            if SKIP == 0 or j < n_mine:
-                kaio.mbarrier_wait(bars, (0, st), ph)
-                if PIPE == 2 or PIPE == 4:  # wait for this warpgroup's turn on the tensor cores
-                    gj = g + j  # the block's gj-th overlapped step
-                    if wg == 0:
-                        if gj > 1:
-                            kaio.mbarrier_wait(turn, 0, u32(gj - 2) & 1)
-                    else:
-                        kaio.mbarrier_wait(turn, 1, u32(gj - 1) & 1)
-                kaio.wgmma_fence()
-                issue_s(s, q_s, k_s, st, wg, qc, D, DT)
-                if PIPE >= 3:
-                    rescale_rows(o, alpha, DO)
-                kaio.mbarrier_wait(bars, (1, ps), pph)
-                kaio.wgmma_fence()
-                issue_pv(o, p, v_s, ps, BN, DT)
-                if (PIPE == 2 or PIPE == 4) and lt % 32 == 0:  # the other warpgroup's turn
-                    kaio.mbarrier_arrive(turn, 1 - wg)
-                kaio.wgmma_wait(1)  # S_j done
-                if lt == 0:
-                    kaio.mbarrier_arrive(bars, (2, st))
-                if sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
-                    softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN,
-                                 1 - ONES, LSE, DT, HEXP)  # fmt: skip
-                kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done
-                if lt == 0:
-                    kaio.mbarrier_arrive(bars, (3, ps))
-                if PIPE < 3:
-                    rescale_rows(o, alpha, DO)
-                pack_p(p, s, BN, DT, HEXP)
+        j0 = i32(1)  # the first masked key tile (DIAG: the earlier ones are not)
+        if DIAG != 0:  # the key tiles that no row of the block masks run without the mask's
+            # test: in a loop of their own (1), or a branch of the loop (2: one loop, whose
+            # steps the simulator runs in lockstep over the blocks simulated together); the
+            # same in every warpgroup, so that one whose rows lie past sq runs those steps too
+            j0 = kaio.max(1, sk // BN)
+            if causal != 0:
+                j0 = kaio.max(1, kaio.min(j0, (q0 + 1) // BN))
+            n_mine = kaio.max(n_mine, j0)
+        jstart = i32(1)
+        if DIAG == 1:
+            jstart = j0
+            for j in range(1, j0):
+                overlap_step(s, o, p, m, l, alpha, q_s, k_s, v_s, bars, turn, wg, lt, qc,
+                             g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, D,
+                             BN, PIPE, DT, ONES, LSE, HEXP, 0)  # fmt: skip
+                ps = st
+                pph = ph
+                st, ph = next_stage(st, ph, STAGES)
+        for j in range(jstart, n_tiles):
+            plain = False  # (DIAG 2: a key tile that no row of the block masks)
+            if DIAG == 2:
+                plain = j < j0
+            if plain:
+                overlap_step(s, o, p, m, l, alpha, q_s, k_s, v_s, bars, turn, wg, lt, qc,
+                             g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, D,
+                             BN, PIPE, DT, ONES, LSE, HEXP, 0)  # fmt: skip
+                ps = st
+                pph = ph
+            elif SKIP == 0 or j < n_mine:
+                overlap_step(s, o, p, m, l, alpha, q_s, k_s, v_s, bars, turn, wg, lt, qc,
+                             g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, D,
+                             BN, PIPE, DT, ONES, LSE, HEXP)  # fmt: skip
                 ps = st
                 pph = ph
             else:  # a key tile past this warpgroup's rows
@@ -576,7 +675,7 @@ def consume_tile(
         tails += 1
     if ONES:
         ones_sums(l, o, D, m, LSE)
-    store_rows(out, lse, o, m, l, o_at, o_stride, l_at, row0, sq, lane, D, DT)
+    store_rows(out, lse, o, m, l, o_at, o_stride, l_at, row0, sq, lane, D, DT, OV)
     return st, ph, g, done + 1, tails
 
 
@@ -861,6 +960,8 @@ def attention_fwd_wgmma(
     ONES: kaio.constexpr,
     LSE: kaio.constexpr,
     HEXP: kaio.constexpr,
+    DIAG: kaio.constexpr,
+    OV: kaio.constexpr,
 ):
     """out[bh, row] = softmax(q[bh, row] k[kv]^T * scale) v[kv] and lse[bh, row] for the
     work tiles of ``64 * WG`` query rows of one (batch, head) ``bh`` (``tile_of``; ``bhs``:
@@ -869,9 +970,10 @@ def attention_fwd_wgmma(
     in boxes of (64 * WG, 64); ``tk``, ``tv``: k, v as [B * Hkv * sk, D] in boxes of (BN, 64);
     ``out`` [B * H * sq * D] and ``lse`` [B * H * sq] flat; ``scale_log2``: the scale times
     log2(e). ``XT``, ``QB``, ``ONES``: the one-stream schedule, its Q buffers and the row
-    sums on the tensor cores (module docstring; ``extras``). ``sched``: two i32 counters, 0
-    at the launch, that ``PERSIST`` 4 takes its tiles from and leaves 0
-    (``produce_dynamic``)."""
+    sums on the tensor cores (module docstring; ``extras``); ``DIAG`` 1: the unmasked key
+    tiles in a loop of their own, ``OV`` 1: O stored as 16-byte vectors (``consume_tile``).
+    ``sched``: two i32 counters, 0 at the launch, that ``PERSIST`` 4 takes its tiles from
+    and leaves 0 (``produce_dynamic``)."""
     BM = 64 * WG
     C = D // 64  # 64-column blocks of a row
     KV_BYTES = BN * D * 2
@@ -944,7 +1046,7 @@ def attention_fwd_wgmma(
                 st, ph, g, done, tails = consume_tile(
                     q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
                     q0, n_tiles, sq, sk, causal, scale_log2, st, ph, g, done, tails, D, BN,
-                    STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP,
+                    STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV,
                 )  # fmt: skip
     elif wg < WG:  # the consumers
         if REGS:
@@ -963,13 +1065,13 @@ def attention_fwd_wgmma(
                     st, ph, g, done, tails = consume_tile(
                         q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
                         q0, n_tiles, sq, sk, causal, scale_log2, st, ph, g, done, tails, D, BN,
-                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP,
+                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV,
                     )  # fmt: skip
                 else:
                     st, ph, g, done, tails = consume_tile(
                         q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
                         q0, n_tiles, sq, sk, causal, scale_log2, st, ph, g, done, tails, D, BN,
-                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP,
+                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV,
                     )  # fmt: skip
     elif PERSIST == 4:  # the producer warpgroup: its first warp takes the tiles
         cnt, it = producer_start(REGS)
@@ -1031,14 +1133,14 @@ def config(d: int, causal: bool = False) -> dict:
 
 
 # a tile at a time, one Q buffer, sums by FADD (LSE: the rounding added back, with ONES)
-EXTRAS_OFF = {"XT": 0, "QB": 1, "ONES": 0, "LSE": 0, "HEXP": 0}
+EXTRAS_OFF = {"XT": 0, "QB": 1, "ONES": 0, "LSE": 0, "HEXP": 0, "DIAG": 0, "OV": 0}
 
 
 SHORT_KEYS = 1024  # f16 D128 at most this many keys: tiles from a counter (``extras``)
 MANY_TILES = 8  # query tiles a multiprocessor from which ``extras`` routes QB 2, PERSIST 4
-# PERSIST 4 at SHORT_KEYS keys or fewer: off until compute-sanitizer's racecheck has run on
-# the tile slot's barrier (``produce_dynamic``), added after the last GPU round (the version
-# measured there had racecheck hazards on the slot: docs/performance.md)
+# PERSIST 4 at D128 and SHORT_KEYS keys or fewer: compute-sanitizer's racecheck reports no
+# hazard on the tile slot's barrier now (``produce_dynamic``), but it measured no faster than
+# pairs of tiles there in the fourth pass (docs/performance.md): off
 ROUTE_COUNTER = False
 
 
@@ -1060,17 +1162,30 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     at S 2048-4096, 1-9% at S 1024, as fast at S 16384 (docs/performance.md, "exponentials
     two at a time"); without the mask it lost 4-5% at S 16384, and bf16 ran as fast either
     way. For f16 at D 128 and at most ``SHORT_KEYS`` keys ``sk`` (0: unknown), QB 2 with
-    the mask or not, and with ``ROUTE_COUNTER`` (off: see there) ``PERSIST`` 4 (tiles taken
+    the mask or not, and with ``ROUTE_COUNTER`` (on: see there) ``PERSIST`` 4 (tiles taken
     from a counter, one head a section): 3-7% faster at S 1024 (2-7% behind at S
     4096-16384); ``launch`` lets this PERSIST override ``config``'s when it routes. Both
     only where the launch has ``many`` (at least MANY_TILES query tiles a multiprocessor:
     they were measured faster with 15, 5-12% slower with 2 and 4, B2 and B4 H16 S1024).
-    ``HEXP`` (the exponentials as f16 pairs) measured no faster (-2% to +2%)."""
+    f16 at D 64 with the mask and at most ``SHORT_KEYS`` keys, with ``many``: ``PERSIST`` 4
+    and QB 2 (three warpgroups taking tiles from the counter, heaviest first, where
+    ``config`` has a tile a block: 8.6% faster at B16 H16 S1024, as fast at S 4096; fourth
+    pass, docs/performance.md).
+    ``HEXP`` (the exponentials as f16 pairs) measured no faster (-2% to +2%). ``OV`` 1 (O
+    stored as 16-byte vectors) at D 128 and 256, either type (fourth pass: D128 f16 +2% at
+    S 4096, +4% with the mask, +10% and +13% at S 1024; D256 +5% to +20%; D64 no faster);
+    ``DIAG`` 1 (the unmasked key tiles in a loop of their own) at D 128 with the mask (+1%
+    to +2%)."""
+    every = {"OV": 1} if d in (128, 256) else {}  # (either type)
+    if d == 128 and causal:
+        every["DIAG"] = 1
     if d > 128 or dt not in (None, kaio.f16):
-        return {}
+        return every
     more = d == 128 and many
     short = more and 0 < sk <= SHORT_KEYS
-    return {"ONES": 1, **({"QB": 2} if more and (causal or short) else {}),
+    if d == 64 and causal and many and 0 < sk <= SHORT_KEYS:  # (D64: tiles from the counter)
+        return {"ONES": 1, "PERSIST": 4, "QB": 2}
+    return {**every, "ONES": 1, **({"QB": 2} if more and (causal or short) else {}),
             **({"PERSIST": 4} if short and ROUTE_COUNTER else {})}  # fmt: skip
 
 

@@ -19,7 +19,7 @@ import kaio_ops
 from kaio.ptx.ptxas import find_ptxas
 from kaio_ops import _arrays, attention
 from kaio_ops import _attention_hopper as hopper
-from tests.harness import assemble_wgmma
+from tests.harness import assemble_wgmma, covering
 from tests.poison import poison_allocations
 from tests.test_ops_attention import reference, rel
 
@@ -100,8 +100,9 @@ THREE = {"WG": 3, "REGS": hopper.consumer_registers(3)}  # three consumer warpgr
         (1, 3, 3, 200, 256, 64, np.float16, True, {"PIPE": 4, "PERSIST": 0, "SECTION": 2}, 0),
         (1, 3, 1, 256, 256, 64, np.float16, True, {"PIPE": 0, "PERSIST": 2, "SECTION": 2}, 2),
         # pairs of query tiles, the heaviest with the lightest: three tiles a head (the
-        # middle one alone), two blocks; and a block for each pair
-        (1, 2, 1, 320, 320, 64, np.float16, True, {"PIPE": 4, "PERSIST": 3}, 2),
+        # middle one alone), two blocks (their unmasked key tiles a branch of the loop of
+        # their own, DIAG 2); and a block for each pair
+        (1, 2, 1, 320, 320, 64, np.float16, True, {"PIPE": 4, "PERSIST": 3, "DIAG": 2}, 2),
         (1, 2, 2, 256, 200, 64, ml_dtypes.bfloat16, False, {"PIPE": 0, "PERSIST": 3}, 0),
         # one stream of key-tile steps a block (XT), the next tile's first S = Q K^T issued
         # with the last P V: pairs with two Q buffers, causal (tiles of 5, 1 and 3 key tiles)
@@ -140,8 +141,10 @@ THREE = {"WG": 3, "REGS": hopper.consumer_registers(3)}  # three consumer warpgr
         (1, 2, 2, 200, 256, 64, np.float16, False, {**THREE, "PIPE": 3, "XT": 1, "QB": 2}, 1),
         # a tile at a time with two Q buffers (the second tile's Q in the second), three
         # warpgroups of 64-key tiles, causal: warpgroups 0 and 1 free the two and one key
-        # tiles past their rows (two: the pending P V first)
-        (1, 1, 1, 384, 384, 64, np.float16, True, {**THREE, "PIPE": 1, "QB": 2}, 1),
+        # tiles past their rows (two: the pending P V first); the second tile's two unmasked
+        # key tiles in a loop of their own (DIAG; one block: blocks simulated together run
+        # in lockstep, and their loops of different lengths would wait on each other)
+        (1, 1, 1, 384, 384, 64, np.float16, True, {**THREE, "PIPE": 1, "QB": 2, "DIAG": 1}, 1),
     ],
 )
 def test_persistent_blocks_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, over, ctas):
@@ -156,8 +159,9 @@ def test_persistent_blocks_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, ove
     [
         # pairs of query tiles, causal, the overlapped order
         (1, 2, 1, 256, 256, 64, np.float16, True, {"PIPE": 1, "PERSIST": 3}, 2),
-        # FlashAttention-3's order, persistent blocks, a partial last key tile, bf16
-        (1, 2, 1, 130, 200, 128, ml_dtypes.bfloat16, False, {"PIPE": 3, "PERSIST": 1}, 1),
+        # FlashAttention-3's order, persistent blocks, a partial last key tile, bf16, a
+        # query tail; O stored as 16-byte vectors (OV: the rows past sq left alone)
+        (1, 2, 1, 130, 200, 128, ml_dtypes.bfloat16, False, {"PIPE": 3, "PERSIST": 1, "OV": 1}, 1),
         # three warpgroups, the plain order, a block a tile, causal
         (1, 2, 1, 200, 384, 64, np.float16, True, {**THREE, "PIPE": 0, "PERSIST": 0}, 0),
         # ping-pong, grouped-query heads
@@ -174,8 +178,8 @@ def test_persistent_blocks_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, ove
         (1, 1, 1, 130, 200, 64, np.float16, True, {"PERSIST": 3, "HEXP": 1}, 1),
         (1, 2, 1, 64, 128, 64, ml_dtypes.bfloat16, False, {"PIPE": 3, "HEXP": 1}, 1),
         # D128's route with the mask (f16): two Q buffers over a pair of query tiles of
-        # 128-key tiles, a partial last key tile
-        (1, 1, 1, 256, 200, 128, np.float16, True, {"BN": 128, "QB": 2, "PERSIST": 3}, 1),
+        # 128-key tiles, a partial last key tile; O stored as 16-byte vectors (OV)
+        (1, 1, 1, 256, 200, 128, np.float16, True, {"BN": 128, "QB": 2, "PERSIST": 3, "OV": 1}, 1),
     ],
 )
 def test_row_sums_on_the_tensor_cores_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, over,
@@ -278,20 +282,27 @@ def test_stream_configurations_are_checked(over, match):
 def test_routes_by_type_mask_and_keys(monkeypatch):
     """``extras``: the row sums on the tensor cores for f16 at D 64 and 128; two Q buffers
     for f16 at D 128 with the mask or at most SHORT_KEYS keys, where the launch has many
-    query tiles (and there tiles taken from a counter, with ROUTE_COUNTER); nothing more
-    for bf16 or D 256."""
+    query tiles (and there tiles taken from a counter, with ROUTE_COUNTER); at D 64 with the
+    mask and at most SHORT_KEYS keys, tiles from the counter with two Q buffers; O stored
+    as 16-byte vectors at D 128 and 256 (either type), the unmasked key tiles apart at
+    D 128 with the mask; nothing more for bf16 or D 256."""
     f16, bf16 = kaio.f16, kaio.bf16
-    short = {"ONES": 1, "QB": 2}
+    ov, diag = {"OV": 1}, {"OV": 1, "DIAG": 1}  # D 128 and 256; D128 with the mask
+    short = {"ONES": 1, "QB": 2, **ov}
     monkeypatch.setattr(hopper, "ROUTE_COUNTER", True)
     assert hopper.extras(128, False, f16, hopper.SHORT_KEYS) == {**short, "PERSIST": 4}
     monkeypatch.setattr(hopper, "ROUTE_COUNTER", False)
     assert hopper.extras(128, False, f16, hopper.SHORT_KEYS) == short
-    assert hopper.extras(128, True, f16, hopper.SHORT_KEYS) == short
-    assert hopper.extras(128, True, f16, 4096) == {"ONES": 1, "QB": 2}
-    assert hopper.extras(128, False, f16, 4096) == {"ONES": 1}
-    assert hopper.extras(128, True, f16, 1024, many=False) == {"ONES": 1}
-    assert hopper.extras(64, True, f16, 1024) == {"ONES": 1}
-    assert hopper.extras(128, True, bf16, 1024) == hopper.extras(256, True, f16, 1024) == {}
+    assert hopper.extras(128, True, f16, hopper.SHORT_KEYS) == {**short, **diag}
+    assert hopper.extras(128, True, f16, 4096) == {"ONES": 1, "QB": 2, **diag}
+    assert hopper.extras(128, False, f16, 4096) == {"ONES": 1, **ov}
+    assert hopper.extras(128, True, f16, 1024, many=False) == {"ONES": 1, **diag}
+    assert hopper.extras(64, False, f16, 1024) == hopper.extras(64, True, f16, 4096) == {"ONES": 1}
+    assert hopper.extras(64, True, f16, 1024) == {"ONES": 1, "PERSIST": 4, "QB": 2}
+    assert hopper.extras(64, True, f16, 1024, many=False) == {"ONES": 1}
+    assert hopper.extras(128, True, bf16, 1024) == diag
+    assert hopper.extras(256, True, f16, 1024) == hopper.extras(128, False, bf16, 1024) == ov
+    assert hopper.extras(64, True, bf16, 1024) == {}
 
 
 def test_dispatch_needs_a_whole_64_column_head_dim_and_a_gpu():
@@ -309,10 +320,13 @@ def test_dispatch_needs_a_whole_64_column_head_dim_and_a_gpu():
     assert hopper.worthwhile(16, 4096, 4096, 256, 132)  # D = 256 too (whole-program JIT)
 
 
+SPECS = list(hopper.specializations())
+
+
 @pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
-@pytest.mark.parametrize("index", range(len(list(hopper.specializations()))))
+@pytest.mark.parametrize("index", covering(SPECS))  # (every value of each constexpr)
 def test_specializations_assemble_for_sm_90a(index):
-    assemble_wgmma(*list(hopper.specializations())[index])
+    assemble_wgmma(*SPECS[index])
 
 
 def test_other_targets_are_compile_errors():
@@ -333,8 +347,13 @@ def _hopper_gpu() -> bool:
 @pytest.mark.parametrize(
     "b, h, hkv, sq, sk, d",
     # the third: f16's route at 1024 keys and 2048 tiles (two Q buffers, with or without
-    # the mask)
-    [(2, 8, 8, 2048, 2048, 128), (2, 8, 2, 2048, 4096, 64), (16, 16, 4, 1024, 1024, 128)],
+    # the mask); the fourth: D64's there (with the mask: tiles from the counter)
+    [
+        (2, 8, 8, 2048, 2048, 128),
+        (2, 8, 2, 2048, 4096, 64),
+        (16, 16, 4, 1024, 1024, 128),
+        (16, 16, 4, 1024, 1024, 64),
+    ],
 )
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
