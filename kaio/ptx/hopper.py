@@ -113,14 +113,17 @@ def lower_smem_desc(e, ins: Instr) -> None:
     lo, hi = e.tmp(u32), e.tmp(u32)
     base, _, imm = address(e, arr, idxs)[1:-1].partition("+")
     if int(imm or 0) % 16 == 0:
-        # (base + imm) >> 4 as (base >> 4) + imm / 16: one shift a base, which ptxas shares
-        # between the descriptors of a tile's steps, and an addition each (a shared-window
-        # address is below 2^18: its bits 4-17 are the 14-bit field, no mask needed)
+        # ((base + imm) >> 4) & 0x3FFF as ((base >> 4) & 0x3FFF) + imm / 16: one shift and
+        # mask a base, which ptxas shares between the descriptors of a tile's steps, and an
+        # addition each. The mask stays: a block of a cluster sees its shared addresses with
+        # bits above the 18 of its own window (the multicast pairs computed wrong products
+        # without it); the addition cannot carry out of the field for an address inside it.
         shifted = e.tmp(u32)
-        e.line(f"{'shr' if base.startswith('%') else 'mov'}.u32 {shifted}, {base}"
-               f"{', 4' if base.startswith('%') else ''}")  # fmt: skip
-        if not base.startswith("%"):
-            e.line(f"shr.u32 {shifted}, {shifted}, 4")
+        if base.startswith("%"):
+            e.line(f"bfe.u32 {shifted}, {base}, 4, 14")
+        else:
+            e.line(f"mov.u32 {shifted}, {base}")
+            e.line(f"bfe.u32 {shifted}, {shifted}, 4, 14")
         e.line(f"add.u32 {lo}, {shifted}, {((int(imm or 0) >> 4) + (lbo << 16)) % 2**32}")
     else:
         addr = _shared_address_register(e, arr, idxs)
