@@ -52,8 +52,11 @@ PAGED_CLUSTER_TILES = 16  # the same over a paged cache (measured: ``plan_grid``
 # splits of more than LONG_SPLIT key tiles go through a cluster only where its blocks, one
 # a multiprocessor, each streaming SM_STREAM bytes/s, reach STREAM_SHARE of the memory's
 # peak (``streams_fast``): on an H100 clusters of 8 at B = 1 (64 blocks) do, on an H200
-# (46% more bandwidth, the same SMs) not, and the global merge over all the SMs wins
-CLUSTER_BANDWIDTH = True
+# (46% more bandwidth, the same SMs) they would not. Off until measured on an H200 in the
+# same run as the clusters it replaces: the rule rests on an older H200 run's figures
+# (clusters of 8 from event to event against the global merge's kernel time), and on an
+# H100 the global merge it would pick there is 3% slower than clusters of 8 at 32k keys.
+CLUSTER_BANDWIDTH = False
 LONG_SPLIT = 16
 SM_STREAM = 48e9  # measured on an H100: B = 1 at 32k keys, clusters of 8 (48.2 us)
 STREAM_SHARE = 0.85

@@ -431,8 +431,10 @@ def test_cluster_merge_takes_short_splits_one_block_a_multiprocessor(monkeypatch
         assert paged(128, 64)[:3] == (1, 4, 1)
         # paged: splits of up to 16 tiles through a cluster, longer ones the global merge
         assert paged(8, 64)[2] > 1 and paged(8, 512)[:3] == (16, 4, 1)
-    # on a GPU whose memory outruns a cluster's SMs (an H200's 4.9 TB/s; an H100's 3.35 do
-    # not), splits of over 16 tiles take every SM: the global merge
+    # with the bandwidth rule on (decode.CLUSTER_BANDWIDTH, off by default): on a GPU whose
+    # memory outruns a cluster's SMs (an H200's 4.9 TB/s; an H100's 3.35 do not), splits of
+    # over 16 tiles take every SM: the global merge
+    monkeypatch.setattr(decode, "CLUSTER_BANDWIDTH", True)
     for peak, long_cl in ((4.9e12, 1), (3.35e12, 8)):
         monkeypatch.setattr(decode, "memory_bandwidth", lambda _, p=peak: p)
         monkeypatch.setattr(decode, "CLUSTERS", (2, 4, 8))
