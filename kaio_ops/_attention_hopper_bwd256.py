@@ -341,27 +341,61 @@ def attention_bwd_dkdv_d256(
 
 
 @kaio.gpu_func
+def release_pair(bars: u64[:, :], j: i32, lt: u32, PAIR: kaio.constexpr):
+    """``release`` of ``bars[1, j]``; ``PAIR`` 1: on that barrier of both blocks of the
+    cluster (either block's copy of part j goes into both)."""
+    if PAIR:
+        kaio.fence_proxy_async()
+        kaio.sync_warp()
+        if lt % 32 == 0:
+            for rank in kaio.static_range(2):
+                kaio.mbarrier_arrive_cluster(bars, (1, j), rank)
+    else:
+        release(bars, j, lt)
+
+
+@kaio.gpu_func
 def copy_in_turn(
     a_s: DT[:, :, :, :], b_s: DT[:, :, :, :], ta: kaio.tensormap, tb: kaio.tensormap,
     bars: u64[:, :], row: i32, col: i32, i: i32, ph: u32, ROWS: kaio.constexpr,
-    PARTS: kaio.constexpr, D: kaio.constexpr, DT: kaio.constexpr,
+    PARTS: kaio.constexpr, D: kaio.constexpr, DT: kaio.constexpr, PAIR: kaio.constexpr = 0,
+    rank: i32 = 0, LOADS: kaio.constexpr = 1,
 ):  # fmt: skip
     """Tile i's copies (parity ``ph``): the ``ROWS`` rows from ``row`` (columns from ``col``)
     of ``ta``, then of ``tb``, each in ``PARTS`` parts of ROWS / PARTS rows, part p into
     ``a_s[p]``, resp. ``b_s[p]``, each on a barrier of its own: ``bars[0, j]`` for the j-th
-    (a_s's parts, then b_s's), once the consumers freed it (``bars[1, j]``; for i > 0)."""
+    (a_s's parts, then b_s's), once the consumers freed it (``bars[1, j]``; for i > 0).
+    ``PAIR`` 1 (block ``rank`` of a cluster of two walking the same tiles): this block
+    copies the parts with j % 2 == rank into both blocks (multicast), the other block the
+    rest; ``bars[1, j]`` counts both blocks' consumers."""
     R = ROWS // PARTS
     for x in kaio.static_range(2):
         for p in kaio.static_range(PARTS):
             j = x * PARTS + p
             if i > 0:  # tile i - 1's copy read: free
                 kaio.mbarrier_wait(bars, (1, j), ph ^ 1)
-            kaio.mbarrier_arrive_expect_tx(bars, (0, j), u32(R * D * 2))
-            for c in kaio.static_range(D // 64):
-                if x == 0:
-                    kaio.tma_load_2d(a_s, (p, c, 0, 0), ta, row + p * R, col + c * 64, bars, (0, j))
-                else:
-                    kaio.tma_load_2d(b_s, (p, c, 0, 0), tb, row + p * R, col + c * 64, bars, (0, j))
+            if LOADS == 0 and i > 0:  # (timing only: the first tile's data again)
+                kaio.mbarrier_arrive(bars, (0, j))
+            else:
+                kaio.mbarrier_arrive_expect_tx(bars, (0, j), u32(R * D * 2))
+            if LOADS == 0 and i > 0:
+                pass
+            elif PAIR == 0:
+                for c in kaio.static_range(D // 64):
+                    if x == 0:
+                        kaio.tma_load_2d(a_s, (p, c, 0, 0), ta, row + p * R, col + c * 64,
+                                         bars, (0, j))  # fmt: skip
+                    else:
+                        kaio.tma_load_2d(b_s, (p, c, 0, 0), tb, row + p * R, col + c * 64,
+                                         bars, (0, j))  # fmt: skip
+            elif rank == j % 2:
+                for c in kaio.static_range(D // 64):
+                    if x == 0:
+                        kaio.tma_load_2d_multicast(a_s, (p, c, 0, 0), ta, row + p * R,
+                                                   col + c * 64, bars, (0, j), 3)  # fmt: skip
+                    else:
+                        kaio.tma_load_2d_multicast(b_s, (p, c, 0, 0), tb, row + p * R,
+                                                   col + c * 64, bars, (0, j), 3)  # fmt: skip
 
 
 @kaio.gpu_func
@@ -370,13 +404,15 @@ def produce_qdo(
     bars: u64[:, :], turn: u64[:], tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap,
     tdo: kaio.tensormap, once_row: i32, once_col: i32, ring_row: i32, ring_col: i32,
     head_stride: i32, col_stride: i32, heads_n: i32, first: i32, n_tiles: i32,
-    D: kaio.constexpr, BM: kaio.constexpr, DT: kaio.constexpr,
+    D: kaio.constexpr, BM: kaio.constexpr, DT: kaio.constexpr, PAIR: kaio.constexpr = 0,
+    rank: i32 = 0, LOADS: kaio.constexpr = 1,
 ):  # fmt: skip
     """``attention_bwd_dkdv_d256q``'s copies: the 64 rows of K and V from ``once_row``
     (columns from ``once_col``) once, on ``turn[0]``; then for each head j < heads_n and
     query tile t in first .. n_tiles the ``BM`` rows from ``ring_row + j head_stride + t
     BM`` (columns from ``ring_col + j col_stride``) of dO, then of Q (``copy_in_turn``, in
-    halves of 64 rows: ``do_s[0]``, ``do_s[1]``)."""
+    halves of 64 rows: ``do_s[0]``, ``do_s[1]``; ``PAIR``: half ``rank`` of each into both
+    blocks of the cluster)."""
     C = D // 64
     kaio.mbarrier_arrive_expect_tx(turn, 0, u32(2 * 64 * D * 2))
     for c in kaio.static_range(C):
@@ -394,7 +430,8 @@ def produce_qdo(
             t = first
             row0 += head_stride
             col += col_stride
-        copy_in_turn(do_s, q_s, tdo, tq, bars, row, c0, i, ph, BM, 2, D, DT)  # dO, then Q
+        copy_in_turn(do_s, q_s, tdo, tq, bars, row, c0, i, ph, BM, 2, D, DT, PAIR, rank,
+                     LOADS)  # dO, then Q  # fmt: skip
         ph ^= 1
 
 
@@ -405,7 +442,7 @@ def consume_q128(
     dv: DT[:], pt_s: DT[:, :, :], wg: u32, lt: u32, group: i32, first: i32, n_tiles: i32, k0: i32,
     sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32, shift: i32, stat_at: i32,
     stat_stride: i32, out_at: i32, out_stride: i32, D: kaio.constexpr, BM: kaio.constexpr,
-    DT: kaio.constexpr,
+    DT: kaio.constexpr, PAIR: kaio.constexpr = 0,
 ):  # fmt: skip
     """Consumer warpgroup ``wg`` of ``attention_bwd_dkdv_d256q`` (thread ``lt`` of it): per
     query tile of ``BM`` (128) rows in two halves of 64, dP^T = V dO_w^T once dO's half wg
@@ -414,9 +451,9 @@ def consume_q128(
     ``pt_s[2 + wg]`` (once both warpgroups' last tile's products are done: ``bars[1, 4]``),
     then, once both warpgroups' are there (``bars[1, 5]``), dV[:, D / 2 wg ..] += P^T dO and
     dK[:, D / 2 wg ..] += dS^T Q over the whole tile, a half at a time, each half of dO and
-    Q freed (``bars[1, 0 .. 3]``) as soon as the products reading it are done; then dK, dV
-    stored (rows ``out_stride`` apart from ``out_at``; the queries and stats as
-    ``consume_split``'s)."""
+    Q freed (``bars[1, 0 .. 3]``; ``PAIR``: in both blocks of the cluster) as soon as the
+    products reading it are done; then dK, dV stored (rows ``out_stride`` apart from
+    ``out_at``; the queries and stats as ``consume_split``'s)."""
     H = BM // 2  # this warpgroup's queries of a tile
     NH = D // 2  # its columns of dK and dV
     lane, kr, q1, cb = split_roles(lt, wg, H, NH)
@@ -456,7 +493,7 @@ def consume_q128(
             issue_pt(dka, pt_s, 2 + h, u32(0), q_s, h, H, DT, cb)
         for j in kaio.static_range(4):  # dO's halves, then Q's, free as their products end
             kaio.wgmma_wait(3 - j)
-            release(bars, j, lt)
+            release_pair(bars, j, lt, PAIR)
         release(bars, 4, lt)  # and the buffers
         ph ^= 1
         t, at0 = next_tile(t, at0, first, n_tiles, stat_stride)
@@ -471,13 +508,18 @@ def attention_bwd_dkdv_d256q(
     lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:], seq_q: i32, seq_k: i32, heads: i32,
     group: i32, scale_log2: f32, scale: f32, causal: i32, cu_q: i32[:], cu_k: i32[:], tp: i32,
     D: kaio.constexpr, REGS: kaio.constexpr, DT: kaio.constexpr, COLS: kaio.constexpr,
+    PAIR: kaio.constexpr, LOADS: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the 64 keys of key block x and K/V head y (``COLS`` 1: of sequence z), as
     ``attention_bwd_dkdv_d256`` (its arguments, DQ 0) but with query tiles of 128 rows in
     two halves of 64 (``tq``, ``tdo`` in boxes of (64, 64)), each half of Q and dO with
     barriers of its own (``produce_qdo``, ``consume_q128``): the 224 KB of K, V, Q, dO and
     the P^T, dS^T buffers leave no room for a second stage; a half is copied again as soon
-    as the tile's products that read it are done."""
+    as the tile's products that read it are done. ``PAIR`` 1 (dense, sk a multiple of 128):
+    clusters of two blocks, key blocks 2c and 2c + 1, which walk the same query tiles: each
+    copies half of every tile into both (``copy_in_turn``), half the L2 reads."""
+    if PAIR:
+        kaio.cluster_dims(2)
     BM = 128
     C = D // 64
     ONCE = 64 * D * 2
@@ -504,13 +546,21 @@ def attention_bwd_dkdv_d256q(
     )
     if t == 0:  # (0 and 1, 0 .. 3): dO's halves, Q's; (1, 4), (1, 5): the buffers'
         init_barriers(bars, turn, 2, 4, 2, 1)
+        if PAIR:  # the halves' "free": both blocks' consumer warps
+            for j in kaio.static_range(4):
+                kaio.mbarrier_init(bars, (1, j), 16)
+            kaio.fence_proxy_async()
     kaio.sync_threads()
+    rank = i32(0)
+    if PAIR:
+        rank = i32(kaio.cluster_rank())
+        kaio.cluster_sync()  # the other block's barriers are ready before any copy
     if wg < 2:
         if REGS:
             kaio.setmaxnreg_inc(REGS)
         consume_q128(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, pt_s, wg, lt,
                      group, first, n_tiles, k0, sq, sk, causal, scale_log2, scale, shift,
-                     stat_at, stat_stride, out_at, out_stride, D, BM, DT)  # fmt: skip
+                     stat_at, stat_stride, out_at, out_stride, D, BM, DT, PAIR)  # fmt: skip
     else:
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -521,8 +571,10 @@ def attention_bwd_dkdv_d256q(
                             BM, DT)  # fmt: skip
             else:
                 produce_qdo(k_s, v_s, q_s, do_s, bars, turn, tk, tv, tq, tdo, kvh * sk + k0, 0,
-                            first_head * sq, 0, sq, 0, group, first, n_tiles, D, BM,
-                            DT)  # fmt: skip
+                            first_head * sq, 0, sq, 0, group, first, n_tiles, D, BM, DT, PAIR,
+                            rank, LOADS)  # fmt: skip
+    if PAIR:
+        kaio.cluster_sync()  # no block leaves while the other may still copy or arrive
 
 
 @kaio.gpu_func
@@ -709,11 +761,29 @@ def config(d: int = D256, dq: int | None = None) -> dict:
 Q128 = 1
 
 
+def pair_for(c: dict) -> int:
+    """``attention_bwd_dkdv_d256q``'s ``PAIR`` for the dK/dV config ``c``: its ``PAIR``
+    (default ``PAIR``), dense kernels only (``COLS`` 0)."""
+    return 0 if c["COLS"] else c.get("PAIR", PAIR)
+
+
+# Whether the dense dK/dV kernel (``attention_bwd_dkdv_d256q``) runs in clusters of two that
+# share each tile's copies (``PAIR`` 1, where the key blocks pair up).
+PAIR = 0
+
+
 def dkdv_kernel(c: dict, d: int, dt) -> tuple:
     """(kernel, constexprs) of the dK/dV kernel of ``config(d)["dkdv"]`` ``c`` (``run_dkdv``)
     for element type ``dt``."""
     if c.get("Q128"):
-        return attention_bwd_dkdv_d256q, {"D": d, "REGS": c["REGS"], "DT": dt, "COLS": c["COLS"]}
+        return attention_bwd_dkdv_d256q, {
+            "D": d,
+            "REGS": c["REGS"],
+            "DT": dt,
+            "COLS": c["COLS"],
+            "PAIR": pair_for(c),
+            "LOADS": c.get("LOADS", 1),
+        }
     return attention_bwd_dkdv_d256, {
         "D": d,
         "DT": dt,
@@ -730,9 +800,10 @@ def run_dkdv(c: dict, d: int, grid: tuple, stream, maps, lse, delta, dk, dv, ext
     kernel's scalar ``args``, ``offsets`` (cu_q, cu_k, tp), the element type ``dt``."""
     if c.get("Q128"):
         smem = 2 * 64 * d * 2 + 2 * 128 * d * 2 + 4 * 64 * 64 * 2 + 16 + 96 + 16
+        pair = pair_for(c) if grid[0] % 2 == 0 else 0
         attention_bwd_dkdv_d256q[grid, 384, stream, smem](
             *maps(64), lse, delta, dk, dv, *args, **offsets, D=d, REGS=c["REGS"], DT=dt,
-            COLS=c["COLS"],
+            COLS=c["COLS"], PAIR=pair, LOADS=c.get("LOADS", 1),
         )  # fmt: skip
         return
     smem = shared_bytes(d, c["BM"], c["STAGES"], c["DQ"])
