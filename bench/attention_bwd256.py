@@ -289,6 +289,8 @@ def kernel_cfg(item: str) -> tuple[str, dict, bool]:
         cfg["dkdv"]["Q128"] = int("q128" in opts)
     if "mc" in opts:  # the dK/dV kernel in clusters of two, Q and dO multicast
         cfg["dkdv"]["PAIR"] = 1
+    if "mcq" in opts:  # the dQ kernel in clusters of two, K and V multicast
+        cfg["dq"]["PAIR"] = 1
     if "noload" in opts:  # (timing only, wrong results) Q and dO copied for the first tile only
         cfg["dkdv"]["LOADS"] = 0
     return part, cfg, "side" in opts

@@ -584,13 +584,14 @@ def produce_kv(
     tdo: kaio.tensormap, tk: kaio.tensormap, tv: kaio.tensormap, tl: kaio.tensormap,
     td: kaio.tensormap, q_row: i32, kv_row: i32, n_tiles: i32, q_col: i32, kv_col: i32,
     stat_at: i32, D: kaio.constexpr, BQ: kaio.constexpr, BN: kaio.constexpr,
-    DT: kaio.constexpr,
+    DT: kaio.constexpr, PAIR: kaio.constexpr, rank: i32,
 ):  # fmt: skip
     """The dQ kernel's copies (``attention_bwd_dq_d256``): the ``BQ`` rows of Q and dO from
     ``q_row`` (columns from ``q_col``) and their lse and delta (from ``q_row + stat_at``)
     once, on ``turn[0]``; then for each key tile j the ``BN`` rows from ``kv_row + j BN`` of
     V, then of K (``copy_in_turn``: V's barriers ``bars[0 and 1, 0]``, K's ``bars[0 and 1,
-    1]``), columns from ``kv_col``."""
+    1]``), columns from ``kv_col`` (``PAIR``: block ``rank`` copies V if 0, else K, into both
+    blocks of the cluster)."""
     C = D // 64
     kaio.mbarrier_arrive_expect_tx(turn, 0, u32(2 * BQ * D * 2 + 2 * BQ * 4))
     for c in kaio.static_range(C):
@@ -601,7 +602,8 @@ def produce_kv(
     ph = u32(0)  # tile j's parity
     for j in range(n_tiles):
         row = kv_row + j * BN
-        copy_in_turn(v_s, k_s, tv, tk, bars, row, kv_col, j, ph, BN, 1, D, DT)  # V, then K
+        copy_in_turn(v_s, k_s, tv, tk, bars, row, kv_col, j, ph, BN, 1, D, DT, PAIR,
+                     rank)  # V, then K  # fmt: skip
         ph ^= 1
 
 
@@ -622,12 +624,13 @@ def consume_dq_kv(
     stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], dq: DT[:], wg: u32, lt: u32, q0: i32,
     n_tiles: i32, sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32, out_at: i32,
     out_stride: i32, D: kaio.constexpr, BN: kaio.constexpr, DT: kaio.constexpr,
+    PAIR: kaio.constexpr,
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 query rows (thread ``lt`` of it) of
     ``attention_bwd_dq_d256``: per key tile dP = dO V^T as soon as V has landed, S = Q K^T
     once K has, V freed when dP is done (the next V loads while S, dS and dQ run), dS, dQ +=
-    dS K, K freed (the next K loads while the next dP runs); then dQ stored at ``out_at``,
-    rows ``out_stride`` apart."""
+    dS K, K freed (the next K loads while the next dP runs; ``PAIR``: in both blocks of the
+    cluster); then dQ stored at ``out_at``, rows ``out_stride`` apart."""
     lane, local, _, _ = split_roles(lt, wg, 64, 64)
     local += 64 * i32(wg)  # this thread's rows q0 + local (+ 8)
     row0 = q0 + local
@@ -648,14 +651,14 @@ def consume_dq_kv(
         kaio.mbarrier_wait(bars, (0, 1), ph)  # K landed
         issue_s(s, q_s, k_s, 0, wg, 0, D, DT)  # S = Q K^T
         kaio.wgmma_wait(1)
-        release(bars, 0, lt)  # dP done: V free
+        release_pair(bars, 0, lt, PAIR)  # dP done: V free
         kaio.wgmma_wait(0)
         grads(s, dp, l2, dl, j * BN, row0, sk, causal, scale_log2, lane, BN)
         pack_p(ds, dp, BN, DT)
         kaio.wgmma_fence()
         issue_pv(dqa, ds, k_s, 0, BN, DT)  # dQ += dS K
         kaio.wgmma_wait(0)
-        release(bars, 1, lt)  # K free
+        release_pair(bars, 1, lt, PAIR)  # K free
         ph ^= 1
     store_tile(dq, dqa, out_at, row0, sq, scale, lane, D, DT, 1, out_stride)
 
@@ -666,13 +669,19 @@ def attention_bwd_dq_d256(
     tl: kaio.tensormap, td: kaio.tensormap, dq: DT[:], seq_q: i32, seq_k: i32, heads: i32,
     group: i32, scale_log2: f32, scale: f32, causal: i32, cu_q: i32[:], cu_k: i32[:], tp: i32,
     D: kaio.constexpr, REGS: kaio.constexpr, DT: kaio.constexpr, COLS: kaio.constexpr,
+    PAIR: kaio.constexpr,
 ):  # fmt: skip
     """dq of the 128 query rows of block x (the heaviest causal tiles first) of (batch, head)
     block y, as the pair's ``attention_bwd_dq_wgmma`` with two warpgroups and 64-key tiles
     (its tensor maps, boxes of 128, resp. 64 rows; ``COLS`` 1 its varlen kernel's block z
     of packed sequences), but K and V each in a buffer of its own with its own barriers
     (``produce_kv``, ``consume_dq_kv``): the 192 KB of Q, dO, K and V leave no room for a
-    second stage, and with one stage of both a tile's copies wait for its last product."""
+    second stage, and with one stage of both a tile's copies wait for its last product.
+    ``PAIR`` 1 (dense, an even number of query blocks): clusters of two query blocks of a
+    head sharing each key tile's copies (``copy_in_turn``), both walking the first's tiles
+    (causal: the second's last two fully masked)."""
+    if PAIR:
+        kaio.cluster_dims(2)
     BQ = 128
     BN = 64
     C = D // 64
@@ -690,6 +699,10 @@ def attention_bwd_dq_d256(
     start_q, start_k, shift, stat_off, sq, sk = varlen_block(cu_q, cu_k, seq_q, seq_k, causal,
                                                              COLS)  # fmt: skip
     bh, kvh, q0, n_tiles = query_block(heads, group, sk, causal, BQ, BN)  # (COLS: q0 shifted)
+    rank = i32(0)
+    if PAIR:  # the pair's tiles: the first block's (its rows BQ further down)
+        rank = i32(kaio.cluster_rank())
+        kvh, n_tiles = kv_head_and_tiles(bh, q0 + rank * BQ, heads, group, sk, causal, BQ, BN)
     out_at = bh * sq * D
     out_stride = D
     q_row = bh * sq + q0
@@ -713,19 +726,28 @@ def attention_bwd_dq_d256(
         stat_at = bh * tp + stat_off
     if t == 0:
         init_barriers(bars, turn, 2, 2, 0, 2)  # (0, 0), (1, 0): V's; (0, 1), (1, 1): K's
+        if PAIR:  # "free": both blocks' consumer warps
+            for j in kaio.static_range(2):
+                kaio.mbarrier_init(bars, (1, j), 16)
+            kaio.fence_proxy_async()
     kaio.sync_threads()
+    if PAIR:
+        kaio.cluster_sync()  # the other block's barriers are ready before any copy
     if wg < 2:
         if REGS:
             kaio.setmaxnreg_inc(REGS)
         consume_dq_kv(q_s, do_s, k_s, v_s, stats, bars, turn, dq, wg, lt, q0 + shift, n_tiles,
                       sq + shift, sk, causal, scale_log2, scale, out_at, out_stride, D, BN,
-                      DT)  # fmt: skip
+                      DT, PAIR)  # fmt: skip
     else:
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         if lt == 0:
             produce_kv(q_s, do_s, k_s, v_s, stats, bars, turn, tq, tdo, tk, tv, tl, td, q_row,
-                       kv_row, n_tiles, q_col, kv_col, stat_at, D, BQ, BN, DT)  # fmt: skip
+                       kv_row, n_tiles, q_col, kv_col, stat_at, D, BQ, BN, DT, PAIR,
+                       rank)  # fmt: skip
+    if PAIR:
+        kaio.cluster_sync()  # no block leaves while the other may still copy or arrive
 
 
 def shared_bytes(d: int, bm: int, stages: int, dq: int = 0) -> int:
@@ -828,9 +850,10 @@ def dq_kernel(c: dict, d: int, cols: int) -> tuple:
 
     if c.get("KV"):
         smem = 2 * 128 * d * 2 + 2 * 64 * d * 2 + 2 * 128 * 4 + 32 + 16
-        return attention_bwd_dq_d256, {"D": d, "REGS": c["REGS"], "COLS": cols}, 384, smem, 128, 64
+        consts = {"D": d, "REGS": c["REGS"], "COLS": cols, "PAIR": 0 if cols else c.get("PAIR", 0)}
+        return attention_bwd_dq_d256, consts, 384, smem, 128, 64
     bq = 64 * c["WG"]
-    consts = {k: v for k, v in c.items() if k not in ("KV", "COLS")}
+    consts = {k: v for k, v in c.items() if k not in ("KV", "COLS", "PAIR")}
     smem = pair.shared_bytes(d, bq, c["BN"], c["STAGES"], bq)
     return (pair.attention_bwd_dq_wgmma, {"D": d, "COLS": cols, **consts}, 128 * c["WG"] + 128,
             smem, bq, c["BN"])  # fmt: skip
@@ -914,6 +937,8 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     if only == "dkdv" or c1["DQ"]:
         return dq, dk, dv
     kernel, consts, threads, smem, bq, bn = dq_kernel(c2, d, 0)
+    if -(-sq // bq) % 2:  # PAIR: whole clusters of query blocks
+        consts = {**consts, "PAIR": 0} if "PAIR" in consts else consts
     stats = pair.stats_maps(la, delta, rows_q, bq)
     with pair.side_stream(qa, side) as dq_stream:  # (there the dQ kernel first)
         kernel[(-(-sq // bq), bh), threads, dq_stream, smem](
