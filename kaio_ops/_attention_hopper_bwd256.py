@@ -442,7 +442,7 @@ def consume_q128(
     dv: DT[:], pt_s: DT[:, :, :], wg: u32, lt: u32, group: i32, first: i32, n_tiles: i32, k0: i32,
     sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32, shift: i32, stat_at: i32,
     stat_stride: i32, out_at: i32, out_stride: i32, D: kaio.constexpr, BM: kaio.constexpr,
-    DT: kaio.constexpr, PAIR: kaio.constexpr = 0,
+    DT: kaio.constexpr, PAIR: kaio.constexpr = 0, GRADS: kaio.constexpr = 1,
 ):  # fmt: skip
     """Consumer warpgroup ``wg`` of ``attention_bwd_dkdv_d256q`` (thread ``lt`` of it): per
     query tile of ``BM`` (128) rows in two halves of 64, dP^T = V dO_w^T once dO's half wg
@@ -476,8 +476,9 @@ def consume_q128(
         kaio.mbarrier_wait(bars, (0, 2 + i32(wg)), ph)  # Q's
         issue_st(s, k_s, q_s, i32(wg), 0, D, DT)
         kaio.wgmma_wait(0)
-        grads_t(s, dp, stats, 0, lse, delta, at0, key0, t * BM + q1 + shift, sq + shift, 1 << 30,
-                causal, scale_log2, lane, H, 0)  # fmt: skip
+        if GRADS:  # (0: timing only, S^T and dP^T stored as they are)
+            grads_t(s, dp, stats, 0, lse, delta, at0, key0, t * BM + q1 + shift, sq + shift,
+                    1 << 30, causal, scale_log2, lane, H, 0)  # fmt: skip
         if _i > 0:  # the last tile's dV and dK products done in both warpgroups
             kaio.mbarrier_wait(bars, (1, 4), ph ^ 1)
         store_ds(pt_s, i32(wg), s, kr, lane, H, DT)
@@ -508,7 +509,7 @@ def attention_bwd_dkdv_d256q(
     lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:], seq_q: i32, seq_k: i32, heads: i32,
     group: i32, scale_log2: f32, scale: f32, causal: i32, cu_q: i32[:], cu_k: i32[:], tp: i32,
     D: kaio.constexpr, REGS: kaio.constexpr, DT: kaio.constexpr, COLS: kaio.constexpr,
-    PAIR: kaio.constexpr, LOADS: kaio.constexpr,
+    PAIR: kaio.constexpr, LOADS: kaio.constexpr, GRADS: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the 64 keys of key block x and K/V head y (``COLS`` 1: of sequence z), as
     ``attention_bwd_dkdv_d256`` (its arguments, DQ 0) but with query tiles of 128 rows in
@@ -560,7 +561,8 @@ def attention_bwd_dkdv_d256q(
             kaio.setmaxnreg_inc(REGS)
         consume_q128(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, pt_s, wg, lt,
                      group, first, n_tiles, k0, sq, sk, causal, scale_log2, scale, shift,
-                     stat_at, stat_stride, out_at, out_stride, D, BM, DT, PAIR)  # fmt: skip
+                     stat_at, stat_stride, out_at, out_stride, D, BM, DT, PAIR,
+                     GRADS)  # fmt: skip
     else:
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -805,6 +807,7 @@ def dkdv_kernel(c: dict, d: int, dt) -> tuple:
             "COLS": c["COLS"],
             "PAIR": pair_for(c),
             "LOADS": c.get("LOADS", 1),
+            "GRADS": c.get("GRADS", 1),
         }
     return attention_bwd_dkdv_d256, {
         "D": d,
@@ -825,7 +828,7 @@ def run_dkdv(c: dict, d: int, grid: tuple, stream, maps, lse, delta, dk, dv, ext
         pair = pair_for(c) if grid[0] % 2 == 0 else 0
         attention_bwd_dkdv_d256q[grid, 384, stream, smem](
             *maps(64), lse, delta, dk, dv, *args, **offsets, D=d, REGS=c["REGS"], DT=dt,
-            COLS=c["COLS"], PAIR=pair, LOADS=c.get("LOADS", 1),
+            COLS=c["COLS"], PAIR=pair, LOADS=c.get("LOADS", 1), GRADS=c.get("GRADS", 1),
         )  # fmt: skip
         return
     smem = shared_bytes(d, c["BM"], c["STAGES"], c["DQ"])
