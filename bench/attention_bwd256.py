@@ -293,6 +293,8 @@ def kernel_cfg(item: str) -> tuple[str, dict, bool]:
         cfg["dq"]["PAIR"] = 1
     if "noload" in opts:  # (timing only, wrong results) Q and dO copied for the first tile only
         cfg["dkdv"]["LOADS"] = 0
+    if "split" in opts:  # grads_t's SPLIT: a branch between the masked and unmasked loops
+        cfg["dkdv"]["GRADS"] = 2
     if "nograds" in opts:  # (timing only, wrong results) S^T, dP^T stored as P^T, dS^T
         cfg["dkdv"]["GRADS"] = 0
     return part, cfg, "side" in opts

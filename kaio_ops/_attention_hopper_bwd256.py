@@ -476,9 +476,9 @@ def consume_q128(
         kaio.mbarrier_wait(bars, (0, 2 + i32(wg)), ph)  # Q's
         issue_st(s, k_s, q_s, i32(wg), 0, D, DT)
         kaio.wgmma_wait(0)
-        if GRADS:  # (0: timing only, S^T and dP^T stored as they are)
+        if GRADS:  # (0: timing only, S^T and dP^T stored as they are; 2: SPLIT)
             grads_t(s, dp, stats, 0, lse, delta, at0, key0, t * BM + q1 + shift, sq + shift,
-                    1 << 30, causal, scale_log2, lane, H, 0)  # fmt: skip
+                    1 << 30, causal, scale_log2, lane, H, 0, GRADS - 1)  # fmt: skip
         if _i > 0:  # the last tile's dV and dK products done in both warpgroups
             kaio.mbarrier_wait(bars, (1, 4), ph ^ 1)
         store_ds(pt_s, i32(wg), s, kr, lane, H, DT)
