@@ -357,8 +357,9 @@ def release_pair(bars: u64[:, :], j: i32, lt: u32, PAIR: kaio.constexpr):
 @kaio.gpu_func
 def copy_in_turn(
     a_s: DT[:, :, :, :], b_s: DT[:, :, :, :], ta: kaio.tensormap, tb: kaio.tensormap,
-    bars: u64[:, :], row: i32, col: i32, i: i32, ph: u32, ROWS: kaio.constexpr,
-    PARTS: kaio.constexpr, D: kaio.constexpr, DT: kaio.constexpr, PAIR: kaio.constexpr = 0,
+    bars: u64[:, :], row: i32, col: i32, i: i32, ph: u32, s_s: f32[:, :, :], tl: kaio.tensormap,
+    td: kaio.tensormap, srow: i32, ROWS: kaio.constexpr, PARTS: kaio.constexpr,
+    D: kaio.constexpr, DT: kaio.constexpr, STATS: kaio.constexpr, PAIR: kaio.constexpr = 0,
     rank: i32 = 0, LOADS: kaio.constexpr = 1,
 ):  # fmt: skip
     """Tile i's copies (parity ``ph``): the ``ROWS`` rows from ``row`` (columns from ``col``)
@@ -367,7 +368,8 @@ def copy_in_turn(
     (a_s's parts, then b_s's), once the consumers freed it (``bars[1, j]``; for i > 0).
     ``PAIR`` 1 (block ``rank`` of a cluster of two walking the same tiles): this block
     copies the parts with j % 2 == rank into both blocks (multicast), the other block the
-    rest; ``bars[1, j]`` counts both blocks' consumers."""
+    rest; ``bars[1, j]`` counts both blocks' consumers. ``STATS`` 1: with a_s's part p, the
+    lse and delta of its rows (``tl``, ``td`` from ``srow + p R``) into ``s_s[0 and 1, p]``."""
     R = ROWS // PARTS
     for x in kaio.static_range(2):
         for p in kaio.static_range(PARTS):
@@ -377,7 +379,12 @@ def copy_in_turn(
             if LOADS == 0 and i > 0:  # (timing only: the first tile's data again)
                 kaio.mbarrier_arrive(bars, (0, j))
             else:
-                kaio.mbarrier_arrive_expect_tx(bars, (0, j), u32(R * D * 2))
+                kaio.mbarrier_arrive_expect_tx(
+                    bars, (0, j), u32(R * D * 2 + STATS * (1 - x) * R * 8)
+                )
+                if STATS and x == 0:
+                    kaio.tma_load_2d(s_s, (0, p, 0), tl, 0, srow + p * R, bars, (0, j))
+                    kaio.tma_load_2d(s_s, (1, p, 0), td, 0, srow + p * R, bars, (0, j))
             if LOADS == 0 and i > 0:
                 pass
             elif PAIR == 0:
@@ -404,15 +411,17 @@ def produce_qdo(
     bars: u64[:, :], turn: u64[:], tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap,
     tdo: kaio.tensormap, once_row: i32, once_col: i32, ring_row: i32, ring_col: i32,
     head_stride: i32, col_stride: i32, heads_n: i32, first: i32, n_tiles: i32,
-    D: kaio.constexpr, BM: kaio.constexpr, DT: kaio.constexpr, PAIR: kaio.constexpr = 0,
-    rank: i32 = 0, LOADS: kaio.constexpr = 1,
+    s_s: f32[:, :, :], tl: kaio.tensormap, td: kaio.tensormap, stat_at: i32, stat_stride: i32,
+    D: kaio.constexpr, BM: kaio.constexpr, DT: kaio.constexpr, STATS: kaio.constexpr,
+    PAIR: kaio.constexpr = 0, rank: i32 = 0, LOADS: kaio.constexpr = 1,
 ):  # fmt: skip
     """``attention_bwd_dkdv_d256q``'s copies: the 64 rows of K and V from ``once_row``
     (columns from ``once_col``) once, on ``turn[0]``; then for each head j < heads_n and
     query tile t in first .. n_tiles the ``BM`` rows from ``ring_row + j head_stride + t
     BM`` (columns from ``ring_col + j col_stride``) of dO, then of Q (``copy_in_turn``, in
     halves of 64 rows: ``do_s[0]``, ``do_s[1]``; ``PAIR``: half ``rank`` of each into both
-    blocks of the cluster)."""
+    blocks of the cluster); ``STATS`` 1: with dO, the lse and delta of its rows, head j's
+    ``stat_at + j stat_stride`` further than the rows."""
     C = D // 64
     kaio.mbarrier_arrive_expect_tx(turn, 0, u32(2 * 64 * D * 2))
     for c in kaio.static_range(C):
@@ -422,16 +431,19 @@ def produce_qdo(
     t = first
     row0 = ring_row
     col = ring_col
+    sat = stat_at
     for i in range(heads_n * kaio.max(n_tiles - first, 0)):
         row = row0 + t * BM
         c0 = col
+        srow = row + sat
         t += 1
         if t == n_tiles:
             t = first
             row0 += head_stride
             col += col_stride
-        copy_in_turn(do_s, q_s, tdo, tq, bars, row, c0, i, ph, BM, 2, D, DT, PAIR, rank,
-                     LOADS)  # dO, then Q  # fmt: skip
+            sat += stat_stride
+        copy_in_turn(do_s, q_s, tdo, tq, bars, row, c0, i, ph, s_s, tl, td, srow, BM, 2, D, DT,
+                     STATS, PAIR, rank, LOADS)  # dO, then Q  # fmt: skip
         ph ^= 1
 
 
@@ -443,6 +455,7 @@ def consume_q128(
     sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32, shift: i32, stat_at: i32,
     stat_stride: i32, out_at: i32, out_stride: i32, D: kaio.constexpr, BM: kaio.constexpr,
     DT: kaio.constexpr, PAIR: kaio.constexpr = 0, GRADS: kaio.constexpr = 1,
+    STATS: kaio.constexpr = 0, HEXP: kaio.constexpr = 0,
 ):  # fmt: skip
     """Consumer warpgroup ``wg`` of ``attention_bwd_dkdv_d256q`` (thread ``lt`` of it): per
     query tile of ``BM`` (128) rows in two halves of 64, dP^T = V dO_w^T once dO's half wg
@@ -477,8 +490,9 @@ def consume_q128(
         issue_st(s, k_s, q_s, i32(wg), 0, D, DT)
         kaio.wgmma_wait(0)
         if GRADS:  # (0: timing only, S^T and dP^T stored as they are; 2: SPLIT)
-            grads_t(s, dp, stats, 0, lse, delta, at0, key0, t * BM + q1 + shift, sq + shift,
-                    1 << 30, causal, scale_log2, lane, H, 0, GRADS - 1)  # fmt: skip
+            grads_t(s, dp, stats, i32(wg), lse, delta, at0, key0, t * BM + q1 + shift,
+                    sq + shift, 1 << 30, causal, scale_log2, lane, H, STATS, GRADS - 1, 0, -1,
+                    HEXP)  # fmt: skip
         if _i > 0:  # the last tile's dV and dK products done in both warpgroups
             kaio.mbarrier_wait(bars, (1, 4), ph ^ 1)
         store_ds(pt_s, i32(wg), s, kr, lane, H, DT)
@@ -506,10 +520,11 @@ def consume_q128(
 @kaio.gpu_kernel(fastmath=True)  # ex2.approx.ftz: one instruction an exponential
 def attention_bwd_dkdv_d256q(
     tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
-    lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:], seq_q: i32, seq_k: i32, heads: i32,
-    group: i32, scale_log2: f32, scale: f32, causal: i32, cu_q: i32[:], cu_k: i32[:], tp: i32,
-    D: kaio.constexpr, REGS: kaio.constexpr, DT: kaio.constexpr, COLS: kaio.constexpr,
-    PAIR: kaio.constexpr, LOADS: kaio.constexpr, GRADS: kaio.constexpr,
+    tl: kaio.tensormap, td: kaio.tensormap, lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:],
+    seq_q: i32, seq_k: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
+    cu_q: i32[:], cu_k: i32[:], tp: i32, D: kaio.constexpr, REGS: kaio.constexpr,
+    DT: kaio.constexpr, COLS: kaio.constexpr, PAIR: kaio.constexpr, LOADS: kaio.constexpr,
+    GRADS: kaio.constexpr, STATS: kaio.constexpr, HEXP: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the 64 keys of key block x and K/V head y (``COLS`` 1: of sequence z), as
     ``attention_bwd_dkdv_d256`` (its arguments, DQ 0) but with query tiles of 128 rows in
@@ -531,8 +546,8 @@ def attention_bwd_dkdv_d256q(
     do_s = kaio.shared_dynamic(DT, (2, C, BM // 2, 64), 2 * ONCE + TILE)
     PT = 2 * ONCE + 2 * TILE
     pt_s = kaio.shared_dynamic(DT, (4, 64, 64), PT)  # P^T halves, dS^T halves
-    stats = kaio.shared_dynamic(f32, (2, 1, 2), PT + 4 * 64 * 64 * 2)  # (unused)
-    BARS = PT + 4 * 64 * 64 * 2 + 16
+    stats = kaio.shared_dynamic(f32, (2, 2, 64), PT + 4 * 64 * 64 * 2)  # STATS: lse, delta
+    BARS = PT + 4 * 64 * 64 * 2 + 2 * 2 * 64 * 4
     bars = kaio.shared_dynamic(u64, (2, 6), BARS)
     turn = kaio.shared_dynamic(u64, (2,), BARS + 96)
     t, wg, lt = thread_roles(2)
@@ -561,20 +576,21 @@ def attention_bwd_dkdv_d256q(
             kaio.setmaxnreg_inc(REGS)
         consume_q128(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, pt_s, wg, lt,
                      group, first, n_tiles, k0, sq, sk, causal, scale_log2, scale, shift,
-                     stat_at, stat_stride, out_at, out_stride, D, BM, DT, PAIR,
-                     GRADS)  # fmt: skip
+                     stat_at, stat_stride, out_at, out_stride, D, BM, DT, PAIR, GRADS,
+                     STATS, HEXP)  # fmt: skip
     else:
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         if lt == 0:
             if COLS:  # heads side by side: the K/V head's and the query heads' columns
                 produce_qdo(k_s, v_s, q_s, do_s, bars, turn, tk, tv, tq, tdo, start_k + k0,
-                            kvh * D, start_q, first_head * D, 0, D, group, first, n_tiles, D,
-                            BM, DT)  # fmt: skip
+                            kvh * D, start_q, first_head * D, 0, D, group, first, n_tiles,
+                            stats, tl, td, stat_at - start_q + shift, stat_stride, D, BM, DT,
+                            STATS)  # fmt: skip
             else:
                 produce_qdo(k_s, v_s, q_s, do_s, bars, turn, tk, tv, tq, tdo, kvh * sk + k0, 0,
-                            first_head * sq, 0, sq, 0, group, first, n_tiles, D, BM, DT, PAIR,
-                            rank, LOADS)  # fmt: skip
+                            first_head * sq, 0, sq, 0, group, first, n_tiles, stats, tl, td, 0,
+                            0, D, BM, DT, STATS, PAIR, rank, LOADS)  # fmt: skip
     if PAIR:
         kaio.cluster_sync()  # no block leaves while the other may still copy or arrive
 
@@ -604,8 +620,8 @@ def produce_kv(
     ph = u32(0)  # tile j's parity
     for j in range(n_tiles):
         row = kv_row + j * BN
-        copy_in_turn(v_s, k_s, tv, tk, bars, row, kv_col, j, ph, BN, 1, D, DT, PAIR,
-                     rank)  # V, then K  # fmt: skip
+        copy_in_turn(v_s, k_s, tv, tk, bars, row, kv_col, j, ph, stats, tl, td, 0, BN, 1, D, DT,
+                     0, PAIR, rank)  # V, then K  # fmt: skip
         ph ^= 1
 
 
@@ -808,6 +824,8 @@ def dkdv_kernel(c: dict, d: int, dt) -> tuple:
             "PAIR": pair_for(c),
             "LOADS": c.get("LOADS", 1),
             "GRADS": c.get("GRADS", 1),
+            "STATS": c.get("STATS", 0),
+            "HEXP": c.get("HEXP", 0),
         }
     return attention_bwd_dkdv_d256, {
         "D": d,
@@ -816,19 +834,21 @@ def dkdv_kernel(c: dict, d: int, dt) -> tuple:
     }
 
 
-def run_dkdv(c: dict, d: int, grid: tuple, stream, maps, lse, delta, dk, dv, extra: tuple,
-             args: tuple, offsets: dict, dt) -> None:  # fmt: skip
+def run_dkdv(c: dict, d: int, grid: tuple, stream, maps, stats, lse, delta, dk, dv,
+             extra: tuple, args: tuple, offsets: dict, dt) -> None:  # fmt: skip
     """Launch the dK/dV kernel of ``config(d)["dkdv"]`` ``c`` (``Q128`` 1:
     ``attention_bwd_dkdv_d256q``, else ``attention_bwd_dkdv_d256`` with ``extra``: its
     dq_acc and semaphores) on ``grid`` and ``stream``: ``maps(rows)`` the tensor maps of k, v
-    (boxes of 64 rows) and q, do (boxes of ``rows``), the lse and delta, dk and dv, the
-    kernel's scalar ``args``, ``offsets`` (cu_q, cu_k, tp), the element type ``dt``."""
+    (boxes of 64 rows) and q, do (boxes of ``rows``), ``stats(rows)`` those of lse and delta
+    (the stats' rows in boxes of ``rows``), the lse and delta, dk and dv, the kernel's scalar
+    ``args``, ``offsets`` (cu_q, cu_k, tp), the element type ``dt``."""
     if c.get("Q128"):
-        smem = 2 * 64 * d * 2 + 2 * 128 * d * 2 + 4 * 64 * 64 * 2 + 16 + 96 + 16
+        smem = 2 * 64 * d * 2 + 2 * 128 * d * 2 + 4 * 64 * 64 * 2 + 2 * 2 * 64 * 4 + 96 + 16
         pair = pair_for(c) if grid[0] % 2 == 0 else 0
         attention_bwd_dkdv_d256q[grid, 384, stream, smem](
-            *maps(64), lse, delta, dk, dv, *args, **offsets, D=d, REGS=c["REGS"], DT=dt,
-            COLS=c["COLS"], PAIR=pair, LOADS=c.get("LOADS", 1), GRADS=c.get("GRADS", 1),
+            *maps(64), *stats(64), lse, delta, dk, dv, *args, **offsets, D=d, REGS=c["REGS"],
+            DT=dt, COLS=c["COLS"], PAIR=pair, LOADS=c.get("LOADS", 1), GRADS=c.get("GRADS", 1),
+            STATS=c.get("STATS", 0), HEXP=c.get("HEXP", 0),
         )  # fmt: skip
         return
     smem = shared_bytes(d, c["BM"], c["STAGES"], c["DQ"])
@@ -926,8 +946,12 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
             )
 
         out = (_arrays.output_arg(da, x, (ka.size,)) for x in (dk, dv))
-        run_dkdv(c1, d, (-(-sk // 64), bh // group), stream, maps, la.arg(rows_q), delta, *out,
-                 (dq_acc, sem), args, {"cu_q": none, "cu_k": none, "tp": 0},
+
+        def stats(box):
+            return pair.stats_maps(la, delta, rows_q, box)
+
+        run_dkdv(c1, d, (-(-sk // 64), bh // group), stream, maps, stats, la.arg(rows_q), delta,
+                 *out, (dq_acc, sem), args, {"cu_q": none, "cu_k": none, "tp": 0},
                  qa.dtype)  # fmt: skip
 
     side = (SIDE if side is None else side) and only is None and not c1["DQ"]

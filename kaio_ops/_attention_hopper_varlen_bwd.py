@@ -191,8 +191,9 @@ def launch(qa, ka, va, da, la, cqa, cka, oa, dims: tuple, causal: bool, scale: f
                 )
 
             out = (_arrays.output_arg(da, x, (ka.size,)) for x in (dk, dv))
-            bwd256.run_dkdv(c1, d, (-(-max_k // bk), hkv, batch), stream, maps, lse_p, delta_p,
-                            *out, (lse_p, cqa.arg()), args, varlen, qa.dtype)  # fmt: skip
+            bwd256.run_dkdv(c1, d, (-(-max_k // bk), hkv, batch), stream, maps, stats_maps,
+                            lse_p, delta_p, *out, (lse_p, cqa.arg()), args, varlen,
+                            qa.dtype)  # fmt: skip
             return
         smem = dense.shared_bytes(d, bk, c1["BM"], c1["STAGES"], c1["STAGES"] * c1["BM"],
                                   *dense._ds_buffers(c1))  # fmt: skip
