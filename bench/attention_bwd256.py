@@ -297,8 +297,6 @@ def kernel_cfg(item: str) -> tuple[str, dict, bool]:
         cfg["dkdv"]["GRADS"] = 2
     if "tstats" in opts:  # lse and delta copied by TMA with dO
         cfg["dkdv"]["STATS"] = 1
-    if "hexp" in opts:  # the exponentials two at a time (ex2.approx.f16x2)
-        cfg["dkdv"]["HEXP"] = 1
     if "nograds" in opts:  # (timing only, wrong results) S^T, dP^T stored as P^T, dS^T
         cfg["dkdv"]["GRADS"] = 0
     return part, cfg, "side" in opts

@@ -80,7 +80,7 @@ from kaio_ops._attention_hopper_common import (
     store_pairs,
     thread_roles,
 )
-from kaio_ops._attention_tc import NEG_INF, POS_INF, lse_log2
+from kaio_ops._attention_tc import POS_INF, lse_log2
 from kaio_ops._matmul_hopper import next_stage
 
 
@@ -182,7 +182,7 @@ def grads_t(
     s: f32[:, :], dp: f32[:, :], stats: f32[:, :, :], st: i32, lse: f32[:], delta: f32[:],
     at0: i32, key0: i32, q0: i32, sq: i32, kend: i32, causal: i32, scale_log2: f32, lane: u32,
     BM: kaio.constexpr, TSTATS: kaio.constexpr, SPLIT: kaio.constexpr = 0,
-    L2: kaio.constexpr = 0, WAIT: kaio.constexpr = -1, HEXP: kaio.constexpr = 0,
+    L2: kaio.constexpr = 0, WAIT: kaio.constexpr = -1,
 ):  # fmt: skip
     """s = P^T, dp = dS^T = P^T (dP^T - delta) of the query tile q0 in ring stage ``st``
     (columns: queries q0 + 8n + 2 (lane % 4) + e, whose lse and delta are ``stats[0 and 1,
@@ -193,20 +193,19 @@ def grads_t(
     (else every element's mask is computed, and applied where needed: no branch while the
     caller's products run); ``L2``: the lse values are already ``lse_log2``'s; ``WAIT`` (0
     or more): P^T first, then ``wgmma_wait(WAIT)`` (the caller's dP^T product, issued
-    after S^T, done), then dS^T: the exponentials run beside dP^T's product. ``HEXP`` 1:
-    the exponentials two at a time (``ex2.approx.f16x2``, one MUFU.EX2 for two)."""
+    after S^T, done), then dS^T: the exponentials run beside dP^T's product."""
     key_tile = key0 - i32(lane // 4)  # the warp's first key
     masked = q0 + BM > sq or (causal != 0 and q0 < key_tile + 15) or key_tile + 16 > kend
     if SPLIT:
         if masked:
             probs_t(s, dp, stats, st, lse, delta, at0, key0, q0, sq, kend, causal, scale_log2,
-                    lane, True, BM, TSTATS, L2, WAIT, HEXP)  # fmt: skip
+                    lane, True, BM, TSTATS, L2, WAIT)  # fmt: skip
         else:
             probs_t(s, dp, stats, st, lse, delta, at0, key0, q0, sq, kend, causal, scale_log2,
-                    lane, False, BM, TSTATS, L2, WAIT, HEXP)  # fmt: skip
+                    lane, False, BM, TSTATS, L2, WAIT)  # fmt: skip
     else:
         probs_t(s, dp, stats, st, lse, delta, at0, key0, q0, sq, kend, causal, scale_log2,
-                lane, masked, BM, TSTATS, L2, WAIT, HEXP)  # fmt: skip
+                lane, masked, BM, TSTATS, L2, WAIT)  # fmt: skip
     if WAIT >= 0:
         kaio.wgmma_wait(WAIT)
         for n in kaio.static_range(BM // 8):
@@ -245,58 +244,25 @@ def probs_t(
     s: f32[:, :], dp: f32[:, :], stats: f32[:, :, :], st: i32, lse: f32[:], delta: f32[:],
     at0: i32, key0: i32, q0: i32, sq: i32, kend: i32, causal: i32, scale_log2: f32, lane: u32,
     masked: bool_, BM: kaio.constexpr, TSTATS: kaio.constexpr, L2: kaio.constexpr,
-    WAIT: kaio.constexpr, HEXP: kaio.constexpr = 0,
+    WAIT: kaio.constexpr,
 ):  # fmt: skip
     """``grads_t``'s loop over the tile's elements, masked where ``masked`` (``WAIT``: P^T
-    only; ``HEXP``: the exponents of each row's two columns as an f16 pair, masked ones
-    -inf, one ``ex2.approx.f16x2``)."""
+    only)."""
     for n in kaio.static_range(BM // 8):
         pair = kaio.local(f32, 2)
         dpair = kaio.local(f32, 2)
         stat_pairs(pair, dpair, stats, st, lse, delta, at0, q0, sq, n * 8, lane, TSTATS)
-        if HEXP:
-            exp_pairs(s, dp, pair, dpair, n, key0, q0, sq, kend, causal, scale_log2, lane,
-                      masked, L2, WAIT)  # fmt: skip
-        else:
-            for e in kaio.static_range(2):
-                col = n * 8 + i32(lane % 4) * 2 + e
-                l2 = pair[e] if L2 else lse_log2(pair[e])
-                for h in kaio.static_range(2):
-                    x = kaio.exp2(kaio.fma(s[n, 2 * h + e], scale_log2, -l2))
-                    if masked:
-                        ok = q0 + col < sq and (causal == 0 or key0 + 8 * h <= q0 + col)
-                        x = kaio.select(ok and key0 + 8 * h < kend, x, 0.0)
-                    s[n, 2 * h + e] = x
-                    if WAIT < 0:
-                        dp[n, 2 * h + e] = x * (dp[n, 2 * h + e] - dpair[e])
-
-
-@kaio.gpu_func
-def exp_pairs(
-    s: f32[:, :], dp: f32[:, :], pair: f32[:], dpair: f32[:], n: kaio.constexpr, key0: i32,
-    q0: i32, sq: i32, kend: i32, causal: i32, scale_log2: f32, lane: u32, masked: bool_,
-    L2: kaio.constexpr, WAIT: kaio.constexpr,
-):  # fmt: skip
-    """``probs_t``'s elements of n8 tile n with ``HEXP``: each row's two exponents (the
-    masked ones -inf) as an f16 pair, one ``ex2.approx.f16x2`` for both."""
-    arg = kaio.local(f32, 4)
-    for e in kaio.static_range(2):
-        col = n * 8 + i32(lane % 4) * 2 + e
-        l2 = pair[e] if L2 else lse_log2(pair[e])
-        for h in kaio.static_range(2):
-            a = kaio.fma(s[n, 2 * h + e], scale_log2, -l2)
-            if masked:
-                ok = q0 + col < sq and (causal == 0 or key0 + 8 * h <= q0 + col)
-                a = kaio.select(ok and key0 + 8 * h < kend, a, NEG_INF)
-            arg[2 * h + e] = a
-    for h in kaio.static_range(2):
-        x2 = kaio.exp2(kaio.f16x2(arg[2 * h], arg[2 * h + 1]))
-        arg[2 * h] = f32(kaio.low(x2))
-        arg[2 * h + 1] = f32(kaio.high(x2))
         for e in kaio.static_range(2):
-            s[n, 2 * h + e] = arg[2 * h + e]
-            if WAIT < 0:
-                dp[n, 2 * h + e] = arg[2 * h + e] * (dp[n, 2 * h + e] - dpair[e])
+            col = n * 8 + i32(lane % 4) * 2 + e
+            l2 = pair[e] if L2 else lse_log2(pair[e])
+            for h in kaio.static_range(2):
+                x = kaio.exp2(kaio.fma(s[n, 2 * h + e], scale_log2, -l2))
+                if masked:
+                    ok = q0 + col < sq and (causal == 0 or key0 + 8 * h <= q0 + col)
+                    x = kaio.select(ok and key0 + 8 * h < kend, x, 0.0)
+                s[n, 2 * h + e] = x
+                if WAIT < 0:
+                    dp[n, 2 * h + e] = x * (dp[n, 2 * h + e] - dpair[e])
 
 
 @kaio.gpu_func

@@ -455,7 +455,7 @@ def consume_q128(
     sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32, shift: i32, stat_at: i32,
     stat_stride: i32, out_at: i32, out_stride: i32, D: kaio.constexpr, BM: kaio.constexpr,
     DT: kaio.constexpr, PAIR: kaio.constexpr = 0, GRADS: kaio.constexpr = 1,
-    STATS: kaio.constexpr = 0, HEXP: kaio.constexpr = 0,
+    STATS: kaio.constexpr = 0,
 ):  # fmt: skip
     """Consumer warpgroup ``wg`` of ``attention_bwd_dkdv_d256q`` (thread ``lt`` of it): per
     query tile of ``BM`` (128) rows in two halves of 64, dP^T = V dO_w^T once dO's half wg
@@ -491,8 +491,8 @@ def consume_q128(
         kaio.wgmma_wait(0)
         if GRADS:  # (0: timing only, S^T and dP^T stored as they are; 2: SPLIT)
             grads_t(s, dp, stats, i32(wg), lse, delta, at0, key0, t * BM + q1 + shift,
-                    sq + shift, 1 << 30, causal, scale_log2, lane, H, STATS, GRADS - 1, 0, -1,
-                    HEXP)  # fmt: skip
+                    sq + shift, 1 << 30, causal, scale_log2, lane, H, STATS,
+                    GRADS - 1)  # fmt: skip
         if _i > 0:  # the last tile's dV and dK products done in both warpgroups
             kaio.mbarrier_wait(bars, (1, 4), ph ^ 1)
         store_ds(pt_s, i32(wg), s, kr, lane, H, DT)
@@ -524,7 +524,7 @@ def attention_bwd_dkdv_d256q(
     seq_q: i32, seq_k: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
     cu_q: i32[:], cu_k: i32[:], tp: i32, D: kaio.constexpr, REGS: kaio.constexpr,
     DT: kaio.constexpr, COLS: kaio.constexpr, PAIR: kaio.constexpr, LOADS: kaio.constexpr,
-    GRADS: kaio.constexpr, STATS: kaio.constexpr, HEXP: kaio.constexpr,
+    GRADS: kaio.constexpr, STATS: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the 64 keys of key block x and K/V head y (``COLS`` 1: of sequence z), as
     ``attention_bwd_dkdv_d256`` (its arguments, DQ 0) but with query tiles of 128 rows in
@@ -577,7 +577,7 @@ def attention_bwd_dkdv_d256q(
         consume_q128(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, pt_s, wg, lt,
                      group, first, n_tiles, k0, sq, sk, causal, scale_log2, scale, shift,
                      stat_at, stat_stride, out_at, out_stride, D, BM, DT, PAIR, GRADS,
-                     STATS, HEXP)  # fmt: skip
+                     STATS)  # fmt: skip
     else:
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -825,7 +825,6 @@ def dkdv_kernel(c: dict, d: int, dt) -> tuple:
             "LOADS": c.get("LOADS", 1),
             "GRADS": c.get("GRADS", 1),
             "STATS": c.get("STATS", 0),
-            "HEXP": c.get("HEXP", 0),
         }
     return attention_bwd_dkdv_d256, {
         "D": d,
@@ -848,7 +847,7 @@ def run_dkdv(c: dict, d: int, grid: tuple, stream, maps, stats, lse, delta, dk, 
         attention_bwd_dkdv_d256q[grid, 384, stream, smem](
             *maps(64), *stats(64), lse, delta, dk, dv, *args, **offsets, D=d, REGS=c["REGS"],
             DT=dt, COLS=c["COLS"], PAIR=pair, LOADS=c.get("LOADS", 1), GRADS=c.get("GRADS", 1),
-            STATS=c.get("STATS", 0), HEXP=c.get("HEXP", 0),
+            STATS=c.get("STATS", 0),
         )  # fmt: skip
         return
     smem = shared_bytes(d, c["BM"], c["STAGES"], c["DQ"])
