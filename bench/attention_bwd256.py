@@ -295,6 +295,8 @@ def kernel_cfg(item: str) -> tuple[str, dict, bool]:
         cfg["dkdv"]["LOADS"] = 0
     if "split" in opts:  # grads_t's SPLIT: a branch between the masked and unmasked loops
         cfg["dkdv"]["GRADS"] = 2
+    if "dqsplit" in opts:  # the dQ kernel's grads with SPLIT
+        cfg["dq"]["SPLIT"] = 1
     if "tstats" in opts:  # lse and delta copied by TMA with dO
         cfg["dkdv"]["STATS"] = 1
     if "nograds" in opts:  # (timing only, wrong results) S^T, dP^T stored as P^T, dS^T

@@ -704,11 +704,28 @@ def write_dq(
 @kaio.gpu_func
 def grads(
     s: f32[:, :], dp: f32[:, :], l2: f32[:], dl: f32[:], k0: i32, row0: i32, sk: i32,
-    causal: i32, scale_log2: f32, lane: u32, BN: kaio.constexpr,
+    causal: i32, scale_log2: f32, lane: u32, BN: kaio.constexpr, SPLIT: kaio.constexpr = 0,
 ):  # fmt: skip
     """dp = dS = P (dP - delta) of one key tile (keys k0 + 8n + 2 (lane % 4) + e, rows row0 +
-    8h), keys past sk and (causal) past the row masked where the tile needs it."""
+    8h), keys past sk and (causal) past the row masked where the tile needs it. ``SPLIT``: a
+    branch between the masked and the unmasked loop (else every element's mask is computed,
+    and applied where needed)."""
     masked = k0 + BN > sk or (causal != 0 and k0 + BN > row0 - i32(lane // 4) + 1)
+    if SPLIT:
+        if masked:
+            grads_loop(s, dp, l2, dl, k0, row0, sk, causal, scale_log2, lane, True, BN)
+        else:
+            grads_loop(s, dp, l2, dl, k0, row0, sk, causal, scale_log2, lane, False, BN)
+    else:
+        grads_loop(s, dp, l2, dl, k0, row0, sk, causal, scale_log2, lane, masked, BN)
+
+
+@kaio.gpu_func
+def grads_loop(
+    s: f32[:, :], dp: f32[:, :], l2: f32[:], dl: f32[:], k0: i32, row0: i32, sk: i32,
+    causal: i32, scale_log2: f32, lane: u32, masked: bool_, BN: kaio.constexpr,
+):  # fmt: skip
+    """``grads``' loop over the tile's elements, masked where ``masked``."""
     for n in kaio.static_range(BN // 8):
         for e in kaio.static_range(2):
             for h in kaio.static_range(2):

@@ -642,7 +642,7 @@ def consume_dq_kv(
     stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], dq: DT[:], wg: u32, lt: u32, q0: i32,
     n_tiles: i32, sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32, out_at: i32,
     out_stride: i32, D: kaio.constexpr, BN: kaio.constexpr, DT: kaio.constexpr,
-    PAIR: kaio.constexpr,
+    PAIR: kaio.constexpr, SPLIT: kaio.constexpr = 0,
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 query rows (thread ``lt`` of it) of
     ``attention_bwd_dq_d256``: per key tile dP = dO V^T as soon as V has landed, S = Q K^T
@@ -671,7 +671,7 @@ def consume_dq_kv(
         kaio.wgmma_wait(1)
         release_pair(bars, 0, lt, PAIR)  # dP done: V free
         kaio.wgmma_wait(0)
-        grads(s, dp, l2, dl, j * BN, row0, sk, causal, scale_log2, lane, BN)
+        grads(s, dp, l2, dl, j * BN, row0, sk, causal, scale_log2, lane, BN, SPLIT)
         pack_p(ds, dp, BN, DT)
         kaio.wgmma_fence()
         issue_pv(dqa, ds, k_s, 0, BN, DT)  # dQ += dS K
@@ -687,7 +687,7 @@ def attention_bwd_dq_d256(
     tl: kaio.tensormap, td: kaio.tensormap, dq: DT[:], seq_q: i32, seq_k: i32, heads: i32,
     group: i32, scale_log2: f32, scale: f32, causal: i32, cu_q: i32[:], cu_k: i32[:], tp: i32,
     D: kaio.constexpr, REGS: kaio.constexpr, DT: kaio.constexpr, COLS: kaio.constexpr,
-    PAIR: kaio.constexpr,
+    PAIR: kaio.constexpr, SPLIT: kaio.constexpr,
 ):  # fmt: skip
     """dq of the 128 query rows of block x (the heaviest causal tiles first) of (batch, head)
     block y, as the pair's ``attention_bwd_dq_wgmma`` with two warpgroups and 64-key tiles
@@ -756,7 +756,7 @@ def attention_bwd_dq_d256(
             kaio.setmaxnreg_inc(REGS)
         consume_dq_kv(q_s, do_s, k_s, v_s, stats, bars, turn, dq, wg, lt, q0 + shift, n_tiles,
                       sq + shift, sk, causal, scale_log2, scale, out_at, out_stride, D, BN,
-                      DT, PAIR)  # fmt: skip
+                      DT, PAIR, SPLIT)  # fmt: skip
     else:
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -872,10 +872,11 @@ def dq_kernel(c: dict, d: int, cols: int) -> tuple:
 
     if c.get("KV"):
         smem = 2 * 128 * d * 2 + 2 * 64 * d * 2 + 2 * 128 * 4 + 32 + 16
-        consts = {"D": d, "REGS": c["REGS"], "COLS": cols, "PAIR": 0 if cols else c.get("PAIR", 0)}
+        consts = {"D": d, "REGS": c["REGS"], "COLS": cols, "PAIR": 0 if cols else c.get("PAIR", 0),
+                  "SPLIT": c.get("SPLIT", 0)}  # fmt: skip
         return attention_bwd_dq_d256, consts, 384, smem, 128, 64
     bq = 64 * c["WG"]
-    consts = {k: v for k, v in c.items() if k not in ("KV", "COLS", "PAIR")}
+    consts = {k: v for k, v in c.items() if k not in ("KV", "COLS", "PAIR", "SPLIT")}
     smem = pair.shared_bytes(d, bq, c["BN"], c["STAGES"], bq)
     return (pair.attention_bwd_dq_wgmma, {"D": d, "COLS": cols, **consts}, 128 * c["WG"] + 128,
             smem, bq, c["BN"])  # fmt: skip
