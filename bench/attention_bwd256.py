@@ -72,6 +72,7 @@ def sdpa_grads(q, k, v, do, causal):
 
 
 FWD = True  # --no-fwd (with --warm): o and lse random, the forward not compiled
+REPS = 3  # --reps: calls a timed round (the median of 3 rounds)
 
 
 def forward(q, k, v, causal: bool) -> tuple:
@@ -326,7 +327,7 @@ def kernel_row(items: str, q, k, v, do, causal: bool, warm: bool = False) -> dic
         )
         ms = time_calls(
             lambda cfg=cfg, only=only, side=side: hopper_bwd256.launch(*op, cfg, only, side),
-            reps=3,
+            reps=REPS,
         )
         row[item] = {"dq": 3, "dkdv": 4, "all": 5}[part] * prod / ms / 1e9
     return row
@@ -373,11 +374,13 @@ def main() -> None:
     p.add_argument("--warm", action="store_true", help="--varlen, --kernels: compile, no timing")
     p.add_argument("--no-fwd", action="store_true", help="--warm: o, lse random (no forward)")
     p.add_argument("--table", action="store_true", help="the table too (with --kernels, --varlen)")
+    p.add_argument("--reps", type=int, default=3, help="calls a timed round (3 rounds)")
     a = p.parse_args()
     if a.tiny:
         return tiny(a.tiny, a.dtypes, a.causal)
-    global FWD
+    global FWD, REPS
     FWD = not (a.no_fwd and a.warm)
+    REPS = a.reps
     rows: list = []
 
     def save():
@@ -416,7 +419,7 @@ def table_rows(a, rows: list, save) -> None:
                 flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
                 o, lse = forward(q, k, v, causal)
                 ref = sdpa_grads(q, k, v, do, causal)
-                ref_ms = time_calls(ref, reps=3)
+                ref_ms = time_calls(ref, reps=REPS)
                 row = dict(gpu=gpu, dtype=dtype, d=d, b=b, h=h, s=s, causal=causal,
                            sdpa_ms=ref_ms, sdpa=flops / ref_ms / 1e9)  # fmt: skip
                 want = ref() if a.check else None
@@ -428,7 +431,7 @@ def table_rows(a, rows: list, save) -> None:
                                 for g, w in zip(got, want, strict=True)]  # fmt: skip
                         row[f"{name}_err"] = max(errs)
                     args = (do, q, k, v, o, lse, causal)
-                    ms = time_calls(lambda fn=fn, args=args: fn(*args), reps=3)
+                    ms = time_calls(lambda fn=fn, args=args: fn(*args), reps=REPS)
                     row[f"{name}_ms"], row[name] = ms, flops / ms / 1e9
                     row[f"{name}/sdpa"] = ref_ms / ms
                 rows.append(row)
