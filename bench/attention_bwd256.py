@@ -288,12 +288,6 @@ def kernel_cfg(item: str) -> tuple[str, dict, bool]:
         cfg["dq"]["KV"] = int("kv" in opts)
     if "q128" in opts or "bm64" in opts:  # bm64: attention_bwd_dkdv_d256
         cfg["dkdv"]["Q128"] = int("q128" in opts)
-    if "mc" in opts:  # the dK/dV kernel in clusters of two, Q and dO multicast
-        cfg["dkdv"]["PAIR"] = 1
-    if "mcq" in opts:  # the dQ kernel in clusters of two, K and V multicast
-        cfg["dq"]["PAIR"] = 1
-    if "noload" in opts:  # (timing only, wrong results) Q and dO copied for the first tile only
-        cfg["dkdv"]["LOADS"] = 0
     if "split" in opts:  # grads_t's SPLIT: a branch between the masked and unmasked loops
         cfg["dkdv"]["GRADS"] = 2
     if "dqsplit" in opts:  # the dQ kernel's grads with SPLIT

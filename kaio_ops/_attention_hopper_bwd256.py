@@ -341,34 +341,17 @@ def attention_bwd_dkdv_d256(
 
 
 @kaio.gpu_func
-def release_pair(bars: u64[:, :], j: i32, lt: u32, PAIR: kaio.constexpr):
-    """``release`` of ``bars[1, j]``; ``PAIR`` 1: on that barrier of both blocks of the
-    cluster (either block's copy of part j goes into both)."""
-    if PAIR:
-        kaio.fence_proxy_async()
-        kaio.sync_warp()
-        if lt % 32 == 0:
-            for rank in kaio.static_range(2):
-                kaio.mbarrier_arrive_cluster(bars, (1, j), rank)
-    else:
-        release(bars, j, lt)
-
-
-@kaio.gpu_func
 def copy_in_turn(
     a_s: DT[:, :, :, :], b_s: DT[:, :, :, :], ta: kaio.tensormap, tb: kaio.tensormap,
     bars: u64[:, :], row: i32, col: i32, i: i32, ph: u32, s_s: f32[:, :, :], tl: kaio.tensormap,
     td: kaio.tensormap, srow: i32, ROWS: kaio.constexpr, PARTS: kaio.constexpr,
-    D: kaio.constexpr, DT: kaio.constexpr, STATS: kaio.constexpr, PAIR: kaio.constexpr = 0,
-    rank: i32 = 0, LOADS: kaio.constexpr = 1,
+    D: kaio.constexpr, DT: kaio.constexpr, STATS: kaio.constexpr,
 ):  # fmt: skip
     """Tile i's copies (parity ``ph``): the ``ROWS`` rows from ``row`` (columns from ``col``)
     of ``ta``, then of ``tb``, each in ``PARTS`` parts of ROWS / PARTS rows, part p into
     ``a_s[p]``, resp. ``b_s[p]``, each on a barrier of its own: ``bars[0, j]`` for the j-th
     (a_s's parts, then b_s's), once the consumers freed it (``bars[1, j]``; for i > 0).
-    ``PAIR`` 1 (block ``rank`` of a cluster of two walking the same tiles): this block
-    copies the parts with j % 2 == rank into both blocks (multicast), the other block the
-    rest; ``bars[1, j]`` counts both blocks' consumers. ``STATS`` 1: with a_s's part p, the
+    ``STATS`` 1: with a_s's part p, the
     lse and delta of its rows (``tl``, ``td`` from ``srow + p R``) into ``s_s[0 and 1, p]``."""
     R = ROWS // PARTS
     for x in kaio.static_range(2):
@@ -376,33 +359,15 @@ def copy_in_turn(
             j = x * PARTS + p
             if i > 0:  # tile i - 1's copy read: free
                 kaio.mbarrier_wait(bars, (1, j), ph ^ 1)
-            if LOADS == 0 and i > 0:  # (timing only: the first tile's data again)
-                kaio.mbarrier_arrive(bars, (0, j))
-            else:
-                kaio.mbarrier_arrive_expect_tx(
-                    bars, (0, j), u32(R * D * 2 + STATS * (1 - x) * R * 8)
-                )
-                if STATS and x == 0:
-                    kaio.tma_load_2d(s_s, (0, p, 0), tl, 0, srow + p * R, bars, (0, j))
-                    kaio.tma_load_2d(s_s, (1, p, 0), td, 0, srow + p * R, bars, (0, j))
-            if LOADS == 0 and i > 0:
-                pass
-            elif PAIR == 0:
-                for c in kaio.static_range(D // 64):
-                    if x == 0:
-                        kaio.tma_load_2d(a_s, (p, c, 0, 0), ta, row + p * R, col + c * 64,
-                                         bars, (0, j))  # fmt: skip
-                    else:
-                        kaio.tma_load_2d(b_s, (p, c, 0, 0), tb, row + p * R, col + c * 64,
-                                         bars, (0, j))  # fmt: skip
-            elif rank == j % 2:
-                for c in kaio.static_range(D // 64):
-                    if x == 0:
-                        kaio.tma_load_2d_multicast(a_s, (p, c, 0, 0), ta, row + p * R,
-                                                   col + c * 64, bars, (0, j), 3)  # fmt: skip
-                    else:
-                        kaio.tma_load_2d_multicast(b_s, (p, c, 0, 0), tb, row + p * R,
-                                                   col + c * 64, bars, (0, j), 3)  # fmt: skip
+            kaio.mbarrier_arrive_expect_tx(bars, (0, j), u32(R * D * 2 + STATS * (1 - x) * R * 8))
+            if STATS and x == 0:
+                kaio.tma_load_2d(s_s, (0, p, 0), tl, 0, srow + p * R, bars, (0, j))
+                kaio.tma_load_2d(s_s, (1, p, 0), td, 0, srow + p * R, bars, (0, j))
+            for c in kaio.static_range(D // 64):
+                if x == 0:
+                    kaio.tma_load_2d(a_s, (p, c, 0, 0), ta, row + p * R, col + c * 64, bars, (0, j))
+                else:
+                    kaio.tma_load_2d(b_s, (p, c, 0, 0), tb, row + p * R, col + c * 64, bars, (0, j))
 
 
 @kaio.gpu_func
@@ -413,15 +378,13 @@ def produce_qdo(
     head_stride: i32, col_stride: i32, heads_n: i32, first: i32, n_tiles: i32,
     s_s: f32[:, :, :], tl: kaio.tensormap, td: kaio.tensormap, stat_at: i32, stat_stride: i32,
     D: kaio.constexpr, BM: kaio.constexpr, DT: kaio.constexpr, STATS: kaio.constexpr,
-    PAIR: kaio.constexpr = 0, rank: i32 = 0, LOADS: kaio.constexpr = 1,
 ):  # fmt: skip
     """``attention_bwd_dkdv_d256q``'s copies: the 64 rows of K and V from ``once_row``
     (columns from ``once_col``) once, on ``turn[0]``; then for each head j < heads_n and
     query tile t in first .. n_tiles the ``BM`` rows from ``ring_row + j head_stride + t
     BM`` (columns from ``ring_col + j col_stride``) of dO, then of Q (``copy_in_turn``, in
-    halves of 64 rows: ``do_s[0]``, ``do_s[1]``; ``PAIR``: half ``rank`` of each into both
-    blocks of the cluster); ``STATS`` 1: with dO, the lse and delta of its rows, head j's
-    ``stat_at + j stat_stride`` further than the rows."""
+    halves of 64 rows: ``do_s[0]``, ``do_s[1]``); ``STATS`` 1: with dO, the lse and delta
+    of its rows, head j's ``stat_at + j stat_stride`` further than the rows."""
     C = D // 64
     kaio.mbarrier_arrive_expect_tx(turn, 0, u32(2 * 64 * D * 2))
     for c in kaio.static_range(C):
@@ -443,7 +406,7 @@ def produce_qdo(
             col += col_stride
             sat += stat_stride
         copy_in_turn(do_s, q_s, tdo, tq, bars, row, c0, i, ph, s_s, tl, td, srow, BM, 2, D, DT,
-                     STATS, PAIR, rank, LOADS)  # dO, then Q  # fmt: skip
+                     STATS)  # dO, then Q  # fmt: skip
         ph ^= 1
 
 
@@ -454,7 +417,7 @@ def consume_q128(
     dv: DT[:], pt_s: DT[:, :, :], wg: u32, lt: u32, group: i32, first: i32, n_tiles: i32, k0: i32,
     sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32, shift: i32, stat_at: i32,
     stat_stride: i32, out_at: i32, out_stride: i32, D: kaio.constexpr, BM: kaio.constexpr,
-    DT: kaio.constexpr, PAIR: kaio.constexpr = 0, GRADS: kaio.constexpr = 1,
+    DT: kaio.constexpr, GRADS: kaio.constexpr = 1,
     STATS: kaio.constexpr = 0,
 ):  # fmt: skip
     """Consumer warpgroup ``wg`` of ``attention_bwd_dkdv_d256q`` (thread ``lt`` of it): per
@@ -464,9 +427,9 @@ def consume_q128(
     ``pt_s[2 + wg]`` (once both warpgroups' last tile's products are done: ``bars[1, 4]``),
     then, once both warpgroups' are there (``bars[1, 5]``), dV[:, D / 2 wg ..] += P^T dO and
     dK[:, D / 2 wg ..] += dS^T Q over the whole tile, a half at a time, each half of dO and
-    Q freed (``bars[1, 0 .. 3]``; ``PAIR``: in both blocks of the cluster) as soon as the
-    products reading it are done; then dK, dV stored (rows ``out_stride`` apart from
-    ``out_at``; the queries and stats as ``consume_split``'s)."""
+    Q freed (``bars[1, 0 .. 3]``) as soon as the products reading it are done; then dK, dV
+    stored (rows ``out_stride`` apart from ``out_at``; the queries and stats as
+    ``consume_split``'s)."""
     H = BM // 2  # this warpgroup's queries of a tile
     NH = D // 2  # its columns of dK and dV
     lane, kr, q1, cb = split_roles(lt, wg, H, NH)
@@ -508,7 +471,7 @@ def consume_q128(
             issue_pt(dka, pt_s, 2 + h, u32(0), q_s, h, H, DT, cb)
         for j in kaio.static_range(4):  # dO's halves, then Q's, free as their products end
             kaio.wgmma_wait(3 - j)
-            release_pair(bars, j, lt, PAIR)
+            release(bars, j, lt)
         release(bars, 4, lt)  # and the buffers
         ph ^= 1
         t, at0 = next_tile(t, at0, first, n_tiles, stat_stride)
@@ -523,19 +486,14 @@ def attention_bwd_dkdv_d256q(
     tl: kaio.tensormap, td: kaio.tensormap, lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:],
     seq_q: i32, seq_k: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
     cu_q: i32[:], cu_k: i32[:], tp: i32, D: kaio.constexpr, REGS: kaio.constexpr,
-    DT: kaio.constexpr, COLS: kaio.constexpr, PAIR: kaio.constexpr, LOADS: kaio.constexpr,
-    GRADS: kaio.constexpr, STATS: kaio.constexpr,
+    DT: kaio.constexpr, COLS: kaio.constexpr, GRADS: kaio.constexpr, STATS: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the 64 keys of key block x and K/V head y (``COLS`` 1: of sequence z), as
     ``attention_bwd_dkdv_d256`` (its arguments, DQ 0) but with query tiles of 128 rows in
     two halves of 64 (``tq``, ``tdo`` in boxes of (64, 64)), each half of Q and dO with
     barriers of its own (``produce_qdo``, ``consume_q128``): the 224 KB of K, V, Q, dO and
     the P^T, dS^T buffers leave no room for a second stage; a half is copied again as soon
-    as the tile's products that read it are done. ``PAIR`` 1 (dense, sk a multiple of 128):
-    clusters of two blocks, key blocks 2c and 2c + 1, which walk the same query tiles: each
-    copies half of every tile into both (``copy_in_turn``), half the L2 reads."""
-    if PAIR:
-        kaio.cluster_dims(2)
+    as the tile's products that read it are done."""
     BM = 128
     C = D // 64
     ONCE = 64 * D * 2
@@ -562,21 +520,13 @@ def attention_bwd_dkdv_d256q(
     )
     if t == 0:  # (0 and 1, 0 .. 3): dO's halves, Q's; (1, 4), (1, 5): the buffers'
         init_barriers(bars, turn, 2, 4, 2, 1)
-        if PAIR:  # the halves' "free": both blocks' consumer warps
-            for j in kaio.static_range(4):
-                kaio.mbarrier_init(bars, (1, j), 16)
-            kaio.fence_proxy_async()
     kaio.sync_threads()
-    rank = i32(0)
-    if PAIR:
-        rank = i32(kaio.cluster_rank())
-        kaio.cluster_sync()  # the other block's barriers are ready before any copy
     if wg < 2:
         if REGS:
             kaio.setmaxnreg_inc(REGS)
         consume_q128(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, pt_s, wg, lt,
                      group, first, n_tiles, k0, sq, sk, causal, scale_log2, scale, shift,
-                     stat_at, stat_stride, out_at, out_stride, D, BM, DT, PAIR, GRADS,
+                     stat_at, stat_stride, out_at, out_stride, D, BM, DT, GRADS,
                      STATS)  # fmt: skip
     else:
         if REGS:
@@ -590,9 +540,7 @@ def attention_bwd_dkdv_d256q(
             else:
                 produce_qdo(k_s, v_s, q_s, do_s, bars, turn, tk, tv, tq, tdo, kvh * sk + k0, 0,
                             first_head * sq, 0, sq, 0, group, first, n_tiles, stats, tl, td, 0,
-                            0, D, BM, DT, STATS, PAIR, rank, LOADS)  # fmt: skip
-    if PAIR:
-        kaio.cluster_sync()  # no block leaves while the other may still copy or arrive
+                            0, D, BM, DT, STATS)  # fmt: skip
 
 
 @kaio.gpu_func
@@ -602,14 +550,13 @@ def produce_kv(
     tdo: kaio.tensormap, tk: kaio.tensormap, tv: kaio.tensormap, tl: kaio.tensormap,
     td: kaio.tensormap, q_row: i32, kv_row: i32, n_tiles: i32, q_col: i32, kv_col: i32,
     stat_at: i32, D: kaio.constexpr, BQ: kaio.constexpr, BN: kaio.constexpr,
-    DT: kaio.constexpr, PAIR: kaio.constexpr, rank: i32,
+    DT: kaio.constexpr,
 ):  # fmt: skip
     """The dQ kernel's copies (``attention_bwd_dq_d256``): the ``BQ`` rows of Q and dO from
     ``q_row`` (columns from ``q_col``) and their lse and delta (from ``q_row + stat_at``)
     once, on ``turn[0]``; then for each key tile j the ``BN`` rows from ``kv_row + j BN`` of
     V, then of K (``copy_in_turn``: V's barriers ``bars[0 and 1, 0]``, K's ``bars[0 and 1,
-    1]``), columns from ``kv_col`` (``PAIR``: block ``rank`` copies V if 0, else K, into both
-    blocks of the cluster)."""
+    1]``), columns from ``kv_col``."""
     C = D // 64
     kaio.mbarrier_arrive_expect_tx(turn, 0, u32(2 * BQ * D * 2 + 2 * BQ * 4))
     for c in kaio.static_range(C):
@@ -621,7 +568,7 @@ def produce_kv(
     for j in range(n_tiles):
         row = kv_row + j * BN
         copy_in_turn(v_s, k_s, tv, tk, bars, row, kv_col, j, ph, stats, tl, td, 0, BN, 1, D, DT,
-                     0, PAIR, rank)  # V, then K  # fmt: skip
+                     0)  # V, then K  # fmt: skip
         ph ^= 1
 
 
@@ -642,13 +589,13 @@ def consume_dq_kv(
     stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], dq: DT[:], wg: u32, lt: u32, q0: i32,
     n_tiles: i32, sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32, out_at: i32,
     out_stride: i32, D: kaio.constexpr, BN: kaio.constexpr, DT: kaio.constexpr,
-    PAIR: kaio.constexpr, SPLIT: kaio.constexpr = 0,
+    SPLIT: kaio.constexpr = 0,
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 query rows (thread ``lt`` of it) of
     ``attention_bwd_dq_d256``: per key tile dP = dO V^T as soon as V has landed, S = Q K^T
     once K has, V freed when dP is done (the next V loads while S, dS and dQ run), dS, dQ +=
-    dS K, K freed (the next K loads while the next dP runs; ``PAIR``: in both blocks of the
-    cluster); then dQ stored at ``out_at``, rows ``out_stride`` apart."""
+    dS K, K freed (the next K loads while the next dP runs); then dQ stored at ``out_at``,
+    rows ``out_stride`` apart."""
     lane, local, _, _ = split_roles(lt, wg, 64, 64)
     local += 64 * i32(wg)  # this thread's rows q0 + local (+ 8)
     row0 = q0 + local
@@ -669,14 +616,14 @@ def consume_dq_kv(
         kaio.mbarrier_wait(bars, (0, 1), ph)  # K landed
         issue_s(s, q_s, k_s, 0, wg, 0, D, DT)  # S = Q K^T
         kaio.wgmma_wait(1)
-        release_pair(bars, 0, lt, PAIR)  # dP done: V free
+        release(bars, 0, lt)  # dP done: V free
         kaio.wgmma_wait(0)
         grads(s, dp, l2, dl, j * BN, row0, sk, causal, scale_log2, lane, BN, SPLIT)
         pack_p(ds, dp, BN, DT)
         kaio.wgmma_fence()
         issue_pv(dqa, ds, k_s, 0, BN, DT)  # dQ += dS K
         kaio.wgmma_wait(0)
-        release_pair(bars, 1, lt, PAIR)  # K free
+        release(bars, 1, lt)  # K free
         ph ^= 1
     store_tile(dq, dqa, out_at, row0, sq, scale, lane, D, DT, 1, out_stride)
 
@@ -687,19 +634,14 @@ def attention_bwd_dq_d256(
     tl: kaio.tensormap, td: kaio.tensormap, dq: DT[:], seq_q: i32, seq_k: i32, heads: i32,
     group: i32, scale_log2: f32, scale: f32, causal: i32, cu_q: i32[:], cu_k: i32[:], tp: i32,
     D: kaio.constexpr, REGS: kaio.constexpr, DT: kaio.constexpr, COLS: kaio.constexpr,
-    PAIR: kaio.constexpr, SPLIT: kaio.constexpr,
+    SPLIT: kaio.constexpr,
 ):  # fmt: skip
     """dq of the 128 query rows of block x (the heaviest causal tiles first) of (batch, head)
     block y, as the pair's ``attention_bwd_dq_wgmma`` with two warpgroups and 64-key tiles
     (its tensor maps, boxes of 128, resp. 64 rows; ``COLS`` 1 its varlen kernel's block z
     of packed sequences), but K and V each in a buffer of its own with its own barriers
     (``produce_kv``, ``consume_dq_kv``): the 192 KB of Q, dO, K and V leave no room for a
-    second stage, and with one stage of both a tile's copies wait for its last product.
-    ``PAIR`` 1 (dense, an even number of query blocks): clusters of two query blocks of a
-    head sharing each key tile's copies (``copy_in_turn``), both walking the first's tiles
-    (causal: the second's last two fully masked)."""
-    if PAIR:
-        kaio.cluster_dims(2)
+    second stage, and with one stage of both a tile's copies wait for its last product."""
     BQ = 128
     BN = 64
     C = D // 64
@@ -717,10 +659,6 @@ def attention_bwd_dq_d256(
     start_q, start_k, shift, stat_off, sq, sk = varlen_block(cu_q, cu_k, seq_q, seq_k, causal,
                                                              COLS)  # fmt: skip
     bh, kvh, q0, n_tiles = query_block(heads, group, sk, causal, BQ, BN)  # (COLS: q0 shifted)
-    rank = i32(0)
-    if PAIR:  # the pair's tiles: the first block's (its rows BQ further down)
-        rank = i32(kaio.cluster_rank())
-        kvh, n_tiles = kv_head_and_tiles(bh, q0 + rank * BQ, heads, group, sk, causal, BQ, BN)
     out_at = bh * sq * D
     out_stride = D
     q_row = bh * sq + q0
@@ -744,28 +682,19 @@ def attention_bwd_dq_d256(
         stat_at = bh * tp + stat_off
     if t == 0:
         init_barriers(bars, turn, 2, 2, 0, 2)  # (0, 0), (1, 0): V's; (0, 1), (1, 1): K's
-        if PAIR:  # "free": both blocks' consumer warps
-            for j in kaio.static_range(2):
-                kaio.mbarrier_init(bars, (1, j), 16)
-            kaio.fence_proxy_async()
     kaio.sync_threads()
-    if PAIR:
-        kaio.cluster_sync()  # the other block's barriers are ready before any copy
     if wg < 2:
         if REGS:
             kaio.setmaxnreg_inc(REGS)
         consume_dq_kv(q_s, do_s, k_s, v_s, stats, bars, turn, dq, wg, lt, q0 + shift, n_tiles,
                       sq + shift, sk, causal, scale_log2, scale, out_at, out_stride, D, BN,
-                      DT, PAIR, SPLIT)  # fmt: skip
+                      DT, SPLIT)  # fmt: skip
     else:
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         if lt == 0:
             produce_kv(q_s, do_s, k_s, v_s, stats, bars, turn, tq, tdo, tk, tv, tl, td, q_row,
-                       kv_row, n_tiles, q_col, kv_col, stat_at, D, BQ, BN, DT, PAIR,
-                       rank)  # fmt: skip
-    if PAIR:
-        kaio.cluster_sync()  # no block leaves while the other may still copy or arrive
+                       kv_row, n_tiles, q_col, kv_col, stat_at, D, BQ, BN, DT)  # fmt: skip
 
 
 def shared_bytes(d: int, bm: int, stages: int, dq: int = 0) -> int:
@@ -801,17 +730,6 @@ def config(d: int = D256, dq: int | None = None) -> dict:
 Q128 = 1
 
 
-def pair_for(c: dict) -> int:
-    """``attention_bwd_dkdv_d256q``'s ``PAIR`` for the dK/dV config ``c``: its ``PAIR``
-    (default ``PAIR``), dense kernels only (``COLS`` 0)."""
-    return 0 if c["COLS"] else c.get("PAIR", PAIR)
-
-
-# Whether the dense dK/dV kernel (``attention_bwd_dkdv_d256q``) runs in clusters of two that
-# share each tile's copies (``PAIR`` 1, where the key blocks pair up).
-PAIR = 0
-
-
 def dkdv_kernel(c: dict, d: int, dt) -> tuple:
     """(kernel, constexprs) of the dK/dV kernel of ``config(d)["dkdv"]`` ``c`` (``run_dkdv``)
     for element type ``dt``."""
@@ -821,8 +739,6 @@ def dkdv_kernel(c: dict, d: int, dt) -> tuple:
             "REGS": c["REGS"],
             "DT": dt,
             "COLS": c["COLS"],
-            "PAIR": pair_for(c),
-            "LOADS": c.get("LOADS", 1),
             "GRADS": c.get("GRADS", 1),
             "STATS": c.get("STATS", 0),
         }
@@ -843,10 +759,9 @@ def run_dkdv(c: dict, d: int, grid: tuple, stream, maps, stats, lse, delta, dk, 
     ``args``, ``offsets`` (cu_q, cu_k, tp), the element type ``dt``."""
     if c.get("Q128"):
         smem = 2 * 64 * d * 2 + 2 * 128 * d * 2 + 4 * 64 * 64 * 2 + 2 * 2 * 64 * 4 + 96 + 16
-        pair = pair_for(c) if grid[0] % 2 == 0 else 0
         attention_bwd_dkdv_d256q[grid, 384, stream, smem](
             *maps(64), *stats(64), lse, delta, dk, dv, *args, **offsets, D=d, REGS=c["REGS"],
-            DT=dt, COLS=c["COLS"], PAIR=pair, LOADS=c.get("LOADS", 1), GRADS=c.get("GRADS", 1),
+            DT=dt, COLS=c["COLS"], GRADS=c.get("GRADS", 1),
             STATS=c.get("STATS", 0),
         )  # fmt: skip
         return
@@ -872,11 +787,10 @@ def dq_kernel(c: dict, d: int, cols: int) -> tuple:
 
     if c.get("KV"):
         smem = 2 * 128 * d * 2 + 2 * 64 * d * 2 + 2 * 128 * 4 + 32 + 16
-        consts = {"D": d, "REGS": c["REGS"], "COLS": cols, "PAIR": 0 if cols else c.get("PAIR", 0),
-                  "SPLIT": c.get("SPLIT", 0)}  # fmt: skip
+        consts = {"D": d, "REGS": c["REGS"], "COLS": cols, "SPLIT": c.get("SPLIT", 0)}
         return attention_bwd_dq_d256, consts, 384, smem, 128, 64
     bq = 64 * c["WG"]
-    consts = {k: v for k, v in c.items() if k not in ("KV", "COLS", "PAIR", "SPLIT")}
+    consts = {k: v for k, v in c.items() if k not in ("KV", "COLS", "SPLIT")}
     smem = pair.shared_bytes(d, bq, c["BN"], c["STAGES"], bq)
     return (pair.attention_bwd_dq_wgmma, {"D": d, "COLS": cols, **consts}, 128 * c["WG"] + 128,
             smem, bq, c["BN"])  # fmt: skip
@@ -964,8 +878,6 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     if only == "dkdv" or c1["DQ"]:
         return dq, dk, dv
     kernel, consts, threads, smem, bq, bn = dq_kernel(c2, d, 0)
-    if -(-sq // bq) % 2:  # PAIR: whole clusters of query blocks
-        consts = {**consts, "PAIR": 0} if "PAIR" in consts else consts
     stats = pair.stats_maps(la, delta, rows_q, bq)
     with pair.side_stream(qa, side) as dq_stream:  # (there the dQ kernel first)
         kernel[(-(-sq // bq), bh), threads, dq_stream, smem](
