@@ -418,7 +418,7 @@ def consume_q128(
     sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32, shift: i32, stat_at: i32,
     stat_stride: i32, out_at: i32, out_stride: i32, D: kaio.constexpr, BM: kaio.constexpr,
     DT: kaio.constexpr, GRADS: kaio.constexpr = 1,
-    STATS: kaio.constexpr = 0,
+    STATS: kaio.constexpr = 0, STAGGER: kaio.constexpr = 0,
 ):  # fmt: skip
     """Consumer warpgroup ``wg`` of ``attention_bwd_dkdv_d256q`` (thread ``lt`` of it): per
     query tile of ``BM`` (128) rows in two halves of 64, dP^T = V dO_w^T once dO's half wg
@@ -446,12 +446,18 @@ def consume_q128(
     t = first
     at0 = stat_at
     for _i in range(total):
+        if STAGGER == 2:  # the second warpgroup: the first's front products done
+            kaio.mbarrier_wait(bars, (1, 6), ph)
         kaio.mbarrier_wait(bars, (0, i32(wg)), ph)  # dO's half of this warpgroup's queries
         kaio.wgmma_fence()
         issue_st(dp, v_s, do_s, i32(wg), 0, D, DT)
         kaio.mbarrier_wait(bars, (0, 2 + i32(wg)), ph)  # Q's
         issue_st(s, k_s, q_s, i32(wg), 0, D, DT)
         kaio.wgmma_wait(0)
+        if STAGGER == 1:
+            kaio.sync_warp()
+            if lt % 32 == 0:
+                kaio.mbarrier_arrive(bars, (1, 6))
         if GRADS:  # (0: timing only, S^T and dP^T stored as they are; 2: SPLIT)
             grads_t(s, dp, stats, i32(wg), lse, delta, at0, key0, t * BM + q1 + shift,
                     sq + shift, 1 << 30, causal, scale_log2, lane, H, STATS,
@@ -487,6 +493,7 @@ def attention_bwd_dkdv_d256q(
     seq_q: i32, seq_k: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
     cu_q: i32[:], cu_k: i32[:], tp: i32, D: kaio.constexpr, REGS: kaio.constexpr,
     DT: kaio.constexpr, COLS: kaio.constexpr, GRADS: kaio.constexpr, STATS: kaio.constexpr,
+    STAGGER: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the 64 keys of key block x and K/V head y (``COLS`` 1: of sequence z), as
     ``attention_bwd_dkdv_d256`` (its arguments, DQ 0) but with query tiles of 128 rows in
@@ -506,8 +513,8 @@ def attention_bwd_dkdv_d256q(
     pt_s = kaio.shared_dynamic(DT, (4, 64, 64), PT)  # P^T halves, dS^T halves
     stats = kaio.shared_dynamic(f32, (2, 2, 64), PT + 4 * 64 * 64 * 2)  # STATS: lse, delta
     BARS = PT + 4 * 64 * 64 * 2 + 2 * 2 * 64 * 4
-    bars = kaio.shared_dynamic(u64, (2, 6), BARS)
-    turn = kaio.shared_dynamic(u64, (2,), BARS + 96)
+    bars = kaio.shared_dynamic(u64, (2, 7), BARS)
+    turn = kaio.shared_dynamic(u64, (2,), BARS + 112)
     t, wg, lt = thread_roles(2)
     start_q, start_k, shift, stat_off, sq, sk = varlen_block(cu_q, cu_k, seq_q, seq_k, causal,
                                                              COLS)  # fmt: skip
@@ -520,14 +527,26 @@ def attention_bwd_dkdv_d256q(
     )
     if t == 0:  # (0 and 1, 0 .. 3): dO's halves, Q's; (1, 4), (1, 5): the buffers'
         init_barriers(bars, turn, 2, 4, 2, 1)
+        kaio.mbarrier_init(bars, (1, 6), 4)  # STAGGER: the first warpgroup's front products
     kaio.sync_threads()
     if wg < 2:
         if REGS:
             kaio.setmaxnreg_inc(REGS)
-        consume_q128(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, pt_s, wg, lt,
-                     group, first, n_tiles, k0, sq, sk, causal, scale_log2, scale, shift,
-                     stat_at, stat_stride, out_at, out_stride, D, BM, DT, GRADS,
-                     STATS)  # fmt: skip
+        if STAGGER == 0:
+            consume_q128(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, pt_s, wg,
+                         lt, group, first, n_tiles, k0, sq, sk, causal, scale_log2, scale,
+                         shift, stat_at, stat_stride, out_at, out_stride, D, BM, DT, GRADS,
+                         STATS, 0)  # fmt: skip
+        elif wg == 0:  # (a branch a warpgroup: the second waits for the first)
+            consume_q128(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, pt_s, wg,
+                         lt, group, first, n_tiles, k0, sq, sk, causal, scale_log2, scale,
+                         shift, stat_at, stat_stride, out_at, out_stride, D, BM, DT, GRADS,
+                         STATS, 1)  # fmt: skip
+        else:
+            consume_q128(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, pt_s, wg,
+                         lt, group, first, n_tiles, k0, sq, sk, causal, scale_log2, scale,
+                         shift, stat_at, stat_stride, out_at, out_stride, D, BM, DT, GRADS,
+                         STATS, 2)  # fmt: skip
     else:
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -741,6 +760,7 @@ def dkdv_kernel(c: dict, d: int, dt) -> tuple:
             "COLS": c["COLS"],
             "GRADS": c.get("GRADS", 1),
             "STATS": c.get("STATS", 0),
+            "STAGGER": c.get("STAGGER", 0),
         }
     return attention_bwd_dkdv_d256, {
         "D": d,
@@ -758,11 +778,11 @@ def run_dkdv(c: dict, d: int, grid: tuple, stream, maps, stats, lse, delta, dk, 
     (the stats' rows in boxes of ``rows``), the lse and delta, dk and dv, the kernel's scalar
     ``args``, ``offsets`` (cu_q, cu_k, tp), the element type ``dt``."""
     if c.get("Q128"):
-        smem = 2 * 64 * d * 2 + 2 * 128 * d * 2 + 4 * 64 * 64 * 2 + 2 * 2 * 64 * 4 + 96 + 16
+        smem = 2 * 64 * d * 2 + 2 * 128 * d * 2 + 4 * 64 * 64 * 2 + 2 * 2 * 64 * 4 + 112 + 16
         attention_bwd_dkdv_d256q[grid, 384, stream, smem](
             *maps(64), *stats(64), lse, delta, dk, dv, *args, **offsets, D=d, REGS=c["REGS"],
             DT=dt, COLS=c["COLS"], GRADS=c.get("GRADS", 1),
-            STATS=c.get("STATS", 0),
+            STATS=c.get("STATS", 0), STAGGER=c.get("STAGGER", 0),
         )  # fmt: skip
         return
     smem = shared_bytes(d, c["BM"], c["STAGES"], c["DQ"])
