@@ -294,6 +294,8 @@ def kernel_cfg(item: str) -> tuple[str, dict, bool]:
         cfg["dq"]["SPLIT"] = 1
     if "stagger" in opts:  # the second warpgroup's front products after the first's
         cfg["dkdv"]["STAGGER"] = 1
+    if "dqstagger" in opts:  # the same in the dQ kernel
+        cfg["dq"]["STAGGER"] = 1
     if "tstats" in opts:  # lse and delta copied by TMA with dO
         cfg["dkdv"]["STATS"] = 1
     if "nograds" in opts:  # (timing only, wrong results) S^T, dP^T stored as P^T, dS^T

@@ -608,7 +608,7 @@ def consume_dq_kv(
     stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], dq: DT[:], wg: u32, lt: u32, q0: i32,
     n_tiles: i32, sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32, out_at: i32,
     out_stride: i32, D: kaio.constexpr, BN: kaio.constexpr, DT: kaio.constexpr,
-    SPLIT: kaio.constexpr = 0,
+    SPLIT: kaio.constexpr = 0, STAGGER: kaio.constexpr = 0,
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 query rows (thread ``lt`` of it) of
     ``attention_bwd_dq_d256``: per key tile dP = dO V^T as soon as V has landed, S = Q K^T
@@ -629,6 +629,8 @@ def consume_dq_kv(
     row_stats(l2, dl, stats, local, row0, sq)
     ph = u32(0)
     for j in range(n_tiles):
+        if STAGGER == 2:  # the second warpgroup: the first's dP and S done
+            kaio.mbarrier_wait(bars, (1, 2), ph)
         kaio.mbarrier_wait(bars, (0, 0), ph)  # V landed
         kaio.wgmma_fence()
         issue_s(dp, do_s, v_s, 0, wg, 0, D, DT)  # dP = dO V^T
@@ -637,6 +639,10 @@ def consume_dq_kv(
         kaio.wgmma_wait(1)
         release(bars, 0, lt)  # dP done: V free
         kaio.wgmma_wait(0)
+        if STAGGER == 1:
+            kaio.sync_warp()
+            if lt % 32 == 0:
+                kaio.mbarrier_arrive(bars, (1, 2))
         grads(s, dp, l2, dl, j * BN, row0, sk, causal, scale_log2, lane, BN, SPLIT)
         pack_p(ds, dp, BN, DT)
         kaio.wgmma_fence()
@@ -653,7 +659,7 @@ def attention_bwd_dq_d256(
     tl: kaio.tensormap, td: kaio.tensormap, dq: DT[:], seq_q: i32, seq_k: i32, heads: i32,
     group: i32, scale_log2: f32, scale: f32, causal: i32, cu_q: i32[:], cu_k: i32[:], tp: i32,
     D: kaio.constexpr, REGS: kaio.constexpr, DT: kaio.constexpr, COLS: kaio.constexpr,
-    SPLIT: kaio.constexpr,
+    SPLIT: kaio.constexpr, STAGGER: kaio.constexpr,
 ):  # fmt: skip
     """dq of the 128 query rows of block x (the heaviest causal tiles first) of (batch, head)
     block y, as the pair's ``attention_bwd_dq_wgmma`` with two warpgroups and 64-key tiles
@@ -672,8 +678,8 @@ def attention_bwd_dq_d256(
     v_s = kaio.shared_dynamic(DT, (1, C, BN, 64), 2 * ONCE + KV)
     stats = kaio.shared_dynamic(f32, (2, 1, BQ), 2 * ONCE + 2 * KV)
     BARS = 2 * ONCE + 2 * KV + 2 * BQ * 4
-    bars = kaio.shared_dynamic(u64, (2, 2), BARS)
-    turn = kaio.shared_dynamic(u64, (2,), BARS + 32)
+    bars = kaio.shared_dynamic(u64, (2, 3), BARS)
+    turn = kaio.shared_dynamic(u64, (2,), BARS + 48)
     t, wg, lt = thread_roles(2)
     start_q, start_k, shift, stat_off, sq, sk = varlen_block(cu_q, cu_k, seq_q, seq_k, causal,
                                                              COLS)  # fmt: skip
@@ -701,13 +707,23 @@ def attention_bwd_dq_d256(
         stat_at = bh * tp + stat_off
     if t == 0:
         init_barriers(bars, turn, 2, 2, 0, 2)  # (0, 0), (1, 0): V's; (0, 1), (1, 1): K's
+        kaio.mbarrier_init(bars, (1, 2), 4)  # STAGGER: the first warpgroup's dP and S
     kaio.sync_threads()
     if wg < 2:
         if REGS:
             kaio.setmaxnreg_inc(REGS)
-        consume_dq_kv(q_s, do_s, k_s, v_s, stats, bars, turn, dq, wg, lt, q0 + shift, n_tiles,
-                      sq + shift, sk, causal, scale_log2, scale, out_at, out_stride, D, BN,
-                      DT, SPLIT)  # fmt: skip
+        if STAGGER == 0:
+            consume_dq_kv(q_s, do_s, k_s, v_s, stats, bars, turn, dq, wg, lt, q0 + shift,
+                          n_tiles, sq + shift, sk, causal, scale_log2, scale, out_at,
+                          out_stride, D, BN, DT, SPLIT, 0)  # fmt: skip
+        elif wg == 0:  # (a branch a warpgroup: the second waits for the first)
+            consume_dq_kv(q_s, do_s, k_s, v_s, stats, bars, turn, dq, wg, lt, q0 + shift,
+                          n_tiles, sq + shift, sk, causal, scale_log2, scale, out_at,
+                          out_stride, D, BN, DT, SPLIT, 1)  # fmt: skip
+        else:
+            consume_dq_kv(q_s, do_s, k_s, v_s, stats, bars, turn, dq, wg, lt, q0 + shift,
+                          n_tiles, sq + shift, sk, causal, scale_log2, scale, out_at,
+                          out_stride, D, BN, DT, SPLIT, 2)  # fmt: skip
     else:
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -806,11 +822,12 @@ def dq_kernel(c: dict, d: int, cols: int) -> tuple:
     from kaio_ops import _attention_hopper_bwd as pair
 
     if c.get("KV"):
-        smem = 2 * 128 * d * 2 + 2 * 64 * d * 2 + 2 * 128 * 4 + 32 + 16
-        consts = {"D": d, "REGS": c["REGS"], "COLS": cols, "SPLIT": c.get("SPLIT", 0)}
+        smem = 2 * 128 * d * 2 + 2 * 64 * d * 2 + 2 * 128 * 4 + 48 + 16
+        consts = {"D": d, "REGS": c["REGS"], "COLS": cols, "SPLIT": c.get("SPLIT", 0),
+                  "STAGGER": c.get("STAGGER", 0)}  # fmt: skip
         return attention_bwd_dq_d256, consts, 384, smem, 128, 64
     bq = 64 * c["WG"]
-    consts = {k: v for k, v in c.items() if k not in ("KV", "COLS", "SPLIT")}
+    consts = {k: v for k, v in c.items() if k not in ("KV", "COLS", "SPLIT", "STAGGER")}
     smem = pair.shared_bytes(d, bq, c["BN"], c["STAGES"], bq)
     return (pair.attention_bwd_dq_wgmma, {"D": d, "COLS": cols, **consts}, 128 * c["WG"] + 128,
             smem, bq, c["BN"])  # fmt: skip
