@@ -288,18 +288,6 @@ def kernel_cfg(item: str) -> tuple[str, dict, bool]:
         cfg["dq"]["KV"] = int("kv" in opts)
     if "q128" in opts or "bm64" in opts:  # bm64: attention_bwd_dkdv_d256
         cfg["dkdv"]["Q128"] = int("q128" in opts)
-    if "split" in opts:  # grads_t's SPLIT: a branch between the masked and unmasked loops
-        cfg["dkdv"]["GRADS"] = 2
-    if "dqsplit" in opts:  # the dQ kernel's grads with SPLIT
-        cfg["dq"]["SPLIT"] = 1
-    if "stagger" in opts:  # the second warpgroup's front products after the first's
-        cfg["dkdv"]["STAGGER"] = 1
-    if "dqstagger" in opts:  # the same in the dQ kernel
-        cfg["dq"]["STAGGER"] = 1
-    if "tstats" in opts:  # lse and delta copied by TMA with dO
-        cfg["dkdv"]["STATS"] = 1
-    if "nograds" in opts:  # (timing only, wrong results) S^T, dP^T stored as P^T, dS^T
-        cfg["dkdv"]["GRADS"] = 0
     return part, cfg, "side" in opts
 
 

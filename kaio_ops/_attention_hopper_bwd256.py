@@ -39,14 +39,20 @@ barriers (``produce_kv``, ``consume_dq_kv``): a tile's dP is issued as soon as i
 landed, then S once K has; V is free once dP is done (the next V is copied while S, dS and
 dQ run) and K once dQ is (the next K is copied while the next dP runs). The 192 KB of Q,
 dO, K and V leave no room for a second stage of both, and with a single stage of both (the
-pair's kernel) each tile's copies waited for its last product.
+pair's kernel) each tile's copies waited for its last product. A key tile that needs no mask
+takes a branch without the mask's instructions (``grads``' SPLIT).
 
 ``attention_bwd_dkdv_d256q`` (``Q128`` 1): the dK/dV kernel with 128-query tiles in halves
 of 64 (each warpgroup's front products at N 64: K and V read half as often a product as
 with 32 queries), each half of Q and dO on barriers of its own, freed as soon as the
 products that read it are done (``copy_in_turn``; one buffer of each: K, V, Q, dO and the
 P^T, dS^T buffers take 224 KB), the P^T / dS^T buffers single and guarded by a "free"
-barrier of both warpgroups.
+barrier of both warpgroups. Each half's lse and delta come by TMA with its dO (1 KB of
+shared memory; read from global memory in the P^T step, their loads and their bounds checks
+were half of that step's instructions), unmasked tiles take a branch without the mask's
+instructions (``grads_t``'s SPLIT), and the second warpgroup issues a tile's front products
+once the first's are done (``bars[1, 6]``), so that the first's P^T, dS^T step runs beside
+them instead of both at once (a branch a warpgroup: ``consume_q128``'s ``FIRST``).
 
 With ``COLS`` 1 the dK/dV kernel is the varlen backward's at D 256
 (``_attention_hopper_varlen_bwd``): a block (key block, K/V head, sequence) of packed
@@ -377,14 +383,15 @@ def produce_qdo(
     tdo: kaio.tensormap, once_row: i32, once_col: i32, ring_row: i32, ring_col: i32,
     head_stride: i32, col_stride: i32, heads_n: i32, first: i32, n_tiles: i32,
     s_s: f32[:, :, :], tl: kaio.tensormap, td: kaio.tensormap, stat_at: i32, stat_stride: i32,
-    D: kaio.constexpr, BM: kaio.constexpr, DT: kaio.constexpr, STATS: kaio.constexpr,
+    D: kaio.constexpr, BM: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """``attention_bwd_dkdv_d256q``'s copies: the 64 rows of K and V from ``once_row``
     (columns from ``once_col``) once, on ``turn[0]``; then for each head j < heads_n and
     query tile t in first .. n_tiles the ``BM`` rows from ``ring_row + j head_stride + t
     BM`` (columns from ``ring_col + j col_stride``) of dO, then of Q (``copy_in_turn``, in
-    halves of 64 rows: ``do_s[0]``, ``do_s[1]``); ``STATS`` 1: with dO, the lse and delta
-    of its rows, head j's ``stat_at + j stat_stride`` further than the rows."""
+    halves of 64 rows: ``do_s[0]``, ``do_s[1]``), with dO the lse and delta of its rows
+    (``stats[0 and 1, half]``), head j's ``stat_at + j stat_stride`` further than the
+    rows."""
     C = D // 64
     kaio.mbarrier_arrive_expect_tx(turn, 0, u32(2 * 64 * D * 2))
     for c in kaio.static_range(C):
@@ -406,7 +413,7 @@ def produce_qdo(
             col += col_stride
             sat += stat_stride
         copy_in_turn(do_s, q_s, tdo, tq, bars, row, c0, i, ph, s_s, tl, td, srow, BM, 2, D, DT,
-                     STATS)  # dO, then Q  # fmt: skip
+                     1)  # dO, then Q  # fmt: skip
         ph ^= 1
 
 
@@ -417,8 +424,7 @@ def consume_q128(
     dv: DT[:], pt_s: DT[:, :, :], wg: u32, lt: u32, group: i32, first: i32, n_tiles: i32, k0: i32,
     sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32, shift: i32, stat_at: i32,
     stat_stride: i32, out_at: i32, out_stride: i32, D: kaio.constexpr, BM: kaio.constexpr,
-    DT: kaio.constexpr, GRADS: kaio.constexpr = 1,
-    STATS: kaio.constexpr = 0, STAGGER: kaio.constexpr = 0,
+    DT: kaio.constexpr, FIRST: kaio.constexpr,
 ):  # fmt: skip
     """Consumer warpgroup ``wg`` of ``attention_bwd_dkdv_d256q`` (thread ``lt`` of it): per
     query tile of ``BM`` (128) rows in two halves of 64, dP^T = V dO_w^T once dO's half wg
@@ -428,8 +434,10 @@ def consume_q128(
     then, once both warpgroups' are there (``bars[1, 5]``), dV[:, D / 2 wg ..] += P^T dO and
     dK[:, D / 2 wg ..] += dS^T Q over the whole tile, a half at a time, each half of dO and
     Q freed (``bars[1, 0 .. 3]``) as soon as the products reading it are done; then dK, dV
-    stored (rows ``out_stride`` apart from ``out_at``; the queries and stats as
-    ``consume_split``'s)."""
+    stored (rows ``out_stride`` apart from ``out_at``; the queries as ``consume_split``'s,
+    the lse and delta from ``stats[0 and 1, wg]``). ``FIRST`` 1 (warpgroup 0): arrives on
+    ``bars[1, 6]`` once its front products are done; 0: waits for that before issuing its
+    own."""
     H = BM // 2  # this warpgroup's queries of a tile
     NH = D // 2  # its columns of dK and dV
     lane, kr, q1, cb = split_roles(lt, wg, H, NH)
@@ -446,7 +454,7 @@ def consume_q128(
     t = first
     at0 = stat_at
     for _i in range(total):
-        if STAGGER == 2:  # the second warpgroup: the first's front products done
+        if FIRST == 0:  # the second warpgroup: the first's front products done
             kaio.mbarrier_wait(bars, (1, 6), ph)
         kaio.mbarrier_wait(bars, (0, i32(wg)), ph)  # dO's half of this warpgroup's queries
         kaio.wgmma_fence()
@@ -454,14 +462,12 @@ def consume_q128(
         kaio.mbarrier_wait(bars, (0, 2 + i32(wg)), ph)  # Q's
         issue_st(s, k_s, q_s, i32(wg), 0, D, DT)
         kaio.wgmma_wait(0)
-        if STAGGER == 1:
+        if FIRST:
             kaio.sync_warp()
             if lt % 32 == 0:
                 kaio.mbarrier_arrive(bars, (1, 6))
-        if GRADS:  # (0: timing only, S^T and dP^T stored as they are; 2: SPLIT)
-            grads_t(s, dp, stats, i32(wg), lse, delta, at0, key0, t * BM + q1 + shift,
-                    sq + shift, 1 << 30, causal, scale_log2, lane, H, STATS,
-                    GRADS - 1)  # fmt: skip
+        grads_t(s, dp, stats, i32(wg), lse, delta, at0, key0, t * BM + q1 + shift, sq + shift,
+                1 << 30, causal, scale_log2, lane, H, 1, 1)  # fmt: skip
         if _i > 0:  # the last tile's dV and dK products done in both warpgroups
             kaio.mbarrier_wait(bars, (1, 4), ph ^ 1)
         store_ds(pt_s, i32(wg), s, kr, lane, H, DT)
@@ -492,15 +498,15 @@ def attention_bwd_dkdv_d256q(
     tl: kaio.tensormap, td: kaio.tensormap, lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:],
     seq_q: i32, seq_k: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
     cu_q: i32[:], cu_k: i32[:], tp: i32, D: kaio.constexpr, REGS: kaio.constexpr,
-    DT: kaio.constexpr, COLS: kaio.constexpr, GRADS: kaio.constexpr, STATS: kaio.constexpr,
-    STAGGER: kaio.constexpr,
+    DT: kaio.constexpr, COLS: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the 64 keys of key block x and K/V head y (``COLS`` 1: of sequence z), as
     ``attention_bwd_dkdv_d256`` (its arguments, DQ 0) but with query tiles of 128 rows in
     two halves of 64 (``tq``, ``tdo`` in boxes of (64, 64)), each half of Q and dO with
     barriers of its own (``produce_qdo``, ``consume_q128``): the 224 KB of K, V, Q, dO and
     the P^T, dS^T buffers leave no room for a second stage; a half is copied again as soon
-    as the tile's products that read it are done."""
+    as the tile's products that read it are done. ``tl``, ``td``: lse and delta as [1, rows]
+    f32 in boxes of (1, 64), copied with each half of dO (``lse``, ``delta``: unread)."""
     BM = 128
     C = D // 64
     ONCE = 64 * D * 2
@@ -511,7 +517,7 @@ def attention_bwd_dkdv_d256q(
     do_s = kaio.shared_dynamic(DT, (2, C, BM // 2, 64), 2 * ONCE + TILE)
     PT = 2 * ONCE + 2 * TILE
     pt_s = kaio.shared_dynamic(DT, (4, 64, 64), PT)  # P^T halves, dS^T halves
-    stats = kaio.shared_dynamic(f32, (2, 2, 64), PT + 4 * 64 * 64 * 2)  # STATS: lse, delta
+    stats = kaio.shared_dynamic(f32, (2, 2, 64), PT + 4 * 64 * 64 * 2)  # lse, delta of the halves
     BARS = PT + 4 * 64 * 64 * 2 + 2 * 2 * 64 * 4
     bars = kaio.shared_dynamic(u64, (2, 7), BARS)
     turn = kaio.shared_dynamic(u64, (2,), BARS + 112)
@@ -527,26 +533,21 @@ def attention_bwd_dkdv_d256q(
     )
     if t == 0:  # (0 and 1, 0 .. 3): dO's halves, Q's; (1, 4), (1, 5): the buffers'
         init_barriers(bars, turn, 2, 4, 2, 1)
-        kaio.mbarrier_init(bars, (1, 6), 4)  # STAGGER: the first warpgroup's front products
+        kaio.mbarrier_init(bars, (1, 6), 4)  # the first warpgroup's front products done
     kaio.sync_threads()
     if wg < 2:
         if REGS:
             kaio.setmaxnreg_inc(REGS)
-        if STAGGER == 0:
+        if wg == 0:  # (a branch a warpgroup: the second waits for the first)
             consume_q128(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, pt_s, wg,
                          lt, group, first, n_tiles, k0, sq, sk, causal, scale_log2, scale,
-                         shift, stat_at, stat_stride, out_at, out_stride, D, BM, DT, GRADS,
-                         STATS, 0)  # fmt: skip
-        elif wg == 0:  # (a branch a warpgroup: the second waits for the first)
-            consume_q128(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, pt_s, wg,
-                         lt, group, first, n_tiles, k0, sq, sk, causal, scale_log2, scale,
-                         shift, stat_at, stat_stride, out_at, out_stride, D, BM, DT, GRADS,
-                         STATS, 1)  # fmt: skip
+                         shift, stat_at, stat_stride, out_at, out_stride, D, BM, DT,
+                         1)  # fmt: skip
         else:
             consume_q128(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, pt_s, wg,
                          lt, group, first, n_tiles, k0, sq, sk, causal, scale_log2, scale,
-                         shift, stat_at, stat_stride, out_at, out_stride, D, BM, DT, GRADS,
-                         STATS, 2)  # fmt: skip
+                         shift, stat_at, stat_stride, out_at, out_stride, D, BM, DT,
+                         0)  # fmt: skip
     else:
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -554,12 +555,12 @@ def attention_bwd_dkdv_d256q(
             if COLS:  # heads side by side: the K/V head's and the query heads' columns
                 produce_qdo(k_s, v_s, q_s, do_s, bars, turn, tk, tv, tq, tdo, start_k + k0,
                             kvh * D, start_q, first_head * D, 0, D, group, first, n_tiles,
-                            stats, tl, td, stat_at - start_q + shift, stat_stride, D, BM, DT,
-                            STATS)  # fmt: skip
+                            stats, tl, td, stat_at - start_q + shift, stat_stride, D, BM,
+                            DT)  # fmt: skip
             else:
                 produce_qdo(k_s, v_s, q_s, do_s, bars, turn, tk, tv, tq, tdo, kvh * sk + k0, 0,
                             first_head * sq, 0, sq, 0, group, first, n_tiles, stats, tl, td, 0,
-                            0, D, BM, DT, STATS)  # fmt: skip
+                            0, D, BM, DT)  # fmt: skip
 
 
 @kaio.gpu_func
@@ -608,13 +609,13 @@ def consume_dq_kv(
     stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], dq: DT[:], wg: u32, lt: u32, q0: i32,
     n_tiles: i32, sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32, out_at: i32,
     out_stride: i32, D: kaio.constexpr, BN: kaio.constexpr, DT: kaio.constexpr,
-    SPLIT: kaio.constexpr = 0, STAGGER: kaio.constexpr = 0,
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 query rows (thread ``lt`` of it) of
     ``attention_bwd_dq_d256``: per key tile dP = dO V^T as soon as V has landed, S = Q K^T
     once K has, V freed when dP is done (the next V loads while S, dS and dQ run), dS, dQ +=
     dS K, K freed (the next K loads while the next dP runs); then dQ stored at ``out_at``,
-    rows ``out_stride`` apart."""
+    rows ``out_stride`` apart. The unmasked key tiles take a branch without the mask's
+    instructions (``grads``' SPLIT)."""
     lane, local, _, _ = split_roles(lt, wg, 64, 64)
     local += 64 * i32(wg)  # this thread's rows q0 + local (+ 8)
     row0 = q0 + local
@@ -629,8 +630,6 @@ def consume_dq_kv(
     row_stats(l2, dl, stats, local, row0, sq)
     ph = u32(0)
     for j in range(n_tiles):
-        if STAGGER == 2:  # the second warpgroup: the first's dP and S done
-            kaio.mbarrier_wait(bars, (1, 2), ph)
         kaio.mbarrier_wait(bars, (0, 0), ph)  # V landed
         kaio.wgmma_fence()
         issue_s(dp, do_s, v_s, 0, wg, 0, D, DT)  # dP = dO V^T
@@ -639,11 +638,7 @@ def consume_dq_kv(
         kaio.wgmma_wait(1)
         release(bars, 0, lt)  # dP done: V free
         kaio.wgmma_wait(0)
-        if STAGGER == 1:
-            kaio.sync_warp()
-            if lt % 32 == 0:
-                kaio.mbarrier_arrive(bars, (1, 2))
-        grads(s, dp, l2, dl, j * BN, row0, sk, causal, scale_log2, lane, BN, SPLIT)
+        grads(s, dp, l2, dl, j * BN, row0, sk, causal, scale_log2, lane, BN, 1)
         pack_p(ds, dp, BN, DT)
         kaio.wgmma_fence()
         issue_pv(dqa, ds, k_s, 0, BN, DT)  # dQ += dS K
@@ -659,7 +654,6 @@ def attention_bwd_dq_d256(
     tl: kaio.tensormap, td: kaio.tensormap, dq: DT[:], seq_q: i32, seq_k: i32, heads: i32,
     group: i32, scale_log2: f32, scale: f32, causal: i32, cu_q: i32[:], cu_k: i32[:], tp: i32,
     D: kaio.constexpr, REGS: kaio.constexpr, DT: kaio.constexpr, COLS: kaio.constexpr,
-    SPLIT: kaio.constexpr, STAGGER: kaio.constexpr,
 ):  # fmt: skip
     """dq of the 128 query rows of block x (the heaviest causal tiles first) of (batch, head)
     block y, as the pair's ``attention_bwd_dq_wgmma`` with two warpgroups and 64-key tiles
@@ -678,8 +672,8 @@ def attention_bwd_dq_d256(
     v_s = kaio.shared_dynamic(DT, (1, C, BN, 64), 2 * ONCE + KV)
     stats = kaio.shared_dynamic(f32, (2, 1, BQ), 2 * ONCE + 2 * KV)
     BARS = 2 * ONCE + 2 * KV + 2 * BQ * 4
-    bars = kaio.shared_dynamic(u64, (2, 3), BARS)
-    turn = kaio.shared_dynamic(u64, (2,), BARS + 48)
+    bars = kaio.shared_dynamic(u64, (2, 2), BARS)
+    turn = kaio.shared_dynamic(u64, (2,), BARS + 32)
     t, wg, lt = thread_roles(2)
     start_q, start_k, shift, stat_off, sq, sk = varlen_block(cu_q, cu_k, seq_q, seq_k, causal,
                                                              COLS)  # fmt: skip
@@ -707,23 +701,13 @@ def attention_bwd_dq_d256(
         stat_at = bh * tp + stat_off
     if t == 0:
         init_barriers(bars, turn, 2, 2, 0, 2)  # (0, 0), (1, 0): V's; (0, 1), (1, 1): K's
-        kaio.mbarrier_init(bars, (1, 2), 4)  # STAGGER: the first warpgroup's dP and S
     kaio.sync_threads()
     if wg < 2:
         if REGS:
             kaio.setmaxnreg_inc(REGS)
-        if STAGGER == 0:
-            consume_dq_kv(q_s, do_s, k_s, v_s, stats, bars, turn, dq, wg, lt, q0 + shift,
-                          n_tiles, sq + shift, sk, causal, scale_log2, scale, out_at,
-                          out_stride, D, BN, DT, SPLIT, 0)  # fmt: skip
-        elif wg == 0:  # (a branch a warpgroup: the second waits for the first)
-            consume_dq_kv(q_s, do_s, k_s, v_s, stats, bars, turn, dq, wg, lt, q0 + shift,
-                          n_tiles, sq + shift, sk, causal, scale_log2, scale, out_at,
-                          out_stride, D, BN, DT, SPLIT, 1)  # fmt: skip
-        else:
-            consume_dq_kv(q_s, do_s, k_s, v_s, stats, bars, turn, dq, wg, lt, q0 + shift,
-                          n_tiles, sq + shift, sk, causal, scale_log2, scale, out_at,
-                          out_stride, D, BN, DT, SPLIT, 2)  # fmt: skip
+        consume_dq_kv(q_s, do_s, k_s, v_s, stats, bars, turn, dq, wg, lt, q0 + shift, n_tiles,
+                      sq + shift, sk, causal, scale_log2, scale, out_at, out_stride, D, BN,
+                      DT)  # fmt: skip
     else:
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -774,9 +758,6 @@ def dkdv_kernel(c: dict, d: int, dt) -> tuple:
             "REGS": c["REGS"],
             "DT": dt,
             "COLS": c["COLS"],
-            "GRADS": c.get("GRADS", 1),
-            "STATS": c.get("STATS", 0),
-            "STAGGER": c.get("STAGGER", 0),
         }
     return attention_bwd_dkdv_d256, {
         "D": d,
@@ -797,8 +778,7 @@ def run_dkdv(c: dict, d: int, grid: tuple, stream, maps, stats, lse, delta, dk, 
         smem = 2 * 64 * d * 2 + 2 * 128 * d * 2 + 4 * 64 * 64 * 2 + 2 * 2 * 64 * 4 + 112 + 16
         attention_bwd_dkdv_d256q[grid, 384, stream, smem](
             *maps(64), *stats(64), lse, delta, dk, dv, *args, **offsets, D=d, REGS=c["REGS"],
-            DT=dt, COLS=c["COLS"], GRADS=c.get("GRADS", 1),
-            STATS=c.get("STATS", 0), STAGGER=c.get("STAGGER", 0),
+            DT=dt, COLS=c["COLS"],
         )  # fmt: skip
         return
     smem = shared_bytes(d, c["BM"], c["STAGES"], c["DQ"])
@@ -822,12 +802,11 @@ def dq_kernel(c: dict, d: int, cols: int) -> tuple:
     from kaio_ops import _attention_hopper_bwd as pair
 
     if c.get("KV"):
-        smem = 2 * 128 * d * 2 + 2 * 64 * d * 2 + 2 * 128 * 4 + 48 + 16
-        consts = {"D": d, "REGS": c["REGS"], "COLS": cols, "SPLIT": c.get("SPLIT", 0),
-                  "STAGGER": c.get("STAGGER", 0)}  # fmt: skip
+        smem = 2 * 128 * d * 2 + 2 * 64 * d * 2 + 2 * 128 * 4 + 32 + 16
+        consts = {"D": d, "REGS": c["REGS"], "COLS": cols}
         return attention_bwd_dq_d256, consts, 384, smem, 128, 64
     bq = 64 * c["WG"]
-    consts = {k: v for k, v in c.items() if k not in ("KV", "COLS", "SPLIT", "STAGGER")}
+    consts = {k: v for k, v in c.items() if k not in ("KV", "COLS")}
     smem = pair.shared_bytes(d, bq, c["BN"], c["STAGES"], bq)
     return (pair.attention_bwd_dq_wgmma, {"D": d, "COLS": cols, **consts}, 128 * c["WG"] + 128,
             smem, bq, c["BN"])  # fmt: skip
