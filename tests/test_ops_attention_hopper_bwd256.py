@@ -46,6 +46,10 @@ def run_sim(b, h, hkv, sq, sk, dtype, causal, cfg=None):
         # the pair: partial query and key tiles, Sq < Sk (bf16: the GPU tests; each type
         # compiles the kernels again, seconds of CI)
         (1, 1, 1, 100, 136, False, 0),
+        # the pair, grouped-query and causal with whole tiles: the unmasked tiles' branch of
+        # both kernels (a 128-query tile past a key block's last key, key tiles below a
+        # query block's rows), the second warpgroup waiting for the first's front products
+        (1, 2, 1, 256, 256, True, 0),
     ],
 )
 def test_backward_d256_in_simulator(b, h, hkv, sq, sk, causal, dq):
