@@ -357,8 +357,8 @@ def copy_in_turn(
     of ``ta``, then of ``tb``, each in ``PARTS`` parts of ROWS / PARTS rows, part p into
     ``a_s[p]``, resp. ``b_s[p]``, each on a barrier of its own: ``bars[0, j]`` for the j-th
     (a_s's parts, then b_s's), once the consumers freed it (``bars[1, j]``; for i > 0).
-    ``STATS`` 1: with a_s's part p, the
-    lse and delta of its rows (``tl``, ``td`` from ``srow + p R``) into ``s_s[0 and 1, p]``."""
+    ``STATS`` 1: with a_s's part p, the lse and delta of its rows (``tl``, ``td`` from
+    ``srow + p R``) into ``s_s[0 and 1, p]``."""
     R = ROWS // PARTS
     for x in kaio.static_range(2):
         for p in kaio.static_range(PARTS):
@@ -753,12 +753,7 @@ def dkdv_kernel(c: dict, d: int, dt) -> tuple:
     """(kernel, constexprs) of the dK/dV kernel of ``config(d)["dkdv"]`` ``c`` (``run_dkdv``)
     for element type ``dt``."""
     if c.get("Q128"):
-        return attention_bwd_dkdv_d256q, {
-            "D": d,
-            "REGS": c["REGS"],
-            "DT": dt,
-            "COLS": c["COLS"],
-        }
+        return attention_bwd_dkdv_d256q, {"D": d, "REGS": c["REGS"], "DT": dt, "COLS": c["COLS"]}
     return attention_bwd_dkdv_d256, {
         "D": d,
         "DT": dt,
@@ -803,8 +798,7 @@ def dq_kernel(c: dict, d: int, cols: int) -> tuple:
 
     if c.get("KV"):
         smem = 2 * 128 * d * 2 + 2 * 64 * d * 2 + 2 * 128 * 4 + 32 + 16
-        consts = {"D": d, "REGS": c["REGS"], "COLS": cols}
-        return attention_bwd_dq_d256, consts, 384, smem, 128, 64
+        return attention_bwd_dq_d256, {"D": d, "REGS": c["REGS"], "COLS": cols}, 384, smem, 128, 64
     bq = 64 * c["WG"]
     consts = {k: v for k, v in c.items() if k not in ("KV", "COLS")}
     smem = pair.shared_bytes(d, bq, c["BN"], c["STAGES"], bq)
