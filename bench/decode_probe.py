@@ -86,7 +86,14 @@ paged_caches = _paged_caches()
 H, HKV, D = 32, 8, 128
 ORIG = {
     n: getattr(decode, n)
-    for n in ("splits_for", "deep_stages", "stages_for", "_counters", "one_split_stages")
+    for n in (
+        "splits_for",
+        "deep_stages",
+        "stages_for",
+        "_counters",
+        "one_split_stages",
+        "plan_grid",
+    )
     if hasattr(decode, n)
 }
 ORIG_SPEC = getattr(decode, "SPECULATE", False)
@@ -262,6 +269,7 @@ def force(
     page_spec=None,
     cl=None,
     split_spec=None,
+    plan=None,
 ):
     """Module defaults but for what is named (cl: clusters of exactly this size, forced,
     with cluster=True) (cluster: None = the module's choice; window:
@@ -301,6 +309,11 @@ def force(
         decode.one_split_stages = lambda *a, s=stages: s
     if unfused:
         decode._counters = lambda *a: None
+    if plan is not None:  # (splits, STAGES, CL): plan_grid's answer, whatever the grid
+        decode.plan_grid = lambda like, kernel, blocks, tiles, dp, mt, paged, p=plan: (
+            *p,
+            decode.shared_bytes(dp, mt, p[1]),
+        )
 
 
 @kaio.gpu_kernel(block_size=128)
@@ -1482,6 +1495,43 @@ def round_f(budget: float):
                 )
 
 
+G_PLANS = {"c2s3": (2, 3, 2), "c2s2": (2, 2, 2)}  # round g's plans: (splits, STAGES, CL)
+
+
+def round_g(budget: float):
+    """dec, round A of 2026-11-27 (issue 34): the uniform B = 16 shapes where the paged
+    cache trails SDPA, a K/V head's keys in two splits merged through a cluster of 2 (two
+    or three blocks a multiprocessor: G_PLANS) against the default's one split (a block a
+    multiprocessor), both layouts; B64 L1024's default."""
+    cases = ((16, 4096), (16, 1024), (64, 1024))
+    for b, _, _, sets, lens, label in shapes(cases, budget):
+        show(f"{label} kaio contiguous", kernel_times(run_kaio_contig(lens), sets))
+        show(f"{label} kaio paged", kernel_times(run_kaio(lens), sets))
+        if b > 16:
+            continue
+        for name, plan in G_PLANS.items():
+            print(f"{label} paged {name} rel err {check(sets, lens, plan=plan):.1e}", flush=True)
+            show(f"{label} kaio paged {name}", kernel_times(run_kaio(lens, plan=plan), sets))
+            show(
+                f"{label} kaio contiguous {name}",
+                kernel_times(run_kaio_contig(lens, plan=plan), sets),
+            )
+
+
+def warm_g():
+    """What round g launches: the defaults of its shapes and G_PLANS' cluster grids."""
+    out = [(probe_mark, {})]
+    for paged in (False, True):
+        c = {"DP": 128, "MT": 1, "PAGED": paged, "DT": f16, "PW": int(paged)}
+        for st in {decode.one_split_stages(128, 1, paged), decode.stages_for(128, 1)}:
+            flags = {"DIRECT": True, "FUSED": False, "SPEC": decode.speculates(paged), "CL": 1}
+            out.append((decode.DECODE, {**c, **flags, "STAGES": st}))
+        for _, st, cl in G_PLANS.values():
+            flags = {"DIRECT": False, "FUSED": False, "SPEC": 0, "CL": cl, "STAGES": st}
+            out.append((decode.DECODE, {**c, **flags}))
+    return out
+
+
 def warm_f():
     """What round f launches: the defaults of its shapes (D 128 f16, one M-tile)."""
     out = [(probe_mark, {})]
@@ -1577,6 +1627,7 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "d": (round_d, 30),
     "e": (round_e, 25),
     "f": (round_f, 25),
+    "g": (round_g, 25),
 }
 WARMS = {
     "warm": warm_list,
@@ -1585,6 +1636,7 @@ WARMS = {
     "warm_d": warm_d,
     "warm_e": warm_e,
     "warm_f": warm_f,
+    "warm_g": warm_g,
     "warm_p": warm_p,
     "warm_t": warm_t,
     "warm_v": warm_v,
