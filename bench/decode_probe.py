@@ -270,6 +270,7 @@ def force(
     cl=None,
     split_spec=None,
     plan=None,
+    kernel=None,
 ):
     """Module defaults but for what is named (cl: clusters of exactly this size, forced,
     with cluster=True) (cluster: None = the module's choice; window:
@@ -309,6 +310,8 @@ def force(
         decode.one_split_stages = lambda *a, s=stages: s
     if unfused:
         decode._counters = lambda *a: None
+    if kernel is not None:  # a probe variant of decode_fwd (decode_variant)
+        decode.DECODE = kernel
     if plan is not None:  # (splits, STAGES, CL): plan_grid's answer, whatever the grid
         decode.plan_grid = lambda like, kernel, blocks, tiles, dp, mt, paged, p=plan: (
             *p,
@@ -1495,6 +1498,44 @@ def round_f(budget: float):
                 )
 
 
+def decode_variant(name: str, edits: dict):
+    """``decode_fwd`` of a copy of kaio_ops/_decode.py with ``edits`` made (old text: new,
+    each old text found once): a probe-only kernel, its own module (in the temporary
+    folder) and disk-cache key."""
+    import importlib.util
+    import tempfile
+
+    with open(dk.__file__) as f:
+        src = f.read()
+    for old, new in edits.items():
+        assert src.count(old) == 1, old
+        src = src.replace(old, new)
+    mod_name = f"decode_variant_{name}"
+    path = os.path.join(tempfile.gettempdir(), mod_name + ".py")
+    if not os.path.exists(path) or open(path).read() != src:
+        with open(path, "w") as f:
+            f.write(src)
+    if mod_name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(mod_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[mod_name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[mod_name].decode_fwd
+
+
+_TILE_MATH = """        dot_rows_at(s, qf, kv_s, krow, bcol, lane, KW // 8, 0, DP, DT)  # S = Q K^T
+        # the last tiles hold keys past the end or past a new token's position
+        masked = i32((t + 1) * BN) + i32(sq) > i32(kv_len) + 1
+        masked_softmax(s, m, l, o, masked, t * BN + kpart * KW, limit, lane, scale_log2, KW, DP)
+        acc_rows_at(o, s, kv_s, krow + BN, acol, lane, KW // 8, DP, DT)  # O += P V
+"""
+# diagnostics (wrong results by design): the key tiles' arithmetic left out, or done twice
+G_VARIANTS = {
+    "nomath": {_TILE_MATH: "        o[0, 0] += f32(kv_s[krow + lane % 16, lane])\n"},
+    "math2": {_TILE_MATH: _TILE_MATH + _TILE_MATH},
+}
+
+
 G_PLANS = {"c2s3": (2, 3, 2), "c2s2": (2, 2, 2)}  # round g's plans: (splits, STAGES, CL)
 
 
@@ -1516,6 +1557,13 @@ def round_g(budget: float):
                 f"{label} kaio contiguous {name}",
                 kernel_times(run_kaio_contig(lens, plan=plan), sets),
             )
+        for name, edits in G_VARIANTS.items():  # diagnostics: where the fixed cost is
+            kern = decode_variant(name, edits)
+            show(f"{label} kaio paged {name}", kernel_times(run_kaio(lens, kernel=kern), sets))
+            show(
+                f"{label} kaio contiguous {name}",
+                kernel_times(run_kaio_contig(lens, kernel=kern), sets),
+            )
 
 
 def warm_g():
@@ -1529,6 +1577,10 @@ def warm_g():
         for _, st, cl in G_PLANS.values():
             flags = {"DIRECT": False, "FUSED": False, "SPEC": 0, "CL": cl, "STAGES": st}
             out.append((decode.DECODE, {**c, **flags}))
+        st = decode.one_split_stages(128, 1, paged)
+        flags = {"DIRECT": True, "FUSED": False, "SPEC": decode.speculates(paged), "CL": 1}
+        for name, edits in G_VARIANTS.items():
+            out.append((decode_variant(name, edits), {**c, **flags, "STAGES": st}))
     return out
 
 
