@@ -1545,11 +1545,12 @@ def round_g(budget: float):
     or three blocks a multiprocessor: G_PLANS) against the default's one split (a block a
     multiprocessor), both layouts; B64 L1024's default."""
     cases = ((16, 4096), (16, 1024), (64, 1024))
-    for b, _, _, sets, lens, label in shapes(cases, budget):
+    for b, length, _, sets, lens, label in shapes(cases, budget):
         show(f"{label} kaio contiguous", kernel_times(run_kaio_contig(lens), sets))
         show(f"{label} kaio paged", kernel_times(run_kaio(lens), sets))
         if b > 16:
             continue
+        floor_jobs(b, length, label, sets, ((False, 2, 0), (True, 4, 0)))
         for name, plan in G_PLANS.items():
             print(f"{label} paged {name} rel err {check(sets, lens, plan=plan):.1e}", flush=True)
             show(f"{label} kaio paged {name}", kernel_times(run_kaio(lens, plan=plan), sets))
@@ -1581,6 +1582,8 @@ def warm_g():
         flags = {"DIRECT": True, "FUSED": False, "SPEC": decode.speculates(paged), "CL": 1}
         for name, edits in G_VARIANTS.items():
             out.append((decode_variant(name, edits), {**c, **flags, "STAGES": st}))
+        flags = {"PAGED": paged, "STAGES": st, "DP": 128, "LOCK": 0, "TOUCH": 0}
+        out.append((head_stream, flags))
     return out
 
 
