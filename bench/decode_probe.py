@@ -1529,10 +1529,25 @@ _TILE_MATH = """        dot_rows_at(s, qf, kv_s, krow, bcol, lane, KW // 8, 0, D
         masked_softmax(s, m, l, o, masked, t * BN + kpart * KW, limit, lane, scale_log2, KW, DP)
         acc_rows_at(o, s, kv_s, krow + BN, acol, lane, KW // 8, DP, DT)  # O += P V
 """
-# diagnostics (wrong results by design): the key tiles' arithmetic left out, or done twice
+_QK = "        dot_rows_at(s, qf, kv_s, krow, bcol, lane, KW // 8, 0, DP, DT)  # S = Q K^T\n"
+_SOFTMAX = """        # the last tiles hold keys past the end or past a new token's position
+        masked = i32((t + 1) * BN) + i32(sq) > i32(kv_len) + 1
+        masked_softmax(s, m, l, o, masked, t * BN + kpart * KW, limit, lane, scale_log2, KW, DP)
+"""
+_PV = "        acc_rows_at(o, s, kv_s, krow + BN, acol, lane, KW // 8, DP, DT)  # O += P V\n"
+# diagnostics (wrong results by design): the key tiles' arithmetic, or a part of it, left
+# out (the tile still read from shared memory), or done twice
 G_VARIANTS = {
     "nomath": {_TILE_MATH: "        o[0, 0] += f32(kv_s[krow + lane % 16, lane])\n"},
     "math2": {_TILE_MATH: _TILE_MATH + _TILE_MATH},
+    "noqk": {
+        _QK: """        for n in kaio.static_range(KW // 8):
+            for e in kaio.static_range(4):
+                s[n, e] = f32(kv_s[krow + n * 8 + lane % 8, lane * 4 + e])
+"""
+    },
+    "nosoftmax": {_SOFTMAX: ""},
+    "nopv": {_PV: "        o[0, 0] += s[0, 0] + f32(kv_s[krow + BN + lane % 16, lane])\n"},
 }
 
 
@@ -1565,6 +1580,41 @@ def round_g(budget: float):
                 f"{label} kaio contiguous {name}",
                 kernel_times(run_kaio_contig(lens, kernel=kern), sets),
             )
+
+
+def round_g2(budget: float):
+    """dec, round B of 2026-11-27: where decode_fwd's time over its copy floor goes, at the
+    B = 16 and 64 shapes: the default and the G_VARIANTS diagnostics in two passes (the
+    second in reverse order: a drift shows as a difference between the passes), the floors
+    and SDPA first and last."""
+    cases = ((16, 4096), (64, 1024), (16, 1024))
+    for b, length, _, sets, lens, label in shapes(cases, budget):
+        floor_jobs(b, length, label, sets, ((False, 2, 0), (True, 4, 0)))
+        jobs = [("default", None)] + [(n, decode_variant(n, e)) for n, e in G_VARIANTS.items()]
+        for order in (jobs, jobs[::-1]):
+            for name, kern in order:
+                cfg = {} if kern is None else {"kernel": kern}
+                show(f"{label} contiguous {name}", kernel_times(run_kaio_contig(lens, **cfg), sets))
+                show(f"{label} paged {name}", kernel_times(run_kaio(lens, **cfg), sets))
+        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
+        show(f"{label} SDPA again", again)
+        floor_jobs(b, length, label, sets, ((False, 2, 0), (True, 4, 0)))
+
+
+def warm_g2():
+    """What round g2 launches: the defaults of its shapes and the G_VARIANTS diagnostics
+    (one split at 2 and 3 stages contiguous, 4 and 3 paged), the floors."""
+    out = [(probe_mark, {})]
+    for paged in (False, True):
+        c = {"DP": 128, "MT": 1, "PAGED": paged, "DT": f16, "PW": int(paged)}
+        flags = {"DIRECT": True, "FUSED": False, "SPEC": decode.speculates(paged), "CL": 1}
+        for st in {decode.one_split_stages(128, 1, paged), decode.stages_for(128, 1)}:
+            out.append((decode.DECODE, {**c, **flags, "STAGES": st}))
+            for name, edits in G_VARIANTS.items():
+                out.append((decode_variant(name, edits), {**c, **flags, "STAGES": st}))
+        st = decode.one_split_stages(128, 1, paged)
+        out.append((head_stream, {"PAGED": paged, "STAGES": st, "DP": 128, "LOCK": 0, "TOUCH": 0}))
+    return out
 
 
 def warm_g():
@@ -1683,6 +1733,7 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "e": (round_e, 25),
     "f": (round_f, 25),
     "g": (round_g, 25),
+    "g2": (round_g2, 25),
 }
 WARMS = {
     "warm": warm_list,
@@ -1692,6 +1743,7 @@ WARMS = {
     "warm_e": warm_e,
     "warm_f": warm_f,
     "warm_g": warm_g,
+    "warm_g2": warm_g2,
     "warm_p": warm_p,
     "warm_t": warm_t,
     "warm_v": warm_v,
