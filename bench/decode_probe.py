@@ -1507,7 +1507,7 @@ def decode_variant(name: str, edits: dict):
 
     with open(dk.__file__) as f:
         src = f.read()
-    for old, new in edits.items():
+    for old, new in edits.items() if isinstance(edits, dict) else edits:
         assert src.count(old) == 1, old
         src = src.replace(old, new)
     mod_name = f"decode_variant_{name}"
@@ -1597,6 +1597,56 @@ def dot_two_chains(
 def masked_softmax(""",
     },
 }
+
+
+# round g3's kernels, all copies of _decode.py (an unedited one the baseline): a variant
+# module launched in a process makes later launches of the original decode_fwd run it
+# (round B of 2026-11-27: the default's output was the first variant's), so the A/B is
+# between copies, the original timed before any copy is launched
+G3 = {
+    "same": [],
+    "lazy": list(G_CANDIDATES["lazy"].items()),
+    "qk2": list(G_CANDIDATES["qk2"].items()),
+    "lazyqk2": list(G_CANDIDATES["lazy"].items()) + list(G_CANDIDATES["qk2"].items()),
+}
+
+
+def round_g3(budget: float):
+    """dec, round C of 2026-11-27: the exact candidates (G_CANDIDATES: the lazy rescale, the
+    scores in two mma chains, both) against an unedited copy of decode_fwd in one process,
+    two passes (the second reversed), both layouts, each checked against SDPA first; the
+    original default timed before them."""
+    cases = ((16, 4096), (64, 1024), (16, 1024))
+    for _, _, _, sets, lens, label in shapes(cases, budget):
+        show(f"{label} ORIGINAL contiguous", kernel_times(run_kaio_contig(lens), sets))
+        show(f"{label} ORIGINAL paged", kernel_times(run_kaio(lens), sets))
+        flush()
+        jobs = []
+        for name, edits in G3.items():
+            kern = decode_variant(name, edits)
+            err = check(sets, lens, kernel=kern)
+            print(f"{label} paged {name} rel err {err:.1e}", flush=True)
+            jobs.append((name, kern))
+        for order in (jobs, jobs[::-1]):
+            for name, kern in order:
+                cfg = {"kernel": kern}
+                show(f"{label} contiguous {name}", kernel_times(run_kaio_contig(lens, **cfg), sets))
+                show(f"{label} paged {name}", kernel_times(run_kaio(lens, **cfg), sets))
+        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
+        show(f"{label} SDPA again", again)
+
+
+def warm_g3():
+    """What round g3 launches: the defaults of its shapes and G3's copies."""
+    out = [(probe_mark, {})]
+    for paged in (False, True):
+        c = {"DP": 128, "MT": 1, "PAGED": paged, "DT": f16, "PW": int(paged)}
+        flags = {"DIRECT": True, "FUSED": False, "SPEC": decode.speculates(paged), "CL": 1}
+        for st in {decode.one_split_stages(128, 1, paged), decode.stages_for(128, 1)}:
+            out.append((decode.DECODE, {**c, **flags, "STAGES": st}))
+            for name, edits in G3.items():
+                out.append((decode_variant(name, edits), {**c, **flags, "STAGES": st}))
+    return out
 
 
 G_PLANS = {"c2s3": (2, 3, 2), "c2s2": (2, 2, 2)}  # round g's plans: (splits, STAGES, CL)
@@ -1786,6 +1836,7 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "f": (round_f, 25),
     "g": (round_g, 25),
     "g2": (round_g2, 25),
+    "g3": (round_g3, 25),
 }
 WARMS = {
     "warm": warm_list,
@@ -1796,6 +1847,7 @@ WARMS = {
     "warm_f": warm_f,
     "warm_g": warm_g,
     "warm_g2": warm_g2,
+    "warm_g3": warm_g3,
     "warm_p": warm_p,
     "warm_t": warm_t,
     "warm_v": warm_v,
