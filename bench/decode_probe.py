@@ -1611,18 +1611,64 @@ G3 = {
 }
 
 
+_WAIT_TOP = """        stage = i % STAGES * 2 * BN
+        if i + STAGES - 1 < count:  # into the stage tile i - 1 used
+"""
+_WAIT_MID = """        kaio.cp_async_commit()
+        kaio.cp_async_wait(STAGES - 1)  # tile t has landed
+        kaio.sync_threads()
+        if SPEC:
+            if i < STAGES - 1"""
+_END_SYNC = """        acc_rows_at(o, s, kv_s, krow + BN, acol, lane, KW // 8, DP, DT)  # O += P V
+        kaio.sync_threads()  # this stage is free
+"""
+_BOUNDS = "    kaio.launch_bounds(THREADS, 3 if DP <= 128 and MT == 1 else 2)"
+# round g4's candidates: one barrier a key tile (the wait and the barrier first, then the
+# copies into the stage that tile i - 1 used: every warp is past it; STAGES - 2 tiles in
+# flight during the wait instead of STAGES - 1), and the register cap lifted (a block a
+# multiprocessor needs none: ptxas gives 165 of 168 now)
+ONE_SYNC = [
+    (
+        _WAIT_TOP,
+        """        stage = i % STAGES * 2 * BN
+        kaio.cp_async_wait(STAGES - 2)  # tile t has landed
+        kaio.sync_threads()  # (and every warp is done with the stage of tile i - 1)
+        if i + STAGES - 1 < count:  # into the stage tile i - 1 used
+""",
+    ),
+    (_WAIT_MID, "        kaio.cp_async_commit()\n        if SPEC:\n            if i < STAGES - 1"),
+    (_END_SYNC, _END_SYNC.split("\n")[0] + "\n"),
+]
+LB1 = [(_BOUNDS, "    kaio.launch_bounds(THREADS, 1)")]
+G4 = {"same": [], "1sync": ONE_SYNC, "lb1": LB1, "1sync_lb1": ONE_SYNC + LB1}
+
+
+def round_g4(budget: float):
+    """dec, round D of 2026-11-27: G4's candidates (one barrier a key tile, the register cap
+    lifted, both) against an unedited copy of decode_fwd, as round g3 (the original first;
+    the one-barrier loop wants 3 stages or more: at the contiguous B = 16 default's 2 it
+    waits with no tile in flight)."""
+    g3_like(budget, G4)
+
+
 def round_g3(budget: float):
     """dec, round C of 2026-11-27: the exact candidates (G_CANDIDATES: the lazy rescale, the
     scores in two mma chains, both) against an unedited copy of decode_fwd in one process,
     two passes (the second reversed), both layouts, each checked against SDPA first; the
     original default timed before them."""
+    g3_like(budget, G3)
+
+
+def g3_like(budget: float, kernels: dict):
+    """Copies of decode_fwd (``kernels``: name -> edits) against the first (an unedited
+    copy) in two passes, both layouts, checked first, after the original's default."""
     cases = ((16, 4096), (64, 1024), (16, 1024))
     for _, _, _, sets, lens, label in shapes(cases, budget):
         show(f"{label} ORIGINAL contiguous", kernel_times(run_kaio_contig(lens), sets))
         show(f"{label} ORIGINAL paged", kernel_times(run_kaio(lens), sets))
         flush()
         jobs = []
-        for name, edits in G3.items():
+        for name, edits in kernels.items():
             kern = decode_variant(name, edits)
             err = check(sets, lens, kernel=kern)
             print(f"{label} paged {name} rel err {err:.1e}", flush=True)
@@ -1636,15 +1682,21 @@ def round_g3(budget: float):
         show(f"{label} SDPA again", again)
 
 
-def warm_g3():
+def warm_g4():
+    """What round g4 launches."""
+    return warm_g3(G4)
+
+
+def warm_g3(kernels=None):
     """What round g3 launches: the defaults of its shapes and G3's copies."""
+    kernels = G3 if kernels is None else kernels
     out = [(probe_mark, {})]
     for paged in (False, True):
         c = {"DP": 128, "MT": 1, "PAGED": paged, "DT": f16, "PW": int(paged)}
         flags = {"DIRECT": True, "FUSED": False, "SPEC": decode.speculates(paged), "CL": 1}
         for st in {decode.one_split_stages(128, 1, paged), decode.stages_for(128, 1)}:
             out.append((decode.DECODE, {**c, **flags, "STAGES": st}))
-            for name, edits in G3.items():
+            for name, edits in kernels.items():
                 out.append((decode_variant(name, edits), {**c, **flags, "STAGES": st}))
     return out
 
@@ -1837,6 +1889,7 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "g": (round_g, 25),
     "g2": (round_g2, 25),
     "g3": (round_g3, 25),
+    "g4": (round_g4, 25),
 }
 WARMS = {
     "warm": warm_list,
@@ -1848,6 +1901,7 @@ WARMS = {
     "warm_g": warm_g,
     "warm_g2": warm_g2,
     "warm_g3": warm_g3,
+    "warm_g4": warm_g4,
     "warm_p": warm_p,
     "warm_t": warm_t,
     "warm_v": warm_v,
