@@ -1599,10 +1599,10 @@ def masked_softmax(""",
 }
 
 
-# round g3's kernels, all copies of _decode.py (an unedited one the baseline): a variant
-# module launched in a process makes later launches of the original decode_fwd run it
-# (round B of 2026-11-27: the default's output was the first variant's), so the A/B is
-# between copies, the original timed before any copy is launched
+# round g3's kernels, all copies of _decode.py (an unedited one the baseline), the original
+# timed before any copy is launched: in round B of 2026-11-27, after the diagnostic copies
+# (G_VARIANTS) had run, the original's launches gave their output (relative error 1.0 at
+# the second shape) and their times; not seen in round C (exact copies), not explained
 G3 = {
     "same": [],
     "lazy": list(G_CANDIDATES["lazy"].items()),
