@@ -8,6 +8,7 @@ than the L2 cache.
     python3 bench/decode_probe.py [warm | b | ncu | s | w | x | a | h | bn | c | p | q | r [SEC]]
     python3 bench/decode_probe.py t | v [SECONDS]  # page orders (dec34)
     python3 bench/decode_probe.py warm_d | warm_e | warm_f [SECONDS]; then d | e | f  # dec34
+    python3 bench/decode_probe.py warm_g4 10; then g4 29  # dec, copies of decode_fwd (also g..g3)
     PROBE_BASE=1 PYTHONPATH=/main/checkout python3 bench/decode_probe.py f  # main's defaults
     python3 bench/decode_probe.py warm_p [SECONDS]  # the kernels of p and r
     python3 bench/decode_probe.py warm_t | warm_v [SECONDS]  # the kernels of t / v
