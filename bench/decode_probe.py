@@ -8,6 +8,7 @@ than the L2 cache.
     python3 bench/decode_probe.py [warm | b | ncu | s | w | x | a | h | bn | c | p | q | r [SEC]]
     python3 bench/decode_probe.py t | v [SECONDS]  # page orders (dec34)
     python3 bench/decode_probe.py warm_d | warm_e | warm_f [SECONDS]; then d | e | f  # dec34
+    python3 bench/decode_probe.py warm_g4 10; then g4 29  # dec, copies of decode_fwd (also g..g3)
     PROBE_BASE=1 PYTHONPATH=/main/checkout python3 bench/decode_probe.py f  # main's defaults
     python3 bench/decode_probe.py warm_p [SECONDS]  # the kernels of p and r
     python3 bench/decode_probe.py warm_t | warm_v [SECONDS]  # the kernels of t / v
@@ -86,7 +87,14 @@ paged_caches = _paged_caches()
 H, HKV, D = 32, 8, 128
 ORIG = {
     n: getattr(decode, n)
-    for n in ("splits_for", "deep_stages", "stages_for", "_counters", "one_split_stages")
+    for n in (
+        "splits_for",
+        "deep_stages",
+        "stages_for",
+        "_counters",
+        "one_split_stages",
+        "plan_grid",
+    )
     if hasattr(decode, n)
 }
 ORIG_SPEC = getattr(decode, "SPECULATE", False)
@@ -262,6 +270,8 @@ def force(
     page_spec=None,
     cl=None,
     split_spec=None,
+    plan=None,
+    kernel=None,
 ):
     """Module defaults but for what is named (cl: clusters of exactly this size, forced,
     with cluster=True) (cluster: None = the module's choice; window:
@@ -301,6 +311,13 @@ def force(
         decode.one_split_stages = lambda *a, s=stages: s
     if unfused:
         decode._counters = lambda *a: None
+    if kernel is not None:  # a probe variant of decode_fwd (decode_variant)
+        decode.DECODE = kernel
+    if plan is not None:  # (splits, STAGES, CL): plan_grid's answer, whatever the grid
+        decode.plan_grid = lambda like, kernel, blocks, tiles, dp, mt, paged, p=plan: (
+            *p,
+            decode.shared_bytes(dp, mt, p[1]),
+        )
 
 
 @kaio.gpu_kernel(block_size=128)
@@ -1482,6 +1499,299 @@ def round_f(budget: float):
                 )
 
 
+def decode_variant(name: str, edits: dict):
+    """``decode_fwd`` of a copy of kaio_ops/_decode.py with ``edits`` made (old text: new,
+    each old text found once): a probe-only kernel, its own module (in the temporary
+    folder) and disk-cache key."""
+    import importlib.util
+    import tempfile
+
+    with open(dk.__file__) as f:
+        src = f.read()
+    for old, new in edits.items() if isinstance(edits, dict) else edits:
+        assert src.count(old) == 1, old
+        src = src.replace(old, new)
+    mod_name = f"decode_variant_{name}"
+    path = os.path.join(tempfile.gettempdir(), mod_name + ".py")
+    if not os.path.exists(path) or open(path).read() != src:
+        with open(path, "w") as f:
+            f.write(src)
+    if mod_name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(mod_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[mod_name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[mod_name].decode_fwd
+
+
+_TILE_MATH = """        dot_rows_at(s, qf, kv_s, krow, bcol, lane, KW // 8, 0, DP, DT)  # S = Q K^T
+        # the last tiles hold keys past the end or past a new token's position
+        masked = i32((t + 1) * BN) + i32(sq) > i32(kv_len) + 1
+        masked_softmax(s, m, l, o, masked, t * BN + kpart * KW, limit, lane, scale_log2, KW, DP)
+        acc_rows_at(o, s, kv_s, krow + BN, acol, lane, KW // 8, DP, DT)  # O += P V
+"""
+_QK = "        dot_rows_at(s, qf, kv_s, krow, bcol, lane, KW // 8, 0, DP, DT)  # S = Q K^T\n"
+_SOFTMAX = """        # the last tiles hold keys past the end or past a new token's position
+        masked = i32((t + 1) * BN) + i32(sq) > i32(kv_len) + 1
+        masked_softmax(s, m, l, o, masked, t * BN + kpart * KW, limit, lane, scale_log2, KW, DP)
+"""
+_PV = "        acc_rows_at(o, s, kv_s, krow + BN, acol, lane, KW // 8, DP, DT)  # O += P V\n"
+# diagnostics (wrong results by design): the key tiles' arithmetic, or a part of it, left
+# out (the tile still read from shared memory), or done twice
+G_VARIANTS = {
+    "nomath": {_TILE_MATH: "        o[0, 0] += f32(kv_s[krow + lane % 16, lane])\n"},
+    "math2": {_TILE_MATH: _TILE_MATH + _TILE_MATH},
+    "noqk": {
+        _QK: """        for n in kaio.static_range(KW // 8):
+            for e in kaio.static_range(4):
+                s[n, e] = f32(kv_s[krow + n * 8 + lane % 8, lane * 4 + e])
+"""
+    },
+    "nosoftmax": {_SOFTMAX: ""},
+    "nopv": {_PV: "        o[0, 0] += s[0, 0] + f32(kv_s[krow + BN + lane % 16, lane])\n"},
+}
+
+
+_IMPORTS = "from kaio_ops._attention_tc import (\n"
+# candidates (exact results): the accumulators rescaled only where a row's maximum moved
+# (a warp-uniform test: most tiles after the first move none); the scores' sum over the
+# head dim in two interleaved chains of mma (half the dependent latency)
+G_CANDIDATES = {
+    "lazy": {
+        _IMPORTS: _IMPORTS + "    rescale,\n    softmax_step,\n",
+        "        online_softmax(s, m, l, o, h, scale_log2, KW // 8, DP)\n": """\
+        alpha = softmax_step(s, m, l, h, scale_log2, KW // 8)
+        if not kaio.vote_all(alpha == 1.0):
+            rescale(o, h, alpha, DP)
+""",
+    },
+    "qk2": {
+        _IMPORTS: _IMPORTS + "    mma,\n",
+        _QK: "        dot_two_chains(s, qf, kv_s, krow, bcol, lane, KW // 8, DP, DT)\n",
+        "@kaio.gpu_func\ndef masked_softmax(": """\
+@kaio.gpu_func
+def dot_two_chains(
+    acc: f32[:, :], af: u32[:, :], b_s: DT[:, :], b_row0: u32, bcol: u32[:], lane: u32,
+    NB: kaio.constexpr, K: kaio.constexpr, DT: kaio.constexpr,
+):
+    acc2 = kaio.local(f32, (NB, 4))
+    bf = kaio.local(u32, (2, 2))
+    for n in kaio.static_range(NB):
+        for e in kaio.static_range(4):
+            acc[n, e] = 0.0
+            acc2[n, e] = 0.0
+    for kk in kaio.static_range(K // 16):
+        for nj in kaio.static_range(NB // 2):
+            row = b_row0 + nj * 16 + lane // 16 * 8 + lane % 8
+            kaio.ldmatrix(bf, b_s, (row, kk // 4 * 64 + bcol[kk % 4]))
+            for i in kaio.static_range(2):
+                if kk % 2 == 0:
+                    mma(acc, 2 * nj + i, af, kk, bf, i, DT)
+                else:
+                    mma(acc2, 2 * nj + i, af, kk, bf, i, DT)
+    for n in kaio.static_range(NB):
+        for e in kaio.static_range(4):
+            acc[n, e] += acc2[n, e]
+
+
+@kaio.gpu_func
+def masked_softmax(""",
+    },
+}
+
+
+# round g3's kernels, all copies of _decode.py (an unedited one the baseline), the original
+# timed before any copy is launched: in round B of 2026-11-27, after the diagnostic copies
+# (G_VARIANTS) had run, the original's launches gave their output (relative error 1.0 at
+# the second shape) and their times; not seen in round C (exact copies), not explained
+G3 = {
+    "same": [],
+    "lazy": list(G_CANDIDATES["lazy"].items()),
+    "qk2": list(G_CANDIDATES["qk2"].items()),
+    "lazyqk2": list(G_CANDIDATES["lazy"].items()) + list(G_CANDIDATES["qk2"].items()),
+}
+
+
+_WAIT_TOP = """        stage = i % STAGES * 2 * BN
+        if i + STAGES - 1 < count:  # into the stage tile i - 1 used
+"""
+_WAIT_MID = """        kaio.cp_async_commit()
+        kaio.cp_async_wait(STAGES - 1)  # tile t has landed
+        kaio.sync_threads()
+        if SPEC:
+            if i < STAGES - 1"""
+_END_SYNC = """        acc_rows_at(o, s, kv_s, krow + BN, acol, lane, KW // 8, DP, DT)  # O += P V
+        kaio.sync_threads()  # this stage is free
+"""
+_BOUNDS = "    kaio.launch_bounds(THREADS, 3 if DP <= 128 and MT == 1 else 2)"
+# round g4's candidates: one barrier a key tile (the wait and the barrier first, then the
+# copies into the stage that tile i - 1 used: every warp is past it; STAGES - 2 tiles in
+# flight during the wait instead of STAGES - 1), and the register cap lifted (a block a
+# multiprocessor needs none: ptxas gives 165 of 168 now)
+ONE_SYNC = [
+    (
+        _WAIT_TOP,
+        """        stage = i % STAGES * 2 * BN
+        kaio.cp_async_wait(STAGES - 2)  # tile t has landed
+        kaio.sync_threads()  # (and every warp is done with the stage of tile i - 1)
+        if i + STAGES - 1 < count:  # into the stage tile i - 1 used
+""",
+    ),
+    (_WAIT_MID, "        kaio.cp_async_commit()\n        if SPEC:\n            if i < STAGES - 1"),
+    (_END_SYNC, _END_SYNC.split("\n")[0] + "\n"),
+]
+LB1 = [(_BOUNDS, "    kaio.launch_bounds(THREADS, 1)")]
+G4 = {"same": [], "1sync": ONE_SYNC, "lb1": LB1, "1sync_lb1": ONE_SYNC + LB1}
+
+
+def round_g4(budget: float):
+    """dec, round D of 2026-11-27: G4's candidates (one barrier a key tile, the register cap
+    lifted, both) against an unedited copy of decode_fwd, as round g3 (the original first;
+    the one-barrier loop wants 3 stages or more: at the contiguous B = 16 default's 2 it
+    waits with no tile in flight)."""
+    g3_like(budget, G4)
+
+
+def round_g3(budget: float):
+    """dec, round C of 2026-11-27: the exact candidates (G_CANDIDATES: the lazy rescale, the
+    scores in two mma chains, both) against an unedited copy of decode_fwd in one process,
+    two passes (the second reversed), both layouts, each checked against SDPA first; the
+    original default timed before them."""
+    g3_like(budget, G3)
+
+
+def g3_like(budget: float, kernels: dict):
+    """Copies of decode_fwd (``kernels``: name -> edits) against the first (an unedited
+    copy) in two passes, both layouts, checked first, after the original's default."""
+    cases = ((16, 4096), (64, 1024), (16, 1024))
+    for _, _, _, sets, lens, label in shapes(cases, budget):
+        show(f"{label} ORIGINAL contiguous", kernel_times(run_kaio_contig(lens), sets))
+        show(f"{label} ORIGINAL paged", kernel_times(run_kaio(lens), sets))
+        flush()
+        jobs = []
+        for name, edits in kernels.items():
+            kern = decode_variant(name, edits)
+            err = check(sets, lens, kernel=kern)
+            print(f"{label} paged {name} rel err {err:.1e}", flush=True)
+            jobs.append((name, kern))
+        for order in (jobs, jobs[::-1]):
+            for name, kern in order:
+                cfg = {"kernel": kern}
+                show(f"{label} contiguous {name}", kernel_times(run_kaio_contig(lens, **cfg), sets))
+                show(f"{label} paged {name}", kernel_times(run_kaio(lens, **cfg), sets))
+        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
+        show(f"{label} SDPA again", again)
+
+
+def warm_g4():
+    """What round g4 launches."""
+    return warm_g3(G4)
+
+
+def warm_g3(kernels=None):
+    """What round g3 launches: the defaults of its shapes and G3's copies."""
+    kernels = G3 if kernels is None else kernels
+    out = [(probe_mark, {})]
+    for paged in (False, True):
+        c = {"DP": 128, "MT": 1, "PAGED": paged, "DT": f16, "PW": int(paged)}
+        flags = {"DIRECT": True, "FUSED": False, "SPEC": decode.speculates(paged), "CL": 1}
+        for st in {decode.one_split_stages(128, 1, paged), decode.stages_for(128, 1)}:
+            out.append((decode.DECODE, {**c, **flags, "STAGES": st}))
+            for name, edits in kernels.items():
+                out.append((decode_variant(name, edits), {**c, **flags, "STAGES": st}))
+    return out
+
+
+G_PLANS = {"c2s3": (2, 3, 2), "c2s2": (2, 2, 2)}  # round g's plans: (splits, STAGES, CL)
+
+
+def round_g(budget: float):
+    """dec, round A of 2026-11-27 (issue 34): the uniform B = 16 shapes where the paged
+    cache trails SDPA, a K/V head's keys in two splits merged through a cluster of 2 (two
+    or three blocks a multiprocessor: G_PLANS) against the default's one split (a block a
+    multiprocessor), both layouts; B64 L1024's default."""
+    cases = ((16, 4096), (16, 1024), (64, 1024))
+    for b, length, _, sets, lens, label in shapes(cases, budget):
+        show(f"{label} kaio contiguous", kernel_times(run_kaio_contig(lens), sets))
+        show(f"{label} kaio paged", kernel_times(run_kaio(lens), sets))
+        if b > 16:
+            continue
+        floor_jobs(b, length, label, sets, ((False, 2, 0), (True, 4, 0)))
+        for name, plan in G_PLANS.items():
+            print(f"{label} paged {name} rel err {check(sets, lens, plan=plan):.1e}", flush=True)
+            show(f"{label} kaio paged {name}", kernel_times(run_kaio(lens, plan=plan), sets))
+            show(
+                f"{label} kaio contiguous {name}",
+                kernel_times(run_kaio_contig(lens, plan=plan), sets),
+            )
+        for name, edits in G_VARIANTS.items():  # diagnostics: where the fixed cost is
+            kern = decode_variant(name, edits)
+            show(f"{label} kaio paged {name}", kernel_times(run_kaio(lens, kernel=kern), sets))
+            show(
+                f"{label} kaio contiguous {name}",
+                kernel_times(run_kaio_contig(lens, kernel=kern), sets),
+            )
+
+
+def round_g2(budget: float):
+    """dec, round B of 2026-11-27: where decode_fwd's time over its copy floor goes, at the
+    B = 16 and 64 shapes: the default and the G_VARIANTS diagnostics in two passes (the
+    second in reverse order: a drift shows as a difference between the passes), the floors
+    and SDPA first and last."""
+    cases = ((16, 4096), (64, 1024), (16, 1024))
+    for b, length, _, sets, lens, label in shapes(cases, budget):
+        floor_jobs(b, length, label, sets, ((False, 2, 0), (True, 4, 0)))
+        jobs = [("default", None)] + [(n, decode_variant(n, e)) for n, e in G_VARIANTS.items()]
+        for name, edits in G_CANDIDATES.items():  # exact: checked first
+            kern = decode_variant(name, edits)
+            print(f"{label} paged {name} rel err {check(sets, lens, kernel=kern):.1e}", flush=True)
+            jobs.append((name, kern))
+        for order in (jobs, jobs[::-1]):
+            for name, kern in order:
+                cfg = {} if kern is None else {"kernel": kern}
+                show(f"{label} contiguous {name}", kernel_times(run_kaio_contig(lens, **cfg), sets))
+                show(f"{label} paged {name}", kernel_times(run_kaio(lens, **cfg), sets))
+        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
+        show(f"{label} SDPA again", again)
+        floor_jobs(b, length, label, sets, ((False, 2, 0), (True, 4, 0)))
+
+
+def warm_g2():
+    """What round g2 launches: the defaults of its shapes and the G_VARIANTS diagnostics
+    (one split at 2 and 3 stages contiguous, 4 and 3 paged), the floors."""
+    out = [(probe_mark, {})]
+    for paged in (False, True):
+        c = {"DP": 128, "MT": 1, "PAGED": paged, "DT": f16, "PW": int(paged)}
+        flags = {"DIRECT": True, "FUSED": False, "SPEC": decode.speculates(paged), "CL": 1}
+        for st in {decode.one_split_stages(128, 1, paged), decode.stages_for(128, 1)}:
+            out.append((decode.DECODE, {**c, **flags, "STAGES": st}))
+            for name, edits in {**G_VARIANTS, **G_CANDIDATES}.items():
+                out.append((decode_variant(name, edits), {**c, **flags, "STAGES": st}))
+        st = decode.one_split_stages(128, 1, paged)
+        out.append((head_stream, {"PAGED": paged, "STAGES": st, "DP": 128, "LOCK": 0, "TOUCH": 0}))
+    return out
+
+
+def warm_g():
+    """What round g launches: the defaults of its shapes and G_PLANS' cluster grids."""
+    out = [(probe_mark, {})]
+    for paged in (False, True):
+        c = {"DP": 128, "MT": 1, "PAGED": paged, "DT": f16, "PW": int(paged)}
+        for st in {decode.one_split_stages(128, 1, paged), decode.stages_for(128, 1)}:
+            flags = {"DIRECT": True, "FUSED": False, "SPEC": decode.speculates(paged), "CL": 1}
+            out.append((decode.DECODE, {**c, **flags, "STAGES": st}))
+        for _, st, cl in G_PLANS.values():
+            flags = {"DIRECT": False, "FUSED": False, "SPEC": 0, "CL": cl, "STAGES": st}
+            out.append((decode.DECODE, {**c, **flags}))
+        st = decode.one_split_stages(128, 1, paged)
+        flags = {"DIRECT": True, "FUSED": False, "SPEC": decode.speculates(paged), "CL": 1}
+        for name, edits in G_VARIANTS.items():
+            out.append((decode_variant(name, edits), {**c, **flags, "STAGES": st}))
+        flags = {"PAGED": paged, "STAGES": st, "DP": 128, "LOCK": 0, "TOUCH": 0}
+        out.append((head_stream, flags))
+    return out
+
+
 def warm_f():
     """What round f launches: the defaults of its shapes (D 128 f16, one M-tile)."""
     out = [(probe_mark, {})]
@@ -1577,6 +1887,10 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "d": (round_d, 30),
     "e": (round_e, 25),
     "f": (round_f, 25),
+    "g": (round_g, 25),
+    "g2": (round_g2, 25),
+    "g3": (round_g3, 25),
+    "g4": (round_g4, 25),
 }
 WARMS = {
     "warm": warm_list,
@@ -1585,6 +1899,10 @@ WARMS = {
     "warm_d": warm_d,
     "warm_e": warm_e,
     "warm_f": warm_f,
+    "warm_g": warm_g,
+    "warm_g2": warm_g2,
+    "warm_g3": warm_g3,
+    "warm_g4": warm_g4,
     "warm_p": warm_p,
     "warm_t": warm_t,
     "warm_v": warm_v,
