@@ -1211,7 +1211,7 @@ def attention_fwd_wgmma(
                     q0, n_tiles, sq, sk, causal, scale_log2, st, ph, g, done, tails, D, BN,
                     STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV,
                 )  # fmt: skip
-    elif wg < WG:  # the consumers
+    elif wg < WG and not DEFER:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
         st = i32(0)  # the ring's stage and parity, the ping-pong steps, the tiles done and
