@@ -73,6 +73,10 @@ logsumexp goes to ``lse`` (-inf, and a zero output, for a row with no valid key)
 # ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
 from __future__ import annotations
 
+import importlib
+
+import numpy as np
+
 import kaio
 from kaio import bool_, f32, i32, u32, u64
 from kaio_ops._attention_hopper_common import kv_head_and_tiles, store_pairs, thread_roles
@@ -910,10 +914,10 @@ def consume_deferred(
     q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
     out: DT[:], lse: f32[:], wg: u32, lt: u32, first: i32, step: i32, end: i32, rounds: i32,
     n_qt: i32, bhs: i32, hs: i32, heads: i32, group: i32, sq: i32, sk: i32, causal: i32,
-    scale_log2: f32, D: kaio.constexpr, BN: kaio.constexpr, WG: kaio.constexpr,
-    STAGES: kaio.constexpr, PIPE: kaio.constexpr, PERSIST: kaio.constexpr,
-    QB: kaio.constexpr, ONES: kaio.constexpr, DT: kaio.constexpr, LSE: kaio.constexpr,
-    HEXP: kaio.constexpr, DIAG: kaio.constexpr, OV: kaio.constexpr,
+    scale_log2: f32, sched: i32[:], D: kaio.constexpr, BN: kaio.constexpr,
+    WG: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr,
+    PERSIST: kaio.constexpr, QB: kaio.constexpr, ONES: kaio.constexpr, DT: kaio.constexpr,
+    LSE: kaio.constexpr, HEXP: kaio.constexpr, DIAG: kaio.constexpr, OV: kaio.constexpr,
 ):  # fmt: skip
     """``DEFER`` 1: consumer warpgroup ``wg``'s rows of the block's work tiles (thread ``lt``
     of it) in ``consume_tile``'s steps (PIPE 1 or 3, ``DIAG`` 0 or 1), but a tile's last
@@ -943,7 +947,7 @@ def consume_deferred(
     prev_bh = i32(0)  # the pending tile's (batch, head) and this thread's first row of it
     prev_row0 = i32(0)
     for k in range(rounds):
-        w = work_tile(k, first, step, end, n_qt, PERSIST)
+        w = planned_tile(k, first, step, end, n_qt, sched, PERSIST)
         if w >= 0:
             bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sk, causal, BM, BN)
             row0 = q0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)
@@ -1060,6 +1064,20 @@ def work_tile(
 
 
 @kaio.gpu_func
+def planned_tile(
+    k: i32, first: i32, step: i32, end: i32, n_qt: i32, plan: i32[:], PERSIST: kaio.constexpr
+) -> i32:  # fmt: skip
+    """``work_tile``'s, or with ``PERSIST`` 5 the block's k-th tile in ``plan``
+    (``balanced_plan``: ``step`` tiles a block, -1 past its last)."""
+    w = i32(-1)
+    if PERSIST == 5:
+        w = plan[1 + first * step + k]
+    else:
+        w = work_tile(k, first, step, end, n_qt, PERSIST)
+    return w
+
+
+@kaio.gpu_func
 def init_barriers(bars: u64[:, :], turn: u64[:], t: u32, WG: kaio.constexpr,
                   STAGES: kaio.constexpr, SLOT: kaio.constexpr = 0):  # fmt: skip
     """The block's barriers (``attention_fwd_wgmma``'s ``bars`` and ``turn``) initialized by
@@ -1164,6 +1182,9 @@ def attention_fwd_wgmma(
         rounds = (end + step - 1) // step
     if PERSIST == 3:  # pairs first, first + grid, ...
         rounds = 2 * ((end // 2 - first + step - 1) // step)
+    if PERSIST == 5:  # a plan's tiles (``balanced_plan``): as many for every block
+        rounds = sched[0]
+        step = rounds
     init_barriers(bars, turn, t, WG, STAGES, PERSIST == 4)
     if ONES:  # each V stage's column block of ones (the copies never write it)
         one = kaio.local(DT, 8)
@@ -1184,8 +1205,8 @@ def attention_fwd_wgmma(
         if REGS:
             kaio.setmaxnreg_inc(REGS)
         consume_deferred(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, first, step, end, rounds,
-                         n_qt, bhs, hs, heads, group, sq, sk, causal, scale_log2, D, BN, WG,
-                         STAGES, PIPE, PERSIST, QB, ONES, DT, LSE, HEXP, DIAG, OV)  # fmt: skip
+                         n_qt, bhs, hs, heads, group, sq, sk, causal, scale_log2, sched, D, BN,
+                         WG, STAGES, PIPE, PERSIST, QB, ONES, DT, LSE, HEXP, DIAG, OV)  # fmt: skip
     elif wg < WG and PERSIST == 4:  # the consumers, tiles as the producer takes them
         if REGS:
             kaio.setmaxnreg_inc(REGS)
@@ -1220,7 +1241,7 @@ def attention_fwd_wgmma(
         done = i32(0)
         tails = i32(0)
         for k in range(rounds):
-            w = work_tile(k, first, step, end, n_qt, PERSIST)
+            w = planned_tile(k, first, step, end, n_qt, sched, PERSIST)
             if w >= 0:
                 bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sk, causal,
                                                BM, BN)  # fmt: skip
@@ -1245,7 +1266,7 @@ def attention_fwd_wgmma(
     else:  # the producer warpgroup: its first thread loads
         cnt, it = producer_start(REGS)
         for k in range(rounds):
-            w = work_tile(k, first, step, end, n_qt, PERSIST)
+            w = planned_tile(k, first, step, end, n_qt, sched, PERSIST)
             if w >= 0:
                 bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sk, causal,
                                                BM, BN)  # fmt: skip
@@ -1373,6 +1394,11 @@ def check_stream(cfg: dict, d: int) -> None:
             "row sums must come from the tensor cores (ONES 1) and LSE (which sums the f32 "
             "probabilities' rounding) must be 0: use ONES 1, LSE 0, or HEXP 0"
         )
+    if xt and cfg.get("PERSIST") == 5:
+        raise ValueError(
+            "attention_fwd_wgmma: one stream of a block's tiles (XT 1) takes its tiles in "
+            "work_tile's order, not from a plan (PERSIST 5): use XT 0, or PERSIST 0 to 4"
+        )
     if xt and cfg["PIPE"] not in (1, 3):
         raise ValueError(
             f"attention_fwd_wgmma: one stream of a block's tiles (XT 1) takes PIPE 1's or 3's "
@@ -1415,6 +1441,61 @@ def worthwhile(bh: int, sq: int, sk: int, d: int, sms: int) -> bool:
     return eligible(d) and sq >= 1024 and sk >= 1024 and bh * -(-sq // 128) >= sms
 
 
+PLAN_BOUNDARY = 2  # PERSIST 5: a tile's start and end, in key tiles' work (``balanced_plan``)
+_PLANS: dict = {}  # (kind, device, plan's key) -> the plan on the device (``planned_tiles``)
+
+
+def balanced_plan(bhs: int, n_qt: int, hs: int, ctas: int, sk: int, causal: bool, bm: int,
+                  bn: int, boundary: int) -> np.ndarray:  # fmt: skip
+    """``PERSIST`` 5's plan: ``tile_of``'s work tiles (sections of ``hs`` (batch, head)s,
+    each section's heaviest query tiles first), in that order, each to the block with the
+    least work so far (its key tiles, plus ``boundary`` a tile; the tiles heaviest first in
+    a section: nearly the same work for every block, the last tiles the lightest), as int32
+    [1 + ctas * R]: R, then each block's R tiles in order, -1 past its last."""
+    import heapq
+
+    n_kv = -(-sk // bn)
+    loads = [(0, b) for b in range(ctas)]
+    tiles = [[] for _ in range(ctas)]
+    for t in range(n_qt * bhs):
+        first = t // (hs * n_qt) * hs
+        q0 = (n_qt - 1 - (t - first * n_qt) // min(hs, bhs - first)) * bm
+        n = min(n_kv, (q0 + bm + bn - 1) // bn) if causal else n_kv
+        load, b = heapq.heappop(loads)
+        tiles[b].append(t)
+        heapq.heappush(loads, (load + n + boundary, b))
+    r = max(len(x) for x in tiles)
+    plan = np.full(1 + ctas * r, -1, np.int32)
+    plan[0] = r
+    for b, x in enumerate(tiles):
+        plan[1 + b * r : 1 + b * r + len(x)] = x
+    return plan
+
+
+def planned_tiles(like, key: tuple, make):
+    """The plan ``make()`` (``balanced_plan``) on ``like``'s device, made once for ``key``
+    and kept (call plans pass it as it is)."""
+    from kaio_ops import _arrays
+
+    full = (like.kind, like.device, key)
+    found = _PLANS.get(full)
+    if found is None:
+        plan = make()
+        if like.kind == "torch":
+            found = importlib.import_module("torch").from_numpy(plan).to(like.obj.device)
+        elif like.kind == "cupy":
+            cupy = importlib.import_module("cupy")
+            with cupy.cuda.Device(like.device):
+                found = cupy.asarray(plan)
+        elif like.kind == "kaio":
+            found = _arrays.new_array("kaio", like.device, like.obj, plan.shape, i32)
+            found.copy_from_host(plan)
+        else:
+            found = plan
+        _PLANS[full] = _arrays.constant(found)
+    return found
+
+
 def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None = None,
            kernel=None, ctas: int | None = None):  # fmt: skip
     """Run ``attention_fwd_wgmma`` (or ``kernel``, a variant of it: bench/attention_hopper.py)
@@ -1423,7 +1504,6 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     ``config(d)``); ``ctas``: the blocks of a
     persistent launch (default: one a multiprocessor). Returns (out [B, H, Sq, D] of q's type,
     lse [B, H, Sq] f32)."""
-    import importlib
     import math
 
     from kaio_ops import _arrays
@@ -1438,6 +1518,7 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     hs = cfg.pop("SECTION", 0) or (bh if cfg.get("PERSIST") == 2 else 1)
     if cfg.get("PERSIST") == 3:
         hs = 1
+    boundary = cfg.pop("BOUNDARY", PLAN_BOUNDARY)  # (PERSIST 5's plan)
     if cfg["PIPE"] in (2, 4) and cfg["PERSIST"] == 4:
         raise ValueError(
             f"attention_fwd_wgmma: ping-pong (PIPE {cfg['PIPE']}) with tiles taken from a "
@@ -1467,6 +1548,9 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     else:
         grid = (n_qt, bh)
     sched = importlib.import_module("kaio_ops.linear")._counters(qa, 2)  # (PERSIST 4's)
+    if cfg["PERSIST"] == 5:  # the plan's tiles in place of the counters
+        key = (bh, n_qt, min(hs, bh), grid[0], sk, causal, bm, cfg["BN"], boundary)
+        sched = planned_tiles(qa, key, lambda: balanced_plan(*key))
     (kernel or attention_fwd_wgmma)[grid, 128 * cfg["WG"] + 128, _arrays.stream_of(qa), smem](
         tq, tk, tv, out_flat, lse_flat, sq, sk, heads, group, math.log2(math.e) * scale,
         int(causal), bh, min(hs, bh), sched, D=d, DT=qa.dtype, **cfg,
