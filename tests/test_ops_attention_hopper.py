@@ -145,6 +145,34 @@ THREE = {"WG": 3, "REGS": hopper.consumer_registers(3)}  # three consumer warpgr
         # key tiles in a loop of their own (DIAG; one block: blocks simulated together run
         # in lockstep, and their loops of different lengths would wait on each other)
         (1, 1, 1, 384, 384, 64, np.float16, True, {**THREE, "PIPE": 1, "QB": 2, "DIAG": 1}, 1),
+        # DEFER: each tile's last P V issued with the next tile's first S = Q K^T (pairs of
+        # query tiles with the mask, two Q buffers, the unmasked key tiles apart); and the
+        # tiles of a plan (PERSIST 5, sections of two heads), bf16, FlashAttention-3's order,
+        # a partial last key tile in every tile, a query tail
+        (
+            1,
+            2,
+            1,
+            512,
+            512,
+            64,
+            np.float16,
+            True,
+            {"BN": 128, "PIPE": 1, "PERSIST": 3, "DEFER": 1, "QB": 2, "DIAG": 1},
+            2,
+        ),  # fmt: skip
+        (
+            1,
+            3,
+            3,
+            300,
+            330,
+            64,
+            ml_dtypes.bfloat16,
+            False,
+            {"BN": 128, "PIPE": 3, "PERSIST": 5, "DEFER": 1, "SECTION": 2},
+            2,
+        ),  # fmt: skip
     ],
 )
 def test_persistent_blocks_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, over, ctas):
@@ -224,6 +252,31 @@ def test_tiles_taken_from_a_counter_in_simulator(d, h, sq, sk, causal, over, cta
             assert rel(out, ref) < 1e-3
             np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=5e-4)
             assert not counters(qa, 2)[:2].any()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_balanced_plan_gives_every_tile_once(causal):
+    """``balanced_plan`` (PERSIST 5): every work tile to exactly one block, each block's in
+    the order given (``tile_of``'s: heaviest first in a section), and no block more than
+    the heaviest tile past the mean work (the greedy's bound)."""
+    bhs, n_qt, hs, ctas, sk, bm, bn, boundary = 6, 5, 4, 7, 640, 128, 128, 2
+    plan = hopper.balanced_plan(bhs, n_qt, hs, ctas, sk, causal, bm, bn, boundary)
+    r = int(plan[0])
+    rows = plan[1:].reshape(ctas, r)
+    tiles = [int(t) for row in rows for t in row if t >= 0]
+    assert sorted(tiles) == list(range(bhs * n_qt))
+    for row in rows:
+        kept = [t for t in row if t >= 0]
+        assert kept == sorted(kept) and all(t < 0 for t in row[len(kept) :])
+
+    def work(t):
+        first = t // (hs * n_qt) * hs
+        q0 = (n_qt - 1 - (t - first * n_qt) // min(hs, bhs - first)) * bm
+        n = -(-sk // bn)
+        return (min(n, (q0 + bm + bn - 1) // bn) if causal else n) + boundary
+
+    loads = [sum(work(t) for t in row if t >= 0) for row in rows]
+    assert max(loads) <= sum(loads) / ctas + max(map(work, tiles))
 
 
 @pytest.mark.parametrize("lse_fix", [0, 1])
