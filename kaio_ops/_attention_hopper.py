@@ -494,8 +494,19 @@ def overlap_step(
     the softmax of tile j while P V runs, then P of tile j packed (``gj``: the block's
     overlapped steps so far, for the ping-pong turns of PIPE 2 and 4; ``MASK`` 0: a tile
     that no row of the warpgroup masks, ``softmax_tile``'s)."""
-    lane = lt % 32
-    DO = D + 8 * ONES
+    step_s(s, o, alpha, q_s, k_s, bars, turn, wg, qc, gj, st, ph, D, PIPE, DT, ONES)
+    step_pv(s, o, p, m, l, alpha, v_s, bars, turn, wg, lt, row0, sk, causal, scale_log2, st,
+            ps, pph, j, D, BN, PIPE, DT, ONES, LSE, HEXP, MASK)  # fmt: skip
+
+
+@kaio.gpu_func
+def step_s(
+    s: f32[:, :], o: f32[:, :], alpha: f32[:], q_s: DT[:, :, :], k_s: DT[:, :, :, :],
+    bars: u64[:, :], turn: u64[:], wg: u32, qc: i32, gj: i32, st: i32, ph: u32,
+    D: kaio.constexpr, PIPE: kaio.constexpr, DT: kaio.constexpr, ONES: kaio.constexpr,
+):  # fmt: skip
+    """``overlap_step``'s first half: S = Q K_j^T issued once its K has landed (PIPE 3, 4:
+    and O rescaled while it runs)."""
     kaio.mbarrier_wait(bars, (0, st), ph)
     if PIPE == 2 or PIPE == 4:  # wait for this warpgroup's turn on the tensor cores
         if wg == 0:
@@ -506,7 +517,21 @@ def overlap_step(
     kaio.wgmma_fence()
     issue_s(s, q_s, k_s, st, wg, qc, D, DT)
     if PIPE >= 3:
-        rescale_rows(o, alpha, DO)
+        rescale_rows(o, alpha, D + 8 * ONES)
+
+
+@kaio.gpu_func
+def step_pv(
+    s: f32[:, :], o: f32[:, :], p: u32[:, :], m: f32[:], l: f32[:], alpha: f32[:],
+    v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:], wg: u32, lt: u32, row0: i32, sk: i32,
+    causal: i32, scale_log2: f32, st: i32, ps: i32, pph: u32, j: i32, D: kaio.constexpr,
+    BN: kaio.constexpr, PIPE: kaio.constexpr, DT: kaio.constexpr, ONES: kaio.constexpr,
+    LSE: kaio.constexpr, HEXP: kaio.constexpr, MASK: kaio.constexpr,
+):  # fmt: skip
+    """``overlap_step``'s second half: P_{j-1} V_{j-1} issued once its V has landed, the
+    softmax of tile j (stage ``st``) while it runs, then P of tile j packed."""
+    lane = lt % 32
+    DO = D + 8 * ONES
     kaio.mbarrier_wait(bars, (1, ps), pph)
     kaio.wgmma_fence()
     issue_pv(o, p, v_s, ps, BN, DT)
@@ -852,14 +877,15 @@ def first_step(
     sk: i32, causal: i32, scale_log2: f32, st: i32, ph: u32, ps: i32, pph: u32, ptail: i32,
     tails: i32, pending: i32, prev_bh: i32, prev_row0: i32, D: kaio.constexpr,
     BN: kaio.constexpr, PIPE: kaio.constexpr, DT: kaio.constexpr, ONES: kaio.constexpr,
-    LSE: kaio.constexpr, HEXP: kaio.constexpr, OV: kaio.constexpr,
+    LSE: kaio.constexpr, HEXP: kaio.constexpr, OV: kaio.constexpr, STORE: kaio.constexpr = 1,
 ) -> i32:  # fmt: skip
     """``DEFER`` 1: a tile's first key tile (stage ``st``, parity ``ph``): S = Q K_0^T issued
     with the block's previous tile's last O += P V where one is ``pending`` (stage ``ps``,
     parity ``pph``; ``ptail``: a partial last key tile, ``tails`` such tiles before it), the
     softmax of S on fresh row maxima and sums while that P V runs, then the previous tile's
     rows stored (rows from ``prev_row0`` of (batch, head) ``prev_bh``; its maxima and sums
-    kept in ``mo``, ``lo``) and O from zero; then P packed. Returns ``tails`` past the
+    kept in ``mo``, ``lo``) and O from zero (``STORE`` 0: left in O for the caller, which
+    stores them while the next S = Q K^T runs); then P packed. Returns ``tails`` past the
     previous tile."""
     lane = lt % 32
     DO = D + 8 * ONES
@@ -894,11 +920,9 @@ def first_step(
         if lt == 0:
             kaio.mbarrier_arrive(bars, (3, ps))
         tails += ptail
-        if ONES:
-            ones_sums(lo, o, D, mo, LSE)
-        store_rows(out, lse, o, mo, lo, prev_bh * sq * D, D, prev_bh * sq, prev_row0, sq, lane,
-                   D, DT, OV)  # fmt: skip
-        start_rows(mo, lo, o, DO)  # O from zero
+        if STORE:
+            store_pending(out, lse, o, mo, lo, prev_bh, prev_row0, sq, lane, D, DT, ONES, LSE,
+                          OV)  # fmt: skip
     else:  # the block's first tile (the row maxima and sums fresh from the start)
         kaio.wgmma_wait(0)
         if lt == 0:
@@ -910,6 +934,20 @@ def first_step(
 
 
 @kaio.gpu_func
+def store_pending(
+    out: DT[:], lse: f32[:], o: f32[:, :], mo: f32[:], lo: f32[:], bh: i32, row0: i32, sq: i32,
+    lane: u32, D: kaio.constexpr, DT: kaio.constexpr, ONES: kaio.constexpr,
+    LSE: kaio.constexpr, OV: kaio.constexpr,
+):  # fmt: skip
+    """``DEFER``: the finished tile's rows (from ``row0`` of (batch, head) ``bh``; row maxima
+    and sums ``mo``, ``lo``) stored from O, then O from zero."""
+    if ONES:
+        ones_sums(lo, o, D, mo, LSE)
+    store_rows(out, lse, o, mo, lo, bh * sq * D, D, bh * sq, row0, sq, lane, D, DT, OV)
+    start_rows(mo, lo, o, D + 8 * ONES)
+
+
+@kaio.gpu_func
 def consume_deferred(
     q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
     out: DT[:], lse: f32[:], wg: u32, lt: u32, first: i32, step: i32, end: i32, rounds: i32,
@@ -918,11 +956,14 @@ def consume_deferred(
     WG: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr,
     PERSIST: kaio.constexpr, QB: kaio.constexpr, ONES: kaio.constexpr, DT: kaio.constexpr,
     LSE: kaio.constexpr, HEXP: kaio.constexpr, DIAG: kaio.constexpr, OV: kaio.constexpr,
+    DEFER: kaio.constexpr,
 ):  # fmt: skip
     """``DEFER`` 1: consumer warpgroup ``wg``'s rows of the block's work tiles (thread ``lt``
     of it) in ``consume_tile``'s steps (PIPE 1 or 3, ``DIAG`` 0 or 1), but a tile's last
     O += P V is left pending, to be issued with the next tile's first S = Q K^T, whose softmax
-    runs under it (``first_step``); the block's last one, and its rows, at the end."""
+    runs under it (``first_step``); the block's last one, and its rows, at the end. ``DEFER``
+    2: where the tile has a second key tile, the finished rows are stored while its
+    S = Q K^T runs (``step_s``, then ``step_pv``)."""
     BM = 64 * WG
     lane = lt % 32
     m = kaio.local(f32, 2)
@@ -954,17 +995,35 @@ def consume_deferred(
             b, landed, read = q_buffer(done, QB)
             qc = b * (D // 64)
             kaio.mbarrier_wait(turn, landed, u32(done // QB) & 1)  # this tile's Q landed
-            tails = first_step(s, o, p, m, l, alpha, mo, lo, q_s, k_s, v_s, bars, turn, out, lse,
-                               wg, lt, qc, row0, sq, sk, causal, scale_log2, st, ph, ps, pph,
-                               ptail, tails, pending, prev_bh, prev_row0, D, BN, PIPE, DT, ONES,
-                               LSE, HEXP, OV)  # fmt: skip
+            j1 = i32(1)  # the key tiles done before the loops
+            if DEFER == 2 and pending != 0 and n_tiles > 1:  # the rows under S_1
+                tails = first_step(s, o, p, m, l, alpha, mo, lo, q_s, k_s, v_s, bars, turn, out,
+                                   lse, wg, lt, qc, row0, sq, sk, causal, scale_log2, st, ph, ps,
+                                   pph, ptail, tails, pending, prev_bh, prev_row0, D, BN, PIPE,
+                                   DT, ONES, LSE, HEXP, OV, 0)  # fmt: skip
+                ps = st
+                pph = ph
+                st, ph = next_stage(st, ph, STAGES)
+                # (PIPE 1's S: O, the finished rows, is not rescaled; the new tile's is zero)
+                step_s(s, o, alpha, q_s, k_s, bars, turn, wg, qc, 0, st, ph, D, 1, DT, ONES)
+                store_pending(out, lse, o, mo, lo, prev_bh, prev_row0, sq, lane, D, DT, ONES,
+                              LSE, OV)  # fmt: skip
+                step_pv(s, o, p, m, l, alpha, v_s, bars, turn, wg, lt, row0, sk, causal,
+                        scale_log2, st, ps, pph, 1, D, BN, PIPE, DT, ONES, LSE, HEXP,
+                        1)  # fmt: skip
+                j1 = 2
+            else:
+                tails = first_step(s, o, p, m, l, alpha, mo, lo, q_s, k_s, v_s, bars, turn, out,
+                                   lse, wg, lt, qc, row0, sq, sk, causal, scale_log2, st, ph, ps,
+                                   pph, ptail, tails, pending, prev_bh, prev_row0, D, BN, PIPE,
+                                   DT, ONES, LSE, HEXP, OV)  # fmt: skip
             ps = st
             pph = ph
             st, ph = next_stage(st, ph, STAGES)
-            j0 = i32(1)  # the first key tile that a row of the block masks (``DIAG``)
+            j0 = j1  # the first key tile that a row of the block masks (``DIAG``)
             if DIAG == 1:
-                j0 = first_masked(q0, sk, causal, BN)
-                for j in range(1, j0):
+                j0 = kaio.max(j1, first_masked(q0, sk, causal, BN))
+                for j in range(j1, j0):
                     overlap_step(s, o, p, m, l, alpha, q_s, k_s, v_s, bars, turn, wg, lt, qc,
                                  0, row0, sk, causal, scale_log2, st, ph, ps, pph, j, D, BN,
                                  PIPE, DT, ONES, LSE, HEXP, 0)  # fmt: skip
@@ -1206,7 +1265,8 @@ def attention_fwd_wgmma(
             kaio.setmaxnreg_inc(REGS)
         consume_deferred(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, first, step, end, rounds,
                          n_qt, bhs, hs, heads, group, sq, sk, causal, scale_log2, sched, D, BN,
-                         WG, STAGES, PIPE, PERSIST, QB, ONES, DT, LSE, HEXP, DIAG, OV)  # fmt: skip
+                         WG, STAGES, PIPE, PERSIST, QB, ONES, DT, LSE, HEXP, DIAG, OV,
+                         DEFER)  # fmt: skip
     elif wg < WG and PERSIST == 4:  # the consumers, tiles as the producer takes them
         if REGS:
             kaio.setmaxnreg_inc(REGS)

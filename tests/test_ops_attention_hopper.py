@@ -146,9 +146,10 @@ THREE = {"WG": 3, "REGS": hopper.consumer_registers(3)}  # three consumer warpgr
         # in lockstep, and their loops of different lengths would wait on each other)
         (1, 1, 1, 384, 384, 64, np.float16, True, {**THREE, "PIPE": 1, "QB": 2, "DIAG": 1}, 1),
         # DEFER: each tile's last P V issued with the next tile's first S = Q K^T (pairs of
-        # query tiles with the mask, two Q buffers, the unmasked key tiles apart); and the
-        # tiles of a plan (PERSIST 5, sections of two heads), bf16, FlashAttention-3's order,
-        # a partial last key tile in every tile, a query tail
+        # query tiles with the mask, two Q buffers, the unmasked key tiles apart); and (2)
+        # the finished rows stored under the second S, over the tiles of a plan (PERSIST 5,
+        # sections of two heads), bf16, FlashAttention-3's order, a partial last key tile in
+        # every tile, a query tail
         (
             1,
             2,
@@ -170,7 +171,7 @@ THREE = {"WG": 3, "REGS": hopper.consumer_registers(3)}  # three consumer warpgr
             64,
             ml_dtypes.bfloat16,
             False,
-            {"BN": 128, "PIPE": 3, "PERSIST": 5, "DEFER": 1, "SECTION": 2},
+            {"BN": 128, "PIPE": 3, "PERSIST": 5, "DEFER": 2, "SECTION": 2},
             2,
         ),  # fmt: skip
     ],
