@@ -494,19 +494,8 @@ def overlap_step(
     the softmax of tile j while P V runs, then P of tile j packed (``gj``: the block's
     overlapped steps so far, for the ping-pong turns of PIPE 2 and 4; ``MASK`` 0: a tile
     that no row of the warpgroup masks, ``softmax_tile``'s)."""
-    step_s(s, o, alpha, q_s, k_s, bars, turn, wg, qc, gj, st, ph, D, PIPE, DT, ONES)
-    step_pv(s, o, p, m, l, alpha, v_s, bars, turn, wg, lt, row0, sk, causal, scale_log2, st,
-            ps, pph, j, D, BN, PIPE, DT, ONES, LSE, HEXP, MASK)  # fmt: skip
-
-
-@kaio.gpu_func
-def step_s(
-    s: f32[:, :], o: f32[:, :], alpha: f32[:], q_s: DT[:, :, :], k_s: DT[:, :, :, :],
-    bars: u64[:, :], turn: u64[:], wg: u32, qc: i32, gj: i32, st: i32, ph: u32,
-    D: kaio.constexpr, PIPE: kaio.constexpr, DT: kaio.constexpr, ONES: kaio.constexpr,
-):  # fmt: skip
-    """``overlap_step``'s first half: S = Q K_j^T issued once its K has landed (PIPE 3, 4:
-    and O rescaled while it runs)."""
+    lane = lt % 32
+    DO = D + 8 * ONES
     kaio.mbarrier_wait(bars, (0, st), ph)
     if PIPE == 2 or PIPE == 4:  # wait for this warpgroup's turn on the tensor cores
         if wg == 0:
@@ -517,21 +506,7 @@ def step_s(
     kaio.wgmma_fence()
     issue_s(s, q_s, k_s, st, wg, qc, D, DT)
     if PIPE >= 3:
-        rescale_rows(o, alpha, D + 8 * ONES)
-
-
-@kaio.gpu_func
-def step_pv(
-    s: f32[:, :], o: f32[:, :], p: u32[:, :], m: f32[:], l: f32[:], alpha: f32[:],
-    v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:], wg: u32, lt: u32, row0: i32, sk: i32,
-    causal: i32, scale_log2: f32, st: i32, ps: i32, pph: u32, j: i32, D: kaio.constexpr,
-    BN: kaio.constexpr, PIPE: kaio.constexpr, DT: kaio.constexpr, ONES: kaio.constexpr,
-    LSE: kaio.constexpr, HEXP: kaio.constexpr, MASK: kaio.constexpr,
-):  # fmt: skip
-    """``overlap_step``'s second half: P_{j-1} V_{j-1} issued once its V has landed, the
-    softmax of tile j (stage ``st``) while it runs, then P of tile j packed."""
-    lane = lt % 32
-    DO = D + 8 * ONES
+        rescale_rows(o, alpha, DO)
     kaio.mbarrier_wait(bars, (1, ps), pph)
     kaio.wgmma_fence()
     issue_pv(o, p, v_s, ps, BN, DT)
@@ -656,7 +631,9 @@ def consume_tile(
             # test: in a loop of their own (1), or a branch of the loop (2: one loop, whose
             # steps the simulator runs in lockstep over the blocks simulated together); the
             # same in every warpgroup, so that one whose rows lie past sq runs those steps too
-            j0 = first_masked(q0, sk, causal, BN)
+            j0 = kaio.max(1, sk // BN)
+            if causal != 0:
+                j0 = kaio.max(1, kaio.min(j0, (q0 + 1) // BN))
             n_mine = kaio.max(n_mine, j0)
         jstart = i32(1)
         if DIAG == 1:
@@ -702,8 +679,7 @@ def consume_tile(
         tails += 1
     if ONES:
         ones_sums(l, o, D, m, LSE)
-    if OV != 2:  # (OV 2: a diagnostic without the stores)
-        store_rows(out, lse, o, m, l, o_at, o_stride, l_at, row0, sq, lane, D, DT, OV)
+    store_rows(out, lse, o, m, l, o_at, o_stride, l_at, row0, sq, lane, D, DT, OV)
     return st, ph, g, done + 1, tails
 
 
@@ -852,7 +828,6 @@ def finish_tile(
     v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:], ps: i32, pph: u32, ptail: i32,
     tails: i32, bh: i32, row0: i32, sq: i32, lt: u32, D: kaio.constexpr, BN: kaio.constexpr,
     PIPE: kaio.constexpr, ONES: kaio.constexpr, DT: kaio.constexpr, LSE: kaio.constexpr = 0,
-    OV: kaio.constexpr = 0,
 ):  # fmt: skip
     """A tile's pending last O += P V (stage ``ps``, parity ``pph``; ``ptail``: its key tile
     is a partial last one, ``tails`` such tiles before it), waited for, its rows stored
@@ -864,199 +839,9 @@ def finish_tile(
     pv_tile(o, p, v_s, bars, turn, ps, pph, ptail != 0, tails, lt, BN, DT)
     if ONES:
         ones_sums(l, o, D, m, LSE)
-    store_rows(out, lse, o, m, l, bh * sq * D, D, bh * sq, row0, sq, lt % 32, D, DT, OV)
+    store_rows(out, lse, o, m, l, bh * sq * D, D, bh * sq, row0, sq, lt % 32, D, DT)
     start_rows(m, l, o, DO)
     start_sums(l, LSE)
-
-
-@kaio.gpu_func
-def first_step(
-    s: f32[:, :], o: f32[:, :], p: u32[:, :], m: f32[:], l: f32[:], alpha: f32[:], mo: f32[:],
-    lo: f32[:], q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :],
-    turn: u64[:], out: DT[:], lse: f32[:], wg: u32, lt: u32, qc: i32, row0: i32, sq: i32,
-    sk: i32, causal: i32, scale_log2: f32, st: i32, ph: u32, ps: i32, pph: u32, ptail: i32,
-    tails: i32, pending: i32, prev_bh: i32, prev_row0: i32, D: kaio.constexpr,
-    BN: kaio.constexpr, PIPE: kaio.constexpr, DT: kaio.constexpr, ONES: kaio.constexpr,
-    LSE: kaio.constexpr, HEXP: kaio.constexpr, OV: kaio.constexpr, STORE: kaio.constexpr = 1,
-) -> i32:  # fmt: skip
-    """``DEFER`` 1: a tile's first key tile (stage ``st``, parity ``ph``): S = Q K_0^T issued
-    with the block's previous tile's last O += P V where one is ``pending`` (stage ``ps``,
-    parity ``pph``; ``ptail``: a partial last key tile, ``tails`` such tiles before it), the
-    softmax of S on fresh row maxima and sums while that P V runs, then the previous tile's
-    rows stored (rows from ``prev_row0`` of (batch, head) ``prev_bh``; its maxima and sums
-    kept in ``mo``, ``lo``) and O from zero (``STORE`` 0: left in O for the caller, which
-    stores them while the next S = Q K^T runs); then P packed. Returns ``tails`` past the
-    previous tile."""
-    lane = lt % 32
-    DO = D + 8 * ONES
-    kaio.mbarrier_wait(bars, (0, st), ph)
-    kaio.wgmma_fence()
-    issue_s(s, q_s, k_s, st, wg, qc, D, DT)
-    # (one branch for each case: ptxas takes a P V left in flight across two branches on the
-    # same condition as a hazard and serializes the wgmmas)
-    if pending != 0:
-        if PIPE >= 3:
-            rescale_rows(o, alpha, DO)
-        kaio.mbarrier_wait(bars, (1, ps), pph)
-        if ptail != 0:  # the pending key tile's rows past the keys are zeros
-            kaio.mbarrier_wait(turn, 3, u32(tails) & 1)
-        kaio.wgmma_fence()
-        issue_pv(o, p, v_s, ps, BN, DT)
-        kaio.wgmma_wait(1)  # S done
-        if lt == 0:
-            kaio.mbarrier_arrive(bars, (2, st))
-        for h in kaio.static_range(2):  # the previous tile's maxima and sums, fresh ones
-            mo[h] = m[h]
-            lo[h] = l[h]
-            m[h] = NEG_INF
-            l[h] = 0.0
-            if LSE:
-                lo[2 + h] = l[2 + h]
-                l[2 + h] = NEG_INF
-        if sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
-            softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, 1 - ONES,
-                         LSE, DT, HEXP)  # fmt: skip
-        kaio.wgmma_wait(0)  # the pending P V done
-        if lt == 0:
-            kaio.mbarrier_arrive(bars, (3, ps))
-        tails += ptail
-        if STORE:
-            store_pending(out, lse, o, mo, lo, prev_bh, prev_row0, sq, lane, D, DT, ONES, LSE,
-                          OV)  # fmt: skip
-    else:  # the block's first tile (the row maxima and sums fresh from the start)
-        kaio.wgmma_wait(0)
-        if lt == 0:
-            kaio.mbarrier_arrive(bars, (2, st))
-        softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, 1 - ONES, LSE,
-                     DT, HEXP)  # fmt: skip
-    pack_p(p, s, BN, DT, HEXP)
-    return tails
-
-
-@kaio.gpu_func
-def store_pending(
-    out: DT[:], lse: f32[:], o: f32[:, :], mo: f32[:], lo: f32[:], bh: i32, row0: i32, sq: i32,
-    lane: u32, D: kaio.constexpr, DT: kaio.constexpr, ONES: kaio.constexpr,
-    LSE: kaio.constexpr, OV: kaio.constexpr,
-):  # fmt: skip
-    """``DEFER``: the finished tile's rows (from ``row0`` of (batch, head) ``bh``; row maxima
-    and sums ``mo``, ``lo``) stored from O, then O from zero."""
-    if ONES:
-        ones_sums(lo, o, D, mo, LSE)
-    store_rows(out, lse, o, mo, lo, bh * sq * D, D, bh * sq, row0, sq, lane, D, DT, OV)
-    start_rows(mo, lo, o, D + 8 * ONES)
-
-
-@kaio.gpu_func
-def consume_deferred(
-    q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
-    out: DT[:], lse: f32[:], wg: u32, lt: u32, first: i32, step: i32, end: i32, rounds: i32,
-    n_qt: i32, bhs: i32, hs: i32, heads: i32, group: i32, sq: i32, sk: i32, causal: i32,
-    scale_log2: f32, sched: i32[:], D: kaio.constexpr, BN: kaio.constexpr,
-    WG: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr,
-    PERSIST: kaio.constexpr, QB: kaio.constexpr, ONES: kaio.constexpr, DT: kaio.constexpr,
-    LSE: kaio.constexpr, HEXP: kaio.constexpr, DIAG: kaio.constexpr, OV: kaio.constexpr,
-    DEFER: kaio.constexpr,
-):  # fmt: skip
-    """``DEFER`` 1: consumer warpgroup ``wg``'s rows of the block's work tiles (thread ``lt``
-    of it) in ``consume_tile``'s steps (PIPE 1 or 3, ``DIAG`` 0 or 1), but a tile's last
-    O += P V is left pending, to be issued with the next tile's first S = Q K^T, whose softmax
-    runs under it (``first_step``); the block's last one, and its rows, at the end. ``DEFER``
-    2: where the tile has a second key tile, the finished rows are stored while its
-    S = Q K^T runs (``step_s``, then ``step_pv``)."""
-    BM = 64 * WG
-    lane = lt % 32
-    m = kaio.local(f32, 2)
-    l = kaio.local(f32, 4)  # (2, 3: LSE's, ``softmax_tile``)
-    mo = kaio.local(f32, 2)  # the previous tile's row maxima and sums, for its store
-    lo = kaio.local(f32, 4)
-    alpha = kaio.local(f32, 2)
-    DO = D + 8 * ONES
-    o = kaio.local(f32, (DO // 8, 4))
-    start_rows(m, l, o, DO)
-    start_sums(l, LSE)
-    s = kaio.local(f32, (BN // 8, 4))
-    p = kaio.local(u32, (BN // 16, 4))
-    st = i32(0)  # the ring's stage of the next key tile and its parity
-    ph = u32(0)
-    ps = i32(0)  # the pending P V's stage and parity, whether its key tile is a partial one
-    pph = u32(0)
-    ptail = i32(0)
-    tails = i32(0)  # the partial last key tiles whose P V has been issued
-    done = i32(0)  # the tiles started (their Q buffers, ``q_buffer``)
-    pending = i32(0)
-    prev_bh = i32(0)  # the pending tile's (batch, head) and this thread's first row of it
-    prev_row0 = i32(0)
-    for k in range(rounds):
-        w = planned_tile(k, first, step, end, n_qt, sched, PERSIST)
-        if w >= 0:
-            bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sk, causal, BM, BN)
-            row0 = q0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)
-            b, landed, read = q_buffer(done, QB)
-            qc = b * (D // 64)
-            kaio.mbarrier_wait(turn, landed, u32(done // QB) & 1)  # this tile's Q landed
-            j1 = i32(1)  # the key tiles done before the loops
-            if DEFER == 2 and pending != 0 and n_tiles > 1:  # the rows under S_1
-                tails = first_step(s, o, p, m, l, alpha, mo, lo, q_s, k_s, v_s, bars, turn, out,
-                                   lse, wg, lt, qc, row0, sq, sk, causal, scale_log2, st, ph, ps,
-                                   pph, ptail, tails, pending, prev_bh, prev_row0, D, BN, PIPE,
-                                   DT, ONES, LSE, HEXP, OV, 0)  # fmt: skip
-                ps = st
-                pph = ph
-                st, ph = next_stage(st, ph, STAGES)
-                # (PIPE 1's S: O, the finished rows, is not rescaled; the new tile's is zero)
-                step_s(s, o, alpha, q_s, k_s, bars, turn, wg, qc, 0, st, ph, D, 1, DT, ONES)
-                store_pending(out, lse, o, mo, lo, prev_bh, prev_row0, sq, lane, D, DT, ONES,
-                              LSE, OV)  # fmt: skip
-                step_pv(s, o, p, m, l, alpha, v_s, bars, turn, wg, lt, row0, sk, causal,
-                        scale_log2, st, ps, pph, 1, D, BN, PIPE, DT, ONES, LSE, HEXP,
-                        1)  # fmt: skip
-                j1 = 2
-            else:
-                tails = first_step(s, o, p, m, l, alpha, mo, lo, q_s, k_s, v_s, bars, turn, out,
-                                   lse, wg, lt, qc, row0, sq, sk, causal, scale_log2, st, ph, ps,
-                                   pph, ptail, tails, pending, prev_bh, prev_row0, D, BN, PIPE,
-                                   DT, ONES, LSE, HEXP, OV)  # fmt: skip
-            ps = st
-            pph = ph
-            st, ph = next_stage(st, ph, STAGES)
-            j0 = j1  # the first key tile that a row of the block masks (``DIAG``)
-            if DIAG == 1:
-                j0 = kaio.max(j1, first_masked(q0, sk, causal, BN))
-                for j in range(j1, j0):
-                    overlap_step(s, o, p, m, l, alpha, q_s, k_s, v_s, bars, turn, wg, lt, qc,
-                                 0, row0, sk, causal, scale_log2, st, ph, ps, pph, j, D, BN,
-                                 PIPE, DT, ONES, LSE, HEXP, 0)  # fmt: skip
-                    ps = st
-                    pph = ph
-                    st, ph = next_stage(st, ph, STAGES)
-            for j in range(j0, n_tiles):
-                overlap_step(s, o, p, m, l, alpha, q_s, k_s, v_s, bars, turn, wg, lt, qc, 0,
-                             row0, sk, causal, scale_log2, st, ph, ps, pph, j, D, BN, PIPE, DT,
-                             ONES, LSE, HEXP)  # fmt: skip
-                ps = st
-                pph = ph
-                st, ph = next_stage(st, ph, STAGES)
-            if lt == 0:  # every S = Q K^T of the tile is done: Q's buffer is free
-                kaio.mbarrier_arrive(turn, read)
-            ptail = kaio.select(n_tiles * BN > sk, 1, 0)
-            pending = 1
-            prev_bh = bh
-            prev_row0 = row0
-            done += 1
-    if pending != 0:  # the block's last tile's last P V and its rows
-        finish_tile(out, lse, o, p, m, l, alpha, v_s, bars, turn, ps, pph, ptail, tails,
-                    prev_bh, prev_row0, sq, lt, D, BN, PIPE, ONES, DT, LSE, OV)  # fmt: skip
-
-
-@kaio.gpu_func
-def first_masked(q0: i32, sk: i32, causal: i32, BN: kaio.constexpr) -> i32:
-    """``DIAG``: the first key tile (at least 1) that a row of the block from ``q0`` masks:
-    the last (partial) one, or with the mask the diagonal's first."""
-    j0 = kaio.max(1, sk // BN)
-    if causal != 0:
-        j0 = kaio.max(1, kaio.min(j0, (q0 + 1) // BN))
-    return j0
 
 
 @kaio.gpu_func
@@ -1195,7 +980,6 @@ def attention_fwd_wgmma(
     HEXP: kaio.constexpr,
     DIAG: kaio.constexpr,
     OV: kaio.constexpr,
-    DEFER: kaio.constexpr,
 ):
     """out[bh, row] = softmax(q[bh, row] k[kv]^T * scale) v[kv] and lse[bh, row] for the
     work tiles of ``64 * WG`` query rows of one (batch, head) ``bh`` (``tile_of``; ``bhs``:
@@ -1260,13 +1044,6 @@ def attention_fwd_wgmma(
         consume_stream(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, first, step, end, rounds,
                        n_qt, bhs, hs, heads, group, sq, sk, causal, scale_log2, D, BN, WG,
                        STAGES, PIPE, PERSIST, QB, ONES, DT, LSE, HEXP)  # fmt: skip
-    elif wg < WG and DEFER:  # the consumers, each tile's last P V with the next one's first S
-        if REGS:
-            kaio.setmaxnreg_inc(REGS)
-        consume_deferred(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, first, step, end, rounds,
-                         n_qt, bhs, hs, heads, group, sq, sk, causal, scale_log2, sched, D, BN,
-                         WG, STAGES, PIPE, PERSIST, QB, ONES, DT, LSE, HEXP, DIAG, OV,
-                         DEFER)  # fmt: skip
     elif wg < WG and PERSIST == 4:  # the consumers, tiles as the producer takes them
         if REGS:
             kaio.setmaxnreg_inc(REGS)
@@ -1292,7 +1069,7 @@ def attention_fwd_wgmma(
                     q0, n_tiles, sq, sk, causal, scale_log2, st, ph, g, done, tails, D, BN,
                     STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV,
                 )  # fmt: skip
-    elif wg < WG and not DEFER:  # the consumers
+    elif wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
         st = i32(0)  # the ring's stage and parity, the ping-pong steps, the tiles done and
@@ -1377,7 +1154,7 @@ def config(d: int, causal: bool = False) -> dict:
 
 
 # a tile at a time, one Q buffer, sums by FADD (LSE: the rounding added back, with ONES)
-EXTRAS_OFF = {"XT": 0, "QB": 1, "ONES": 0, "LSE": 0, "HEXP": 0, "DIAG": 0, "OV": 0, "DEFER": 0}
+EXTRAS_OFF = {"XT": 0, "QB": 1, "ONES": 0, "LSE": 0, "HEXP": 0, "DIAG": 0, "OV": 0}
 
 
 SHORT_KEYS = 1024  # f16 D128 at most this many keys: tiles from a counter (``extras``)
@@ -1463,15 +1240,6 @@ def check_stream(cfg: dict, d: int) -> None:
         raise ValueError(
             f"attention_fwd_wgmma: one stream of a block's tiles (XT 1) takes PIPE 1's or 3's "
             f"order, got PIPE {cfg['PIPE']}: use PIPE 1 or 3, or XT 0"
-        )
-    if cfg.get("DEFER", 0) and (
-        xt or cfg["PIPE"] not in (1, 3) or cfg["PERSIST"] == 4 or cfg.get("DIAG", 0) == 2
-        or 64 * cfg["WG"] > cfg["BN"]
-    ):  # fmt: skip
-        raise ValueError(
-            f"attention_fwd_wgmma: DEFER 1 (a tile's last P V with the next tile's first S) "
-            f"takes PIPE 1 or 3, a static tile order (PERSIST 0 to 3), XT 0, DIAG 0 or 1 and "
-            f"no more rows than keys a tile; got {cfg}: use DEFER 0"
         )
     if qb not in (1, 2):
         raise ValueError(

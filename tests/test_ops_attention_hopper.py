@@ -145,23 +145,9 @@ THREE = {"WG": 3, "REGS": hopper.consumer_registers(3)}  # three consumer warpgr
         # key tiles in a loop of their own (DIAG; one block: blocks simulated together run
         # in lockstep, and their loops of different lengths would wait on each other)
         (1, 1, 1, 384, 384, 64, np.float16, True, {**THREE, "PIPE": 1, "QB": 2, "DIAG": 1}, 1),
-        # DEFER: each tile's last P V issued with the next tile's first S = Q K^T (pairs of
-        # query tiles with the mask, two Q buffers, the unmasked key tiles apart); and (2)
-        # the finished rows stored under the second S, over the tiles of a plan (PERSIST 5,
-        # sections of two heads), bf16, FlashAttention-3's order, a partial last key tile in
-        # every tile, a query tail
-        (
-            1,
-            2,
-            1,
-            512,
-            512,
-            64,
-            np.float16,
-            True,
-            {"BN": 128, "PIPE": 1, "PERSIST": 3, "DEFER": 1, "QB": 2, "DIAG": 1},
-            2,
-        ),  # fmt: skip
+        # the tiles of a plan (PERSIST 5: sections of two heads, each tile to the block with
+        # the least work), bf16, FlashAttention-3's order, a partial last key tile in every
+        # tile, a query tail
         (
             1,
             3,
@@ -171,7 +157,7 @@ THREE = {"WG": 3, "REGS": hopper.consumer_registers(3)}  # three consumer warpgr
             64,
             ml_dtypes.bfloat16,
             False,
-            {"BN": 128, "PIPE": 3, "PERSIST": 5, "DEFER": 2, "SECTION": 2},
+            {"BN": 128, "PIPE": 3, "PERSIST": 5, "SECTION": 2},
             2,
         ),  # fmt: skip
     ],
