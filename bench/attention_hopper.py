@@ -282,6 +282,8 @@ TINY = [  # (d, causal, sk, config over the routed one, persistent blocks or Non
     (128, True, 300, {"PERSIST": 3, "PIPE": 1, "QB": 2, "DIAG": 2}, 3),
     # 21: O stored as 16-byte vectors (shuffles in every lane, a query tail), D128's route
     (128, True, 300, {"PERSIST": 3, "PIPE": 1, "QB": 2, "OV": 1}, 3),
+    # 22: D128's causal options on the tiles of a plan (PERSIST 5, sections of two heads)
+    (128, True, 300, {"PERSIST": 5, "SECTION": 2, "PIPE": 1, "QB": 2, "DIAG": 1, "OV": 1}, 3),
 ]
 
 
