@@ -1200,6 +1200,8 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     every = {"OV": 1} if d in (128, 256) else {}  # (either type)
     if d == 128 and causal:
         every["DIAG"] = 1
+        if many:
+            every["PERSIST"] = 5
     if d > 128 or dt not in (None, kaio.f16):
         return every
     more = d == 128 and many
@@ -1270,6 +1272,16 @@ def worthwhile(bh: int, sq: int, sk: int, d: int, sms: int) -> bool:
 
 
 PLAN_BOUNDARY = 2  # PERSIST 5: a tile's start and end, in key tiles' work (``balanced_plan``)
+PLAN_SECTION_BYTES = 16 << 20  # PERSIST 5: the keys and values of a section of heads
+
+
+def plan_section(sk: int, d: int, group: int) -> int:
+    """``PERSIST`` 5's (batch, head)s a section (``tile_of``): as many as read at most
+    PLAN_SECTION_BYTES of keys and values (``group`` query heads share a K/V head), so that
+    they stay in L2 while the section's tiles run."""
+    return max(1, PLAN_SECTION_BYTES * group // (4 * sk * d))
+
+
 _PLANS: dict = {}  # (kind, device, plan's key) -> the plan on the device (``planned_tiles``)
 
 
@@ -1343,9 +1355,13 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     check_stream(cfg, d)
     # sections of heads (tile_of): one head's tiles after another's (PERSIST 2: every head's
     # heaviest tiles first; PERSIST 3 takes pairs of a head's tiles, head after head)
-    hs = cfg.pop("SECTION", 0) or (bh if cfg.get("PERSIST") == 2 else 1)
+    # (PERSIST 5: sections whose keys and values stay in L2, ``plan_section``)
+    section = cfg.pop("SECTION", 0)
+    hs = section or (bh if cfg.get("PERSIST") == 2 else 1)
     if cfg.get("PERSIST") == 3:
         hs = 1
+    if cfg.get("PERSIST") == 5 and not section:
+        hs = plan_section(sk, d, group)
     boundary = cfg.pop("BOUNDARY", PLAN_BOUNDARY)  # (PERSIST 5's plan)
     if cfg["PIPE"] in (2, 4) and cfg["PERSIST"] == 4:
         raise ValueError(

@@ -195,6 +195,20 @@ def test_persistent_blocks_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, ove
         # D128's route with the mask (f16): two Q buffers over a pair of query tiles of
         # 128-key tiles, a partial last key tile; O stored as 16-byte vectors (OV)
         (1, 1, 1, 256, 200, 128, np.float16, True, {"BN": 128, "QB": 2, "PERSIST": 3, "OV": 1}, 1),
+        # and as routed with many query tiles: the tiles of a balanced plan (PERSIST 5), the
+        # unmasked key tiles apart (DIAG), two heads over two blocks
+        (
+            1,
+            2,
+            1,
+            384,
+            384,
+            128,
+            np.float16,
+            True,
+            {"BN": 128, "QB": 2, "PERSIST": 5, "DIAG": 1, "OV": 1},
+            2,
+        ),  # fmt: skip
     ],
 )
 def test_row_sums_on_the_tensor_cores_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, over,
@@ -325,22 +339,25 @@ def test_routes_by_type_mask_and_keys(monkeypatch):
     query tiles (and there tiles taken from a counter, with ROUTE_COUNTER); at D 64 with the
     mask and at most SHORT_KEYS keys, tiles from the counter with two Q buffers; O stored
     as 16-byte vectors at D 128 and 256 (either type), the unmasked key tiles apart at
-    D 128 with the mask; nothing more for bf16 or D 256."""
+    D 128 with the mask, and there (either type) the tiles of a balanced plan where the launch
+    has many; nothing more for bf16 or D 256."""
     f16, bf16 = kaio.f16, kaio.bf16
     ov, diag = {"OV": 1}, {"OV": 1, "DIAG": 1}  # D 128 and 256; D128 with the mask
+    plan = {**diag, "PERSIST": 5}
     short = {"ONES": 1, "QB": 2, **ov}
     monkeypatch.setattr(hopper, "ROUTE_COUNTER", True)
     assert hopper.extras(128, False, f16, hopper.SHORT_KEYS) == {**short, "PERSIST": 4}
     monkeypatch.setattr(hopper, "ROUTE_COUNTER", False)
     assert hopper.extras(128, False, f16, hopper.SHORT_KEYS) == short
-    assert hopper.extras(128, True, f16, hopper.SHORT_KEYS) == {**short, **diag}
-    assert hopper.extras(128, True, f16, 4096) == {"ONES": 1, "QB": 2, **diag}
+    assert hopper.extras(128, True, f16, hopper.SHORT_KEYS) == {**short, **plan}
+    assert hopper.extras(128, True, f16, 4096) == {"ONES": 1, "QB": 2, **plan}
     assert hopper.extras(128, False, f16, 4096) == {"ONES": 1, **ov}
     assert hopper.extras(128, True, f16, 1024, many=False) == {"ONES": 1, **diag}
     assert hopper.extras(64, False, f16, 1024) == hopper.extras(64, True, f16, 4096) == {"ONES": 1}
     assert hopper.extras(64, True, f16, 1024) == {"ONES": 1, "PERSIST": 4, "QB": 2}
     assert hopper.extras(64, True, f16, 1024, many=False) == {"ONES": 1}
-    assert hopper.extras(128, True, bf16, 1024) == diag
+    assert hopper.extras(128, True, bf16, 1024) == plan
+    assert hopper.extras(128, True, bf16, 1024, many=False) == diag
     assert hopper.extras(256, True, f16, 1024) == hopper.extras(128, False, bf16, 1024) == ov
     assert hopper.extras(64, True, bf16, 1024) == {}
 
