@@ -1196,7 +1196,13 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     stored as 16-byte vectors) at D 128 and 256, either type (fourth pass: D128 f16 +2% at
     S 4096, +4% with the mask, +10% and +13% at S 1024; D256 +5% to +20%; D64 no faster);
     ``DIAG`` 1 (the unmasked key tiles in a loop of their own) at D 128 with the mask (+1%
-    to +2%)."""
+    to +2%). ``PERSIST`` 5 (each block's tiles from a plan made on the host,
+    ``balanced_plan``: the tiles heaviest first in sections of heads, ``plan_section``, each
+    to the block with the least work so far) at D 128 with the mask, either type, where the
+    launch has ``many`` query tiles, in place of ``config``'s pairs (PERSIST 3), whose
+    blocks took 8 or 7 pairs where the plan evens them out (H100, kernel time: B4 H16 S4096
+    f16 +1.0% to +2.0%, bf16 +2.2% to +2.6%; B1 S16384 f16 +2.6%, bf16 +7%; B4 H32/8 S4096
+    +1.3% to +2.6%; B16 S1024 -1% to +1%; docs/performance.md, fwdc)."""
     every = {"OV": 1} if d in (128, 256) else {}  # (either type)
     if d == 128 and causal:
         every["DIAG"] = 1
@@ -1272,14 +1278,16 @@ def worthwhile(bh: int, sq: int, sk: int, d: int, sms: int) -> bool:
 
 
 PLAN_BOUNDARY = 2  # PERSIST 5: a tile's start and end, in key tiles' work (``balanced_plan``)
-PLAN_SECTION_BYTES = 16 << 20  # PERSIST 5: the keys and values of a section of heads
+PLAN_SECTION_BYTES = 8 << 20  # PERSIST 5: the keys and values of a section of heads
 
 
 def plan_section(sk: int, d: int, group: int) -> int:
     """``PERSIST`` 5's (batch, head)s a section (``tile_of``): as many as read at most
     PLAN_SECTION_BYTES of keys and values (``group`` query heads share a K/V head), so that
-    they stay in L2 while the section's tiles run."""
-    return max(1, PLAN_SECTION_BYTES * group // (4 * sk * d))
+    they stay in L2 while the section's tiles run, and at least 2 (fewer sections, a better
+    balance at the end). The best measured on an H100 (docs/performance.md, fwdc): 16 at
+    S 1024, 4 to 8 at S 4096, 2 at S 16384 (D 128)."""
+    return max(2, PLAN_SECTION_BYTES * group // (4 * sk * d))
 
 
 _PLANS: dict = {}  # (kind, device, plan's key) -> the plan on the device (``planned_tiles``)
