@@ -16,7 +16,9 @@ others' results:
   ``BASE=n`` a copy of the module at ``$ATTN_BASE`` or ``$ATTN_BASE<n>``, ``NOCHECK=1`` a
   diagnostic timed whatever its check says), compiled N processes at a time, checked
   against float64 on two small cases, then timed beside SDPA flash in interleaved rounds,
-  causal and not.
+  causal and not: 4 calls queued behind a GPU sleep (``time_queued``: kernel time, the
+  table's figure) and, in brackets, 4 calls as they come (``time_calls``' window, which
+  also holds the first call's host time).
 - ``tiny``: the default kernel on a few small cases, and persistent variants (for
   compute-sanitizer; ``tiny-warm --jobs N`` compiles them first, N processes at a time).
 - ``one --variant LABEL [--d D] [--causal]``: one variant three times at B4 H16 S4096 (for a
