@@ -169,7 +169,6 @@ def warm_one(i: int, specs: str | None = None) -> str:
         launched = {**hop.config(d), **over} if over else {**hop.config(d), **routed}
         cfg = {**hop.EXTRAS_OFF, **routed, **launched}
         cfg.pop("SECTION", None)  # launch's, not the kernel's
-        cfg.pop("BOUNDARY", None)
         r = hop.attention_fwd_wgmma.resources(D=d, DT=dt, **cfg)
         res = f" (registers {r.registers}, local bytes {r.local_bytes})"
     return f"{label} {dtype} D{d}: {time.time() - t0:.1f}s{res}"
@@ -507,7 +506,6 @@ def launch_cfg(hop, d: int, causal: bool, dt, sk: int, many: bool, over: dict) -
     else:
         cfg = {**hop.EXTRAS_OFF, **hop.config(d, causal), **routed}
     cfg.pop("SECTION", None)
-    cfg.pop("BOUNDARY", None)
     return cfg
 
 

@@ -32,11 +32,13 @@ ptxas hoisted that wait above the softmax (SASS: ``WARPGROUP.DEPBAR.LE gsb0, 0x1
 The work tiles (query tile, head) come in sections of heads (``tile_of``), each
 section's heaviest query tiles first (the causal mask's longest), so that the blocks
 started last have the least work; ``launch`` takes sections of one head (a section of
-several measured no faster, and slower at S = 16384). ``PERSIST`` 1: one block a
-multiprocessor, each looping over the work tiles first, first + grid, ... (2: the rounds of
-tiles going back and forth over the blocks, for the causal mask's unequal tiles; 3: pairs
-of a head's query tiles, the heaviest with the lightest, ``work_tile``; 4: each block's
-producer takes the next tile from a counter in global memory, ``produce_dynamic``);
+several measured no faster, and slower at S = 16384; but for PERSIST 5, ``plan_section``).
+``PERSIST`` 1: one block a multiprocessor, each looping over the work tiles first, first +
+grid, ... (2: the rounds of tiles going back and forth over the blocks, for the causal
+mask's unequal tiles; 3: pairs of a head's query tiles, the heaviest with the lightest,
+``work_tile``; 4: each block's producer takes the next tile from a counter in global
+memory, ``produce_dynamic``; 5: each block's tiles from a plan made on the host, each tile
+to the block with the least work so far, ``balanced_plan``, passed in ``sched``);
 without it, block (x, y) takes tile y * grid x + x (the hardware starts the blocks in that
 order as others finish); the K/V ring's stage and parity, the ping-pong turns and the Q
 buffer (refilled once every consumer warpgroup's last S = Q K^T of a tile is done,
@@ -991,7 +993,8 @@ def attention_fwd_wgmma(
     sums on the tensor cores (module docstring; ``extras``); ``DIAG`` 1: the unmasked key
     tiles in a loop of their own, ``OV`` 1: O stored as 16-byte vectors (``consume_tile``).
     ``sched``: two i32 counters, 0 at the launch, that ``PERSIST`` 4 takes its tiles from
-    and leaves 0 (``produce_dynamic``)."""
+    and leaves 0 (``produce_dynamic``); with ``PERSIST`` 5 the plan of every block's tiles
+    (``balanced_plan``)."""
     BM = 64 * WG
     C = D // 64  # 64-column blocks of a row
     KV_BYTES = BN * D * 2
@@ -1370,7 +1373,6 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
         hs = 1
     if cfg.get("PERSIST") == 5 and not section:
         hs = plan_section(sk, d, group)
-    boundary = cfg.pop("BOUNDARY", PLAN_BOUNDARY)  # (PERSIST 5's plan)
     if cfg["PIPE"] in (2, 4) and cfg["PERSIST"] == 4:
         raise ValueError(
             f"attention_fwd_wgmma: ping-pong (PIPE {cfg['PIPE']}) with tiles taken from a "
@@ -1401,7 +1403,7 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
         grid = (n_qt, bh)
     sched = importlib.import_module("kaio_ops.linear")._counters(qa, 2)  # (PERSIST 4's)
     if cfg["PERSIST"] == 5:  # the plan's tiles in place of the counters
-        key = (bh, n_qt, min(hs, bh), grid[0], sk, causal, bm, cfg["BN"], boundary)
+        key = (bh, n_qt, min(hs, bh), grid[0], sk, causal, bm, cfg["BN"], PLAN_BOUNDARY)
         sched = planned_tiles(qa, key, lambda: balanced_plan(*key))
     (kernel or attention_fwd_wgmma)[grid, 128 * cfg["WG"] + 128, _arrays.stream_of(qa), smem](
         tq, tk, tv, out_flat, lse_flat, sq, sk, heads, group, math.log2(math.e) * scale,
