@@ -16,7 +16,9 @@ others' results:
   ``BASE=n`` a copy of the module at ``$ATTN_BASE`` or ``$ATTN_BASE<n>``, ``NOCHECK=1`` a
   diagnostic timed whatever its check says), compiled N processes at a time, checked
   against float64 on two small cases, then timed beside SDPA flash in interleaved rounds,
-  causal and not.
+  causal and not: 4 calls queued behind a GPU sleep (``time_queued``: kernel time, the
+  table's figure) and, in brackets, 4 calls as they come (``time_calls``' window, which
+  also holds the first call's host time).
 - ``tiny``: the default kernel on a few small cases, and persistent variants (for
   compute-sanitizer; ``tiny-warm --jobs N`` compiles them first, N processes at a time).
 - ``one --variant LABEL [--d D] [--causal]``: one variant three times at B4 H16 S4096 (for a
@@ -281,6 +283,8 @@ TINY = [  # (d, causal, sk, config over the routed one, persistent blocks or Non
     (128, True, 300, {"PERSIST": 3, "PIPE": 1, "QB": 2, "DIAG": 2}, 3),
     # 21: O stored as 16-byte vectors (shuffles in every lane, a query tail), D128's route
     (128, True, 300, {"PERSIST": 3, "PIPE": 1, "QB": 2, "OV": 1}, 3),
+    # 22: D128's causal options on the tiles of a plan (PERSIST 5, sections of two heads)
+    (128, True, 300, {"PERSIST": 5, "SECTION": 2, "PIPE": 1, "QB": 2, "DIAG": 1, "OV": 1}, 3),
 ]
 
 
@@ -378,6 +382,29 @@ def time_calls(fn, reps=6, rounds=3):
         times.append(start.elapsed_time(end) / reps)
     times.sort()
     return times[len(times) // 2]
+
+
+SLEEP_CYCLES = 2_000_000  # ~1 ms of a GPU's clock: longer than a call's host time
+
+
+def time_queued(fn, calls=4):
+    """Milliseconds a call of ``fn``, ``calls`` of them queued behind a GPU sleep
+    (``torch.cuda._sleep``) so that the GPU never waits for the host: the kernels' own time
+    back to back (docs MEASURING.md's kernel time). ``time_calls``' window also holds the
+    first call's host time (some 90 µs for ``launch`` unplanned, 50-80 for SDPA: 5-7% of a
+    causal call at B4 H16 S4096 D128, 2026-11-27)."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(SLEEP_CYCLES)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / calls
 
 
 def passed(check_log) -> set | None:
@@ -589,24 +616,33 @@ def grid(specs: str, shapes: str, causals: tuple, out_path, rounds: int = 5, job
                     if (dt, dd) == (dtype, d):
                         fns[label] = partial(runner(kind, d, over), q, k, v, causal)
                 times = {lab: [] for lab in fns}
+                window = {lab: [] for lab in fns}
                 for _ in range(rounds):
                     for lab, fn in fns.items():
-                        times[lab].append(time_calls(fn, reps=4, rounds=1))
+                        times[lab].append(time_queued(fn))
+                        window[lab].append(time_calls(fn, reps=4, rounds=1))
                 res = {lab: flops / sorted(t)[len(t) // 2] / 1e9 for lab, t in times.items()}
                 row = case_row(name, (dtype, d, b, h, hkv, s, causal), res)
+                row["tflops_window"] = {
+                    lab: flops / sorted(t)[len(t) // 2] / 1e9 for lab, t in window.items()
+                }  # fmt: skip
                 emit(rows, {**row, "sk": sk} if sk != s else row)
     save(rows, out_path)
-    print(f"\n{name}: TFLOP/s (CUDA events, median of {rounds} interleaved rounds)")
+    print(
+        f"\n{name}: TFLOP/s (CUDA events, median of {rounds} interleaved rounds; calls queued "
+        "behind a GPU sleep, in brackets timed with the first call's host time)"
+    )
     for r in rows:
-        t = r["tflops"]
+        t, w = r["tflops"], r["tflops_window"]
         print(
             f"{r['dtype']} D{r['d']} B{r['b']} H{r['h']}/{r['hkv']} S{r['s']}"
             f"{'/' + str(r['sk']) if 'sk' in r else ''}"
             f"{' causal' if r['causal'] else ''}: sdpa flash {t['sdpa flash']:.0f}"
         )
+        print(f"    {t['sdpa flash']:6.0f} ({w['sdpa flash']:4.0f})  sdpa flash")
         for lab, v in sorted(t.items(), key=lambda kv: -kv[1]):
             if lab != "sdpa flash":
-                print(f"    {v:6.0f}  {v / t['sdpa flash']:.2f}x  {lab}")
+                print(f"    {v:6.0f} ({w[lab]:4.0f})  {v / t['sdpa flash']:.2f}x  {lab}")
 
 
 def main() -> None:

@@ -32,11 +32,13 @@ ptxas hoisted that wait above the softmax (SASS: ``WARPGROUP.DEPBAR.LE gsb0, 0x1
 The work tiles (query tile, head) come in sections of heads (``tile_of``), each
 section's heaviest query tiles first (the causal mask's longest), so that the blocks
 started last have the least work; ``launch`` takes sections of one head (a section of
-several measured no faster, and slower at S = 16384). ``PERSIST`` 1: one block a
-multiprocessor, each looping over the work tiles first, first + grid, ... (2: the rounds of
-tiles going back and forth over the blocks, for the causal mask's unequal tiles; 3: pairs
-of a head's query tiles, the heaviest with the lightest, ``work_tile``; 4: each block's
-producer takes the next tile from a counter in global memory, ``produce_dynamic``);
+several measured no faster, and slower at S = 16384; but for PERSIST 5, ``plan_section``).
+``PERSIST`` 1: one block a multiprocessor, each looping over the work tiles first, first +
+grid, ... (2: the rounds of tiles going back and forth over the blocks, for the causal
+mask's unequal tiles; 3: pairs of a head's query tiles, the heaviest with the lightest,
+``work_tile``; 4: each block's producer takes the next tile from a counter in global
+memory, ``produce_dynamic``; 5: each block's tiles from a plan made on the host, each tile
+to the block with the least work so far, ``balanced_plan``, passed in ``sched``);
 without it, block (x, y) takes tile y * grid x + x (the hardware starts the blocks in that
 order as others finish); the K/V ring's stage and parity, the ping-pong turns and the Q
 buffer (refilled once every consumer warpgroup's last S = Q K^T of a tile is done,
@@ -72,6 +74,10 @@ logsumexp goes to ``lse`` (-inf, and a zero output, for a row with no valid key)
 
 # ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
 from __future__ import annotations
+
+import importlib
+
+import numpy as np
 
 import kaio
 from kaio import bool_, f32, i32, u32, u64
@@ -904,6 +910,20 @@ def work_tile(
 
 
 @kaio.gpu_func
+def planned_tile(
+    k: i32, first: i32, step: i32, end: i32, n_qt: i32, plan: i32[:], PERSIST: kaio.constexpr
+) -> i32:  # fmt: skip
+    """``work_tile``'s, or with ``PERSIST`` 5 the block's k-th tile in ``plan``
+    (``balanced_plan``: ``step`` tiles a block, -1 past its last)."""
+    w = i32(-1)
+    if PERSIST == 5:
+        w = plan[1 + first * step + k]
+    else:
+        w = work_tile(k, first, step, end, n_qt, PERSIST)
+    return w
+
+
+@kaio.gpu_func
 def init_barriers(bars: u64[:, :], turn: u64[:], t: u32, WG: kaio.constexpr,
                   STAGES: kaio.constexpr, SLOT: kaio.constexpr = 0):  # fmt: skip
     """The block's barriers (``attention_fwd_wgmma``'s ``bars`` and ``turn``) initialized by
@@ -973,7 +993,8 @@ def attention_fwd_wgmma(
     sums on the tensor cores (module docstring; ``extras``); ``DIAG`` 1: the unmasked key
     tiles in a loop of their own, ``OV`` 1: O stored as 16-byte vectors (``consume_tile``).
     ``sched``: two i32 counters, 0 at the launch, that ``PERSIST`` 4 takes its tiles from
-    and leaves 0 (``produce_dynamic``)."""
+    and leaves 0 (``produce_dynamic``); with ``PERSIST`` 5 the plan of every block's tiles
+    (``balanced_plan``)."""
     BM = 64 * WG
     C = D // 64  # 64-column blocks of a row
     KV_BYTES = BN * D * 2
@@ -1007,6 +1028,9 @@ def attention_fwd_wgmma(
         rounds = (end + step - 1) // step
     if PERSIST == 3:  # pairs first, first + grid, ...
         rounds = 2 * ((end // 2 - first + step - 1) // step)
+    if PERSIST == 5:  # a plan's tiles (``balanced_plan``): as many for every block
+        rounds = sched[0]
+        step = rounds
     init_barriers(bars, turn, t, WG, STAGES, PERSIST == 4)
     if ONES:  # each V stage's column block of ones (the copies never write it)
         one = kaio.local(DT, 8)
@@ -1057,7 +1081,7 @@ def attention_fwd_wgmma(
         done = i32(0)
         tails = i32(0)
         for k in range(rounds):
-            w = work_tile(k, first, step, end, n_qt, PERSIST)
+            w = planned_tile(k, first, step, end, n_qt, sched, PERSIST)
             if w >= 0:
                 bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sk, causal,
                                                BM, BN)  # fmt: skip
@@ -1082,7 +1106,7 @@ def attention_fwd_wgmma(
     else:  # the producer warpgroup: its first thread loads
         cnt, it = producer_start(REGS)
         for k in range(rounds):
-            w = work_tile(k, first, step, end, n_qt, PERSIST)
+            w = planned_tile(k, first, step, end, n_qt, sched, PERSIST)
             if w >= 0:
                 bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sk, causal,
                                                BM, BN)  # fmt: skip
@@ -1175,10 +1199,18 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     stored as 16-byte vectors) at D 128 and 256, either type (fourth pass: D128 f16 +2% at
     S 4096, +4% with the mask, +10% and +13% at S 1024; D256 +5% to +20%; D64 no faster);
     ``DIAG`` 1 (the unmasked key tiles in a loop of their own) at D 128 with the mask (+1%
-    to +2%)."""
+    to +2%). ``PERSIST`` 5 (each block's tiles from a plan made on the host,
+    ``balanced_plan``: the tiles heaviest first in sections of heads, ``plan_section``, each
+    to the block with the least work so far) at D 128 with the mask, either type, where the
+    launch has ``many`` query tiles, in place of ``config``'s pairs (PERSIST 3), whose
+    blocks took 8 or 7 pairs where the plan evens them out (H100, kernel time: B4 H16 S4096
+    f16 +1.0% to +2.0%, bf16 +2.2% to +2.6%; B1 S16384 f16 +2.6%, bf16 +7%; B4 H32/8 S4096
+    +1.3% to +2.6%; B16 S1024 -1% to +1%; docs/performance.md, fwdc)."""
     every = {"OV": 1} if d in (128, 256) else {}  # (either type)
     if d == 128 and causal:
         every["DIAG"] = 1
+        if many:
+            every["PERSIST"] = 5
     if d > 128 or dt not in (None, kaio.f16):
         return every
     more = d == 128 and many
@@ -1209,6 +1241,11 @@ def check_stream(cfg: dict, d: int) -> None:
             "attention_fwd_wgmma: HEXP 1 computes the probabilities as 16-bit pairs, so the "
             "row sums must come from the tensor cores (ONES 1) and LSE (which sums the f32 "
             "probabilities' rounding) must be 0: use ONES 1, LSE 0, or HEXP 0"
+        )
+    if xt and cfg.get("PERSIST") == 5:
+        raise ValueError(
+            "attention_fwd_wgmma: one stream of a block's tiles (XT 1) takes its tiles in "
+            "work_tile's order, not from a plan (PERSIST 5): use XT 0, or PERSIST 0 to 4"
         )
     if xt and cfg["PIPE"] not in (1, 3):
         raise ValueError(
@@ -1243,6 +1280,73 @@ def worthwhile(bh: int, sq: int, sk: int, d: int, sms: int) -> bool:
     return eligible(d) and sq >= 1024 and sk >= 1024 and bh * -(-sq // 128) >= sms
 
 
+PLAN_BOUNDARY = 2  # PERSIST 5: a tile's start and end, in key tiles' work (``balanced_plan``)
+PLAN_SECTION_BYTES = 8 << 20  # PERSIST 5: the keys and values of a section of heads
+
+
+def plan_section(sk: int, d: int, group: int) -> int:
+    """``PERSIST`` 5's (batch, head)s a section (``tile_of``): as many as read at most
+    PLAN_SECTION_BYTES of keys and values (``group`` query heads share a K/V head), so that
+    they stay in L2 while the section's tiles run, and at least 2 (fewer sections, a better
+    balance at the end). The best measured on an H100 (docs/performance.md, fwdc): 16 at
+    S 1024, 4 to 8 at S 4096, 2 at S 16384 (D 128)."""
+    return max(2, PLAN_SECTION_BYTES * group // (4 * sk * d))
+
+
+_PLANS: dict = {}  # (kind, device, plan's key) -> the plan on the device (``planned_tiles``)
+
+
+def balanced_plan(bhs: int, n_qt: int, hs: int, ctas: int, sk: int, causal: bool, bm: int,
+                  bn: int, boundary: int) -> np.ndarray:  # fmt: skip
+    """``PERSIST`` 5's plan: ``tile_of``'s work tiles (sections of ``hs`` (batch, head)s,
+    each section's heaviest query tiles first), in that order, each to the block with the
+    least work so far (its key tiles, plus ``boundary`` a tile; the tiles heaviest first in
+    a section: nearly the same work for every block, the last tiles the lightest), as int32
+    [1 + ctas * R]: R, then each block's R tiles in order, -1 past its last."""
+    import heapq
+
+    n_kv = -(-sk // bn)
+    loads = [(0, b) for b in range(ctas)]
+    tiles = [[] for _ in range(ctas)]
+    for t in range(n_qt * bhs):
+        first = t // (hs * n_qt) * hs
+        q0 = (n_qt - 1 - (t - first * n_qt) // min(hs, bhs - first)) * bm
+        n = min(n_kv, (q0 + bm + bn - 1) // bn) if causal else n_kv
+        load, b = heapq.heappop(loads)
+        tiles[b].append(t)
+        heapq.heappush(loads, (load + n + boundary, b))
+    r = max(len(x) for x in tiles)
+    plan = np.full(1 + ctas * r, -1, np.int32)
+    plan[0] = r
+    for b, x in enumerate(tiles):
+        plan[1 + b * r : 1 + b * r + len(x)] = x
+    return plan
+
+
+def planned_tiles(like, key: tuple, make):
+    """The plan ``make()`` (``balanced_plan``) on ``like``'s device, made once for ``key``
+    and kept (call plans pass it as it is)."""
+    from kaio_ops import _arrays
+
+    full = (like.kind, like.device, key)
+    found = _PLANS.get(full)
+    if found is None:
+        plan = make()
+        if like.kind == "torch":
+            found = importlib.import_module("torch").from_numpy(plan).to(like.obj.device)
+        elif like.kind == "cupy":
+            cupy = importlib.import_module("cupy")
+            with cupy.cuda.Device(like.device):
+                found = cupy.asarray(plan)
+        elif like.kind == "kaio":
+            found = _arrays.new_array("kaio", like.device, like.obj, plan.shape, i32)
+            found.copy_from_host(plan)
+        else:
+            found = plan
+        _PLANS[full] = _arrays.constant(found)
+    return found
+
+
 def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None = None,
            kernel=None, ctas: int | None = None):  # fmt: skip
     """Run ``attention_fwd_wgmma`` (or ``kernel``, a variant of it: bench/attention_hopper.py)
@@ -1251,7 +1355,6 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     ``config(d)``); ``ctas``: the blocks of a
     persistent launch (default: one a multiprocessor). Returns (out [B, H, Sq, D] of q's type,
     lse [B, H, Sq] f32)."""
-    import importlib
     import math
 
     from kaio_ops import _arrays
@@ -1263,9 +1366,13 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     check_stream(cfg, d)
     # sections of heads (tile_of): one head's tiles after another's (PERSIST 2: every head's
     # heaviest tiles first; PERSIST 3 takes pairs of a head's tiles, head after head)
-    hs = cfg.pop("SECTION", 0) or (bh if cfg.get("PERSIST") == 2 else 1)
+    # (PERSIST 5: sections whose keys and values stay in L2, ``plan_section``)
+    section = cfg.pop("SECTION", 0)
+    hs = section or (bh if cfg.get("PERSIST") == 2 else 1)
     if cfg.get("PERSIST") == 3:
         hs = 1
+    if cfg.get("PERSIST") == 5 and not section:
+        hs = plan_section(sk, d, group)
     if cfg["PIPE"] in (2, 4) and cfg["PERSIST"] == 4:
         raise ValueError(
             f"attention_fwd_wgmma: ping-pong (PIPE {cfg['PIPE']}) with tiles taken from a "
@@ -1295,6 +1402,9 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     else:
         grid = (n_qt, bh)
     sched = importlib.import_module("kaio_ops.linear")._counters(qa, 2)  # (PERSIST 4's)
+    if cfg["PERSIST"] == 5:  # the plan's tiles in place of the counters
+        key = (bh, n_qt, min(hs, bh), grid[0], sk, causal, bm, cfg["BN"], PLAN_BOUNDARY)
+        sched = planned_tiles(qa, key, lambda: balanced_plan(*key))
     (kernel or attention_fwd_wgmma)[grid, 128 * cfg["WG"] + 128, _arrays.stream_of(qa), smem](
         tq, tk, tv, out_flat, lse_flat, sq, sk, heads, group, math.log2(math.e) * scale,
         int(causal), bh, min(hs, bh), sched, D=d, DT=qa.dtype, **cfg,

@@ -145,6 +145,21 @@ THREE = {"WG": 3, "REGS": hopper.consumer_registers(3)}  # three consumer warpgr
         # key tiles in a loop of their own (DIAG; one block: blocks simulated together run
         # in lockstep, and their loops of different lengths would wait on each other)
         (1, 1, 1, 384, 384, 64, np.float16, True, {**THREE, "PIPE": 1, "QB": 2, "DIAG": 1}, 1),
+        # the tiles of a plan (PERSIST 5: sections of two heads, each tile to the block with
+        # the least work), bf16, FlashAttention-3's order, a partial last key tile in every
+        # tile, a query tail
+        (
+            1,
+            3,
+            3,
+            300,
+            330,
+            64,
+            ml_dtypes.bfloat16,
+            False,
+            {"BN": 128, "PIPE": 3, "PERSIST": 5, "SECTION": 2},
+            2,
+        ),  # fmt: skip
     ],
 )
 def test_persistent_blocks_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, over, ctas):
@@ -180,6 +195,20 @@ def test_persistent_blocks_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, ove
         # D128's route with the mask (f16): two Q buffers over a pair of query tiles of
         # 128-key tiles, a partial last key tile; O stored as 16-byte vectors (OV)
         (1, 1, 1, 256, 200, 128, np.float16, True, {"BN": 128, "QB": 2, "PERSIST": 3, "OV": 1}, 1),
+        # and as routed with many query tiles: the tiles of a balanced plan (PERSIST 5), the
+        # unmasked key tiles apart (DIAG), two heads over two blocks
+        (
+            1,
+            2,
+            1,
+            384,
+            384,
+            128,
+            np.float16,
+            True,
+            {"BN": 128, "QB": 2, "PERSIST": 5, "DIAG": 1, "OV": 1},
+            2,
+        ),  # fmt: skip
     ],
 )
 def test_row_sums_on_the_tensor_cores_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, over,
@@ -224,6 +253,31 @@ def test_tiles_taken_from_a_counter_in_simulator(d, h, sq, sk, causal, over, cta
             assert rel(out, ref) < 1e-3
             np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=5e-4)
             assert not counters(qa, 2)[:2].any()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_balanced_plan_gives_every_tile_once(causal):
+    """``balanced_plan`` (PERSIST 5): every work tile to exactly one block, each block's in
+    the order given (``tile_of``'s: heaviest first in a section), and no block more than
+    the heaviest tile past the mean work (the greedy's bound)."""
+    bhs, n_qt, hs, ctas, sk, bm, bn, boundary = 6, 5, 4, 7, 640, 128, 128, 2
+    plan = hopper.balanced_plan(bhs, n_qt, hs, ctas, sk, causal, bm, bn, boundary)
+    r = int(plan[0])
+    rows = plan[1:].reshape(ctas, r)
+    tiles = [int(t) for row in rows for t in row if t >= 0]
+    assert sorted(tiles) == list(range(bhs * n_qt))
+    for row in rows:
+        kept = [t for t in row if t >= 0]
+        assert kept == sorted(kept) and all(t < 0 for t in row[len(kept) :])
+
+    def work(t):
+        first = t // (hs * n_qt) * hs
+        q0 = (n_qt - 1 - (t - first * n_qt) // min(hs, bhs - first)) * bm
+        n = -(-sk // bn)
+        return (min(n, (q0 + bm + bn - 1) // bn) if causal else n) + boundary
+
+    loads = [sum(work(t) for t in row if t >= 0) for row in rows]
+    assert max(loads) <= sum(loads) / ctas + max(map(work, tiles))
 
 
 @pytest.mark.parametrize("lse_fix", [0, 1])
@@ -285,22 +339,25 @@ def test_routes_by_type_mask_and_keys(monkeypatch):
     query tiles (and there tiles taken from a counter, with ROUTE_COUNTER); at D 64 with the
     mask and at most SHORT_KEYS keys, tiles from the counter with two Q buffers; O stored
     as 16-byte vectors at D 128 and 256 (either type), the unmasked key tiles apart at
-    D 128 with the mask; nothing more for bf16 or D 256."""
+    D 128 with the mask, and there (either type) the tiles of a balanced plan where the launch
+    has many; nothing more for bf16 or D 256."""
     f16, bf16 = kaio.f16, kaio.bf16
     ov, diag = {"OV": 1}, {"OV": 1, "DIAG": 1}  # D 128 and 256; D128 with the mask
+    plan = {**diag, "PERSIST": 5}
     short = {"ONES": 1, "QB": 2, **ov}
     monkeypatch.setattr(hopper, "ROUTE_COUNTER", True)
     assert hopper.extras(128, False, f16, hopper.SHORT_KEYS) == {**short, "PERSIST": 4}
     monkeypatch.setattr(hopper, "ROUTE_COUNTER", False)
     assert hopper.extras(128, False, f16, hopper.SHORT_KEYS) == short
-    assert hopper.extras(128, True, f16, hopper.SHORT_KEYS) == {**short, **diag}
-    assert hopper.extras(128, True, f16, 4096) == {"ONES": 1, "QB": 2, **diag}
+    assert hopper.extras(128, True, f16, hopper.SHORT_KEYS) == {**short, **plan}
+    assert hopper.extras(128, True, f16, 4096) == {"ONES": 1, "QB": 2, **plan}
     assert hopper.extras(128, False, f16, 4096) == {"ONES": 1, **ov}
     assert hopper.extras(128, True, f16, 1024, many=False) == {"ONES": 1, **diag}
     assert hopper.extras(64, False, f16, 1024) == hopper.extras(64, True, f16, 4096) == {"ONES": 1}
     assert hopper.extras(64, True, f16, 1024) == {"ONES": 1, "PERSIST": 4, "QB": 2}
     assert hopper.extras(64, True, f16, 1024, many=False) == {"ONES": 1}
-    assert hopper.extras(128, True, bf16, 1024) == diag
+    assert hopper.extras(128, True, bf16, 1024) == plan
+    assert hopper.extras(128, True, bf16, 1024, many=False) == diag
     assert hopper.extras(256, True, f16, 1024) == hopper.extras(128, False, bf16, 1024) == ov
     assert hopper.extras(64, True, bf16, 1024) == {}
 
