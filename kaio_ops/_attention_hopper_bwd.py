@@ -93,7 +93,7 @@ def produce(
     first: i32, n_tiles: i32, D: kaio.constexpr, ONCE: kaio.constexpr, R: kaio.constexpr,
     STAGES: kaio.constexpr, STATS: kaio.constexpr, DT: kaio.constexpr,
     COLS: kaio.constexpr = 0, once_col: i32 = 0, ring_col: i32 = 0, stat_at: i32 = 0,
-    stat_stride: i32 = 0,
+    stat_stride: i32 = 0, WRAP: kaio.constexpr = 0, start: i32 = 0,
 ):  # fmt: skip
     """The producer's copies: ``ONCE`` rows of ``ta``, ``tb`` from ``once_row`` into a_s,
     b_s (once, on ``turn[0]``), then for each head j < heads_n and tile t in first ..
@@ -105,7 +105,8 @@ def produce(
     in the columns of [tokens, heads * D]): the tiles loaded once are the D columns from
     ``once_col``, head j's ring tiles those from ``ring_col + j * D``, and the stats of a
     row r of head j are at ``r + stat_at + j * stat_stride`` (0: columns from 0, stats at
-    the rows)."""
+    the rows). ``WRAP`` 1 (``COLS`` 0): the walk over (head, tile) begins at its item
+    ``start`` and wraps around past the last head (``walk_start``, ``next_tile_wrapped``)."""
     C = D // 64
     STATS_ONCE = 2 * ONCE * 4 if STATS == 2 else 0
     kaio.mbarrier_arrive_expect_tx(turn, 0, u32(2 * ONCE * D * 2 + STATS_ONCE))
@@ -120,6 +121,8 @@ def produce(
     ph = u32(0)
     t = first  # the tile of head row0 / head_stride: a counter, not divisions
     row0 = ring_row
+    if WRAP:
+        t, row0 = walk_start(start, first, n_tiles, ring_row, head_stride)
     col = i32(ring_col)  # COLS: head j's first column, its stats' offset
     sat = i32(stat_at)
     for i in range(heads_n * kaio.max(n_tiles - first, 0)):
@@ -130,6 +133,8 @@ def produce(
         if t == n_tiles:
             t = first
             row0 += head_stride
+            if WRAP and row0 == ring_row + heads_n * head_stride:
+                row0 = ring_row
             if COLS:
                 col += D
                 sat += stat_stride
@@ -151,6 +156,26 @@ def produce(
                 kaio.tma_load_2d(stats, (0, st, 0), tl, 0, row, bars, (0, st))
                 kaio.tma_load_2d(stats, (1, st, 0), td, 0, row, bars, (0, st))
         st, ph = next_stage(st, ph, STAGES)
+
+
+@kaio.gpu_func
+def walk_start(s: i32, first: i32, n_tiles: i32, at_first: i32, stride: i32) -> tuple[i32, i32]:
+    """``(t, at)`` of item ``s`` of a walk over the tiles ``first`` .. ``n_tiles`` of each
+    head in turn (``next_tile``'s), the heads' rows ``stride`` apart from ``at_first``."""
+    n = kaio.max(n_tiles - first, 1)
+    return first + s % n, at_first + s // n * stride
+
+
+@kaio.gpu_func
+def next_tile_wrapped(
+    t: i32, at: i32, first: i32, n_tiles: i32, stride: i32, at_first: i32, heads_n: i32
+) -> tuple[i32, i32]:
+    """``next_tile`` of a walk that began at any item (``walk_start``): past the last tile of
+    the last of the ``heads_n`` heads, back to the first head's first."""
+    t, at = next_tile(t, at, first, n_tiles, stride)
+    if at == at_first + heads_n * stride:
+        at = at_first
+    return t, at
 
 
 @kaio.gpu_func

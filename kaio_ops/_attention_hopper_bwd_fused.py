@@ -55,6 +55,7 @@ from kaio_ops._attention_hopper_bwd import (
     issue_front,
     issue_pt,
     launch_outputs,
+    next_tile_wrapped,
     produce,
     release,
     row_map,
@@ -63,6 +64,7 @@ from kaio_ops._attention_hopper_bwd import (
     store_dq_frags,
     store_ds,
     store_tile,
+    walk_start,
     zero_acc,
 )
 from kaio_ops._attention_hopper_common import key_block_queries, next_tile, thread_roles
@@ -107,9 +109,7 @@ def write_dq_ordered(
     total = group * kaio.max(n_tiles - first, 0)
     for _i in range(total):
         tile = at0 // sq * n_tiles + t
-        rank = x
-        if causal != 0:  # decreasing key blocks, from the last that sees the tile
-            rank = kaio.min(nkb - 1, ((t + 1) * BM - 1) // BK) - x
+        rank = turn_rank(x, nkb, t, 0, 1, causal, 0, BM, BK)
         if EARLY == 2 and lt == 32:  # while the consumers compute the tile's dQ
             if _i > 0:
                 pass_turn(sem, last)
@@ -137,6 +137,27 @@ def write_dq_ordered(
 
 
 @kaio.gpu_func
+def turn_rank(
+    x: i32, nkb: i32, t: i32, item: i32, total: i32, causal: i32, rot: i32, BM: kaio.constexpr,
+    BK: kaio.constexpr,
+) -> i32:  # fmt: skip
+    """Key block x's turn (of ``nkb``) on query tile t, item ``item`` of its walk of
+    ``total``: causal, decreasing key blocks from the last that sees the tile; ``rot``
+    (``rotated``: key block x's walk begins at item ``x total // nkb`` and wraps), in the
+    order the walks reach the item: first the key blocks whose walk began at or before it,
+    the latest begun first, then the others, the latest first; else increasing key blocks."""
+    rank = x
+    if causal != 0:
+        rank = kaio.min(nkb - 1, ((t + 1) * BM - 1) // BK) - x
+    elif rot != 0:
+        begun = kaio.min(nkb, ((item + 1) * nkb + total - 1) // total)  # walks begun by item
+        rank = begun - 1 - x
+        if x >= begun:
+            rank += nkb
+    return rank
+
+
+@kaio.gpu_func
 def pass_turn(sem: i32[:], tile: i32):
     """Once this thread's bulk reductions are done (the sums made, not only their source
     read), the next key block's turn on the tile: a fence, then the semaphore's increment."""
@@ -150,9 +171,10 @@ def consume_late(
     k_s: DT[:, :, :], v_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :],
     stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], lse: f32[:], delta: f32[:],
     dk: DT[:], dv: DT[:], pt_s: DT[:, :, :], dq_s: f32[:, :], dq_acc: f32[:], wg: u32, lt: u32,
-    kvh: i32, first_head: i32, group: i32, first: i32, n_tiles: i32, k0: i32, sq: i32,
-    sk: i32, causal: i32, scale_log2: f32, scale: f32, D: kaio.constexpr, BM: kaio.constexpr,
-    WG: kaio.constexpr, STAGES: kaio.constexpr, TSTATS: kaio.constexpr, SCHED: kaio.constexpr,
+    kvh: i32, first_head: i32, group: i32, first: i32, n_tiles: i32, start: i32, k0: i32,
+    sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32, D: kaio.constexpr,
+    BM: kaio.constexpr, WG: kaio.constexpr, STAGES: kaio.constexpr, TSTATS: kaio.constexpr,
+    SCHED: kaio.constexpr,
     TWO: kaio.constexpr, DT: kaio.constexpr, NW: kaio.constexpr, NDS: kaio.constexpr,
     SPLIT: kaio.constexpr = 0, L2: kaio.constexpr = 0, PFIRST: kaio.constexpr = 0,
 ):  # fmt: skip
@@ -178,7 +200,8 @@ def consume_late(
     tile's, which the other waits for before storing again: no "free" wait with two or
     three buffers). ``NW``: the writers (``TWO``), whose tiles come in turn. ``SPLIT``,
     ``L2``: ``grads_t``'s; ``PFIRST``: P^T computed once S^T is done, dS^T once dP^T is
-    (``grads_t``'s ``WAIT``). Then dK, dV stored."""
+    (``grads_t``'s ``WAIT``). The walk over the tiles begins at its item ``start``
+    (``walk_start``: ``rotated``). Then dK, dV stored."""
     NQ = D // WG  # dQ's columns in this warpgroup, from c0
     s = kaio.local(f32, (BM // 8, 4))  # S^T, then P^T
     dp = kaio.local(f32, (BM // 8, 4))  # dP^T, then dS^T
@@ -197,8 +220,8 @@ def consume_late(
     ROW = 0 if NDS == 3 else 1  # the dS^T buffers' barriers' row
     total = group * kaio.max(n_tiles - first, 0)
     kaio.mbarrier_wait(turn, 0, 0)  # K and V landed
-    t = first
-    at0 = first_head * sq
+    at_first = first_head * sq
+    t, at0 = walk_start(start, first, n_tiles, at_first, sq)
     wph = u32(0)
     fb = i32(0)  # TWO: the parity of the tile whose dQ is handed on next
     if total > 0:
@@ -213,7 +236,7 @@ def consume_late(
         hph = u32(0)
         ps = i32(0)  # tile i - 1's stage
         st, ph = next_stage(0, u32(0), STAGES)
-        t, at0 = next_tile(t, at0, first, n_tiles, sq)
+        t, at0 = next_tile_wrapped(t, at0, first, n_tiles, sq, at_first, group)
         for _i in range(1, total):
             kaio.mbarrier_wait(bars, (0, st), ph)
             kaio.wgmma_fence()
@@ -252,7 +275,7 @@ def consume_late(
                 fb = next_writer(fb, NW)
             ps = st
             st, ph = next_stage(st, ph, STAGES)
-            t, at0 = next_tile(t, at0, first, n_tiles, sq)
+            t, at0 = next_tile_wrapped(t, at0, first, n_tiles, sq, at_first, group)
         kaio.mbarrier_wait(bars, (ROW, STAGES + pb), hph)
         kaio.wgmma_fence()
         last = 1 if SCHED < 4 else 6  # (1: P^T from pt_s; 6: from p; both with dQ)
@@ -330,8 +353,8 @@ def give_dq(
 @kaio.gpu_func
 def write_dq_two(
     dq_s: f32[:, :], bars: u64[:, :], dq_acc: f32[:], sem: i32[:], w: i32, first_head: i32,
-    group: i32, first: i32, n_tiles: i32, sq: i32, x: i32, nkb: i32, causal: i32,
-    FULL: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr, BK: kaio.constexpr,
+    group: i32, first: i32, n_tiles: i32, sq: i32, x: i32, nkb: i32, causal: i32, start: i32,
+    rot: i32, FULL: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr, BK: kaio.constexpr,
     ORDER: kaio.constexpr = 1, NW: kaio.constexpr = 2,
 ):  # fmt: skip
     """``EARLY`` 3: writer ``w`` (0, 1: the first lanes of the producer warpgroup's warps 1
@@ -344,18 +367,18 @@ def write_dq_two(
     (the additions in any order: not deterministic), -1 no additions either (dQ wrong).
     ``NW``: the writers (the first lanes of warps 1 .. 3, then lane 16 of them), tile i
     writer i % NW's (``NW`` 3: each writer's wait for its last reduction to complete and
-    pass the turn on spread over three tiles)."""
-    t = first
-    at0 = first_head * sq
+    pass the turn on spread over three tiles). The walk begins at its item ``start``, the
+    turns ``turn_rank``'s (``rot``: ``rotated``)."""
+    at_first = first_head * sq
+    t, at0 = walk_start(start, first, n_tiles, at_first, sq)
+    item = start
     ph = u32(0)
     last = i32(0)
     total = group * kaio.max(n_tiles - first, 0)
     for _i in range(total):
         if _i % NW == w:
             tile = at0 // sq * n_tiles + t
-            rank = x
-            if causal != 0:
-                rank = kaio.min(nkb - 1, ((t + 1) * BM - 1) // BK) - x
+            rank = turn_rank(x, nkb, t, item, total, causal, rot, BM, BK)
             if ORDER > 0:
                 if _i >= NW:
                     pass_turn(sem, last)
@@ -369,7 +392,10 @@ def write_dq_two(
             for _a in kaio.static_range(3):
                 kaio.mbarrier_arrive(bars, (1, FULL + 1))
             last = tile
-        t, at0 = next_tile(t, at0, first, n_tiles, sq)
+        t, at0 = next_tile_wrapped(t, at0, first, n_tiles, sq, at_first, group)
+        item += 1
+        if item == total:
+            item = 0
     if ORDER > 0 and total > w:
         pass_turn(sem, last)
     if ORDER == 0:
@@ -424,7 +450,8 @@ def attention_bwd_fused_ordered(
     tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
     tl: kaio.tensormap, td: kaio.tensormap, lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:],
     dq_acc: f32[:], sem: i32[:], sq: i32, sk: i32, heads: i32, group: i32, scale_log2: f32,
-    scale: f32, causal: i32, hg: i32, D: kaio.constexpr, BM: kaio.constexpr, WG: kaio.constexpr,
+    scale: f32, causal: i32, hg: i32, rot: i32, D: kaio.constexpr, BM: kaio.constexpr,
+    WG: kaio.constexpr,
     STAGES: kaio.constexpr, PIPE: kaio.constexpr, AREG: kaio.constexpr, TSTATS: kaio.constexpr,
     REGS: kaio.constexpr, DT: kaio.constexpr, DQ: kaio.constexpr, LATE: kaio.constexpr,
     EARLY: kaio.constexpr, SCHED: kaio.constexpr, ORDER: kaio.constexpr, NW: kaio.constexpr,
@@ -440,7 +467,11 @@ def attention_bwd_fused_ordered(
     ``SCHED`` 0: the consumers of ``_attention_hopper_bwd`` (``consume_dkdv``, with LATE),
     1, 2, 4, 6: ``consume_late`` (four P^T and dS^T buffers; 4, 6: ``NDS``, dS^T); ``ORDER``:
     ``write_dq_two``'s (1: the fixed order); ``NW``: its writers (2 to 6, with ``EARLY`` 3);
-    ``hg``: ``interleaved``'s (1: block (x, y) is key block x of K/V head y); ``NDS``:
+    ``hg``: ``interleaved``'s (1: block (x, y) is key block x of K/V head y); ``rot``
+    (``rotated``; ``hg`` 1): not causal, key block x's walk begins at item x W / nkb of its
+    W; causal, the key blocks launched in increasing order (the longest walks first);
+    either way a block may wait for a later one of its head (all of them must fit on the
+    GPU at once: the launch's ``rotated``); ``NDS``:
     ``consume_late``'s dS^T buffers (2, or 3 with ``SCHED`` 4, 6); ``SPLIT``, ``L2``,
     ``PFIRST``: ``grads_t``'s (with ``SCHED`` 1 to 6; ``L2`` 1: ``lse`` and its TMA map hold
     ``lse_log2(lse)``, ``zero_acc_sem_l2``)."""
@@ -465,11 +496,14 @@ def attention_bwd_fused_ordered(
     x = i32(kaio.block_idx_x())
     kvh = i32(kaio.block_idx_y())
     x, kvh = interleaved(x, kvh, nkb, hg)  # hg K/V heads' key blocks in turn
-    if causal != 0:
+    if causal != 0 and rot == 0:
         x = nkb - 1 - x  # the last key blocks first: they add to each tile before the rest
     k0 = x * BK
     t, wg, lt = thread_roles(WG)
     first_head, first, n_tiles = key_block_queries(kvh, k0, heads, group, sq, causal, BM)
+    start = i32(0)  # the walk's first item
+    if rot != 0 and causal == 0:
+        start = x * (group * n_tiles) // nkb
     if t == 0:
         init_barriers(bars, turn, WG, STAGES, DQ, NBUF)
         for j in kaio.static_range(NW - 3 if NW > 3 else 0):  # writers 3 .. NW - 1's "full"
@@ -484,8 +518,8 @@ def attention_bwd_fused_ordered(
             kaio.setmaxnreg_inc(REGS)
         if SCHED:
             consume_late(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
-                         dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk,
-                         causal, scale_log2, scale, D, BM, WG, STAGES, TSTATS, SCHED,
+                         dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, start, k0, sq,
+                         sk, causal, scale_log2, scale, D, BM, WG, STAGES, TSTATS, SCHED,
                          EARLY == 3, DT, NW, NDS, SPLIT, L2, PFIRST)  # fmt: skip
         else:
             consume_dkdv(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
@@ -497,13 +531,13 @@ def attention_bwd_fused_ordered(
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         w = i32(lt // 32) - 1 + 3 * i32(lt % 32 // 16)  # (writers 3-5: lane 16 of warps 1-3)
         if EARLY == 3 and lt % 16 == 0 and lt >= 32 and w < NW:
-            write_dq_two(dq_s, bars, dq_acc, sem, w, first_head, group, first,
-                         n_tiles, sq, x, nkb, causal, STAGES + NBUF * WG, D, BM, BK, ORDER,
+            write_dq_two(dq_s, bars, dq_acc, sem, w, first_head, group, first, n_tiles, sq,
+                         x, nkb, causal, start, rot, STAGES + NBUF * WG, D, BM, BK, ORDER,
                          NW)  # fmt: skip
         elif lt == 0:
             produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl, td,
                     kvh * sk + k0, first_head * sq, sq, group, first, n_tiles, D, BK, BM,
-                    STAGES, TSTATS, DT)  # fmt: skip
+                    STAGES, TSTATS, DT, WRAP=1, start=start)  # fmt: skip
         elif lt >= 32 and EARLY < 3:
             write_dq_ordered(dq_s, bars, dq_acc, sem, lt, first_head, group, first, n_tiles,
                              sq, x, nkb, causal, STAGES + NBUF * WG, D, BM, BK,
@@ -561,6 +595,11 @@ SCHED = {64: (4, 4), 128: (4, 4)}
 # spreading a head's key blocks apart only delays the turns.
 HG = {64: (8, 1), 128: (4, 1)}
 
+# Whether the key blocks of a head may wait for later ones (``ROT``: the kernel's ``rot``;
+# not causal, rotated walks; causal, the longest walks launched first) by head dim and mask,
+# where they all fit on the GPU at once (``rotated``). Not measured yet: off.
+ROT = {64: (False, False), 128: (False, False)}
+
 # The dS^T buffers of SCHED 4 (``NDS``) by head dim (D 128: three do not fit beside three
 # ring stages): H200, f16 B4 H16 S4096, D 64 with HG 4, NDS 3 against 2: 360 against 334,
 # causal 295 against 282.
@@ -582,13 +621,24 @@ def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> di
     on = int(bool(sched))  # (consume_late's: SCHED 1 to 6)
     c.update(SPLIT=on, L2=on, PFIRST=on)
     c["HG"] = HG[d][bool(causal)]
+    c["ROT"] = ROT[d][bool(causal)]
     c["NDS"] = NDS[d] if sched >= 4 else 2
     return {**c, "STAGES": fit_stages(d, c)}
 
 
 def constexprs(c: dict) -> dict:
-    """The kernel's constexprs among ``ordered_config``'s (``HG`` is its argument ``hg``)."""
-    return {k: v for k, v in c.items() if k != "HG"}
+    """The kernel's constexprs among ``ordered_config``'s (``HG`` and ``ROT`` are its
+    arguments ``hg`` and ``rot``)."""
+    return {k: v for k, v in c.items() if k not in ("HG", "ROT")}
+
+
+def rotated(c: dict, nkb: int, sms: int) -> bool:
+    """Whether the kernel runs with ``rot`` (``ROT`` in the configuration ``c``): where the
+    ``nkb`` key blocks of a head, which may then wait for each other, all fit on the
+    ``sms`` multiprocessors at once (one block each), and with the two writers (``EARLY``
+    3). Blocks are dispatched in launch order, so that the oldest unfinished head's blocks
+    are all running whenever every multiprocessor is busy: no deadlock."""
+    return bool(c.get("ROT")) and nkb <= sms and c["EARLY"] == 3
 
 
 def fit_stages(d: int, c: dict) -> int:
@@ -666,12 +716,13 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     stats = stats_maps(la, delta, rows_q, c["BM"])
     bk = 64 * c["WG"]
     smem = smem_bytes(d, c)
+    rot = rotated(c, -(-sk // bk), _arrays.multiprocessors(qa))
     attention_bwd_fused_ordered[(-(-sk // bk), bh // group), 128 * c["WG"] + 128, stream, smem](
         tmap(ka, rows_kv, bk), tmap(va, rows_kv, bk), tmap(qa, rows_q, c["BM"]),
         tmap(da, rows_q, c["BM"]), *stats, la.arg(rows_q), delta,
         _arrays.output_arg(da, dk, (ka.size,)), _arrays.output_arg(da, dv, (ka.size,)),
         dq_acc, sem, sq, sk, heads, group, math.log2(math.e) * scale, scale, int(causal),
-        c["HG"], D=d, DT=qa.dtype, **constexprs(c),
+        1 if rot else c["HG"], int(rot), D=d, DT=qa.dtype, **constexprs(c),
     )  # fmt: skip
     dq_convert_tiles[-(-qa.size // 1024), 256, stream, 0](
         _arrays.output_arg(da, dq, (qa.size,)), dq_acc, bh * sq, sq, scale, D=d, DT=qa.dtype

@@ -52,6 +52,11 @@ def poisoned_outputs(monkeypatch):
         # (PFIRST), two K/V heads' key blocks interleaved
         # in the launch order (HG 2; three heads: the last group has one)
         (3, 1, 1, 128, 256, 64, np.float16, False, 4, 3),
+        # rotated walks (ROT) without the semaphores (ORDER 0: the simulator runs the
+        # blocks of a kernel with wait_eq in linear order, and a rotated walk waits for
+        # later ones; turn_rank's turns are checked below): three key blocks whose walks
+        # over two heads' four tiles begin at items 0, 2 and 5 and wrap around
+        (1, 2, 1, 256, 384, 64, np.float16, False, 4, 3),
     ],
 )
 def test_ordered_backward_in_simulator(
@@ -68,6 +73,8 @@ def test_ordered_backward_in_simulator(
         over.update(SPLIT=1, L2=1, PFIRST=1)
     if b == 3:
         over.update(NDS=3, NW=3, HG=2, PFIRST=1)
+    if sk == 384:
+        over.update(ROT=True, ORDER=0)
     monkeypatch.setattr(hopper_bwd, "launch", lambda *a, **k: launch(*a, **k, ordered=over))
     cfg = small(2, 0, 0, 5, 0)
     check_grads(*run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg), dtype)
@@ -94,6 +101,29 @@ def test_launch_dispatches_by_head_dim_and_mask(monkeypatch):
         for causal, keywords in ((False, {}), (True, {"side": False}), (True, {"fused": False})):
             with pytest.raises(KeyError):  # not taken: the pair's configuration is read
                 hopper_bwd.launch(*args, causal, scale, cfg={"bad": 1}, **keywords)
+
+
+@kaio.gpu_kernel(block_size=32)
+def _rotated_turns(out: i32[:], nkb: i32, total: i32):
+    """out[x * total + item] = key block x's turn on item ``item`` of the rotated walks."""
+    x = i32(kaio.block_idx_x())
+    item = i32(kaio.thread_idx_x())
+    if item < total:
+        out[x * total + item] = fused.turn_rank(x, nkb, 0, item, total, 0, 1, 64, 128)
+
+
+@pytest.mark.parametrize("nkb, total", [(3, 8), (8, 16), (5, 3), (4, 4), (7, 32)])
+def test_rotated_turns_follow_the_walks(nkb, total):
+    """``turn_rank`` with ``rot``: on each item the key blocks take their turns in the
+    order their rotated walks (key block x's from item x total // nkb) reach it, ties to the
+    later key block: a permutation, and a block never waits for one that reaches the item
+    later (no block waits long when they run alike)."""
+    out = np.full(nkb * total, -1, np.int32)
+    _rotated_turns.sim[nkb, 32](out, nkb, total)
+    turns = out.reshape(nkb, total)
+    for item in range(total):
+        steps = [((item - x * total // nkb) % total, -x) for x in range(nkb)]
+        assert list(turns[:, item]) == [sorted(steps).index(s) for s in steps], (item, turns)
 
 
 @kaio.gpu_kernel(block_size=32)
@@ -180,12 +210,15 @@ def _gpu_operands(b, h, hkv, sq, sk, d, causal, seed):
 @pytest.mark.gpu
 @pytest.mark.skipif("not _hopper_gpu()", reason="needs an sm_90 GPU")
 @pytest.mark.parametrize(
-    "d, causal, hkv", [(128, True, 2), (128, False, 4), (64, True, 4), (64, False, 3)]
-)
-def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv):
+    "d, causal, hkv, rot",
+    [(128, True, 2, False), (128, False, 4, False), (64, True, 4, False), (64, False, 3, False),
+     (64, False, 3, True), (64, True, 4, True), (128, False, 4, True)],
+)  # fmt: skip
+def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv, rot):
     """Against float64 autograd (grouped-query heads, Sq < Sk, a partial query tile) and
     the same bits on three runs, at a size with many key blocks a query tile (three K/V
-    heads: six blocks' heads, a partial group of ``HG``)."""
+    heads: six blocks' heads, a partial group of ``HG``); ``rot``: with ``ROT`` (rotated
+    walks, resp. the longest causal walks launched first)."""
     import torch
 
     from tests.test_ops_attention import _rel_t, _sdpa64
@@ -194,7 +227,7 @@ def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv):
     q, k, v, do, run = _gpu_operands(2, h, hkv, 1000, 2048, d, causal, d + hkv)
     leaves = [x.double().requires_grad_() for x in (q, k, v)]
     _sdpa64(*leaves, causal, group=h // hkv).backward(do.double())
-    runs = [run(ordered=True) for _ in range(3)]
+    runs = [run(ordered={"ROT": True} if rot else True) for _ in range(3)]
     for g, leaf in zip(runs[0], leaves, strict=True):
         assert _rel_t(g, leaf.grad) < 5e-3, _rel_t(g, leaf.grad)
     for again in runs[1:]:
