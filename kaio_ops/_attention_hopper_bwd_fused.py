@@ -32,6 +32,18 @@ longer than the last: 12-17% of the time without the mask on an H100 at S 4096),
 the blocks running at once still share few heads' Q, dO and dQ sums in L2. A block still
 waits only for blocks of lower linear index.
 
+``ROT`` (the kernel's argument ``rot``; ``rotated``) lets a block wait for later blocks of
+its head, where all the key blocks of a head fit on the GPU at once (blocks are dispatched
+in launch order: while every multiprocessor is busy, the oldest unfinished head's blocks all
+run): not causal, key block x's walk over its W (head, tile) items begins at item x W /
+nkb and wraps around, and the turns on an item follow the order the walks reach it
+(``turn_rank``), so that a head's key blocks, launched side by side, add to different
+tiles at any time instead of queueing on the same ones; causal, the key blocks are
+launched in increasing order (the longest walks first, the shortest last: a shorter tail).
+
+The first turn on each tile stores its share (``bulk_store``) instead of adding it, so
+that ``dq_acc`` needs no zeros before the kernel (``stores_first``).
+
 The simulator runs a kernel with ``wait_eq`` one block at a time in linear order: every
 wait is met at once there, and an order that needs a later block is reported.
 """
