@@ -79,7 +79,12 @@ from kaio_ops._attention_hopper_bwd import (
     walk_start,
     zero_acc,
 )
-from kaio_ops._attention_hopper_common import key_block_queries, next_tile, thread_roles
+from kaio_ops._attention_hopper_common import (
+    key_block_queries,
+    next_tile,
+    store_pairs,
+    thread_roles,
+)
 from kaio_ops._attention_tc import lse_log2
 from kaio_ops._matmul_hopper import next_stage
 
@@ -182,11 +187,11 @@ def pass_turn(sem: i32[:], tile: i32):
 def consume_late(
     k_s: DT[:, :, :], v_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :],
     stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], lse: f32[:], delta: f32[:],
-    dk: DT[:], dv: DT[:], pt_s: DT[:, :, :], dq_s: f32[:, :], dq_acc: f32[:], wg: u32, lt: u32,
-    kvh: i32, first_head: i32, group: i32, first: i32, n_tiles: i32, start: i32, k0: i32,
-    sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32, D: kaio.constexpr,
-    BM: kaio.constexpr, WG: kaio.constexpr, STAGES: kaio.constexpr, TSTATS: kaio.constexpr,
-    SCHED: kaio.constexpr,
+    dk: DT[:], dv: DT[:], pt_s: DT[:, :, :], dq_s: f32[:, :], dq_acc: f32[:], sem: i32[:],
+    dq: DT[:], wg: u32, lt: u32, kvh: i32, first_head: i32, group: i32, first: i32,
+    n_tiles: i32, start: i32, x: i32, nkb: i32, finish: i32, k0: i32, sq: i32, sk: i32,
+    causal: i32, scale_log2: f32, scale: f32, D: kaio.constexpr, BM: kaio.constexpr,
+    WG: kaio.constexpr, STAGES: kaio.constexpr, TSTATS: kaio.constexpr, SCHED: kaio.constexpr,
     TWO: kaio.constexpr, DT: kaio.constexpr, NW: kaio.constexpr, NDS: kaio.constexpr,
     SPLIT: kaio.constexpr = 0, L2: kaio.constexpr = 0, PFIRST: kaio.constexpr = 0,
 ):  # fmt: skip
@@ -213,7 +218,8 @@ def consume_late(
     three buffers). ``NW``: the writers (``TWO``), whose tiles come in turn. ``SPLIT``,
     ``L2``: ``grads_t``'s; ``PFIRST``: P^T computed once S^T is done, dS^T once dP^T is
     (``grads_t``'s ``WAIT``). The walk over the tiles begins at its item ``start``
-    (``walk_start``: ``rotated``). Then dK, dV stored."""
+    (``walk_start``: ``rotated``); ``finish``: a tile's dQ where this key block has its last
+    turn goes to dq (``out_dq``). Then dK, dV stored."""
     NQ = D // WG  # dQ's columns in this warpgroup, from c0
     s = kaio.local(f32, (BM // 8, 4))  # S^T, then P^T
     dp = kaio.local(f32, (BM // 8, 4))  # dP^T, then dS^T
@@ -236,6 +242,9 @@ def consume_late(
     t, at0 = walk_start(start, first, n_tiles, at_first, sq)
     wph = u32(0)
     fb = i32(0)  # TWO: the parity of the tile whose dQ is handed on next
+    handed = i32(0)  # whether a tile's dQ went to the writers (then dq_s is awaited)
+    BK = 64 * WG
+    q = 16 * i32(lt // 32) + i32(lane // 4)  # this thread's dQ rows in a tile: q, q + 8
     if total > 0:
         kaio.mbarrier_wait(bars, (0, 0), 0)
         kaio.wgmma_fence()
@@ -247,6 +256,7 @@ def consume_late(
         pb = i32(0)  # tile i - 1's buffers and their barrier's parity
         hph = u32(0)
         ps = i32(0)  # tile i - 1's stage
+        pt, pat0, item = t, at0, start  # tile i - 1's, and its item of the walk
         st, ph = next_stage(0, u32(0), STAGES)
         t, at0 = next_tile_wrapped(t, at0, first, n_tiles, sq, at_first, group)
         for _i in range(1, total):
@@ -264,8 +274,9 @@ def consume_late(
             kaio.wgmma_wait(0)  # tile i - 1's products done: its stage (and dQ)
             release(bars, ps, lt)
             if SCHED == 1:
-                wph = give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, _i > 1, wph, fb, FULL,
-                              D, NQ, TWO)  # fmt: skip
+                wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, pt, pat0, item, q, sq,
+                                     n_tiles, x, nkb, total, finish, c0, lane, lt, handed, wph,
+                                     fb, scale, FULL, D, BM, BK, NQ, TWO, DT)  # fmt: skip
                 fb = next_writer(fb, NW)
             qb = pb  # tile i - 1's buffers
             pb, hph = next_stage(pb, hph, NDS)  # (last read by tile i - NDS's products)
@@ -273,8 +284,9 @@ def consume_late(
                 kaio.mbarrier_wait(bars, (0, STAGES + pb), hph ^ 1)  # dQ among them)
             hand_pt(pt_s, pb, p, s, dp, bars, STAGES, kr, lane, lt, BM, SCHED, DT, ROW)
             if SCHED == 6:  # tile i - 1's dQ (done with dV, dK) once tile i's dS^T is out
-                wph = give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, _i > 1, wph, fb, FULL,
-                              D, NQ, TWO)  # fmt: skip
+                wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, pt, pat0, item, q, sq,
+                                     n_tiles, x, nkb, total, finish, c0, lane, lt, handed, wph,
+                                     fb, scale, FULL, D, BM, BK, NQ, TWO, DT)  # fmt: skip
                 fb = next_writer(fb, NW)
             elif SCHED >= 2:  # tile i - 1's dQ now: s, dp are stored (dqa and they never coexist)
                 kaio.wgmma_fence()
@@ -282,10 +294,15 @@ def consume_late(
                 kaio.wgmma_wait(0)
                 if NDS == 2:
                     free_buffer(bars, STAGES + qb, lt)
-                wph = give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, _i > 1, wph, fb, FULL,
-                              D, NQ, TWO)  # fmt: skip
+                wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, pt, pat0, item, q, sq,
+                                     n_tiles, x, nkb, total, finish, c0, lane, lt, handed, wph,
+                                     fb, scale, FULL, D, BM, BK, NQ, TWO, DT)  # fmt: skip
                 fb = next_writer(fb, NW)
             ps = st
+            pt, pat0 = t, at0
+            item += 1
+            if item == total:
+                item = 0
             st, ph = next_stage(st, ph, STAGES)
             t, at0 = next_tile_wrapped(t, at0, first, n_tiles, sq, at_first, group)
         kaio.mbarrier_wait(bars, (ROW, STAGES + pb), hph)
@@ -295,7 +312,9 @@ def consume_late(
                         last, DT)  # fmt: skip
         kaio.wgmma_wait(0)
         release(bars, ps, lt)
-        give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, total > 1, wph, fb, FULL, D, NQ, TWO)
+        out_dq(dq_s, bars, dq_acc, sem, dq, dqa, pt, pat0, item, q, sq, n_tiles, x, nkb, total,
+               finish, c0, lane, lt, handed, wph, fb, scale, FULL, D, BM, BK, NQ, TWO,
+               DT)  # fmt: skip
     store_tile(dk, dka, kvh * sk * D, key0, sk, scale, lane, D, DT)
     store_tile(dv, dva, kvh * sk * D, key0, sk, 1.0, lane, D, DT)
 
@@ -363,11 +382,69 @@ def give_dq(
 
 
 @kaio.gpu_func
+def last_turn(x: i32, nkb: i32, t: i32, item: i32, total: i32, finish: i32, BM: kaio.constexpr,
+              BK: kaio.constexpr) -> i32:  # fmt: skip
+    """Whether key block x finishes the tile of item ``item`` of its walk (tile t): with
+    ``finish`` (rotated walks, not causal: every key block adds to every tile), where its
+    turn there is the last."""
+    last = i32(0)
+    if finish != 0:
+        if turn_rank(x, nkb, t, item, total, 0, 1, BM, BK) == nkb - 1:
+            last = 1
+    return last
+
+
+@kaio.gpu_func
+def out_dq(
+    dq_s: f32[:, :], bars: u64[:, :], dq_acc: f32[:], sem: i32[:], dq: DT[:], dqa: f32[:, :],
+    t: i32, at0: i32, item: i32, q: i32, sq: i32, n_tiles: i32, x: i32, nkb: i32, total: i32,
+    finish: i32, c0: i32, lane: u32, lt: u32, handed: i32, wph: u32, fb: i32, scale: f32,
+    FULL: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr, BK: kaio.constexpr,
+    NQ: kaio.constexpr, TWO: kaio.constexpr, DT: kaio.constexpr,
+) -> tuple[u32, i32]:  # fmt: skip
+    """Query tile t's dQ share (head at row at0, item ``item`` of the walk; this thread's
+    rows q, q + 8 of it) out of dqa: where this key block has the tile's last turn
+    (``last_turn``), ``finish_dq``; else to the writers (``give_dq``, after the dq_s of the
+    last tile ``handed`` to them is free). Returns (the dq_s parity, handed)."""
+    if last_turn(x, nkb, t, item, total, finish, BM, BK) != 0:
+        finish_dq(dq, dq_acc, sem, dqa, at0 // sq * n_tiles + t, nkb - 1, at0, t * BM + q, sq,
+                  c0, lane, lt, scale, D, BM, NQ, DT)  # fmt: skip
+    else:
+        wph = give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, handed != 0, wph, fb, FULL, D,
+                      NQ, TWO)  # fmt: skip
+        handed = 1
+    return wph, handed
+
+
+@kaio.gpu_func
+def finish_dq(
+    dq: DT[:], dq_acc: f32[:], sem: i32[:], dqa: f32[:, :], tile: i32, turns: i32, at0: i32,
+    q: i32, sq: i32, c0: i32, lane: u32, lt: u32, scale: f32, D: kaio.constexpr,
+    BM: kaio.constexpr, NQ: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """The last turn on a tile: once the ``turns`` before it have added theirs (the tile's
+    semaphore), this thread's fragment of their sum (``dq_acc``'s tile, fragment order:
+    ``store_dq_frags``) plus its own (dqa) times ``scale``, rounded to DT, to dq's rows q, q
+    + 8 of the head at row at0 (those below sq), the warpgroup's columns from c0: the tile
+    needs no reduction and no ``dq_convert_tiles``."""
+    if turns > 0:
+        kaio.wait_eq(sem, tile, turns)
+        for n in kaio.static_range(NQ // 8):
+            v = kaio.local(f32, 4)
+            kaio.load_vector(v, dq_acc, tile * BM * D + ((c0 // 8 + n) * 128 + i32(lt)) * 4)
+            for e in kaio.static_range(4):
+                dqa[n, e] += v[e]
+    for h in kaio.static_range(2):
+        if q + 8 * h < sq:
+            store_pairs(dq, (at0 + q + 8 * h) * D + c0, dqa, h, scale, lane, NQ, DT)
+
+
+@kaio.gpu_func
 def write_dq_two(
     dq_s: f32[:, :], bars: u64[:, :], dq_acc: f32[:], sem: i32[:], w: i32, first_head: i32,
     group: i32, first: i32, n_tiles: i32, sq: i32, x: i32, nkb: i32, causal: i32, start: i32,
-    rot: i32, FULL: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr, BK: kaio.constexpr,
-    ORDER: kaio.constexpr = 1, NW: kaio.constexpr = 2,
+    rot: i32, finish: i32, FULL: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr,
+    BK: kaio.constexpr, ORDER: kaio.constexpr = 1, NW: kaio.constexpr = 2,
 ):  # fmt: skip
     """``EARLY`` 3: writer ``w`` (0, 1: the first lanes of the producer warpgroup's warps 1
     and 2) of the tiles of parity w of the consumers' walk (``give_dq``'s ``TWO``): for each,
@@ -381,19 +458,22 @@ def write_dq_two(
     writer i % NW's (``NW`` 3: each writer's wait for its last reduction to complete and
     pass the turn on spread over three tiles). The first turn on a tile (``ORDER`` 1) stores
     its dQ, so that ``dq_acc`` needs no zeros before (``stores_first``). The walk begins at
-    its item ``start``, the turns ``turn_rank``'s (``rot``: ``rotated``)."""
+    its item ``start``, the turns ``turn_rank``'s (``rot``: ``rotated``); ``finish``: the
+    tiles whose last turn is this key block's are the consumers' (``out_dq``), not a
+    writer's."""
     at_first = first_head * sq
     t, at0 = walk_start(start, first, n_tiles, at_first, sq)
     item = start
     ph = u32(0)
     last = i32(0)
+    pending = i32(0)  # whether the turn on tile ``last`` is still to pass on
     total = group * kaio.max(n_tiles - first, 0)
     for _i in range(total):
-        if _i % NW == w:
+        if _i % NW == w and last_turn(x, nkb, t, item, total, finish, BM, BK) == 0:
             tile = at0 // sq * n_tiles + t
             rank = turn_rank(x, nkb, t, item, total, causal, rot, BM, BK)
             if ORDER > 0:
-                if _i >= NW:
+                if pending != 0:
                     pass_turn(sem, last)
                 kaio.wait_eq(sem, tile, rank)
             kaio.mbarrier_wait(bars, (1, full_bar(w, FULL)), ph)
@@ -408,11 +488,12 @@ def write_dq_two(
             for _a in kaio.static_range(3):
                 kaio.mbarrier_arrive(bars, (1, FULL + 1))
             last = tile
+            pending = 1
         t, at0 = next_tile_wrapped(t, at0, first, n_tiles, sq, at_first, group)
         item += 1
         if item == total:
             item = 0
-    if ORDER > 0 and total > w:
+    if ORDER > 0 and pending != 0:
         pass_turn(sem, last)
     if ORDER == 0:
         kaio.bulk_wait(0)
@@ -465,10 +546,10 @@ def hand_pt(
 def attention_bwd_fused_ordered(
     tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
     tl: kaio.tensormap, td: kaio.tensormap, lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:],
-    dq_acc: f32[:], sem: i32[:], sq: i32, sk: i32, heads: i32, group: i32, scale_log2: f32,
-    scale: f32, causal: i32, hg: i32, rot: i32, D: kaio.constexpr, BM: kaio.constexpr,
-    WG: kaio.constexpr,
-    STAGES: kaio.constexpr, PIPE: kaio.constexpr, AREG: kaio.constexpr, TSTATS: kaio.constexpr,
+    dq_acc: f32[:], sem: i32[:], dq: DT[:], sq: i32, sk: i32, heads: i32, group: i32,
+    scale_log2: f32, scale: f32, causal: i32, hg: i32, rot: i32, finish: i32, D: kaio.constexpr,
+    BM: kaio.constexpr, WG: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr,
+    AREG: kaio.constexpr, TSTATS: kaio.constexpr,
     REGS: kaio.constexpr, DT: kaio.constexpr, DQ: kaio.constexpr, LATE: kaio.constexpr,
     EARLY: kaio.constexpr, SCHED: kaio.constexpr, ORDER: kaio.constexpr, NW: kaio.constexpr,
     NDS: kaio.constexpr, SPLIT: kaio.constexpr, L2: kaio.constexpr, PFIRST: kaio.constexpr,
@@ -487,7 +568,9 @@ def attention_bwd_fused_ordered(
     (``rotated``; ``hg`` 1): not causal, key block x's walk begins at item x W / nkb of its
     W; causal, the key blocks launched in increasing order (the longest walks first);
     either way a block may wait for a later one of its head (all of them must fit on the
-    GPU at once: the launch's ``rotated``); ``NDS``:
+    GPU at once: the launch's ``rotated``); ``finish`` (with ``rot``, not causal; ``FINISH``):
+    the last turn on each tile stores its dQ to ``dq`` (``finish_dq``), no ``dq_convert_tiles``
+    after the kernel; ``NDS``:
     ``consume_late``'s dS^T buffers (2, or 3 with ``SCHED`` 4, 6); ``SPLIT``, ``L2``,
     ``PFIRST``: ``grads_t``'s (with ``SCHED`` 1 to 6; ``L2`` 1: ``lse`` and its TMA map hold
     ``lse_log2(lse)``, ``zero_acc_sem_l2``)."""
@@ -534,9 +617,10 @@ def attention_bwd_fused_ordered(
             kaio.setmaxnreg_inc(REGS)
         if SCHED:
             consume_late(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
-                         dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, start, k0, sq,
-                         sk, causal, scale_log2, scale, D, BM, WG, STAGES, TSTATS, SCHED,
-                         EARLY == 3, DT, NW, NDS, SPLIT, L2, PFIRST)  # fmt: skip
+                         dq_acc, sem, dq, wg, lt, kvh, first_head, group, first, n_tiles, start,
+                         x, nkb, finish, k0, sq, sk, causal, scale_log2, scale, D, BM, WG,
+                         STAGES, TSTATS, SCHED, EARLY == 3, DT, NW, NDS, SPLIT, L2,
+                         PFIRST)  # fmt: skip
         else:
             consume_dkdv(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
                          dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk,
@@ -548,8 +632,8 @@ def attention_bwd_fused_ordered(
         w = i32(lt // 32) - 1 + 3 * i32(lt % 32 // 16)  # (writers 3-5: lane 16 of warps 1-3)
         if EARLY == 3 and lt % 16 == 0 and lt >= 32 and w < NW:
             write_dq_two(dq_s, bars, dq_acc, sem, w, first_head, group, first, n_tiles, sq,
-                         x, nkb, causal, start, rot, STAGES + NBUF * WG, D, BM, BK, ORDER,
-                         NW)  # fmt: skip
+                         x, nkb, causal, start, rot, finish, STAGES + NBUF * WG, D, BM, BK,
+                         ORDER, NW)  # fmt: skip
         elif lt == 0:
             produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl, td,
                     kvh * sk + k0, first_head * sq, sq, group, first, n_tiles, D, BK, BM,
@@ -616,6 +700,10 @@ HG = {64: (8, 1), 128: (4, 1)}
 # where they all fit on the GPU at once (``rotated``). Not measured yet: off.
 ROT = {64: (False, False), 128: (False, False)}
 
+# Whether, with ``ROT`` and not causal, the last turn on each tile stores dQ (``FINISH``:
+# the kernel's ``finish``; ``finishes``) by head dim. Not measured yet: off.
+FINISH = {64: False, 128: False}
+
 # The dS^T buffers of SCHED 4 (``NDS``) by head dim (D 128: three do not fit beside three
 # ring stages): H200, f16 B4 H16 S4096, D 64 with HG 4, NDS 3 against 2: 360 against 334,
 # causal 295 against 282.
@@ -638,6 +726,7 @@ def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> di
     c.update(SPLIT=on, L2=on, PFIRST=on)
     c["HG"] = HG[d][bool(causal)]
     c["ROT"] = ROT[d][bool(causal)]
+    c["FINISH"] = FINISH[d]
     c["NDS"] = NDS[d] if sched >= 4 else 2
     return {**c, "STAGES": fit_stages(d, c)}
 
@@ -649,9 +738,9 @@ def stores_first(c: dict) -> bool:
 
 
 def constexprs(c: dict) -> dict:
-    """The kernel's constexprs among ``ordered_config``'s (``HG`` and ``ROT`` are its
-    arguments ``hg`` and ``rot``)."""
-    return {k: v for k, v in c.items() if k not in ("HG", "ROT")}
+    """The kernel's constexprs among ``ordered_config``'s (``HG``, ``ROT`` and ``FINISH``
+    are its arguments ``hg``, ``rot`` and ``finish``)."""
+    return {k: v for k, v in c.items() if k not in ("HG", "ROT", "FINISH")}
 
 
 def rotated(c: dict, nkb: int, sms: int) -> bool:
@@ -661,6 +750,13 @@ def rotated(c: dict, nkb: int, sms: int) -> bool:
     3). Blocks are dispatched in launch order, so that the oldest unfinished head's blocks
     are all running whenever every multiprocessor is busy: no deadlock."""
     return bool(c.get("ROT")) and nkb <= sms and c["EARLY"] == 3
+
+
+def finishes(c: dict, rot: bool, causal: bool) -> bool:
+    """Whether the kernel runs with ``finish`` (``FINISH`` in the configuration ``c``): with
+    ``rot`` (``rotated``), not causal (its last turns are key block 0's on every tile) and
+    the fixed order (``stores_first``)."""
+    return bool(c.get("FINISH")) and rot and not causal and stores_first(c)
 
 
 def fit_stages(d: int, c: dict) -> int:
@@ -740,16 +836,19 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     bk = 64 * c["WG"]
     smem = smem_bytes(d, c)
     rot = rotated(c, -(-sk // bk), _arrays.multiprocessors(qa))
+    finish = finishes(c, rot, causal)
+    dq_out = _arrays.output_arg(da, dq, (qa.size,))
     attention_bwd_fused_ordered[(-(-sk // bk), bh // group), 128 * c["WG"] + 128, stream, smem](
         tmap(ka, rows_kv, bk), tmap(va, rows_kv, bk), tmap(qa, rows_q, c["BM"]),
         tmap(da, rows_q, c["BM"]), *stats, la.arg(rows_q), delta,
         _arrays.output_arg(da, dk, (ka.size,)), _arrays.output_arg(da, dv, (ka.size,)),
-        dq_acc, sem, sq, sk, heads, group, math.log2(math.e) * scale, scale, int(causal),
-        1 if rot else c["HG"], int(rot), D=d, DT=qa.dtype, **constexprs(c),
+        dq_acc, sem, dq_out, sq, sk, heads, group, math.log2(math.e) * scale, scale, int(causal),
+        1 if rot else c["HG"], int(rot), int(finish), D=d, DT=qa.dtype, **constexprs(c),
     )  # fmt: skip
-    dq_convert_tiles[-(-qa.size // 1024), 256, stream, 0](
-        _arrays.output_arg(da, dq, (qa.size,)), dq_acc, bh * sq, sq, scale, D=d, DT=qa.dtype
-    )
+    if not finish:  # (else the last turn on each tile stored its dQ)
+        dq_convert_tiles[-(-qa.size // 1024), 256, stream, 0](
+            dq_out, dq_acc, bh * sq, sq, scale, D=d, DT=qa.dtype
+        )
     return dq, dk, dv
 
 

@@ -57,6 +57,9 @@ def poisoned_outputs(monkeypatch):
         # later ones; turn_rank's turns are checked below): three key blocks whose walks
         # over two heads' four tiles begin at items 0, 2 and 5 and wrap around
         (1, 2, 1, 256, 384, 64, np.float16, False, 4, 3),
+        # the last turn on each tile stores dQ (FINISH, with ROT): one key block, the only
+        # turn (its walk over two heads' four tiles, the last partial)
+        (1, 2, 1, 200, 128, 64, np.float16, False, 4, 3),
     ],
 )
 def test_ordered_backward_in_simulator(
@@ -75,6 +78,8 @@ def test_ordered_backward_in_simulator(
         over.update(NDS=3, NW=3, HG=2, PFIRST=1)
     if sk == 384:
         over.update(ROT=True, ORDER=0)
+    if sq == 200 and sched == 4:
+        over.update(ROT=True, FINISH=True)
     monkeypatch.setattr(hopper_bwd, "launch", lambda *a, **k: launch(*a, **k, ordered=over))
     cfg = small(2, 0, 0, 5, 0)
     check_grads(*run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg), dtype)
@@ -210,15 +215,17 @@ def _gpu_operands(b, h, hkv, sq, sk, d, causal, seed):
 @pytest.mark.gpu
 @pytest.mark.skipif("not _hopper_gpu()", reason="needs an sm_90 GPU")
 @pytest.mark.parametrize(
-    "d, causal, hkv, rot",
-    [(128, True, 2, False), (128, False, 4, False), (64, True, 4, False), (64, False, 3, False),
-     (64, False, 3, True), (64, True, 4, True), (128, False, 4, True)],
+    "d, causal, hkv, over",
+    [(128, True, 2, {}), (128, False, 4, {}), (64, True, 4, {}), (64, False, 3, {}),
+     (64, False, 3, {"ROT": True}), (64, True, 4, {"ROT": True}),
+     (64, False, 3, {"ROT": True, "FINISH": True}),
+     (128, False, 4, {"ROT": True, "FINISH": True})],
 )  # fmt: skip
-def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv, rot):
+def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv, over):
     """Against float64 autograd (grouped-query heads, Sq < Sk, a partial query tile) and
     the same bits on three runs, at a size with many key blocks a query tile (three K/V
-    heads: six blocks' heads, a partial group of ``HG``); ``rot``: with ``ROT`` (rotated
-    walks, resp. the longest causal walks launched first)."""
+    heads: six blocks' heads, a partial group of ``HG``); ``over``: with ``ROT`` (rotated
+    walks, resp. the longest causal walks launched first) and ``FINISH``."""
     import torch
 
     from tests.test_ops_attention import _rel_t, _sdpa64
@@ -227,7 +234,7 @@ def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv, rot):
     q, k, v, do, run = _gpu_operands(2, h, hkv, 1000, 2048, d, causal, d + hkv)
     leaves = [x.double().requires_grad_() for x in (q, k, v)]
     _sdpa64(*leaves, causal, group=h // hkv).backward(do.double())
-    runs = [run(ordered={"ROT": True} if rot else True) for _ in range(3)]
+    runs = [run(ordered=over or True) for _ in range(3)]
     for g, leaf in zip(runs[0], leaves, strict=True):
         assert _rel_t(g, leaf.grad) < 5e-3, _rel_t(g, leaf.grad)
     for again in runs[1:]:
