@@ -216,13 +216,14 @@ def _gpu_operands(b, h, hkv, sq, sk, d, causal, seed):
     [(128, True, 2, {}), (128, False, 4, {}), (64, True, 4, {}), (64, False, 3, {}),
      (64, False, 3, {"ROT": True}), (64, True, 4, {"ROT": True}),
      (64, False, 3, {"ROT": True, "FINISH": True}),
-     (128, False, 4, {"ROT": True, "FINISH": True})],
+     (128, False, 4, {"ROT": True, "FINISH": True}), (64, False, 3, {"ITEMS": 2}),
+     (128, True, 2, {"ITEMS": 2, "ROT": True})],
 )  # fmt: skip
 def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv, over):
     """Against float64 autograd (grouped-query heads, Sq < Sk, a partial query tile) and
     the same bits on three runs, at a size with many key blocks a query tile (three K/V
     heads: six blocks' heads, a partial group of ``HG``); ``over``: with ``ROT`` (rotated
-    walks, resp. the longest causal walks launched first) and ``FINISH``."""
+    walks, resp. the longest causal walks launched first), ``FINISH`` and ``ITEMS``."""
     import torch
 
     from tests.test_ops_attention import _rel_t, _sdpa64
