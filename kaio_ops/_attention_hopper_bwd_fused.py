@@ -41,9 +41,6 @@ nkb and wraps around, and the turns on an item follow the order the walks reach 
 tiles at any time instead of queueing on the same ones; causal, the key blocks are
 launched in increasing order (the longest walks first, the shortest last: a shorter tail).
 
-The first turn on each tile stores its share (``bulk_store``) instead of adding it, so
-that ``dq_acc`` needs no zeros before the kernel (``stores_first``).
-
 The simulator runs a kernel with ``wait_eq`` one block at a time in linear order: every
 wait is met at once there, and an order that needs a later block is reported.
 """
@@ -491,8 +488,7 @@ def write_dq_two(
     (the additions in any order: not deterministic), -1 no additions either (dQ wrong).
     ``NW``: the writers (the first lanes of warps 1 .. 3, then lane 16 of them), tile i
     writer i % NW's (``NW`` 3: each writer's wait for its last reduction to complete and
-    pass the turn on spread over three tiles). The first turn on a tile (``ORDER`` 1) stores
-    its dQ, so that ``dq_acc`` needs no zeros before (``stores_first``). The walk begins at
+    pass the turn on spread over three tiles). The walk begins at
     its item ``start``, the turns ``turn_rank``'s (``rot``: ``rotated``); ``finish``: the
     tiles whose last turn is this key block's are the consumers' (``out_dq``), not a
     writer's. A work item after ``g0`` tiles of the block's others (``ITEMS``), the "full"
@@ -513,10 +509,7 @@ def write_dq_two(
                 kaio.wait_eq(sem, tile, rank)
             kaio.mbarrier_wait(bars, (1, full_bar(w, FULL)), ph)
             ph ^= 1
-            if ORDER > 0 and rank == 0:  # the tile's first addition: stored (no zeros before)
-                kaio.bulk_store(dq_acc, tile * BM * D, dq_s, (0, 0), BM * D * 4)
-                kaio.bulk_commit()
-            elif ORDER >= 0:
+            if ORDER >= 0:
                 kaio.bulk_reduce_add(dq_acc, tile * BM * D, dq_s, (0, 0), BM * D * 4)
                 kaio.bulk_commit()
                 kaio.bulk_wait_read(0)
@@ -709,15 +702,15 @@ def attention_bwd_fused_ordered(
 
 @kaio.gpu_kernel(block_size=256)
 def zero_acc_sem(acc: f32[:], n: i32, sem: i32[:], m: i32):
-    """acc[0 .. n) = 0, four a thread (n a multiple of 4; 0 where the kernel ``stores_first``),
-    and sem[0 .. m) = 0: the fused kernel's dQ sums and semaphores, in one launch."""
+    """acc[0 .. n) = 0, four a thread (n a multiple of 4), and sem[0 .. m) = 0 (m <= n / 4):
+    the fused kernel's dQ sums and semaphores, in one launch."""
     zero_sums(acc, n, sem, m, i32(kaio.block_idx_x() * 256 + kaio.thread_idx_x()))
 
 
 @kaio.gpu_kernel(block_size=256)
 def zero_acc_sem_l2(acc: f32[:], n: i32, sem: i32[:], m: i32, lse: f32[:], l2: f32[:], rows: i32):
-    """``zero_acc_sem``, and l2[0 .. rows) = ``lse_log2(lse)``: the base-2 offsets the
-    kernel's ``L2`` reads (one conversion a query row, not one a key block)."""
+    """``zero_acc_sem``, and l2[0 .. rows) = ``lse_log2(lse)`` (rows <= n / 4): the base-2
+    offsets the kernel's ``L2`` reads (one conversion a query row, not one a key block)."""
     j = i32(kaio.block_idx_x() * 256 + kaio.thread_idx_x())
     zero_sums(acc, n, sem, m, j)
     if j < rows:
@@ -800,12 +793,6 @@ def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> di
     return {**c, "STAGES": fit_stages(d, c)}
 
 
-def stores_first(c: dict) -> bool:
-    """Whether the kernel with constexprs ``c`` stores each tile's first dQ share (the two
-    writers of ``write_dq_two`` with the fixed order) rather than adding it to zeros."""
-    return c["EARLY"] == 3 and c["ORDER"] == 1
-
-
 def constexprs(c: dict) -> dict:
     """The kernel's constexprs among ``ordered_config``'s (``HG``, ``ROT`` and ``FINISH``
     are its arguments ``hg``, ``rot`` and ``finish``)."""
@@ -824,8 +811,8 @@ def rotated(c: dict, nkb: int, sms: int) -> bool:
 def finishes(c: dict, rot: bool, causal: bool) -> bool:
     """Whether the kernel runs with ``finish`` (``FINISH`` in the configuration ``c``): with
     ``rot`` (``rotated``), not causal (its last turns are key block 0's on every tile) and
-    the fixed order (``stores_first``)."""
-    return bool(c.get("FINISH")) and rot and not causal and stores_first(c)
+    the fixed order (``ORDER`` 1)."""
+    return bool(c.get("FINISH")) and rot and not causal and c["ORDER"] == 1
 
 
 def fit_stages(d: int, c: dict) -> int:
@@ -891,16 +878,15 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     acc_size = bh * -(-sq // 64) * 64 * d
     dq_acc = _arrays.output(da, (acc_size,), f32)
     sem = _arrays.output(da, (bh * n_tiles,), i32)
-    zeros = 0 if stores_first(c) else acc_size  # (the dQ sums' zeros)
-    grid = -(-max(zeros // 4, bh * n_tiles, rows_q) // 256)  # (a thread: 4 zeros, 1 sem, 1 row)
+    grid = -(-acc_size // 1024)
     if c["L2"]:  # lse_log2(lse) once a query row, for the kernel's stats
         l2 = _arrays.output(da, (rows_q,), f32)
         l2_arg = _arrays.output_arg(da, l2, (rows_q,), f32)
-        zero_acc_sem_l2[grid, 256, stream, 0](dq_acc, zeros, sem, bh * n_tiles, la.arg(rows_q),
+        zero_acc_sem_l2[grid, 256, stream, 0](dq_acc, acc_size, sem, bh * n_tiles, la.arg(rows_q),
                                               l2_arg, rows_q)  # fmt: skip
         la = types.SimpleNamespace(obj=l2, kind=da.kind, arg=lambda *_: l2_arg)
     else:
-        zero_acc_sem[grid, 256, stream, 0](dq_acc, zeros, sem, bh * n_tiles)
+        zero_acc_sem[grid, 256, stream, 0](dq_acc, acc_size, sem, bh * n_tiles)
 
     tmap = functools.partial(row_map, d=d)
     stats = stats_maps(la, delta, rows_q, c["BM"])
