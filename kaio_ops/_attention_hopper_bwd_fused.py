@@ -32,7 +32,7 @@ longer than the last: 12-17% of the time without the mask on an H100 at S 4096),
 the blocks running at once still share few heads' Q, dO and dQ sums in L2. A block still
 waits only for blocks of lower linear index.
 
-``ROT`` (the kernel's argument ``rot``; ``rotated``) lets a block wait for later blocks of
+``ROT`` (the kernel's constexpr; ``rotated``) lets a block wait for later blocks of
 its head, where all the key blocks of a head fit on the GPU at once (blocks are dispatched
 in launch order: while every multiprocessor is busy, the oldest unfinished head's blocks all
 run): not causal, key block x's walk over its W (head, tile) items begins at item x W /
@@ -151,6 +151,28 @@ def write_dq_ordered(
 
 
 @kaio.gpu_func
+def walk(s: i32, first: i32, n_tiles: i32, at_first: i32, stride: i32,
+         ROT: kaio.constexpr) -> tuple[i32, i32]:  # fmt: skip
+    """(t, at) of a walk's first tile: ``ROT``, item s (``walk_start``); else the first."""
+    t, at = first, at_first
+    if ROT:
+        t, at = walk_start(s, first, n_tiles, at_first, stride)
+    return t, at
+
+
+@kaio.gpu_func
+def walk_next(t: i32, at: i32, first: i32, n_tiles: i32, stride: i32, at_first: i32,
+              heads_n: i32, ROT: kaio.constexpr) -> tuple[i32, i32]:  # fmt: skip
+    """The walk's next tile: ``ROT``, wrapping around (``next_tile_wrapped``); else
+    ``next_tile``."""
+    if ROT:
+        t, at = next_tile_wrapped(t, at, first, n_tiles, stride, at_first, heads_n)
+    else:
+        t, at = next_tile(t, at, first, n_tiles, stride)
+    return t, at
+
+
+@kaio.gpu_func
 def turn_rank(
     x: i32, nkb: i32, t: i32, item: i32, total: i32, causal: i32, rot: i32, BM: kaio.constexpr,
     BK: kaio.constexpr,
@@ -186,13 +208,14 @@ def consume_late(
     stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], lse: f32[:], delta: f32[:],
     dk: DT[:], dv: DT[:], pt_s: DT[:, :, :], dq_s: f32[:, :], dq_acc: f32[:], sem: i32[:],
     dq: DT[:], wg: u32, lt: u32, kvh: i32, first_head: i32, group: i32, first: i32,
-    n_tiles: i32, start: i32, x: i32, nkb: i32, finish: i32, k0: i32, sq: i32, sk: i32,
+    n_tiles: i32, start: i32, x: i32, nkb: i32, k0: i32, sq: i32, sk: i32,
     causal: i32, scale_log2: f32, scale: f32, D: kaio.constexpr, BM: kaio.constexpr,
     WG: kaio.constexpr, STAGES: kaio.constexpr, TSTATS: kaio.constexpr, SCHED: kaio.constexpr,
     TWO: kaio.constexpr, DT: kaio.constexpr, NW: kaio.constexpr, NDS: kaio.constexpr,
     SPLIT: kaio.constexpr = 0, L2: kaio.constexpr = 0, PFIRST: kaio.constexpr = 0,
-    it: i32 = 0, g0: i32 = 0, st: i32 = 0, ph: u32 = 0, pb: i32 = 0, hph: u32 = 0,
-    wph: u32 = 0, fb: i32 = 0, handed: i32 = 0,
+    ROT: kaio.constexpr = 0, FINISH: kaio.constexpr = 0, ITEMS: kaio.constexpr = 1, it: i32 = 0,
+    g0: i32 = 0, st: i32 = 0, ph: u32 = 0, pb: i32 = 0, hph: u32 = 0, wph: u32 = 0, fb: i32 = 0,
+    handed: i32 = 0,
 ) -> tuple[i32, u32, i32, u32, u32, i32, i32]:  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 keys (thread ``lt`` of it) with ``SCHED`` 1 or 2: tile i's
     S^T and dP^T issued first, then tile i - 1's dV += P^T dO, dK += dS^T Q and dQ = dS K, all
@@ -217,8 +240,8 @@ def consume_late(
     three buffers). ``NW``: the writers (``TWO``), whose tiles come in turn. ``SPLIT``,
     ``L2``: ``grads_t``'s; ``PFIRST``: P^T computed once S^T is done, dS^T once dP^T is
     (``grads_t``'s ``WAIT``). The walk over the tiles begins at its item ``start``
-    (``walk_start``: ``rotated``); ``finish``: a tile's dQ where this key block has its last
-    turn goes to dq (``out_dq``). Then dK, dV stored. Work item ``it`` of the block
+    (``ROT``: ``walk_start``, ``rotated``); ``FINISH``: a tile's dQ where this key block has
+    its last turn goes to dq (``out_dq``). Then dK, dV stored. Work item ``it`` of the block
     (``ITEMS``), after ``g0`` tiles of the others: the ring's next stage ``st`` (parity
     ``ph``), the last tile's dS^T buffer ``pb`` (``hph``), the dq_s parity ``wph``, the next
     writer ``fb`` and whether a tile was ``handed`` to the writers, all returned for the
@@ -243,7 +266,7 @@ def consume_late(
     total = group * kaio.max(n_tiles - first, 0)
     kaio.mbarrier_wait(turn, 0, u32(it % 2))  # K and V landed
     at_first = first_head * sq
-    t, at0 = walk_start(start, first, n_tiles, at_first, sq)
+    t, at0 = walk(start, first, n_tiles, at_first, sq, ROT)
     BK = 64 * WG
     q = 16 * i32(lt // 32) + i32(lane // 4)  # this thread's dQ rows in a tile: q, q + 8
     if total > 0:
@@ -261,7 +284,7 @@ def consume_late(
         ps = st  # tile i - 1's stage
         pt, pat0, item = t, at0, start  # tile i - 1's, and its item of the walk
         st, ph = next_stage(st, ph, STAGES)
-        t, at0 = next_tile_wrapped(t, at0, first, n_tiles, sq, at_first, group)
+        t, at0 = walk_next(t, at0, first, n_tiles, sq, at_first, group, ROT)
         for _i in range(1, total):
             kaio.mbarrier_wait(bars, (0, st), ph)
             kaio.wgmma_fence()
@@ -278,8 +301,9 @@ def consume_late(
             release(bars, ps, lt)
             if SCHED == 1:
                 wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, pt, pat0, item, q, sq,
-                                     n_tiles, x, nkb, total, finish, c0, lane, lt, handed, wph,
-                                     fb, scale, FULL, D, BM, BK, NQ, TWO, DT)  # fmt: skip
+                                     n_tiles, x, nkb, total, g0 + _i > 1, c0, lane, lt, handed,
+                                     wph, fb, scale, FULL, D, BM, BK, NQ, TWO, DT,
+                                     FINISH)  # fmt: skip
                 fb = next_writer(fb, NW)
             qb = pb  # tile i - 1's buffers
             pb, hph = next_stage(pb, hph, NDS)  # (last read by tile i - NDS's products)
@@ -288,8 +312,9 @@ def consume_late(
             hand_pt(pt_s, pb, p, s, dp, bars, STAGES, kr, lane, lt, BM, SCHED, DT, ROW)
             if SCHED == 6:  # tile i - 1's dQ (done with dV, dK) once tile i's dS^T is out
                 wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, pt, pat0, item, q, sq,
-                                     n_tiles, x, nkb, total, finish, c0, lane, lt, handed, wph,
-                                     fb, scale, FULL, D, BM, BK, NQ, TWO, DT)  # fmt: skip
+                                     n_tiles, x, nkb, total, g0 + _i > 1, c0, lane, lt, handed,
+                                     wph, fb, scale, FULL, D, BM, BK, NQ, TWO, DT,
+                                     FINISH)  # fmt: skip
                 fb = next_writer(fb, NW)
             elif SCHED >= 2:  # tile i - 1's dQ now: s, dp are stored (dqa and they never coexist)
                 kaio.wgmma_fence()
@@ -298,8 +323,9 @@ def consume_late(
                 if NDS == 2:
                     free_buffer(bars, STAGES + qb, lt)
                 wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, pt, pat0, item, q, sq,
-                                     n_tiles, x, nkb, total, finish, c0, lane, lt, handed, wph,
-                                     fb, scale, FULL, D, BM, BK, NQ, TWO, DT)  # fmt: skip
+                                     n_tiles, x, nkb, total, g0 + _i > 1, c0, lane, lt, handed,
+                                     wph, fb, scale, FULL, D, BM, BK, NQ, TWO, DT,
+                                     FINISH)  # fmt: skip
                 fb = next_writer(fb, NW)
             ps = st
             pt, pat0 = t, at0
@@ -307,7 +333,7 @@ def consume_late(
             if item == total:
                 item = 0
             st, ph = next_stage(st, ph, STAGES)
-            t, at0 = next_tile_wrapped(t, at0, first, n_tiles, sq, at_first, group)
+            t, at0 = walk_next(t, at0, first, n_tiles, sq, at_first, group, ROT)
         kaio.mbarrier_wait(bars, (ROW, STAGES + pb), hph)
         kaio.wgmma_fence()
         last = 1 if SCHED < 4 else 6  # (1: P^T from pt_s; 6: from p; both with dQ)
@@ -316,12 +342,13 @@ def consume_late(
         kaio.wgmma_wait(0)
         release(bars, ps, lt)
         wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, pt, pat0, item, q, sq, n_tiles, x,
-                             nkb, total, finish, c0, lane, lt, handed, wph, fb, scale, FULL, D,
-                             BM, BK, NQ, TWO, DT)  # fmt: skip
+                             nkb, total, g0 + total > 1, c0, lane, lt, handed, wph, fb, scale,
+                             FULL, D, BM, BK, NQ, TWO, DT, FINISH)  # fmt: skip
         fb = next_writer(fb, NW)
-    kaio.sync_warp()  # K and V read for the last time: the producer may load the next item's
-    if lt % 32 == 0:
-        kaio.mbarrier_arrive(turn, 1)
+    if ITEMS > 1:  # K and V read for the last time: the producer may load the next item's
+        kaio.sync_warp()
+        if lt % 32 == 0:
+            kaio.mbarrier_arrive(turn, 1)
     store_tile(dk, dka, kvh * sk * D, key0, sk, scale, lane, D, DT)
     store_tile(dv, dva, kvh * sk * D, key0, sk, 1.0, lane, D, DT)
     return st, ph, pb, hph, wph, fb, handed
@@ -413,37 +440,38 @@ def give_dq(
 
 
 @kaio.gpu_func
-def last_turn(x: i32, nkb: i32, t: i32, item: i32, total: i32, finish: i32, BM: kaio.constexpr,
+def last_turn(x: i32, nkb: i32, t: i32, item: i32, total: i32, BM: kaio.constexpr,
               BK: kaio.constexpr) -> i32:  # fmt: skip
-    """Whether key block x finishes the tile of item ``item`` of its walk (tile t): with
-    ``finish`` (rotated walks, not causal: every key block adds to every tile), where its
-    turn there is the last."""
-    last = i32(0)
-    if finish != 0:
-        if turn_rank(x, nkb, t, item, total, 0, 1, BM, BK) == nkb - 1:
-            last = 1
-    return last
+    """Whether key block x finishes the tile of item ``item`` of its rotated walk (tile t;
+    ``FINISH``, not causal: every key block adds to every tile): its turn there is the
+    last."""
+    return i32(turn_rank(x, nkb, t, item, total, 0, 1, BM, BK) == nkb - 1)
 
 
 @kaio.gpu_func
 def out_dq(
     dq_s: f32[:, :], bars: u64[:, :], dq_acc: f32[:], sem: i32[:], dq: DT[:], dqa: f32[:, :],
     t: i32, at0: i32, item: i32, q: i32, sq: i32, n_tiles: i32, x: i32, nkb: i32, total: i32,
-    finish: i32, c0: i32, lane: u32, lt: u32, handed: i32, wph: u32, fb: i32, scale: f32,
+    after: bool_, c0: i32, lane: u32, lt: u32, handed: i32, wph: u32, fb: i32, scale: f32,
     FULL: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr, BK: kaio.constexpr,
-    NQ: kaio.constexpr, TWO: kaio.constexpr, DT: kaio.constexpr,
+    NQ: kaio.constexpr, TWO: kaio.constexpr, DT: kaio.constexpr, FINISH: kaio.constexpr,
 ) -> tuple[u32, i32]:  # fmt: skip
     """Query tile t's dQ share (head at row at0, item ``item`` of the walk; this thread's
-    rows q, q + 8 of it) out of dqa: where this key block has the tile's last turn
-    (``last_turn``), ``finish_dq``; else to the writers (``give_dq``, after the dq_s of the
-    last tile ``handed`` to them is free). Returns (the dq_s parity, handed)."""
-    if last_turn(x, nkb, t, item, total, finish, BM, BK) != 0:
-        finish_dq(dq, dq_acc, sem, dqa, at0 // sq * n_tiles + t, nkb - 1, at0, t * BM + q, sq,
-                  c0, lane, lt, scale, D, BM, NQ, DT)  # fmt: skip
+    rows q, q + 8 of it) out of dqa: with ``FINISH``, where this key block has the tile's
+    last turn (``last_turn``), ``finish_dq``, else to the writers (``give_dq``, after the
+    dq_s of the last tile ``handed`` to them is free); without, to the writers (``after`` a
+    first tile). Returns (the dq_s parity, handed)."""
+    if FINISH:
+        if last_turn(x, nkb, t, item, total, BM, BK) != 0:
+            finish_dq(dq, dq_acc, sem, dqa, at0 // sq * n_tiles + t, nkb - 1, at0, t * BM + q,
+                      sq, c0, lane, lt, scale, D, BM, NQ, DT)  # fmt: skip
+        else:
+            wph = give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, handed != 0, wph, fb, FULL,
+                          D, NQ, TWO)  # fmt: skip
+            handed = 1
     else:
-        wph = give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, handed != 0, wph, fb, FULL, D,
-                      NQ, TWO)  # fmt: skip
-        handed = 1
+        wph = give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, after, wph, fb, FULL, D, NQ,
+                      TWO)  # fmt: skip
     return wph, handed
 
 
@@ -474,9 +502,9 @@ def finish_dq(
 def write_dq_two(
     dq_s: f32[:, :], bars: u64[:, :], dq_acc: f32[:], sem: i32[:], w: i32, first_head: i32,
     group: i32, first: i32, n_tiles: i32, sq: i32, x: i32, nkb: i32, causal: i32, start: i32,
-    rot: i32, finish: i32, FULL: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr,
-    BK: kaio.constexpr, ORDER: kaio.constexpr = 1, NW: kaio.constexpr = 2, g0: i32 = 0,
-    ph: u32 = 0,
+    FULL: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr, BK: kaio.constexpr,
+    ORDER: kaio.constexpr = 1, NW: kaio.constexpr = 2, ROT: kaio.constexpr = 0,
+    FINISH: kaio.constexpr = 0, g0: i32 = 0, ph: u32 = 0,
 ) -> u32:  # fmt: skip
     """``EARLY`` 3: writer ``w`` (0, 1: the first lanes of the producer warpgroup's warps 1
     and 2) of the tiles of parity w of the consumers' walk (``give_dq``'s ``TWO``): for each,
@@ -489,20 +517,23 @@ def write_dq_two(
     ``NW``: the writers (the first lanes of warps 1 .. 3, then lane 16 of them), tile i
     writer i % NW's (``NW`` 3: each writer's wait for its last reduction to complete and
     pass the turn on spread over three tiles). The walk begins at
-    its item ``start``, the turns ``turn_rank``'s (``rot``: ``rotated``); ``finish``: the
+    its item ``start``, the turns ``turn_rank``'s (``ROT``: ``rotated``); ``FINISH``: the
     tiles whose last turn is this key block's are the consumers' (``out_dq``), not a
     writer's. A work item after ``g0`` tiles of the block's others (``ITEMS``), the "full"
     barrier's parity ``ph`` after them: returns the parity after this one's."""
     at_first = first_head * sq
-    t, at0 = walk_start(start, first, n_tiles, at_first, sq)
+    t, at0 = walk(start, first, n_tiles, at_first, sq, ROT)
     item = start
     last = i32(0)
     pending = i32(0)  # whether the turn on tile ``last`` is still to pass on
     total = group * kaio.max(n_tiles - first, 0)
     for _i in range(total):
-        if (g0 + _i) % NW == w and last_turn(x, nkb, t, item, total, finish, BM, BK) == 0:
+        mine = (g0 + _i) % NW == w
+        if FINISH:  # (the tiles this key block finishes: the consumers')
+            mine = mine and last_turn(x, nkb, t, item, total, BM, BK) == 0
+        if mine:
             tile = at0 // sq * n_tiles + t
-            rank = turn_rank(x, nkb, t, item, total, causal, rot, BM, BK)
+            rank = turn_rank(x, nkb, t, item, total, causal, ROT, BM, BK)
             if ORDER > 0:
                 if pending != 0:
                     pass_turn(sem, last)
@@ -517,7 +548,7 @@ def write_dq_two(
                 kaio.mbarrier_arrive(bars, (1, FULL + 1))
             last = tile
             pending = 1
-        t, at0 = next_tile_wrapped(t, at0, first, n_tiles, sq, at_first, group)
+        t, at0 = walk_next(t, at0, first, n_tiles, sq, at_first, group, ROT)
         item += 1
         if item == total:
             item = 0
@@ -576,14 +607,13 @@ def attention_bwd_fused_ordered(
     tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
     tl: kaio.tensormap, td: kaio.tensormap, lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:],
     dq_acc: f32[:], sem: i32[:], dq: DT[:], sq: i32, sk: i32, heads: i32, group: i32, nkvh: i32,
-    scale_log2: f32, scale: f32, causal: i32, hg: i32, rot: i32, finish: i32, items: i32,
-    D: kaio.constexpr,
+    scale_log2: f32, scale: f32, causal: i32, hg: i32, items: i32, D: kaio.constexpr,
     BM: kaio.constexpr, WG: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr,
     AREG: kaio.constexpr, TSTATS: kaio.constexpr,
     REGS: kaio.constexpr, DT: kaio.constexpr, DQ: kaio.constexpr, LATE: kaio.constexpr,
     EARLY: kaio.constexpr, SCHED: kaio.constexpr, ORDER: kaio.constexpr, NW: kaio.constexpr,
     NDS: kaio.constexpr, SPLIT: kaio.constexpr, L2: kaio.constexpr, PFIRST: kaio.constexpr,
-    ITEMS: kaio.constexpr,
+    ITEMS: kaio.constexpr, ROT: kaio.constexpr, FINISH: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the ``64 * WG`` keys of key block x (``block_idx_x`` through
     ``interleaved``, reversed where causal: module docstring) and K/V head block y, summed
@@ -595,11 +625,11 @@ def attention_bwd_fused_ordered(
     ``SCHED`` 0: the consumers of ``_attention_hopper_bwd`` (``consume_dkdv``, with LATE),
     1, 2, 4, 6: ``consume_late`` (four P^T and dS^T buffers; 4, 6: ``NDS``, dS^T); ``ORDER``:
     ``write_dq_two``'s (1: the fixed order); ``NW``: its writers (2 to 6, with ``EARLY`` 3);
-    ``hg``: ``interleaved``'s (1: block (x, y) is key block x of K/V head y); ``rot``
+    ``hg``: ``interleaved``'s (1: block (x, y) is key block x of K/V head y); ``ROT``
     (``rotated``; ``hg`` 1): not causal, key block x's walk begins at item x W / nkb of its
     W; causal, the key blocks launched in increasing order (the longest walks first);
     either way a block may wait for a later one of its head (all of them must fit on the
-    GPU at once: the launch's ``rotated``); ``finish`` (with ``rot``, not causal; ``FINISH``):
+    GPU at once: the launch's ``rotated``); ``FINISH`` (with ``ROT``, not causal):
     the last turn on each tile stores its dQ to ``dq`` (``finish_dq``), no ``dq_convert_tiles``
     after the kernel; ``NDS``:
     ``consume_late``'s dS^T buffers (2, or 3 with ``SCHED`` 4, 6); ``SPLIT``, ``L2``,
@@ -628,7 +658,8 @@ def attention_bwd_fused_ordered(
     t, wg, lt = thread_roles(WG)
     if t == 0:
         init_barriers(bars, turn, WG, STAGES, DQ, NBUF)
-        kaio.mbarrier_init(turn, 1, 4 * WG)  # K and V free: an arrival a consumer warp
+        if ITEMS > 1:  # K and V free (the next item's may land): an arrival a consumer warp
+            kaio.mbarrier_init(turn, 1, 4 * WG)
         for j in kaio.static_range(NW - 3 if NW > 3 else 0):  # writers 3 .. NW - 1's "full"
             kaio.mbarrier_init(bars, (1, STAGES + NBUF * WG + 2 + j), 4 * WG)
         if SCHED >= 2:  # the dS^T buffers' "free" (free_buffer), resp. NDS 3's "full"
@@ -638,27 +669,29 @@ def attention_bwd_fused_ordered(
     kaio.sync_threads()
     st, ph, pb, hph, wph, fb, handed = i32(0), u32(0), i32(0), u32(0), u32(0), i32(0), i32(0)
     g0 = i32(0)  # the tiles of the block's items before
+    ok0, x0, kvh0, fh0, f0, nt0, s0 = work_item(blk, 0, nkb, nkvh, hg, ROT, heads, group, sq,
+                                                causal, items, BM, BK)  # fmt: skip
     if wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
         if SCHED:
             for it in range(1 if ITEMS == 1 else items):  # (ITEMS 1: unrolled)
-                ok, x, kvh, first_head, first, n_tiles, start = work_item(
-                    blk, it, nkb, nkvh, hg, rot, heads, group, sq, causal, items, BM, BK
-                )
+                ok, x, kvh, first_head, first, n_tiles, start = ok0, x0, kvh0, fh0, f0, nt0, s0
+                if ITEMS > 1:  # (ITEMS 1: the block's one item, above)
+                    ok, x, kvh, first_head, first, n_tiles, start = work_item(
+                        blk, it, nkb, nkvh, hg, ROT, heads, group, sq, causal, items, BM, BK
+                    )
                 if ok != 0:
                     st, ph, pb, hph, wph, fb, handed = consume_late(
                         k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
                         dq_acc, sem, dq, wg, lt, kvh, first_head, group, first, n_tiles, start, x,
-                        nkb, finish, x * BK, sq, sk, causal, scale_log2, scale, D, BM, WG, STAGES,
-                        TSTATS, SCHED, EARLY == 3, DT, NW, NDS, SPLIT, L2, PFIRST, it, g0, st, ph,
-                        pb, hph, wph, fb, handed,
+                        nkb, x * BK, sq, sk, causal, scale_log2, scale, D, BM, WG, STAGES,
+                        TSTATS, SCHED, EARLY == 3, DT, NW, NDS, SPLIT, L2, PFIRST, ROT, FINISH,
+                        ITEMS, it, g0, st, ph, pb, hph, wph, fb, handed,
                     )  # fmt: skip
                     g0 += group * kaio.max(n_tiles - first, 0)
         else:
-            ok, x, kvh, first_head, first, n_tiles, start = work_item(
-                blk, 0, nkb, nkvh, hg, rot, heads, group, sq, causal, items, BM, BK
-            )
+            ok, x, kvh, first_head, first, n_tiles, start = ok0, x0, kvh0, fh0, f0, nt0, s0
             k0 = x * BK
             consume_dkdv(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
                          dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk,
@@ -670,31 +703,33 @@ def attention_bwd_fused_ordered(
         w = i32(lt // 32) - 1 + 3 * i32(lt % 32 // 16)  # (writers 3-5: lane 16 of warps 1-3)
         if EARLY == 3 and lt % 16 == 0 and lt >= 32 and w < NW:
             for it in range(1 if ITEMS == 1 else items):  # (ITEMS 1: unrolled)
-                ok, x, kvh, first_head, first, n_tiles, start = work_item(
-                    blk, it, nkb, nkvh, hg, rot, heads, group, sq, causal, items, BM, BK
-                )
+                ok, x, kvh, first_head, first, n_tiles, start = ok0, x0, kvh0, fh0, f0, nt0, s0
+                if ITEMS > 1:  # (ITEMS 1: the block's one item, above)
+                    ok, x, kvh, first_head, first, n_tiles, start = work_item(
+                        blk, it, nkb, nkvh, hg, ROT, heads, group, sq, causal, items, BM, BK
+                    )
                 if ok != 0:
                     ph = write_dq_two(dq_s, bars, dq_acc, sem, w, first_head, group, first,
-                                      n_tiles, sq, x, nkb, causal, start, rot, finish,
-                                      STAGES + NBUF * WG, D, BM, BK, ORDER, NW, g0,
+                                      n_tiles, sq, x, nkb, causal, start,
+                                      STAGES + NBUF * WG, D, BM, BK, ORDER, NW, ROT, FINISH, g0,
                                       ph)  # fmt: skip
                     g0 += group * kaio.max(n_tiles - first, 0)
         elif lt == 0:
             for it in range(1 if ITEMS == 1 else items):  # (ITEMS 1: unrolled)
-                ok, x, kvh, first_head, first, n_tiles, start = work_item(
-                    blk, it, nkb, nkvh, hg, rot, heads, group, sq, causal, items, BM, BK
-                )
+                ok, x, kvh, first_head, first, n_tiles, start = ok0, x0, kvh0, fh0, f0, nt0, s0
+                if ITEMS > 1:  # (ITEMS 1: the block's one item, above)
+                    ok, x, kvh, first_head, first, n_tiles, start = work_item(
+                        blk, it, nkb, nkvh, hg, ROT, heads, group, sq, causal, items, BM, BK
+                    )
                 if ok != 0:
                     kv = -1 if it == 0 else (it - 1) % 2  # (K and V again: once free)
                     st, ph = produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl,
                                      td, kvh * sk + x * BK, first_head * sq, sq, group, first,
-                                     n_tiles, D, BK, BM, STAGES, TSTATS, DT, WRAP=1, start=start,
+                                     n_tiles, D, BK, BM, STAGES, TSTATS, DT, WRAP=ROT, start=start,
                                      st=st, ph=ph, ring0=g0, kv_ph=kv)  # fmt: skip
                     g0 += group * kaio.max(n_tiles - first, 0)
         elif lt >= 32 and EARLY < 3:
-            ok, x, kvh, first_head, first, n_tiles, start = work_item(
-                blk, 0, nkb, nkvh, hg, rot, heads, group, sq, causal, items, BM, BK
-            )
+            ok, x, kvh, first_head, first, n_tiles, start = ok0, x0, kvh0, fh0, f0, nt0, s0
             write_dq_ordered(dq_s, bars, dq_acc, sem, lt, first_head, group, first, n_tiles,
                              sq, x, nkb, causal, STAGES + NBUF * WG, D, BM, BK,
                              EARLY)  # fmt: skip
@@ -794,9 +829,9 @@ def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> di
 
 
 def constexprs(c: dict) -> dict:
-    """The kernel's constexprs among ``ordered_config``'s (``HG``, ``ROT`` and ``FINISH``
-    are its arguments ``hg``, ``rot`` and ``finish``)."""
-    return {k: v for k, v in c.items() if k not in ("HG", "ROT", "FINISH")}
+    """The kernel's constexprs among ``ordered_config``'s (``HG`` is its argument ``hg``;
+    ``ROT`` and ``FINISH`` as ``launch`` takes them: ``rotated``, ``finishes``)."""
+    return {k: int(v) for k, v in c.items() if k != "HG"}
 
 
 def rotated(c: dict, nkb: int, sms: int) -> bool:
@@ -903,7 +938,8 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         tmap(da, rows_q, c["BM"]), *stats, la.arg(rows_q), delta,
         _arrays.output_arg(da, dk, (ka.size,)), _arrays.output_arg(da, dv, (ka.size,)),
         dq_acc, sem, dq_out, sq, sk, heads, group, bh // group, math.log2(math.e) * scale, scale,
-        int(causal), hg, int(rot), int(finish), items, D=d, DT=qa.dtype, **constexprs(c),
+        int(causal), hg, items, D=d, DT=qa.dtype, **{**constexprs(c), "ROT": int(rot),
+                                                      "FINISH": int(finish)},
     )  # fmt: skip
     if not finish:  # (else the last turn on each tile stored its dQ)
         dq_convert_tiles[-(-qa.size // 1024), 256, stream, 0](
