@@ -40,6 +40,9 @@ nkb and wraps around, and the turns on an item follow the order the walks reach 
 (``turn_rank``), so that a head's key blocks, launched side by side, add to different
 tiles at any time instead of queueing on the same ones; causal, the key blocks are
 launched in increasing order (the longest walks first, the shortest last: a shorter tail).
+With rotated walks, ``FINISH`` gives each tile's last turn the tile's dQ (``finish_dq``: the
+others' sum read once the semaphore says they are in, its own added, rounded and stored),
+and ``ITEMS`` runs several work items a block (measured slower: off).
 
 The simulator runs a kernel with ``wait_eq`` one block at a time in linear order: every
 wait is met at once there, and an order that needs a later block is reported.
@@ -631,7 +634,9 @@ def attention_bwd_fused_ordered(
     either way a block may wait for a later one of its head (all of them must fit on the
     GPU at once: the launch's ``rotated``); ``FINISH`` (with ``ROT``, not causal):
     the last turn on each tile stores its dQ to ``dq`` (``finish_dq``), no ``dq_convert_tiles``
-    after the kernel; ``NDS``:
+    after the kernel; ``ITEMS`` > 1: each block runs ``items`` (the same number, a runtime
+    value so that the loop is not unrolled) work items of the ``nkvh`` K/V heads' key blocks
+    in turn (``work_item``; a 1-d grid); ``NDS``:
     ``consume_late``'s dS^T buffers (2, or 3 with ``SCHED`` 4, 6); ``SPLIT``, ``L2``,
     ``PFIRST``: ``grads_t``'s (with ``SCHED`` 1 to 6; ``L2`` 1: ``lse`` and its TMA map hold
     ``lse_log2(lse)``, ``zero_acc_sem_l2``)."""
