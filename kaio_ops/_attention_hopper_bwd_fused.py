@@ -794,9 +794,11 @@ HG = {64: (8, 1), 128: (4, 1)}
 # Whether the key blocks of a head may wait for later ones (``ROT``; not causal, rotated
 # walks; causal, the longest walks launched first) by head dim and mask, where they all fit
 # on the GPU at once (``rotated``), and whether then (not causal) the last turn on each tile
-# stores dQ (``FINISH``; ``finishes``). H100, f16 B16 H16 S1024, TFLOP/s, each against main's
-# kernel in the same run: D 128 with both 344 against 311 (SDPA flash 211); D 64 249 / 238 /
-# 236 against 226 / 236 / 237 (three runs); causal D 64 (ROT alone) 114 against 120.
+# stores dQ (``FINISH``; ``finishes``). H100, B16 H16 S1024, TFLOP/s, each against main's
+# kernel in the same run: D 128 with both 344 and 355 against 311 and 314 (f16; SDPA flash
+# 211, 212), bf16 348 against 311; f16 B4 S4096 514 against 513; D 64 249 / 238 / 236 / 259
+# against 226 / 236 / 237 / 257 (four runs); causal D 64 (ROT alone) 114 / 173 against
+# 120 / 171.
 ROT = {64: (False, False), 128: (True, False)}
 FINISH = {64: False, 128: True}
 
