@@ -93,8 +93,9 @@ def produce(
     first: i32, n_tiles: i32, D: kaio.constexpr, ONCE: kaio.constexpr, R: kaio.constexpr,
     STAGES: kaio.constexpr, STATS: kaio.constexpr, DT: kaio.constexpr,
     COLS: kaio.constexpr = 0, once_col: i32 = 0, ring_col: i32 = 0, stat_at: i32 = 0,
-    stat_stride: i32 = 0,
-):  # fmt: skip
+    stat_stride: i32 = 0, WRAP: kaio.constexpr = 0, start: i32 = 0, st: i32 = 0, ph: u32 = 0,
+    ring0: i32 = 0, kv_ph: i32 = -1,
+) -> tuple[i32, u32]:  # fmt: skip
     """The producer's copies: ``ONCE`` rows of ``ta``, ``tb`` from ``once_row`` into a_s,
     b_s (once, on ``turn[0]``), then for each head j < heads_n and tile t in first ..
     n_tiles the ``R`` rows from ``ring_row + j * head_stride + t * R`` of ``tx``, ``ty``
@@ -105,9 +106,16 @@ def produce(
     in the columns of [tokens, heads * D]): the tiles loaded once are the D columns from
     ``once_col``, head j's ring tiles those from ``ring_col + j * D``, and the stats of a
     row r of head j are at ``r + stat_at + j * stat_stride`` (0: columns from 0, stats at
-    the rows)."""
+    the rows). ``WRAP`` 1 (``COLS`` 0): the walk over (head, tile) begins at its item
+    ``start`` and wraps around past the last head (``walk_start``, ``next_tile_wrapped``).
+    Several walks in turn (a block of several work items): the ring's next stage ``st`` of
+    parity ``ph`` after ``ring0`` tiles, and with ``kv_ph`` >= 0 the tiles loaded once are
+    loaded again once ``turn[1]`` (the consumers' last reads of them) completed phase
+    ``kv_ph``. Returns the ring's next stage and parity."""
     C = D // 64
     STATS_ONCE = 2 * ONCE * 4 if STATS == 2 else 0
+    if kv_ph >= 0:
+        kaio.mbarrier_wait(turn, 1, u32(kv_ph))
     kaio.mbarrier_arrive_expect_tx(turn, 0, u32(2 * ONCE * D * 2 + STATS_ONCE))
     for c in kaio.static_range(C):
         kaio.tma_load_2d(a_s, (c, 0, 0), ta, once_row, once_col + c * 64, turn, 0)
@@ -116,10 +124,10 @@ def produce(
         kaio.tma_load_2d(stats, (0, 0, 0), tl, 0, once_row + stat_at, turn, 0)
         kaio.tma_load_2d(stats, (1, 0, 0), td, 0, once_row + stat_at, turn, 0)
     STATS_RING = 2 * R * 4 if STATS == 1 else 0
-    st = i32(0)
-    ph = u32(0)
     t = first  # the tile of head row0 / head_stride: a counter, not divisions
     row0 = ring_row
+    if WRAP:
+        t, row0 = walk_start(start, first, n_tiles, ring_row, head_stride)
     col = i32(ring_col)  # COLS: head j's first column, its stats' offset
     sat = i32(stat_at)
     for i in range(heads_n * kaio.max(n_tiles - first, 0)):
@@ -130,10 +138,12 @@ def produce(
         if t == n_tiles:
             t = first
             row0 += head_stride
+            if WRAP and row0 == ring_row + heads_n * head_stride:
+                row0 = ring_row
             if COLS:
                 col += D
                 sat += stat_stride
-        if i >= STAGES:  # stage st held tile i - STAGES: wait until it is free
+        if i + ring0 >= STAGES:  # stage st held tile i - STAGES: wait until it is free
             kaio.mbarrier_wait(bars, (1, st), ph ^ 1)
         kaio.mbarrier_arrive_expect_tx(bars, (0, st), u32(2 * R * D * 2 + STATS_RING))
         for c in kaio.static_range(C):
@@ -151,6 +161,27 @@ def produce(
                 kaio.tma_load_2d(stats, (0, st, 0), tl, 0, row, bars, (0, st))
                 kaio.tma_load_2d(stats, (1, st, 0), td, 0, row, bars, (0, st))
         st, ph = next_stage(st, ph, STAGES)
+    return st, ph
+
+
+@kaio.gpu_func
+def walk_start(s: i32, first: i32, n_tiles: i32, at_first: i32, stride: i32) -> tuple[i32, i32]:
+    """``(t, at)`` of item ``s`` of a walk over the tiles ``first`` .. ``n_tiles`` of each
+    head in turn (``next_tile``'s), the heads' rows ``stride`` apart from ``at_first``."""
+    n = kaio.max(n_tiles - first, 1)
+    return first + s % n, at_first + s // n * stride
+
+
+@kaio.gpu_func
+def next_tile_wrapped(
+    t: i32, at: i32, first: i32, n_tiles: i32, stride: i32, at_first: i32, heads_n: i32
+) -> tuple[i32, i32]:
+    """``next_tile`` of a walk that began at any item (``walk_start``): past the last tile of
+    the last of the ``heads_n`` heads, back to the first head's first."""
+    t, at = next_tile(t, at, first, n_tiles, stride)
+    if at == at_first + heads_n * stride:
+        at = at_first
+    return t, at
 
 
 @kaio.gpu_func

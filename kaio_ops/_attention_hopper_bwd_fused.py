@@ -32,6 +32,18 @@ longer than the last: 12-17% of the time without the mask on an H100 at S 4096),
 the blocks running at once still share few heads' Q, dO and dQ sums in L2. A block still
 waits only for blocks of lower linear index.
 
+``ROT`` (the kernel's constexpr; ``rotated``) lets a block wait for later blocks of
+its head, where all the key blocks of a head fit on the GPU at once (blocks are dispatched
+in launch order: while every multiprocessor is busy, the oldest unfinished head's blocks all
+run): not causal, key block x's walk over its W (head, tile) items begins at item x W /
+nkb and wraps around, and the turns on an item follow the order the walks reach it
+(``turn_rank``), so that a head's key blocks, launched side by side, add to different
+tiles at any time instead of queueing on the same ones; causal, the key blocks are
+launched in increasing order (the longest walks first, the shortest last: a shorter tail).
+With rotated walks, ``FINISH`` gives each tile's last turn the tile's dQ (``finish_dq``: the
+others' sum read once the semaphore says they are in, its own added, rounded and stored),
+and ``ITEMS`` runs several work items a block (measured slower: off).
+
 The simulator runs a kernel with ``wait_eq`` one block at a time in linear order: every
 wait is met at once there, and an order that needs a later block is reported.
 """
@@ -55,6 +67,7 @@ from kaio_ops._attention_hopper_bwd import (
     issue_front,
     issue_pt,
     launch_outputs,
+    next_tile_wrapped,
     produce,
     release,
     row_map,
@@ -63,9 +76,15 @@ from kaio_ops._attention_hopper_bwd import (
     store_dq_frags,
     store_ds,
     store_tile,
+    walk_start,
     zero_acc,
 )
-from kaio_ops._attention_hopper_common import key_block_queries, next_tile, thread_roles
+from kaio_ops._attention_hopper_common import (
+    key_block_queries,
+    next_tile,
+    store_pairs,
+    thread_roles,
+)
 from kaio_ops._attention_tc import lse_log2
 from kaio_ops._matmul_hopper import next_stage
 
@@ -107,9 +126,7 @@ def write_dq_ordered(
     total = group * kaio.max(n_tiles - first, 0)
     for _i in range(total):
         tile = at0 // sq * n_tiles + t
-        rank = x
-        if causal != 0:  # decreasing key blocks, from the last that sees the tile
-            rank = kaio.min(nkb - 1, ((t + 1) * BM - 1) // BK) - x
+        rank = turn_rank(x, nkb, t, 0, 1, causal, 0, BM, BK)
         if EARLY == 2 and lt == 32:  # while the consumers compute the tile's dQ
             if _i > 0:
                 pass_turn(sem, last)
@@ -137,6 +154,49 @@ def write_dq_ordered(
 
 
 @kaio.gpu_func
+def walk(s: i32, first: i32, n_tiles: i32, at_first: i32, stride: i32,
+         ROT: kaio.constexpr) -> tuple[i32, i32]:  # fmt: skip
+    """(t, at) of a walk's first tile: ``ROT``, item s (``walk_start``); else the first."""
+    t, at = first, at_first
+    if ROT:
+        t, at = walk_start(s, first, n_tiles, at_first, stride)
+    return t, at
+
+
+@kaio.gpu_func
+def walk_next(t: i32, at: i32, first: i32, n_tiles: i32, stride: i32, at_first: i32,
+              heads_n: i32, ROT: kaio.constexpr) -> tuple[i32, i32]:  # fmt: skip
+    """The walk's next tile: ``ROT``, wrapping around (``next_tile_wrapped``); else
+    ``next_tile``."""
+    if ROT:
+        t, at = next_tile_wrapped(t, at, first, n_tiles, stride, at_first, heads_n)
+    else:
+        t, at = next_tile(t, at, first, n_tiles, stride)
+    return t, at
+
+
+@kaio.gpu_func
+def turn_rank(
+    x: i32, nkb: i32, t: i32, item: i32, total: i32, causal: i32, rot: i32, BM: kaio.constexpr,
+    BK: kaio.constexpr,
+) -> i32:  # fmt: skip
+    """Key block x's turn (of ``nkb``) on query tile t, item ``item`` of its walk of
+    ``total``: causal, decreasing key blocks from the last that sees the tile; ``rot``
+    (``rotated``: key block x's walk begins at item ``x total // nkb`` and wraps), in the
+    order the walks reach the item: first the key blocks whose walk began at or before it,
+    the latest begun first, then the others, the latest first; else increasing key blocks."""
+    rank = x
+    if causal != 0:
+        rank = kaio.min(nkb - 1, ((t + 1) * BM - 1) // BK) - x
+    elif rot != 0:
+        begun = kaio.min(nkb, ((item + 1) * nkb + total - 1) // total)  # walks begun by item
+        rank = begun - 1 - x
+        if x >= begun:
+            rank += nkb
+    return rank
+
+
+@kaio.gpu_func
 def pass_turn(sem: i32[:], tile: i32):
     """Once this thread's bulk reductions are done (the sums made, not only their source
     read), the next key block's turn on the tile: a fence, then the semaphore's increment."""
@@ -149,13 +209,17 @@ def pass_turn(sem: i32[:], tile: i32):
 def consume_late(
     k_s: DT[:, :, :], v_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :],
     stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], lse: f32[:], delta: f32[:],
-    dk: DT[:], dv: DT[:], pt_s: DT[:, :, :], dq_s: f32[:, :], dq_acc: f32[:], wg: u32, lt: u32,
-    kvh: i32, first_head: i32, group: i32, first: i32, n_tiles: i32, k0: i32, sq: i32,
-    sk: i32, causal: i32, scale_log2: f32, scale: f32, D: kaio.constexpr, BM: kaio.constexpr,
+    dk: DT[:], dv: DT[:], pt_s: DT[:, :, :], dq_s: f32[:, :], dq_acc: f32[:], sem: i32[:],
+    dq: DT[:], wg: u32, lt: u32, kvh: i32, first_head: i32, group: i32, first: i32,
+    n_tiles: i32, start: i32, x: i32, nkb: i32, k0: i32, sq: i32, sk: i32,
+    causal: i32, scale_log2: f32, scale: f32, D: kaio.constexpr, BM: kaio.constexpr,
     WG: kaio.constexpr, STAGES: kaio.constexpr, TSTATS: kaio.constexpr, SCHED: kaio.constexpr,
     TWO: kaio.constexpr, DT: kaio.constexpr, NW: kaio.constexpr, NDS: kaio.constexpr,
     SPLIT: kaio.constexpr = 0, L2: kaio.constexpr = 0, PFIRST: kaio.constexpr = 0,
-):  # fmt: skip
+    ROT: kaio.constexpr = 0, FINISH: kaio.constexpr = 0, ITEMS: kaio.constexpr = 1, it: i32 = 0,
+    g0: i32 = 0, st: i32 = 0, ph: u32 = 0, pb: i32 = 0, hph: u32 = 0, wph: u32 = 0, fb: i32 = 0,
+    handed: i32 = 0,
+) -> tuple[i32, u32, i32, u32, u32, i32, i32]:  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 keys (thread ``lt`` of it) with ``SCHED`` 1 or 2: tile i's
     S^T and dP^T issued first, then tile i - 1's dV += P^T dO, dK += dS^T Q and dQ = dS K, all
     three from shared memory (``pt_s``: dS^T in buffers 0 and 1, P^T in 2 and 3, by tile
@@ -178,7 +242,14 @@ def consume_late(
     tile's, which the other waits for before storing again: no "free" wait with two or
     three buffers). ``NW``: the writers (``TWO``), whose tiles come in turn. ``SPLIT``,
     ``L2``: ``grads_t``'s; ``PFIRST``: P^T computed once S^T is done, dS^T once dP^T is
-    (``grads_t``'s ``WAIT``). Then dK, dV stored."""
+    (``grads_t``'s ``WAIT``). The walk over the tiles begins at its item ``start``
+    (``ROT``: ``walk_start``, ``rotated``); ``FINISH``: a tile's dQ where this key block has
+    its last turn goes to dq (``out_dq``). Then dK, dV stored. Work item ``it`` of the block
+    (``ITEMS``), after ``g0`` tiles of the others: the ring's next stage ``st`` (parity
+    ``ph``), the last tile's dS^T buffer ``pb`` (``hph``), the dq_s parity ``wph``, the next
+    writer ``fb`` and whether a tile was ``handed`` to the writers, all returned for the
+    next item; K and V land on ``turn[0]`` (phase ``it`` % 2), and once its products last
+    read them this warp's arrival on ``turn[1]``."""
     NQ = D // WG  # dQ's columns in this warpgroup, from c0
     s = kaio.local(f32, (BM // 8, 4))  # S^T, then P^T
     dp = kaio.local(f32, (BM // 8, 4))  # dP^T, then dS^T
@@ -196,24 +267,27 @@ def consume_late(
     FULL = STAGES + 2 * WG  # dq_s's barriers (init_barriers with DQ 5, NBUF 2)
     ROW = 0 if NDS == 3 else 1  # the dS^T buffers' barriers' row
     total = group * kaio.max(n_tiles - first, 0)
-    kaio.mbarrier_wait(turn, 0, 0)  # K and V landed
-    t = first
-    at0 = first_head * sq
-    wph = u32(0)
-    fb = i32(0)  # TWO: the parity of the tile whose dQ is handed on next
+    kaio.mbarrier_wait(turn, 0, u32(it % 2))  # K and V landed
+    at_first = first_head * sq
+    t, at0 = walk(start, first, n_tiles, at_first, sq, ROT)
+    BK = 64 * WG
+    q = 16 * i32(lt // 32) + i32(lane // 4)  # this thread's dQ rows in a tile: q, q + 8
     if total > 0:
-        kaio.mbarrier_wait(bars, (0, 0), 0)
+        kaio.mbarrier_wait(bars, (0, st), ph)
         kaio.wgmma_fence()
-        issue_front(s, dp, k_s, v_s, q_s, do_s, af, af, 0, wg, D, 0, DT)
+        issue_front(s, dp, k_s, v_s, q_s, do_s, af, af, st, wg, D, 0, DT)
         kaio.wgmma_wait(0)
-        grads_t(s, dp, stats, 0, lse, delta, at0, key0, t * BM, sq, sk, causal, scale_log2, lane,
-                BM, TSTATS, SPLIT, L2)  # fmt: skip
-        hand_pt(pt_s, 0, p, s, dp, bars, STAGES, kr, lane, lt, BM, SCHED, DT, ROW)
-        pb = i32(0)  # tile i - 1's buffers and their barrier's parity
-        hph = u32(0)
-        ps = i32(0)  # tile i - 1's stage
-        st, ph = next_stage(0, u32(0), STAGES)
-        t, at0 = next_tile(t, at0, first, n_tiles, sq)
+        grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, sk, causal, scale_log2,
+                lane, BM, TSTATS, SPLIT, L2)  # fmt: skip
+        if g0 > 0:  # the buffers after the last item's last tile's (pb: tile i - 1's)
+            pb, hph = next_stage(pb, hph, NDS)
+            if SCHED >= 2 and SCHED < 6 and NDS == 2 and g0 > 1:
+                kaio.mbarrier_wait(bars, (0, STAGES + pb), hph ^ 1)
+        hand_pt(pt_s, pb, p, s, dp, bars, STAGES, kr, lane, lt, BM, SCHED, DT, ROW)
+        ps = st  # tile i - 1's stage
+        pt, pat0, item = t, at0, start  # tile i - 1's, and its item of the walk
+        st, ph = next_stage(st, ph, STAGES)
+        t, at0 = walk_next(t, at0, first, n_tiles, sq, at_first, group, ROT)
         for _i in range(1, total):
             kaio.mbarrier_wait(bars, (0, st), ph)
             kaio.wgmma_fence()
@@ -229,17 +303,21 @@ def consume_late(
             kaio.wgmma_wait(0)  # tile i - 1's products done: its stage (and dQ)
             release(bars, ps, lt)
             if SCHED == 1:
-                wph = give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, _i > 1, wph, fb, FULL,
-                              D, NQ, TWO)  # fmt: skip
+                wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, pt, pat0, item, q, sq,
+                                     n_tiles, x, nkb, total, g0 + _i > 1, c0, lane, lt, handed,
+                                     wph, fb, scale, FULL, D, BM, BK, NQ, TWO, DT,
+                                     FINISH)  # fmt: skip
                 fb = next_writer(fb, NW)
             qb = pb  # tile i - 1's buffers
             pb, hph = next_stage(pb, hph, NDS)  # (last read by tile i - NDS's products)
-            if SCHED >= 2 and SCHED < 6 and NDS == 2 and _i > 1:  # (the other warpgroup's
+            if SCHED >= 2 and SCHED < 6 and NDS == 2 and g0 + _i > 1:  # (the other wg's
                 kaio.mbarrier_wait(bars, (0, STAGES + pb), hph ^ 1)  # dQ among them)
             hand_pt(pt_s, pb, p, s, dp, bars, STAGES, kr, lane, lt, BM, SCHED, DT, ROW)
             if SCHED == 6:  # tile i - 1's dQ (done with dV, dK) once tile i's dS^T is out
-                wph = give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, _i > 1, wph, fb, FULL,
-                              D, NQ, TWO)  # fmt: skip
+                wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, pt, pat0, item, q, sq,
+                                     n_tiles, x, nkb, total, g0 + _i > 1, c0, lane, lt, handed,
+                                     wph, fb, scale, FULL, D, BM, BK, NQ, TWO, DT,
+                                     FINISH)  # fmt: skip
                 fb = next_writer(fb, NW)
             elif SCHED >= 2:  # tile i - 1's dQ now: s, dp are stored (dqa and they never coexist)
                 kaio.wgmma_fence()
@@ -247,12 +325,18 @@ def consume_late(
                 kaio.wgmma_wait(0)
                 if NDS == 2:
                     free_buffer(bars, STAGES + qb, lt)
-                wph = give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, _i > 1, wph, fb, FULL,
-                              D, NQ, TWO)  # fmt: skip
+                wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, pt, pat0, item, q, sq,
+                                     n_tiles, x, nkb, total, g0 + _i > 1, c0, lane, lt, handed,
+                                     wph, fb, scale, FULL, D, BM, BK, NQ, TWO, DT,
+                                     FINISH)  # fmt: skip
                 fb = next_writer(fb, NW)
             ps = st
+            pt, pat0 = t, at0
+            item += 1
+            if item == total:
+                item = 0
             st, ph = next_stage(st, ph, STAGES)
-            t, at0 = next_tile(t, at0, first, n_tiles, sq)
+            t, at0 = walk_next(t, at0, first, n_tiles, sq, at_first, group, ROT)
         kaio.mbarrier_wait(bars, (ROW, STAGES + pb), hph)
         kaio.wgmma_fence()
         last = 1 if SCHED < 4 else 6  # (1: P^T from pt_s; 6: from p; both with dQ)
@@ -260,24 +344,55 @@ def consume_late(
                         last, DT)  # fmt: skip
         kaio.wgmma_wait(0)
         release(bars, ps, lt)
-        give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, total > 1, wph, fb, FULL, D, NQ, TWO)
+        wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, pt, pat0, item, q, sq, n_tiles, x,
+                             nkb, total, g0 + total > 1, c0, lane, lt, handed, wph, fb, scale,
+                             FULL, D, BM, BK, NQ, TWO, DT, FINISH)  # fmt: skip
+        fb = next_writer(fb, NW)
+    if ITEMS > 1:  # K and V read for the last time: the producer may load the next item's
+        kaio.sync_warp()
+        if lt % 32 == 0:
+            kaio.mbarrier_arrive(turn, 1)
     store_tile(dk, dka, kvh * sk * D, key0, sk, scale, lane, D, DT)
     store_tile(dv, dva, kvh * sk * D, key0, sk, 1.0, lane, D, DT)
+    return st, ph, pb, hph, wph, fb, handed
 
 
 @kaio.gpu_func
-def interleaved(bx: i32, by: i32, nkb: i32, hg: i32) -> tuple[i32, i32]:
+def interleaved(bx: i32, by: i32, nkb: i32, hg: i32, ny: i32) -> tuple[i32, i32]:
     """(key block, K/V head) of block (bx, by) of a (nkb, heads) grid whose launch order
-    (linear: bx fastest) takes groups of ``hg`` heads' key blocks in turn: key block 0 of
-    each head of the group, then key block 1, ... Consecutive key blocks of a head then
+    (linear: bx fastest; ``ny`` heads) takes groups of ``hg`` heads' key blocks in turn: key
+    block 0 of each head of the group, then key block 1, ... Consecutive key blocks of a head then
     start ``hg`` blocks apart (a block still waits only for lower linear indices: key block
     x - 1 of its head comes before it), and the blocks running at once still cover few
     heads (their Q, dO and dQ sums in L2)."""
     lin = by * nkb + bx
     g = lin // (hg * nkb)
-    hk = kaio.min(hg, i32(kaio.grid_dim_y()) - g * hg)  # (the last group: the heads left)
+    hk = kaio.min(hg, ny - g * hg)  # (the last group: the heads left)
     r = lin - g * hg * nkb
     return r // hk, g * hg + r % hk
+
+
+@kaio.gpu_func
+def work_item(
+    b: i32, it: i32, nkb: i32, nkvh: i32, hg: i32, rot: i32, heads: i32, group: i32, sq: i32,
+    causal: i32, items: i32, BM: kaio.constexpr, BK: kaio.constexpr,
+) -> tuple[i32, i32, i32, i32, i32, i32, i32]:  # fmt: skip
+    """(whether it exists, key block x, K/V head, first query head, first query tile, the
+    query tiles, the walk's first item) of work item ``it`` of block b (linear index; the
+    block's ``items`` items are consecutive in the launch order of ``interleaved`` over the
+    nkb key blocks of the ``nkvh`` K/V heads, reversed where causal without ``rot``: module
+    docstring)."""
+    i = b * items + it
+    ok = i32(i < nkb * nkvh)
+    i = kaio.min(i, nkb * nkvh - 1)
+    x, kvh = interleaved(i % nkb, i // nkb, nkb, hg, nkvh)  # hg K/V heads' key blocks in turn
+    if causal != 0 and rot == 0:
+        x = nkb - 1 - x  # the last key blocks first: they add to each tile before the rest
+    first_head, first, n_tiles = key_block_queries(kvh, x * BK, heads, group, sq, causal, BM)
+    start = i32(0)  # the walk's first item
+    if rot != 0 and causal == 0:
+        start = x * (group * n_tiles) // nkb
+    return ok, x, kvh, first_head, first, n_tiles, start
 
 
 @kaio.gpu_func
@@ -328,12 +443,72 @@ def give_dq(
 
 
 @kaio.gpu_func
+def last_turn(x: i32, nkb: i32, t: i32, item: i32, total: i32, BM: kaio.constexpr,
+              BK: kaio.constexpr) -> i32:  # fmt: skip
+    """Whether key block x finishes the tile of item ``item`` of its rotated walk (tile t;
+    ``FINISH``, not causal: every key block adds to every tile): its turn there is the
+    last."""
+    return i32(turn_rank(x, nkb, t, item, total, 0, 1, BM, BK) == nkb - 1)
+
+
+@kaio.gpu_func
+def out_dq(
+    dq_s: f32[:, :], bars: u64[:, :], dq_acc: f32[:], sem: i32[:], dq: DT[:], dqa: f32[:, :],
+    t: i32, at0: i32, item: i32, q: i32, sq: i32, n_tiles: i32, x: i32, nkb: i32, total: i32,
+    after: bool_, c0: i32, lane: u32, lt: u32, handed: i32, wph: u32, fb: i32, scale: f32,
+    FULL: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr, BK: kaio.constexpr,
+    NQ: kaio.constexpr, TWO: kaio.constexpr, DT: kaio.constexpr, FINISH: kaio.constexpr,
+) -> tuple[u32, i32]:  # fmt: skip
+    """Query tile t's dQ share (head at row at0, item ``item`` of the walk; this thread's
+    rows q, q + 8 of it) out of dqa: with ``FINISH``, where this key block has the tile's
+    last turn (``last_turn``), ``finish_dq``, else to the writers (``give_dq``, after the
+    dq_s of the last tile ``handed`` to them is free); without, to the writers (``after`` a
+    first tile). Returns (the dq_s parity, handed)."""
+    if FINISH:
+        if last_turn(x, nkb, t, item, total, BM, BK) != 0:
+            finish_dq(dq, dq_acc, sem, dqa, at0 // sq * n_tiles + t, nkb - 1, at0, t * BM + q,
+                      sq, c0, lane, lt, scale, D, BM, NQ, DT)  # fmt: skip
+        else:
+            wph = give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, handed != 0, wph, fb, FULL,
+                          D, NQ, TWO)  # fmt: skip
+            handed = 1
+    else:
+        wph = give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, after, wph, fb, FULL, D, NQ,
+                      TWO)  # fmt: skip
+    return wph, handed
+
+
+@kaio.gpu_func
+def finish_dq(
+    dq: DT[:], dq_acc: f32[:], sem: i32[:], dqa: f32[:, :], tile: i32, turns: i32, at0: i32,
+    q: i32, sq: i32, c0: i32, lane: u32, lt: u32, scale: f32, D: kaio.constexpr,
+    BM: kaio.constexpr, NQ: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """The last turn on a tile: once the ``turns`` before it have added theirs (the tile's
+    semaphore), this thread's fragment of their sum (``dq_acc``'s tile, fragment order:
+    ``store_dq_frags``) plus its own (dqa) times ``scale``, rounded to DT, to dq's rows q, q
+    + 8 of the head at row at0 (those below sq), the warpgroup's columns from c0: the tile
+    needs no reduction and no ``dq_convert_tiles``."""
+    if turns > 0:
+        kaio.wait_eq(sem, tile, turns)
+        for n in kaio.static_range(NQ // 8):
+            v = kaio.local(f32, 4)
+            kaio.load_vector(v, dq_acc, tile * BM * D + ((c0 // 8 + n) * 128 + i32(lt)) * 4)
+            for e in kaio.static_range(4):
+                dqa[n, e] += v[e]
+    for h in kaio.static_range(2):
+        if q + 8 * h < sq:
+            store_pairs(dq, (at0 + q + 8 * h) * D + c0, dqa, h, scale, lane, NQ, DT)
+
+
+@kaio.gpu_func
 def write_dq_two(
     dq_s: f32[:, :], bars: u64[:, :], dq_acc: f32[:], sem: i32[:], w: i32, first_head: i32,
-    group: i32, first: i32, n_tiles: i32, sq: i32, x: i32, nkb: i32, causal: i32,
+    group: i32, first: i32, n_tiles: i32, sq: i32, x: i32, nkb: i32, causal: i32, start: i32,
     FULL: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr, BK: kaio.constexpr,
-    ORDER: kaio.constexpr = 1, NW: kaio.constexpr = 2,
-):  # fmt: skip
+    ORDER: kaio.constexpr = 1, NW: kaio.constexpr = 2, ROT: kaio.constexpr = 0,
+    FINISH: kaio.constexpr = 0, g0: i32 = 0, ph: u32 = 0,
+) -> u32:  # fmt: skip
     """``EARLY`` 3: writer ``w`` (0, 1: the first lanes of the producer warpgroup's warps 1
     and 2) of the tiles of parity w of the consumers' walk (``give_dq``'s ``TWO``): for each,
     the last one's turn passed on (its reduction complete), the turn on this one awaited,
@@ -344,20 +519,26 @@ def write_dq_two(
     (the additions in any order: not deterministic), -1 no additions either (dQ wrong).
     ``NW``: the writers (the first lanes of warps 1 .. 3, then lane 16 of them), tile i
     writer i % NW's (``NW`` 3: each writer's wait for its last reduction to complete and
-    pass the turn on spread over three tiles)."""
-    t = first
-    at0 = first_head * sq
-    ph = u32(0)
+    pass the turn on spread over three tiles). The walk begins at
+    its item ``start``, the turns ``turn_rank``'s (``ROT``: ``rotated``); ``FINISH``: the
+    tiles whose last turn is this key block's are the consumers' (``out_dq``), not a
+    writer's. A work item after ``g0`` tiles of the block's others (``ITEMS``), the "full"
+    barrier's parity ``ph`` after them: returns the parity after this one's."""
+    at_first = first_head * sq
+    t, at0 = walk(start, first, n_tiles, at_first, sq, ROT)
+    item = start
     last = i32(0)
+    pending = i32(0)  # whether the turn on tile ``last`` is still to pass on
     total = group * kaio.max(n_tiles - first, 0)
     for _i in range(total):
-        if _i % NW == w:
+        mine = (g0 + _i) % NW == w
+        if FINISH:  # (the tiles this key block finishes: the consumers')
+            mine = mine and last_turn(x, nkb, t, item, total, BM, BK) == 0
+        if mine:
             tile = at0 // sq * n_tiles + t
-            rank = x
-            if causal != 0:
-                rank = kaio.min(nkb - 1, ((t + 1) * BM - 1) // BK) - x
+            rank = turn_rank(x, nkb, t, item, total, causal, ROT, BM, BK)
             if ORDER > 0:
-                if _i >= NW:
+                if pending != 0:
                     pass_turn(sem, last)
                 kaio.wait_eq(sem, tile, rank)
             kaio.mbarrier_wait(bars, (1, full_bar(w, FULL)), ph)
@@ -369,11 +550,16 @@ def write_dq_two(
             for _a in kaio.static_range(3):
                 kaio.mbarrier_arrive(bars, (1, FULL + 1))
             last = tile
-        t, at0 = next_tile(t, at0, first, n_tiles, sq)
-    if ORDER > 0 and total > w:
+            pending = 1
+        t, at0 = walk_next(t, at0, first, n_tiles, sq, at_first, group, ROT)
+        item += 1
+        if item == total:
+            item = 0
+    if ORDER > 0 and pending != 0:
         pass_turn(sem, last)
     if ORDER == 0:
         kaio.bulk_wait(0)
+    return ph
 
 
 @kaio.gpu_func
@@ -423,12 +609,14 @@ def hand_pt(
 def attention_bwd_fused_ordered(
     tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
     tl: kaio.tensormap, td: kaio.tensormap, lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:],
-    dq_acc: f32[:], sem: i32[:], sq: i32, sk: i32, heads: i32, group: i32, scale_log2: f32,
-    scale: f32, causal: i32, hg: i32, D: kaio.constexpr, BM: kaio.constexpr, WG: kaio.constexpr,
-    STAGES: kaio.constexpr, PIPE: kaio.constexpr, AREG: kaio.constexpr, TSTATS: kaio.constexpr,
+    dq_acc: f32[:], sem: i32[:], dq: DT[:], sq: i32, sk: i32, heads: i32, group: i32, nkvh: i32,
+    scale_log2: f32, scale: f32, causal: i32, hg: i32, items: i32, D: kaio.constexpr,
+    BM: kaio.constexpr, WG: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr,
+    AREG: kaio.constexpr, TSTATS: kaio.constexpr,
     REGS: kaio.constexpr, DT: kaio.constexpr, DQ: kaio.constexpr, LATE: kaio.constexpr,
     EARLY: kaio.constexpr, SCHED: kaio.constexpr, ORDER: kaio.constexpr, NW: kaio.constexpr,
     NDS: kaio.constexpr, SPLIT: kaio.constexpr, L2: kaio.constexpr, PFIRST: kaio.constexpr,
+    ITEMS: kaio.constexpr, ROT: kaio.constexpr, FINISH: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the ``64 * WG`` keys of key block x (``block_idx_x`` through
     ``interleaved``, reversed where causal: module docstring) and K/V head block y, summed
@@ -440,7 +628,15 @@ def attention_bwd_fused_ordered(
     ``SCHED`` 0: the consumers of ``_attention_hopper_bwd`` (``consume_dkdv``, with LATE),
     1, 2, 4, 6: ``consume_late`` (four P^T and dS^T buffers; 4, 6: ``NDS``, dS^T); ``ORDER``:
     ``write_dq_two``'s (1: the fixed order); ``NW``: its writers (2 to 6, with ``EARLY`` 3);
-    ``hg``: ``interleaved``'s (1: block (x, y) is key block x of K/V head y); ``NDS``:
+    ``hg``: ``interleaved``'s (1: block (x, y) is key block x of K/V head y); ``ROT``
+    (``rotated``; ``hg`` 1): not causal, key block x's walk begins at item x W / nkb of its
+    W; causal, the key blocks launched in increasing order (the longest walks first);
+    either way a block may wait for a later one of its head (all of them must fit on the
+    GPU at once: the launch's ``rotated``); ``FINISH`` (with ``ROT``, not causal):
+    the last turn on each tile stores its dQ to ``dq`` (``finish_dq``), no ``dq_convert_tiles``
+    after the kernel; ``ITEMS`` > 1: each block runs ``items`` (the same number, a runtime
+    value so that the loop is not unrolled) work items of the ``nkvh`` K/V heads' key blocks
+    in turn (``work_item``; a 1-d grid); ``NDS``:
     ``consume_late``'s dS^T buffers (2, or 3 with ``SCHED`` 4, 6); ``SPLIT``, ``L2``,
     ``PFIRST``: ``grads_t``'s (with ``SCHED`` 1 to 6; ``L2`` 1: ``lse`` and its TMA map hold
     ``lse_log2(lse)``, ``zero_acc_sem_l2``)."""
@@ -462,16 +658,13 @@ def attention_bwd_fused_ordered(
     bars = kaio.shared_dynamic(u64, (2, NB), BARS)
     turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * NB)
     nkb = (sk + BK - 1) // BK
-    x = i32(kaio.block_idx_x())
-    kvh = i32(kaio.block_idx_y())
-    x, kvh = interleaved(x, kvh, nkb, hg)  # hg K/V heads' key blocks in turn
-    if causal != 0:
-        x = nkb - 1 - x  # the last key blocks first: they add to each tile before the rest
-    k0 = x * BK
+    blk = i32(kaio.block_idx_y() * kaio.grid_dim_x() + kaio.block_idx_x())  # (ITEMS: 1-d grid)
+
     t, wg, lt = thread_roles(WG)
-    first_head, first, n_tiles = key_block_queries(kvh, k0, heads, group, sq, causal, BM)
     if t == 0:
         init_barriers(bars, turn, WG, STAGES, DQ, NBUF)
+        if ITEMS > 1:  # K and V free (the next item's may land): an arrival a consumer warp
+            kaio.mbarrier_init(turn, 1, 4 * WG)
         for j in kaio.static_range(NW - 3 if NW > 3 else 0):  # writers 3 .. NW - 1's "full"
             kaio.mbarrier_init(bars, (1, STAGES + NBUF * WG + 2 + j), 4 * WG)
         if SCHED >= 2:  # the dS^T buffers' "free" (free_buffer), resp. NDS 3's "full"
@@ -479,15 +672,32 @@ def attention_bwd_fused_ordered(
                 kaio.mbarrier_init(bars, (0, STAGES + b), 4 * WG)
         kaio.fence_proxy_async()
     kaio.sync_threads()
+    st, ph, pb, hph, wph, fb, handed = i32(0), u32(0), i32(0), u32(0), u32(0), i32(0), i32(0)
+    g0 = i32(0)  # the tiles of the block's items before
+    ok0, x0, kvh0, fh0, f0, nt0, s0 = work_item(blk, 0, nkb, nkvh, hg, ROT, heads, group, sq,
+                                                causal, items, BM, BK)  # fmt: skip
     if wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
         if SCHED:
-            consume_late(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
-                         dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk,
-                         causal, scale_log2, scale, D, BM, WG, STAGES, TSTATS, SCHED,
-                         EARLY == 3, DT, NW, NDS, SPLIT, L2, PFIRST)  # fmt: skip
+            for it in range(1 if ITEMS == 1 else items):  # (ITEMS 1: unrolled)
+                ok, x, kvh, first_head, first, n_tiles, start = ok0, x0, kvh0, fh0, f0, nt0, s0
+                if ITEMS > 1:  # (ITEMS 1: the block's one item, above)
+                    ok, x, kvh, first_head, first, n_tiles, start = work_item(
+                        blk, it, nkb, nkvh, hg, ROT, heads, group, sq, causal, items, BM, BK
+                    )
+                if ok != 0:
+                    st, ph, pb, hph, wph, fb, handed = consume_late(
+                        k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
+                        dq_acc, sem, dq, wg, lt, kvh, first_head, group, first, n_tiles, start, x,
+                        nkb, x * BK, sq, sk, causal, scale_log2, scale, D, BM, WG, STAGES,
+                        TSTATS, SCHED, EARLY == 3, DT, NW, NDS, SPLIT, L2, PFIRST, ROT, FINISH,
+                        ITEMS, it, g0, st, ph, pb, hph, wph, fb, handed,
+                    )  # fmt: skip
+                    g0 += group * kaio.max(n_tiles - first, 0)
         else:
+            ok, x, kvh, first_head, first, n_tiles, start = ok0, x0, kvh0, fh0, f0, nt0, s0
+            k0 = x * BK
             consume_dkdv(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
                          dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk,
                          causal, scale_log2, scale, D, BM, WG, STAGES, PIPE, AREG, TSTATS, DQ,
@@ -497,14 +707,34 @@ def attention_bwd_fused_ordered(
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         w = i32(lt // 32) - 1 + 3 * i32(lt % 32 // 16)  # (writers 3-5: lane 16 of warps 1-3)
         if EARLY == 3 and lt % 16 == 0 and lt >= 32 and w < NW:
-            write_dq_two(dq_s, bars, dq_acc, sem, w, first_head, group, first,
-                         n_tiles, sq, x, nkb, causal, STAGES + NBUF * WG, D, BM, BK, ORDER,
-                         NW)  # fmt: skip
+            for it in range(1 if ITEMS == 1 else items):  # (ITEMS 1: unrolled)
+                ok, x, kvh, first_head, first, n_tiles, start = ok0, x0, kvh0, fh0, f0, nt0, s0
+                if ITEMS > 1:  # (ITEMS 1: the block's one item, above)
+                    ok, x, kvh, first_head, first, n_tiles, start = work_item(
+                        blk, it, nkb, nkvh, hg, ROT, heads, group, sq, causal, items, BM, BK
+                    )
+                if ok != 0:
+                    ph = write_dq_two(dq_s, bars, dq_acc, sem, w, first_head, group, first,
+                                      n_tiles, sq, x, nkb, causal, start,
+                                      STAGES + NBUF * WG, D, BM, BK, ORDER, NW, ROT, FINISH, g0,
+                                      ph)  # fmt: skip
+                    g0 += group * kaio.max(n_tiles - first, 0)
         elif lt == 0:
-            produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl, td,
-                    kvh * sk + k0, first_head * sq, sq, group, first, n_tiles, D, BK, BM,
-                    STAGES, TSTATS, DT)  # fmt: skip
+            for it in range(1 if ITEMS == 1 else items):  # (ITEMS 1: unrolled)
+                ok, x, kvh, first_head, first, n_tiles, start = ok0, x0, kvh0, fh0, f0, nt0, s0
+                if ITEMS > 1:  # (ITEMS 1: the block's one item, above)
+                    ok, x, kvh, first_head, first, n_tiles, start = work_item(
+                        blk, it, nkb, nkvh, hg, ROT, heads, group, sq, causal, items, BM, BK
+                    )
+                if ok != 0:
+                    kv = -1 if it == 0 else (it - 1) % 2  # (K and V again: once free)
+                    st, ph = produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl,
+                                     td, kvh * sk + x * BK, first_head * sq, sq, group, first,
+                                     n_tiles, D, BK, BM, STAGES, TSTATS, DT, WRAP=ROT, start=start,
+                                     st=st, ph=ph, ring0=g0, kv_ph=kv)  # fmt: skip
+                    g0 += group * kaio.max(n_tiles - first, 0)
         elif lt >= 32 and EARLY < 3:
+            ok, x, kvh, first_head, first, n_tiles, start = ok0, x0, kvh0, fh0, f0, nt0, s0
             write_dq_ordered(dq_s, bars, dq_acc, sem, lt, first_head, group, first, n_tiles,
                              sq, x, nkb, causal, STAGES + NBUF * WG, D, BM, BK,
                              EARLY)  # fmt: skip
@@ -561,6 +791,25 @@ SCHED = {64: (4, 4), 128: (4, 4)}
 # spreading a head's key blocks apart only delays the turns.
 HG = {64: (8, 1), 128: (4, 1)}
 
+# Whether the key blocks of a head may wait for later ones (``ROT``; not causal, rotated
+# walks; causal, the longest walks launched first) by head dim and mask, where they all fit
+# on the GPU at once (``rotated``), and whether then (not causal) the last turn on each tile
+# stores dQ (``FINISH``; ``finishes``). H100, B16 H16 S1024, TFLOP/s, each against main's
+# kernel in the same run: D 128 with both 344 and 355 against 311 and 314 (f16; SDPA flash
+# 211, 212), bf16 348 against 311; f16 B4 S4096 514 against 513; D 64 249 / 238 / 236 / 259
+# against 226 / 236 / 237 / 257 (four runs); causal D 64 (ROT alone) 114 / 173 against
+# 120 / 171.
+ROT = {64: (False, False), 128: (True, False)}
+FINISH = {64: False, 128: True}
+
+# Work items a block (``ITEMS``: (key block, K/V head) pairs, consecutive in the launch
+# order, run one after the other with the ring of Q and dO going on, K and V loaded again
+# once the last item's products are done) by head dim and mask. H100, f16 B16 H16 S1024
+# D 64, TFLOP/s in the same runs: two items with ROT and FINISH 237 against their 249 with
+# one (main 226); causal, two items 116 against main's 120 (K and V loaded again at each
+# item cost as much as a new block): one.
+ITEMS = {64: (1, 1), 128: (1, 1)}
+
 # The dS^T buffers of SCHED 4 (``NDS``) by head dim (D 128: three do not fit beside three
 # ring stages): H200, f16 B4 H16 S4096, D 64 with HG 4, NDS 3 against 2: 360 against 334,
 # causal 295 against 282.
@@ -582,13 +831,33 @@ def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> di
     on = int(bool(sched))  # (consume_late's: SCHED 1 to 6)
     c.update(SPLIT=on, L2=on, PFIRST=on)
     c["HG"] = HG[d][bool(causal)]
+    c["ROT"] = ROT[d][bool(causal)]
+    c["FINISH"] = FINISH[d]
+    c["ITEMS"] = ITEMS[d][bool(causal)]
     c["NDS"] = NDS[d] if sched >= 4 else 2
     return {**c, "STAGES": fit_stages(d, c)}
 
 
 def constexprs(c: dict) -> dict:
-    """The kernel's constexprs among ``ordered_config``'s (``HG`` is its argument ``hg``)."""
-    return {k: v for k, v in c.items() if k != "HG"}
+    """The kernel's constexprs among ``ordered_config``'s (``HG`` is its argument ``hg``;
+    ``ROT`` and ``FINISH`` as ``launch`` takes them: ``rotated``, ``finishes``)."""
+    return {k: int(v) for k, v in c.items() if k != "HG"}
+
+
+def rotated(c: dict, nkb: int, sms: int) -> bool:
+    """Whether the kernel runs with ``rot`` (``ROT`` in the configuration ``c``): where the
+    ``nkb`` key blocks of a head, which may then wait for each other, all fit on the
+    ``sms`` multiprocessors at once (one block each), and with the two writers (``EARLY``
+    3). Blocks are dispatched in launch order, so that the oldest unfinished head's blocks
+    are all running whenever every multiprocessor is busy: no deadlock."""
+    return bool(c.get("ROT")) and nkb <= sms and c["EARLY"] == 3
+
+
+def finishes(c: dict, rot: bool, causal: bool) -> bool:
+    """Whether the kernel runs with ``finish`` (``FINISH`` in the configuration ``c``): with
+    ``rot`` (``rotated``), not causal (its last turns are key block 0's on every tile) and
+    the fixed order (``ORDER`` 1)."""
+    return bool(c.get("FINISH")) and rot and not causal and c["ORDER"] == 1
 
 
 def fit_stages(d: int, c: dict) -> int:
@@ -647,6 +916,8 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         )
     if c["SCHED"] and c["STAGES"] < 2:
         raise ValueError(f"_attention_hopper_bwd_fused.launch: SCHED 1 needs 2 stages: {c}")
+    if c["ITEMS"] < 1 or c["ITEMS"] > 1 and c["EARLY"] != 3:
+        raise ValueError(f"_attention_hopper_bwd_fused.launch: ITEMS 1, or more with EARLY 3: {c}")
     stream, dq, dk, dv, rows_q, rows_kv = launch_outputs(qa, ka, da, d)
     n_tiles = -(-sq // c["BM"])  # the semaphores' (dq_acc: whole tiles of 64 rows)
     acc_size = bh * -(-sq // 64) * 64 * d
@@ -666,16 +937,24 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     stats = stats_maps(la, delta, rows_q, c["BM"])
     bk = 64 * c["WG"]
     smem = smem_bytes(d, c)
-    attention_bwd_fused_ordered[(-(-sk // bk), bh // group), 128 * c["WG"] + 128, stream, smem](
+    nkb, items = -(-sk // bk), c["ITEMS"]
+    rot = rotated(c, nkb, _arrays.multiprocessors(qa))
+    finish = finishes(c, rot, causal)
+    hg = items if rot else c["HG"]  # (rotated walks: a head's key blocks side by side)
+    grid = (nkb, bh // group) if items == 1 else (-(-nkb * bh // group // items), 1)
+    dq_out = _arrays.output_arg(da, dq, (qa.size,))
+    attention_bwd_fused_ordered[grid, 128 * c["WG"] + 128, stream, smem](
         tmap(ka, rows_kv, bk), tmap(va, rows_kv, bk), tmap(qa, rows_q, c["BM"]),
         tmap(da, rows_q, c["BM"]), *stats, la.arg(rows_q), delta,
         _arrays.output_arg(da, dk, (ka.size,)), _arrays.output_arg(da, dv, (ka.size,)),
-        dq_acc, sem, sq, sk, heads, group, math.log2(math.e) * scale, scale, int(causal),
-        c["HG"], D=d, DT=qa.dtype, **constexprs(c),
+        dq_acc, sem, dq_out, sq, sk, heads, group, bh // group, math.log2(math.e) * scale, scale,
+        int(causal), hg, items, D=d, DT=qa.dtype, **{**constexprs(c), "ROT": int(rot),
+                                                      "FINISH": int(finish)},
     )  # fmt: skip
-    dq_convert_tiles[-(-qa.size // 1024), 256, stream, 0](
-        _arrays.output_arg(da, dq, (qa.size,)), dq_acc, bh * sq, sq, scale, D=d, DT=qa.dtype
-    )
+    if not finish:  # (else the last turn on each tile stored its dQ)
+        dq_convert_tiles[-(-qa.size // 1024), 256, stream, 0](
+            dq_out, dq_acc, bh * sq, sq, scale, D=d, DT=qa.dtype
+        )
     return dq, dk, dv
 
 

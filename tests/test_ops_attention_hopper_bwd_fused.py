@@ -33,41 +33,50 @@ def poisoned_outputs(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "b, h, hkv, sq, sk, d, dtype, causal, sched, early",
+    "b, h, hkv, sq, sk, d, dtype, causal, sched, early, more",
     [
         # grouped-query, partial query tiles, Sq < Sk, causal (decreasing key-block order);
-        # each tile's dQ product with the next tile's S^T and dP^T
-        (1, 2, 1, 152, 256, 64, np.float16, True, 1, 2),
+        # each tile's dQ product with the next tile's S^T and dP^T; every element's mask
+        # computed, lse_log2 in the kernel, P^T with dS^T
+        (1, 2, 1, 152, 256, 64, np.float16, True, 1, 2, {"SPLIT": 0, "L2": 0, "PFIRST": 0}),
         # D 128, bf16, two batches, grouped-query, Sq > Sk with a partial key tile; each
         # tile's dQ product after the next tile's P^T and dS^T
-        (2, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 2),
+        (2, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 2, {}),
         # P^T in registers, two dQ writers; Sq > Sk, causal, grouped-query
-        (1, 2, 1, 256, 128, 64, np.float16, True, 4, 3),
+        (1, 2, 1, 256, 128, 64, np.float16, True, 4, 3, {}),
         # each tile's dQ product with its dV and dK (SCHED 6: the next tile's S^T and dP^T
         # meanwhile), three dS^T buffers, the masked and unmasked probabilities in two
         # branches (SPLIT), lse_log2 once a row (L2), PFIRST; causal, grouped-query, a
         # partial tile
-        (1, 2, 1, 200, 128, 64, np.float16, True, 6, 3),
+        (1, 2, 1, 200, 128, 64, np.float16, True, 6, 3, {"SPLIT": 1, "L2": 1, "PFIRST": 1}),
         # three dS^T buffers (NDS 3), three writers, P^T before dP^T's product is awaited
-        # (PFIRST), two K/V heads' key blocks interleaved
-        # in the launch order (HG 2; three heads: the last group has one)
-        (3, 1, 1, 128, 256, 64, np.float16, False, 4, 3),
+        # (PFIRST), two K/V heads' key blocks interleaved in the launch order (HG 2; three
+        # heads: the last group has one)
+        (3, 1, 1, 128, 256, 64, np.float16, False, 4, 3, {"NDS": 3, "NW": 3, "HG": 2}),
+        # rotated walks (ROT) without the semaphores (ORDER 0: the simulator runs the
+        # blocks of a kernel with wait_eq in linear order, and a rotated walk waits for
+        # later ones; turn_rank's turns are checked below): three key blocks whose walks
+        # over two heads' four tiles begin at items 0, 2 and 5 and wrap around
+        (1, 2, 1, 256, 384, 64, np.float16, False, 4, 3, {"ROT": True, "ORDER": 0}),
+        # the last turn on each tile stores dQ (FINISH, with ROT): one key block, the only
+        # turn (its walk over two heads' four tiles, the last partial)
+        (1, 2, 1, 200, 128, 64, np.float16, False, 4, 3, {"ROT": True, "FINISH": True}),
+        # two work items a block (ITEMS): key block x of two K/V heads (HG 2), three key
+        # blocks (the last partial), five heads: the last block has one item
+        (5, 1, 1, 128, 320, 64, np.float16, False, 4, 3, {"ITEMS": 2, "HG": 2, "NDS": 3}),
+        # D 128 (two dS^T buffers and their "free" waits across the items), causal, two
+        # key blocks of a head a block (HG 1), the second of them seeing no query (Sq < Sk)
+        (1, 3, 1, 120, 256, 128, np.float16, True, 4, 3, {"ITEMS": 2}),
     ],
 )
 def test_ordered_backward_in_simulator(
-    b, h, hkv, sq, sk, d, dtype, causal, sched, early, monkeypatch
+    b, h, hkv, sq, sk, d, dtype, causal, sched, early, more, monkeypatch
 ):  # fmt: skip
     """dQ, dK, dV against float64 through ``_attention_hopper_bwd.launch(ordered=...)``
     with two ring stages (the simulator runs the blocks in linear order: each wait is met by
     the blocks before, and a wait for a later block fails)."""
     launch = hopper_bwd.launch
-    over = {"SCHED": sched, "EARLY": early, "STAGES": 2}
-    if sched == 1:  # every element's mask computed, lse_log2 in the kernel, P^T with dS^T
-        over.update(SPLIT=0, L2=0, PFIRST=0)
-    if sched == 6:
-        over.update(SPLIT=1, L2=1, PFIRST=1)
-    if b == 3:
-        over.update(NDS=3, NW=3, HG=2, PFIRST=1)
+    over = {"SCHED": sched, "EARLY": early, "STAGES": 2, **more}
     monkeypatch.setattr(hopper_bwd, "launch", lambda *a, **k: launch(*a, **k, ordered=over))
     cfg = small(2, 0, 0, 5, 0)
     check_grads(*run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg), dtype)
@@ -94,6 +103,29 @@ def test_launch_dispatches_by_head_dim_and_mask(monkeypatch):
         for causal, keywords in ((False, {}), (True, {"side": False}), (True, {"fused": False})):
             with pytest.raises(KeyError):  # not taken: the pair's configuration is read
                 hopper_bwd.launch(*args, causal, scale, cfg={"bad": 1}, **keywords)
+
+
+@kaio.gpu_kernel(block_size=32)
+def _rotated_turns(out: i32[:], nkb: i32, total: i32):
+    """out[x * total + item] = key block x's turn on item ``item`` of the rotated walks."""
+    x = i32(kaio.block_idx_x())
+    item = i32(kaio.thread_idx_x())
+    if item < total:
+        out[x * total + item] = fused.turn_rank(x, nkb, 0, item, total, 0, 1, 64, 128)
+
+
+@pytest.mark.parametrize("nkb, total", [(3, 8), (8, 16), (5, 3), (4, 4), (7, 32)])
+def test_rotated_turns_follow_the_walks(nkb, total):
+    """``turn_rank`` with ``rot``: on each item the key blocks take their turns in the
+    order their rotated walks (key block x's from item x total // nkb) reach it, ties to the
+    later key block: a permutation, and a block never waits for one that reaches the item
+    later (no block waits long when they run alike)."""
+    out = np.full(nkb * total, -1, np.int32)
+    _rotated_turns.sim[nkb, 32](out, nkb, total)
+    turns = out.reshape(nkb, total)
+    for item in range(total):
+        steps = [((item - x * total // nkb) % total, -x) for x in range(nkb)]
+        assert list(turns[:, item]) == [sorted(steps).index(s) for s in steps], (item, turns)
 
 
 @kaio.gpu_kernel(block_size=32)
@@ -180,12 +212,18 @@ def _gpu_operands(b, h, hkv, sq, sk, d, causal, seed):
 @pytest.mark.gpu
 @pytest.mark.skipif("not _hopper_gpu()", reason="needs an sm_90 GPU")
 @pytest.mark.parametrize(
-    "d, causal, hkv", [(128, True, 2), (128, False, 4), (64, True, 4), (64, False, 3)]
-)
-def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv):
+    "d, causal, hkv, over",
+    [(128, True, 2, {}), (128, False, 4, {}), (64, True, 4, {}), (64, False, 3, {}),
+     (64, False, 3, {"ROT": True}), (64, True, 4, {"ROT": True}),
+     (64, False, 3, {"ROT": True, "FINISH": True}),
+     (128, False, 4, {"ROT": True, "FINISH": True}), (64, False, 3, {"ITEMS": 2}),
+     (128, True, 2, {"ITEMS": 2, "ROT": True})],
+)  # fmt: skip
+def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv, over):
     """Against float64 autograd (grouped-query heads, Sq < Sk, a partial query tile) and
     the same bits on three runs, at a size with many key blocks a query tile (three K/V
-    heads: six blocks' heads, a partial group of ``HG``)."""
+    heads: six blocks' heads, a partial group of ``HG``); ``over``: with ``ROT`` (rotated
+    walks, resp. the longest causal walks launched first), ``FINISH`` and ``ITEMS``."""
     import torch
 
     from tests.test_ops_attention import _rel_t, _sdpa64
@@ -194,7 +232,7 @@ def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv):
     q, k, v, do, run = _gpu_operands(2, h, hkv, 1000, 2048, d, causal, d + hkv)
     leaves = [x.double().requires_grad_() for x in (q, k, v)]
     _sdpa64(*leaves, causal, group=h // hkv).backward(do.double())
-    runs = [run(ordered=True) for _ in range(3)]
+    runs = [run(ordered=over or True) for _ in range(3)]
     for g, leaf in zip(runs[0], leaves, strict=True):
         assert _rel_t(g, leaf.grad) < 5e-3, _rel_t(g, leaf.grad)
     for again in runs[1:]:
