@@ -513,6 +513,27 @@ def mid_plans(m, n, k, sms=132):
     ]
 
 
+PAIR_SHAPES = [(4096, 4096), (6144, 4096), (4096, 14336)]  # where 128 to 512 rows lose most
+
+
+def pair_plans(m, n, k, sms=132):
+    """The plans "pairs" times beside the routed one at 128 to 512 rows: the routed tile
+    and 64-row tiles of 64 to 128 columns in clusters of two (one tile above the other,
+    each B slice read from L2 once for both: multicast), where the pairs fit one wave."""
+    wg, bn, st, pr, vec, *_ = H.config(m, n, k, sms)
+    out = [(wg, bn, st, pr, vec, 2)]
+    for b in (64, 96, 128):
+        if -(-m // 128) * -(-n // b) <= sms // 2:
+            out.append((1, b, H.stages_for(1, b), H.promotion(1, b), 1, 2))
+    return sorted(set(out) - {(wg, bn, st, pr, vec, 2)}) + [out[0]]
+
+
+SQUARE_PLANS = {  # (the plans "squares" times beside the routed one at 4096^3 and 8192^3)
+    4096: [(2, 144, 5, 1, 3), (2, 208, 4, 1, 3, 2), (2, 144, 5, 1, 3, 2), (2, 160, 5, 1, 3)],
+    8192: [(2, 144, 5, 1, 3), (2, 192, 4, 1, 3, 2), (2, 144, 5, 1, 3, 2), (2, 160, 5, 1, 3)],
+}
+
+
 def copy_bandwidth(nbytes=2**30):
     """Bytes a second that a device-to-device copy moves (read + written), the median of 5."""
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
@@ -806,6 +827,13 @@ def warm(cases, ms, models, processes: int = 14) -> None:
         jobs += [(H.config(*shape, 132), False) for shape in EPIQ_SHAPES]
     if "ksweep" in cases:
         jobs += [(H.config(m, n, k, 132), False) for m, n, k in KSWEEP]
+    if "pairs" in cases:
+        for m in [m for m in ms if 64 < m <= 512]:
+            for n, k in PAIR_SHAPES:
+                jobs += [(p, False, m) for p in [H.config(m, n, k, 132), *pair_plans(m, n, k)]]
+    if "squares" in cases:
+        jobs += [(p, False) for s in SQUARE_PLANS for p in [H.config(s, s, s, 132),
+                                                           *SQUARE_PLANS[s]]]  # fmt: skip
     if "group" in cases:
         jobs += [(p, False) for s in (4096, 8192) for p in [H.config(s, s, s, 132),
                                                             *group_plans(s, s, s)]]  # fmt: skip
@@ -901,7 +929,10 @@ def main() -> None:
         over_shapes(ms, ring_plans, RING_SHAPES, "ring ")
     if "names" in cases:  # which kernels cuBLAS runs where kaio loses most
         try:
-            kernel_names([(m, n, k) for m in ms for n, k in BAND_SHAPES], t0 + args.budget + 6)
+            names = [(m, n, k) for m in ms for n, k in BAND_SHAPES]
+            if "squares" in cases:
+                names.append((8192, 8192, 8192))
+            kernel_names(names, t0 + args.budget + 6)
         except Exception:  # noqa: BLE001
             traceback.print_exc()
     if "decode" in cases:  # the routed decode plans against the old route, stages, preload
@@ -910,6 +941,11 @@ def main() -> None:
         over_shapes([m for m in ms if 64 < m <= 256], mid_plans)
     if "midsplit" in cases:  # wide tiles split along K, summed in the kernel
         over_shapes([m for m in ms if 64 < m <= 256], split_plans)
+    if "squares" in cases:  # cuBLAS's tile width, clusters of two at the squares
+        for size, plans in SQUARE_PLANS.items():
+            recs.append(run_case(size, size, size, False, plans, log))
+    if "pairs" in cases:  # clusters of two at 128 to 512 rows
+        over_shapes([m for m in ms if 64 < m <= 512], pair_plans, PAIR_SHAPES)
     if "group" in cases:  # the routed tile with other groupings of the tile order
         for size in (4096, 8192):
             recs.append(run_case(size, size, size, False, group_plans(size, size, size), log))
