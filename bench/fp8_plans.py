@@ -517,15 +517,17 @@ PAIR_SHAPES = [(4096, 4096), (6144, 4096), (4096, 14336)]  # where 128 to 512 ro
 
 
 def pair_plans(m, n, k, sms=132):
-    """The plans "pairs" times beside the routed one at 128 to 512 rows: the routed tile
-    and 64-row tiles of 64 to 128 columns in clusters of two (one tile above the other,
-    each B slice read from L2 once for both: multicast), where the pairs fit one wave."""
+    """The plans "pairs" times beside the routed one at 128 to 512 rows: the routed tile in
+    clusters of two one above the other (``CL`` 2: each B slice read from L2 once for both,
+    multicast) and side by side (3: each A slice so), and 64-row tiles of 64 to 128 columns
+    in such pairs, where the pairs fit one wave."""
     wg, bn, st, pr, vec, *_ = H.config(m, n, k, sms)
-    out = [(wg, bn, st, pr, vec, 2)]
+    out = [(wg, bn, st, pr, vec, 2), (wg, bn, st, pr, vec, 3)]
     for b in (64, 96, 128):
-        if -(-m // 128) * -(-n // b) <= sms // 2:
-            out.append((1, b, H.stages_for(1, b), H.promotion(1, b), 1, 2))
-    return sorted(set(out) - {(wg, bn, st, pr, vec, 2)}) + [out[0]]
+        for cl, rows, cols in ((2, 128, b), (3, 64, 2 * b)):
+            if -(-m // rows) * -(-n // cols) <= sms // 2:
+                out.append((1, b, H.stages_for(1, b), H.promotion(1, b), 1, cl))
+    return sorted(set(out))
 
 
 SQUARE_PLANS = {  # (the plans "squares" times beside the routed one at 4096^3 and 8192^3)
