@@ -531,9 +531,22 @@ def pair_plans(m, n, k, sms=132):
 
 
 SQUARE_PLANS = {  # (the plans "squares" times beside the routed one at 4096^3 and 8192^3:
-    # cuBLAS's 144-column tile, the routed tile and 128 x 128 in clusters of two)
-    4096: [(2, 144, 5, 1, 3), (2, 208, 4, 1, 3, 2), (2, 128, 6, 1, 3, 2), (2, 128, 6, 1, 3, 3)],
-    8192: [(2, 144, 5, 1, 3), (2, 192, 4, 1, 3, 2), (2, 128, 6, 1, 3, 3), (2, 160, 5, 1, 3)],
+    # cuBLAS's 144-column tile, the routed tile with the warpgroups issuing in turn and in
+    # clusters of two, 128 x 128 in clusters of both kinds)
+    4096: [
+        (2, 144, 5, 1, 3),
+        (2, 208, 4, 4, 3),
+        (2, 208, 4, 1, 3, 2),
+        (2, 128, 6, 1, 3, 2),
+        (2, 128, 6, 1, 3, 3),
+    ],
+    8192: [
+        (2, 144, 5, 1, 3),
+        (2, 192, 4, 4, 3),
+        (2, 192, 4, 1, 3, 2),
+        (2, 128, 6, 1, 3, 3),
+        (2, 160, 5, 1, 3),
+    ],
 }
 
 
