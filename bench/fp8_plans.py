@@ -519,13 +519,13 @@ PAIR_SHAPES = [(4096, 4096), (6144, 4096), (4096, 14336)]  # where 128 to 512 ro
 def pair_plans(m, n, k, sms=132):
     """The plans "pairs" times beside the routed one at 128 to 512 rows: the routed tile in
     clusters of two one above the other (``CL`` 2: each B slice read from L2 once for both,
-    multicast) and side by side (3: each A slice so), and 64-row tiles of 64 to 128 columns
-    in such pairs, where the pairs fit one wave."""
+    multicast), side by side (3: each A slice so) and of 2 x 2 (4: both), and 64-row tiles
+    of 64 and 128 columns so, where the clusters fit one wave."""
     wg, bn, st, pr, vec, *_ = H.config(m, n, k, sms)
-    out = [(wg, bn, st, pr, vec, 2), (wg, bn, st, pr, vec, 3)]
-    for b in (64, 96, 128):
-        for cl, rows, cols in ((2, 128, b), (3, 64, 2 * b)):
-            if -(-m // rows) * -(-n // cols) <= sms // 2:
+    out = [(wg, bn, st, pr, vec, cl) for cl in (2, 3, 4)]
+    for b in (64, 128):
+        for cl, rows, cols, blocks in ((2, 128, b, 2), (3, 64, 2 * b, 2), (4, 128, 2 * b, 4)):
+            if -(-m // rows) * -(-n // cols) <= sms // blocks:
                 out.append((1, b, H.stages_for(1, b), H.promotion(1, b), 1, cl))
     return sorted(set(out))
 

@@ -137,7 +137,9 @@ def load_slice(
     and the results of those rows are never stored). In a cluster of two (``CL`` 2 or 3),
     the position is the pair's: with ``CL`` 2 (``2 * ROWS`` rows a pair) block r copies its
     own A rows and half r of the B slice, multicast into both blocks; with 3 (``2 * BN``
-    columns a pair) its own B^T rows and half r of the A slice, multicast."""
+    columns a pair) its own B^T rows and half r of the A slice, multicast; with 4 (clusters
+    of 2 x 2 tiles) half of its A rows and half of its B^T rows, each multicast into the
+    block beside or below it too."""
     k0 = kt * BK
     kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32((AR + BN) * BK * 2))
     if CL == 1:
@@ -148,11 +150,21 @@ def load_slice(
         kaio.tma_load_2d(sa, (s, 0, 0), ta, row0 + r * ROWS, k0, bars, (0, s))
         half = r * (BN // 2)
         kaio.tma_load_2d_multicast(sb, (s, half, 0), tb, col0 + half, k0, bars, (0, s), 3)
-    else:
+    elif CL == 3:
         r = i32(kaio.cluster_rank())
         kaio.tma_load_2d(sb, (s, 0, 0), tb, col0 + r * BN, k0, bars, (0, s))
         half = r * (ROWS // 2)
         kaio.tma_load_2d_multicast(sa, (s, half, 0), ta, row0 + half, k0, bars, (0, s), 3)
+    else:  # 2 x 2: block r = 2 y + x, half x of its A rows to both of row y (r, r ^ 1),
+        r = i32(kaio.cluster_rank())  # half y of its B^T rows to both of column x (r, r ^ 2)
+        ra = row0 + (r // 2) * ROWS
+        cb = col0 + (r % 2) * BN
+        ha = (r % 2) * (ROWS // 2)
+        hb = (r // 2) * (BN // 2)
+        both_a = u32((1 << r) | (1 << (r ^ 1)))
+        both_b = u32((1 << r) | (1 << (r ^ 2)))
+        kaio.tma_load_2d_multicast(sa, (s, ha, 0), ta, ra + ha, k0, bars, (0, s), both_a)
+        kaio.tma_load_2d_multicast(sb, (s, hb, 0), tb, cb + hb, k0, bars, (0, s), both_b)
 
 
 @kaio.gpu_func
@@ -173,14 +185,14 @@ def produce_all(
     if SPLIT == 1:
         kt = i32(0)
         tile = tile0
-        row0, col0 = tile_origin(tile0, tiles_m, tiles_n, BN * (1 + (CL == 3)), GROUP,
-                                 ROWS * (1 + (CL == 2)))  # fmt: skip
+        row0, col0 = tile_origin(tile0, tiles_m, tiles_n, BN * (1 + (CL >= 3)), GROUP,
+                                 ROWS * (1 + (CL % 2 == 0)))  # fmt: skip
         for g in range(count):
             wait_free(bars, s, ph, g, STAGES)
             load_slice(sa, sb, bars, ta, tb, kt, row0, col0, s, BN, ROWS, CL, AR)
             kt, tile, row0, col0 = next_position(kt, tile, row0, col0, k_tiles, step, tiles_m,
-                                                 tiles_n, BN * (1 + (CL == 3)), GROUP,
-                                                 ROWS * (1 + (CL == 2)))  # fmt: skip
+                                                 tiles_n, BN * (1 + (CL >= 3)), GROUP,
+                                                 ROWS * (1 + (CL % 2 == 0)))  # fmt: skip
             s, ph = next_stage(s, ph, STAGES)
     else:
         g = i32(0)  # slices so far
@@ -283,10 +295,16 @@ def promote_either(
 @kaio.gpu_func
 def free_stage(bars: u64[:, :], s: i32, lt: u32, CL: kaio.constexpr):
     """Lane 0 of the warpgroup tells the producer that stage ``s`` may be refilled (in a
-    cluster of two, both blocks' producers: each writes half of a slice into both)."""
+    cluster of two, both blocks' producers: each writes half of a slice into both; of 2 x 2
+    (``CL`` 4), its own and those beside and below or above it)."""
     if lt == 0:
         if CL == 1:
             kaio.mbarrier_arrive(bars, (1, s))
+        elif CL == 4:
+            r = kaio.cluster_rank()
+            kaio.mbarrier_arrive(bars, (1, s))
+            kaio.mbarrier_arrive_cluster(bars, (1, s), r ^ 1)
+            kaio.mbarrier_arrive_cluster(bars, (1, s), r ^ 2)
         else:
             kaio.mbarrier_arrive_cluster(bars, (1, s), 0)
             kaio.mbarrier_arrive_cluster(bars, (1, s), 1)
@@ -653,10 +671,10 @@ def consume_tiles(
             st, ph, g = consume(acc, part0, part1, sa_s, sb_s, bars, turn, st, ph, g, count, wg,
                                 lt, BN, STAGES, PROMOTE, FP8, f32, CL, cs, carried)  # fmt: skip
             carried = False
-        tr, tc = tile_origin(tile, tiles_m, tiles_n, BN * (1 + (CL == 3)), GROUP,
-                             ROWS * (1 + (CL == 2)))  # fmt: skip
-        row0 = tr + rank * ROWS * (CL == 2) + 64 * i32(wg)  # (CL 2: one above the other)
-        col0 = tc + rank * BN * (CL == 3)  # (CL 3: side by side)
+        tr, tc = tile_origin(tile, tiles_m, tiles_n, BN * (1 + (CL >= 3)), GROUP,
+                             ROWS * (1 + (CL % 2 == 0)))  # fmt: skip
+        row0 = tr + ROWS * (rank * (CL == 2) + rank // 2 * (CL == 4)) + 64 * i32(wg)
+        col0 = tc + BN * (rank * (CL == 3) + rank % 2 * (CL == 4))
         pa = sa[0]
         pb = sb[0]
         carry = PROMOTE == 7 and VEC == 1 and SPLIT == 1 and SWAP + ROW_A + COL_B + BIAS == 0
@@ -726,7 +744,7 @@ def matmul_fp8_wgmma(
     is N and ``n`` is M, its tiles are of C^T, stored transposed (``store_transposed``)."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL > 1:
-        kaio.cluster_dims(2)
+        kaio.cluster_dims(2 + 2 * (CL == 4))
     ROWS = 64 * WG  # noqa: N806  (a compile-time int, as the constexprs)
     # a decode tile's A stages hold only the AR rows copied (a_stage_rows), the ring padded
     # so that the last stage's 64-row wgmma operand stays inside it
@@ -746,7 +764,7 @@ def matmul_fp8_wgmma(
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
     lt = t % 128
     tile0, step, tiles_m, tiles_n, my_tiles, k_tiles, slices = tile_schedule(
-        m, n, k2, ROWS * (1 + (CL == 2)), BN * (1 + (CL == 3)), BK
+        m, n, k2, ROWS * (1 + (CL % 2 == 0)), BN * (1 + (CL >= 3)), BK
     )
     if PF and t == WG * 128:  # the producer's thread: the maps fetched during the set-up
         kaio.prefetch_tensormap(ta)
@@ -755,17 +773,17 @@ def matmul_fp8_wgmma(
         kaio.mbarrier_init(turn, 0, 4)
         kaio.mbarrier_init(turn, 1, 4)
     rank = i32(0)
-    if CL > 1:  # the cluster's pair of tiles: tile0, step and the counts in pairs
+    if CL > 1:  # the cluster's pair (or 2 x 2) of tiles: tile0, step and the counts in them
         rank = i32(kaio.cluster_rank())
-        tile0 = tile0 // 2
-        step = step // 2
+        tile0 = tile0 // (2 + 2 * (CL == 4))
+        step = step // (2 + 2 * (CL == 4))
         my_tiles = (tiles_m * tiles_n - tile0 + step - 1) // step
         slices = my_tiles * k_tiles
     if SPLIT > 1:  # units: the whole tiles, then the parts of the split ones (unit_of)
         units = full + (tiles_m * tiles_n - full) * parts
         my_tiles = (units - tile0 + step - 1) // step
-    init_ring(bars, t, STAGES, WG * (1 + (CL > 1)))  # "free": lane 0 of each consumer
-    if CL > 1:  # warpgroup (of both blocks)
+    init_ring(bars, t, STAGES, WG * (1 + (CL > 1) + (CL == 4)))  # "free": lane 0 of each
+    if CL > 1:  # consumer warpgroup (of each block that writes into this one's stages)
         kaio.cluster_sync()  # the other block's barriers are ready before any copy
     acc = kaio.local(f32, (BN // 8, 2, 2))  # the tile's f32 sums
     # the slice sums (module docstring): two sets for PROMOTE 2, half the width for 3 and
@@ -1026,14 +1044,14 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     maps); the other arrays as ``_fp8._mm_fp8`` takes them; ``flags``: its ROW_A, COL_B and
     BIAS; ``plan``: (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT[, OCC[, FUSE[, SWAP[,
     GROUP]]]]]]), default ``config``'s; CL: 1, or clusters of two tiles one above the other
-    (2) or side by side (3); SPLIT > 1 (one block a cluster): the tiles of the last partial
-    wave split that many ways along K (``split_from``), their raw sums in a workspace made
-    like ``like`` (an ``_arrays.Operand``), added by ``sum_parts``. OCC (one block a
-    cluster; default 1): a persistent grid of up to OCC blocks a multiprocessor (with a ring
-    of STAGES small enough that OCC blocks' shared memory fits one: more blocks streaming
-    the weights at decode sizes). FUSE (with SPLIT > 1): the parts summed in the kernel, by
-    each warp's last arrival (``last_part``; counters from ``linear._counters``), not by
-    ``sum_parts``. SWAP: C^T = B^T A^T (``swap_plan``): ``64 * WG``-row tiles of the
+    (2) or side by side (3), or of 2 x 2 (4); SPLIT > 1 (one block a cluster): the tiles of
+    the last partial wave split that many ways along K (``split_from``), their raw sums in a
+    workspace made like ``like`` (an ``_arrays.Operand``), added by ``sum_parts``. OCC (one
+    block a cluster; default 1): a persistent grid of up to OCC blocks a multiprocessor
+    (with a ring of STAGES small enough that OCC blocks' shared memory fits one: more blocks
+    streaming the weights at decode sizes). FUSE (with SPLIT > 1): the parts summed in the
+    kernel, by each warp's last arrival (``last_part``; counters from ``linear._counters``),
+    not by ``sum_parts``. SWAP: C^T = B^T A^T (``swap_plan``): ``64 * WG``-row tiles of the
     weights, BN of a's rows a tile; its K split always summed in the kernel. GROUP: the tile
     rows a group of the tile order spans (``_matmul_hopper.grouped``; ``GROUP_ROWS``)."""
     from kaio_ops.linear import _counters, _placeholder
@@ -1049,8 +1067,8 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
         fuse, vec = 1, 1  # (sum_parts and the shared epilogue store tiles of C, not C^T)
     rows = 64 * wg
     ar = a_rows(m, wg, cl)
-    ta = kaio.tensor_map_2d(a_units, (ar // (1 + (cl == 3)), BK), SW)  # (a pair's halves)
-    tb = kaio.tensor_map_2d(bt_units, (bn // (1 + (cl == 2)), BK), SW)
+    ta = kaio.tensor_map_2d(a_units, (ar // (1 + (cl >= 3)), BK), SW)  # (a pair's halves)
+    tb = kaio.tensor_map_2d(bt_units, (bn // (1 + (cl % 2 == 0)), BK), SW)
     constexprs = dict(
         WG=wg, BN=bn, STAGES=stages, PROMOTE=promote_mode, GROUP=group, **flags, DT=dt,
         FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=min(split, 2) + (split > 1 and fuse), AR=ar,
@@ -1062,13 +1080,13 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
         if plan is None:  # config's: the ring takes the buffers' room
             stages = constexprs["STAGES"] = stages_for(wg, bn)
     threads, shared = wg * 128 + 128, shared_bytes(wg, bn, stages, vec, ar)
-    tiles = -(-m // (rows * (1 + (cl == 2)))) * -(-n // (bn * (1 + (cl == 3))))  # (or pairs)
+    tiles = -(-m // (rows * (1 + (cl % 2 == 0)))) * -(-n // (bn * (1 + (cl >= 3))))  # (clusters)
     full = split_from(tiles, sms * occ, split)
     units = full + (tiles - full) * split
     if cl == 1:
         grid = min(sms * occ, units)
     else:
-        grid = 2 * min(tiles, _clusters(threads, shared, constexprs))
+        grid = (2 + 2 * (cl == 4)) * min(tiles, _clusters(threads, shared, constexprs))
     if full < tiles:
         ws = _arrays.output(like, ((tiles - full) * split * rows, bn), f32)
     else:
