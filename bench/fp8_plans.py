@@ -452,6 +452,19 @@ CLUSTER_VEC = [(2, 208, 4, 1, 3, 2), (2, 208, 5, 1, 1, 2), (2, 208, 4, 1, 2, 2),
                (2, 208, 5, 1, 1)]  # fmt: skip
 
 
+ONCE_CASES = [(128, 4096, 4096), (256, 6144, 4096)]  # ("once": where 128 to 256 rows lose)
+
+
+def call_once(cases) -> None:
+    """``torch._scaled_mm`` and the routed ``matmul_fp8`` called once each at ``cases`` (m,
+    n, k), for a profiler that picks their kernels out (ncu -k)."""
+    for m, n, k in cases:
+        a, b, sa, sb = operands(m, n, k, False, 1)[0]
+        scaled_mm(a, b, sa, sb)
+        with_plan(None)(a, b, sa, sb)
+        torch.cuda.synchronize()
+
+
 def kernel_names(cases, deadline=math.inf) -> None:
     """The kernels ``torch._scaled_mm`` and the routed ``matmul_fp8`` launch at ``cases``
     (m, n, k): torch.profiler's names (cuBLAS's encode its tile and K split), until the
@@ -971,6 +984,8 @@ def main() -> None:
                 recs.append(run_case(1, n, k, False, [GEMV], log, f"M=1 {n}x{k}"))
     if "rings" in cases:  # deeper rings, one block a multiprocessor
         over_shapes(ms, ring_plans, RING_SHAPES, "ring ")
+    if "once" in cases:  # one call of each at ONCE_CASES (under ncu)
+        call_once(ONCE_CASES)
     if "names" in cases:  # which kernels cuBLAS runs where kaio loses most
         try:
             names = [(m, n, k) for m in ms for n, k in BAND_SHAPES]
