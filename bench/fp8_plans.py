@@ -626,27 +626,7 @@ def full_plan(plan) -> tuple:
     return (*plan, *(1, 1, 1, 0, 0, H.GROUP_ROWS)[len(plan) - 5 :])
 
 
-def prefetched(plan, on: bool):
-    """matmul_fp8 forced onto ``plan`` (``with_plan``) with the kernel's tensor maps
-    prefetched at its start (``_fp8_hopper.PREFETCH_MAPS``) or not."""
-    fn = with_plan(plan)
-
-    def run(a, b, sa, sb):
-        keep = H.PREFETCH_MAPS
-        H.PREFETCH_MAPS = on
-        try:
-            return fn(a, b, sa, sb)
-        finally:
-            H.PREFETCH_MAPS = keep
-
-    return run
-
-
-PF_CASES = [(8, 4096, 4096), (16, 4096, 14336), (32, 6144, 4096), (128, 4096, 4096),
-            (256, 6144, 4096), (1024, 4096, 4096), (4096, 4096, 4096)]  # fmt: skip
-
-
-def run_case(m, n, k, rowwise, plans, log, label="", floor_us=None, extra=None):
+def run_case(m, n, k, rowwise, plans, log, label="", floor_us=None):
     nbytes = m * k + k * n + 2 * m * n
     sets = operands(m, n, k, rowwise, max(1, min(8, math.ceil(3 * L2 / nbytes))))
     ref = scaled_mm(*sets[0]).float()
@@ -668,17 +648,11 @@ def run_case(m, n, k, rowwise, plans, log, label="", floor_us=None, extra=None):
             continue
         rec[name] = {"err": err}
         fns[name] = fn
-    for name, fn in (extra or {}).items():  # other variants: (name, matmul_fp8's stand-in)
-        got = fn(*sets[0]).float()
-        rec[name] = {"err": ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()}
-        fns[name] = fn
     ms = time_all(fns, sets)
     rec["cublas_us"] = ms.pop("cublas") * 1e3
     best = None
     for name, t in ms.items():
         rec[name].update(us=t * 1e3, x=rec["cublas_us"] / (t * 1e3))
-        if name in (extra or {}):
-            continue
         plan = name if name in ("pick", GEMV) else tuple(int(x) for x in name.split("/"))
         if rec[name]["err"] < 1e-2 and plan not in NOT_SHIPPED:
             if best is None or t * 1e3 < rec[best]["us"]:
@@ -725,7 +699,7 @@ def diagnose() -> None:
         wg, bn, st, pr, vec, *rest = plan
         c = dict(WG=wg, BN=bn, STAGES=st, PROMOTE=pr, GROUP=H.GROUP_ROWS, ROW_A=0, COL_B=0,
                  BIAS=0, DT=bf16, FP8=e4m3, VEC=vec, CL=rest[0] if rest else 1,
-                 SPLIT=1, AR=64 * wg, SWAP=0, PF=1)  # fmt: skip
+                 SPLIT=1, AR=64 * wg, SWAP=0)  # fmt: skip
         try:
             print(plan, H.matmul_fp8_wgmma.resources(**c), flush=True)
             if pr in (2, 5) and ptxas:  # the local ptxas' view of the same PTX
@@ -882,8 +856,6 @@ def warm(cases, ms, models, processes: int = 14) -> None:
         jobs += [(H.config(*shape, 132), False) for shape in EPIQ_SHAPES]
     if "ksweep" in cases:
         jobs += [(H.config(m, n, k, 132), False) for m, n, k in KSWEEP]
-    if "pf" in cases:
-        jobs += [(H.config(*case, 132), False, min(case[0], 256)) for case in PF_CASES]
     if "pairs" in cases:
         for m in [m for m in ms if 64 < m <= 512]:
             for n, k in PAIR_SHAPES:
@@ -1000,11 +972,6 @@ def main() -> None:
         over_shapes([m for m in ms if 64 < m <= 256], mid_plans)
     if "midsplit" in cases:  # wide tiles split along K, summed in the kernel
         over_shapes([m for m in ms if 64 < m <= 256], split_plans)
-    if "pf" in cases:  # the routed plans with and without the tensor maps prefetched
-        for m, n, k in PF_CASES:
-            plan = H.config(m, n, k, 132)
-            both = {f"prefetch {on}": prefetched(plan, on) for on in (False, True)}
-            recs.append(run_case(m, n, k, False, [], log, extra=both))
     if "squares" in cases:  # cuBLAS's tile width, clusters of two at the squares
         for size, plans in SQUARE_PLANS.items():
             recs.append(run_case(size, size, size, False, plans, log))
