@@ -543,6 +543,25 @@ def pair_plans(m, n, k, sms=132):
     return sorted(set(out))
 
 
+def ns_stages(bn, most=16):
+    """The deepest ring (at most ``most``) of a 64 x ``bn`` tile shared by two consumer
+    warpgroups (``NS``) that fits."""
+    fits = [s for s in range(2, most + 1) if H.shared_bytes(2, bn, s, 1, 64, 1) <= H.SHARED_LIMIT]
+    return fits[-1]
+
+
+def ns_plans(m, n, k, sms=132):
+    """The plans "ns" times beside the routed one up to 256 rows: 64-row tiles of 32 to 128
+    columns whose two consumer warpgroups each take half the columns (``NS``: cuBLAS's
+    64 x 64 tiles at 128 rows run 384 threads) where the tiles fill more than half of one
+    wave, and 128 x 96 tiles (cuBLAS's at 256 x 6144)."""
+    out = []
+    for bn in (32, 64, 96, 128):
+        if sms // 2 < -(-m // 64) * -(-n // bn) <= sms:
+            out.append((2, bn, ns_stages(bn), 2, 1, 1, 1, 1, 0, 0, H.GROUP_ROWS, 1))
+    return out + ([(2, 96, H.stages_for(2, 96), 2, 1)] if m > 64 else [])
+
+
 SQUARE_PLANS = {  # (the plans "squares" times beside the routed one at 4096^3 and 8192^3:
     # cuBLAS's 144-column tile, the routed tile with the warpgroups issuing in turn and in
     # clusters of two, 128 x 128 in clusters of both kinds)
@@ -672,7 +691,7 @@ def run_case(m, n, k, rowwise, plans, log, label="", floor_us=None):
         f"{pick.get('us', float('nan')):8.1f} us {pick.get('x', 0):.2f}x | best {best} "
         f"{rec[best]['us'] if best else float('nan'):8.1f} us {rec[best]['x'] if best else 0:.2f}x"
         + "".join(
-            f" | {kk} {v['x']:.2f}x"
+            f" | {kk} {v['x']:.2f}x" + ("" if v.get("err", 0) == 0 else f" (err {v['err']:.1e})")
             for kk, v in rec.items()
             if isinstance(v, dict) and "x" in v and kk not in ("pick", best)
         ),
@@ -699,7 +718,7 @@ def diagnose() -> None:
         wg, bn, st, pr, vec, *rest = plan
         c = dict(WG=wg, BN=bn, STAGES=st, PROMOTE=pr, GROUP=H.GROUP_ROWS, ROW_A=0, COL_B=0,
                  BIAS=0, DT=bf16, FP8=e4m3, VEC=vec, CL=rest[0] if rest else 1,
-                 SPLIT=1, AR=64 * wg, SWAP=0)  # fmt: skip
+                 SPLIT=1, AR=64 * wg, SWAP=0, NS=0)  # fmt: skip
         try:
             print(plan, H.matmul_fp8_wgmma.resources(**c), flush=True)
             if pr in (2, 5) and ptxas:  # the local ptxas' view of the same PTX
@@ -856,6 +875,10 @@ def warm(cases, ms, models, processes: int = 14) -> None:
         jobs += [(H.config(*shape, 132), False) for shape in EPIQ_SHAPES]
     if "ksweep" in cases:
         jobs += [(H.config(m, n, k, 132), False) for m, n, k in KSWEEP]
+    if "ns" in cases:
+        for m in [m for m in ms if m <= 256]:
+            for n, k in [s for mo in models for s in SHAPES[mo]]:
+                jobs += [(p, False, m) for p in [H.config(m, n, k, 132), *ns_plans(m, n, k)]]
     if "pairs" in cases:
         for m in [m for m in ms if 64 < m <= 512]:
             for n, k in PAIR_SHAPES:
@@ -975,6 +998,8 @@ def main() -> None:
     if "squares" in cases:  # cuBLAS's tile width, clusters of two at the squares
         for size, plans in SQUARE_PLANS.items():
             recs.append(run_case(size, size, size, False, plans, log))
+    if "ns" in cases:  # two consumer warpgroups on a 64-row tile, half the columns each
+        over_shapes([m for m in ms if m <= 256], ns_plans)
     if "pairs" in cases:  # clusters of two at 128 to 512 rows
         over_shapes([m for m in ms if 64 < m <= 512], pair_plans, PAIR_SHAPES)
     if "group" in cases:  # the routed tile with other groupings of the tile order

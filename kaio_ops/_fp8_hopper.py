@@ -243,14 +243,14 @@ def unit_of(u: i32, k_tiles: i32, full: i32, parts: i32):
 @kaio.gpu_func
 def wgmma_slice(
     part: ACC[:, :, :], sa: f16[:, :, :], sb: f16[:, :, :], s: i32, wg: u32, fresh: bool_,
-    N0: kaio.constexpr, KIND: kaio.constexpr, ACC: kaio.constexpr,
+    N0: kaio.constexpr, KIND: kaio.constexpr, ACC: kaio.constexpr, nb: i32 = 0,
 ):  # fmt: skip
     """``part`` (+)= warpgroup ``wg``'s 64 rows of stage ``s``'s A slice times B^T rows
-    ``N0 ..`` (as many as ``part`` has columns): four k32 wgmmas of kind ``KIND``, the first
-    one starting a fresh sum when ``fresh``."""
+    ``nb + N0 ..`` (as many as ``part`` has columns): four k32 wgmmas of kind ``KIND``, the
+    first one starting a fresh sum when ``fresh``."""
     for kk in kaio.static_range(BK // 16):
         da = kaio.smem_descriptor(sa, (s, 64 * wg, kk * 16), SW, 16, 1024)
-        db = kaio.smem_descriptor(sb, (s, N0, kk * 16), SW, 16, 1024)
+        db = kaio.smem_descriptor(sb, (s, nb + N0, kk * 16), SW, 16, 1024)
         keep = kk > 0 or not fresh
         if KIND == e4m3:
             kaio.wgmma_e4m3(part, da, db, keep)
@@ -315,14 +315,15 @@ def consume(
     sb: f16[:, :, :], bars: u64[:, :], turn: u64[:], st: i32, ph: u32, g: i32, k_tiles: i32,
     wg: u32, lt: u32, BN: kaio.constexpr, STAGES: kaio.constexpr, PROMOTE: kaio.constexpr,
     KIND: kaio.constexpr, ACC: kaio.constexpr, CL: kaio.constexpr, cs: i32 = 0,
-    carried: bool_ = False,
+    carried: bool_ = False, nb: i32 = 0,
 ):  # fmt: skip
     """Warpgroup ``wg``'s sums of one tile over its ``k_tiles`` K slices into ``acc``, each
     slice's stage waited for (full barrier) and freed once read; the ring position (stage
     ``st``, phase parity ``ph``, slices so far ``g``) after them returned; ``PROMOTE`` as the
     module docstring says (``part``: the slice sums, ``part0`` and ``part1`` for 2;
     ``turn``: the two warpgroups' turns for 4; for 7, ``carried``: the first slice is in
-    ``part0`` already, from stage ``cs``: ``carry_slice``)."""
+    ``part0`` already, from stage ``cs``: ``carry_slice``); ``nb``: the warpgroup's first B^T
+    row in a stage (``NS``)."""
     kb = i32(0)
     if PROMOTE == 7:
         if carried:  # the first slice was issued before the tile before's epilogue
@@ -342,7 +343,7 @@ def consume(
             if wg == 1 or g > 0:
                 kaio.mbarrier_wait(turn, wg, u32((g + i32(wg) + 1) & 1))
             kaio.wgmma_fence()
-            wgmma_slice(part0, sa, sb, s, wg, True, 0, KIND, ACC)
+            wgmma_slice(part0, sa, sb, s, wg, True, 0, KIND, ACC, nb)
             kaio.wgmma_commit()
             if lt % 32 == 0:
                 kaio.mbarrier_arrive(turn, 1 - wg)
@@ -352,14 +353,14 @@ def consume(
         elif PROMOTE == 3:
             for half in kaio.static_range(2):
                 kaio.wgmma_fence()
-                wgmma_slice(part0, sa, sb, s, wg, True, half * BN // 2, KIND, ACC)
+                wgmma_slice(part0, sa, sb, s, wg, True, half * BN // 2, KIND, ACC, nb)
                 kaio.wgmma_commit()
                 kaio.wgmma_wait(0)
                 promote(acc, part0, half * BN // 16, BN // 16)
             free_stage(bars, s, lt, CL)
         elif PROMOTE == 1 or PROMOTE == 7:
             kaio.wgmma_fence()
-            wgmma_slice(part0, sa, sb, s, wg, True, 0, KIND, ACC)
+            wgmma_slice(part0, sa, sb, s, wg, True, 0, KIND, ACC, nb)
             kaio.wgmma_commit()
             kaio.wgmma_wait(0)
             free_stage(bars, s, lt, CL)
@@ -367,11 +368,11 @@ def consume(
         else:  # one group kept in flight: the slice before's stage freed (and its sum added)
             kaio.wgmma_fence()
             if PROMOTE == 0:
-                wgmma_slice(acc, sa, sb, s, wg, kt == 0, 0, KIND, ACC)
+                wgmma_slice(acc, sa, sb, s, wg, kt == 0, 0, KIND, ACC, nb)
             elif kt % 2 == 0:
-                wgmma_slice(part0, sa, sb, s, wg, True, 0, KIND, ACC)
+                wgmma_slice(part0, sa, sb, s, wg, True, 0, KIND, ACC, nb)
             else:
-                wgmma_slice(part1, sa, sb, s, wg, True, 0, KIND, ACC)
+                wgmma_slice(part1, sa, sb, s, wg, True, 0, KIND, ACC, nb)
             kaio.wgmma_commit()
             kaio.wgmma_wait(1)
             if kt > 0:
@@ -636,9 +637,10 @@ def consume_tiles(
     ROWS: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, PROMOTE: kaio.constexpr,
     GROUP: kaio.constexpr, ROW_A: kaio.constexpr, COL_B: kaio.constexpr,
     BIAS: kaio.constexpr, DT: kaio.constexpr, FP8: kaio.constexpr, VEC: kaio.constexpr,
-    CL: kaio.constexpr, SPLIT: kaio.constexpr, SWAP: kaio.constexpr,
+    CL: kaio.constexpr, SPLIT: kaio.constexpr, SWAP: kaio.constexpr, NS: kaio.constexpr,
 ):  # fmt: skip
-    """A consumer warpgroup's tiles: each one's sums (``consume``), then its epilogue; with
+    """A consumer warpgroup's tiles: each one's sums (``consume``), then its epilogue (``NS``:
+    of its half of the tile's columns, the 64 rows shared with the other warpgroup); with
     ``SPLIT``, its units (``unit_of``: whole tiles below ``full``, then parts of the split
     tiles, whose raw sums go to rows ``slot * ROWS ..`` of ``ws`` for ``sum_parts``; with
     ``SPLIT`` 3, each warp's last arrival of a tile sums them: ``last_part``). The
@@ -649,6 +651,9 @@ def consume_tiles(
     g = i32(0)
     cs = i32(0)  # PROMOTE 7: the stage of the carried slice, whether one is
     carried = False
+    CW = BN // (1 + NS)  # noqa: N806  (the warpgroup's columns)
+    wa = wg * (1 - NS)  # the warpgroup's 64 rows of the stage's A (NS: both the same)
+    nb = i32(wg) * CW * NS  # and its first B^T row
     for i in range(my_tiles):
         u = tile0 + i * step
         count = k_tiles
@@ -658,47 +663,48 @@ def consume_tiles(
             tile, kb, ke, slot = unit_of(u, k_tiles, full, parts)
             count = ke - kb
         if PROMOTE == 5 or PROMOTE == 6:  # two sums in turn, one group in flight
-            zero(acc, BN)
+            zero(acc, CW)
             st, ph, g = consume_pair(acc, part0, part1, sa_s, sb_s, bars, st, ph, g, count, wg,
-                                     lt, BN, STAGES, PROMOTE == 5, FP8, f32, CL)  # fmt: skip
+                                     lt, CW, STAGES, PROMOTE == 5, FP8, f32, CL)  # fmt: skip
         elif PROMOTE >= 10:  # promoted every PROMOTE // 10 slices
-            zero(acc, BN)
+            zero(acc, CW)
             st, ph, g = consume_every(acc, part0, sa_s, sb_s, bars, st, ph, g, count, wg, lt,
-                                      BN, STAGES, PROMOTE // 10, PROMOTE % 10, FP8, f32,
+                                      CW, STAGES, PROMOTE // 10, PROMOTE % 10, FP8, f32,
                                       CL)  # fmt: skip
         else:
-            st, ph, g = consume(acc, part0, part1, sa_s, sb_s, bars, turn, st, ph, g, count, wg,
-                                lt, BN, STAGES, PROMOTE, FP8, f32, CL, cs, carried)  # fmt: skip
+            st, ph, g = consume(acc, part0, part1, sa_s, sb_s, bars, turn, st, ph, g, count, wa,
+                                lt, CW, STAGES, PROMOTE, FP8, f32, CL, cs, carried,
+                                nb)  # fmt: skip
             carried = False
         tr, tc = tile_origin(tile, tiles_m, tiles_n, BN * (1 + (CL >= 3)), GROUP,
                              ROWS * (1 + (CL % 2 == 0)))  # fmt: skip
-        row0 = tr + ROWS * (rank * (CL == 2) + rank // 2 * (CL == 4)) + 64 * i32(wg)
-        col0 = tc + BN * (rank * (CL == 3) + rank % 2 * (CL == 4))
+        row0 = tr + ROWS * (rank * (CL == 2) + rank // 2 * (CL == 4)) + 64 * i32(wa)
+        col0 = tc + BN * (rank * (CL == 3) + rank % 2 * (CL == 4)) + nb
         pa = sa[0]
         pb = sb[0]
         carry = PROMOTE == 7 and VEC == 1 and SPLIT == 1 and SWAP + ROW_A + COL_B + BIAS == 0
-        if carry and i + 1 < my_tiles and row0 + 64 <= m and col0 + BN <= n:
+        if carry and i + 1 < my_tiles and row0 + 64 <= m and col0 + CW <= n:
             # the next tile's first slice multiplied during this epilogue (no branch in it:
             # ptxas would wait for the wgmmas there)
             cs = st
             st, ph = carry_slice(part0, sa_s, sb_s, bars, st, ph, wg, STAGES, FP8)
             g += 1
             carried = True
-            epilogue_rows(acc, out, ebuf, sa, sb, pa, pb, bias, row0, col0, m, n, wg, lt, BN,
+            epilogue_rows(acc, out, ebuf, sa, sb, pa, pb, bias, row0, col0, m, n, wg, lt, CW,
                           ROW_A, COL_B, BIAS, DT, VEC, 0)  # fmt: skip
-            zero(acc, BN)  # (the carried slice is added to it)
+            zero(acc, CW)  # (the carried slice is added to it)
         elif slot >= 0 and SPLIT == 3:  # fused: the warp's last arrival sums and stores
             w = i32(lt // 32)
             cw = (slot // parts) * (4 * ROWS // 64) + i32(wg) * 4 + w  # the warp's counter
             at = slot * ROWS + 64 * i32(wg) + 16 * w + i32(lt % 32) // 4
-            if last_part(acc, ws, cnt, cw, at, slot % parts, parts, i32(lt % 32), ROWS, BN):
-                epilogue_fp8(acc, out, ebuf, sa, sb, pa, pb, bias, row0, col0, m, n, wg, lt, BN,
+            if last_part(acc, ws, cnt, cw, at, slot % parts, parts, i32(lt % 32), ROWS, CW):
+                epilogue_fp8(acc, out, ebuf, sa, sb, pa, pb, bias, row0, col0, m, n, wg, lt, CW,
                              ROW_A, COL_B, BIAS, DT, VEC, SWAP)  # fmt: skip
         elif slot >= 0:  # a part of a split tile (SPLIT): its raw sums, BN columns a row
-            store_rows(acc, ws, ws, ws, slot * ROWS + 64 * i32(wg), 0, (slot + 1) * ROWS, BN,
-                       BN, 0, 1.0, 1.0, 1.0, lt, BN, f32)  # fmt: skip
+            store_rows(acc, ws, ws, ws, slot * ROWS + 64 * i32(wg), 0, (slot + 1) * ROWS, CW,
+                       CW, 0, 1.0, 1.0, 1.0, lt, CW, f32)  # fmt: skip
         else:
-            epilogue_fp8(acc, out, ebuf, sa, sb, pa, pb, bias, row0, col0, m, n, wg, lt, BN,
+            epilogue_fp8(acc, out, ebuf, sa, sb, pa, pb, bias, row0, col0, m, n, wg, lt, CW,
                          ROW_A, COL_B, BIAS, DT, VEC, SWAP)  # fmt: skip
     if VEC >= 2:
         if lt % 32 < 16:
@@ -729,7 +735,7 @@ def matmul_fp8_wgmma(
     STAGES: kaio.constexpr, PROMOTE: kaio.constexpr, GROUP: kaio.constexpr,
     ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
     FP8: kaio.constexpr, VEC: kaio.constexpr, CL: kaio.constexpr, SPLIT: kaio.constexpr,
-    AR: kaio.constexpr, SWAP: kaio.constexpr,
+    AR: kaio.constexpr, SWAP: kaio.constexpr, NS: kaio.constexpr,
 ):  # fmt: skip
     """out = (A @ B) * sa * sb (+ bias): A [m, K] through ``ta`` and B^T [n, K] through
     ``tb``, both as 16-bit units [rows, k2 = K / 2]; ``64 * WG x BN`` tiles; with ``CL`` 2
@@ -744,7 +750,8 @@ def matmul_fp8_wgmma(
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL > 1:
         kaio.cluster_dims(2 + 2 * (CL == 4))
-    ROWS = 64 * WG  # noqa: N806  (a compile-time int, as the constexprs)
+    ROWS = 64 * WG - 64 * (WG - 1) * NS  # noqa: N806  (compile-time ints, as the constexprs;
+    CW = BN // (1 + NS)  # noqa: N806  NS: two warpgroups share 64 rows, half the columns each)
     # a decode tile's A stages hold only the AR rows copied (a_stage_rows), the ring padded
     # so that the last stage's 64-row wgmma operand stays inside it
     SR = ROWS + (AR - ROWS) * ((WG == 1) * (CL == 1) * (AR < 64))  # noqa: N806
@@ -781,12 +788,12 @@ def matmul_fp8_wgmma(
     init_ring(bars, t, STAGES, WG * (1 + (CL > 1) + (CL == 4)))  # "free": lane 0 of each
     if CL > 1:  # consumer warpgroup (of each block that writes into this one's stages)
         kaio.cluster_sync()  # the other block's barriers are ready before any copy
-    acc = kaio.local(f32, (BN // 8, 2, 2))  # the tile's f32 sums
+    acc = kaio.local(f32, (CW // 8, 2, 2))  # the tile's f32 sums
     # the slice sums (module docstring): two sets for PROMOTE 2, half the width for 3 and
     # 5 (two halves for 5)
     halves = (PROMOTE == 3) + (PROMOTE == 5)
-    part0 = kaio.local(f32, (BN // (8 + 8 * halves), 2, 2))
-    wide1 = (BN // 8 - 1) * ((PROMOTE == 2) + (PROMOTE == 6)) + (BN // 16 - 1) * (PROMOTE == 5)
+    part0 = kaio.local(f32, (CW // (8 + 8 * halves), 2, 2))
+    wide1 = (CW // 8 - 1) * ((PROMOTE == 2) + (PROMOTE == 6)) + (CW // 16 - 1) * (PROMOTE == 5)
     part1 = kaio.local(f32, (1 + wide1, 2, 2))
     if wg < WG:  # the consumers
         if WG > 1:  # the registers the producer warpgroup gave up
@@ -795,12 +802,12 @@ def matmul_fp8_wgmma(
             consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, out, ebuf, ws, cnt, sa,
                           sb, bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
                           rank, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
-                          BIAS, DT, FP8, VEC, CL, SPLIT, SWAP)  # fmt: skip
+                          BIAS, DT, FP8, VEC, CL, SPLIT, SWAP, NS)  # fmt: skip
         else:
             consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, out, ebuf, ws, cnt, sa,
                           sb, bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
                           rank, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
-                          BIAS, DT, FP8, VEC, CL, SPLIT, SWAP)  # fmt: skip
+                          BIAS, DT, FP8, VEC, CL, SPLIT, SWAP, NS)  # fmt: skip
     else:  # the producer warpgroup: its first thread issues the copies
         if WG > 1:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -851,14 +858,16 @@ def a_stage_rows(wg: int, cl: int, ar: int) -> int:
     return ar if wg == 1 and cl == 1 and ar < 64 else 64 * wg
 
 
-def shared_bytes(wg: int, bn: int, stages: int, vec: int = 1, ar: int = 64) -> int:
+def shared_bytes(wg: int, bn: int, stages: int, vec: int = 1, ar: int = 64, ns: int = 0) -> int:
     """The dynamic shared memory of a ``64 * wg x bn`` tile ring of ``stages`` (8-bit
     operands, 128 values of K a stage; A stages of ``a_stage_rows`` rows for ``ar`` A
-    rows copied, padded to a last 64-row operand), its barriers, the two turn barriers and
-    the consumer warps' epilogue buffers of 16-bit values (``vec`` 2; else a stub)."""
-    sr = a_stage_rows(wg, 1, ar)
+    rows copied, padded to a last 64-row operand; ``ns``: 64 rows shared by the ``wg``
+    warpgroups), its barriers, the two turn barriers and the consumer warps' epilogue
+    buffers of 16-bit values (``vec`` 2; else a stub)."""
+    rows = 64 if ns else 64 * wg
+    sr = a_stage_rows(1 if ns else wg, 1, ar)
     ebuf = wg * 4 * 16 * (bn + 8) * 2 if vec >= 2 else 32  # (a stub: 8 values)
-    a_bytes = (stages * sr + 64 * wg - sr) * BK * 2
+    a_bytes = (stages * sr + rows - sr) * BK * 2
     return a_bytes + stages * (bn * BK * 2 + 16) + 16 + ebuf
 
 
@@ -1053,7 +1062,9 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     from kaio_ops.linear import _counters, _placeholder
 
     wg, bn, stages, promote_mode, vec, *rest = plan or config(m, n, k, sms)
-    cl, split, occ, fuse, swap, group = (*rest, *(1, 1, 1, 0, 0, GROUP_ROWS)[len(rest) :])[:6]
+    cl, split, occ, fuse, swap, group, ns = (*rest, *(1, 1, 1, 0, 0, GROUP_ROWS, 0)[len(rest) :])[
+        :7
+    ]
     if (split > 1 or occ > 1) and cl > 1:
         raise ValueError(
             f"matmul_fp8: plan {plan}: a K split or OCC > 1 needs CL = 1 (one block a tile)"
@@ -1061,21 +1072,21 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     if swap:  # C^T = B^T A^T: the weights are the 64-row operand, the rows of a the columns
         a_units, bt_units, m, n = bt_units, a_units, n, m
         fuse, vec = 1, 1  # (sum_parts and the shared epilogue store tiles of C, not C^T)
-    rows = 64 * wg
-    ar = a_rows(m, wg, cl)
+    rows = 64 if ns else 64 * wg  # (NS: the warpgroups share the rows, each half the columns)
+    ar = 64 if ns else a_rows(m, wg, cl)
     ta = kaio.tensor_map_2d(a_units, (ar // (1 + (cl >= 3)), BK), SW)  # (a pair's halves)
     tb = kaio.tensor_map_2d(bt_units, (bn // (1 + (cl % 2 == 0)), BK), SW)
     constexprs = dict(
         WG=wg, BN=bn, STAGES=stages, PROMOTE=promote_mode, GROUP=group, **flags, DT=dt,
         FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=min(split, 2) + (split > 1 and fuse), AR=ar,
-        SWAP=int(bool(swap)),
+        SWAP=int(bool(swap)), NS=ns,
     )  # fmt: skip
     if vec >= 2 and dt.itemsize != 2:
         vec = 1  # (the shared buffers hold 16-bit outputs)
         constexprs["VEC"] = 1
         if plan is None:  # config's: the ring takes the buffers' room
             stages = constexprs["STAGES"] = stages_for(wg, bn)
-    threads, shared = wg * 128 + 128, shared_bytes(wg, bn, stages, vec, ar)
+    threads, shared = wg * 128 + 128, shared_bytes(wg, bn, stages, vec, ar, ns)
     tiles = -(-m // (rows * (1 + (cl % 2 == 0)))) * -(-n // (bn * (1 + (cl >= 3))))  # (clusters)
     full = split_from(tiles, sms * occ, split)
     units = full + (tiles - full) * split
@@ -1136,10 +1147,11 @@ def specializations():
                                  "FP8": FP8_TYPES[name], "VEC": vec, "CL": cl,
                                  "SPLIT": 2 if wg == 1 and bn == 64 else 1,
                                  "AR": {128: 16, 32: 8}.get(bn, 64) if wg == 1
-                                 else 64 * wg, "SWAP": 0}  # fmt: skip
+                                 else 64 * wg, "SWAP": 0, "NS": 0}  # fmt: skip
     shared_c = {"WG": 2, "BN": 208, "STAGES": stages_for(2, 208, vec=2), "PROMOTE": 1,
                 "GROUP": GROUP_ROWS, "ROW_A": 0, "COL_B": 1, "BIAS": 1, "DT": bf16,
-                "FP8": e4m3, "VEC": 2, "CL": 1, "SPLIT": 1, "AR": 128, "SWAP": 0}  # fmt: skip
+                "FP8": e4m3, "VEC": 2, "CL": 1, "SPLIT": 1, "AR": 128, "SWAP": 0,
+                "NS": 0}  # fmt: skip
     yield matmul_fp8_wgmma, shared_c  # (C through shared memory)
     yield (
         matmul_fp8_wgmma,

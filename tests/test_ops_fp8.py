@@ -263,6 +263,8 @@ def test_matmul_hopper_kernel_sim(monkeypatch):
         ((1, 64, 3, 2, 1, 3), 130, 208, 384, "both", "bf16"),  # pairs side by side: A; a half
         ((2, 128, 2, 1, 3, 3), 140, 272, 384, "col", "bf16"),  # the same, C through shared
         ((2, 64, 2, 1, 3, 4), 300, 208, 256, "row", "bf16"),  # clusters of 2 x 2: A and B
+        ((2, 64, 3, 2, 1, 1, 1, 1, 0, 0, 8, 1), 130, 208, 384, "both", "bf16"),  # 64 rows, two
+        ((2, 128, 3, 1, 3, 1, 1, 1, 0, 0, 8, 1), 70, 272, 256, "row", "f16"),  # halves (NS)
         ((3, 96, 2, 2, 1), 200, 208, 256, "row", "f16"),  # three consumer warpgroups
         ((2, 128, 3, 4, 1), 260, 144, 384, "col", "bf16"),  # warpgroups issuing in turn
         ((1, 64, 3, 2, 1, 1, 3), 20, 192, 640, "both", "f16"),  # last tile split 3 ways
