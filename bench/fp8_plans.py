@@ -19,7 +19,10 @@ plans of ``decode_plans`` at ``DECODE_SHAPES`` (the ``--ms`` up to 64) with the 
 floor (``copy_bandwidth``); ``bands`` ``band_plans`` at ``BAND_SHAPES`` (``allshapes``: the
 8), ``names`` the kernels cuBLAS and kaio launch there, ``rings`` ``ring_plans`` at
 ``RING_SHAPES``, ``one`` one row at the 8 shapes against ``gemv_fp8``, ``clk`` the 128 x
-208 tile alone and in clusters of two with each epilogue at K = 1024 and 2048. Writes
+208 tile alone and in clusters of two with each epilogue at K = 1024 and 2048, ``squares``
+``SQUARE_PLANS`` at 4096^3 and 8192^3, ``ns`` ``ns_plans`` (two consumer warpgroups on a
+64-row tile) up to 256 rows, ``once`` one call of cuBLAS and kaio at ``ONCE_CASES`` (for
+ncu). Writes
 ``DIR/fp8_plans.jsonl`` (one line per case) and prints a table. The sweep stops starting
 cases once ``--budget`` seconds have passed.
 """
@@ -526,23 +529,6 @@ def mid_plans(m, n, k, sms=132):
     ]
 
 
-PAIR_SHAPES = [(4096, 4096), (6144, 4096), (4096, 14336)]  # where 128 to 512 rows lose most
-
-
-def pair_plans(m, n, k, sms=132):
-    """The plans "pairs" times beside the routed one at 128 to 512 rows: the routed tile in
-    clusters of two one above the other (``CL`` 2: each B slice read from L2 once for both,
-    multicast), side by side (3: each A slice so) and of 2 x 2 (4: both), and 64-row tiles
-    of 64 and 128 columns so, where the clusters fit one wave."""
-    wg, bn, st, pr, vec, *_ = H.config(m, n, k, sms)
-    out = [(wg, bn, st, pr, vec, cl) for cl in (2, 3, 4)]
-    for b in (64, 128):
-        for cl, rows, cols, blocks in ((2, 128, b, 2), (3, 64, 2 * b, 2), (4, 128, 2 * b, 4)):
-            if -(-m // rows) * -(-n // cols) <= sms // blocks:
-                out.append((1, b, H.stages_for(1, b), H.promotion(1, b), 1, cl))
-    return sorted(set(out))
-
-
 def ns_stages(bn, most=16):
     """The deepest ring (at most ``most``) of a 64 x ``bn`` tile shared by two consumer
     warpgroups (``NS``) that fits."""
@@ -564,21 +550,9 @@ def ns_plans(m, n, k, sms=132):
 
 SQUARE_PLANS = {  # (the plans "squares" times beside the routed one at 4096^3 and 8192^3:
     # cuBLAS's 144-column tile, the routed tile with the warpgroups issuing in turn and in
-    # clusters of two, 128 x 128 in clusters of both kinds)
-    4096: [
-        (2, 144, 5, 1, 3),
-        (2, 208, 4, 4, 3),
-        (2, 208, 4, 1, 3, 2),
-        (2, 128, 6, 1, 3, 2),
-        (2, 128, 6, 1, 3, 3),
-    ],
-    8192: [
-        (2, 144, 5, 1, 3),
-        (2, 192, 4, 4, 3),
-        (2, 192, 4, 1, 3, 2),
-        (2, 128, 6, 1, 3, 3),
-        (2, 160, 5, 1, 3),
-    ],
+    # clusters of two, 128 x 128 in clusters of two)
+    4096: [(2, 144, 5, 1, 3), (2, 208, 4, 4, 3), (2, 208, 4, 1, 3, 2), (2, 128, 6, 1, 3, 2)],
+    8192: [(2, 144, 5, 1, 3), (2, 192, 4, 4, 3), (2, 192, 4, 1, 3, 2), (2, 160, 5, 1, 3)],
 }
 
 
@@ -879,10 +853,6 @@ def warm(cases, ms, models, processes: int = 14) -> None:
         for m in [m for m in ms if m <= 256]:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
                 jobs += [(p, False, m) for p in [H.config(m, n, k, 132), *ns_plans(m, n, k)]]
-    if "pairs" in cases:
-        for m in [m for m in ms if 64 < m <= 512]:
-            for n, k in PAIR_SHAPES:
-                jobs += [(p, False, m) for p in [H.config(m, n, k, 132), *pair_plans(m, n, k)]]
     if "squares" in cases:
         jobs += [(p, False) for s in SQUARE_PLANS for p in [H.config(s, s, s, 132),
                                                            *SQUARE_PLANS[s]]]  # fmt: skip
@@ -1000,8 +970,6 @@ def main() -> None:
             recs.append(run_case(size, size, size, False, plans, log))
     if "ns" in cases:  # two consumer warpgroups on a 64-row tile, half the columns each
         over_shapes([m for m in ms if m <= 256], ns_plans)
-    if "pairs" in cases:  # clusters of two at 128 to 512 rows
-        over_shapes([m for m in ms if 64 < m <= 512], pair_plans, PAIR_SHAPES)
     if "group" in cases:  # the routed tile with other groupings of the tile order
         for size in (4096, 8192):
             recs.append(run_case(size, size, size, False, group_plans(size, size, size), log))

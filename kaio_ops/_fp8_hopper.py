@@ -20,17 +20,17 @@ warpgroup the producer warpgroup gives its registers to them (``setmaxnreg``: 24
 there; the runtime's whole-program JIT spills none of them, where the old relocatable one
 gave them local memory: docs/performance.md). ``CL = 2``: clusters of two blocks, which take
 pairs of tiles one above the other and share each B slice (each copies half of it into both,
-TMA multicast); ``CL = 3``: pairs side by side, sharing each A slice so. ``SPLIT``: the
-tiles of the last, partial wave of the persistent grid (all of them when there are fewer
-tiles than multiprocessors) split along K into ``parts`` (``unit_of``, ``split_parts``),
-their raw f32 sums in a workspace that ``sum_parts`` adds in order and scales, or (``SPLIT``
-3) that the last warp to arrive of each tile's warps adds in the same order before its
-epilogue (``last_part``: no second launch). ``SWAP``: the roles swapped, C^T = B^T A^T
-(cuBLAS's decode layout, its ``64x8`` tiles): the weights B^T are the 64-row operand and a's
-few rows the wgmma's N = 8 to 32 columns, so that no wgmma reads rows that are not there;
-the same kernel (both operands K-major), the tensor maps and M, N exchanged by ``launch``,
-the tiles of C^T stored transposed (``store_transposed``: lanes trading values so that each
-stores two adjacent columns of C). ``swap_config`` routes them up to ``SWAP_M`` rows.
+TMA multicast). ``SPLIT``: the tiles of the last, partial wave of the persistent grid (all
+of them when there are fewer tiles than multiprocessors) split along K into ``parts``
+(``unit_of``, ``split_parts``), their raw f32 sums in a workspace that ``sum_parts`` adds in
+order and scales, or (``SPLIT`` 3) that the last warp to arrive of each tile's warps adds
+in the same order before its epilogue (``last_part``: no second launch). ``SWAP``: the roles
+swapped, C^T = B^T A^T (cuBLAS's decode layout, its ``64x8`` tiles): the weights B^T are the
+64-row operand and a's few rows the wgmma's N = 8 to 32 columns, so that no wgmma reads rows
+that are not there; the same kernel (both operands K-major), the tensor maps and M, N
+exchanged by ``launch``, the tiles of C^T stored transposed (``store_transposed``: lanes
+trading values so that each stores two adjacent columns of C). ``swap_config`` routes them
+up to ``SWAP_M`` rows.
 
 Accumulation is promoted, as CUTLASS's default FP8 GEMMs and ``torch._scaled_mm`` (without
 ``use_fast_accum``) do: Hopper's fp8 wgmma keeps its running sum with fewer bits than f32
@@ -133,37 +133,19 @@ def load_slice(
     """The TMA copies of K slice ``kt`` of the tile at rows ``row0``, columns ``col0`` into
     stage ``s`` (``AR`` A rows, ``BN`` B^T rows). ``AR``: the A rows a copy brings (``ROWS``,
     or fewer for a decode tile of fewer rows: the stage's other rows keep what they held,
-    and the results of those rows are never stored). In a cluster of two (``CL`` 2 or 3),
-    the position is the pair's: with ``CL`` 2 (``2 * ROWS`` rows a pair) block r copies its
-    own A rows and half r of the B slice, multicast into both blocks; with 3 (``2 * BN``
-    columns a pair) its own B^T rows and half r of the A slice, multicast; with 4 (clusters
-    of 2 x 2 tiles) half of its A rows and half of its B^T rows, each multicast into the
-    block beside or below it too."""
+    and the results of those rows are never stored). In a cluster of two (``CL``), the
+    position is the pair's (``2 * ROWS`` rows a tile): block r copies its own A rows and
+    half r of the B slice, multicast into both blocks."""
     k0 = kt * BK
     kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32((AR + BN) * BK * 2))
     if CL == 1:
         kaio.tma_load_2d(sa, (s, 0, 0), ta, row0, k0, bars, (0, s))
         kaio.tma_load_2d(sb, (s, 0, 0), tb, col0, k0, bars, (0, s))
-    elif CL == 2:
+    else:
         r = i32(kaio.cluster_rank())
         kaio.tma_load_2d(sa, (s, 0, 0), ta, row0 + r * ROWS, k0, bars, (0, s))
         half = r * (BN // 2)
         kaio.tma_load_2d_multicast(sb, (s, half, 0), tb, col0 + half, k0, bars, (0, s), 3)
-    elif CL == 3:
-        r = i32(kaio.cluster_rank())
-        kaio.tma_load_2d(sb, (s, 0, 0), tb, col0 + r * BN, k0, bars, (0, s))
-        half = r * (ROWS // 2)
-        kaio.tma_load_2d_multicast(sa, (s, half, 0), ta, row0 + half, k0, bars, (0, s), 3)
-    else:  # 2 x 2: block r = 2 y + x, half x of its A rows to both of row y (r, r ^ 1),
-        r = i32(kaio.cluster_rank())  # half y of its B^T rows to both of column x (r, r ^ 2)
-        ra = row0 + (r // 2) * ROWS
-        cb = col0 + (r % 2) * BN
-        ha = (r % 2) * (ROWS // 2)
-        hb = (r // 2) * (BN // 2)
-        both_a = u32((1 << r) | (1 << (r ^ 1)))
-        both_b = u32((1 << r) | (1 << (r ^ 2)))
-        kaio.tma_load_2d_multicast(sa, (s, ha, 0), ta, ra + ha, k0, bars, (0, s), both_a)
-        kaio.tma_load_2d_multicast(sb, (s, hb, 0), tb, cb + hb, k0, bars, (0, s), both_b)
 
 
 @kaio.gpu_func
@@ -184,14 +166,12 @@ def produce_all(
     if SPLIT == 1:
         kt = i32(0)
         tile = tile0
-        row0, col0 = tile_origin(tile0, tiles_m, tiles_n, BN * (1 + (CL >= 3)), GROUP,
-                                 ROWS * (1 + (CL % 2 == 0)))  # fmt: skip
+        row0, col0 = tile_origin(tile0, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
         for g in range(count):
             wait_free(bars, s, ph, g, STAGES)
             load_slice(sa, sb, bars, ta, tb, kt, row0, col0, s, BN, ROWS, CL, AR)
             kt, tile, row0, col0 = next_position(kt, tile, row0, col0, k_tiles, step, tiles_m,
-                                                 tiles_n, BN * (1 + (CL >= 3)), GROUP,
-                                                 ROWS * (1 + (CL % 2 == 0)))  # fmt: skip
+                                                 tiles_n, BN, GROUP, ROWS * CL)  # fmt: skip
             s, ph = next_stage(s, ph, STAGES)
     else:
         g = i32(0)  # slices so far
@@ -294,16 +274,10 @@ def promote_either(
 @kaio.gpu_func
 def free_stage(bars: u64[:, :], s: i32, lt: u32, CL: kaio.constexpr):
     """Lane 0 of the warpgroup tells the producer that stage ``s`` may be refilled (in a
-    cluster of two, both blocks' producers: each writes half of a slice into both; of 2 x 2
-    (``CL`` 4), its own and those beside and below or above it)."""
+    cluster of two, both blocks' producers: each writes half of the B slice into both)."""
     if lt == 0:
         if CL == 1:
             kaio.mbarrier_arrive(bars, (1, s))
-        elif CL == 4:
-            r = kaio.cluster_rank()
-            kaio.mbarrier_arrive(bars, (1, s))
-            kaio.mbarrier_arrive_cluster(bars, (1, s), r ^ 1)
-            kaio.mbarrier_arrive_cluster(bars, (1, s), r ^ 2)
         else:
             kaio.mbarrier_arrive_cluster(bars, (1, s), 0)
             kaio.mbarrier_arrive_cluster(bars, (1, s), 1)
@@ -676,10 +650,9 @@ def consume_tiles(
                                 lt, CW, STAGES, PROMOTE, FP8, f32, CL, cs, carried,
                                 nb)  # fmt: skip
             carried = False
-        tr, tc = tile_origin(tile, tiles_m, tiles_n, BN * (1 + (CL >= 3)), GROUP,
-                             ROWS * (1 + (CL % 2 == 0)))  # fmt: skip
-        row0 = tr + ROWS * (rank * (CL == 2) + rank // 2 * (CL == 4)) + 64 * i32(wa)
-        col0 = tc + BN * (rank * (CL == 3) + rank % 2 * (CL == 4)) + nb
+        tr, tc = tile_origin(tile, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
+        row0 = tr + rank * ROWS + 64 * i32(wa)
+        col0 = tc + nb
         pa = sa[0]
         pb = sb[0]
         carry = PROMOTE == 7 and VEC == 1 and SPLIT == 1 and SWAP + ROW_A + COL_B + BIAS == 0
@@ -738,18 +711,19 @@ def matmul_fp8_wgmma(
     AR: kaio.constexpr, SWAP: kaio.constexpr, NS: kaio.constexpr,
 ):  # fmt: skip
     """out = (A @ B) * sa * sb (+ bias): A [m, K] through ``ta`` and B^T [n, K] through
-    ``tb``, both as 16-bit units [rows, k2 = K / 2]; ``64 * WG x BN`` tiles; with ``CL`` 2
+    ``tb``, both as 16-bit units [rows, k2 = K / 2]; ``64 * WG x BN`` tiles; with ``CL = 2``
     clusters of two blocks, which take pairs of tiles one above the other and share the
-    copies of their B slices (multicast), with ``CL`` 3 pairs side by side sharing A's.
-    ``AR``: the A rows a copy brings (``a_rows``). ``SPLIT`` (one block a cluster): the
-    tiles from ``full`` on split in ``parts`` along K, their raw sums in ``ws`` [(tiles -
-    full) * parts * 64 WG, BN] (``unit_of``), added by ``sum_parts``, or with ``SPLIT`` 3 by
-    each warp's last arrival (``last_part``, counting in ``cnt``). ``SWAP``: the roles
-    swapped (``swap_plan``): ``ta`` maps B^T [n, K] and ``tb`` A [m, K], the kernel's ``m``
-    is N and ``n`` is M, its tiles are of C^T, stored transposed (``store_transposed``)."""
+    copies of their B slices (multicast). ``AR``: the A rows a copy brings (``a_rows``).
+    ``SPLIT`` (one block a cluster): the tiles from ``full`` on split in ``parts`` along K,
+    their raw sums in ``ws`` [(tiles - full) * parts * 64 WG, BN] (``unit_of``), added by
+    ``sum_parts``, or with ``SPLIT`` 3 by each warp's last arrival (``last_part``, counting
+    in ``cnt``). ``SWAP``: the roles swapped (``swap_plan``): ``ta`` maps B^T [n, K] and
+    ``tb`` A [m, K], the kernel's ``m`` is N and ``n`` is M, its tiles are of C^T, stored
+    transposed (``store_transposed``). ``NS`` (two consumer warpgroups): 64 x BN tiles, the
+    warpgroups sharing the rows, each multiplying half the columns (``CW``)."""
     kaio.launch_bounds(WG * 128 + 128, 1)
-    if CL > 1:
-        kaio.cluster_dims(2 + 2 * (CL == 4))
+    if CL == 2:
+        kaio.cluster_dims(2)
     ROWS = 64 * WG - 64 * (WG - 1) * NS  # noqa: N806  (compile-time ints, as the constexprs;
     CW = BN // (1 + NS)  # noqa: N806  NS: two warpgroups share 64 rows, half the columns each)
     # a decode tile's A stages hold only the AR rows copied (a_stage_rows), the ring padded
@@ -770,23 +744,23 @@ def matmul_fp8_wgmma(
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
     lt = t % 128
     tile0, step, tiles_m, tiles_n, my_tiles, k_tiles, slices = tile_schedule(
-        m, n, k2, ROWS * (1 + (CL % 2 == 0)), BN * (1 + (CL >= 3)), BK
+        m, n, k2, ROWS * CL, BN, BK
     )
     if PROMOTE == 4 and t == 0:  # turn[w]: warpgroup w may issue (an arrival a warp)
         kaio.mbarrier_init(turn, 0, 4)
         kaio.mbarrier_init(turn, 1, 4)
     rank = i32(0)
-    if CL > 1:  # the cluster's pair (or 2 x 2) of tiles: tile0, step and the counts in them
+    if CL == 2:  # the cluster's pair of tiles: tile0, step and the counts in pairs
         rank = i32(kaio.cluster_rank())
-        tile0 = tile0 // (2 + 2 * (CL == 4))
-        step = step // (2 + 2 * (CL == 4))
+        tile0 = tile0 // 2
+        step = step // 2
         my_tiles = (tiles_m * tiles_n - tile0 + step - 1) // step
         slices = my_tiles * k_tiles
     if SPLIT > 1:  # units: the whole tiles, then the parts of the split ones (unit_of)
         units = full + (tiles_m * tiles_n - full) * parts
         my_tiles = (units - tile0 + step - 1) // step
-    init_ring(bars, t, STAGES, WG * (1 + (CL > 1) + (CL == 4)))  # "free": lane 0 of each
-    if CL > 1:  # consumer warpgroup (of each block that writes into this one's stages)
+    init_ring(bars, t, STAGES, WG * CL)  # "free": lane 0 of each consumer warpgroup (of both)
+    if CL == 2:
         kaio.cluster_sync()  # the other block's barriers are ready before any copy
     acc = kaio.local(f32, (CW // 8, 2, 2))  # the tile's f32 sums
     # the slice sums (module docstring): two sets for PROMOTE 2, half the width for 3 and
@@ -815,7 +789,7 @@ def matmul_fp8_wgmma(
             produce_all(sa_s, sb_s, bars, ta, tb, tile0, my_tiles if SPLIT > 1 else slices,
                         k_tiles, step, tiles_m, tiles_n, full, parts, BN, STAGES, GROUP, ROWS,
                         CL, SPLIT, AR)  # fmt: skip
-    if CL > 1:
+    if CL == 2:
         kaio.cluster_sync()  # no block leaves while the other may still write to it
 
 
@@ -1049,7 +1023,7 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     maps); the other arrays as ``_fp8._mm_fp8`` takes them; ``flags``: its ROW_A, COL_B and
     BIAS; ``plan``: (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT[, OCC[, FUSE[, SWAP[,
     GROUP]]]]]]), default ``config``'s; CL: 1, or clusters of two tiles one above the other
-    (2) or side by side (3), or of 2 x 2 (4); SPLIT > 1 (one block a cluster): the tiles of
+    (2); SPLIT > 1 (one block a cluster): the tiles of
     the last partial wave split that many ways along K (``split_from``), their raw sums in a
     workspace made like ``like`` (an ``_arrays.Operand``), added by ``sum_parts``. OCC (one
     block a cluster; default 1): a persistent grid of up to OCC blocks a multiprocessor
@@ -1074,8 +1048,8 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
         fuse, vec = 1, 1  # (sum_parts and the shared epilogue store tiles of C, not C^T)
     rows = 64 if ns else 64 * wg  # (NS: the warpgroups share the rows, each half the columns)
     ar = 64 if ns else a_rows(m, wg, cl)
-    ta = kaio.tensor_map_2d(a_units, (ar // (1 + (cl >= 3)), BK), SW)  # (a pair's halves)
-    tb = kaio.tensor_map_2d(bt_units, (bn // (1 + (cl % 2 == 0)), BK), SW)
+    ta = kaio.tensor_map_2d(a_units, (ar, BK), SW)
+    tb = kaio.tensor_map_2d(bt_units, (bn // cl, BK), SW)
     constexprs = dict(
         WG=wg, BN=bn, STAGES=stages, PROMOTE=promote_mode, GROUP=group, **flags, DT=dt,
         FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=min(split, 2) + (split > 1 and fuse), AR=ar,
@@ -1087,13 +1061,13 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
         if plan is None:  # config's: the ring takes the buffers' room
             stages = constexprs["STAGES"] = stages_for(wg, bn)
     threads, shared = wg * 128 + 128, shared_bytes(wg, bn, stages, vec, ar, ns)
-    tiles = -(-m // (rows * (1 + (cl % 2 == 0)))) * -(-n // (bn * (1 + (cl >= 3))))  # (clusters)
+    tiles = -(-m // (rows * cl)) * -(-n // bn)
     full = split_from(tiles, sms * occ, split)
     units = full + (tiles - full) * split
     if cl == 1:
         grid = min(sms * occ, units)
     else:
-        grid = (2 + 2 * (cl == 4)) * min(tiles, _clusters(threads, shared, constexprs))
+        grid = 2 * min(tiles, _clusters(threads, shared, constexprs))
     if full < tiles:
         ws = _arrays.output(like, ((tiles - full) * split * rows, bn), f32)
     else:

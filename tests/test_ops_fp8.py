@@ -260,9 +260,6 @@ def test_matmul_hopper_kernel_sim(monkeypatch):
         ((1, 32, 4, 2, 1), 9, 112, 512, "both", "bf16"),  # decode: 64-row tiles, 4 a block
         ((1, 64, 2, 2, 0), 64, 80, 128, "row", "f32"),  # one slice, a partial N tile
         ((2, 128, 2, 2, 1, 2), 300, 272, 384, "both", "bf16"),  # clusters of two, multicast B
-        ((1, 64, 3, 2, 1, 3), 130, 208, 384, "both", "bf16"),  # pairs side by side: A; a half
-        ((2, 128, 2, 1, 3, 3), 140, 272, 384, "col", "bf16"),  # the same, C through shared
-        ((2, 64, 2, 1, 3, 4), 300, 208, 256, "row", "bf16"),  # clusters of 2 x 2: A and B
         ((2, 64, 3, 2, 1, 1, 1, 1, 0, 0, 8, 1), 130, 208, 384, "both", "bf16"),  # 64 rows, two
         ((2, 128, 3, 1, 3, 1, 1, 1, 0, 0, 8, 1), 70, 272, 256, "row", "f16"),  # halves (NS)
         ((3, 96, 2, 2, 1), 200, 208, 256, "row", "f16"),  # three consumer warpgroups
