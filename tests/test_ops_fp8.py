@@ -712,15 +712,22 @@ def test_routed_decode_gpu_bit_identical(m, n, k):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "plan", [(2, 208, 5, 7, 1), (2, 192, 5, 7, 1), (2, 208, 4, 1, 3), (2, 128, 6, 2, 3, 2)]
+    "plan",
+    [
+        (2, 208, 5, 7, 1),
+        (2, 192, 5, 7, 1),
+        (2, 208, 4, 1, 3),
+        (2, 128, 6, 2, 3, 2),
+        (2, 64, 14, 2, 1, 1, 1, 1, 0, 0, 8, 1),
+    ],  # fmt: skip
 )
 def test_forced_plans_gpu_bit_identical(plan, monkeypatch):
-    """``PROMOTE`` 7 (the next tile's first slice multiplied during the epilogue) and ``VEC``
-    3 (C through shared memory, the copies drained during the next tile; alone and in
-    clusters of two) forced, 2000 x 4144 x 4096 (several tiles a block; partial last tile
-    row and column, stored with the bounds checked and no slice carried) give
-    torch._scaled_mm's bf16 outputs bit for bit (per-tensor scales, no bias: the case that
-    carries)."""
+    """``PROMOTE`` 7 (the next tile's first slice multiplied during the epilogue), ``VEC`` 3
+    (C through shared memory, the copies drained during the next tile; alone and in
+    clusters of two) and ``NS`` (two warpgroups on a 64-row tile, half its columns each)
+    forced, 2000 x 4144 x 4096 (several tiles a block; partial last tile row and column,
+    stored with the bounds checked and no slice carried) give torch._scaled_mm's bf16
+    outputs bit for bit (per-tensor scales, no bias: the case that carries)."""
     torch = pytest.importorskip("torch")
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernel needs sm_90")
