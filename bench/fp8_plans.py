@@ -18,14 +18,13 @@ Llama-3-8B/-70B shapes with ``plans_for``'s, ``SWEEP_WIDE``'s (``with_splits``) 
 plans of ``decode_plans`` at ``DECODE_SHAPES`` (the ``--ms`` up to 64) with the weight-read
 floor (``copy_bandwidth``); ``bands`` ``band_plans`` at ``BAND_SHAPES`` (``allshapes``: the
 8), ``names`` the kernels cuBLAS and kaio launch there, ``rings`` ``ring_plans`` at
-``RING_SHAPES``, ``one`` one row at the 8 shapes against ``gemv_fp8``, ``clk`` the 128 x
-208 tile alone and in clusters of two with each epilogue at K = 1024 and 2048, ``squares``
+``RING_SHAPES``, ``one`` one row at the 8 shapes against ``gemv_fp8``, ``clk`` the 128 x 208
+tile alone and in clusters of two with each epilogue at K = 1024 and 2048, ``squares``
 ``SQUARE_PLANS`` at 4096^3 and 8192^3, ``ns`` ``ns_plans`` (two consumer warpgroups on a
-64-row tile) up to 256 rows, ``once`` one call of cuBLAS and kaio at ``ONCE_CASES`` (for
-ncu). Writes
-``DIR/fp8_plans.jsonl`` (one line per case) and prints a table. The sweep stops starting
-cases once ``--budget`` seconds have passed.
-"""
+64-row tile) up to 256 rows, ``nsroute`` the routed plans against ``unshared``'s, ``once``
+one call of cuBLAS and kaio at ``ONCE_CASES`` (for ncu). Writes ``DIR/fp8_plans.jsonl`` (one
+line per case) and prints a table. The sweep stops starting cases once ``--budget`` seconds
+have passed."""
 
 from __future__ import annotations
 
@@ -529,6 +528,18 @@ def mid_plans(m, n, k, sms=132):
     ]
 
 
+def unshared(m, n, k, sms=132):
+    """[the plan ``config`` picked before ``shared_plan`` (``_fp8_hopper.NS_M`` 0)] where it
+    differs from the routed one, else []."""
+    keep = H.NS_M
+    H.NS_M = 0
+    try:
+        old = H.config(m, n, k, sms)
+    finally:
+        H.NS_M = keep
+    return [old] if old != H.config(m, n, k, sms) else []
+
+
 def ns_stages(bn, most=16):
     """The deepest ring (at most ``most``) of a 64 x ``bn`` tile shared by two consumer
     warpgroups (``NS``) that fits."""
@@ -849,6 +860,10 @@ def warm(cases, ms, models, processes: int = 14) -> None:
         jobs += [(H.config(*shape, 132), False) for shape in EPIQ_SHAPES]
     if "ksweep" in cases:
         jobs += [(H.config(m, n, k, 132), False) for m, n, k in KSWEEP]
+    if "nsroute" in cases:
+        for m in [m for m in ms if m <= 256]:
+            for n, k in [s for mo in models for s in SHAPES[mo]]:
+                jobs += [(p, False, m) for p in [H.config(m, n, k, 132), *unshared(m, n, k)]]
     if "ns" in cases:
         for m in [m for m in ms if m <= 256]:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
@@ -968,6 +983,8 @@ def main() -> None:
     if "squares" in cases:  # cuBLAS's tile width, clusters of two at the squares
         for size, plans in SQUARE_PLANS.items():
             recs.append(run_case(size, size, size, False, plans, log))
+    if "nsroute" in cases:  # the routed plans against those before shared_plan
+        over_shapes([m for m in ms if m <= 256], unshared)
     if "ns" in cases:  # two consumer warpgroups on a 64-row tile, half the columns each
         over_shapes([m for m in ms if m <= 256], ns_plans)
     if "group" in cases:  # the routed tile with other groupings of the tile order

@@ -958,6 +958,21 @@ def swap_config(m: int, n: int, k: int, sms: int) -> tuple | None:
     return 1, bn, stages, promotion(1, bn), 1, 1, 1, SWAP_OCC, 0, 1
 
 
+NS_M = 128  # a's rows up to which narrow tiles run as shared_plan's (two warpgroups, 64 rows)
+
+
+def shared_plan(m: int, n: int, sms: int) -> tuple:
+    """The plan of 64-row tiles whose two consumer warpgroups share the rows, each
+    multiplying half the columns (``NS``; cuBLAS's kernel at 128 rows runs 64 x 64 tiles on
+    384 threads), the narrowest multiple of 32 columns whose tiles fit one wave, the deepest
+    ring that fits (at most 16 stages), two slice sums in turn a warpgroup. Measured on an
+    H100 (bench/fp8_plans.py --cases ns, docs/performance.md): at 128 rows 2-3% faster than
+    64 x 64 tiles of one warpgroup or 128 x 64 of two at N = 4096, 6144 and 8192."""
+    bn = next(b for b in range(32, 257, 32) if -(-m // 64) * -(-n // b) <= sms or b == 256)
+    fits = [s for s in range(2, 17) if shared_bytes(2, bn, s, 1, 64, 1) <= SHARED_LIMIT]
+    return 2, bn, fits[-1], 2, 1, 1, 1, 1, 0, 0, GROUP_ROWS, 1
+
+
 def config(m: int, n: int, k: int, sms: int) -> tuple:
     """(WG, BN, STAGES, PROMOTE, VEC, CL, SPLIT[, OCC, FUSE, SWAP]) for an ``m x n`` output
     on ``sms`` multiprocessors. Up to ``SWAP_M`` rows the swapped tiles (``swap_config``)
@@ -966,8 +981,9 @@ def config(m: int, n: int, k: int, sms: int) -> tuple:
     waves of tiles best (each tile costs about 64 columns more than its width: 32 columns
     for N = 4096, 48 for 6144, 112 for 28672). Past that, the tile of ``RATES`` whose
     ``estimate`` is least: its speed times how well its tiles fill the waves, the last
-    wave's tiles split along K where that shortens it. Measured on an H100
-    (bench/fp8_plans.py; docs/performance.md)."""
+    wave's tiles split along K where that shortens it; up to ``NS_M`` rows, where that is
+    a 64-column tile, ``shared_plan``'s instead. Measured on an H100 (bench/fp8_plans.py;
+    docs/performance.md)."""
 
     def waves(rows: int, bn: int) -> int:
         return -(-(-(-m // rows) * -(-n // bn)) // sms)
@@ -979,6 +995,8 @@ def config(m: int, n: int, k: int, sms: int) -> tuple:
         bn = min(range(16, 129, 16), key=lambda b: (waves(64, b) * (b + 64), -b))
         return plan(1, bn)
     (*_, split), tile = min((estimate(m, n, k, sms, *tile), tile) for tile in RATES)
+    if m <= NS_M and tile in ((1, 64, 1), (2, 64, 1)):  # narrow tiles: two warpgroups on 64 rows
+        return shared_plan(m, n, sms)
     return plan(*tile, split)
 
 
@@ -1140,5 +1158,9 @@ def specializations():
         matmul_fp8_wgmma,
         {**shared_c, "VEC": 1, "PROMOTE": 7, "COL_B": 0, "BIAS": 0, "STAGES": stages_for(2, 208)},
     )  # (the next tile's first slice carried over the epilogue)
+    yield (
+        matmul_fp8_wgmma,
+        {**shared_c, "BN": 96, "STAGES": 11, "PROMOTE": 2, "VEC": 1, "AR": 64, "NS": 1},
+    )  # fmt: skip  (two warpgroups on 64 rows)
     yield sum_parts, {"ROWS": 64, "BN": 64, "GROUP": GROUP_ROWS, "ROW_A": 1, "COL_B": 0,
                       "BIAS": 1, "DT": bf16}  # fmt: skip

@@ -420,11 +420,14 @@ def test_config_plans_fit(sms):
     for m in [1 << i for i in range(14)] + [3, 100, 1000]:
         for n, k in shapes:
             wg, bn, stages, promote, vec, cl, split, *rest = H.config(m, n, k, sms)
-            occ, _, swap = (*rest, 1, 0, 0)[:3]
-            assert occ * (H.shared_bytes(wg, bn, stages, vec) + 1024) <= H.SHARED_LIMIT + 1024
-            assert promote == H.promotion(wg, bn)
-            assert vec == (3 if wg == 2 and 128 <= bn <= 224 else 1)  # C through shared or not
-            assert (wg, bn, cl) in H.RATES or (wg == 1 and bn <= 128 and m <= 64)
+            occ, _, swap, _, ns = (*rest, 1, 0, 0, 0, 0)[:5]
+            room = H.shared_bytes(wg, bn, stages, vec, 64, ns) + 1024
+            assert occ * room <= H.SHARED_LIMIT + 1024
+            assert promote == H.promotion(1 if ns else wg, bn // (1 + ns))
+            shared_c = wg == 2 and 128 <= bn <= 224 and not ns  # C through shared memory
+            assert vec == (3 if shared_c else 1)
+            assert (wg, bn, cl) in H.RATES or (wg == 1 and bn <= 128 and m <= 64) or ns
+            assert not ns or (m <= H.NS_M and -(-m // 64) * -(-n // bn) <= sms)
             assert split == 1 or (cl == 1 and k // 128 >= 2 * split)
             assert not swap or (m <= H.SWAP_M and bn == max(8, -(-m // 8) * 8) and wg == 1)
     assert {(wg, bn) for wg, bn, _ in H.RATES} <= set(H.PLANS)  # each in the PTX checks
@@ -509,7 +512,8 @@ def test_hopper_kernel_assembles_for_sm_90a():
             assert " 0 bytes spill stores" in assemble(ptx, "sm_90")
             continue
         fp8 = constexprs["FP8"].name
-        width = constexprs["BN"] // (2 if constexprs["PROMOTE"] in (3, 5) else 1)  # halves
+        halves = constexprs["PROMOTE"] in (3, 5) or constexprs.get("NS")  # (or a warpgroup's)
+        width = constexprs["BN"] // (2 if halves else 1)
         assert f"wgmma.mma_async.sync.aligned.m64n{width}k32.f32.{fp8}" in ptx
         assert " 0 bytes spill stores" in assemble(ptx, "sm_90a")
 
