@@ -982,8 +982,8 @@ def config(m: int, n: int, k: int, sms: int) -> tuple:
     for N = 4096, 48 for 6144, 112 for 28672). Past that, the tile of ``RATES`` whose
     ``estimate`` is least: its speed times how well its tiles fill the waves, the last
     wave's tiles split along K where that shortens it; up to ``NS_M`` rows, where that is
-    a 64-column tile, ``shared_plan``'s instead. Measured on an H100 (bench/fp8_plans.py;
-    docs/performance.md)."""
+    two warpgroups' 128 x 64 tile (or past 96 rows one's 64 x 64), ``shared_plan``'s.
+    Measured on an H100 (bench/fp8_plans.py; docs/performance.md)."""
 
     def waves(rows: int, bn: int) -> int:
         return -(-(-(-m // rows) * -(-n // bn)) // sms)
@@ -995,7 +995,9 @@ def config(m: int, n: int, k: int, sms: int) -> tuple:
         bn = min(range(16, 129, 16), key=lambda b: (waves(64, b) * (b + 64), -b))
         return plan(1, bn)
     (*_, split), tile = min((estimate(m, n, k, sms, *tile), tile) for tile in RATES)
-    if m <= NS_M and tile in ((1, 64, 1), (2, 64, 1)):  # narrow tiles: two warpgroups on 64 rows
+    # narrow tiles: two warpgroups on 64 rows (one warpgroup's 64 x 64 only past 96 rows: at
+    # 96 it tied or lost on an H100, at 128 it gained 3%)
+    if m <= NS_M and (tile == (2, 64, 1) or (tile == (1, 64, 1) and m > 96)):
         return shared_plan(m, n, sms)
     return plan(*tile, split)
 
