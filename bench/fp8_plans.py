@@ -18,11 +18,13 @@ Llama-3-8B/-70B shapes with ``plans_for``'s, ``SWEEP_WIDE``'s (``with_splits``) 
 plans of ``decode_plans`` at ``DECODE_SHAPES`` (the ``--ms`` up to 64) with the weight-read
 floor (``copy_bandwidth``); ``bands`` ``band_plans`` at ``BAND_SHAPES`` (``allshapes``: the
 8), ``names`` the kernels cuBLAS and kaio launch there, ``rings`` ``ring_plans`` at
-``RING_SHAPES``, ``one`` one row at the 8 shapes against ``gemv_fp8``, ``clk`` the 128 x
-208 tile alone and in clusters of two with each epilogue at K = 1024 and 2048. Writes
-``DIR/fp8_plans.jsonl`` (one line per case) and prints a table. The sweep stops starting
-cases once ``--budget`` seconds have passed.
-"""
+``RING_SHAPES``, ``one`` one row at the 8 shapes against ``gemv_fp8``, ``clk`` the 128 x 208
+tile alone and in clusters of two with each epilogue at K = 1024 and 2048, ``squares``
+``SQUARE_PLANS`` at 4096^3 and 8192^3, ``ns`` ``ns_plans`` (two consumer warpgroups on a
+64-row tile) up to 256 rows, ``nsroute`` the routed plans against ``unshared``'s, ``once``
+one call of cuBLAS and kaio at ``ONCE_CASES`` (for ncu). Writes ``DIR/fp8_plans.jsonl`` (one
+line per case) and prints a table. The sweep stops starting cases once ``--budget`` seconds
+have passed."""
 
 from __future__ import annotations
 
@@ -452,6 +454,19 @@ CLUSTER_VEC = [(2, 208, 4, 1, 3, 2), (2, 208, 5, 1, 1, 2), (2, 208, 4, 1, 2, 2),
                (2, 208, 5, 1, 1)]  # fmt: skip
 
 
+ONCE_CASES = [(128, 4096, 4096), (256, 6144, 4096), (128, 4096, 14336), (8192, 8192, 8192)]
+
+
+def call_once(cases) -> None:
+    """``torch._scaled_mm`` and the routed ``matmul_fp8`` called once each at ``cases`` (m,
+    n, k), for a profiler that picks their kernels out (ncu -k)."""
+    for m, n, k in cases:
+        a, b, sa, sb = operands(m, n, k, False, 1)[0]
+        scaled_mm(a, b, sa, sb)
+        with_plan(None)(a, b, sa, sb)
+        torch.cuda.synchronize()
+
+
 def kernel_names(cases, deadline=math.inf) -> None:
     """The kernels ``torch._scaled_mm`` and the routed ``matmul_fp8`` launch at ``cases``
     (m, n, k): torch.profiler's names (cuBLAS's encode its tile and K split), until the
@@ -511,6 +526,45 @@ def mid_plans(m, n, k, sms=132):
         (1, 32, occ_stages(32, 64, 2), 2, 1, 1, 1, 2),
         (2, 32, H.stages_for(2, 32), H.promotion(2, 32), 1),
     ]
+
+
+def unshared(m, n, k, sms=132):
+    """[the plan ``config`` picked before ``shared_plan`` (``_fp8_hopper.NS_M`` 0)] where it
+    differs from the routed one, else []."""
+    keep = H.NS_M
+    H.NS_M = 0
+    try:
+        old = H.config(m, n, k, sms)
+    finally:
+        H.NS_M = keep
+    return [old] if old != H.config(m, n, k, sms) else []
+
+
+def ns_stages(bn, most=16):
+    """The deepest ring (at most ``most``) of a 64 x ``bn`` tile shared by two consumer
+    warpgroups (``NS``) that fits."""
+    fits = [s for s in range(2, most + 1) if H.shared_bytes(2, bn, s, 1, 64, 1) <= H.SHARED_LIMIT]
+    return fits[-1]
+
+
+def ns_plans(m, n, k, sms=132):
+    """The plans "ns" times beside the routed one up to 256 rows: 64-row tiles of 32 to 128
+    columns whose two consumer warpgroups each take half the columns (``NS``: cuBLAS's
+    64 x 64 tiles at 128 rows run 384 threads) where the tiles fill more than half of one
+    wave, and 128 x 96 tiles (cuBLAS's at 256 x 6144)."""
+    out = []
+    for bn in (32, 64, 96, 128):
+        if sms // 2 < -(-m // 64) * -(-n // bn) <= sms:
+            out.append((2, bn, ns_stages(bn), 2, 1, 1, 1, 1, 0, 0, H.GROUP_ROWS, 1))
+    return out + ([(2, 96, H.stages_for(2, 96), 2, 1)] if m > 64 else [])
+
+
+SQUARE_PLANS = {  # (the plans "squares" times beside the routed one at 4096^3 and 8192^3:
+    # cuBLAS's 144-column tile, the routed tile with the warpgroups issuing in turn and in
+    # clusters of two, 128 x 128 in clusters of two)
+    4096: [(2, 144, 5, 1, 3), (2, 208, 4, 4, 3), (2, 208, 4, 1, 3, 2), (2, 128, 6, 1, 3, 2)],
+    8192: [(2, 144, 5, 1, 3), (2, 192, 4, 4, 3), (2, 192, 4, 1, 3, 2), (2, 160, 5, 1, 3)],
+}
 
 
 def copy_bandwidth(nbytes=2**30):
@@ -622,7 +676,7 @@ def run_case(m, n, k, rowwise, plans, log, label="", floor_us=None):
         f"{pick.get('us', float('nan')):8.1f} us {pick.get('x', 0):.2f}x | best {best} "
         f"{rec[best]['us'] if best else float('nan'):8.1f} us {rec[best]['x'] if best else 0:.2f}x"
         + "".join(
-            f" | {kk} {v['x']:.2f}x"
+            f" | {kk} {v['x']:.2f}x" + ("" if v.get("err", 0) == 0 else f" (err {v['err']:.1e})")
             for kk, v in rec.items()
             if isinstance(v, dict) and "x" in v and kk not in ("pick", best)
         ),
@@ -649,7 +703,7 @@ def diagnose() -> None:
         wg, bn, st, pr, vec, *rest = plan
         c = dict(WG=wg, BN=bn, STAGES=st, PROMOTE=pr, GROUP=H.GROUP_ROWS, ROW_A=0, COL_B=0,
                  BIAS=0, DT=bf16, FP8=e4m3, VEC=vec, CL=rest[0] if rest else 1,
-                 SPLIT=1, AR=64 * wg, SWAP=0)  # fmt: skip
+                 SPLIT=1, AR=64 * wg, SWAP=0, NS=0)  # fmt: skip
         try:
             print(plan, H.matmul_fp8_wgmma.resources(**c), flush=True)
             if pr in (2, 5) and ptxas:  # the local ptxas' view of the same PTX
@@ -806,6 +860,17 @@ def warm(cases, ms, models, processes: int = 14) -> None:
         jobs += [(H.config(*shape, 132), False) for shape in EPIQ_SHAPES]
     if "ksweep" in cases:
         jobs += [(H.config(m, n, k, 132), False) for m, n, k in KSWEEP]
+    if "nsroute" in cases:
+        for m in [m for m in ms if m <= 256]:
+            for n, k in [s for mo in models for s in SHAPES[mo]]:
+                jobs += [(p, False, m) for p in [H.config(m, n, k, 132), *unshared(m, n, k)]]
+    if "ns" in cases:
+        for m in [m for m in ms if m <= 256]:
+            for n, k in [s for mo in models for s in SHAPES[mo]]:
+                jobs += [(p, False, m) for p in [H.config(m, n, k, 132), *ns_plans(m, n, k)]]
+    if "squares" in cases:
+        jobs += [(p, False) for s in SQUARE_PLANS for p in [H.config(s, s, s, 132),
+                                                           *SQUARE_PLANS[s]]]  # fmt: skip
     if "group" in cases:
         jobs += [(p, False) for s in (4096, 8192) for p in [H.config(s, s, s, 132),
                                                             *group_plans(s, s, s)]]  # fmt: skip
@@ -899,9 +964,14 @@ def main() -> None:
                 recs.append(run_case(1, n, k, False, [GEMV], log, f"M=1 {n}x{k}"))
     if "rings" in cases:  # deeper rings, one block a multiprocessor
         over_shapes(ms, ring_plans, RING_SHAPES, "ring ")
+    if "once" in cases:  # one call of each at ONCE_CASES (under ncu)
+        call_once(ONCE_CASES)
     if "names" in cases:  # which kernels cuBLAS runs where kaio loses most
         try:
-            kernel_names([(m, n, k) for m in ms for n, k in BAND_SHAPES], t0 + args.budget + 6)
+            names = [(m, n, k) for m in ms for n, k in BAND_SHAPES]
+            if "squares" in cases:
+                names.append((8192, 8192, 8192))
+            kernel_names(names, t0 + args.budget + 6)
         except Exception:  # noqa: BLE001
             traceback.print_exc()
     if "decode" in cases:  # the routed decode plans against the old route, stages, preload
@@ -910,6 +980,13 @@ def main() -> None:
         over_shapes([m for m in ms if 64 < m <= 256], mid_plans)
     if "midsplit" in cases:  # wide tiles split along K, summed in the kernel
         over_shapes([m for m in ms if 64 < m <= 256], split_plans)
+    if "squares" in cases:  # cuBLAS's tile width, clusters of two at the squares
+        for size, plans in SQUARE_PLANS.items():
+            recs.append(run_case(size, size, size, False, plans, log))
+    if "nsroute" in cases:  # the routed plans against those before shared_plan
+        over_shapes([m for m in ms if m <= 256], unshared)
+    if "ns" in cases:  # two consumer warpgroups on a 64-row tile, half the columns each
+        over_shapes([m for m in ms if m <= 256], ns_plans)
     if "group" in cases:  # the routed tile with other groupings of the tile order
         for size in (4096, 8192):
             recs.append(run_case(size, size, size, False, group_plans(size, size, size), log))

@@ -223,14 +223,14 @@ def unit_of(u: i32, k_tiles: i32, full: i32, parts: i32):
 @kaio.gpu_func
 def wgmma_slice(
     part: ACC[:, :, :], sa: f16[:, :, :], sb: f16[:, :, :], s: i32, wg: u32, fresh: bool_,
-    N0: kaio.constexpr, KIND: kaio.constexpr, ACC: kaio.constexpr,
+    N0: kaio.constexpr, KIND: kaio.constexpr, ACC: kaio.constexpr, nb: i32 = 0,
 ):  # fmt: skip
     """``part`` (+)= warpgroup ``wg``'s 64 rows of stage ``s``'s A slice times B^T rows
-    ``N0 ..`` (as many as ``part`` has columns): four k32 wgmmas of kind ``KIND``, the first
-    one starting a fresh sum when ``fresh``."""
+    ``nb + N0 ..`` (as many as ``part`` has columns): four k32 wgmmas of kind ``KIND``, the
+    first one starting a fresh sum when ``fresh``."""
     for kk in kaio.static_range(BK // 16):
         da = kaio.smem_descriptor(sa, (s, 64 * wg, kk * 16), SW, 16, 1024)
-        db = kaio.smem_descriptor(sb, (s, N0, kk * 16), SW, 16, 1024)
+        db = kaio.smem_descriptor(sb, (s, nb + N0, kk * 16), SW, 16, 1024)
         keep = kk > 0 or not fresh
         if KIND == e4m3:
             kaio.wgmma_e4m3(part, da, db, keep)
@@ -289,14 +289,15 @@ def consume(
     sb: f16[:, :, :], bars: u64[:, :], turn: u64[:], st: i32, ph: u32, g: i32, k_tiles: i32,
     wg: u32, lt: u32, BN: kaio.constexpr, STAGES: kaio.constexpr, PROMOTE: kaio.constexpr,
     KIND: kaio.constexpr, ACC: kaio.constexpr, CL: kaio.constexpr, cs: i32 = 0,
-    carried: bool_ = False,
+    carried: bool_ = False, nb: i32 = 0,
 ):  # fmt: skip
     """Warpgroup ``wg``'s sums of one tile over its ``k_tiles`` K slices into ``acc``, each
     slice's stage waited for (full barrier) and freed once read; the ring position (stage
     ``st``, phase parity ``ph``, slices so far ``g``) after them returned; ``PROMOTE`` as the
     module docstring says (``part``: the slice sums, ``part0`` and ``part1`` for 2;
     ``turn``: the two warpgroups' turns for 4; for 7, ``carried``: the first slice is in
-    ``part0`` already, from stage ``cs``: ``carry_slice``)."""
+    ``part0`` already, from stage ``cs``: ``carry_slice``); ``nb``: the warpgroup's first B^T
+    row in a stage (``NS``)."""
     kb = i32(0)
     if PROMOTE == 7:
         if carried:  # the first slice was issued before the tile before's epilogue
@@ -316,7 +317,7 @@ def consume(
             if wg == 1 or g > 0:
                 kaio.mbarrier_wait(turn, wg, u32((g + i32(wg) + 1) & 1))
             kaio.wgmma_fence()
-            wgmma_slice(part0, sa, sb, s, wg, True, 0, KIND, ACC)
+            wgmma_slice(part0, sa, sb, s, wg, True, 0, KIND, ACC, nb)
             kaio.wgmma_commit()
             if lt % 32 == 0:
                 kaio.mbarrier_arrive(turn, 1 - wg)
@@ -326,14 +327,14 @@ def consume(
         elif PROMOTE == 3:
             for half in kaio.static_range(2):
                 kaio.wgmma_fence()
-                wgmma_slice(part0, sa, sb, s, wg, True, half * BN // 2, KIND, ACC)
+                wgmma_slice(part0, sa, sb, s, wg, True, half * BN // 2, KIND, ACC, nb)
                 kaio.wgmma_commit()
                 kaio.wgmma_wait(0)
                 promote(acc, part0, half * BN // 16, BN // 16)
             free_stage(bars, s, lt, CL)
         elif PROMOTE == 1 or PROMOTE == 7:
             kaio.wgmma_fence()
-            wgmma_slice(part0, sa, sb, s, wg, True, 0, KIND, ACC)
+            wgmma_slice(part0, sa, sb, s, wg, True, 0, KIND, ACC, nb)
             kaio.wgmma_commit()
             kaio.wgmma_wait(0)
             free_stage(bars, s, lt, CL)
@@ -341,11 +342,11 @@ def consume(
         else:  # one group kept in flight: the slice before's stage freed (and its sum added)
             kaio.wgmma_fence()
             if PROMOTE == 0:
-                wgmma_slice(acc, sa, sb, s, wg, kt == 0, 0, KIND, ACC)
+                wgmma_slice(acc, sa, sb, s, wg, kt == 0, 0, KIND, ACC, nb)
             elif kt % 2 == 0:
-                wgmma_slice(part0, sa, sb, s, wg, True, 0, KIND, ACC)
+                wgmma_slice(part0, sa, sb, s, wg, True, 0, KIND, ACC, nb)
             else:
-                wgmma_slice(part1, sa, sb, s, wg, True, 0, KIND, ACC)
+                wgmma_slice(part1, sa, sb, s, wg, True, 0, KIND, ACC, nb)
             kaio.wgmma_commit()
             kaio.wgmma_wait(1)
             if kt > 0:
@@ -610,9 +611,10 @@ def consume_tiles(
     ROWS: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, PROMOTE: kaio.constexpr,
     GROUP: kaio.constexpr, ROW_A: kaio.constexpr, COL_B: kaio.constexpr,
     BIAS: kaio.constexpr, DT: kaio.constexpr, FP8: kaio.constexpr, VEC: kaio.constexpr,
-    CL: kaio.constexpr, SPLIT: kaio.constexpr, SWAP: kaio.constexpr,
+    CL: kaio.constexpr, SPLIT: kaio.constexpr, SWAP: kaio.constexpr, NS: kaio.constexpr,
 ):  # fmt: skip
-    """A consumer warpgroup's tiles: each one's sums (``consume``), then its epilogue; with
+    """A consumer warpgroup's tiles: each one's sums (``consume``), then its epilogue (``NS``:
+    of its half of the tile's columns, the 64 rows shared with the other warpgroup); with
     ``SPLIT``, its units (``unit_of``: whole tiles below ``full``, then parts of the split
     tiles, whose raw sums go to rows ``slot * ROWS ..`` of ``ws`` for ``sum_parts``; with
     ``SPLIT`` 3, each warp's last arrival of a tile sums them: ``last_part``). The
@@ -623,6 +625,9 @@ def consume_tiles(
     g = i32(0)
     cs = i32(0)  # PROMOTE 7: the stage of the carried slice, whether one is
     carried = False
+    CW = BN // (1 + NS)  # noqa: N806  (the warpgroup's columns)
+    wa = wg * (1 - NS)  # the warpgroup's 64 rows of the stage's A (NS: both the same)
+    nb = i32(wg) * CW * NS  # and its first B^T row
     for i in range(my_tiles):
         u = tile0 + i * step
         count = k_tiles
@@ -632,45 +637,47 @@ def consume_tiles(
             tile, kb, ke, slot = unit_of(u, k_tiles, full, parts)
             count = ke - kb
         if PROMOTE == 5 or PROMOTE == 6:  # two sums in turn, one group in flight
-            zero(acc, BN)
+            zero(acc, CW)
             st, ph, g = consume_pair(acc, part0, part1, sa_s, sb_s, bars, st, ph, g, count, wg,
-                                     lt, BN, STAGES, PROMOTE == 5, FP8, f32, CL)  # fmt: skip
+                                     lt, CW, STAGES, PROMOTE == 5, FP8, f32, CL)  # fmt: skip
         elif PROMOTE >= 10:  # promoted every PROMOTE // 10 slices
-            zero(acc, BN)
+            zero(acc, CW)
             st, ph, g = consume_every(acc, part0, sa_s, sb_s, bars, st, ph, g, count, wg, lt,
-                                      BN, STAGES, PROMOTE // 10, PROMOTE % 10, FP8, f32,
+                                      CW, STAGES, PROMOTE // 10, PROMOTE % 10, FP8, f32,
                                       CL)  # fmt: skip
         else:
-            st, ph, g = consume(acc, part0, part1, sa_s, sb_s, bars, turn, st, ph, g, count, wg,
-                                lt, BN, STAGES, PROMOTE, FP8, f32, CL, cs, carried)  # fmt: skip
+            st, ph, g = consume(acc, part0, part1, sa_s, sb_s, bars, turn, st, ph, g, count, wa,
+                                lt, CW, STAGES, PROMOTE, FP8, f32, CL, cs, carried,
+                                nb)  # fmt: skip
             carried = False
-        tr, col0 = tile_origin(tile, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
-        row0 = tr + rank * ROWS + 64 * i32(wg)
+        tr, tc = tile_origin(tile, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
+        row0 = tr + rank * ROWS + 64 * i32(wa)
+        col0 = tc + nb
         pa = sa[0]
         pb = sb[0]
         carry = PROMOTE == 7 and VEC == 1 and SPLIT == 1 and SWAP + ROW_A + COL_B + BIAS == 0
-        if carry and i + 1 < my_tiles and row0 + 64 <= m and col0 + BN <= n:
+        if carry and i + 1 < my_tiles and row0 + 64 <= m and col0 + CW <= n:
             # the next tile's first slice multiplied during this epilogue (no branch in it:
             # ptxas would wait for the wgmmas there)
             cs = st
             st, ph = carry_slice(part0, sa_s, sb_s, bars, st, ph, wg, STAGES, FP8)
             g += 1
             carried = True
-            epilogue_rows(acc, out, ebuf, sa, sb, pa, pb, bias, row0, col0, m, n, wg, lt, BN,
+            epilogue_rows(acc, out, ebuf, sa, sb, pa, pb, bias, row0, col0, m, n, wg, lt, CW,
                           ROW_A, COL_B, BIAS, DT, VEC, 0)  # fmt: skip
-            zero(acc, BN)  # (the carried slice is added to it)
+            zero(acc, CW)  # (the carried slice is added to it)
         elif slot >= 0 and SPLIT == 3:  # fused: the warp's last arrival sums and stores
             w = i32(lt // 32)
             cw = (slot // parts) * (4 * ROWS // 64) + i32(wg) * 4 + w  # the warp's counter
             at = slot * ROWS + 64 * i32(wg) + 16 * w + i32(lt % 32) // 4
-            if last_part(acc, ws, cnt, cw, at, slot % parts, parts, i32(lt % 32), ROWS, BN):
-                epilogue_fp8(acc, out, ebuf, sa, sb, pa, pb, bias, row0, col0, m, n, wg, lt, BN,
+            if last_part(acc, ws, cnt, cw, at, slot % parts, parts, i32(lt % 32), ROWS, CW):
+                epilogue_fp8(acc, out, ebuf, sa, sb, pa, pb, bias, row0, col0, m, n, wg, lt, CW,
                              ROW_A, COL_B, BIAS, DT, VEC, SWAP)  # fmt: skip
         elif slot >= 0:  # a part of a split tile (SPLIT): its raw sums, BN columns a row
-            store_rows(acc, ws, ws, ws, slot * ROWS + 64 * i32(wg), 0, (slot + 1) * ROWS, BN,
-                       BN, 0, 1.0, 1.0, 1.0, lt, BN, f32)  # fmt: skip
+            store_rows(acc, ws, ws, ws, slot * ROWS + 64 * i32(wg), 0, (slot + 1) * ROWS, CW,
+                       CW, 0, 1.0, 1.0, 1.0, lt, CW, f32)  # fmt: skip
         else:
-            epilogue_fp8(acc, out, ebuf, sa, sb, pa, pb, bias, row0, col0, m, n, wg, lt, BN,
+            epilogue_fp8(acc, out, ebuf, sa, sb, pa, pb, bias, row0, col0, m, n, wg, lt, CW,
                          ROW_A, COL_B, BIAS, DT, VEC, SWAP)  # fmt: skip
     if VEC >= 2:
         if lt % 32 < 16:
@@ -701,7 +708,7 @@ def matmul_fp8_wgmma(
     STAGES: kaio.constexpr, PROMOTE: kaio.constexpr, GROUP: kaio.constexpr,
     ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
     FP8: kaio.constexpr, VEC: kaio.constexpr, CL: kaio.constexpr, SPLIT: kaio.constexpr,
-    AR: kaio.constexpr, SWAP: kaio.constexpr,
+    AR: kaio.constexpr, SWAP: kaio.constexpr, NS: kaio.constexpr,
 ):  # fmt: skip
     """out = (A @ B) * sa * sb (+ bias): A [m, K] through ``ta`` and B^T [n, K] through
     ``tb``, both as 16-bit units [rows, k2 = K / 2]; ``64 * WG x BN`` tiles; with ``CL = 2``
@@ -712,11 +719,13 @@ def matmul_fp8_wgmma(
     ``sum_parts``, or with ``SPLIT`` 3 by each warp's last arrival (``last_part``, counting
     in ``cnt``). ``SWAP``: the roles swapped (``swap_plan``): ``ta`` maps B^T [n, K] and
     ``tb`` A [m, K], the kernel's ``m`` is N and ``n`` is M, its tiles are of C^T, stored
-    transposed (``store_transposed``)."""
+    transposed (``store_transposed``). ``NS`` (two consumer warpgroups): 64 x BN tiles, the
+    warpgroups sharing the rows, each multiplying half the columns (``CW``)."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL == 2:
         kaio.cluster_dims(2)
-    ROWS = 64 * WG  # noqa: N806  (a compile-time int, as the constexprs)
+    ROWS = 64 * WG - 64 * (WG - 1) * NS  # noqa: N806  (compile-time ints, as the constexprs;
+    CW = BN // (1 + NS)  # noqa: N806  NS: two warpgroups share 64 rows, half the columns each)
     # a decode tile's A stages hold only the AR rows copied (a_stage_rows), the ring padded
     # so that the last stage's 64-row wgmma operand stays inside it
     SR = ROWS + (AR - ROWS) * ((WG == 1) * (CL == 1) * (AR < 64))  # noqa: N806
@@ -753,12 +762,12 @@ def matmul_fp8_wgmma(
     init_ring(bars, t, STAGES, WG * CL)  # "free": lane 0 of each consumer warpgroup (of both)
     if CL == 2:
         kaio.cluster_sync()  # the other block's barriers are ready before any copy
-    acc = kaio.local(f32, (BN // 8, 2, 2))  # the tile's f32 sums
+    acc = kaio.local(f32, (CW // 8, 2, 2))  # the tile's f32 sums
     # the slice sums (module docstring): two sets for PROMOTE 2, half the width for 3 and
     # 5 (two halves for 5)
     halves = (PROMOTE == 3) + (PROMOTE == 5)
-    part0 = kaio.local(f32, (BN // (8 + 8 * halves), 2, 2))
-    wide1 = (BN // 8 - 1) * ((PROMOTE == 2) + (PROMOTE == 6)) + (BN // 16 - 1) * (PROMOTE == 5)
+    part0 = kaio.local(f32, (CW // (8 + 8 * halves), 2, 2))
+    wide1 = (CW // 8 - 1) * ((PROMOTE == 2) + (PROMOTE == 6)) + (CW // 16 - 1) * (PROMOTE == 5)
     part1 = kaio.local(f32, (1 + wide1, 2, 2))
     if wg < WG:  # the consumers
         if WG > 1:  # the registers the producer warpgroup gave up
@@ -767,12 +776,12 @@ def matmul_fp8_wgmma(
             consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, out, ebuf, ws, cnt, sa,
                           sb, bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
                           rank, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
-                          BIAS, DT, FP8, VEC, CL, SPLIT, SWAP)  # fmt: skip
+                          BIAS, DT, FP8, VEC, CL, SPLIT, SWAP, NS)  # fmt: skip
         else:
             consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, out, ebuf, ws, cnt, sa,
                           sb, bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
                           rank, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
-                          BIAS, DT, FP8, VEC, CL, SPLIT, SWAP)  # fmt: skip
+                          BIAS, DT, FP8, VEC, CL, SPLIT, SWAP, NS)  # fmt: skip
     else:  # the producer warpgroup: its first thread issues the copies
         if WG > 1:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -823,14 +832,16 @@ def a_stage_rows(wg: int, cl: int, ar: int) -> int:
     return ar if wg == 1 and cl == 1 and ar < 64 else 64 * wg
 
 
-def shared_bytes(wg: int, bn: int, stages: int, vec: int = 1, ar: int = 64) -> int:
+def shared_bytes(wg: int, bn: int, stages: int, vec: int = 1, ar: int = 64, ns: int = 0) -> int:
     """The dynamic shared memory of a ``64 * wg x bn`` tile ring of ``stages`` (8-bit
     operands, 128 values of K a stage; A stages of ``a_stage_rows`` rows for ``ar`` A
-    rows copied, padded to a last 64-row operand), its barriers, the two turn barriers and
-    the consumer warps' epilogue buffers of 16-bit values (``vec`` 2; else a stub)."""
-    sr = a_stage_rows(wg, 1, ar)
+    rows copied, padded to a last 64-row operand; ``ns``: 64 rows shared by the ``wg``
+    warpgroups), its barriers, the two turn barriers and the consumer warps' epilogue
+    buffers of 16-bit values (``vec`` 2; else a stub)."""
+    rows = 64 if ns else 64 * wg
+    sr = a_stage_rows(1 if ns else wg, 1, ar)
     ebuf = wg * 4 * 16 * (bn + 8) * 2 if vec >= 2 else 32  # (a stub: 8 values)
-    a_bytes = (stages * sr + 64 * wg - sr) * BK * 2
+    a_bytes = (stages * sr + rows - sr) * BK * 2
     return a_bytes + stages * (bn * BK * 2 + 16) + 16 + ebuf
 
 
@@ -947,6 +958,21 @@ def swap_config(m: int, n: int, k: int, sms: int) -> tuple | None:
     return 1, bn, stages, promotion(1, bn), 1, 1, 1, SWAP_OCC, 0, 1
 
 
+NS_M = 128  # a's rows up to which narrow tiles run as shared_plan's (two warpgroups, 64 rows)
+
+
+def shared_plan(m: int, n: int, sms: int) -> tuple:
+    """The plan of 64-row tiles whose two consumer warpgroups share the rows, each
+    multiplying half the columns (``NS``; cuBLAS's kernel at 128 rows runs 64 x 64 tiles on
+    384 threads), the narrowest multiple of 32 columns whose tiles fit one wave, the deepest
+    ring that fits (at most 16 stages), two slice sums in turn a warpgroup. Measured on an
+    H100 (bench/fp8_plans.py --cases ns, docs/performance.md): at 128 rows 2-3% faster than
+    64 x 64 tiles of one warpgroup or 128 x 64 of two at N = 4096, 6144 and 8192."""
+    bn = next(b for b in range(32, 257, 32) if -(-m // 64) * -(-n // b) <= sms or b == 256)
+    fits = [s for s in range(2, 17) if shared_bytes(2, bn, s, 1, 64, 1) <= SHARED_LIMIT]
+    return 2, bn, fits[-1], 2, 1, 1, 1, 1, 0, 0, GROUP_ROWS, 1
+
+
 def config(m: int, n: int, k: int, sms: int) -> tuple:
     """(WG, BN, STAGES, PROMOTE, VEC, CL, SPLIT[, OCC, FUSE, SWAP]) for an ``m x n`` output
     on ``sms`` multiprocessors. Up to ``SWAP_M`` rows the swapped tiles (``swap_config``)
@@ -955,8 +981,9 @@ def config(m: int, n: int, k: int, sms: int) -> tuple:
     waves of tiles best (each tile costs about 64 columns more than its width: 32 columns
     for N = 4096, 48 for 6144, 112 for 28672). Past that, the tile of ``RATES`` whose
     ``estimate`` is least: its speed times how well its tiles fill the waves, the last
-    wave's tiles split along K where that shortens it. Measured on an H100
-    (bench/fp8_plans.py; docs/performance.md)."""
+    wave's tiles split along K where that shortens it; up to ``NS_M`` rows, where that is
+    two warpgroups' 128 x 64 tile (or past 96 rows one's 64 x 64), ``shared_plan``'s.
+    Measured on an H100 (bench/fp8_plans.py; docs/performance.md)."""
 
     def waves(rows: int, bn: int) -> int:
         return -(-(-(-m // rows) * -(-n // bn)) // sms)
@@ -968,6 +995,10 @@ def config(m: int, n: int, k: int, sms: int) -> tuple:
         bn = min(range(16, 129, 16), key=lambda b: (waves(64, b) * (b + 64), -b))
         return plan(1, bn)
     (*_, split), tile = min((estimate(m, n, k, sms, *tile), tile) for tile in RATES)
+    # narrow tiles: two warpgroups on 64 rows (one warpgroup's 64 x 64 only past 96 rows: at
+    # 96 it tied or lost on an H100, at 128 it gained 3%)
+    if m <= NS_M and (tile == (2, 64, 1) or (tile == (1, 64, 1) and m > 96)):
+        return shared_plan(m, n, sms)
     return plan(*tile, split)
 
 
@@ -1011,21 +1042,23 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     and ``bt_units``: A [m, k] and B^T [n, k] viewed as f16 [rows, k / 2] (for the tensor
     maps); the other arrays as ``_fp8._mm_fp8`` takes them; ``flags``: its ROW_A, COL_B and
     BIAS; ``plan``: (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT[, OCC[, FUSE[, SWAP[,
-    GROUP]]]]]]), default
-    ``config``'s; SPLIT > 1 (one block a cluster): the tiles of the last partial wave split
-    that many ways along K (``split_from``), their raw sums in a workspace made like
-    ``like`` (an ``_arrays.Operand``), added by ``sum_parts``. OCC (one block a cluster;
-    default 1): a persistent grid of up to OCC blocks a multiprocessor (with a ring of
-    STAGES small enough that OCC blocks' shared memory fits one: more blocks streaming the
-    weights at decode sizes). FUSE (with SPLIT > 1): the parts summed in the kernel, by
-    each warp's last arrival (``last_part``; counters from ``linear._counters``), not by
-    ``sum_parts``. SWAP: C^T = B^T A^T (``swap_plan``): ``64 * WG``-row tiles of the
-    weights, BN of a's rows a tile; its K split always summed in the kernel. GROUP: the
-    tile rows a group of the tile order spans (``_matmul_hopper.grouped``; ``GROUP_ROWS``)."""
+    GROUP]]]]]]), default ``config``'s; CL: 1, or clusters of two tiles one above the other
+    (2); SPLIT > 1 (one block a cluster): the tiles of
+    the last partial wave split that many ways along K (``split_from``), their raw sums in a
+    workspace made like ``like`` (an ``_arrays.Operand``), added by ``sum_parts``. OCC (one
+    block a cluster; default 1): a persistent grid of up to OCC blocks a multiprocessor
+    (with a ring of STAGES small enough that OCC blocks' shared memory fits one: more blocks
+    streaming the weights at decode sizes). FUSE (with SPLIT > 1): the parts summed in the
+    kernel, by each warp's last arrival (``last_part``; counters from ``linear._counters``),
+    not by ``sum_parts``. SWAP: C^T = B^T A^T (``swap_plan``): ``64 * WG``-row tiles of the
+    weights, BN of a's rows a tile; its K split always summed in the kernel. GROUP: the tile
+    rows a group of the tile order spans (``_matmul_hopper.grouped``; ``GROUP_ROWS``)."""
     from kaio_ops.linear import _counters, _placeholder
 
     wg, bn, stages, promote_mode, vec, *rest = plan or config(m, n, k, sms)
-    cl, split, occ, fuse, swap, group = (*rest, *(1, 1, 1, 0, 0, GROUP_ROWS)[len(rest) :])[:6]
+    cl, split, occ, fuse, swap, group, ns = (*rest, *(1, 1, 1, 0, 0, GROUP_ROWS, 0)[len(rest) :])[
+        :7
+    ]
     if (split > 1 or occ > 1) and cl > 1:
         raise ValueError(
             f"matmul_fp8: plan {plan}: a K split or OCC > 1 needs CL = 1 (one block a tile)"
@@ -1033,21 +1066,21 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     if swap:  # C^T = B^T A^T: the weights are the 64-row operand, the rows of a the columns
         a_units, bt_units, m, n = bt_units, a_units, n, m
         fuse, vec = 1, 1  # (sum_parts and the shared epilogue store tiles of C, not C^T)
-    rows = 64 * wg
-    ar = a_rows(m, wg, cl)
+    rows = 64 if ns else 64 * wg  # (NS: the warpgroups share the rows, each half the columns)
+    ar = 64 if ns else a_rows(m, wg, cl)
     ta = kaio.tensor_map_2d(a_units, (ar, BK), SW)
     tb = kaio.tensor_map_2d(bt_units, (bn // cl, BK), SW)
     constexprs = dict(
         WG=wg, BN=bn, STAGES=stages, PROMOTE=promote_mode, GROUP=group, **flags, DT=dt,
         FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=min(split, 2) + (split > 1 and fuse), AR=ar,
-        SWAP=int(bool(swap)),
+        SWAP=int(bool(swap)), NS=ns,
     )  # fmt: skip
     if vec >= 2 and dt.itemsize != 2:
         vec = 1  # (the shared buffers hold 16-bit outputs)
         constexprs["VEC"] = 1
         if plan is None:  # config's: the ring takes the buffers' room
             stages = constexprs["STAGES"] = stages_for(wg, bn)
-    threads, shared = wg * 128 + 128, shared_bytes(wg, bn, stages, vec, ar)
+    threads, shared = wg * 128 + 128, shared_bytes(wg, bn, stages, vec, ar, ns)
     tiles = -(-m // (rows * cl)) * -(-n // bn)
     full = split_from(tiles, sms * occ, split)
     units = full + (tiles - full) * split
@@ -1108,10 +1141,11 @@ def specializations():
                                  "FP8": FP8_TYPES[name], "VEC": vec, "CL": cl,
                                  "SPLIT": 2 if wg == 1 and bn == 64 else 1,
                                  "AR": {128: 16, 32: 8}.get(bn, 64) if wg == 1
-                                 else 64 * wg, "SWAP": 0}  # fmt: skip
+                                 else 64 * wg, "SWAP": 0, "NS": 0}  # fmt: skip
     shared_c = {"WG": 2, "BN": 208, "STAGES": stages_for(2, 208, vec=2), "PROMOTE": 1,
                 "GROUP": GROUP_ROWS, "ROW_A": 0, "COL_B": 1, "BIAS": 1, "DT": bf16,
-                "FP8": e4m3, "VEC": 2, "CL": 1, "SPLIT": 1, "AR": 128, "SWAP": 0}  # fmt: skip
+                "FP8": e4m3, "VEC": 2, "CL": 1, "SPLIT": 1, "AR": 128, "SWAP": 0,
+                "NS": 0}  # fmt: skip
     yield matmul_fp8_wgmma, shared_c  # (C through shared memory)
     yield (
         matmul_fp8_wgmma,
@@ -1126,5 +1160,9 @@ def specializations():
         matmul_fp8_wgmma,
         {**shared_c, "VEC": 1, "PROMOTE": 7, "COL_B": 0, "BIAS": 0, "STAGES": stages_for(2, 208)},
     )  # (the next tile's first slice carried over the epilogue)
+    yield (
+        matmul_fp8_wgmma,
+        {**shared_c, "BN": 96, "STAGES": 11, "PROMOTE": 2, "VEC": 1, "AR": 64, "NS": 1},
+    )  # fmt: skip  (two warpgroups on 64 rows)
     yield sum_parts, {"ROWS": 64, "BN": 64, "GROUP": GROUP_ROWS, "ROW_A": 1, "COL_B": 0,
                       "BIAS": 1, "DT": bf16}  # fmt: skip

@@ -260,6 +260,8 @@ def test_matmul_hopper_kernel_sim(monkeypatch):
         ((1, 32, 4, 2, 1), 9, 112, 512, "both", "bf16"),  # decode: 64-row tiles, 4 a block
         ((1, 64, 2, 2, 0), 64, 80, 128, "row", "f32"),  # one slice, a partial N tile
         ((2, 128, 2, 2, 1, 2), 300, 272, 384, "both", "bf16"),  # clusters of two, multicast B
+        ((2, 64, 3, 2, 1, 1, 1, 1, 0, 0, 8, 1), 130, 208, 384, "both", "bf16"),  # 64 rows, two
+        ((2, 128, 3, 1, 3, 1, 1, 1, 0, 0, 8, 1), 70, 272, 256, "row", "f16"),  # halves (NS)
         ((3, 96, 2, 2, 1), 200, 208, 256, "row", "f16"),  # three consumer warpgroups
         ((2, 128, 3, 4, 1), 260, 144, 384, "col", "bf16"),  # warpgroups issuing in turn
         ((1, 64, 3, 2, 1, 1, 3), 20, 192, 640, "both", "f16"),  # last tile split 3 ways
@@ -418,11 +420,14 @@ def test_config_plans_fit(sms):
     for m in [1 << i for i in range(14)] + [3, 100, 1000]:
         for n, k in shapes:
             wg, bn, stages, promote, vec, cl, split, *rest = H.config(m, n, k, sms)
-            occ, _, swap = (*rest, 1, 0, 0)[:3]
-            assert occ * (H.shared_bytes(wg, bn, stages, vec) + 1024) <= H.SHARED_LIMIT + 1024
-            assert promote == H.promotion(wg, bn)
-            assert vec == (3 if wg == 2 and 128 <= bn <= 224 else 1)  # C through shared or not
-            assert (wg, bn, cl) in H.RATES or (wg == 1 and bn <= 128 and m <= 64)
+            occ, _, swap, _, ns = (*rest, 1, 0, 0, 0, 0)[:5]
+            room = H.shared_bytes(wg, bn, stages, vec, 64, ns) + 1024
+            assert occ * room <= H.SHARED_LIMIT + 1024
+            assert promote == H.promotion(1 if ns else wg, bn // (1 + ns))
+            shared_c = wg == 2 and 128 <= bn <= 224 and not ns  # C through shared memory
+            assert vec == (3 if shared_c else 1)
+            assert (wg, bn, cl) in H.RATES or (wg == 1 and bn <= 128 and m <= 64) or ns
+            assert not ns or (m <= H.NS_M and -(-m // 64) * -(-n // bn) <= sms)
             assert split == 1 or (cl == 1 and k // 128 >= 2 * split)
             assert not swap or (m <= H.SWAP_M and bn == max(8, -(-m // 8) * 8) and wg == 1)
     assert {(wg, bn) for wg, bn, _ in H.RATES} <= set(H.PLANS)  # each in the PTX checks
@@ -507,7 +512,8 @@ def test_hopper_kernel_assembles_for_sm_90a():
             assert " 0 bytes spill stores" in assemble(ptx, "sm_90")
             continue
         fp8 = constexprs["FP8"].name
-        width = constexprs["BN"] // (2 if constexprs["PROMOTE"] in (3, 5) else 1)  # halves
+        halves = constexprs["PROMOTE"] in (3, 5) or constexprs.get("NS")  # (or a warpgroup's)
+        width = constexprs["BN"] // (2 if halves else 1)
         assert f"wgmma.mma_async.sync.aligned.m64n{width}k32.f32.{fp8}" in ptx
         assert " 0 bytes spill stores" in assemble(ptx, "sm_90a")
 
@@ -710,15 +716,22 @@ def test_routed_decode_gpu_bit_identical(m, n, k):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "plan", [(2, 208, 5, 7, 1), (2, 192, 5, 7, 1), (2, 208, 4, 1, 3), (2, 128, 6, 2, 3, 2)]
+    "plan",
+    [
+        (2, 208, 5, 7, 1),
+        (2, 192, 5, 7, 1),
+        (2, 208, 4, 1, 3),
+        (2, 128, 6, 2, 3, 2),
+        (2, 64, 14, 2, 1, 1, 1, 1, 0, 0, 8, 1),
+    ],  # fmt: skip
 )
 def test_forced_plans_gpu_bit_identical(plan, monkeypatch):
-    """``PROMOTE`` 7 (the next tile's first slice multiplied during the epilogue) and ``VEC``
-    3 (C through shared memory, the copies drained during the next tile; alone and in
-    clusters of two) forced, 2000 x 4144 x 4096 (several tiles a block; partial last tile
-    row and column, stored with the bounds checked and no slice carried) give
-    torch._scaled_mm's bf16 outputs bit for bit (per-tensor scales, no bias: the case that
-    carries)."""
+    """``PROMOTE`` 7 (the next tile's first slice multiplied during the epilogue), ``VEC`` 3
+    (C through shared memory, the copies drained during the next tile; alone and in
+    clusters of two) and ``NS`` (two warpgroups on a 64-row tile, half its columns each)
+    forced, 2000 x 4144 x 4096 (several tiles a block; partial last tile row and column,
+    stored with the bounds checked and no slice carried) give torch._scaled_mm's bf16
+    outputs bit for bit (per-tensor scales, no bias: the case that carries)."""
     torch = pytest.importorskip("torch")
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernel needs sm_90")
