@@ -31,6 +31,7 @@ import math
 import kaio
 from kaio import bf16, bool_, f16, f16x2, f32, i32, u32, u64
 from kaio_ops._attention_hopper import PRODUCER_REGS, advance
+from kaio_ops._gemm_streamk import owner, run_bound, segment
 from kaio_ops._int4_decode import HIGH_TWICE, LOW_TWICE
 from kaio_ops._matmul_hopper import grouped
 from kaio_ops._matmul_kernels import GROUP_M, tile_col, tile_row
@@ -498,10 +499,12 @@ def store_swapped(
 @kaio.gpu_kernel
 def int4_swap(
     tx: kaio.tensormap, tw: kaio.tensormap, ts: kaio.tensormap, c: OUT[:, :], ws: f32[:, :],
-    M: u32, N: u32, K: u32, k_slice: u32, WG: kaio.constexpr, BM: kaio.constexpr,
+    counters: i32[:], M: u32, N: u32, K: u32, k_slice: u32, dp_tiles: i32,
+    WG: kaio.constexpr, BM: kaio.constexpr,
     STAGES: kaio.constexpr, SPLIT: kaio.constexpr, CL: kaio.constexpr, REGS: kaio.constexpr,
     OUT: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr, BUFS: kaio.constexpr,
     EARLY: kaio.constexpr, GROUP: kaio.constexpr, KW: kaio.constexpr, LATE: kaio.constexpr,
+    SK: kaio.constexpr,
 ):  # fmt: skip
     """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block
     computes ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG`` consumer
@@ -535,7 +538,11 @@ def int4_swap(
     their partial tiles summed at the tile's end through shared memory (``red``, after the
     barriers) by warpgroup 0, which stores the tile: a K split inside the block, two
     warpgroups' latency on a tile that the grid has too few of to split otherwise (no
-    multicast pairs)."""
+    multicast pairs). ``SK``: the stream-K schedule of ``_gemm_streamk`` (the first
+    ``dp_tiles`` tiles whole, a block each in turn, then the K steps of the others in equal
+    runs, one a block: ``swap_schedule``), the parts of a tile split between blocks summed
+    by the last warp to arrive (``swap_fixup``: ``ws`` its slots, ``counters`` zeroed, 4 WG
+    a stream-K tile); no K split along z, no cluster, no ``KW``."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL:
         kaio.cluster_dims(SPLIT * (1 + MC))
@@ -586,6 +593,9 @@ def int4_swap(
     my_tiles = i32((grid_m * grid_n - first + step - 1) // step)
     k_end = kaio.min(k_begin + k_slice, K)
     k_tiles = i32((k_end - k_begin + BK - 1) // BK)
+    sched = kaio.local(i32, 7)  # the block's work items (swap_schedule)
+    swap_schedule(sched, first, step, my_tiles, dp_tiles, grid_m * grid_n, k_tiles, SK)
+    segments = swap_segments(sched, k_tiles)  # tiles, or (SK) parts of tiles
     if t == 0:
         for i in kaio.static_range(STAGES):
             kaio.mbarrier_init(bars, (0, i), 1)
@@ -617,21 +627,21 @@ def int4_swap(
             at[i] = 0
         wpos[0] = 0
         wpos[1] = 0
-        ck = k_tiles  # this warpgroup's slices of a tile
-        owner = True  # the warpgroup stores its sums (KW: warpgroup 0 only)
+        stores = True  # the warpgroup stores its sums (KW: warpgroup 0 only)
         if KW:  # slices wg, wg + WG, ... of the tile: stages wg, wg + WG, ... of both rings
             nl -= 64 * wg  # (every warpgroup the tile's 64 columns)
-            owner = wg == 0
+            stores = wg == 0
             at[0] = i32(wg)
             wpos[0] = i32(wg)
-            ck = k_tiles // WG
         sel = (lane % 4) * 0x1111
         wr = kaio.local(u32, (WORD_ROWS + 1, 2))  # a slice's words and scales (load_words)
-        if EARLY and my_tiles > 0:  # the first slice's words; then each slice reads the next's
+        if EARLY and segments > 0:  # the first slice's words; then each slice reads the next's
             load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES, KSTEP)
-        for i in range(my_tiles):
-            origin = swap_origin(first + u32(i) * step, grid_m, grid_n, GROUP)
-            last = i == my_tiles - 1
+        for i in range(segments):
+            tile, kb, ke = work_item(sched, i, k_tiles)
+            origin = swap_origin(u32(tile), grid_m, grid_n, GROUP)
+            last = i == segments - 1
+            ck = (ke - kb) // KSTEP  # this warpgroup's slices of the item
             # slices in groups of BUFS, the fragment buffers in turn; the last k_tiles %
             # BUFS slices after every wgmma is done (ptxas serializes all wgmmas if any
             # path could redefine the registers of one in flight)
@@ -658,13 +668,17 @@ def int4_swap(
                 free_stage(bars, at[2], MC)
             if KW:  # the warpgroups' partial tiles summed by warpgroup 0, which stores it
                 reduce_warpgroups(acc, red, bars, wg, lt, i, BM, WG)
-            if not CL and owner:  # (with CL the one tile is summed below: cluster_sum)
-                n = (tile_col(origin) * (1 + MC) + mine) * BNW + nl
+            n = (tile_col(origin) * (1 + MC) + mine) * BNW + nl
+            done = stores
+            if SK and (kb > 0 or ke < k_tiles):  # a part of the tile: the last part sums them
+                done = swap_fixup(ws, counters, acc, sched, tile, k_tiles, tile_row(origin) * BM,
+                                  n, t, grid_m * BM, BM, WG)  # fmt: skip
+            if not CL and done:  # (with CL the one tile is summed below: cluster_sum)
                 store_swapped(acc, c, ws, tile_row(origin) * BM, n, lane, M, N, BM, SPLIT, OUT)
         if CL:  # the one tile's partial sums, over the ring once every wgmma is done
             kaio.mbarrier_arrive(bars, (2, 0))
             kaio.mbarrier_wait(bars, (2, 0), u32(0))
-            if owner:  # (KW: warpgroup 0 holds the block's sum)
+            if stores:  # (KW: warpgroup 0 holds the block's sum)
                 for j in kaio.static_range(BM // 8):  # acc[j, h, e]: row 8j + 2t + e, col nl + h
                     for e in kaio.static_range(2):
                         pair = kaio.local(f32, 2)
@@ -676,10 +690,10 @@ def int4_swap(
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         if lt < 32:  # (two branches: the simulator runs either while the other waits)
             if lt == 0:
-                produce(sx, sw, ss, bars, tx, tw, ts, my_tiles, k_tiles, k_begin, first, step,
+                produce(sx, sw, ss, bars, tx, tw, ts, sched, segments, k_tiles, k_begin,
                         grid_m, grid_n, mine, BM, COLS, STAGES, MC, 0, GROUP)  # fmt: skip
         elif lt == 32:
-            produce(sx, sw, ss, bars, tx, tw, ts, my_tiles, k_tiles, k_begin, first, step,
+            produce(sx, sw, ss, bars, tx, tw, ts, sched, segments, k_tiles, k_begin,
                     grid_m, grid_n, mine, BM, COLS, WSTAGES, MC, 1, GROUP)  # fmt: skip
         if CL:  # the cluster barriers below wait for the threads that have not exited
             return
@@ -732,6 +746,103 @@ def reduce_warpgroups(
 
 
 @kaio.gpu_func
+def swap_schedule(sched: i32[:], first: u32, step: u32, tiles: i32, dp_tiles: i32, total: u32,
+                  k_tiles: i32, SK: kaio.constexpr):  # fmt: skip
+    """The block's work items for ``work_item``: ``sched`` = (its first tile, the step to
+    its next, its data-parallel tiles, the grid's, the first and the end of its stream-K
+    run of K steps, the stream-K steps of the grid). Without ``SK`` every one of its
+    ``tiles`` tiles is whole; with it (``first`` the block, ``step`` the grid) the first
+    ``dp_tiles`` of the ``total`` tiles go whole and the K steps of the rest in equal runs
+    (``_gemm_streamk``'s schedule)."""
+    sched[0] = i32(first)
+    sched[1] = i32(step)
+    sched[2] = tiles
+    for i in kaio.static_range(3, 7):
+        sched[i] = 0
+    if SK:
+        b = i32(first)
+        g = i32(step)
+        work = (i32(total) - dp_tiles) * k_tiles
+        sched[2] = (dp_tiles - b + g - 1) // g
+        sched[3] = dp_tiles
+        sched[4] = run_bound(b, g, work)
+        sched[5] = run_bound(b + 1, g, work)
+        sched[6] = work
+
+
+@kaio.gpu_func
+def swap_segments(sched: i32[:], k_tiles: i32) -> i32:
+    """The number of the block's work items (``swap_schedule``): its data-parallel tiles,
+    then the tiles its stream-K run touches."""
+    first = sched[4]
+    end = sched[5]
+    return sched[2] + kaio.select(end > first, (end - 1) // k_tiles - first // k_tiles + 1, 0)
+
+
+@kaio.gpu_func
+def work_item(sched: i32[:], i: i32, k_tiles: i32):
+    """(tile, first K step, end K step) of the block's work item ``i`` (``swap_schedule``,
+    ``_gemm_streamk.segment``)."""
+    return segment(i, sched[0], sched[1], sched[2], sched[3], sched[4], k_tiles, sched[5])
+
+
+@kaio.gpu_func
+def swap_fixup(
+    ws: f32[:, :], counters: i32[:], acc: f32[:, :, :], sched: i32[:], tile: i32, k_tiles: i32,
+    m0: u32, n: u32, t: u32, slot_rows: u32, BM: kaio.constexpr, WG: kaio.constexpr,
+) -> bool_:  # fmt: skip
+    """``int4_swap`` with ``SK``: one warp's part of a stream-K tile (rows ``m0`` ..
+    ``m0 + BM - 1``, this lane's columns ``n``, ``n + 1``) of which its block holds some K
+    steps: the raw f32 sums stored in the block's slot of ``ws`` (rows ``slot * slot_rows
+    + m``, the slot its place among the blocks that share the tile), then the warp's
+    arrival counted on the tile's counter of its 16 columns (``_gemm_streamk.fixup``'s
+    protocol: no block waits for another); the last warp to arrive sets ``acc`` to the sum
+    of the slots in slot order (the same bits whichever comes last), zeroes the counter for
+    the next launch and returns True (it stores the tile's part)."""
+    g = sched[1]
+    work = sched[6]
+    tile_sk = tile - sched[3]
+    lo = owner(tile_sk * k_tiles, g, work)
+    slots = owner(tile_sk * k_tiles + k_tiles - 1, g, work) - lo + 1
+    lane = t % 32  # (t: the consumer thread, warp t // 32 of the block's 4 WG)
+    row = m0 + 2 * (lane % 4)  # acc[j, h, e]: row + 8 j + e, column n + h
+    pair = kaio.local(f32, 2)
+    mine = u32(sched[0] - lo) * slot_rows + row
+    for j in kaio.static_range(BM // 8):
+        for e in kaio.static_range(2):
+            pair[0] = acc[j, 0, e]
+            pair[1] = acc[j, 1, e]
+            kaio.store_vector(ws, (mine + 8 * j + e, n), pair)
+    kaio.threadfence()
+    kaio.sync_warp()
+    slot = tile_sk * (4 * WG) + i32(t // 32)
+    before = i32(0)
+    if lane == 0:
+        before = kaio.atomic_add(counters, slot, 1)
+    last = kaio.shfl_idx(before, 0) == slots - 1
+    if last:  # the last of the tile's parts for these columns: sum them
+        kaio.threadfence()
+        if lane == 0:
+            counters[slot] = 0  # zero again for the next launch on the stream
+        for c in kaio.static_range((BM // 8 + FIXUP_ROWS - 1) // FIXUP_ROWS):
+            for z in range(slots):  # (a chunk of FIXUP_ROWS j's loads in flight at once)
+                for jj in kaio.static_range(FIXUP_ROWS):
+                    j = c * FIXUP_ROWS + jj
+                    if j < BM // 8:
+                        for e in kaio.static_range(2):
+                            at = u32(z) * slot_rows + row + 8 * j + e
+                            kaio.load_vector(pair, ws, (at, n))
+                            for h in kaio.static_range(2):
+                                acc[j, h, e] = kaio.select(z == 0, pair[h], acc[j, h, e] + pair[h])
+    return last
+
+
+# swap_fixup: the acc rows (j: 4 values each) whose loads from a slot are in flight at once:
+# 32 registers beside the 128 of a 256-row tile's sums (ptxas 13.0 spills with 16 or all 32)
+FIXUP_ROWS = 8
+
+
+@kaio.gpu_func
 def swap_origin(pid: u32, grid_m: u32, grid_n: u32, GROUP: kaio.constexpr) -> u64:
     """``_matmul_kernels.tile_origin`` (tile ``pid``'s row and column, packed) with
     ``GROUP`` tile rows a group (``_matmul_hopper.grouped``'s order) instead of ``GROUP_M``."""
@@ -756,28 +867,30 @@ def next_free(bars: u64[:, :], ring: i32[:], j: i32, FREE: kaio.constexpr,
 @kaio.gpu_func
 def produce(
     sx: f16[:, :, :], sw: u32[:, :, :], ss: f16[:, :], bars: u64[:, :], tx: kaio.tensormap,
-    tw: kaio.tensormap, ts: kaio.tensormap, tiles: i32, k_tiles: i32, k_begin: u32,
-    first: u32, step: u32, grid_m: u32, grid_n: u32, mine: u32, BM: kaio.constexpr,
+    tw: kaio.tensormap, ts: kaio.tensormap, sched: i32[:], segments: i32, k_tiles: i32,
+    k_begin: u32, grid_m: u32, grid_n: u32, mine: u32, BM: kaio.constexpr,
     WG: kaio.constexpr, STAGES: kaio.constexpr, MC: kaio.constexpr, WORDS: kaio.constexpr,
     GROUP: kaio.constexpr,
 ):  # fmt: skip
-    """``int4_swap``'s copies, the block's ``tiles`` tiles of ``k_tiles`` slices each into a
-    ``STAGES``-deep ring, each stage once the consumers freed the slice it held before: a's
-    rows (with ``MC``, freed by the consumers of both blocks of the pair: ``grid_n`` counts
-    pairs of tiles, ``mine`` is this block's, and its half of a's rows goes to both blocks),
-    or (``WORDS``) the words and scales, freed by every consumer warp once read."""
+    """``int4_swap``'s copies, the K slices of the block's ``segments`` work items
+    (``work_item``: tiles of ``k_tiles`` slices, or parts of them) into a ``STAGES``-deep
+    ring, each stage once the consumers freed the slice it held before: a's rows (with
+    ``MC``, freed by the consumers of both blocks of the pair: ``grid_n`` counts pairs of
+    tiles, ``mine`` is this block's, and its half of a's rows goes to both blocks), or
+    (``WORDS``) the words and scales, freed by every consumer warp once read."""
     BNW = 64 * WG
     peers = u32(3) << (kaio.cluster_rank() // 2 * 2)  # MC: the pair's blocks (a K slice's)
     ring = kaio.local(i32, 2)
     ring[0] = 0
     ring[1] = 0
     j = i32(0)
-    for i in range(tiles):
-        origin = swap_origin(first + u32(i) * step, grid_m, grid_n, GROUP)
+    for i in range(segments):
+        tile, kb, ke = work_item(sched, i, k_tiles)
+        origin = swap_origin(u32(tile), grid_m, grid_n, GROUP)
         half = i32(mine * (BM // 2))
         row = i32(tile_row(origin) * BM) + half * MC
         n0 = i32((tile_col(origin) * (1 + MC) + mine) * BNW)
-        for kt in range(k_tiles):
+        for kt in range(kb, ke):
             s = next_free(bars, ring, j, 1 + 3 * WORDS, STAGES)
             k0 = i32(k_begin) + kt * BK
             if WORDS:
@@ -904,6 +1017,7 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     group = (more[5] if len(more) > 5 else 0) or GROUP_M
     kw = int(bool(more[6])) if len(more) > 6 else 0
     late = int(bool(more[7])) if len(more) > 7 else 0
+    sk = more[8] if len(more) > 8 else 0
     if bufs not in (2, 3):
         raise ValueError(f"int4_swap: BUFS (fragment buffers) must be 2 or 3, got {bufs}")
     stages = stages or swap_stages(wg, bm, kw)
@@ -913,6 +1027,8 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     problem = kw and k_split_problem(wg, bm, mc, stages, wstages, k, bufs)
     if problem:
         raise ValueError(f"int4_swap: KW (warpgroups taking K slices in turn) needs {problem}")
+    if sk and (kw or mc or (more and more[0]) or split > 1):
+        raise ValueError(f"int4_swap: SK (stream-K) takes no KW, MC, CL or K split, got {config}")
     cols = 1 if kw else wg  # warpgroups side by side along a tile's columns
     tiles = math.ceil(m / bm) * math.ceil(n / (64 * cols))
     step = BK * (wg if kw else 1)  # a K split's slices: whole steps of every warpgroup
@@ -923,21 +1039,21 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
         split, k_slice = k_slices(k, split or swap_split(2 * pairs, k, sms), BK)
         tiles = pairs
     else:
-        split, k_slice = k_slices(k, split or swap_split(tiles, k, sms), step)
+        split, k_slice = k_slices(k, split or (1 if sk else swap_split(tiles, k, sms)), step)
     cl = int(bool(more and more[0]) and 1 < split <= 8 // (1 + mc))
     if cl and split > 2 and not config[3] and more[0] != 2:  # CL 1: the workspace past 2
         cl = 0
     consts = {"WG": wg, "BM": bm, "STAGES": stages, "SPLIT": split if cl else min(split, 2),
               "CL": cl, "REGS": swap_registers(wg), "OUT": out_type, "MC": mc,
               "WSTAGES": wstages, "BUFS": bufs, "EARLY": early, "GROUP": group,
-              "KW": kw, "LATE": late}  # fmt: skip
+              "KW": kw, "LATE": late, "SK": int(bool(sk))}  # fmt: skip
     return split, k_slice, tiles, consts
 
 
 def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     """``a @ W`` rounded to ``out_type`` by ``int4_swap`` (operands as ``launch``) with ``config``
-    = (WG, BM, STAGES, split[, CL[, MC[, WSTAGES[, BUFS[, EARLY[, GROUP[, KW[, LATE]]]]]]]];
-    0: as
+    = (WG, BM, STAGES, split[, CL[, MC[, WSTAGES[, BUFS[, EARLY[, GROUP[, KW[, LATE[,
+    SK]]]]]]]]]; 0: as
     many stages as fit, ``GROUP_M`` tile rows a group,
     ``swap_split``'s split): a persistent grid of at most ``sms`` blocks along x, the K split
     along z summed by ``finish``, or with ``CL`` (and a split of 2 to 8; CL 1 and a split past 2
@@ -947,9 +1063,12 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     of tiles; a K split along z, or with ``CL`` a cluster of ``split`` pairs, one pair of
     tiles a cluster); with ``KW`` the ``WG`` warpgroups share ``BM x 64`` tiles, taking their
     K slices in turn; with ``LATE`` a slice's words' stage is freed after its wgmmas are
-    issued."""
+    issued; with ``SK`` (1 + the whole waves of tiles shared besides the last partial one:
+    ``_gemm_streamk.share``'s spread) the stream-K schedule, the parts of split tiles in a
+    workspace of ``slots`` x M rounded up to whole tiles."""
     from kaio_ops import _arrays
-    from kaio_ops.linear import _placeholder
+    from kaio_ops._gemm_streamk import share
+    from kaio_ops.linear import _counters, _placeholder
 
     m, k = a.shape
     n = b.shape[1]
@@ -958,12 +1077,21 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     wg, bm, cl, mc = consts["WG"], consts["BM"], consts["CL"], consts["MC"]
     kw = consts["KW"]
     cols = 1 if kw else wg
+    counters, dp_tiles = _placeholder(a, i32, 1), 0
     if split > 1 and not cl:
         c = _arrays.output(a, (split * m, n), f32)
         ws, target = c, _placeholder(a, out_type, 2)
     else:
         c = _arrays.output(a, (m, n), out_type)
         ws, target = _placeholder(a, f32, 2), _arrays.output_arg(a, c, (m, n), out_type)
+    if consts["SK"]:  # the stream-K schedule: its grid, workspace and arrival counters
+        sms, dp_tiles, slots, fits = share(tiles, k, sms, config[12] - 1)
+        if not fits:  # (the kernel's step arithmetic is 32-bit)
+            raise ValueError(f"int4_swap: SK: {m} x {n} x {k} has too many K steps")
+        if dp_tiles < tiles:
+            rows, cols_ws = -(-m // bm) * bm, -(-n // (64 * wg)) * 64 * wg
+            ws = _arrays.output(a, (slots * rows, cols_ws), f32)
+            counters = _counters(a, (tiles - dp_tiles) * 4 * wg)
     maps = (
         kaio.tensor_map_2d(a.obj, (bm // (1 + mc), BK), SW),
         kaio.tensor_map_2d(b.obj, (WORD_ROWS, 64 * cols), 0),
@@ -974,7 +1102,7 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
         grid = (2 * min(tiles, sms // 2), 1, split)
     shared = swap_shared_bytes(wg, bm, consts["STAGES"], cl, consts["WSTAGES"], kw)
     int4_swap[grid, 128 * wg + 128, _arrays.stream_of(a), shared](
-        *maps, target, ws, m, n, k, k_slice, **consts
+        *maps, target, ws, counters, m, n, k, k_slice, dp_tiles, **consts
     )
     return finish(a, c, split, out_type) if split > 1 and not cl else c
 
@@ -985,7 +1113,7 @@ def swap_specializations() -> list:
     workspace and through a cluster, every output type, pairs of tiles sharing a's rows by
     multicast (also in a cluster with a K split), three fragment buffers, the next slice's
     words read early, warpgroups taking a tile's K slices in turn (``KW``), the words'
-    stage freed after the wgmmas (``LATE``)."""
+    stage freed after the wgmmas (``LATE``), the stream-K schedule (``SK``)."""
     out = []
     plain = (  # without multicast
         (1, 8, 2, 1, f32, 0, 2, 0),
@@ -996,6 +1124,7 @@ def swap_specializations() -> list:
         (4, 16, 8, 1, f16, 0, 2, 0),
         (4, 64, 2, 0, f32, 0, 2, 1),
         (2, 128, 2, 1, f32, 0, 3, 0),
+        (2, 256, 1, 0, f16, 0, 2, 1),  # SK (the plain cases' last)
     )
     multicast = (  # pairs of tiles sharing a's rows
         (2, 256, 1, 0, f16, 1, 2, 0),
@@ -1017,6 +1146,6 @@ def swap_specializations() -> list:
                   "REGS": swap_registers(wg), "OUT": ot, "MC": mc,
                   "WSTAGES": swap_word_stages(wg, bm, stages, kw), "BUFS": bufs,
                   "EARLY": early, "GROUP": GROUP_M, "KW": kw,
-                  "LATE": int(i == len(cases) - 1)}  # fmt: skip
+                  "LATE": int(i == len(cases) - 1), "SK": int(i == len(plain) - 1)}  # fmt: skip
         out.append((int4_swap, consts))
     return out

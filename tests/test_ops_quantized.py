@@ -353,6 +353,16 @@ SWAP_CASES = [
     # LATE (config[11]): the words' stage freed after the wgmmas are issued, with EARLY's
     # reads of the next slice after it, KW, 6 tiles on 2 blocks
     (50, 192, 256, "float16", (2, 32, 4, 1, 0, 0, 2, 2, 1, 0, 1, 1), 2),
+    # SK (config[12]): the stream-K schedule, 6 tiles of 4 slices on 5 blocks (runs of 4-5
+    # slices: tiles split between two blocks, the parts summed by the last warp to arrive),
+    # EARLY across the parts, the last row and column tiles past M and N; one whole wave
+    # data parallel (SK 1: 6 tiles on 4 blocks, the last 2 tiles' steps shared), BUFS 3;
+    # every tile shared (SK 2: runs of 6 slices, 3 parts a block). (The simulator runs
+    # blocks side by side in lockstep: with a words' ring of 2, EARLY and runs of unequal
+    # parts, one block's wait holds the others': 3 stages or more here.)
+    (70, 200, 256, "float16", (2, 32, 3, 1, 0, 0, 4, 2, 1, 0, 0, 0, 1), 5),
+    (70, 200, 256, None, (2, 32, 3, 1, 0, 0, 3, 3, 0, 0, 0, 0, 1), 4),
+    (70, 200, 256, "bfloat16", (2, 32, 4, 1, 0, 0, 4, 2, 1, 0, 0, 0, 2), 4),
 ]
 
 
@@ -596,7 +606,7 @@ def test_int4_swap_registers_can_be_granted():
         consts = {"WG": wg, "BM": bm, "STAGES": _int4_hopper.swap_stages(wg, bm), "SPLIT": 2,
                   "CL": 0, "REGS": _int4_hopper.swap_registers(wg), "OUT": f16, "MC": 0,
                   "WSTAGES": 4, "BUFS": 2, "EARLY": 1, "GROUP": _int4_hopper.GROUP_M,
-                  "KW": 0, "LATE": 0}  # fmt: skip
+                  "KW": 0, "LATE": 0, "SK": 0}  # fmt: skip
         report = assemble(_int4_hopper.int4_swap.ptx(arch="sm_90", **consts), "sm_90a")
         assert " 0 bytes spill stores" in report, (consts, report)
         _assert_registers_balance(report, consts)
