@@ -595,7 +595,7 @@ def int4_swap(
     k_tiles = i32((k_end - k_begin + BK - 1) // BK)
     sched = kaio.local(i32, 7)  # the block's work items (swap_schedule)
     swap_schedule(sched, first, step, my_tiles, dp_tiles, grid_m * grid_n, k_tiles, SK)
-    segments = swap_segments(sched, k_tiles)  # tiles, or (SK) parts of tiles
+    segments = swap_segments(sched, k_tiles, SK)  # tiles, or (SK) parts of tiles
     if t == 0:
         for i in kaio.static_range(STAGES):
             kaio.mbarrier_init(bars, (0, i), 1)
@@ -638,7 +638,7 @@ def int4_swap(
         if EARLY and segments > 0:  # the first slice's words; then each slice reads the next's
             load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES, KSTEP)
         for i in range(segments):
-            tile, kb, ke = work_item(sched, i, k_tiles)
+            tile, kb, ke = work_item(sched, i, k_tiles, SK)
             origin = swap_origin(u32(tile), grid_m, grid_n, GROUP)
             last = i == segments - 1
             ck = (ke - kb) // KSTEP  # this warpgroup's slices of the item
@@ -691,10 +691,10 @@ def int4_swap(
         if lt < 32:  # (two branches: the simulator runs either while the other waits)
             if lt == 0:
                 produce(sx, sw, ss, bars, tx, tw, ts, sched, segments, k_tiles, k_begin,
-                        grid_m, grid_n, mine, BM, COLS, STAGES, MC, 0, GROUP)  # fmt: skip
+                        grid_m, grid_n, mine, BM, COLS, STAGES, MC, 0, GROUP, SK)  # fmt: skip
         elif lt == 32:
             produce(sx, sw, ss, bars, tx, tw, ts, sched, segments, k_tiles, k_begin,
-                    grid_m, grid_n, mine, BM, COLS, WSTAGES, MC, 1, GROUP)  # fmt: skip
+                    grid_m, grid_n, mine, BM, COLS, WSTAGES, MC, 1, GROUP, SK)  # fmt: skip
         if CL:  # the cluster barriers below wait for the threads that have not exited
             return
     if CL:  # one tile a cluster: sum its K slices through distributed shared memory, in the
@@ -771,18 +771,22 @@ def swap_schedule(sched: i32[:], first: u32, step: u32, tiles: i32, dp_tiles: i3
 
 
 @kaio.gpu_func
-def swap_segments(sched: i32[:], k_tiles: i32) -> i32:
+def swap_segments(sched: i32[:], k_tiles: i32, SK: kaio.constexpr) -> i32:
     """The number of the block's work items (``swap_schedule``): its data-parallel tiles,
-    then the tiles its stream-K run touches."""
+    then (``SK``) the tiles its stream-K run touches."""
+    if not SK:
+        return sched[2]
     first = sched[4]
     end = sched[5]
     return sched[2] + kaio.select(end > first, (end - 1) // k_tiles - first // k_tiles + 1, 0)
 
 
 @kaio.gpu_func
-def work_item(sched: i32[:], i: i32, k_tiles: i32):
-    """(tile, first K step, end K step) of the block's work item ``i`` (``swap_schedule``,
-    ``_gemm_streamk.segment``)."""
+def work_item(sched: i32[:], i: i32, k_tiles: i32, SK: kaio.constexpr):
+    """(tile, first K step, end K step) of the block's work item ``i`` (``swap_schedule``;
+    with ``SK`` ``_gemm_streamk.segment``)."""
+    if not SK:
+        return sched[0] + i * sched[1], i32(0), k_tiles
     return segment(i, sched[0], sched[1], sched[2], sched[3], sched[4], k_tiles, sched[5])
 
 
@@ -870,7 +874,7 @@ def produce(
     tw: kaio.tensormap, ts: kaio.tensormap, sched: i32[:], segments: i32, k_tiles: i32,
     k_begin: u32, grid_m: u32, grid_n: u32, mine: u32, BM: kaio.constexpr,
     WG: kaio.constexpr, STAGES: kaio.constexpr, MC: kaio.constexpr, WORDS: kaio.constexpr,
-    GROUP: kaio.constexpr,
+    GROUP: kaio.constexpr, SK: kaio.constexpr,
 ):  # fmt: skip
     """``int4_swap``'s copies, the K slices of the block's ``segments`` work items
     (``work_item``: tiles of ``k_tiles`` slices, or parts of them) into a ``STAGES``-deep
@@ -885,7 +889,7 @@ def produce(
     ring[1] = 0
     j = i32(0)
     for i in range(segments):
-        tile, kb, ke = work_item(sched, i, k_tiles)
+        tile, kb, ke = work_item(sched, i, k_tiles, SK)
         origin = swap_origin(u32(tile), grid_m, grid_n, GROUP)
         half = i32(mine * (BM // 2))
         row = i32(tile_row(origin) * BM) + half * MC
