@@ -593,7 +593,7 @@ def int4_swap(
     my_tiles = i32((grid_m * grid_n - first + step - 1) // step)
     k_end = kaio.min(k_begin + k_slice, K)
     k_tiles = i32((k_end - k_begin + BK - 1) // BK)
-    sched = kaio.local(i32, 7)  # the block's work items (swap_schedule)
+    sched = kaio.local(i32, 8)  # the block's work items (swap_schedule)
     swap_schedule(sched, first, step, my_tiles, dp_tiles, grid_m * grid_n, k_tiles, SK)
     segments = swap_segments(sched, k_tiles, SK)  # tiles, or (SK) parts of tiles
     if t == 0:
@@ -671,8 +671,7 @@ def int4_swap(
             n = (tile_col(origin) * (1 + MC) + mine) * BNW + nl
             done = stores
             if SK and (kb > 0 or ke < k_tiles):  # a part of the tile: the last part sums them
-                done = swap_fixup(ws, counters, acc, sched, tile, k_tiles, tile_row(origin) * BM,
-                                  n, t, grid_m * BM, BM, WG)  # fmt: skip
+                done = swap_fixup(ws, counters, acc, sched, tile, k_tiles, nl, t, BM, WG)
             if not CL and done:  # (with CL the one tile is summed below: cluster_sum)
                 store_swapped(acc, c, ws, tile_row(origin) * BM, n, lane, M, N, BM, SPLIT, OUT)
         if CL:  # the one tile's partial sums, over the ring once every wgmma is done
@@ -750,14 +749,14 @@ def swap_schedule(sched: i32[:], first: u32, step: u32, tiles: i32, dp_tiles: i3
                   k_tiles: i32, SK: kaio.constexpr):  # fmt: skip
     """The block's work items for ``work_item``: ``sched`` = (its first tile, the step to
     its next, its data-parallel tiles, the grid's, the first and the end of its stream-K
-    run of K steps, the stream-K steps of the grid). Without ``SK`` every one of its
-    ``tiles`` tiles is whole; with it (``first`` the block, ``step`` the grid) the first
-    ``dp_tiles`` of the ``total`` tiles go whole and the K steps of the rest in equal runs
-    (``_gemm_streamk``'s schedule)."""
+    run of K steps, the stream-K steps of the grid, the stream-K tiles). Without ``SK``
+    every one of its ``tiles`` tiles is whole; with it (``first`` the block, ``step`` the
+    grid) the first ``dp_tiles`` of the ``total`` tiles go whole and the K steps of the
+    rest in equal runs (``_gemm_streamk``'s schedule)."""
     sched[0] = i32(first)
     sched[1] = i32(step)
     sched[2] = tiles
-    for i in kaio.static_range(3, 7):
+    for i in kaio.static_range(3, 8):
         sched[i] = 0
     if SK:
         b = i32(first)
@@ -768,6 +767,7 @@ def swap_schedule(sched: i32[:], first: u32, step: u32, tiles: i32, dp_tiles: i3
         sched[4] = run_bound(b, g, work)
         sched[5] = run_bound(b + 1, g, work)
         sched[6] = work
+        sched[7] = i32(total) - dp_tiles
 
 
 @kaio.gpu_func
@@ -793,12 +793,13 @@ def work_item(sched: i32[:], i: i32, k_tiles: i32, SK: kaio.constexpr):
 @kaio.gpu_func
 def swap_fixup(
     ws: f32[:, :], counters: i32[:], acc: f32[:, :, :], sched: i32[:], tile: i32, k_tiles: i32,
-    m0: u32, n: u32, t: u32, slot_rows: u32, BM: kaio.constexpr, WG: kaio.constexpr,
+    nl: u32, t: u32, BM: kaio.constexpr, WG: kaio.constexpr,
 ) -> bool_:  # fmt: skip
-    """``int4_swap`` with ``SK``: one warp's part of a stream-K tile (rows ``m0`` ..
-    ``m0 + BM - 1``, this lane's columns ``n``, ``n + 1``) of which its block holds some K
-    steps: the raw f32 sums stored in the block's slot of ``ws`` (rows ``slot * slot_rows
-    + m``, the slot its place among the blocks that share the tile), then the warp's
+    """``int4_swap`` with ``SK``: one warp's part of a stream-K tile (this lane's columns
+    ``nl``, ``nl + 1`` of the tile) of which its block holds some K steps: the raw f32 sums
+    stored in the block's slot of ``ws`` [stream-K tiles x slots x BM, 64 WG] (the tile's
+    rows of slot z at ``(tile x slots + z) BM``, z its place among the blocks that share
+    the tile), then the warp's
     arrival counted on the tile's counter of its 16 columns (``_gemm_streamk.fixup``'s
     protocol: no block waits for another); the last warp to arrive sets ``acc`` to the sum
     of the slots in slot order (the same bits whichever comes last), zeroes the counter for
@@ -809,14 +810,15 @@ def swap_fixup(
     lo = owner(tile_sk * k_tiles, g, work)
     slots = owner(tile_sk * k_tiles + k_tiles - 1, g, work) - lo + 1
     lane = t % 32  # (t: the consumer thread, warp t // 32 of the block's 4 WG)
-    row = m0 + 2 * (lane % 4)  # acc[j, h, e]: row + 8 j + e, column n + h
+    width = i32(ws.shape[0]) // (BM * sched[7])  # the slots of a tile
+    row = u32(tile_sk * width * BM) + 2 * (lane % 4)  # acc[j, h, e]: + 8 j + e, column nl + h
     pair = kaio.local(f32, 2)
-    mine = u32(sched[0] - lo) * slot_rows + row
+    mine = u32(sched[0] - lo) * BM + row
     for j in kaio.static_range(BM // 8):
         for e in kaio.static_range(2):
             pair[0] = acc[j, 0, e]
             pair[1] = acc[j, 1, e]
-            kaio.store_vector(ws, (mine + 8 * j + e, n), pair)
+            kaio.store_vector(ws, (mine + 8 * j + e, nl), pair)
     kaio.threadfence()
     kaio.sync_warp()
     slot = tile_sk * (4 * WG) + i32(t // 32)
@@ -834,8 +836,8 @@ def swap_fixup(
                     j = c * FIXUP_ROWS + jj
                     if j < BM // 8:
                         for e in kaio.static_range(2):
-                            at = u32(z) * slot_rows + row + 8 * j + e
-                            kaio.load_vector(pair, ws, (at, n))
+                            at = u32(z) * BM + row + 8 * j + e
+                            kaio.load_vector(pair, ws, (at, nl))
                             for h in kaio.static_range(2):
                                 acc[j, h, e] = kaio.select(z == 0, pair[h], acc[j, h, e] + pair[h])
     return last
@@ -1069,7 +1071,7 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     K slices in turn; with ``LATE`` a slice's words' stage is freed after its wgmmas are
     issued; with ``SK`` (1 + the whole waves of tiles shared besides the last partial one:
     ``_gemm_streamk.share``'s spread) the stream-K schedule, the parts of split tiles in a
-    workspace of ``slots`` x M rounded up to whole tiles."""
+    workspace of ``share``'s slots a stream-K tile."""
     from kaio_ops import _arrays
     from kaio_ops._gemm_streamk import share
     from kaio_ops.linear import _counters, _placeholder
@@ -1092,9 +1094,8 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
         sms, dp_tiles, slots, fits = share(tiles, k, sms, config[12] - 1)
         if not fits:  # (the kernel's step arithmetic is 32-bit)
             raise ValueError(f"int4_swap: SK: {m} x {n} x {k} has too many K steps")
-        if dp_tiles < tiles:
-            rows, cols_ws = -(-m // bm) * bm, -(-n // (64 * wg)) * 64 * wg
-            ws = _arrays.output(a, (slots * rows, cols_ws), f32)
+        if dp_tiles < tiles:  # (swap_fixup: a slot a tile's part)
+            ws = _arrays.output(a, ((tiles - dp_tiles) * slots * bm, 64 * wg), f32)
             counters = _counters(a, (tiles - dp_tiles) * 4 * wg)
     maps = (
         kaio.tensor_map_2d(a.obj, (bm // (1 + mc), BK), SW),
