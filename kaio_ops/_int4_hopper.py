@@ -671,7 +671,7 @@ def int4_swap(
             n = (tile_col(origin) * (1 + MC) + mine) * BNW + nl
             done = stores
             if SK and (kb > 0 or ke < k_tiles):  # a part of the tile: the last part sums them
-                done = swap_fixup(ws, counters, acc, sched, tile, k_tiles, nl, t, BM, WG)
+                done = swap_fixup(ws, counters, acc, sched, tile, kb, k_tiles, nl, t, BM, WG, SK)
             if not CL and done:  # (with CL the one tile is summed below: cluster_sum)
                 store_swapped(acc, c, ws, tile_row(origin) * BM, n, lane, M, N, BM, SPLIT, OUT)
         if CL:  # the one tile's partial sums, over the ring once every wgmma is done
@@ -752,7 +752,7 @@ def swap_schedule(sched: i32[:], first: u32, step: u32, tiles: i32, dp_tiles: i3
     run of K steps, the stream-K steps of the grid, the stream-K tiles). Without ``SK``
     every one of its ``tiles`` tiles is whole; with it (``first`` the block, ``step`` the
     grid) the first ``dp_tiles`` of the ``total`` tiles go whole and the K steps of the
-    rest in equal runs (``_gemm_streamk``'s schedule)."""
+    rest in equal runs (``_gemm_streamk``'s schedule; SK 2: block b takes run g - 1 - b)."""
     sched[0] = i32(first)
     sched[1] = i32(step)
     sched[2] = tiles
@@ -764,8 +764,9 @@ def swap_schedule(sched: i32[:], first: u32, step: u32, tiles: i32, dp_tiles: i3
         work = (i32(total) - dp_tiles) * k_tiles
         sched[2] = (dp_tiles - b + g - 1) // g
         sched[3] = dp_tiles
-        sched[4] = run_bound(b, g, work)
-        sched[5] = run_bound(b + 1, g, work)
+        run = b if SK == 1 else g - 1 - b  # (SK 2: the runs in reverse block order)
+        sched[4] = run_bound(run, g, work)
+        sched[5] = run_bound(run + 1, g, work)
         sched[6] = work
         sched[7] = i32(total) - dp_tiles
 
@@ -792,46 +793,57 @@ def work_item(sched: i32[:], i: i32, k_tiles: i32, SK: kaio.constexpr):
 
 @kaio.gpu_func
 def swap_fixup(
-    ws: f32[:, :], counters: i32[:], acc: f32[:, :, :], sched: i32[:], tile: i32, k_tiles: i32,
-    nl: u32, t: u32, BM: kaio.constexpr, WG: kaio.constexpr,
+    ws: f32[:, :], counters: i32[:], acc: f32[:, :, :], sched: i32[:], tile: i32, kb: i32,
+    k_tiles: i32, nl: u32, t: u32, BM: kaio.constexpr, WG: kaio.constexpr, SK: kaio.constexpr,
 ) -> bool_:  # fmt: skip
     """``int4_swap`` with ``SK``: one warp's part of a stream-K tile (this lane's columns
-    ``nl``, ``nl + 1`` of the tile) of which its block holds some K steps: the raw f32 sums
-    stored in the block's slot of ``ws`` [stream-K tiles x slots x BM, 64 WG] (the tile's
-    rows of slot z at ``(tile x slots + z) BM``, z its place among the blocks that share
-    the tile), then the warp's
-    arrival counted on the tile's counter of its 16 columns (``_gemm_streamk.fixup``'s
-    protocol: no block waits for another); the last warp to arrive sets ``acc`` to the sum
-    of the slots in slot order (the same bits whichever comes last), zeroes the counter for
-    the next launch and returns True (it stores the tile's part)."""
+    ``nl``, ``nl + 1`` of the tile) of which its block holds the K steps from ``kb``;
+    returns whether the warp then holds the tile's sum (and stores it). The parts go
+    through ``ws`` [stream-K tiles x slots x BM, 64 WG] (part z of a tile, its run's place
+    among the runs that share the tile, at rows ``(tile x slots + z) BM``) and the tile's
+    arrival counter of the warp's 16 columns in ``counters`` (zeroed again by the warp that
+    sums). SK 1 (``_gemm_streamk.fixup``'s protocol: no block waits for another): every
+    part is stored, and the last warp to arrive sets ``acc`` to the sum of the parts in
+    order (the same bits whichever comes last). SK 2 (runs in reverse block order,
+    ``swap_schedule``): the tile's head (``kb`` 0, the end of its block's run, the highest
+    block of the tile's) waits for the other parts (done at the start of lower blocks' runs:
+    ``wait_eq``'s rule) and adds them to its own in order, which never leaves the
+    registers."""
     g = sched[1]
     work = sched[6]
     tile_sk = tile - sched[3]
     lo = owner(tile_sk * k_tiles, g, work)
-    slots = owner(tile_sk * k_tiles + k_tiles - 1, g, work) - lo + 1
+    parts = owner(tile_sk * k_tiles + k_tiles - 1, g, work) - lo + 1
+    run = sched[0] if SK == 1 else g - 1 - sched[0]
     lane = t % 32  # (t: the consumer thread, warp t // 32 of the block's 4 WG)
     width = i32(ws.shape[0]) // (BM * sched[7])  # the slots of a tile
     row = u32(tile_sk * width * BM) + 2 * (lane % 4)  # acc[j, h, e]: + 8 j + e, column nl + h
-    pair = kaio.local(f32, 2)
-    mine = u32(sched[0] - lo) * BM + row
-    for j in kaio.static_range(BM // 8):
-        for e in kaio.static_range(2):
-            pair[0] = acc[j, 0, e]
-            pair[1] = acc[j, 1, e]
-            kaio.store_vector(ws, (mine + 8 * j + e, nl), pair)
-    kaio.threadfence()
-    kaio.sync_warp()
     slot = tile_sk * (4 * WG) + i32(t // 32)
-    before = i32(0)
-    if lane == 0:
-        before = kaio.atomic_add(counters, slot, 1)
-    last = kaio.shfl_idx(before, 0) == slots - 1
-    if last:  # the last of the tile's parts for these columns: sum them
+    pair = kaio.local(f32, 2)
+    sums = SK == 1 or kb == 0
+    if SK == 1 or kb > 0:
+        mine = u32(run - lo) * BM + row
+        for j in kaio.static_range(BM // 8):
+            for e in kaio.static_range(2):
+                pair[0] = acc[j, 0, e]
+                pair[1] = acc[j, 1, e]
+                kaio.store_vector(ws, (mine + 8 * j + e, nl), pair)
+        kaio.threadfence()
+        kaio.sync_warp()
+        before = i32(0)
+        if lane == 0:
+            before = kaio.atomic_add(counters, slot, 1)
+        if SK == 1:
+            sums = kaio.shfl_idx(before, 0) == parts - 1
+    if sums:  # the tile's part that sums the others, in order
+        if SK == 2:
+            kaio.wait_eq(counters, slot, parts - 1)
+            kaio.sync_warp()
         kaio.threadfence()
         if lane == 0:
             counters[slot] = 0  # zero again for the next launch on the stream
         for c in kaio.static_range((BM // 8 + FIXUP_ROWS - 1) // FIXUP_ROWS):
-            for z in range(slots):  # (a chunk of FIXUP_ROWS j's loads in flight at once)
+            for z in range(SK - 1, parts):  # (a chunk of FIXUP_ROWS j's loads in flight)
                 for jj in kaio.static_range(FIXUP_ROWS):
                     j = c * FIXUP_ROWS + jj
                     if j < BM // 8:
@@ -839,8 +851,13 @@ def swap_fixup(
                             at = u32(z) * BM + row + 8 * j + e
                             kaio.load_vector(pair, ws, (at, nl))
                             for h in kaio.static_range(2):
-                                acc[j, h, e] = kaio.select(z == 0, pair[h], acc[j, h, e] + pair[h])
-    return last
+                                got = pair[h]
+                                if SK == 1:
+                                    got = kaio.select(z == 0, pair[h], acc[j, h, e] + pair[h])
+                                else:
+                                    got = acc[j, h, e] + pair[h]
+                                acc[j, h, e] = got
+    return sums
 
 
 # swap_fixup: the acc rows (j: 4 values each) whose loads from a slot are in flight at once:
@@ -1033,6 +1050,8 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     problem = kw and k_split_problem(wg, bm, mc, stages, wstages, k, bufs)
     if problem:
         raise ValueError(f"int4_swap: KW (warpgroups taking K slices in turn) needs {problem}")
+    if sk not in (0, 1, 2):
+        raise ValueError(f"int4_swap: SK (the stream-K protocol) is 0, 1 or 2, got {sk}")
     if sk and (kw or mc or (more and more[0]) or split > 1):
         raise ValueError(f"int4_swap: SK (stream-K) takes no KW, MC, CL or K split, got {config}")
     cols = 1 if kw else wg  # warpgroups side by side along a tile's columns
@@ -1052,14 +1071,14 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     consts = {"WG": wg, "BM": bm, "STAGES": stages, "SPLIT": split if cl else min(split, 2),
               "CL": cl, "REGS": swap_registers(wg), "OUT": out_type, "MC": mc,
               "WSTAGES": wstages, "BUFS": bufs, "EARLY": early, "GROUP": group,
-              "KW": kw, "LATE": late, "SK": int(bool(sk))}  # fmt: skip
+              "KW": kw, "LATE": late, "SK": sk}  # fmt: skip
     return split, k_slice, tiles, consts
 
 
 def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     """``a @ W`` rounded to ``out_type`` by ``int4_swap`` (operands as ``launch``) with ``config``
     = (WG, BM, STAGES, split[, CL[, MC[, WSTAGES[, BUFS[, EARLY[, GROUP[, KW[, LATE[,
-    SK]]]]]]]]]; 0: as
+    SK[, SPREAD]]]]]]]]]]]; 0: as
     many stages as fit, ``GROUP_M`` tile rows a group,
     ``swap_split``'s split): a persistent grid of at most ``sms`` blocks along x, the K split
     along z summed by ``finish``, or with ``CL`` (and a split of 2 to 8; CL 1 and a split past 2
@@ -1069,9 +1088,10 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     of tiles; a K split along z, or with ``CL`` a cluster of ``split`` pairs, one pair of
     tiles a cluster); with ``KW`` the ``WG`` warpgroups share ``BM x 64`` tiles, taking their
     K slices in turn; with ``LATE`` a slice's words' stage is freed after its wgmmas are
-    issued; with ``SK`` (1 + the whole waves of tiles shared besides the last partial one:
-    ``_gemm_streamk.share``'s spread) the stream-K schedule, the parts of split tiles in a
-    workspace of ``share``'s slots a stream-K tile."""
+    issued; with ``SK`` (1 or 2: ``swap_fixup``'s protocols) the stream-K schedule, SPREAD
+    (default 1) whole waves of tiles shared besides the last partial one (``_gemm_streamk.
+    share``), the parts of split tiles in a workspace of ``share``'s slots a stream-K
+    tile."""
     from kaio_ops import _arrays
     from kaio_ops._gemm_streamk import share
     from kaio_ops.linear import _counters, _placeholder
@@ -1091,7 +1111,8 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
         c = _arrays.output(a, (m, n), out_type)
         ws, target = _placeholder(a, f32, 2), _arrays.output_arg(a, c, (m, n), out_type)
     if consts["SK"]:  # the stream-K schedule: its grid, workspace and arrival counters
-        sms, dp_tiles, slots, fits = share(tiles, k, sms, config[12] - 1)
+        spread = config[13] if len(config) > 13 else 1
+        sms, dp_tiles, slots, fits = share(tiles, k, sms, spread)
         if not fits:  # (the kernel's step arithmetic is 32-bit)
             raise ValueError(f"int4_swap: SK: {m} x {n} x {k} has too many K steps")
         if dp_tiles < tiles:  # (swap_fixup: a slot a tile's part)
@@ -1129,7 +1150,8 @@ def swap_specializations() -> list:
         (4, 16, 8, 1, f16, 0, 2, 0),
         (4, 64, 2, 0, f32, 0, 2, 1),
         (2, 128, 2, 1, f32, 0, 3, 0),
-        (2, 256, 1, 0, f16, 0, 2, 1),  # SK (the plain cases' last)
+        (2, 256, 1, 0, f16, 0, 2, 1),  # SK 1 and 2 (the plain cases' last two)
+        (2, 256, 1, 0, bf16, 0, 2, 1),
     )
     multicast = (  # pairs of tiles sharing a's rows
         (2, 256, 1, 0, f16, 1, 2, 0),
@@ -1151,6 +1173,7 @@ def swap_specializations() -> list:
                   "REGS": swap_registers(wg), "OUT": ot, "MC": mc,
                   "WSTAGES": swap_word_stages(wg, bm, stages, kw), "BUFS": bufs,
                   "EARLY": early, "GROUP": GROUP_M, "KW": kw,
-                  "LATE": int(i == len(cases) - 1), "SK": int(i == len(plain) - 1)}  # fmt: skip
+                  "LATE": int(i == len(cases) - 1),
+                  "SK": max(0, i + 3 - len(plain)) * (i < len(plain))}  # fmt: skip
         out.append((int4_swap, consts))
     return out

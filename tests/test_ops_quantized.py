@@ -353,16 +353,22 @@ SWAP_CASES = [
     # LATE (config[11]): the words' stage freed after the wgmmas are issued, with EARLY's
     # reads of the next slice after it, KW, 6 tiles on 2 blocks
     (50, 192, 256, "float16", (2, 32, 4, 1, 0, 0, 2, 2, 1, 0, 1, 1), 2),
-    # SK (config[12]): the stream-K schedule, 6 tiles of 4 slices on 5 blocks (runs of 4-5
-    # slices: tiles split between two blocks, the parts summed by the last warp to arrive),
-    # EARLY across the parts, the last row and column tiles past M and N; one whole wave
-    # data parallel (SK 1: 6 tiles on 4 blocks, the last 2 tiles' steps shared), BUFS 3;
-    # every tile shared (SK 2: runs of 6 slices, 3 parts a block). (The simulator runs
+    # SK (config[12]): the stream-K schedule (SPREAD, config[13], 0: only the last partial
+    # wave shared), 6 tiles of 4 slices on 5 blocks (runs of 4-5 slices: tiles split
+    # between two blocks), EARLY across the parts, the last row and column tiles past M
+    # and N: the last warp to arrive sums the parts (SK 1), or the tile's head waits for
+    # the others (SK 2); one whole wave data parallel (6 tiles on 4 blocks, the last 2
+    # tiles' steps shared), BUFS 3; every tile shared (SPREAD 1: runs of 6 slices, 3 parts
+    # a block); runs shorter than a tile (3 parts of a tile, 12 blocks). (The simulator runs
     # blocks side by side in lockstep: with a words' ring of 2, EARLY and runs of unequal
     # parts, one block's wait holds the others': 3 stages or more here.)
-    (70, 200, 256, "float16", (2, 32, 3, 1, 0, 0, 4, 2, 1, 0, 0, 0, 1), 5),
-    (70, 200, 256, None, (2, 32, 3, 1, 0, 0, 3, 3, 0, 0, 0, 0, 1), 4),
-    (70, 200, 256, "bfloat16", (2, 32, 4, 1, 0, 0, 4, 2, 1, 0, 0, 0, 2), 4),
+    (70, 200, 256, "float16", (2, 32, 3, 1, 0, 0, 4, 2, 1, 0, 0, 0, 1, 0), 5),
+    (70, 200, 256, "float16", (2, 32, 3, 1, 0, 0, 4, 2, 1, 0, 0, 0, 2, 0), 5),
+    (70, 200, 256, None, (2, 32, 3, 1, 0, 0, 3, 3, 0, 0, 0, 0, 1, 0), 4),
+    (70, 200, 256, None, (2, 32, 3, 1, 0, 0, 3, 3, 0, 0, 0, 0, 2, 0), 4),
+    (70, 200, 256, "bfloat16", (2, 32, 4, 1, 0, 0, 4, 2, 1, 0, 0, 0, 1, 1), 4),
+    (70, 200, 256, "bfloat16", (2, 32, 4, 1, 0, 0, 4, 2, 1, 0, 0, 0, 2, 1), 4),
+    (70, 200, 256, None, (2, 32, 4, 1, 0, 0, 4, 2, 1, 0, 0, 0, 2, 1), 12),
 ]
 
 
