@@ -671,7 +671,7 @@ def int4_swap(
             n = (tile_col(origin) * (1 + MC) + mine) * BNW + nl
             done = stores
             if SK and (kb > 0 or ke < k_tiles):  # a part of the tile: the last part sums them
-                done = swap_fixup(ws, counters, acc, sched, tile, kb, k_tiles, nl, t, BM, WG, SK)
+                done = swap_fixup(ws, counters, acc, sched, tile, kb, k_tiles, t, BM, WG, SK)
             if not CL and done:  # (with CL the one tile is summed below: cluster_sum)
                 store_swapped(acc, c, ws, tile_row(origin) * BM, n, lane, M, N, BM, SPLIT, OUT)
         if CL:  # the one tile's partial sums, over the ring once every wgmma is done
@@ -794,13 +794,14 @@ def work_item(sched: i32[:], i: i32, k_tiles: i32, SK: kaio.constexpr):
 @kaio.gpu_func
 def swap_fixup(
     ws: f32[:, :], counters: i32[:], acc: f32[:, :, :], sched: i32[:], tile: i32, kb: i32,
-    k_tiles: i32, nl: u32, t: u32, BM: kaio.constexpr, WG: kaio.constexpr, SK: kaio.constexpr,
+    k_tiles: i32, t: u32, BM: kaio.constexpr, WG: kaio.constexpr, SK: kaio.constexpr,
 ) -> bool_:  # fmt: skip
-    """``int4_swap`` with ``SK``: one warp's part of a stream-K tile (this lane's columns
-    ``nl``, ``nl + 1`` of the tile) of which its block holds the K steps from ``kb``;
+    """``int4_swap`` with ``SK``: one warp's part of a stream-K tile (consumer thread
+    ``t``'s sums ``acc``) of which its block holds the K steps from ``kb``;
     returns whether the warp then holds the tile's sum (and stores it). The parts go
-    through ``ws`` [stream-K tiles x slots x BM, 64 WG] (part z of a tile, its run's place
-    among the runs that share the tile, at rows ``(tile x slots + z) BM``) and the tile's
+    through ``ws`` [stream-K tiles x slots x BM / 8, 512 WG] (part z of a tile, its run's
+    place among the runs that share the tile, at rows ``(tile x slots + z) BM / 8 + j``,
+    consumer thread t's ``acc[j]`` at columns ``4 t`` .. ``4 t + 3``) and the tile's
     arrival counter of the warp's 16 columns in ``counters`` (zeroed again by the warp that
     sums). SK 1 (``_gemm_streamk.fixup``'s protocol: no block waits for another): every
     part is stored, and the last warp to arrive sets ``acc`` to the sum of the parts in
@@ -816,18 +817,17 @@ def swap_fixup(
     parts = owner(tile_sk * k_tiles + k_tiles - 1, g, work) - lo + 1
     run = sched[0] if SK == 1 else g - 1 - sched[0]
     lane = t % 32  # (t: the consumer thread, warp t // 32 of the block's 4 WG)
-    width = i32(ws.shape[0]) // (BM * sched[7])  # the slots of a tile
-    row = u32(tile_sk * width * BM) + 2 * (lane % 4)  # acc[j, h, e]: + 8 j + e, column nl + h
+    width = i32(ws.shape[0]) // (BM // 8 * sched[7])  # the slots of a tile
+    row = u32(tile_sk * width * (BM // 8))  # the tile's first row of ws
     slot = tile_sk * (4 * WG) + i32(t // 32)
-    pair = kaio.local(f32, 2)
+    quad = kaio.local(f32, 4)  # acc[j, :, :]: a row of ws, 16 bytes a thread side by side
     sums = SK == 1 or kb == 0
     if SK == 1 or kb > 0:
-        mine = u32(run - lo) * BM + row
+        mine = u32(run - lo) * (BM // 8) + row
         for j in kaio.static_range(BM // 8):
-            for e in kaio.static_range(2):
-                pair[0] = acc[j, 0, e]
-                pair[1] = acc[j, 1, e]
-                kaio.store_vector(ws, (mine + 8 * j + e, nl), pair)
+            for v in kaio.static_range(4):
+                quad[v] = acc[j, v % 2, v // 2]
+            kaio.store_vector(ws, (mine + j, 4 * t), quad)
         kaio.threadfence()
         kaio.sync_warp()
         before = i32(0)
@@ -847,22 +847,18 @@ def swap_fixup(
                 for jj in kaio.static_range(FIXUP_ROWS):
                     j = c * FIXUP_ROWS + jj
                     if j < BM // 8:
-                        for e in kaio.static_range(2):
-                            at = u32(z) * BM + row + 8 * j + e
-                            kaio.load_vector(pair, ws, (at, nl))
-                            for h in kaio.static_range(2):
-                                got = pair[h]
-                                if SK == 1:
-                                    got = kaio.select(z == 0, pair[h], acc[j, h, e] + pair[h])
-                                else:
-                                    got = acc[j, h, e] + pair[h]
-                                acc[j, h, e] = got
+                        kaio.load_vector(quad, ws, (u32(z) * (BM // 8) + row + j, 4 * t))
+                        for v in kaio.static_range(4):
+                            got = acc[j, v % 2, v // 2] + quad[v]
+                            if SK == 1:
+                                got = kaio.select(z == 0, quad[v], got)
+                            acc[j, v % 2, v // 2] = got
     return sums
 
 
 # swap_fixup: the acc rows (j: 4 values each) whose loads from a slot are in flight at once:
-# 32 registers beside the 128 of a 256-row tile's sums (ptxas 13.0 spills with 16 or all 32)
-FIXUP_ROWS = 8
+# 64 registers beside the 128 of a 256-row tile's sums (ptxas 13.0 spills with all 32)
+FIXUP_ROWS = 16
 
 
 @kaio.gpu_func
@@ -1116,7 +1112,7 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
         if not fits:  # (the kernel's step arithmetic is 32-bit)
             raise ValueError(f"int4_swap: SK: {m} x {n} x {k} has too many K steps")
         if dp_tiles < tiles:  # (swap_fixup: a slot a tile's part)
-            ws = _arrays.output(a, ((tiles - dp_tiles) * slots * bm, 64 * wg), f32)
+            ws = _arrays.output(a, ((tiles - dp_tiles) * slots * bm // 8, 512 * wg), f32)
             counters = _counters(a, (tiles - dp_tiles) * 4 * wg)
     maps = (
         kaio.tensor_map_2d(a.obj, (bm // (1 + mc), BK), SW),
