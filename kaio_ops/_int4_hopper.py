@@ -857,8 +857,9 @@ def swap_fixup(
 
 
 # swap_fixup: the acc rows (j: 4 values each) whose loads from a slot are in flight at once:
-# 64 registers beside the 128 of a 256-row tile's sums (ptxas 13.0 spills with all 32)
-FIXUP_ROWS = 16
+# 32 registers beside the 128 of a 256-row tile's sums (16 rows spill under ptxas 13.5, not
+# 13.0; all 32 under both)
+FIXUP_ROWS = 8
 
 
 @kaio.gpu_func
