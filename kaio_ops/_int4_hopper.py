@@ -1100,7 +1100,7 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     wg, bm, cl, mc = consts["WG"], consts["BM"], consts["CL"], consts["MC"]
     kw = consts["KW"]
     cols = 1 if kw else wg
-    counters, dp_tiles = _placeholder(a, i32, 1), 0
+    counters, dp_tiles, blocks = _placeholder(a, i32, 1), 0, min(tiles, sms)
     if split > 1 and not cl:
         c = _arrays.output(a, (split * m, n), f32)
         ws, target = c, _placeholder(a, out_type, 2)
@@ -1109,7 +1109,7 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
         ws, target = _placeholder(a, f32, 2), _arrays.output_arg(a, c, (m, n), out_type)
     if consts["SK"]:  # the stream-K schedule: its grid, workspace and arrival counters
         spread = config[13] if len(config) > 13 else 1
-        sms, dp_tiles, slots, fits = share(tiles, k, sms, spread)
+        blocks, dp_tiles, slots, fits = share(tiles, k, sms, spread)
         if not fits:  # (the kernel's step arithmetic is 32-bit)
             raise ValueError(f"int4_swap: SK: {m} x {n} x {k} has too many K steps")
         if dp_tiles < tiles:  # (swap_fixup: a slot a tile's part)
@@ -1120,7 +1120,7 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
         kaio.tensor_map_2d(b.obj, (WORD_ROWS, 64 * cols), 0),
         kaio.tensor_map_2d(s.obj, (1, 64 * cols), 0),
     )
-    grid = (tiles * split * (1 + mc), 1, 1) if cl else (min(tiles, sms), 1, split)  # one tile
+    grid = (tiles * split * (1 + mc), 1, 1) if cl else (blocks, 1, split)  # one tile
     if mc and not cl:
         grid = (2 * min(tiles, sms // 2), 1, split)
     shared = swap_shared_bytes(wg, bm, consts["STAGES"], cl, consts["WSTAGES"], kw)
