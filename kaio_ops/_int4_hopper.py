@@ -269,7 +269,43 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
             wg, early, kw = 2, 0, 1
     if m > 512 and n >= WIDE_N:
         mc, group = 1, WIDE_GROUP
+    if n and sms and m > 256 and not mc and takes_streamk(m, n, k, sms, (wg, bm, kw)):
+        return 2, 256, 0, 0, 0, 0, 0, bufs, 1, group, 0, 0, 2, 1
     return wg, bm, 0, 0, cl, mc, 0, bufs, early, group, kw
+
+
+def takes_streamk(m: int, n: int, k: int, sms: int, tiles: tuple) -> bool:
+    """Whether 256 x 128 tiles on the stream-K schedule (``SK`` 2) beat the ``tiles`` = (WG,
+    BM, KW) of ``swap_plan`` for an ``m x n x k`` product on ``sms`` multiprocessors: a
+    block's run of K steps (all the steps over the SMs, counted in 256 x 128 tiles' steps)
+    at most ``SK_GAIN`` of the steps of the other tiles' waves (the K steps of a tile,
+    ``swap_split``'s split, times its share of a 256 x 128 tile's values), runs of at least
+    ``SK_RUN`` steps (the parts of a split tile summed once a tile or more), and a's rows
+    within ``SK_A_BYTES`` (the blocks' runs take a's K slices at scattered offsets: L2 keeps
+    them only if they fit)."""
+    wg, bm, kw = tiles
+    k_steps = -(-k // BK)
+    run = math.ceil(m / 256) * math.ceil(n / 128) * k_steps / sms
+    cols = 64 * (1 if kw else wg)
+    mine = math.ceil(m / bm) * math.ceil(n / cols)
+    split = swap_split(mine, k, sms)
+    waves = math.ceil(mine * split / sms) * (k_steps / split) * bm * cols / (256 * 128)
+    return run >= SK_RUN and run <= SK_GAIN * waves and 2 * m * k <= SK_A_BYTES
+
+
+# The stream-K schedule (``takes_streamk``; int4w rounds A and B of 2026-11-27, H100, x cuBLAS
+# f16, the median of 3 interleaved passes, SK 2 against the route of before): 10240x8192
+# M=512, 160 tiles of 256 x 128 in runs of 155 steps against 320 KW tiles of 256 x 64 in
+# 2.42 waves, 0.95x / 0.94x against 0.88x / 0.86x. Where the route's tiles fill their waves
+# (97%) it tied or lost: 10240x8192 M=1024 (runs of 310 steps) 0.98x / 0.97x against 0.97x
+# / 0.96x, 8192x8192 M=1024 0.91x against 0.94x, 28672x4096 M=1024 0.95x against 0.98x;
+# with short runs it lost (6144x4096 M=512, 47 steps: 0.82x against 0.93x; 4096x4096 M=512,
+# 31 steps: 0.71x against 0.96x: a part's 128 KB of f32 sums written, and read by the
+# tile's head, cost more than the wave they save), as where a's rows outgrow L2
+# (8192x28672 M=1024, 58 MB: 0.92x against 0.99x).
+SK_GAIN = 0.85
+SK_RUN = 128
+SK_A_BYTES = 16 << 20
 
 
 def takes(a, b, s) -> bool:
