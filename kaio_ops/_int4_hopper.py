@@ -270,12 +270,12 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
     if m > 512 and n >= WIDE_N:
         mc, group = 1, WIDE_GROUP
     if n and sms and m > 256 and not mc and takes_streamk(m, n, k, sms, (wg, bm, kw)):
-        return 2, 256, 0, 0, 0, 0, 0, bufs, 1, group, 0, 0, 2, 1
+        return 2, 256, 0, 0, 0, 0, 0, bufs, 1, group, 0, 0, 1, 1
     return wg, bm, 0, 0, cl, mc, 0, bufs, early, group, kw
 
 
 def takes_streamk(m: int, n: int, k: int, sms: int, tiles: tuple) -> bool:
-    """Whether 256 x 128 tiles on the stream-K schedule (``SK`` 2) beat the ``tiles`` = (WG,
+    """Whether 256 x 128 tiles on the stream-K schedule (``SK``) beat the ``tiles`` = (WG,
     BM, KW) of ``swap_plan`` for an ``m x n x k`` product on ``sms`` multiprocessors: a
     block's run of K steps (all the steps over the SMs, counted in 256 x 128 tiles' steps)
     at most ``SK_GAIN`` of the steps of the other tiles' waves (the K steps of a tile,
@@ -294,7 +294,7 @@ def takes_streamk(m: int, n: int, k: int, sms: int, tiles: tuple) -> bool:
 
 
 # The stream-K schedule (``takes_streamk``; int4w rounds A and B of 2026-11-27, H100, x cuBLAS
-# f16, the median of 3 interleaved passes, SK 2 against the route of before): 10240x8192
+# f16, the median of 3 interleaved passes, SK against the route of before): 10240x8192
 # M=512, 160 tiles of 256 x 128 in runs of 155 steps against 320 KW tiles of 256 x 64 in
 # 2.42 waves, 0.95x / 0.94x against 0.88x / 0.86x. Where the route's tiles fill their waves
 # (97%) it tied or lost: 10240x8192 M=1024 (runs of 310 steps) 0.98x / 0.97x against 0.97x
@@ -577,8 +577,8 @@ def int4_swap(
     multicast pairs). ``SK``: the stream-K schedule of ``_gemm_streamk`` (the first
     ``dp_tiles`` tiles whole, a block each in turn, then the K steps of the others in equal
     runs, one a block: ``swap_schedule``), the parts of a tile split between blocks summed
-    by the last warp to arrive (``swap_fixup``: ``ws`` its slots, ``counters`` zeroed, 4 WG
-    a stream-K tile); no K split along z, no cluster, no ``KW``."""
+    by the tile's head (``swap_fixup``: ``ws`` the other parts, ``counters`` zeroed, 4 WG a
+    stream-K tile); no K split along z, no cluster, no ``KW``."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL:
         kaio.cluster_dims(SPLIT * (1 + MC))
@@ -607,6 +607,7 @@ def int4_swap(
     red = kaio.shared_dynamic(f32, (1 + KW, RED_WG, RED_CHUNK * KW + 1 - KW, 128), RED_AT)
     part = kaio.shared_dynamic(f32, (BM, BNW), 0)  # CL: the partial tile, over the idle ring
     pairs = kaio.shared_dynamic(u64, (BM, BNW // 2), 0)  # part's column pairs
+    stage = kaio.shared_dynamic(f32, (BM // 8, WG * 128, 4), 0)  # SK: a part, over the rings
     t = kaio.thread_idx_x()
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
     lt = t % 128
@@ -707,7 +708,8 @@ def int4_swap(
             n = (tile_col(origin) * (1 + MC) + mine) * BNW + nl
             done = stores
             if SK and (kb > 0 or ke < k_tiles):  # a part of the tile: the last part sums them
-                done = swap_fixup(ws, counters, acc, sched, tile, kb, k_tiles, t, BM, WG, SK)
+                done = swap_fixup(ws, counters, acc, stage, bars, sched, tile, kb, k_tiles, t,
+                                  BM, WG)  # fmt: skip
             if not CL and done:  # (with CL the one tile is summed below: cluster_sum)
                 store_swapped(acc, c, ws, tile_row(origin) * BM, n, lane, M, N, BM, SPLIT, OUT)
         if CL:  # the one tile's partial sums, over the ring once every wgmma is done
@@ -788,7 +790,7 @@ def swap_schedule(sched: i32[:], first: u32, step: u32, tiles: i32, dp_tiles: i3
     run of K steps, the stream-K steps of the grid, the stream-K tiles). Without ``SK``
     every one of its ``tiles`` tiles is whole; with it (``first`` the block, ``step`` the
     grid) the first ``dp_tiles`` of the ``total`` tiles go whole and the K steps of the
-    rest in equal runs (``_gemm_streamk``'s schedule; SK 2: block b takes run g - 1 - b)."""
+    rest in equal runs (``_gemm_streamk``'s schedule, block b taking run g - 1 - b)."""
     sched[0] = i32(first)
     sched[1] = i32(step)
     sched[2] = tiles
@@ -800,9 +802,8 @@ def swap_schedule(sched: i32[:], first: u32, step: u32, tiles: i32, dp_tiles: i3
         work = (i32(total) - dp_tiles) * k_tiles
         sched[2] = (dp_tiles - b + g - 1) // g
         sched[3] = dp_tiles
-        run = b if SK == 1 else g - 1 - b  # (SK 2: the runs in reverse block order)
-        sched[4] = run_bound(run, g, work)
-        sched[5] = run_bound(run + 1, g, work)
+        sched[4] = run_bound(g - 1 - b, g, work)  # (the runs in reverse block order)
+        sched[5] = run_bound(g - b, g, work)
         sched[6] = work
         sched[7] = i32(total) - dp_tiles
 
@@ -829,36 +830,32 @@ def work_item(sched: i32[:], i: i32, k_tiles: i32, SK: kaio.constexpr):
 
 @kaio.gpu_func
 def swap_fixup(
-    ws: f32[:, :], counters: i32[:], acc: f32[:, :, :], sched: i32[:], tile: i32, kb: i32,
-    k_tiles: i32, t: u32, BM: kaio.constexpr, WG: kaio.constexpr, SK: kaio.constexpr,
+    ws: f32[:, :], counters: i32[:], acc: f32[:, :, :], stage: f32[:, :, :], bars: u64[:, :],
+    sched: i32[:], tile: i32, kb: i32, k_tiles: i32, t: u32, BM: kaio.constexpr,
+    WG: kaio.constexpr,
 ) -> bool_:  # fmt: skip
     """``int4_swap`` with ``SK``: one warp's part of a stream-K tile (consumer thread
-    ``t``'s sums ``acc``) of which its block holds the K steps from ``kb``;
-    returns whether the warp then holds the tile's sum (and stores it). The parts go
-    through ``ws`` [stream-K tiles x slots x BM / 8, 512 WG] (part z of a tile, its run's
-    place among the runs that share the tile, at rows ``(tile x slots + z) BM / 8 + j``,
-    consumer thread t's ``acc[j]`` at columns ``4 t`` .. ``4 t + 3``) and the tile's
-    arrival counter of the warp's 16 columns in ``counters`` (zeroed again by the warp that
-    sums). SK 1 (``_gemm_streamk.fixup``'s protocol: no block waits for another): every
-    part is stored, and the last warp to arrive sets ``acc`` to the sum of the parts in
-    order (the same bits whichever comes last). SK 2 (runs in reverse block order,
-    ``swap_schedule``): the tile's head (``kb`` 0, the end of its block's run, the highest
-    block of the tile's) waits for the other parts (done at the start of lower blocks' runs:
-    ``wait_eq``'s rule) and adds them to its own in order, which never leaves the
-    registers."""
-    g = sched[1]
-    work = sched[6]
+    ``t``'s sums ``acc``) of which its block holds the K steps from ``kb``; returns whether
+    it holds the tile's sum then (and stores it): the tile's head (``kb`` 0: the end of its
+    block's run, the highest block of the tile's, the runs being in reverse block order,
+    ``swap_schedule``) waits for the other parts (done at the start of lower blocks' runs:
+    ``wait_eq``'s rule, no deadlock) and adds them to its own, which never leaves the
+    registers, in order (the same bits run to run). The other parts go through ``ws``
+    [stream-K tiles x slots x BM / 8, 512 WG] (part z of a tile, its run's place among the
+    tile's runs, at rows ``(tile x slots + z) BM / 8 + j``, thread t's ``acc[j]`` at columns
+    ``4 t`` .. ``4 t + 3``), each warp's arrival on the tile's counter of its 16 columns in
+    ``counters`` (zeroed again by the head). The head reads a part into ``stage`` [BM / 8,
+    128 WG, 4] by ``cp_async`` (over the rings, idle once both consumer warpgroups are
+    done: the block's last item), its loads all in flight at once."""
     tile_sk = tile - sched[3]
-    lo = owner(tile_sk * k_tiles, g, work)
-    parts = owner(tile_sk * k_tiles + k_tiles - 1, g, work) - lo + 1
-    run = sched[0] if SK == 1 else g - 1 - sched[0]
-    lane = t % 32  # (t: the consumer thread, warp t // 32 of the block's 4 WG)
+    lo = owner(tile_sk * k_tiles, sched[1], sched[6])
+    parts = owner(tile_sk * k_tiles + k_tiles - 1, sched[1], sched[6]) - lo + 1
+    run = sched[1] - 1 - sched[0]
     width = i32(ws.shape[0]) // (BM // 8 * sched[7])  # the slots of a tile
     row = u32(tile_sk * width * (BM // 8))  # the tile's first row of ws
     slot = tile_sk * (4 * WG) + i32(t // 32)
     quad = kaio.local(f32, 4)  # acc[j, :, :]: a row of ws, 16 bytes a thread side by side
-    sums = SK == 1 or kb == 0
-    if SK == 1 or kb > 0:
+    if kb > 0:  # a part after the head: to ws, then the warp's arrival
         mine = u32(run - lo) * (BM // 8) + row
         for j in kaio.static_range(BM // 8):
             for v in kaio.static_range(4):
@@ -866,36 +863,24 @@ def swap_fixup(
             kaio.store_vector(ws, (mine + j, 4 * t), quad)
         kaio.threadfence()
         kaio.sync_warp()
-        before = i32(0)
-        if lane == 0:
-            before = kaio.atomic_add(counters, slot, 1)
-        if SK == 1:
-            sums = kaio.shfl_idx(before, 0) == parts - 1
-    if sums:  # the tile's part that sums the others, in order
-        if SK == 2:
-            kaio.wait_eq(counters, slot, parts - 1)
-            kaio.sync_warp()
-        kaio.threadfence()
-        if lane == 0:
+        if t % 32 == 0:
+            kaio.atomic_add(counters, slot, 1)
+    else:  # the head: the other parts, in order
+        kaio.wait_eq(counters, slot, parts - 1)
+        kaio.sync_warp()
+        if t % 32 == 0:
             counters[slot] = 0  # zero again for the next launch on the stream
-        for c in kaio.static_range((BM // 8 + FIXUP_ROWS - 1) // FIXUP_ROWS):
-            for z in range(SK - 1, parts):  # (a chunk of FIXUP_ROWS j's loads in flight)
-                for jj in kaio.static_range(FIXUP_ROWS):
-                    j = c * FIXUP_ROWS + jj
-                    if j < BM // 8:
-                        kaio.load_vector(quad, ws, (u32(z) * (BM // 8) + row + j, 4 * t))
-                        for v in kaio.static_range(4):
-                            got = acc[j, v % 2, v // 2] + quad[v]
-                            if SK == 1:
-                                got = kaio.select(z == 0, quad[v], got)
-                            acc[j, v % 2, v // 2] = got
-    return sums
-
-
-# swap_fixup: the acc rows (j: 4 values each) whose loads from a slot are in flight at once:
-# 32 registers beside the 128 of a 256-row tile's sums (16 rows spill under ptxas 13.5, not
-# 13.0; all 32 under both)
-FIXUP_ROWS = 8
+        kaio.mbarrier_arrive(bars, (2, 0))  # both warpgroups' wgmmas done: the rings idle
+        kaio.mbarrier_wait(bars, (2, 0), u32(0))
+        for z in range(1, parts):
+            for j in kaio.static_range(BM // 8):
+                kaio.cp_async(stage, (j, t, 0), ws, (u32(z) * (BM // 8) + row + j, 4 * t), 16)
+            kaio.cp_async_wait_all()
+            for j in kaio.static_range(BM // 8):
+                kaio.load_vector(quad, stage, (j, t, 0))
+                for v in kaio.static_range(4):
+                    acc[j, v % 2, v // 2] += quad[v]
+    return kb == 0
 
 
 @kaio.gpu_func
@@ -1078,13 +1063,15 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
         raise ValueError(f"int4_swap: BUFS (fragment buffers) must be 2 or 3, got {bufs}")
     stages = stages or swap_stages(wg, bm, kw)
     wstages = wstages or swap_word_stages(wg, bm, stages, kw)
+    if sk and bm * wg * 256 > stages * bm * BK * 2 + wstages * word_stage_bytes(wg):
+        raise ValueError(f"int4_swap: SK: a tile's f32 part does not fit the rings, {config}")
     if stages < bufs:  # a slice's stage is freed BUFS - 1 slices later
         raise ValueError(f"int4_swap: {bufs} fragment buffers need {bufs} stages, got {stages}")
     problem = kw and k_split_problem(wg, bm, mc, stages, wstages, k, bufs)
     if problem:
         raise ValueError(f"int4_swap: KW (warpgroups taking K slices in turn) needs {problem}")
-    if sk not in (0, 1, 2):
-        raise ValueError(f"int4_swap: SK (the stream-K protocol) is 0, 1 or 2, got {sk}")
+    if sk not in (0, 1):
+        raise ValueError(f"int4_swap: SK (the stream-K schedule) is 0 or 1, got {sk}")
     if sk and (kw or mc or (more and more[0]) or split > 1):
         raise ValueError(f"int4_swap: SK (stream-K) takes no KW, MC, CL or K split, got {config}")
     cols = 1 if kw else wg  # warpgroups side by side along a tile's columns
@@ -1121,7 +1108,7 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     of tiles; a K split along z, or with ``CL`` a cluster of ``split`` pairs, one pair of
     tiles a cluster); with ``KW`` the ``WG`` warpgroups share ``BM x 64`` tiles, taking their
     K slices in turn; with ``LATE`` a slice's words' stage is freed after its wgmmas are
-    issued; with ``SK`` (1 or 2: ``swap_fixup``'s protocols) the stream-K schedule, SPREAD
+    issued; with ``SK`` the stream-K schedule (``swap_fixup``), SPREAD
     (default 1) whole waves of tiles shared besides the last partial one (``_gemm_streamk.
     share``), the parts of split tiles in a workspace of ``share``'s slots a stream-K
     tile."""
@@ -1183,8 +1170,8 @@ def swap_specializations() -> list:
         (4, 16, 8, 1, f16, 0, 2, 0),
         (4, 64, 2, 0, f32, 0, 2, 1),
         (2, 128, 2, 1, f32, 0, 3, 0),
-        (2, 256, 1, 0, f16, 0, 2, 1),  # SK 1 and 2 (the plain cases' last two)
-        (2, 256, 1, 0, bf16, 0, 2, 1),
+        (2, 256, 1, 0, f16, 0, 2, 1),  # SK (the plain cases' last two)
+        (2, 256, 1, 0, bf16, 0, 2, 0),
     )
     multicast = (  # pairs of tiles sharing a's rows
         (2, 256, 1, 0, f16, 1, 2, 0),
@@ -1207,6 +1194,6 @@ def swap_specializations() -> list:
                   "WSTAGES": swap_word_stages(wg, bm, stages, kw), "BUFS": bufs,
                   "EARLY": early, "GROUP": GROUP_M, "KW": kw,
                   "LATE": int(i == len(cases) - 1),
-                  "SK": max(0, i + 3 - len(plain)) * (i < len(plain))}  # fmt: skip
+                  "SK": int(len(plain) - 2 <= i < len(plain))}  # fmt: skip
         out.append((int4_swap, consts))
     return out
