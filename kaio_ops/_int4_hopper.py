@@ -270,27 +270,33 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
     if m > 512 and n >= WIDE_N:
         mc, group = 1, WIDE_GROUP
     if n and sms and m > 256 and not mc and takes_streamk(m, n, k, sms, (wg, bm, kw)):
-        return 2, 256, 0, 0, 0, 0, 0, bufs, 1, group, 0, 0, 1, 1
+        return 2, balanced_rows(m), 0, 0, 0, 0, 0, bufs, 1, group, 0, 0, 1, 1
     return wg, bm, 0, 0, cl, mc, 0, bufs, early, group, kw
 
 
+def balanced_rows(m: int) -> int:
+    """The rows of ``m``'s row tiles of at most 256, as even as multiples of 8 make them
+    (300 rows: two of 152, not 256 and a padded 256)."""
+    return -(-m // -(-m // 256) // 8) * 8
+
+
 def takes_streamk(m: int, n: int, k: int, sms: int, tiles: tuple) -> bool:
-    """Whether 256 x 128 tiles on the stream-K schedule (``SK``) beat the ``tiles`` = (WG,
-    BM, KW) of ``swap_plan`` for an ``m x n x k`` product on ``sms`` multiprocessors: a
-    block's run of K steps (all the steps over the SMs, counted in 256 x 128 tiles' steps)
-    at most ``SK_GAIN`` of the steps of the other tiles' waves (the K steps of a tile,
-    ``swap_split``'s split, times its share of a 256 x 128 tile's values), runs of at least
-    ``SK_RUN`` steps (the parts of a split tile summed once a tile or more), and a's rows
-    within ``SK_A_BYTES`` (the blocks' runs take a's K slices at scattered offsets: L2 keeps
-    them only if they fit)."""
+    """Whether ``balanced_rows`` x 128 tiles on the stream-K schedule (``SK``) beat the
+    ``tiles`` = (WG, BM, KW) of ``swap_plan`` for an ``m x n x k`` product on ``sms``
+    multiprocessors: runs of at least ``SK_RUN`` K steps a block (a split tile's parts
+    summed once a tile or more), the run (counted in a 256 x 128 tile's values a step) at
+    most ``SK_GAIN`` of the other tiles' waves (their K steps, ``swap_split``'s split, in
+    the same count), and a's rows within ``SK_A_BYTES`` (the blocks' runs take a's K slices
+    at scattered offsets: L2 keeps them only if they fit)."""
     wg, bm, kw = tiles
     k_steps = -(-k // BK)
-    run = math.ceil(m / 256) * math.ceil(n / 128) * k_steps / sms
+    steps = math.ceil(m / 256) * math.ceil(n / 128) * k_steps / sms  # a block's run
     cols = 64 * (1 if kw else wg)
     mine = math.ceil(m / bm) * math.ceil(n / cols)
     split = swap_split(mine, k, sms)
     waves = math.ceil(mine * split / sms) * (k_steps / split) * bm * cols / (256 * 128)
-    return run >= SK_RUN and run <= SK_GAIN * waves and 2 * m * k <= SK_A_BYTES
+    run = steps * balanced_rows(m) / 256
+    return steps >= SK_RUN and run <= SK_GAIN * waves and 2 * m * k <= SK_A_BYTES
 
 
 # The stream-K schedule (``takes_streamk``; int4w rounds A and B of 2026-11-27, H100, x cuBLAS
@@ -303,9 +309,9 @@ def takes_streamk(m: int, n: int, k: int, sms: int, tiles: tuple) -> bool:
 # 31 steps: 0.71x against 0.96x: a part's 128 KB of f32 sums written, and read by the
 # tile's head, cost more than the wave they save), as where a's rows outgrow L2
 # (8192x28672 M=1024, 58 MB: 0.92x against 0.99x).
-SK_GAIN = 0.85
+SK_GAIN = 0.82
 SK_RUN = 128
-SK_A_BYTES = 16 << 20
+SK_A_BYTES = 8 << 20
 
 
 def takes(a, b, s) -> bool:

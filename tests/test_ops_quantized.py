@@ -365,6 +365,7 @@ SWAP_CASES = [
     (70, 200, 256, None, (2, 32, 3, 1, 0, 0, 3, 3, 0, 0, 0, 0, 1, 0), 4),
     (70, 200, 256, "bfloat16", (2, 32, 4, 1, 0, 0, 4, 2, 1, 0, 0, 0, 1, 1), 4),
     (70, 200, 256, None, (2, 32, 4, 1, 0, 0, 4, 2, 1, 0, 0, 0, 1, 1), 16),
+    (70, 200, 256, "float16", (2, 40, 4, 1, 0, 0, 4, 2, 1, 0, 0, 0, 1, 1), 5),  # balanced_rows
 ]
 
 
@@ -460,15 +461,17 @@ def test_int4_swap_plan_bands():
     assert plan(256, 28672, 4096) == (1, 2, 256, 0, 0, g, 0)  # 448 no better than 224
     assert plan(1024, 57344, 8192) == (1, 2, 256, 0, 1, wide, 0)
     assert plan(1024, _int4_hopper.WIDE_N - 8, 8192)[4:] == (0, g, 0)
-    # the stream-K schedule (SK 2, 256 x 128 tiles) where a block's run of K steps is long,
-    # a's rows fit L2 and the run is well under the route's waves: 10240x8192 at 257-512
-    # rows (runs of 155 steps against 2.42 waves of 320 KW tiles), not where the tiles fill
-    # their waves (1024 rows), the runs are short (4096x4096 M=512: 31 steps) or a's rows
-    # outgrow L2 (8192x28672 M=1024)
+    # the stream-K schedule (SK, balanced_rows x 128 tiles) where a block's run is long, a's
+    # rows fit L2 and the run is well under the route's waves: 10240x8192 at 257-512 rows
+    # (runs of 155 steps against 2.42 waves of 320 KW tiles), not where the tiles fill
+    # their waves (1024 rows), the runs are short (4096x4096 M=512: 31 steps), the run is
+    # near the route's waves (6144x4096 M=1600) or a's rows outgrow L2 (8192x28672 M=1024,
+    # 4096x14336 M=520)
     sk = [(m, n, k) for m, n, k in ((300, 10240, 8192), (512, 10240, 8192), (1600, 6144, 4096),
-          (1024, 10240, 8192), (512, 4096, 4096), (1024, 8192, 28672), (1536, 6144, 4096),
+          (1024, 10240, 8192), (512, 4096, 4096), (1024, 8192, 28672), (520, 4096, 14336),
           (256, 10240, 8192)) if len(_int4_hopper.swap_plan(m, n, k, 132)) > 12]  # fmt: skip
-    assert sk == [(300, 10240, 8192), (512, 10240, 8192), (1600, 6144, 4096)]
+    assert sk == [(300, 10240, 8192), (512, 10240, 8192)]
+    assert _int4_hopper.swap_plan(300, 10240, 8192, 132)[1] == 152  # two row tiles of 152
 
 
 def test_int4_wgmma_dispatch(monkeypatch):
