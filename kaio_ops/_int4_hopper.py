@@ -299,16 +299,20 @@ def takes_streamk(m: int, n: int, k: int, sms: int, tiles: tuple) -> bool:
     return steps >= SK_RUN and run <= SK_GAIN * waves and 2 * m * k <= SK_A_BYTES
 
 
-# The stream-K schedule (``takes_streamk``; int4w rounds A and B of 2026-11-27, H100, x cuBLAS
-# f16, the median of 3 interleaved passes, SK against the route of before): 10240x8192
-# M=512, 160 tiles of 256 x 128 in runs of 155 steps against 320 KW tiles of 256 x 64 in
-# 2.42 waves, 0.95x / 0.94x against 0.88x / 0.86x. Where the route's tiles fill their waves
-# (97%) it tied or lost: 10240x8192 M=1024 (runs of 310 steps) 0.98x / 0.97x against 0.97x
-# / 0.96x, 8192x8192 M=1024 0.91x against 0.94x, 28672x4096 M=1024 0.95x against 0.98x;
-# with short runs it lost (6144x4096 M=512, 47 steps: 0.82x against 0.93x; 4096x4096 M=512,
-# 31 steps: 0.71x against 0.96x: a part's 128 KB of f32 sums written, and read by the
-# tile's head, cost more than the wave they save), as where a's rows outgrow L2
-# (8192x28672 M=1024, 58 MB: 0.92x against 0.99x).
+# The stream-K schedule (``takes_streamk``; int4w rounds A-D of 2026-11-27, H100, x cuBLAS
+# f16, the median of 3 interleaved passes, against the route of before in the same pass):
+# 10240x8192 M=512, 160 tiles of 256 x 128 in runs of 155 steps against 320 KW tiles of 256
+# x 64 in 2.42 waves, 0.95x / 0.94x / 0.94x / 0.94x against 0.88x / 0.86x / 0.85x / 0.84x;
+# with balanced row tiles (round D) 10240x8192 M=300 (152-row tiles) 0.88x against 0.31x
+# (256-row ones 0.51x), M=384 0.88x against 0.43x, 28672x4096 M=300 0.91x against 0.27x,
+# M=600 1.46x against 0.63x, 57344x8192 M=300 0.78x against 0.62x. Where the route's tiles
+# fill their waves (97%) it tied or lost: 10240x8192 M=1024 0.98x / 0.97x against 0.97x /
+# 0.96x, 8192x8192 M=1024 0.91x against 0.94x, 28672x4096 M=1024 0.95x against 0.98x; with
+# short runs it lost (6144x4096 M=512, 47 steps: 0.82-0.84x against 0.93x; 4096x4096 M=512,
+# 31 steps: 0.71-0.73x against 0.96x: a part's f32 sums written, and read by the tile's
+# head, cost more than the wave they save), as near the route's waves (6144x4096 M=1600,
+# 0.875 of them: 0.81x against 0.88x) and where a's rows outgrow 8 MB (4096x14336 M=520,
+# 15 MB: 0.55x against 0.61x; 8192x28672 M=1024, 58 MB: 0.92x against 0.99x).
 SK_GAIN = 0.82
 SK_RUN = 128
 SK_A_BYTES = 8 << 20

@@ -463,14 +463,17 @@ def test_int4_swap_plan_bands():
     assert plan(1024, _int4_hopper.WIDE_N - 8, 8192)[4:] == (0, g, 0)
     # the stream-K schedule (SK, balanced_rows x 128 tiles) where a block's run is long, a's
     # rows fit L2 and the run is well under the route's waves: 10240x8192 at 257-512 rows
-    # (runs of 155 steps against 2.42 waves of 320 KW tiles), not where the tiles fill
+    # (runs of 155 steps against 2.42 waves of 320 KW tiles), the padded row tiles of
+    # 28672x4096 and 57344x8192 past 256 rows (not at 512: 896 KW tiles), not where the tiles fill
     # their waves (1024 rows), the runs are short (4096x4096 M=512: 31 steps), the run is
     # near the route's waves (6144x4096 M=1600) or a's rows outgrow L2 (8192x28672 M=1024,
     # 4096x14336 M=520)
     sk = [(m, n, k) for m, n, k in ((300, 10240, 8192), (512, 10240, 8192), (1600, 6144, 4096),
           (1024, 10240, 8192), (512, 4096, 4096), (1024, 8192, 28672), (520, 4096, 14336),
-          (256, 10240, 8192)) if len(_int4_hopper.swap_plan(m, n, k, 132)) > 12]  # fmt: skip
-    assert sk == [(300, 10240, 8192), (512, 10240, 8192)]
+          (256, 10240, 8192), (300, 28672, 4096), (600, 28672, 4096), (300, 57344, 8192),
+          (512, 28672, 4096)) if len(_int4_hopper.swap_plan(m, n, k, 132)) > 12]  # fmt: skip
+    assert sk == [(300, 10240, 8192), (512, 10240, 8192), (300, 28672, 4096),
+                  (600, 28672, 4096), (300, 57344, 8192)]  # fmt: skip
     assert _int4_hopper.swap_plan(300, 10240, 8192, 132)[1] == 152  # two row tiles of 152
 
 
