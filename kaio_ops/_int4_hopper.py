@@ -224,7 +224,8 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
     words or more; past 512 rows at N >= ``WIDE_N``, multicast pairs in groups of
     ``WIDE_GROUP`` rows, below it KW tiles where the 256 x 128 ones fill the SMs at least
     once and the KW tiles fill the last wave better by ``KW_WAVE`` (the comment above
-    ``KW_SMALL_M``)."""
+    ``KW_SMALL_M``); past 256 rows ``balanced_rows`` x 128 tiles on the stream-K schedule
+    (SK, config[12]) where ``takes_streamk``."""
     _, wg, bm, cl, mc, bufs, early = next(row for row in SWAP_PLANS if m <= row[0])
     step = 16 if mc else 8
     bm = bm or min(256, -(-m // step) * step)

@@ -1142,7 +1142,7 @@ def test_gpu_int4_wgmma(m, n, k, out_dtype):
     at 40 rows of N = 10240 4 consumer warpgroups side by side and a workspace K split of 3,
     at 700 rows of N = 6144 KW tiles of 256 x 64 (they fill the last wave better), at 250
     rows of N = 10240 3 consumer warpgroups on 128 x 192 tiles, the last column of tiles
-    partly past N; at 300 rows of 10240 x 8192 the stream-K schedule (SK 2: tiles split
+    partly past N; at 300 rows of 10240 x 8192 the stream-K schedule (SK: tiles split
     between blocks, summed by the tile's head); at 65-512
     rows two warpgroups sharing BM x 64 tiles, each every other K slice
     (KW: a cluster pair's K split at 120 and 200 rows; 128-row tiles at 100 rows, 256 at 256
