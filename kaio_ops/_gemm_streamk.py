@@ -260,16 +260,24 @@ class Schedule(NamedTuple):
 
 
 def schedule(m: int, n: int, k: int, chosen: Plan, sms: int) -> Schedule:
-    """The schedule of ``chosen`` for an ``m x n x k`` product on ``sms`` multiprocessors:
-    up to one block a multiprocessor (``chosen.blocks`` if set); whole waves of tiles data
-    parallel but the last partial one and ``chosen.spread`` more, whose K steps are shared;
-    every block must get at least one stream-K step (a tile's arrival count covers every
-    block between its first and last), so a data-parallel wave goes back to the shared part
-    while it has fewer steps than blocks, and without one the grid is cut to the steps."""
+    """The schedule of ``chosen`` for an ``m x n x k`` product on ``sms`` multiprocessors
+    (``share``: up to one block a multiprocessor, ``chosen.blocks`` if set)."""
     tiles = math.ceil(m / (64 * chosen.wg)) * math.ceil(n / chosen.bn)
+    grid, dp_tiles, slots, fits = share(tiles, k, chosen.blocks or sms, chosen.spread)
+    wcols = -(-n // chosen.bn) * chosen.bn
+    return Schedule(grid, dp_tiles, slots, wcols, tiles - dp_tiles, fits)
+
+
+def share(tiles: int, k: int, grid: int, spread: int) -> tuple:
+    """(grid, data-parallel tiles, workspace slots, whether the kernel's step arithmetic
+    fits in 31 bits) of a stream-K schedule of ``tiles`` tiles of K = ``k`` over ``grid``
+    blocks: whole waves of tiles data parallel but the last partial one and ``spread``
+    more, whose K steps are shared; every block must get at least one stream-K step (a
+    tile's arrival count covers every block between its first and last), so a
+    data-parallel wave goes back to the shared part while it has fewer steps than blocks,
+    and without one the grid is cut to the steps."""
     k_tiles = max(1, math.ceil(k / BK))
-    grid = chosen.blocks or sms
-    dp_tiles = max(0, tiles // grid - chosen.spread) * grid
+    dp_tiles = max(0, tiles // grid - spread) * grid
     while dp_tiles and 0 < (tiles - dp_tiles) * k_tiles < grid:
         dp_tiles -= grid
     work = (tiles - dp_tiles) * k_tiles
@@ -277,8 +285,7 @@ def schedule(m: int, n: int, k: int, chosen: Plan, sms: int) -> Schedule:
         grid = min(grid, work)
     least = max(1, work // grid)  # steps of the shortest run (none: all data parallel)
     slots = min(grid, -(-k_tiles // least) + 1)
-    wcols = -(-n // chosen.bn) * chosen.bn
-    return Schedule(grid, dp_tiles, slots, wcols, tiles - dp_tiles, work * grid < 2**31)
+    return grid, dp_tiles, slots, work * grid < 2**31
 
 
 # the tile ring is _gemm_hopper's (the same stage layout): its size and depth too

@@ -31,6 +31,7 @@ import math
 import kaio
 from kaio import bf16, bool_, f16, f16x2, f32, i32, u32, u64
 from kaio_ops._attention_hopper import PRODUCER_REGS, advance
+from kaio_ops._gemm_streamk import owner, run_bound, segment
 from kaio_ops._int4_decode import HIGH_TWICE, LOW_TWICE
 from kaio_ops._matmul_hopper import grouped
 from kaio_ops._matmul_kernels import GROUP_M, tile_col, tile_row
@@ -223,7 +224,8 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
     words or more; past 512 rows at N >= ``WIDE_N``, multicast pairs in groups of
     ``WIDE_GROUP`` rows, below it KW tiles where the 256 x 128 ones fill the SMs at least
     once and the KW tiles fill the last wave better by ``KW_WAVE`` (the comment above
-    ``KW_SMALL_M``)."""
+    ``KW_SMALL_M``); past 256 rows ``balanced_rows`` x 128 tiles on the stream-K schedule
+    (SK, config[12]) where ``takes_streamk``."""
     _, wg, bm, cl, mc, bufs, early = next(row for row in SWAP_PLANS if m <= row[0])
     step = 16 if mc else 8
     bm = bm or min(256, -(-m // step) * step)
@@ -268,7 +270,53 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
             wg, early, kw = 2, 0, 1
     if m > 512 and n >= WIDE_N:
         mc, group = 1, WIDE_GROUP
+    if n and sms and m > 256 and not mc and takes_streamk(m, n, k, sms, (wg, bm, kw)):
+        return 2, balanced_rows(m), 0, 0, 0, 0, 0, bufs, 1, group, 0, 0, 1, 1
     return wg, bm, 0, 0, cl, mc, 0, bufs, early, group, kw
+
+
+def balanced_rows(m: int) -> int:
+    """The rows of ``m``'s row tiles of at most 256, as even as multiples of 8 make them
+    (300 rows: two of 152, not 256 and a padded 256)."""
+    return -(-m // -(-m // 256) // 8) * 8
+
+
+def takes_streamk(m: int, n: int, k: int, sms: int, tiles: tuple) -> bool:
+    """Whether ``balanced_rows`` x 128 tiles on the stream-K schedule (``SK``) beat the
+    ``tiles`` = (WG, BM, KW) of ``swap_plan`` for an ``m x n x k`` product on ``sms``
+    multiprocessors: runs of at least ``SK_RUN`` K steps a block (a split tile's parts
+    summed once a tile or more), the run (counted in a 256 x 128 tile's values a step) at
+    most ``SK_GAIN`` of the other tiles' waves (their K steps, ``swap_split``'s split, in
+    the same count), and a's rows within ``SK_A_BYTES`` (the blocks' runs take a's K slices
+    at scattered offsets: L2 keeps them only if they fit)."""
+    wg, bm, kw = tiles
+    k_steps = -(-k // BK)
+    steps = math.ceil(m / 256) * math.ceil(n / 128) * k_steps / sms  # a block's run
+    cols = 64 * (1 if kw else wg)
+    mine = math.ceil(m / bm) * math.ceil(n / cols)
+    split = swap_split(mine, k, sms)
+    waves = math.ceil(mine * split / sms) * (k_steps / split) * bm * cols / (256 * 128)
+    run = steps * balanced_rows(m) / 256
+    return steps >= SK_RUN and run <= SK_GAIN * waves and 2 * m * k <= SK_A_BYTES
+
+
+# The stream-K schedule (``takes_streamk``; int4w rounds A-D of 2026-11-27, H100, x cuBLAS
+# f16, the median of 3 interleaved passes, against the route of before in the same pass):
+# 10240x8192 M=512, 160 tiles of 256 x 128 in runs of 155 steps against 320 KW tiles of 256
+# x 64 in 2.42 waves, 0.95x / 0.94x / 0.94x / 0.94x against 0.88x / 0.86x / 0.85x / 0.84x;
+# with balanced row tiles (round D) 10240x8192 M=300 (152-row tiles) 0.88x against 0.31x
+# (256-row ones 0.51x), M=384 0.88x against 0.43x, 28672x4096 M=300 0.91x against 0.27x,
+# M=600 1.46x against 0.63x, 57344x8192 M=300 0.78x against 0.62x. Where the route's tiles
+# fill their waves (97%) it tied or lost: 10240x8192 M=1024 0.98x / 0.97x against 0.97x /
+# 0.96x, 8192x8192 M=1024 0.91x against 0.94x, 28672x4096 M=1024 0.95x against 0.98x; with
+# short runs it lost (6144x4096 M=512, 47 steps: 0.82-0.84x against 0.93x; 4096x4096 M=512,
+# 31 steps: 0.71-0.73x against 0.96x: a part's f32 sums written, and read by the tile's
+# head, cost more than the wave they save), as near the route's waves (6144x4096 M=1600,
+# 0.875 of them: 0.81x against 0.88x) and where a's rows outgrow 8 MB (4096x14336 M=520,
+# 15 MB: 0.55x against 0.61x; 8192x28672 M=1024, 58 MB: 0.92x against 0.99x).
+SK_GAIN = 0.82
+SK_RUN = 128
+SK_A_BYTES = 8 << 20
 
 
 def takes(a, b, s) -> bool:
@@ -498,10 +546,12 @@ def store_swapped(
 @kaio.gpu_kernel
 def int4_swap(
     tx: kaio.tensormap, tw: kaio.tensormap, ts: kaio.tensormap, c: OUT[:, :], ws: f32[:, :],
-    M: u32, N: u32, K: u32, k_slice: u32, WG: kaio.constexpr, BM: kaio.constexpr,
+    counters: i32[:], M: u32, N: u32, K: u32, k_slice: u32, dp_tiles: i32,
+    WG: kaio.constexpr, BM: kaio.constexpr,
     STAGES: kaio.constexpr, SPLIT: kaio.constexpr, CL: kaio.constexpr, REGS: kaio.constexpr,
     OUT: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr, BUFS: kaio.constexpr,
     EARLY: kaio.constexpr, GROUP: kaio.constexpr, KW: kaio.constexpr, LATE: kaio.constexpr,
+    SK: kaio.constexpr,
 ):  # fmt: skip
     """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block
     computes ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG`` consumer
@@ -535,7 +585,11 @@ def int4_swap(
     their partial tiles summed at the tile's end through shared memory (``red``, after the
     barriers) by warpgroup 0, which stores the tile: a K split inside the block, two
     warpgroups' latency on a tile that the grid has too few of to split otherwise (no
-    multicast pairs)."""
+    multicast pairs). ``SK``: the stream-K schedule of ``_gemm_streamk`` (the first
+    ``dp_tiles`` tiles whole, a block each in turn, then the K steps of the others in equal
+    runs, one a block: ``swap_schedule``), the parts of a tile split between blocks summed
+    by the tile's head (``swap_fixup``: ``ws`` the other parts, ``counters`` zeroed, 4 WG a
+    stream-K tile); no K split along z, no cluster, no ``KW``."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL:
         kaio.cluster_dims(SPLIT * (1 + MC))
@@ -564,6 +618,7 @@ def int4_swap(
     red = kaio.shared_dynamic(f32, (1 + KW, RED_WG, RED_CHUNK * KW + 1 - KW, 128), RED_AT)
     part = kaio.shared_dynamic(f32, (BM, BNW), 0)  # CL: the partial tile, over the idle ring
     pairs = kaio.shared_dynamic(u64, (BM, BNW // 2), 0)  # part's column pairs
+    stage = kaio.shared_dynamic(f32, (BM // 8, WG * 128, 4), 0)  # SK: a part, over the rings
     t = kaio.thread_idx_x()
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
     lt = t % 128
@@ -586,6 +641,9 @@ def int4_swap(
     my_tiles = i32((grid_m * grid_n - first + step - 1) // step)
     k_end = kaio.min(k_begin + k_slice, K)
     k_tiles = i32((k_end - k_begin + BK - 1) // BK)
+    sched = kaio.local(i32, 8)  # the block's work items (swap_schedule)
+    swap_schedule(sched, first, step, my_tiles, dp_tiles, grid_m * grid_n, k_tiles, SK)
+    segments = swap_segments(sched, k_tiles, SK)  # tiles, or (SK) parts of tiles
     if t == 0:
         for i in kaio.static_range(STAGES):
             kaio.mbarrier_init(bars, (0, i), 1)
@@ -617,21 +675,21 @@ def int4_swap(
             at[i] = 0
         wpos[0] = 0
         wpos[1] = 0
-        ck = k_tiles  # this warpgroup's slices of a tile
-        owner = True  # the warpgroup stores its sums (KW: warpgroup 0 only)
+        stores = True  # the warpgroup stores its sums (KW: warpgroup 0 only)
         if KW:  # slices wg, wg + WG, ... of the tile: stages wg, wg + WG, ... of both rings
             nl -= 64 * wg  # (every warpgroup the tile's 64 columns)
-            owner = wg == 0
+            stores = wg == 0
             at[0] = i32(wg)
             wpos[0] = i32(wg)
-            ck = k_tiles // WG
         sel = (lane % 4) * 0x1111
         wr = kaio.local(u32, (WORD_ROWS + 1, 2))  # a slice's words and scales (load_words)
-        if EARLY and my_tiles > 0:  # the first slice's words; then each slice reads the next's
+        if EARLY and segments > 0:  # the first slice's words; then each slice reads the next's
             load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES, KSTEP)
-        for i in range(my_tiles):
-            origin = swap_origin(first + u32(i) * step, grid_m, grid_n, GROUP)
-            last = i == my_tiles - 1
+        for i in range(segments):
+            tile, kb, ke = work_item(sched, i, k_tiles, SK)
+            origin = swap_origin(u32(tile), grid_m, grid_n, GROUP)
+            last = i == segments - 1
+            ck = (ke - kb) // KSTEP  # this warpgroup's slices of the item
             # slices in groups of BUFS, the fragment buffers in turn; the last k_tiles %
             # BUFS slices after every wgmma is done (ptxas serializes all wgmmas if any
             # path could redefine the registers of one in flight)
@@ -658,13 +716,17 @@ def int4_swap(
                 free_stage(bars, at[2], MC)
             if KW:  # the warpgroups' partial tiles summed by warpgroup 0, which stores it
                 reduce_warpgroups(acc, red, bars, wg, lt, i, BM, WG)
-            if not CL and owner:  # (with CL the one tile is summed below: cluster_sum)
-                n = (tile_col(origin) * (1 + MC) + mine) * BNW + nl
+            n = (tile_col(origin) * (1 + MC) + mine) * BNW + nl
+            done = stores
+            if SK and (kb > 0 or ke < k_tiles):  # a part of the tile: the last part sums them
+                done = swap_fixup(ws, counters, acc, stage, bars, sched, tile, kb, k_tiles, t,
+                                  BM, WG)  # fmt: skip
+            if not CL and done:  # (with CL the one tile is summed below: cluster_sum)
                 store_swapped(acc, c, ws, tile_row(origin) * BM, n, lane, M, N, BM, SPLIT, OUT)
         if CL:  # the one tile's partial sums, over the ring once every wgmma is done
             kaio.mbarrier_arrive(bars, (2, 0))
             kaio.mbarrier_wait(bars, (2, 0), u32(0))
-            if owner:  # (KW: warpgroup 0 holds the block's sum)
+            if stores:  # (KW: warpgroup 0 holds the block's sum)
                 for j in kaio.static_range(BM // 8):  # acc[j, h, e]: row 8j + 2t + e, col nl + h
                     for e in kaio.static_range(2):
                         pair = kaio.local(f32, 2)
@@ -676,11 +738,11 @@ def int4_swap(
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         if lt < 32:  # (two branches: the simulator runs either while the other waits)
             if lt == 0:
-                produce(sx, sw, ss, bars, tx, tw, ts, my_tiles, k_tiles, k_begin, first, step,
-                        grid_m, grid_n, mine, BM, COLS, STAGES, MC, 0, GROUP)  # fmt: skip
+                produce(sx, sw, ss, bars, tx, tw, ts, sched, segments, k_tiles, k_begin,
+                        grid_m, grid_n, mine, BM, COLS, STAGES, MC, 0, GROUP, SK)  # fmt: skip
         elif lt == 32:
-            produce(sx, sw, ss, bars, tx, tw, ts, my_tiles, k_tiles, k_begin, first, step,
-                    grid_m, grid_n, mine, BM, COLS, WSTAGES, MC, 1, GROUP)  # fmt: skip
+            produce(sx, sw, ss, bars, tx, tw, ts, sched, segments, k_tiles, k_begin,
+                    grid_m, grid_n, mine, BM, COLS, WSTAGES, MC, 1, GROUP, SK)  # fmt: skip
         if CL:  # the cluster barriers below wait for the threads that have not exited
             return
     if CL:  # one tile a cluster: sum its K slices through distributed shared memory, in the
@@ -732,6 +794,107 @@ def reduce_warpgroups(
 
 
 @kaio.gpu_func
+def swap_schedule(sched: i32[:], first: u32, step: u32, tiles: i32, dp_tiles: i32, total: u32,
+                  k_tiles: i32, SK: kaio.constexpr):  # fmt: skip
+    """The block's work items for ``work_item``: ``sched`` = (its first tile, the step to
+    its next, its data-parallel tiles, the grid's, the first and the end of its stream-K
+    run of K steps, the stream-K steps of the grid, the stream-K tiles). Without ``SK``
+    every one of its ``tiles`` tiles is whole; with it (``first`` the block, ``step`` the
+    grid) the first ``dp_tiles`` of the ``total`` tiles go whole and the K steps of the
+    rest in equal runs (``_gemm_streamk``'s schedule, block b taking run g - 1 - b)."""
+    sched[0] = i32(first)
+    sched[1] = i32(step)
+    sched[2] = tiles
+    for i in kaio.static_range(3, 8):
+        sched[i] = 0
+    if SK:
+        b = i32(first)
+        g = i32(step)
+        work = (i32(total) - dp_tiles) * k_tiles
+        sched[2] = (dp_tiles - b + g - 1) // g
+        sched[3] = dp_tiles
+        sched[4] = run_bound(g - 1 - b, g, work)  # (the runs in reverse block order)
+        sched[5] = run_bound(g - b, g, work)
+        sched[6] = work
+        sched[7] = i32(total) - dp_tiles
+
+
+@kaio.gpu_func
+def swap_segments(sched: i32[:], k_tiles: i32, SK: kaio.constexpr) -> i32:
+    """The number of the block's work items (``swap_schedule``): its data-parallel tiles,
+    then (``SK``) the tiles its stream-K run touches."""
+    if not SK:
+        return sched[2]
+    first = sched[4]
+    end = sched[5]
+    return sched[2] + kaio.select(end > first, (end - 1) // k_tiles - first // k_tiles + 1, 0)
+
+
+@kaio.gpu_func
+def work_item(sched: i32[:], i: i32, k_tiles: i32, SK: kaio.constexpr):
+    """(tile, first K step, end K step) of the block's work item ``i`` (``swap_schedule``;
+    with ``SK`` ``_gemm_streamk.segment``)."""
+    if not SK:
+        return sched[0] + i * sched[1], i32(0), k_tiles
+    return segment(i, sched[0], sched[1], sched[2], sched[3], sched[4], k_tiles, sched[5])
+
+
+@kaio.gpu_func
+def swap_fixup(
+    ws: f32[:, :], counters: i32[:], acc: f32[:, :, :], stage: f32[:, :, :], bars: u64[:, :],
+    sched: i32[:], tile: i32, kb: i32, k_tiles: i32, t: u32, BM: kaio.constexpr,
+    WG: kaio.constexpr,
+) -> bool_:  # fmt: skip
+    """``int4_swap`` with ``SK``: one warp's part of a stream-K tile (consumer thread
+    ``t``'s sums ``acc``) of which its block holds the K steps from ``kb``; returns whether
+    it holds the tile's sum then (and stores it): the tile's head (``kb`` 0: the end of its
+    block's run, the highest block of the tile's, the runs being in reverse block order,
+    ``swap_schedule``) waits for the other parts (done at the start of lower blocks' runs:
+    ``wait_eq``'s rule, no deadlock) and adds them to its own, which never leaves the
+    registers, in order (the same bits run to run). The other parts go through ``ws``
+    [stream-K tiles x slots x BM / 8, 512 WG] (part z of a tile, its run's place among the
+    tile's runs, at rows ``(tile x slots + z) BM / 8 + j``, thread t's ``acc[j]`` at columns
+    ``4 t`` .. ``4 t + 3``), each warp's arrival on the tile's counter of its 16 columns in
+    ``counters`` (zeroed again by the head). The head reads a part into ``stage`` [BM / 8,
+    128 WG, 4] by ``cp_async`` (over the rings, idle once both consumer warpgroups are
+    done: the block's last item), its loads all in flight at once."""
+    tile_sk = tile - sched[3]
+    lo = owner(tile_sk * k_tiles, sched[1], sched[6])
+    parts = owner(tile_sk * k_tiles + k_tiles - 1, sched[1], sched[6]) - lo + 1
+    run = sched[1] - 1 - sched[0]
+    width = i32(ws.shape[0]) // (BM // 8 * sched[7])  # the slots of a tile
+    row = u32(tile_sk * width * (BM // 8))  # the tile's first row of ws
+    slot = tile_sk * (4 * WG) + i32(t // 32)
+    quad = kaio.local(f32, 4)  # acc[j, :, :]: a row of ws, 16 bytes a thread side by side
+    if kb > 0:  # a part after the head: to ws, then the warp's arrival
+        mine = u32(run - lo) * (BM // 8) + row
+        for j in kaio.static_range(BM // 8):
+            for v in kaio.static_range(4):
+                quad[v] = acc[j, v % 2, v // 2]
+            kaio.store_vector(ws, (mine + j, 4 * t), quad)
+        kaio.threadfence()
+        kaio.sync_warp()
+        if t % 32 == 0:
+            kaio.atomic_add(counters, slot, 1)
+    else:  # the head: the other parts, in order
+        kaio.wait_eq(counters, slot, parts - 1)
+        kaio.sync_warp()
+        if t % 32 == 0:
+            counters[slot] = 0  # zero again for the next launch on the stream
+        kaio.mbarrier_arrive(bars, (2, 0))  # both warpgroups' wgmmas done: the rings idle
+        kaio.mbarrier_wait(bars, (2, 0), u32(0))
+        for z in range(1, parts):
+            for j in kaio.static_range(BM // 8):
+                kaio.cp_async(stage, (j, t, 0), ws, (u32(z) * (BM // 8) + row + j, 4 * t), 16)
+            kaio.cp_async_wait_all()
+            for j in kaio.static_range(BM // 8):
+                kaio.load_vector(quad, stage, (j, t, 0))
+                for v in kaio.static_range(4):
+                    acc[j, v % 2, v // 2] += quad[v]
+    return kb == 0
+
+
+@kaio.gpu_func
 def swap_origin(pid: u32, grid_m: u32, grid_n: u32, GROUP: kaio.constexpr) -> u64:
     """``_matmul_kernels.tile_origin`` (tile ``pid``'s row and column, packed) with
     ``GROUP`` tile rows a group (``_matmul_hopper.grouped``'s order) instead of ``GROUP_M``."""
@@ -756,28 +919,30 @@ def next_free(bars: u64[:, :], ring: i32[:], j: i32, FREE: kaio.constexpr,
 @kaio.gpu_func
 def produce(
     sx: f16[:, :, :], sw: u32[:, :, :], ss: f16[:, :], bars: u64[:, :], tx: kaio.tensormap,
-    tw: kaio.tensormap, ts: kaio.tensormap, tiles: i32, k_tiles: i32, k_begin: u32,
-    first: u32, step: u32, grid_m: u32, grid_n: u32, mine: u32, BM: kaio.constexpr,
+    tw: kaio.tensormap, ts: kaio.tensormap, sched: i32[:], segments: i32, k_tiles: i32,
+    k_begin: u32, grid_m: u32, grid_n: u32, mine: u32, BM: kaio.constexpr,
     WG: kaio.constexpr, STAGES: kaio.constexpr, MC: kaio.constexpr, WORDS: kaio.constexpr,
-    GROUP: kaio.constexpr,
+    GROUP: kaio.constexpr, SK: kaio.constexpr,
 ):  # fmt: skip
-    """``int4_swap``'s copies, the block's ``tiles`` tiles of ``k_tiles`` slices each into a
-    ``STAGES``-deep ring, each stage once the consumers freed the slice it held before: a's
-    rows (with ``MC``, freed by the consumers of both blocks of the pair: ``grid_n`` counts
-    pairs of tiles, ``mine`` is this block's, and its half of a's rows goes to both blocks),
-    or (``WORDS``) the words and scales, freed by every consumer warp once read."""
+    """``int4_swap``'s copies, the K slices of the block's ``segments`` work items
+    (``work_item``: tiles of ``k_tiles`` slices, or parts of them) into a ``STAGES``-deep
+    ring, each stage once the consumers freed the slice it held before: a's rows (with
+    ``MC``, freed by the consumers of both blocks of the pair: ``grid_n`` counts pairs of
+    tiles, ``mine`` is this block's, and its half of a's rows goes to both blocks), or
+    (``WORDS``) the words and scales, freed by every consumer warp once read."""
     BNW = 64 * WG
     peers = u32(3) << (kaio.cluster_rank() // 2 * 2)  # MC: the pair's blocks (a K slice's)
     ring = kaio.local(i32, 2)
     ring[0] = 0
     ring[1] = 0
     j = i32(0)
-    for i in range(tiles):
-        origin = swap_origin(first + u32(i) * step, grid_m, grid_n, GROUP)
+    for i in range(segments):
+        tile, kb, ke = work_item(sched, i, k_tiles, SK)
+        origin = swap_origin(u32(tile), grid_m, grid_n, GROUP)
         half = i32(mine * (BM // 2))
         row = i32(tile_row(origin) * BM) + half * MC
         n0 = i32((tile_col(origin) * (1 + MC) + mine) * BNW)
-        for kt in range(k_tiles):
+        for kt in range(kb, ke):
             s = next_free(bars, ring, j, 1 + 3 * WORDS, STAGES)
             k0 = i32(k_begin) + kt * BK
             if WORDS:
@@ -904,15 +1069,22 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     group = (more[5] if len(more) > 5 else 0) or GROUP_M
     kw = int(bool(more[6])) if len(more) > 6 else 0
     late = int(bool(more[7])) if len(more) > 7 else 0
+    sk = more[8] if len(more) > 8 else 0
     if bufs not in (2, 3):
         raise ValueError(f"int4_swap: BUFS (fragment buffers) must be 2 or 3, got {bufs}")
     stages = stages or swap_stages(wg, bm, kw)
     wstages = wstages or swap_word_stages(wg, bm, stages, kw)
+    if sk and bm * wg * 256 > stages * bm * BK * 2 + wstages * word_stage_bytes(wg):
+        raise ValueError(f"int4_swap: SK: a tile's f32 part does not fit the rings, {config}")
     if stages < bufs:  # a slice's stage is freed BUFS - 1 slices later
         raise ValueError(f"int4_swap: {bufs} fragment buffers need {bufs} stages, got {stages}")
     problem = kw and k_split_problem(wg, bm, mc, stages, wstages, k, bufs)
     if problem:
         raise ValueError(f"int4_swap: KW (warpgroups taking K slices in turn) needs {problem}")
+    if sk not in (0, 1):
+        raise ValueError(f"int4_swap: SK (the stream-K schedule) is 0 or 1, got {sk}")
+    if sk and (kw or mc or (more and more[0]) or split > 1):
+        raise ValueError(f"int4_swap: SK (stream-K) takes no KW, MC, CL or K split, got {config}")
     cols = 1 if kw else wg  # warpgroups side by side along a tile's columns
     tiles = math.ceil(m / bm) * math.ceil(n / (64 * cols))
     step = BK * (wg if kw else 1)  # a K split's slices: whole steps of every warpgroup
@@ -923,21 +1095,21 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
         split, k_slice = k_slices(k, split or swap_split(2 * pairs, k, sms), BK)
         tiles = pairs
     else:
-        split, k_slice = k_slices(k, split or swap_split(tiles, k, sms), step)
+        split, k_slice = k_slices(k, split or (1 if sk else swap_split(tiles, k, sms)), step)
     cl = int(bool(more and more[0]) and 1 < split <= 8 // (1 + mc))
     if cl and split > 2 and not config[3] and more[0] != 2:  # CL 1: the workspace past 2
         cl = 0
     consts = {"WG": wg, "BM": bm, "STAGES": stages, "SPLIT": split if cl else min(split, 2),
               "CL": cl, "REGS": swap_registers(wg), "OUT": out_type, "MC": mc,
               "WSTAGES": wstages, "BUFS": bufs, "EARLY": early, "GROUP": group,
-              "KW": kw, "LATE": late}  # fmt: skip
+              "KW": kw, "LATE": late, "SK": sk}  # fmt: skip
     return split, k_slice, tiles, consts
 
 
 def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     """``a @ W`` rounded to ``out_type`` by ``int4_swap`` (operands as ``launch``) with ``config``
-    = (WG, BM, STAGES, split[, CL[, MC[, WSTAGES[, BUFS[, EARLY[, GROUP[, KW[, LATE]]]]]]]];
-    0: as
+    = (WG, BM, STAGES, split[, CL[, MC[, WSTAGES[, BUFS[, EARLY[, GROUP[, KW[, LATE[,
+    SK[, SPREAD]]]]]]]]]]]; 0: as
     many stages as fit, ``GROUP_M`` tile rows a group,
     ``swap_split``'s split): a persistent grid of at most ``sms`` blocks along x, the K split
     along z summed by ``finish``, or with ``CL`` (and a split of 2 to 8; CL 1 and a split past 2
@@ -947,9 +1119,13 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     of tiles; a K split along z, or with ``CL`` a cluster of ``split`` pairs, one pair of
     tiles a cluster); with ``KW`` the ``WG`` warpgroups share ``BM x 64`` tiles, taking their
     K slices in turn; with ``LATE`` a slice's words' stage is freed after its wgmmas are
-    issued."""
+    issued; with ``SK`` the stream-K schedule (``swap_fixup``), SPREAD
+    (default 1) whole waves of tiles shared besides the last partial one (``_gemm_streamk.
+    share``), the parts of split tiles in a workspace of ``share``'s slots a stream-K
+    tile."""
     from kaio_ops import _arrays
-    from kaio_ops.linear import _placeholder
+    from kaio_ops._gemm_streamk import share
+    from kaio_ops.linear import _counters, _placeholder
 
     m, k = a.shape
     n = b.shape[1]
@@ -958,23 +1134,32 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     wg, bm, cl, mc = consts["WG"], consts["BM"], consts["CL"], consts["MC"]
     kw = consts["KW"]
     cols = 1 if kw else wg
+    counters, dp_tiles, blocks = _placeholder(a, i32, 1), 0, min(tiles, sms)
     if split > 1 and not cl:
         c = _arrays.output(a, (split * m, n), f32)
         ws, target = c, _placeholder(a, out_type, 2)
     else:
         c = _arrays.output(a, (m, n), out_type)
         ws, target = _placeholder(a, f32, 2), _arrays.output_arg(a, c, (m, n), out_type)
+    if consts["SK"]:  # the stream-K schedule: its grid, workspace and arrival counters
+        spread = config[13] if len(config) > 13 else 1
+        blocks, dp_tiles, slots, fits = share(tiles, k, sms, spread)
+        if not fits:  # (the kernel's step arithmetic is 32-bit)
+            raise ValueError(f"int4_swap: SK: {m} x {n} x {k} has too many K steps")
+        if dp_tiles < tiles:  # (swap_fixup: a slot a tile's part)
+            ws = _arrays.output(a, ((tiles - dp_tiles) * slots * bm // 8, 512 * wg), f32)
+            counters = _counters(a, (tiles - dp_tiles) * 4 * wg)
     maps = (
         kaio.tensor_map_2d(a.obj, (bm // (1 + mc), BK), SW),
         kaio.tensor_map_2d(b.obj, (WORD_ROWS, 64 * cols), 0),
         kaio.tensor_map_2d(s.obj, (1, 64 * cols), 0),
     )
-    grid = (tiles * split * (1 + mc), 1, 1) if cl else (min(tiles, sms), 1, split)  # one tile
+    grid = (tiles * split * (1 + mc), 1, 1) if cl else (blocks, 1, split)  # one tile
     if mc and not cl:
         grid = (2 * min(tiles, sms // 2), 1, split)
     shared = swap_shared_bytes(wg, bm, consts["STAGES"], cl, consts["WSTAGES"], kw)
     int4_swap[grid, 128 * wg + 128, _arrays.stream_of(a), shared](
-        *maps, target, ws, m, n, k, k_slice, **consts
+        *maps, target, ws, counters, m, n, k, k_slice, dp_tiles, **consts
     )
     return finish(a, c, split, out_type) if split > 1 and not cl else c
 
@@ -985,7 +1170,7 @@ def swap_specializations() -> list:
     workspace and through a cluster, every output type, pairs of tiles sharing a's rows by
     multicast (also in a cluster with a K split), three fragment buffers, the next slice's
     words read early, warpgroups taking a tile's K slices in turn (``KW``), the words'
-    stage freed after the wgmmas (``LATE``)."""
+    stage freed after the wgmmas (``LATE``), the stream-K schedule (``SK``)."""
     out = []
     plain = (  # without multicast
         (1, 8, 2, 1, f32, 0, 2, 0),
@@ -996,6 +1181,8 @@ def swap_specializations() -> list:
         (4, 16, 8, 1, f16, 0, 2, 0),
         (4, 64, 2, 0, f32, 0, 2, 1),
         (2, 128, 2, 1, f32, 0, 3, 0),
+        (2, 256, 1, 0, f16, 0, 2, 1),  # SK (the plain cases' last two)
+        (2, 256, 1, 0, bf16, 0, 2, 0),
     )
     multicast = (  # pairs of tiles sharing a's rows
         (2, 256, 1, 0, f16, 1, 2, 0),
@@ -1017,6 +1204,7 @@ def swap_specializations() -> list:
                   "REGS": swap_registers(wg), "OUT": ot, "MC": mc,
                   "WSTAGES": swap_word_stages(wg, bm, stages, kw), "BUFS": bufs,
                   "EARLY": early, "GROUP": GROUP_M, "KW": kw,
-                  "LATE": int(i == len(cases) - 1)}  # fmt: skip
+                  "LATE": int(i == len(cases) - 1),
+                  "SK": int(len(plain) - 2 <= i < len(plain))}  # fmt: skip
         out.append((int4_swap, consts))
     return out

@@ -353,6 +353,19 @@ SWAP_CASES = [
     # LATE (config[11]): the words' stage freed after the wgmmas are issued, with EARLY's
     # reads of the next slice after it, KW, 6 tiles on 2 blocks
     (50, 192, 256, "float16", (2, 32, 4, 1, 0, 0, 2, 2, 1, 0, 1, 1), 2),
+    # SK (config[12]): the stream-K schedule (SPREAD, config[13], 0: only the last partial
+    # wave shared), 6 tiles of 4 slices on 5 blocks (runs of 4-5 slices: tiles split
+    # between two blocks, the head's block summing), EARLY across the parts, the last row
+    # and column tiles past M and N; one whole wave data parallel (6 tiles on 4 blocks, the
+    # last 2 tiles' steps shared), BUFS 3; every tile shared (SPREAD 1: runs of 6 slices, 3
+    # parts a block); runs shorter than a tile (1-2 slices on 16 blocks: 2-3 parts a tile).
+    # (The simulator runs blocks side by side in lockstep: with a words' ring of 2, EARLY
+    # and runs of unequal parts, one block's wait holds the others': 3 stages or more here.)
+    (70, 200, 256, "float16", (2, 32, 3, 1, 0, 0, 4, 2, 1, 0, 0, 0, 1, 0), 5),
+    (70, 200, 256, None, (2, 32, 3, 1, 0, 0, 3, 3, 0, 0, 0, 0, 1, 0), 4),
+    (70, 200, 256, "bfloat16", (2, 32, 4, 1, 0, 0, 4, 2, 1, 0, 0, 0, 1, 1), 4),
+    (70, 200, 256, None, (2, 32, 4, 1, 0, 0, 4, 2, 1, 0, 0, 0, 1, 1), 16),
+    (70, 200, 256, "float16", (2, 40, 4, 1, 0, 0, 4, 2, 1, 0, 0, 0, 1, 1), 5),  # balanced_rows
 ]
 
 
@@ -436,7 +449,7 @@ def test_int4_swap_plan_bands():
     assert plan(1024, 4096, 4096)[6] == 0  # 128 tiles of 256 x 128 fill as well as 256
     assert plan(512, 6144, 4096) == (1, 3, 128, 0, 0, g, 0)  # 128 of 128 x 192, not 96
     assert plan(256, 10240, 8192) == (1, 3, 128, 0, 0, g, 0)  # 108, not 80 of 256 x 128
-    assert plan(512, 10240, 8192) == (1, 2, 256, 0, 0, g, 1)  # 216 would take two waves
+    assert plan(512, 10240, 8192) == (1, 2, 256, 0, 0, g, 0)  # stream-K (below)
     assert plan(1000, 1024, 14336)[6] == 0  # 32 tiles of 256 x 128: a K split, not KW
     assert plan(512, 4096, 4096) == (1, 2, 256, 0, 0, g, 1)  # 128 KW tiles of 256 x 64
     assert plan(256, 4096, 4096) == (1, 2, 128, 0, 0, g, 1)  # 128-row ones, no split
@@ -448,6 +461,20 @@ def test_int4_swap_plan_bands():
     assert plan(256, 28672, 4096) == (1, 2, 256, 0, 0, g, 0)  # 448 no better than 224
     assert plan(1024, 57344, 8192) == (1, 2, 256, 0, 1, wide, 0)
     assert plan(1024, _int4_hopper.WIDE_N - 8, 8192)[4:] == (0, g, 0)
+    # the stream-K schedule (SK, balanced_rows x 128 tiles) where a block's run is long, a's
+    # rows fit L2 and the run is well under the route's waves: 10240x8192 at 257-512 rows
+    # (runs of 155 steps against 2.42 waves of 320 KW tiles), the padded row tiles of
+    # 28672x4096 and 57344x8192 past 256 rows (not at 512: 896 KW tiles), not where the tiles fill
+    # their waves (1024 rows), the runs are short (4096x4096 M=512: 31 steps), the run is
+    # near the route's waves (6144x4096 M=1600) or a's rows outgrow L2 (8192x28672 M=1024,
+    # 4096x14336 M=520)
+    sk = [(m, n, k) for m, n, k in ((300, 10240, 8192), (512, 10240, 8192), (1600, 6144, 4096),
+          (1024, 10240, 8192), (512, 4096, 4096), (1024, 8192, 28672), (520, 4096, 14336),
+          (256, 10240, 8192), (300, 28672, 4096), (600, 28672, 4096), (300, 57344, 8192),
+          (512, 28672, 4096)) if len(_int4_hopper.swap_plan(m, n, k, 132)) > 12]  # fmt: skip
+    assert sk == [(300, 10240, 8192), (512, 10240, 8192), (300, 28672, 4096),
+                  (600, 28672, 4096), (300, 57344, 8192)]  # fmt: skip
+    assert _int4_hopper.swap_plan(300, 10240, 8192, 132)[1] == 152  # two row tiles of 152
 
 
 def test_int4_wgmma_dispatch(monkeypatch):
@@ -563,7 +590,7 @@ def test_int4_swap_plans_fit():
                 *cfg[:3], consts["CL"], consts["WSTAGES"], consts["KW"]
             )
             assert shared <= _int4_hopper.SHARED_LIMIT and split <= (8 if consts["CL"] else 64)
-            seen[(*cfg, consts["SPLIT"])] = consts
+            seen[(*cfg, consts["SPLIT"], consts["SK"])] = consts
     builds = list(seen.values())
     texts = [_int4_hopper.int4_swap.ptx(arch="sm_90", **consts) for consts in builds]
     with ThreadPoolExecutor(4) as pool:  # ptxas runs in processes of its own
@@ -596,7 +623,7 @@ def test_int4_swap_registers_can_be_granted():
         consts = {"WG": wg, "BM": bm, "STAGES": _int4_hopper.swap_stages(wg, bm), "SPLIT": 2,
                   "CL": 0, "REGS": _int4_hopper.swap_registers(wg), "OUT": f16, "MC": 0,
                   "WSTAGES": 4, "BUFS": 2, "EARLY": 1, "GROUP": _int4_hopper.GROUP_M,
-                  "KW": 0, "LATE": 0}  # fmt: skip
+                  "KW": 0, "LATE": 0, "SK": 0}  # fmt: skip
         report = assemble(_int4_hopper.int4_swap.ptx(arch="sm_90", **consts), "sm_90a")
         assert " 0 bytes spill stores" in report, (consts, report)
         _assert_registers_balance(report, consts)
@@ -1104,7 +1131,7 @@ def test_gpu_int4_multi_tile(m, monkeypatch):
 @pytest.mark.parametrize(
     "m, n, k, out_dtype",
     [(17, 4096, 4096, None), (40, 10240, 2048, "float16"), (700, 6144, 1024, "bfloat16"),
-     (250, 10240, 1024, "float16"),
+     (250, 10240, 1024, "float16"), (300, 10240, 8192, "bfloat16"),
      (200, 4104, 4096, None), (1000, 1024, 14336, "float16"),
      (300, 4096, 4096, None), (2048, 8192, 4096, "float16"), (4096, 4096, 4096, "bfloat16"),
      (100, 8192, 4096, None), (256, 8192, 2048, "float16"), (600, 32768, 1024, "float16"),
@@ -1115,7 +1142,8 @@ def test_gpu_int4_wgmma(m, n, k, out_dtype):
     at 40 rows of N = 10240 4 consumer warpgroups side by side and a workspace K split of 3,
     at 700 rows of N = 6144 KW tiles of 256 x 64 (they fill the last wave better), at 250
     rows of N = 10240 3 consumer warpgroups on 128 x 192 tiles, the last column of tiles
-    partly past N; at 65-512
+    partly past N; at 300 rows of 10240 x 8192 the stream-K schedule (SK: tiles split
+    between blocks, summed by the tile's head); at 65-512
     rows two warpgroups sharing BM x 64 tiles, each every other K slice
     (KW: a cluster pair's K split at 120 and 200 rows; 128-row tiles at 100 rows, 256 at 256
     and 300; 128-row tiles and a K split of 4 through the workspace at 200 rows of N =
