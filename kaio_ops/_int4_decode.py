@@ -116,6 +116,33 @@ def load_group(
 
 
 @kaio.gpu_func
+def stage_group(
+    ring: u32[:, :, :, :], sring: f16[:, :, :], SLOT: kaio.constexpr, w: u32[:, :],
+    scales: f16[:, :], group: u32, col: u32, t: u32, tid: u32,
+):  # fmt: skip
+    """ASYNC: start the copies of scale group ``group``'s words and scales of this lane (those
+    ``load_group`` loads) into slot SLOT of its own part of the shared rings (ring[SLOT, u,
+    tid], sring[SLOT, tid]): no register holds them while they are in flight, and only this
+    thread reads them back (no barrier)."""
+    kaio.cp_async_ca(sring, (SLOT, tid, 0), scales, (group, col), 8)
+    for u in kaio.static_range(LOADS):
+        row = group * ROWS_PER_GROUP + 4 * u + t
+        kaio.cp_async_cg(ring, (SLOT, u, tid, 0), w, (row, col), 16)
+
+
+@kaio.gpu_func
+def read_stage(
+    words: u32[:, :, :], sc: u32[:, :], BUF: kaio.constexpr, ring: u32[:, :, :, :],
+    sring: f16[:, :, :], tid: u32,
+):  # fmt: skip
+    """ASYNC: buffer BUF's words and scales from slot BUF of this thread's rings (its copies
+    there have landed: ``cp_async_wait``)."""
+    kaio.load_vector(sc[BUF], sring, (BUF, tid, 0))
+    for u in kaio.static_range(LOADS):
+        kaio.load_vector(words[BUF, u], ring, (BUF, u, tid, 0))
+
+
+@kaio.gpu_func
 def load_x(
     xq: u32[:, :, :], SLOT: kaio.constexpr, x: f16[:, :], group: u32, u: kaio.constexpr,
     g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
@@ -338,16 +365,26 @@ def buffer_step(
     base: u32, groups: u32, col: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
     L2F: kaio.constexpr, XLEAD: kaio.constexpr, DEQ: kaio.constexpr, SWAP: kaio.constexpr,
     WARPS: kaio.constexpr, last: u32, WBUF: kaio.constexpr, WC: kaio.constexpr,
+    ASYNC: kaio.constexpr, ring: u32[:, :, :, :], sring: f16[:, :, :], tid: u32,
 ):  # fmt: skip
     """Buffer B's turn in a round of ``WBUF`` groups from ``base`` (``WARPS`` apart): first
     the loads of the group ``WBUF - 1`` later into the buffer the previous turn freed, then
-    buffer B's products."""
+    buffer B's products. With ``ASYNC`` the buffers are the slots of the shared rings: the
+    copies of the group ahead are committed (a group of copies every turn, empty or not), the
+    oldest is waited for and slot B read into registers."""
     ahead = base + (B + WBUF - 1) * WARPS
     if ahead < groups:
-        load_group(
-            words, xr, sc, (B + WBUF - 1) % WBUF, w, x, scales, ahead, col, g, t, M, ROWS, L2F,
-            XLEAD, WC,
-        )  # fmt: skip
+        if ASYNC > 0:
+            stage_group(ring, sring, (B + WBUF - 1) % WBUF, w, scales, ahead, col, t, tid)
+        else:
+            load_group(
+                words, xr, sc, (B + WBUF - 1) % WBUF, w, x, scales, ahead, col, g, t, M, ROWS,
+                L2F, XLEAD, WC,
+            )  # fmt: skip
+    if ASYNC > 0:
+        kaio.cp_async_commit()
+        kaio.cp_async_wait(WBUF - 1)
+        read_stage(words, sc, B, ring, sring, tid)
     multiply_group(
         acc, words, xr, sc, B, x, base + B * WARPS, g, t, M, ROWS, DEQ, SWAP, xq, base, WARPS,
         last, XLEAD,
@@ -361,6 +398,7 @@ def decode_columns(
     PREFETCH: kaio.constexpr, DEQ: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], part: u32,
     SPLIT: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr, SWAP: kaio.constexpr,
     XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr, WC: kaio.constexpr,
+    ASYNC: kaio.constexpr, ring: u32[:, :, :, :], sring: f16[:, :, :],
 ):  # fmt: skip
     """With ``CS`` 1, out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W =
     scales * the nibbles of w, see the module docstring), rounded to DT (the output's type), for
@@ -375,7 +413,9 @@ def decode_columns(
     parts in order into ``out``. ``CS`` > 1 (SPLIT 1): the block's warps take CS column
     blocks from ``CS block``, warp w column block ``CS block + w % CS`` and the groups
     ``w // CS``, ``w // CS + WARPS // CS``, ...: the warps of one such run load the same x
-    at about the same time (L1 hits, not L2 traffic)."""
+    at about the same time (L1 hits, not L2 traffic). ``ASYNC`` (= WBUF, with XLEAD): the
+    words and scales go through rings of WBUF slots in shared memory by ``cp.async`` (each
+    thread its own part), WBUF - 1 groups in flight a warp without their registers."""
     tid = kaio.thread_idx_x()
     warp = tid // 32
     lane = tid % 32
@@ -402,10 +442,15 @@ def decode_columns(
     KW = WARPS // CS  # the warps that split K
     for b in kaio.static_range(WBUF - 1):
         if first + b * KW < groups:
-            load_group(
-                words, xr, sc, b, w, x, scales, first + b * KW, col, g, t, M, ROWS, L2F, XLEAD,
-                WC,
-            )  # fmt: skip
+            if ASYNC > 0:
+                stage_group(ring, sring, b, w, scales, first + b * KW, col, t, tid)
+            else:
+                load_group(
+                    words, xr, sc, b, w, x, scales, first + b * KW, col, g, t, M, ROWS, L2F,
+                    XLEAD, WC,
+                )  # fmt: skip
+        if ASYNC > 0:
+            kaio.cp_async_commit()
     for s in kaio.static_range(XLEAD):
         lead_x(xq, x, first, s, KW, last, g, t, M, ROWS, XLEAD)
     for d in kaio.static_range(WBUF, WBUF * PREFETCH + WBUF):
@@ -420,12 +465,12 @@ def decode_columns(
             if b == 0:  # group < groups in the loop
                 buffer_step(
                     acc, words, xr, sc, xq, b, w, x, scales, group, groups, col, g, t, M, ROWS,
-                    L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC,
+                    L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC, ASYNC, ring, sring, tid,
                 )  # fmt: skip
             elif group + b * KW < groups:
                 buffer_step(
                     acc, words, xr, sc, xq, b, w, x, scales, group, groups, col, g, t, M, ROWS,
-                    L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC,
+                    L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC, ASYNC, ring, sring, tid,
                 )  # fmt: skip
     for m in kaio.static_range((ROWS + 1) // 2):
         if m > 0:
@@ -502,15 +547,21 @@ def int4_decode(
     DEQ: kaio.constexpr, MINB: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
     SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], SPLIT: kaio.constexpr,
     XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr, WC: kaio.constexpr,
+    ASYNC: kaio.constexpr,
 ):  # fmt: skip
     """``out = x @ W`` (``decode_columns``), SPLIT blocks per 32 columns (block ``b``: part
     ``b % SPLIT`` of column block ``b // SPLIT``), or a block per ``CS`` column blocks."""
     decode_bounds(WARPS, ROWS, MINB)
     partial = kaio.shared(f32, (WARPS, 16, COLS))
+    # ASYNC's rings (``ring_bytes`` of dynamic shared memory at launch, none without it):
+    # each thread's words [WBUF, LOADS, threads, 4] (a warp's 16-byte slots adjacent: no bank
+    # conflicts), then its scales [WBUF, threads, 4]
+    ring = kaio.shared_dynamic(u32, (WBUF, LOADS, WARPS * 32, 4), 0)
+    sring = kaio.shared_dynamic(f16, (WBUF, WARPS * 32, 4), WBUF * LOADS * WARPS * 512)
     b = kaio.block_idx_x()
     decode_columns(
         x, w, scales, out, partial, M, N, b // SPLIT, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-        counters, b % SPLIT, SPLIT, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC,
+        counters, b % SPLIT, SPLIT, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC, ring, sring,
     )  # fmt: skip
 
 
@@ -522,30 +573,35 @@ def int4_decode_qkv(
     WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr, PREFETCH: kaio.constexpr,
     DEQ: kaio.constexpr, MINB: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
     SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], XLEAD: kaio.constexpr,
-    WBUF: kaio.constexpr, WC: kaio.constexpr,
+    WBUF: kaio.constexpr, WC: kaio.constexpr, ASYNC: kaio.constexpr,
 ):  # fmt: skip
     """``q, k, v = x @ Wq, x @ Wk, x @ Wv`` in one launch: the blocks of q's columns, then
     k's, then v's (each block exactly a block of ``int4_decode``)."""
     decode_bounds(WARPS, ROWS, MINB)
     partial = kaio.shared(f32, (WARPS, 16, COLS))
+    # ASYNC's rings (``ring_bytes`` of dynamic shared memory at launch, none without it):
+    # each thread's words [WBUF, LOADS, threads, 4] (a warp's 16-byte slots adjacent: no bank
+    # conflicts), then its scales [WBUF, threads, 4]
+    ring = kaio.shared_dynamic(u32, (WBUF, LOADS, WARPS * 32, 4), 0)
+    sring = kaio.shared_dynamic(f16, (WBUF, WARPS * 32, 4), WBUF * LOADS * WARPS * 512)
     bq = (NQ + COLS - 1) // COLS
     bk = (NK + COLS - 1) // COLS
     block = kaio.block_idx_x()
     if block < bq:
         decode_columns(
             x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
-            0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC,
+            0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, ring, sring,
         )  # fmt: skip
     elif block < bq + bk:
         decode_columns(
             x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC,
+            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, ring, sring,
         )  # fmt: skip
     else:
         nv = u32(v.shape[1])
         decode_columns(
             x, wv, sv, v, partial, M, nv, block - bq - bk, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC,
+            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, ring, sring,
         )  # fmt: skip
 
 
@@ -563,6 +619,7 @@ XLEAD = 0  # ROWS <= 2: x's fragments XLEAD loads ahead in a ring (0: with the w
 WBUF = 2  # register buffers of words a warp (groups in flight: WBUF - 1)
 CS = 1  # matmul: 32-column blocks a block (its warps split K CS times less)
 WC = 0  # the words' cache operator: 0 the default, 1 .cg (L2 only, L1 keeps x), 2 .cs
+ASYNC = 0  # 1: the words and scales through WBUF-slot rings in shared memory by cp.async
 TUNED = {
     "PREFETCH": PREFETCH,
     "DEQ": DEQ,
@@ -574,6 +631,7 @@ TUNED = {
     "WBUF": WBUF,
     "CS": CS,
     "WC": WC,
+    "ASYNC": ASYNC,
 }  # the constexprs matmul's tune overrides
 
 
@@ -591,12 +649,19 @@ def _words(w: _arrays.Operand):
     return w.arg(dtype=u32)
 
 
+def ring_bytes(warps: int, tuned: dict) -> int:
+    """The dynamic shared memory of ASYNC's rings: WBUF slots of each thread's 4 16-byte
+    loads of words and its 8 bytes of scales (0 without ASYNC)."""
+    return tuned["ASYNC"] * tuned["WBUF"] * warps * 32 * (LOADS * 16 + 8)
+
+
 def _config(
-    x: _arrays.Operand, columns: int, warps: int = WARPS, split: int = 1, cs: int = 1
+    x: _arrays.Operand, columns: int, warps: int, tuned: dict, split: int = 1, cs: int = 1
 ) -> tuple:
     """The launch configuration for ``columns`` output columns in all, ``warps`` a block,
-    ``split`` blocks per 32 columns, or ``cs`` 32-column blocks a block."""
-    return (-(-columns // (COLS * cs)) * split, warps * 32, _arrays.stream_of(x), 0)
+    ``split`` blocks per 32 columns, or ``cs`` 32-column blocks a block, ``tuned``'s rings."""
+    blocks = -(-columns // (COLS * cs)) * split
+    return (blocks, warps * 32, _arrays.stream_of(x), ring_bytes(warps, tuned))
 
 
 def _tuned(m: int, tune: dict | None = None) -> dict:
@@ -607,6 +672,9 @@ def _tuned(m: int, tune: dict | None = None) -> dict:
     tuned["SWAP"] = min(tuned["SWAP"], 1)
     if _rows(m) > 2:
         tuned["XLEAD"] = 0  # past one m16 tile x is loaded where it is used
+        tuned["ASYNC"] = 0
+    elif tuned["ASYNC"] and not tuned["XLEAD"]:
+        tuned["XLEAD"] = 3  # the rings hold no x: x's fragments 3 loads ahead
     return tuned
 
 
@@ -689,7 +757,7 @@ def matmul(
     if m > 16 or tuned["CS"] > 1:
         split = 1  # a part's sums in ws are one m16 tile of one column block
     out = _arrays.output(x, (m, n), dtype)
-    int4_decode[_config(x, n, warps, split, tuned["CS"])](
+    int4_decode[_config(x, n, warps, tuned, split, tuned["CS"])](
         x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), dtype), m, n,
         WARPS=warps, ROWS=_rows(m), DT=dtype, **tuned, **_split_arrays(x, tiles, split),
         SPLIT=split,
@@ -708,7 +776,7 @@ def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
     warps, planned = plan(m, blocks, _arrays.multiprocessors(x))
     tuned = _tuned(m, planned)
     tuned.pop("CS")  # a block per 32 columns: q's, k's and v's blocks apart
-    int4_decode_qkv[_config(x, blocks * COLS, warps)](
+    int4_decode_qkv[_config(x, blocks * COLS, warps, tuned)](
         x.arg(), *(_words(w) for w, _ in weights), *(s.arg() for _, s in weights),
         *(_arrays.output_arg(x, o, (m, n)) for o, n in zip(outs, widths, strict=True)), m,
         widths[0], widths[1], WARPS=warps, ROWS=_rows(m), DT=f16, **tuned,

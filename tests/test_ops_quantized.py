@@ -195,7 +195,9 @@ def test_int4_decode_warps_in_simulator(m, n, k, warps, poisoned):
 # (XLEAD: past the last group and the last round's partial second buffer, fewer groups than
 # warps), the swapped mma at M = 9-16 (SWAP 2), a byte's two nibbles a pair (DEQ 6, also past
 # 16 rows), blocks of 2 and 4 column blocks (CS: a partial last block; no K split with it),
-# the words' cache operators (WC 1 .cg, 2 .cs); each twice: the arrival counters are back to zero.
+# the words' cache operators (WC 1 .cg, 2 .cs), the words and scales through shared rings by
+# cp.async (ASYNC: more slots than groups a warp, a partial last round, a K split); each twice:
+# the arrival counters are back to zero.
 TUNED_PLANS = [
     (1, 36, 128 * 9, 4, {"PREFETCH": 1, "DEQ": 1, "SWAP": 0}),
     (16, 40, 128 * 7, 4, {"PREFETCH": 2, "PMODE": 2, "SPLIT": 3, "SWAP": 1}),
@@ -206,6 +208,8 @@ TUNED_PLANS = [
     (20, 8, 128 * 2, 8, {"DEQ": 6}),
     (12, 100, 128 * 13, 4, {"CS": 2, "SWAP": 2, "DEQ": 6, "XLEAD": 3}),
     (5, 68, 128 * 7, 8, {"CS": 4, "XLEAD": 1, "SPLIT": 2}),
+    (7, 36, 128 * 11, 4, {"ASYNC": 1, "WBUF": 4, "DEQ": 6}),
+    (16, 40, 128 * 37, 8, {"ASYNC": 1, "WBUF": 3, "SWAP": 2, "DEQ": 6, "SPLIT": 2}),
 ]
 
 
