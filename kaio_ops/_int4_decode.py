@@ -116,30 +116,44 @@ def load_group(
 
 
 @kaio.gpu_func
+def swizzled(t: u32, g: u32) -> u32:
+    """ASYNC: the 16-byte slot, in a warp's 512 bytes of one load, of packed row ``t``'s
+    column chunk ``g`` (row t at 128 t, chunk ``(g + 2 t) % 8``): the 8 lanes of a copy phase
+    (one row) and of a read phase (lanes ``(g, t)``: 2 chunks of 4 rows) hit 8 different
+    bank groups."""
+    return 8 * t + (g + 2 * t) % 8
+
+
+@kaio.gpu_func
 def stage_group(
-    ring: u32[:, :, :, :], sring: f16[:, :, :], SLOT: kaio.constexpr, w: u32[:, :],
-    scales: f16[:, :], group: u32, col: u32, t: u32, tid: u32,
+    ring: u32[:, :, :, :, :], sring: f16[:, :, :], SLOT: kaio.constexpr, w: u32[:, :],
+    scales: f16[:, :], group: u32, col: u32, cb: u32, N: u32, warp: u32, lane: u32, tid: u32,
 ):  # fmt: skip
-    """ASYNC: start the copies of scale group ``group``'s words and scales of this lane (those
-    ``load_group`` loads) into slot SLOT of its own part of the shared rings (ring[SLOT, u,
-    tid], sring[SLOT, tid]): no register holds them while they are in flight, and only this
-    thread reads them back (no barrier)."""
+    """ASYNC: start the copies of scale group ``group``'s words and scales of this warp (those
+    ``load_group`` loads) into slot SLOT of the shared rings: lane ``l`` copies chunk
+    ``l % 8`` of packed row ``4 u + l // 8`` (contiguous lanes, contiguous bytes: whole
+    sectors), at ``swizzled``; each thread its own 8 bytes of scales (sring[SLOT, tid]). No
+    register holds them while they are in flight."""
     kaio.cp_async_ca(sring, (SLOT, tid, 0), scales, (group, col), 8)
+    r = lane // 8
+    c = lane % 8
+    chunk = kaio.select(cb * COLS + 4 * c < N, cb * COLS + 4 * c, 0)
     for u in kaio.static_range(LOADS):
-        row = group * ROWS_PER_GROUP + 4 * u + t
-        kaio.cp_async_cg(ring, (SLOT, u, tid, 0), w, (row, col), 16)
+        row = group * ROWS_PER_GROUP + 4 * u + r
+        kaio.cp_async_cg(ring, (SLOT, u, warp, swizzled(r, c), 0), w, (row, chunk), 16)
 
 
 @kaio.gpu_func
 def read_stage(
-    words: u32[:, :, :], sc: u32[:, :], BUF: kaio.constexpr, ring: u32[:, :, :, :],
-    sring: f16[:, :, :], tid: u32,
+    words: u32[:, :, :], sc: u32[:, :], BUF: kaio.constexpr, ring: u32[:, :, :, :, :],
+    sring: f16[:, :, :], g: u32, t: u32, warp: u32, tid: u32,
 ):  # fmt: skip
-    """ASYNC: buffer BUF's words and scales from slot BUF of this thread's rings (its copies
-    there have landed: ``cp_async_wait``)."""
+    """ASYNC: buffer BUF's words and scales (lane ``(g, t)``'s, as ``load_group`` loads them)
+    from slot BUF of the shared rings (the warp's copies there have landed:
+    ``cp_async_wait``, then ``sync_warp``)."""
     kaio.load_vector(sc[BUF], sring, (BUF, tid, 0))
     for u in kaio.static_range(LOADS):
-        kaio.load_vector(words[BUF, u], ring, (BUF, u, tid, 0))
+        kaio.load_vector(words[BUF, u], ring, (BUF, u, warp, swizzled(t, g), 0))
 
 
 @kaio.gpu_func
@@ -365,26 +379,30 @@ def buffer_step(
     base: u32, groups: u32, col: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
     L2F: kaio.constexpr, XLEAD: kaio.constexpr, DEQ: kaio.constexpr, SWAP: kaio.constexpr,
     WARPS: kaio.constexpr, last: u32, WBUF: kaio.constexpr, WC: kaio.constexpr,
-    ASYNC: kaio.constexpr, ring: u32[:, :, :, :], sring: f16[:, :, :], tid: u32,
+    ASYNC: kaio.constexpr, ring: u32[:, :, :, :, :], sring: f16[:, :, :], cb: u32, N: u32,
+    warp: u32, tid: u32,
 ):  # fmt: skip
     """Buffer B's turn in a round of ``WBUF`` groups from ``base`` (``WARPS`` apart): first
     the loads of the group ``WBUF - 1`` later into the buffer the previous turn freed, then
-    buffer B's products. With ``ASYNC`` the buffers are the slots of the shared rings: the
-    copies of the group ahead are committed (a group of copies every turn, empty or not), the
-    oldest is waited for and slot B read into registers."""
+    buffer B's products. With ``ASYNC`` the buffers are the slots of the shared rings: slot B
+    is waited for and read into registers, then the copies of the group ahead go into the slot
+    the previous turn read, committed (a group of copies every turn, empty or not)."""
     ahead = base + (B + WBUF - 1) * WARPS
-    if ahead < groups:
-        if ASYNC > 0:
-            stage_group(ring, sring, (B + WBUF - 1) % WBUF, w, scales, ahead, col, t, tid)
-        else:
-            load_group(
-                words, xr, sc, (B + WBUF - 1) % WBUF, w, x, scales, ahead, col, g, t, M, ROWS,
-                L2F, XLEAD, WC,
-            )  # fmt: skip
     if ASYNC > 0:
+        kaio.cp_async_wait(WBUF - 2)
+        kaio.sync_warp()  # every lane's copies of slot B landed; slot B - 1 is read
+        read_stage(words, sc, B, ring, sring, g, t, warp, tid)
+        if ahead < groups:
+            stage_group(
+                ring, sring, (B + WBUF - 1) % WBUF, w, scales, ahead, col, cb, N, warp,
+                g * 4 + t, tid,
+            )  # fmt: skip
         kaio.cp_async_commit()
-        kaio.cp_async_wait(WBUF - 1)
-        read_stage(words, sc, B, ring, sring, tid)
+    elif ahead < groups:
+        load_group(
+            words, xr, sc, (B + WBUF - 1) % WBUF, w, x, scales, ahead, col, g, t, M, ROWS, L2F,
+            XLEAD, WC,
+        )  # fmt: skip
     multiply_group(
         acc, words, xr, sc, B, x, base + B * WARPS, g, t, M, ROWS, DEQ, SWAP, xq, base, WARPS,
         last, XLEAD,
@@ -398,7 +416,7 @@ def decode_columns(
     PREFETCH: kaio.constexpr, DEQ: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], part: u32,
     SPLIT: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr, SWAP: kaio.constexpr,
     XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr, WC: kaio.constexpr,
-    ASYNC: kaio.constexpr, ring: u32[:, :, :, :], sring: f16[:, :, :],
+    ASYNC: kaio.constexpr, ring: u32[:, :, :, :, :], sring: f16[:, :, :],
 ):  # fmt: skip
     """With ``CS`` 1, out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W =
     scales * the nibbles of w, see the module docstring), rounded to DT (the output's type), for
@@ -443,7 +461,7 @@ def decode_columns(
     for b in kaio.static_range(WBUF - 1):
         if first + b * KW < groups:
             if ASYNC > 0:
-                stage_group(ring, sring, b, w, scales, first + b * KW, col, t, tid)
+                stage_group(ring, sring, b, w, scales, first + b * KW, col, cb, N, warp, lane, tid)
             else:
                 load_group(
                     words, xr, sc, b, w, x, scales, first + b * KW, col, g, t, M, ROWS, L2F,
@@ -465,12 +483,12 @@ def decode_columns(
             if b == 0:  # group < groups in the loop
                 buffer_step(
                     acc, words, xr, sc, xq, b, w, x, scales, group, groups, col, g, t, M, ROWS,
-                    L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC, ASYNC, ring, sring, tid,
+                    L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC, ASYNC, ring, sring, cb, N, warp, tid,
                 )  # fmt: skip
             elif group + b * KW < groups:
                 buffer_step(
                     acc, words, xr, sc, xq, b, w, x, scales, group, groups, col, g, t, M, ROWS,
-                    L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC, ASYNC, ring, sring, tid,
+                    L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC, ASYNC, ring, sring, cb, N, warp, tid,
                 )  # fmt: skip
     for m in kaio.static_range((ROWS + 1) // 2):
         if m > 0:
@@ -554,9 +572,9 @@ def int4_decode(
     decode_bounds(WARPS, ROWS, MINB)
     partial = kaio.shared(f32, (WARPS, 16, COLS))
     # ASYNC's rings (``ring_bytes`` of dynamic shared memory at launch, none without it):
-    # each thread's words [WBUF, LOADS, threads, 4] (a warp's 16-byte slots adjacent: no bank
-    # conflicts), then its scales [WBUF, threads, 4]
-    ring = kaio.shared_dynamic(u32, (WBUF, LOADS, WARPS * 32, 4), 0)
+    # each warp's words [WBUF, LOADS, WARPS, 32 16-byte chunks] (``swizzled``), then each
+    # thread's scales [WBUF, threads, 4]
+    ring = kaio.shared_dynamic(u32, (WBUF, LOADS, WARPS, 32, 4), 0)
     sring = kaio.shared_dynamic(f16, (WBUF, WARPS * 32, 4), WBUF * LOADS * WARPS * 512)
     b = kaio.block_idx_x()
     decode_columns(
@@ -580,9 +598,9 @@ def int4_decode_qkv(
     decode_bounds(WARPS, ROWS, MINB)
     partial = kaio.shared(f32, (WARPS, 16, COLS))
     # ASYNC's rings (``ring_bytes`` of dynamic shared memory at launch, none without it):
-    # each thread's words [WBUF, LOADS, threads, 4] (a warp's 16-byte slots adjacent: no bank
-    # conflicts), then its scales [WBUF, threads, 4]
-    ring = kaio.shared_dynamic(u32, (WBUF, LOADS, WARPS * 32, 4), 0)
+    # each warp's words [WBUF, LOADS, WARPS, 32 16-byte chunks] (``swizzled``), then each
+    # thread's scales [WBUF, threads, 4]
+    ring = kaio.shared_dynamic(u32, (WBUF, LOADS, WARPS, 32, 4), 0)
     sring = kaio.shared_dynamic(f16, (WBUF, WARPS * 32, 4), WBUF * LOADS * WARPS * 512)
     bq = (NQ + COLS - 1) // COLS
     bk = (NK + COLS - 1) // COLS
