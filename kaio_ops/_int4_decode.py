@@ -125,35 +125,43 @@ def swizzled(t: u32, g: u32) -> u32:
 
 
 @kaio.gpu_func
+def ring_word(slot: u32, u: u32, warp: u32, chunk: u32, WARPS: kaio.constexpr) -> u32:
+    """ASYNC: the u32 index in the words' ring of 16-byte ``chunk`` of load ``u`` of
+    ``warp``'s slot ``slot`` (ring [WBUF, LOADS, WARPS, 32 chunks])."""
+    return ((slot * LOADS + u) * WARPS + warp) * 128 + 4 * chunk
+
+
+@kaio.gpu_func
 def stage_group(
-    ring: u32[:, :, :, :, :], sring: f16[:, :, :], SLOT: kaio.constexpr, w: u32[:, :],
-    scales: f16[:, :], group: u32, col: u32, cb: u32, N: u32, warp: u32, lane: u32, tid: u32,
+    ring: u32[:], sring: f16[:], SLOT: kaio.constexpr, w: u32[:, :], scales: f16[:, :],
+    group: u32, col: u32, cb: u32, N: u32, warp: u32, lane: u32, tid: u32, WARPS: kaio.constexpr,
 ):  # fmt: skip
     """ASYNC: start the copies of scale group ``group``'s words and scales of this warp (those
     ``load_group`` loads) into slot SLOT of the shared rings: lane ``l`` copies chunk
     ``l % 8`` of packed row ``4 u + l // 8`` (contiguous lanes, contiguous bytes: whole
-    sectors), at ``swizzled``; each thread its own 8 bytes of scales (sring[SLOT, tid]). No
-    register holds them while they are in flight."""
-    kaio.cp_async_ca(sring, (SLOT, tid, 0), scales, (group, col), 8)
+    sectors), at ``swizzled``; each thread its own 8 bytes of scales. No register holds them
+    while they are in flight."""
+    kaio.cp_async_ca(sring, (4 * (SLOT * WARPS * 32 + tid),), scales, (group, col), 8)
     r = lane // 8
     c = lane % 8
     chunk = kaio.select(cb * COLS + 4 * c < N, cb * COLS + 4 * c, 0)
     for u in kaio.static_range(LOADS):
         row = group * ROWS_PER_GROUP + 4 * u + r
-        kaio.cp_async_cg(ring, (SLOT, u, warp, swizzled(r, c), 0), w, (row, chunk), 16)
+        at = ring_word(SLOT, u, warp, swizzled(r, c), WARPS)
+        kaio.cp_async_cg(ring, (at,), w, (row, chunk), 16)
 
 
 @kaio.gpu_func
 def read_stage(
-    words: u32[:, :, :], sc: u32[:, :], BUF: kaio.constexpr, ring: u32[:, :, :, :, :],
-    sring: f16[:, :, :], g: u32, t: u32, warp: u32, tid: u32,
+    words: u32[:, :, :], sc: u32[:, :], BUF: kaio.constexpr, ring: u32[:], sring: f16[:],
+    g: u32, t: u32, warp: u32, tid: u32, WARPS: kaio.constexpr,
 ):  # fmt: skip
     """ASYNC: buffer BUF's words and scales (lane ``(g, t)``'s, as ``load_group`` loads them)
     from slot BUF of the shared rings (the warp's copies there have landed:
     ``cp_async_wait``, then ``sync_warp``)."""
-    kaio.load_vector(sc[BUF], sring, (BUF, tid, 0))
+    kaio.load_vector(sc[BUF], sring, (4 * (BUF * WARPS * 32 + tid),))
     for u in kaio.static_range(LOADS):
-        kaio.load_vector(words[BUF, u], ring, (BUF, u, warp, swizzled(t, g), 0))
+        kaio.load_vector(words[BUF, u], ring, (ring_word(BUF, u, warp, swizzled(t, g), WARPS),))
 
 
 @kaio.gpu_func
@@ -379,8 +387,8 @@ def buffer_step(
     base: u32, groups: u32, col: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
     L2F: kaio.constexpr, XLEAD: kaio.constexpr, DEQ: kaio.constexpr, SWAP: kaio.constexpr,
     WARPS: kaio.constexpr, last: u32, WBUF: kaio.constexpr, WC: kaio.constexpr,
-    ASYNC: kaio.constexpr, ring: u32[:, :, :, :, :], sring: f16[:, :, :], cb: u32, N: u32,
-    warp: u32, tid: u32,
+    ASYNC: kaio.constexpr, ring: u32[:], sring: f16[:], cb: u32, N: u32, warp: u32, tid: u32,
+    BW: kaio.constexpr,
 ):  # fmt: skip
     """Buffer B's turn in a round of ``WBUF`` groups from ``base`` (``WARPS`` apart): first
     the loads of the group ``WBUF - 1`` later into the buffer the previous turn freed, then
@@ -391,11 +399,11 @@ def buffer_step(
     if ASYNC > 0:
         kaio.cp_async_wait(WBUF - 2)
         kaio.sync_warp()  # every lane's copies of slot B landed; slot B - 1 is read
-        read_stage(words, sc, B, ring, sring, g, t, warp, tid)
+        read_stage(words, sc, B, ring, sring, g, t, warp, tid, BW)
         if ahead < groups:
             stage_group(
                 ring, sring, (B + WBUF - 1) % WBUF, w, scales, ahead, col, cb, N, warp,
-                g * 4 + t, tid,
+                g * 4 + t, tid, BW,
             )  # fmt: skip
         kaio.cp_async_commit()
     elif ahead < groups:
@@ -416,7 +424,7 @@ def decode_columns(
     PREFETCH: kaio.constexpr, DEQ: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], part: u32,
     SPLIT: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr, SWAP: kaio.constexpr,
     XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr, WC: kaio.constexpr,
-    ASYNC: kaio.constexpr, ring: u32[:, :, :, :, :], sring: f16[:, :, :],
+    ASYNC: kaio.constexpr, ring: u32[:], sring: f16[:], DSM: kaio.constexpr,
 ):  # fmt: skip
     """With ``CS`` 1, out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W =
     scales * the nibbles of w, see the module docstring), rounded to DT (the output's type), for
@@ -428,12 +436,14 @@ def decode_columns(
     its registers (``prefetch_group``). ``SPLIT`` > 1 (M <= 16): this block takes part
     ``part`` of SPLIT equal runs of K's groups and leaves its sums in ``ws[part, block]``;
     the last of the SPLIT blocks to finish (``counters[block]``, back to 0 after) adds the
-    parts in order into ``out``. ``CS`` > 1 (SPLIT 1): the block's warps take CS column
-    blocks from ``CS block``, warp w column block ``CS block + w % CS`` and the groups
-    ``w // CS``, ``w // CS + WARPS // CS``, ...: the warps of one such run load the same x
-    at about the same time (L1 hits, not L2 traffic). ``ASYNC`` (= WBUF, with XLEAD): the
-    words and scales go through rings of WBUF slots in shared memory by ``cp.async`` (each
-    thread its own part), WBUF - 1 groups in flight a warp without their registers."""
+    parts in order into ``out``; with ``DSM`` the parts are a cluster and add their sums
+    through distributed shared memory (``add_cluster_parts``). ``CS`` > 1 (SPLIT 1): the
+    block's warps take CS column blocks from ``CS block``, warp w column block
+    ``CS block + w % CS`` and the groups ``w // CS``, ``w // CS + WARPS // CS``, ...: the
+    warps of one such run load the same x at about the same time (L1 hits, not L2 traffic).
+    ``ASYNC`` (= WBUF, with XLEAD): the words and scales go through rings of WBUF slots in
+    shared memory by ``cp.async`` (coalesced copies by the warp), WBUF - 1 groups in flight a
+    warp without their registers."""
     tid = kaio.thread_idx_x()
     warp = tid // 32
     lane = tid % 32
@@ -461,7 +471,9 @@ def decode_columns(
     for b in kaio.static_range(WBUF - 1):
         if first + b * KW < groups:
             if ASYNC > 0:
-                stage_group(ring, sring, b, w, scales, first + b * KW, col, cb, N, warp, lane, tid)
+                stage_group(
+                    ring, sring, b, w, scales, first + b * KW, col, cb, N, warp, lane, tid, WARPS
+                )
             else:
                 load_group(
                     words, xr, sc, b, w, x, scales, first + b * KW, col, g, t, M, ROWS, L2F,
@@ -484,11 +496,13 @@ def decode_columns(
                 buffer_step(
                     acc, words, xr, sc, xq, b, w, x, scales, group, groups, col, g, t, M, ROWS,
                     L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC, ASYNC, ring, sring, cb, N, warp, tid,
+                    WARPS,
                 )  # fmt: skip
             elif group + b * KW < groups:
                 buffer_step(
                     acc, words, xr, sc, xq, b, w, x, scales, group, groups, col, g, t, M, ROWS,
                     L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC, ASYNC, ring, sring, cb, N, warp, tid,
+                    WARPS,
                 )  # fmt: skip
     for m in kaio.static_range((ROWS + 1) // 2):
         if m > 0:
@@ -515,12 +529,16 @@ def decode_columns(
             total = partial[cs, r, o % COLS]
             for s in kaio.static_range(1, KW):
                 total += partial[s * CS + cs, r, o % COLS]
-            if SPLIT > 1:
+            if SPLIT > 1 and DSM > 0:
+                partial[0, r, o % COLS] = total  # this thread's elements only: no race
+            elif SPLIT > 1:
                 if r < M:
                     ws[part, block, o] = total
             elif 16 * m + r < M and c < N:
                 out[16 * m + r, c] = DT(total)
-    if SPLIT > 1:
+    if SPLIT > 1 and DSM > 0:
+        add_cluster_parts(out, partial, M, N, block, part, SPLIT, WARPS, DT, tid)
+    elif SPLIT > 1:
         # the last block of this column block adds the parts (fence, then count: the parts
         # of every block counted are visible to the one that counts last)
         kaio.threadfence()
@@ -545,6 +563,28 @@ def decode_columns(
 
 
 @kaio.gpu_func
+def add_cluster_parts(
+    out: DT[:, :], partial: f32[:, :, :], M: u32, N: u32, block: u32, part: u32,
+    SPLIT: kaio.constexpr, WARPS: kaio.constexpr, DT: kaio.constexpr, tid: u32,
+):  # fmt: skip
+    """DSM: the SPLIT parts of column block ``block`` are the blocks of one cluster, each with
+    its sums in partial[0]; block ``part`` adds, in part order, every part's sums of the
+    elements ``o`` with ``o % SPLIT == part`` (distributed shared memory, no global
+    round trip) into ``out``."""
+    kaio.cluster_sync()  # every part's sums are in its shared memory
+    for k in kaio.static_range(16 * COLS // (WARPS * 32)):
+        o = tid + k * WARPS * 32
+        r = o // COLS
+        c = block * COLS + o % COLS
+        if o % SPLIT == part and r < M and c < N:
+            total = kaio.cluster_load(partial, (0, r, o % COLS), 0)
+            for p in kaio.static_range(1, SPLIT):
+                total += kaio.cluster_load(partial, (0, r, o % COLS), p)
+            out[r, c] = DT(total)
+    kaio.cluster_sync()  # no block leaves while another reads its shared memory
+
+
+@kaio.gpu_func
 def decode_bounds(WARPS: kaio.constexpr, ROWS: kaio.constexpr, MINB: kaio.constexpr):
     """The decode kernels' launch bounds: blocks of ``WARPS`` warps, ``MINB`` blocks a
     multiprocessor when given, else one block an SM past 2 rows a warp (ptxas may spill to
@@ -565,21 +605,26 @@ def int4_decode(
     DEQ: kaio.constexpr, MINB: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
     SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], SPLIT: kaio.constexpr,
     XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr, WC: kaio.constexpr,
-    ASYNC: kaio.constexpr,
+    ASYNC: kaio.constexpr, DSM: kaio.constexpr,
 ):  # fmt: skip
     """``out = x @ W`` (``decode_columns``), SPLIT blocks per 32 columns (block ``b``: part
-    ``b % SPLIT`` of column block ``b // SPLIT``), or a block per ``CS`` column blocks."""
+    ``b % SPLIT`` of column block ``b // SPLIT``; with ``DSM`` a cluster), or a block per
+    ``CS`` column blocks."""
     decode_bounds(WARPS, ROWS, MINB)
+    if DSM > 0 and SPLIT > 1:
+        kaio.cluster_dims(SPLIT)
     partial = kaio.shared(f32, (WARPS, 16, COLS))
-    # ASYNC's rings (``ring_bytes`` of dynamic shared memory at launch, none without it):
-    # each warp's words [WBUF, LOADS, WARPS, 32 16-byte chunks] (``swizzled``), then each
-    # thread's scales [WBUF, threads, 4]
-    ring = kaio.shared_dynamic(u32, (WBUF, LOADS, WARPS, 32, 4), 0)
-    sring = kaio.shared_dynamic(f16, (WBUF, WARPS * 32, 4), WBUF * LOADS * WARPS * 512)
+    # ASYNC's rings (``ring_bytes`` of dynamic shared memory at launch): the words
+    # (``ring_word``), then each thread's scales [WBUF, threads, 4]; 16 bytes each without it
+    RING_WORDS = ASYNC * WBUF * LOADS * WARPS * 128 + 4 - 4 * ASYNC
+    SRING_HALVES = ASYNC * WBUF * WARPS * 128 + 8 - 8 * ASYNC
+    ring = kaio.shared_dynamic(u32, (RING_WORDS,), 0)
+    sring = kaio.shared_dynamic(f16, (SRING_HALVES,), 4 * RING_WORDS)
     b = kaio.block_idx_x()
     decode_columns(
         x, w, scales, out, partial, M, N, b // SPLIT, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
         counters, b % SPLIT, SPLIT, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC, ring, sring,
+        DSM,
     )  # fmt: skip
 
 
@@ -597,29 +642,30 @@ def int4_decode_qkv(
     k's, then v's (each block exactly a block of ``int4_decode``)."""
     decode_bounds(WARPS, ROWS, MINB)
     partial = kaio.shared(f32, (WARPS, 16, COLS))
-    # ASYNC's rings (``ring_bytes`` of dynamic shared memory at launch, none without it):
-    # each warp's words [WBUF, LOADS, WARPS, 32 16-byte chunks] (``swizzled``), then each
-    # thread's scales [WBUF, threads, 4]
-    ring = kaio.shared_dynamic(u32, (WBUF, LOADS, WARPS, 32, 4), 0)
-    sring = kaio.shared_dynamic(f16, (WBUF, WARPS * 32, 4), WBUF * LOADS * WARPS * 512)
+    # ASYNC's rings (``ring_bytes`` of dynamic shared memory at launch): the words
+    # (``ring_word``), then each thread's scales [WBUF, threads, 4]; 16 bytes each without it
+    RING_WORDS = ASYNC * WBUF * LOADS * WARPS * 128 + 4 - 4 * ASYNC
+    SRING_HALVES = ASYNC * WBUF * WARPS * 128 + 8 - 8 * ASYNC
+    ring = kaio.shared_dynamic(u32, (RING_WORDS,), 0)
+    sring = kaio.shared_dynamic(f16, (SRING_HALVES,), 4 * RING_WORDS)
     bq = (NQ + COLS - 1) // COLS
     bk = (NK + COLS - 1) // COLS
     block = kaio.block_idx_x()
     if block < bq:
         decode_columns(
             x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
-            0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, ring, sring,
+            0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, ring, sring, 0,
         )  # fmt: skip
     elif block < bq + bk:
         decode_columns(
             x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, ring, sring,
+            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, ring, sring, 0,
         )  # fmt: skip
     else:
         nv = u32(v.shape[1])
         decode_columns(
             x, wv, sv, v, partial, M, nv, block - bq - bk, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, ring, sring,
+            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, ring, sring, 0,
         )  # fmt: skip
 
 
@@ -638,6 +684,7 @@ WBUF = 2  # register buffers of words a warp (groups in flight: WBUF - 1)
 CS = 1  # matmul: 32-column blocks a block (its warps split K CS times less)
 WC = 0  # the words' cache operator: 0 the default, 1 .cg (L2 only, L1 keeps x), 2 .cs
 ASYNC = 0  # 1: the words and scales through WBUF-slot rings in shared memory by cp.async
+DSM = 0  # 1: a K split's parts are a cluster, their sums added through distributed shared memory
 TUNED = {
     "PREFETCH": PREFETCH,
     "DEQ": DEQ,
@@ -650,6 +697,7 @@ TUNED = {
     "CS": CS,
     "WC": WC,
     "ASYNC": ASYNC,
+    "DSM": DSM,
 }  # the constexprs matmul's tune overrides
 
 
@@ -669,8 +717,10 @@ def _words(w: _arrays.Operand):
 
 def ring_bytes(warps: int, tuned: dict) -> int:
     """The dynamic shared memory of ASYNC's rings: WBUF slots of each thread's 4 16-byte
-    loads of words and its 8 bytes of scales (0 without ASYNC)."""
-    return tuned["ASYNC"] * tuned["WBUF"] * warps * 32 * (LOADS * 16 + 8)
+    loads of words and its 8 bytes of scales (2 x 16 bytes without ASYNC)."""
+    if not tuned["ASYNC"]:
+        return 32
+    return tuned["WBUF"] * warps * 32 * (LOADS * 16 + 8)
 
 
 def _config(
@@ -777,8 +827,8 @@ def matmul(
     out = _arrays.output(x, (m, n), dtype)
     int4_decode[_config(x, n, warps, tuned, split, tuned["CS"])](
         x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), dtype), m, n,
-        WARPS=warps, ROWS=_rows(m), DT=dtype, **tuned, **_split_arrays(x, tiles, split),
-        SPLIT=split,
+        WARPS=warps, ROWS=_rows(m), DT=dtype, **tuned,
+        **_split_arrays(x, tiles, 1 if tuned["DSM"] else split), SPLIT=split,
     )  # fmt: skip
     return out
 
@@ -793,7 +843,8 @@ def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
     blocks = sum(-(-n // COLS) for n in widths)
     warps, planned = plan(m, blocks, _arrays.multiprocessors(x))
     tuned = _tuned(m, planned)
-    tuned.pop("CS")  # a block per 32 columns: q's, k's and v's blocks apart
+    tuned.pop("CS")  # a block per 32 columns: q's, k's and v's blocks apart (no K split)
+    tuned.pop("DSM")
     int4_decode_qkv[_config(x, blocks * COLS, warps, tuned)](
         x.arg(), *(_words(w) for w, _ in weights), *(s.arg() for _, s in weights),
         *(_arrays.output_arg(x, o, (m, n)) for o, n in zip(outs, widths, strict=True)), m,
@@ -831,6 +882,7 @@ def specializations() -> list:
                 tuned["SPLIT"] = SPLIT
             else:
                 tuned.pop("CS")
+                tuned.pop("DSM")
             consts = {"WARPS": warps, "ROWS": _rows(m), "DT": dt, **tuned}
             if consts not in seen:
                 seen.append(consts)
