@@ -45,13 +45,20 @@ the tensor cores' rate, so the kernel is built around the weight stream:
   once, the weight of the op's contract. The mask and the xor are one ``lop3`` (``DEQ`` 5:
   a shift, a lop3, a subtraction and a product a pair of weights, 4 instructions, not 5).
 
+- ``ASYNC``: the words and scales go global -> shared by ``cp.async`` into rings of WBUF
+  slots (``stage_group``: a warp's lanes copy contiguous 16-byte chunks, whole sectors;
+  ``swizzled`` in shared memory so copies and reads hit 8 bank groups), and each turn reads
+  its slot back (``read_stage``) after ``cp_async_wait`` and ``sync_warp``: no register
+  holds a group in flight, 60-78 registers instead of 93-124 (x then comes 3 loads ahead).
+
 ``plan`` picks the warps a block and these knobs by M and the tiles an SM (measured on an
 H100). The other knobs of ``TUNED`` (an L2 prefetch of later groups, the words' L2 fetch
 size, a dequantization by one lop3 a pair and an exact fma for the pairs at bit 4 (DEQ 1,
 the same bits), launch bounds, a K split over blocks, three register buffers of words
 (``WBUF``), blocks of several 32-column blocks whose warps share x through L1 (``CS``),
-the words loaded ``.cg`` so that L1 keeps x (``WC``); DEQ 2-4 are ablations with wrong
-results) were measured slower or equal and stay off; the benchmark sets them
+the words loaded ``.cg`` so that L1 keeps x (``WC``), a K split whose parts are a cluster
+adding their sums through distributed shared memory (``DSM``); DEQ 2-4 are ablations with
+wrong results) were measured slower or equal and stay off; the benchmark sets them
 (``bench/int4_decode.py --variants``, ``--plan-tunes``).
 
 Needs N % 4 == 0 and K % 128 == 0, x 16-byte aligned, the words 16-byte and the scales
@@ -759,6 +766,9 @@ def _split_arrays(x: _arrays.Operand, tiles: int, split: int) -> dict:
 
 
 SWAPPED_16 = {"SWAP": 2, "DEQ": 6}  # M = 9-16: the swapped mma, a byte's nibbles a pair
+# M <= 8 past two tiles an SM: a byte's nibbles a pair, the words through the shared rings
+# (60-62 registers), x 3 loads ahead
+RINGS_8 = {"DEQ": 6, "XLEAD": 3, "ASYNC": 1, "WBUF": 2}
 
 
 def plan(m: int, tiles: int, sms: int) -> tuple[int, dict]:
@@ -768,10 +778,11 @@ def plan(m: int, tiles: int, sms: int) -> tuple[int, dict]:
 
     At M <= 8 (the swapped mma): blocks of 16 warps while every tile has an SM of its own
     (N <= 4224 on 132 SMs: 16 warps an SM instead of 8, half the groups a warp); blocks
-    of 8 while the tiles fit two 8-warp blocks an SM; past ten tiles an SM (N > 42240)
-    blocks of 4 with DEQ 6 and x's fragments 3 loads ahead (93 registers); blocks of 4
-    between (N = 10240 and 28672: 2.4 and 6.8 tiles an SM, where blocks of 8 leave a short
-    last wave). At M = 9-16 the swapped mma and DEQ 6 (x's halves as they are loaded: no
+    of 8 while the tiles fit two 8-warp blocks an SM; past that ``RINGS_8`` (DEQ 6, the
+    words through shared rings by cp.async, x 3 loads ahead: 60-62 registers), in blocks of
+    8 up to four tiles an SM (N = 10240), of 4 past it (N = 28672), of 4 taking two column
+    blocks each past ten (``CS`` 2, N > 42240; ``qkv`` takes CS 1) ("W4A16 decode, M <= 16,
+    fifth pass"). At M = 9-16 the swapped mma and DEQ 6 (x's halves as they are loaded: no
     prmt for x, two n8 tiles of x a k-step), blocks of 8, x with the words while every tile
     has an SM (149 registers), x 3 loads ahead (124 registers: 16 warps an SM) up to two
     tiles an SM and past ten; between, main's blocks of 4 (no swap) up to four tiles an SM
@@ -782,9 +793,11 @@ def plan(m: int, tiles: int, sms: int) -> tuple[int, dict]:
     if m <= 8:
         if tiles <= sms:
             return 16, {}
-        if tiles > 10 * sms:
-            return 4, {"DEQ": 6, "XLEAD": 3}
-        return (8 if tiles <= 2 * sms else 4), {}
+        if tiles <= 2 * sms:
+            return 8, {}
+        if tiles <= 4 * sms:
+            return 8, dict(RINGS_8)
+        return 4, {**RINGS_8, "CS": 2 if tiles > 10 * sms else 1}
     if tiles <= sms:
         return 8, dict(SWAPPED_16)
     if tiles <= 2 * sms or tiles > 10 * sms:

@@ -229,7 +229,8 @@ def test_int4_decode_tuned_in_simulator(m, n, k, warps, tune, poisoned):
 
 def test_int4_decode_warps_route():
     """plan: at M <= 8 blocks of 16 warps while each tile has an SM, 8 while the tiles fit
-    two a SM, 4 with DEQ 6 and x 3 loads ahead past ten a SM, else 4; at M = 9-16 the
+    two a SM, then the shared rings with DEQ 6 and x 3 loads ahead in blocks of 8 up to
+    four tiles a SM, of 4 past it, of 4 taking two column blocks past ten; at M = 9-16 the
     swapped mma with DEQ 6 in blocks of 8 (x with the words while each tile has an SM, else
     3 loads ahead) up to two tiles a SM and past ten, main's blocks of 4 up to four, then
     swapped blocks of 4 taking two column blocks each (the H100 measurements of
@@ -238,11 +239,11 @@ def test_int4_decode_warps_route():
     plan = _int4_decode.plan
     swapped, lead = {"SWAP": 2, "DEQ": 6}, {"SWAP": 2, "DEQ": 6, "XLEAD": 3}
     ns = (4096, 4224, 4256, 8448, 8480, 10240, 28672, 42240, 42272, 57344)
-    wide = [(4, {"DEQ": 6, "XLEAD": 3})] * 2
+    rings = {"DEQ": 6, "XLEAD": 3, "ASYNC": 1, "WBUF": 2}
     assert [plan(1, n // 32, 132) for n in ns] == [(16, {})] * 2 + [(8, {})] * 2 + [
-        (4, {})
-    ] * 4 + wide
-    assert [plan(8, n // 32, 132)[0] for n in (4096, 6144, 10240, 57344)] == [16, 8, 4, 4]
+        (8, rings)
+    ] * 2 + [(4, {**rings, "CS": 1})] * 2 + [(4, {**rings, "CS": 2})] * 2
+    assert [plan(8, n // 32, 132)[0] for n in (4096, 6144, 10240, 57344)] == [16, 8, 8, 4]
     got = [plan(16, n // 32, 132) for n in (4096, 6144, 8448, 10240, 16896, 16928, 28672)]
     pairs = {**lead, "CS": 2}
     assert got == [(8, swapped), (8, lead), (8, lead), (4, {}), (4, {}), (4, pairs), (4, pairs)]
@@ -250,7 +251,7 @@ def test_int4_decode_warps_route():
     assert plan(32, 4096, 132) == (_int4_decode.WARPS, {})
     assert _int4_decode.warps_for(9, 320, 132) == 4
     listed = [c for k, c in _int4_decode.specializations() if k is _int4_decode.int4_decode]
-    for m, n in [(1, 4096), (1, 57344), (16, 4096), (16, 8192), (16, 10240), (16, 28672)]:
+    for m, n in [(1, 4096), (1, 10240), (1, 28672), (1, 57344), (16, 4096), (16, 28672)]:
         warps, tune = plan(m, n // 32, 132)
         want = {"WARPS": warps, "ROWS": _int4_decode._rows(m), **_int4_decode._tuned(m, tune)}
         assert any(want.items() <= c.items() for c in listed), (m, n)
