@@ -56,9 +56,8 @@ H100). The other knobs of ``TUNED`` (an L2 prefetch of later groups, the words' 
 size, a dequantization by one lop3 a pair and an exact fma for the pairs at bit 4 (DEQ 1,
 the same bits), launch bounds, a K split over blocks, three register buffers of words
 (``WBUF``), blocks of several 32-column blocks whose warps share x through L1 (``CS``),
-the words loaded ``.cg`` so that L1 keeps x (``WC``), a K split whose parts are a cluster
-adding their sums through distributed shared memory (``DSM``); DEQ 2-4 are ablations with
-wrong results) were measured slower or equal and stay off; the benchmark sets them
+the words loaded ``.cg`` so that L1 keeps x (``WC``); DEQ 2-4 are ablations with wrong
+results) were measured slower or equal and stay off; the benchmark sets them
 (``bench/int4_decode.py --variants``, ``--plan-tunes``).
 
 Needs N % 4 == 0 and K % 128 == 0, x 16-byte aligned, the words 16-byte and the scales
@@ -395,22 +394,23 @@ def buffer_step(
     L2F: kaio.constexpr, XLEAD: kaio.constexpr, DEQ: kaio.constexpr, SWAP: kaio.constexpr,
     WARPS: kaio.constexpr, last: u32, WBUF: kaio.constexpr, WC: kaio.constexpr,
     ASYNC: kaio.constexpr, ring: u32[:], sring: f16[:], cb: u32, N: u32, warp: u32, tid: u32,
-    BW: kaio.constexpr,
+    BLOCK_WARPS: kaio.constexpr,
 ):  # fmt: skip
     """Buffer B's turn in a round of ``WBUF`` groups from ``base`` (``WARPS`` apart): first
     the loads of the group ``WBUF - 1`` later into the buffer the previous turn freed, then
     buffer B's products. With ``ASYNC`` the buffers are the slots of the shared rings: slot B
     is waited for and read into registers, then the copies of the group ahead go into the slot
-    the previous turn read, committed (a group of copies every turn, empty or not)."""
+    the previous turn read, committed (a group of copies every turn, empty or not);
+    ``BLOCK_WARPS`` (the block's, of which ``WARPS`` split K) lays the rings out."""
     ahead = base + (B + WBUF - 1) * WARPS
     if ASYNC > 0:
         kaio.cp_async_wait(WBUF - 2)
         kaio.sync_warp()  # every lane's copies of slot B landed; slot B - 1 is read
-        read_stage(words, sc, B, ring, sring, g, t, warp, tid, BW)
+        read_stage(words, sc, B, ring, sring, g, t, warp, tid, BLOCK_WARPS)
         if ahead < groups:
             stage_group(
                 ring, sring, (B + WBUF - 1) % WBUF, w, scales, ahead, col, cb, N, warp,
-                g * 4 + t, tid, BW,
+                g * 4 + t, tid, BLOCK_WARPS,
             )  # fmt: skip
         kaio.cp_async_commit()
     elif ahead < groups:
@@ -431,7 +431,7 @@ def decode_columns(
     PREFETCH: kaio.constexpr, DEQ: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], part: u32,
     SPLIT: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr, SWAP: kaio.constexpr,
     XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr, WC: kaio.constexpr,
-    ASYNC: kaio.constexpr, ring: u32[:], sring: f16[:], DSM: kaio.constexpr,
+    ASYNC: kaio.constexpr, ring: u32[:], sring: f16[:],
 ):  # fmt: skip
     """With ``CS`` 1, out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W =
     scales * the nibbles of w, see the module docstring), rounded to DT (the output's type), for
@@ -443,8 +443,7 @@ def decode_columns(
     its registers (``prefetch_group``). ``SPLIT`` > 1 (M <= 16): this block takes part
     ``part`` of SPLIT equal runs of K's groups and leaves its sums in ``ws[part, block]``;
     the last of the SPLIT blocks to finish (``counters[block]``, back to 0 after) adds the
-    parts in order into ``out``; with ``DSM`` the parts are a cluster and add their sums
-    through distributed shared memory (``add_cluster_parts``). ``CS`` > 1 (SPLIT 1): the
+    parts in order into ``out``. ``CS`` > 1 (SPLIT 1): the
     block's warps take CS column blocks from ``CS block``, warp w column block
     ``CS block + w % CS`` and the groups ``w // CS``, ``w // CS + WARPS // CS``, ...: the
     warps of one such run load the same x at about the same time (L1 hits, not L2 traffic).
@@ -536,16 +535,12 @@ def decode_columns(
             total = partial[cs, r, o % COLS]
             for s in kaio.static_range(1, KW):
                 total += partial[s * CS + cs, r, o % COLS]
-            if SPLIT > 1 and DSM > 0:
-                partial[0, r, o % COLS] = total  # this thread's elements only: no race
-            elif SPLIT > 1:
+            if SPLIT > 1:
                 if r < M:
                     ws[part, block, o] = total
             elif 16 * m + r < M and c < N:
                 out[16 * m + r, c] = DT(total)
-    if SPLIT > 1 and DSM > 0:
-        add_cluster_parts(out, partial, M, N, block, part, SPLIT, WARPS, DT, tid)
-    elif SPLIT > 1:
+    if SPLIT > 1:
         # the last block of this column block adds the parts (fence, then count: the parts
         # of every block counted are visible to the one that counts last)
         kaio.threadfence()
@@ -570,28 +565,6 @@ def decode_columns(
 
 
 @kaio.gpu_func
-def add_cluster_parts(
-    out: DT[:, :], partial: f32[:, :, :], M: u32, N: u32, block: u32, part: u32,
-    SPLIT: kaio.constexpr, WARPS: kaio.constexpr, DT: kaio.constexpr, tid: u32,
-):  # fmt: skip
-    """DSM: the SPLIT parts of column block ``block`` are the blocks of one cluster, each with
-    its sums in partial[0]; block ``part`` adds, in part order, every part's sums of the
-    elements ``o`` with ``o % SPLIT == part`` (distributed shared memory, no global
-    round trip) into ``out``."""
-    kaio.cluster_sync()  # every part's sums are in its shared memory
-    for k in kaio.static_range(16 * COLS // (WARPS * 32)):
-        o = tid + k * WARPS * 32
-        r = o // COLS
-        c = block * COLS + o % COLS
-        if o % SPLIT == part and r < M and c < N:
-            total = kaio.cluster_load(partial, (0, r, o % COLS), 0)
-            for p in kaio.static_range(1, SPLIT):
-                total += kaio.cluster_load(partial, (0, r, o % COLS), p)
-            out[r, c] = DT(total)
-    kaio.cluster_sync()  # no block leaves while another reads its shared memory
-
-
-@kaio.gpu_func
 def decode_bounds(WARPS: kaio.constexpr, ROWS: kaio.constexpr, MINB: kaio.constexpr):
     """The decode kernels' launch bounds: blocks of ``WARPS`` warps, ``MINB`` blocks a
     multiprocessor when given, else one block an SM past 2 rows a warp (ptxas may spill to
@@ -612,14 +585,11 @@ def int4_decode(
     DEQ: kaio.constexpr, MINB: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
     SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], SPLIT: kaio.constexpr,
     XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr, WC: kaio.constexpr,
-    ASYNC: kaio.constexpr, DSM: kaio.constexpr,
+    ASYNC: kaio.constexpr,
 ):  # fmt: skip
     """``out = x @ W`` (``decode_columns``), SPLIT blocks per 32 columns (block ``b``: part
-    ``b % SPLIT`` of column block ``b // SPLIT``; with ``DSM`` a cluster), or a block per
-    ``CS`` column blocks."""
+    ``b % SPLIT`` of column block ``b // SPLIT``), or a block per ``CS`` column blocks."""
     decode_bounds(WARPS, ROWS, MINB)
-    if DSM > 0 and SPLIT > 1:
-        kaio.cluster_dims(SPLIT)
     partial = kaio.shared(f32, (WARPS, 16, COLS))
     # ASYNC's rings (``ring_bytes`` of dynamic shared memory at launch): the words
     # (``ring_word``), then each thread's scales [WBUF, threads, 4]; 16 bytes each without it
@@ -631,7 +601,6 @@ def int4_decode(
     decode_columns(
         x, w, scales, out, partial, M, N, b // SPLIT, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
         counters, b % SPLIT, SPLIT, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC, ring, sring,
-        DSM,
     )  # fmt: skip
 
 
@@ -661,18 +630,18 @@ def int4_decode_qkv(
     if block < bq:
         decode_columns(
             x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
-            0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, ring, sring, 0,
+            0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, ring, sring,
         )  # fmt: skip
     elif block < bq + bk:
         decode_columns(
             x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, ring, sring, 0,
+            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, ring, sring,
         )  # fmt: skip
     else:
         nv = u32(v.shape[1])
         decode_columns(
             x, wv, sv, v, partial, M, nv, block - bq - bk, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, ring, sring, 0,
+            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, ring, sring,
         )  # fmt: skip
 
 
@@ -691,7 +660,6 @@ WBUF = 2  # register buffers of words a warp (groups in flight: WBUF - 1)
 CS = 1  # matmul: 32-column blocks a block (its warps split K CS times less)
 WC = 0  # the words' cache operator: 0 the default, 1 .cg (L2 only, L1 keeps x), 2 .cs
 ASYNC = 0  # 1: the words and scales through WBUF-slot rings in shared memory by cp.async
-DSM = 0  # 1: a K split's parts are a cluster, their sums added through distributed shared memory
 TUNED = {
     "PREFETCH": PREFETCH,
     "DEQ": DEQ,
@@ -704,7 +672,6 @@ TUNED = {
     "CS": CS,
     "WC": WC,
     "ASYNC": ASYNC,
-    "DSM": DSM,
 }  # the constexprs matmul's tune overrides
 
 
@@ -841,7 +808,7 @@ def matmul(
     int4_decode[_config(x, n, warps, tuned, split, tuned["CS"])](
         x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), dtype), m, n,
         WARPS=warps, ROWS=_rows(m), DT=dtype, **tuned,
-        **_split_arrays(x, tiles, 1 if tuned["DSM"] else split), SPLIT=split,
+        **_split_arrays(x, tiles, split), SPLIT=split,
     )  # fmt: skip
     return out
 
@@ -857,7 +824,6 @@ def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
     warps, planned = plan(m, blocks, _arrays.multiprocessors(x))
     tuned = _tuned(m, planned)
     tuned.pop("CS")  # a block per 32 columns: q's, k's and v's blocks apart (no K split)
-    tuned.pop("DSM")
     int4_decode_qkv[_config(x, blocks * COLS, warps, tuned)](
         x.arg(), *(_words(w) for w, _ in weights), *(s.arg() for _, s in weights),
         *(_arrays.output_arg(x, o, (m, n)) for o, n in zip(outs, widths, strict=True)), m,
@@ -895,7 +861,6 @@ def specializations() -> list:
                 tuned["SPLIT"] = SPLIT
             else:
                 tuned.pop("CS")
-                tuned.pop("DSM")
             consts = {"WARPS": warps, "ROWS": _rows(m), "DT": dt, **tuned}
             if consts not in seen:
                 seen.append(consts)

@@ -227,6 +227,25 @@ def test_int4_decode_tuned_in_simulator(m, n, k, warps, tune, poisoned):
     np.testing.assert_array_equal(c, again)
 
 
+@pytest.mark.parametrize("m, n, k", [(5, 96, 128 * 7), (8, 288, 128 * 5), (3, 356, 128 * 9)])
+def test_int4_decode_ring_plans_in_simulator(m, n, k, monkeypatch, poisoned):
+    """matmul_int4 and qkv_project_int4 as routed on one SM, so that these widths take
+    ``plan``'s branches with the shared rings (blocks of 8 at 3 tiles, of 4 at 9, of 4 with
+    CS 2 past ten: 12 tiles, the last one partial; qkv's three widths one of them): every
+    element against float64 products."""
+    monkeypatch.setattr(_arrays, "multiprocessors", lambda like: 1)
+    assert _int4_decode.plan(m, -(-n // 32), 1)[1]["ASYNC"] == 1
+    a, packed, scales, w = int4_case(m, n, k, np.random.default_rng(n))
+    narrow = [np.ascontiguousarray(v[:, :4]) for v in (packed, scales, w)]
+    ref = a.astype(np.float64) @ w.astype(np.float64)
+    with kaio.simulate():
+        c = kaio_ops.matmul_int4(a, packed, scales)
+        qkv = kaio_ops.qkv_project_int4(a, packed, narrow[0], narrow[0], scales, *narrow[1:2] * 2)
+    np.testing.assert_allclose(c, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    for out, weights in zip(qkv, (w, narrow[2], narrow[2]), strict=True):
+        check_f16_product(out, a, weights)
+
+
 def test_int4_decode_warps_route():
     """plan: at M <= 8 blocks of 16 warps while each tile has an SM, 8 while the tiles fit
     two a SM, then the shared rings with DEQ 6 and x 3 loads ahead in blocks of 8 up to
