@@ -49,7 +49,8 @@ the tensor cores' rate, so the kernel is built around the weight stream:
   slots (``stage_group``: a warp's lanes copy contiguous 16-byte chunks, whole sectors;
   ``swizzled`` in shared memory so copies and reads hit 8 bank groups), and each turn reads
   its slot back (``read_stage``) after ``cp_async_wait`` and ``sync_warp``: no register
-  holds a group in flight, 60-78 registers instead of 93-124 (x then comes 3 loads ahead).
+  holds a group in flight (72-76 registers at M <= 8 instead of 96-110; x then comes 3
+  loads ahead).
 
 ``plan`` picks the warps a block and these knobs by M and the tiles an SM (measured on an
 H100). The other knobs of ``TUNED`` (an L2 prefetch of later groups, the words' L2 fetch
@@ -443,13 +444,12 @@ def decode_columns(
     its registers (``prefetch_group``). ``SPLIT`` > 1 (M <= 16): this block takes part
     ``part`` of SPLIT equal runs of K's groups and leaves its sums in ``ws[part, block]``;
     the last of the SPLIT blocks to finish (``counters[block]``, back to 0 after) adds the
-    parts in order into ``out``. ``CS`` > 1 (SPLIT 1): the
-    block's warps take CS column blocks from ``CS block``, warp w column block
-    ``CS block + w % CS`` and the groups ``w // CS``, ``w // CS + WARPS // CS``, ...: the
-    warps of one such run load the same x at about the same time (L1 hits, not L2 traffic).
-    ``ASYNC`` (= WBUF, with XLEAD): the words and scales go through rings of WBUF slots in
-    shared memory by ``cp.async`` (coalesced copies by the warp), WBUF - 1 groups in flight a
-    warp without their registers."""
+    parts in order into ``out``. ``CS`` > 1 (SPLIT 1): the block's warps take CS column
+    blocks from ``CS block``, warp w column block ``CS block + w % CS`` and the groups
+    ``w // CS``, ``w // CS + WARPS // CS``, ...: the warps of one such run load the same x
+    at about the same time (L1 hits, not L2 traffic). ``ASYNC`` (with XLEAD): the words and
+    scales go through rings of WBUF slots in shared memory (``ring``, ``sring``) by
+    ``cp.async``, WBUF - 1 groups in flight a warp without their registers."""
     tid = kaio.thread_idx_x()
     warp = tid // 32
     lane = tid % 32
@@ -734,7 +734,7 @@ def _split_arrays(x: _arrays.Operand, tiles: int, split: int) -> dict:
 
 SWAPPED_16 = {"SWAP": 2, "DEQ": 6}  # M = 9-16: the swapped mma, a byte's nibbles a pair
 # M <= 8 past two tiles an SM: a byte's nibbles a pair, the words through the shared rings
-# (60-62 registers), x 3 loads ahead
+# (72-76 registers), x 3 loads ahead
 RINGS_8 = {"DEQ": 6, "XLEAD": 3, "ASYNC": 1, "WBUF": 2}
 
 
@@ -746,7 +746,7 @@ def plan(m: int, tiles: int, sms: int) -> tuple[int, dict]:
     At M <= 8 (the swapped mma): blocks of 16 warps while every tile has an SM of its own
     (N <= 4224 on 132 SMs: 16 warps an SM instead of 8, half the groups a warp); blocks
     of 8 while the tiles fit two 8-warp blocks an SM; past that ``RINGS_8`` (DEQ 6, the
-    words through shared rings by cp.async, x 3 loads ahead: 60-62 registers), in blocks of
+    words through shared rings by cp.async, x 3 loads ahead: 72-76 registers), in blocks of
     8 up to four tiles an SM (N = 10240), of 4 past it (N = 28672), of 4 taking two column
     blocks each past ten (``CS`` 2, N > 42240; ``qkv`` takes CS 1) ("W4A16 decode, M <= 16,
     fifth pass"). At M = 9-16 the swapped mma and DEQ 6 (x's halves as they are loaded: no
@@ -823,7 +823,7 @@ def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
     blocks = sum(-(-n // COLS) for n in widths)
     warps, planned = plan(m, blocks, _arrays.multiprocessors(x))
     tuned = _tuned(m, planned)
-    tuned.pop("CS")  # a block per 32 columns: q's, k's and v's blocks apart (no K split)
+    tuned.pop("CS")  # a block per 32 columns: q's, k's and v's blocks apart
     int4_decode_qkv[_config(x, blocks * COLS, warps, tuned)](
         x.arg(), *(_words(w) for w, _ in weights), *(s.arg() for _, s in weights),
         *(_arrays.output_arg(x, o, (m, n)) for o, n in zip(outs, widths, strict=True)), m,
