@@ -748,13 +748,13 @@ def plan(m: int, tiles: int, sms: int) -> tuple[int, dict]:
     of 8 while the tiles fit two 8-warp blocks an SM; past that ``RINGS_8`` (DEQ 6, the
     words through shared rings by cp.async, x 3 loads ahead: 72-76 registers), in blocks of
     8 up to four tiles an SM (N = 10240), of 4 past it (N = 28672), of 4 taking two column
-    blocks each past ten (``CS`` 2, N > 42240; ``qkv`` takes CS 1) ("W4A16 decode, M <= 16,
-    fifth pass"). At M = 9-16 the swapped mma and DEQ 6 (x's halves as they are loaded: no
-    prmt for x, two n8 tiles of x a k-step), blocks of 8, x with the words while every tile
-    has an SM (149 registers), x 3 loads ahead (124 registers: 16 warps an SM) up to two
-    tiles an SM and past ten; between, main's blocks of 4 (no swap) up to four tiles an SM
-    (N = 10240), else blocks of 4 swapped with x 3 loads ahead, each block two column
-    blocks (``CS`` 2, N = 28672; ``qkv`` takes CS 1)."""
+    blocks each past ten (``CS`` 2, N > 42240; ``qkv`` keeps main's blocks of 4 there)
+    ("W4A16 decode, M <= 16, fifth pass"). At M = 9-16 the swapped mma and DEQ 6 (x's
+    halves as they are loaded: no prmt for x, two n8 tiles of x a k-step), blocks of 8, x
+    with the words while every tile has an SM (149 registers), x 3 loads ahead (124
+    registers: 16 warps an SM) up to two tiles an SM and past ten; between, main's blocks
+    of 4 (no swap) up to four tiles an SM (N = 10240), else blocks of 4 swapped with x 3
+    loads ahead, each block two column blocks (``CS`` 2, N = 28672; ``qkv`` takes CS 1)."""
     if m > 16:
         return WARPS, {}
     if m <= 8:
@@ -816,12 +816,15 @@ def matmul(
 def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
     """``(q, k, v)``, each ``f16(x @ W)`` for the three ``(words, scales)`` pairs of
     ``weights`` (see ``fits``): one launch, the blocks of q's columns, then k's, then v's,
-    ``plan`` over the three widths' blocks."""
+    ``plan`` over the three widths' blocks (without ``RINGS_8``: blocks of 4 there)."""
     m = x.shape[0]
     widths = [w.shape[1] for w, _ in weights]
     outs = [_arrays.output(x, (m, n), f16) for n in widths]
     blocks = sum(-(-n // COLS) for n in widths)
-    warps, planned = plan(m, blocks, _arrays.multiprocessors(x))
+    sms = _arrays.multiprocessors(x)
+    warps, planned = plan(m, blocks, sms)
+    if planned.get("ASYNC"):  # the rings measured no faster here (70B widths, H100): main's
+        warps, planned = 4, ({"DEQ": 6, "XLEAD": 3} if blocks > 10 * sms else {})
     tuned = _tuned(m, planned)
     tuned.pop("CS")  # a block per 32 columns: q's, k's and v's blocks apart
     int4_decode_qkv[_config(x, blocks * COLS, warps, tuned)](
@@ -859,6 +862,8 @@ def specializations() -> list:
             tuned = _tuned(m, tune)
             if kernel is int4_decode:
                 tuned["SPLIT"] = SPLIT
+            elif tuned["ASYNC"]:
+                continue  # qkv keeps main's blocks of 4 where plan takes the rings
             else:
                 tuned.pop("CS")
             consts = {"WARPS": warps, "ROWS": _rows(m), "DT": dt, **tuned}

@@ -231,8 +231,8 @@ def test_int4_decode_tuned_in_simulator(m, n, k, warps, tune, poisoned):
 def test_int4_decode_ring_plans_in_simulator(m, n, k, monkeypatch, poisoned):
     """matmul_int4 and qkv_project_int4 as routed on one SM, so that these widths take
     ``plan``'s branches with the shared rings (blocks of 8 at 3 tiles, of 4 at 9, of 4 with
-    CS 2 past ten: 12 tiles, the last one partial; qkv's three widths one of them): every
-    element against float64 products."""
+    CS 2 past ten: 12 tiles, the last one partial; qkv_project_int4, which keeps main's
+    blocks of 4 there, at the same widths): every element against float64 products."""
     monkeypatch.setattr(_arrays, "multiprocessors", lambda like: 1)
     assert _int4_decode.plan(m, -(-n // 32), 1)[1]["ASYNC"] == 1
     a, packed, scales, w = int4_case(m, n, k, np.random.default_rng(n))
