@@ -45,6 +45,13 @@ the tensor cores' rate, so the kernel is built around the weight stream:
   once, the weight of the op's contract. The mask and the xor are one ``lop3`` (``DEQ`` 5:
   a shift, a lop3, a subtraction and a product a pair of weights, 4 instructions, not 5).
 
+- ``ASYNC``: the words and scales go global -> shared by ``cp.async`` into rings of WBUF
+  slots (``stage_group``: a warp's lanes copy contiguous 16-byte chunks, whole sectors;
+  ``swizzled`` in shared memory so copies and reads hit 8 bank groups), and each turn reads
+  its slot back (``read_stage``) after ``cp_async_wait`` and ``sync_warp``: no register
+  holds a group in flight (72-76 registers at M <= 8 instead of 96-110; x then comes 3
+  loads ahead).
+
 ``plan`` picks the warps a block and these knobs by M and the tiles an SM (measured on an
 H100). The other knobs of ``TUNED`` (an L2 prefetch of later groups, the words' L2 fetch
 size, a dequantization by one lop3 a pair and an exact fma for the pairs at bit 4 (DEQ 1,
@@ -113,6 +120,55 @@ def load_group(
         if ROWS <= 2 and XLEAD == 0:
             for r in kaio.static_range(ROWS):
                 kaio.load_vector(xr[BUF, u, r], x, (kaio.min(g + 8 * r, M - 1), 8 * row))
+
+
+@kaio.gpu_func
+def swizzled(t: u32, g: u32) -> u32:
+    """ASYNC: the 16-byte slot, in a warp's 512 bytes of one load, of packed row ``t``'s
+    column chunk ``g`` (row t at 128 t, chunk ``(g + 2 t) % 8``): the 8 lanes of a copy phase
+    (one row) and of a read phase (lanes ``(g, t)``: 2 chunks of 4 rows) hit 8 different
+    bank groups."""
+    return 8 * t + (g + 2 * t) % 8
+
+
+@kaio.gpu_func
+def ring_word(slot: u32, u: u32, warp: u32, chunk: u32, WARPS: kaio.constexpr) -> u32:
+    """ASYNC: the u32 index in the words' ring of 16-byte ``chunk`` of load ``u`` of
+    ``warp``'s slot ``slot`` (ring [WBUF, LOADS, WARPS, 32 chunks])."""
+    return ((slot * LOADS + u) * WARPS + warp) * 128 + 4 * chunk
+
+
+@kaio.gpu_func
+def stage_group(
+    ring: u32[:], sring: f16[:], SLOT: kaio.constexpr, w: u32[:, :], scales: f16[:, :],
+    group: u32, col: u32, cb: u32, N: u32, warp: u32, lane: u32, tid: u32, WARPS: kaio.constexpr,
+):  # fmt: skip
+    """ASYNC: start the copies of scale group ``group``'s words and scales of this warp (those
+    ``load_group`` loads) into slot SLOT of the shared rings: lane ``l`` copies chunk
+    ``l % 8`` of packed row ``4 u + l // 8`` (contiguous lanes, contiguous bytes: whole
+    sectors), at ``swizzled``; each thread its own 8 bytes of scales. No register holds them
+    while they are in flight."""
+    kaio.cp_async_ca(sring, (4 * (SLOT * WARPS * 32 + tid),), scales, (group, col), 8)
+    r = lane // 8
+    c = lane % 8
+    chunk = kaio.select(cb * COLS + 4 * c < N, cb * COLS + 4 * c, 0)
+    for u in kaio.static_range(LOADS):
+        row = group * ROWS_PER_GROUP + 4 * u + r
+        at = ring_word(SLOT, u, warp, swizzled(r, c), WARPS)
+        kaio.cp_async_cg(ring, (at,), w, (row, chunk), 16)
+
+
+@kaio.gpu_func
+def read_stage(
+    words: u32[:, :, :], sc: u32[:, :], BUF: kaio.constexpr, ring: u32[:], sring: f16[:],
+    g: u32, t: u32, warp: u32, tid: u32, WARPS: kaio.constexpr,
+):  # fmt: skip
+    """ASYNC: buffer BUF's words and scales (lane ``(g, t)``'s, as ``load_group`` loads them)
+    from slot BUF of the shared rings (the warp's copies there have landed:
+    ``cp_async_wait``, then ``sync_warp``)."""
+    kaio.load_vector(sc[BUF], sring, (4 * (BUF * WARPS * 32 + tid),))
+    for u in kaio.static_range(LOADS):
+        kaio.load_vector(words[BUF, u], ring, (ring_word(BUF, u, warp, swizzled(t, g), WARPS),))
 
 
 @kaio.gpu_func
@@ -338,12 +394,27 @@ def buffer_step(
     base: u32, groups: u32, col: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
     L2F: kaio.constexpr, XLEAD: kaio.constexpr, DEQ: kaio.constexpr, SWAP: kaio.constexpr,
     WARPS: kaio.constexpr, last: u32, WBUF: kaio.constexpr, WC: kaio.constexpr,
+    ASYNC: kaio.constexpr, ring: u32[:], sring: f16[:], cb: u32, N: u32, warp: u32, tid: u32,
+    BLOCK_WARPS: kaio.constexpr,
 ):  # fmt: skip
     """Buffer B's turn in a round of ``WBUF`` groups from ``base`` (``WARPS`` apart): first
     the loads of the group ``WBUF - 1`` later into the buffer the previous turn freed, then
-    buffer B's products."""
+    buffer B's products. With ``ASYNC`` the buffers are the slots of the shared rings: slot B
+    is waited for and read into registers, then the copies of the group ahead go into the slot
+    the previous turn read, committed (a group of copies every turn, empty or not);
+    ``BLOCK_WARPS`` (the block's, of which ``WARPS`` split K) lays the rings out."""
     ahead = base + (B + WBUF - 1) * WARPS
-    if ahead < groups:
+    if ASYNC > 0:
+        kaio.cp_async_wait(WBUF - 2)
+        kaio.sync_warp()  # every lane's copies of slot B landed; slot B - 1 is read
+        read_stage(words, sc, B, ring, sring, g, t, warp, tid, BLOCK_WARPS)
+        if ahead < groups:
+            stage_group(
+                ring, sring, (B + WBUF - 1) % WBUF, w, scales, ahead, col, cb, N, warp,
+                g * 4 + t, tid, BLOCK_WARPS,
+            )  # fmt: skip
+        kaio.cp_async_commit()
+    elif ahead < groups:
         load_group(
             words, xr, sc, (B + WBUF - 1) % WBUF, w, x, scales, ahead, col, g, t, M, ROWS, L2F,
             XLEAD, WC,
@@ -361,6 +432,7 @@ def decode_columns(
     PREFETCH: kaio.constexpr, DEQ: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], part: u32,
     SPLIT: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr, SWAP: kaio.constexpr,
     XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr, WC: kaio.constexpr,
+    ASYNC: kaio.constexpr, ring: u32[:], sring: f16[:],
 ):  # fmt: skip
     """With ``CS`` 1, out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W =
     scales * the nibbles of w, see the module docstring), rounded to DT (the output's type), for
@@ -375,7 +447,9 @@ def decode_columns(
     parts in order into ``out``. ``CS`` > 1 (SPLIT 1): the block's warps take CS column
     blocks from ``CS block``, warp w column block ``CS block + w % CS`` and the groups
     ``w // CS``, ``w // CS + WARPS // CS``, ...: the warps of one such run load the same x
-    at about the same time (L1 hits, not L2 traffic)."""
+    at about the same time (L1 hits, not L2 traffic). ``ASYNC`` (with XLEAD): the words and
+    scales go through rings of WBUF slots in shared memory (``ring``, ``sring``) by
+    ``cp.async``, WBUF - 1 groups in flight a warp without their registers."""
     tid = kaio.thread_idx_x()
     warp = tid // 32
     lane = tid % 32
@@ -402,10 +476,17 @@ def decode_columns(
     KW = WARPS // CS  # the warps that split K
     for b in kaio.static_range(WBUF - 1):
         if first + b * KW < groups:
-            load_group(
-                words, xr, sc, b, w, x, scales, first + b * KW, col, g, t, M, ROWS, L2F, XLEAD,
-                WC,
-            )  # fmt: skip
+            if ASYNC > 0:
+                stage_group(
+                    ring, sring, b, w, scales, first + b * KW, col, cb, N, warp, lane, tid, WARPS
+                )
+            else:
+                load_group(
+                    words, xr, sc, b, w, x, scales, first + b * KW, col, g, t, M, ROWS, L2F,
+                    XLEAD, WC,
+                )  # fmt: skip
+        if ASYNC > 0:
+            kaio.cp_async_commit()
     for s in kaio.static_range(XLEAD):
         lead_x(xq, x, first, s, KW, last, g, t, M, ROWS, XLEAD)
     for d in kaio.static_range(WBUF, WBUF * PREFETCH + WBUF):
@@ -420,12 +501,14 @@ def decode_columns(
             if b == 0:  # group < groups in the loop
                 buffer_step(
                     acc, words, xr, sc, xq, b, w, x, scales, group, groups, col, g, t, M, ROWS,
-                    L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC,
+                    L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC, ASYNC, ring, sring, cb, N, warp, tid,
+                    WARPS,
                 )  # fmt: skip
             elif group + b * KW < groups:
                 buffer_step(
                     acc, words, xr, sc, xq, b, w, x, scales, group, groups, col, g, t, M, ROWS,
-                    L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC,
+                    L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC, ASYNC, ring, sring, cb, N, warp, tid,
+                    WARPS,
                 )  # fmt: skip
     for m in kaio.static_range((ROWS + 1) // 2):
         if m > 0:
@@ -502,15 +585,22 @@ def int4_decode(
     DEQ: kaio.constexpr, MINB: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
     SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], SPLIT: kaio.constexpr,
     XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr, WC: kaio.constexpr,
+    ASYNC: kaio.constexpr,
 ):  # fmt: skip
     """``out = x @ W`` (``decode_columns``), SPLIT blocks per 32 columns (block ``b``: part
     ``b % SPLIT`` of column block ``b // SPLIT``), or a block per ``CS`` column blocks."""
     decode_bounds(WARPS, ROWS, MINB)
     partial = kaio.shared(f32, (WARPS, 16, COLS))
+    # ASYNC's rings (``ring_bytes`` of dynamic shared memory at launch): the words
+    # (``ring_word``), then each thread's scales [WBUF, threads, 4]; 16 bytes each without it
+    RING_WORDS = ASYNC * WBUF * LOADS * WARPS * 128 + 4 - 4 * ASYNC
+    SRING_HALVES = ASYNC * WBUF * WARPS * 128 + 8 - 8 * ASYNC
+    ring = kaio.shared_dynamic(u32, (RING_WORDS,), 0)
+    sring = kaio.shared_dynamic(f16, (SRING_HALVES,), 4 * RING_WORDS)
     b = kaio.block_idx_x()
     decode_columns(
         x, w, scales, out, partial, M, N, b // SPLIT, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-        counters, b % SPLIT, SPLIT, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC,
+        counters, b % SPLIT, SPLIT, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC, ring, sring,
     )  # fmt: skip
 
 
@@ -522,30 +612,36 @@ def int4_decode_qkv(
     WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr, PREFETCH: kaio.constexpr,
     DEQ: kaio.constexpr, MINB: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
     SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], XLEAD: kaio.constexpr,
-    WBUF: kaio.constexpr, WC: kaio.constexpr,
+    WBUF: kaio.constexpr, WC: kaio.constexpr, ASYNC: kaio.constexpr,
 ):  # fmt: skip
     """``q, k, v = x @ Wq, x @ Wk, x @ Wv`` in one launch: the blocks of q's columns, then
     k's, then v's (each block exactly a block of ``int4_decode``)."""
     decode_bounds(WARPS, ROWS, MINB)
     partial = kaio.shared(f32, (WARPS, 16, COLS))
+    # ASYNC's rings (``ring_bytes`` of dynamic shared memory at launch): the words
+    # (``ring_word``), then each thread's scales [WBUF, threads, 4]; 16 bytes each without it
+    RING_WORDS = ASYNC * WBUF * LOADS * WARPS * 128 + 4 - 4 * ASYNC
+    SRING_HALVES = ASYNC * WBUF * WARPS * 128 + 8 - 8 * ASYNC
+    ring = kaio.shared_dynamic(u32, (RING_WORDS,), 0)
+    sring = kaio.shared_dynamic(f16, (SRING_HALVES,), 4 * RING_WORDS)
     bq = (NQ + COLS - 1) // COLS
     bk = (NK + COLS - 1) // COLS
     block = kaio.block_idx_x()
     if block < bq:
         decode_columns(
             x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
-            0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC,
+            0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, ring, sring,
         )  # fmt: skip
     elif block < bq + bk:
         decode_columns(
             x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC,
+            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, ring, sring,
         )  # fmt: skip
     else:
         nv = u32(v.shape[1])
         decode_columns(
             x, wv, sv, v, partial, M, nv, block - bq - bk, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC,
+            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, ring, sring,
         )  # fmt: skip
 
 
@@ -563,6 +659,7 @@ XLEAD = 0  # ROWS <= 2: x's fragments XLEAD loads ahead in a ring (0: with the w
 WBUF = 2  # register buffers of words a warp (groups in flight: WBUF - 1)
 CS = 1  # matmul: 32-column blocks a block (its warps split K CS times less)
 WC = 0  # the words' cache operator: 0 the default, 1 .cg (L2 only, L1 keeps x), 2 .cs
+ASYNC = 0  # 1: the words and scales through WBUF-slot rings in shared memory by cp.async
 TUNED = {
     "PREFETCH": PREFETCH,
     "DEQ": DEQ,
@@ -574,6 +671,7 @@ TUNED = {
     "WBUF": WBUF,
     "CS": CS,
     "WC": WC,
+    "ASYNC": ASYNC,
 }  # the constexprs matmul's tune overrides
 
 
@@ -591,12 +689,21 @@ def _words(w: _arrays.Operand):
     return w.arg(dtype=u32)
 
 
+def ring_bytes(warps: int, tuned: dict) -> int:
+    """The dynamic shared memory of ASYNC's rings: WBUF slots of each thread's 4 16-byte
+    loads of words and its 8 bytes of scales (2 x 16 bytes without ASYNC)."""
+    if not tuned["ASYNC"]:
+        return 32
+    return tuned["WBUF"] * warps * 32 * (LOADS * 16 + 8)
+
+
 def _config(
-    x: _arrays.Operand, columns: int, warps: int = WARPS, split: int = 1, cs: int = 1
+    x: _arrays.Operand, columns: int, warps: int, tuned: dict, split: int = 1, cs: int = 1
 ) -> tuple:
     """The launch configuration for ``columns`` output columns in all, ``warps`` a block,
-    ``split`` blocks per 32 columns, or ``cs`` 32-column blocks a block."""
-    return (-(-columns // (COLS * cs)) * split, warps * 32, _arrays.stream_of(x), 0)
+    ``split`` blocks per 32 columns, or ``cs`` 32-column blocks a block, ``tuned``'s rings."""
+    blocks = -(-columns // (COLS * cs)) * split
+    return (blocks, warps * 32, _arrays.stream_of(x), ring_bytes(warps, tuned))
 
 
 def _tuned(m: int, tune: dict | None = None) -> dict:
@@ -607,6 +714,9 @@ def _tuned(m: int, tune: dict | None = None) -> dict:
     tuned["SWAP"] = min(tuned["SWAP"], 1)
     if _rows(m) > 2:
         tuned["XLEAD"] = 0  # past one m16 tile x is loaded where it is used
+        tuned["ASYNC"] = 0
+    elif tuned["ASYNC"] and not tuned["XLEAD"]:
+        tuned["XLEAD"] = 3  # the rings hold no x: x's fragments 3 loads ahead
     return tuned
 
 
@@ -623,6 +733,9 @@ def _split_arrays(x: _arrays.Operand, tiles: int, split: int) -> dict:
 
 
 SWAPPED_16 = {"SWAP": 2, "DEQ": 6}  # M = 9-16: the swapped mma, a byte's nibbles a pair
+# M <= 8 past two tiles an SM: a byte's nibbles a pair, the words through the shared rings
+# (72-76 registers), x 3 loads ahead
+RINGS_8 = {"DEQ": 6, "XLEAD": 3, "ASYNC": 1, "WBUF": 2}
 
 
 def plan(m: int, tiles: int, sms: int) -> tuple[int, dict]:
@@ -632,23 +745,26 @@ def plan(m: int, tiles: int, sms: int) -> tuple[int, dict]:
 
     At M <= 8 (the swapped mma): blocks of 16 warps while every tile has an SM of its own
     (N <= 4224 on 132 SMs: 16 warps an SM instead of 8, half the groups a warp); blocks
-    of 8 while the tiles fit two 8-warp blocks an SM; past ten tiles an SM (N > 42240)
-    blocks of 4 with DEQ 6 and x's fragments 3 loads ahead (93 registers); blocks of 4
-    between (N = 10240 and 28672: 2.4 and 6.8 tiles an SM, where blocks of 8 leave a short
-    last wave). At M = 9-16 the swapped mma and DEQ 6 (x's halves as they are loaded: no
-    prmt for x, two n8 tiles of x a k-step), blocks of 8, x with the words while every tile
-    has an SM (149 registers), x 3 loads ahead (124 registers: 16 warps an SM) up to two
-    tiles an SM and past ten; between, main's blocks of 4 (no swap) up to four tiles an SM
-    (N = 10240), else blocks of 4 swapped with x 3 loads ahead, each block two column
-    blocks (``CS`` 2, N = 28672; ``qkv`` takes CS 1)."""
+    of 8 while the tiles fit two 8-warp blocks an SM; past that ``RINGS_8`` (DEQ 6, the
+    words through shared rings by cp.async, x 3 loads ahead: 72-76 registers), in blocks of
+    8 up to four tiles an SM (N = 10240), of 4 past it (N = 28672), of 4 taking two column
+    blocks each past ten (``CS`` 2, N > 42240; ``qkv`` keeps main's blocks of 4 there)
+    ("W4A16 decode, M <= 16, fifth pass"). At M = 9-16 the swapped mma and DEQ 6 (x's
+    halves as they are loaded: no prmt for x, two n8 tiles of x a k-step), blocks of 8, x
+    with the words while every tile has an SM (149 registers), x 3 loads ahead (124
+    registers: 16 warps an SM) up to two tiles an SM and past ten; between, main's blocks
+    of 4 (no swap) up to four tiles an SM (N = 10240), else blocks of 4 swapped with x 3
+    loads ahead, each block two column blocks (``CS`` 2, N = 28672; ``qkv`` takes CS 1)."""
     if m > 16:
         return WARPS, {}
     if m <= 8:
         if tiles <= sms:
             return 16, {}
-        if tiles > 10 * sms:
-            return 4, {"DEQ": 6, "XLEAD": 3}
-        return (8 if tiles <= 2 * sms else 4), {}
+        if tiles <= 2 * sms:
+            return 8, {}
+        if tiles <= 4 * sms:
+            return 8, dict(RINGS_8)
+        return 4, {**RINGS_8, "CS": 2 if tiles > 10 * sms else 1}
     if tiles <= sms:
         return 8, dict(SWAPPED_16)
     if tiles <= 2 * sms or tiles > 10 * sms:
@@ -689,10 +805,10 @@ def matmul(
     if m > 16 or tuned["CS"] > 1:
         split = 1  # a part's sums in ws are one m16 tile of one column block
     out = _arrays.output(x, (m, n), dtype)
-    int4_decode[_config(x, n, warps, split, tuned["CS"])](
+    int4_decode[_config(x, n, warps, tuned, split, tuned["CS"])](
         x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), dtype), m, n,
-        WARPS=warps, ROWS=_rows(m), DT=dtype, **tuned, **_split_arrays(x, tiles, split),
-        SPLIT=split,
+        WARPS=warps, ROWS=_rows(m), DT=dtype, **tuned,
+        **_split_arrays(x, tiles, split), SPLIT=split,
     )  # fmt: skip
     return out
 
@@ -700,15 +816,18 @@ def matmul(
 def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
     """``(q, k, v)``, each ``f16(x @ W)`` for the three ``(words, scales)`` pairs of
     ``weights`` (see ``fits``): one launch, the blocks of q's columns, then k's, then v's,
-    ``plan`` over the three widths' blocks."""
+    ``plan`` over the three widths' blocks (without ``RINGS_8``: blocks of 4 there)."""
     m = x.shape[0]
     widths = [w.shape[1] for w, _ in weights]
     outs = [_arrays.output(x, (m, n), f16) for n in widths]
     blocks = sum(-(-n // COLS) for n in widths)
-    warps, planned = plan(m, blocks, _arrays.multiprocessors(x))
+    sms = _arrays.multiprocessors(x)
+    warps, planned = plan(m, blocks, sms)
+    if planned.get("ASYNC"):  # the rings measured no faster here (70B widths, H100): main's
+        warps, planned = 4, ({"DEQ": 6, "XLEAD": 3} if blocks > 10 * sms else {})
     tuned = _tuned(m, planned)
     tuned.pop("CS")  # a block per 32 columns: q's, k's and v's blocks apart
-    int4_decode_qkv[_config(x, blocks * COLS, warps)](
+    int4_decode_qkv[_config(x, blocks * COLS, warps, tuned)](
         x.arg(), *(_words(w) for w, _ in weights), *(s.arg() for _, s in weights),
         *(_arrays.output_arg(x, o, (m, n)) for o, n in zip(outs, widths, strict=True)), m,
         widths[0], widths[1], WARPS=warps, ROWS=_rows(m), DT=f16, **tuned,
@@ -743,6 +862,8 @@ def specializations() -> list:
             tuned = _tuned(m, tune)
             if kernel is int4_decode:
                 tuned["SPLIT"] = SPLIT
+            elif tuned["ASYNC"]:
+                continue  # qkv keeps main's blocks of 4 where plan takes the rings
             else:
                 tuned.pop("CS")
             consts = {"WARPS": warps, "ROWS": _rows(m), "DT": dt, **tuned}

@@ -195,7 +195,9 @@ def test_int4_decode_warps_in_simulator(m, n, k, warps, poisoned):
 # (XLEAD: past the last group and the last round's partial second buffer, fewer groups than
 # warps), the swapped mma at M = 9-16 (SWAP 2), a byte's two nibbles a pair (DEQ 6, also past
 # 16 rows), blocks of 2 and 4 column blocks (CS: a partial last block; no K split with it),
-# the words' cache operators (WC 1 .cg, 2 .cs); each twice: the arrival counters are back to zero.
+# the words' cache operators (WC 1 .cg, 2 .cs), the words and scales through shared rings by
+# cp.async (ASYNC: more slots than groups a warp, a partial last round, a K split); each twice:
+# the arrival counters are back to zero.
 TUNED_PLANS = [
     (1, 36, 128 * 9, 4, {"PREFETCH": 1, "DEQ": 1, "SWAP": 0}),
     (16, 40, 128 * 7, 4, {"PREFETCH": 2, "PMODE": 2, "SPLIT": 3, "SWAP": 1}),
@@ -206,6 +208,8 @@ TUNED_PLANS = [
     (20, 8, 128 * 2, 8, {"DEQ": 6}),
     (12, 100, 128 * 13, 4, {"CS": 2, "SWAP": 2, "DEQ": 6, "XLEAD": 3}),
     (5, 68, 128 * 7, 8, {"CS": 4, "XLEAD": 1, "SPLIT": 2}),
+    (7, 36, 128 * 11, 4, {"ASYNC": 1, "WBUF": 4, "DEQ": 6}),
+    (16, 40, 128 * 37, 8, {"ASYNC": 1, "WBUF": 3, "SWAP": 2, "DEQ": 6, "SPLIT": 2}),
 ]
 
 
@@ -223,9 +227,29 @@ def test_int4_decode_tuned_in_simulator(m, n, k, warps, tune, poisoned):
     np.testing.assert_array_equal(c, again)
 
 
+@pytest.mark.parametrize("m, n, k", [(5, 96, 128 * 7), (8, 288, 128 * 5), (3, 356, 128 * 9)])
+def test_int4_decode_ring_plans_in_simulator(m, n, k, monkeypatch, poisoned):
+    """matmul_int4 and qkv_project_int4 as routed on one SM, so that these widths take
+    ``plan``'s branches with the shared rings (blocks of 8 at 3 tiles, of 4 at 9, of 4 with
+    CS 2 past ten: 12 tiles, the last one partial; qkv_project_int4, which keeps main's
+    blocks of 4 there, at the same widths): every element against float64 products."""
+    monkeypatch.setattr(_arrays, "multiprocessors", lambda like: 1)
+    assert _int4_decode.plan(m, -(-n // 32), 1)[1]["ASYNC"] == 1
+    a, packed, scales, w = int4_case(m, n, k, np.random.default_rng(n))
+    narrow = [np.ascontiguousarray(v[:, :4]) for v in (packed, scales, w)]
+    ref = a.astype(np.float64) @ w.astype(np.float64)
+    with kaio.simulate():
+        c = kaio_ops.matmul_int4(a, packed, scales)
+        qkv = kaio_ops.qkv_project_int4(a, packed, narrow[0], narrow[0], scales, *narrow[1:2] * 2)
+    np.testing.assert_allclose(c, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    for out, weights in zip(qkv, (w, narrow[2], narrow[2]), strict=True):
+        check_f16_product(out, a, weights)
+
+
 def test_int4_decode_warps_route():
     """plan: at M <= 8 blocks of 16 warps while each tile has an SM, 8 while the tiles fit
-    two a SM, 4 with DEQ 6 and x 3 loads ahead past ten a SM, else 4; at M = 9-16 the
+    two a SM, then the shared rings with DEQ 6 and x 3 loads ahead in blocks of 8 up to
+    four tiles a SM, of 4 past it, of 4 taking two column blocks past ten; at M = 9-16 the
     swapped mma with DEQ 6 in blocks of 8 (x with the words while each tile has an SM, else
     3 loads ahead) up to two tiles a SM and past ten, main's blocks of 4 up to four, then
     swapped blocks of 4 taking two column blocks each (the H100 measurements of
@@ -234,11 +258,11 @@ def test_int4_decode_warps_route():
     plan = _int4_decode.plan
     swapped, lead = {"SWAP": 2, "DEQ": 6}, {"SWAP": 2, "DEQ": 6, "XLEAD": 3}
     ns = (4096, 4224, 4256, 8448, 8480, 10240, 28672, 42240, 42272, 57344)
-    wide = [(4, {"DEQ": 6, "XLEAD": 3})] * 2
+    rings = {"DEQ": 6, "XLEAD": 3, "ASYNC": 1, "WBUF": 2}
     assert [plan(1, n // 32, 132) for n in ns] == [(16, {})] * 2 + [(8, {})] * 2 + [
-        (4, {})
-    ] * 4 + wide
-    assert [plan(8, n // 32, 132)[0] for n in (4096, 6144, 10240, 57344)] == [16, 8, 4, 4]
+        (8, rings)
+    ] * 2 + [(4, {**rings, "CS": 1})] * 2 + [(4, {**rings, "CS": 2})] * 2
+    assert [plan(8, n // 32, 132)[0] for n in (4096, 6144, 10240, 57344)] == [16, 8, 8, 4]
     got = [plan(16, n // 32, 132) for n in (4096, 6144, 8448, 10240, 16896, 16928, 28672)]
     pairs = {**lead, "CS": 2}
     assert got == [(8, swapped), (8, lead), (8, lead), (4, {}), (4, {}), (4, pairs), (4, pairs)]
@@ -246,7 +270,7 @@ def test_int4_decode_warps_route():
     assert plan(32, 4096, 132) == (_int4_decode.WARPS, {})
     assert _int4_decode.warps_for(9, 320, 132) == 4
     listed = [c for k, c in _int4_decode.specializations() if k is _int4_decode.int4_decode]
-    for m, n in [(1, 4096), (1, 57344), (16, 4096), (16, 8192), (16, 10240), (16, 28672)]:
+    for m, n in [(1, 4096), (1, 10240), (1, 28672), (1, 57344), (16, 4096), (16, 28672)]:
         warps, tune = plan(m, n // 32, 132)
         want = {"WARPS": warps, "ROWS": _int4_decode._rows(m), **_int4_decode._tuned(m, tune)}
         assert any(want.items() <= c.items() for c in listed), (m, n)
