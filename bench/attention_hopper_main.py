@@ -1,4 +1,3 @@
-# ruff: noqa  (a copy of main's module for the GPU rounds' A/B; removed before the merge)
 """The Hopper (sm_90a) flash-attention forward behind ``kaio_ops.flash_attention``:
 FlashAttention-3's design (TMA, an mbarrier ring, warp specialization, ``wgmma``), written in
 the DSL, generic over its element type (the dtype constexpr ``DT``: f16 or bf16).
@@ -77,16 +76,7 @@ from __future__ import annotations
 import kaio
 from kaio import bool_, f32, i32, u32, u64
 from kaio_ops._attention_hopper_common import kv_head_and_tiles, store_pairs, thread_roles
-# (bench copy: main's _attention_tc beside it, so that its softmax is main's too)
-import importlib.util as _ilu, os as _os  # noqa: E401,I001
-_spec = _ilu.spec_from_file_location(
-    "kaio_ops._attention_tc_main", _os.path.join(_os.path.dirname(__file__), "attention_tc_main.py")
-)
-_tc = _ilu.module_from_spec(_spec)
-_spec.loader.exec_module(_tc)
-LN2, NEG_INF, rescale, softmax_step, start_rows = (
-    _tc.LN2, _tc.NEG_INF, _tc.rescale, _tc.softmax_step, _tc.start_rows
-)
+from kaio_ops._attention_tc import LN2, NEG_INF, rescale, softmax_step, start_rows
 from kaio_ops._matmul_hopper import next_stage
 
 SW = 128  # swizzle bytes: one 128-byte row per 64 elements

@@ -269,30 +269,6 @@ def acc_rows_at(
 
 
 @kaio.gpu_func
-def row_max(s: f32[:, :], h: kaio.constexpr, NB: kaio.constexpr) -> f32:
-    """The largest of this lane's scores of row half h (NB n-tiles, two a tile): from 4
-    n-tiles on as 8 chains of maxima that a tree then joins, the same value as one chain
-    through them all (max is exact) in a dependent chain a quarter as long (at 128 keys one
-    chain of 32 FMNMX a row half held each softmax step behind their latency)."""
-    if NB < 4:
-        top = NEG_INF
-        for n in kaio.static_range(NB):
-            for e in kaio.static_range(2):
-                top = kaio.max(top, s[n, 2 * h + e])
-        return top
-    part = kaio.local(f32, 8)
-    for i in kaio.static_range(8):
-        part[i] = s[i // 2, 2 * h + i % 2]
-    for i in kaio.static_range(8, 2 * NB):
-        part[i % 8] = kaio.max(part[i % 8], s[i // 2, 2 * h + i % 2])
-    for i in kaio.static_range(4):  # the tree: 8 to 4 to 2 to 1
-        part[i] = kaio.max(part[i], part[i + 4])
-    for i in kaio.static_range(2):
-        part[i] = kaio.max(part[i], part[i + 2])
-    return kaio.max(part[0], part[1])
-
-
-@kaio.gpu_func
 def softmax_step(
     s: f32[:, :], m: f32[:], l: f32[:],
     h: kaio.constexpr,
@@ -311,7 +287,10 @@ def softmax_step(
     exponentials of each pair of columns in one ``ex2.approx`` of a DT pair (f16x2: one
     MUFU.EX2 for two probabilities, max rel. error 2^-9.9 and the exponent rounded to f16),
     whose bits go to s[n, 2h] (s[n, 2h + 1] is left as it was)."""
-    top = row_max(s, h, NB)
+    top = NEG_INF
+    for n in kaio.static_range(NB):
+        for e in kaio.static_range(2):
+            top = kaio.max(top, s[n, 2 * h + e])
     top = kaio.max(top, kaio.shfl_xor(top, 1))
     top = kaio.max(top, kaio.shfl_xor(top, 2))
     m_new = kaio.max(m[h], top * scale_log2)
