@@ -1142,6 +1142,16 @@ MANY_TILES = 8  # query tiles a multiprocessor from which ``extras`` routes QB 2
 # hazard on the tile slot's barrier now (``produce_dynamic``), but it measured no faster than
 # pairs of tiles there in the fourth pass (docs/performance.md): off
 ROUTE_COUNTER = False
+# D64 with the mask: the heads whose query tiles go heaviest first together (``tile_of``'s
+# sections) are as many as hold about this many bytes of K and V (L2 keeps them): 32 heads
+# at 1024 keys, 8 at 4096 (measured: docs/performance.md, issue 36 fwd64), 2 at 16384
+SECTION_BYTES = 8 << 20
+
+
+def section_heads(d: int, sk: int) -> int:
+    """``SECTION`` for head dim ``d`` and ``sk`` keys: the heads whose K and V fill
+    SECTION_BYTES (at least 1; 1 where ``sk`` is unknown, 0)."""
+    return max(1, SECTION_BYTES // (4 * sk * d)) if sk > 0 else 1
 
 
 def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True) -> dict:
@@ -1170,7 +1180,10 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     f16 at D 64 with the mask and at most ``SHORT_KEYS`` keys, with ``many``: ``PERSIST`` 4
     and QB 2 (three warpgroups taking tiles from the counter, heaviest first, where
     ``config`` has a tile a block: 8.6% faster at B16 H16 S1024, as fast at S 4096; fourth
-    pass, docs/performance.md).
+    pass, docs/performance.md), there with three stages (6% faster than two). D64 with the
+    mask, either type: ``SECTION`` (``launch``'s sections of heads, ``section_heads``): the
+    heaviest query tiles of several heads first, so that the blocks started last are light
+    (a tile a block at S 4096: 6% faster than one head a section; fwd64).
     ``HEXP`` (the exponentials as f16 pairs) measured no faster (-2% to +2%). ``OV`` 1 (O
     stored as 16-byte vectors) at D 128 and 256, either type (fourth pass: D128 f16 +2% at
     S 4096, +4% with the mask, +10% and +13% at S 1024; D256 +5% to +20%; D64 no faster);
@@ -1179,12 +1192,14 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     every = {"OV": 1} if d in (128, 256) else {}  # (either type)
     if d == 128 and causal:
         every["DIAG"] = 1
+    if d == 64 and causal:  # (launch's, not the kernel's)
+        every["SECTION"] = section_heads(d, sk)
     if d > 128 or dt not in (None, kaio.f16):
         return every
     more = d == 128 and many
     short = more and 0 < sk <= SHORT_KEYS
     if d == 64 and causal and many and 0 < sk <= SHORT_KEYS:  # (D64: tiles from the counter)
-        return {"ONES": 1, "PERSIST": 4, "QB": 2}
+        return {**every, "ONES": 1, "PERSIST": 4, "QB": 2, "STAGES": 3}
     return {**every, "ONES": 1, **({"QB": 2} if more and (causal or short) else {}),
             **({"PERSIST": 4} if short and ROUTE_COUNTER else {})}  # fmt: skip
 
@@ -1313,5 +1328,6 @@ def specializations():
                 for c in (False, True)
                 for sk in (0, SHORT_KEYS)  # (``extras``: fewer keys, another route)
             )
-            for cfg in dict.fromkeys(tuple(r.items()) for r in routed):
+            kernel_cfgs = (tuple((k, v) for k, v in r.items() if k != "SECTION") for r in routed)
+            for cfg in dict.fromkeys(kernel_cfgs):
                 yield attention_fwd_wgmma, {"D": d, "DT": dt, **dict(cfg)}  # each once

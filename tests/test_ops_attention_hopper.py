@@ -196,9 +196,10 @@ def test_row_sums_on_the_tensor_cores_in_simulator(b, h, hkv, sq, sk, d, dtype, 
 @pytest.mark.parametrize(
     "d, h, sq, sk, causal, over, ctas, section",
     [
-        # the mask, grouped-query heads, partial last key tiles, two Q buffers, three blocks
-        # taking 8 tiles from the counter, heads in sections of two
-        (64, 4, 256, 300, True, {"PIPE": 1, "QB": 2, "ONES": 1}, 3, 2),
+        # the mask, grouped-query heads, partial last key tiles, two Q buffers, three
+        # stages (D64's route), three blocks taking 8 tiles from the counter, heads in
+        # sections of two
+        (64, 4, 256, 300, True, {"PIPE": 1, "QB": 2, "ONES": 1, "STAGES": 3}, 3, 2),
         # one block takes every head's tiles (one head a section, as launch picks)
         (64, 4, 128, 128, False, {"PIPE": 3}, 1, 0),
         # f16 D128's options at 1024 keys or fewer (extras: two Q buffers), a partial last
@@ -283,9 +284,11 @@ def test_routes_by_type_mask_and_keys(monkeypatch):
     """``extras``: the row sums on the tensor cores for f16 at D 64 and 128; two Q buffers
     for f16 at D 128 with the mask or at most SHORT_KEYS keys, where the launch has many
     query tiles (and there tiles taken from a counter, with ROUTE_COUNTER); at D 64 with the
-    mask and at most SHORT_KEYS keys, tiles from the counter with two Q buffers; O stored
-    as 16-byte vectors at D 128 and 256 (either type), the unmasked key tiles apart at
-    D 128 with the mask; nothing more for bf16 or D 256."""
+    mask and at most SHORT_KEYS keys, tiles from the counter with two Q buffers and three
+    stages; O stored as 16-byte vectors at D 128 and 256 (either type), the unmasked key
+    tiles apart at D 128 with the mask; at D 64 with the mask (either type) the heaviest
+    query tiles of the heads whose K and V fill SECTION_BYTES first; nothing more for bf16
+    or D 256."""
     f16, bf16 = kaio.f16, kaio.bf16
     ov, diag = {"OV": 1}, {"OV": 1, "DIAG": 1}  # D 128 and 256; D128 with the mask
     short = {"ONES": 1, "QB": 2, **ov}
@@ -297,12 +300,15 @@ def test_routes_by_type_mask_and_keys(monkeypatch):
     assert hopper.extras(128, True, f16, 4096) == {"ONES": 1, "QB": 2, **diag}
     assert hopper.extras(128, False, f16, 4096) == {"ONES": 1, **ov}
     assert hopper.extras(128, True, f16, 1024, many=False) == {"ONES": 1, **diag}
-    assert hopper.extras(64, False, f16, 1024) == hopper.extras(64, True, f16, 4096) == {"ONES": 1}
-    assert hopper.extras(64, True, f16, 1024) == {"ONES": 1, "PERSIST": 4, "QB": 2}
-    assert hopper.extras(64, True, f16, 1024, many=False) == {"ONES": 1}
+    assert hopper.extras(64, False, f16, 1024) == {"ONES": 1}
+    assert hopper.extras(64, True, f16, 4096) == {"ONES": 1, "SECTION": 8}  # 8 MiB of K, V
+    counter = {"ONES": 1, "PERSIST": 4, "QB": 2, "STAGES": 3}
+    assert hopper.extras(64, True, f16, 1024) == {**counter, "SECTION": 32}
+    assert hopper.extras(64, True, f16, 1024, many=False) == {"ONES": 1, "SECTION": 32}
     assert hopper.extras(128, True, bf16, 1024) == diag
     assert hopper.extras(256, True, f16, 1024) == hopper.extras(128, False, bf16, 1024) == ov
-    assert hopper.extras(64, True, bf16, 1024) == {}
+    assert hopper.extras(64, True, bf16, 16384) == {"SECTION": 2}
+    assert hopper.extras(64, True, bf16, 0) == {"SECTION": 1}  # (keys unknown)
 
 
 def test_dispatch_needs_a_whole_64_column_head_dim_and_a_gpu():
