@@ -1142,16 +1142,12 @@ MANY_TILES = 8  # query tiles a multiprocessor from which ``extras`` routes QB 2
 # hazard on the tile slot's barrier now (``produce_dynamic``), but it measured no faster than
 # pairs of tiles there in the fourth pass (docs/performance.md): off
 ROUTE_COUNTER = False
-# D64 with the mask: the heads whose query tiles go heaviest first together (``tile_of``'s
-# sections) are as many as hold about this many bytes of K and V (L2 keeps them): 32 heads
-# at 1024 keys, 8 at 4096 (measured: docs/performance.md, issue 36 fwd64), 2 at 16384
-SECTION_BYTES = 8 << 20
-
-
-def section_heads(d: int, sk: int) -> int:
-    """``SECTION`` for head dim ``d`` and ``sk`` keys: the heads whose K and V fill
-    SECTION_BYTES (at least 1; 1 where ``sk`` is unknown, 0)."""
-    return max(1, SECTION_BYTES // (4 * sk * d)) if sk > 0 else 1
+# D64: heads a section of ``tile_of`` (``launch``'s SECTION), whose query tiles go heaviest
+# first together, so that the blocks started last are light (fwd64, docs/performance.md:
+# with the mask 4-8% faster than one head a section at S 2048-16384, 2-4% on the counter at
+# S 1024; without it 3% at S 1024, as fast beyond)
+D64_SECTION = 32
+D64_COUNTER_KEYS = 2048  # f16 D64 with the mask at most this many keys: the counter
 
 
 def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True) -> dict:
@@ -1177,13 +1173,12 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     4096-16384); ``launch`` lets this PERSIST override ``config``'s when it routes. Both
     only where the launch has ``many`` (at least MANY_TILES query tiles a multiprocessor:
     they were measured faster with 15, 5-12% slower with 2 and 4, B2 and B4 H16 S1024).
-    f16 at D 64 with the mask and at most ``SHORT_KEYS`` keys, with ``many``: ``PERSIST`` 4
-    and QB 2 (three warpgroups taking tiles from the counter, heaviest first, where
-    ``config`` has a tile a block: 8.6% faster at B16 H16 S1024, as fast at S 4096; fourth
-    pass, docs/performance.md), there with three stages (6% faster than two). D64 with the
-    mask, either type: ``SECTION`` (``launch``'s sections of heads, ``section_heads``): the
-    heaviest query tiles of several heads first, so that the blocks started last are light
-    (a tile a block at S 4096: 6% faster than one head a section; fwd64).
+    f16 at D 64 with the mask and at most ``D64_COUNTER_KEYS`` keys, with ``many``:
+    ``PERSIST`` 4, QB 2 and three stages (three warpgroups taking tiles from the counter,
+    heaviest first, where ``config`` has a tile a block: 8.6% faster at B16 H16 S1024 with
+    two stages, fourth pass; three stages and D64_SECTION heads a section 5% faster again
+    at S 1024 and 2048, as fast as a tile a block at S 4096, slower at S 16384; fwd64).
+    D64, either type and mask: ``SECTION`` D64_SECTION (``launch``'s sections of heads).
     ``HEXP`` (the exponentials as f16 pairs) measured no faster (-2% to +2%). ``OV`` 1 (O
     stored as 16-byte vectors) at D 128 and 256, either type (fourth pass: D128 f16 +2% at
     S 4096, +4% with the mask, +10% and +13% at S 1024; D256 +5% to +20%; D64 no faster);
@@ -1192,13 +1187,13 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     every = {"OV": 1} if d in (128, 256) else {}  # (either type)
     if d == 128 and causal:
         every["DIAG"] = 1
-    if d == 64 and causal:  # (launch's, not the kernel's)
-        every["SECTION"] = section_heads(d, sk)
+    if d == 64:  # (launch's, not the kernel's)
+        every["SECTION"] = D64_SECTION
     if d > 128 or dt not in (None, kaio.f16):
         return every
     more = d == 128 and many
     short = more and 0 < sk <= SHORT_KEYS
-    if d == 64 and causal and many and 0 < sk <= SHORT_KEYS:  # (D64: tiles from the counter)
+    if d == 64 and causal and many and 0 < sk <= D64_COUNTER_KEYS:  # (tiles from the counter)
         return {**every, "ONES": 1, "PERSIST": 4, "QB": 2, "STAGES": 3}
     return {**every, "ONES": 1, **({"QB": 2} if more and (causal or short) else {}),
             **({"PERSIST": 4} if short and ROUTE_COUNTER else {})}  # fmt: skip
