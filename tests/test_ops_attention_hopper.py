@@ -352,12 +352,14 @@ def _hopper_gpu() -> bool:
 @pytest.mark.parametrize(
     "b, h, hkv, sq, sk, d",
     # the third: f16's route at 1024 keys and 2048 tiles (two Q buffers, with or without
-    # the mask); the fourth: D64's there (with the mask: tiles from the counter)
+    # the mask); the fourth: D64's there (with the mask: tiles from the counter, three
+    # stages); the fifth: D64's at 2048 keys and 1536 tiles (the counter too)
     [
         (2, 8, 8, 2048, 2048, 128),
         (2, 8, 2, 2048, 4096, 64),
         (16, 16, 4, 1024, 1024, 128),
         (16, 16, 4, 1024, 1024, 64),
+        (6, 16, 4, 2048, 2048, 64),
     ],
 )
 @pytest.mark.parametrize("causal", [False, True])
