@@ -286,8 +286,8 @@ def test_routes_by_type_mask_and_keys(monkeypatch):
     query tiles (and there tiles taken from a counter, with ROUTE_COUNTER); at D 64 with the
     mask and at most D64_COUNTER_KEYS keys, tiles from the counter with two Q buffers and
     three stages; O stored as 16-byte vectors at D 128 and 256 (either type), the unmasked
-    key tiles apart at D 128 with the mask; at D 64 (either type and mask) D64_SECTION
-    heads a section; nothing more for bf16 or D 256."""
+    key tiles apart at D 128 with the mask; at D 64 with the mask past SHORT_KEYS keys
+    (either type) D64_SECTION heads a section; nothing more for bf16 or D 256."""
     f16, bf16 = kaio.f16, kaio.bf16
     ov, diag = {"OV": 1}, {"OV": 1, "DIAG": 1}  # D 128 and 256; D128 with the mask
     short = {"ONES": 1, "QB": 2, **ov}
@@ -299,15 +299,17 @@ def test_routes_by_type_mask_and_keys(monkeypatch):
     assert hopper.extras(128, True, f16, 4096) == {"ONES": 1, "QB": 2, **diag}
     assert hopper.extras(128, False, f16, 4096) == {"ONES": 1, **ov}
     assert hopper.extras(128, True, f16, 1024, many=False) == {"ONES": 1, **diag}
-    sections = {"SECTION": hopper.D64_SECTION}  # D64, either type and mask
-    assert hopper.extras(64, False, f16, 1024) == hopper.extras(64, True, f16, 4096)
-    assert hopper.extras(64, False, f16, 1024) == {"ONES": 1, **sections}
+    sections = {"SECTION": hopper.D64_SECTION}  # D64 with the mask past SHORT_KEYS keys
+    assert hopper.extras(64, False, f16, 1024) == hopper.extras(64, False, f16, 4096)
+    assert hopper.extras(64, False, f16, 1024) == {"ONES": 1}
+    assert hopper.extras(64, True, f16, 4096) == {"ONES": 1, **sections}
     counter = {"ONES": 1, "PERSIST": 4, "QB": 2, "STAGES": 3, **sections}
     assert hopper.extras(64, True, f16, 1024) == hopper.extras(64, True, f16, 2048) == counter
-    assert hopper.extras(64, True, f16, 1024, many=False) == {"ONES": 1, **sections}
+    assert hopper.extras(64, True, f16, 1024, many=False) == {"ONES": 1}
     assert hopper.extras(128, True, bf16, 1024) == diag
     assert hopper.extras(256, True, f16, 1024) == hopper.extras(128, False, bf16, 1024) == ov
-    assert hopper.extras(64, True, bf16, 1024) == hopper.extras(64, False, bf16) == sections
+    assert hopper.extras(64, True, bf16, 1024) == hopper.extras(64, False, bf16, 4096) == {}
+    assert hopper.extras(64, True, bf16, 2048) == sections
 
 
 def test_dispatch_needs_a_whole_64_column_head_dim_and_a_gpu():
