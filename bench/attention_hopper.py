@@ -485,7 +485,9 @@ def warm(jobs: int, specs: str | None = None) -> None:
                 print(f"FAILED: {type(e).__name__}: {e}", flush=True)
 
 
-CHECKS = ((2, 16, 4, 1024, 1024), (1, 4, 2, 300, 500))  # grid's small cases: b, h, hkv, sq, sk
+# grid's small cases (b, h, hkv, sq, sk): the routes at 1024 keys and fewer, a query tail;
+# D64's at 2048 (the counter with the mask) and 4096 keys (a tile a block)
+CHECKS = ((2, 16, 4, 1024, 1024), (1, 4, 2, 300, 500), (1, 8, 2, 2048, 2048), (1, 4, 2, 1024, 4096))
 
 
 def module_of(over: dict):

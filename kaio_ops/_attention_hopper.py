@@ -1166,6 +1166,12 @@ MANY_TILES = 8  # query tiles a multiprocessor from which ``extras`` routes QB 2
 # hazard on the tile slot's barrier now (``produce_dynamic``), but it measured no faster than
 # pairs of tiles there in the fourth pass (docs/performance.md): off
 ROUTE_COUNTER = False
+# D64 with the mask: heads a section of ``tile_of`` (``launch``'s SECTION), whose query
+# tiles go heaviest first together, so that the blocks started last are light (fwd64,
+# docs/performance.md: 1-6% faster than one head a section at S 2048-16384, on the counter
+# at S 1024 too; a tile a block at S 1024 and without the mask: -4% to +3%, not routed)
+D64_SECTION = 32
+D64_COUNTER_KEYS = 2048  # f16 D64 with the mask at most this many keys: the counter
 
 
 def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True) -> dict:
@@ -1191,10 +1197,13 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     4096-16384); ``launch`` lets this PERSIST override ``config``'s when it routes. Both
     only where the launch has ``many`` (at least MANY_TILES query tiles a multiprocessor:
     they were measured faster with 15, 5-12% slower with 2 and 4, B2 and B4 H16 S1024).
-    f16 at D 64 with the mask and at most ``SHORT_KEYS`` keys, with ``many``: ``PERSIST`` 4
-    and QB 2 (three warpgroups taking tiles from the counter, heaviest first, where
-    ``config`` has a tile a block: 8.6% faster at B16 H16 S1024, as fast at S 4096; fourth
-    pass, docs/performance.md).
+    f16 at D 64 with the mask and at most ``D64_COUNTER_KEYS`` keys, with ``many``:
+    ``PERSIST`` 4, QB 2 and three stages (three warpgroups taking tiles from the counter,
+    heaviest first, where ``config`` has a tile a block: 8.6% faster at B16 H16 S1024 with
+    two stages, fourth pass; three stages and D64_SECTION heads a section 5% faster again
+    at S 1024 and 2048, as fast as a tile a block at S 4096, slower at S 16384; fwd64).
+    D64 with the mask past SHORT_KEYS keys, either type: ``SECTION`` D64_SECTION
+    (``launch``'s sections of heads).
     ``HEXP`` (the exponentials as f16 pairs) measured no faster (-2% to +2%). ``OV`` 1 (O
     stored as 16-byte vectors) at D 128 and 256, either type (fourth pass: D128 f16 +2% at
     S 4096, +4% with the mask, +10% and +13% at S 1024; D256 +5% to +20%; D64 no faster);
@@ -1211,12 +1220,14 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
         every["DIAG"] = 1
         if many:
             every["PERSIST"] = 5
+    if d == 64 and causal and sk > SHORT_KEYS:  # (launch's, not the kernel's)
+        every["SECTION"] = D64_SECTION
     if d > 128 or dt not in (None, kaio.f16):
         return every
     more = d == 128 and many
     short = more and 0 < sk <= SHORT_KEYS
-    if d == 64 and causal and many and 0 < sk <= SHORT_KEYS:  # (D64: tiles from the counter)
-        return {"ONES": 1, "PERSIST": 4, "QB": 2}
+    if d == 64 and causal and many and 0 < sk <= D64_COUNTER_KEYS:  # (tiles from the counter)
+        return {"ONES": 1, "PERSIST": 4, "QB": 2, "STAGES": 3, "SECTION": D64_SECTION}
     return {**every, "ONES": 1, **({"QB": 2} if more and (causal or short) else {}),
             **({"PERSIST": 4} if short and ROUTE_COUNTER else {})}  # fmt: skip
 
@@ -1423,5 +1434,6 @@ def specializations():
                 for c in (False, True)
                 for sk in (0, SHORT_KEYS)  # (``extras``: fewer keys, another route)
             )
-            for cfg in dict.fromkeys(tuple(r.items()) for r in routed):
+            kernel_cfgs = (tuple((k, v) for k, v in r.items() if k != "SECTION") for r in routed)
+            for cfg in dict.fromkeys(kernel_cfgs):
                 yield attention_fwd_wgmma, {"D": d, "DT": dt, **dict(cfg)}  # each once

@@ -225,9 +225,10 @@ def test_row_sums_on_the_tensor_cores_in_simulator(b, h, hkv, sq, sk, d, dtype, 
 @pytest.mark.parametrize(
     "d, h, sq, sk, causal, over, ctas, section",
     [
-        # the mask, grouped-query heads, partial last key tiles, two Q buffers, three blocks
-        # taking 8 tiles from the counter, heads in sections of two
-        (64, 4, 256, 300, True, {"PIPE": 1, "QB": 2, "ONES": 1}, 3, 2),
+        # the mask, grouped-query heads, partial last key tiles, two Q buffers, three
+        # stages (D64's route), three blocks taking 8 tiles from the counter, heads in
+        # sections of two
+        (64, 4, 256, 300, True, {"PIPE": 1, "QB": 2, "ONES": 1, "STAGES": 3}, 3, 2),
         # one block takes every head's tiles (one head a section, as launch picks)
         (64, 4, 128, 128, False, {"PIPE": 3}, 1, 0),
         # f16 D128's options at 1024 keys or fewer (extras: two Q buffers), a partial last
@@ -337,10 +338,11 @@ def test_routes_by_type_mask_and_keys(monkeypatch):
     """``extras``: the row sums on the tensor cores for f16 at D 64 and 128; two Q buffers
     for f16 at D 128 with the mask or at most SHORT_KEYS keys, where the launch has many
     query tiles (and there tiles taken from a counter, with ROUTE_COUNTER); at D 64 with the
-    mask and at most SHORT_KEYS keys, tiles from the counter with two Q buffers; O stored
-    as 16-byte vectors at D 128 and 256 (either type), the unmasked key tiles apart at
-    D 128 with the mask, and there (either type) the tiles of a balanced plan where the launch
-    has many; nothing more for bf16 or D 256."""
+    mask and at most D64_COUNTER_KEYS keys, tiles from the counter with two Q buffers and
+    three stages; O stored as 16-byte vectors at D 128 and 256 (either type), the unmasked
+    key tiles apart at D 128 with the mask, and there (either type) the tiles of a balanced
+    plan where the launch has many; at D 64 with the mask past SHORT_KEYS keys (either type)
+    D64_SECTION heads a section; nothing more for bf16 or D 256."""
     f16, bf16 = kaio.f16, kaio.bf16
     ov, diag = {"OV": 1}, {"OV": 1, "DIAG": 1}  # D 128 and 256; D128 with the mask
     plan = {**diag, "PERSIST": 5}
@@ -353,13 +355,18 @@ def test_routes_by_type_mask_and_keys(monkeypatch):
     assert hopper.extras(128, True, f16, 4096) == {"ONES": 1, "QB": 2, **plan}
     assert hopper.extras(128, False, f16, 4096) == {"ONES": 1, **ov}
     assert hopper.extras(128, True, f16, 1024, many=False) == {"ONES": 1, **diag}
-    assert hopper.extras(64, False, f16, 1024) == hopper.extras(64, True, f16, 4096) == {"ONES": 1}
-    assert hopper.extras(64, True, f16, 1024) == {"ONES": 1, "PERSIST": 4, "QB": 2}
+    sections = {"SECTION": hopper.D64_SECTION}  # D64 with the mask past SHORT_KEYS keys
+    assert hopper.extras(64, False, f16, 1024) == hopper.extras(64, False, f16, 4096)
+    assert hopper.extras(64, False, f16, 1024) == {"ONES": 1}
+    assert hopper.extras(64, True, f16, 4096) == {"ONES": 1, **sections}
+    counter = {"ONES": 1, "PERSIST": 4, "QB": 2, "STAGES": 3, **sections}
+    assert hopper.extras(64, True, f16, 1024) == hopper.extras(64, True, f16, 2048) == counter
     assert hopper.extras(64, True, f16, 1024, many=False) == {"ONES": 1}
     assert hopper.extras(128, True, bf16, 1024) == plan
     assert hopper.extras(128, True, bf16, 1024, many=False) == diag
     assert hopper.extras(256, True, f16, 1024) == hopper.extras(128, False, bf16, 1024) == ov
-    assert hopper.extras(64, True, bf16, 1024) == {}
+    assert hopper.extras(64, True, bf16, 1024) == hopper.extras(64, False, bf16, 4096) == {}
+    assert hopper.extras(64, True, bf16, 2048) == sections
 
 
 def test_dispatch_needs_a_whole_64_column_head_dim_and_a_gpu():
@@ -404,12 +411,14 @@ def _hopper_gpu() -> bool:
 @pytest.mark.parametrize(
     "b, h, hkv, sq, sk, d",
     # the third: f16's route at 1024 keys and 2048 tiles (two Q buffers, with or without
-    # the mask); the fourth: D64's there (with the mask: tiles from the counter)
+    # the mask); the fourth: D64's there (with the mask: tiles from the counter, three
+    # stages); the fifth: D64's at 2048 keys and 1536 tiles (the counter too)
     [
         (2, 8, 8, 2048, 2048, 128),
         (2, 8, 2, 2048, 4096, 64),
         (16, 16, 4, 1024, 1024, 128),
         (16, 16, 4, 1024, 1024, 64),
+        (6, 16, 4, 2048, 2048, 64),
     ],
 )
 @pytest.mark.parametrize("causal", [False, True])
