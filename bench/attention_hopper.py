@@ -285,6 +285,8 @@ TINY = [  # (d, causal, sk, config over the routed one, persistent blocks or Non
     (128, True, 300, {"PERSIST": 3, "PIPE": 1, "QB": 2, "OV": 1}, 3),
     # 22: D128's causal options on the tiles of a plan (PERSIST 5, sections of two heads)
     (128, True, 300, {"PERSIST": 5, "SECTION": 2, "PIPE": 1, "QB": 2, "DIAG": 1, "OV": 1}, 3),
+    # 23: D64's causal route on the counter: three stages, sections of two heads
+    (64, True, 300, {"PERSIST": 4, "PIPE": 1, "QB": 2, "STAGES": 3, "SECTION": 2, "ONES": 1}, 3),
 ]
 
 
