@@ -893,6 +893,7 @@ def main() -> None:
     ROUNDS[0] = args.rounds
     t0 = time.time()
     use_ptxas()
+    os.makedirs(args.out, exist_ok=True)
     log = open(os.path.join(args.out, "fp8_plans.jsonl"), "a")  # noqa: SIM115
     recs = []
 

@@ -73,6 +73,7 @@ def main() -> None:
     variants += [tuple(map(int, v.split("/"))) for v in args.variants.split(",") if v]
     ms = [int(m) for m in args.ms.split(",")]
     args.plan_tunes = plan_tunes(args.plan_tunes)
+    os.makedirs(args.out, exist_ok=True)
     sink = open(os.path.join(args.out, "int4_decode.jsonl"), "w")  # noqa: SIM115
 
     def log(rec):
