@@ -1172,6 +1172,12 @@ ROUTE_COUNTER = False
 # at S 1024 too; a tile a block at S 1024 and without the mask: -4% to +3%, not routed)
 D64_SECTION = 32
 D64_COUNTER_KEYS = 2048  # f16 D64 with the mask at most this many keys: the counter
+# ... and more than this many: a query tile whose last key tile is partial then has at least
+# the counter's three stages of key tiles, so that the producer cannot zero the tail of a
+# second such tile (turn[3]'s next phase) before a lagging consumer warpgroup has waited for
+# the first's (a parity read two phases late would wait forever); shorter runs take a tile a
+# block (docs/performance.md, twenty-second session's final check: synccheck on tiny case 17)
+D64_COUNTER_MIN_KEYS = 256
 
 
 def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True) -> dict:
@@ -1197,11 +1203,12 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     4096-16384); ``launch`` lets this PERSIST override ``config``'s when it routes. Both
     only where the launch has ``many`` (at least MANY_TILES query tiles a multiprocessor:
     they were measured faster with 15, 5-12% slower with 2 and 4, B2 and B4 H16 S1024).
-    f16 at D 64 with the mask and at most ``D64_COUNTER_KEYS`` keys, with ``many``:
-    ``PERSIST`` 4, QB 2 and three stages (three warpgroups taking tiles from the counter,
-    heaviest first, where ``config`` has a tile a block: 8.6% faster at B16 H16 S1024 with
-    two stages, fourth pass; three stages and D64_SECTION heads a section 5% faster again
-    at S 1024 and 2048, as fast as a tile a block at S 4096, slower at S 16384; fwd64).
+    f16 at D 64 with the mask, more than ``D64_COUNTER_MIN_KEYS`` and at most
+    ``D64_COUNTER_KEYS`` keys, with ``many``: ``PERSIST`` 4, QB 2 and three stages (three
+    warpgroups taking tiles from the counter, heaviest first, where ``config`` has a tile a
+    block: 8.6% faster at B16 H16 S1024 with two stages, fourth pass; three stages and
+    D64_SECTION heads a section 5% faster again at S 1024 and 2048, as fast as a tile a
+    block at S 4096, slower at S 16384; fwd64).
     D64 with the mask past SHORT_KEYS keys, either type: ``SECTION`` D64_SECTION
     (``launch``'s sections of heads).
     ``HEXP`` (the exponentials as f16 pairs) measured no faster (-2% to +2%). ``OV`` 1 (O
@@ -1226,7 +1233,7 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
         return every
     more = d == 128 and many
     short = more and 0 < sk <= SHORT_KEYS
-    if d == 64 and causal and many and 0 < sk <= D64_COUNTER_KEYS:  # (tiles from the counter)
+    if d == 64 and causal and many and D64_COUNTER_MIN_KEYS < sk <= D64_COUNTER_KEYS:  # (counter)
         return {"ONES": 1, "PERSIST": 4, "QB": 2, "STAGES": 3, "SECTION": D64_SECTION}
     return {**every, "ONES": 1, **({"QB": 2} if more and (causal or short) else {}),
             **({"PERSIST": 4} if short and ROUTE_COUNTER else {})}  # fmt: skip
