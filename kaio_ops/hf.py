@@ -35,6 +35,8 @@ attention yet.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import types
 from collections import Counter
 from typing import NamedTuple
@@ -441,7 +443,9 @@ class KaioAttention(nn.Module):
         h, hkv, d = self.heads, self.kv_heads, self.head_dim
         step: Step = position_embeddings
         qkv = self.qkv_proj.forward(hidden_states)
-        cache = kwargs.get("past_key_values")
+        cache = kwargs.get("cache")  # (transformers 5.24 and later; before: past_key_values)
+        if cache is None:
+            cache = kwargs.get("past_key_values")
         if step.tables is not None and step.attend is kaio_attention and cache is not None:
             layer = _static_layer(cache, self.layer_idx, qkv, hkv, d)
             if layer is not None:
@@ -549,6 +553,24 @@ def _llama_layer_forward(
     return self.mlp.forward(self.post_attention_layernorm.forward(h), residual=h)
 
 
+def cache_keyword(forward) -> str:
+    """The keyword under which a transformers ``forward`` (a function or a bound method) takes
+    the KV cache: ``cache`` from transformers 5.24 (which deprecates ``past_key_values``),
+    ``past_key_values`` before."""
+    return _cache_keyword(getattr(forward, "__func__", forward))
+
+
+@functools.cache  # (keyed by the function, not a bound method: no model kept alive)
+def _cache_keyword(function) -> str:
+    return "cache" if "cache" in inspect.signature(function).parameters else "past_key_values"
+
+
+# the field of a model's output that holds its KV cache (renamed in transformers 5.24)
+OUTPUT_CACHE = next(
+    f for f in ("cache", "past_key_values") if f in BaseModelOutputWithPast.__dataclass_fields__
+)
+
+
 def _llama_model_forward(
     self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
     inputs_embeds=None, use_cache=None, **kwargs,
@@ -560,6 +582,9 @@ def _llama_model_forward(
     masks, which only extend it, are not read, so a step never synchronizes); anything else
     goes to the model's own forward."""
     config = self.config.__dict__
+    cache = kwargs.pop("cache", None)  # (transformers 5.24's name of past_key_values)
+    if past_key_values is None:
+        past_key_values = cache
     if (
         config.get("_attn_implementation_internal") != ATTENTION
         or self.training
@@ -573,9 +598,9 @@ def _llama_model_forward(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
+            **{cache_keyword(self._kaio_forward): past_key_values},
             **kwargs,
         )
     return_dict = kwargs.pop("return_dict", True)
@@ -607,7 +632,7 @@ def _llama_model_forward(
             **kwargs,
         )
     out = BaseModelOutputWithPast(
-        last_hidden_state=self.norm.forward(hidden), past_key_values=past_key_values
+        last_hidden_state=self.norm.forward(hidden), **{OUTPUT_CACHE: past_key_values}
     )
     return out if return_dict else out.to_tuple()
 
@@ -710,7 +735,7 @@ def greedy(model: nn.Module, ids: torch.Tensor, steps: int, cache: str = "dynami
     inp = ids
     with torch.no_grad():
         for _ in range(steps):
-            out = model(input_ids=inp, past_key_values=kv, use_cache=True)
+            out = model(input_ids=inp, use_cache=True, **{cache_keyword(model.forward): kv})
             last = out.logits[:, -1].float()
             nxt = last.argmax(-1, keepdim=True)
             tokens.append(nxt)
