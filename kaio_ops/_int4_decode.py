@@ -432,7 +432,7 @@ def decode_columns(
     PREFETCH: kaio.constexpr, DEQ: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], part: u32,
     SPLIT: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr, SWAP: kaio.constexpr,
     XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr, WC: kaio.constexpr,
-    ASYNC: kaio.constexpr, ring: u32[:], sring: f16[:],
+    ASYNC: kaio.constexpr,
 ):  # fmt: skip
     """With ``CS`` 1, out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W =
     scales * the nibbles of w, see the module docstring), rounded to DT (the output's type), for
@@ -450,6 +450,12 @@ def decode_columns(
     at about the same time (L1 hits, not L2 traffic). ``ASYNC`` (with XLEAD): the words and
     scales go through rings of WBUF slots in shared memory (``ring``, ``sring``) by
     ``cp.async``, WBUF - 1 groups in flight a warp without their registers."""
+    # ASYNC's rings (``ring_bytes`` of dynamic shared memory at launch): the words
+    # (``ring_word``), then each thread's scales [WBUF, threads, 4]; 16 bytes each without it
+    RING_WORDS = ASYNC * WBUF * LOADS * WARPS * 128 + 4 - 4 * ASYNC
+    SRING_HALVES = ASYNC * WBUF * WARPS * 128 + 8 - 8 * ASYNC
+    ring = kaio.shared_dynamic(u32, (RING_WORDS,), 0)
+    sring = kaio.shared_dynamic(f16, (SRING_HALVES,), 4 * RING_WORDS)
     tid = kaio.thread_idx_x()
     warp = tid // 32
     lane = tid % 32
@@ -591,16 +597,10 @@ def int4_decode(
     ``b % SPLIT`` of column block ``b // SPLIT``), or a block per ``CS`` column blocks."""
     decode_bounds(WARPS, ROWS, MINB)
     partial = kaio.shared(f32, (WARPS, 16, COLS))
-    # ASYNC's rings (``ring_bytes`` of dynamic shared memory at launch): the words
-    # (``ring_word``), then each thread's scales [WBUF, threads, 4]; 16 bytes each without it
-    RING_WORDS = ASYNC * WBUF * LOADS * WARPS * 128 + 4 - 4 * ASYNC
-    SRING_HALVES = ASYNC * WBUF * WARPS * 128 + 8 - 8 * ASYNC
-    ring = kaio.shared_dynamic(u32, (RING_WORDS,), 0)
-    sring = kaio.shared_dynamic(f16, (SRING_HALVES,), 4 * RING_WORDS)
     b = kaio.block_idx_x()
     decode_columns(
         x, w, scales, out, partial, M, N, b // SPLIT, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-        counters, b % SPLIT, SPLIT, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC, ring, sring,
+        counters, b % SPLIT, SPLIT, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC,
     )  # fmt: skip
 
 
@@ -618,30 +618,24 @@ def int4_decode_qkv(
     k's, then v's (each block exactly a block of ``int4_decode``)."""
     decode_bounds(WARPS, ROWS, MINB)
     partial = kaio.shared(f32, (WARPS, 16, COLS))
-    # ASYNC's rings (``ring_bytes`` of dynamic shared memory at launch): the words
-    # (``ring_word``), then each thread's scales [WBUF, threads, 4]; 16 bytes each without it
-    RING_WORDS = ASYNC * WBUF * LOADS * WARPS * 128 + 4 - 4 * ASYNC
-    SRING_HALVES = ASYNC * WBUF * WARPS * 128 + 8 - 8 * ASYNC
-    ring = kaio.shared_dynamic(u32, (RING_WORDS,), 0)
-    sring = kaio.shared_dynamic(f16, (SRING_HALVES,), 4 * RING_WORDS)
     bq = (NQ + COLS - 1) // COLS
     bk = (NK + COLS - 1) // COLS
     block = kaio.block_idx_x()
     if block < bq:
         decode_columns(
             x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
-            0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, ring, sring,
+            0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC,
         )  # fmt: skip
     elif block < bq + bk:
         decode_columns(
             x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, ring, sring,
+            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC,
         )  # fmt: skip
     else:
         nv = u32(v.shape[1])
         decode_columns(
             x, wv, sv, v, partial, M, nv, block - bq - bk, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, ring, sring,
+            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC,
         )  # fmt: skip
 
 
