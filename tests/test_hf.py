@@ -96,20 +96,23 @@ def test_tiny_model_in_simulator(family):
         check_generation(ref, patched, ids[:, :8], steps=3)
 
 
-def test_batched_decode_in_simulator(monkeypatch):
+@pytest.mark.parametrize("keyword", ["past_key_values", "cache"])
+def test_batched_decode_in_simulator(monkeypatch, keyword):
     """Decode steps of a batch of 2: q, k and v come out of one rope call over every head of
     the batch as strided views (``hf._decode_qkv``); each step's logits, both models fed the
-    same tokens, agree with the unpatched model's."""
+    same tokens, agree with the unpatched model's. The patched model takes its cache under
+    either keyword (transformers 5.24 renames ``past_key_values`` to ``cache``)."""
     ref, patched = build("llama", torch.float16)
     calls = []
     monkeypatch.setattr(hf, "_decode_qkv", lambda *a: calls.append(1) or _decode_qkv(*a))
     ids = torch.randint(0, 96, (2, 8), generator=torch.Generator().manual_seed(2))
     caches = [transformers.DynamicCache(config=m.config) for m in (ref, patched)]
+    keywords = (hf.cache_keyword(ref.forward), keyword)
     with torch.no_grad(), kaio.simulate():
         for step in range(3):
             want, got = (
-                m(input_ids=ids, past_key_values=c, use_cache=True).logits[:, -1].float()
-                for m, c in zip((ref, patched), caches, strict=True)
+                m(input_ids=ids, use_cache=True, **{kw: c}).logits[:, -1].float()
+                for m, c, kw in zip((ref, patched), caches, keywords, strict=True)
             )
             # 1e-3 here; an unrotated k (a wrong view) gives 1e-2
             assert rel_err(got, want) < 4e-3, f"step {step}"
