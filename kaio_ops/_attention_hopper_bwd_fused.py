@@ -396,6 +396,21 @@ def work_item(
 
 
 @kaio.gpu_func
+def block_item(
+    it: i32, ok0: i32, x0: i32, kvh0: i32, fh0: i32, f0: i32, nt0: i32, s0: i32, b: i32,
+    nkb: i32, nkvh: i32, hg: i32, rot: i32, heads: i32, group: i32, sq: i32, causal: i32,
+    items: i32, BM: kaio.constexpr, BK: kaio.constexpr, ITEMS: kaio.constexpr,
+) -> tuple[i32, i32, i32, i32, i32, i32, i32]:  # fmt: skip
+    """``work_item``'s item ``it`` of block b; with ``ITEMS`` 1 the block's one item, computed
+    once before the roles split (``ok0`` .. ``s0``)."""
+    ok, x, kvh, fh, f, nt, s = ok0, x0, kvh0, fh0, f0, nt0, s0
+    if ITEMS > 1:
+        ok, x, kvh, fh, f, nt, s = work_item(b, it, nkb, nkvh, hg, rot, heads, group, sq, causal,
+                                             items, BM, BK)  # fmt: skip
+    return ok, x, kvh, fh, f, nt, s
+
+
+@kaio.gpu_func
 def full_bar(fb: i32, FULL: kaio.constexpr) -> i32:
     """The "dQ in dq_s" barrier (``bars[1, .]``) of writer ``fb``: the dS^T barriers of
     buffers 2, 3 (unused by ``consume_late``), the one-writer "full"
@@ -681,11 +696,10 @@ def attention_bwd_fused_ordered(
             kaio.setmaxnreg_inc(REGS)
         if SCHED:
             for it in range(1 if ITEMS == 1 else items):  # (ITEMS 1: unrolled)
-                ok, x, kvh, first_head, first, n_tiles, start = ok0, x0, kvh0, fh0, f0, nt0, s0
-                if ITEMS > 1:  # (ITEMS 1: the block's one item, above)
-                    ok, x, kvh, first_head, first, n_tiles, start = work_item(
-                        blk, it, nkb, nkvh, hg, ROT, heads, group, sq, causal, items, BM, BK
-                    )
+                ok, x, kvh, first_head, first, n_tiles, start = block_item(
+                    it, ok0, x0, kvh0, fh0, f0, nt0, s0, blk, nkb, nkvh, hg, ROT, heads, group,
+                    sq, causal, items, BM, BK, ITEMS,
+                )  # fmt: skip
                 if ok != 0:
                     st, ph, pb, hph, wph, fb, handed = consume_late(
                         k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
@@ -708,11 +722,10 @@ def attention_bwd_fused_ordered(
         w = i32(lt // 32) - 1 + 3 * i32(lt % 32 // 16)  # (writers 3-5: lane 16 of warps 1-3)
         if EARLY == 3 and lt % 16 == 0 and lt >= 32 and w < NW:
             for it in range(1 if ITEMS == 1 else items):  # (ITEMS 1: unrolled)
-                ok, x, kvh, first_head, first, n_tiles, start = ok0, x0, kvh0, fh0, f0, nt0, s0
-                if ITEMS > 1:  # (ITEMS 1: the block's one item, above)
-                    ok, x, kvh, first_head, first, n_tiles, start = work_item(
-                        blk, it, nkb, nkvh, hg, ROT, heads, group, sq, causal, items, BM, BK
-                    )
+                ok, x, kvh, first_head, first, n_tiles, start = block_item(
+                    it, ok0, x0, kvh0, fh0, f0, nt0, s0, blk, nkb, nkvh, hg, ROT, heads, group,
+                    sq, causal, items, BM, BK, ITEMS,
+                )  # fmt: skip
                 if ok != 0:
                     ph = write_dq_two(dq_s, bars, dq_acc, sem, w, first_head, group, first,
                                       n_tiles, sq, x, nkb, causal, start,
@@ -721,11 +734,10 @@ def attention_bwd_fused_ordered(
                     g0 += group * kaio.max(n_tiles - first, 0)
         elif lt == 0:
             for it in range(1 if ITEMS == 1 else items):  # (ITEMS 1: unrolled)
-                ok, x, kvh, first_head, first, n_tiles, start = ok0, x0, kvh0, fh0, f0, nt0, s0
-                if ITEMS > 1:  # (ITEMS 1: the block's one item, above)
-                    ok, x, kvh, first_head, first, n_tiles, start = work_item(
-                        blk, it, nkb, nkvh, hg, ROT, heads, group, sq, causal, items, BM, BK
-                    )
+                ok, x, kvh, first_head, first, n_tiles, start = block_item(
+                    it, ok0, x0, kvh0, fh0, f0, nt0, s0, blk, nkb, nkvh, hg, ROT, heads, group,
+                    sq, causal, items, BM, BK, ITEMS,
+                )  # fmt: skip
                 if ok != 0:
                     kv = -1 if it == 0 else (it - 1) % 2  # (K and V again: once free)
                     st, ph = produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl,
