@@ -1759,14 +1759,8 @@ def round_g2(budget: float):
 def warm_g2():
     """What round g2 launches: the defaults of its shapes and the G_VARIANTS diagnostics
     (one split at 2 and 3 stages contiguous, 4 and 3 paged), the floors."""
-    out = [(probe_mark, {})]
+    out = warm_g3({**G_VARIANTS, **G_CANDIDATES})
     for paged in (False, True):
-        c = {"DP": 128, "MT": 1, "PAGED": paged, "DT": f16, "PW": int(paged)}
-        flags = {"DIRECT": True, "FUSED": False, "SPEC": decode.speculates(paged), "CL": 1}
-        for st in {decode.one_split_stages(128, 1, paged), decode.stages_for(128, 1)}:
-            out.append((decode.DECODE, {**c, **flags, "STAGES": st}))
-            for name, edits in {**G_VARIANTS, **G_CANDIDATES}.items():
-                out.append((decode_variant(name, edits), {**c, **flags, "STAGES": st}))
         st = decode.one_split_stages(128, 1, paged)
         out.append((head_stream, {"PAGED": paged, "STAGES": st, "DP": 128, "LOCK": 0, "TOUCH": 0}))
     return out
