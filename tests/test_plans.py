@@ -54,6 +54,9 @@ class FakeGPU:
         monkeypatch.setattr(launch_mod, "select_arch", lambda arch, dev: "sm_90")
         monkeypatch.setattr(launch_mod, "load", self.load)
         monkeypatch.setattr(_arrays, "new_array", self.new_array)
+        # fake arrays hold no memory: what ops copy into them once (the GEMMs' zeroed
+        # arrival counters) is dropped
+        monkeypatch.setattr(DeviceArray, "copy_from_host", lambda array, host: None)
         monkeypatch.setattr(_arrays, "stream_of", lambda like: self.stream)
         monkeypatch.setattr(_plan, "stream_key", lambda obj, raw: self.stream)
         monkeypatch.setattr(_arrays, "multiprocessors", lambda like: 132)
