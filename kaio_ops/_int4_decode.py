@@ -69,7 +69,7 @@ Needs N % 4 == 0 and K % 128 == 0, x 16-byte aligned, the words 16-byte and the 
 from __future__ import annotations
 
 import kaio
-from kaio import f16, f16x2, f32, i32, u32
+from kaio import f16, f16x2, f32, i32, u32, u64
 from kaio_ops import _arrays
 
 COLS = 32  # output columns per block: 8 lane groups x 4 adjacent columns
@@ -98,14 +98,16 @@ def load_group(
     words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :], BUF: kaio.constexpr, w: u32[:, :],
     x: f16[:, :], scales: f16[:, :], group: u32, col: u32, g: u32, t: u32, M: u32,
     ROWS: kaio.constexpr, L2F: kaio.constexpr, XLEAD: kaio.constexpr, WC: kaio.constexpr,
+    XS: kaio.constexpr,
 ):  # fmt: skip
     """Buffer BUF = scale group ``group``'s operands of this lane: its 4 columns' scales (sc),
     the words of packed rows ``16 group + 4 u + t`` (words[u]) and, when ``ROWS`` <= 2 (one
-    m16 tile) and ``XLEAD`` is 0, the 8 halves of x those words multiply, rows g and g + 8
-    (xr[u, r]; rows past M read row M - 1 instead: their products land in rows that are
-    never stored). Past one tile the x fragments are loaded where they are used
+    m16 tile) and ``XLEAD`` and ``XS`` are 0, the 8 halves of x those words multiply, rows g
+    and g + 8 (xr[u, r]; rows past M read row M - 1 instead: their products land in rows that
+    are never stored). Past one tile the x fragments are loaded where they are used
     (``multiply_group``): buffering them all would take 32 registers per 8 rows; with
-    ``XLEAD`` they are loaded ``XLEAD`` loads ahead (``load_x``). ``WC`` the words' cache
+    ``XLEAD`` they are loaded ``XLEAD`` loads ahead (``load_x``), with ``XS`` read from
+    shared memory (``step_x``). ``WC`` the words' cache
     operator: 0 the default, 1 ``.cg`` (L2 only: L1 keeps x, which every block reads), 2
     ``.cs`` (streaming)."""
     kaio.load_vector(sc[BUF], scales, (group, col))
@@ -117,7 +119,7 @@ def load_group(
             kaio.load_vector(words[BUF, u], w, (row, col), L2F, "cs")
         else:
             kaio.load_vector(words[BUF, u], w, (row, col), L2F)
-        if ROWS <= 2 and XLEAD == 0:
+        if ROWS <= 2 and XLEAD == 0 and XS == 0:
             for r in kaio.static_range(ROWS):
                 kaio.load_vector(xr[BUF, u, r], x, (kaio.min(g + 8 * r, M - 1), 8 * row))
 
@@ -172,6 +174,44 @@ def read_stage(
 
 
 @kaio.gpu_func
+def x_chunk(slot: u32, kslice: u32, row: u32, chunk: u32, KW: kaio.constexpr) -> u32:
+    """XS: the f16 index in the x ring of 16-byte ``chunk`` (x's k ``8 chunk`` .. + 7 of the
+    group) of row ``row`` of K slice ``kslice``'s slot ``slot`` (ring [WBUF, KW, 16 rows, 16
+    chunks]), bit 2 of the chunk flipped on odd rows: a read phase's 8 lanes (rows g and
+    g + 1, chunks 4 u .. 4 u + 3) and a copy phase's (8 chunks of one row) hit 8 bank
+    groups."""
+    return (((slot * KW + kslice) * 16 + row) * 16 + (chunk ^ ((row & 1) << 2))) * 8
+
+
+@kaio.gpu_func
+def stage_x(
+    xring: f16[:], SLOT: kaio.constexpr, x: f16[:, :], group: u32, kslice: u32, peer: u32,
+    M: u32, ROWS: kaio.constexpr, CS: kaio.constexpr, KW: kaio.constexpr,
+):  # fmt: skip
+    """XS: start the copies of scale group ``group``'s x (8 ``ROWS`` rows of 128 halves; rows
+    past M read row M - 1) into slot SLOT of K slice ``kslice``'s x ring, shared by the
+    slice's ``CS`` warps (``peer``: this thread among their CS * 32): consecutive threads
+    copy consecutive 16-byte chunks of a row (whole sectors)."""
+    for i in kaio.static_range(4 * ROWS // CS):
+        q = peer + 32 * CS * i
+        row = q // 16
+        at = x_chunk(SLOT, kslice, row, q % 16, KW)
+        src = (kaio.min(row, M - 1), group * 8 * ROWS_PER_GROUP + 8 * (q % 16))
+        kaio.cp_async_cg(xring, (at,), x, src, 16)
+
+
+@kaio.gpu_func
+def x_turn(bars: u64[:], SLOT: kaio.constexpr, kslice: u32, parity: u32, WBUF: kaio.constexpr):
+    """XS: wait until slot SLOT of K slice ``kslice``'s x ring holds its group (this thread's
+    copies by ``cp_async_wait``, then the slice's other threads' by its mbarrier, phase
+    ``parity``); every thread of the slice arriving also says it is done with the slot the
+    previous turn read, which the copies ahead then take."""
+    kaio.cp_async_wait(WBUF - 2)
+    kaio.mbarrier_arrive(bars, kslice * WBUF + SLOT)
+    kaio.mbarrier_wait(bars, kslice * WBUF + SLOT, parity)
+
+
+@kaio.gpu_func
 def load_x(
     xq: u32[:, :, :], SLOT: kaio.constexpr, x: f16[:, :], group: u32, u: kaio.constexpr,
     g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
@@ -199,11 +239,17 @@ def lead_x(
 def step_x(
     xr: u32[:, :, :, :], BUF: kaio.constexpr, u: kaio.constexpr, xq: u32[:, :, :],
     x: f16[:, :], base: u32, WARPS: kaio.constexpr, last: u32, g: u32, t: u32, M: u32,
-    ROWS: kaio.constexpr, XLEAD: kaio.constexpr,
+    ROWS: kaio.constexpr, XLEAD: kaio.constexpr, XS: kaio.constexpr, xring: f16[:],
+    kslice: u32,
 ):  # fmt: skip
     """With ``XLEAD`` > 0: ask for the x fragments of the step ``XLEAD`` loads later
     (``lead_x``), then take this step's (load ``u`` of buffer BUF) from the ring into
-    xr[BUF, u]."""
+    xr[BUF, u]. With ``XS``: read them from slot BUF of the K slice's x ring (``WARPS``
+    slices)."""
+    if XS > 0:
+        for r in kaio.static_range(ROWS):
+            at = x_chunk(BUF, kslice, g + 8 * r, 4 * u + t, WARPS)
+            kaio.load_vector(xr[BUF, u, r], xring, (at,))
     if XLEAD > 0:
         s = LOADS * BUF + u
         lead_x(xq, x, base, s + XLEAD, WARPS, last, g, t, M, ROWS, XLEAD)
@@ -240,24 +286,26 @@ def multiply_group(
     acc: f32[:, :, :], words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :],
     BUF: kaio.constexpr, x: f16[:, :], group: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
     DEQ: kaio.constexpr, SWAP: kaio.constexpr, xq: u32[:, :, :], base: u32,
-    WARPS: kaio.constexpr, last: u32, XLEAD: kaio.constexpr,
+    WARPS: kaio.constexpr, last: u32, XLEAD: kaio.constexpr, XS: kaio.constexpr, xring: f16[:],
+    kslice: u32,
 ):  # fmt: skip
     """acc[m] += the products of buffer BUF (scale group ``group``) for each m16 tile m of
     the ``ROWS`` 8-row slabs: 2 k-steps of 16 for each of the 4 loads, for each of the lane's
     4 columns (n8 tiles). Each weight fragment is dequantized once and feeds every tile.
     With ``XLEAD`` (``ROWS`` <= 2), x's fragments come from the ring xq, and each load's
     step first asks for those of the step ``XLEAD`` later (``lead_x``; ``base`` is the
-    group of buffer 0 this round)."""
+    group of buffer 0 this round); with ``XS`` from the K slice's x ring (``step_x``)."""
     a = kaio.local(u32, (2, 4))
     b = kaio.local(u32, (4, 2, 2))
     xt = kaio.local(u32, (2, 4))
     if SWAP == 1:
         multiply_swapped(
-            acc, words, xr, sc, BUF, DEQ, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD
-        )
+            acc, words, xr, sc, BUF, DEQ, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS,
+            xring, kslice,
+        )  # fmt: skip
         return
     for u in kaio.static_range(LOADS):
-        step_x(xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD)
+        step_x(xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS, xring, kslice)
         dequantize_load(b, words, sc, BUF, u, DEQ)
         for m in kaio.static_range((ROWS + 1) // 2):
             if ROWS > 2:
@@ -300,7 +348,7 @@ def multiply_swapped(
     acc: f32[:, :, :], words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :],
     BUF: kaio.constexpr, DEQ: kaio.constexpr, xq: u32[:, :, :], x: f16[:, :], base: u32,
     WARPS: kaio.constexpr, last: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
-    XLEAD: kaio.constexpr,
+    XLEAD: kaio.constexpr, XS: kaio.constexpr, xring: f16[:], kslice: u32,
 ):  # fmt: skip
     """``multiply_group`` at M <= 16 (``ROWS`` 1 or 2) with the roles swapped: the weights
     are the A operand (m16: the lane's columns ``4 g + 2 p`` and ``+ 1`` as rows g and g + 8
@@ -312,7 +360,7 @@ def multiply_swapped(
     bx = kaio.local(u32, (2, 2, 2))
     b = kaio.local(u32, (4, 2, 2))
     for u in kaio.static_range(LOADS):
-        step_x(xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD)
+        step_x(xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS, xring, kslice)
         dequantize_load(b, words, sc, BUF, u, DEQ)
         for i in kaio.static_range(4):
             for h in kaio.static_range(2):
@@ -395,33 +443,48 @@ def buffer_step(
     L2F: kaio.constexpr, XLEAD: kaio.constexpr, DEQ: kaio.constexpr, SWAP: kaio.constexpr,
     WARPS: kaio.constexpr, last: u32, WBUF: kaio.constexpr, WC: kaio.constexpr,
     ASYNC: kaio.constexpr, ring: u32[:], sring: f16[:], cb: u32, N: u32, warp: u32, tid: u32,
-    BLOCK_WARPS: kaio.constexpr,
+    BLOCK_WARPS: kaio.constexpr, XS: kaio.constexpr, xring: f16[:], bars: u64[:], parity: u32,
+    CS: kaio.constexpr,
 ):  # fmt: skip
     """Buffer B's turn in a round of ``WBUF`` groups from ``base`` (``WARPS`` apart): first
     the loads of the group ``WBUF - 1`` later into the buffer the previous turn freed, then
     buffer B's products. With ``ASYNC`` the buffers are the slots of the shared rings: slot B
     is waited for and read into registers, then the copies of the group ahead go into the slot
     the previous turn read, committed (a group of copies every turn, empty or not);
-    ``BLOCK_WARPS`` (the block's, of which ``WARPS`` split K) lays the rings out."""
+    ``BLOCK_WARPS`` (the block's, of which ``WARPS`` split K) lays the rings out. With ``XS``
+    x's slot B of the K slice's ring is waited for the same way, by the slice's ``CS`` warps
+    together (``x_turn``, phase ``parity``), and x's copies of the group ahead join the
+    turn's."""
     ahead = base + (B + WBUF - 1) * WARPS
-    if ASYNC > 0:
-        kaio.cp_async_wait(WBUF - 2)
-        kaio.sync_warp()  # every lane's copies of slot B landed; slot B - 1 is read
-        read_stage(words, sc, B, ring, sring, g, t, warp, tid, BLOCK_WARPS)
+    kslice = warp // CS
+    if ASYNC > 0 or XS > 0:
+        if XS > 0:
+            x_turn(bars, B, kslice, parity, WBUF)
+        else:
+            kaio.cp_async_wait(WBUF - 2)
+            kaio.sync_warp()  # every lane's copies of slot B landed; slot B - 1 is read
+        if ASYNC > 0:
+            read_stage(words, sc, B, ring, sring, g, t, warp, tid, BLOCK_WARPS)
         if ahead < groups:
-            stage_group(
-                ring, sring, (B + WBUF - 1) % WBUF, w, scales, ahead, col, cb, N, warp,
-                g * 4 + t, tid, BLOCK_WARPS,
-            )  # fmt: skip
+            if ASYNC > 0:
+                stage_group(
+                    ring, sring, (B + WBUF - 1) % WBUF, w, scales, ahead, col, cb, N, warp,
+                    g * 4 + t, tid, BLOCK_WARPS,
+                )  # fmt: skip
+            if XS > 0:
+                stage_x(
+                    xring, (B + WBUF - 1) % WBUF, x, ahead, kslice, tid % (32 * CS), M, ROWS, CS,
+                    WARPS,
+                )  # fmt: skip
         kaio.cp_async_commit()
-    elif ahead < groups:
+    if ASYNC == 0 and ahead < groups:
         load_group(
             words, xr, sc, (B + WBUF - 1) % WBUF, w, x, scales, ahead, col, g, t, M, ROWS, L2F,
-            XLEAD, WC,
+            XLEAD, WC, XS,
         )  # fmt: skip
     multiply_group(
         acc, words, xr, sc, B, x, base + B * WARPS, g, t, M, ROWS, DEQ, SWAP, xq, base, WARPS,
-        last, XLEAD,
+        last, XLEAD, XS, xring, kslice,
     )  # fmt: skip
 
 
@@ -432,7 +495,7 @@ def decode_columns(
     PREFETCH: kaio.constexpr, DEQ: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], part: u32,
     SPLIT: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr, SWAP: kaio.constexpr,
     XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr, WC: kaio.constexpr,
-    ASYNC: kaio.constexpr,
+    ASYNC: kaio.constexpr, XS: kaio.constexpr,
 ):  # fmt: skip
     """With ``CS`` 1, out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W =
     scales * the nibbles of w, see the module docstring), rounded to DT (the output's type), for
@@ -449,13 +512,23 @@ def decode_columns(
     ``w // CS``, ``w // CS + WARPS // CS``, ...: the warps of one such run load the same x
     at about the same time (L1 hits, not L2 traffic). ``ASYNC`` (with XLEAD): the words and
     scales go through rings of WBUF slots in shared memory (``ring``, ``sring``) by
-    ``cp.async``, WBUF - 1 groups in flight a warp without their registers."""
-    # ASYNC's rings (``ring_bytes`` of dynamic shared memory at launch): the words
-    # (``ring_word``), then each thread's scales [WBUF, threads, 4]; 16 bytes each without it
+    ``cp.async``, WBUF - 1 groups in flight a warp without their registers. ``XS``: x goes
+    through a ring of WBUF slots in shared memory by ``cp.async`` too, one per K slice (the
+    CS warps of one run of groups), each group's x copied once for the slice's CS column
+    blocks (x's L2 traffic divided by CS), the slice's warps meeting at an mbarrier a turn
+    (``x_turn``)."""
+    KW = WARPS // CS  # the warps that split K
+    # The rings (``ring_bytes`` of dynamic shared memory at launch): ASYNC's words
+    # (``ring_word``), then each thread's scales [WBUF, threads, 4], then XS's x
+    # (``x_chunk``) and its mbarriers [KW, WBUF]; 16 bytes each without them
     RING_WORDS = ASYNC * WBUF * LOADS * WARPS * 128 + 4 - 4 * ASYNC
     SRING_HALVES = ASYNC * WBUF * WARPS * 128 + 8 - 8 * ASYNC
+    XRING_HALVES = XS * WBUF * KW * 16 * 128 + 8 - 8 * XS
     ring = kaio.shared_dynamic(u32, (RING_WORDS,), 0)
     sring = kaio.shared_dynamic(f16, (SRING_HALVES,), 4 * RING_WORDS)
+    xring = kaio.shared_dynamic(f16, (XRING_HALVES,), 4 * RING_WORDS + 2 * SRING_HALVES)
+    XBARS_AT = 4 * RING_WORDS + 2 * SRING_HALVES + 2 * XRING_HALVES
+    bars = kaio.shared_dynamic(u64, (XS * WBUF * KW + 2 - 2 * XS,), XBARS_AT)
     tid = kaio.thread_idx_x()
     warp = tid // 32
     lane = tid % 32
@@ -479,7 +552,10 @@ def decode_columns(
     xq = kaio.local(u32, (XLEAD + 1, 2, 4))
     sc = kaio.local(u32, (WBUF, 2))
     last = kaio.max(groups, 1) - 1
-    KW = WARPS // CS  # the warps that split K
+    if XS > 0:
+        if tid < KW * WBUF:
+            kaio.mbarrier_init(bars, tid, 32 * CS)  # every thread of the K slice arrives
+        kaio.sync_threads()
     for b in kaio.static_range(WBUF - 1):
         if first + b * KW < groups:
             if ASYNC > 0:
@@ -489,9 +565,11 @@ def decode_columns(
             else:
                 load_group(
                     words, xr, sc, b, w, x, scales, first + b * KW, col, g, t, M, ROWS, L2F,
-                    XLEAD, WC,
+                    XLEAD, WC, XS,
                 )  # fmt: skip
-        if ASYNC > 0:
+            if XS > 0:
+                stage_x(xring, b, x, first + b * KW, warp // CS, tid % (32 * CS), M, ROWS, CS, KW)
+        if ASYNC > 0 or XS > 0:
             kaio.cp_async_commit()
     for s in kaio.static_range(XLEAD):
         lead_x(xq, x, first, s, KW, last, g, t, M, ROWS, XLEAD)
@@ -503,18 +581,19 @@ def decode_columns(
             for d in kaio.static_range(WBUF * PREFETCH + WBUF, WBUF * PREFETCH + 2 * WBUF):
                 if group + d * KW < groups:
                     prefetch_group(w, group + d * KW, cb, lane, N, PMODE)
+        parity = ((group - first) // (WBUF * KW)) % 2  # XS: the round's phase of each slot
         for b in kaio.static_range(WBUF):
             if b == 0:  # group < groups in the loop
                 buffer_step(
                     acc, words, xr, sc, xq, b, w, x, scales, group, groups, col, g, t, M, ROWS,
                     L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC, ASYNC, ring, sring, cb, N, warp, tid,
-                    WARPS,
+                    WARPS, XS, xring, bars, parity, CS,
                 )  # fmt: skip
             elif group + b * KW < groups:
                 buffer_step(
                     acc, words, xr, sc, xq, b, w, x, scales, group, groups, col, g, t, M, ROWS,
                     L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC, ASYNC, ring, sring, cb, N, warp, tid,
-                    WARPS,
+                    WARPS, XS, xring, bars, parity, CS,
                 )  # fmt: skip
     for m in kaio.static_range((ROWS + 1) // 2):
         if m > 0:
@@ -591,7 +670,7 @@ def int4_decode(
     DEQ: kaio.constexpr, MINB: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
     SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], SPLIT: kaio.constexpr,
     XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr, WC: kaio.constexpr,
-    ASYNC: kaio.constexpr,
+    ASYNC: kaio.constexpr, XS: kaio.constexpr,
 ):  # fmt: skip
     """``out = x @ W`` (``decode_columns``), SPLIT blocks per 32 columns (block ``b``: part
     ``b % SPLIT`` of column block ``b // SPLIT``), or a block per ``CS`` column blocks."""
@@ -600,7 +679,7 @@ def int4_decode(
     b = kaio.block_idx_x()
     decode_columns(
         x, w, scales, out, partial, M, N, b // SPLIT, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-        counters, b % SPLIT, SPLIT, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC,
+        counters, b % SPLIT, SPLIT, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC, XS,
     )  # fmt: skip
 
 
@@ -612,7 +691,7 @@ def int4_decode_qkv(
     WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr, PREFETCH: kaio.constexpr,
     DEQ: kaio.constexpr, MINB: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
     SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], XLEAD: kaio.constexpr,
-    WBUF: kaio.constexpr, WC: kaio.constexpr, ASYNC: kaio.constexpr,
+    WBUF: kaio.constexpr, WC: kaio.constexpr, ASYNC: kaio.constexpr, XS: kaio.constexpr,
 ):  # fmt: skip
     """``q, k, v = x @ Wq, x @ Wk, x @ Wv`` in one launch: the blocks of q's columns, then
     k's, then v's (each block exactly a block of ``int4_decode``)."""
@@ -624,18 +703,18 @@ def int4_decode_qkv(
     if block < bq:
         decode_columns(
             x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
-            0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC,
+            0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS,
         )  # fmt: skip
     elif block < bq + bk:
         decode_columns(
             x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC,
+            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS,
         )  # fmt: skip
     else:
         nv = u32(v.shape[1])
         decode_columns(
             x, wv, sv, v, partial, M, nv, block - bq - bk, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC,
+            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS,
         )  # fmt: skip
 
 
@@ -654,6 +733,7 @@ WBUF = 2  # register buffers of words a warp (groups in flight: WBUF - 1)
 CS = 1  # matmul: 32-column blocks a block (its warps split K CS times less)
 WC = 0  # the words' cache operator: 0 the default, 1 .cg (L2 only, L1 keeps x), 2 .cs
 ASYNC = 0  # 1: the words and scales through WBUF-slot rings in shared memory by cp.async
+XS = 0  # 1 (ROWS <= 2): x through WBUF-slot rings in shared memory, one a K slice of CS warps
 TUNED = {
     "PREFETCH": PREFETCH,
     "DEQ": DEQ,
@@ -666,6 +746,7 @@ TUNED = {
     "CS": CS,
     "WC": WC,
     "ASYNC": ASYNC,
+    "XS": XS,
 }  # the constexprs matmul's tune overrides
 
 
@@ -684,11 +765,14 @@ def _words(w: _arrays.Operand):
 
 
 def ring_bytes(warps: int, tuned: dict) -> int:
-    """The dynamic shared memory of ASYNC's rings: WBUF slots of each thread's 4 16-byte
-    loads of words and its 8 bytes of scales (2 x 16 bytes without ASYNC)."""
-    if not tuned["ASYNC"]:
-        return 32
-    return tuned["WBUF"] * warps * 32 * (LOADS * 16 + 8)
+    """The dynamic shared memory of the rings: ASYNC's WBUF slots of each thread's 4 16-byte
+    loads of words and its 8 bytes of scales (2 x 16 bytes without ASYNC), then XS's WBUF
+    slots of 16 rows of a group's x (4 KB) a K slice and their mbarriers (16 bytes each
+    without XS)."""
+    slots = tuned["WBUF"]
+    rings = slots * warps * 32 * (LOADS * 16 + 8) if tuned["ASYNC"] else 32
+    slices = warps // tuned["CS"]
+    return rings + (slots * slices * (4096 + 8) if tuned["XS"] else 32)
 
 
 def _config(
@@ -709,6 +793,9 @@ def _tuned(m: int, tune: dict | None = None) -> dict:
     if _rows(m) > 2:
         tuned["XLEAD"] = 0  # past one m16 tile x is loaded where it is used
         tuned["ASYNC"] = 0
+        tuned["XS"] = 0
+    if tuned["XS"]:
+        tuned["XLEAD"] = 0  # x comes from its ring
     elif tuned["ASYNC"] and not tuned["XLEAD"]:
         tuned["XLEAD"] = 3  # the rings hold no x: x's fragments 3 loads ahead
     return tuned
