@@ -771,7 +771,7 @@ def ring_bytes(warps: int, tuned: dict) -> int:
     without XS)."""
     slots = tuned["WBUF"]
     rings = slots * warps * 32 * (LOADS * 16 + 8) if tuned["ASYNC"] else 32
-    slices = warps // tuned["CS"]
+    slices = warps // tuned.get("CS", 1)  # qkv: a block per 32 columns
     return rings + (slots * slices * (4096 + 8) if tuned["XS"] else 32)
 
 
