@@ -196,8 +196,10 @@ def test_int4_decode_warps_in_simulator(m, n, k, warps, poisoned):
 # warps), the swapped mma at M = 9-16 (SWAP 2), a byte's two nibbles a pair (DEQ 6, also past
 # 16 rows), blocks of 2 and 4 column blocks (CS: a partial last block; no K split with it),
 # the words' cache operators (WC 1 .cg, 2 .cs), the words and scales through shared rings by
-# cp.async (ASYNC: more slots than groups a warp, a partial last round, a K split); each twice:
-# the arrival counters are back to zero.
+# cp.async (ASYNC: more slots than groups a warp, a partial last round, a K split), x through
+# shared rings a K slice (XS: slices of 2 and 4 warps, a partial last column block, with the
+# words' rings, unswapped, 16 warps, three slots); each twice: the arrival counters are back
+# to zero.
 TUNED_PLANS = [
     (1, 36, 128 * 9, 4, {"PREFETCH": 1, "DEQ": 1, "SWAP": 0}),
     (16, 40, 128 * 7, 4, {"PREFETCH": 2, "PMODE": 2, "SPLIT": 3, "SWAP": 1}),
@@ -210,6 +212,9 @@ TUNED_PLANS = [
     (5, 68, 128 * 7, 8, {"CS": 4, "XLEAD": 1, "SPLIT": 2}),
     (7, 36, 128 * 11, 4, {"ASYNC": 1, "WBUF": 4, "DEQ": 6}),
     (16, 40, 128 * 37, 8, {"ASYNC": 1, "WBUF": 3, "SWAP": 2, "DEQ": 6, "SPLIT": 2}),
+    (16, 72, 128 * 7, 8, {"XS": 1, "CS": 2, "SWAP": 2, "DEQ": 6}),
+    (9, 72, 128 * 19, 16, {"XS": 1, "CS": 2, "ASYNC": 1, "SWAP": 2, "DEQ": 6}),
+    (13, 100, 128 * 13, 4, {"XS": 1, "CS": 4, "WBUF": 3, "DEQ": 6}),
 ]
 
 
