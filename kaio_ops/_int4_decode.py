@@ -186,18 +186,22 @@ def x_chunk(slot: u32, kslice: u32, row: u32, chunk: u32, KW: kaio.constexpr) ->
 @kaio.gpu_func
 def stage_x(
     xring: f16[:], SLOT: kaio.constexpr, x: f16[:, :], group: u32, kslice: u32, peer: u32,
-    M: u32, ROWS: kaio.constexpr, CS: kaio.constexpr, KW: kaio.constexpr,
+    M: u32, ROWS: kaio.constexpr, CS: kaio.constexpr, KW: kaio.constexpr, XS: kaio.constexpr,
 ):  # fmt: skip
     """XS: start the copies of scale group ``group``'s x (8 ``ROWS`` rows of 128 halves; rows
     past M read row M - 1) into slot SLOT of K slice ``kslice``'s x ring, shared by the
     slice's ``CS`` warps (``peer``: this thread among their CS * 32): consecutive threads
-    copy consecutive 16-byte chunks of a row (whole sectors)."""
+    copy consecutive 16-byte chunks of a row (whole sectors); XS 1 ``.cg`` (L2 only), 2
+    ``.ca`` (L1 too: the SM's other blocks may read the same x)."""
     for i in kaio.static_range(4 * ROWS // CS):
         q = peer + 32 * CS * i
         row = q // 16
         at = x_chunk(SLOT, kslice, row, q % 16, KW)
         src = (kaio.min(row, M - 1), group * 8 * ROWS_PER_GROUP + 8 * (q % 16))
-        kaio.cp_async_cg(xring, (at,), x, src, 16)
+        if XS == 2:
+            kaio.cp_async_ca(xring, (at,), x, src, 16)
+        else:
+            kaio.cp_async_cg(xring, (at,), x, src, 16)
 
 
 @kaio.gpu_func
@@ -474,7 +478,7 @@ def buffer_step(
             if XS > 0:
                 stage_x(
                     xring, (B + WBUF - 1) % WBUF, x, ahead, kslice, tid % (32 * CS), M, ROWS, CS,
-                    WARPS,
+                    WARPS, XS,
                 )  # fmt: skip
         kaio.cp_async_commit()
     if ASYNC == 0 and ahead < groups:
@@ -523,12 +527,13 @@ def decode_columns(
     # (``x_chunk``) and its mbarriers [KW, WBUF]; 16 bytes each without them
     RING_WORDS = ASYNC * WBUF * LOADS * WARPS * 128 + 4 - 4 * ASYNC
     SRING_HALVES = ASYNC * WBUF * WARPS * 128 + 8 - 8 * ASYNC
-    XRING_HALVES = XS * WBUF * KW * 16 * 128 + 8 - 8 * XS
+    XON = (XS + 1) // 2  # 1 with XS 1 or 2
+    XRING_HALVES = XON * WBUF * KW * 16 * 128 + 8 - 8 * XON
     ring = kaio.shared_dynamic(u32, (RING_WORDS,), 0)
     sring = kaio.shared_dynamic(f16, (SRING_HALVES,), 4 * RING_WORDS)
     xring = kaio.shared_dynamic(f16, (XRING_HALVES,), 4 * RING_WORDS + 2 * SRING_HALVES)
     XBARS_AT = 4 * RING_WORDS + 2 * SRING_HALVES + 2 * XRING_HALVES
-    bars = kaio.shared_dynamic(u64, (XS * WBUF * KW + 2 - 2 * XS,), XBARS_AT)
+    bars = kaio.shared_dynamic(u64, (XON * WBUF * KW + 2 - 2 * XON,), XBARS_AT)
     tid = kaio.thread_idx_x()
     warp = tid // 32
     lane = tid % 32
@@ -568,7 +573,9 @@ def decode_columns(
                     XLEAD, WC, XS,
                 )  # fmt: skip
             if XS > 0:
-                stage_x(xring, b, x, first + b * KW, warp // CS, tid % (32 * CS), M, ROWS, CS, KW)
+                stage_x(
+                    xring, b, x, first + b * KW, warp // CS, tid % (32 * CS), M, ROWS, CS, KW, XS
+                )
         if ASYNC > 0 or XS > 0:
             kaio.cp_async_commit()
     for s in kaio.static_range(XLEAD):
@@ -733,7 +740,8 @@ WBUF = 2  # register buffers of words a warp (groups in flight: WBUF - 1)
 CS = 1  # matmul: 32-column blocks a block (its warps split K CS times less)
 WC = 0  # the words' cache operator: 0 the default, 1 .cg (L2 only, L1 keeps x), 2 .cs
 ASYNC = 0  # 1: the words and scales through WBUF-slot rings in shared memory by cp.async
-XS = 0  # 1 (ROWS <= 2): x through WBUF-slot rings in shared memory, one a K slice of CS warps
+XS = 0  # ROWS <= 2: x through WBUF-slot rings in shared memory, one a K slice of CS warps, copied
+# .cg (1) or .ca (2)
 TUNED = {
     "PREFETCH": PREFETCH,
     "DEQ": DEQ,
