@@ -461,6 +461,11 @@ def buffer_step(
     turn's."""
     ahead = base + (B + WBUF - 1) * WARPS
     kslice = warp // CS
+    if ASYNC == 0 and ahead < groups:  # first: XS's wait must not hold the words back
+        load_group(
+            words, xr, sc, (B + WBUF - 1) % WBUF, w, x, scales, ahead, col, g, t, M, ROWS, L2F,
+            XLEAD, WC, XS,
+        )  # fmt: skip
     if ASYNC > 0 or XS > 0:
         if XS > 0:
             x_turn(bars, B, kslice, parity, WBUF)
@@ -481,11 +486,6 @@ def buffer_step(
                     WARPS, XS,
                 )  # fmt: skip
         kaio.cp_async_commit()
-    if ASYNC == 0 and ahead < groups:
-        load_group(
-            words, xr, sc, (B + WBUF - 1) % WBUF, w, x, scales, ahead, col, g, t, M, ROWS, L2F,
-            XLEAD, WC, XS,
-        )  # fmt: skip
     multiply_group(
         acc, words, xr, sc, B, x, base + B * WARPS, g, t, M, ROWS, DEQ, SWAP, xq, base, WARPS,
         last, XLEAD, XS, xring, kslice,
