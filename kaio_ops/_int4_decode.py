@@ -75,6 +75,10 @@ from kaio_ops import _arrays
 COLS = 32  # output columns per block: 8 lane groups x 4 adjacent columns
 ROWS_PER_GROUP = 16  # packed word rows per scale group (128 values)
 LOADS = ROWS_PER_GROUP // 4  # 16-byte loads per lane and group
+# XS: a row of a group's x in its ring, 128 halves padded to 160 (320 bytes: rows g and g + 1
+# of a read phase fall on the two halves of the banks), and a slot of 16 rows
+XPITCH = 160
+XSLOT = 16 * XPITCH
 PAIR_MASK = 0x000F000F  # nibbles j and j + 4 of a word shifted right by 4 j
 # XORed into a masked pair: the exponent of f16 1024 in each half, and the nibble's sign bit
 # flipped (q + 8); read as an f16 pair, the same bits are 1032 = 1024 + 8, subtracted after.
@@ -174,34 +178,43 @@ def read_stage(
 
 
 @kaio.gpu_func
-def x_chunk(slot: u32, kslice: u32, row: u32, chunk: u32, KW: kaio.constexpr) -> u32:
-    """XS: the f16 index in the x ring of 16-byte ``chunk`` (x's k ``8 chunk`` .. + 7 of the
-    group) of row ``row`` of K slice ``kslice``'s slot ``slot`` (ring [WBUF, KW, 16 rows, 16
-    chunks]), bit 2 of the chunk flipped on odd rows: a read phase's 8 lanes (rows g and
-    g + 1, chunks 4 u .. 4 u + 3) and a copy phase's (8 chunks of one row) hit 8 bank
-    groups."""
-    return (((slot * KW + kslice) * 16 + row) * 16 + (chunk ^ ((row & 1) << 2))) * 8
-
-
-@kaio.gpu_func
 def stage_x(
-    xring: f16[:], SLOT: kaio.constexpr, x: f16[:, :], group: u32, kslice: u32, peer: u32,
-    M: u32, ROWS: kaio.constexpr, CS: kaio.constexpr, KW: kaio.constexpr, XS: kaio.constexpr,
+    xring: f16[:], SLOT: kaio.constexpr, x: f16[:, :], group: u32, xcopy: u32,
+    xrows: u32[:], xcol: u32, ROWS: kaio.constexpr, CS: kaio.constexpr, KW: kaio.constexpr,
+    XS: kaio.constexpr,
 ):  # fmt: skip
-    """XS: start the copies of scale group ``group``'s x (8 ``ROWS`` rows of 128 halves; rows
-    past M read row M - 1) into slot SLOT of K slice ``kslice``'s x ring, shared by the
-    slice's ``CS`` warps (``peer``: this thread among their CS * 32): consecutive threads
-    copy consecutive 16-byte chunks of a row (whole sectors); XS 1 ``.cg`` (L2 only), 2
-    ``.ca`` (L1 too: the SM's other blocks may read the same x)."""
+    """XS: start the copies of scale group ``group``'s x (8 ``ROWS`` rows of 128 halves) into
+    slot SLOT of this thread's K slice's x ring, shared by the slice's ``CS`` warps: thread
+    ``p`` of the slice copies 16-byte chunk ``p % 16`` (x's column ``xcol`` of the group) of
+    rows ``p // 16 + 2 CS i`` (x's rows ``xrows[i]``), consecutive threads consecutive chunks
+    of a row (whole sectors), at ``xcopy`` (``x_bases``); XS 1 ``.cg`` (L2 only), 2 ``.ca``
+    (L1 too: the SM's other blocks may read the same x)."""
     for i in kaio.static_range(4 * ROWS // CS):
-        q = peer + 32 * CS * i
-        row = q // 16
-        at = x_chunk(SLOT, kslice, row, q % 16, KW)
-        src = (kaio.min(row, M - 1), group * 8 * ROWS_PER_GROUP + 8 * (q % 16))
+        at = xcopy + (SLOT * KW * 16 + 2 * CS * i) * XPITCH
+        src = (xrows[i], group * 8 * ROWS_PER_GROUP + xcol)
         if XS == 2:
             kaio.cp_async_ca(xring, (at,), x, src, 16)
         else:
             kaio.cp_async_cg(xring, (at,), x, src, 16)
+
+
+@kaio.gpu_func
+def x_bases(
+    xrows: u32[:], warp: u32, tid: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
+    CS: kaio.constexpr,
+) -> tuple[u32, u32, u32]:  # fmt: skip
+    """XS: this thread's places in its K slice's x ring (ring [WBUF, KW, 16 rows, XPITCH]):
+    ``(xread, xcopy, xcol)``, where its reads of row g, chunk t start (``step_x``) and its
+    copies of chunk ``p % 16`` (``p`` = the thread among the slice's CS * 32) of row ``p //
+    16`` go (``stage_x``), and that chunk's column; ``xrows`` = the x rows of its copies
+    (rows past M read row M - 1: their products land in rows never stored)."""
+    kslice = warp // CS
+    peer = tid % (32 * CS)
+    for i in kaio.static_range(4 * ROWS // CS):
+        xrows[i] = kaio.min(peer // 16 + 2 * CS * i, M - 1)
+    xread = (kslice * 16 + g) * XPITCH + 8 * t
+    xcopy = (kslice * 16 + peer // 16) * XPITCH + 8 * (peer % 16)
+    return xread, xcopy, 8 * (peer % 16)
 
 
 @kaio.gpu_func
@@ -244,15 +257,15 @@ def step_x(
     xr: u32[:, :, :, :], BUF: kaio.constexpr, u: kaio.constexpr, xq: u32[:, :, :],
     x: f16[:, :], base: u32, WARPS: kaio.constexpr, last: u32, g: u32, t: u32, M: u32,
     ROWS: kaio.constexpr, XLEAD: kaio.constexpr, XS: kaio.constexpr, xring: f16[:],
-    kslice: u32,
+    xread: u32,
 ):  # fmt: skip
     """With ``XLEAD`` > 0: ask for the x fragments of the step ``XLEAD`` loads later
     (``lead_x``), then take this step's (load ``u`` of buffer BUF) from the ring into
     xr[BUF, u]. With ``XS``: read them from slot BUF of the K slice's x ring (``WARPS``
-    slices)."""
+    slices; the lane's row g, chunk t at ``xread``)."""
     if XS > 0:
         for r in kaio.static_range(ROWS):
-            at = x_chunk(BUF, kslice, g + 8 * r, 4 * u + t, WARPS)
+            at = xread + (BUF * WARPS * 16 + 8 * r) * XPITCH + 32 * u
             kaio.load_vector(xr[BUF, u, r], xring, (at,))
     if XLEAD > 0:
         s = LOADS * BUF + u
@@ -291,7 +304,7 @@ def multiply_group(
     BUF: kaio.constexpr, x: f16[:, :], group: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
     DEQ: kaio.constexpr, SWAP: kaio.constexpr, xq: u32[:, :, :], base: u32,
     WARPS: kaio.constexpr, last: u32, XLEAD: kaio.constexpr, XS: kaio.constexpr, xring: f16[:],
-    kslice: u32,
+    xread: u32,
 ):  # fmt: skip
     """acc[m] += the products of buffer BUF (scale group ``group``) for each m16 tile m of
     the ``ROWS`` 8-row slabs: 2 k-steps of 16 for each of the 4 loads, for each of the lane's
@@ -305,11 +318,11 @@ def multiply_group(
     if SWAP == 1:
         multiply_swapped(
             acc, words, xr, sc, BUF, DEQ, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS,
-            xring, kslice,
+            xring, xread,
         )  # fmt: skip
         return
     for u in kaio.static_range(LOADS):
-        step_x(xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS, xring, kslice)
+        step_x(xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS, xring, xread)
         dequantize_load(b, words, sc, BUF, u, DEQ)
         for m in kaio.static_range((ROWS + 1) // 2):
             if ROWS > 2:
@@ -352,7 +365,7 @@ def multiply_swapped(
     acc: f32[:, :, :], words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :],
     BUF: kaio.constexpr, DEQ: kaio.constexpr, xq: u32[:, :, :], x: f16[:, :], base: u32,
     WARPS: kaio.constexpr, last: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
-    XLEAD: kaio.constexpr, XS: kaio.constexpr, xring: f16[:], kslice: u32,
+    XLEAD: kaio.constexpr, XS: kaio.constexpr, xring: f16[:], xread: u32,
 ):  # fmt: skip
     """``multiply_group`` at M <= 16 (``ROWS`` 1 or 2) with the roles swapped: the weights
     are the A operand (m16: the lane's columns ``4 g + 2 p`` and ``+ 1`` as rows g and g + 8
@@ -364,7 +377,7 @@ def multiply_swapped(
     bx = kaio.local(u32, (2, 2, 2))
     b = kaio.local(u32, (4, 2, 2))
     for u in kaio.static_range(LOADS):
-        step_x(xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS, xring, kslice)
+        step_x(xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS, xring, xread)
         dequantize_load(b, words, sc, BUF, u, DEQ)
         for i in kaio.static_range(4):
             for h in kaio.static_range(2):
@@ -448,7 +461,7 @@ def buffer_step(
     WARPS: kaio.constexpr, last: u32, WBUF: kaio.constexpr, WC: kaio.constexpr,
     ASYNC: kaio.constexpr, ring: u32[:], sring: f16[:], cb: u32, N: u32, warp: u32, tid: u32,
     BLOCK_WARPS: kaio.constexpr, XS: kaio.constexpr, xring: f16[:], bars: u64[:], parity: u32,
-    CS: kaio.constexpr,
+    CS: kaio.constexpr, xread: u32, xcopy: u32, xrows: u32[:], xcol: u32,
 ):  # fmt: skip
     """Buffer B's turn in a round of ``WBUF`` groups from ``base`` (``WARPS`` apart): first
     the loads of the group ``WBUF - 1`` later into the buffer the previous turn freed, then
@@ -482,13 +495,13 @@ def buffer_step(
                 )  # fmt: skip
             if XS > 0:
                 stage_x(
-                    xring, (B + WBUF - 1) % WBUF, x, ahead, kslice, tid % (32 * CS), M, ROWS, CS,
-                    WARPS, XS,
+                    xring, (B + WBUF - 1) % WBUF, x, ahead, xcopy, xrows, xcol, ROWS, CS, WARPS,
+                    XS,
                 )  # fmt: skip
         kaio.cp_async_commit()
     multiply_group(
         acc, words, xr, sc, B, x, base + B * WARPS, g, t, M, ROWS, DEQ, SWAP, xq, base, WARPS,
-        last, XLEAD, XS, xring, kslice,
+        last, XLEAD, XS, xring, xread,
     )  # fmt: skip
 
 
@@ -524,11 +537,11 @@ def decode_columns(
     KW = WARPS // CS  # the warps that split K
     # The rings (``ring_bytes`` of dynamic shared memory at launch): ASYNC's words
     # (``ring_word``), then each thread's scales [WBUF, threads, 4], then XS's x
-    # (``x_chunk``) and its mbarriers [KW, WBUF]; 16 bytes each without them
+    # (``x_bases``) and its mbarriers [KW, WBUF]; 16 bytes each without them
     RING_WORDS = ASYNC * WBUF * LOADS * WARPS * 128 + 4 - 4 * ASYNC
     SRING_HALVES = ASYNC * WBUF * WARPS * 128 + 8 - 8 * ASYNC
     XON = (XS + 1) // 2  # 1 with XS 1 or 2
-    XRING_HALVES = XON * WBUF * KW * 16 * 128 + 8 - 8 * XON
+    XRING_HALVES = XON * WBUF * KW * XSLOT + 8 - 8 * XON
     ring = kaio.shared_dynamic(u32, (RING_WORDS,), 0)
     sring = kaio.shared_dynamic(f16, (SRING_HALVES,), 4 * RING_WORDS)
     xring = kaio.shared_dynamic(f16, (XRING_HALVES,), 4 * RING_WORDS + 2 * SRING_HALVES)
@@ -557,7 +570,10 @@ def decode_columns(
     xq = kaio.local(u32, (XLEAD + 1, 2, 4))
     sc = kaio.local(u32, (WBUF, 2))
     last = kaio.max(groups, 1) - 1
+    xrows = kaio.local(u32, (4 * ROWS // CS + 1,))
+    xread, xcopy, xcol = u32(0), u32(0), u32(0)
     if XS > 0:
+        xread, xcopy, xcol = x_bases(xrows, warp, tid, g, t, M, ROWS, CS)
         if tid < KW * WBUF:
             kaio.mbarrier_init(bars, tid, 32 * CS)  # every thread of the K slice arrives
         kaio.sync_threads()
@@ -573,9 +589,7 @@ def decode_columns(
                     XLEAD, WC, XS,
                 )  # fmt: skip
             if XS > 0:
-                stage_x(
-                    xring, b, x, first + b * KW, warp // CS, tid % (32 * CS), M, ROWS, CS, KW, XS
-                )
+                stage_x(xring, b, x, first + b * KW, xcopy, xrows, xcol, ROWS, CS, KW, XS)
         if ASYNC > 0 or XS > 0:
             kaio.cp_async_commit()
     for s in kaio.static_range(XLEAD):
@@ -594,13 +608,13 @@ def decode_columns(
                 buffer_step(
                     acc, words, xr, sc, xq, b, w, x, scales, group, groups, col, g, t, M, ROWS,
                     L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC, ASYNC, ring, sring, cb, N, warp, tid,
-                    WARPS, XS, xring, bars, parity, CS,
+                    WARPS, XS, xring, bars, parity, CS, xread, xcopy, xrows, xcol,
                 )  # fmt: skip
             elif group + b * KW < groups:
                 buffer_step(
                     acc, words, xr, sc, xq, b, w, x, scales, group, groups, col, g, t, M, ROWS,
                     L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC, ASYNC, ring, sring, cb, N, warp, tid,
-                    WARPS, XS, xring, bars, parity, CS,
+                    WARPS, XS, xring, bars, parity, CS, xread, xcopy, xrows, xcol,
                 )  # fmt: skip
     for m in kaio.static_range((ROWS + 1) // 2):
         if m > 0:
@@ -775,12 +789,12 @@ def _words(w: _arrays.Operand):
 def ring_bytes(warps: int, tuned: dict) -> int:
     """The dynamic shared memory of the rings: ASYNC's WBUF slots of each thread's 4 16-byte
     loads of words and its 8 bytes of scales (2 x 16 bytes without ASYNC), then XS's WBUF
-    slots of 16 rows of a group's x (4 KB) a K slice and their mbarriers (16 bytes each
-    without XS)."""
+    slots of 16 padded rows of a group's x (5 KB) a K slice and their mbarriers (16 bytes
+    each without XS)."""
     slots = tuned["WBUF"]
     rings = slots * warps * 32 * (LOADS * 16 + 8) if tuned["ASYNC"] else 32
     slices = warps // tuned.get("CS", 1)  # qkv: a block per 32 columns
-    return rings + (slots * slices * (4096 + 8) if tuned["XS"] else 32)
+    return rings + (slots * slices * (2 * XSLOT + 8) if tuned["XS"] else 32)
 
 
 def _config(
