@@ -836,15 +836,19 @@ def _split_arrays(x: _arrays.Operand, tiles: int, split: int) -> dict:
 
 
 SWAPPED_16 = {"SWAP": 2, "DEQ": 6}  # M = 9-16: the swapped mma, a byte's nibbles a pair
+# M = 9-16 past ten tiles an SM: blocks of two column blocks whose warps of one K slice share
+# x through its shared ring (copied .ca), the words through theirs
+SHARED_X_16 = {**SWAPPED_16, "CS": 2, "XS": 2, "ASYNC": 1}
 # M <= 8 past two tiles an SM: a byte's nibbles a pair, the words through the shared rings
 # (72-76 registers), x 3 loads ahead
 RINGS_8 = {"DEQ": 6, "XLEAD": 3, "ASYNC": 1, "WBUF": 2}
 
 
-def plan(m: int, tiles: int, sms: int) -> tuple[int, dict]:
+def plan(m: int, tiles: int, sms: int, shared_x: bool = True) -> tuple[int, dict]:
     """(warps a block, ``TUNED`` overrides) at M = ``m`` over ``tiles`` 32-column blocks on
     ``sms`` multiprocessors, measured on an H100 (bench/int4_decode.py; docs/performance.md,
-    "W4A16 decode, M <= 16, third pass").
+    "W4A16 decode, M <= 16, third pass"); ``shared_x`` whether ``XS`` may be taken (its
+    turns wait at mbarriers: sm_90).
 
     At M <= 8 (the swapped mma): blocks of 16 warps while every tile has an SM of its own
     (N <= 4224 on 132 SMs: 16 warps an SM instead of 8, half the groups a warp); blocks
@@ -855,9 +859,12 @@ def plan(m: int, tiles: int, sms: int) -> tuple[int, dict]:
     ("W4A16 decode, M <= 16, fifth pass"). At M = 9-16 the swapped mma and DEQ 6 (x's
     halves as they are loaded: no prmt for x, two n8 tiles of x a k-step), blocks of 8, x
     with the words while every tile has an SM (149 registers), x 3 loads ahead (124
-    registers: 16 warps an SM) up to two tiles an SM and past ten; between, main's blocks
-    of 4 (no swap) up to four tiles an SM (N = 10240), else blocks of 4 swapped with x 3
-    loads ahead, each block two column blocks (``CS`` 2, N = 28672; ``qkv`` takes CS 1)."""
+    registers: 16 warps an SM) up to two tiles an SM; between, main's blocks of 4 (no swap)
+    up to four tiles an SM (N = 10240), else blocks of 4 swapped with x 3 loads ahead, each
+    block two column blocks (``CS`` 2, N = 28672; ``qkv`` takes CS 1); past ten tiles an SM
+    (N > 42240) ``SHARED_X_16``: blocks of 4 warps over two column blocks, each K slice's x
+    copied once into a shared ring for both, the words through the rings too (without
+    ``shared_x``: blocks of 8, x 3 loads ahead) ("W4A16 decode, M <= 16, sixth pass")."""
     if m > 16:
         return WARPS, {}
     if m <= 8:
@@ -870,6 +877,8 @@ def plan(m: int, tiles: int, sms: int) -> tuple[int, dict]:
         return 4, {**RINGS_8, "CS": 2 if tiles > 10 * sms else 1}
     if tiles <= sms:
         return 8, dict(SWAPPED_16)
+    if tiles > 10 * sms and shared_x:
+        return 4, dict(SHARED_X_16)
     if tiles <= 2 * sms or tiles > 10 * sms:
         return 8, {**SWAPPED_16, "XLEAD": 3}
     if tiles <= 4 * sms:
@@ -891,6 +900,13 @@ def _rows(m: int) -> int:
 ALL_ROWS = tuple(sorted({_rows(m) for m in range(1, MAX_M + 1)}))  # (1, 2, 4, 6, 8)
 
 
+def _mbarrier_waits(x: _arrays.Operand) -> bool:
+    """Whether ``x``'s GPU waits at mbarriers (``mbarrier.try_wait``, sm_90 on): ``XS``
+    needs it. The simulator does."""
+    dev = _arrays.gpu(x)
+    return dev is None or dev.compute_capability >= (9, 0)
+
+
 def matmul(
     x: _arrays.Operand, words: _arrays.Operand, scales: _arrays.Operand, dtype=f32,
     warps: int = 0, tune: dict | None = None,
@@ -901,7 +917,7 @@ def matmul(
     m, n = x.shape[0], words.shape[1]
     tiles = -(-n // COLS)
     if not warps:
-        warps, planned = plan(m, tiles, _arrays.multiprocessors(x))
+        warps, planned = plan(m, tiles, _arrays.multiprocessors(x), _mbarrier_waits(x))
         tune = {**planned, **(tune or {})}
     tuned = _tuned(m, tune)
     split = tuned.pop("SPLIT", SPLIT)
@@ -919,13 +935,14 @@ def matmul(
 def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
     """``(q, k, v)``, each ``f16(x @ W)`` for the three ``(words, scales)`` pairs of
     ``weights`` (see ``fits``): one launch, the blocks of q's columns, then k's, then v's,
-    ``plan`` over the three widths' blocks (without ``RINGS_8``: blocks of 4 there)."""
+    ``plan`` over the three widths' blocks (without ``RINGS_8``: blocks of 4 there; without
+    ``XS``, whose blocks take two column blocks)."""
     m = x.shape[0]
     widths = [w.shape[1] for w, _ in weights]
     outs = [_arrays.output(x, (m, n), f16) for n in widths]
     blocks = sum(-(-n // COLS) for n in widths)
     sms = _arrays.multiprocessors(x)
-    warps, planned = plan(m, blocks, sms)
+    warps, planned = plan(m, blocks, sms, shared_x=False)
     if planned.get("ASYNC"):  # the rings measured no faster here (70B widths, H100): main's
         warps, planned = 4, ({"DEQ": 6, "XLEAD": 3} if blocks > 10 * sms else {})
     tuned = _tuned(m, planned)
