@@ -51,6 +51,13 @@ the tensor cores' rate, so the kernel is built around the weight stream:
   its slot back (``read_stage``) after ``cp_async_wait`` and ``sync_warp``: no register
   holds a group in flight (72-76 registers at M <= 8 instead of 96-110; x then comes 3
   loads ahead).
+- ``XS`` (M <= 16, sm_90): x goes global -> shared by ``cp.async`` too, into a ring of WBUF
+  slots a K slice (the ``CS`` warps of a block that take the same scale groups, one per
+  column block): each group's x is copied once for the slice's CS column blocks, so x's
+  traffic from L2 is divided by CS. The slice's threads meet at an mbarrier a turn
+  (``x_turn``), which also frees the slot the previous turn read; rows padded to 320 bytes
+  keep the reads (``ld.shared.v4``) free of bank conflicts, each thread's places in the ring
+  computed once (``x_bases``).
 
 ``plan`` picks the warps a block and these knobs by M and the tiles an SM (measured on an
 H100). The other knobs of ``TUNED`` (an L2 prefetch of later groups, the words' L2 fetch
