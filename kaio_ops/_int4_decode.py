@@ -51,6 +51,13 @@ the tensor cores' rate, so the kernel is built around the weight stream:
   its slot back (``read_stage``) after ``cp_async_wait`` and ``sync_warp``: no register
   holds a group in flight (72-76 registers at M <= 8 instead of 96-110; x then comes 3
   loads ahead).
+- ``XS`` (M <= 16, sm_90): x goes global -> shared by ``cp.async`` too, into a ring of WBUF
+  slots a K slice (the ``CS`` warps of a block that take the same scale groups, one per
+  column block): each group's x is copied once for the slice's CS column blocks, so x's
+  traffic from L2 is divided by CS. The slice's threads meet at an mbarrier a turn
+  (``x_turn``), which also frees the slot the previous turn read; rows padded to 320 bytes
+  keep the reads (``ld.shared.v4``) free of bank conflicts, each thread's places in the ring
+  computed once (``x_bases``).
 
 ``plan`` picks the warps a block and these knobs by M and the tiles an SM (measured on an
 H100). The other knobs of ``TUNED`` (an L2 prefetch of later groups, the words' L2 fetch
@@ -69,12 +76,16 @@ Needs N % 4 == 0 and K % 128 == 0, x 16-byte aligned, the words 16-byte and the 
 from __future__ import annotations
 
 import kaio
-from kaio import f16, f16x2, f32, i32, u32
+from kaio import f16, f16x2, f32, i32, u32, u64
 from kaio_ops import _arrays
 
 COLS = 32  # output columns per block: 8 lane groups x 4 adjacent columns
 ROWS_PER_GROUP = 16  # packed word rows per scale group (128 values)
 LOADS = ROWS_PER_GROUP // 4  # 16-byte loads per lane and group
+# XS: a row of a group's x in its ring, 128 halves padded to 160 (320 bytes: rows g and g + 1
+# of a read phase fall on the two halves of the banks), and a slot of 16 rows
+XPITCH = 160
+XSLOT = 16 * XPITCH
 PAIR_MASK = 0x000F000F  # nibbles j and j + 4 of a word shifted right by 4 j
 # XORed into a masked pair: the exponent of f16 1024 in each half, and the nibble's sign bit
 # flipped (q + 8); read as an f16 pair, the same bits are 1032 = 1024 + 8, subtracted after.
@@ -98,14 +109,16 @@ def load_group(
     words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :], BUF: kaio.constexpr, w: u32[:, :],
     x: f16[:, :], scales: f16[:, :], group: u32, col: u32, g: u32, t: u32, M: u32,
     ROWS: kaio.constexpr, L2F: kaio.constexpr, XLEAD: kaio.constexpr, WC: kaio.constexpr,
+    XS: kaio.constexpr,
 ):  # fmt: skip
     """Buffer BUF = scale group ``group``'s operands of this lane: its 4 columns' scales (sc),
     the words of packed rows ``16 group + 4 u + t`` (words[u]) and, when ``ROWS`` <= 2 (one
-    m16 tile) and ``XLEAD`` is 0, the 8 halves of x those words multiply, rows g and g + 8
-    (xr[u, r]; rows past M read row M - 1 instead: their products land in rows that are
-    never stored). Past one tile the x fragments are loaded where they are used
+    m16 tile) and ``XLEAD`` and ``XS`` are 0, the 8 halves of x those words multiply, rows g
+    and g + 8 (xr[u, r]; rows past M read row M - 1 instead: their products land in rows that
+    are never stored). Past one tile the x fragments are loaded where they are used
     (``multiply_group``): buffering them all would take 32 registers per 8 rows; with
-    ``XLEAD`` they are loaded ``XLEAD`` loads ahead (``load_x``). ``WC`` the words' cache
+    ``XLEAD`` they are loaded ``XLEAD`` loads ahead (``load_x``), with ``XS`` read from
+    shared memory (``step_x``). ``WC`` the words' cache
     operator: 0 the default, 1 ``.cg`` (L2 only: L1 keeps x, which every block reads), 2
     ``.cs`` (streaming)."""
     kaio.load_vector(sc[BUF], scales, (group, col))
@@ -117,7 +130,7 @@ def load_group(
             kaio.load_vector(words[BUF, u], w, (row, col), L2F, "cs")
         else:
             kaio.load_vector(words[BUF, u], w, (row, col), L2F)
-        if ROWS <= 2 and XLEAD == 0:
+        if ROWS <= 2 and XLEAD == 0 and XS == 0:
             for r in kaio.static_range(ROWS):
                 kaio.load_vector(xr[BUF, u, r], x, (kaio.min(g + 8 * r, M - 1), 8 * row))
 
@@ -172,6 +185,57 @@ def read_stage(
 
 
 @kaio.gpu_func
+def stage_x(
+    xring: f16[:], SLOT: kaio.constexpr, x: f16[:, :], group: u32, xcopy: u32,
+    xrows: u32[:], xcol: u32, ROWS: kaio.constexpr, CS: kaio.constexpr, KW: kaio.constexpr,
+    XS: kaio.constexpr,
+):  # fmt: skip
+    """XS: start the copies of scale group ``group``'s x (8 ``ROWS`` rows of 128 halves) into
+    slot SLOT of this thread's K slice's x ring, shared by the slice's ``CS`` warps: thread
+    ``p`` of the slice copies 16-byte chunk ``p % 16`` (x's column ``xcol`` of the group) of
+    rows ``p // 16 + 2 CS i`` (x's rows ``xrows[i]``), consecutive threads consecutive chunks
+    of a row (whole sectors), at ``xcopy`` (``x_bases``); XS 1 ``.cg`` (L2 only), 2 ``.ca``
+    (L1 too: the SM's other blocks may read the same x)."""
+    for i in kaio.static_range(4 * ROWS // CS):
+        at = xcopy + (SLOT * KW * 16 + 2 * CS * i) * XPITCH
+        src = (xrows[i], group * 8 * ROWS_PER_GROUP + xcol)
+        if XS == 2:
+            kaio.cp_async_ca(xring, (at,), x, src, 16)
+        else:
+            kaio.cp_async_cg(xring, (at,), x, src, 16)
+
+
+@kaio.gpu_func
+def x_bases(
+    xrows: u32[:], warp: u32, tid: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
+    CS: kaio.constexpr,
+) -> tuple[u32, u32, u32]:  # fmt: skip
+    """XS: this thread's places in its K slice's x ring (ring [WBUF, KW, 16 rows, XPITCH]):
+    ``(xread, xcopy, xcol)``, where its reads of row g, chunk t start (``step_x``) and its
+    copies of chunk ``p % 16`` (``p`` = the thread among the slice's CS * 32) of row ``p //
+    16`` go (``stage_x``), and that chunk's column; ``xrows`` = the x rows of its copies
+    (rows past M read row M - 1: their products land in rows never stored)."""
+    kslice = warp // CS
+    peer = tid % (32 * CS)
+    for i in kaio.static_range(4 * ROWS // CS):
+        xrows[i] = kaio.min(peer // 16 + 2 * CS * i, M - 1)
+    xread = (kslice * 16 + g) * XPITCH + 8 * t
+    xcopy = (kslice * 16 + peer // 16) * XPITCH + 8 * (peer % 16)
+    return xread, xcopy, 8 * (peer % 16)
+
+
+@kaio.gpu_func
+def x_turn(bars: u64[:], SLOT: kaio.constexpr, kslice: u32, parity: u32, WBUF: kaio.constexpr):
+    """XS: wait until slot SLOT of K slice ``kslice``'s x ring holds its group (this thread's
+    copies by ``cp_async_wait``, then the slice's other threads' by its mbarrier, phase
+    ``parity``); every thread of the slice arriving also says it is done with the slot the
+    previous turn read, which the copies ahead then take."""
+    kaio.cp_async_wait(WBUF - 2)
+    kaio.mbarrier_arrive(bars, kslice * WBUF + SLOT)
+    kaio.mbarrier_wait(bars, kslice * WBUF + SLOT, parity)
+
+
+@kaio.gpu_func
 def load_x(
     xq: u32[:, :, :], SLOT: kaio.constexpr, x: f16[:, :], group: u32, u: kaio.constexpr,
     g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
@@ -199,11 +263,17 @@ def lead_x(
 def step_x(
     xr: u32[:, :, :, :], BUF: kaio.constexpr, u: kaio.constexpr, xq: u32[:, :, :],
     x: f16[:, :], base: u32, WARPS: kaio.constexpr, last: u32, g: u32, t: u32, M: u32,
-    ROWS: kaio.constexpr, XLEAD: kaio.constexpr,
+    ROWS: kaio.constexpr, XLEAD: kaio.constexpr, XS: kaio.constexpr, xring: f16[:],
+    xread: u32,
 ):  # fmt: skip
     """With ``XLEAD`` > 0: ask for the x fragments of the step ``XLEAD`` loads later
     (``lead_x``), then take this step's (load ``u`` of buffer BUF) from the ring into
-    xr[BUF, u]."""
+    xr[BUF, u]. With ``XS``: read them from slot BUF of the K slice's x ring (``WARPS``
+    slices; the lane's row g, chunk t at ``xread``)."""
+    if XS > 0:
+        for r in kaio.static_range(ROWS):
+            at = xread + (BUF * WARPS * 16 + 8 * r) * XPITCH + 32 * u
+            kaio.load_vector(xr[BUF, u, r], xring, (at,))
     if XLEAD > 0:
         s = LOADS * BUF + u
         lead_x(xq, x, base, s + XLEAD, WARPS, last, g, t, M, ROWS, XLEAD)
@@ -240,24 +310,26 @@ def multiply_group(
     acc: f32[:, :, :], words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :],
     BUF: kaio.constexpr, x: f16[:, :], group: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
     DEQ: kaio.constexpr, SWAP: kaio.constexpr, xq: u32[:, :, :], base: u32,
-    WARPS: kaio.constexpr, last: u32, XLEAD: kaio.constexpr,
+    WARPS: kaio.constexpr, last: u32, XLEAD: kaio.constexpr, XS: kaio.constexpr, xring: f16[:],
+    xread: u32,
 ):  # fmt: skip
     """acc[m] += the products of buffer BUF (scale group ``group``) for each m16 tile m of
     the ``ROWS`` 8-row slabs: 2 k-steps of 16 for each of the 4 loads, for each of the lane's
     4 columns (n8 tiles). Each weight fragment is dequantized once and feeds every tile.
     With ``XLEAD`` (``ROWS`` <= 2), x's fragments come from the ring xq, and each load's
     step first asks for those of the step ``XLEAD`` later (``lead_x``; ``base`` is the
-    group of buffer 0 this round)."""
+    group of buffer 0 this round); with ``XS`` from the K slice's x ring (``step_x``)."""
     a = kaio.local(u32, (2, 4))
     b = kaio.local(u32, (4, 2, 2))
     xt = kaio.local(u32, (2, 4))
     if SWAP == 1:
         multiply_swapped(
-            acc, words, xr, sc, BUF, DEQ, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD
-        )
+            acc, words, xr, sc, BUF, DEQ, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS,
+            xring, xread,
+        )  # fmt: skip
         return
     for u in kaio.static_range(LOADS):
-        step_x(xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD)
+        step_x(xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS, xring, xread)
         dequantize_load(b, words, sc, BUF, u, DEQ)
         for m in kaio.static_range((ROWS + 1) // 2):
             if ROWS > 2:
@@ -300,7 +372,7 @@ def multiply_swapped(
     acc: f32[:, :, :], words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :],
     BUF: kaio.constexpr, DEQ: kaio.constexpr, xq: u32[:, :, :], x: f16[:, :], base: u32,
     WARPS: kaio.constexpr, last: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
-    XLEAD: kaio.constexpr,
+    XLEAD: kaio.constexpr, XS: kaio.constexpr, xring: f16[:], xread: u32,
 ):  # fmt: skip
     """``multiply_group`` at M <= 16 (``ROWS`` 1 or 2) with the roles swapped: the weights
     are the A operand (m16: the lane's columns ``4 g + 2 p`` and ``+ 1`` as rows g and g + 8
@@ -312,7 +384,7 @@ def multiply_swapped(
     bx = kaio.local(u32, (2, 2, 2))
     b = kaio.local(u32, (4, 2, 2))
     for u in kaio.static_range(LOADS):
-        step_x(xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD)
+        step_x(xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS, xring, xread)
         dequantize_load(b, words, sc, BUF, u, DEQ)
         for i in kaio.static_range(4):
             for h in kaio.static_range(2):
@@ -395,33 +467,48 @@ def buffer_step(
     L2F: kaio.constexpr, XLEAD: kaio.constexpr, DEQ: kaio.constexpr, SWAP: kaio.constexpr,
     WARPS: kaio.constexpr, last: u32, WBUF: kaio.constexpr, WC: kaio.constexpr,
     ASYNC: kaio.constexpr, ring: u32[:], sring: f16[:], cb: u32, N: u32, warp: u32, tid: u32,
-    BLOCK_WARPS: kaio.constexpr,
+    BLOCK_WARPS: kaio.constexpr, XS: kaio.constexpr, xring: f16[:], bars: u64[:], parity: u32,
+    CS: kaio.constexpr, xread: u32, xcopy: u32, xrows: u32[:], xcol: u32,
 ):  # fmt: skip
     """Buffer B's turn in a round of ``WBUF`` groups from ``base`` (``WARPS`` apart): first
     the loads of the group ``WBUF - 1`` later into the buffer the previous turn freed, then
     buffer B's products. With ``ASYNC`` the buffers are the slots of the shared rings: slot B
     is waited for and read into registers, then the copies of the group ahead go into the slot
     the previous turn read, committed (a group of copies every turn, empty or not);
-    ``BLOCK_WARPS`` (the block's, of which ``WARPS`` split K) lays the rings out."""
+    ``BLOCK_WARPS`` (the block's, of which ``WARPS`` split K) lays the rings out. With ``XS``
+    x's slot B of the K slice's ring is waited for the same way, by the slice's ``CS`` warps
+    together (``x_turn``, phase ``parity``), and x's copies of the group ahead join the
+    turn's."""
     ahead = base + (B + WBUF - 1) * WARPS
-    if ASYNC > 0:
-        kaio.cp_async_wait(WBUF - 2)
-        kaio.sync_warp()  # every lane's copies of slot B landed; slot B - 1 is read
-        read_stage(words, sc, B, ring, sring, g, t, warp, tid, BLOCK_WARPS)
-        if ahead < groups:
-            stage_group(
-                ring, sring, (B + WBUF - 1) % WBUF, w, scales, ahead, col, cb, N, warp,
-                g * 4 + t, tid, BLOCK_WARPS,
-            )  # fmt: skip
-        kaio.cp_async_commit()
-    elif ahead < groups:
+    kslice = warp // CS
+    if ASYNC == 0 and ahead < groups:  # first: XS's wait must not hold the words back
         load_group(
             words, xr, sc, (B + WBUF - 1) % WBUF, w, x, scales, ahead, col, g, t, M, ROWS, L2F,
-            XLEAD, WC,
+            XLEAD, WC, XS,
         )  # fmt: skip
+    if ASYNC > 0 or XS > 0:
+        if XS > 0:
+            x_turn(bars, B, kslice, parity, WBUF)
+        else:
+            kaio.cp_async_wait(WBUF - 2)
+            kaio.sync_warp()  # every lane's copies of slot B landed; slot B - 1 is read
+        if ASYNC > 0:
+            read_stage(words, sc, B, ring, sring, g, t, warp, tid, BLOCK_WARPS)
+        if ahead < groups:
+            if ASYNC > 0:
+                stage_group(
+                    ring, sring, (B + WBUF - 1) % WBUF, w, scales, ahead, col, cb, N, warp,
+                    g * 4 + t, tid, BLOCK_WARPS,
+                )  # fmt: skip
+            if XS > 0:
+                stage_x(
+                    xring, (B + WBUF - 1) % WBUF, x, ahead, xcopy, xrows, xcol, ROWS, CS, WARPS,
+                    XS,
+                )  # fmt: skip
+        kaio.cp_async_commit()
     multiply_group(
         acc, words, xr, sc, B, x, base + B * WARPS, g, t, M, ROWS, DEQ, SWAP, xq, base, WARPS,
-        last, XLEAD,
+        last, XLEAD, XS, xring, xread,
     )  # fmt: skip
 
 
@@ -432,7 +519,7 @@ def decode_columns(
     PREFETCH: kaio.constexpr, DEQ: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], part: u32,
     SPLIT: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr, SWAP: kaio.constexpr,
     XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr, WC: kaio.constexpr,
-    ASYNC: kaio.constexpr,
+    ASYNC: kaio.constexpr, XS: kaio.constexpr,
 ):  # fmt: skip
     """With ``CS`` 1, out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W =
     scales * the nibbles of w, see the module docstring), rounded to DT (the output's type), for
@@ -449,13 +536,24 @@ def decode_columns(
     ``w // CS``, ``w // CS + WARPS // CS``, ...: the warps of one such run load the same x
     at about the same time (L1 hits, not L2 traffic). ``ASYNC`` (with XLEAD): the words and
     scales go through rings of WBUF slots in shared memory (``ring``, ``sring``) by
-    ``cp.async``, WBUF - 1 groups in flight a warp without their registers."""
-    # ASYNC's rings (``ring_bytes`` of dynamic shared memory at launch): the words
-    # (``ring_word``), then each thread's scales [WBUF, threads, 4]; 16 bytes each without it
+    ``cp.async``, WBUF - 1 groups in flight a warp without their registers. ``XS``: x goes
+    through a ring of WBUF slots in shared memory by ``cp.async`` too, one per K slice (the
+    CS warps of one run of groups), each group's x copied once for the slice's CS column
+    blocks (x's L2 traffic divided by CS), the slice's warps meeting at an mbarrier a turn
+    (``x_turn``)."""
+    KW = WARPS // CS  # the warps that split K
+    # The rings (``ring_bytes`` of dynamic shared memory at launch): ASYNC's words
+    # (``ring_word``), then each thread's scales [WBUF, threads, 4], then XS's x
+    # (``x_bases``) and its mbarriers [KW, WBUF]; 16 bytes each without them
     RING_WORDS = ASYNC * WBUF * LOADS * WARPS * 128 + 4 - 4 * ASYNC
     SRING_HALVES = ASYNC * WBUF * WARPS * 128 + 8 - 8 * ASYNC
+    XON = (XS + 1) // 2  # 1 with XS 1 or 2
+    XRING_HALVES = XON * WBUF * KW * XSLOT + 8 - 8 * XON
     ring = kaio.shared_dynamic(u32, (RING_WORDS,), 0)
     sring = kaio.shared_dynamic(f16, (SRING_HALVES,), 4 * RING_WORDS)
+    xring = kaio.shared_dynamic(f16, (XRING_HALVES,), 4 * RING_WORDS + 2 * SRING_HALVES)
+    XBARS_AT = 4 * RING_WORDS + 2 * SRING_HALVES + 2 * XRING_HALVES
+    bars = kaio.shared_dynamic(u64, (XON * WBUF * KW + 2 - 2 * XON,), XBARS_AT)
     tid = kaio.thread_idx_x()
     warp = tid // 32
     lane = tid % 32
@@ -479,7 +577,13 @@ def decode_columns(
     xq = kaio.local(u32, (XLEAD + 1, 2, 4))
     sc = kaio.local(u32, (WBUF, 2))
     last = kaio.max(groups, 1) - 1
-    KW = WARPS // CS  # the warps that split K
+    xrows = kaio.local(u32, (4 * ROWS // CS + 1,))
+    xread, xcopy, xcol = u32(0), u32(0), u32(0)
+    if XS > 0:
+        xread, xcopy, xcol = x_bases(xrows, warp, tid, g, t, M, ROWS, CS)
+        if tid < KW * WBUF:
+            kaio.mbarrier_init(bars, tid, 32 * CS)  # every thread of the K slice arrives
+        kaio.sync_threads()
     for b in kaio.static_range(WBUF - 1):
         if first + b * KW < groups:
             if ASYNC > 0:
@@ -489,9 +593,11 @@ def decode_columns(
             else:
                 load_group(
                     words, xr, sc, b, w, x, scales, first + b * KW, col, g, t, M, ROWS, L2F,
-                    XLEAD, WC,
+                    XLEAD, WC, XS,
                 )  # fmt: skip
-        if ASYNC > 0:
+            if XS > 0:
+                stage_x(xring, b, x, first + b * KW, xcopy, xrows, xcol, ROWS, CS, KW, XS)
+        if ASYNC > 0 or XS > 0:
             kaio.cp_async_commit()
     for s in kaio.static_range(XLEAD):
         lead_x(xq, x, first, s, KW, last, g, t, M, ROWS, XLEAD)
@@ -503,18 +609,19 @@ def decode_columns(
             for d in kaio.static_range(WBUF * PREFETCH + WBUF, WBUF * PREFETCH + 2 * WBUF):
                 if group + d * KW < groups:
                     prefetch_group(w, group + d * KW, cb, lane, N, PMODE)
+        parity = ((group - first) // (WBUF * KW)) % 2  # XS: the round's phase of each slot
         for b in kaio.static_range(WBUF):
             if b == 0:  # group < groups in the loop
                 buffer_step(
                     acc, words, xr, sc, xq, b, w, x, scales, group, groups, col, g, t, M, ROWS,
                     L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC, ASYNC, ring, sring, cb, N, warp, tid,
-                    WARPS,
+                    WARPS, XS, xring, bars, parity, CS, xread, xcopy, xrows, xcol,
                 )  # fmt: skip
             elif group + b * KW < groups:
                 buffer_step(
                     acc, words, xr, sc, xq, b, w, x, scales, group, groups, col, g, t, M, ROWS,
                     L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC, ASYNC, ring, sring, cb, N, warp, tid,
-                    WARPS,
+                    WARPS, XS, xring, bars, parity, CS, xread, xcopy, xrows, xcol,
                 )  # fmt: skip
     for m in kaio.static_range((ROWS + 1) // 2):
         if m > 0:
@@ -591,7 +698,7 @@ def int4_decode(
     DEQ: kaio.constexpr, MINB: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
     SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], SPLIT: kaio.constexpr,
     XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr, WC: kaio.constexpr,
-    ASYNC: kaio.constexpr,
+    ASYNC: kaio.constexpr, XS: kaio.constexpr,
 ):  # fmt: skip
     """``out = x @ W`` (``decode_columns``), SPLIT blocks per 32 columns (block ``b``: part
     ``b % SPLIT`` of column block ``b // SPLIT``), or a block per ``CS`` column blocks."""
@@ -600,7 +707,7 @@ def int4_decode(
     b = kaio.block_idx_x()
     decode_columns(
         x, w, scales, out, partial, M, N, b // SPLIT, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-        counters, b % SPLIT, SPLIT, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC,
+        counters, b % SPLIT, SPLIT, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC, XS,
     )  # fmt: skip
 
 
@@ -612,7 +719,7 @@ def int4_decode_qkv(
     WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr, PREFETCH: kaio.constexpr,
     DEQ: kaio.constexpr, MINB: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
     SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], XLEAD: kaio.constexpr,
-    WBUF: kaio.constexpr, WC: kaio.constexpr, ASYNC: kaio.constexpr,
+    WBUF: kaio.constexpr, WC: kaio.constexpr, ASYNC: kaio.constexpr, XS: kaio.constexpr,
 ):  # fmt: skip
     """``q, k, v = x @ Wq, x @ Wk, x @ Wv`` in one launch: the blocks of q's columns, then
     k's, then v's (each block exactly a block of ``int4_decode``)."""
@@ -624,18 +731,18 @@ def int4_decode_qkv(
     if block < bq:
         decode_columns(
             x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
-            0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC,
+            0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS,
         )  # fmt: skip
     elif block < bq + bk:
         decode_columns(
             x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC,
+            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS,
         )  # fmt: skip
     else:
         nv = u32(v.shape[1])
         decode_columns(
             x, wv, sv, v, partial, M, nv, block - bq - bk, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC,
+            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS,
         )  # fmt: skip
 
 
@@ -654,6 +761,8 @@ WBUF = 2  # register buffers of words a warp (groups in flight: WBUF - 1)
 CS = 1  # matmul: 32-column blocks a block (its warps split K CS times less)
 WC = 0  # the words' cache operator: 0 the default, 1 .cg (L2 only, L1 keeps x), 2 .cs
 ASYNC = 0  # 1: the words and scales through WBUF-slot rings in shared memory by cp.async
+XS = 0  # ROWS <= 2: x through WBUF-slot rings in shared memory, one a K slice of CS warps, copied
+# .cg (1) or .ca (2)
 TUNED = {
     "PREFETCH": PREFETCH,
     "DEQ": DEQ,
@@ -666,6 +775,7 @@ TUNED = {
     "CS": CS,
     "WC": WC,
     "ASYNC": ASYNC,
+    "XS": XS,
 }  # the constexprs matmul's tune overrides
 
 
@@ -684,11 +794,14 @@ def _words(w: _arrays.Operand):
 
 
 def ring_bytes(warps: int, tuned: dict) -> int:
-    """The dynamic shared memory of ASYNC's rings: WBUF slots of each thread's 4 16-byte
-    loads of words and its 8 bytes of scales (2 x 16 bytes without ASYNC)."""
-    if not tuned["ASYNC"]:
-        return 32
-    return tuned["WBUF"] * warps * 32 * (LOADS * 16 + 8)
+    """The dynamic shared memory of the rings: ASYNC's WBUF slots of each thread's 4 16-byte
+    loads of words and its 8 bytes of scales (2 x 16 bytes without ASYNC), then XS's WBUF
+    slots of 16 padded rows of a group's x (5 KB) a K slice and their mbarriers (16 bytes
+    each without XS)."""
+    slots = tuned["WBUF"]
+    rings = slots * warps * 32 * (LOADS * 16 + 8) if tuned["ASYNC"] else 32
+    slices = warps // tuned.get("CS", 1)  # qkv: a block per 32 columns
+    return rings + (slots * slices * (2 * XSLOT + 8) if tuned["XS"] else 32)
 
 
 def _config(
@@ -709,6 +822,9 @@ def _tuned(m: int, tune: dict | None = None) -> dict:
     if _rows(m) > 2:
         tuned["XLEAD"] = 0  # past one m16 tile x is loaded where it is used
         tuned["ASYNC"] = 0
+        tuned["XS"] = 0
+    if tuned["XS"]:
+        tuned["XLEAD"] = 0  # x comes from its ring
     elif tuned["ASYNC"] and not tuned["XLEAD"]:
         tuned["XLEAD"] = 3  # the rings hold no x: x's fragments 3 loads ahead
     return tuned
@@ -727,15 +843,19 @@ def _split_arrays(x: _arrays.Operand, tiles: int, split: int) -> dict:
 
 
 SWAPPED_16 = {"SWAP": 2, "DEQ": 6}  # M = 9-16: the swapped mma, a byte's nibbles a pair
+# M = 9-16 past ten tiles an SM: blocks of two column blocks whose warps of one K slice share
+# x through its shared ring (copied .ca), the words through theirs
+SHARED_X_16 = {**SWAPPED_16, "CS": 2, "XS": 2, "ASYNC": 1}
 # M <= 8 past two tiles an SM: a byte's nibbles a pair, the words through the shared rings
 # (72-76 registers), x 3 loads ahead
 RINGS_8 = {"DEQ": 6, "XLEAD": 3, "ASYNC": 1, "WBUF": 2}
 
 
-def plan(m: int, tiles: int, sms: int) -> tuple[int, dict]:
+def plan(m: int, tiles: int, sms: int, shared_x: bool = True) -> tuple[int, dict]:
     """(warps a block, ``TUNED`` overrides) at M = ``m`` over ``tiles`` 32-column blocks on
     ``sms`` multiprocessors, measured on an H100 (bench/int4_decode.py; docs/performance.md,
-    "W4A16 decode, M <= 16, third pass").
+    "W4A16 decode, M <= 16, third pass"); ``shared_x`` whether ``XS`` may be taken (its
+    turns wait at mbarriers: sm_90).
 
     At M <= 8 (the swapped mma): blocks of 16 warps while every tile has an SM of its own
     (N <= 4224 on 132 SMs: 16 warps an SM instead of 8, half the groups a warp); blocks
@@ -746,9 +866,12 @@ def plan(m: int, tiles: int, sms: int) -> tuple[int, dict]:
     ("W4A16 decode, M <= 16, fifth pass"). At M = 9-16 the swapped mma and DEQ 6 (x's
     halves as they are loaded: no prmt for x, two n8 tiles of x a k-step), blocks of 8, x
     with the words while every tile has an SM (149 registers), x 3 loads ahead (124
-    registers: 16 warps an SM) up to two tiles an SM and past ten; between, main's blocks
-    of 4 (no swap) up to four tiles an SM (N = 10240), else blocks of 4 swapped with x 3
-    loads ahead, each block two column blocks (``CS`` 2, N = 28672; ``qkv`` takes CS 1)."""
+    registers: 16 warps an SM) up to two tiles an SM; between, main's blocks of 4 (no swap)
+    up to four tiles an SM (N = 10240), else blocks of 4 swapped with x 3 loads ahead, each
+    block two column blocks (``CS`` 2, N = 28672; ``qkv`` takes CS 1); past ten tiles an SM
+    (N > 42240) ``SHARED_X_16``: blocks of 4 warps over two column blocks, each K slice's x
+    copied once into a shared ring for both, the words through the rings too (without
+    ``shared_x``: blocks of 8, x 3 loads ahead) ("W4A16 decode, M <= 16, sixth pass")."""
     if m > 16:
         return WARPS, {}
     if m <= 8:
@@ -761,6 +884,8 @@ def plan(m: int, tiles: int, sms: int) -> tuple[int, dict]:
         return 4, {**RINGS_8, "CS": 2 if tiles > 10 * sms else 1}
     if tiles <= sms:
         return 8, dict(SWAPPED_16)
+    if tiles > 10 * sms and shared_x:
+        return 4, dict(SHARED_X_16)
     if tiles <= 2 * sms or tiles > 10 * sms:
         return 8, {**SWAPPED_16, "XLEAD": 3}
     if tiles <= 4 * sms:
@@ -782,6 +907,13 @@ def _rows(m: int) -> int:
 ALL_ROWS = tuple(sorted({_rows(m) for m in range(1, MAX_M + 1)}))  # (1, 2, 4, 6, 8)
 
 
+def _mbarrier_waits(x: _arrays.Operand) -> bool:
+    """Whether ``x``'s GPU waits at mbarriers (``mbarrier.try_wait``, sm_90 on): ``XS``
+    needs it. The simulator does."""
+    dev = _arrays.gpu(x)
+    return dev is None or dev.compute_capability >= (9, 0)
+
+
 def matmul(
     x: _arrays.Operand, words: _arrays.Operand, scales: _arrays.Operand, dtype=f32,
     warps: int = 0, tune: dict | None = None,
@@ -792,7 +924,7 @@ def matmul(
     m, n = x.shape[0], words.shape[1]
     tiles = -(-n // COLS)
     if not warps:
-        warps, planned = plan(m, tiles, _arrays.multiprocessors(x))
+        warps, planned = plan(m, tiles, _arrays.multiprocessors(x), _mbarrier_waits(x))
         tune = {**planned, **(tune or {})}
     tuned = _tuned(m, tune)
     split = tuned.pop("SPLIT", SPLIT)
@@ -810,13 +942,14 @@ def matmul(
 def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
     """``(q, k, v)``, each ``f16(x @ W)`` for the three ``(words, scales)`` pairs of
     ``weights`` (see ``fits``): one launch, the blocks of q's columns, then k's, then v's,
-    ``plan`` over the three widths' blocks (without ``RINGS_8``: blocks of 4 there)."""
+    ``plan`` over the three widths' blocks (without ``RINGS_8``: blocks of 4 there; without
+    ``XS``, whose blocks take two column blocks)."""
     m = x.shape[0]
     widths = [w.shape[1] for w, _ in weights]
     outs = [_arrays.output(x, (m, n), f16) for n in widths]
     blocks = sum(-(-n // COLS) for n in widths)
     sms = _arrays.multiprocessors(x)
-    warps, planned = plan(m, blocks, sms)
+    warps, planned = plan(m, blocks, sms, shared_x=False)
     if planned.get("ASYNC"):  # the rings measured no faster here (70B widths, H100): main's
         warps, planned = 4, ({"DEQ": 6, "XLEAD": 3} if blocks > 10 * sms else {})
     tuned = _tuned(m, planned)

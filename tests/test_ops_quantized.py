@@ -196,8 +196,10 @@ def test_int4_decode_warps_in_simulator(m, n, k, warps, poisoned):
 # warps), the swapped mma at M = 9-16 (SWAP 2), a byte's two nibbles a pair (DEQ 6, also past
 # 16 rows), blocks of 2 and 4 column blocks (CS: a partial last block; no K split with it),
 # the words' cache operators (WC 1 .cg, 2 .cs), the words and scales through shared rings by
-# cp.async (ASYNC: more slots than groups a warp, a partial last round, a K split); each twice:
-# the arrival counters are back to zero.
+# cp.async (ASYNC: more slots than groups a warp, a partial last round, a K split), x through
+# shared rings a K slice (XS: slices of 2 and 4 warps, copies .cg and .ca, a partial last
+# column block, with the words' rings, unswapped, 16 warps, three slots); each twice: the
+# arrival counters are back to zero.
 TUNED_PLANS = [
     (1, 36, 128 * 9, 4, {"PREFETCH": 1, "DEQ": 1, "SWAP": 0}),
     (16, 40, 128 * 7, 4, {"PREFETCH": 2, "PMODE": 2, "SPLIT": 3, "SWAP": 1}),
@@ -210,6 +212,9 @@ TUNED_PLANS = [
     (5, 68, 128 * 7, 8, {"CS": 4, "XLEAD": 1, "SPLIT": 2}),
     (7, 36, 128 * 11, 4, {"ASYNC": 1, "WBUF": 4, "DEQ": 6}),
     (16, 40, 128 * 37, 8, {"ASYNC": 1, "WBUF": 3, "SWAP": 2, "DEQ": 6, "SPLIT": 2}),
+    (16, 72, 128 * 7, 8, {"XS": 1, "CS": 2, "SWAP": 2, "DEQ": 6}),
+    (9, 72, 128 * 19, 16, {"XS": 1, "CS": 2, "ASYNC": 1, "SWAP": 2, "DEQ": 6}),
+    (13, 100, 128 * 13, 4, {"XS": 2, "CS": 4, "WBUF": 3, "DEQ": 6}),
 ]
 
 
@@ -227,12 +232,15 @@ def test_int4_decode_tuned_in_simulator(m, n, k, warps, tune, poisoned):
     np.testing.assert_array_equal(c, again)
 
 
-@pytest.mark.parametrize("m, n, k", [(5, 96, 128 * 7), (8, 288, 128 * 5), (3, 356, 128 * 9)])
+@pytest.mark.parametrize(
+    "m, n, k", [(5, 96, 128 * 7), (8, 288, 128 * 5), (3, 356, 128 * 9), (12, 356, 128 * 9)]
+)
 def test_int4_decode_ring_plans_in_simulator(m, n, k, monkeypatch, poisoned):
     """matmul_int4 and qkv_project_int4 as routed on one SM, so that these widths take
     ``plan``'s branches with the shared rings (blocks of 8 at 3 tiles, of 4 at 9, of 4 with
-    CS 2 past ten: 12 tiles, the last one partial; qkv_project_int4, which keeps main's
-    blocks of 4 there, at the same widths): every element against float64 products."""
+    CS 2 past ten: 12 tiles, the last one partial, and at M = 12 x's rings too (XS);
+    qkv_project_int4, which keeps main's blocks there, at the same widths): every element
+    against float64 products."""
     monkeypatch.setattr(_arrays, "multiprocessors", lambda like: 1)
     assert _int4_decode.plan(m, -(-n // 32), 1)[1]["ASYNC"] == 1
     a, packed, scales, w = int4_case(m, n, k, np.random.default_rng(n))
@@ -251,10 +259,11 @@ def test_int4_decode_warps_route():
     two a SM, then the shared rings with DEQ 6 and x 3 loads ahead in blocks of 8 up to
     four tiles a SM, of 4 past it, of 4 taking two column blocks past ten; at M = 9-16 the
     swapped mma with DEQ 6 in blocks of 8 (x with the words while each tile has an SM, else
-    3 loads ahead) up to two tiles a SM and past ten, main's blocks of 4 up to four, then
-    swapped blocks of 4 taking two column blocks each (the H100 measurements of
-    docs/performance.md); the default past 16
-    rows; and each plan is a listed specialization (ptxas checks those)."""
+    3 loads ahead) up to two tiles a SM, main's blocks of 4 up to four, then swapped blocks
+    of 4 taking two column blocks each, past ten those blocks sharing x through shared rings
+    with the words' rings (without XS, as qkv plans: blocks of 8, x 3 loads ahead) (the H100
+    measurements of docs/performance.md); the default past 16 rows; and each plan is a
+    listed specialization (ptxas checks those)."""
     plan = _int4_decode.plan
     swapped, lead = {"SWAP": 2, "DEQ": 6}, {"SWAP": 2, "DEQ": 6, "XLEAD": 3}
     ns = (4096, 4224, 4256, 8448, 8480, 10240, 28672, 42240, 42272, 57344)
@@ -266,11 +275,20 @@ def test_int4_decode_warps_route():
     got = [plan(16, n // 32, 132) for n in (4096, 6144, 8448, 10240, 16896, 16928, 28672)]
     pairs = {**lead, "CS": 2}
     assert got == [(8, swapped), (8, lead), (8, lead), (4, {}), (4, {}), (4, pairs), (4, pairs)]
-    assert plan(16, 57344 // 32, 132) == (8, lead)
+    assert plan(16, 57344 // 32, 132) == (4, {**swapped, "CS": 2, "XS": 2, "ASYNC": 1})
+    assert plan(16, 42272 // 32, 132, shared_x=False) == (8, lead)
     assert plan(32, 4096, 132) == (_int4_decode.WARPS, {})
     assert _int4_decode.warps_for(9, 320, 132) == 4
     listed = [c for k, c in _int4_decode.specializations() if k is _int4_decode.int4_decode]
-    for m, n in [(1, 4096), (1, 10240), (1, 28672), (1, 57344), (16, 4096), (16, 28672)]:
+    for m, n in [
+        (1, 4096),
+        (1, 10240),
+        (1, 28672),
+        (1, 57344),
+        (16, 4096),
+        (16, 28672),
+        (16, 57344),
+    ]:
         warps, tune = plan(m, n // 32, 132)
         want = {"WARPS": warps, "ROWS": _int4_decode._rows(m), **_int4_decode._tuned(m, tune)}
         assert any(want.items() <= c.items() for c in listed), (m, n)
@@ -845,6 +863,8 @@ def _assemble(job: tuple) -> None:
     """Specialization ``index`` (of ``specializations()``) through ptxas for ``archs``."""
     index, archs = job
     kernel, constexprs = specializations()[index]
+    if constexprs.get("XS"):
+        archs = ("sm_90",)  # XS's turns wait at mbarriers (mbarrier.try_wait: sm_90)
     for arch in archs:
         report = assemble(kernel.ptx(arch=arch, **constexprs), arch)
         if kernel in (_int4_decode.int4_decode, _int4_decode.int4_decode_qkv):
