@@ -314,7 +314,7 @@ def force(
     if kernel is not None:  # a probe variant of decode_fwd (decode_variant)
         decode.DECODE = kernel
     if plan is not None:  # (splits, STAGES, CL): plan_grid's answer, whatever the grid
-        decode.plan_grid = lambda like, kernel, blocks, tiles, dp, mt, paged, p=plan: (
+        decode.plan_grid = lambda like, kernel, blocks, tiles, dp, mt, paged, swap=0, p=plan: (
             *p,
             decode.shared_bytes(dp, mt, p[1]),
         )
@@ -1865,6 +1865,62 @@ def warm_d():
     return out
 
 
+# round k's variants (dec, this session's issue 34 pass): decode.KEYS_IN_M (the keys in the
+# mma's M dimension, SWAP) and decode.SYNC1 (one barrier a key tile where 3 stages or more)
+K_VARIANTS = {"default": (False, False), "swap": (True, False), "sync1": (False, True),
+              "swap+sync1": (True, True)}  # fmt: skip
+
+
+def with_flags(fn, swap: bool, sync1: bool):
+    """``fn`` called with decode.KEYS_IN_M and decode.SYNC1 set (and reset after)."""
+
+    def f(*args):
+        decode.KEYS_IN_M, decode.SYNC1 = swap, sync1
+        try:
+            return fn(*args)
+        finally:
+            decode.KEYS_IN_M = decode.SYNC1 = False
+
+    return f
+
+
+def round_k(budget: float):
+    """K_VARIANTS against the default at the uniform shapes where the paged cache trailed
+    SDPA, both layouts, two passes (the second reversed), each variant checked against f32
+    SDPA first; SDPA first and last. sync1 only where the shape's plan has 3 stages or
+    more (B64 L1024 both layouts, B16 paged)."""
+    cases = ((16, 4096), (64, 1024), (16, 1024), (16, 32768))
+    for _, _, _, sets, lens, label in shapes(cases, budget):
+        jobs = []
+        for name, (swap, sync1) in K_VARIANTS.items():
+            err = with_flags(check, swap, sync1)(sets, lens)
+            print(f"{label} paged {name} rel err {err:.1e}", flush=True)
+            jobs.append((name, swap, sync1))
+        for order in (jobs, jobs[::-1]):
+            for name, swap, sync1 in order:
+                for contiguous in (True, False):
+                    fn = with_flags(run_kaio(lens, contiguous=contiguous), swap, sync1)
+                    layout = "contiguous" if contiguous else "paged"
+                    show(f"{label} {layout} {name}", kernel_times(fn, sets))
+        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
+        show(f"{label} SDPA again", again)
+
+
+def warm_k():
+    """What round k launches: one split's decode_fwd (D 128 f16, one M-tile) at the stages
+    of its shapes, each K_VARIANTS pair where it applies."""
+    out = [(probe_mark, {})]
+    for paged in (False, True):
+        c = {"DP": 128, "MT": 1, "PAGED": paged, "DT": f16, "PW": int(paged), "CL": 1}
+        c |= {"DIRECT": True, "FUSED": False, "SPEC": decode.speculates(paged)}
+        for st in {decode.one_split_stages(128, 1, paged), decode.stages_for(128, 1)}:
+            for swap, sync1 in K_VARIANTS.values():
+                if not sync1 or st >= 3:
+                    out.append((decode.DECODE, {**c, "STAGES": st, "SWAP": int(swap),
+                                                "SYNC1": int(sync1)}))  # fmt: skip
+    return out
+
+
 ROUNDS = {  # argument: (round, its default time budget in seconds)
     "p": (round_p, 30),
     "t": (round_t, 30),
@@ -1885,6 +1941,7 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "g2": (round_g2, 25),
     "g3": (round_g3, 25),
     "g4": (round_g4, 25),
+    "k": (round_k, 30),
 }
 WARMS = {
     "warm": warm_list,
@@ -1897,6 +1954,7 @@ WARMS = {
     "warm_g2": warm_g2,
     "warm_g3": warm_g3,
     "warm_g4": warm_g4,
+    "warm_k": warm_k,
     "warm_p": warm_p,
     "warm_t": warm_t,
     "warm_v": warm_v,

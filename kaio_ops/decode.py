@@ -77,6 +77,10 @@ WHOLE_PAGES = False
 PAGE_HEADS = (4, 8)
 PAGE_MIN_BATCH = 8
 PAGE_SPEC = True  # decode_pages splits the capacity: its first copies need no length
+# decode_fwd's products with the keys in the mma's M dimension (SWAP) for groups of at most
+# 8 query rows (heads of a group x new tokens), D up to 128
+KEYS_IN_M = False
+SYNC1 = False  # decode_fwd with one barrier a key tile where it has 3 stages or more
 
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
 MERGE = dk.decode_merge
@@ -89,6 +93,18 @@ def row_tiles(rows: int) -> int:
     the group times new tokens): 1, 2 or 4 (groups of more than 64 rows take several
     blocks)."""
     return 1 if rows <= 16 else 2 if rows <= 32 else 4
+
+
+def swaps(rows: int, dp: int) -> int:
+    """``decode_fwd``'s SWAP for a K/V group of ``rows`` query rows (KEYS_IN_M): the keys in
+    the mma's M dimension where the rows fit its N (8) and Q's fragments stay in registers."""
+    return int(KEYS_IN_M and rows <= 8 and dp <= 128)
+
+
+def stage_syncs(stages: int) -> int:
+    """``decode_fwd``'s SYNC1 for a pipeline of ``stages`` (SYNC1: from 3; at 2 the wait
+    before the copies would leave no tile in flight)."""
+    return int(SYNC1 and stages >= 3)
 
 
 def stages_for(dp: int, mt: int) -> int:
@@ -186,7 +202,9 @@ def streams_fast(like, sms_used: int) -> bool:
     return peak is None or sms_used * SM_STREAM >= STREAM_SHARE * peak
 
 
-def plan_grid(like, kernel, blocks: int, tiles: int, dp: int, mt: int, paged: bool) -> tuple:
+def plan_grid(
+    like, kernel, blocks: int, tiles: int, dp: int, mt: int, paged: bool, swap: int = 0
+) -> tuple:
     """(splits, STAGES, CL, shared bytes) of ``decode_fwd`` for ``blocks`` (batch x K/V
     heads x row chunks) over a capacity of ``tiles`` key tiles. The splits are
     ``splits_for``'s, merged by the last block to finish (``CL`` = 1); on sm_90 (and in the
@@ -225,6 +243,7 @@ def plan_grid(like, kernel, blocks: int, tiles: int, dp: int, mt: int, paged: bo
         if CLUSTER_BANDWIDTH and per > LONG_SPLIT and not streams_fast(like, blocks * cl):
             break  # (fewer splits: fewer SMs still)
         consts = {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": stages, "CL": cl, "DT": like.dtype}
+        consts |= {"SWAP": swap, "SYNC1": stage_syncs(stages)}
         if dev is None or not CLUSTER_CHECK:
             return cl, stages, cl, shared
         consts |= {"PW": int(PAGE_WINDOW and paged), "SPEC": speculates(paged, cl)}
@@ -482,7 +501,8 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     chunks = -(-group * sq // (16 * mt))
     blocks = batch * cache.kv_heads * chunks
     tiles = -(-cache.capacity // dk.BN)
-    splits, stages, cl, shared = plan_grid(qa, DECODE, blocks, tiles, d, mt, cache.paged)
+    swap = swaps(group * sq, d)
+    splits, stages, cl, shared = plan_grid(qa, DECODE, blocks, tiles, d, mt, cache.paged, swap)
     rows = batch * heads * sq
     stream = _arrays.stream_of(qa)
     direct = splits == 1
@@ -500,7 +520,7 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
         math.log2(math.e) * float(scale),
         DP=d, MT=mt, PAGED=cache.paged, STAGES=stages, DIRECT=direct, FUSED=fused, CL=cl,
         DT=qa.dtype, PW=int(PAGE_WINDOW and cache.paged),
-        SPEC=speculates(cache.paged, splits),
+        SPEC=speculates(cache.paged, splits), SWAP=swap, SYNC1=stage_syncs(stages),
     )  # fmt: skip
     if not (direct or fused or cl > 1):
         MERGE[blocks, dk.THREADS, stream, merge_shared(mt)](
@@ -597,25 +617,31 @@ def kv_cache_append(k_cache, v_cache, k, v, seq_lens, block_table=None) -> None:
     )  # fmt: skip
 
 
+def _shipped_fwd(dtype, dp: int, mt: int, paged: bool, swap: int):
+    """(DECODE, constexprs) of each stage count and merge of one family of ``decode_fwd``."""
+    base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dtype, "SWAP": swap}
+    base["PW"] = int(PAGE_WINDOW and paged)
+    for direct, fused in ((True, False), (False, False), (False, True)):
+        flags = {**base, "DIRECT": direct, "FUSED": fused, "CL": 1}
+        flags["SPEC"] = speculates(paged, 1 if direct else 2)
+        one = one_split_stages(dp, mt, paged)
+        for stages in sorted({stages_for(dp, mt), deep_stages(dp, mt), one}):
+            yield DECODE, {**flags, "STAGES": stages, "SYNC1": stage_syncs(stages)}
+    # merged through a cluster (sm_90), a block a multiprocessor
+    flags = {**base, "DIRECT": False, "FUSED": False, "SPEC": speculates(paged, 2)}
+    stages = deep_stages(dp, mt)
+    for cl in CLUSTERS:
+        yield DECODE, {**flags, "STAGES": stages, "CL": cl, "SYNC1": stage_syncs(stages)}
+
+
 def shipped():
     """(kernel, constexprs) of every specialization these ops launch."""
     for dtype in (f16, bf16):
         for dp in DIMS:
             for mt in (1, 2, 4):
                 for paged in (False, True):
-                    base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dtype}
-                    base["PW"] = int(PAGE_WINDOW and paged)
-                    for direct, fused in ((True, False), (False, False), (False, True)):
-                        flags = {**base, "DIRECT": direct, "FUSED": fused, "CL": 1}
-                        flags["SPEC"] = speculates(paged, 1 if direct else 2)
-                        one = one_split_stages(dp, mt, paged)
-                        for stages in sorted({stages_for(dp, mt), deep_stages(dp, mt), one}):
-                            yield DECODE, {**flags, "STAGES": stages}
-                    # merged through a cluster (sm_90), a block a multiprocessor
-                    flags = {**base, "DIRECT": False, "FUSED": False}
-                    flags["SPEC"] = speculates(paged, 2)
-                    for cl in CLUSTERS:
-                        yield DECODE, {**flags, "STAGES": deep_stages(dp, mt), "CL": cl}
+                    for swap in sorted({0, swaps(8 if mt == 1 else 16, dp)}):
+                        yield from _shipped_fwd(dtype, dp, mt, paged, swap)
         for dp in DIMS:
             for mt in (1, 2, 4):
                 yield MERGE, {"DP": dp, "MT": mt, "DT": dtype}
