@@ -270,6 +270,75 @@ def test_splits_copy_before_the_length_in_simulator(monkeypatch, merge):
     assert np.abs(lse[seen] - ref_lse[seen]).max() < 1e-4
 
 
+class _Launches:
+    """A kernel stand-in that records each launch's constexprs and passes it on."""
+
+    def __init__(self, kernel):
+        self.kernel, self.constexprs = kernel, []
+
+    def __getattr__(self, name):
+        return getattr(self.kernel, name)
+
+    def __getitem__(self, config):
+        launch = self.kernel[config]
+
+        def run(*args, **constexprs):
+            self.constexprs.append(constexprs)
+            return launch(*args, **constexprs)
+
+        return run
+
+
+@pytest.mark.parametrize(
+    "merge, page_size, sq, d, dtype",
+    [
+        ("direct", 16, 1, 128, np.float16),  # the suite's group of 4 heads, 4 stages
+        ("direct", None, 2, 64, BF16),  # 8 rows, 3 stages
+        ("fused", 16, 2, 64, np.float16),
+        ("cluster", None, 1, 128, BF16),
+    ],
+)
+def test_keys_in_m_and_one_barrier_in_simulator(monkeypatch, merge, page_size, sq, d, dtype):
+    # decode_fwd with the keys in the mma's M dimension (SWAP: a group of 4 heads x Sq 1
+    # or 2) and one barrier a key tile (SYNC1, 3 or 4 stages), against float64 and the
+    # race checker: one split with its first copies before the length, or several merged;
+    # rows past each length hold NaN, which must not reach the output
+    monkeypatch.setattr(decode, "KEYS_IN_M", True)
+    monkeypatch.setattr(decode, "SYNC1", True)
+    monkeypatch.setattr(decode, "DECODE", spy := _Launches(decode.DECODE))
+    monkeypatch.setattr(decode, "splits_for", lambda *_: 1 if merge == "direct" else 3)
+    monkeypatch.setattr(decode, "CLUSTER_MERGE", merge == "cluster")
+    monkeypatch.setattr(decode, "one_split_stages", lambda dp, mt, paged: 4 if paged else 3)
+    monkeypatch.setattr(decode, "deep_stages", lambda dp, mt: 3)
+    monkeypatch.setattr(decode, "speculates", lambda paged, splits=1: int(splits == 1))
+    counters = np.zeros(64, np.uint32)
+    monkeypatch.setattr(decode, "_counters", lambda *_: counters)
+    rng = np.random.default_rng(14)
+    lens = [0, 1, 63, 65, 300]
+    b, hkv, capacity = len(lens), 2, 320
+    q = rng.standard_normal((b, 8, sq, d)).astype(dtype)
+    k_cache, v_cache, table = make_cache(rng, b, hkv, d, capacity, dtype, page_size)
+    for cache in (k_cache, v_cache):
+        for i, n in enumerate(lens):
+            for pos in range(n, capacity):
+                if page_size is None:
+                    cache[i, :, pos] = np.nan
+                else:
+                    cache[table[i, pos // page_size], pos % page_size] = np.nan
+    with kaio.simulate():
+        out, lse = kaio_ops.flash_attention_decode_with_stats(
+            q, k_cache, v_cache, np.array(lens, np.int32), table
+        )
+    assert [(c["SWAP"], c["SYNC1"]) for c in spy.constexprs] == [(1, 1)]
+    ref, ref_lse = reference(q, k_cache, v_cache, lens, table)
+    out = out.astype(np.float64)
+    assert np.isfinite(out).all() and not counters.any()
+    assert np.abs(out - ref).max() < (4e-3 if dtype == np.float16 else 3e-2)
+    seen = np.isfinite(ref_lse)
+    assert np.array_equal(seen, np.isfinite(lse))
+    assert np.abs(lse[seen] - ref_lse[seen]).max() < 1e-4
+
+
 @pytest.mark.parametrize(
     "lens, h, hkv, sq, d, dtype, page_size, splits, spec",
     [
