@@ -1865,21 +1865,22 @@ def warm_d():
     return out
 
 
-# round k's variants (dec, this session's issue 34 pass): decode.KEYS_IN_M (the keys in the
-# mma's M dimension, SWAP) and decode.SYNC1 (one barrier a key tile where 3 stages or more)
-K_VARIANTS = {"default": (False, False), "swap": (True, False), "sync1": (False, True),
-              "swap+sync1": (True, True)}  # fmt: skip
+# round k's variants (dec, this session's issue 34 pass), a ladder: decode.KEYS_IN_M (the
+# keys in the mma's M dimension, SWAP), then decode.SYNC1 (one barrier a key tile where 3
+# stages or more), then decode.MERGE4 (the warps merged 4 columns a thread, M4)
+K_VARIANTS = {"default": (False, False, False), "swap": (True, False, False),
+              "swap+sync1": (True, True, False), "swap+sync1+m4": (True, True, True)}  # fmt: skip
 
 
-def with_flags(fn, swap: bool, sync1: bool):
-    """``fn`` called with decode.KEYS_IN_M and decode.SYNC1 set (and reset after)."""
+def with_flags(fn, swap: bool, sync1: bool, m4: bool):
+    """``fn`` called with decode.KEYS_IN_M, SYNC1 and MERGE4 set (and reset after)."""
 
     def f(*args):
-        decode.KEYS_IN_M, decode.SYNC1 = swap, sync1
+        decode.KEYS_IN_M, decode.SYNC1, decode.MERGE4 = swap, sync1, m4
         try:
             return fn(*args)
         finally:
-            decode.KEYS_IN_M = decode.SYNC1 = False
+            decode.KEYS_IN_M = decode.SYNC1 = decode.MERGE4 = False
 
     return f
 
@@ -1892,14 +1893,14 @@ def round_k(budget: float):
     cases = ((16, 4096), (64, 1024), (16, 1024), (16, 32768))
     for _, _, _, sets, lens, label in shapes(cases, budget):
         jobs = []
-        for name, (swap, sync1) in K_VARIANTS.items():
-            err = with_flags(check, swap, sync1)(sets, lens)
+        for name, flags in K_VARIANTS.items():
+            err = with_flags(check, *flags)(sets, lens)
             print(f"{label} paged {name} rel err {err:.1e}", flush=True)
-            jobs.append((name, swap, sync1))
+            jobs.append((name, flags))
         for order in (jobs, jobs[::-1]):
-            for name, swap, sync1 in order:
+            for name, flags in order:
                 for contiguous in (True, False):
-                    fn = with_flags(run_kaio(lens, contiguous=contiguous), swap, sync1)
+                    fn = with_flags(run_kaio(lens, contiguous=contiguous), *flags)
                     layout = "contiguous" if contiguous else "paged"
                     show(f"{label} {layout} {name}", kernel_times(fn, sets))
         again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
@@ -1914,10 +1915,11 @@ def warm_k():
         c = {"DP": 128, "MT": 1, "PAGED": paged, "DT": f16, "PW": int(paged), "CL": 1}
         c |= {"DIRECT": True, "FUSED": False, "SPEC": decode.speculates(paged)}
         for st in {decode.one_split_stages(128, 1, paged), decode.stages_for(128, 1)}:
-            for swap, sync1 in K_VARIANTS.values():
-                if not sync1 or st >= 3:
-                    out.append((decode.DECODE, {**c, "STAGES": st, "SWAP": int(swap),
-                                                "SYNC1": int(sync1)}))  # fmt: skip
+            for swap, sync1, m4 in K_VARIANTS.values():
+                sync1 = int(sync1 and st >= 3)
+                flags = {"STAGES": st, "SWAP": int(swap), "SYNC1": sync1, "M4": int(m4)}
+                if {**c, **flags} not in [x for _, x in out]:
+                    out.append((decode.DECODE, {**c, **flags}))
     return out
 
 

@@ -295,6 +295,7 @@ def decode_fwd(
     SPEC: kaio.constexpr,
     SWAP: kaio.constexpr,
     SYNC1: kaio.constexpr,
+    M4: kaio.constexpr,
 ):
     """Attention of the 16 * MT query rows (row chunk) of one K/V group over the key tiles
     of split ``block x``: out / lse (``DIRECT``, one split) or part / part_lse (row-major
@@ -315,7 +316,8 @@ def decode_fwd(
     to 128): the tiles' products with the keys in the mma's M dimension and the query rows
     in N (``key_scores``, ``key_values``: half the mma of the query rows in M, whose 16 rows
     such a group fills at most half). ``SYNC1`` (STAGES >= 3): one barrier a key tile, the
-    wait for tile i first, then the copies into the stage tile i - 1 used."""
+    wait for tile i first, then the copies into the stage tile i - 1 used. ``M4``: the
+    warps' partial results merged 4 columns a thread (``merge_warps``)."""
     if CL > 1:
         kaio.cluster_dims(CL)
     KSPLIT = WARPS // MT  # warps sharing one M-tile, each on KW keys of a tile
@@ -487,37 +489,43 @@ def decode_fwd(
     mine_o = kaio.shared_dynamic(f32, (ROWS, DP), WARPS * 16 * DP * 4)
     mine_lse = kaio.shared_dynamic(f32, (ROWS,), 2 * STAGES * BN * DP * 2)
     elements = kaio.min(ROWS, nrows - row0) * DP  # the chunk's real rows (not the padding)
-    for idx in range(tid, elements, THREADS):
-        rr = idx // DP
-        c = idx % DP
-        mt = rr // 16
-        top = NEG_INF
-        for kp in kaio.static_range(KSPLIT):
-            top = kaio.max(top, red_ml[0, (kp * MT + mt) * 16 + rr % 16])
-        base = kaio.select(top == NEG_INF, 0.0, top)
-        den = 0.0
-        num = 0.0
-        for kp in kaio.static_range(KSPLIT):
-            r = (kp * MT + mt) * 16 + rr % 16
-            w = kaio.exp2(red_ml[0, r] - base)
-            den += red_ml[1, r] * w
-            num += red_o[r, c ^ r % 4 * 8] * w
-        at = q_row0 + row0 + rr
-        inv = kaio.select(den > 0.0, 1.0 / den, 0.0)
-        if DIRECT:
-            out[at * DP + c] = DT(num * inv)
-            if c == 0:
-                lse[at] = kaio.select(den > 0.0, (base + kaio.log2(den)) * LN2, NEG_INF)
-        elif CL > 1:
-            mine_o[rr, c] = num * inv
-            if c == 0:
-                mine_lse[rr] = kaio.select(den > 0.0, base + kaio.log2(den), NEG_INF)
-        else:
-            part[(split * total_rows + at) * DP + c] = num * inv
-            if c == 0:
-                part_lse[(split * total_rows + at) * LSE_STRIDE] = kaio.select(
-                    den > 0.0, base + kaio.log2(den), NEG_INF
-                )
+    if M4:
+        merge_warps(
+            red_o, red_ml, out, lse, part, part_lse, mine_o, mine_lse, elements // 4,
+            q_row0 + row0, split * total_rows, tid, DP, MT, DIRECT, CL, DT,
+        )  # fmt: skip
+    else:
+        for idx in range(tid, elements, THREADS):
+            rr = idx // DP
+            c = idx % DP
+            mt = rr // 16
+            top = NEG_INF
+            for kp in kaio.static_range(KSPLIT):
+                top = kaio.max(top, red_ml[0, (kp * MT + mt) * 16 + rr % 16])
+            base = kaio.select(top == NEG_INF, 0.0, top)
+            den = 0.0
+            num = 0.0
+            for kp in kaio.static_range(KSPLIT):
+                r = (kp * MT + mt) * 16 + rr % 16
+                w = kaio.exp2(red_ml[0, r] - base)
+                den += red_ml[1, r] * w
+                num += red_o[r, c ^ r % 4 * 8] * w
+            at = q_row0 + row0 + rr
+            inv = kaio.select(den > 0.0, 1.0 / den, 0.0)
+            if DIRECT:
+                out[at * DP + c] = DT(num * inv)
+                if c == 0:
+                    lse[at] = kaio.select(den > 0.0, (base + kaio.log2(den)) * LN2, NEG_INF)
+            elif CL > 1:
+                mine_o[rr, c] = num * inv
+                if c == 0:
+                    mine_lse[rr] = kaio.select(den > 0.0, base + kaio.log2(den), NEG_INF)
+            else:
+                part[(split * total_rows + at) * DP + c] = num * inv
+                if c == 0:
+                    part_lse[(split * total_rows + at) * LSE_STRIDE] = kaio.select(
+                        den > 0.0, base + kaio.log2(den), NEG_INF
+                    )
     if CL > 1 and not DIRECT:
         kaio.cluster_sync()
         cluster_merge(
@@ -811,6 +819,62 @@ def store_key_partials(
             for mi in kaio.static_range(DP // 16):
                 for h in kaio.static_range(2):
                     red_o[r, (mi * 16 + lane // 4 + 8 * h) ^ r % 4 * 8] = o[mi, 2 * h + e]
+
+
+@kaio.gpu_func
+def merge_warps(
+    red_o: f32[:, :], red_ml: f32[:, :], out: DT[:], lse: f32[:], part: f32[:],
+    part_lse: f32[:], mine_o: f32[:, :], mine_lse: f32[:], items: u32, at0: u32,
+    part_row0: u32, tid: u32, DP: kaio.constexpr, MT: kaio.constexpr,
+    DIRECT: kaio.constexpr, CL: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """The warps' partial results (red_o, red_ml: rows (k-part * MT + M-tile) * 16 + row,
+    each relative to its own maximum) of the chunk's rows merged, a thread 4 adjacent
+    columns of a row an item (``items`` of them): the row's weights once, the partial
+    rows in 16-byte loads; written as ``decode_fwd``'s merge writes them (out / lse,
+    mine_o / mine_lse for the cluster, or part / part_lse at row part_row0 + row)."""
+    KSPLIT = WARPS // MT
+    w = kaio.local(f32, KSPLIT)
+    buf = kaio.local(f32, 4)
+    acc = kaio.local(f32, 4)
+    res = kaio.local(DT, 4)
+    for it in range(tid, items, THREADS):
+        rr = it // (DP // 4)
+        c = it % (DP // 4) * 4
+        top = NEG_INF
+        for kp in kaio.static_range(KSPLIT):
+            top = kaio.max(top, red_ml[0, (kp * MT + rr // 16) * 16 + rr % 16])
+        base = kaio.select(top == NEG_INF, 0.0, top)
+        den = 0.0
+        for kp in kaio.static_range(KSPLIT):
+            r = (kp * MT + rr // 16) * 16 + rr % 16
+            w[kp] = kaio.exp2(red_ml[0, r] - base)
+            den += red_ml[1, r] * w[kp]
+        for e in kaio.static_range(4):
+            acc[e] = 0.0
+        for kp in kaio.static_range(KSPLIT):
+            r = (kp * MT + rr // 16) * 16 + rr % 16
+            kaio.load_vector(buf, red_o, (r, c ^ r % 4 * 8))
+            for e in kaio.static_range(4):
+                acc[e] += buf[e] * w[kp]
+        inv = kaio.select(den > 0.0, 1.0 / den, 0.0)
+        best = kaio.select(den > 0.0, base + kaio.log2(den), NEG_INF)
+        for e in kaio.static_range(4):
+            acc[e] = acc[e] * inv
+        if DIRECT:
+            for e in kaio.static_range(4):
+                res[e] = DT(acc[e])
+            kaio.store_vector(out, (at0 + rr) * DP + c, res)
+            if c == 0:
+                lse[at0 + rr] = best * LN2
+        elif CL > 1:
+            kaio.store_vector(mine_o, (rr, c), acc)
+            if c == 0:
+                mine_lse[rr] = best
+        else:
+            kaio.store_vector(part, (part_row0 + at0 + rr) * DP + c, acc)
+            if c == 0:
+                part_lse[(part_row0 + at0 + rr) * LSE_STRIDE] = best
 
 
 @kaio.gpu_func

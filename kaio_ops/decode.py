@@ -81,6 +81,7 @@ PAGE_SPEC = True  # decode_pages splits the capacity: its first copies need no l
 # 8 query rows (heads of a group x new tokens), D up to 128
 KEYS_IN_M = False
 SYNC1 = False  # decode_fwd with one barrier a key tile where it has 3 stages or more
+MERGE4 = False  # decode_fwd's warps merged 4 columns a thread (M4)
 
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
 MERGE = dk.decode_merge
@@ -243,7 +244,7 @@ def plan_grid(
         if CLUSTER_BANDWIDTH and per > LONG_SPLIT and not streams_fast(like, blocks * cl):
             break  # (fewer splits: fewer SMs still)
         consts = {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": stages, "CL": cl, "DT": like.dtype}
-        consts |= {"SWAP": swap, "SYNC1": stage_syncs(stages)}
+        consts |= {"SWAP": swap, "SYNC1": stage_syncs(stages), "M4": int(MERGE4)}
         if dev is None or not CLUSTER_CHECK:
             return cl, stages, cl, shared
         consts |= {"PW": int(PAGE_WINDOW and paged), "SPEC": speculates(paged, cl)}
@@ -521,6 +522,7 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
         DP=d, MT=mt, PAGED=cache.paged, STAGES=stages, DIRECT=direct, FUSED=fused, CL=cl,
         DT=qa.dtype, PW=int(PAGE_WINDOW and cache.paged),
         SPEC=speculates(cache.paged, splits), SWAP=swap, SYNC1=stage_syncs(stages),
+        M4=int(MERGE4),
     )  # fmt: skip
     if not (direct or fused or cl > 1):
         MERGE[blocks, dk.THREADS, stream, merge_shared(mt)](
@@ -619,7 +621,7 @@ def kv_cache_append(k_cache, v_cache, k, v, seq_lens, block_table=None) -> None:
 
 def _shipped_fwd(dtype, dp: int, mt: int, paged: bool, swap: int):
     """(DECODE, constexprs) of each stage count and merge of one family of ``decode_fwd``."""
-    base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dtype, "SWAP": swap}
+    base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dtype, "SWAP": swap, "M4": int(MERGE4)}
     base["PW"] = int(PAGE_WINDOW and paged)
     for direct, fused in ((True, False), (False, False), (False, True)):
         flags = {**base, "DIRECT": direct, "FUSED": fused, "CL": 1}

@@ -300,11 +300,13 @@ class _Launches:
 )
 def test_keys_in_m_and_one_barrier_in_simulator(monkeypatch, merge, page_size, sq, d, dtype):
     # decode_fwd with the keys in the mma's M dimension (SWAP: a group of 4 heads x Sq 1
-    # or 2) and one barrier a key tile (SYNC1, 3 or 4 stages), against float64 and the
+    # or 2), one barrier a key tile (SYNC1, 3 or 4 stages) and the warps merged 4 columns
+    # a thread (M4: the same bits as the element-wise merge), against float64 and the
     # race checker: one split with its first copies before the length, or several merged;
     # rows past each length hold NaN, which must not reach the output
     monkeypatch.setattr(decode, "KEYS_IN_M", True)
     monkeypatch.setattr(decode, "SYNC1", True)
+    monkeypatch.setattr(decode, "MERGE4", True)
     monkeypatch.setattr(decode, "DECODE", spy := _Launches(decode.DECODE))
     monkeypatch.setattr(decode, "splits_for", lambda *_: 1 if merge == "direct" else 3)
     monkeypatch.setattr(decode, "CLUSTER_MERGE", merge == "cluster")
@@ -329,7 +331,12 @@ def test_keys_in_m_and_one_barrier_in_simulator(monkeypatch, merge, page_size, s
         out, lse = kaio_ops.flash_attention_decode_with_stats(
             q, k_cache, v_cache, np.array(lens, np.int32), table
         )
-    assert [(c["SWAP"], c["SYNC1"]) for c in spy.constexprs] == [(1, 1)]
+        monkeypatch.setattr(decode, "MERGE4", False)
+        again = kaio_ops.flash_attention_decode_with_stats(
+            q, k_cache, v_cache, np.array(lens, np.int32), table
+        )
+    assert [(c["SWAP"], c["SYNC1"], c["M4"]) for c in spy.constexprs] == [(1, 1, 1), (1, 1, 0)]
+    assert np.array_equal(out, again[0]) and np.array_equal(lse, again[1])
     ref, ref_lse = reference(q, k_cache, v_cache, lens, table)
     out = out.astype(np.float64)
     assert np.isfinite(out).all() and not counters.any()
