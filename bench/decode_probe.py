@@ -1890,7 +1890,7 @@ def round_k(budget: float):
     SDPA, both layouts, two passes (the second reversed), each variant checked against f32
     SDPA first; SDPA first and last. sync1 only where the shape's plan has 3 stages or
     more (B64 L1024 both layouts, B16 paged)."""
-    cases = ((16, 4096), (64, 1024), (16, 1024), (16, 32768))
+    cases = ((16, 4096), (64, 1024), (16, 1024), (1, 4096), (16, 32768), (1, 32768), (64, 4096))
     for _, _, _, sets, lens, label in shapes(cases, budget):
         jobs = []
         for name, flags in K_VARIANTS.items():
@@ -1908,18 +1908,26 @@ def round_k(budget: float):
 
 
 def warm_k():
-    """What round k launches: one split's decode_fwd (D 128 f16, one M-tile) at the stages
-    of its shapes, each K_VARIANTS pair where it applies."""
+    """What round k launches: decode_fwd (D 128 f16, one M-tile) as its shapes' plans have
+    it (one split at their stages; B = 1 through clusters of 8 or 16 splits and the fused
+    merge, 4 stages), each K_VARIANTS step."""
     out = [(probe_mark, {})]
+    grids = []
     for paged in (False, True):
         c = {"DP": 128, "MT": 1, "PAGED": paged, "DT": f16, "PW": int(paged), "CL": 1}
-        c |= {"DIRECT": True, "FUSED": False, "SPEC": decode.speculates(paged)}
+        one = {"DIRECT": True, "FUSED": False, "SPEC": decode.speculates(paged)}
         for st in {decode.one_split_stages(128, 1, paged), decode.stages_for(128, 1)}:
-            for swap, sync1, m4 in K_VARIANTS.values():
-                sync1 = int(sync1 and st >= 3)
-                flags = {"STAGES": st, "SWAP": int(swap), "SYNC1": sync1, "M4": int(m4)}
-                if {**c, **flags} not in [x for _, x in out]:
-                    out.append((decode.DECODE, {**c, **flags}))
+            grids.append({**c, **one, "STAGES": st})
+        grids.append({**c, "DIRECT": False, "FUSED": False, "SPEC": 0, "CL": 8, "STAGES": 4})
+        if paged:
+            grids.append({**c, "DIRECT": False, "FUSED": True, "SPEC": 0, "STAGES": 4})
+    for c in grids:
+        st = c["STAGES"]
+        for swap, sync1, m4 in K_VARIANTS.values():
+            sync1 = int(sync1 and st >= 3)
+            flags = {"STAGES": st, "SWAP": int(swap), "SYNC1": sync1, "M4": int(m4)}
+            if {**c, **flags} not in [x for _, x in out]:
+                out.append((decode.DECODE, {**c, **flags}))
     return out
 
 
