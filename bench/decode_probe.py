@@ -1875,36 +1875,43 @@ K_VARIANTS = {"default": (False, False, False), "swap": (True, False, False),
 def with_flags(fn, swap: bool, sync1: bool, m4: bool):
     """``fn`` called with decode.KEYS_IN_M, SYNC1 and MERGE4 set (and reset after)."""
 
-    def f(*args):
+    def f(*args, **kwargs):
         decode.KEYS_IN_M, decode.SYNC1, decode.MERGE4 = swap, sync1, m4
         try:
-            return fn(*args)
+            return fn(*args, **kwargs)
         finally:
             decode.KEYS_IN_M = decode.SYNC1 = decode.MERGE4 = False
 
     return f
 
 
-def round_k(budget: float):
-    """K_VARIANTS against the default at the uniform shapes where the paged cache trailed
-    SDPA, both layouts, two passes (the second reversed), each variant checked against f32
-    SDPA first; SDPA first and last. sync1 only where the shape's plan has 3 stages or
-    more (B64 L1024 both layouts, B16 paged)."""
-    cases = ((16, 4096), (64, 1024), (16, 1024), (1, 4096), (16, 32768), (1, 32768), (64, 4096))
+K_CASES = ((16, 4096), (64, 1024), (16, 1024), (1, 4096), (16, 32768), (1, 32768), (64, 4096))
+
+
+def round_k(budget: float, variants=None, cases=K_CASES):
+    """``variants`` (name -> (KEYS_IN_M, SYNC1, MERGE4[, force()'s settings]); K_VARIANTS)
+    at ``cases``, both layouts, two passes (the second reversed), each variant checked
+    against f32 SDPA first (paged); SDPA first and last. SYNC1 acts only where a plan has 3
+    stages or more."""
     for _, _, _, sets, lens, label in shapes(cases, budget):
         jobs = []
-        for name, flags in K_VARIANTS.items():
-            err = with_flags(check, *flags)(sets, lens)
+        for name, (*flags, cfg) in _with_cfg(variants or K_VARIANTS).items():
+            err = with_flags(check, *flags)(sets, lens, **cfg)
             print(f"{label} paged {name} rel err {err:.1e}", flush=True)
-            jobs.append((name, flags))
+            jobs.append((name, flags, cfg))
         for order in (jobs, jobs[::-1]):
-            for name, flags in order:
+            for name, flags, cfg in order:
                 for contiguous in (True, False):
-                    fn = with_flags(run_kaio(lens, contiguous=contiguous), *flags)
+                    fn = with_flags(run_kaio(lens, contiguous=contiguous, **cfg), *flags)
                     layout = "contiguous" if contiguous else "paged"
                     show(f"{label} {layout} {name}", kernel_times(fn, sets))
         again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
         show(f"{label} SDPA again", again)
+
+
+def _with_cfg(variants: dict) -> dict:
+    """Each variant as (KEYS_IN_M, SYNC1, MERGE4, force()'s settings)."""
+    return {n: (*v, {}) if len(v) == 3 else v for n, v in variants.items()}
 
 
 def warm_k():
@@ -1931,6 +1938,32 @@ def warm_k():
     return out
 
 
+K2_VARIANTS = {"default": (False, False, False)} | {
+    f"swap+sync1+m4 s{st}": (True, True, True, {"stages": st}) for st in (2, 3, 4)
+}
+
+
+def round_k2(budget: float):
+    """The ladder's last step at 2, 3 and 4 K/V stages (one split) against the default at
+    the B >= 16 shapes."""
+    round_k(budget, K2_VARIANTS, ((16, 4096), (64, 1024), (16, 1024), (64, 4096)))
+
+
+def warm_k2():
+    """What round k2 launches: one split's decode_fwd (D 128 f16, one M-tile), the default
+    at its plans' stages and the ladder's last step at 2, 3 and 4."""
+    out = [(probe_mark, {})]
+    for paged in (False, True):
+        c = {"DP": 128, "MT": 1, "PAGED": paged, "DT": f16, "PW": int(paged), "CL": 1}
+        c |= {"DIRECT": True, "FUSED": False, "SPEC": decode.speculates(paged)}
+        for st in {decode.one_split_stages(128, 1, paged), decode.stages_for(128, 1)}:
+            out.append((decode.DECODE, {**c, "STAGES": st, "SWAP": 0, "SYNC1": 0, "M4": 0}))
+        for st in (2, 3, 4):
+            flags = {"STAGES": st, "SWAP": 1, "SYNC1": int(st >= 3), "M4": 1}
+            out.append((decode.DECODE, {**c, **flags}))
+    return out
+
+
 ROUNDS = {  # argument: (round, its default time budget in seconds)
     "p": (round_p, 30),
     "t": (round_t, 30),
@@ -1952,6 +1985,7 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "g3": (round_g3, 25),
     "g4": (round_g4, 25),
     "k": (round_k, 30),
+    "k2": (round_k2, 30),
 }
 WARMS = {
     "warm": warm_list,
@@ -1965,6 +1999,7 @@ WARMS = {
     "warm_g3": warm_g3,
     "warm_g4": warm_g4,
     "warm_k": warm_k,
+    "warm_k2": warm_k2,
     "warm_p": warm_p,
     "warm_t": warm_t,
     "warm_v": warm_v,
