@@ -1865,103 +1865,116 @@ def warm_d():
     return out
 
 
-# round k's variants (dec, this session's issue 34 pass), a ladder: decode.KEYS_IN_M (the
-# keys in the mma's M dimension, SWAP), then decode.SYNC1 (one barrier a key tile where 3
-# stages or more), then decode.MERGE4 (the warps merged 4 columns a thread, M4)
-K_VARIANTS = {"default": (False, False, False), "swap": (True, False, False),
-              "swap+sync1": (True, True, False), "swap+sync1+m4": (True, True, True)}  # fmt: skip
+# round k's variants (dec, this session's issue 34 pass), a ladder of decode's switches:
+# KEYS_IN_M (the keys in the mma's M dimension, SWAP), SYNC1 (one barrier a key tile where
+# 3 stages or more), MERGE4 (the warps merged 4 columns a thread, M4), OWN_KEYS (each warp
+# copies and waits for its own keys, OWN; no barrier a tile, so SYNC1 then does nothing)
+K_FLAGS = ("KEYS_IN_M", "SYNC1", "MERGE4", "OWN_KEYS")
+K_VARIANTS = {
+    "default": (),
+    "swap": ("KEYS_IN_M",),
+    "swap+sync1": ("KEYS_IN_M", "SYNC1"),
+    "swap+sync1+m4": ("KEYS_IN_M", "SYNC1", "MERGE4"),
+    "swap+m4+own": ("KEYS_IN_M", "MERGE4", "OWN_KEYS"),
+}
+K_CASES = ((16, 4096), (64, 1024), (16, 1024), (1, 4096), (16, 32768), (1, 32768), (64, 4096))
 
 
-def with_flags(fn, swap: bool, sync1: bool, m4: bool):
-    """``fn`` called with decode.KEYS_IN_M, SYNC1 and MERGE4 set (and reset after)."""
+def with_flags(fn, flags):
+    """``fn`` called with decode's switches ``flags`` (names of K_FLAGS) on, the others off
+    (all off after)."""
 
     def f(*args, **kwargs):
-        decode.KEYS_IN_M, decode.SYNC1, decode.MERGE4 = swap, sync1, m4
+        for name in K_FLAGS:
+            setattr(decode, name, name in flags)
         try:
             return fn(*args, **kwargs)
         finally:
-            decode.KEYS_IN_M = decode.SYNC1 = decode.MERGE4 = False
+            for name in K_FLAGS:
+                setattr(decode, name, False)
 
     return f
 
 
-K_CASES = ((16, 4096), (64, 1024), (16, 1024), (1, 4096), (16, 32768), (1, 32768), (64, 4096))
-
-
 def round_k(budget: float, variants=None, cases=K_CASES):
-    """``variants`` (name -> (KEYS_IN_M, SYNC1, MERGE4[, force()'s settings]); K_VARIANTS)
-    at ``cases``, both layouts, two passes (the second reversed), each variant checked
-    against f32 SDPA first (paged); SDPA first and last. SYNC1 acts only where a plan has 3
-    stages or more."""
+    """``variants`` (name -> (switches on, force()'s settings) or the switches alone;
+    K_VARIANTS) at ``cases``, both layouts, two passes (the second reversed), each variant
+    checked against f32 SDPA first (paged); SDPA first and last."""
+    variants = {
+        n: v if isinstance(v, list) else [v, {}] for n, v in (variants or K_VARIANTS).items()
+    }
     for _, _, _, sets, lens, label in shapes(cases, budget):
-        jobs = []
-        for name, (*flags, cfg) in _with_cfg(variants or K_VARIANTS).items():
-            err = with_flags(check, *flags)(sets, lens, **cfg)
+        for name, (flags, cfg) in variants.items():
+            err = with_flags(check, flags)(sets, lens, **cfg)
             print(f"{label} paged {name} rel err {err:.1e}", flush=True)
-            jobs.append((name, flags, cfg))
+        jobs = list(variants.items())
         for order in (jobs, jobs[::-1]):
-            for name, flags, cfg in order:
+            for name, (flags, cfg) in order:
                 for contiguous in (True, False):
-                    fn = with_flags(run_kaio(lens, contiguous=contiguous, **cfg), *flags)
+                    fn = with_flags(run_kaio(lens, contiguous=contiguous, **cfg), flags)
                     layout = "contiguous" if contiguous else "paged"
                     show(f"{label} {layout} {name}", kernel_times(fn, sets))
         again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
         show(f"{label} SDPA again", again)
 
 
-def _with_cfg(variants: dict) -> dict:
-    """Each variant as (KEYS_IN_M, SYNC1, MERGE4, force()'s settings)."""
-    return {n: (*v, {}) if len(v) == 3 else v for n, v in variants.items()}
+def k_constexprs(flags, stages: int) -> dict:
+    """decode_fwd's SWAP, SYNC1, M4, OWN and STAGES for the switches ``flags`` on (D 128,
+    one M-tile, a group of 4 query rows)."""
+    own = int("OWN_KEYS" in flags)
+    sync1 = int("SYNC1" in flags and stages >= 3 and not own)
+    swap, m4 = int("KEYS_IN_M" in flags), int("MERGE4" in flags)
+    return {"STAGES": stages, "SWAP": swap, "SYNC1": sync1, "M4": m4, "OWN": own}
 
 
 def warm_k():
     """What round k launches: decode_fwd (D 128 f16, one M-tile) as its shapes' plans have
     it (one split at their stages; B = 1 through clusters of 8 or 16 splits and the fused
     merge, 4 stages), each K_VARIANTS step."""
-    out = [(probe_mark, {})]
     grids = []
     for paged in (False, True):
         c = {"DP": 128, "MT": 1, "PAGED": paged, "DT": f16, "PW": int(paged), "CL": 1}
         one = {"DIRECT": True, "FUSED": False, "SPEC": decode.speculates(paged)}
         for st in {decode.one_split_stages(128, 1, paged), decode.stages_for(128, 1)}:
-            grids.append({**c, **one, "STAGES": st})
-        grids.append({**c, "DIRECT": False, "FUSED": False, "SPEC": 0, "CL": 8, "STAGES": 4})
+            grids.append(({**c, **one}, st))
+        grids.append(({**c, "DIRECT": False, "FUSED": False, "SPEC": 0, "CL": 8}, 4))
         if paged:
-            grids.append({**c, "DIRECT": False, "FUSED": True, "SPEC": 0, "STAGES": 4})
-    for c in grids:
-        st = c["STAGES"]
-        for swap, sync1, m4 in K_VARIANTS.values():
-            sync1 = int(sync1 and st >= 3)
-            flags = {"STAGES": st, "SWAP": int(swap), "SYNC1": sync1, "M4": int(m4)}
-            if {**c, **flags} not in [x for _, x in out]:
-                out.append((decode.DECODE, {**c, **flags}))
+            grids.append(({**c, "DIRECT": False, "FUSED": True, "SPEC": 0}, 4))
+    return _warm_list(grids, [(flags, None) for flags in K_VARIANTS.values()])
+
+
+def _warm_list(grids, steps) -> list:
+    """(decode_fwd, constexprs) of each grid (constexprs, its stages) under each step
+    (switches on, stages or None for the grid's), without repeats."""
+    out = [(probe_mark, {})]
+    for c, st in grids:
+        for flags, stages in steps:
+            item = (decode.DECODE, {**c, **k_constexprs(flags, stages or st)})
+            if item not in out:
+                out.append(item)
     return out
 
 
-K2_VARIANTS = {"default": (False, False, False)} | {
-    f"swap+sync1+m4 s{st}": (True, True, True, {"stages": st}) for st in (2, 3, 4)
-}
+K_BEST = ("KEYS_IN_M", "MERGE4", "OWN_KEYS")
+K2_VARIANTS = {"default": ()} | {f"best s{st}": [K_BEST, {"stages": st}] for st in (2, 3, 4)}
 
 
 def round_k2(budget: float):
-    """The ladder's last step at 2, 3 and 4 K/V stages (one split) against the default at
-    the B >= 16 shapes."""
+    """The ladder's best step (K_BEST) at 2, 3 and 4 K/V stages (one split) against the
+    default at the B >= 16 shapes."""
     round_k(budget, K2_VARIANTS, ((16, 4096), (64, 1024), (16, 1024), (64, 4096)))
 
 
 def warm_k2():
     """What round k2 launches: one split's decode_fwd (D 128 f16, one M-tile), the default
-    at its plans' stages and the ladder's last step at 2, 3 and 4."""
-    out = [(probe_mark, {})]
+    at its plans' stages and K_BEST at 2, 3 and 4."""
+    grids = []
     for paged in (False, True):
         c = {"DP": 128, "MT": 1, "PAGED": paged, "DT": f16, "PW": int(paged), "CL": 1}
         c |= {"DIRECT": True, "FUSED": False, "SPEC": decode.speculates(paged)}
         for st in {decode.one_split_stages(128, 1, paged), decode.stages_for(128, 1)}:
-            out.append((decode.DECODE, {**c, "STAGES": st, "SWAP": 0, "SYNC1": 0, "M4": 0}))
-        for st in (2, 3, 4):
-            flags = {"STAGES": st, "SWAP": 1, "SYNC1": int(st >= 3), "M4": 1}
-            out.append((decode.DECODE, {**c, **flags}))
-    return out
+            grids.append((c, st))
+    return _warm_list(grids, [((), None)] + [(K_BEST, st) for st in (2, 3, 4)])
 
 
 ROUNDS = {  # argument: (round, its default time budget in seconds)

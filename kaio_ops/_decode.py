@@ -221,6 +221,111 @@ def load_stage(
 
 
 @kaio.gpu_func
+def load_own(
+    dst: DT[:, :],
+    row0: u32,
+    k: DT[:],
+    v: DT[:],
+    key0: u32,
+    kv_len: u32,
+    b: u32,
+    kvh: u32,
+    page: u32,
+    capacity: u32,
+    kv_heads: u32,
+    shift: u32,
+    pages: u32,
+    warp: u32,
+    lane: u32,
+    DP: kaio.constexpr,
+    PAGED: kaio.constexpr,
+    DT: kaio.constexpr,
+):
+    """``load_stage`` of warp ``warp``'s own 16 keys key0 + 16 warp .. + 15 of the tile (rows
+    16 warp .. of the stage, K then V BN rows on), by its lanes: one cp.async group of the
+    warp. A paged cache's keys are one 16-key run of ``page``."""
+    PIECES = DP // 8
+    STEP = 32 // PIECES  # rows a pass of the warp
+    r0 = lane // PIECES
+    col = lane % PIECES * 8
+    for i in kaio.static_range(16 // STEP):
+        r = warp * 16 + r0 + i * STEP
+        key = key0 + r
+        inside = key < kv_len
+        if PAGED:
+            at = paged_row(page, key, kvh, kv_heads, shift, pages, DP)
+        else:
+            at = ((b * kv_heads + kvh) * capacity + key) * DP
+        index = kaio.select(inside, at + col, 0)
+        nbytes = kaio.select(inside, 16, 0)
+        swizzled = kaio.swizzle(dst, r0 + i * STEP % 8, col)
+        kaio.cp_async(dst, (row0 + r, swizzled), k, index, 16, nbytes)
+        kaio.cp_async(dst, (row0 + BN + r, swizzled), v, index, 16, nbytes)
+
+
+@kaio.gpu_func
+def copy_tile(
+    kv_s: DT[:, :],
+    row0: u32,
+    k: DT[:],
+    v: DT[:],
+    key0: u32,
+    kv_len: u32,
+    b: u32,
+    kvh: u32,
+    pg: u32[:, :],
+    j: kaio.constexpr,
+    win: u32[:],
+    block_table: i32[:],
+    capacity: u32,
+    max_pages: u32,
+    kv_heads: u32,
+    shift: u32,
+    pages: u32,
+    tid: u32,
+    DP: kaio.constexpr,
+    PAGED: kaio.constexpr,
+    PW: kaio.constexpr,
+    OWN: kaio.constexpr,
+    DT: kaio.constexpr,
+):
+    """The copies of the key tile key0 .. key0 + BN into the stage at row row0 of kv_s:
+    ``OWN``, this warp's 16 keys (``load_own``, a paged cache's page from the warp's window
+    ``win``); else the block's share of the whole tile (``load_stage``; paged: its pages
+    from the window (``PW``) or ``page_ids``' pg[j])."""
+    lane = kaio.lane_id()
+    if OWN:
+        warp = tid // 32
+        page = u32(0)
+        if PAGED:
+            page = window_page(win, key0 + warp * 16, b, block_table, max_pages, shift, lane)
+        load_own(
+            kv_s, row0, k, v, key0, kv_len, b, kvh, page, capacity, kv_heads, shift, pages,
+            warp, lane, DP, PAGED, DT,
+        )  # fmt: skip
+    else:
+        if PAGED and PW:
+            window_pages(pg, win, key0, b, block_table, max_pages, shift, tid, lane, DP)
+        load_stage(
+            kv_s, row0, k, v, key0, kv_len, b, kvh, pg, 0 if PW else j, capacity, kv_heads,
+            shift, pages, tid, DP, PAGED, DT,
+        )  # fmt: skip
+
+
+@kaio.gpu_func
+def zero_rows(
+    kv_s: DT[:, :], row0: u32, key0: u32, kv_len: u32, me: u32, N: kaio.constexpr,
+    DP: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """Rows row0 + r of kv_s (r < BN, or < 16 where N = 32: one warp's) whose key
+    key0 + r is at or past kv_len: zeros, by N threads (me = the thread's index)."""
+    R = 16 if N == 32 else BN
+    for idx in range(me, R * DP, N):
+        if key0 + idx // DP >= kv_len:
+            kv_s[row0 + idx // DP, idx % DP] = DT(0.0)
+
+
+@kaio.gpu_func
 def load_pages(
     dst: DT[:, :],
     row0: u32,
@@ -296,6 +401,7 @@ def decode_fwd(
     SWAP: kaio.constexpr,
     SYNC1: kaio.constexpr,
     M4: kaio.constexpr,
+    OWN: kaio.constexpr,
 ):
     """Attention of the 16 * MT query rows (row chunk) of one K/V group over the key tiles
     of split ``block x``: out / lse (``DIRECT``, one split) or part / part_lse (row-major
@@ -317,7 +423,9 @@ def decode_fwd(
     in N (``key_scores``, ``key_values``: half the mma of the query rows in M, whose 16 rows
     such a group fills at most half). ``SYNC1`` (STAGES >= 3): one barrier a key tile, the
     wait for tile i first, then the copies into the stage tile i - 1 used. ``M4``: the
-    warps' partial results merged 4 columns a thread (``merge_warps``)."""
+    warps' partial results merged 4 columns a thread (``merge_warps``). ``OWN`` (MT 1; a
+    paged cache with ``PW``): each warp copies, waits for and reads only its own 16 keys
+    of each tile (``load_own``), so the key tiles need no barrier of the block."""
     if CL > 1:
         kaio.cluster_dims(CL)
     KSPLIT = WARPS // MT  # warps sharing one M-tile, each on KW keys of a tile
@@ -357,11 +465,9 @@ def decode_fwd(
         for j in kaio.static_range(STAGES - 1):
             key0 = (split + j * splits) * BN
             if key0 < capacity:
-                if PAGED:
-                    window_pages(pg, win, key0, b, block_table, max_pages, shift, tid, lane, DP)
-                load_stage(
-                    kv_s, j * 2 * BN, k, v, key0, capacity, b, kvh, pg, 0, capacity,
-                    kv_heads, shift, pages, tid, DP, PAGED, DT,
+                copy_tile(
+                    kv_s, j * 2 * BN, k, v, key0, capacity, b, kvh, pg, 0, win, block_table,
+                    capacity, max_pages, kv_heads, shift, pages, tid, DP, PAGED, PW, OWN, DT,
                 )  # fmt: skip
             kaio.cp_async_commit()
     kv_len = u32(kaio.min(kaio.max(seq_lens[b], 0), i32(capacity)))
@@ -384,13 +490,10 @@ def decode_fwd(
     for j in kaio.static_range(STAGES - 1):  # tiles t0 .. t0 + STAGES - 2 in flight
         if not SPEC:
             if j < count:
-                if PAGED and PW:
-                    window_pages(
-                        pg, win, (t0 + j) * BN, b, block_table, max_pages, shift, tid, lane, DP
-                    )
-                load_stage(
-                    kv_s, j * 2 * BN, k, v, (t0 + j) * BN, kv_len, b, kvh, pg,
-                    0 if PW else j, capacity, kv_heads, shift, pages, tid, DP, PAGED, DT,
+                copy_tile(
+                    kv_s, j * 2 * BN, k, v, (t0 + j) * BN, kv_len, b, kvh, pg, j, win,
+                    block_table, capacity, max_pages, kv_heads, shift, pages, tid, DP, PAGED,
+                    PW, OWN, DT,
                 )  # fmt: skip
             kaio.cp_async_commit()
     kaio.cp_async_wait(STAGES - 1)  # Q has landed
@@ -426,11 +529,10 @@ def decode_fwd(
             kaio.sync_threads()  # (and every warp is past tile i - 1)
         if i + STAGES - 1 < count:  # into the stage tile i - 1 used
             key0 = (t + (STAGES - 1) * step) * BN
-            if PAGED and PW:
-                window_pages(pg, win, key0, b, block_table, max_pages, shift, tid, lane, DP)
-            load_stage(
+            copy_tile(
                 kv_s, (i + STAGES - 1) % STAGES * 2 * BN, k, v, key0, kv_len, b, kvh, pg,
-                0 if PW else STAGES - 1, capacity, kv_heads, shift, pages, tid, DP, PAGED, DT,
+                STAGES - 1, win, block_table, capacity, max_pages, kv_heads, shift, pages, tid,
+                DP, PAGED, PW, OWN, DT,
             )  # fmt: skip
             if PAGED and not PW:  # the next tile's pages, used by the next iteration's copies
                 page_ids(
@@ -438,15 +540,22 @@ def decode_fwd(
                     tid, DP,
                 )  # fmt: skip
         kaio.cp_async_commit()
-        if not SYNC1:
+        if OWN:
+            kaio.cp_async_wait(STAGES - 1)  # this warp's keys of tile t have landed
+            kaio.sync_warp()
+        elif not SYNC1:
             kaio.cp_async_wait(STAGES - 1)  # tile t has landed
             kaio.sync_threads()
         if SPEC:
             if i < STAGES - 1 and (t + 1) * BN > kv_len:  # copied before the length was known
-                for idx in range(tid, BN * DP, THREADS):  # V's rows past it: zeros
-                    if t * BN + idx // DP >= kv_len:
-                        kv_s[stage + BN + idx // DP, idx % DP] = DT(0.0)
-                kaio.sync_threads()
+                if OWN:  # V's rows of this warp's keys past it: zeros
+                    zero_rows(
+                        kv_s, stage + BN + warp * 16, t * BN + warp * 16, kv_len, lane, 32, DP, DT
+                    )
+                    kaio.sync_warp()
+                else:  # V's rows past it: zeros
+                    zero_rows(kv_s, stage + BN, t * BN, kv_len, tid, THREADS, DP, DT)
+                    kaio.sync_threads()
         krow = stage + kpart * KW
         # the last tiles hold keys past the end or past a new token's position
         masked = i32((t + 1) * BN) + i32(sq) > i32(kv_len) + 1
@@ -461,7 +570,7 @@ def decode_fwd(
             dot_rows_at(s, qf, kv_s, krow, bcol, lane, KW // 8, 0, DP, DT)  # S = Q K^T
             masked_softmax(s, m, l, o, masked, t * BN + kpart * KW, limit, lane, scale_log2, KW, DP)
             acc_rows_at(o, s, kv_s, krow + BN, acol, lane, KW // 8, DP, DT)  # O += P V
-        if not SYNC1:
+        if not (SYNC1 or OWN):
             kaio.sync_threads()  # this stage is free
 
     # the warps' partial results, relative to their own maxima, through shared memory (the

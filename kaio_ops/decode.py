@@ -82,6 +82,7 @@ PAGE_SPEC = True  # decode_pages splits the capacity: its first copies need no l
 KEYS_IN_M = False
 SYNC1 = False  # decode_fwd with one barrier a key tile where it has 3 stages or more
 MERGE4 = False  # decode_fwd's warps merged 4 columns a thread (M4)
+OWN_KEYS = False  # decode_fwd's warps each copying and waiting for their own keys (OWN)
 
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
 MERGE = dk.decode_merge
@@ -102,10 +103,17 @@ def swaps(rows: int, dp: int) -> int:
     return int(KEYS_IN_M and rows <= 8 and dp <= 128)
 
 
-def stage_syncs(stages: int) -> int:
+def owns(mt: int, paged: bool) -> int:
+    """``decode_fwd``'s OWN for ``mt`` M-tiles (OWN_KEYS): one M-tile, each warp on its own
+    16 keys of a tile (a paged cache read through the block-table window)."""
+    return int(OWN_KEYS and mt == 1 and (PAGE_WINDOW or not paged))
+
+
+def stage_syncs(stages: int, own: int = 0) -> int:
     """``decode_fwd``'s SYNC1 for a pipeline of ``stages`` (SYNC1: from 3; at 2 the wait
-    before the copies would leave no tile in flight)."""
-    return int(SYNC1 and stages >= 3)
+    before the copies would leave no tile in flight), none where the warps own their keys
+    (``own``: no barrier a tile to save)."""
+    return int(SYNC1 and stages >= 3 and not own)
 
 
 def stages_for(dp: int, mt: int) -> int:
@@ -244,7 +252,8 @@ def plan_grid(
         if CLUSTER_BANDWIDTH and per > LONG_SPLIT and not streams_fast(like, blocks * cl):
             break  # (fewer splits: fewer SMs still)
         consts = {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": stages, "CL": cl, "DT": like.dtype}
-        consts |= {"SWAP": swap, "SYNC1": stage_syncs(stages), "M4": int(MERGE4)}
+        own = owns(mt, paged)
+        consts |= {"SWAP": swap, "SYNC1": stage_syncs(stages, own), "M4": int(MERGE4), "OWN": own}
         if dev is None or not CLUSTER_CHECK:
             return cl, stages, cl, shared
         consts |= {"PW": int(PAGE_WINDOW and paged), "SPEC": speculates(paged, cl)}
@@ -502,7 +511,7 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     chunks = -(-group * sq // (16 * mt))
     blocks = batch * cache.kv_heads * chunks
     tiles = -(-cache.capacity // dk.BN)
-    swap = swaps(group * sq, d)
+    swap, own = swaps(group * sq, d), owns(mt, cache.paged)
     splits, stages, cl, shared = plan_grid(qa, DECODE, blocks, tiles, d, mt, cache.paged, swap)
     rows = batch * heads * sq
     stream = _arrays.stream_of(qa)
@@ -521,8 +530,8 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
         math.log2(math.e) * float(scale),
         DP=d, MT=mt, PAGED=cache.paged, STAGES=stages, DIRECT=direct, FUSED=fused, CL=cl,
         DT=qa.dtype, PW=int(PAGE_WINDOW and cache.paged),
-        SPEC=speculates(cache.paged, splits), SWAP=swap, SYNC1=stage_syncs(stages),
-        M4=int(MERGE4),
+        SPEC=speculates(cache.paged, splits), SWAP=swap, SYNC1=stage_syncs(stages, own),
+        M4=int(MERGE4), OWN=own,
     )  # fmt: skip
     if not (direct or fused or cl > 1):
         MERGE[blocks, dk.THREADS, stream, merge_shared(mt)](
@@ -622,18 +631,19 @@ def kv_cache_append(k_cache, v_cache, k, v, seq_lens, block_table=None) -> None:
 def _shipped_fwd(dtype, dp: int, mt: int, paged: bool, swap: int):
     """(DECODE, constexprs) of each stage count and merge of one family of ``decode_fwd``."""
     base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dtype, "SWAP": swap, "M4": int(MERGE4)}
+    base["OWN"] = own = owns(mt, paged)
     base["PW"] = int(PAGE_WINDOW and paged)
     for direct, fused in ((True, False), (False, False), (False, True)):
         flags = {**base, "DIRECT": direct, "FUSED": fused, "CL": 1}
         flags["SPEC"] = speculates(paged, 1 if direct else 2)
         one = one_split_stages(dp, mt, paged)
         for stages in sorted({stages_for(dp, mt), deep_stages(dp, mt), one}):
-            yield DECODE, {**flags, "STAGES": stages, "SYNC1": stage_syncs(stages)}
+            yield DECODE, {**flags, "STAGES": stages, "SYNC1": stage_syncs(stages, own)}
     # merged through a cluster (sm_90), a block a multiprocessor
     flags = {**base, "DIRECT": False, "FUSED": False, "SPEC": speculates(paged, 2)}
     stages = deep_stages(dp, mt)
     for cl in CLUSTERS:
-        yield DECODE, {**flags, "STAGES": stages, "CL": cl, "SYNC1": stage_syncs(stages)}
+        yield DECODE, {**flags, "STAGES": stages, "CL": cl, "SYNC1": stage_syncs(stages, own)}
 
 
 def shipped():

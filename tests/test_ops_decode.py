@@ -290,23 +290,27 @@ class _Launches:
 
 
 @pytest.mark.parametrize(
-    "merge, page_size, sq, d, dtype",
+    "merge, page_size, sq, d, dtype, own",
     [
-        ("direct", 16, 1, 128, np.float16),  # the suite's group of 4 heads, 4 stages
-        ("direct", None, 2, 64, BF16),  # 8 rows, 3 stages
-        ("fused", 16, 2, 64, np.float16),
-        ("cluster", None, 1, 128, BF16),
+        ("direct", 16, 1, 128, np.float16, 0),  # the suite's group of 4 heads, 4 stages
+        ("direct", 16, 1, 128, np.float16, 1),
+        ("direct", None, 2, 64, BF16, 0),  # 8 rows, 3 stages
+        ("direct", None, 2, 64, BF16, 1),
+        ("fused", 16, 2, 64, np.float16, 1),
+        ("cluster", None, 1, 128, BF16, 0),
     ],
 )
-def test_keys_in_m_and_one_barrier_in_simulator(monkeypatch, merge, page_size, sq, d, dtype):
+def test_keys_in_m_and_one_barrier_in_simulator(monkeypatch, merge, page_size, sq, d, dtype, own):
     # decode_fwd with the keys in the mma's M dimension (SWAP: a group of 4 heads x Sq 1
-    # or 2), one barrier a key tile (SYNC1, 3 or 4 stages) and the warps merged 4 columns
-    # a thread (M4: the same bits as the element-wise merge), against float64 and the
-    # race checker: one split with its first copies before the length, or several merged;
-    # rows past each length hold NaN, which must not reach the output
+    # or 2), one barrier a key tile (SYNC1, 3 or 4 stages) or none (OWN: each warp copies
+    # and waits for its own keys) and the warps merged 4 columns a thread (M4: the same
+    # bits as the element-wise merge), against float64 and the race checker: one split
+    # with its first copies before the length, or several merged; rows past each length
+    # hold NaN, which must not reach the output
     monkeypatch.setattr(decode, "KEYS_IN_M", True)
     monkeypatch.setattr(decode, "SYNC1", True)
     monkeypatch.setattr(decode, "MERGE4", True)
+    monkeypatch.setattr(decode, "OWN_KEYS", own)
     monkeypatch.setattr(decode, "DECODE", spy := _Launches(decode.DECODE))
     monkeypatch.setattr(decode, "splits_for", lambda *_: 1 if merge == "direct" else 3)
     monkeypatch.setattr(decode, "CLUSTER_MERGE", merge == "cluster")
@@ -335,7 +339,8 @@ def test_keys_in_m_and_one_barrier_in_simulator(monkeypatch, merge, page_size, s
         again = kaio_ops.flash_attention_decode_with_stats(
             q, k_cache, v_cache, np.array(lens, np.int32), table
         )
-    assert [(c["SWAP"], c["SYNC1"], c["M4"]) for c in spy.constexprs] == [(1, 1, 1), (1, 1, 0)]
+    want = [(1, int(not own), 1, own), (1, int(not own), 0, own)]
+    assert [(c["SWAP"], c["SYNC1"], c["M4"], c["OWN"]) for c in spy.constexprs] == want
     assert np.array_equal(out, again[0]) and np.array_equal(lse, again[1])
     ref, ref_lse = reference(q, k_cache, v_cache, lens, table)
     out = out.astype(np.float64)
