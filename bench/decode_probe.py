@@ -245,9 +245,11 @@ def run_kaio(lens, contiguous=False, **cfg):
     return f
 
 
-def check(sets, lens, **cfg):
+def check(sets, lens, contiguous=False, **cfg):
     force(**cfg)
     q, k, v, kc, vc, table = sets[0]
+    if contiguous:
+        kc, vc, table = k, v, None
     out = decode._decode("probe", q, kc, vc, lens, table, None)[0]
     mask = torch.arange(k.shape[2], device="cuda")[None] < lens[:, None]
     ref = sdpa(q.float(), k.float(), v.float(), attn_mask=mask[:, None, None], enable_gqa=True)
@@ -1906,7 +1908,8 @@ def round_k(budget: float, variants=None, cases=K_CASES):
     for _, _, _, sets, lens, label in shapes(cases, budget):
         for name, (flags, cfg) in variants.items():
             err = with_flags(check, flags)(sets, lens, **cfg)
-            print(f"{label} paged {name} rel err {err:.1e}", flush=True)
+            again = with_flags(check, flags)(sets, lens, contiguous=True, **cfg)
+            print(f"{label} {name} rel err paged {err:.1e} contiguous {again:.1e}", flush=True)
         jobs = list(variants.items())
         for order in (jobs, jobs[::-1]):
             for name, (flags, cfg) in order:
