@@ -643,13 +643,15 @@ def assembled() -> list:
     vector and scalar paths), not all 206 of them (the CI time budget). The largest
     (D = 256, four M-tiles) and the one compiled for 3 blocks per SM (168 registers) are in."""
 
-    def fwd(dp, mt, paged, merge, deep=False, cl=1, dt=kaio.f16):
+    def fwd(dp, mt, paged, merge, deep=False, cl=1, dt=kaio.f16, swap=0):
         flags = {"DIRECT": merge == "direct", "FUSED": merge == "fused", "CL": cl}
         stages = (decode.deep_stages if deep else decode.stages_for)(dp, mt)
         pw = int(decode.PAGE_WINDOW and paged)
         base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dt, "STAGES": stages, "PW": pw}
         spec = decode.speculates(paged) if merge == "direct" else 0
-        return {**base, "SPEC": spec, **flags}
+        own = decode.owns(mt, paged)
+        tile = {"SWAP": swap, "SYNC1": decode.stage_syncs(stages, own), "OWN": own}
+        return {**base, "SPEC": spec, **flags, **tile, "M4": int(decode.MERGE4)}
 
     return [
         (decode.DECODE, fwd(64, 4, True, "fused")),
