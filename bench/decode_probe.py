@@ -1934,6 +1934,13 @@ def warm_k():
     """What round k launches: decode_fwd (D 128 f16, one M-tile) as its shapes' plans have
     it (one split at their stages; B = 1 through clusters of 8 or 16 splits and the fused
     merge, 4 stages), each K_VARIANTS step."""
+    return _warm_list(_k_grids(), [(flags, None) for flags in K_VARIANTS.values()])
+
+
+def _k_grids() -> list:
+    """(constexprs, stages) of decode_fwd's grids at round k's shapes (D 128 f16, one
+    M-tile): one split at the plans' stages; B = 1 through clusters of 8 (and, paged at
+    32k keys, 16 splits through the fused merge), 4 stages."""
     grids = []
     for paged in (False, True):
         c = {"DP": 128, "MT": 1, "PAGED": paged, "DT": f16, "PW": int(paged), "CL": 1}
@@ -1943,7 +1950,7 @@ def warm_k():
         grids.append(({**c, "DIRECT": False, "FUSED": False, "SPEC": 0, "CL": 8}, 4))
         if paged:
             grids.append(({**c, "DIRECT": False, "FUSED": True, "SPEC": 0}, 4))
-    return _warm_list(grids, [(flags, None) for flags in K_VARIANTS.values()])
+    return grids
 
 
 def _warm_list(grids, steps) -> list:
@@ -1958,26 +1965,34 @@ def _warm_list(grids, steps) -> list:
     return out
 
 
-K_BEST = ("KEYS_IN_M", "MERGE4", "OWN_KEYS")
-K2_VARIANTS = {"default": ()} | {f"best s{st}": [K_BEST, {"stages": st}] for st in (2, 3, 4)}
+SM4 = ("KEYS_IN_M", "MERGE4")
+# round k2 (round B): the switches apart (SYNC1 and OWN each with SWAP and M4) at the
+# plans' stages, and at other stage counts
+K2_VARIANTS = {
+    "default": (),
+    "swap+m4": SM4,
+    "swap+sync1+m4": (*SM4, "SYNC1"),
+    "swap+m4+own": (*SM4, "OWN_KEYS"),
+    "swap+sync1+m4 s3": [(*SM4, "SYNC1"), {"stages": 3}],
+    "swap+sync1+m4 s4": [(*SM4, "SYNC1"), {"stages": 4}],
+    "swap+m4+own s3": [(*SM4, "OWN_KEYS"), {"stages": 3}],
+    "swap+m4+own s5": [(*SM4, "OWN_KEYS"), {"stages": 5}],
+}
+K2_CASES = ((16, 4096), (64, 1024), (16, 1024), (1, 4096), (64, 4096), (1, 32768), (16, 32768))
 
 
 def round_k2(budget: float):
-    """The ladder's best step (K_BEST) at 2, 3 and 4 K/V stages (one split) against the
-    default at the B >= 16 shapes."""
-    round_k(budget, K2_VARIANTS, ((16, 4096), (64, 1024), (16, 1024), (64, 4096)))
+    """K2_VARIANTS (SYNC1 and OWN apart, other stage counts) at K2_CASES."""
+    round_k(budget, K2_VARIANTS, K2_CASES)
 
 
 def warm_k2():
-    """What round k2 launches: one split's decode_fwd (D 128 f16, one M-tile), the default
-    at its plans' stages and K_BEST at 2, 3 and 4."""
-    grids = []
-    for paged in (False, True):
-        c = {"DP": 128, "MT": 1, "PAGED": paged, "DT": f16, "PW": int(paged), "CL": 1}
-        c |= {"DIRECT": True, "FUSED": False, "SPEC": decode.speculates(paged)}
-        for st in {decode.one_split_stages(128, 1, paged), decode.stages_for(128, 1)}:
-            grids.append((c, st))
-    return _warm_list(grids, [((), None)] + [(K_BEST, st) for st in (2, 3, 4)])
+    """What round k2 launches: round k's grids under each K2_VARIANTS step."""
+    steps = []
+    for v in K2_VARIANTS.values():
+        flags, cfg = v if isinstance(v, list) else (v, {})
+        steps.append((flags, cfg.get("stages")))
+    return _warm_list(_k_grids(), steps)
 
 
 ROUNDS = {  # argument: (round, its default time budget in seconds)
