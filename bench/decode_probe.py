@@ -1867,132 +1867,85 @@ def warm_d():
     return out
 
 
-# round k's variants (dec, this session's issue 34 pass), a ladder of decode's switches:
-# KEYS_IN_M (the keys in the mma's M dimension, SWAP), SYNC1 (one barrier a key tile where
-# 3 stages or more), MERGE4 (the warps merged 4 columns a thread, M4), OWN_KEYS (each warp
-# copies and waits for its own keys, OWN; no barrier a tile, so SYNC1 then does nothing)
-K_FLAGS = ("KEYS_IN_M", "SYNC1", "MERGE4", "OWN_KEYS")
+# round k (dec, this session's issue 34 pass): decode_fwd's tile-loop switches, each off
+# against the shipped setting (all on): KEYS_IN_M (the keys in the mma's M dimension, SWAP),
+# SYNC1 (one barrier a key tile at 3 stages), OWN_KEYS (each warp on its own keys, OWN:
+# paged, one split, a block a multiprocessor)
+K_FLAGS = ("KEYS_IN_M", "SYNC1", "OWN_KEYS")
 K_VARIANTS = {
-    "default": (),
-    "swap": ("KEYS_IN_M",),
-    "swap+sync1": ("KEYS_IN_M", "SYNC1"),
-    "swap+sync1+m4": ("KEYS_IN_M", "SYNC1", "MERGE4"),
-    "swap+m4+own": ("KEYS_IN_M", "MERGE4", "OWN_KEYS"),
+    "shipped": (),
+    "no own": ("OWN_KEYS",),
+    "no sync1": ("SYNC1",),
+    "none": K_FLAGS,
 }
-K_CASES = ((16, 4096), (64, 1024), (16, 1024), (1, 4096), (16, 32768), (1, 32768), (64, 4096))
+K_CASES = ((16, 4096), (64, 1024), (16, 1024), (1, 4096), (64, 4096), (1, 32768), (16, 32768))
+K_ON = {name: getattr(decode, name) for name in K_FLAGS}
 
 
-def with_flags(fn, flags):
-    """``fn`` called with decode's switches ``flags`` (names of K_FLAGS) on, the others off
-    (all off after)."""
+def with_flags(fn, off):
+    """``fn`` called with decode's switches ``off`` (names of K_FLAGS) off, the others as
+    shipped (all as shipped after)."""
 
     def f(*args, **kwargs):
         for name in K_FLAGS:
-            setattr(decode, name, name in flags)
+            setattr(decode, name, K_ON[name] and name not in off)
         try:
             return fn(*args, **kwargs)
         finally:
             for name in K_FLAGS:
-                setattr(decode, name, False)
+                setattr(decode, name, K_ON[name])
 
     return f
 
 
 def round_k(budget: float, variants=None, cases=K_CASES):
-    """``variants`` (name -> (switches on, force()'s settings) or the switches alone;
+    """``variants`` (name -> (switches off, force()'s settings) or the switches alone;
     K_VARIANTS) at ``cases``, both layouts, two passes (the second reversed), each variant
-    checked against f32 SDPA first (paged); SDPA first and last."""
+    checked against f32 SDPA first (both layouts); SDPA first and last."""
     variants = {
         n: v if isinstance(v, list) else [v, {}] for n, v in (variants or K_VARIANTS).items()
     }
     for _, _, _, sets, lens, label in shapes(cases, budget):
-        for name, (flags, cfg) in variants.items():
-            err = with_flags(check, flags)(sets, lens, **cfg)
-            again = with_flags(check, flags)(sets, lens, contiguous=True, **cfg)
+        for name, (off, cfg) in variants.items():
+            err = with_flags(check, off)(sets, lens, **cfg)
+            again = with_flags(check, off)(sets, lens, contiguous=True, **cfg)
             print(f"{label} {name} rel err paged {err:.1e} contiguous {again:.1e}", flush=True)
         jobs = list(variants.items())
         for order in (jobs, jobs[::-1]):
-            for name, (flags, cfg) in order:
+            for name, (off, cfg) in order:
                 for contiguous in (True, False):
-                    fn = with_flags(run_kaio(lens, contiguous=contiguous, **cfg), flags)
+                    fn = with_flags(run_kaio(lens, contiguous=contiguous, **cfg), off)
                     layout = "contiguous" if contiguous else "paged"
                     show(f"{label} {layout} {name}", kernel_times(fn, sets))
         again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
         show(f"{label} SDPA again", again)
 
 
-def k_constexprs(flags, stages: int) -> dict:
-    """decode_fwd's SWAP, SYNC1, M4, OWN and STAGES for the switches ``flags`` on (D 128,
-    one M-tile, a group of 4 query rows)."""
-    own = int("OWN_KEYS" in flags)
-    sync1 = int("SYNC1" in flags and stages >= 3 and not own)
-    swap, m4 = int("KEYS_IN_M" in flags), int("MERGE4" in flags)
-    return {"STAGES": stages, "SWAP": swap, "SYNC1": sync1, "M4": m4, "OWN": own}
-
-
 def warm_k():
-    """What round k launches: decode_fwd (D 128 f16, one M-tile) as its shapes' plans have
-    it (one split at their stages; B = 1 through clusters of 8 or 16 splits and the fused
-    merge, 4 stages), each K_VARIANTS step."""
-    return _warm_list(_k_grids(), [(flags, None) for flags in K_VARIANTS.values()])
-
-
-def _k_grids() -> list:
-    """(constexprs, stages) of decode_fwd's grids at round k's shapes (D 128 f16, one
-    M-tile): one split at the plans' stages; B = 1 through clusters of 8 (and, paged at
-    32k keys, 16 splits through the fused merge), 4 stages."""
-    grids = []
+    """What round k launches: decode_fwd (D 128 f16, one M-tile, a group of 4 query rows)
+    as its shapes' plans have it (one split at their stages; B = 1 through clusters of 8
+    and, paged at 32k keys, 16 splits through the fused merge, 4 stages) under each
+    K_VARIANTS step."""
+    out = [(probe_mark, {})]
     for paged in (False, True):
         c = {"DP": 128, "MT": 1, "PAGED": paged, "DT": f16, "PW": int(paged), "CL": 1}
         one = {"DIRECT": True, "FUSED": False, "SPEC": decode.speculates(paged)}
-        for st in {decode.one_split_stages(128, 1, paged), decode.stages_for(128, 1)}:
-            grids.append(({**c, **one}, st))
-        grids.append(({**c, "DIRECT": False, "FUSED": False, "SPEC": 0, "CL": 8}, 4))
+        grids = [({**c, "DIRECT": False, "FUSED": False, "SPEC": 0, "CL": 8}, 4, False)]
         if paged:
-            grids.append(({**c, "DIRECT": False, "FUSED": True, "SPEC": 0}, 4))
-    return grids
-
-
-def _warm_list(grids, steps) -> list:
-    """(decode_fwd, constexprs) of each grid (constexprs, its stages) under each step
-    (switches on, stages or None for the grid's), without repeats."""
-    out = [(probe_mark, {})]
-    for c, st in grids:
-        for flags, stages in steps:
-            item = (decode.DECODE, {**c, **k_constexprs(flags, stages or st)})
-            if item not in out:
-                out.append(item)
+            grids.append(({**c, "DIRECT": False, "FUSED": True, "SPEC": 0}, 4, False))
+        alone = decode.one_split_stages(128, 1, paged)
+        for st in {alone, decode.stages_for(128, 1)}:
+            grids.append(({**c, **one}, st, st == alone))
+        for grid, st, single in grids:
+            for off in K_VARIANTS.values():
+                own = int("OWN_KEYS" not in off and decode.owns(1, paged, single))
+                sync1 = int("SYNC1" not in off and decode.stage_syncs(st, own))
+                swap = int("KEYS_IN_M" not in off)
+                item = (decode.DECODE, {**grid, "STAGES": st, "SWAP": swap, "SYNC1": sync1,
+                                        "OWN": own})  # fmt: skip
+                if item not in out:
+                    out.append(item)
     return out
-
-
-SM4 = ("KEYS_IN_M", "MERGE4")
-# round k2 (round B): the switches apart (SYNC1 and OWN each with SWAP and M4) at the
-# plans' stages, and at other stage counts
-K2_VARIANTS = {
-    "default": (),
-    "swap+m4": SM4,
-    "swap+sync1+m4": (*SM4, "SYNC1"),
-    "swap+m4+own": (*SM4, "OWN_KEYS"),
-    "swap+sync1+m4 s3": [(*SM4, "SYNC1"), {"stages": 3}],
-    "swap+sync1+m4 s4": [(*SM4, "SYNC1"), {"stages": 4}],
-    "swap+m4+own s3": [(*SM4, "OWN_KEYS"), {"stages": 3}],
-    "swap+m4+own s5": [(*SM4, "OWN_KEYS"), {"stages": 5}],
-}
-K2_CASES = ((16, 4096), (64, 1024), (16, 1024), (1, 4096), (64, 4096), (1, 32768), (16, 32768))
-
-
-def round_k2(budget: float):
-    """K2_VARIANTS (SYNC1 and OWN apart, other stage counts) at K2_CASES."""
-    round_k(budget, K2_VARIANTS, K2_CASES)
-
-
-def warm_k2():
-    """What round k2 launches: round k's grids under each K2_VARIANTS step."""
-    steps = []
-    for v in K2_VARIANTS.values():
-        flags, cfg = v if isinstance(v, list) else (v, {})
-        steps.append((flags, cfg.get("stages")))
-    return _warm_list(_k_grids(), steps)
 
 
 ROUNDS = {  # argument: (round, its default time budget in seconds)
@@ -2016,7 +1969,6 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "g3": (round_g3, 25),
     "g4": (round_g4, 25),
     "k": (round_k, 30),
-    "k2": (round_k2, 30),
 }
 WARMS = {
     "warm": warm_list,
@@ -2030,7 +1982,6 @@ WARMS = {
     "warm_g3": warm_g3,
     "warm_g4": warm_g4,
     "warm_k": warm_k,
-    "warm_k2": warm_k2,
     "warm_p": warm_p,
     "warm_t": warm_t,
     "warm_v": warm_v,

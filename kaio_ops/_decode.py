@@ -11,7 +11,13 @@ warp w owns the 16 rows of M-tile w % MT and keys (w // MT) * KW .. + KW of the 
 while tile t is used. The scores and the online softmax are those of
 ``_attention_tc.attention_fwd`` (``frag_columns``, ``load_a``, ``start_rows``,
 ``dot_rows_at``, ``acc_rows_at``, ``online_softmax``); the warps' partial (max, sum, output)
-then merge through shared memory.
+then merge through shared memory (``merge_warps``, 4 columns a thread). A group of at most 8
+rows (``SWAP``: the suite's 4 heads and one new token) swaps the roles instead: a warp's 16
+keys are the M dimension and the query rows N (``key_scores``: S^T = K Q^T;
+``key_values``: O^T += V^T P^T, P^T transposed across the lanes by ``probs_as_b``), half the
+mma and half the accumulators of 16 query rows in M. The key tiles take two barriers of the
+block each, one at 3 stages (``SYNC1``), or none where each warp copies and waits for its
+own 16 keys (``OWN``, ``load_own``).
 
 Lengths are read on the GPU: ``seq_lens[b]`` (clamped to 0 .. capacity) fixes the key tiles,
 split evenly over the grid's x blocks (in runs; with ``SPEC``, every splits-th tile a
@@ -400,7 +406,6 @@ def decode_fwd(
     SPEC: kaio.constexpr,
     SWAP: kaio.constexpr,
     SYNC1: kaio.constexpr,
-    M4: kaio.constexpr,
     OWN: kaio.constexpr,
 ):
     """Attention of the 16 * MT query rows (row chunk) of one K/V group over the key tiles
@@ -422,8 +427,7 @@ def decode_fwd(
     to 128): the tiles' products with the keys in the mma's M dimension and the query rows
     in N (``key_scores``, ``key_values``: half the mma of the query rows in M, whose 16 rows
     such a group fills at most half). ``SYNC1`` (STAGES >= 3): one barrier a key tile, the
-    wait for tile i first, then the copies into the stage tile i - 1 used. ``M4``: the
-    warps' partial results merged 4 columns a thread (``merge_warps``). ``OWN`` (MT 1; a
+    wait for tile i first, then the copies into the stage tile i - 1 used. ``OWN`` (MT 1; a
     paged cache with ``PW``): each warp copies, waits for and reads only its own 16 keys
     of each tile (``load_own``), so the key tiles need no barrier of the block."""
     if CL > 1:
@@ -597,44 +601,11 @@ def decode_fwd(
     # CL > 1: this block's merged rows, read by the cluster (after red_o; over Q)
     mine_o = kaio.shared_dynamic(f32, (ROWS, DP), WARPS * 16 * DP * 4)
     mine_lse = kaio.shared_dynamic(f32, (ROWS,), 2 * STAGES * BN * DP * 2)
-    elements = kaio.min(ROWS, nrows - row0) * DP  # the chunk's real rows (not the padding)
-    if M4:
-        merge_warps(
-            red_o, red_ml, out, lse, part, part_lse, mine_o, mine_lse, elements // 4,
-            q_row0 + row0, split * total_rows, tid, DP, MT, DIRECT, CL, DT,
-        )  # fmt: skip
-    else:
-        for idx in range(tid, elements, THREADS):
-            rr = idx // DP
-            c = idx % DP
-            mt = rr // 16
-            top = NEG_INF
-            for kp in kaio.static_range(KSPLIT):
-                top = kaio.max(top, red_ml[0, (kp * MT + mt) * 16 + rr % 16])
-            base = kaio.select(top == NEG_INF, 0.0, top)
-            den = 0.0
-            num = 0.0
-            for kp in kaio.static_range(KSPLIT):
-                r = (kp * MT + mt) * 16 + rr % 16
-                w = kaio.exp2(red_ml[0, r] - base)
-                den += red_ml[1, r] * w
-                num += red_o[r, c ^ r % 4 * 8] * w
-            at = q_row0 + row0 + rr
-            inv = kaio.select(den > 0.0, 1.0 / den, 0.0)
-            if DIRECT:
-                out[at * DP + c] = DT(num * inv)
-                if c == 0:
-                    lse[at] = kaio.select(den > 0.0, (base + kaio.log2(den)) * LN2, NEG_INF)
-            elif CL > 1:
-                mine_o[rr, c] = num * inv
-                if c == 0:
-                    mine_lse[rr] = kaio.select(den > 0.0, base + kaio.log2(den), NEG_INF)
-            else:
-                part[(split * total_rows + at) * DP + c] = num * inv
-                if c == 0:
-                    part_lse[(split * total_rows + at) * LSE_STRIDE] = kaio.select(
-                        den > 0.0, base + kaio.log2(den), NEG_INF
-                    )
+    items = kaio.min(ROWS, nrows - row0) * (DP // 4)  # the chunk's real rows, 4 columns each
+    merge_warps(
+        red_o, red_ml, out, lse, part, part_lse, mine_o, mine_lse, items, q_row0 + row0,
+        split * total_rows, tid, DP, MT, DIRECT, CL, DT,
+    )  # fmt: skip
     if CL > 1 and not DIRECT:
         kaio.cluster_sync()
         cluster_merge(

@@ -77,12 +77,17 @@ WHOLE_PAGES = False
 PAGE_HEADS = (4, 8)
 PAGE_MIN_BATCH = 8
 PAGE_SPEC = True  # decode_pages splits the capacity: its first copies need no length
-# decode_fwd's products with the keys in the mma's M dimension (SWAP) for groups of at most
-# 8 query rows (heads of a group x new tokens), D up to 128
-KEYS_IN_M = False
-SYNC1 = False  # decode_fwd with one barrier a key tile where it has 3 stages or more
-MERGE4 = False  # decode_fwd's warps merged 4 columns a thread (M4)
-OWN_KEYS = False  # decode_fwd's warps each copying and waiting for their own keys (OWN)
+# decode_fwd's tile loop (measured on an H100, kernel time, H32 / Hkv 8, D 128; the figures
+# with the warps' merge of 4 columns a thread, docs/performance.md, "Decode attention,
+# eighth pass"): the keys in the mma's M dimension (SWAP) for groups of at most 8 query rows,
+# D up to 128 (B16 L4096 contiguous 89.0 us against 89.9, paged 92.1 against 93.4); one
+# barrier a key tile (SYNC1) at 3 stages (B64 L1024 89.9 against 90.3, paged 91.7 against
+# 92.1; at 4 stages no faster, at 2 slower); each warp on its own keys (OWN) over a paged
+# cache in a grid of one split and at most a block a multiprocessor (B16 L4096 91.1 against
+# 92.1, L32768 699.8 against 702.3; contiguous no faster, 685.4 against 680.8 at L32768)
+KEYS_IN_M = True
+SYNC1 = True
+OWN_KEYS = True
 
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
 MERGE = dk.decode_merge
@@ -103,17 +108,18 @@ def swaps(rows: int, dp: int) -> int:
     return int(KEYS_IN_M and rows <= 8 and dp <= 128)
 
 
-def owns(mt: int, paged: bool) -> int:
-    """``decode_fwd``'s OWN for ``mt`` M-tiles (OWN_KEYS): one M-tile, each warp on its own
-    16 keys of a tile (a paged cache read through the block-table window)."""
-    return int(OWN_KEYS and mt == 1 and (PAGE_WINDOW or not paged))
+def owns(mt: int, paged: bool, alone: bool) -> int:
+    """``decode_fwd``'s OWN (OWN_KEYS): each warp on its own 16 keys of a tile, over a
+    paged cache read through the block-table window, one M-tile, in a grid of one split
+    and at most a block a multiprocessor (``alone``)."""
+    return int(OWN_KEYS and paged and PAGE_WINDOW and mt == 1 and alone)
 
 
 def stage_syncs(stages: int, own: int = 0) -> int:
-    """``decode_fwd``'s SYNC1 for a pipeline of ``stages`` (SYNC1: from 3; at 2 the wait
-    before the copies would leave no tile in flight), none where the warps own their keys
-    (``own``: no barrier a tile to save)."""
-    return int(SYNC1 and stages >= 3 and not own)
+    """``decode_fwd``'s SYNC1 (one barrier a key tile) for a pipeline of ``stages``: at 3
+    (at 2 the wait before the copies would leave no tile in flight; at 4 it measured no
+    faster), and not where the warps own their keys (``own``: no barrier a tile)."""
+    return int(SYNC1 and stages == 3 and not own)
 
 
 def stages_for(dp: int, mt: int) -> int:
@@ -252,8 +258,7 @@ def plan_grid(
         if CLUSTER_BANDWIDTH and per > LONG_SPLIT and not streams_fast(like, blocks * cl):
             break  # (fewer splits: fewer SMs still)
         consts = {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": stages, "CL": cl, "DT": like.dtype}
-        own = owns(mt, paged)
-        consts |= {"SWAP": swap, "SYNC1": stage_syncs(stages, own), "M4": int(MERGE4), "OWN": own}
+        consts |= {"SWAP": swap, "SYNC1": stage_syncs(stages), "OWN": 0}
         if dev is None or not CLUSTER_CHECK:
             return cl, stages, cl, shared
         consts |= {"PW": int(PAGE_WINDOW and paged), "SPEC": speculates(paged, cl)}
@@ -511,8 +516,9 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     chunks = -(-group * sq // (16 * mt))
     blocks = batch * cache.kv_heads * chunks
     tiles = -(-cache.capacity // dk.BN)
-    swap, own = swaps(group * sq, d), owns(mt, cache.paged)
+    swap = swaps(group * sq, d)
     splits, stages, cl, shared = plan_grid(qa, DECODE, blocks, tiles, d, mt, cache.paged, swap)
+    own = owns(mt, cache.paged, splits == 1 and blocks <= _arrays.multiprocessors(qa))
     rows = batch * heads * sq
     stream = _arrays.stream_of(qa)
     direct = splits == 1
@@ -531,7 +537,7 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
         DP=d, MT=mt, PAGED=cache.paged, STAGES=stages, DIRECT=direct, FUSED=fused, CL=cl,
         DT=qa.dtype, PW=int(PAGE_WINDOW and cache.paged),
         SPEC=speculates(cache.paged, splits), SWAP=swap, SYNC1=stage_syncs(stages, own),
-        M4=int(MERGE4), OWN=own,
+        OWN=own,
     )  # fmt: skip
     if not (direct or fused or cl > 1):
         MERGE[blocks, dk.THREADS, stream, merge_shared(mt)](
@@ -629,21 +635,23 @@ def kv_cache_append(k_cache, v_cache, k, v, seq_lens, block_table=None) -> None:
 
 
 def _shipped_fwd(dtype, dp: int, mt: int, paged: bool, swap: int):
-    """(DECODE, constexprs) of each stage count and merge of one family of ``decode_fwd``."""
-    base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dtype, "SWAP": swap, "M4": int(MERGE4)}
-    base["OWN"] = own = owns(mt, paged)
+    """(DECODE, constexprs) of each stage count and merge of one family of ``decode_fwd``
+    (the one-split grid at its stages with and without OWN, which depends on the grid)."""
+    base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dtype, "SWAP": swap, "OWN": 0}
     base["PW"] = int(PAGE_WINDOW and paged)
+    one = one_split_stages(dp, mt, paged)
     for direct, fused in ((True, False), (False, False), (False, True)):
         flags = {**base, "DIRECT": direct, "FUSED": fused, "CL": 1}
         flags["SPEC"] = speculates(paged, 1 if direct else 2)
-        one = one_split_stages(dp, mt, paged)
         for stages in sorted({stages_for(dp, mt), deep_stages(dp, mt), one}):
-            yield DECODE, {**flags, "STAGES": stages, "SYNC1": stage_syncs(stages, own)}
+            yield DECODE, {**flags, "STAGES": stages, "SYNC1": stage_syncs(stages)}
+            if direct and stages == one and owns(mt, paged, True):
+                yield DECODE, {**flags, "STAGES": stages, "SYNC1": 0, "OWN": 1}
     # merged through a cluster (sm_90), a block a multiprocessor
     flags = {**base, "DIRECT": False, "FUSED": False, "SPEC": speculates(paged, 2)}
     stages = deep_stages(dp, mt)
     for cl in CLUSTERS:
-        yield DECODE, {**flags, "STAGES": stages, "CL": cl, "SYNC1": stage_syncs(stages, own)}
+        yield DECODE, {**flags, "STAGES": stages, "CL": cl, "SYNC1": stage_syncs(stages)}
 
 
 def shipped():
