@@ -1948,6 +1948,32 @@ def warm_k():
     return out
 
 
+def round_kf(budget: float):
+    """The shipped kernel over its copy floors (head_stream: the same one-split grid and
+    stages, copies only) and SDPA, both layouts, two passes (the second reversed), at the
+    B >= 16 shapes of round k."""
+    for b, length, _, sets, lens, label in shapes(((16, 4096), (64, 1024), (16, 1024)), budget):
+        stages = {p: decode.one_split_stages(128, 1, p) if b * HKV <= 132 else 3 for p in (0, 1)}
+        for rev in (False, True):
+            for paged in (True, False) if rev else (False, True):
+                layout = "paged" if paged else "contiguous"
+                job = kernel_times(run_kaio(lens, contiguous=not paged), sets)
+                show(f"{label} {layout} shipped", job)
+                floor_jobs(b, length, label, sets, ((paged, stages[paged], 0),))
+        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
+        show(f"{label} SDPA again", again)
+
+
+def warm_kf():
+    """What round kf launches: round k's kernels and the copy floors at 2, 3 and 4 stages."""
+    out = warm_k()
+    for paged in (False, True):
+        for st in (2, 3, 4):
+            flags = {"PAGED": paged, "STAGES": st, "DP": 128, "LOCK": 0, "TOUCH": 0}
+            out.append((head_stream, flags))
+    return out
+
+
 ROUNDS = {  # argument: (round, its default time budget in seconds)
     "p": (round_p, 30),
     "t": (round_t, 30),
@@ -1969,6 +1995,7 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "g3": (round_g3, 25),
     "g4": (round_g4, 25),
     "k": (round_k, 30),
+    "kf": (round_kf, 15),
 }
 WARMS = {
     "warm": warm_list,
@@ -1982,6 +2009,7 @@ WARMS = {
     "warm_g3": warm_g3,
     "warm_g4": warm_g4,
     "warm_k": warm_k,
+    "warm_kf": warm_kf,
     "warm_p": warm_p,
     "warm_t": warm_t,
     "warm_v": warm_v,
