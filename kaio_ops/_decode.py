@@ -515,7 +515,7 @@ def decode_fwd(
         load_b(qb, q_s, bcol, lane, DP, DT)
     elif QREG:
         load_a(qf, q_s, mtile * 16, acol, lane, 0, DP, DT)
-    start_rows(m, l, o, DP // 2 if SWAP else DP)
+    start_rows(m, l, o, DP // 2 if SWAP else DP)  # (zeroes DP / 8 tiles: SWAP's o has DP / 16)
     limit = kaio.local(i32, 2)  # keys < limit are visible to the row (causal)
     for h in kaio.static_range(2):
         row = row0 + mtile * 16 + g + 8 * h
