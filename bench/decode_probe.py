@@ -1923,14 +1923,17 @@ def round_k(budget: float, variants=None, cases=K_CASES):
 
 def warm_k():
     """What round k launches: decode_fwd (D 128 f16, one M-tile, a group of 4 query rows)
-    as its shapes' plans have it (one split at their stages; B = 1 through clusters of 8
-    and, paged at 32k keys, 16 splits through the fused merge, 4 stages) under each
-    K_VARIANTS step."""
+    as its shapes' plans have it (one split at their stages; B = 1 through clusters of 8,
+    and of 16 for the residency query, and, paged at 32k keys, 16 splits through the fused
+    merge, 4 stages) under each K_VARIANTS step."""
     out = [(probe_mark, {})]
     for paged in (False, True):
         c = {"DP": 128, "MT": 1, "PAGED": paged, "DT": f16, "PW": int(paged), "CL": 1}
         one = {"DIRECT": True, "FUSED": False, "SPEC": decode.speculates(paged)}
-        grids = [({**c, "DIRECT": False, "FUSED": False, "SPEC": 0, "CL": 8}, 4, False)]
+        # (clusters of 16 too: the plans ask the driver whether theirs run at once)
+        grids = [
+            ({**c, "DIRECT": False, "FUSED": False, "SPEC": 0, "CL": n}, 4, False) for n in (8, 16)
+        ]
         if paged:
             grids.append(({**c, "DIRECT": False, "FUSED": True, "SPEC": 0}, 4, False))
         alone = decode.one_split_stages(128, 1, paged)
