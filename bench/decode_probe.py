@@ -9,6 +9,8 @@ than the L2 cache.
     python3 bench/decode_probe.py t | v [SECONDS]  # page orders (dec34)
     python3 bench/decode_probe.py warm_d | warm_e | warm_f [SECONDS]; then d | e | f  # dec34
     python3 bench/decode_probe.py warm_g4 10; then g4 29  # dec, copies of decode_fwd (also g..g3)
+    python3 bench/decode_probe.py warm_k 8; then k 17  # dec, the tile loop's switches off and on
+    python3 bench/decode_probe.py warm_kf 9; then kf 8  # dec, the shipped kernel over its floors
     PROBE_BASE=1 PYTHONPATH=/main/checkout python3 bench/decode_probe.py f  # main's defaults
     python3 bench/decode_probe.py warm_p [SECONDS]  # the kernels of p and r
     python3 bench/decode_probe.py warm_t | warm_v [SECONDS]  # the kernels of t / v
