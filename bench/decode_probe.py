@@ -9,6 +9,8 @@ than the L2 cache.
     python3 bench/decode_probe.py t | v [SECONDS]  # page orders (dec34)
     python3 bench/decode_probe.py warm_d | warm_e | warm_f [SECONDS]; then d | e | f  # dec34
     python3 bench/decode_probe.py warm_g4 10; then g4 29  # dec, copies of decode_fwd (also g..g3)
+    python3 bench/decode_probe.py warm_k 8; then k 17  # dec, the tile loop's switches off and on
+    python3 bench/decode_probe.py warm_kf 9; then kf 8  # dec, the shipped kernel over its floors
     PROBE_BASE=1 PYTHONPATH=/main/checkout python3 bench/decode_probe.py f  # main's defaults
     python3 bench/decode_probe.py warm_p [SECONDS]  # the kernels of p and r
     python3 bench/decode_probe.py warm_t | warm_v [SECONDS]  # the kernels of t / v
@@ -245,9 +247,11 @@ def run_kaio(lens, contiguous=False, **cfg):
     return f
 
 
-def check(sets, lens, **cfg):
+def check(sets, lens, contiguous=False, **cfg):
     force(**cfg)
     q, k, v, kc, vc, table = sets[0]
+    if contiguous:
+        kc, vc, table = k, v, None
     out = decode._decode("probe", q, kc, vc, lens, table, None)[0]
     mask = torch.arange(k.shape[2], device="cuda")[None] < lens[:, None]
     ref = sdpa(q.float(), k.float(), v.float(), attn_mask=mask[:, None, None], enable_gqa=True)
@@ -314,7 +318,7 @@ def force(
     if kernel is not None:  # a probe variant of decode_fwd (decode_variant)
         decode.DECODE = kernel
     if plan is not None:  # (splits, STAGES, CL): plan_grid's answer, whatever the grid
-        decode.plan_grid = lambda like, kernel, blocks, tiles, dp, mt, paged, p=plan: (
+        decode.plan_grid = lambda like, kernel, blocks, tiles, dp, mt, paged, swap=0, p=plan: (
             *p,
             decode.shared_bytes(dp, mt, p[1]),
         )
@@ -1865,6 +1869,116 @@ def warm_d():
     return out
 
 
+# round k (dec, this session's issue 34 pass): decode_fwd's tile-loop switches, each off
+# against the shipped setting (all on): KEYS_IN_M (the keys in the mma's M dimension, SWAP),
+# SYNC1 (one barrier a key tile at 3 stages), OWN_KEYS (each warp on its own keys, OWN:
+# paged, one split, a block a multiprocessor)
+K_FLAGS = ("KEYS_IN_M", "SYNC1", "OWN_KEYS")
+K_VARIANTS = {
+    "shipped": (),
+    "no own": ("OWN_KEYS",),
+    "no sync1": ("SYNC1",),
+    "none": K_FLAGS,
+}
+K_CASES = ((16, 4096), (64, 1024), (16, 1024), (1, 4096), (64, 4096), (1, 32768), (16, 32768))
+K_ON = {name: getattr(decode, name) for name in K_FLAGS}
+
+
+def with_flags(fn, off):
+    """``fn`` called with decode's switches ``off`` (names of K_FLAGS) off, the others as
+    shipped (all as shipped after)."""
+
+    def f(*args, **kwargs):
+        for name in K_FLAGS:
+            setattr(decode, name, K_ON[name] and name not in off)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            for name in K_FLAGS:
+                setattr(decode, name, K_ON[name])
+
+    return f
+
+
+def round_k(budget: float, variants=None, cases=K_CASES):
+    """``variants`` (name -> (switches off, force()'s settings) or the switches alone;
+    K_VARIANTS) at ``cases``, both layouts, two passes (the second reversed), each variant
+    checked against f32 SDPA first (both layouts); SDPA first and last."""
+    variants = {
+        n: v if isinstance(v, list) else [v, {}] for n, v in (variants or K_VARIANTS).items()
+    }
+    for _, _, _, sets, lens, label in shapes(cases, budget):
+        for name, (off, cfg) in variants.items():
+            err = with_flags(check, off)(sets, lens, **cfg)
+            again = with_flags(check, off)(sets, lens, contiguous=True, **cfg)
+            print(f"{label} {name} rel err paged {err:.1e} contiguous {again:.1e}", flush=True)
+        jobs = list(variants.items())
+        for order in (jobs, jobs[::-1]):
+            for name, (off, cfg) in order:
+                for contiguous in (True, False):
+                    fn = with_flags(run_kaio(lens, contiguous=contiguous, **cfg), off)
+                    layout = "contiguous" if contiguous else "paged"
+                    show(f"{label} {layout} {name}", kernel_times(fn, sets))
+        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
+        show(f"{label} SDPA again", again)
+
+
+def warm_k():
+    """What round k launches: decode_fwd (D 128 f16, one M-tile, a group of 4 query rows)
+    as its shapes' plans have it (one split at their stages; B = 1 through clusters of 8,
+    and of 16 for the residency query, and, paged at 32k keys, 16 splits through the fused
+    merge, 4 stages) under each K_VARIANTS step."""
+    out = [(probe_mark, {})]
+    for paged in (False, True):
+        c = {"DP": 128, "MT": 1, "PAGED": paged, "DT": f16, "PW": int(paged), "CL": 1}
+        one = {"DIRECT": True, "FUSED": False, "SPEC": decode.speculates(paged)}
+        # (clusters of 16 too: the plans ask the driver whether theirs run at once)
+        grids = [
+            ({**c, "DIRECT": False, "FUSED": False, "SPEC": 0, "CL": n}, 4, False) for n in (8, 16)
+        ]
+        if paged:
+            grids.append(({**c, "DIRECT": False, "FUSED": True, "SPEC": 0}, 4, False))
+        alone = decode.one_split_stages(128, 1, paged)
+        for st in {alone, decode.stages_for(128, 1)}:
+            grids.append(({**c, **one}, st, st == alone))
+        for grid, st, single in grids:
+            for off in K_VARIANTS.values():
+                own = int("OWN_KEYS" not in off and decode.owns(1, paged, single))
+                sync1 = int("SYNC1" not in off and decode.stage_syncs(st, own))
+                swap = int("KEYS_IN_M" not in off)
+                item = (decode.DECODE, {**grid, "STAGES": st, "SWAP": swap, "SYNC1": sync1,
+                                        "OWN": own})  # fmt: skip
+                if item not in out:
+                    out.append(item)
+    return out
+
+
+def round_kf(budget: float):
+    """The shipped kernel over its copy floors (head_stream: the same one-split grid and
+    stages, copies only) and SDPA, both layouts, two passes (the second reversed), at the
+    B >= 16 shapes of round k."""
+    for b, length, _, sets, lens, label in shapes(((16, 4096), (64, 1024), (16, 1024)), budget):
+        stages = {p: decode.one_split_stages(128, 1, p) if b * HKV <= 132 else 3 for p in (0, 1)}
+        for rev in (False, True):
+            for paged in (True, False) if rev else (False, True):
+                layout = "paged" if paged else "contiguous"
+                job = kernel_times(run_kaio(lens, contiguous=not paged), sets)
+                show(f"{label} {layout} shipped", job)
+                floor_jobs(b, length, label, sets, ((paged, stages[paged], 0),))
+        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
+        show(f"{label} SDPA again", again)
+
+
+def warm_kf():
+    """What round kf launches: round k's kernels and the copy floors at 2, 3 and 4 stages."""
+    out = warm_k()
+    for paged in (False, True):
+        for st in (2, 3, 4):
+            flags = {"PAGED": paged, "STAGES": st, "DP": 128, "LOCK": 0, "TOUCH": 0}
+            out.append((head_stream, flags))
+    return out
+
+
 ROUNDS = {  # argument: (round, its default time budget in seconds)
     "p": (round_p, 30),
     "t": (round_t, 30),
@@ -1885,6 +1999,8 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "g2": (round_g2, 25),
     "g3": (round_g3, 25),
     "g4": (round_g4, 25),
+    "k": (round_k, 30),
+    "kf": (round_kf, 15),
 }
 WARMS = {
     "warm": warm_list,
@@ -1897,6 +2013,8 @@ WARMS = {
     "warm_g2": warm_g2,
     "warm_g3": warm_g3,
     "warm_g4": warm_g4,
+    "warm_k": warm_k,
+    "warm_kf": warm_kf,
     "warm_p": warm_p,
     "warm_t": warm_t,
     "warm_v": warm_v,

@@ -11,7 +11,13 @@ warp w owns the 16 rows of M-tile w % MT and keys (w // MT) * KW .. + KW of the 
 while tile t is used. The scores and the online softmax are those of
 ``_attention_tc.attention_fwd`` (``frag_columns``, ``load_a``, ``start_rows``,
 ``dot_rows_at``, ``acc_rows_at``, ``online_softmax``); the warps' partial (max, sum, output)
-then merge through shared memory.
+then merge through shared memory (``merge_warps``, 4 columns a thread). A group of at most 8
+rows (``SWAP``: the suite's 4 heads and one new token) swaps the roles instead: a warp's 16
+keys are the M dimension and the query rows N (``key_scores``: S^T = K Q^T;
+``key_values``: O^T += V^T P^T, P^T transposed across the lanes by ``probs_as_b``), half the
+mma and half the accumulators of 16 query rows in M. The key tiles take two barriers of the
+block each, one at 3 stages (``SYNC1``), or none where each warp copies and waits for its
+own 16 keys (``OWN``, ``load_own``).
 
 Lengths are read on the GPU: ``seq_lens[b]`` (clamped to 0 .. capacity) fixes the key tiles,
 split evenly over the grid's x blocks (in runs; with ``SPEC``, every splits-th tile a
@@ -41,7 +47,9 @@ from kaio_ops._attention_tc import (
     frag_columns,
     load_a,
     load_tile,
+    mma,
     online_softmax,
+    pack,
     start_rows,
 )
 
@@ -219,6 +227,111 @@ def load_stage(
 
 
 @kaio.gpu_func
+def load_own(
+    dst: DT[:, :],
+    row0: u32,
+    k: DT[:],
+    v: DT[:],
+    key0: u32,
+    kv_len: u32,
+    b: u32,
+    kvh: u32,
+    page: u32,
+    capacity: u32,
+    kv_heads: u32,
+    shift: u32,
+    pages: u32,
+    warp: u32,
+    lane: u32,
+    DP: kaio.constexpr,
+    PAGED: kaio.constexpr,
+    DT: kaio.constexpr,
+):
+    """``load_stage`` of warp ``warp``'s own 16 keys key0 + 16 warp .. + 15 of the tile (rows
+    16 warp .. of the stage, K then V BN rows on), by its lanes: one cp.async group of the
+    warp. A paged cache's keys are one 16-key run of ``page``."""
+    PIECES = DP // 8
+    STEP = 32 // PIECES  # rows a pass of the warp
+    r0 = lane // PIECES
+    col = lane % PIECES * 8
+    for i in kaio.static_range(16 // STEP):
+        r = warp * 16 + r0 + i * STEP
+        key = key0 + r
+        inside = key < kv_len
+        if PAGED:
+            at = paged_row(page, key, kvh, kv_heads, shift, pages, DP)
+        else:
+            at = ((b * kv_heads + kvh) * capacity + key) * DP
+        index = kaio.select(inside, at + col, 0)
+        nbytes = kaio.select(inside, 16, 0)
+        swizzled = kaio.swizzle(dst, r0 + i * STEP % 8, col)
+        kaio.cp_async(dst, (row0 + r, swizzled), k, index, 16, nbytes)
+        kaio.cp_async(dst, (row0 + BN + r, swizzled), v, index, 16, nbytes)
+
+
+@kaio.gpu_func
+def copy_tile(
+    kv_s: DT[:, :],
+    row0: u32,
+    k: DT[:],
+    v: DT[:],
+    key0: u32,
+    kv_len: u32,
+    b: u32,
+    kvh: u32,
+    pg: u32[:, :],
+    j: kaio.constexpr,
+    win: u32[:],
+    block_table: i32[:],
+    capacity: u32,
+    max_pages: u32,
+    kv_heads: u32,
+    shift: u32,
+    pages: u32,
+    tid: u32,
+    DP: kaio.constexpr,
+    PAGED: kaio.constexpr,
+    PW: kaio.constexpr,
+    OWN: kaio.constexpr,
+    DT: kaio.constexpr,
+):
+    """The copies of the key tile key0 .. key0 + BN into the stage at row row0 of kv_s:
+    ``OWN``, this warp's 16 keys (``load_own``, a paged cache's page from the warp's window
+    ``win``); else the block's share of the whole tile (``load_stage``; paged: its pages
+    from the window (``PW``) or ``page_ids``' pg[j])."""
+    lane = kaio.lane_id()
+    if OWN:
+        warp = tid // 32
+        page = u32(0)
+        if PAGED:
+            page = window_page(win, key0 + warp * 16, b, block_table, max_pages, shift, lane)
+        load_own(
+            kv_s, row0, k, v, key0, kv_len, b, kvh, page, capacity, kv_heads, shift, pages,
+            warp, lane, DP, PAGED, DT,
+        )  # fmt: skip
+    else:
+        if PAGED and PW:
+            window_pages(pg, win, key0, b, block_table, max_pages, shift, tid, lane, DP)
+        load_stage(
+            kv_s, row0, k, v, key0, kv_len, b, kvh, pg, 0 if PW else j, capacity, kv_heads,
+            shift, pages, tid, DP, PAGED, DT,
+        )  # fmt: skip
+
+
+@kaio.gpu_func
+def zero_rows(
+    kv_s: DT[:, :], row0: u32, key0: u32, kv_len: u32, me: u32, N: kaio.constexpr,
+    DP: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """Rows row0 + r of kv_s (r < BN, or < 16 where N = 32: one warp's) whose key
+    key0 + r is at or past kv_len: zeros, by N threads (me = the thread's index)."""
+    R = 16 if N == 32 else BN
+    for idx in range(me, R * DP, N):
+        if key0 + idx // DP >= kv_len:
+            kv_s[row0 + idx // DP, idx % DP] = DT(0.0)
+
+
+@kaio.gpu_func
 def load_pages(
     dst: DT[:, :],
     row0: u32,
@@ -291,6 +404,9 @@ def decode_fwd(
     DT: kaio.constexpr,
     PW: kaio.constexpr,
     SPEC: kaio.constexpr,
+    SWAP: kaio.constexpr,
+    SYNC1: kaio.constexpr,
+    OWN: kaio.constexpr,
 ):
     """Attention of the 16 * MT query rows (row chunk) of one K/V group over the key tiles
     of split ``block x``: out / lse (``DIRECT``, one split) or part / part_lse (row-major
@@ -307,7 +423,13 @@ def decode_fwd(
     its first STAGES - 1 are copied before the length is read, their V rows past the length
     zeroed in shared memory once it is known (K's scores there are masked; a tile wholly
     past it is never used), and the first copies wait for no load of the length. Without
-    it a split takes a run of the length's tiles."""
+    it a split takes a run of the length's tiles. ``SWAP`` (MT 1, at most 8 query rows, DP up
+    to 128): the tiles' products with the keys in the mma's M dimension and the query rows
+    in N (``key_scores``, ``key_values``: half the mma of the query rows in M, whose 16 rows
+    such a group fills at most half). ``SYNC1`` (STAGES >= 3): one barrier a key tile, the
+    wait for tile i first, then the copies into the stage tile i - 1 used. ``OWN`` (MT 1; a
+    paged cache with ``PW``): each warp copies, waits for and reads only its own 16 keys
+    of each tile (``load_own``), so the key tiles need no barrier of the block."""
     if CL > 1:
         kaio.cluster_dims(CL)
     KSPLIT = WARPS // MT  # warps sharing one M-tile, each on KW keys of a tile
@@ -347,11 +469,9 @@ def decode_fwd(
         for j in kaio.static_range(STAGES - 1):
             key0 = (split + j * splits) * BN
             if key0 < capacity:
-                if PAGED:
-                    window_pages(pg, win, key0, b, block_table, max_pages, shift, tid, lane, DP)
-                load_stage(
-                    kv_s, j * 2 * BN, k, v, key0, capacity, b, kvh, pg, 0, capacity,
-                    kv_heads, shift, pages, tid, DP, PAGED, DT,
+                copy_tile(
+                    kv_s, j * 2 * BN, k, v, key0, capacity, b, kvh, pg, 0, win, block_table,
+                    capacity, max_pages, kv_heads, shift, pages, tid, DP, PAGED, PW, OWN, DT,
                 )  # fmt: skip
             kaio.cp_async_commit()
     kv_len = u32(kaio.min(kaio.max(seq_lens[b], 0), i32(capacity)))
@@ -374,13 +494,10 @@ def decode_fwd(
     for j in kaio.static_range(STAGES - 1):  # tiles t0 .. t0 + STAGES - 2 in flight
         if not SPEC:
             if j < count:
-                if PAGED and PW:
-                    window_pages(
-                        pg, win, (t0 + j) * BN, b, block_table, max_pages, shift, tid, lane, DP
-                    )
-                load_stage(
-                    kv_s, j * 2 * BN, k, v, (t0 + j) * BN, kv_len, b, kvh, pg,
-                    0 if PW else j, capacity, kv_heads, shift, pages, tid, DP, PAGED, DT,
+                copy_tile(
+                    kv_s, j * 2 * BN, k, v, (t0 + j) * BN, kv_len, b, kvh, pg, j, win,
+                    block_table, capacity, max_pages, kv_heads, shift, pages, tid, DP, PAGED,
+                    PW, OWN, DT,
                 )  # fmt: skip
             kaio.cp_async_commit()
     kaio.cp_async_wait(STAGES - 1)  # Q has landed
@@ -389,28 +506,37 @@ def decode_fwd(
     acol = kaio.local(u32, 4)
     bcol = kaio.local(u32, 4)
     qf = kaio.local(u32, (DP // 16, 4))
-    m = kaio.local(f32, 2)
+    m = kaio.local(f32, 2)  # SWAP: of this lane's query columns, else of its row halves
     l = kaio.local(f32, 2)
-    o = kaio.local(f32, (DP // 8, 4))
+    o = kaio.local(f32, (DP // 16 if SWAP else DP // 8, 4))
     frag_columns(acol, bcol, q_s, lane, DT)
-    if QREG:
+    qb = kaio.local(u32, (DP // 16, 2))  # SWAP: Q^T's B fragments (query rows 0 .. 7)
+    if SWAP:
+        load_b(qb, q_s, bcol, lane, DP, DT)
+    elif QREG:
         load_a(qf, q_s, mtile * 16, acol, lane, 0, DP, DT)
-    start_rows(m, l, o, DP)
+    start_rows(m, l, o, DP // 2 if SWAP else DP)  # (zeroes DP / 8 tiles: SWAP's o has DP / 16)
     limit = kaio.local(i32, 2)  # keys < limit are visible to the row (causal)
     for h in kaio.static_range(2):
         row = row0 + mtile * 16 + g + 8 * h
+        if SWAP:
+            row = row0 + lane % 4 * 2 + h
         limit[h] = i32(kv_len) - i32(sq) + i32(row % sq) + 1
     s = kaio.local(f32, (KW // 8, 4))
+    kf = kaio.local(u32, (DP // 16, 4))  # SWAP: K's A fragments
+    pb = kaio.local(u32, (1, 2))  # SWAP: P^T's B fragment
     for i in range(count):
         t = t0 + i * step
         stage = i % STAGES * 2 * BN
+        if SYNC1:
+            kaio.cp_async_wait(STAGES - 2)  # tile t has landed
+            kaio.sync_threads()  # (and every warp is past tile i - 1)
         if i + STAGES - 1 < count:  # into the stage tile i - 1 used
             key0 = (t + (STAGES - 1) * step) * BN
-            if PAGED and PW:
-                window_pages(pg, win, key0, b, block_table, max_pages, shift, tid, lane, DP)
-            load_stage(
+            copy_tile(
                 kv_s, (i + STAGES - 1) % STAGES * 2 * BN, k, v, key0, kv_len, b, kvh, pg,
-                0 if PW else STAGES - 1, capacity, kv_heads, shift, pages, tid, DP, PAGED, DT,
+                STAGES - 1, win, block_table, capacity, max_pages, kv_heads, shift, pages, tid,
+                DP, PAGED, PW, OWN, DT,
             )  # fmt: skip
             if PAGED and not PW:  # the next tile's pages, used by the next iteration's copies
                 page_ids(
@@ -418,23 +544,38 @@ def decode_fwd(
                     tid, DP,
                 )  # fmt: skip
         kaio.cp_async_commit()
-        kaio.cp_async_wait(STAGES - 1)  # tile t has landed
-        kaio.sync_threads()
+        if OWN:
+            kaio.cp_async_wait(STAGES - 1)  # this warp's keys of tile t have landed
+            kaio.sync_warp()
+        elif not SYNC1:
+            kaio.cp_async_wait(STAGES - 1)  # tile t has landed
+            kaio.sync_threads()
         if SPEC:
             if i < STAGES - 1 and (t + 1) * BN > kv_len:  # copied before the length was known
-                for idx in range(tid, BN * DP, THREADS):  # V's rows past it: zeros
-                    if t * BN + idx // DP >= kv_len:
-                        kv_s[stage + BN + idx // DP, idx % DP] = DT(0.0)
-                kaio.sync_threads()
-        if not QREG:
-            load_a(qf, q_s, mtile * 16, acol, lane, 0, DP, DT)
+                if OWN:  # V's rows of this warp's keys past it: zeros
+                    zero_rows(
+                        kv_s, stage + BN + warp * 16, t * BN + warp * 16, kv_len, lane, 32, DP, DT
+                    )
+                    kaio.sync_warp()
+                else:  # V's rows past it: zeros
+                    zero_rows(kv_s, stage + BN, t * BN, kv_len, tid, THREADS, DP, DT)
+                    kaio.sync_threads()
         krow = stage + kpart * KW
-        dot_rows_at(s, qf, kv_s, krow, bcol, lane, KW // 8, 0, DP, DT)  # S = Q K^T
         # the last tiles hold keys past the end or past a new token's position
         masked = i32((t + 1) * BN) + i32(sq) > i32(kv_len) + 1
-        masked_softmax(s, m, l, o, masked, t * BN + kpart * KW, limit, lane, scale_log2, KW, DP)
-        acc_rows_at(o, s, kv_s, krow + BN, acol, lane, KW // 8, DP, DT)  # O += P V
-        kaio.sync_threads()  # this stage is free
+        if SWAP:
+            key_scores(s, kf, kv_s, krow, acol, qb, lane, DP, DT)  # S^T = K Q^T
+            key_softmax(s, m, l, o, masked, t * BN + kpart * KW, limit, lane, scale_log2, DP)
+            probs_as_b(pb, s, lane, DT)
+            key_values(o, pb, kv_s, krow + BN, bcol, lane, DP, DT)  # O^T += V^T P^T
+        else:
+            if not QREG:
+                load_a(qf, q_s, mtile * 16, acol, lane, 0, DP, DT)
+            dot_rows_at(s, qf, kv_s, krow, bcol, lane, KW // 8, 0, DP, DT)  # S = Q K^T
+            masked_softmax(s, m, l, o, masked, t * BN + kpart * KW, limit, lane, scale_log2, KW, DP)
+            acc_rows_at(o, s, kv_s, krow + BN, acol, lane, KW // 8, DP, DT)  # O += P V
+        if not (SYNC1 or OWN):
+            kaio.sync_threads()  # this stage is free
 
     # the warps' partial results, relative to their own maxima, through shared memory (the
     # columns of row r XOR-ed with r % 4 * 8: a store's 8 rows x 4 column pairs fall on 16
@@ -442,53 +583,29 @@ def decode_fwd(
     kaio.cp_async_wait_all()
     kaio.sync_threads()
     # (only the chunk's real rows: a K/V group of 4 heads and one new token fills 4 of 16)
-    for h in kaio.static_range(2):
-        r = warp * 16 + g + 8 * h
-        total = l[h] + kaio.shfl_xor(l[h], 1)
-        total += kaio.shfl_xor(total, 2)
-        if row0 + mtile * 16 + g + 8 * h < nrows:
-            if lane % 4 == 0:
-                red_ml[0, r] = m[h]
-                red_ml[1, r] = total
-            for n in kaio.static_range(DP // 8):
-                for e in kaio.static_range(2):
-                    red_o[r, (n * 8 + lane % 4 * 2 + e) ^ r % 4 * 8] = o[n, 2 * h + e]
+    if SWAP:
+        store_key_partials(red_o, red_ml, o, m, l, warp, lane, nrows - row0, DP)
+    else:
+        for h in kaio.static_range(2):
+            r = warp * 16 + g + 8 * h
+            total = l[h] + kaio.shfl_xor(l[h], 1)
+            total += kaio.shfl_xor(total, 2)
+            if row0 + mtile * 16 + g + 8 * h < nrows:
+                if lane % 4 == 0:
+                    red_ml[0, r] = m[h]
+                    red_ml[1, r] = total
+                for n in kaio.static_range(DP // 8):
+                    for e in kaio.static_range(2):
+                        red_o[r, (n * 8 + lane % 4 * 2 + e) ^ r % 4 * 8] = o[n, 2 * h + e]
     kaio.sync_threads()
     # CL > 1: this block's merged rows, read by the cluster (after red_o; over Q)
     mine_o = kaio.shared_dynamic(f32, (ROWS, DP), WARPS * 16 * DP * 4)
     mine_lse = kaio.shared_dynamic(f32, (ROWS,), 2 * STAGES * BN * DP * 2)
-    elements = kaio.min(ROWS, nrows - row0) * DP  # the chunk's real rows (not the padding)
-    for idx in range(tid, elements, THREADS):
-        rr = idx // DP
-        c = idx % DP
-        mt = rr // 16
-        top = NEG_INF
-        for kp in kaio.static_range(KSPLIT):
-            top = kaio.max(top, red_ml[0, (kp * MT + mt) * 16 + rr % 16])
-        base = kaio.select(top == NEG_INF, 0.0, top)
-        den = 0.0
-        num = 0.0
-        for kp in kaio.static_range(KSPLIT):
-            r = (kp * MT + mt) * 16 + rr % 16
-            w = kaio.exp2(red_ml[0, r] - base)
-            den += red_ml[1, r] * w
-            num += red_o[r, c ^ r % 4 * 8] * w
-        at = q_row0 + row0 + rr
-        inv = kaio.select(den > 0.0, 1.0 / den, 0.0)
-        if DIRECT:
-            out[at * DP + c] = DT(num * inv)
-            if c == 0:
-                lse[at] = kaio.select(den > 0.0, (base + kaio.log2(den)) * LN2, NEG_INF)
-        elif CL > 1:
-            mine_o[rr, c] = num * inv
-            if c == 0:
-                mine_lse[rr] = kaio.select(den > 0.0, base + kaio.log2(den), NEG_INF)
-        else:
-            part[(split * total_rows + at) * DP + c] = num * inv
-            if c == 0:
-                part_lse[(split * total_rows + at) * LSE_STRIDE] = kaio.select(
-                    den > 0.0, base + kaio.log2(den), NEG_INF
-                )
+    items = kaio.min(ROWS, nrows - row0) * (DP // 4)  # the chunk's real rows, 4 columns each
+    merge_warps(
+        red_o, red_ml, out, lse, part, part_lse, mine_o, mine_lse, items, q_row0 + row0,
+        split * total_rows, tid, DP, MT, DIRECT, CL, DT,
+    )  # fmt: skip
     if CL > 1 and not DIRECT:
         kaio.cluster_sync()
         cluster_merge(
@@ -675,6 +792,169 @@ def decode_pages(
                 store_rows(part, (split * total_rows + at) * DP, o, h, inv, lane, DP, f32)
                 if lane % 4 == 0:
                     part_lse[(split * total_rows + at) * LSE_STRIDE] = best
+
+
+@kaio.gpu_func
+def load_b(qb: u32[:, :], q_s: DT[:, :], bcol: u32[:], lane: u32, DP: kaio.constexpr,
+           DT: kaio.constexpr):  # fmt: skip
+    """qb[kk] = the B fragment (k-step kk < DP / 16, n = rows 0 .. 7) of the swizzled tile
+    q_s, rows as the ``col`` operand [n, k] (ldmatrix .x2 without .trans)."""
+    for kk in kaio.static_range(DP // 16):
+        row = lane // 16 * 8 + lane % 8
+        kaio.ldmatrix(qb[kk], q_s, (row, kk // 4 * 64 + bcol[kk % 4]))
+
+
+@kaio.gpu_func
+def key_scores(
+    st: f32[:, :], kf: u32[:, :], kv_s: DT[:, :], krow: u32, acol: u32[:], qb: u32[:, :],
+    lane: u32, DP: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """st[0] = S^T = K Q^T for the 16 keys of rows krow .. krow + 15 of kv_s (M) and the 8
+    query rows of qb (N): lane (g, t) holds keys g and g + 8, query rows 2t and 2t + 1."""
+    load_a(kf, kv_s, krow, acol, lane, 0, DP, DT)
+    for e in kaio.static_range(4):
+        st[0, e] = 0.0
+    for kk in kaio.static_range(DP // 16):
+        mma(st, 0, kf, kk, qb, kk, DT)
+
+
+@kaio.gpu_func
+def key_softmax(
+    st: f32[:, :], m: f32[:], l: f32[:], o: f32[:, :], masked: bool_, key0: u32,
+    limit: i32[:], lane: u32, scale_log2: f32, DP: kaio.constexpr,
+):  # fmt: skip
+    """The online softmax step of this lane's query columns e (row 2t + e) over the 16 keys
+    key0 .. key0 + 15 of S^T (``key_scores``), where ``masked`` the keys at or past a
+    column's ``limit`` first set to -inf: a column's maximum over the lane groups (3
+    shuffles), st replaced by the probabilities, l[e] this lane's part of the column's sum
+    (its two keys; summed over the lanes at the end) and the accumulators O^T (``o``: d
+    rows 16 mi + g, + 8) of the column rescaled."""
+    for e in kaio.static_range(2):
+        if masked:
+            for h in kaio.static_range(2):
+                ok = i32(key0 + lane // 4 + 8 * h) < limit[e]
+                st[0, 2 * h + e] = kaio.select(ok, st[0, 2 * h + e], NEG_INF)
+        top = kaio.max(st[0, e], st[0, 2 + e])
+        for step in kaio.static_range(3):
+            top = kaio.max(top, kaio.shfl_xor(top, 4 << step))
+        m_new = kaio.max(m[e], top * scale_log2)
+        base = kaio.select(m_new == NEG_INF, 0.0, m_new)
+        alpha = kaio.exp2(m[e] - base)
+        m[e] = m_new
+        for h in kaio.static_range(2):
+            st[0, 2 * h + e] = kaio.exp2(kaio.fma(st[0, 2 * h + e], scale_log2, -base))
+        l[e] = l[e] * alpha + st[0, e] + st[0, 2 + e]
+        for mi in kaio.static_range(DP // 16):
+            for h in kaio.static_range(2):
+                o[mi, 2 * h + e] = o[mi, 2 * h + e] * alpha
+
+
+@kaio.gpu_func
+def probs_as_b(pb: u32[:, :], st: f32[:, :], lane: u32, DT: kaio.constexpr):
+    """pb[0] = P^T as the B fragment of the next mma (k = the 16 keys, n = the 8 query
+    rows) from the probabilities st[0] in the accumulator layout (M = keys): each 8 x 8
+    half transposed across the lanes. Lane (g, t) wants keys 2t, 2t + 1 (+ 8) of query row
+    g, which lanes 8t + g // 2 and 8t + 4 + g // 2 hold in the half g % 2 of a DT pair."""
+    src = lane % 4 * 8 + lane // 8
+    halves = kaio.select(lane // 4 % 2 == 0, u32(0x5410), u32(0x7632))
+    for h in kaio.static_range(2):
+        pair = pack(st[0, 2 * h], st[0, 2 * h + 1], DT)  # key g (+ 8), rows 2t, 2t + 1
+        lo = kaio.shfl_idx(pair, src)
+        hi = kaio.shfl_idx(pair, src + 4)
+        pb[0, h] = kaio.prmt(lo, hi, halves)
+
+
+@kaio.gpu_func
+def key_values(
+    o: f32[:, :], pb: u32[:, :], kv_s: DT[:, :], vrow: u32, bcol: u32[:], lane: u32,
+    DP: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """o[mi] += V^T P^T for the head-dim rows 16 mi .. 16 mi + 15 (M): A = the 16 value
+    rows vrow .. vrow + 15 of kv_s read transposed (ldmatrix .trans), B = P^T (pb)."""
+    va = kaio.local(u32, (1, 4))
+    for mi in kaio.static_range(DP // 16):
+        row = vrow + lane // 16 * 8 + lane % 8
+        kaio.ldmatrix_trans(va[0], kv_s, (row, mi // 4 * 64 + bcol[mi % 4]))
+        mma(o, mi, va, 0, pb, 0, DT)
+
+
+@kaio.gpu_func
+def store_key_partials(
+    red_o: f32[:, :], red_ml: f32[:, :], o: f32[:, :], m: f32[:], l: f32[:], warp: u32,
+    lane: u32, nreal: u32, DP: kaio.constexpr,
+):  # fmt: skip
+    """A ``SWAP`` warp's partial results (O^T in ``o``, relative to the maxima m) of its
+    real query rows (< nreal) into rows warp * 16 + row of red_o (columns XOR-ed with the
+    row % 4 * 8, as the merge reads them) and red_ml (max, sum over the lanes)."""
+    for e in kaio.static_range(2):
+        total = l[e] + kaio.shfl_xor(l[e], 4)
+        total += kaio.shfl_xor(total, 8)
+        total += kaio.shfl_xor(total, 16)
+        q = lane % 4 * 2 + e
+        r = warp * 16 + q
+        if q < nreal:
+            if lane < 4:
+                red_ml[0, r] = m[e]
+                red_ml[1, r] = total
+            for mi in kaio.static_range(DP // 16):
+                for h in kaio.static_range(2):
+                    red_o[r, (mi * 16 + lane // 4 + 8 * h) ^ r % 4 * 8] = o[mi, 2 * h + e]
+
+
+@kaio.gpu_func
+def merge_warps(
+    red_o: f32[:, :], red_ml: f32[:, :], out: DT[:], lse: f32[:], part: f32[:],
+    part_lse: f32[:], mine_o: f32[:, :], mine_lse: f32[:], items: u32, at0: u32,
+    part_row0: u32, tid: u32, DP: kaio.constexpr, MT: kaio.constexpr,
+    DIRECT: kaio.constexpr, CL: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """The warps' partial results (red_o, red_ml: rows (k-part * MT + M-tile) * 16 + row,
+    each relative to its own maximum) of the chunk's rows merged, a thread 4 adjacent
+    columns of a row an item (``items`` of them): the row's weights once, the partial
+    rows in 16-byte loads; written as ``decode_fwd``'s merge writes them (out / lse,
+    mine_o / mine_lse for the cluster, or part / part_lse at row part_row0 + row)."""
+    KSPLIT = WARPS // MT
+    w = kaio.local(f32, KSPLIT)
+    buf = kaio.local(f32, 4)
+    acc = kaio.local(f32, 4)
+    res = kaio.local(DT, 4)
+    for it in range(tid, items, THREADS):
+        rr = it // (DP // 4)
+        c = it % (DP // 4) * 4
+        top = NEG_INF
+        for kp in kaio.static_range(KSPLIT):
+            top = kaio.max(top, red_ml[0, (kp * MT + rr // 16) * 16 + rr % 16])
+        base = kaio.select(top == NEG_INF, 0.0, top)
+        den = 0.0
+        for kp in kaio.static_range(KSPLIT):
+            r = (kp * MT + rr // 16) * 16 + rr % 16
+            w[kp] = kaio.exp2(red_ml[0, r] - base)
+            den += red_ml[1, r] * w[kp]
+        for e in kaio.static_range(4):
+            acc[e] = 0.0
+        for kp in kaio.static_range(KSPLIT):
+            r = (kp * MT + rr // 16) * 16 + rr % 16
+            kaio.load_vector(buf, red_o, (r, c ^ r % 4 * 8))
+            for e in kaio.static_range(4):
+                acc[e] += buf[e] * w[kp]
+        inv = kaio.select(den > 0.0, 1.0 / den, 0.0)
+        best = kaio.select(den > 0.0, base + kaio.log2(den), NEG_INF)
+        for e in kaio.static_range(4):
+            acc[e] = acc[e] * inv
+        if DIRECT:
+            for e in kaio.static_range(4):
+                res[e] = DT(acc[e])
+            kaio.store_vector(out, (at0 + rr) * DP + c, res)
+            if c == 0:
+                lse[at0 + rr] = best * LN2
+        elif CL > 1:
+            kaio.store_vector(mine_o, (rr, c), acc)
+            if c == 0:
+                mine_lse[rr] = best
+        else:
+            kaio.store_vector(part, (part_row0 + at0 + rr) * DP + c, acc)
+            if c == 0:
+                part_lse[(part_row0 + at0 + rr) * LSE_STRIDE] = best
 
 
 @kaio.gpu_func

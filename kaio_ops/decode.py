@@ -77,6 +77,17 @@ WHOLE_PAGES = False
 PAGE_HEADS = (4, 8)
 PAGE_MIN_BATCH = 8
 PAGE_SPEC = True  # decode_pages splits the capacity: its first copies need no length
+# decode_fwd's tile loop (measured on an H100, kernel time, H32 / Hkv 8, D 128; the figures
+# with the warps' merge of 4 columns a thread, docs/performance.md, "Decode attention,
+# eighth pass"): the keys in the mma's M dimension (SWAP) for groups of at most 8 query rows,
+# D up to 128 (B16 L4096 contiguous 89.0 us against 89.9, paged 92.1 against 93.4); one
+# barrier a key tile (SYNC1) at 3 stages (B64 L1024 89.9 against 90.3, paged 91.7 against
+# 92.1; at 4 stages no faster, at 2 slower); each warp on its own keys (OWN) over a paged
+# cache in a grid of one split and at most a block a multiprocessor (B16 L4096 91.1 against
+# 92.1, L32768 699.8 against 702.3; contiguous no faster, 685.4 against 680.8 at L32768)
+KEYS_IN_M = True
+SYNC1 = True
+OWN_KEYS = True
 
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
 MERGE = dk.decode_merge
@@ -89,6 +100,26 @@ def row_tiles(rows: int) -> int:
     the group times new tokens): 1, 2 or 4 (groups of more than 64 rows take several
     blocks)."""
     return 1 if rows <= 16 else 2 if rows <= 32 else 4
+
+
+def swaps(rows: int, dp: int) -> int:
+    """``decode_fwd``'s SWAP for a K/V group of ``rows`` query rows (KEYS_IN_M): the keys in
+    the mma's M dimension where the rows fit its N (8) and Q's fragments stay in registers."""
+    return int(KEYS_IN_M and rows <= 8 and dp <= 128)
+
+
+def owns(mt: int, paged: bool, alone: bool) -> int:
+    """``decode_fwd``'s OWN (OWN_KEYS): each warp on its own 16 keys of a tile, over a
+    paged cache read through the block-table window, one M-tile, in a grid of one split
+    and at most a block a multiprocessor (``alone``)."""
+    return int(OWN_KEYS and paged and PAGE_WINDOW and mt == 1 and alone)
+
+
+def stage_syncs(stages: int, own: int = 0) -> int:
+    """``decode_fwd``'s SYNC1 (one barrier a key tile) for a pipeline of ``stages``: at 3
+    (at 2 the wait before the copies would leave no tile in flight; at 4 it measured no
+    faster), and not where the warps own their keys (``own``: no barrier a tile)."""
+    return int(SYNC1 and stages == 3 and not own)
 
 
 def stages_for(dp: int, mt: int) -> int:
@@ -186,7 +217,9 @@ def streams_fast(like, sms_used: int) -> bool:
     return peak is None or sms_used * SM_STREAM >= STREAM_SHARE * peak
 
 
-def plan_grid(like, kernel, blocks: int, tiles: int, dp: int, mt: int, paged: bool) -> tuple:
+def plan_grid(
+    like, kernel, blocks: int, tiles: int, dp: int, mt: int, paged: bool, swap: int = 0
+) -> tuple:
     """(splits, STAGES, CL, shared bytes) of ``decode_fwd`` for ``blocks`` (batch x K/V
     heads x row chunks) over a capacity of ``tiles`` key tiles. The splits are
     ``splits_for``'s, merged by the last block to finish (``CL`` = 1); on sm_90 (and in the
@@ -225,6 +258,7 @@ def plan_grid(like, kernel, blocks: int, tiles: int, dp: int, mt: int, paged: bo
         if CLUSTER_BANDWIDTH and per > LONG_SPLIT and not streams_fast(like, blocks * cl):
             break  # (fewer splits: fewer SMs still)
         consts = {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": stages, "CL": cl, "DT": like.dtype}
+        consts |= {"SWAP": swap, "SYNC1": stage_syncs(stages), "OWN": 0}
         if dev is None or not CLUSTER_CHECK:
             return cl, stages, cl, shared
         consts |= {"PW": int(PAGE_WINDOW and paged), "SPEC": speculates(paged, cl)}
@@ -482,7 +516,9 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     chunks = -(-group * sq // (16 * mt))
     blocks = batch * cache.kv_heads * chunks
     tiles = -(-cache.capacity // dk.BN)
-    splits, stages, cl, shared = plan_grid(qa, DECODE, blocks, tiles, d, mt, cache.paged)
+    swap = swaps(group * sq, d)
+    splits, stages, cl, shared = plan_grid(qa, DECODE, blocks, tiles, d, mt, cache.paged, swap)
+    own = owns(mt, cache.paged, splits == 1 and blocks <= _arrays.multiprocessors(qa))
     rows = batch * heads * sq
     stream = _arrays.stream_of(qa)
     direct = splits == 1
@@ -500,7 +536,8 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
         math.log2(math.e) * float(scale),
         DP=d, MT=mt, PAGED=cache.paged, STAGES=stages, DIRECT=direct, FUSED=fused, CL=cl,
         DT=qa.dtype, PW=int(PAGE_WINDOW and cache.paged),
-        SPEC=speculates(cache.paged, splits),
+        SPEC=speculates(cache.paged, splits), SWAP=swap, SYNC1=stage_syncs(stages, own),
+        OWN=own,
     )  # fmt: skip
     if not (direct or fused or cl > 1):
         MERGE[blocks, dk.THREADS, stream, merge_shared(mt)](
@@ -597,25 +634,34 @@ def kv_cache_append(k_cache, v_cache, k, v, seq_lens, block_table=None) -> None:
     )  # fmt: skip
 
 
+def _shipped_fwd(dtype, dp: int, mt: int, paged: bool, swap: int):
+    """(DECODE, constexprs) of each stage count and merge of one family of ``decode_fwd``
+    (the one-split grid at its stages with and without OWN, which depends on the grid)."""
+    base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dtype, "SWAP": swap, "OWN": 0}
+    base["PW"] = int(PAGE_WINDOW and paged)
+    one = one_split_stages(dp, mt, paged)
+    for direct, fused in ((True, False), (False, False), (False, True)):
+        flags = {**base, "DIRECT": direct, "FUSED": fused, "CL": 1}
+        flags["SPEC"] = speculates(paged, 1 if direct else 2)
+        for stages in sorted({stages_for(dp, mt), deep_stages(dp, mt), one}):
+            yield DECODE, {**flags, "STAGES": stages, "SYNC1": stage_syncs(stages)}
+            if direct and stages == one and owns(mt, paged, True):
+                yield DECODE, {**flags, "STAGES": stages, "SYNC1": 0, "OWN": 1}
+    # merged through a cluster (sm_90), a block a multiprocessor
+    flags = {**base, "DIRECT": False, "FUSED": False, "SPEC": speculates(paged, 2)}
+    stages = deep_stages(dp, mt)
+    for cl in CLUSTERS:
+        yield DECODE, {**flags, "STAGES": stages, "CL": cl, "SYNC1": stage_syncs(stages)}
+
+
 def shipped():
     """(kernel, constexprs) of every specialization these ops launch."""
     for dtype in (f16, bf16):
         for dp in DIMS:
             for mt in (1, 2, 4):
                 for paged in (False, True):
-                    base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dtype}
-                    base["PW"] = int(PAGE_WINDOW and paged)
-                    for direct, fused in ((True, False), (False, False), (False, True)):
-                        flags = {**base, "DIRECT": direct, "FUSED": fused, "CL": 1}
-                        flags["SPEC"] = speculates(paged, 1 if direct else 2)
-                        one = one_split_stages(dp, mt, paged)
-                        for stages in sorted({stages_for(dp, mt), deep_stages(dp, mt), one}):
-                            yield DECODE, {**flags, "STAGES": stages}
-                    # merged through a cluster (sm_90), a block a multiprocessor
-                    flags = {**base, "DIRECT": False, "FUSED": False}
-                    flags["SPEC"] = speculates(paged, 2)
-                    for cl in CLUSTERS:
-                        yield DECODE, {**flags, "STAGES": deep_stages(dp, mt), "CL": cl}
+                    for swap in sorted({0, swaps(8 if mt == 1 else 16, dp)}):
+                        yield from _shipped_fwd(dtype, dp, mt, paged, swap)
         for dp in DIMS:
             for mt in (1, 2, 4):
                 yield MERGE, {"DP": dp, "MT": mt, "DT": dtype}

@@ -270,6 +270,78 @@ def test_splits_copy_before_the_length_in_simulator(monkeypatch, merge):
     assert np.abs(lse[seen] - ref_lse[seen]).max() < 1e-4
 
 
+class _Launches:
+    """A kernel stand-in that records each launch's constexprs and passes it on."""
+
+    def __init__(self, kernel):
+        self.kernel, self.constexprs = kernel, []
+
+    def __getattr__(self, name):
+        return getattr(self.kernel, name)
+
+    def __getitem__(self, config):
+        launch = self.kernel[config]
+
+        def run(*args, **constexprs):
+            self.constexprs.append(constexprs)
+            return launch(*args, **constexprs)
+
+        return run
+
+
+@pytest.mark.parametrize(
+    "merge, page_size, sq, d, dtype, stages",
+    [
+        ("direct", 16, 1, 128, np.float16, 4),  # the suite's group of 4 heads: OWN
+        ("direct", 16, 2, 64, BF16, 3),  # 8 rows: OWN at 3 stages
+        ("direct", None, 2, 64, BF16, 3),  # SYNC1
+        ("fused", 16, 2, 64, np.float16, 3),  # SYNC1
+        ("cluster", None, 1, 128, BF16, 3),  # SYNC1
+    ],
+)
+def test_keys_in_m_and_the_barriers_in_simulator(
+    monkeypatch, merge, page_size, sq, d, dtype, stages
+):
+    # decode_fwd with the keys in the mma's M dimension (SWAP: a group of 4 heads x Sq 1
+    # or 2) and one barrier a key tile (SYNC1) or none (OWN: each warp copies and waits
+    # for its own keys; a paged cache, one split), against float64 and the race checker:
+    # one split with its first copies before the length, or several merged; rows past
+    # each length hold NaN, which must not reach the output
+    monkeypatch.setattr(decode, "DECODE", spy := _Launches(decode.DECODE))
+    monkeypatch.setattr(decode, "splits_for", lambda *_: 1 if merge == "direct" else 3)
+    monkeypatch.setattr(decode, "CLUSTER_MERGE", merge == "cluster")
+    monkeypatch.setattr(decode, "one_split_stages", lambda *_: stages)
+    monkeypatch.setattr(decode, "deep_stages", lambda *_: stages)
+    monkeypatch.setattr(decode, "speculates", lambda paged, splits=1: int(splits == 1))
+    counters = np.zeros(64, np.uint32)
+    monkeypatch.setattr(decode, "_counters", lambda *_: counters)
+    rng = np.random.default_rng(14)
+    lens = [0, 1, 63, 65, 300]
+    b, hkv, capacity = len(lens), 2, 320
+    q = rng.standard_normal((b, 8, sq, d)).astype(dtype)
+    k_cache, v_cache, table = make_cache(rng, b, hkv, d, capacity, dtype, page_size)
+    for cache in (k_cache, v_cache):
+        for i, n in enumerate(lens):
+            for pos in range(n, capacity):
+                if page_size is None:
+                    cache[i, :, pos] = np.nan
+                else:
+                    cache[table[i, pos // page_size], pos % page_size] = np.nan
+    with kaio.simulate():
+        out, lse = kaio_ops.flash_attention_decode_with_stats(
+            q, k_cache, v_cache, np.array(lens, np.int32), table
+        )
+    own = int(page_size is not None and merge == "direct")
+    assert [(c["SWAP"], c["SYNC1"], c["OWN"]) for c in spy.constexprs] == [(1, 1 - own, own)]
+    ref, ref_lse = reference(q, k_cache, v_cache, lens, table)
+    out = out.astype(np.float64)
+    assert np.isfinite(out).all() and not counters.any()
+    assert np.abs(out - ref).max() < (4e-3 if dtype == np.float16 else 3e-2)
+    seen = np.isfinite(ref_lse)
+    assert np.array_equal(seen, np.isfinite(lse))
+    assert np.abs(lse[seen] - ref_lse[seen]).max() < 1e-4
+
+
 @pytest.mark.parametrize(
     "lens, h, hkv, sq, d, dtype, page_size, splits, spec",
     [
@@ -559,16 +631,17 @@ def test_bad_inputs_raise_before_launch(call, message):
 def assembled() -> list:
     """The specializations assembled here: each family of ``decode.shipped()`` (every head
     dim, M-tile count, layout and merge mode, both dtypes; the merge kernel; the append's
-    vector and scalar paths), not all 206 of them (the CI time budget). The largest
+    vector and scalar paths), not all of them (the CI time budget). The largest
     (D = 256, four M-tiles) and the one compiled for 3 blocks per SM (168 registers) are in."""
 
-    def fwd(dp, mt, paged, merge, deep=False, cl=1, dt=kaio.f16):
+    def fwd(dp, mt, paged, merge, deep=False, cl=1, dt=kaio.f16, swap=0, own=0):
         flags = {"DIRECT": merge == "direct", "FUSED": merge == "fused", "CL": cl}
         stages = (decode.deep_stages if deep else decode.stages_for)(dp, mt)
         pw = int(decode.PAGE_WINDOW and paged)
         base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dt, "STAGES": stages, "PW": pw}
         spec = decode.speculates(paged) if merge == "direct" else 0
-        return {**base, "SPEC": spec, **flags}
+        tile = {"SWAP": swap, "SYNC1": decode.stage_syncs(stages, own), "OWN": own}
+        return {**base, "SPEC": spec, **flags, **tile}
 
     return [
         (decode.DECODE, fwd(64, 4, True, "fused")),
@@ -578,7 +651,9 @@ def assembled() -> list:
         (decode.DECODE, fwd(256, 1, False, "kernel")),
         (decode.DECODE, fwd(256, 4, True, "fused")),
         (decode.DECODE, fwd(128, 1, False, "fused", dt=kaio.bf16)),
-        (decode.DECODE, fwd(128, 1, True, "cluster", deep=True, cl=16)),
+        (decode.DECODE, fwd(128, 1, True, "cluster", deep=True, cl=16, swap=1)),
+        (decode.DECODE, fwd(128, 1, True, "direct", deep=True, swap=1, own=1)),
+        (decode.DECODE, fwd(128, 1, False, "direct", dt=kaio.bf16, swap=1)),
         (decode.DECODE, fwd(256, 4, False, "cluster", deep=True, cl=2, dt=kaio.bf16)),
         (decode.MERGE, {"DP": 256, "MT": 4, "DT": kaio.bf16}),
         (decode.APPEND, {"PAGED": True, "VEC": 8, "DT": kaio.f16}),
